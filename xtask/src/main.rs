@@ -1,0 +1,39 @@
+//! `cargo xtask <task>`: the project's tasks, one entry point.
+//! This crate must build without MLX (the setup task installs MLX).
+
+mod setup;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: cargo xtask <task> [args]
+
+tasks:
+  setup        install what the build and tests need (apt packages, .venv with
+               mlx[cpu]==0.32.2 and mlx-lm==0.32.2); safe to run again
+  test         setup, then the whole suite: fmt check, clippy, cargo test
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((task, rest)) = args.split_first() else {
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let result = match task.as_str() {
+        "setup" => setup::setup(),
+        "test" => setup::test(rest),
+        "help" | "--help" | "-h" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown task '{other}'\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
