@@ -52,7 +52,9 @@ while (($#)); do
   args+=("$a")
 done
 # `rustc -vV` and other probes carry no --crate-name: leave them alone.
-if [[ -n "$crate" ]]; then
+# Before setup the directory does not exist yet; crates that do not link MLX
+# (xtask, the spec crate) must still build then.
+if [[ -n "$crate" && -d "$libdir" ]]; then
   args+=(-L "native=$libdir" -C "link-arg=-Wl,-rpath,$libdir")
 fi
 exec "${inner[@]}" "$rustc" "${args[@]}"

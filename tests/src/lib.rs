@@ -1,1 +1,50 @@
+//! Shared helpers for archgen's integration tests: the project venv (Python
+//! oracle) and byte comparison.
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// The project venv's Python, which loads the same libmlx as the Rust build.
+/// Panics with the setup command when the venv is missing: a test that needs
+/// the oracle must not silently pass without it.
+pub fn venv_python() -> PathBuf {
+    let venv = std::env::var_os("ARCHGEN_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv"));
+    let python = venv.join("bin").join("python");
+    assert!(
+        python.exists(),
+        "no Python at {}: run `cargo xtask setup` first",
+        python.display()
+    );
+    python
+}
+
+/// Runs a script from tests/python with the venv's Python; panics with its
+/// output when it fails.
+pub fn run_python(script: &str, args: &[&std::ffi::OsStr]) -> String {
+    let path = repo_root().join("tests").join("python").join(script);
+    let out = Command::new(venv_python())
+        .arg(&path)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("could not start {}: {e}", path.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{}\n{}",
+        path.display(),
+        out.status,
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}

@@ -1,0 +1,262 @@
+//! KV caches exactly as mlx-lm keeps them (`mlx_lm/models/cache.py`): the same
+//! growth steps, trims, ring order and returned views, because SDPA's reduction
+//! order follows the physical key order and so decides the last bits.
+
+use mlx_rs::ops::indexing::{Ellipsis, TryIndexMutOp, TryIndexOp};
+use mlx_rs::Array;
+
+use crate::attention::Mask;
+use crate::ops::Result;
+
+const STEP: i32 = 256;
+
+fn zeros_like_kv(like: &Array, len: i32) -> Result<Array> {
+    let s = like.shape();
+    mlx_rs::ops::zeros_dtype(&[s[0], s[1], len, s[3]], like.dtype())
+}
+
+fn cat(parts: &[Array]) -> Result<Array> {
+    mlx_rs::ops::concatenate(parts, 2)
+}
+
+/// `KVCache`: preallocated in steps of 256, returns `[..., :offset, :]`.
+#[derive(Debug, Default)]
+pub struct KvCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    pub offset: i32,
+}
+
+impl KvCache {
+    pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        let prev = self.offset;
+        let n = k.shape()[2];
+        let capacity = self.keys.as_ref().map_or(0, |a| a.shape()[2]);
+        if self.keys.is_none() || prev + n > capacity {
+            let n_steps = (STEP + n - 1) / STEP;
+            let new_k = zeros_like_kv(k, n_steps * STEP)?;
+            let new_v = zeros_like_kv(v, n_steps * STEP)?;
+            match (self.keys.take(), self.values.take()) {
+                (Some(mut keys), Some(mut values)) => {
+                    if prev % STEP != 0 {
+                        keys = keys.try_index((Ellipsis, ..prev, ..))?;
+                        values = values.try_index((Ellipsis, ..prev, ..))?;
+                    }
+                    self.keys = Some(cat(&[keys, new_k])?);
+                    self.values = Some(cat(&[values, new_v])?);
+                }
+                _ => {
+                    self.keys = Some(new_k);
+                    self.values = Some(new_v);
+                }
+            }
+        }
+        self.offset += n;
+        let (keys, values) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
+        keys.try_index_mut((Ellipsis, prev..self.offset, ..), k)?;
+        values.try_index_mut((Ellipsis, prev..self.offset, ..), v)?;
+        self.keys_and_values()
+    }
+
+    fn keys_and_values(&self) -> Result<(Array, Array)> {
+        let (keys, values) = (self.keys.as_ref().unwrap(), self.values.as_ref().unwrap());
+        if self.offset < keys.shape()[2] {
+            Ok((
+                keys.try_index((Ellipsis, ..self.offset, ..))?,
+                values.try_index((Ellipsis, ..self.offset, ..))?,
+            ))
+        } else {
+            Ok((keys.clone(), values.clone()))
+        }
+    }
+
+    /// `KVCache.make_mask(N)` for a full-attention layer.
+    pub fn make_mask(&self, n: i32) -> Mask {
+        if n == 1 {
+            Mask::None
+        } else {
+            Mask::Causal
+        }
+    }
+}
+
+/// `RotatingKVCache(max_size, keep)`: concat path for chunks (L > 1), in-place
+/// ring for single steps; returns the physical buffer (not temporal order).
+#[derive(Debug)]
+pub struct RotatingKvCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    pub offset: i32,
+    max_size: i32,
+    keep: i32,
+    idx: i32,
+}
+
+impl RotatingKvCache {
+    pub fn new(max_size: i32, keep: i32) -> Self {
+        RotatingKvCache {
+            keys: None,
+            values: None,
+            offset: 0,
+            max_size,
+            keep,
+            idx: 0,
+        }
+    }
+
+    fn trim(&self, trim_size: i32, v: &Array, append: Option<&Array>) -> Result<Array> {
+        let mut parts = if trim_size > 0 {
+            vec![
+                v.try_index((Ellipsis, ..self.keep, ..))?,
+                v.try_index((Ellipsis, (trim_size + self.keep).., ..))?,
+            ]
+        } else {
+            vec![v.clone()]
+        };
+        if let Some(a) = append {
+            parts.push(a.clone());
+        }
+        cat(&parts)
+    }
+
+    fn temporal_order(&self, v: &Array) -> Result<Array> {
+        if self.idx == v.shape()[2] {
+            Ok(v.clone())
+        } else if self.idx < self.offset {
+            cat(&[
+                v.try_index((Ellipsis, ..self.keep, ..))?,
+                v.try_index((Ellipsis, self.idx.., ..))?,
+                v.try_index((Ellipsis, self.keep..self.idx, ..))?,
+            ])
+        } else {
+            Ok(v.try_index((Ellipsis, ..self.idx, ..))?)
+        }
+    }
+
+    fn update_concat(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        match (self.keys.take(), self.values.take()) {
+            (Some(keys), Some(values)) => {
+                let keys = self.temporal_order(&keys)?;
+                let values = self.temporal_order(&values)?;
+                self.idx = keys.shape()[2];
+                // At most max_size + S - 1 entries, so every query sees a full window.
+                let trim_size = self.idx - self.max_size + 1;
+                self.keys = Some(self.trim(trim_size, &keys, Some(k))?);
+                self.values = Some(self.trim(trim_size, &values, Some(v))?);
+            }
+            _ => {
+                self.keys = Some(k.clone());
+                self.values = Some(v.clone());
+            }
+        }
+        self.offset += k.shape()[2];
+        let keys = self.keys.clone().unwrap();
+        self.idx = keys.shape()[2];
+        Ok((keys, self.values.clone().unwrap()))
+    }
+
+    fn update_in_place(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        let s = k.shape()[2];
+        let prev = self.offset;
+        let capacity = self.keys.as_ref().map_or(0, |a| a.shape()[2]);
+        if self.keys.is_none() || (prev >= capacity && capacity < self.max_size) {
+            let new_size = STEP.min(self.max_size - prev);
+            let new_k = zeros_like_kv(k, new_size)?;
+            let new_v = zeros_like_kv(v, new_size)?;
+            match (self.keys.take(), self.values.take()) {
+                (Some(keys), Some(values)) => {
+                    self.keys = Some(cat(&[keys, new_k])?);
+                    self.values = Some(cat(&[values, new_v])?);
+                }
+                _ => {
+                    self.keys = Some(new_k);
+                    self.values = Some(new_v);
+                }
+            }
+            self.idx = prev;
+        }
+        let trim_size = self.keys.as_ref().unwrap().shape()[2] - self.max_size;
+        if trim_size > 0 {
+            self.keys = Some(self.trim(trim_size, self.keys.as_ref().unwrap(), None)?);
+            self.values = Some(self.trim(trim_size, self.values.as_ref().unwrap(), None)?);
+            self.idx = self.max_size;
+        }
+        if self.idx == self.max_size {
+            self.idx = self.keep;
+        }
+        let (at, end) = (self.idx, self.idx + s);
+        self.keys
+            .as_mut()
+            .unwrap()
+            .try_index_mut((Ellipsis, at..end, ..), k)?;
+        self.values
+            .as_mut()
+            .unwrap()
+            .try_index_mut((Ellipsis, at..end, ..), v)?;
+        self.offset += s;
+        self.idx += s;
+        let (keys, values) = (self.keys.as_ref().unwrap(), self.values.as_ref().unwrap());
+        if self.offset < keys.shape()[2] {
+            Ok((
+                keys.try_index((Ellipsis, ..self.offset, ..))?,
+                values.try_index((Ellipsis, ..self.offset, ..))?,
+            ))
+        } else {
+            Ok((keys.clone(), values.clone()))
+        }
+    }
+
+    pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        if k.shape()[2] == 1 {
+            self.update_in_place(k, v)
+        } else {
+            self.update_concat(k, v)
+        }
+    }
+
+    /// `RotatingKVCache.make_mask(N, window_size)` for a sliding layer.
+    pub fn make_mask(&self, n: i32, window: i32) -> Result<Mask> {
+        if n > 1 {
+            let offset = (self.max_size - 1).min(self.offset);
+            if offset + n > window {
+                Ok(Mask::Array(crate::attention::causal_mask(
+                    n,
+                    offset,
+                    Some(window),
+                )?))
+            } else {
+                Ok(Mask::Causal)
+            }
+        } else if self.offset >= window && self.max_size > window {
+            // mlx-lm's roll mask: never taken for Gemma-4 (max_size == window).
+            Err(mlx_rs::error::Exception::custom(
+                "RotatingKvCache: max_size > window is not supported",
+            ))
+        } else {
+            Ok(Mask::None)
+        }
+    }
+}
+
+/// The cache of one layer that owns K/V (a donor or an unshared layer).
+#[derive(Debug)]
+pub enum LayerCache {
+    Full(KvCache),
+    Sliding(RotatingKvCache),
+}
+
+impl LayerCache {
+    pub fn offset(&self) -> i32 {
+        match self {
+            LayerCache::Full(c) => c.offset,
+            LayerCache::Sliding(c) => c.offset,
+        }
+    }
+
+    pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        match self {
+            LayerCache::Full(c) => c.update_and_fetch(k, v),
+            LayerCache::Sliding(c) => c.update_and_fetch(k, v),
+        }
+    }
+}

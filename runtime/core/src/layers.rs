@@ -1,0 +1,103 @@
+//! Linear layers, embeddings and expert (switch) linears, dense or mlx-quantized.
+
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::Array;
+
+use crate::ops::Result;
+
+/// mlx affine quantization of one weight: packed uint32 `weight` with per-group
+/// `scales` and `biases`.
+#[derive(Debug, Clone)]
+pub struct Quantized {
+    pub scales: Array,
+    pub biases: Array,
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+/// `nn.Linear` (no bias) or `nn.QuantizedLinear`.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub weight: Array,
+    pub quant: Option<Quantized>,
+}
+
+impl Linear {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match &self.quant {
+            // `x @ W.T`
+            None => x.matmul(self.weight.t()),
+            Some(q) => mlx_rs::ops::quantized_matmul(
+                x,
+                &self.weight,
+                &q.scales,
+                &q.biases,
+                true,
+                q.group_size,
+                q.bits,
+            ),
+        }
+    }
+}
+
+/// `nn.Embedding` / `nn.QuantizedEmbedding`, also used as the tied head.
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    pub weight: Array,
+    pub quant: Option<Quantized>,
+}
+
+impl Embedding {
+    /// `weight[ids]`, or `dequantize(weight[ids], scales[ids], biases[ids])`.
+    pub fn lookup(&self, ids: &Array) -> Result<Array> {
+        match &self.quant {
+            None => self.weight.try_index(ids),
+            Some(q) => mlx_rs::ops::dequantize(
+                self.weight.try_index(ids)?,
+                q.scales.try_index(ids)?,
+                &q.biases.try_index(ids)?,
+                q.group_size,
+                q.bits,
+            ),
+        }
+    }
+
+    /// `as_linear`: `x @ W.T`, or a transposed `quantized_matmul`.
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        Linear {
+            weight: self.weight.clone(),
+            quant: self.quant.clone(),
+        }
+        .forward(x)
+    }
+}
+
+/// mlx-lm's `SwitchLinear` / `QuantizedSwitchLinear`: one weight per expert,
+/// [experts, out, in], applied by `gather_mm` / `gather_qmm`.
+#[derive(Debug, Clone)]
+pub struct SwitchLinear {
+    pub weight: Array,
+    pub quant: Option<Quantized>,
+}
+
+impl SwitchLinear {
+    pub fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+        match &self.quant {
+            None => {
+                mlx_rs::ops::gather_mm(x, self.weight.swap_axes(-1, -2)?, None, indices, sorted)
+            }
+            Some(q) => mlx_rs::ops::gather_qmm(
+                x,
+                &self.weight,
+                &q.scales,
+                &q.biases,
+                None,
+                indices,
+                true,
+                q.group_size,
+                q.bits,
+                sorted,
+            ),
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! Gemma-4's MoE block as mlx-lm runs it: router (norm -> scale -> project ->
+//! argpartition top-k -> softmax over the k -> per-expert scale) and SwitchGLU
+//! experts with gather matmuls, sorting tokens by expert when B*L*k >= 64.
+
+use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
+use mlx_rs::Array;
+
+use crate::layers::{Linear, SwitchLinear};
+use crate::ops::{geglu, rms_norm, scalar_like, Result};
+
+#[derive(Debug, Clone)]
+pub struct Router {
+    pub proj: Linear,
+    pub scale: Array,
+    pub per_expert_scale: Array,
+    pub top_k: i32,
+    pub hidden: i32,
+    pub eps: f32,
+}
+
+impl Router {
+    /// Returns (top-k indices, their weights), in argpartition's order.
+    pub fn route(&self, x: &Array) -> Result<(Array, Array)> {
+        let root = scalar_like((self.hidden as f64).powf(-0.5), &self.scale);
+        let x = rms_norm(x, Some(&self.scale.multiply(&root)?), self.eps)?;
+        let scores = self.proj.forward(&x)?;
+        let k = self.top_k;
+        let idx = mlx_rs::ops::argpartition_axis(&scores, -k, -1)?;
+        let idx = mlx_rs::stop_gradient(idx.try_index((Ellipsis, -k..))?)?;
+        let w = mlx_rs::ops::indexing::take_along_axis(&scores, &idx, -1)?;
+        let w = mlx_rs::ops::softmax_axis(&w, -1, false)?;
+        let w = w.multiply(self.per_expert_scale.try_index(&idx)?)?;
+        Ok((idx, w))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SwitchGlu {
+    pub gate_proj: SwitchLinear,
+    pub up_proj: SwitchLinear,
+    pub down_proj: SwitchLinear,
+}
+
+impl SwitchGlu {
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        let x = x.expand_dims_axes(&[-2, -3])?;
+        let indices = mlx_rs::stop_gradient(indices)?;
+        let do_sort = indices.size() >= 64;
+        let (x, idx, inv_order) = if do_sort {
+            // _gather_sort
+            let m = *indices.shape().last().unwrap();
+            let flat = indices.flatten(None, None)?;
+            let order = mlx_rs::ops::argsort_axis(&flat, -1)?;
+            let inv_order = mlx_rs::ops::argsort_axis(&order, -1)?;
+            let rows = order.floor_divide(Array::from_int(m))?;
+            let x = x.flatten(0, -3)?.try_index(&rows)?;
+            (x, flat.try_index(&order)?, Some(inv_order))
+        } else {
+            (x, indices.clone(), None)
+        };
+        let x_up = self.up_proj.forward(&x, &idx, do_sort)?;
+        let x_gate = self.gate_proj.forward(&x, &idx, do_sort)?;
+        let mut y = self
+            .down_proj
+            .forward(&geglu(&x_gate, &x_up)?, &idx, do_sort)?;
+        if let Some(inv) = inv_order {
+            // _scatter_unsort
+            y = mlx_rs::ops::unflatten(y.try_index(&inv)?, 0, indices.shape())?;
+        }
+        y.squeeze_axes(&[-2])
+    }
+}
+
+/// `Experts`: `(expand_dims(w, -1) * switch_glu(x, idx)).sum(-2)`.
+pub fn experts(glu: &SwitchGlu, x: &Array, idx: &Array, w: &Array) -> Result<Array> {
+    let w = w.expand_dims(-1)?;
+    let y = glu.forward(x, idx)?;
+    w.multiply(&y)?.sum_axis(-2, None)
+}
+
+/// Used where a weak Python scalar multiplies a tensor of the same dtype.
+pub fn scale_by(x: &Array, value: f64) -> Result<Array> {
+    x.multiply(scalar_like(value, x))
+}
