@@ -4,10 +4,14 @@
 pub mod attention;
 pub mod bytes;
 pub mod cache;
+pub mod gemma4;
 pub mod layers;
+pub mod model;
 pub mod moe;
 pub mod ops;
+pub mod protocol;
 pub mod rope;
+pub mod weights;
 
 pub use mlx_rs;
 pub use mlx_rs::{Array, Dtype};

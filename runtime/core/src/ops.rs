@@ -77,3 +77,13 @@ pub fn logit_softcap(softcap: f32, x: &Array) -> Result<Array> {
         (table[at].1)(x)
     })
 }
+
+thread_local! {
+    static GELU: std::cell::RefCell<Compiled1> =
+        std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(gelu_approx, true)));
+}
+
+/// `nn.gelu_approx`, which mlx compiles (`shapeless=True`).
+pub fn gelu_approx_compiled(x: &Array) -> Result<Array> {
+    GELU.with(|f| (f.borrow_mut())(x))
+}

@@ -1,0 +1,373 @@
+//! Gemma-4 blocks, op for op as mlx-lm 0.32.2's `gemma4_text.py` runs them.
+//! The monolith composes these with run-time branches; generated models call
+//! the same functions with every branch resolved, so the math exists once.
+
+use std::collections::HashMap;
+
+use mlx_rs::Array;
+
+use crate::attention::{sdpa, Mask};
+use crate::cache::LayerCache;
+use crate::layers::{Embedding, Linear};
+use crate::moe::{experts, Router, SwitchGlu};
+use crate::ops::{geglu, gelu_approx_compiled, rms_norm, scalar_like, Result};
+use crate::rope::Rope;
+
+/// `x * s(value)`: a Python float scalar multiplying a tensor (weakly typed).
+pub fn scale(x: &Array, value: f64) -> Result<Array> {
+    x.multiply(scalar_like(value, x))
+}
+
+/// Token embedding times bf16(sqrt(hidden)) (`Gemma4TextModel.__call__`).
+pub fn embed(embed_tokens: &Embedding, ids: &Array, hidden: i32) -> Result<Array> {
+    let e = embed_tokens.lookup(ids)?;
+    scale(&e, (hidden as f64).powf(0.5))
+}
+
+/// Per-layer inputs (`_get_per_layer_inputs` + `_project_per_layer_inputs`):
+/// returns [B, L, layers, width]; layer i reads `[:, :, i, :]`.
+#[allow(clippy::too_many_arguments)]
+pub fn per_layer_inputs(
+    ids: &Array,
+    h: &Array,
+    embed_per_layer: &Embedding,
+    model_projection: &Linear,
+    projection_norm: &Array,
+    layers: i32,
+    width: i32,
+    hidden: i32,
+    eps: f32,
+) -> Result<Array> {
+    let tok = scale(&embed_per_layer.lookup(ids)?, (width as f64).powf(0.5))?;
+    let tok = mlx_rs::ops::unflatten(&tok, -1, &[layers, width])?;
+    let p = scale(&model_projection.forward(h)?, (hidden as f64).powf(-0.5))?;
+    let p = mlx_rs::ops::unflatten(&p, -1, &[layers, width])?;
+    let p = rms_norm(&p, Some(projection_norm), eps)?;
+    scale(&p.add(&tok)?, 2f64.powf(-0.5))
+}
+
+/// `per_layer_inputs[:, :, i, :]`.
+pub fn per_layer_slice(all: &Array, i: i32) -> Result<Array> {
+    use mlx_rs::ops::indexing::TryIndexOp;
+    all.try_index((.., .., i, ..))
+}
+
+/// Attention weights of one layer. `kv` is `None` on KV-sharing layers.
+#[derive(Debug, Clone)]
+pub struct AttentionWeights {
+    pub q_proj: Linear,
+    pub o_proj: Linear,
+    pub q_norm: Array,
+    pub kv: Option<KvWeights>,
+}
+
+/// K/V projections of a layer that computes its own K/V. `v_proj` is `None`
+/// with `attention_k_eq_v` on full layers (V is the raw k_proj output).
+#[derive(Debug, Clone)]
+pub struct KvWeights {
+    pub k_proj: Linear,
+    pub v_proj: Option<Linear>,
+    pub k_norm: Array,
+}
+
+/// K/V a layer attended over, and the rope offset it used: what mlx-lm passes
+/// from a donor to the layers that share its K/V.
+#[derive(Debug, Clone)]
+pub struct SharedKv {
+    pub keys: Array,
+    pub values: Array,
+    pub offset: Array,
+}
+
+/// The static shape of one layer's attention.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub head_dim: i32,
+    pub eps: f32,
+}
+
+/// A donor's attention: computes K/V, updates its cache, attends.
+pub fn attention_own_kv(
+    x: &Array,
+    w: &AttentionWeights,
+    kv: &KvWeights,
+    s: AttentionShape,
+    rope: &Rope,
+    cache: &mut LayerCache,
+    mask: &Mask,
+) -> Result<(Array, SharedKv)> {
+    let (b, l) = (x.shape()[0], x.shape()[1]);
+    let q = queries(x, w, s)?;
+    let k = kv
+        .k_proj
+        .forward(x)?
+        .reshape(&[b, l, s.n_kv_heads, s.head_dim])?;
+    let v = match &kv.v_proj {
+        None => k.clone(),
+        Some(v_proj) => v_proj
+            .forward(x)?
+            .reshape(&[b, l, s.n_kv_heads, s.head_dim])?,
+    };
+    let offset = Array::from_int(cache.offset());
+    let k = rms_norm(&k, Some(&kv.k_norm), s.eps)?.transpose_axes(&[0, 2, 1, 3])?;
+    let k = rope.apply(&k, &offset)?;
+    let v = rms_norm(&v, None, s.eps)?.transpose_axes(&[0, 2, 1, 3])?;
+    let q = rope.apply(&q.transpose_axes(&[0, 2, 1, 3])?, &offset)?;
+    let (keys, values) = cache.update_and_fetch(&k, &v)?;
+    let out = attend(&q, &keys, &values, mask, w, b, l)?;
+    Ok((
+        out,
+        SharedKv {
+            keys,
+            values,
+            offset,
+        },
+    ))
+}
+
+/// A KV-sharing layer's attention: its own queries over the donor's K/V.
+pub fn attention_shared_kv(
+    x: &Array,
+    w: &AttentionWeights,
+    s: AttentionShape,
+    rope: &Rope,
+    shared: &SharedKv,
+    mask: &Mask,
+) -> Result<Array> {
+    let (b, l) = (x.shape()[0], x.shape()[1]);
+    let q = queries(x, w, s)?;
+    let q = rope.apply(&q.transpose_axes(&[0, 2, 1, 3])?, &shared.offset)?;
+    attend(&q, &shared.keys, &shared.values, mask, w, b, l)
+}
+
+fn queries(x: &Array, w: &AttentionWeights, s: AttentionShape) -> Result<Array> {
+    let (b, l) = (x.shape()[0], x.shape()[1]);
+    let q = w
+        .q_proj
+        .forward(x)?
+        .reshape(&[b, l, s.n_heads, s.head_dim])?;
+    rms_norm(&q, Some(&w.q_norm), s.eps)
+}
+
+fn attend(
+    q: &Array,
+    keys: &Array,
+    values: &Array,
+    mask: &Mask,
+    w: &AttentionWeights,
+    b: i32,
+    l: i32,
+) -> Result<Array> {
+    let o = sdpa(q, keys, values, 1.0, mask)?;
+    let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+    w.o_proj.forward(&o)
+}
+
+/// Dense GeGLU MLP: `down(geglu(gate(x), up(x)))`.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let gate = self.gate_proj.forward(x)?;
+        let up = self.up_proj.forward(x)?;
+        self.down_proj.forward(&geglu(&gate, &up)?)
+    }
+}
+
+/// The four norms every decoder layer has.
+#[derive(Debug, Clone)]
+pub struct LayerNorms {
+    pub input: Array,
+    pub post_attention: Array,
+    pub pre_feedforward: Array,
+    pub post_feedforward: Array,
+}
+
+/// The MoE branch (26B-A4B): router, experts and their three extra norms.
+#[derive(Debug, Clone)]
+pub struct MoeBlock {
+    pub router: Router,
+    pub experts: SwitchGlu,
+    pub pre_feedforward_2: Array,
+    pub post_feedforward_1: Array,
+    pub post_feedforward_2: Array,
+}
+
+/// The per-layer-input gate (E-models).
+#[derive(Debug, Clone)]
+pub struct PleGate {
+    pub gate: Linear,
+    pub projection: Linear,
+    pub post_norm: Array,
+}
+
+/// Feed-forward half of a decoder layer after attention: `h` is the residual
+/// stream after attention. Returns the layer output (before the PLE gate).
+pub fn feed_forward(
+    h: &Array,
+    norms: &LayerNorms,
+    mlp: &Mlp,
+    moe: Option<&MoeBlock>,
+    eps: f32,
+) -> Result<Array> {
+    let f = match moe {
+        None => mlp.forward(&rms_norm(h, Some(&norms.pre_feedforward), eps)?)?,
+        Some(m) => {
+            let h1 = mlp.forward(&rms_norm(h, Some(&norms.pre_feedforward), eps)?)?;
+            let h1 = rms_norm(&h1, Some(&m.post_feedforward_1), eps)?;
+            let (idx, w) = m.router.route(h)?;
+            let h2 = rms_norm(h, Some(&m.pre_feedforward_2), eps)?;
+            let h2 = experts(&m.experts, &h2, &idx, &w)?;
+            let h2 = rms_norm(&h2, Some(&m.post_feedforward_2), eps)?;
+            h1.add(&h2)?
+        }
+    };
+    let f = rms_norm(&f, Some(&norms.post_feedforward), eps)?;
+    h.add(&f)
+}
+
+/// Attention output into the residual stream: `x + post_attention_norm(a)`.
+pub fn attention_residual(x: &Array, a: &Array, norms: &LayerNorms, eps: f32) -> Result<Array> {
+    x.add(rms_norm(a, Some(&norms.post_attention), eps)?)
+}
+
+/// The PLE gate after the FFN residual, then `* layer_scalar`.
+pub fn finish_layer(
+    h: &Array,
+    ple: Option<(&PleGate, &Array)>,
+    layer_scalar: &Array,
+    eps: f32,
+) -> Result<Array> {
+    let h = match ple {
+        None => h.clone(),
+        Some((g, input)) => {
+            let gate = gelu_approx_compiled(&g.gate.forward(h)?)?;
+            let gate = gate.multiply(input)?;
+            let gate = g.projection.forward(&gate)?;
+            let gate = rms_norm(&gate, Some(&g.post_norm), eps)?;
+            h.add(&gate)?
+        }
+    };
+    h.multiply(layer_scalar)
+}
+
+/// Final norm, head (tied embedding or lm_head) and optional tanh softcap.
+pub fn logits(
+    h: &Array,
+    norm: &Array,
+    head: Head<'_>,
+    softcap: Option<f32>,
+    eps: f32,
+) -> Result<Array> {
+    let h = rms_norm(h, Some(norm), eps)?;
+    let out = match head {
+        Head::Tied(e) => e.as_linear(&h)?,
+        Head::Untied(l) => l.forward(&h)?,
+    };
+    match softcap {
+        Some(c) => crate::ops::logit_softcap(c, &out),
+        None => Ok(out),
+    }
+}
+
+pub enum Head<'a> {
+    Tied(&'a Embedding),
+    Untied(&'a Linear),
+}
+
+/// mlx-lm's `gemma4.Model.sanitize` + `gemma4_text.Model.sanitize`, then the
+/// model prefix removed: names come out relative to the text model
+/// (`embed_tokens.weight`, `layers.3.mlp.up_proj.weight`, `lm_head.weight`).
+/// `wrapper` is true for `gemma4` / `gemma4_unified` configs.
+pub fn sanitize(
+    tensors: HashMap<String, Array>,
+    wrapper: bool,
+    first_kv_shared: i32,
+) -> Result<HashMap<String, Array>> {
+    let mut renamed = HashMap::new();
+    for (k, v) in tensors {
+        let k = if wrapper {
+            let starts_with_model = k.starts_with("model.");
+            let k = k.strip_prefix("model.").unwrap_or(&k).to_string();
+            const TOWERS: [&str; 6] = [
+                "vision_tower",
+                "multi_modal_projector",
+                "audio_tower",
+                "embed_audio",
+                "embed_vision",
+                "vision_embedder",
+            ];
+            if TOWERS.iter().any(|t| k.starts_with(t)) {
+                continue;
+            }
+            let k = if starts_with_model && k.starts_with("language_model") {
+                k.replacen("language_model.", "language_model.model.", 1)
+            } else {
+                k
+            };
+            match k.strip_prefix("language_model.") {
+                Some(rest) => rest.to_string(),
+                None => k,
+            }
+        } else {
+            k
+        };
+        renamed.insert(k, v);
+    }
+    let mut out = HashMap::new();
+    for (k, v) in renamed {
+        const DROP: [&str; 5] = [
+            "self_attn.rotary_emb",
+            "input_max",
+            "input_min",
+            "output_max",
+            "output_min",
+        ];
+        if DROP.iter().any(|d| k.contains(d)) {
+            continue;
+        }
+        if [
+            ".self_attn.k_proj",
+            ".self_attn.v_proj",
+            ".self_attn.k_norm",
+        ]
+        .iter()
+        .any(|s| k.contains(s))
+        {
+            let layer = k
+                .split("layers.")
+                .nth(1)
+                .and_then(|r| r.split('.').next())
+                .and_then(|n| n.parse::<i32>().ok());
+            if matches!(layer, Some(i) if i >= first_kv_shared) {
+                continue;
+            }
+        }
+        let k = k.strip_prefix("model.").map(str::to_string).unwrap_or(k);
+        if let Some(base) = k.strip_suffix(".experts.gate_up_proj") {
+            let parts = v.split_equal(2, -2)?;
+            out.insert(
+                format!("{base}.experts.switch_glu.gate_proj.weight"),
+                parts[0].contiguous()?,
+            );
+            out.insert(
+                format!("{base}.experts.switch_glu.up_proj.weight"),
+                parts[1].contiguous()?,
+            );
+            continue;
+        }
+        if let Some(base) = k.strip_suffix(".experts.down_proj") {
+            out.insert(format!("{base}.experts.switch_glu.down_proj.weight"), v);
+            continue;
+        }
+        out.insert(k, v);
+    }
+    Ok(out)
+}
