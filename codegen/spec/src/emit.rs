@@ -1,0 +1,209 @@
+//! Writes a spec as a full-form YAML file, in the layout of the files in specs/.
+
+use crate::model::*;
+use std::fmt::Write;
+
+/// The first line of every spec file: lets editors validate against the schema.
+pub const MODELINE: &str = "# yaml-language-server: $schema=schema/archgen-spec.schema.json";
+
+/// A float as YAML: shortest round-trip form, always with a `.` in the mantissa.
+pub(crate) fn float(v: f64) -> String {
+    let s = format!("{v:?}");
+    match s.split_once('e') {
+        Some((m, e)) if !m.contains('.') => format!("{m}.0e{e}"),
+        _ => s,
+    }
+}
+
+fn string(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        && s.starts_with(|c: char| c.is_ascii_alphabetic())
+        && !matches!(
+            s,
+            "true" | "false" | "null" | "yes" | "no" | "on" | "off" | "y" | "n"
+        )
+        && !s.to_ascii_lowercase().starts_with("0x");
+    if plain {
+        s.to_string()
+    } else {
+        serde_json::to_string(s).unwrap_or_default()
+    }
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "null".to_string(), |x| x.to_string())
+}
+
+fn layer(t: LayerType) -> &'static str {
+    match t {
+        LayerType::Sliding => "sliding",
+        LayerType::Full => "full",
+    }
+}
+
+fn rope(r: &RopeParams) -> String {
+    match *r {
+        RopeParams::Default { rope_theta } => {
+            format!("{{rope_type: default, rope_theta: {}}}", float(rope_theta))
+        }
+        RopeParams::Proportional {
+            rope_theta,
+            partial_rotary_factor,
+            factor,
+        } => format!(
+            "{{rope_type: proportional, rope_theta: {}, partial_rotary_factor: {}, factor: {}}}",
+            float(rope_theta),
+            float(partial_rotary_factor),
+            float(factor)
+        ),
+    }
+}
+
+fn qparams(q: &QuantParams) -> String {
+    format!(
+        "{{bits: {}, group_size: {}, mode: {}}}",
+        q.bits,
+        q.group_size,
+        q.mode.as_str()
+    )
+}
+
+/// The full-form YAML text of a spec, starting with the schema modeline. Parsing the
+/// result gives back an equal spec.
+pub fn to_yaml(spec: &Spec) -> String {
+    let mut o = String::new();
+    let id = &spec.identity;
+    let m = &spec.model;
+    let l = &spec.layers;
+    let a = &spec.attention;
+    let _ = writeln!(o, "{MODELINE}");
+    let _ = writeln!(o, "format_version: {}", spec.format_version);
+    let _ = writeln!(o, "identity:");
+    let _ = writeln!(o, "  name: {}", string(&id.name));
+    let _ = writeln!(o, "  family: gemma4");
+    let _ = writeln!(o, "  source:");
+    let _ = writeln!(
+        o,
+        "    repo: {}",
+        id.source
+            .repo
+            .as_deref()
+            .map_or("null".into(), |r| serde_json::to_string(r)
+                .unwrap_or_default())
+    );
+    let _ = writeln!(
+        o,
+        "    revision: {}",
+        id.source
+            .revision
+            .as_deref()
+            .map_or("null".into(), |r| serde_json::to_string(r)
+                .unwrap_or_default())
+    );
+    let _ = writeln!(o, "    model_type: {}", id.source.model_type.as_str());
+    let _ = writeln!(o, "model:");
+    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
+    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
+    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
+    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
+    let _ = writeln!(
+        o,
+        "  final_logit_softcapping: {}",
+        m.final_logit_softcapping.map_or("null".into(), float)
+    );
+    let _ = writeln!(
+        o,
+        "  max_position_embeddings: {}",
+        m.max_position_embeddings
+    );
+    let _ = writeln!(o, "layers:");
+    let _ = writeln!(o, "  num_hidden_layers: {}", l.num_hidden_layers);
+    let pattern: Vec<&str> = l.pattern.iter().map(|t| layer(*t)).collect();
+    let _ = writeln!(o, "  pattern: [{}]", pattern.join(", "));
+    let _ = writeln!(o, "  repeat: {}", l.repeat);
+    let _ = writeln!(o, "  num_kv_shared_layers: {}", l.num_kv_shared_layers);
+    let _ = writeln!(o, "attention:");
+    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
+    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
+    let _ = writeln!(
+        o,
+        "  num_global_key_value_heads: {}",
+        opt(a.num_global_key_value_heads)
+    );
+    let _ = writeln!(o, "  attention_k_eq_v: {}", a.attention_k_eq_v);
+    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
+    let _ = writeln!(o, "  global_head_dim: {}", opt(a.global_head_dim));
+    let _ = writeln!(o, "  sliding_window: {}", a.sliding_window);
+    let _ = writeln!(o, "rope:");
+    let _ = writeln!(o, "  traditional: {}", spec.rope.traditional);
+    let _ = writeln!(o, "  sliding: {}", rope(&spec.rope.sliding));
+    let _ = writeln!(o, "  full: {}", rope(&spec.rope.full));
+    let _ = writeln!(o, "mlp:");
+    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    let _ = writeln!(o, "  use_double_wide_mlp: {}", spec.mlp.use_double_wide_mlp);
+    match &spec.moe {
+        None => o.push_str("moe: null\n"),
+        Some(moe) => {
+            let _ = writeln!(o, "moe:");
+            let _ = writeln!(o, "  num_experts: {}", moe.num_experts);
+            let _ = writeln!(o, "  top_k_experts: {}", moe.top_k_experts);
+            let _ = writeln!(o, "  moe_intermediate_size: {}", moe.moe_intermediate_size);
+        }
+    }
+    match &spec.per_layer_input {
+        None => o.push_str("per_layer_input: null\n"),
+        Some(p) => {
+            let _ = writeln!(o, "per_layer_input:");
+            let _ = writeln!(
+                o,
+                "  hidden_size_per_layer_input: {}",
+                p.hidden_size_per_layer_input
+            );
+            let _ = writeln!(
+                o,
+                "  vocab_size_per_layer_input: {}",
+                p.vocab_size_per_layer_input
+            );
+        }
+    }
+    match &spec.quantization {
+        None => o.push_str("quantization: null\n"),
+        Some(q) => {
+            let _ = writeln!(o, "quantization:");
+            let _ = writeln!(o, "  default: {}", qparams(&q.default));
+            if q.overrides.is_empty() {
+                let _ = writeln!(o, "  overrides: {{}}");
+            } else {
+                let _ = writeln!(o, "  overrides:");
+                for (path, ov) in &q.overrides {
+                    let v = match ov {
+                        QuantOverride::Skip(_) => "false".to_string(),
+                        QuantOverride::Params(p) => qparams(p),
+                    };
+                    let _ = writeln!(
+                        o,
+                        "    {}: {v}",
+                        serde_json::to_string(path).unwrap_or_default()
+                    );
+                }
+            }
+        }
+    }
+    match &spec.kv_quantization {
+        None => o.push_str("kv_quantization: null\n"),
+        Some(kv) if kv.is_empty() => o.push_str("kv_quantization: []\n"),
+        Some(kv) => {
+            let _ = writeln!(o, "kv_quantization:");
+            for e in kv {
+                let _ = writeln!(
+                    o,
+                    "  - {{layer_idx: {}, bits: {}, group_size: {}}}",
+                    e.layer_idx, e.bits, e.group_size
+                );
+            }
+        }
+    }
+    o
+}

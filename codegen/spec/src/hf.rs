@@ -1,0 +1,120 @@
+//! The config.json (`text_config`) view of a spec, and its content hash.
+
+use crate::model::*;
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+
+fn rope_json(r: &RopeParams) -> Value {
+    match *r {
+        RopeParams::Default { rope_theta } => json!({
+            "rope_type": "default",
+            "rope_theta": rope_theta,
+        }),
+        RopeParams::Proportional {
+            rope_theta,
+            partial_rotary_factor,
+            factor,
+        } => json!({
+            "rope_type": "proportional",
+            "rope_theta": rope_theta,
+            "partial_rotary_factor": partial_rotary_factor,
+            "factor": factor,
+        }),
+    }
+}
+
+/// The mlx config `quantization` dict: `{bits, group_size, mode, <path>: {...} | false}`.
+pub(crate) fn quantization_json(q: &Quantization) -> Value {
+    let mut m = Map::new();
+    m.insert("bits".into(), json!(q.default.bits));
+    m.insert("group_size".into(), json!(q.default.group_size));
+    m.insert("mode".into(), json!(q.default.mode.as_str()));
+    for (path, ov) in &q.overrides {
+        let v = match ov {
+            QuantOverride::Skip(_) => Value::Bool(false),
+            QuantOverride::Params(p) => json!({
+                "bits": p.bits,
+                "group_size": p.group_size,
+                "mode": p.mode.as_str(),
+            }),
+        };
+        m.insert(path.clone(), v);
+    }
+    Value::Object(m)
+}
+
+/// The resolved spec with Hugging Face `text_config` field names (what
+/// `cargo xtask spec show NAME --json` prints), plus `quantization` (mlx config form) and
+/// `kv_quantization` (kv_config.json form) when present. Keys are sorted.
+pub fn to_hf_json(spec: &Spec) -> Value {
+    let a = &spec.attention;
+    let layer_types: Vec<&str> = spec.layer_types().iter().map(|t| t.hf_name()).collect();
+    let mut v = json!({
+        "hidden_size": spec.model.hidden_size,
+        "num_hidden_layers": spec.layers.num_hidden_layers,
+        "intermediate_size": spec.mlp.intermediate_size,
+        "num_attention_heads": a.num_attention_heads,
+        "num_key_value_heads": a.num_key_value_heads,
+        "num_global_key_value_heads": a.num_global_key_value_heads,
+        "head_dim": a.head_dim,
+        "global_head_dim": a.global_head_dim,
+        "sliding_window": a.sliding_window,
+        "layer_types": layer_types,
+        "num_kv_shared_layers": spec.layers.num_kv_shared_layers,
+        "hidden_size_per_layer_input": spec.per_layer_input.as_ref().map_or(0, |p| p.hidden_size_per_layer_input),
+        "vocab_size": spec.model.vocab_size,
+        "vocab_size_per_layer_input": spec.per_layer_input.as_ref().map(|p| p.vocab_size_per_layer_input),
+        "use_double_wide_mlp": spec.mlp.use_double_wide_mlp,
+        "enable_moe_block": spec.moe.is_some(),
+        "num_experts": spec.moe.as_ref().map(|m| m.num_experts),
+        "top_k_experts": spec.moe.as_ref().map(|m| m.top_k_experts),
+        "moe_intermediate_size": spec.moe.as_ref().map(|m| m.moe_intermediate_size),
+        "attention_k_eq_v": a.attention_k_eq_v,
+        "final_logit_softcapping": spec.model.final_logit_softcapping,
+        "rms_norm_eps": spec.model.rms_norm_eps,
+        "tie_word_embeddings": spec.model.tie_word_embeddings,
+        "rope_parameters": {
+            "full_attention": rope_json(&spec.rope.full),
+            "sliding_attention": rope_json(&spec.rope.sliding),
+        },
+        "rope_traditional": spec.rope.traditional,
+        "max_position_embeddings": spec.model.max_position_embeddings,
+    });
+    if let Some(q) = &spec.quantization {
+        v["quantization"] = quantization_json(q);
+    }
+    if let Some(kv) = &spec.kv_quantization {
+        v["kv_quantization"] = json!(kv
+            .iter()
+            .map(|e| json!({"layer_idx": e.layer_idx, "bits": e.bits, "group_size": e.group_size}))
+            .collect::<Vec<_>>());
+    }
+    canonical(&v)
+}
+
+/// A copy with every object's keys in sorted order (independent of serde_json's
+/// `preserve_order` feature).
+pub(crate) fn canonical(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            let mut out = Map::new();
+            for k in keys {
+                out.insert(k.clone(), canonical(&m[k]));
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => Value::Array(items.iter().map(canonical).collect()),
+        other => other.clone(),
+    }
+}
+
+/// SHA-256 (lowercase hex) of the spec's canonical JSON: sorted keys, no whitespace.
+/// Stable across runs, platforms and field order in the YAML file.
+pub fn spec_hash(spec: &Spec) -> String {
+    let value = serde_json::to_value(spec).unwrap_or(Value::Null);
+    let text = serde_json::to_string(&canonical(&value)).unwrap_or_default();
+    let digest = Sha256::digest(text.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,769 @@
+//! config.json → spec, reading fields exactly as mlx-lm 0.32.2 does (`gemma4.py`,
+//! `gemma4_text.py` `ModelArgs`, `utils.py` quantization handling). Every default applied
+//! and every normalisation made is reported as an [`AppliedDefault`].
+
+use crate::model::*;
+use crate::validate;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A value the importer filled in or changed, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AppliedDefault {
+    /// config.json field (e.g. `text_config.num_kv_shared_layers`).
+    pub field: String,
+    /// The value used.
+    pub value: Value,
+    /// Why (`absent: mlx-lm 0.32.2 default`, or a normalisation).
+    pub reason: String,
+}
+
+impl fmt::Display for AppliedDefault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} = {} ({})", self.field, self.value, self.reason)
+    }
+}
+
+/// Why a config could not be imported: every problem found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportError {
+    pub problems: Vec<String>,
+}
+
+impl fmt::Display for ImportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for p in &self.problems {
+            writeln!(f, "{p}")?;
+        }
+        write!(f, "{} problem(s)", self.problems.len())
+    }
+}
+
+impl std::error::Error for ImportError {}
+
+const ABSENT: &str = "absent: mlx-lm 0.32.2 default";
+
+struct Reader<'a> {
+    obj: &'a Map<String, Value>,
+    prefix: &'a str,
+    applied: Vec<AppliedDefault>,
+    problems: Vec<String>,
+}
+
+impl Reader<'_> {
+    fn field(&self, k: &str) -> String {
+        format!("{}{k}", self.prefix)
+    }
+    fn note(&mut self, k: &str, v: Value, reason: &str) {
+        let field = self.field(k);
+        self.applied.push(AppliedDefault {
+            field,
+            value: v,
+            reason: reason.to_string(),
+        });
+    }
+    fn problem(&mut self, k: &str, msg: &str) {
+        let f = self.field(k);
+        self.problems.push(format!("{f}: {msg}"));
+    }
+    /// Present (and not null) value.
+    fn get(&self, k: &str) -> Option<&Value> {
+        self.obj.get(k).filter(|v| !v.is_null())
+    }
+    fn uint_of(&mut self, k: &str, v: &Value) -> u32 {
+        match v.as_u64().and_then(|x| u32::try_from(x).ok()) {
+            Some(x) => x,
+            None => {
+                self.problem(k, &format!("expected a non-negative integer, found {v}"));
+                0
+            }
+        }
+    }
+    /// Integer with an mlx default; null is a problem (mlx would fail on it).
+    fn uint(&mut self, k: &str, default: u32) -> u32 {
+        match self.obj.get(k) {
+            None => {
+                self.note(k, json!(default), ABSENT);
+                default
+            }
+            Some(Value::Null) => {
+                self.problem(k, "null, but mlx-lm needs an integer here");
+                default
+            }
+            Some(v) => {
+                let v = v.clone();
+                self.uint_of(k, &v)
+            }
+        }
+    }
+    /// Optional integer where null/0 means "off"; `default` when absent.
+    fn opt_uint(&mut self, k: &str, default: Option<u32>) -> Option<u32> {
+        match self.obj.get(k) {
+            None => {
+                self.note(k, json!(default), ABSENT);
+                default
+            }
+            Some(Value::Null) => None,
+            Some(v) => {
+                let v = v.clone();
+                Some(self.uint_of(k, &v))
+            }
+        }
+    }
+    fn float(&mut self, k: &str, default: f64) -> f64 {
+        match self.obj.get(k) {
+            None => {
+                self.note(k, json!(default), ABSENT);
+                default
+            }
+            Some(v) => match v.as_f64() {
+                Some(x) => x,
+                None => {
+                    self.problem(k, &format!("expected a number, found {v}"));
+                    default
+                }
+            },
+        }
+    }
+    fn boolean(&mut self, k: &str, default: bool) -> bool {
+        match self.obj.get(k) {
+            None => {
+                self.note(k, json!(default), ABSENT);
+                default
+            }
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                let v = v.clone();
+                self.problem(k, &format!("expected true or false, found {v}"));
+                default
+            }
+        }
+    }
+}
+
+fn minimal_period(types: &[LayerType]) -> usize {
+    let n = types.len();
+    (1..=n)
+        .find(|&p| n % p == 0 && types.iter().enumerate().all(|(i, t)| *t == types[i % p]))
+        .unwrap_or(n.max(1))
+}
+
+fn mode_defaults(mode: QuantMode) -> (u32, u32) {
+    // (group_size, bits) of mx.quantize when the entry omits them.
+    match mode {
+        QuantMode::Affine => (64, 4),
+        QuantMode::Mxfp4 => (32, 4),
+        QuantMode::Nvfp4 => (16, 4),
+        QuantMode::Mxfp8 => (32, 8),
+    }
+}
+
+fn parse_mode(s: &str) -> Option<QuantMode> {
+    match s {
+        "affine" => Some(QuantMode::Affine),
+        "mxfp4" => Some(QuantMode::Mxfp4),
+        "mxfp8" => Some(QuantMode::Mxfp8),
+        "nvfp4" => Some(QuantMode::Nvfp4),
+        _ => None,
+    }
+}
+
+/// Reads a quantization dict (mlx `quantization` form or a legacy `quantization_config`).
+fn read_quantization(q: &Value, field: &str, r: &mut Reader) -> Option<Quantization> {
+    let Some(obj) = q.as_object() else {
+        r.problems
+            .push(format!("{field}: expected a mapping, found {q}"));
+        return None;
+    };
+    if let Some(method) = obj.get("quant_method").and_then(Value::as_str) {
+        let default = match method {
+            "mxfp4" => QuantParams {
+                bits: 4,
+                group_size: 32,
+                mode: QuantMode::Mxfp4,
+            },
+            "mxfp8" => QuantParams {
+                bits: 8,
+                group_size: 32,
+                mode: QuantMode::Mxfp8,
+            },
+            "fp8"
+                if obj.get("scale_fmt").and_then(Value::as_str) == Some("ue8m0")
+                    && obj.get("weight_block_size") == Some(&json!([32, 32])) =>
+            {
+                QuantParams {
+                    bits: 8,
+                    group_size: 32,
+                    mode: QuantMode::Mxfp8,
+                }
+            }
+            "modelopt" => {
+                let settings = obj
+                    .get("quantization")
+                    .and_then(Value::as_object)
+                    .unwrap_or(obj);
+                if settings.get("quant_algo").and_then(Value::as_str) != Some("NVFP4") {
+                    r.problems.push(format!(
+                        "{field}: modelopt quant_algo other than NVFP4 is not supported by mlx-lm"
+                    ));
+                    return None;
+                }
+                let gs = settings
+                    .get("group_size")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(16) as u32;
+                QuantParams {
+                    bits: 4,
+                    group_size: gs,
+                    mode: QuantMode::Nvfp4,
+                }
+            }
+            other => {
+                r.problems.push(format!(
+                    "{field}: quant_method `{other}` is not supported by archgen (mxfp4, mxfp8, fp8/ue8m0, modelopt NVFP4 are)"
+                ));
+                return None;
+            }
+        };
+        r.applied.push(AppliedDefault {
+            field: field.to_string(),
+            value: json!({"bits": default.bits, "group_size": default.group_size, "mode": default.mode.as_str()}),
+            reason: format!("legacy quant_method `{method}` mapped as mlx-lm's load does"),
+        });
+        return Some(Quantization {
+            default,
+            overrides: BTreeMap::new(),
+        });
+    }
+    let int = |v: Option<&Value>| {
+        v.and_then(Value::as_u64)
+            .and_then(|x| u32::try_from(x).ok())
+    };
+    let mode = match obj.get("mode") {
+        None => {
+            r.applied.push(AppliedDefault {
+                field: format!("{field}.mode"),
+                value: json!("affine"),
+                reason: ABSENT.into(),
+            });
+            QuantMode::Affine
+        }
+        Some(v) => match v.as_str().and_then(parse_mode) {
+            Some(m) => m,
+            None => {
+                r.problems
+                    .push(format!("{field}.mode: unknown quantization mode {v}"));
+                return None;
+            }
+        },
+    };
+    let (Some(bits), Some(group_size)) = (int(obj.get("bits")), int(obj.get("group_size"))) else {
+        r.problems.push(format!(
+            "{field}: `bits` and `group_size` are required (mlx-lm reads them unconditionally)"
+        ));
+        return None;
+    };
+    let default = QuantParams {
+        bits,
+        group_size,
+        mode,
+    };
+    let mut overrides = BTreeMap::new();
+    for (k, v) in obj {
+        if matches!(k.as_str(), "bits" | "group_size" | "mode") {
+            continue;
+        }
+        let f = format!("{field}[\"{k}\"]");
+        match v {
+            Value::Bool(false) => {
+                overrides.insert(k.clone(), QuantOverride::Skip(false));
+            }
+            Value::Bool(true) => {
+                r.applied.push(AppliedDefault {
+                    field: f,
+                    value: json!({"bits": bits, "group_size": group_size, "mode": mode.as_str()}),
+                    reason: "`true` quantizes with the default params (nn.quantize)".into(),
+                });
+                overrides.insert(k.clone(), QuantOverride::Params(default));
+            }
+            Value::Object(o) => {
+                if let Some(extra) = o
+                    .keys()
+                    .find(|x| !matches!(x.as_str(), "bits" | "group_size" | "mode"))
+                {
+                    r.problems
+                        .push(format!("{f}: key `{extra}` is not supported"));
+                    continue;
+                }
+                // A per-module dict goes to to_quantized(**d): a missing mode is affine
+                // (not the default's mode); missing sizes are mx.quantize's mode defaults.
+                let m = match o.get("mode") {
+                    None => {
+                        r.applied.push(AppliedDefault {
+                            field: format!("{f}.mode"),
+                            value: json!("affine"),
+                            reason: "absent: to_quantized's default mode".into(),
+                        });
+                        QuantMode::Affine
+                    }
+                    Some(mv) => match mv.as_str().and_then(parse_mode) {
+                        Some(m) => m,
+                        None => {
+                            r.problems
+                                .push(format!("{f}.mode: unknown quantization mode {mv}"));
+                            continue;
+                        }
+                    },
+                };
+                let (dg, db) = mode_defaults(m);
+                let gs = int(o.get("group_size")).unwrap_or_else(|| {
+                    r.applied.push(AppliedDefault {
+                        field: format!("{f}.group_size"),
+                        value: json!(dg),
+                        reason: "absent: mx.quantize default for the mode".into(),
+                    });
+                    dg
+                });
+                let b = int(o.get("bits")).unwrap_or_else(|| {
+                    r.applied.push(AppliedDefault {
+                        field: format!("{f}.bits"),
+                        value: json!(db),
+                        reason: "absent: mx.quantize default for the mode".into(),
+                    });
+                    db
+                });
+                overrides.insert(
+                    k.clone(),
+                    QuantOverride::Params(QuantParams {
+                        bits: b,
+                        group_size: gs,
+                        mode: m,
+                    }),
+                );
+            }
+            other => r
+                .problems
+                .push(format!("{f}: expected params or false, found {other}")),
+        }
+    }
+    Some(Quantization { default, overrides })
+}
+
+fn read_kv_config(kv: &Value, r: &mut Reader) -> Option<Vec<KvQuantEntry>> {
+    let Some(items) = kv.as_array() else {
+        r.problems.push(format!(
+            "kv_config: expected a JSON list of {{layer_idx, bits, group_size}}, found {kv}"
+        ));
+        return None;
+    };
+    let mut out = Vec::new();
+    for (i, e) in items.iter().enumerate() {
+        let int = |k: &str| {
+            e.get(k)
+                .and_then(Value::as_u64)
+                .and_then(|x| u32::try_from(x).ok())
+        };
+        let (Some(layer_idx), Some(bits)) = (int("layer_idx"), int("bits")) else {
+            r.problems.push(format!(
+                "kv_config[{i}]: `layer_idx` and `bits` are required integers"
+            ));
+            continue;
+        };
+        let group_size = int("group_size").unwrap_or_else(|| {
+            r.applied.push(AppliedDefault {
+                field: format!("kv_config[{i}].group_size"),
+                value: json!(64),
+                reason: "absent: mlx-optiq default".into(),
+            });
+            64
+        });
+        out.push(KvQuantEntry {
+            layer_idx,
+            bits,
+            group_size,
+        });
+    }
+    out.sort_by_key(|e| e.layer_idx);
+    Some(out)
+}
+
+/// Imports an mlx-lm / Hugging Face `config.json` (`model_type` `gemma4` with
+/// `text_config`, flat `gemma4_text`, or `gemma4_unified`) and optionally a
+/// `kv_config.json` value. Absent fields take mlx-lm 0.32.2's defaults; the list says
+/// which. The result is validated.
+pub fn from_config_json(
+    value: &Value,
+    kv_config: Option<&Value>,
+    name: &str,
+) -> Result<(Spec, Vec<AppliedDefault>), ImportError> {
+    let fail = |m: String| ImportError { problems: vec![m] };
+    let top = value
+        .as_object()
+        .ok_or_else(|| fail("config.json: expected a JSON object".into()))?;
+    let model_type = match top.get("model_type").and_then(Value::as_str) {
+        Some("gemma4") => ConfigModelType::Gemma4,
+        Some("gemma4_text") => ConfigModelType::Gemma4Text,
+        Some("gemma4_unified") => ConfigModelType::Gemma4Unified,
+        Some(other) => return Err(fail(format!("model_type: `{other}` is not a Gemma-4 text model (gemma4, gemma4_text, gemma4_unified)"))),
+        None => return Err(fail("model_type: missing (mlx-lm needs it to pick the model)".into())),
+    };
+    let empty = Map::new();
+    let wrapped = model_type != ConfigModelType::Gemma4Text;
+    let (text, prefix) = if wrapped {
+        match top.get("text_config") {
+            None | Some(Value::Null) => (&empty, "text_config."),
+            Some(Value::Object(t)) => (t, "text_config."),
+            Some(other) => {
+                return Err(fail(format!(
+                    "text_config: expected an object, found {other}"
+                )))
+            }
+        }
+    } else {
+        (top, "")
+    };
+    let mut r = Reader {
+        obj: text,
+        prefix,
+        applied: Vec::new(),
+        problems: Vec::new(),
+    };
+    if wrapped && text.is_empty() {
+        r.note("", json!({}), "text_config absent: mlx-lm uses {}");
+    }
+
+    // gemma4.ModelArgs: the top-level vocab_size (default 262144) overwrites text_config's.
+    let vocab_size = if wrapped {
+        let mut top_r = Reader {
+            obj: top,
+            prefix: "",
+            applied: Vec::new(),
+            problems: Vec::new(),
+        };
+        let v = top_r.uint("vocab_size", 262_144);
+        r.applied.extend(top_r.applied);
+        r.problems.extend(top_r.problems);
+        if let Some(tv) = text.get("vocab_size") {
+            if tv.as_u64() != Some(v as u64) {
+                r.note(
+                    "vocab_size",
+                    json!(v),
+                    "overwritten by the top-level vocab_size (gemma4 wrapper)",
+                );
+            }
+        }
+        v
+    } else {
+        r.uint("vocab_size", 262_144)
+    };
+    let hidden_size = r.uint("hidden_size", 1536);
+    let num_layers = r.uint("num_hidden_layers", 35);
+    let intermediate_size = r.uint("intermediate_size", 6144);
+    let num_heads = r.uint("num_attention_heads", 8);
+    let head_dim = r.uint("head_dim", 256);
+    let global_head_dim = r.opt_uint("global_head_dim", Some(512)).filter(|g| *g != 0);
+    let rms_norm_eps = r.float("rms_norm_eps", 1e-6);
+    let vocab_ple = r.uint("vocab_size_per_layer_input", 262_144);
+    let num_kv = r.uint("num_key_value_heads", 1);
+    let mut global_kv = r.opt_uint("num_global_key_value_heads", None);
+    let shared = r.uint("num_kv_shared_layers", 20);
+    let ple_width = r
+        .opt_uint("hidden_size_per_layer_input", Some(256))
+        .filter(|w| *w != 0);
+    let traditional = r.boolean("rope_traditional", false);
+    let sliding_window = r.uint("sliding_window", 512);
+    let max_pos = r.uint("max_position_embeddings", 131_072);
+    let k_eq_v = r.boolean("attention_k_eq_v", false);
+    let softcap = match text.get("final_logit_softcapping") {
+        None => {
+            r.note("final_logit_softcapping", json!(30.0), ABSENT);
+            Some(30.0)
+        }
+        Some(Value::Null) => None,
+        Some(_) => Some(r.float("final_logit_softcapping", 30.0)),
+    };
+    let mut double_wide = r.boolean("use_double_wide_mlp", true);
+    let enable_moe = r.boolean("enable_moe_block", false);
+    let tie = r.boolean("tie_word_embeddings", true);
+
+    // layer_types, or mlx-lm's derivation from sliding_window_pattern (truncating).
+    let types: Vec<LayerType> = match r.get("layer_types").cloned() {
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| match t.as_str() {
+                Some("sliding_attention") => Some(LayerType::Sliding),
+                Some("full_attention") => Some(LayerType::Full),
+                _ => {
+                    r.problem(
+                        &format!("layer_types[{i}]"),
+                        &format!("expected \"sliding_attention\" or \"full_attention\", found {t}"),
+                    );
+                    None
+                }
+            })
+            .collect(),
+        Some(other) => {
+            r.problem("layer_types", &format!("expected a list, found {other}"));
+            Vec::new()
+        }
+        None => {
+            let pattern = r.uint("sliding_window_pattern", 5).clamp(1, 1 << 16) as usize;
+            let n = (num_layers as usize).min(1 << 16);
+            let v: Vec<LayerType> = (0..n)
+                .map(|i| {
+                    if i % pattern == pattern - 1 {
+                        LayerType::Full
+                    } else {
+                        LayerType::Sliding
+                    }
+                })
+                .collect();
+            r.note(
+                "layer_types",
+                json!(v.iter().map(|t| t.hf_name()).collect::<Vec<_>>()),
+                "absent: derived from sliding_window_pattern as mlx-lm does",
+            );
+            v
+        }
+    };
+    if types.len() != num_layers as usize && r.problems.is_empty() {
+        r.problem(
+            "layer_types",
+            &format!(
+                "{} entries for {num_layers} layers (mlx-lm would fail or ignore the tail)",
+                types.len()
+            ),
+        );
+    }
+
+    // rope_parameters.
+    let rope_params = match r.get("rope_parameters").cloned() {
+        None => {
+            r.note("rope_parameters", json!({
+                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1e6, "rope_type": "proportional"},
+                "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 1e4, "rope_type": "default"}
+            }), ABSENT);
+            None
+        }
+        Some(Value::Object(o)) => Some(o),
+        Some(other) => {
+            r.problem(
+                "rope_parameters",
+                &format!("expected an object, found {other}"),
+            );
+            None
+        }
+    };
+    let rope_of = |key: &str, r: &mut Reader| -> RopeParams {
+        let Some(all) = &rope_params else {
+            return if key == "full_attention" {
+                RopeParams::Proportional {
+                    rope_theta: 1e6,
+                    partial_rotary_factor: 0.25,
+                    factor: 1.0,
+                }
+            } else {
+                RopeParams::Default { rope_theta: 1e4 }
+            };
+        };
+        let rp = match all.get(key) {
+            Some(Value::Object(o)) => o.clone(),
+            None => {
+                r.note(
+                    &format!("rope_parameters.{key}"),
+                    json!({}),
+                    "absent: mlx-lm uses {} (default RoPE, theta 10000)",
+                );
+                Map::new()
+            }
+            Some(other) => {
+                r.problem(
+                    &format!("rope_parameters.{key}"),
+                    &format!("expected an object, found {other}"),
+                );
+                Map::new()
+            }
+        };
+        let mut sub = Reader {
+            obj: &rp,
+            prefix: "",
+            applied: Vec::new(),
+            problems: Vec::new(),
+        };
+        let base = format!("{}rope_parameters.{key}.", r.prefix);
+        sub.prefix = &base;
+        let rope_type = rp
+            .get("type")
+            .or_else(|| rp.get("rope_type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+            .to_string();
+        let theta = sub.float("rope_theta", 10000.0);
+        let out = match rope_type.as_str() {
+            "default" => RopeParams::Default { rope_theta: theta },
+            "proportional" => {
+                let p = sub.float("partial_rotary_factor", 1.0);
+                let f = sub.float("factor", 1.0);
+                RopeParams::Proportional {
+                    rope_theta: theta,
+                    partial_rotary_factor: p,
+                    factor: f,
+                }
+            }
+            other => {
+                sub.problems.push(format!(
+                    "{base}rope_type: `{other}` is not supported (default, proportional)"
+                ));
+                RopeParams::Default { rope_theta: theta }
+            }
+        };
+        r.applied.extend(sub.applied);
+        r.problems.extend(sub.problems);
+        out
+    };
+    let rope_sliding = rope_of("sliding_attention", &mut r);
+    let rope_full = rope_of("full_attention", &mut r);
+
+    // MoE: all three fields when enabled (mlx-lm would fail on a None).
+    let moe = if enable_moe {
+        let e = r.get("num_experts").cloned();
+        let k = r.get("top_k_experts").cloned();
+        let w = r.get("moe_intermediate_size").cloned();
+        match (e, k, w) {
+            (Some(e), Some(k), Some(w)) => Some(Moe {
+                num_experts: r.uint_of("num_experts", &e),
+                top_k_experts: r.uint_of("top_k_experts", &k),
+                moe_intermediate_size: r.uint_of("moe_intermediate_size", &w),
+            }),
+            _ => {
+                r.problem("enable_moe_block", "true, but num_experts, top_k_experts and moe_intermediate_size are not all set");
+                None
+            }
+        }
+    } else {
+        for k in ["num_experts", "top_k_experts", "moe_intermediate_size"] {
+            if r.get(k).is_some() {
+                r.note(
+                    k,
+                    Value::Null,
+                    "ignored by mlx-lm because enable_moe_block is false",
+                );
+            }
+        }
+        None
+    };
+
+    // Normalisations: fields mlx-lm reads but that have no effect are written as such.
+    if global_kv.is_some() && !k_eq_v {
+        r.note(
+            "num_global_key_value_heads",
+            Value::Null,
+            "ignored by mlx-lm because attention_k_eq_v is false",
+        );
+        global_kv = None;
+    }
+    if double_wide && (shared == 0 || shared >= num_layers) {
+        r.note(
+            "use_double_wide_mlp",
+            json!(false),
+            "no effect in mlx-lm without KV-shared layers after a donor",
+        );
+        double_wide = false;
+    }
+    let per_layer_input = ple_width.map(|w| PerLayerInput {
+        hidden_size_per_layer_input: w,
+        vocab_size_per_layer_input: vocab_ple,
+    });
+
+    // Quantization: `quantization`, else `quantization_config` (top level, then text_config).
+    let mut quantization = None;
+    let q_src = [
+        (top.get("quantization"), "quantization"),
+        (top.get("quantization_config"), "quantization_config"),
+        (
+            text.get("quantization_config"),
+            "text_config.quantization_config",
+        ),
+    ];
+    if let Some((Some(q), field)) = q_src.iter().find(|(v, _)| v.is_some_and(|v| !v.is_null())) {
+        quantization = read_quantization(q, field, &mut r);
+    }
+    let kv_quantization = kv_config.and_then(|kv| read_kv_config(kv, &mut r));
+
+    if !r.problems.is_empty() {
+        return Err(ImportError {
+            problems: r.problems,
+        });
+    }
+    let period = minimal_period(&types);
+    let repo = top
+        .get("_name_or_path")
+        .and_then(Value::as_str)
+        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
+        .map(str::to_string);
+    let spec = Spec {
+        format_version: FORMAT_VERSION,
+        identity: Identity {
+            name: name.to_string(),
+            family: Family::Gemma4,
+            source: Source {
+                repo,
+                revision: None,
+                model_type,
+            },
+        },
+        model: ModelDims {
+            hidden_size,
+            vocab_size,
+            rms_norm_eps,
+            tie_word_embeddings: tie,
+            final_logit_softcapping: softcap,
+            max_position_embeddings: max_pos,
+        },
+        layers: Layers {
+            num_hidden_layers: num_layers,
+            pattern: types[..period.min(types.len())].to_vec(),
+            repeat: (types.len() / period.max(1)) as u32,
+            num_kv_shared_layers: shared,
+        },
+        attention: Attention {
+            num_attention_heads: num_heads,
+            num_key_value_heads: num_kv,
+            num_global_key_value_heads: global_kv,
+            attention_k_eq_v: k_eq_v,
+            head_dim,
+            global_head_dim,
+            sliding_window,
+        },
+        rope: Rope {
+            traditional,
+            sliding: rope_sliding,
+            full: rope_full,
+        },
+        mlp: Mlp {
+            intermediate_size,
+            use_double_wide_mlp: double_wide,
+        },
+        moe,
+        per_layer_input,
+        quantization,
+        kv_quantization,
+    };
+    let issues = validate::check(&spec);
+    if !issues.is_empty() {
+        return Err(ImportError {
+            problems: issues
+                .into_iter()
+                .map(|i| {
+                    format!(
+                        "{}: {} (expected {}); hint: {}",
+                        i.path, i.message, i.expected, i.hint
+                    )
+                })
+                .collect(),
+        });
+    }
+    Ok((spec, r.applied))
+}

@@ -1,0 +1,432 @@
+//! archgen-spec: YAML architecture specs of Gemma-4 text models, as mlx-lm 0.32.2 runs
+//! them.
+//!
+//! * [`load`] / [`parse_str`] read a spec file (full or derived), validate it and return
+//!   the resolved [`Spec`], or every error in the file as located [`Diagnostics`].
+//! * [`Spec::resolve`] gives the [`Architecture`]: per-layer [`LayerFacts`] and
+//!   model-level facts as plain fields, plus [`Architecture::quant_for`].
+//! * [`import::from_config_json`] turns an mlx-lm / Hugging Face `config.json` into a spec
+//!   with mlx-lm's defaults, listing the defaults it applied.
+//! * [`to_hf_json`] prints a spec with config.json `text_config` names; [`spec_hash`] is a
+//!   stable content hash; [`to_yaml`] writes a spec file; [`json_schema`] is the editor
+//!   schema.
+//!
+//! The format is documented in `docs/spec-format.md`. This crate never depends on MLX.
+
+mod arch;
+mod derive;
+mod diag;
+mod emit;
+mod hf;
+mod hints;
+pub mod import;
+mod model;
+mod validate;
+mod yaml;
+
+pub use arch::{
+    Architecture, KvQuant, LayerFacts, ModuleKind, MoeFacts, PleFacts, QuantizableModule, RopeKind,
+    WeightQuant,
+};
+pub use diag::{Diagnostic, Diagnostics, FieldPath, Seg};
+pub use emit::to_yaml;
+pub use hf::{spec_hash, to_hf_json};
+pub use model::*;
+pub use validate::limits;
+pub use yaml::MAX_SPEC_BYTES;
+
+use diag::Issue;
+use serde::de::DeserializeOwned;
+use std::path::{Path, PathBuf};
+use yaml::{Loc, Node};
+
+/// Most levels of `derive.from` followed before giving up.
+pub const MAX_DERIVE_DEPTH: usize = 8;
+
+impl Spec {
+    /// The resolved architecture. Every `Spec` from [`load`], [`parse_str`] or
+    /// [`import::from_config_json`] is valid; for a hand-built one call
+    /// [`Spec::validate`] first.
+    pub fn resolve(&self) -> Architecture {
+        Architecture::build(self)
+    }
+
+    /// Semantic validation of a spec built in code. Errors carry field paths but no file
+    /// location (line and column 0, file `<memory>`).
+    pub fn validate(&self) -> Result<(), Diagnostics> {
+        let issues = validate::check(self);
+        if issues.is_empty() {
+            Ok(())
+        } else {
+            Err(Diagnostics(
+                issues
+                    .into_iter()
+                    .map(|i| Diagnostic {
+                        file: "<memory>".into(),
+                        line: 0,
+                        column: 0,
+                        path: i.path,
+                        message: i.message,
+                        expected: i.expected,
+                        hint: i.hint,
+                    })
+                    .collect(),
+            ))
+        }
+    }
+}
+
+/// Reads, validates and resolves the spec at `path`. A derived spec's parent
+/// (`derive.from`) is read from the same directory. The spec's `identity.name` must equal
+/// the file name without `.yaml`.
+pub fn load(path: impl AsRef<Path>) -> Result<Spec, Diagnostics> {
+    let mut stack = Vec::new();
+    load_inner(path.as_ref(), &mut stack)
+}
+
+/// Parses, validates and resolves spec text. `origin` names the source in diagnostics;
+/// a derived spec's parent is looked up in `origin`'s directory.
+pub fn parse_str(source: &str, origin: &str) -> Result<Spec, Diagnostics> {
+    let mut stack = Vec::new();
+    let dir = Path::new(origin)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    parse_inner(source.as_bytes(), origin, &dir, &mut stack)
+}
+
+/// The JSON Schema of spec files (both forms), pretty-printed with a final newline.
+/// Every property is required, as the parser requires it.
+pub fn json_schema() -> String {
+    let schema = schemars::schema_for!(model::SpecDocument);
+    let mut value = serde_json::to_value(&schema).unwrap_or_default();
+    require_all(&mut value);
+    let mut s = serde_json::to_string_pretty(&hf::canonical(&value)).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+/// Marks every property of every object schema as required (the parser has no
+/// defaults; `null` must be written).
+fn require_all(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            if let Some(serde_json::Value::Object(props)) = map.get("properties") {
+                let mut keys: Vec<serde_json::Value> = props
+                    .keys()
+                    .map(|k| serde_json::Value::String(k.clone()))
+                    .collect();
+                keys.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
+                map.insert("required".into(), serde_json::Value::Array(keys));
+            }
+            for (_, child) in map.iter_mut() {
+                require_all(child);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(require_all),
+        _ => {}
+    }
+}
+
+fn single(file: &str, loc: Loc, issue: Issue) -> Diagnostics {
+    Diagnostics(vec![located(file, loc, issue)])
+}
+
+fn located(file: &str, loc: Loc, i: Issue) -> Diagnostic {
+    Diagnostic {
+        file: file.to_string(),
+        line: loc.line,
+        column: loc.column,
+        path: i.path,
+        message: i.message,
+        expected: i.expected,
+        hint: i.hint,
+    }
+}
+
+fn load_inner(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Spec, Diagnostics> {
+    let origin = path.display().to_string();
+    let meta = std::fs::metadata(path).map_err(|e| {
+        single(
+            &origin,
+            Loc::START,
+            Issue::new(
+                FieldPath::root(),
+                format!("cannot read the file: {e}"),
+                "a readable spec file",
+                "check the path; specs live in specs/<name>.yaml",
+            ),
+        )
+    })?;
+    if meta.len() > MAX_SPEC_BYTES as u64 {
+        return Err(single(
+            &origin,
+            Loc::START,
+            Issue::new(
+                FieldPath::root(),
+                format!("file is {} bytes, over the limit", meta.len()),
+                format!("at most {MAX_SPEC_BYTES} bytes"),
+                "a spec is a few hundred lines; check that the right file was given",
+            ),
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| {
+        single(
+            &origin,
+            Loc::START,
+            Issue::new(
+                FieldPath::root(),
+                format!("cannot read the file: {e}"),
+                "a readable spec file",
+                "check the path and permissions",
+            ),
+        )
+    })?;
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let spec = parse_inner(&bytes, &origin, &dir, stack)?;
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    if spec.identity.name != stem {
+        // Re-parse the tree only to locate the name.
+        let loc = std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|t| yaml::parse_tree(t).ok())
+            .map(|t| t.locate(&FieldPath::parse("identity.name")))
+            .unwrap_or(Loc::START);
+        return Err(single(
+            &origin,
+            loc,
+            Issue::new(
+                FieldPath::parse("identity.name"),
+                format!(
+                    "name `{}` differs from the file name `{stem}`",
+                    spec.identity.name
+                ),
+                format!("`{stem}`"),
+                "rename the file or the spec so that specs/<name>.yaml holds identity.name <name>",
+            ),
+        ));
+    }
+    Ok(spec)
+}
+
+fn parse_inner(
+    bytes: &[u8],
+    origin: &str,
+    dir: &Path,
+    stack: &mut Vec<PathBuf>,
+) -> Result<Spec, Diagnostics> {
+    let fail = |issues: Vec<(Loc, Issue)>| {
+        let mut d = Diagnostics(
+            issues
+                .into_iter()
+                .map(|(l, i)| located(origin, l, i))
+                .collect(),
+        );
+        d.sort();
+        d
+    };
+    let text = yaml::check_bytes(bytes).map_err(fail)?;
+    let tree = yaml::parse_tree(text).map_err(fail)?;
+    let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| {
+        let loc = e
+            .location()
+            .map(|l| Loc {
+                line: l.line(),
+                column: l.column(),
+            })
+            .unwrap_or(Loc::START);
+        single(
+            origin,
+            loc,
+            Issue::new(
+                FieldPath::root(),
+                format!("YAML error: {e}"),
+                "well-formed YAML",
+                "check indentation, colons and brackets near this position",
+            ),
+        )
+    })?;
+    if tree.has_key("derive") {
+        derive::parse_derived(value, &tree, origin, dir, stack)
+    } else {
+        let spec = deserialize_full(value, &tree, origin)?;
+        let issues = validate::check(&spec);
+        if issues.is_empty() {
+            Ok(spec)
+        } else {
+            Err(locate_all(&tree, origin, issues))
+        }
+    }
+}
+
+pub(crate) fn locate_all(tree: &Node, origin: &str, issues: Vec<Issue>) -> Diagnostics {
+    let mut d = Diagnostics(
+        issues
+            .into_iter()
+            .map(|i| {
+                let loc = tree.locate(&i.path);
+                located(origin, loc, i)
+            })
+            .collect(),
+    );
+    d.sort();
+    d
+}
+
+/// Sections of the full form, in file order.
+const FULL_SECTIONS: [&str; 11] = [
+    "format_version",
+    "identity",
+    "model",
+    "layers",
+    "attention",
+    "rope",
+    "mlp",
+    "moe",
+    "per_layer_input",
+    "quantization",
+    "kv_quantization",
+];
+
+fn deserialize_full(
+    value: serde_yaml::Value,
+    tree: &Node,
+    origin: &str,
+) -> Result<Spec, Diagnostics> {
+    match serde_path_to_error::deserialize::<_, Spec>(value.clone()) {
+        Ok(spec) => Ok(spec),
+        Err(first) => {
+            // Deserialize section by section to report every section's first error.
+            let mut issues = Vec::new();
+            let map = value.as_mapping().cloned().unwrap_or_default();
+            for (k, _) in map.iter() {
+                let key = k.as_str().unwrap_or("");
+                if !FULL_SECTIONS.contains(&key) {
+                    issues.push(unknown_field(&FieldPath::root(), key, &FULL_SECTIONS));
+                }
+            }
+            macro_rules! section {
+                ($name:literal, $ty:ty) => {
+                    match map.get($name) {
+                        None => issues.push(missing_field(&FieldPath::root(), $name)),
+                        Some(v) => {
+                            if let Err(e) = de_at::<$ty>(v.clone(), &FieldPath::root().key($name)) {
+                                issues.push(e);
+                            }
+                        }
+                    }
+                };
+            }
+            section!("format_version", u32);
+            section!("identity", Identity);
+            section!("model", ModelDims);
+            section!("layers", Layers);
+            section!("attention", Attention);
+            section!("rope", Rope);
+            section!("mlp", Mlp);
+            section!("moe", Option<Moe>);
+            section!("per_layer_input", Option<PerLayerInput>);
+            section!("quantization", Option<Quantization>);
+            section!("kv_quantization", Option<Vec<KvQuantEntry>>);
+            if issues.is_empty() {
+                issues.push(serde_issue(&FieldPath::root(), first));
+            }
+            Err(locate_serde(tree, origin, issues))
+        }
+    }
+}
+
+/// Locates serde issues: unknown keys at the key itself, the rest at the value.
+pub(crate) fn locate_serde(tree: &Node, origin: &str, issues: Vec<Issue>) -> Diagnostics {
+    let mut d = Diagnostics(
+        issues
+            .into_iter()
+            .map(|i| {
+                let loc = if i.message.starts_with("unknown field") {
+                    tree.locate_key(&i.path)
+                        .unwrap_or_else(|| tree.locate(&i.path))
+                } else {
+                    tree.locate(&i.path)
+                };
+                located(origin, loc, i)
+            })
+            .collect(),
+    );
+    d.sort();
+    d
+}
+
+pub(crate) fn de_at<T: DeserializeOwned>(v: serde_yaml::Value, at: &FieldPath) -> Result<T, Issue> {
+    serde_path_to_error::deserialize::<_, T>(v).map_err(|e| serde_issue(at, e))
+}
+
+pub(crate) fn missing_field(parent: &FieldPath, name: &str) -> Issue {
+    let path = parent.key(name);
+    Issue::new(
+        path.clone(),
+        format!("missing field `{name}`"),
+        format!("`{name}` to be written ({})", hints::expected_for(name)),
+        hints::hint_for(&path),
+    )
+}
+
+pub(crate) fn unknown_field(parent: &FieldPath, name: &str, known: &[&str]) -> Issue {
+    Issue::new(
+        parent.key(name),
+        format!("unknown field `{name}`"),
+        format!(
+            "one of {}",
+            known
+                .iter()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        "check the spelling; docs/spec-format.md lists every field",
+    )
+}
+
+fn serde_issue(at: &FieldPath, e: serde_path_to_error::Error<serde_yaml::Error>) -> Issue {
+    let mut path = at.clone();
+    for seg in e.path().iter() {
+        match seg {
+            serde_path_to_error::Segment::Seq { index } => path.0.push(Seg::Index(*index)),
+            serde_path_to_error::Segment::Map { key } => path.0.push(Seg::Key(key.clone())),
+            serde_path_to_error::Segment::Enum { .. } | serde_path_to_error::Segment::Unknown => {}
+        }
+    }
+    let msg = e.inner().to_string();
+    // serde_yaml appends " at line L column C" for some errors; the tree locates instead.
+    let msg = match msg.find(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg,
+    };
+    if let Some(rest) = msg.strip_prefix("missing field `") {
+        let name = rest.trim_end_matches('`');
+        return missing_field(&path, name);
+    }
+    if let Some(rest) = msg.strip_prefix("unknown field `") {
+        let name = rest.split('`').next().unwrap_or("");
+        if path.last_key() != Some(name) {
+            path = path.key(name);
+        }
+        let expected = rest
+            .split_once(", expected ")
+            .map(|x| x.1)
+            .unwrap_or("a known field");
+        return Issue::new(
+            path,
+            format!("unknown field `{name}`"),
+            expected.to_string(),
+            "check the spelling; docs/spec-format.md lists every field",
+        );
+    }
+    let (what, expected) = match msg.split_once(", expected ") {
+        Some((w, x)) => (w.to_string(), x.to_string()),
+        None => (
+            msg.clone(),
+            hints::expected_for(path.last_key().unwrap_or("")),
+        ),
+    };
+    Issue::new(path.clone(), what, expected, hints::hint_for(&path))
+}

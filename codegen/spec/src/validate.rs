@@ -1,0 +1,577 @@
+//! Semantic validation of a resolved spec. Every check adds an `Issue` and goes on, so
+//! all errors of a file are reported together. Checks that need the resolved per-layer
+//! structure run only once the bounds checks pass, so absurd sizes never allocate.
+
+use crate::arch::Architecture;
+use crate::diag::{FieldPath, Issue};
+use crate::model::*;
+use std::collections::BTreeSet;
+
+/// Upper bounds: far above any released model, low enough that shape math fits in i32.
+pub mod limits {
+    pub const MAX_LAYERS: u32 = 1024;
+    pub const MAX_HIDDEN: u32 = 65_536;
+    pub const MAX_VOCAB: u32 = 1 << 22;
+    pub const MAX_HEADS: u32 = 1024;
+    pub const MAX_HEAD_DIM: u32 = 4096;
+    pub const MAX_INTERMEDIATE: u32 = 1 << 20;
+    pub const MAX_EXPERTS: u32 = 4096;
+    pub const MAX_WINDOW: u32 = 1 << 24;
+    pub const MAX_POSITIONS: u32 = 1 << 24;
+    pub const MAX_PLE_WIDTH: u32 = 65_536;
+}
+use limits::*;
+
+/// Bits mlx supports for affine quantization (weights and KV cache).
+pub const AFFINE_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
+/// Group sizes mlx supports for affine quantization.
+pub const AFFINE_GROUPS: [u32; 3] = [32, 64, 128];
+
+fn p(s: &str) -> FieldPath {
+    FieldPath::parse(s)
+}
+
+struct Checker {
+    issues: Vec<Issue>,
+}
+
+impl Checker {
+    fn err(
+        &mut self,
+        path: FieldPath,
+        msg: impl Into<String>,
+        exp: impl Into<String>,
+        hint: impl Into<String>,
+    ) {
+        self.issues.push(Issue::new(path, msg, exp, hint));
+    }
+    /// `1 <= v <= max`; returns whether it holds.
+    fn range(&mut self, path: &str, v: u32, max: u32, hint: &str) -> bool {
+        if v == 0 || v > max {
+            self.err(
+                p(path),
+                format!("{v} is out of range"),
+                format!("an integer in 1..={max}"),
+                hint,
+            );
+            false
+        } else {
+            true
+        }
+    }
+    fn positive_finite(&mut self, path: &str, v: f64, hint: &str) -> bool {
+        if !(v.is_finite() && v > 0.0) {
+            self.err(
+                p(path),
+                format!("{v} is not a positive finite number"),
+                "a number > 0",
+                hint,
+            );
+            false
+        } else {
+            true
+        }
+    }
+}
+
+/// Checks a quantization params entry; `path` names it.
+pub(crate) fn check_quant_params(q: &QuantParams, path: &FieldPath) -> Vec<Issue> {
+    let mut out = Vec::new();
+    let (bits_ok, groups_ok, bits_desc, groups_desc): (bool, bool, &str, &str) = match q.mode {
+        QuantMode::Affine => (
+            AFFINE_BITS.contains(&q.bits),
+            AFFINE_GROUPS.contains(&q.group_size),
+            "one of 2, 3, 4, 5, 6, 8",
+            "one of 32, 64, 128",
+        ),
+        QuantMode::Mxfp4 => (q.bits == 4, q.group_size == 32, "4 (mxfp4)", "32 (mxfp4)"),
+        QuantMode::Mxfp8 => (q.bits == 8, q.group_size == 32, "8 (mxfp8)", "32 (mxfp8)"),
+        QuantMode::Nvfp4 => (q.bits == 4, q.group_size == 16, "4 (nvfp4)", "16 (nvfp4)"),
+    };
+    if !bits_ok {
+        out.push(Issue::new(
+            path.key("bits"),
+            format!(
+                "{} bits is not supported by mlx for mode {}",
+                q.bits,
+                q.mode.as_str()
+            ),
+            bits_desc,
+            "mlx.core.quantize supports these bit widths only",
+        ));
+    }
+    if !groups_ok {
+        out.push(Issue::new(
+            path.key("group_size"),
+            format!(
+                "group size {} is not supported by mlx for mode {}",
+                q.group_size,
+                q.mode.as_str()
+            ),
+            groups_desc,
+            "mlx.core.quantize supports these group sizes only",
+        ));
+    }
+    out
+}
+
+/// All semantic errors of a resolved spec (paths in full-spec coordinates).
+pub(crate) fn check(spec: &Spec) -> Vec<Issue> {
+    let mut c = Checker { issues: Vec::new() };
+    if spec.format_version != FORMAT_VERSION {
+        c.err(
+            p("format_version"),
+            format!("format version {} is not supported", spec.format_version),
+            format!("{FORMAT_VERSION}"),
+            "this archgen reads format_version 1 only",
+        );
+    }
+    check_name(&mut c.issues, &spec.identity.name, &p("identity.name"));
+    if let Some(r) = &spec.identity.source.repo {
+        if r.trim().is_empty() {
+            c.err(
+                p("identity.source.repo"),
+                "empty repo",
+                "`org/name` or null",
+                "write null when the repo is unknown",
+            );
+        }
+    }
+
+    // Bounds. `ok` stays true only if everything the structure needs is sane.
+    let m = &spec.model;
+    let a = &spec.attention;
+    let l = &spec.layers;
+    let mut ok = true;
+    ok &= c.range(
+        "model.hidden_size",
+        m.hidden_size,
+        MAX_HIDDEN,
+        "the model width (`hidden_size`)",
+    );
+    ok &= c.range(
+        "model.vocab_size",
+        m.vocab_size,
+        MAX_VOCAB,
+        "rows of embed_tokens (`vocab_size`)",
+    );
+    c.range(
+        "model.max_position_embeddings",
+        m.max_position_embeddings,
+        MAX_POSITIONS,
+        "`max_position_embeddings` from config.json",
+    );
+    if !(m.rms_norm_eps.is_finite() && m.rms_norm_eps > 0.0 && m.rms_norm_eps <= 0.1) {
+        c.err(
+            p("model.rms_norm_eps"),
+            format!("{} is not a usable epsilon", m.rms_norm_eps),
+            "a number in (0, 0.1]",
+            "Gemma-4 uses 1.0e-6",
+        );
+    }
+    if let Some(s) = m.final_logit_softcapping {
+        c.positive_finite(
+            "model.final_logit_softcapping",
+            s,
+            "write null for no softcap; Gemma-4 uses 30.0",
+        );
+    }
+    ok &= c.range(
+        "layers.num_hidden_layers",
+        l.num_hidden_layers,
+        MAX_LAYERS,
+        "the number of decoder layers",
+    );
+    ok &= c.range(
+        "layers.repeat",
+        l.repeat,
+        MAX_LAYERS,
+        "how many times `pattern` repeats",
+    );
+    if l.pattern.is_empty() || l.pattern.len() > MAX_LAYERS as usize {
+        c.err(
+            p("layers.pattern"),
+            format!("pattern has {} entries", l.pattern.len()),
+            format!("1..={MAX_LAYERS} layer types"),
+            "e.g. [sliding, sliding, sliding, sliding, sliding, full]",
+        );
+        ok = false;
+    }
+    if ok {
+        let total = l.pattern.len() as u64 * l.repeat as u64;
+        if total != l.num_hidden_layers as u64 {
+            c.err(
+                p("layers.repeat"),
+                format!("pattern of {} × repeat {} gives {} layer types, but num_hidden_layers is {}", l.pattern.len(), l.repeat, total, l.num_hidden_layers),
+                format!("pattern length × repeat = {}", l.num_hidden_layers),
+                "the resolved layer_types list must have exactly num_hidden_layers entries (no truncation)",
+            );
+            ok = false;
+        }
+    }
+    ok &= c.range(
+        "attention.num_attention_heads",
+        a.num_attention_heads,
+        MAX_HEADS,
+        "query heads (`num_attention_heads`)",
+    );
+    ok &= c.range(
+        "attention.num_key_value_heads",
+        a.num_key_value_heads,
+        MAX_HEADS,
+        "KV heads (`num_key_value_heads`)",
+    );
+    ok &= c.range(
+        "attention.head_dim",
+        a.head_dim,
+        MAX_HEAD_DIM,
+        "head dimension of sliding layers",
+    );
+    if a.head_dim % 2 != 0 {
+        c.err(
+            p("attention.head_dim"),
+            format!("{} is odd", a.head_dim),
+            "an even head dimension",
+            "RoPE rotates pairs of dimensions",
+        );
+        ok = false;
+    }
+    if let Some(g) = a.global_head_dim {
+        ok &= c.range(
+            "attention.global_head_dim",
+            g,
+            MAX_HEAD_DIM,
+            "head dimension of full layers; null means head_dim",
+        );
+        if g % 2 != 0 {
+            c.err(
+                p("attention.global_head_dim"),
+                format!("{g} is odd"),
+                "an even head dimension",
+                "RoPE rotates pairs of dimensions",
+            );
+            ok = false;
+        }
+    }
+    ok &= c.range(
+        "attention.sliding_window",
+        a.sliding_window,
+        MAX_WINDOW,
+        "window of sliding layers (`sliding_window`)",
+    );
+    if a.num_attention_heads > 0
+        && a.num_key_value_heads > 0
+        && a.num_attention_heads % a.num_key_value_heads != 0
+    {
+        c.err(
+            p("attention.num_key_value_heads"),
+            format!("{} query heads are not divisible by {} KV heads", a.num_attention_heads, a.num_key_value_heads),
+            "a divisor of num_attention_heads",
+            "grouped-query attention repeats each KV head num_attention_heads / num_key_value_heads times",
+        );
+        ok = false;
+    }
+    match (a.num_global_key_value_heads, a.attention_k_eq_v) {
+        (Some(_), false) => c.err(
+            p("attention.num_global_key_value_heads"),
+            "set, but mlx-lm reads it only when attention_k_eq_v is true",
+            "null when attention_k_eq_v is false",
+            "write null (full layers then use num_key_value_heads), or set attention_k_eq_v: true",
+        ),
+        (Some(g), true) => {
+            ok &= c.range(
+                "attention.num_global_key_value_heads",
+                g,
+                MAX_HEADS,
+                "KV heads of full layers",
+            );
+            if g > 0 && a.num_attention_heads > 0 && a.num_attention_heads % g != 0 {
+                c.err(
+                    p("attention.num_global_key_value_heads"),
+                    format!("{} query heads are not divisible by {g} global KV heads", a.num_attention_heads),
+                    "a divisor of num_attention_heads",
+                    "full layers repeat each KV head num_attention_heads / num_global_key_value_heads times",
+                );
+                ok = false;
+            }
+        }
+        _ => {}
+    }
+    for (name, r) in [("sliding", &spec.rope.sliding), ("full", &spec.rope.full)] {
+        match r {
+            RopeParams::Default { rope_theta } => {
+                c.positive_finite(
+                    &format!("rope.{name}.rope_theta"),
+                    *rope_theta,
+                    "the RoPE base, e.g. 10000.0",
+                );
+            }
+            RopeParams::Proportional {
+                rope_theta,
+                partial_rotary_factor,
+                factor,
+            } => {
+                c.positive_finite(
+                    &format!("rope.{name}.rope_theta"),
+                    *rope_theta,
+                    "the RoPE base, e.g. 1000000.0",
+                );
+                c.positive_finite(
+                    &format!("rope.{name}.factor"),
+                    *factor,
+                    "frequency factor; 1.0 when the config has none",
+                );
+                if !(partial_rotary_factor.is_finite()
+                    && *partial_rotary_factor > 0.0
+                    && *partial_rotary_factor <= 1.0)
+                {
+                    c.err(
+                        p(&format!("rope.{name}.partial_rotary_factor")),
+                        format!("{partial_rotary_factor} is outside (0, 1]"),
+                        "a number in (0, 1]",
+                        "the fraction of each head's dimensions that rotate; Gemma-4 full layers use 0.25",
+                    );
+                } else {
+                    let hd = match name {
+                        "full" => a.global_head_dim.unwrap_or(a.head_dim),
+                        _ => a.head_dim,
+                    };
+                    if ((hd as f64) * partial_rotary_factor).floor() < 2.0 {
+                        c.err(
+                            p(&format!("rope.{name}.partial_rotary_factor")),
+                            format!("int({hd} × {partial_rotary_factor}) rotates fewer than 2 dimensions"),
+                            "a factor that rotates at least one pair",
+                            "raise the factor or the head dimension",
+                        );
+                    }
+                }
+            }
+        }
+    }
+    ok &= c.range(
+        "mlp.intermediate_size",
+        spec.mlp.intermediate_size,
+        MAX_INTERMEDIATE,
+        "dense MLP width (`intermediate_size`)",
+    );
+    if let Some(moe) = &spec.moe {
+        ok &= c.range(
+            "moe.num_experts",
+            moe.num_experts,
+            MAX_EXPERTS,
+            "experts per layer",
+        );
+        ok &= c.range(
+            "moe.moe_intermediate_size",
+            moe.moe_intermediate_size,
+            MAX_INTERMEDIATE,
+            "expert GeGLU width",
+        );
+        if moe.top_k_experts == 0 || moe.top_k_experts > moe.num_experts {
+            c.err(
+                p("moe.top_k_experts"),
+                format!(
+                    "top-k {} with {} experts",
+                    moe.top_k_experts, moe.num_experts
+                ),
+                format!("an integer in 1..={}", moe.num_experts),
+                "the router picks top_k_experts of num_experts with argpartition",
+            );
+            ok = false;
+        }
+    }
+    if let Some(ple) = &spec.per_layer_input {
+        ok &= c.range(
+            "per_layer_input.hidden_size_per_layer_input",
+            ple.hidden_size_per_layer_input,
+            MAX_PLE_WIDTH,
+            "per-layer input width; write per_layer_input: null to disable PLE",
+        );
+        ok &= c.range(
+            "per_layer_input.vocab_size_per_layer_input",
+            ple.vocab_size_per_layer_input,
+            MAX_VOCAB,
+            "rows of embed_tokens_per_layer",
+        );
+    }
+
+    if !ok {
+        return c.issues;
+    }
+
+    // Structure.
+    let n = l.num_hidden_layers;
+    let shared = l.num_kv_shared_layers;
+    let types = spec.layer_types();
+    if shared > n {
+        c.err(
+            p("layers.num_kv_shared_layers"),
+            format!("{shared} shared layers but only {n} layers"),
+            format!("an integer in 0..{n}"),
+            "the last num_kv_shared_layers layers reuse K/V of earlier layers",
+        );
+        return c.issues;
+    }
+    let first_shared = (n - shared) as usize;
+    if shared > 0 {
+        let donors: BTreeSet<LayerType> = types[..first_shared].iter().copied().collect();
+        let mut missing: Vec<LayerType> = types[first_shared..]
+            .iter()
+            .copied()
+            .filter(|t| !donors.contains(t))
+            .collect();
+        missing.dedup();
+        let missing: BTreeSet<LayerType> = missing.into_iter().collect();
+        for t in missing {
+            let first = types[first_shared..]
+                .iter()
+                .position(|x| *x == t)
+                .unwrap_or(0)
+                + first_shared;
+            c.err(
+                p("layers.num_kv_shared_layers"),
+                format!(
+                    "KV-shared layer {first} is {} but no layer before {first_shared} is, so it has no donor",
+                    t.hf_name()
+                ),
+                format!("every type among layers {first_shared}..{n} to occur before layer {first_shared}"),
+                "mlx-lm takes K/V from the last non-shared layer of the same type (KeyError otherwise); lower num_kv_shared_layers",
+            );
+        }
+    }
+    if spec.mlp.use_double_wide_mlp && (shared == 0 || first_shared == 0) {
+        c.err(
+            p("mlp.use_double_wide_mlp"),
+            "true, but there are no KV-shared layers after a donor, so no layer is double-wide",
+            "false when num_kv_shared_layers is 0",
+            "mlx-lm doubles the MLP only on layers >= num_hidden_layers - num_kv_shared_layers > 0; write false",
+        );
+    }
+    if !c.issues.is_empty() {
+        return c.issues;
+    }
+
+    let arch = Architecture::build(spec);
+    if let Some(q) = &spec.quantization {
+        c.issues
+            .extend(check_quant_params(&q.default, &p("quantization.default")));
+        let modules = arch.quantizable_modules();
+        for (path, ov) in &q.overrides {
+            let opath = p("quantization.overrides").key(path);
+            let Some(module) = modules.iter().find(|m| &m.path == path) else {
+                let prefix = arch.module_prefix;
+                c.err(
+                    opath,
+                    format!("`{path}` is not a quantizable module of this model"),
+                    format!("a Linear/Embedding/SwitchLinear path such as `{prefix}layers.0.self_attn.q_proj`"),
+                    "paths are full mlx module paths; `cargo xtask spec show NAME` lists the modules",
+                );
+                continue;
+            };
+            if let QuantOverride::Params(qp) = ov {
+                let issues = check_quant_params(qp, &opath);
+                let bad = !issues.is_empty();
+                c.issues.extend(issues);
+                if !bad && module.in_dim % qp.group_size as u64 != 0 {
+                    c.err(
+                        opath.key("group_size"),
+                        format!(
+                            "group size {} does not divide the module's input dimension {}",
+                            qp.group_size, module.in_dim
+                        ),
+                        format!("a group size dividing {}", module.in_dim),
+                        "mlx quantizes along the input dimension in whole groups",
+                    );
+                }
+            }
+            if let QuantOverride::Skip(true) = ov {
+                c.err(
+                    opath,
+                    "`true`",
+                    "`false` or params",
+                    "write the params explicitly",
+                );
+            }
+        }
+    }
+    if let Some(kv) = &spec.kv_quantization {
+        let mut prev: Option<u32> = None;
+        for (i, e) in kv.iter().enumerate() {
+            let ep = p("kv_quantization").index(i);
+            if e.layer_idx >= n {
+                c.err(
+                    ep.key("layer_idx"),
+                    format!("layer {} does not exist", e.layer_idx),
+                    format!("a layer index in 0..{n}"),
+                    "indices are 0-based",
+                );
+                continue;
+            }
+            if let Some(pv) = prev {
+                if e.layer_idx <= pv {
+                    c.err(
+                        ep.key("layer_idx"),
+                        format!("layer {} after layer {pv}", e.layer_idx),
+                        "entries sorted by layer_idx, each layer once",
+                        "sort the list and drop duplicates",
+                    );
+                }
+            }
+            prev = Some(e.layer_idx);
+            let facts = &arch.layers[e.layer_idx as usize];
+            if !facts.has_kv {
+                c.err(
+                    ep.key("layer_idx"),
+                    format!("layer {} is KV-shared and owns no cache", e.layer_idx),
+                    format!("a layer below {first_shared}"),
+                    "sharers read their donor's cache; quantize the donor instead",
+                );
+            }
+            if !AFFINE_BITS.contains(&e.bits) {
+                c.err(
+                    ep.key("bits"),
+                    format!("{} bits", e.bits),
+                    "one of 2, 3, 4, 5, 6, 8",
+                    "KV caches use mlx affine quantization",
+                );
+            }
+            if !AFFINE_GROUPS.contains(&e.group_size) {
+                c.err(
+                    ep.key("group_size"),
+                    format!("group size {}", e.group_size),
+                    "one of 32, 64, 128",
+                    "KV caches use mlx affine quantization",
+                );
+            } else if facts.head_dim as u32 % e.group_size != 0 {
+                c.err(
+                    ep.key("group_size"),
+                    format!(
+                        "group size {} does not divide layer {}'s head_dim {}",
+                        e.group_size, e.layer_idx, facts.head_dim
+                    ),
+                    format!("a group size dividing {}", facts.head_dim),
+                    "K and V are quantized along the head dimension",
+                );
+            }
+        }
+    }
+    c.issues
+}
+
+/// Spec names: lowercase ASCII letters, digits, `-`, `_`, `.`; starting with a letter.
+pub(crate) fn check_name(out: &mut Vec<Issue>, name: &str, path: &FieldPath) {
+    let ok = !name.is_empty()
+        && name.len() <= 100
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c));
+    if !ok {
+        out.push(Issue::new(
+            path.clone(),
+            format!("`{name}` is not a valid spec name"),
+            "lowercase letters, digits, `-`, `_`, `.`, starting with a letter (at most 100)",
+            "the name is also the file name: specs/<name>.yaml",
+        ));
+    }
+}
