@@ -2,6 +2,7 @@
 //! This crate must build without MLX (the setup task installs MLX).
 
 mod setup;
+mod spec;
 
 use std::process::ExitCode;
 
@@ -12,6 +13,7 @@ tasks:
   setup        install what the build and tests need (apt packages, .venv with
                mlx[cpu]==0.32.2 and mlx-lm==0.32.2); safe to run again
   test         setup, then the whole suite: fmt check, clippy, cargo test
+  spec         architecture specs: check, show, import, schema (`spec help`)
 ";
 
 fn main() -> ExitCode {
@@ -23,6 +25,7 @@ fn main() -> ExitCode {
     let result = match task.as_str() {
         "setup" => setup::setup(),
         "test" => setup::test(rest),
+        "spec" => spec::run(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())

@@ -317,7 +317,7 @@ fn apply(parent: &Spec, file: &DerivedSpecFile) -> (Spec, Vec<Issue>) {
             ));
         }
     }
-    let grow: [(&str, u32, u32); 9] = [
+    let grow: [(&str, u32, u32); 7] = [
         ("hidden_size", r.hidden_size, parent.model.hidden_size),
         ("vocab_size", r.vocab_size, parent.model.vocab_size),
         (
@@ -341,8 +341,6 @@ fn apply(parent: &Spec, file: &DerivedSpecFile) -> (Spec, Vec<Issue>) {
             r.intermediate_size,
             parent.mlp.intermediate_size,
         ),
-        ("periods", r.periods, parent_periods),
-        ("num_kv_shared_layers", r.num_kv_shared_layers, pshared),
     ];
     for (field, v, pv) in grow {
         if v > pv {

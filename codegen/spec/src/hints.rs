@@ -52,7 +52,7 @@ const FIELDS: &[(&str, &str, &str)] = &[
     ("vocab_size_per_layer_input", "a positive integer", "rows of embed_tokens_per_layer"),
     ("quantization", "null or a mapping {default, overrides}", "write `quantization: null` for bf16 weights"),
     ("default", "a mapping {bits, group_size, mode}", "applies to every quantizable module without an override"),
-    ("overrides", "a mapping of module path to params or false (`{}` when none)", "keys are full mlx module paths"),
+    ("overrides", "a mapping of module path to params {bits, group_size, mode} or false (`{}` when none)", "keys are full mlx module paths"),
     ("bits", "one of 2, 3, 4, 5, 6, 8", "bits per weight"),
     ("group_size", "one of 32, 64, 128 (affine)", "weights per scale"),
     ("mode", "one of `affine`, `mxfp4`, `mxfp8`, `nvfp4`", "mlx quantization mode"),
@@ -73,18 +73,26 @@ pub(crate) fn expected_for(name: &str) -> String {
     entry(name).map_or_else(|| "a valid value".to_string(), |e| e.1.to_string())
 }
 
-/// A hint for a field path.
-pub(crate) fn hint_for(path: &FieldPath) -> String {
-    // The last key that names a spec field (override keys are module paths).
-    let name = path
-        .0
+/// What the field a path ends in expects (override keys resolve to their mapping).
+pub(crate) fn expected_for_path(path: &FieldPath) -> String {
+    expected_for(nearest_field(path))
+}
+
+/// The last key of a path that names a spec field (override keys are module paths).
+fn nearest_field(path: &FieldPath) -> &str {
+    path.0
         .iter()
         .rev()
         .find_map(|s| match s {
             Seg::Key(k) if entry(k).is_some() => Some(k.as_str()),
             _ => None,
         })
-        .unwrap_or("");
+        .unwrap_or("")
+}
+
+/// A hint for a field path.
+pub(crate) fn hint_for(path: &FieldPath) -> String {
+    let name = nearest_field(path);
     match entry(name) {
         Some(e) => format!("`{}`: {}", e.0, e.2),
         None => "see docs/spec-format.md".to_string(),

@@ -464,7 +464,7 @@ pub fn from_config_json(
     let head_dim = r.uint("head_dim", 256);
     let global_head_dim = r.opt_uint("global_head_dim", Some(512)).filter(|g| *g != 0);
     let rms_norm_eps = r.float("rms_norm_eps", 1e-6);
-    let vocab_ple = r.uint("vocab_size_per_layer_input", 262_144);
+    let vocab_ple = r.opt_uint("vocab_size_per_layer_input", Some(262_144));
     let num_kv = r.uint("num_key_value_heads", 1);
     let mut global_kv = r.opt_uint("num_global_key_value_heads", None);
     let shared = r.uint("num_kv_shared_layers", 20);
@@ -672,9 +672,15 @@ pub fn from_config_json(
         );
         double_wide = false;
     }
+    if ple_width.is_some() && vocab_ple.is_none() {
+        r.problem(
+            "vocab_size_per_layer_input",
+            "null, but per-layer inputs are on and mlx-lm needs an integer here",
+        );
+    }
     let per_layer_input = ple_width.map(|w| PerLayerInput {
         hidden_size_per_layer_input: w,
-        vocab_size_per_layer_input: vocab_ple,
+        vocab_size_per_layer_input: vocab_ple.unwrap_or(0),
     });
 
     // Quantization: `quantization`, else `quantization_config` (top level, then text_config).

@@ -422,11 +422,9 @@ fn serde_issue(at: &FieldPath, e: serde_path_to_error::Error<serde_yaml::Error>)
         );
     }
     let (what, expected) = match msg.split_once(", expected ") {
-        Some((w, x)) => (w.to_string(), x.to_string()),
-        None => (
-            msg.clone(),
-            hints::expected_for(path.last_key().unwrap_or("")),
-        ),
+        Some((w, x)) if !matches!(x, "u32" | "f64") => (w.to_string(), x.to_string()),
+        Some((w, _)) => (w.to_string(), hints::expected_for_path(&path)),
+        None => (msg.clone(), hints::expected_for_path(&path)),
     };
     Issue::new(path.clone(), what, expected, hints::hint_for(&path))
 }

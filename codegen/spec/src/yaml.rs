@@ -43,25 +43,39 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    /// The location that best names `path`: the value when it exists, else the deepest
-    /// existing ancestor (a missing field points at its parent mapping).
+    /// The location that best names `path`: a scalar value where it is one, the key of a
+    /// mapping or sequence value (its own start marker is less telling), else the
+    /// deepest existing ancestor (a missing field points at its parent's key).
     pub fn locate(&self, path: &FieldPath) -> Loc {
         let mut node = self;
+        let mut key_loc: Option<Loc> = self.first_key_loc();
         for seg in &path.0 {
             let next = match (seg, &node.kind) {
                 (Seg::Key(k), NodeKind::Map(entries)) => entries
                     .iter()
                     .find(|(key, _, _)| key == k)
-                    .map(|(_, _, v)| v),
-                (Seg::Index(i), NodeKind::Seq(items)) => items.get(*i),
+                    .map(|(_, kl, v)| (Some(*kl), v)),
+                (Seg::Index(i), NodeKind::Seq(items)) => items.get(*i).map(|v| (None, v)),
                 _ => None,
             };
             match next {
-                Some(n) => node = n,
-                None => return node.loc,
+                Some((kl, n)) => {
+                    node = n;
+                    key_loc = kl.or(Some(n.loc));
+                }
+                None => return key_loc.unwrap_or(node.loc),
             }
         }
-        node.loc
+        match node.kind {
+            NodeKind::Scalar(_) => node.loc,
+            _ => key_loc.unwrap_or(node.loc),
+        }
+    }
+    fn first_key_loc(&self) -> Option<Loc> {
+        match &self.kind {
+            NodeKind::Map(e) => e.first().map(|x| x.1),
+            _ => None,
+        }
     }
     /// The location of the key `path` ends in, when it exists (for unknown keys).
     pub fn locate_key(&self, path: &FieldPath) -> Option<Loc> {

@@ -1,0 +1,295 @@
+//! config.json → spec → `to_hf_json` round-trips every field, with mlx-lm's defaults.
+
+use archgen_spec::import::{from_config_json, AppliedDefault};
+use archgen_spec::*;
+use serde_json::{json, Value};
+
+fn fixture(name: &str) -> Value {
+    let path = format!("{}/tests/import/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+const FIELDS: [&str; 25] = [
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_global_key_value_heads",
+    "head_dim",
+    "global_head_dim",
+    "sliding_window",
+    "layer_types",
+    "num_kv_shared_layers",
+    "hidden_size_per_layer_input",
+    "vocab_size",
+    "vocab_size_per_layer_input",
+    "use_double_wide_mlp",
+    "enable_moe_block",
+    "num_experts",
+    "top_k_experts",
+    "moe_intermediate_size",
+    "attention_k_eq_v",
+    "final_logit_softcapping",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "rope_parameters",
+    "max_position_embeddings",
+];
+
+/// Imports, checks that YAML and the HF view round-trip, returns the HF view.
+fn import_and_round_trip(
+    config: &Value,
+    kv: Option<&Value>,
+    name: &str,
+) -> (Spec, Vec<AppliedDefault>, Value) {
+    let (spec, applied) = from_config_json(config, kv, name).unwrap_or_else(|e| panic!("{e}"));
+    // The YAML file we would write parses back to the same spec.
+    let yaml = to_yaml(&spec);
+    assert_eq!(
+        parse_str(&yaml, "imported.yaml").unwrap_or_else(|d| panic!("{d}\n{yaml}")),
+        spec
+    );
+    // The HF view, imported again as a flat gemma4_text config, gives the same spec.
+    let hf = to_hf_json(&spec);
+    let mut flat = hf.clone();
+    flat["model_type"] = json!("gemma4_text");
+    let (again, _) = from_config_json(&flat, None, name).unwrap_or_else(|e| panic!("{e}"));
+    let mut expected = spec.clone();
+    expected.identity.source.model_type = ConfigModelType::Gemma4Text;
+    expected.identity.source.repo = None;
+    expected.kv_quantization = None;
+    if let Some(q) = &mut expected.quantization {
+        // Override paths are kept verbatim (they name the original module tree).
+        let _ = q;
+    }
+    assert_eq!(again, expected);
+    // Stable output.
+    assert_eq!(
+        serde_json::to_string(&hf).unwrap(),
+        serde_json::to_string(&to_hf_json(&spec)).unwrap()
+    );
+    (spec, applied, hf)
+}
+
+#[test]
+fn gemma4_wrapper_round_trips_every_field() {
+    let config = fixture("gemma4-e2b-shaped.json");
+    let (spec, applied, hf) = import_and_round_trip(&config, None, "e2b-shaped");
+    let text = &config["text_config"];
+    for f in FIELDS {
+        let want = match f {
+            // Written without partial_rotary_factor/factor in the config; mlx-lm's
+            // default RoPE ignores them, proportional defaults factor to 1.0.
+            "rope_parameters" => json!({
+                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional", "factor": 1.0},
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}
+            }),
+            _ => text[f].clone(),
+        };
+        assert_eq!(hf[f], want, "{f}");
+    }
+    assert_eq!(hf["rope_traditional"], json!(false));
+    assert!(hf.get("quantization").is_none() && hf.get("kv_quantization").is_none());
+    // Only the factor was defaulted (plus nothing else: every other field is explicit).
+    let fields: Vec<&str> = applied.iter().map(|a| a.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "text_config.rope_traditional",
+            "text_config.rope_parameters.full_attention.factor"
+        ]
+    );
+    let a = spec.resolve();
+    assert_eq!(a.first_kv_shared_layer, 5);
+    assert_eq!(a.layers[9].kv_source, 4);
+    assert_eq!(a.layers[9].mlp_width, 256);
+    assert_eq!(a.module_prefix, "language_model.model.");
+}
+
+#[test]
+fn flat_gemma4_text_with_quantization_round_trips() {
+    let config = fixture("gemma4-text-moe-q8.json");
+    let (spec, applied, hf) = import_and_round_trip(&config, None, "moe-q8");
+    for f in FIELDS {
+        let want = match f {
+            "rope_parameters" => json!({
+                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional", "factor": 1.0},
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}
+            }),
+            // PLE is off (width 0): its vocabulary is dead and shown as null.
+            "vocab_size_per_layer_input" => Value::Null,
+            _ => config[f].clone(),
+        };
+        assert_eq!(hf[f], want, "{f}");
+    }
+    // Per-module dicts without `mode` are affine (to_quantized's default).
+    let mut q = config["quantization"].clone();
+    for i in 0..12 {
+        q[format!("model.layers.{i}.router.proj")]["mode"] = json!("affine");
+    }
+    assert_eq!(hf["quantization"], q);
+    assert_eq!(
+        applied
+            .iter()
+            .filter(|a| a.field.ends_with(".mode"))
+            .count(),
+        12
+    );
+    let a = spec.resolve();
+    assert_eq!(a.module_prefix, "model.");
+    assert_eq!(
+        a.quant_for("model.layers.7.router.proj")
+            .map(|q| q.group_size),
+        Some(64)
+    );
+    assert_eq!(
+        a.quant_for("model.layers.7.experts.switch_glu.down_proj")
+            .map(|q| q.group_size),
+        Some(32)
+    );
+    assert_eq!(
+        a.moe,
+        Some(MoeFacts {
+            num_experts: 4,
+            top_k: 2,
+            width: 32
+        })
+    );
+}
+
+#[test]
+fn missing_fields_take_mlx_lm_defaults_and_are_listed() {
+    let config = fixture("gemma4-unified-sparse.json");
+    let kv = fixture("kv_config.json");
+    let (spec, applied, hf) = import_and_round_trip(&config, Some(&kv), "unified-sparse");
+    let listed = |f: &str| {
+        applied
+            .iter()
+            .find(|a| a.field == f)
+            .map(|a| a.value.clone())
+    };
+    // gemma4 wrapper: top-level vocab_size default.
+    assert_eq!(listed("vocab_size"), Some(json!(262144)));
+    assert_eq!(hf["vocab_size"], json!(262144));
+    assert_eq!(listed("text_config.global_head_dim"), Some(json!(512)));
+    assert_eq!(
+        listed("text_config.final_logit_softcapping"),
+        Some(json!(30.0))
+    );
+    assert_eq!(listed("text_config.rms_norm_eps"), Some(json!(1e-6)));
+    assert_eq!(listed("text_config.tie_word_embeddings"), Some(json!(true)));
+    assert_eq!(
+        listed("text_config.max_position_embeddings"),
+        Some(json!(131072))
+    );
+    assert!(listed("text_config.rope_parameters").is_some());
+    assert_eq!(listed("kv_config[0].group_size"), Some(json!(64)));
+    assert_eq!(
+        spec.identity.source.model_type,
+        ConfigModelType::Gemma4Unified
+    );
+    // Legacy quant_method mxfp4 → {4, 32, mxfp4}, read from text_config.quantization_config.
+    assert_eq!(
+        hf["quantization"],
+        json!({"bits": 4, "group_size": 32, "mode": "mxfp4"})
+    );
+    assert_eq!(
+        hf["kv_quantization"],
+        json!([{"layer_idx": 5, "bits": 4, "group_size": 32}, {"layer_idx": 11, "bits": 8, "group_size": 64}])
+    );
+    assert_eq!(
+        hf["rope_parameters"]["full_attention"]["partial_rotary_factor"],
+        json!(0.25)
+    );
+    let a = spec.resolve();
+    assert_eq!(a.layers[5].head_dim, 512);
+    assert_eq!(a.layers[5].n_kv_heads, 1);
+    assert_eq!(
+        a.layers[11].kv_quant,
+        Some(KvQuant {
+            bits: 8,
+            group_size: 64
+        })
+    );
+}
+
+#[test]
+fn an_empty_gemma4_config_is_mlx_lms_default_model() {
+    // mlx-lm's defaults describe an E2B-like model; the importer must reproduce them.
+    let (spec, applied) =
+        from_config_json(&json!({"model_type": "gemma4"}), None, "defaults").unwrap();
+    assert!(applied.len() > 20);
+    let a = spec.resolve();
+    assert_eq!(
+        (a.hidden_size, a.num_layers, a.first_kv_shared_layer),
+        (1536, 35, 15)
+    );
+    assert_eq!(a.layers[4].layer_type, LayerType::Full);
+    assert_eq!(a.layers[34].mlp_width, 12288);
+    assert_eq!(
+        a.per_layer_input,
+        Some(PleFacts {
+            width: 256,
+            vocab: 262144
+        })
+    );
+    assert_eq!(a.final_logit_softcapping, Some(30.0));
+    // Same architecture as the checked-in E2B spec, apart from identity.
+    let e2b = load(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../specs/gemma4-e2b.yaml"
+    ))
+    .unwrap();
+    let mut imported = spec.clone();
+    imported.identity = e2b.identity.clone();
+    assert_eq!(imported, e2b);
+}
+
+#[test]
+fn normalisations_are_listed() {
+    let config = json!({
+        "model_type": "gemma4_text", "hidden_size": 64, "num_hidden_layers": 6, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_global_key_value_heads": 1,
+        "attention_k_eq_v": false, "head_dim": 16, "global_head_dim": 32, "num_kv_shared_layers": 0,
+        "use_double_wide_mlp": true, "hidden_size_per_layer_input": 0, "vocab_size": 512,
+        "sliding_window_pattern": 6, "final_logit_softcapping": null
+    });
+    let (spec, applied) = from_config_json(&config, None, "norm").unwrap();
+    assert_eq!(spec.attention.num_global_key_value_heads, None);
+    assert!(!spec.mlp.use_double_wide_mlp);
+    assert_eq!(spec.model.final_logit_softcapping, None);
+    assert_eq!(spec.layers.pattern.len(), 6);
+    let fields: Vec<&str> = applied.iter().map(|a| a.field.as_str()).collect();
+    assert!(
+        fields.contains(&"num_global_key_value_heads")
+            && fields.contains(&"use_double_wide_mlp")
+            && fields.contains(&"layer_types"),
+        "{fields:?}"
+    );
+}
+
+#[test]
+fn import_errors_are_collected() {
+    let config = json!({
+        "model_type": "gemma4_text", "hidden_size": "wide", "num_hidden_layers": -1,
+        "enable_moe_block": true, "layer_types": ["sliding_attention", "local"],
+        "rope_parameters": {"sliding_attention": {"rope_type": "yarn"}},
+        "quantization": {"bits": 4}
+    });
+    let e = from_config_json(&config, None, "bad").unwrap_err();
+    assert!(e.problems.len() >= 5, "{e}");
+    let text = e.to_string();
+    for needle in [
+        "hidden_size",
+        "num_hidden_layers",
+        "enable_moe_block",
+        "layer_types[1]",
+        "yarn",
+        "quantization",
+    ] {
+        assert!(text.contains(needle), "{needle} missing in:\n{text}");
+    }
+    assert!(from_config_json(&json!({"model_type": "llama"}), None, "x").is_err());
+    assert!(from_config_json(&json!([1, 2]), None, "x").is_err());
+}

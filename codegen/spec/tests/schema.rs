@@ -1,0 +1,30 @@
+//! The checked-in JSON Schema is generated from the Rust types and must be fresh.
+
+#[test]
+fn checked_in_schema_matches_the_types() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../specs/schema/archgen-spec.schema.json"
+    );
+    let have = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        have == archgen_spec::json_schema(),
+        "specs/schema/archgen-spec.schema.json is stale: run `cargo xtask spec schema` and commit it"
+    );
+}
+
+#[test]
+fn schema_requires_every_field() {
+    let v: serde_json::Value = serde_json::from_str(&archgen_spec::json_schema()).unwrap();
+    let spec = &v["$defs"]["Spec"];
+    let props = spec["properties"].as_object().unwrap();
+    let required: Vec<&str> = spec["required"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap())
+        .collect();
+    assert_eq!(props.len(), required.len());
+    assert!(required.contains(&"moe") && required.contains(&"kv_quantization"));
+    assert_eq!(spec["additionalProperties"], serde_json::json!(false));
+}

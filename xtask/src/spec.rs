@@ -1,0 +1,439 @@
+//! `cargo xtask spec ...`: check, show, import and schema for the YAML architecture specs.
+
+use archgen_spec::{import, Architecture, LayerType, RopeKind, Spec};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+const USAGE: &str = "\
+usage: cargo xtask spec <command>
+
+commands:
+  check [PATH...]             validate every spec in specs/ (or the given files);
+                              prints all errors, fails on any
+  show NAME|PATH [--json]     the resolved spec: a per-layer table, or with --json
+                              config.json (text_config) field names, keys sorted
+  import MODEL_DIR|CONFIG_JSON --name NAME [--kv-config FILE] [--force] [--out DIR]
+                              turn an mlx-lm / Hugging Face config.json into
+                              specs/NAME.yaml (mlx-lm 0.32.2 defaults, listed)
+  schema [--check]            write specs/schema/archgen-spec.schema.json, or fail
+                              if it is stale
+";
+
+/// Entry point for `cargo xtask spec`.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let Some((cmd, rest)) = args.split_first() else {
+        return Err(format!("missing command\n\n{USAGE}"));
+    };
+    match cmd.as_str() {
+        "check" => check(rest),
+        "show" => show(rest),
+        "import" => import_cmd(rest),
+        "schema" => schema(rest),
+        "help" | "--help" | "-h" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown spec command '{other}'\n\n{USAGE}")),
+    }
+}
+
+fn specs_dir() -> PathBuf {
+    crate::setup::repo_root().join("specs")
+}
+
+fn schema_path() -> PathBuf {
+    specs_dir().join("schema").join("archgen-spec.schema.json")
+}
+
+/// Every `specs/*.yaml`, sorted.
+fn all_specs() -> Result<Vec<PathBuf>, String> {
+    let dir = specs_dir();
+    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+/// A path relative to the repository root when it is inside it (stable output).
+fn display(path: &Path) -> String {
+    let root = crate::setup::repo_root();
+    path.strip_prefix(&root)
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+fn check(args: &[String]) -> Result<(), String> {
+    let paths: Vec<PathBuf> = if args.is_empty() {
+        all_specs()?
+    } else {
+        args.iter().map(PathBuf::from).collect()
+    };
+    let mut failed = 0;
+    for path in &paths {
+        match archgen_spec::load(path) {
+            Ok(spec) => {
+                let a = spec.resolve();
+                println!(
+                    "ok    {}  ({} layers, {} params, sha256 {})",
+                    display(path),
+                    a.num_layers,
+                    a.param_count(),
+                    &archgen_spec::spec_hash(&spec)[..16]
+                );
+            }
+            Err(d) => {
+                failed += 1;
+                println!("FAIL  {}", display(path));
+                eprintln!("{d}");
+            }
+        }
+    }
+    if failed == 0 {
+        println!("{} spec(s) valid", paths.len());
+        Ok(())
+    } else {
+        Err(format!("{failed} of {} spec(s) have errors", paths.len()))
+    }
+}
+
+fn resolve_name(name: &str) -> PathBuf {
+    let p = Path::new(name);
+    if p.extension().is_some_and(|e| e == "yaml") || p.components().count() > 1 {
+        p.to_path_buf()
+    } else {
+        specs_dir().join(format!("{name}.yaml"))
+    }
+}
+
+fn show(args: &[String]) -> Result<(), String> {
+    let mut json = false;
+    let mut name = None;
+    for a in args {
+        match a.as_str() {
+            "--json" => json = true,
+            s if s.starts_with('-') => return Err(format!("unknown option '{s}'\n\n{USAGE}")),
+            s => {
+                if name.replace(s).is_some() {
+                    return Err(format!("show takes one spec\n\n{USAGE}"));
+                }
+            }
+        }
+    }
+    let name = name.ok_or_else(|| format!("show needs a spec name\n\n{USAGE}"))?;
+    let spec = archgen_spec::load(resolve_name(name)).map_err(|d| d.to_string())?;
+    if json {
+        let v = archgen_spec::to_hf_json(&spec);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", summary(&spec));
+    }
+    Ok(())
+}
+
+/// A reviewer's view of a resolved spec: model facts, one line per layer, modules.
+fn summary(spec: &Spec) -> String {
+    let a: Architecture = spec.resolve();
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{} ({}, {} params, sha256 {})",
+        a.name,
+        a.model_type.as_str(),
+        a.param_count(),
+        &archgen_spec::spec_hash(spec)[..16]
+    );
+    let _ = writeln!(
+        o,
+        "hidden {}  vocab {}  layers {} (first KV-shared {})  heads {}  window {}  mlp {}",
+        a.hidden_size,
+        a.vocab_size,
+        a.num_layers,
+        a.first_kv_shared_layer,
+        a.num_attention_heads,
+        a.sliding_window,
+        a.intermediate_size
+    );
+    let _ = writeln!(
+        o,
+        "eps {:e}  softcap {:?}  tied {}  ple {:?}  moe {:?}",
+        a.rms_norm_eps, a.final_logit_softcapping, a.tie_word_embeddings, a.per_layer_input, a.moe
+    );
+    let _ = writeln!(
+        o,
+        "layer type     hd  heads kv  k=v  kv-src  mlp     rope                        kv-quant"
+    );
+    for l in &a.layers {
+        let rope = match l.rope {
+            RopeKind::Default { theta } => format!("default θ={theta}"),
+            RopeKind::Proportional {
+                theta,
+                partial_rotary_factor,
+                factor,
+            } => format!(
+                "prop θ={theta} p={partial_rotary_factor} f={factor} ({})",
+                l.rotated_dims
+            ),
+        };
+        let kvq = l.kv_quant.map_or("-".to_string(), |q| {
+            format!("{}b g{}", q.bits, q.group_size)
+        });
+        let _ = writeln!(
+            o,
+            "{:>5} {:<8} {:>4} {:>5} {:>3}  {:<4} {:>6}  {:<7} {:<27} {}",
+            l.index,
+            match l.layer_type {
+                LayerType::Sliding => "sliding",
+                LayerType::Full => "full",
+            },
+            l.head_dim,
+            l.n_heads,
+            l.n_kv_heads,
+            if l.k_eq_v { "yes" } else { "no" },
+            if l.has_kv {
+                "own".to_string()
+            } else {
+                l.kv_source.to_string()
+            },
+            l.mlp_width,
+            rope,
+            kvq
+        );
+    }
+    if a.quantization.is_some() {
+        let _ = writeln!(o, "quantized modules:");
+        for m in a.quantizable_modules() {
+            let q = a
+                .quant_for(&m.path)
+                .map_or("bf16 (not quantized)".to_string(), |q| {
+                    format!("{}-bit g{} {}", q.bits, q.group_size, q.mode.as_str())
+                });
+            let _ = writeln!(o, "  {}  [{}x{}]  {q}", m.path, m.out_dim, m.in_dim);
+        }
+    }
+    o
+}
+
+fn schema(args: &[String]) -> Result<(), String> {
+    let check = match args {
+        [] => false,
+        [flag] if flag == "--check" => true,
+        _ => return Err(format!("schema takes only --check\n\n{USAGE}")),
+    };
+    let want = archgen_spec::json_schema();
+    let path = schema_path();
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    if check {
+        if have == want {
+            println!("{} is up to date", display(&path));
+            Ok(())
+        } else {
+            Err(format!(
+                "{} is stale; run `cargo xtask spec schema` and commit the result",
+                display(&path)
+            ))
+        }
+    } else if have == want {
+        println!("{} unchanged", display(&path));
+        Ok(())
+    } else {
+        write_atomic(&path, &want)?;
+        println!("wrote {}", display(&path));
+        Ok(())
+    }
+}
+
+/// Writes through a temporary file in the same directory and a rename.
+fn write_atomic(path: &Path, text: &str) -> Result<(), String> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| format!("{} has no directory", path.display()))?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("spec");
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, text).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("cannot move {} into place: {e}", path.display())
+    })
+}
+
+/// `org/name` and revision from a Hugging Face cache path
+/// (`.../models--org--name/snapshots/<rev>`).
+fn hub_cache_identity(dir: &Path) -> Option<(String, String)> {
+    let rev = dir.file_name()?.to_str()?.to_string();
+    let snapshots = dir.parent()?;
+    if snapshots.file_name()? != "snapshots" {
+        return None;
+    }
+    let repo_dir = snapshots.parent()?.file_name()?.to_str()?;
+    let rest = repo_dir.strip_prefix("models--")?;
+    let (org, name) = rest.split_once("--")?;
+    Some((format!("{org}/{name}"), rev))
+}
+
+fn read_json(path: &Path) -> Result<serde_json::Value, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: invalid JSON: {e}", path.display()))
+}
+
+fn import_cmd(args: &[String]) -> Result<(), String> {
+    let mut input = None;
+    let mut name = None;
+    let mut kv = None;
+    let mut force = false;
+    let mut out_dir = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |flag: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value\n\n{USAGE}"))
+        };
+        match a.as_str() {
+            "--name" => name = Some(value("--name")?),
+            "--kv-config" => kv = Some(PathBuf::from(value("--kv-config")?)),
+            "--out" => out_dir = Some(PathBuf::from(value("--out")?)),
+            "--force" => force = true,
+            s if s.starts_with('-') => return Err(format!("unknown option '{s}'\n\n{USAGE}")),
+            s => {
+                if input.replace(PathBuf::from(s)).is_some() {
+                    return Err(format!(
+                        "import takes one model directory or config.json\n\n{USAGE}"
+                    ));
+                }
+            }
+        }
+    }
+    let input =
+        input.ok_or_else(|| format!("import needs a model directory or config.json\n\n{USAGE}"))?;
+    let name = name.ok_or_else(|| format!("import needs --name NAME\n\n{USAGE}"))?;
+    let (config_path, model_dir) = if input.is_dir() {
+        (input.join("config.json"), Some(input.clone()))
+    } else {
+        (input.clone(), input.parent().map(Path::to_path_buf))
+    };
+    let config = read_json(&config_path)?;
+    let kv_path = match kv {
+        Some(p) => Some(p),
+        None => model_dir
+            .as_ref()
+            .map(|d| d.join("kv_config.json"))
+            .filter(|p| p.is_file()),
+    };
+    let kv_value = match &kv_path {
+        Some(p) => {
+            println!("reading KV-cache quantization from {}", p.display());
+            Some(read_json(p)?)
+        }
+        None => None,
+    };
+    let (mut spec, applied) = import::from_config_json(&config, kv_value.as_ref(), &name)
+        .map_err(|e| format!("{} cannot be imported:\n{e}", config_path.display()))?;
+    if let Some((repo, rev)) = model_dir.as_deref().and_then(hub_cache_identity) {
+        spec.identity.source.repo = Some(repo);
+        spec.identity.source.revision = Some(rev);
+    }
+    let out = out_dir
+        .unwrap_or_else(specs_dir)
+        .join(format!("{name}.yaml"));
+    if out.exists() && !force {
+        return Err(format!(
+            "{} exists; pass --force to overwrite it",
+            display(&out)
+        ));
+    }
+    let mut text = archgen_spec::to_yaml(&spec);
+    let header =
+        format!(
+        "# Imported by `cargo xtask spec import` from {} (model_type {}); {} default(s) applied.\n",
+        config_path.file_name().and_then(|n| n.to_str()).unwrap_or("config.json"),
+        spec.identity.source.model_type.as_str(),
+        applied.len()
+    );
+    let first_newline = text.find('\n').map_or(0, |i| i + 1);
+    text.insert_str(first_newline, &header);
+    // What we write must load back to the same spec.
+    let back = archgen_spec::parse_str(&text, &out.display().to_string())
+        .map_err(|d| format!("internal error: the imported spec does not re-parse:\n{d}"))?;
+    if back != spec {
+        return Err("internal error: the imported spec does not round-trip".into());
+    }
+    write_atomic(&out, &text)?;
+    if applied.is_empty() {
+        println!("no defaults applied: every field was in the config");
+    } else {
+        println!("applied {} default(s) / normalisation(s):", applied.len());
+        for a in &applied {
+            println!("  {a}");
+        }
+    }
+    println!("wrote {}", display(&out));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hub_cache_paths_give_repo_and_revision() {
+        let p = Path::new("/x/hub/models--google--gemma-4-12B/snapshots/56820d7");
+        assert_eq!(
+            hub_cache_identity(p),
+            Some(("google/gemma-4-12B".into(), "56820d7".into()))
+        );
+        assert_eq!(hub_cache_identity(Path::new("/x/some/model")), None);
+    }
+
+    #[test]
+    fn import_writes_atomically_and_refuses_to_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.json");
+        std::fs::write(
+            &config,
+            r#"{"model_type": "gemma4_text", "hidden_size": 64, "num_hidden_layers": 5,
+                "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+                "head_dim": 16, "global_head_dim": 32, "num_kv_shared_layers": 0,
+                "hidden_size_per_layer_input": 0, "vocab_size": 512,
+                "use_double_wide_mlp": false, "sliding_window": 8}"#,
+        )
+        .unwrap();
+        let args = |extra: &[&str]| {
+            let mut v: Vec<String> = vec![
+                config.display().to_string(),
+                "--name".into(),
+                "imported".into(),
+                "--out".into(),
+                dir.path().display().to_string(),
+            ];
+            v.extend(extra.iter().map(|s| s.to_string()));
+            v
+        };
+        import_cmd(&args(&[])).unwrap();
+        let out = dir.path().join("imported.yaml");
+        let spec = archgen_spec::load(&out).unwrap();
+        assert_eq!(spec.model.hidden_size, 64);
+        let err = import_cmd(&args(&[])).unwrap_err();
+        assert!(err.contains("--force"), "{err}");
+        import_cmd(&args(&["--force"])).unwrap();
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn the_checked_in_schema_is_fresh() {
+        schema(&["--check".to_string()]).unwrap();
+    }
+}
