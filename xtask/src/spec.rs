@@ -125,16 +125,22 @@ fn show(args: &[String]) -> Result<(), String> {
     }
     let name = name.ok_or_else(|| format!("show needs a spec name\n\n{USAGE}"))?;
     let spec = archgen_spec::load(resolve_name(name)).map_err(|d| d.to_string())?;
-    if json {
+    let text = if json {
         let v = archgen_spec::to_hf_json(&spec);
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
-        );
+        serde_json::to_string_pretty(&v).map_err(|e| e.to_string())? + "\n"
     } else {
-        print!("{}", summary(&spec));
+        summary(&spec)
+    };
+    print_out(&text)
+}
+
+/// Prints to stdout; a closed pipe (`| head`) is not an error.
+fn print_out(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    match std::io::stdout().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.to_string()),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// A reviewer's view of a resolved spec: model facts, one line per layer, modules.
