@@ -1,0 +1,146 @@
+//! Command-line parsing (small and dependency-free on purpose).
+
+use std::path::PathBuf;
+
+pub const USAGE: &str = "\
+usage:
+  archgen logits --model DIR --prompt-ids 1,2,3 [--decode-steps N]
+                 [--impl monolith|generated|auto] --out FILE.safetensors
+  archgen generate --model DIR --prompt-ids 1,2,3 [--max-tokens N]
+                 [--temp T] [--top-p P] [--seed S] [--impl ...]
+
+logits writes prefill_logits [L, vocab] (one forward over the whole prompt),
+decode_logits [N, vocab] (N greedy one-token steps on the same cache) and
+tokens [N] int32 (the tokens fed), logits in the model's compute dtype.";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Impl {
+    Monolith,
+    Generated,
+    Auto,
+}
+
+#[derive(Debug)]
+pub enum Command {
+    Logits {
+        model: PathBuf,
+        prompt_ids: Vec<i32>,
+        decode_steps: usize,
+        implementation: Impl,
+        out: PathBuf,
+    },
+    Generate {
+        model: PathBuf,
+        prompt_ids: Vec<i32>,
+        max_tokens: usize,
+        temp: f32,
+        top_p: f32,
+        seed: u64,
+        implementation: Impl,
+    },
+    Help,
+}
+
+fn parse_ids(s: &str) -> Result<Vec<i32>, String> {
+    let ids: Result<Vec<i32>, String> = s
+        .split(',')
+        .map(|t| t.trim())
+        .enumerate()
+        .map(|(i, t)| {
+            t.parse::<i32>().ok().filter(|v| *v >= 0).ok_or_else(|| {
+                format!(
+                    "--prompt-ids: item {} ('{t}') is not a non-negative integer",
+                    i + 1
+                )
+            })
+        })
+        .collect();
+    let ids = ids?;
+    if ids.is_empty() {
+        return Err("--prompt-ids: give at least one token id, e.g. --prompt-ids 2,105,7".into());
+    }
+    Ok(ids)
+}
+
+fn number<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
+    v.parse()
+        .map_err(|_| format!("{flag}: '{v}' is not a valid number"))
+}
+
+pub fn parse(argv: &[String]) -> Result<Command, String> {
+    let Some((cmd, rest)) = argv.split_first() else {
+        return Err(format!("no command given\n\n{USAGE}"));
+    };
+    if matches!(cmd.as_str(), "help" | "--help" | "-h") {
+        return Ok(Command::Help);
+    }
+    let mut model = None;
+    let mut ids = None;
+    let mut steps = 0usize;
+    let mut max_tokens = 64usize;
+    let mut temp = 0.0f32;
+    let mut top_p = 1.0f32;
+    let mut seed = 0u64;
+    let mut implementation = Impl::Auto;
+    let mut out = None;
+    let mut it = rest.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "--model" => model = Some(PathBuf::from(value()?)),
+            "--prompt-ids" => ids = Some(parse_ids(&value()?)?),
+            "--decode-steps" if cmd == "logits" => steps = number(flag, &value()?)?,
+            "--out" if cmd == "logits" => out = Some(PathBuf::from(value()?)),
+            "--max-tokens" if cmd == "generate" => max_tokens = number(flag, &value()?)?,
+            "--temp" if cmd == "generate" => temp = number(flag, &value()?)?,
+            "--top-p" if cmd == "generate" => top_p = number(flag, &value()?)?,
+            "--seed" if cmd == "generate" => seed = number(flag, &value()?)?,
+            "--impl" => {
+                implementation = match value()?.as_str() {
+                    "monolith" => Impl::Monolith,
+                    "generated" => Impl::Generated,
+                    "auto" => Impl::Auto,
+                    other => {
+                        return Err(format!(
+                            "--impl: '{other}' is not one of monolith, generated, auto"
+                        ))
+                    }
+                }
+            }
+            other => return Err(format!("{cmd}: unknown option '{other}'\n\n{USAGE}")),
+        }
+    }
+    let model = model.ok_or_else(|| format!("{cmd}: --model DIR is required"))?;
+    let prompt_ids = ids.ok_or_else(|| format!("{cmd}: --prompt-ids is required"))?;
+    match cmd.as_str() {
+        "logits" => Ok(Command::Logits {
+            model,
+            prompt_ids,
+            decode_steps: steps,
+            implementation,
+            out: out.ok_or("logits: --out FILE.safetensors is required")?,
+        }),
+        "generate" => {
+            if !(0.0..=1.0).contains(&top_p) || top_p == 0.0 {
+                return Err(format!("--top-p: {top_p} is outside (0, 1]"));
+            }
+            if temp < 0.0 || !temp.is_finite() {
+                return Err(format!("--temp: {temp} must be a finite number >= 0"));
+            }
+            Ok(Command::Generate {
+                model,
+                prompt_ids,
+                max_tokens,
+                temp,
+                top_p,
+                seed,
+                implementation,
+            })
+        }
+        other => Err(format!("unknown command '{other}'\n\n{USAGE}")),
+    }
+}
