@@ -98,3 +98,81 @@ fn monolith_is_bit_exact_with_mlx_lm_on_every_oracle_case() {
     );
     eprintln!("{} oracle cases byte-identical with mlx-lm", cases.len());
 }
+
+/// `spec import` of the config.json files mlx-lm itself wrote for the oracle
+/// checkpoints, then `spec show --json`: every architecture field round-trips
+/// (except the two dead fields the importer normalises and reports).
+#[test]
+fn spec_import_round_trips_mlx_lm_configs() {
+    let root = tempfile::tempdir().unwrap();
+    run_python(
+        "run_oracle.py",
+        &[std::ffi::OsStr::new("--cases-out"), root.path().as_os_str()],
+    );
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.path().join("index.json")).unwrap())
+            .unwrap();
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for name in index["cases"].as_array().unwrap() {
+        let name = name.as_str().unwrap();
+        let config: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(root.path().join(name).join("model/config.json")).unwrap(),
+        )
+        .unwrap();
+        let (spec, _) =
+            archgen_spec::import::from_config_json(&config, None, &format!("case-{name}"))
+                .unwrap_or_else(|e| panic!("{name}: import failed: {e}"));
+        let shown = archgen_spec::to_hf_json(&spec);
+        let text = config.get("text_config").unwrap_or(&config);
+        let k_eq_v = text["attention_k_eq_v"].as_bool().unwrap();
+        let shared = text["num_kv_shared_layers"].as_u64().unwrap();
+        for (key, value) in text.as_object().unwrap() {
+            let Some(ours) = shown.get(key) else { continue };
+            // Fields mlx-lm never reads in this configuration: the importer
+            // normalises them (and lists the change), so they may differ.
+            let ple = text["hidden_size_per_layer_input"].as_u64().unwrap_or(0) > 0;
+            let dead = (key == "num_global_key_value_heads" && !k_eq_v)
+                || (key == "use_double_wide_mlp" && shared == 0)
+                || (key == "vocab_size_per_layer_input" && !ple);
+            if dead {
+                continue;
+            }
+            let same = if key == "rope_parameters" {
+                same_rope(value, ours)
+            } else {
+                match (ours.as_f64(), value.as_f64()) {
+                    (Some(a), Some(b)) => (a - b).abs() <= f64::EPSILON * b.abs().max(1.0),
+                    _ => ours == value,
+                }
+            };
+            if !same {
+                failures.push(format!("{name}: {key}: config {value} vs spec show {ours}"));
+            }
+            checked += 1;
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "fields did not round-trip:\n{}",
+        failures.join("\n")
+    );
+    assert!(checked > 13 * 20, "only {checked} fields compared");
+    eprintln!("{checked} config fields round-tripped");
+}
+
+/// RoPE parameters as mlx-lm reads them: type and theta per layer type; for
+/// the proportional form also the partial factor and `factor` (default 1.0).
+/// The default form ignores `partial_rotary_factor`.
+fn same_rope(config: &serde_json::Value, shown: &serde_json::Value) -> bool {
+    ["full_attention", "sliding_attention"].iter().all(|t| {
+        let (a, b) = (&config[*t], &shown[*t]);
+        let f =
+            |v: &serde_json::Value, k: &str, d: f64| v.get(k).and_then(|x| x.as_f64()).unwrap_or(d);
+        a["rope_type"] == b["rope_type"]
+            && f(a, "rope_theta", -1.0) == f(b, "rope_theta", -2.0)
+            && (a["rope_type"] != "proportional"
+                || (f(a, "partial_rotary_factor", -1.0) == f(b, "partial_rotary_factor", -2.0)
+                    && f(a, "factor", 1.0) == f(b, "factor", 1.0)))
+    })
+}

@@ -12,7 +12,8 @@ usage: cargo xtask <task> [args]
 tasks:
   setup        install what the build and tests need (apt packages, .venv with
                mlx[cpu]==0.32.2 and mlx-lm==0.32.2); safe to run again
-  test         setup, then the whole suite: fmt check, clippy, cargo test
+  test         setup, then the whole suite: fmt check, clippy, spec check,
+               schema check, cargo test
   spec         architecture specs: check, show, import, schema (`spec help`)
 ";
 

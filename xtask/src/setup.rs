@@ -31,7 +31,7 @@ pub fn setup() -> Result<(), String> {
     )
 }
 
-/// Setup, then formatting, lints and the whole test suite. `.ci/run` calls this.
+/// Setup, then formatting, lints, spec and schema checks and the whole test suite. `.ci/run` calls this.
 /// Extra arguments go to `cargo test` (e.g. a test name filter).
 pub fn test(extra: &[String]) -> Result<(), String> {
     setup()?;
@@ -51,6 +51,10 @@ pub fn test(extra: &[String]) -> Result<(), String> {
             "warnings",
         ]),
     )?;
+    eprintln!("xtask: spec check");
+    crate::spec::run(&["check".to_string()])?;
+    eprintln!("xtask: spec schema --check");
+    crate::spec::run(&["schema".to_string(), "--check".to_string()])?;
     run(
         "cargo test --workspace",
         Command::new(&cargo)

@@ -317,10 +317,23 @@ pub fn architecture_of(
     config: &serde_json::Value,
     dir: &std::path::Path,
 ) -> std::result::Result<Architecture, ModelError> {
-    let name = dir
+    // The spec name must be a valid file stem starting with a letter; a
+    // directory name need not be one.
+    let stem: String = dir
         .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into());
+        .map(|n| n.to_string_lossy().to_lowercase())
+        .unwrap_or_default()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(90)
+        .collect();
+    let name = format!("checkpoint-{stem}");
     let (spec, _defaults) = archgen_spec::import::from_config_json(config, None, &name)
         .map_err(|e| ModelError(format!("{}/config.json: {e}", dir.display())))?;
     Ok(spec.resolve())
