@@ -6,12 +6,19 @@ pub const USAGE: &str = "\
 usage:
   archgen logits --model DIR --prompt-ids 1,2,3 [--decode-steps N]
                  [--impl monolith|generated|auto] --out FILE.safetensors
-  archgen generate --model DIR --prompt-ids 1,2,3 [--max-tokens N]
-                 [--temp T] [--top-p P] [--seed S] [--impl ...]
+  archgen generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3)
+                 [--max-tokens N] [--temp T] [--top-p P] [--seed S]
+                 [--ignore-eos] [--impl ...]
 
 logits writes prefill_logits [L, vocab] (one forward over the whole prompt),
 decode_logits [N, vocab] (N greedy one-token steps on the same cache) and
-tokens [N] int32 (the tokens fed), logits in the model's compute dtype.";
+tokens [N] int32 (the tokens fed), logits in the model's compute dtype.
+
+generate --prompt encodes TEXT with DIR/tokenizer.json (special tokens added
+as its post-processor says, e.g. <bos>) and prints decoded text; with
+--prompt-ids it prints text when DIR/tokenizer.json exists, else token ids.
+It stops at an EOS id from config.json / generation_config.json unless
+--ignore-eos is given.";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Impl {
@@ -31,14 +38,24 @@ pub enum Command {
     },
     Generate {
         model: PathBuf,
-        prompt_ids: Vec<i32>,
+        prompt: Prompt,
         max_tokens: usize,
         temp: f32,
         top_p: f32,
         seed: u64,
+        ignore_eos: bool,
         implementation: Impl,
     },
     Help,
+}
+
+/// What `generate` starts from.
+#[derive(Debug)]
+pub enum Prompt {
+    /// Token ids given on the command line.
+    Ids(Vec<i32>),
+    /// Text to encode with the model directory's tokenizer.json.
+    Text(String),
 }
 
 fn parse_ids(s: &str) -> Result<Vec<i32>, String> {
@@ -76,6 +93,8 @@ pub fn parse(argv: &[String]) -> Result<Command, String> {
     }
     let mut model = None;
     let mut ids = None;
+    let mut text = None;
+    let mut ignore_eos = false;
     let mut steps = 0usize;
     let mut max_tokens = 64usize;
     let mut temp = 0.0f32;
@@ -91,6 +110,8 @@ pub fn parse(argv: &[String]) -> Result<Command, String> {
                 .ok_or_else(|| format!("{flag} needs a value"))
         };
         match flag.as_str() {
+            "--ignore-eos" if cmd == "generate" => ignore_eos = true,
+            "--prompt" if cmd == "generate" => text = Some(value()?),
             "--model" => model = Some(PathBuf::from(value()?)),
             "--prompt-ids" => ids = Some(parse_ids(&value()?)?),
             "--decode-steps" if cmd == "logits" => steps = number(flag, &value()?)?,
@@ -115,11 +136,10 @@ pub fn parse(argv: &[String]) -> Result<Command, String> {
         }
     }
     let model = model.ok_or_else(|| format!("{cmd}: --model DIR is required"))?;
-    let prompt_ids = ids.ok_or_else(|| format!("{cmd}: --prompt-ids is required"))?;
     match cmd.as_str() {
         "logits" => Ok(Command::Logits {
             model,
-            prompt_ids,
+            prompt_ids: ids.ok_or("logits: --prompt-ids is required")?,
             decode_steps: steps,
             implementation,
             out: out.ok_or("logits: --out FILE.safetensors is required")?,
@@ -131,13 +151,27 @@ pub fn parse(argv: &[String]) -> Result<Command, String> {
             if temp < 0.0 || !temp.is_finite() {
                 return Err(format!("--temp: {temp} must be a finite number >= 0"));
             }
+            let prompt = match (text, ids) {
+                (Some(t), None) => Prompt::Text(t),
+                (None, Some(i)) => Prompt::Ids(i),
+                (Some(_), Some(_)) => {
+                    return Err(
+                        "generate: give either --prompt TEXT or --prompt-ids 1,2,3, not both"
+                            .into(),
+                    )
+                }
+                (None, None) => {
+                    return Err("generate: give --prompt TEXT or --prompt-ids 1,2,3".into())
+                }
+            };
             Ok(Command::Generate {
                 model,
-                prompt_ids,
+                prompt,
                 max_tokens,
                 temp,
                 top_p,
                 seed,
+                ignore_eos,
                 implementation,
             })
         }

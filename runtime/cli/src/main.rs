@@ -2,8 +2,9 @@
 //!
 //!   archgen logits --model DIR --prompt-ids 1,2,3 --decode-steps N
 //!                  [--impl monolith|generated|auto] --out FILE.safetensors
-//!   archgen generate --model DIR --prompt-ids 1,2,3 [--max-tokens N]
-//!                  [--temp T] [--top-p P] [--seed S]
+//!   archgen generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3)
+//!                  [--max-tokens N] [--temp T] [--top-p P] [--seed S]
+//!                  [--ignore-eos]
 
 mod args;
 mod run;

@@ -1,6 +1,7 @@
 //! The commands: the `logits` protocol (the contract outside tools compare
 //! with mlx-lm) and `generate` for people.
 
+use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
@@ -8,7 +9,9 @@ use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array};
 use archgen_runtime::model::CausalLm;
 
-use crate::args::{Command, Impl, USAGE};
+use tokenizers::Tokenizer;
+
+use crate::args::{Command, Impl, Prompt, USAGE};
 
 fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String> {
     r.map_err(|e| format!("MLX: {e}"))
@@ -29,10 +32,10 @@ fn load(model: &Path, implementation: Impl) -> Result<Box<dyn CausalLm>, String>
     Ok(Box::new(m))
 }
 
-fn check_ids(ids: &[i32], vocab: i32) -> Result<(), String> {
+fn check_ids(what: &str, ids: &[i32], vocab: i32) -> Result<(), String> {
     match ids.iter().position(|&t| t >= vocab) {
         Some(i) => Err(format!(
-            "--prompt-ids: id {} at position {} is out of the vocabulary (size {vocab})",
+            "{what}: id {} at position {} is out of the vocabulary (size {vocab})",
             ids[i],
             i + 1
         )),
@@ -77,7 +80,7 @@ fn logits(
     out: &Path,
 ) -> Result<(), String> {
     let m = load(model, implementation)?;
-    check_ids(ids, m.vocab_size())?;
+    check_ids("--prompt-ids", ids, m.vocab_size())?;
     let run = mlx(archgen_runtime::protocol::run_logits(
         m.as_ref(),
         ids,
@@ -124,18 +127,184 @@ fn sample(logits: &Array, temp: f32, top_p: f32, key: &Array) -> Result<i32, Str
         .map_err(|e| format!("MLX: {e}"))
 }
 
+/// Loads `DIR/tokenizer.json`; `Ok(None)` when the file is absent.
+fn load_tokenizer(model: &Path) -> Result<Option<Tokenizer>, String> {
+    let path = model.join("tokenizer.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    Tokenizer::from_file(&path)
+        .map(Some)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// Adds the ids of an `eos_token_id` value (an int, a list of ints, or null).
+fn push_eos(
+    value: Option<&serde_json::Value>,
+    file: &Path,
+    eos: &mut Vec<i32>,
+) -> Result<(), String> {
+    let bad = || {
+        format!(
+            "{}: eos_token_id must be an integer or a list of integers",
+            file.display()
+        )
+    };
+    let as_id = |v: &serde_json::Value| {
+        v.as_u64()
+            .and_then(|n| i32::try_from(n).ok())
+            .ok_or_else(bad)
+    };
+    match value {
+        None | Some(serde_json::Value::Null) => {}
+        Some(serde_json::Value::Array(items)) => {
+            for v in items {
+                eos.push(as_id(v)?);
+            }
+        }
+        Some(v) => eos.push(as_id(v)?),
+    }
+    Ok(())
+}
+
+/// The stop ids: `eos_token_id` from config.json (top level and
+/// `text_config`) and from generation_config.json when present, merged.
+fn eos_ids(model: &Path) -> Result<Vec<i32>, String> {
+    let mut eos = Vec::new();
+    for name in ["config.json", "generation_config.json"] {
+        let file = model.join(name);
+        if !file.is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not valid JSON: {e}", file.display()))?;
+        push_eos(json.get("eos_token_id"), &file, &mut eos)?;
+        if let Some(text_config) = json.get("text_config") {
+            push_eos(text_config.get("eos_token_id"), &file, &mut eos)?;
+        }
+    }
+    eos.sort_unstable();
+    eos.dedup();
+    Ok(eos)
+}
+
+/// Decodes with special tokens kept (as mlx-lm's detokenizer does).
+fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, String> {
+    tokenizer
+        .decode(ids, false)
+        .map_err(|e| format!("tokenizer: cannot decode {ids:?}: {e}"))
+}
+
+/// Prints generated tokens as they come: token ids, or decoded text.
+///
+/// Text is decoded incrementally: each step decodes the whole generated id
+/// list and prints only what is new, so a character split over several
+/// byte-level tokens comes out whole. While the text ends in U+FFFD (an
+/// incomplete UTF-8 sequence) it is held back until the next token.
+struct Streamer<'a> {
+    tokenizer: Option<&'a Tokenizer>,
+    ids: Vec<u32>,
+    printed: String,
+}
+
+impl Streamer<'_> {
+    fn push(&mut self, token: i32) -> Result<(), String> {
+        let mut out = std::io::stdout().lock();
+        match self.tokenizer {
+            None => {
+                let _ = write!(out, "{token} ");
+            }
+            Some(tokenizer) => {
+                self.ids.push(token as u32);
+                let text = decode(tokenizer, &self.ids)?;
+                if !text.ends_with('\u{FFFD}') {
+                    self.emit(&mut out, text);
+                }
+            }
+        }
+        let _ = out.flush();
+        Ok(())
+    }
+
+    /// Prints the part of `text` beyond what was printed so far.
+    fn emit(&mut self, out: &mut impl Write, text: String) {
+        if let Some(new) = text.strip_prefix(self.printed.as_str()) {
+            let _ = out.write_all(new.as_bytes());
+            self.printed = text;
+        } else if let Some(new) = text.get(self.printed.len()..) {
+            // A decoder rewrote earlier text (rare); what is printed stays.
+            let _ = out.write_all(new.as_bytes());
+            self.printed = text;
+        }
+    }
+
+    /// Prints whatever was held back, then ends the line.
+    fn finish(&mut self) -> Result<(), String> {
+        let mut out = std::io::stdout().lock();
+        if let (Some(tokenizer), false) = (self.tokenizer, self.ids.is_empty()) {
+            let text = decode(tokenizer, &self.ids)?;
+            self.emit(&mut out, text);
+        }
+        let _ = writeln!(out);
+        let _ = out.flush();
+        Ok(())
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn generate(
     model: &Path,
-    ids: &[i32],
+    prompt: &Prompt,
     max_tokens: usize,
     temp: f32,
     top_p: f32,
     seed: u64,
+    ignore_eos: bool,
     implementation: Impl,
 ) -> Result<(), String> {
+    let tokenizer = load_tokenizer(model)?;
+    let ids: Vec<i32> = match prompt {
+        Prompt::Ids(ids) => ids.clone(),
+        Prompt::Text(text) => {
+            let Some(tokenizer) = &tokenizer else {
+                if !model.is_dir() {
+                    return Err(format!("{}: not a directory", model.display()));
+                }
+                return Err(format!(
+                    "--prompt needs {} (not found); give token ids with --prompt-ids 1,2,3 instead",
+                    model.join("tokenizer.json").display()
+                ));
+            };
+            // add_special_tokens = true: the tokenizer's post-processor
+            // decides (for Gemma it prepends <bos>), as mlx-lm and
+            // transformers do for a plain prompt.
+            let encoding = tokenizer
+                .encode(text.as_str(), true)
+                .map_err(|e| format!("--prompt: cannot encode the text: {e}"))?;
+            let ids: Result<Vec<i32>, _> = encoding
+                .get_ids()
+                .iter()
+                .map(|&t| i32::try_from(t))
+                .collect();
+            ids.map_err(|_| "--prompt: the tokenizer gave an id beyond i32".to_string())?
+        }
+    };
+    if ids.is_empty() {
+        return Err("--prompt: the text encodes to no tokens; give a non-empty prompt".into());
+    }
+    let what = match prompt {
+        Prompt::Ids(_) => "--prompt-ids",
+        Prompt::Text(_) => "--prompt (encoded)",
+    };
+    let eos = if ignore_eos {
+        Vec::new()
+    } else {
+        eos_ids(model)?
+    };
     let m = load(model, implementation)?;
-    check_ids(ids, m.vocab_size())?;
+    check_ids(what, &ids, m.vocab_size())?;
     let mut cache = m.make_cache();
     let start = Instant::now();
     // mlx-lm's generate_step: prefill all but the last prompt token in chunks
@@ -150,21 +319,34 @@ fn generate(
     let mut token = last[0];
     let decode_start = Instant::now();
     let mut produced = 0;
+    let mut stopped = None;
+    let mut streamer = Streamer {
+        tokenizer: tokenizer.as_ref(),
+        ids: Vec::new(),
+        printed: String::new(),
+    };
     for _ in 0..max_tokens {
         let x = Array::from_slice(&[token], &[1, 1]);
         let row = mlx(mlx(m.forward(&x, &mut cache))?.try_index((0, -1)))?;
         let (k, sub) = mlx(mlx_rs::random::split(&key, 2))?;
         key = k;
         token = sample(&row, temp, top_p, &sub)?;
+        // Like mlx-lm, an EOS token ends generation and is not printed.
+        if eos.contains(&token) {
+            stopped = Some(token);
+            break;
+        }
         produced += 1;
-        print!("{token} ");
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
+        streamer.push(token)?;
     }
-    println!();
+    streamer.finish()?;
     let decode_time = decode_start.elapsed().as_secs_f64();
+    let stop = match stopped {
+        Some(t) => format!("; stopped at EOS id {t}"),
+        None => String::new(),
+    };
     eprintln!(
-        "archgen: prompt {} tokens in {:.3} s; generated {produced} tokens at {:.1} tokens/s",
+        "archgen: prompt {} tokens in {:.3} s; generated {produced} tokens at {:.1} tokens/s{stop}",
         ids.len(),
         prefill_time.as_secs_f64(),
         produced as f64 / decode_time.max(1e-9)
@@ -187,19 +369,21 @@ pub fn run(cmd: Command) -> Result<(), String> {
         } => logits(&model, &prompt_ids, decode_steps, implementation, &out),
         Command::Generate {
             model,
-            prompt_ids,
+            prompt,
             max_tokens,
             temp,
             top_p,
             seed,
+            ignore_eos,
             implementation,
         } => generate(
             &model,
-            &prompt_ids,
+            &prompt,
             max_tokens,
             temp,
             top_p,
             seed,
+            ignore_eos,
             implementation,
         ),
     }

@@ -154,3 +154,162 @@ fn runs_a_tiny_checkpoint_and_rejects_bad_input() {
     ]);
     assert_clean_error(&o, "llama");
 }
+
+/// Copies the files of the checkpoint directory `src` into a new `dst`.
+fn copy_model(src: &Path, dst: &Path) {
+    std::fs::create_dir(dst).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), dst.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+/// The name the test tokenizer gives id `id`.
+fn token_name(id: u32) -> String {
+    match id {
+        0 => "<pad>".into(),
+        1 => "<eos>".into(),
+        2 => "<bos>".into(),
+        3 => "<unk>".into(),
+        _ => format!("w{id}"),
+    }
+}
+
+/// A WordLevel tokenizer over the whole 512-id vocabulary (<pad> <eos> <bos>
+/// <unk>, then w4..w511): whitespace pre-tokenizer, a post-processor that
+/// prepends <bos>, and no decoder (decoding joins tokens with spaces).
+fn write_tokenizer(dir: &Path) {
+    use tokenizers::models::wordlevel::WordLevel;
+    use tokenizers::pre_tokenizers::whitespace::Whitespace;
+    use tokenizers::processors::template::TemplateProcessing;
+    use tokenizers::{AddedToken, Tokenizer};
+
+    let model = WordLevel::builder()
+        .vocab((0..512).map(|i| (token_name(i), i)).collect())
+        .unk_token("<unk>".into())
+        .build()
+        .unwrap();
+    let mut tokenizer = Tokenizer::new(model);
+    tokenizer.with_pre_tokenizer(Some(Whitespace {}));
+    tokenizer.with_post_processor(Some(
+        TemplateProcessing::builder()
+            .try_single("<bos> $A")
+            .unwrap()
+            .special_tokens(vec![("<bos>", 2)])
+            .build()
+            .unwrap(),
+    ));
+    let specials: Vec<AddedToken> = (0..4)
+        .map(|i| AddedToken::from(token_name(i), true))
+        .collect();
+    tokenizer.add_special_tokens(&specials);
+    tokenizer.save(dir.join("tokenizer.json"), false).unwrap();
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn text_prompts_stream_text_and_stop_at_eos() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_model(root.path());
+    let gen = |dir: &str, extra: &[&str]| {
+        let mut v = vec!["generate", "--model", dir, "--max-tokens", "6"];
+        v.extend_from_slice(extra);
+        archgen(&v)
+    };
+
+    // No tokenizer.json: --prompt fails cleanly; --prompt-ids prints ids.
+    let o = gen(&model, &["--prompt", "w5 w9"]);
+    assert_clean_error(&o, "tokenizer.json");
+    assert_clean_error(&o, "--prompt-ids");
+    assert_clean_error(
+        &gen(&model, &["--prompt", "w5", "--prompt-ids", "2,5"]),
+        "not both",
+    );
+    assert_clean_error(&gen(&model, &[]), "give --prompt TEXT or --prompt-ids");
+    let o = gen(&model, &["--prompt-ids", "2,5,9", "--ignore-eos"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ids: Vec<u32> = stdout(&o)
+        .split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 6);
+    let expected_text = words(&ids);
+
+    // With tokenizer.json: "w5 w9" encodes to <bos> w5 w9 = 2,5,9, so the
+    // decoded text is the same greedy continuation, spelled as words.
+    let tok = root.path().join("tok");
+    copy_model(Path::new(&model), &tok);
+    write_tokenizer(&tok);
+    let tok_s = tok.to_str().unwrap();
+    let o = gen(tok_s, &["--prompt", "w5 w9", "--ignore-eos"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), expected_text);
+    assert!(stderr(&o).contains("prompt 3 tokens"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("tokens/s"), "{}", stderr(&o));
+    // --prompt-ids with a tokenizer prints text too.
+    let o = gen(tok_s, &["--prompt-ids", "2,5,9", "--ignore-eos"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), expected_text);
+    // Seeded sampling from text: same seed, same text.
+    let sampled = |seed: &str| {
+        let o = gen(
+            tok_s,
+            &[
+                "--prompt", "w5 w9", "--temp", "1.5", "--top-p", "0.9", "--seed", seed,
+            ],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(!stdout(&o).trim().is_empty(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    assert_eq!(sampled("7"), sampled("7"), "same seed, same text");
+
+    // eos_token_id in config.json = the first greedy token: stops at once.
+    let eos = root.path().join("eos");
+    copy_model(&tok, &eos);
+    let config_path = eos.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["eos_token_id"] = ids[0].into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let eos_s = eos.to_str().unwrap();
+    let o = gen(eos_s, &["--prompt", "w5 w9"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "");
+    let e = stderr(&o);
+    assert!(e.contains("generated 0 tokens"), "{e}");
+    assert!(e.contains(&format!("stopped at EOS id {}", ids[0])), "{e}");
+    // --ignore-eos runs on.
+    let o = gen(eos_s, &["--prompt", "w5 w9", "--ignore-eos"]);
+    assert_eq!(stdout(&o).trim(), expected_text, "{}", stderr(&o));
+
+    // A list in generation_config.json: stops at the first listed id.
+    let gc = root.path().join("gc");
+    copy_model(&tok, &gc);
+    let stop = [ids[2], 511];
+    std::fs::write(
+        gc.join("generation_config.json"),
+        format!(r#"{{"eos_token_id": [{}, {}]}}"#, stop[0], stop[1]),
+    )
+    .unwrap();
+    let o = gen(gc.to_str().unwrap(), &["--prompt-ids", "2,5,9"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let n = ids.iter().position(|t| stop.contains(t)).unwrap();
+    assert_eq!(stdout(&o).trim(), words(&ids[..n]));
+    assert!(
+        stderr(&o).contains(&format!("generated {n} tokens")),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// What the test tokenizer decodes `ids` to.
+fn words(ids: &[u32]) -> String {
+    let words: Vec<String> = ids.iter().map(|&i| token_name(i)).collect();
+    words.join(" ")
+}
