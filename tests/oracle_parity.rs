@@ -38,8 +38,9 @@ fn diff(name: &str, ours: &Array, theirs: &Array) -> Option<String> {
     Some(format!("{name}: bytes differ, first at row {first}"))
 }
 
-#[test]
-fn monolith_is_bit_exact_with_mlx_lm_on_every_oracle_case() {
+/// Builds every oracle case (checkpoint + mlx-lm logits) into a temp dir;
+/// returns the dir and the case names in order.
+fn build_oracle_cases() -> (tempfile::TempDir, Vec<String>) {
     let root = tempfile::tempdir().unwrap();
     run_python(
         "run_oracle.py",
@@ -48,12 +49,18 @@ fn monolith_is_bit_exact_with_mlx_lm_on_every_oracle_case() {
     let index: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(root.path().join("index.json")).unwrap())
             .unwrap();
-    let cases: Vec<String> = index["cases"]
+    let cases = index["cases"]
         .as_array()
         .unwrap()
         .iter()
         .map(|c| c.as_str().unwrap().to_string())
         .collect();
+    (root, cases)
+}
+
+#[test]
+fn monolith_is_bit_exact_with_mlx_lm_on_every_oracle_case() {
+    let (root, cases) = build_oracle_cases();
     assert!(
         cases.len() >= 13,
         "expected the full case set, got {cases:?}"
@@ -101,21 +108,13 @@ fn monolith_is_bit_exact_with_mlx_lm_on_every_oracle_case() {
 
 /// `spec import` of the config.json files mlx-lm itself wrote for the oracle
 /// checkpoints, then `spec show --json`: every architecture field round-trips
-/// (except the two dead fields the importer normalises and reports).
+/// (except dead fields the importer normalises and reports).
 #[test]
 fn spec_import_round_trips_mlx_lm_configs() {
-    let root = tempfile::tempdir().unwrap();
-    run_python(
-        "run_oracle.py",
-        &[std::ffi::OsStr::new("--cases-out"), root.path().as_os_str()],
-    );
-    let index: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(root.path().join("index.json")).unwrap())
-            .unwrap();
+    let (root, cases) = build_oracle_cases();
     let mut checked = 0;
     let mut failures = Vec::new();
-    for name in index["cases"].as_array().unwrap() {
-        let name = name.as_str().unwrap();
+    for name in &cases {
         let config: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(root.path().join(name).join("model/config.json")).unwrap(),
         )

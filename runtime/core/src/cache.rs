@@ -19,6 +19,19 @@ fn cat(parts: &[Array]) -> Result<Array> {
     mlx_rs::ops::concatenate(parts, 2)
 }
 
+/// Both caches' `keys_and_values`: `[..., :offset, :]` while the buffer is
+/// not yet full, else the whole buffer.
+fn filled(keys: &Array, values: &Array, offset: i32) -> Result<(Array, Array)> {
+    if offset < keys.shape()[2] {
+        Ok((
+            keys.try_index((Ellipsis, ..offset, ..))?,
+            values.try_index((Ellipsis, ..offset, ..))?,
+        ))
+    } else {
+        Ok((keys.clone(), values.clone()))
+    }
+}
+
 /// `KVCache`: preallocated in steps of 256, returns `[..., :offset, :]`.
 #[derive(Debug, Default)]
 pub struct KvCache {
@@ -55,19 +68,11 @@ impl KvCache {
         let (keys, values) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
         keys.try_index_mut((Ellipsis, prev..self.offset, ..), k)?;
         values.try_index_mut((Ellipsis, prev..self.offset, ..), v)?;
-        self.keys_and_values()
-    }
-
-    fn keys_and_values(&self) -> Result<(Array, Array)> {
-        let (keys, values) = (self.keys.as_ref().unwrap(), self.values.as_ref().unwrap());
-        if self.offset < keys.shape()[2] {
-            Ok((
-                keys.try_index((Ellipsis, ..self.offset, ..))?,
-                values.try_index((Ellipsis, ..self.offset, ..))?,
-            ))
-        } else {
-            Ok((keys.clone(), values.clone()))
-        }
+        filled(
+            self.keys.as_ref().unwrap(),
+            self.values.as_ref().unwrap(),
+            self.offset,
+        )
     }
 
     /// `KVCache.make_mask(N)` for a full-attention layer.
@@ -195,15 +200,11 @@ impl RotatingKvCache {
             .try_index_mut((Ellipsis, at..end, ..), v)?;
         self.offset += s;
         self.idx += s;
-        let (keys, values) = (self.keys.as_ref().unwrap(), self.values.as_ref().unwrap());
-        if self.offset < keys.shape()[2] {
-            Ok((
-                keys.try_index((Ellipsis, ..self.offset, ..))?,
-                values.try_index((Ellipsis, ..self.offset, ..))?,
-            ))
-        } else {
-            Ok((keys.clone(), values.clone()))
-        }
+        filled(
+            self.keys.as_ref().unwrap(),
+            self.values.as_ref().unwrap(),
+            self.offset,
+        )
     }
 
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
