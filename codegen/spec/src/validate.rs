@@ -495,6 +495,18 @@ pub(crate) fn check(spec: &Spec) -> Vec<Issue> {
         }
     }
     if let Some(kv) = &spec.kv_quantization {
+        // Donor -> the KV-shared layers reading it.
+        let mut readers: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+        for f in arch.layers.iter().filter(|f| !f.has_kv) {
+            readers.entry(f.kv_source).or_default().push(f.index);
+        }
+        // The layers mlx-lm can run with a QuantizedKVCache.
+        let full_quantizable: Vec<usize> = arch
+            .layers
+            .iter()
+            .filter(|f| f.has_kv && f.window.is_none() && !readers.contains_key(&f.index))
+            .map(|f| f.index)
+            .collect();
         let mut prev: Option<u32> = None;
         for (i, e) in kv.iter().enumerate() {
             let ep = p("kv_quantization").index(i);
@@ -526,6 +538,30 @@ pub(crate) fn check(spec: &Spec) -> Vec<Issue> {
                     format!("a layer below {first_shared}"),
                     "sharers read their donor's cache; quantize the donor instead",
                 );
+            } else if facts.window.is_some() {
+                c.err(
+                    ep.key("layer_idx"),
+                    format!(
+                        "layer {} is a sliding-attention layer (rotating cache)",
+                        e.layer_idx
+                    ),
+                    format!("a full-attention layer ({})", list(&full_quantizable)),
+                    "mlx-lm quantizes only the full layers' KVCache: RotatingKVCache.to_quantized raises NotImplementedError (mlx-lm 0.32.2)",
+                );
+            } else if let Some(sharers) = readers.get(&(e.layer_idx as usize)) {
+                c.err(
+                    ep.key("layer_idx"),
+                    format!(
+                        "layer {} is the K/V donor of KV-shared {}",
+                        e.layer_idx,
+                        list(sharers)
+                    ),
+                    format!(
+                        "a full-attention layer that no KV-shared layer reads ({})",
+                        list(&full_quantizable)
+                    ),
+                    "a sharer has no cache, so mlx-lm's scaled_dot_product_attention takes the unquantized path with the donor's quantized (data, scales, biases) tuples and fails; quantize another full layer or lower num_kv_shared_layers",
+                );
             }
             if !AFFINE_BITS.contains(&e.bits) {
                 c.err(
@@ -556,6 +592,21 @@ pub(crate) fn check(spec: &Spec) -> Vec<Issue> {
         }
     }
     c.issues
+}
+
+/// `layers 5, 11` / `layer 5` / `no such layer in this model`.
+fn list(layers: &[usize]) -> String {
+    match layers {
+        [] => "no such layer in this model".to_string(),
+        [one] => format!("layer {one}"),
+        more => format!(
+            "layers {}",
+            more.iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
 }
 
 /// Spec names: lowercase ASCII letters, digits, `-`, `_`, `.`; starting with a letter.

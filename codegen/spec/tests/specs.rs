@@ -249,23 +249,22 @@ fn quantized_tiny_variants_quantize_every_module() {
 #[test]
 fn kv_quantized_tiny_variant() {
     let a = load_named("gemma4-e4b-tiny-kv").resolve();
-    assert_eq!(
-        a.layers[0].kv_quant,
-        Some(KvQuant {
-            bits: 8,
-            group_size: 32
-        })
-    );
+    assert_eq!((a.num_layers, a.first_kv_shared_layer), (18, 12));
+    // Only layer 5: full attention, owns a cache, and no KV-shared layer reads it.
     assert_eq!(
         a.layers[5].kv_quant,
         Some(KvQuant {
             bits: 4,
-            group_size: 32
+            group_size: 64
         })
     );
-    assert!(a.layers[6..]
+    assert!(a.layers[5].window.is_none() && a.layers[5].has_kv);
+    assert!(a.layers.iter().all(|l| l.kv_source != 5 || l.index == 5));
+    assert!(a
+        .layers
         .iter()
-        .all(|l| l.kv_quant.is_none() && !l.has_kv));
+        .filter(|l| l.index != 5)
+        .all(|l| l.kv_quant.is_none()));
 }
 
 #[test]
