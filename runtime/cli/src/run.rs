@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array};
-use archgen_runtime::model::CausalLm;
+use archgen_runtime::model::{CausalLm, ModelTask};
 
 use tokenizers::Tokenizer;
 
@@ -17,7 +17,14 @@ fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String> {
     r.map_err(|e| format!("MLX: {e}"))
 }
 
-fn load(model: &Path, implementation: Impl) -> Result<Box<dyn CausalLm>, String> {
+/// Loads the checkpoint at `model` and runs `task` on the implementation that
+/// `--impl` selects: the generated model whose fingerprint matches the
+/// checkpoint, or the monolith.
+fn with_model<T: ModelTask<Output = Result<(), String>>>(
+    model: &Path,
+    implementation: Impl,
+    task: T,
+) -> Result<(), String> {
     if implementation == Impl::Generated {
         return Err(format!(
             "--impl generated: no generated model is built into this archgen yet (codegen issue); \
@@ -29,7 +36,7 @@ fn load(model: &Path, implementation: Impl) -> Result<Box<dyn CausalLm>, String>
     if implementation == Impl::Auto {
         eprintln!("archgen: --impl auto: running the monolith (no generated model is built in)");
     }
-    Ok(Box::new(m))
+    task.run(&m)
 }
 
 fn check_ids(what: &str, ids: &[i32], vocab: i32) -> Result<(), String> {
@@ -79,21 +86,32 @@ fn logits(
     implementation: Impl,
     out: &Path,
 ) -> Result<(), String> {
-    let m = load(model, implementation)?;
-    check_ids("--prompt-ids", ids, m.vocab_size())?;
-    let run = mlx(archgen_runtime::protocol::run_logits(
-        m.as_ref(),
-        ids,
-        steps,
-    ))?;
-    save_atomically(
-        &[
-            ("prefill_logits", &run.prefill_logits),
-            ("decode_logits", &run.decode_logits),
-            ("tokens", &run.tokens),
-        ],
-        out,
-    )
+    with_model(model, implementation, LogitsTask { ids, steps, out })
+}
+
+struct LogitsTask<'a> {
+    ids: &'a [i32],
+    steps: usize,
+    out: &'a Path,
+}
+
+impl ModelTask for LogitsTask<'_> {
+    type Output = Result<(), String>;
+
+    fn run<M: CausalLm>(self, m: &M) -> Self::Output {
+        check_ids("--prompt-ids", self.ids, m.vocab_size())?;
+        let run = mlx(archgen_runtime::protocol::run_logits(
+            m, self.ids, self.steps,
+        ))?;
+        save_atomically(
+            &[
+                ("prefill_logits", &run.prefill_logits),
+                ("decode_logits", &run.decode_logits),
+                ("tokens", &run.tokens),
+            ],
+            self.out,
+        )
+    }
 }
 
 /// Samples one token: greedy at temp 0, else seeded categorical over
@@ -303,55 +321,93 @@ fn generate(
     } else {
         eos_ids(model)?
     };
-    let m = load(model, implementation)?;
-    check_ids(what, &ids, m.vocab_size())?;
-    let mut cache = m.make_cache();
-    let start = Instant::now();
-    // mlx-lm's generate_step: prefill all but the last prompt token in chunks
-    // of 2048, then feed the last one as the first step.
-    let (head, last) = ids.split_at(ids.len() - 1);
-    for chunk in head.chunks(2048) {
-        let x = Array::from_slice(chunk, &[1, chunk.len() as i32]);
-        mlx(mlx(m.forward(&x, &mut cache))?.eval())?;
-    }
-    let prefill_time = start.elapsed();
-    let mut key = mlx(mlx_rs::random::key(seed))?;
-    let mut token = last[0];
-    let decode_start = Instant::now();
-    let mut produced = 0;
-    let mut stopped = None;
-    let mut streamer = Streamer {
+    let task = GenerateTask {
+        ids: &ids,
+        what,
+        eos: &eos,
         tokenizer: tokenizer.as_ref(),
-        ids: Vec::new(),
-        printed: String::new(),
+        max_tokens,
+        temp,
+        top_p,
+        seed,
     };
-    for _ in 0..max_tokens {
-        let x = Array::from_slice(&[token], &[1, 1]);
-        let row = mlx(mlx(m.forward(&x, &mut cache))?.try_index((0, -1)))?;
-        let (k, sub) = mlx(mlx_rs::random::split(&key, 2))?;
-        key = k;
-        token = sample(&row, temp, top_p, &sub)?;
-        // Like mlx-lm, an EOS token ends generation and is not printed.
-        if eos.contains(&token) {
-            stopped = Some(token);
-            break;
+    with_model(model, implementation, task)
+}
+
+struct GenerateTask<'a> {
+    ids: &'a [i32],
+    what: &'a str,
+    eos: &'a [i32],
+    tokenizer: Option<&'a Tokenizer>,
+    max_tokens: usize,
+    temp: f32,
+    top_p: f32,
+    seed: u64,
+}
+
+impl ModelTask for GenerateTask<'_> {
+    type Output = Result<(), String>;
+
+    fn run<M: CausalLm>(self, m: &M) -> Self::Output {
+        let GenerateTask {
+            ids,
+            what,
+            eos,
+            tokenizer,
+            max_tokens,
+            temp,
+            top_p,
+            seed,
+        } = self;
+        check_ids(what, &ids, m.vocab_size())?;
+        let mut cache = m.make_cache();
+        let start = Instant::now();
+        // mlx-lm's generate_step: prefill all but the last prompt token in chunks
+        // of 2048, then feed the last one as the first step.
+        let (head, last) = ids.split_at(ids.len() - 1);
+        for chunk in head.chunks(2048) {
+            let x = Array::from_slice(chunk, &[1, chunk.len() as i32]);
+            mlx(mlx(m.forward(&x, &mut cache))?.eval())?;
         }
-        produced += 1;
-        streamer.push(token)?;
-    }
-    streamer.finish()?;
-    let decode_time = decode_start.elapsed().as_secs_f64();
-    let stop = match stopped {
-        Some(t) => format!("; stopped at EOS id {t}"),
-        None => String::new(),
-    };
-    eprintln!(
+        let prefill_time = start.elapsed();
+        let mut key = mlx(mlx_rs::random::key(seed))?;
+        let mut token = last[0];
+        let decode_start = Instant::now();
+        let mut produced = 0;
+        let mut stopped = None;
+        let mut streamer = Streamer {
+            tokenizer,
+            ids: Vec::new(),
+            printed: String::new(),
+        };
+        for _ in 0..max_tokens {
+            let x = Array::from_slice(&[token], &[1, 1]);
+            let row = mlx(mlx(m.forward(&x, &mut cache))?.try_index((0, -1)))?;
+            let (k, sub) = mlx(mlx_rs::random::split(&key, 2))?;
+            key = k;
+            token = sample(&row, temp, top_p, &sub)?;
+            // Like mlx-lm, an EOS token ends generation and is not printed.
+            if eos.contains(&token) {
+                stopped = Some(token);
+                break;
+            }
+            produced += 1;
+            streamer.push(token)?;
+        }
+        streamer.finish()?;
+        let decode_time = decode_start.elapsed().as_secs_f64();
+        let stop = match stopped {
+            Some(t) => format!("; stopped at EOS id {t}"),
+            None => String::new(),
+        };
+        eprintln!(
         "archgen: prompt {} tokens in {:.3} s; generated {produced} tokens at {:.1} tokens/s{stop}",
         ids.len(),
         prefill_time.as_secs_f64(),
         produced as f64 / decode_time.max(1e-9)
     );
-    Ok(())
+        Ok(())
+    }
 }
 
 pub fn run(cmd: Command) -> Result<(), String> {

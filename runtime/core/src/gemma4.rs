@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use mlx_rs::Array;
 
-use crate::attention::{sdpa, Mask};
+use crate::attention::{quantized_sdpa, sdpa, Mask};
 use crate::cache::LayerCache;
 use crate::layers::{Embedding, Linear};
 use crate::moe::{experts, Router, SwitchGlu};
@@ -71,7 +71,8 @@ pub struct KvWeights {
 }
 
 /// K/V a layer attended over, and the rope offset it used: what mlx-lm passes
-/// from a donor to the layers that share its K/V.
+/// from a donor to the layers that share its K/V. From a quantized cache,
+/// `keys`/`values` hold only the packed uint32 data, which sharers refuse.
 #[derive(Debug, Clone)]
 pub struct SharedKv {
     pub keys: Array,
@@ -115,6 +116,24 @@ pub fn attention_own_kv(
     let k = rope.apply(&k, &offset)?;
     let v = rms_norm(&v, None, s.eps)?.transpose_axes(&[0, 2, 1, 3])?;
     let q = rope.apply(&q.transpose_axes(&[0, 2, 1, 3])?, &offset)?;
+    if let LayerCache::Quantized(qc) = cache {
+        // base.scaled_dot_product_attention: a cache with `.bits` routes to
+        // quantized_scaled_dot_product_attention.
+        let (qk, qv) = qc.update_and_fetch(&k, &v)?;
+        let o = quantized_sdpa(&q, &qk, &qv, 1.0, mask, qc.group_size, qc.bits)?;
+        let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        // mlx-lm would hand the quantized tuples to sharers, whose plain SDPA
+        // then fails; the spec validator forbids that, and the packed uint32
+        // data carried here is refused by `attention_shared_kv`.
+        return Ok((
+            w.o_proj.forward(&o)?,
+            SharedKv {
+                keys: qk.data,
+                values: qv.data,
+                offset,
+            },
+        ));
+    }
     let (keys, values) = cache.update_and_fetch(&k, &v)?;
     let out = attend(&q, &keys, &values, mask, w, b, l)?;
     Ok((
@@ -136,6 +155,11 @@ pub fn attention_shared_kv(
     shared: &SharedKv,
     mask: &Mask,
 ) -> Result<Array> {
+    if shared.keys.dtype() == mlx_rs::Dtype::Uint32 {
+        return Err(mlx_rs::error::Exception::custom(
+            "KV-shared layer over a quantized donor cache: mlx-lm cannot run this (its sharers take the unquantized SDPA)",
+        ));
+    }
     let (b, l) = (x.shape()[0], x.shape()[1]);
     let q = queries(x, w, s)?;
     let q = rope.apply(&q.transpose_axes(&[0, 2, 1, 3])?, &shared.offset)?;
@@ -370,4 +394,167 @@ pub fn sanitize(
         out.insert(k, v);
     }
     Ok(out)
+}
+
+// ---- Loading: one place that knows the Gemma-4 parameter names and shapes,
+// used by the monolith and by every generated model.
+
+use crate::weights::Weights;
+
+/// `layers.{i}.` norms.
+pub fn load_norms(w: &mut Weights, layer: usize, hidden: i32) -> LayerNorms {
+    let mut norm = |n: &str| w.param(&format!("layers.{layer}.{n}.weight"), &[hidden]);
+    LayerNorms {
+        input: norm("input_layernorm"),
+        post_attention: norm("post_attention_layernorm"),
+        pre_feedforward: norm("pre_feedforward_layernorm"),
+        post_feedforward: norm("post_feedforward_layernorm"),
+    }
+}
+
+/// `layers.{i}.self_attn` without K/V projections (every layer has these).
+pub fn load_attention(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    s: AttentionShape,
+) -> AttentionWeights {
+    let p = format!("layers.{layer}.self_attn");
+    let q_out = s.n_heads * s.head_dim;
+    AttentionWeights {
+        q_proj: w.linear(&format!("{p}.q_proj"), q_out, hidden),
+        o_proj: w.linear(&format!("{p}.o_proj"), hidden, q_out),
+        q_norm: w.param(&format!("{p}.q_norm.weight"), &[s.head_dim]),
+        kv: None,
+    }
+}
+
+/// K/V projections of a layer that owns its K/V (`v_proj` absent with k_eq_v).
+pub fn load_kv(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    s: AttentionShape,
+    k_eq_v: bool,
+) -> KvWeights {
+    let p = format!("layers.{layer}.self_attn");
+    let out = s.n_kv_heads * s.head_dim;
+    KvWeights {
+        k_proj: w.linear(&format!("{p}.k_proj"), out, hidden),
+        v_proj: (!k_eq_v).then(|| w.linear(&format!("{p}.v_proj"), out, hidden)),
+        k_norm: w.param(&format!("{p}.k_norm.weight"), &[s.head_dim]),
+    }
+}
+
+/// `layers.{i}.mlp` of the given width.
+pub fn load_mlp(w: &mut Weights, layer: usize, hidden: i32, width: i32) -> Mlp {
+    let p = format!("layers.{layer}.mlp");
+    Mlp {
+        gate_proj: w.linear(&format!("{p}.gate_proj"), width, hidden),
+        up_proj: w.linear(&format!("{p}.up_proj"), width, hidden),
+        down_proj: w.linear(&format!("{p}.down_proj"), hidden, width),
+    }
+}
+
+/// Router, experts and the three extra norms of an MoE layer.
+#[allow(clippy::too_many_arguments)]
+pub fn load_moe(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    experts: i32,
+    top_k: i32,
+    width: i32,
+    eps: f32,
+) -> MoeBlock {
+    let p = format!("layers.{layer}");
+    let sw = format!("{p}.experts.switch_glu");
+    let norm = |w: &mut Weights, n: &str| w.param(&format!("{p}.{n}.weight"), &[hidden]);
+    MoeBlock {
+        pre_feedforward_2: norm(w, "pre_feedforward_layernorm_2"),
+        post_feedforward_1: norm(w, "post_feedforward_layernorm_1"),
+        post_feedforward_2: norm(w, "post_feedforward_layernorm_2"),
+        router: Router {
+            proj: w.linear(&format!("{p}.router.proj"), experts, hidden),
+            scale: w.param(&format!("{p}.router.scale"), &[hidden]),
+            per_expert_scale: w.param(&format!("{p}.router.per_expert_scale"), &[experts]),
+            top_k,
+            hidden,
+            eps,
+        },
+        experts: SwitchGlu {
+            gate_proj: w.switch_linear(&format!("{sw}.gate_proj"), experts, width, hidden),
+            up_proj: w.switch_linear(&format!("{sw}.up_proj"), experts, width, hidden),
+            down_proj: w.switch_linear(&format!("{sw}.down_proj"), experts, hidden, width),
+        },
+    }
+}
+
+/// The per-layer-input gate of layer `i`.
+pub fn load_ple_gate(w: &mut Weights, layer: usize, hidden: i32, width: i32) -> PleGate {
+    let p = format!("layers.{layer}");
+    PleGate {
+        gate: w.linear(&format!("{p}.per_layer_input_gate"), width, hidden),
+        projection: w.linear(&format!("{p}.per_layer_projection"), hidden, width),
+        post_norm: w.param(&format!("{p}.post_per_layer_input_norm.weight"), &[hidden]),
+    }
+}
+
+/// `layers.{i}.layer_scalar`.
+pub fn load_layer_scalar(w: &mut Weights, layer: usize) -> Array {
+    w.param(&format!("layers.{layer}.layer_scalar"), &[1])
+}
+
+/// Model-level per-layer-input parameters.
+#[derive(Debug, Clone)]
+pub struct PerLayerInputs {
+    pub embed: Embedding,
+    pub model_projection: Linear,
+    pub projection_norm: Array,
+}
+
+pub fn load_per_layer_inputs(
+    w: &mut Weights,
+    layers: i32,
+    width: i32,
+    vocab: i32,
+    hidden: i32,
+) -> PerLayerInputs {
+    PerLayerInputs {
+        embed: w.embedding("embed_tokens_per_layer", vocab, layers * width),
+        model_projection: w.linear("per_layer_model_projection", layers * width, hidden),
+        projection_norm: w.param("per_layer_projection_norm.weight", &[width]),
+    }
+}
+
+/// The rope of a layer type: `base=` form for default, `freqs=` for proportional.
+pub fn rope_default(head_dim: i32, theta: f32) -> Rope {
+    Rope::base(head_dim, theta)
+}
+
+/// The mask of one layer type, from the cache of that type's first layer,
+/// before any cache update (`_make_masks`).
+pub fn mask_for(cache: &LayerCache, n: i32, window: i32) -> Result<Mask> {
+    match cache {
+        LayerCache::Full(c) => Ok(c.make_mask(n)),
+        LayerCache::Sliding(c) => c.make_mask(n, window),
+        #[allow(unreachable_patterns)]
+        _ => Ok(if n == 1 { Mask::None } else { Mask::Causal }),
+    }
+}
+
+/// Dense feed-forward half (no MoE): `h + post_ff_norm(mlp(pre_ff_norm(h)))`.
+pub fn feed_forward_dense(h: &Array, norms: &LayerNorms, mlp: &Mlp, eps: f32) -> Result<Array> {
+    feed_forward(h, norms, mlp, None, eps)
+}
+
+/// MoE feed-forward half: dense MLP and routed experts in parallel.
+pub fn feed_forward_moe(
+    h: &Array,
+    norms: &LayerNorms,
+    mlp: &Mlp,
+    moe: &MoeBlock,
+    eps: f32,
+) -> Result<Array> {
+    feed_forward(h, norms, mlp, Some(moe), eps)
 }

@@ -4,16 +4,26 @@ use std::fmt;
 
 use mlx_rs::Array;
 
-use crate::cache::LayerCache;
 use crate::ops::Result;
 
 /// A causal language model over token ids.
+/// Generated models have a typed cache (a field per layer that owns K/V);
+/// the monolith keeps one slot per layer.
 pub trait CausalLm {
+    type Cache;
     fn vocab_size(&self) -> i32;
-    /// A fresh cache: one slot per layer, `None` for layers that share K/V.
-    fn make_cache(&self) -> Vec<Option<LayerCache>>;
-    /// Logits [B, L, vocab] for `ids` [B, L] (int32), appending to `caches`.
-    fn forward(&self, ids: &Array, caches: &mut [Option<LayerCache>]) -> Result<Array>;
+    /// A fresh cache, as mlx-lm's `make_cache`.
+    fn make_cache(&self) -> Self::Cache;
+    /// Logits [B, L, vocab] for `ids` [B, L] (int32), appending to `cache`.
+    fn forward(&self, ids: &Array, cache: &mut Self::Cache) -> Result<Array>;
+}
+
+/// Something to do with a model whose concrete type is chosen at run time
+/// (monolith or one of the generated models), without dynamic dispatch in
+/// the forward pass.
+pub trait ModelTask {
+    type Output;
+    fn run<M: CausalLm>(self, model: &M) -> Self::Output;
 }
 
 /// A model that could not be built: names the tensor or field.

@@ -23,7 +23,7 @@ pub fn argmax(row: &Array) -> Result<i32> {
         .map_err(|e| mlx_rs::error::Exception::custom(e.to_string()))
 }
 
-pub fn run_logits(model: &dyn CausalLm, ids: &[i32], steps: usize) -> Result<LogitsRun> {
+pub fn run_logits<M: CausalLm>(model: &M, ids: &[i32], steps: usize) -> Result<LogitsRun> {
     let vocab = model.vocab_size();
     let mut cache = model.make_cache();
     let prompt = Array::from_slice(ids, &[1, ids.len() as i32]);

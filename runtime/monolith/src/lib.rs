@@ -3,14 +3,14 @@
 //! same runtime blocks as the generated models, so it is their reference.
 
 use archgen_runtime::attention::Mask;
-use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
+use archgen_runtime::cache::{KvCache, LayerCache, QuantizedKvCache, RotatingKvCache};
 use archgen_runtime::gemma4::{
-    self, AttentionShape, AttentionWeights, Head, KvWeights, LayerNorms, Mlp, MoeBlock, PleGate,
-    SharedKv,
+    self, AttentionShape, AttentionWeights, Head, LayerNorms, Mlp, MoeBlock, PerLayerInputs,
+    PleGate, SharedKv,
 };
 use archgen_runtime::layers::{Embedding, Linear};
+use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::model::{CausalLm, ModelError};
-use archgen_runtime::moe::{Router, SwitchGlu};
 use archgen_runtime::ops::Result;
 use archgen_runtime::rope::Rope;
 use archgen_runtime::weights::Weights;
@@ -27,13 +27,6 @@ struct Layer {
     moe: Option<MoeBlock>,
     ple: Option<PleGate>,
     layer_scalar: Array,
-}
-
-struct PerLayerInputs {
-    embed: Embedding,
-    model_projection: Linear,
-    projection_norm: Array,
-    width: i32,
 }
 
 pub struct Monolith {
@@ -54,107 +47,61 @@ fn rope_for(f: &LayerFacts) -> Result<Rope> {
     }
 }
 
+fn shape_of(f: &LayerFacts, eps: f32) -> AttentionShape {
+    AttentionShape {
+        n_heads: f.n_heads as i32,
+        n_kv_heads: f.n_kv_heads as i32,
+        head_dim: f.head_dim as i32,
+        eps,
+    }
+}
+
 impl Monolith {
     /// Builds the model from sanitized weights (names relative to the text
     /// model), checking every tensor's presence and shape.
     pub fn new(arch: Architecture, mut w: Weights) -> std::result::Result<Self, ModelError> {
         let hidden = arch.hidden_size as i32;
-        let n_layers = arch.num_layers as i32;
         let eps = arch.rms_norm_eps;
         let embed = w.embedding("embed_tokens", arch.vocab_size as i32, hidden);
-        let ple = arch.per_layer_input.map(|p| PerLayerInputs {
-            embed: w.embedding(
-                "embed_tokens_per_layer",
+        let ple = arch.per_layer_input.map(|p| {
+            gemma4::load_per_layer_inputs(
+                &mut w,
+                arch.num_layers as i32,
+                p.width as i32,
                 p.vocab as i32,
-                n_layers * p.width as i32,
-            ),
-            model_projection: w.linear(
-                "per_layer_model_projection",
-                n_layers * p.width as i32,
                 hidden,
-            ),
-            projection_norm: w.param("per_layer_projection_norm.weight", &[p.width as i32]),
-            width: p.width as i32,
+            )
         });
         let mut layers = Vec::with_capacity(arch.num_layers);
         for f in &arch.layers {
-            let p = format!("layers.{}", f.index);
-            let (hd, h, kv) = (f.head_dim as i32, f.n_heads as i32, f.n_kv_heads as i32);
-            let norm = |w: &mut Weights, n: &str| w.param(&format!("{p}.{n}.weight"), &[hidden]);
-            let norms = LayerNorms {
-                input: norm(&mut w, "input_layernorm"),
-                post_attention: norm(&mut w, "post_attention_layernorm"),
-                pre_feedforward: norm(&mut w, "pre_feedforward_layernorm"),
-                post_feedforward: norm(&mut w, "post_feedforward_layernorm"),
-            };
-            let kv_weights = f.has_kv.then(|| KvWeights {
-                k_proj: w.linear(&format!("{p}.self_attn.k_proj"), kv * hd, hidden),
-                v_proj: (!f.k_eq_v)
-                    .then(|| w.linear(&format!("{p}.self_attn.v_proj"), kv * hd, hidden)),
-                k_norm: w.param(&format!("{p}.self_attn.k_norm.weight"), &[hd]),
-            });
-            let attn = AttentionWeights {
-                q_proj: w.linear(&format!("{p}.self_attn.q_proj"), h * hd, hidden),
-                o_proj: w.linear(&format!("{p}.self_attn.o_proj"), hidden, h * hd),
-                q_norm: w.param(&format!("{p}.self_attn.q_norm.weight"), &[hd]),
-                kv: kv_weights,
-            };
-            let width = f.mlp_width as i32;
-            let mlp = Mlp {
-                gate_proj: w.linear(&format!("{p}.mlp.gate_proj"), width, hidden),
-                up_proj: w.linear(&format!("{p}.mlp.up_proj"), width, hidden),
-                down_proj: w.linear(&format!("{p}.mlp.down_proj"), hidden, width),
-            };
-            let moe = arch.moe.map(|m| {
-                let (e, mw) = (m.num_experts as i32, m.width as i32);
-                let sw = format!("{p}.experts.switch_glu");
-                MoeBlock {
-                    router: Router {
-                        proj: w.linear(&format!("{p}.router.proj"), e, hidden),
-                        scale: w.param(&format!("{p}.router.scale"), &[hidden]),
-                        per_expert_scale: w.param(&format!("{p}.router.per_expert_scale"), &[e]),
-                        top_k: m.top_k as i32,
-                        hidden,
-                        eps,
-                    },
-                    experts: SwitchGlu {
-                        gate_proj: w.switch_linear(&format!("{sw}.gate_proj"), e, mw, hidden),
-                        up_proj: w.switch_linear(&format!("{sw}.up_proj"), e, mw, hidden),
-                        down_proj: w.switch_linear(&format!("{sw}.down_proj"), e, hidden, mw),
-                    },
-                    pre_feedforward_2: norm(&mut w, "pre_feedforward_layernorm_2"),
-                    post_feedforward_1: norm(&mut w, "post_feedforward_layernorm_1"),
-                    post_feedforward_2: norm(&mut w, "post_feedforward_layernorm_2"),
-                }
-            });
-            let ple_gate = arch.per_layer_input.map(|pl| PleGate {
-                gate: w.linear(
-                    &format!("{p}.per_layer_input_gate"),
-                    pl.width as i32,
-                    hidden,
-                ),
-                projection: w.linear(
-                    &format!("{p}.per_layer_projection"),
-                    hidden,
-                    pl.width as i32,
-                ),
-                post_norm: norm(&mut w, "post_per_layer_input_norm"),
-            });
+            let i = f.index;
+            let shape = shape_of(f, eps);
+            let mut attn = gemma4::load_attention(&mut w, i, hidden, shape);
+            attn.kv = f
+                .has_kv
+                .then(|| gemma4::load_kv(&mut w, i, hidden, shape, f.k_eq_v));
             layers.push(Layer {
                 facts: f.clone(),
-                norms,
+                norms: gemma4::load_norms(&mut w, i, hidden),
                 attn,
-                shape: AttentionShape {
-                    n_heads: h,
-                    n_kv_heads: kv,
-                    head_dim: hd,
-                    eps,
-                },
+                shape,
                 rope: rope_for(f).map_err(|e| ModelError(e.to_string()))?,
-                mlp,
-                moe,
-                ple: ple_gate,
-                layer_scalar: w.param(&format!("{p}.layer_scalar"), &[1]),
+                mlp: gemma4::load_mlp(&mut w, i, hidden, f.mlp_width as i32),
+                moe: arch.moe.map(|m| {
+                    gemma4::load_moe(
+                        &mut w,
+                        i,
+                        hidden,
+                        m.num_experts as i32,
+                        m.top_k as i32,
+                        m.width as i32,
+                        eps,
+                    )
+                }),
+                ple: arch
+                    .per_layer_input
+                    .map(|p| gemma4::load_ple_gate(&mut w, i, hidden, p.width as i32)),
+                layer_scalar: gemma4::load_layer_scalar(&mut w, i),
             });
         }
         let norm = w.param("norm.weight", &[hidden]);
@@ -177,38 +124,47 @@ impl Monolith {
 }
 
 impl CausalLm for Monolith {
+    type Cache = Vec<Option<LayerCache>>;
+
     fn vocab_size(&self) -> i32 {
         self.arch.vocab_size as i32
     }
 
     /// mlx-lm's `make_cache`: a cache per layer that owns K/V.
-    fn make_cache(&self) -> Vec<Option<LayerCache>> {
+    fn make_cache(&self) -> Self::Cache {
         self.arch
             .layers
             .iter()
             .map(|f| {
-                f.has_kv.then(|| match f.window {
-                    Some(w) => LayerCache::Sliding(RotatingKvCache::new(w as i32, 0)),
-                    None => LayerCache::Full(KvCache::default()),
+                f.has_kv.then(|| match (f.window, f.kv_quant) {
+                    (Some(w), _) => LayerCache::Sliding(RotatingKvCache::new(w as i32, 0)),
+                    // `KVCache.to_quantized`'s target (the spec allows it only
+                    // on full layers no KV-shared layer reads).
+                    (None, Some(q)) => LayerCache::Quantized(QuantizedKvCache::new(
+                        q.group_size as i32,
+                        q.bits as i32,
+                    )),
+                    (None, None) => LayerCache::Full(KvCache::default()),
                 })
             })
             .collect()
     }
 
-    fn forward(&self, ids: &Array, caches: &mut [Option<LayerCache>]) -> Result<Array> {
+    fn forward(&self, ids: &Array, caches: &mut Self::Cache) -> Result<Array> {
         let arch = &self.arch;
         let eps = arch.rms_norm_eps;
         let hidden = arch.hidden_size as i32;
-        let mut h = gemma4::embed(&self.embed, ids, hidden)?;
+        let window = arch.sliding_window as i32;
+        let h0 = gemma4::embed(&self.embed, ids, hidden)?;
         let per_layer = match &self.ple {
             Some(p) => Some(gemma4::per_layer_inputs(
                 ids,
-                &h,
+                &h0,
                 &p.embed,
                 &p.model_projection,
                 &p.projection_norm,
                 arch.num_layers as i32,
-                p.width,
+                arch.per_layer_input.map_or(0, |p| p.width as i32),
                 hidden,
                 eps,
             )?),
@@ -225,17 +181,16 @@ impl CausalLm for Monolith {
                 LayerType::Sliding => &mut sliding_mask,
             };
             if slot.is_none() {
-                *slot = Some(match c {
-                    Some(LayerCache::Full(c)) => c.make_mask(n),
-                    Some(LayerCache::Sliding(c)) => c.make_mask(n, arch.sliding_window as i32)?,
-                    None => {
-                        return Err(archgen_runtime::mlx_rs::error::Exception::custom(
-                            "first layer of a type has no cache",
-                        ))
-                    }
-                });
+                let cache = c.as_ref().ok_or_else(|| {
+                    Exception::custom(format!(
+                        "layer {}: first layer of its type has no cache",
+                        f.index
+                    ))
+                })?;
+                *slot = Some(gemma4::mask_for(cache, n, window)?);
             }
         }
+        let mut h = h0;
         let mut shared: Vec<Option<SharedKv>> = vec![None; self.layers.len()];
         for (i, layer) in self.layers.iter().enumerate() {
             let f = &layer.facts;
@@ -260,21 +215,19 @@ impl CausalLm for Monolith {
                 }
                 _ => {
                     let kvs = shared[f.kv_source].clone().ok_or_else(|| {
-                        archgen_runtime::mlx_rs::error::Exception::custom(format!(
+                        Exception::custom(format!(
                             "layer {i}: donor layer {} produced no K/V",
                             f.kv_source
                         ))
                     })?;
-                    let a = gemma4::attention_shared_kv(
+                    gemma4::attention_shared_kv(
                         &x,
                         &layer.attn,
                         layer.shape,
                         &layer.rope,
                         &kvs,
                         mask,
-                    )?;
-                    shared[i] = Some(kvs);
-                    a
+                    )?
                 }
             };
             let h1 = gemma4::attention_residual(&h, &a, &layer.norms, eps)?;
@@ -334,8 +287,22 @@ pub fn architecture_of(
         .take(90)
         .collect();
     let name = format!("checkpoint-{stem}");
-    let (spec, _defaults) = archgen_spec::import::from_config_json(config, None, &name)
-        .map_err(|e| ModelError(format!("{}/config.json: {e}", dir.display())))?;
+    // mlx-optiq's per-layer KV-cache quantization, when the directory has one.
+    let kv_path = dir.join("kv_config.json");
+    let kv_config: Option<serde_json::Value> = if kv_path.is_file() {
+        let text = std::fs::read_to_string(&kv_path)
+            .map_err(|e| ModelError(format!("{}: {e}", kv_path.display())))?;
+        Some(
+            serde_json::from_str(&text)
+                .map_err(|e| ModelError(format!("{}: {e}", kv_path.display())))?,
+        )
+    } else {
+        None
+    };
+    let (spec, _defaults) =
+        archgen_spec::import::from_config_json(config, kv_config.as_ref(), &name).map_err(
+            |e| ModelError(format!("{}/config.json (+ kv_config.json): {e}", dir.display())),
+        )?;
     Ok(spec.resolve())
 }
 
