@@ -359,7 +359,7 @@ impl ModelTask for GenerateTask<'_> {
             top_p,
             seed,
         } = self;
-        check_ids(what, &ids, m.vocab_size())?;
+        check_ids(what, ids, m.vocab_size())?;
         let mut cache = m.make_cache();
         let start = Instant::now();
         // mlx-lm's generate_step: prefill all but the last prompt token in chunks
