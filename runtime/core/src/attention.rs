@@ -3,7 +3,8 @@
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::Array;
 
-use crate::ops::Result;
+use crate::cache::Quantized;
+use crate::ops::{scalar_like, Result};
 
 /// What mlx-lm passes as `mask=`: nothing, the string "causal", or a bool array.
 #[derive(Debug, Clone)]
@@ -44,5 +45,89 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<
             None,
         ),
         Mask::Array(m) => mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, m, None),
+    }
+}
+
+/// `mx.finfo(dtype).min` as the Python float mlx-lm passes to `mx.where`.
+pub fn finfo_min(dtype: mlx_rs::Dtype) -> f64 {
+    match dtype {
+        // bf16: largest finite is 0x7F7F = (2 - 2^-7) * 2^127.
+        mlx_rs::Dtype::Bfloat16 => -(2.0 - 2f64.powi(-7)) * 2f64.powi(127),
+        mlx_rs::Dtype::Float16 => -65504.0,
+        mlx_rs::Dtype::Float64 => f64::MIN,
+        _ => f32::MIN as f64,
+    }
+}
+
+/// mlx-lm's `quantized_scaled_dot_product_attention` (`base.py`), op for op:
+/// `queries *= scale` (a Python float: weak scalar), GQA by reshaping the
+/// queries to [B, KV, rep, L, D] and `expand_dims(-3)` of each K/V array,
+/// `quantized_matmul(transpose=True)`, the mask (the "causal" string becomes
+/// `arange(kL-qL, kL)[:, None] >= arange(kL)[None]`; bool masks go through
+/// `where(mask, scores, finfo.min)`, others are added), `softmax(precise=True)`,
+/// `quantized_matmul(transpose=False)`, reshape back to [B, H, L, D].
+pub fn quantized_sdpa(
+    queries: &Array,
+    q_keys: &Quantized,
+    q_values: &Quantized,
+    scale: f64,
+    mask: &Mask,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    let s = queries.shape();
+    let (b, n_q_heads, l, d) = (s[0], s[1], s[2], s[3]);
+    let kd = q_keys.data.shape();
+    let n_kv_heads = kd[kd.len() - 3];
+    let n_repeats = n_q_heads / n_kv_heads;
+
+    let mut queries = queries.multiply(scalar_like(scale, queries))?;
+    let expand = |q: &Quantized| -> Result<Quantized> {
+        Ok(Quantized {
+            data: q.data.expand_dims(-3)?,
+            scales: q.scales.expand_dims(-3)?,
+            biases: q.biases.expand_dims(-3)?,
+        })
+    };
+    let (k, v) = if n_repeats > 1 {
+        queries = queries.reshape(&[b, n_kv_heads, n_repeats, l, d])?;
+        (expand(q_keys)?, expand(q_values)?)
+    } else {
+        (q_keys.clone(), q_values.clone())
+    };
+
+    let mut scores = mlx_rs::ops::quantized_matmul(
+        &queries, &k.data, &k.scales, &k.biases, true, group_size, bits,
+    )?;
+    let mask = match mask {
+        Mask::None => None,
+        Mask::Causal => {
+            let ss = scores.shape();
+            let (ql, kl) = (ss[ss.len() - 2], ss[ss.len() - 1]);
+            let q_indices = mlx_rs::ops::arange::<i32, i32>(kl - ql, kl, 1)?;
+            let k_indices = mlx_rs::ops::arange::<i32, i32>(0, kl, 1)?;
+            Some(q_indices.expand_dims(1)?.ge(&k_indices.expand_dims(0)?)?)
+        }
+        Mask::Array(m) => Some(m.clone()),
+    };
+    if let Some(mut m) = mask {
+        if n_repeats > 1 && m.ndim() > 3 {
+            m = m.expand_dims(-3)?;
+        }
+        if m.dtype() == mlx_rs::Dtype::Bool {
+            let min = scalar_like(finfo_min(scores.dtype()), &scores);
+            scores = mlx_rs::ops::select(&m, &scores, &min)?;
+        } else {
+            scores = scores.add(&m)?;
+        }
+    }
+    let scores = mlx_rs::ops::softmax_axis(&scores, -1, true)?;
+    let out = mlx_rs::ops::quantized_matmul(
+        &scores, &v.data, &v.scales, &v.biases, false, group_size, bits,
+    )?;
+    if n_repeats > 1 {
+        out.reshape(&[b, n_q_heads, l, d])
+    } else {
+        Ok(out)
     }
 }

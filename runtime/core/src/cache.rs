@@ -239,11 +239,135 @@ impl RotatingKvCache {
     }
 }
 
+/// One quantized tensor as `mx.quantize` returns it (affine mode): packed
+/// uint32 data, then scales and biases in the input's dtype.
+#[derive(Debug, Clone)]
+pub struct Quantized {
+    pub data: Array,
+    pub scales: Array,
+    pub biases: Array,
+}
+
+impl Quantized {
+    fn map(&self, f: impl Fn(&Array) -> Result<Array>) -> Result<Quantized> {
+        Ok(Quantized {
+            data: f(&self.data)?,
+            scales: f(&self.scales)?,
+            biases: f(&self.biases)?,
+        })
+    }
+}
+
+/// `QuantizedKVCache(group_size, bits)`: like `KVCache` (steps of 256, slice
+/// assignment, `[..., :offset, :]` views) but holding `mx.quantize`d K and V.
+/// mlx-lm can use it only on full-attention layers that no KV-shared layer
+/// reads (the spec validator enforces that).
+#[derive(Debug)]
+pub struct QuantizedKvCache {
+    keys: Option<Quantized>,
+    values: Option<Quantized>,
+    pub offset: i32,
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+impl QuantizedKvCache {
+    pub fn new(group_size: i32, bits: i32) -> Self {
+        QuantizedKvCache {
+            keys: None,
+            values: None,
+            offset: 0,
+            group_size,
+            bits,
+        }
+    }
+
+    pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Quantized, Quantized)> {
+        let s = k.shape();
+        let (b, n_kv_heads, num_steps, k_head_dim) = (s[0], s[1], s[2], s[3]);
+        let v_head_dim = v.shape()[3];
+        let prev = self.offset;
+        let capacity = self.keys.as_ref().map_or(0, |q| q.data.shape()[2]);
+        if self.keys.is_none() || prev + num_steps > capacity {
+            let el_per_int = 8 * 4 / self.bits; // 8 * mx.uint32.size // bits
+            let new_steps = (STEP + num_steps - 1) / STEP * STEP;
+            let shape = [b, n_kv_heads, new_steps];
+            let zeros = |last: i32, dtype: mlx_rs::Dtype| {
+                mlx_rs::ops::zeros_dtype(&[shape[0], shape[1], shape[2], last], dtype)
+            };
+            let init_quant = |dim: i32| -> Result<Quantized> {
+                Ok(Quantized {
+                    data: zeros(dim / el_per_int, mlx_rs::Dtype::Uint32)?,
+                    scales: zeros(dim / self.group_size, k.dtype())?,
+                    biases: zeros(dim / self.group_size, k.dtype())?,
+                })
+            };
+            let expand_quant =
+                |x: &Array| -> Result<Array> { cat(&[x.clone(), zeros(x.shape()[3], x.dtype())?]) };
+            match (self.keys.take(), self.values.take()) {
+                (Some(mut keys), Some(mut values)) => {
+                    if prev % STEP != 0 {
+                        let cut = |x: &Array| x.try_index((Ellipsis, ..prev, ..));
+                        keys = keys.map(cut)?;
+                        values = values.map(cut)?;
+                    }
+                    self.keys = Some(keys.map(expand_quant)?);
+                    self.values = Some(values.map(expand_quant)?);
+                }
+                _ => {
+                    self.keys = Some(init_quant(k_head_dim)?);
+                    self.values = Some(init_quant(v_head_dim)?);
+                }
+            }
+        }
+        self.offset += num_steps;
+        let (kw, ks, kb) = mlx_rs::ops::quantize(k, self.group_size, self.bits)?;
+        let (vw, vs, vb) = mlx_rs::ops::quantize(v, self.group_size, self.bits)?;
+        let (at, end) = (prev, self.offset);
+        let keys = self.keys.as_mut().unwrap();
+        let values = self.values.as_mut().unwrap();
+        // `for i in range(3)`: keys[i] then values[i], in that order.
+        for (dst_k, src_k, dst_v, src_v) in [
+            (&mut keys.data, &kw, &mut values.data, &vw),
+            (&mut keys.scales, &ks, &mut values.scales, &vs),
+            (&mut keys.biases, &kb, &mut values.biases, &vb),
+        ] {
+            dst_k.try_index_mut((Ellipsis, at..end, ..), src_k)?;
+            dst_v.try_index_mut((Ellipsis, at..end, ..), src_v)?;
+        }
+        self.keys_and_values()
+    }
+
+    /// `keys_and_values()`: the whole buffers when full, else `[..., :offset, :]`.
+    pub fn keys_and_values(&self) -> Result<(Quantized, Quantized)> {
+        let (keys, values) = (self.keys.as_ref().unwrap(), self.values.as_ref().unwrap());
+        if self.offset == keys.data.shape()[2] {
+            Ok((keys.clone(), values.clone()))
+        } else {
+            let cut = |x: &Array| x.try_index((Ellipsis, ..self.offset, ..));
+            Ok((keys.map(cut)?, values.map(cut)?))
+        }
+    }
+
+    /// `QuantizedKVCache.make_mask(N)` (cache.py's `create_attention_mask` with
+    /// no window): None for one token, else "causal".
+    pub fn make_mask(&self, n: i32) -> Mask {
+        if n == 1 {
+            Mask::None
+        } else {
+            Mask::Causal
+        }
+    }
+}
+
 /// The cache of one layer that owns K/V (a donor or an unshared layer).
 #[derive(Debug)]
 pub enum LayerCache {
     Full(KvCache),
     Sliding(RotatingKvCache),
+    /// A full layer with a quantized cache (`kv_quantization`): attention
+    /// then goes through [`crate::attention::quantized_sdpa`].
+    Quantized(QuantizedKvCache),
 }
 
 impl LayerCache {
@@ -251,13 +375,19 @@ impl LayerCache {
         match self {
             LayerCache::Full(c) => c.offset,
             LayerCache::Sliding(c) => c.offset,
+            LayerCache::Quantized(c) => c.offset,
         }
     }
 
+    /// Plain K/V caches only: a quantized cache returns quantized triples, so
+    /// call [`QuantizedKvCache::update_and_fetch`] on it instead.
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
         match self {
             LayerCache::Full(c) => c.update_and_fetch(k, v),
             LayerCache::Sliding(c) => c.update_and_fetch(k, v),
+            LayerCache::Quantized(_) => Err(mlx_rs::error::Exception::custom(
+                "LayerCache::update_and_fetch on a quantized cache: use QuantizedKvCache::update_and_fetch",
+            )),
         }
     }
 }

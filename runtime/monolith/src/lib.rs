@@ -300,9 +300,12 @@ pub fn architecture_of(
         None
     };
     let (spec, _defaults) =
-        archgen_spec::import::from_config_json(config, kv_config.as_ref(), &name).map_err(
-            |e| ModelError(format!("{}/config.json (+ kv_config.json): {e}", dir.display())),
-        )?;
+        archgen_spec::import::from_config_json(config, kv_config.as_ref(), &name).map_err(|e| {
+            ModelError(format!(
+                "{}/config.json (+ kv_config.json): {e}",
+                dir.display()
+            ))
+        })?;
     Ok(spec.resolve())
 }
 
