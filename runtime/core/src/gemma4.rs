@@ -538,8 +538,7 @@ pub fn mask_for(cache: &LayerCache, n: i32, window: i32) -> Result<Mask> {
     match cache {
         LayerCache::Full(c) => Ok(c.make_mask(n)),
         LayerCache::Sliding(c) => c.make_mask(n, window),
-        #[allow(unreachable_patterns)]
-        _ => Ok(if n == 1 { Mask::None } else { Mask::Causal }),
+        LayerCache::Quantized(c) => Ok(c.make_mask(n)),
     }
 }
 
