@@ -62,9 +62,10 @@ fn build_oracle_cases() -> (tempfile::TempDir, Vec<String>) {
 fn monolith_is_bit_exact_with_mlx_lm_on_every_oracle_case() {
     let (root, cases) = build_oracle_cases();
     assert!(
-        cases.len() >= 13,
+        cases.len() >= 16,
         "expected the full case set, got {cases:?}"
     );
+    let mut kv_cases = 0;
 
     let mut failures = Vec::new();
     for name in &cases {
@@ -96,14 +97,78 @@ fn monolith_is_bit_exact_with_mlx_lm_on_every_oracle_case() {
                 failures.push(format!("{name}: {d}"));
             }
         }
+        if !case["kv_quantization"].is_null() {
+            kv_cases += 1;
+            if let Some(f) = kv_quant_really_ran(name, &dir, &case, &model, &ids, steps, &oracle) {
+                failures.push(f);
+            }
+        }
         eprintln!("{name}: L={} N={steps} checked", ids.len());
     }
+    assert!(kv_cases >= 2, "only {kv_cases} KV-quantized cases");
     assert!(
         failures.is_empty(),
         "not bit-exact with mlx-lm:\n{}",
         failures.join("\n")
     );
     eprintln!("{} oracle cases byte-identical with mlx-lm", cases.len());
+}
+
+/// A KV-quantized case must really exercise the quantized path: mlx-lm's
+/// logits without `kv_config.json` differ (recorded by the runner), the
+/// monolith built quantized caches on exactly the listed layers, and the
+/// monolith loaded from the same checkpoint minus `kv_config.json` gives bytes
+/// other than the oracle's.
+fn kv_quant_really_ran(
+    name: &str,
+    dir: &Path,
+    case: &serde_json::Value,
+    model: &archgen_monolith::Monolith,
+    ids: &[i32],
+    steps: usize,
+    oracle: &HashMap<String, Array>,
+) -> Option<String> {
+    use archgen_runtime::cache::LayerCache;
+    use archgen_runtime::model::CausalLm;
+    if case["kv_quant_changes_logits"] != serde_json::json!(true) {
+        return Some(format!(
+            "{name}: mlx-lm's logits do not depend on kv_config.json"
+        ));
+    }
+    let listed: Vec<usize> = case["kv_quantization"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["layer_idx"].as_u64().unwrap() as usize)
+        .collect();
+    let quantized: Vec<usize> = model
+        .make_cache()
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| matches!(c, Some(LayerCache::Quantized(_))))
+        .map(|(i, _)| i)
+        .collect();
+    if quantized != listed {
+        return Some(format!(
+            "{name}: quantized caches on layers {quantized:?}, kv_config lists {listed:?}"
+        ));
+    }
+    let plain_dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(dir.join("model")).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() != "kv_config.json" {
+            std::fs::copy(entry.path(), plain_dir.path().join(entry.file_name())).unwrap();
+        }
+    }
+    let plain = archgen_monolith::load_dir(plain_dir.path()).unwrap();
+    let run = run_logits(&plain, ids, steps).unwrap();
+    let same = [
+        ("prefill_logits", &run.prefill_logits),
+        ("decode_logits", &run.decode_logits),
+    ]
+    .iter()
+    .all(|(k, ours)| diff(k, ours, &oracle[*k]).is_none());
+    same.then(|| format!("{name}: the unquantized cache gives the same bytes as the oracle"))
 }
 
 /// `spec import` of the config.json files mlx-lm itself wrote for the oracle

@@ -173,6 +173,9 @@ class Case:
     group_size: Optional[int] = None
     shards: int = 1
     covers: list[str] = field(default_factory=list)
+    # KV-cache quantization {layer_idx: (bits, group_size)}: written as the
+    # checkpoint's kv_config.json; mlx-lm runs QuantizedKVCache on those layers.
+    kv_quant: Optional[dict[int, tuple[int, int]]] = None
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -222,6 +225,28 @@ CASES: list[Case] = [
     Case("edge-untied-nocap-bf16", edge_flat(), 8, 9, seed=13, covers=[
         "untied lm_head", "final_logit_softcapping null", "last layer sliding",
         "num_global_key_value_heads ignored without k_eq_v", "prompt == window"]),
+]
+
+# Quantized KV cache (QuantizedKVCache + quantized_scaled_dot_product_attention).
+# mlx-lm can quantize only full-attention layers that no KV-shared layer reads.
+CASES += [
+    Case("12b-tiny-kv8-bf16", g12b(), 20, 10, seed=14, kv_quant={5: (8, 32), 11: (8, 32)},
+         covers=["quantized KV cache 8-bit g32 on both full layers (bf16 weights)",
+                 "quantized SDPA with GQA (4 q heads over 1 global kv head)",
+                 "prefill with the 'causal' string mask (q_indices >= k_indices)",
+                 "mask of the full type from a QuantizedKVCache"]),
+    Case("31b-tiny-q4-kv4", g31b_flat() | {"global_head_dim": 64}, 250, 12, seed=15,
+         bits=4, group_size=64, kv_quant={11: (4, 64)},
+         covers=["quantized KV cache 4-bit g64 on layer 11 only (4-bit g64 weights)",
+                 "plain KVCache on full layer 5 next to a QuantizedKVCache",
+                 "cache growth past 256 during decode (slice to offset, concat 256 more)"]),
+    Case("e4b-18l-kv4-bf16",
+         wrap(text_config(num_hidden_layers=18, layer_types=layer_types(18, 6),
+                          num_key_value_heads=2, num_kv_shared_layers=6,
+                          hidden_size_per_layer_input=32)),
+         12, 8, seed=16, kv_quant={5: (4, 32)},
+         covers=["quantized KV cache 4-bit g32 with KV sharing and PLE",
+                 "layer 5 quantized; sharers read donors 10 (sliding) and 11 (full)"]),
 ]
 
 CASES_BY_NAME = {c.name: c for c in CASES}

@@ -4,7 +4,8 @@
   run_oracle.py --list [--json]
 
 Writes, per case:
-  DIR/<case>/model/              checkpoint (config.json + model*.safetensors + index)
+  DIR/<case>/model/              checkpoint (config.json + model*.safetensors + index,
+                                 + kv_config.json for KV-quantized cases)
   DIR/<case>/oracle.safetensors  prefill_logits [L,V], decode_logits [N,V], tokens [N] i32
   DIR/<case>/case.json           prompt ids, decode steps, provenance (schema in docs/parity.md)
 and DIR/index.json = {"cases": [<case names>], ...}.
@@ -18,6 +19,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import mlx.core as mx
 import mlx_lm
@@ -26,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compat  # noqa: E402
 from cases import CASES, CASES_BY_NAME, Case  # noqa: E402
 from make_checkpoint import write_checkpoint  # noqa: E402
-from oracle_logits import load, run_protocol, write  # noqa: E402
+from oracle_logits import load, run_protocol, write, write_kv_config  # noqa: E402
 
 SCHEMA_VERSION = 1
 
 
-def case_json(c: Case, written_config: dict) -> dict:
+def case_json(c: Case, written_config: dict, kv_changes: Optional[bool] = None) -> dict:
     text = written_config.get("text_config", written_config)
     # Only quantized MoE forwards reach the shimmed call (compat.py).
     uses_shim = bool(text["enable_moe_block"]) and c.bits is not None
@@ -46,6 +48,12 @@ def case_json(c: Case, written_config: dict) -> dict:
         "quantization": (None if c.bits is None
                          else {"bits": c.bits, "group_size": c.group_size, "mode": "affine"}),
         "shards": c.shards,
+        "kv_quantization": (None if c.kv_quant is None
+                            else [{"layer_idx": i, "bits": b, "group_size": g}
+                                  for i, (b, g) in sorted(c.kv_quant.items())]),
+        # Whether the same checkpoint without kv_config.json gives other bytes
+        # (proof that the quantized path ran); null without kv_quantization.
+        "kv_quant_changes_logits": kv_changes,
         "seed": c.seed,
         "sliding_window": text["sliding_window"],
         "covers": c.covers,
@@ -63,10 +71,21 @@ def build_case(c: Case, root: Path) -> float:
         shutil.rmtree(d)  # only our own per-case directory
     written = write_checkpoint(c.config, d / "model", c.seed, c.dtype, c.bits,
                                c.group_size, c.shards)
-    tensors, _ = run_protocol(load(d / "model"), c.prompt_ids, c.decode_steps)
+    model = load(d / "model")
+    kv_changes = None
+    if c.kv_quant is not None:
+        write_kv_config(d / "model", c.kv_quant)
+        plain, _ = run_protocol(model, c.prompt_ids, c.decode_steps)
+    tensors, _ = run_protocol(model, c.prompt_ids, c.decode_steps, c.kv_quant)
+    if c.kv_quant is not None:
+        kv_changes = any(
+            bytes(memoryview(plain[k])) != bytes(memoryview(tensors[k]))
+            for k in ("prefill_logits", "decode_logits"))
+        if not kv_changes:
+            raise SystemExit(f"{c.name}: KV quantization left the logits unchanged")
     write(d / "oracle.safetensors", tensors, c.prompt_ids, c.decode_steps)
     with open(d / "case.json", "w") as f:
-        json.dump(case_json(c, written), f, indent=2)
+        json.dump(case_json(c, written, kv_changes), f, indent=2)
     return time.perf_counter() - t0
 
 

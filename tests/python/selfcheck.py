@@ -26,7 +26,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from cases import CASES_BY_NAME  # noqa: E402
-from oracle_logits import load, run_protocol  # noqa: E402
+from oracle_logits import load, read_kv_config, run_protocol  # noqa: E402
 from mlx_lm.models import switch_layers  # noqa: E402
 from mlx_lm.models.cache import RotatingKVCache  # noqa: E402
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear  # noqa: E402
@@ -86,14 +86,18 @@ def check_case(d: Path) -> str:
 
     # Re-run live with instrumentation (same process, same bits expected).
     model = load(d / "model")
+    kv = read_kv_config(d / "model")  # QuantizedKVCache layers, as the runner used
+    check((kv is None) == (cj.get("kv_quantization") is None)
+          and (kv is None or cj.get("kv_quant_changes_logits") is True),
+          f"{name}: kv_config.json / case.json kv_quantization disagree")
     SORTS["n"] = 0
-    t, cache = run_protocol(model, cj["prompt_ids"], 0)
+    t, cache = run_protocol(model, cj["prompt_ids"], 0, kv)
     pre_sorts = SORTS["n"]
     check(bytes(memoryview(t["prefill_logits"].view(mx.uint8))) ==
           bytes(memoryview(pre.view(mx.uint8))), f"{name}: live prefill differs from file")
     rot_after_prefill = [c.offset for c in cache if isinstance(c, RotatingKVCache)]
     SORTS["n"] = 0
-    t, cache = run_protocol(model, cj["prompt_ids"], N)
+    t, cache = run_protocol(model, cj["prompt_ids"], N, kv)
     dec_sorts = SORTS["n"] - pre_sorts
     W = text["sliding_window"]
     rot = [c for c in cache if isinstance(c, RotatingKVCache)]
