@@ -1,6 +1,8 @@
 //! Shared helpers for archgen's integration tests: the project venv (Python
 //! oracle) and byte comparison.
 
+pub mod faults;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -23,6 +23,9 @@ impl fmt::Display for LoadError {
 
 impl std::error::Error for LoadError {}
 
+/// The dtypes a floating-point parameter may be stored in.
+const FLOAT: &[Dtype] = &[Dtype::Bfloat16, Dtype::Float16, Dtype::Float32];
+
 fn err<T>(msg: impl Into<String>) -> Result<T, LoadError> {
     Err(LoadError(msg.into()))
 }
@@ -128,43 +131,160 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     Ok(files)
 }
 
-/// Validates a safetensors header before handing the file to MLX, so a
-/// truncated or corrupt file is a clear error rather than an abort.
-fn check_safetensors_header(path: &Path) -> Result<(), LoadError> {
+/// Largest safetensors header read (the JSON before the data); real
+/// checkpoints stay far below this, even with thousands of tensors.
+pub const MAX_SAFETENSORS_HEADER: u64 = 100 << 20;
+
+/// The element size of a safetensors dtype string that MLX loads, or `None`
+/// for one it does not (MLX rejects F64, F8_E5M2, ...).
+fn safetensors_dtype_size(dtype: &str) -> Option<u64> {
+    Some(match dtype {
+        "BOOL" | "U8" | "I8" | "F8_E4M3" => 1,
+        "U16" | "I16" | "F16" | "BF16" => 2,
+        "U32" | "I32" | "F32" => 4,
+        "U64" | "I64" | "C64" => 8,
+        _ => return None,
+    })
+}
+
+/// Validates a safetensors file before handing it to MLX, so a truncated or
+/// corrupt file is a clear error rather than an abort or a failure deep inside
+/// a lazy evaluation: the header length fits the file and a bound, the header
+/// is a JSON object of tensors with known dtypes, shapes whose byte size is
+/// their offset range, and ranges that tile the data section exactly.
+pub fn check_safetensors_header(path: &Path) -> Result<(), LoadError> {
     use std::io::Read;
     let what = |m: String| LoadError(format!("{}: corrupt safetensors file: {m}", path.display()));
     let mut f = std::fs::File::open(path).map_err(|e| what(e.to_string()))?;
     let size = f.metadata().map_err(|e| what(e.to_string()))?.len();
     let mut len = [0u8; 8];
-    f.read_exact(&mut len)
-        .map_err(|_| what("shorter than its 8-byte header length".into()))?;
+    f.read_exact(&mut len).map_err(|_| {
+        what(format!(
+            "expected an 8-byte header length, found a {size}-byte file"
+        ))
+    })?;
     let n = u64::from_le_bytes(len);
-    if n > size.saturating_sub(8) || n > 100 << 20 {
+    if n > size - 8 {
         return Err(what(format!(
-            "header length {n} exceeds the file size {size}"
+            "header length {n} exceeds the {} bytes after the length field (truncated, or not a safetensors file)",
+            size - 8
+        )));
+    }
+    if n > MAX_SAFETENSORS_HEADER {
+        return Err(what(format!(
+            "header length {n} exceeds the limit of {MAX_SAFETENSORS_HEADER} bytes"
         )));
     }
     let mut header = vec![0u8; n as usize];
     f.read_exact(&mut header).map_err(|e| what(e.to_string()))?;
-    let header: serde_json::Value =
-        serde_json::from_slice(&header).map_err(|e| what(format!("header is not JSON: {e}")))?;
+    let header: serde_json::Value = serde_json::from_slice(&header).map_err(|e| {
+        what(format!(
+            "header is not valid JSON (header byte {}): {e}",
+            e.column()
+        ))
+    })?;
+    let Some(entries) = header.as_object() else {
+        return Err(what(format!(
+            "expected a JSON object as header, found {}",
+            json_kind(&header)
+        )));
+    };
     let data_len = size - 8 - n;
-    for (name, info) in header.as_object().into_iter().flatten() {
+    let mut ranges: Vec<(u64, u64, &str)> = Vec::with_capacity(entries.len());
+    for (name, info) in entries {
         if name == "__metadata__" {
+            if !info.is_object() {
+                return Err(what(format!(
+                    "__metadata__: expected an object, found {}",
+                    json_kind(info)
+                )));
+            }
             continue;
         }
-        let end = info
+        let t = |m: String| what(format!("tensor '{name}': {m}"));
+        let dtype = info
+            .get("dtype")
+            .and_then(|d| d.as_str())
+            .ok_or_else(|| t("no \"dtype\" string".into()))?;
+        let elem = safetensors_dtype_size(dtype).ok_or_else(|| {
+            t(format!(
+                "expected a dtype MLX loads (BOOL, U8, I8, U16, I16, U32, I32, U64, I64, F16, BF16, F32, C64, F8_E4M3), found \"{dtype}\""
+            ))
+        })?;
+        let shape = info
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .ok_or_else(|| t("no \"shape\" array".into()))?;
+        let mut count: u64 = 1;
+        let mut dims = Vec::with_capacity(shape.len());
+        for d in shape {
+            let d = d
+                .as_u64()
+                .filter(|d| *d <= i32::MAX as u64)
+                .ok_or_else(|| {
+                    t(format!(
+                        "expected shape dimensions in 0..={}, found {d}",
+                        i32::MAX
+                    ))
+                })?;
+            dims.push(d);
+            count = count
+                .checked_mul(d)
+                .ok_or_else(|| t(format!("shape {dims:?}... overflows")))?;
+        }
+        let offsets = info
             .get("data_offsets")
-            .and_then(|o| o.get(1))
-            .and_then(|v| v.as_u64())
-            .ok_or_else(|| what(format!("tensor '{name}' has no data_offsets")))?;
+            .and_then(|o| o.as_array())
+            .filter(|o| o.len() == 2)
+            .and_then(|o| Some((o[0].as_u64()?, o[1].as_u64()?)))
+            .ok_or_else(|| t("no \"data_offsets\" [begin, end] pair".into()))?;
+        let (begin, end) = offsets;
+        if end < begin {
+            return Err(t(format!("data_offsets [{begin}, {end}] run backwards")));
+        }
         if end > data_len {
-            return Err(what(format!(
-                "tensor '{name}' ends at byte {end} but the data section has {data_len} bytes (truncated?)"
+            return Err(t(format!(
+                "ends at byte {end} but the data section has {data_len} bytes (truncated?)"
             )));
         }
+        let bytes = count
+            .checked_mul(elem)
+            .ok_or_else(|| t(format!("shape {dims:?} overflows")))?;
+        if end - begin != bytes {
+            return Err(t(format!(
+                "expected {bytes} bytes for {dtype} {dims:?}, found data_offsets [{begin}, {end}] ({} bytes)",
+                end - begin
+            )));
+        }
+        ranges.push((begin, end, name));
+    }
+    ranges.sort();
+    let mut at = 0;
+    for (begin, end, name) in ranges {
+        if begin != at {
+            return Err(what(format!(
+                "tensor '{name}': expected its data to start at byte {at} (tensors must tile the data section), found {begin}"
+            )));
+        }
+        at = end;
+    }
+    if at != data_len {
+        return Err(what(format!(
+            "expected the tensors to cover the {data_len}-byte data section, found {at} bytes covered"
+        )));
     }
     Ok(())
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
 }
 
 /// Hands out tensors by module path and records which were used, so missing,
@@ -231,7 +351,7 @@ impl Weights {
         a
     }
 
-    fn check(&mut self, name: &str, a: &Array, shape: &[i32], dtype: Option<Dtype>) -> bool {
+    fn check(&mut self, name: &str, a: &Array, shape: &[i32], dtypes: &[Dtype]) -> bool {
         let mut ok = true;
         if a.shape() != shape {
             self.errors.push(format!(
@@ -240,14 +360,14 @@ impl Weights {
             ));
             ok = false;
         }
-        if let Some(d) = dtype {
-            if a.dtype() != d {
-                self.errors.push(format!(
-                    "tensor '{name}': expected dtype {d:?}, found {:?}",
-                    a.dtype()
-                ));
-                ok = false;
-            }
+        if !dtypes.contains(&a.dtype()) {
+            let expected: Vec<String> = dtypes.iter().map(|d| format!("{d:?}")).collect();
+            self.errors.push(format!(
+                "tensor '{name}': expected dtype {}, found {:?}",
+                expected.join(" or "),
+                a.dtype()
+            ));
+            ok = false;
         }
         ok
     }
@@ -256,11 +376,11 @@ impl Weights {
         Array::from_f32(0.0)
     }
 
-    /// A plain parameter (norm weight, layer scalar, router scale).
+    /// A plain parameter (norm weight, layer scalar, router scale): floating point.
     pub fn param(&mut self, name: &str, shape: &[i32]) -> Array {
         match self.take(name) {
             Some(a) => {
-                self.check(name, &a, shape, None);
+                self.check(name, &a, shape, FLOAT);
                 a
             }
             None => Self::placeholder(),
@@ -269,7 +389,8 @@ impl Weights {
 
     /// The quantization that applies to module `path` with input width `in_dims`,
     /// following mlx-lm's load: explicit per-path entry, else quantized iff
-    /// `path.scales` exists, with group size and bits inferred from the shapes.
+    /// `path.scales` exists, with config.json's `quantization` bits and
+    /// group size (inferred from the shapes only when config.json has none).
     fn quant_for(&self, path: &str, in_dims: i32) -> Result<Option<(i32, i32)>, String> {
         if let Some(o) = self.quant_overrides.get(path) {
             return Ok(*o);
@@ -280,6 +401,9 @@ impl Weights {
         let Some(weight) = self.tensors.get(&format!("{path}.weight")) else {
             return Ok(None);
         };
+        if let Some(q) = self.quant_default {
+            return Ok(Some(q));
+        }
         let groups = *scales.shape().last().unwrap_or(&0);
         let packed = *weight.shape().last().unwrap_or(&0);
         if groups <= 0 || in_dims % groups != 0 {
@@ -287,7 +411,6 @@ impl Weights {
                 "tensor '{path}.scales': {groups} groups do not divide the input width {in_dims}"
             ));
         }
-        let _ = self.quant_default;
         Ok(Some(((packed * 32) / in_dims, in_dims / groups)))
     }
 
@@ -313,18 +436,35 @@ impl Weights {
         match quant {
             None => {
                 shape.extend([out, in_dims]);
-                self.check(&wname, &w, &shape, None);
+                self.check(&wname, &w, &shape, FLOAT);
                 (w, None)
             }
             Some((bits, group)) => {
-                if ![2, 3, 4, 5, 6, 8].contains(&bits) || in_dims % group != 0 {
+                if ![2, 3, 4, 5, 6, 8].contains(&bits)
+                    || group <= 0
+                    || in_dims % group != 0
+                    || (in_dims * bits) % 32 != 0
+                {
                     self.errors.push(format!(
                         "module '{path}': quantization bits={bits} group_size={group} does not fit input width {in_dims}"
                     ));
                     return (w, None);
                 }
                 shape.extend([out, in_dims * bits / 32]);
-                self.check(&wname, &w, &shape, Some(Dtype::Uint32));
+                if w.shape().len() == shape.len()
+                    && w.shape()[..shape.len() - 1] == shape[..shape.len() - 1]
+                    && w.shape()[shape.len() - 1] != shape[shape.len() - 1]
+                {
+                    let packed = w.shape()[shape.len() - 1];
+                    self.errors.push(format!(
+                        "tensor '{wname}': expected shape {shape:?} for bits={bits} group_size={group} (config.json quantization), found {:?}, which packs {} bits per weight",
+                        w.shape(),
+                        packed as f64 * 32.0 / in_dims as f64
+                    ));
+                    self.check(&wname, &w, w.shape().to_vec().as_slice(), &[Dtype::Uint32]);
+                } else {
+                    self.check(&wname, &w, &shape, &[Dtype::Uint32]);
+                }
                 let mut sshape = lead.to_vec();
                 sshape.extend([out, in_dims / group]);
                 let scales = self.param(&format!("{path}.scales"), &sshape);
