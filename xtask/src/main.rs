@@ -1,6 +1,7 @@
 //! `cargo xtask <task>`: the project's tasks, one entry point.
 //! This crate must build without MLX (the setup task installs MLX).
 
+mod gen;
 mod setup;
 mod spec;
 
@@ -15,6 +16,8 @@ tasks:
   test         setup, then the whole suite: fmt check, clippy, spec check,
                schema check, cargo test
   spec         architecture specs: check, show, import, schema (`spec help`)
+  gen          generate model files from specs: NAME... | --all | --check
+  diff [BASE]  per model, what changed in generated plans and code since BASE
 ";
 
 fn main() -> ExitCode {
@@ -27,6 +30,8 @@ fn main() -> ExitCode {
         "setup" => setup::setup(),
         "test" => setup::test(rest),
         "spec" => spec::run(rest),
+        "gen" => gen::run(rest),
+        "diff" => gen::diff(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())

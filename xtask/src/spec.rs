@@ -37,7 +37,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 }
 
-fn specs_dir() -> PathBuf {
+pub fn specs_dir() -> PathBuf {
     crate::setup::repo_root().join("specs")
 }
 
@@ -46,7 +46,7 @@ fn schema_path() -> PathBuf {
 }
 
 /// Every `specs/*.yaml`, sorted.
-fn all_specs() -> Result<Vec<PathBuf>, String> {
+pub fn all_specs() -> Result<Vec<PathBuf>, String> {
     let dir = specs_dir();
     let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map_err(|e| format!("cannot read {}: {e}", dir.display()))?

@@ -25,17 +25,31 @@ fn with_model<T: ModelTask<Output = Result<(), String>>>(
     implementation: Impl,
     task: T,
 ) -> Result<(), String> {
-    if implementation == Impl::Generated {
-        return Err(format!(
-            "--impl generated: no generated model is built into this archgen yet (codegen issue); \
-             use --impl monolith for {}",
+    let (arch, weights) = archgen_monolith::read_dir(model).map_err(|e| e.to_string())?;
+    let fingerprint = archgen_plan::fingerprint(&arch);
+    if implementation != Impl::Monolith {
+        if let Some(found) = archgen_generated::find(&fingerprint) {
+            eprintln!(
+                "archgen: running generated model {} (fingerprint {fingerprint}, {})",
+                found.name, found.spec
+            );
+            return archgen_generated::run(&fingerprint, weights, task)
+                .expect("find() and run() cover the same fingerprints")
+                .map_err(|e| format!("{}: {e}", model.display()))?;
+        }
+        let why = format!(
+            "no generated model has this checkpoint's fingerprint {fingerprint} \
+             ({} generated: `cargo xtask spec import {} --name NAME` then `cargo xtask gen NAME` adds one)",
+            archgen_generated::MODELS.len(),
             model.display()
-        ));
+        );
+        if implementation == Impl::Generated {
+            return Err(format!("--impl generated: {why}"));
+        }
+        eprintln!("archgen: --impl auto: running the monolith: {why}");
     }
-    let m = archgen_monolith::load_dir(model).map_err(|e| e.to_string())?;
-    if implementation == Impl::Auto {
-        eprintln!("archgen: --impl auto: running the monolith (no generated model is built in)");
-    }
+    let m = archgen_monolith::Monolith::new(arch, weights)
+        .map_err(|e| format!("{}: {e}", model.display()))?;
     task.run(&m)
 }
 

@@ -255,14 +255,20 @@ impl CausalLm for Monolith {
 /// config.json goes through the spec importer (mlx-lm's defaults, listed), the
 /// weights through mlx-lm's sanitize rules.
 pub fn load_dir(dir: &std::path::Path) -> std::result::Result<Monolith, ModelError> {
+    let (arch, weights) = read_dir(dir)?;
+    Monolith::new(arch, weights).map_err(|e| ModelError(format!("{}: {e}", dir.display())))
+}
+
+/// A checkpoint directory's resolved architecture and its sanitized weights:
+/// what the monolith and every generated model are built from.
+pub fn read_dir(dir: &std::path::Path) -> std::result::Result<(Architecture, Weights), ModelError> {
     let ckpt = archgen_runtime::weights::read_checkpoint(dir).map_err(|e| ModelError(e.0))?;
     let arch = architecture_of(&ckpt.config, dir)?;
     let wrapper = arch.module_prefix.starts_with("language_model");
     let tensors = gemma4::sanitize(ckpt.tensors, wrapper, arch.first_kv_shared_layer as i32)
         .map_err(|e| ModelError(format!("{}: {e}", dir.display())))?;
     let quant = quantization_of(&ckpt.config);
-    Monolith::new(arch, Weights::new(tensors, quant.as_ref()))
-        .map_err(|e| ModelError(format!("{}: {e}", dir.display())))
+    Ok((arch, Weights::new(tensors, quant.as_ref())))
 }
 
 /// The resolved architecture of a config.json, through the spec importer.

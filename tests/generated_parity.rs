@@ -1,0 +1,229 @@
+//! For every tiny spec in specs/: a checkpoint with exactly that structure,
+//! then the generated model (picked by fingerprint, as `--impl auto` does),
+//! the monolith and mlx-lm 0.32.2 must give the same bytes under the logits
+//! protocol. An insta snapshot pins each model's output digest so numeric
+//! drift shows up in review.
+
+use std::path::{Path, PathBuf};
+
+use archgen_runtime::bytes::array_bytes;
+use archgen_runtime::model::{CausalLm, ModelTask};
+use archgen_runtime::protocol::{run_logits, LogitsRun};
+use archgen_runtime::Array;
+use archgen_spec::{ConfigModelType, Spec};
+use archgen_tests::{repo_root, run_python};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+struct Protocol<'a> {
+    ids: &'a [i32],
+    steps: usize,
+}
+
+impl ModelTask for Protocol<'_> {
+    type Output = LogitsRun;
+    fn run<M: CausalLm>(self, m: &M) -> LogitsRun {
+        run_logits(m, self.ids, self.steps).unwrap()
+    }
+}
+
+/// config.json for a spec, in the layout its source model type uses.
+fn config_for(spec: &Spec) -> Value {
+    let mut text = archgen_spec::to_hf_json(spec);
+    let obj = text.as_object_mut().unwrap();
+    obj.remove("quantization");
+    obj.remove("kv_quantization");
+    let vocab = obj["vocab_size"].clone();
+    let tie = obj["tie_word_embeddings"].clone();
+    match spec.identity.source.model_type {
+        ConfigModelType::Gemma4Text => {
+            obj.insert("model_type".into(), json!("gemma4_text"));
+            text
+        }
+        wrapped => {
+            let inner = if wrapped == ConfigModelType::Gemma4Unified {
+                "gemma4_unified_text"
+            } else {
+                "gemma4_text"
+            };
+            obj.insert("model_type".into(), json!(inner));
+            json!({
+                "model_type": wrapped.as_str(),
+                "text_config": text,
+                "vocab_size": vocab,
+                "tie_word_embeddings": tie,
+            })
+        }
+    }
+}
+
+struct Case {
+    name: String,
+    spec_path: PathBuf,
+    dir: PathBuf,
+    ids: Vec<i32>,
+    steps: usize,
+}
+
+fn tiny_specs() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(repo_root().join("specs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "yaml") && p.to_string_lossy().contains("-tiny")
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn digest(run: &LogitsRun) -> String {
+    let mut h = Sha256::new();
+    for a in [&run.prefill_logits, &run.decode_logits, &run.tokens] {
+        h.update(array_bytes(a).unwrap());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn same(a: &Array, b: &Array) -> bool {
+    a.dtype() == b.dtype()
+        && a.shape() == b.shape()
+        && array_bytes(a).unwrap() == array_bytes(b).unwrap()
+}
+
+#[test]
+fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
+    let root = tempfile::tempdir().unwrap();
+    let mut jobs = Vec::new();
+    let mut cases = Vec::new();
+    for (n, path) in tiny_specs().into_iter().enumerate() {
+        let spec = archgen_spec::load(&path).unwrap();
+        let arch = spec.resolve();
+        let name = spec.identity.name.clone();
+        let dir = root.path().join(&name);
+        // Longer than the window so the rotating cache wraps; decode past it.
+        let window = arch.sliding_window;
+        let vocab = arch.vocab_size as i32;
+        let ids: Vec<i32> = (0..(2 * window + 3) as i32)
+            .map(|i| (i * 37 + 11) % vocab)
+            .collect();
+        let steps = window + 4;
+        // Unquantized experts run only in float32 on MLX's CPU backend.
+        let dtype = if arch.moe.is_some() && arch.quantization.is_none() {
+            "float32"
+        } else {
+            "bfloat16"
+        };
+        let q = arch.quantization.as_ref().map(|q| q.default);
+        let kv: serde_json::Map<String, Value> = arch
+            .layers
+            .iter()
+            .filter_map(|f| {
+                f.kv_quant
+                    .map(|k| (f.index.to_string(), json!([k.bits, k.group_size])))
+            })
+            .collect();
+        jobs.push(json!({
+            "config": config_for(&spec),
+            "out": dir,
+            "seed": 1000 + n,
+            "dtype": dtype,
+            "bits": q.map(|q| q.bits),
+            "group_size": q.map(|q| q.group_size),
+            "kv_quant": if kv.is_empty() { Value::Null } else { Value::Object(kv) },
+            "prompt_ids": ids,
+            "decode_steps": steps,
+        }));
+        cases.push(Case {
+            name,
+            spec_path: path,
+            dir,
+            ids,
+            steps,
+        });
+    }
+    assert!(
+        cases.len() >= 8,
+        "expected every tiny spec, found {}",
+        cases.len()
+    );
+    let jobs_path = root.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+
+    let mut failures = Vec::new();
+    for c in &cases {
+        let model_dir: &Path = &c.dir.join("model");
+        let (arch, weights) = archgen_monolith::read_dir(model_dir).unwrap();
+        let fingerprint = archgen_plan::fingerprint(&arch);
+        // Dispatch must pick this spec's generated model for its checkpoint.
+        match archgen_generated::find(&fingerprint) {
+            Some(m) if m.name == c.name => {}
+            other => {
+                failures.push(format!(
+                    "{}: checkpoint fingerprint {fingerprint} selects {:?}",
+                    c.name,
+                    other.map(|m| m.name)
+                ));
+                continue;
+            }
+        }
+        let generated = archgen_generated::run(
+            &fingerprint,
+            weights,
+            Protocol {
+                ids: &c.ids,
+                steps: c.steps,
+            },
+        )
+        .unwrap()
+        .unwrap();
+        let monolith = run_logits(
+            &archgen_monolith::load_dir(model_dir).unwrap(),
+            &c.ids,
+            c.steps,
+        )
+        .unwrap();
+        let oracle = Array::load_safetensors(c.dir.join("oracle.safetensors")).unwrap();
+        for (key, g, m) in [
+            (
+                "prefill_logits",
+                &generated.prefill_logits,
+                &monolith.prefill_logits,
+            ),
+            (
+                "decode_logits",
+                &generated.decode_logits,
+                &monolith.decode_logits,
+            ),
+            ("tokens", &generated.tokens, &monolith.tokens),
+        ] {
+            if !same(g, m) {
+                failures.push(format!("{}: {key}: generated != monolith", c.name));
+            }
+            if !same(m, &oracle[key]) {
+                failures.push(format!("{}: {key}: monolith != mlx-lm", c.name));
+            }
+        }
+        let snapshot = format!(
+            "spec: {}\nfingerprint: {fingerprint}\nprompt: {} tokens, decode: {} steps\nprefill_logits: {:?} {:?}\ndecode_logits: {:?} {:?}\ntokens: {:?}\nsha256: {}\n",
+            c.spec_path.strip_prefix(repo_root()).unwrap().display(),
+            c.ids.len(),
+            c.steps,
+            generated.prefill_logits.dtype(),
+            generated.prefill_logits.shape(),
+            generated.decode_logits.dtype(),
+            generated.decode_logits.shape(),
+            generated.tokens.as_slice::<i32>(),
+            digest(&generated),
+        );
+        insta::assert_snapshot!(format!("digest-{}", c.name), snapshot);
+        eprintln!("{}: generated == monolith == mlx-lm", c.name);
+    }
+    assert!(
+        failures.is_empty(),
+        "parity failures:\n{}",
+        failures.join("\n")
+    );
+}

@@ -1,0 +1,339 @@
+//! `cargo xtask gen`: specs -> generated/ (model files, plan files, registry),
+//! `--check` (byte-compare, writes nothing) and `diff [BASE]` (per-model
+//! summary of what a change does to plans and code, for review).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use archgen_plan::Plan;
+
+use crate::setup::repo_root;
+
+pub const USAGE: &str = "\
+usage: cargo xtask gen NAME...     regenerate these specs' model + plan files and the registry
+       cargo xtask gen --all       regenerate everything (removes orphaned files)
+       cargo xtask gen --check     compare generated/ with what the specs give; writes nothing
+       cargo xtask diff [BASE]     per model, what changed in plan and code since BASE (default HEAD)";
+
+/// Every file the generator owns, keyed by repository-relative path.
+type Outputs = BTreeMap<String, String>;
+
+fn spec_plan(path: &Path) -> Result<Plan, String> {
+    let spec = archgen_spec::load(path).map_err(|d| d.to_string())?;
+    let rel = path
+        .strip_prefix(repo_root())
+        .unwrap_or(path)
+        .to_string_lossy()
+        .replace('\\', "/");
+    Ok(archgen_plan::plan(&spec, &rel))
+}
+
+fn model_path(name: &str) -> String {
+    format!("generated/src/{}.rs", archgen_emit::module_name(name))
+}
+
+fn plan_path(name: &str) -> String {
+    format!("generated/plans/{name}.plan.md")
+}
+
+/// Plans of all specs, or an error listing every spec that failed.
+fn all_plans() -> Result<Vec<Plan>, String> {
+    let mut plans = Vec::new();
+    let mut errors = Vec::new();
+    for path in crate::spec::all_specs()? {
+        match spec_plan(&path) {
+            Ok(p) => plans.push(p),
+            Err(e) => errors.push(e),
+        }
+    }
+    if errors.is_empty() {
+        Ok(plans)
+    } else {
+        Err(errors.join("\n"))
+    }
+}
+
+fn outputs_for(plans: &[Plan], registry_plans: &[Plan]) -> Result<Outputs, String> {
+    let mut out = Outputs::new();
+    let mut errors = Vec::new();
+    for p in plans {
+        match archgen_emit::model_file(p) {
+            Ok(text) => {
+                out.insert(model_path(&p.name), text);
+            }
+            Err(e) => errors.push(format!("{}: {e}", p.spec_path)),
+        }
+        match archgen_emit::plan_file(p) {
+            Ok(text) => {
+                out.insert(plan_path(&p.name), text);
+            }
+            Err(e) => errors.push(format!("{}: {e}", p.spec_path)),
+        }
+    }
+    match archgen_emit::registry_file(registry_plans) {
+        Ok(text) => {
+            out.insert("generated/src/lib.rs".into(), text);
+        }
+        Err(e) => errors.push(e),
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors.join("\n"))
+    }
+}
+
+/// Generator-owned files on disk now (model files, plan files, lib.rs).
+fn files_on_disk() -> Vec<String> {
+    let mut found = Vec::new();
+    for (dir, ext) in [("generated/src", "rs"), ("generated/plans", "md")] {
+        let Ok(entries) = std::fs::read_dir(repo_root().join(dir)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == ext) {
+                found.push(format!(
+                    "{dir}/{}",
+                    p.file_name().unwrap().to_string_lossy()
+                ));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Writes every output through a temporary beside it, and only then renames
+/// them all into place: an error while writing leaves generated/ untouched.
+pub fn write_all(outputs: &Outputs, remove: &[String]) -> Result<(), String> {
+    let root = repo_root();
+    let mut staged: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let cleanup = |staged: &[(PathBuf, PathBuf)]| {
+        for (tmp, _) in staged {
+            let _ = std::fs::remove_file(tmp);
+        }
+    };
+    for (rel, text) in outputs {
+        let path = root.join(rel);
+        let dir = path.parent().unwrap();
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            cleanup(&staged);
+            return Err(format!("cannot create {}: {e}", dir.display()));
+        }
+        let tmp = dir.join(format!(
+            ".{}.tmp-{}",
+            path.file_name().unwrap().to_string_lossy(),
+            std::process::id()
+        ));
+        if let Err(e) = std::fs::write(&tmp, text) {
+            cleanup(&staged);
+            let _ = std::fs::remove_file(&tmp);
+            return Err(format!("cannot write {}: {e}", tmp.display()));
+        }
+        staged.push((tmp, path));
+        if std::env::var_os("ARCHGEN_GEN_FAIL_AFTER_STAGING")
+            .is_some_and(|n| n.to_string_lossy() == staged.len().to_string())
+        {
+            // Fault injection for the atomicity test.
+            cleanup(&staged);
+            return Err("injected failure while staging".into());
+        }
+    }
+    for (tmp, path) in &staged {
+        std::fs::rename(tmp, path)
+            .map_err(|e| format!("cannot move {} into place: {e}", path.display()))?;
+    }
+    for rel in remove {
+        std::fs::remove_file(root.join(rel)).map_err(|e| format!("cannot remove {rel}: {e}"))?;
+    }
+    Ok(())
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    match args.first().map(String::as_str) {
+        None | Some("help" | "--help" | "-h") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        Some("--check") => check(),
+        Some("--all") => {
+            let plans = all_plans()?;
+            let outputs = outputs_for(&plans, &plans)?;
+            let orphans: Vec<String> = files_on_disk()
+                .into_iter()
+                .filter(|f| !outputs.contains_key(f))
+                .collect();
+            write_all(&outputs, &orphans)?;
+            for o in &orphans {
+                eprintln!("gen: removed orphaned {o}");
+            }
+            eprintln!("gen: {} model(s) generated", plans.len());
+            Ok(())
+        }
+        Some(_) => {
+            let names: Vec<&String> = args.iter().collect();
+            if let Some(flag) = names.iter().find(|n| n.starts_with('-')) {
+                return Err(format!("unknown option '{flag}'\n\n{USAGE}"));
+            }
+            let mut plans = Vec::new();
+            for name in names {
+                let path = crate::spec::specs_dir().join(format!("{name}.yaml"));
+                if !path.exists() {
+                    return Err(format!(
+                        "no spec {}: import one with `cargo xtask spec import DIR --name {name}`",
+                        path.display()
+                    ));
+                }
+                plans.push(spec_plan(&path)?);
+            }
+            // The registry lists every spec already generated plus these.
+            let on_disk = files_on_disk();
+            let mut registry = Vec::new();
+            for path in crate::spec::all_specs()? {
+                let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+                let wanted = plans.iter().any(|p| p.name == stem);
+                if wanted || on_disk.contains(&model_path(&stem)) {
+                    registry.push(spec_plan(&path)?);
+                }
+            }
+            let outputs = outputs_for(&plans, &registry)?;
+            write_all(&outputs, &[])?;
+            for p in &plans {
+                eprintln!(
+                    "gen: {} -> {}, {}",
+                    p.spec_path,
+                    model_path(&p.name),
+                    plan_path(&p.name)
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Unified diff of two texts (for --check and diff).
+fn unified(path: &str, old: &str, new: &str) -> String {
+    similar::TextDiff::from_lines(old, new)
+        .unified_diff()
+        .context_radius(3)
+        .header(&format!("a/{path}"), &format!("b/{path}"))
+        .to_string()
+}
+
+/// What `--check` found: empty when generated/ is fresh.
+pub fn stale_report() -> Result<Vec<String>, String> {
+    let plans = all_plans()?;
+    let expected = outputs_for(&plans, &plans)?;
+    let mut problems = Vec::new();
+    for (rel, text) in &expected {
+        match std::fs::read_to_string(repo_root().join(rel)) {
+            Ok(actual) if &actual == text => {}
+            Ok(actual) => problems.push(format!(
+                "{rel} differs from what its spec gives (hand edit or stale):\n{}",
+                unified(rel, &actual, text)
+            )),
+            Err(_) => problems.push(format!("{rel} is missing")),
+        }
+    }
+    for f in files_on_disk() {
+        if !expected.contains_key(&f) {
+            problems.push(format!("{f} is orphaned: no spec in specs/ generates it"));
+        }
+    }
+    Ok(problems)
+}
+
+fn check() -> Result<(), String> {
+    let problems = stale_report()?;
+    if problems.is_empty() {
+        eprintln!(
+            "gen --check: generated/ is fresh ({} files)",
+            files_on_disk().len()
+        );
+        return Ok(());
+    }
+    for p in &problems {
+        println!("{p}");
+    }
+    Err(format!(
+        "{} generated file(s) are stale, edited by hand, missing or orphaned; fix with: cargo xtask gen --all",
+        problems.len()
+    ))
+}
+
+fn git_show(base: &str, rel: &str) -> Option<String> {
+    let out = Command::new("git")
+        .args(["show", &format!("{base}:{rel}")])
+        .current_dir(repo_root())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn line_changes(old: &str, new: &str) -> (usize, usize) {
+    let d = similar::TextDiff::from_lines(old, new);
+    let mut added = 0;
+    let mut removed = 0;
+    for c in d.iter_all_changes() {
+        match c.tag() {
+            similar::ChangeTag::Insert => added += 1,
+            similar::ChangeTag::Delete => removed += 1,
+            similar::ChangeTag::Equal => {}
+        }
+    }
+    (added, removed)
+}
+
+/// `cargo xtask diff [BASE]`: per model, plan and code line changes between
+/// BASE (a git revision) and the working tree.
+pub fn diff(args: &[String]) -> Result<(), String> {
+    let base = args.first().map(String::as_str).unwrap_or("HEAD");
+    let mut names: Vec<String> = files_on_disk()
+        .iter()
+        .filter_map(|f| {
+            f.strip_prefix("generated/plans/")
+                .and_then(|f| f.strip_suffix(".plan.md"))
+                .map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    let mut changed = 0;
+    for name in &names {
+        let mut parts = Vec::new();
+        for (what, rel) in [("plan", plan_path(name)), ("code", model_path(name))] {
+            let new = std::fs::read_to_string(repo_root().join(&rel)).unwrap_or_default();
+            match git_show(base, &rel) {
+                None => parts.push(format!("{what}: new")),
+                Some(old) if old == new => {}
+                Some(old) => {
+                    let (a, r) = line_changes(&old, &new);
+                    parts.push(format!("{what}: +{a} -{r}"));
+                }
+            }
+        }
+        if !parts.is_empty() {
+            changed += 1;
+            println!("{name}: {}", parts.join(", "));
+        }
+    }
+    println!("{changed} of {} model(s) changed since {base}", names.len());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// `cargo test` fails when generated/ is stale, hand-edited or orphaned.
+    #[test]
+    fn generated_files_are_fresh() {
+        let problems = super::stale_report().unwrap();
+        assert!(
+            problems.is_empty(),
+            "generated/ is not what the specs give; run `cargo xtask gen --all`:\n{}",
+            problems.join("\n")
+        );
+    }
+}
