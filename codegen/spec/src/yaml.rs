@@ -10,6 +10,11 @@ use yaml_rust2::scanner::Marker;
 /// Largest spec file accepted, checked before parsing.
 pub const MAX_SPEC_BYTES: usize = 1 << 20;
 
+/// Deepest nesting of mappings and sequences accepted. A spec nests a few
+/// levels; the cap keeps hostile input (10k nested `- - -`) from building a
+/// tree whose recursive drop or walk would overflow the stack.
+pub(crate) const MAX_NESTING: usize = 32;
+
 /// A 1-based line and column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Loc {
@@ -179,6 +184,8 @@ struct Builder {
     issues: Vec<Located>,
     documents: usize,
     path: Vec<Seg>,
+    /// Set when nesting passed [`MAX_NESTING`]: the scan stops.
+    too_deep: bool,
 }
 
 const NO_ANCHORS: &str =
@@ -315,6 +322,19 @@ impl Builder {
                 });
             }
             Event::SequenceStart(anchor, ref tag) | Event::MappingStart(anchor, ref tag) => {
+                if self.stack.len() >= MAX_NESTING {
+                    self.issues.push((
+                        loc,
+                        Issue::new(
+                            FieldPath(self.path.clone()),
+                            format!("nesting deeper than {MAX_NESTING} levels"),
+                            format!("at most {MAX_NESTING} nested mappings or sequences"),
+                            "a spec nests a few levels; check that the right file was given",
+                        ),
+                    ));
+                    self.too_deep = true;
+                    return;
+                }
                 let is_map = matches!(ev, Event::MappingStart(..));
                 let key_position = self.expecting_key();
                 let path = self.child_path();
@@ -363,12 +383,18 @@ pub(crate) fn parse_tree(text: &str) -> Result<Node, Vec<Located>> {
         issues: Vec::new(),
         documents: 0,
         path: Vec::new(),
+        too_deep: false,
     };
     let mut parser = Parser::new_from_str(text);
     loop {
         match parser.next_token() {
             Ok((Event::StreamEnd, _)) => break,
-            Ok((ev, mark)) => b.on_event(ev, mark),
+            Ok((ev, mark)) => {
+                b.on_event(ev, mark);
+                if b.too_deep {
+                    return Err(b.issues);
+                }
+            }
             Err(e) => {
                 b.issues.push((
                     Loc::of(e.marker()),

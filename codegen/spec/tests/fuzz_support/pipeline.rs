@@ -1,0 +1,52 @@
+//! The spec and config-import pipelines the fuzz targets drive (`fuzz/`), shared
+//! with the bounded replay test so `cargo test` runs exactly the same code.
+#![allow(dead_code)]
+
+use archgen_spec::{ConfigModelType, Spec};
+
+/// Bytes → spec text → parse + validate → resolve → YAML and HF config.json,
+/// each read back to the same spec. Returns whether the spec parsed. Must
+/// never panic.
+pub fn spec_pipeline(data: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(data);
+    let Ok(spec) = archgen_spec::parse_str(&text, "fuzz.yaml") else {
+        return false;
+    };
+    let _ = spec.resolve();
+    let origin = format!("{}.yaml", spec.identity.name);
+    let yaml = archgen_spec::to_yaml(&spec);
+    let again = archgen_spec::parse_str(&yaml, &origin)
+        .unwrap_or_else(|d| panic!("a valid spec's YAML does not parse: {d}\n{yaml}"));
+    assert_eq!(again, spec, "YAML round trip");
+    round_trip_hf(&spec);
+    true
+}
+
+/// The HF view, imported again as a flat gemma4_text config, gives the same spec.
+fn round_trip_hf(spec: &Spec) {
+    let mut flat = archgen_spec::to_hf_json(spec);
+    flat["model_type"] = "gemma4_text".into();
+    let (back, _) = archgen_spec::import::from_config_json(&flat, None, &spec.identity.name)
+        .unwrap_or_else(|e| panic!("a valid spec's config.json does not import: {e}\n{flat}"));
+    let _ = back.resolve();
+    let mut expected = spec.clone();
+    expected.identity.source.model_type = ConfigModelType::Gemma4Text;
+    expected.identity.source.repo = None;
+    expected.identity.source.revision = None;
+    expected.kv_quantization = None;
+    assert_eq!(back, expected, "config.json round trip");
+}
+
+/// Bytes → JSON → config import → resolve → HF config.json → import again.
+/// Returns whether the config imported. Must never panic.
+pub fn config_import(data: &[u8]) -> bool {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return false;
+    };
+    let Ok((spec, _)) = archgen_spec::import::from_config_json(&value, None, "fuzz") else {
+        return false;
+    };
+    let _ = spec.resolve();
+    round_trip_hf(&spec);
+    true
+}

@@ -1,0 +1,7 @@
+#![no_main]
+#[path = "../../codegen/spec/tests/fuzz_support/pipeline.rs"]
+mod pipeline;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    pipeline::spec_pipeline(data);
+});
