@@ -10,8 +10,7 @@ use archgen_runtime::bytes::array_bytes;
 use archgen_runtime::model::{CausalLm, ModelTask};
 use archgen_runtime::protocol::{run_logits, LogitsRun};
 use archgen_runtime::Array;
-use archgen_spec::{ConfigModelType, Spec};
-use archgen_tests::{repo_root, run_python};
+use archgen_tests::{config_for, repo_root, run_python};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -24,36 +23,6 @@ impl ModelTask for Protocol<'_> {
     type Output = LogitsRun;
     fn run<M: CausalLm>(self, m: &M) -> LogitsRun {
         run_logits(m, self.ids, self.steps).unwrap()
-    }
-}
-
-/// config.json for a spec, in the layout its source model type uses.
-fn config_for(spec: &Spec) -> Value {
-    let mut text = archgen_spec::to_hf_json(spec);
-    let obj = text.as_object_mut().unwrap();
-    obj.remove("quantization");
-    obj.remove("kv_quantization");
-    let vocab = obj["vocab_size"].clone();
-    let tie = obj["tie_word_embeddings"].clone();
-    match spec.identity.source.model_type {
-        ConfigModelType::Gemma4Text => {
-            obj.insert("model_type".into(), json!("gemma4_text"));
-            text
-        }
-        wrapped => {
-            let inner = if wrapped == ConfigModelType::Gemma4Unified {
-                "gemma4_unified_text"
-            } else {
-                "gemma4_text"
-            };
-            obj.insert("model_type".into(), json!(inner));
-            json!({
-                "model_type": wrapped.as_str(),
-                "text_config": text,
-                "vocab_size": vocab,
-                "tie_word_embeddings": tie,
-            })
-        }
     }
 }
 

@@ -4,6 +4,8 @@
 //! Generated Gemma-4 models, one module per spec in specs/.
 
 #[rustfmt::skip]
+pub mod gemma4_12b_bench;
+#[rustfmt::skip]
 pub mod gemma4_12b_tiny_q4;
 #[rustfmt::skip]
 pub mod gemma4_12b_tiny;
@@ -29,6 +31,8 @@ pub mod gemma4_e4b_tiny_kv;
 pub mod gemma4_e4b_tiny;
 #[rustfmt::skip]
 pub mod gemma4_e4b;
+#[rustfmt::skip]
+pub mod gemma4_walkthrough_tiny;
 
 use archgen_runtime::model::{ModelError, ModelTask};
 use archgen_runtime::weights::Weights;
@@ -41,6 +45,11 @@ pub struct GeneratedModel {
 }
 /// Every generated model, in spec-name order.
 pub const MODELS: &[GeneratedModel] = &[
+    GeneratedModel {
+        name: "gemma4-12b-bench",
+        spec: "specs/gemma4-12b-bench.yaml",
+        fingerprint: gemma4_12b_bench::FINGERPRINT,
+    },
     GeneratedModel {
         name: "gemma4-12b-tiny-q4",
         spec: "specs/gemma4-12b-tiny-q4.yaml",
@@ -106,6 +115,11 @@ pub const MODELS: &[GeneratedModel] = &[
         spec: "specs/gemma4-e4b.yaml",
         fingerprint: gemma4_e4b::FINGERPRINT,
     },
+    GeneratedModel {
+        name: "gemma4-walkthrough-tiny",
+        spec: "specs/gemma4-walkthrough-tiny.yaml",
+        fingerprint: gemma4_walkthrough_tiny::FINGERPRINT,
+    },
 ];
 /// The generated model whose fingerprint is `fingerprint`, if any.
 pub fn find(fingerprint: &str) -> Option<&'static GeneratedModel> {
@@ -119,6 +133,9 @@ pub fn run<T: ModelTask>(
     task: T,
 ) -> Option<Result<T::Output, ModelError>> {
     match fingerprint {
+        gemma4_12b_bench::FINGERPRINT => {
+            Some(gemma4_12b_bench::load(weights).map(|m| task.run(&m)))
+        }
         gemma4_12b_tiny_q4::FINGERPRINT => {
             Some(gemma4_12b_tiny_q4::load(weights).map(|m| task.run(&m)))
         }
@@ -150,6 +167,9 @@ pub fn run<T: ModelTask>(
             Some(gemma4_e4b_tiny::load(weights).map(|m| task.run(&m)))
         }
         gemma4_e4b::FINGERPRINT => Some(gemma4_e4b::load(weights).map(|m| task.run(&m))),
+        gemma4_walkthrough_tiny::FINGERPRINT => {
+            Some(gemma4_walkthrough_tiny::load(weights).map(|m| task.run(&m)))
+        }
         _ => None,
     }
 }

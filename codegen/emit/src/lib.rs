@@ -58,3 +58,14 @@ pub fn model_file(plan: &Plan) -> Result<String, String> {
         format_rust(model_tokens(plan)?)?
     ))
 }
+
+/// Loads, validates and plans the spec at `path` and returns the model's
+/// tokens: what `specialize!` expands to and what `model_file` formats.
+/// `display_path` is the path written into the plan (no absolute paths).
+pub fn expand(
+    path: &std::path::Path,
+    display_path: &str,
+) -> Result<proc_macro2::TokenStream, String> {
+    let spec = archgen_spec::load(path).map_err(|d| d.to_string())?;
+    model_tokens(&archgen_plan::plan(&spec, display_path))
+}
