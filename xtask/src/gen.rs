@@ -3,7 +3,7 @@
 //! summary of what a change does to plans and code, for review).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use archgen_plan::Plan;
@@ -105,45 +105,67 @@ fn files_on_disk() -> Vec<String> {
     found
 }
 
-/// Writes every output through a temporary beside it, and only then renames
-/// them all into place: an error while writing leaves generated/ untouched.
+/// Writes every output into a staging directory first (outside generated/,
+/// same file system), and only then renames them all into place. An error or
+/// a kill while staging leaves generated/ exactly as it was; the rename phase
+/// is a few renames long. A staging directory left by a killed run is removed
+/// by the next one.
 pub fn write_all(outputs: &Outputs, remove: &[String]) -> Result<(), String> {
     let root = repo_root();
-    let mut staged: Vec<(PathBuf, PathBuf)> = Vec::new();
-    let cleanup = |staged: &[(PathBuf, PathBuf)]| {
-        for (tmp, _) in staged {
-            let _ = std::fs::remove_file(tmp);
-        }
+    clean_stale_staging(&root);
+    let staging = root.join(format!(".gen-staging-{}", std::process::id()));
+    let result = stage_and_commit(&root, &staging, outputs, remove);
+    let _ = std::fs::remove_dir_all(&staging);
+    result
+}
+
+fn clean_stale_staging(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
     };
-    for (rel, text) in outputs {
-        let path = root.join(rel);
-        let dir = path.parent().unwrap();
-        if let Err(e) = std::fs::create_dir_all(dir) {
-            cleanup(&staged);
-            return Err(format!("cannot create {}: {e}", dir.display()));
-        }
-        let tmp = dir.join(format!(
-            ".{}.tmp-{}",
-            path.file_name().unwrap().to_string_lossy(),
-            std::process::id()
-        ));
-        if let Err(e) = std::fs::write(&tmp, text) {
-            cleanup(&staged);
-            let _ = std::fs::remove_file(&tmp);
-            return Err(format!("cannot write {}: {e}", tmp.display()));
-        }
-        staged.push((tmp, path));
-        if std::env::var_os("ARCHGEN_GEN_FAIL_AFTER_STAGING")
-            .is_some_and(|n| n.to_string_lossy() == staged.len().to_string())
-        {
-            // Fault injection for the atomicity test.
-            cleanup(&staged);
-            return Err("injected failure while staging".into());
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with(".gen-staging-") {
+            let _ = std::fs::remove_dir_all(e.path());
         }
     }
-    for (tmp, path) in &staged {
-        std::fs::rename(tmp, path)
-            .map_err(|e| format!("cannot move {} into place: {e}", path.display()))?;
+}
+
+fn stage_and_commit(
+    root: &Path,
+    staging: &Path,
+    outputs: &Outputs,
+    remove: &[String],
+) -> Result<(), String> {
+    let fail_after: Option<usize> = std::env::var("ARCHGEN_GEN_FAIL_AFTER")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let pause_ms: Option<u64> = std::env::var("ARCHGEN_GEN_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let mut staged = Vec::new();
+    for (n, (rel, text)) in outputs.iter().enumerate() {
+        if fail_after == Some(n) {
+            // Fault injection for the atomicity test.
+            return Err(format!("injected failure before staging {rel}"));
+        }
+        let tmp = staging.join(rel);
+        std::fs::create_dir_all(tmp.parent().unwrap())
+            .map_err(|e| format!("cannot create {}: {e}", staging.display()))?;
+        std::fs::write(&tmp, text).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+        staged.push((tmp, root.join(rel)));
+        if let Some(ms) = pause_ms {
+            // Lets the kill test stop the process mid-staging.
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+    }
+    for (_, dest) in &staged {
+        let dir = dest.parent().unwrap();
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    for (tmp, dest) in &staged {
+        std::fs::rename(tmp, dest)
+            .map_err(|e| format!("cannot move {} into place: {e}", dest.display()))?;
     }
     for rel in remove {
         std::fs::remove_file(root.join(rel)).map_err(|e| format!("cannot remove {rel}: {e}"))?;
