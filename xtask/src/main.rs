@@ -1,6 +1,7 @@
 //! `cargo xtask <task>`: the project's tasks, one entry point.
 //! This crate must build without MLX (the setup task installs MLX).
 
+mod bench;
 mod gen;
 mod setup;
 mod spec;
@@ -18,6 +19,8 @@ tasks:
   spec         architecture specs: check, show, import, schema (`spec help`)
   gen          generate model files from specs: NAME... | --all | --check
   diff [BASE]  per model, what changed in generated plans and code since BASE
+  bench [--quick]  decode/prefill timings: generated vs monolith vs mlx-lm
+               (docs/benchmarks.md); --quick: a short smoke, writes no docs
 ";
 
 fn main() -> ExitCode {
@@ -32,6 +35,7 @@ fn main() -> ExitCode {
         "spec" => spec::run(rest),
         "gen" => gen::run(rest),
         "diff" => gen::diff(rest),
+        "bench" => bench::run(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())

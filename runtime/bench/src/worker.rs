@@ -1,0 +1,167 @@
+//! `archgen-bench worker --impl generated|monolith --model DIR`: a benchmark worker
+//! driven by `cargo xtask bench` over stdin/stdout, one JSON object per line.
+//! tests/python/bench_mlx_lm.py speaks the same protocol for mlx-lm.
+//!
+//! After loading it prints `{"ready": true, "impl", "load_s", "vmhwm_kb"}`
+//! (VmHWM = the process's peak RSS so far, i.e. while loading), then answers:
+//!   `prefill N`  fresh cache, one forward over N prompt ids, logits evaluated
+//!                -> `{"prefill_s": T}`; this cache is the one `steps` extends
+//!   `steps W S`  W untimed then S timed one-token decode steps; each step is
+//!                forward + eval of the logits row (as `archgen logits`), the
+//!                next token is the argmax of that row, taken outside the
+//!                timed span -> `{"steps_s": [T...]}`
+//!   `quit`
+//! Prompt ids are `(i * 37 + 11) % vocab`, as in the parity tests.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
+use archgen_runtime::model::{CausalLm, ModelTask};
+use archgen_runtime::protocol::argmax;
+use archgen_runtime::Array;
+use serde_json::json;
+
+/// Peak resident set size of this process in KiB (VmHWM), if readable.
+fn vmhwm_kb() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+fn prompt_ids(n: usize, vocab: i32) -> Vec<i32> {
+    (0..n as i64)
+        .map(|i| ((i * 37 + 11) % vocab as i64) as i32)
+        .collect()
+}
+
+fn reply(value: serde_json::Value) {
+    let mut out = std::io::stdout().lock();
+    // A closed pipe means the driver is gone; nothing to report to.
+    let _ = writeln!(out, "{value}");
+    let _ = out.flush();
+}
+
+struct Worker {
+    name: &'static str,
+    started: Instant,
+}
+
+impl ModelTask for Worker {
+    type Output = Result<(), String>;
+
+    fn run<M: CausalLm>(self, m: &M) -> Result<(), String> {
+        reply(json!({
+            "ready": true,
+            "impl": self.name,
+            "load_s": self.started.elapsed().as_secs_f64(),
+            "vmhwm_kb": vmhwm_kb(),
+        }));
+        let vocab = m.vocab_size();
+        let mut cache = m.make_cache();
+        let mut last: Option<Array> = None;
+        for line in std::io::stdin().lock().lines() {
+            let line = line.map_err(|e| e.to_string())?;
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let num = |i: usize| -> Result<usize, String> {
+                words
+                    .get(i)
+                    .and_then(|w| w.parse().ok())
+                    .ok_or_else(|| format!("bad command '{line}'"))
+            };
+            match words.first().copied() {
+                Some("prefill") => {
+                    let n = num(1)?;
+                    cache = m.make_cache();
+                    let ids = Array::from_slice(&prompt_ids(n, vocab), &[1, n as i32]);
+                    let t = Instant::now();
+                    let logits = m
+                        .forward(&ids, &mut cache)
+                        .and_then(|l| l.try_index(0))
+                        .map_err(|e| e.to_string())?;
+                    logits.eval().map_err(|e| e.to_string())?;
+                    let secs = t.elapsed().as_secs_f64();
+                    last = Some(logits.try_index(-1).map_err(|e| e.to_string())?);
+                    reply(json!({ "prefill_s": secs }));
+                }
+                Some("steps") => {
+                    let (warm, timed) = (num(1)?, num(2)?);
+                    let mut times = Vec::with_capacity(timed);
+                    for i in 0..warm + timed {
+                        let row = last.as_ref().ok_or("steps before prefill")?;
+                        let tok = argmax(row).map_err(|e| e.to_string())?;
+                        let x = Array::from_slice(&[tok], &[1, 1]);
+                        let t = Instant::now();
+                        let row = m
+                            .forward(&x, &mut cache)
+                            .and_then(|l| l.try_index((0, -1)))
+                            .map_err(|e| e.to_string())?;
+                        row.eval().map_err(|e| e.to_string())?;
+                        let secs = t.elapsed().as_secs_f64();
+                        if i >= warm {
+                            times.push(secs);
+                        }
+                        last = Some(row);
+                    }
+                    reply(json!({ "steps_s": times }));
+                }
+                Some("quit") | None => break,
+                Some(other) => return Err(format!("unknown command '{other}'")),
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn main(args: &[String]) -> ExitCode {
+    let (mut which, mut dir) = (None, None);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--impl" => which = it.next().cloned(),
+            "--model" => dir = it.next().map(PathBuf::from),
+            _ => {}
+        }
+    }
+    let (Some(which), Some(dir)) = (which, dir) else {
+        eprintln!("usage: archgen-bench worker --impl generated|monolith --model DIR");
+        return ExitCode::from(2);
+    };
+    let started = Instant::now();
+    let result = match which.as_str() {
+        "generated" => archgen_monolith::read_dir(&dir)
+            .map_err(|e| e.to_string())
+            .and_then(|(arch, weights)| {
+                let fingerprint = archgen_plan::fingerprint(&arch);
+                let task = Worker {
+                    name: "generated",
+                    started,
+                };
+                match archgen_generated::run(&fingerprint, weights, task) {
+                    Some(r) => r.map_err(|e| e.to_string()).and_then(|r| r),
+                    None => Err(format!("no generated model has fingerprint {fingerprint}")),
+                }
+            }),
+        "monolith" => archgen_monolith::load_dir(&dir)
+            .map_err(|e| e.to_string())
+            .and_then(|m| {
+                Worker {
+                    name: "monolith",
+                    started,
+                }
+                .run(&m)
+            }),
+        other => Err(format!("unknown --impl '{other}'")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("archgen-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

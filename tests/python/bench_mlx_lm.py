@@ -1,0 +1,101 @@
+"""mlx-lm 0.32.2 benchmark worker for `cargo xtask bench`: the same stdin/stdout
+protocol as the Rust worker (runtime/bench/src/main.rs), one JSON object per line.
+
+After loading (mlx_lm.utils.load_model, as oracle_logits.load) it prints
+{"ready": true, "impl": "mlx-lm", "load_s", "vmhwm_kb", "mlx", "mlx_lm"}, then answers:
+  prefill N   fresh cache (make_prompt_cache), one forward over N prompt ids,
+              mx.eval of the logits -> {"prefill_s": T}
+  steps W S   W untimed then S timed one-token steps; each step is forward +
+              mx.eval of the logits row (what the Rust side evaluates), the next
+              token is the argmax of that row, taken outside the timed span
+              -> {"steps_s": [T...]}
+  quit
+Prompt ids are (i * 37 + 11) % vocab, as in the parity tests.
+
+Usage: bench_mlx_lm.py --model DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+START = time.perf_counter()
+
+import mlx.core as mx  # noqa: E402
+import mlx_lm  # noqa: E402
+from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from oracle_logits import load  # noqa: E402
+
+
+def vmhwm_kb() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def reply(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, type=Path)
+    a = p.parse_args()
+    model = load(a.model)
+    mx.eval(model.parameters())  # load_model already evaluates; no lazy load in the steps
+    reply({"ready": True, "impl": "mlx-lm", "load_s": time.perf_counter() - START,
+           "vmhwm_kb": vmhwm_kb(), "mlx": mx.__version__,
+           "mlx_lm": mlx_lm.__version__})
+    with open(a.model / "config.json") as f:
+        config = json.load(f)
+    vocab = config.get("text_config", config)["vocab_size"]
+    cache, last = None, None
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        if words[0] == "prefill":
+            n = int(words[1])
+            cache = make_prompt_cache(model)
+            ids = mx.array([(i * 37 + 11) % vocab for i in range(n)], dtype=mx.int32)[None]
+            mx.eval(ids)
+            t = time.perf_counter()
+            logits = model(ids, cache=cache)[0]
+            mx.eval(logits)
+            secs = time.perf_counter() - t
+            last = logits[-1]
+            reply({"prefill_s": secs})
+        elif words[0] == "steps":
+            warm, timed = int(words[1]), int(words[2])
+            times = []
+            for i in range(warm + timed):
+                tok = int(mx.argmax(last, axis=-1).item())
+                x = mx.array([[tok]], dtype=mx.int32)
+                mx.eval(x)
+                t = time.perf_counter()
+                row = model(x, cache=cache)[0, -1]
+                mx.eval(row)
+                secs = time.perf_counter() - t
+                if i >= warm:
+                    times.append(secs)
+                last = row
+            reply({"steps_s": times})
+        else:
+            raise SystemExit(f"unknown command {line.strip()!r}")
+
+
+if __name__ == "__main__":
+    main()
