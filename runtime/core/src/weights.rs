@@ -193,7 +193,8 @@ pub fn check_safetensors_header(path: &Path) -> Result<(), LoadError> {
     let mut ranges: Vec<(u64, u64, &str)> = Vec::with_capacity(entries.len());
     for (name, info) in entries {
         if name == "__metadata__" {
-            if !info.is_object() {
+            // MLX writes `null` when there is no metadata.
+            if !info.is_object() && !info.is_null() {
                 return Err(what(format!(
                     "__metadata__: expected an object, found {}",
                     json_kind(info)

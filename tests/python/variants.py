@@ -1,0 +1,76 @@
+"""Variants of a checkpoint and reference logits that the protocol does not
+cover, for the runtime's loader and batch tests.
+
+  variants.py hf-layout SRC DST
+      Rewrite an mlx-community checkpoint (gemma4 wrapper layout) with the raw
+      Hugging Face key names mlx-lm's sanitize accepts: `model.language_model.*`,
+      fused `experts.gate_up_proj` / `experts.down_proj`, plus vision/audio
+      tower tensors and rotary buffers that sanitize drops.
+  variants.py batch DIR OUT IDS_JSON
+      One forward of mlx-lm over a batch ([B, L] ids, fresh cache): logits
+      [B, L, V] to OUT (safetensors key "logits").
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compat  # noqa: E402
+from oracle_logits import load  # noqa: E402
+
+
+def hf_layout(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src / "config.json", dst / "config.json")
+    weights = {}
+    for f in sorted(src.glob("model*.safetensors")):
+        weights.update(mx.load(str(f)))
+    out = {}
+    fused = {}
+    for k, v in weights.items():
+        assert k.startswith("language_model.model."), k
+        rest = k[len("language_model.model."):]
+        if ".experts.switch_glu." in rest:
+            base, leaf = rest.split(".experts.switch_glu.")
+            if leaf == "down_proj.weight":
+                out[f"model.language_model.{base}.experts.down_proj"] = v
+            else:
+                fused.setdefault(base, {})[leaf] = v
+            continue
+        out[f"model.language_model.{rest}"] = v
+    for base, parts in fused.items():
+        gate_up = mx.concatenate([parts["gate_proj.weight"], parts["up_proj.weight"]], axis=-2)
+        out[f"model.language_model.{base}.experts.gate_up_proj"] = gate_up
+    # Tensors that sanitize must drop.
+    out["model.vision_tower.patch.weight"] = mx.zeros((2, 2))
+    out["model.audio_tower.conv.weight"] = mx.zeros((2,))
+    out["model.language_model.layers.0.self_attn.rotary_emb.inv_freq"] = mx.zeros((4,))
+    mx.save_safetensors(str(dst / "model.safetensors"), out)
+
+
+def batch(model_dir: Path, out: Path, ids: list[list[int]]) -> None:
+    model = load(model_dir)
+    cache = model.make_cache()
+    logits = model(mx.array(ids, dtype=mx.int32), cache=cache)
+    mx.eval(logits)
+    mx.save_safetensors(str(out), {"logits": logits})
+
+
+def main() -> None:
+    compat.apply()
+    if sys.argv[1] == "hf-layout":
+        hf_layout(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif sys.argv[1] == "batch":
+        batch(Path(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4]))
+    else:
+        raise SystemExit(f"unknown command {sys.argv[1]}")
+
+
+if __name__ == "__main__":
+    main()
