@@ -539,3 +539,121 @@ impl Weights {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::check_safetensors_header;
+
+    /// Checks a file of `header` JSON plus `data` bytes (or raw `bytes`).
+    fn check(bytes: &[u8]) -> Result<(), String> {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("archgen-st-{}-{n}.safetensors", std::process::id()));
+        std::fs::write(&path, bytes).unwrap();
+        let r = check_safetensors_header(&path).map_err(|e| e.0);
+        let _ = std::fs::remove_file(&path);
+        r
+    }
+
+    fn file(header: &str, data: usize) -> Vec<u8> {
+        let mut b = (header.len() as u64).to_le_bytes().to_vec();
+        b.extend(header.as_bytes());
+        b.extend(vec![0u8; data]);
+        b
+    }
+
+    fn fails(bytes: &[u8], what: &str) {
+        let e = check(bytes).expect_err(what);
+        assert!(e.contains(what), "expected '{what}' in: {e}");
+    }
+
+    #[test]
+    fn valid_headers_pass() {
+        check(&file(r#"{"a":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]},"b":{"dtype":"U32","shape":[],"data_offsets":[12,16]},"__metadata__":{"format":"mlx"}}"#, 16)).unwrap();
+        check(&file("{}", 0)).unwrap();
+        check(&file(
+            r#"{"z":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}"#,
+            0,
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn corrupt_headers_are_named() {
+        fails(b"", "expected an 8-byte header length, found a 0-byte file");
+        fails(&[1, 0, 0], "found a 3-byte file");
+        fails(
+            &file("[]", 0),
+            "expected a JSON object as header, found an array",
+        );
+        fails(&file("{\"a\":", 0), "header is not valid JSON");
+        fails(
+            &file(r#"{"__metadata__":1}"#, 0),
+            "__metadata__: expected an object",
+        );
+        let t = |info: &str, data: usize| file(&format!("{{\"t\":{info}}}"), data);
+        fails(
+            &t(r#"{"shape":[1],"data_offsets":[0,4]}"#, 4),
+            "tensor 't': no \"dtype\" string",
+        );
+        fails(
+            &t(r#"{"dtype":"F64","shape":[1],"data_offsets":[0,8]}"#, 8),
+            "found \"F64\"",
+        );
+        fails(
+            &t(r#"{"dtype":"F32","data_offsets":[0,4]}"#, 4),
+            "no \"shape\" array",
+        );
+        fails(
+            &t(r#"{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}"#, 4),
+            "found -1",
+        );
+        fails(
+            &t(
+                r#"{"dtype":"U8","shape":[2147483648],"data_offsets":[0,4]}"#,
+                4,
+            ),
+            "found 2147483648",
+        );
+        fails(
+            &t(
+                r#"{"dtype":"U8","shape":[2147483647,2147483647,2147483647],"data_offsets":[0,4]}"#,
+                4,
+            ),
+            "overflows",
+        );
+        fails(
+            &t(r#"{"dtype":"F32","shape":[1]}"#, 4),
+            "no \"data_offsets\" [begin, end] pair",
+        );
+        fails(
+            &t(r#"{"dtype":"F32","shape":[1],"data_offsets":[4,0]}"#, 4),
+            "run backwards",
+        );
+        fails(
+            &t(r#"{"dtype":"F32","shape":[2],"data_offsets":[0,8]}"#, 4),
+            "(truncated?)",
+        );
+        fails(
+            &t(r#"{"dtype":"F32","shape":[2],"data_offsets":[0,4]}"#, 4),
+            "expected 8 bytes for F32 [2]",
+        );
+        fails(
+            &t(r#"{"dtype":"F32","shape":[1],"data_offsets":[0,4]}"#, 6),
+            "found 4 bytes covered",
+        );
+        fails(
+            &t(r#"{"dtype":"F32","shape":[1],"data_offsets":[2,6]}"#, 6),
+            "expected its data to start at byte 0",
+        );
+        let overlap = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
+        fails(
+            &file(overlap, 8),
+            "tensor 'b': expected its data to start at byte 8",
+        );
+        let mut huge = file("{}", 0);
+        huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        fails(&huge, "header length 18446744073709551615 exceeds");
+    }
+}
