@@ -1,14 +1,15 @@
 """mlx-lm 0.32.2 benchmark worker for `cargo xtask bench`: the same stdin/stdout
 protocol as the Rust worker (runtime/bench/src/main.rs), one JSON object per line.
 
-After loading (mlx_lm.utils.load_model, as oracle_logits.load) it prints
+After loading (mlx_lm.utils.load_model, as oracle_logits.load) and one
+evaluated 1-token forward on a throwaway cache, it prints
 {"ready": true, "impl": "mlx-lm", "load_s", "vmhwm_kb", "mlx", "mlx_lm"}, then answers:
   prefill N   fresh cache (make_prompt_cache), one forward over N prompt ids,
               mx.eval of the logits -> {"prefill_s": T}
   steps W S   W untimed then S timed one-token steps; each step is forward +
               mx.eval of the logits row (what the Rust side evaluates), the next
               token is the argmax of that row, taken outside the timed span
-              -> {"steps_s": [T...]}
+              -> {"steps_s": [T...], "tokens": [...]} (the W + S tokens fed)
   quit
 Prompt ids are (i * 37 + 11) % vocab, as in the parity tests.
 
@@ -55,7 +56,9 @@ def main() -> None:
     p.add_argument("--model", required=True, type=Path)
     a = p.parse_args()
     model = load(a.model)
-    mx.eval(model.parameters())  # load_model already evaluates; no lazy load in the steps
+    # As the Rust worker: one evaluated 1-token forward on a throwaway cache,
+    # so every weight is read before "ready" (load_model evaluates them anyway).
+    mx.eval(model(mx.array([[0]], dtype=mx.int32), cache=make_prompt_cache(model)))
     reply({"ready": True, "impl": "mlx-lm", "load_s": time.perf_counter() - START,
            "vmhwm_kb": vmhwm_kb(), "mlx": mx.__version__,
            "mlx_lm": mlx_lm.__version__})
@@ -80,9 +83,10 @@ def main() -> None:
             reply({"prefill_s": secs})
         elif words[0] == "steps":
             warm, timed = int(words[1]), int(words[2])
-            times = []
+            times, tokens = [], []
             for i in range(warm + timed):
                 tok = int(mx.argmax(last, axis=-1).item())
+                tokens.append(tok)
                 x = mx.array([[tok]], dtype=mx.int32)
                 mx.eval(x)
                 t = time.perf_counter()
@@ -92,7 +96,7 @@ def main() -> None:
                 if i >= warm:
                     times.append(secs)
                 last = row
-            reply({"steps_s": times})
+            reply({"steps_s": times, "tokens": tokens})
         else:
             raise SystemExit(f"unknown command {line.strip()!r}")
 

@@ -303,6 +303,7 @@ pub fn bench_spec(
     for &cache in &plan.caches {
         let mut row = vec![Cell::default(); IMPLS.len()];
         for round in 0..plan.rounds {
+            let mut fed: Option<Value> = None;
             for (w, cell) in workers.iter_mut().zip(row.iter_mut()) {
                 if round == 0 || cache <= plan.reprefill_up_to {
                     let r = w.ask(&format!("prefill {cache}"))?;
@@ -320,6 +321,17 @@ pub fn bench_spec(
                     return Err(format!("{} gave {} step times", w.name, times.len()));
                 }
                 cell.rounds.push(times);
+                // Bit-exact implementations feed the same greedy tokens.
+                match &fed {
+                    None => fed = Some(r["tokens"].clone()),
+                    Some(t) if *t == r["tokens"] => {}
+                    Some(t) => {
+                        return Err(format!(
+                            "{name} cache={cache} round {round}: {} fed tokens {} but generated fed {t}",
+                            w.name, r["tokens"]
+                        ))
+                    }
+                }
             }
             eprintln!(
                 "bench: {name} cache={cache} round {}/{}: decode medians {}",

@@ -166,7 +166,7 @@ pub fn markdown(
     let _ = writeln!(s, "\n### Loading\n");
     let _ = writeln!(
         s,
-        "Peak RSS = the worker process's VmHWM (/proc/self/status) right after it loaded the checkpoint, before any forward; the mlx-lm figure includes the Python interpreter and its imports.\n\n| spec | parameters | checkpoint | implementation | load s | peak RSS MiB |\n|---|---:|---:|---|---:|---:|"
+        "Load = process start to the checkpoint read and one evaluated 1-token forward on a throwaway cache (MLX reads safetensors lazily; the forward makes every implementation read every weight). Peak RSS = the worker's VmHWM (/proc/self/status) at that point; the mlx-lm figures include starting Python and importing mlx-lm.\n\n| spec | parameters | checkpoint | implementation | load s | peak RSS MiB |\n|---|---:|---:|---|---:|---:|"
     );
     for r in results {
         for (i, (secs, kb)) in IMPLS.iter().zip(&r.load) {

@@ -2,14 +2,18 @@
 //! driven by `cargo xtask bench` over stdin/stdout, one JSON object per line.
 //! tests/python/bench_mlx_lm.py speaks the same protocol for mlx-lm.
 //!
-//! After loading it prints `{"ready": true, "impl", "load_s", "vmhwm_kb"}`
-//! (VmHWM = the process's peak RSS so far, i.e. while loading), then answers:
+//! After loading and one evaluated 1-token forward on a throwaway cache (MLX
+//! reads weights lazily; this makes it read them all) it prints
+//! `{"ready": true, "impl", "load_s", "vmhwm_kb"}` (VmHWM = the process's peak
+//! RSS so far, i.e. while loading), then answers:
 //!   `prefill N`  fresh cache, one forward over N prompt ids, logits evaluated
 //!                -> `{"prefill_s": T}`; this cache is the one `steps` extends
 //!   `steps W S`  W untimed then S timed one-token decode steps; each step is
 //!                forward + eval of the logits row (as `archgen logits`), the
 //!                next token is the argmax of that row, taken outside the
-//!                timed span -> `{"steps_s": [T...]}`
+//!                timed span -> `{"steps_s": [T...], "tokens": [...]}` (the
+//!                W + S tokens fed, so the driver can check that every
+//!                implementation did the same work)
 //!   `quit`
 //! Prompt ids are `(i * 37 + 11) % vocab`, as in the parity tests.
 
@@ -55,13 +59,20 @@ impl ModelTask for Worker {
     type Output = Result<(), String>;
 
     fn run<M: CausalLm>(self, m: &M) -> Result<(), String> {
+        let vocab = m.vocab_size();
+        // MLX loads safetensors lazily: one evaluated 1-token forward on a
+        // throwaway cache materializes every weight, so `load_s` and VmHWM
+        // cover the whole load (the Python worker does the same).
+        let first = m
+            .forward(&Array::from_slice(&[0], &[1, 1]), &mut m.make_cache())
+            .map_err(|e| e.to_string())?;
+        first.eval().map_err(|e| e.to_string())?;
         reply(json!({
             "ready": true,
             "impl": self.name,
             "load_s": self.started.elapsed().as_secs_f64(),
             "vmhwm_kb": vmhwm_kb(),
         }));
-        let vocab = m.vocab_size();
         let mut cache = m.make_cache();
         let mut last: Option<Array> = None;
         for line in std::io::stdin().lock().lines() {
@@ -91,9 +102,11 @@ impl ModelTask for Worker {
                 Some("steps") => {
                     let (warm, timed) = (num(1)?, num(2)?);
                     let mut times = Vec::with_capacity(timed);
+                    let mut tokens = Vec::with_capacity(warm + timed);
                     for i in 0..warm + timed {
                         let row = last.as_ref().ok_or("steps before prefill")?;
                         let tok = argmax(row).map_err(|e| e.to_string())?;
+                        tokens.push(tok);
                         let x = Array::from_slice(&[tok], &[1, 1]);
                         let t = Instant::now();
                         let row = m
@@ -107,7 +120,7 @@ impl ModelTask for Worker {
                         }
                         last = Some(row);
                     }
-                    reply(json!({ "steps_s": times }));
+                    reply(json!({ "steps_s": times, "tokens": tokens }));
                 }
                 Some("quit") | None => break,
                 Some(other) => return Err(format!("unknown command '{other}'")),
