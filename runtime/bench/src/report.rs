@@ -250,9 +250,21 @@ fn esc(t: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// The `q` quantile of `v` (linear interpolation).
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    let pos = q * (s.len() - 1) as f64;
+    let (i, frac) = (pos.floor() as usize, pos.fract());
+    s[i] + (s[(i + 1).min(s.len() - 1)] - s[i]) * frac
+}
+
 /// Grouped bars: per spec and cache length, each implementation's median
-/// decode step time relative to mlx-lm's (1.0 = mlx-lm), whiskers min..max
-/// (clipped to the axis), absolute medians in ms above the bars.
+/// decode step time relative to mlx-lm's (1.0 = mlx-lm), whiskers the
+/// quartiles (min and max are in the table), absolute medians in ms above.
 pub fn svg(results: &[SpecResult]) -> String {
     const COLORS: [&str; 3] = ["#1f77b4", "#ff7f0e", "#2ca02c"];
     let groups: Vec<(String, usize, &Vec<Cell>)> = results
@@ -261,14 +273,19 @@ pub fn svg(results: &[SpecResult]) -> String {
         .collect();
     let rel = |cells: &[Cell], i: usize| -> (f64, f64, f64) {
         let base = median(&cells[2].steps());
-        let (lo, md, hi) = stats(&cells[i].steps());
+        let steps = cells[i].steps();
+        let (lo, md, hi) = (
+            quantile(&steps, 0.25),
+            median(&steps),
+            quantile(&steps, 0.75),
+        );
         (lo / base, md / base, hi / base)
     };
     let top = groups
         .iter()
-        .flat_map(|(_, _, cells)| (0..3).map(|i| rel(cells, i).1))
+        .flat_map(|(_, _, cells)| (0..3).map(|i| rel(cells, i).2))
         .fold(1.0f64, f64::max);
-    let ymax = ((top * 1.4) * 2.0).ceil() / 2.0;
+    let ymax = ((top * 1.15) * 2.0).ceil() / 2.0;
     let (left, right, top_pad, bottom) = (60.0, 20.0, 50.0, 70.0);
     let gw = 190.0;
     let width = left + right + gw * groups.len() as f64;
@@ -283,7 +300,7 @@ pub fn svg(results: &[SpecResult]) -> String {
     let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = writeln!(
         s,
-        r#"<text x="{}" y="20" text-anchor="middle" font-size="14">Decode step time relative to mlx-lm (median; whiskers min..max; labels: median ms)</text>"#,
+        r#"<text x="{}" y="20" text-anchor="middle" font-size="14">Decode step time relative to mlx-lm (bars: median, whiskers: quartiles, labels: median ms)</text>"#,
         width / 2.0
     );
     let mut tick = 0.0;
