@@ -82,3 +82,23 @@ fn garbage_never_panics() {
         );
     }
 }
+
+/// docs/errors.md lists every bad-spec fixture.
+#[test]
+fn the_error_catalogue_lists_every_fixture() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bad");
+    let doc = std::fs::read_to_string(dir.join("../../../../docs/errors.md")).unwrap();
+    let mut missing = Vec::new();
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if let Some(stem) = name.strip_suffix(".yaml") {
+            if !stem.starts_with("ok-") && !doc.contains(&format!("| `{stem}` |")) {
+                missing.push(stem.to_string());
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/errors.md does not list: {missing:?}"
+    );
+}
