@@ -51,32 +51,7 @@ pub fn run_python(script: &str, args: &[&std::ffi::OsStr]) -> String {
     stdout
 }
 
-/// config.json for a spec, in the layout its source model type uses.
+/// config.json for a spec (see `archgen_spec::to_config_json`).
 pub fn config_for(spec: &archgen_spec::Spec) -> serde_json::Value {
-    let mut text = archgen_spec::to_hf_json(spec);
-    let obj = text.as_object_mut().unwrap();
-    obj.remove("quantization");
-    obj.remove("kv_quantization");
-    let vocab = obj["vocab_size"].clone();
-    let tie = obj["tie_word_embeddings"].clone();
-    match spec.identity.source.model_type {
-        archgen_spec::ConfigModelType::Gemma4Text => {
-            obj.insert("model_type".into(), serde_json::json!("gemma4_text"));
-            text
-        }
-        wrapped => {
-            let inner = if wrapped == archgen_spec::ConfigModelType::Gemma4Unified {
-                "gemma4_unified_text"
-            } else {
-                "gemma4_text"
-            };
-            obj.insert("model_type".into(), serde_json::json!(inner));
-            serde_json::json!({
-                "model_type": wrapped.as_str(),
-                "text_config": text,
-                "vocab_size": vocab,
-                "tie_word_embeddings": tie,
-            })
-        }
-    }
+    archgen_spec::to_config_json(spec)
 }

@@ -118,3 +118,36 @@ pub fn spec_hash(spec: &Spec) -> String {
     let digest = Sha256::digest(text.as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// A config.json for the spec, in the layout of its source model type
+/// (`gemma4` / `gemma4_unified` wrap the text config, `gemma4_text` is flat),
+/// without quantization (a checkpoint writer adds what it packed). mlx-lm
+/// loads it to exactly this architecture.
+pub fn to_config_json(spec: &Spec) -> Value {
+    let mut text = to_hf_json(spec);
+    let obj = text.as_object_mut().unwrap();
+    obj.remove("quantization");
+    obj.remove("kv_quantization");
+    let vocab = obj["vocab_size"].clone();
+    let tie = obj["tie_word_embeddings"].clone();
+    match spec.identity.source.model_type {
+        ConfigModelType::Gemma4Text => {
+            obj.insert("model_type".into(), serde_json::json!("gemma4_text"));
+            text
+        }
+        wrapped => {
+            let inner = if wrapped == ConfigModelType::Gemma4Unified {
+                "gemma4_unified_text"
+            } else {
+                "gemma4_text"
+            };
+            obj.insert("model_type".into(), serde_json::json!(inner));
+            serde_json::json!({
+                "model_type": wrapped.as_str(),
+                "text_config": text,
+                "vocab_size": vocab,
+                "tie_word_embeddings": tie,
+            })
+        }
+    }
+}

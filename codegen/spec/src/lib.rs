@@ -30,7 +30,7 @@ pub use arch::{
 };
 pub use diag::{Diagnostic, Diagnostics, FieldPath, Seg};
 pub use emit::to_yaml;
-pub use hf::{spec_hash, to_hf_json};
+pub use hf::{spec_hash, to_config_json, to_hf_json};
 pub use model::*;
 pub use validate::limits;
 pub use yaml::MAX_SPEC_BYTES;

@@ -10,6 +10,11 @@ usage:
                  [--max-tokens N] [--temp T] [--top-p P] [--seed S]
                  [--ignore-eos] [--impl ...]
 
+  archgen init --spec specs/NAME.yaml --out DIR [--seed S]
+                 [--dtype bfloat16|float16|float32]
+
+init writes a random-weight checkpoint (config.json + model.safetensors, the
+spec's weight quantization applied) with exactly the spec's structure.
 logits writes prefill_logits [L, vocab] (one forward over the whole prompt),
 decode_logits [N, vocab] (N greedy one-token steps on the same cache) and
 tokens [N] int32 (the tokens fed), logits in the model's compute dtype.
@@ -29,6 +34,13 @@ pub enum Impl {
 
 #[derive(Debug)]
 pub enum Command {
+    /// A random-weight checkpoint with a spec's exact structure.
+    Init {
+        spec: PathBuf,
+        out: PathBuf,
+        seed: u64,
+        dtype: String,
+    },
     Logits {
         model: PathBuf,
         prompt_ids: Vec<i32>,
@@ -84,12 +96,47 @@ fn number<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
         .map_err(|_| format!("{flag}: '{v}' is not a valid number"))
 }
 
+fn parse_init(rest: &[String]) -> Result<Command, String> {
+    let (mut spec, mut out, mut seed, mut dtype) = (None, None, 0u64, "bfloat16".to_string());
+    let mut it = rest.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "--spec" => spec = Some(PathBuf::from(value()?)),
+            "--out" => out = Some(PathBuf::from(value()?)),
+            "--seed" => seed = number(flag, &value()?)?,
+            "--dtype" => {
+                dtype = value()?;
+                if !["bfloat16", "float16", "float32"].contains(&dtype.as_str()) {
+                    return Err(format!(
+                        "--dtype: '{dtype}' is not one of bfloat16, float16, float32"
+                    ));
+                }
+            }
+            other => return Err(format!("init: unknown option '{other}'\n\n{USAGE}")),
+        }
+    }
+    Ok(Command::Init {
+        spec: spec.ok_or("init: --spec FILE.yaml is required")?,
+        out: out.ok_or("init: --out DIR is required")?,
+        seed,
+        dtype,
+    })
+}
+
 pub fn parse(argv: &[String]) -> Result<Command, String> {
     let Some((cmd, rest)) = argv.split_first() else {
         return Err(format!("no command given\n\n{USAGE}"));
     };
     if matches!(cmd.as_str(), "help" | "--help" | "-h") {
         return Ok(Command::Help);
+    }
+    if cmd == "init" {
+        return parse_init(rest);
     }
     let mut model = None;
     let mut ids = None;

@@ -7,6 +7,7 @@
 //!                  [--ignore-eos]
 
 mod args;
+mod init;
 mod run;
 
 use std::process::ExitCode;

@@ -432,6 +432,12 @@ impl ModelTask for GenerateTask<'_> {
 
 pub fn run(cmd: Command) -> Result<(), String> {
     match cmd {
+        Command::Init {
+            spec,
+            out,
+            seed,
+            dtype,
+        } => crate::init::init(&spec, &out, seed, &dtype),
         Command::Help => {
             println!("{USAGE}");
             Ok(())

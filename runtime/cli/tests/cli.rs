@@ -313,3 +313,66 @@ fn words(ids: &[u32]) -> String {
     let words: Vec<String> = ids.iter().map(|&i| token_name(i)).collect();
     words.join(" ")
 }
+
+/// `archgen init` writes a checkpoint with a spec's structure that the
+/// generated model, the monolith and mlx-lm all load and agree on.
+#[test]
+fn init_writes_a_checkpoint_every_implementation_runs() {
+    let root = tempfile::tempdir().unwrap();
+    let repo = archgen_tests::repo_root();
+    for spec in ["gemma4-e2b-tiny", "gemma4-26b-a4b-tiny-q8"] {
+        let dir = root.path().join(spec);
+        let o = archgen(&[
+            "init",
+            "--spec",
+            repo.join(format!("specs/{spec}.yaml")).to_str().unwrap(),
+            "--out",
+            dir.to_str().unwrap(),
+            "--seed",
+            "9",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let mut outs = Vec::new();
+        for imp in ["generated", "monolith"] {
+            let out = root.path().join(format!("{spec}-{imp}.safetensors"));
+            let o = archgen(&[
+                "logits",
+                "--model",
+                dir.to_str().unwrap(),
+                "--prompt-ids",
+                "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17",
+                "--decode-steps",
+                "9",
+                "--impl",
+                imp,
+                "--out",
+                out.to_str().unwrap(),
+            ]);
+            assert!(o.status.success(), "{}", stderr(&o));
+            outs.push(out);
+        }
+        let oracle = root.path().join(format!("{spec}-oracle.safetensors"));
+        run_python(
+            "oracle_logits.py",
+            &[
+                "--model".as_ref(),
+                dir.as_os_str(),
+                "--prompt-ids".as_ref(),
+                "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17".as_ref(),
+                "--decode-steps".as_ref(),
+                "9".as_ref(),
+                "--out".as_ref(),
+                oracle.as_os_str(),
+            ],
+        );
+        let load = |p: &Path| archgen_runtime::Array::load_safetensors(p).unwrap();
+        let (g, m, r) = (load(&outs[0]), load(&outs[1]), load(&oracle));
+        for k in ["prefill_logits", "decode_logits", "tokens"] {
+            let bytes = |t: &std::collections::HashMap<String, archgen_runtime::Array>| {
+                archgen_runtime::bytes::array_bytes(&t[k]).unwrap()
+            };
+            assert_eq!(bytes(&g), bytes(&m), "{spec} {k}: generated != monolith");
+            assert_eq!(bytes(&m), bytes(&r), "{spec} {k}: monolith != mlx-lm");
+        }
+    }
+}

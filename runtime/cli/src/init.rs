@@ -1,0 +1,98 @@
+//! `archgen init`: a random-weight checkpoint with a spec's exact structure,
+//! written with MLX on the default device (so a large one is made on the GPU
+//! where there is one). Weights are normal with std 1/sqrt(fan_in); norm
+//! weights, layer scalars and router scales are uniform in [0.5, 1.5), so a
+//! missed multiply changes the output. Modules the spec quantizes are packed
+//! with mlx's affine quantize, as mlx-lm's convert does.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use archgen_runtime::mlx_rs::{self, Array, Dtype};
+use archgen_spec::ModuleKind;
+
+fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String> {
+    r.map_err(|e| format!("MLX: {e}"))
+}
+
+fn dtype_of(name: &str) -> Dtype {
+    match name {
+        "float16" => Dtype::Float16,
+        "float32" => Dtype::Float32,
+        _ => Dtype::Bfloat16,
+    }
+}
+
+pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), String> {
+    let spec = archgen_spec::load(spec_path).map_err(|d| d.to_string())?;
+    let arch = spec.resolve();
+    let dt = dtype_of(dtype);
+    let mut tensors: BTreeMap<String, Array> = BTreeMap::new();
+    let mut n = 0u64;
+    let mut next_key = || {
+        n += 1;
+        mlx_rs::random::key(seed.wrapping_mul(1_000_003).wrapping_add(n))
+    };
+    let modules = arch.quantizable_modules();
+    for m in &modules {
+        let mut shape = vec![m.out_dim as i32, m.in_dim as i32];
+        if m.kind == ModuleKind::SwitchLinear {
+            shape.insert(0, m.count as i32);
+        }
+        let std = match m.kind {
+            // Scaled by sqrt(hidden) in the forward; keeps tied logits at a few units.
+            ModuleKind::Embedding => 0.5f32,
+            _ => 1.0 / (m.in_dim as f32).sqrt(),
+        };
+        let key = mlx(next_key())?;
+        let w = mlx(mlx_rs::random::normal::<f32>(&shape, None, None, &key))?;
+        let w = mlx(mlx(w.multiply(Array::from_f32(std)))?.as_dtype(dt))?;
+        match arch.quant_for(&m.path) {
+            Some(q) => {
+                let (wq, scales, biases) = mlx(mlx_rs::ops::quantize(
+                    &w,
+                    q.group_size as i32,
+                    q.bits as i32,
+                ))?;
+                mlx(wq.eval())?;
+                tensors.insert(format!("{}.weight", m.path), wq);
+                tensors.insert(format!("{}.scales", m.path), scales);
+                tensors.insert(format!("{}.biases", m.path), biases);
+            }
+            None => {
+                mlx(w.eval())?;
+                tensors.insert(format!("{}.weight", m.path), w);
+            }
+        }
+    }
+    // Everything else is a vector parameter (norms, layer scalars, router scales).
+    for p in archgen_plan::params(&arch) {
+        if tensors.contains_key(&p.name) {
+            continue;
+        }
+        let shape: Vec<i32> = p.shape.iter().map(|&d| d as i32).collect();
+        let key = mlx(next_key())?;
+        let v = mlx(mlx_rs::random::uniform::<f32, f32>(0.5, 1.5, &shape, &key))?;
+        tensors.insert(p.name.clone(), mlx(v.as_dtype(dt))?);
+    }
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let mut config = archgen_spec::to_config_json(&spec);
+    if let Some(q) = archgen_spec::to_hf_json(&spec).get("quantization") {
+        config["quantization"] = q.clone();
+    }
+    let text = serde_json::to_string_pretty(&config).expect("JSON of plain values");
+    std::fs::write(out.join("config.json"), text + "\n")
+        .map_err(|e| format!("cannot write {}: {e}", out.join("config.json").display()))?;
+    let path = out.join("model.safetensors");
+    Array::save_safetensors(tensors.iter(), None, &path)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let bytes: usize = tensors.values().map(|a| a.nbytes()).sum();
+    eprintln!(
+        "archgen: wrote {} ({} tensors, {:.2} GB) and config.json for {}",
+        path.display(),
+        tensors.len(),
+        bytes as f64 / 1e9,
+        spec.identity.name
+    );
+    Ok(())
+}
