@@ -6,6 +6,10 @@
 #[rustfmt::skip]
 pub mod gemma4_12b_bench;
 #[rustfmt::skip]
+pub mod gemma4_12b_l6;
+#[rustfmt::skip]
+pub mod gemma4_12b_q4;
+#[rustfmt::skip]
 pub mod gemma4_12b_tiny_q4;
 #[rustfmt::skip]
 pub mod gemma4_12b_tiny;
@@ -49,6 +53,16 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "gemma4-12b-bench",
         spec: "specs/gemma4-12b-bench.yaml",
         fingerprint: gemma4_12b_bench::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma4-12b-l6",
+        spec: "specs/gemma4-12b-l6.yaml",
+        fingerprint: gemma4_12b_l6::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma4-12b-q4",
+        spec: "specs/gemma4-12b-q4.yaml",
+        fingerprint: gemma4_12b_q4::FINGERPRINT,
     },
     GeneratedModel {
         name: "gemma4-12b-tiny-q4",
@@ -135,6 +149,12 @@ pub fn run<T: ModelTask>(
     match fingerprint {
         gemma4_12b_bench::FINGERPRINT => {
             Some(gemma4_12b_bench::load(weights).map(|m| task.run(&m)))
+        }
+        gemma4_12b_l6::FINGERPRINT => {
+            Some(gemma4_12b_l6::load(weights).map(|m| task.run(&m)))
+        }
+        gemma4_12b_q4::FINGERPRINT => {
+            Some(gemma4_12b_q4::load(weights).map(|m| task.run(&m)))
         }
         gemma4_12b_tiny_q4::FINGERPRINT => {
             Some(gemma4_12b_tiny_q4::load(weights).map(|m| task.run(&m)))

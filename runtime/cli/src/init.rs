@@ -83,6 +83,20 @@ pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), 
     let text = serde_json::to_string_pretty(&config).expect("JSON of plain values");
     std::fs::write(out.join("config.json"), text + "\n")
         .map_err(|e| format!("cannot write {}: {e}", out.join("config.json").display()))?;
+    // Per-layer KV-cache quantization travels as mlx-optiq's kv_config.json,
+    // which the loader reads back into the same architecture.
+    let kv: Vec<serde_json::Value> = arch
+        .layers
+        .iter()
+        .filter_map(|f| {
+            f.kv_quant.map(|q| serde_json::json!({"layer_idx": f.index, "bits": q.bits, "group_size": q.group_size}))
+        })
+        .collect();
+    if !kv.is_empty() {
+        let text = serde_json::to_string_pretty(&kv).expect("JSON of plain values");
+        std::fs::write(out.join("kv_config.json"), text + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", out.join("kv_config.json").display()))?;
+    }
     let path = out.join("model.safetensors");
     Array::save_safetensors(tensors.iter(), None, &path)
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;

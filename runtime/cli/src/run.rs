@@ -400,7 +400,9 @@ impl ModelTask for GenerateTask<'_> {
             ids: Vec::new(),
             printed: String::new(),
         };
+        let mut step_times = Vec::with_capacity(max_tokens);
         for _ in 0..max_tokens {
+            let step_start = Instant::now();
             let x = Array::from_slice(&[token], &[1, 1]);
             let row = mlx(mlx(m.forward(&x, &mut cache))?.try_index((0, -1)))?;
             let (k, sub) = mlx(mlx_rs::random::split(&key, 2))?;
@@ -411,6 +413,7 @@ impl ModelTask for GenerateTask<'_> {
                 stopped = Some(token);
                 break;
             }
+            step_times.push(step_start.elapsed().as_secs_f64());
             produced += 1;
             streamer.push(token)?;
         }
@@ -420,12 +423,17 @@ impl ModelTask for GenerateTask<'_> {
             Some(t) => format!("; stopped at EOS id {t}"),
             None => String::new(),
         };
+        // The median step excludes one-off costs (first-use kernel compiles).
+        step_times.sort_by(f64::total_cmp);
+        let median = step_times.get(step_times.len() / 2).copied().unwrap_or(0.0);
         eprintln!(
-        "archgen: prompt {} tokens in {:.3} s; generated {produced} tokens at {:.1} tokens/s{stop}",
-        ids.len(),
-        prefill_time.as_secs_f64(),
-        produced as f64 / decode_time.max(1e-9)
-    );
+            "archgen: prompt {} tokens in {:.3} s; generated {produced} tokens at {:.1} tokens/s{stop}; median step {:.3} ms ({:.1} tokens/s)",
+            ids.len(),
+            prefill_time.as_secs_f64(),
+            produced as f64 / decode_time.max(1e-9),
+            median * 1e3,
+            1.0 / median.max(1e-12)
+        );
         Ok(())
     }
 }

@@ -320,7 +320,13 @@ fn words(ids: &[u32]) -> String {
 fn init_writes_a_checkpoint_every_implementation_runs() {
     let root = tempfile::tempdir().unwrap();
     let repo = archgen_tests::repo_root();
-    for spec in ["gemma4-e2b-tiny", "gemma4-26b-a4b-tiny-q8"] {
+    // e4b-tiny-kv: its KV-cache quantization must travel with the checkpoint,
+    // or dispatch finds no generated model for it.
+    for spec in [
+        "gemma4-e2b-tiny",
+        "gemma4-26b-a4b-tiny-q8",
+        "gemma4-e4b-tiny-kv",
+    ] {
         let dir = root.path().join(spec);
         let o = archgen(&[
             "init",
