@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::report;
 
@@ -134,38 +134,6 @@ pub fn ratio_line(spec: &str, cache: usize, cells: &[Cell]) -> String {
     )
 }
 
-/// config.json for a spec in its source model type's layout (as the parity
-/// test's `config_for`): bf16, unquantized, tied as the spec says.
-fn config_for(spec: &archgen_spec::Spec) -> Value {
-    use archgen_spec::ConfigModelType;
-    let mut text = archgen_spec::to_hf_json(spec);
-    let obj = text.as_object_mut().expect("to_hf_json gives an object");
-    obj.remove("quantization");
-    obj.remove("kv_quantization");
-    let vocab = obj["vocab_size"].clone();
-    let tie = obj["tie_word_embeddings"].clone();
-    match spec.identity.source.model_type {
-        ConfigModelType::Gemma4Text => {
-            obj.insert("model_type".into(), json!("gemma4_text"));
-            text
-        }
-        wrapped => {
-            let inner = if wrapped == ConfigModelType::Gemma4Unified {
-                "gemma4_unified_text"
-            } else {
-                "gemma4_text"
-            };
-            obj.insert("model_type".into(), json!(inner));
-            json!({
-                "model_type": wrapped.as_str(),
-                "text_config": text,
-                "vocab_size": vocab,
-                "tie_word_embeddings": tie,
-            })
-        }
-    }
-}
-
 /// cache_dir/NAME/model: a random bf16 checkpoint with the spec's structure
 /// (tests/python/make_checkpoint.py), rebuilt only when its config changed.
 /// Returns the model dir and the parameter count.
@@ -173,7 +141,8 @@ pub fn checkpoint(cache_dir: &Path, name: &str) -> Result<(PathBuf, u64), String
     let spec_path = repo_root().join("specs").join(format!("{name}.yaml"));
     let spec = archgen_spec::load(&spec_path).map_err(|d| d.to_string())?;
     let params = spec.resolve().param_count();
-    let config = serde_json::to_string_pretty(&config_for(&spec)).map_err(|e| e.to_string())?;
+    let config = serde_json::to_string_pretty(&archgen_spec::to_config_json(&spec))
+        .map_err(|e| e.to_string())?;
     let dir = cache_dir.join(name);
     let model = dir.join("model");
     let stamp = dir.join("config.input.json");
