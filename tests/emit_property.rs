@@ -4,7 +4,6 @@
 //! Gemma-4 configs from a fixed-seed generator (reproducible; no external
 //! property-testing crate needed).
 
-use std::path::Path;
 use std::process::Command;
 
 use archgen_tests::repo_root;
@@ -172,7 +171,6 @@ fn every_accepted_spec_emits_parsable_rust_and_a_sample_compiles() {
         "emitted models do not compile:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let _ = Path::new(&target);
     eprintln!(
         "{} emitted models type-check: {:?}",
         sample.len(),

@@ -199,8 +199,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             if let Some(flag) = names.iter().find(|n| n.starts_with('-')) {
                 return Err(format!("unknown option '{flag}'\n\n{USAGE}"));
             }
-            let mut plans = Vec::new();
-            for name in names {
+            for name in &names {
                 let path = crate::spec::specs_dir().join(format!("{name}.yaml"));
                 if !path.exists() {
                     return Err(format!(
@@ -208,18 +207,22 @@ pub fn run(args: &[String]) -> Result<(), String> {
                         path.display()
                     ));
                 }
-                plans.push(spec_plan(&path)?);
             }
-            // The registry lists every spec already generated plus these.
+            // The registry lists every spec already generated plus these; each
+            // spec is planned once.
             let on_disk = files_on_disk();
             let mut registry = Vec::new();
             for path in crate::spec::all_specs()? {
                 let stem = path.file_stem().unwrap().to_string_lossy().to_string();
-                let wanted = plans.iter().any(|p| p.name == stem);
-                if wanted || on_disk.contains(&model_path(&stem)) {
+                if names.iter().any(|n| **n == stem) || on_disk.contains(&model_path(&stem)) {
                     registry.push(spec_plan(&path)?);
                 }
             }
+            let plans: Vec<Plan> = registry
+                .iter()
+                .filter(|p| names.iter().any(|n| **n == p.name))
+                .cloned()
+                .collect();
             let outputs = outputs_for(&plans, &registry)?;
             write_all(&outputs, &[])?;
             for p in &plans {

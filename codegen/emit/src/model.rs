@@ -54,7 +54,7 @@ fn type_words(t: LayerType) -> &'static str {
 }
 
 /// The struct and impl of one layer kind.
-fn kind_tokens(plan: &Plan, key: &KindKey, layers: &[usize]) -> TokenStream {
+fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
     let name = ident(&key.type_name());
     let shape = shape_const(key.layer_type);
     let list = layers
@@ -130,7 +130,6 @@ fn kind_tokens(plan: &Plan, key: &KindKey, layers: &[usize]) -> TokenStream {
             quote! { Ok(h) },
         )
     };
-    let _ = plan;
     quote! {
         #[doc = #doc]
         struct #name {
@@ -244,7 +243,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
     let kinds: Vec<TokenStream> = plan
         .kinds
         .iter()
-        .map(|k| kind_tokens(plan, &k.key, &k.layers))
+        .map(|k| kind_tokens(&k.key, &k.layers))
         .collect();
 
     // Model fields and loading.

@@ -32,6 +32,16 @@ fn filled(keys: &Array, values: &Array, offset: i32) -> Result<(Array, Array)> {
     }
 }
 
+/// cache.py's `create_attention_mask` without a window, which both `KVCache`
+/// and `QuantizedKVCache` use: no mask for one token, else "causal".
+fn unwindowed_mask(n: i32) -> Mask {
+    if n == 1 {
+        Mask::None
+    } else {
+        Mask::Causal
+    }
+}
+
 /// `KVCache`: preallocated in steps of 256, returns `[..., :offset, :]`.
 #[derive(Debug, Default)]
 pub struct KvCache {
@@ -77,11 +87,7 @@ impl KvCache {
 
     /// `KVCache.make_mask(N)` for a full-attention layer.
     pub fn make_mask(&self, n: i32) -> Mask {
-        if n == 1 {
-            Mask::None
-        } else {
-            Mask::Causal
-        }
+        unwindowed_mask(n)
     }
 }
 
@@ -349,14 +355,9 @@ impl QuantizedKvCache {
         }
     }
 
-    /// `QuantizedKVCache.make_mask(N)` (cache.py's `create_attention_mask` with
-    /// no window): None for one token, else "causal".
+    /// `QuantizedKVCache.make_mask(N)`.
     pub fn make_mask(&self, n: i32) -> Mask {
-        if n == 1 {
-            Mask::None
-        } else {
-            Mask::Causal
-        }
+        unwindowed_mask(n)
     }
 }
 

@@ -527,11 +527,6 @@ pub fn load_per_layer_inputs(
     }
 }
 
-/// The rope of a layer type: `base=` form for default, `freqs=` for proportional.
-pub fn rope_default(head_dim: i32, theta: f32) -> Rope {
-    Rope::base(head_dim, theta)
-}
-
 /// The mask of one layer type, from the cache of that type's first layer,
 /// before any cache update (`_make_masks`).
 pub fn mask_for(cache: &LayerCache, n: i32, window: i32) -> Result<Mask> {

@@ -22,21 +22,25 @@ pub struct Linear {
     pub quant: Option<Quantized>,
 }
 
+/// `x @ W.T`, or the transposed `quantized_matmul` of a packed weight.
+fn matmul_t(x: &Array, weight: &Array, quant: Option<&Quantized>) -> Result<Array> {
+    match quant {
+        None => x.matmul(weight.t()),
+        Some(q) => mlx_rs::ops::quantized_matmul(
+            x,
+            weight,
+            &q.scales,
+            &q.biases,
+            true,
+            q.group_size,
+            q.bits,
+        ),
+    }
+}
+
 impl Linear {
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        match &self.quant {
-            // `x @ W.T`
-            None => x.matmul(self.weight.t()),
-            Some(q) => mlx_rs::ops::quantized_matmul(
-                x,
-                &self.weight,
-                &q.scales,
-                &q.biases,
-                true,
-                q.group_size,
-                q.bits,
-            ),
-        }
+        matmul_t(x, &self.weight, self.quant.as_ref())
     }
 }
 
@@ -64,11 +68,7 @@ impl Embedding {
 
     /// `as_linear`: `x @ W.T`, or a transposed `quantized_matmul`.
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
-        Linear {
-            weight: self.weight.clone(),
-            quant: self.quant.clone(),
-        }
-        .forward(x)
+        matmul_t(x, &self.weight, self.quant.as_ref())
     }
 }
 

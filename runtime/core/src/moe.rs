@@ -77,8 +77,3 @@ pub fn experts(glu: &SwitchGlu, x: &Array, idx: &Array, w: &Array) -> Result<Arr
     let y = glu.forward(x, idx)?;
     w.multiply(&y)?.sum_axis(-2, None)
 }
-
-/// Used where a weak Python scalar multiplies a tensor of the same dtype.
-pub fn scale_by(x: &Array, value: f64) -> Result<Array> {
-    x.multiply(scalar_like(value, x))
-}
