@@ -37,6 +37,28 @@ pub mod gemma4_e4b_tiny;
 pub mod gemma4_e4b;
 #[rustfmt::skip]
 pub mod gemma4_walkthrough_tiny;
+#[rustfmt::skip]
+pub mod llama_3_2_1b_tiny_q4;
+#[rustfmt::skip]
+pub mod llama_3_2_1b_tiny;
+#[rustfmt::skip]
+pub mod llama_3_2_1b;
+#[rustfmt::skip]
+pub mod llama_3_2_3b;
+#[rustfmt::skip]
+pub mod qwen3_0_6b_tiny_q4;
+#[rustfmt::skip]
+pub mod qwen3_0_6b_tiny;
+#[rustfmt::skip]
+pub mod qwen3_0_6b;
+#[rustfmt::skip]
+pub mod qwen3_1_7b;
+#[rustfmt::skip]
+pub mod qwen3_4b;
+#[rustfmt::skip]
+pub mod qwen3_8b_tiny;
+#[rustfmt::skip]
+pub mod qwen3_8b;
 
 use archgen_runtime::model::{ModelError, ModelTask};
 use archgen_runtime::weights::Weights;
@@ -134,6 +156,61 @@ pub const MODELS: &[GeneratedModel] = &[
         spec: "specs/gemma4-walkthrough-tiny.yaml",
         fingerprint: gemma4_walkthrough_tiny::FINGERPRINT,
     },
+    GeneratedModel {
+        name: "llama-3.2-1b-tiny-q4",
+        spec: "specs/llama-3.2-1b-tiny-q4.yaml",
+        fingerprint: llama_3_2_1b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "llama-3.2-1b-tiny",
+        spec: "specs/llama-3.2-1b-tiny.yaml",
+        fingerprint: llama_3_2_1b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "llama-3.2-1b",
+        spec: "specs/llama-3.2-1b.yaml",
+        fingerprint: llama_3_2_1b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "llama-3.2-3b",
+        spec: "specs/llama-3.2-3b.yaml",
+        fingerprint: llama_3_2_3b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3-0.6b-tiny-q4",
+        spec: "specs/qwen3-0.6b-tiny-q4.yaml",
+        fingerprint: qwen3_0_6b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3-0.6b-tiny",
+        spec: "specs/qwen3-0.6b-tiny.yaml",
+        fingerprint: qwen3_0_6b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3-0.6b",
+        spec: "specs/qwen3-0.6b.yaml",
+        fingerprint: qwen3_0_6b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3-1.7b",
+        spec: "specs/qwen3-1.7b.yaml",
+        fingerprint: qwen3_1_7b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3-4b",
+        spec: "specs/qwen3-4b.yaml",
+        fingerprint: qwen3_4b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3-8b-tiny",
+        spec: "specs/qwen3-8b-tiny.yaml",
+        fingerprint: qwen3_8b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3-8b",
+        spec: "specs/qwen3-8b.yaml",
+        fingerprint: qwen3_8b::FINGERPRINT,
+    },
 ];
 /// The generated model whose fingerprint is `fingerprint`, if any.
 pub fn find(fingerprint: &str) -> Option<&'static GeneratedModel> {
@@ -190,6 +267,31 @@ pub fn run<T: ModelTask>(
         gemma4_walkthrough_tiny::FINGERPRINT => {
             Some(gemma4_walkthrough_tiny::load(weights).map(|m| task.run(&m)))
         }
+        llama_3_2_1b_tiny_q4::FINGERPRINT => {
+            Some(llama_3_2_1b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        llama_3_2_1b_tiny::FINGERPRINT => {
+            Some(llama_3_2_1b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        llama_3_2_1b::FINGERPRINT => {
+            Some(llama_3_2_1b::load(weights).map(|m| task.run(&m)))
+        }
+        llama_3_2_3b::FINGERPRINT => {
+            Some(llama_3_2_3b::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_0_6b_tiny_q4::FINGERPRINT => {
+            Some(qwen3_0_6b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_0_6b_tiny::FINGERPRINT => {
+            Some(qwen3_0_6b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_0_6b::FINGERPRINT => Some(qwen3_0_6b::load(weights).map(|m| task.run(&m))),
+        qwen3_1_7b::FINGERPRINT => Some(qwen3_1_7b::load(weights).map(|m| task.run(&m))),
+        qwen3_4b::FINGERPRINT => Some(qwen3_4b::load(weights).map(|m| task.run(&m))),
+        qwen3_8b_tiny::FINGERPRINT => {
+            Some(qwen3_8b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_8b::FINGERPRINT => Some(qwen3_8b::load(weights).map(|m| task.run(&m))),
         _ => None,
     }
 }

@@ -149,8 +149,9 @@ fn summary(spec: &Spec) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{} ({}, {} params, sha256 {})",
+        "{} ({}, {}, {} params, sha256 {})",
         a.name,
+        a.family.as_str(),
         a.model_type.as_str(),
         a.param_count(),
         &archgen_spec::spec_hash(spec)[..16]
@@ -186,6 +187,13 @@ fn summary(spec: &Spec) -> String {
                 "prop θ={theta} p={partial_rotary_factor} f={factor} ({})",
                 l.rotated_dims
             ),
+            RopeKind::Llama3 {
+                theta,
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                ..
+            } => format!("llama3 θ={theta} f={factor} {low_freq_factor}..{high_freq_factor}"),
         };
         let kvq = l.kv_quant.map_or("-".to_string(), |q| {
             format!("{}b g{}", q.bits, q.group_size)
@@ -344,8 +352,8 @@ fn import_cmd(args: &[String]) -> Result<(), String> {
     let (mut spec, applied) = import::from_config_json(&config, kv_value.as_ref(), &name)
         .map_err(|e| format!("{} cannot be imported:\n{e}", config_path.display()))?;
     if let Some((repo, rev)) = model_dir.as_deref().and_then(hub_cache_identity) {
-        spec.identity.source.repo = Some(repo);
-        spec.identity.source.revision = Some(rev);
+        spec.identity_mut().source.repo = Some(repo);
+        spec.identity_mut().source.revision = Some(rev);
     }
     let out = out_dir
         .unwrap_or_else(specs_dir)
@@ -361,7 +369,7 @@ fn import_cmd(args: &[String]) -> Result<(), String> {
         format!(
         "# Imported by `cargo xtask spec import` from {} (model_type {}); {} default(s) applied.\n",
         config_path.file_name().and_then(|n| n.to_str()).unwrap_or("config.json"),
-        spec.identity.source.model_type.as_str(),
+        spec.identity().source.model_type.as_str(),
         applied.len()
     );
     let first_newline = text.find('\n').map_or(0, |i| i + 1);
@@ -426,7 +434,7 @@ mod tests {
         import_cmd(&args(&[])).unwrap();
         let out = dir.path().join("imported.yaml");
         let spec = archgen_spec::load(&out).unwrap();
-        assert_eq!(spec.model.hidden_size, 64);
+        assert_eq!(spec.resolve().hidden_size, 64);
         let err = import_cmd(&args(&[])).unwrap_err();
         assert!(err.contains("--force"), "{err}");
         import_cmd(&args(&["--force"])).unwrap();

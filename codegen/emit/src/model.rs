@@ -7,21 +7,21 @@ use archgen_spec::{LayerFacts, LayerType, RopeKind};
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::quote;
 
-fn ident(s: &str) -> Ident {
+pub(crate) fn ident(s: &str) -> Ident {
     Ident::new(s, Span::call_site())
 }
 
-fn lit_i32(v: usize) -> Result<Literal, String> {
+pub(crate) fn lit_i32(v: usize) -> Result<Literal, String> {
     i32::try_from(v)
         .map(Literal::i32_unsuffixed)
         .map_err(|_| format!("{v} does not fit the i32 shapes MLX uses"))
 }
 
-fn lit_f32(v: f32) -> Literal {
+pub(crate) fn lit_f32(v: f32) -> Literal {
     Literal::f32_suffixed(v)
 }
 
-fn layer_field(i: usize) -> Ident {
+pub(crate) fn layer_field(i: usize) -> Ident {
     ident(&format!("layer_{i}"))
 }
 
@@ -179,11 +179,22 @@ fn rope_init(f: &LayerFacts) -> Result<TokenStream, String> {
             let rotated = lit_i32(f.rotated_dims)?;
             quote! { Rope::proportional(#hd, #rotated, #theta, #factor).map_err(|e| ModelError(e.to_string()))? }
         }
+        RopeKind::Llama3 { .. } => {
+            return Err("Llama-3 RoPE is a dense-family form; a Gemma-4 spec cannot have it".into())
+        }
     })
 }
 
-/// The whole model module (without the file header).
+/// The whole model module (without the file header), by family.
 pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
+    if plan.arch.family.is_dense() {
+        crate::dense::model_tokens(plan)
+    } else {
+        gemma4_tokens(plan)
+    }
+}
+
+fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
     let a = &plan.arch;
     let name = &plan.name;
     let fingerprint = &plan.fingerprint;

@@ -60,6 +60,15 @@ pub fn plan_file(plan: &Plan) -> Result<String, String> {
                     "proportional θ={theta} p={partial_rotary_factor} factor={factor} ({} dims)",
                     f.rotated_dims
                 ),
+                RopeKind::Llama3 {
+                    theta,
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_position_embeddings,
+                } => format!(
+                    "llama3 θ={theta} factor={factor} low={low_freq_factor} high={high_freq_factor} original={original_max_position_embeddings}"
+                ),
             },
             mlp: f.mlp_width,
             kv_quant: f
@@ -110,6 +119,8 @@ pub fn plan_file(plan: &Plan) -> Result<String, String> {
         generator => GENERATOR_VERSION,
         command => crate::regenerate_command(&plan.name),
         model_type => a.model_type.as_str(),
+        family => a.family.as_str(),
+        qk_norm => a.qk_norm,
         hidden => a.hidden_size,
         vocab => a.vocab_size,
         num_layers => a.num_layers,

@@ -146,6 +146,10 @@ fn f32_bits(v: f32) -> String {
     format!("{:#010x}", v.to_bits())
 }
 
+fn f64_bits(v: f64) -> String {
+    format!("{:#018x}", v.to_bits())
+}
+
 /// What the fingerprint covers: every resolved fact that changes the code or
 /// the tensors a generated model expects (not the name, not unused fields
 /// like max_position_embeddings), plus the generator version. Floats by bits.
@@ -165,6 +169,20 @@ pub fn fingerprint_input(arch: &Architecture) -> Value {
                     f32_bits(theta),
                     f32_bits(partial_rotary_factor),
                     f32_bits(factor)
+                ]),
+                RopeKind::Llama3 {
+                    theta,
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_position_embeddings,
+                } => json!([
+                    "llama3",
+                    f32_bits(theta),
+                    f64_bits(factor),
+                    f64_bits(low_freq_factor),
+                    f64_bits(high_freq_factor),
+                    f64_bits(original_max_position_embeddings)
                 ]),
             };
             json!({
@@ -271,7 +289,22 @@ pub fn params(arch: &Architecture) -> Vec<Param> {
             p.width as u64,
         );
     }
-    for f in &arch.layers {
+    for f in arch.layers.iter().filter(|_| arch.family.is_dense()) {
+        let lp = format!("{pre}layers.{}.", f.index);
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            vec_param(&mut out, format!("{lp}{n}.weight"), h);
+        }
+        if arch.qk_norm {
+            for n in ["q_norm", "k_norm"] {
+                vec_param(
+                    &mut out,
+                    format!("{lp}self_attn.{n}.weight"),
+                    f.head_dim as u64,
+                );
+            }
+        }
+    }
+    for f in arch.layers.iter().filter(|_| !arch.family.is_dense()) {
         let lp = format!("{pre}layers.{}.", f.index);
         for n in [
             "input_layernorm",

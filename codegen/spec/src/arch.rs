@@ -16,6 +16,17 @@ pub enum RopeKind {
         partial_rotary_factor: f32,
         factor: f32,
     },
+    /// `Llama3RoPE`: `mx.fast.rope` with `freqs` from `theta^(arange(0, dims, 2)/dims)`
+    /// smoothed between `low_freq_factor` and `high_freq_factor` (mlx-lm `rope_utils.py`).
+    /// The scaling parameters stay f64: mlx-lm combines them as Python floats before
+    /// they meet f32 arrays.
+    Llama3 {
+        theta: f32,
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
 }
 
 /// Everything about one decoder layer.
@@ -114,6 +125,10 @@ pub struct WeightQuant {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Architecture {
     pub name: String,
+    /// Which family's blocks run this architecture.
+    pub family: Family,
+    /// Per-head RMSNorm on queries and keys (`q_norm`, `k_norm`): Gemma-4 and Qwen3.
+    pub qk_norm: bool,
     /// Top-level config `model_type`.
     pub model_type: ConfigModelType,
     /// Prefix of the text model's modules: `language_model.model.` or `model.`.
@@ -126,6 +141,7 @@ pub struct Architecture {
     /// `num_hidden_layers - num_kv_shared_layers`: first layer without its own K/V.
     pub first_kv_shared_layer: usize,
     pub num_attention_heads: usize,
+    /// Window of sliding layers; 0 when the family has none.
     pub sliding_window: usize,
     pub intermediate_size: usize,
     pub rms_norm_eps: f32,
@@ -139,9 +155,9 @@ pub struct Architecture {
 }
 
 impl Architecture {
-    /// Resolves a spec. The spec must have passed validation (as every `Spec` returned
+    /// Resolves a spec. The spec must have passed validation (as every `Gemma4Spec` returned
     /// by `load`/`parse_str` has).
-    pub(crate) fn build(spec: &Spec) -> Architecture {
+    pub(crate) fn build(spec: &Gemma4Spec) -> Architecture {
         let types = spec.layer_types();
         let n = types.len();
         let m = n - spec.layers.num_kv_shared_layers as usize;
@@ -228,6 +244,8 @@ impl Architecture {
         let wrapped = spec.identity.source.model_type != ConfigModelType::Gemma4Text;
         Architecture {
             name: spec.identity.name.clone(),
+            family: Family::Gemma4,
+            qk_norm: true,
             model_type: spec.identity.source.model_type,
             module_prefix: if wrapped {
                 "language_model.model."
@@ -427,6 +445,9 @@ impl Architecture {
     /// Parameter count of the unquantized model (weights, norms, scalars).
     pub fn param_count(&self) -> u64 {
         let h = self.hidden_size as u64;
+        if self.family.is_dense() {
+            return crate::dense::param_count(self);
+        }
         let mut total: u64 = self
             .quantizable_modules()
             .iter()

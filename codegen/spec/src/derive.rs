@@ -22,7 +22,25 @@ pub(crate) fn parse_derived(
     origin: &str,
     dir: &Path,
     stack: &mut Vec<PathBuf>,
-) -> Result<Spec, Diagnostics> {
+) -> Result<crate::Spec, Diagnostics> {
+    if let Some(from) = value
+        .get("derive")
+        .and_then(|d| d.get("from"))
+        .and_then(serde_yaml::Value::as_str)
+    {
+        let mut bad_name = Vec::new();
+        validate::check_name(&mut bad_name, from, &p("derive.from"));
+        if bad_name.is_empty() && parent_is_dense(dir, from, 0) {
+            let from = from.to_string();
+            return match load_parent(&from, tree, origin, dir, stack)? {
+                crate::Spec::Dense(parent) => {
+                    crate::dense::parse_derived(value, tree, origin, &parent)
+                        .map(crate::Spec::Dense)
+                }
+                crate::Spec::Gemma4(_) => unreachable_family(tree, origin),
+            };
+        }
+    }
     let file: DerivedSpecFile = match serde_path_to_error::deserialize(value.clone()) {
         Ok(f) => f,
         Err(_) => {
@@ -81,8 +99,81 @@ pub(crate) fn parse_derived(
         return Err(locate_all(tree, origin, front));
     }
 
-    // Load the parent.
-    let parent_path = dir.join(format!("{}.yaml", file.derive.from));
+    let parent = match load_parent(&file.derive.from, tree, origin, dir, stack)? {
+        crate::Spec::Gemma4(g) => g,
+        crate::Spec::Dense(_) => return unreachable_family(tree, origin),
+    };
+
+    let (spec, mut issues) = apply(&parent, &file);
+    if issues.is_empty() {
+        let resolved_issues = validate::check(&spec);
+        issues.extend(
+            resolved_issues
+                .into_iter()
+                .map(|i| translate(i, &file, &parent.identity.name)),
+        );
+    }
+    if issues.is_empty() {
+        issues.extend(check_quant_divisibility(&spec));
+    }
+    if issues.is_empty() {
+        Ok(crate::Spec::Gemma4(spec))
+    } else {
+        Err(locate_all(tree, origin, issues))
+    }
+}
+
+/// Whether the spec `from` in `dir` (following its own `derive.from`) is of a dense
+/// family. Unreadable files say no: the Gemma-4 path then reports them.
+fn parent_is_dense(dir: &Path, from: &str, depth: usize) -> bool {
+    if depth > MAX_DERIVE_DEPTH {
+        return false;
+    }
+    let path = dir.join(format!("{from}.yaml"));
+    let small = std::fs::metadata(&path).is_ok_and(|m| m.len() <= crate::MAX_SPEC_BYTES as u64);
+    let Some(value) = small
+        .then(|| std::fs::read_to_string(&path).ok())
+        .flatten()
+        .and_then(|t| serde_yaml::from_str::<serde_yaml::Value>(&t).ok())
+    else {
+        return false;
+    };
+    if let Some(next) = value
+        .get("derive")
+        .and_then(|d| d.get("from"))
+        .and_then(serde_yaml::Value::as_str)
+    {
+        return parent_is_dense(dir, next, depth + 1);
+    }
+    value
+        .get("identity")
+        .and_then(|i| i.get("family"))
+        .and_then(|f| serde_yaml::from_value::<Family>(f.clone()).ok())
+        .is_some_and(Family::is_dense)
+}
+
+fn unreachable_family<T>(tree: &Node, origin: &str) -> Result<T, Diagnostics> {
+    Err(locate_all(
+        tree,
+        origin,
+        vec![Issue::new(
+            p("derive.from"),
+            "the parent's family changed while it was being read",
+            "a parent spec that does not change during the run",
+            "run the command again",
+        )],
+    ))
+}
+
+/// Loads `derive.from` from the same directory, refusing cycles and deep chains.
+fn load_parent(
+    from: &str,
+    tree: &Node,
+    origin: &str,
+    dir: &Path,
+    stack: &mut Vec<PathBuf>,
+) -> Result<crate::Spec, Diagnostics> {
+    let parent_path = dir.join(format!("{}.yaml", from));
     let key = std::fs::canonicalize(&parent_path).unwrap_or(parent_path.clone());
     let here = std::fs::canonicalize(origin).unwrap_or_else(|_| PathBuf::from(origin));
     let from_loc = tree.locate(&p("derive.from"));
@@ -94,7 +185,7 @@ pub(crate) fn parse_derived(
                 p("derive.from"),
                 format!(
                     "`{}` derives (directly or not) from this spec: a cycle",
-                    file.derive.from
+                    from
                 ),
                 "a chain of derive.from that ends at a full spec",
                 "derive from the full spec instead",
@@ -117,11 +208,7 @@ pub(crate) fn parse_derived(
             from_loc,
             Issue::new(
                 p("derive.from"),
-                format!(
-                    "no spec `{}` (looked for {})",
-                    file.derive.from,
-                    parent_path.display()
-                ),
+                format!("no spec `{}` (looked for {})", from, parent_path.display()),
                 "the name of a spec in the same directory",
                 "check the spelling; `cargo xtask spec check` lists the specs",
             ),
@@ -130,8 +217,8 @@ pub(crate) fn parse_derived(
     stack.push(key);
     let parent = crate::load_inner(&parent_path, stack);
     stack.pop();
-    let parent = match parent {
-        Ok(s) => s,
+    match parent {
+        Ok(s) => Ok(s),
         Err(inner) => {
             let mut d = err_at(
                 from_loc,
@@ -139,7 +226,7 @@ pub(crate) fn parse_derived(
                     p("derive.from"),
                     format!(
                         "parent spec `{}` has {} error(s), listed below",
-                        file.derive.from,
+                        from,
                         inner.len()
                     ),
                     "a parent spec that validates",
@@ -147,26 +234,8 @@ pub(crate) fn parse_derived(
                 ),
             );
             d.0.extend(inner.0);
-            return Err(d);
+            Err(d)
         }
-    };
-
-    let (spec, mut issues) = apply(&parent, &file);
-    if issues.is_empty() {
-        let resolved_issues = validate::check(&spec);
-        issues.extend(
-            resolved_issues
-                .into_iter()
-                .map(|i| translate(i, &file, &parent.identity.name)),
-        );
-    }
-    if issues.is_empty() {
-        issues.extend(check_quant_divisibility(&spec));
-    }
-    if issues.is_empty() {
-        Ok(spec)
-    } else {
-        Err(locate_all(tree, origin, issues))
     }
 }
 
@@ -179,7 +248,7 @@ fn minimal_period(types: &[LayerType]) -> usize {
 }
 
 /// Builds the derived spec; issues are in derived-file coordinates.
-fn apply(parent: &Spec, file: &DerivedSpecFile) -> (Spec, Vec<Issue>) {
+fn apply(parent: &Gemma4Spec, file: &DerivedSpecFile) -> (Gemma4Spec, Vec<Issue>) {
     let mut issues = Vec::new();
     let mut spec = parent.clone();
     spec.identity.name = file.identity.name.clone();
@@ -434,7 +503,7 @@ fn translate(mut i: Issue, file: &DerivedSpecFile, parent: &str) -> Issue {
 
 /// A derived (tiny) spec must quantize every module it declares quantized: no module may
 /// be silently skipped for group divisibility.
-fn check_quant_divisibility(spec: &Spec) -> Vec<Issue> {
+fn check_quant_divisibility(spec: &Gemma4Spec) -> Vec<Issue> {
     let Some(q) = &spec.quantization else {
         return Vec::new();
     };

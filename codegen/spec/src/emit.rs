@@ -72,7 +72,7 @@ fn qparams(q: &QuantParams) -> String {
 
 /// The full-form YAML text of a spec, starting with the schema modeline. Parsing the
 /// result gives back an equal spec.
-pub fn to_yaml(spec: &Spec) -> String {
+pub(crate) fn gemma4_yaml(spec: &Gemma4Spec) -> String {
     let mut o = String::new();
     let id = &spec.identity;
     let m = &spec.model;
@@ -80,29 +80,7 @@ pub fn to_yaml(spec: &Spec) -> String {
     let a = &spec.attention;
     let _ = writeln!(o, "{MODELINE}");
     let _ = writeln!(o, "format_version: {}", spec.format_version);
-    let _ = writeln!(o, "identity:");
-    let _ = writeln!(o, "  name: {}", string(&id.name));
-    let _ = writeln!(o, "  family: gemma4");
-    let _ = writeln!(o, "  source:");
-    let _ = writeln!(
-        o,
-        "    repo: {}",
-        id.source
-            .repo
-            .as_deref()
-            .map_or("null".into(), |r| serde_json::to_string(r)
-                .unwrap_or_default())
-    );
-    let _ = writeln!(
-        o,
-        "    revision: {}",
-        id.source
-            .revision
-            .as_deref()
-            .map_or("null".into(), |r| serde_json::to_string(r)
-                .unwrap_or_default())
-    );
-    let _ = writeln!(o, "    model_type: {}", id.source.model_type.as_str());
+    identity_yaml(&mut o, id);
     let _ = writeln!(o, "model:");
     let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
     let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
@@ -168,7 +146,54 @@ pub fn to_yaml(spec: &Spec) -> String {
             );
         }
     }
-    match &spec.quantization {
+    quantization_yaml(&mut o, spec.quantization.as_ref());
+    match &spec.kv_quantization {
+        None => o.push_str("kv_quantization: null\n"),
+        Some(kv) if kv.is_empty() => o.push_str("kv_quantization: []\n"),
+        Some(kv) => {
+            let _ = writeln!(o, "kv_quantization:");
+            for e in kv {
+                let _ = writeln!(
+                    o,
+                    "  - {{layer_idx: {}, bits: {}, group_size: {}}}",
+                    e.layer_idx, e.bits, e.group_size
+                );
+            }
+        }
+    }
+    o
+}
+
+/// The `identity:` section.
+pub(crate) fn identity_yaml(o: &mut String, id: &Identity) {
+    let _ = writeln!(o, "identity:");
+    let _ = writeln!(o, "  name: {}", string(&id.name));
+    let _ = writeln!(o, "  family: {}", id.family.as_str());
+    let _ = writeln!(o, "  source:");
+    let _ = writeln!(
+        o,
+        "    repo: {}",
+        id.source
+            .repo
+            .as_deref()
+            .map_or("null".into(), |r| serde_json::to_string(r)
+                .unwrap_or_default())
+    );
+    let _ = writeln!(
+        o,
+        "    revision: {}",
+        id.source
+            .revision
+            .as_deref()
+            .map_or("null".into(), |r| serde_json::to_string(r)
+                .unwrap_or_default())
+    );
+    let _ = writeln!(o, "    model_type: {}", id.source.model_type.as_str());
+}
+
+/// The `quantization:` section (null or default + overrides).
+pub(crate) fn quantization_yaml(o: &mut String, q: Option<&Quantization>) {
+    match q {
         None => o.push_str("quantization: null\n"),
         Some(q) => {
             let _ = writeln!(o, "quantization:");
@@ -191,19 +216,4 @@ pub fn to_yaml(spec: &Spec) -> String {
             }
         }
     }
-    match &spec.kv_quantization {
-        None => o.push_str("kv_quantization: null\n"),
-        Some(kv) if kv.is_empty() => o.push_str("kv_quantization: []\n"),
-        Some(kv) => {
-            let _ = writeln!(o, "kv_quantization:");
-            for e in kv {
-                let _ = writeln!(
-                    o,
-                    "  - {{layer_idx: {}, bits: {}, group_size: {}}}",
-                    e.layer_idx, e.bits, e.group_size
-                );
-            }
-        }
-    }
-    o
 }

@@ -46,7 +46,7 @@ pub(crate) fn quantization_json(q: &Quantization) -> Value {
 /// The resolved spec with Hugging Face `text_config` field names (what
 /// `cargo xtask spec show NAME --json` prints), plus `quantization` (mlx config form) and
 /// `kv_quantization` (kv_config.json form) when present. Keys are sorted.
-pub fn to_hf_json(spec: &Spec) -> Value {
+pub(crate) fn gemma4_hf_json(spec: &Gemma4Spec) -> Value {
     let a = &spec.attention;
     let layer_types: Vec<&str> = spec.layer_types().iter().map(|t| t.hf_name()).collect();
     let mut v = json!({
@@ -112,7 +112,7 @@ pub(crate) fn canonical(v: &Value) -> Value {
 
 /// SHA-256 (lowercase hex) of the spec's canonical JSON: sorted keys, no whitespace.
 /// Stable across runs, platforms and field order in the YAML file.
-pub fn spec_hash(spec: &Spec) -> String {
+pub fn spec_hash(spec: &crate::Spec) -> String {
     let value = serde_json::to_value(spec).unwrap_or(Value::Null);
     let text = serde_json::to_string(&canonical(&value)).unwrap_or_default();
     let digest = Sha256::digest(text.as_bytes());
@@ -123,8 +123,8 @@ pub fn spec_hash(spec: &Spec) -> String {
 /// (`gemma4` / `gemma4_unified` wrap the text config, `gemma4_text` is flat),
 /// without quantization (a checkpoint writer adds what it packed). mlx-lm
 /// loads it to exactly this architecture.
-pub fn to_config_json(spec: &Spec) -> Value {
-    let mut text = to_hf_json(spec);
+pub(crate) fn gemma4_config_json(spec: &Gemma4Spec) -> Value {
+    let mut text = gemma4_hf_json(spec);
     let obj = text.as_object_mut().unwrap();
     obj.remove("quantization");
     obj.remove("kv_quantization");

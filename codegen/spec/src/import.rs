@@ -42,20 +42,74 @@ impl fmt::Display for ImportError {
 
 impl std::error::Error for ImportError {}
 
-const ABSENT: &str = "absent: mlx-lm 0.32.2 default";
+pub(crate) const ABSENT: &str = "absent: mlx-lm 0.32.2 default";
 
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     obj: &'a Map<String, Value>,
     prefix: &'a str,
     applied: Vec<AppliedDefault>,
     problems: Vec<String>,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    pub(crate) fn new(obj: &'a Map<String, Value>, prefix: &'a str) -> Self {
+        Reader {
+            obj,
+            prefix,
+            applied: Vec::new(),
+            problems: Vec::new(),
+        }
+    }
+    /// What was applied and what went wrong.
+    pub(crate) fn finish(self) -> (Vec<AppliedDefault>, Vec<String>) {
+        (self.applied, self.problems)
+    }
+    /// Takes over another reader's notes and problems.
+    pub(crate) fn absorb(&mut self, other: Reader) {
+        self.applied.extend(other.applied);
+        self.problems.extend(other.problems);
+    }
+    /// An integer mlx-lm has no default for.
+    pub(crate) fn required_uint(&mut self, k: &str) -> u32 {
+        match self.get(k).cloned() {
+            Some(v) => self.uint_of(k, &v),
+            None => {
+                self.problem(k, "missing (mlx-lm has no default for it)");
+                0
+            }
+        }
+    }
+    /// A number mlx-lm has no default for.
+    pub(crate) fn required_float(&mut self, k: &str) -> f64 {
+        match self.get(k).cloned() {
+            Some(v) => v.as_f64().unwrap_or_else(|| {
+                self.problem(k, &format!("expected a number, found {v}"));
+                0.0
+            }),
+            None => {
+                self.problem(k, "missing (mlx-lm has no default for it)");
+                0.0
+            }
+        }
+    }
+    /// A boolean mlx-lm has no default for.
+    pub(crate) fn required_bool(&mut self, k: &str) -> bool {
+        match self.get(k).cloned() {
+            Some(Value::Bool(b)) => b,
+            Some(v) => {
+                self.problem(k, &format!("expected true or false, found {v}"));
+                false
+            }
+            None => {
+                self.problem(k, "missing (mlx-lm has no default for it)");
+                false
+            }
+        }
+    }
     fn field(&self, k: &str) -> String {
         format!("{}{k}", self.prefix)
     }
-    fn note(&mut self, k: &str, v: Value, reason: &str) {
+    pub(crate) fn note(&mut self, k: &str, v: Value, reason: &str) {
         let field = self.field(k);
         self.applied.push(AppliedDefault {
             field,
@@ -63,15 +117,15 @@ impl Reader<'_> {
             reason: reason.to_string(),
         });
     }
-    fn problem(&mut self, k: &str, msg: &str) {
+    pub(crate) fn problem(&mut self, k: &str, msg: &str) {
         let f = self.field(k);
         self.problems.push(format!("{f}: {msg}"));
     }
     /// Present (and not null) value.
-    fn get(&self, k: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, k: &str) -> Option<&Value> {
         self.obj.get(k).filter(|v| !v.is_null())
     }
-    fn uint_of(&mut self, k: &str, v: &Value) -> u32 {
+    pub(crate) fn uint_of(&mut self, k: &str, v: &Value) -> u32 {
         match v.as_u64().and_then(|x| u32::try_from(x).ok()) {
             Some(x) => x,
             None => {
@@ -81,7 +135,7 @@ impl Reader<'_> {
         }
     }
     /// Integer with an mlx default; null is a problem (mlx would fail on it).
-    fn uint(&mut self, k: &str, default: u32) -> u32 {
+    pub(crate) fn uint(&mut self, k: &str, default: u32) -> u32 {
         match self.obj.get(k) {
             None => {
                 self.note(k, json!(default), ABSENT);
@@ -98,7 +152,7 @@ impl Reader<'_> {
         }
     }
     /// Optional integer where null/0 means "off"; `default` when absent.
-    fn opt_uint(&mut self, k: &str, default: Option<u32>) -> Option<u32> {
+    pub(crate) fn opt_uint(&mut self, k: &str, default: Option<u32>) -> Option<u32> {
         match self.obj.get(k) {
             None => {
                 self.note(k, json!(default), ABSENT);
@@ -111,7 +165,7 @@ impl Reader<'_> {
             }
         }
     }
-    fn float(&mut self, k: &str, default: f64) -> f64 {
+    pub(crate) fn float(&mut self, k: &str, default: f64) -> f64 {
         match self.obj.get(k) {
             None => {
                 self.note(k, json!(default), ABSENT);
@@ -126,7 +180,7 @@ impl Reader<'_> {
             },
         }
     }
-    fn boolean(&mut self, k: &str, default: bool) -> bool {
+    pub(crate) fn boolean(&mut self, k: &str, default: bool) -> bool {
         match self.obj.get(k) {
             None => {
                 self.note(k, json!(default), ABSENT);
@@ -170,7 +224,7 @@ fn parse_mode(s: &str) -> Option<QuantMode> {
 }
 
 /// Reads a quantization dict (mlx `quantization` form or a legacy `quantization_config`).
-fn read_quantization(q: &Value, field: &str, r: &mut Reader) -> Option<Quantization> {
+pub(crate) fn read_quantization(q: &Value, field: &str, r: &mut Reader) -> Option<Quantization> {
     let Some(obj) = q.as_object() else {
         r.problems
             .push(format!("{field}: expected a mapping, found {q}"));
@@ -396,7 +450,7 @@ pub fn from_config_json(
     value: &Value,
     kv_config: Option<&Value>,
     name: &str,
-) -> Result<(Spec, Vec<AppliedDefault>), ImportError> {
+) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
     let fail = |m: String| ImportError { problems: vec![m] };
     let top = value
         .as_object()
@@ -405,9 +459,31 @@ pub fn from_config_json(
         Some("gemma4") => ConfigModelType::Gemma4,
         Some("gemma4_text") => ConfigModelType::Gemma4Text,
         Some("gemma4_unified") => ConfigModelType::Gemma4Unified,
-        Some(other) => return Err(fail(format!("model_type: `{other}` is not a Gemma-4 text model (gemma4, gemma4_text, gemma4_unified)"))),
+        Some("qwen3") => ConfigModelType::Qwen3,
+        Some("llama") => ConfigModelType::Llama,
+        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama)"))),
         None => return Err(fail("model_type: missing (mlx-lm needs it to pick the model)".into())),
     };
+    if model_type.family().is_dense() {
+        if kv_config.is_some() {
+            return Err(fail(
+                "kv_config.json: KV-cache quantization is supported for Gemma-4 only".into(),
+            ));
+        }
+        return crate::dense::import(top, model_type, name)
+            .map(|(s, applied)| (crate::Spec::Dense(s), applied));
+    }
+    gemma4_import(top, model_type, kv_config, name)
+        .map(|(s, applied)| (crate::Spec::Gemma4(s), applied))
+}
+
+fn gemma4_import(
+    top: &Map<String, Value>,
+    model_type: ConfigModelType,
+    kv_config: Option<&Value>,
+    name: &str,
+) -> Result<(Gemma4Spec, Vec<AppliedDefault>), ImportError> {
+    let fail = |m: String| ImportError { problems: vec![m] };
     let empty = Map::new();
     let wrapped = model_type != ConfigModelType::Gemma4Text;
     let (text, prefix) = if wrapped {
@@ -709,7 +785,7 @@ pub fn from_config_json(
         .and_then(Value::as_str)
         .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
         .map(str::to_string);
-    let spec = Spec {
+    let spec = Gemma4Spec {
         format_version: FORMAT_VERSION,
         identity: Identity {
             name: name.to_string(),

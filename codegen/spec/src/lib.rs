@@ -1,8 +1,8 @@
-//! archgen-spec: YAML architecture specs of Gemma-4 text models, as mlx-lm 0.32.2 runs
-//! them.
+//! archgen-spec: YAML architecture specs of language models, as mlx-lm 0.32.2 runs
+//! them: Gemma-4 text models and the dense Qwen3 / Llama families.
 //!
 //! * [`load`] / [`parse_str`] read a spec file (full or derived), validate it and return
-//!   the resolved [`Spec`], or every error in the file as located [`Diagnostics`].
+//!   the resolved [`Spec`] (one layout per family), or every error in the file as located [`Diagnostics`].
 //! * [`Spec::resolve`] gives the [`Architecture`]: per-layer [`LayerFacts`] and
 //!   model-level facts as plain fields, plus [`Architecture::quant_for`].
 //! * [`import::from_config_json`] turns an mlx-lm / Hugging Face `config.json` into a spec
@@ -14,6 +14,7 @@
 //! The format is documented in `docs/spec-format.md`. This crate never depends on MLX.
 
 mod arch;
+mod dense;
 mod derive;
 mod diag;
 mod emit;
@@ -28,9 +29,12 @@ pub use arch::{
     Architecture, KvQuant, LayerFacts, ModuleKind, MoeFacts, PleFacts, QuantizableModule, RopeKind,
     WeightQuant,
 };
+pub use dense::{
+    DenseAttention, DenseDerive, DenseDerivedSpecFile, DenseLayers, DenseMlp, DenseModel,
+    DenseReduce, DenseRope, DenseSpec, RopeScaling,
+};
 pub use diag::{Diagnostic, Diagnostics, FieldPath, Seg};
-pub use emit::to_yaml;
-pub use hf::{spec_hash, to_config_json, to_hf_json};
+pub use hf::spec_hash;
 pub use model::*;
 pub use validate::limits;
 pub use yaml::MAX_SPEC_BYTES;
@@ -43,10 +47,124 @@ use yaml::{Loc, Node};
 /// Most levels of `derive.from` followed before giving up.
 pub const MAX_DERIVE_DEPTH: usize = 8;
 
+/// A validated spec of any family. Each family has its own document layout (see
+/// docs/spec-format.md); all resolve to one [`Architecture`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum Spec {
+    Gemma4(Gemma4Spec),
+    /// Qwen3 and Llama.
+    Dense(DenseSpec),
+}
+
 impl Spec {
-    /// The resolved architecture. Every `Spec` from [`load`], [`parse_str`] or
+    pub fn identity(&self) -> &Identity {
+        match self {
+            Spec::Gemma4(s) => &s.identity,
+            Spec::Dense(s) => &s.identity,
+        }
+    }
+    pub fn identity_mut(&mut self) -> &mut Identity {
+        match self {
+            Spec::Gemma4(s) => &mut s.identity,
+            Spec::Dense(s) => &mut s.identity,
+        }
+    }
+    /// `identity.name`.
+    pub fn name(&self) -> &str {
+        &self.identity().name
+    }
+    pub fn family(&self) -> Family {
+        self.identity().family
+    }
+    /// The Gemma-4 document, when this is one.
+    pub fn as_gemma4(&self) -> Option<&Gemma4Spec> {
+        match self {
+            Spec::Gemma4(s) => Some(s),
+            Spec::Dense(_) => None,
+        }
+    }
+    pub fn as_gemma4_mut(&mut self) -> Option<&mut Gemma4Spec> {
+        match self {
+            Spec::Gemma4(s) => Some(s),
+            Spec::Dense(_) => None,
+        }
+    }
+    pub fn quantization(&self) -> Option<&Quantization> {
+        match self {
+            Spec::Gemma4(s) => s.quantization.as_ref(),
+            Spec::Dense(s) => s.quantization.as_ref(),
+        }
+    }
+    /// The resolved architecture (the spec must be valid, as every loaded one is).
+    pub fn resolve(&self) -> Architecture {
+        match self {
+            Spec::Gemma4(s) => s.resolve(),
+            Spec::Dense(s) => dense::resolve(s),
+        }
+    }
+    /// Semantic validation of a spec built in code (see [`Gemma4Spec::validate`]).
+    pub fn validate(&self) -> Result<(), Diagnostics> {
+        match self {
+            Spec::Gemma4(s) => s.validate(),
+            Spec::Dense(s) => in_memory(dense::check(s)),
+        }
+    }
+}
+
+/// The full-form YAML text of a spec, starting with the schema modeline. Parsing the
+/// result gives back an equal spec.
+pub fn to_yaml(spec: &Spec) -> String {
+    match spec {
+        Spec::Gemma4(s) => emit::gemma4_yaml(s),
+        Spec::Dense(s) => dense::to_yaml(s),
+    }
+}
+
+/// The resolved spec with config.json field names (what `cargo xtask spec show NAME
+/// --json` prints), plus `quantization` (mlx config form) and, for Gemma-4,
+/// `kv_quantization` (kv_config.json form) when present. Keys are sorted.
+pub fn to_hf_json(spec: &Spec) -> serde_json::Value {
+    match spec {
+        Spec::Gemma4(s) => hf::gemma4_hf_json(s),
+        Spec::Dense(s) => dense::hf_json(s),
+    }
+}
+
+/// A config.json for the spec in the layout of its source model type, without
+/// quantization (a checkpoint writer adds what it packed). mlx-lm loads it to exactly
+/// this architecture.
+pub fn to_config_json(spec: &Spec) -> serde_json::Value {
+    match spec {
+        Spec::Gemma4(s) => hf::gemma4_config_json(s),
+        Spec::Dense(s) => dense::config_json(s),
+    }
+}
+
+fn in_memory(issues: Vec<Issue>) -> Result<(), Diagnostics> {
+    if issues.is_empty() {
+        return Ok(());
+    }
+    Err(Diagnostics(
+        issues
+            .into_iter()
+            .map(|i| Diagnostic {
+                file: "<memory>".into(),
+                line: 0,
+                column: 0,
+                path: i.path,
+                message: i.message,
+                expected: i.expected,
+                hint: i.hint,
+            })
+            .collect(),
+    ))
+}
+
+impl Gemma4Spec {
+    /// The resolved architecture. Every `Gemma4Spec` from [`load`], [`parse_str`] or
     /// [`import::from_config_json`] is valid; for a hand-built one call
-    /// [`Spec::validate`] first.
+    /// [`Gemma4Spec::validate`] first.
     pub fn resolve(&self) -> Architecture {
         Architecture::build(self)
     }
@@ -54,25 +172,7 @@ impl Spec {
     /// Semantic validation of a spec built in code. Errors carry field paths but no file
     /// location (line and column 0, file `<memory>`).
     pub fn validate(&self) -> Result<(), Diagnostics> {
-        let issues = validate::check(self);
-        if issues.is_empty() {
-            Ok(())
-        } else {
-            Err(Diagnostics(
-                issues
-                    .into_iter()
-                    .map(|i| Diagnostic {
-                        file: "<memory>".into(),
-                        line: 0,
-                        column: 0,
-                        path: i.path,
-                        message: i.message,
-                        expected: i.expected,
-                        hint: i.hint,
-                    })
-                    .collect(),
-            ))
-        }
+        in_memory(validate::check(self))
     }
 }
 
@@ -144,7 +244,7 @@ fn located(file: &str, loc: Loc, i: Issue) -> Diagnostic {
     }
 }
 
-fn load_inner(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Spec, Diagnostics> {
+pub(crate) fn load_inner(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Spec, Diagnostics> {
     let origin = path.display().to_string();
     let meta = std::fs::metadata(path).map_err(|e| {
         single(
@@ -185,7 +285,7 @@ fn load_inner(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Spec, Diagnostics
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let spec = parse_inner(&bytes, &origin, &dir, stack)?;
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
-    if spec.identity.name != stem {
+    if spec.name() != stem {
         // Re-parse the tree only to locate the name.
         let loc = std::str::from_utf8(&bytes)
             .ok()
@@ -197,10 +297,7 @@ fn load_inner(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Spec, Diagnostics
             loc,
             Issue::new(
                 FieldPath::parse("identity.name"),
-                format!(
-                    "name `{}` differs from the file name `{stem}`",
-                    spec.identity.name
-                ),
+                format!("name `{}` differs from the file name `{stem}`", spec.name()),
                 format!("`{stem}`"),
                 "rename the file or the spec so that specs/<name>.yaml holds identity.name <name>",
             ),
@@ -248,15 +345,24 @@ fn parse_inner(
     })?;
     if tree.has_key("derive") {
         derive::parse_derived(value, &tree, origin, dir, stack)
+    } else if declared_family(&value).is_some_and(Family::is_dense) {
+        dense::parse_full(value, &tree, origin).map(Spec::Dense)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
         let issues = validate::check(&spec);
         if issues.is_empty() {
-            Ok(spec)
+            Ok(Spec::Gemma4(spec))
         } else {
             Err(locate_all(&tree, origin, issues))
         }
     }
+}
+
+/// `identity.family` as written, when it names a known family: it picks the layout
+/// the rest of the document is read with.
+fn declared_family(value: &serde_yaml::Value) -> Option<Family> {
+    let f = value.get("identity")?.get("family")?.clone();
+    serde_yaml::from_value(f).ok()
 }
 
 pub(crate) fn locate_all(tree: &Node, origin: &str, issues: Vec<Issue>) -> Diagnostics {
@@ -292,8 +398,8 @@ fn deserialize_full(
     value: serde_yaml::Value,
     tree: &Node,
     origin: &str,
-) -> Result<Spec, Diagnostics> {
-    match serde_path_to_error::deserialize::<_, Spec>(value.clone()) {
+) -> Result<Gemma4Spec, Diagnostics> {
+    match serde_path_to_error::deserialize::<_, Gemma4Spec>(value.clone()) {
         Ok(spec) => Ok(spec),
         Err(first) => {
             // Deserialize section by section to report every section's first error.
@@ -386,7 +492,10 @@ pub(crate) fn unknown_field(parent: &FieldPath, name: &str, known: &[&str]) -> I
     )
 }
 
-fn serde_issue(at: &FieldPath, e: serde_path_to_error::Error<serde_yaml::Error>) -> Issue {
+pub(crate) fn serde_issue(
+    at: &FieldPath,
+    e: serde_path_to_error::Error<serde_yaml::Error>,
+) -> Issue {
     let mut path = at.clone();
     for seg in e.path().iter() {
         match seg {

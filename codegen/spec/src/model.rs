@@ -24,7 +24,7 @@ where
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(title = "archgen architecture spec (full form)")]
-pub struct Spec {
+pub struct Gemma4Spec {
     /// Spec format version; must be 1.
     pub format_version: u32,
     pub identity: Identity,
@@ -57,11 +57,31 @@ pub struct Identity {
     pub source: Source,
 }
 
-/// Model family. Only Gemma-4 text models for now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// Model family: which document layout the spec has and which runtime blocks run it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Family {
+    /// Gemma-4 text models (`gemma4_text.py`).
     Gemma4,
+    /// Dense Qwen3 (`qwen3.py`): q/k RMSNorm per head, SwiGLU.
+    Qwen3,
+    /// Dense Llama (`llama.py`), incl. Llama-3 RoPE scaling.
+    Llama,
+}
+
+impl Family {
+    /// The spec spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Gemma4 => "gemma4",
+            Family::Qwen3 => "qwen3",
+            Family::Llama => "llama",
+        }
+    }
+    /// Dense decoder families share one document layout ([`crate::DenseSpec`]).
+    pub fn is_dense(self) -> bool {
+        matches!(self, Family::Qwen3 | Family::Llama)
+    }
 }
 
 /// The checkpoint the architecture comes from.
@@ -80,13 +100,16 @@ pub struct Source {
     pub model_type: ConfigModelType,
 }
 
-/// Top-level `model_type` values that mlx-lm 0.32.2 runs through `gemma4_text`.
+/// Top-level `model_type` values: the three that mlx-lm 0.32.2 runs through
+/// `gemma4_text`, and `qwen3` / `llama`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ConfigModelType {
     Gemma4,
     Gemma4Text,
     Gemma4Unified,
+    Qwen3,
+    Llama,
 }
 
 impl ConfigModelType {
@@ -96,6 +119,18 @@ impl ConfigModelType {
             ConfigModelType::Gemma4 => "gemma4",
             ConfigModelType::Gemma4Text => "gemma4_text",
             ConfigModelType::Gemma4Unified => "gemma4_unified",
+            ConfigModelType::Qwen3 => "qwen3",
+            ConfigModelType::Llama => "llama",
+        }
+    }
+    /// The family whose mlx-lm module reads this `model_type`.
+    pub fn family(self) -> Family {
+        match self {
+            ConfigModelType::Gemma4
+            | ConfigModelType::Gemma4Text
+            | ConfigModelType::Gemma4Unified => Family::Gemma4,
+            ConfigModelType::Qwen3 => Family::Qwen3,
+            ConfigModelType::Llama => Family::Llama,
         }
     }
 }
@@ -450,11 +485,13 @@ pub struct Reduce {
 #[serde(untagged)]
 #[allow(dead_code)]
 pub(crate) enum SpecDocument {
-    Full(Spec),
+    Full(Gemma4Spec),
+    Dense(crate::dense::DenseSpec),
     Derived(DerivedSpecFile),
+    DerivedDense(crate::dense::DenseDerivedSpecFile),
 }
 
-impl Spec {
+impl Gemma4Spec {
     /// The resolved `layer_types` list (`pattern` repeated `repeat` times).
     pub fn layer_types(&self) -> Vec<LayerType> {
         let mut v = Vec::with_capacity(self.layers.pattern.len() * self.layers.repeat as usize);

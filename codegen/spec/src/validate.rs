@@ -116,7 +116,7 @@ pub(crate) fn check_quant_params(q: &QuantParams, path: &FieldPath) -> Vec<Issue
 }
 
 /// All semantic errors of a resolved spec (paths in full-spec coordinates).
-pub(crate) fn check(spec: &Spec) -> Vec<Issue> {
+pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
     let mut c = Checker { issues: Vec::new() };
     if spec.format_version != FORMAT_VERSION {
         c.err(
@@ -136,6 +136,18 @@ pub(crate) fn check(spec: &Spec) -> Vec<Issue> {
                 "write null when the repo is unknown",
             );
         }
+    }
+
+    if spec.identity.source.model_type.family() != Family::Gemma4 {
+        c.err(
+            p("identity.source.model_type"),
+            format!(
+                "`{}` is not a Gemma-4 model type",
+                spec.identity.source.model_type.as_str()
+            ),
+            "one of gemma4, gemma4_text, gemma4_unified",
+            "a qwen3 or llama checkpoint needs a spec of that family (`cargo xtask spec import`)",
+        );
     }
 
     // Bounds. `ok` stays true only if everything the structure needs is sane.
@@ -453,46 +465,7 @@ pub(crate) fn check(spec: &Spec) -> Vec<Issue> {
 
     let arch = Architecture::build(spec);
     if let Some(q) = &spec.quantization {
-        c.issues
-            .extend(check_quant_params(&q.default, &p("quantization.default")));
-        let modules = arch.quantizable_modules();
-        for (path, ov) in &q.overrides {
-            let opath = p("quantization.overrides").key(path);
-            let Some(module) = modules.iter().find(|m| &m.path == path) else {
-                let prefix = arch.module_prefix;
-                c.err(
-                    opath,
-                    format!("`{path}` is not a quantizable module of this model"),
-                    format!("a Linear/Embedding/SwitchLinear path such as `{prefix}layers.0.self_attn.q_proj`"),
-                    "paths are full mlx module paths; `cargo xtask spec show NAME` lists the modules",
-                );
-                continue;
-            };
-            if let QuantOverride::Params(qp) = ov {
-                let issues = check_quant_params(qp, &opath);
-                let bad = !issues.is_empty();
-                c.issues.extend(issues);
-                if !bad && module.in_dim % qp.group_size as u64 != 0 {
-                    c.err(
-                        opath.key("group_size"),
-                        format!(
-                            "group size {} does not divide the module's input dimension {}",
-                            qp.group_size, module.in_dim
-                        ),
-                        format!("a group size dividing {}", module.in_dim),
-                        "mlx quantizes along the input dimension in whole groups",
-                    );
-                }
-            }
-            if let QuantOverride::Skip(true) = ov {
-                c.err(
-                    opath,
-                    "`true`",
-                    "`false` or params",
-                    "write the params explicitly",
-                );
-            }
-        }
+        check_quantization(q, &arch, &mut c.issues);
     }
     if let Some(kv) = &spec.kv_quantization {
         // Donor -> the KV-shared layers reading it.
@@ -625,4 +598,52 @@ pub(crate) fn check_name(out: &mut Vec<Issue>, name: &str, path: &FieldPath) {
             "the name is also the file name: specs/<name>.yaml",
         ));
     }
+}
+
+/// Checks weight quantization against the resolved modules (any family).
+pub(crate) fn check_quantization(q: &Quantization, arch: &Architecture, issues: &mut Vec<Issue>) {
+    let mut c = Checker {
+        issues: std::mem::take(issues),
+    };
+    c.issues
+        .extend(check_quant_params(&q.default, &p("quantization.default")));
+    let modules = arch.quantizable_modules();
+    for (path, ov) in &q.overrides {
+        let opath = p("quantization.overrides").key(path);
+        let Some(module) = modules.iter().find(|m| &m.path == path) else {
+            let prefix = arch.module_prefix;
+            c.err(
+                opath,
+                format!("`{path}` is not a quantizable module of this model"),
+                format!("a Linear/Embedding/SwitchLinear path such as `{prefix}layers.0.self_attn.q_proj`"),
+                "paths are full mlx module paths; `cargo xtask spec show NAME` lists the modules",
+            );
+            continue;
+        };
+        if let QuantOverride::Params(qp) = ov {
+            let issues = check_quant_params(qp, &opath);
+            let bad = !issues.is_empty();
+            c.issues.extend(issues);
+            if !bad && module.in_dim % qp.group_size as u64 != 0 {
+                c.err(
+                    opath.key("group_size"),
+                    format!(
+                        "group size {} does not divide the module's input dimension {}",
+                        qp.group_size, module.in_dim
+                    ),
+                    format!("a group size dividing {}", module.in_dim),
+                    "mlx quantizes along the input dimension in whole groups",
+                );
+            }
+        }
+        if let QuantOverride::Skip(true) = ov {
+            c.err(
+                opath,
+                "`true`",
+                "`false` or params",
+                "write the params explicitly",
+            );
+        }
+    }
+    *issues = c.issues;
 }

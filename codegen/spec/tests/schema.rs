@@ -16,15 +16,20 @@ fn checked_in_schema_matches_the_types() {
 #[test]
 fn schema_requires_every_field() {
     let v: serde_json::Value = serde_json::from_str(&archgen_spec::json_schema()).unwrap();
-    let spec = &v["$defs"]["Spec"];
-    let props = spec["properties"].as_object().unwrap();
-    let required: Vec<&str> = spec["required"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_str().unwrap())
-        .collect();
-    assert_eq!(props.len(), required.len());
-    assert!(required.contains(&"moe") && required.contains(&"kv_quantization"));
-    assert_eq!(spec["additionalProperties"], serde_json::json!(false));
+    for (def, must) in [
+        ("Gemma4Spec", ["moe", "kv_quantization"]),
+        ("DenseSpec", ["rope", "quantization"]),
+    ] {
+        let spec = &v["$defs"][def];
+        let props = spec["properties"].as_object().unwrap();
+        let required: Vec<&str> = spec["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap())
+            .collect();
+        assert_eq!(props.len(), required.len(), "{def}");
+        assert!(must.iter().all(|m| required.contains(m)), "{def}");
+        assert_eq!(spec["additionalProperties"], serde_json::json!(false));
+    }
 }

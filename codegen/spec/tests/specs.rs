@@ -183,9 +183,9 @@ fn structure(a: &Architecture) -> Structure {
 #[test]
 fn tiny_variants_keep_the_structure_and_are_tiny() {
     for real in REAL {
-        let big = load_named(real);
-        let tiny = load_named(&format!("{real}-tiny"));
+        let (big, tiny) = (load_named(real), load_named(&format!("{real}-tiny")));
         let (ba, ta) = (big.resolve(), tiny.resolve());
+        let (big, tiny) = (big.as_gemma4().unwrap(), tiny.as_gemma4().unwrap());
         let period = big.layers.pattern.len();
         assert_eq!(tiny.layers.pattern, big.layers.pattern, "{real}");
         assert_eq!(ta.num_layers, 2 * period);
@@ -271,7 +271,8 @@ fn kv_quantized_tiny_variant() {
 fn real_quantization_rules() {
     // A 26B quantized at 4-bit group 128: convert skips the experts' down_proj (input 704)
     // and the dense down_proj (input 2112) on each of the 30 layers.
-    let mut s = load_named("gemma4-26b-a4b");
+    let mut spec = load_named("gemma4-26b-a4b");
+    let s = spec.as_gemma4_mut().unwrap();
     s.quantization = Some(Quantization {
         default: QuantParams {
             bits: 4,

@@ -106,7 +106,7 @@ pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), 
         path.display(),
         tensors.len(),
         bytes as f64 / 1e9,
-        spec.identity.name
+        spec.name()
     );
     Ok(())
 }

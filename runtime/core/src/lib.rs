@@ -1,9 +1,11 @@
 //! archgen's one kernel layer on mlx-rs: every model, generated or monolith,
-//! calls these blocks, so layer math exists once.
+//! calls these blocks, so layer math exists once. Family blocks: `gemma4`,
+//! `dense` (Qwen3, Llama).
 
 pub mod attention;
 pub mod bytes;
 pub mod cache;
+pub mod dense;
 pub mod gemma4;
 pub mod layers;
 pub mod model;

@@ -78,6 +78,21 @@ pub fn logit_softcap(softcap: f32, x: &Array) -> Result<Array> {
     })
 }
 
+fn swiglu_graph((gate, x): (&Array, &Array)) -> Result<Array> {
+    // nn.silu(gate) = gate * sigmoid(gate), itself compiled and inlined here.
+    gate.multiply(mlx_rs::ops::sigmoid(gate)?)?.multiply(x)
+}
+
+thread_local! {
+    static SWIGLU: std::cell::RefCell<Compiled2> =
+        std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(swiglu_graph, true)));
+}
+
+/// mlx-lm's compiled `swiglu(gate, x) = nn.silu(gate) * x` (`activations.py`).
+pub fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
+    SWIGLU.with(|f| (f.borrow_mut())((gate, x)))
+}
+
 thread_local! {
     static GELU: std::cell::RefCell<Compiled1> =
         std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(gelu_approx, true)));

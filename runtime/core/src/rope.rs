@@ -1,6 +1,7 @@
-//! The two RoPE forms mlx-lm uses for Gemma-4. They differ in the last bits, so
-//! each layer type must use its own: `base=` on sliding layers (`nn.RoPE`),
-//! `freqs=` on full layers (`ProportionalRoPE`).
+//! The RoPE forms mlx-lm uses: `base=` (`nn.RoPE`: Gemma-4 sliding layers,
+//! Qwen3, unscaled Llama) and `freqs=` (Gemma-4's `ProportionalRoPE` on full
+//! layers, `Llama3RoPE`). The two calls differ in the last bits, so each model
+//! must use the form mlx-lm uses for it.
 
 use mlx_rs::{Array, Dtype};
 
@@ -29,6 +30,46 @@ impl Rope {
         let identity =
             mlx_rs::ops::full::<f32>(&[(dims - rotated_dims) / 2], Array::from_f32(f32::INFINITY))?;
         let freqs = mlx_rs::ops::concatenate(&[periods, identity], 0)?;
+        debug_assert_eq!(freqs.dtype(), Dtype::Float32);
+        freqs.eval()?;
+        Ok(Rope::Freqs { dims, freqs })
+    }
+
+    /// `Llama3RoPE` (mlx-lm `rope_utils.py`): the frequencies built with the
+    /// same MLX ops in f32, each Python float meeting them as a weak f32 scalar
+    /// and the Python-side arithmetic done in f64 as Python does it.
+    pub fn llama3(
+        dims: i32,
+        base: f32,
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        old_context_len: f64,
+    ) -> Result<Self> {
+        let f = |v: f64| Array::from_f32(v as f32);
+        let low_freq_wavelen = old_context_len / low_freq_factor;
+        let high_freq_wavelen = old_context_len / high_freq_factor;
+        // base ** (mx.arange(0, dims, 2) / dims)
+        let exponents =
+            mlx_rs::ops::arange::<i32, f32>(0, dims, 2)?.divide(Array::from_f32(dims as f32))?;
+        let freqs = Array::from_f32(base).power(&exponents)?;
+        // 2 * mx.pi * freqs: the product of the Python floats first.
+        let wavelens = f(2.0 * std::f64::consts::PI).multiply(&freqs)?;
+        let freqs = mlx_rs::ops::select(
+            &wavelens.gt(f(low_freq_wavelen))?,
+            freqs.multiply(f(factor))?,
+            &freqs,
+        )?;
+        let is_medium = wavelens
+            .gt(f(high_freq_wavelen))?
+            .logical_and(wavelens.lt(f(low_freq_wavelen))?)?;
+        let smooth = f(old_context_len)
+            .divide(&wavelens)?
+            .subtract(f(low_freq_factor))?
+            .divide(f(high_freq_factor - low_freq_factor))?;
+        let denom = f(1.0).subtract(&smooth)?.divide(f(factor))?.add(&smooth)?;
+        let smooth_freqs = freqs.divide(&denom)?;
+        let freqs = mlx_rs::ops::select(&is_medium, &smooth_freqs, &freqs)?;
         debug_assert_eq!(freqs.dtype(), Dtype::Float32);
         freqs.eval()?;
         Ok(Rope::Freqs { dims, freqs })

@@ -1,6 +1,10 @@
-//! The monolith: one generic Gemma-4 model that reads a resolved
+//! The monolith: one generic model per family that reads a resolved
 //! [`Architecture`] at run time and branches on it per layer. It calls the
 //! same runtime blocks as the generated models, so it is their reference.
+
+mod dense;
+
+pub use dense::DenseMonolith;
 
 use archgen_runtime::attention::Mask;
 use archgen_runtime::cache::{KvCache, LayerCache, QuantizedKvCache, RotatingKvCache};
@@ -29,7 +33,54 @@ struct Layer {
     layer_scalar: Array,
 }
 
-pub struct Monolith {
+/// The monolith of a checkpoint's family.
+pub enum Monolith {
+    Gemma4(Gemma4Monolith),
+    Dense(DenseMonolith),
+}
+
+impl Monolith {
+    /// Builds the family's monolith from sanitized weights.
+    pub fn new(arch: Architecture, w: Weights) -> std::result::Result<Self, ModelError> {
+        if arch.family.is_dense() {
+            DenseMonolith::new(arch, w).map(Monolith::Dense)
+        } else {
+            Gemma4Monolith::new(arch, w).map(Monolith::Gemma4)
+        }
+    }
+
+    pub fn architecture(&self) -> &Architecture {
+        match self {
+            Monolith::Gemma4(m) => &m.arch,
+            Monolith::Dense(m) => m.architecture(),
+        }
+    }
+}
+
+impl CausalLm for Monolith {
+    type Cache = Vec<Option<LayerCache>>;
+
+    fn vocab_size(&self) -> i32 {
+        self.architecture().vocab_size as i32
+    }
+
+    fn make_cache(&self) -> Self::Cache {
+        match self {
+            Monolith::Gemma4(m) => m.make_cache(),
+            Monolith::Dense(m) => m.make_cache(),
+        }
+    }
+
+    fn forward(&self, ids: &Array, cache: &mut Self::Cache) -> Result<Array> {
+        match self {
+            Monolith::Gemma4(m) => m.forward(ids, cache),
+            Monolith::Dense(m) => m.forward(ids, cache),
+        }
+    }
+}
+
+/// The Gemma-4 monolith.
+pub struct Gemma4Monolith {
     arch: Architecture,
     embed: Embedding,
     ple: Option<PerLayerInputs>,
@@ -38,12 +89,26 @@ pub struct Monolith {
     lm_head: Option<Linear>,
 }
 
-fn rope_for(f: &LayerFacts) -> Result<Rope> {
+pub(crate) fn rope_for(f: &LayerFacts) -> Result<Rope> {
     match f.rope {
         RopeKind::Default { theta } => Ok(Rope::base(f.head_dim as i32, theta)),
         RopeKind::Proportional { theta, factor, .. } => {
             Rope::proportional(f.head_dim as i32, f.rotated_dims as i32, theta, factor)
         }
+        RopeKind::Llama3 {
+            theta,
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => Rope::llama3(
+            f.head_dim as i32,
+            theta,
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        ),
     }
 }
 
@@ -56,7 +121,7 @@ fn shape_of(f: &LayerFacts, eps: f32) -> AttentionShape {
     }
 }
 
-impl Monolith {
+impl Gemma4Monolith {
     /// Builds the model from sanitized weights (names relative to the text
     /// model), checking every tensor's presence and shape.
     pub fn new(arch: Architecture, mut w: Weights) -> std::result::Result<Self, ModelError> {
@@ -108,7 +173,7 @@ impl Monolith {
         let lm_head = (!arch.tie_word_embeddings)
             .then(|| w.linear("lm_head", arch.vocab_size as i32, hidden));
         w.finish().map_err(|e| ModelError(e.to_string()))?;
-        Ok(Monolith {
+        Ok(Gemma4Monolith {
             arch,
             embed,
             ple,
@@ -123,7 +188,7 @@ impl Monolith {
     }
 }
 
-impl CausalLm for Monolith {
+impl CausalLm for Gemma4Monolith {
     type Cache = Vec<Option<LayerCache>>;
 
     fn vocab_size(&self) -> i32 {
@@ -264,9 +329,13 @@ pub fn load_dir(dir: &std::path::Path) -> std::result::Result<Monolith, ModelErr
 pub fn read_dir(dir: &std::path::Path) -> std::result::Result<(Architecture, Weights), ModelError> {
     let ckpt = archgen_runtime::weights::read_checkpoint(dir).map_err(|e| ModelError(e.0))?;
     let arch = architecture_of(&ckpt.config, dir)?;
-    let wrapper = arch.module_prefix.starts_with("language_model");
-    let tensors = gemma4::sanitize(ckpt.tensors, wrapper, arch.first_kv_shared_layer as i32)
-        .map_err(|e| ModelError(format!("{}: {e}", dir.display())))?;
+    let tensors = if arch.family.is_dense() {
+        archgen_runtime::dense::sanitize(ckpt.tensors, arch.tie_word_embeddings)
+    } else {
+        let wrapper = arch.module_prefix.starts_with("language_model");
+        gemma4::sanitize(ckpt.tensors, wrapper, arch.first_kv_shared_layer as i32)
+            .map_err(|e| ModelError(format!("{}: {e}", dir.display())))?
+    };
     let quant = quantization_of(&ckpt.config);
     Ok((arch, Weights::new(tensors, quant.as_ref())))
 }

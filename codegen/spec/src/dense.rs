@@ -1,0 +1,971 @@
+//! Dense decoder families: Qwen3 (`qwen3.py`) and Llama (`llama.py`) as mlx-lm 0.32.2
+//! runs them. Both are the same stack (RMSNorm → GQA attention with RoPE → residual →
+//! RMSNorm → SwiGLU MLP → residual); Qwen3 adds a per-head RMSNorm on queries and keys.
+//! One document layout serves both; the family fixes what differs.
+//!
+//! This module holds everything family-specific on the spec side: the document, its
+//! validation, the resolved [`Architecture`], the config.json view, the YAML writer, the
+//! reduction to tiny variants and the config.json importer.
+
+use crate::arch::{Architecture, LayerFacts, RopeKind};
+use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::import::{read_quantization, AppliedDefault, ImportError, Reader, ABSENT};
+use crate::model::*;
+use crate::yaml::Node;
+use crate::{de_at, locate_all, locate_serde, missing_field, unknown_field, validate};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use std::fmt::Write;
+
+fn p(s: &str) -> FieldPath {
+    FieldPath::parse(s)
+}
+
+/// A full dense-family spec (`identity.family: qwen3 | llama`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "archgen architecture spec (dense family: qwen3, llama)")]
+pub struct DenseSpec {
+    /// Spec format version; must be 1.
+    pub format_version: u32,
+    pub identity: Identity,
+    pub model: DenseModel,
+    pub layers: DenseLayers,
+    pub attention: DenseAttention,
+    pub rope: DenseRope,
+    pub mlp: DenseMlp,
+    /// Weight quantization as the mlx config's `quantization` dict, or null.
+    #[serde(deserialize_with = "explicit")]
+    pub quantization: Option<Quantization>,
+}
+
+/// Model-wide dimensions and numerics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DenseModel {
+    /// `hidden_size`.
+    pub hidden_size: u32,
+    /// `vocab_size`.
+    pub vocab_size: u32,
+    /// `rms_norm_eps` of every RMSNorm.
+    pub rms_norm_eps: f64,
+    /// `tie_word_embeddings`: the head is `embed_tokens.as_linear`.
+    pub tie_word_embeddings: bool,
+    /// `max_position_embeddings` (informational: no RoPE kind here reads it).
+    pub max_position_embeddings: u32,
+}
+
+/// The decoder stack: every layer is full (causal) attention.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DenseLayers {
+    /// `num_hidden_layers`.
+    pub num_hidden_layers: u32,
+}
+
+/// Grouped-query attention geometry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DenseAttention {
+    /// `num_attention_heads`.
+    pub num_attention_heads: u32,
+    /// `num_key_value_heads`.
+    pub num_key_value_heads: u32,
+    /// `head_dim` (Llama: `hidden_size / num_attention_heads` when config.json has none).
+    pub head_dim: u32,
+}
+
+/// RoPE: `rope_theta`, `rope_traditional` and `rope_scaling`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DenseRope {
+    /// `rope_traditional` (Llama only; Qwen3 always rotates halves, so false).
+    pub traditional: bool,
+    /// `rope_theta` (the base).
+    pub rope_theta: f64,
+    /// `rope_scaling`, or null for plain RoPE.
+    #[serde(deserialize_with = "explicit")]
+    pub scaling: Option<RopeScaling>,
+}
+
+/// A `rope_scaling` entry, by `rope_type`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "rope_type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RopeScaling {
+    /// `Llama3RoPE` (Llama-3.1/3.2).
+    Llama3 {
+        /// `factor`: low frequencies are divided by it.
+        factor: f64,
+        /// `low_freq_factor` (mlx-lm default 1.0).
+        low_freq_factor: f64,
+        /// `high_freq_factor` (mlx-lm default 4.0).
+        high_freq_factor: f64,
+        /// `original_max_position_embeddings` (mlx-lm default 8192).
+        original_max_position_embeddings: u32,
+    },
+}
+
+/// SwiGLU MLP.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DenseMlp {
+    /// `intermediate_size`.
+    pub intermediate_size: u32,
+}
+
+/// A derived dense spec file: a declared reduction of a dense spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "archgen architecture spec (derived dense form)")]
+pub struct DenseDerivedSpecFile {
+    /// Spec format version; must be 1.
+    pub format_version: u32,
+    pub identity: DerivedIdentity,
+    pub derive: DenseDerive,
+}
+
+/// How a derived dense spec is made from its parent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DenseDerive {
+    /// Name of the parent spec (`<from>.yaml` in the same directory).
+    pub from: String,
+    /// Sizes to shrink, or null to keep the parent's sizes.
+    #[serde(deserialize_with = "explicit")]
+    pub reduce: Option<DenseReduce>,
+    /// Weight quantization of the derived spec (never inherited), or null.
+    #[serde(deserialize_with = "explicit")]
+    pub quantization: Option<Quantization>,
+}
+
+/// The reduced sizes of a dense spec; everything else is inherited.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DenseReduce {
+    pub num_hidden_layers: u32,
+    pub hidden_size: u32,
+    pub vocab_size: u32,
+    pub num_attention_heads: u32,
+    pub num_key_value_heads: u32,
+    pub head_dim: u32,
+    pub intermediate_size: u32,
+}
+
+// ---------------------------------------------------------------- validation
+
+/// All semantic errors of a dense spec (full-spec field paths).
+pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
+    use validate::limits::*;
+    let mut out = Vec::new();
+    let mut err = |path: &str, msg: String, exp: &str, hint: &str| {
+        out.push(Issue::new(p(path), msg, exp, hint));
+    };
+    if spec.format_version != FORMAT_VERSION {
+        err(
+            "format_version",
+            format!("format version {} is not supported", spec.format_version),
+            "1",
+            "this archgen reads format_version 1 only",
+        );
+    }
+    let family = spec.identity.family;
+    if !family.is_dense() {
+        err(
+            "identity.family",
+            format!("`{}` is not a dense family", family.as_str()),
+            "qwen3 or llama",
+            "a Gemma-4 spec has the gemma4 layout (docs/spec-format.md)",
+        );
+    }
+    let mt = spec.identity.source.model_type;
+    if mt.family() != family {
+        err(
+            "identity.source.model_type",
+            format!(
+                "`{}` is read by mlx-lm's {} module, not {}",
+                mt.as_str(),
+                mt.family().as_str(),
+                family.as_str()
+            ),
+            family.as_str(),
+            "the model_type must be the family's own (qwen3 → qwen3, llama → llama)",
+        );
+    }
+    if let Some(r) = &spec.identity.source.repo {
+        if r.trim().is_empty() {
+            err(
+                "identity.source.repo",
+                "empty repo".into(),
+                "`org/name` or null",
+                "write null when the repo is unknown",
+            );
+        }
+    }
+    let m = &spec.model;
+    let a = &spec.attention;
+    let mut ok = true;
+    let sizes: [(&str, u32, u32, &str); 8] = [
+        (
+            "model.hidden_size",
+            m.hidden_size,
+            MAX_HIDDEN,
+            "the model width",
+        ),
+        (
+            "model.vocab_size",
+            m.vocab_size,
+            MAX_VOCAB,
+            "rows of embed_tokens",
+        ),
+        (
+            "model.max_position_embeddings",
+            m.max_position_embeddings,
+            MAX_POSITIONS,
+            "`max_position_embeddings` from config.json",
+        ),
+        (
+            "layers.num_hidden_layers",
+            spec.layers.num_hidden_layers,
+            MAX_LAYERS,
+            "the number of decoder layers",
+        ),
+        (
+            "attention.num_attention_heads",
+            a.num_attention_heads,
+            MAX_HEADS,
+            "query heads",
+        ),
+        (
+            "attention.num_key_value_heads",
+            a.num_key_value_heads,
+            MAX_HEADS,
+            "KV heads",
+        ),
+        (
+            "attention.head_dim",
+            a.head_dim,
+            MAX_HEAD_DIM,
+            "head dimension",
+        ),
+        (
+            "mlp.intermediate_size",
+            spec.mlp.intermediate_size,
+            MAX_INTERMEDIATE,
+            "SwiGLU width",
+        ),
+    ];
+    for (path, v, max, hint) in sizes {
+        if v == 0 || v > max {
+            err(
+                path,
+                format!("{v} is out of range"),
+                &format!("an integer in 1..={max}"),
+                hint,
+            );
+            ok = false;
+        }
+    }
+    if !(m.rms_norm_eps.is_finite() && m.rms_norm_eps > 0.0 && m.rms_norm_eps <= 0.1) {
+        err(
+            "model.rms_norm_eps",
+            format!("{} is not a usable epsilon", m.rms_norm_eps),
+            "a number in (0, 0.1]",
+            "Qwen3 uses 1.0e-6, Llama-3.2 1.0e-5",
+        );
+    }
+    if a.head_dim % 2 != 0 {
+        err(
+            "attention.head_dim",
+            format!("{} is odd", a.head_dim),
+            "an even head dimension",
+            "RoPE rotates pairs of dimensions",
+        );
+        ok = false;
+    }
+    if a.num_key_value_heads > 0 && a.num_attention_heads % a.num_key_value_heads != 0 {
+        err(
+            "attention.num_key_value_heads",
+            format!(
+                "{} query heads are not divisible by {} KV heads",
+                a.num_attention_heads, a.num_key_value_heads
+            ),
+            "a divisor of num_attention_heads",
+            "grouped-query attention repeats each KV head num_attention_heads / num_key_value_heads times",
+        );
+        ok = false;
+    }
+    if family == Family::Qwen3 && spec.rope.traditional {
+        err(
+            "rope.traditional",
+            "true, but mlx-lm's qwen3.py always uses traditional=False".into(),
+            "false",
+            "Qwen3 ignores rope_traditional; write false",
+        );
+    }
+    if !(spec.rope.rope_theta.is_finite() && spec.rope.rope_theta > 0.0) {
+        err(
+            "rope.rope_theta",
+            format!("{} is not a positive finite number", spec.rope.rope_theta),
+            "a number > 0",
+            "the RoPE base, e.g. 500000.0",
+        );
+    }
+    if let Some(RopeScaling::Llama3 {
+        factor,
+        low_freq_factor,
+        high_freq_factor,
+        original_max_position_embeddings,
+    }) = &spec.rope.scaling
+    {
+        for (name, v) in [
+            ("factor", *factor),
+            ("low_freq_factor", *low_freq_factor),
+            ("high_freq_factor", *high_freq_factor),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                err(
+                    &format!("rope.scaling.{name}"),
+                    format!("{v} is not a positive finite number"),
+                    "a number > 0",
+                    "Llama-3.2 uses factor 32, low 1, high 4",
+                );
+            }
+        }
+        if high_freq_factor <= low_freq_factor {
+            err(
+                "rope.scaling.high_freq_factor",
+                format!("{high_freq_factor} is not above low_freq_factor {low_freq_factor}"),
+                "high_freq_factor > low_freq_factor",
+                "the smoothing divides by high_freq_factor - low_freq_factor",
+            );
+        }
+        if *original_max_position_embeddings == 0 {
+            err(
+                "rope.scaling.original_max_position_embeddings",
+                "0 is out of range".into(),
+                "a positive integer",
+                "Llama-3 uses 8192",
+            );
+        }
+    }
+    validate::check_name(&mut out, &spec.identity.name, &p("identity.name"));
+    if ok && out.is_empty() {
+        if let Some(q) = &spec.quantization {
+            let arch = resolve(spec);
+            validate::check_quantization(q, &arch, &mut out);
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------- resolution
+
+/// The resolved architecture of a (valid) dense spec.
+pub(crate) fn resolve(spec: &DenseSpec) -> Architecture {
+    let a = &spec.attention;
+    let head_dim = a.head_dim as usize;
+    let theta = spec.rope.rope_theta as f32;
+    let rope = match &spec.rope.scaling {
+        None => RopeKind::Default { theta },
+        Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        }) => RopeKind::Llama3 {
+            theta,
+            factor: *factor,
+            low_freq_factor: *low_freq_factor,
+            high_freq_factor: *high_freq_factor,
+            original_max_position_embeddings: *original_max_position_embeddings as f64,
+        },
+    };
+    let layers = (0..spec.layers.num_hidden_layers as usize)
+        .map(|i| LayerFacts {
+            index: i,
+            layer_type: LayerType::Full,
+            head_dim,
+            n_heads: a.num_attention_heads as usize,
+            n_kv_heads: a.num_key_value_heads as usize,
+            k_eq_v: false,
+            has_kv: true,
+            kv_source: i,
+            mlp_width: spec.mlp.intermediate_size as usize,
+            rope,
+            rope_traditional: spec.rope.traditional,
+            rotated_dims: head_dim,
+            kv_quant: None,
+            window: None,
+        })
+        .collect::<Vec<_>>();
+    Architecture {
+        name: spec.identity.name.clone(),
+        family: spec.identity.family,
+        qk_norm: spec.identity.family == Family::Qwen3,
+        model_type: spec.identity.source.model_type,
+        module_prefix: "model.",
+        lm_head_path: "lm_head",
+        hidden_size: spec.model.hidden_size as usize,
+        vocab_size: spec.model.vocab_size as usize,
+        num_layers: layers.len(),
+        first_kv_shared_layer: layers.len(),
+        num_attention_heads: a.num_attention_heads as usize,
+        sliding_window: 0,
+        intermediate_size: spec.mlp.intermediate_size as usize,
+        rms_norm_eps: spec.model.rms_norm_eps as f32,
+        final_logit_softcapping: None,
+        tie_word_embeddings: spec.model.tie_word_embeddings,
+        max_position_embeddings: spec.model.max_position_embeddings as usize,
+        per_layer_input: None,
+        moe: None,
+        quantization: spec
+            .quantization
+            .as_ref()
+            .map(|q| crate::arch::WeightQuant {
+                default: q.default,
+                overrides: q
+                    .overrides
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.params()))
+                    .collect(),
+            }),
+        layers,
+    }
+}
+
+/// Parameters of an unquantized dense model: linear weights, embeddings and norms.
+pub(crate) fn param_count(arch: &Architecture) -> u64 {
+    let h = arch.hidden_size as u64;
+    let mut total: u64 = arch
+        .quantizable_modules()
+        .iter()
+        .map(|m| m.in_dim * m.out_dim * m.count)
+        .sum();
+    total += h; // final norm
+    for l in &arch.layers {
+        total += 2 * h; // input_layernorm, post_attention_layernorm
+        if arch.qk_norm {
+            total += 2 * l.head_dim as u64; // q_norm, k_norm
+        }
+    }
+    total
+}
+
+// ---------------------------------------------------------------- config.json view
+
+fn scaling_json(s: &Option<RopeScaling>) -> Value {
+    match s {
+        None => Value::Null,
+        Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        }) => json!({
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+        }),
+    }
+}
+
+/// The spec with config.json field names (flat, as `qwen3` / `llama` configs are), plus
+/// `quantization` when present. Keys sorted.
+pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
+    let mut v = json!({
+        "model_type": spec.identity.source.model_type.as_str(),
+        "hidden_size": spec.model.hidden_size,
+        "num_hidden_layers": spec.layers.num_hidden_layers,
+        "intermediate_size": spec.mlp.intermediate_size,
+        "num_attention_heads": spec.attention.num_attention_heads,
+        "num_key_value_heads": spec.attention.num_key_value_heads,
+        "head_dim": spec.attention.head_dim,
+        "rms_norm_eps": spec.model.rms_norm_eps,
+        "vocab_size": spec.model.vocab_size,
+        "max_position_embeddings": spec.model.max_position_embeddings,
+        "tie_word_embeddings": spec.model.tie_word_embeddings,
+        "rope_theta": spec.rope.rope_theta,
+        "rope_scaling": scaling_json(&spec.rope.scaling),
+    });
+    if spec.identity.family == Family::Llama {
+        v["rope_traditional"] = json!(spec.rope.traditional);
+        v["attention_bias"] = json!(false);
+        v["mlp_bias"] = json!(false);
+    }
+    if let Some(q) = &spec.quantization {
+        v["quantization"] = crate::hf::quantization_json(q);
+    }
+    crate::hf::canonical(&v)
+}
+
+/// A config.json mlx-lm loads to exactly this architecture (no quantization).
+pub(crate) fn config_json(spec: &DenseSpec) -> Value {
+    let mut v = hf_json(spec);
+    if let Some(o) = v.as_object_mut() {
+        o.remove("quantization");
+    }
+    v
+}
+
+// ---------------------------------------------------------------- YAML
+
+/// The full-form YAML text of a dense spec.
+pub(crate) fn to_yaml(spec: &DenseSpec) -> String {
+    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    let mut o = String::new();
+    let _ = writeln!(o, "{MODELINE}");
+    let _ = writeln!(o, "format_version: {}", spec.format_version);
+    identity_yaml(&mut o, &spec.identity);
+    let m = &spec.model;
+    let _ = writeln!(o, "model:");
+    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
+    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
+    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
+    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
+    let _ = writeln!(
+        o,
+        "  max_position_embeddings: {}",
+        m.max_position_embeddings
+    );
+    let _ = writeln!(o, "layers:");
+    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
+    let a = &spec.attention;
+    let _ = writeln!(o, "attention:");
+    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
+    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
+    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
+    let _ = writeln!(o, "rope:");
+    let _ = writeln!(o, "  traditional: {}", spec.rope.traditional);
+    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
+    match &spec.rope.scaling {
+        None => o.push_str("  scaling: null\n"),
+        Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        }) => {
+            let _ = writeln!(
+                o,
+                "  scaling: {{rope_type: llama3, factor: {}, low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}}}",
+                float(*factor),
+                float(*low_freq_factor),
+                float(*high_freq_factor),
+                original_max_position_embeddings
+            );
+        }
+    }
+    let _ = writeln!(o, "mlp:");
+    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    quantization_yaml(&mut o, spec.quantization.as_ref());
+    o
+}
+
+// ---------------------------------------------------------------- parsing
+
+const SECTIONS: [&str; 8] = [
+    "format_version",
+    "identity",
+    "model",
+    "layers",
+    "attention",
+    "rope",
+    "mlp",
+    "quantization",
+];
+
+/// Deserializes and validates a full dense document; every section's first error.
+pub(crate) fn parse_full(
+    value: serde_yaml::Value,
+    tree: &Node,
+    origin: &str,
+) -> Result<DenseSpec, Diagnostics> {
+    let spec = match serde_path_to_error::deserialize::<_, DenseSpec>(value.clone()) {
+        Ok(s) => s,
+        Err(_) => {
+            let mut issues = Vec::new();
+            let map = value.as_mapping().cloned().unwrap_or_default();
+            for (k, _) in map.iter() {
+                let key = k.as_str().unwrap_or("");
+                if !SECTIONS.contains(&key) {
+                    issues.push(unknown_field(&FieldPath::root(), key, &SECTIONS));
+                }
+            }
+            macro_rules! section {
+                ($name:literal, $ty:ty) => {
+                    match map.get($name) {
+                        None => issues.push(missing_field(&FieldPath::root(), $name)),
+                        Some(v) => {
+                            if let Err(e) = de_at::<$ty>(v.clone(), &FieldPath::root().key($name)) {
+                                issues.push(e);
+                            }
+                        }
+                    }
+                };
+            }
+            section!("format_version", u32);
+            section!("identity", Identity);
+            section!("model", DenseModel);
+            section!("layers", DenseLayers);
+            section!("attention", DenseAttention);
+            section!("rope", DenseRope);
+            section!("mlp", DenseMlp);
+            section!("quantization", Option<Quantization>);
+            if issues.is_empty() {
+                issues.push(Issue::new(
+                    FieldPath::root(),
+                    "the dense spec does not parse",
+                    "the sections format_version, identity, model, layers, attention, rope, mlp, quantization",
+                    "see docs/spec-format.md#dense-families",
+                ));
+            }
+            return Err(locate_serde(tree, origin, issues));
+        }
+    };
+    let issues = check(&spec);
+    if issues.is_empty() {
+        Ok(spec)
+    } else {
+        Err(locate_all(tree, origin, issues))
+    }
+}
+
+/// Applies a derived dense file to its (already loaded, valid) parent.
+pub(crate) fn parse_derived(
+    value: serde_yaml::Value,
+    tree: &Node,
+    origin: &str,
+    parent: &DenseSpec,
+) -> Result<DenseSpec, Diagnostics> {
+    let file: DenseDerivedSpecFile = serde_path_to_error::deserialize(value).map_err(|e| {
+        locate_serde(
+            tree,
+            origin,
+            vec![crate::serde_issue(&FieldPath::root(), e)],
+        )
+    })?;
+    let mut spec = parent.clone();
+    spec.identity.name = file.identity.name.clone();
+    spec.quantization = file.derive.quantization.clone();
+    let mut issues = Vec::new();
+    if let Some(r) = &file.derive.reduce {
+        let rp = |f: &str| p("derive.reduce").key(f);
+        let grow: [(&str, u32, u32); 7] = [
+            (
+                "num_hidden_layers",
+                r.num_hidden_layers,
+                parent.layers.num_hidden_layers,
+            ),
+            ("hidden_size", r.hidden_size, parent.model.hidden_size),
+            ("vocab_size", r.vocab_size, parent.model.vocab_size),
+            (
+                "num_attention_heads",
+                r.num_attention_heads,
+                parent.attention.num_attention_heads,
+            ),
+            (
+                "num_key_value_heads",
+                r.num_key_value_heads,
+                parent.attention.num_key_value_heads,
+            ),
+            ("head_dim", r.head_dim, parent.attention.head_dim),
+            (
+                "intermediate_size",
+                r.intermediate_size,
+                parent.mlp.intermediate_size,
+            ),
+        ];
+        for (field, v, pv) in grow {
+            if v > pv {
+                issues.push(Issue::new(
+                    rp(field),
+                    format!("{v} is larger than the parent's {pv}"),
+                    format!("at most {pv}"),
+                    "a reduction only shrinks sizes",
+                ));
+            }
+        }
+        // Keep grouped-query attention grouped, as in the parent.
+        let grouped = parent.attention.num_attention_heads != parent.attention.num_key_value_heads;
+        if grouped && r.num_attention_heads == r.num_key_value_heads {
+            issues.push(Issue::new(
+                rp("num_key_value_heads"),
+                format!(
+                    "{} KV heads for {} query heads: not grouped, but the parent is",
+                    r.num_key_value_heads, r.num_attention_heads
+                ),
+                "fewer KV heads than query heads",
+                "a reduction keeps the parent's structure: GQA stays GQA",
+            ));
+        }
+        spec.layers.num_hidden_layers = r.num_hidden_layers;
+        spec.model.hidden_size = r.hidden_size;
+        spec.model.vocab_size = r.vocab_size;
+        spec.attention.num_attention_heads = r.num_attention_heads;
+        spec.attention.num_key_value_heads = r.num_key_value_heads;
+        spec.attention.head_dim = r.head_dim;
+        spec.mlp.intermediate_size = r.intermediate_size;
+    }
+    if issues.is_empty() {
+        for mut i in check(&spec) {
+            let s = i.path.to_string();
+            if s.starts_with("quantization") {
+                let mut path = p("derive");
+                path.0.extend(i.path.0);
+                i.path = path;
+            } else if let Some(field) = s
+                .rsplit('.')
+                .next()
+                .filter(|_| file.derive.reduce.is_some())
+            {
+                if s != "identity.name" {
+                    i.path = p("derive.reduce").key(field);
+                }
+            }
+            issues.push(i);
+        }
+    }
+    if issues.is_empty() {
+        // As for Gemma-4: a tiny quantized variant must quantize every module.
+        if let Some(q) = &spec.quantization {
+            let skipped = resolve(&spec).quant_skipped_modules();
+            if let Some(first) = skipped.first() {
+                issues.push(Issue::new(
+                    p("derive.quantization.default.group_size"),
+                    format!(
+                        "group size {} does not divide the input dimension {} of `{}` ({} module(s) would be left unquantized)",
+                        q.default.group_size, first.in_dim, first.path, skipped.len()
+                    ),
+                    "a group size dividing every quantized module's input dimension",
+                    "derived specs must exercise quantization everywhere: pick sizes that are multiples of the group size",
+                ));
+            }
+        }
+    }
+    if issues.is_empty() {
+        Ok(spec)
+    } else {
+        Err(locate_all(tree, origin, issues))
+    }
+}
+
+// ---------------------------------------------------------------- import
+
+/// Imports a flat `qwen3` / `llama` config.json with mlx-lm 0.32.2's `ModelArgs`
+/// defaults (`qwen3.py`, `llama.py`, `rope_utils.py`).
+pub(crate) fn import(
+    top: &Map<String, Value>,
+    model_type: ConfigModelType,
+    name: &str,
+) -> Result<(DenseSpec, Vec<AppliedDefault>), ImportError> {
+    let family = model_type.family();
+    let llama = family == Family::Llama;
+    let mut r = Reader::new(top, "");
+    // Fields without a default in ModelArgs: mlx-lm fails without them.
+    let hidden_size = r.required_uint("hidden_size");
+    let num_layers = r.required_uint("num_hidden_layers");
+    let intermediate_size = r.required_uint("intermediate_size");
+    let num_heads = r.required_uint("num_attention_heads");
+    let rms_norm_eps = r.required_float("rms_norm_eps");
+    let vocab_size = r.required_uint("vocab_size");
+    let (num_kv, head_dim, max_pos, tie) = if llama {
+        let kv = r.uint("num_key_value_heads", num_heads);
+        let head_dim = match r.get("head_dim").cloned() {
+            Some(v) => r.uint_of("head_dim", &v),
+            None => {
+                let d = hidden_size.checked_div(num_heads).unwrap_or(0);
+                r.note(
+                    "head_dim",
+                    json!(d),
+                    "absent: mlx-lm uses hidden_size // num_attention_heads",
+                );
+                d
+            }
+        };
+        let max_pos = r.required_uint("max_position_embeddings");
+        let tie = r.boolean("tie_word_embeddings", true);
+        (kv, head_dim, max_pos, tie)
+    } else {
+        (
+            r.required_uint("num_key_value_heads"),
+            r.required_uint("head_dim"),
+            r.required_uint("max_position_embeddings"),
+            r.required_bool("tie_word_embeddings"),
+        )
+    };
+    let mut traditional = false;
+    if llama {
+        traditional = r.boolean("rope_traditional", false);
+        for flag in ["attention_bias", "mlp_bias"] {
+            if r.boolean(flag, false) {
+                r.problem(flag, "true: archgen's dense blocks have no bias terms yet");
+            }
+        }
+        if let Some(types) = r.get("layer_types").and_then(Value::as_array) {
+            if types.iter().any(|t| t.as_str() != Some("full_attention")) {
+                r.problem(
+                    "layer_types",
+                    "sliding_attention layers are not supported for llama yet (every layer must be full_attention)",
+                );
+            }
+        }
+    }
+    // rope_theta / rope_scaling, with transformers >= 5's rope_parameters (qwen3 reads
+    // it; llama.py does not).
+    let params = top.get("rope_parameters").filter(|v| !v.is_null()).cloned();
+    let theta = match (r.get("rope_theta").cloned(), &params, llama) {
+        (Some(v), _, _) => v.as_f64().unwrap_or_else(|| {
+            r.problem("rope_theta", &format!("expected a number, found {v}"));
+            0.0
+        }),
+        (None, Some(pr), false) => match pr.get("rope_theta").and_then(Value::as_f64) {
+            Some(t) => {
+                r.note(
+                    "rope_theta",
+                    json!(t),
+                    "absent: read from rope_parameters.rope_theta",
+                );
+                t
+            }
+            None => {
+                r.problem("rope_theta", "missing (mlx-lm qwen3.py raises without it)");
+                0.0
+            }
+        },
+        (None, None, false) => {
+            r.problem("rope_theta", "missing (mlx-lm qwen3.py raises without it)");
+            0.0
+        }
+        (None, _, true) => {
+            r.note("rope_theta", json!(10000.0), ABSENT);
+            10000.0
+        }
+    };
+    if llama && params.is_some() {
+        r.note(
+            "rope_parameters",
+            Value::Null,
+            "ignored: mlx-lm 0.32.2 llama.py reads rope_theta / rope_scaling only",
+        );
+    }
+    let scaling_src = match (r.get("rope_scaling").cloned(), &params, llama) {
+        (Some(s), _, _) => Some(s),
+        (None, Some(pr), false) => Some(pr.clone()),
+        _ => None,
+    };
+    let scaling = match scaling_src {
+        None => None,
+        Some(s) => read_scaling(&s, &mut r),
+    };
+    let quantization = top
+        .get("quantization")
+        .filter(|v| !v.is_null())
+        .map(|q| (q, "quantization"))
+        .or_else(|| {
+            top.get("quantization_config")
+                .filter(|v| !v.is_null())
+                .map(|q| (q, "quantization_config"))
+        })
+        .and_then(|(q, field)| read_quantization(q, field, &mut r));
+    let (applied, problems) = r.finish();
+    if !problems.is_empty() {
+        return Err(ImportError { problems });
+    }
+    let repo = top
+        .get("_name_or_path")
+        .and_then(Value::as_str)
+        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
+        .map(str::to_string);
+    let spec = DenseSpec {
+        format_version: FORMAT_VERSION,
+        identity: Identity {
+            name: name.to_string(),
+            family,
+            source: Source {
+                repo,
+                revision: None,
+                model_type,
+            },
+        },
+        model: DenseModel {
+            hidden_size,
+            vocab_size,
+            rms_norm_eps,
+            tie_word_embeddings: tie,
+            max_position_embeddings: max_pos,
+        },
+        layers: DenseLayers {
+            num_hidden_layers: num_layers,
+        },
+        attention: DenseAttention {
+            num_attention_heads: num_heads,
+            num_key_value_heads: num_kv,
+            head_dim,
+        },
+        rope: DenseRope {
+            traditional,
+            rope_theta: theta,
+            scaling,
+        },
+        mlp: DenseMlp { intermediate_size },
+        quantization,
+    };
+    let issues = check(&spec);
+    if !issues.is_empty() {
+        return Err(ImportError {
+            problems: issues
+                .into_iter()
+                .map(|i| {
+                    format!(
+                        "{}: {} (expected {}); hint: {}",
+                        i.path, i.message, i.expected, i.hint
+                    )
+                })
+                .collect(),
+        });
+    }
+    Ok((spec, applied))
+}
+
+/// `rope_scaling` as `initialize_rope` reads it: `type` or `rope_type`.
+fn read_scaling(s: &Value, r: &mut Reader) -> Option<RopeScaling> {
+    let Some(obj) = s.as_object() else {
+        r.problem(
+            "rope_scaling",
+            &format!("expected an object or null, found {s}"),
+        );
+        return None;
+    };
+    let kind = obj
+        .get("type")
+        .or_else(|| obj.get("rope_type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    match kind {
+        "default" => None,
+        "llama3" => {
+            let mut sr = Reader::new(obj, "rope_scaling.");
+            let factor = sr.required_float("factor");
+            let low = sr.float("low_freq_factor", 1.0);
+            let high = sr.float("high_freq_factor", 4.0);
+            let original = sr.uint("original_max_position_embeddings", 8192);
+            r.absorb(sr);
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_position_embeddings: original,
+            })
+        }
+        other => {
+            r.problem(
+                "rope_scaling",
+                &format!("rope_type `{other}` is not supported yet (default and llama3 are)"),
+            );
+            None
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Dense decoder blocks (Qwen3 `qwen3.py`, Llama `llama.py`), op for op as
+//! mlx-lm 0.32.2 runs them:
+//!
+//! ```text
+//! h = x + o_proj(attn(rope(q_norm?(q)), rope(k_norm?(k)), v))   on input_layernorm(x)
+//! out = h + down(swiglu(gate(n), up(n)))                         n = post_attention_layernorm(h)
+//! ```
+//!
+//! The monolith composes these with run-time branches (q/k norm or not); generated
+//! models call the same functions with every branch resolved.
+
+use std::collections::HashMap;
+
+use mlx_rs::Array;
+
+use crate::attention::{sdpa, Mask};
+use crate::cache::KvCache;
+use crate::layers::{Embedding, Linear};
+use crate::ops::{rms_norm, swiglu, Result};
+use crate::rope::Rope;
+use crate::weights::Weights;
+
+/// The static shape of a layer's attention.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub head_dim: i32,
+    pub eps: f32,
+    /// `head_dim ** -0.5` as the Python float mlx-lm passes (rounded to f32 by
+    /// `mx.fast.scaled_dot_product_attention`).
+    pub scale: f32,
+}
+
+impl Shape {
+    pub fn new(n_heads: i32, n_kv_heads: i32, head_dim: i32, eps: f32) -> Self {
+        Shape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            eps,
+            scale: (head_dim as f64).powf(-0.5) as f32,
+        }
+    }
+}
+
+/// Attention weights; `qk_norm` holds Qwen3's per-head `(q_norm, k_norm)`.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub qk_norm: Option<(Array, Array)>,
+}
+
+/// SwiGLU MLP: `down(swiglu(gate(x), up(x)))`.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let gate = self.gate_proj.forward(x)?;
+        let up = self.up_proj.forward(x)?;
+        self.down_proj.forward(&swiglu(&gate, &up)?)
+    }
+}
+
+/// One decoder layer's weights.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    pub input_norm: Array,
+    pub post_attention_norm: Array,
+    pub attn: Attention,
+    pub mlp: Mlp,
+}
+
+/// Queries, keys, values [B, heads, L, head_dim], roped at the cache offset.
+fn project(x: &Array, a: &Attention, s: Shape, rope: &Rope, offset: i32) -> Result<[Array; 3]> {
+    let (b, l) = (x.shape()[0], x.shape()[1]);
+    let q = a
+        .q_proj
+        .forward(x)?
+        .reshape(&[b, l, s.n_heads, s.head_dim])?;
+    let k = a
+        .k_proj
+        .forward(x)?
+        .reshape(&[b, l, s.n_kv_heads, s.head_dim])?;
+    let v = a
+        .v_proj
+        .forward(x)?
+        .reshape(&[b, l, s.n_kv_heads, s.head_dim])?;
+    let (q, k) = match &a.qk_norm {
+        Some((qn, kn)) => (
+            rms_norm(&q, Some(qn), s.eps)?,
+            rms_norm(&k, Some(kn), s.eps)?,
+        ),
+        None => (q, k),
+    };
+    let t = |a: Array| a.transpose_axes(&[0, 2, 1, 3]);
+    let offset = Array::from_int(offset);
+    Ok([
+        rope.apply(&t(q)?, &offset)?,
+        rope.apply(&t(k)?, &offset)?,
+        t(v)?,
+    ])
+}
+
+/// Self-attention over the layer's cache (updated here), then `o_proj`.
+pub fn attention(
+    x: &Array,
+    a: &Attention,
+    s: Shape,
+    rope: &Rope,
+    cache: &mut KvCache,
+    mask: &Mask,
+) -> Result<Array> {
+    let (b, l) = (x.shape()[0], x.shape()[1]);
+    let [q, k, v] = project(x, a, s, rope, cache.offset)?;
+    let (keys, values) = cache.update_and_fetch(&k, &v)?;
+    let o = sdpa(&q, &keys, &values, s.scale, mask)?;
+    let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+    a.o_proj.forward(&o)
+}
+
+/// A whole decoder layer (`TransformerBlock.__call__`).
+pub fn layer(
+    x: &Array,
+    w: &Layer,
+    s: Shape,
+    rope: &Rope,
+    cache: &mut KvCache,
+    mask: &Mask,
+) -> Result<Array> {
+    let r = attention(
+        &rms_norm(x, Some(&w.input_norm), s.eps)?,
+        &w.attn,
+        s,
+        rope,
+        cache,
+        mask,
+    )?;
+    let h = x.add(&r)?;
+    let r = w
+        .mlp
+        .forward(&rms_norm(&h, Some(&w.post_attention_norm), s.eps)?)?;
+    h.add(&r)
+}
+
+/// Final norm and head: `embed_tokens.as_linear` when tied, else `lm_head`.
+pub fn logits(h: &Array, norm: &Array, head: Head<'_>, eps: f32) -> Result<Array> {
+    let h = rms_norm(h, Some(norm), eps)?;
+    match head {
+        Head::Tied(e) => e.as_linear(&h),
+        Head::Untied(l) => l.forward(&h),
+    }
+}
+
+pub use crate::gemma4::Head;
+
+/// mlx-lm's `sanitize` for qwen3 / llama, then the `model.` prefix removed:
+/// drops precomputed rotary frequencies and, when tied, `lm_head.weight`.
+pub fn sanitize(tensors: HashMap<String, Array>, tied: bool) -> HashMap<String, Array> {
+    tensors
+        .into_iter()
+        .filter(|(k, _)| !k.contains("self_attn.rotary_emb.inv_freq"))
+        .filter(|(k, _)| !(tied && k == "lm_head.weight"))
+        .map(|(k, v)| (k.strip_prefix("model.").map(str::to_string).unwrap_or(k), v))
+        .collect()
+}
+
+// ---- Loading: the one place that knows the dense families' tensor names.
+
+/// `layers.{i}`: norms, attention (with q/k norms when `qk_norm`), MLP.
+pub fn load_layer(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    s: Shape,
+    qk_norm: bool,
+    mlp_width: i32,
+) -> Layer {
+    let p = format!("layers.{layer}");
+    let a = format!("{p}.self_attn");
+    let q_out = s.n_heads * s.head_dim;
+    let kv_out = s.n_kv_heads * s.head_dim;
+    Layer {
+        input_norm: w.param(&format!("{p}.input_layernorm.weight"), &[hidden]),
+        post_attention_norm: w.param(&format!("{p}.post_attention_layernorm.weight"), &[hidden]),
+        attn: Attention {
+            q_proj: w.linear(&format!("{a}.q_proj"), q_out, hidden),
+            k_proj: w.linear(&format!("{a}.k_proj"), kv_out, hidden),
+            v_proj: w.linear(&format!("{a}.v_proj"), kv_out, hidden),
+            o_proj: w.linear(&format!("{a}.o_proj"), hidden, q_out),
+            qk_norm: qk_norm.then(|| {
+                (
+                    w.param(&format!("{a}.q_norm.weight"), &[s.head_dim]),
+                    w.param(&format!("{a}.k_norm.weight"), &[s.head_dim]),
+                )
+            }),
+        },
+        mlp: Mlp {
+            gate_proj: w.linear(&format!("{p}.mlp.gate_proj"), mlp_width, hidden),
+            up_proj: w.linear(&format!("{p}.mlp.up_proj"), mlp_width, hidden),
+            down_proj: w.linear(&format!("{p}.mlp.down_proj"), hidden, mlp_width),
+        },
+    }
+}
+
+/// Embedding, final norm and (untied) head.
+pub struct Outer {
+    pub embed: Embedding,
+    pub norm: Array,
+    pub lm_head: Option<Linear>,
+}
+
+pub fn load_outer(w: &mut Weights, vocab: i32, hidden: i32, tied: bool) -> Outer {
+    Outer {
+        embed: w.embedding("embed_tokens", vocab, hidden),
+        norm: w.param("norm.weight", &[hidden]),
+        lm_head: (!tied).then(|| w.linear("lm_head", vocab, hidden)),
+    }
+}
+
+impl Outer {
+    pub fn head(&self) -> Head<'_> {
+        match &self.lm_head {
+            Some(l) => Head::Untied(l),
+            None => Head::Tied(&self.embed),
+        }
+    }
+}
