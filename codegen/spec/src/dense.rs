@@ -622,6 +622,9 @@ pub(crate) fn parse_full(
                     "see docs/spec-format.md#dense-families",
                 ));
             }
+            for i in &mut issues {
+                dense_texts(i);
+            }
             return Err(locate_serde(tree, origin, issues));
         }
     };
@@ -630,6 +633,28 @@ pub(crate) fn parse_full(
         Ok(spec)
     } else {
         Err(locate_all(tree, origin, issues))
+    }
+}
+
+/// The shared per-field texts describe the Gemma-4 layout; a dense section's
+/// missing or mistyped field gets the dense layout's own.
+fn dense_texts(i: &mut Issue) {
+    const SECTIONS: [(&str, &str, &str); 6] = [
+        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#dense-families"),
+        ("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
+        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "attention geometry; see docs/spec-format.md#dense-families"),
+        ("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`; see docs/spec-format.md#dense-families"),
+        ("mlp", "a mapping {intermediate_size}", "SwiGLU width; see docs/spec-format.md#dense-families"),
+        ("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
+    ];
+    let key = i.path.last_key().unwrap_or("").to_string();
+    if let Some((_, expected, hint)) = SECTIONS.iter().find(|(k, _, _)| *k == key) {
+        if i.message.starts_with("missing field") {
+            i.expected = format!("`{key}` to be written ({expected})");
+        } else {
+            i.expected = expected.to_string();
+        }
+        i.hint = hint.to_string();
     }
 }
 

@@ -41,6 +41,8 @@ fn bad_specs_are_rejected_with_located_messages() {
 fn helper_specs_in_the_bad_directory_are_good() {
     archgen_spec::load("tests/bad/ok-parent.yaml").unwrap();
     archgen_spec::load("tests/bad/ok-derived.yaml").unwrap();
+    archgen_spec::load("tests/bad/ok-dense-parent.yaml").unwrap();
+    archgen_spec::load("tests/bad/ok-dense-derived.yaml").unwrap();
 }
 
 #[test]

@@ -295,3 +295,90 @@ fn import_errors_are_collected() {
     assert!(from_config_json(&json!({"model_type": "llama"}), None, "x").is_err());
     assert!(from_config_json(&json!([1, 2]), None, "x").is_err());
 }
+
+/// Every dense spec in specs/ is exactly what `spec import` makes of the
+/// config.json kept beside it in specs/configs/, and round-trips.
+#[test]
+fn dense_specs_are_their_imported_configs() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs");
+    let mut seen = 0;
+    for e in std::fs::read_dir(format!("{root}/configs")).unwrap() {
+        let path = e.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let Some(name) = file.strip_suffix(".config.json") else {
+            continue;
+        };
+        let config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let (spec, _, _) = import_and_round_trip(&config, None, name);
+        let checked_in = load(format!("{root}/{name}.yaml")).unwrap();
+        assert_eq!(spec, checked_in, "{name}");
+        assert!(spec.family().is_dense(), "{name}");
+        seen += 1;
+    }
+    assert_eq!(seen, 6, "Qwen3 0.6B/1.7B/4B/8B and Llama-3.2 1B/3B");
+}
+
+#[test]
+fn dense_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
+    // llama.py: head_dim, num_key_value_heads, rope_theta, tie_word_embeddings default.
+    let llama = json!({
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "rms_norm_eps": 1e-5,
+        "vocab_size": 512, "max_position_embeddings": 2048
+    });
+    let (spec, applied, _) = import_and_round_trip(&llama, None, "llama-defaults");
+    let a = spec.resolve();
+    assert_eq!((a.layers[0].head_dim, a.layers[0].n_kv_heads), (16, 4));
+    assert!(a.tie_word_embeddings && !a.qk_norm);
+    assert_eq!(a.layers[0].rope, RopeKind::Default { theta: 10000.0 });
+    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    for f in [
+        "head_dim",
+        "num_key_value_heads",
+        "rope_theta",
+        "tie_word_embeddings",
+    ] {
+        assert!(fields.contains(&f), "{f} not listed in {fields:?}");
+    }
+    // llama3 scaling: missing low/high/original take rope_utils.py's defaults.
+    let mut scaled = llama.clone();
+    scaled["rope_scaling"] = json!({"type": "llama3", "factor": 8.0});
+    let (spec, applied, _) = import_and_round_trip(&scaled, None, "llama-scaled");
+    assert!(matches!(
+        spec.resolve().layers[0].rope,
+        RopeKind::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings, .. }
+            if (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings) == (8.0, 1.0, 4.0, 8192.0)
+    ));
+    assert!(applied
+        .iter()
+        .any(|d| d.field == "rope_scaling.original_max_position_embeddings"));
+    // qwen3.py reads rope_theta from transformers 5's rope_parameters.
+    let qwen = json!({
+        "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 512,
+        "max_position_embeddings": 4096, "tie_word_embeddings": false,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}
+    });
+    let (spec, _, _) = import_and_round_trip(&qwen, None, "qwen-params");
+    let a = spec.resolve();
+    assert_eq!(a.layers[0].rope, RopeKind::Default { theta: 5000.0 });
+    assert!(a.qk_norm && !a.tie_word_embeddings);
+    // What archgen cannot run yet is refused, each problem named.
+    let mut bad = llama.clone();
+    bad["attention_bias"] = json!(true);
+    bad["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
+    bad["layer_types"] = json!(["full_attention", "sliding_attention"]);
+    let text = from_config_json(&bad, None, "bad").unwrap_err().to_string();
+    for needle in ["attention_bias", "yarn", "sliding_attention"] {
+        assert!(text.contains(needle), "{needle} missing in:\n{text}");
+    }
+    let mut no_theta = qwen.clone();
+    no_theta.as_object_mut().unwrap().remove("rope_parameters");
+    let text = from_config_json(&no_theta, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("rope_theta"), "{text}");
+    let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
+    assert!(from_config_json(&qwen, Some(&kv), "bad").is_err());
+}
