@@ -97,18 +97,29 @@ fn time_clean_compile() -> Result<f64, String> {
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let quick = match args {
-        [] => false,
-        [q] if q == "--quick" => true,
-        _ => return Err("usage: cargo xtask bench [--quick]".into()),
-    };
+    const USAGE: &str = "usage: cargo xtask bench [--quick] [--spec NAME]...";
+    let (mut quick, mut specs) = (false, Vec::new());
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--spec" => specs.push(it.next().ok_or(USAGE)?.clone()),
+            _ => return Err(USAGE.into()),
+        }
+    }
     let root = repo_root();
     let cache = target_dir().join("bench-cache");
     std::fs::create_dir_all(&cache).map_err(|e| format!("{}: {e}", cache.display()))?;
     let mut run_args: Vec<std::ffi::OsString> = vec!["run".into()];
+    for s in &specs {
+        run_args.extend(["--spec".into(), s.into()]);
+    }
     if quick {
         run_args.push("--quick".into());
         run_args.extend(["--json".into(), cache.join("quick.json").into()]);
+    } else if !specs.is_empty() {
+        // A partial run prints its ratios but leaves docs/benchmarks.md alone.
+        run_args.extend(["--json".into(), cache.join("partial.json").into()]);
     } else {
         let gen = time_gen_all();
         let compile = time_clean_compile();

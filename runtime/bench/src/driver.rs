@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::report;
 
 pub const USAGE: &str = "\
-usage: archgen-bench run [--quick] [--cache-dir DIR] [--json FILE]
+usage: archgen-bench run [--quick] [--spec NAME]... [--cache-dir DIR] [--json FILE]
                          [--doc FILE --svg FILE] [--extra FILE]
        archgen-bench worker --impl generated|monolith --model DIR
 
@@ -20,13 +20,14 @@ run: checkpoints into --cache-dir (default target/bench-cache, reused when the
      round by round, results to --json, the results section of --doc (between
      its markers) and --svg; the ratio lines are printed last.
      --quick: gemma4-12b-tiny at cache 128 only, 2 rounds of 3 steps.
+     --spec: bench these specs instead of the plan's (repeatable).
      --extra: JSON from `cargo xtask bench` (gen and compile timings).";
 
 /// The three implementations, in the order each round runs them.
 pub const IMPLS: [&str; 3] = ["generated", "monolith", "mlx-lm"];
 
 pub struct Plan {
-    pub specs: Vec<&'static str>,
+    pub specs: Vec<String>,
     pub caches: Vec<usize>,
     pub rounds: usize,
     pub warmup: usize,
@@ -40,7 +41,9 @@ pub struct Plan {
 impl Plan {
     pub fn full() -> Self {
         Plan {
-            specs: vec!["gemma4-12b-tiny", "gemma4-12b-bench"],
+            specs: ["gemma4-12b-tiny", "gemma4-12b-bench", "qwen3-0.6b-tiny"]
+                .map(String::from)
+                .to_vec(),
             caches: vec![128, 2048],
             rounds: 5,
             warmup: 2,
@@ -50,7 +53,7 @@ impl Plan {
     }
     pub fn quick() -> Self {
         Plan {
-            specs: vec!["gemma4-12b-tiny"],
+            specs: vec!["gemma4-12b-tiny".to_string()],
             caches: vec![128],
             rounds: 2,
             warmup: 1,
@@ -353,6 +356,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         .unwrap_or_else(|| root.join("target"));
     let mut cache_dir = target.join("bench-cache");
     let (mut json_out, mut doc, mut svg, mut extra) = (None, None, None, None);
+    let mut specs: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut path = || {
@@ -367,10 +371,18 @@ pub fn main(args: &[String]) -> Result<(), String> {
             "--doc" => doc = Some(path()?),
             "--svg" => svg = Some(path()?),
             "--extra" => extra = Some(path()?),
+            "--spec" => specs.push(
+                it.next()
+                    .cloned()
+                    .ok_or_else(|| format!("--spec needs a spec name\n\n{USAGE}"))?,
+            ),
             other => return Err(format!("unknown option '{other}'\n\n{USAGE}")),
         }
     }
-    let plan = if quick { Plan::quick() } else { Plan::full() };
+    let mut plan = if quick { Plan::quick() } else { Plan::full() };
+    if !specs.is_empty() {
+        plan.specs = specs;
+    }
     let (cpu, cores) = machine_cpu();
     let load_before = loadavg();
     let mut versions = (String::from("unknown"), String::from("unknown"));
