@@ -326,6 +326,8 @@ fn init_writes_a_checkpoint_every_implementation_runs() {
         "gemma4-e2b-tiny",
         "gemma4-26b-a4b-tiny-q8",
         "gemma4-e4b-tiny-kv",
+        "qwen3-8b-tiny",
+        "llama-3.2-1b-tiny-q4",
     ] {
         let dir = root.path().join(spec);
         let o = archgen(&[
