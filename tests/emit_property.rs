@@ -1,8 +1,8 @@
 //! Property: every config the importer and validator accept yields a plan
 //! whose emitted Rust parses (syn, inside `model_file`), and a sample of the
 //! emitted models type-checks against the real runtime. Inputs are random
-//! Gemma-4 configs from a fixed-seed generator (reproducible; no external
-//! property-testing crate needed).
+//! Gemma-4, Qwen3 and Llama configs from a fixed-seed generator
+//! (reproducible; no external property-testing crate needed).
 
 use std::process::Command;
 
@@ -27,8 +27,40 @@ impl Rng {
     }
 }
 
-/// A random, often invalid, Gemma-4 text config.
+/// A random, often invalid, Qwen3 or Llama config.
+fn random_dense_config(r: &mut Rng) -> Value {
+    let llama = r.chance(50);
+    let mut c = json!({
+        "model_type": if llama { "llama" } else { "qwen3" },
+        "hidden_size": r.pick(&[32u64, 48, 64, 96]),
+        "num_hidden_layers": 1 + r.next() % 6,
+        "intermediate_size": r.pick(&[32u64, 64, 96, 128]),
+        "num_attention_heads": r.pick(&[1u64, 2, 3, 4, 6]),
+        "num_key_value_heads": r.pick(&[1u64, 2, 3]),
+        "head_dim": r.pick(&[8u64, 16, 32, 15]),
+        "vocab_size": r.pick(&[128u64, 256, 384]),
+        "rms_norm_eps": r.pick(&[1e-6, 1e-5]),
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": r.chance(60),
+        "rope_theta": r.pick(&[1e4, 5e5, 1e6]),
+    });
+    if llama && r.chance(60) {
+        c["rope_scaling"] = json!({"rope_type": "llama3", "factor": r.pick(&[8.0, 32.0]),
+            "low_freq_factor": 1.0, "high_freq_factor": r.pick(&[4.0, 0.5]),
+            "original_max_position_embeddings": 8192});
+    }
+    if r.chance(35) {
+        c["quantization"] = json!({"bits": r.pick(&[4u64, 8]), "group_size": r.pick(&[32u64, 64]), "mode": "affine"});
+    }
+    c
+}
+
+/// A random, often invalid, Gemma-4 text config (or, one time in three, a
+/// dense one).
 fn random_config(r: &mut Rng) -> Value {
+    if r.chance(33) {
+        return random_dense_config(r);
+    }
     let n = 1 + (r.next() % 12) as usize;
     let types: Vec<&str> = (0..n)
         .map(|_| {
@@ -119,19 +151,27 @@ fn every_accepted_spec_emits_parsable_rust_and_a_sample_compiles() {
     // A sample, covering MoE, per-layer inputs, KV sharing and quantization,
     // type-checks in a crate of its own against the real runtime.
     let mut sample: Vec<&(String, archgen_plan::Plan, String)> = Vec::new();
-    let features: [fn(&archgen_plan::Plan) -> bool; 4] = [
+    let features: [fn(&archgen_plan::Plan) -> bool; 6] = [
         |p| p.arch.moe.is_some(),
         |p| p.arch.per_layer_input.is_some() && p.arch.first_kv_shared_layer < p.arch.num_layers,
         |p| p.arch.quantization.is_some(),
         |p| !p.arch.tie_word_embeddings && p.arch.final_logit_softcapping.is_none(),
+        |p| p.arch.family == archgen_spec::Family::Qwen3 && p.arch.quantization.is_some(),
+        |p| {
+            p.arch.family == archgen_spec::Family::Llama
+                && !p.arch.tie_word_embeddings
+                && matches!(p.arch.layers[0].rope, archgen_spec::RopeKind::Llama3 { .. })
+        },
     ];
     for f in features {
         if let Some(c) = accepted.iter().find(|c| f(&c.1)) {
-            sample.push(c);
+            if !sample.iter().any(|s| s.0 == c.0) {
+                sample.push(c);
+            }
         }
     }
     assert!(
-        sample.len() >= 3,
+        sample.len() >= 5,
         "the random configs did not cover the sampled features"
     );
     let krate = tempfile::tempdir().unwrap();
