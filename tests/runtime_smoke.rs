@@ -74,6 +74,17 @@ fn compute(
         let mut compiled = compile(geglu, true);
         out.insert(format!("compiled_geglu_{dt}"), compiled((i("g"), i("u")))?);
         out.insert(format!("eager_geglu_{dt}"), geglu((i("g"), i("u")))?);
+        out.insert(
+            format!("swiglu_{dt}"),
+            archgen_runtime::ops::swiglu(i("g"), i("u"))?,
+        );
+    }
+    for dims in [32, 64] {
+        let rope = archgen_runtime::rope::Rope::llama3(dims, 500000.0, 32.0, 1.0, 4.0, 8192.0)?;
+        let archgen_runtime::rope::Rope::Freqs { freqs, .. } = rope else {
+            panic!("Llama-3 RoPE passes freqs");
+        };
+        out.insert(format!("llama3_freqs_{dims}"), freqs);
     }
     for bits in [4, 8] {
         let (wq, scales, biases) = mlx_rs::ops::quantize(&inp["qw_f32"], 64, bits)?;

@@ -4,6 +4,8 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.activations import swiglu
+from mlx_lm.models.rope_utils import Llama3RoPE
 
 inp = mx.load(sys.argv[1])
 out = {}
@@ -23,6 +25,14 @@ for dt in ("f32", "bf16"):
     geglu = mx.compile(lambda gate, x: nn.gelu_approx(gate) * x, shapeless=True)
     out[f"compiled_geglu_{dt}"] = geglu(g, u)
     out[f"eager_geglu_{dt}"] = nn.gelu_approx(g) * u
+    out[f"swiglu_{dt}"] = swiglu(g, u)
+# Llama-3.2's rope_scaling, at two head dims (all three frequency bands).
+for dims in (32, 64):
+    rope = Llama3RoPE(dims, max_position_embeddings=131072, traditional=False, base=500000.0,
+                      scaling_config={"factor": 32.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192})
+    out[f"llama3_freqs_{dims}"] = rope._freqs
 for bits in (4, 8):
     wq, scales, biases = mx.quantize(inp["qw_f32"], group_size=64, bits=bits)
     out[f"quantize{bits}_w"], out[f"quantize{bits}_scales"], out[f"quantize{bits}_biases"] = wq, scales, biases
