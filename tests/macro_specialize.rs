@@ -11,12 +11,27 @@ mod user_model {
     archgen_macros::specialize!("../specs/gemma4-walkthrough-tiny.yaml");
 }
 
+// A dense-family model expands in a user's crate too.
+mod user_llama {
+    archgen_macros::specialize!("../specs/llama-3.2-1b-tiny.yaml");
+}
+
+#[test]
+fn a_dense_expansion_has_the_generated_fingerprint() {
+    assert_eq!(
+        user_llama::FINGERPRINT,
+        archgen_generated::llama_3_2_1b_tiny::FINGERPRINT
+    );
+}
+
 #[test]
 fn expansion_equals_the_checked_in_file() {
     for name in [
         "gemma4-walkthrough-tiny",
         "gemma4-e2b-tiny",
         "gemma4-26b-a4b-tiny-q8",
+        "qwen3-8b-tiny",
+        "llama-3.2-1b-tiny-q4",
     ] {
         let spec = repo_root().join("specs").join(format!("{name}.yaml"));
         let tokens = archgen_emit::expand(&spec, &format!("specs/{name}.yaml")).unwrap();
