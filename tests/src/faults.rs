@@ -323,10 +323,10 @@ pub fn faults() -> Vec<Fault> {
         Fault {
             name: "config-unsupported-model-type",
             base: Base::Bf16,
-            corrupt: |d| edit_json(&d.join("config.json"), |c| c["model_type"] = json!("llama")),
+            corrupt: |d| edit_json(&d.join("config.json"), |c| c["model_type"] = json!("mistral")),
             expect: &[
                 "config.json",
-                "model_type: `llama` is not a Gemma-4 text model",
+                "model_type: `mistral` is not a supported model",
             ],
         },
         Fault {

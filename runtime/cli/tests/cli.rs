@@ -137,22 +137,28 @@ fn runs_a_tiny_checkpoint_and_rejects_bad_input() {
     // An unsupported model type in config.json.
     let bad = root.path().join("bad");
     std::fs::create_dir(&bad).unwrap();
-    std::fs::write(bad.join("config.json"), r#"{"model_type": "llama"}"#).unwrap();
     std::fs::copy(
         Path::new(&model).join("model.safetensors"),
         bad.join("model.safetensors"),
     )
     .unwrap();
-    let o = archgen(&[
-        "logits",
-        "--model",
-        bad.to_str().unwrap(),
-        "--prompt-ids",
-        "1",
-        "--out",
-        out_s,
-    ]);
-    assert_clean_error(&o, "llama");
+    // A family archgen does not run, and a supported one with an incomplete config.
+    for (config, expected) in [
+        (r#"{"model_type": "mistral"}"#, "mistral"),
+        (r#"{"model_type": "llama"}"#, "hidden_size: missing"),
+    ] {
+        std::fs::write(bad.join("config.json"), config).unwrap();
+        let o = archgen(&[
+            "logits",
+            "--model",
+            bad.to_str().unwrap(),
+            "--prompt-ids",
+            "1",
+            "--out",
+            out_s,
+        ]);
+        assert_clean_error(&o, expected);
+    }
 }
 
 /// Copies the files of the checkpoint directory `src` into a new `dst`.

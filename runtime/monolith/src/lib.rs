@@ -376,10 +376,12 @@ pub fn architecture_of(
     };
     let (spec, _defaults) =
         archgen_spec::import::from_config_json(config, kv_config.as_ref(), &name).map_err(|e| {
-            ModelError(format!(
-                "{}/config.json (+ kv_config.json): {e}",
-                dir.display()
-            ))
+            let kv = if kv_config.is_some() {
+                " (+ kv_config.json)"
+            } else {
+                ""
+            };
+            ModelError(format!("{}/config.json{kv}: {e}", dir.display()))
         })?;
     Ok(spec.resolve())
 }
