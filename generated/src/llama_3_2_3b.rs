@@ -176,230 +176,90 @@ impl CausalLm for Model {
         let n = ids.shape()[1];
         let h = self.embed.lookup(ids)?;
         let mask: Mask = cache.layer_0.make_mask(n);
-        let h = d::layer(
-            &h,
-            &self.layer_0,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_0,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_1,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_1,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_2,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_2,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_3,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_3,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_4,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_4,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_5,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_5,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_6,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_6,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_7,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_7,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_8,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_8,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_9,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_9,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_10,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_10,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_11,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_11,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_12,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_12,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_13,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_13,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_14,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_14,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_15,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_15,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_16,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_16,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_17,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_17,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_18,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_18,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_19,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_19,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_20,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_20,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_21,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_21,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_22,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_22,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_23,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_23,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_24,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_24,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_25,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_25,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_26,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_26,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_27,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_27,
-            &mask,
-        )?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_0, SHAPE, &self.rope, &mut cache.layer_0, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_1, SHAPE, &self.rope, &mut cache.layer_1, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_2, SHAPE, &self.rope, &mut cache.layer_2, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_3, SHAPE, &self.rope, &mut cache.layer_3, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_4, SHAPE, &self.rope, &mut cache.layer_4, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_5, SHAPE, &self.rope, &mut cache.layer_5, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_6, SHAPE, &self.rope, &mut cache.layer_6, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_7, SHAPE, &self.rope, &mut cache.layer_7, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_8, SHAPE, &self.rope, &mut cache.layer_8, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_9, SHAPE, &self.rope, &mut cache.layer_9, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_10, SHAPE, &self.rope, &mut cache.layer_10, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_11, SHAPE, &self.rope, &mut cache.layer_11, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_12, SHAPE, &self.rope, &mut cache.layer_12, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_13, SHAPE, &self.rope, &mut cache.layer_13, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_14, SHAPE, &self.rope, &mut cache.layer_14, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_15, SHAPE, &self.rope, &mut cache.layer_15, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_16, SHAPE, &self.rope, &mut cache.layer_16, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_17, SHAPE, &self.rope, &mut cache.layer_17, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_18, SHAPE, &self.rope, &mut cache.layer_18, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_19, SHAPE, &self.rope, &mut cache.layer_19, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_20, SHAPE, &self.rope, &mut cache.layer_20, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_21, SHAPE, &self.rope, &mut cache.layer_21, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_22, SHAPE, &self.rope, &mut cache.layer_22, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_23, SHAPE, &self.rope, &mut cache.layer_23, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_24, SHAPE, &self.rope, &mut cache.layer_24, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_25, SHAPE, &self.rope, &mut cache.layer_25, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_26, SHAPE, &self.rope, &mut cache.layer_26, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_27, SHAPE, &self.rope, &mut cache.layer_27, &mask)?;
         d::logits(&h, &self.norm, d::Head::Tied(&self.embed), EPS)
     }
 }

@@ -82,38 +82,18 @@ impl CausalLm for Model {
         let n = ids.shape()[1];
         let h = self.embed.lookup(ids)?;
         let mask: Mask = cache.layer_0.make_mask(n);
-        let h = d::layer(
-            &h,
-            &self.layer_0,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_0,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_1,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_1,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_2,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_2,
-            &mask,
-        )?;
-        let h = d::layer(
-            &h,
-            &self.layer_3,
-            SHAPE,
-            &self.rope,
-            &mut cache.layer_3,
-            &mask,
-        )?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_0, SHAPE, &self.rope, &mut cache.layer_0, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_1, SHAPE, &self.rope, &mut cache.layer_1, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_2, SHAPE, &self.rope, &mut cache.layer_2, &mask)?;
+        let h = d::layer::<
+            QK_NORM,
+        >(&h, &self.layer_3, SHAPE, &self.rope, &mut cache.layer_3, &mask)?;
         d::logits(&h, &self.norm, d::Head::Untied(&self.lm_head), EPS)
     }
 }

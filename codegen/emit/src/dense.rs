@@ -96,7 +96,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         cache_fields.push(quote! { #field: KvCache, });
         cache_inits.push(quote! { #field: KvCache::default(), });
         steps.push(quote! {
-            let h = d::layer(&h, &self.#field, SHAPE, &self.rope, &mut cache.#field, &mask)?;
+            let h = d::layer::<QK_NORM>(&h, &self.#field, SHAPE, &self.rope, &mut cache.#field, &mask)?;
         });
     }
     let (head_field, head_load, head, linear_import) = if a.tie_word_embeddings {

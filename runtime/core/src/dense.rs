@@ -80,7 +80,15 @@ pub struct Layer {
 }
 
 /// Queries, keys, values [B, heads, L, head_dim], roped at the cache offset.
-fn project(x: &Array, a: &Attention, s: Shape, rope: &Rope, offset: i32) -> Result<[Array; 3]> {
+/// `QK_NORM` (Qwen3) applies the per-head RMSNorm to queries and keys; it is a
+/// const parameter so a generated model resolves it at compile time.
+fn project<const QK_NORM: bool>(
+    x: &Array,
+    a: &Attention,
+    s: Shape,
+    rope: &Rope,
+    offset: i32,
+) -> Result<[Array; 3]> {
     let (b, l) = (x.shape()[0], x.shape()[1]);
     let q = a
         .q_proj
@@ -94,12 +102,16 @@ fn project(x: &Array, a: &Attention, s: Shape, rope: &Rope, offset: i32) -> Resu
         .v_proj
         .forward(x)?
         .reshape(&[b, l, s.n_kv_heads, s.head_dim])?;
-    let (q, k) = match &a.qk_norm {
-        Some((qn, kn)) => (
+    let (q, k) = if QK_NORM {
+        let (qn, kn) = a.qk_norm.as_ref().ok_or_else(|| {
+            mlx_rs::error::Exception::custom("q/k norm weights were not loaded for this layer")
+        })?;
+        (
             rms_norm(&q, Some(qn), s.eps)?,
             rms_norm(&k, Some(kn), s.eps)?,
-        ),
-        None => (q, k),
+        )
+    } else {
+        (q, k)
     };
     let t = |a: Array| a.transpose_axes(&[0, 2, 1, 3]);
     let offset = Array::from_int(offset);
@@ -111,7 +123,7 @@ fn project(x: &Array, a: &Attention, s: Shape, rope: &Rope, offset: i32) -> Resu
 }
 
 /// Self-attention over the layer's cache (updated here), then `o_proj`.
-pub fn attention(
+pub fn attention<const QK_NORM: bool>(
     x: &Array,
     a: &Attention,
     s: Shape,
@@ -120,7 +132,7 @@ pub fn attention(
     mask: &Mask,
 ) -> Result<Array> {
     let (b, l) = (x.shape()[0], x.shape()[1]);
-    let [q, k, v] = project(x, a, s, rope, cache.offset)?;
+    let [q, k, v] = project::<QK_NORM>(x, a, s, rope, cache.offset)?;
     let (keys, values) = cache.update_and_fetch(&k, &v)?;
     let o = sdpa(&q, &keys, &values, s.scale, mask)?;
     let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
@@ -128,7 +140,7 @@ pub fn attention(
 }
 
 /// A whole decoder layer (`TransformerBlock.__call__`).
-pub fn layer(
+pub fn layer<const QK_NORM: bool>(
     x: &Array,
     w: &Layer,
     s: Shape,
@@ -136,7 +148,7 @@ pub fn layer(
     cache: &mut KvCache,
     mask: &Mask,
 ) -> Result<Array> {
-    let r = attention(
+    let r = attention::<QK_NORM>(
         &rms_norm(x, Some(&w.input_norm), s.eps)?,
         &w.attn,
         s,

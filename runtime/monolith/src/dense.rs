@@ -89,7 +89,11 @@ impl CausalLm for DenseMonolith {
                 )));
             };
             let m = mask.get_or_insert_with(|| cache.make_mask(n));
-            h = dense::layer(&h, layer, *shape, rope, cache, m)?;
+            h = if self.arch.qk_norm {
+                dense::layer::<true>(&h, layer, *shape, rope, cache, m)?
+            } else {
+                dense::layer::<false>(&h, layer, *shape, rope, cache, m)?
+            };
         }
         dense::logits(
             &h,
