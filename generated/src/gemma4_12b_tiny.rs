@@ -6,11 +6,12 @@
 
 use archgen_runtime::attention::Mask;
 use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
+use archgen_runtime::decode;
 use archgen_runtime::gemma4::{self as g, AttentionShape};
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::model::{CausalLm, ModelError};
 use archgen_runtime::ops::{rms_norm, Result};
-use archgen_runtime::rope::Rope;
+use archgen_runtime::rope::{Rope, RopeTables};
 use archgen_runtime::weights::Weights;
 use archgen_runtime::Array;
 pub const NAME: &str = "gemma4-12b-tiny";
@@ -58,9 +59,23 @@ impl SlidingOwnKv {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: None,
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -99,9 +114,23 @@ impl FullOwnKvKeqV {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: None,
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -202,42 +231,125 @@ impl CausalLm for Model {
         let h = g::embed(&self.embed, ids, HIDDEN)?;
         let sliding_mask = g::mask_for(&cache.layer_0, n, WINDOW)?;
         let full_mask = g::mask_for(&cache.layer_5, n, WINDOW)?;
+        let offset = cache.layer_0.offset();
+        let sliding_tables = if n == 1 {
+            Some(self.rope_sliding.tables(offset, n)?)
+        } else {
+            None
+        };
+        let full_tables = if n == 1 {
+            Some(self.rope_full.tables(offset, n)?)
+        } else {
+            None
+        };
         let (h, _) = self
             .layer_0
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_0)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_0,
+            )?;
         let (h, _) = self
             .layer_1
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_1)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_1,
+            )?;
         let (h, _) = self
             .layer_2
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_2)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_2,
+            )?;
         let (h, _) = self
             .layer_3
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_3)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_3,
+            )?;
         let (h, _) = self
             .layer_4
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_4)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_4,
+            )?;
         let (h, _) = self
             .layer_5
-            .forward(&h, &self.rope_full, &full_mask, &mut cache.layer_5)?;
+            .forward(
+                &h,
+                &self.rope_full,
+                full_tables.as_ref(),
+                &full_mask,
+                &mut cache.layer_5,
+            )?;
         let (h, _) = self
             .layer_6
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_6)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_6,
+            )?;
         let (h, _) = self
             .layer_7
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_7)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_7,
+            )?;
         let (h, _) = self
             .layer_8
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_8)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_8,
+            )?;
         let (h, _) = self
             .layer_9
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_9)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_9,
+            )?;
         let (h, _) = self
             .layer_10
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_10)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_10,
+            )?;
         let (h, _) = self
             .layer_11
-            .forward(&h, &self.rope_full, &full_mask, &mut cache.layer_11)?;
+            .forward(
+                &h,
+                &self.rope_full,
+                full_tables.as_ref(),
+                &full_mask,
+                &mut cache.layer_11,
+            )?;
         g::logits(&h, &self.norm, g::Head::Tied(&self.embed), Some(30f32), EPS)
     }
 }

@@ -6,11 +6,12 @@
 
 use archgen_runtime::attention::Mask;
 use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
+use archgen_runtime::decode;
 use archgen_runtime::gemma4::{self as g, AttentionShape};
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::model::{CausalLm, ModelError};
 use archgen_runtime::ops::{rms_norm, Result};
-use archgen_runtime::rope::Rope;
+use archgen_runtime::rope::{Rope, RopeTables};
 use archgen_runtime::weights::Weights;
 use archgen_runtime::Array;
 pub const NAME: &str = "gemma4-e2b";
@@ -62,10 +63,24 @@ impl SlidingOwnKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -106,10 +121,24 @@ impl FullOwnKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -148,10 +177,24 @@ impl SlidingSharedKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         shared: &g::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let a = g::attention_shared_kv(&x, &self.attn, SLIDING, rope, shared, mask)?;
         let h = g::attention_residual(h, &a, &self.norms, EPS)?;
@@ -182,10 +225,24 @@ impl FullSharedKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         shared: &g::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let a = g::attention_shared_kv(&x, &self.attn, FULL, rope, shared, mask)?;
         let h = g::attention_residual(h, &a, &self.norms, EPS)?;
@@ -349,11 +406,23 @@ impl CausalLm for Model {
         )?;
         let sliding_mask = g::mask_for(&cache.layer_0, n, WINDOW)?;
         let full_mask = g::mask_for(&cache.layer_4, n, WINDOW)?;
+        let offset = cache.layer_0.offset();
+        let sliding_tables = if n == 1 {
+            Some(self.rope_sliding.tables(offset, n)?)
+        } else {
+            None
+        };
+        let full_tables = if n == 1 {
+            Some(self.rope_full.tables(offset, n)?)
+        } else {
+            None
+        };
         let (h, _) = self
             .layer_0
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_0,
                 &g::per_layer_slice(&per_layer, 0)?,
@@ -363,6 +432,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_1,
                 &g::per_layer_slice(&per_layer, 1)?,
@@ -372,6 +442,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_2,
                 &g::per_layer_slice(&per_layer, 2)?,
@@ -381,6 +452,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_3,
                 &g::per_layer_slice(&per_layer, 3)?,
@@ -390,6 +462,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &mut cache.layer_4,
                 &g::per_layer_slice(&per_layer, 4)?,
@@ -399,6 +472,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_5,
                 &g::per_layer_slice(&per_layer, 5)?,
@@ -408,6 +482,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_6,
                 &g::per_layer_slice(&per_layer, 6)?,
@@ -417,6 +492,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_7,
                 &g::per_layer_slice(&per_layer, 7)?,
@@ -426,6 +502,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_8,
                 &g::per_layer_slice(&per_layer, 8)?,
@@ -435,6 +512,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &mut cache.layer_9,
                 &g::per_layer_slice(&per_layer, 9)?,
@@ -444,6 +522,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_10,
                 &g::per_layer_slice(&per_layer, 10)?,
@@ -453,6 +532,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_11,
                 &g::per_layer_slice(&per_layer, 11)?,
@@ -462,6 +542,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_12,
                 &g::per_layer_slice(&per_layer, 12)?,
@@ -471,6 +552,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_13,
                 &g::per_layer_slice(&per_layer, 13)?,
@@ -480,6 +562,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &mut cache.layer_14,
                 &g::per_layer_slice(&per_layer, 14)?,
@@ -489,6 +572,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 15)?,
@@ -498,6 +582,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 16)?,
@@ -507,6 +592,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 17)?,
@@ -516,6 +602,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 18)?,
@@ -525,6 +612,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &kv_14,
                 &g::per_layer_slice(&per_layer, 19)?,
@@ -534,6 +622,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 20)?,
@@ -543,6 +632,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 21)?,
@@ -552,6 +642,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 22)?,
@@ -561,6 +652,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 23)?,
@@ -570,6 +662,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &kv_14,
                 &g::per_layer_slice(&per_layer, 24)?,
@@ -579,6 +672,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 25)?,
@@ -588,6 +682,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 26)?,
@@ -597,6 +692,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 27)?,
@@ -606,6 +702,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 28)?,
@@ -615,6 +712,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &kv_14,
                 &g::per_layer_slice(&per_layer, 29)?,
@@ -624,6 +722,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 30)?,
@@ -633,6 +732,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 31)?,
@@ -642,6 +742,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 32)?,
@@ -651,6 +752,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_13,
                 &g::per_layer_slice(&per_layer, 33)?,
@@ -660,6 +762,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &kv_14,
                 &g::per_layer_slice(&per_layer, 34)?,

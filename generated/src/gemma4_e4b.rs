@@ -6,11 +6,12 @@
 
 use archgen_runtime::attention::Mask;
 use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
+use archgen_runtime::decode;
 use archgen_runtime::gemma4::{self as g, AttentionShape};
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::model::{CausalLm, ModelError};
 use archgen_runtime::ops::{rms_norm, Result};
-use archgen_runtime::rope::Rope;
+use archgen_runtime::rope::{Rope, RopeTables};
 use archgen_runtime::weights::Weights;
 use archgen_runtime::Array;
 pub const NAME: &str = "gemma4-e4b";
@@ -62,10 +63,24 @@ impl SlidingOwnKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -106,10 +121,24 @@ impl FullOwnKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -148,10 +177,24 @@ impl SlidingSharedKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         shared: &g::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let a = g::attention_shared_kv(&x, &self.attn, SLIDING, rope, shared, mask)?;
         let h = g::attention_residual(h, &a, &self.norms, EPS)?;
@@ -182,10 +225,24 @@ impl FullSharedKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         shared: &g::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let a = g::attention_shared_kv(&x, &self.attn, FULL, rope, shared, mask)?;
         let h = g::attention_residual(h, &a, &self.norms, EPS)?;
@@ -381,11 +438,23 @@ impl CausalLm for Model {
         )?;
         let sliding_mask = g::mask_for(&cache.layer_0, n, WINDOW)?;
         let full_mask = g::mask_for(&cache.layer_5, n, WINDOW)?;
+        let offset = cache.layer_0.offset();
+        let sliding_tables = if n == 1 {
+            Some(self.rope_sliding.tables(offset, n)?)
+        } else {
+            None
+        };
+        let full_tables = if n == 1 {
+            Some(self.rope_full.tables(offset, n)?)
+        } else {
+            None
+        };
         let (h, _) = self
             .layer_0
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_0,
                 &g::per_layer_slice(&per_layer, 0)?,
@@ -395,6 +464,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_1,
                 &g::per_layer_slice(&per_layer, 1)?,
@@ -404,6 +474,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_2,
                 &g::per_layer_slice(&per_layer, 2)?,
@@ -413,6 +484,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_3,
                 &g::per_layer_slice(&per_layer, 3)?,
@@ -422,6 +494,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_4,
                 &g::per_layer_slice(&per_layer, 4)?,
@@ -431,6 +504,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &mut cache.layer_5,
                 &g::per_layer_slice(&per_layer, 5)?,
@@ -440,6 +514,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_6,
                 &g::per_layer_slice(&per_layer, 6)?,
@@ -449,6 +524,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_7,
                 &g::per_layer_slice(&per_layer, 7)?,
@@ -458,6 +534,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_8,
                 &g::per_layer_slice(&per_layer, 8)?,
@@ -467,6 +544,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_9,
                 &g::per_layer_slice(&per_layer, 9)?,
@@ -476,6 +554,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_10,
                 &g::per_layer_slice(&per_layer, 10)?,
@@ -485,6 +564,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &mut cache.layer_11,
                 &g::per_layer_slice(&per_layer, 11)?,
@@ -494,6 +574,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_12,
                 &g::per_layer_slice(&per_layer, 12)?,
@@ -503,6 +584,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_13,
                 &g::per_layer_slice(&per_layer, 13)?,
@@ -512,6 +594,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_14,
                 &g::per_layer_slice(&per_layer, 14)?,
@@ -521,6 +604,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_15,
                 &g::per_layer_slice(&per_layer, 15)?,
@@ -530,6 +614,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_16,
                 &g::per_layer_slice(&per_layer, 16)?,
@@ -539,6 +624,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &mut cache.layer_17,
                 &g::per_layer_slice(&per_layer, 17)?,
@@ -548,6 +634,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_18,
                 &g::per_layer_slice(&per_layer, 18)?,
@@ -557,6 +644,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_19,
                 &g::per_layer_slice(&per_layer, 19)?,
@@ -566,6 +654,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_20,
                 &g::per_layer_slice(&per_layer, 20)?,
@@ -575,6 +664,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_21,
                 &g::per_layer_slice(&per_layer, 21)?,
@@ -584,6 +674,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_22,
                 &g::per_layer_slice(&per_layer, 22)?,
@@ -593,6 +684,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &mut cache.layer_23,
                 &g::per_layer_slice(&per_layer, 23)?,
@@ -602,6 +694,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 24)?,
@@ -611,6 +704,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 25)?,
@@ -620,6 +714,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 26)?,
@@ -629,6 +724,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 27)?,
@@ -638,6 +734,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 28)?,
@@ -647,6 +744,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &kv_23,
                 &g::per_layer_slice(&per_layer, 29)?,
@@ -656,6 +754,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 30)?,
@@ -665,6 +764,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 31)?,
@@ -674,6 +774,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 32)?,
@@ -683,6 +784,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 33)?,
@@ -692,6 +794,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 34)?,
@@ -701,6 +804,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &kv_23,
                 &g::per_layer_slice(&per_layer, 35)?,
@@ -710,6 +814,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 36)?,
@@ -719,6 +824,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 37)?,
@@ -728,6 +834,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 38)?,
@@ -737,6 +844,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 39)?,
@@ -746,6 +854,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_22,
                 &g::per_layer_slice(&per_layer, 40)?,
@@ -755,6 +864,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &kv_23,
                 &g::per_layer_slice(&per_layer, 41)?,

@@ -6,11 +6,12 @@
 
 use archgen_runtime::attention::Mask;
 use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
+use archgen_runtime::decode;
 use archgen_runtime::gemma4::{self as g, AttentionShape};
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::model::{CausalLm, ModelError};
 use archgen_runtime::ops::{rms_norm, Result};
-use archgen_runtime::rope::Rope;
+use archgen_runtime::rope::{Rope, RopeTables};
 use archgen_runtime::weights::Weights;
 use archgen_runtime::Array;
 pub const NAME: &str = "gemma4-e4b-tiny";
@@ -62,10 +63,24 @@ impl SlidingOwnKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -106,10 +121,24 @@ impl FullOwnKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -148,10 +177,24 @@ impl SlidingSharedKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         shared: &g::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let a = g::attention_shared_kv(&x, &self.attn, SLIDING, rope, shared, mask)?;
         let h = g::attention_residual(h, &a, &self.norms, EPS)?;
@@ -182,10 +225,24 @@ impl FullSharedKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         shared: &g::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let a = g::attention_shared_kv(&x, &self.attn, FULL, rope, shared, mask)?;
         let h = g::attention_residual(h, &a, &self.norms, EPS)?;
@@ -285,11 +342,23 @@ impl CausalLm for Model {
         )?;
         let sliding_mask = g::mask_for(&cache.layer_0, n, WINDOW)?;
         let full_mask = g::mask_for(&cache.layer_5, n, WINDOW)?;
+        let offset = cache.layer_0.offset();
+        let sliding_tables = if n == 1 {
+            Some(self.rope_sliding.tables(offset, n)?)
+        } else {
+            None
+        };
+        let full_tables = if n == 1 {
+            Some(self.rope_full.tables(offset, n)?)
+        } else {
+            None
+        };
         let (h, _) = self
             .layer_0
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_0,
                 &g::per_layer_slice(&per_layer, 0)?,
@@ -299,6 +368,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_1,
                 &g::per_layer_slice(&per_layer, 1)?,
@@ -308,6 +378,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_2,
                 &g::per_layer_slice(&per_layer, 2)?,
@@ -317,6 +388,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_3,
                 &g::per_layer_slice(&per_layer, 3)?,
@@ -326,6 +398,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_4,
                 &g::per_layer_slice(&per_layer, 4)?,
@@ -335,6 +408,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &mut cache.layer_5,
                 &g::per_layer_slice(&per_layer, 5)?,
@@ -344,6 +418,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_4,
                 &g::per_layer_slice(&per_layer, 6)?,
@@ -353,6 +428,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_4,
                 &g::per_layer_slice(&per_layer, 7)?,
@@ -362,6 +438,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_4,
                 &g::per_layer_slice(&per_layer, 8)?,
@@ -371,6 +448,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_4,
                 &g::per_layer_slice(&per_layer, 9)?,
@@ -380,6 +458,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_4,
                 &g::per_layer_slice(&per_layer, 10)?,
@@ -389,6 +468,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &kv_5,
                 &g::per_layer_slice(&per_layer, 11)?,

@@ -7,11 +7,12 @@
 use archgen_runtime::attention::Mask;
 use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
 use archgen_runtime::cache::QuantizedKvCache;
+use archgen_runtime::decode;
 use archgen_runtime::gemma4::{self as g, AttentionShape};
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::model::{CausalLm, ModelError};
 use archgen_runtime::ops::{rms_norm, Result};
-use archgen_runtime::rope::Rope;
+use archgen_runtime::rope::{Rope, RopeTables};
 use archgen_runtime::weights::Weights;
 use archgen_runtime::Array;
 pub const NAME: &str = "gemma4-e4b-tiny-kv";
@@ -63,10 +64,24 @@ impl SlidingOwnKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -107,10 +122,24 @@ impl FullOwnKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -149,10 +178,24 @@ impl SlidingSharedKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         shared: &g::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let a = g::attention_shared_kv(&x, &self.attn, SLIDING, rope, shared, mask)?;
         let h = g::attention_residual(h, &a, &self.norms, EPS)?;
@@ -183,10 +226,24 @@ impl FullSharedKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         shared: &g::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let a = g::attention_shared_kv(&x, &self.attn, FULL, rope, shared, mask)?;
         let h = g::attention_residual(h, &a, &self.norms, EPS)?;
@@ -310,11 +367,23 @@ impl CausalLm for Model {
         )?;
         let sliding_mask = g::mask_for(&cache.layer_0, n, WINDOW)?;
         let full_mask = g::mask_for(&cache.layer_5, n, WINDOW)?;
+        let offset = cache.layer_0.offset();
+        let sliding_tables = if n == 1 {
+            Some(self.rope_sliding.tables(offset, n)?)
+        } else {
+            None
+        };
+        let full_tables = if n == 1 {
+            Some(self.rope_full.tables(offset, n)?)
+        } else {
+            None
+        };
         let (h, _) = self
             .layer_0
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_0,
                 &g::per_layer_slice(&per_layer, 0)?,
@@ -324,6 +393,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_1,
                 &g::per_layer_slice(&per_layer, 1)?,
@@ -333,6 +403,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_2,
                 &g::per_layer_slice(&per_layer, 2)?,
@@ -342,6 +413,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_3,
                 &g::per_layer_slice(&per_layer, 3)?,
@@ -351,6 +423,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_4,
                 &g::per_layer_slice(&per_layer, 4)?,
@@ -360,6 +433,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &mut cache.layer_5,
                 &g::per_layer_slice(&per_layer, 5)?,
@@ -369,6 +443,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_6,
                 &g::per_layer_slice(&per_layer, 6)?,
@@ -378,6 +453,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_7,
                 &g::per_layer_slice(&per_layer, 7)?,
@@ -387,6 +463,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_8,
                 &g::per_layer_slice(&per_layer, 8)?,
@@ -396,6 +473,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_9,
                 &g::per_layer_slice(&per_layer, 9)?,
@@ -405,6 +483,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_10,
                 &g::per_layer_slice(&per_layer, 10)?,
@@ -414,6 +493,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &mut cache.layer_11,
                 &g::per_layer_slice(&per_layer, 11)?,
@@ -423,6 +503,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_10,
                 &g::per_layer_slice(&per_layer, 12)?,
@@ -432,6 +513,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_10,
                 &g::per_layer_slice(&per_layer, 13)?,
@@ -441,6 +523,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_10,
                 &g::per_layer_slice(&per_layer, 14)?,
@@ -450,6 +533,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_10,
                 &g::per_layer_slice(&per_layer, 15)?,
@@ -459,6 +543,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_10,
                 &g::per_layer_slice(&per_layer, 16)?,
@@ -468,6 +553,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &kv_11,
                 &g::per_layer_slice(&per_layer, 17)?,

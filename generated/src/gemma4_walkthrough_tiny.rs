@@ -7,12 +7,13 @@
 use archgen_runtime::attention::Mask;
 use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
 use archgen_runtime::cache::QuantizedKvCache;
+use archgen_runtime::decode;
 use archgen_runtime::gemma4::{self as g, AttentionShape};
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::layers::Linear;
 use archgen_runtime::model::{CausalLm, ModelError};
 use archgen_runtime::ops::{rms_norm, Result};
-use archgen_runtime::rope::Rope;
+use archgen_runtime::rope::{Rope, RopeTables};
 use archgen_runtime::weights::Weights;
 use archgen_runtime::Array;
 pub const NAME: &str = "gemma4-walkthrough-tiny";
@@ -64,10 +65,24 @@ impl SlidingOwnKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -108,10 +123,24 @@ impl FullOwnKvKeqVPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -150,10 +179,24 @@ impl SlidingSharedKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         shared: &g::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let a = g::attention_shared_kv(&x, &self.attn, SLIDING, rope, shared, mask)?;
         let h = g::attention_residual(h, &a, &self.norms, EPS)?;
@@ -184,10 +227,24 @@ impl FullSharedKvPle {
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         shared: &g::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let a = g::attention_shared_kv(&x, &self.attn, FULL, rope, shared, mask)?;
         let h = g::attention_residual(h, &a, &self.norms, EPS)?;
@@ -277,11 +334,23 @@ impl CausalLm for Model {
         )?;
         let sliding_mask = g::mask_for(&cache.layer_0, n, WINDOW)?;
         let full_mask = g::mask_for(&cache.layer_2, n, WINDOW)?;
+        let offset = cache.layer_0.offset();
+        let sliding_tables = if n == 1 {
+            Some(self.rope_sliding.tables(offset, n)?)
+        } else {
+            None
+        };
+        let full_tables = if n == 1 {
+            Some(self.rope_full.tables(offset, n)?)
+        } else {
+            None
+        };
         let (h, _) = self
             .layer_0
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_0,
                 &g::per_layer_slice(&per_layer, 0)?,
@@ -291,6 +360,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_1,
                 &g::per_layer_slice(&per_layer, 1)?,
@@ -300,6 +370,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &mut cache.layer_2,
                 &g::per_layer_slice(&per_layer, 2)?,
@@ -309,6 +380,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_3,
                 &g::per_layer_slice(&per_layer, 3)?,
@@ -318,6 +390,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &mut cache.layer_4,
                 &g::per_layer_slice(&per_layer, 4)?,
@@ -327,6 +400,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_3,
                 &g::per_layer_slice(&per_layer, 5)?,
@@ -336,6 +410,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &kv_4,
                 &g::per_layer_slice(&per_layer, 6)?,

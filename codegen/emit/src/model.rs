@@ -39,6 +39,13 @@ fn rope_field(t: LayerType) -> Ident {
     })
 }
 
+fn tables_var(t: LayerType) -> Ident {
+    ident(match t {
+        LayerType::Sliding => "sliding_tables",
+        LayerType::Full => "full_tables",
+    })
+}
+
 fn mask_var(t: LayerType) -> Ident {
     ident(match t {
         LayerType::Sliding => "sliding_mask",
@@ -111,12 +118,18 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
     } else {
         quote! { None }
     };
-    let (kv_arg, attn, ret_ty, ret) = if key.own_kv {
+    let moe_ref = if key.moe {
+        quote! { Some(&self.moe) }
+    } else {
+        quote! { None }
+    };
+    let (kv_arg, attn, decode_step, ret_ty, ret) = if key.own_kv {
         (
             quote! { cache: &mut LayerCache },
             quote! {
                 let (a, kv) = g::attention_own_kv(&x, &self.attn, &self.kv, #shape, rope, cache, mask)?;
             },
+            quote! { decode::own_kv(h, &layer, &self.kv, tables, cache, mask) },
             quote! { (Array, g::SharedKv) },
             quote! { Ok((h, kv)) },
         )
@@ -126,6 +139,7 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
             quote! {
                 let a = g::attention_shared_kv(&x, &self.attn, #shape, rope, shared, mask)?;
             },
+            quote! { decode::shared_kv(h, &layer, tables, shared, mask) },
             quote! { Array },
             quote! { Ok(h) },
         )
@@ -155,7 +169,21 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
                 }
             }
 
-            fn forward(&self, h: &Array, rope: &Rope, mask: &Mask, #kv_arg #ple_arg) -> Result<#ret_ty> {
+            fn forward(&self, h: &Array, rope: &Rope, step: Option<&RopeTables>, mask: &Mask, #kv_arg #ple_arg) -> Result<#ret_ty> {
+                if let Some(tables) = step {
+                    // One token: the compiled blocks around attention.
+                    let layer = decode::Layer {
+                        norms: &self.norms,
+                        attn: &self.attn,
+                        mlp: &self.mlp,
+                        moe: #moe_ref,
+                        ple: #ple_use,
+                        layer_scalar: &self.layer_scalar,
+                        shape: #shape,
+                        eps: EPS,
+                    };
+                    return #decode_step;
+                }
                 let x = rms_norm(h, Some(&self.norms.input), EPS)?;
                 #attn
                 let h = g::attention_residual(h, &a, &self.norms, EPS)?;
@@ -304,6 +332,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         }
     });
     let mut masks = Vec::new();
+    let mut step_tables = Vec::new();
     for (t, first) in [
         (LayerType::Sliding, plan.first_sliding),
         (LayerType::Full, plan.first_full),
@@ -312,6 +341,10 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             let var = mask_var(t);
             let field = layer_field(first);
             masks.push(quote! { let #var = g::mask_for(&cache.#field, n, WINDOW)?; });
+            let (tables, rope) = (tables_var(t), rope_field(t));
+            step_tables.push(quote! {
+                let #tables = if n == 1 { Some(self.#rope.tables(offset, n)?) } else { None };
+            });
         }
     }
     let mut steps = Vec::new();
@@ -319,6 +352,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         let field = layer_field(f.index);
         let rope = rope_field(f.layer_type);
         let mask = mask_var(f.layer_type);
+        let tables = tables_var(f.layer_type);
         let li = lit_i32(f.index)?;
         let pli = a
             .per_layer_input
@@ -330,12 +364,12 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 ident("_")
             };
             steps.push(quote! {
-                let (h, #kv) = self.#field.forward(&h, &self.#rope, &#mask, &mut cache.#field #pli)?;
+                let (h, #kv) = self.#field.forward(&h, &self.#rope, #tables.as_ref(), &#mask, &mut cache.#field #pli)?;
             });
         } else {
             let kv = ident(&format!("kv_{}", f.kv_source));
             steps.push(quote! {
-                let h = self.#field.forward(&h, &self.#rope, &#mask, &#kv #pli)?;
+                let h = self.#field.forward(&h, &self.#rope, #tables.as_ref(), &#mask, &#kv #pli)?;
             });
         }
     }
@@ -355,12 +389,13 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         use archgen_runtime::attention::Mask;
         use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
         #quantized_kv
+        use archgen_runtime::decode;
         use archgen_runtime::gemma4::{self as g, AttentionShape};
         use archgen_runtime::layers::Embedding;
         #linear_import
         use archgen_runtime::model::{CausalLm, ModelError};
         use archgen_runtime::ops::{rms_norm, Result};
-        use archgen_runtime::rope::Rope;
+        use archgen_runtime::rope::{Rope, RopeTables};
         use archgen_runtime::weights::Weights;
         use archgen_runtime::Array;
 
@@ -424,6 +459,10 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 let h = g::embed(&self.embed, ids, HIDDEN)?;
                 #ple_inputs
                 #(#masks)*
+                // One token: this step's RoPE tables, one per RoPE form,
+                // shared by all its layers (Q and K alike).
+                let offset = cache.layer_0.offset();
+                #(#step_tables)*
                 #(#steps)*
                 g::logits(&h, &self.norm, #head, #softcap, EPS)
             }

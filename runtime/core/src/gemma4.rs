@@ -99,6 +99,21 @@ pub fn attention_own_kv(
     cache: &mut LayerCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
+    let offset = Array::from_int(cache.offset());
+    let (q, k, v) = project_qkv(x, w, kv, s, &|t| rope.apply(t, &offset))?;
+    let (o, shared) = attend_own_kv(&q, &k, &v, cache, mask, offset)?;
+    Ok((w.o_proj.forward(&o)?, shared))
+}
+
+/// Queries, keys and values of a layer that computes its own K/V: projected,
+/// normed, transposed to [B, heads, L, head_dim]; Q and K through `rope`.
+pub fn project_qkv(
+    x: &Array,
+    w: &AttentionWeights,
+    kv: &KvWeights,
+    s: AttentionShape,
+    rope: &dyn Fn(&Array) -> Result<Array>,
+) -> Result<(Array, Array, Array)> {
     let (b, l) = (x.shape()[0], x.shape()[1]);
     let q = queries(x, w, s)?;
     let k = kv
@@ -111,22 +126,47 @@ pub fn attention_own_kv(
             .forward(x)?
             .reshape(&[b, l, s.n_kv_heads, s.head_dim])?,
     };
-    let offset = Array::from_int(cache.offset());
     let k = rms_norm(&k, Some(&kv.k_norm), s.eps)?.transpose_axes(&[0, 2, 1, 3])?;
-    let k = rope.apply(&k, &offset)?;
+    let k = rope(&k)?;
     let v = rms_norm(&v, None, s.eps)?.transpose_axes(&[0, 2, 1, 3])?;
-    let q = rope.apply(&q.transpose_axes(&[0, 2, 1, 3])?, &offset)?;
+    let q = rope(&q.transpose_axes(&[0, 2, 1, 3])?)?;
+    Ok((q, k, v))
+}
+
+/// The queries [B, heads, L, head_dim] of a KV-sharing layer, through `rope`.
+pub fn project_q(
+    x: &Array,
+    w: &AttentionWeights,
+    s: AttentionShape,
+    rope: &dyn Fn(&Array) -> Result<Array>,
+) -> Result<Array> {
+    let q = queries(x, w, s)?;
+    rope(&q.transpose_axes(&[0, 2, 1, 3])?)
+}
+
+/// A donor's cache update and attention over the cache: returns the heads
+/// merged back to [B, L, heads * head_dim] (the input of `o_proj`) and the
+/// K/V sharers read.
+pub fn attend_own_kv(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    cache: &mut LayerCache,
+    mask: &Mask,
+    offset: Array,
+) -> Result<(Array, SharedKv)> {
+    let (b, l) = (q.shape()[0], q.shape()[2]);
     if let LayerCache::Quantized(qc) = cache {
         // base.scaled_dot_product_attention: a cache with `.bits` routes to
         // quantized_scaled_dot_product_attention.
-        let (qk, qv) = qc.update_and_fetch(&k, &v)?;
-        let o = quantized_sdpa(&q, &qk, &qv, 1.0, mask, qc.group_size, qc.bits)?;
+        let (qk, qv) = qc.update_and_fetch(k, v)?;
+        let o = quantized_sdpa(q, &qk, &qv, 1.0, mask, qc.group_size, qc.bits)?;
         let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         // mlx-lm would hand the quantized tuples to sharers, whose plain SDPA
         // then fails; the spec validator forbids that, and the packed uint32
         // data carried here is refused by `attention_shared_kv`.
         return Ok((
-            w.o_proj.forward(&o)?,
+            o,
             SharedKv {
                 keys: qk.data,
                 values: qv.data,
@@ -134,10 +174,10 @@ pub fn attention_own_kv(
             },
         ));
     }
-    let (keys, values) = cache.update_and_fetch(&k, &v)?;
-    let out = attend(&q, &keys, &values, mask, w, b, l)?;
+    let (keys, values) = cache.update_and_fetch(k, v)?;
+    let o = attend(q, &keys, &values, mask, b, l)?;
     Ok((
-        out,
+        o,
         SharedKv {
             keys,
             values,
@@ -155,15 +195,20 @@ pub fn attention_shared_kv(
     shared: &SharedKv,
     mask: &Mask,
 ) -> Result<Array> {
+    let q = project_q(x, w, s, &|t| rope.apply(t, &shared.offset))?;
+    w.o_proj.forward(&attend_shared_kv(&q, shared, mask)?)
+}
+
+/// A KV-sharing layer's attention over the donor's K/V, heads merged back to
+/// [B, L, heads * head_dim] (the input of `o_proj`).
+pub fn attend_shared_kv(q: &Array, shared: &SharedKv, mask: &Mask) -> Result<Array> {
     if shared.keys.dtype() == mlx_rs::Dtype::Uint32 {
         return Err(mlx_rs::error::Exception::custom(
             "KV-shared layer over a quantized donor cache: mlx-lm cannot run this (its sharers take the unquantized SDPA)",
         ));
     }
-    let (b, l) = (x.shape()[0], x.shape()[1]);
-    let q = queries(x, w, s)?;
-    let q = rope.apply(&q.transpose_axes(&[0, 2, 1, 3])?, &shared.offset)?;
-    attend(&q, &shared.keys, &shared.values, mask, w, b, l)
+    let (b, l) = (q.shape()[0], q.shape()[2]);
+    attend(q, &shared.keys, &shared.values, mask, b, l)
 }
 
 fn queries(x: &Array, w: &AttentionWeights, s: AttentionShape) -> Result<Array> {
@@ -175,18 +220,9 @@ fn queries(x: &Array, w: &AttentionWeights, s: AttentionShape) -> Result<Array> 
     rms_norm(&q, Some(&w.q_norm), s.eps)
 }
 
-fn attend(
-    q: &Array,
-    keys: &Array,
-    values: &Array,
-    mask: &Mask,
-    w: &AttentionWeights,
-    b: i32,
-    l: i32,
-) -> Result<Array> {
+fn attend(q: &Array, keys: &Array, values: &Array, mask: &Mask, b: i32, l: i32) -> Result<Array> {
     let o = sdpa(q, keys, values, 1.0, mask)?;
-    let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-    w.o_proj.forward(&o)
+    o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])
 }
 
 /// Dense GeGLU MLP: `down(geglu(gate(x), up(x)))`.

@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod bytes;
 pub mod cache;
+pub mod decode;
 pub mod gemma4;
 pub mod layers;
 pub mod model;
