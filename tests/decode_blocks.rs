@@ -189,13 +189,16 @@ fn decode_blocks_match_the_eager_layer() {
     let base = Rope::base(16, 10_000.0);
     let prop = Rope::proportional(32, 8, 1_000_000.0, 1.0).unwrap();
     for dt in DTYPES {
-        // 64: compiled. 3840 (gemma4-12b's hidden size): 1/3840 does not
-        // survive MLX's constant inlining, so the blocks run eagerly.
+        // 3840 is gemma4-12b's hidden size: 1/3840 would not survive MLX's
+        // constant inlining, so the norms take it as an input.
         for hidden in [64, 3840] {
             run_layer(hidden, sliding, &base, true, dt);
             run_layer(hidden, full, &prop, false, dt);
         }
     }
+    // Every block compiled: (2 widths x 2 attention shapes) before attention
+    // and 2 widths after, per dtype (dtypes share keys: MLX keys by dtype).
+    assert_eq!(decode::block_counts(), (6, 0));
 }
 
 /// Why the guard exists: compiled, `mean` over 3840 float32 values inlines

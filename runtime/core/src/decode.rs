@@ -15,18 +15,24 @@
 //! The compiled functions trace exactly those runtime blocks, so the layer
 //! math still exists once. Compilation fuses chains of elementwise operations
 //! (the RMSNorm and RoPE fallbacks on the CPU, residuals, scalars) into one
-//! generated kernel each; every fused kernel evaluates the same per-element
+//! generated kernel each; a fused kernel evaluates the same per-element
 //! operations, in the same order and in the same dtypes, as the separate
-//! kernels, so the bits do not change (checked by the parity tests against
-//! the monolith and mlx-lm, which do not compile these blocks). Matmuls,
-//! reductions, the cache update and attention stay separate operations.
+//! kernels. Two things would still change bits, and are kept out (see
+//! [`reads_back`]): float32 scalar constants, which MLX writes into the
+//! kernel source with 7 digits, and transcendental functions whose inputs
+//! involve such constants (RoPE's cos/sin, computed once per step outside,
+//! [`crate::rope::Rope::tables`]). Matmuls, reductions, the cache update and
+//! attention stay separate operations. Checked byte for byte by
+//! `tests/decode_blocks.rs` and the parity tests (generated == monolith ==
+//! mlx-lm, which do not compile these blocks).
 //!
 //! The weights are inputs of the compiled functions, not captured constants,
 //! so all layers of one kind share one compiled function (one entry per
 //! structure, kept per thread, as mlx-lm's own compiled helpers are).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use mlx_rs::Array;
 
@@ -36,7 +42,7 @@ use crate::gemma4::{self, AttentionShape, AttentionWeights, KvWeights, LayerNorm
 use crate::gemma4::{PleGate, SharedKv};
 use crate::layers::{Linear, Quantized, SwitchLinear};
 use crate::moe::{Router, SwitchGlu};
-use crate::ops::{rms_norm, Result};
+use crate::ops::{rms_norm, NormInputs, Result};
 use crate::rope::{apply_tables, RopeTables};
 
 /// The parts of one decoder layer a decode step needs.
@@ -87,19 +93,25 @@ fn bad_outputs() -> mlx_rs::error::Exception {
 }
 
 /// MLX's CPU compiler writes scalar constants into the kernel source with
-/// 7 significant digits, which does not round-trip every float32 (1/3840 =
-/// 0.0002604167 reads back one ulp off). A block is compiled only if every
-/// float32 constant its trace inlines reads back exactly: each RMSNorm's eps
-/// and its mean's normalizer 1/n, n the normed width (hidden size or head
-/// dim). Otherwise the same traced function runs eagerly. (The constants of
-/// gelu_approx are inlined the same way in mlx-lm's own compiled geglu.)
-fn inlines_exactly(layer: &Layer<'_>, hidden: i32) -> bool {
+/// 7 significant digits (`float tmp = 0.0002604167;`), which does not
+/// round-trip every float32: 1/3840, RMSNorm's mean normalizer at
+/// gemma4-12b's hidden size, reads back one ulp off. So the blocks must not
+/// inline a float32 constant that could change:
+///
+/// * every RMSNorm inside a block runs as [`crate::ops::rms_norm_fallback`] with its eps
+///   and normalizers as *inputs* of the compiled function ([`NormInputs`]);
+///   a norm that finds none (a width or dtype combination not provided) is
+///   detected by a dry run when the block is created, and the block then
+///   runs eagerly;
+/// * the MoE router's `hidden ** -0.5` is a weak scalar constant: MoE blocks
+///   are compiled only if it reads back exactly;
+/// * RoPE's transcendental part is outside ([`crate::rope::Rope::tables`]).
+///
+/// (gelu_approx's constants are inlined the same way in mlx-lm's own
+/// compiled `geglu` and `gelu_approx`, which every implementation runs.)
+fn reads_back(v: f32) -> bool {
     // `float tmp = <%.7g of v>;`: a double literal converted to float.
-    let reads_back = |v: f32| format!("{:.6e}", v as f64).parse::<f64>().map(|d| d as f32) == Ok(v);
-    let inverse = |n: i32| [1.0f32 / n as f32, (1.0f64 / n as f64) as f32];
-    reads_back(layer.eps)
-        && inverse(hidden).into_iter().all(reads_back)
-        && inverse(layer.shape.head_dim).into_iter().all(reads_back)
+    format!("{:.6e}", v as f64).parse::<f64>().map(|d| d as f32) == Ok(v)
 }
 
 /// `rms_norm(h, input_norm)`, then Q, K, V (or Q alone) as the eager path
@@ -111,11 +123,14 @@ fn pre_attention(
     rope: &RopeTables,
 ) -> Result<Vec<Array>> {
     let hidden = h.shape()[h.ndim() - 1];
+    let widths = [hidden, layer.shape.head_dim];
     let mut p = Packed::new(1);
     p.key
         .extend([layer.eps.to_bits() as i64, hidden as i64, rope.dims as i64]);
     layer.shape.put(&mut p);
     h.put(&mut p);
+    p.arrays
+        .extend(NormInputs::new(&[layer.eps], &widths).arrays().cloned());
     rope.cos.put(&mut p);
     rope.sin.put(&mut p);
     layer.norms.input.put(&mut p);
@@ -125,44 +140,43 @@ fn pre_attention(
         kv.put(&mut p);
     }
     let (s, eps, dims) = (layer.shape, layer.eps, rope.dims);
-    p.run(
-        || inlines_exactly(layer, hidden),
-        || {
-            // Templates for rebuilding the structures from the traced inputs.
-            let (attn, kv) = (layer.attn.clone(), kv.cloned());
-            Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
-                let it = &mut inputs.iter();
-                let (h, cos, sin, norm) = (next(it), next(it), next(it), next(it));
-                let (attn, kv) = (attn.take(it), kv.take(it));
-                let tables = RopeTables { dims, cos, sin };
-                let rope = |t: &Array| apply_tables(t, &tables);
+    p.run(true, |covered| {
+        // Templates for rebuilding the structures from the traced inputs.
+        let (attn, kv) = (layer.attn.clone(), kv.cloned());
+        let norms = NormInputs::new(&[eps], &widths);
+        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
+            let it = &mut inputs.iter();
+            let h = next(it);
+            let scope = norms.with_arrays(it).ok_or_else(bad_outputs)?;
+            let (cos, sin, norm) = (next(it), next(it), next(it));
+            let (attn, kv) = (attn.take(it), kv.take(it));
+            let tables = RopeTables { dims, cos, sin };
+            let rope = |t: &Array| apply_tables(t, &tables);
+            let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
                 let x = rms_norm(&h, Some(&norm), eps)?;
-                Ok(match kv {
+                Ok(match &kv {
                     Some(kv) => {
-                        let (q, k, v) = gemma4::project_qkv(&x, &attn, &kv, s, &rope)?;
+                        let (q, k, v) = gemma4::project_qkv(&x, &attn, kv, s, &rope)?;
                         vec![q, k, v]
                     }
                     None => vec![gemma4::project_q(&x, &attn, s, &rope)?],
                 })
-            })
-        },
-    )
+            });
+            covered.set(all);
+            out
+        })
+    })
 }
 
 /// `o_proj`, the attention residual, the feed-forward half, the PLE gate and
 /// the layer scalar.
 fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
-    if let Some(moe) = layer.moe {
-        // Compiled, the MoE half changed the float32 logits of
-        // gemma4-26b-a4b-tiny in the last bits: it stays eager.
-        let a = layer.attn.o_proj.forward(o)?;
-        let h = gemma4::attention_residual(h, &a, layer.norms, layer.eps)?;
-        let h = gemma4::feed_forward(&h, layer.norms, layer.mlp, Some(moe), layer.eps)?;
-        return gemma4::finish_layer(&h, layer.ple, layer.layer_scalar, layer.eps);
-    }
+    let hidden = h.shape()[h.ndim() - 1];
     let mut p = Packed::new(2);
-    p.key.extend([layer.eps.to_bits() as i64]);
+    p.key.extend([layer.eps.to_bits() as i64, hidden as i64]);
     h.put(&mut p);
+    p.arrays
+        .extend(NormInputs::new(&[layer.eps], &[hidden]).arrays().cloned());
     o.put(&mut p);
     layer.attn.o_proj.put(&mut p);
     layer.norms.put(&mut p);
@@ -178,32 +192,37 @@ fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
     }
     layer.layer_scalar.put(&mut p);
     let eps = layer.eps;
-    let hidden = h.shape()[h.ndim() - 1];
-    p.key.push(hidden as i64);
-    let out = p.run(
-        || inlines_exactly(layer, hidden),
-        || {
-            // Templates for rebuilding the structures from the traced inputs.
-            let (o_proj, norms, mlp) = (
-                layer.attn.o_proj.clone(),
-                layer.norms.clone(),
-                layer.mlp.clone(),
-            );
-            let moe = layer.moe.cloned();
-            let ple = layer.ple.map(|(g, x)| (g.clone(), x.clone()));
-            Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
-                let it = &mut inputs.iter();
-                let (h, o) = (next(it), next(it));
-                let (o_proj, norms, mlp) = (o_proj.take(it), norms.take(it), mlp.take(it));
-                let (moe, ple, scalar) = (moe.take(it), ple.take(it), next(it));
+    let compile = layer
+        .moe
+        .is_none_or(|m| reads_back((m.router.hidden as f64).powf(-0.5) as f32));
+    let out = p.run(compile, |covered| {
+        // Templates for rebuilding the structures from the traced inputs.
+        let (o_proj, norms, mlp) = (
+            layer.attn.o_proj.clone(),
+            layer.norms.clone(),
+            layer.mlp.clone(),
+        );
+        let moe = layer.moe.cloned();
+        let ple = layer.ple.map(|(g, x)| (g.clone(), x.clone()));
+        let norm_inputs = NormInputs::new(&[eps], &[hidden]);
+        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
+            let it = &mut inputs.iter();
+            let h = next(it);
+            let scope = norm_inputs.with_arrays(it).ok_or_else(bad_outputs)?;
+            let o = next(it);
+            let (o_proj, norms, mlp) = (o_proj.take(it), norms.take(it), mlp.take(it));
+            let (moe, ple, scalar) = (moe.take(it), ple.take(it), next(it));
+            let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
                 let a = o_proj.forward(&o)?;
                 let h = gemma4::attention_residual(&h, &a, &norms, eps)?;
                 let h = gemma4::feed_forward(&h, &norms, &mlp, moe.as_ref(), eps)?;
                 let ple = ple.as_ref().map(|(g, x)| (g, x));
                 Ok(vec![gemma4::finish_layer(&h, ple, &scalar, eps)?])
-            })
-        },
-    )?;
+            });
+            covered.set(all);
+            out
+        })
+    })?;
     out.into_iter().next().ok_or_else(bad_outputs)
 }
 
@@ -212,7 +231,16 @@ type Block = Box<dyn FnMut(&[Array]) -> Result<Vec<Array>>>;
 thread_local! {
     /// Compiled blocks by structure key (which block, constants, which
     /// optional weights exist, quantization): one per layer kind.
-    static BLOCKS: RefCell<HashMap<Vec<i64>, Block>> = RefCell::new(HashMap::new());
+    static BLOCKS: RefCell<HashMap<Vec<i64>, (Block, bool)>> = RefCell::new(HashMap::new());
+}
+
+/// This thread's decode blocks so far: (compiled, running eagerly).
+pub fn block_counts() -> (usize, usize) {
+    BLOCKS.with(|cell| {
+        let blocks = cell.borrow();
+        let compiled = blocks.values().filter(|(_, c)| *c).count();
+        (compiled, blocks.len() - compiled)
+    })
 }
 
 /// A block's inputs flattened to arrays, and the key of everything else the
@@ -234,23 +262,31 @@ impl Packed {
     /// Single-token shapes are fixed per layer kind, so MLX traces each block
     /// once per kind (and once more per new cache length only where a traced
     /// shape depends on it, which none here does).
-    /// `exact`: whether compiling keeps every bit (else the function runs
-    /// eagerly); asked once per key.
-    fn run(
-        self,
-        exact: impl FnOnce() -> bool,
-        make: impl FnOnce() -> Box<dyn FnMut(&[Array]) -> Result<Vec<Array>>>,
-    ) -> Result<Vec<Array>> {
+    /// When the key is new, `make` builds the block's function; it sets the
+    /// flag it is given to whether every norm found its inputs. An eager dry
+    /// run reads that flag, and the function is compiled only if it is set
+    /// and `compile` allows; otherwise it runs eagerly from then on.
+    fn run(self, compile: bool, make: impl FnOnce(Rc<Cell<bool>>) -> Block) -> Result<Vec<Array>> {
         BLOCKS.with(|cell| {
             let mut blocks = cell.borrow_mut();
-            let f = blocks.entry(self.key).or_insert_with(|| {
-                let mut f = make();
-                if !exact() {
-                    return f;
-                }
-                let traced = move |x: &[Array]| f(x);
-                Box::new(mlx_rs::transforms::compile::compile(traced, false))
-            });
+            if !blocks.contains_key(&self.key) {
+                let covered = Rc::new(Cell::new(false));
+                let mut f = make(covered.clone());
+                let entry: (Block, bool) = if compile && {
+                    f(&self.arrays)?;
+                    covered.get()
+                } {
+                    let traced = move |x: &[Array]| f(x);
+                    (
+                        Box::new(mlx_rs::transforms::compile::compile(traced, false)),
+                        true,
+                    )
+                } else {
+                    (f, false)
+                };
+                blocks.insert(self.key.clone(), entry);
+            }
+            let (f, _) = blocks.get_mut(&self.key).expect("inserted above");
             f(&self.arrays)
         })
     }
