@@ -66,7 +66,15 @@ fn rope_tables_reproduce_fast_rope() {
                     .as_dtype(dt)
                     .unwrap();
                 let want = rope.apply(&x, &Array::from_int(offset)).unwrap();
-                let got = apply_tables(&x, &rope.tables(offset, l).unwrap()).unwrap();
+                let got = apply_tables(&x, &rope.tables(offset, l, dt).unwrap()).unwrap();
+                assert!(same(&want, &got), "{name} {dt:?} offset {offset} L {l}");
+                // Tables cast to another dtype: apply_tables casts the float32 ones.
+                let other = if dt == Dtype::Float32 {
+                    Dtype::Bfloat16
+                } else {
+                    Dtype::Float32
+                };
+                let got = apply_tables(&x, &rope.tables(offset, l, other).unwrap()).unwrap();
                 assert!(same(&want, &got), "{name} {dt:?} offset {offset} L {l}");
                 cases += 1;
             }
@@ -80,6 +88,7 @@ fn linear(seed: u64, out: i32, inp: i32, dt: Dtype) -> Linear {
     Linear {
         weight: w.as_dtype(dt).unwrap(),
         quant: None,
+        weight_t: None,
     }
 }
 
@@ -131,6 +140,11 @@ fn parts(hidden: i32, s: AttentionShape, k_eq_v: bool, dt: Dtype) -> Parts {
 /// output must be identical.
 fn run_layer(hidden: i32, s: AttentionShape, rope: &Rope, sliding: bool, dt: Dtype) {
     let p = parts(hidden, s, !sliding, dt);
+    // The decode side as generated models load it: weights pretransposed.
+    let mut d = parts(hidden, s, !sliding, dt);
+    d.attn.pretranspose();
+    d.kv.pretranspose();
+    d.mlp.pretranspose();
     let make = || {
         if sliding {
             LayerCache::Sliding(RotatingKvCache::new(8, 0))
@@ -151,19 +165,19 @@ fn run_layer(hidden: i32, s: AttentionShape, rope: &Rope, sliding: bool, dt: Dty
         let e = g::feed_forward_dense(&e, &p.norms, &p.mlp, s.eps).unwrap();
         let want = g::finish_layer(&e, None, &p.scalar, s.eps).unwrap();
 
-        let tables = rope.tables(decode_cache.offset(), 1).unwrap();
+        let tables = rope.tables(decode_cache.offset(), 1, dt).unwrap();
         let layer = decode::Layer {
-            norms: &p.norms,
-            attn: &p.attn,
-            mlp: &p.mlp,
+            norms: &d.norms,
+            attn: &d.attn,
+            mlp: &d.mlp,
             moe: None,
             ple: None,
-            layer_scalar: &p.scalar,
-            shape: p.shape,
+            layer_scalar: &d.scalar,
+            shape: d.shape,
             eps: s.eps,
         };
         let (got, _) =
-            decode::own_kv(&h, &layer, &p.kv, &tables, &mut decode_cache, &mask).unwrap();
+            decode::own_kv(&h, &layer, &d.kv, &tables, &mut decode_cache, &mask).unwrap();
         assert!(
             same(&want, &got),
             "hidden {hidden} head_dim {} {dt:?} step {step}",

@@ -47,13 +47,17 @@ struct SlidingOwnKv {
 }
 impl SlidingOwnKv {
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-        Self {
+        let mut layer = Self {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, SLIDING),
             kv: g::load_kv(w, i, HIDDEN, SLIDING, false),
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             layer_scalar: g::load_layer_scalar(w, i),
-        }
+        };
+        layer.attn.pretranspose();
+        layer.kv.pretranspose();
+        layer.mlp.pretranspose();
+        layer
     }
     fn forward(
         &self,
@@ -102,13 +106,17 @@ struct FullOwnKvKeqV {
 }
 impl FullOwnKvKeqV {
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-        Self {
+        let mut layer = Self {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, FULL),
             kv: g::load_kv(w, i, HIDDEN, FULL, true),
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             layer_scalar: g::load_layer_scalar(w, i),
-        }
+        };
+        layer.attn.pretranspose();
+        layer.kv.pretranspose();
+        layer.mlp.pretranspose();
+        layer
     }
     fn forward(
         &self,
@@ -171,7 +179,7 @@ pub struct Cache {
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
-    let model = Model {
+    let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_sliding: Rope::base(256, 10000f32),
         rope_full: Rope::proportional(512, 128, 1000000f32, 1f32)
@@ -185,6 +193,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
+    model.embed.pretranspose();
     Ok(model)
 }
 impl CausalLm for Model {
@@ -209,12 +218,12 @@ impl CausalLm for Model {
         let full_mask = g::mask_for(&cache.layer_5, n, WINDOW)?;
         let offset = cache.layer_0.offset();
         let sliding_tables = if n == 1 {
-            Some(self.rope_sliding.tables(offset, n)?)
+            Some(self.rope_sliding.tables(offset, n, h.dtype())?)
         } else {
             None
         };
         let full_tables = if n == 1 {
-            Some(self.rope_full.tables(offset, n)?)
+            Some(self.rope_full.tables(offset, n, h.dtype())?)
         } else {
             None
         };

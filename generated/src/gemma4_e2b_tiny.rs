@@ -50,14 +50,19 @@ struct SlidingOwnKvPle {
 }
 impl SlidingOwnKvPle {
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-        Self {
+        let mut layer = Self {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, SLIDING),
             kv: g::load_kv(w, i, HIDDEN, SLIDING, false),
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             ple: g::load_ple_gate(w, i, HIDDEN, PLE_WIDTH),
             layer_scalar: g::load_layer_scalar(w, i),
-        }
+        };
+        layer.attn.pretranspose();
+        layer.kv.pretranspose();
+        layer.mlp.pretranspose();
+        layer.ple.pretranspose();
+        layer
     }
     fn forward(
         &self,
@@ -108,14 +113,19 @@ struct FullOwnKvPle {
 }
 impl FullOwnKvPle {
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-        Self {
+        let mut layer = Self {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, FULL),
             kv: g::load_kv(w, i, HIDDEN, FULL, false),
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             ple: g::load_ple_gate(w, i, HIDDEN, PLE_WIDTH),
             layer_scalar: g::load_layer_scalar(w, i),
-        }
+        };
+        layer.attn.pretranspose();
+        layer.kv.pretranspose();
+        layer.mlp.pretranspose();
+        layer.ple.pretranspose();
+        layer
     }
     fn forward(
         &self,
@@ -165,13 +175,17 @@ struct SlidingSharedKvPle {
 }
 impl SlidingSharedKvPle {
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-        Self {
+        let mut layer = Self {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, SLIDING),
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             ple: g::load_ple_gate(w, i, HIDDEN, PLE_WIDTH),
             layer_scalar: g::load_layer_scalar(w, i),
-        }
+        };
+        layer.attn.pretranspose();
+        layer.mlp.pretranspose();
+        layer.ple.pretranspose();
+        layer
     }
     fn forward(
         &self,
@@ -213,13 +227,17 @@ struct FullSharedKvPle {
 }
 impl FullSharedKvPle {
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-        Self {
+        let mut layer = Self {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, FULL),
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             ple: g::load_ple_gate(w, i, HIDDEN, PLE_WIDTH),
             layer_scalar: g::load_layer_scalar(w, i),
-        }
+        };
+        layer.attn.pretranspose();
+        layer.mlp.pretranspose();
+        layer.ple.pretranspose();
+        layer
     }
     fn forward(
         &self,
@@ -279,7 +297,7 @@ pub struct Cache {
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
-    let model = Model {
+    let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         per_layer: g::load_per_layer_inputs(
             &mut w,
@@ -304,6 +322,8 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
+    model.embed.pretranspose();
+    model.per_layer.pretranspose();
     Ok(model)
 }
 impl CausalLm for Model {
@@ -338,12 +358,12 @@ impl CausalLm for Model {
         let full_mask = g::mask_for(&cache.layer_4, n, WINDOW)?;
         let offset = cache.layer_0.offset();
         let sliding_tables = if n == 1 {
-            Some(self.rope_sliding.tables(offset, n)?)
+            Some(self.rope_sliding.tables(offset, n, h.dtype())?)
         } else {
             None
         };
         let full_tables = if n == 1 {
-            Some(self.rope_full.tables(offset, n)?)
+            Some(self.rope_full.tables(offset, n, h.dtype())?)
         } else {
             None
         };

@@ -108,6 +108,9 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
         .ple
         .then(|| quote! { ple: g::load_ple_gate(w, i, HIDDEN, PLE_WIDTH), });
     let ple_arg = key.ple.then(|| quote! { , pli: &Array });
+    let kv_pre = key.own_kv.then(|| quote! { layer.kv.pretranspose(); });
+    let moe_pre = key.moe.then(|| quote! { layer.moe.pretranspose(); });
+    let ple_pre = key.ple.then(|| quote! { layer.ple.pretranspose(); });
     let ff = if key.moe {
         quote! { g::feed_forward_moe(&h, &self.norms, &self.mlp, &self.moe, EPS)? }
     } else {
@@ -158,7 +161,7 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
 
         impl #name {
             fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-                Self {
+                let mut layer = Self {
                     norms: g::load_norms(w, i, HIDDEN),
                     attn: g::load_attention(w, i, HIDDEN, #shape),
                     #kv_load
@@ -166,7 +169,13 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
                     #moe_load
                     #ple_load
                     layer_scalar: g::load_layer_scalar(w, i),
-                }
+                };
+                layer.attn.pretranspose();
+                #kv_pre
+                layer.mlp.pretranspose();
+                #moe_pre
+                #ple_pre
+                layer
             }
 
             fn forward(&self, h: &Array, rope: &Rope, step: Option<&RopeTables>, mask: &Mask, #kv_arg #ple_arg) -> Result<#ret_ty> {
@@ -309,6 +318,14 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
     let head_field = (!a.tie_word_embeddings).then(|| quote! { lm_head: Linear, });
     let head_load =
         (!a.tie_word_embeddings).then(|| quote! { lm_head: w.linear("lm_head", VOCAB, HIDDEN), });
+    let head_pre = if a.tie_word_embeddings {
+        quote! { model.embed.pretranspose(); }
+    } else {
+        quote! { model.lm_head.pretranspose(); }
+    };
+    let ple_model_pre = a
+        .per_layer_input
+        .map(|_| quote! { model.per_layer.pretranspose(); });
     let head = if a.tie_word_embeddings {
         quote! { g::Head::Tied(&self.embed) }
     } else {
@@ -343,7 +360,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             masks.push(quote! { let #var = g::mask_for(&cache.#field, n, WINDOW)?; });
             let (tables, rope) = (tables_var(t), rope_field(t));
             step_tables.push(quote! {
-                let #tables = if n == 1 { Some(self.#rope.tables(offset, n)?) } else { None };
+                let #tables = if n == 1 { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
             });
         }
     }
@@ -431,7 +448,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
 
         /// Loads the model from sanitized weights; every tensor is checked.
         pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
-            let model = Model {
+            let mut model = Model {
                 embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
                 #ple_load
                 #(#ropes_init)*
@@ -440,6 +457,8 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 #head_load
             };
             w.finish().map_err(|e| ModelError(e.to_string()))?;
+            #head_pre
+            #ple_model_pre
             Ok(model)
         }
 

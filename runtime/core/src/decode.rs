@@ -133,6 +133,8 @@ fn pre_attention(
         .extend(NormInputs::new(&[layer.eps], &widths).arrays().cloned());
     rope.cos.put(&mut p);
     rope.sin.put(&mut p);
+    rope.cos_t.put(&mut p);
+    rope.sin_t.put(&mut p);
     layer.norms.input.put(&mut p);
     layer.attn.put(&mut p);
     p.key.push(kv.is_some() as i64);
@@ -148,9 +150,16 @@ fn pre_attention(
             let it = &mut inputs.iter();
             let h = next(it);
             let scope = norms.with_arrays(it).ok_or_else(bad_outputs)?;
-            let (cos, sin, norm) = (next(it), next(it), next(it));
+            let (cos, sin, cos_t, sin_t) = (next(it), next(it), next(it), next(it));
+            let norm = next(it);
             let (attn, kv) = (attn.take(it), kv.take(it));
-            let tables = RopeTables { dims, cos, sin };
+            let tables = RopeTables {
+                dims,
+                cos,
+                sin,
+                cos_t,
+                sin_t,
+            };
             let rope = |t: &Array| apply_tables(t, &tables);
             let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
                 let x = rms_norm(&h, Some(&norm), eps)?;
@@ -374,14 +383,28 @@ fn take_quant(q: &Option<Quantized>, it: &mut std::slice::Iter<'_, Array>) -> Op
 
 impl Flat for Linear {
     fn put(&self, p: &mut Packed) {
-        self.weight.put(p);
+        // A pretransposed weight goes in as its evaluated transpose only.
+        match &self.weight_t {
+            Some(t) => {
+                p.key.push(1);
+                t.put(p);
+            }
+            None => {
+                p.key.push(0);
+                self.weight.put(p);
+            }
+        }
         put_quant(&self.quant, p);
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let weight = next(it);
+        let (weight, weight_t) = match &self.weight_t {
+            Some(_) => (self.weight.clone(), Some(next(it))),
+            None => (next(it), None),
+        };
         Linear {
             weight,
             quant: take_quant(&self.quant, it),
+            weight_t,
         }
     }
 }

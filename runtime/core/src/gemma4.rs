@@ -61,6 +61,17 @@ pub struct AttentionWeights {
     pub kv: Option<KvWeights>,
 }
 
+impl AttentionWeights {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        self.q_proj.pretranspose();
+        self.o_proj.pretranspose();
+        if let Some(kv) = &mut self.kv {
+            kv.pretranspose();
+        }
+    }
+}
+
 /// K/V projections of a layer that computes its own K/V. `v_proj` is `None`
 /// with `attention_k_eq_v` on full layers (V is the raw k_proj output).
 #[derive(Debug, Clone)]
@@ -68,6 +79,16 @@ pub struct KvWeights {
     pub k_proj: Linear,
     pub v_proj: Option<Linear>,
     pub k_norm: Array,
+}
+
+impl KvWeights {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        self.k_proj.pretranspose();
+        if let Some(v) = &mut self.v_proj {
+            v.pretranspose();
+        }
+    }
 }
 
 /// K/V a layer attended over, and the rope offset it used: what mlx-lm passes
@@ -234,6 +255,13 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        self.gate_proj.pretranspose();
+        self.up_proj.pretranspose();
+        self.down_proj.pretranspose();
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let gate = self.gate_proj.forward(x)?;
         let up = self.up_proj.forward(x)?;
@@ -266,6 +294,21 @@ pub struct PleGate {
     pub gate: Linear,
     pub projection: Linear,
     pub post_norm: Array,
+}
+
+impl PleGate {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        self.gate.pretranspose();
+        self.projection.pretranspose();
+    }
+}
+
+impl MoeBlock {
+    /// [`Linear::pretranspose`] on the router's projection (generated models).
+    pub fn pretranspose(&mut self) {
+        self.router.proj.pretranspose();
+    }
 }
 
 /// Feed-forward half of a decoder layer after attention: `h` is the residual
@@ -547,6 +590,13 @@ pub struct PerLayerInputs {
     pub embed: Embedding,
     pub model_projection: Linear,
     pub projection_norm: Array,
+}
+
+impl PerLayerInputs {
+    /// [`Linear::pretranspose`] on the projection (generated models).
+    pub fn pretranspose(&mut self) {
+        self.model_projection.pretranspose();
+    }
 }
 
 pub fn load_per_layer_inputs(

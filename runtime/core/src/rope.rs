@@ -55,14 +55,15 @@ impl Rope {
         }
     }
 
-    /// The float32 cosines and sines [L, dims / 2] of positions
-    /// `offset..offset + l`, with the ops of MLX's RoPE fallback (the CPU
-    /// path of `mx.fast.rope`): `positions = (arange(L) + offset) * scale`,
-    /// inverse frequencies `exp(arange(0, -dims/2, -1) * (log(base) /
-    /// (dims/2)))` or `1 / freqs`, `theta = positions[:, None] * inv_freqs`.
-    /// They depend on the position only, so one step computes them once per
-    /// RoPE form and every layer of that form (Q and K alike) reuses them.
-    pub fn tables(&self, offset: i32, l: i32) -> Result<RopeTables> {
+    /// The cosines and sines [L, dims / 2] of positions `offset..offset + l`,
+    /// with the ops of MLX's RoPE fallback (the CPU path of `mx.fast.rope`):
+    /// `positions = (arange(L) + offset) * scale`, inverse frequencies
+    /// `exp(arange(0, -dims/2, -1) * (log(base) / (dims/2)))` or `1 / freqs`,
+    /// `theta = positions[:, None] * inv_freqs`, `cos` / `sin` (float32),
+    /// also cast to `dtype` (the fallback casts to the input's dtype). They
+    /// depend on the position only, so one step computes them once per RoPE
+    /// form and every layer of that form (Q and K alike) reuses them.
+    pub fn tables(&self, offset: i32, l: i32, dtype: Dtype) -> Result<RopeTables> {
         let half = self.dims() / 2;
         let positions = mlx_rs::ops::arange::<i32, f32>(0, l, 1)?
             .add(Array::from_int(offset))?
@@ -74,20 +75,26 @@ impl Rope {
             Rope::Freqs { freqs, .. } => freqs.reciprocal()?,
         };
         let theta = positions.expand_dims(-1)?.multiply(&inv_freqs)?;
+        let (cos, sin) = (theta.cos()?, theta.sin()?);
         Ok(RopeTables {
             dims: self.dims(),
-            cos: theta.cos()?,
-            sin: theta.sin()?,
+            cos_t: cos.as_dtype(dtype)?,
+            sin_t: sin.as_dtype(dtype)?,
+            cos,
+            sin,
         })
     }
 }
 
-/// [`Rope::tables`]: float32 `cos(theta)` and `sin(theta)`, [L, dims / 2].
+/// [`Rope::tables`]: float32 `cos(theta)` and `sin(theta)` [L, dims / 2],
+/// and the same cast to one activation dtype (`cos_t`, `sin_t`).
 #[derive(Debug, Clone)]
 pub struct RopeTables {
     pub dims: i32,
     pub cos: Array,
     pub sin: Array,
+    pub cos_t: Array,
+    pub sin_t: Array,
 }
 
 /// RoPE of `x` [B, heads, L, head_dim] from [`Rope::tables`]: the rest of
@@ -98,8 +105,11 @@ pub struct RopeTables {
 /// inside a compiled function without changing a bit (see `decode`).
 pub fn apply_tables(x: &Array, t: &RopeTables) -> Result<Array> {
     let (dims, half) = (t.dims, t.dims / 2);
-    let cos = t.cos.as_dtype(x.dtype())?;
-    let sin = t.sin.as_dtype(x.dtype())?;
+    let (cos, sin) = if t.cos_t.dtype() == x.dtype() {
+        (t.cos_t.clone(), t.sin_t.clone())
+    } else {
+        (t.cos.as_dtype(x.dtype())?, t.sin.as_dtype(x.dtype())?)
+    };
     let x1 = x.try_index((Ellipsis, ..half))?;
     let x2 = x.try_index((Ellipsis, half..dims))?;
     let mut outs = vec![

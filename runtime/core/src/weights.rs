@@ -486,13 +486,21 @@ impl Weights {
     /// A linear layer [out, in] (dense or quantized).
     pub fn linear(&mut self, path: &str, out: i32, in_dims: i32) -> Linear {
         let (weight, quant) = self.quantized(path, &[], out, in_dims);
-        Linear { weight, quant }
+        Linear {
+            weight,
+            quant,
+            weight_t: None,
+        }
     }
 
     /// An embedding table [rows, dims] (dense or quantized).
     pub fn embedding(&mut self, path: &str, rows: i32, dims: i32) -> Embedding {
         let (weight, quant) = self.quantized(path, &[], rows, dims);
-        Embedding { weight, quant }
+        Embedding {
+            weight,
+            quant,
+            weight_t: None,
+        }
     }
 
     /// Expert weights [experts, out, in].
