@@ -176,8 +176,11 @@ fn run_layer(hidden: i32, s: AttentionShape, rope: &Rope, sliding: bool, dt: Dty
             shape: d.shape,
             eps: s.eps,
         };
+        // The decode path takes and returns rows [B, hidden].
+        let rows = h.reshape(&[1, hidden]).unwrap();
         let (got, _) =
-            decode::own_kv(&h, &layer, &d.kv, &tables, &mut decode_cache, &mask).unwrap();
+            decode::own_kv(&rows, &layer, &d.kv, &tables, &mut decode_cache, &mask).unwrap();
+        let got = got.reshape(&[1, 1, hidden]).unwrap();
         assert!(
             same(&want, &got),
             "hidden {hidden} head_dim {} {dt:?} step {step}",

@@ -437,6 +437,7 @@ impl CausalLm for Model {
         } else {
             None
         };
+        let h = if n == 1 { h.reshape(&[-1, HIDDEN])? } else { h };
         let (h, _) = self
             .layer_0
             .forward(
@@ -787,6 +788,13 @@ impl CausalLm for Model {
                 &kv_14,
                 &g::per_layer_slice(&per_layer, 34)?,
             )?;
-        g::logits(&h, &self.norm, g::Head::Tied(&self.embed), Some(30f32), EPS)
+        let logits = g::logits(
+            &h,
+            &self.norm,
+            g::Head::Tied(&self.embed),
+            Some(30f32),
+            EPS,
+        )?;
+        if n == 1 { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }
 }

@@ -365,6 +365,7 @@ impl CausalLm for Model {
         } else {
             None
         };
+        let h = if n == 1 { h.reshape(&[-1, HIDDEN])? } else { h };
         let (h, _) = self
             .layer_0
             .forward(
@@ -435,6 +436,13 @@ impl CausalLm for Model {
                 &kv_4,
                 &g::per_layer_slice(&per_layer, 6)?,
             )?;
-        g::logits(&h, &self.norm, g::Head::Untied(&self.lm_head), Some(20f32), EPS)
+        let logits = g::logits(
+            &h,
+            &self.norm,
+            g::Head::Untied(&self.lm_head),
+            Some(20f32),
+            EPS,
+        )?;
+        if n == 1 { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }
 }

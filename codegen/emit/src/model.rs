@@ -482,8 +482,10 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 // shared by all its layers (Q and K alike).
                 let offset = cache.layer_0.offset();
                 #(#step_tables)*
+                let h = if n == 1 { h.reshape(&[-1, HIDDEN])? } else { h };
                 #(#steps)*
-                g::logits(&h, &self.norm, #head, #softcap, EPS)
+                let logits = g::logits(&h, &self.norm, #head, #softcap, EPS)?;
+                if n == 1 { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
             }
         }
     })

@@ -58,7 +58,9 @@ pub struct Layer<'a> {
 }
 
 /// One decode step (one token) of a layer that computes its own K/V;
-/// `rope` holds this step's tables of the layer's RoPE form.
+/// `rope` holds this step's tables of the layer's RoPE form. `h` and the
+/// result are rows [B, hidden] (one token each): 2-D matmuls are one node,
+/// 3-D ones flatten + matmul + unflatten around the same kernel.
 pub fn own_kv(
     h: &Array,
     layer: &Layer<'_>,
@@ -70,11 +72,12 @@ pub fn own_kv(
     let offset = Array::from_int(cache.offset());
     let qkv = pre_attention(h, layer, Some(kv), rope)?;
     let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
-    let (o, shared) = gemma4::attend_own_kv(&q, &k, &v, cache, mask, offset)?;
+    let (o, shared) = gemma4::attend_own_kv(&q, &k, &v, cache, mask, offset, true)?;
     Ok((post_attention(h, &o, layer)?, shared))
 }
 
-/// One decode step (one token) of a layer that reads a donor's K/V.
+/// One decode step (one token) of a layer that reads a donor's K/V; `h`
+/// and the result are rows [B, hidden].
 pub fn shared_kv(
     h: &Array,
     layer: &Layer<'_>,
@@ -84,7 +87,7 @@ pub fn shared_kv(
 ) -> Result<Array> {
     let q = pre_attention(h, layer, None, rope)?;
     let q = q.into_iter().next().ok_or_else(bad_outputs)?;
-    let o = gemma4::attend_shared_kv(&q, shared, mask)?;
+    let o = gemma4::attend_shared_kv(&q, shared, mask, true)?;
     post_attention(h, &o, layer)
 }
 
@@ -222,11 +225,26 @@ fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
             let (o_proj, norms, mlp) = (o_proj.take(it), norms.take(it), mlp.take(it));
             let (moe, ple, scalar) = (moe.take(it), ple.take(it), next(it));
             let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
+                // Rows [B, features], except around the experts, whose
+                // gathers keep mlx-lm's [B, 1, features] shapes.
+                let b = h.shape()[0];
+                let (h, o) = match moe {
+                    None => (h, o),
+                    Some(_) => (h.reshape(&[b, 1, hidden])?, o.reshape(&[b, 1, -1])?),
+                };
+                let ple = match &ple {
+                    Some((g, x)) => Some((g, x.reshape(&[b, -1])?)),
+                    None => None,
+                };
                 let a = o_proj.forward(&o)?;
                 let h = gemma4::attention_residual(&h, &a, &norms, eps)?;
                 let h = gemma4::feed_forward(&h, &norms, &mlp, moe.as_ref(), eps)?;
-                let ple = ple.as_ref().map(|(g, x)| (g, x));
-                Ok(vec![gemma4::finish_layer(&h, ple, &scalar, eps)?])
+                let ple = ple.as_ref().map(|(g, x)| (*g, x));
+                let h = gemma4::finish_layer(&h, ple, &scalar, eps)?;
+                Ok(vec![match moe {
+                    None => h,
+                    Some(_) => h.reshape(&[b, hidden])?,
+                }])
             });
             covered.set(all);
             out

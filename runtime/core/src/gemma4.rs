@@ -122,7 +122,7 @@ pub fn attention_own_kv(
 ) -> Result<(Array, SharedKv)> {
     let offset = Array::from_int(cache.offset());
     let (q, k, v) = project_qkv(x, w, kv, s, &|t| rope.apply(t, &offset))?;
-    let (o, shared) = attend_own_kv(&q, &k, &v, cache, mask, offset)?;
+    let (o, shared) = attend_own_kv(&q, &k, &v, cache, mask, offset, false)?;
     Ok((w.o_proj.forward(&o)?, shared))
 }
 
@@ -135,7 +135,7 @@ pub fn project_qkv(
     s: AttentionShape,
     rope: &dyn Fn(&Array) -> Result<Array>,
 ) -> Result<(Array, Array, Array)> {
-    let (b, l) = (x.shape()[0], x.shape()[1]);
+    let (b, l) = batch_and_len(x);
     let q = queries(x, w, s)?;
     let k = kv
         .k_proj
@@ -166,8 +166,8 @@ pub fn project_q(
 }
 
 /// A donor's cache update and attention over the cache: returns the heads
-/// merged back to [B, L, heads * head_dim] (the input of `o_proj`) and the
-/// K/V sharers read.
+/// merged back to [B, L, heads * head_dim] (or [B * L, ...] with `rows`),
+/// the input of `o_proj`, and the K/V sharers read.
 pub fn attend_own_kv(
     q: &Array,
     k: &Array,
@@ -175,6 +175,7 @@ pub fn attend_own_kv(
     cache: &mut LayerCache,
     mask: &Mask,
     offset: Array,
+    rows: bool,
 ) -> Result<(Array, SharedKv)> {
     let (b, l) = (q.shape()[0], q.shape()[2]);
     if let LayerCache::Quantized(qc) = cache {
@@ -182,7 +183,9 @@ pub fn attend_own_kv(
         // quantized_scaled_dot_product_attention.
         let (qk, qv) = qc.update_and_fetch(k, v)?;
         let o = quantized_sdpa(q, &qk, &qv, 1.0, mask, qc.group_size, qc.bits)?;
-        let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        let o = o
+            .transpose_axes(&[0, 2, 1, 3])?
+            .reshape(&merged(b, l, rows))?;
         // mlx-lm would hand the quantized tuples to sharers, whose plain SDPA
         // then fails; the spec validator forbids that, and the packed uint32
         // data carried here is refused by `attention_shared_kv`.
@@ -196,7 +199,7 @@ pub fn attend_own_kv(
         ));
     }
     let (keys, values) = cache.update_and_fetch(k, v)?;
-    let o = attend(q, &keys, &values, mask, b, l)?;
+    let o = attend(q, &keys, &values, mask, merged(b, l, rows))?;
     Ok((
         o,
         SharedKv {
@@ -217,23 +220,37 @@ pub fn attention_shared_kv(
     mask: &Mask,
 ) -> Result<Array> {
     let q = project_q(x, w, s, &|t| rope.apply(t, &shared.offset))?;
-    w.o_proj.forward(&attend_shared_kv(&q, shared, mask)?)
+    w.o_proj
+        .forward(&attend_shared_kv(&q, shared, mask, false)?)
 }
 
 /// A KV-sharing layer's attention over the donor's K/V, heads merged back to
-/// [B, L, heads * head_dim] (the input of `o_proj`).
-pub fn attend_shared_kv(q: &Array, shared: &SharedKv, mask: &Mask) -> Result<Array> {
+/// [B, L, heads * head_dim] (or [B * L, ...] with `rows`), the input of
+/// `o_proj`.
+pub fn attend_shared_kv(q: &Array, shared: &SharedKv, mask: &Mask, rows: bool) -> Result<Array> {
     if shared.keys.dtype() == mlx_rs::Dtype::Uint32 {
         return Err(mlx_rs::error::Exception::custom(
             "KV-shared layer over a quantized donor cache: mlx-lm cannot run this (its sharers take the unquantized SDPA)",
         ));
     }
     let (b, l) = (q.shape()[0], q.shape()[2]);
-    attend(q, &shared.keys, &shared.values, mask, b, l)
+    attend(q, &shared.keys, &shared.values, mask, merged(b, l, rows))
+}
+
+/// (B, L) of hidden states [B, L, hidden]; [B, hidden] is one token per
+/// row (the compiled decode blocks use that form: a 2-D matmul is one node,
+/// a 3-D one is flatten + matmul + unflatten around the same kernel).
+fn batch_and_len(x: &Array) -> (i32, i32) {
+    let s = x.shape();
+    if s.len() == 2 {
+        (s[0], 1)
+    } else {
+        (s[0], s[1])
+    }
 }
 
 fn queries(x: &Array, w: &AttentionWeights, s: AttentionShape) -> Result<Array> {
-    let (b, l) = (x.shape()[0], x.shape()[1]);
+    let (b, l) = batch_and_len(x);
     let q = w
         .q_proj
         .forward(x)?
@@ -241,9 +258,19 @@ fn queries(x: &Array, w: &AttentionWeights, s: AttentionShape) -> Result<Array> 
     rms_norm(&q, Some(&w.q_norm), s.eps)
 }
 
-fn attend(q: &Array, keys: &Array, values: &Array, mask: &Mask, b: i32, l: i32) -> Result<Array> {
+/// The shape attention's heads are merged into: [B, L, H*D], or [B*L, H*D]
+/// rows (`rows`, the compiled decode blocks' form).
+fn merged(b: i32, l: i32, rows: bool) -> Vec<i32> {
+    if rows {
+        vec![b * l, -1]
+    } else {
+        vec![b, l, -1]
+    }
+}
+
+fn attend(q: &Array, keys: &Array, values: &Array, mask: &Mask, shape: Vec<i32>) -> Result<Array> {
     let o = sdpa(q, keys, values, 1.0, mask)?;
-    o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])
+    o.transpose_axes(&[0, 2, 1, 3])?.reshape(&shape)
 }
 
 /// Dense GeGLU MLP: `down(geglu(gate(x), up(x)))`.
