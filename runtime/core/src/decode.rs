@@ -147,7 +147,7 @@ fn pre_attention(
     let (s, eps, dims) = (layer.shape, layer.eps, rope.dims);
     p.run(true, |covered| {
         // Templates for rebuilding the structures from the traced inputs.
-        let (attn, kv) = (layer.attn.clone(), kv.cloned());
+        let (attn, kv) = (hollow(layer.attn), kv.map(hollow));
         let norms = NormInputs::new(&[eps], &widths);
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
@@ -210,12 +210,12 @@ fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
     let out = p.run(compile, |covered| {
         // Templates for rebuilding the structures from the traced inputs.
         let (o_proj, norms, mlp) = (
-            layer.attn.o_proj.clone(),
-            layer.norms.clone(),
-            layer.mlp.clone(),
+            hollow(&layer.attn.o_proj),
+            hollow(layer.norms),
+            hollow(layer.mlp),
         );
-        let moe = layer.moe.cloned();
-        let ple = layer.ple.map(|(g, x)| (g.clone(), x.clone()));
+        let moe = layer.moe.map(hollow);
+        let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
         let norm_inputs = NormInputs::new(&[eps], &[hidden]);
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
@@ -319,6 +319,21 @@ impl Packed {
     }
 }
 
+/// The stand-in for arrays a rebuilt structure carries but the block does
+/// not read (and for templates).
+fn placeholder() -> Array {
+    Array::from_f32(0.0)
+}
+
+/// `t`'s structure with every array a placeholder: the templates kept in
+/// [`BLOCKS`] must not hold a model's weights after the model is dropped.
+fn hollow<T: Flat>(t: &T) -> T {
+    let mut p = Packed::new(0);
+    t.put(&mut p);
+    let stand_ins = vec![placeholder(); p.arrays.len()];
+    t.take(&mut stand_ins.iter())
+}
+
 fn next(it: &mut std::slice::Iter<'_, Array>) -> Array {
     it.next()
         .expect("compiled decode block: fewer inputs than packed")
@@ -416,7 +431,7 @@ impl Flat for Linear {
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
         let (weight, weight_t) = match &self.weight_t {
-            Some(_) => (self.weight.clone(), Some(next(it))),
+            Some(_) => (placeholder(), Some(next(it))),
             None => (next(it), None),
         };
         Linear {
@@ -451,7 +466,11 @@ impl Flat for AttentionWeights {
         let q_proj = self.q_proj.take(it);
         AttentionWeights {
             q_proj,
-            o_proj: self.o_proj.clone(),
+            o_proj: Linear {
+                weight: placeholder(),
+                quant: None,
+                weight_t: None,
+            },
             q_norm: next(it),
             kv: None,
         }
@@ -485,7 +504,7 @@ impl Flat for LayerNorms {
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
         let (post_attention, pre_feedforward, post_feedforward) = (next(it), next(it), next(it));
         LayerNorms {
-            input: self.input.clone(),
+            input: placeholder(),
             post_attention,
             pre_feedforward,
             post_feedforward,
