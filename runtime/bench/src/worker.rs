@@ -14,6 +14,9 @@
 //!                timed span -> `{"steps_s": [T...], "tokens": [...]}` (the
 //!                W + S tokens fed, so the driver can check that every
 //!                implementation did the same work)
+//!   `nodes`      one more decode step whose graph is counted before it is
+//!                evaluated: the primitive nodes MLX's `export_to_dot` lists
+//!                -> `{"nodes": N, "by_op": {op: count}}`
 //!   `quit`
 //! Prompt ids are `(i * 37 + 11) % vocab`, as in the parity tests.
 
