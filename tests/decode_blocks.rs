@@ -138,10 +138,16 @@ fn parts(hidden: i32, s: AttentionShape, k_eq_v: bool, dt: Dtype) -> Parts {
 /// Several decode steps of one layer, eager (as the monolith) and through
 /// `decode` (as generated models), each on its own cache; every step's
 /// output must be identical.
-fn run_layer(hidden: i32, s: AttentionShape, rope: &Rope, sliding: bool, dt: Dtype) {
+fn run_layer(hidden: i32, s: AttentionShape, rope: &Rope, sliding: bool, dt: Dtype, stack: bool) {
     let p = parts(hidden, s, !sliding, dt);
-    // The decode side as generated models load it: weights pretransposed.
+    // The decode side as generated models load it: Q/K/V stacked (or not),
+    // weights pretransposed.
     let mut d = parts(hidden, s, !sliding, dt);
+    let fused = if stack {
+        Some(decode::FusedQkv::new(&mut d.attn, &mut d.kv, s).expect("stackable"))
+    } else {
+        None
+    };
     d.attn.pretranspose();
     d.kv.pretranspose();
     d.mlp.pretranspose();
@@ -178,8 +184,16 @@ fn run_layer(hidden: i32, s: AttentionShape, rope: &Rope, sliding: bool, dt: Dty
         };
         // The decode path takes and returns rows [B, hidden].
         let rows = h.reshape(&[1, hidden]).unwrap();
-        let (got, _) =
-            decode::own_kv(&rows, &layer, &d.kv, &tables, &mut decode_cache, &mask).unwrap();
+        let (got, _) = decode::own_kv(
+            &rows,
+            &layer,
+            &d.kv,
+            fused.as_ref(),
+            &tables,
+            &mut decode_cache,
+            &mask,
+        )
+        .unwrap();
         let got = got.reshape(&[1, 1, hidden]).unwrap();
         assert!(
             same(&want, &got),
@@ -209,13 +223,16 @@ fn decode_blocks_match_the_eager_layer() {
         // 3840 is gemma4-12b's hidden size: 1/3840 would not survive MLX's
         // constant inlining, so the norms take it as an input.
         for hidden in [64, 3840] {
-            run_layer(hidden, sliding, &base, true, dt);
-            run_layer(hidden, full, &prop, false, dt);
+            for stack in [false, true] {
+                run_layer(hidden, sliding, &base, true, dt, stack);
+                run_layer(hidden, full, &prop, false, dt, stack);
+            }
         }
     }
-    // Every block compiled: (2 widths x 2 attention shapes) before attention
-    // and 2 widths after, per dtype (dtypes share keys: MLX keys by dtype).
-    assert_eq!(decode::block_counts(), (6, 0));
+    // Every block compiled: (2 widths x 2 attention shapes x stacked or not)
+    // before attention and 2 widths after, per dtype (dtypes share keys: MLX
+    // keys by dtype).
+    assert_eq!(decode::block_counts(), (10, 0));
 }
 
 /// Why the guard exists: compiled, `mean` over 3840 float32 values inlines

@@ -45,6 +45,7 @@ struct SlidingOwnKvMoe {
     norms: g::LayerNorms,
     attn: g::AttentionWeights,
     kv: g::KvWeights,
+    qkv: Option<decode::FusedQkv>,
     mlp: g::Mlp,
     moe: g::MoeBlock,
     layer_scalar: Array,
@@ -55,12 +56,15 @@ impl SlidingOwnKvMoe {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, SLIDING),
             kv: g::load_kv(w, i, HIDDEN, SLIDING, false),
+            qkv: None,
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             moe: g::load_moe(w, i, HIDDEN, EXPERTS, TOP_K, MOE_WIDTH, EPS),
             layer_scalar: g::load_layer_scalar(w, i),
         };
-        layer.attn.pretranspose();
+        layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, SLIDING);
+        w.release(&format!("layers.{i}."));
         layer.kv.pretranspose();
+        layer.attn.pretranspose();
         layer.mlp.pretranspose();
         layer.moe.pretranspose();
         layer
@@ -84,7 +88,15 @@ impl SlidingOwnKvMoe {
                 shape: SLIDING,
                 eps: EPS,
             };
-            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                mask,
+            );
         }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
@@ -107,6 +119,7 @@ struct FullOwnKvKeqVMoe {
     norms: g::LayerNorms,
     attn: g::AttentionWeights,
     kv: g::KvWeights,
+    qkv: Option<decode::FusedQkv>,
     mlp: g::Mlp,
     moe: g::MoeBlock,
     layer_scalar: Array,
@@ -117,12 +130,15 @@ impl FullOwnKvKeqVMoe {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, FULL),
             kv: g::load_kv(w, i, HIDDEN, FULL, true),
+            qkv: None,
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             moe: g::load_moe(w, i, HIDDEN, EXPERTS, TOP_K, MOE_WIDTH, EPS),
             layer_scalar: g::load_layer_scalar(w, i),
         };
-        layer.attn.pretranspose();
+        layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, FULL);
+        w.release(&format!("layers.{i}."));
         layer.kv.pretranspose();
+        layer.attn.pretranspose();
         layer.mlp.pretranspose();
         layer.moe.pretranspose();
         layer
@@ -146,7 +162,15 @@ impl FullOwnKvKeqVMoe {
                 shape: FULL,
                 eps: EPS,
             };
-            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                mask,
+            );
         }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(

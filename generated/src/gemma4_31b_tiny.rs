@@ -42,6 +42,7 @@ struct SlidingOwnKv {
     norms: g::LayerNorms,
     attn: g::AttentionWeights,
     kv: g::KvWeights,
+    qkv: Option<decode::FusedQkv>,
     mlp: g::Mlp,
     layer_scalar: Array,
 }
@@ -51,11 +52,14 @@ impl SlidingOwnKv {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, SLIDING),
             kv: g::load_kv(w, i, HIDDEN, SLIDING, false),
+            qkv: None,
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             layer_scalar: g::load_layer_scalar(w, i),
         };
-        layer.attn.pretranspose();
+        layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, SLIDING);
+        w.release(&format!("layers.{i}."));
         layer.kv.pretranspose();
+        layer.attn.pretranspose();
         layer.mlp.pretranspose();
         layer
     }
@@ -78,7 +82,15 @@ impl SlidingOwnKv {
                 shape: SLIDING,
                 eps: EPS,
             };
-            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                mask,
+            );
         }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
@@ -101,6 +113,7 @@ struct FullOwnKvKeqV {
     norms: g::LayerNorms,
     attn: g::AttentionWeights,
     kv: g::KvWeights,
+    qkv: Option<decode::FusedQkv>,
     mlp: g::Mlp,
     layer_scalar: Array,
 }
@@ -110,11 +123,14 @@ impl FullOwnKvKeqV {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, FULL),
             kv: g::load_kv(w, i, HIDDEN, FULL, true),
+            qkv: None,
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             layer_scalar: g::load_layer_scalar(w, i),
         };
-        layer.attn.pretranspose();
+        layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, FULL);
+        w.release(&format!("layers.{i}."));
         layer.kv.pretranspose();
+        layer.attn.pretranspose();
         layer.mlp.pretranspose();
         layer
     }
@@ -137,7 +153,15 @@ impl FullOwnKvKeqV {
                 shape: FULL,
                 eps: EPS,
             };
-            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                mask,
+            );
         }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(

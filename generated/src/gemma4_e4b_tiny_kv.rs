@@ -45,6 +45,7 @@ struct SlidingOwnKvPle {
     norms: g::LayerNorms,
     attn: g::AttentionWeights,
     kv: g::KvWeights,
+    qkv: Option<decode::FusedQkv>,
     mlp: g::Mlp,
     ple: g::PleGate,
     layer_scalar: Array,
@@ -55,12 +56,15 @@ impl SlidingOwnKvPle {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, SLIDING),
             kv: g::load_kv(w, i, HIDDEN, SLIDING, false),
+            qkv: None,
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             ple: g::load_ple_gate(w, i, HIDDEN, PLE_WIDTH),
             layer_scalar: g::load_layer_scalar(w, i),
         };
-        layer.attn.pretranspose();
+        layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, SLIDING);
+        w.release(&format!("layers.{i}."));
         layer.kv.pretranspose();
+        layer.attn.pretranspose();
         layer.mlp.pretranspose();
         layer.ple.pretranspose();
         layer
@@ -85,7 +89,15 @@ impl SlidingOwnKvPle {
                 shape: SLIDING,
                 eps: EPS,
             };
-            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                mask,
+            );
         }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
@@ -108,6 +120,7 @@ struct FullOwnKvPle {
     norms: g::LayerNorms,
     attn: g::AttentionWeights,
     kv: g::KvWeights,
+    qkv: Option<decode::FusedQkv>,
     mlp: g::Mlp,
     ple: g::PleGate,
     layer_scalar: Array,
@@ -118,12 +131,15 @@ impl FullOwnKvPle {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, FULL),
             kv: g::load_kv(w, i, HIDDEN, FULL, false),
+            qkv: None,
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             ple: g::load_ple_gate(w, i, HIDDEN, PLE_WIDTH),
             layer_scalar: g::load_layer_scalar(w, i),
         };
-        layer.attn.pretranspose();
+        layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, FULL);
+        w.release(&format!("layers.{i}."));
         layer.kv.pretranspose();
+        layer.attn.pretranspose();
         layer.mlp.pretranspose();
         layer.ple.pretranspose();
         layer
@@ -148,7 +164,15 @@ impl FullOwnKvPle {
                 shape: FULL,
                 eps: EPS,
             };
-            return decode::own_kv(h, &layer, &self.kv, tables, cache, mask);
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                mask,
+            );
         }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(

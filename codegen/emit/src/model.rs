@@ -94,13 +94,15 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
             ""
         },
     );
-    let kv_field = key.own_kv.then(|| quote! { kv: g::KvWeights, });
+    let kv_field = key
+        .own_kv
+        .then(|| quote! { kv: g::KvWeights, qkv: Option<decode::FusedQkv>, });
     let moe_field = key.moe.then(|| quote! { moe: g::MoeBlock, });
     let ple_field = key.ple.then(|| quote! { ple: g::PleGate, });
     let k_eq_v = key.k_eq_v;
     let kv_load = key
         .own_kv
-        .then(|| quote! { kv: g::load_kv(w, i, HIDDEN, #shape, #k_eq_v), });
+        .then(|| quote! { kv: g::load_kv(w, i, HIDDEN, #shape, #k_eq_v), qkv: None, });
     let moe_load = key
         .moe
         .then(|| quote! { moe: g::load_moe(w, i, HIDDEN, EXPERTS, TOP_K, MOE_WIDTH, EPS), });
@@ -108,7 +110,13 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
         .ple
         .then(|| quote! { ple: g::load_ple_gate(w, i, HIDDEN, PLE_WIDTH), });
     let ple_arg = key.ple.then(|| quote! { , pli: &Array });
-    let kv_pre = key.own_kv.then(|| quote! { layer.kv.pretranspose(); });
+    let kv_pre = key.own_kv.then(|| {
+        quote! {
+            layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, #shape);
+            w.release(&format!("layers.{i}."));
+            layer.kv.pretranspose();
+        }
+    });
     let moe_pre = key.moe.then(|| quote! { layer.moe.pretranspose(); });
     let ple_pre = key.ple.then(|| quote! { layer.ple.pretranspose(); });
     let ff = if key.moe {
@@ -132,7 +140,7 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
             quote! {
                 let (a, kv) = g::attention_own_kv(&x, &self.attn, &self.kv, #shape, rope, cache, mask)?;
             },
-            quote! { decode::own_kv(h, &layer, &self.kv, tables, cache, mask) },
+            quote! { decode::own_kv(h, &layer, &self.kv, self.qkv.as_ref(), tables, cache, mask) },
             quote! { (Array, g::SharedKv) },
             quote! { Ok((h, kv)) },
         )
@@ -170,8 +178,8 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
                     #ple_load
                     layer_scalar: g::load_layer_scalar(w, i),
                 };
-                layer.attn.pretranspose();
                 #kv_pre
+                layer.attn.pretranspose();
                 layer.mlp.pretranspose();
                 #moe_pre
                 #ple_pre

@@ -34,6 +34,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
 use crate::attention::Mask;
@@ -65,12 +66,16 @@ pub fn own_kv(
     h: &Array,
     layer: &Layer<'_>,
     kv: &KvWeights,
+    fused: Option<&FusedQkv>,
     rope: &RopeTables,
     cache: &mut LayerCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
     let offset = Array::from_int(cache.offset());
-    let qkv = pre_attention(h, layer, Some(kv), rope)?;
+    // The stacked projection needs one dtype throughout (see FusedQkv).
+    let fused =
+        fused.filter(|f| f.norm.dtype() == h.dtype() && layer.norms.input.dtype() == h.dtype());
+    let qkv = pre_attention(h, layer, Some(kv), fused, rope)?;
     let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
     let (o, shared) = gemma4::attend_own_kv(&q, &k, &v, cache, mask, offset, true)?;
     Ok((post_attention(h, &o, layer)?, shared))
@@ -85,7 +90,7 @@ pub fn shared_kv(
     shared: &SharedKv,
     mask: &Mask,
 ) -> Result<Array> {
-    let q = pre_attention(h, layer, None, rope)?;
+    let q = pre_attention(h, layer, None, None, rope)?;
     let q = q.into_iter().next().ok_or_else(bad_outputs)?;
     let o = gemma4::attend_shared_kv(&q, shared, mask, true)?;
     post_attention(h, &o, layer)
@@ -93,6 +98,149 @@ pub fn shared_kv(
 
 fn bad_outputs() -> mlx_rs::error::Exception {
     mlx_rs::error::Exception::custom("compiled decode block: unexpected outputs")
+}
+
+/// Q, K and V projections of a layer that computes its own K/V as one
+/// matmul, for one-token steps: the three weights stacked on the output axis
+/// (with `attention_k_eq_v` V's rows are K's again), and the three head norms
+/// as one per-head weight [H + 2 KV, head_dim] (q_norm, k_norm, and ones for
+/// V's scale-free norm, whose `* 1` changes no bit). A matmul's output
+/// column does not depend on the other columns, nor an RMSNorm's row on the
+/// other rows, so Q, K and V keep their bits (checked by
+/// `tests/decode_blocks.rs` and the parity tests); 3 matmuls, 3 reshapes,
+/// 3 norms, 3 transposes and 2 RoPEs become one of each (and 3 slices).
+#[derive(Debug, Clone)]
+pub struct FusedQkv {
+    pub proj: Linear,
+    pub norm: Array,
+}
+
+impl FusedQkv {
+    /// Stacks the layer's projections and points `attn.q_proj`,
+    /// `kv.k_proj` and `kv.v_proj` at views of the stacked buffer, so the
+    /// weights are not held twice (the eager path reads the same numbers
+    /// from the views). `None` when the projections' quantization or the
+    /// dtypes of weights and norms differ.
+    pub fn new(attn: &mut AttentionWeights, kv: &mut KvWeights, s: AttentionShape) -> Option<Self> {
+        let dtype = attn.q_norm.dtype();
+        let v = kv.v_proj.as_ref().unwrap_or(&kv.k_proj);
+        let parts = [&attn.q_proj, &kv.k_proj, v];
+        let quant = |l: &Linear| l.quant.as_ref().map(|q| (q.group_size, q.bits));
+        let value_dtype = |l: &Linear| {
+            l.quant
+                .as_ref()
+                .map_or(l.weight.dtype(), |q| q.scales.dtype())
+        };
+        if parts
+            .iter()
+            .any(|l| quant(l) != quant(parts[0]) || value_dtype(l) != dtype)
+            || kv.k_norm.dtype() != dtype
+        {
+            return None;
+        }
+        let stack = |f: &dyn Fn(&Linear) -> &Array| -> Option<Array> {
+            let a = mlx_rs::ops::concatenate(&[f(parts[0]), f(parts[1]), f(parts[2])], 0).ok()?;
+            a.eval().ok()?;
+            Some(a)
+        };
+        let weight = stack(&|l| &l.weight)?;
+        let q = match parts[0].quant.as_ref() {
+            None => None,
+            Some(q) => Some(Quantized {
+                scales: stack(&|l| &l.quant.as_ref().expect("same quantization").scales)?,
+                biases: stack(&|l| &l.quant.as_ref().expect("same quantization").biases)?,
+                group_size: q.group_size,
+                bits: q.bits,
+            }),
+        };
+        let (h, kvh, d) = (s.n_heads, s.n_kv_heads, s.head_dim);
+        let norm = mlx_rs::ops::concatenate(
+            &[
+                mlx_rs::ops::broadcast_to(&attn.q_norm, &[h, d]).ok()?,
+                mlx_rs::ops::broadcast_to(&kv.k_norm, &[kvh, d]).ok()?,
+                mlx_rs::ops::ones_dtype(&[kvh, d], dtype).ok()?,
+            ],
+            0,
+        )
+        .ok()?;
+        norm.eval().ok()?;
+        let mut proj = Linear {
+            weight,
+            quant: q,
+            weight_t: None,
+        };
+        // The separate projections become row views of the stacked buffers.
+        let view = |from: i32, to: i32| -> Option<Linear> {
+            let rows = |a: &Array| -> Option<Array> {
+                let v = a.try_index(from..to).ok()?;
+                v.eval().ok()?;
+                Some(v)
+            };
+            let mut l = Linear {
+                weight: rows(&proj.weight)?,
+                quant: match &proj.quant {
+                    None => None,
+                    Some(q) => Some(Quantized {
+                        scales: rows(&q.scales)?,
+                        biases: rows(&q.biases)?,
+                        group_size: q.group_size,
+                        bits: q.bits,
+                    }),
+                },
+                weight_t: None,
+            };
+            l.pretranspose();
+            Some(l)
+        };
+        let (q_rows, k_rows) = (h * d, kvh * d);
+        let q_proj = view(0, q_rows)?;
+        let k_proj = view(q_rows, q_rows + k_rows)?;
+        let v_proj = match kv.v_proj {
+            Some(_) => Some(view(q_rows + k_rows, q_rows + 2 * k_rows)?),
+            None => None,
+        };
+        attn.q_proj = q_proj;
+        kv.k_proj = k_proj;
+        kv.v_proj = v_proj;
+        proj.pretranspose();
+        Some(FusedQkv { proj, norm })
+    }
+
+    /// What [`gemma4::project_qkv`] returns, from the stacked projection.
+    fn project(
+        &self,
+        x: &Array,
+        s: AttentionShape,
+        rope: &dyn Fn(&Array) -> Result<Array>,
+    ) -> Result<(Array, Array, Array)> {
+        let (h, kvh) = (s.n_heads, s.n_kv_heads);
+        let b = x.shape()[0];
+        let f = self
+            .proj
+            .forward(x)?
+            .reshape(&[b, 1, h + 2 * kvh, s.head_dim])?;
+        let y = rms_norm(&f, Some(&self.norm), s.eps)?.transpose_axes(&[0, 2, 1, 3])?;
+        let qk = rope(&y.try_index((.., ..h + kvh))?)?;
+        Ok((
+            qk.try_index((.., ..h))?,
+            qk.try_index((.., h..))?,
+            y.try_index((.., h + kvh..))?,
+        ))
+    }
+}
+
+impl Flat for FusedQkv {
+    fn put(&self, p: &mut Packed) {
+        self.proj.put(p);
+        self.norm.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let proj = self.proj.take(it);
+        FusedQkv {
+            proj,
+            norm: next(it),
+        }
+    }
 }
 
 /// MLX's CPU compiler writes scalar constants into the kernel source with
@@ -123,6 +271,7 @@ fn pre_attention(
     h: &Array,
     layer: &Layer<'_>,
     kv: Option<&KvWeights>,
+    fused: Option<&FusedQkv>,
     rope: &RopeTables,
 ) -> Result<Vec<Array>> {
     let hidden = h.shape()[h.ndim() - 1];
@@ -132,14 +281,21 @@ fn pre_attention(
         .extend([layer.eps.to_bits() as i64, hidden as i64, rope.dims as i64]);
     layer.shape.put(&mut p);
     h.put(&mut p);
+    let norm_eps = [layer.eps, layer.shape.eps];
     p.arrays
-        .extend(NormInputs::new(&[layer.eps], &widths).arrays().cloned());
+        .extend(NormInputs::new(&norm_eps, &widths).arrays().cloned());
     rope.cos.put(&mut p);
     rope.sin.put(&mut p);
     rope.cos_t.put(&mut p);
     rope.sin_t.put(&mut p);
     layer.norms.input.put(&mut p);
-    layer.attn.put(&mut p);
+    // Either Q/K/V stacked, or Q (and K, V) as three projections.
+    let kv = if fused.is_some() { None } else { kv };
+    p.key.push(fused.is_some() as i64);
+    match fused {
+        Some(f) => f.put(&mut p),
+        None => layer.attn.put(&mut p),
+    }
     p.key.push(kv.is_some() as i64);
     if let Some(kv) = kv {
         kv.put(&mut p);
@@ -147,15 +303,20 @@ fn pre_attention(
     let (s, eps, dims) = (layer.shape, layer.eps, rope.dims);
     p.run(true, |covered| {
         // Templates for rebuilding the structures from the traced inputs.
-        let (attn, kv) = (hollow(layer.attn), kv.map(hollow));
-        let norms = NormInputs::new(&[eps], &widths);
+        let fused = fused.map(hollow);
+        let attn = match fused {
+            Some(_) => None,
+            None => Some(hollow(layer.attn)),
+        };
+        let kv = kv.map(hollow);
+        let norms = NormInputs::new(&norm_eps, &widths);
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
             let scope = norms.with_arrays(it).ok_or_else(bad_outputs)?;
             let (cos, sin, cos_t, sin_t) = (next(it), next(it), next(it), next(it));
             let norm = next(it);
-            let (attn, kv) = (attn.take(it), kv.take(it));
+            let (fused, attn, kv) = (fused.take(it), attn.take(it), kv.take(it));
             let tables = RopeTables {
                 dims,
                 cos,
@@ -166,12 +327,17 @@ fn pre_attention(
             let rope = |t: &Array| apply_tables(t, &tables);
             let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
                 let x = rms_norm(&h, Some(&norm), eps)?;
-                Ok(match &kv {
-                    Some(kv) => {
-                        let (q, k, v) = gemma4::project_qkv(&x, &attn, kv, s, &rope)?;
+                Ok(match (&fused, &attn, &kv) {
+                    (Some(f), _, _) => {
+                        let (q, k, v) = f.project(&x, s, &rope)?;
                         vec![q, k, v]
                     }
-                    None => vec![gemma4::project_q(&x, &attn, s, &rope)?],
+                    (None, Some(attn), Some(kv)) => {
+                        let (q, k, v) = gemma4::project_qkv(&x, attn, kv, s, &rope)?;
+                        vec![q, k, v]
+                    }
+                    (None, Some(attn), None) => vec![gemma4::project_q(&x, attn, s, &rope)?],
+                    (None, None, _) => return Err(bad_outputs()),
                 })
             });
             covered.set(all);

@@ -516,6 +516,17 @@ impl Weights {
     }
 
     /// Ends loading: errors for every missing, mis-shaped or unused tensor.
+    /// Drops this loader's reference to every tensor under `prefix` that
+    /// was already taken. A model that rearranged some (generated models
+    /// stack Q/K/V into one buffer and keep views of it) then frees the
+    /// originals now instead of when loading ends, so loading does not peak
+    /// at two copies of them. Taken tensors stay taken for [`Weights::finish`].
+    pub fn release(&mut self, prefix: &str) {
+        let used = &self.used;
+        self.tensors
+            .retain(|name, _| !(name.starts_with(prefix) && used.contains(name)));
+    }
+
     pub fn finish(self) -> Result<(), LoadError> {
         let mut errors = self.errors;
         let mut unused: Vec<&String> = self
