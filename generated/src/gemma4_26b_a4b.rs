@@ -346,17 +346,18 @@ impl CausalLm for Model {
         let sliding_mask = g::mask_for(&cache.layer_0, n, WINDOW)?;
         let full_mask = g::mask_for(&cache.layer_5, n, WINDOW)?;
         let offset = cache.layer_0.offset();
-        let sliding_tables = if n == 1 {
+        let step = n == 1 && decode::enabled();
+        let sliding_tables = if step {
             Some(self.rope_sliding.tables(offset, n, h.dtype())?)
         } else {
             None
         };
-        let full_tables = if n == 1 {
+        let full_tables = if step {
             Some(self.rope_full.tables(offset, n, h.dtype())?)
         } else {
             None
         };
-        let h = if n == 1 { h.reshape(&[-1, HIDDEN])? } else { h };
+        let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let (h, _) = self
             .layer_0
             .forward(
@@ -634,6 +635,6 @@ impl CausalLm for Model {
             Some(30f32),
             EPS,
         )?;
-        if n == 1 { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
+        if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }
 }

@@ -368,7 +368,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             masks.push(quote! { let #var = g::mask_for(&cache.#field, n, WINDOW)?; });
             let (tables, rope) = (tables_var(t), rope_field(t));
             step_tables.push(quote! {
-                let #tables = if n == 1 { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
+                let #tables = if step { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
             });
         }
     }
@@ -489,11 +489,12 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 // One token: this step's RoPE tables, one per RoPE form,
                 // shared by all its layers (Q and K alike).
                 let offset = cache.layer_0.offset();
+                let step = n == 1 && decode::enabled();
                 #(#step_tables)*
-                let h = if n == 1 { h.reshape(&[-1, HIDDEN])? } else { h };
+                let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
                 #(#steps)*
                 let logits = g::logits(&h, &self.norm, #head, #softcap, EPS)?;
-                if n == 1 { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
+                if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
             }
         }
     })

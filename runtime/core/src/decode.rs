@@ -46,6 +46,22 @@ use crate::moe::{Router, SwitchGlu};
 use crate::ops::{rms_norm, NormInputs, Result};
 use crate::rope::{apply_tables, RopeTables};
 
+/// Whether one-token steps take this module's path: only where MLX's
+/// `fast.rms_norm` and `fast.rope` run their op-graph fallbacks, i.e. on the
+/// CPU, since the blocks reproduce those fallbacks (on Metal and CUDA they
+/// are fused kernels with other arithmetic, so generated models keep the
+/// eager blocks there). `ARCHGEN_EAGER_DECODE=1` turns the path off (paired
+/// A/B of the same binary).
+pub fn enabled() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| {
+        std::env::var_os("ARCHGEN_EAGER_DECODE").is_some_and(|v| !v.is_empty() && v != "0")
+    });
+    !off && mlx_rs::Device::try_default()
+        .and_then(|d| d.get_type())
+        .is_ok_and(|t| matches!(t, mlx_rs::DeviceType::Cpu))
+}
+
 /// The parts of one decoder layer a decode step needs.
 pub struct Layer<'a> {
     pub norms: &'a LayerNorms,
