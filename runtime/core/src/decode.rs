@@ -57,7 +57,12 @@ pub fn enabled() -> bool {
     let off = *OFF.get_or_init(|| {
         std::env::var_os("ARCHGEN_EAGER_DECODE").is_some_and(|v| !v.is_empty() && v != "0")
     });
-    !off && mlx_rs::Device::try_default()
+    !off && on_cpu()
+}
+
+/// Whether MLX's default device is the CPU.
+fn on_cpu() -> bool {
+    mlx_rs::Device::try_default()
         .and_then(|d| d.get_type())
         .is_ok_and(|t| matches!(t, mlx_rs::DeviceType::Cpu))
 }
@@ -136,8 +141,12 @@ impl FusedQkv {
     /// `kv.k_proj` and `kv.v_proj` at views of the stacked buffer, so the
     /// weights are not held twice (the eager path reads the same numbers
     /// from the views). `None` when the projections' quantization or the
-    /// dtypes of weights and norms differ.
+    /// dtypes of weights and norms differ, and off the CPU, where the decode
+    /// path is not taken (see [`enabled`]) and the weights stay as loaded.
     pub fn new(attn: &mut AttentionWeights, kv: &mut KvWeights, s: AttentionShape) -> Option<Self> {
+        if !on_cpu() {
+            return None;
+        }
         let dtype = attn.q_norm.dtype();
         let v = kv.v_proj.as_ref().unwrap_or(&kv.k_proj);
         let parts = [&attn.q_proj, &kv.k_proj, v];
