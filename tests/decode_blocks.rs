@@ -83,6 +83,49 @@ fn rope_tables_reproduce_fast_rope() {
     assert_eq!(cases, 90);
 }
 
+#[test]
+fn one_token_sdpa_matches_fast_sdpa() {
+    use archgen_runtime::attention::sdpa_one_token;
+    use archgen_runtime::mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
+    let mut cases = 0;
+    for (i, dt) in DTYPES.into_iter().enumerate() {
+        for &(h, kv, d) in &[
+            (4, 2, 16),
+            (4, 1, 32),
+            (8, 8, 64),
+            (16, 8, 256),
+            (16, 4, 512),
+        ] {
+            for &l in &[1, 8, 129, 2048] {
+                let seed = (i * 1000 + h as usize * 10 + l as usize) as u64;
+                let q = lcg(seed, &[1, h, 1, d], 2.0, 0.0).as_dtype(dt).unwrap();
+                // K/V as a KVCache returns them: a view [..., :L, :] of a
+                // longer buffer.
+                let k = lcg(seed + 1, &[1, kv, l + 5, d], 2.0, 0.0)
+                    .as_dtype(dt)
+                    .unwrap();
+                let v = lcg(seed + 2, &[1, kv, l + 5, d], 2.0, 0.0)
+                    .as_dtype(dt)
+                    .unwrap();
+                let (k, v) = (
+                    k.try_index((Ellipsis, ..l, ..)).unwrap(),
+                    v.try_index((Ellipsis, ..l, ..)).unwrap(),
+                );
+                let want = mlx_rs::fast::scaled_dot_product_attention(&q, &k, &v, 1.0, None, None)
+                    .unwrap()
+                    .transpose_axes(&[0, 2, 1, 3])
+                    .unwrap()
+                    .reshape(&[1, -1])
+                    .unwrap();
+                let got = sdpa_one_token(&q, &k, &v, 1.0).unwrap();
+                assert!(same(&want, &got), "{dt:?} H {h} KV {kv} D {d} L {l}");
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 60);
+}
+
 fn linear(seed: u64, out: i32, inp: i32, dt: Dtype) -> Linear {
     let w = lcg(seed, &[out, inp], 1.0 / (inp as f32).sqrt(), 0.0);
     Linear {

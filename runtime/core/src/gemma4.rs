@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use mlx_rs::Array;
 
-use crate::attention::{quantized_sdpa, sdpa, Mask};
+use crate::attention::{quantized_sdpa, sdpa, sdpa_one_token, Mask};
 use crate::cache::LayerCache;
 use crate::layers::{Embedding, Linear};
 use crate::moe::{experts, Router, SwitchGlu};
@@ -199,7 +199,7 @@ pub fn attend_own_kv(
         ));
     }
     let (keys, values) = cache.update_and_fetch(k, v)?;
-    let o = attend(q, &keys, &values, mask, merged(b, l, rows))?;
+    let o = attend(q, &keys, &values, mask, b, l, rows)?;
     Ok((
         o,
         SharedKv {
@@ -234,7 +234,7 @@ pub fn attend_shared_kv(q: &Array, shared: &SharedKv, mask: &Mask, rows: bool) -
         ));
     }
     let (b, l) = (q.shape()[0], q.shape()[2]);
-    attend(q, &shared.keys, &shared.values, mask, merged(b, l, rows))
+    attend(q, &shared.keys, &shared.values, mask, b, l, rows)
 }
 
 /// (B, L) of hidden states [B, L, hidden]; [B, hidden] is one token per
@@ -268,9 +268,22 @@ fn merged(b: i32, l: i32, rows: bool) -> Vec<i32> {
     }
 }
 
-fn attend(q: &Array, keys: &Array, values: &Array, mask: &Mask, shape: Vec<i32>) -> Result<Array> {
+fn attend(
+    q: &Array,
+    keys: &Array,
+    values: &Array,
+    mask: &Mask,
+    b: i32,
+    l: i32,
+    rows: bool,
+) -> Result<Array> {
+    if rows && l == 1 && matches!(mask, Mask::None) {
+        // One token, no mask (every one-token step of Gemma-4's caches).
+        return sdpa_one_token(q, keys, values, 1.0);
+    }
     let o = sdpa(q, keys, values, 1.0, mask)?;
-    o.transpose_axes(&[0, 2, 1, 3])?.reshape(&shape)
+    o.transpose_axes(&[0, 2, 1, 3])?
+        .reshape(&merged(b, l, rows))
 }
 
 /// Dense GeGLU MLP: `down(geglu(gate(x), up(x)))`.
