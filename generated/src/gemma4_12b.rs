@@ -6,11 +6,12 @@
 
 use archgen_runtime::attention::Mask;
 use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
+use archgen_runtime::decode;
 use archgen_runtime::gemma4::{self as g, AttentionShape};
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::model::{CausalLm, ModelError};
 use archgen_runtime::ops::{rms_norm, Result};
-use archgen_runtime::rope::Rope;
+use archgen_runtime::rope::{Rope, RopeTables};
 use archgen_runtime::weights::Weights;
 use archgen_runtime::Array;
 pub const NAME: &str = "gemma4-12b";
@@ -41,26 +42,56 @@ struct SlidingOwnKv {
     norms: g::LayerNorms,
     attn: g::AttentionWeights,
     kv: g::KvWeights,
+    qkv: Option<decode::FusedQkv>,
     mlp: g::Mlp,
     layer_scalar: Array,
 }
 impl SlidingOwnKv {
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-        Self {
+        let mut layer = Self {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, SLIDING),
             kv: g::load_kv(w, i, HIDDEN, SLIDING, false),
+            qkv: None,
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             layer_scalar: g::load_layer_scalar(w, i),
-        }
+        };
+        layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, SLIDING);
+        w.release(&format!("layers.{i}."));
+        layer.kv.pretranspose();
+        layer.attn.pretranspose();
+        layer.mlp.pretranspose();
+        layer
     }
     fn forward(
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: None,
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                mask,
+            );
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -82,26 +113,56 @@ struct FullOwnKvKeqV {
     norms: g::LayerNorms,
     attn: g::AttentionWeights,
     kv: g::KvWeights,
+    qkv: Option<decode::FusedQkv>,
     mlp: g::Mlp,
     layer_scalar: Array,
 }
 impl FullOwnKvKeqV {
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-        Self {
+        let mut layer = Self {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, FULL),
             kv: g::load_kv(w, i, HIDDEN, FULL, true),
+            qkv: None,
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             layer_scalar: g::load_layer_scalar(w, i),
-        }
+        };
+        layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, FULL);
+        w.release(&format!("layers.{i}."));
+        layer.kv.pretranspose();
+        layer.attn.pretranspose();
+        layer.mlp.pretranspose();
+        layer
     }
     fn forward(
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: None,
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                mask,
+            );
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -226,7 +287,7 @@ pub struct Cache {
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
-    let model = Model {
+    let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_sliding: Rope::base(256, 10000f32),
         rope_full: Rope::proportional(512, 128, 1000000f32, 1f32)
@@ -282,6 +343,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
+    model.embed.pretranspose();
     Ok(model)
 }
 impl CausalLm for Model {
@@ -346,150 +408,458 @@ impl CausalLm for Model {
         let h = g::embed(&self.embed, ids, HIDDEN)?;
         let sliding_mask = g::mask_for(&cache.layer_0, n, WINDOW)?;
         let full_mask = g::mask_for(&cache.layer_5, n, WINDOW)?;
+        let offset = cache.layer_0.offset();
+        let step = n == 1 && decode::enabled();
+        let sliding_tables = if step {
+            Some(self.rope_sliding.tables(offset, n, h.dtype())?)
+        } else {
+            None
+        };
+        let full_tables = if step {
+            Some(self.rope_full.tables(offset, n, h.dtype())?)
+        } else {
+            None
+        };
+        let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let (h, _) = self
             .layer_0
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_0)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_0,
+            )?;
         let (h, _) = self
             .layer_1
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_1)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_1,
+            )?;
         let (h, _) = self
             .layer_2
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_2)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_2,
+            )?;
         let (h, _) = self
             .layer_3
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_3)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_3,
+            )?;
         let (h, _) = self
             .layer_4
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_4)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_4,
+            )?;
         let (h, _) = self
             .layer_5
-            .forward(&h, &self.rope_full, &full_mask, &mut cache.layer_5)?;
+            .forward(
+                &h,
+                &self.rope_full,
+                full_tables.as_ref(),
+                &full_mask,
+                &mut cache.layer_5,
+            )?;
         let (h, _) = self
             .layer_6
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_6)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_6,
+            )?;
         let (h, _) = self
             .layer_7
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_7)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_7,
+            )?;
         let (h, _) = self
             .layer_8
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_8)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_8,
+            )?;
         let (h, _) = self
             .layer_9
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_9)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_9,
+            )?;
         let (h, _) = self
             .layer_10
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_10)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_10,
+            )?;
         let (h, _) = self
             .layer_11
-            .forward(&h, &self.rope_full, &full_mask, &mut cache.layer_11)?;
+            .forward(
+                &h,
+                &self.rope_full,
+                full_tables.as_ref(),
+                &full_mask,
+                &mut cache.layer_11,
+            )?;
         let (h, _) = self
             .layer_12
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_12)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_12,
+            )?;
         let (h, _) = self
             .layer_13
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_13)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_13,
+            )?;
         let (h, _) = self
             .layer_14
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_14)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_14,
+            )?;
         let (h, _) = self
             .layer_15
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_15)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_15,
+            )?;
         let (h, _) = self
             .layer_16
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_16)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_16,
+            )?;
         let (h, _) = self
             .layer_17
-            .forward(&h, &self.rope_full, &full_mask, &mut cache.layer_17)?;
+            .forward(
+                &h,
+                &self.rope_full,
+                full_tables.as_ref(),
+                &full_mask,
+                &mut cache.layer_17,
+            )?;
         let (h, _) = self
             .layer_18
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_18)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_18,
+            )?;
         let (h, _) = self
             .layer_19
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_19)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_19,
+            )?;
         let (h, _) = self
             .layer_20
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_20)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_20,
+            )?;
         let (h, _) = self
             .layer_21
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_21)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_21,
+            )?;
         let (h, _) = self
             .layer_22
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_22)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_22,
+            )?;
         let (h, _) = self
             .layer_23
-            .forward(&h, &self.rope_full, &full_mask, &mut cache.layer_23)?;
+            .forward(
+                &h,
+                &self.rope_full,
+                full_tables.as_ref(),
+                &full_mask,
+                &mut cache.layer_23,
+            )?;
         let (h, _) = self
             .layer_24
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_24)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_24,
+            )?;
         let (h, _) = self
             .layer_25
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_25)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_25,
+            )?;
         let (h, _) = self
             .layer_26
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_26)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_26,
+            )?;
         let (h, _) = self
             .layer_27
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_27)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_27,
+            )?;
         let (h, _) = self
             .layer_28
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_28)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_28,
+            )?;
         let (h, _) = self
             .layer_29
-            .forward(&h, &self.rope_full, &full_mask, &mut cache.layer_29)?;
+            .forward(
+                &h,
+                &self.rope_full,
+                full_tables.as_ref(),
+                &full_mask,
+                &mut cache.layer_29,
+            )?;
         let (h, _) = self
             .layer_30
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_30)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_30,
+            )?;
         let (h, _) = self
             .layer_31
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_31)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_31,
+            )?;
         let (h, _) = self
             .layer_32
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_32)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_32,
+            )?;
         let (h, _) = self
             .layer_33
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_33)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_33,
+            )?;
         let (h, _) = self
             .layer_34
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_34)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_34,
+            )?;
         let (h, _) = self
             .layer_35
-            .forward(&h, &self.rope_full, &full_mask, &mut cache.layer_35)?;
+            .forward(
+                &h,
+                &self.rope_full,
+                full_tables.as_ref(),
+                &full_mask,
+                &mut cache.layer_35,
+            )?;
         let (h, _) = self
             .layer_36
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_36)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_36,
+            )?;
         let (h, _) = self
             .layer_37
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_37)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_37,
+            )?;
         let (h, _) = self
             .layer_38
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_38)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_38,
+            )?;
         let (h, _) = self
             .layer_39
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_39)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_39,
+            )?;
         let (h, _) = self
             .layer_40
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_40)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_40,
+            )?;
         let (h, _) = self
             .layer_41
-            .forward(&h, &self.rope_full, &full_mask, &mut cache.layer_41)?;
+            .forward(
+                &h,
+                &self.rope_full,
+                full_tables.as_ref(),
+                &full_mask,
+                &mut cache.layer_41,
+            )?;
         let (h, _) = self
             .layer_42
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_42)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_42,
+            )?;
         let (h, _) = self
             .layer_43
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_43)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_43,
+            )?;
         let (h, _) = self
             .layer_44
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_44)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_44,
+            )?;
         let (h, _) = self
             .layer_45
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_45)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_45,
+            )?;
         let (h, _) = self
             .layer_46
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_46)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_46,
+            )?;
         let (h, _) = self
             .layer_47
-            .forward(&h, &self.rope_full, &full_mask, &mut cache.layer_47)?;
-        g::logits(&h, &self.norm, g::Head::Tied(&self.embed), Some(30f32), EPS)
+            .forward(
+                &h,
+                &self.rope_full,
+                full_tables.as_ref(),
+                &full_mask,
+                &mut cache.layer_47,
+            )?;
+        let logits = g::logits(
+            &h,
+            &self.norm,
+            g::Head::Tied(&self.embed),
+            Some(30f32),
+            EPS,
+        )?;
+        if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }
 }

@@ -6,11 +6,12 @@
 
 use archgen_runtime::attention::Mask;
 use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
+use archgen_runtime::decode;
 use archgen_runtime::gemma4::{self as g, AttentionShape};
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::model::{CausalLm, ModelError};
 use archgen_runtime::ops::{rms_norm, Result};
-use archgen_runtime::rope::Rope;
+use archgen_runtime::rope::{Rope, RopeTables};
 use archgen_runtime::weights::Weights;
 use archgen_runtime::Array;
 pub const NAME: &str = "gemma4-31b-tiny";
@@ -41,26 +42,56 @@ struct SlidingOwnKv {
     norms: g::LayerNorms,
     attn: g::AttentionWeights,
     kv: g::KvWeights,
+    qkv: Option<decode::FusedQkv>,
     mlp: g::Mlp,
     layer_scalar: Array,
 }
 impl SlidingOwnKv {
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-        Self {
+        let mut layer = Self {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, SLIDING),
             kv: g::load_kv(w, i, HIDDEN, SLIDING, false),
+            qkv: None,
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             layer_scalar: g::load_layer_scalar(w, i),
-        }
+        };
+        layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, SLIDING);
+        w.release(&format!("layers.{i}."));
+        layer.kv.pretranspose();
+        layer.attn.pretranspose();
+        layer.mlp.pretranspose();
+        layer
     }
     fn forward(
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: None,
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                mask,
+            );
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -82,26 +113,56 @@ struct FullOwnKvKeqV {
     norms: g::LayerNorms,
     attn: g::AttentionWeights,
     kv: g::KvWeights,
+    qkv: Option<decode::FusedQkv>,
     mlp: g::Mlp,
     layer_scalar: Array,
 }
 impl FullOwnKvKeqV {
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-        Self {
+        let mut layer = Self {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, FULL),
             kv: g::load_kv(w, i, HIDDEN, FULL, true),
+            qkv: None,
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             layer_scalar: g::load_layer_scalar(w, i),
-        }
+        };
+        layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, FULL);
+        w.release(&format!("layers.{i}."));
+        layer.kv.pretranspose();
+        layer.attn.pretranspose();
+        layer.mlp.pretranspose();
+        layer
     }
     fn forward(
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: None,
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                mask,
+            );
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -154,7 +215,7 @@ pub struct Cache {
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
-    let model = Model {
+    let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_sliding: Rope::base(16, 10000f32),
         rope_full: Rope::proportional(32, 8, 1000000f32, 1f32)
@@ -174,6 +235,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
+    model.embed.pretranspose();
     Ok(model)
 }
 impl CausalLm for Model {
@@ -202,42 +264,134 @@ impl CausalLm for Model {
         let h = g::embed(&self.embed, ids, HIDDEN)?;
         let sliding_mask = g::mask_for(&cache.layer_0, n, WINDOW)?;
         let full_mask = g::mask_for(&cache.layer_5, n, WINDOW)?;
+        let offset = cache.layer_0.offset();
+        let step = n == 1 && decode::enabled();
+        let sliding_tables = if step {
+            Some(self.rope_sliding.tables(offset, n, h.dtype())?)
+        } else {
+            None
+        };
+        let full_tables = if step {
+            Some(self.rope_full.tables(offset, n, h.dtype())?)
+        } else {
+            None
+        };
+        let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let (h, _) = self
             .layer_0
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_0)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_0,
+            )?;
         let (h, _) = self
             .layer_1
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_1)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_1,
+            )?;
         let (h, _) = self
             .layer_2
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_2)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_2,
+            )?;
         let (h, _) = self
             .layer_3
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_3)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_3,
+            )?;
         let (h, _) = self
             .layer_4
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_4)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_4,
+            )?;
         let (h, _) = self
             .layer_5
-            .forward(&h, &self.rope_full, &full_mask, &mut cache.layer_5)?;
+            .forward(
+                &h,
+                &self.rope_full,
+                full_tables.as_ref(),
+                &full_mask,
+                &mut cache.layer_5,
+            )?;
         let (h, _) = self
             .layer_6
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_6)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_6,
+            )?;
         let (h, _) = self
             .layer_7
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_7)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_7,
+            )?;
         let (h, _) = self
             .layer_8
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_8)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_8,
+            )?;
         let (h, _) = self
             .layer_9
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_9)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_9,
+            )?;
         let (h, _) = self
             .layer_10
-            .forward(&h, &self.rope_sliding, &sliding_mask, &mut cache.layer_10)?;
+            .forward(
+                &h,
+                &self.rope_sliding,
+                sliding_tables.as_ref(),
+                &sliding_mask,
+                &mut cache.layer_10,
+            )?;
         let (h, _) = self
             .layer_11
-            .forward(&h, &self.rope_full, &full_mask, &mut cache.layer_11)?;
-        g::logits(&h, &self.norm, g::Head::Tied(&self.embed), Some(30f32), EPS)
+            .forward(
+                &h,
+                &self.rope_full,
+                full_tables.as_ref(),
+                &full_mask,
+                &mut cache.layer_11,
+            )?;
+        let logits = g::logits(
+            &h,
+            &self.norm,
+            g::Head::Tied(&self.embed),
+            Some(30f32),
+            EPS,
+        )?;
+        if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }
 }

@@ -6,11 +6,12 @@
 
 use archgen_runtime::attention::Mask;
 use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
+use archgen_runtime::decode;
 use archgen_runtime::gemma4::{self as g, AttentionShape};
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::model::{CausalLm, ModelError};
 use archgen_runtime::ops::{rms_norm, Result};
-use archgen_runtime::rope::Rope;
+use archgen_runtime::rope::{Rope, RopeTables};
 use archgen_runtime::weights::Weights;
 use archgen_runtime::Array;
 pub const NAME: &str = "gemma4-e4b-tiny";
@@ -43,29 +44,60 @@ struct SlidingOwnKvPle {
     norms: g::LayerNorms,
     attn: g::AttentionWeights,
     kv: g::KvWeights,
+    qkv: Option<decode::FusedQkv>,
     mlp: g::Mlp,
     ple: g::PleGate,
     layer_scalar: Array,
 }
 impl SlidingOwnKvPle {
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-        Self {
+        let mut layer = Self {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, SLIDING),
             kv: g::load_kv(w, i, HIDDEN, SLIDING, false),
+            qkv: None,
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             ple: g::load_ple_gate(w, i, HIDDEN, PLE_WIDTH),
             layer_scalar: g::load_layer_scalar(w, i),
-        }
+        };
+        layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, SLIDING);
+        w.release(&format!("layers.{i}."));
+        layer.kv.pretranspose();
+        layer.attn.pretranspose();
+        layer.mlp.pretranspose();
+        layer.ple.pretranspose();
+        layer
     }
     fn forward(
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                mask,
+            );
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -87,29 +119,60 @@ struct FullOwnKvPle {
     norms: g::LayerNorms,
     attn: g::AttentionWeights,
     kv: g::KvWeights,
+    qkv: Option<decode::FusedQkv>,
     mlp: g::Mlp,
     ple: g::PleGate,
     layer_scalar: Array,
 }
 impl FullOwnKvPle {
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-        Self {
+        let mut layer = Self {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, FULL),
             kv: g::load_kv(w, i, HIDDEN, FULL, false),
+            qkv: None,
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             ple: g::load_ple_gate(w, i, HIDDEN, PLE_WIDTH),
             layer_scalar: g::load_layer_scalar(w, i),
-        }
+        };
+        layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, FULL);
+        w.release(&format!("layers.{i}."));
+        layer.kv.pretranspose();
+        layer.attn.pretranspose();
+        layer.mlp.pretranspose();
+        layer.ple.pretranspose();
+        layer
     }
     fn forward(
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, g::SharedKv)> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                mask,
+            );
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let (a, kv) = g::attention_own_kv(
             &x,
@@ -136,22 +199,40 @@ struct SlidingSharedKvPle {
 }
 impl SlidingSharedKvPle {
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-        Self {
+        let mut layer = Self {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, SLIDING),
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             ple: g::load_ple_gate(w, i, HIDDEN, PLE_WIDTH),
             layer_scalar: g::load_layer_scalar(w, i),
-        }
+        };
+        layer.attn.pretranspose();
+        layer.mlp.pretranspose();
+        layer.ple.pretranspose();
+        layer
     }
     fn forward(
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         shared: &g::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: SLIDING,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let a = g::attention_shared_kv(&x, &self.attn, SLIDING, rope, shared, mask)?;
         let h = g::attention_residual(h, &a, &self.norms, EPS)?;
@@ -170,22 +251,40 @@ struct FullSharedKvPle {
 }
 impl FullSharedKvPle {
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-        Self {
+        let mut layer = Self {
             norms: g::load_norms(w, i, HIDDEN),
             attn: g::load_attention(w, i, HIDDEN, FULL),
             mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
             ple: g::load_ple_gate(w, i, HIDDEN, PLE_WIDTH),
             layer_scalar: g::load_layer_scalar(w, i),
-        }
+        };
+        layer.attn.pretranspose();
+        layer.mlp.pretranspose();
+        layer.ple.pretranspose();
+        layer
     }
     fn forward(
         &self,
         h: &Array,
         rope: &Rope,
+        step: Option<&RopeTables>,
         mask: &Mask,
         shared: &g::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = step {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: &self.layer_scalar,
+                shape: FULL,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, mask);
+        }
         let x = rms_norm(h, Some(&self.norms.input), EPS)?;
         let a = g::attention_shared_kv(&x, &self.attn, FULL, rope, shared, mask)?;
         let h = g::attention_residual(h, &a, &self.norms, EPS)?;
@@ -225,7 +324,7 @@ pub struct Cache {
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
-    let model = Model {
+    let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         per_layer: g::load_per_layer_inputs(
             &mut w,
@@ -252,6 +351,8 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
+    model.embed.pretranspose();
+    model.per_layer.pretranspose();
     Ok(model)
 }
 impl CausalLm for Model {
@@ -285,11 +386,25 @@ impl CausalLm for Model {
         )?;
         let sliding_mask = g::mask_for(&cache.layer_0, n, WINDOW)?;
         let full_mask = g::mask_for(&cache.layer_5, n, WINDOW)?;
+        let offset = cache.layer_0.offset();
+        let step = n == 1 && decode::enabled();
+        let sliding_tables = if step {
+            Some(self.rope_sliding.tables(offset, n, h.dtype())?)
+        } else {
+            None
+        };
+        let full_tables = if step {
+            Some(self.rope_full.tables(offset, n, h.dtype())?)
+        } else {
+            None
+        };
+        let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let (h, _) = self
             .layer_0
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_0,
                 &g::per_layer_slice(&per_layer, 0)?,
@@ -299,6 +414,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_1,
                 &g::per_layer_slice(&per_layer, 1)?,
@@ -308,6 +424,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_2,
                 &g::per_layer_slice(&per_layer, 2)?,
@@ -317,6 +434,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_3,
                 &g::per_layer_slice(&per_layer, 3)?,
@@ -326,6 +444,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &mut cache.layer_4,
                 &g::per_layer_slice(&per_layer, 4)?,
@@ -335,6 +454,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &mut cache.layer_5,
                 &g::per_layer_slice(&per_layer, 5)?,
@@ -344,6 +464,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_4,
                 &g::per_layer_slice(&per_layer, 6)?,
@@ -353,6 +474,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_4,
                 &g::per_layer_slice(&per_layer, 7)?,
@@ -362,6 +484,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_4,
                 &g::per_layer_slice(&per_layer, 8)?,
@@ -371,6 +494,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_4,
                 &g::per_layer_slice(&per_layer, 9)?,
@@ -380,6 +504,7 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_sliding,
+                sliding_tables.as_ref(),
                 &sliding_mask,
                 &kv_4,
                 &g::per_layer_slice(&per_layer, 10)?,
@@ -389,10 +514,18 @@ impl CausalLm for Model {
             .forward(
                 &h,
                 &self.rope_full,
+                full_tables.as_ref(),
                 &full_mask,
                 &kv_5,
                 &g::per_layer_slice(&per_layer, 11)?,
             )?;
-        g::logits(&h, &self.norm, g::Head::Tied(&self.embed), Some(30f32), EPS)
+        let logits = g::logits(
+            &h,
+            &self.norm,
+            g::Head::Tied(&self.embed),
+            Some(30f32),
+            EPS,
+        )?;
+        if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }
 }

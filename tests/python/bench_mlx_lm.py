@@ -10,6 +10,8 @@ evaluated 1-token forward on a throwaway cache, it prints
               mx.eval of the logits row (what the Rust side evaluates), the next
               token is the argmax of that row, taken outside the timed span
               -> {"steps_s": [T...], "tokens": [...]} (the W + S tokens fed)
+  nodes       one more step, its graph's primitive nodes counted before
+              evaluation (mx.export_to_dot) -> {"nodes": N, "by_op": {...}}
   quit
 Prompt ids are (i * 37 + 11) % vocab, as in the parity tests.
 
@@ -19,8 +21,11 @@ Usage: bench_mlx_lm.py --model DIR
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -97,6 +102,19 @@ def main() -> None:
                     times.append(secs)
                 last = row
             reply({"steps_s": times, "tokens": tokens})
+        elif words[0] == "nodes":
+            # One decode step's graph, counted before it is evaluated: the
+            # primitive nodes export_to_dot lists, by operation.
+            tok = int(mx.argmax(last, axis=-1).item())
+            row = model(mx.array([[tok]], dtype=mx.int32), cache=cache)[0, -1]
+            with tempfile.TemporaryDirectory() as d:
+                path = Path(d) / "step.dot"
+                mx.export_to_dot(str(path), row)
+                ops = re.findall(r'\[label ="([^"]*)", shape=rectangle\]', path.read_text())
+            mx.eval(row)
+            last = row
+            by_op = dict(sorted(collections.Counter(ops).items()))
+            reply({"nodes": len(ops), "by_op": by_op})
         else:
             raise SystemExit(f"unknown command {line.strip()!r}")
 

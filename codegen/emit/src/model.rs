@@ -39,6 +39,13 @@ fn rope_field(t: LayerType) -> Ident {
     })
 }
 
+fn tables_var(t: LayerType) -> Ident {
+    ident(match t {
+        LayerType::Sliding => "sliding_tables",
+        LayerType::Full => "full_tables",
+    })
+}
+
 fn mask_var(t: LayerType) -> Ident {
     ident(match t {
         LayerType::Sliding => "sliding_mask",
@@ -87,13 +94,15 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
             ""
         },
     );
-    let kv_field = key.own_kv.then(|| quote! { kv: g::KvWeights, });
+    let kv_field = key
+        .own_kv
+        .then(|| quote! { kv: g::KvWeights, qkv: Option<decode::FusedQkv>, });
     let moe_field = key.moe.then(|| quote! { moe: g::MoeBlock, });
     let ple_field = key.ple.then(|| quote! { ple: g::PleGate, });
     let k_eq_v = key.k_eq_v;
     let kv_load = key
         .own_kv
-        .then(|| quote! { kv: g::load_kv(w, i, HIDDEN, #shape, #k_eq_v), });
+        .then(|| quote! { kv: g::load_kv(w, i, HIDDEN, #shape, #k_eq_v), qkv: None, });
     let moe_load = key
         .moe
         .then(|| quote! { moe: g::load_moe(w, i, HIDDEN, EXPERTS, TOP_K, MOE_WIDTH, EPS), });
@@ -101,6 +110,15 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
         .ple
         .then(|| quote! { ple: g::load_ple_gate(w, i, HIDDEN, PLE_WIDTH), });
     let ple_arg = key.ple.then(|| quote! { , pli: &Array });
+    let kv_pre = key.own_kv.then(|| {
+        quote! {
+            layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, #shape);
+            w.release(&format!("layers.{i}."));
+            layer.kv.pretranspose();
+        }
+    });
+    let moe_pre = key.moe.then(|| quote! { layer.moe.pretranspose(); });
+    let ple_pre = key.ple.then(|| quote! { layer.ple.pretranspose(); });
     let ff = if key.moe {
         quote! { g::feed_forward_moe(&h, &self.norms, &self.mlp, &self.moe, EPS)? }
     } else {
@@ -111,12 +129,18 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
     } else {
         quote! { None }
     };
-    let (kv_arg, attn, ret_ty, ret) = if key.own_kv {
+    let moe_ref = if key.moe {
+        quote! { Some(&self.moe) }
+    } else {
+        quote! { None }
+    };
+    let (kv_arg, attn, decode_step, ret_ty, ret) = if key.own_kv {
         (
             quote! { cache: &mut LayerCache },
             quote! {
                 let (a, kv) = g::attention_own_kv(&x, &self.attn, &self.kv, #shape, rope, cache, mask)?;
             },
+            quote! { decode::own_kv(h, &layer, &self.kv, self.qkv.as_ref(), tables, cache, mask) },
             quote! { (Array, g::SharedKv) },
             quote! { Ok((h, kv)) },
         )
@@ -126,6 +150,7 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
             quote! {
                 let a = g::attention_shared_kv(&x, &self.attn, #shape, rope, shared, mask)?;
             },
+            quote! { decode::shared_kv(h, &layer, tables, shared, mask) },
             quote! { Array },
             quote! { Ok(h) },
         )
@@ -144,7 +169,7 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
 
         impl #name {
             fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
-                Self {
+                let mut layer = Self {
                     norms: g::load_norms(w, i, HIDDEN),
                     attn: g::load_attention(w, i, HIDDEN, #shape),
                     #kv_load
@@ -152,10 +177,30 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
                     #moe_load
                     #ple_load
                     layer_scalar: g::load_layer_scalar(w, i),
-                }
+                };
+                #kv_pre
+                layer.attn.pretranspose();
+                layer.mlp.pretranspose();
+                #moe_pre
+                #ple_pre
+                layer
             }
 
-            fn forward(&self, h: &Array, rope: &Rope, mask: &Mask, #kv_arg #ple_arg) -> Result<#ret_ty> {
+            fn forward(&self, h: &Array, rope: &Rope, step: Option<&RopeTables>, mask: &Mask, #kv_arg #ple_arg) -> Result<#ret_ty> {
+                if let Some(tables) = step {
+                    // One token: the compiled blocks around attention.
+                    let layer = decode::Layer {
+                        norms: &self.norms,
+                        attn: &self.attn,
+                        mlp: &self.mlp,
+                        moe: #moe_ref,
+                        ple: #ple_use,
+                        layer_scalar: &self.layer_scalar,
+                        shape: #shape,
+                        eps: EPS,
+                    };
+                    return #decode_step;
+                }
                 let x = rms_norm(h, Some(&self.norms.input), EPS)?;
                 #attn
                 let h = g::attention_residual(h, &a, &self.norms, EPS)?;
@@ -292,6 +337,14 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
     let head_field = (!a.tie_word_embeddings).then(|| quote! { lm_head: Linear, });
     let head_load =
         (!a.tie_word_embeddings).then(|| quote! { lm_head: w.linear("lm_head", VOCAB, HIDDEN), });
+    let head_pre = if a.tie_word_embeddings {
+        quote! { model.embed.pretranspose(); }
+    } else {
+        quote! { model.lm_head.pretranspose(); }
+    };
+    let ple_model_pre = a
+        .per_layer_input
+        .map(|_| quote! { model.per_layer.pretranspose(); });
     let head = if a.tie_word_embeddings {
         quote! { g::Head::Tied(&self.embed) }
     } else {
@@ -315,6 +368,7 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
         }
     });
     let mut masks = Vec::new();
+    let mut step_tables = Vec::new();
     for (t, first) in [
         (LayerType::Sliding, plan.first_sliding),
         (LayerType::Full, plan.first_full),
@@ -323,6 +377,10 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
             let var = mask_var(t);
             let field = layer_field(first);
             masks.push(quote! { let #var = g::mask_for(&cache.#field, n, WINDOW)?; });
+            let (tables, rope) = (tables_var(t), rope_field(t));
+            step_tables.push(quote! {
+                let #tables = if step { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
+            });
         }
     }
     let mut steps = Vec::new();
@@ -330,6 +388,7 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
         let field = layer_field(f.index);
         let rope = rope_field(f.layer_type);
         let mask = mask_var(f.layer_type);
+        let tables = tables_var(f.layer_type);
         let li = lit_i32(f.index)?;
         let pli = a
             .per_layer_input
@@ -341,12 +400,12 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 ident("_")
             };
             steps.push(quote! {
-                let (h, #kv) = self.#field.forward(&h, &self.#rope, &#mask, &mut cache.#field #pli)?;
+                let (h, #kv) = self.#field.forward(&h, &self.#rope, #tables.as_ref(), &#mask, &mut cache.#field #pli)?;
             });
         } else {
             let kv = ident(&format!("kv_{}", f.kv_source));
             steps.push(quote! {
-                let h = self.#field.forward(&h, &self.#rope, &#mask, &#kv #pli)?;
+                let h = self.#field.forward(&h, &self.#rope, #tables.as_ref(), &#mask, &#kv #pli)?;
             });
         }
     }
@@ -366,12 +425,13 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
         use archgen_runtime::attention::Mask;
         use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
         #quantized_kv
+        use archgen_runtime::decode;
         use archgen_runtime::gemma4::{self as g, AttentionShape};
         use archgen_runtime::layers::Embedding;
         #linear_import
         use archgen_runtime::model::{CausalLm, ModelError};
         use archgen_runtime::ops::{rms_norm, Result};
-        use archgen_runtime::rope::Rope;
+        use archgen_runtime::rope::{Rope, RopeTables};
         use archgen_runtime::weights::Weights;
         use archgen_runtime::Array;
 
@@ -407,7 +467,7 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
 
         /// Loads the model from sanitized weights; every tensor is checked.
         pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
-            let model = Model {
+            let mut model = Model {
                 embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
                 #ple_load
                 #(#ropes_init)*
@@ -416,6 +476,8 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 #head_load
             };
             w.finish().map_err(|e| ModelError(e.to_string()))?;
+            #head_pre
+            #ple_model_pre
             Ok(model)
         }
 
@@ -435,8 +497,15 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 let h = g::embed(&self.embed, ids, HIDDEN)?;
                 #ple_inputs
                 #(#masks)*
+                // One token: this step's RoPE tables, one per RoPE form,
+                // shared by all its layers (Q and K alike).
+                let offset = cache.layer_0.offset();
+                let step = n == 1 && decode::enabled();
+                #(#step_tables)*
+                let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
                 #(#steps)*
-                g::logits(&h, &self.norm, #head, #softcap, EPS)
+                let logits = g::logits(&h, &self.norm, #head, #softcap, EPS)?;
+                if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
             }
         }
     })

@@ -70,6 +70,8 @@ pub struct Cell {
     pub prefill_s: Vec<f64>,
     /// Seconds per decode step, one Vec per round.
     pub rounds: Vec<Vec<f64>>,
+    /// Primitive nodes in one decode step's graph (after the rounds).
+    pub nodes: Option<u64>,
 }
 
 impl Cell {
@@ -316,6 +318,10 @@ pub fn bench_spec(
                     .collect::<Vec<_>>()
                     .join(", ")
             );
+        }
+        // After the timed rounds: one more step each, its graph counted.
+        for (w, cell) in workers.iter_mut().zip(row.iter_mut()) {
+            cell.nodes = w.ask("nodes")?["nodes"].as_u64();
         }
         cells.push((cache, row));
     }

@@ -52,7 +52,7 @@ pub fn to_json(plan: &Plan, m: &Machine, results: &[SpecResult], extra: &Value) 
                         .iter()
                         .zip(cells)
                         .map(|(i, c)| {
-                            json!({"impl": i, "prefill_s": c.prefill_s, "steps_s": c.rounds})
+                            json!({"impl": i, "prefill_s": c.prefill_s, "steps_s": c.rounds, "nodes": c.nodes})
                         })
                         .collect();
                     json!({
@@ -115,7 +115,7 @@ pub fn markdown(
     let _ = writeln!(s, "### Decode step and prefill\n");
     let _ = writeln!(
         s,
-        "| spec | cache | implementation | decode step ms min / **median** / max | prefill tokens/s min / median / max (n) |\n|---|---:|---|---|---|"
+        "| spec | cache | implementation | decode step ms min / **median** / max | graph nodes per step | prefill tokens/s min / median / max (n) |\n|---|---:|---|---|---:|---|"
     );
     for r in results {
         for (cache, cells) in &r.cells {
@@ -124,11 +124,12 @@ pub fn markdown(
                 let (lo, md, hi) = stats(&p);
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {} | {:.0} / {:.0} / {:.0} ({}) |",
+                    "| {} | {} | {} | {} | {} | {:.0} / {:.0} / {:.0} ({}) |",
                     r.spec,
                     cache,
                     i,
                     ms3(stats(&c.steps())),
+                    c.nodes.map_or("-".to_string(), |n| n.to_string()),
                     lo,
                     md,
                     hi,
@@ -238,6 +239,9 @@ pub fn summary(results: &[SpecResult]) -> String {
             for (i, c) in IMPLS.iter().zip(cells) {
                 let (lo, md, hi) = stats(&c.steps());
                 let _ = write!(s, " {i} {:.3} ({:.3}..{:.3})", md * 1e3, lo * 1e3, hi * 1e3);
+                if let Some(n) = c.nodes {
+                    let _ = write!(s, " [{n} nodes]");
+                }
             }
         }
     }

@@ -14,6 +14,9 @@
 //!                timed span -> `{"steps_s": [T...], "tokens": [...]}` (the
 //!                W + S tokens fed, so the driver can check that every
 //!                implementation did the same work)
+//!   `nodes`      one more decode step whose graph is counted before it is
+//!                evaluated: the primitive nodes MLX's `export_to_dot` lists
+//!                -> `{"nodes": N, "by_op": {op: count}}`
 //!   `quit`
 //! Prompt ids are `(i * 37 + 11) % vocab`, as in the parity tests.
 
@@ -122,12 +125,69 @@ impl ModelTask for Worker {
                     }
                     reply(json!({ "steps_s": times, "tokens": tokens }));
                 }
+                Some("nodes") => {
+                    // One decode step's graph, counted before it is evaluated.
+                    let row = last.as_ref().ok_or("nodes before prefill")?;
+                    let tok = argmax(row).map_err(|e| e.to_string())?;
+                    let x = Array::from_slice(&[tok], &[1, 1]);
+                    let row = m
+                        .forward(&x, &mut cache)
+                        .and_then(|l| l.try_index((0, -1)))
+                        .map_err(|e| e.to_string())?;
+                    let by_op = graph_nodes(&row)?;
+                    row.eval().map_err(|e| e.to_string())?;
+                    let total: usize = by_op.values().sum();
+                    last = Some(row);
+                    reply(json!({ "nodes": total, "by_op": by_op }));
+                }
                 Some("quit") | None => break,
                 Some(other) => return Err(format!("unknown command '{other}'")),
             }
         }
         Ok(())
     }
+}
+
+/// Primitive nodes (by operation) of the unevaluated graph behind `out`, as
+/// MLX's `export_to_dot` lists them (what a step schedules on the stream).
+fn graph_nodes(out: &Array) -> Result<std::collections::BTreeMap<String, usize>, String> {
+    extern "C" {
+        fn fopen(
+            path: *const std::ffi::c_char,
+            mode: *const std::ffi::c_char,
+        ) -> *mut std::ffi::c_void;
+        fn fclose(f: *mut std::ffi::c_void) -> i32;
+    }
+    let path = std::env::temp_dir().join(format!("archgen-bench-nodes-{}.dot", std::process::id()));
+    let cpath =
+        std::ffi::CString::new(path.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
+    unsafe {
+        let f = fopen(cpath.as_ptr(), c"w".as_ptr());
+        if f.is_null() {
+            return Err(format!("cannot write {}", path.display()));
+        }
+        let outputs = mlx_sys::mlx_vector_array_new_data(&out.as_ptr(), 1);
+        let namer = mlx_sys::mlx_node_namer_new();
+        let status = mlx_sys::mlx_export_to_dot(f.cast(), namer, outputs);
+        mlx_sys::mlx_node_namer_free(namer);
+        mlx_sys::mlx_vector_array_free(outputs);
+        fclose(f);
+        if status != 0 {
+            return Err("mlx_export_to_dot failed".into());
+        }
+    }
+    let dot = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&path);
+    let mut by_op = std::collections::BTreeMap::new();
+    for line in dot.lines() {
+        if let Some(rest) = line.split("[label =\"").nth(1) {
+            if line.contains("shape=rectangle") {
+                let op = rest.split('"').next().unwrap_or("?");
+                *by_op.entry(op.to_string()).or_insert(0) += 1;
+            }
+        }
+    }
+    Ok(by_op)
 }
 
 pub fn main(args: &[String]) -> ExitCode {

@@ -48,6 +48,26 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<
     }
 }
 
+/// `sdpa(q, k, v, scale, Mask::None)` for one query token (q [B, H, 1, D],
+/// k/v [B, KV, L, D]) with the heads merged into rows [B, H * D]: the ops
+/// of MLX's CPU fallback (`fast.cpp`), `scale * q`, `q @ k^T`, precise
+/// softmax, `@ v`, except that grouped-query heads become `rep = H / KV`
+/// rows of one matmul per KV head (q reshaped to [B, KV, rep, D]) instead of
+/// `unflatten(q)` against `expand_dims(k)` and `expand_dims(v)` broadcast
+/// over them: each score and output is the same dot product, computed by the
+/// same kernel (checked byte for byte against `fast.scaled_dot_product_attention`
+/// in `tests/decode_blocks.rs`, up to 2,048 keys). 7 graph nodes instead of
+/// the fallback's 12 plus the transpose and reshape that merge the heads.
+pub fn sdpa_one_token(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
+    let (b, h, d) = (q.shape()[0], q.shape()[1], q.shape()[3]);
+    let kv = k.shape()[1];
+    let q = scalar_like(scale as f64, q).multiply(q)?;
+    let q = q.reshape(&[b, kv, h / kv, d])?;
+    let scores = q.matmul(k.swap_axes(-1, -2)?)?;
+    let p = mlx_rs::ops::softmax_axis(&scores, -1, true)?;
+    p.matmul(v)?.reshape(&[b, h * d])
+}
+
 /// `mx.finfo(dtype).min` as the Python float mlx-lm passes to `mx.where`.
 pub fn finfo_min(dtype: mlx_rs::Dtype) -> f64 {
     match dtype {

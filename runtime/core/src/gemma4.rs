@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use mlx_rs::Array;
 
-use crate::attention::{quantized_sdpa, sdpa, Mask};
+use crate::attention::{quantized_sdpa, sdpa, sdpa_one_token, Mask};
 use crate::cache::LayerCache;
 use crate::layers::{Embedding, Linear};
 use crate::moe::{experts, Router, SwitchGlu};
@@ -61,6 +61,17 @@ pub struct AttentionWeights {
     pub kv: Option<KvWeights>,
 }
 
+impl AttentionWeights {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        self.q_proj.pretranspose();
+        self.o_proj.pretranspose();
+        if let Some(kv) = &mut self.kv {
+            kv.pretranspose();
+        }
+    }
+}
+
 /// K/V projections of a layer that computes its own K/V. `v_proj` is `None`
 /// with `attention_k_eq_v` on full layers (V is the raw k_proj output).
 #[derive(Debug, Clone)]
@@ -68,6 +79,16 @@ pub struct KvWeights {
     pub k_proj: Linear,
     pub v_proj: Option<Linear>,
     pub k_norm: Array,
+}
+
+impl KvWeights {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        self.k_proj.pretranspose();
+        if let Some(v) = &mut self.v_proj {
+            v.pretranspose();
+        }
+    }
 }
 
 /// K/V a layer attended over, and the rope offset it used: what mlx-lm passes
@@ -99,7 +120,22 @@ pub fn attention_own_kv(
     cache: &mut LayerCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
-    let (b, l) = (x.shape()[0], x.shape()[1]);
+    let offset = Array::from_int(cache.offset());
+    let (q, k, v) = project_qkv(x, w, kv, s, &|t| rope.apply(t, &offset))?;
+    let (o, shared) = attend_own_kv(&q, &k, &v, cache, mask, offset, false)?;
+    Ok((w.o_proj.forward(&o)?, shared))
+}
+
+/// Queries, keys and values of a layer that computes its own K/V: projected,
+/// normed, transposed to [B, heads, L, head_dim]; Q and K through `rope`.
+pub fn project_qkv(
+    x: &Array,
+    w: &AttentionWeights,
+    kv: &KvWeights,
+    s: AttentionShape,
+    rope: &dyn Fn(&Array) -> Result<Array>,
+) -> Result<(Array, Array, Array)> {
+    let (b, l) = batch_and_len(x);
     let q = queries(x, w, s)?;
     let k = kv
         .k_proj
@@ -111,22 +147,50 @@ pub fn attention_own_kv(
             .forward(x)?
             .reshape(&[b, l, s.n_kv_heads, s.head_dim])?,
     };
-    let offset = Array::from_int(cache.offset());
     let k = rms_norm(&k, Some(&kv.k_norm), s.eps)?.transpose_axes(&[0, 2, 1, 3])?;
-    let k = rope.apply(&k, &offset)?;
+    let k = rope(&k)?;
     let v = rms_norm(&v, None, s.eps)?.transpose_axes(&[0, 2, 1, 3])?;
-    let q = rope.apply(&q.transpose_axes(&[0, 2, 1, 3])?, &offset)?;
+    let q = rope(&q.transpose_axes(&[0, 2, 1, 3])?)?;
+    Ok((q, k, v))
+}
+
+/// The queries [B, heads, L, head_dim] of a KV-sharing layer, through `rope`.
+pub fn project_q(
+    x: &Array,
+    w: &AttentionWeights,
+    s: AttentionShape,
+    rope: &dyn Fn(&Array) -> Result<Array>,
+) -> Result<Array> {
+    let q = queries(x, w, s)?;
+    rope(&q.transpose_axes(&[0, 2, 1, 3])?)
+}
+
+/// A donor's cache update and attention over the cache: returns the heads
+/// merged back to [B, L, heads * head_dim] (or [B * L, ...] with `rows`),
+/// the input of `o_proj`, and the K/V sharers read.
+pub fn attend_own_kv(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    cache: &mut LayerCache,
+    mask: &Mask,
+    offset: Array,
+    rows: bool,
+) -> Result<(Array, SharedKv)> {
+    let (b, l) = (q.shape()[0], q.shape()[2]);
     if let LayerCache::Quantized(qc) = cache {
         // base.scaled_dot_product_attention: a cache with `.bits` routes to
         // quantized_scaled_dot_product_attention.
-        let (qk, qv) = qc.update_and_fetch(&k, &v)?;
-        let o = quantized_sdpa(&q, &qk, &qv, 1.0, mask, qc.group_size, qc.bits)?;
-        let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        let (qk, qv) = qc.update_and_fetch(k, v)?;
+        let o = quantized_sdpa(q, &qk, &qv, 1.0, mask, qc.group_size, qc.bits)?;
+        let o = o
+            .transpose_axes(&[0, 2, 1, 3])?
+            .reshape(&merged(b, l, rows))?;
         // mlx-lm would hand the quantized tuples to sharers, whose plain SDPA
         // then fails; the spec validator forbids that, and the packed uint32
         // data carried here is refused by `attention_shared_kv`.
         return Ok((
-            w.o_proj.forward(&o)?,
+            o,
             SharedKv {
                 keys: qk.data,
                 values: qv.data,
@@ -134,10 +198,10 @@ pub fn attention_own_kv(
             },
         ));
     }
-    let (keys, values) = cache.update_and_fetch(&k, &v)?;
-    let out = attend(&q, &keys, &values, mask, w, b, l)?;
+    let (keys, values) = cache.update_and_fetch(k, v)?;
+    let o = attend(q, &keys, &values, mask, b, l, rows)?;
     Ok((
-        out,
+        o,
         SharedKv {
             keys,
             values,
@@ -155,19 +219,38 @@ pub fn attention_shared_kv(
     shared: &SharedKv,
     mask: &Mask,
 ) -> Result<Array> {
+    let q = project_q(x, w, s, &|t| rope.apply(t, &shared.offset))?;
+    w.o_proj
+        .forward(&attend_shared_kv(&q, shared, mask, false)?)
+}
+
+/// A KV-sharing layer's attention over the donor's K/V, heads merged back to
+/// [B, L, heads * head_dim] (or [B * L, ...] with `rows`), the input of
+/// `o_proj`.
+pub fn attend_shared_kv(q: &Array, shared: &SharedKv, mask: &Mask, rows: bool) -> Result<Array> {
     if shared.keys.dtype() == mlx_rs::Dtype::Uint32 {
         return Err(mlx_rs::error::Exception::custom(
             "KV-shared layer over a quantized donor cache: mlx-lm cannot run this (its sharers take the unquantized SDPA)",
         ));
     }
-    let (b, l) = (x.shape()[0], x.shape()[1]);
-    let q = queries(x, w, s)?;
-    let q = rope.apply(&q.transpose_axes(&[0, 2, 1, 3])?, &shared.offset)?;
-    attend(&q, &shared.keys, &shared.values, mask, w, b, l)
+    let (b, l) = (q.shape()[0], q.shape()[2]);
+    attend(q, &shared.keys, &shared.values, mask, b, l, rows)
+}
+
+/// (B, L) of hidden states [B, L, hidden]; [B, hidden] is one token per
+/// row (the compiled decode blocks use that form: a 2-D matmul is one node,
+/// a 3-D one is flatten + matmul + unflatten around the same kernel).
+fn batch_and_len(x: &Array) -> (i32, i32) {
+    let s = x.shape();
+    if s.len() == 2 {
+        (s[0], 1)
+    } else {
+        (s[0], s[1])
+    }
 }
 
 fn queries(x: &Array, w: &AttentionWeights, s: AttentionShape) -> Result<Array> {
-    let (b, l) = (x.shape()[0], x.shape()[1]);
+    let (b, l) = batch_and_len(x);
     let q = w
         .q_proj
         .forward(x)?
@@ -175,18 +258,32 @@ fn queries(x: &Array, w: &AttentionWeights, s: AttentionShape) -> Result<Array> 
     rms_norm(&q, Some(&w.q_norm), s.eps)
 }
 
+/// The shape attention's heads are merged into: [B, L, H*D], or [B*L, H*D]
+/// rows (`rows`, the compiled decode blocks' form).
+fn merged(b: i32, l: i32, rows: bool) -> Vec<i32> {
+    if rows {
+        vec![b * l, -1]
+    } else {
+        vec![b, l, -1]
+    }
+}
+
 fn attend(
     q: &Array,
     keys: &Array,
     values: &Array,
     mask: &Mask,
-    w: &AttentionWeights,
     b: i32,
     l: i32,
+    rows: bool,
 ) -> Result<Array> {
+    if rows && l == 1 && matches!(mask, Mask::None) {
+        // One token, no mask (every one-token step of Gemma-4's caches).
+        return sdpa_one_token(q, keys, values, 1.0);
+    }
     let o = sdpa(q, keys, values, 1.0, mask)?;
-    let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-    w.o_proj.forward(&o)
+    o.transpose_axes(&[0, 2, 1, 3])?
+        .reshape(&merged(b, l, rows))
 }
 
 /// Dense GeGLU MLP: `down(geglu(gate(x), up(x)))`.
@@ -198,6 +295,13 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        self.gate_proj.pretranspose();
+        self.up_proj.pretranspose();
+        self.down_proj.pretranspose();
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let gate = self.gate_proj.forward(x)?;
         let up = self.up_proj.forward(x)?;
@@ -230,6 +334,21 @@ pub struct PleGate {
     pub gate: Linear,
     pub projection: Linear,
     pub post_norm: Array,
+}
+
+impl PleGate {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        self.gate.pretranspose();
+        self.projection.pretranspose();
+    }
+}
+
+impl MoeBlock {
+    /// [`Linear::pretranspose`] on the router's projection (generated models).
+    pub fn pretranspose(&mut self) {
+        self.router.proj.pretranspose();
+    }
 }
 
 /// Feed-forward half of a decoder layer after attention: `h` is the residual
@@ -511,6 +630,13 @@ pub struct PerLayerInputs {
     pub embed: Embedding,
     pub model_projection: Linear,
     pub projection_norm: Array,
+}
+
+impl PerLayerInputs {
+    /// [`Linear::pretranspose`] on the projection (generated models).
+    pub fn pretranspose(&mut self) {
+        self.model_projection.pretranspose();
+    }
 }
 
 pub fn load_per_layer_inputs(

@@ -20,6 +20,10 @@ pub struct Quantized {
 pub struct Linear {
     pub weight: Array,
     pub quant: Option<Quantized>,
+    /// `weight.T` already evaluated (a strided view of `weight`, no copy),
+    /// set by [`Linear::pretranspose`]: the matmul then reads the same
+    /// strides without a Transpose node per call. Generated models only.
+    pub weight_t: Option<Array>,
 }
 
 /// `x @ W.T`, or the transposed `quantized_matmul` of a packed weight.
@@ -38,9 +42,26 @@ fn matmul_t(x: &Array, weight: &Array, quant: Option<&Quantized>) -> Result<Arra
     }
 }
 
+/// `weight.T`, evaluated: a view with swapped strides over the same data.
+fn evaluated_t(weight: &Array, quant: Option<&Quantized>) -> Option<Array> {
+    if quant.is_some() {
+        return None;
+    }
+    let t = weight.t();
+    t.eval().ok().map(|()| t)
+}
+
 impl Linear {
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        matmul_t(x, &self.weight, self.quant.as_ref())
+        match &self.weight_t {
+            Some(t) => x.matmul(t),
+            None => matmul_t(x, &self.weight, self.quant.as_ref()),
+        }
+    }
+
+    /// Keeps `weight.T` evaluated for [`Linear::forward`] (unquantized only).
+    pub fn pretranspose(&mut self) {
+        self.weight_t = evaluated_t(&self.weight, self.quant.as_ref());
     }
 }
 
@@ -49,6 +70,8 @@ impl Linear {
 pub struct Embedding {
     pub weight: Array,
     pub quant: Option<Quantized>,
+    /// As [`Linear::weight_t`], for [`Embedding::as_linear`].
+    pub weight_t: Option<Array>,
 }
 
 impl Embedding {
@@ -68,7 +91,15 @@ impl Embedding {
 
     /// `as_linear`: `x @ W.T`, or a transposed `quantized_matmul`.
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
-        matmul_t(x, &self.weight, self.quant.as_ref())
+        match &self.weight_t {
+            Some(t) => x.matmul(t),
+            None => matmul_t(x, &self.weight, self.quant.as_ref()),
+        }
+    }
+
+    /// Keeps `weight.T` evaluated for [`Embedding::as_linear`].
+    pub fn pretranspose(&mut self) {
+        self.weight_t = evaluated_t(&self.weight, self.quant.as_ref());
     }
 }
 

@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod bytes;
 pub mod cache;
+pub mod decode;
 pub mod dense;
 pub mod gemma4;
 pub mod layers;

@@ -30,8 +30,154 @@ pub fn gelu_approx(x: &Array) -> Result<Array> {
 }
 
 /// `mx.fast.rms_norm`; `weight: None` is mlx-lm's `RMSNormNoScale`.
+///
+/// Inside a [`NormInputs`] scope (the compiled decode blocks, see `decode`)
+/// a norm whose eps and width the scope provides runs as
+/// [`rms_norm_fallback`] with those arrays, the same ops with eps and the
+/// mean's normalizer as inputs instead of constants.
 pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
-    mlx_rs::fast::rms_norm(x, weight, eps)
+    let width = x.shape().last().copied().unwrap_or(0);
+    let scoped = NORM_INPUTS.with(|cell| {
+        let scope = cell.borrow();
+        let scope = scope.as_ref()?;
+        let found = scope.find(eps, width, x.dtype(), weight.map(Array::dtype));
+        if found.is_none() {
+            scope.missed.set(true);
+        }
+        found
+    });
+    match scoped {
+        Some((eps, inv_n)) => rms_norm_fallback(x, weight, &eps, &inv_n),
+        None => mlx_rs::fast::rms_norm(x, weight, eps),
+    }
+}
+
+/// The result dtype of a floating binary op, as MLX promotes (bfloat16 with
+/// float16 gives float32); `None` outside float16 / bfloat16 / float32.
+fn promote_float(a: Dtype, b: Dtype) -> Option<Dtype> {
+    use Dtype::{Bfloat16, Float16, Float32};
+    match (a, b) {
+        (Float32 | Float16 | Bfloat16, _) if a == b => Some(a),
+        (Float32, Float16 | Bfloat16) | (Float16 | Bfloat16, Float32) => Some(Float32),
+        (Float16, Bfloat16) | (Bfloat16, Float16) => Some(Float32),
+        _ => None,
+    }
+}
+
+/// What `mx.fast.rms_norm` runs on the CPU (MLX's RMSNorm fallback in
+/// `fast.cpp`), op for op: `astype(x, f32)`, `mean(square(x), -1, keepdims)`
+/// (= `sum(...) * (1/n)`, float32), `+ eps`, `rsqrt`, `x * that`, `astype`
+/// to `result_type(x, weight)`, `* astype(weight, that type)`. `eps` and
+/// `inv_n` (= float32(1/n), n the last dim) are float32 scalar arrays.
+pub fn rms_norm_fallback(
+    x: &Array,
+    weight: Option<&Array>,
+    eps: &Array,
+    inv_n: &Array,
+) -> Result<Array> {
+    let out_type = match weight {
+        Some(w) => promote_float(x.dtype(), w.dtype())
+            .ok_or_else(|| Exception::custom("rms_norm_fallback: unsupported dtypes"))?,
+        None => x.dtype(),
+    };
+    let x32 = x.as_dtype(Dtype::Float32)?;
+    let mean = x32.square()?.sum_axis(-1, true)?.multiply(inv_n)?;
+    let y = x32.multiply(mean.add(eps)?.rsqrt()?)?.as_dtype(out_type)?;
+    match weight {
+        Some(w) => y.multiply(w.as_dtype(out_type)?),
+        None => Ok(y),
+    }
+}
+
+/// eps and mean normalizers for the norms inside one compiled block.
+pub struct NormInputs {
+    eps: Vec<(u32, Array)>,
+    inv_n: Vec<(i32, Array)>,
+    /// Set when a norm inside the scope found no inputs and ran as
+    /// `fast::rms_norm`, whose constants a compiled trace would inline.
+    missed: std::cell::Cell<bool>,
+}
+
+impl NormInputs {
+    /// The float32 scalars for `eps` and for each width in `widths`.
+    pub fn new(eps: &[f32], widths: &[i32]) -> Self {
+        NormInputs {
+            eps: eps
+                .iter()
+                .map(|&e| (e.to_bits(), Array::from_f32(e)))
+                .collect(),
+            inv_n: widths
+                .iter()
+                .map(|&n| (n, Array::from_f32(1.0 / n as f32)))
+                .collect(),
+            missed: std::cell::Cell::new(false),
+        }
+    }
+
+    /// The arrays, in order: every eps, then every normalizer.
+    pub fn arrays(&self) -> impl Iterator<Item = &Array> {
+        self.eps
+            .iter()
+            .map(|(_, a)| a)
+            .chain(self.inv_n.iter().map(|(_, a)| a))
+    }
+
+    /// The same keys with the arrays taken from `it` (the traced inputs).
+    pub fn with_arrays(&self, it: &mut std::slice::Iter<'_, Array>) -> Option<Self> {
+        let mut take = || it.next().cloned();
+        let eps = self
+            .eps
+            .iter()
+            .map(|(k, _)| Some((*k, take()?)))
+            .collect::<Option<Vec<_>>>()?;
+        let inv_n = self
+            .inv_n
+            .iter()
+            .map(|(k, _)| Some((*k, take()?)))
+            .collect::<Option<Vec<_>>>()?;
+        Some(NormInputs {
+            eps,
+            inv_n,
+            missed: std::cell::Cell::new(false),
+        })
+    }
+
+    fn find(
+        &self,
+        eps: f32,
+        width: i32,
+        x: Dtype,
+        weight: Option<Dtype>,
+    ) -> Option<(Array, Array)> {
+        if let Some(w) = weight {
+            promote_float(x, w)?;
+        }
+        let e = self.eps.iter().find(|(k, _)| *k == eps.to_bits())?;
+        let n = self.inv_n.iter().find(|(k, _)| *k == width)?;
+        Some((e.1.clone(), n.1.clone()))
+    }
+
+    /// Runs `f` with `rms_norm` taking its eps and normalizers from `self`;
+    /// returns `f`'s result and whether every norm found them.
+    pub fn scope<T>(self, f: impl FnOnce() -> T) -> (T, bool) {
+        NORM_INPUTS.with(|cell| *cell.borrow_mut() = Some(self));
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                NORM_INPUTS.with(|cell| *cell.borrow_mut() = None);
+            }
+        }
+        let reset = Reset;
+        let out = f();
+        let missed =
+            NORM_INPUTS.with(|cell| cell.borrow().as_ref().is_some_and(|s| s.missed.get()));
+        drop(reset);
+        (out, !missed)
+    }
+}
+
+thread_local! {
+    static NORM_INPUTS: std::cell::RefCell<Option<NormInputs>> = const { std::cell::RefCell::new(None) };
 }
 
 type Compiled2 = Box<dyn for<'a> FnMut((&'a Array, &'a Array)) -> Result<Array>>;

@@ -3,6 +3,7 @@
 //! layers, `Llama3RoPE`). The two calls differ in the last bits, so each model
 //! must use the form mlx-lm uses for it.
 
+use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::{Array, Dtype};
 
 use crate::ops::Result;
@@ -87,4 +88,77 @@ impl Rope {
             }
         }
     }
+
+    /// The rotation dims (`dims` of `mx.fast.rope`).
+    pub fn dims(&self) -> i32 {
+        match self {
+            Rope::Base { dims, .. } | Rope::Freqs { dims, .. } => *dims,
+        }
+    }
+
+    /// The cosines and sines [L, dims / 2] of positions `offset..offset + l`,
+    /// with the ops of MLX's RoPE fallback (the CPU path of `mx.fast.rope`):
+    /// `positions = (arange(L) + offset) * scale`, inverse frequencies
+    /// `exp(arange(0, -dims/2, -1) * (log(base) / (dims/2)))` or `1 / freqs`,
+    /// `theta = positions[:, None] * inv_freqs`, `cos` / `sin` (float32),
+    /// also cast to `dtype` (the fallback casts to the input's dtype). They
+    /// depend on the position only, so one step computes them once per RoPE
+    /// form and every layer of that form (Q and K alike) reuses them.
+    pub fn tables(&self, offset: i32, l: i32, dtype: Dtype) -> Result<RopeTables> {
+        let half = self.dims() / 2;
+        let positions = mlx_rs::ops::arange::<i32, f32>(0, l, 1)?
+            .add(Array::from_int(offset))?
+            .multiply(Array::from_f32(1.0))?;
+        let inv_freqs = match self {
+            Rope::Base { base, .. } => mlx_rs::ops::arange::<i32, f32>(0, -half, -1)?
+                .multiply(Array::from_f32(base.ln() / half as f32))?
+                .exp()?,
+            Rope::Freqs { freqs, .. } => freqs.reciprocal()?,
+        };
+        let theta = positions.expand_dims(-1)?.multiply(&inv_freqs)?;
+        let (cos, sin) = (theta.cos()?, theta.sin()?);
+        Ok(RopeTables {
+            dims: self.dims(),
+            cos_t: cos.as_dtype(dtype)?,
+            sin_t: sin.as_dtype(dtype)?,
+            cos,
+            sin,
+        })
+    }
+}
+
+/// [`Rope::tables`]: float32 `cos(theta)` and `sin(theta)` [L, dims / 2],
+/// and the same cast to one activation dtype (`cos_t`, `sin_t`).
+#[derive(Debug, Clone)]
+pub struct RopeTables {
+    pub dims: i32,
+    pub cos: Array,
+    pub sin: Array,
+    pub cos_t: Array,
+    pub sin_t: Array,
+}
+
+/// RoPE of `x` [B, heads, L, head_dim] from [`Rope::tables`]: the rest of
+/// MLX's (non-traditional) fallback, op for op: the tables cast to `x`'s
+/// dtype, `concat(x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., dims:])`
+/// with `x1`, `x2` the two halves of the rotated dims. It has no
+/// transcendental functions and no scalar constants, so it can also run
+/// inside a compiled function without changing a bit (see `decode`).
+pub fn apply_tables(x: &Array, t: &RopeTables) -> Result<Array> {
+    let (dims, half) = (t.dims, t.dims / 2);
+    let (cos, sin) = if t.cos_t.dtype() == x.dtype() {
+        (t.cos_t.clone(), t.sin_t.clone())
+    } else {
+        (t.cos.as_dtype(x.dtype())?, t.sin.as_dtype(x.dtype())?)
+    };
+    let x1 = x.try_index((Ellipsis, ..half))?;
+    let x2 = x.try_index((Ellipsis, half..dims))?;
+    let mut outs = vec![
+        x1.multiply(&cos)?.subtract(x2.multiply(&sin)?)?,
+        x1.multiply(&sin)?.add(x2.multiply(&cos)?)?,
+    ];
+    if dims < x.shape()[3] {
+        outs.push(x.try_index((Ellipsis, dims..))?);
+    }
+    mlx_rs::ops::concatenate(&outs, -1)
 }

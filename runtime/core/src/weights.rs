@@ -486,13 +486,21 @@ impl Weights {
     /// A linear layer [out, in] (dense or quantized).
     pub fn linear(&mut self, path: &str, out: i32, in_dims: i32) -> Linear {
         let (weight, quant) = self.quantized(path, &[], out, in_dims);
-        Linear { weight, quant }
+        Linear {
+            weight,
+            quant,
+            weight_t: None,
+        }
     }
 
     /// An embedding table [rows, dims] (dense or quantized).
     pub fn embedding(&mut self, path: &str, rows: i32, dims: i32) -> Embedding {
         let (weight, quant) = self.quantized(path, &[], rows, dims);
-        Embedding { weight, quant }
+        Embedding {
+            weight,
+            quant,
+            weight_t: None,
+        }
     }
 
     /// Expert weights [experts, out, in].
@@ -508,6 +516,17 @@ impl Weights {
     }
 
     /// Ends loading: errors for every missing, mis-shaped or unused tensor.
+    /// Drops this loader's reference to every tensor under `prefix` that
+    /// was already taken. A model that rearranged some (generated models
+    /// stack Q/K/V into one buffer and keep views of it) then frees the
+    /// originals now instead of when loading ends, so loading does not peak
+    /// at two copies of them. Taken tensors stay taken for [`Weights::finish`].
+    pub fn release(&mut self, prefix: &str) {
+        let used = &self.used;
+        self.tensors
+            .retain(|name, _| !(name.starts_with(prefix) && used.contains(name)));
+    }
+
     pub fn finish(self) -> Result<(), LoadError> {
         let mut errors = self.errors;
         let mut unused: Vec<&String> = self

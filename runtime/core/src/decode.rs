@@ -1,0 +1,794 @@
+//! Single-token decode steps of generated models through compiled blocks.
+//!
+//! A decode step of a small model is bound by MLX's per-operation cost (graph
+//! nodes built through the C API, each one scheduled on the stream), not by
+//! arithmetic. Each layer's step is split around its cache update into two
+//! shape-stable pieces, and each piece runs as an `mlx::compile`d function:
+//!
+//! * before attention: input norm, Q/K/V projections, their norms, transposes
+//!   and RoPE ([`gemma4::project_qkv`] / [`gemma4::project_q`]);
+//! * after attention: `o_proj`, post-attention norm and residual, the
+//!   feed-forward half, the PLE gate and the layer scalar
+//!   ([`gemma4::attention_residual`], [`gemma4::feed_forward`],
+//!   [`gemma4::finish_layer`]).
+//!
+//! The compiled functions trace exactly those runtime blocks, so the layer
+//! math still exists once. Compilation fuses chains of elementwise operations
+//! (the RMSNorm and RoPE fallbacks on the CPU, residuals, scalars) into one
+//! generated kernel each; a fused kernel evaluates the same per-element
+//! operations, in the same order and in the same dtypes, as the separate
+//! kernels. Two things would still change bits, and are kept out (see
+//! [`reads_back`]): float32 scalar constants, which MLX writes into the
+//! kernel source with 7 digits, and transcendental functions whose inputs
+//! involve such constants (RoPE's cos/sin, computed once per step outside,
+//! [`crate::rope::Rope::tables`]). Matmuls, reductions, the cache update and
+//! attention stay separate operations. Checked byte for byte by
+//! `tests/decode_blocks.rs` and the parity tests (generated == monolith ==
+//! mlx-lm, which do not compile these blocks).
+//!
+//! The weights are inputs of the compiled functions, not captured constants,
+//! so all layers of one kind share one compiled function (one entry per
+//! structure, kept per thread, as mlx-lm's own compiled helpers are).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::Array;
+
+use crate::attention::Mask;
+use crate::cache::LayerCache;
+use crate::gemma4::{self, AttentionShape, AttentionWeights, KvWeights, LayerNorms, Mlp, MoeBlock};
+use crate::gemma4::{PleGate, SharedKv};
+use crate::layers::{Linear, Quantized, SwitchLinear};
+use crate::moe::{Router, SwitchGlu};
+use crate::ops::{rms_norm, NormInputs, Result};
+use crate::rope::{apply_tables, RopeTables};
+
+/// Whether one-token steps take this module's path: only where MLX's
+/// `fast.rms_norm` and `fast.rope` run their op-graph fallbacks, i.e. on the
+/// CPU, since the blocks reproduce those fallbacks (on Metal and CUDA they
+/// are fused kernels with other arithmetic, so generated models keep the
+/// eager blocks there). `ARCHGEN_EAGER_DECODE=1` turns the path off (paired
+/// A/B of the same binary).
+pub fn enabled() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| {
+        std::env::var_os("ARCHGEN_EAGER_DECODE").is_some_and(|v| !v.is_empty() && v != "0")
+    });
+    !off && on_cpu()
+}
+
+/// Whether MLX's default device is the CPU.
+fn on_cpu() -> bool {
+    mlx_rs::Device::try_default()
+        .and_then(|d| d.get_type())
+        .is_ok_and(|t| matches!(t, mlx_rs::DeviceType::Cpu))
+}
+
+/// The parts of one decoder layer a decode step needs.
+pub struct Layer<'a> {
+    pub norms: &'a LayerNorms,
+    pub attn: &'a AttentionWeights,
+    pub mlp: &'a Mlp,
+    pub moe: Option<&'a MoeBlock>,
+    pub ple: Option<(&'a PleGate, &'a Array)>,
+    pub layer_scalar: &'a Array,
+    pub shape: AttentionShape,
+    pub eps: f32,
+}
+
+/// One decode step (one token) of a layer that computes its own K/V;
+/// `rope` holds this step's tables of the layer's RoPE form. `h` and the
+/// result are rows [B, hidden] (one token each): 2-D matmuls are one node,
+/// 3-D ones flatten + matmul + unflatten around the same kernel.
+pub fn own_kv(
+    h: &Array,
+    layer: &Layer<'_>,
+    kv: &KvWeights,
+    fused: Option<&FusedQkv>,
+    rope: &RopeTables,
+    cache: &mut LayerCache,
+    mask: &Mask,
+) -> Result<(Array, SharedKv)> {
+    let offset = Array::from_int(cache.offset());
+    // The stacked projection needs one dtype throughout (see FusedQkv).
+    let fused =
+        fused.filter(|f| f.norm.dtype() == h.dtype() && layer.norms.input.dtype() == h.dtype());
+    let qkv = pre_attention(h, layer, Some(kv), fused, rope)?;
+    let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
+    let (o, shared) = gemma4::attend_own_kv(&q, &k, &v, cache, mask, offset, true)?;
+    Ok((post_attention(h, &o, layer)?, shared))
+}
+
+/// One decode step (one token) of a layer that reads a donor's K/V; `h`
+/// and the result are rows [B, hidden].
+pub fn shared_kv(
+    h: &Array,
+    layer: &Layer<'_>,
+    rope: &RopeTables,
+    shared: &SharedKv,
+    mask: &Mask,
+) -> Result<Array> {
+    let q = pre_attention(h, layer, None, None, rope)?;
+    let q = q.into_iter().next().ok_or_else(bad_outputs)?;
+    let o = gemma4::attend_shared_kv(&q, shared, mask, true)?;
+    post_attention(h, &o, layer)
+}
+
+fn bad_outputs() -> mlx_rs::error::Exception {
+    mlx_rs::error::Exception::custom("compiled decode block: unexpected outputs")
+}
+
+/// Q, K and V projections of a layer that computes its own K/V as one
+/// matmul, for one-token steps: the three weights stacked on the output axis
+/// (with `attention_k_eq_v` V's rows are K's again), and the three head norms
+/// as one per-head weight [H + 2 KV, head_dim] (q_norm, k_norm, and ones for
+/// V's scale-free norm, whose `* 1` changes no bit). A matmul's output
+/// column does not depend on the other columns, nor an RMSNorm's row on the
+/// other rows, so Q, K and V keep their bits (checked by
+/// `tests/decode_blocks.rs` and the parity tests); 3 matmuls, 3 reshapes,
+/// 3 norms, 3 transposes and 2 RoPEs become one of each (and 3 slices).
+#[derive(Debug, Clone)]
+pub struct FusedQkv {
+    pub proj: Linear,
+    pub norm: Array,
+}
+
+impl FusedQkv {
+    /// Stacks the layer's projections and points `attn.q_proj`,
+    /// `kv.k_proj` and `kv.v_proj` at views of the stacked buffer, so the
+    /// weights are not held twice (the eager path reads the same numbers
+    /// from the views). `None` when the projections' quantization or the
+    /// dtypes of weights and norms differ, and off the CPU, where the decode
+    /// path is not taken (see [`enabled`]) and the weights stay as loaded.
+    pub fn new(attn: &mut AttentionWeights, kv: &mut KvWeights, s: AttentionShape) -> Option<Self> {
+        if !on_cpu() {
+            return None;
+        }
+        let dtype = attn.q_norm.dtype();
+        let v = kv.v_proj.as_ref().unwrap_or(&kv.k_proj);
+        let parts = [&attn.q_proj, &kv.k_proj, v];
+        let quant = |l: &Linear| l.quant.as_ref().map(|q| (q.group_size, q.bits));
+        let value_dtype = |l: &Linear| {
+            l.quant
+                .as_ref()
+                .map_or(l.weight.dtype(), |q| q.scales.dtype())
+        };
+        if parts
+            .iter()
+            .any(|l| quant(l) != quant(parts[0]) || value_dtype(l) != dtype)
+            || kv.k_norm.dtype() != dtype
+        {
+            return None;
+        }
+        let stack = |f: &dyn Fn(&Linear) -> &Array| -> Option<Array> {
+            let a = mlx_rs::ops::concatenate(&[f(parts[0]), f(parts[1]), f(parts[2])], 0).ok()?;
+            a.eval().ok()?;
+            Some(a)
+        };
+        let weight = stack(&|l| &l.weight)?;
+        let q = match parts[0].quant.as_ref() {
+            None => None,
+            Some(q) => Some(Quantized {
+                scales: stack(&|l| &l.quant.as_ref().expect("same quantization").scales)?,
+                biases: stack(&|l| &l.quant.as_ref().expect("same quantization").biases)?,
+                group_size: q.group_size,
+                bits: q.bits,
+            }),
+        };
+        let (h, kvh, d) = (s.n_heads, s.n_kv_heads, s.head_dim);
+        let norm = mlx_rs::ops::concatenate(
+            &[
+                mlx_rs::ops::broadcast_to(&attn.q_norm, &[h, d]).ok()?,
+                mlx_rs::ops::broadcast_to(&kv.k_norm, &[kvh, d]).ok()?,
+                mlx_rs::ops::ones_dtype(&[kvh, d], dtype).ok()?,
+            ],
+            0,
+        )
+        .ok()?;
+        norm.eval().ok()?;
+        let mut proj = Linear {
+            weight,
+            quant: q,
+            weight_t: None,
+        };
+        // The separate projections become row views of the stacked buffers.
+        let view = |from: i32, to: i32| -> Option<Linear> {
+            let rows = |a: &Array| -> Option<Array> {
+                let v = a.try_index(from..to).ok()?;
+                v.eval().ok()?;
+                Some(v)
+            };
+            let mut l = Linear {
+                weight: rows(&proj.weight)?,
+                quant: match &proj.quant {
+                    None => None,
+                    Some(q) => Some(Quantized {
+                        scales: rows(&q.scales)?,
+                        biases: rows(&q.biases)?,
+                        group_size: q.group_size,
+                        bits: q.bits,
+                    }),
+                },
+                weight_t: None,
+            };
+            l.pretranspose();
+            Some(l)
+        };
+        let (q_rows, k_rows) = (h * d, kvh * d);
+        let q_proj = view(0, q_rows)?;
+        let k_proj = view(q_rows, q_rows + k_rows)?;
+        let v_proj = match kv.v_proj {
+            Some(_) => Some(view(q_rows + k_rows, q_rows + 2 * k_rows)?),
+            None => None,
+        };
+        attn.q_proj = q_proj;
+        kv.k_proj = k_proj;
+        kv.v_proj = v_proj;
+        proj.pretranspose();
+        Some(FusedQkv { proj, norm })
+    }
+
+    /// What [`gemma4::project_qkv`] returns, from the stacked projection.
+    fn project(
+        &self,
+        x: &Array,
+        s: AttentionShape,
+        rope: &dyn Fn(&Array) -> Result<Array>,
+    ) -> Result<(Array, Array, Array)> {
+        let (h, kvh) = (s.n_heads, s.n_kv_heads);
+        let b = x.shape()[0];
+        let f = self
+            .proj
+            .forward(x)?
+            .reshape(&[b, 1, h + 2 * kvh, s.head_dim])?;
+        let y = rms_norm(&f, Some(&self.norm), s.eps)?.transpose_axes(&[0, 2, 1, 3])?;
+        let qk = rope(&y.try_index((.., ..h + kvh))?)?;
+        Ok((
+            qk.try_index((.., ..h))?,
+            qk.try_index((.., h..))?,
+            y.try_index((.., h + kvh..))?,
+        ))
+    }
+}
+
+impl Flat for FusedQkv {
+    fn put(&self, p: &mut Packed) {
+        self.proj.put(p);
+        self.norm.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let proj = self.proj.take(it);
+        FusedQkv {
+            proj,
+            norm: next(it),
+        }
+    }
+}
+
+/// MLX's CPU compiler writes scalar constants into the kernel source with
+/// 7 significant digits (`float tmp = 0.0002604167;`), which does not
+/// round-trip every float32: 1/3840, RMSNorm's mean normalizer at
+/// gemma4-12b's hidden size, reads back one ulp off. So the blocks must not
+/// inline a float32 constant that could change:
+///
+/// * every RMSNorm inside a block runs as [`crate::ops::rms_norm_fallback`] with its eps
+///   and normalizers as *inputs* of the compiled function ([`NormInputs`]);
+///   a norm that finds none (a width or dtype combination not provided) is
+///   detected by a dry run when the block is created, and the block then
+///   runs eagerly;
+/// * the MoE router's `hidden ** -0.5` is a weak scalar constant: MoE blocks
+///   are compiled only if it reads back exactly;
+/// * RoPE's transcendental part is outside ([`crate::rope::Rope::tables`]).
+///
+/// (gelu_approx's constants are inlined the same way in mlx-lm's own
+/// compiled `geglu` and `gelu_approx`, which every implementation runs.)
+fn reads_back(v: f32) -> bool {
+    // `float tmp = <%.7g of v>;`: a double literal converted to float.
+    format!("{:.6e}", v as f64).parse::<f64>().map(|d| d as f32) == Ok(v)
+}
+
+/// `rms_norm(h, input_norm)`, then Q, K, V (or Q alone) as the eager path
+/// computes them, RoPE from this step's tables.
+fn pre_attention(
+    h: &Array,
+    layer: &Layer<'_>,
+    kv: Option<&KvWeights>,
+    fused: Option<&FusedQkv>,
+    rope: &RopeTables,
+) -> Result<Vec<Array>> {
+    let hidden = h.shape()[h.ndim() - 1];
+    let widths = [hidden, layer.shape.head_dim];
+    let mut p = Packed::new(1);
+    p.key
+        .extend([layer.eps.to_bits() as i64, hidden as i64, rope.dims as i64]);
+    layer.shape.put(&mut p);
+    h.put(&mut p);
+    let norm_eps = [layer.eps, layer.shape.eps];
+    p.arrays
+        .extend(NormInputs::new(&norm_eps, &widths).arrays().cloned());
+    rope.cos.put(&mut p);
+    rope.sin.put(&mut p);
+    rope.cos_t.put(&mut p);
+    rope.sin_t.put(&mut p);
+    layer.norms.input.put(&mut p);
+    // Either Q/K/V stacked, or Q (and K, V) as three projections.
+    let kv = if fused.is_some() { None } else { kv };
+    p.key.push(fused.is_some() as i64);
+    match fused {
+        Some(f) => f.put(&mut p),
+        None => layer.attn.put(&mut p),
+    }
+    p.key.push(kv.is_some() as i64);
+    if let Some(kv) = kv {
+        kv.put(&mut p);
+    }
+    let (s, eps, dims) = (layer.shape, layer.eps, rope.dims);
+    p.run(true, |covered| {
+        // Templates for rebuilding the structures from the traced inputs.
+        let fused = fused.map(hollow);
+        let attn = match fused {
+            Some(_) => None,
+            None => Some(hollow(layer.attn)),
+        };
+        let kv = kv.map(hollow);
+        let norms = NormInputs::new(&norm_eps, &widths);
+        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
+            let it = &mut inputs.iter();
+            let h = next(it);
+            let scope = norms.with_arrays(it).ok_or_else(bad_outputs)?;
+            let (cos, sin, cos_t, sin_t) = (next(it), next(it), next(it), next(it));
+            let norm = next(it);
+            let (fused, attn, kv) = (fused.take(it), attn.take(it), kv.take(it));
+            let tables = RopeTables {
+                dims,
+                cos,
+                sin,
+                cos_t,
+                sin_t,
+            };
+            let rope = |t: &Array| apply_tables(t, &tables);
+            let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
+                let x = rms_norm(&h, Some(&norm), eps)?;
+                Ok(match (&fused, &attn, &kv) {
+                    (Some(f), _, _) => {
+                        let (q, k, v) = f.project(&x, s, &rope)?;
+                        vec![q, k, v]
+                    }
+                    (None, Some(attn), Some(kv)) => {
+                        let (q, k, v) = gemma4::project_qkv(&x, attn, kv, s, &rope)?;
+                        vec![q, k, v]
+                    }
+                    (None, Some(attn), None) => vec![gemma4::project_q(&x, attn, s, &rope)?],
+                    (None, None, _) => return Err(bad_outputs()),
+                })
+            });
+            covered.set(all);
+            out
+        })
+    })
+}
+
+/// `o_proj`, the attention residual, the feed-forward half, the PLE gate and
+/// the layer scalar.
+fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
+    let hidden = h.shape()[h.ndim() - 1];
+    let mut p = Packed::new(2);
+    p.key.extend([layer.eps.to_bits() as i64, hidden as i64]);
+    h.put(&mut p);
+    p.arrays
+        .extend(NormInputs::new(&[layer.eps], &[hidden]).arrays().cloned());
+    o.put(&mut p);
+    layer.attn.o_proj.put(&mut p);
+    layer.norms.put(&mut p);
+    layer.mlp.put(&mut p);
+    p.key.push(layer.moe.is_some() as i64);
+    if let Some(moe) = layer.moe {
+        moe.put(&mut p);
+    }
+    p.key.push(layer.ple.is_some() as i64);
+    if let Some((gate, input)) = layer.ple {
+        gate.put(&mut p);
+        input.put(&mut p);
+    }
+    layer.layer_scalar.put(&mut p);
+    let eps = layer.eps;
+    let compile = layer
+        .moe
+        .is_none_or(|m| reads_back((m.router.hidden as f64).powf(-0.5) as f32));
+    let out = p.run(compile, |covered| {
+        // Templates for rebuilding the structures from the traced inputs.
+        let (o_proj, norms, mlp) = (
+            hollow(&layer.attn.o_proj),
+            hollow(layer.norms),
+            hollow(layer.mlp),
+        );
+        let moe = layer.moe.map(hollow);
+        let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
+        let norm_inputs = NormInputs::new(&[eps], &[hidden]);
+        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
+            let it = &mut inputs.iter();
+            let h = next(it);
+            let scope = norm_inputs.with_arrays(it).ok_or_else(bad_outputs)?;
+            let o = next(it);
+            let (o_proj, norms, mlp) = (o_proj.take(it), norms.take(it), mlp.take(it));
+            let (moe, ple, scalar) = (moe.take(it), ple.take(it), next(it));
+            let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
+                // Rows [B, features], except around the experts, whose
+                // gathers keep mlx-lm's [B, 1, features] shapes.
+                let b = h.shape()[0];
+                let (h, o) = match moe {
+                    None => (h, o),
+                    Some(_) => (h.reshape(&[b, 1, hidden])?, o.reshape(&[b, 1, -1])?),
+                };
+                let ple = match &ple {
+                    Some((g, x)) => Some((g, x.reshape(&[b, -1])?)),
+                    None => None,
+                };
+                let a = o_proj.forward(&o)?;
+                let h = gemma4::attention_residual(&h, &a, &norms, eps)?;
+                let h = gemma4::feed_forward(&h, &norms, &mlp, moe.as_ref(), eps)?;
+                let ple = ple.as_ref().map(|(g, x)| (*g, x));
+                let h = gemma4::finish_layer(&h, ple, &scalar, eps)?;
+                Ok(vec![match moe {
+                    None => h,
+                    Some(_) => h.reshape(&[b, hidden])?,
+                }])
+            });
+            covered.set(all);
+            out
+        })
+    })?;
+    out.into_iter().next().ok_or_else(bad_outputs)
+}
+
+type Block = Box<dyn FnMut(&[Array]) -> Result<Vec<Array>>>;
+
+thread_local! {
+    /// Compiled blocks by structure key (which block, constants, which
+    /// optional weights exist, quantization): one per layer kind.
+    static BLOCKS: RefCell<HashMap<Vec<i64>, (Block, bool)>> = RefCell::new(HashMap::new());
+}
+
+/// This thread's decode blocks so far: (compiled, running eagerly).
+pub fn block_counts() -> (usize, usize) {
+    BLOCKS.with(|cell| {
+        let blocks = cell.borrow();
+        let compiled = blocks.values().filter(|(_, c)| *c).count();
+        (compiled, blocks.len() - compiled)
+    })
+}
+
+/// A block's inputs flattened to arrays, and the key of everything else the
+/// traced function depends on (shapes and dtypes are MLX's own cache key).
+struct Packed {
+    key: Vec<i64>,
+    arrays: Vec<Array>,
+}
+
+impl Packed {
+    fn new(block: i64) -> Self {
+        Packed {
+            key: vec![block],
+            arrays: Vec::with_capacity(32),
+        }
+    }
+
+    /// Calls the compiled block of this key, building it on first use.
+    /// Single-token shapes are fixed per layer kind, so MLX traces each block
+    /// once per kind (and once more per new cache length only where a traced
+    /// shape depends on it, which none here does).
+    /// When the key is new, `make` builds the block's function; it sets the
+    /// flag it is given to whether every norm found its inputs. An eager dry
+    /// run reads that flag, and the function is compiled only if it is set
+    /// and `compile` allows; otherwise it runs eagerly from then on.
+    fn run(self, compile: bool, make: impl FnOnce(Rc<Cell<bool>>) -> Block) -> Result<Vec<Array>> {
+        BLOCKS.with(|cell| {
+            let mut blocks = cell.borrow_mut();
+            if !blocks.contains_key(&self.key) {
+                let covered = Rc::new(Cell::new(false));
+                let mut f = make(covered.clone());
+                let entry: (Block, bool) = if compile && {
+                    f(&self.arrays)?;
+                    covered.get()
+                } {
+                    let traced = move |x: &[Array]| f(x);
+                    (
+                        Box::new(mlx_rs::transforms::compile::compile(traced, false)),
+                        true,
+                    )
+                } else {
+                    (f, false)
+                };
+                blocks.insert(self.key.clone(), entry);
+            }
+            let (f, _) = blocks.get_mut(&self.key).expect("inserted above");
+            f(&self.arrays)
+        })
+    }
+}
+
+/// The stand-in for arrays a rebuilt structure carries but the block does
+/// not read (and for templates).
+fn placeholder() -> Array {
+    Array::from_f32(0.0)
+}
+
+/// `t`'s structure with every array a placeholder: the templates kept in
+/// [`BLOCKS`] must not hold a model's weights after the model is dropped.
+fn hollow<T: Flat>(t: &T) -> T {
+    let mut p = Packed::new(0);
+    t.put(&mut p);
+    let stand_ins = vec![placeholder(); p.arrays.len()];
+    t.take(&mut stand_ins.iter())
+}
+
+fn next(it: &mut std::slice::Iter<'_, Array>) -> Array {
+    it.next()
+        .expect("compiled decode block: fewer inputs than packed")
+        .clone()
+}
+
+/// Flattening of weight structures into the compiled block's inputs:
+/// `put` appends the arrays (and the structure to the key), `take`
+/// rebuilds the structure from the traced inputs, with `self` as template.
+trait Flat: Sized {
+    fn put(&self, p: &mut Packed);
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self;
+}
+
+impl Flat for Array {
+    fn put(&self, p: &mut Packed) {
+        p.arrays.push(self.clone());
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        next(it)
+    }
+}
+
+impl Flat for AttentionShape {
+    fn put(&self, p: &mut Packed) {
+        p.key.extend([
+            self.n_heads as i64,
+            self.n_kv_heads as i64,
+            self.head_dim as i64,
+            self.eps.to_bits() as i64,
+        ]);
+    }
+    fn take(&self, _: &mut std::slice::Iter<'_, Array>) -> Self {
+        *self
+    }
+}
+
+impl<T: Flat> Flat for Option<T> {
+    fn put(&self, p: &mut Packed) {
+        p.key.push(self.is_some() as i64);
+        if let Some(t) = self {
+            t.put(p);
+        }
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        self.as_ref().map(|t| t.take(it))
+    }
+}
+
+impl<A: Flat, B: Flat> Flat for (A, B) {
+    fn put(&self, p: &mut Packed) {
+        self.0.put(p);
+        self.1.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let a = self.0.take(it);
+        (a, self.1.take(it))
+    }
+}
+
+fn put_quant(q: &Option<Quantized>, p: &mut Packed) {
+    match q {
+        None => p.key.push(0),
+        Some(q) => {
+            p.key.extend([1, q.group_size as i64, q.bits as i64]);
+            p.arrays.push(q.scales.clone());
+            p.arrays.push(q.biases.clone());
+        }
+    }
+}
+
+fn take_quant(q: &Option<Quantized>, it: &mut std::slice::Iter<'_, Array>) -> Option<Quantized> {
+    q.as_ref().map(|q| Quantized {
+        scales: next(it),
+        biases: next(it),
+        group_size: q.group_size,
+        bits: q.bits,
+    })
+}
+
+impl Flat for Linear {
+    fn put(&self, p: &mut Packed) {
+        // A pretransposed weight goes in as its evaluated transpose only.
+        match &self.weight_t {
+            Some(t) => {
+                p.key.push(1);
+                t.put(p);
+            }
+            None => {
+                p.key.push(0);
+                self.weight.put(p);
+            }
+        }
+        put_quant(&self.quant, p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let (weight, weight_t) = match &self.weight_t {
+            Some(_) => (placeholder(), Some(next(it))),
+            None => (next(it), None),
+        };
+        Linear {
+            weight,
+            quant: take_quant(&self.quant, it),
+            weight_t,
+        }
+    }
+}
+
+impl Flat for SwitchLinear {
+    fn put(&self, p: &mut Packed) {
+        self.weight.put(p);
+        put_quant(&self.quant, p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let weight = next(it);
+        SwitchLinear {
+            weight,
+            quant: take_quant(&self.quant, it),
+        }
+    }
+}
+
+impl Flat for AttentionWeights {
+    fn put(&self, p: &mut Packed) {
+        // o_proj is used after attention, not here; `kv` travels separately.
+        self.q_proj.put(p);
+        self.q_norm.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let q_proj = self.q_proj.take(it);
+        AttentionWeights {
+            q_proj,
+            o_proj: Linear {
+                weight: placeholder(),
+                quant: None,
+                weight_t: None,
+            },
+            q_norm: next(it),
+            kv: None,
+        }
+    }
+}
+
+impl Flat for KvWeights {
+    fn put(&self, p: &mut Packed) {
+        self.k_proj.put(p);
+        self.v_proj.put(p);
+        self.k_norm.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let k_proj = self.k_proj.take(it);
+        let v_proj = self.v_proj.take(it);
+        KvWeights {
+            k_proj,
+            v_proj,
+            k_norm: next(it),
+        }
+    }
+}
+
+impl Flat for LayerNorms {
+    fn put(&self, p: &mut Packed) {
+        // The input norm belongs to the block before attention.
+        self.post_attention.put(p);
+        self.pre_feedforward.put(p);
+        self.post_feedforward.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let (post_attention, pre_feedforward, post_feedforward) = (next(it), next(it), next(it));
+        LayerNorms {
+            input: placeholder(),
+            post_attention,
+            pre_feedforward,
+            post_feedforward,
+        }
+    }
+}
+
+impl Flat for Mlp {
+    fn put(&self, p: &mut Packed) {
+        self.gate_proj.put(p);
+        self.up_proj.put(p);
+        self.down_proj.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let gate_proj = self.gate_proj.take(it);
+        let up_proj = self.up_proj.take(it);
+        Mlp {
+            gate_proj,
+            up_proj,
+            down_proj: self.down_proj.take(it),
+        }
+    }
+}
+
+impl Flat for Router {
+    fn put(&self, p: &mut Packed) {
+        p.key.extend([
+            self.top_k as i64,
+            self.hidden as i64,
+            self.eps.to_bits() as i64,
+        ]);
+        self.proj.put(p);
+        self.scale.put(p);
+        self.per_expert_scale.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let proj = self.proj.take(it);
+        let (scale, per_expert_scale) = (next(it), next(it));
+        Router {
+            proj,
+            scale,
+            per_expert_scale,
+            top_k: self.top_k,
+            hidden: self.hidden,
+            eps: self.eps,
+        }
+    }
+}
+
+impl Flat for MoeBlock {
+    fn put(&self, p: &mut Packed) {
+        self.router.put(p);
+        self.experts.gate_proj.put(p);
+        self.experts.up_proj.put(p);
+        self.experts.down_proj.put(p);
+        self.pre_feedforward_2.put(p);
+        self.post_feedforward_1.put(p);
+        self.post_feedforward_2.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let router = self.router.take(it);
+        let gate_proj = self.experts.gate_proj.take(it);
+        let up_proj = self.experts.up_proj.take(it);
+        let down_proj = self.experts.down_proj.take(it);
+        let (pre_feedforward_2, post_feedforward_1, post_feedforward_2) =
+            (next(it), next(it), next(it));
+        MoeBlock {
+            router,
+            experts: SwitchGlu {
+                gate_proj,
+                up_proj,
+                down_proj,
+            },
+            pre_feedforward_2,
+            post_feedforward_1,
+            post_feedforward_2,
+        }
+    }
+}
+
+impl Flat for PleGate {
+    fn put(&self, p: &mut Packed) {
+        self.gate.put(p);
+        self.projection.put(p);
+        self.post_norm.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let gate = self.gate.take(it);
+        let projection = self.projection.take(it);
+        PleGate {
+            gate,
+            projection,
+            post_norm: next(it),
+        }
+    }
+}
