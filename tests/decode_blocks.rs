@@ -54,6 +54,16 @@ fn rope_tables_reproduce_fast_rope() {
             Rope::proportional(512, 128, 1_000_000.0, 1.0).unwrap(),
             512,
         ),
+        (
+            "llama3 64",
+            Rope::llama3(64, 500_000.0, 32.0, 1.0, 4.0, 8192.0).unwrap(),
+            64,
+        ),
+        (
+            "llama3 128",
+            Rope::llama3(128, 500_000.0, 32.0, 1.0, 4.0, 8192.0).unwrap(),
+            128,
+        ),
     ];
     let mut cases = 0;
     for (name, rope, head_dim) in &ropes {
@@ -80,7 +90,7 @@ fn rope_tables_reproduce_fast_rope() {
             }
         }
     }
-    assert_eq!(cases, 90);
+    assert_eq!(cases, 126);
 }
 
 #[test]
@@ -111,19 +121,26 @@ fn one_token_sdpa_matches_fast_sdpa() {
                     k.try_index((Ellipsis, ..l, ..)).unwrap(),
                     v.try_index((Ellipsis, ..l, ..)).unwrap(),
                 );
-                let want = mlx_rs::fast::scaled_dot_product_attention(&q, &k, &v, 1.0, None, None)
-                    .unwrap()
-                    .transpose_axes(&[0, 2, 1, 3])
-                    .unwrap()
-                    .reshape(&[1, -1])
-                    .unwrap();
-                let got = sdpa_one_token(&q, &k, &v, 1.0).unwrap();
-                assert!(same(&want, &got), "{dt:?} H {h} KV {kv} D {d} L {l}");
-                cases += 1;
+                // Gemma-4 attends at scale 1; Qwen3 / Llama at head_dim ** -0.5.
+                for scale in [1.0, (d as f64).powf(-0.5) as f32] {
+                    let want =
+                        mlx_rs::fast::scaled_dot_product_attention(&q, &k, &v, scale, None, None)
+                            .unwrap()
+                            .transpose_axes(&[0, 2, 1, 3])
+                            .unwrap()
+                            .reshape(&[1, -1])
+                            .unwrap();
+                    let got = sdpa_one_token(&q, &k, &v, scale).unwrap();
+                    assert!(
+                        same(&want, &got),
+                        "{dt:?} H {h} KV {kv} D {d} L {l} scale {scale}"
+                    );
+                    cases += 1;
+                }
             }
         }
     }
-    assert_eq!(cases, 60);
+    assert_eq!(cases, 120);
 }
 
 fn linear(seed: u64, out: i32, inp: i32, dt: Dtype) -> Linear {
@@ -290,5 +307,69 @@ fn mlx_compile_inlines_inexact_float_constants() {
         !same(&eager, &compiled),
         "MLX's compiled mean over 3840 now matches eager: the inlining guard in \
          runtime/core/src/decode.rs may be relaxed"
+    );
+}
+
+/// The dense (Qwen3 / Llama) decode blocks against the eager dense layer the
+/// monolith runs, several steps each, both RoPE forms, with and without q/k
+/// norms, at the tiny width and at Qwen3-4B's 2560 (1/2560 inlines inexactly).
+fn run_dense<const QK: bool>(hidden: i32, head_dim: i32, rope: &Rope, dt: Dtype) {
+    use archgen_runtime::dense;
+    let s = dense::Shape::new(4, 2, head_dim, 1e-6);
+    let make = || dense::Layer {
+        input_norm: norm(1, hidden, dt),
+        post_attention_norm: norm(2, hidden, dt),
+        attn: dense::Attention {
+            q_proj: linear(3, 4 * head_dim, hidden, dt),
+            k_proj: linear(4, 2 * head_dim, hidden, dt),
+            v_proj: linear(5, 2 * head_dim, hidden, dt),
+            o_proj: linear(6, hidden, 4 * head_dim, dt),
+            qk_norm: QK.then(|| (norm(7, head_dim, dt), norm(8, head_dim, dt))),
+        },
+        mlp: dense::Mlp {
+            gate_proj: linear(9, 2 * hidden, hidden, dt),
+            up_proj: linear(10, 2 * hidden, hidden, dt),
+            down_proj: linear(11, hidden, 2 * hidden, dt),
+        },
+    };
+    let eager = make();
+    let mut d = make();
+    d.pretranspose();
+    let (mut eager_cache, mut decode_cache) = (KvCache::default(), KvCache::default());
+    for step in 0..10 {
+        let h = lcg(200 + step, &[1, 1, hidden], 4.0, 0.0)
+            .as_dtype(dt)
+            .unwrap();
+        let mask = eager_cache.make_mask(1);
+        let want = dense::layer::<QK>(&h, &eager, s, rope, &mut eager_cache, &mask).unwrap();
+        let tables = rope.tables(decode_cache.offset, 1, dt).unwrap();
+        let rows = h.reshape(&[1, hidden]).unwrap();
+        let got =
+            decode::dense_layer::<QK>(&rows, &d, s, rope, Some(&tables), &mut decode_cache, &mask)
+                .unwrap()
+                .reshape(&[1, 1, hidden])
+                .unwrap();
+        assert!(
+            same(&want, &got),
+            "dense hidden {hidden} head_dim {head_dim} qk {QK} {dt:?} step {step}"
+        );
+    }
+}
+
+#[test]
+fn dense_decode_blocks_match_the_eager_layer() {
+    let base = Rope::base(16, 1_000_000.0);
+    let llama3 = Rope::llama3(16, 500_000.0, 32.0, 1.0, 4.0, 8192.0).unwrap();
+    for dt in DTYPES {
+        for hidden in [64, 2560] {
+            run_dense::<true>(hidden, 16, &base, dt);
+            run_dense::<false>(hidden, 16, &llama3, dt);
+        }
+    }
+    // Before attention: 2 widths x (q/k norm or not); after: 2 widths.
+    let (compiled, eager) = decode::block_counts();
+    assert!(
+        compiled >= 6 && eager == 0,
+        "{compiled} compiled, {eager} eager"
     );
 }

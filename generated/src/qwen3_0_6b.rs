@@ -6,6 +6,7 @@
 
 use archgen_runtime::attention::Mask;
 use archgen_runtime::cache::KvCache;
+use archgen_runtime::decode;
 use archgen_runtime::dense::{self as d, Shape};
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::model::{CausalLm, ModelError};
@@ -96,42 +97,49 @@ pub struct Cache {
     layer_26: KvCache,
     layer_27: KvCache,
 }
+/// Layer `i`, its projections kept transposed for the decode path.
+fn load_layer(w: &mut Weights, i: usize) -> d::Layer {
+    let mut layer = d::load_layer(w, i, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH);
+    layer.pretranspose();
+    layer
+}
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
-    let model = Model {
+    let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope: Rope::base(128, 1000000f32),
-        layer_0: d::load_layer(&mut w, 0usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_1: d::load_layer(&mut w, 1usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_2: d::load_layer(&mut w, 2usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_3: d::load_layer(&mut w, 3usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_4: d::load_layer(&mut w, 4usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_5: d::load_layer(&mut w, 5usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_6: d::load_layer(&mut w, 6usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_7: d::load_layer(&mut w, 7usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_8: d::load_layer(&mut w, 8usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_9: d::load_layer(&mut w, 9usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_10: d::load_layer(&mut w, 10usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_11: d::load_layer(&mut w, 11usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_12: d::load_layer(&mut w, 12usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_13: d::load_layer(&mut w, 13usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_14: d::load_layer(&mut w, 14usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_15: d::load_layer(&mut w, 15usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_16: d::load_layer(&mut w, 16usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_17: d::load_layer(&mut w, 17usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_18: d::load_layer(&mut w, 18usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_19: d::load_layer(&mut w, 19usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_20: d::load_layer(&mut w, 20usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_21: d::load_layer(&mut w, 21usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_22: d::load_layer(&mut w, 22usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_23: d::load_layer(&mut w, 23usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_24: d::load_layer(&mut w, 24usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_25: d::load_layer(&mut w, 25usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_26: d::load_layer(&mut w, 26usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_27: d::load_layer(&mut w, 27usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
+        layer_0: load_layer(&mut w, 0usize),
+        layer_1: load_layer(&mut w, 1usize),
+        layer_2: load_layer(&mut w, 2usize),
+        layer_3: load_layer(&mut w, 3usize),
+        layer_4: load_layer(&mut w, 4usize),
+        layer_5: load_layer(&mut w, 5usize),
+        layer_6: load_layer(&mut w, 6usize),
+        layer_7: load_layer(&mut w, 7usize),
+        layer_8: load_layer(&mut w, 8usize),
+        layer_9: load_layer(&mut w, 9usize),
+        layer_10: load_layer(&mut w, 10usize),
+        layer_11: load_layer(&mut w, 11usize),
+        layer_12: load_layer(&mut w, 12usize),
+        layer_13: load_layer(&mut w, 13usize),
+        layer_14: load_layer(&mut w, 14usize),
+        layer_15: load_layer(&mut w, 15usize),
+        layer_16: load_layer(&mut w, 16usize),
+        layer_17: load_layer(&mut w, 17usize),
+        layer_18: load_layer(&mut w, 18usize),
+        layer_19: load_layer(&mut w, 19usize),
+        layer_20: load_layer(&mut w, 20usize),
+        layer_21: load_layer(&mut w, 21usize),
+        layer_22: load_layer(&mut w, 22usize),
+        layer_23: load_layer(&mut w, 23usize),
+        layer_24: load_layer(&mut w, 24usize),
+        layer_25: load_layer(&mut w, 25usize),
+        layer_26: load_layer(&mut w, 26usize),
+        layer_27: load_layer(&mut w, 27usize),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
+    model.embed.pretranspose();
     Ok(model)
 }
 impl CausalLm for Model {
@@ -175,90 +183,321 @@ impl CausalLm for Model {
         let n = ids.shape()[1];
         let h = self.embed.lookup(ids)?;
         let mask: Mask = cache.layer_0.make_mask(n);
-        let h = d::layer::<
+        let tables = if n == 1 && decode::enabled() {
+            Some(self.rope.tables(cache.layer_0.offset, n, h.dtype())?)
+        } else {
+            None
+        };
+        let h = if tables.is_some() { h.reshape(&[-1, HIDDEN])? } else { h };
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_0, SHAPE, &self.rope, &mut cache.layer_0, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_0,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_0,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_1, SHAPE, &self.rope, &mut cache.layer_1, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_1,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_1,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_2, SHAPE, &self.rope, &mut cache.layer_2, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_2,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_2,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_3, SHAPE, &self.rope, &mut cache.layer_3, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_3,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_3,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_4, SHAPE, &self.rope, &mut cache.layer_4, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_4,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_4,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_5, SHAPE, &self.rope, &mut cache.layer_5, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_5,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_5,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_6, SHAPE, &self.rope, &mut cache.layer_6, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_6,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_6,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_7, SHAPE, &self.rope, &mut cache.layer_7, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_7,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_7,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_8, SHAPE, &self.rope, &mut cache.layer_8, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_8,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_8,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_9, SHAPE, &self.rope, &mut cache.layer_9, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_9,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_9,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_10, SHAPE, &self.rope, &mut cache.layer_10, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_10,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_10,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_11, SHAPE, &self.rope, &mut cache.layer_11, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_11,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_11,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_12, SHAPE, &self.rope, &mut cache.layer_12, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_12,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_12,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_13, SHAPE, &self.rope, &mut cache.layer_13, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_13,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_13,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_14, SHAPE, &self.rope, &mut cache.layer_14, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_14,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_14,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_15, SHAPE, &self.rope, &mut cache.layer_15, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_15,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_15,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_16, SHAPE, &self.rope, &mut cache.layer_16, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_16,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_16,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_17, SHAPE, &self.rope, &mut cache.layer_17, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_17,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_17,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_18, SHAPE, &self.rope, &mut cache.layer_18, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_18,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_18,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_19, SHAPE, &self.rope, &mut cache.layer_19, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_19,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_19,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_20, SHAPE, &self.rope, &mut cache.layer_20, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_20,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_20,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_21, SHAPE, &self.rope, &mut cache.layer_21, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_21,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_21,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_22, SHAPE, &self.rope, &mut cache.layer_22, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_22,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_22,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_23, SHAPE, &self.rope, &mut cache.layer_23, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_23,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_23,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_24, SHAPE, &self.rope, &mut cache.layer_24, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_24,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_24,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_25, SHAPE, &self.rope, &mut cache.layer_25, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_25,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_25,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_26, SHAPE, &self.rope, &mut cache.layer_26, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_26,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_26,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_27, SHAPE, &self.rope, &mut cache.layer_27, &mask)?;
-        d::logits(&h, &self.norm, d::Head::Tied(&self.embed), EPS)
+        >(
+            &h,
+            &self.layer_27,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_27,
+            &mask,
+        )?;
+        let logits = d::logits(&h, &self.norm, d::Head::Tied(&self.embed), EPS)?;
+        if tables.is_some() { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }
 }

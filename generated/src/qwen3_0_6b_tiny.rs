@@ -6,6 +6,7 @@
 
 use archgen_runtime::attention::Mask;
 use archgen_runtime::cache::KvCache;
+use archgen_runtime::decode;
 use archgen_runtime::dense::{self as d, Shape};
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::model::{CausalLm, ModelError};
@@ -48,18 +49,25 @@ pub struct Cache {
     layer_2: KvCache,
     layer_3: KvCache,
 }
+/// Layer `i`, its projections kept transposed for the decode path.
+fn load_layer(w: &mut Weights, i: usize) -> d::Layer {
+    let mut layer = d::load_layer(w, i, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH);
+    layer.pretranspose();
+    layer
+}
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
-    let model = Model {
+    let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope: Rope::base(16, 1000000f32),
-        layer_0: d::load_layer(&mut w, 0usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_1: d::load_layer(&mut w, 1usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_2: d::load_layer(&mut w, 2usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
-        layer_3: d::load_layer(&mut w, 3usize, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH),
+        layer_0: load_layer(&mut w, 0usize),
+        layer_1: load_layer(&mut w, 1usize),
+        layer_2: load_layer(&mut w, 2usize),
+        layer_3: load_layer(&mut w, 3usize),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
+    model.embed.pretranspose();
     Ok(model)
 }
 impl CausalLm for Model {
@@ -79,18 +87,57 @@ impl CausalLm for Model {
         let n = ids.shape()[1];
         let h = self.embed.lookup(ids)?;
         let mask: Mask = cache.layer_0.make_mask(n);
-        let h = d::layer::<
+        let tables = if n == 1 && decode::enabled() {
+            Some(self.rope.tables(cache.layer_0.offset, n, h.dtype())?)
+        } else {
+            None
+        };
+        let h = if tables.is_some() { h.reshape(&[-1, HIDDEN])? } else { h };
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_0, SHAPE, &self.rope, &mut cache.layer_0, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_0,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_0,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_1, SHAPE, &self.rope, &mut cache.layer_1, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_1,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_1,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_2, SHAPE, &self.rope, &mut cache.layer_2, &mask)?;
-        let h = d::layer::<
+        >(
+            &h,
+            &self.layer_2,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_2,
+            &mask,
+        )?;
+        let h = decode::dense_layer::<
             QK_NORM,
-        >(&h, &self.layer_3, SHAPE, &self.rope, &mut cache.layer_3, &mask)?;
-        d::logits(&h, &self.norm, d::Head::Tied(&self.embed), EPS)
+        >(
+            &h,
+            &self.layer_3,
+            SHAPE,
+            &self.rope,
+            tables.as_ref(),
+            &mut cache.layer_3,
+            &mask,
+        )?;
+        let logits = d::logits(&h, &self.norm, d::Head::Tied(&self.embed), EPS)?;
+        if tables.is_some() { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }
 }

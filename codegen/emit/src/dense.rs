@@ -91,22 +91,28 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         let field = layer_field(f.index);
         let i = f.index;
         fields.push(quote! { #field: d::Layer, });
-        loads
-            .push(quote! { #field: d::load_layer(&mut w, #i, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH), });
+        loads.push(quote! { #field: load_layer(&mut w, #i), });
         cache_fields.push(quote! { #field: KvCache, });
         cache_inits.push(quote! { #field: KvCache::default(), });
         steps.push(quote! {
-            let h = d::layer::<QK_NORM>(&h, &self.#field, SHAPE, &self.rope, &mut cache.#field, &mask)?;
+            let h = decode::dense_layer::<QK_NORM>(&h, &self.#field, SHAPE, &self.rope, tables.as_ref(), &mut cache.#field, &mask)?;
         });
     }
-    let (head_field, head_load, head, linear_import) = if a.tie_word_embeddings {
-        (None, None, quote! { d::Head::Tied(&self.embed) }, None)
+    let (head_field, head_load, head, linear_import, head_t) = if a.tie_word_embeddings {
+        (
+            None,
+            None,
+            quote! { d::Head::Tied(&self.embed) },
+            None,
+            quote! { model.embed.pretranspose(); },
+        )
     } else {
         (
             Some(quote! { lm_head: Linear, }),
             Some(quote! { lm_head: w.linear("lm_head", VOCAB, HIDDEN), }),
             quote! { d::Head::Untied(&self.lm_head) },
             Some(quote! { use archgen_runtime::layers::Linear; }),
+            quote! { model.lm_head.pretranspose(); },
         )
     };
     let family = match a.family {
@@ -127,6 +133,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
     Ok(quote! {
         use archgen_runtime::attention::Mask;
         use archgen_runtime::cache::KvCache;
+        use archgen_runtime::decode;
         use archgen_runtime::dense::{self as d, Shape};
         use archgen_runtime::layers::Embedding;
         #linear_import
@@ -164,9 +171,16 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             #(#cache_fields)*
         }
 
+        /// Layer `i`, its projections kept transposed for the decode path.
+        fn load_layer(w: &mut Weights, i: usize) -> d::Layer {
+            let mut layer = d::load_layer(w, i, HIDDEN, SHAPE, QK_NORM, MLP_WIDTH);
+            layer.pretranspose();
+            layer
+        }
+
         /// Loads the model from sanitized weights; every tensor is checked.
         pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
-            let model = Model {
+            let mut model = Model {
                 embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
                 rope: #rope,
                 #(#loads)*
@@ -174,6 +188,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 #head_load
             };
             w.finish().map_err(|e| ModelError(e.to_string()))?;
+            #head_t
             Ok(model)
         }
 
@@ -192,8 +207,16 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 let n = ids.shape()[1];
                 let h = self.embed.lookup(ids)?;
                 let mask: Mask = cache.layer_0.make_mask(n);
+                // One-token steps take the compiled decode blocks (CPU only).
+                let tables = if n == 1 && decode::enabled() {
+                    Some(self.rope.tables(cache.layer_0.offset, n, h.dtype())?)
+                } else {
+                    None
+                };
+                let h = if tables.is_some() { h.reshape(&[-1, HIDDEN])? } else { h };
                 #(#steps)*
-                d::logits(&h, &self.norm, #head, EPS)
+                let logits = d::logits(&h, &self.norm, #head, EPS)?;
+                if tables.is_some() { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
             }
         }
     })

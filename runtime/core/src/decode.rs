@@ -37,14 +37,15 @@ use std::rc::Rc;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
-use crate::attention::Mask;
-use crate::cache::LayerCache;
+use crate::attention::{sdpa, sdpa_one_token, Mask};
+use crate::cache::{KvCache, LayerCache};
+use crate::dense;
 use crate::gemma4::{self, AttentionShape, AttentionWeights, KvWeights, LayerNorms, Mlp, MoeBlock};
 use crate::gemma4::{PleGate, SharedKv};
 use crate::layers::{Linear, Quantized, SwitchLinear};
 use crate::moe::{Router, SwitchGlu};
 use crate::ops::{rms_norm, NormInputs, Result};
-use crate::rope::{apply_tables, RopeTables};
+use crate::rope::{apply_tables, Rope, RopeTables};
 
 /// Whether one-token steps take this module's path: only where MLX's
 /// `fast.rms_norm` and `fast.rope` run their op-graph fallbacks, i.e. on the
@@ -791,4 +792,168 @@ impl Flat for PleGate {
             post_norm: next(it),
         }
     }
+}
+
+// ---- Dense families (Qwen3, Llama): the same two blocks per layer.
+
+/// One decode step (one token) of a dense layer, or the eager layer when
+/// `tables` is `None` (prefill, or the decode path off): `h` and the result
+/// are rows [B, hidden] on the step path, [B, L, hidden] otherwise.
+pub fn dense_layer<const QK_NORM: bool>(
+    h: &Array,
+    w: &dense::Layer,
+    s: dense::Shape,
+    rope: &Rope,
+    tables: Option<&RopeTables>,
+    cache: &mut KvCache,
+    mask: &Mask,
+) -> Result<Array> {
+    let Some(tables) = tables else {
+        return dense::layer::<QK_NORM>(h, w, s, rope, cache, mask);
+    };
+    let qkv = dense_pre_attention::<QK_NORM>(h, w, s, tables)?;
+    let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
+    let (keys, values) = cache.update_and_fetch(&k, &v)?;
+    let o = match mask {
+        // A one-token step over a KVCache has no mask (`make_mask(1)`).
+        Mask::None => sdpa_one_token(&q, &keys, &values, s.scale)?,
+        _ => sdpa(&q, &keys, &values, s.scale, mask)?
+            .transpose_axes(&[0, 2, 1, 3])?
+            .reshape(&[h.shape()[0], -1])?,
+    };
+    dense_post_attention(h, &o, w, s)
+}
+
+/// `input_layernorm`, the Q/K/V projections, (Qwen3) their per-head norms,
+/// the transposes and RoPE from this step's tables.
+fn dense_pre_attention<const QK_NORM: bool>(
+    h: &Array,
+    w: &dense::Layer,
+    s: dense::Shape,
+    rope: &RopeTables,
+) -> Result<Vec<Array>> {
+    let hidden = h.shape()[h.ndim() - 1];
+    let widths = [hidden, s.head_dim];
+    let mut p = Packed::new(3);
+    p.key.extend([
+        s.eps.to_bits() as i64,
+        hidden as i64,
+        rope.dims as i64,
+        s.n_heads as i64,
+        s.n_kv_heads as i64,
+        s.head_dim as i64,
+        QK_NORM as i64,
+    ]);
+    h.put(&mut p);
+    p.arrays
+        .extend(NormInputs::new(&[s.eps], &widths).arrays().cloned());
+    rope.cos.put(&mut p);
+    rope.sin.put(&mut p);
+    rope.cos_t.put(&mut p);
+    rope.sin_t.put(&mut p);
+    w.input_norm.put(&mut p);
+    w.attn.q_proj.put(&mut p);
+    w.attn.k_proj.put(&mut p);
+    w.attn.v_proj.put(&mut p);
+    if QK_NORM {
+        w.attn.qk_norm.put(&mut p);
+    }
+    let dims = rope.dims;
+    p.run(true, |covered| {
+        let (q_proj, k_proj, v_proj) = (
+            hollow(&w.attn.q_proj),
+            hollow(&w.attn.k_proj),
+            hollow(&w.attn.v_proj),
+        );
+        let qk_norm = if QK_NORM {
+            w.attn.qk_norm.as_ref().map(hollow)
+        } else {
+            None
+        };
+        let norms = NormInputs::new(&[s.eps], &widths);
+        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
+            let it = &mut inputs.iter();
+            let h = next(it);
+            let scope = norms.with_arrays(it).ok_or_else(bad_outputs)?;
+            let tables = RopeTables {
+                dims,
+                cos: next(it),
+                sin: next(it),
+                cos_t: next(it),
+                sin_t: next(it),
+            };
+            let norm = next(it);
+            let (q_proj, k_proj, v_proj) = (q_proj.take(it), k_proj.take(it), v_proj.take(it));
+            let qk_norm = qk_norm.as_ref().map(|n| n.take(it));
+            let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
+                let x = rms_norm(&h, Some(&norm), s.eps)?;
+                let b = x.shape()[0];
+                let heads = |l: &Linear, n: i32| l.forward(&x)?.reshape(&[b, 1, n, s.head_dim]);
+                let (q, k) = (heads(&q_proj, s.n_heads)?, heads(&k_proj, s.n_kv_heads)?);
+                let v = heads(&v_proj, s.n_kv_heads)?;
+                let (q, k) = match &qk_norm {
+                    Some((qn, kn)) => (
+                        rms_norm(&q, Some(qn), s.eps)?,
+                        rms_norm(&k, Some(kn), s.eps)?,
+                    ),
+                    None => (q, k),
+                };
+                let t = |a: &Array| a.transpose_axes(&[0, 2, 1, 3]);
+                Ok(vec![
+                    apply_tables(&t(&q)?, &tables)?,
+                    apply_tables(&t(&k)?, &tables)?,
+                    t(&v)?,
+                ])
+            });
+            covered.set(all);
+            out
+        })
+    })
+}
+
+/// `o_proj`, the residual, `post_attention_layernorm`, the SwiGLU MLP and
+/// the second residual.
+fn dense_post_attention(h: &Array, o: &Array, w: &dense::Layer, s: dense::Shape) -> Result<Array> {
+    let hidden = h.shape()[h.ndim() - 1];
+    let mut p = Packed::new(4);
+    p.key.extend([s.eps.to_bits() as i64, hidden as i64]);
+    h.put(&mut p);
+    p.arrays
+        .extend(NormInputs::new(&[s.eps], &[hidden]).arrays().cloned());
+    o.put(&mut p);
+    w.attn.o_proj.put(&mut p);
+    w.post_attention_norm.put(&mut p);
+    w.mlp.gate_proj.put(&mut p);
+    w.mlp.up_proj.put(&mut p);
+    w.mlp.down_proj.put(&mut p);
+    let out = p.run(true, |covered| {
+        let (o_proj, gate, up, down) = (
+            hollow(&w.attn.o_proj),
+            hollow(&w.mlp.gate_proj),
+            hollow(&w.mlp.up_proj),
+            hollow(&w.mlp.down_proj),
+        );
+        let norms = NormInputs::new(&[s.eps], &[hidden]);
+        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
+            let it = &mut inputs.iter();
+            let h = next(it);
+            let scope = norms.with_arrays(it).ok_or_else(bad_outputs)?;
+            let o = next(it);
+            let o_proj = o_proj.take(it);
+            let norm = next(it);
+            let mlp = dense::Mlp {
+                gate_proj: gate.take(it),
+                up_proj: up.take(it),
+                down_proj: down.take(it),
+            };
+            let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
+                let h = h.add(&o_proj.forward(&o)?)?;
+                let r = mlp.forward(&rms_norm(&h, Some(&norm), s.eps)?)?;
+                Ok(vec![h.add(&r)?])
+            });
+            covered.set(all);
+            out
+        })
+    })?;
+    out.into_iter().next().ok_or_else(bad_outputs)
 }

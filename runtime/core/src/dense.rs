@@ -79,6 +79,23 @@ pub struct Layer {
     pub mlp: Mlp,
 }
 
+impl Layer {
+    /// [`Linear::pretranspose`] on every projection (generated models).
+    pub fn pretranspose(&mut self) {
+        for l in [
+            &mut self.attn.q_proj,
+            &mut self.attn.k_proj,
+            &mut self.attn.v_proj,
+            &mut self.attn.o_proj,
+            &mut self.mlp.gate_proj,
+            &mut self.mlp.up_proj,
+            &mut self.mlp.down_proj,
+        ] {
+            l.pretranspose();
+        }
+    }
+}
+
 /// Queries, keys, values [B, heads, L, head_dim], roped at the cache offset.
 /// `QK_NORM` (Qwen3) applies the per-head RMSNorm to queries and keys; it is a
 /// const parameter so a generated model resolves it at compile time.
