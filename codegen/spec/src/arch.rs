@@ -121,6 +121,20 @@ pub struct WeightQuant {
     pub overrides: BTreeMap<String, Option<QuantParams>>,
 }
 
+impl WeightQuant {
+    /// The spec's `quantization` with `false` entries as `None`.
+    pub fn of(q: &Quantization) -> Self {
+        WeightQuant {
+            default: q.default,
+            overrides: q
+                .overrides
+                .iter()
+                .map(|(k, v)| (k.clone(), v.params()))
+                .collect(),
+        }
+    }
+}
+
 /// The validated, fully resolved architecture.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Architecture {
@@ -277,14 +291,7 @@ impl Architecture {
                 top_k: m.top_k_experts as usize,
                 width: m.moe_intermediate_size as usize,
             }),
-            quantization: spec.quantization.as_ref().map(|q| WeightQuant {
-                default: q.default,
-                overrides: q
-                    .overrides
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.params()))
-                    .collect(),
-            }),
+            quantization: spec.quantization.as_ref().map(WeightQuant::of),
             layers,
         }
     }

@@ -12,7 +12,7 @@ use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader, ABSENT};
 use crate::model::*;
 use crate::yaml::Node;
-use crate::{de_at, locate_all, locate_serde, missing_field, unknown_field, validate};
+use crate::{locate_all, locate_serde, validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -586,34 +586,15 @@ pub(crate) fn parse_full(
     let spec = match serde_path_to_error::deserialize::<_, DenseSpec>(value.clone()) {
         Ok(s) => s,
         Err(_) => {
-            let mut issues = Vec::new();
-            let map = value.as_mapping().cloned().unwrap_or_default();
-            for (k, _) in map.iter() {
-                let key = k.as_str().unwrap_or("");
-                if !SECTIONS.contains(&key) {
-                    issues.push(unknown_field(&FieldPath::root(), key, &SECTIONS));
-                }
-            }
-            macro_rules! section {
-                ($name:literal, $ty:ty) => {
-                    match map.get($name) {
-                        None => issues.push(missing_field(&FieldPath::root(), $name)),
-                        Some(v) => {
-                            if let Err(e) = de_at::<$ty>(v.clone(), &FieldPath::root().key($name)) {
-                                issues.push(e);
-                            }
-                        }
-                    }
-                };
-            }
-            section!("format_version", u32);
-            section!("identity", Identity);
-            section!("model", DenseModel);
-            section!("layers", DenseLayers);
-            section!("attention", DenseAttention);
-            section!("rope", DenseRope);
-            section!("mlp", DenseMlp);
-            section!("quantization", Option<Quantization>);
+            let (map, mut issues) = Sections::of(&value, &SECTIONS);
+            map.check::<u32>("format_version", &mut issues);
+            map.check::<Identity>("identity", &mut issues);
+            map.check::<DenseModel>("model", &mut issues);
+            map.check::<DenseLayers>("layers", &mut issues);
+            map.check::<DenseAttention>("attention", &mut issues);
+            map.check::<DenseRope>("rope", &mut issues);
+            map.check::<DenseMlp>("mlp", &mut issues);
+            map.check::<Option<Quantization>>("quantization", &mut issues);
             if issues.is_empty() {
                 issues.push(Issue::new(
                     FieldPath::root(),
@@ -703,16 +684,7 @@ pub(crate) fn parse_derived(
                 parent.mlp.intermediate_size,
             ),
         ];
-        for (field, v, pv) in grow {
-            if v > pv {
-                issues.push(Issue::new(
-                    rp(field),
-                    format!("{v} is larger than the parent's {pv}"),
-                    format!("at most {pv}"),
-                    "a reduction only shrinks sizes",
-                ));
-            }
-        }
+        crate::derive::check_shrinks(&grow, &mut issues);
         // Keep grouped-query attention grouped, as in the parent.
         let grouped = parent.attention.num_attention_heads != parent.attention.num_key_value_heads;
         if grouped && r.num_attention_heads == r.num_key_value_heads {

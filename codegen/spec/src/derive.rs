@@ -411,16 +411,7 @@ fn apply(parent: &Gemma4Spec, file: &DerivedSpecFile) -> (Gemma4Spec, Vec<Issue>
             parent.mlp.intermediate_size,
         ),
     ];
-    for (field, v, pv) in grow {
-        if v > pv {
-            issues.push(Issue::new(
-                rp(field),
-                format!("{v} is larger than the parent's {pv}"),
-                format!("at most {pv}"),
-                "a reduction only shrinks sizes",
-            ));
-        }
-    }
+    check_shrinks(&grow, &mut issues);
     if !issues.is_empty() {
         return (spec, issues);
     }
@@ -523,4 +514,18 @@ fn check_quant_divisibility(spec: &Gemma4Spec) -> Vec<Issue> {
         "a group size dividing every quantized module's input dimension",
         "derived specs must exercise quantization everywhere: pick reduced sizes that are multiples of the group size, or a smaller group",
     )]
+}
+
+/// A reduction only shrinks: each (field, reduced, parent's) must not grow.
+pub(crate) fn check_shrinks(sizes: &[(&str, u32, u32)], issues: &mut Vec<Issue>) {
+    for &(field, v, pv) in sizes {
+        if v > pv {
+            issues.push(Issue::new(
+                p("derive.reduce").key(field),
+                format!("{v} is larger than the parent's {pv}"),
+                format!("at most {pv}"),
+                "a reduction only shrinks sizes",
+            ));
+        }
+    }
 }

@@ -403,41 +403,52 @@ fn deserialize_full(
         Ok(spec) => Ok(spec),
         Err(first) => {
             // Deserialize section by section to report every section's first error.
-            let mut issues = Vec::new();
-            let map = value.as_mapping().cloned().unwrap_or_default();
-            for (k, _) in map.iter() {
-                let key = k.as_str().unwrap_or("");
-                if !FULL_SECTIONS.contains(&key) {
-                    issues.push(unknown_field(&FieldPath::root(), key, &FULL_SECTIONS));
-                }
-            }
-            macro_rules! section {
-                ($name:literal, $ty:ty) => {
-                    match map.get($name) {
-                        None => issues.push(missing_field(&FieldPath::root(), $name)),
-                        Some(v) => {
-                            if let Err(e) = de_at::<$ty>(v.clone(), &FieldPath::root().key($name)) {
-                                issues.push(e);
-                            }
-                        }
-                    }
-                };
-            }
-            section!("format_version", u32);
-            section!("identity", Identity);
-            section!("model", ModelDims);
-            section!("layers", Layers);
-            section!("attention", Attention);
-            section!("rope", Rope);
-            section!("mlp", Mlp);
-            section!("moe", Option<Moe>);
-            section!("per_layer_input", Option<PerLayerInput>);
-            section!("quantization", Option<Quantization>);
-            section!("kv_quantization", Option<Vec<KvQuantEntry>>);
+            let (map, mut issues) = Sections::of(&value, &FULL_SECTIONS);
+            map.check::<u32>("format_version", &mut issues);
+            map.check::<Identity>("identity", &mut issues);
+            map.check::<ModelDims>("model", &mut issues);
+            map.check::<Layers>("layers", &mut issues);
+            map.check::<Attention>("attention", &mut issues);
+            map.check::<Rope>("rope", &mut issues);
+            map.check::<Mlp>("mlp", &mut issues);
+            map.check::<Option<Moe>>("moe", &mut issues);
+            map.check::<Option<PerLayerInput>>("per_layer_input", &mut issues);
+            map.check::<Option<Quantization>>("quantization", &mut issues);
+            map.check::<Option<Vec<KvQuantEntry>>>("kv_quantization", &mut issues);
             if issues.is_empty() {
                 issues.push(serde_issue(&FieldPath::root(), first));
             }
             Err(locate_serde(tree, origin, issues))
+        }
+    }
+}
+
+/// The top-level mapping of a document that did not deserialize whole, read
+/// section by section so that every section's first error is reported.
+pub(crate) struct Sections(serde_yaml::Mapping);
+
+impl Sections {
+    /// The mapping, and an issue for every key that is not one of `known`.
+    pub(crate) fn of(value: &serde_yaml::Value, known: &[&str]) -> (Self, Vec<Issue>) {
+        let map = value.as_mapping().cloned().unwrap_or_default();
+        let issues = map
+            .iter()
+            .map(|(k, _)| k.as_str().unwrap_or(""))
+            .filter(|k| !known.contains(k))
+            .map(|k| unknown_field(&FieldPath::root(), k, known))
+            .collect();
+        (Sections(map), issues)
+    }
+
+    /// Section `name` missing, or its first type error.
+    pub(crate) fn check<T: DeserializeOwned>(&self, name: &str, issues: &mut Vec<Issue>) {
+        match self.0.get(name) {
+            None => issues.push(missing_field(&FieldPath::root(), name)),
+            Some(v) => {
+                if let Err(e) = de_at::<T>(v.clone(), &FieldPath::root().key(name)) {
+                    issues.push(e);
+                }
+            }
         }
     }
 }
