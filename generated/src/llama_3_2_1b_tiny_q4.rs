@@ -138,7 +138,7 @@ impl CausalLm for Model {
             &mut cache.layer_3,
             &mask,
         )?;
-        let logits = d::logits(&h, &self.norm, d::Head::Tied(&self.embed), EPS)?;
+        let logits = d::logits(&h, &self.norm, d::Head::Tied(&self.embed), None, EPS)?;
         if tables.is_some() { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }
 }

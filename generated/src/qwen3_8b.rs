@@ -620,7 +620,13 @@ impl CausalLm for Model {
             &mut cache.layer_35,
             &mask,
         )?;
-        let logits = d::logits(&h, &self.norm, d::Head::Untied(&self.lm_head), EPS)?;
+        let logits = d::logits(
+            &h,
+            &self.norm,
+            d::Head::Untied(&self.lm_head),
+            None,
+            EPS,
+        )?;
         if tables.is_some() { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }
 }

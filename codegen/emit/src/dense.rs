@@ -8,7 +8,7 @@ use archgen_spec::{Family, LayerFacts, RopeKind};
 use proc_macro2::{Literal, TokenStream};
 use quote::quote;
 
-use crate::model::{ident, layer_field, lit_f32, lit_i32};
+use crate::model::{layer_field, lit_f32, lit_i32};
 
 fn rope_init(f: &LayerFacts) -> Result<TokenStream, String> {
     let hd = lit_i32(f.head_dim)?;
@@ -129,7 +129,6 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
     } else {
         " Attention of every layer."
     };
-    let _ = ident; // shared helpers with the Gemma-4 emitter
     Ok(quote! {
         use archgen_runtime::attention::Mask;
         use archgen_runtime::cache::KvCache;
@@ -215,7 +214,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 };
                 let h = if tables.is_some() { h.reshape(&[-1, HIDDEN])? } else { h };
                 #(#steps)*
-                let logits = d::logits(&h, &self.norm, #head, EPS)?;
+                let logits = d::logits(&h, &self.norm, #head, None, EPS)?;
                 if tables.is_some() { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
             }
         }

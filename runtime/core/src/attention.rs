@@ -68,6 +68,48 @@ pub fn sdpa_one_token(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Arr
     p.matmul(v)?.reshape(&[b, h * d])
 }
 
+/// (B, L) of hidden states [B, L, hidden]; [B, hidden] is one token per
+/// row (the compiled decode blocks use that form: a 2-D matmul is one node,
+/// a 3-D one is flatten + matmul + unflatten around the same kernel).
+pub fn batch_and_len(x: &Array) -> (i32, i32) {
+    let s = x.shape();
+    if s.len() == 2 {
+        (s[0], 1)
+    } else {
+        (s[0], s[1])
+    }
+}
+
+/// The shape attention's heads are merged into: [B, L, H*D], or [B*L, H*D]
+/// rows (`rows`, the compiled decode blocks' form).
+pub fn merged(b: i32, l: i32, rows: bool) -> Vec<i32> {
+    if rows {
+        vec![b * l, -1]
+    } else {
+        vec![b, l, -1]
+    }
+}
+
+/// Attention of `q` [B, H, L, D] over `k`, `v`, heads merged back for
+/// `o_proj` ([`merged`]); one unmasked token in the rows form takes
+/// [`sdpa_one_token`] (every one-token step over a cache, which has no mask).
+pub fn attend(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    mask: &Mask,
+    rows: bool,
+) -> Result<Array> {
+    let (b, l) = (q.shape()[0], q.shape()[2]);
+    if rows && l == 1 && matches!(mask, Mask::None) {
+        return sdpa_one_token(q, k, v, scale);
+    }
+    sdpa(q, k, v, scale, mask)?
+        .transpose_axes(&[0, 2, 1, 3])?
+        .reshape(&merged(b, l, rows))
+}
+
 /// `mx.finfo(dtype).min` as the Python float mlx-lm passes to `mx.where`.
 pub fn finfo_min(dtype: mlx_rs::Dtype) -> f64 {
     match dtype {

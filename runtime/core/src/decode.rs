@@ -37,7 +37,7 @@ use std::rc::Rc;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
-use crate::attention::{sdpa, sdpa_one_token, Mask};
+use crate::attention::{attend, Mask};
 use crate::cache::{KvCache, LayerCache};
 use crate::dense;
 use crate::gemma4::{self, AttentionShape, AttentionWeights, KvWeights, LayerNorms, Mlp, MoeBlock};
@@ -794,7 +794,8 @@ impl Flat for PleGate {
     }
 }
 
-// ---- Dense families (Qwen3, Llama): the same two blocks per layer.
+// ---- Dense families (Qwen3, Llama): the same two blocks per layer, tracing
+// the eager `dense` functions.
 
 /// One decode step (one token) of a dense layer, or the eager layer when
 /// `tables` is `None` (prefill, or the decode path off): `h` and the result
@@ -814,18 +815,12 @@ pub fn dense_layer<const QK_NORM: bool>(
     let qkv = dense_pre_attention::<QK_NORM>(h, w, s, tables)?;
     let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
     let (keys, values) = cache.update_and_fetch(&k, &v)?;
-    let o = match mask {
-        // A one-token step over a KVCache has no mask (`make_mask(1)`).
-        Mask::None => sdpa_one_token(&q, &keys, &values, s.scale)?,
-        _ => sdpa(&q, &keys, &values, s.scale, mask)?
-            .transpose_axes(&[0, 2, 1, 3])?
-            .reshape(&[h.shape()[0], -1])?,
-    };
+    let o = attend(&q, &keys, &values, s.scale, mask, true)?;
     dense_post_attention(h, &o, w, s)
 }
 
-/// `input_layernorm`, the Q/K/V projections, (Qwen3) their per-head norms,
-/// the transposes and RoPE from this step's tables.
+/// `input_layernorm`, then [`dense::project`] with RoPE from this step's
+/// tables.
 fn dense_pre_attention<const QK_NORM: bool>(
     h: &Array,
     w: &dense::Layer,
@@ -852,24 +847,10 @@ fn dense_pre_attention<const QK_NORM: bool>(
     rope.cos_t.put(&mut p);
     rope.sin_t.put(&mut p);
     w.input_norm.put(&mut p);
-    w.attn.q_proj.put(&mut p);
-    w.attn.k_proj.put(&mut p);
-    w.attn.v_proj.put(&mut p);
-    if QK_NORM {
-        w.attn.qk_norm.put(&mut p);
-    }
+    w.attn.put(&mut p);
     let dims = rope.dims;
     p.run(true, |covered| {
-        let (q_proj, k_proj, v_proj) = (
-            hollow(&w.attn.q_proj),
-            hollow(&w.attn.k_proj),
-            hollow(&w.attn.v_proj),
-        );
-        let qk_norm = if QK_NORM {
-            w.attn.qk_norm.as_ref().map(hollow)
-        } else {
-            None
-        };
+        let attn = hollow(&w.attn);
         let norms = NormInputs::new(&[s.eps], &widths);
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
@@ -883,27 +864,11 @@ fn dense_pre_attention<const QK_NORM: bool>(
                 sin_t: next(it),
             };
             let norm = next(it);
-            let (q_proj, k_proj, v_proj) = (q_proj.take(it), k_proj.take(it), v_proj.take(it));
-            let qk_norm = qk_norm.as_ref().map(|n| n.take(it));
+            let attn = attn.take(it);
             let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
                 let x = rms_norm(&h, Some(&norm), s.eps)?;
-                let b = x.shape()[0];
-                let heads = |l: &Linear, n: i32| l.forward(&x)?.reshape(&[b, 1, n, s.head_dim]);
-                let (q, k) = (heads(&q_proj, s.n_heads)?, heads(&k_proj, s.n_kv_heads)?);
-                let v = heads(&v_proj, s.n_kv_heads)?;
-                let (q, k) = match &qk_norm {
-                    Some((qn, kn)) => (
-                        rms_norm(&q, Some(qn), s.eps)?,
-                        rms_norm(&k, Some(kn), s.eps)?,
-                    ),
-                    None => (q, k),
-                };
-                let t = |a: &Array| a.transpose_axes(&[0, 2, 1, 3]);
-                Ok(vec![
-                    apply_tables(&t(&q)?, &tables)?,
-                    apply_tables(&t(&k)?, &tables)?,
-                    t(&v)?,
-                ])
+                let rope = |t: &Array| apply_tables(t, &tables);
+                Ok(dense::project::<QK_NORM>(&x, &attn, s, &rope)?.to_vec())
             });
             covered.set(all);
             out
@@ -911,8 +876,7 @@ fn dense_pre_attention<const QK_NORM: bool>(
     })
 }
 
-/// `o_proj`, the residual, `post_attention_layernorm`, the SwiGLU MLP and
-/// the second residual.
+/// `o_proj`, then [`dense::residual_and_mlp`].
 fn dense_post_attention(h: &Array, o: &Array, w: &dense::Layer, s: dense::Shape) -> Result<Array> {
     let hidden = h.shape()[h.ndim() - 1];
     let mut p = Packed::new(4);
@@ -923,37 +887,64 @@ fn dense_post_attention(h: &Array, o: &Array, w: &dense::Layer, s: dense::Shape)
     o.put(&mut p);
     w.attn.o_proj.put(&mut p);
     w.post_attention_norm.put(&mut p);
-    w.mlp.gate_proj.put(&mut p);
-    w.mlp.up_proj.put(&mut p);
-    w.mlp.down_proj.put(&mut p);
+    w.mlp.put(&mut p);
     let out = p.run(true, |covered| {
-        let (o_proj, gate, up, down) = (
-            hollow(&w.attn.o_proj),
-            hollow(&w.mlp.gate_proj),
-            hollow(&w.mlp.up_proj),
-            hollow(&w.mlp.down_proj),
-        );
+        let (o_proj, mlp) = (hollow(&w.attn.o_proj), hollow(&w.mlp));
         let norms = NormInputs::new(&[s.eps], &[hidden]);
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
             let scope = norms.with_arrays(it).ok_or_else(bad_outputs)?;
             let o = next(it);
-            let o_proj = o_proj.take(it);
-            let norm = next(it);
-            let mlp = dense::Mlp {
-                gate_proj: gate.take(it),
-                up_proj: up.take(it),
-                down_proj: down.take(it),
-            };
+            let (o_proj, norm, mlp) = (o_proj.take(it), next(it), mlp.take(it));
             let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
-                let h = h.add(&o_proj.forward(&o)?)?;
-                let r = mlp.forward(&rms_norm(&h, Some(&norm), s.eps)?)?;
-                Ok(vec![h.add(&r)?])
+                let r = o_proj.forward(&o)?;
+                Ok(vec![dense::residual_and_mlp(&h, &r, &norm, &mlp, s.eps)?])
             });
             covered.set(all);
             out
         })
     })?;
     out.into_iter().next().ok_or_else(bad_outputs)
+}
+
+impl Flat for dense::Attention {
+    fn put(&self, p: &mut Packed) {
+        // o_proj is used after attention, not here.
+        self.q_proj.put(p);
+        self.k_proj.put(p);
+        self.v_proj.put(p);
+        self.qk_norm.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let (q_proj, k_proj, v_proj) = (
+            self.q_proj.take(it),
+            self.k_proj.take(it),
+            self.v_proj.take(it),
+        );
+        dense::Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj: hollow(&self.o_proj),
+            qk_norm: self.qk_norm.take(it),
+        }
+    }
+}
+
+impl Flat for dense::Mlp {
+    fn put(&self, p: &mut Packed) {
+        self.gate_proj.put(p);
+        self.up_proj.put(p);
+        self.down_proj.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let gate_proj = self.gate_proj.take(it);
+        let up_proj = self.up_proj.take(it);
+        dense::Mlp {
+            gate_proj,
+            up_proj,
+            down_proj: self.down_proj.take(it),
+        }
+    }
 }

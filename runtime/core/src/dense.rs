@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use mlx_rs::Array;
 
-use crate::attention::{sdpa, Mask};
+use crate::attention::{attend, batch_and_len, Mask};
 use crate::cache::KvCache;
 use crate::layers::{Embedding, Linear};
 use crate::ops::{rms_norm, swiglu, Result};
@@ -96,29 +96,21 @@ impl Layer {
     }
 }
 
-/// Queries, keys, values [B, heads, L, head_dim], roped at the cache offset.
+/// Queries, keys, values [B, heads, L, head_dim] of `x` ([B, L, hidden], or
+/// rows [B, hidden] in the decode blocks); Q and K through `rope`.
 /// `QK_NORM` (Qwen3) applies the per-head RMSNorm to queries and keys; it is a
 /// const parameter so a generated model resolves it at compile time.
-fn project<const QK_NORM: bool>(
+pub fn project<const QK_NORM: bool>(
     x: &Array,
     a: &Attention,
     s: Shape,
-    rope: &Rope,
-    offset: i32,
+    rope: &dyn Fn(&Array) -> Result<Array>,
 ) -> Result<[Array; 3]> {
-    let (b, l) = (x.shape()[0], x.shape()[1]);
-    let q = a
-        .q_proj
-        .forward(x)?
-        .reshape(&[b, l, s.n_heads, s.head_dim])?;
-    let k = a
-        .k_proj
-        .forward(x)?
-        .reshape(&[b, l, s.n_kv_heads, s.head_dim])?;
-    let v = a
-        .v_proj
-        .forward(x)?
-        .reshape(&[b, l, s.n_kv_heads, s.head_dim])?;
+    let (b, l) = batch_and_len(x);
+    let heads = |p: &Linear, n: i32| p.forward(x)?.reshape(&[b, l, n, s.head_dim]);
+    let q = heads(&a.q_proj, s.n_heads)?;
+    let k = heads(&a.k_proj, s.n_kv_heads)?;
+    let v = heads(&a.v_proj, s.n_kv_heads)?;
     let (q, k) = if QK_NORM {
         let (qn, kn) = a.qk_norm.as_ref().ok_or_else(|| {
             mlx_rs::error::Exception::custom("q/k norm weights were not loaded for this layer")
@@ -131,12 +123,7 @@ fn project<const QK_NORM: bool>(
         (q, k)
     };
     let t = |a: Array| a.transpose_axes(&[0, 2, 1, 3]);
-    let offset = Array::from_int(offset);
-    Ok([
-        rope.apply(&t(q)?, &offset)?,
-        rope.apply(&t(k)?, &offset)?,
-        t(v)?,
-    ])
+    Ok([rope(&t(q)?)?, rope(&t(k)?)?, t(v)?])
 }
 
 /// Self-attention over the layer's cache (updated here), then `o_proj`.
@@ -148,12 +135,25 @@ pub fn attention<const QK_NORM: bool>(
     cache: &mut KvCache,
     mask: &Mask,
 ) -> Result<Array> {
-    let (b, l) = (x.shape()[0], x.shape()[1]);
-    let [q, k, v] = project::<QK_NORM>(x, a, s, rope, cache.offset)?;
+    let offset = Array::from_int(cache.offset);
+    let [q, k, v] = project::<QK_NORM>(x, a, s, &|t| rope.apply(t, &offset))?;
     let (keys, values) = cache.update_and_fetch(&k, &v)?;
-    let o = sdpa(&q, &keys, &values, s.scale, mask)?;
-    let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-    a.o_proj.forward(&o)
+    a.o_proj
+        .forward(&attend(&q, &keys, &values, s.scale, mask, false)?)
+}
+
+/// The second half of a layer: `h = x + r` (`r` the attention output), then
+/// `h + mlp(post_attention_layernorm(h))`.
+pub fn residual_and_mlp(
+    x: &Array,
+    r: &Array,
+    post_norm: &Array,
+    mlp: &Mlp,
+    eps: f32,
+) -> Result<Array> {
+    let h = x.add(r)?;
+    let m = mlp.forward(&rms_norm(&h, Some(post_norm), eps)?)?;
+    h.add(&m)
 }
 
 /// A whole decoder layer (`TransformerBlock.__call__`).
@@ -173,23 +173,10 @@ pub fn layer<const QK_NORM: bool>(
         cache,
         mask,
     )?;
-    let h = x.add(&r)?;
-    let r = w
-        .mlp
-        .forward(&rms_norm(&h, Some(&w.post_attention_norm), s.eps)?)?;
-    h.add(&r)
+    residual_and_mlp(x, &r, &w.post_attention_norm, &w.mlp, s.eps)
 }
 
-/// Final norm and head: `embed_tokens.as_linear` when tied, else `lm_head`.
-pub fn logits(h: &Array, norm: &Array, head: Head<'_>, eps: f32) -> Result<Array> {
-    let h = rms_norm(h, Some(norm), eps)?;
-    match head {
-        Head::Tied(e) => e.as_linear(&h),
-        Head::Untied(l) => l.forward(&h),
-    }
-}
-
-pub use crate::gemma4::Head;
+pub use crate::layers::{logits, Head};
 
 /// mlx-lm's `sanitize` for qwen3 / llama, then the `model.` prefix removed:
 /// drops precomputed rotary frequencies and, when tied, `lm_head.weight`.

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use mlx_rs::Array;
 
-use crate::attention::{quantized_sdpa, sdpa, sdpa_one_token, Mask};
+use crate::attention::{attend, batch_and_len, merged, quantized_sdpa, Mask};
 use crate::cache::LayerCache;
 use crate::layers::{Embedding, Linear};
 use crate::moe::{experts, Router, SwitchGlu};
@@ -199,7 +199,7 @@ pub fn attend_own_kv(
         ));
     }
     let (keys, values) = cache.update_and_fetch(k, v)?;
-    let o = attend(q, &keys, &values, mask, b, l, rows)?;
+    let o = attend(q, &keys, &values, 1.0, mask, rows)?;
     Ok((
         o,
         SharedKv {
@@ -233,20 +233,7 @@ pub fn attend_shared_kv(q: &Array, shared: &SharedKv, mask: &Mask, rows: bool) -
             "KV-shared layer over a quantized donor cache: mlx-lm cannot run this (its sharers take the unquantized SDPA)",
         ));
     }
-    let (b, l) = (q.shape()[0], q.shape()[2]);
-    attend(q, &shared.keys, &shared.values, mask, b, l, rows)
-}
-
-/// (B, L) of hidden states [B, L, hidden]; [B, hidden] is one token per
-/// row (the compiled decode blocks use that form: a 2-D matmul is one node,
-/// a 3-D one is flatten + matmul + unflatten around the same kernel).
-fn batch_and_len(x: &Array) -> (i32, i32) {
-    let s = x.shape();
-    if s.len() == 2 {
-        (s[0], 1)
-    } else {
-        (s[0], s[1])
-    }
+    attend(q, &shared.keys, &shared.values, 1.0, mask, rows)
 }
 
 fn queries(x: &Array, w: &AttentionWeights, s: AttentionShape) -> Result<Array> {
@@ -256,34 +243,6 @@ fn queries(x: &Array, w: &AttentionWeights, s: AttentionShape) -> Result<Array> 
         .forward(x)?
         .reshape(&[b, l, s.n_heads, s.head_dim])?;
     rms_norm(&q, Some(&w.q_norm), s.eps)
-}
-
-/// The shape attention's heads are merged into: [B, L, H*D], or [B*L, H*D]
-/// rows (`rows`, the compiled decode blocks' form).
-fn merged(b: i32, l: i32, rows: bool) -> Vec<i32> {
-    if rows {
-        vec![b * l, -1]
-    } else {
-        vec![b, l, -1]
-    }
-}
-
-fn attend(
-    q: &Array,
-    keys: &Array,
-    values: &Array,
-    mask: &Mask,
-    b: i32,
-    l: i32,
-    rows: bool,
-) -> Result<Array> {
-    if rows && l == 1 && matches!(mask, Mask::None) {
-        // One token, no mask (every one-token step of Gemma-4's caches).
-        return sdpa_one_token(q, keys, values, 1.0);
-    }
-    let o = sdpa(q, keys, values, 1.0, mask)?;
-    o.transpose_axes(&[0, 2, 1, 3])?
-        .reshape(&merged(b, l, rows))
 }
 
 /// Dense GeGLU MLP: `down(geglu(gate(x), up(x)))`.
@@ -401,29 +360,7 @@ pub fn finish_layer(
     h.multiply(layer_scalar)
 }
 
-/// Final norm, head (tied embedding or lm_head) and optional tanh softcap.
-pub fn logits(
-    h: &Array,
-    norm: &Array,
-    head: Head<'_>,
-    softcap: Option<f32>,
-    eps: f32,
-) -> Result<Array> {
-    let h = rms_norm(h, Some(norm), eps)?;
-    let out = match head {
-        Head::Tied(e) => e.as_linear(&h)?,
-        Head::Untied(l) => l.forward(&h)?,
-    };
-    match softcap {
-        Some(c) => crate::ops::logit_softcap(c, &out),
-        None => Ok(out),
-    }
-}
-
-pub enum Head<'a> {
-    Tied(&'a Embedding),
-    Untied(&'a Linear),
-}
+pub use crate::layers::{logits, Head};
 
 /// mlx-lm's `gemma4.Model.sanitize` + `gemma4_text.Model.sanitize`, then the
 /// model prefix removed: names come out relative to the text model

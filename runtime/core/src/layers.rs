@@ -132,3 +132,29 @@ impl SwitchLinear {
         }
     }
 }
+
+/// Final norm, head (tied embedding or lm_head) and optional tanh softcap
+/// (every family: Qwen3 and Llama pass `None`).
+pub fn logits(
+    h: &Array,
+    norm: &Array,
+    head: Head<'_>,
+    softcap: Option<f32>,
+    eps: f32,
+) -> Result<Array> {
+    let h = crate::ops::rms_norm(h, Some(norm), eps)?;
+    let out = match head {
+        Head::Tied(e) => e.as_linear(&h)?,
+        Head::Untied(l) => l.forward(&h)?,
+    };
+    match softcap {
+        Some(c) => crate::ops::logit_softcap(c, &out),
+        None => Ok(out),
+    }
+}
+
+/// The output head: the tied embedding (`as_linear`) or an `lm_head`.
+pub enum Head<'a> {
+    Tied(&'a Embedding),
+    Untied(&'a Linear),
+}

@@ -99,6 +99,7 @@ impl CausalLm for DenseMonolith {
             &h,
             &self.outer.norm,
             self.outer.head(),
+            None,
             self.arch.rms_norm_eps,
         )
     }
