@@ -289,37 +289,30 @@ pub fn params(arch: &Architecture) -> Vec<Param> {
             p.width as u64,
         );
     }
-    for f in arch.layers.iter().filter(|_| arch.family.is_dense()) {
-        let lp = format!("{pre}layers.{}.", f.index);
-        for n in ["input_layernorm", "post_attention_layernorm"] {
-            vec_param(&mut out, format!("{lp}{n}.weight"), h);
-        }
-        if arch.qk_norm {
-            for n in ["q_norm", "k_norm"] {
-                vec_param(
-                    &mut out,
-                    format!("{lp}self_attn.{n}.weight"),
-                    f.head_dim as u64,
-                );
-            }
-        }
-    }
-    for f in arch.layers.iter().filter(|_| !arch.family.is_dense()) {
-        let lp = format!("{pre}layers.{}.", f.index);
-        for n in [
+    let gemma4 = !arch.family.is_dense();
+    let layer_norms: &[&str] = if gemma4 {
+        &[
             "input_layernorm",
             "post_attention_layernorm",
             "pre_feedforward_layernorm",
             "post_feedforward_layernorm",
-        ] {
+        ]
+    } else {
+        &["input_layernorm", "post_attention_layernorm"]
+    };
+    for f in &arch.layers {
+        let lp = format!("{pre}layers.{}.", f.index);
+        for n in layer_norms {
             vec_param(&mut out, format!("{lp}{n}.weight"), h);
         }
-        vec_param(
-            &mut out,
-            format!("{lp}self_attn.q_norm.weight"),
-            f.head_dim as u64,
-        );
-        if f.has_kv {
+        if arch.qk_norm {
+            vec_param(
+                &mut out,
+                format!("{lp}self_attn.q_norm.weight"),
+                f.head_dim as u64,
+            );
+        }
+        if arch.qk_norm && f.has_kv {
             vec_param(
                 &mut out,
                 format!("{lp}self_attn.k_norm.weight"),
@@ -344,7 +337,9 @@ pub fn params(arch: &Architecture) -> Vec<Param> {
         if arch.per_layer_input.is_some() {
             vec_param(&mut out, format!("{lp}post_per_layer_input_norm.weight"), h);
         }
-        vec_param(&mut out, format!("{lp}layer_scalar"), 1);
+        if gemma4 {
+            vec_param(&mut out, format!("{lp}layer_scalar"), 1);
+        }
     }
     vec_param(&mut out, format!("{pre}norm.weight"), h);
     out.sort_by_key(|p| natural_key(&p.name));

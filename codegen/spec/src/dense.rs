@@ -157,22 +157,12 @@ pub struct DenseReduce {
 /// All semantic errors of a dense spec (full-spec field paths).
 pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
     use validate::limits::*;
-    let mut out = Vec::new();
-    let mut err = |path: &str, msg: String, exp: &str, hint: &str| {
-        out.push(Issue::new(p(path), msg, exp, hint));
-    };
-    if spec.format_version != FORMAT_VERSION {
-        err(
-            "format_version",
-            format!("format version {} is not supported", spec.format_version),
-            "1",
-            "this archgen reads format_version 1 only",
-        );
-    }
+    let mut c = validate::Checker::default();
+    c.header(spec.format_version, &spec.identity);
     let family = spec.identity.family;
     if !family.is_dense() {
-        err(
-            "identity.family",
+        c.err(
+            p("identity.family"),
             format!("`{}` is not a dense family", family.as_str()),
             "qwen3 or llama",
             "a Gemma-4 spec has the gemma4 layout (docs/spec-format.md)",
@@ -180,8 +170,8 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
     }
     let mt = spec.identity.source.model_type;
     if mt.family() != family {
-        err(
-            "identity.source.model_type",
+        c.err(
+            p("identity.source.model_type"),
             format!(
                 "`{}` is read by mlx-lm's {} module, not {}",
                 mt.as_str(),
@@ -192,125 +182,72 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
             "the model_type must be the family's own (qwen3 → qwen3, llama → llama)",
         );
     }
-    if let Some(r) = &spec.identity.source.repo {
-        if r.trim().is_empty() {
-            err(
-                "identity.source.repo",
-                "empty repo".into(),
-                "`org/name` or null",
-                "write null when the repo is unknown",
-            );
-        }
-    }
-    let m = &spec.model;
-    let a = &spec.attention;
+    let (m, a) = (&spec.model, &spec.attention);
     let mut ok = true;
-    let sizes: [(&str, u32, u32, &str); 8] = [
-        (
-            "model.hidden_size",
-            m.hidden_size,
-            MAX_HIDDEN,
-            "the model width",
-        ),
-        (
-            "model.vocab_size",
-            m.vocab_size,
-            MAX_VOCAB,
-            "rows of embed_tokens",
-        ),
-        (
-            "model.max_position_embeddings",
-            m.max_position_embeddings,
-            MAX_POSITIONS,
-            "`max_position_embeddings` from config.json",
-        ),
-        (
-            "layers.num_hidden_layers",
-            spec.layers.num_hidden_layers,
-            MAX_LAYERS,
-            "the number of decoder layers",
-        ),
-        (
-            "attention.num_attention_heads",
-            a.num_attention_heads,
-            MAX_HEADS,
-            "query heads",
-        ),
-        (
-            "attention.num_key_value_heads",
-            a.num_key_value_heads,
-            MAX_HEADS,
-            "KV heads",
-        ),
-        (
-            "attention.head_dim",
-            a.head_dim,
-            MAX_HEAD_DIM,
-            "head dimension",
-        ),
-        (
-            "mlp.intermediate_size",
-            spec.mlp.intermediate_size,
-            MAX_INTERMEDIATE,
-            "SwiGLU width",
-        ),
-    ];
-    for (path, v, max, hint) in sizes {
-        if v == 0 || v > max {
-            err(
-                path,
-                format!("{v} is out of range"),
-                &format!("an integer in 1..={max}"),
-                hint,
-            );
-            ok = false;
-        }
-    }
-    if !(m.rms_norm_eps.is_finite() && m.rms_norm_eps > 0.0 && m.rms_norm_eps <= 0.1) {
-        err(
-            "model.rms_norm_eps",
-            format!("{} is not a usable epsilon", m.rms_norm_eps),
-            "a number in (0, 0.1]",
-            "Qwen3 uses 1.0e-6, Llama-3.2 1.0e-5",
-        );
-    }
-    if a.head_dim % 2 != 0 {
-        err(
-            "attention.head_dim",
-            format!("{} is odd", a.head_dim),
-            "an even head dimension",
-            "RoPE rotates pairs of dimensions",
-        );
-        ok = false;
-    }
-    if a.num_key_value_heads > 0 && a.num_attention_heads % a.num_key_value_heads != 0 {
-        err(
-            "attention.num_key_value_heads",
-            format!(
-                "{} query heads are not divisible by {} KV heads",
-                a.num_attention_heads, a.num_key_value_heads
-            ),
-            "a divisor of num_attention_heads",
-            "grouped-query attention repeats each KV head num_attention_heads / num_key_value_heads times",
-        );
-        ok = false;
-    }
+    ok &= c.range(
+        "model.hidden_size",
+        m.hidden_size,
+        MAX_HIDDEN,
+        "the model width",
+    );
+    ok &= c.range(
+        "model.vocab_size",
+        m.vocab_size,
+        MAX_VOCAB,
+        "rows of embed_tokens",
+    );
+    ok &= c.range(
+        "model.max_position_embeddings",
+        m.max_position_embeddings,
+        MAX_POSITIONS,
+        "`max_position_embeddings` from config.json",
+    );
+    ok &= c.range(
+        "layers.num_hidden_layers",
+        spec.layers.num_hidden_layers,
+        MAX_LAYERS,
+        "the number of decoder layers",
+    );
+    ok &= c.range(
+        "attention.num_attention_heads",
+        a.num_attention_heads,
+        MAX_HEADS,
+        "query heads",
+    );
+    ok &= c.range(
+        "attention.num_key_value_heads",
+        a.num_key_value_heads,
+        MAX_HEADS,
+        "KV heads",
+    );
+    ok &= c.range(
+        "attention.head_dim",
+        a.head_dim,
+        MAX_HEAD_DIM,
+        "head dimension",
+    );
+    ok &= c.range(
+        "mlp.intermediate_size",
+        spec.mlp.intermediate_size,
+        MAX_INTERMEDIATE,
+        "SwiGLU width",
+    );
+    c.eps(m.rms_norm_eps, "Qwen3 uses 1.0e-6, Llama-3.2 1.0e-5");
+    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
+    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
     if family == Family::Qwen3 && spec.rope.traditional {
-        err(
-            "rope.traditional",
-            "true, but mlx-lm's qwen3.py always uses traditional=False".into(),
+        c.err(
+            p("rope.traditional"),
+            "true, but mlx-lm's qwen3.py always uses traditional=False",
             "false",
             "Qwen3 ignores rope_traditional; write false",
         );
     }
-    if !(spec.rope.rope_theta.is_finite() && spec.rope.rope_theta > 0.0) {
-        err(
-            "rope.rope_theta",
-            format!("{} is not a positive finite number", spec.rope.rope_theta),
-            "a number > 0",
-            "the RoPE base, e.g. 500000.0",
-        );
-    }
+    c.positive_finite(
+        "rope.rope_theta",
+        spec.rope.rope_theta,
+        "the RoPE base, e.g. 500000.0",
+    );
     if let Some(RopeScaling::Llama3 {
         factor,
         low_freq_factor,
@@ -323,40 +260,35 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
             ("low_freq_factor", *low_freq_factor),
             ("high_freq_factor", *high_freq_factor),
         ] {
-            if !(v.is_finite() && v > 0.0) {
-                err(
-                    &format!("rope.scaling.{name}"),
-                    format!("{v} is not a positive finite number"),
-                    "a number > 0",
-                    "Llama-3.2 uses factor 32, low 1, high 4",
-                );
-            }
+            c.positive_finite(
+                &format!("rope.scaling.{name}"),
+                v,
+                "Llama-3.2 uses factor 32, low 1, high 4",
+            );
         }
         if high_freq_factor <= low_freq_factor {
-            err(
-                "rope.scaling.high_freq_factor",
+            c.err(
+                p("rope.scaling.high_freq_factor"),
                 format!("{high_freq_factor} is not above low_freq_factor {low_freq_factor}"),
                 "high_freq_factor > low_freq_factor",
                 "the smoothing divides by high_freq_factor - low_freq_factor",
             );
         }
         if *original_max_position_embeddings == 0 {
-            err(
-                "rope.scaling.original_max_position_embeddings",
-                "0 is out of range".into(),
+            c.err(
+                p("rope.scaling.original_max_position_embeddings"),
+                "0 is out of range",
                 "a positive integer",
                 "Llama-3 uses 8192",
             );
         }
     }
-    validate::check_name(&mut out, &spec.identity.name, &p("identity.name"));
-    if ok && out.is_empty() {
+    if ok && c.issues.is_empty() {
         if let Some(q) = &spec.quantization {
-            let arch = resolve(spec);
-            validate::check_quantization(q, &arch, &mut out);
+            validate::check_quantization(q, &resolve(spec), &mut c.issues);
         }
     }
-    out
+    c.issues
 }
 
 // ---------------------------------------------------------------- resolution

@@ -31,12 +31,14 @@ fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
 }
 
-struct Checker {
-    issues: Vec<Issue>,
+/// Collects issues; the checks every family's layout shares live here once.
+#[derive(Default)]
+pub(crate) struct Checker {
+    pub(crate) issues: Vec<Issue>,
 }
 
 impl Checker {
-    fn err(
+    pub(crate) fn err(
         &mut self,
         path: FieldPath,
         msg: impl Into<String>,
@@ -46,7 +48,7 @@ impl Checker {
         self.issues.push(Issue::new(path, msg, exp, hint));
     }
     /// `1 <= v <= max`; returns whether it holds.
-    fn range(&mut self, path: &str, v: u32, max: u32, hint: &str) -> bool {
+    pub(crate) fn range(&mut self, path: &str, v: u32, max: u32, hint: &str) -> bool {
         if v == 0 || v > max {
             self.err(
                 p(path),
@@ -59,13 +61,74 @@ impl Checker {
             true
         }
     }
-    fn positive_finite(&mut self, path: &str, v: f64, hint: &str) -> bool {
+    pub(crate) fn positive_finite(&mut self, path: &str, v: f64, hint: &str) -> bool {
         if !(v.is_finite() && v > 0.0) {
             self.err(
                 p(path),
                 format!("{v} is not a positive finite number"),
                 "a number > 0",
                 hint,
+            );
+            false
+        } else {
+            true
+        }
+    }
+    /// `format_version`, `identity.name` and `identity.source.repo`.
+    pub(crate) fn header(&mut self, format_version: u32, identity: &Identity) {
+        if format_version != FORMAT_VERSION {
+            self.err(
+                p("format_version"),
+                format!("format version {format_version} is not supported"),
+                format!("{FORMAT_VERSION}"),
+                "this archgen reads format_version 1 only",
+            );
+        }
+        check_name(&mut self.issues, &identity.name, &p("identity.name"));
+        if let Some(r) = &identity.source.repo {
+            if r.trim().is_empty() {
+                self.err(
+                    p("identity.source.repo"),
+                    "empty repo",
+                    "`org/name` or null",
+                    "write null when the repo is unknown",
+                );
+            }
+        }
+    }
+    /// `model.rms_norm_eps` in (0, 0.1].
+    pub(crate) fn eps(&mut self, eps: f64, hint: &str) {
+        if !(eps.is_finite() && eps > 0.0 && eps <= 0.1) {
+            self.err(
+                p("model.rms_norm_eps"),
+                format!("{eps} is not a usable epsilon"),
+                "a number in (0, 0.1]",
+                hint,
+            );
+        }
+    }
+    /// A head dimension RoPE can rotate (even); returns whether it is.
+    pub(crate) fn even_head_dim(&mut self, path: &str, v: u32) -> bool {
+        if v % 2 != 0 {
+            self.err(
+                p(path),
+                format!("{v} is odd"),
+                "an even head dimension",
+                "RoPE rotates pairs of dimensions",
+            );
+            false
+        } else {
+            true
+        }
+    }
+    /// `attention.num_key_value_heads` divides the query heads; returns whether it does.
+    pub(crate) fn grouped(&mut self, heads: u32, kv_heads: u32) -> bool {
+        if heads > 0 && kv_heads > 0 && heads % kv_heads != 0 {
+            self.err(
+                p("attention.num_key_value_heads"),
+                format!("{heads} query heads are not divisible by {kv_heads} KV heads"),
+                "a divisor of num_attention_heads",
+                "grouped-query attention repeats each KV head num_attention_heads / num_key_value_heads times",
             );
             false
         } else {
@@ -117,26 +180,8 @@ pub(crate) fn check_quant_params(q: &QuantParams, path: &FieldPath) -> Vec<Issue
 
 /// All semantic errors of a resolved spec (paths in full-spec coordinates).
 pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
-    let mut c = Checker { issues: Vec::new() };
-    if spec.format_version != FORMAT_VERSION {
-        c.err(
-            p("format_version"),
-            format!("format version {} is not supported", spec.format_version),
-            format!("{FORMAT_VERSION}"),
-            "this archgen reads format_version 1 only",
-        );
-    }
-    check_name(&mut c.issues, &spec.identity.name, &p("identity.name"));
-    if let Some(r) = &spec.identity.source.repo {
-        if r.trim().is_empty() {
-            c.err(
-                p("identity.source.repo"),
-                "empty repo",
-                "`org/name` or null",
-                "write null when the repo is unknown",
-            );
-        }
-    }
+    let mut c = Checker::default();
+    c.header(spec.format_version, &spec.identity);
 
     if spec.identity.source.model_type.family() != Family::Gemma4 {
         c.err(
@@ -173,14 +218,7 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
         MAX_POSITIONS,
         "`max_position_embeddings` from config.json",
     );
-    if !(m.rms_norm_eps.is_finite() && m.rms_norm_eps > 0.0 && m.rms_norm_eps <= 0.1) {
-        c.err(
-            p("model.rms_norm_eps"),
-            format!("{} is not a usable epsilon", m.rms_norm_eps),
-            "a number in (0, 0.1]",
-            "Gemma-4 uses 1.0e-6",
-        );
-    }
+    c.eps(m.rms_norm_eps, "Gemma-4 uses 1.0e-6");
     if let Some(s) = m.final_logit_softcapping {
         c.positive_finite(
             "model.final_logit_softcapping",
@@ -239,15 +277,7 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
         MAX_HEAD_DIM,
         "head dimension of sliding layers",
     );
-    if a.head_dim % 2 != 0 {
-        c.err(
-            p("attention.head_dim"),
-            format!("{} is odd", a.head_dim),
-            "an even head dimension",
-            "RoPE rotates pairs of dimensions",
-        );
-        ok = false;
-    }
+    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
     if let Some(g) = a.global_head_dim {
         ok &= c.range(
             "attention.global_head_dim",
@@ -255,15 +285,7 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
             MAX_HEAD_DIM,
             "head dimension of full layers; null means head_dim",
         );
-        if g % 2 != 0 {
-            c.err(
-                p("attention.global_head_dim"),
-                format!("{g} is odd"),
-                "an even head dimension",
-                "RoPE rotates pairs of dimensions",
-            );
-            ok = false;
-        }
+        ok &= c.even_head_dim("attention.global_head_dim", g);
     }
     ok &= c.range(
         "attention.sliding_window",
@@ -271,18 +293,7 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
         MAX_WINDOW,
         "window of sliding layers (`sliding_window`)",
     );
-    if a.num_attention_heads > 0
-        && a.num_key_value_heads > 0
-        && a.num_attention_heads % a.num_key_value_heads != 0
-    {
-        c.err(
-            p("attention.num_key_value_heads"),
-            format!("{} query heads are not divisible by {} KV heads", a.num_attention_heads, a.num_key_value_heads),
-            "a divisor of num_attention_heads",
-            "grouped-query attention repeats each KV head num_attention_heads / num_key_value_heads times",
-        );
-        ok = false;
-    }
+    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
     match (a.num_global_key_value_heads, a.attention_k_eq_v) {
         (Some(_), false) => c.err(
             p("attention.num_global_key_value_heads"),
