@@ -3,7 +3,37 @@
 //! over the layers with every branch resolved at generation time.
 
 use archgen_plan::{KindKey, Plan};
+use archgen_spec::ir::{FeedForward, KvSource, LayerInput, Values, Window};
 use archgen_spec::{LayerFacts, LayerType, RopeKind};
+
+/// The Gemma-4 emitter's view of a kind.
+struct KindFacts {
+    layer_type: LayerType,
+    own_kv: bool,
+    k_eq_v: bool,
+    moe: bool,
+    ple: bool,
+}
+
+fn kind_facts(key: &KindKey) -> KindFacts {
+    let a = key.0.attention();
+    KindFacts {
+        layer_type: match a.window {
+            Window::Sliding(_) => LayerType::Sliding,
+            Window::Full => LayerType::Full,
+        },
+        own_kv: a.owns_kv(),
+        k_eq_v: matches!(
+            a.kv,
+            KvSource::Own {
+                values: Values::SameAsKeys,
+                ..
+            }
+        ),
+        moe: matches!(key.0.ffn, FeedForward::MlpAndMoe { .. }),
+        ple: matches!(key.0.input, LayerInput::Gated { .. }),
+    }
+}
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::quote;
 
@@ -61,8 +91,9 @@ fn type_words(t: LayerType) -> &'static str {
 }
 
 /// The struct and impl of one layer kind.
-fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
-    let name = ident(&key.type_name());
+fn kind_tokens(kind_key: &KindKey, type_name: &str, layers: &[usize]) -> TokenStream {
+    let key = &kind_facts(kind_key);
+    let name = ident(type_name);
     let shape = shape_const(key.layer_type);
     let list = layers
         .iter()
@@ -299,7 +330,7 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
     let kinds: Vec<TokenStream> = plan
         .kinds
         .iter()
-        .map(|k| kind_tokens(&k.key, &k.layers))
+        .map(|k| kind_tokens(&k.key, &k.name, &k.layers))
         .collect();
 
     // Model fields and loading.
@@ -309,7 +340,7 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
     let mut cache_inits = Vec::new();
     for f in &a.layers {
         let field = layer_field(f.index);
-        let kind = ident(&plan.kinds[plan.layer_kind[f.index]].key.type_name());
+        let kind = ident(&plan.kinds[plan.layer_kind[f.index]].name);
         let (i, width) = (f.index, lit_i32(f.mlp_width)?);
         fields.push(quote! { #field: #kind, });
         loads.push(quote! { #field: #kind::load(&mut w, #i, #width), });
@@ -369,9 +400,15 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
     });
     let mut masks = Vec::new();
     let mut step_tables = Vec::new();
+    let first_of = |full: bool| {
+        plan.first_of_window
+            .iter()
+            .find(|(w, _)| matches!(w, Window::Full) == full)
+            .map(|(_, l)| *l)
+    };
     for (t, first) in [
-        (LayerType::Sliding, plan.first_sliding),
-        (LayerType::Full, plan.first_full),
+        (LayerType::Sliding, first_of(false)),
+        (LayerType::Full, first_of(true)),
     ] {
         if let Some(first) = first {
             let var = mask_var(t);

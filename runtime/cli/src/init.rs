@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
+use archgen_spec::ir::{KvCache, KvSource};
 use archgen_spec::ModuleKind;
 
 fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String> {
@@ -25,7 +26,7 @@ fn dtype_of(name: &str) -> Dtype {
 
 pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), String> {
     let spec = archgen_spec::load(spec_path).map_err(|d| d.to_string())?;
-    let arch = spec.resolve();
+    let ir = spec.lower();
     let dt = dtype_of(dtype);
     let mut tensors: BTreeMap<String, Array> = BTreeMap::new();
     let mut n = 0u64;
@@ -33,7 +34,7 @@ pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), 
         n += 1;
         mlx_rs::random::key(seed.wrapping_mul(1_000_003).wrapping_add(n))
     };
-    let modules = arch.quantizable_modules();
+    let modules = ir.quantizable_modules();
     for m in &modules {
         let mut shape = vec![m.out_dim as i32, m.in_dim as i32];
         if m.kind == ModuleKind::SwitchLinear {
@@ -47,7 +48,7 @@ pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), 
         let key = mlx(next_key())?;
         let w = mlx(mlx_rs::random::normal::<f32>(&shape, None, None, &key))?;
         let w = mlx(mlx(w.multiply(Array::from_f32(std)))?.as_dtype(dt))?;
-        match arch.quant_for(&m.path) {
+        match ir.quant_for(&m.path) {
             Some(q) => {
                 let (wq, scales, biases) = mlx(mlx_rs::ops::quantize(
                     &w,
@@ -66,7 +67,7 @@ pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), 
         }
     }
     // Everything else is a vector parameter (norms, layer scalars, router scales).
-    for p in archgen_plan::params(&arch) {
+    for p in archgen_plan::params(&ir) {
         if tensors.contains_key(&p.name) {
             continue;
         }
@@ -85,11 +86,15 @@ pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), 
         .map_err(|e| format!("cannot write {}: {e}", out.join("config.json").display()))?;
     // Per-layer KV-cache quantization travels as mlx-optiq's kv_config.json,
     // which the loader reads back into the same architecture.
-    let kv: Vec<serde_json::Value> = arch
+    let kv: Vec<serde_json::Value> = ir
         .layers
         .iter()
-        .filter_map(|f| {
-            f.kv_quant.map(|q| serde_json::json!({"layer_idx": f.index, "bits": q.bits, "group_size": q.group_size}))
+        .filter_map(|l| match l.attention().kv {
+            KvSource::Own {
+                cache: KvCache::Quantized(q),
+                ..
+            } => Some(serde_json::json!({"layer_idx": l.index, "bits": q.bits, "group_size": q.group_size})),
+            KvSource::Own { cache: KvCache::Plain, .. } | KvSource::Shared { .. } => None,
         })
         .collect();
     if !kv.is_empty() {

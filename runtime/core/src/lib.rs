@@ -3,6 +3,7 @@
 //! `dense` (Qwen3, Llama).
 
 pub mod attention;
+pub mod blocks;
 pub mod bytes;
 pub mod cache;
 pub mod decode;
