@@ -4,7 +4,6 @@
 //! Output is a pure function of the plan: no time, paths, versions or
 //! map-order effects beyond the generator version itself.
 
-mod dense;
 mod model;
 mod plan_file;
 mod registry;

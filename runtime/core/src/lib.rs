@@ -1,14 +1,12 @@
 //! archgen's one kernel layer on mlx-rs: every model, generated or monolith,
-//! calls these blocks, so layer math exists once. Family blocks: `gemma4`,
-//! `dense` (Qwen3, Llama).
+//! calls these blocks, so layer math exists once. The decoder blocks of
+//! every family are in `blocks`, parameterised by block-IR facts.
 
 pub mod attention;
 pub mod blocks;
 pub mod bytes;
 pub mod cache;
 pub mod decode;
-pub mod dense;
-pub mod gemma4;
 pub mod layers;
 pub mod model;
 pub mod moe;
