@@ -13,8 +13,13 @@
 # wheels are installed with pip --target into /tmp/site, so Python's mlx and
 # the archgen binary load the same libmlx.so (the binary through
 # LD_LIBRARY_PATH). CUDA's own libraries come from the image's PyTorch.
-# STEPs: parity (every case below), probe (q4_probe.py), align (align_probe.py), diagnose SPEC (kernels launched by mlx-lm
-# and by the monolith, runtime/mlx-cuda/kernel_diff.py), bench (bench.py).
+# Making CARRY here: `split -b 60000000 -d -a 1 mlx_cuda_13-0.32.2-*.whl part`
+# (part0 -> DIR1/mlx_cuda_13.whl.part1, part1 -> DIR2/mlx_cuda_13.whl.part2;
+# sha256 of the whole wheel 335094cc...), the wheels from `pip download` as in
+# the device README, `strip` + `xz` of target/release/{archgen,archgen-bench}.
+# STEPs: parity (every case below), probe (q4_probe.py), align
+# (align_probe.py), diagnose SPEC (kernels launched by mlx-lm and by the
+# monolith, kernel_diff.py), bench (bench.py).
 set -uo pipefail
 CARRY=${CARRY:?folder that travelled with the call}
 OUT=${OUT:-/tmp/out}

@@ -158,6 +158,9 @@ fn pipelined_steps<M: CausalLm>(
             .map_err(|e| archgen_runtime::mlx_rs::error::Exception::custom(e.to_string()))
     };
     let total = warm + timed;
+    if total == 0 {
+        return Ok((Vec::new(), Vec::new(), row.clone()));
+    }
     let mut token = lazy_token(row)?;
     async_eval([&token])?;
     let mut last = row.clone();

@@ -418,8 +418,8 @@ impl ModelTask for GenerateTask<'_> {
         // next forward, and step n+1 is built and queued (async_eval) before
         // step n's token is read, so building the graph on the host overlaps
         // the device running the previous step. The values are those of the
-        // one-step-at-a-time loop; only one extra step may run past the last
-        // token (or an EOS), and its result is dropped.
+        // one-step-at-a-time loop; after an EOS the step already queued
+        // behind it runs too, and its result is dropped.
         let mut pending = if max_tokens > 0 {
             Some(step(&Array::from_slice(&[last[0]], &[1, 1]))?)
         } else {
