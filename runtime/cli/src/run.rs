@@ -64,10 +64,6 @@ fn check_ids(what: &str, ids: &[i32], vocab: i32) -> Result<(), String> {
     }
 }
 
-fn argmax(row: &Array) -> Result<i32, String> {
-    mlx(archgen_runtime::protocol::argmax(row))
-}
-
 /// Writes `tensors` to `out` atomically: a temporary beside it, then rename.
 fn save_atomically(tensors: &[(&str, &Array)], out: &Path) -> Result<(), String> {
     let dir = out
@@ -128,34 +124,42 @@ impl ModelTask for LogitsTask<'_> {
     }
 }
 
-/// Samples one token: greedy at temp 0, else seeded categorical over
-/// `logits / temp` restricted to the top-p nucleus.
-fn sample(logits: &Array, temp: f32, top_p: f32, key: &Array) -> Result<i32, String> {
-    if temp == 0.0 {
-        return argmax(logits);
-    }
-    let scaled = mlx(logits.as_dtype(archgen_runtime::Dtype::Float32))?;
-    let scaled = mlx(scaled.multiply(Array::from_f32(1.0 / temp)))?;
-    let scaled = if top_p < 1.0 {
-        let probs = mlx(mlx_rs::ops::softmax_axis(&scaled, -1, true))?;
-        let order = mlx(mlx_rs::ops::argsort_axis(&probs, -1))?;
-        let sorted = mlx(probs.take_along_axis(&order, -1))?;
-        let cum = mlx(mlx_rs::ops::cumsum(&sorted, -1, None, None))?;
-        // Keep the smallest top set whose mass reaches top_p (ascending order).
-        let keep_sorted = mlx(cum.gt(Array::from_f32(1.0 - top_p)))?;
-        let inverse = mlx(mlx_rs::ops::argsort_axis(&order, -1))?;
-        let keep = mlx(keep_sorted.take_along_axis(&inverse, -1))?;
-        mlx(mlx_rs::ops::select(
-            &keep,
-            &scaled,
-            Array::from_f32(f32::NEG_INFINITY),
-        ))?
+/// Samples one token, lazily: greedy at temp 0, else seeded categorical over
+/// `logits / temp` restricted to the top-p nucleus. Returns the token as an
+/// unevaluated int32 array [1, 1], the next step's input, so the decode loop
+/// can build that step before this one has run (see [`GenerateTask`]).
+fn sample(logits: &Array, temp: f32, top_p: f32, key: &Array) -> Result<Array, String> {
+    let token = if temp == 0.0 {
+        mlx(mlx_rs::ops::indexing::argmax_axis(logits, -1, false))?
     } else {
-        scaled
+        let scaled = mlx(logits.as_dtype(archgen_runtime::Dtype::Float32))?;
+        let scaled = mlx(scaled.multiply(Array::from_f32(1.0 / temp)))?;
+        let scaled = if top_p < 1.0 {
+            let probs = mlx(mlx_rs::ops::softmax_axis(&scaled, -1, true))?;
+            let order = mlx(mlx_rs::ops::argsort_axis(&probs, -1))?;
+            let sorted = mlx(probs.take_along_axis(&order, -1))?;
+            let cum = mlx(mlx_rs::ops::cumsum(&sorted, -1, None, None))?;
+            // Keep the smallest top set whose mass reaches top_p (ascending order).
+            let keep_sorted = mlx(cum.gt(Array::from_f32(1.0 - top_p)))?;
+            let inverse = mlx(mlx_rs::ops::argsort_axis(&order, -1))?;
+            let keep = mlx(keep_sorted.take_along_axis(&inverse, -1))?;
+            mlx(mlx_rs::ops::select(
+                &keep,
+                &scaled,
+                Array::from_f32(f32::NEG_INFINITY),
+            ))?
+        } else {
+            scaled
+        };
+        mlx(mlx_rs::random::categorical(&scaled, -1, None, key))?
     };
-    let t = mlx(mlx_rs::random::categorical(&scaled, -1, None, key))?;
-    t.try_item_exact::<u32>()
-        .map(|v| v as i32)
+    mlx(mlx(token.as_dtype(archgen_runtime::Dtype::Int32))?.reshape(&[1, 1]))
+}
+
+/// The value of a token array from [`sample`] (waits for it to be computed).
+fn token_value(token: &Array) -> Result<i32, String> {
+    token
+        .try_item_exact::<i32>()
         .map_err(|e| format!("MLX: {e}"))
 }
 
@@ -391,7 +395,6 @@ impl ModelTask for GenerateTask<'_> {
         }
         let prefill_time = start.elapsed();
         let mut key = mlx(mlx_rs::random::key(seed))?;
-        let mut token = last[0];
         let decode_start = Instant::now();
         let mut produced = 0;
         let mut stopped = None;
@@ -401,19 +404,43 @@ impl ModelTask for GenerateTask<'_> {
             printed: String::new(),
         };
         let mut step_times = Vec::with_capacity(max_tokens);
-        for _ in 0..max_tokens {
-            let step_start = Instant::now();
-            let x = Array::from_slice(&[token], &[1, 1]);
-            let row = mlx(mlx(m.forward(&x, &mut cache))?.try_index((0, -1)))?;
+        // One step: forward of `input` (a lazy [1, 1] token), sampled lazily,
+        // queued with async_eval. Nothing here waits for the device.
+        let mut step = |input: &Array| -> Result<Array, String> {
+            let row = mlx(mlx(m.forward(input, &mut cache))?.try_index((0, -1)))?;
             let (k, sub) = mlx(mlx_rs::random::split(&key, 2))?;
             key = k;
-            token = sample(&row, temp, top_p, &sub)?;
+            let token = sample(&row, temp, top_p, &sub)?;
+            mlx(mlx_rs::transforms::async_eval([&token]))?;
+            Ok(token)
+        };
+        // mlx-lm's generate_step: the token stays a lazy array fed to the
+        // next forward, and step n+1 is built and queued (async_eval) before
+        // step n's token is read, so building the graph on the host overlaps
+        // the device running the previous step. The values are those of the
+        // one-step-at-a-time loop; after an EOS the step already queued
+        // behind it runs too, and its result is dropped.
+        let mut pending = if max_tokens > 0 {
+            Some(step(&Array::from_slice(&[last[0]], &[1, 1]))?)
+        } else {
+            None
+        };
+        let mut since = Instant::now();
+        for n in 0..max_tokens {
+            let Some(current) = pending.take() else { break };
+            if n + 1 < max_tokens {
+                pending = Some(step(&current)?);
+            }
+            let token = token_value(&current)?;
             // Like mlx-lm, an EOS token ends generation and is not printed.
             if eos.contains(&token) {
                 stopped = Some(token);
                 break;
             }
-            step_times.push(step_start.elapsed().as_secs_f64());
+            // The interval between two tokens becoming available: one step
+            // of the pipelined loop.
+            step_times.push(since.elapsed().as_secs_f64());
+            since = Instant::now();
             produced += 1;
             streamer.push(token)?;
         }
