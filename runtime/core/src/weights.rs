@@ -490,6 +490,7 @@ impl Weights {
             weight,
             quant,
             weight_t: None,
+            bias: None,
         }
     }
 
