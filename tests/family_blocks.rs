@@ -18,6 +18,7 @@ use archgen_runtime::ops::{
     softcap_eager,
 };
 use archgen_runtime::rope::Rope;
+use archgen_runtime::weights::Weights;
 use archgen_tests::run_python;
 use serde_json::{json, Value};
 
@@ -231,6 +232,21 @@ fn linear_bias(dt: Dt, q: Option<Quant>, (inp, out, tokens): (i32, i32, i32)) ->
     let x = c.rand(&[1, tokens, inp], 1.0, dt);
     c.input("x", &x);
     c.out("y", lin.forward(&x)?);
+    // The same layer through the checkpoint loader, as `{path}.weight`,
+    // `.scales`, `.biases` and `.bias` with config.json's quantization.
+    let tensors: HashMap<String, Array> = c
+        .tensors
+        .iter()
+        .filter(|(k, _)| !k.starts_with('@'))
+        .map(|(k, a)| (format!("self_attn.q_proj.{k}"), a.clone()))
+        .collect();
+    let quantization = quant_json(q);
+    let mut weights = Weights::new(tensors, Some(&quantization).filter(|v| !v.is_null()));
+    let loaded = weights.linear_with_bias("self_attn.q_proj", out, inp);
+    weights
+        .finish()
+        .unwrap_or_else(|e| panic!("loading {}: {e}", c.name));
+    c.out("y@loaded", loaded.forward(&x)?);
     if q.is_none() {
         // The pretransposed weight (generated models) must give the same bits.
         let mut pre = lin.clone();
@@ -697,7 +713,7 @@ fn family_blocks_match_mlx_lm_bit_for_bit() {
     keys.sort();
     let mut mismatched = Vec::new();
     for key in &keys {
-        // "y@pretransposed" is compared with Python's "y".
+        // "y@pretransposed" and "y@loaded" are compared with Python's "y".
         let py_key = key.split('@').next().unwrap();
         let Some(b) = theirs.get(py_key) else {
             mismatched.push(format!("{key}: Python produced no {py_key}"));
@@ -753,5 +769,20 @@ fn family_blocks_match_mlx_lm_bit_for_bit() {
         "{} outputs of {} cases byte-identical with mlx-lm",
         keys.len(),
         cases.len()
+    );
+}
+
+/// A biased linear whose checkpoint lacks the bias is a load error that
+/// names the tensor.
+#[test]
+fn a_missing_bias_is_named() {
+    let w = lcg(1, &[8, 16]);
+    let tensors = HashMap::from([("model.layers.0.self_attn.k_proj.weight".to_string(), w)]);
+    let mut weights = Weights::new(tensors, None);
+    let _ = weights.linear_with_bias("model.layers.0.self_attn.k_proj", 8, 16);
+    let err = weights.finish().unwrap_err().to_string();
+    assert!(
+        err.contains("missing tensor 'model.layers.0.self_attn.k_proj.bias'"),
+        "{err}"
     );
 }
