@@ -13,8 +13,10 @@ CPU gather_mm runs only in float32 (this script checks that it still fails).
 Checks per checkpoint: finite, non-constant logits in the compute dtype; the
 family's tensors as mlx-lm saves them (qwen2's q/k/v biases and no o_proj
 bias; gemma2's four norms per layer and no lm_head; qwen3_moe's stacked
-switch_mlp experts and its router gate at 8 bits; minicpm's lm_head); and a
-tied minicpm config is refused. Exit status 1 on any failure.
+switch_mlp experts and its router gate at 8 bits; minicpm's lm_head); that
+the unquantized weights in their Hugging Face layout (variants.py
+family-hf-layout) load through mlx-lm's sanitize to the same logits; and that
+a tied minicpm config is refused. Exit status 1 on any failure.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ sys.path.insert(0, str(HERE))
 import compat  # noqa: E402
 from make_checkpoint import write_checkpoint  # noqa: E402
 from oracle_logits import load, run_protocol  # noqa: E402
+from variants import family_hf_layout  # noqa: E402
 
 CONFIGS = HERE.parent.parent / "specs" / "configs"
 FAMILIES = ("qwen2", "gemma2", "qwen3_moe", "mistral", "minicpm")
@@ -96,6 +99,17 @@ def family_layout(model_type: str, t: dict, written: dict) -> None:
         check(written["model_type"] == "mistral", "mistral: model_type not kept")
 
 
+def head_is_embedding(src: Path) -> Path:
+    """A copy of the checkpoint with lm_head.weight = model.embed_tokens.weight."""
+    dst = src.with_name(src.name + "-head-is-embedding")
+    dst.mkdir(parents=True, exist_ok=True)
+    w = tensor_names(src)
+    w["lm_head.weight"] = w["model.embed_tokens.weight"]
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    mx.save_safetensors(str(dst / "model.safetensors"), w)
+    return dst
+
+
 def run_one(name: str, config: dict, out: Path, dtype: str, bits, group) -> None:
     tag = f"{name} {dtype} {'dense' if bits is None else f'q{bits}g{group}'}"
     written = write_checkpoint(config, out, 0, dtype, bits, group)
@@ -109,7 +123,22 @@ def run_one(name: str, config: dict, out: Path, dtype: str, bits, group) -> None
     std = float(mx.std(f).item())
     check(std > 1e-2, f"{tag}: constant logits (std {std})")
     family_layout(config["model_type"], tensor_names(out), written)
-    print(f"  ok {tag}: logits std {std:.3f}, greedy tokens {tensors['tokens'].tolist()}")
+    hf = ""
+    if bits is None and config["model_type"] != "gemma2":
+        # The Hugging Face layout of the same weights: mlx-lm's sanitize must
+        # turn it back into the same model (same logits, byte for byte).
+        if config["model_type"] == "minicpm":
+            # HF MiniCPM has no lm_head (tied): start from a head equal to
+            # the embedding, which sanitize copies back.
+            out = head_is_embedding(out)
+            tensors, _ = run_protocol(load(out), [1, 5, 9, 33, 2, 17, 60], 4)
+        family_hf_layout(out, out.with_name(out.name + "-hf"))
+        again, _ = run_protocol(load(out.with_name(out.name + "-hf")), [1, 5, 9, 33, 2, 17, 60], 4)
+        for k in tensors:
+            check(bool(mx.array_equal(tensors[k], again[k]).item()),
+                  f"{tag}: HF layout gives other {k}")
+        hf = ", HF layout sanitized to the same logits"
+    print(f"  ok {tag}: logits std {std:.3f}, greedy tokens {tensors['tokens'].tolist()}{hf}")
 
 
 def main() -> None:
