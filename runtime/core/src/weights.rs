@@ -490,7 +490,16 @@ impl Weights {
             weight,
             quant,
             weight_t: None,
+            bias: None,
         }
+    }
+
+    /// A linear layer [out, in] with its `[out]` bias (`{path}.bias`, never
+    /// quantized): qwen2's q/k/v projections.
+    pub fn linear_with_bias(&mut self, path: &str, out: i32, in_dims: i32) -> Linear {
+        let mut linear = self.linear(path, out, in_dims);
+        linear.bias = Some(self.param(&format!("{path}.bias"), &[out]));
+        linear
     }
 
     /// An embedding table [rows, dims] (dense or quantized).
