@@ -7,6 +7,8 @@
 //!                  [--ignore-eos]
 
 mod args;
+mod chat_template;
+mod engine;
 mod init;
 mod run;
 

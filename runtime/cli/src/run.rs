@@ -13,14 +13,14 @@ use tokenizers::Tokenizer;
 
 use crate::args::{Command, Impl, Prompt, USAGE};
 
-fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String> {
+pub(crate) fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String> {
     r.map_err(|e| format!("MLX: {e}"))
 }
 
 /// Loads the checkpoint at `model` and runs `task` on the implementation that
 /// `--impl` selects: the generated model whose fingerprint matches the
 /// checkpoint, or the monolith.
-fn with_model<T: ModelTask<Output = Result<(), String>>>(
+pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
     model: &Path,
     implementation: Impl,
     task: T,
@@ -53,7 +53,7 @@ fn with_model<T: ModelTask<Output = Result<(), String>>>(
     task.run(&m)
 }
 
-fn check_ids(what: &str, ids: &[i32], vocab: i32) -> Result<(), String> {
+pub(crate) fn check_ids(what: &str, ids: &[i32], vocab: i32) -> Result<(), String> {
     match ids.iter().position(|&t| t >= vocab) {
         Some(i) => Err(format!(
             "{what}: id {} at position {} is out of the vocabulary (size {vocab})",
@@ -130,7 +130,7 @@ impl ModelTask for LogitsTask<'_> {
 
 /// Samples one token: greedy at temp 0, else seeded categorical over
 /// `logits / temp` restricted to the top-p nucleus.
-fn sample(logits: &Array, temp: f32, top_p: f32, key: &Array) -> Result<i32, String> {
+pub(crate) fn sample(logits: &Array, temp: f32, top_p: f32, key: &Array) -> Result<i32, String> {
     if temp == 0.0 {
         return argmax(logits);
     }
@@ -160,7 +160,7 @@ fn sample(logits: &Array, temp: f32, top_p: f32, key: &Array) -> Result<i32, Str
 }
 
 /// Loads `DIR/tokenizer.json`; `Ok(None)` when the file is absent.
-fn load_tokenizer(model: &Path) -> Result<Option<Tokenizer>, String> {
+pub(crate) fn load_tokenizer(model: &Path) -> Result<Option<Tokenizer>, String> {
     let path = model.join("tokenizer.json");
     if !path.is_file() {
         return Ok(None);
@@ -201,7 +201,7 @@ fn push_eos(
 
 /// The stop ids: `eos_token_id` from config.json (top level and
 /// `text_config`) and from generation_config.json when present, merged.
-fn eos_ids(model: &Path) -> Result<Vec<i32>, String> {
+pub(crate) fn eos_ids(model: &Path) -> Result<Vec<i32>, String> {
     let mut eos = Vec::new();
     for name in ["config.json", "generation_config.json"] {
         let file = model.join(name);
@@ -229,7 +229,7 @@ fn eos_ids(model: &Path) -> Result<Vec<i32>, String> {
 }
 
 /// Decodes with special tokens kept (as mlx-lm's detokenizer does).
-fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, String> {
+pub(crate) fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, String> {
     tokenizer
         .decode(ids, false)
         .map_err(|e| format!("tokenizer: cannot decode {ids:?}: {e}"))
