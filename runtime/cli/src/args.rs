@@ -56,6 +56,22 @@ pub enum Command {
         top_p: f32,
         seed: u64,
         ignore_eos: bool,
+        chat: bool,
+        implementation: Impl,
+    },
+    Chat {
+        model: PathBuf,
+        system: Option<String>,
+        max_tokens: usize,
+        temp: f32,
+        top_p: f32,
+        seed: u64,
+        implementation: Impl,
+    },
+    Serve {
+        model: PathBuf,
+        host: String,
+        port: u16,
         implementation: Impl,
     },
     Help,
@@ -142,6 +158,10 @@ pub fn parse(argv: &[String]) -> Result<Command, String> {
     let mut ids = None;
     let mut text = None;
     let mut ignore_eos = false;
+    let mut chat = false;
+    let mut system = None;
+    let mut host = "127.0.0.1".to_string();
+    let mut port = 8080u16;
     let mut steps = 0usize;
     let mut max_tokens = 64usize;
     let mut temp = 0.0f32;
@@ -158,15 +178,21 @@ pub fn parse(argv: &[String]) -> Result<Command, String> {
         };
         match flag.as_str() {
             "--ignore-eos" if cmd == "generate" => ignore_eos = true,
+            "--chat" if cmd == "generate" => chat = true,
+            "--system" if cmd == "chat" => system = Some(value()?),
+            "--host" if cmd == "serve" => host = value()?,
+            "--port" if cmd == "serve" => port = number(flag, &value()?)?,
             "--prompt" if cmd == "generate" => text = Some(value()?),
             "--model" => model = Some(PathBuf::from(value()?)),
             "--prompt-ids" => ids = Some(parse_ids(&value()?)?),
             "--decode-steps" if cmd == "logits" => steps = number(flag, &value()?)?,
             "--out" if cmd == "logits" => out = Some(PathBuf::from(value()?)),
-            "--max-tokens" if cmd == "generate" => max_tokens = number(flag, &value()?)?,
-            "--temp" if cmd == "generate" => temp = number(flag, &value()?)?,
-            "--top-p" if cmd == "generate" => top_p = number(flag, &value()?)?,
-            "--seed" if cmd == "generate" => seed = number(flag, &value()?)?,
+            "--max-tokens" if cmd == "generate" || cmd == "chat" => {
+                max_tokens = number(flag, &value()?)?
+            }
+            "--temp" if cmd == "generate" || cmd == "chat" => temp = number(flag, &value()?)?,
+            "--top-p" if cmd == "generate" || cmd == "chat" => top_p = number(flag, &value()?)?,
+            "--seed" if cmd == "generate" || cmd == "chat" => seed = number(flag, &value()?)?,
             "--impl" => {
                 implementation = match value()?.as_str() {
                     "monolith" => Impl::Monolith,
@@ -198,6 +224,12 @@ pub fn parse(argv: &[String]) -> Result<Command, String> {
             if temp < 0.0 || !temp.is_finite() {
                 return Err(format!("--temp: {temp} must be a finite number >= 0"));
             }
+            if chat && ids.is_some() {
+                return Err(
+                    "generate: --chat wraps --prompt TEXT in the chat template; it does not take --prompt-ids"
+                        .into(),
+                );
+            }
             let prompt = match (text, ids) {
                 (Some(t), None) => Prompt::Text(t),
                 (None, Some(i)) => Prompt::Ids(i),
@@ -219,9 +251,25 @@ pub fn parse(argv: &[String]) -> Result<Command, String> {
                 top_p,
                 seed,
                 ignore_eos,
+                chat,
                 implementation,
             })
         }
+        "chat" => Ok(Command::Chat {
+            model,
+            system,
+            max_tokens,
+            temp,
+            top_p,
+            seed,
+            implementation,
+        }),
+        "serve" => Ok(Command::Serve {
+            model,
+            host,
+            port,
+            implementation,
+        }),
         other => Err(format!("unknown command '{other}'\n\n{USAGE}")),
     }
 }

@@ -7,10 +7,12 @@
 //!                  [--ignore-eos]
 
 mod args;
+mod chat;
 mod chat_template;
 mod engine;
 mod init;
 mod run;
+mod serve;
 
 use std::process::ExitCode;
 

@@ -300,6 +300,7 @@ fn generate(
     top_p: f32,
     seed: u64,
     ignore_eos: bool,
+    chat: bool,
     implementation: Impl,
 ) -> Result<(), String> {
     let tokenizer = load_tokenizer(model)?;
@@ -317,9 +318,15 @@ fn generate(
             };
             // add_special_tokens = true: the tokenizer's post-processor
             // decides (for Gemma it prepends <bos>), as mlx-lm and
-            // transformers do for a plain prompt.
+            // transformers do for a plain prompt. With --chat the text is
+            // one user turn in the chat template, which writes the special
+            // tokens itself.
+            let (text, add_special_tokens) = match chat {
+                true => (crate::chat::one_user_turn(model, text)?, false),
+                false => (text.clone(), true),
+            };
             let encoding = tokenizer
-                .encode(text.as_str(), true)
+                .encode(text.as_str(), add_special_tokens)
                 .map_err(|e| format!("--prompt: cannot encode the text: {e}"))?;
             let ids: Result<Vec<i32>, _> = encoding
                 .get_ids()
@@ -465,6 +472,7 @@ pub fn run(cmd: Command) -> Result<(), String> {
             top_p,
             seed,
             ignore_eos,
+            chat,
             implementation,
         } => generate(
             &model,
@@ -474,7 +482,33 @@ pub fn run(cmd: Command) -> Result<(), String> {
             top_p,
             seed,
             ignore_eos,
+            chat,
             implementation,
         ),
+        Command::Chat {
+            model,
+            system,
+            max_tokens,
+            temp,
+            top_p,
+            seed,
+            implementation,
+        } => crate::chat::chat(
+            &model,
+            system.as_deref(),
+            crate::engine::Sampling {
+                max_tokens,
+                temp,
+                top_p,
+                seed,
+            },
+            implementation,
+        ),
+        Command::Serve {
+            model,
+            host,
+            port,
+            implementation,
+        } => crate::serve::serve(&model, &host, port, implementation),
     }
 }

@@ -1,0 +1,171 @@
+//! `archgen chat`: a conversation on stdin. Each line is a user turn; the
+//! whole history goes through the checkpoint's chat template every turn and
+//! the reply streams to stdout. `/exit` or end of input ends it, `/reset`
+//! forgets the history.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::Path;
+
+use archgen_runtime::model::{CausalLm, ModelTask};
+use tokenizers::Tokenizer;
+
+use crate::args::Impl;
+use crate::chat_template::{ChatTemplate, Message};
+use crate::engine::{self, Flow, Sampling, TextStream};
+
+/// The checkpoint's chat template, or a message that says what is missing.
+pub fn load_template(model: &Path) -> Result<ChatTemplate, String> {
+    ChatTemplate::load(model)?.ok_or_else(|| {
+        format!(
+            "{} has no chat template: add chat_template to tokenizer_config.json, or a chat_template.jinja \
+             (a base model without one can run `archgen generate --prompt`)",
+            model.display()
+        )
+    })
+}
+
+/// The chat template and tokenizer a chat needs, with a message that says
+/// which file is missing.
+pub fn load_chat_parts(model: &Path) -> Result<(Tokenizer, ChatTemplate), String> {
+    if !model.is_dir() {
+        return Err(format!("{}: not a directory", model.display()));
+    }
+    let tokenizer = crate::run::load_tokenizer(model)?.ok_or_else(|| {
+        format!(
+            "a chat needs {} (not found)",
+            model.join("tokenizer.json").display()
+        )
+    })?;
+    Ok((tokenizer, load_template(model)?))
+}
+
+/// The prompt ids of a conversation: the template's text, encoded without
+/// adding special tokens (the template writes them, as in transformers'
+/// `apply_chat_template(tokenize=True)`).
+pub fn encode_chat(
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    history: &[Message],
+) -> Result<Vec<i32>, String> {
+    let text = template.render(history, true)?;
+    let encoding = tokenizer
+        .encode(text.as_str(), false)
+        .map_err(|e| format!("cannot encode the chat prompt: {e}"))?;
+    Ok(encoding.get_ids().iter().map(|&t| t as i32).collect())
+}
+
+/// `generate --chat`: `text` as one user turn in the model's chat template.
+pub fn one_user_turn(model: &Path, text: &str) -> Result<String, String> {
+    load_template(model)?.render(&[Message::new("user", text)], true)
+}
+
+pub fn chat(
+    model: &Path,
+    system: Option<&str>,
+    sampling: Sampling,
+    implementation: Impl,
+) -> Result<(), String> {
+    let (tokenizer, template) = load_chat_parts(model)?;
+    let eos = crate::run::eos_ids(model)?;
+    let task = ChatTask {
+        tokenizer: &tokenizer,
+        template: &template,
+        eos: &eos,
+        system,
+        sampling,
+    };
+    crate::run::with_model(model, implementation, task)
+}
+
+struct ChatTask<'a> {
+    tokenizer: &'a Tokenizer,
+    template: &'a ChatTemplate,
+    eos: &'a [i32],
+    system: Option<&'a str>,
+    sampling: Sampling,
+}
+
+impl ChatTask<'_> {
+    fn fresh_history(&self) -> Vec<Message> {
+        self.system
+            .map(|s| vec![Message::new("system", s)])
+            .unwrap_or_default()
+    }
+}
+
+impl ModelTask for ChatTask<'_> {
+    type Output = Result<(), String>;
+
+    fn run<M: CausalLm>(self, m: &M) -> Self::Output {
+        let interactive = std::io::stdin().is_terminal();
+        if interactive {
+            eprintln!("archgen: chat: type a message; /reset forgets the conversation, /exit or Ctrl-D ends");
+        }
+        let mut history = self.fresh_history();
+        let mut lines = std::io::stdin().lock().lines();
+        for turn in 0u64.. {
+            if interactive {
+                eprint!("> ");
+                let _ = std::io::stderr().flush();
+            }
+            let line = match lines.next() {
+                None => break,
+                Some(line) => line.map_err(|e| format!("cannot read stdin: {e}"))?,
+            };
+            match line.trim() {
+                "/exit" | "/quit" => break,
+                "/reset" => {
+                    history = self.fresh_history();
+                    continue;
+                }
+                "" => continue,
+                _ => {}
+            }
+            history.push(Message::new("user", &line));
+            let prompt = match encode_chat(self.tokenizer, self.template, &history) {
+                Ok(p) => p,
+                Err(e) => {
+                    // A template that refuses this conversation (e.g. roles
+                    // out of order) ends the turn, not the chat.
+                    history.pop();
+                    eprintln!("archgen: chat: {e}");
+                    continue;
+                }
+            };
+            let sampling = Sampling {
+                seed: self.sampling.seed.wrapping_add(turn),
+                ..self.sampling
+            };
+            let reply = stream_reply(m, self.tokenizer, self.eos, &prompt, &sampling)?;
+            history.push(Message::new("assistant", &reply));
+        }
+        Ok(())
+    }
+}
+
+/// Generates a reply, printing it as it comes; returns its text.
+fn stream_reply<M: CausalLm>(
+    m: &M,
+    tokenizer: &Tokenizer,
+    eos: &[i32],
+    prompt: &[i32],
+    sampling: &Sampling,
+) -> Result<String, String> {
+    let mut stream = TextStream::new(tokenizer, &[]);
+    let mut reply = String::new();
+    let print = |text: &str, reply: &mut String| {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+        reply.push_str(text);
+    };
+    engine::generate(m, prompt, sampling, eos, |token| {
+        let (text, _) = stream.push(token)?;
+        print(&text, &mut reply);
+        Ok(Flow::Continue)
+    })?;
+    let tail = stream.finish()?;
+    print(&tail, &mut reply);
+    print("\n", &mut String::new());
+    Ok(reply)
+}
