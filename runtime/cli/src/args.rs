@@ -8,7 +8,10 @@ usage:
                  [--impl monolith|generated|auto] --out FILE.safetensors
   archgen generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3)
                  [--max-tokens N] [--temp T] [--top-p P] [--seed S]
-                 [--ignore-eos] [--impl ...]
+                 [--ignore-eos] [--chat] [--impl ...]
+  archgen chat --model DIR [--system TEXT] [--max-tokens N] [--temp T]
+                 [--top-p P] [--seed S] [--impl ...]
+  archgen serve --model DIR [--host 127.0.0.1] [--port 8080] [--impl ...]
 
   archgen init --spec specs/NAME.yaml --out DIR [--seed S]
                  [--dtype bfloat16|float16|float32]
@@ -23,7 +26,12 @@ generate --prompt encodes TEXT with DIR/tokenizer.json (special tokens added
 as its post-processor says, e.g. <bos>) and prints decoded text; with
 --prompt-ids it prints text when DIR/tokenizer.json exists, else token ids.
 It stops at an EOS id from config.json / generation_config.json unless
---ignore-eos is given.";
+--ignore-eos is given. --chat wraps --prompt in the checkpoint's chat template
+as one user turn.
+
+chat reads user turns from stdin (/exit or end of input ends, /reset forgets)
+and streams replies; serve answers the OpenAI API (/v1/models,
+/v1/completions, /v1/chat/completions) on HOST:PORT (port 0: any free port).";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Impl {
