@@ -8,13 +8,8 @@ use std::process::Command;
 
 use archgen_plan::Plan;
 
+use crate::cli::GenArgs;
 use crate::setup::repo_root;
-
-pub const USAGE: &str = "\
-usage: cargo xtask gen NAME...     regenerate these specs' model + plan files and the registry
-       cargo xtask gen --all       regenerate everything (removes orphaned files)
-       cargo xtask gen --check     compare generated/ with what the specs give; writes nothing
-       cargo xtask diff [BASE]     per model, what changed in plan and code since BASE (default HEAD)";
 
 /// Every file the generator owns, keyed by repository-relative path.
 type Outputs = BTreeMap<String, String>;
@@ -173,69 +168,61 @@ fn stage_and_commit(
     Ok(())
 }
 
-pub fn run(args: &[String]) -> Result<(), String> {
-    match args.first().map(String::as_str) {
-        None | Some("help" | "--help" | "-h") => {
-            println!("{USAGE}");
-            Ok(())
+/// `gen NAME... | --all | --check` (clap makes them exclusive and asks for one).
+pub fn run(args: &GenArgs) -> Result<(), String> {
+    if args.check {
+        return check();
+    }
+    if args.all {
+        let plans = all_plans()?;
+        let outputs = outputs_for(&plans, &plans)?;
+        let orphans: Vec<String> = files_on_disk()
+            .into_iter()
+            .filter(|f| !outputs.contains_key(f))
+            .collect();
+        write_all(&outputs, &orphans)?;
+        for o in &orphans {
+            eprintln!("gen: removed orphaned {o}");
         }
-        Some("--check") => check(),
-        Some("--all") => {
-            let plans = all_plans()?;
-            let outputs = outputs_for(&plans, &plans)?;
-            let orphans: Vec<String> = files_on_disk()
-                .into_iter()
-                .filter(|f| !outputs.contains_key(f))
-                .collect();
-            write_all(&outputs, &orphans)?;
-            for o in &orphans {
-                eprintln!("gen: removed orphaned {o}");
-            }
-            eprintln!("gen: {} model(s) generated", plans.len());
-            Ok(())
-        }
-        Some(_) => {
-            let names: Vec<&String> = args.iter().collect();
-            if let Some(flag) = names.iter().find(|n| n.starts_with('-')) {
-                return Err(format!("unknown option '{flag}'\n\n{USAGE}"));
-            }
-            for name in &names {
-                let path = crate::spec::specs_dir().join(format!("{name}.yaml"));
-                if !path.exists() {
-                    return Err(format!(
-                        "no spec {}: import one with `cargo xtask spec import DIR --name {name}`",
-                        path.display()
-                    ));
-                }
-            }
-            // The registry lists every spec already generated plus these; each
-            // spec is planned once.
-            let on_disk = files_on_disk();
-            let mut registry = Vec::new();
-            for path in crate::spec::all_specs()? {
-                let stem = path.file_stem().unwrap().to_string_lossy().to_string();
-                if names.iter().any(|n| **n == stem) || on_disk.contains(&model_path(&stem)) {
-                    registry.push(spec_plan(&path)?);
-                }
-            }
-            let plans: Vec<Plan> = registry
-                .iter()
-                .filter(|p| names.iter().any(|n| **n == p.name))
-                .cloned()
-                .collect();
-            let outputs = outputs_for(&plans, &registry)?;
-            write_all(&outputs, &[])?;
-            for p in &plans {
-                eprintln!(
-                    "gen: {} -> {}, {}",
-                    p.spec_path,
-                    model_path(&p.name),
-                    plan_path(&p.name)
-                );
-            }
-            Ok(())
+        eprintln!("gen: {} model(s) generated", plans.len());
+        return Ok(());
+    }
+    let names: Vec<&String> = args.names.iter().collect();
+    for name in &names {
+        let path = crate::spec::specs_dir().join(format!("{name}.yaml"));
+        if !path.exists() {
+            return Err(format!(
+                "no spec {}: import one with `cargo xtask spec import DIR --name {name}`",
+                path.display()
+            ));
         }
     }
+    // The registry lists every spec already generated plus these; each
+    // spec is planned once.
+    let on_disk = files_on_disk();
+    let mut registry = Vec::new();
+    for path in crate::spec::all_specs()? {
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+        if names.iter().any(|n| **n == stem) || on_disk.contains(&model_path(&stem)) {
+            registry.push(spec_plan(&path)?);
+        }
+    }
+    let plans: Vec<Plan> = registry
+        .iter()
+        .filter(|p| names.iter().any(|n| **n == p.name))
+        .cloned()
+        .collect();
+    let outputs = outputs_for(&plans, &registry)?;
+    write_all(&outputs, &[])?;
+    for p in &plans {
+        eprintln!(
+            "gen: {} -> {}, {}",
+            p.spec_path,
+            model_path(&p.name),
+            plan_path(&p.name)
+        );
+    }
+    Ok(())
 }
 
 /// Unified diff of two texts (for --check and diff).
@@ -315,8 +302,7 @@ fn line_changes(old: &str, new: &str) -> (usize, usize) {
 
 /// `cargo xtask diff [BASE]`: per model, plan and code line changes between
 /// BASE (a git revision) and the working tree.
-pub fn diff(args: &[String]) -> Result<(), String> {
-    let base = args.first().map(String::as_str).unwrap_or("HEAD");
+pub fn diff(base: &str) -> Result<(), String> {
     let mut names: Vec<String> = files_on_disk()
         .iter()
         .filter_map(|f| {

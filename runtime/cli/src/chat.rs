@@ -9,9 +9,10 @@ use std::path::Path;
 use archgen_runtime::model::{CausalLm, ModelTask};
 use tokenizers::Tokenizer;
 
-use crate::args::Impl;
+use crate::args::ChatArgs;
 use crate::chat_template::{ChatTemplate, Message};
 use crate::engine::{self, Flow, Sampling, TextStream};
+use crate::ui::Ui;
 
 /// The checkpoint's chat template, or a message that says what is missing.
 pub fn load_template(model: &Path) -> Result<ChatTemplate, String> {
@@ -59,22 +60,24 @@ pub fn one_user_turn(model: &Path, text: &str) -> Result<String, String> {
     load_template(model)?.render(&[Message::new("user", text)], true)
 }
 
-pub fn chat(
-    model: &Path,
-    system: Option<&str>,
-    sampling: Sampling,
-    implementation: Impl,
-) -> Result<(), String> {
+pub fn chat(ui: &Ui, args: &ChatArgs) -> Result<(), String> {
+    let model = args.model.as_path();
     let (tokenizer, template) = load_chat_parts(model)?;
     let eos = crate::run::eos_ids(model)?;
     let task = ChatTask {
         tokenizer: &tokenizer,
         template: &template,
         eos: &eos,
-        system,
-        sampling,
+        system: args.system.as_deref(),
+        sampling: Sampling {
+            max_tokens: args.max_tokens,
+            temp: args.temp,
+            top_p: args.top_p,
+            seed: args.seed,
+        },
+        ui: *ui,
     };
-    crate::run::with_model(model, implementation, task)
+    crate::run::with_model(ui, model, args.implementation, task)
 }
 
 struct ChatTask<'a> {
@@ -83,6 +86,7 @@ struct ChatTask<'a> {
     eos: &'a [i32],
     system: Option<&'a str>,
     sampling: Sampling,
+    ui: Ui,
 }
 
 impl ChatTask<'_> {
@@ -99,7 +103,9 @@ impl ModelTask for ChatTask<'_> {
     fn run<M: CausalLm>(self, m: &M) -> Self::Output {
         let interactive = std::io::stdin().is_terminal();
         if interactive {
-            eprintln!("archgen: chat: type a message; /reset forgets the conversation, /exit or Ctrl-D ends");
+            self.ui.note(
+                "chat: type a message; /reset forgets the conversation, /exit or Ctrl-D ends",
+            );
         }
         let mut history = self.fresh_history();
         let mut lines = std::io::stdin().lock().lines();

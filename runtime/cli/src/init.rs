@@ -11,19 +11,28 @@ use std::path::Path;
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
 use archgen_spec::ModuleKind;
 
+use crate::args::WeightDtype;
+use crate::ui::Ui;
+
 fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String> {
     r.map_err(|e| format!("MLX: {e}"))
 }
 
-fn dtype_of(name: &str) -> Dtype {
-    match name {
-        "float16" => Dtype::Float16,
-        "float32" => Dtype::Float32,
-        _ => Dtype::Bfloat16,
+fn dtype_of(dtype: WeightDtype) -> Dtype {
+    match dtype {
+        WeightDtype::Bfloat16 => Dtype::Bfloat16,
+        WeightDtype::Float16 => Dtype::Float16,
+        WeightDtype::Float32 => Dtype::Float32,
     }
 }
 
-pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), String> {
+pub fn init(
+    ui: &Ui,
+    spec_path: &Path,
+    out: &Path,
+    seed: u64,
+    dtype: WeightDtype,
+) -> Result<(), String> {
     let spec = archgen_spec::load(spec_path).map_err(|d| d.to_string())?;
     let arch = spec.resolve();
     let dt = dtype_of(dtype);
@@ -101,12 +110,12 @@ pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), 
     Array::save_safetensors(tensors.iter(), None, &path)
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     let bytes: usize = tensors.values().map(|a| a.nbytes()).sum();
-    eprintln!(
-        "archgen: wrote {} ({} tensors, {:.2} GB) and config.json for {}",
+    ui.note(&format!(
+        "wrote {} ({} tensors, {:.2} GB) and config.json for {}",
         path.display(),
         tensors.len(),
         bytes as f64 / 1e9,
         spec.name()
-    );
+    ));
     Ok(())
 }

@@ -11,7 +11,8 @@ use archgen_runtime::model::{CausalLm, ModelTask};
 
 use tokenizers::Tokenizer;
 
-use crate::args::{Command, Impl, Prompt, USAGE};
+use crate::args::{Cli, Command, GenerateArgs, Impl, InitArgs, LogitsArgs, Prompt};
+use crate::ui::Ui;
 
 pub(crate) fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String> {
     r.map_err(|e| format!("MLX: {e}"))
@@ -21,6 +22,7 @@ pub(crate) fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String
 /// `--impl` selects: the generated model whose fingerprint matches the
 /// checkpoint, or the monolith.
 pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
+    ui: &Ui,
     model: &Path,
     implementation: Impl,
     task: T,
@@ -29,10 +31,10 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
     let fingerprint = archgen_plan::fingerprint(&arch);
     if implementation != Impl::Monolith {
         if let Some(found) = archgen_generated::find(&fingerprint) {
-            eprintln!(
-                "archgen: running generated model {} (fingerprint {fingerprint}, {})",
+            ui.note(&format!(
+                "running generated model {} (fingerprint {fingerprint}, {})",
                 found.name, found.spec
-            );
+            ));
             return archgen_generated::run(&fingerprint, weights, task)
                 .expect("find() and run() cover the same fingerprints")
                 .map_err(|e| format!("{}: {e}", model.display()))?;
@@ -46,7 +48,7 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
         if implementation == Impl::Generated {
             return Err(format!("--impl generated: {why}"));
         }
-        eprintln!("archgen: --impl auto: running the monolith: {why}");
+        ui.note(&format!("--impl auto: running the monolith: {why}"));
     }
     let m = archgen_monolith::Monolith::new(arch, weights)
         .map_err(|e| format!("{}: {e}", model.display()))?;
@@ -93,14 +95,13 @@ fn save_atomically(tensors: &[(&str, &Array)], out: &Path) -> Result<(), String>
     })
 }
 
-fn logits(
-    model: &Path,
-    ids: &[i32],
-    steps: usize,
-    implementation: Impl,
-    out: &Path,
-) -> Result<(), String> {
-    with_model(model, implementation, LogitsTask { ids, steps, out })
+fn logits(ui: &Ui, args: &LogitsArgs) -> Result<(), String> {
+    let task = LogitsTask {
+        ids: &args.prompt_ids.0,
+        steps: args.decode_steps,
+        out: &args.out,
+    };
+    with_model(ui, &args.model, args.implementation, task)
 }
 
 struct LogitsTask<'a> {
@@ -291,18 +292,8 @@ impl Streamer<'_> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn generate(
-    model: &Path,
-    prompt: &Prompt,
-    max_tokens: usize,
-    temp: f32,
-    top_p: f32,
-    seed: u64,
-    ignore_eos: bool,
-    chat: bool,
-    implementation: Impl,
-) -> Result<(), String> {
+fn generate(ui: &Ui, args: &GenerateArgs, prompt: &Prompt) -> Result<(), String> {
+    let model = args.model.as_path();
     let tokenizer = load_tokenizer(model)?;
     let ids: Vec<i32> = match prompt {
         Prompt::Ids(ids) => ids.clone(),
@@ -321,7 +312,7 @@ fn generate(
             // transformers do for a plain prompt. With --chat the text is
             // one user turn in the chat template, which writes the special
             // tokens itself.
-            let (text, add_special_tokens) = match chat {
+            let (text, add_special_tokens) = match args.chat {
                 true => (crate::chat::one_user_turn(model, text)?, false),
                 false => (text.clone(), true),
             };
@@ -343,7 +334,7 @@ fn generate(
         Prompt::Ids(_) => "--prompt-ids",
         Prompt::Text(_) => "--prompt (encoded)",
     };
-    let eos = if ignore_eos {
+    let eos = if args.ignore_eos {
         Vec::new()
     } else {
         eos_ids(model)?
@@ -353,12 +344,13 @@ fn generate(
         what,
         eos: &eos,
         tokenizer: tokenizer.as_ref(),
-        max_tokens,
-        temp,
-        top_p,
-        seed,
+        max_tokens: args.max_tokens,
+        temp: args.temp,
+        top_p: args.top_p,
+        seed: args.seed,
+        ui,
     };
-    with_model(model, implementation, task)
+    with_model(ui, model, args.implementation, task)
 }
 
 struct GenerateTask<'a> {
@@ -370,6 +362,7 @@ struct GenerateTask<'a> {
     temp: f32,
     top_p: f32,
     seed: u64,
+    ui: &'a Ui,
 }
 
 impl ModelTask for GenerateTask<'_> {
@@ -385,6 +378,7 @@ impl ModelTask for GenerateTask<'_> {
             temp,
             top_p,
             seed,
+            ui,
         } = self;
         check_ids(what, ids, m.vocab_size())?;
         let mut cache = m.make_cache();
@@ -433,82 +427,58 @@ impl ModelTask for GenerateTask<'_> {
         // The median step excludes one-off costs (first-use kernel compiles).
         step_times.sort_by(f64::total_cmp);
         let median = step_times.get(step_times.len() / 2).copied().unwrap_or(0.0);
-        eprintln!(
-            "archgen: prompt {} tokens in {:.3} s; generated {produced} tokens at {:.1} tokens/s{stop}; median step {:.3} ms ({:.1} tokens/s)",
+        ui.note(&format!(
+            "prompt {} tokens in {:.3} s; generated {produced} tokens at {:.1} tokens/s{stop}; median step {:.3} ms ({:.1} tokens/s)",
             ids.len(),
             prefill_time.as_secs_f64(),
             produced as f64 / decode_time.max(1e-9),
             median * 1e3,
             1.0 / median.max(1e-12)
-        );
+        ));
         Ok(())
     }
 }
 
-pub fn run(cmd: Command) -> Result<(), String> {
-    match cmd {
-        Command::Init {
-            spec,
-            out,
-            seed,
-            dtype,
-        } => crate::init::init(&spec, &out, seed, &dtype),
-        Command::Help => {
-            println!("{USAGE}");
+/// Why a command failed: a usage error found after parsing (exit status 2)
+/// or a failure while running (exit status 1).
+#[derive(Debug)]
+pub enum Failure {
+    Usage(clap::Error),
+    Runtime(String),
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Failure::Runtime(message)
+    }
+}
+
+pub fn run(cli: Cli) -> Result<(), Failure> {
+    let ui = Ui::new(cli.quiet);
+    match cli.command {
+        Command::Init(args) => Ok(init(&ui, &args)?),
+        Command::Logits(args) => Ok(logits(&ui, &args)?),
+        Command::Generate(args) => {
+            let prompt = args.prompt().map_err(Failure::Usage)?;
+            Ok(generate(&ui, &args, &prompt)?)
+        }
+        Command::Chat(args) => Ok(crate::chat::chat(&ui, &args)?),
+        Command::Serve(args) => Ok(crate::serve::serve(
+            ui,
+            &args.model,
+            &args.host,
+            args.port,
+            args.implementation,
+        )?),
+        Command::Completions(args) => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            clap_complete::generate(args.shell, &mut cmd, "archgen", &mut std::io::stdout());
             Ok(())
         }
-        Command::Logits {
-            model,
-            prompt_ids,
-            decode_steps,
-            implementation,
-            out,
-        } => logits(&model, &prompt_ids, decode_steps, implementation, &out),
-        Command::Generate {
-            model,
-            prompt,
-            max_tokens,
-            temp,
-            top_p,
-            seed,
-            ignore_eos,
-            chat,
-            implementation,
-        } => generate(
-            &model,
-            &prompt,
-            max_tokens,
-            temp,
-            top_p,
-            seed,
-            ignore_eos,
-            chat,
-            implementation,
-        ),
-        Command::Chat {
-            model,
-            system,
-            max_tokens,
-            temp,
-            top_p,
-            seed,
-            implementation,
-        } => crate::chat::chat(
-            &model,
-            system.as_deref(),
-            crate::engine::Sampling {
-                max_tokens,
-                temp,
-                top_p,
-                seed,
-            },
-            implementation,
-        ),
-        Command::Serve {
-            model,
-            host,
-            port,
-            implementation,
-        } => crate::serve::serve(&model, &host, port, implementation),
     }
+}
+
+fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
+    crate::init::init(ui, &args.spec, &args.out, args.seed, args.dtype)
 }

@@ -32,6 +32,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use crate::args::Impl;
 use crate::chat_template::{ChatTemplate, Message};
 use crate::engine::{self, Finish, Flow, Sampling, TextStream};
+use crate::ui::Ui;
 
 /// `max_tokens` when a request gives none (mlx-lm's server default).
 const DEFAULT_MAX_TOKENS: usize = 512;
@@ -60,6 +61,7 @@ struct Worker {
     ready: mpsc::Sender<i32>,
     tokenizer: Arc<Tokenizer>,
     eos: Vec<i32>,
+    ui: Ui,
 }
 
 impl ModelTask for Worker {
@@ -69,7 +71,7 @@ impl ModelTask for Worker {
         let _ = self.ready.send(m.vocab_size());
         for job in self.jobs {
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                run_job(m, &job, &self.tokenizer, &self.eos)
+                run_job(m, &job, &self.tokenizer, &self.eos, self.ui)
             }));
             let failure = match outcome {
                 Ok(Ok(())) => continue,
@@ -95,6 +97,7 @@ fn run_job<M: CausalLm>(
     job: &Job,
     tokenizer: &Tokenizer,
     eos: &[i32],
+    ui: Ui,
 ) -> Result<(), String> {
     let mut stream = TextStream::new(tokenizer, &job.stops);
     let mut client_gone = false;
@@ -109,7 +112,9 @@ fn run_job<M: CausalLm>(
             Ok(flow)
         })?;
     if client_gone {
-        eprintln!("archgen: serve: the client went away; stopped after {completion_tokens} tokens");
+        ui.note(&format!(
+            "serve: the client went away; stopped after {completion_tokens} tokens"
+        ));
         return Ok(());
     }
     let tail = stream.finish()?;
@@ -135,6 +140,7 @@ struct AppState {
     /// `max_position_embeddings` from config.json, when it gives one.
     context: Option<usize>,
     next_id: AtomicU64,
+    ui: Ui,
 }
 
 /// An OpenAI-style error response.
@@ -576,13 +582,14 @@ async fn respond(
             events,
         })
         .map_err(|_| worker_gone())?;
+    let ui = state.ui;
     let log = move |completion_tokens: usize, finish: Finish, prompt_tokens: usize| {
-        eprintln!(
-            "archgen: serve: {} prompt + {completion_tokens} completion tokens in {:.2} s ({})",
+        ui.note(&format!(
+            "serve: {} prompt + {completion_tokens} completion tokens in {:.2} s ({})",
             prompt_tokens,
             start.elapsed().as_secs_f64(),
             finish.as_str()
-        );
+        ));
     };
     if plan.stream {
         let (sse_tx, sse_rx) = unbounded_channel::<Result<Event, Infallible>>();
@@ -796,7 +803,13 @@ async fn shutdown_signal() {
     eprintln!("archgen: serve: stopping");
 }
 
-pub fn serve(model: &Path, host: &str, port: u16, implementation: Impl) -> Result<(), String> {
+pub fn serve(
+    ui: Ui,
+    model: &Path,
+    host: &str,
+    port: u16,
+    implementation: Impl,
+) -> Result<(), String> {
     if !model.is_dir() {
         return Err(format!("{}: not a directory", model.display()));
     }
@@ -809,10 +822,10 @@ pub fn serve(model: &Path, host: &str, port: u16, implementation: Impl) -> Resul
     let tokenizer = Arc::new(tokenizer);
     let template = ChatTemplate::load(model)?;
     if template.is_none() {
-        eprintln!(
-            "archgen: serve: {} has no chat template: /v1/chat/completions will answer 400",
+        ui.note(&format!(
+            "serve: {} has no chat template: /v1/chat/completions will answer 400",
             model.display()
-        );
+        ));
     }
     let eos = crate::run::eos_ids(model)?;
     let context = context_length(model)?;
@@ -823,11 +836,12 @@ pub fn serve(model: &Path, host: &str, port: u16, implementation: Impl) -> Resul
         ready: ready_tx,
         tokenizer: tokenizer.clone(),
         eos,
+        ui,
     };
     let model_path = model.to_path_buf();
     let worker_thread = std::thread::Builder::new()
         .name("archgen-model".into())
-        .spawn(move || crate::run::with_model(&model_path, implementation, worker))
+        .spawn(move || crate::run::with_model(&ui, &model_path, implementation, worker))
         .map_err(|e| format!("cannot start the model thread: {e}"))?;
     let vocab_size = match ready_rx.recv() {
         Ok(v) => v,
@@ -854,6 +868,7 @@ pub fn serve(model: &Path, host: &str, port: u16, implementation: Impl) -> Resul
         vocab_size,
         context,
         next_id: AtomicU64::new(1),
+        ui,
     });
     let app = Router::new()
         .route("/v1/models", get(models))

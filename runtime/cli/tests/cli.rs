@@ -17,10 +17,21 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// A clean failure: exit 1, an `archgen: error:` line naming `what`, no panic.
+/// A clean failure while running: exit 1, an `archgen: error:` line naming
+/// `what`, no panic.
 fn assert_clean_error(o: &Output, what: &str) {
+    assert_error_with_status(o, 1, what);
+}
+
+/// A usage error (bad flag value, missing or conflicting flags): exit 2,
+/// an `archgen: error:` line naming `what`, no panic.
+fn assert_usage_error(o: &Output, what: &str) {
+    assert_error_with_status(o, 2, what);
+}
+
+fn assert_error_with_status(o: &Output, status: i32, what: &str) {
     let e = stderr(o);
-    assert_eq!(o.status.code(), Some(1), "stderr: {e}");
+    assert_eq!(o.status.code(), Some(status), "stderr: {e}");
     assert!(e.contains("archgen: error:"), "stderr: {e}");
     assert!(e.contains(what), "expected '{what}' in: {e}");
     assert!(!e.contains("panicked"), "panic: {e}");
@@ -108,14 +119,14 @@ fn runs_a_tiny_checkpoint_and_rejects_bad_input() {
         v.extend_from_slice(extra);
         archgen(&v)
     };
-    assert_clean_error(&base(&["--prompt-ids", "1,x,3"]), "item 2 ('x')");
+    assert_usage_error(&base(&["--prompt-ids", "1,x,3"]), "item 2 ('x')");
     assert_clean_error(
         &base(&["--prompt-ids", "1,99999"]),
         "out of the vocabulary (size 512)",
     );
-    assert_clean_error(
+    assert_usage_error(
         &base(&["--prompt-ids", "1", "--impl", "fast"]),
-        "'fast' is not one of",
+        "invalid value 'fast' for '--impl <IMPL>'",
     );
     assert_clean_error(
         &base(&["--prompt-ids", "1", "--impl", "generated"]),
@@ -232,11 +243,11 @@ fn text_prompts_stream_text_and_stop_at_eos() {
     let o = gen(&model, &["--prompt", "w5 w9"]);
     assert_clean_error(&o, "tokenizer.json");
     assert_clean_error(&o, "--prompt-ids");
-    assert_clean_error(
+    assert_usage_error(
         &gen(&model, &["--prompt", "w5", "--prompt-ids", "2,5"]),
         "not both",
     );
-    assert_clean_error(&gen(&model, &[]), "give --prompt TEXT or --prompt-ids");
+    assert_usage_error(&gen(&model, &[]), "give --prompt TEXT or --prompt-ids");
     let o = gen(&model, &["--prompt-ids", "2,5,9", "--ignore-eos"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let ids: Vec<u32> = stdout(&o)
