@@ -223,7 +223,7 @@ pub struct ChatArgs {
     #[arg(long, value_name = "P", default_value_t = 1.0, value_parser = parse_top_p,
           allow_negative_numbers = true)]
     pub top_p: f32,
-    /// Random seed of the sampler (turn N of the chat uses S + N)
+    /// Random seed of the sampler (reply N of the chat, from 0, uses S + N)
     #[arg(long, value_name = "S", default_value_t = 0)]
     pub seed: u64,
     /// Which implementation runs the checkpoint

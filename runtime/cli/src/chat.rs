@@ -64,7 +64,9 @@ pub fn chat(ui: &Ui, args: &ChatArgs) -> Result<(), String> {
     let model = args.model.as_path();
     let (tokenizer, template) = load_chat_parts(model)?;
     let eos = crate::run::eos_ids(model)?;
+    let context = engine::context_length(model)?;
     let task = ChatTask {
+        context,
         tokenizer: &tokenizer,
         template: &template,
         eos: &eos,
@@ -81,6 +83,8 @@ pub fn chat(ui: &Ui, args: &ChatArgs) -> Result<(), String> {
 }
 
 struct ChatTask<'a> {
+    /// `max_position_embeddings`, when config.json gives it.
+    context: Option<usize>,
     tokenizer: &'a Tokenizer,
     template: &'a ChatTemplate,
     eos: &'a [i32],
@@ -109,7 +113,9 @@ impl ModelTask for ChatTask<'_> {
         }
         let mut history = self.fresh_history();
         let mut lines = std::io::stdin().lock().lines();
-        for turn in 0u64.. {
+        // Replies so far: reply N samples with seed S + N.
+        let mut replies = 0u64;
+        loop {
             if interactive {
                 eprint!("> ");
                 let _ = std::io::stderr().flush();
@@ -138,12 +144,25 @@ impl ModelTask for ChatTask<'_> {
                     continue;
                 }
             };
+            if let Some(context) = self.context.filter(|&c| prompt.len() >= c) {
+                history.pop();
+                eprintln!(
+                    "archgen: chat: the conversation is {} tokens, the model's context is {context} \
+                     (max_position_embeddings); /reset starts over",
+                    prompt.len()
+                );
+                continue;
+            }
+            // A reply ends at the context's end at the latest.
+            let room = self.context.map_or(usize::MAX, |c| c - prompt.len());
             let sampling = Sampling {
-                seed: self.sampling.seed.wrapping_add(turn),
+                seed: self.sampling.seed.wrapping_add(replies),
+                max_tokens: self.sampling.max_tokens.min(room),
                 ..self.sampling
             };
             let reply = stream_reply(m, self.tokenizer, self.eos, &prompt, &sampling)?;
             history.push(Message::new("assistant", &reply));
+            replies += 1;
         }
         Ok(())
     }

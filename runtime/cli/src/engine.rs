@@ -3,6 +3,8 @@
 //! prompt, seed and temperature give the same tokens through every command;
 //! plus text streaming with stop strings.
 
+use std::path::Path;
+
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array};
 use archgen_runtime::model::CausalLm;
@@ -87,6 +89,26 @@ pub fn generate<M: CausalLm>(
         }
     }
     Ok((produced, Finish::Length))
+}
+
+/// `max_position_embeddings` from config.json (top level or text_config).
+pub fn context_length(model: &Path) -> Result<Option<usize>, String> {
+    let file = model.join("config.json");
+    let text = std::fs::read_to_string(&file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "{}:{}:{}: invalid JSON: {e}",
+            file.display(),
+            e.line(),
+            e.column()
+        )
+    })?;
+    let value = json.get("max_position_embeddings").or_else(|| {
+        json.get("text_config")
+            .and_then(|t| t.get("max_position_embeddings"))
+    });
+    Ok(value.and_then(|v| v.as_u64()).map(|n| n as usize))
 }
 
 /// Generated tokens turned into text as they come, cut at the first stop

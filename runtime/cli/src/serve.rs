@@ -778,26 +778,6 @@ async fn not_found() -> ApiError {
     }
 }
 
-/// `max_position_embeddings` from config.json (top level or text_config).
-fn context_length(model: &Path) -> Result<Option<usize>, String> {
-    let file = model.join("config.json");
-    let text = std::fs::read_to_string(&file)
-        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "{}:{}:{}: invalid JSON: {e}",
-            file.display(),
-            e.line(),
-            e.column()
-        )
-    })?;
-    let value = json.get("max_position_embeddings").or_else(|| {
-        json.get("text_config")
-            .and_then(|t| t.get("max_position_embeddings"))
-    });
-    Ok(value.and_then(|v| v.as_u64()).map(|n| n as usize))
-}
-
 async fn shutdown_signal() {
     let _ = tokio::signal::ctrl_c().await;
     eprintln!("archgen: serve: stopping");
@@ -828,7 +808,7 @@ pub fn serve(
         ));
     }
     let eos = crate::run::eos_ids(model)?;
-    let context = context_length(model)?;
+    let context = engine::context_length(model)?;
     let (jobs_tx, jobs_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = mpsc::channel();
     let worker = Worker {

@@ -378,6 +378,35 @@ fn serves_the_openai_api_and_matches_generate_and_chat() {
     );
     assert!(ok, "{stderr}");
     assert_eq!(stdout, format!("{}\n", turns[0]));
+
+    // A conversation longer than the context is refused, and the chat goes on.
+    let short = root.path().join("short-context");
+    std::fs::create_dir(&short).unwrap();
+    for entry in std::fs::read_dir(&model).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), short.join(entry.file_name())).unwrap();
+    }
+    let mut config = json(&std::fs::read_to_string(short.join("config.json")).unwrap());
+    config["max_position_embeddings"] = 32.into();
+    std::fs::write(short.join("config.json"), config.to_string()).unwrap();
+    let (ok, stdout, stderr) = archgen(
+        &[
+            "chat",
+            "--model",
+            short.to_str().unwrap(),
+            "--max-tokens",
+            "6",
+        ],
+        &format!("{}\nhello\n", "fox ".repeat(40)),
+        Duration::from_secs(300),
+    );
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("the model's context is 32"), "{stderr}");
+    assert_eq!(
+        stdout,
+        format!("{}\n", turns[0]),
+        "the next turn starts afresh"
+    );
 }
 
 #[test]
