@@ -9,13 +9,14 @@ use std::process::Command;
 use archgen_plan::Plan;
 
 use crate::cli::GenArgs;
+use crate::report::Reporter;
 use crate::setup::repo_root;
 
 /// Every file the generator owns, keyed by repository-relative path.
 type Outputs = BTreeMap<String, String>;
 
-fn spec_plan(path: &Path) -> Result<Plan, String> {
-    let spec = archgen_spec::load(path).map_err(|d| d.to_string())?;
+fn spec_plan(path: &Path, reporter: &Reporter) -> Result<Plan, String> {
+    let spec = archgen_spec::load(path).map_err(|d| reporter.spec_errors(&d))?;
     let rel = path
         .strip_prefix(repo_root())
         .unwrap_or(path)
@@ -33,11 +34,11 @@ fn plan_path(name: &str) -> String {
 }
 
 /// Plans of all specs, or an error listing every spec that failed.
-fn all_plans() -> Result<Vec<Plan>, String> {
+fn all_plans(reporter: &Reporter) -> Result<Vec<Plan>, String> {
     let mut plans = Vec::new();
     let mut errors = Vec::new();
     for path in crate::spec::all_specs()? {
-        match spec_plan(&path) {
+        match spec_plan(&path, reporter) {
             Ok(p) => plans.push(p),
             Err(e) => errors.push(e),
         }
@@ -170,11 +171,12 @@ fn stage_and_commit(
 
 /// `gen NAME... | --all | --check` (clap makes them exclusive and asks for one).
 pub fn run(args: &GenArgs) -> Result<(), String> {
+    let reporter = Reporter::new(args.format.message_format);
     if args.check {
-        return check();
+        return check(&reporter);
     }
     if args.all {
-        let plans = all_plans()?;
+        let plans = all_plans(&reporter)?;
         let outputs = outputs_for(&plans, &plans)?;
         let orphans: Vec<String> = files_on_disk()
             .into_iter()
@@ -204,7 +206,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     for path in crate::spec::all_specs()? {
         let stem = path.file_stem().unwrap().to_string_lossy().to_string();
         if names.iter().any(|n| **n == stem) || on_disk.contains(&model_path(&stem)) {
-            registry.push(spec_plan(&path)?);
+            registry.push(spec_plan(&path, &reporter)?);
         }
     }
     let plans: Vec<Plan> = registry
@@ -235,8 +237,8 @@ fn unified(path: &str, old: &str, new: &str) -> String {
 }
 
 /// What `--check` found: empty when generated/ is fresh.
-pub fn stale_report() -> Result<Vec<String>, String> {
-    let plans = all_plans()?;
+pub fn stale_report(reporter: &Reporter) -> Result<Vec<String>, String> {
+    let plans = all_plans(reporter)?;
     let expected = outputs_for(&plans, &plans)?;
     let mut problems = Vec::new();
     for (rel, text) in &expected {
@@ -257,8 +259,8 @@ pub fn stale_report() -> Result<Vec<String>, String> {
     Ok(problems)
 }
 
-fn check() -> Result<(), String> {
-    let problems = stale_report()?;
+fn check(reporter: &Reporter) -> Result<(), String> {
+    let problems = stale_report(reporter)?;
     if problems.is_empty() {
         eprintln!(
             "gen --check: generated/ is fresh ({} files)",
@@ -267,7 +269,12 @@ fn check() -> Result<(), String> {
         return Ok(());
     }
     for p in &problems {
-        println!("{p}");
+        // With --message-format json stdout carries only JSON.
+        if reporter.json() {
+            eprintln!("{p}");
+        } else {
+            println!("{p}");
+        }
     }
     Err(format!(
         "{} generated file(s) are stale, edited by hand, missing or orphaned; fix with: cargo xtask gen --all",
@@ -340,7 +347,7 @@ mod tests {
     /// `cargo test` fails when generated/ is stale, hand-edited or orphaned.
     #[test]
     fn generated_files_are_fresh() {
-        let problems = super::stale_report().unwrap();
+        let problems = super::stale_report(&Default::default()).unwrap();
         assert!(
             problems.is_empty(),
             "generated/ is not what the specs give; run `cargo xtask gen --all`:\n{}",

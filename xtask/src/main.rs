@@ -4,6 +4,7 @@
 mod bench;
 mod cli;
 mod gen;
+mod report;
 mod setup;
 mod spec;
 

@@ -6,12 +6,15 @@
 //! with mlx's affine quantize, as mlx-lm's convert does.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
 use archgen_spec::ModuleKind;
 
-use crate::args::WeightDtype;
+use std::io::{IsTerminal, Write};
+
+use archgen_spec::render::Style;
+
+use crate::args::{InitArgs, MessageFormat, WeightDtype};
 use crate::ui::Ui;
 
 fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String> {
@@ -26,14 +29,35 @@ fn dtype_of(dtype: WeightDtype) -> Dtype {
     }
 }
 
-pub fn init(
-    ui: &Ui,
-    spec_path: &Path,
-    out: &Path,
-    seed: u64,
-    dtype: WeightDtype,
-) -> Result<(), String> {
-    let spec = archgen_spec::load(spec_path).map_err(|d| d.to_string())?;
+/// Spec errors in the excerpt form (colour on a terminal), or as JSON lines
+/// on stdout with a one-line summary for the error.
+fn spec_errors(diags: &archgen_spec::Diagnostics, format: MessageFormat) -> String {
+    match format {
+        MessageFormat::Human => {
+            let style = if std::io::stderr().is_terminal() {
+                Style::Color
+            } else {
+                Style::Plain
+            };
+            diags.render_excerpts(style)
+        }
+        MessageFormat::Json => {
+            let mut out = std::io::stdout().lock();
+            for v in diags.to_json() {
+                let _ = writeln!(out, "{v}");
+            }
+            let n = diags.len();
+            format!(
+                "{n} spec error{} (JSON on stdout)",
+                if n == 1 { "" } else { "s" }
+            )
+        }
+    }
+}
+
+pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
+    let (out, seed, dtype) = (args.out.as_path(), args.seed, args.dtype);
+    let spec = archgen_spec::load(&args.spec).map_err(|d| spec_errors(&d, args.message_format))?;
     let arch = spec.resolve();
     let dt = dtype_of(dtype);
     let mut tensors: BTreeMap<String, Array> = BTreeMap::new();

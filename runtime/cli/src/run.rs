@@ -466,5 +466,5 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
 }
 
 fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
-    crate::init::init(ui, &args.spec, &args.out, args.seed, args.dtype)
+    crate::init::init(ui, args)
 }
