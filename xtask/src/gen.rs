@@ -33,11 +33,19 @@ fn plan_path(name: &str) -> String {
     format!("generated/plans/{name}.plan.md")
 }
 
+/// A progress bar over models (`gen --all`); each model counts twice, once
+/// planned and once emitted.
+type Bar<'a> = Option<&'a indicatif::ProgressBar>;
+
 /// Plans of all specs, or an error listing every spec that failed.
-fn all_plans(reporter: &Reporter) -> Result<Vec<Plan>, String> {
+fn all_plans(reporter: &Reporter, bar: Bar) -> Result<Vec<Plan>, String> {
     let mut plans = Vec::new();
     let mut errors = Vec::new();
     for path in crate::spec::all_specs()? {
+        if let Some(bar) = bar {
+            bar.set_message(format!("planning {}", path.display()));
+            bar.inc(1);
+        }
         match spec_plan(&path, reporter) {
             Ok(p) => plans.push(p),
             Err(e) => errors.push(e),
@@ -50,10 +58,14 @@ fn all_plans(reporter: &Reporter) -> Result<Vec<Plan>, String> {
     }
 }
 
-fn outputs_for(plans: &[Plan], registry_plans: &[Plan]) -> Result<Outputs, String> {
+fn outputs_for(plans: &[Plan], registry_plans: &[Plan], bar: Bar) -> Result<Outputs, String> {
     let mut out = Outputs::new();
     let mut errors = Vec::new();
     for p in plans {
+        if let Some(bar) = bar {
+            bar.set_message(format!("emitting {}", p.name));
+            bar.inc(1);
+        }
         match archgen_emit::model_file(p) {
             Ok(text) => {
                 out.insert(model_path(&p.name), text);
@@ -170,14 +182,20 @@ fn stage_and_commit(
 }
 
 /// `gen NAME... | --all | --check` (clap makes them exclusive and asks for one).
-pub fn run(args: &GenArgs) -> Result<(), String> {
+pub fn run(args: &GenArgs, quiet: bool) -> Result<(), String> {
     let reporter = Reporter::new(args.format.message_format);
     if args.check {
         return check(&reporter);
     }
     if args.all {
-        let plans = all_plans(&reporter)?;
-        let outputs = outputs_for(&plans, &plans)?;
+        let specs = crate::spec::all_specs()?.len() as u64;
+        let bar = crate::report::items_bar(2 * specs, "gen", quiet);
+        let planned = all_plans(&reporter, bar.as_ref())
+            .and_then(|plans| outputs_for(&plans, &plans, bar.as_ref()).map(|o| (plans, o)));
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        let (plans, outputs) = planned?;
         let orphans: Vec<String> = files_on_disk()
             .into_iter()
             .filter(|f| !outputs.contains_key(f))
@@ -214,7 +232,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         .filter(|p| names.iter().any(|n| **n == p.name))
         .cloned()
         .collect();
-    let outputs = outputs_for(&plans, &registry)?;
+    let outputs = outputs_for(&plans, &registry, None)?;
     write_all(&outputs, &[])?;
     for p in &plans {
         eprintln!(
@@ -238,8 +256,8 @@ fn unified(path: &str, old: &str, new: &str) -> String {
 
 /// What `--check` found: empty when generated/ is fresh.
 pub fn stale_report(reporter: &Reporter) -> Result<Vec<String>, String> {
-    let plans = all_plans(reporter)?;
-    let expected = outputs_for(&plans, &plans)?;
+    let plans = all_plans(reporter, None)?;
+    let expected = outputs_for(&plans, &plans, None)?;
     let mut problems = Vec::new();
     for (rel, text) in &expected {
         match std::fs::read_to_string(repo_root().join(rel)) {

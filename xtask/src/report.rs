@@ -57,3 +57,19 @@ impl Reporter {
         }
     }
 }
+
+/// A bar over `len` items (`gen --all`'s models), or `None` when stderr is
+/// not a terminal or with --quiet.
+pub fn items_bar(len: u64, what: &str, quiet: bool) -> Option<indicatif::ProgressBar> {
+    if quiet || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(what.to_string());
+    Some(bar)
+}
