@@ -98,7 +98,7 @@ fn time_clean_compile() -> Result<f64, String> {
 }
 
 /// `bench [--quick] [--spec NAME]...`.
-pub fn run(args: &BenchArgs) -> Result<(), String> {
+pub fn run(args: &BenchArgs, quiet: bool) -> Result<(), String> {
     let (quick, specs) = (args.quick, &args.specs);
     let root = repo_root();
     let cache = target_dir().join("bench-cache");
@@ -106,6 +106,9 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let mut run_args: Vec<std::ffi::OsString> = vec!["run".into()];
     for s in specs {
         run_args.extend(["--spec".into(), s.into()]);
+    }
+    if quiet {
+        run_args.push("--quiet".into());
     }
     if quick {
         run_args.push("--quick".into());

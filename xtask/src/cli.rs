@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// What the exit status means (shown under `cargo xtask --help`, docs/cli.md).
 pub const EXIT_CODES: &str = "\
@@ -68,6 +68,25 @@ pub struct TestArgs {
     pub cargo_test_args: Vec<String>,
 }
 
+/// How spec errors are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum MessageFormat {
+    /// file:line:column, the message, the source line with a caret under
+    /// the span, and the hint, on stderr
+    #[default]
+    Human,
+    /// One JSON object per line on stdout (docs/errors.md#json-messages)
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, Default, Args)]
+pub struct FormatArgs {
+    /// How to print spec errors: human (with source excerpts) or json (one
+    /// object per line on stdout, for editors and CI)
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = MessageFormat::Human)]
+    pub message_format: MessageFormat,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum SpecCommand {
     /// Validate every spec in specs/ (or the given files); prints all errors,
@@ -88,6 +107,8 @@ pub struct CheckArgs {
     /// Spec files to check (default: every specs/*.yaml)
     #[arg(value_name = "PATH")]
     pub paths: Vec<PathBuf>,
+    #[command(flatten)]
+    pub format: FormatArgs,
 }
 
 #[derive(Debug, Args)]
@@ -98,6 +119,8 @@ pub struct ShowArgs {
     /// Print config.json (text_config) field names as JSON instead of the table
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub format: FormatArgs,
 }
 
 #[derive(Debug, Args)]
@@ -138,6 +161,8 @@ pub struct GenArgs {
     /// Compare generated/ with what the specs give; writes nothing
     #[arg(long)]
     pub check: bool,
+    #[command(flatten)]
+    pub format: FormatArgs,
 }
 
 #[derive(Debug, Args)]

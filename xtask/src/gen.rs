@@ -9,13 +9,14 @@ use std::process::Command;
 use archgen_plan::Plan;
 
 use crate::cli::GenArgs;
+use crate::report::Reporter;
 use crate::setup::repo_root;
 
 /// Every file the generator owns, keyed by repository-relative path.
 type Outputs = BTreeMap<String, String>;
 
-fn spec_plan(path: &Path) -> Result<Plan, String> {
-    let spec = archgen_spec::load(path).map_err(|d| d.to_string())?;
+fn spec_plan(path: &Path, reporter: &Reporter) -> Result<Plan, String> {
+    let spec = archgen_spec::load(path).map_err(|d| reporter.spec_errors(&d))?;
     let rel = path
         .strip_prefix(repo_root())
         .unwrap_or(path)
@@ -32,12 +33,20 @@ fn plan_path(name: &str) -> String {
     format!("generated/plans/{name}.plan.md")
 }
 
+/// A progress bar over models (`gen --all`); each model counts twice, once
+/// planned and once emitted.
+type Bar<'a> = Option<&'a indicatif::ProgressBar>;
+
 /// Plans of all specs, or an error listing every spec that failed.
-fn all_plans() -> Result<Vec<Plan>, String> {
+fn all_plans(reporter: &Reporter, bar: Bar) -> Result<Vec<Plan>, String> {
     let mut plans = Vec::new();
     let mut errors = Vec::new();
     for path in crate::spec::all_specs()? {
-        match spec_plan(&path) {
+        if let Some(bar) = bar {
+            bar.set_message(format!("planning {}", path.display()));
+            bar.inc(1);
+        }
+        match spec_plan(&path, reporter) {
             Ok(p) => plans.push(p),
             Err(e) => errors.push(e),
         }
@@ -49,10 +58,14 @@ fn all_plans() -> Result<Vec<Plan>, String> {
     }
 }
 
-fn outputs_for(plans: &[Plan], registry_plans: &[Plan]) -> Result<Outputs, String> {
+fn outputs_for(plans: &[Plan], registry_plans: &[Plan], bar: Bar) -> Result<Outputs, String> {
     let mut out = Outputs::new();
     let mut errors = Vec::new();
     for p in plans {
+        if let Some(bar) = bar {
+            bar.set_message(format!("emitting {}", p.name));
+            bar.inc(1);
+        }
         match archgen_emit::model_file(p) {
             Ok(text) => {
                 out.insert(model_path(&p.name), text);
@@ -169,13 +182,20 @@ fn stage_and_commit(
 }
 
 /// `gen NAME... | --all | --check` (clap makes them exclusive and asks for one).
-pub fn run(args: &GenArgs) -> Result<(), String> {
+pub fn run(args: &GenArgs, quiet: bool) -> Result<(), String> {
+    let reporter = Reporter::new(args.format.message_format);
     if args.check {
-        return check();
+        return check(&reporter);
     }
     if args.all {
-        let plans = all_plans()?;
-        let outputs = outputs_for(&plans, &plans)?;
+        let specs = crate::spec::all_specs()?.len() as u64;
+        let bar = crate::report::items_bar(2 * specs, "gen", quiet);
+        let planned = all_plans(&reporter, bar.as_ref())
+            .and_then(|plans| outputs_for(&plans, &plans, bar.as_ref()).map(|o| (plans, o)));
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        let (plans, outputs) = planned?;
         let orphans: Vec<String> = files_on_disk()
             .into_iter()
             .filter(|f| !outputs.contains_key(f))
@@ -204,7 +224,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     for path in crate::spec::all_specs()? {
         let stem = path.file_stem().unwrap().to_string_lossy().to_string();
         if names.iter().any(|n| **n == stem) || on_disk.contains(&model_path(&stem)) {
-            registry.push(spec_plan(&path)?);
+            registry.push(spec_plan(&path, &reporter)?);
         }
     }
     let plans: Vec<Plan> = registry
@@ -212,7 +232,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         .filter(|p| names.iter().any(|n| **n == p.name))
         .cloned()
         .collect();
-    let outputs = outputs_for(&plans, &registry)?;
+    let outputs = outputs_for(&plans, &registry, None)?;
     write_all(&outputs, &[])?;
     for p in &plans {
         eprintln!(
@@ -235,9 +255,9 @@ fn unified(path: &str, old: &str, new: &str) -> String {
 }
 
 /// What `--check` found: empty when generated/ is fresh.
-pub fn stale_report() -> Result<Vec<String>, String> {
-    let plans = all_plans()?;
-    let expected = outputs_for(&plans, &plans)?;
+pub fn stale_report(reporter: &Reporter) -> Result<Vec<String>, String> {
+    let plans = all_plans(reporter, None)?;
+    let expected = outputs_for(&plans, &plans, None)?;
     let mut problems = Vec::new();
     for (rel, text) in &expected {
         match std::fs::read_to_string(repo_root().join(rel)) {
@@ -257,8 +277,8 @@ pub fn stale_report() -> Result<Vec<String>, String> {
     Ok(problems)
 }
 
-fn check() -> Result<(), String> {
-    let problems = stale_report()?;
+fn check(reporter: &Reporter) -> Result<(), String> {
+    let problems = stale_report(reporter)?;
     if problems.is_empty() {
         eprintln!(
             "gen --check: generated/ is fresh ({} files)",
@@ -267,7 +287,12 @@ fn check() -> Result<(), String> {
         return Ok(());
     }
     for p in &problems {
-        println!("{p}");
+        // With --message-format json stdout carries only JSON.
+        if reporter.json() {
+            eprintln!("{p}");
+        } else {
+            println!("{p}");
+        }
     }
     Err(format!(
         "{} generated file(s) are stale, edited by hand, missing or orphaned; fix with: cargo xtask gen --all",
@@ -340,7 +365,7 @@ mod tests {
     /// `cargo test` fails when generated/ is stale, hand-edited or orphaned.
     #[test]
     fn generated_files_are_fresh() {
-        let problems = super::stale_report().unwrap();
+        let problems = super::stale_report(&Default::default()).unwrap();
         assert!(
             problems.is_empty(),
             "generated/ is not what the specs give; run `cargo xtask gen --all`:\n{}",

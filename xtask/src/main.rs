@@ -4,6 +4,7 @@
 mod bench;
 mod cli;
 mod gen;
+mod report;
 mod setup;
 mod spec;
 
@@ -28,9 +29,9 @@ fn main() -> ExitCode {
             SpecCommand::Import(args) => spec::import_cmd(&args),
             SpecCommand::Schema(args) => spec::schema(args.check),
         },
-        Task::Gen(args) => gen::run(&args),
+        Task::Gen(args) => gen::run(&args, cli.quiet),
         Task::Diff(args) => gen::diff(&args.base),
-        Task::Bench(args) => bench::run(&args),
+        Task::Bench(args) => bench::run(&args, cli.quiet),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -56,7 +56,10 @@ pub fn test(extra: &[String]) -> Result<(), String> {
         ]),
     )?;
     eprintln!("xtask: spec check");
-    crate::spec::check(&crate::cli::CheckArgs { paths: Vec::new() })?;
+    crate::spec::check(&crate::cli::CheckArgs {
+        paths: Vec::new(),
+        format: Default::default(),
+    })?;
     eprintln!("xtask: spec schema --check");
     crate::spec::schema(true)?;
     run(

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::cli::{CheckArgs, ImportArgs, ShowArgs};
+use crate::report::Reporter;
 
 pub fn specs_dir() -> PathBuf {
     crate::setup::repo_root().join("specs")
@@ -35,8 +36,12 @@ fn display(path: &Path) -> String {
         .to_string()
 }
 
-/// `spec check [PATH...]`.
+/// `spec check [PATH...]`: a line per spec on stdout (`ok` or `FAIL`) and
+/// every error in the excerpt form on stderr; with `--message-format json`,
+/// JSON lines on stdout instead (a `spec` object per spec, its diagnostics,
+/// then a `summary`).
 pub fn check(args: &CheckArgs) -> Result<(), String> {
+    let reporter = Reporter::new(args.format.message_format);
     let paths: Vec<PathBuf> = if args.paths.is_empty() {
         all_specs()?
     } else {
@@ -47,23 +52,44 @@ pub fn check(args: &CheckArgs) -> Result<(), String> {
         match archgen_spec::load(path) {
             Ok(spec) => {
                 let a = spec.resolve();
-                println!(
-                    "ok    {}  ({} layers, {} params, sha256 {})",
-                    display(path),
-                    a.num_layers,
-                    a.param_count(),
-                    &archgen_spec::spec_hash(&spec)[..16]
-                );
+                let hash = &archgen_spec::spec_hash(&spec)[..16];
+                if reporter.json() {
+                    reporter.emit(&serde_json::json!({
+                        "type": "spec", "file": display(path), "status": "ok",
+                        "layers": a.num_layers, "params": a.param_count(), "sha256": hash,
+                    }));
+                } else {
+                    println!(
+                        "ok    {}  ({} layers, {} params, sha256 {hash})",
+                        display(path),
+                        a.num_layers,
+                        a.param_count(),
+                    );
+                }
             }
             Err(d) => {
                 failed += 1;
-                println!("FAIL  {}", display(path));
-                eprintln!("{d}");
+                if reporter.json() {
+                    reporter.emit(&serde_json::json!({
+                        "type": "spec", "file": display(path), "status": "error", "errors": d.len(),
+                    }));
+                    reporter.spec_errors(&d);
+                } else {
+                    println!("FAIL  {}", display(path));
+                    eprintln!("{}", reporter.spec_errors(&d));
+                }
             }
         }
     }
+    if reporter.json() {
+        reporter.emit(&serde_json::json!({
+            "type": "summary", "specs": paths.len(), "failed": failed,
+        }));
+    }
     if failed == 0 {
-        println!("{} spec(s) valid", paths.len());
+        if !reporter.json() {
+            println!("{} spec(s) valid", paths.len());
+        }
         Ok(())
     } else {
         Err(format!("{failed} of {} spec(s) have errors", paths.len()))
@@ -81,7 +107,9 @@ fn resolve_name(name: &str) -> PathBuf {
 
 /// `spec show NAME|PATH [--json]`.
 pub fn show(args: &ShowArgs) -> Result<(), String> {
-    let spec = archgen_spec::load(resolve_name(&args.name)).map_err(|d| d.to_string())?;
+    let reporter = Reporter::new(args.format.message_format);
+    let spec =
+        archgen_spec::load(resolve_name(&args.name)).map_err(|d| reporter.spec_errors(&d))?;
     let text = if args.json {
         let v = archgen_spec::to_hf_json(&spec);
         serde_json::to_string_pretty(&v).map_err(|e| e.to_string())? + "\n"

@@ -298,6 +298,20 @@ pub struct InitArgs {
     /// Dtype of the unquantized weights
     #[arg(long, value_enum, default_value_t = WeightDtype::Bfloat16)]
     pub dtype: WeightDtype,
+    /// How to print spec errors: human (with source excerpts) or json (one
+    /// object per line on stdout, docs/errors.md#json-messages)
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = MessageFormat::Human)]
+    pub message_format: MessageFormat,
+}
+
+/// How spec errors are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MessageFormat {
+    /// file:line:column, the message, the source line with a caret under
+    /// the span, and the hint, on stderr
+    Human,
+    /// One JSON object per line on stdout
+    Json,
 }
 
 #[derive(Debug, Args)]

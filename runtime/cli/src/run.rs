@@ -27,7 +27,22 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
     implementation: Impl,
     task: T,
 ) -> Result<(), String> {
-    let (arch, weights) = archgen_monolith::read_dir(model).map_err(|e| e.to_string())?;
+    let bar = ui.bytes_bar("loading", 0);
+    let loaded = match &bar {
+        Some(bar) => {
+            bar.set_message(format!("loading {}", model.display()));
+            let mut report = |done: u64, total: u64| {
+                bar.set_length(total);
+                bar.set_position(done);
+            };
+            archgen_monolith::read_dir_with_progress(model, Some(&mut report))
+        }
+        None => archgen_monolith::read_dir(model),
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let (arch, weights) = loaded.map_err(|e| e.to_string())?;
     let fingerprint = archgen_plan::fingerprint(&arch);
     if implementation != Impl::Monolith {
         if let Some(found) = archgen_generated::find(&fingerprint) {
@@ -480,5 +495,5 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
 }
 
 fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
-    crate::init::init(ui, &args.spec, &args.out, args.seed, args.dtype)
+    crate::init::init(ui, args)
 }

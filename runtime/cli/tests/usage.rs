@@ -2,6 +2,7 @@
 //! subcommand, --version, a suggestion for a mistyped flag, completion scripts,
 //! and the documented exit statuses (0 ok, 1 failed while running, 2 usage).
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 fn archgen(args: &[&str]) -> Output {
@@ -176,4 +177,58 @@ fn completion_scripts_name_every_subcommand_and_flag() {
             assert!(script.contains(word), "{shell} script lacks {word}");
         }
     }
+}
+
+fn bad_spec(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../codegen/spec/tests/bad")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn init_shows_spec_errors_with_the_source_line_or_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let spec = bad_spec("odd-head-dim.yaml");
+    let o = archgen(&["init", "--spec", &spec, "--out", out.to_str().unwrap()]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains(
+            ":27:13: error at attention.head_dim: 15 is odd (expected an even head dimension)"
+        ),
+        "{e}"
+    );
+    assert!(e.contains("27 |   head_dim: 15"), "{e}");
+    assert!(e.contains("   |             ^^"), "{e}");
+    assert!(
+        e.contains("  hint: RoPE rotates pairs of dimensions"),
+        "{e}"
+    );
+    assert!(!out.exists(), "nothing written for a bad spec");
+
+    let o = archgen(&[
+        "init",
+        "--spec",
+        &spec,
+        "--out",
+        out.to_str().unwrap(),
+        "--message-format",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let lines: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{}", stdout(&o));
+    assert_eq!(lines[0]["path"], "attention.head_dim");
+    assert_eq!(
+        (lines[0]["line"].as_u64(), lines[0]["column"].as_u64()),
+        (Some(27), Some(13))
+    );
+    assert_eq!(lines[0]["end_column"], 15);
+    assert!(stderr(&o).contains("archgen: error: 1 spec error (JSON on stdout)"));
 }
