@@ -22,6 +22,7 @@ mod hf;
 mod hints;
 pub mod import;
 mod model;
+pub mod render;
 mod validate;
 mod yaml;
 

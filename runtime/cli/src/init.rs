@@ -6,25 +6,58 @@
 //! with mlx's affine quantize, as mlx-lm's convert does.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
 use archgen_spec::ModuleKind;
+
+use std::io::{IsTerminal, Write};
+
+use archgen_spec::render::Style;
+
+use crate::args::{InitArgs, MessageFormat, WeightDtype};
+use crate::ui::Ui;
 
 fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String> {
     r.map_err(|e| format!("MLX: {e}"))
 }
 
-fn dtype_of(name: &str) -> Dtype {
-    match name {
-        "float16" => Dtype::Float16,
-        "float32" => Dtype::Float32,
-        _ => Dtype::Bfloat16,
+fn dtype_of(dtype: WeightDtype) -> Dtype {
+    match dtype {
+        WeightDtype::Bfloat16 => Dtype::Bfloat16,
+        WeightDtype::Float16 => Dtype::Float16,
+        WeightDtype::Float32 => Dtype::Float32,
     }
 }
 
-pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), String> {
-    let spec = archgen_spec::load(spec_path).map_err(|d| d.to_string())?;
+/// Spec errors in the excerpt form (colour on a terminal), or as JSON lines
+/// on stdout with a one-line summary for the error.
+fn spec_errors(diags: &archgen_spec::Diagnostics, format: MessageFormat) -> String {
+    match format {
+        MessageFormat::Human => {
+            let style = if std::io::stderr().is_terminal() {
+                Style::Color
+            } else {
+                Style::Plain
+            };
+            diags.render_excerpts(style)
+        }
+        MessageFormat::Json => {
+            let mut out = std::io::stdout().lock();
+            for v in diags.to_json() {
+                let _ = writeln!(out, "{v}");
+            }
+            let n = diags.len();
+            format!(
+                "{n} spec error{} (JSON on stdout)",
+                if n == 1 { "" } else { "s" }
+            )
+        }
+    }
+}
+
+pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
+    let (out, seed, dtype) = (args.out.as_path(), args.seed, args.dtype);
+    let spec = archgen_spec::load(&args.spec).map_err(|d| spec_errors(&d, args.message_format))?;
     let arch = spec.resolve();
     let dt = dtype_of(dtype);
     let mut tensors: BTreeMap<String, Array> = BTreeMap::new();
@@ -34,11 +67,40 @@ pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), 
         mlx_rs::random::key(seed.wrapping_mul(1_000_003).wrapping_add(n))
     };
     let modules = arch.quantizable_modules();
-    for m in &modules {
+    // Everything else is a vector parameter (norms, layer scalars, router scales).
+    let module_weights: std::collections::BTreeSet<String> = modules
+        .iter()
+        .map(|m| format!("{}.weight", m.path))
+        .collect();
+    let params: Vec<_> = archgen_plan::params(&arch)
+        .into_iter()
+        .filter(|p| !module_weights.contains(&p.name))
+        .collect();
+    // Progress counts the bytes of weights generated, in the weight dtype
+    // (before quantization packs them).
+    let elem_bytes: u64 = match dtype {
+        WeightDtype::Bfloat16 | WeightDtype::Float16 => 2,
+        WeightDtype::Float32 => 4,
+    };
+    let module_shape = |m: &archgen_spec::QuantizableModule| {
         let mut shape = vec![m.out_dim as i32, m.in_dim as i32];
         if m.kind == ModuleKind::SwitchLinear {
             shape.insert(0, m.count as i32);
         }
+        shape
+    };
+    let bytes_of = |shape: &[i32]| elem_bytes * shape.iter().map(|&d| d as u64).product::<u64>();
+    let total: u64 = modules
+        .iter()
+        .map(|m| bytes_of(&module_shape(m)))
+        .sum::<u64>()
+        + params
+            .iter()
+            .map(|p| bytes_of(&p.shape.iter().map(|&d| d as i32).collect::<Vec<_>>()))
+            .sum::<u64>();
+    let bar = ui.bytes_bar(&format!("generating {}", spec.name()), total);
+    for m in &modules {
+        let shape = module_shape(m);
         let std = match m.kind {
             // Scaled by sqrt(hidden) in the forward; keeps tied logits at a few units.
             ModuleKind::Embedding => 0.5f32,
@@ -64,13 +126,18 @@ pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), 
                 tensors.insert(format!("{}.weight", m.path), w);
             }
         }
+        if let Some(bar) = &bar {
+            bar.inc(bytes_of(&shape));
+        }
     }
-    // Everything else is a vector parameter (norms, layer scalars, router scales).
-    for p in archgen_plan::params(&arch) {
+    for p in params {
         if tensors.contains_key(&p.name) {
             continue;
         }
         let shape: Vec<i32> = p.shape.iter().map(|&d| d as i32).collect();
+        if let Some(bar) = &bar {
+            bar.inc(bytes_of(&shape));
+        }
         let key = mlx(next_key())?;
         let v = mlx(mlx_rs::random::uniform::<f32, f32>(0.5, 1.5, &shape, &key))?;
         tensors.insert(p.name.clone(), mlx(v.as_dtype(dt))?);
@@ -97,16 +164,23 @@ pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), 
         std::fs::write(out.join("kv_config.json"), text + "\n")
             .map_err(|e| format!("cannot write {}: {e}", out.join("kv_config.json").display()))?;
     }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     let path = out.join("model.safetensors");
-    Array::save_safetensors(tensors.iter(), None, &path)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let spinner = ui.spinner(&format!("writing {}", path.display()));
+    let saved = Array::save_safetensors(tensors.iter(), None, &path);
+    if let Some(spinner) = spinner {
+        spinner.finish_and_clear();
+    }
+    saved.map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     let bytes: usize = tensors.values().map(|a| a.nbytes()).sum();
-    eprintln!(
-        "archgen: wrote {} ({} tensors, {:.2} GB) and config.json for {}",
+    ui.note(&format!(
+        "wrote {} ({} tensors, {:.2} GB) and config.json for {}",
         path.display(),
         tensors.len(),
         bytes as f64 / 1e9,
         spec.name()
-    );
+    ));
     Ok(())
 }

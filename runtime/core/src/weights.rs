@@ -38,8 +38,20 @@ pub struct Checkpoint {
     pub tensors: HashMap<String, Array>,
 }
 
-/// Reads config.json and all weight files of `dir`.
+/// Reads config.json and all weight files of `dir`. The tensors stay lazy:
+/// MLX reads their data when they are first evaluated.
 pub fn read_checkpoint(dir: &Path) -> Result<Checkpoint, LoadError> {
+    read_checkpoint_with_progress(dir, None)
+}
+
+/// [`read_checkpoint`], and with `progress` it reads every tensor's data now
+/// (evaluating it) and reports `(bytes read, bytes in all)` after each one;
+/// the total is the weight files' size, reached when the last file is done.
+/// The bytes are the same either way; only when they are read moves.
+pub fn read_checkpoint_with_progress(
+    dir: &Path,
+    mut progress: Option<&mut dyn FnMut(u64, u64)>,
+) -> Result<Checkpoint, LoadError> {
     if !dir.is_dir() {
         return err(format!(
             "{}: not a directory; pass a model directory holding config.json and *.safetensors",
@@ -58,9 +70,15 @@ pub fn read_checkpoint(dir: &Path) -> Result<Checkpoint, LoadError> {
         ))
     })?;
     let files = weight_files(dir)?;
+    let sizes: Vec<u64> = files
+        .iter()
+        .map(|f| std::fs::metadata(f).map_or(0, |m| m.len()))
+        .collect();
+    let total: u64 = sizes.iter().sum();
+    let mut files_done = 0u64;
     let mut tensors = HashMap::new();
     for (i, file) in files.iter().enumerate() {
-        if files.len() > 1 {
+        if files.len() > 1 && progress.is_none() {
             eprintln!(
                 "archgen: loading {} ({}/{})",
                 file.file_name().unwrap_or_default().to_string_lossy(),
@@ -71,13 +89,28 @@ pub fn read_checkpoint(dir: &Path) -> Result<Checkpoint, LoadError> {
         check_safetensors_header(file)?;
         let loaded = Array::load_safetensors(file)
             .or_else(|e| err(format!("{}: cannot load safetensors: {e}", file.display())))?;
+        let mut file_done = 0u64;
         for (name, array) in loaded {
+            if let Some(report) = progress.as_mut() {
+                array.eval().or_else(|e| {
+                    err(format!(
+                        "{}: cannot read tensor '{name}': {e}",
+                        file.display()
+                    ))
+                })?;
+                file_done += array.nbytes() as u64;
+                report((files_done + file_done).min(total), total);
+            }
             if tensors.insert(name.clone(), array).is_some() {
                 return err(format!(
                     "{}: tensor '{name}' also appears in another weight file",
                     file.display()
                 ));
             }
+        }
+        files_done += sizes[i];
+        if let Some(report) = progress.as_mut() {
+            report(files_done, total);
         }
     }
     Ok(Checkpoint {
