@@ -200,6 +200,12 @@ mod tests {
             panic!("not test: {cli:?}")
         };
         assert_eq!(args.cargo_test_args, ["parity", "--", "--nocapture"]);
+        // A leading flag for cargo test goes through too.
+        let cli = Cli::try_parse_from(["xtask", "test", "--release", "-q"]).unwrap();
+        let Task::Test(args) = cli.task else {
+            panic!("not test: {cli:?}")
+        };
+        assert_eq!(args.cargo_test_args, ["--release", "-q"]);
     }
 
     #[test]

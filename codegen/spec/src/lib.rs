@@ -22,9 +22,11 @@ mod hf;
 mod hints;
 pub mod import;
 mod model;
-pub mod render;
 mod validate;
 mod yaml;
+
+// Diagnostics for people (source excerpts) and tools (JSON).
+pub mod render;
 
 pub use arch::{
     Architecture, KvQuant, LayerFacts, ModuleKind, MoeFacts, PleFacts, QuantizableModule, RopeKind,

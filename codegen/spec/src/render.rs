@@ -49,6 +49,8 @@ fn token_span(line: &str, column: usize) -> Range<usize> {
     let rest = &chars[start_index..];
     let end_of = |i: usize| rest.get(i).map_or(line.len(), |&(b, _)| b);
     let end = match first {
+        // A tab, a stray blank or an undecodable byte: that one character.
+        c if c.is_whitespace() || c == char::REPLACEMENT_CHARACTER => end_of(1),
         '"' | '\'' => {
             // Up to the closing quote ("" escapes are rare in specs; a
             // backslash skips the next character in double quotes).
@@ -248,6 +250,8 @@ mod tests {
         assert_eq!(token("key: http://x", 6), "http://x");
         assert_eq!(token("x", 1), "x");
         assert_eq!(token("é: ünit", 4), "ünit");
+        assert_eq!(token("\thidden_size: 64", 1), "\t");
+        assert_eq!(token("  repo: \"caf\u{FFFD}\"", 13), "\u{FFFD}");
         assert_eq!(token("abc", 9), "<past the end>");
         assert_eq!(token_span("abc", 9), 3..4);
     }

@@ -67,40 +67,29 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
         mlx_rs::random::key(seed.wrapping_mul(1_000_003).wrapping_add(n))
     };
     let modules = arch.quantizable_modules();
-    // Everything else is a vector parameter (norms, layer scalars, router scales).
-    let module_weights: std::collections::BTreeSet<String> = modules
-        .iter()
-        .map(|m| format!("{}.weight", m.path))
-        .collect();
-    let params: Vec<_> = archgen_plan::params(&arch)
-        .into_iter()
-        .filter(|p| !module_weights.contains(&p.name))
-        .collect();
-    // Progress counts the bytes of weights generated, in the weight dtype
-    // (before quantization packs them).
+    // Progress counts the bytes of weight matrices generated, in the weight
+    // dtype (before quantization packs them); the vector parameters below
+    // are too small to show.
     let elem_bytes: u64 = match dtype {
         WeightDtype::Bfloat16 | WeightDtype::Float16 => 2,
         WeightDtype::Float32 => 4,
     };
-    let module_shape = |m: &archgen_spec::QuantizableModule| {
+    let total: u64 = modules
+        .iter()
+        .map(|m| {
+            let experts = match m.kind {
+                ModuleKind::SwitchLinear => m.count,
+                ModuleKind::Linear | ModuleKind::Embedding => 1,
+            };
+            elem_bytes * experts * m.out_dim * m.in_dim
+        })
+        .sum();
+    let bar = ui.bytes_bar(&format!("generating {}", spec.name()), total);
+    for m in &modules {
         let mut shape = vec![m.out_dim as i32, m.in_dim as i32];
         if m.kind == ModuleKind::SwitchLinear {
             shape.insert(0, m.count as i32);
         }
-        shape
-    };
-    let bytes_of = |shape: &[i32]| elem_bytes * shape.iter().map(|&d| d as u64).product::<u64>();
-    let total: u64 = modules
-        .iter()
-        .map(|m| bytes_of(&module_shape(m)))
-        .sum::<u64>()
-        + params
-            .iter()
-            .map(|p| bytes_of(&p.shape.iter().map(|&d| d as i32).collect::<Vec<_>>()))
-            .sum::<u64>();
-    let bar = ui.bytes_bar(&format!("generating {}", spec.name()), total);
-    for m in &modules {
-        let shape = module_shape(m);
         let std = match m.kind {
             // Scaled by sqrt(hidden) in the forward; keeps tied logits at a few units.
             ModuleKind::Embedding => 0.5f32,
@@ -127,17 +116,18 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
             }
         }
         if let Some(bar) = &bar {
-            bar.inc(bytes_of(&shape));
+            bar.inc(elem_bytes * shape.iter().map(|&d| d as u64).product::<u64>());
         }
     }
-    for p in params {
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    // Everything else is a vector parameter (norms, layer scalars, router scales).
+    for p in archgen_plan::params(&arch) {
         if tensors.contains_key(&p.name) {
             continue;
         }
         let shape: Vec<i32> = p.shape.iter().map(|&d| d as i32).collect();
-        if let Some(bar) = &bar {
-            bar.inc(bytes_of(&shape));
-        }
         let key = mlx(next_key())?;
         let v = mlx(mlx_rs::random::uniform::<f32, f32>(0.5, 1.5, &shape, &key))?;
         tensors.insert(p.name.clone(), mlx(v.as_dtype(dt))?);
@@ -163,9 +153,6 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
         let text = serde_json::to_string_pretty(&kv).expect("JSON of plain values");
         std::fs::write(out.join("kv_config.json"), text + "\n")
             .map_err(|e| format!("cannot write {}: {e}", out.join("kv_config.json").display()))?;
-    }
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
     }
     let path = out.join("model.safetensors");
     let spinner = ui.spinner(&format!("writing {}", path.display()));

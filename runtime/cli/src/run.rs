@@ -26,15 +26,17 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
     implementation: Impl,
     task: T,
 ) -> Result<(), String> {
-    let bar = ui.bytes_bar("loading", 0);
+    let bar = ui.bytes_bar(&format!("loading {}", model.display()), 0);
     let loaded = match &bar {
         Some(bar) => {
-            bar.set_message(format!("loading {}", model.display()));
-            let mut report = |done: u64, total: u64| {
-                bar.set_length(total);
-                bar.set_position(done);
+            let shown = bar.clone();
+            let report = move |done: u64, total: u64| {
+                shown.set_length(total);
+                shown.set_position(done);
             };
-            archgen_monolith::read_dir_with_progress(model, Some(&mut report))
+            archgen_runtime::weights::with_load_progress(Box::new(report), || {
+                archgen_monolith::read_dir(model)
+            })
         }
         None => archgen_monolith::read_dir(model),
     };

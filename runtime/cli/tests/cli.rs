@@ -458,7 +458,24 @@ fn loading_with_progress_reports_bytes_and_reads_the_same_tensors() {
     assert!(reports.windows(2).all(|w| w[0].0 <= w[1].0), "{reports:?}");
     assert!(reports.iter().all(|&(d, t)| t == files && d <= t));
     assert_eq!(reports.last(), Some(&(files, files)));
+    // The scoped hook the CLI uses: the same reports through read_checkpoint,
+    // and none once the scope ends.
+    let hooked = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let sink = hooked.clone();
+    let via_hook = archgen_runtime::weights::with_load_progress(
+        Box::new(move |done, total| sink.borrow_mut().push((done, total))),
+        || read_checkpoint(dir).unwrap(),
+    );
+    // (Tensors come in hash order, so only the count and the end compare.)
+    assert_eq!(hooked.borrow().len(), reports.len());
+    assert_eq!(hooked.borrow().last(), reports.last());
+    assert_eq!(via_hook.tensors.len(), eager.tensors.len());
     let lazy = read_checkpoint(dir).unwrap();
+    assert_eq!(
+        hooked.borrow().len(),
+        reports.len(),
+        "the hook outlived its scope"
+    );
     assert_eq!(eager.tensors.len(), lazy.tensors.len());
     for (name, a) in &lazy.tensors {
         let bytes = archgen_runtime::bytes::array_bytes;

@@ -38,10 +38,44 @@ pub struct Checkpoint {
     pub tensors: HashMap<String, Array>,
 }
 
-/// Reads config.json and all weight files of `dir`. The tensors stay lazy:
-/// MLX reads their data when they are first evaluated.
+/// A load-progress callback: `(bytes read, bytes in all)`.
+pub type LoadProgress = Box<dyn FnMut(u64, u64)>;
+
+thread_local! {
+    /// The callback [`with_load_progress`] installs for loads on this thread.
+    static LOAD_PROGRESS: std::cell::RefCell<Option<LoadProgress>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with `progress` installed for this thread: every
+/// [`read_checkpoint`] inside it behaves as [`read_checkpoint_with_progress`]
+/// with that callback. A scoped hook rather than a parameter, so that the
+/// loaders between the CLI and this function (the monolith's `read_dir`)
+/// keep their signatures.
+pub fn with_load_progress<R>(progress: LoadProgress, f: impl FnOnce() -> R) -> R {
+    /// Uninstalls the callback however `f` ends.
+    struct Uninstall;
+    impl Drop for Uninstall {
+        fn drop(&mut self) {
+            LOAD_PROGRESS.with_borrow_mut(|p| *p = None);
+        }
+    }
+    LOAD_PROGRESS.with_borrow_mut(|p| *p = Some(progress));
+    let _uninstall = Uninstall;
+    f()
+}
+
+/// Reads config.json and all weight files of `dir`. The tensors stay lazy
+/// (MLX reads their data when they are first evaluated), unless a
+/// [`with_load_progress`] callback is installed on this thread.
 pub fn read_checkpoint(dir: &Path) -> Result<Checkpoint, LoadError> {
-    read_checkpoint_with_progress(dir, None)
+    let mut installed = LOAD_PROGRESS.with_borrow_mut(Option::take);
+    let result = match installed.as_mut() {
+        Some(progress) => read_checkpoint_with_progress(dir, Some(progress.as_mut())),
+        None => read_checkpoint_with_progress(dir, None),
+    };
+    LOAD_PROGRESS.with_borrow_mut(|p| *p = installed);
+    result
 }
 
 /// [`read_checkpoint`], and with `progress` it reads every tensor's data now

@@ -327,17 +327,7 @@ pub fn load_dir(dir: &std::path::Path) -> std::result::Result<Monolith, ModelErr
 /// A checkpoint directory's resolved architecture and its sanitized weights:
 /// what the monolith and every generated model are built from.
 pub fn read_dir(dir: &std::path::Path) -> std::result::Result<(Architecture, Weights), ModelError> {
-    read_dir_with_progress(dir, None)
-}
-
-/// [`read_dir`] reporting `(bytes read, bytes in all)` as the weights load
-/// (see `archgen_runtime::weights::read_checkpoint_with_progress`).
-pub fn read_dir_with_progress(
-    dir: &std::path::Path,
-    progress: Option<&mut dyn FnMut(u64, u64)>,
-) -> std::result::Result<(Architecture, Weights), ModelError> {
-    let ckpt = archgen_runtime::weights::read_checkpoint_with_progress(dir, progress)
-        .map_err(|e| ModelError(e.0))?;
+    let ckpt = archgen_runtime::weights::read_checkpoint(dir).map_err(|e| ModelError(e.0))?;
     let arch = architecture_of(&ckpt.config, dir)?;
     let tensors = if arch.family.is_dense() {
         archgen_runtime::dense::sanitize(ckpt.tensors, arch.tie_word_embeddings)
