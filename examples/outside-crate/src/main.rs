@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
+use archgen_runtime::model::CausalLm;
 use archgen_runtime::protocol::run_logits;
 use archgen_runtime::Array;
 
@@ -57,16 +58,25 @@ fn save_atomically(tensors: [(&str, &Array); 3], out: &Path) -> Result<(), Strin
 }
 
 fn run(args: &[String]) -> Result<(), String> {
-    let [model, ids, steps, out] = args else {
+    let [model_dir, ids, steps, out] = args else {
         return Err(format!("expected 4 arguments, got {}\n{USAGE}", args.len()));
     };
     let ids = parse_ids(ids)?;
     let steps: usize = steps
         .parse()
         .map_err(|_| format!("DECODE_STEPS: '{steps}' is not a non-negative integer"))?;
-    let model_dir = Path::new(model);
-    let (_, weights) = archgen_monolith::read_dir(model_dir).map_err(|e| e.to_string())?;
-    let model = my_model::load(weights).map_err(|e| format!("{model}: {}", e.0))?;
+    let (_, weights) =
+        archgen_monolith::read_dir(Path::new(model_dir)).map_err(|e| e.to_string())?;
+    let model = my_model::load(weights).map_err(|e| format!("{model_dir}: {e}"))?;
+    // MLX does not bounds-check an embedding lookup.
+    let vocab = model.vocab_size();
+    if let Some(i) = ids.iter().position(|&id| !(0..vocab).contains(&id)) {
+        return Err(format!(
+            "PROMPT_IDS: id {} at position {} is out of the vocabulary (size {vocab})",
+            ids[i],
+            i + 1
+        ));
+    }
     let logits = run_logits(&model, &ids, steps).map_err(|e| format!("MLX: {e}"))?;
     let tensors: [(&str, &Array); 3] = [
         ("prefill_logits", &logits.prefill_logits),
