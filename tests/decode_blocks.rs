@@ -149,6 +149,7 @@ fn linear(seed: u64, out: i32, inp: i32, dt: Dtype) -> Linear {
         weight: w.as_dtype(dt).unwrap(),
         quant: None,
         weight_t: None,
+        bias: None,
     }
 }
 

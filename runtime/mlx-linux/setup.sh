@@ -13,13 +13,19 @@ cd "$(dirname "$0")/../.."
 MLX_VERSION=0.32.2
 MLX_LM_VERSION=0.32.2
 NUMPY_SPEC="numpy>=1.26,<3"
+# The chat tests' references: transformers renders chat templates (no torch
+# needed), tokenizers builds the test tokenizer, openai is the client that
+# `archgen serve` is tested with.
+TRANSFORMERS_VERSION=5.24.0
+OPENAI_VERSION=3.57.0
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
 os="$(uname -s)"
 if [[ "$os" == Linux ]]; then
-  APT_PKGS="cmake libclang1-14 libclang-common-14-dev g++ make python3-venv"
+  # curl: the `archgen serve` test's raw-HTTP client.
+  APT_PKGS="cmake libclang1-14 libclang-common-14-dev g++ make python3-venv curl"
   missing=""
   for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
   if [[ -n "$missing" ]]; then
@@ -62,6 +68,19 @@ if ((have_all == 0)); then
   .venv/bin/python -m pip install -q --disable-pip-version-check \
     "$MLX_PIP" "mlx-lm==${MLX_LM_VERSION}" "$NUMPY_SPEC" \
     || die "pip could not install $MLX_PIP / mlx-lm==${MLX_LM_VERSION} (is PyPI reachable?)"
+fi
+
+chat_want="transformers==${TRANSFORMERS_VERSION} openai==${OPENAI_VERSION}"
+chat_ok=1
+for w in $chat_want; do
+  name="${w%%==*}"; ver="${w##*==}"
+  got="$(.venv/bin/python -m pip show "$name" 2>/dev/null | sed -n "s/^Version: //p" || true)"
+  [[ "$got" == "$ver" ]] || chat_ok=0
+done
+if ((chat_ok == 0)); then
+  say "installing $chat_want (chat template and server tests) into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check $chat_want \
+    || die "pip could not install $chat_want (is PyPI reachable?)"
 fi
 
 if [[ "$os" == Linux ]]; then

@@ -6,9 +6,11 @@ evaluated 1-token forward on a throwaway cache, it prints
 {"ready": true, "impl": "mlx-lm", "load_s", "vmhwm_kb", "mlx", "mlx_lm"}, then answers:
   prefill N   fresh cache (make_prompt_cache), one forward over N prompt ids,
               mx.eval of the logits -> {"prefill_s": T}
-  steps W S   W untimed then S timed one-token steps; each step is forward +
-              mx.eval of the logits row (what the Rust side evaluates), the next
-              token is the argmax of that row, taken outside the timed span
+  steps W S   W untimed then S timed one-token steps, pipelined as
+              mlx_lm.generate.generate_step runs them (the Rust worker does the
+              same): the argmax token stays lazy, step n+1 is queued with
+              mx.async_eval before step n's token is read; a step's time is the
+              interval between two tokens becoming available
               -> {"steps_s": [T...], "tokens": [...]} (the W + S tokens fed)
   nodes       one more step, its graph's primitive nodes counted before
               evaluation (mx.export_to_dot) -> {"nodes": N, "by_op": {...}}
@@ -87,21 +89,29 @@ def main() -> None:
             last = logits[-1]
             reply({"prefill_s": secs})
         elif words[0] == "steps":
+            # Pipelined as mlx_lm.generate.generate_step: the token stays a
+            # lazy array fed to the next forward; step n+1 is queued with
+            # mx.async_eval before step n's token is read. A step's time is
+            # the interval between two tokens becoming available.
             warm, timed = int(words[1]), int(words[2])
-            times, tokens = [], []
+            intervals, tokens = [], []
+            y = mx.argmax(last, axis=-1).astype(mx.int32).reshape(1, 1)
+            mx.async_eval(y)
+            since = time.perf_counter()
             for i in range(warm + timed):
-                tok = int(mx.argmax(last, axis=-1).item())
-                tokens.append(tok)
-                x = mx.array([[tok]], dtype=mx.int32)
-                mx.eval(x)
-                t = time.perf_counter()
-                row = model(x, cache=cache)[0, -1]
-                mx.eval(row)
-                secs = time.perf_counter() - t
-                if i >= warm:
-                    times.append(secs)
-                last = row
-            reply({"steps_s": times, "tokens": tokens})
+                row = model(y, cache=cache)[0, -1]
+                next_y = mx.argmax(row, axis=-1).astype(mx.int32).reshape(1, 1)
+                mx.async_eval(row, next_y)
+                tokens.append(y.item())
+                if i > 0:
+                    now = time.perf_counter()
+                    intervals.append(now - since)
+                    since = now
+                last, y = row, next_y
+            y.item()
+            mx.eval(last)
+            intervals.append(time.perf_counter() - since)
+            reply({"steps_s": intervals[warm:], "tokens": tokens})
         elif words[0] == "nodes":
             # One decode step's graph, counted before it is evaluated: the
             # primitive nodes export_to_dot lists, by operation.

@@ -1,4 +1,6 @@
-"""Build a tiny random-weight Gemma-4 checkpoint in the mlx-community layout.
+"""Build a tiny random-weight checkpoint in the mlx-community layout, for any
+model_type mlx-lm has (Gemma-4, qwen3, llama, and qwen2, gemma2, qwen3_moe,
+minicpm, mistral: mlx-lm's own Model class is instantiated from config.json).
 
 The checkpoint is written by mlx-lm's own convert-path functions
 (`quantize_model`, `save_model`, `save_config`), so the tensor names, dtypes,
@@ -31,12 +33,25 @@ from mlx_lm import utils as mlx_utils
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 
 
+def refuse_unloadable(config: dict) -> None:
+    """Configs whose checkpoint mlx-lm 0.32.2 could not load back."""
+    if config.get("model_type") == "minicpm" and config.get("tie_word_embeddings", False):
+        # minicpm.sanitize always adds lm_head.weight (a copy of the
+        # embedding) but a tied Model has no lm_head: load_model's strict
+        # load_weights then fails. Untied with no lm_head in the checkpoint is
+        # how mlx-lm runs a tied MiniCPM.
+        raise ValueError("config.json: minicpm with tie_word_embeddings=true cannot be loaded "
+                         "by mlx-lm 0.32.2 (its sanitize adds lm_head.weight, which a tied "
+                         "model lacks); set tie_word_embeddings to false")
+
+
 def build_model(config: dict) -> nn.Module:
     """Instantiate the architecture exactly as mlx_lm.utils.load_model does.
 
     Note: gemma4.ModelArgs mutates config["text_config"] in place (vocab_size,
     default head counts); convert saves that mutated dict, and so do we.
     """
+    refuse_unloadable(config)
     model_class, args_class = mlx_utils._get_classes(config=config)
     model = model_class(args_class.from_dict(config))
     model.eval()
@@ -46,6 +61,10 @@ def build_model(config: dict) -> nn.Module:
 def _init_array(name: str, shape: tuple[int, ...], rng: np.random.RandomState,
                 text_cfg: dict) -> np.ndarray:
     """Random values chosen so every parameter visibly affects the logits."""
+    if name.endswith(".bias"):
+        # Linear biases (qwen2's q/k/v): centred, so they do not push every
+        # query and key the same way and flatten the attention.
+        return rng.uniform(-0.5, 0.5, size=shape)
     if len(shape) == 1:
         # Norm weights, layer_scalar, router.scale, router.per_expert_scale:
         # away from 1 (and from 0) so a missed or doubled multiply shows up.

@@ -6,6 +6,10 @@ cover, for the runtime's loader and batch tests.
       Hugging Face key names mlx-lm's sanitize accepts: `model.language_model.*`,
       fused `experts.gate_up_proj` / `experts.down_proj`, plus vision/audio
       tower tensors and rotary buffers that sanitize drops.
+  variants.py family-hf-layout SRC DST
+      Rewrite a qwen2 / llama / mistral / qwen3_moe / minicpm checkpoint with
+      the tensors its Hugging Face original has and mlx-lm's sanitize undoes
+      (rotary tables, a tied lm_head, per-expert weights, no minicpm lm_head).
   variants.py batch DIR OUT IDS_JSON
       One forward of mlx-lm over a batch ([B, L] ids, fresh cache): logits
       [B, L, V] to OUT (safetensors key "logits").
@@ -54,6 +58,47 @@ def hf_layout(src: Path, dst: Path) -> None:
     mx.save_safetensors(str(dst / "model.safetensors"), out)
 
 
+def family_hf_layout(src: Path, dst: Path) -> None:
+    """An mlx-layout checkpoint of qwen2 / llama (mistral) / qwen3_moe /
+    minicpm rewritten as its Hugging Face original, which each family's
+    sanitize turns back into the same model: rotary tables to drop and a tied
+    lm_head to pop (qwen2, llama), per-expert weights to stack (qwen3_moe),
+    no lm_head to copy from the embedding (minicpm)."""
+    config = json.loads((src / "config.json").read_text())
+    model_type = config["model_type"]
+    weights = {}
+    for f in sorted(src.glob("model*.safetensors")):
+        weights.update(mx.load(str(f)))
+    out = dict(weights)
+    if model_type in ("qwen2", "llama", "mistral"):
+        out["model.layers.0.self_attn.rotary_emb.inv_freq"] = mx.zeros((4,))
+        if config.get("tie_word_embeddings", model_type == "qwen2"):
+            out["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    elif model_type == "qwen3_moe":
+        for k, v in weights.items():
+            if ".mlp.switch_mlp." not in k:
+                continue
+            if not k.endswith(".weight") or f"{k[:-len('weight')]}scales" in weights:
+                raise SystemExit(f"{k}: only unquantized experts have a per-expert HF layout")
+            base, leaf = k.split(".mlp.switch_mlp.")
+            del out[k]
+            for e in range(v.shape[0]):
+                out[f"{base}.mlp.experts.{e}.{leaf}"] = v[e]
+    elif model_type == "minicpm":
+        # MiniCPM's HF checkpoints tie the head to the embedding and store no
+        # lm_head; only a head equal to the embedding can be dropped.
+        head, embed = out.get("lm_head.weight"), out["model.embed_tokens.weight"]
+        if head is None or head.shape != embed.shape or not mx.array_equal(head, embed).item():
+            raise SystemExit("minicpm: lm_head.weight is absent or differs from "
+                             "model.embed_tokens.weight; only an equal head can be dropped")
+        del out["lm_head.weight"]
+    else:
+        raise SystemExit(f"family-hf-layout: no HF layout for model_type {model_type!r}")
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src / "config.json", dst / "config.json")
+    mx.save_safetensors(str(dst / "model.safetensors"), out)
+
+
 def batch(model_dir: Path, out: Path, ids: list[list[int]]) -> None:
     model = load(model_dir)
     cache = model.make_cache()
@@ -66,6 +111,8 @@ def main() -> None:
     compat.apply()
     if sys.argv[1] == "hf-layout":
         hf_layout(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif sys.argv[1] == "family-hf-layout":
+        family_hf_layout(Path(sys.argv[2]), Path(sys.argv[3]))
     elif sys.argv[1] == "batch":
         batch(Path(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4]))
     else:

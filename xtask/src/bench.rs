@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use crate::cli::BenchArgs;
 use crate::setup::repo_root;
 
 fn target_dir() -> PathBuf {
@@ -96,23 +97,18 @@ fn time_clean_compile() -> Result<f64, String> {
     Ok(t.elapsed().as_secs_f64())
 }
 
-pub fn run(args: &[String]) -> Result<(), String> {
-    const USAGE: &str = "usage: cargo xtask bench [--quick] [--spec NAME]...";
-    let (mut quick, mut specs) = (false, Vec::new());
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--quick" => quick = true,
-            "--spec" => specs.push(it.next().ok_or(USAGE)?.clone()),
-            _ => return Err(USAGE.into()),
-        }
-    }
+/// `bench [--quick] [--spec NAME]...`.
+pub fn run(args: &BenchArgs, quiet: bool) -> Result<(), String> {
+    let (quick, specs) = (args.quick, &args.specs);
     let root = repo_root();
     let cache = target_dir().join("bench-cache");
     std::fs::create_dir_all(&cache).map_err(|e| format!("{}: {e}", cache.display()))?;
     let mut run_args: Vec<std::ffi::OsString> = vec!["run".into()];
-    for s in &specs {
+    for s in specs {
         run_args.extend(["--spec".into(), s.into()]);
+    }
+    if quiet {
+        run_args.push("--quiet".into());
     }
     if quick {
         run_args.push("--quick".into());

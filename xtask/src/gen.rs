@@ -8,19 +8,15 @@ use std::process::Command;
 
 use archgen_plan::Plan;
 
+use crate::cli::GenArgs;
+use crate::report::Reporter;
 use crate::setup::repo_root;
-
-pub const USAGE: &str = "\
-usage: cargo xtask gen NAME...     regenerate these specs' model + plan files and the registry
-       cargo xtask gen --all       regenerate everything (removes orphaned files)
-       cargo xtask gen --check     compare generated/ with what the specs give; writes nothing
-       cargo xtask diff [BASE]     per model, what changed in plan and code since BASE (default HEAD)";
 
 /// Every file the generator owns, keyed by repository-relative path.
 type Outputs = BTreeMap<String, String>;
 
-fn spec_plan(path: &Path) -> Result<Plan, String> {
-    let spec = archgen_spec::load(path).map_err(|d| d.to_string())?;
+fn spec_plan(path: &Path, reporter: &Reporter) -> Result<Plan, String> {
+    let spec = archgen_spec::load(path).map_err(|d| reporter.spec_errors(&d))?;
     let rel = path
         .strip_prefix(repo_root())
         .unwrap_or(path)
@@ -37,12 +33,20 @@ fn plan_path(name: &str) -> String {
     format!("generated/plans/{name}.plan.md")
 }
 
+/// A progress bar over models (`gen --all`); each model counts twice, once
+/// planned and once emitted.
+type Bar<'a> = Option<&'a indicatif::ProgressBar>;
+
 /// Plans of all specs, or an error listing every spec that failed.
-fn all_plans() -> Result<Vec<Plan>, String> {
+fn all_plans(reporter: &Reporter, bar: Bar) -> Result<Vec<Plan>, String> {
     let mut plans = Vec::new();
     let mut errors = Vec::new();
     for path in crate::spec::all_specs()? {
-        match spec_plan(&path) {
+        if let Some(bar) = bar {
+            bar.set_message(format!("planning {}", path.display()));
+            bar.inc(1);
+        }
+        match spec_plan(&path, reporter) {
             Ok(p) => plans.push(p),
             Err(e) => errors.push(e),
         }
@@ -54,10 +58,14 @@ fn all_plans() -> Result<Vec<Plan>, String> {
     }
 }
 
-fn outputs_for(plans: &[Plan], registry_plans: &[Plan]) -> Result<Outputs, String> {
+fn outputs_for(plans: &[Plan], registry_plans: &[Plan], bar: Bar) -> Result<Outputs, String> {
     let mut out = Outputs::new();
     let mut errors = Vec::new();
     for p in plans {
+        if let Some(bar) = bar {
+            bar.set_message(format!("emitting {}", p.name));
+            bar.inc(1);
+        }
         match archgen_emit::model_file(p) {
             Ok(text) => {
                 out.insert(model_path(&p.name), text);
@@ -173,69 +181,68 @@ fn stage_and_commit(
     Ok(())
 }
 
-pub fn run(args: &[String]) -> Result<(), String> {
-    match args.first().map(String::as_str) {
-        None | Some("help" | "--help" | "-h") => {
-            println!("{USAGE}");
-            Ok(())
+/// `gen NAME... | --all | --check` (clap makes them exclusive and asks for one).
+pub fn run(args: &GenArgs, quiet: bool) -> Result<(), String> {
+    let reporter = Reporter::new(args.format.message_format);
+    if args.check {
+        return check(&reporter);
+    }
+    if args.all {
+        let specs = crate::spec::all_specs()?.len() as u64;
+        let bar = crate::report::items_bar(2 * specs, "gen", quiet);
+        let planned = all_plans(&reporter, bar.as_ref())
+            .and_then(|plans| outputs_for(&plans, &plans, bar.as_ref()).map(|o| (plans, o)));
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
         }
-        Some("--check") => check(),
-        Some("--all") => {
-            let plans = all_plans()?;
-            let outputs = outputs_for(&plans, &plans)?;
-            let orphans: Vec<String> = files_on_disk()
-                .into_iter()
-                .filter(|f| !outputs.contains_key(f))
-                .collect();
-            write_all(&outputs, &orphans)?;
-            for o in &orphans {
-                eprintln!("gen: removed orphaned {o}");
-            }
-            eprintln!("gen: {} model(s) generated", plans.len());
-            Ok(())
+        let (plans, outputs) = planned?;
+        let orphans: Vec<String> = files_on_disk()
+            .into_iter()
+            .filter(|f| !outputs.contains_key(f))
+            .collect();
+        write_all(&outputs, &orphans)?;
+        for o in &orphans {
+            eprintln!("gen: removed orphaned {o}");
         }
-        Some(_) => {
-            let names: Vec<&String> = args.iter().collect();
-            if let Some(flag) = names.iter().find(|n| n.starts_with('-')) {
-                return Err(format!("unknown option '{flag}'\n\n{USAGE}"));
-            }
-            for name in &names {
-                let path = crate::spec::specs_dir().join(format!("{name}.yaml"));
-                if !path.exists() {
-                    return Err(format!(
-                        "no spec {}: import one with `cargo xtask spec import DIR --name {name}`",
-                        path.display()
-                    ));
-                }
-            }
-            // The registry lists every spec already generated plus these; each
-            // spec is planned once.
-            let on_disk = files_on_disk();
-            let mut registry = Vec::new();
-            for path in crate::spec::all_specs()? {
-                let stem = path.file_stem().unwrap().to_string_lossy().to_string();
-                if names.iter().any(|n| **n == stem) || on_disk.contains(&model_path(&stem)) {
-                    registry.push(spec_plan(&path)?);
-                }
-            }
-            let plans: Vec<Plan> = registry
-                .iter()
-                .filter(|p| names.iter().any(|n| **n == p.name))
-                .cloned()
-                .collect();
-            let outputs = outputs_for(&plans, &registry)?;
-            write_all(&outputs, &[])?;
-            for p in &plans {
-                eprintln!(
-                    "gen: {} -> {}, {}",
-                    p.spec_path,
-                    model_path(&p.name),
-                    plan_path(&p.name)
-                );
-            }
-            Ok(())
+        eprintln!("gen: {} model(s) generated", plans.len());
+        return Ok(());
+    }
+    let names: Vec<&String> = args.names.iter().collect();
+    for name in &names {
+        let path = crate::spec::specs_dir().join(format!("{name}.yaml"));
+        if !path.exists() {
+            return Err(format!(
+                "no spec {}: import one with `cargo xtask spec import DIR --name {name}`",
+                path.display()
+            ));
         }
     }
+    // The registry lists every spec already generated plus these; each
+    // spec is planned once.
+    let on_disk = files_on_disk();
+    let mut registry = Vec::new();
+    for path in crate::spec::all_specs()? {
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+        if names.iter().any(|n| **n == stem) || on_disk.contains(&model_path(&stem)) {
+            registry.push(spec_plan(&path, &reporter)?);
+        }
+    }
+    let plans: Vec<Plan> = registry
+        .iter()
+        .filter(|p| names.iter().any(|n| **n == p.name))
+        .cloned()
+        .collect();
+    let outputs = outputs_for(&plans, &registry, None)?;
+    write_all(&outputs, &[])?;
+    for p in &plans {
+        eprintln!(
+            "gen: {} -> {}, {}",
+            p.spec_path,
+            model_path(&p.name),
+            plan_path(&p.name)
+        );
+    }
+    Ok(())
 }
 
 /// Unified diff of two texts (for --check and diff).
@@ -248,9 +255,9 @@ fn unified(path: &str, old: &str, new: &str) -> String {
 }
 
 /// What `--check` found: empty when generated/ is fresh.
-pub fn stale_report() -> Result<Vec<String>, String> {
-    let plans = all_plans()?;
-    let expected = outputs_for(&plans, &plans)?;
+pub fn stale_report(reporter: &Reporter) -> Result<Vec<String>, String> {
+    let plans = all_plans(reporter, None)?;
+    let expected = outputs_for(&plans, &plans, None)?;
     let mut problems = Vec::new();
     for (rel, text) in &expected {
         match std::fs::read_to_string(repo_root().join(rel)) {
@@ -270,8 +277,8 @@ pub fn stale_report() -> Result<Vec<String>, String> {
     Ok(problems)
 }
 
-fn check() -> Result<(), String> {
-    let problems = stale_report()?;
+fn check(reporter: &Reporter) -> Result<(), String> {
+    let problems = stale_report(reporter)?;
     if problems.is_empty() {
         eprintln!(
             "gen --check: generated/ is fresh ({} files)",
@@ -280,7 +287,12 @@ fn check() -> Result<(), String> {
         return Ok(());
     }
     for p in &problems {
-        println!("{p}");
+        // With --message-format json stdout carries only JSON.
+        if reporter.json() {
+            eprintln!("{p}");
+        } else {
+            println!("{p}");
+        }
     }
     Err(format!(
         "{} generated file(s) are stale, edited by hand, missing or orphaned; fix with: cargo xtask gen --all",
@@ -315,8 +327,7 @@ fn line_changes(old: &str, new: &str) -> (usize, usize) {
 
 /// `cargo xtask diff [BASE]`: per model, plan and code line changes between
 /// BASE (a git revision) and the working tree.
-pub fn diff(args: &[String]) -> Result<(), String> {
-    let base = args.first().map(String::as_str).unwrap_or("HEAD");
+pub fn diff(base: &str) -> Result<(), String> {
     let mut names: Vec<String> = files_on_disk()
         .iter()
         .filter_map(|f| {
@@ -354,7 +365,7 @@ mod tests {
     /// `cargo test` fails when generated/ is stale, hand-edited or orphaned.
     #[test]
     fn generated_files_are_fresh() {
-        let problems = super::stale_report().unwrap();
+        let problems = super::stale_report(&Default::default()).unwrap();
         assert!(
             problems.is_empty(),
             "generated/ is not what the specs give; run `cargo xtask gen --all`:\n{}",

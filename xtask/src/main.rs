@@ -2,45 +2,36 @@
 //! This crate must build without MLX (the setup task installs MLX).
 
 mod bench;
+mod cli;
 mod gen;
+mod report;
 mod setup;
 mod spec;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
-const USAGE: &str = "\
-usage: cargo xtask <task> [args]
+use clap::Parser;
 
-tasks:
-  setup        install what the build and tests need (apt packages, .venv with
-               mlx[cpu]==0.32.2 and mlx-lm==0.32.2); safe to run again
-  test         setup, then the whole suite: fmt check, clippy, spec check,
-               schema check, cargo test
-  spec         architecture specs: check, show, import, schema (`spec help`)
-  gen          generate model files from specs: NAME... | --all | --check
-  diff [BASE]  per model, what changed in generated plans and code since BASE
-  bench [--quick]  decode/prefill timings: generated vs monolith vs mlx-lm
-               (docs/benchmarks.md); --quick: a short smoke, writes no docs
-";
+use cli::{Cli, SpecCommand, Task};
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some((task, rest)) = args.split_first() else {
-        eprint!("{USAGE}");
-        return ExitCode::from(2);
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return report_usage(e),
     };
-    let result = match task.as_str() {
-        "setup" => setup::setup(),
-        "test" => setup::test(rest),
-        "spec" => spec::run(rest),
-        "gen" => gen::run(rest),
-        "diff" => gen::diff(rest),
-        "bench" => bench::run(rest),
-        "help" | "--help" | "-h" => {
-            print!("{USAGE}");
-            Ok(())
-        }
-        other => Err(format!("unknown task '{other}'\n\n{USAGE}")),
+    let result = match cli.task {
+        Task::Setup => setup::setup(),
+        Task::Test(args) => setup::test(&args.cargo_test_args),
+        Task::Spec { command } => match command {
+            SpecCommand::Check(args) => spec::check(&args),
+            SpecCommand::Show(args) => spec::show(&args),
+            SpecCommand::Import(args) => spec::import_cmd(&args),
+            SpecCommand::Schema(args) => spec::schema(args.check),
+        },
+        Task::Gen(args) => gen::run(&args, cli.quiet),
+        Task::Diff(args) => gen::diff(&args.base),
+        Task::Bench(args) => bench::run(&args, cli.quiet),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -49,4 +40,25 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints clap's help, version or usage error and returns its status: 0 for
+/// --help and --version, 2 for a usage error (prefixed `xtask: `, with clap's
+/// suggestion for a mistyped flag or task).
+fn report_usage(e: clap::Error) -> ExitCode {
+    let code = u8::try_from(e.exit_code()).unwrap_or(2);
+    if !e.use_stderr()
+        || e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    {
+        let _ = e.print();
+        return ExitCode::from(code);
+    }
+    let rendered = e.render();
+    let text = if std::io::stderr().is_terminal() {
+        rendered.ansi().to_string()
+    } else {
+        rendered.to_string()
+    };
+    eprint!("xtask: {text}");
+    ExitCode::from(code)
 }

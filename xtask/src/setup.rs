@@ -56,9 +56,12 @@ pub fn test(extra: &[String]) -> Result<(), String> {
         ]),
     )?;
     eprintln!("xtask: spec check");
-    crate::spec::run(&["check".to_string()])?;
+    crate::spec::check(&crate::cli::CheckArgs {
+        paths: Vec::new(),
+        format: Default::default(),
+    })?;
     eprintln!("xtask: spec schema --check");
-    crate::spec::run(&["schema".to_string(), "--check".to_string()])?;
+    crate::spec::schema(true)?;
     run(
         "cargo test --workspace",
         Command::new(&cargo)

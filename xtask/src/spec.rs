@@ -4,38 +4,8 @@ use archgen_spec::{import, Architecture, LayerType, RopeKind, Spec};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-const USAGE: &str = "\
-usage: cargo xtask spec <command>
-
-commands:
-  check [PATH...]             validate every spec in specs/ (or the given files);
-                              prints all errors, fails on any
-  show NAME|PATH [--json]     the resolved spec: a per-layer table, or with --json
-                              config.json (text_config) field names, keys sorted
-  import MODEL_DIR|CONFIG_JSON --name NAME [--kv-config FILE] [--force] [--out DIR]
-                              turn an mlx-lm / Hugging Face config.json into
-                              specs/NAME.yaml (mlx-lm 0.32.2 defaults, listed)
-  schema [--check]            write specs/schema/archgen-spec.schema.json, or fail
-                              if it is stale
-";
-
-/// Entry point for `cargo xtask spec`.
-pub fn run(args: &[String]) -> Result<(), String> {
-    let Some((cmd, rest)) = args.split_first() else {
-        return Err(format!("missing command\n\n{USAGE}"));
-    };
-    match cmd.as_str() {
-        "check" => check(rest),
-        "show" => show(rest),
-        "import" => import_cmd(rest),
-        "schema" => schema(rest),
-        "help" | "--help" | "-h" => {
-            print!("{USAGE}");
-            Ok(())
-        }
-        other => Err(format!("unknown spec command '{other}'\n\n{USAGE}")),
-    }
-}
+use crate::cli::{CheckArgs, ImportArgs, ShowArgs};
+use crate::report::Reporter;
 
 pub fn specs_dir() -> PathBuf {
     crate::setup::repo_root().join("specs")
@@ -66,34 +36,60 @@ fn display(path: &Path) -> String {
         .to_string()
 }
 
-fn check(args: &[String]) -> Result<(), String> {
-    let paths: Vec<PathBuf> = if args.is_empty() {
+/// `spec check [PATH...]`: a line per spec on stdout (`ok` or `FAIL`) and
+/// every error in the excerpt form on stderr; with `--message-format json`,
+/// JSON lines on stdout instead (a `spec` object per spec, its diagnostics,
+/// then a `summary`).
+pub fn check(args: &CheckArgs) -> Result<(), String> {
+    let reporter = Reporter::new(args.format.message_format);
+    let paths: Vec<PathBuf> = if args.paths.is_empty() {
         all_specs()?
     } else {
-        args.iter().map(PathBuf::from).collect()
+        args.paths.clone()
     };
     let mut failed = 0;
     for path in &paths {
         match archgen_spec::load(path) {
             Ok(spec) => {
                 let a = spec.resolve();
-                println!(
-                    "ok    {}  ({} layers, {} params, sha256 {})",
-                    display(path),
-                    a.num_layers,
-                    a.param_count(),
-                    &archgen_spec::spec_hash(&spec)[..16]
-                );
+                let hash = &archgen_spec::spec_hash(&spec)[..16];
+                if reporter.json() {
+                    reporter.emit(&serde_json::json!({
+                        "type": "spec", "file": display(path), "status": "ok",
+                        "layers": a.num_layers, "params": a.param_count(), "sha256": hash,
+                    }));
+                } else {
+                    println!(
+                        "ok    {}  ({} layers, {} params, sha256 {hash})",
+                        display(path),
+                        a.num_layers,
+                        a.param_count(),
+                    );
+                }
             }
             Err(d) => {
                 failed += 1;
-                println!("FAIL  {}", display(path));
-                eprintln!("{d}");
+                if reporter.json() {
+                    reporter.emit(&serde_json::json!({
+                        "type": "spec", "file": display(path), "status": "error", "errors": d.len(),
+                    }));
+                    reporter.spec_errors(&d);
+                } else {
+                    println!("FAIL  {}", display(path));
+                    eprintln!("{}", reporter.spec_errors(&d));
+                }
             }
         }
     }
+    if reporter.json() {
+        reporter.emit(&serde_json::json!({
+            "type": "summary", "specs": paths.len(), "failed": failed,
+        }));
+    }
     if failed == 0 {
-        println!("{} spec(s) valid", paths.len());
+        if !reporter.json() {
+            println!("{} spec(s) valid", paths.len());
+        }
         Ok(())
     } else {
         Err(format!("{failed} of {} spec(s) have errors", paths.len()))
@@ -109,23 +105,12 @@ fn resolve_name(name: &str) -> PathBuf {
     }
 }
 
-fn show(args: &[String]) -> Result<(), String> {
-    let mut json = false;
-    let mut name = None;
-    for a in args {
-        match a.as_str() {
-            "--json" => json = true,
-            s if s.starts_with('-') => return Err(format!("unknown option '{s}'\n\n{USAGE}")),
-            s => {
-                if name.replace(s).is_some() {
-                    return Err(format!("show takes one spec\n\n{USAGE}"));
-                }
-            }
-        }
-    }
-    let name = name.ok_or_else(|| format!("show needs a spec name\n\n{USAGE}"))?;
-    let spec = archgen_spec::load(resolve_name(name)).map_err(|d| d.to_string())?;
-    let text = if json {
+/// `spec show NAME|PATH [--json]`.
+pub fn show(args: &ShowArgs) -> Result<(), String> {
+    let reporter = Reporter::new(args.format.message_format);
+    let spec =
+        archgen_spec::load(resolve_name(&args.name)).map_err(|d| reporter.spec_errors(&d))?;
+    let text = if args.json {
         let v = archgen_spec::to_hf_json(&spec);
         serde_json::to_string_pretty(&v).map_err(|e| e.to_string())? + "\n"
     } else {
@@ -234,12 +219,8 @@ fn summary(spec: &Spec) -> String {
     o
 }
 
-fn schema(args: &[String]) -> Result<(), String> {
-    let check = match args {
-        [] => false,
-        [flag] if flag == "--check" => true,
-        _ => return Err(format!("schema takes only --check\n\n{USAGE}")),
-    };
+/// `spec schema [--check]`.
+pub fn schema(check: bool) -> Result<(), String> {
     let want = archgen_spec::json_schema();
     let path = schema_path();
     let have = std::fs::read_to_string(&path).unwrap_or_default();
@@ -298,44 +279,18 @@ fn read_json(path: &Path) -> Result<serde_json::Value, String> {
     serde_json::from_str(&text).map_err(|e| format!("{}: invalid JSON: {e}", path.display()))
 }
 
-fn import_cmd(args: &[String]) -> Result<(), String> {
-    let mut input = None;
-    let mut name = None;
-    let mut kv = None;
-    let mut force = false;
-    let mut out_dir = None;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = |flag: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value\n\n{USAGE}"))
-        };
-        match a.as_str() {
-            "--name" => name = Some(value("--name")?),
-            "--kv-config" => kv = Some(PathBuf::from(value("--kv-config")?)),
-            "--out" => out_dir = Some(PathBuf::from(value("--out")?)),
-            "--force" => force = true,
-            s if s.starts_with('-') => return Err(format!("unknown option '{s}'\n\n{USAGE}")),
-            s => {
-                if input.replace(PathBuf::from(s)).is_some() {
-                    return Err(format!(
-                        "import takes one model directory or config.json\n\n{USAGE}"
-                    ));
-                }
-            }
-        }
-    }
-    let input =
-        input.ok_or_else(|| format!("import needs a model directory or config.json\n\n{USAGE}"))?;
-    let name = name.ok_or_else(|| format!("import needs --name NAME\n\n{USAGE}"))?;
+/// `spec import MODEL_DIR|CONFIG_JSON --name NAME [--kv-config FILE] [--force] [--out DIR]`.
+pub fn import_cmd(args: &ImportArgs) -> Result<(), String> {
+    let input = args.input.clone();
+    let name = args.name.clone();
+    let force = args.force;
     let (config_path, model_dir) = if input.is_dir() {
         (input.join("config.json"), Some(input.clone()))
     } else {
         (input.clone(), input.parent().map(Path::to_path_buf))
     };
     let config = read_json(&config_path)?;
-    let kv_path = match kv {
+    let kv_path = match args.kv_config.clone() {
         Some(p) => Some(p),
         None => model_dir
             .as_ref()
@@ -355,7 +310,9 @@ fn import_cmd(args: &[String]) -> Result<(), String> {
         spec.identity_mut().source.repo = Some(repo);
         spec.identity_mut().source.revision = Some(rev);
     }
-    let out = out_dir
+    let out = args
+        .out
+        .clone()
         .unwrap_or_else(specs_dir)
         .join(format!("{name}.yaml"));
     if out.exists() && !force {
@@ -421,7 +378,11 @@ mod tests {
         )
         .unwrap();
         let args = |extra: &[&str]| {
+            use clap::Parser;
             let mut v: Vec<String> = vec![
+                "xtask".into(),
+                "spec".into(),
+                "import".into(),
                 config.display().to_string(),
                 "--name".into(),
                 "imported".into(),
@@ -429,7 +390,12 @@ mod tests {
                 dir.path().display().to_string(),
             ];
             v.extend(extra.iter().map(|s| s.to_string()));
-            v
+            match crate::cli::Cli::try_parse_from(v).unwrap().task {
+                crate::cli::Task::Spec {
+                    command: crate::cli::SpecCommand::Import(a),
+                } => a,
+                other => panic!("not spec import: {other:?}"),
+            }
         };
         import_cmd(&args(&[])).unwrap();
         let out = dir.path().join("imported.yaml");
@@ -448,6 +414,6 @@ mod tests {
 
     #[test]
     fn the_checked_in_schema_is_fresh() {
-        schema(&["--check".to_string()]).unwrap();
+        schema(true).unwrap();
     }
 }

@@ -2,14 +2,36 @@
 //! model code `cargo xtask gen` writes to generated/, so a crate can
 //! specialize its own spec without xtask. The path is relative to the calling
 //! crate's manifest directory; the expansion depends on the spec file, so
-//! editing it recompiles. Put the call inside a module:
+//! editing it recompiles. A spec error is a compile error at the macro call,
+//! with the spec's diagnostics.
 //!
-//! ```ignore
+//! The calling crate must depend on `archgen-runtime` (and, to load checkpoint
+//! directories, `archgen-monolith`). On Linux such a crate outside archgen's
+//! workspace needs one setup step, `runtime/mlx-linux/use-in-crate.sh`
+//! (docs/adding-a-model.md, "Using a spec from your own crate";
+//! examples/outside-crate is a whole one).
+//!
+//! # Example
+//!
+//! Put the call inside a module; it defines `NAME`, `FINGERPRINT`, `Model`,
+//! `Cache` and `load` there, and `Model` implements
+//! `archgen_runtime::model::CausalLm`:
+//!
+//! ```no_run
 //! mod my_model {
-//!     archgen_macros::specialize!("specs/my-model.yaml");
+//!     // In your crate: "specs/my-model.yaml", next to your Cargo.toml.
+//!     archgen_macros::specialize!("../../specs/gemma4-walkthrough-tiny.yaml");
 //! }
+//!
+//! use archgen_runtime::model::CausalLm;
+//!
+//! fn open(weights: archgen_runtime::weights::Weights) -> my_model::Model {
+//!     let model = my_model::load(weights).expect("every tensor present, with its shape");
+//!     assert_eq!(model.vocab_size(), 384);
+//!     model
+//! }
+//! assert_eq!(my_model::NAME, "gemma4-walkthrough-tiny");
 //! ```
-//! The calling crate must depend on `archgen-runtime`.
 
 use proc_macro::TokenStream;
 use quote::quote;

@@ -3,6 +3,45 @@
 //! contract with the checkpoint, and the fingerprint that dispatch matches.
 //! The `archgen` CLI computes the same fingerprint from a checkpoint's
 //! config.json, so this crate stays free of MLX and of code-emission deps.
+//!
+//! # Example
+//!
+//! ```
+//! # let yaml = r#"
+//! # format_version: 1
+//! # identity:
+//! #   name: tiny-qwen3
+//! #   family: qwen3
+//! #   source: {repo: null, revision: null, model_type: qwen3}
+//! # model:
+//! #   hidden_size: 64
+//! #   vocab_size: 512
+//! #   rms_norm_eps: 1.0e-6
+//! #   tie_word_embeddings: true
+//! #   max_position_embeddings: 4096
+//! # layers:
+//! #   num_hidden_layers: 2
+//! # attention:
+//! #   num_attention_heads: 4
+//! #   num_key_value_heads: 2
+//! #   head_dim: 16
+//! # rope:
+//! #   traditional: false
+//! #   rope_theta: 1000000.0
+//! #   scaling: null
+//! # mlp:
+//! #   intermediate_size: 128
+//! # quantization: null
+//! # "#;
+//! let spec = archgen_spec::parse_str(yaml, "specs/tiny-qwen3.yaml").map_err(|d| d.to_string())?;
+//! let plan = archgen_plan::plan(&spec, "specs/tiny-qwen3.yaml");
+//! // Every layer of a dense model is the same kind.
+//! assert_eq!(plan.layer_kind, [0, 0]);
+//! // What dispatch matches a checkpoint's config.json against.
+//! assert_eq!(plan.fingerprint, archgen_plan::fingerprint(&spec.lower()));
+//! assert_eq!(plan.fingerprint.len(), 16);
+//! # Ok::<(), String>(())
+//! ```
 
 use archgen_spec::ir::{
     Attention, FeedForward, KvCache, KvSource, Layer, LayerInput, Mixer, ModelIr, RopeForm, Values,

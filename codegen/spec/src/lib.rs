@@ -12,6 +12,48 @@
 //!   schema.
 //!
 //! The format is documented in `docs/spec-format.md`. This crate never depends on MLX.
+//!
+//! # Example
+//!
+//! ```
+//! let yaml = r#"
+//! format_version: 1
+//! identity:
+//!   name: tiny-qwen3
+//!   family: qwen3
+//!   source: {repo: null, revision: null, model_type: qwen3}
+//! model:
+//!   hidden_size: 64
+//!   vocab_size: 512
+//!   rms_norm_eps: 1.0e-6
+//!   tie_word_embeddings: true
+//!   max_position_embeddings: 4096
+//! layers:
+//!   num_hidden_layers: 2
+//! attention:
+//!   num_attention_heads: 4
+//!   num_key_value_heads: 2
+//!   head_dim: 16
+//! rope:
+//!   traditional: false
+//!   rope_theta: 1000000.0
+//!   scaling: null
+//! mlp:
+//!   intermediate_size: 128
+//! quantization: null
+//! "#;
+//! // `load(path)` reads a file; the name must equal the file name without `.yaml`.
+//! let spec = archgen_spec::parse_str(yaml, "specs/tiny-qwen3.yaml")
+//!     .map_err(|diagnostics| diagnostics.to_string())?;
+//! let arch = spec.resolve();
+//! assert_eq!((arch.num_layers, arch.hidden_size), (2, 64));
+//!
+//! // A required field left out is an error at its line and column.
+//! let broken = yaml.replace("  head_dim: 16\n", "");
+//! let error = archgen_spec::parse_str(&broken, "specs/tiny-qwen3.yaml").unwrap_err();
+//! assert!(error.to_string().contains("head_dim"), "{error}");
+//! # Ok::<(), String>(())
+//! ```
 
 mod arch;
 mod dense;
@@ -27,6 +69,9 @@ mod model;
 pub mod names;
 mod validate;
 mod yaml;
+
+// Diagnostics for people (source excerpts) and tools (JSON).
+pub mod render;
 
 pub use arch::{
     Architecture, KvQuant, LayerFacts, ModuleKind, MoeFacts, PleFacts, QuantizableModule, RopeKind,

@@ -297,7 +297,9 @@ fn import_errors_are_collected() {
 }
 
 /// Every dense spec in specs/ is exactly what `spec import` makes of the
-/// config.json kept beside it in specs/configs/, and round-trips.
+/// config.json kept beside it in specs/configs/, and round-trips. Configs of
+/// families not imported yet (issue #11: qwen2, gemma2, qwen3_moe, mistral,
+/// minicpm) have no spec in specs/ and are not read here.
 #[test]
 fn dense_specs_are_their_imported_configs() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs");
@@ -308,6 +310,9 @@ fn dense_specs_are_their_imported_configs() {
         let Some(name) = file.strip_suffix(".config.json") else {
             continue;
         };
+        if !std::path::Path::new(&format!("{root}/{name}.yaml")).exists() {
+            continue;
+        }
         let config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let (spec, _, _) = import_and_round_trip(&config, None, name);
         let checked_in = load(format!("{root}/{name}.yaml")).unwrap();

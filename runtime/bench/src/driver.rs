@@ -2,7 +2,9 @@
 //! worker per implementation on it, and alternates them round by round
 //! (generated, monolith, mlx-lm, generated, ...), then reports.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+
+use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
@@ -11,7 +13,7 @@ use serde_json::Value;
 use crate::report;
 
 pub const USAGE: &str = "\
-usage: archgen-bench run [--quick] [--spec NAME]... [--cache-dir DIR] [--json FILE]
+usage: archgen-bench run [--quick] [--quiet] [--spec NAME]... [--cache-dir DIR] [--json FILE]
                          [--doc FILE --svg FILE] [--extra FILE]
        archgen-bench worker --impl generated|monolith --model DIR
 
@@ -21,7 +23,8 @@ run: checkpoints into --cache-dir (default target/bench-cache, reused when the
      its markers) and --svg; the ratio lines are printed last.
      --quick: gemma4-12b-tiny at cache 128 only, 2 rounds of 3 steps.
      --spec: bench these specs instead of the plan's (repeatable).
-     --extra: JSON from `cargo xtask bench` (gen and compile timings).";
+     --extra: JSON from `cargo xtask bench` (gen and compile timings).
+     --quiet: no progress bar (there is none either when stderr is not a terminal).";
 
 /// The three implementations, in the order each round runs them.
 pub const IMPLS: [&str; 3] = ["generated", "monolith", "mlx-lm"];
@@ -253,12 +256,14 @@ fn seconds(v: &Value, key: &str) -> Result<f64, String> {
 }
 
 /// Runs `plan` on one spec: three workers, alternating every round.
+/// `bar` counts rounds (hidden when stderr is not a terminal or with --quiet).
 pub fn bench_spec(
     plan: &Plan,
     name: &str,
     model: &Path,
     params: u64,
     versions: &mut (String, String),
+    bar: &ProgressBar,
 ) -> Result<SpecResult, String> {
     let mut workers = Vec::new();
     let mut load = Vec::new();
@@ -307,17 +312,23 @@ pub fn bench_spec(
                     }
                 }
             }
-            eprintln!(
-                "bench: {name} cache={cache} round {}/{}: decode medians {}",
-                round + 1,
-                plan.rounds,
-                IMPLS
-                    .iter()
-                    .zip(&row)
-                    .map(|(i, c)| format!("{i} {:.3} ms", 1e3 * median(c.rounds.last().unwrap())))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            bar.suspend(|| {
+                eprintln!(
+                    "bench: {name} cache={cache} round {}/{}: decode medians {}",
+                    round + 1,
+                    plan.rounds,
+                    IMPLS
+                        .iter()
+                        .zip(&row)
+                        .map(|(i, c)| format!(
+                            "{i} {:.3} ms",
+                            1e3 * median(c.rounds.last().unwrap())
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            });
+            bar.inc(1);
         }
         // After the timed rounds: one more step each, its graph counted.
         for (w, cell) in workers.iter_mut().zip(row.iter_mut()) {
@@ -334,6 +345,21 @@ pub fn bench_spec(
         load,
         cells,
     })
+}
+
+/// A bar over the timed rounds of the whole run; hidden (draws nothing)
+/// when stderr is not a terminal or with --quiet.
+fn rounds_bar(rounds: u64, quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(rounds);
+    bar.set_style(
+        ProgressStyle::with_template("bench [{bar:30}] round {pos}/{len} {msg} {elapsed}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar
 }
 
 fn loadavg() -> String {
@@ -355,7 +381,7 @@ fn machine_cpu() -> (String, usize) {
 }
 
 pub fn main(args: &[String]) -> Result<(), String> {
-    let mut quick = false;
+    let (mut quick, mut quiet) = (false, false);
     let root = repo_root();
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -372,6 +398,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         };
         match a.as_str() {
             "--quick" => quick = true,
+            "--quiet" => quiet = true,
             "--cache-dir" => cache_dir = path()?,
             "--json" => json_out = Some(path()?),
             "--doc" => doc = Some(path()?),
@@ -393,10 +420,21 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let load_before = loadavg();
     let mut versions = (String::from("unknown"), String::from("unknown"));
     let mut results = Vec::new();
+    let rounds = plan.specs.len() * plan.caches.len() * plan.rounds;
+    let bar = rounds_bar(rounds as u64, quiet);
     for name in &plan.specs {
-        let (model, params) = checkpoint(&cache_dir, name)?;
-        results.push(bench_spec(&plan, name, &model, params, &mut versions)?);
+        let (model, params) = bar.suspend(|| checkpoint(&cache_dir, name))?;
+        bar.set_message(name.clone());
+        results.push(bench_spec(
+            &plan,
+            name,
+            &model,
+            params,
+            &mut versions,
+            &bar,
+        )?);
     }
+    bar.finish_and_clear();
     let machine = Machine {
         cpu,
         cores,

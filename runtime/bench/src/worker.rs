@@ -8,12 +8,15 @@
 //! RSS so far, i.e. while loading), then answers:
 //!   `prefill N`  fresh cache, one forward over N prompt ids, logits evaluated
 //!                -> `{"prefill_s": T}`; this cache is the one `steps` extends
-//!   `steps W S`  W untimed then S timed one-token decode steps; each step is
-//!                forward + eval of the logits row (as `archgen logits`), the
-//!                next token is the argmax of that row, taken outside the
-//!                timed span -> `{"steps_s": [T...], "tokens": [...]}` (the
-//!                W + S tokens fed, so the driver can check that every
-//!                implementation did the same work)
+//!   `steps W S`  W untimed then S timed one-token decode steps, pipelined
+//!                as mlx-lm's generate_step runs them (and `archgen generate`):
+//!                the next token is the argmax of the logits row kept as a
+//!                lazy array, step n+1 is built and queued with async_eval
+//!                before step n's token is read; a step's time is the
+//!                interval between two tokens becoming available
+//!                -> `{"steps_s": [T...], "tokens": [...]}` (the W + S tokens
+//!                fed, so the driver can check that every implementation did
+//!                the same work)
 //!   `nodes`      one more decode step whose graph is counted before it is
 //!                evaluated: the primitive nodes MLX's `export_to_dot` lists
 //!                -> `{"nodes": N, "by_op": {op: count}}`
@@ -104,25 +107,10 @@ impl ModelTask for Worker {
                 }
                 Some("steps") => {
                     let (warm, timed) = (num(1)?, num(2)?);
-                    let mut times = Vec::with_capacity(timed);
-                    let mut tokens = Vec::with_capacity(warm + timed);
-                    for i in 0..warm + timed {
-                        let row = last.as_ref().ok_or("steps before prefill")?;
-                        let tok = argmax(row).map_err(|e| e.to_string())?;
-                        tokens.push(tok);
-                        let x = Array::from_slice(&[tok], &[1, 1]);
-                        let t = Instant::now();
-                        let row = m
-                            .forward(&x, &mut cache)
-                            .and_then(|l| l.try_index((0, -1)))
-                            .map_err(|e| e.to_string())?;
-                        row.eval().map_err(|e| e.to_string())?;
-                        let secs = t.elapsed().as_secs_f64();
-                        if i >= warm {
-                            times.push(secs);
-                        }
-                        last = Some(row);
-                    }
+                    let row = last.as_ref().ok_or("steps before prefill")?;
+                    let (times, tokens, row) = pipelined_steps(m, &mut cache, row, warm, timed)
+                        .map_err(|e| e.to_string())?;
+                    last = Some(row);
                     reply(json!({ "steps_s": times, "tokens": tokens }));
                 }
                 Some("nodes") => {
@@ -146,6 +134,56 @@ impl ModelTask for Worker {
         }
         Ok(())
     }
+}
+
+/// `W + S` pipelined decode steps from the logits `row` of the previous
+/// forward: returns the times of the last S steps, the W + S tokens fed and
+/// the last logits row (evaluated).
+fn pipelined_steps<M: CausalLm>(
+    m: &M,
+    cache: &mut M::Cache,
+    row: &Array,
+    warm: usize,
+    timed: usize,
+) -> archgen_runtime::ops::Result<(Vec<f64>, Vec<i32>, Array)> {
+    use archgen_runtime::mlx_rs::transforms::async_eval;
+    // argmax as an int32 [1, 1] array: the next step's input, unevaluated.
+    let lazy_token = |row: &Array| -> archgen_runtime::ops::Result<Array> {
+        archgen_runtime::mlx_rs::ops::indexing::argmax_axis(row, -1, false)?
+            .as_dtype(archgen_runtime::Dtype::Int32)?
+            .reshape(&[1, 1])
+    };
+    let value = |t: &Array| {
+        t.try_item_exact::<i32>()
+            .map_err(|e| archgen_runtime::mlx_rs::error::Exception::custom(e.to_string()))
+    };
+    let total = warm + timed;
+    if total == 0 {
+        return Ok((Vec::new(), Vec::new(), row.clone()));
+    }
+    let mut token = lazy_token(row)?;
+    async_eval([&token])?;
+    let mut last = row.clone();
+    let (mut intervals, mut tokens) = (Vec::with_capacity(total), Vec::with_capacity(total));
+    let mut since = Instant::now();
+    for i in 0..total {
+        let next_row = m.forward(&token, cache)?.try_index((0, -1))?;
+        let next = lazy_token(&next_row)?;
+        async_eval([&next_row, &next])?;
+        // Waits for the previous step; the step just queued runs meanwhile.
+        tokens.push(value(&token)?);
+        if i > 0 {
+            intervals.push(since.elapsed().as_secs_f64());
+            since = Instant::now();
+        }
+        last = next_row;
+        token = next;
+    }
+    // The last step's token.
+    value(&token)?;
+    last.eval()?;
+    intervals.push(since.elapsed().as_secs_f64());
+    Ok((intervals.split_off(warm), tokens, last))
 }
 
 /// Primitive nodes (by operation) of the unevaluated graph behind `out`, as

@@ -1,76 +1,120 @@
-//! Command-line parsing (small and dependency-free on purpose).
+//! Command-line parsing (clap derive). Each subcommand has its own argument
+//! struct, so a new subcommand is one more variant of [`Command`] and a new
+//! flag is one more field.
 
 use std::path::PathBuf;
 
-pub const USAGE: &str = "\
-usage:
-  archgen logits --model DIR --prompt-ids 1,2,3 [--decode-steps N]
-                 [--impl monolith|generated|auto] --out FILE.safetensors
-  archgen generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3)
-                 [--max-tokens N] [--temp T] [--top-p P] [--seed S]
-                 [--ignore-eos] [--impl ...]
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
-  archgen init --spec specs/NAME.yaml --out DIR [--seed S]
-                 [--dtype bfloat16|float16|float32]
+/// What the exit status means (shown under `archgen --help`, docs/cli.md).
+pub const EXIT_CODES: &str = "\
+Exit status:
+  0  success
+  1  the command ran and failed (unreadable or invalid checkpoint or spec,
+     a token id outside the vocabulary, an I/O or MLX error)
+  2  usage error (unknown subcommand or flag, a missing or invalid value);
+     nothing was run";
 
-init writes a random-weight checkpoint (config.json + model.safetensors, the
-spec's weight quantization applied) with exactly the spec's structure.
-logits writes prefill_logits [L, vocab] (one forward over the whole prompt),
-decode_logits [N, vocab] (N greedy one-token steps on the same cache) and
-tokens [N] int32 (the tokens fed), logits in the model's compute dtype.
+#[derive(Debug, Parser)]
+#[command(
+    name = "archgen",
+    version,
+    about = "Run language-model checkpoints on archgen's generated models or its monolith",
+    long_about = "Run language-model checkpoints on archgen's generated models or its \
+                  monolith, bit-for-bit with mlx-lm 0.32.2 (docs/parity.md).",
+    after_help = EXIT_CODES,
+    propagate_version = true,
+    arg_required_else_help = true,
+    args_override_self = true
+)]
+pub struct Cli {
+    /// No progress bars and no status notes on stderr (errors still print).
+    /// Progress bars are also off whenever stderr is not a terminal.
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
 
-generate --prompt encodes TEXT with DIR/tokenizer.json (special tokens added
-as its post-processor says, e.g. <bos>) and prints decoded text; with
---prompt-ids it prints text when DIR/tokenizer.json exists, else token ids.
-It stops at an EOS id from config.json / generation_config.json unless
---ignore-eos is given.";
+    #[command(subcommand)]
+    pub command: Command,
+}
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Write the parity protocol's logits for a prompt (docs/parity.md §2)
+    #[command(
+        long_about = "Write the parity protocol's tensors (docs/parity.md §2): prefill_logits \
+                      [L, vocab] (one forward over the whole prompt), decode_logits [N, vocab] \
+                      (N greedy one-token steps on the same cache) and tokens [N] int32 (the \
+                      tokens fed), logits in the model's compute dtype.",
+        after_help = EXIT_CODES
+    )]
+    Logits(LogitsArgs),
+    /// Generate text or token ids from a prompt
+    #[command(
+        long_about = "Generate from a prompt. --prompt encodes TEXT with DIR/tokenizer.json \
+                      (special tokens added as its post-processor says, e.g. <bos>) and prints \
+                      decoded text; with --prompt-ids it prints text when DIR/tokenizer.json \
+                      exists, else token ids. It stops at an EOS id from config.json / \
+                      generation_config.json unless --ignore-eos is given.",
+        after_help = EXIT_CODES
+    )]
+    Generate(GenerateArgs),
+    /// Chat with a checkpoint on stdin, through its chat template
+    #[command(
+        long_about = "Chat with a checkpoint: each line on stdin is a user turn; the whole \
+                      conversation goes through the checkpoint's chat template (chat_template \
+                      in tokenizer_config.json, or chat_template.jinja) as transformers' \
+                      apply_chat_template renders it, and the reply streams to stdout. /reset \
+                      forgets the conversation; /exit or the end of input ends the chat. Needs \
+                      DIR/tokenizer.json. Stops a reply at an EOS id from config.json / \
+                      generation_config.json.",
+        after_help = EXIT_CODES
+    )]
+    Chat(ChatArgs),
+    /// Serve the OpenAI API (completions, chat completions) over HTTP
+    #[command(
+        long_about = "Serve an OpenAI-compatible HTTP API: GET /v1/models, POST /v1/completions \
+                      and POST /v1/chat/completions, streamed (server-sent events) or not, with \
+                      max_tokens, temperature, top_p, seed, stop and usage counts. The model runs \
+                      on one thread and requests queue, served one at a time. A request the \
+                      server cannot serve gets a 400 with an OpenAI-style error body. Needs \
+                      DIR/tokenizer.json; /v1/chat/completions also needs a chat template.",
+        after_help = EXIT_CODES
+    )]
+    Serve(ServeArgs),
+    /// Write a random-weight checkpoint with a spec's exact structure
+    #[command(
+        long_about = "Write a random-weight checkpoint (config.json + model.safetensors, the \
+                      spec's weight quantization applied, kv_config.json when the spec \
+                      quantizes the KV cache) with exactly the spec's structure.",
+        after_help = EXIT_CODES
+    )]
+    Init(InitArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    #[command(after_help = "Examples:\n  \
+        archgen completions bash > ~/.local/share/bash-completion/completions/archgen\n  \
+        archgen completions zsh > ~/.zfunc/_archgen\n  \
+        archgen completions fish > ~/.config/fish/completions/archgen.fish")]
+    Completions(CompletionsArgs),
+}
+
+/// Which model implementation runs a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Impl {
+    /// The generic interpreter of the architecture
     Monolith,
+    /// The generated model whose fingerprint matches; fails when there is none
     Generated,
+    /// The generated model when one matches, else the monolith (saying why)
     Auto,
 }
 
-#[derive(Debug)]
-pub enum Command {
-    /// A random-weight checkpoint with a spec's exact structure.
-    Init {
-        spec: PathBuf,
-        out: PathBuf,
-        seed: u64,
-        dtype: String,
-    },
-    Logits {
-        model: PathBuf,
-        prompt_ids: Vec<i32>,
-        decode_steps: usize,
-        implementation: Impl,
-        out: PathBuf,
-    },
-    Generate {
-        model: PathBuf,
-        prompt: Prompt,
-        max_tokens: usize,
-        temp: f32,
-        top_p: f32,
-        seed: u64,
-        ignore_eos: bool,
-        implementation: Impl,
-    },
-    Help,
-}
+/// Comma-separated token ids, e.g. `2,105,7`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenIds(pub Vec<i32>);
 
-/// What `generate` starts from.
-#[derive(Debug)]
-pub enum Prompt {
-    /// Token ids given on the command line.
-    Ids(Vec<i32>),
-    /// Text to encode with the model directory's tokenizer.json.
-    Text(String),
-}
-
-fn parse_ids(s: &str) -> Result<Vec<i32>, String> {
+/// Parses `--prompt-ids`: at least one non-negative integer, comma-separated.
+fn parse_ids(s: &str) -> Result<TokenIds, String> {
     let ids: Result<Vec<i32>, String> = s
         .split(',')
         .map(|t| t.trim())
@@ -78,150 +122,372 @@ fn parse_ids(s: &str) -> Result<Vec<i32>, String> {
         .map(|(i, t)| {
             t.parse::<i32>().ok().filter(|v| *v >= 0).ok_or_else(|| {
                 format!(
-                    "--prompt-ids: item {} ('{t}') is not a non-negative integer",
+                    "item {} ('{t}') is not a non-negative integer; give ids like 2,105,7",
                     i + 1
                 )
             })
         })
         .collect();
-    let ids = ids?;
-    if ids.is_empty() {
-        return Err("--prompt-ids: give at least one token id, e.g. --prompt-ids 2,105,7".into());
+    Ok(TokenIds(ids?))
+}
+
+/// `--temp`: a finite number >= 0 (0 is greedy).
+fn parse_temp(s: &str) -> Result<f32, String> {
+    let t: f32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if t < 0.0 || !t.is_finite() {
+        return Err(format!("{t} must be a finite number >= 0"));
     }
-    Ok(ids)
+    Ok(t)
 }
 
-fn number<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
-    v.parse()
-        .map_err(|_| format!("{flag}: '{v}' is not a valid number"))
+/// `--top-p`: a number in (0, 1].
+fn parse_top_p(s: &str) -> Result<f32, String> {
+    let p: f32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if !(p > 0.0 && p <= 1.0) {
+        return Err(format!("{p} is outside (0, 1]"));
+    }
+    Ok(p)
 }
 
-fn parse_init(rest: &[String]) -> Result<Command, String> {
-    let (mut spec, mut out, mut seed, mut dtype) = (None, None, 0u64, "bfloat16".to_string());
-    let mut it = rest.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
+#[derive(Debug, Args)]
+pub struct LogitsArgs {
+    /// Model directory (config.json + model*.safetensors, mlx-community layout)
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// Prompt token ids, comma-separated
+    #[arg(long, value_name = "1,2,3", value_parser = parse_ids)]
+    pub prompt_ids: TokenIds,
+    /// Greedy one-token decode steps after the prefill
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub decode_steps: usize,
+    /// Which implementation runs the checkpoint
+    #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
+    pub implementation: Impl,
+    /// Output file (.safetensors), written atomically
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Model directory (config.json + model*.safetensors, mlx-community layout)
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// Prompt text, encoded with DIR/tokenizer.json
+    #[arg(long, value_name = "TEXT")]
+    pub prompt: Option<String>,
+    /// Prompt token ids, comma-separated (instead of --prompt)
+    #[arg(long, value_name = "1,2,3", value_parser = parse_ids)]
+    pub prompt_ids: Option<TokenIds>,
+    /// Most tokens to generate
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy
+    #[arg(long, value_name = "T", default_value_t = 0.0, value_parser = parse_temp,
+          allow_negative_numbers = true)]
+    pub temp: f32,
+    /// Nucleus sampling: keep the smallest set of tokens whose mass reaches P
+    #[arg(long, value_name = "P", default_value_t = 1.0, value_parser = parse_top_p,
+          allow_negative_numbers = true)]
+    pub top_p: f32,
+    /// Random seed of the sampler
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Do not stop at the checkpoint's EOS ids
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Wrap --prompt in the checkpoint's chat template as one user turn
+    #[arg(long, conflicts_with = "prompt_ids")]
+    pub chat: bool,
+    /// Which implementation runs the checkpoint
+    #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
+    pub implementation: Impl,
+}
+
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    /// Model directory (config.json, model*.safetensors, tokenizer.json, a chat template)
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// A system message that opens the conversation
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+    /// Most tokens per reply
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy
+    #[arg(long, value_name = "T", default_value_t = 0.0, value_parser = parse_temp,
+          allow_negative_numbers = true)]
+    pub temp: f32,
+    /// Nucleus sampling: keep the smallest set of tokens whose mass reaches P
+    #[arg(long, value_name = "P", default_value_t = 1.0, value_parser = parse_top_p,
+          allow_negative_numbers = true)]
+    pub top_p: f32,
+    /// Random seed of the sampler (reply N of the chat, from 0, uses S + N)
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Which implementation runs the checkpoint
+    #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
+    pub implementation: Impl,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Model directory (config.json, model*.safetensors, tokenizer.json, a chat template)
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// Address to listen on (127.0.0.1: this machine only)
+    #[arg(long, value_name = "HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on; 0 picks a free one (the address is printed)
+    #[arg(long, value_name = "PORT", default_value_t = 8080)]
+    pub port: u16,
+    /// Which implementation runs the checkpoint
+    #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
+    pub implementation: Impl,
+}
+
+/// What `generate` starts from.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// Token ids given on the command line.
+    Ids(Vec<i32>),
+    /// Text to encode with the model directory's tokenizer.json.
+    Text(String),
+}
+
+impl GenerateArgs {
+    /// The prompt: exactly one of --prompt and --prompt-ids.
+    pub fn prompt(&self) -> Result<Prompt, clap::Error> {
+        match (&self.prompt, &self.prompt_ids) {
+            (Some(t), None) => Ok(Prompt::Text(t.clone())),
+            (None, Some(ids)) => Ok(Prompt::Ids(ids.0.clone())),
+            (Some(_), Some(_)) => Err(usage_error(
+                "generate",
+                ErrorKind::ArgumentConflict,
+                "give either --prompt TEXT or --prompt-ids 1,2,3, not both",
+            )),
+            (None, None) => Err(usage_error(
+                "generate",
+                ErrorKind::MissingRequiredArgument,
+                "give --prompt TEXT or --prompt-ids 1,2,3",
+            )),
+        }
+    }
+}
+
+/// Weight dtype of `archgen init`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WeightDtype {
+    Bfloat16,
+    Float16,
+    Float32,
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// The spec to follow (specs/NAME.yaml)
+    #[arg(long, value_name = "FILE.yaml")]
+    pub spec: PathBuf,
+    /// Directory to write config.json and model.safetensors into
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Weight RNG seed
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Dtype of the unquantized weights
+    #[arg(long, value_enum, default_value_t = WeightDtype::Bfloat16)]
+    pub dtype: WeightDtype,
+    /// How to print spec errors: human (with source excerpts) or json (one
+    /// object per line on stdout, docs/errors.md#json-messages)
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = MessageFormat::Human)]
+    pub message_format: MessageFormat,
+}
+
+/// How spec errors are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MessageFormat {
+    /// file:line:column, the message, the source line with a caret under
+    /// the span, and the hint, on stderr
+    Human,
+    /// One JSON object per line on stdout
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to write a completion script for
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// A usage error raised after parsing (a rule clap's attributes do not
+/// express), rendered and exited like clap's own (status 2).
+pub fn usage_error(subcommand: &str, kind: ErrorKind, message: &str) -> clap::Error {
+    let mut cli = Cli::command();
+    cli.build();
+    match cli.find_subcommand_mut(subcommand) {
+        Some(sub) => sub.error(kind, message),
+        None => cli.error(kind, message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("archgen").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_command_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn logits_flags_parse_as_before() {
+        let cli = parse(&[
+            "logits",
+            "--model",
+            "m",
+            "--prompt-ids",
+            "1, 2,3",
+            "--decode-steps",
+            "4",
+            "--impl",
+            "generated",
+            "--out",
+            "o.safetensors",
+        ])
+        .unwrap();
+        let Command::Logits(a) = cli.command else {
+            panic!("not logits: {cli:?}")
         };
-        match flag.as_str() {
-            "--spec" => spec = Some(PathBuf::from(value()?)),
-            "--out" => out = Some(PathBuf::from(value()?)),
-            "--seed" => seed = number(flag, &value()?)?,
-            "--dtype" => {
-                dtype = value()?;
-                if !["bfloat16", "float16", "float32"].contains(&dtype.as_str()) {
-                    return Err(format!(
-                        "--dtype: '{dtype}' is not one of bfloat16, float16, float32"
-                    ));
-                }
-            }
-            other => return Err(format!("init: unknown option '{other}'\n\n{USAGE}")),
-        }
-    }
-    Ok(Command::Init {
-        spec: spec.ok_or("init: --spec FILE.yaml is required")?,
-        out: out.ok_or("init: --out DIR is required")?,
-        seed,
-        dtype,
-    })
-}
-
-pub fn parse(argv: &[String]) -> Result<Command, String> {
-    let Some((cmd, rest)) = argv.split_first() else {
-        return Err(format!("no command given\n\n{USAGE}"));
-    };
-    if matches!(cmd.as_str(), "help" | "--help" | "-h") {
-        return Ok(Command::Help);
-    }
-    if cmd == "init" {
-        return parse_init(rest);
-    }
-    let mut model = None;
-    let mut ids = None;
-    let mut text = None;
-    let mut ignore_eos = false;
-    let mut steps = 0usize;
-    let mut max_tokens = 64usize;
-    let mut temp = 0.0f32;
-    let mut top_p = 1.0f32;
-    let mut seed = 0u64;
-    let mut implementation = Impl::Auto;
-    let mut out = None;
-    let mut it = rest.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
+        assert_eq!(a.prompt_ids, TokenIds(vec![1, 2, 3]));
+        assert_eq!(a.decode_steps, 4);
+        assert_eq!(a.implementation, Impl::Generated);
+        // --decode-steps and --impl default to 0 and auto.
+        let cli = parse(&[
+            "logits",
+            "--model",
+            "m",
+            "--prompt-ids",
+            "1",
+            "--out",
+            "o.safetensors",
+        ])
+        .unwrap();
+        let Command::Logits(a) = cli.command else {
+            panic!("not logits")
         };
-        match flag.as_str() {
-            "--ignore-eos" if cmd == "generate" => ignore_eos = true,
-            "--prompt" if cmd == "generate" => text = Some(value()?),
-            "--model" => model = Some(PathBuf::from(value()?)),
-            "--prompt-ids" => ids = Some(parse_ids(&value()?)?),
-            "--decode-steps" if cmd == "logits" => steps = number(flag, &value()?)?,
-            "--out" if cmd == "logits" => out = Some(PathBuf::from(value()?)),
-            "--max-tokens" if cmd == "generate" => max_tokens = number(flag, &value()?)?,
-            "--temp" if cmd == "generate" => temp = number(flag, &value()?)?,
-            "--top-p" if cmd == "generate" => top_p = number(flag, &value()?)?,
-            "--seed" if cmd == "generate" => seed = number(flag, &value()?)?,
-            "--impl" => {
-                implementation = match value()?.as_str() {
-                    "monolith" => Impl::Monolith,
-                    "generated" => Impl::Generated,
-                    "auto" => Impl::Auto,
-                    other => {
-                        return Err(format!(
-                            "--impl: '{other}' is not one of monolith, generated, auto"
-                        ))
-                    }
-                }
-            }
-            other => return Err(format!("{cmd}: unknown option '{other}'\n\n{USAGE}")),
+        assert_eq!((a.decode_steps, a.implementation), (0, Impl::Auto));
+    }
+
+    #[test]
+    fn a_repeated_flag_keeps_the_last_value() {
+        let cli = parse(&[
+            "generate",
+            "--model",
+            "a",
+            "--model",
+            "b",
+            "--prompt-ids",
+            "1",
+        ])
+        .unwrap();
+        let Command::Generate(a) = cli.command else {
+            panic!("not generate")
+        };
+        assert_eq!(a.model, PathBuf::from("b"));
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors_naming_the_problem() {
+        for (args, expected) in [
+            (&["--prompt-ids", "1,x,3"][..], "item 2 ('x')"),
+            (
+                &["--prompt-ids", "1", "--temp", "-1"],
+                "-1 must be a finite",
+            ),
+            (
+                &["--prompt-ids", "1", "--top-p", "0"],
+                "0 is outside (0, 1]",
+            ),
+            (&["--prompt-ids", "1", "--impl", "fast"], "'fast'"),
+        ] {
+            let mut v = vec!["generate", "--model", "m"];
+            v.extend_from_slice(args);
+            let e = parse(&v).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{args:?}");
+            assert!(e.to_string().contains(expected), "{args:?}: {e}");
         }
     }
-    let model = model.ok_or_else(|| format!("{cmd}: --model DIR is required"))?;
-    match cmd.as_str() {
-        "logits" => Ok(Command::Logits {
-            model,
-            prompt_ids: ids.ok_or("logits: --prompt-ids is required")?,
-            decode_steps: steps,
-            implementation,
-            out: out.ok_or("logits: --out FILE.safetensors is required")?,
-        }),
-        "generate" => {
-            if !(0.0..=1.0).contains(&top_p) || top_p == 0.0 {
-                return Err(format!("--top-p: {top_p} is outside (0, 1]"));
-            }
-            if temp < 0.0 || !temp.is_finite() {
-                return Err(format!("--temp: {temp} must be a finite number >= 0"));
-            }
-            let prompt = match (text, ids) {
-                (Some(t), None) => Prompt::Text(t),
-                (None, Some(i)) => Prompt::Ids(i),
-                (Some(_), Some(_)) => {
-                    return Err(
-                        "generate: give either --prompt TEXT or --prompt-ids 1,2,3, not both"
-                            .into(),
-                    )
-                }
-                (None, None) => {
-                    return Err("generate: give --prompt TEXT or --prompt-ids 1,2,3".into())
-                }
-            };
-            Ok(Command::Generate {
-                model,
-                prompt,
-                max_tokens,
-                temp,
-                top_p,
-                seed,
-                ignore_eos,
-                implementation,
-            })
-        }
-        other => Err(format!("unknown command '{other}'\n\n{USAGE}")),
+
+    #[test]
+    fn chat_serve_and_generate_chat_parse() {
+        let cli = parse(&[
+            "chat",
+            "--model",
+            "m",
+            "--system",
+            "Be terse.",
+            "--temp",
+            "0.5",
+        ])
+        .unwrap();
+        let Command::Chat(a) = cli.command else {
+            panic!("not chat: {cli:?}")
+        };
+        assert_eq!(a.system.as_deref(), Some("Be terse."));
+        assert_eq!((a.temp, a.top_p, a.seed, a.max_tokens), (0.5, 1.0, 0, 256));
+        let cli = parse(&["serve", "--model", "m"]).unwrap();
+        let Command::Serve(a) = cli.command else {
+            panic!("not serve: {cli:?}")
+        };
+        assert_eq!((a.host.as_str(), a.port), ("127.0.0.1", 8080));
+        let cli = parse(&["serve", "--model", "m", "--host", "::1", "--port", "0"]).unwrap();
+        let Command::Serve(a) = cli.command else {
+            panic!("not serve")
+        };
+        assert_eq!((a.host.as_str(), a.port), ("::1", 0));
+        assert!(parse(&["serve", "--model", "m", "--port", "70000"]).is_err());
+        let cli = parse(&["generate", "--model", "m", "--prompt", "hi", "--chat"]).unwrap();
+        let Command::Generate(a) = cli.command else {
+            panic!("not generate")
+        };
+        assert!(a.chat);
+        let e = parse(&["generate", "--model", "m", "--prompt-ids", "1", "--chat"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("--prompt-ids"), "{e}");
+    }
+
+    #[test]
+    fn generate_needs_exactly_one_prompt() {
+        let both = parse(&[
+            "generate",
+            "--model",
+            "m",
+            "--prompt",
+            "x",
+            "--prompt-ids",
+            "1",
+        ])
+        .unwrap();
+        let Command::Generate(a) = both.command else {
+            panic!("not generate")
+        };
+        let e = a.prompt().unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("not both"), "{e}");
+        let none = parse(&["generate", "--model", "m"]).unwrap();
+        let Command::Generate(a) = none.command else {
+            panic!("not generate")
+        };
+        assert!(a
+            .prompt()
+            .unwrap_err()
+            .to_string()
+            .contains("give --prompt TEXT or --prompt-ids"));
     }
 }

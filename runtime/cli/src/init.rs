@@ -6,26 +6,59 @@
 //! with mlx's affine quantize, as mlx-lm's convert does.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
 use archgen_spec::ir::{KvCache, KvSource};
 use archgen_spec::ModuleKind;
 
+use std::io::{IsTerminal, Write};
+
+use archgen_spec::render::Style;
+
+use crate::args::{InitArgs, MessageFormat, WeightDtype};
+use crate::ui::Ui;
+
 fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String> {
     r.map_err(|e| format!("MLX: {e}"))
 }
 
-fn dtype_of(name: &str) -> Dtype {
-    match name {
-        "float16" => Dtype::Float16,
-        "float32" => Dtype::Float32,
-        _ => Dtype::Bfloat16,
+fn dtype_of(dtype: WeightDtype) -> Dtype {
+    match dtype {
+        WeightDtype::Bfloat16 => Dtype::Bfloat16,
+        WeightDtype::Float16 => Dtype::Float16,
+        WeightDtype::Float32 => Dtype::Float32,
     }
 }
 
-pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), String> {
-    let spec = archgen_spec::load(spec_path).map_err(|d| d.to_string())?;
+/// Spec errors in the excerpt form (colour on a terminal), or as JSON lines
+/// on stdout with a one-line summary for the error.
+fn spec_errors(diags: &archgen_spec::Diagnostics, format: MessageFormat) -> String {
+    match format {
+        MessageFormat::Human => {
+            let style = if std::io::stderr().is_terminal() {
+                Style::Color
+            } else {
+                Style::Plain
+            };
+            diags.render_excerpts(style)
+        }
+        MessageFormat::Json => {
+            let mut out = std::io::stdout().lock();
+            for v in diags.to_json() {
+                let _ = writeln!(out, "{v}");
+            }
+            let n = diags.len();
+            format!(
+                "{n} spec error{} (JSON on stdout)",
+                if n == 1 { "" } else { "s" }
+            )
+        }
+    }
+}
+
+pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
+    let (out, seed, dtype) = (args.out.as_path(), args.seed, args.dtype);
+    let spec = archgen_spec::load(&args.spec).map_err(|d| spec_errors(&d, args.message_format))?;
     let ir = spec.lower();
     let dt = dtype_of(dtype);
     let mut tensors: BTreeMap<String, Array> = BTreeMap::new();
@@ -35,6 +68,24 @@ pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), 
         mlx_rs::random::key(seed.wrapping_mul(1_000_003).wrapping_add(n))
     };
     let modules = ir.quantizable_modules();
+    // Progress counts the bytes of weight matrices generated, in the weight
+    // dtype (before quantization packs them); the vector parameters below
+    // are too small to show.
+    let elem_bytes: u64 = match dtype {
+        WeightDtype::Bfloat16 | WeightDtype::Float16 => 2,
+        WeightDtype::Float32 => 4,
+    };
+    let total: u64 = modules
+        .iter()
+        .map(|m| {
+            let experts = match m.kind {
+                ModuleKind::SwitchLinear => m.count,
+                ModuleKind::Linear | ModuleKind::Embedding => 1,
+            };
+            elem_bytes * experts * m.out_dim * m.in_dim
+        })
+        .sum();
+    let bar = ui.bytes_bar(&format!("generating {}", spec.name()), total);
     for m in &modules {
         let mut shape = vec![m.out_dim as i32, m.in_dim as i32];
         if m.kind == ModuleKind::SwitchLinear {
@@ -65,6 +116,12 @@ pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), 
                 tensors.insert(format!("{}.weight", m.path), w);
             }
         }
+        if let Some(bar) = &bar {
+            bar.inc(elem_bytes * shape.iter().map(|&d| d as u64).product::<u64>());
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
     }
     // Everything else is a vector parameter (norms, layer scalars, router scales).
     for p in archgen_plan::params(&ir) {
@@ -103,15 +160,19 @@ pub fn init(spec_path: &Path, out: &Path, seed: u64, dtype: &str) -> Result<(), 
             .map_err(|e| format!("cannot write {}: {e}", out.join("kv_config.json").display()))?;
     }
     let path = out.join("model.safetensors");
-    Array::save_safetensors(tensors.iter(), None, &path)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let spinner = ui.spinner(&format!("writing {}", path.display()));
+    let saved = Array::save_safetensors(tensors.iter(), None, &path);
+    if let Some(spinner) = spinner {
+        spinner.finish_and_clear();
+    }
+    saved.map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     let bytes: usize = tensors.values().map(|a| a.nbytes()).sum();
-    eprintln!(
-        "archgen: wrote {} ({} tensors, {:.2} GB) and config.json for {}",
+    ui.note(&format!(
+        "wrote {} ({} tensors, {:.2} GB) and config.json for {}",
         path.display(),
         tensors.len(),
         bytes as f64 / 1e9,
         spec.name()
-    );
+    ));
     Ok(())
 }

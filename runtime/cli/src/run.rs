@@ -3,36 +3,54 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::time::Instant;
 
-use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array};
 use archgen_runtime::model::{CausalLm, ModelTask};
 
 use tokenizers::Tokenizer;
 
-use crate::args::{Command, Impl, Prompt, USAGE};
+use crate::args::{Cli, Command, GenerateArgs, Impl, InitArgs, LogitsArgs, Prompt};
+use crate::engine::{Flow, Sampling, TextStream};
+use crate::ui::Ui;
 
-fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String> {
+pub(crate) fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String> {
     r.map_err(|e| format!("MLX: {e}"))
 }
 
 /// Loads the checkpoint at `model` and runs `task` on the implementation that
 /// `--impl` selects: the generated model whose fingerprint matches the
 /// checkpoint, or the monolith.
-fn with_model<T: ModelTask<Output = Result<(), String>>>(
+pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
+    ui: &Ui,
     model: &Path,
     implementation: Impl,
     task: T,
 ) -> Result<(), String> {
-    let (arch, weights) = archgen_monolith::read_dir(model).map_err(|e| e.to_string())?;
+    let bar = ui.bytes_bar(&format!("loading {}", model.display()), 0);
+    let loaded = match &bar {
+        Some(bar) => {
+            let shown = bar.clone();
+            let report = move |done: u64, total: u64| {
+                shown.set_length(total);
+                shown.set_position(done);
+            };
+            archgen_runtime::weights::with_load_progress(Box::new(report), || {
+                archgen_monolith::read_dir(model)
+            })
+        }
+        None => archgen_monolith::read_dir(model),
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let (arch, weights) = loaded.map_err(|e| e.to_string())?;
     let fingerprint = archgen_plan::fingerprint(&arch);
     if implementation != Impl::Monolith {
         if let Some(found) = archgen_generated::find(&fingerprint) {
-            eprintln!(
-                "archgen: running generated model {} (fingerprint {fingerprint}, {})",
+            ui.note(&format!(
+                "running generated model {} (fingerprint {fingerprint}, {})",
                 found.name, found.spec
-            );
+            ));
             return archgen_generated::run(&fingerprint, weights, task)
                 .expect("find() and run() cover the same fingerprints")
                 .map_err(|e| format!("{}: {e}", model.display()))?;
@@ -46,14 +64,14 @@ fn with_model<T: ModelTask<Output = Result<(), String>>>(
         if implementation == Impl::Generated {
             return Err(format!("--impl generated: {why}"));
         }
-        eprintln!("archgen: --impl auto: running the monolith: {why}");
+        ui.note(&format!("--impl auto: running the monolith: {why}"));
     }
     let m = archgen_monolith::Monolith::new(arch, weights)
         .map_err(|e| format!("{}: {e}", model.display()))?;
     task.run(&m)
 }
 
-fn check_ids(what: &str, ids: &[i32], vocab: i32) -> Result<(), String> {
+pub(crate) fn check_ids(what: &str, ids: &[i32], vocab: i32) -> Result<(), String> {
     match ids.iter().position(|&t| t >= vocab) {
         Some(i) => Err(format!(
             "{what}: id {} at position {} is out of the vocabulary (size {vocab})",
@@ -62,10 +80,6 @@ fn check_ids(what: &str, ids: &[i32], vocab: i32) -> Result<(), String> {
         )),
         None => Ok(()),
     }
-}
-
-fn argmax(row: &Array) -> Result<i32, String> {
-    mlx(archgen_runtime::protocol::argmax(row))
 }
 
 /// Writes `tensors` to `out` atomically: a temporary beside it, then rename.
@@ -93,14 +107,13 @@ fn save_atomically(tensors: &[(&str, &Array)], out: &Path) -> Result<(), String>
     })
 }
 
-fn logits(
-    model: &Path,
-    ids: &[i32],
-    steps: usize,
-    implementation: Impl,
-    out: &Path,
-) -> Result<(), String> {
-    with_model(model, implementation, LogitsTask { ids, steps, out })
+fn logits(ui: &Ui, args: &LogitsArgs) -> Result<(), String> {
+    let task = LogitsTask {
+        ids: &args.prompt_ids.0,
+        steps: args.decode_steps,
+        out: &args.out,
+    };
+    with_model(ui, &args.model, args.implementation, task)
 }
 
 struct LogitsTask<'a> {
@@ -128,39 +141,47 @@ impl ModelTask for LogitsTask<'_> {
     }
 }
 
-/// Samples one token: greedy at temp 0, else seeded categorical over
-/// `logits / temp` restricted to the top-p nucleus.
-fn sample(logits: &Array, temp: f32, top_p: f32, key: &Array) -> Result<i32, String> {
-    if temp == 0.0 {
-        return argmax(logits);
-    }
-    let scaled = mlx(logits.as_dtype(archgen_runtime::Dtype::Float32))?;
-    let scaled = mlx(scaled.multiply(Array::from_f32(1.0 / temp)))?;
-    let scaled = if top_p < 1.0 {
-        let probs = mlx(mlx_rs::ops::softmax_axis(&scaled, -1, true))?;
-        let order = mlx(mlx_rs::ops::argsort_axis(&probs, -1))?;
-        let sorted = mlx(probs.take_along_axis(&order, -1))?;
-        let cum = mlx(mlx_rs::ops::cumsum(&sorted, -1, None, None))?;
-        // Keep the smallest top set whose mass reaches top_p (ascending order).
-        let keep_sorted = mlx(cum.gt(Array::from_f32(1.0 - top_p)))?;
-        let inverse = mlx(mlx_rs::ops::argsort_axis(&order, -1))?;
-        let keep = mlx(keep_sorted.take_along_axis(&inverse, -1))?;
-        mlx(mlx_rs::ops::select(
-            &keep,
-            &scaled,
-            Array::from_f32(f32::NEG_INFINITY),
-        ))?
+/// Samples one token, lazily: greedy at temp 0, else seeded categorical over
+/// `logits / temp` restricted to the top-p nucleus. Returns the token as an
+/// unevaluated int32 array [1, 1], the next step's input, so the decode loop
+/// can build that step before this one has run (see [`GenerateTask`]).
+pub(crate) fn sample(logits: &Array, temp: f32, top_p: f32, key: &Array) -> Result<Array, String> {
+    let token = if temp == 0.0 {
+        mlx(mlx_rs::ops::indexing::argmax_axis(logits, -1, false))?
     } else {
-        scaled
+        let scaled = mlx(logits.as_dtype(archgen_runtime::Dtype::Float32))?;
+        let scaled = mlx(scaled.multiply(Array::from_f32(1.0 / temp)))?;
+        let scaled = if top_p < 1.0 {
+            let probs = mlx(mlx_rs::ops::softmax_axis(&scaled, -1, true))?;
+            let order = mlx(mlx_rs::ops::argsort_axis(&probs, -1))?;
+            let sorted = mlx(probs.take_along_axis(&order, -1))?;
+            let cum = mlx(mlx_rs::ops::cumsum(&sorted, -1, None, None))?;
+            // Keep the smallest top set whose mass reaches top_p (ascending order).
+            let keep_sorted = mlx(cum.gt(Array::from_f32(1.0 - top_p)))?;
+            let inverse = mlx(mlx_rs::ops::argsort_axis(&order, -1))?;
+            let keep = mlx(keep_sorted.take_along_axis(&inverse, -1))?;
+            mlx(mlx_rs::ops::select(
+                &keep,
+                &scaled,
+                Array::from_f32(f32::NEG_INFINITY),
+            ))?
+        } else {
+            scaled
+        };
+        mlx(mlx_rs::random::categorical(&scaled, -1, None, key))?
     };
-    let t = mlx(mlx_rs::random::categorical(&scaled, -1, None, key))?;
-    t.try_item_exact::<u32>()
-        .map(|v| v as i32)
+    mlx(mlx(token.as_dtype(archgen_runtime::Dtype::Int32))?.reshape(&[1, 1]))
+}
+
+/// The value of a token array from [`sample`] (waits for it to be computed).
+pub(crate) fn token_value(token: &Array) -> Result<i32, String> {
+    token
+        .try_item_exact::<i32>()
         .map_err(|e| format!("MLX: {e}"))
 }
 
 /// Loads `DIR/tokenizer.json`; `Ok(None)` when the file is absent.
-fn load_tokenizer(model: &Path) -> Result<Option<Tokenizer>, String> {
+pub(crate) fn load_tokenizer(model: &Path) -> Result<Option<Tokenizer>, String> {
     let path = model.join("tokenizer.json");
     if !path.is_file() {
         return Ok(None);
@@ -201,7 +222,7 @@ fn push_eos(
 
 /// The stop ids: `eos_token_id` from config.json (top level and
 /// `text_config`) and from generation_config.json when present, merged.
-fn eos_ids(model: &Path) -> Result<Vec<i32>, String> {
+pub(crate) fn eos_ids(model: &Path) -> Result<Vec<i32>, String> {
     let mut eos = Vec::new();
     for name in ["config.json", "generation_config.json"] {
         let file = model.join(name);
@@ -229,61 +250,40 @@ fn eos_ids(model: &Path) -> Result<Vec<i32>, String> {
 }
 
 /// Decodes with special tokens kept (as mlx-lm's detokenizer does).
-fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, String> {
+pub(crate) fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, String> {
     tokenizer
         .decode(ids, false)
         .map_err(|e| format!("tokenizer: cannot decode {ids:?}: {e}"))
 }
 
-/// Prints generated tokens as they come: token ids, or decoded text.
-///
-/// Text is decoded incrementally: each step decodes the whole generated id
-/// list and prints only what is new, so a character split over several
-/// byte-level tokens comes out whole. While the text ends in U+FFFD (an
-/// incomplete UTF-8 sequence) it is held back until the next token.
-struct Streamer<'a> {
-    tokenizer: Option<&'a Tokenizer>,
-    ids: Vec<u32>,
-    printed: String,
+/// Prints generated tokens as they come: token ids, or decoded text
+/// (through [`TextStream`], which holds back an incomplete character).
+enum Streamer<'a> {
+    Ids,
+    Text(TextStream<'a>),
 }
 
 impl Streamer<'_> {
     fn push(&mut self, token: i32) -> Result<(), String> {
         let mut out = std::io::stdout().lock();
-        match self.tokenizer {
-            None => {
+        match self {
+            Streamer::Ids => {
                 let _ = write!(out, "{token} ");
             }
-            Some(tokenizer) => {
-                self.ids.push(token as u32);
-                let text = decode(tokenizer, &self.ids)?;
-                if !text.ends_with('\u{FFFD}') {
-                    self.emit(&mut out, text);
-                }
+            Streamer::Text(stream) => {
+                let (text, _) = stream.push(token)?;
+                let _ = out.write_all(text.as_bytes());
             }
         }
         let _ = out.flush();
         Ok(())
     }
 
-    /// Prints the part of `text` beyond what was printed so far.
-    fn emit(&mut self, out: &mut impl Write, text: String) {
-        if let Some(new) = text.strip_prefix(self.printed.as_str()) {
-            let _ = out.write_all(new.as_bytes());
-            self.printed = text;
-        } else if let Some(new) = text.get(self.printed.len()..) {
-            // A decoder rewrote earlier text (rare); what is printed stays.
-            let _ = out.write_all(new.as_bytes());
-            self.printed = text;
-        }
-    }
-
     /// Prints whatever was held back, then ends the line.
     fn finish(&mut self) -> Result<(), String> {
         let mut out = std::io::stdout().lock();
-        if let (Some(tokenizer), false) = (self.tokenizer, self.ids.is_empty()) {
-            let text = decode(tokenizer, &self.ids)?;
-            self.emit(&mut out, text);
+        if let Streamer::Text(stream) = self {
+            let _ = out.write_all(stream.finish()?.as_bytes());
         }
         let _ = writeln!(out);
         let _ = out.flush();
@@ -291,17 +291,8 @@ impl Streamer<'_> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn generate(
-    model: &Path,
-    prompt: &Prompt,
-    max_tokens: usize,
-    temp: f32,
-    top_p: f32,
-    seed: u64,
-    ignore_eos: bool,
-    implementation: Impl,
-) -> Result<(), String> {
+fn generate(ui: &Ui, args: &GenerateArgs, prompt: &Prompt) -> Result<(), String> {
+    let model = args.model.as_path();
     let tokenizer = load_tokenizer(model)?;
     let ids: Vec<i32> = match prompt {
         Prompt::Ids(ids) => ids.clone(),
@@ -317,9 +308,15 @@ fn generate(
             };
             // add_special_tokens = true: the tokenizer's post-processor
             // decides (for Gemma it prepends <bos>), as mlx-lm and
-            // transformers do for a plain prompt.
+            // transformers do for a plain prompt. With --chat the text is
+            // one user turn in the chat template, which writes the special
+            // tokens itself.
+            let (text, add_special_tokens) = match args.chat {
+                true => (crate::chat::one_user_turn(model, text)?, false),
+                false => (text.clone(), true),
+            };
             let encoding = tokenizer
-                .encode(text.as_str(), true)
+                .encode(text.as_str(), add_special_tokens)
                 .map_err(|e| format!("--prompt: cannot encode the text: {e}"))?;
             let ids: Result<Vec<i32>, _> = encoding
                 .get_ids()
@@ -336,7 +333,7 @@ fn generate(
         Prompt::Ids(_) => "--prompt-ids",
         Prompt::Text(_) => "--prompt (encoded)",
     };
-    let eos = if ignore_eos {
+    let eos = if args.ignore_eos {
         Vec::new()
     } else {
         eos_ids(model)?
@@ -346,12 +343,13 @@ fn generate(
         what,
         eos: &eos,
         tokenizer: tokenizer.as_ref(),
-        max_tokens,
-        temp,
-        top_p,
-        seed,
+        max_tokens: args.max_tokens,
+        temp: args.temp,
+        top_p: args.top_p,
+        seed: args.seed,
+        ui,
     };
-    with_model(model, implementation, task)
+    with_model(ui, model, args.implementation, task)
 }
 
 struct GenerateTask<'a> {
@@ -363,6 +361,7 @@ struct GenerateTask<'a> {
     temp: f32,
     top_p: f32,
     seed: u64,
+    ui: &'a Ui,
 }
 
 impl ModelTask for GenerateTask<'_> {
@@ -378,103 +377,82 @@ impl ModelTask for GenerateTask<'_> {
             temp,
             top_p,
             seed,
+            ui,
         } = self;
         check_ids(what, ids, m.vocab_size())?;
-        let mut cache = m.make_cache();
-        let start = Instant::now();
-        // mlx-lm's generate_step: prefill all but the last prompt token in chunks
-        // of 2048, then feed the last one as the first step.
-        let (head, last) = ids.split_at(ids.len() - 1);
-        for chunk in head.chunks(2048) {
-            let x = Array::from_slice(chunk, &[1, chunk.len() as i32]);
-            mlx(mlx(m.forward(&x, &mut cache))?.eval())?;
-        }
-        let prefill_time = start.elapsed();
-        let mut key = mlx(mlx_rs::random::key(seed))?;
-        let mut token = last[0];
-        let decode_start = Instant::now();
-        let mut produced = 0;
-        let mut stopped = None;
-        let mut streamer = Streamer {
-            tokenizer,
-            ids: Vec::new(),
-            printed: String::new(),
+        let mut streamer = match tokenizer {
+            None => Streamer::Ids,
+            Some(tokenizer) => Streamer::Text(TextStream::new(tokenizer, &[])),
         };
-        let mut step_times = Vec::with_capacity(max_tokens);
-        for _ in 0..max_tokens {
-            let step_start = Instant::now();
-            let x = Array::from_slice(&[token], &[1, 1]);
-            let row = mlx(mlx(m.forward(&x, &mut cache))?.try_index((0, -1)))?;
-            let (k, sub) = mlx(mlx_rs::random::split(&key, 2))?;
-            key = k;
-            token = sample(&row, temp, top_p, &sub)?;
-            // Like mlx-lm, an EOS token ends generation and is not printed.
-            if eos.contains(&token) {
-                stopped = Some(token);
-                break;
-            }
-            step_times.push(step_start.elapsed().as_secs_f64());
-            produced += 1;
+        let sampling = Sampling {
+            max_tokens,
+            temp,
+            top_p,
+            seed,
+        };
+        let done = crate::engine::generate(m, ids, &sampling, eos, |token| {
             streamer.push(token)?;
-        }
+            Ok(Flow::Continue)
+        })?;
         streamer.finish()?;
-        let decode_time = decode_start.elapsed().as_secs_f64();
-        let stop = match stopped {
+        let stop = match done.eos {
             Some(t) => format!("; stopped at EOS id {t}"),
             None => String::new(),
         };
-        // The median step excludes one-off costs (first-use kernel compiles).
-        step_times.sort_by(f64::total_cmp);
-        let median = step_times.get(step_times.len() / 2).copied().unwrap_or(0.0);
-        eprintln!(
-            "archgen: prompt {} tokens in {:.3} s; generated {produced} tokens at {:.1} tokens/s{stop}; median step {:.3} ms ({:.1} tokens/s)",
+        let median = done.median_step_seconds;
+        ui.note(&format!(
+            "prompt {} tokens in {:.3} s; generated {} tokens at {:.1} tokens/s{stop}; median step {:.3} ms ({:.1} tokens/s)",
             ids.len(),
-            prefill_time.as_secs_f64(),
-            produced as f64 / decode_time.max(1e-9),
+            done.prefill_seconds,
+            done.produced,
+            done.produced as f64 / done.decode_seconds.max(1e-9),
             median * 1e3,
             1.0 / median.max(1e-12)
-        );
+        ));
         Ok(())
     }
 }
 
-pub fn run(cmd: Command) -> Result<(), String> {
-    match cmd {
-        Command::Init {
-            spec,
-            out,
-            seed,
-            dtype,
-        } => crate::init::init(&spec, &out, seed, &dtype),
-        Command::Help => {
-            println!("{USAGE}");
+/// Why a command failed: a usage error found after parsing (exit status 2)
+/// or a failure while running (exit status 1).
+#[derive(Debug)]
+pub enum Failure {
+    Usage(clap::Error),
+    Runtime(String),
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Failure::Runtime(message)
+    }
+}
+
+pub fn run(cli: Cli) -> Result<(), Failure> {
+    let ui = Ui::new(cli.quiet);
+    match cli.command {
+        Command::Init(args) => Ok(init(&ui, &args)?),
+        Command::Logits(args) => Ok(logits(&ui, &args)?),
+        Command::Generate(args) => {
+            let prompt = args.prompt().map_err(Failure::Usage)?;
+            Ok(generate(&ui, &args, &prompt)?)
+        }
+        Command::Chat(args) => Ok(crate::chat::chat(&ui, &args)?),
+        Command::Serve(args) => Ok(crate::serve::serve(
+            ui,
+            &args.model,
+            &args.host,
+            args.port,
+            args.implementation,
+        )?),
+        Command::Completions(args) => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            clap_complete::generate(args.shell, &mut cmd, "archgen", &mut std::io::stdout());
             Ok(())
         }
-        Command::Logits {
-            model,
-            prompt_ids,
-            decode_steps,
-            implementation,
-            out,
-        } => logits(&model, &prompt_ids, decode_steps, implementation, &out),
-        Command::Generate {
-            model,
-            prompt,
-            max_tokens,
-            temp,
-            top_p,
-            seed,
-            ignore_eos,
-            implementation,
-        } => generate(
-            &model,
-            &prompt,
-            max_tokens,
-            temp,
-            top_p,
-            seed,
-            ignore_eos,
-            implementation,
-        ),
     }
+}
+
+fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
+    crate::init::init(ui, args)
 }

@@ -17,10 +17,21 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// A clean failure: exit 1, an `archgen: error:` line naming `what`, no panic.
+/// A clean failure while running: exit 1, an `archgen: error:` line naming
+/// `what`, no panic.
 fn assert_clean_error(o: &Output, what: &str) {
+    assert_error_with_status(o, 1, what);
+}
+
+/// A usage error (bad flag value, missing or conflicting flags): exit 2,
+/// an `archgen: error:` line naming `what`, no panic.
+fn assert_usage_error(o: &Output, what: &str) {
+    assert_error_with_status(o, 2, what);
+}
+
+fn assert_error_with_status(o: &Output, status: i32, what: &str) {
     let e = stderr(o);
-    assert_eq!(o.status.code(), Some(1), "stderr: {e}");
+    assert_eq!(o.status.code(), Some(status), "stderr: {e}");
     assert!(e.contains("archgen: error:"), "stderr: {e}");
     assert!(e.contains(what), "expected '{what}' in: {e}");
     assert!(!e.contains("panicked"), "panic: {e}");
@@ -62,6 +73,21 @@ fn runs_a_tiny_checkpoint_and_rejects_bad_input() {
         6
     );
     assert!(stderr(&o).contains("tokens/s"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains('\r'), "no progress bar on a pipe");
+    // -q: the same tokens, nothing on stderr.
+    let q = archgen(&[
+        "generate",
+        "--model",
+        &model,
+        "--prompt-ids",
+        "2,5,9",
+        "--max-tokens",
+        "6",
+        "-q",
+    ]);
+    assert!(q.status.success(), "{}", stderr(&q));
+    assert_eq!(q.stdout, o.stdout);
+    assert_eq!(stderr(&q), "");
     let sampled = |seed: &str| {
         let o = archgen(&[
             "generate",
@@ -108,14 +134,14 @@ fn runs_a_tiny_checkpoint_and_rejects_bad_input() {
         v.extend_from_slice(extra);
         archgen(&v)
     };
-    assert_clean_error(&base(&["--prompt-ids", "1,x,3"]), "item 2 ('x')");
+    assert_usage_error(&base(&["--prompt-ids", "1,x,3"]), "item 2 ('x')");
     assert_clean_error(
         &base(&["--prompt-ids", "1,99999"]),
         "out of the vocabulary (size 512)",
     );
-    assert_clean_error(
+    assert_usage_error(
         &base(&["--prompt-ids", "1", "--impl", "fast"]),
-        "'fast' is not one of",
+        "invalid value 'fast' for '--impl <IMPL>'",
     );
     assert_clean_error(
         &base(&["--prompt-ids", "1", "--impl", "generated"]),
@@ -232,11 +258,11 @@ fn text_prompts_stream_text_and_stop_at_eos() {
     let o = gen(&model, &["--prompt", "w5 w9"]);
     assert_clean_error(&o, "tokenizer.json");
     assert_clean_error(&o, "--prompt-ids");
-    assert_clean_error(
+    assert_usage_error(
         &gen(&model, &["--prompt", "w5", "--prompt-ids", "2,5"]),
         "not both",
     );
-    assert_clean_error(&gen(&model, &[]), "give --prompt TEXT or --prompt-ids");
+    assert_usage_error(&gen(&model, &[]), "give --prompt TEXT or --prompt-ids");
     let o = gen(&model, &["--prompt-ids", "2,5,9", "--ignore-eos"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let ids: Vec<u32> = stdout(&o)
@@ -346,6 +372,23 @@ fn init_writes_a_checkpoint_every_implementation_runs() {
             "9",
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
+        // stderr is a pipe here: no progress bar, just the one note.
+        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+        assert!(!stderr(&o).contains('\r'), "{}", stderr(&o));
+        // --quiet: not even the note.
+        if spec == "gemma4-e2b-tiny" {
+            let quiet = root.path().join("quiet");
+            let o = archgen(&[
+                "init",
+                "--spec",
+                repo.join(format!("specs/{spec}.yaml")).to_str().unwrap(),
+                "--out",
+                quiet.to_str().unwrap(),
+                "--quiet",
+            ]);
+            assert!(o.status.success(), "{}", stderr(&o));
+            assert_eq!(stderr(&o), "");
+        }
         let mut outs = Vec::new();
         for imp in ["generated", "monolith"] {
             let out = root.path().join(format!("{spec}-{imp}.safetensors"));
@@ -388,5 +431,58 @@ fn init_writes_a_checkpoint_every_implementation_runs() {
             assert_eq!(bytes(&g), bytes(&m), "{spec} {k}: generated != monolith");
             assert_eq!(bytes(&m), bytes(&r), "{spec} {k}: monolith != mlx-lm");
         }
+    }
+}
+
+/// The progress path of the loader (what a terminal gets): reports rise to the
+/// weight files' size, and the tensors hold the same bytes as the lazy load.
+#[test]
+fn loading_with_progress_reports_bytes_and_reads_the_same_tensors() {
+    use archgen_runtime::weights::{read_checkpoint, read_checkpoint_with_progress};
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_model(root.path());
+    let dir = Path::new(&model);
+    let files: u64 = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with("model") && n.ends_with(".safetensors")
+        })
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    let mut reports = Vec::new();
+    let mut record = |done: u64, total: u64| reports.push((done, total));
+    let eager = read_checkpoint_with_progress(dir, Some(&mut record)).unwrap();
+    assert!(reports.len() > 1, "{reports:?}");
+    assert!(reports.windows(2).all(|w| w[0].0 <= w[1].0), "{reports:?}");
+    assert!(reports.iter().all(|&(d, t)| t == files && d <= t));
+    assert_eq!(reports.last(), Some(&(files, files)));
+    // The scoped hook the CLI uses: the same reports through read_checkpoint,
+    // and none once the scope ends.
+    let hooked = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let sink = hooked.clone();
+    let via_hook = archgen_runtime::weights::with_load_progress(
+        Box::new(move |done, total| sink.borrow_mut().push((done, total))),
+        || read_checkpoint(dir).unwrap(),
+    );
+    // (Tensors come in hash order, so only the count and the end compare.)
+    assert_eq!(hooked.borrow().len(), reports.len());
+    assert_eq!(hooked.borrow().last(), reports.last());
+    assert_eq!(via_hook.tensors.len(), eager.tensors.len());
+    let lazy = read_checkpoint(dir).unwrap();
+    assert_eq!(
+        hooked.borrow().len(),
+        reports.len(),
+        "the hook outlived its scope"
+    );
+    assert_eq!(eager.tensors.len(), lazy.tensors.len());
+    for (name, a) in &lazy.tensors {
+        let bytes = archgen_runtime::bytes::array_bytes;
+        assert_eq!(
+            bytes(a).unwrap(),
+            bytes(&eager.tensors[name]).unwrap(),
+            "{name}"
+        );
     }
 }

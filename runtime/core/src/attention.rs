@@ -193,3 +193,67 @@ pub fn quantized_sdpa(
         Ok(out)
     }
 }
+
+/// gemma2's query scale, `1.0 / (query_pre_attn_scalar**0.5)` computed in
+/// f64 as Python does (a divide of a `pow`, not `pow(x, -0.5)`); it meets
+/// the queries as a weak scalar in [`softcapped_attention`].
+pub fn query_pre_attn_scale(query_pre_attn_scalar: f64) -> f64 {
+    1.0 / query_pre_attn_scalar.powf(0.5)
+}
+
+/// gemma2's hand-written attention (`gemma2.py` `Attention.__call__` after
+/// RoPE and the cache), op for op: `queries * scale` (weak scalar), grouped
+/// heads by reshaping the queries to [B, KV, rep, L, D] against
+/// `expand_dims(k/v, 2)`, `scores = q @ k^T`, `tanh(scores / cap)`, `* cap`
+/// (eager, weak scalars), a bool mask through
+/// `where(mask, scores, finfo(dtype).min)` or any other mask added,
+/// `softmax(precise=True)`, `@ v`, reshaped back to [B, H, L, D].
+/// `q` is [B, H, L, D], `k` and `v` [B, KV, S, D].
+///
+/// mlx-lm always hands this attention an array mask or none (its
+/// `create_attention_mask(..., return_array=True)`); [`Mask::Causal`] is an
+/// error, as the string would be in mlx-lm.
+pub fn softcapped_attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f64,
+    softcap: f64,
+    mask: &Mask,
+) -> Result<Array> {
+    let s = q.shape();
+    let (b, n_heads, l, d) = (s[0], s[1], s[2], s[3]);
+    let n_kv_heads = k.shape()[1];
+    let repeats = n_heads / n_kv_heads;
+    let mut queries = q.multiply(scalar_like(scale, q))?;
+    let (keys, values) = if repeats > 1 {
+        queries = queries.reshape(&[b, n_kv_heads, repeats, l, d])?;
+        (k.expand_dims(2)?, v.expand_dims(2)?)
+    } else {
+        (k.clone(), v.clone())
+    };
+    let scores = queries.matmul(keys.swap_axes(-1, -2)?)?;
+    let cap = scalar_like(softcap, &scores);
+    let mut scores = mlx_rs::ops::tanh(scores.divide(&cap)?)?.multiply(&cap)?;
+    match mask {
+        Mask::None => {}
+        Mask::Causal => {
+            return Err(mlx_rs::error::Exception::custom(
+                "softcapped_attention: the mask must be an array (mlx-lm's gemma2 builds it with \
+                 return_array=True), not \"causal\"",
+            ))
+        }
+        Mask::Array(m) if m.dtype() == mlx_rs::Dtype::Bool => {
+            let min = scalar_like(finfo_min(scores.dtype()), &scores);
+            scores = mlx_rs::ops::select(m, &scores, &min)?;
+        }
+        Mask::Array(m) => scores = scores.add(m)?,
+    }
+    let scores = mlx_rs::ops::softmax_axis(&scores, -1, true)?;
+    let out = scores.matmul(&values)?;
+    if repeats > 1 {
+        out.reshape(&[b, n_heads, l, d])
+    } else {
+        Ok(out)
+    }
+}

@@ -147,9 +147,10 @@ impl FusedQkv {
     /// Stacks the layer's projections and points `attn.q_proj`,
     /// `kv.k_proj` and `kv.v_proj` at views of the stacked buffer, so the
     /// weights are not held twice (the eager path reads the same numbers
-    /// from the views). `None` when the projections' quantization or the
-    /// dtypes of weights and norms differ, and off the CPU, where the decode
-    /// path is not taken (see [`enabled`]) and the weights stay as loaded.
+    /// from the views). `None` when a projection has a bias, when the
+    /// projections' quantization or the dtypes of weights and norms differ,
+    /// and off the CPU, where the decode path is not taken (see [`enabled`])
+    /// and the weights stay as loaded.
     pub fn new(attn: &mut AttentionWeights, kv: &mut KvWeights, s: AttentionShape) -> Option<Self> {
         if !on_cpu() {
             return None;
@@ -172,6 +173,8 @@ impl FusedQkv {
             .iter()
             .any(|l| quant(l) != quant(parts[0]) || value_dtype(l) != dtype)
             || k_norm.dtype() != dtype
+            // The stacked buffer carries no biases (qwen2's q/k/v have them).
+            || parts.iter().any(|l| l.bias.is_some())
         {
             return None;
         }
@@ -205,6 +208,7 @@ impl FusedQkv {
             weight,
             quant: q,
             weight_t: None,
+            bias: None,
         };
         // The separate projections become row views of the stacked buffers.
         let view = |from: i32, to: i32| -> Option<Linear> {
@@ -225,6 +229,7 @@ impl FusedQkv {
                     }),
                 },
                 weight_t: None,
+                bias: None,
             };
             l.pretranspose();
             Some(l)
@@ -637,6 +642,7 @@ impl Flat for Linear {
             }
         }
         put_quant(&self.quant, p);
+        self.bias.put(p);
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
         let (weight, weight_t) = match &self.weight_t {
@@ -647,6 +653,7 @@ impl Flat for Linear {
             weight,
             quant: take_quant(&self.quant, it),
             weight_t,
+            bias: self.bias.take(it),
         }
     }
 }
@@ -679,6 +686,7 @@ impl Flat for AttentionWeights {
                 weight: placeholder(),
                 quant: None,
                 weight_t: None,
+                bias: None,
             },
             q_norm: self.q_norm.take(it),
             kv: None,

@@ -15,7 +15,7 @@ pub struct Quantized {
     pub bits: i32,
 }
 
-/// `nn.Linear` (no bias) or `nn.QuantizedLinear`.
+/// `nn.Linear` or `nn.QuantizedLinear`, with or without a bias.
 #[derive(Debug, Clone)]
 pub struct Linear {
     pub weight: Array,
@@ -24,6 +24,9 @@ pub struct Linear {
     /// set by [`Linear::pretranspose`]: the matmul then reads the same
     /// strides without a Transpose node per call. Generated models only.
     pub weight_t: Option<Array>,
+    /// The `[out]` bias (never quantized), applied as mlx nn applies it:
+    /// see [`Linear::forward`].
+    pub bias: Option<Array>,
 }
 
 /// `x @ W.T`, or the transposed `quantized_matmul` of a packed weight.
@@ -52,10 +55,26 @@ fn evaluated_t(weight: &Array, quant: Option<&Quantized>) -> Option<Array> {
 }
 
 impl Linear {
+    /// `x @ W.T` (or the quantized matmul); with a bias, see [`Linear::forward_biased`].
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        if let Some(bias) = &self.bias {
+            return self.forward_biased(x, bias);
+        }
         match &self.weight_t {
             Some(t) => x.matmul(t),
             None => matmul_t(x, &self.weight, self.quant.as_ref()),
+        }
+    }
+
+    /// mlx nn's biased forms, op for op: `nn.Linear` runs one
+    /// `addmm(bias, x, W.T)` (in bf16 not bit-equal to `x @ W.T + bias`:
+    /// the product is not rounded before the add), `nn.QuantizedLinear` runs
+    /// `quantized_matmul(...)` and then `+ bias`.
+    fn forward_biased(&self, x: &Array, bias: &Array) -> Result<Array> {
+        match (&self.quant, &self.weight_t) {
+            (None, Some(t)) => mlx_rs::ops::addmm(bias, x, t, None, None),
+            (None, None) => mlx_rs::ops::addmm(bias, x, self.weight.t(), None, None),
+            (Some(q), _) => matmul_t(x, &self.weight, Some(q))?.add(bias),
         }
     }
 

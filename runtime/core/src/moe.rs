@@ -1,12 +1,14 @@
-//! Gemma-4's MoE block as mlx-lm runs it: router (norm -> scale -> project ->
-//! argpartition top-k -> softmax over the k -> per-expert scale) and SwitchGLU
+//! The MoE blocks as mlx-lm runs them: Gemma-4's router (norm -> scale ->
+//! project -> argpartition top-k -> softmax over the k -> per-expert scale),
+//! qwen3_moe's (project -> precise softmax over all experts -> argpartition
+//! top-k of the probabilities -> optional renormalization), and SwitchGLU
 //! experts with gather matmuls, sorting tokens by expert when B*L*k >= 64.
 
 use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::Array;
 
 use crate::layers::{Linear, SwitchLinear};
-use crate::ops::{geglu, rms_norm, scalar_like, Result};
+use crate::ops::{geglu, rms_norm, scalar_like, swiglu, Result};
 
 #[derive(Debug, Clone)]
 pub struct Router {
@@ -42,7 +44,25 @@ pub struct SwitchGlu {
 }
 
 impl SwitchGlu {
+    /// Gemma-4's experts: the activation is the compiled `geglu`.
     pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        self.forward_with(x, indices, geglu)
+    }
+
+    /// mlx-lm's default `SwitchGLU` activation, `SwiGLU`: the compiled
+    /// `swiglu(gate, up)` (qwen3_moe's experts).
+    pub fn forward_swiglu(&self, x: &Array, indices: &Array) -> Result<Array> {
+        self.forward_with(x, indices, swiglu)
+    }
+
+    /// `SwitchGLU.__call__` with `activation(x_up, x_gate)` calling
+    /// `act(x_gate, x_up)`.
+    fn forward_with(
+        &self,
+        x: &Array,
+        indices: &Array,
+        act: impl Fn(&Array, &Array) -> Result<Array>,
+    ) -> Result<Array> {
         let x = x.expand_dims_axes(&[-2, -3])?;
         let indices = mlx_rs::stop_gradient(indices)?;
         let do_sort = indices.size() >= 64;
@@ -62,7 +82,7 @@ impl SwitchGlu {
         let x_gate = self.gate_proj.forward(&x, &idx, do_sort)?;
         let mut y = self
             .down_proj
-            .forward(&geglu(&x_gate, &x_up)?, &idx, do_sort)?;
+            .forward(&act(&x_gate, &x_up)?, &idx, do_sort)?;
         if let Some(inv) = inv_order {
             // _scatter_unsort
             y = mlx_rs::ops::unflatten(y.try_index(&inv)?, 0, indices.shape())?;
@@ -76,4 +96,52 @@ pub fn experts(glu: &SwitchGlu, x: &Array, idx: &Array, w: &Array) -> Result<Arr
     let w = w.expand_dims(-1)?;
     let y = glu.forward(x, idx)?;
     w.multiply(&y)?.sum_axis(-2, None)
+}
+
+/// Whether qwen3_moe's router renormalizes the chosen probabilities
+/// (`norm_topk_prob`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopKProbs {
+    /// `scores /= sum(scores, -1, keepdims=True)`.
+    Renormalized,
+    /// The softmax probabilities as taken.
+    AsTaken,
+}
+
+/// qwen3_moe's router (`Qwen3MoeSparseMoeBlock.__call__`): `gates = gate(x)`,
+/// `softmax(gates, precise=True)` over every expert (in the activation
+/// dtype), `argpartition(gates, -k)[..., -k:]` on the probabilities,
+/// `take_along_axis`, then the optional renormalization.
+#[derive(Debug, Clone)]
+pub struct SoftmaxTopKRouter {
+    pub gate: Linear,
+    pub top_k: i32,
+    pub probs: TopKProbs,
+}
+
+impl SoftmaxTopKRouter {
+    /// Returns (top-k indices, their weights), in argpartition's order.
+    pub fn route(&self, x: &Array) -> Result<(Array, Array)> {
+        let gates = mlx_rs::ops::softmax_axis(&self.gate.forward(x)?, -1, true)?;
+        let k = self.top_k;
+        let idx = mlx_rs::ops::argpartition_axis(&gates, -k, -1)?;
+        let idx = mlx_rs::stop_gradient(idx.try_index((Ellipsis, -k..))?)?;
+        let scores = mlx_rs::ops::indexing::take_along_axis(&gates, &idx, -1)?;
+        let scores = match self.probs {
+            TopKProbs::Renormalized => scores.divide(scores.sum_axis(-1, true)?)?,
+            TopKProbs::AsTaken => scores,
+        };
+        Ok((idx, scores))
+    }
+}
+
+/// qwen3_moe's sparse MoE block: route, SwiGLU experts, then
+/// `(y * scores[..., None]).sum(-2).astype(y.dtype)`.
+pub fn softmax_topk_moe(router: &SoftmaxTopKRouter, glu: &SwitchGlu, x: &Array) -> Result<Array> {
+    let (idx, scores) = router.route(x)?;
+    let y = glu.forward_swiglu(x, &idx)?;
+    let dtype = y.dtype();
+    y.multiply(scores.expand_dims(-1)?)?
+        .sum_axis(-2, None)?
+        .as_dtype(dtype)
 }

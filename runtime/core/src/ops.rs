@@ -248,3 +248,47 @@ thread_local! {
 pub fn gelu_approx_compiled(x: &Array) -> Result<Array> {
     GELU.with(|f| (f.borrow_mut())(x))
 }
+
+/// `x * c` for a Python float `c`: a weak scalar, rounded to `x`'s dtype
+/// ([`scalar_like`]). gemma2's `h * (hidden_size**0.5)`, minicpm's
+/// `embed * scale_emb` and `r * (scale_depth / num_hidden_layers**0.5)`;
+/// the caller computes `c` in f64 as Python does.
+pub fn multiply_weak(x: &Array, c: f64) -> Result<Array> {
+    x.multiply(scalar_like(c, x))
+}
+
+/// `x / c` for a Python float `c` (a divide, not a multiply by `1 / c`:
+/// different bits). minicpm's `out / (hidden_size / dim_model_base)`.
+pub fn divide_weak(x: &Array, c: f64) -> Result<Array> {
+    x.divide(scalar_like(c, x))
+}
+
+/// `tanh(x / cap) * cap`, run eagerly (gemma2's final logit softcap and its
+/// score softcap), with `cap` a Python float: not [`logit_softcap`], which
+/// mlx-lm compiles for Gemma-4.
+pub fn softcap_eager(x: &Array, cap: f64) -> Result<Array> {
+    let c = scalar_like(cap, x);
+    mlx_rs::ops::tanh(x.divide(&c)?)?.multiply(&c)
+}
+
+/// gemma2's `RMSNorm`: `mx.fast.rms_norm(x, 1.0 + weight, eps)`. The `1.0`
+/// is a weak scalar, so the sum is rounded to the weight's dtype before the
+/// norm; mlx-lm recomputes it on every call (so does this: one add).
+pub fn rms_norm_one_plus(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
+    let w = scalar_like(1.0, weight).add(weight)?;
+    rms_norm(x, Some(&w), eps)
+}
+
+/// `down(nn.gelu_approx(gate(x)) * up(x))` as gemma2's MLP computes it on
+/// the projections' outputs: `gelu_approx` compiled (shapeless) by mlx nn,
+/// the multiply eager (unlike Gemma-4's compiled `geglu`).
+pub fn gelu_approx_times(gate: &Array, up: &Array) -> Result<Array> {
+    gelu_approx_compiled(gate)?.multiply(up)
+}
+
+/// minicpm's residual: `x + r * (scale_depth / num_hidden_layers**0.5)`, the
+/// factor a Python float computed in f64 first, then a weak scalar.
+pub fn scaled_residual(x: &Array, r: &Array, scale_depth: f64, num_layers: usize) -> Result<Array> {
+    let factor = scale_depth / (num_layers as f64).powf(0.5);
+    x.add(multiply_weak(r, factor)?)
+}

@@ -38,8 +38,54 @@ pub struct Checkpoint {
     pub tensors: HashMap<String, Array>,
 }
 
-/// Reads config.json and all weight files of `dir`.
+/// A load-progress callback: `(bytes read, bytes in all)`.
+pub type LoadProgress = Box<dyn FnMut(u64, u64)>;
+
+thread_local! {
+    /// The callback [`with_load_progress`] installs for loads on this thread.
+    static LOAD_PROGRESS: std::cell::RefCell<Option<LoadProgress>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with `progress` installed for this thread: every
+/// [`read_checkpoint`] inside it behaves as [`read_checkpoint_with_progress`]
+/// with that callback. A scoped hook rather than a parameter, so that the
+/// loaders between the CLI and this function (the monolith's `read_dir`)
+/// keep their signatures.
+pub fn with_load_progress<R>(progress: LoadProgress, f: impl FnOnce() -> R) -> R {
+    /// Uninstalls the callback however `f` ends.
+    struct Uninstall;
+    impl Drop for Uninstall {
+        fn drop(&mut self) {
+            LOAD_PROGRESS.with_borrow_mut(|p| *p = None);
+        }
+    }
+    LOAD_PROGRESS.with_borrow_mut(|p| *p = Some(progress));
+    let _uninstall = Uninstall;
+    f()
+}
+
+/// Reads config.json and all weight files of `dir`. The tensors stay lazy
+/// (MLX reads their data when they are first evaluated), unless a
+/// [`with_load_progress`] callback is installed on this thread.
 pub fn read_checkpoint(dir: &Path) -> Result<Checkpoint, LoadError> {
+    let mut installed = LOAD_PROGRESS.with_borrow_mut(Option::take);
+    let result = match installed.as_mut() {
+        Some(progress) => read_checkpoint_with_progress(dir, Some(progress.as_mut())),
+        None => read_checkpoint_with_progress(dir, None),
+    };
+    LOAD_PROGRESS.with_borrow_mut(|p| *p = installed);
+    result
+}
+
+/// [`read_checkpoint`], and with `progress` it reads every tensor's data now
+/// (evaluating it) and reports `(bytes read, bytes in all)` after each one;
+/// the total is the weight files' size, reached when the last file is done.
+/// The bytes are the same either way; only when they are read moves.
+pub fn read_checkpoint_with_progress(
+    dir: &Path,
+    mut progress: Option<&mut dyn FnMut(u64, u64)>,
+) -> Result<Checkpoint, LoadError> {
     if !dir.is_dir() {
         return err(format!(
             "{}: not a directory; pass a model directory holding config.json and *.safetensors",
@@ -58,9 +104,15 @@ pub fn read_checkpoint(dir: &Path) -> Result<Checkpoint, LoadError> {
         ))
     })?;
     let files = weight_files(dir)?;
+    let sizes: Vec<u64> = files
+        .iter()
+        .map(|f| std::fs::metadata(f).map_or(0, |m| m.len()))
+        .collect();
+    let total: u64 = sizes.iter().sum();
+    let mut files_done = 0u64;
     let mut tensors = HashMap::new();
     for (i, file) in files.iter().enumerate() {
-        if files.len() > 1 {
+        if files.len() > 1 && progress.is_none() {
             eprintln!(
                 "archgen: loading {} ({}/{})",
                 file.file_name().unwrap_or_default().to_string_lossy(),
@@ -71,13 +123,28 @@ pub fn read_checkpoint(dir: &Path) -> Result<Checkpoint, LoadError> {
         check_safetensors_header(file)?;
         let loaded = Array::load_safetensors(file)
             .or_else(|e| err(format!("{}: cannot load safetensors: {e}", file.display())))?;
+        let mut file_done = 0u64;
         for (name, array) in loaded {
+            if let Some(report) = progress.as_mut() {
+                array.eval().or_else(|e| {
+                    err(format!(
+                        "{}: cannot read tensor '{name}': {e}",
+                        file.display()
+                    ))
+                })?;
+                file_done += array.nbytes() as u64;
+                report((files_done + file_done).min(total), total);
+            }
             if tensors.insert(name.clone(), array).is_some() {
                 return err(format!(
                     "{}: tensor '{name}' also appears in another weight file",
                     file.display()
                 ));
             }
+        }
+        files_done += sizes[i];
+        if let Some(report) = progress.as_mut() {
+            report(files_done, total);
         }
     }
     Ok(Checkpoint {
@@ -490,7 +557,16 @@ impl Weights {
             weight,
             quant,
             weight_t: None,
+            bias: None,
         }
+    }
+
+    /// A linear layer [out, in] with its `[out]` bias (`{path}.bias`, never
+    /// quantized): qwen2's q/k/v projections.
+    pub fn linear_with_bias(&mut self, path: &str, out: i32, in_dims: i32) -> Linear {
+        let mut linear = self.linear(path, out, in_dims);
+        linear.bias = Some(self.param(&format!("{path}.bias"), &[out]));
+        linear
     }
 
     /// An embedding table [rows, dims] (dense or quantized).

@@ -1,0 +1,337 @@
+//! One generation as `archgen chat` and `archgen serve` run it: the same
+//! prefill, sampling and key schedule as `archgen generate` (run.rs), so a
+//! prompt, seed and temperature give the same tokens through every command;
+//! plus text streaming with stop strings.
+
+use std::path::Path;
+use std::time::Instant;
+
+use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
+use archgen_runtime::mlx_rs::{self, Array};
+use archgen_runtime::model::CausalLm;
+use tokenizers::Tokenizer;
+
+use crate::run::{check_ids, decode, mlx, sample, token_value};
+
+/// How tokens are drawn.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    pub max_tokens: usize,
+    /// 0 is greedy (argmax).
+    pub temp: f32,
+    /// The nucleus mass kept, in (0, 1].
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+/// What a consumer of tokens wants next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// Stop here (a stop string matched, or nobody listens any more).
+    Stop,
+}
+
+/// Why a generation ended, as OpenAI's `finish_reason` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// An EOS token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// What one generation did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Generated {
+    /// Tokens passed to `on_token`.
+    pub produced: usize,
+    pub finish: Finish,
+    /// The EOS id that ended the generation, if one did.
+    pub eos: Option<i32>,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    /// The median interval between two tokens becoming available (one step
+    /// of the pipelined loop; it leaves out one-off costs such as first-use
+    /// kernel compiles); 0 when no token was produced.
+    pub median_step_seconds: f64,
+}
+
+/// The one decode loop of `archgen generate`, `chat` and `serve`: tokens are
+/// passed to `on_token` as they come. mlx-lm's `generate_step`: prefill all
+/// but the last prompt token in chunks of 2048, then feed the last as the
+/// first step; a fresh `random::key(seed)` split once per step. The token
+/// stays a lazy array fed to the next forward, and step n+1 is built and
+/// queued (`async_eval`) before step n's token is read, so building the graph
+/// on the host overlaps the device running the previous step. The values are
+/// those of the one-step-at-a-time loop; after an EOS or a `Flow::Stop` the
+/// step already queued behind it runs too, and its result is dropped. An EOS
+/// token ends generation and is not passed on.
+pub fn generate<M: CausalLm>(
+    m: &M,
+    prompt: &[i32],
+    sampling: &Sampling,
+    eos: &[i32],
+    mut on_token: impl FnMut(i32) -> Result<Flow, String>,
+) -> Result<Generated, String> {
+    check_ids("prompt", prompt, m.vocab_size())?;
+    let Some((&last, head)) = prompt.split_last() else {
+        return Err("the prompt has no tokens".into());
+    };
+    let mut cache = m.make_cache();
+    let start = Instant::now();
+    for chunk in head.chunks(2048) {
+        let x = Array::from_slice(chunk, &[1, chunk.len() as i32]);
+        mlx(mlx(m.forward(&x, &mut cache))?.eval())?;
+    }
+    let prefill_seconds = start.elapsed().as_secs_f64();
+    let mut key = mlx(mlx_rs::random::key(sampling.seed))?;
+    let max_tokens = sampling.max_tokens;
+    let decode_start = Instant::now();
+    // One step: forward of `input` (a lazy [1, 1] token), sampled lazily,
+    // queued with async_eval. Nothing here waits for the device.
+    let mut step = |input: &Array| -> Result<Array, String> {
+        let row = mlx(mlx(m.forward(input, &mut cache))?.try_index((0, -1)))?;
+        let (k, sub) = mlx(mlx_rs::random::split(&key, 2))?;
+        key = k;
+        let token = sample(&row, sampling.temp, sampling.top_p, &sub)?;
+        mlx(mlx_rs::transforms::async_eval([&token]))?;
+        Ok(token)
+    };
+    let mut pending = match max_tokens {
+        0 => None,
+        _ => Some(step(&Array::from_slice(&[last], &[1, 1]))?),
+    };
+    let mut step_times = Vec::with_capacity(max_tokens);
+    let mut since = Instant::now();
+    let mut produced = 0;
+    let mut ended = (Finish::Length, None);
+    for n in 0..max_tokens {
+        let Some(current) = pending.take() else { break };
+        if n + 1 < max_tokens {
+            pending = Some(step(&current)?);
+        }
+        let token = token_value(&current)?;
+        if eos.contains(&token) {
+            ended = (Finish::Stop, Some(token));
+            break;
+        }
+        step_times.push(since.elapsed().as_secs_f64());
+        since = Instant::now();
+        produced += 1;
+        if on_token(token)? == Flow::Stop {
+            ended = (Finish::Stop, None);
+            break;
+        }
+    }
+    let decode_seconds = decode_start.elapsed().as_secs_f64();
+    step_times.sort_by(f64::total_cmp);
+    Ok(Generated {
+        produced,
+        finish: ended.0,
+        eos: ended.1,
+        prefill_seconds,
+        decode_seconds,
+        median_step_seconds: step_times.get(step_times.len() / 2).copied().unwrap_or(0.0),
+    })
+}
+
+/// `max_position_embeddings` from config.json (top level or text_config).
+pub fn context_length(model: &Path) -> Result<Option<usize>, String> {
+    let file = model.join("config.json");
+    let text = std::fs::read_to_string(&file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "{}:{}:{}: invalid JSON: {e}",
+            file.display(),
+            e.line(),
+            e.column()
+        )
+    })?;
+    let value = json.get("max_position_embeddings").or_else(|| {
+        json.get("text_config")
+            .and_then(|t| t.get("max_position_embeddings"))
+    });
+    Ok(value.and_then(|v| v.as_u64()).map(|n| n as usize))
+}
+
+/// Generated tokens turned into text as they come, cut at the first stop
+/// string (which is not part of the text).
+///
+/// Each step decodes the whole generated id list and hands out only what is
+/// new, so a character split over byte-level tokens comes out whole: text
+/// ending in U+FFFD (an incomplete UTF-8 sequence) is held back, and so is a
+/// tail that could be the start of a stop string.
+pub struct TextStream<'a> {
+    tokenizer: &'a Tokenizer,
+    stops: &'a [String],
+    ids: Vec<u32>,
+    /// Bytes of the decoded text handed out so far.
+    sent: usize,
+    stopped: bool,
+}
+
+impl<'a> TextStream<'a> {
+    pub fn new(tokenizer: &'a Tokenizer, stops: &'a [String]) -> Self {
+        TextStream {
+            tokenizer,
+            stops,
+            ids: Vec::new(),
+            sent: 0,
+            stopped: false,
+        }
+    }
+
+    /// Adds a token; returns the new text and whether a stop string ended it.
+    pub fn push(&mut self, token: i32) -> Result<(String, Flow), String> {
+        if self.stopped {
+            return Ok((String::new(), Flow::Stop));
+        }
+        self.ids.push(token as u32);
+        let text = decode(self.tokenizer, &self.ids)?;
+        if text.ends_with('\u{FFFD}') {
+            return Ok((String::new(), Flow::Continue));
+        }
+        Ok(self.advance(&text, false))
+    }
+
+    /// The text held back at the end (an incomplete character or a partial
+    /// stop string that never completed).
+    pub fn finish(&mut self) -> Result<String, String> {
+        if self.stopped || self.ids.is_empty() {
+            return Ok(String::new());
+        }
+        let text = decode(self.tokenizer, &self.ids)?;
+        Ok(self.advance(&text, true).0)
+    }
+
+    fn advance(&mut self, text: &str, last: bool) -> (String, Flow) {
+        // A decoder that rewrote text already handed out (rare): what was
+        // sent stays, and only text past it counts.
+        let start = if text.is_char_boundary(self.sent.min(text.len())) {
+            self.sent.min(text.len())
+        } else {
+            return (String::new(), Flow::Continue);
+        };
+        let earliest_stop = self
+            .stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| find_from(text, s, start))
+            .min();
+        if let Some(at) = earliest_stop {
+            self.stopped = true;
+            let delta = text
+                .get(start..at.max(start))
+                .unwrap_or_default()
+                .to_string();
+            self.sent = at.max(start);
+            return (delta, Flow::Stop);
+        }
+        let end = if last {
+            text.len()
+        } else {
+            text.len() - self.partial_stop_len(text, start)
+        };
+        let delta = text[start..end].to_string();
+        self.sent = end;
+        (delta, Flow::Continue)
+    }
+
+    /// The length of the longest tail of `text[start..]` that is a proper
+    /// prefix of a stop string (held back until the next token decides).
+    fn partial_stop_len(&self, text: &str, start: usize) -> usize {
+        let tail = &text[start..];
+        self.stops
+            .iter()
+            .flat_map(|stop| {
+                (1..stop.len().min(tail.len() + 1))
+                    .filter(|&n| stop.is_char_boundary(n) && tail.ends_with(&stop[..n]))
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The first occurrence of `needle` that ends after byte `from` (a stop
+/// string may begin in text already handed out only if it ends in new text;
+/// text handed out never contains a whole stop string).
+fn find_from(text: &str, needle: &str, from: usize) -> Option<usize> {
+    let mut search = from.saturating_sub(needle.len().saturating_sub(1));
+    while !text.is_char_boundary(search) {
+        search -= 1;
+    }
+    text[search..].find(needle).map(|i| search + i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenizers::models::wordlevel::WordLevel;
+
+    /// A tokenizer whose tokens decode to their names joined by spaces.
+    fn words() -> Tokenizer {
+        let vocab = ["<unk>", "a", "b", "STOP", "c"]
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.to_string(), i as u32))
+            .collect();
+        let model = WordLevel::builder()
+            .vocab(vocab)
+            .unk_token("<unk>".into())
+            .build()
+            .unwrap();
+        Tokenizer::new(model)
+    }
+
+    fn run(tokens: &[i32], stops: &[&str]) -> (Vec<String>, Flow) {
+        let tokenizer = words();
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let mut stream = TextStream::new(&tokenizer, &stops);
+        let mut deltas = Vec::new();
+        for &t in tokens {
+            let (delta, flow) = stream.push(t).unwrap();
+            deltas.push(delta);
+            if flow == Flow::Stop {
+                return (deltas, Flow::Stop);
+            }
+        }
+        deltas.push(stream.finish().unwrap());
+        (deltas, Flow::Continue)
+    }
+
+    #[test]
+    fn stop_strings_cut_the_text_and_partial_ones_are_held_back() {
+        // No stop: every token's text comes out as it comes.
+        assert_eq!(
+            run(&[1, 2, 4], &[]),
+            (
+                vec!["a".into(), " b".into(), " c".into(), "".into()],
+                Flow::Continue
+            )
+        );
+        // "b S" is a prefix of "b STOP": " b" is held until STOP completes it.
+        let (deltas, flow) = run(&[1, 2, 3, 4], &["b STOP"]);
+        assert_eq!(flow, Flow::Stop);
+        assert_eq!(deltas.concat(), "a ");
+        // A stop string that starts in a token's middle.
+        let (deltas, flow) = run(&[1, 3, 4], &["OP c"]);
+        assert_eq!((deltas.concat().as_str(), flow), ("a ST", Flow::Stop));
+        // A held-back partial match that never completes is released.
+        let (deltas, flow) = run(&[1, 2], &["b STOP"]);
+        assert_eq!((deltas.concat().as_str(), flow), ("a b", Flow::Continue));
+        // The earliest of several stops wins.
+        let (deltas, _) = run(&[1, 2, 4, 3], &["STOP", "b"]);
+        assert_eq!(deltas.concat(), "a ");
+    }
+}

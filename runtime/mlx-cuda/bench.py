@@ -1,0 +1,204 @@
+"""GPU benchmark: archgen generated, archgen monolith and mlx-lm 0.32.2, all on
+MLX's CUDA backend, alternating round by round in one call.
+
+Runs on the GPU machine through runtime/mlx-cuda/parity.sh (`bench` step),
+which sets up the wheels and the binaries. Per spec:
+  * `archgen init --spec specs/NAME.yaml --seed 2` makes a random checkpoint
+    (on the GPU); it is deleted after the spec.
+  * Three workers start on it (`archgen-bench worker --impl generated|monolith`
+    and tests/python/bench_mlx_lm.py, the same stdin/stdout protocol as
+    `cargo xtask bench`); each loads every weight and runs one forward before
+    it says ready, so nothing below times loading.
+  * Prefill: `prefill 2048` then `prefill 128` per worker, each a fresh cache
+    and one forward with the logits evaluated (the 2048 one is timed once per
+    round too).
+  * Decode: ROUNDS rounds; in each, every worker in turn runs `prefill 128`
+    and `steps WARM STEPS`: pipelined decode steps as mlx-lm's generate_step
+    runs them (async_eval of the next step before reading this token); a
+    step's time is the interval between two tokens. Every worker must feed the
+    same greedy tokens (bit-exact implementations), else the spec fails.
+  * Weight bytes per step: the checkpoint's tensors a decode step reads (all,
+    less an untied input embedding, of which one row is read; MoE experts
+    scaled by top_k / num_experts).
+  * Copy bandwidth: a device-to-device copy of 8 GiB through PyTorch, bytes
+    read plus written per second (the streaming rate a read-only
+    matrix-vector product can approach); bound_tok_s = that / bytes per step.
+Prints, last, one line per spec:
+  gpu ratio spec=NAME gen/mlx-lm=X gen/mono=Y gen_tok_s=A mlx_lm_tok_s=B bound_tok_s=C
+gen/mlx-lm and gen/mono are ratios of median step times (< 1: generated is
+faster); tokens/s are 1 / median step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+IMPLS = ["generated", "monolith", "mlx-lm"]
+
+
+def copy_bandwidth() -> float:
+    import torch
+    n = 8 << 30
+    x = torch.empty(n, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t) / 10
+    del x, y
+    torch.cuda.empty_cache()
+    return 2 * n / dt
+
+
+def step_bytes(model: Path) -> tuple[int, int]:
+    """(bytes a decode step reads, all weight bytes) from the safetensors headers."""
+    config = json.loads((model / "config.json").read_text())
+    text = config.get("text_config", config)
+    tied = text.get("tie_word_embeddings", config.get("tie_word_embeddings", True))
+    experts = text.get("num_experts") or 0
+    top_k = text.get("top_k_experts") or text.get("num_experts_per_tok") or 0
+    total = read = 0
+    for f in sorted(model.glob("model*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            a, b = meta["data_offsets"]
+            size = b - a
+            total += size
+            if "embed_tokens" in name and not tied and "per_layer" not in name:
+                continue  # untied: one row of the input embedding is read
+            if "per_layer" in name and "embed" in name:
+                continue  # per-layer embedding table: one row per layer is read
+            if experts and (".experts." in name or "switch_glu" in name):
+                read += size * top_k // experts
+            else:
+                read += size
+    return read, total
+
+
+class Worker:
+    def __init__(self, name: str, cmd: list[str]):
+        self.name = name
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.ready = self.read()
+
+    def read(self) -> dict:
+        line = self.p.stdout.readline()
+        if not line:
+            raise SystemExit(f"the {self.name} worker exited early (rc {self.p.wait()})")
+        return json.loads(line)
+
+    def ask(self, cmd: str) -> dict:
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        try:
+            self.p.stdin.write("quit\n")
+            self.p.stdin.flush()
+        except BrokenPipeError:
+            pass
+        self.p.wait()
+
+
+def bench(spec: str, a, bound_bw: float) -> str:
+    model = a.work / f"bench-{spec}"
+    t0 = time.time()
+    if not (model / "config.json").exists():
+        r = subprocess.run([a.archgen, "init", "--spec", str(a.repo / "specs" / f"{spec}.yaml"),
+                            "--out", str(model), "--seed", "2"], capture_output=True, text=True)
+        print(r.stderr.strip().splitlines()[-1], flush=True)
+        if r.returncode != 0:
+            return f"gpu ratio spec={spec} FAILED: init"
+    read, total = step_bytes(model)
+    print(f"bench {spec}: checkpoint {total / 1e9:.2f} GB, read per step {read / 1e9:.2f} GB "
+          f"(made in {time.time() - t0:.0f} s)", flush=True)
+    cmds = {
+        "generated": [a.bench, "worker", "--impl", "generated", "--model", str(model)],
+        "monolith": [a.bench, "worker", "--impl", "monolith", "--model", str(model)],
+        "mlx-lm": ["python3", str(a.repo / "tests/python/bench_mlx_lm.py"), "--model", str(model)],
+    }
+    workers = {}
+    for name in IMPLS:
+        t = time.time()
+        workers[name] = Worker(name, cmds[name])
+        print(f"bench {spec}: {name} ready in {time.time() - t:.1f} s "
+              f"(load_s {workers[name].ready['load_s']:.1f})", flush=True)
+    steps = {n: [] for n in IMPLS}
+    pre128 = {n: [] for n in IMPLS}
+    pre2048 = {n: [] for n in IMPLS}
+    for rnd in range(a.rounds):
+        fed = None
+        for name in IMPLS:
+            w = workers[name]
+            pre2048[name].append(w.ask("prefill 2048")["prefill_s"])
+            pre128[name].append(w.ask("prefill 128")["prefill_s"])
+            r = w.ask(f"steps {a.warm} {a.steps}")
+            steps[name].append(r["steps_s"])
+            if fed is None:
+                fed = r["tokens"]
+            elif r["tokens"] != fed:
+                print(f"bench {spec} round {rnd}: {name} fed {r['tokens'][:8]}... "
+                      f"but generated fed {fed[:8]}...", flush=True)
+        print(f"bench {spec} round {rnd + 1}/{a.rounds}: median step " + ", ".join(
+            f"{n} {1e3 * statistics.median(steps[n][-1]):.2f} ms" for n in IMPLS), flush=True)
+    for w in workers.values():
+        w.close()
+    if not a.keep:
+        shutil.rmtree(model, ignore_errors=True)
+    med = {n: statistics.median([t for r in steps[n] for t in r]) for n in IMPLS}
+    overall = {n: sum(len(r) for r in steps[n]) / sum(sum(r) for r in steps[n]) for n in IMPLS}
+    for n in IMPLS:
+        print(f"bench {spec} {n}: median step {1e3 * med[n]:.2f} ms ({1 / med[n]:.1f} tok/s), "
+              f"overall {overall[n]:.1f} tok/s; prefill 128 median {1e3 * statistics.median(pre128[n]):.1f} ms, "
+              f"2048 median {1e3 * statistics.median(pre2048[n]):.1f} ms "
+              f"({2048 / statistics.median(pre2048[n]):.0f} tok/s); "
+              f"weights read/step {read / 1e9:.2f} GB = {read / med[n] / 1e12:.2f} TB/s", flush=True)
+    return (f"gpu ratio spec={spec} gen/mlx-lm={med['generated'] / med['mlx-lm']:.3f} "
+            f"gen/mono={med['generated'] / med['monolith']:.3f} gen_tok_s={1 / med['generated']:.1f} "
+            f"mlx_lm_tok_s={1 / med['mlx-lm']:.1f} bound_tok_s={bound_bw / read:.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--archgen", required=True)
+    ap.add_argument("--bench", required=True, help="the archgen-bench binary")
+    ap.add_argument("--repo", required=True, type=Path)
+    ap.add_argument("--work", required=True, type=Path)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warm", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("specs", nargs="+")
+    a = ap.parse_args()
+    a.work.mkdir(parents=True, exist_ok=True)
+    bw = copy_bandwidth()
+    print(f"bench: device-to-device copy {bw / 1e12:.2f} TB/s (read + write)", flush=True)
+    lines = []
+    for spec in a.specs:
+        try:
+            lines.append(bench(spec, a, bw))
+        except (SystemExit, Exception) as e:  # report, go on with the next spec
+            lines.append(f"gpu ratio spec={spec} FAILED: {e}")
+        print(lines[-1], flush=True)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# On the GPU machine (docs/parity.md, "On the GPU"): mlx-lm 0.32.2 on MLX's CUDA
+# backend against the CPU-built `archgen` binary running on the same libmlx.
+#
+#   CARRY=dir bash runtime/mlx-cuda/parity.sh half1          # 1st call: keep half 1 of the wheel
+#   CARRY=dir bash runtime/mlx-cuda/parity.sh setup STEP...  # 2nd call: assemble, then run STEPs
+#
+# CARRY holds what travelled with the call: mlx_cuda_13.whl.part1 (first call)
+# or .part2, the mlx and mlx-lm wheels (whl/), and archgen.xz /
+# archgen-bench.xz (xz-compressed, stripped release binaries). The
+# mlx-cuda-13 wheel (83 MiB) is larger than one call may carry, so it comes in
+# two halves in two back-to-back calls to the same warm machine; the three
+# wheels are installed with pip --target into /tmp/site, so Python's mlx and
+# the archgen binary load the same libmlx.so (the binary through
+# LD_LIBRARY_PATH). CUDA's own libraries come from the image's PyTorch.
+# Making CARRY here: `split -b 60000000 -d -a 1 mlx_cuda_13-0.32.2-*.whl part`
+# (part0 -> DIR1/mlx_cuda_13.whl.part1, part1 -> DIR2/mlx_cuda_13.whl.part2;
+# sha256 of the whole wheel 335094cc...), the wheels from `pip download` as in
+# the device README, `strip` + `xz` of target/release/{archgen,archgen-bench}.
+# STEPs: parity (every case below), probe (q4_probe.py), align
+# (align_probe.py), diagnose SPEC (kernels launched by mlx-lm and by the
+# monolith, kernel_diff.py), bench (bench.py).
+set -uo pipefail
+CARRY=${CARRY:?folder that travelled with the call}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+what=${1:?half1 or setup}
+shift
+
+if [[ $what == half1 ]]; then
+  cp "$CARRY"/mlx_cuda_13.whl.part1 /tmp/ && ls -la /tmp/mlx_cuda_13.whl.part1
+  exit 0
+fi
+
+# --- setup: the wheel from its halves, the three wheels, the binaries
+cat /tmp/mlx_cuda_13.whl.part1 "$CARRY"/mlx_cuda_13.whl.part2 > /tmp/mlx_cuda_13-0.32.2-py3-none-manylinux_2_35_x86_64.whl
+echo "wheel sha256 $(sha256sum /tmp/mlx_cuda_13-*.whl | cut -c1-16) (expect ${WHEEL_SHA:-?})"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  /tmp/mlx_cuda_13-*.whl "$CARRY"/whl/*.whl || exit 1
+for b in archgen archgen-bench; do
+  [[ -f $CARRY/$b.xz ]] && xz -dc "$CARRY/$b.xz" > /tmp/$b && chmod +x /tmp/$b
+done
+torch_site=$(python3 -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+nv=$(ls -d "$torch_site"/nvidia/*/lib 2>/dev/null | tr '\n' ':')
+export LD_LIBRARY_PATH="/tmp/site/mlx/lib:/tmp/site/mlx_cuda_13.libs:${nv}${LD_LIBRARY_PATH:-}"
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+export ARCHGEN=/tmp/archgen
+echo "== $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
+echo "== archgen loads $(ldd $ARCHGEN | grep libmlx)"
+python3 -c 'import mlx.core as mx, mlx_lm; print("== python mlx", mx.__version__, mx.default_device(), mlx_lm.__file__)' || exit 1
+work=/tmp/parity
+mkdir -p $work
+
+# Every tiny spec (specs/*-tiny*.yaml); the prompt passes each sliding window.
+TINY=$(cd "$repo/specs" && ls *tiny*.yaml | sed 's/\.yaml$//')
+# Real width, reduced layers, per family, bf16 and 4-bit (parity.py's
+# EXTRA_SPECS for those not in specs/), and the full small dense models.
+REAL="gemma4-12b-l6:1100:20 gemma4-12b-l6-q4:1100:20 gemma4-12b-q4:128:8 qwen3-8b-l4:40:12 qwen3-8b-l4-q4:40:12 \
+llama-3.2-3b-l4-q4:40:12 qwen3-0.6b:24:12 llama-3.2-1b:24:12"
+
+while (($#)); do
+  step=$1; shift
+  case $step in
+    parity)
+      cases=""
+      for s in $TINY; do cases="$cases $s:24:20"; done
+      python3 "$here/parity.py" --archgen $ARCHGEN --repo "$repo" --work $work $cases ${PARITY_REAL-$REAL} \
+        2>&1 | tee -a "$OUT/parity.log"
+      ;;
+    diagnose)
+      spec=$1; shift
+      d=$work/diag-$spec; mkdir -p $d/dot-mlxlm $d/dot-mono $d/dot-gen
+      $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d/model --seed 1 2>&1 | tail -1
+      ids=$(python3 -c "print(','.join(str((i*37+11)%512) for i in range(24)))")
+      MLX_SAVE_CUDA_GRAPHS_DOT_FILE=$d/dot-mono/g $ARCHGEN logits --model $d/model --prompt-ids $ids \
+        --decode-steps 2 --impl monolith --out $d/mono.safetensors 2>&1 | tail -1
+      MLX_SAVE_CUDA_GRAPHS_DOT_FILE=$d/dot-gen/g $ARCHGEN logits --model $d/model --prompt-ids $ids \
+        --decode-steps 2 --impl generated --out $d/gen.safetensors 2>&1 | tail -1
+      (cd "$repo/tests/python" && MLX_SAVE_CUDA_GRAPHS_DOT_FILE=$d/dot-mlxlm/g python3 oracle_logits.py \
+        --model $d/model --prompt-ids $ids --decode-steps 2 --out $d/mlxlm.safetensors)
+      python3 -c "import sys; sys.path.insert(0, '$here'); from parity import compare; from pathlib import Path as P; d=P('$d');
+print('diag mono/mlx-lm', compare(d/'mono.safetensors', d/'mlxlm.safetensors'));
+print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
+      echo "== kernels: mlx-lm (A) vs monolith (B)"
+      python3 "$here/kernel_diff.py" $d/dot-mlxlm $d/dot-mono 2>&1 | tee "$OUT/kernels-$spec.txt"
+      echo "== kernels: monolith (A) vs generated (B)"
+      python3 "$here/kernel_diff.py" $d/dot-mono $d/dot-gen 2>&1 | head -30
+      tar -C $d -czf "$OUT/dots-$spec.tgz" dot-mlxlm dot-mono dot-gen
+      ;;
+    align)
+      python3 "$here/align_probe.py" 2>&1 | tee -a "$OUT/align.log"
+      ;;
+    probe)
+      d=$work/probe; mkdir -p $d
+      $ARCHGEN init --spec "$repo/specs/gemma4-12b-tiny-q4.yaml" --out $d/model --seed 1 2>&1 | tail -1
+      python3 "$here/q4_probe.py" --archgen $ARCHGEN --repo "$repo" --model $d/model --work $d \
+        2>&1 | tee -a "$OUT/probe.log"
+      ;;
+    bench)
+      python3 "$here/bench.py" --archgen $ARCHGEN --bench /tmp/archgen-bench --repo "$repo" --work $work \
+        ${BENCH_SPECS:-gemma4-12b gemma4-12b-q4 qwen3-8b} 2>&1 | tee -a "$OUT/bench.log"
+      ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done

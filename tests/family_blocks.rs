@@ -1,0 +1,788 @@
+//! The runtime blocks of the qwen2 / gemma2 / qwen3_moe / minicpm families
+//! against mlx-lm 0.32.2's own modules (tests/python/family_blocks.py), byte
+//! for byte, in bf16 and f32, unquantized and 4-bit (group 64 and 32) where
+//! the block has weights, at a tiny width and at one real model's width.
+//! Python runs once for all cases.
+
+use std::collections::HashMap;
+
+use archgen_runtime::attention::{causal_mask, query_pre_attn_scale, softcapped_attention, Mask};
+use archgen_runtime::bytes::array_bytes;
+use archgen_runtime::cache::KvCache;
+use archgen_runtime::layers::{Embedding, Linear, Quantized, SwitchLinear};
+use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
+use archgen_runtime::mlx_rs::{self, Array, Dtype};
+use archgen_runtime::moe::{softmax_topk_moe, SoftmaxTopKRouter, SwitchGlu, TopKProbs};
+use archgen_runtime::ops::{
+    divide_weak, gelu_approx_times, multiply_weak, rms_norm_one_plus, scaled_residual,
+    softcap_eager,
+};
+use archgen_runtime::rope::Rope;
+use archgen_runtime::weights::Weights;
+use archgen_tests::run_python;
+use serde_json::{json, Value};
+
+type R<T> = Result<T, mlx_rs::error::Exception>;
+
+/// Exact f32 values in [-1, 1) from an integer LCG: the same bits on every
+/// machine (as in runtime_smoke.rs).
+fn lcg(seed: u64, shape: &[i32]) -> Array {
+    let n: i32 = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
+    let data: Vec<f32> = (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as i32 - (1 << 23)) as f32 / (1 << 23) as f32
+        })
+        .collect();
+    Array::from_slice(&data, shape)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Dt {
+    F32,
+    Bf16,
+}
+
+impl Dt {
+    fn dtype(self) -> Dtype {
+        match self {
+            Dt::F32 => Dtype::Float32,
+            Dt::Bf16 => Dtype::Bfloat16,
+        }
+    }
+    fn tag(self) -> &'static str {
+        match self {
+            Dt::F32 => "f32",
+            Dt::Bf16 => "bf16",
+        }
+    }
+}
+
+/// Affine weight quantization: (bits, group size).
+#[derive(Clone, Copy, Debug)]
+struct Quant {
+    bits: i32,
+    group: i32,
+}
+
+const Q4G64: Quant = Quant { bits: 4, group: 64 };
+const Q4G32: Quant = Quant { bits: 4, group: 32 };
+
+fn quant_tag(q: Option<Quant>) -> String {
+    match q {
+        None => "dense".into(),
+        Some(q) => format!("q{}g{}", q.bits, q.group),
+    }
+}
+
+fn quant_json(q: Option<Quant>) -> Value {
+    match q {
+        None => Value::Null,
+        Some(q) => json!({"bits": q.bits, "group_size": q.group}),
+    }
+}
+
+/// One case: what Python is told, the tensors it gets, what Rust computed.
+struct Case {
+    spec: Value,
+    name: String,
+    tensors: Vec<(String, Array)>,
+    ours: Vec<(String, Array)>,
+    seed: u64,
+}
+
+impl Case {
+    fn new(block: &str, name: String, mut spec: Value) -> Self {
+        spec["block"] = json!(block);
+        spec["name"] = json!(name.clone());
+        let seed = name
+            .bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(131).wrapping_add(b as u64));
+        Case {
+            spec,
+            name,
+            tensors: Vec::new(),
+            ours: Vec::new(),
+            seed,
+        }
+    }
+
+    /// Fresh random values `[-1, 1) * scale`, cast to `dt`.
+    fn rand(&mut self, shape: &[i32], scale: f32, dt: Dt) -> Array {
+        self.seed += 1;
+        let a = lcg(self.seed, shape);
+        let a = if scale == 1.0 {
+            a
+        } else {
+            a.multiply(Array::from_f32(scale)).unwrap()
+        };
+        a.as_dtype(dt.dtype()).unwrap()
+    }
+
+    fn param(&mut self, path: &str, a: &Array) {
+        self.tensors.push((path.to_string(), a.clone()));
+    }
+
+    fn input(&mut self, name: &str, a: &Array) {
+        self.tensors.push((format!("@{name}"), a.clone()));
+    }
+
+    fn out(&mut self, name: &str, a: Array) {
+        self.ours.push((name.to_string(), a));
+    }
+
+    /// Weight, optional quantization, written under `path` (mlx nn names).
+    fn weight(&mut self, path: &str, w: &Array, q: Option<Quant>) -> (Array, Option<Quantized>) {
+        let join = |leaf: &str| {
+            if path.is_empty() {
+                leaf.to_string()
+            } else {
+                format!("{path}.{leaf}")
+            }
+        };
+        match q {
+            None => {
+                self.param(&join("weight"), w);
+                (w.clone(), None)
+            }
+            Some(q) => {
+                let (wq, scales, biases) = mlx_rs::ops::quantize(w, q.group, q.bits).unwrap();
+                self.param(&join("weight"), &wq);
+                self.param(&join("scales"), &scales);
+                self.param(&join("biases"), &biases);
+                (
+                    wq,
+                    Some(Quantized {
+                        scales,
+                        biases,
+                        group_size: q.group,
+                        bits: q.bits,
+                    }),
+                )
+            }
+        }
+    }
+
+    /// A random `[out, in]` Linear (unit-variance outputs) under `path`.
+    fn linear(&mut self, path: &str, out: i32, inp: i32, dt: Dt, q: Option<Quant>) -> Linear {
+        let w = self.rand(&[out, inp], 1.0 / (inp as f32).sqrt(), dt);
+        let (weight, quant) = self.weight(path, &w, q);
+        Linear {
+            weight,
+            quant,
+            weight_t: None,
+            bias: None,
+        }
+    }
+
+    fn embedding(
+        &mut self,
+        path: &str,
+        rows: i32,
+        dims: i32,
+        dt: Dt,
+        q: Option<Quant>,
+    ) -> Embedding {
+        let w = self.rand(&[rows, dims], 1.0, dt);
+        let (weight, quant) = self.weight(path, &w, q);
+        Embedding {
+            weight,
+            quant,
+            weight_t: None,
+        }
+    }
+
+    fn switch_linear(
+        &mut self,
+        path: &str,
+        e: i32,
+        out: i32,
+        inp: i32,
+        dt: Dt,
+        q: Option<Quant>,
+    ) -> SwitchLinear {
+        let w = self.rand(&[e, out, inp], 1.0 / (inp as f32).sqrt(), dt);
+        let (weight, quant) = self.weight(path, &w, q);
+        SwitchLinear { weight, quant }
+    }
+}
+
+fn ids(case: &mut Case, n: i32, vocab: i32) -> Array {
+    case.seed += 1;
+    let v: Vec<i32> = (0..n)
+        .map(|i| ((case.seed % 1009 * 7919 + i as u64 * 104729) % vocab as u64) as i32)
+        .collect();
+    Array::from_slice(&v, &[1, n])
+}
+
+// ---------------------------------------------------------------- blocks
+
+/// qwen2's q/k/v: `nn.Linear(bias=True)` (addmm) / `QuantizedLinear` + bias.
+fn linear_bias(dt: Dt, q: Option<Quant>, (inp, out, tokens): (i32, i32, i32)) -> R<Case> {
+    let name = format!("linear_bias_{}_{}_{inp}x{out}", dt.tag(), quant_tag(q));
+    let spec = json!({"in": inp, "out": out, "quant": quant_json(q)});
+    let mut c = Case::new("linear_bias", name, spec);
+    let mut lin = c.linear("", out, inp, dt, q);
+    let bias = c.rand(&[out], 1.0, dt);
+    c.param("bias", &bias);
+    lin.bias = Some(bias);
+    let x = c.rand(&[1, tokens, inp], 1.0, dt);
+    c.input("x", &x);
+    c.out("y", lin.forward(&x)?);
+    // The same layer through the checkpoint loader, as `{path}.weight`,
+    // `.scales`, `.biases` and `.bias` with config.json's quantization.
+    let tensors: HashMap<String, Array> = c
+        .tensors
+        .iter()
+        .filter(|(k, _)| !k.starts_with('@'))
+        .map(|(k, a)| (format!("self_attn.q_proj.{k}"), a.clone()))
+        .collect();
+    let quantization = quant_json(q);
+    let mut weights = Weights::new(tensors, Some(&quantization).filter(|v| !v.is_null()));
+    let loaded = weights.linear_with_bias("self_attn.q_proj", out, inp);
+    weights
+        .finish()
+        .unwrap_or_else(|e| panic!("loading {}: {e}", c.name));
+    c.out("y@loaded", loaded.forward(&x)?);
+    if q.is_none() {
+        // The pretransposed weight (generated models) must give the same bits.
+        let mut pre = lin.clone();
+        pre.pretranspose();
+        assert!(pre.weight_t.is_some());
+        c.out("y@pretransposed", pre.forward(&x)?);
+    }
+    Ok(c)
+}
+
+/// gemma2's `RMSNorm`: `rms_norm(x, 1.0 + w, eps)`.
+fn gemma2_norm(dt: Dt, hidden: i32) -> R<Case> {
+    let name = format!("gemma2_norm_{}_{hidden}", dt.tag());
+    let eps = 1e-6f32;
+    let mut c = Case::new("gemma2_norm", name, json!({"hidden": hidden, "eps": eps}));
+    // Stored gemma2 norm weights are offsets around 0.
+    let w = c.rand(&[hidden], 0.7, dt);
+    c.param("weight", &w);
+    let x = c.rand(&[2, 3, hidden], 2.0, dt);
+    c.input("x", &x);
+    c.out("y", rms_norm_one_plus(&x, &w, eps)?);
+    Ok(c)
+}
+
+/// gemma2's MLP: `down(gelu_approx(gate(x)) * up(x))`.
+fn gemma2_mlp(dt: Dt, q: Option<Quant>, (hidden, inter): (i32, i32)) -> R<Case> {
+    let name = format!("gemma2_mlp_{}_{}_{hidden}x{inter}", dt.tag(), quant_tag(q));
+    let spec = json!({"hidden": hidden, "intermediate": inter, "quant": quant_json(q)});
+    let mut c = Case::new("gemma2_mlp", name, spec);
+    let gate = c.linear("gate_proj", inter, hidden, dt, q);
+    let up = c.linear("up_proj", inter, hidden, dt, q);
+    let down = c.linear("down_proj", hidden, inter, dt, q);
+    // Scaled so gate outputs reach gelu's tails.
+    let x = c.rand(&[1, 4, hidden], 3.0, dt);
+    c.input("x", &x);
+    let y = down.forward(&gelu_approx_times(&gate.forward(&x)?, &up.forward(&x)?)?)?;
+    c.out("y", y);
+    Ok(c)
+}
+
+struct AttnShape {
+    hidden: i32,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    query_pre_attn_scalar: f64,
+    softcap: f64,
+    rope_theta: f32,
+}
+
+struct Gemma2Attn {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    rope: Rope,
+    scale: f64,
+    softcap: f64,
+    s: (i32, i32, i32),
+}
+
+impl Gemma2Attn {
+    /// gemma2.py `Attention.__call__` from the runtime's blocks.
+    fn forward(&self, x: &Array, mask: &Mask, cache: Option<&mut KvCache>) -> R<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let (h, kvh, d) = self.s;
+        let heads = |a: Array, n: i32| -> R<Array> {
+            a.reshape(&[b, l, n, d])?.transpose_axes(&[0, 2, 1, 3])
+        };
+        let q = heads(self.q.forward(x)?, h)?;
+        let k = heads(self.k.forward(x)?, kvh)?;
+        let v = heads(self.v.forward(x)?, kvh)?;
+        let offset = Array::from_int(cache.as_ref().map_or(0, |c| c.offset));
+        let q = self.rope.apply(&q, &offset)?;
+        let k = self.rope.apply(&k, &offset)?;
+        let (k, v) = match cache {
+            Some(c) => c.update_and_fetch(&k, &v)?,
+            None => (k, v),
+        };
+        let out = softcapped_attention(&q, &k, &v, self.scale, self.softcap, mask)?;
+        self.o
+            .forward(&out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum AttnMode {
+    /// Prefill of `prefill` tokens, one step, then a chunk, through a KVCache.
+    Cached { prefill: i32 },
+    /// One call with an additive float mask, no cache.
+    Additive,
+}
+
+/// gemma2's hand-written softcapped attention, inside the whole `Attention`.
+fn gemma2_attention(
+    dt: Dt,
+    q: Option<Quant>,
+    a: &AttnShape,
+    mode: AttnMode,
+    tokens: i32,
+) -> R<Case> {
+    let mode_tag = match mode {
+        AttnMode::Cached { .. } => "cached",
+        AttnMode::Additive => "additive",
+    };
+    let name = format!(
+        "gemma2_attention_{}_{}_{}h{}kv{}d{}_{mode_tag}",
+        dt.tag(),
+        quant_tag(q),
+        a.hidden,
+        a.heads,
+        a.kv_heads,
+        a.head_dim
+    );
+    let mut spec = json!({
+        "hidden": a.hidden, "heads": a.heads, "kv_heads": a.kv_heads, "head_dim": a.head_dim,
+        "query_pre_attn_scalar": a.query_pre_attn_scalar, "attn_softcap": a.softcap,
+        "rope_theta": a.rope_theta, "quant": quant_json(q),
+        "mode": mode_tag,
+    });
+    if let AttnMode::Cached { prefill } = mode {
+        spec["prefill"] = json!(prefill);
+    }
+    let mut c = Case::new("gemma2_attention", name, spec);
+    let (h, kvh, d) = (a.heads, a.kv_heads, a.head_dim);
+    let attn = Gemma2Attn {
+        q: c.linear("q_proj", h * d, a.hidden, dt, q),
+        k: c.linear("k_proj", kvh * d, a.hidden, dt, q),
+        v: c.linear("v_proj", kvh * d, a.hidden, dt, q),
+        o: c.linear("o_proj", a.hidden, h * d, dt, q),
+        rope: Rope::base(d, a.rope_theta),
+        scale: query_pre_attn_scale(a.query_pre_attn_scalar),
+        softcap: a.softcap,
+        s: (h, kvh, d),
+    };
+    // Large enough that the scores reach the softcap's non-linear range.
+    let x = c.rand(&[1, tokens, a.hidden], 4.0, dt);
+    c.input("x", &x);
+    match mode {
+        AttnMode::Additive => {
+            let mask = c.rand(&[tokens, tokens], 3.0, dt);
+            c.input("mask", &mask);
+            c.out("y", attn.forward(&x, &Mask::Array(mask), None)?);
+        }
+        AttnMode::Cached { prefill } => {
+            let mut cache = KvCache::default();
+            let part = |from: i32, to: i32| x.try_index((.., from..to, ..));
+            let y0 = attn.forward(
+                &part(0, prefill)?,
+                &Mask::Array(causal_mask(prefill, 0, None)?),
+                Some(&mut cache),
+            )?;
+            let y1 = attn.forward(&part(prefill, prefill + 1)?, &Mask::None, Some(&mut cache))?;
+            let n = tokens - prefill - 1;
+            let offset = cache.offset;
+            let y2 = attn.forward(
+                &part(prefill + 1, tokens)?,
+                &Mask::Array(causal_mask(n, offset, None)?),
+                Some(&mut cache),
+            )?;
+            c.out("prefill", y0);
+            c.out("step", y1);
+            c.out("chunk", y2);
+        }
+    }
+    Ok(c)
+}
+
+struct MoeShape {
+    hidden: i32,
+    inter: i32,
+    experts: i32,
+    top_k: i32,
+}
+
+/// qwen3_moe's sparse block: softmax router, SwiGLU SwitchGLU, combine.
+/// Quantized as mlx-lm's quant_predicate does: the router gate at 8 bits,
+/// group 64, the experts at `q`.
+fn qwen3_moe(dt: Dt, q: Option<Quant>, m: &MoeShape, tokens: i32, probs: TopKProbs) -> R<Case> {
+    let probs_tag = match probs {
+        TopKProbs::Renormalized => "norm",
+        TopKProbs::AsTaken => "raw",
+    };
+    let name = format!(
+        "qwen3_moe_{}_{}_{}x{}e{}k{}_t{tokens}_{probs_tag}",
+        dt.tag(),
+        quant_tag(q),
+        m.hidden,
+        m.inter,
+        m.experts,
+        m.top_k
+    );
+    let spec = json!({
+        "hidden": m.hidden, "intermediate": m.inter, "experts": m.experts, "top_k": m.top_k,
+        "norm_topk_prob": matches!(probs, TopKProbs::Renormalized), "quant": quant_json(q),
+    });
+    let mut c = Case::new("qwen3_moe", name, spec);
+    let gate_q = q.map(|_| Quant { bits: 8, group: 64 });
+    // Router logits a few units wide, so the softmax is far from uniform.
+    let gw = c.rand(&[m.experts, m.hidden], 4.0 / (m.hidden as f32).sqrt(), dt);
+    let (weight, quant) = c.weight("gate", &gw, gate_q);
+    let router = SoftmaxTopKRouter {
+        gate: Linear {
+            weight,
+            quant,
+            weight_t: None,
+            bias: None,
+        },
+        top_k: m.top_k,
+        probs,
+    };
+    let glu = SwitchGlu {
+        gate_proj: c.switch_linear("switch_mlp.gate_proj", m.experts, m.inter, m.hidden, dt, q),
+        up_proj: c.switch_linear("switch_mlp.up_proj", m.experts, m.inter, m.hidden, dt, q),
+        down_proj: c.switch_linear("switch_mlp.down_proj", m.experts, m.hidden, m.inter, dt, q),
+    };
+    let x = c.rand(&[1, tokens, m.hidden], 2.0, dt);
+    c.input("x", &x);
+    c.out("y", softmax_topk_moe(&router, &glu, &x)?);
+    Ok(c)
+}
+
+/// gemma2's `embed_tokens(ids) * hidden_size**0.5`.
+fn gemma2_embed(dt: Dt, q: Option<Quant>, hidden: i32) -> R<Case> {
+    let name = format!("gemma2_embed_{}_{}_{hidden}", dt.tag(), quant_tag(q));
+    let vocab = 96;
+    let spec = json!({"hidden": hidden, "vocab": vocab, "quant": quant_json(q)});
+    let mut c = Case::new("gemma2_embed", name, spec);
+    let e = c.embedding("embed_tokens", vocab, hidden, dt, q);
+    let ids = ids(&mut c, 6, vocab);
+    c.input("ids", &ids);
+    let h = multiply_weak(&e.lookup(&ids)?, (hidden as f64).powf(0.5))?;
+    c.out("h", h);
+    Ok(c)
+}
+
+/// gemma2's head: `embed_tokens.as_linear(h)`, then eager `tanh(x / c) * c`.
+fn gemma2_final(dt: Dt, q: Option<Quant>, hidden: i32, softcap: f64) -> R<Case> {
+    let name = format!("gemma2_final_{}_{}_{hidden}", dt.tag(), quant_tag(q));
+    let vocab = 128;
+    let spec =
+        json!({"hidden": hidden, "vocab": vocab, "final_softcap": softcap, "quant": quant_json(q)});
+    let mut c = Case::new("gemma2_final", name, spec);
+    let e = c.embedding("", vocab, hidden, dt, q);
+    // Logits of tens of units: the softcap bends them.
+    let h = c.rand(&[1, 3, hidden], 8.0 / (hidden as f32).sqrt() * 4.0, dt);
+    c.input("h", &h);
+    c.out("logits", softcap_eager(&e.as_linear(&h)?, softcap)?);
+    Ok(c)
+}
+
+/// minicpm's `embed_tokens(ids) * scale_emb`.
+fn minicpm_embed(dt: Dt, q: Option<Quant>, hidden: i32, scale_emb: f64) -> R<Case> {
+    let name = format!("minicpm_embed_{}_{}_{hidden}", dt.tag(), quant_tag(q));
+    let vocab = 80;
+    let spec =
+        json!({"hidden": hidden, "vocab": vocab, "scale_emb": scale_emb, "quant": quant_json(q)});
+    let mut c = Case::new("minicpm_embed", name, spec);
+    let e = c.embedding("embed_tokens", vocab, hidden, dt, q);
+    let ids = ids(&mut c, 5, vocab);
+    c.input("ids", &ids);
+    c.out("h", multiply_weak(&e.lookup(&ids)?, scale_emb)?);
+    Ok(c)
+}
+
+/// minicpm's two residuals: `x + r * (scale_depth / num_hidden_layers**0.5)`.
+fn minicpm_residual(dt: Dt, hidden: i32, scale_depth: f64, num_layers: usize) -> R<Case> {
+    let name = format!("minicpm_residual_{}_{hidden}_l{num_layers}", dt.tag());
+    let spec = json!({"hidden": hidden, "scale_depth": scale_depth, "num_layers": num_layers});
+    let mut c = Case::new("minicpm_residual", name, spec);
+    let x = c.rand(&[1, 4, hidden], 3.0, dt);
+    let r_attn = c.rand(&[1, 4, hidden], 2.0, dt);
+    let r_mlp = c.rand(&[1, 4, hidden], 2.0, dt);
+    c.input("x", &x);
+    c.input("r_attn", &r_attn);
+    c.input("r_mlp", &r_mlp);
+    let h = scaled_residual(&x, &r_attn, scale_depth, num_layers)?;
+    c.out("out", scaled_residual(&h, &r_mlp, scale_depth, num_layers)?);
+    Ok(c)
+}
+
+/// minicpm's untied head: `lm_head(h / (hidden_size / dim_model_base))`.
+fn minicpm_logits(dt: Dt, q: Option<Quant>, hidden: i32, dim_model_base: i32) -> R<Case> {
+    let name = format!("minicpm_logits_{}_{}_{hidden}", dt.tag(), quant_tag(q));
+    let vocab = 64;
+    let spec = json!({"hidden": hidden, "vocab": vocab, "dim_model_base": dim_model_base, "quant": quant_json(q)});
+    let mut c = Case::new("minicpm_logits", name, spec);
+    let head = c.linear("lm_head", vocab, hidden, dt, q);
+    let h = c.rand(&[1, 3, hidden], 5.0, dt);
+    c.input("h", &h);
+    let scaled = divide_weak(&h, hidden as f64 / dim_model_base as f64)?;
+    c.out("logits", head.forward(&scaled)?);
+    Ok(c)
+}
+
+// ---------------------------------------------------------------- the test
+
+fn all_cases() -> R<Vec<Case>> {
+    let mut cases = Vec::new();
+    let dts = [Dt::F32, Dt::Bf16];
+    let quants = [None, Some(Q4G64), Some(Q4G32)];
+    for dt in dts {
+        for q in quants {
+            // Tiny, and Qwen2.5-0.5B's q_proj (896 -> 896) and k_proj (896 -> 128).
+            for shape in [(64, 48, 5), (896, 896, 7), (896, 128, 7)] {
+                cases.push(linear_bias(dt, q, shape)?);
+            }
+            cases.push(gemma2_mlp(dt, q, (64, 128))?);
+            // Gemma-2-2b's MLP (2304 -> 9216); in f32 unquantized only, to
+            // keep the test's memory and time down.
+            if matches!(dt, Dt::Bf16) || q.is_none() {
+                cases.push(gemma2_mlp(dt, q, (2304, 9216))?);
+            }
+            cases.push(gemma2_embed(dt, q, 64)?);
+            cases.push(gemma2_final(dt, q, 64, 30.0)?);
+            cases.push(minicpm_embed(dt, q, 64, 12.0)?);
+            cases.push(minicpm_logits(dt, q, 64, 16)?);
+        }
+        // Gemma-2-2b's and -9b's widths (sqrt(3584) is not a bf16 number).
+        for hidden in [2304, 3584] {
+            cases.push(gemma2_embed(dt, None, hidden)?);
+            cases.push(gemma2_norm(dt, hidden)?);
+        }
+        cases.push(gemma2_norm(dt, 64)?);
+        cases.push(gemma2_final(dt, None, 2304, 30.0)?);
+        // MiniCPM-2B: scale_emb 12, scale_depth 1.4, 40 layers, dim_model_base 256.
+        cases.push(minicpm_embed(dt, None, 2304, 12.0)?);
+        cases.push(minicpm_residual(dt, 2304, 1.4, 40)?);
+        cases.push(minicpm_residual(dt, 64, 1.4, 3)?);
+        cases.push(minicpm_logits(dt, None, 2304, 256)?);
+
+        let tiny = AttnShape {
+            hidden: 64,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            // 144**-0.5 = 1/12 is not a bf16 number: the weak scalar rounds.
+            query_pre_attn_scalar: 144.0,
+            softcap: 50.0,
+            rope_theta: 10000.0,
+        };
+        let mha = AttnShape {
+            kv_heads: 4,
+            ..tiny
+        };
+        for q in quants {
+            cases.push(gemma2_attention(
+                dt,
+                q,
+                &tiny,
+                AttnMode::Cached { prefill: 5 },
+                9,
+            )?);
+        }
+        cases.push(gemma2_attention(
+            dt,
+            None,
+            &mha,
+            AttnMode::Cached { prefill: 4 },
+            7,
+        )?);
+        cases.push(gemma2_attention(dt, None, &tiny, AttnMode::Additive, 6)?);
+        // gemma-2-2b: 2304 hidden, 8 heads over 4 KV heads of 256, scalar 256.
+        let g2b = AttnShape {
+            hidden: 2304,
+            heads: 8,
+            kv_heads: 4,
+            head_dim: 256,
+            query_pre_attn_scalar: 256.0,
+            softcap: 50.0,
+            rope_theta: 10000.0,
+        };
+        cases.push(gemma2_attention(
+            dt,
+            None,
+            &g2b,
+            AttnMode::Cached { prefill: 6 },
+            9,
+        )?);
+        cases.push(gemma2_attention(
+            dt,
+            Some(Q4G64),
+            &g2b,
+            AttnMode::Cached { prefill: 6 },
+            9,
+        )?);
+    }
+
+    // qwen3_moe: unquantized gather_mm runs only in f32 on the CPU, so bf16
+    // is quantized (as Gemma-4's MoE). 5 tokens x top-2 = 10 < 64 indices
+    // takes the unsorted path, 40 x 2 = 80 the sorted one.
+    let tiny = MoeShape {
+        hidden: 64,
+        inter: 64,
+        experts: 8,
+        top_k: 2,
+    };
+    for probs in [TopKProbs::Renormalized, TopKProbs::AsTaken] {
+        for tokens in [5, 40] {
+            cases.push(qwen3_moe(Dt::F32, None, &tiny, tokens, probs)?);
+            for q in [Some(Q4G64), Some(Q4G32)] {
+                cases.push(qwen3_moe(Dt::Bf16, q, &tiny, tokens, probs)?);
+                cases.push(qwen3_moe(Dt::F32, q, &tiny, tokens, probs)?);
+            }
+        }
+    }
+    // Qwen3-30B-A3B's widths (2048 hidden, 768 per expert, top-8) with 16 of
+    // its 128 experts: 3 tokens (24 indices, unsorted) and 9 (72, sorted).
+    let real = MoeShape {
+        hidden: 2048,
+        inter: 768,
+        experts: 16,
+        top_k: 8,
+    };
+    for tokens in [3, 9] {
+        cases.push(qwen3_moe(
+            Dt::Bf16,
+            Some(Q4G64),
+            &real,
+            tokens,
+            TopKProbs::Renormalized,
+        )?);
+    }
+    cases.push(qwen3_moe(Dt::F32, None, &real, 9, TopKProbs::Renormalized)?);
+    Ok(cases)
+}
+
+#[test]
+fn family_blocks_match_mlx_lm_bit_for_bit() {
+    let cases = all_cases().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (in_path, spec_path, out_path) = (
+        dir.path().join("in.safetensors"),
+        dir.path().join("cases.json"),
+        dir.path().join("out.safetensors"),
+    );
+    let mut inputs: Vec<(String, Array)> = Vec::new();
+    let mut ours: HashMap<String, Array> = HashMap::new();
+    let mut specs = Vec::new();
+    for c in &cases {
+        for (k, a) in &c.tensors {
+            inputs.push((format!("{}/{k}", c.name), a.clone()));
+        }
+        for (k, a) in &c.ours {
+            ours.insert(format!("{}/{k}", c.name), a.clone());
+        }
+        specs.push(c.spec.clone());
+    }
+    let names: std::collections::HashSet<&str> = cases.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names.len(), cases.len(), "case names must be unique");
+    Array::save_safetensors(inputs.iter().map(|(k, a)| (k.as_str(), a)), None, &in_path).unwrap();
+    std::fs::write(&spec_path, serde_json::to_string_pretty(&specs).unwrap()).unwrap();
+    run_python(
+        "family_blocks.py",
+        &[
+            in_path.as_os_str(),
+            spec_path.as_os_str(),
+            out_path.as_os_str(),
+        ],
+    );
+    let theirs = Array::load_safetensors(&out_path).unwrap();
+
+    let mut keys: Vec<&String> = ours.keys().collect();
+    keys.sort();
+    let mut mismatched = Vec::new();
+    for key in &keys {
+        // "y@pretransposed" and "y@loaded" are compared with Python's "y".
+        let py_key = key.split('@').next().unwrap();
+        let Some(b) = theirs.get(py_key) else {
+            mismatched.push(format!("{key}: Python produced no {py_key}"));
+            continue;
+        };
+        let a = &ours[*key];
+        let same = a.dtype() == b.dtype()
+            && a.shape() == b.shape()
+            && array_bytes(a).unwrap() == array_bytes(b).unwrap();
+        if !same {
+            mismatched.push(format!(
+                "{key}: rust {:?}{:?} vs python {:?}{:?}",
+                a.dtype(),
+                a.shape(),
+                b.dtype(),
+                b.shape()
+            ));
+        }
+    }
+    let ours_plain: std::collections::HashSet<&str> =
+        keys.iter().map(|k| k.split('@').next().unwrap()).collect();
+    for k in theirs.keys() {
+        if !ours_plain.contains(k.as_str()) {
+            mismatched.push(format!("{k}: Python output with no Rust counterpart"));
+        }
+    }
+    assert!(
+        mismatched.is_empty(),
+        "{} of {} outputs not byte-identical:\n{}",
+        mismatched.len(),
+        keys.len(),
+        mismatched.join("\n")
+    );
+
+    // The comparison can fail: in bf16, `x @ W.T + b` (what the bias would
+    // be without addmm) differs from mlx nn's Linear somewhere.
+    let c = cases
+        .iter()
+        .find(|c| c.name == "linear_bias_bf16_dense_896x896")
+        .unwrap();
+    let get = |k: &str| &c.tensors.iter().find(|(n, _)| n == k).unwrap().1;
+    let naive = get("@x")
+        .matmul(get("weight").t())
+        .unwrap()
+        .add(get("bias"))
+        .unwrap();
+    assert_ne!(
+        array_bytes(&naive).unwrap(),
+        array_bytes(&theirs[&format!("{}/y", c.name)]).unwrap(),
+        "bf16 matmul + add equals addmm here: this case cannot tell them apart"
+    );
+    eprintln!(
+        "{} outputs of {} cases byte-identical with mlx-lm",
+        keys.len(),
+        cases.len()
+    );
+}
+
+/// A biased linear whose checkpoint lacks the bias is a load error that
+/// names the tensor.
+#[test]
+fn a_missing_bias_is_named() {
+    let w = lcg(1, &[8, 16]);
+    let tensors = HashMap::from([("model.layers.0.self_attn.k_proj.weight".to_string(), w)]);
+    let mut weights = Weights::new(tensors, None);
+    let _ = weights.linear_with_bias("model.layers.0.self_attn.k_proj", 8, 16);
+    let err = weights.finish().unwrap_err().to_string();
+    assert!(
+        err.contains("missing tensor 'model.layers.0.self_attn.k_proj.bias'"),
+        "{err}"
+    );
+}

@@ -1,0 +1,191 @@
+"""Run the blocks of the qwen2 / gemma2 / qwen3_moe / minicpm families with
+mlx-lm 0.32.2's own modules, on the inputs and weights that
+tests/family_blocks.rs wrote, so the Rust test can compare raw bytes.
+
+Usage: family_blocks.py IN.safetensors CASES.json OUT.safetensors
+
+Each case of CASES.json names a block and its parameters. Its tensors in IN
+are `<case>/<param>` (a parameter path of the mlx-lm module, loaded with
+`load_weights(strict=True)`, so Rust must supply exactly the module's
+parameters) and `<case>/@<input>` (activations, ids, masks). Its outputs go to
+OUT as `<case>/<output>`.
+
+Where a block is a few lines inside a bigger module (the embedding scales, the
+final softcap, minicpm's residual and logit scales), the bigger module runs
+with its other submodules replaced by stand-ins that return the given tensors,
+so the lines that run are mlx-lm's own.
+"""
+import json
+import sys
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import gemma2, minicpm, qwen3_moe
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import KVCache
+
+import compat
+
+compat.apply()  # quantized SwitchGLU's gather_qmm keyword (see compat.py)
+
+inp = mx.load(sys.argv[1])
+with open(sys.argv[2]) as f:
+    cases = json.load(f)
+out = {}
+
+
+def tensors_of(name):
+    """(module params as (path, array) pairs, inputs by name) of one case."""
+    p = name + "/"
+    params, inputs = [], {}
+    for k, v in inp.items():
+        if not k.startswith(p):
+            continue
+        rest = k[len(p):]
+        if rest.startswith("@"):
+            inputs[rest[1:]] = v
+        else:
+            params.append((rest, v))
+    return params, inputs
+
+
+def quantized(module, case, predicate=None):
+    """Quantize as mlx_lm.convert does (the model's quant_predicate), if asked.
+    nn.quantize swaps submodules only, so a lone Linear / Embedding becomes its
+    quantized form through its own to_quantized."""
+    q = case.get("quant")
+    if q is None:
+        return module
+    if hasattr(module, "to_quantized"):
+        return module.to_quantized(group_size=q["group_size"], bits=q["bits"])
+    nn.quantize(module, group_size=q["group_size"], bits=q["bits"],
+                class_predicate=predicate)
+    return module
+
+
+def loaded(module, case, params, predicate=None):
+    module = quantized(module, case, predicate)
+    module.load_weights(params, strict=True)
+    return module
+
+
+def gemma2_args(c, layers=1):
+    return gemma2.ModelArgs(
+        model_type="gemma2", hidden_size=c["hidden"], num_hidden_layers=layers,
+        intermediate_size=c.get("intermediate", 1),
+        num_attention_heads=c.get("heads", 1), head_dim=c.get("head_dim", 1),
+        rms_norm_eps=c.get("eps", 1e-6), vocab_size=c.get("vocab", 1),
+        num_key_value_heads=c.get("kv_heads", 1), rope_theta=c.get("rope_theta", 10000),
+        attn_logit_softcapping=c.get("attn_softcap", 50.0),
+        final_logit_softcapping=c.get("final_softcap", 30.0),
+        query_pre_attn_scalar=c.get("query_pre_attn_scalar", 144.0))
+
+
+def minicpm_args(c, layers):
+    return minicpm.ModelArgs(
+        model_type="minicpm", hidden_size=c["hidden"], dim_model_base=c.get("dim_model_base", 1),
+        num_hidden_layers=layers, intermediate_size=c.get("intermediate", 1),
+        num_attention_heads=c.get("heads", 1), rms_norm_eps=1e-6,
+        vocab_size=c.get("vocab", 1), num_key_value_heads=c.get("heads", 1),
+        scale_depth=c.get("scale_depth", 1.0), scale_emb=c.get("scale_emb", 1.0))
+
+
+def identity(x, *args, **kwargs):
+    return x
+
+
+class HiddenStates:
+    """Stands in for a model body: returns the given hidden states."""
+
+    def __init__(self, h, embed_tokens=None):
+        self.h = h
+        self.embed_tokens = embed_tokens
+
+    def __call__(self, inputs, cache=None):
+        return self.h
+
+
+def run(case):
+    name, block = case["name"], case["block"]
+    params, x = tensors_of(name)
+    if block == "linear_bias":
+        m = loaded(nn.Linear(case["in"], case["out"], bias=True), case, params)
+        return {"y": m(x["x"])}
+    if block == "gemma2_norm":
+        m = loaded(gemma2.RMSNorm(case["hidden"], eps=case["eps"]), case, params)
+        return {"y": m(x["x"])}
+    if block == "gemma2_mlp":
+        m = loaded(gemma2.MLP(case["hidden"], case["intermediate"]), case, params)
+        return {"y": m(x["x"])}
+    if block == "gemma2_attention":
+        m = loaded(gemma2.Attention(gemma2_args(case)), case, params)
+        h = x["x"]
+        if case["mode"] == "additive":
+            return {"y": m(h, x["mask"], None)}
+        # As mlx-lm generates: a KVCache, a prefill with the bool mask of
+        # create_attention_mask(return_array=True), one-token steps without
+        # a mask, then a chunk at an offset.
+        cache = KVCache()
+        p = case["prefill"]
+        y0 = m(h[:, :p], cache.make_mask(p, return_array=True, window_size=None), cache)
+        y1 = m(h[:, p:p + 1], cache.make_mask(1, return_array=True, window_size=None), cache)
+        n = h.shape[1] - p - 1
+        y2 = m(h[:, p + 1:], cache.make_mask(n, return_array=True, window_size=None), cache)
+        return {"prefill": y0, "step": y1, "chunk": y2}
+    if block == "qwen3_moe":
+        args = qwen3_moe.ModelArgs(
+            model_type="qwen3_moe", hidden_size=case["hidden"], num_hidden_layers=1,
+            intermediate_size=1, num_attention_heads=1, num_experts=case["experts"],
+            num_experts_per_tok=case["top_k"], decoder_sparse_step=1, mlp_only_layers=[],
+            moe_intermediate_size=case["intermediate"], rms_norm_eps=1e-6, vocab_size=1,
+            num_key_value_heads=1, head_dim=1, rope_theta=1e6, tie_word_embeddings=False,
+            max_position_embeddings=1, norm_topk_prob=case["norm_topk_prob"])
+        model = qwen3_moe.Model(args)
+        # The model's own quant_predicate (mlp.gate at 8 bits, group 64).
+        pred = model.quant_predicate
+
+        def predicate(path, module):
+            return hasattr(module, "to_quantized") and pred(path, module)
+
+        block_module = qwen3_moe.Qwen3MoeSparseMoeBlock(args)
+        # The paths the predicate sees in a model: model.layers.N.mlp.<name>.
+        m = loaded(block_module, case, params,
+                   lambda path, mod: predicate("model.layers.0.mlp." + path, mod))
+        return {"y": m(x["x"])}
+    if block == "gemma2_embed":
+        m = gemma2.GemmaModel(gemma2_args(case, layers=0))
+        m.norm = identity
+        loaded(m, case, params)
+        # No layers, so no cache list of its own: hand it one entry.
+        return {"h": m(x["ids"], cache=[None])}
+    if block == "gemma2_final":
+        m = gemma2.Model(gemma2_args(case, layers=0))
+        embed = loaded(nn.Embedding(case["vocab"], case["hidden"]), case, params)
+        m.model = HiddenStates(x["h"], embed)
+        return {"logits": m(None)}
+    if block == "minicpm_embed":
+        m = minicpm.MiniCPMModel(minicpm_args(case, layers=0))
+        m.norm = identity
+        loaded(m, case, params)
+        # No layers, so no cache list of its own: hand it one entry.
+        return {"h": m(x["ids"], cache=[None])}
+    if block == "minicpm_residual":
+        layer = minicpm.DecoderLayer(minicpm_args(case, layers=case["num_layers"]))
+        layer.input_layernorm = identity
+        layer.post_attention_layernorm = identity
+        layer.self_attn = lambda h, mask=None, cache=None: x["r_attn"]
+        layer.mlp = lambda h: x["r_mlp"]
+        return {"out": layer(x["x"])}
+    if block == "minicpm_logits":
+        m = minicpm.Model(minicpm_args(case, layers=0))
+        m.model = HiddenStates(x["h"])
+        loaded(m, case, params)
+        return {"logits": m(None)}
+    raise SystemExit(f"family_blocks.py: unknown block {block!r} in case {name!r}")
+
+
+for case in cases:
+    for k, v in run(case).items():
+        out[f"{case['name']}/{k}"] = v
+mx.eval(out)
+mx.save_safetensors(sys.argv[3], out)

@@ -1,0 +1,160 @@
+"""Checks `archgen serve` with the official openai client, as a user would
+call it. Asserts as it goes (a failed check exits non-zero with its message)
+and prints the texts the Rust test compares with `archgen generate` and
+`archgen chat` as JSON.
+
+usage: openai_client_check.py BASE_URL MODEL_DIR PROMPT_IDS
+  BASE_URL    e.g. http://127.0.0.1:40123/v1
+  MODEL_DIR   the served checkpoint (its tokenizer counts the prompt tokens)
+  PROMPT_IDS  comma-separated token ids for the greedy/seeded comparisons
+"""
+
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import openai  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+
+def check(cond, what):
+    if not cond:
+        raise SystemExit(f"check failed: {what}")
+
+
+def main() -> None:
+    base_url, model_dir, prompt_ids = sys.argv[1], sys.argv[2], [int(t) for t in sys.argv[3].split(",")]
+    client = openai.OpenAI(base_url=base_url, api_key="not-needed", timeout=120, max_retries=0)
+    tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    hf = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    out = {}
+
+    models = client.models.list().data
+    check(len(models) == 1, f"one model listed, got {models}")
+    name = models[0].id
+
+    # Completions: greedy, usage counted with the tokenizer, finish_reason.
+    prompt = "The quick brown fox"
+    c = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0)
+    text, finish = c.choices[0].text, c.choices[0].finish_reason
+    check(c.object == "text_completion", c.object)
+    check(c.usage.prompt_tokens == len(tok.encode(prompt).ids), f"prompt_tokens {c.usage}")
+    check(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens, f"total {c.usage}")
+    check(finish in ("stop", "length"), finish)
+    if finish == "length":
+        check(c.usage.completion_tokens == 12, f"length finish after 12 tokens: {c.usage}")
+    check(len(text) >= 4, f"a greedy completion long enough to cut: {text!r}")
+
+    # Streaming gives the same text, then the usage chunk.
+    chunks = list(
+        client.completions.create(
+            model=name, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    streamed = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    check(streamed == text, f"streamed {streamed!r} != {text!r}")
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    check(finishes == [finish], f"one finish_reason chunk: {finishes}")
+    check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == c.usage.completion_tokens,
+          f"usage chunk last: {chunks[-1]}")
+    check(len(chunks) >= 3, f"text arrives in several chunks: {len(chunks)}")
+
+    # Requests at once are queued and served one at a time: each gets the
+    # text it would get alone.
+    with ThreadPoolExecutor(4) as pool:
+        def greedy(_):
+            return client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0).choices[0].text
+        together = list(pool.map(greedy, range(4)))
+    check(together == [text] * 4, f"concurrent requests: {together}")
+
+    # A client that leaves a stream early does not stop the server.
+    with client.completions.create(model=name, prompt=prompt, max_tokens=400, temperature=0, stream=True) as s:
+        for i, _ in enumerate(s):
+            if i == 2:
+                break
+
+    # stop: a string from the middle of the greedy text cuts it there.
+    mid = len(text) // 2
+    stop = text[mid:mid + 2]
+    cut = text[: text.index(stop)]
+    for stream in (False, True):
+        r = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0,
+                                      stop=[stop, "never-appears"], stream=stream)
+        got = "".join(ch.choices[0].text for ch in r) if stream else r.choices[0].text
+        check(got == cut, f"stop {stop!r} (stream={stream}): {got!r} != {cut!r}")
+        if not stream:
+            check(r.choices[0].finish_reason == "stop", r.choices[0].finish_reason)
+    r = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0, stop=stop)
+    check(r.choices[0].text == cut, "stop as one string")
+
+    # seed: the same seed gives the same sample, another seed another one
+    # (temperature 3: a random-weight model's distribution is too peaked at 1).
+    def sampled(seed):
+        return client.completions.create(model=name, prompt=prompt, max_tokens=16, temperature=3.0,
+                                         top_p=0.95, seed=seed).choices[0].text
+    a, b, other = sampled(7), sampled(7), sampled(8)
+    check(a == b, f"seed 7 twice: {a!r} != {b!r}")
+    check(a != other, f"seeds 7 and 8 gave the same text {a!r}")
+
+    # Token-id prompts, for the Rust side to compare with `archgen generate`.
+    g = client.completions.create(model=name, prompt=prompt_ids, max_tokens=10, temperature=0)
+    check(g.usage.prompt_tokens == len(prompt_ids), f"id prompt tokens: {g.usage}")
+    out["greedy_ids"] = g.choices[0].text
+    s = client.completions.create(model=name, prompt=prompt_ids, max_tokens=10, temperature=3.0, top_p=0.95, seed=7)
+    out["seeded_ids"] = s.choices[0].text
+
+    # Chat: the prompt is the chat template as transformers renders it.
+    messages = [{"role": "system", "content": "You are a test."}, {"role": "user", "content": "Hello there"}]
+    ch = client.chat.completions.create(model=name, messages=messages, max_tokens=10, temperature=0)
+    reply = ch.choices[0].message.content
+    check(ch.object == "chat.completion" and ch.choices[0].message.role == "assistant", str(ch))
+    want_ids = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(want_ids, dict) or hasattr(want_ids, "keys"):
+        want_ids = want_ids["input_ids"]
+    check(ch.usage.prompt_tokens == len(want_ids), f"chat prompt_tokens {ch.usage} vs {len(want_ids)}")
+    check(ch.usage.total_tokens == ch.usage.prompt_tokens + ch.usage.completion_tokens, str(ch.usage))
+    chunks = list(client.chat.completions.create(model=name, messages=messages, max_tokens=10, temperature=0,
+                                                 stream=True))
+    check(chunks[0].choices[0].delta.role == "assistant", f"first delta has the role: {chunks[0]}")
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    check(streamed == reply, f"streamed chat {streamed!r} != {reply!r}")
+    check(chunks[-1].choices[0].finish_reason == ch.choices[0].finish_reason, "chat finish_reason")
+    if len(reply) >= 3:
+        stop = reply[1:3]
+        r = client.chat.completions.create(model=name, messages=messages, max_tokens=10, temperature=0, stop=stop)
+        check(r.choices[0].message.content == reply[: reply.index(stop)], "chat stop")
+        check(r.choices[0].finish_reason == "stop", "chat stop finish_reason")
+
+    # The conversation `archgen chat` has on the same turns (greedy).
+    turn1 = [{"role": "user", "content": "hello"}]
+    r1 = client.chat.completions.create(model=name, messages=turn1, max_tokens=6, temperature=0)
+    turn2 = turn1 + [{"role": "assistant", "content": r1.choices[0].message.content},
+                     {"role": "user", "content": "tell me more"}]
+    r2 = client.chat.completions.create(model=name, messages=turn2, max_tokens=6, temperature=0)
+    out["chat_turns"] = [r1.choices[0].message.content, r2.choices[0].message.content]
+
+    # Requests the server refuses: 400 with a message, and it keeps serving.
+    try:
+        client.chat.completions.create(model=name, messages=[{"role": "user", "content": "fox " * 50000}],
+                                       max_tokens=4)
+        check(False, "a prompt longer than the context was accepted")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "maximum context length" in str(e), str(e))
+    try:
+        client.completions.create(model=name, prompt=prompt, max_tokens=4, n=2)
+        check(False, "n=2 was accepted")
+    except openai.BadRequestError as e:
+        check("only 1 choice" in str(e), str(e))
+    again = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0)
+    check(again.choices[0].text == text, "the server still answers, the same")
+
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
