@@ -7,10 +7,10 @@
 //! inexact inlining itself, which is why those widths must stay eager.
 
 use archgen_runtime::attention::Mask;
+use archgen_runtime::blocks::{self as b, AttentionShape, AttentionWeights, KvWeights};
 use archgen_runtime::bytes::array_bytes;
 use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
 use archgen_runtime::decode;
-use archgen_runtime::gemma4::{self as g, AttentionShape, AttentionWeights, KvWeights};
 use archgen_runtime::layers::Linear;
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
 use archgen_runtime::rope::{apply_tables, Rope};
@@ -157,41 +157,75 @@ fn norm(seed: u64, n: i32, dt: Dtype) -> Array {
     lcg(seed, &[n], 0.5, 1.0).as_dtype(dt).unwrap()
 }
 
+/// A layer's flavour, as the IR facts of the two block arrangements in use.
+#[derive(Clone, Copy, Debug)]
+struct Flavour {
+    arrangement: b::NormArrangement,
+    qk_norm: bool,
+    activation: b::Activation,
+    scalar: bool,
+}
+
+/// Gemma-4's blocks: sandwich norms, q/k/v norms, GeGLU, layer scalar.
+const SANDWICH: Flavour = Flavour {
+    arrangement: b::NormArrangement::Sandwich,
+    qk_norm: true,
+    activation: b::Activation::GeluApprox,
+    scalar: true,
+};
+
+/// Qwen3 / Llama blocks: pre-norm, SwiGLU, with or without q/k norms.
+const fn pre_norm(qk_norm: bool) -> Flavour {
+    Flavour {
+        arrangement: b::NormArrangement::PreNorm,
+        qk_norm,
+        activation: b::Activation::Silu,
+        scalar: false,
+    }
+}
+
 struct Parts {
-    norms: g::LayerNorms,
+    norms: b::LayerNorms,
     attn: AttentionWeights,
     kv: KvWeights,
-    mlp: g::Mlp,
-    scalar: Array,
+    mlp: b::Mlp,
+    scalar: Option<Array>,
     shape: AttentionShape,
 }
 
-fn parts(hidden: i32, s: AttentionShape, k_eq_v: bool, dt: Dtype) -> Parts {
+fn parts(hidden: i32, s: AttentionShape, k_eq_v: bool, f: Flavour, dt: Dtype) -> Parts {
     let (q_out, kv_out) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
     Parts {
-        norms: g::LayerNorms {
-            input: norm(1, hidden, dt),
-            post_attention: norm(2, hidden, dt),
-            pre_feedforward: norm(3, hidden, dt),
-            post_feedforward: norm(4, hidden, dt),
+        norms: match f.arrangement {
+            b::NormArrangement::Sandwich => b::LayerNorms::Sandwich {
+                input: norm(1, hidden, dt),
+                post_attention: norm(2, hidden, dt),
+                pre_feedforward: norm(3, hidden, dt),
+                post_feedforward: norm(4, hidden, dt),
+            },
+            b::NormArrangement::PreNorm => b::LayerNorms::PreNorm {
+                input: norm(1, hidden, dt),
+                ffn: norm(2, hidden, dt),
+            },
         },
         attn: AttentionWeights {
             q_proj: linear(5, q_out, hidden, dt),
             o_proj: linear(6, hidden, q_out, dt),
-            q_norm: norm(7, s.head_dim, dt),
+            q_norm: f.qk_norm.then(|| norm(7, s.head_dim, dt)),
             kv: None,
         },
         kv: KvWeights {
             k_proj: linear(8, kv_out, hidden, dt),
             v_proj: (!k_eq_v).then(|| linear(9, kv_out, hidden, dt)),
-            k_norm: norm(10, s.head_dim, dt),
+            k_norm: f.qk_norm.then(|| norm(10, s.head_dim, dt)),
         },
-        mlp: g::Mlp {
+        mlp: b::Mlp {
             gate_proj: linear(11, 2 * hidden, hidden, dt),
             up_proj: linear(12, 2 * hidden, hidden, dt),
             down_proj: linear(13, hidden, 2 * hidden, dt),
+            activation: f.activation,
         },
-        scalar: norm(14, 1, dt),
+        scalar: f.scalar.then(|| norm(14, 1, dt)),
         shape: s,
     }
 }
@@ -199,11 +233,21 @@ fn parts(hidden: i32, s: AttentionShape, k_eq_v: bool, dt: Dtype) -> Parts {
 /// Several decode steps of one layer, eager (as the monolith) and through
 /// `decode` (as generated models), each on its own cache; every step's
 /// output must be identical.
-fn run_layer(hidden: i32, s: AttentionShape, rope: &Rope, sliding: bool, dt: Dtype, stack: bool) {
-    let p = parts(hidden, s, !sliding, dt);
+#[allow(clippy::too_many_arguments)]
+fn run_layer(
+    hidden: i32,
+    s: AttentionShape,
+    rope: &Rope,
+    sliding: bool,
+    k_eq_v: bool,
+    f: Flavour,
+    dt: Dtype,
+    stack: bool,
+) {
+    let p = parts(hidden, s, k_eq_v, f, dt);
     // The decode side as generated models load it: Q/K/V stacked (or not),
     // weights pretransposed.
-    let mut d = parts(hidden, s, !sliding, dt);
+    let mut d = parts(hidden, s, k_eq_v, f, dt);
     let fused = if stack {
         Some(decode::FusedQkv::new(&mut d.attn, &mut d.kv, s).expect("stackable"))
     } else {
@@ -225,12 +269,12 @@ fn run_layer(hidden: i32, s: AttentionShape, rope: &Rope, sliding: bool, dt: Dty
             .as_dtype(dt)
             .unwrap();
         let mask = Mask::None;
-        let x = mlx_rs::fast::rms_norm(&h, Some(&p.norms.input), s.eps).unwrap();
+        let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
         let (a, _) =
-            g::attention_own_kv(&x, &p.attn, &p.kv, s, rope, &mut eager_cache, &mask).unwrap();
-        let e = g::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
-        let e = g::feed_forward_dense(&e, &p.norms, &p.mlp, s.eps).unwrap();
-        let want = g::finish_layer(&e, None, &p.scalar, s.eps).unwrap();
+            b::attention_own_kv(&x, &p.attn, &p.kv, s, rope, &mut eager_cache, &mask).unwrap();
+        let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
+        let e = b::feed_forward(&e, &p.norms, &p.mlp, None, s.eps).unwrap();
+        let want = b::finish_layer(&e, None, p.scalar.as_ref(), s.eps).unwrap();
 
         let tables = rope.tables(decode_cache.offset(), 1, dt).unwrap();
         let layer = decode::Layer {
@@ -239,7 +283,7 @@ fn run_layer(hidden: i32, s: AttentionShape, rope: &Rope, sliding: bool, dt: Dty
             mlp: &d.mlp,
             moe: None,
             ple: None,
-            layer_scalar: &d.scalar,
+            layer_scalar: d.scalar.as_ref(),
             shape: d.shape,
             eps: s.eps,
         };
@@ -258,26 +302,27 @@ fn run_layer(hidden: i32, s: AttentionShape, rope: &Rope, sliding: bool, dt: Dty
         let got = got.reshape(&[1, 1, hidden]).unwrap();
         assert!(
             same(&want, &got),
-            "hidden {hidden} head_dim {} {dt:?} step {step}",
+            "{f:?} hidden {hidden} head_dim {} {dt:?} step {step}",
             s.head_dim
         );
     }
 }
 
+fn shape(n_kv_heads: i32, head_dim: i32, scale: f32, value_norm: b::ValueNorm) -> AttentionShape {
+    AttentionShape {
+        n_heads: 4,
+        n_kv_heads,
+        head_dim,
+        eps: 1e-6,
+        scale,
+        value_norm,
+    }
+}
+
 #[test]
 fn decode_blocks_match_the_eager_layer() {
-    let sliding = AttentionShape {
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim: 16,
-        eps: 1e-6,
-    };
-    let full = AttentionShape {
-        n_heads: 4,
-        n_kv_heads: 1,
-        head_dim: 32,
-        eps: 1e-6,
-    };
+    let sliding = shape(2, 16, 1.0, b::ValueNorm::RmsScaleFree);
+    let full = shape(1, 32, 1.0, b::ValueNorm::RmsScaleFree);
     let base = Rope::base(16, 10_000.0);
     let prop = Rope::proportional(32, 8, 1_000_000.0, 1.0).unwrap();
     for dt in DTYPES {
@@ -285,8 +330,8 @@ fn decode_blocks_match_the_eager_layer() {
         // constant inlining, so the norms take it as an input.
         for hidden in [64, 3840] {
             for stack in [false, true] {
-                run_layer(hidden, sliding, &base, true, dt, stack);
-                run_layer(hidden, full, &prop, false, dt, stack);
+                run_layer(hidden, sliding, &base, true, false, SANDWICH, dt, stack);
+                run_layer(hidden, full, &prop, false, true, SANDWICH, dt, stack);
             }
         }
     }
@@ -311,60 +356,18 @@ fn mlx_compile_inlines_inexact_float_constants() {
     );
 }
 
-/// The dense (Qwen3 / Llama) decode blocks against the eager dense layer the
+/// The pre-norm (Qwen3 / Llama) decode blocks against the eager layer the
 /// monolith runs, several steps each, both RoPE forms, with and without q/k
 /// norms, at the tiny width and at Qwen3-4B's 2560 (1/2560 inlines inexactly).
-fn run_dense<const QK: bool>(hidden: i32, head_dim: i32, rope: &Rope, dt: Dtype) {
-    use archgen_runtime::dense;
-    let s = dense::Shape::new(4, 2, head_dim, 1e-6);
-    let make = || dense::Layer {
-        input_norm: norm(1, hidden, dt),
-        post_attention_norm: norm(2, hidden, dt),
-        attn: dense::Attention {
-            q_proj: linear(3, 4 * head_dim, hidden, dt),
-            k_proj: linear(4, 2 * head_dim, hidden, dt),
-            v_proj: linear(5, 2 * head_dim, hidden, dt),
-            o_proj: linear(6, hidden, 4 * head_dim, dt),
-            qk_norm: QK.then(|| (norm(7, head_dim, dt), norm(8, head_dim, dt))),
-        },
-        mlp: dense::Mlp {
-            gate_proj: linear(9, 2 * hidden, hidden, dt),
-            up_proj: linear(10, 2 * hidden, hidden, dt),
-            down_proj: linear(11, hidden, 2 * hidden, dt),
-        },
-    };
-    let eager = make();
-    let mut d = make();
-    d.pretranspose();
-    let (mut eager_cache, mut decode_cache) = (KvCache::default(), KvCache::default());
-    for step in 0..10 {
-        let h = lcg(200 + step, &[1, 1, hidden], 4.0, 0.0)
-            .as_dtype(dt)
-            .unwrap();
-        let mask = eager_cache.make_mask(1);
-        let want = dense::layer::<QK>(&h, &eager, s, rope, &mut eager_cache, &mask).unwrap();
-        let tables = rope.tables(decode_cache.offset, 1, dt).unwrap();
-        let rows = h.reshape(&[1, hidden]).unwrap();
-        let got =
-            decode::dense_layer::<QK>(&rows, &d, s, rope, Some(&tables), &mut decode_cache, &mask)
-                .unwrap()
-                .reshape(&[1, 1, hidden])
-                .unwrap();
-        assert!(
-            same(&want, &got),
-            "dense hidden {hidden} head_dim {head_dim} qk {QK} {dt:?} step {step}"
-        );
-    }
-}
-
 #[test]
-fn dense_decode_blocks_match_the_eager_layer() {
+fn pre_norm_decode_blocks_match_the_eager_layer() {
     let base = Rope::base(16, 1_000_000.0);
     let llama3 = Rope::llama3(16, 500_000.0, 32.0, 1.0, 4.0, 8192.0).unwrap();
+    let s = shape(2, 16, (16f64).powf(-0.5) as f32, b::ValueNorm::None);
     for dt in DTYPES {
         for hidden in [64, 2560] {
-            run_dense::<true>(hidden, 16, &base, dt);
-            run_dense::<false>(hidden, 16, &llama3, dt);
+            run_layer(hidden, s, &base, false, false, pre_norm(true), dt, false);
+            run_layer(hidden, s, &llama3, false, false, pre_norm(false), dt, false);
         }
     }
     // Before attention: 2 widths x (q/k norm or not); after: 2 widths.

@@ -151,16 +151,38 @@ fn every_accepted_spec_emits_parsable_rust_and_a_sample_compiles() {
     // A sample, covering MoE, per-layer inputs, KV sharing and quantization,
     // type-checks in a crate of its own against the real runtime.
     let mut sample: Vec<&(String, archgen_plan::Plan, String)> = Vec::new();
+    use archgen_spec::ir::{
+        FeedForward, HeadWeight, KvSource, LayerInput, NormArrangement, QkNorm,
+    };
     let features: [fn(&archgen_plan::Plan) -> bool; 6] = [
-        |p| p.arch.moe.is_some(),
-        |p| p.arch.per_layer_input.is_some() && p.arch.first_kv_shared_layer < p.arch.num_layers,
-        |p| p.arch.quantization.is_some(),
-        |p| !p.arch.tie_word_embeddings && p.arch.final_logit_softcapping.is_none(),
-        |p| p.arch.family == archgen_spec::Family::Qwen3 && p.arch.quantization.is_some(),
         |p| {
-            p.arch.family == archgen_spec::Family::Llama
-                && !p.arch.tie_word_embeddings
-                && matches!(p.arch.layers[0].rope, archgen_spec::RopeKind::Llama3 { .. })
+            p.ir.layers
+                .iter()
+                .any(|l| matches!(l.ffn, FeedForward::MlpAndMoe { .. }))
+        },
+        |p| {
+            p.ir.layers.iter().any(|l| {
+                matches!(l.input, LayerInput::Gated { .. })
+                    && matches!(l.attention().kv, KvSource::Shared { .. })
+            })
+        },
+        |p| p.ir.quantization.is_some(),
+        |p| p.ir.head.weight == HeadWeight::Untied && p.ir.head.logit_softcap.is_none(),
+        |p| {
+            let l = &p.ir.layers[0];
+            l.norms.arrangement == NormArrangement::PreNorm
+                && l.attention().qk_norm == QkNorm::RmsPerHead
+                && p.ir.quantization.is_some()
+        },
+        |p| {
+            let l = &p.ir.layers[0];
+            l.norms.arrangement == NormArrangement::PreNorm
+                && l.attention().qk_norm == QkNorm::None
+                && p.ir.head.weight == HeadWeight::Untied
+                && matches!(
+                    l.attention().rope.kind,
+                    archgen_spec::RopeKind::Llama3 { .. }
+                )
         },
     ];
     for f in features {

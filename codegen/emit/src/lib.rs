@@ -42,7 +42,6 @@
 //! # Ok::<(), String>(())
 //! ```
 
-mod dense;
 mod model;
 mod plan_file;
 mod registry;

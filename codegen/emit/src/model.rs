@@ -1,9 +1,17 @@
-//! The model file: constants baked from the plan, one struct per layer kind
-//! with its load and forward, a typed cache, and the forward pass unrolled
-//! over the layers with every branch resolved at generation time.
+//! The model file of every spec, read from the plan's block IR: constants,
+//! one struct per layer kind with its load and forward written out, a typed
+//! cache, and the forward pass unrolled over the layers with every branch
+//! resolved at generation time. Nothing here asks which family a model is;
+//! each IR fact maps onto the runtime block that runs it
+//! (`archgen_runtime::blocks`).
 
-use archgen_plan::{KindKey, Plan};
-use archgen_spec::{LayerFacts, LayerType, RopeKind};
+use archgen_plan::{LayerKind, Plan};
+use archgen_spec::ir::{
+    Activation, Attention, EmbedScale, FeedForward, HeadWeight, KvCache, KvSource, Layer,
+    LayerInput, LayerScalar, ModelIr, NormArrangement, NormWeight, QkNorm, Router, ValueNorm,
+    Values, Window,
+};
+use archgen_spec::RopeKind;
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::quote;
 
@@ -25,158 +33,263 @@ pub(crate) fn layer_field(i: usize) -> Ident {
     ident(&format!("layer_{i}"))
 }
 
-fn shape_const(t: LayerType) -> Ident {
-    ident(match t {
-        LayerType::Sliding => "SLIDING",
-        LayerType::Full => "FULL",
-    })
-}
-
-fn rope_field(t: LayerType) -> Ident {
-    ident(match t {
-        LayerType::Sliding => "rope_sliding",
-        LayerType::Full => "rope_full",
-    })
-}
-
-fn tables_var(t: LayerType) -> Ident {
-    ident(match t {
-        LayerType::Sliding => "sliding_tables",
-        LayerType::Full => "full_tables",
-    })
-}
-
-fn mask_var(t: LayerType) -> Ident {
-    ident(match t {
-        LayerType::Sliding => "sliding_mask",
-        LayerType::Full => "full_mask",
-    })
-}
-
-fn type_words(t: LayerType) -> &'static str {
-    match t {
-        LayerType::Sliding => "sliding-window attention",
-        LayerType::Full => "full attention",
+/// The name of a window in the model: `full`, `sliding` (or `sliding_{n}`
+/// when the model has several sliding sizes).
+fn window_name(ir: &ModelIr, w: Window) -> String {
+    match w {
+        Window::Full => "full".to_string(),
+        Window::Sliding(n) => {
+            let sizes = windows(ir)
+                .iter()
+                .filter(|w| matches!(w, Window::Sliding(_)))
+                .count();
+            if sizes > 1 {
+                format!("sliding_{n}")
+            } else {
+                "sliding".to_string()
+            }
+        }
     }
 }
 
-/// The struct and impl of one layer kind.
-fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
-    let name = ident(&key.type_name());
-    let shape = shape_const(key.layer_type);
+/// The windows of the model, in order of first appearance.
+fn windows(ir: &ModelIr) -> Vec<Window> {
+    let mut out: Vec<Window> = Vec::new();
+    for l in &ir.layers {
+        let w = l.attention().window;
+        if !out.contains(&w) {
+            out.push(w);
+        }
+    }
+    out
+}
+
+fn window_words(w: Window) -> String {
+    match w {
+        Window::Full => "full attention".to_string(),
+        Window::Sliding(n) => format!("sliding-window attention ({n})"),
+    }
+}
+
+/// The runtime's mirror of an IR fact, as tokens.
+fn arrangement_tokens(l: &Layer) -> TokenStream {
+    match (l.norms.arrangement, l.norms.weight) {
+        (NormArrangement::PreNorm, NormWeight::Direct) => quote! { b::NormArrangement::PreNorm },
+        (NormArrangement::Sandwich, NormWeight::Direct) => quote! { b::NormArrangement::Sandwich },
+    }
+}
+
+fn qk_tokens(a: &Attention) -> TokenStream {
+    match a.qk_norm {
+        QkNorm::None => quote! { b::QkNorm::None },
+        QkNorm::RmsPerHead => quote! { b::QkNorm::RmsPerHead },
+    }
+}
+
+fn activation_tokens(a: Activation) -> TokenStream {
+    match a {
+        Activation::GeluApprox => quote! { b::Activation::GeluApprox },
+        Activation::Silu => quote! { b::Activation::Silu },
+    }
+}
+
+/// The attention shape constant of a kind.
+fn shape_tokens(a: &Attention) -> Result<TokenStream, String> {
+    let (h, kv, hd) = (
+        lit_i32(a.n_heads)?,
+        lit_i32(a.n_kv_heads)?,
+        lit_i32(a.head_dim)?,
+    );
+    let scale = lit_f32(a.scale.value(a.head_dim));
+    let value_norm = match a.value_norm {
+        ValueNorm::None => quote! { b::ValueNorm::None },
+        ValueNorm::RmsScaleFree => quote! { b::ValueNorm::RmsScaleFree },
+    };
+    Ok(quote! {
+        AttentionShape { n_heads: #h, n_kv_heads: #kv, head_dim: #hd, eps: EPS, scale: #scale, value_norm: #value_norm }
+    })
+}
+
+/// What a kind's doc comment says about it.
+fn kind_doc(l: &Layer, layers: &[usize]) -> String {
+    let a = l.attention();
     let list = layers
         .iter()
         .map(|l| l.to_string())
         .collect::<Vec<_>>()
         .join(", ");
-    let doc = format!(
-        " {} {list}: {}, {}{}{}{}.",
+    let mut parts = vec![window_words(a.window)];
+    parts.push(match l.norms.arrangement {
+        NormArrangement::PreNorm => "pre-norm".to_string(),
+        NormArrangement::Sandwich => "sandwich norms".to_string(),
+    });
+    parts.push(match a.kv {
+        KvSource::Own {
+            values: Values::Projected,
+            ..
+        } => "computes its own K/V".to_string(),
+        KvSource::Own {
+            values: Values::SameAsKeys,
+            ..
+        } => "computes its own K/V (V = K projection, no v_proj)".to_string(),
+        KvSource::Shared { .. } => "reads a donor's K/V".to_string(),
+    });
+    match a.qk_norm {
+        QkNorm::None => {}
+        QkNorm::RmsPerHead => parts.push("per-head q/k RMSNorm".to_string()),
+    }
+    let mlp = |act: Activation| match act {
+        Activation::GeluApprox => "GeGLU MLP",
+        Activation::Silu => "SwiGLU MLP",
+    };
+    parts.push(match l.ffn {
+        FeedForward::Mlp(m) => mlp(m.activation).to_string(),
+        FeedForward::MlpAndMoe { mlp: m, .. } => format!("{} + routed experts", mlp(m.activation)),
+    });
+    match l.input {
+        LayerInput::None => {}
+        LayerInput::Gated { .. } => parts.push("per-layer input gate".to_string()),
+    }
+    match l.scalar {
+        LayerScalar::None => {}
+        LayerScalar::Learned => parts.push("layer scalar".to_string()),
+    }
+    format!(
+        " {} {list}: {}.",
         if layers.len() == 1 { "Layer" } else { "Layers" },
-        type_words(key.layer_type),
-        if key.own_kv {
-            "computes its own K/V"
-        } else {
-            "reads a donor's K/V"
+        parts.join(", ")
+    )
+}
+
+/// The struct and impl of one layer kind.
+fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
+    let l = &kind.key.0;
+    let name = ident(&kind.name);
+    let doc = kind_doc(l, &kind.layers);
+    let a = l.attention();
+    let shape = shape_tokens(a)?;
+    let arrangement = arrangement_tokens(l);
+    let qk = qk_tokens(a);
+    let act = activation_tokens(l.mlp().activation);
+    let own = match a.kv {
+        KvSource::Own { values, .. } => Some(match values {
+            Values::Projected => quote! { b::Values::Projected },
+            Values::SameAsKeys => quote! { b::Values::SameAsKeys },
+        }),
+        KvSource::Shared { .. } => None,
+    };
+    let moe = match l.ffn {
+        FeedForward::Mlp(_) => None,
+        FeedForward::MlpAndMoe { moe, .. } => match (moe.router, moe.activation) {
+            (Router::ScaledTopKSoftmax, Activation::GeluApprox) => Some(moe),
+            (Router::ScaledTopKSoftmax, Activation::Silu) => {
+                return Err(format!(
+                    "layer kind {}: SiLU experts have no runtime block yet",
+                    kind.name
+                ))
+            }
         },
-        if key.k_eq_v {
-            " (V = K projection, no v_proj)"
-        } else {
-            ""
-        },
-        if key.moe {
-            ", dense MLP + routed experts"
-        } else {
-            ", dense GeGLU MLP"
-        },
-        if key.ple {
-            ", per-layer input gate"
-        } else {
-            ""
-        },
-    );
-    let kv_field = key
-        .own_kv
-        .then(|| quote! { kv: g::KvWeights, qkv: Option<decode::FusedQkv>, });
-    let moe_field = key.moe.then(|| quote! { moe: g::MoeBlock, });
-    let ple_field = key.ple.then(|| quote! { ple: g::PleGate, });
-    let k_eq_v = key.k_eq_v;
-    let kv_load = key
-        .own_kv
-        .then(|| quote! { kv: g::load_kv(w, i, HIDDEN, #shape, #k_eq_v), qkv: None, });
-    let moe_load = key
-        .moe
-        .then(|| quote! { moe: g::load_moe(w, i, HIDDEN, EXPERTS, TOP_K, MOE_WIDTH, EPS), });
-    let ple_load = key
-        .ple
-        .then(|| quote! { ple: g::load_ple_gate(w, i, HIDDEN, PLE_WIDTH), });
-    let ple_arg = key.ple.then(|| quote! { , pli: &Array });
-    let kv_pre = key.own_kv.then(|| {
+    };
+    let ple = match l.input {
+        LayerInput::None => None,
+        LayerInput::Gated { width } => Some(lit_i32(width)?),
+    };
+    let scalar = match l.scalar {
+        LayerScalar::None => false,
+        LayerScalar::Learned => true,
+    };
+
+    let kv_field = own
+        .as_ref()
+        .map(|_| quote! { kv: b::KvWeights, qkv: Option<decode::FusedQkv>, });
+    let kv_load = own
+        .as_ref()
+        .map(|v| quote! { kv: b::load_kv(w, i, HIDDEN, Self::SHAPE, #qk, #v), qkv: None, });
+    let kv_pre = own.as_ref().map(|_| {
         quote! {
-            layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, #shape);
+            layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, Self::SHAPE);
             w.release(&format!("layers.{i}."));
             layer.kv.pretranspose();
         }
     });
-    let moe_pre = key.moe.then(|| quote! { layer.moe.pretranspose(); });
-    let ple_pre = key.ple.then(|| quote! { layer.ple.pretranspose(); });
-    let ff = if key.moe {
-        quote! { g::feed_forward_moe(&h, &self.norms, &self.mlp, &self.moe, EPS)? }
-    } else {
-        quote! { g::feed_forward_dense(&h, &self.norms, &self.mlp, EPS)? }
+    let moe_field = moe.map(|_| quote! { moe: b::MoeBlock, });
+    let moe_load = match moe {
+        Some(m) => {
+            let (e, k, mw) = (
+                lit_i32(m.num_experts)?,
+                lit_i32(m.top_k)?,
+                lit_i32(m.width)?,
+            );
+            Some(quote! { moe: b::load_moe(w, i, HIDDEN, #e, #k, #mw, EPS), })
+        }
+        None => None,
     };
-    let ple_use = if key.ple {
-        quote! { Some((&self.ple, pli)) }
+    let moe_pre = moe.map(|_| quote! { layer.moe.pretranspose(); });
+    let moe_ref = match moe {
+        Some(_) => quote! { Some(&self.moe) },
+        None => quote! { None },
+    };
+    let ple_field = ple.as_ref().map(|_| quote! { ple: b::PleGate, });
+    let ple_load = ple
+        .as_ref()
+        .map(|pw| quote! { ple: b::load_ple_gate(w, i, HIDDEN, #pw), });
+    let ple_pre = ple.as_ref().map(|_| quote! { layer.ple.pretranspose(); });
+    let ple_arg = ple.as_ref().map(|_| quote! { , pli: &Array });
+    let ple_use = match ple {
+        Some(_) => quote! { Some((&self.ple, pli)) },
+        None => quote! { None },
+    };
+    let scalar_field = scalar.then(|| quote! { layer_scalar: Array, });
+    let scalar_load = scalar.then(|| quote! { layer_scalar: b::load_layer_scalar(w, i), });
+    let scalar_ref = if scalar {
+        quote! { Some(&self.layer_scalar) }
     } else {
         quote! { None }
     };
-    let moe_ref = if key.moe {
-        quote! { Some(&self.moe) }
-    } else {
-        quote! { None }
-    };
-    let (kv_arg, attn, decode_step, ret_ty, ret) = if key.own_kv {
-        (
+    let (kv_arg, attn, decode_step, ret_ty, ret) = match own {
+        Some(_) => (
             quote! { cache: &mut LayerCache },
             quote! {
-                let (a, kv) = g::attention_own_kv(&x, &self.attn, &self.kv, #shape, rope, cache, mask)?;
+                let (a, kv) = b::attention_own_kv(&x, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
             },
-            quote! { decode::own_kv(h, &layer, &self.kv, self.qkv.as_ref(), tables, cache, mask) },
-            quote! { (Array, g::SharedKv) },
+            quote! { decode::own_kv(h, &layer, &self.kv, self.qkv.as_ref(), tables, cache, at.mask) },
+            quote! { (Array, b::SharedKv) },
             quote! { Ok((h, kv)) },
-        )
-    } else {
-        (
-            quote! { shared: &g::SharedKv },
+        ),
+        None => (
+            quote! { shared: &b::SharedKv },
             quote! {
-                let a = g::attention_shared_kv(&x, &self.attn, #shape, rope, shared, mask)?;
+                let a = b::attention_shared_kv(&x, &self.attn, Self::SHAPE, at.rope, shared, at.mask)?;
             },
-            quote! { decode::shared_kv(h, &layer, tables, shared, mask) },
+            quote! { decode::shared_kv(h, &layer, tables, shared, at.mask) },
             quote! { Array },
             quote! { Ok(h) },
-        )
+        ),
     };
-    quote! {
+    Ok(quote! {
         #[doc = #doc]
         struct #name {
-            norms: g::LayerNorms,
-            attn: g::AttentionWeights,
+            norms: b::LayerNorms,
+            attn: b::AttentionWeights,
             #kv_field
-            mlp: g::Mlp,
+            mlp: b::Mlp,
             #moe_field
             #ple_field
-            layer_scalar: Array,
+            #scalar_field
         }
 
         impl #name {
+            const SHAPE: AttentionShape = #shape;
+
             fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
                 let mut layer = Self {
-                    norms: g::load_norms(w, i, HIDDEN),
-                    attn: g::load_attention(w, i, HIDDEN, #shape),
+                    norms: b::load_norms(w, i, HIDDEN, #arrangement),
+                    attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, #qk),
                     #kv_load
-                    mlp: g::load_mlp(w, i, HIDDEN, mlp_width),
+                    mlp: b::load_mlp(w, i, HIDDEN, mlp_width, #act),
                     #moe_load
                     #ple_load
-                    layer_scalar: g::load_layer_scalar(w, i),
+                    #scalar_load
                 };
                 #kv_pre
                 layer.attn.pretranspose();
@@ -186,8 +299,8 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
                 layer
             }
 
-            fn forward(&self, h: &Array, rope: &Rope, step: Option<&RopeTables>, mask: &Mask, #kv_arg #ple_arg) -> Result<#ret_ty> {
-                if let Some(tables) = step {
+            fn forward(&self, h: &Array, at: &WindowStep, #kv_arg #ple_arg) -> Result<#ret_ty> {
+                if let Some(tables) = at.tables {
                     // One token: the compiled blocks around attention.
                     let layer = decode::Layer {
                         norms: &self.norms,
@@ -195,243 +308,267 @@ fn kind_tokens(key: &KindKey, layers: &[usize]) -> TokenStream {
                         mlp: &self.mlp,
                         moe: #moe_ref,
                         ple: #ple_use,
-                        layer_scalar: &self.layer_scalar,
-                        shape: #shape,
+                        layer_scalar: #scalar_ref,
+                        shape: Self::SHAPE,
                         eps: EPS,
                     };
                     return #decode_step;
                 }
-                let x = rms_norm(h, Some(&self.norms.input), EPS)?;
+                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                 #attn
-                let h = g::attention_residual(h, &a, &self.norms, EPS)?;
-                let h = #ff;
-                let h = g::finish_layer(&h, #ple_use, &self.layer_scalar, EPS)?;
+                let h = b::attention_residual(h, &a, &self.norms, EPS)?;
+                let h = b::feed_forward(&h, &self.norms, &self.mlp, #moe_ref, EPS)?;
+                let h = b::finish_layer(&h, #ple_use, #scalar_ref, EPS)?;
                 #ret
             }
         }
-    }
+    })
 }
 
-fn rope_init(f: &LayerFacts) -> Result<TokenStream, String> {
-    let hd = lit_i32(f.head_dim)?;
-    Ok(match f.rope {
+fn rope_init(a: &Attention) -> Result<TokenStream, String> {
+    let hd = lit_i32(a.head_dim)?;
+    Ok(match a.rope.kind {
         RopeKind::Default { theta } => {
             let theta = lit_f32(theta);
             quote! { Rope::base(#hd, #theta) }
         }
         RopeKind::Proportional { theta, factor, .. } => {
             let (theta, factor) = (lit_f32(theta), lit_f32(factor));
-            let rotated = lit_i32(f.rotated_dims)?;
+            let rotated = lit_i32(a.rope.rotated_dims)?;
             quote! { Rope::proportional(#hd, #rotated, #theta, #factor).map_err(|e| ModelError(e.to_string()))? }
         }
-        RopeKind::Llama3 { .. } => {
-            return Err("Llama-3 RoPE is a dense-family form; a Gemma-4 spec cannot have it".into())
+        RopeKind::Llama3 {
+            theta,
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let theta = lit_f32(theta);
+            let [factor, low, high, original] = [
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            ]
+            .map(Literal::f64_suffixed);
+            quote! {
+                Rope::llama3(#hd, #theta, #factor, #low, #high, #original)
+                    .map_err(|e| ModelError(e.to_string()))?
+            }
         }
     })
 }
 
-/// The whole model module (without the file header), by family.
+/// The whole model module (without the file header).
 pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
-    if plan.arch.family.is_dense() {
-        crate::dense::model_tokens(plan)
-    } else {
-        gemma4_tokens(plan)
-    }
-}
-
-fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
-    let a = &plan.arch;
+    let ir = &plan.ir;
     let name = &plan.name;
     let fingerprint = &plan.fingerprint;
     let spec_hash = &plan.spec_hash;
-    let hidden = lit_i32(a.hidden_size)?;
-    let vocab = lit_i32(a.vocab_size)?;
-    let n_layers = lit_i32(a.num_layers)?;
-    let window = lit_i32(a.sliding_window)?;
-    let eps = lit_f32(a.rms_norm_eps);
+    let hidden = lit_i32(ir.hidden_size)?;
+    let vocab = lit_i32(ir.vocab_size)?;
+    let n_layers = lit_i32(ir.layers.len())?;
+    let eps = lit_f32(ir.norm_eps);
+    if ir.layers.is_empty() {
+        return Err(format!("{name}: a model without layers"));
+    }
 
-    // Attention geometry per layer type (the same for every layer of a type).
-    let mut shapes = Vec::new();
+    // One RoPE per window (every layer of a window rotates the same way, so
+    // a step's tables are computed once per window).
     let mut ropes_struct = Vec::new();
     let mut ropes_init = Vec::new();
-    for t in [LayerType::Sliding, LayerType::Full] {
-        let Some(f) = a.layers.iter().find(|f| f.layer_type == t) else {
-            continue;
-        };
-        let c = shape_const(t);
-        let (h, kv, hd) = (
-            lit_i32(f.n_heads)?,
-            lit_i32(f.n_kv_heads)?,
-            lit_i32(f.head_dim)?,
-        );
-        let doc = format!(" Attention geometry of every {} layer.", type_words(t));
-        shapes.push(quote! {
-            #[doc = #doc]
-            const #c: AttentionShape = AttentionShape { n_heads: #h, n_kv_heads: #kv, head_dim: #hd, eps: EPS };
-        });
-        let field = rope_field(t);
-        ropes_struct.push(quote! { #field: Rope, });
-        let init = rope_init(f)?;
-        ropes_init.push(quote! { #field: #init, });
-    }
-
-    let mut extra_consts = Vec::new();
-    if let Some(p) = a.per_layer_input {
-        let (w, v) = (lit_i32(p.width)?, lit_i32(p.vocab)?);
-        extra_consts.push(quote! {
-            const PLE_WIDTH: i32 = #w;
-            const PLE_VOCAB: i32 = #v;
-        });
-    }
-    if let Some(m) = a.moe {
-        let (e, k, w) = (
-            lit_i32(m.num_experts)?,
-            lit_i32(m.top_k)?,
-            lit_i32(m.width)?,
-        );
-        extra_consts.push(quote! {
-            const EXPERTS: i32 = #e;
-            const TOP_K: i32 = #k;
-            const MOE_WIDTH: i32 = #w;
+    let mut masks = Vec::new();
+    let mut steps_ctx = Vec::new();
+    for w in windows(ir) {
+        let wn = window_name(ir, w);
+        let first = ir
+            .layers
+            .iter()
+            .find(|l| l.attention().window == w)
+            .expect("a window has layers");
+        let a = first.attention();
+        if let Some(other) = ir.layers.iter().find(|l| {
+            let b = l.attention();
+            b.window == w && (b.rope, b.head_dim) != (a.rope, a.head_dim)
+        }) {
+            return Err(format!(
+                "{name}: layers {} and {} share a window but not a RoPE; the emitter keeps one RoPE per window",
+                first.index, other.index
+            ));
+        }
+        let rope = ident(&format!("rope_{wn}"));
+        ropes_struct.push(quote! { #rope: Rope, });
+        let init = rope_init(a)?;
+        ropes_init.push(quote! { #rope: #init, });
+        let mask = ident(&format!("{wn}_mask"));
+        let tables = ident(&format!("{wn}_tables"));
+        // The window's mask comes from its first layer's cache, before any
+        // update (`_make_masks`, `create_attention_mask(h, cache[0])`).
+        if !a.owns_kv() {
+            return Err(format!(
+                "{name}: layer {}, the first of its window, has no cache to build the mask from",
+                first.index
+            ));
+        }
+        let field = layer_field(first.index);
+        let size = lit_i32(match w {
+            Window::Full => 0,
+            Window::Sliding(n) => n,
+        })?;
+        masks.push(quote! { let #mask = b::mask_for(&cache.#field, n, #size)?; });
+        let ctx = ident(&wn);
+        steps_ctx.push(quote! {
+            let #tables = if step { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
+            let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
         });
     }
 
     let kinds: Vec<TokenStream> = plan
         .kinds
         .iter()
-        .map(|k| kind_tokens(&k.key, &k.layers))
-        .collect();
+        .map(kind_tokens)
+        .collect::<Result<_, _>>()?;
 
-    // Model fields and loading.
+    // Model fields, loading, the cache and the forward pass, one line each.
     let mut fields = Vec::new();
     let mut loads = Vec::new();
     let mut cache_fields = Vec::new();
     let mut cache_inits = Vec::new();
-    for f in &a.layers {
-        let field = layer_field(f.index);
-        let kind = ident(&plan.kinds[plan.layer_kind[f.index]].key.type_name());
-        let (i, width) = (f.index, lit_i32(f.mlp_width)?);
+    let mut steps = Vec::new();
+    let ple = ir.embedding.per_layer_input;
+    for l in &ir.layers {
+        let field = layer_field(l.index);
+        let kind = ident(&plan.kinds[plan.layer_kind[l.index]].name);
+        let (i, width) = (l.index, lit_i32(l.mlp().width)?);
         fields.push(quote! { #field: #kind, });
         loads.push(quote! { #field: #kind::load(&mut w, #i, #width), });
-        if f.has_kv {
-            cache_fields.push(quote! { #field: LayerCache, });
-            cache_inits.push(match (f.layer_type, f.kv_quant) {
-                (LayerType::Sliding, _) => {
-                    quote! { #field: LayerCache::Sliding(RotatingKvCache::new(WINDOW, 0)), }
-                }
-                (LayerType::Full, None) => quote! { #field: LayerCache::Full(KvCache::default()), },
-                (LayerType::Full, Some(q)) => {
-                    let (group, bits) =
-                        (lit_i32(q.group_size as usize)?, lit_i32(q.bits as usize)?);
-                    quote! { #field: LayerCache::Quantized(QuantizedKvCache::new(#group, #bits)), }
-                }
-            });
+        let a = l.attention();
+        let ctx = ident(&window_name(ir, a.window));
+        let pli = match l.input {
+            LayerInput::None => None,
+            LayerInput::Gated { .. } => {
+                let li = lit_i32(l.index)?;
+                Some(quote! { , &b::per_layer_slice(&per_layer, #li)? })
+            }
+        };
+        match a.kv {
+            KvSource::Own { cache, .. } => {
+                cache_fields.push(quote! { #field: LayerCache, });
+                cache_inits.push(match (a.window, cache) {
+                    (Window::Sliding(n), _) => {
+                        let n = lit_i32(n)?;
+                        quote! { #field: LayerCache::Sliding(RotatingKvCache::new(#n, 0)), }
+                    }
+                    (Window::Full, KvCache::Plain) => {
+                        quote! { #field: LayerCache::Full(KvCache::default()), }
+                    }
+                    (Window::Full, KvCache::Quantized(q)) => {
+                        let (group, bits) =
+                            (lit_i32(q.group_size as usize)?, lit_i32(q.bits as usize)?);
+                        quote! { #field: LayerCache::Quantized(QuantizedKvCache::new(#group, #bits)), }
+                    }
+                });
+                let kv = if plan.donors_read.contains(&l.index) {
+                    ident(&format!("kv_{}", l.index))
+                } else {
+                    ident("_")
+                };
+                steps.push(quote! {
+                    let (h, #kv) = self.#field.forward(&h, &#ctx, &mut cache.#field #pli)?;
+                });
+            }
+            KvSource::Shared { donor } => {
+                let kv = ident(&format!("kv_{donor}"));
+                steps.push(quote! {
+                    let h = self.#field.forward(&h, &#ctx, &#kv #pli)?;
+                });
+            }
         }
     }
-    let ple_field = a
-        .per_layer_input
-        .map(|_| quote! { per_layer: g::PerLayerInputs, });
-    let ple_load = a.per_layer_input.map(|_| {
-        quote! { per_layer: g::load_per_layer_inputs(&mut w, LAYERS, PLE_WIDTH, PLE_VOCAB, HIDDEN), }
-    });
-    let head_field = (!a.tie_word_embeddings).then(|| quote! { lm_head: Linear, });
-    let head_load =
-        (!a.tie_word_embeddings).then(|| quote! { lm_head: w.linear("lm_head", VOCAB, HIDDEN), });
-    let head_pre = if a.tie_word_embeddings {
-        quote! { model.embed.pretranspose(); }
-    } else {
-        quote! { model.lm_head.pretranspose(); }
+    let first_cache = ir
+        .layers
+        .iter()
+        .find(|l| l.attention().owns_kv())
+        .map(|l| layer_field(l.index))
+        .ok_or_else(|| format!("{name}: no layer owns K/V"))?;
+
+    let (ple_field, ple_load, ple_pre, ple_inputs) = match ple {
+        None => (None, None, None, None),
+        Some(p) => {
+            let (pw, pv) = (lit_i32(p.width)?, lit_i32(p.vocab)?);
+            (
+                Some(quote! { per_layer: b::PerLayerInputs, }),
+                Some(quote! {
+                    per_layer: b::load_per_layer_inputs(&mut w, LAYERS, #pw, #pv, HIDDEN),
+                }),
+                Some(quote! { model.per_layer.pretranspose(); }),
+                Some(quote! {
+                    let per_layer = b::per_layer_inputs(ids, &h, &self.per_layer, LAYERS, #pw, HIDDEN, EPS)?;
+                }),
+            )
+        }
     };
-    let ple_model_pre = a
-        .per_layer_input
-        .map(|_| quote! { model.per_layer.pretranspose(); });
-    let head = if a.tie_word_embeddings {
-        quote! { g::Head::Tied(&self.embed) }
-    } else {
-        quote! { g::Head::Untied(&self.lm_head) }
+    let embed_scale = match ir.embedding.scale {
+        EmbedScale::None => quote! { b::EmbedScale::None },
+        EmbedScale::SqrtHidden => quote! { b::EmbedScale::SqrtHidden },
     };
-    let softcap = match a.final_logit_softcapping {
+    let (head_field, head_load, head_pre, head, linear_import) = match ir.head.weight {
+        HeadWeight::TiedEmbedding => (
+            None,
+            None,
+            quote! { model.embed.pretranspose(); },
+            quote! { b::Head::Tied(&self.embed) },
+            None,
+        ),
+        HeadWeight::Untied => (
+            Some(quote! { lm_head: Linear, }),
+            Some(quote! { lm_head: w.linear("lm_head", VOCAB, HIDDEN), }),
+            quote! { model.lm_head.pretranspose(); },
+            quote! { b::Head::Untied(&self.lm_head) },
+            Some(quote! { use archgen_runtime::layers::Linear; }),
+        ),
+    };
+    let softcap = match ir.head.logit_softcap {
         Some(c) => {
             let c = lit_f32(c);
             quote! { Some(#c) }
         }
         None => quote! { None },
     };
-
-    // The forward pass, one statement per layer.
-    let ple_inputs = a.per_layer_input.map(|_| {
-        quote! {
-            let per_layer = g::per_layer_inputs(
-                ids, &h, &self.per_layer.embed, &self.per_layer.model_projection,
-                &self.per_layer.projection_norm, LAYERS, PLE_WIDTH, HIDDEN, EPS,
-            )?;
-        }
+    let caches = ir.layers.iter().filter_map(|l| match l.attention().kv {
+        KvSource::Own { cache, .. } => Some((l.attention().window, cache)),
+        KvSource::Shared { .. } => None,
     });
-    let mut masks = Vec::new();
-    let mut step_tables = Vec::new();
-    for (t, first) in [
-        (LayerType::Sliding, plan.first_sliding),
-        (LayerType::Full, plan.first_full),
-    ] {
-        if let Some(first) = first {
-            let var = mask_var(t);
-            let field = layer_field(first);
-            masks.push(quote! { let #var = g::mask_for(&cache.#field, n, WINDOW)?; });
-            let (tables, rope) = (tables_var(t), rope_field(t));
-            step_tables.push(quote! {
-                let #tables = if step { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
-            });
+    let (mut any_sliding, mut any_plain_full, mut any_quantized) = (false, false, false);
+    for c in caches {
+        match c {
+            (Window::Sliding(_), _) => any_sliding = true,
+            (Window::Full, KvCache::Plain) => any_plain_full = true,
+            (Window::Full, KvCache::Quantized(_)) => any_quantized = true,
         }
     }
-    let mut steps = Vec::new();
-    for f in &a.layers {
-        let field = layer_field(f.index);
-        let rope = rope_field(f.layer_type);
-        let mask = mask_var(f.layer_type);
-        let tables = tables_var(f.layer_type);
-        let li = lit_i32(f.index)?;
-        let pli = a
-            .per_layer_input
-            .map(|_| quote! { , &g::per_layer_slice(&per_layer, #li)? });
-        if f.has_kv {
-            let kv = if plan.donors_read.contains(&f.index) {
-                ident(&format!("kv_{}", f.index))
-            } else {
-                ident("_")
-            };
-            steps.push(quote! {
-                let (h, #kv) = self.#field.forward(&h, &self.#rope, #tables.as_ref(), &#mask, &mut cache.#field #pli)?;
-            });
-        } else {
-            let kv = ident(&format!("kv_{}", f.kv_source));
-            steps.push(quote! {
-                let h = self.#field.forward(&h, &self.#rope, #tables.as_ref(), &#mask, &#kv #pli)?;
-            });
-        }
-    }
-
-    let linear_import =
-        (!a.tie_word_embeddings).then(|| quote! { use archgen_runtime::layers::Linear; });
-    let quantized_kv = a
-        .layers
-        .iter()
-        .any(|f| f.kv_quant.is_some())
-        .then(|| quote! { use archgen_runtime::cache::QuantizedKvCache; });
+    let cache_imports = [
+        any_plain_full.then(|| quote! { KvCache }),
+        any_quantized.then(|| quote! { QuantizedKvCache }),
+        any_sliding.then(|| quote! { RotatingKvCache }),
+    ]
+    .into_iter()
+    .flatten();
     let doc_model = format!(
         " The `{name}` model: {} layers, hidden size {}.",
-        a.num_layers, a.hidden_size
+        ir.layers.len(),
+        ir.hidden_size
     );
     Ok(quote! {
-        use archgen_runtime::attention::Mask;
-        use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
-        #quantized_kv
+        use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
+        use archgen_runtime::cache::{LayerCache, #(#cache_imports),*};
         use archgen_runtime::decode;
-        use archgen_runtime::gemma4::{self as g, AttentionShape};
         use archgen_runtime::layers::Embedding;
         #linear_import
         use archgen_runtime::model::{CausalLm, ModelError};
         use archgen_runtime::ops::{rms_norm, Result};
-        use archgen_runtime::rope::{Rope, RopeTables};
+        use archgen_runtime::rope::Rope;
         use archgen_runtime::weights::Weights;
         use archgen_runtime::Array;
 
@@ -443,10 +580,7 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
         const VOCAB: i32 = #vocab;
         #[allow(dead_code)]
         const LAYERS: i32 = #n_layers;
-        const WINDOW: i32 = #window;
         const EPS: f32 = #eps;
-        #(#extra_consts)*
-        #(#shapes)*
 
         #(#kinds)*
 
@@ -477,7 +611,7 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
             };
             w.finish().map_err(|e| ModelError(e.to_string()))?;
             #head_pre
-            #ple_model_pre
+            #ple_pre
             Ok(model)
         }
 
@@ -494,17 +628,17 @@ fn gemma4_tokens(plan: &Plan) -> Result<TokenStream, String> {
 
             fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
                 let n = ids.shape()[1];
-                let h = g::embed(&self.embed, ids, HIDDEN)?;
+                let h = b::embed(&self.embed, ids, #embed_scale, HIDDEN)?;
                 #ple_inputs
                 #(#masks)*
-                // One token: this step's RoPE tables, one per RoPE form,
-                // shared by all its layers (Q and K alike).
-                let offset = cache.layer_0.offset();
+                // One token: this step's RoPE tables, one per window, shared
+                // by all its layers (Q and K alike).
+                let offset = cache.#first_cache.offset();
                 let step = n == 1 && decode::enabled();
-                #(#step_tables)*
+                #(#steps_ctx)*
                 let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
                 #(#steps)*
-                let logits = g::logits(&h, &self.norm, #head, #softcap, EPS)?;
+                let logits = b::logits(&h, &self.norm, #head, #softcap, EPS)?;
                 if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
             }
         }

@@ -2,6 +2,11 @@
 //! parameter's name, shape and dtype (the contract with the checkpoint).
 
 use archgen_plan::{Plan, GENERATOR_VERSION};
+use archgen_spec::ir::{
+    Activation, AttentionScale, EmbedScale, FeedForward, GatedMlp, HeadWeight, KvCache, KvSource,
+    Layer, LayerInput, LayerScalar, NormArrangement, NormWeight, QkNorm, RopeForm, ValueNorm,
+    Values, Window,
+};
 use archgen_spec::RopeKind;
 use minijinja::{Environment, UndefinedBehavior};
 use serde::Serialize;
@@ -11,13 +16,16 @@ const TEMPLATE: &str = include_str!("../templates/plan.md.j2");
 #[derive(Serialize)]
 struct Row {
     index: usize,
-    layer_type: &'static str,
     kind: String,
+    norms: String,
+    window: String,
     kv: String,
     heads: String,
     head_dim: usize,
+    qkv_norm: String,
     rope: String,
-    mlp: usize,
+    scale: String,
+    ffn: String,
     kv_quant: String,
 }
 
@@ -34,53 +42,120 @@ struct ParamRow {
     dtype: &'static str,
 }
 
+fn rope_text(r: RopeForm) -> String {
+    match r.kind {
+        RopeKind::Default { theta } => format!("default θ={theta}"),
+        RopeKind::Proportional {
+            theta,
+            partial_rotary_factor,
+            factor,
+        } => format!(
+            "proportional θ={theta} p={partial_rotary_factor} factor={factor} ({} dims)",
+            r.rotated_dims
+        ),
+        RopeKind::Llama3 {
+            theta,
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => format!(
+            "llama3 θ={theta} factor={factor} low={low_freq_factor} high={high_freq_factor} original={original_max_position_embeddings}"
+        ),
+    }
+}
+
+fn mlp_text(m: GatedMlp) -> String {
+    let act = match m.activation {
+        Activation::GeluApprox => "GeGLU",
+        Activation::Silu => "SwiGLU",
+    };
+    format!("{act} {}", m.width)
+}
+
+fn row(plan: &Plan, l: &Layer) -> Row {
+    let a = l.attention();
+    let norms = match (l.norms.arrangement, l.norms.weight) {
+        (NormArrangement::PreNorm, NormWeight::Direct) => "pre",
+        (NormArrangement::Sandwich, NormWeight::Direct) => "sandwich",
+    };
+    let mut extra = Vec::new();
+    match l.input {
+        LayerInput::None => {}
+        LayerInput::Gated { width } => extra.push(format!("PLE gate {width}")),
+    }
+    match l.scalar {
+        LayerScalar::None => {}
+        LayerScalar::Learned => extra.push("layer scalar".to_string()),
+    }
+    let norms = std::iter::once(norms.to_string())
+        .chain(extra)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let (kv, kv_quant) = match a.kv {
+        KvSource::Own { values, cache } => (
+            match values {
+                Values::Projected => "own".to_string(),
+                Values::SameAsKeys => "own, V = K".to_string(),
+            },
+            match cache {
+                KvCache::Plain => "-".to_string(),
+                KvCache::Quantized(q) => format!("{}-bit g{}", q.bits, q.group_size),
+            },
+        ),
+        KvSource::Shared { donor } => (format!("from {donor}"), "-".to_string()),
+    };
+    let qkv_norm = format!(
+        "{}{}",
+        match a.qk_norm {
+            QkNorm::None => "-",
+            QkNorm::RmsPerHead => "q, k",
+        },
+        match a.value_norm {
+            ValueNorm::None => "",
+            ValueNorm::RmsScaleFree => ", v (no weight)",
+        }
+    );
+    let ffn = match l.ffn {
+        FeedForward::Mlp(m) => mlp_text(m),
+        FeedForward::MlpAndMoe { mlp, moe } => format!(
+            "{} + MoE {} experts top-{} width {}",
+            mlp_text(mlp),
+            moe.num_experts,
+            moe.top_k,
+            moe.width
+        ),
+    };
+    Row {
+        index: l.index,
+        kind: plan.kinds[plan.layer_kind[l.index]].name.clone(),
+        norms,
+        window: match a.window {
+            Window::Full => "full".to_string(),
+            Window::Sliding(w) => format!("sliding {w}"),
+        },
+        kv,
+        heads: format!("{}/{}", a.n_heads, a.n_kv_heads),
+        head_dim: a.head_dim,
+        qkv_norm,
+        rope: rope_text(a.rope),
+        scale: match a.scale {
+            AttentionScale::One => "1".to_string(),
+            AttentionScale::InvSqrtHeadDim => "head_dim^-0.5".to_string(),
+        },
+        ffn,
+        kv_quant,
+    }
+}
+
 pub fn plan_file(plan: &Plan) -> Result<String, String> {
-    let a = &plan.arch;
-    let rows: Vec<Row> = a
-        .layers
-        .iter()
-        .map(|f| Row {
-            index: f.index,
-            layer_type: f.layer_type.hf_name(),
-            kind: plan.kinds[plan.layer_kind[f.index]].key.type_name(),
-            kv: if f.has_kv {
-                "own".into()
-            } else {
-                format!("from {}", f.kv_source)
-            },
-            heads: format!("{}/{}", f.n_heads, f.n_kv_heads),
-            head_dim: f.head_dim,
-            rope: match f.rope {
-                RopeKind::Default { theta } => format!("default θ={theta}"),
-                RopeKind::Proportional {
-                    theta,
-                    partial_rotary_factor,
-                    factor,
-                } => format!(
-                    "proportional θ={theta} p={partial_rotary_factor} factor={factor} ({} dims)",
-                    f.rotated_dims
-                ),
-                RopeKind::Llama3 {
-                    theta,
-                    factor,
-                    low_freq_factor,
-                    high_freq_factor,
-                    original_max_position_embeddings,
-                } => format!(
-                    "llama3 θ={theta} factor={factor} low={low_freq_factor} high={high_freq_factor} original={original_max_position_embeddings}"
-                ),
-            },
-            mlp: f.mlp_width,
-            kv_quant: f
-                .kv_quant
-                .map_or("-".into(), |q| format!("{}-bit g{}", q.bits, q.group_size)),
-        })
-        .collect();
+    let ir = &plan.ir;
+    let rows: Vec<Row> = ir.layers.iter().map(|l| row(plan, l)).collect();
     let kinds: Vec<KindRow> = plan
         .kinds
         .iter()
         .map(|k| KindRow {
-            name: k.key.type_name(),
+            name: k.name.clone(),
             layers: k
                 .layers
                 .iter()
@@ -98,7 +173,7 @@ pub fn plan_file(plan: &Plan) -> Result<String, String> {
             dtype: p.dtype,
         })
         .collect();
-    let quant = a.quantization.as_ref().map(|q| {
+    let quant = ir.quantization.as_ref().map(|q| {
         format!(
             "{}-bit, group {}, {}",
             q.default.bits,
@@ -118,23 +193,26 @@ pub fn plan_file(plan: &Plan) -> Result<String, String> {
         fingerprint => &plan.fingerprint,
         generator => GENERATOR_VERSION,
         command => crate::regenerate_command(&plan.name),
-        model_type => a.model_type.as_str(),
-        family => a.family.as_str(),
-        qk_norm => a.qk_norm,
-        hidden => a.hidden_size,
-        vocab => a.vocab_size,
-        num_layers => a.num_layers,
-        window => a.sliding_window,
-        eps => a.rms_norm_eps.to_string(),
-        softcap => a.final_logit_softcapping.map_or("none".to_string(), |c| c.to_string()),
-        tied => a.tie_word_embeddings,
-        ple => a.per_layer_input.map_or("none".to_string(), |p| format!("width {}, vocab {}", p.width, p.vocab)),
-        moe => a.moe.map_or("none".to_string(), |m| format!("{} experts, top-{}, width {}", m.num_experts, m.top_k, m.width)),
+        model_type => ir.checkpoint.model_type.as_str(),
+        hidden => ir.hidden_size,
+        vocab => ir.vocab_size,
+        num_layers => ir.layers.len(),
+        eps => ir.norm_eps.to_string(),
+        embedding => match ir.embedding.scale {
+            EmbedScale::None => "unscaled",
+            EmbedScale::SqrtHidden => "× sqrt(hidden)",
+        },
+        ple => ir.embedding.per_layer_input.map_or("none".to_string(), |p| format!("width {}, vocab {}", p.width, p.vocab)),
+        head => match ir.head.weight {
+            HeadWeight::TiedEmbedding => "tied to the embedding",
+            HeadWeight::Untied => "lm_head",
+        },
+        softcap => ir.head.logit_softcap.map_or("none".to_string(), |c| c.to_string()),
         quantization => quant.unwrap_or_else(|| "none".to_string()),
         rows => rows,
         kinds => kinds,
         params => params,
-        param_count => a.param_count(),
+        param_count => ir.param_count(),
     };
     env.get_template("plan")
         .and_then(|t| t.render(ctx))

@@ -366,6 +366,94 @@ pub(crate) fn resolve(spec: &DenseSpec) -> Architecture {
     }
 }
 
+/// The IR of a valid dense spec: pre-norm layers, full causal attention at
+/// `head_dim ** -0.5` (q/k RMSNorm per head for Qwen3, none for Llama),
+/// SwiGLU, no embedding scale.
+pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
+    use crate::ir::*;
+    let a = &spec.attention;
+    let head_dim = a.head_dim as usize;
+    let theta = spec.rope.rope_theta as f32;
+    let kind = match &spec.rope.scaling {
+        None => RopeKind::Default { theta },
+        Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        }) => RopeKind::Llama3 {
+            theta,
+            factor: *factor,
+            low_freq_factor: *low_freq_factor,
+            high_freq_factor: *high_freq_factor,
+            original_max_position_embeddings: *original_max_position_embeddings as f64,
+        },
+    };
+    let qk_norm = match spec.identity.family {
+        Family::Qwen3 => QkNorm::RmsPerHead,
+        Family::Llama | Family::Gemma4 => QkNorm::None,
+    };
+    let layers = (0..spec.layers.num_hidden_layers as usize)
+        .map(|i| Layer {
+            index: i,
+            norms: Norms {
+                arrangement: NormArrangement::PreNorm,
+                weight: NormWeight::Direct,
+            },
+            mixer: Mixer::Attention(Attention {
+                n_heads: a.num_attention_heads as usize,
+                n_kv_heads: a.num_key_value_heads as usize,
+                head_dim,
+                qk_norm,
+                value_norm: ValueNorm::None,
+                rope: RopeForm {
+                    kind,
+                    traditional: spec.rope.traditional,
+                    rotated_dims: head_dim,
+                },
+                scale: AttentionScale::InvSqrtHeadDim,
+                window: Window::Full,
+                kv: KvSource::Own {
+                    values: Values::Projected,
+                    cache: KvCache::Plain,
+                },
+            }),
+            ffn: FeedForward::Mlp(GatedMlp {
+                width: spec.mlp.intermediate_size as usize,
+                activation: Activation::Silu,
+            }),
+            input: LayerInput::None,
+            scalar: LayerScalar::None,
+        })
+        .collect();
+    ModelIr {
+        name: spec.identity.name.clone(),
+        checkpoint: Checkpoint {
+            model_type: spec.identity.source.model_type,
+            prefix: ModulePrefix::Model,
+            sanitize: vec![SanitizeRule::DropRotaryTables, SanitizeRule::DropTiedHead],
+        },
+        hidden_size: spec.model.hidden_size as usize,
+        vocab_size: spec.model.vocab_size as usize,
+        max_position_embeddings: spec.model.max_position_embeddings as usize,
+        norm_eps: spec.model.rms_norm_eps as f32,
+        embedding: Embedding {
+            scale: EmbedScale::None,
+            per_layer_input: None,
+        },
+        layers,
+        head: Head {
+            weight: if spec.model.tie_word_embeddings {
+                HeadWeight::TiedEmbedding
+            } else {
+                HeadWeight::Untied
+            },
+            logit_softcap: None,
+        },
+        quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
+    }
+}
+
 /// Parameters of an unquantized dense model: linear weights, embeddings and norms.
 pub(crate) fn param_count(arch: &Architecture) -> u64 {
     let h = arch.hidden_size as u64;

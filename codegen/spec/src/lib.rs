@@ -60,10 +60,13 @@ mod dense;
 mod derive;
 mod diag;
 mod emit;
+mod gemma4;
 mod hf;
 mod hints;
 pub mod import;
+pub mod ir;
 mod model;
+pub mod names;
 mod validate;
 mod yaml;
 
@@ -146,6 +149,15 @@ impl Spec {
         match self {
             Spec::Gemma4(s) => s.resolve(),
             Spec::Dense(s) => dense::resolve(s),
+        }
+    }
+    /// The spec lowered to the block IR (the spec must be valid, as every
+    /// loaded one is): the one description of the model everything
+    /// downstream reads.
+    pub fn lower(&self) -> ir::ModelIr {
+        match self {
+            Spec::Gemma4(s) => gemma4::lower(s),
+            Spec::Dense(s) => dense::lower(s),
         }
     }
     /// Semantic validation of a spec built in code (see [`Gemma4Spec::validate`]).

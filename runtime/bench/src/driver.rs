@@ -148,7 +148,7 @@ pub fn ratio_line(spec: &str, cache: usize, cells: &[Cell]) -> String {
 pub fn checkpoint(cache_dir: &Path, name: &str) -> Result<(PathBuf, u64), String> {
     let spec_path = repo_root().join("specs").join(format!("{name}.yaml"));
     let spec = archgen_spec::load(&spec_path).map_err(|d| d.to_string())?;
-    let params = spec.resolve().param_count();
+    let params = spec.lower().param_count();
     let config = serde_json::to_string_pretty(&archgen_spec::to_config_json(&spec))
         .map_err(|e| e.to_string())?;
     let dir = cache_dir.join(name);

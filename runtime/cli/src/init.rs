@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
+use archgen_spec::ir::{KvCache, KvSource};
 use archgen_spec::ModuleKind;
 
 use std::io::{IsTerminal, Write};
@@ -58,7 +59,7 @@ fn spec_errors(diags: &archgen_spec::Diagnostics, format: MessageFormat) -> Stri
 pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
     let (out, seed, dtype) = (args.out.as_path(), args.seed, args.dtype);
     let spec = archgen_spec::load(&args.spec).map_err(|d| spec_errors(&d, args.message_format))?;
-    let arch = spec.resolve();
+    let ir = spec.lower();
     let dt = dtype_of(dtype);
     let mut tensors: BTreeMap<String, Array> = BTreeMap::new();
     let mut n = 0u64;
@@ -66,7 +67,7 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
         n += 1;
         mlx_rs::random::key(seed.wrapping_mul(1_000_003).wrapping_add(n))
     };
-    let modules = arch.quantizable_modules();
+    let modules = ir.quantizable_modules();
     // Progress counts the bytes of weight matrices generated, in the weight
     // dtype (before quantization packs them); the vector parameters below
     // are too small to show.
@@ -98,7 +99,7 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
         let key = mlx(next_key())?;
         let w = mlx(mlx_rs::random::normal::<f32>(&shape, None, None, &key))?;
         let w = mlx(mlx(w.multiply(Array::from_f32(std)))?.as_dtype(dt))?;
-        match arch.quant_for(&m.path) {
+        match ir.quant_for(&m.path) {
             Some(q) => {
                 let (wq, scales, biases) = mlx(mlx_rs::ops::quantize(
                     &w,
@@ -123,7 +124,7 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
         bar.finish_and_clear();
     }
     // Everything else is a vector parameter (norms, layer scalars, router scales).
-    for p in archgen_plan::params(&arch) {
+    for p in archgen_plan::params(&ir) {
         if tensors.contains_key(&p.name) {
             continue;
         }
@@ -142,11 +143,15 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot write {}: {e}", out.join("config.json").display()))?;
     // Per-layer KV-cache quantization travels as mlx-optiq's kv_config.json,
     // which the loader reads back into the same architecture.
-    let kv: Vec<serde_json::Value> = arch
+    let kv: Vec<serde_json::Value> = ir
         .layers
         .iter()
-        .filter_map(|f| {
-            f.kv_quant.map(|q| serde_json::json!({"layer_idx": f.index, "bits": q.bits, "group_size": q.group_size}))
+        .filter_map(|l| match l.attention().kv {
+            KvSource::Own {
+                cache: KvCache::Quantized(q),
+                ..
+            } => Some(serde_json::json!({"layer_idx": l.index, "bits": q.bits, "group_size": q.group_size})),
+            KvSource::Own { cache: KvCache::Plain, .. } | KvSource::Shared { .. } => None,
         })
         .collect();
     if !kv.is_empty() {

@@ -6,11 +6,15 @@
 //! shape-stable pieces, and each piece runs as an `mlx::compile`d function:
 //!
 //! * before attention: input norm, Q/K/V projections, their norms, transposes
-//!   and RoPE ([`gemma4::project_qkv`] / [`gemma4::project_q`]);
-//! * after attention: `o_proj`, post-attention norm and residual, the
-//!   feed-forward half, the PLE gate and the layer scalar
-//!   ([`gemma4::attention_residual`], [`gemma4::feed_forward`],
-//!   [`gemma4::finish_layer`]).
+//!   and RoPE ([`blocks::project_qkv`] / [`blocks::project_q`]);
+//! * after attention: `o_proj`, the mixer residual, the feed-forward half,
+//!   the per-layer input gate and the layer scalar
+//!   ([`blocks::attention_residual`], [`blocks::feed_forward`],
+//!   [`blocks::finish_layer`]).
+//!
+//! Both are the blocks of every family, parameterised by the layer's facts
+//! (norm arrangement, q/k/v norms, scale, activation, which optional weights
+//! exist), which also key the compiled functions.
 //!
 //! The compiled functions trace exactly those runtime blocks, so the layer
 //! math still exists once. Compilation fuses chains of elementwise operations
@@ -37,15 +41,16 @@ use std::rc::Rc;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
-use crate::attention::{attend, Mask};
-use crate::cache::{KvCache, LayerCache};
-use crate::dense;
-use crate::gemma4::{self, AttentionShape, AttentionWeights, KvWeights, LayerNorms, Mlp, MoeBlock};
-use crate::gemma4::{PleGate, SharedKv};
+use crate::attention::Mask;
+use crate::blocks::{
+    self, Activation, AttentionShape, AttentionWeights, KvWeights, LayerNorms, Mlp, MoeBlock,
+    PleGate, SharedKv, ValueNorm,
+};
+use crate::cache::LayerCache;
 use crate::layers::{Linear, Quantized, SwitchLinear};
 use crate::moe::{Router, SwitchGlu};
 use crate::ops::{rms_norm, NormInputs, Result};
-use crate::rope::{apply_tables, Rope, RopeTables};
+use crate::rope::{apply_tables, RopeTables};
 
 /// Whether one-token steps take this module's path: only where MLX's
 /// `fast.rms_norm` and `fast.rope` run their op-graph fallbacks, i.e. on the
@@ -75,7 +80,7 @@ pub struct Layer<'a> {
     pub mlp: &'a Mlp,
     pub moe: Option<&'a MoeBlock>,
     pub ple: Option<(&'a PleGate, &'a Array)>,
-    pub layer_scalar: &'a Array,
+    pub layer_scalar: Option<&'a Array>,
     pub shape: AttentionShape,
     pub eps: f32,
 }
@@ -96,10 +101,10 @@ pub fn own_kv(
     let offset = Array::from_int(cache.offset());
     // The stacked projection needs one dtype throughout (see FusedQkv).
     let fused =
-        fused.filter(|f| f.norm.dtype() == h.dtype() && layer.norms.input.dtype() == h.dtype());
+        fused.filter(|f| f.norm.dtype() == h.dtype() && layer.norms.input().dtype() == h.dtype());
     let qkv = pre_attention(h, layer, Some(kv), fused, rope)?;
     let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
-    let (o, shared) = gemma4::attend_own_kv(&q, &k, &v, cache, mask, offset, true)?;
+    let (o, shared) = blocks::attend_own_kv(&q, &k, &v, layer.shape, cache, mask, offset, true)?;
     Ok((post_attention(h, &o, layer)?, shared))
 }
 
@@ -114,7 +119,7 @@ pub fn shared_kv(
 ) -> Result<Array> {
     let q = pre_attention(h, layer, None, None, rope)?;
     let q = q.into_iter().next().ok_or_else(bad_outputs)?;
-    let o = gemma4::attend_shared_kv(&q, shared, mask, true)?;
+    let o = blocks::attend_shared_kv(&q, layer.shape, shared, mask, true)?;
     post_attention(h, &o, layer)
 }
 
@@ -124,9 +129,10 @@ fn bad_outputs() -> mlx_rs::error::Exception {
 
 /// Q, K and V projections of a layer that computes its own K/V as one
 /// matmul, for one-token steps: the three weights stacked on the output axis
-/// (with `attention_k_eq_v` V's rows are K's again), and the three head norms
-/// as one per-head weight [H + 2 KV, head_dim] (q_norm, k_norm, and ones for
-/// V's scale-free norm, whose `* 1` changes no bit). A matmul's output
+/// (when V is the keys' projection, V's rows are K's again), and the three
+/// head norms as one per-head weight [H + 2 KV, head_dim] (q_norm, k_norm,
+/// and ones for V's scale-free norm, whose `* 1` changes no bit). Only for
+/// layers that norm all three (q/k RMSNorm and a scale-free V norm). A matmul's output
 /// column does not depend on the other columns, nor an RMSNorm's row on the
 /// other rows, so Q, K and V keep their bits (checked by
 /// `tests/decode_blocks.rs` and the parity tests); 3 matmuls, 3 reshapes,
@@ -149,7 +155,12 @@ impl FusedQkv {
         if !on_cpu() {
             return None;
         }
-        let dtype = attn.q_norm.dtype();
+        let (Some(q_norm), Some(k_norm), ValueNorm::RmsScaleFree) =
+            (attn.q_norm.clone(), kv.k_norm.clone(), s.value_norm)
+        else {
+            return None;
+        };
+        let dtype = q_norm.dtype();
         let v = kv.v_proj.as_ref().unwrap_or(&kv.k_proj);
         let parts = [&attn.q_proj, &kv.k_proj, v];
         let quant = |l: &Linear| l.quant.as_ref().map(|q| (q.group_size, q.bits));
@@ -161,7 +172,7 @@ impl FusedQkv {
         if parts
             .iter()
             .any(|l| quant(l) != quant(parts[0]) || value_dtype(l) != dtype)
-            || kv.k_norm.dtype() != dtype
+            || k_norm.dtype() != dtype
             // The stacked buffer carries no biases (qwen2's q/k/v have them).
             || parts.iter().any(|l| l.bias.is_some())
         {
@@ -185,8 +196,8 @@ impl FusedQkv {
         let (h, kvh, d) = (s.n_heads, s.n_kv_heads, s.head_dim);
         let norm = mlx_rs::ops::concatenate(
             &[
-                mlx_rs::ops::broadcast_to(&attn.q_norm, &[h, d]).ok()?,
-                mlx_rs::ops::broadcast_to(&kv.k_norm, &[kvh, d]).ok()?,
+                mlx_rs::ops::broadcast_to(&q_norm, &[h, d]).ok()?,
+                mlx_rs::ops::broadcast_to(&k_norm, &[kvh, d]).ok()?,
                 mlx_rs::ops::ones_dtype(&[kvh, d], dtype).ok()?,
             ],
             0,
@@ -237,7 +248,7 @@ impl FusedQkv {
         Some(FusedQkv { proj, norm })
     }
 
-    /// What [`gemma4::project_qkv`] returns, from the stacked projection.
+    /// What [`blocks::project_qkv`] returns, from the stacked projection.
     fn project(
         &self,
         x: &Array,
@@ -319,7 +330,7 @@ fn pre_attention(
     rope.sin.put(&mut p);
     rope.cos_t.put(&mut p);
     rope.sin_t.put(&mut p);
-    layer.norms.input.put(&mut p);
+    layer.norms.input().put(&mut p);
     // Either Q/K/V stacked, or Q (and K, V) as three projections.
     let kv = if fused.is_some() { None } else { kv };
     p.key.push(fused.is_some() as i64);
@@ -364,10 +375,10 @@ fn pre_attention(
                         vec![q, k, v]
                     }
                     (None, Some(attn), Some(kv)) => {
-                        let (q, k, v) = gemma4::project_qkv(&x, attn, kv, s, &rope)?;
+                        let (q, k, v) = blocks::project_qkv(&x, attn, kv, s, &rope)?;
                         vec![q, k, v]
                     }
-                    (None, Some(attn), None) => vec![gemma4::project_q(&x, attn, s, &rope)?],
+                    (None, Some(attn), None) => vec![blocks::project_q(&x, attn, s, &rope)?],
                     (None, None, _) => return Err(bad_outputs()),
                 })
             });
@@ -399,7 +410,7 @@ fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
         gate.put(&mut p);
         input.put(&mut p);
     }
-    layer.layer_scalar.put(&mut p);
+    layer.layer_scalar.cloned().put(&mut p);
     let eps = layer.eps;
     let compile = layer
         .moe
@@ -413,6 +424,7 @@ fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
         );
         let moe = layer.moe.map(hollow);
         let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
+        let scalar = layer.layer_scalar.map(hollow);
         let norm_inputs = NormInputs::new(&[eps], &[hidden]);
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
@@ -420,7 +432,7 @@ fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
             let scope = norm_inputs.with_arrays(it).ok_or_else(bad_outputs)?;
             let o = next(it);
             let (o_proj, norms, mlp) = (o_proj.take(it), norms.take(it), mlp.take(it));
-            let (moe, ple, scalar) = (moe.take(it), ple.take(it), next(it));
+            let (moe, ple, scalar) = (moe.take(it), ple.take(it), scalar.take(it));
             let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
                 // Rows [B, features], except around the experts, whose
                 // gathers keep mlx-lm's [B, 1, features] shapes.
@@ -434,10 +446,10 @@ fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
                     None => None,
                 };
                 let a = o_proj.forward(&o)?;
-                let h = gemma4::attention_residual(&h, &a, &norms, eps)?;
-                let h = gemma4::feed_forward(&h, &norms, &mlp, moe.as_ref(), eps)?;
+                let h = blocks::attention_residual(&h, &a, &norms, eps)?;
+                let h = blocks::feed_forward(&h, &norms, &mlp, moe.as_ref(), eps)?;
                 let ple = ple.as_ref().map(|(g, x)| (*g, x));
-                let h = gemma4::finish_layer(&h, ple, &scalar, eps)?;
+                let h = blocks::finish_layer(&h, ple, scalar.as_ref(), eps)?;
                 Ok(vec![match moe {
                     None => h,
                     Some(_) => h.reshape(&[b, hidden])?,
@@ -561,6 +573,11 @@ impl Flat for AttentionShape {
             self.n_kv_heads as i64,
             self.head_dim as i64,
             self.eps.to_bits() as i64,
+            self.scale.to_bits() as i64,
+            match self.value_norm {
+                ValueNorm::None => 0,
+                ValueNorm::RmsScaleFree => 1,
+            },
         ]);
     }
     fn take(&self, _: &mut std::slice::Iter<'_, Array>) -> Self {
@@ -671,7 +688,7 @@ impl Flat for AttentionWeights {
                 weight_t: None,
                 bias: None,
             },
-            q_norm: next(it),
+            q_norm: self.q_norm.take(it),
             kv: None,
         }
     }
@@ -689,7 +706,7 @@ impl Flat for KvWeights {
         KvWeights {
             k_proj,
             v_proj,
-            k_norm: next(it),
+            k_norm: self.k_norm.take(it),
         }
     }
 }
@@ -697,23 +714,50 @@ impl Flat for KvWeights {
 impl Flat for LayerNorms {
     fn put(&self, p: &mut Packed) {
         // The input norm belongs to the block before attention.
-        self.post_attention.put(p);
-        self.pre_feedforward.put(p);
-        self.post_feedforward.put(p);
+        match self {
+            LayerNorms::PreNorm { ffn, .. } => {
+                p.key.push(0);
+                ffn.put(p);
+            }
+            LayerNorms::Sandwich {
+                post_attention,
+                pre_feedforward,
+                post_feedforward,
+                ..
+            } => {
+                p.key.push(1);
+                post_attention.put(p);
+                pre_feedforward.put(p);
+                post_feedforward.put(p);
+            }
+        }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let (post_attention, pre_feedforward, post_feedforward) = (next(it), next(it), next(it));
-        LayerNorms {
-            input: placeholder(),
-            post_attention,
-            pre_feedforward,
-            post_feedforward,
+        match self {
+            LayerNorms::PreNorm { .. } => LayerNorms::PreNorm {
+                input: placeholder(),
+                ffn: next(it),
+            },
+            LayerNorms::Sandwich { .. } => {
+                let (post_attention, pre_feedforward, post_feedforward) =
+                    (next(it), next(it), next(it));
+                LayerNorms::Sandwich {
+                    input: placeholder(),
+                    post_attention,
+                    pre_feedforward,
+                    post_feedforward,
+                }
+            }
         }
     }
 }
 
 impl Flat for Mlp {
     fn put(&self, p: &mut Packed) {
+        p.key.push(match self.activation {
+            Activation::GeluApprox => 0,
+            Activation::Silu => 1,
+        });
         self.gate_proj.put(p);
         self.up_proj.put(p);
         self.down_proj.put(p);
@@ -725,6 +769,7 @@ impl Flat for Mlp {
             gate_proj,
             up_proj,
             down_proj: self.down_proj.take(it),
+            activation: self.activation,
         }
     }
 }
@@ -798,161 +843,6 @@ impl Flat for PleGate {
             gate,
             projection,
             post_norm: next(it),
-        }
-    }
-}
-
-// ---- Dense families (Qwen3, Llama): the same two blocks per layer, tracing
-// the eager `dense` functions.
-
-/// One decode step (one token) of a dense layer, or the eager layer when
-/// `tables` is `None` (prefill, or the decode path off): `h` and the result
-/// are rows [B, hidden] on the step path, [B, L, hidden] otherwise.
-pub fn dense_layer<const QK_NORM: bool>(
-    h: &Array,
-    w: &dense::Layer,
-    s: dense::Shape,
-    rope: &Rope,
-    tables: Option<&RopeTables>,
-    cache: &mut KvCache,
-    mask: &Mask,
-) -> Result<Array> {
-    let Some(tables) = tables else {
-        return dense::layer::<QK_NORM>(h, w, s, rope, cache, mask);
-    };
-    let qkv = dense_pre_attention::<QK_NORM>(h, w, s, tables)?;
-    let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
-    let (keys, values) = cache.update_and_fetch(&k, &v)?;
-    let o = attend(&q, &keys, &values, s.scale, mask, true)?;
-    dense_post_attention(h, &o, w, s)
-}
-
-/// `input_layernorm`, then [`dense::project`] with RoPE from this step's
-/// tables.
-fn dense_pre_attention<const QK_NORM: bool>(
-    h: &Array,
-    w: &dense::Layer,
-    s: dense::Shape,
-    rope: &RopeTables,
-) -> Result<Vec<Array>> {
-    let hidden = h.shape()[h.ndim() - 1];
-    let widths = [hidden, s.head_dim];
-    let mut p = Packed::new(3);
-    p.key.extend([
-        s.eps.to_bits() as i64,
-        hidden as i64,
-        rope.dims as i64,
-        s.n_heads as i64,
-        s.n_kv_heads as i64,
-        s.head_dim as i64,
-        QK_NORM as i64,
-    ]);
-    h.put(&mut p);
-    p.arrays
-        .extend(NormInputs::new(&[s.eps], &widths).arrays().cloned());
-    rope.cos.put(&mut p);
-    rope.sin.put(&mut p);
-    rope.cos_t.put(&mut p);
-    rope.sin_t.put(&mut p);
-    w.input_norm.put(&mut p);
-    w.attn.put(&mut p);
-    let dims = rope.dims;
-    p.run(true, |covered| {
-        let attn = hollow(&w.attn);
-        let norms = NormInputs::new(&[s.eps], &widths);
-        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
-            let it = &mut inputs.iter();
-            let h = next(it);
-            let scope = norms.with_arrays(it).ok_or_else(bad_outputs)?;
-            let tables = RopeTables {
-                dims,
-                cos: next(it),
-                sin: next(it),
-                cos_t: next(it),
-                sin_t: next(it),
-            };
-            let norm = next(it);
-            let attn = attn.take(it);
-            let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
-                let x = rms_norm(&h, Some(&norm), s.eps)?;
-                let rope = |t: &Array| apply_tables(t, &tables);
-                Ok(dense::project::<QK_NORM>(&x, &attn, s, &rope)?.to_vec())
-            });
-            covered.set(all);
-            out
-        })
-    })
-}
-
-/// `o_proj`, then [`dense::residual_and_mlp`].
-fn dense_post_attention(h: &Array, o: &Array, w: &dense::Layer, s: dense::Shape) -> Result<Array> {
-    let hidden = h.shape()[h.ndim() - 1];
-    let mut p = Packed::new(4);
-    p.key.extend([s.eps.to_bits() as i64, hidden as i64]);
-    h.put(&mut p);
-    p.arrays
-        .extend(NormInputs::new(&[s.eps], &[hidden]).arrays().cloned());
-    o.put(&mut p);
-    w.attn.o_proj.put(&mut p);
-    w.post_attention_norm.put(&mut p);
-    w.mlp.put(&mut p);
-    let out = p.run(true, |covered| {
-        let (o_proj, mlp) = (hollow(&w.attn.o_proj), hollow(&w.mlp));
-        let norms = NormInputs::new(&[s.eps], &[hidden]);
-        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
-            let it = &mut inputs.iter();
-            let h = next(it);
-            let scope = norms.with_arrays(it).ok_or_else(bad_outputs)?;
-            let o = next(it);
-            let (o_proj, norm, mlp) = (o_proj.take(it), next(it), mlp.take(it));
-            let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
-                let r = o_proj.forward(&o)?;
-                Ok(vec![dense::residual_and_mlp(&h, &r, &norm, &mlp, s.eps)?])
-            });
-            covered.set(all);
-            out
-        })
-    })?;
-    out.into_iter().next().ok_or_else(bad_outputs)
-}
-
-impl Flat for dense::Attention {
-    fn put(&self, p: &mut Packed) {
-        // o_proj is used after attention, not here.
-        self.q_proj.put(p);
-        self.k_proj.put(p);
-        self.v_proj.put(p);
-        self.qk_norm.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let (q_proj, k_proj, v_proj) = (
-            self.q_proj.take(it),
-            self.k_proj.take(it),
-            self.v_proj.take(it),
-        );
-        dense::Attention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj: hollow(&self.o_proj),
-            qk_norm: self.qk_norm.take(it),
-        }
-    }
-}
-
-impl Flat for dense::Mlp {
-    fn put(&self, p: &mut Packed) {
-        self.gate_proj.put(p);
-        self.up_proj.put(p);
-        self.down_proj.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let gate_proj = self.gate_proj.take(it);
-        let up_proj = self.up_proj.take(it);
-        dense::Mlp {
-            gate_proj,
-            up_proj,
-            down_proj: self.down_proj.take(it),
         }
     }
 }

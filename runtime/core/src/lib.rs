@@ -1,6 +1,6 @@
 //! archgen's one kernel layer on mlx-rs: every model, generated or monolith,
-//! calls these blocks, so layer math exists once. Family blocks: `gemma4`,
-//! `dense` (Qwen3, Llama).
+//! calls these blocks, so layer math exists once. The decoder blocks of
+//! every family are in `blocks`, parameterised by block-IR facts.
 //!
 //! A model is anything that implements [`model::CausalLm`]: a generated model
 //! (the `archgen-generated` crate), one that `archgen_macros::specialize!`
@@ -29,11 +29,10 @@
 //! ```
 
 pub mod attention;
+pub mod blocks;
 pub mod bytes;
 pub mod cache;
 pub mod decode;
-pub mod dense;
-pub mod gemma4;
 pub mod layers;
 pub mod model;
 pub mod moe;

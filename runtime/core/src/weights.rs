@@ -1,7 +1,7 @@
 //! Checkpoint loading from an mlx-community style directory: config.json plus
 //! `model.safetensors` or sharded `model-0000x-of-0000y.safetensors` (with or
-//! without the index), renamed and sanitized the way mlx-lm's gemma4 /
-//! gemma4_text `sanitize` does, then handed out by module path with shape checks.
+//! without the index), then (after the monolith crate's sanitize, which
+//! applies the block IR's rules) handed out by module path with shape checks.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;

@@ -1,17 +1,16 @@
-//! The monolith: one generic model per family that reads a resolved
-//! [`Architecture`] at run time and branches on it per layer. It calls the
-//! same runtime blocks as the generated models, so it is their reference.
+//! The monolith: one generic model that reads the block IR
+//! ([`ModelIr`]) at run time and branches on it per layer, for every family.
+//! It calls the same runtime blocks ([`archgen_runtime::blocks`]) as the
+//! generated models, so it is their reference.
 
-mod dense;
-
-pub use dense::DenseMonolith;
+use std::collections::HashMap;
 
 use archgen_runtime::attention::Mask;
-use archgen_runtime::cache::{KvCache, LayerCache, QuantizedKvCache, RotatingKvCache};
-use archgen_runtime::gemma4::{
-    self, AttentionShape, AttentionWeights, Head, LayerNorms, Mlp, MoeBlock, PerLayerInputs,
+use archgen_runtime::blocks::{
+    self as b, AttentionShape, AttentionWeights, Head, LayerNorms, Mlp, MoeBlock, PerLayerInputs,
     PleGate, SharedKv,
 };
+use archgen_runtime::cache::{KvCache, LayerCache, QuantizedKvCache, RotatingKvCache};
 use archgen_runtime::layers::{Embedding, Linear};
 use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::model::{CausalLm, ModelError};
@@ -19,10 +18,12 @@ use archgen_runtime::ops::Result;
 use archgen_runtime::rope::Rope;
 use archgen_runtime::weights::Weights;
 use archgen_runtime::Array;
-use archgen_spec::{Architecture, LayerFacts, LayerType, RopeKind};
+use archgen_spec::ir::{self, FeedForward, KvSource, LayerScalar, ModelIr, Window};
+use archgen_spec::RopeKind;
 
 struct Layer {
-    facts: LayerFacts,
+    window: Window,
+    kv: KvSource,
     norms: LayerNorms,
     attn: AttentionWeights,
     shape: AttentionShape,
@@ -30,58 +31,12 @@ struct Layer {
     mlp: Mlp,
     moe: Option<MoeBlock>,
     ple: Option<PleGate>,
-    layer_scalar: Array,
+    layer_scalar: Option<Array>,
 }
 
-/// The monolith of a checkpoint's family.
-pub enum Monolith {
-    Gemma4(Gemma4Monolith),
-    Dense(DenseMonolith),
-}
-
-impl Monolith {
-    /// Builds the family's monolith from sanitized weights.
-    pub fn new(arch: Architecture, w: Weights) -> std::result::Result<Self, ModelError> {
-        if arch.family.is_dense() {
-            DenseMonolith::new(arch, w).map(Monolith::Dense)
-        } else {
-            Gemma4Monolith::new(arch, w).map(Monolith::Gemma4)
-        }
-    }
-
-    pub fn architecture(&self) -> &Architecture {
-        match self {
-            Monolith::Gemma4(m) => &m.arch,
-            Monolith::Dense(m) => m.architecture(),
-        }
-    }
-}
-
-impl CausalLm for Monolith {
-    type Cache = Vec<Option<LayerCache>>;
-
-    fn vocab_size(&self) -> i32 {
-        self.architecture().vocab_size as i32
-    }
-
-    fn make_cache(&self) -> Self::Cache {
-        match self {
-            Monolith::Gemma4(m) => m.make_cache(),
-            Monolith::Dense(m) => m.make_cache(),
-        }
-    }
-
-    fn forward(&self, ids: &Array, cache: &mut Self::Cache) -> Result<Array> {
-        match self {
-            Monolith::Gemma4(m) => m.forward(ids, cache),
-            Monolith::Dense(m) => m.forward(ids, cache),
-        }
-    }
-}
-
-/// The Gemma-4 monolith.
-pub struct Gemma4Monolith {
-    arch: Architecture,
+/// The generic model of any checkpoint whose spec lowers to the IR.
+pub struct Monolith {
+    ir: ModelIr,
     embed: Embedding,
     ple: Option<PerLayerInputs>,
     layers: Vec<Layer>,
@@ -89,11 +44,13 @@ pub struct Gemma4Monolith {
     lm_head: Option<Linear>,
 }
 
-pub(crate) fn rope_for(f: &LayerFacts) -> Result<Rope> {
-    match f.rope {
-        RopeKind::Default { theta } => Ok(Rope::base(f.head_dim as i32, theta)),
+/// The runtime RoPE of an IR RoPE form.
+pub fn rope_for(a: &ir::Attention) -> Result<Rope> {
+    let hd = a.head_dim as i32;
+    match a.rope.kind {
+        RopeKind::Default { theta } => Ok(Rope::base(hd, theta)),
         RopeKind::Proportional { theta, factor, .. } => {
-            Rope::proportional(f.head_dim as i32, f.rotated_dims as i32, theta, factor)
+            Rope::proportional(hd, a.rope.rotated_dims as i32, theta, factor)
         }
         RopeKind::Llama3 {
             theta,
@@ -102,7 +59,7 @@ pub(crate) fn rope_for(f: &LayerFacts) -> Result<Rope> {
             high_freq_factor,
             original_max_position_embeddings,
         } => Rope::llama3(
-            f.head_dim as i32,
+            hd,
             theta,
             factor,
             low_freq_factor,
@@ -112,69 +69,133 @@ pub(crate) fn rope_for(f: &LayerFacts) -> Result<Rope> {
     }
 }
 
-fn shape_of(f: &LayerFacts, eps: f32) -> AttentionShape {
+/// The runtime attention shape of an IR attention.
+pub fn shape_of(a: &ir::Attention, eps: f32) -> AttentionShape {
     AttentionShape {
-        n_heads: f.n_heads as i32,
-        n_kv_heads: f.n_kv_heads as i32,
-        head_dim: f.head_dim as i32,
+        n_heads: a.n_heads as i32,
+        n_kv_heads: a.n_kv_heads as i32,
+        head_dim: a.head_dim as i32,
         eps,
+        scale: a.scale.value(a.head_dim),
+        value_norm: match a.value_norm {
+            ir::ValueNorm::None => b::ValueNorm::None,
+            ir::ValueNorm::RmsScaleFree => b::ValueNorm::RmsScaleFree,
+        },
     }
 }
 
-impl Gemma4Monolith {
+/// The runtime mirrors of IR facts (one to one).
+pub fn norm_arrangement(n: ir::Norms) -> b::NormArrangement {
+    match (n.arrangement, n.weight) {
+        (ir::NormArrangement::PreNorm, ir::NormWeight::Direct) => b::NormArrangement::PreNorm,
+        (ir::NormArrangement::Sandwich, ir::NormWeight::Direct) => b::NormArrangement::Sandwich,
+    }
+}
+
+pub fn qk_norm(q: ir::QkNorm) -> b::QkNorm {
+    match q {
+        ir::QkNorm::None => b::QkNorm::None,
+        ir::QkNorm::RmsPerHead => b::QkNorm::RmsPerHead,
+    }
+}
+
+pub fn values(v: ir::Values) -> b::Values {
+    match v {
+        ir::Values::Projected => b::Values::Projected,
+        ir::Values::SameAsKeys => b::Values::SameAsKeys,
+    }
+}
+
+pub fn activation(a: ir::Activation) -> b::Activation {
+    match a {
+        ir::Activation::GeluApprox => b::Activation::GeluApprox,
+        ir::Activation::Silu => b::Activation::Silu,
+    }
+}
+
+pub fn embed_scale(s: ir::EmbedScale) -> b::EmbedScale {
+    match s {
+        ir::EmbedScale::None => b::EmbedScale::None,
+        ir::EmbedScale::SqrtHidden => b::EmbedScale::SqrtHidden,
+    }
+}
+
+impl Monolith {
     /// Builds the model from sanitized weights (names relative to the text
     /// model), checking every tensor's presence and shape.
-    pub fn new(arch: Architecture, mut w: Weights) -> std::result::Result<Self, ModelError> {
-        let hidden = arch.hidden_size as i32;
-        let eps = arch.rms_norm_eps;
-        let embed = w.embedding("embed_tokens", arch.vocab_size as i32, hidden);
-        let ple = arch.per_layer_input.map(|p| {
-            gemma4::load_per_layer_inputs(
-                &mut w,
-                arch.num_layers as i32,
-                p.width as i32,
-                p.vocab as i32,
-                hidden,
-            )
+    pub fn new(ir: ModelIr, mut w: Weights) -> std::result::Result<Self, ModelError> {
+        let hidden = ir.hidden_size as i32;
+        let eps = ir.norm_eps;
+        let n_layers = ir.layers.len() as i32;
+        let embed = w.embedding("embed_tokens", ir.vocab_size as i32, hidden);
+        let ple = ir.embedding.per_layer_input.map(|p| {
+            b::load_per_layer_inputs(&mut w, n_layers, p.width as i32, p.vocab as i32, hidden)
         });
-        let mut layers = Vec::with_capacity(arch.num_layers);
-        for f in &arch.layers {
-            let i = f.index;
-            let shape = shape_of(f, eps);
-            let mut attn = gemma4::load_attention(&mut w, i, hidden, shape);
-            attn.kv = f
-                .has_kv
-                .then(|| gemma4::load_kv(&mut w, i, hidden, shape, f.k_eq_v));
+        let mut layers = Vec::with_capacity(ir.layers.len());
+        for l in &ir.layers {
+            let i = l.index;
+            let a = l.attention();
+            let shape = shape_of(a, eps);
+            let qk = qk_norm(a.qk_norm);
+            let mut attn = b::load_attention(&mut w, i, hidden, shape, qk);
+            attn.kv = match a.kv {
+                KvSource::Own { values: v, .. } => {
+                    Some(b::load_kv(&mut w, i, hidden, shape, qk, values(v)))
+                }
+                KvSource::Shared { .. } => None,
+            };
+            let m = l.mlp();
+            let moe = match l.ffn {
+                FeedForward::Mlp(_) => None,
+                FeedForward::MlpAndMoe { moe, .. } => match (moe.router, moe.activation) {
+                    (ir::Router::ScaledTopKSoftmax, ir::Activation::GeluApprox) => {
+                        Some(b::load_moe(
+                            &mut w,
+                            i,
+                            hidden,
+                            moe.num_experts as i32,
+                            moe.top_k as i32,
+                            moe.width as i32,
+                            eps,
+                        ))
+                    }
+                    (_, ir::Activation::Silu) => {
+                        return Err(ModelError(format!(
+                            "{}: layer {i}: SiLU experts have no runtime block yet",
+                            ir.name
+                        )))
+                    }
+                },
+            };
             layers.push(Layer {
-                facts: f.clone(),
-                norms: gemma4::load_norms(&mut w, i, hidden),
+                window: a.window,
+                kv: a.kv,
+                norms: b::load_norms(&mut w, i, hidden, norm_arrangement(l.norms)),
                 attn,
                 shape,
-                rope: rope_for(f).map_err(|e| ModelError(e.to_string()))?,
-                mlp: gemma4::load_mlp(&mut w, i, hidden, f.mlp_width as i32),
-                moe: arch.moe.map(|m| {
-                    gemma4::load_moe(
-                        &mut w,
-                        i,
-                        hidden,
-                        m.num_experts as i32,
-                        m.top_k as i32,
-                        m.width as i32,
-                        eps,
-                    )
-                }),
-                ple: arch
-                    .per_layer_input
-                    .map(|p| gemma4::load_ple_gate(&mut w, i, hidden, p.width as i32)),
-                layer_scalar: gemma4::load_layer_scalar(&mut w, i),
+                rope: rope_for(a).map_err(|e| ModelError(e.to_string()))?,
+                mlp: b::load_mlp(&mut w, i, hidden, m.width as i32, activation(m.activation)),
+                moe,
+                ple: match l.input {
+                    ir::LayerInput::None => None,
+                    ir::LayerInput::Gated { width } => {
+                        Some(b::load_ple_gate(&mut w, i, hidden, width as i32))
+                    }
+                },
+                layer_scalar: match l.scalar {
+                    LayerScalar::None => None,
+                    LayerScalar::Learned => Some(b::load_layer_scalar(&mut w, i)),
+                },
             });
         }
         let norm = w.param("norm.weight", &[hidden]);
-        let lm_head = (!arch.tie_word_embeddings)
-            .then(|| w.linear("lm_head", arch.vocab_size as i32, hidden));
+        let lm_head = match ir.head.weight {
+            ir::HeadWeight::TiedEmbedding => None,
+            ir::HeadWeight::Untied => Some(w.linear("lm_head", ir.vocab_size as i32, hidden)),
+        };
         w.finish().map_err(|e| ModelError(e.to_string()))?;
-        Ok(Gemma4Monolith {
-            arch,
+        Ok(Monolith {
+            ir,
             embed,
             ple,
             layers,
@@ -183,90 +204,86 @@ impl Gemma4Monolith {
         })
     }
 
-    pub fn architecture(&self) -> &Architecture {
-        &self.arch
+    /// The IR this model runs.
+    pub fn ir(&self) -> &ModelIr {
+        &self.ir
     }
 }
 
-impl CausalLm for Gemma4Monolith {
+impl CausalLm for Monolith {
     type Cache = Vec<Option<LayerCache>>;
 
     fn vocab_size(&self) -> i32 {
-        self.arch.vocab_size as i32
+        self.ir.vocab_size as i32
     }
 
     /// mlx-lm's `make_cache`: a cache per layer that owns K/V.
     fn make_cache(&self) -> Self::Cache {
-        self.arch
-            .layers
+        self.layers
             .iter()
-            .map(|f| {
-                f.has_kv.then(|| match (f.window, f.kv_quant) {
-                    (Some(w), _) => LayerCache::Sliding(RotatingKvCache::new(w as i32, 0)),
+            .map(|l| match l.kv {
+                KvSource::Shared { .. } => None,
+                KvSource::Own { cache, .. } => Some(match (l.window, cache) {
+                    (Window::Sliding(w), _) => {
+                        LayerCache::Sliding(RotatingKvCache::new(w as i32, 0))
+                    }
                     // `KVCache.to_quantized`'s target (the spec allows it only
                     // on full layers no KV-shared layer reads).
-                    (None, Some(q)) => LayerCache::Quantized(QuantizedKvCache::new(
-                        q.group_size as i32,
-                        q.bits as i32,
-                    )),
-                    (None, None) => LayerCache::Full(KvCache::default()),
-                })
+                    (Window::Full, ir::KvCache::Quantized(q)) => LayerCache::Quantized(
+                        QuantizedKvCache::new(q.group_size as i32, q.bits as i32),
+                    ),
+                    (Window::Full, ir::KvCache::Plain) => LayerCache::Full(KvCache::default()),
+                }),
             })
             .collect()
     }
 
     fn forward(&self, ids: &Array, caches: &mut Self::Cache) -> Result<Array> {
-        let arch = &self.arch;
-        let eps = arch.rms_norm_eps;
-        let hidden = arch.hidden_size as i32;
-        let window = arch.sliding_window as i32;
-        let h0 = gemma4::embed(&self.embed, ids, hidden)?;
-        let per_layer = match &self.ple {
-            Some(p) => Some(gemma4::per_layer_inputs(
+        let ir = &self.ir;
+        let eps = ir.norm_eps;
+        let hidden = ir.hidden_size as i32;
+        let h0 = b::embed(&self.embed, ids, embed_scale(ir.embedding.scale), hidden)?;
+        let per_layer = match (&self.ple, ir.embedding.per_layer_input) {
+            (Some(p), Some(facts)) => Some(b::per_layer_inputs(
                 ids,
                 &h0,
-                &p.embed,
-                &p.model_projection,
-                &p.projection_norm,
-                arch.num_layers as i32,
-                arch.per_layer_input.map_or(0, |p| p.width as i32),
+                p,
+                ir.layers.len() as i32,
+                facts.width as i32,
                 hidden,
                 eps,
             )?),
-            None => None,
+            _ => None,
         };
-        // One mask per layer type, from the cache of the first layer of that
-        // type, before any cache update (`_make_masks`).
+        // One mask per window, from the cache of the first layer with that
+        // window, before any cache update (`_make_masks`).
         let n = ids.shape()[1];
-        let mut full_mask = None;
-        let mut sliding_mask = None;
-        for (f, c) in arch.layers.iter().zip(caches.iter()) {
-            let slot = match f.layer_type {
-                LayerType::Full => &mut full_mask,
-                LayerType::Sliding => &mut sliding_mask,
-            };
-            if slot.is_none() {
-                let cache = c.as_ref().ok_or_else(|| {
-                    Exception::custom(format!(
-                        "layer {}: first layer of its type has no cache",
-                        f.index
-                    ))
-                })?;
-                *slot = Some(gemma4::mask_for(cache, n, window)?);
+        let mut masks: Vec<(Window, Mask)> = Vec::new();
+        for (l, c) in self.layers.iter().zip(caches.iter()) {
+            if masks.iter().any(|(w, _)| *w == l.window) {
+                continue;
             }
+            let cache = c.as_ref().ok_or_else(|| {
+                Exception::custom("the first layer of its window has no cache".to_string())
+            })?;
+            let w = match l.window {
+                Window::Full => 0,
+                Window::Sliding(w) => w as i32,
+            };
+            masks.push((l.window, b::mask_for(cache, n, w)?));
         }
         let mut h = h0;
-        let mut shared: Vec<Option<SharedKv>> = vec![None; self.layers.len()];
+        let mut shared: HashMap<usize, SharedKv> = HashMap::new();
         for (i, layer) in self.layers.iter().enumerate() {
-            let f = &layer.facts;
-            let mask: &Mask = match f.layer_type {
-                LayerType::Full => full_mask.as_ref().unwrap(),
-                LayerType::Sliding => sliding_mask.as_ref().unwrap(),
-            };
-            let x = archgen_runtime::ops::rms_norm(&h, Some(&layer.norms.input), eps)?;
-            let a = match (&layer.attn.kv, caches[i].as_mut()) {
-                (Some(kv), Some(cache)) => {
-                    let (a, kvs) = gemma4::attention_own_kv(
+            let mask = &masks
+                .iter()
+                .find(|(w, _)| *w == layer.window)
+                .expect("a mask per window")
+                .1;
+            let x = archgen_runtime::ops::rms_norm(&h, Some(layer.norms.input()), eps)?;
+            let a = match (&layer.attn.kv, caches[i].as_mut(), layer.kv) {
+                (Some(kv), Some(cache), KvSource::Own { .. }) => {
+                    let (a, kvs) = b::attention_own_kv(
                         &x,
                         &layer.attn,
                         kv,
@@ -275,36 +292,31 @@ impl CausalLm for Gemma4Monolith {
                         cache,
                         mask,
                     )?;
-                    shared[i] = Some(kvs);
+                    shared.insert(i, kvs);
                     a
                 }
-                _ => {
-                    let kvs = shared[f.kv_source].clone().ok_or_else(|| {
-                        Exception::custom(format!(
-                            "layer {i}: donor layer {} produced no K/V",
-                            f.kv_source
-                        ))
+                (_, _, KvSource::Shared { donor }) => {
+                    let kvs = shared.get(&donor).ok_or_else(|| {
+                        Exception::custom(format!("layer {i}: donor layer {donor} produced no K/V"))
                     })?;
-                    gemma4::attention_shared_kv(
-                        &x,
-                        &layer.attn,
-                        layer.shape,
-                        &layer.rope,
-                        &kvs,
-                        mask,
-                    )?
+                    b::attention_shared_kv(&x, &layer.attn, layer.shape, &layer.rope, kvs, mask)?
+                }
+                _ => {
+                    return Err(Exception::custom(format!(
+                        "layer {i}: owns its K/V but has no K/V weights or cache"
+                    )))
                 }
             };
-            let h1 = gemma4::attention_residual(&h, &a, &layer.norms, eps)?;
-            let h2 = gemma4::feed_forward(&h1, &layer.norms, &layer.mlp, layer.moe.as_ref(), eps)?;
+            let h1 = b::attention_residual(&h, &a, &layer.norms, eps)?;
+            let h2 = b::feed_forward(&h1, &layer.norms, &layer.mlp, layer.moe.as_ref(), eps)?;
             let pli = match (&layer.ple, &per_layer) {
-                (Some(g), Some(all)) => Some((g, gemma4::per_layer_slice(all, i as i32)?)),
+                (Some(g), Some(all)) => Some((g, b::per_layer_slice(all, i as i32)?)),
                 _ => None,
             };
-            h = gemma4::finish_layer(
+            h = b::finish_layer(
                 &h2,
                 pli.as_ref().map(|(g, x)| (*g, x)),
-                &layer.layer_scalar,
+                layer.layer_scalar.as_ref(),
                 eps,
             )?;
         }
@@ -312,9 +324,11 @@ impl CausalLm for Gemma4Monolith {
             Some(l) => Head::Untied(l),
             None => Head::Tied(&self.embed),
         };
-        gemma4::logits(&h, &self.norm, head, arch.final_logit_softcapping, eps)
+        b::logits(&h, &self.norm, head, ir.head.logit_softcap, eps)
     }
 }
+
+mod sanitize;
 
 /// Loads an mlx-community style checkpoint directory into the monolith: its
 /// config.json goes through the spec importer (mlx-lm's defaults, listed), the
@@ -326,25 +340,21 @@ pub fn load_dir(dir: &std::path::Path) -> std::result::Result<Monolith, ModelErr
 
 /// A checkpoint directory's resolved architecture and its sanitized weights:
 /// what the monolith and every generated model are built from.
-pub fn read_dir(dir: &std::path::Path) -> std::result::Result<(Architecture, Weights), ModelError> {
+pub fn read_dir(dir: &std::path::Path) -> std::result::Result<(ModelIr, Weights), ModelError> {
     let ckpt = archgen_runtime::weights::read_checkpoint(dir).map_err(|e| ModelError(e.0))?;
-    let arch = architecture_of(&ckpt.config, dir)?;
-    let tensors = if arch.family.is_dense() {
-        archgen_runtime::dense::sanitize(ckpt.tensors, arch.tie_word_embeddings)
-    } else {
-        let wrapper = arch.module_prefix.starts_with("language_model");
-        gemma4::sanitize(ckpt.tensors, wrapper, arch.first_kv_shared_layer as i32)
-            .map_err(|e| ModelError(format!("{}: {e}", dir.display())))?
-    };
+    let ir = architecture_of(&ckpt.config, dir)?;
+    let tensors = sanitize::sanitize(ckpt.tensors, &ir)
+        .map_err(|e| ModelError(format!("{}: {e}", dir.display())))?;
     let quant = quantization_of(&ckpt.config);
-    Ok((arch, Weights::new(tensors, quant.as_ref())))
+    Ok((ir, Weights::new(tensors, quant.as_ref())))
 }
 
-/// The resolved architecture of a config.json, through the spec importer.
+/// The block IR of a config.json, through the spec importer and the
+/// family's lowering.
 pub fn architecture_of(
     config: &serde_json::Value,
     dir: &std::path::Path,
-) -> std::result::Result<Architecture, ModelError> {
+) -> std::result::Result<ModelIr, ModelError> {
     // The spec name must be a valid file stem starting with a letter; a
     // directory name need not be one.
     let stem: String = dir
@@ -383,7 +393,7 @@ pub fn architecture_of(
             };
             ModelError(format!("{}/config.json{kv}: {e}", dir.display()))
         })?;
-    Ok(spec.resolve())
+    Ok(spec.lower())
 }
 
 /// config.json's `quantization` (or `quantization_config`, also inside

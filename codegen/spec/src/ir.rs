@@ -1,0 +1,387 @@
+//! The block IR: a closed, typed description of a decoder language model as
+//! blocks, which every family's spec lowers to (once per family, in this
+//! crate) and which the plan, the tensor contract, the plan file, the emitter,
+//! the monolith and the CPU decode path read without asking which family a
+//! model is. No MLX here.
+//!
+//! Every choice is an enum matched exhaustively downstream, so a new variant
+//! makes the compiler list each place that must handle it. Variants exist only
+//! where a lowering produces them; the knobs the next families need (a bias
+//! per projection, `1 + w` norm weights, a score softcap, other embedding and
+//! logit scales, other routers) are added together with the lowering that
+//! produces them and the runtime block that runs them.
+//!
+//! ```text
+//! ModelIr
+//! ├── checkpoint   model_type, module prefix, sanitize rules
+//! ├── embedding    scale, per-layer inputs
+//! ├── layers[i]    Norms (arrangement, weight form)
+//! │                Mixer::Attention (heads, q/k/v norms, RoPE, scale, window, K/V source)
+//! │                FeedForward::{Mlp, MlpAndMoe}
+//! │                LayerInput (per-layer input gate), LayerScalar
+//! └── head         tied or not, logit softcap
+//! ```
+
+use crate::arch::{KvQuant, RopeKind, WeightQuant};
+use crate::model::ConfigModelType;
+
+/// A decoder model as blocks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelIr {
+    pub name: String,
+    /// How the checkpoint spells and stores the tensors.
+    pub checkpoint: Checkpoint,
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    /// Informational (no RoPE form here reads it).
+    pub max_position_embeddings: usize,
+    /// eps of every RMSNorm of the model.
+    pub norm_eps: f32,
+    pub embedding: Embedding,
+    pub layers: Vec<Layer>,
+    pub head: Head,
+    /// Weight quantization as written; [`ModelIr::quant_for`] resolves it per
+    /// module.
+    pub quantization: Option<WeightQuant>,
+}
+
+/// The checkpoint's layout: which `model_type` mlx-lm reads it with, where
+/// the text model's modules live, and mlx-lm's `sanitize` for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    pub model_type: ConfigModelType,
+    pub prefix: ModulePrefix,
+    /// Applied in order by the loader (`archgen_monolith::read_dir`).
+    pub sanitize: Vec<SanitizeRule>,
+}
+
+/// Where the text model's modules are in the checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModulePrefix {
+    /// `model.layers.0...`, head `lm_head`.
+    Model,
+    /// `language_model.model.layers.0...`, head `language_model.lm_head`
+    /// (multimodal wrappers).
+    LanguageModel,
+}
+
+/// One rule of mlx-lm's `sanitize` (tensor renames and drops before loading).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SanitizeRule {
+    /// A multimodal wrapper: drop the vision/audio towers and move
+    /// `model.language_model.*` to `language_model.model.*`.
+    UnwrapMultimodal,
+    /// Drop precomputed rotary tables (`self_attn.rotary_emb`).
+    DropRotaryTables,
+    /// Drop activation ranges of quantization-aware checkpoints
+    /// (`input_max`, `input_min`, `output_max`, `output_min`).
+    DropActivationRanges,
+    /// Drop `k_proj`, `v_proj` and `k_norm` of layers that read a donor's K/V.
+    DropSharedKv,
+    /// Drop `lm_head.weight` when the head is tied.
+    DropTiedHead,
+    /// Split `experts.gate_up_proj` into `experts.switch_glu.{gate,up}_proj`
+    /// and rename `experts.down_proj`.
+    SplitExpertsGateUp,
+}
+
+/// Token embedding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Embedding {
+    pub scale: EmbedScale,
+    pub per_layer_input: Option<PerLayerInput>,
+}
+
+/// What the embedding is multiplied by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmbedScale {
+    None,
+    /// `sqrt(hidden_size)` as a weak Python float scalar.
+    SqrtHidden,
+}
+
+/// Per-layer inputs: a second embedding and a projection of the first, split
+/// into one input per layer (Gemma's PLE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerLayerInput {
+    /// Width of each layer's input.
+    pub width: usize,
+    /// Rows of `embed_tokens_per_layer`.
+    pub vocab: usize,
+}
+
+/// One decoder layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layer {
+    pub index: usize,
+    pub norms: Norms,
+    pub mixer: Mixer,
+    pub ffn: FeedForward,
+    pub input: LayerInput,
+    pub scalar: LayerScalar,
+}
+
+/// Where the layer's RMSNorms sit and how their weight is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Norms {
+    pub arrangement: NormArrangement,
+    pub weight: NormWeight,
+}
+
+/// Where the RMSNorms of a layer sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormArrangement {
+    /// `h = x + mixer(norm(x)); out = h + ffn(norm(h))`
+    /// (`input_layernorm`, `post_attention_layernorm`).
+    PreNorm,
+    /// `h = x + norm(mixer(norm(x))); out = h + norm(ffn(norm(h)))`
+    /// (`input_layernorm`, `post_attention_layernorm`,
+    /// `pre_feedforward_layernorm`, `post_feedforward_layernorm`).
+    Sandwich,
+}
+
+/// How an RMSNorm applies its weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormWeight {
+    /// `x * w` (`mx.fast.rms_norm` with the stored weight).
+    Direct,
+}
+
+/// The sequence mixer of a layer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mixer {
+    Attention(Attention),
+}
+
+/// Multi-head attention with grouped K/V heads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attention {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub qk_norm: QkNorm,
+    pub value_norm: ValueNorm,
+    pub rope: RopeForm,
+    pub scale: AttentionScale,
+    pub window: Window,
+    pub kv: KvSource,
+}
+
+/// Normalization of queries and keys before RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// RMSNorm per head with weights `q_norm`, `k_norm` of `[head_dim]`.
+    RmsPerHead,
+}
+
+/// Normalization of values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueNorm {
+    None,
+    /// RMSNorm per head without a weight.
+    RmsScaleFree,
+}
+
+/// The RoPE of a layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeForm {
+    pub kind: RopeKind,
+    /// Rotate pairs (2i, 2i+1) instead of (i, i + d/2).
+    pub traditional: bool,
+    /// Dimensions that rotate (head_dim unless partial).
+    pub rotated_dims: usize,
+}
+
+/// The scale SDPA multiplies the scores by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionScale {
+    /// 1.0 (the norms already scale q and k).
+    One,
+    /// `head_dim ** -0.5` as the Python float mlx-lm passes.
+    InvSqrtHeadDim,
+}
+
+impl AttentionScale {
+    /// The f32 SDPA receives.
+    pub fn value(self, head_dim: usize) -> f32 {
+        match self {
+            AttentionScale::One => 1.0,
+            AttentionScale::InvSqrtHeadDim => (head_dim as f64).powf(-0.5) as f32,
+        }
+    }
+}
+
+/// Which positions a query sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Window {
+    /// Causal over everything (growing cache).
+    Full,
+    /// Causal over the last `n` positions (rotating cache of `n`).
+    Sliding(usize),
+}
+
+/// Where a layer's K/V come from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvSource {
+    /// The layer projects K/V and owns a cache.
+    Own { values: Values, cache: KvCache },
+    /// The layer attends over the K/V of an earlier layer (a donor), with the
+    /// donor's RoPE offset; it has no K/V weights and no cache.
+    Shared { donor: usize },
+}
+
+/// Where V comes from on a K/V-owning layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Values {
+    /// `v_proj`.
+    Projected,
+    /// The raw `k_proj` output (no `v_proj`).
+    SameAsKeys,
+}
+
+/// A K/V-owning layer's cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvCache {
+    /// Keys and values in the activation dtype.
+    Plain,
+    /// mlx's quantized KV cache (full-window layers only).
+    Quantized(KvQuant),
+}
+
+/// The feed-forward half of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedForward {
+    Mlp(GatedMlp),
+    /// A dense MLP and routed experts side by side, each with its own norms
+    /// (`pre_feedforward_layernorm_2`, `post_feedforward_layernorm_1/_2`),
+    /// summed.
+    MlpAndMoe {
+        mlp: GatedMlp,
+        moe: Moe,
+    },
+}
+
+/// `down(act(gate(x)) * up(x))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatedMlp {
+    pub width: usize,
+    pub activation: Activation,
+}
+
+/// The gate's activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// tanh-approximated GELU (GeGLU).
+    GeluApprox,
+    /// SiLU (SwiGLU).
+    Silu,
+}
+
+/// Routed experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moe {
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Width of each expert's gated MLP.
+    pub width: usize,
+    pub router: Router,
+    pub activation: Activation,
+}
+
+/// How tokens pick experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Router {
+    /// Scale-free RMSNorm times `scale * hidden ** -0.5`, `proj`, top-k of
+    /// the logits, softmax over the chosen, times `per_expert_scale`
+    /// (Gemma-4's router).
+    ScaledTopKSoftmax,
+}
+
+/// A per-layer input gate after the feed-forward half.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerInput {
+    None,
+    /// `h + norm(proj(gelu(gate(h)) * input))` with this layer's slice of the
+    /// per-layer inputs.
+    Gated {
+        width: usize,
+    },
+}
+
+/// What the layer output is multiplied by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerScalar {
+    None,
+    /// A stored `[1]` weight, `layer_scalar`.
+    Learned,
+}
+
+/// Final norm and output projection.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Head {
+    pub weight: HeadWeight,
+    /// `tanh(x / c) * c` on the logits.
+    pub logit_softcap: Option<f32>,
+}
+
+/// The output projection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadWeight {
+    /// `embed_tokens.as_linear`.
+    TiedEmbedding,
+    /// `lm_head`.
+    Untied,
+}
+
+impl Attention {
+    /// Whether this layer projects its own K/V.
+    pub fn owns_kv(&self) -> bool {
+        matches!(self.kv, KvSource::Own { .. })
+    }
+    /// The layer whose K/V this one attends over (itself when it owns them).
+    pub fn kv_layer(&self, index: usize) -> usize {
+        match self.kv {
+            KvSource::Own { .. } => index,
+            KvSource::Shared { donor } => donor,
+        }
+    }
+}
+
+impl Layer {
+    /// The layer's attention.
+    pub fn attention(&self) -> &Attention {
+        match &self.mixer {
+            Mixer::Attention(a) => a,
+        }
+    }
+    /// The dense gated MLP every feed-forward form has.
+    pub fn mlp(&self) -> GatedMlp {
+        match self.ffn {
+            FeedForward::Mlp(m) | FeedForward::MlpAndMoe { mlp: m, .. } => m,
+        }
+    }
+    pub fn moe(&self) -> Option<Moe> {
+        match self.ffn {
+            FeedForward::Mlp(_) => None,
+            FeedForward::MlpAndMoe { moe, .. } => Some(moe),
+        }
+    }
+}
+
+impl ModelIr {
+    /// Layers that have K/V of their own, read by a later layer.
+    pub fn donors_read(&self) -> Vec<usize> {
+        let mut d: Vec<usize> = self
+            .layers
+            .iter()
+            .filter_map(|l| match l.attention().kv {
+                KvSource::Shared { donor } => Some(donor),
+                KvSource::Own { .. } => None,
+            })
+            .collect();
+        d.sort_unstable();
+        d.dedup();
+        d
+    }
+}

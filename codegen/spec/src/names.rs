@@ -1,0 +1,297 @@
+//! The one map from IR blocks to checkpoint tensor names (mlx-community
+//! layout: what mlx-lm's `sanitize` leaves, under the checkpoint's module
+//! prefix). The tensor contract of the plan, the quantization rules, the
+//! parameter count and `archgen init` read it; the loader's renames are the
+//! IR's [`crate::ir::SanitizeRule`]s.
+
+use crate::arch::{ModuleKind, QuantizableModule};
+use crate::ir::*;
+use crate::model::QuantParams;
+
+impl ModulePrefix {
+    /// Prefix of the text model's modules.
+    pub fn modules(self) -> &'static str {
+        match self {
+            ModulePrefix::Model => "model.",
+            ModulePrefix::LanguageModel => "language_model.model.",
+        }
+    }
+    /// Path of the untied head.
+    pub fn lm_head(self) -> &'static str {
+        match self {
+            ModulePrefix::Model => "lm_head",
+            ModulePrefix::LanguageModel => "language_model.lm_head",
+        }
+    }
+}
+
+/// The RMSNorms around a layer's mixer and feed-forward half, by arrangement:
+/// `(before mixer, after mixer, before ffn, after ffn)` module names.
+pub fn layer_norm_names(a: NormArrangement) -> &'static [&'static str] {
+    match a {
+        // mlx-lm's pre-norm blocks call the norm before the MLP
+        // `post_attention_layernorm`.
+        NormArrangement::PreNorm => &["input_layernorm", "post_attention_layernorm"],
+        NormArrangement::Sandwich => &[
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ],
+    }
+}
+
+/// The extra norms of the MoE branch of [`FeedForward::MlpAndMoe`].
+pub const MOE_BRANCH_NORMS: [&str; 3] = [
+    "pre_feedforward_layernorm_2",
+    "post_feedforward_layernorm_1",
+    "post_feedforward_layernorm_2",
+];
+
+/// A vector parameter (norm weight, scalar, router scale) and its length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VectorParam {
+    /// Full checkpoint name.
+    pub name: String,
+    pub len: u64,
+}
+
+impl ModelIr {
+    /// Prefix of the text model's modules.
+    pub fn module_prefix(&self) -> &'static str {
+        self.checkpoint.prefix.modules()
+    }
+
+    /// Path of the untied head.
+    pub fn lm_head_path(&self) -> &'static str {
+        self.checkpoint.prefix.lm_head()
+    }
+
+    /// Every module `nn.quantize` would visit, in module-tree order, with
+    /// weight shapes.
+    pub fn quantizable_modules(&self) -> Vec<QuantizableModule> {
+        let pre = self.module_prefix();
+        let h = self.hidden_size as u64;
+        let mut out = Vec::new();
+        let mut push = |path: String, kind, in_dim: u64, out_dim: u64, count: u64| {
+            out.push(QuantizableModule {
+                path,
+                kind,
+                in_dim,
+                out_dim,
+                count,
+            })
+        };
+        push(
+            format!("{pre}embed_tokens"),
+            ModuleKind::Embedding,
+            h,
+            self.vocab_size as u64,
+            1,
+        );
+        if let Some(ple) = self.embedding.per_layer_input {
+            let w = (self.layers.len() * ple.width) as u64;
+            push(
+                format!("{pre}embed_tokens_per_layer"),
+                ModuleKind::Embedding,
+                w,
+                ple.vocab as u64,
+                1,
+            );
+            push(
+                format!("{pre}per_layer_model_projection"),
+                ModuleKind::Linear,
+                h,
+                w,
+                1,
+            );
+        }
+        for l in &self.layers {
+            let lp = format!("{pre}layers.{}.", l.index);
+            match &l.mixer {
+                Mixer::Attention(a) => {
+                    let q = (a.n_heads * a.head_dim) as u64;
+                    let kv = (a.n_kv_heads * a.head_dim) as u64;
+                    push(format!("{lp}self_attn.q_proj"), ModuleKind::Linear, h, q, 1);
+                    if let KvSource::Own { values, .. } = a.kv {
+                        push(
+                            format!("{lp}self_attn.k_proj"),
+                            ModuleKind::Linear,
+                            h,
+                            kv,
+                            1,
+                        );
+                        match values {
+                            Values::Projected => push(
+                                format!("{lp}self_attn.v_proj"),
+                                ModuleKind::Linear,
+                                h,
+                                kv,
+                                1,
+                            ),
+                            Values::SameAsKeys => {}
+                        }
+                    }
+                    push(format!("{lp}self_attn.o_proj"), ModuleKind::Linear, q, h, 1);
+                }
+            }
+            let w = l.mlp().width as u64;
+            push(format!("{lp}mlp.gate_proj"), ModuleKind::Linear, h, w, 1);
+            push(format!("{lp}mlp.down_proj"), ModuleKind::Linear, w, h, 1);
+            push(format!("{lp}mlp.up_proj"), ModuleKind::Linear, h, w, 1);
+            if let Some(moe) = l.moe() {
+                let (e, mw) = (moe.num_experts as u64, moe.width as u64);
+                match moe.router {
+                    Router::ScaledTopKSoftmax => {
+                        push(format!("{lp}router.proj"), ModuleKind::Linear, h, e, 1)
+                    }
+                }
+                let sw = format!("{lp}experts.switch_glu");
+                push(
+                    format!("{sw}.gate_proj"),
+                    ModuleKind::SwitchLinear,
+                    h,
+                    mw,
+                    e,
+                );
+                push(format!("{sw}.up_proj"), ModuleKind::SwitchLinear, h, mw, e);
+                push(
+                    format!("{sw}.down_proj"),
+                    ModuleKind::SwitchLinear,
+                    mw,
+                    h,
+                    e,
+                );
+            }
+            match l.input {
+                LayerInput::None => {}
+                LayerInput::Gated { width } => {
+                    let pw = width as u64;
+                    push(
+                        format!("{lp}per_layer_input_gate"),
+                        ModuleKind::Linear,
+                        h,
+                        pw,
+                        1,
+                    );
+                    push(
+                        format!("{lp}per_layer_projection"),
+                        ModuleKind::Linear,
+                        pw,
+                        h,
+                        1,
+                    );
+                }
+            }
+        }
+        match self.head.weight {
+            HeadWeight::TiedEmbedding => {}
+            HeadWeight::Untied => push(
+                self.lm_head_path().to_string(),
+                ModuleKind::Linear,
+                h,
+                self.vocab_size as u64,
+                1,
+            ),
+        }
+        out
+    }
+
+    /// Every parameter that is not a quantizable module's weight: norm
+    /// weights, layer scalars, router scales.
+    pub fn vector_params(&self) -> Vec<VectorParam> {
+        let pre = self.module_prefix();
+        let h = self.hidden_size as u64;
+        let mut out = Vec::new();
+        let mut push = |name: String, len: u64| out.push(VectorParam { name, len });
+        if let Some(p) = self.embedding.per_layer_input {
+            push(
+                format!("{pre}per_layer_projection_norm.weight"),
+                p.width as u64,
+            );
+        }
+        for l in &self.layers {
+            let lp = format!("{pre}layers.{}.", l.index);
+            for n in layer_norm_names(l.norms.arrangement) {
+                push(format!("{lp}{n}.weight"), h);
+            }
+            match &l.mixer {
+                Mixer::Attention(a) => match a.qk_norm {
+                    QkNorm::None => {}
+                    QkNorm::RmsPerHead => {
+                        let d = a.head_dim as u64;
+                        push(format!("{lp}self_attn.q_norm.weight"), d);
+                        if a.owns_kv() {
+                            push(format!("{lp}self_attn.k_norm.weight"), d);
+                        }
+                    }
+                },
+            }
+            if let Some(m) = l.moe() {
+                match m.router {
+                    Router::ScaledTopKSoftmax => {
+                        push(format!("{lp}router.scale"), h);
+                        push(format!("{lp}router.per_expert_scale"), m.num_experts as u64);
+                    }
+                }
+                for n in MOE_BRANCH_NORMS {
+                    push(format!("{lp}{n}.weight"), h);
+                }
+            }
+            match l.input {
+                LayerInput::None => {}
+                LayerInput::Gated { .. } => {
+                    push(format!("{lp}post_per_layer_input_norm.weight"), h)
+                }
+            }
+            match l.scalar {
+                LayerScalar::None => {}
+                LayerScalar::Learned => push(format!("{lp}layer_scalar"), 1),
+            }
+        }
+        push(format!("{pre}norm.weight"), h);
+        out
+    }
+
+    /// How the module at `module_path` is quantized, by mlx-lm's rules: an
+    /// explicit per-path entry wins (params, or `false` → None); otherwise the
+    /// default applies, except that convert skips modules whose input
+    /// dimension is not divisible by the group size. None for unquantized
+    /// models and for paths that are not quantizable modules of this model.
+    pub fn quant_for(&self, module_path: &str) -> Option<QuantParams> {
+        let q = self.quantization.as_ref()?;
+        if let Some(entry) = q.overrides.get(module_path) {
+            return *entry;
+        }
+        let module = self
+            .quantizable_modules()
+            .into_iter()
+            .find(|m| m.path == module_path)?;
+        (module.in_dim % q.default.group_size as u64 == 0).then_some(q.default)
+    }
+
+    /// Modules the default quantization would skip because their input
+    /// dimension is not a multiple of the group size (and that have no
+    /// explicit entry).
+    pub fn quant_skipped_modules(&self) -> Vec<QuantizableModule> {
+        let Some(q) = &self.quantization else {
+            return Vec::new();
+        };
+        self.quantizable_modules()
+            .into_iter()
+            .filter(|m| {
+                !q.overrides.contains_key(&m.path) && m.in_dim % q.default.group_size as u64 != 0
+            })
+            .collect()
+    }
+
+    /// Parameter count of the unquantized model (weights, norms, scalars).
+    pub fn param_count(&self) -> u64 {
+        let modules: u64 = self
+            .quantizable_modules()
+            .iter()
+            .map(|m| m.in_dim * m.out_dim * m.count)
+            .sum();
+        modules + self.vector_params().iter().map(|p| p.len).sum::<u64>()
+    }
+}

@@ -1,0 +1,688 @@
+//! The decoder blocks of every family, op for op as mlx-lm 0.32.2 runs them,
+//! each block's math written once and parameterised by the facts of the
+//! block IR (`archgen_spec::ir`), never by family. The monolith composes
+//! them with run-time branches; generated models call the same functions
+//! with every branch resolved; the CPU decode path (`decode`) traces them.
+//!
+//! ```text
+//! pre-norm:  h = x + mixer(norm(x))          out = h + ffn(norm(h))
+//! sandwich:  h = x + norm(mixer(norm(x)))    out = h + norm(ffn(norm(h)))
+//! then:      out += per-layer input gate;    out *= layer scalar
+//! ```
+//!
+//! This crate does not depend on the IR's crate (generated models depend on
+//! this one alone), so the facts a block needs are mirrored here as small
+//! enums; the monolith and the emitter map IR facts onto them one to one.
+
+use mlx_rs::Array;
+
+use crate::attention::{attend, batch_and_len, merged, quantized_sdpa, Mask};
+use crate::cache::LayerCache;
+use crate::layers::{Embedding, Linear};
+use crate::moe::{experts, Router, SwitchGlu};
+use crate::ops::{geglu, gelu_approx_compiled, rms_norm, scalar_like, swiglu, Result};
+use crate::rope::{Rope, RopeTables};
+use crate::weights::Weights;
+
+pub use crate::layers::{logits, Head};
+
+fn refused(what: &str) -> mlx_rs::error::Exception {
+    mlx_rs::error::Exception::custom(what.to_string())
+}
+
+/// `x * s(value)`: a Python float scalar multiplying a tensor (weakly typed).
+pub fn scale(x: &Array, value: f64) -> Result<Array> {
+    x.multiply(scalar_like(value, x))
+}
+
+/// What the token embedding is multiplied by (IR `EmbedScale`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmbedScale {
+    None,
+    /// bf16(sqrt(hidden)) as a weak scalar (`Gemma4TextModel.__call__`).
+    SqrtHidden,
+}
+
+/// The token embedding, scaled.
+pub fn embed(embed_tokens: &Embedding, ids: &Array, s: EmbedScale, hidden: i32) -> Result<Array> {
+    let e = embed_tokens.lookup(ids)?;
+    match s {
+        EmbedScale::None => Ok(e),
+        EmbedScale::SqrtHidden => scale(&e, (hidden as f64).powf(0.5)),
+    }
+}
+
+// ---- Attention
+
+/// Normalization of values (IR `ValueNorm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueNorm {
+    None,
+    /// RMSNorm per head without a weight.
+    RmsScaleFree,
+}
+
+/// The static shape of one layer's attention.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub head_dim: i32,
+    /// eps of the q/k/v norms.
+    pub eps: f32,
+    /// The scale SDPA multiplies the scores by, as the f32 it receives.
+    pub scale: f32,
+    pub value_norm: ValueNorm,
+}
+
+/// Attention weights of one layer: Q and output projections, the per-head
+/// query norm when the layer has q/k norms, and `kv` when the layer projects
+/// its own K/V (`None` on KV-sharing layers, and in generated models, which
+/// keep K/V weights in a field of their own).
+#[derive(Debug, Clone)]
+pub struct AttentionWeights {
+    pub q_proj: Linear,
+    pub o_proj: Linear,
+    pub q_norm: Option<Array>,
+    pub kv: Option<KvWeights>,
+}
+
+impl AttentionWeights {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        self.q_proj.pretranspose();
+        self.o_proj.pretranspose();
+        if let Some(kv) = &mut self.kv {
+            kv.pretranspose();
+        }
+    }
+}
+
+/// K/V projections of a layer that computes its own K/V. `v_proj` is `None`
+/// when V is the raw `k_proj` output (IR `Values::SameAsKeys`).
+#[derive(Debug, Clone)]
+pub struct KvWeights {
+    pub k_proj: Linear,
+    pub v_proj: Option<Linear>,
+    pub k_norm: Option<Array>,
+}
+
+impl KvWeights {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        self.k_proj.pretranspose();
+        if let Some(v) = &mut self.v_proj {
+            v.pretranspose();
+        }
+    }
+}
+
+/// K/V a layer attended over, and the rope offset it used: what a donor
+/// passes to the layers that share its K/V. From a quantized cache,
+/// `keys`/`values` hold only the packed uint32 data, which sharers refuse.
+#[derive(Debug, Clone)]
+pub struct SharedKv {
+    pub keys: Array,
+    pub values: Array,
+    pub offset: Array,
+}
+
+/// A K/V-owning layer's attention: computes K/V, updates its cache, attends,
+/// projects out.
+pub fn attention_own_kv(
+    x: &Array,
+    w: &AttentionWeights,
+    kv: &KvWeights,
+    s: AttentionShape,
+    rope: &Rope,
+    cache: &mut LayerCache,
+    mask: &Mask,
+) -> Result<(Array, SharedKv)> {
+    let offset = Array::from_int(cache.offset());
+    let (q, k, v) = project_qkv(x, w, kv, s, &|t| rope.apply(t, &offset))?;
+    let (o, shared) = attend_own_kv(&q, &k, &v, s, cache, mask, offset, false)?;
+    Ok((w.o_proj.forward(&o)?, shared))
+}
+
+/// Queries, keys and values of a layer that computes its own K/V:
+/// projected, normed as the layer's norms say, transposed to
+/// [B, heads, L, head_dim]; Q and K through `rope`.
+pub fn project_qkv(
+    x: &Array,
+    w: &AttentionWeights,
+    kv: &KvWeights,
+    s: AttentionShape,
+    rope: &dyn Fn(&Array) -> Result<Array>,
+) -> Result<(Array, Array, Array)> {
+    let (b, l) = batch_and_len(x);
+    let q = queries(x, w, s)?;
+    let k = kv
+        .k_proj
+        .forward(x)?
+        .reshape(&[b, l, s.n_kv_heads, s.head_dim])?;
+    let v = match &kv.v_proj {
+        None => k.clone(),
+        Some(v_proj) => v_proj
+            .forward(x)?
+            .reshape(&[b, l, s.n_kv_heads, s.head_dim])?,
+    };
+    let k = match &kv.k_norm {
+        Some(n) => rms_norm(&k, Some(n), s.eps)?,
+        None => k,
+    };
+    let k = rope(&k.transpose_axes(&[0, 2, 1, 3])?)?;
+    let v = match s.value_norm {
+        ValueNorm::RmsScaleFree => rms_norm(&v, None, s.eps)?,
+        ValueNorm::None => v,
+    };
+    let v = v.transpose_axes(&[0, 2, 1, 3])?;
+    let q = rope(&q.transpose_axes(&[0, 2, 1, 3])?)?;
+    Ok((q, k, v))
+}
+
+/// The queries [B, heads, L, head_dim] of a KV-sharing layer, through `rope`.
+pub fn project_q(
+    x: &Array,
+    w: &AttentionWeights,
+    s: AttentionShape,
+    rope: &dyn Fn(&Array) -> Result<Array>,
+) -> Result<Array> {
+    let q = queries(x, w, s)?;
+    rope(&q.transpose_axes(&[0, 2, 1, 3])?)
+}
+
+fn queries(x: &Array, w: &AttentionWeights, s: AttentionShape) -> Result<Array> {
+    let (b, l) = batch_and_len(x);
+    let q = w
+        .q_proj
+        .forward(x)?
+        .reshape(&[b, l, s.n_heads, s.head_dim])?;
+    match &w.q_norm {
+        Some(n) => rms_norm(&q, Some(n), s.eps),
+        None => Ok(q),
+    }
+}
+
+/// A K/V-owning layer's cache update and attention over the cache: returns
+/// the heads merged back to [B, L, heads * head_dim] (or [B * L, ...] with
+/// `rows`), the input of `o_proj`, and the K/V sharers read.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_own_kv(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    s: AttentionShape,
+    cache: &mut LayerCache,
+    mask: &Mask,
+    offset: Array,
+    rows: bool,
+) -> Result<(Array, SharedKv)> {
+    let (b, l) = (q.shape()[0], q.shape()[2]);
+    if let LayerCache::Quantized(qc) = cache {
+        // base.scaled_dot_product_attention: a cache with `.bits` routes to
+        // quantized_scaled_dot_product_attention.
+        let (qk, qv) = qc.update_and_fetch(k, v)?;
+        // The scale meets the queries as a weak scalar of their dtype; the
+        // one form with a quantized cache (scale 1) is exact either way.
+        let o = quantized_sdpa(
+            q,
+            &qk,
+            &qv,
+            f64::from(s.scale),
+            mask,
+            qc.group_size,
+            qc.bits,
+        )?;
+        let o = o
+            .transpose_axes(&[0, 2, 1, 3])?
+            .reshape(&merged(b, l, rows))?;
+        // mlx-lm would hand the quantized tuples to sharers, whose plain SDPA
+        // then fails; the spec validator forbids that, and the packed uint32
+        // data carried here is refused by `attend_shared_kv`.
+        return Ok((
+            o,
+            SharedKv {
+                keys: qk.data,
+                values: qv.data,
+                offset,
+            },
+        ));
+    }
+    let (keys, values) = cache.update_and_fetch(k, v)?;
+    let o = attend(q, &keys, &values, s.scale, mask, rows)?;
+    Ok((
+        o,
+        SharedKv {
+            keys,
+            values,
+            offset,
+        },
+    ))
+}
+
+/// A KV-sharing layer's attention: its own queries over the donor's K/V.
+pub fn attention_shared_kv(
+    x: &Array,
+    w: &AttentionWeights,
+    s: AttentionShape,
+    rope: &Rope,
+    shared: &SharedKv,
+    mask: &Mask,
+) -> Result<Array> {
+    let q = project_q(x, w, s, &|t| rope.apply(t, &shared.offset))?;
+    w.o_proj
+        .forward(&attend_shared_kv(&q, s, shared, mask, false)?)
+}
+
+/// A KV-sharing layer's attention over the donor's K/V, heads merged back
+/// to [B, L, heads * head_dim] (or [B * L, ...] with `rows`), the input of
+/// `o_proj`.
+pub fn attend_shared_kv(
+    q: &Array,
+    s: AttentionShape,
+    shared: &SharedKv,
+    mask: &Mask,
+    rows: bool,
+) -> Result<Array> {
+    if shared.keys.dtype() == mlx_rs::Dtype::Uint32 {
+        return Err(refused(
+            "KV-shared layer over a quantized donor cache: mlx-lm cannot run this (its sharers take the unquantized SDPA)",
+        ));
+    }
+    attend(q, &shared.keys, &shared.values, s.scale, mask, rows)
+}
+
+/// What the layers of one attention window share in a forward pass: their
+/// RoPE, this step's RoPE tables (one-token steps on the decode path, see
+/// `decode`; `None` otherwise) and the mask.
+pub struct WindowStep<'a> {
+    pub rope: &'a Rope,
+    pub tables: Option<&'a RopeTables>,
+    pub mask: &'a Mask,
+}
+
+/// The mask of one window kind, from the cache of the first layer of that
+/// kind, before any cache update (`_make_masks`, `create_attention_mask`).
+pub fn mask_for(cache: &LayerCache, n: i32, window: i32) -> Result<Mask> {
+    match cache {
+        LayerCache::Full(c) => Ok(c.make_mask(n)),
+        LayerCache::Sliding(c) => c.make_mask(n, window),
+        LayerCache::Quantized(c) => Ok(c.make_mask(n)),
+    }
+}
+
+// ---- Feed-forward
+
+/// The gate's activation (IR `Activation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// mlx-lm's compiled `geglu` (tanh-approximated GELU).
+    GeluApprox,
+    /// mlx-lm's compiled `swiglu` (SiLU).
+    Silu,
+}
+
+/// Gated MLP: `down(act(gate(x)) * up(x))`.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+    pub activation: Activation,
+}
+
+impl Mlp {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        self.gate_proj.pretranspose();
+        self.up_proj.pretranspose();
+        self.down_proj.pretranspose();
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let gate = self.gate_proj.forward(x)?;
+        let up = self.up_proj.forward(x)?;
+        let act = match self.activation {
+            Activation::GeluApprox => geglu(&gate, &up)?,
+            Activation::Silu => swiglu(&gate, &up)?,
+        };
+        self.down_proj.forward(&act)
+    }
+}
+
+/// The RMSNorm weights of a layer, by arrangement (IR `NormArrangement`).
+#[derive(Debug, Clone)]
+pub enum LayerNorms {
+    /// Before the mixer and before the feed-forward half (mlx-lm calls the
+    /// second one `post_attention_layernorm`).
+    PreNorm { input: Array, ffn: Array },
+    /// Before and after the mixer, before and after the feed-forward half.
+    Sandwich {
+        input: Array,
+        post_attention: Array,
+        pre_feedforward: Array,
+        post_feedforward: Array,
+    },
+}
+
+impl LayerNorms {
+    /// The norm before the mixer.
+    pub fn input(&self) -> &Array {
+        match self {
+            LayerNorms::PreNorm { input, .. } | LayerNorms::Sandwich { input, .. } => input,
+        }
+    }
+}
+
+/// Which arrangement to load (IR `NormArrangement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormArrangement {
+    PreNorm,
+    Sandwich,
+}
+
+/// Routed experts beside the dense MLP (IR `FeedForward::MlpAndMoe`): router,
+/// experts and the three norms of the two branches.
+#[derive(Debug, Clone)]
+pub struct MoeBlock {
+    pub router: Router,
+    pub experts: SwitchGlu,
+    pub pre_feedforward_2: Array,
+    pub post_feedforward_1: Array,
+    pub post_feedforward_2: Array,
+}
+
+impl MoeBlock {
+    /// [`Linear::pretranspose`] on the router's projection (generated models).
+    pub fn pretranspose(&mut self) {
+        self.router.proj.pretranspose();
+    }
+}
+
+/// Mixer output into the residual stream: `x + a` (pre-norm) or
+/// `x + post_attention_norm(a)` (sandwich).
+pub fn attention_residual(x: &Array, a: &Array, norms: &LayerNorms, eps: f32) -> Result<Array> {
+    match norms {
+        LayerNorms::PreNorm { .. } => x.add(a),
+        LayerNorms::Sandwich { post_attention, .. } => {
+            x.add(rms_norm(a, Some(post_attention), eps)?)
+        }
+    }
+}
+
+/// The feed-forward half after the mixer: `h` is the residual stream after
+/// the mixer. Returns the layer output before the per-layer input gate.
+pub fn feed_forward(
+    h: &Array,
+    norms: &LayerNorms,
+    mlp: &Mlp,
+    moe: Option<&MoeBlock>,
+    eps: f32,
+) -> Result<Array> {
+    match norms {
+        LayerNorms::PreNorm { ffn, .. } => {
+            if moe.is_some() {
+                return Err(refused(
+                    "routed experts beside the MLP in a pre-norm layer: no runtime block runs this arrangement yet",
+                ));
+            }
+            h.add(mlp.forward(&rms_norm(h, Some(ffn), eps)?)?)
+        }
+        LayerNorms::Sandwich {
+            pre_feedforward,
+            post_feedforward,
+            ..
+        } => {
+            let f = match moe {
+                None => mlp.forward(&rms_norm(h, Some(pre_feedforward), eps)?)?,
+                Some(m) => {
+                    let h1 = mlp.forward(&rms_norm(h, Some(pre_feedforward), eps)?)?;
+                    let h1 = rms_norm(&h1, Some(&m.post_feedforward_1), eps)?;
+                    let (idx, w) = m.router.route(h)?;
+                    let h2 = rms_norm(h, Some(&m.pre_feedforward_2), eps)?;
+                    let h2 = experts(&m.experts, &h2, &idx, &w)?;
+                    let h2 = rms_norm(&h2, Some(&m.post_feedforward_2), eps)?;
+                    h1.add(&h2)?
+                }
+            };
+            h.add(rms_norm(&f, Some(post_feedforward), eps)?)
+        }
+    }
+}
+
+// ---- Per-layer inputs and the layer scalar
+
+/// Per-layer inputs (`_get_per_layer_inputs` + `_project_per_layer_inputs`):
+/// returns [B, L, layers, width]; layer i reads `[:, :, i, :]`.
+#[allow(clippy::too_many_arguments)]
+pub fn per_layer_inputs(
+    ids: &Array,
+    h: &Array,
+    p: &PerLayerInputs,
+    layers: i32,
+    width: i32,
+    hidden: i32,
+    eps: f32,
+) -> Result<Array> {
+    let tok = scale(&p.embed.lookup(ids)?, (width as f64).powf(0.5))?;
+    let tok = mlx_rs::ops::unflatten(&tok, -1, &[layers, width])?;
+    let proj = scale(&p.model_projection.forward(h)?, (hidden as f64).powf(-0.5))?;
+    let proj = mlx_rs::ops::unflatten(&proj, -1, &[layers, width])?;
+    let proj = rms_norm(&proj, Some(&p.projection_norm), eps)?;
+    scale(&proj.add(&tok)?, 2f64.powf(-0.5))
+}
+
+/// `per_layer_inputs[:, :, i, :]`.
+pub fn per_layer_slice(all: &Array, i: i32) -> Result<Array> {
+    use mlx_rs::ops::indexing::TryIndexOp;
+    all.try_index((.., .., i, ..))
+}
+
+/// The per-layer input gate of one layer.
+#[derive(Debug, Clone)]
+pub struct PleGate {
+    pub gate: Linear,
+    pub projection: Linear,
+    pub post_norm: Array,
+}
+
+impl PleGate {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        self.gate.pretranspose();
+        self.projection.pretranspose();
+    }
+}
+
+/// Model-level per-layer-input parameters.
+#[derive(Debug, Clone)]
+pub struct PerLayerInputs {
+    pub embed: Embedding,
+    pub model_projection: Linear,
+    pub projection_norm: Array,
+}
+
+impl PerLayerInputs {
+    /// [`Linear::pretranspose`] on the projection (generated models).
+    pub fn pretranspose(&mut self) {
+        self.model_projection.pretranspose();
+    }
+}
+
+/// The per-layer input gate after the feed-forward residual, then the layer
+/// scalar; either may be absent.
+pub fn finish_layer(
+    h: &Array,
+    ple: Option<(&PleGate, &Array)>,
+    layer_scalar: Option<&Array>,
+    eps: f32,
+) -> Result<Array> {
+    let h = match ple {
+        None => h.clone(),
+        Some((g, input)) => {
+            let gate = gelu_approx_compiled(&g.gate.forward(h)?)?;
+            let gate = gate.multiply(input)?;
+            let gate = g.projection.forward(&gate)?;
+            let gate = rms_norm(&gate, Some(&g.post_norm), eps)?;
+            h.add(&gate)?
+        }
+    };
+    match layer_scalar {
+        None => Ok(h),
+        Some(s) => h.multiply(s),
+    }
+}
+
+// ---- Loading: tensor names relative to the text model, as
+// `archgen_spec::names` spells them for the checkpoint contract.
+
+/// Which per-head norms to load (IR `QkNorm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    RmsPerHead,
+}
+
+/// Where V comes from (IR `Values`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Values {
+    Projected,
+    SameAsKeys,
+}
+
+/// `layers.{i}.` norms of the arrangement.
+pub fn load_norms(w: &mut Weights, layer: usize, hidden: i32, a: NormArrangement) -> LayerNorms {
+    let mut norm = |n: &str| w.param(&format!("layers.{layer}.{n}.weight"), &[hidden]);
+    match a {
+        NormArrangement::PreNorm => LayerNorms::PreNorm {
+            input: norm("input_layernorm"),
+            ffn: norm("post_attention_layernorm"),
+        },
+        NormArrangement::Sandwich => LayerNorms::Sandwich {
+            input: norm("input_layernorm"),
+            post_attention: norm("post_attention_layernorm"),
+            pre_feedforward: norm("pre_feedforward_layernorm"),
+            post_feedforward: norm("post_feedforward_layernorm"),
+        },
+    }
+}
+
+/// `layers.{i}.self_attn` without K/V projections (every layer has these).
+pub fn load_attention(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    s: AttentionShape,
+    qk: QkNorm,
+) -> AttentionWeights {
+    let p = format!("layers.{layer}.self_attn");
+    let q_out = s.n_heads * s.head_dim;
+    AttentionWeights {
+        q_proj: w.linear(&format!("{p}.q_proj"), q_out, hidden),
+        o_proj: w.linear(&format!("{p}.o_proj"), hidden, q_out),
+        q_norm: match qk {
+            QkNorm::None => None,
+            QkNorm::RmsPerHead => Some(w.param(&format!("{p}.q_norm.weight"), &[s.head_dim])),
+        },
+        kv: None,
+    }
+}
+
+/// K/V projections (and the key norm) of a layer that owns its K/V.
+pub fn load_kv(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    s: AttentionShape,
+    qk: QkNorm,
+    values: Values,
+) -> KvWeights {
+    let p = format!("layers.{layer}.self_attn");
+    let out = s.n_kv_heads * s.head_dim;
+    KvWeights {
+        k_proj: w.linear(&format!("{p}.k_proj"), out, hidden),
+        v_proj: match values {
+            Values::Projected => Some(w.linear(&format!("{p}.v_proj"), out, hidden)),
+            Values::SameAsKeys => None,
+        },
+        k_norm: match qk {
+            QkNorm::None => None,
+            QkNorm::RmsPerHead => Some(w.param(&format!("{p}.k_norm.weight"), &[s.head_dim])),
+        },
+    }
+}
+
+/// `layers.{i}.mlp` of the given width.
+pub fn load_mlp(w: &mut Weights, layer: usize, hidden: i32, width: i32, act: Activation) -> Mlp {
+    let p = format!("layers.{layer}.mlp");
+    Mlp {
+        gate_proj: w.linear(&format!("{p}.gate_proj"), width, hidden),
+        up_proj: w.linear(&format!("{p}.up_proj"), width, hidden),
+        down_proj: w.linear(&format!("{p}.down_proj"), hidden, width),
+        activation: act,
+    }
+}
+
+/// Router (scaled top-k softmax), experts and the branch norms of an
+/// MLP-and-MoE layer.
+#[allow(clippy::too_many_arguments)]
+pub fn load_moe(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    experts: i32,
+    top_k: i32,
+    width: i32,
+    eps: f32,
+) -> MoeBlock {
+    let p = format!("layers.{layer}");
+    let sw = format!("{p}.experts.switch_glu");
+    let norm = |w: &mut Weights, n: &str| w.param(&format!("{p}.{n}.weight"), &[hidden]);
+    MoeBlock {
+        pre_feedforward_2: norm(w, "pre_feedforward_layernorm_2"),
+        post_feedforward_1: norm(w, "post_feedforward_layernorm_1"),
+        post_feedforward_2: norm(w, "post_feedforward_layernorm_2"),
+        router: Router {
+            proj: w.linear(&format!("{p}.router.proj"), experts, hidden),
+            scale: w.param(&format!("{p}.router.scale"), &[hidden]),
+            per_expert_scale: w.param(&format!("{p}.router.per_expert_scale"), &[experts]),
+            top_k,
+            hidden,
+            eps,
+        },
+        experts: SwitchGlu {
+            gate_proj: w.switch_linear(&format!("{sw}.gate_proj"), experts, width, hidden),
+            up_proj: w.switch_linear(&format!("{sw}.up_proj"), experts, width, hidden),
+            down_proj: w.switch_linear(&format!("{sw}.down_proj"), experts, hidden, width),
+        },
+    }
+}
+
+/// The per-layer input gate of layer `i`.
+pub fn load_ple_gate(w: &mut Weights, layer: usize, hidden: i32, width: i32) -> PleGate {
+    let p = format!("layers.{layer}");
+    PleGate {
+        gate: w.linear(&format!("{p}.per_layer_input_gate"), width, hidden),
+        projection: w.linear(&format!("{p}.per_layer_projection"), hidden, width),
+        post_norm: w.param(&format!("{p}.post_per_layer_input_norm.weight"), &[hidden]),
+    }
+}
+
+/// `layers.{i}.layer_scalar`.
+pub fn load_layer_scalar(w: &mut Weights, layer: usize) -> Array {
+    w.param(&format!("layers.{layer}.layer_scalar"), &[1])
+}
+
+pub fn load_per_layer_inputs(
+    w: &mut Weights,
+    layers: i32,
+    width: i32,
+    vocab: i32,
+    hidden: i32,
+) -> PerLayerInputs {
+    PerLayerInputs {
+        embed: w.embedding("embed_tokens_per_layer", vocab, layers * width),
+        model_projection: w.linear("per_layer_model_projection", layers * width, hidden),
+        projection_norm: w.param("per_layer_projection_norm.weight", &[width]),
+    }
+}
