@@ -38,7 +38,7 @@
 //! // Every layer of a dense model is the same kind.
 //! assert_eq!(plan.layer_kind, [0, 0]);
 //! // What dispatch matches a checkpoint's config.json against.
-//! assert_eq!(plan.fingerprint, archgen_plan::fingerprint(&spec.resolve()));
+//! assert_eq!(plan.fingerprint, archgen_plan::fingerprint(&spec.lower()));
 //! assert_eq!(plan.fingerprint.len(), 16);
 //! # Ok::<(), String>(())
 //! ```

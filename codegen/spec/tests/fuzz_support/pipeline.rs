@@ -4,7 +4,8 @@
 
 use archgen_spec::{ConfigModelType, Spec};
 
-/// Bytes → spec text → parse + validate → resolve → YAML and HF config.json,
+/// Bytes → spec text → parse + validate → resolve and lower to the block IR
+/// (with its tensor names) → YAML and HF config.json,
 /// each read back to the same spec. Returns whether the spec parsed. Must
 /// never panic.
 pub fn spec_pipeline(data: &[u8]) -> bool {
@@ -13,6 +14,7 @@ pub fn spec_pipeline(data: &[u8]) -> bool {
         return false;
     };
     let _ = spec.resolve();
+    let _ = spec.lower().param_count();
     let origin = format!("{}.yaml", spec.name());
     let yaml = archgen_spec::to_yaml(&spec);
     let again = archgen_spec::parse_str(&yaml, &origin)
@@ -41,7 +43,8 @@ fn round_trip_hf(spec: &Spec) {
     assert_eq!(back, expected, "config.json round trip");
 }
 
-/// Bytes → JSON → config import → resolve → HF config.json → import again.
+/// Bytes → JSON → config import → resolve and lower → HF config.json →
+/// import again.
 /// Returns whether the config imported. Must never panic.
 pub fn config_import(data: &[u8]) -> bool {
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
@@ -51,6 +54,7 @@ pub fn config_import(data: &[u8]) -> bool {
         return false;
     };
     let _ = spec.resolve();
+    let _ = spec.lower().param_count();
     round_trip_hf(&spec);
     true
 }
