@@ -20,7 +20,7 @@ use crate::attention::{attend, batch_and_len, merged, quantized_sdpa, Mask};
 use crate::cache::LayerCache;
 use crate::layers::{Embedding, Linear};
 use crate::moe::{experts, Router, SwitchGlu};
-use crate::ops::{geglu, gelu_approx_compiled, rms_norm, scalar_like, swiglu, Result};
+use crate::ops::{geglu, gelu_approx_compiled, multiply_weak, rms_norm, swiglu, Result};
 use crate::rope::{Rope, RopeTables};
 use crate::weights::Weights;
 
@@ -28,11 +28,6 @@ pub use crate::layers::{logits, Head};
 
 fn refused(what: &str) -> mlx_rs::error::Exception {
     mlx_rs::error::Exception::custom(what.to_string())
-}
-
-/// `x * s(value)`: a Python float scalar multiplying a tensor (weakly typed).
-pub fn scale(x: &Array, value: f64) -> Result<Array> {
-    x.multiply(scalar_like(value, x))
 }
 
 /// What the token embedding is multiplied by (IR `EmbedScale`).
@@ -48,7 +43,7 @@ pub fn embed(embed_tokens: &Embedding, ids: &Array, s: EmbedScale, hidden: i32) 
     let e = embed_tokens.lookup(ids)?;
     match s {
         EmbedScale::None => Ok(e),
-        EmbedScale::SqrtHidden => scale(&e, (hidden as f64).powf(0.5)),
+        EmbedScale::SqrtHidden => multiply_weak(&e, (hidden as f64).powf(0.5)),
     }
 }
 
@@ -464,12 +459,12 @@ pub fn per_layer_inputs(
     hidden: i32,
     eps: f32,
 ) -> Result<Array> {
-    let tok = scale(&p.embed.lookup(ids)?, (width as f64).powf(0.5))?;
+    let tok = multiply_weak(&p.embed.lookup(ids)?, (width as f64).powf(0.5))?;
     let tok = mlx_rs::ops::unflatten(&tok, -1, &[layers, width])?;
-    let proj = scale(&p.model_projection.forward(h)?, (hidden as f64).powf(-0.5))?;
+    let proj = multiply_weak(&p.model_projection.forward(h)?, (hidden as f64).powf(-0.5))?;
     let proj = mlx_rs::ops::unflatten(&proj, -1, &[layers, width])?;
     let proj = rms_norm(&proj, Some(&p.projection_norm), eps)?;
-    scale(&proj.add(&tok)?, 2f64.powf(-0.5))
+    multiply_weak(&proj.add(&tok)?, 2f64.powf(-0.5))
 }
 
 /// `per_layer_inputs[:, :, i, :]`.
