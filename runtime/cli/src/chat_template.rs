@@ -202,7 +202,9 @@ fn describe(e: &Error) -> String {
     }
 }
 
-fn read_json(path: &Path) -> Result<serde_json::Value, String> {
+/// A JSON file, with `file:line:col` in a parse error (config.json,
+/// generation_config.json, tokenizer_config.json).
+pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     serde_json::from_str(&text).map_err(|e| {

@@ -148,16 +148,7 @@ pub fn generate<M: CausalLm>(
 /// `max_position_embeddings` from config.json (top level or text_config).
 pub fn context_length(model: &Path) -> Result<Option<usize>, String> {
     let file = model.join("config.json");
-    let text = std::fs::read_to_string(&file)
-        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "{}:{}:{}: invalid JSON: {e}",
-            file.display(),
-            e.line(),
-            e.column()
-        )
-    })?;
+    let json = crate::chat_template::read_json(&file)?;
     let value = json.get("max_position_embeddings").or_else(|| {
         json.get("text_config")
             .and_then(|t| t.get("max_position_embeddings"))

@@ -229,16 +229,7 @@ pub(crate) fn eos_ids(model: &Path) -> Result<Vec<i32>, String> {
         if !file.is_file() {
             continue;
         }
-        let text = std::fs::read_to_string(&file)
-            .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-            format!(
-                "{}:{}:{}: invalid JSON: {e}",
-                file.display(),
-                e.line(),
-                e.column()
-            )
-        })?;
+        let json = crate::chat_template::read_json(&file)?;
         push_eos(json.get("eos_token_id"), &file, &mut eos)?;
         if let Some(text_config) = json.get("text_config") {
             push_eos(text_config.get("eos_token_id"), &file, &mut eos)?;
