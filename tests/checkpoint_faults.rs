@@ -2,21 +2,23 @@
 //! an error naming the tensor, field or file with expected vs found, and
 //! never panics (nor lets MLX abort on a corrupt file).
 
-use archgen_tests::faults::{base_dir, faults, make, Base};
+use archgen_tests::faults::{faults, Base, Bases};
 
 #[test]
 fn the_valid_bases_load() {
+    let bases = Bases::build();
     for base in [Base::Bf16, Base::Q4] {
-        archgen_monolith::load_dir(&base_dir(base)).unwrap_or_else(|e| panic!("{base:?}: {e}"));
+        archgen_monolith::load_dir(&bases.dir(base)).unwrap_or_else(|e| panic!("{base:?}: {e}"));
     }
 }
 
 #[test]
 fn every_fault_is_a_clear_error() {
+    let bases = Bases::build();
     let tmp = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
     for fault in faults() {
-        let dir = make(&fault, tmp.path());
+        let dir = bases.make(&fault, tmp.path());
         let result = std::panic::catch_unwind(|| archgen_monolith::load_dir(&dir));
         let message = match result {
             Err(_) => {

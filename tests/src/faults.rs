@@ -4,7 +4,6 @@
 //! plain Rust, so building a fault costs a file copy.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use serde_json::{json, Value};
 
@@ -27,42 +26,48 @@ pub struct Fault {
     pub expect: &'static [&'static str],
 }
 
-/// The two tiny checkpoints, built once per test process (under a directory
-/// that lives as long as the process).
-pub fn base_dir(base: Base) -> PathBuf {
-    static ROOT: OnceLock<PathBuf> = OnceLock::new();
-    let root = ROOT.get_or_init(|| {
-        let root = std::env::temp_dir().join(format!("archgen-faults-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(&root).unwrap();
+/// The two tiny valid checkpoints (one Python run builds both), in a
+/// temporary directory removed when this value drops.
+pub struct Bases {
+    dir: tempfile::TempDir,
+}
+
+impl Bases {
+    pub fn build() -> Bases {
+        let dir = tempfile::tempdir().unwrap();
         run_python(
             "run_oracle.py",
             &[
                 "--cases-out".as_ref(),
-                root.as_os_str(),
+                dir.path().as_os_str(),
                 "--only".as_ref(),
                 "e2b-tiny-bf16,e2b-tiny-q4".as_ref(),
             ],
         );
-        root
-    });
-    root.join(match base {
-        Base::Bf16 => "e2b-tiny-bf16",
-        Base::Q4 => "e2b-tiny-q4",
-    })
-    .join("model")
-}
-
-/// A fresh copy of the fault's base checkpoint under `into`, corrupted.
-pub fn make(fault: &Fault, into: &Path) -> PathBuf {
-    let dir = into.join(fault.name);
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(base_dir(fault.base)).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+        Bases { dir }
     }
-    (fault.corrupt)(&dir);
-    dir
+
+    pub fn dir(&self, base: Base) -> PathBuf {
+        self.dir
+            .path()
+            .join(match base {
+                Base::Bf16 => "e2b-tiny-bf16",
+                Base::Q4 => "e2b-tiny-q4",
+            })
+            .join("model")
+    }
+
+    /// A fresh copy of the fault's base checkpoint under `into`, corrupted.
+    pub fn make(&self, fault: &Fault, into: &Path) -> PathBuf {
+        let dir = into.join(fault.name);
+        std::fs::create_dir_all(&dir).unwrap();
+        for e in std::fs::read_dir(self.dir(fault.base)).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+        }
+        (fault.corrupt)(&dir);
+        dir
+    }
 }
 
 /// A safetensors file as header entries plus each tensor's bytes.

@@ -3,14 +3,15 @@
 
 use std::process::Command;
 
-use archgen_tests::faults::{faults, make};
+use archgen_tests::faults::{faults, Bases};
 
 #[test]
 fn corrupted_checkpoints_exit_with_one_clear_error() {
+    let bases = Bases::build();
     let tmp = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
     for fault in faults() {
-        let dir = make(&fault, tmp.path());
+        let dir = bases.make(&fault, tmp.path());
         let o = Command::new(env!("CARGO_BIN_EXE_archgen"))
             .args(["generate", "--model"])
             .arg(&dir)
