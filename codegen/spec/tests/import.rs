@@ -320,8 +320,8 @@ fn dense_specs_are_their_imported_configs() {
         seen += 1;
     }
     assert_eq!(
-        seen, 8,
-        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B"
+        seen, 9,
+        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3"
     );
 }
 
@@ -437,4 +437,31 @@ fn qwen2_configs_take_mlx_lm_defaults() {
         .unwrap_err()
         .to_string();
     assert!(text.contains("num_key_value_heads: missing"), "{text}");
+}
+
+/// model_type mistral is read by llama.py (mlx-lm's MODEL_REMAPPING): the
+/// llama family with llama's defaults; without layer_types a sliding_window
+/// is listed as ignored (every layer is full attention).
+#[test]
+fn mistral_configs_are_read_as_llama() {
+    let mistral = json!({
+        "model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "vocab_size": 512, "max_position_embeddings": 2048,
+        "sliding_window": 4096, "tie_word_embeddings": false
+    });
+    let (spec, applied, _) = import_and_round_trip(&mistral, None, "mistral-defaults");
+    assert_eq!(spec.family(), Family::Llama);
+    assert_eq!(spec.identity().source.model_type, ConfigModelType::Mistral);
+    let a = spec.resolve();
+    assert_eq!(a.layers[0].head_dim, 16);
+    assert_eq!(a.sliding_window, 0);
+    assert!(a.layers.iter().all(|l| l.window.is_none()));
+    assert_eq!(a.layers[0].rope, RopeKind::Default { theta: 10000.0 });
+    let ignored = applied
+        .iter()
+        .find(|d| d.field == "sliding_window")
+        .expect("sliding_window listed");
+    assert!(ignored.reason.contains("ignored"), "{ignored}");
+    assert_eq!(to_config_json(&spec)["model_type"], json!("mistral"));
 }
