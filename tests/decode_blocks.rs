@@ -164,6 +164,8 @@ struct Flavour {
     qk_norm: bool,
     activation: b::Activation,
     scalar: bool,
+    /// q/k/v biases (Qwen2).
+    bias: bool,
 }
 
 /// Gemma-4's blocks: sandwich norms, q/k/v norms, GeGLU, layer scalar.
@@ -172,6 +174,7 @@ const SANDWICH: Flavour = Flavour {
     qk_norm: true,
     activation: b::Activation::GeluApprox,
     scalar: true,
+    bias: false,
 };
 
 /// Qwen3 / Llama blocks: pre-norm, SwiGLU, with or without q/k norms.
@@ -181,7 +184,19 @@ const fn pre_norm(qk_norm: bool) -> Flavour {
         qk_norm,
         activation: b::Activation::Silu,
         scalar: false,
+        bias: false,
     }
+}
+
+/// Qwen2's blocks: pre-norm, SwiGLU, no q/k norms, q/k/v biases.
+const QWEN2: Flavour = Flavour {
+    bias: true,
+    ..pre_norm(false)
+};
+
+/// `[n]` bias values (qwen2's are of the order of the projections' outputs).
+fn bias(seed: u64, n: i32, dt: Dtype) -> Array {
+    lcg(seed, &[n], 1.0, 0.0).as_dtype(dt).unwrap()
 }
 
 struct Parts {
@@ -209,14 +224,23 @@ fn parts(hidden: i32, s: AttentionShape, k_eq_v: bool, f: Flavour, dt: Dtype) ->
             },
         },
         attn: AttentionWeights {
-            q_proj: linear(5, q_out, hidden, dt),
+            q_proj: Linear {
+                bias: f.bias.then(|| bias(15, q_out, dt)),
+                ..linear(5, q_out, hidden, dt)
+            },
             o_proj: linear(6, hidden, q_out, dt),
             q_norm: f.qk_norm.then(|| norm(7, s.head_dim, dt)),
             kv: None,
         },
         kv: KvWeights {
-            k_proj: linear(8, kv_out, hidden, dt),
-            v_proj: (!k_eq_v).then(|| linear(9, kv_out, hidden, dt)),
+            k_proj: Linear {
+                bias: f.bias.then(|| bias(16, kv_out, dt)),
+                ..linear(8, kv_out, hidden, dt)
+            },
+            v_proj: (!k_eq_v).then(|| Linear {
+                bias: f.bias.then(|| bias(17, kv_out, dt)),
+                ..linear(9, kv_out, hidden, dt)
+            }),
             k_norm: f.qk_norm.then(|| norm(10, s.head_dim, dt)),
         },
         mlp: b::Mlp {
@@ -374,6 +398,39 @@ fn pre_norm_decode_blocks_match_the_eager_layer() {
     let (compiled, eager) = decode::block_counts();
     assert!(
         compiled >= 6 && eager == 0,
+        "{compiled} compiled, {eager} eager"
+    );
+}
+
+/// Qwen2's decode blocks (q/k/v biases: `addmm` inside the compiled block
+/// before attention) against the eager layer, at the tiny width and at
+/// Qwen2.5-0.5B's 896 (14 heads there would not matter: the bias is per
+/// output column), both dtypes.
+#[test]
+fn qwen2_decode_blocks_match_the_eager_layer() {
+    let base = Rope::base(16, 1_000_000.0);
+    let s = shape(2, 16, (16f64).powf(-0.5) as f32, b::ValueNorm::None);
+    for dt in DTYPES {
+        for hidden in [64, 896] {
+            run_layer(hidden, s, &base, false, false, QWEN2, dt, false);
+        }
+    }
+    // A biased layer is never stacked: with every norm FusedQkv needs, the
+    // biases alone make it refuse.
+    let normed = shape(2, 16, 1.0, b::ValueNorm::RmsScaleFree);
+    for (biased, stacks) in [(true, false), (false, true)] {
+        let f = Flavour {
+            qk_norm: true,
+            bias: biased,
+            ..QWEN2
+        };
+        let mut d = parts(64, normed, false, f, Dtype::Float32);
+        let fused = decode::FusedQkv::new(&mut d.attn, &mut d.kv, normed);
+        assert_eq!(fused.is_some(), stacks, "biased: {biased}");
+    }
+    let (compiled, eager) = decode::block_counts();
+    assert!(
+        compiled >= 4 && eager == 0,
         "{compiled} compiled, {eager} eager"
     );
 }

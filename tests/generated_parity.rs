@@ -47,6 +47,54 @@ fn tiny_specs() -> Vec<PathBuf> {
     v
 }
 
+/// `ARCHGEN_PARITY_SPECS=NAME,NAME` runs the same three-way comparison on
+/// the named specs of specs/ instead of the tiny ones: the manual check of
+/// the reduced real-width specs (docs/parity.md), which pins no digest.
+fn manual_specs() -> Option<Vec<PathBuf>> {
+    let names = std::env::var("ARCHGEN_PARITY_SPECS").ok()?;
+    Some(
+        names
+            .split(',')
+            .filter(|n| !n.is_empty())
+            .map(|n| repo_root().join("specs").join(format!("{n}.yaml")))
+            .collect(),
+    )
+}
+
+/// The random-weight seed of a tiny spec's checkpoint. The first specs got
+/// `1000 + their position` in the sorted list; that position moves whenever a
+/// spec sorting before them is added, and with it their weights and pinned
+/// digests, so their seeds are kept here as they were. Later specs take a
+/// seed from their name (FNV-1a), which no other spec's arrival changes.
+fn seed(name: &str) -> u64 {
+    const POSITIONAL: [&str; 14] = [
+        "gemma4-12b-tiny-q4",
+        "gemma4-12b-tiny",
+        "gemma4-26b-a4b-tiny-q8",
+        "gemma4-26b-a4b-tiny",
+        "gemma4-31b-tiny",
+        "gemma4-e2b-tiny",
+        "gemma4-e4b-tiny-kv",
+        "gemma4-e4b-tiny",
+        "gemma4-walkthrough-tiny",
+        "llama-3.2-1b-tiny-q4",
+        "llama-3.2-1b-tiny",
+        "qwen3-0.6b-tiny-q4",
+        "qwen3-0.6b-tiny",
+        "qwen3-8b-tiny",
+    ];
+    match POSITIONAL.iter().position(|n| *n == name) {
+        Some(i) => 1000 + i as u64,
+        None => {
+            let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+            // Above the positional range, within what numpy's seed takes.
+            2000 + h % 1_000_000
+        }
+    }
+}
+
 fn digest(run: &LogitsRun) -> String {
     let mut h = Sha256::new();
     for a in [&run.prefill_logits, &run.decode_logits, &run.tokens] {
@@ -66,7 +114,8 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
     let root = tempfile::tempdir().unwrap();
     let mut jobs = Vec::new();
     let mut cases = Vec::new();
-    for (n, path) in tiny_specs().into_iter().enumerate() {
+    let manual = manual_specs();
+    for path in manual.clone().unwrap_or_else(tiny_specs) {
         let spec = archgen_spec::load(&path).unwrap();
         let arch = spec.resolve();
         let name = spec.name().to_string();
@@ -101,7 +150,7 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
         jobs.push(json!({
             "config": config_for(&spec),
             "out": dir,
-            "seed": 1000 + n,
+            "seed": seed(&name),
             "dtype": dtype,
             "bits": q.map(|q| q.bits),
             "group_size": q.map(|q| q.group_size),
@@ -118,7 +167,7 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
         });
     }
     assert!(
-        cases.len() >= 8,
+        cases.len() >= 8 || manual.is_some(),
         "expected every tiny spec, found {}",
         cases.len()
     );
@@ -192,7 +241,10 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
             generated.tokens.as_slice::<i32>(),
             digest(&generated),
         );
-        insta::assert_snapshot!(format!("digest-{}", c.name), snapshot);
+        match &manual {
+            None => insta::assert_snapshot!(format!("digest-{}", c.name), snapshot),
+            Some(_) => eprintln!("{snapshot}"),
+        }
         eprintln!("{}: generated == monolith == mlx-lm", c.name);
     }
     assert!(

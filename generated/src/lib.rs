@@ -46,6 +46,24 @@ pub mod llama_3_2_1b;
 #[rustfmt::skip]
 pub mod llama_3_2_3b;
 #[rustfmt::skip]
+pub mod mistral_7b_v0_3_l2;
+#[rustfmt::skip]
+pub mod mistral_7b_v0_3_tiny_q4;
+#[rustfmt::skip]
+pub mod mistral_7b_v0_3_tiny;
+#[rustfmt::skip]
+pub mod mistral_7b_v0_3;
+#[rustfmt::skip]
+pub mod qwen2_5_0_5b_l4;
+#[rustfmt::skip]
+pub mod qwen2_5_0_5b_tiny_q4;
+#[rustfmt::skip]
+pub mod qwen2_5_0_5b_tiny;
+#[rustfmt::skip]
+pub mod qwen2_5_0_5b;
+#[rustfmt::skip]
+pub mod qwen2_5_7b;
+#[rustfmt::skip]
 pub mod qwen3_0_6b_tiny_q4;
 #[rustfmt::skip]
 pub mod qwen3_0_6b_tiny;
@@ -177,6 +195,51 @@ pub const MODELS: &[GeneratedModel] = &[
         fingerprint: llama_3_2_3b::FINGERPRINT,
     },
     GeneratedModel {
+        name: "mistral-7b-v0.3-l2",
+        spec: "specs/mistral-7b-v0.3-l2.yaml",
+        fingerprint: mistral_7b_v0_3_l2::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "mistral-7b-v0.3-tiny-q4",
+        spec: "specs/mistral-7b-v0.3-tiny-q4.yaml",
+        fingerprint: mistral_7b_v0_3_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "mistral-7b-v0.3-tiny",
+        spec: "specs/mistral-7b-v0.3-tiny.yaml",
+        fingerprint: mistral_7b_v0_3_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "mistral-7b-v0.3",
+        spec: "specs/mistral-7b-v0.3.yaml",
+        fingerprint: mistral_7b_v0_3::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen2.5-0.5b-l4",
+        spec: "specs/qwen2.5-0.5b-l4.yaml",
+        fingerprint: qwen2_5_0_5b_l4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen2.5-0.5b-tiny-q4",
+        spec: "specs/qwen2.5-0.5b-tiny-q4.yaml",
+        fingerprint: qwen2_5_0_5b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen2.5-0.5b-tiny",
+        spec: "specs/qwen2.5-0.5b-tiny.yaml",
+        fingerprint: qwen2_5_0_5b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen2.5-0.5b",
+        spec: "specs/qwen2.5-0.5b.yaml",
+        fingerprint: qwen2_5_0_5b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen2.5-7b",
+        spec: "specs/qwen2.5-7b.yaml",
+        fingerprint: qwen2_5_7b::FINGERPRINT,
+    },
+    GeneratedModel {
         name: "qwen3-0.6b-tiny-q4",
         spec: "specs/qwen3-0.6b-tiny-q4.yaml",
         fingerprint: qwen3_0_6b_tiny_q4::FINGERPRINT,
@@ -279,6 +342,31 @@ pub fn run<T: ModelTask>(
         llama_3_2_3b::FINGERPRINT => {
             Some(llama_3_2_3b::load(weights).map(|m| task.run(&m)))
         }
+        mistral_7b_v0_3_l2::FINGERPRINT => {
+            Some(mistral_7b_v0_3_l2::load(weights).map(|m| task.run(&m)))
+        }
+        mistral_7b_v0_3_tiny_q4::FINGERPRINT => {
+            Some(mistral_7b_v0_3_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        mistral_7b_v0_3_tiny::FINGERPRINT => {
+            Some(mistral_7b_v0_3_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        mistral_7b_v0_3::FINGERPRINT => {
+            Some(mistral_7b_v0_3::load(weights).map(|m| task.run(&m)))
+        }
+        qwen2_5_0_5b_l4::FINGERPRINT => {
+            Some(qwen2_5_0_5b_l4::load(weights).map(|m| task.run(&m)))
+        }
+        qwen2_5_0_5b_tiny_q4::FINGERPRINT => {
+            Some(qwen2_5_0_5b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        qwen2_5_0_5b_tiny::FINGERPRINT => {
+            Some(qwen2_5_0_5b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        qwen2_5_0_5b::FINGERPRINT => {
+            Some(qwen2_5_0_5b::load(weights).map(|m| task.run(&m)))
+        }
+        qwen2_5_7b::FINGERPRINT => Some(qwen2_5_7b::load(weights).map(|m| task.run(&m))),
         qwen3_0_6b_tiny_q4::FINGERPRINT => {
             Some(qwen3_0_6b_tiny_q4::load(weights).map(|m| task.run(&m)))
         }

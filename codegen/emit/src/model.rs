@@ -8,8 +8,8 @@
 use archgen_plan::{LayerKind, Plan};
 use archgen_spec::ir::{
     Activation, Attention, EmbedScale, FeedForward, HeadWeight, KvCache, KvSource, Layer,
-    LayerInput, LayerScalar, ModelIr, NormArrangement, NormWeight, QkNorm, Router, ValueNorm,
-    Values, Window,
+    LayerInput, LayerScalar, ModelIr, NormArrangement, NormWeight, ProjectionBias, QkNorm, Router,
+    ValueNorm, Values, Window,
 };
 use archgen_spec::RopeKind;
 use proc_macro2::{Ident, Literal, Span, TokenStream};
@@ -134,6 +134,10 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
         } => "computes its own K/V (V = K projection, no v_proj)".to_string(),
         KvSource::Shared { .. } => "reads a donor's K/V".to_string(),
     });
+    match a.bias {
+        ProjectionBias::None => {}
+        ProjectionBias::QueryKeyValue => parts.push("q/k/v bias".to_string()),
+    }
     match a.qk_norm {
         QkNorm::None => {}
         QkNorm::RmsPerHead => parts.push("per-head q/k RMSNorm".to_string()),
@@ -205,6 +209,19 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     let kv_load = own
         .as_ref()
         .map(|v| quote! { kv: b::load_kv(w, i, HIDDEN, Self::SHAPE, #qk, #v), qkv: None, });
+    // Biases go onto the loaded projections (before Q/K/V are stacked: a
+    // biased layer keeps them separate).
+    let bias_load = match a.bias {
+        ProjectionBias::None => None,
+        ProjectionBias::QueryKeyValue => Some(match own {
+            Some(_) => quote! {
+                b::load_biases(w, i, b::ProjectionBias::QueryKeyValue, &mut layer.attn, Some(&mut layer.kv), Self::SHAPE);
+            },
+            None => quote! {
+                b::load_biases(w, i, b::ProjectionBias::QueryKeyValue, &mut layer.attn, None, Self::SHAPE);
+            },
+        }),
+    };
     let kv_pre = own.as_ref().map(|_| {
         quote! {
             layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, Self::SHAPE);
@@ -291,6 +308,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                     #ple_load
                     #scalar_load
                 };
+                #bias_load
                 #kv_pre
                 layer.attn.pretranspose();
                 layer.mlp.pretranspose();

@@ -4,8 +4,8 @@
 use archgen_plan::{Plan, GENERATOR_VERSION};
 use archgen_spec::ir::{
     Activation, AttentionScale, EmbedScale, FeedForward, GatedMlp, HeadWeight, KvCache, KvSource,
-    Layer, LayerInput, LayerScalar, NormArrangement, NormWeight, QkNorm, RopeForm, ValueNorm,
-    Values, Window,
+    Layer, LayerInput, LayerScalar, NormArrangement, NormWeight, ProjectionBias, QkNorm, RopeForm,
+    ValueNorm, Values, Window,
 };
 use archgen_spec::RopeKind;
 use minijinja::{Environment, UndefinedBehavior};
@@ -80,6 +80,10 @@ fn row(plan: &Plan, l: &Layer) -> Row {
         (NormArrangement::Sandwich, NormWeight::Direct) => "sandwich",
     };
     let mut extra = Vec::new();
+    match a.bias {
+        ProjectionBias::None => {}
+        ProjectionBias::QueryKeyValue => extra.push("q/k/v bias".to_string()),
+    }
     match l.input {
         LayerInput::None => {}
         LayerInput::Gated { width } => extra.push(format!("PLE gate {width}")),

@@ -44,8 +44,8 @@
 //! ```
 
 use archgen_spec::ir::{
-    Attention, FeedForward, KvCache, KvSource, Layer, LayerInput, Mixer, ModelIr, RopeForm, Values,
-    Window,
+    Attention, FeedForward, KvCache, KvSource, Layer, LayerInput, Mixer, ModelIr, ProjectionBias,
+    RopeForm, Values, Window,
 };
 use archgen_spec::{ModuleKind, QuantMode, RopeKind, Spec};
 use serde_json::{json, Value};
@@ -242,6 +242,7 @@ fn layer_json(l: &Layer) -> Value {
             n_heads,
             n_kv_heads,
             head_dim,
+            bias,
             qk_norm,
             value_norm,
             rope:
@@ -253,8 +254,8 @@ fn layer_json(l: &Layer) -> Value {
             scale,
             window,
             kv,
-        }) => json!({
-            "attention": {
+        }) => {
+            let mut attention = json!({
                 "n_heads": n_heads,
                 "n_kv_heads": n_kv_heads,
                 "head_dim": head_dim,
@@ -275,8 +276,17 @@ fn layer_json(l: &Layer) -> Value {
                     }),
                     KvSource::Shared { donor } => json!({ "shared": donor }),
                 },
+            });
+            // Written only when present, so that models without biases keep
+            // the fingerprints they had before the fact existed.
+            match bias {
+                ProjectionBias::None => {}
+                ProjectionBias::QueryKeyValue => {
+                    attention["bias"] = json!(format!("{bias:?}"));
+                }
             }
-        }),
+            json!({ "attention": attention })
+        }
     };
     let mlp = |m: archgen_spec::ir::GatedMlp| json!([m.width, format!("{:?}", m.activation)]);
     let ffn = match *ffn {

@@ -1,6 +1,7 @@
-//! Dense decoder families: Qwen3 (`qwen3.py`) and Llama (`llama.py`) as mlx-lm 0.32.2
-//! runs them. Both are the same stack (RMSNorm → GQA attention with RoPE → residual →
-//! RMSNorm → SwiGLU MLP → residual); Qwen3 adds a per-head RMSNorm on queries and keys.
+//! Dense decoder families: Qwen3 (`qwen3.py`), Llama (`llama.py`, also Mistral) and
+//! Qwen2 (`qwen2.py`) as mlx-lm 0.32.2 runs them. All are the same stack (RMSNorm → GQA
+//! attention with RoPE → residual → RMSNorm → SwiGLU MLP → residual); Qwen3 adds a
+//! per-head RMSNorm on queries and keys, Qwen2 a bias on the q, k and v projections.
 //! One document layout serves both; the family fixes what differs.
 //!
 //! This module holds everything family-specific on the spec side: the document, its
@@ -22,10 +23,10 @@ fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
 }
 
-/// A full dense-family spec (`identity.family: qwen3 | llama`).
+/// A full dense-family spec (`identity.family: qwen3 | llama | qwen2`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-#[schemars(title = "archgen architecture spec (dense family: qwen3, llama)")]
+#[schemars(title = "archgen architecture spec (dense family: qwen3, llama, qwen2)")]
 pub struct DenseSpec {
     /// Spec format version; must be 1.
     pub format_version: u32,
@@ -164,7 +165,7 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
         c.err(
             p("identity.family"),
             format!("`{}` is not a dense family", family.as_str()),
-            "qwen3 or llama",
+            "qwen3, llama or qwen2",
             "a Gemma-4 spec has the gemma4 layout (docs/spec-format.md)",
         );
     }
@@ -179,7 +180,7 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
                 family.as_str()
             ),
             family.as_str(),
-            "the model_type must be the family's own (qwen3 → qwen3, llama → llama)",
+            "the model_type must be one its family's module reads (qwen3 → qwen3, llama → llama or mistral, qwen2 → qwen2)",
         );
     }
     let (m, a) = (&spec.model, &spec.attention);
@@ -234,6 +235,20 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
     );
     c.eps(m.rms_norm_eps, "Qwen3 uses 1.0e-6, Llama-3.2 1.0e-5");
     ok &= c.even_head_dim("attention.head_dim", a.head_dim);
+    if ok
+        && family == Family::Qwen2
+        && u64::from(a.head_dim) * u64::from(a.num_attention_heads) != u64::from(m.hidden_size)
+    {
+        c.err(
+            p("attention.head_dim"),
+            format!(
+                "{} with hidden_size {} and {} heads, but mlx-lm's qwen2.py always uses hidden_size // num_attention_heads",
+                a.head_dim, m.hidden_size, a.num_attention_heads
+            ),
+            "hidden_size == head_dim * num_attention_heads",
+            "qwen2 has no head_dim field: make hidden_size a multiple of the heads and head_dim the quotient",
+        );
+    }
     ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
     if family == Family::Qwen3 && spec.rope.traditional {
         c.err(
@@ -391,7 +406,11 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     };
     let qk_norm = match spec.identity.family {
         Family::Qwen3 => QkNorm::RmsPerHead,
-        Family::Llama | Family::Gemma4 => QkNorm::None,
+        Family::Llama | Family::Qwen2 | Family::Gemma4 => QkNorm::None,
+    };
+    let bias = match spec.identity.family {
+        Family::Qwen2 => ProjectionBias::QueryKeyValue,
+        Family::Qwen3 | Family::Llama | Family::Gemma4 => ProjectionBias::None,
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| Layer {
@@ -404,6 +423,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
                 n_heads: a.num_attention_heads as usize,
                 n_kv_heads: a.num_key_value_heads as usize,
                 head_dim,
+                bias,
                 qk_norm,
                 value_norm: ValueNorm::None,
                 rope: RopeForm {
@@ -457,6 +477,11 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
 /// Parameters of an unquantized dense model: linear weights, embeddings and norms.
 pub(crate) fn param_count(arch: &Architecture) -> u64 {
     let h = arch.hidden_size as u64;
+    let biases = |l: &crate::arch::LayerFacts| match arch.family {
+        // q_proj, k_proj and v_proj biases.
+        Family::Qwen2 => ((l.n_heads + 2 * l.n_kv_heads) * l.head_dim) as u64,
+        Family::Qwen3 | Family::Llama | Family::Gemma4 => 0,
+    };
     let mut total: u64 = arch
         .quantizable_modules()
         .iter()
@@ -465,6 +490,7 @@ pub(crate) fn param_count(arch: &Architecture) -> u64 {
     total += h; // final norm
     for l in &arch.layers {
         total += 2 * h; // input_layernorm, post_attention_layernorm
+        total += biases(l);
         if arch.qk_norm {
             total += 2 * l.head_dim as u64; // q_norm, k_norm
         }
@@ -510,10 +536,20 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
         "rope_theta": spec.rope.rope_theta,
         "rope_scaling": scaling_json(&spec.rope.scaling),
     });
-    if spec.identity.family == Family::Llama {
-        v["rope_traditional"] = json!(spec.rope.traditional);
-        v["attention_bias"] = json!(false);
-        v["mlp_bias"] = json!(false);
+    match spec.identity.family {
+        Family::Llama => {
+            v["rope_traditional"] = json!(spec.rope.traditional);
+            v["attention_bias"] = json!(false);
+            v["mlp_bias"] = json!(false);
+        }
+        Family::Qwen2 => {
+            // qwen2.py has no head_dim field (hidden_size // heads, checked).
+            if let Some(o) = v.as_object_mut() {
+                o.remove("head_dim");
+            }
+            v["rope_traditional"] = json!(spec.rope.traditional);
+        }
+        Family::Qwen3 | Family::Gemma4 => {}
     }
     if let Some(q) = &spec.quantization {
         v["quantization"] = crate::hf::quantization_json(q);
@@ -771,15 +807,21 @@ pub(crate) fn parse_derived(
 
 // ---------------------------------------------------------------- import
 
-/// Imports a flat `qwen3` / `llama` config.json with mlx-lm 0.32.2's `ModelArgs`
-/// defaults (`qwen3.py`, `llama.py`, `rope_utils.py`).
+/// Imports a flat `qwen3` / `llama` / `mistral` / `qwen2` config.json with
+/// mlx-lm 0.32.2's `ModelArgs` defaults (`qwen3.py`, `llama.py`, `qwen2.py`,
+/// `rope_utils.py`; `mistral` is read by `llama.py`).
 pub(crate) fn import(
     top: &Map<String, Value>,
     model_type: ConfigModelType,
     name: &str,
 ) -> Result<(DenseSpec, Vec<AppliedDefault>), ImportError> {
     let family = model_type.family();
-    let llama = family == Family::Llama;
+    // llama.py and qwen2.py read rope_traditional / rope_theta / rope_scaling
+    // (never rope_parameters); qwen3.py reads rope_parameters too.
+    let reads_rope_parameters = match family {
+        Family::Qwen3 => true,
+        Family::Llama | Family::Qwen2 | Family::Gemma4 => false,
+    };
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
     let hidden_size = r.required_uint("hidden_size");
@@ -788,52 +830,94 @@ pub(crate) fn import(
     let num_heads = r.required_uint("num_attention_heads");
     let rms_norm_eps = r.required_float("rms_norm_eps");
     let vocab_size = r.required_uint("vocab_size");
-    let (num_kv, head_dim, max_pos, tie) = if llama {
-        let kv = r.uint("num_key_value_heads", num_heads);
-        let head_dim = match r.get("head_dim").cloned() {
-            Some(v) => r.uint_of("head_dim", &v),
-            None => {
-                let d = hidden_size.checked_div(num_heads).unwrap_or(0);
-                r.note(
-                    "head_dim",
-                    json!(d),
+    let derived_head_dim = |r: &mut Reader, reason: &str| {
+        let d = hidden_size.checked_div(num_heads).unwrap_or(0);
+        r.note("head_dim", json!(d), reason);
+        d
+    };
+    let (num_kv, head_dim, max_pos, tie) = match family {
+        Family::Llama => {
+            let kv = r.uint("num_key_value_heads", num_heads);
+            let head_dim = match r.get("head_dim").cloned() {
+                Some(v) => r.uint_of("head_dim", &v),
+                None => derived_head_dim(
+                    &mut r,
                     "absent: mlx-lm uses hidden_size // num_attention_heads",
-                );
-                d
-            }
-        };
-        let max_pos = r.required_uint("max_position_embeddings");
-        let tie = r.boolean("tie_word_embeddings", true);
-        (kv, head_dim, max_pos, tie)
-    } else {
-        (
+                ),
+            };
+            let max_pos = r.required_uint("max_position_embeddings");
+            let tie = r.boolean("tie_word_embeddings", true);
+            (kv, head_dim, max_pos, tie)
+        }
+        Family::Qwen2 => {
+            let kv = r.required_uint("num_key_value_heads");
+            let reason = match r.get("head_dim") {
+                Some(_) => "ignored as written: mlx-lm's qwen2.py always uses hidden_size // num_attention_heads",
+                None => "qwen2.py has no head_dim field: hidden_size // num_attention_heads",
+            };
+            let head_dim = derived_head_dim(&mut r, reason);
+            let max_pos = r.uint("max_position_embeddings", 32768);
+            let tie = r.boolean("tie_word_embeddings", true);
+            (kv, head_dim, max_pos, tie)
+        }
+        Family::Qwen3 | Family::Gemma4 => (
             r.required_uint("num_key_value_heads"),
             r.required_uint("head_dim"),
             r.required_uint("max_position_embeddings"),
             r.required_bool("tie_word_embeddings"),
-        )
+        ),
     };
     let mut traditional = false;
-    if llama {
-        traditional = r.boolean("rope_traditional", false);
-        for flag in ["attention_bias", "mlp_bias"] {
-            if r.boolean(flag, false) {
-                r.problem(flag, "true: archgen's dense blocks have no bias terms yet");
+    match family {
+        Family::Llama => {
+            traditional = r.boolean("rope_traditional", false);
+            for flag in ["attention_bias", "mlp_bias"] {
+                if r.boolean(flag, false) {
+                    r.problem(flag, "true: archgen's dense blocks have no bias terms yet");
+                }
+            }
+            match r.get("layer_types").and_then(Value::as_array) {
+                Some(types) => {
+                    if types.iter().any(|t| t.as_str() != Some("full_attention")) {
+                        r.problem(
+                            "layer_types",
+                            "sliding_attention layers are not supported for llama yet (every layer must be full_attention)",
+                        );
+                    }
+                }
+                None => {
+                    if let Some(w) = r.get("sliding_window").cloned() {
+                        r.note(
+                            "sliding_window",
+                            w,
+                            "ignored: without layer_types mlx-lm's llama.py makes every layer full attention",
+                        );
+                    }
+                }
             }
         }
-        if let Some(types) = r.get("layer_types").and_then(Value::as_array) {
-            if types.iter().any(|t| t.as_str() != Some("full_attention")) {
-                r.problem(
-                    "layer_types",
-                    "sliding_attention layers are not supported for llama yet (every layer must be full_attention)",
-                );
+        Family::Qwen2 => {
+            traditional = r.boolean("rope_traditional", false);
+            for field in ["use_sliding_window", "sliding_window", "max_window_layers"] {
+                if let Some(v) = r.get(field).cloned() {
+                    r.note(
+                        field,
+                        v,
+                        "ignored: mlx-lm's qwen2.py has no sliding window (every layer is full attention)",
+                    );
+                }
             }
         }
+        Family::Qwen3 | Family::Gemma4 => {}
     }
     // rope_theta / rope_scaling, with transformers >= 5's rope_parameters (qwen3 reads
     // it; llama.py does not).
     let params = top.get("rope_parameters").filter(|v| !v.is_null()).cloned();
-    let theta = match (r.get("rope_theta").cloned(), &params, llama) {
+    let theta = match (
+        r.get("rope_theta").cloned(),
+        &params,
+        !reads_rope_parameters,
+    ) {
         (Some(v), _, _) => v.as_f64().unwrap_or_else(|| {
             r.problem("rope_theta", &format!("expected a number, found {v}"));
             0.0
@@ -857,18 +941,30 @@ pub(crate) fn import(
             0.0
         }
         (None, _, true) => {
-            r.note("rope_theta", json!(10000.0), ABSENT);
-            10000.0
+            // llama.py: 10000; qwen2.py: 1000000.
+            let default = match family {
+                Family::Qwen2 => 1_000_000.0,
+                Family::Llama | Family::Qwen3 | Family::Gemma4 => 10000.0,
+            };
+            r.note("rope_theta", json!(default), ABSENT);
+            default
         }
     };
-    if llama && params.is_some() {
+    if !reads_rope_parameters && params.is_some() {
         r.note(
             "rope_parameters",
             Value::Null,
-            "ignored: mlx-lm 0.32.2 llama.py reads rope_theta / rope_scaling only",
+            &format!(
+                "ignored: mlx-lm 0.32.2's {}.py reads rope_theta / rope_scaling only",
+                family.as_str()
+            ),
         );
     }
-    let scaling_src = match (r.get("rope_scaling").cloned(), &params, llama) {
+    let scaling_src = match (
+        r.get("rope_scaling").cloned(),
+        &params,
+        !reads_rope_parameters,
+    ) {
         (Some(s), _, _) => Some(s),
         (None, Some(pr), false) => Some(pr.clone()),
         _ => None,

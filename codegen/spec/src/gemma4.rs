@@ -110,6 +110,7 @@ pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
                     n_heads: a.num_attention_heads as usize,
                     n_kv_heads,
                     head_dim,
+                    bias: ProjectionBias::None,
                     qk_norm: QkNorm::RmsPerHead,
                     value_norm: ValueNorm::RmsScaleFree,
                     rope: RopeForm {

@@ -461,7 +461,9 @@ pub fn from_config_json(
         Some("gemma4_unified") => ConfigModelType::Gemma4Unified,
         Some("qwen3") => ConfigModelType::Qwen3,
         Some("llama") => ConfigModelType::Llama,
-        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama)"))),
+        Some("mistral") => ConfigModelType::Mistral,
+        Some("qwen2") => ConfigModelType::Qwen2,
+        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2)"))),
         None => return Err(fail("model_type: missing (mlx-lm needs it to pick the model)".into())),
     };
     if model_type.family().is_dense() {

@@ -16,7 +16,7 @@
 //! ├── checkpoint   model_type, module prefix, sanitize rules
 //! ├── embedding    scale, per-layer inputs
 //! ├── layers[i]    Norms (arrangement, weight form)
-//! │                Mixer::Attention (heads, q/k/v norms, RoPE, scale, window, K/V source)
+//! │                Mixer::Attention (heads, q/k/v biases and norms, RoPE, scale, window, K/V source)
 //! │                FeedForward::{Mlp, MlpAndMoe}
 //! │                LayerInput (per-layer input gate), LayerScalar
 //! └── head         tied or not, logit softcap
@@ -159,12 +159,23 @@ pub struct Attention {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    pub bias: ProjectionBias,
     pub qk_norm: QkNorm,
     pub value_norm: ValueNorm,
     pub rope: RopeForm,
     pub scale: AttentionScale,
     pub window: Window,
     pub kv: KvSource,
+}
+
+/// Which attention projections add a bias (a `[out]` vector, never
+/// quantized): `nn.Linear(bias=True)` computes `addmm(b, x, W.T)`, a
+/// quantized one `quantized_matmul(...) + b`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProjectionBias {
+    None,
+    /// `q_proj`, `k_proj` and `v_proj` (not `o_proj`): Qwen2.
+    QueryKeyValue,
 }
 
 /// Normalization of queries and keys before RoPE.

@@ -65,8 +65,11 @@ pub enum Family {
     Gemma4,
     /// Dense Qwen3 (`qwen3.py`): q/k RMSNorm per head, SwiGLU.
     Qwen3,
-    /// Dense Llama (`llama.py`), incl. Llama-3 RoPE scaling.
+    /// Dense Llama (`llama.py`), incl. Llama-3 RoPE scaling; also Mistral,
+    /// which mlx-lm runs as llama (`MODEL_REMAPPING`).
     Llama,
+    /// Dense Qwen2 / Qwen2.5 (`qwen2.py`): a bias on the q, k and v projections.
+    Qwen2,
 }
 
 impl Family {
@@ -76,11 +79,12 @@ impl Family {
             Family::Gemma4 => "gemma4",
             Family::Qwen3 => "qwen3",
             Family::Llama => "llama",
+            Family::Qwen2 => "qwen2",
         }
     }
     /// Dense decoder families share one document layout ([`crate::DenseSpec`]).
     pub fn is_dense(self) -> bool {
-        matches!(self, Family::Qwen3 | Family::Llama)
+        matches!(self, Family::Qwen3 | Family::Llama | Family::Qwen2)
     }
 }
 
@@ -101,7 +105,8 @@ pub struct Source {
 }
 
 /// Top-level `model_type` values: the three that mlx-lm 0.32.2 runs through
-/// `gemma4_text`, and `qwen3` / `llama`.
+/// `gemma4_text`, `qwen3`, `llama`, `mistral` (run by `llama.py`: mlx-lm's
+/// `MODEL_REMAPPING`) and `qwen2`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ConfigModelType {
@@ -110,6 +115,9 @@ pub enum ConfigModelType {
     Gemma4Unified,
     Qwen3,
     Llama,
+    /// Mistral: mlx-lm remaps it to `llama`.
+    Mistral,
+    Qwen2,
 }
 
 impl ConfigModelType {
@@ -121,6 +129,8 @@ impl ConfigModelType {
             ConfigModelType::Gemma4Unified => "gemma4_unified",
             ConfigModelType::Qwen3 => "qwen3",
             ConfigModelType::Llama => "llama",
+            ConfigModelType::Mistral => "mistral",
+            ConfigModelType::Qwen2 => "qwen2",
         }
     }
     /// The family whose mlx-lm module reads this `model_type`.
@@ -130,7 +140,8 @@ impl ConfigModelType {
             | ConfigModelType::Gemma4Text
             | ConfigModelType::Gemma4Unified => Family::Gemma4,
             ConfigModelType::Qwen3 => Family::Qwen3,
-            ConfigModelType::Llama => Family::Llama,
+            ConfigModelType::Llama | ConfigModelType::Mistral => Family::Llama,
+            ConfigModelType::Qwen2 => Family::Qwen2,
         }
     }
 }

@@ -48,7 +48,28 @@ pub const MOE_BRANCH_NORMS: [&str; 3] = [
     "post_feedforward_layernorm_2",
 ];
 
-/// A vector parameter (norm weight, scalar, router scale) and its length.
+/// The attention projections of `a` that have a bias, with the bias length
+/// (`{name}.bias`; only projections the layer has).
+pub fn attention_biases(a: &Attention) -> Vec<(&'static str, u64)> {
+    match a.bias {
+        ProjectionBias::None => Vec::new(),
+        ProjectionBias::QueryKeyValue => {
+            let q = (a.n_heads * a.head_dim) as u64;
+            let kv = (a.n_kv_heads * a.head_dim) as u64;
+            let mut v = vec![("q_proj", q)];
+            if let KvSource::Own { values, .. } = a.kv {
+                v.push(("k_proj", kv));
+                match values {
+                    Values::Projected => v.push(("v_proj", kv)),
+                    Values::SameAsKeys => {}
+                }
+            }
+            v
+        }
+    }
+}
+
+/// A vector parameter (norm weight, bias, scalar, router scale) and its length.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VectorParam {
     /// Full checkpoint name.
@@ -198,7 +219,7 @@ impl ModelIr {
     }
 
     /// Every parameter that is not a quantizable module's weight: norm
-    /// weights, layer scalars, router scales.
+    /// weights, projection biases, layer scalars, router scales.
     pub fn vector_params(&self) -> Vec<VectorParam> {
         let pre = self.module_prefix();
         let h = self.hidden_size as u64;
@@ -216,16 +237,21 @@ impl ModelIr {
                 push(format!("{lp}{n}.weight"), h);
             }
             match &l.mixer {
-                Mixer::Attention(a) => match a.qk_norm {
-                    QkNorm::None => {}
-                    QkNorm::RmsPerHead => {
-                        let d = a.head_dim as u64;
-                        push(format!("{lp}self_attn.q_norm.weight"), d);
-                        if a.owns_kv() {
-                            push(format!("{lp}self_attn.k_norm.weight"), d);
+                Mixer::Attention(a) => {
+                    for (name, len) in attention_biases(a) {
+                        push(format!("{lp}self_attn.{name}.bias"), len);
+                    }
+                    match a.qk_norm {
+                        QkNorm::None => {}
+                        QkNorm::RmsPerHead => {
+                            let d = a.head_dim as u64;
+                            push(format!("{lp}self_attn.q_norm.weight"), d);
+                            if a.owns_kv() {
+                                push(format!("{lp}self_attn.k_norm.weight"), d);
+                            }
                         }
                     }
-                },
+                }
             }
             if let Some(m) = l.moe() {
                 match m.router {

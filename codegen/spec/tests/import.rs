@@ -297,9 +297,8 @@ fn import_errors_are_collected() {
 }
 
 /// Every dense spec in specs/ is exactly what `spec import` makes of the
-/// config.json kept beside it in specs/configs/, and round-trips. Configs of
-/// families not imported yet (issue #11: qwen2, gemma2, qwen3_moe, mistral,
-/// minicpm) have no spec in specs/ and are not read here.
+/// config.json kept beside it in specs/configs/, and round-trips. Configs
+/// without a spec in specs/ are not read here.
 #[test]
 fn dense_specs_are_their_imported_configs() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs");
@@ -320,7 +319,10 @@ fn dense_specs_are_their_imported_configs() {
         assert!(spec.family().is_dense(), "{name}");
         seen += 1;
     }
-    assert_eq!(seen, 6, "Qwen3 0.6B/1.7B/4B/8B and Llama-3.2 1B/3B");
+    assert_eq!(
+        seen, 9,
+        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3"
+    );
 }
 
 #[test]
@@ -386,4 +388,80 @@ fn dense_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
     assert!(text.contains("rope_theta"), "{text}");
     let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
     assert!(from_config_json(&qwen, Some(&kv), "bad").is_err());
+}
+
+/// qwen2.py's ModelArgs: head_dim is always hidden // heads, the defaults
+/// are listed, the sliding-window fields are read as mlx-lm reads them
+/// (not at all), and num_key_value_heads has no default.
+#[test]
+fn qwen2_configs_take_mlx_lm_defaults() {
+    let qwen2 = json!({
+        "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6, "vocab_size": 512,
+        "use_sliding_window": true, "sliding_window": 8, "max_window_layers": 1
+    });
+    let (spec, applied, _) = import_and_round_trip(&qwen2, None, "qwen2-defaults");
+    assert_eq!(spec.family(), Family::Qwen2);
+    let a = spec.resolve();
+    assert_eq!((a.layers[0].head_dim, a.layers[0].n_kv_heads), (16, 2));
+    assert!(a.tie_word_embeddings && !a.qk_norm && a.sliding_window == 0);
+    assert_eq!(a.max_position_embeddings, 32768);
+    assert_eq!(a.layers[0].rope, RopeKind::Default { theta: 1e6 });
+    let ir = spec.lower();
+    assert_eq!(
+        ir.layers[0].attention().bias,
+        archgen_spec::ir::ProjectionBias::QueryKeyValue
+    );
+    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    for f in [
+        "head_dim",
+        "max_position_embeddings",
+        "rope_theta",
+        "rope_traditional",
+        "tie_word_embeddings",
+        "use_sliding_window",
+        "sliding_window",
+        "max_window_layers",
+    ] {
+        assert!(fields.contains(&f), "{f} not listed in {fields:?}");
+    }
+    // A head_dim in the config is not read by qwen2.py either.
+    let mut written = qwen2.clone();
+    written["head_dim"] = json!(32);
+    let (spec, _, _) = import_and_round_trip(&written, None, "qwen2-head-dim");
+    assert_eq!(spec.resolve().layers[0].head_dim, 16);
+    let mut no_kv = qwen2.clone();
+    no_kv.as_object_mut().unwrap().remove("num_key_value_heads");
+    let text = from_config_json(&no_kv, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("num_key_value_heads: missing"), "{text}");
+}
+
+/// model_type mistral is read by llama.py (mlx-lm's MODEL_REMAPPING): the
+/// llama family with llama's defaults; without layer_types a sliding_window
+/// is listed as ignored (every layer is full attention).
+#[test]
+fn mistral_configs_are_read_as_llama() {
+    let mistral = json!({
+        "model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "vocab_size": 512, "max_position_embeddings": 2048,
+        "sliding_window": 4096, "tie_word_embeddings": false
+    });
+    let (spec, applied, _) = import_and_round_trip(&mistral, None, "mistral-defaults");
+    assert_eq!(spec.family(), Family::Llama);
+    assert_eq!(spec.identity().source.model_type, ConfigModelType::Mistral);
+    let a = spec.resolve();
+    assert_eq!(a.layers[0].head_dim, 16);
+    assert_eq!(a.sliding_window, 0);
+    assert!(a.layers.iter().all(|l| l.window.is_none()));
+    assert_eq!(a.layers[0].rope, RopeKind::Default { theta: 10000.0 });
+    let ignored = applied
+        .iter()
+        .find(|d| d.field == "sliding_window")
+        .expect("sliding_window listed");
+    assert!(ignored.reason.contains("ignored"), "{ignored}");
+    assert_eq!(to_config_json(&spec)["model_type"], json!("mistral"));
 }

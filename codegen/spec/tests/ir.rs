@@ -106,7 +106,7 @@ fn families_lower_to_their_blocks() {
                 assert_eq!(ir.embedding.scale, EmbedScale::SqrtHidden, "{path}");
                 assert_eq!(l.scalar, LayerScalar::Learned, "{path}");
             }
-            Family::Qwen3 | Family::Llama => {
+            Family::Qwen3 | Family::Llama | Family::Qwen2 => {
                 assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
                 assert_eq!(a.scale, AttentionScale::InvSqrtHeadDim, "{path}");
                 assert_eq!(a.value_norm, ValueNorm::None, "{path}");
@@ -119,6 +119,23 @@ fn families_lower_to_their_blocks() {
                     QkNorm::None
                 };
                 assert_eq!(a.qk_norm, qk, "{path}");
+                // Qwen2's q/k/v biases, and their tensors in the contract.
+                let bias = if spec.family() == Family::Qwen2 {
+                    ProjectionBias::QueryKeyValue
+                } else {
+                    ProjectionBias::None
+                };
+                assert_eq!(a.bias, bias, "{path}");
+                let biases = ir
+                    .vector_params()
+                    .iter()
+                    .filter(|p| p.name.ends_with(".bias"))
+                    .count();
+                let want = match bias {
+                    ProjectionBias::QueryKeyValue => 3 * ir.layers.len(),
+                    ProjectionBias::None => 0,
+                };
+                assert_eq!(biases, want, "{path}");
             }
         }
     }

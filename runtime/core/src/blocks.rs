@@ -607,6 +607,40 @@ pub fn load_kv(
     }
 }
 
+/// Which attention projections add a bias (IR `ProjectionBias`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProjectionBias {
+    None,
+    /// `q_proj`, `k_proj`, `v_proj` (Qwen2): `{proj}.bias`, `[out]`.
+    QueryKeyValue,
+}
+
+/// The biases of `layers.{i}.self_attn`'s projections, put on the loaded
+/// linears (`kv` is `None` on a layer that reads a donor's K/V).
+pub fn load_biases(
+    w: &mut Weights,
+    layer: usize,
+    bias: ProjectionBias,
+    attn: &mut AttentionWeights,
+    kv: Option<&mut KvWeights>,
+    s: AttentionShape,
+) {
+    let p = format!("layers.{layer}.self_attn");
+    match bias {
+        ProjectionBias::None => {}
+        ProjectionBias::QueryKeyValue => {
+            let (q, k) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+            attn.q_proj.bias = Some(w.param(&format!("{p}.q_proj.bias"), &[q]));
+            if let Some(kv) = kv {
+                kv.k_proj.bias = Some(w.param(&format!("{p}.k_proj.bias"), &[k]));
+                if let Some(v) = &mut kv.v_proj {
+                    v.bias = Some(w.param(&format!("{p}.v_proj.bias"), &[k]));
+                }
+            }
+        }
+    }
+}
+
 /// `layers.{i}.mlp` of the given width.
 pub fn load_mlp(w: &mut Weights, layer: usize, hidden: i32, width: i32, act: Activation) -> Mlp {
     let p = format!("layers.{layer}.mlp");

@@ -99,6 +99,13 @@ pub fn qk_norm(q: ir::QkNorm) -> b::QkNorm {
     }
 }
 
+pub fn bias(p: ir::ProjectionBias) -> b::ProjectionBias {
+    match p {
+        ir::ProjectionBias::None => b::ProjectionBias::None,
+        ir::ProjectionBias::QueryKeyValue => b::ProjectionBias::QueryKeyValue,
+    }
+}
+
 pub fn values(v: ir::Values) -> b::Values {
     match v {
         ir::Values::Projected => b::Values::Projected,
@@ -144,6 +151,9 @@ impl Monolith {
                 }
                 KvSource::Shared { .. } => None,
             };
+            let mut kv = attn.kv.take();
+            b::load_biases(&mut w, i, bias(a.bias), &mut attn, kv.as_mut(), shape);
+            attn.kv = kv;
             let m = l.mlp();
             let moe = match l.ffn {
                 FeedForward::Mlp(_) => None,
