@@ -305,6 +305,29 @@ const QWEN35_4B: Dims = Dims {
     shared_inter: 0,
 };
 
+/// Qwen3.6-27B's widths: 48 value heads over 16 key heads (q/k repeated
+/// three times), hidden 5120.
+const QWEN36_27B: Dims = Dims {
+    hidden: 5120,
+    hv: 48,
+    heads: 24,
+    inter: 17408,
+    ..QWEN35_4B
+};
+
+/// Qwen3.6-35B-A3B's widths (hidden 2048, top-8 of experts 512 wide, a
+/// shared expert 512 wide) with 16 of its 256 experts.
+const QWEN36_35B_A3B_16E: Dims = Dims {
+    hidden: 2048,
+    heads: 16,
+    kv_heads: 2,
+    experts: 16,
+    top_k: 8,
+    moe_inter: 512,
+    shared_inter: 512,
+    ..QWEN35_4B
+};
+
 impl Dims {
     fn tag(&self) -> String {
         format!(
@@ -982,6 +1005,14 @@ fn all_cases() -> R<Vec<Case>> {
         Layout::Split,
         &[4, 1],
     )?);
+    // Qwen3.6-27B's (48 value heads over 16: q/k repeated three times).
+    cases.push(deltanet(
+        Dt::Bf16,
+        Some(Q4G64),
+        &QWEN36_27B,
+        Layout::Split,
+        &[4, 1],
+    )?);
     // The recurrence alone over 64 tokens.
     for dt in [Dt::F32, Dt::Bf16] {
         for with_state in [false, true] {
@@ -999,6 +1030,10 @@ fn all_cases() -> R<Vec<Case>> {
         cases.push(moe(Dt::F32, None, &TINY, tokens)?);
         cases.push(moe(Dt::Bf16, Some(Q4G64), &TINY, tokens)?);
         cases.push(moe(Dt::F32, Some(Q4G32), &TINY, tokens)?);
+    }
+    // Qwen3.6-35B-A3B's widths: 3 x 8 = 24 indices (unsorted), 9 x 8 = 72 (sorted).
+    for tokens in [3, 9] {
+        cases.push(moe(Dt::Bf16, Some(Q4G64), &QWEN36_35B_A3B_16E, tokens)?);
     }
     // Whole decoder layers of both kinds.
     for (dt, q) in [(Dt::F32, None), (Dt::Bf16, None), (Dt::Bf16, Some(Q4G64))] {
