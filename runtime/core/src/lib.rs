@@ -33,6 +33,7 @@ pub mod blocks;
 pub mod bytes;
 pub mod cache;
 pub mod decode;
+pub mod deltanet;
 pub mod layers;
 pub mod model;
 pub mod moe;

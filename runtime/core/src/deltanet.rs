@@ -1,0 +1,697 @@
+//! The blocks of the hybrid Qwen3.5 / Qwen3.6 models (mlx-lm 0.32.2's
+//! `qwen3_5.py`, `qwen3_5_moe.py`, with `qwen3_next.py` and
+//! `gated_delta.py`), op for op as mlx-lm runs them on the CPU:
+//!
+//! ```text
+//! linear layer: h = x + GatedDeltaNet(norm(x))     full layer: h = x + GatedAttention(norm(x))
+//!               out = h + ffn(norm(h))             ffn: SwiGLU MLP, or routed experts + shared expert
+//! ```
+//!
+//! A Gated DeltaNet layer projects `qkv`, `z`, `b`, `a`; runs a depthwise
+//! causal conv1d over `qkv` (its last `K - 1` inputs are the conv state, in
+//! the activation dtype); L2-normalises q and k; runs the gated delta rule
+//! recurrence over the tokens (its state [B, Hv, Dv, Dk] is float32); then a
+//! gated RMSNorm with `z` and the output projection. Its cache is mlx-lm's
+//! `ArraysCache(size=2)`: [`ArraysCache`].
+//!
+//! The recurrence is the path mlx-lm takes off Metal (`gated_delta_ops`):
+//! a loop over the tokens of one compiled step. On Metal mlx-lm runs a custom
+//! kernel instead, whose float reductions are ordered differently (see
+//! docs/parity.md); nothing here reproduces that kernel.
+//!
+//! `mx.compile`d functions of mlx-lm are compiled here too (same graph, same
+//! `shapeless` flag), so whatever fusion MLX does on one side it does on the
+//! other.
+
+use std::collections::HashMap;
+
+use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
+use mlx_rs::{Array, Dtype};
+
+use crate::attention::{batch_and_len, Mask};
+use crate::blocks::{attend_own_kv, AttentionShape, Mlp};
+use crate::cache::LayerCache;
+use crate::layers::Linear;
+use crate::moe::{softmax_topk_moe, SoftmaxTopKRouter, SwitchGlu};
+use crate::ops::{rms_norm, scalar_like, Result};
+use crate::rope::Rope;
+
+fn refused(what: String) -> mlx_rs::error::Exception {
+    mlx_rs::error::Exception::custom(what)
+}
+
+// ---- Compiled functions (mlx-lm's `mx.compile` and mlx nn's)
+
+type Compiled1 = Box<dyn for<'a> FnMut(&'a Array) -> Result<Array>>;
+type Compiled3 = Box<dyn for<'a> FnMut((&'a Array, &'a Array, &'a Array)) -> Result<Array>>;
+type CompiledN = Box<dyn for<'a> FnMut(&'a [Array]) -> Result<Vec<Array>>>;
+
+/// mlx nn's `silu(x) = x * sigmoid(x)` (`mx.compile`, shapeless).
+fn silu_graph(x: &Array) -> Result<Array> {
+    x.multiply(mlx_rs::ops::sigmoid(x)?)
+}
+
+/// `compute_g` (gated_delta.py, shapeless):
+/// `exp(-exp(A_log.astype(f32)) * nn.softplus(a + dt_bias))`, with mlx nn's
+/// `softplus(x) = logaddexp(x, 0)` inlined (the 0 a weak scalar of x's dtype).
+fn compute_g_graph((a_log, a, dt_bias): (&Array, &Array, &Array)) -> Result<Array> {
+    let x = a.add(dt_bias)?;
+    let softplus = mlx_rs::ops::logaddexp(&x, scalar_like(0.0, &x))?;
+    let decay = a_log.as_dtype(Dtype::Float32)?.exp()?.negative()?;
+    decay.multiply(&softplus)?.exp()
+}
+
+/// `precise_swiglu(h, gate, x)` (activations.py, shapeless):
+/// `(silu(gate.astype(f32)) * x.astype(f32)).astype(h.dtype)`; `h` only
+/// gives the dtype, as in mlx-lm (it is an input of the compiled graph there
+/// too, so the final cast is traced inside it).
+fn precise_swiglu_graph((h, gate, x): (&Array, &Array, &Array)) -> Result<Array> {
+    let gate = silu_graph(&gate.as_dtype(Dtype::Float32)?)?;
+    gate.multiply(x.as_dtype(Dtype::Float32)?)?
+        .as_dtype(h.dtype())
+}
+
+/// `_gated_delta_step_ops` (gated_delta.py, `mx.compile`, not shapeless), for
+/// a scalar gate per head and no mask. Inputs: q, k [B, H, Dk], v [B, H, Dv],
+/// g [B, H] (f32), beta [B, H], state [B, H, Dv, Dk] (f32). Outputs: y
+/// [B, H, Dv] in q's dtype and the new state.
+fn delta_step_graph(inputs: &[Array]) -> Result<Vec<Array>> {
+    let [q, k, v, g, beta, state] = inputs else {
+        return Err(refused(format!(
+            "gated delta step: 6 inputs expected, got {}",
+            inputs.len()
+        )));
+    };
+    let decay = g.expand_dims_axes(&[-1, -2])?;
+    let state = state.multiply(&decay)?;
+    let k_row = k.expand_dims(-2)?;
+    let kv_mem = state.multiply(&k_row)?.sum_axis(-1, None)?;
+    let delta = v.subtract(&kv_mem)?.multiply(beta.expand_dims(-1)?)?;
+    let state = state.add(k_row.multiply(delta.expand_dims(-1)?)?)?;
+    let y = state.multiply(q.expand_dims(-2)?)?.sum_axis(-1, None)?;
+    Ok(vec![y.as_dtype(q.dtype())?, state])
+}
+
+thread_local! {
+    // One compiled function per thread, so MLX's compile cache is hit on
+    // every call (the step is shape-specialised: one trace per shape).
+    static SILU: std::cell::RefCell<Compiled1> =
+        std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(silu_graph, true)));
+    static COMPUTE_G: std::cell::RefCell<Compiled3> =
+        std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(compute_g_graph, true)));
+    static PRECISE_SWIGLU: std::cell::RefCell<Compiled3> =
+        std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(precise_swiglu_graph, true)));
+    static DELTA_STEP: std::cell::RefCell<CompiledN> =
+        std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(delta_step_graph, false)));
+}
+
+/// mlx nn's compiled `silu`.
+pub fn silu(x: &Array) -> Result<Array> {
+    SILU.with(|f| (f.borrow_mut())(x))
+}
+
+/// `compute_g(A_log, a, dt_bias)`: the per-token, per-head decay (float32).
+pub fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
+    COMPUTE_G.with(|f| (f.borrow_mut())((a_log, a, dt_bias)))
+}
+
+/// mlx-lm's compiled `precise_swiglu(h, gate, x)`.
+pub fn precise_swiglu(h: &Array, gate: &Array, x: &Array) -> Result<Array> {
+    PRECISE_SWIGLU.with(|f| (f.borrow_mut())((h, gate, x)))
+}
+
+/// One compiled `_gated_delta_step_ops` call: (y, new state).
+pub fn gated_delta_step(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: &Array,
+) -> Result<(Array, Array)> {
+    let inputs = [q, k, v, g, beta, state].map(Clone::clone);
+    let mut out = DELTA_STEP.with(|f| (f.borrow_mut())(&inputs))?;
+    let state = out.pop();
+    let y = out.pop();
+    match (y, state) {
+        (Some(y), Some(state)) => Ok((y, state)),
+        _ => Err(refused("gated delta step: two outputs expected".into())),
+    }
+}
+
+// ---- The recurrence
+
+/// `normalize_qk(q, k, inv_scale=Dk**-0.5, eps=1e-6)`: L2-normalise q and k
+/// with `mx.fast.rms_norm` (its eps scaled by `inv_scale**2`) and fold the
+/// readout scale into q. The Python floats are computed in f64 and meet the
+/// arrays as weak scalars.
+pub fn normalize_qk(q: &Array, k: &Array, head_k_dim: i32) -> Result<(Array, Array)> {
+    let inv_scale = f64::from(head_k_dim).powf(-0.5);
+    let inv_scale_sq = inv_scale.powf(2.0);
+    let rms_eps = (1e-6 * inv_scale_sq) as f32;
+    let q = scalar_like(inv_scale_sq, q).multiply(rms_norm(q, None, rms_eps)?)?;
+    let k = scalar_like(inv_scale, k).multiply(rms_norm(k, None, rms_eps)?)?;
+    Ok((q, k))
+}
+
+/// `gated_delta_ops` (prefill and decode alike): q, k [B, T, Hk, Dk], v
+/// [B, T, Hv, Dv], g and beta [B, T, Hv], state [B, Hv, Dv, Dk] or zeros;
+/// q and k repeated to Hv heads, then one compiled step per token. Returns
+/// y [B, T, Hv, Dv] and the final state.
+pub fn gated_delta_ops(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: Option<&Array>,
+) -> Result<(Array, Array)> {
+    let (b, t, hk, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let (hv, dv) = (v.shape()[2], v.shape()[3]);
+    if g.ndim() != 3 {
+        return Err(refused(format!(
+            "gated delta rule: a scalar gate per head [B, T, Hv] expected, got shape {:?} \
+             (mlx-lm's vector gate is not used by Qwen3.5)",
+            g.shape()
+        )));
+    }
+    let mut state = match state {
+        Some(s) => s.clone(),
+        None => mlx_rs::ops::zeros_dtype(&[b, hv, dv, dk], Dtype::Float32)?,
+    };
+    let repeat = hv / hk;
+    let (q, k) = if repeat > 1 {
+        (
+            Array::repeat_axis::<f32>(q.clone(), repeat, -2)?,
+            Array::repeat_axis::<f32>(k.clone(), repeat, -2)?,
+        )
+    } else {
+        (q.clone(), k.clone())
+    };
+    let mut ys = Vec::with_capacity(t as usize);
+    for i in 0..t {
+        let at = |a: &Array| a.try_index((.., i));
+        let (y, next) = gated_delta_step(&at(&q)?, &at(&k)?, &at(v)?, &at(g)?, &at(beta)?, &state)?;
+        ys.push(y);
+        state = next;
+    }
+    Ok((mlx_rs::ops::stack(&ys, 1)?, state))
+}
+
+/// `gated_delta_update` without a mask, off Metal: `beta = sigmoid(b)`,
+/// `g = compute_g(A_log, a, dt_bias)`, then [`gated_delta_ops`].
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_update(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    a: &Array,
+    b: &Array,
+    a_log: &Array,
+    dt_bias: &Array,
+    state: Option<&Array>,
+) -> Result<(Array, Array)> {
+    let beta = mlx_rs::ops::sigmoid(b)?;
+    let g = compute_g(a_log, a, dt_bias)?;
+    gated_delta_ops(q, k, v, &g, &beta, state)
+}
+
+// ---- The Gated DeltaNet layer
+
+/// The static shape of a Gated DeltaNet layer (`linear_*` of the config).
+#[derive(Debug, Clone, Copy)]
+pub struct DeltaNetShape {
+    pub hidden: i32,
+    pub num_k_heads: i32,
+    pub num_v_heads: i32,
+    pub head_k_dim: i32,
+    pub head_v_dim: i32,
+    /// `linear_conv_kernel_dim`.
+    pub conv_kernel: i32,
+    /// `rms_norm_eps`, the gated norm's eps.
+    pub eps: f32,
+}
+
+impl DeltaNetShape {
+    pub fn key_dim(&self) -> i32 {
+        self.head_k_dim * self.num_k_heads
+    }
+    pub fn value_dim(&self) -> i32 {
+        self.head_v_dim * self.num_v_heads
+    }
+    /// Channels of the conv: q, k and v side by side.
+    pub fn conv_dim(&self) -> i32 {
+        2 * self.key_dim() + self.value_dim()
+    }
+    /// mlx-lm refuses value heads that are not a multiple of key heads.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.num_k_heads <= 0 || self.num_v_heads % self.num_k_heads != 0 {
+            return Err(format!(
+                "linear_num_value_heads ({}) must be a positive multiple of linear_num_key_heads ({})",
+                self.num_v_heads, self.num_k_heads
+            ));
+        }
+        if self.conv_kernel < 1 {
+            return Err(format!(
+                "linear_conv_kernel_dim must be at least 1, got {}",
+                self.conv_kernel
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The input projections, in the layout the module has them.
+#[derive(Debug, Clone)]
+pub enum InProj {
+    /// qwen3_5: `in_proj_qkv` [conv_dim], `in_proj_z` [value_dim],
+    /// `in_proj_b` and `in_proj_a` [Hv].
+    Split {
+        qkv: Linear,
+        z: Linear,
+        b: Linear,
+        a: Linear,
+    },
+    /// qwen3_next: `in_proj_qkvz` and `in_proj_ba`, interleaved per key
+    /// head (`fix_query_key_value_ordering`).
+    Fused { qkvz: Linear, ba: Linear },
+}
+
+/// The weights of one Gated DeltaNet layer (`linear_attn`).
+#[derive(Debug, Clone)]
+pub struct GatedDeltaNet {
+    pub in_proj: InProj,
+    /// Depthwise conv weight [conv_dim, K, 1] (mlx layout, after sanitize).
+    pub conv1d: Array,
+    pub dt_bias: Array,
+    /// Kept float32 by mlx-lm's `cast_predicate`.
+    pub a_log: Array,
+    /// The gated RMSNorm's weight [Dv] (no +1: sanitize leaves it alone).
+    pub norm: Array,
+    pub out_proj: Linear,
+    pub shape: DeltaNetShape,
+}
+
+/// mlx-lm's `ArraysCache(size=2)` of a linear layer: `[0]` the conv state
+/// [B, K-1, conv_dim] in the activation dtype, `[1]` the recurrent state
+/// [B, Hv, Dv, Dk] in float32. Empty until the first forward.
+#[derive(Debug, Default, Clone)]
+pub struct ArraysCache {
+    pub conv: Option<Array>,
+    pub state: Option<Array>,
+}
+
+/// The projections of a Gated DeltaNet layer: (mixed qkv [B, S, conv_dim],
+/// z [B, S, Hv, Dv], b [B, S, Hv], a [B, S, Hv]).
+pub fn deltanet_projections(
+    x: &Array,
+    w: &InProj,
+    s: &DeltaNetShape,
+) -> Result<(Array, Array, Array, Array)> {
+    let (bsz, len) = batch_and_len(x);
+    match w {
+        InProj::Split { qkv, z, b, a } => {
+            let mixed = qkv.forward(x)?;
+            let z = z
+                .forward(x)?
+                .reshape(&[bsz, len, s.num_v_heads, s.head_v_dim])?;
+            Ok((mixed, z, b.forward(x)?, a.forward(x)?))
+        }
+        InProj::Fused { qkvz, ba } => {
+            let (nk, dn, nv, dv) = (s.num_k_heads, s.head_k_dim, s.num_v_heads, s.head_v_dim);
+            let mixed_qkvz = qkvz.forward(x)?.reshape(&[bsz, len, nk, -1])?;
+            let mixed_ba = ba.forward(x)?.reshape(&[bsz, len, nk, -1])?;
+            let qkvz = mixed_qkvz.split_at_indices(&[dn, 2 * dn, 2 * dn + nv / nk * dv], -1)?;
+            let ba = mixed_ba.split_at_indices(&[nv / nk], -1)?;
+            let (q, k, v, z) = (&qkvz[0], &qkvz[1], &qkvz[2], &qkvz[3]);
+            let v = v.reshape(&[bsz, len, -1, dv])?;
+            let z = z.reshape(&[bsz, len, -1, dv])?;
+            let b = ba[0].reshape(&[bsz, len, nv])?;
+            let a = ba[1].reshape(&[bsz, len, nv])?;
+            let mixed = mlx_rs::ops::concatenate(
+                &[
+                    q.reshape(&[bsz, len, -1])?,
+                    k.reshape(&[bsz, len, -1])?,
+                    v.reshape(&[bsz, len, -1])?,
+                ],
+                -1,
+            )?;
+            Ok((mixed, z, b, a))
+        }
+    }
+}
+
+/// The depthwise causal conv1d with its state: `conv_input = concat([state
+/// or zeros(B, K-1, conv_dim) in `dtype`, qkv], 1)`, the new state its last
+/// K-1 rows (`mx.contiguous`), output `silu(conv1d(conv_input, groups =
+/// conv_dim))`. `dtype` is the layer input's (mlx-lm's `inputs.dtype`).
+pub fn causal_conv1d(
+    qkv: &Array,
+    weight: &Array,
+    state: Option<&Array>,
+    dtype: Dtype,
+) -> Result<(Array, Array)> {
+    let (b, channels) = (qkv.shape()[0], qkv.shape()[2]);
+    let kernel = weight.shape()[1];
+    let n_keep = kernel - 1;
+    let state = match state {
+        Some(s) => s.clone(),
+        None => mlx_rs::ops::zeros_dtype(&[b, n_keep, channels], dtype)?,
+    };
+    let conv_input = mlx_rs::ops::concatenate(&[state, qkv.clone()], 1)?;
+    let new_state = conv_input.try_index((.., -n_keep.., ..))?.contiguous()?;
+    let y = mlx_rs::ops::conv1d(&conv_input, weight, 1, 0, 1, channels)?;
+    Ok((silu(&y)?, new_state))
+}
+
+/// `Qwen3NextRMSNormGated(out, z)`: `rms_norm(out, weight, eps)`, then
+/// `precise_swiglu(out, z, that)`.
+pub fn rms_norm_gated(out: &Array, z: &Array, weight: &Array, eps: f32) -> Result<Array> {
+    let x = rms_norm(out, Some(weight), eps)?;
+    precise_swiglu(out, z, &x)
+}
+
+/// `GatedDeltaNet.__call__` without a mask (one unpadded sequence), with
+/// its `ArraysCache`: prefill (any number of tokens) and decode steps alike.
+pub fn gated_delta_net(x: &Array, w: &GatedDeltaNet, cache: &mut ArraysCache) -> Result<Array> {
+    let s = &w.shape;
+    let (bsz, len) = batch_and_len(x);
+    let (qkv, z, b, a) = deltanet_projections(x, &w.in_proj, s)?;
+    let (conv_out, conv_state) = causal_conv1d(&qkv, &w.conv1d, cache.conv.as_ref(), x.dtype())?;
+    cache.conv = Some(conv_state);
+    let kd = s.key_dim();
+    let parts = conv_out.split_at_indices(&[kd, 2 * kd], -1)?;
+    let q = parts[0].reshape(&[bsz, len, s.num_k_heads, s.head_k_dim])?;
+    let k = parts[1].reshape(&[bsz, len, s.num_k_heads, s.head_k_dim])?;
+    let v = parts[2].reshape(&[bsz, len, s.num_v_heads, s.head_v_dim])?;
+    let (q, k) = normalize_qk(&q, &k, s.head_k_dim)?;
+    let (out, state) = gated_delta_update(
+        &q,
+        &k,
+        &v,
+        &a,
+        &b,
+        &w.a_log,
+        &w.dt_bias,
+        cache.state.as_ref(),
+    )?;
+    cache.state = Some(state);
+    let out = rms_norm_gated(&out, &z, &w.norm, s.eps)?;
+    w.out_proj.forward(&out.reshape(&[bsz, len, -1])?)
+}
+
+// ---- Gated full attention
+
+/// The RoPE width of a partial rotary factor: Python's
+/// `int(head_dim * partial_rotary_factor)` (truncated).
+pub fn partial_rope_dims(head_dim: i32, partial_rotary_factor: f64) -> i32 {
+    (f64::from(head_dim) * partial_rotary_factor) as i32
+}
+
+/// `Qwen3NextAttention`'s weights: `q_proj` has 2 * heads * head_dim outputs
+/// (per head: the queries, then the output gate).
+#[derive(Debug, Clone)]
+pub struct GatedAttention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub q_norm: Array,
+    pub k_norm: Array,
+}
+
+/// `Qwen3NextAttention.__call__`: queries and gate split per head, q/k
+/// RMSNorm, RoPE (partial: `rope`'s dims < head_dim) at the cache offset,
+/// the cache update, SDPA, then `o_proj(output * sigmoid(gate))`.
+pub fn gated_attention(
+    x: &Array,
+    w: &GatedAttention,
+    s: AttentionShape,
+    rope: &Rope,
+    cache: &mut LayerCache,
+    mask: &Mask,
+) -> Result<Array> {
+    let (b, l) = batch_and_len(x);
+    let q_out = w.q_proj.forward(x)?.reshape(&[b, l, s.n_heads, -1])?;
+    let halves = q_out.split_equal(2, -1)?;
+    let (queries, gate) = (&halves[0], halves[1].reshape(&[b, l, -1])?);
+    let keys = w.k_proj.forward(x)?;
+    let values = w.v_proj.forward(x)?;
+    let queries = rms_norm(queries, Some(&w.q_norm), s.eps)?.transpose_axes(&[0, 2, 1, 3])?;
+    let keys = rms_norm(
+        &keys.reshape(&[b, l, s.n_kv_heads, -1])?,
+        Some(&w.k_norm),
+        s.eps,
+    )?
+    .transpose_axes(&[0, 2, 1, 3])?;
+    let values = values
+        .reshape(&[b, l, s.n_kv_heads, -1])?
+        .transpose_axes(&[0, 2, 1, 3])?;
+    let offset = Array::from_int(cache.offset());
+    let queries = rope.apply(&queries, &offset)?;
+    let keys = rope.apply(&keys, &offset)?;
+    let (o, _) = attend_own_kv(&queries, &keys, &values, s, cache, mask, offset, false)?;
+    w.o_proj.forward(&o.multiply(mlx_rs::ops::sigmoid(&gate)?)?)
+}
+
+// ---- The MoE block
+
+/// `Qwen3NextSparseMoeBlock`: qwen3_moe's routed experts (precise softmax
+/// over all experts, top-k, optional renormalization, SwiGLU experts) plus a
+/// shared SwiGLU expert scaled by `sigmoid(shared_expert_gate(x))`.
+#[derive(Debug, Clone)]
+pub struct SharedExpertMoe {
+    pub router: SoftmaxTopKRouter,
+    pub experts: SwitchGlu,
+    pub shared_expert: Mlp,
+    pub shared_expert_gate: Linear,
+}
+
+impl SharedExpertMoe {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        // `(y * scores[..., None]).sum(-2)`: softmax_topk_moe's final astype
+        // is to y's own dtype, which the scores share (both the activation
+        // dtype), so it adds no op.
+        let routed = softmax_topk_moe(&self.router, &self.experts, x)?;
+        let shared = self.shared_expert.forward(x)?;
+        let gate = mlx_rs::ops::sigmoid(self.shared_expert_gate.forward(x)?)?;
+        routed.add(gate.multiply(&shared)?)
+    }
+}
+
+// ---- The decoder layer
+
+/// What mixes the sequence in one layer: the layer kind is
+/// `(index + 1) % full_attention_interval != 0` → linear.
+#[derive(Debug, Clone)]
+pub enum Mixer {
+    GatedDeltaNet(GatedDeltaNet),
+    GatedAttention {
+        attention: GatedAttention,
+        shape: AttentionShape,
+        rope: Rope,
+    },
+}
+
+/// The cache of one layer, by mixer kind (`make_cache`).
+#[derive(Debug)]
+pub enum MixerCache {
+    Arrays(ArraysCache),
+    Kv(LayerCache),
+}
+
+/// The feed-forward half: a SwiGLU MLP (`num_experts == 0`) or the MoE block.
+// One per layer, built once at load: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum FeedForward {
+    Mlp(Mlp),
+    SharedExpertMoe(SharedExpertMoe),
+}
+
+impl FeedForward {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Mlp(m) => m.forward(x),
+            FeedForward::SharedExpertMoe(m) => m.forward(x),
+        }
+    }
+}
+
+/// One decoder layer (`DecoderLayer`, pre-norm): `h = x + mixer(norm(x))`,
+/// `out = h + ffn(norm(h))`. `mask` is what a full-attention layer gets
+/// (`create_attention_mask` of the first full layer's cache); linear layers
+/// of one unpadded sequence run without a mask (`create_ssm_mask` is None).
+#[allow(clippy::too_many_arguments)]
+pub fn hybrid_decoder_layer(
+    x: &Array,
+    mixer: &Mixer,
+    ffn: &FeedForward,
+    input_norm: &Array,
+    post_attention_norm: &Array,
+    eps: f32,
+    cache: &mut MixerCache,
+    mask: &Mask,
+) -> Result<Array> {
+    let normed = rms_norm(x, Some(input_norm), eps)?;
+    let r =
+        match (mixer, cache) {
+            (Mixer::GatedDeltaNet(w), MixerCache::Arrays(c)) => gated_delta_net(&normed, w, c)?,
+            (
+                Mixer::GatedAttention {
+                    attention,
+                    shape,
+                    rope,
+                },
+                MixerCache::Kv(c),
+            ) => gated_attention(&normed, attention, *shape, rope, c, mask)?,
+            (Mixer::GatedDeltaNet(_), MixerCache::Kv(_)) => return Err(refused(
+                "a Gated DeltaNet layer was given a KV cache: linear layers take an ArraysCache"
+                    .into(),
+            )),
+            (Mixer::GatedAttention { .. }, MixerCache::Arrays(_)) => {
+                return Err(refused(
+                    "a full-attention layer was given an ArraysCache: it takes a KV cache".into(),
+                ))
+            }
+        };
+    let h = x.add(&r)?;
+    h.add(ffn.forward(&rms_norm(&h, Some(post_attention_norm), eps)?)?)
+}
+
+// ---- Checkpoint rules (`sanitize`, `cast_predicate`)
+
+/// Which of the two model files sanitizes the checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Qwen35Variant {
+    /// `qwen3_5.Model.sanitize`.
+    Dense,
+    /// `qwen3_5_moe.Model.sanitize`: also splits `experts.gate_up_proj`.
+    Moe,
+}
+
+/// The norms that raw HF checkpoints store as offsets around 0 (mlx-lm adds
+/// 1 to them). The gated norm of the linear layers is not among them.
+const OFFSET_NORMS: [&str; 5] = [
+    ".input_layernorm.weight",
+    ".post_attention_layernorm.weight",
+    "model.norm.weight",
+    ".q_norm.weight",
+    ".k_norm.weight",
+];
+
+/// The wrapper renames of `Model.sanitize`: vision towers dropped,
+/// `model.language_model.*` → `language_model.model.*`, everything else not
+/// under `language_model.` moved there.
+fn unwrap_language_model(key: &str) -> Option<String> {
+    if key.starts_with("vision_tower") || key.starts_with("model.visual") {
+        return None;
+    }
+    Some(if key.starts_with("model.language_model") {
+        key.replace("model.language_model", "language_model.model")
+    } else if key.starts_with("language_model.") {
+        key.to_string()
+    } else {
+        format!("language_model.{key}")
+    })
+}
+
+/// mlx-lm's `sanitize` of qwen3_5 / qwen3_5_moe, rule for rule, on a
+/// checkpoint's tensors: names come out as mlx-lm's module tree has them
+/// (`language_model.model.layers.0.linear_attn.conv1d.weight`). A raw HF
+/// checkpoint is recognised by a conv1d weight whose last dim is not 1:
+/// then every such conv weight is moved to mlx's [C, K, 1] layout
+/// (`moveaxis(2, 1)`) and the 1-D norm weights of [`OFFSET_NORMS`] get `+ 1.0`
+/// (a weak scalar, so in the weight's dtype). `mtp.*` is dropped, and
+/// `lm_head.weight` when `tied` (mlx-lm pops that exact key, after the
+/// wrapper renamed it, so a wrapped checkpoint keeps its head).
+pub fn sanitize_qwen3_5(
+    tensors: HashMap<String, Array>,
+    variant: Qwen35Variant,
+    num_layers: usize,
+    tied: bool,
+) -> Result<HashMap<String, Array>> {
+    let mut weights: HashMap<String, Array> = tensors
+        .into_iter()
+        .filter_map(|(k, v)| unwrap_language_model(&k).map(|k| (k, v)))
+        .collect();
+    if variant == Qwen35Variant::Moe {
+        for l in 0..num_layers {
+            let prefix = format!("language_model.model.layers.{l}.mlp");
+            let Some(gate_up) = weights.remove(&format!("{prefix}.experts.gate_up_proj")) else {
+                continue;
+            };
+            let shape = gate_up.shape();
+            if shape.len() < 2 {
+                return Err(refused(format!(
+                    "{prefix}.experts.gate_up_proj: expected at least 2 dims, got shape {shape:?}"
+                )));
+            }
+            let mid = shape[shape.len() - 2] / 2;
+            let down_key = format!("{prefix}.experts.down_proj");
+            let Some(down) = weights.remove(&down_key) else {
+                return Err(refused(format!(
+                    "missing tensor '{down_key}' (the checkpoint has {prefix}.experts.gate_up_proj)"
+                )));
+            };
+            weights.insert(
+                format!("{prefix}.switch_mlp.gate_proj.weight"),
+                gate_up.try_index((Ellipsis, ..mid, ..))?,
+            );
+            weights.insert(
+                format!("{prefix}.switch_mlp.up_proj.weight"),
+                gate_up.try_index((Ellipsis, mid.., ..))?,
+            );
+            weights.insert(format!("{prefix}.switch_mlp.down_proj.weight"), down);
+        }
+    }
+    let unsanitized_conv = |k: &str, v: &Array| {
+        k.contains("conv1d.weight") && v.shape().last().is_some_and(|&d| d != 1)
+    };
+    let has_unsanitized_conv1d = weights.iter().any(|(k, v)| unsanitized_conv(k, v));
+    weights.retain(|k, _| !k.contains("mtp."));
+    if tied {
+        weights.remove("lm_head.weight");
+    }
+    let mut out = HashMap::with_capacity(weights.len());
+    for (k, v) in weights {
+        let v = if unsanitized_conv(&k, &v) {
+            if v.ndim() != 3 {
+                return Err(refused(format!(
+                    "{k}: a conv1d weight [C, 1, K] or [C, K, 1] expected, got shape {:?}",
+                    v.shape()
+                )));
+            }
+            v.swap_axes(1, 2)?
+        } else if has_unsanitized_conv1d
+            && OFFSET_NORMS.iter().any(|s| k.ends_with(s))
+            && v.ndim() == 1
+        {
+            v.add(scalar_like(1.0, &v))?
+        } else {
+            v
+        };
+        out.insert(k, v);
+    }
+    Ok(out)
+}
+
+/// `cast_predicate`: whether `mlx_lm.convert --dtype` casts the parameter at
+/// `path` (everything floating but `A_log`, which stays float32).
+pub fn casts_on_conversion(path: &str) -> bool {
+    !path.ends_with("A_log")
+}
+
+/// What `mlx_lm.convert --dtype` does to one parameter: floating ones cast
+/// to `dtype` unless [`casts_on_conversion`] says no.
+pub fn convert_dtype(path: &str, v: &Array, dtype: Dtype) -> Result<Array> {
+    let floating = matches!(
+        v.dtype(),
+        Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32 | Dtype::Float64
+    );
+    if casts_on_conversion(path) && floating {
+        v.as_dtype(dtype)
+    } else {
+        Ok(v.clone())
+    }
+}
