@@ -391,7 +391,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     };
     let qk_norm = match spec.identity.family {
         Family::Qwen3 => QkNorm::RmsPerHead,
-        Family::Llama | Family::Gemma4 => QkNorm::None,
+        Family::Llama | Family::Gemma4 | Family::Gemma2 => QkNorm::None,
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| Layer {
@@ -417,6 +417,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
                     values: Values::Projected,
                     cache: KvCache::Plain,
                 },
+                scores: Scores::FusedSdpa,
             }),
             ffn: FeedForward::Mlp(GatedMlp {
                 width: spec.mlp.intermediate_size as usize,
@@ -449,6 +450,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
                 HeadWeight::Untied
             },
             logit_softcap: None,
+            norm: NormWeight::Direct,
         },
         quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
     }

@@ -67,6 +67,8 @@ pub enum Family {
     Qwen3,
     /// Dense Llama (`llama.py`), incl. Llama-3 RoPE scaling.
     Llama,
+    /// Gemma-2 (`gemma2.py`): `1 + w` norms, softcapped written-out attention.
+    Gemma2,
 }
 
 impl Family {
@@ -76,6 +78,7 @@ impl Family {
             Family::Gemma4 => "gemma4",
             Family::Qwen3 => "qwen3",
             Family::Llama => "llama",
+            Family::Gemma2 => "gemma2",
         }
     }
     /// Dense decoder families share one document layout ([`crate::DenseSpec`]).
@@ -110,6 +113,7 @@ pub enum ConfigModelType {
     Gemma4Unified,
     Qwen3,
     Llama,
+    Gemma2,
 }
 
 impl ConfigModelType {
@@ -121,6 +125,7 @@ impl ConfigModelType {
             ConfigModelType::Gemma4Unified => "gemma4_unified",
             ConfigModelType::Qwen3 => "qwen3",
             ConfigModelType::Llama => "llama",
+            ConfigModelType::Gemma2 => "gemma2",
         }
     }
     /// The family whose mlx-lm module reads this `model_type`.
@@ -131,6 +136,7 @@ impl ConfigModelType {
             | ConfigModelType::Gemma4Unified => Family::Gemma4,
             ConfigModelType::Qwen3 => Family::Qwen3,
             ConfigModelType::Llama => Family::Llama,
+            ConfigModelType::Gemma2 => Family::Gemma2,
         }
     }
 }
@@ -489,6 +495,7 @@ pub(crate) enum SpecDocument {
     Dense(crate::dense::DenseSpec),
     Derived(DerivedSpecFile),
     DerivedDense(crate::dense::DenseDerivedSpecFile),
+    Gemma2(crate::gemma2::Gemma2Spec),
 }
 
 impl Gemma4Spec {

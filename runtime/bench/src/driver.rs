@@ -44,9 +44,14 @@ pub struct Plan {
 impl Plan {
     pub fn full() -> Self {
         Plan {
-            specs: ["gemma4-12b-tiny", "gemma4-12b-bench", "qwen3-0.6b-tiny"]
-                .map(String::from)
-                .to_vec(),
+            specs: [
+                "gemma4-12b-tiny",
+                "gemma4-12b-bench",
+                "qwen3-0.6b-tiny",
+                "gemma-2-2b-tiny",
+            ]
+            .map(String::from)
+            .to_vec(),
             caches: vec![128, 2048],
             rounds: 5,
             warmup: 2,
