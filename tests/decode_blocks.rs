@@ -340,6 +340,7 @@ fn shape(n_kv_heads: i32, head_dim: i32, scale: f32, value_norm: b::ValueNorm) -
         eps: 1e-6,
         scale,
         value_norm,
+        scores: b::Scores::FusedSdpa,
     }
 }
 
@@ -431,6 +432,39 @@ fn qwen2_decode_blocks_match_the_eager_layer() {
     let (compiled, eager) = decode::block_counts();
     assert!(
         compiled >= 4 && eager == 0,
+        "{compiled} compiled, {eager} eager"
+    );
+}
+
+/// gemma2's blocks against the eager layer: sandwich norms (their `1 + w`
+/// weights are folded at load, so plain arrays here), no q/k/v norms, the
+/// GeLU-approx MLP, no layer scalar, and the written-out attention with a
+/// score softcap at `1 / query_pre_attn_scalar ** 0.5` (eager between the two
+/// compiled blocks, as on the eager path); at the tiny width and at
+/// gemma-2-2b's 2304 and gemma-2-9b's 3584.
+#[test]
+fn gemma2_decode_blocks_match_the_eager_layer() {
+    let rope = Rope::base(16, 10_000.0);
+    let gemma2 = Flavour {
+        arrangement: b::NormArrangement::Sandwich,
+        qk_norm: false,
+        activation: b::Activation::GeluApprox,
+        scalar: false,
+        bias: false,
+    };
+    for (qpas, cap) in [(256.0f64, 50.0f32), (144.0, 5.0)] {
+        let mut s = shape(2, 16, (1.0 / qpas.powf(0.5)) as f32, b::ValueNorm::None);
+        s.scores = b::Scores::Softcapped { cap };
+        for dt in DTYPES {
+            for hidden in [64, 2304, 3584] {
+                run_layer(hidden, s, &rope, false, false, gemma2, dt, false);
+            }
+        }
+    }
+    // Before attention and after: 3 widths each, every one compiled.
+    let (compiled, eager) = decode::block_counts();
+    assert!(
+        compiled >= 6 && eager == 0,
         "{compiled} compiled, {eager} eager"
     );
 }

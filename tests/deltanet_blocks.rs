@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use archgen_runtime::attention::Mask;
-use archgen_runtime::blocks::{Activation, AttentionShape, Mlp, ValueNorm};
+use archgen_runtime::blocks::{Activation, AttentionShape, Mlp, Scores, ValueNorm};
 use archgen_runtime::bytes::array_bytes;
 use archgen_runtime::cache::{KvCache, LayerCache};
 use archgen_runtime::deltanet::{
@@ -356,6 +356,7 @@ impl Dims {
             eps: EPS,
             scale: f64::from(self.head_dim).powf(-0.5) as f32,
             value_norm: ValueNorm::None,
+            scores: Scores::FusedSdpa,
         }
     }
 

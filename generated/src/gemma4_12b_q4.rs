@@ -38,6 +38,7 @@ impl SlidingOwnKv {
         eps: EPS,
         scale: 1f32,
         value_norm: b::ValueNorm::RmsScaleFree,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
         let mut layer = Self {
@@ -122,6 +123,7 @@ impl FullOwnKvKeqV {
         eps: EPS,
         scale: 1f32,
         value_norm: b::ValueNorm::RmsScaleFree,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
         let mut layer = Self {

@@ -39,6 +39,7 @@ impl SlidingOwnKvMoe {
         eps: EPS,
         scale: 1f32,
         value_norm: b::ValueNorm::RmsScaleFree,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
         let mut layer = Self {
@@ -126,6 +127,7 @@ impl FullOwnKvKeqVMoe {
         eps: EPS,
         scale: 1f32,
         value_norm: b::ValueNorm::RmsScaleFree,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
         let mut layer = Self {

@@ -39,6 +39,7 @@ impl SlidingOwnKvPle {
         eps: EPS,
         scale: 1f32,
         value_norm: b::ValueNorm::RmsScaleFree,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
         let mut layer = Self {
@@ -132,6 +133,7 @@ impl FullOwnKvPle {
         eps: EPS,
         scale: 1f32,
         value_norm: b::ValueNorm::RmsScaleFree,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
         let mut layer = Self {
@@ -223,6 +225,7 @@ impl SlidingSharedKvPle {
         eps: EPS,
         scale: 1f32,
         value_norm: b::ValueNorm::RmsScaleFree,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
         let mut layer = Self {
@@ -293,6 +296,7 @@ impl FullSharedKvPle {
         eps: EPS,
         scale: 1f32,
         value_norm: b::ValueNorm::RmsScaleFree,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
         let mut layer = Self {

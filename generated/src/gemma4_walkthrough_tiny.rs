@@ -40,6 +40,7 @@ impl SlidingOwnKvPle {
         eps: EPS,
         scale: 1f32,
         value_norm: b::ValueNorm::RmsScaleFree,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
         let mut layer = Self {
@@ -133,6 +134,7 @@ impl FullOwnKvKeqVPle {
         eps: EPS,
         scale: 1f32,
         value_norm: b::ValueNorm::RmsScaleFree,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
         let mut layer = Self {
@@ -224,6 +226,7 @@ impl SlidingSharedKvPle {
         eps: EPS,
         scale: 1f32,
         value_norm: b::ValueNorm::RmsScaleFree,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
         let mut layer = Self {
@@ -294,6 +297,7 @@ impl FullSharedKvPle {
         eps: EPS,
         scale: 1f32,
         value_norm: b::ValueNorm::RmsScaleFree,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
         let mut layer = Self {

@@ -4,6 +4,16 @@
 //! Generated Gemma-4 models, one module per spec in specs/.
 
 #[rustfmt::skip]
+pub mod gemma_2_2b_l2;
+#[rustfmt::skip]
+pub mod gemma_2_2b_tiny_q4;
+#[rustfmt::skip]
+pub mod gemma_2_2b_tiny;
+#[rustfmt::skip]
+pub mod gemma_2_2b;
+#[rustfmt::skip]
+pub mod gemma_2_9b;
+#[rustfmt::skip]
 pub mod gemma4_12b_bench;
 #[rustfmt::skip]
 pub mod gemma4_12b_l6;
@@ -89,6 +99,31 @@ pub struct GeneratedModel {
 }
 /// Every generated model, in spec-name order.
 pub const MODELS: &[GeneratedModel] = &[
+    GeneratedModel {
+        name: "gemma-2-2b-l2",
+        spec: "specs/gemma-2-2b-l2.yaml",
+        fingerprint: gemma_2_2b_l2::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma-2-2b-tiny-q4",
+        spec: "specs/gemma-2-2b-tiny-q4.yaml",
+        fingerprint: gemma_2_2b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma-2-2b-tiny",
+        spec: "specs/gemma-2-2b-tiny.yaml",
+        fingerprint: gemma_2_2b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma-2-2b",
+        spec: "specs/gemma-2-2b.yaml",
+        fingerprint: gemma_2_2b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma-2-9b",
+        spec: "specs/gemma-2-9b.yaml",
+        fingerprint: gemma_2_9b::FINGERPRINT,
+    },
     GeneratedModel {
         name: "gemma4-12b-bench",
         spec: "specs/gemma4-12b-bench.yaml",
@@ -287,6 +322,17 @@ pub fn run<T: ModelTask>(
     task: T,
 ) -> Option<Result<T::Output, ModelError>> {
     match fingerprint {
+        gemma_2_2b_l2::FINGERPRINT => {
+            Some(gemma_2_2b_l2::load(weights).map(|m| task.run(&m)))
+        }
+        gemma_2_2b_tiny_q4::FINGERPRINT => {
+            Some(gemma_2_2b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        gemma_2_2b_tiny::FINGERPRINT => {
+            Some(gemma_2_2b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        gemma_2_2b::FINGERPRINT => Some(gemma_2_2b::load(weights).map(|m| task.run(&m))),
+        gemma_2_9b::FINGERPRINT => Some(gemma_2_9b::load(weights).map(|m| task.run(&m))),
         gemma4_12b_bench::FINGERPRINT => {
             Some(gemma4_12b_bench::load(weights).map(|m| task.run(&m)))
         }

@@ -37,6 +37,7 @@ impl FullOwnKv {
         eps: EPS,
         scale: 0.088388346f32,
         value_norm: b::ValueNorm::None,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
         let mut layer = Self {

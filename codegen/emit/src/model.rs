@@ -9,7 +9,7 @@ use archgen_plan::{LayerKind, Plan};
 use archgen_spec::ir::{
     Activation, Attention, EmbedScale, FeedForward, HeadWeight, KvCache, KvSource, Layer,
     LayerInput, LayerScalar, ModelIr, NormArrangement, NormWeight, ProjectionBias, QkNorm, Router,
-    ValueNorm, Values, Window,
+    Scores, Softcap, SoftcapForm, ValueNorm, Values, Window,
 };
 use archgen_spec::RopeKind;
 use proc_macro2::{Ident, Literal, Span, TokenStream};
@@ -73,9 +73,20 @@ fn window_words(w: Window) -> String {
 
 /// The runtime's mirror of an IR fact, as tokens.
 fn arrangement_tokens(l: &Layer) -> TokenStream {
-    match (l.norms.arrangement, l.norms.weight) {
-        (NormArrangement::PreNorm, NormWeight::Direct) => quote! { b::NormArrangement::PreNorm },
-        (NormArrangement::Sandwich, NormWeight::Direct) => quote! { b::NormArrangement::Sandwich },
+    match l.norms.arrangement {
+        NormArrangement::PreNorm => quote! { b::NormArrangement::PreNorm },
+        NormArrangement::Sandwich => quote! { b::NormArrangement::Sandwich },
+    }
+}
+
+/// Loading a layer's norms: stored weights, or `1 + w` folded at load.
+fn norms_load_tokens(l: &Layer) -> TokenStream {
+    let arrangement = arrangement_tokens(l);
+    match l.norms.weight {
+        NormWeight::Direct => quote! { b::load_norms(w, i, HIDDEN, #arrangement) },
+        NormWeight::OnePlus => {
+            quote! { b::load_norms_weighted(w, i, HIDDEN, #arrangement, b::NormWeight::OnePlus) }
+        }
     }
 }
 
@@ -105,8 +116,15 @@ fn shape_tokens(a: &Attention) -> Result<TokenStream, String> {
         ValueNorm::None => quote! { b::ValueNorm::None },
         ValueNorm::RmsScaleFree => quote! { b::ValueNorm::RmsScaleFree },
     };
+    let scores = match a.scores {
+        Scores::FusedSdpa => quote! { b::Scores::FusedSdpa },
+        Scores::Softcapped { cap } => {
+            let cap = lit_f32(cap);
+            quote! { b::Scores::Softcapped { cap: #cap } }
+        }
+    };
     Ok(quote! {
-        AttentionShape { n_heads: #h, n_kv_heads: #kv, head_dim: #hd, eps: EPS, scale: #scale, value_norm: #value_norm }
+        AttentionShape { n_heads: #h, n_kv_heads: #kv, head_dim: #hd, eps: EPS, scale: #scale, value_norm: #value_norm, scores: #scores }
     })
 }
 
@@ -123,6 +141,16 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
         NormArrangement::PreNorm => "pre-norm".to_string(),
         NormArrangement::Sandwich => "sandwich norms".to_string(),
     });
+    match l.norms.weight {
+        NormWeight::Direct => {}
+        NormWeight::OnePlus => parts.push("norm weights 1 + w".to_string()),
+    }
+    match a.scores {
+        Scores::FusedSdpa => {}
+        Scores::Softcapped { cap } => {
+            parts.push(format!("written-out attention, scores softcapped at {cap}"))
+        }
+    }
     parts.push(match a.kv {
         KvSource::Own {
             values: Values::Projected,
@@ -172,7 +200,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     let doc = kind_doc(l, &kind.layers);
     let a = l.attention();
     let shape = shape_tokens(a)?;
-    let arrangement = arrangement_tokens(l);
+    let norms_load = norms_load_tokens(l);
     let qk = qk_tokens(a);
     let act = activation_tokens(l.mlp().activation);
     let own = match a.kv {
@@ -300,7 +328,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
 
             fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
                 let mut layer = Self {
-                    norms: b::load_norms(w, i, HIDDEN, #arrangement),
+                    norms: #norms_load,
                     attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, #qk),
                     #kv_load
                     mlp: b::load_mlp(w, i, HIDDEN, mlp_width, #act),
@@ -547,12 +575,28 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             Some(quote! { use archgen_runtime::layers::Linear; }),
         ),
     };
-    let softcap = match ir.head.logit_softcap {
-        Some(c) => {
-            let c = lit_f32(c);
-            quote! { Some(#c) }
+    let logits = match ir.head.logit_softcap {
+        None => quote! { b::logits(&h, &self.norm, #head, None, EPS)? },
+        Some(Softcap {
+            cap,
+            form: SoftcapForm::Compiled,
+        }) => {
+            let c = lit_f32(cap);
+            quote! { b::logits(&h, &self.norm, #head, Some(#c), EPS)? }
         }
-        None => quote! { None },
+        Some(Softcap {
+            cap,
+            form: SoftcapForm::Eager,
+        }) => {
+            let c = Literal::f64_suffixed(f64::from(cap));
+            quote! { archgen_runtime::ops::softcap_eager(&b::logits(&h, &self.norm, #head, None, EPS)?, #c)? }
+        }
+    };
+    let norm_load = match ir.head.norm {
+        NormWeight::Direct => quote! { w.param("norm.weight", &[HIDDEN]) },
+        NormWeight::OnePlus => {
+            quote! { b::load_norm_weight(&mut w, "norm.weight", HIDDEN, b::NormWeight::OnePlus) }
+        }
     };
     let caches = ir.layers.iter().filter_map(|l| match l.attention().kv {
         KvSource::Own { cache, .. } => Some((l.attention().window, cache)),
@@ -624,7 +668,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 #ple_load
                 #(#ropes_init)*
                 #(#loads)*
-                norm: w.param("norm.weight", &[HIDDEN]),
+                norm: #norm_load,
                 #head_load
             };
             w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -656,7 +700,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 #(#steps_ctx)*
                 let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
                 #(#steps)*
-                let logits = b::logits(&h, &self.norm, #head, #softcap, EPS)?;
+                let logits = #logits;
                 if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
             }
         }

@@ -5,7 +5,7 @@ use archgen_plan::{Plan, GENERATOR_VERSION};
 use archgen_spec::ir::{
     Activation, AttentionScale, EmbedScale, FeedForward, GatedMlp, HeadWeight, KvCache, KvSource,
     Layer, LayerInput, LayerScalar, NormArrangement, NormWeight, ProjectionBias, QkNorm, RopeForm,
-    ValueNorm, Values, Window,
+    Scores, SoftcapForm, ValueNorm, Values, Window,
 };
 use archgen_spec::RopeKind;
 use minijinja::{Environment, UndefinedBehavior};
@@ -78,6 +78,8 @@ fn row(plan: &Plan, l: &Layer) -> Row {
     let norms = match (l.norms.arrangement, l.norms.weight) {
         (NormArrangement::PreNorm, NormWeight::Direct) => "pre",
         (NormArrangement::Sandwich, NormWeight::Direct) => "sandwich",
+        (NormArrangement::PreNorm, NormWeight::OnePlus) => "pre (1 + w)",
+        (NormArrangement::Sandwich, NormWeight::OnePlus) => "sandwich (1 + w)",
     };
     let mut extra = Vec::new();
     match a.bias {
@@ -143,10 +145,18 @@ fn row(plan: &Plan, l: &Layer) -> Row {
         head_dim: a.head_dim,
         qkv_norm,
         rope: rope_text(a.rope),
-        scale: match a.scale {
-            AttentionScale::One => "1".to_string(),
-            AttentionScale::InvSqrtHeadDim => "head_dim^-0.5".to_string(),
-        },
+        scale: format!(
+            "{}{}",
+            match a.scale {
+                AttentionScale::One => "1".to_string(),
+                AttentionScale::InvSqrtHeadDim => "head_dim^-0.5".to_string(),
+                AttentionScale::InvSqrtQueryPreAttnScalar(s) => format!("{s}^-0.5 on q"),
+            },
+            match a.scores {
+                Scores::FusedSdpa => String::new(),
+                Scores::Softcapped { cap } => format!(", scores softcapped at {cap}"),
+            }
+        ),
         ffn,
         kv_quant,
     }
@@ -207,11 +217,17 @@ pub fn plan_file(plan: &Plan) -> Result<String, String> {
             EmbedScale::SqrtHidden => "× sqrt(hidden)",
         },
         ple => ir.embedding.per_layer_input.map_or("none".to_string(), |p| format!("width {}, vocab {}", p.width, p.vocab)),
-        head => match ir.head.weight {
+        head => format!("{}{}", match ir.head.weight {
             HeadWeight::TiedEmbedding => "tied to the embedding",
             HeadWeight::Untied => "lm_head",
-        },
-        softcap => ir.head.logit_softcap.map_or("none".to_string(), |c| c.to_string()),
+        }, match ir.head.norm {
+            NormWeight::Direct => "",
+            NormWeight::OnePlus => "; final norm weight 1 + w",
+        }),
+        softcap => ir.head.logit_softcap.map_or("none".to_string(), |c| match c.form {
+            SoftcapForm::Compiled => c.cap.to_string(),
+            SoftcapForm::Eager => format!("{} (eager)", c.cap),
+        }),
         quantization => quant.unwrap_or_else(|| "none".to_string()),
         rows => rows,
         kinds => kinds,

@@ -44,8 +44,8 @@
 //! ```
 
 use archgen_spec::ir::{
-    Attention, FeedForward, KvCache, KvSource, Layer, LayerInput, Mixer, ModelIr, ProjectionBias,
-    RopeForm, Values, Window,
+    Attention, AttentionScale, FeedForward, KvCache, KvSource, Layer, LayerInput, Mixer, ModelIr,
+    NormWeight, ProjectionBias, RopeForm, Scores, SoftcapForm, Values, Window,
 };
 use archgen_spec::{ModuleKind, QuantMode, RopeKind, Spec};
 use serde_json::{json, Value};
@@ -254,6 +254,7 @@ fn layer_json(l: &Layer) -> Value {
             scale,
             window,
             kv,
+            scores,
         }) => {
             let mut attention = json!({
                 "n_heads": n_heads,
@@ -264,7 +265,12 @@ fn layer_json(l: &Layer) -> Value {
                 "rope": rope_json(*kind),
                 "rope_traditional": traditional,
                 "rotated_dims": rotated_dims,
-                "scale": format!("{scale:?}"),
+                "scale": match scale {
+                    AttentionScale::One | AttentionScale::InvSqrtHeadDim => json!(format!("{scale:?}")),
+                    AttentionScale::InvSqrtQueryPreAttnScalar(s) => {
+                        json!(["InvSqrtQueryPreAttnScalar", f64_bits(*s)])
+                    }
+                },
                 "window": format!("{window:?}"),
                 "kv": match *kv {
                     KvSource::Own { values, cache } => json!({
@@ -283,6 +289,14 @@ fn layer_json(l: &Layer) -> Value {
                 ProjectionBias::None => {}
                 ProjectionBias::QueryKeyValue => {
                     attention["bias"] = json!(format!("{bias:?}"));
+                }
+            }
+            // Written only when not the fused form, so the fingerprints of
+            // models from before the key existed stay as they were.
+            match scores {
+                Scores::FusedSdpa => {}
+                Scores::Softcapped { cap } => {
+                    attention["scores"] = json!(["softcapped", f32_bits(*cap)]);
                 }
             }
             json!({ "attention": attention })
@@ -346,12 +360,32 @@ pub fn fingerprint_input(ir: &ModelIr) -> Value {
             "per_layer_input": embedding.per_layer_input.map(|p| json!([p.width, p.vocab])),
         },
         "layers": layers.iter().map(layer_json).collect::<Vec<_>>(),
-        "head": {
-            "weight": format!("{:?}", head.weight),
-            "logit_softcap": head.logit_softcap.map(f32_bits),
-        },
+        "head": head_json(head),
         "quantization": quant,
     })
+}
+
+/// The head's facts. The compiled softcap keeps its earlier encoding (the
+/// cap's bits) and a `norm` key is written only for a weight form other
+/// than `Direct`, so earlier fingerprints stay as they were.
+fn head_json(head: &archgen_spec::ir::Head) -> Value {
+    let archgen_spec::ir::Head {
+        weight,
+        logit_softcap,
+        norm,
+    } = head;
+    let mut v = json!({
+        "weight": format!("{weight:?}"),
+        "logit_softcap": logit_softcap.map(|s| match s.form {
+            SoftcapForm::Compiled => json!(f32_bits(s.cap)),
+            SoftcapForm::Eager => json!(["eager", f32_bits(s.cap)]),
+        }),
+    });
+    match norm {
+        NormWeight::Direct => {}
+        NormWeight::OnePlus => v["norm"] = json!(format!("{norm:?}")),
+    }
+    v
 }
 
 /// sha256 of the canonical fingerprint input, first 16 hex digits.

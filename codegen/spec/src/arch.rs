@@ -455,6 +455,9 @@ impl Architecture {
         if self.family.is_dense() {
             return crate::dense::param_count(self);
         }
+        if self.family == Family::Gemma2 {
+            return crate::gemma2::param_count(self);
+        }
         let mut total: u64 = self
             .quantizable_modules()
             .iter()

@@ -125,6 +125,7 @@ pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
                         Window::Sliding(a.sliding_window as usize)
                     },
                     kv,
+                    scores: Scores::FusedSdpa,
                 }),
                 ffn: match &spec.moe {
                     None => FeedForward::Mlp(mlp),
@@ -185,7 +186,11 @@ pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
             } else {
                 HeadWeight::Untied
             },
-            logit_softcap: spec.model.final_logit_softcapping.map(|s| s as f32),
+            logit_softcap: spec.model.final_logit_softcapping.map(|s| Softcap {
+                cap: s as f32,
+                form: SoftcapForm::Compiled,
+            }),
+            norm: NormWeight::Direct,
         },
         quantization: spec.quantization.as_ref().map(WeightQuant::of),
     }

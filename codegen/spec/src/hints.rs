@@ -7,11 +7,11 @@ const FIELDS: &[(&str, &str, &str)] = &[
     ("format_version", "the integer 1", "the first key of every spec is `format_version: 1`"),
     ("identity", "a mapping {name, family, source}", "who the architecture is; see docs/spec-format.md#identity"),
     ("name", "a spec name such as `gemma4-e2b`", "the name equals the file name without .yaml"),
-    ("family", "one of `gemma4`, `qwen3`, `llama`", "the family fixes the rest of the layout; see docs/spec-format.md"),
+    ("family", "one of `gemma4`, `qwen3`, `llama`, `gemma2`", "the family fixes the rest of the layout; see docs/spec-format.md"),
     ("source", "a mapping {repo, revision, model_type}", "the checkpoint the architecture comes from"),
     ("repo", "`org/name` or null", "the hub repository of the checkpoint"),
     ("revision", "a commit hash or null", "null when unpinned"),
-    ("model_type", "one of `gemma4`, `gemma4_text`, `gemma4_unified` (gemma4), `qwen3`, `llama`", "the top-level model_type of config.json"),
+    ("model_type", "one of `gemma4`, `gemma4_text`, `gemma4_unified` (gemma4), `qwen3`, `llama`, `gemma2`", "the top-level model_type of config.json"),
     ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, final_logit_softcapping, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#model"),
     ("hidden_size", "a positive integer", "`hidden_size` in config.json"),
     ("vocab_size", "a positive integer", "`vocab_size` (the gemma4 wrapper's top-level value wins)"),
@@ -62,6 +62,8 @@ const FIELDS: &[(&str, &str, &str)] = &[
     ("from", "the name of a spec in the same directory", "e.g. gemma4-12b"),
     ("reduce", "null or a mapping of reduced sizes", "see docs/spec-format.md#derived-specs"),
     ("periods", "a positive integer", "periods of the parent's layer pattern to keep"),
+    ("query_pre_attn_scalar", "a positive number", "gemma2: queries are multiplied by 1 / sqrt of it"),
+    ("attn_logit_softcapping", "a positive number", "gemma2: scores become tanh(s / c) * c"),
 ];
 
 fn entry(name: &str) -> Option<&'static (&'static str, &'static str, &'static str)> {

@@ -463,7 +463,8 @@ pub fn from_config_json(
         Some("llama") => ConfigModelType::Llama,
         Some("mistral") => ConfigModelType::Mistral,
         Some("qwen2") => ConfigModelType::Qwen2,
-        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2)"))),
+        Some("gemma2") => ConfigModelType::Gemma2,
+        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2, gemma2)"))),
         None => return Err(fail("model_type: missing (mlx-lm needs it to pick the model)".into())),
     };
     if model_type.family().is_dense() {
@@ -474,6 +475,15 @@ pub fn from_config_json(
         }
         return crate::dense::import(top, model_type, name)
             .map(|(s, applied)| (crate::Spec::Dense(s), applied));
+    }
+    if model_type == ConfigModelType::Gemma2 {
+        if kv_config.is_some() {
+            return Err(fail(
+                "kv_config.json: KV-cache quantization is supported for Gemma-4 only (mlx-lm's gemma2 attention cannot read a quantized cache)".into(),
+            ));
+        }
+        return crate::gemma2::import(top, name)
+            .map(|(s, applied)| (crate::Spec::Gemma2(s), applied));
     }
     gemma4_import(top, model_type, kv_config, name)
         .map(|(s, applied)| (crate::Spec::Gemma4(s), applied))

@@ -16,10 +16,11 @@
 //! ├── checkpoint   model_type, module prefix, sanitize rules
 //! ├── embedding    scale, per-layer inputs
 //! ├── layers[i]    Norms (arrangement, weight form)
-//! │                Mixer::Attention (heads, q/k/v biases and norms, RoPE, scale, window, K/V source)
+//! │                Mixer::Attention (heads, q/k/v biases and norms, RoPE, scale, window, K/V source,
+//! │                    scores: fused SDPA or written out with a softcap)
 //! │                FeedForward::{Mlp, MlpAndMoe}
 //! │                LayerInput (per-layer input gate), LayerScalar
-//! └── head         tied or not, logit softcap
+//! └── head         tied or not, logit softcap (compiled or eager), final norm weight form
 //! ```
 
 use crate::arch::{KvQuant, RopeKind, WeightQuant};
@@ -145,6 +146,9 @@ pub enum NormArrangement {
 pub enum NormWeight {
     /// `x * w` (`mx.fast.rms_norm` with the stored weight).
     Direct,
+    /// `x * (1 + w)`: `mx.fast.rms_norm(x, 1.0 + weight, eps)`, the `1.0` a
+    /// weak scalar, so the sum is rounded to the weight's dtype (gemma2).
+    OnePlus,
 }
 
 /// The sequence mixer of a layer.
@@ -166,6 +170,21 @@ pub struct Attention {
     pub scale: AttentionScale,
     pub window: Window,
     pub kv: KvSource,
+    pub scores: Scores,
+}
+
+/// How the scores become attention weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scores {
+    /// `mx.fast.scaled_dot_product_attention` with the scale (mlx-lm's
+    /// `scaled_dot_product_attention`; a quantized cache takes its quantized
+    /// form).
+    FusedSdpa,
+    /// Written out, as gemma2 does: `queries * scale` (weak scalar),
+    /// `q @ k^T`, `tanh(s / cap) * cap` (eager, weak scalars), a bool mask
+    /// through `where(mask, s, finfo(dtype).min)`, `softmax(precise=True)`,
+    /// `@ v`. The mask is always an array (`return_array=True`).
+    Softcapped { cap: f32 },
 }
 
 /// Which attention projections add a bias (a `[out]` vector, never
@@ -204,13 +223,17 @@ pub struct RopeForm {
     pub rotated_dims: usize,
 }
 
-/// The scale SDPA multiplies the scores by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The scale SDPA multiplies the scores by (or, with [`Scores::Softcapped`],
+/// the queries).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum AttentionScale {
     /// 1.0 (the norms already scale q and k).
     One,
     /// `head_dim ** -0.5` as the Python float mlx-lm passes.
     InvSqrtHeadDim,
+    /// `1.0 / (query_pre_attn_scalar ** 0.5)`, a Python float (gemma2): a
+    /// divide of a power, computed in f64, not `pow(x, -0.5)`.
+    InvSqrtQueryPreAttnScalar(f64),
 }
 
 impl AttentionScale {
@@ -219,6 +242,7 @@ impl AttentionScale {
         match self {
             AttentionScale::One => 1.0,
             AttentionScale::InvSqrtHeadDim => (head_dim as f64).powf(-0.5) as f32,
+            AttentionScale::InvSqrtQueryPreAttnScalar(s) => (1.0 / s.powf(0.5)) as f32,
         }
     }
 }
@@ -333,7 +357,26 @@ pub enum LayerScalar {
 pub struct Head {
     pub weight: HeadWeight,
     /// `tanh(x / c) * c` on the logits.
-    pub logit_softcap: Option<f32>,
+    pub logit_softcap: Option<Softcap>,
+    /// How the final RMSNorm applies its weight.
+    pub norm: NormWeight,
+}
+
+/// `tanh(x / cap) * cap` with `cap` a Python float.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Softcap {
+    pub cap: f32,
+    pub form: SoftcapForm,
+}
+
+/// How mlx-lm runs a softcap. Kept apart because MLX's fused (compiled)
+/// kernels and its eager ones need not give the same tanh bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SoftcapForm {
+    /// `mx.compile`d (Gemma-4's `logit_softcap`).
+    Compiled,
+    /// Eager ops (gemma2).
+    Eager,
 }
 
 /// The output projection.

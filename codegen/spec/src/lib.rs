@@ -60,6 +60,7 @@ mod dense;
 mod derive;
 mod diag;
 mod emit;
+mod gemma2;
 mod gemma4;
 mod hf;
 mod hints;
@@ -82,6 +83,7 @@ pub use dense::{
     DenseReduce, DenseRope, DenseSpec, RopeScaling,
 };
 pub use diag::{Diagnostic, Diagnostics, FieldPath, Seg};
+pub use gemma2::{Gemma2Attention, Gemma2Layers, Gemma2Mlp, Gemma2Model, Gemma2Rope, Gemma2Spec};
 pub use hf::spec_hash;
 pub use model::*;
 pub use validate::limits;
@@ -103,6 +105,7 @@ pub enum Spec {
     Gemma4(Gemma4Spec),
     /// Qwen3 and Llama.
     Dense(DenseSpec),
+    Gemma2(Gemma2Spec),
 }
 
 impl Spec {
@@ -110,12 +113,14 @@ impl Spec {
         match self {
             Spec::Gemma4(s) => &s.identity,
             Spec::Dense(s) => &s.identity,
+            Spec::Gemma2(s) => &s.identity,
         }
     }
     pub fn identity_mut(&mut self) -> &mut Identity {
         match self {
             Spec::Gemma4(s) => &mut s.identity,
             Spec::Dense(s) => &mut s.identity,
+            Spec::Gemma2(s) => &mut s.identity,
         }
     }
     /// `identity.name`.
@@ -129,19 +134,20 @@ impl Spec {
     pub fn as_gemma4(&self) -> Option<&Gemma4Spec> {
         match self {
             Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_) => None,
+            Spec::Dense(_) | Spec::Gemma2(_) => None,
         }
     }
     pub fn as_gemma4_mut(&mut self) -> Option<&mut Gemma4Spec> {
         match self {
             Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_) => None,
+            Spec::Dense(_) | Spec::Gemma2(_) => None,
         }
     }
     pub fn quantization(&self) -> Option<&Quantization> {
         match self {
             Spec::Gemma4(s) => s.quantization.as_ref(),
             Spec::Dense(s) => s.quantization.as_ref(),
+            Spec::Gemma2(s) => s.quantization.as_ref(),
         }
     }
     /// The resolved architecture (the spec must be valid, as every loaded one is).
@@ -149,6 +155,7 @@ impl Spec {
         match self {
             Spec::Gemma4(s) => s.resolve(),
             Spec::Dense(s) => dense::resolve(s),
+            Spec::Gemma2(s) => gemma2::resolve(s),
         }
     }
     /// The spec lowered to the block IR (the spec must be valid, as every
@@ -158,6 +165,7 @@ impl Spec {
         match self {
             Spec::Gemma4(s) => gemma4::lower(s),
             Spec::Dense(s) => dense::lower(s),
+            Spec::Gemma2(s) => gemma2::lower(s),
         }
     }
     /// Semantic validation of a spec built in code (see [`Gemma4Spec::validate`]).
@@ -165,6 +173,7 @@ impl Spec {
         match self {
             Spec::Gemma4(s) => s.validate(),
             Spec::Dense(s) => in_memory(dense::check(s)),
+            Spec::Gemma2(s) => in_memory(gemma2::check(s)),
         }
     }
 }
@@ -175,6 +184,7 @@ pub fn to_yaml(spec: &Spec) -> String {
     match spec {
         Spec::Gemma4(s) => emit::gemma4_yaml(s),
         Spec::Dense(s) => dense::to_yaml(s),
+        Spec::Gemma2(s) => gemma2::to_yaml(s),
     }
 }
 
@@ -185,6 +195,7 @@ pub fn to_hf_json(spec: &Spec) -> serde_json::Value {
     match spec {
         Spec::Gemma4(s) => hf::gemma4_hf_json(s),
         Spec::Dense(s) => dense::hf_json(s),
+        Spec::Gemma2(s) => gemma2::hf_json(s),
     }
 }
 
@@ -195,6 +206,7 @@ pub fn to_config_json(spec: &Spec) -> serde_json::Value {
     match spec {
         Spec::Gemma4(s) => hf::gemma4_config_json(s),
         Spec::Dense(s) => dense::config_json(s),
+        Spec::Gemma2(s) => gemma2::config_json(s),
     }
 }
 
@@ -404,6 +416,8 @@ fn parse_inner(
         derive::parse_derived(value, &tree, origin, dir, stack)
     } else if declared_family(&value).is_some_and(Family::is_dense) {
         dense::parse_full(value, &tree, origin).map(Spec::Dense)
+    } else if declared_family(&value) == Some(Family::Gemma2) {
+        gemma2::parse_full(value, &tree, origin).map(Spec::Gemma2)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
         let issues = validate::check(&spec);

@@ -70,6 +70,8 @@ pub enum Family {
     Llama,
     /// Dense Qwen2 / Qwen2.5 (`qwen2.py`): a bias on the q, k and v projections.
     Qwen2,
+    /// Gemma-2 (`gemma2.py`): `1 + w` norms, softcapped written-out attention.
+    Gemma2,
 }
 
 impl Family {
@@ -80,6 +82,7 @@ impl Family {
             Family::Qwen3 => "qwen3",
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
+            Family::Gemma2 => "gemma2",
         }
     }
     /// Dense decoder families share one document layout ([`crate::DenseSpec`]).
@@ -118,6 +121,7 @@ pub enum ConfigModelType {
     /// Mistral: mlx-lm remaps it to `llama`.
     Mistral,
     Qwen2,
+    Gemma2,
 }
 
 impl ConfigModelType {
@@ -131,6 +135,7 @@ impl ConfigModelType {
             ConfigModelType::Llama => "llama",
             ConfigModelType::Mistral => "mistral",
             ConfigModelType::Qwen2 => "qwen2",
+            ConfigModelType::Gemma2 => "gemma2",
         }
     }
     /// The family whose mlx-lm module reads this `model_type`.
@@ -142,6 +147,7 @@ impl ConfigModelType {
             ConfigModelType::Qwen3 => Family::Qwen3,
             ConfigModelType::Llama | ConfigModelType::Mistral => Family::Llama,
             ConfigModelType::Qwen2 => Family::Qwen2,
+            ConfigModelType::Gemma2 => Family::Gemma2,
         }
     }
 }
@@ -500,6 +506,7 @@ pub(crate) enum SpecDocument {
     Dense(crate::dense::DenseSpec),
     Derived(DerivedSpecFile),
     DerivedDense(crate::dense::DenseDerivedSpecFile),
+    Gemma2(crate::gemma2::Gemma2Spec),
 }
 
 impl Gemma4Spec {

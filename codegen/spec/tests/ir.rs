@@ -34,7 +34,8 @@ fn lowering_keeps_every_resolved_fact() {
         assert_eq!(ir.module_prefix(), arch.module_prefix, "{path}");
         assert_eq!(ir.lm_head_path(), arch.lm_head_path, "{path}");
         assert_eq!(
-            ir.head.logit_softcap, arch.final_logit_softcapping,
+            ir.head.logit_softcap.map(|s| s.cap),
+            arch.final_logit_softcapping,
             "{path}"
         );
         assert_eq!(
@@ -136,6 +137,48 @@ fn families_lower_to_their_blocks() {
                     ProjectionBias::None => 0,
                 };
                 assert_eq!(biases, want, "{path}");
+            }
+            Family::Gemma2 => {
+                let g = match &spec {
+                    Spec::Gemma2(g) => g,
+                    other => panic!("{path}: family gemma2 in a {other:?}"),
+                };
+                for l in &ir.layers {
+                    let a = l.attention();
+                    assert_eq!(l.norms.arrangement, NormArrangement::Sandwich, "{path}");
+                    assert_eq!(l.norms.weight, NormWeight::OnePlus, "{path}");
+                    assert_eq!(a.window, Window::Full, "{path}");
+                    assert_eq!(a.qk_norm, QkNorm::None, "{path}");
+                    assert_eq!(a.value_norm, ValueNorm::None, "{path}");
+                    assert_eq!(
+                        a.scale,
+                        AttentionScale::InvSqrtQueryPreAttnScalar(
+                            g.attention.query_pre_attn_scalar
+                        ),
+                        "{path}"
+                    );
+                    assert_eq!(
+                        a.scores,
+                        Scores::Softcapped {
+                            cap: g.attention.attn_logit_softcapping as f32
+                        },
+                        "{path}"
+                    );
+                    assert_eq!(l.mlp().activation, Activation::GeluApprox, "{path}");
+                    assert_eq!(l.scalar, LayerScalar::None, "{path}");
+                }
+                assert_eq!(ir.embedding.scale, EmbedScale::SqrtHidden, "{path}");
+                assert_eq!(ir.head.weight, HeadWeight::TiedEmbedding, "{path}");
+                assert_eq!(ir.head.norm, NormWeight::OnePlus, "{path}");
+                assert_eq!(
+                    ir.head.logit_softcap,
+                    Some(Softcap {
+                        cap: g.model.final_logit_softcapping as f32,
+                        form: SoftcapForm::Eager
+                    }),
+                    "{path}"
+                );
+                assert!(ir.checkpoint.sanitize.is_empty(), "{path}");
             }
         }
     }

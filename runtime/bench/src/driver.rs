@@ -49,6 +49,7 @@ impl Plan {
                 "gemma4-12b-bench",
                 "qwen3-0.6b-tiny",
                 "qwen2.5-0.5b-tiny",
+                "gemma-2-2b-tiny",
             ]
             .map(String::from)
             .to_vec(),

@@ -16,7 +16,9 @@
 
 use mlx_rs::Array;
 
-use crate::attention::{attend, batch_and_len, merged, quantized_sdpa, Mask};
+use crate::attention::{
+    attend, batch_and_len, causal_mask, merged, quantized_sdpa, softcapped_attention, Mask,
+};
 use crate::cache::LayerCache;
 use crate::layers::{Embedding, Linear};
 use crate::moe::{experts, Router, SwitchGlu};
@@ -65,9 +67,56 @@ pub struct AttentionShape {
     pub head_dim: i32,
     /// eps of the q/k/v norms.
     pub eps: f32,
-    /// The scale SDPA multiplies the scores by, as the f32 it receives.
+    /// The scale SDPA multiplies the scores by, as the f32 it receives
+    /// (with [`Scores::Softcapped`], the weak scalar the queries are
+    /// multiplied by: a Python float is rounded to f32 first there too).
     pub scale: f32,
     pub value_norm: ValueNorm,
+    pub scores: Scores,
+}
+
+/// How the scores become attention weights (IR `Scores`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scores {
+    /// `mx.fast.scaled_dot_product_attention`.
+    FusedSdpa,
+    /// gemma2's written-out attention with a tanh softcap of the scores
+    /// ([`crate::attention::softcapped_attention`]).
+    Softcapped { cap: f32 },
+}
+
+/// Attention of `q` [B, H, L, D] over `k`, `v` as the layer's [`Scores`]
+/// say, heads merged back for `o_proj` ([`merged`]).
+///
+/// The written-out form gets its mask as mlx-lm's gemma2 builds it,
+/// `create_attention_mask(h, cache[0], return_array=True)`: where the cache
+/// would say "causal" (a prompt of more than one token) that is the bool
+/// array `create_causal_mask(L, offset)`, and the keys the cache returns
+/// are the `offset + L` positions it covers; one token gets no mask.
+pub fn attend_with(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    s: AttentionShape,
+    mask: &Mask,
+    rows: bool,
+) -> Result<Array> {
+    match s.scores {
+        Scores::FusedSdpa => attend(q, k, v, s.scale, mask, rows),
+        Scores::Softcapped { cap } => {
+            let (b, l) = (q.shape()[0], q.shape()[2]);
+            let mask = match mask {
+                Mask::Causal => {
+                    let keys = k.shape()[2];
+                    Mask::Array(causal_mask(l, keys - l, None)?)
+                }
+                Mask::None | Mask::Array(_) => mask.clone(),
+            };
+            softcapped_attention(q, k, v, f64::from(s.scale), f64::from(cap), &mask)?
+                .transpose_axes(&[0, 2, 1, 3])?
+                .reshape(&merged(b, l, rows))
+        }
+    }
 }
 
 /// Attention weights of one layer: Q and output projections, the per-head
@@ -213,6 +262,11 @@ pub fn attend_own_kv(
     rows: bool,
 ) -> Result<(Array, SharedKv)> {
     let (b, l) = (q.shape()[0], q.shape()[2]);
+    if let (LayerCache::Quantized(_), Scores::Softcapped { .. }) = (&*cache, s.scores) {
+        return Err(refused(
+            "written-out softcapped attention over a quantized KV cache: mlx-lm's gemma2 attention cannot read quantized keys",
+        ));
+    }
     if let LayerCache::Quantized(qc) = cache {
         // base.scaled_dot_product_attention: a cache with `.bits` routes to
         // quantized_scaled_dot_product_attention.
@@ -244,7 +298,7 @@ pub fn attend_own_kv(
         ));
     }
     let (keys, values) = cache.update_and_fetch(k, v)?;
-    let o = attend(q, &keys, &values, s.scale, mask, rows)?;
+    let o = attend_with(q, &keys, &values, s, mask, rows)?;
     Ok((
         o,
         SharedKv {
@@ -284,7 +338,7 @@ pub fn attend_shared_kv(
             "KV-shared layer over a quantized donor cache: mlx-lm cannot run this (its sharers take the unquantized SDPA)",
         ));
     }
-    attend(q, &shared.keys, &shared.values, s.scale, mask, rows)
+    attend_with(q, &shared.keys, &shared.values, s, mask, rows)
 }
 
 /// What the layers of one attention window share in a forward pass: their
@@ -374,6 +428,15 @@ impl LayerNorms {
 pub enum NormArrangement {
     PreNorm,
     Sandwich,
+}
+
+/// How an RMSNorm applies its stored weight (IR `NormWeight`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormWeight {
+    /// The weight as stored.
+    Direct,
+    /// `1.0 + weight` (gemma2), folded at load: see [`Weights::param_one_plus`].
+    OnePlus,
 }
 
 /// Routed experts beside the dense MLP (IR `FeedForward::MlpAndMoe`): router,
@@ -547,7 +610,20 @@ pub enum Values {
 
 /// `layers.{i}.` norms of the arrangement.
 pub fn load_norms(w: &mut Weights, layer: usize, hidden: i32, a: NormArrangement) -> LayerNorms {
-    let mut norm = |n: &str| w.param(&format!("layers.{layer}.{n}.weight"), &[hidden]);
+    load_norms_weighted(w, layer, hidden, a, NormWeight::Direct)
+}
+
+/// `layers.{i}.` norms of the arrangement, their weights as the norms
+/// apply them.
+pub fn load_norms_weighted(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    a: NormArrangement,
+    weight: NormWeight,
+) -> LayerNorms {
+    let mut norm =
+        |n: &str| load_norm_weight(w, &format!("layers.{layer}.{n}.weight"), hidden, weight);
     match a {
         NormArrangement::PreNorm => LayerNorms::PreNorm {
             input: norm("input_layernorm"),
@@ -559,6 +635,14 @@ pub fn load_norms(w: &mut Weights, layer: usize, hidden: i32, a: NormArrangement
             pre_feedforward: norm("pre_feedforward_layernorm"),
             post_feedforward: norm("post_feedforward_layernorm"),
         },
+    }
+}
+
+/// One RMSNorm weight `[width]` as the norm applies it.
+pub fn load_norm_weight(w: &mut Weights, name: &str, width: i32, weight: NormWeight) -> Array {
+    match weight {
+        NormWeight::Direct => w.param(name, &[width]),
+        NormWeight::OnePlus => w.param_one_plus(name, &[width]),
     }
 }
 

@@ -44,7 +44,7 @@ use mlx_rs::Array;
 use crate::attention::Mask;
 use crate::blocks::{
     self, Activation, AttentionShape, AttentionWeights, KvWeights, LayerNorms, Mlp, MoeBlock,
-    PleGate, SharedKv, ValueNorm,
+    PleGate, Scores, SharedKv, ValueNorm,
 };
 use crate::cache::LayerCache;
 use crate::layers::{Linear, Quantized, SwitchLinear};
@@ -579,6 +579,10 @@ impl Flat for AttentionShape {
                 ValueNorm::RmsScaleFree => 1,
             },
         ]);
+        match self.scores {
+            Scores::FusedSdpa => p.key.push(0),
+            Scores::Softcapped { cap } => p.key.extend([1, cap.to_bits() as i64]),
+        }
     }
     fn take(&self, _: &mut std::slice::Iter<'_, Array>) -> Self {
         *self

@@ -275,8 +275,13 @@ pub fn softcap_eager(x: &Array, cap: f64) -> Result<Array> {
 /// is a weak scalar, so the sum is rounded to the weight's dtype before the
 /// norm; mlx-lm recomputes it on every call (so does this: one add).
 pub fn rms_norm_one_plus(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
-    let w = scalar_like(1.0, weight).add(weight)?;
-    rms_norm(x, Some(&w), eps)
+    rms_norm(x, Some(&one_plus(weight)?), eps)
+}
+
+/// `1.0 + weight` with the `1.0` a weak scalar (the sum in the weight's
+/// dtype): gemma2's norm weight.
+pub fn one_plus(weight: &Array) -> Result<Array> {
+    scalar_like(1.0, weight).add(weight)
 }
 
 /// `down(nn.gelu_approx(gate(x)) * up(x))` as gemma2's MLP computes it on

@@ -455,6 +455,22 @@ impl Weights {
         }
     }
 
+    /// A norm weight the norm applies as `1 + w` (gemma2's
+    /// `mx.fast.rms_norm(x, 1.0 + self.weight, eps)`), computed once here:
+    /// the same weak-scalar add in the weight's dtype that mlx-lm repeats on
+    /// every call ([`crate::ops::one_plus`]), so the norm sees the same bits.
+    pub fn param_one_plus(&mut self, name: &str, shape: &[i32]) -> Array {
+        let w = self.param(name, shape);
+        match crate::ops::one_plus(&w).and_then(|a| a.eval().map(|()| a)) {
+            Ok(a) => a,
+            Err(e) => {
+                self.errors
+                    .push(format!("tensor '{name}': computing 1 + weight failed: {e}"));
+                w
+            }
+        }
+    }
+
     /// The quantization that applies to module `path` with input width `in_dims`,
     /// following mlx-lm's load: explicit per-path entry, else quantized iff
     /// `path.scales` exists, with config.json's `quantization` bits and

@@ -81,14 +81,25 @@ pub fn shape_of(a: &ir::Attention, eps: f32) -> AttentionShape {
             ir::ValueNorm::None => b::ValueNorm::None,
             ir::ValueNorm::RmsScaleFree => b::ValueNorm::RmsScaleFree,
         },
+        scores: match a.scores {
+            ir::Scores::FusedSdpa => b::Scores::FusedSdpa,
+            ir::Scores::Softcapped { cap } => b::Scores::Softcapped { cap },
+        },
     }
 }
 
 /// The runtime mirrors of IR facts (one to one).
 pub fn norm_arrangement(n: ir::Norms) -> b::NormArrangement {
-    match (n.arrangement, n.weight) {
-        (ir::NormArrangement::PreNorm, ir::NormWeight::Direct) => b::NormArrangement::PreNorm,
-        (ir::NormArrangement::Sandwich, ir::NormWeight::Direct) => b::NormArrangement::Sandwich,
+    match n.arrangement {
+        ir::NormArrangement::PreNorm => b::NormArrangement::PreNorm,
+        ir::NormArrangement::Sandwich => b::NormArrangement::Sandwich,
+    }
+}
+
+pub fn norm_weight(w: ir::NormWeight) -> b::NormWeight {
+    match w {
+        ir::NormWeight::Direct => b::NormWeight::Direct,
+        ir::NormWeight::OnePlus => b::NormWeight::OnePlus,
     }
 }
 
@@ -180,7 +191,13 @@ impl Monolith {
             layers.push(Layer {
                 window: a.window,
                 kv: a.kv,
-                norms: b::load_norms(&mut w, i, hidden, norm_arrangement(l.norms)),
+                norms: b::load_norms_weighted(
+                    &mut w,
+                    i,
+                    hidden,
+                    norm_arrangement(l.norms),
+                    norm_weight(l.norms.weight),
+                ),
                 attn,
                 shape,
                 rope: rope_for(a).map_err(|e| ModelError(e.to_string()))?,
@@ -198,7 +215,7 @@ impl Monolith {
                 },
             });
         }
-        let norm = w.param("norm.weight", &[hidden]);
+        let norm = b::load_norm_weight(&mut w, "norm.weight", hidden, norm_weight(ir.head.norm));
         let lm_head = match ir.head.weight {
             ir::HeadWeight::TiedEmbedding => None,
             ir::HeadWeight::Untied => Some(w.linear("lm_head", ir.vocab_size as i32, hidden)),
@@ -334,7 +351,20 @@ impl CausalLm for Monolith {
             Some(l) => Head::Untied(l),
             None => Head::Tied(&self.embed),
         };
-        b::logits(&h, &self.norm, head, ir.head.logit_softcap, eps)
+        match ir.head.logit_softcap {
+            None => b::logits(&h, &self.norm, head, None, eps),
+            Some(ir::Softcap {
+                cap,
+                form: ir::SoftcapForm::Compiled,
+            }) => b::logits(&h, &self.norm, head, Some(cap), eps),
+            Some(ir::Softcap {
+                cap,
+                form: ir::SoftcapForm::Eager,
+            }) => archgen_runtime::ops::softcap_eager(
+                &b::logits(&h, &self.norm, head, None, eps)?,
+                f64::from(cap),
+            ),
+        }
     }
 }
 
