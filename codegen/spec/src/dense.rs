@@ -391,7 +391,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     };
     let qk_norm = match spec.identity.family {
         Family::Qwen3 => QkNorm::RmsPerHead,
-        Family::Llama | Family::Gemma4 => QkNorm::None,
+        Family::Llama | Family::Gemma4 | Family::Qwen3Moe => QkNorm::None,
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| Layer {

@@ -37,7 +37,19 @@ pub(crate) fn parse_derived(
                     crate::dense::parse_derived(value, tree, origin, &parent)
                         .map(crate::Spec::Dense)
                 }
-                crate::Spec::Gemma4(_) => unreachable_family(tree, origin),
+                crate::Spec::Gemma4(_) | crate::Spec::Qwen3Moe(_) => {
+                    unreachable_family(tree, origin)
+                }
+            };
+        }
+        if bad_name.is_empty() && parent_family(dir, from, 0) == Some(Family::Qwen3Moe) {
+            let from = from.to_string();
+            return match load_parent(&from, tree, origin, dir, stack)? {
+                crate::Spec::Qwen3Moe(parent) => {
+                    crate::qwen3_moe::parse_derived(value, tree, origin, &parent)
+                        .map(crate::Spec::Qwen3Moe)
+                }
+                crate::Spec::Gemma4(_) | crate::Spec::Dense(_) => unreachable_family(tree, origin),
             };
         }
     }
@@ -101,7 +113,9 @@ pub(crate) fn parse_derived(
 
     let parent = match load_parent(&file.derive.from, tree, origin, dir, stack)? {
         crate::Spec::Gemma4(g) => g,
-        crate::Spec::Dense(_) => return unreachable_family(tree, origin),
+        crate::Spec::Dense(_) | crate::Spec::Qwen3Moe(_) => {
+            return unreachable_family(tree, origin)
+        }
     };
 
     let (spec, mut issues) = apply(&parent, &file);
@@ -150,6 +164,31 @@ fn parent_is_dense(dir: &Path, from: &str, depth: usize) -> bool {
         .and_then(|i| i.get("family"))
         .and_then(|f| serde_yaml::from_value::<Family>(f.clone()).ok())
         .is_some_and(Family::is_dense)
+}
+
+/// The family of the spec at the root of `from`'s derivation chain, when it can be
+/// read (errors are reported when the chain is loaded).
+fn parent_family(dir: &Path, from: &str, depth: usize) -> Option<Family> {
+    if depth > MAX_DERIVE_DEPTH {
+        return None;
+    }
+    let path = dir.join(format!("{from}.yaml"));
+    let small = std::fs::metadata(&path).is_ok_and(|m| m.len() <= crate::MAX_SPEC_BYTES as u64);
+    let value = small
+        .then(|| std::fs::read_to_string(&path).ok())
+        .flatten()
+        .and_then(|t| serde_yaml::from_str::<serde_yaml::Value>(&t).ok())?;
+    if let Some(next) = value
+        .get("derive")
+        .and_then(|d| d.get("from"))
+        .and_then(serde_yaml::Value::as_str)
+    {
+        return parent_family(dir, next, depth + 1);
+    }
+    value
+        .get("identity")
+        .and_then(|i| i.get("family"))
+        .and_then(|f| serde_yaml::from_value::<Family>(f.clone()).ok())
 }
 
 fn unreachable_family<T>(tree: &Node, origin: &str) -> Result<T, Diagnostics> {

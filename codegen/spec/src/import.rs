@@ -461,9 +461,19 @@ pub fn from_config_json(
         Some("gemma4_unified") => ConfigModelType::Gemma4Unified,
         Some("qwen3") => ConfigModelType::Qwen3,
         Some("llama") => ConfigModelType::Llama,
-        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama)"))),
+        Some("qwen3_moe") => ConfigModelType::Qwen3Moe,
+        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, qwen3_moe)"))),
         None => return Err(fail("model_type: missing (mlx-lm needs it to pick the model)".into())),
     };
+    if model_type == ConfigModelType::Qwen3Moe {
+        if kv_config.is_some() {
+            return Err(fail(
+                "kv_config.json: KV-cache quantization is supported for Gemma-4 only".into(),
+            ));
+        }
+        return crate::qwen3_moe::import(top, name)
+            .map(|(s, applied)| (crate::Spec::Qwen3Moe(s), applied));
+    }
     if model_type.family().is_dense() {
         if kv_config.is_some() {
             return Err(fail(

@@ -67,6 +67,7 @@ pub mod import;
 pub mod ir;
 mod model;
 pub mod names;
+mod qwen3_moe;
 mod validate;
 mod yaml;
 
@@ -84,6 +85,10 @@ pub use dense::{
 pub use diag::{Diagnostic, Diagnostics, FieldPath, Seg};
 pub use hf::spec_hash;
 pub use model::*;
+pub use qwen3_moe::{
+    Qwen3MoeDerive, Qwen3MoeDerivedSpecFile, Qwen3MoeExperts, Qwen3MoeReduce, Qwen3MoeRope,
+    Qwen3MoeSpec,
+};
 pub use validate::limits;
 pub use yaml::MAX_SPEC_BYTES;
 
@@ -103,6 +108,8 @@ pub enum Spec {
     Gemma4(Gemma4Spec),
     /// Qwen3 and Llama.
     Dense(DenseSpec),
+    /// Qwen3-MoE.
+    Qwen3Moe(Qwen3MoeSpec),
 }
 
 impl Spec {
@@ -110,12 +117,14 @@ impl Spec {
         match self {
             Spec::Gemma4(s) => &s.identity,
             Spec::Dense(s) => &s.identity,
+            Spec::Qwen3Moe(s) => &s.identity,
         }
     }
     pub fn identity_mut(&mut self) -> &mut Identity {
         match self {
             Spec::Gemma4(s) => &mut s.identity,
             Spec::Dense(s) => &mut s.identity,
+            Spec::Qwen3Moe(s) => &mut s.identity,
         }
     }
     /// `identity.name`.
@@ -129,19 +138,20 @@ impl Spec {
     pub fn as_gemma4(&self) -> Option<&Gemma4Spec> {
         match self {
             Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_) => None,
+            Spec::Dense(_) | Spec::Qwen3Moe(_) => None,
         }
     }
     pub fn as_gemma4_mut(&mut self) -> Option<&mut Gemma4Spec> {
         match self {
             Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_) => None,
+            Spec::Dense(_) | Spec::Qwen3Moe(_) => None,
         }
     }
     pub fn quantization(&self) -> Option<&Quantization> {
         match self {
             Spec::Gemma4(s) => s.quantization.as_ref(),
             Spec::Dense(s) => s.quantization.as_ref(),
+            Spec::Qwen3Moe(s) => s.quantization.as_ref(),
         }
     }
     /// The resolved architecture (the spec must be valid, as every loaded one is).
@@ -149,6 +159,7 @@ impl Spec {
         match self {
             Spec::Gemma4(s) => s.resolve(),
             Spec::Dense(s) => dense::resolve(s),
+            Spec::Qwen3Moe(s) => qwen3_moe::resolve(s),
         }
     }
     /// The spec lowered to the block IR (the spec must be valid, as every
@@ -158,6 +169,7 @@ impl Spec {
         match self {
             Spec::Gemma4(s) => gemma4::lower(s),
             Spec::Dense(s) => dense::lower(s),
+            Spec::Qwen3Moe(s) => qwen3_moe::lower(s),
         }
     }
     /// Semantic validation of a spec built in code (see [`Gemma4Spec::validate`]).
@@ -165,6 +177,7 @@ impl Spec {
         match self {
             Spec::Gemma4(s) => s.validate(),
             Spec::Dense(s) => in_memory(dense::check(s)),
+            Spec::Qwen3Moe(s) => in_memory(qwen3_moe::check(s)),
         }
     }
 }
@@ -175,6 +188,7 @@ pub fn to_yaml(spec: &Spec) -> String {
     match spec {
         Spec::Gemma4(s) => emit::gemma4_yaml(s),
         Spec::Dense(s) => dense::to_yaml(s),
+        Spec::Qwen3Moe(s) => qwen3_moe::to_yaml(s),
     }
 }
 
@@ -185,6 +199,7 @@ pub fn to_hf_json(spec: &Spec) -> serde_json::Value {
     match spec {
         Spec::Gemma4(s) => hf::gemma4_hf_json(s),
         Spec::Dense(s) => dense::hf_json(s),
+        Spec::Qwen3Moe(s) => qwen3_moe::hf_json(s),
     }
 }
 
@@ -195,6 +210,7 @@ pub fn to_config_json(spec: &Spec) -> serde_json::Value {
     match spec {
         Spec::Gemma4(s) => hf::gemma4_config_json(s),
         Spec::Dense(s) => dense::config_json(s),
+        Spec::Qwen3Moe(s) => qwen3_moe::config_json(s),
     }
 }
 
@@ -404,6 +420,8 @@ fn parse_inner(
         derive::parse_derived(value, &tree, origin, dir, stack)
     } else if declared_family(&value).is_some_and(Family::is_dense) {
         dense::parse_full(value, &tree, origin).map(Spec::Dense)
+    } else if declared_family(&value) == Some(Family::Qwen3Moe) {
+        qwen3_moe::parse_full(value, &tree, origin).map(Spec::Qwen3Moe)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
         let issues = validate::check(&spec);

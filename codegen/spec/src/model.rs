@@ -67,6 +67,8 @@ pub enum Family {
     Qwen3,
     /// Dense Llama (`llama.py`), incl. Llama-3 RoPE scaling.
     Llama,
+    /// Qwen3-MoE (`qwen3_moe.py`): Qwen3 attention, routed SwiGLU experts.
+    Qwen3Moe,
 }
 
 impl Family {
@@ -76,6 +78,7 @@ impl Family {
             Family::Gemma4 => "gemma4",
             Family::Qwen3 => "qwen3",
             Family::Llama => "llama",
+            Family::Qwen3Moe => "qwen3_moe",
         }
     }
     /// Dense decoder families share one document layout ([`crate::DenseSpec`]).
@@ -110,6 +113,7 @@ pub enum ConfigModelType {
     Gemma4Unified,
     Qwen3,
     Llama,
+    Qwen3Moe,
 }
 
 impl ConfigModelType {
@@ -121,6 +125,7 @@ impl ConfigModelType {
             ConfigModelType::Gemma4Unified => "gemma4_unified",
             ConfigModelType::Qwen3 => "qwen3",
             ConfigModelType::Llama => "llama",
+            ConfigModelType::Qwen3Moe => "qwen3_moe",
         }
     }
     /// The family whose mlx-lm module reads this `model_type`.
@@ -131,6 +136,7 @@ impl ConfigModelType {
             | ConfigModelType::Gemma4Unified => Family::Gemma4,
             ConfigModelType::Qwen3 => Family::Qwen3,
             ConfigModelType::Llama => Family::Llama,
+            ConfigModelType::Qwen3Moe => Family::Qwen3Moe,
         }
     }
 }
@@ -489,6 +495,8 @@ pub(crate) enum SpecDocument {
     Dense(crate::dense::DenseSpec),
     Derived(DerivedSpecFile),
     DerivedDense(crate::dense::DenseDerivedSpecFile),
+    Qwen3Moe(crate::qwen3_moe::Qwen3MoeSpec),
+    DerivedQwen3Moe(crate::qwen3_moe::Qwen3MoeDerivedSpecFile),
 }
 
 impl Gemma4Spec {
