@@ -318,3 +318,51 @@ fn real_width_instance_agrees_in_all_three() {
         digest(&generated)
     );
 }
+
+/// `SanitizeRule::StackExperts` (`Qwen3MoeModel.sanitize`): the Hugging Face
+/// per-expert weights `mlp.experts.{e}.{gate,up,down}_proj.weight` of the
+/// float32 `qwen3-30b-a3b-tiny` checkpoint load, stacked, to the very logits
+/// mlx-lm gives for the mlx layout (`variants.py family-hf-layout` writes the
+/// HF form).
+#[test]
+fn hf_per_expert_weights_are_stacked_as_mlx_lm_stacks_them() {
+    let spec = archgen_spec::load(repo_root().join("specs/qwen3-30b-a3b-tiny.yaml")).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("mlx");
+    let ids: Vec<i32> = (0..19).map(|i| (i * 37 + 11) % 512).collect();
+    let jobs = json!([{
+        "config": config_for(&spec),
+        "out": dir,
+        "seed": 5,
+        "dtype": "float32",
+        "bits": Value::Null,
+        "group_size": Value::Null,
+        "kv_quant": Value::Null,
+        "prompt_ids": ids,
+        "decode_steps": 3,
+    }]);
+    let jobs_path = root.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+    let hf = root.path().join("hf");
+    run_python(
+        "variants.py",
+        &[
+            "family-hf-layout".as_ref(),
+            dir.join("model").as_os_str(),
+            hf.as_os_str(),
+        ],
+    );
+    let names = Array::load_safetensors(hf.join("model.safetensors")).unwrap();
+    assert!(names.contains_key("model.layers.0.mlp.experts.7.down_proj.weight"));
+    assert!(!names.keys().any(|k| k.contains("switch_mlp")));
+    let run = run_logits(&archgen_monolith::load_dir(&hf).unwrap(), &ids, 3).unwrap();
+    let oracle = Array::load_safetensors(dir.join("oracle.safetensors")).unwrap();
+    for (key, got) in [
+        ("prefill_logits", &run.prefill_logits),
+        ("decode_logits", &run.decode_logits),
+        ("tokens", &run.tokens),
+    ] {
+        assert!(same(got, &oracle[key]), "{key}: HF layout != mlx-lm");
+    }
+}
