@@ -253,3 +253,134 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
         failures.join("\n")
     );
 }
+
+/// The real-width check, run by hand (it needs a few GB and minutes):
+/// `ARCHGEN_REAL_WIDTH_SPEC=qwen3-30b-a3b-l2-q4 cargo test --workspace --test
+/// generated_parity -- --ignored real_width`. One spec from specs/ at its
+/// declared sizes, random weights in bf16 (quantized as the spec says), a
+/// 40-token prompt (prefill routes 40 x top-k pairs, past SwitchGLU's sort
+/// threshold) and 4 decode steps: generated == monolith == mlx-lm, bytes.
+#[test]
+#[ignore = "real width: run by hand with ARCHGEN_REAL_WIDTH_SPEC"]
+fn real_width_instance_agrees_in_all_three() {
+    let Ok(name) = std::env::var("ARCHGEN_REAL_WIDTH_SPEC") else {
+        panic!("set ARCHGEN_REAL_WIDTH_SPEC to a spec name in specs/");
+    };
+    let path = repo_root().join("specs").join(format!("{name}.yaml"));
+    let spec = archgen_spec::load(&path).unwrap_or_else(|d| panic!("{d}"));
+    let arch = spec.resolve();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join(&name);
+    let vocab = arch.vocab_size as i32;
+    let ids: Vec<i32> = (0..40).map(|i| (i * 7919 + 11) % vocab).collect();
+    let steps = 4;
+    let dtype = if arch.moe.is_some() && arch.quantization.is_none() {
+        "float32"
+    } else {
+        "bfloat16"
+    };
+    let q = arch.quantization.as_ref().map(|q| q.default);
+    let jobs = json!([{
+        "config": config_for(&spec),
+        "out": dir,
+        "seed": 7,
+        "dtype": dtype,
+        "bits": q.map(|q| q.bits),
+        "group_size": q.map(|q| q.group_size),
+        "kv_quant": Value::Null,
+        "prompt_ids": ids,
+        "decode_steps": steps,
+    }]);
+    let jobs_path = root.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+    let model_dir = dir.join("model");
+    let (ir, weights) = archgen_monolith::read_dir(&model_dir).unwrap();
+    let fingerprint = archgen_plan::fingerprint(&ir);
+    assert_eq!(
+        archgen_generated::find(&fingerprint).map(|m| m.name),
+        Some(name.as_str()),
+        "dispatch"
+    );
+    let generated = archgen_generated::run(&fingerprint, weights, Protocol { ids: &ids, steps })
+        .unwrap()
+        .unwrap();
+    let monolith = run_logits(
+        &archgen_monolith::load_dir(&model_dir).unwrap(),
+        &ids,
+        steps,
+    )
+    .unwrap();
+    let oracle = Array::load_safetensors(dir.join("oracle.safetensors")).unwrap();
+    for (key, g, m) in [
+        (
+            "prefill_logits",
+            &generated.prefill_logits,
+            &monolith.prefill_logits,
+        ),
+        (
+            "decode_logits",
+            &generated.decode_logits,
+            &monolith.decode_logits,
+        ),
+        ("tokens", &generated.tokens, &monolith.tokens),
+    ] {
+        assert!(same(g, m), "{name}: {key}: generated != monolith");
+        assert!(same(m, &oracle[key]), "{name}: {key}: monolith != mlx-lm");
+    }
+    eprintln!(
+        "{name}: generated == monolith == mlx-lm ({} prompt tokens, {steps} steps, {:?} {:?}, sha256 {})",
+        ids.len(),
+        generated.prefill_logits.dtype(),
+        generated.prefill_logits.shape(),
+        digest(&generated)
+    );
+}
+
+/// `SanitizeRule::StackExperts` (`Qwen3MoeModel.sanitize`): the Hugging Face
+/// per-expert weights `mlp.experts.{e}.{gate,up,down}_proj.weight` of the
+/// float32 `qwen3-30b-a3b-tiny` checkpoint load, stacked, to the very logits
+/// mlx-lm gives for the mlx layout (`variants.py family-hf-layout` writes the
+/// HF form).
+#[test]
+fn hf_per_expert_weights_are_stacked_as_mlx_lm_stacks_them() {
+    let spec = archgen_spec::load(repo_root().join("specs/qwen3-30b-a3b-tiny.yaml")).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("mlx");
+    let ids: Vec<i32> = (0..19).map(|i| (i * 37 + 11) % 512).collect();
+    let jobs = json!([{
+        "config": config_for(&spec),
+        "out": dir,
+        "seed": 5,
+        "dtype": "float32",
+        "bits": Value::Null,
+        "group_size": Value::Null,
+        "kv_quant": Value::Null,
+        "prompt_ids": ids,
+        "decode_steps": 3,
+    }]);
+    let jobs_path = root.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+    let hf = root.path().join("hf");
+    run_python(
+        "variants.py",
+        &[
+            "family-hf-layout".as_ref(),
+            dir.join("model").as_os_str(),
+            hf.as_os_str(),
+        ],
+    );
+    let names = Array::load_safetensors(hf.join("model.safetensors")).unwrap();
+    assert!(names.contains_key("model.layers.0.mlp.experts.7.down_proj.weight"));
+    assert!(!names.keys().any(|k| k.contains("switch_mlp")));
+    let run = run_logits(&archgen_monolith::load_dir(&hf).unwrap(), &ids, 3).unwrap();
+    let oracle = Array::load_safetensors(dir.join("oracle.safetensors")).unwrap();
+    for (key, got) in [
+        ("prefill_logits", &run.prefill_logits),
+        ("decode_logits", &run.decode_logits),
+        ("tokens", &run.tokens),
+    ] {
+        assert!(same(got, &oracle[key]), "{key}: HF layout != mlx-lm");
+    }
+}

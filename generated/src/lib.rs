@@ -82,11 +82,21 @@ pub mod qwen3_0_6b;
 #[rustfmt::skip]
 pub mod qwen3_1_7b;
 #[rustfmt::skip]
+pub mod qwen3_30b_a3b_l2_q4;
+#[rustfmt::skip]
+pub mod qwen3_30b_a3b_tiny_q4;
+#[rustfmt::skip]
+pub mod qwen3_30b_a3b_tiny;
+#[rustfmt::skip]
+pub mod qwen3_30b_a3b;
+#[rustfmt::skip]
 pub mod qwen3_4b;
 #[rustfmt::skip]
 pub mod qwen3_8b_tiny;
 #[rustfmt::skip]
 pub mod qwen3_8b;
+#[rustfmt::skip]
+pub mod qwen3_moe_mixed_tiny_q8;
 
 use archgen_runtime::model::{ModelError, ModelTask};
 use archgen_runtime::weights::Weights;
@@ -295,6 +305,26 @@ pub const MODELS: &[GeneratedModel] = &[
         fingerprint: qwen3_1_7b::FINGERPRINT,
     },
     GeneratedModel {
+        name: "qwen3-30b-a3b-l2-q4",
+        spec: "specs/qwen3-30b-a3b-l2-q4.yaml",
+        fingerprint: qwen3_30b_a3b_l2_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3-30b-a3b-tiny-q4",
+        spec: "specs/qwen3-30b-a3b-tiny-q4.yaml",
+        fingerprint: qwen3_30b_a3b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3-30b-a3b-tiny",
+        spec: "specs/qwen3-30b-a3b-tiny.yaml",
+        fingerprint: qwen3_30b_a3b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3-30b-a3b",
+        spec: "specs/qwen3-30b-a3b.yaml",
+        fingerprint: qwen3_30b_a3b::FINGERPRINT,
+    },
+    GeneratedModel {
         name: "qwen3-4b",
         spec: "specs/qwen3-4b.yaml",
         fingerprint: qwen3_4b::FINGERPRINT,
@@ -308,6 +338,11 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "qwen3-8b",
         spec: "specs/qwen3-8b.yaml",
         fingerprint: qwen3_8b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3-moe-mixed-tiny-q8",
+        spec: "specs/qwen3-moe-mixed-tiny-q8.yaml",
+        fingerprint: qwen3_moe_mixed_tiny_q8::FINGERPRINT,
     },
 ];
 /// The generated model whose fingerprint is `fingerprint`, if any.
@@ -421,11 +456,26 @@ pub fn run<T: ModelTask>(
         }
         qwen3_0_6b::FINGERPRINT => Some(qwen3_0_6b::load(weights).map(|m| task.run(&m))),
         qwen3_1_7b::FINGERPRINT => Some(qwen3_1_7b::load(weights).map(|m| task.run(&m))),
+        qwen3_30b_a3b_l2_q4::FINGERPRINT => {
+            Some(qwen3_30b_a3b_l2_q4::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_30b_a3b_tiny_q4::FINGERPRINT => {
+            Some(qwen3_30b_a3b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_30b_a3b_tiny::FINGERPRINT => {
+            Some(qwen3_30b_a3b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_30b_a3b::FINGERPRINT => {
+            Some(qwen3_30b_a3b::load(weights).map(|m| task.run(&m)))
+        }
         qwen3_4b::FINGERPRINT => Some(qwen3_4b::load(weights).map(|m| task.run(&m))),
         qwen3_8b_tiny::FINGERPRINT => {
             Some(qwen3_8b_tiny::load(weights).map(|m| task.run(&m)))
         }
         qwen3_8b::FINGERPRINT => Some(qwen3_8b::load(weights).map(|m| task.run(&m))),
+        qwen3_moe_mixed_tiny_q8::FINGERPRINT => {
+            Some(qwen3_moe_mixed_tiny_q8::load(weights).map(|m| task.run(&m)))
+        }
         _ => None,
     }
 }

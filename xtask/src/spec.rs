@@ -52,18 +52,21 @@ pub fn check(args: &CheckArgs) -> Result<(), String> {
         match archgen_spec::load(path) {
             Ok(spec) => {
                 let a = spec.resolve();
+                // Parameters from the block IR (every family's modules, as the
+                // plan's contract names them).
+                let params = spec.lower().param_count();
                 let hash = &archgen_spec::spec_hash(&spec)[..16];
                 if reporter.json() {
                     reporter.emit(&serde_json::json!({
                         "type": "spec", "file": display(path), "status": "ok",
-                        "layers": a.num_layers, "params": a.param_count(), "sha256": hash,
+                        "layers": a.num_layers, "params": params, "sha256": hash,
                     }));
                 } else {
                     println!(
                         "ok    {}  ({} layers, {} params, sha256 {hash})",
                         display(path),
                         a.num_layers,
-                        a.param_count(),
+                        params,
                     );
                 }
             }
@@ -131,6 +134,9 @@ fn print_out(text: &str) -> Result<(), String> {
 /// A reviewer's view of a resolved spec: model facts, one line per layer, modules.
 fn summary(spec: &Spec) -> String {
     let a: Architecture = spec.resolve();
+    // Modules and parameters from the block IR (every family's, as the plan's
+    // contract names them).
+    let ir = spec.lower();
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -138,7 +144,7 @@ fn summary(spec: &Spec) -> String {
         a.name,
         a.family.as_str(),
         a.model_type.as_str(),
-        a.param_count(),
+        ir.param_count(),
         &archgen_spec::spec_hash(spec)[..16]
     );
     let _ = writeln!(
@@ -207,8 +213,8 @@ fn summary(spec: &Spec) -> String {
     }
     if a.quantization.is_some() {
         let _ = writeln!(o, "quantized modules:");
-        for m in a.quantizable_modules() {
-            let q = a
+        for m in ir.quantizable_modules() {
+            let q = ir
                 .quant_for(&m.path)
                 .map_or("bf16 (not quantized)".to_string(), |q| {
                     format!("{}-bit g{} {}", q.bits, q.group_size, q.mode.as_str())

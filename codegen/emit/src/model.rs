@@ -9,7 +9,7 @@ use archgen_plan::{LayerKind, Plan};
 use archgen_spec::ir::{
     Activation, Attention, EmbedScale, FeedForward, HeadWeight, KvCache, KvSource, Layer,
     LayerInput, LayerScalar, ModelIr, NormArrangement, NormWeight, ProjectionBias, QkNorm, Router,
-    Scores, Softcap, SoftcapForm, ValueNorm, Values, Window,
+    Scores, Softcap, SoftcapForm, TopKProbs, ValueNorm, Values, Window,
 };
 use archgen_spec::RopeKind;
 use proc_macro2::{Ident, Literal, Span, TokenStream};
@@ -177,6 +177,10 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
     parts.push(match l.ffn {
         FeedForward::Mlp(m) => mlp(m.activation).to_string(),
         FeedForward::MlpAndMoe { mlp: m, .. } => format!("{} + routed experts", mlp(m.activation)),
+        FeedForward::Moe(m) => format!(
+            "{} routed experts (top-{}) in place of the MLP",
+            m.num_experts, m.top_k
+        ),
     });
     match l.input {
         LayerInput::None => {}
@@ -202,7 +206,8 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     let shape = shape_tokens(a)?;
     let norms_load = norms_load_tokens(l);
     let qk = qk_tokens(a);
-    let act = activation_tokens(l.mlp().activation);
+    // The dense MLP's activation, when the layer has one.
+    let act = l.mlp().map(|m| activation_tokens(m.activation));
     let own = match a.kv {
         KvSource::Own { values, .. } => Some(match values {
             Values::Projected => quote! { b::Values::Projected },
@@ -211,12 +216,32 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         KvSource::Shared { .. } => None,
     };
     let moe = match l.ffn {
-        FeedForward::Mlp(_) => None,
+        FeedForward::Mlp(_) | FeedForward::Moe(_) => None,
         FeedForward::MlpAndMoe { moe, .. } => match (moe.router, moe.activation) {
             (Router::ScaledTopKSoftmax, Activation::GeluApprox) => Some(moe),
-            (Router::ScaledTopKSoftmax, Activation::Silu) => {
+            (Router::ScaledTopKSoftmax, Activation::Silu) | (Router::SoftmaxTopK { .. }, _) => {
                 return Err(format!(
-                    "layer kind {}: SiLU experts have no runtime block yet",
+                    "layer kind {}: experts beside the MLP run only with Gemma-4's router and GeGLU",
+                    kind.name
+                ))
+            }
+        },
+    };
+    // Routed experts in place of the MLP: their load call.
+    let experts = match l.ffn {
+        FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } => None,
+        FeedForward::Moe(m) => match (m.router, m.activation) {
+            (Router::SoftmaxTopK { probs }, Activation::Silu) => {
+                let (e, k, mw) = (lit_i32(m.num_experts)?, lit_i32(m.top_k)?, lit_i32(m.width)?);
+                let probs = match probs {
+                    TopKProbs::Renormalized => quote! { b::TopKProbs::Renormalized },
+                    TopKProbs::AsTaken => quote! { b::TopKProbs::AsTaken },
+                };
+                Some(quote! { b::load_sparse_moe(w, i, HIDDEN, #e, #k, #mw, #probs) })
+            }
+            (Router::SoftmaxTopK { .. }, Activation::GeluApprox) | (Router::ScaledTopKSoftmax, _) => {
+                return Err(format!(
+                    "layer kind {}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU",
                     kind.name
                 ))
             }
@@ -297,7 +322,14 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             quote! {
                 let (a, kv) = b::attention_own_kv(&x, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
             },
-            quote! { decode::own_kv(h, &layer, &self.kv, self.qkv.as_ref(), tables, cache, at.mask) },
+            match experts {
+                None => {
+                    quote! { decode::own_kv(h, &layer, &self.kv, self.qkv.as_ref(), tables, cache, at.mask) }
+                }
+                Some(_) => {
+                    quote! { decode::own_kv_experts(h, &layer, &self.kv, self.qkv.as_ref(), tables, cache, at.mask) }
+                }
+            },
             quote! { (Array, b::SharedKv) },
             quote! { Ok((h, kv)) },
         ),
@@ -306,11 +338,71 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             quote! {
                 let a = b::attention_shared_kv(&x, &self.attn, Self::SHAPE, at.rope, shared, at.mask)?;
             },
-            quote! { decode::shared_kv(h, &layer, tables, shared, at.mask) },
+            match experts {
+                None => quote! { decode::shared_kv(h, &layer, tables, shared, at.mask) },
+                Some(_) => quote! { decode::shared_kv_experts(h, &layer, tables, shared, at.mask) },
+            },
             quote! { Array },
             quote! { Ok(h) },
         ),
     };
+    if let (Some(load), None) = (&experts, &act) {
+        // Routed experts in place of the MLP: no dense MLP, no width argument.
+        return Ok(quote! {
+            #[doc = #doc]
+            struct #name {
+                norms: b::LayerNorms,
+                attn: b::AttentionWeights,
+                #kv_field
+                moe: b::SparseMoe,
+                #ple_field
+                #scalar_field
+            }
+
+            impl #name {
+                const SHAPE: AttentionShape = #shape;
+
+                fn load(w: &mut Weights, i: usize) -> Self {
+                    let mut layer = Self {
+                        norms: b::load_norms(w, i, HIDDEN, #arrangement),
+                        attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, #qk),
+                        #kv_load
+                        moe: #load,
+                        #ple_load
+                        #scalar_load
+                    };
+                    #kv_pre
+                    layer.attn.pretranspose();
+                    layer.moe.pretranspose();
+                    #ple_pre
+                    layer
+                }
+
+                fn forward(&self, h: &Array, at: &WindowStep, #kv_arg #ple_arg) -> Result<#ret_ty> {
+                    if let Some(tables) = at.tables {
+                        // One token: the compiled blocks around attention.
+                        let layer = decode::ExpertsLayer {
+                            norms: &self.norms,
+                            attn: &self.attn,
+                            moe: &self.moe,
+                            ple: #ple_use,
+                            layer_scalar: #scalar_ref,
+                            shape: Self::SHAPE,
+                            eps: EPS,
+                        };
+                        return #decode_step;
+                    }
+                    let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                    #attn
+                    let h = b::attention_residual(h, &a, &self.norms, EPS)?;
+                    let h = b::sparse_feed_forward(&h, &self.norms, &self.moe, EPS)?;
+                    let h = b::finish_layer(&h, #ple_use, #scalar_ref, EPS)?;
+                    #ret
+                }
+            }
+        });
+    }
+    let act = act.ok_or_else(|| format!("layer kind {}: no feed-forward half", kind.name))?;
     Ok(quote! {
         #[doc = #doc]
         struct #name {
@@ -486,9 +578,16 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
     for l in &ir.layers {
         let field = layer_field(l.index);
         let kind = ident(&plan.kinds[plan.layer_kind[l.index]].name);
-        let (i, width) = (l.index, lit_i32(l.mlp().width)?);
+        let i = l.index;
         fields.push(quote! { #field: #kind, });
-        loads.push(quote! { #field: #kind::load(&mut w, #i, #width), });
+        loads.push(match l.mlp() {
+            Some(m) => {
+                let width = lit_i32(m.width)?;
+                quote! { #field: #kind::load(&mut w, #i, #width), }
+            }
+            // Routed experts in place of the MLP: the kind's sizes are constants.
+            None => quote! { #field: #kind::load(&mut w, #i), },
+        });
         let a = l.attention();
         let ctx = ident(&window_name(ir, a.window));
         let pli = match l.input {

@@ -5,7 +5,7 @@ use archgen_plan::{Plan, GENERATOR_VERSION};
 use archgen_spec::ir::{
     Activation, AttentionScale, EmbedScale, FeedForward, GatedMlp, HeadWeight, KvCache, KvSource,
     Layer, LayerInput, LayerScalar, NormArrangement, NormWeight, ProjectionBias, QkNorm, RopeForm,
-    Scores, SoftcapForm, ValueNorm, Values, Window,
+    Router, Scores, SoftcapForm, TopKProbs, ValueNorm, Values, Window,
 };
 use archgen_spec::RopeKind;
 use minijinja::{Environment, UndefinedBehavior};
@@ -130,6 +130,21 @@ fn row(plan: &Plan, l: &Layer) -> Row {
             moe.num_experts,
             moe.top_k,
             moe.width
+        ),
+        FeedForward::Moe(moe) => format!(
+            "MoE {} experts top-{} width {} ({}), no dense MLP",
+            moe.num_experts,
+            moe.top_k,
+            moe.width,
+            match moe.router {
+                Router::ScaledTopKSoftmax => "scaled top-k softmax router",
+                Router::SoftmaxTopK {
+                    probs: TopKProbs::Renormalized,
+                } => "softmax then top-k, renormalized",
+                Router::SoftmaxTopK {
+                    probs: TopKProbs::AsTaken,
+                } => "softmax then top-k",
+            }
         ),
     };
     Row {

@@ -74,6 +74,8 @@ impl KindKey {
         }
         match &mut k.ffn {
             FeedForward::Mlp(m) | FeedForward::MlpAndMoe { mlp: m, .. } => m.width = 0,
+            // The experts' sizes are the same on every MoE layer of a model.
+            FeedForward::Moe(_) => {}
         }
         KindKey(k)
     }
@@ -99,6 +101,7 @@ impl KindKey {
         match l.ffn {
             FeedForward::Mlp(_) => {}
             FeedForward::MlpAndMoe { .. } => n.push_str("Moe"),
+            FeedForward::Moe(_) => n.push_str("Experts"),
         }
         match l.input {
             LayerInput::None => {}
@@ -308,6 +311,9 @@ fn layer_json(l: &Layer) -> Value {
         FeedForward::MlpAndMoe { mlp: m, moe } => json!({
             "mlp": mlp(m),
             "moe": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
+        }),
+        FeedForward::Moe(moe) => json!({
+            "experts": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
         }),
     };
     json!({

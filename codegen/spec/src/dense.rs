@@ -406,11 +406,15 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     };
     let qk_norm = match spec.identity.family {
         Family::Qwen3 => QkNorm::RmsPerHead,
-        Family::Llama | Family::Qwen2 | Family::Gemma4 | Family::Gemma2 => QkNorm::None,
+        Family::Llama | Family::Qwen2 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {
+            QkNorm::None
+        }
     };
     let bias = match spec.identity.family {
         Family::Qwen2 => ProjectionBias::QueryKeyValue,
-        Family::Qwen3 | Family::Llama | Family::Gemma4 | Family::Gemma2 => ProjectionBias::None,
+        Family::Qwen3 | Family::Llama | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {
+            ProjectionBias::None
+        }
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| Layer {

@@ -464,9 +464,19 @@ pub fn from_config_json(
         Some("mistral") => ConfigModelType::Mistral,
         Some("qwen2") => ConfigModelType::Qwen2,
         Some("gemma2") => ConfigModelType::Gemma2,
-        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2, gemma2)"))),
+        Some("qwen3_moe") => ConfigModelType::Qwen3Moe,
+        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2, gemma2, qwen3_moe)"))),
         None => return Err(fail("model_type: missing (mlx-lm needs it to pick the model)".into())),
     };
+    if model_type == ConfigModelType::Qwen3Moe {
+        if kv_config.is_some() {
+            return Err(fail(
+                "kv_config.json: KV-cache quantization is supported for Gemma-4 only".into(),
+            ));
+        }
+        return crate::qwen3_moe::import(top, name)
+            .map(|(s, applied)| (crate::Spec::Qwen3Moe(s), applied));
+    }
     if model_type.family().is_dense() {
         if kv_config.is_some() {
             return Err(fail(

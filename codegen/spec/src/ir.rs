@@ -18,7 +18,7 @@
 //! ├── layers[i]    Norms (arrangement, weight form)
 //! │                Mixer::Attention (heads, q/k/v biases and norms, RoPE, scale, window, K/V source,
 //! │                    scores: fused SDPA or written out with a softcap)
-//! │                FeedForward::{Mlp, MlpAndMoe}
+//! │                FeedForward::{Mlp, MlpAndMoe, Moe}
 //! │                LayerInput (per-layer input gate), LayerScalar
 //! └── head         tied or not, logit softcap (compiled or eager), final norm weight form
 //! ```
@@ -84,6 +84,10 @@ pub enum SanitizeRule {
     /// Split `experts.gate_up_proj` into `experts.switch_glu.{gate,up}_proj`
     /// and rename `experts.down_proj`.
     SplitExpertsGateUp,
+    /// Stack the per-expert Hugging Face weights
+    /// `mlp.experts.{e}.{gate,up,down}_proj.weight` of each layer into
+    /// `mlp.switch_mlp.{gate,up,down}_proj.weight` (`[experts, out, in]`).
+    StackExperts,
 }
 
 /// Token embedding.
@@ -295,6 +299,9 @@ pub enum FeedForward {
         mlp: GatedMlp,
         moe: Moe,
     },
+    /// Routed experts in place of the dense MLP (`mlp.gate`,
+    /// `mlp.switch_mlp`), under the layer's feed-forward norm.
+    Moe(Moe),
 }
 
 /// `down(act(gate(x)) * up(x))`.
@@ -331,6 +338,19 @@ pub enum Router {
     /// the logits, softmax over the chosen, times `per_expert_scale`
     /// (Gemma-4's router).
     ScaledTopKSoftmax,
+    /// `gate` projection, a precise softmax over every expert, top-k of the
+    /// probabilities (argpartition), then the chosen probabilities as taken
+    /// or renormalized (Qwen3-MoE's router, `norm_topk_prob`).
+    SoftmaxTopK { probs: TopKProbs },
+}
+
+/// What a softmax-then-top-k router does with the k chosen probabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopKProbs {
+    /// Divided by their sum.
+    Renormalized,
+    /// As the softmax over every expert gave them.
+    AsTaken,
 }
 
 /// A per-layer input gate after the feed-forward half.
@@ -409,16 +429,18 @@ impl Layer {
             Mixer::Attention(a) => a,
         }
     }
-    /// The dense gated MLP every feed-forward form has.
-    pub fn mlp(&self) -> GatedMlp {
+    /// The dense gated MLP, when the feed-forward half has one.
+    pub fn mlp(&self) -> Option<GatedMlp> {
         match self.ffn {
-            FeedForward::Mlp(m) | FeedForward::MlpAndMoe { mlp: m, .. } => m,
+            FeedForward::Mlp(m) | FeedForward::MlpAndMoe { mlp: m, .. } => Some(m),
+            FeedForward::Moe(_) => None,
         }
     }
+    /// The routed experts, when the feed-forward half has them.
     pub fn moe(&self) -> Option<Moe> {
         match self.ffn {
             FeedForward::Mlp(_) => None,
-            FeedForward::MlpAndMoe { moe, .. } => Some(moe),
+            FeedForward::MlpAndMoe { moe, .. } | FeedForward::Moe(moe) => Some(moe),
         }
     }
 }

@@ -68,6 +68,7 @@ pub mod import;
 pub mod ir;
 mod model;
 pub mod names;
+mod qwen3_moe;
 mod validate;
 mod yaml;
 
@@ -86,6 +87,10 @@ pub use diag::{Diagnostic, Diagnostics, FieldPath, Seg};
 pub use gemma2::{Gemma2Attention, Gemma2Layers, Gemma2Mlp, Gemma2Model, Gemma2Rope, Gemma2Spec};
 pub use hf::spec_hash;
 pub use model::*;
+pub use qwen3_moe::{
+    Qwen3MoeDerive, Qwen3MoeDerivedSpecFile, Qwen3MoeExperts, Qwen3MoeReduce, Qwen3MoeRope,
+    Qwen3MoeSpec,
+};
 pub use validate::limits;
 pub use yaml::MAX_SPEC_BYTES;
 
@@ -106,6 +111,8 @@ pub enum Spec {
     /// Qwen3 and Llama.
     Dense(DenseSpec),
     Gemma2(Gemma2Spec),
+    /// Qwen3-MoE.
+    Qwen3Moe(Qwen3MoeSpec),
 }
 
 impl Spec {
@@ -114,6 +121,7 @@ impl Spec {
             Spec::Gemma4(s) => &s.identity,
             Spec::Dense(s) => &s.identity,
             Spec::Gemma2(s) => &s.identity,
+            Spec::Qwen3Moe(s) => &s.identity,
         }
     }
     pub fn identity_mut(&mut self) -> &mut Identity {
@@ -121,6 +129,7 @@ impl Spec {
             Spec::Gemma4(s) => &mut s.identity,
             Spec::Dense(s) => &mut s.identity,
             Spec::Gemma2(s) => &mut s.identity,
+            Spec::Qwen3Moe(s) => &mut s.identity,
         }
     }
     /// `identity.name`.
@@ -134,13 +143,13 @@ impl Spec {
     pub fn as_gemma4(&self) -> Option<&Gemma4Spec> {
         match self {
             Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_) | Spec::Gemma2(_) => None,
+            Spec::Dense(_) | Spec::Gemma2(_) | Spec::Qwen3Moe(_) => None,
         }
     }
     pub fn as_gemma4_mut(&mut self) -> Option<&mut Gemma4Spec> {
         match self {
             Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_) | Spec::Gemma2(_) => None,
+            Spec::Dense(_) | Spec::Gemma2(_) | Spec::Qwen3Moe(_) => None,
         }
     }
     pub fn quantization(&self) -> Option<&Quantization> {
@@ -148,6 +157,7 @@ impl Spec {
             Spec::Gemma4(s) => s.quantization.as_ref(),
             Spec::Dense(s) => s.quantization.as_ref(),
             Spec::Gemma2(s) => s.quantization.as_ref(),
+            Spec::Qwen3Moe(s) => s.quantization.as_ref(),
         }
     }
     /// The resolved architecture (the spec must be valid, as every loaded one is).
@@ -156,6 +166,7 @@ impl Spec {
             Spec::Gemma4(s) => s.resolve(),
             Spec::Dense(s) => dense::resolve(s),
             Spec::Gemma2(s) => gemma2::resolve(s),
+            Spec::Qwen3Moe(s) => qwen3_moe::resolve(s),
         }
     }
     /// The spec lowered to the block IR (the spec must be valid, as every
@@ -166,6 +177,7 @@ impl Spec {
             Spec::Gemma4(s) => gemma4::lower(s),
             Spec::Dense(s) => dense::lower(s),
             Spec::Gemma2(s) => gemma2::lower(s),
+            Spec::Qwen3Moe(s) => qwen3_moe::lower(s),
         }
     }
     /// Semantic validation of a spec built in code (see [`Gemma4Spec::validate`]).
@@ -174,6 +186,7 @@ impl Spec {
             Spec::Gemma4(s) => s.validate(),
             Spec::Dense(s) => in_memory(dense::check(s)),
             Spec::Gemma2(s) => in_memory(gemma2::check(s)),
+            Spec::Qwen3Moe(s) => in_memory(qwen3_moe::check(s)),
         }
     }
 }
@@ -185,6 +198,7 @@ pub fn to_yaml(spec: &Spec) -> String {
         Spec::Gemma4(s) => emit::gemma4_yaml(s),
         Spec::Dense(s) => dense::to_yaml(s),
         Spec::Gemma2(s) => gemma2::to_yaml(s),
+        Spec::Qwen3Moe(s) => qwen3_moe::to_yaml(s),
     }
 }
 
@@ -196,6 +210,7 @@ pub fn to_hf_json(spec: &Spec) -> serde_json::Value {
         Spec::Gemma4(s) => hf::gemma4_hf_json(s),
         Spec::Dense(s) => dense::hf_json(s),
         Spec::Gemma2(s) => gemma2::hf_json(s),
+        Spec::Qwen3Moe(s) => qwen3_moe::hf_json(s),
     }
 }
 
@@ -207,6 +222,7 @@ pub fn to_config_json(spec: &Spec) -> serde_json::Value {
         Spec::Gemma4(s) => hf::gemma4_config_json(s),
         Spec::Dense(s) => dense::config_json(s),
         Spec::Gemma2(s) => gemma2::config_json(s),
+        Spec::Qwen3Moe(s) => qwen3_moe::config_json(s),
     }
 }
 
@@ -418,6 +434,8 @@ fn parse_inner(
         dense::parse_full(value, &tree, origin).map(Spec::Dense)
     } else if declared_family(&value) == Some(Family::Gemma2) {
         gemma2::parse_full(value, &tree, origin).map(Spec::Gemma2)
+    } else if declared_family(&value) == Some(Family::Qwen3Moe) {
+        qwen3_moe::parse_full(value, &tree, origin).map(Spec::Qwen3Moe)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
         let issues = validate::check(&spec);

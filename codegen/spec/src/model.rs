@@ -72,6 +72,8 @@ pub enum Family {
     Qwen2,
     /// Gemma-2 (`gemma2.py`): `1 + w` norms, softcapped written-out attention.
     Gemma2,
+    /// Qwen3-MoE (`qwen3_moe.py`): Qwen3 attention, routed SwiGLU experts.
+    Qwen3Moe,
 }
 
 impl Family {
@@ -83,6 +85,7 @@ impl Family {
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
             Family::Gemma2 => "gemma2",
+            Family::Qwen3Moe => "qwen3_moe",
         }
     }
     /// Dense decoder families share one document layout ([`crate::DenseSpec`]).
@@ -122,6 +125,7 @@ pub enum ConfigModelType {
     Mistral,
     Qwen2,
     Gemma2,
+    Qwen3Moe,
 }
 
 impl ConfigModelType {
@@ -136,6 +140,7 @@ impl ConfigModelType {
             ConfigModelType::Mistral => "mistral",
             ConfigModelType::Qwen2 => "qwen2",
             ConfigModelType::Gemma2 => "gemma2",
+            ConfigModelType::Qwen3Moe => "qwen3_moe",
         }
     }
     /// The family whose mlx-lm module reads this `model_type`.
@@ -148,6 +153,7 @@ impl ConfigModelType {
             ConfigModelType::Llama | ConfigModelType::Mistral => Family::Llama,
             ConfigModelType::Qwen2 => Family::Qwen2,
             ConfigModelType::Gemma2 => Family::Gemma2,
+            ConfigModelType::Qwen3Moe => Family::Qwen3Moe,
         }
     }
 }
@@ -507,6 +513,8 @@ pub(crate) enum SpecDocument {
     Derived(DerivedSpecFile),
     DerivedDense(crate::dense::DenseDerivedSpecFile),
     Gemma2(crate::gemma2::Gemma2Spec),
+    Qwen3Moe(crate::qwen3_moe::Qwen3MoeSpec),
+    DerivedQwen3Moe(crate::qwen3_moe::Qwen3MoeDerivedSpecFile),
 }
 
 impl Gemma4Spec {

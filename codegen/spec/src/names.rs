@@ -69,6 +69,26 @@ pub fn attention_biases(a: &Attention) -> Vec<(&'static str, u64)> {
     }
 }
 
+
+/// The router's projection module, relative to the layer.
+pub fn router_module(r: Router) -> &'static str {
+    match r {
+        Router::ScaledTopKSoftmax => "router.proj",
+        // Qwen3MoeSparseMoeBlock.gate
+        Router::SoftmaxTopK { .. } => "mlp.gate",
+    }
+}
+
+/// The `SwitchGLU` module of the experts, relative to the layer: beside the
+/// MLP it is Gemma-4's `experts.switch_glu`, in its place `mlp.switch_mlp`.
+pub fn experts_module(f: FeedForward) -> Option<&'static str> {
+    match f {
+        FeedForward::Mlp(_) => None,
+        FeedForward::MlpAndMoe { .. } => Some("experts.switch_glu"),
+        FeedForward::Moe(_) => Some("mlp.switch_mlp"),
+    }
+}
+
 /// A vector parameter (norm weight, bias, scalar, router scale) and its length.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VectorParam {
@@ -156,18 +176,17 @@ impl ModelIr {
                     push(format!("{lp}self_attn.o_proj"), ModuleKind::Linear, q, h, 1);
                 }
             }
-            let w = l.mlp().width as u64;
-            push(format!("{lp}mlp.gate_proj"), ModuleKind::Linear, h, w, 1);
-            push(format!("{lp}mlp.down_proj"), ModuleKind::Linear, w, h, 1);
-            push(format!("{lp}mlp.up_proj"), ModuleKind::Linear, h, w, 1);
-            if let Some(moe) = l.moe() {
+            if let Some(m) = l.mlp() {
+                let w = m.width as u64;
+                push(format!("{lp}mlp.gate_proj"), ModuleKind::Linear, h, w, 1);
+                push(format!("{lp}mlp.down_proj"), ModuleKind::Linear, w, h, 1);
+                push(format!("{lp}mlp.up_proj"), ModuleKind::Linear, h, w, 1);
+            }
+            if let (Some(moe), Some(experts)) = (l.moe(), experts_module(l.ffn)) {
                 let (e, mw) = (moe.num_experts as u64, moe.width as u64);
-                match moe.router {
-                    Router::ScaledTopKSoftmax => {
-                        push(format!("{lp}router.proj"), ModuleKind::Linear, h, e, 1)
-                    }
-                }
-                let sw = format!("{lp}experts.switch_glu");
+                let router = format!("{lp}{}", router_module(moe.router));
+                push(router, ModuleKind::Linear, h, e, 1);
+                let sw = format!("{lp}{experts}");
                 push(
                     format!("{sw}.gate_proj"),
                     ModuleKind::SwitchLinear,
@@ -259,10 +278,16 @@ impl ModelIr {
                         push(format!("{lp}router.scale"), h);
                         push(format!("{lp}router.per_expert_scale"), m.num_experts as u64);
                     }
+                    Router::SoftmaxTopK { .. } => {}
                 }
-                for n in MOE_BRANCH_NORMS {
-                    push(format!("{lp}{n}.weight"), h);
+            }
+            match l.ffn {
+                FeedForward::MlpAndMoe { .. } => {
+                    for n in MOE_BRANCH_NORMS {
+                        push(format!("{lp}{n}.weight"), h);
+                    }
                 }
+                FeedForward::Mlp(_) | FeedForward::Moe(_) => {}
             }
             match l.input {
                 LayerInput::None => {}

@@ -613,16 +613,25 @@ pub(crate) fn check_name(out: &mut Vec<Issue>, name: &str, path: &FieldPath) {
 
 /// Checks weight quantization against the resolved modules (any family).
 pub(crate) fn check_quantization(q: &Quantization, arch: &Architecture, issues: &mut Vec<Issue>) {
+    check_quantization_modules(q, &arch.quantizable_modules(), arch.module_prefix, issues)
+}
+
+/// [`check_quantization`] against a list of quantizable modules (layouts whose
+/// modules come from the block IR).
+pub(crate) fn check_quantization_modules(
+    q: &Quantization,
+    modules: &[crate::arch::QuantizableModule],
+    prefix: &str,
+    issues: &mut Vec<Issue>,
+) {
     let mut c = Checker {
         issues: std::mem::take(issues),
     };
     c.issues
         .extend(check_quant_params(&q.default, &p("quantization.default")));
-    let modules = arch.quantizable_modules();
     for (path, ov) in &q.overrides {
         let opath = p("quantization.overrides").key(path);
         let Some(module) = modules.iter().find(|m| &m.path == path) else {
-            let prefix = arch.module_prefix;
             c.err(
                 opath,
                 format!("`{path}` is not a quantizable module of this model"),

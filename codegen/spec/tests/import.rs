@@ -296,9 +296,9 @@ fn import_errors_are_collected() {
     assert!(from_config_json(&json!([1, 2]), None, "x").is_err());
 }
 
-/// Every dense spec in specs/ is exactly what `spec import` makes of the
-/// config.json kept beside it in specs/configs/, and round-trips. Configs
-/// without a spec in specs/ are not read here.
+/// Every dense (and qwen3_moe) spec in specs/ is exactly what `spec import`
+/// makes of the config.json kept beside it in specs/configs/, and round-trips.
+/// Configs without a spec in specs/ are not read here.
 #[test]
 fn dense_specs_are_their_imported_configs() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs");
@@ -319,12 +319,15 @@ fn dense_specs_are_their_imported_configs() {
         if spec.family() == Family::Gemma2 {
             continue; // gemma2_specs_are_their_imported_configs
         }
-        assert!(spec.family().is_dense(), "{name}");
+        assert!(
+            spec.family().is_dense() || spec.family() == Family::Qwen3Moe,
+            "{name}"
+        );
         seen += 1;
     }
     assert_eq!(
-        seen, 9,
-        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3"
+        seen, 10,
+        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B"
     );
 }
 
@@ -546,4 +549,52 @@ fn gemma2_configs_take_mlx_lm_defaults_and_refuse_what_mlx_lm_cannot_run() {
         .unwrap_err()
         .to_string();
     assert!(text.contains("Gemma-4 only"), "{text}");
+/// qwen3_moe: `ModelArgs` has no defaults, so every field it reads is
+/// required and none is ever applied; `rope_scaling` is read and ignored.
+#[test]
+fn qwen3_moe_configs_need_every_field_and_ignore_rope_scaling() {
+    let moe = json!({
+        "model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 3,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 512,
+        "max_position_embeddings": 4096, "tie_word_embeddings": true,
+        "rope_theta": 1000000.0, "num_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "norm_topk_prob": false,
+        "decoder_sparse_step": 1, "mlp_only_layers": [1],
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0}
+    });
+    let (spec, applied, hf) = import_and_round_trip(&moe, None, "moe");
+    assert_eq!(spec.family(), Family::Qwen3Moe);
+    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["rope_scaling"],
+        "only the ignored rope_scaling is listed"
+    );
+    assert_eq!(hf["rope_scaling"], Value::Null);
+    let ir = spec.lower();
+    let experts: Vec<bool> = ir.layers.iter().map(|l| l.moe().is_some()).collect();
+    assert_eq!(experts, [true, false, true]);
+    for field in [
+        "num_experts",
+        "norm_topk_prob",
+        "mlp_only_layers",
+        "head_dim",
+    ] {
+        let mut missing = moe.clone();
+        missing.as_object_mut().unwrap().remove(field);
+        let text = from_config_json(&missing, None, "bad")
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains(field), "{field} missing in:\n{text}");
+    }
+    let mut bad = moe.clone();
+    bad["num_experts_per_tok"] = json!(9);
+    bad["mlp_only_layers"] = json!([7]);
+    let text = from_config_json(&bad, None, "bad").unwrap_err().to_string();
+    for needle in ["top-9 of 8 experts", "layer 7 does not exist"] {
+        assert!(text.contains(needle), "{needle} missing in:\n{text}");
+    }
+    let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
+    assert!(from_config_json(&moe, Some(&kv), "bad").is_err());
 }

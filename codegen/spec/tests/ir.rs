@@ -57,7 +57,8 @@ fn lowering_keeps_every_resolved_fact() {
             assert_eq!(a.rope.kind, f.rope, "{at}");
             assert_eq!(a.rope.traditional, f.rope_traditional, "{at}");
             assert_eq!(a.rope.rotated_dims, f.rotated_dims, "{at}");
-            assert_eq!(l.mlp().width, f.mlp_width, "{at}");
+            // The older view says 0 for a layer without a dense MLP.
+            assert_eq!(l.mlp().map_or(0, |m| m.width), f.mlp_width, "{at}");
             let window = match a.window {
                 Window::Full => None,
                 Window::Sliding(w) => Some(w),
@@ -74,11 +75,33 @@ fn lowering_keeps_every_resolved_fact() {
                 }
                 KvSource::Shared { .. } => assert_eq!(f.kv_quant, None, "{at}"),
             }
-            assert_eq!(
-                l.moe().map(|m| (m.num_experts, m.top_k, m.width)),
-                arch.moe.map(|m| (m.num_experts, m.top_k, m.width)),
-                "{at}"
-            );
+            match l.ffn {
+                FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. }
+                    if arch.family != Family::Qwen3Moe =>
+                {
+                    assert_eq!(
+                        l.moe().map(|m| (m.num_experts, m.top_k, m.width)),
+                        arch.moe.map(|m| (m.num_experts, m.top_k, m.width)),
+                        "{at}"
+                    );
+                }
+                // qwen3_moe: the older view has one model-wide MoE fact; the
+                // dense layers have none in the IR.
+                FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } => {
+                    assert_eq!(l.moe(), None, "{at}");
+                }
+                FeedForward::Moe(m) => assert_eq!(
+                    Some((m.num_experts, m.top_k, m.width)),
+                    arch.moe.map(|m| (m.num_experts, m.top_k, m.width)),
+                    "{at}"
+                ),
+            }
+        }
+        if arch.family == Family::Qwen3Moe {
+            // The older view has no per-layer feed-forward form: this family's
+            // modules and parameter count come from the IR alone (checked in
+            // `qwen3_moe_layers_follow_mlp_only_layers_and_the_sparse_step`).
+            continue;
         }
         assert_eq!(
             ir.quantizable_modules(),
@@ -103,7 +126,11 @@ fn families_lower_to_their_blocks() {
                 assert_eq!(l.norms.arrangement, NormArrangement::Sandwich, "{path}");
                 assert_eq!(a.scale, AttentionScale::One, "{path}");
                 assert_eq!(a.value_norm, ValueNorm::RmsScaleFree, "{path}");
-                assert_eq!(l.mlp().activation, Activation::GeluApprox, "{path}");
+                assert_eq!(
+                    l.mlp().map(|m| m.activation),
+                    Some(Activation::GeluApprox),
+                    "{path}"
+                );
                 assert_eq!(ir.embedding.scale, EmbedScale::SqrtHidden, "{path}");
                 assert_eq!(l.scalar, LayerScalar::Learned, "{path}");
             }
@@ -111,7 +138,11 @@ fn families_lower_to_their_blocks() {
                 assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
                 assert_eq!(a.scale, AttentionScale::InvSqrtHeadDim, "{path}");
                 assert_eq!(a.value_norm, ValueNorm::None, "{path}");
-                assert_eq!(l.mlp().activation, Activation::Silu, "{path}");
+                assert_eq!(
+                    l.mlp().map(|m| m.activation),
+                    Some(Activation::Silu),
+                    "{path}"
+                );
                 assert_eq!(ir.embedding.scale, EmbedScale::None, "{path}");
                 assert_eq!(l.scalar, LayerScalar::None, "{path}");
                 let qk = if spec.family() == Family::Qwen3 {
@@ -180,6 +211,82 @@ fn families_lower_to_their_blocks() {
                 );
                 assert!(ir.checkpoint.sanitize.is_empty(), "{path}");
             }
+            Family::Qwen3Moe => {
+                assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
+                assert_eq!(a.scale, AttentionScale::InvSqrtHeadDim, "{path}");
+                assert_eq!(a.qk_norm, QkNorm::RmsPerHead, "{path}");
+                assert_eq!(ir.embedding.scale, EmbedScale::None, "{path}");
+                assert!(
+                    ir.layers.iter().any(|l| matches!(
+                        l.ffn,
+                        FeedForward::Moe(archgen_spec::ir::Moe {
+                            router: Router::SoftmaxTopK { .. },
+                            activation: Activation::Silu,
+                            ..
+                        })
+                    )),
+                    "{path}"
+                );
+            }
         }
     }
+}
+
+/// qwen3_moe: a layer is MoE unless it is in `mlp_only_layers` or off the
+/// `decoder_sparse_step` (`Qwen3MoeDecoderLayer.__init__`); MoE layers have the
+/// router `mlp.gate` and the stacked experts `mlp.switch_mlp.*`, and no dense MLP.
+#[test]
+fn qwen3_moe_layers_follow_mlp_only_layers_and_the_sparse_step() {
+    let mut spec =
+        load(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../specs/qwen3-30b-a3b-tiny.yaml"))
+            .unwrap_or_else(|d| panic!("{d}"));
+    let Spec::Qwen3Moe(s) = &mut spec else {
+        panic!("qwen3-30b-a3b-tiny is not a qwen3_moe spec")
+    };
+    s.layers.num_hidden_layers = 6;
+    s.moe.decoder_sparse_step = 2;
+    s.moe.mlp_only_layers = vec![3];
+    s.moe.norm_topk_prob = false;
+    spec.validate().unwrap_or_else(|d| panic!("{d}"));
+    let ir = spec.lower();
+    let moe: Vec<usize> = ir
+        .layers
+        .iter()
+        .filter(|l| matches!(l.ffn, FeedForward::Moe(_)))
+        .map(|l| l.index)
+        .collect();
+    // (i + 1) % 2 == 0 → 1, 3, 5; 3 is MLP-only.
+    assert_eq!(moe, vec![1, 5]);
+    let names: Vec<String> = ir
+        .quantizable_modules()
+        .into_iter()
+        .map(|m| m.path)
+        .collect();
+    assert!(names.contains(&"model.layers.1.mlp.gate".to_string()));
+    assert!(names.contains(&"model.layers.1.mlp.switch_mlp.down_proj".to_string()));
+    assert!(!names.contains(&"model.layers.1.mlp.gate_proj".to_string()));
+    assert!(names.contains(&"model.layers.3.mlp.gate_proj".to_string()));
+    assert!(!names
+        .iter()
+        .any(|n| n.starts_with("model.layers.3.mlp.switch_mlp")));
+    match ir.layers[1].ffn {
+        FeedForward::Moe(m) => assert_eq!(
+            m.router,
+            Router::SoftmaxTopK {
+                probs: TopKProbs::AsTaken
+            }
+        ),
+        other => panic!("layer 1: {other:?}"),
+    }
+    // Parameter count: every module's weight and every norm, nothing twice.
+    let (h, v) = (ir.hidden_size as u64, ir.vocab_size as u64);
+    let modules: u64 = ir
+        .quantizable_modules()
+        .iter()
+        .map(|m| m.in_dim * m.out_dim * m.count)
+        .sum();
+    let norms: u64 =
+        ir.layers.len() as u64 * (2 * h + 2 * ir.layers[0].attention().head_dim as u64) + h;
+    assert_eq!(ir.param_count(), modules + norms);
+    assert!(modules > v * h);
 }

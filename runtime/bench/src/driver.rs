@@ -50,6 +50,7 @@ impl Plan {
                 "qwen3-0.6b-tiny",
                 "qwen2.5-0.5b-tiny",
                 "gemma-2-2b-tiny",
+                "qwen3-30b-a3b-tiny-q4",
             ]
             .map(String::from)
             .to_vec(),
@@ -157,6 +158,32 @@ pub fn checkpoint(cache_dir: &Path, name: &str) -> Result<(PathBuf, u64), String
     let params = spec.lower().param_count();
     let config = serde_json::to_string_pretty(&archgen_spec::to_config_json(&spec))
         .map_err(|e| e.to_string())?;
+    // A quantized spec's checkpoint is quantized by mlx-lm's own convert path
+    // (its quant_predicate writes the per-module overrides the spec lists):
+    // unquantized experts would run only in float32 on the CPU.
+    let quantize: Vec<String> = match spec.quantization() {
+        None => Vec::new(),
+        Some(q) => match q.default.mode {
+            archgen_spec::QuantMode::Affine => vec![
+                "--quantize".to_string(),
+                q.default.bits.to_string(),
+                "--group-size".to_string(),
+                q.default.group_size.to_string(),
+            ],
+            other => {
+                return Err(format!(
+                    "{name}: the bench builds affine checkpoints only, not {}",
+                    other.as_str()
+                ))
+            }
+        },
+    };
+    // The reuse stamp: the config.json, plus the quantization when there is one.
+    let config = if quantize.is_empty() {
+        config
+    } else {
+        format!("{config}\n{}", quantize.join(" "))
+    };
     let dir = cache_dir.join(name);
     let model = dir.join("model");
     let stamp = dir.join("config.input.json");
@@ -168,7 +195,9 @@ pub fn checkpoint(cache_dir: &Path, name: &str) -> Result<(PathBuf, u64), String
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let _ = std::fs::remove_dir_all(&model);
     let input = dir.join("config.hf.json");
-    std::fs::write(&input, &config).map_err(|e| e.to_string())?;
+    let hf = serde_json::to_string_pretty(&archgen_spec::to_config_json(&spec))
+        .map_err(|e| e.to_string())?;
+    std::fs::write(&input, &hf).map_err(|e| e.to_string())?;
     eprintln!("bench: building checkpoint {}", model.display());
     let status = Command::new(venv_python())
         .arg(repo_root().join("tests/python/make_checkpoint.py"))
@@ -177,6 +206,7 @@ pub fn checkpoint(cache_dir: &Path, name: &str) -> Result<(PathBuf, u64), String
         .arg("--out")
         .arg(&model)
         .args(["--seed", "1", "--dtype", "bfloat16"])
+        .args(&quantize)
         .status()
         .map_err(|e| format!("cannot start {}: {e}", venv_python().display()))?;
     if !status.success() {

@@ -21,12 +21,13 @@ use crate::attention::{
 };
 use crate::cache::LayerCache;
 use crate::layers::{Embedding, Linear};
-use crate::moe::{experts, Router, SwitchGlu};
+use crate::moe::{experts, softmax_topk_moe, Router, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{geglu, gelu_approx_compiled, multiply_weak, rms_norm, swiglu, Result};
 use crate::rope::{Rope, RopeTables};
 use crate::weights::Weights;
 
 pub use crate::layers::{logits, Head};
+pub use crate::moe::TopKProbs;
 
 fn refused(what: &str) -> mlx_rs::error::Exception {
     mlx_rs::error::Exception::custom(what.to_string())
@@ -457,6 +458,27 @@ impl MoeBlock {
     }
 }
 
+/// Routed experts in place of the dense MLP (IR `FeedForward::Moe` with the
+/// softmax-then-top-k router): Qwen3-MoE's `Qwen3MoeSparseMoeBlock`, its
+/// router `mlp.gate` and SwiGLU experts `mlp.switch_mlp`.
+#[derive(Debug, Clone)]
+pub struct SparseMoe {
+    pub router: SoftmaxTopKRouter,
+    pub experts: SwitchGlu,
+}
+
+impl SparseMoe {
+    /// [`Linear::pretranspose`] on the router's projection (generated models).
+    pub fn pretranspose(&mut self) {
+        self.router.gate.pretranspose();
+    }
+
+    /// Route, run the chosen experts, sum them weighted by their scores.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        softmax_topk_moe(&self.router, &self.experts, x)
+    }
+}
+
 /// Mixer output into the residual stream: `x + a` (pre-norm) or
 /// `x + post_attention_norm(a)` (sandwich).
 pub fn attention_residual(x: &Array, a: &Array, norms: &LayerNorms, eps: f32) -> Result<Array> {
@@ -505,6 +527,24 @@ pub fn feed_forward(
             };
             h.add(rms_norm(&f, Some(post_feedforward), eps)?)
         }
+    }
+}
+
+/// The feed-forward half of a layer whose MLP is replaced by routed experts
+/// (IR `FeedForward::Moe`): `h + experts(norm(h))` in a pre-norm layer
+/// (`Qwen3MoeDecoderLayer`). Returns the layer output before the per-layer
+/// input gate.
+pub fn sparse_feed_forward(
+    h: &Array,
+    norms: &LayerNorms,
+    moe: &SparseMoe,
+    eps: f32,
+) -> Result<Array> {
+    match norms {
+        LayerNorms::PreNorm { ffn, .. } => h.add(moe.forward(&rms_norm(h, Some(ffn), eps)?)?),
+        LayerNorms::Sandwich { .. } => Err(refused(
+            "routed experts in place of the MLP in a sandwich layer: no runtime block runs this arrangement yet",
+        )),
     }
 }
 
@@ -762,6 +802,33 @@ pub fn load_moe(
             top_k,
             hidden,
             eps,
+        },
+        experts: SwitchGlu {
+            gate_proj: w.switch_linear(&format!("{sw}.gate_proj"), experts, width, hidden),
+            up_proj: w.switch_linear(&format!("{sw}.up_proj"), experts, width, hidden),
+            down_proj: w.switch_linear(&format!("{sw}.down_proj"), experts, hidden, width),
+        },
+    }
+}
+
+/// Router (`mlp.gate`, softmax then top-k) and SwiGLU experts
+/// (`mlp.switch_mlp`) of a layer whose MLP they replace.
+pub fn load_sparse_moe(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    experts: i32,
+    top_k: i32,
+    width: i32,
+    probs: TopKProbs,
+) -> SparseMoe {
+    let p = format!("layers.{layer}.mlp");
+    let sw = format!("{p}.switch_mlp");
+    SparseMoe {
+        router: SoftmaxTopKRouter {
+            gate: w.linear(&format!("{p}.gate"), experts, hidden),
+            top_k,
+            probs,
         },
         experts: SwitchGlu {
             gate_proj: w.switch_linear(&format!("{sw}.gate_proj"), experts, width, hidden),

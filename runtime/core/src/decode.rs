@@ -44,11 +44,11 @@ use mlx_rs::Array;
 use crate::attention::Mask;
 use crate::blocks::{
     self, Activation, AttentionShape, AttentionWeights, KvWeights, LayerNorms, Mlp, MoeBlock,
-    PleGate, Scores, SharedKv, ValueNorm,
+    PleGate, Scores, SharedKv, SparseMoe, ValueNorm,
 };
 use crate::cache::LayerCache;
 use crate::layers::{Linear, Quantized, SwitchLinear};
-use crate::moe::{Router, SwitchGlu};
+use crate::moe::{Router, SoftmaxTopKRouter, SwitchGlu, TopKProbs};
 use crate::ops::{rms_norm, NormInputs, Result};
 use crate::rope::{apply_tables, RopeTables};
 
@@ -85,6 +85,81 @@ pub struct Layer<'a> {
     pub eps: f32,
 }
 
+/// The parts of a decoder layer whose MLP is replaced by routed experts
+/// (IR `FeedForward::Moe`) a decode step needs.
+pub struct ExpertsLayer<'a> {
+    pub norms: &'a LayerNorms,
+    pub attn: &'a AttentionWeights,
+    pub moe: &'a SparseMoe,
+    pub ple: Option<(&'a PleGate, &'a Array)>,
+    pub layer_scalar: Option<&'a Array>,
+    pub shape: AttentionShape,
+    pub eps: f32,
+}
+
+/// What the block before attention reads of a layer (either form).
+struct PreAttention<'a> {
+    norms: &'a LayerNorms,
+    attn: &'a AttentionWeights,
+    shape: AttentionShape,
+    eps: f32,
+}
+
+impl Layer<'_> {
+    fn pre(&self) -> PreAttention<'_> {
+        PreAttention {
+            norms: self.norms,
+            attn: self.attn,
+            shape: self.shape,
+            eps: self.eps,
+        }
+    }
+}
+
+impl ExpertsLayer<'_> {
+    fn pre(&self) -> PreAttention<'_> {
+        PreAttention {
+            norms: self.norms,
+            attn: self.attn,
+            shape: self.shape,
+            eps: self.eps,
+        }
+    }
+}
+
+/// [`own_kv`] for a layer with routed experts in place of the MLP.
+pub fn own_kv_experts(
+    h: &Array,
+    layer: &ExpertsLayer<'_>,
+    kv: &KvWeights,
+    fused: Option<&FusedQkv>,
+    rope: &RopeTables,
+    cache: &mut LayerCache,
+    mask: &Mask,
+) -> Result<(Array, SharedKv)> {
+    let offset = Array::from_int(cache.offset());
+    let fused =
+        fused.filter(|f| f.norm.dtype() == h.dtype() && layer.norms.input().dtype() == h.dtype());
+    let qkv = pre_attention(h, &layer.pre(), Some(kv), fused, rope)?;
+    let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
+    let (o, shared) = blocks::attend_own_kv(&q, &k, &v, layer.shape, cache, mask, offset, true)?;
+    Ok((post_attention_experts(h, &o, layer)?, shared))
+}
+
+/// [`shared_kv`] for a layer with routed experts in place of the MLP.
+pub fn shared_kv_experts(
+    h: &Array,
+    layer: &ExpertsLayer<'_>,
+    rope: &RopeTables,
+    shared: &SharedKv,
+    mask: &Mask,
+) -> Result<Array> {
+    let q = pre_attention(h, &layer.pre(), None, None, rope)?;
+    let q = q.into_iter().next().ok_or_else(bad_outputs)?;
+    let o = blocks::attend_shared_kv(&q, layer.shape, shared, mask, true)?;
+    post_attention_experts(h, &o, layer)
+}
+
 /// One decode step (one token) of a layer that computes its own K/V;
 /// `rope` holds this step's tables of the layer's RoPE form. `h` and the
 /// result are rows [B, hidden] (one token each): 2-D matmuls are one node,
@@ -102,7 +177,7 @@ pub fn own_kv(
     // The stacked projection needs one dtype throughout (see FusedQkv).
     let fused =
         fused.filter(|f| f.norm.dtype() == h.dtype() && layer.norms.input().dtype() == h.dtype());
-    let qkv = pre_attention(h, layer, Some(kv), fused, rope)?;
+    let qkv = pre_attention(h, &layer.pre(), Some(kv), fused, rope)?;
     let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
     let (o, shared) = blocks::attend_own_kv(&q, &k, &v, layer.shape, cache, mask, offset, true)?;
     Ok((post_attention(h, &o, layer)?, shared))
@@ -117,7 +192,7 @@ pub fn shared_kv(
     shared: &SharedKv,
     mask: &Mask,
 ) -> Result<Array> {
-    let q = pre_attention(h, layer, None, None, rope)?;
+    let q = pre_attention(h, &layer.pre(), None, None, rope)?;
     let q = q.into_iter().next().ok_or_else(bad_outputs)?;
     let o = blocks::attend_shared_kv(&q, layer.shape, shared, mask, true)?;
     post_attention(h, &o, layer)
@@ -311,7 +386,7 @@ fn reads_back(v: f32) -> bool {
 /// computes them, RoPE from this step's tables.
 fn pre_attention(
     h: &Array,
-    layer: &Layer<'_>,
+    layer: &PreAttention<'_>,
     kv: Option<&KvWeights>,
     fused: Option<&FusedQkv>,
     rope: &RopeTables,
@@ -454,6 +529,67 @@ fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
                     None => h,
                     Some(_) => h.reshape(&[b, hidden])?,
                 }])
+            });
+            covered.set(all);
+            out
+        })
+    })?;
+    out.into_iter().next().ok_or_else(bad_outputs)
+}
+
+/// [`post_attention`] of a layer whose MLP is replaced by routed experts:
+/// `o_proj`, the attention residual, [`blocks::sparse_feed_forward`], the
+/// PLE gate and the layer scalar. The router's softmax, top-k and
+/// renormalization carry no float constant, so the block always compiles.
+fn post_attention_experts(h: &Array, o: &Array, layer: &ExpertsLayer<'_>) -> Result<Array> {
+    let hidden = h.shape()[h.ndim() - 1];
+    let mut p = Packed::new(3);
+    p.key.extend([layer.eps.to_bits() as i64, hidden as i64]);
+    h.put(&mut p);
+    p.arrays
+        .extend(NormInputs::new(&[layer.eps], &[hidden]).arrays().cloned());
+    o.put(&mut p);
+    layer.attn.o_proj.put(&mut p);
+    layer.norms.put(&mut p);
+    layer.moe.put(&mut p);
+    p.key.push(layer.ple.is_some() as i64);
+    if let Some((gate, input)) = layer.ple {
+        gate.put(&mut p);
+        input.put(&mut p);
+    }
+    layer.layer_scalar.cloned().put(&mut p);
+    let eps = layer.eps;
+    let out = p.run(true, |covered| {
+        // Templates for rebuilding the structures from the traced inputs.
+        let (o_proj, norms, moe) = (
+            hollow(&layer.attn.o_proj),
+            hollow(layer.norms),
+            hollow(layer.moe),
+        );
+        let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
+        let scalar = layer.layer_scalar.map(hollow);
+        let norm_inputs = NormInputs::new(&[eps], &[hidden]);
+        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
+            let it = &mut inputs.iter();
+            let h = next(it);
+            let scope = norm_inputs.with_arrays(it).ok_or_else(bad_outputs)?;
+            let o = next(it);
+            let (o_proj, norms, moe) = (o_proj.take(it), norms.take(it), moe.take(it));
+            let (ple, scalar) = (ple.take(it), scalar.take(it));
+            let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
+                // The experts' gathers keep mlx-lm's [B, 1, features] shapes.
+                let b = h.shape()[0];
+                let (h, o) = (h.reshape(&[b, 1, hidden])?, o.reshape(&[b, 1, -1])?);
+                let ple = match &ple {
+                    Some((g, x)) => Some((g, x.reshape(&[b, -1])?)),
+                    None => None,
+                };
+                let a = o_proj.forward(&o)?;
+                let h = blocks::attention_residual(&h, &a, &norms, eps)?;
+                let h = blocks::sparse_feed_forward(&h, &norms, &moe, eps)?;
+                let ple = ple.as_ref().map(|(g, x)| (*g, x));
+                let h = blocks::finish_layer(&h, ple, scalar.as_ref(), eps)?;
+                Ok(vec![h.reshape(&[b, hidden])?])
             });
             covered.set(all);
             out
@@ -830,6 +966,48 @@ impl Flat for MoeBlock {
             pre_feedforward_2,
             post_feedforward_1,
             post_feedforward_2,
+        }
+    }
+}
+
+impl Flat for SoftmaxTopKRouter {
+    fn put(&self, p: &mut Packed) {
+        p.key.extend([
+            self.top_k as i64,
+            match self.probs {
+                TopKProbs::Renormalized => 0,
+                TopKProbs::AsTaken => 1,
+            },
+        ]);
+        self.gate.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        SoftmaxTopKRouter {
+            gate: self.gate.take(it),
+            top_k: self.top_k,
+            probs: self.probs,
+        }
+    }
+}
+
+impl Flat for SparseMoe {
+    fn put(&self, p: &mut Packed) {
+        self.router.put(p);
+        self.experts.gate_proj.put(p);
+        self.experts.up_proj.put(p);
+        self.experts.down_proj.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let router = self.router.take(it);
+        let gate_proj = self.experts.gate_proj.take(it);
+        let up_proj = self.experts.up_proj.take(it);
+        SparseMoe {
+            router,
+            experts: SwitchGlu {
+                gate_proj,
+                up_proj,
+                down_proj: self.experts.down_proj.take(it),
+            },
         }
     }
 }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use archgen_runtime::attention::Mask;
 use archgen_runtime::blocks::{
     self as b, AttentionShape, AttentionWeights, Head, LayerNorms, Mlp, MoeBlock, PerLayerInputs,
-    PleGate, SharedKv,
+    PleGate, SharedKv, SparseMoe,
 };
 use archgen_runtime::cache::{KvCache, LayerCache, QuantizedKvCache, RotatingKvCache};
 use archgen_runtime::layers::{Embedding, Linear};
@@ -28,10 +28,25 @@ struct Layer {
     attn: AttentionWeights,
     shape: AttentionShape,
     rope: Rope,
-    mlp: Mlp,
-    moe: Option<MoeBlock>,
+    ffn: Ffn,
     ple: Option<PleGate>,
     layer_scalar: Option<Array>,
+}
+
+/// A layer's feed-forward weights, by IR `FeedForward`.
+enum Ffn {
+    /// The dense MLP, with Gemma-4's routed experts beside it when present.
+    Dense { mlp: Mlp, moe: Option<MoeBlock> },
+    /// Routed experts in place of the MLP.
+    Experts(SparseMoe),
+}
+
+/// The runtime mirror of the IR's top-k probabilities.
+pub fn top_k_probs(p: ir::TopKProbs) -> b::TopKProbs {
+    match p {
+        ir::TopKProbs::Renormalized => b::TopKProbs::Renormalized,
+        ir::TopKProbs::AsTaken => b::TopKProbs::AsTaken,
+    }
 }
 
 /// The generic model of any checkpoint whose spec lowers to the IR.
@@ -165,12 +180,18 @@ impl Monolith {
             let mut kv = attn.kv.take();
             b::load_biases(&mut w, i, bias(a.bias), &mut attn, kv.as_mut(), shape);
             attn.kv = kv;
-            let m = l.mlp();
-            let moe = match l.ffn {
-                FeedForward::Mlp(_) => None,
-                FeedForward::MlpAndMoe { moe, .. } => match (moe.router, moe.activation) {
-                    (ir::Router::ScaledTopKSoftmax, ir::Activation::GeluApprox) => {
-                        Some(b::load_moe(
+            let load_mlp = |m: ir::GatedMlp, w: &mut Weights| {
+                b::load_mlp(w, i, hidden, m.width as i32, activation(m.activation))
+            };
+            let ffn = match l.ffn {
+                FeedForward::Mlp(m) => Ffn::Dense {
+                    mlp: load_mlp(m, &mut w),
+                    moe: None,
+                },
+                FeedForward::MlpAndMoe { mlp: m, moe } => match (moe.router, moe.activation) {
+                    (ir::Router::ScaledTopKSoftmax, ir::Activation::GeluApprox) => Ffn::Dense {
+                        mlp: load_mlp(m, &mut w),
+                        moe: Some(b::load_moe(
                             &mut w,
                             i,
                             hidden,
@@ -178,11 +199,32 @@ impl Monolith {
                             moe.top_k as i32,
                             moe.width as i32,
                             eps,
+                        )),
+                    },
+                    (ir::Router::ScaledTopKSoftmax, ir::Activation::Silu)
+                    | (ir::Router::SoftmaxTopK { .. }, _) => {
+                        return Err(ModelError(format!(
+                            "{}: layer {i}: experts beside the MLP run only with Gemma-4's router and GeGLU",
+                            ir.name
+                        )))
+                    }
+                },
+                FeedForward::Moe(moe) => match (moe.router, moe.activation) {
+                    (ir::Router::SoftmaxTopK { probs }, ir::Activation::Silu) => {
+                        Ffn::Experts(b::load_sparse_moe(
+                            &mut w,
+                            i,
+                            hidden,
+                            moe.num_experts as i32,
+                            moe.top_k as i32,
+                            moe.width as i32,
+                            top_k_probs(probs),
                         ))
                     }
-                    (_, ir::Activation::Silu) => {
+                    (ir::Router::SoftmaxTopK { .. }, ir::Activation::GeluApprox)
+                    | (ir::Router::ScaledTopKSoftmax, _) => {
                         return Err(ModelError(format!(
-                            "{}: layer {i}: SiLU experts have no runtime block yet",
+                            "{}: layer {i}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU",
                             ir.name
                         )))
                     }
@@ -201,8 +243,7 @@ impl Monolith {
                 attn,
                 shape,
                 rope: rope_for(a).map_err(|e| ModelError(e.to_string()))?,
-                mlp: b::load_mlp(&mut w, i, hidden, m.width as i32, activation(m.activation)),
-                moe,
+                ffn,
                 ple: match l.input {
                     ir::LayerInput::None => None,
                     ir::LayerInput::Gated { width } => {
@@ -335,7 +376,12 @@ impl CausalLm for Monolith {
                 }
             };
             let h1 = b::attention_residual(&h, &a, &layer.norms, eps)?;
-            let h2 = b::feed_forward(&h1, &layer.norms, &layer.mlp, layer.moe.as_ref(), eps)?;
+            let h2 = match &layer.ffn {
+                Ffn::Dense { mlp, moe } => {
+                    b::feed_forward(&h1, &layer.norms, mlp, moe.as_ref(), eps)?
+                }
+                Ffn::Experts(m) => b::sparse_feed_forward(&h1, &layer.norms, m, eps)?,
+            };
             let pli = match (&layer.ple, &per_layer) {
                 (Some(g), Some(all)) => Some((g, b::per_layer_slice(all, i as i32)?)),
                 _ => None,

@@ -3,8 +3,9 @@
 //! (`embed_tokens.weight`, `layers.3.mlp.up_proj.weight`, `lm_head.weight`),
 //! as the runtime loaders read them.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use archgen_runtime::mlx_rs;
 use archgen_runtime::ops::Result;
 use archgen_runtime::Array;
 use archgen_spec::ir::{HeadWeight, KvSource, ModelIr, SanitizeRule};
@@ -72,6 +73,8 @@ pub(crate) fn sanitize(
         HeadWeight::Untied => false,
     };
     let mut out = HashMap::new();
+    // StackExperts: (layer prefix, projection) -> expert index -> weight.
+    let mut per_expert: BTreeMap<(String, String), BTreeMap<usize, Array>> = BTreeMap::new();
     for (k, v) in tensors {
         let k = if has(SanitizeRule::UnwrapMultimodal) {
             match unwrap_multimodal(&k) {
@@ -115,7 +118,67 @@ pub(crate) fn sanitize(
                 continue;
             }
         }
+        if has(SanitizeRule::StackExperts) {
+            if let Some((base, expert, proj)) = per_expert_name(&k) {
+                per_expert
+                    .entry((base, proj))
+                    .or_default()
+                    .insert(expert, v);
+                continue;
+            }
+        }
         out.insert(k, v);
     }
+    for ((base, proj), experts) in per_expert {
+        let name = |e: usize| format!("{base}.experts.{e}.{proj}.weight");
+        let want = layer_of(&base)
+            .and_then(|i| ir.layers.get(i))
+            .and_then(|l| l.moe())
+            .map(|m| m.num_experts)
+            .ok_or_else(|| {
+                refused(format!(
+                    "`{}`: per-expert weights on a layer without routed experts",
+                    name(*experts.keys().next().unwrap_or(&0))
+                ))
+            })?;
+        if let Some(e) = (0..want).find(|e| !experts.contains_key(e)) {
+            return Err(refused(format!(
+                "`{}` is missing: {want} experts are stacked into `{base}.switch_mlp.{proj}.weight`",
+                name(e)
+            )));
+        }
+        if let Some(&e) = experts.keys().find(|&&e| e >= want) {
+            return Err(refused(format!(
+                "`{}`: expert {e} is beyond the config's num_experts ({want})",
+                name(e)
+            )));
+        }
+        let parts: Vec<Array> = experts.into_values().collect();
+        out.insert(
+            format!("{base}.switch_mlp.{proj}.weight"),
+            mlx_rs::ops::stack(&parts, 0)?,
+        );
+    }
     Ok(out)
+}
+
+fn refused(what: String) -> archgen_runtime::mlx_rs::error::Exception {
+    archgen_runtime::mlx_rs::error::Exception::custom(what)
+}
+
+/// `layers.{l}.mlp.experts.{e}.{proj}.weight` → (`layers.{l}.mlp`, e, proj):
+/// a Hugging Face per-expert weight, stacked by [`SanitizeRule::StackExperts`]
+/// (`Qwen3MoeModel.sanitize`).
+fn per_expert_name(k: &str) -> Option<(String, usize, String)> {
+    let (base, rest) = k.split_once(".experts.")?;
+    if !base.ends_with(".mlp") {
+        return None;
+    }
+    let (expert, rest) = rest.split_once('.')?;
+    let proj = rest.strip_suffix(".weight")?;
+    match proj {
+        "gate_proj" | "up_proj" | "down_proj" => {}
+        _ => return None,
+    }
+    Some((base.to_string(), expert.parse().ok()?, proj.to_string()))
 }

@@ -1,0 +1,859 @@
+//! Qwen3-MoE (`qwen3_moe.py`) as mlx-lm 0.32.2 runs it: Qwen3's attention (q/k
+//! RMSNorm per head, plain RoPE), pre-norm layers, and a feed-forward half that is
+//! either routed SwiGLU experts (`Qwen3MoeSparseMoeBlock`: softmax over every expert,
+//! top-k of the probabilities, optional renormalization, `SwitchGLU`) or a dense SwiGLU
+//! MLP, by `mlp_only_layers` and `decoder_sparse_step`.
+//!
+//! Everything family-specific on the spec side lives here: the document, its
+//! validation, the lowering to the block IR, the config.json view, the YAML writer,
+//! the reduction to tiny variants and the config.json importer.
+
+use crate::arch::{Architecture, LayerFacts, MoeFacts, RopeKind};
+use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
+use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::import::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::model::*;
+use crate::yaml::Node;
+use crate::{locate_all, locate_serde, validate, Sections};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use std::fmt::Write;
+
+fn p(s: &str) -> FieldPath {
+    FieldPath::parse(s)
+}
+
+/// A full Qwen3-MoE spec (`identity.family: qwen3_moe`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "archgen architecture spec (qwen3_moe family)")]
+pub struct Qwen3MoeSpec {
+    /// Spec format version; must be 1.
+    pub format_version: u32,
+    pub identity: Identity,
+    pub model: DenseModel,
+    pub layers: DenseLayers,
+    pub attention: DenseAttention,
+    pub rope: Qwen3MoeRope,
+    /// The dense SwiGLU MLP of the layers that are not MoE.
+    pub mlp: DenseMlp,
+    pub moe: Qwen3MoeExperts,
+    /// Weight quantization as the mlx config's `quantization` dict, or null.
+    #[serde(deserialize_with = "explicit")]
+    pub quantization: Option<Quantization>,
+}
+
+/// RoPE: `nn.RoPE(head_dim, traditional=False, base=rope_theta)` (mlx-lm's qwen3_moe
+/// accepts `rope_scaling` and does not read it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen3MoeRope {
+    /// `rope_theta` (the base).
+    pub rope_theta: f64,
+}
+
+/// The routed experts and which layers have them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen3MoeExperts {
+    /// `num_experts` (at least 1; 0 would make every layer dense).
+    pub num_experts: u32,
+    /// `num_experts_per_tok`: the top-k each token is routed to.
+    pub num_experts_per_tok: u32,
+    /// `moe_intermediate_size`: the SwiGLU width of each expert.
+    pub moe_intermediate_size: u32,
+    /// `norm_topk_prob`: renormalize the k chosen probabilities to sum to 1.
+    pub norm_topk_prob: bool,
+    /// `decoder_sparse_step`: layer i is MoE when `(i + 1) % step == 0` (and it is not
+    /// in `mlp_only_layers`).
+    pub decoder_sparse_step: u32,
+    /// `mlp_only_layers`: layers that keep the dense MLP.
+    pub mlp_only_layers: Vec<u32>,
+}
+
+/// A derived Qwen3-MoE spec file: a declared reduction of a Qwen3-MoE spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "archgen architecture spec (derived qwen3_moe form)")]
+pub struct Qwen3MoeDerivedSpecFile {
+    /// Spec format version; must be 1.
+    pub format_version: u32,
+    pub identity: DerivedIdentity,
+    pub derive: Qwen3MoeDerive,
+}
+
+/// How a derived Qwen3-MoE spec is made from its parent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen3MoeDerive {
+    /// Name of the parent spec (`<from>.yaml` in the same directory).
+    pub from: String,
+    /// Sizes to shrink, or null to keep the parent's sizes.
+    #[serde(deserialize_with = "explicit")]
+    pub reduce: Option<Qwen3MoeReduce>,
+    /// Weight quantization of the derived spec (never inherited), or null.
+    #[serde(deserialize_with = "explicit")]
+    pub quantization: Option<Quantization>,
+}
+
+/// The reduced sizes of a Qwen3-MoE spec; everything else (norm_topk_prob,
+/// decoder_sparse_step, mlp_only_layers) is inherited.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen3MoeReduce {
+    pub num_hidden_layers: u32,
+    pub hidden_size: u32,
+    pub vocab_size: u32,
+    pub num_attention_heads: u32,
+    pub num_key_value_heads: u32,
+    pub head_dim: u32,
+    pub intermediate_size: u32,
+    pub num_experts: u32,
+    pub num_experts_per_tok: u32,
+    pub moe_intermediate_size: u32,
+}
+
+// ---------------------------------------------------------------- layers
+
+/// Whether layer `i` is MoE, by `Qwen3MoeDecoderLayer.__init__`:
+/// `i not in mlp_only_layers and num_experts > 0 and (i + 1) % decoder_sparse_step == 0`.
+pub(crate) fn is_moe_layer(spec: &Qwen3MoeSpec, i: u32) -> bool {
+    let m = &spec.moe;
+    !m.mlp_only_layers.contains(&i)
+        && m.num_experts > 0
+        && m.decoder_sparse_step > 0
+        && (i + 1) % m.decoder_sparse_step == 0
+}
+
+// ---------------------------------------------------------------- validation
+
+/// All semantic errors of a Qwen3-MoE spec (full-spec field paths).
+pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
+    use validate::limits::*;
+    let mut c = validate::Checker::default();
+    c.header(spec.format_version, &spec.identity);
+    if spec.identity.family != Family::Qwen3Moe {
+        c.err(
+            p("identity.family"),
+            format!("`{}` is not qwen3_moe", spec.identity.family.as_str()),
+            "qwen3_moe",
+            "this document has the qwen3_moe layout (docs/spec-format.md#qwen3-moe)",
+        );
+    }
+    let mt = spec.identity.source.model_type;
+    if mt != ConfigModelType::Qwen3Moe {
+        c.err(
+            p("identity.source.model_type"),
+            format!(
+                "`{}` is read by mlx-lm's {} module, not qwen3_moe",
+                mt.as_str(),
+                mt.family().as_str()
+            ),
+            "qwen3_moe",
+            "the model_type of a Qwen3-MoE checkpoint is qwen3_moe",
+        );
+    }
+    let (m, a, e) = (&spec.model, &spec.attention, &spec.moe);
+    let mut ok = true;
+    ok &= c.range(
+        "model.hidden_size",
+        m.hidden_size,
+        MAX_HIDDEN,
+        "the model width",
+    );
+    ok &= c.range(
+        "model.vocab_size",
+        m.vocab_size,
+        MAX_VOCAB,
+        "rows of embed_tokens",
+    );
+    ok &= c.range(
+        "model.max_position_embeddings",
+        m.max_position_embeddings,
+        MAX_POSITIONS,
+        "`max_position_embeddings` from config.json",
+    );
+    ok &= c.range(
+        "layers.num_hidden_layers",
+        spec.layers.num_hidden_layers,
+        MAX_LAYERS,
+        "the number of decoder layers",
+    );
+    ok &= c.range(
+        "attention.num_attention_heads",
+        a.num_attention_heads,
+        MAX_HEADS,
+        "query heads",
+    );
+    ok &= c.range(
+        "attention.num_key_value_heads",
+        a.num_key_value_heads,
+        MAX_HEADS,
+        "KV heads",
+    );
+    ok &= c.range(
+        "attention.head_dim",
+        a.head_dim,
+        MAX_HEAD_DIM,
+        "head dimension",
+    );
+    ok &= c.range(
+        "mlp.intermediate_size",
+        spec.mlp.intermediate_size,
+        MAX_INTERMEDIATE,
+        "SwiGLU width of the dense layers",
+    );
+    ok &= c.range(
+        "moe.num_experts",
+        e.num_experts,
+        MAX_EXPERTS,
+        "routed experts per MoE layer (Qwen3-30B-A3B: 128)",
+    );
+    ok &= c.range(
+        "moe.num_experts_per_tok",
+        e.num_experts_per_tok,
+        MAX_EXPERTS,
+        "experts each token is routed to (Qwen3-30B-A3B: 8)",
+    );
+    ok &= c.range(
+        "moe.moe_intermediate_size",
+        e.moe_intermediate_size,
+        MAX_INTERMEDIATE,
+        "SwiGLU width of each expert",
+    );
+    ok &= c.range(
+        "moe.decoder_sparse_step",
+        e.decoder_sparse_step,
+        MAX_LAYERS,
+        "every step-th layer is MoE (1: every layer)",
+    );
+    if ok && e.num_experts_per_tok > e.num_experts {
+        ok = false;
+        c.err(
+            p("moe.num_experts_per_tok"),
+            format!("top-{} of {} experts", e.num_experts_per_tok, e.num_experts),
+            format!("at most num_experts ({})", e.num_experts),
+            "argpartition picks k of the experts: k cannot exceed their number",
+        );
+    }
+    let n = spec.layers.num_hidden_layers;
+    let mut seen = std::collections::BTreeSet::new();
+    for (j, &l) in e.mlp_only_layers.iter().enumerate() {
+        let path = p("moe.mlp_only_layers").index(j);
+        if l >= n {
+            ok = false;
+            c.err(
+                path,
+                format!("layer {l} does not exist ({n} layers)"),
+                format!("a layer index in 0..{n}"),
+                "mlp_only_layers lists the layers that keep the dense MLP",
+            );
+        } else if !seen.insert(l) {
+            ok = false;
+            c.err(
+                path,
+                format!("layer {l} is listed twice"),
+                "each layer at most once",
+                "remove the repeated index",
+            );
+        }
+    }
+    if ok && (0..n).all(|i| !is_moe_layer(spec, i)) {
+        c.err(
+            p("moe.mlp_only_layers"),
+            "no layer is MoE (every layer is in mlp_only_layers or off the decoder_sparse_step)",
+            "at least one MoE layer",
+            "a model without MoE layers is a dense qwen3 model: write it with family qwen3",
+        );
+    }
+    c.eps(m.rms_norm_eps, "Qwen3-MoE uses 1.0e-6");
+    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
+    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
+    c.positive_finite(
+        "rope.rope_theta",
+        spec.rope.rope_theta,
+        "the RoPE base, e.g. 1000000.0",
+    );
+    if ok && c.issues.is_empty() {
+        if let Some(q) = &spec.quantization {
+            let ir = lower(spec);
+            validate::check_quantization_modules(
+                q,
+                &ir.quantizable_modules(),
+                ir.module_prefix(),
+                &mut c.issues,
+            );
+        }
+    }
+    c.issues
+}
+
+// ---------------------------------------------------------------- resolution
+
+/// The older per-layer view (`spec show`, the parity test's case setup). It has no
+/// per-layer feed-forward form, so module lists and parameter counts of this family
+/// come from the IR (`ModelIr::quantizable_modules`, `ModelIr::param_count`);
+/// `mlp_width` is the dense width on dense layers and 0 on MoE layers.
+pub(crate) fn resolve(spec: &Qwen3MoeSpec) -> Architecture {
+    let a = &spec.attention;
+    let head_dim = a.head_dim as usize;
+    let rope = RopeKind::Default {
+        theta: spec.rope.rope_theta as f32,
+    };
+    let layers = (0..spec.layers.num_hidden_layers)
+        .map(|i| LayerFacts {
+            index: i as usize,
+            layer_type: LayerType::Full,
+            head_dim,
+            n_heads: a.num_attention_heads as usize,
+            n_kv_heads: a.num_key_value_heads as usize,
+            k_eq_v: false,
+            has_kv: true,
+            kv_source: i as usize,
+            mlp_width: if is_moe_layer(spec, i) {
+                0
+            } else {
+                spec.mlp.intermediate_size as usize
+            },
+            rope,
+            rope_traditional: false,
+            rotated_dims: head_dim,
+            kv_quant: None,
+            window: None,
+        })
+        .collect::<Vec<_>>();
+    Architecture {
+        name: spec.identity.name.clone(),
+        family: Family::Qwen3Moe,
+        qk_norm: true,
+        model_type: spec.identity.source.model_type,
+        module_prefix: "model.",
+        lm_head_path: "lm_head",
+        hidden_size: spec.model.hidden_size as usize,
+        vocab_size: spec.model.vocab_size as usize,
+        num_layers: layers.len(),
+        first_kv_shared_layer: layers.len(),
+        num_attention_heads: a.num_attention_heads as usize,
+        sliding_window: 0,
+        intermediate_size: spec.mlp.intermediate_size as usize,
+        rms_norm_eps: spec.model.rms_norm_eps as f32,
+        final_logit_softcapping: None,
+        tie_word_embeddings: spec.model.tie_word_embeddings,
+        max_position_embeddings: spec.model.max_position_embeddings as usize,
+        per_layer_input: None,
+        moe: Some(MoeFacts {
+            num_experts: spec.moe.num_experts as usize,
+            top_k: spec.moe.num_experts_per_tok as usize,
+            width: spec.moe.moe_intermediate_size as usize,
+        }),
+        quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
+        layers,
+    }
+}
+
+/// The IR of a valid Qwen3-MoE spec: Qwen3's pre-norm attention layers (q/k RMSNorm
+/// per head, plain RoPE, `head_dim ** -0.5`), each with routed SwiGLU experts
+/// (`FeedForward::Moe`, softmax-then-top-k router) or, on `mlp_only_layers` and
+/// off the `decoder_sparse_step`, a dense SwiGLU MLP.
+pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
+    use crate::ir::*;
+    let a = &spec.attention;
+    let head_dim = a.head_dim as usize;
+    let e = &spec.moe;
+    let probs = if e.norm_topk_prob {
+        TopKProbs::Renormalized
+    } else {
+        TopKProbs::AsTaken
+    };
+    let layers = (0..spec.layers.num_hidden_layers)
+        .map(|i| Layer {
+            index: i as usize,
+            norms: Norms {
+                arrangement: NormArrangement::PreNorm,
+                weight: NormWeight::Direct,
+            },
+            mixer: Mixer::Attention(Attention {
+                n_heads: a.num_attention_heads as usize,
+                n_kv_heads: a.num_key_value_heads as usize,
+                head_dim,
+                qk_norm: QkNorm::RmsPerHead,
+                value_norm: ValueNorm::None,
+                rope: RopeForm {
+                    kind: RopeKind::Default {
+                        theta: spec.rope.rope_theta as f32,
+                    },
+                    traditional: false,
+                    rotated_dims: head_dim,
+                },
+                scale: AttentionScale::InvSqrtHeadDim,
+                window: Window::Full,
+                kv: KvSource::Own {
+                    values: Values::Projected,
+                    cache: KvCache::Plain,
+                },
+            }),
+            ffn: if is_moe_layer(spec, i) {
+                FeedForward::Moe(Moe {
+                    num_experts: e.num_experts as usize,
+                    top_k: e.num_experts_per_tok as usize,
+                    width: e.moe_intermediate_size as usize,
+                    router: Router::SoftmaxTopK { probs },
+                    activation: Activation::Silu,
+                })
+            } else {
+                FeedForward::Mlp(GatedMlp {
+                    width: spec.mlp.intermediate_size as usize,
+                    activation: Activation::Silu,
+                })
+            },
+            input: LayerInput::None,
+            scalar: LayerScalar::None,
+        })
+        .collect();
+    ModelIr {
+        name: spec.identity.name.clone(),
+        checkpoint: Checkpoint {
+            model_type: spec.identity.source.model_type,
+            prefix: ModulePrefix::Model,
+            // Qwen3MoeModel.sanitize: the tied head popped, per-expert HF weights stacked.
+            sanitize: vec![SanitizeRule::DropTiedHead, SanitizeRule::StackExperts],
+        },
+        hidden_size: spec.model.hidden_size as usize,
+        vocab_size: spec.model.vocab_size as usize,
+        max_position_embeddings: spec.model.max_position_embeddings as usize,
+        norm_eps: spec.model.rms_norm_eps as f32,
+        embedding: Embedding {
+            scale: EmbedScale::None,
+            per_layer_input: None,
+        },
+        layers,
+        head: Head {
+            weight: if spec.model.tie_word_embeddings {
+                HeadWeight::TiedEmbedding
+            } else {
+                HeadWeight::Untied
+            },
+            logit_softcap: None,
+        },
+        quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
+    }
+}
+
+// ---------------------------------------------------------------- config.json view
+
+/// The spec with config.json field names (flat, as qwen3_moe configs are), plus
+/// `quantization` when present. Keys sorted.
+pub(crate) fn hf_json(spec: &Qwen3MoeSpec) -> Value {
+    let e = &spec.moe;
+    let mut v = json!({
+        "model_type": spec.identity.source.model_type.as_str(),
+        "hidden_size": spec.model.hidden_size,
+        "num_hidden_layers": spec.layers.num_hidden_layers,
+        "intermediate_size": spec.mlp.intermediate_size,
+        "num_attention_heads": spec.attention.num_attention_heads,
+        "num_key_value_heads": spec.attention.num_key_value_heads,
+        "head_dim": spec.attention.head_dim,
+        "rms_norm_eps": spec.model.rms_norm_eps,
+        "vocab_size": spec.model.vocab_size,
+        "max_position_embeddings": spec.model.max_position_embeddings,
+        "tie_word_embeddings": spec.model.tie_word_embeddings,
+        "rope_theta": spec.rope.rope_theta,
+        "rope_scaling": Value::Null,
+        "num_experts": e.num_experts,
+        "num_experts_per_tok": e.num_experts_per_tok,
+        "moe_intermediate_size": e.moe_intermediate_size,
+        "norm_topk_prob": e.norm_topk_prob,
+        "decoder_sparse_step": e.decoder_sparse_step,
+        "mlp_only_layers": e.mlp_only_layers,
+    });
+    if let Some(q) = &spec.quantization {
+        v["quantization"] = crate::hf::quantization_json(q);
+    }
+    crate::hf::canonical(&v)
+}
+
+/// A config.json mlx-lm loads to exactly this architecture (no quantization).
+pub(crate) fn config_json(spec: &Qwen3MoeSpec) -> Value {
+    let mut v = hf_json(spec);
+    if let Some(o) = v.as_object_mut() {
+        o.remove("quantization");
+    }
+    v
+}
+
+// ---------------------------------------------------------------- YAML
+
+/// The full-form YAML text of a Qwen3-MoE spec.
+pub(crate) fn to_yaml(spec: &Qwen3MoeSpec) -> String {
+    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    let mut o = String::new();
+    let _ = writeln!(o, "{MODELINE}");
+    let _ = writeln!(o, "format_version: {}", spec.format_version);
+    identity_yaml(&mut o, &spec.identity);
+    let m = &spec.model;
+    let _ = writeln!(o, "model:");
+    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
+    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
+    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
+    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
+    let _ = writeln!(
+        o,
+        "  max_position_embeddings: {}",
+        m.max_position_embeddings
+    );
+    let _ = writeln!(o, "layers:");
+    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
+    let a = &spec.attention;
+    let _ = writeln!(o, "attention:");
+    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
+    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
+    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
+    let _ = writeln!(o, "rope:");
+    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
+    let _ = writeln!(o, "mlp:");
+    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    let e = &spec.moe;
+    let _ = writeln!(o, "moe:");
+    let _ = writeln!(o, "  num_experts: {}", e.num_experts);
+    let _ = writeln!(o, "  num_experts_per_tok: {}", e.num_experts_per_tok);
+    let _ = writeln!(o, "  moe_intermediate_size: {}", e.moe_intermediate_size);
+    let _ = writeln!(o, "  norm_topk_prob: {}", e.norm_topk_prob);
+    let _ = writeln!(o, "  decoder_sparse_step: {}", e.decoder_sparse_step);
+    let layers: Vec<String> = e.mlp_only_layers.iter().map(u32::to_string).collect();
+    let _ = writeln!(o, "  mlp_only_layers: [{}]", layers.join(", "));
+    quantization_yaml(&mut o, spec.quantization.as_ref());
+    o
+}
+
+// ---------------------------------------------------------------- parsing
+
+const SECTIONS: [&str; 9] = [
+    "format_version",
+    "identity",
+    "model",
+    "layers",
+    "attention",
+    "rope",
+    "mlp",
+    "moe",
+    "quantization",
+];
+
+/// Deserializes and validates a full Qwen3-MoE document; every section's first error.
+pub(crate) fn parse_full(
+    value: serde_yaml::Value,
+    tree: &Node,
+    origin: &str,
+) -> Result<Qwen3MoeSpec, Diagnostics> {
+    let spec = match serde_path_to_error::deserialize::<_, Qwen3MoeSpec>(value.clone()) {
+        Ok(s) => s,
+        Err(_) => {
+            let (map, mut issues) = Sections::of(&value, &SECTIONS);
+            map.check::<u32>("format_version", &mut issues);
+            map.check::<Identity>("identity", &mut issues);
+            map.check::<DenseModel>("model", &mut issues);
+            map.check::<DenseLayers>("layers", &mut issues);
+            map.check::<DenseAttention>("attention", &mut issues);
+            map.check::<Qwen3MoeRope>("rope", &mut issues);
+            map.check::<DenseMlp>("mlp", &mut issues);
+            map.check::<Qwen3MoeExperts>("moe", &mut issues);
+            map.check::<Option<Quantization>>("quantization", &mut issues);
+            if issues.is_empty() {
+                issues.push(Issue::new(
+                    FieldPath::root(),
+                    "the qwen3_moe spec does not parse",
+                    "the sections format_version, identity, model, layers, attention, rope, mlp, moe, quantization",
+                    "see docs/spec-format.md#qwen3-moe",
+                ));
+            }
+            for i in &mut issues {
+                section_texts(i);
+            }
+            return Err(locate_serde(tree, origin, issues));
+        }
+    };
+    let issues = check(&spec);
+    if issues.is_empty() {
+        Ok(spec)
+    } else {
+        Err(locate_all(tree, origin, issues))
+    }
+}
+
+/// The shared per-field texts describe the Gemma-4 layout; a section's missing or
+/// mistyped field gets this layout's own.
+fn section_texts(i: &mut Issue) {
+    const SECTIONS: [(&str, &str, &str); 6] = [
+        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#qwen3-moe"),
+        ("layers", "a mapping {num_hidden_layers}", "every layer is full attention; see docs/spec-format.md#qwen3-moe"),
+        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "attention geometry; see docs/spec-format.md#qwen3-moe"),
+        ("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling); see docs/spec-format.md#qwen3-moe"),
+        ("mlp", "a mapping {intermediate_size}", "SwiGLU width of the dense layers; see docs/spec-format.md#qwen3-moe"),
+        ("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts; see docs/spec-format.md#qwen3-moe"),
+    ];
+    let key = i.path.last_key().unwrap_or("").to_string();
+    if let Some((_, expected, hint)) = SECTIONS.iter().find(|(k, _, _)| *k == key) {
+        if i.message.starts_with("missing field") {
+            i.expected = format!("`{key}` to be written ({expected})");
+        } else {
+            i.expected = expected.to_string();
+        }
+        i.hint = hint.to_string();
+    }
+}
+
+/// Applies a derived Qwen3-MoE file to its (already loaded, valid) parent.
+pub(crate) fn parse_derived(
+    value: serde_yaml::Value,
+    tree: &Node,
+    origin: &str,
+    parent: &Qwen3MoeSpec,
+) -> Result<Qwen3MoeSpec, Diagnostics> {
+    let file: Qwen3MoeDerivedSpecFile = serde_path_to_error::deserialize(value).map_err(|e| {
+        locate_serde(
+            tree,
+            origin,
+            vec![crate::serde_issue(&FieldPath::root(), e)],
+        )
+    })?;
+    let mut spec = parent.clone();
+    spec.identity.name = file.identity.name.clone();
+    spec.quantization = file.derive.quantization.clone();
+    let mut issues = Vec::new();
+    if let Some(r) = &file.derive.reduce {
+        let rp = |f: &str| p("derive.reduce").key(f);
+        let (pa, pm) = (&parent.attention, &parent.moe);
+        let grow: [(&str, u32, u32); 10] = [
+            (
+                "num_hidden_layers",
+                r.num_hidden_layers,
+                parent.layers.num_hidden_layers,
+            ),
+            ("hidden_size", r.hidden_size, parent.model.hidden_size),
+            ("vocab_size", r.vocab_size, parent.model.vocab_size),
+            (
+                "num_attention_heads",
+                r.num_attention_heads,
+                pa.num_attention_heads,
+            ),
+            (
+                "num_key_value_heads",
+                r.num_key_value_heads,
+                pa.num_key_value_heads,
+            ),
+            ("head_dim", r.head_dim, pa.head_dim),
+            (
+                "intermediate_size",
+                r.intermediate_size,
+                parent.mlp.intermediate_size,
+            ),
+            ("num_experts", r.num_experts, pm.num_experts),
+            (
+                "num_experts_per_tok",
+                r.num_experts_per_tok,
+                pm.num_experts_per_tok,
+            ),
+            (
+                "moe_intermediate_size",
+                r.moe_intermediate_size,
+                pm.moe_intermediate_size,
+            ),
+        ];
+        crate::derive::check_shrinks(&grow, &mut issues);
+        // Keep grouped-query attention grouped, as in the parent.
+        let grouped = pa.num_attention_heads != pa.num_key_value_heads;
+        if grouped && r.num_attention_heads == r.num_key_value_heads {
+            issues.push(Issue::new(
+                rp("num_key_value_heads"),
+                format!(
+                    "{} KV heads for {} query heads: not grouped, but the parent is",
+                    r.num_key_value_heads, r.num_attention_heads
+                ),
+                "fewer KV heads than query heads",
+                "a reduction keeps the parent's structure: GQA stays GQA",
+            ));
+        }
+        spec.layers.num_hidden_layers = r.num_hidden_layers;
+        spec.model.hidden_size = r.hidden_size;
+        spec.model.vocab_size = r.vocab_size;
+        spec.attention.num_attention_heads = r.num_attention_heads;
+        spec.attention.num_key_value_heads = r.num_key_value_heads;
+        spec.attention.head_dim = r.head_dim;
+        spec.mlp.intermediate_size = r.intermediate_size;
+        spec.moe.num_experts = r.num_experts;
+        spec.moe.num_experts_per_tok = r.num_experts_per_tok;
+        spec.moe.moe_intermediate_size = r.moe_intermediate_size;
+    }
+    if issues.is_empty() {
+        for mut i in check(&spec) {
+            let s = i.path.to_string();
+            if s.starts_with("quantization") {
+                let mut path = p("derive");
+                path.0.extend(i.path.0);
+                i.path = path;
+            } else if file.derive.reduce.is_some() && s != "identity.name" {
+                // A reduced size the parent's structure does not fit (top-k above
+                // the experts left, an mlp_only_layers entry past the last layer):
+                // point at the reduction.
+                let field = match s.rsplit('.').next() {
+                    Some(f) if f.starts_with("mlp_only_layers") => "num_hidden_layers",
+                    Some(f) => f,
+                    None => "num_hidden_layers",
+                };
+                let field = field.split('[').next().unwrap_or(field).to_string();
+                i.path = p("derive.reduce").key(&field);
+            }
+            issues.push(i);
+        }
+    }
+    if issues.is_empty() {
+        // As for the other families: a tiny quantized variant must quantize every module.
+        if let Some(q) = &spec.quantization {
+            let skipped = lower(&spec).quant_skipped_modules();
+            if let Some(first) = skipped.first() {
+                issues.push(Issue::new(
+                    p("derive.quantization.default.group_size"),
+                    format!(
+                        "group size {} does not divide the input dimension {} of `{}` ({} module(s) would be left unquantized)",
+                        q.default.group_size, first.in_dim, first.path, skipped.len()
+                    ),
+                    "a group size dividing every quantized module's input dimension",
+                    "derived specs must exercise quantization everywhere: pick sizes that are multiples of the group size",
+                ));
+            }
+        }
+    }
+    if issues.is_empty() {
+        Ok(spec)
+    } else {
+        Err(locate_all(tree, origin, issues))
+    }
+}
+
+// ---------------------------------------------------------------- import
+
+/// Imports a flat `qwen3_moe` config.json as mlx-lm 0.32.2's `ModelArgs` reads it
+/// (`qwen3_moe.py`): every field it reads is required (the dataclass has no defaults
+/// but `rope_scaling`, which it accepts and never reads).
+pub(crate) fn import(
+    top: &Map<String, Value>,
+    name: &str,
+) -> Result<(Qwen3MoeSpec, Vec<AppliedDefault>), ImportError> {
+    let mut r = Reader::new(top, "");
+    let hidden_size = r.required_uint("hidden_size");
+    let num_layers = r.required_uint("num_hidden_layers");
+    let intermediate_size = r.required_uint("intermediate_size");
+    let num_heads = r.required_uint("num_attention_heads");
+    let num_experts = r.required_uint("num_experts");
+    let top_k = r.required_uint("num_experts_per_tok");
+    let sparse_step = r.required_uint("decoder_sparse_step");
+    let mlp_only_layers = match r.get("mlp_only_layers").cloned() {
+        None => {
+            r.problem(
+                "mlp_only_layers",
+                "missing (mlx-lm qwen3_moe.py requires it; [] for none)",
+            );
+            Vec::new()
+        }
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| r.uint_of("mlp_only_layers", v))
+            .collect(),
+        Some(other) => {
+            r.problem(
+                "mlp_only_layers",
+                &format!("expected a list of layer indices, found {other}"),
+            );
+            Vec::new()
+        }
+    };
+    let moe_width = r.required_uint("moe_intermediate_size");
+    let rms_norm_eps = r.required_float("rms_norm_eps");
+    let vocab_size = r.required_uint("vocab_size");
+    let num_kv = r.required_uint("num_key_value_heads");
+    let head_dim = r.required_uint("head_dim");
+    let rope_theta = r.required_float("rope_theta");
+    let tie = r.required_bool("tie_word_embeddings");
+    let max_pos = r.required_uint("max_position_embeddings");
+    let norm_topk_prob = r.required_bool("norm_topk_prob");
+    if r.get("rope_scaling").is_some_and(|v| !v.is_null()) {
+        r.note(
+            "rope_scaling",
+            Value::Null,
+            "ignored: mlx-lm 0.32.2 qwen3_moe.py builds nn.RoPE(head_dim, base=rope_theta) without it",
+        );
+    }
+    let quantization = top
+        .get("quantization")
+        .filter(|v| !v.is_null())
+        .map(|q| (q, "quantization"))
+        .or_else(|| {
+            top.get("quantization_config")
+                .filter(|v| !v.is_null())
+                .map(|q| (q, "quantization_config"))
+        })
+        .and_then(|(q, field)| read_quantization(q, field, &mut r));
+    let (applied, problems) = r.finish();
+    if !problems.is_empty() {
+        return Err(ImportError { problems });
+    }
+    let repo = top
+        .get("_name_or_path")
+        .and_then(Value::as_str)
+        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
+        .map(str::to_string);
+    let spec = Qwen3MoeSpec {
+        format_version: FORMAT_VERSION,
+        identity: Identity {
+            name: name.to_string(),
+            family: Family::Qwen3Moe,
+            source: Source {
+                repo,
+                revision: None,
+                model_type: ConfigModelType::Qwen3Moe,
+            },
+        },
+        model: DenseModel {
+            hidden_size,
+            vocab_size,
+            rms_norm_eps,
+            tie_word_embeddings: tie,
+            max_position_embeddings: max_pos,
+        },
+        layers: DenseLayers {
+            num_hidden_layers: num_layers,
+        },
+        attention: DenseAttention {
+            num_attention_heads: num_heads,
+            num_key_value_heads: num_kv,
+            head_dim,
+        },
+        rope: Qwen3MoeRope { rope_theta },
+        mlp: DenseMlp { intermediate_size },
+        moe: Qwen3MoeExperts {
+            num_experts,
+            num_experts_per_tok: top_k,
+            moe_intermediate_size: moe_width,
+            norm_topk_prob,
+            decoder_sparse_step: sparse_step,
+            mlp_only_layers,
+        },
+        quantization,
+    };
+    let issues = check(&spec);
+    if !issues.is_empty() {
+        return Err(ImportError {
+            problems: issues
+                .into_iter()
+                .map(|i| {
+                    format!(
+                        "{}: {} (expected {}); hint: {}",
+                        i.path, i.message, i.expected, i.hint
+                    )
+                })
+                .collect(),
+        });
+    }
+    Ok((spec, applied))
+}
