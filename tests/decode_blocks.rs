@@ -366,6 +366,81 @@ fn decode_blocks_match_the_eager_layer() {
     assert_eq!(decode::block_counts(), (10, 0));
 }
 
+/// The GPU form of the blocks (`RopeTables::Native`: `fast.rope` at an
+/// offset that is an input of the compiled block, `fast.rms_norm` as called)
+/// traced and run on the CPU, where MLX expands those fast ops into their
+/// fallbacks with inlined constants: a plumbing check of how the native
+/// RoPE travels into and out of the compiled function (both RoPE forms,
+/// offsets moving step by step), close to the eager layer in float32. Its
+/// bits are for a GPU to check (docs/parity.md, "On the GPU").
+#[test]
+fn native_rope_blocks_track_the_eager_layer() {
+    let hidden = 64;
+    for (s, rope, sliding, k_eq_v) in [
+        (
+            shape(2, 16, 1.0, b::ValueNorm::RmsScaleFree),
+            Rope::base(16, 10_000.0),
+            true,
+            false,
+        ),
+        (
+            shape(1, 32, 1.0, b::ValueNorm::RmsScaleFree),
+            Rope::proportional(32, 8, 1_000_000.0, 1.0).unwrap(),
+            false,
+            true,
+        ),
+    ] {
+        let dt = Dtype::Float32;
+        let p = parts(hidden, s, k_eq_v, SANDWICH, dt);
+        let make = || {
+            if sliding {
+                LayerCache::Sliding(RotatingKvCache::new(8, 0))
+            } else {
+                LayerCache::Full(KvCache::default())
+            }
+        };
+        let (mut eager_cache, mut decode_cache) = (make(), make());
+        for step in 0..12 {
+            let h = lcg(300 + step, &[1, 1, hidden], 4.0, 0.0);
+            let mask = Mask::None;
+            let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
+            let (a, _) =
+                b::attention_own_kv(&x, &p.attn, &p.kv, s, &rope, &mut eager_cache, &mask).unwrap();
+            let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
+            let e = b::feed_forward(&e, &p.norms, &p.mlp, None, s.eps).unwrap();
+            let want = b::finish_layer(&e, None, p.scalar.as_ref(), s.eps).unwrap();
+            let native = archgen_runtime::rope::RopeTables::Native {
+                rope: rope.clone(),
+                offset: Array::from_int(decode_cache.offset()),
+            };
+            let layer = decode::Layer {
+                norms: &p.norms,
+                attn: &p.attn,
+                mlp: &p.mlp,
+                moe: None,
+                ple: None,
+                layer_scalar: p.scalar.as_ref(),
+                shape: s,
+                eps: s.eps,
+            };
+            let rows = h.reshape(&[1, hidden]).unwrap();
+            let (got, _) = decode::own_kv(
+                &rows,
+                &layer,
+                &p.kv,
+                None,
+                &native,
+                &mut decode_cache,
+                &mask,
+            )
+            .unwrap();
+            let got = got.reshape(&[1, 1, hidden]).unwrap();
+            let close = want.all_close(&got, 1e-4, 1e-4, None).unwrap();
+            assert!(close, "head_dim {} step {step}", s.head_dim);
+        }
+    }
+}
+
 /// Why the guard exists: compiled, `mean` over 3840 float32 values inlines
 /// 1/3840 as `0.0002604167`, one ulp off, and the results differ.
 #[test]

@@ -26,6 +26,8 @@ pub mod gemma4_12b_tiny;
 #[rustfmt::skip]
 pub mod gemma4_12b;
 #[rustfmt::skip]
+pub mod gemma4_26b_a4b_q4;
+#[rustfmt::skip]
 pub mod gemma4_26b_a4b_tiny_q8;
 #[rustfmt::skip]
 pub mod gemma4_26b_a4b_tiny;
@@ -163,6 +165,11 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "gemma4-12b",
         spec: "specs/gemma4-12b.yaml",
         fingerprint: gemma4_12b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma4-26b-a4b-q4",
+        spec: "specs/gemma4-26b-a4b-q4.yaml",
+        fingerprint: gemma4_26b_a4b_q4::FINGERPRINT,
     },
     GeneratedModel {
         name: "gemma4-26b-a4b-tiny-q8",
@@ -384,6 +391,9 @@ pub fn run<T: ModelTask>(
             Some(gemma4_12b_tiny::load(weights).map(|m| task.run(&m)))
         }
         gemma4_12b::FINGERPRINT => Some(gemma4_12b::load(weights).map(|m| task.run(&m))),
+        gemma4_26b_a4b_q4::FINGERPRINT => {
+            Some(gemma4_26b_a4b_q4::load(weights).map(|m| task.run(&m)))
+        }
         gemma4_26b_a4b_tiny_q8::FINGERPRINT => {
             Some(gemma4_26b_a4b_tiny_q8::load(weights).map(|m| task.run(&m)))
         }

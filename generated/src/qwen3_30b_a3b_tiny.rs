@@ -38,6 +38,7 @@ impl FullOwnKvExperts {
         eps: EPS,
         scale: 0.25f32,
         value_norm: b::ValueNorm::None,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize) -> Self {
         let mut layer = Self {

@@ -37,6 +37,7 @@ impl FullOwnKv {
         eps: EPS,
         scale: 0.25f32,
         value_norm: b::ValueNorm::None,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
         let mut layer = Self {
@@ -119,6 +120,7 @@ impl FullOwnKvExperts {
         eps: EPS,
         scale: 0.25f32,
         value_norm: b::ValueNorm::None,
+        scores: b::Scores::FusedSdpa,
     };
     fn load(w: &mut Weights, i: usize) -> Self {
         let mut layer = Self {

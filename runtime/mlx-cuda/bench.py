@@ -5,10 +5,13 @@ Runs on the GPU machine through runtime/mlx-cuda/parity.sh (`bench` step),
 which sets up the wheels and the binaries. Per spec:
   * `archgen init --spec specs/NAME.yaml --seed 2` makes a random checkpoint
     (on the GPU); it is deleted after the spec.
-  * Three workers start on it (`archgen-bench worker --impl generated|monolith`
+  * Workers start on it (`archgen-bench worker --impl generated|monolith`
     and tests/python/bench_mlx_lm.py, the same stdin/stdout protocol as
     `cargo xtask bench`); each loads every weight and runs one forward before
-    it says ready, so nothing below times loading.
+    it says ready, so nothing below times loading. By default four: the
+    generated model on the GPU decode path (`generated@ARCHGEN_GPU_DECODE=1`,
+    the result line's gen), the generated model on the eager blocks, the
+    monolith and mlx-lm.
   * Prefill: `prefill 2048` then `prefill 128` per worker, each a fresh cache
     and one forward with the logits evaluated (the 2048 one is timed once per
     round too).
@@ -23,6 +26,14 @@ which sets up the wheels and the binaries. Per spec:
   * Copy bandwidth: a device-to-device copy of 8 GiB through PyTorch, bytes
     read plus written per second (the streaming rate a read-only
     matrix-vector product can approach); bound_tok_s = that / bytes per step.
+  * Variants (--impls): besides `generated`, `monolith` and `mlx-lm`, a
+    worker `BASE@VAR=VALUE[@VAR=VALUE...]` runs BASE with those environment
+    variables (e.g. `generated@ARCHGEN_GPU_DECODE=1`, the GPU decode path, or
+    `generated@MLX_MAX_OPS_PER_BUFFER=400`); each worker holds its own copy
+    of the weights on the GPU, so a 24 GB model takes at most 4 or 5.
+  * Primitives per step: after the rounds, each worker counts one more
+    decode step's graph before evaluating it (`nodes`: the primitives
+    `export_to_dot` lists; a compiled block is one).
 Prints, last, one line per spec:
   gpu ratio spec=NAME gen/mlx-lm=X gen/mono=Y gen_tok_s=A mlx_lm_tok_s=B bound_tok_s=C
 gen/mlx-lm and gen/mono are ratios of median step times (< 1: generated is
@@ -33,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import struct
@@ -40,7 +52,28 @@ import subprocess
 import time
 from pathlib import Path
 
-IMPLS = ["generated", "monolith", "mlx-lm"]
+# The generated model on the GPU decode path (opt-in until verified, see
+# docs/parity.md "On the GPU"), the same binary on the eager blocks (a GPU's
+# default), the monolith and mlx-lm.
+DEFAULT_GEN = "generated@ARCHGEN_GPU_DECODE=1"
+DEFAULT_IMPLS = f"{DEFAULT_GEN},generated,monolith,mlx-lm"
+
+
+def worker_cmd(name: str, model: Path, a) -> tuple[list[str], dict]:
+    """The command and environment of worker `name` (BASE[@VAR=VALUE...])."""
+    base, *sets = name.split("@")
+    env = dict(os.environ)
+    for kv in sets:
+        var, _, value = kv.partition("=")
+        env[var] = value
+    cmds = {
+        "generated": [a.bench, "worker", "--impl", "generated", "--model", str(model)],
+        "monolith": [a.bench, "worker", "--impl", "monolith", "--model", str(model)],
+        "mlx-lm": ["python3", str(a.repo / "tests/python/bench_mlx_lm.py"), "--model", str(model)],
+    }
+    if base not in cmds:
+        raise SystemExit(f"unknown worker {name!r}: BASE is one of {', '.join(cmds)}")
+    return cmds[base], env
 
 
 def copy_bandwidth() -> float:
@@ -91,9 +124,10 @@ def step_bytes(model: Path) -> tuple[int, int]:
 
 
 class Worker:
-    def __init__(self, name: str, cmd: list[str]):
+    def __init__(self, name: str, cmd: list[str], env: dict):
         self.name = name
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env=env)
         self.ready = self.read()
 
     def read(self) -> dict:
@@ -117,6 +151,7 @@ class Worker:
 
 
 def bench(spec: str, a, bound_bw: float) -> str:
+    spec, _, impls = spec.partition(":")
     model = a.work / f"bench-{spec}"
     t0 = time.time()
     if not (model / "config.json").exists():
@@ -128,15 +163,15 @@ def bench(spec: str, a, bound_bw: float) -> str:
     read, total = step_bytes(model)
     print(f"bench {spec}: checkpoint {total / 1e9:.2f} GB, read per step {read / 1e9:.2f} GB "
           f"(made in {time.time() - t0:.0f} s)", flush=True)
-    cmds = {
-        "generated": [a.bench, "worker", "--impl", "generated", "--model", str(model)],
-        "monolith": [a.bench, "worker", "--impl", "monolith", "--model", str(model)],
-        "mlx-lm": ["python3", str(a.repo / "tests/python/bench_mlx_lm.py"), "--model", str(model)],
-    }
+    IMPLS = (impls or a.impls).split(",")
+    gen = a.gen
+    for need in (gen, "monolith", "mlx-lm"):
+        if need not in IMPLS:
+            raise SystemExit(f"--impls must include {need} (the result line compares with it)")
     workers = {}
     for name in IMPLS:
         t = time.time()
-        workers[name] = Worker(name, cmds[name])
+        workers[name] = Worker(name, *worker_cmd(name, model, a))
         print(f"bench {spec}: {name} ready in {time.time() - t:.1f} s "
               f"(load_s {workers[name].ready['load_s']:.1f})", flush=True)
     steps = {n: [] for n in IMPLS}
@@ -154,10 +189,17 @@ def bench(spec: str, a, bound_bw: float) -> str:
                 fed = r["tokens"]
             elif r["tokens"] != fed:
                 print(f"bench {spec} round {rnd}: {name} fed {r['tokens'][:8]}... "
-                      f"but generated fed {fed[:8]}...", flush=True)
+                      f"but {IMPLS[0]} fed {fed[:8]}...", flush=True)
         print(f"bench {spec} round {rnd + 1}/{a.rounds}: median step " + ", ".join(
             f"{n} {1e3 * statistics.median(steps[n][-1]):.2f} ms" for n in IMPLS), flush=True)
-    for w in workers.values():
+    for name, w in workers.items():
+        try:
+            n = w.ask("nodes")
+            top = sorted(n["by_op"].items(), key=lambda kv: -kv[1])[:8]
+            print(f"bench {spec} {name}: {n['nodes']} primitives per decode step; most: "
+                  + ", ".join(f"{op} {c}" for op, c in top), flush=True)
+        except (SystemExit, Exception) as e:  # a count is extra: report, go on
+            print(f"bench {spec} {name}: nodes failed: {e}", flush=True)
         w.close()
     if not a.keep:
         shutil.rmtree(model, ignore_errors=True)
@@ -169,8 +211,11 @@ def bench(spec: str, a, bound_bw: float) -> str:
               f"2048 median {1e3 * statistics.median(pre2048[n]):.1f} ms "
               f"({2048 / statistics.median(pre2048[n]):.0f} tok/s); "
               f"weights read/step {read / 1e9:.2f} GB = {read / med[n] / 1e12:.2f} TB/s", flush=True)
-    return (f"gpu ratio spec={spec} gen/mlx-lm={med['generated'] / med['mlx-lm']:.3f} "
-            f"gen/mono={med['generated'] / med['monolith']:.3f} gen_tok_s={1 / med['generated']:.1f} "
+    for n in IMPLS:
+        if n != gen:
+            print(f"bench {spec} {gen}/{n} median step ratio {med[gen] / med[n]:.3f}", flush=True)
+    return (f"gpu ratio spec={spec} gen/mlx-lm={med[gen] / med['mlx-lm']:.3f} "
+            f"gen/mono={med[gen] / med['monolith']:.3f} gen_tok_s={1 / med[gen]:.1f} "
             f"mlx_lm_tok_s={1 / med['mlx-lm']:.1f} bound_tok_s={bound_bw / read:.1f}")
 
 
@@ -185,7 +230,12 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=4)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--keep", action="store_true")
-    ap.add_argument("specs", nargs="+")
+    ap.add_argument("--impls", default=os.environ.get("BENCH_IMPLS", DEFAULT_IMPLS),
+                    help="comma-separated workers, BASE[@VAR=VALUE...] (default: env BENCH_IMPLS "
+                         f"or {DEFAULT_IMPLS})")
+    ap.add_argument("--gen", default=os.environ.get("BENCH_GEN", DEFAULT_GEN),
+                    help=f"the worker the result line calls gen (default: env BENCH_GEN or {DEFAULT_GEN})")
+    ap.add_argument("specs", nargs="+", help="SPEC or SPEC:IMPLS (that spec's workers)")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     bw = copy_bandwidth()

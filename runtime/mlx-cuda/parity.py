@@ -12,6 +12,16 @@ prefill_logits, decode_logits and tokens are compared byte for byte (tensor
 data, not file bytes). A case whose spec has no generated model reports the
 generated side as n/a.
 
+`generated` runs with `ARCHGEN_GPU_DECODE=1`: on the GPU its one-token
+steps take the compiled decode blocks (runtime/core/src/decode.rs,
+`Path::NativeFastOps`, opt-in until verified; the CPU ignores the switch);
+`gen-eager` is the same binary with `ARCHGEN_GPU_DECODE=0` (the eager
+blocks, a GPU's default), so
+`gen/eager` checks the compiled blocks against the eager ones and
+`gen/mlx-lm` against the oracle. PARITY_VARIANTS=gen-1tok adds a run with
+`ARCHGEN_GPU_ONE_TOKEN_SDPA=1` (one-token attention as grouped matmuls,
+compared with gen-eager).
+
 Usage: parity.py --archgen BIN --repo DIR --work DIR CASE...
   CASE = SPEC:L:N (prompt length, decode steps); SPEC is specs/SPEC.yaml or a
   reduced real-width spec from EXTRA_SPECS below.
@@ -123,6 +133,15 @@ def compare(a: Path, b: Path) -> str:
     return "IDENTICAL" if not diffs else "DIFF(" + "; ".join(diffs) + ")"
 
 
+# name -> (archgen --impl, extra environment)
+IMPLS = {
+    "generated": ("generated", {"ARCHGEN_GPU_DECODE": "1"}),
+    "monolith": ("monolith", {}),
+    "gen-eager": ("generated", {"ARCHGEN_GPU_DECODE": "0"}),
+    "gen-1tok": ("generated", {"ARCHGEN_GPU_DECODE": "1", "ARCHGEN_GPU_ONE_TOKEN_SDPA": "1"}),
+}
+
+
 def run(cmd: list[str], env=None) -> tuple[int, str]:
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     return p.returncode, (p.stdout + p.stderr).strip()
@@ -165,12 +184,16 @@ def main() -> None:
         ids = [(i * 37 + 11) % vocab for i in range(L)]
         ids_arg = ",".join(map(str, ids))
         result = {}
-        for impl in ("generated", "monolith"):
-            out_file = d / f"{impl}.safetensors"
+        names = ["generated", "monolith", "gen-eager"] + \
+            [v for v in os.environ.get("PARITY_VARIANTS", "").split(",") if v]
+        for name in names:
+            impl, extra = IMPLS[name]
+            out_file = d / f"{name}.safetensors"
             rc, out = run([a.archgen, "logits", "--model", str(model), "--prompt-ids", ids_arg,
-                           "--decode-steps", str(N), "--impl", impl, "--out", str(out_file)])
+                           "--decode-steps", str(N), "--impl", impl, "--out", str(out_file)],
+                          env={**os.environ, **extra})
             if rc != 0:
-                result[impl] = "n/a (no generated model)" if "no generated model" in out \
+                result[name] = "n/a (no generated model)" if "no generated model" in out \
                     else "ERROR: " + out.splitlines()[-1][-300:]
         oracle = d / "mlx_lm.safetensors"
         try:
@@ -180,9 +203,11 @@ def main() -> None:
         except Exception as e:  # report and go on: one case must not hide the rest
             result["mlx-lm"] = f"ERROR: {type(e).__name__}: {str(e)[:300]}"
         pairs = [("gen/mlx-lm", "generated", "mlx-lm"), ("mono/mlx-lm", "monolith", "mlx-lm"),
-                 ("gen/mono", "generated", "monolith")]
-        files = {"generated": d / "generated.safetensors", "monolith": d / "monolith.safetensors",
-                 "mlx-lm": oracle}
+                 ("gen/mono", "generated", "monolith"), ("gen/eager", "generated", "gen-eager")]
+        if "gen-1tok" in names:
+            pairs.append(("1tok/eager", "gen-1tok", "gen-eager"))
+        files = {name: d / f"{name}.safetensors" for name in names}
+        files["mlx-lm"] = oracle
         parts = []
         for label, x, y in pairs:
             if x in result or y in result:

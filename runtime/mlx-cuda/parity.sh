@@ -4,6 +4,8 @@
 #
 #   CARRY=dir bash runtime/mlx-cuda/parity.sh half1          # 1st call: keep half 1 of the wheel
 #   CARRY=dir bash runtime/mlx-cuda/parity.sh setup STEP...  # 2nd call: assemble, then run STEPs
+#   CARRY=dir bash runtime/mlx-cuda/parity.sh again STEP...  # later calls to the same warm
+#                                                           # machine: run STEPs on that setup
 #
 # CARRY holds what travelled with the call: mlx_cuda_13.whl.part1 (first call)
 # or .part2, the mlx and mlx-lm wheels (whl/), and archgen.xz /
@@ -17,7 +19,7 @@
 # (part0 -> DIR1/mlx_cuda_13.whl.part1, part1 -> DIR2/mlx_cuda_13.whl.part2;
 # sha256 of the whole wheel 335094cc...), the wheels from `pip download` as in
 # the device README, `strip` + `xz` of target/release/{archgen,archgen-bench}.
-# STEPs: parity (every case below), probe (q4_probe.py), align
+# STEPs: parity (every case below), fma (fma_probe.py), probe (q4_probe.py), align
 # (align_probe.py), diagnose SPEC (kernels launched by mlx-lm and by the
 # monolith, kernel_diff.py), bench (bench.py).
 set -uo pipefail
@@ -35,13 +37,19 @@ if [[ $what == half1 ]]; then
 fi
 
 # --- setup: the wheel from its halves, the three wheels, the binaries
-cat /tmp/mlx_cuda_13.whl.part1 "$CARRY"/mlx_cuda_13.whl.part2 > /tmp/mlx_cuda_13-0.32.2-py3-none-manylinux_2_35_x86_64.whl
-echo "wheel sha256 $(sha256sum /tmp/mlx_cuda_13-*.whl | cut -c1-16) (expect ${WHEEL_SHA:-?})"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  /tmp/mlx_cuda_13-*.whl "$CARRY"/whl/*.whl || exit 1
-for b in archgen archgen-bench; do
-  [[ -f $CARRY/$b.xz ]] && xz -dc "$CARRY/$b.xz" > /tmp/$b && chmod +x /tmp/$b
-done
+# (`again`: what an earlier `setup` call left in /tmp on this warm machine)
+if [[ $what == setup ]]; then
+  cat /tmp/mlx_cuda_13.whl.part1 "$CARRY"/mlx_cuda_13.whl.part2 > /tmp/mlx_cuda_13-0.32.2-py3-none-manylinux_2_35_x86_64.whl
+  echo "wheel sha256 $(sha256sum /tmp/mlx_cuda_13-*.whl | cut -c1-16) (expect ${WHEEL_SHA:-?})"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    /tmp/mlx_cuda_13-*.whl "$CARRY"/whl/*.whl || exit 1
+  for b in archgen archgen-bench; do
+    [[ -f $CARRY/$b.xz ]] && xz -dc "$CARRY/$b.xz" > /tmp/$b && chmod +x /tmp/$b
+  done
+elif [[ $what != again ]]; then
+  echo "unknown mode $what (half1, setup or again)"; exit 2
+fi
+[[ -d /tmp/site/mlx && -x /tmp/archgen ]] || { echo "no setup on this machine: run setup first"; exit 1; }
 torch_site=$(python3 -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))')
 nv=$(ls -d "$torch_site"/nvidia/*/lib 2>/dev/null | tr '\n' ':')
 export LD_LIBRARY_PATH="/tmp/site/mlx/lib:/tmp/site/mlx_cuda_13.libs:${nv}${LD_LIBRARY_PATH:-}"
@@ -89,6 +97,9 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
       python3 "$here/kernel_diff.py" $d/dot-mono $d/dot-gen 2>&1 | head -30
       tar -C $d -czf "$OUT/dots-$spec.tgz" dot-mlxlm dot-mono dot-gen
       ;;
+    fma)
+      python3 "$here/fma_probe.py" 2>&1 | tee -a "$OUT/fma.log"
+      ;;
     align)
       python3 "$here/align_probe.py" 2>&1 | tee -a "$OUT/align.log"
       ;;
@@ -100,7 +111,7 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
       ;;
     bench)
       python3 "$here/bench.py" --archgen $ARCHGEN --bench /tmp/archgen-bench --repo "$repo" --work $work \
-        ${BENCH_SPECS:-gemma4-12b gemma4-12b-q4 qwen3-8b} 2>&1 | tee -a "$OUT/bench.log"
+        ${BENCH_SPECS:-gemma4-12b gemma4-12b-q4 qwen3-8b gemma4-26b-a4b-q4} 2>&1 | tee -a "$OUT/bench.log"
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -364,13 +364,14 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
 
                 fn load(w: &mut Weights, i: usize) -> Self {
                     let mut layer = Self {
-                        norms: b::load_norms(w, i, HIDDEN, #arrangement),
+                        norms: #norms_load,
                         attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, #qk),
                         #kv_load
                         moe: #load,
                         #ple_load
                         #scalar_load
                     };
+                    #bias_load
                     #kv_pre
                     layer.attn.pretranspose();
                     layer.moe.pretranspose();

@@ -486,7 +486,7 @@ pub(crate) fn param_count(arch: &Architecture) -> u64 {
     let biases = |l: &crate::arch::LayerFacts| match arch.family {
         // q_proj, k_proj and v_proj biases.
         Family::Qwen2 => ((l.n_heads + 2 * l.n_kv_heads) * l.head_dim) as u64,
-        Family::Qwen3 | Family::Llama | Family::Gemma4 | Family::Gemma2 => 0,
+        Family::Qwen3 | Family::Llama | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => 0,
     };
     let mut total: u64 = arch
         .quantizable_modules()
@@ -555,7 +555,7 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
             }
             v["rope_traditional"] = json!(spec.rope.traditional);
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 => {}
+        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {}
     }
     if let Some(q) = &spec.quantization {
         v["quantization"] = crate::hf::quantization_json(q);
@@ -826,7 +826,7 @@ pub(crate) fn import(
     // (never rope_parameters); qwen3.py reads rope_parameters too.
     let reads_rope_parameters = match family {
         Family::Qwen3 => true,
-        Family::Llama | Family::Qwen2 | Family::Gemma4 | Family::Gemma2 => false,
+        Family::Llama | Family::Qwen2 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => false,
     };
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
@@ -866,7 +866,7 @@ pub(crate) fn import(
             let tie = r.boolean("tie_word_embeddings", true);
             (kv, head_dim, max_pos, tie)
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 => (
+        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => (
             r.required_uint("num_key_value_heads"),
             r.required_uint("head_dim"),
             r.required_uint("max_position_embeddings"),
@@ -914,7 +914,7 @@ pub(crate) fn import(
                 }
             }
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 => {}
+        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {}
     }
     // rope_theta / rope_scaling, with transformers >= 5's rope_parameters (qwen3 reads
     // it; llama.py does not).
@@ -950,7 +950,7 @@ pub(crate) fn import(
             // llama.py: 10000; qwen2.py: 1000000.
             let default = match family {
                 Family::Qwen2 => 1_000_000.0,
-                Family::Llama | Family::Qwen3 | Family::Gemma4 | Family::Gemma2 => 10000.0,
+                Family::Llama | Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => 10000.0,
             };
             r.note("rope_theta", json!(default), ABSENT);
             default

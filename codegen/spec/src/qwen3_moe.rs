@@ -387,6 +387,8 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
                     rotated_dims: head_dim,
                 },
                 scale: AttentionScale::InvSqrtHeadDim,
+                scores: Scores::FusedSdpa,
+                bias: ProjectionBias::None,
                 window: Window::Full,
                 kv: KvSource::Own {
                     values: Values::Projected,
@@ -435,6 +437,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
                 HeadWeight::Untied
             },
             logit_softcap: None,
+            norm: NormWeight::Direct,
         },
         quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
     }

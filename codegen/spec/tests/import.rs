@@ -549,6 +549,8 @@ fn gemma2_configs_take_mlx_lm_defaults_and_refuse_what_mlx_lm_cannot_run() {
         .unwrap_err()
         .to_string();
     assert!(text.contains("Gemma-4 only"), "{text}");
+}
+
 /// qwen3_moe: `ModelArgs` has no defaults, so every field it reads is
 /// required and none is ever applied; `rope_scaling` is read and ignored.
 #[test]

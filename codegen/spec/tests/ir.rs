@@ -195,7 +195,11 @@ fn families_lower_to_their_blocks() {
                         },
                         "{path}"
                     );
-                    assert_eq!(l.mlp().activation, Activation::GeluApprox, "{path}");
+                    assert_eq!(
+                        l.mlp().map(|m| m.activation),
+                        Some(Activation::GeluApprox),
+                        "{path}"
+                    );
                     assert_eq!(l.scalar, LayerScalar::None, "{path}");
                 }
                 assert_eq!(ir.embedding.scale, EmbedScale::SqrtHidden, "{path}");

@@ -102,7 +102,7 @@ pub fn attend(
     rows: bool,
 ) -> Result<Array> {
     let (b, l) = (q.shape()[0], q.shape()[2]);
-    if rows && l == 1 && matches!(mask, Mask::None) {
+    if rows && l == 1 && matches!(mask, Mask::None) && crate::decode::one_token_sdpa() {
         return sdpa_one_token(q, k, v, scale);
     }
     sdpa(q, k, v, scale, mask)?

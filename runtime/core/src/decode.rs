@@ -30,6 +30,20 @@
 //! `tests/decode_blocks.rs` and the parity tests (generated == monolith ==
 //! mlx-lm, which do not compile these blocks).
 //!
+//! That is the CPU path ([`Path::CpuFallbacks`]). On a GPU, opt-in with
+//! `ARCHGEN_GPU_DECODE=1` ([`Path::NativeFastOps`]), the same blocks are
+//! compiled with MLX's fast
+//! ops left as they are: `fast.rms_norm` and `fast.rope` are single
+//! primitives with their own kernels there (eps, base and offset are kernel
+//! arguments or inputs, not kernel source), and attention over the cache is
+//! `fast.scaled_dot_product_attention` as in the eager blocks; what fuses is
+//! the elementwise glue (residual adds, the layer scalar, the gates). The
+//! float32 scalar constants stay out of the traces as on the CPU. The
+//! fused kernels are compiled by NVRTC, whose default contracts a multiply
+//! and an add into one FMA, so bit equality with the eager kernels is a
+//! measurement, not a consequence; until it is measured (docs/parity.md,
+//! "On the GPU") a GPU runs the eager blocks by default.
+//!
 //! The weights are inputs of the compiled functions, not captured constants,
 //! so all layers of one kind share one compiled function (one entry per
 //! structure, kept per thread, as mlx-lm's own compiled helpers are).
@@ -50,20 +64,53 @@ use crate::cache::LayerCache;
 use crate::layers::{Linear, Quantized, SwitchLinear};
 use crate::moe::{Router, SoftmaxTopKRouter, SwitchGlu, TopKProbs};
 use crate::ops::{rms_norm, NormInputs, Result};
-use crate::rope::{apply_tables, RopeTables};
+use crate::rope::{apply_tables, Rope, RopeTables};
 
-/// Whether one-token steps take this module's path: only where MLX's
-/// `fast.rms_norm` and `fast.rope` run their op-graph fallbacks, i.e. on the
-/// CPU, since the blocks reproduce those fallbacks (on Metal and CUDA they
-/// are fused kernels with other arithmetic, so generated models keep the
-/// eager blocks there). `ARCHGEN_EAGER_DECODE=1` turns the path off (paired
-/// A/B of the same binary).
-pub fn enabled() -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| {
-        std::env::var_os("ARCHGEN_EAGER_DECODE").is_some_and(|v| !v.is_empty() && v != "0")
+/// How one-token steps of generated models run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// The eager blocks, as prefill runs them: on a GPU unless
+    /// `ARCHGEN_GPU_DECODE=1`, and everywhere with `ARCHGEN_EAGER_DECODE=1`.
+    Eager,
+    /// The CPU: compiled blocks that reproduce MLX's CPU fallbacks of
+    /// `fast.rms_norm` and `fast.rope` op for op (there the fast ops *are*
+    /// those op graphs), with the norms' float32 constants as inputs and
+    /// RoPE from per-step cos/sin tables ([`crate::rope::Rope::fallback_tables`]).
+    CpuFallbacks,
+    /// A GPU (MLX's CUDA or Metal backend): compiled blocks in which
+    /// `fast.rms_norm`, `fast.rope` and scaled dot-product attention stay
+    /// MLX's single primitives with their own kernels, exactly as the eager
+    /// blocks call them (their eps, base and scale are kernel arguments, not
+    /// source text); only the elementwise glue between them is fused.
+    /// Opt-in (`ARCHGEN_GPU_DECODE=1`) until it is checked byte for byte on
+    /// a GPU against the eager blocks and mlx-lm: NVRTC may contract a fused
+    /// multiply and add into one FMA (docs/parity.md, "On the GPU", says what
+    /// is verified and how to check it with `runtime/mlx-cuda/parity.sh`).
+    NativeFastOps,
+}
+
+/// The path of one-token steps on MLX's default device (the switches are
+/// read once):
+/// [`Path::CpuFallbacks`] on the CPU; on a GPU [`Path::Eager`], or
+/// [`Path::NativeFastOps`] with `ARCHGEN_GPU_DECODE=1`; [`Path::Eager`]
+/// everywhere when `ARCHGEN_EAGER_DECODE=1` (paired A/B of the same binary).
+pub fn path() -> Path {
+    static SWITCHES: std::sync::OnceLock<(Option<bool>, Option<bool>)> = std::sync::OnceLock::new();
+    let (eager, gpu) = *SWITCHES.get_or_init(|| {
+        let set = |name: &str| std::env::var_os(name).map(|v| !v.is_empty() && v != "0");
+        (set("ARCHGEN_EAGER_DECODE"), set("ARCHGEN_GPU_DECODE"))
     });
-    !off && on_cpu()
+    match (eager, on_cpu(), gpu) {
+        (Some(true), _, _) => Path::Eager,
+        (_, true, _) => Path::CpuFallbacks,
+        (_, false, Some(true)) => Path::NativeFastOps,
+        (_, false, None | Some(false)) => Path::Eager,
+    }
+}
+
+/// Whether one-token steps take this module's compiled blocks.
+pub fn enabled() -> bool {
+    path() != Path::Eager
 }
 
 /// Whether MLX's default device is the CPU.
@@ -71,6 +118,21 @@ fn on_cpu() -> bool {
     mlx_rs::Device::try_default()
         .and_then(|d| d.get_type())
         .is_ok_and(|t| matches!(t, mlx_rs::DeviceType::Cpu))
+}
+
+/// Whether one unmasked query token attends through
+/// [`crate::attention::sdpa_one_token`] (grouped heads as rows of one
+/// matmul) rather than `fast.scaled_dot_product_attention`: on the CPU,
+/// whose SDPA fallback it reproduces. On a GPU the fused SDPA kernel or the
+/// fallback's broadcast matmuls may pick other kernels than the grouped
+/// matmul, so it stays off there unless `ARCHGEN_GPU_ONE_TOKEN_SDPA=1`
+/// (an experiment, see docs/benchmarks.md).
+pub fn one_token_sdpa() -> bool {
+    static GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    on_cpu()
+        || *GPU.get_or_init(|| {
+            std::env::var_os("ARCHGEN_GPU_ONE_TOKEN_SDPA").is_some_and(|v| v == "1")
+        })
 }
 
 /// The parts of one decoder layer a decode step needs.
@@ -224,8 +286,10 @@ impl FusedQkv {
     /// weights are not held twice (the eager path reads the same numbers
     /// from the views). `None` when a projection has a bias, when the
     /// projections' quantization or the dtypes of weights and norms differ,
-    /// and off the CPU, where the decode path is not taken (see [`enabled`])
-    /// and the weights stay as loaded.
+    /// and off the CPU: on a GPU a matmul's kernel (and so its reduction
+    /// order) is chosen by the output width, so the stacked product is not
+    /// known to keep Q, K and V's bits, and `fast.rms_norm` takes a weight
+    /// of the last axis only; there the weights stay as loaded.
     pub fn new(attn: &mut AttentionWeights, kv: &mut KvWeights, s: AttentionShape) -> Option<Self> {
         if !on_cpu() {
             return None;
@@ -394,17 +458,20 @@ fn pre_attention(
     let hidden = h.shape()[h.ndim() - 1];
     let widths = [hidden, layer.shape.head_dim];
     let mut p = Packed::new(1);
-    p.key
-        .extend([layer.eps.to_bits() as i64, hidden as i64, rope.dims as i64]);
+    p.key.extend([
+        layer.eps.to_bits() as i64,
+        hidden as i64,
+        rope.dims() as i64,
+    ]);
     layer.shape.put(&mut p);
     h.put(&mut p);
     let norm_eps = [layer.eps, layer.shape.eps];
-    p.arrays
-        .extend(NormInputs::new(&norm_eps, &widths).arrays().cloned());
-    rope.cos.put(&mut p);
-    rope.sin.put(&mut p);
-    rope.cos_t.put(&mut p);
-    rope.sin_t.put(&mut p);
+    let native = matches!(rope, RopeTables::Native { .. });
+    if !native {
+        p.arrays
+            .extend(NormInputs::new(&norm_eps, &widths).arrays().cloned());
+    }
+    rope.put(&mut p);
     layer.norms.input().put(&mut p);
     // Either Q/K/V stacked, or Q (and K, V) as three projections.
     let kv = if fused.is_some() { None } else { kv };
@@ -417,7 +484,7 @@ fn pre_attention(
     if let Some(kv) = kv {
         kv.put(&mut p);
     }
-    let (s, eps, dims) = (layer.shape, layer.eps, rope.dims);
+    let (s, eps) = (layer.shape, layer.eps);
     p.run(true, |covered| {
         // Templates for rebuilding the structures from the traced inputs.
         let fused = fused.map(hollow);
@@ -426,23 +493,17 @@ fn pre_attention(
             None => Some(hollow(layer.attn)),
         };
         let kv = kv.map(hollow);
-        let norms = NormInputs::new(&norm_eps, &widths);
+        let tables = hollow(rope);
+        let norms = (!native).then(|| NormInputs::new(&norm_eps, &widths));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
-            let scope = norms.with_arrays(it).ok_or_else(bad_outputs)?;
-            let (cos, sin, cos_t, sin_t) = (next(it), next(it), next(it), next(it));
+            let scope = norms.as_ref().map(|n| n.with_arrays(it));
+            let tables = tables.take(it);
             let norm = next(it);
             let (fused, attn, kv) = (fused.take(it), attn.take(it), kv.take(it));
-            let tables = RopeTables {
-                dims,
-                cos,
-                sin,
-                cos_t,
-                sin_t,
-            };
             let rope = |t: &Array| apply_tables(t, &tables);
-            let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
+            let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
                 let x = rms_norm(&h, Some(&norm), eps)?;
                 Ok(match (&fused, &attn, &kv) {
                     (Some(f), _, _) => {
@@ -468,10 +529,14 @@ fn pre_attention(
 fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
     let hidden = h.shape()[h.ndim() - 1];
     let mut p = Packed::new(2);
-    p.key.extend([layer.eps.to_bits() as i64, hidden as i64]);
+    let native = path() == Path::NativeFastOps;
+    p.key
+        .extend([layer.eps.to_bits() as i64, hidden as i64, native as i64]);
     h.put(&mut p);
-    p.arrays
-        .extend(NormInputs::new(&[layer.eps], &[hidden]).arrays().cloned());
+    if !native {
+        p.arrays
+            .extend(NormInputs::new(&[layer.eps], &[hidden]).arrays().cloned());
+    }
     o.put(&mut p);
     layer.attn.o_proj.put(&mut p);
     layer.norms.put(&mut p);
@@ -500,15 +565,15 @@ fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
         let moe = layer.moe.map(hollow);
         let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
         let scalar = layer.layer_scalar.map(hollow);
-        let norm_inputs = NormInputs::new(&[eps], &[hidden]);
+        let norm_inputs = (!native).then(|| NormInputs::new(&[eps], &[hidden]));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
-            let scope = norm_inputs.with_arrays(it).ok_or_else(bad_outputs)?;
+            let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
             let o = next(it);
             let (o_proj, norms, mlp) = (o_proj.take(it), norms.take(it), mlp.take(it));
             let (moe, ple, scalar) = (moe.take(it), ple.take(it), scalar.take(it));
-            let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
+            let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
                 // Rows [B, features], except around the experts, whose
                 // gathers keep mlx-lm's [B, 1, features] shapes.
                 let b = h.shape()[0];
@@ -544,10 +609,14 @@ fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
 fn post_attention_experts(h: &Array, o: &Array, layer: &ExpertsLayer<'_>) -> Result<Array> {
     let hidden = h.shape()[h.ndim() - 1];
     let mut p = Packed::new(3);
-    p.key.extend([layer.eps.to_bits() as i64, hidden as i64]);
+    let native = path() == Path::NativeFastOps;
+    p.key
+        .extend([layer.eps.to_bits() as i64, hidden as i64, native as i64]);
     h.put(&mut p);
-    p.arrays
-        .extend(NormInputs::new(&[layer.eps], &[hidden]).arrays().cloned());
+    if !native {
+        p.arrays
+            .extend(NormInputs::new(&[layer.eps], &[hidden]).arrays().cloned());
+    }
     o.put(&mut p);
     layer.attn.o_proj.put(&mut p);
     layer.norms.put(&mut p);
@@ -568,15 +637,15 @@ fn post_attention_experts(h: &Array, o: &Array, layer: &ExpertsLayer<'_>) -> Res
         );
         let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
         let scalar = layer.layer_scalar.map(hollow);
-        let norm_inputs = NormInputs::new(&[eps], &[hidden]);
+        let norm_inputs = (!native).then(|| NormInputs::new(&[eps], &[hidden]));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
-            let scope = norm_inputs.with_arrays(it).ok_or_else(bad_outputs)?;
+            let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
             let o = next(it);
             let (o_proj, norms, moe) = (o_proj.take(it), norms.take(it), moe.take(it));
             let (ple, scalar) = (ple.take(it), scalar.take(it));
-            let (out, all) = scope.scope(|| -> Result<Vec<Array>> {
+            let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
                 // The experts' gathers keep mlx-lm's [B, 1, features] shapes.
                 let b = h.shape()[0];
                 let (h, o) = (h.reshape(&[b, 1, hidden])?, o.reshape(&[b, 1, -1])?);
@@ -596,6 +665,22 @@ fn post_attention_experts(h: &Array, o: &Array, layer: &ExpertsLayer<'_>) -> Res
         })
     })?;
     out.into_iter().next().ok_or_else(bad_outputs)
+}
+
+/// Runs a block's body with its norms' inputs: on the CPU path
+/// (`Some`), every `rms_norm` inside runs as the fallback with the traced
+/// eps and normalizers ([`NormInputs::scope`]), and the flag says whether
+/// each found them; on the GPU path (`None`) the norms are MLX's
+/// `fast.rms_norm`, whose eps is a kernel argument, not kernel source.
+fn norm_scope<T>(
+    scope: Option<Option<NormInputs>>,
+    f: impl FnOnce() -> Result<T>,
+) -> (Result<T>, bool) {
+    match scope {
+        None => (f(), true),
+        Some(Some(norms)) => norms.scope(f),
+        Some(None) => (Err(bad_outputs()), false),
+    }
 }
 
 type Block = Box<dyn FnMut(&[Array]) -> Result<Vec<Array>>>;
@@ -722,6 +807,72 @@ impl Flat for AttentionShape {
     }
     fn take(&self, _: &mut std::slice::Iter<'_, Array>) -> Self {
         *self
+    }
+}
+
+impl Flat for Rope {
+    fn put(&self, p: &mut Packed) {
+        match self {
+            Rope::Base { dims, base } => p.key.extend([0, *dims as i64, base.to_bits() as i64]),
+            Rope::Freqs { dims, freqs } => {
+                p.key.extend([1, *dims as i64]);
+                freqs.put(p);
+            }
+        }
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        match self {
+            Rope::Base { dims, base } => Rope::Base {
+                dims: *dims,
+                base: *base,
+            },
+            Rope::Freqs { dims, .. } => Rope::Freqs {
+                dims: *dims,
+                freqs: next(it),
+            },
+        }
+    }
+}
+
+impl Flat for RopeTables {
+    fn put(&self, p: &mut Packed) {
+        match self {
+            RopeTables::Fallback {
+                dims,
+                cos,
+                sin,
+                cos_t,
+                sin_t,
+            } => {
+                p.key.extend([0, *dims as i64]);
+                for a in [cos, sin, cos_t, sin_t] {
+                    a.put(p);
+                }
+            }
+            RopeTables::Native { rope, offset } => {
+                p.key.push(1);
+                rope.put(p);
+                offset.put(p);
+            }
+        }
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        match self {
+            RopeTables::Fallback { dims, .. } => RopeTables::Fallback {
+                dims: *dims,
+                cos: next(it),
+                sin: next(it),
+                cos_t: next(it),
+                sin_t: next(it),
+            },
+            RopeTables::Native { rope, .. } => {
+                let rope = rope.take(it);
+                RopeTables::Native {
+                    rope,
+                    offset: next(it),
+                }
+            }
+        }
     }
 }
 

@@ -96,6 +96,22 @@ impl Rope {
         }
     }
 
+    /// This step's RoPE for the compiled decode blocks (`decode`), by the
+    /// decode path MLX's device takes ([`crate::decode::path`]): on the GPU
+    /// MLX's own `fast.rope` at `offset` ([`RopeTables::Native`]), elsewhere
+    /// the cos/sin tables of its CPU fallback ([`Rope::fallback_tables`]).
+    pub fn tables(&self, offset: i32, l: i32, dtype: Dtype) -> Result<RopeTables> {
+        match crate::decode::path() {
+            crate::decode::Path::NativeFastOps => Ok(RopeTables::Native {
+                rope: self.clone(),
+                offset: Array::from_int(offset),
+            }),
+            crate::decode::Path::CpuFallbacks | crate::decode::Path::Eager => {
+                self.fallback_tables(offset, l, dtype)
+            }
+        }
+    }
+
     /// The cosines and sines [L, dims / 2] of positions `offset..offset + l`,
     /// with the ops of MLX's RoPE fallback (the CPU path of `mx.fast.rope`):
     /// `positions = (arange(L) + offset) * scale`, inverse frequencies
@@ -104,7 +120,7 @@ impl Rope {
     /// also cast to `dtype` (the fallback casts to the input's dtype). They
     /// depend on the position only, so one step computes them once per RoPE
     /// form and every layer of that form (Q and K alike) reuses them.
-    pub fn tables(&self, offset: i32, l: i32, dtype: Dtype) -> Result<RopeTables> {
+    pub fn fallback_tables(&self, offset: i32, l: i32, dtype: Dtype) -> Result<RopeTables> {
         let half = self.dims() / 2;
         let positions = mlx_rs::ops::arange::<i32, f32>(0, l, 1)?
             .add(Array::from_int(offset))?
@@ -117,7 +133,7 @@ impl Rope {
         };
         let theta = positions.expand_dims(-1)?.multiply(&inv_freqs)?;
         let (cos, sin) = (theta.cos()?, theta.sin()?);
-        Ok(RopeTables {
+        Ok(RopeTables::Fallback {
             dims: self.dims(),
             cos_t: cos.as_dtype(dtype)?,
             sin_t: sin.as_dtype(dtype)?,
@@ -127,29 +143,58 @@ impl Rope {
     }
 }
 
-/// [`Rope::tables`]: float32 `cos(theta)` and `sin(theta)` [L, dims / 2],
-/// and the same cast to one activation dtype (`cos_t`, `sin_t`).
+/// One step's RoPE for the compiled decode blocks ([`Rope::tables`]).
 #[derive(Debug, Clone)]
-pub struct RopeTables {
-    pub dims: i32,
-    pub cos: Array,
-    pub sin: Array,
-    pub cos_t: Array,
-    pub sin_t: Array,
+pub enum RopeTables {
+    /// [`Rope::fallback_tables`]: float32 `cos(theta)` and `sin(theta)`
+    /// [L, dims / 2], and the same cast to one activation dtype (`cos_t`,
+    /// `sin_t`).
+    Fallback {
+        dims: i32,
+        cos: Array,
+        sin: Array,
+        cos_t: Array,
+        sin_t: Array,
+    },
+    /// MLX's `fast.rope` of `rope` at `offset` (an int32 scalar array), one
+    /// primitive with its own kernel on the GPU, as the eager blocks run it.
+    Native { rope: Rope, offset: Array },
 }
 
-/// RoPE of `x` [B, heads, L, head_dim] from [`Rope::tables`]: the rest of
-/// MLX's (non-traditional) fallback, op for op: the tables cast to `x`'s
-/// dtype, `concat(x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., dims:])`
-/// with `x1`, `x2` the two halves of the rotated dims. It has no
-/// transcendental functions and no scalar constants, so it can also run
-/// inside a compiled function without changing a bit (see `decode`).
+impl RopeTables {
+    /// The rotation dims.
+    pub fn dims(&self) -> i32 {
+        match self {
+            RopeTables::Fallback { dims, .. } => *dims,
+            RopeTables::Native { rope, .. } => rope.dims(),
+        }
+    }
+}
+
+/// RoPE of `x` [B, heads, L, head_dim] from [`Rope::tables`]. From
+/// [`RopeTables::Fallback`], the rest of MLX's (non-traditional) fallback,
+/// op for op: the tables cast to `x`'s dtype,
+/// `concat(x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., dims:])` with
+/// `x1`, `x2` the two halves of the rotated dims. It has no transcendental
+/// functions and no scalar constants, so it can also run inside a compiled
+/// function without changing a bit (see `decode`). From
+/// [`RopeTables::Native`], [`Rope::apply`].
 pub fn apply_tables(x: &Array, t: &RopeTables) -> Result<Array> {
-    let (dims, half) = (t.dims, t.dims / 2);
-    let (cos, sin) = if t.cos_t.dtype() == x.dtype() {
-        (t.cos_t.clone(), t.sin_t.clone())
+    let (dims, cos, sin, cos_t, sin_t) = match t {
+        RopeTables::Native { rope, offset } => return rope.apply(x, offset),
+        RopeTables::Fallback {
+            dims,
+            cos,
+            sin,
+            cos_t,
+            sin_t,
+        } => (*dims, cos, sin, cos_t, sin_t),
+    };
+    let half = dims / 2;
+    let (cos, sin) = if cos_t.dtype() == x.dtype() {
+        (cos_t.clone(), sin_t.clone())
     } else {
-        (t.cos.as_dtype(x.dtype())?, t.sin.as_dtype(x.dtype())?)
+        (cos.as_dtype(x.dtype())?, sin.as_dtype(x.dtype())?)
     };
     let x1 = x.try_index((Ellipsis, ..half))?;
     let x2 = x.try_index((Ellipsis, half..dims))?;
