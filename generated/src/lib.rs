@@ -10,6 +10,8 @@ pub mod gemma4_12b_l6;
 #[rustfmt::skip]
 pub mod gemma4_12b_q4;
 #[rustfmt::skip]
+pub mod gemma4_12b_tiny_mixed_kv;
+#[rustfmt::skip]
 pub mod gemma4_12b_tiny_q4;
 #[rustfmt::skip]
 pub mod gemma4_12b_tiny;
@@ -45,6 +47,8 @@ pub mod llama_3_2_1b_tiny;
 pub mod llama_3_2_1b;
 #[rustfmt::skip]
 pub mod llama_3_2_3b;
+#[rustfmt::skip]
+pub mod qwen3_0_6b_tiny_mixed_kv;
 #[rustfmt::skip]
 pub mod qwen3_0_6b_tiny_q4;
 #[rustfmt::skip]
@@ -85,6 +89,11 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "gemma4-12b-q4",
         spec: "specs/gemma4-12b-q4.yaml",
         fingerprint: gemma4_12b_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma4-12b-tiny-mixed-kv",
+        spec: "specs/gemma4-12b-tiny-mixed-kv.yaml",
+        fingerprint: gemma4_12b_tiny_mixed_kv::FINGERPRINT,
     },
     GeneratedModel {
         name: "gemma4-12b-tiny-q4",
@@ -177,6 +186,11 @@ pub const MODELS: &[GeneratedModel] = &[
         fingerprint: llama_3_2_3b::FINGERPRINT,
     },
     GeneratedModel {
+        name: "qwen3-0.6b-tiny-mixed-kv",
+        spec: "specs/qwen3-0.6b-tiny-mixed-kv.yaml",
+        fingerprint: qwen3_0_6b_tiny_mixed_kv::FINGERPRINT,
+    },
+    GeneratedModel {
         name: "qwen3-0.6b-tiny-q4",
         spec: "specs/qwen3-0.6b-tiny-q4.yaml",
         fingerprint: qwen3_0_6b_tiny_q4::FINGERPRINT,
@@ -233,6 +247,9 @@ pub fn run<T: ModelTask>(
         gemma4_12b_q4::FINGERPRINT => {
             Some(gemma4_12b_q4::load(weights).map(|m| task.run(&m)))
         }
+        gemma4_12b_tiny_mixed_kv::FINGERPRINT => {
+            Some(gemma4_12b_tiny_mixed_kv::load(weights).map(|m| task.run(&m)))
+        }
         gemma4_12b_tiny_q4::FINGERPRINT => {
             Some(gemma4_12b_tiny_q4::load(weights).map(|m| task.run(&m)))
         }
@@ -278,6 +295,9 @@ pub fn run<T: ModelTask>(
         }
         llama_3_2_3b::FINGERPRINT => {
             Some(llama_3_2_3b::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_0_6b_tiny_mixed_kv::FINGERPRINT => {
+            Some(qwen3_0_6b_tiny_mixed_kv::load(weights).map(|m| task.run(&m)))
         }
         qwen3_0_6b_tiny_q4::FINGERPRINT => {
             Some(qwen3_0_6b_tiny_q4::load(weights).map(|m| task.run(&m)))
