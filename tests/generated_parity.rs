@@ -2,7 +2,9 @@
 //! then the generated model (picked by fingerprint, as `--impl auto` does),
 //! the monolith and mlx-lm 0.32.2 must give the same bytes under the logits
 //! protocol. An insta snapshot pins each model's output digest so numeric
-//! drift shows up in review.
+//! drift shows up in review. Specs of tier L2 (mlx-optiq's per-layer mixed KV,
+//! `mixed_kv`) are checked against mlx-optiq 0.7.7 on mlx-lm instead
+//! (tests/python/optiq_oracle.py), in a Python process of their own.
 
 use std::path::{Path, PathBuf};
 
@@ -32,6 +34,7 @@ struct Case {
     dir: PathBuf,
     ids: Vec<i32>,
     steps: usize,
+    tier: archgen_spec::tier::Tier,
 }
 
 fn tiny_specs() -> Vec<PathBuf> {
@@ -112,7 +115,8 @@ fn same(a: &Array, b: &Array) -> bool {
 #[test]
 fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
     let root = tempfile::tempdir().unwrap();
-    let mut jobs = Vec::new();
+    // One Python process per tier: mlx-optiq patches mlx-lm process-wide.
+    let (mut jobs, mut l2_jobs) = (Vec::new(), Vec::new());
     let mut cases = Vec::new();
     let manual = manual_specs();
     for path in manual.clone().unwrap_or_else(tiny_specs) {
@@ -147,7 +151,21 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
                     .map(|k| (f.index.to_string(), json!([k.bits, k.group_size])))
             })
             .collect();
-        jobs.push(json!({
+        let mixed_kv = spec.mixed_kv().map(|m| {
+            let layers: serde_json::Map<String, Value> = m
+                .kv_config()
+                .iter()
+                .map(|e| (e.layer_idx.to_string(), json!([e.bits, e.group_size])))
+                .collect();
+            json!({"layers": layers, "quantized_kv_start": m.quantized_kv_start})
+        });
+        let tier = archgen_spec::tier::tier(&spec.lower()).tier;
+        let batch = match tier {
+            archgen_spec::tier::Tier::L1 => &mut jobs,
+            archgen_spec::tier::Tier::L2 => &mut l2_jobs,
+            archgen_spec::tier::Tier::L3 => panic!("{name}: an L3 spec has no oracle"),
+        };
+        batch.push(json!({
             "config": config_for(&spec),
             "out": dir,
             "seed": seed(&name),
@@ -155,6 +173,7 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
             "bits": q.map(|q| q.bits),
             "group_size": q.map(|q| q.group_size),
             "kv_quant": if kv.is_empty() { Value::Null } else { Value::Object(kv) },
+            "mixed_kv": mixed_kv,
             "prompt_ids": ids,
             "decode_steps": steps,
         }));
@@ -164,6 +183,7 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
             dir,
             ids,
             steps,
+            tier,
         });
     }
     assert!(
@@ -171,15 +191,33 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
         "expected every tiny spec, found {}",
         cases.len()
     );
-    let jobs_path = root.path().join("jobs.json");
-    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
-    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+    assert!(
+        l2_jobs.len() >= 2 || manual.is_some(),
+        "expected the L2 (mixed_kv) tiny specs, found {}",
+        l2_jobs.len()
+    );
+    for (file, batch) in [("jobs.json", &jobs), ("jobs-l2.json", &l2_jobs)] {
+        if batch.is_empty() {
+            continue;
+        }
+        let jobs_path = root.path().join(file);
+        std::fs::write(&jobs_path, serde_json::to_vec(batch).unwrap()).unwrap();
+        run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+    }
 
     let mut failures = Vec::new();
     for c in &cases {
         let model_dir: &Path = &c.dir.join("model");
         let (arch, weights) = archgen_monolith::read_dir(model_dir).unwrap();
         let fingerprint = archgen_plan::fingerprint(&arch);
+        // The checkpoint (kv_config.json, kv_scheme.json) reads back at the spec's tier.
+        let loaded_tier = archgen_spec::tier::tier(&arch);
+        if loaded_tier.tier != c.tier {
+            failures.push(format!(
+                "{}: the checkpoint loads as {loaded_tier}, the spec is {}",
+                c.name, c.tier
+            ));
+        }
         // Dispatch must pick this spec's generated model for its checkpoint.
         match archgen_generated::find(&fingerprint) {
             Some(m) if m.name == c.name => {}
@@ -226,7 +264,11 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
                 failures.push(format!("{}: {key}: generated != monolith", c.name));
             }
             if !same(m, &oracle[key]) {
-                failures.push(format!("{}: {key}: monolith != mlx-lm", c.name));
+                let oracle_name = match c.tier {
+                    archgen_spec::tier::Tier::L2 => "mlx-optiq",
+                    _ => "mlx-lm",
+                };
+                failures.push(format!("{}: {key}: monolith != {oracle_name}", c.name));
             }
         }
         let snapshot = format!(
@@ -245,7 +287,15 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
             None => insta::assert_snapshot!(format!("digest-{}", c.name), snapshot),
             Some(_) => eprintln!("{snapshot}"),
         }
-        eprintln!("{}: generated == monolith == mlx-lm", c.name);
+        eprintln!(
+            "{} ({}): generated == monolith == {}",
+            c.name,
+            c.tier,
+            match c.tier {
+                archgen_spec::tier::Tier::L2 => "mlx-optiq",
+                _ => "mlx-lm",
+            }
+        );
     }
     assert!(
         failures.is_empty(),

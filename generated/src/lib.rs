@@ -20,6 +20,8 @@ pub mod gemma4_12b_l6;
 #[rustfmt::skip]
 pub mod gemma4_12b_q4;
 #[rustfmt::skip]
+pub mod gemma4_12b_tiny_mixed_kv;
+#[rustfmt::skip]
 pub mod gemma4_12b_tiny_q4;
 #[rustfmt::skip]
 pub mod gemma4_12b_tiny;
@@ -75,6 +77,8 @@ pub mod qwen2_5_0_5b_tiny;
 pub mod qwen2_5_0_5b;
 #[rustfmt::skip]
 pub mod qwen2_5_7b;
+#[rustfmt::skip]
+pub mod qwen3_0_6b_tiny_mixed_kv;
 #[rustfmt::skip]
 pub mod qwen3_0_6b_tiny_q4;
 #[rustfmt::skip]
@@ -150,6 +154,11 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "gemma4-12b-q4",
         spec: "specs/gemma4-12b-q4.yaml",
         fingerprint: gemma4_12b_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma4-12b-tiny-mixed-kv",
+        spec: "specs/gemma4-12b-tiny-mixed-kv.yaml",
+        fingerprint: gemma4_12b_tiny_mixed_kv::FINGERPRINT,
     },
     GeneratedModel {
         name: "gemma4-12b-tiny-q4",
@@ -292,6 +301,11 @@ pub const MODELS: &[GeneratedModel] = &[
         fingerprint: qwen2_5_7b::FINGERPRINT,
     },
     GeneratedModel {
+        name: "qwen3-0.6b-tiny-mixed-kv",
+        spec: "specs/qwen3-0.6b-tiny-mixed-kv.yaml",
+        fingerprint: qwen3_0_6b_tiny_mixed_kv::FINGERPRINT,
+    },
+    GeneratedModel {
         name: "qwen3-0.6b-tiny-q4",
         spec: "specs/qwen3-0.6b-tiny-q4.yaml",
         fingerprint: qwen3_0_6b_tiny_q4::FINGERPRINT,
@@ -384,6 +398,9 @@ pub fn run<T: ModelTask>(
         gemma4_12b_q4::FINGERPRINT => {
             Some(gemma4_12b_q4::load(weights).map(|m| task.run(&m)))
         }
+        gemma4_12b_tiny_mixed_kv::FINGERPRINT => {
+            Some(gemma4_12b_tiny_mixed_kv::load(weights).map(|m| task.run(&m)))
+        }
         gemma4_12b_tiny_q4::FINGERPRINT => {
             Some(gemma4_12b_tiny_q4::load(weights).map(|m| task.run(&m)))
         }
@@ -458,6 +475,9 @@ pub fn run<T: ModelTask>(
             Some(qwen2_5_0_5b::load(weights).map(|m| task.run(&m)))
         }
         qwen2_5_7b::FINGERPRINT => Some(qwen2_5_7b::load(weights).map(|m| task.run(&m))),
+        qwen3_0_6b_tiny_mixed_kv::FINGERPRINT => {
+            Some(qwen3_0_6b_tiny_mixed_kv::load(weights).map(|m| task.run(&m)))
+        }
         qwen3_0_6b_tiny_q4::FINGERPRINT => {
             Some(qwen3_0_6b_tiny_q4::load(weights).map(|m| task.run(&m)))
         }

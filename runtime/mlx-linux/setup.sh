@@ -18,6 +18,11 @@ NUMPY_SPEC="numpy>=1.26,<3"
 # `archgen serve` is tested with.
 TRANSFORMERS_VERSION=5.24.0
 OPENAI_VERSION=3.57.0
+# The L2 oracle (tests/python/optiq_oracle.py): mlx-optiq's per-layer mixed KV.
+# Installed without its dependencies: its KV path (optiq.serve.install_mixed_kv)
+# imports only mlx, mlx-lm (with mlx_lm.server) and the standard library, while
+# its full list (flask, textual, pygame, ...) serves its own CLI and UI.
+OPTIQ_VERSION=0.7.7
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
@@ -81,6 +86,13 @@ if ((chat_ok == 0)); then
   say "installing $chat_want (chat template and server tests) into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check $chat_want \
     || die "pip could not install $chat_want (is PyPI reachable?)"
+fi
+
+got="$(.venv/bin/python -m pip show mlx-optiq 2>/dev/null | sed -n "s/^Version: //p" || true)"
+if [[ "$got" != "$OPTIQ_VERSION" ]]; then
+  say "installing mlx-optiq==${OPTIQ_VERSION} (L2 oracle, --no-deps) into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "mlx-optiq==${OPTIQ_VERSION}" \
+    || die "pip could not install mlx-optiq==${OPTIQ_VERSION} (is PyPI reachable?)"
 fi
 
 if [[ "$os" == Linux ]]; then

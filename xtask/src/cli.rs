@@ -134,6 +134,10 @@ pub struct ImportArgs {
     /// mlx-optiq kv_config.json (default: MODEL_DIR/kv_config.json when present)
     #[arg(long, value_name = "FILE")]
     pub kv_config: Option<PathBuf>,
+    /// Apply kv_config.json as mlx-optiq's install_mixed_kv does, from this offset
+    /// (spec `mixed_kv`, tier L2; default: from the kv_scheme.json beside it, if any)
+    #[arg(long, value_name = "N")]
+    pub quantized_kv_start: Option<u32>,
     /// Overwrite an existing spec
     #[arg(long)]
     pub force: bool,

@@ -310,7 +310,31 @@ pub fn import_cmd(args: &ImportArgs) -> Result<(), String> {
         }
         None => None,
     };
-    let (mut spec, applied) = import::from_config_json(&config, kv_value.as_ref(), &name)
+    // mlx-optiq's way of applying it: --quantized-kv-start, or a kv_scheme.json beside it.
+    let scheme_path = kv_path
+        .as_ref()
+        .and_then(|p| p.parent())
+        .map(|d| d.join(import::KV_SCHEME_FILE))
+        .filter(|p| p.is_file());
+    let optiq_start = match (args.quantized_kv_start, &scheme_path) {
+        (Some(n), _) => Some(n),
+        (None, Some(p)) => Some(
+            import::read_kv_scheme(&read_json(p)?).map_err(|e| format!("{}: {e}", p.display()))?,
+        ),
+        (None, None) => None,
+    };
+    if let (Some(_), None) = (optiq_start, &kv_value) {
+        return Err("--quantized-kv-start needs a kv_config.json (--kv-config FILE)".into());
+    }
+    let kv = match (&kv_value, optiq_start) {
+        (None, _) => None,
+        (Some(v), None) => Some(import::KvConfig::QuantizedCache(v)),
+        (Some(v), Some(quantized_kv_start)) => Some(import::KvConfig::OptiqMixed {
+            kv_config: v,
+            quantized_kv_start,
+        }),
+    };
+    let (mut spec, applied) = import::from_config_json_kv(&config, kv, &name)
         .map_err(|e| format!("{} cannot be imported:\n{e}", config_path.display()))?;
     if let Some((repo, rev)) = model_dir.as_deref().and_then(hub_cache_identity) {
         spec.identity_mut().source.repo = Some(repo);

@@ -614,6 +614,14 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                             (lit_i32(q.group_size as usize)?, lit_i32(q.bits as usize)?);
                         quote! { #field: LayerCache::Quantized(QuantizedKvCache::new(#group, #bits)), }
                     }
+                    (Window::Full, KvCache::QuantizedAfterForward { quant, start }) => {
+                        let (group, bits, start) = (
+                            lit_i32(quant.group_size as usize)?,
+                            lit_i32(quant.bits as usize)?,
+                            lit_i32(start)?,
+                        );
+                        quote! { #field: LayerCache::QuantizedAfterForward(MixedKvCache::new(#group, #bits, #start)), }
+                    }
                 });
                 let kv = if plan.donors_read.contains(&l.index) {
                     ident(&format!("kv_{}", l.index))
@@ -703,15 +711,18 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         KvSource::Shared { .. } => None,
     });
     let (mut any_sliding, mut any_plain_full, mut any_quantized) = (false, false, false);
+    let mut any_mixed = false;
     for c in caches {
         match c {
             (Window::Sliding(_), _) => any_sliding = true,
             (Window::Full, KvCache::Plain) => any_plain_full = true,
             (Window::Full, KvCache::Quantized(_)) => any_quantized = true,
+            (Window::Full, KvCache::QuantizedAfterForward { .. }) => any_mixed = true,
         }
     }
     let cache_imports = [
         any_plain_full.then(|| quote! { KvCache }),
+        any_mixed.then(|| quote! { MixedKvCache }),
         any_quantized.then(|| quote! { QuantizedKvCache }),
         any_sliding.then(|| quote! { RotatingKvCache }),
     ]

@@ -107,6 +107,10 @@ fn row(plan: &Plan, l: &Layer) -> Row {
             match cache {
                 KvCache::Plain => "-".to_string(),
                 KvCache::Quantized(q) => format!("{}-bit g{}", q.bits, q.group_size),
+                KvCache::QuantizedAfterForward { quant, start } => format!(
+                    "{}-bit g{} from offset {start} (optiq)",
+                    quant.bits, quant.group_size
+                ),
             },
         ),
         KvSource::Shared { donor } => (format!("from {donor}"), "-".to_string()),
@@ -244,6 +248,7 @@ pub fn plan_file(plan: &Plan) -> Result<String, String> {
             SoftcapForm::Eager => format!("{} (eager)", c.cap),
         }),
         quantization => quant.unwrap_or_else(|| "none".to_string()),
+        tier => archgen_spec::tier::tier(ir).to_string(),
         rows => rows,
         kinds => kinds,
         params => params,

@@ -281,6 +281,9 @@ fn layer_json(l: &Layer) -> Value {
                         "cache": match cache {
                             KvCache::Plain => json!("plain"),
                             KvCache::Quantized(q) => json!([q.bits, q.group_size]),
+                            KvCache::QuantizedAfterForward { quant, start } => {
+                                json!({ "optiq": [quant.bits, quant.group_size, start] })
+                            }
                         },
                     }),
                     KvSource::Shared { donor } => json!({ "shared": donor }),

@@ -39,6 +39,11 @@ pub struct DenseSpec {
     /// Weight quantization as the mlx config's `quantization` dict, or null.
     #[serde(deserialize_with = "explicit")]
     pub quantization: Option<Quantization>,
+    /// mlx-optiq per-layer mixed-precision KV (`kv_config.json` as `install_mixed_kv`
+    /// applies it; tier L2), or null. The one section that may be left out (absent
+    /// means null), so specs written before it read unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixed_kv: Option<crate::MixedKv>,
 }
 
 /// Model-wide dimensions and numerics.
@@ -138,6 +143,10 @@ pub struct DenseDerive {
     /// Weight quantization of the derived spec (never inherited), or null.
     #[serde(deserialize_with = "explicit")]
     pub quantization: Option<Quantization>,
+    /// mlx-optiq per-layer mixed KV of the derived spec (never inherited); may be left
+    /// out (absent means null).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixed_kv: Option<crate::MixedKv>,
 }
 
 /// The reduced sizes of a dense spec; everything else is inherited.
@@ -301,6 +310,9 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
     if ok && c.issues.is_empty() {
         if let Some(q) = &spec.quantization {
             validate::check_quantization(q, &resolve(spec), &mut c.issues);
+        }
+        if let Some(m) = &spec.mixed_kv {
+            c.issues.extend(crate::mixed_kv::check(m, &lower(spec)));
         }
     }
     c.issues
@@ -623,6 +635,7 @@ pub(crate) fn to_yaml(spec: &DenseSpec) -> String {
     let _ = writeln!(o, "mlp:");
     let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
     quantization_yaml(&mut o, spec.quantization.as_ref());
+    crate::mixed_kv::yaml(&mut o, spec.mixed_kv.as_ref());
     o
 }
 
@@ -718,6 +731,7 @@ pub(crate) fn parse_derived(
     let mut spec = parent.clone();
     spec.identity.name = file.identity.name.clone();
     spec.quantization = file.derive.quantization.clone();
+    spec.mixed_kv = file.derive.mixed_kv.clone();
     let mut issues = Vec::new();
     if let Some(r) = &file.derive.reduce {
         let rp = |f: &str| p("derive.reduce").key(f);
@@ -771,7 +785,7 @@ pub(crate) fn parse_derived(
     if issues.is_empty() {
         for mut i in check(&spec) {
             let s = i.path.to_string();
-            if s.starts_with("quantization") {
+            if s.starts_with("quantization") || s.starts_with("mixed_kv") {
                 let mut path = p("derive");
                 path.0.extend(i.path.0);
                 i.path = path;
@@ -1031,6 +1045,7 @@ pub(crate) fn import(
         },
         mlp: DenseMlp { intermediate_size },
         quantization,
+        mixed_kv: None,
     };
     let issues = check(&spec);
     if !issues.is_empty() {

@@ -307,6 +307,7 @@ fn apply(parent: &Gemma4Spec, file: &DerivedSpecFile) -> (Gemma4Spec, Vec<Issue>
     spec.identity.name = file.identity.name.clone();
     spec.quantization = file.derive.quantization.clone();
     spec.kv_quantization = file.derive.kv_quantization.clone();
+    spec.mixed_kv = file.derive.mixed_kv.clone();
     let Some(r) = &file.derive.reduce else {
         return (spec, issues);
     };
@@ -509,7 +510,7 @@ fn translate(mut i: Issue, file: &DerivedSpecFile, parent: &str) -> Issue {
     let direct = |prefix: &str| {
         s == prefix || s.starts_with(&format!("{prefix}.")) || s.starts_with(&format!("{prefix}["))
     };
-    if direct("quantization") || direct("kv_quantization") {
+    if direct("quantization") || direct("kv_quantization") || direct("mixed_kv") {
         let mut path = p("derive");
         path.0.extend(i.path.0);
         i.path = path;

@@ -161,6 +161,7 @@ pub(crate) fn gemma4_yaml(spec: &Gemma4Spec) -> String {
             }
         }
     }
+    crate::mixed_kv::yaml(&mut o, spec.mixed_kv.as_ref());
     o
 }
 

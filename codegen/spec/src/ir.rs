@@ -286,6 +286,11 @@ pub enum KvCache {
     Plain,
     /// mlx's quantized KV cache (full-window layers only).
     Quantized(KvQuant),
+    /// mlx-optiq's per-layer mixed KV (`install_mixed_kv`): a plain cache that,
+    /// after the first forward leaving `start` or more positions in it, becomes a
+    /// quantized cache holding `mx.quantize` of its whole buffers (full-window
+    /// layers only). Stock mlx-lm has no such cache: tier L2 (`crate::tier`).
+    QuantizedAfterForward { quant: KvQuant, start: usize },
 }
 
 /// The feed-forward half of a layer.

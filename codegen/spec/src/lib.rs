@@ -66,9 +66,11 @@ mod hf;
 mod hints;
 pub mod import;
 pub mod ir;
+mod mixed_kv;
 mod model;
 pub mod names;
 mod qwen3_moe;
+pub mod tier;
 mod validate;
 mod yaml;
 
@@ -86,6 +88,7 @@ pub use dense::{
 pub use diag::{Diagnostic, Diagnostics, FieldPath, Seg};
 pub use gemma2::{Gemma2Attention, Gemma2Layers, Gemma2Mlp, Gemma2Model, Gemma2Rope, Gemma2Spec};
 pub use hf::spec_hash;
+pub use mixed_kv::{KvBits, MixedKv};
 pub use model::*;
 pub use qwen3_moe::{
     Qwen3MoeDerive, Qwen3MoeDerivedSpecFile, Qwen3MoeExperts, Qwen3MoeReduce, Qwen3MoeRope,
@@ -173,11 +176,21 @@ impl Spec {
     /// loaded one is): the one description of the model everything
     /// downstream reads.
     pub fn lower(&self) -> ir::ModelIr {
-        match self {
+        let mut ir = match self {
             Spec::Gemma4(s) => gemma4::lower(s),
             Spec::Dense(s) => dense::lower(s),
             Spec::Gemma2(s) => gemma2::lower(s),
             Spec::Qwen3Moe(s) => qwen3_moe::lower(s),
+        };
+        mixed_kv::apply(&mut ir, self.mixed_kv());
+        ir
+    }
+    /// mlx-optiq per-layer mixed KV (`mixed_kv`), when the spec has it.
+    pub fn mixed_kv(&self) -> Option<&MixedKv> {
+        match self {
+            Spec::Gemma4(s) => s.mixed_kv.as_ref(),
+            Spec::Dense(s) => s.mixed_kv.as_ref(),
+            Spec::Gemma2(_) | Spec::Qwen3Moe(_) => None,
         }
     }
     /// Semantic validation of a spec built in code (see [`Gemma4Spec::validate`]).
@@ -291,14 +304,19 @@ pub fn json_schema() -> String {
     s
 }
 
+/// Sections a full spec may leave out (absent means null), so that the specs written
+/// before them still read and keep their `spec_hash`.
+const OPTIONAL_SECTIONS: [&str; 1] = ["mixed_kv"];
+
 /// Marks every property of every object schema as required (the parser has no
-/// defaults; `null` must be written).
+/// defaults; `null` must be written), except [`OPTIONAL_SECTIONS`].
 fn require_all(v: &mut serde_json::Value) {
     match v {
         serde_json::Value::Object(map) => {
             if let Some(serde_json::Value::Object(props)) = map.get("properties") {
                 let mut keys: Vec<serde_json::Value> = props
                     .keys()
+                    .filter(|k| !OPTIONAL_SECTIONS.contains(&k.as_str()))
                     .map(|k| serde_json::Value::String(k.clone()))
                     .collect();
                 keys.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
@@ -469,7 +487,7 @@ pub(crate) fn locate_all(tree: &Node, origin: &str, issues: Vec<Issue>) -> Diagn
 }
 
 /// Sections of the full form, in file order.
-const FULL_SECTIONS: [&str; 11] = [
+const FULL_SECTIONS: [&str; 12] = [
     "format_version",
     "identity",
     "model",
@@ -481,6 +499,7 @@ const FULL_SECTIONS: [&str; 11] = [
     "per_layer_input",
     "quantization",
     "kv_quantization",
+    "mixed_kv",
 ];
 
 fn deserialize_full(
@@ -504,6 +523,7 @@ fn deserialize_full(
             map.check::<Option<PerLayerInput>>("per_layer_input", &mut issues);
             map.check::<Option<Quantization>>("quantization", &mut issues);
             map.check::<Option<Vec<KvQuantEntry>>>("kv_quantization", &mut issues);
+            map.check_optional::<MixedKv>("mixed_kv", &mut issues);
             if issues.is_empty() {
                 issues.push(serde_issue(&FieldPath::root(), first));
             }
@@ -527,6 +547,15 @@ impl Sections {
             .map(|k| unknown_field(&FieldPath::root(), k, known))
             .collect();
         (Sections(map), issues)
+    }
+
+    /// Optional section `name` (absent means null): its first type error.
+    pub(crate) fn check_optional<T: DeserializeOwned>(&self, name: &str, issues: &mut Vec<Issue>) {
+        if let Some(v) = self.0.get(name) {
+            if let Err(e) = de_at::<Option<T>>(v.clone(), &FieldPath::root().key(name)) {
+                issues.push(e);
+            }
+        }
     }
 
     /// Section `name` missing, or its first type error.

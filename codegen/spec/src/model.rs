@@ -45,6 +45,11 @@ pub struct Gemma4Spec {
     /// Per-layer KV-cache quantization (mlx-optiq `kv_config.json`), or null.
     #[serde(deserialize_with = "explicit")]
     pub kv_quantization: Option<Vec<KvQuantEntry>>,
+    /// mlx-optiq per-layer mixed-precision KV (`kv_config.json` as `install_mixed_kv`
+    /// applies it; tier L2), or null. The one section that may be left out (absent
+    /// means null), so specs written before it read unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixed_kv: Option<crate::MixedKv>,
 }
 
 /// Who this architecture is.
@@ -467,6 +472,10 @@ pub struct Derive {
     /// KV-cache quantization of the derived spec (never inherited), or null.
     #[serde(deserialize_with = "explicit")]
     pub kv_quantization: Option<Vec<KvQuantEntry>>,
+    /// mlx-optiq per-layer mixed KV of the derived spec (never inherited); may be left
+    /// out (absent means null).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixed_kv: Option<crate::MixedKv>,
 }
 
 /// The reduced sizes. Everything structural (layer pattern, flags, RoPE, softcap, eps,

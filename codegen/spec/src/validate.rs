@@ -575,6 +575,10 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
             }
         }
     }
+    if let (true, Some(m)) = (c.issues.is_empty(), &spec.mixed_kv) {
+        c.issues
+            .extend(crate::mixed_kv::check(m, &crate::gemma4::lower(spec)));
+    }
     c.issues
 }
 

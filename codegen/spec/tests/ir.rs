@@ -68,7 +68,8 @@ fn lowering_keeps_every_resolved_fact() {
                 KvSource::Own { values, cache } => {
                     assert_eq!(values == Values::SameAsKeys, f.k_eq_v, "{at}");
                     let q = match cache {
-                        KvCache::Plain => None,
+                        // The Architecture view has no mixed_kv (mlx-optiq, L2).
+                        KvCache::Plain | KvCache::QuantizedAfterForward { .. } => None,
                         KvCache::Quantized(q) => Some(q),
                     };
                     assert_eq!(q, f.kv_quant, "{at}");

@@ -109,6 +109,26 @@ pub enum Impl {
     Auto,
 }
 
+/// The parity tier a run must keep (docs/parity.md, "Tiers").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RequiredTier {
+    /// Bit-exact with mlx-lm 0.32.2
+    #[value(name = "L1", alias = "l1")]
+    L1,
+    /// Bit-exact with mlx-lm 0.32.2 or with mlx-optiq 0.7.7 on it
+    #[value(name = "L2", alias = "l2")]
+    L2,
+}
+
+impl RequiredTier {
+    pub fn tier(self) -> archgen_spec::tier::Tier {
+        match self {
+            RequiredTier::L1 => archgen_spec::tier::Tier::L1,
+            RequiredTier::L2 => archgen_spec::tier::Tier::L2,
+        }
+    }
+}
+
 /// Comma-separated token ids, e.g. `2,105,7`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenIds(pub Vec<i32>);
@@ -163,6 +183,9 @@ pub struct LogitsArgs {
     /// Which implementation runs the checkpoint
     #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
     pub implementation: Impl,
+    /// Refuse to run (exit status 1) when the run's parity tier is below this one
+    #[arg(long, value_name = "TIER", value_enum)]
+    pub require_tier: Option<RequiredTier>,
     /// Output file (.safetensors), written atomically
     #[arg(long, value_name = "FILE.safetensors")]
     pub out: PathBuf,
@@ -202,6 +225,9 @@ pub struct GenerateArgs {
     /// Which implementation runs the checkpoint
     #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
     pub implementation: Impl,
+    /// Refuse to run (exit status 1) when the run's parity tier is below this one
+    #[arg(long, value_name = "TIER", value_enum)]
+    pub require_tier: Option<RequiredTier>,
 }
 
 #[derive(Debug, Args)]

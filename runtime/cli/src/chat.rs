@@ -79,7 +79,7 @@ pub fn chat(ui: &Ui, args: &ChatArgs) -> Result<(), String> {
         },
         ui: *ui,
     };
-    crate::run::with_model(ui, model, args.implementation, task)
+    crate::run::with_model(ui, model, args.implementation, None, task)
 }
 
 struct ChatTask<'a> {

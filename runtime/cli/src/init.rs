@@ -142,7 +142,9 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
     std::fs::write(out.join("config.json"), text + "\n")
         .map_err(|e| format!("cannot write {}: {e}", out.join("config.json").display()))?;
     // Per-layer KV-cache quantization travels as mlx-optiq's kv_config.json,
-    // which the loader reads back into the same architecture.
+    // which the loader reads back into the same architecture; mlx-optiq's way of
+    // applying it (mixed_kv) adds kv_scheme.json with its quantized_kv_start.
+    let mut optiq_start = None;
     let kv: Vec<serde_json::Value> = ir
         .layers
         .iter()
@@ -151,9 +153,23 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
                 cache: KvCache::Quantized(q),
                 ..
             } => Some(serde_json::json!({"layer_idx": l.index, "bits": q.bits, "group_size": q.group_size})),
+            KvSource::Own {
+                cache: KvCache::QuantizedAfterForward { quant: q, start },
+                ..
+            } => {
+                optiq_start = Some(start);
+                Some(serde_json::json!({"layer_idx": l.index, "bits": q.bits, "group_size": q.group_size}))
+            }
             KvSource::Own { cache: KvCache::Plain, .. } | KvSource::Shared { .. } => None,
         })
         .collect();
+    if let Some(start) = optiq_start {
+        let path = out.join(archgen_spec::import::KV_SCHEME_FILE);
+        let scheme = archgen_spec::import::kv_scheme_json(start as u32);
+        let text = serde_json::to_string_pretty(&scheme).expect("JSON of plain values");
+        std::fs::write(&path, text + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
     if !kv.is_empty() {
         let text = serde_json::to_string_pretty(&kv).expect("JSON of plain values");
         std::fs::write(out.join("kv_config.json"), text + "\n")

@@ -9,7 +9,7 @@ use archgen_runtime::model::{CausalLm, ModelTask};
 
 use tokenizers::Tokenizer;
 
-use crate::args::{Cli, Command, GenerateArgs, Impl, InitArgs, LogitsArgs, Prompt};
+use crate::args::{Cli, Command, GenerateArgs, Impl, InitArgs, LogitsArgs, Prompt, RequiredTier};
 use crate::engine::{Flow, Sampling, TextStream};
 use crate::ui::Ui;
 
@@ -19,11 +19,13 @@ pub(crate) fn mlx<T>(r: Result<T, mlx_rs::error::Exception>) -> Result<T, String
 
 /// Loads the checkpoint at `model` and runs `task` on the implementation that
 /// `--impl` selects: the generated model whose fingerprint matches the
-/// checkpoint, or the monolith.
+/// checkpoint, or the monolith. States the run's parity tier, and refuses the
+/// run when it is below `require_tier`.
 pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
     ui: &Ui,
     model: &Path,
     implementation: Impl,
+    require_tier: Option<RequiredTier>,
     task: T,
 ) -> Result<(), String> {
     let bar = ui.bytes_bar(&format!("loading {}", model.display()), 0);
@@ -44,6 +46,21 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
         bar.finish_and_clear();
     }
     let (arch, weights) = loaded.map_err(|e| e.to_string())?;
+    // Both implementations reproduce the same oracle, so the tier is the model's.
+    let tier = archgen_spec::tier::tier(&arch);
+    if let Some(required) = require_tier {
+        if tier.tier > required.tier() {
+            return Err(format!(
+                "--require-tier {}: refusing to run {}: its parity tier is {tier} ({}); \
+                 run it without --require-tier {}, or use a checkpoint without these features",
+                required.tier(),
+                model.display(),
+                tier.tier.oracle(),
+                required.tier(),
+            ));
+        }
+    }
+    ui.note(&format!("parity tier {tier} ({})", tier.tier.oracle()));
     let fingerprint = archgen_plan::fingerprint(&arch);
     if implementation != Impl::Monolith {
         if let Some(found) = archgen_generated::find(&fingerprint) {
@@ -113,7 +130,13 @@ fn logits(ui: &Ui, args: &LogitsArgs) -> Result<(), String> {
         steps: args.decode_steps,
         out: &args.out,
     };
-    with_model(ui, &args.model, args.implementation, task)
+    with_model(
+        ui,
+        &args.model,
+        args.implementation,
+        args.require_tier,
+        task,
+    )
 }
 
 struct LogitsTask<'a> {
@@ -340,7 +363,7 @@ fn generate(ui: &Ui, args: &GenerateArgs, prompt: &Prompt) -> Result<(), String>
         seed: args.seed,
         ui,
     };
-    with_model(ui, model, args.implementation, task)
+    with_model(ui, model, args.implementation, args.require_tier, task)
 }
 
 struct GenerateTask<'a> {

@@ -821,7 +821,7 @@ pub fn serve(
     let model_path = model.to_path_buf();
     let worker_thread = std::thread::Builder::new()
         .name("archgen-model".into())
-        .spawn(move || crate::run::with_model(&ui, &model_path, implementation, worker))
+        .spawn(move || crate::run::with_model(&ui, &model_path, implementation, None, worker))
         .map_err(|e| format!("cannot start the model thread: {e}"))?;
     let vocab_size = match ready_rx.recv() {
         Ok(v) => v,

@@ -19,7 +19,7 @@ use mlx_rs::Array;
 use crate::attention::{
     attend, batch_and_len, causal_mask, merged, quantized_sdpa, softcapped_attention, Mask,
 };
-use crate::cache::LayerCache;
+use crate::cache::{LayerCache, MixedKvNow, QuantizedKvCache};
 use crate::layers::{Embedding, Linear};
 use crate::moe::{experts, softmax_topk_moe, Router, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{geglu, gelu_approx_compiled, multiply_weak, rms_norm, swiglu, Result};
@@ -263,12 +263,34 @@ pub fn attend_own_kv(
     rows: bool,
 ) -> Result<(Array, SharedKv)> {
     let (b, l) = (q.shape()[0], q.shape()[2]);
-    if let (LayerCache::Quantized(_), Scores::Softcapped { .. }) = (&*cache, s.scores) {
+    if let (LayerCache::Quantized(_) | LayerCache::QuantizedAfterForward(_), Scores::Softcapped { .. }) =
+        (&*cache, s.scores)
+    {
         return Err(refused(
             "written-out softcapped attention over a quantized KV cache: mlx-lm's gemma2 attention cannot read quantized keys",
         ));
     }
-    if let LayerCache::Quantized(qc) = cache {
+    let quantized: Option<&mut QuantizedKvCache> = match cache {
+        LayerCache::Quantized(qc) => Some(qc),
+        // mlx-optiq's mixed KV: plain until converted (see MixedKvCache).
+        LayerCache::QuantizedAfterForward(mc) => match mc.convert_if_due()? {
+            MixedKvNow::Quantized(qc) => Some(qc),
+            MixedKvNow::Plain(kc) => {
+                let (keys, values) = kc.update_and_fetch(k, v)?;
+                let o = attend_with(q, &keys, &values, s, mask, rows)?;
+                return Ok((
+                    o,
+                    SharedKv {
+                        keys,
+                        values,
+                        offset,
+                    },
+                ));
+            }
+        },
+        LayerCache::Full(_) | LayerCache::Sliding(_) => None,
+    };
+    if let Some(qc) = quantized {
         // base.scaled_dot_product_attention: a cache with `.bits` routes to
         // quantized_scaled_dot_product_attention.
         let (qk, qv) = qc.update_and_fetch(k, v)?;
@@ -358,6 +380,7 @@ pub fn mask_for(cache: &LayerCache, n: i32, window: i32) -> Result<Mask> {
         LayerCache::Full(c) => Ok(c.make_mask(n)),
         LayerCache::Sliding(c) => c.make_mask(n, window),
         LayerCache::Quantized(c) => Ok(c.make_mask(n)),
+        LayerCache::QuantizedAfterForward(c) => Ok(c.make_mask(n)),
     }
 }
 

@@ -361,6 +361,93 @@ impl QuantizedKvCache {
     }
 }
 
+/// mlx-optiq's per-layer mixed KV (`install_mixed_kv`, mlx-optiq 0.7.7): a plain
+/// `KVCache` until a forward leaves `start` or more positions in it, then the
+/// `QuantizedKVCache` that optiq's `quantize_cache_layer` makes of it:
+/// `mx.quantize` of the whole key and value buffers (capacity kept), same offset.
+/// optiq converts in the hook mlx-lm calls after each forward; nothing reads the
+/// cache between that hook and the next forward, so converting at the start of
+/// the next update ([`MixedKvCache::convert_if_due`]) gives the same state.
+#[derive(Debug)]
+pub struct MixedKvCache {
+    state: MixedState,
+    pub group_size: i32,
+    pub bits: i32,
+    /// optiq's `quantized_kv_start`.
+    pub start: i32,
+}
+
+#[derive(Debug)]
+enum MixedState {
+    Plain(KvCache),
+    Quantized(QuantizedKvCache),
+}
+
+/// A [`MixedKvCache`] on one forward: before or after its conversion.
+pub enum MixedKvNow<'a> {
+    Plain(&'a mut KvCache),
+    Quantized(&'a mut QuantizedKvCache),
+}
+
+impl MixedKvCache {
+    pub fn new(group_size: i32, bits: i32, start: i32) -> Self {
+        MixedKvCache {
+            state: MixedState::Plain(KvCache::default()),
+            group_size,
+            bits,
+            start,
+        }
+    }
+
+    pub fn offset(&self) -> i32 {
+        match &self.state {
+            MixedState::Plain(c) => c.offset,
+            MixedState::Quantized(c) => c.offset,
+        }
+    }
+
+    /// Whether optiq's hook has converted the cache (so attention is quantized).
+    pub fn is_quantized(&self) -> bool {
+        matches!(self.state, MixedState::Quantized(_))
+    }
+
+    /// optiq's `patched_maybe_quantize` for this layer: a filled plain cache whose
+    /// offset is at least `start` becomes quantized; otherwise nothing changes.
+    pub fn convert_if_due(&mut self) -> Result<MixedKvNow<'_>> {
+        if let MixedState::Plain(c) = &mut self.state {
+            if c.offset >= self.start {
+                if let (Some(keys), Some(values)) = (c.keys.take(), c.values.take()) {
+                    let q = |x: &Array| -> Result<Quantized> {
+                        let (data, scales, biases) =
+                            mlx_rs::ops::quantize(x, self.group_size, self.bits)?;
+                        Ok(Quantized {
+                            data,
+                            scales,
+                            biases,
+                        })
+                    };
+                    self.state = MixedState::Quantized(QuantizedKvCache {
+                        keys: Some(q(&keys)?),
+                        values: Some(q(&values)?),
+                        offset: c.offset,
+                        group_size: self.group_size,
+                        bits: self.bits,
+                    });
+                }
+            }
+        }
+        Ok(match &mut self.state {
+            MixedState::Plain(c) => MixedKvNow::Plain(c),
+            MixedState::Quantized(c) => MixedKvNow::Quantized(c),
+        })
+    }
+
+    /// The mask of this layer kind: the same for both states (no window).
+    pub fn make_mask(&self, n: i32) -> Mask {
+        unwindowed_mask(n)
+    }
+}
+
 /// The cache of one layer that owns K/V (a donor or an unshared layer).
 #[derive(Debug)]
 pub enum LayerCache {
@@ -369,6 +456,8 @@ pub enum LayerCache {
     /// A full layer with a quantized cache (`kv_quantization`): attention
     /// then goes through [`crate::attention::quantized_sdpa`].
     Quantized(QuantizedKvCache),
+    /// A full layer with mlx-optiq's mixed KV (`mixed_kv`): plain, then quantized.
+    QuantizedAfterForward(MixedKvCache),
 }
 
 impl LayerCache {
@@ -377,6 +466,7 @@ impl LayerCache {
             LayerCache::Full(c) => c.offset,
             LayerCache::Sliding(c) => c.offset,
             LayerCache::Quantized(c) => c.offset,
+            LayerCache::QuantizedAfterForward(c) => c.offset(),
         }
     }
 
@@ -388,6 +478,9 @@ impl LayerCache {
             LayerCache::Sliding(c) => c.update_and_fetch(k, v),
             LayerCache::Quantized(_) => Err(mlx_rs::error::Exception::custom(
                 "LayerCache::update_and_fetch on a quantized cache: use QuantizedKvCache::update_and_fetch",
+            )),
+            LayerCache::QuantizedAfterForward(_) => Err(mlx_rs::error::Exception::custom(
+                "LayerCache::update_and_fetch on a mixed KV cache: use MixedKvCache::convert_if_due",
             )),
         }
     }

@@ -10,7 +10,9 @@ use archgen_runtime::blocks::{
     self as b, AttentionShape, AttentionWeights, Head, LayerNorms, Mlp, MoeBlock, PerLayerInputs,
     PleGate, SharedKv, SparseMoe,
 };
-use archgen_runtime::cache::{KvCache, LayerCache, QuantizedKvCache, RotatingKvCache};
+use archgen_runtime::cache::{
+    KvCache, LayerCache, MixedKvCache, QuantizedKvCache, RotatingKvCache,
+};
 use archgen_runtime::layers::{Embedding, Linear};
 use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::model::{CausalLm, ModelError};
@@ -301,6 +303,14 @@ impl CausalLm for Monolith {
                         QuantizedKvCache::new(q.group_size as i32, q.bits as i32),
                     ),
                     (Window::Full, ir::KvCache::Plain) => LayerCache::Full(KvCache::default()),
+                    // mlx-optiq's install_mixed_kv (tier L2).
+                    (Window::Full, ir::KvCache::QuantizedAfterForward { quant, start }) => {
+                        LayerCache::QuantizedAfterForward(MixedKvCache::new(
+                            quant.group_size as i32,
+                            quant.bits as i32,
+                            start as i32,
+                        ))
+                    }
                 }),
             })
             .collect()
@@ -470,12 +480,38 @@ pub fn architecture_of(
     } else {
         None
     };
+    // archgen's kv_scheme.json says the kv_config is applied as mlx-optiq applies it.
+    let scheme_path = dir.join(archgen_spec::import::KV_SCHEME_FILE);
+    let kv = match (&kv_config, scheme_path.is_file()) {
+        (None, false) => None,
+        (None, true) => {
+            return Err(ModelError(format!(
+                "{}: present without kv_config.json (it says how kv_config.json is applied); add the kv_config.json or remove it",
+                scheme_path.display()
+            )))
+        }
+        (Some(v), false) => Some(archgen_spec::import::KvConfig::QuantizedCache(v)),
+        (Some(v), true) => {
+            let text = std::fs::read_to_string(&scheme_path)
+                .map_err(|e| ModelError(format!("{}: {e}", scheme_path.display())))?;
+            let scheme: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| ModelError(format!("{}: {e}", scheme_path.display())))?;
+            let quantized_kv_start = archgen_spec::import::read_kv_scheme(&scheme)
+                .map_err(|e| ModelError(format!("{}: {e}", scheme_path.display())))?;
+            Some(archgen_spec::import::KvConfig::OptiqMixed {
+                kv_config: v,
+                quantized_kv_start,
+            })
+        }
+    };
     let (spec, _defaults) =
-        archgen_spec::import::from_config_json(config, kv_config.as_ref(), &name).map_err(|e| {
-            let kv = if kv_config.is_some() {
-                " (+ kv_config.json)"
-            } else {
-                ""
+        archgen_spec::import::from_config_json_kv(config, kv, &name).map_err(|e| {
+            let kv = match kv {
+                None => "",
+                Some(archgen_spec::import::KvConfig::QuantizedCache(_)) => " (+ kv_config.json)",
+                Some(archgen_spec::import::KvConfig::OptiqMixed { .. }) => {
+                    " (+ kv_config.json, kv_scheme.json)"
+                }
             };
             ModelError(format!("{}/config.json{kv}: {e}", dir.display()))
         })?;

@@ -1,0 +1,144 @@
+//! Parity tiers (docs/parity.md, "Tiers"): which oracle a model's run is
+//! bit-exact with, derived from the block IR alone.
+//!
+//! * **L1**: bit-exact with stock mlx-lm 0.32.2.
+//! * **L2**: bit-exact with mlx-optiq 0.7.7 on mlx-lm 0.32.2, for what stock mlx-lm
+//!   lacks (per-layer mixed-precision KV applied as `install_mixed_kv` applies it).
+//! * **L3**: no oracle. No IR fact leads there yet; run-time choices that do (a
+//!   sharded model, a custom kernel) add their reasons here when they land.
+
+use std::fmt;
+
+use crate::ir::{KvCache, KvSource, Mixer, ModelIr};
+
+/// A parity tier; a lower tier is a stronger claim (`L1 < L2 < L3`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tier {
+    L1,
+    L2,
+    L3,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::L1 => "L1",
+            Tier::L2 => "L2",
+            Tier::L3 => "L3",
+        }
+    }
+    /// What the tier is checked against.
+    pub fn oracle(self) -> &'static str {
+        match self {
+            Tier::L1 => "bit-exact with mlx-lm 0.32.2",
+            Tier::L2 => "bit-exact with mlx-optiq 0.7.7 on mlx-lm 0.32.2",
+            Tier::L3 => "no oracle",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Tier {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "L1" | "l1" => Ok(Tier::L1),
+            "L2" | "l2" => Ok(Tier::L2),
+            "L3" | "l3" => Ok(Tier::L3),
+            other => Err(format!("`{other}` is not a tier (L1, L2 or L3)")),
+        }
+    }
+}
+
+/// Why a model is above L1: one reason per feature, each with its tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reason {
+    /// Per-layer mixed-precision KV (mlx-optiq `install_mixed_kv`): the layers and
+    /// their (bits, group size), and `quantized_kv_start`.
+    MixedKv {
+        layers: Vec<(usize, u32, u32)>,
+        start: usize,
+    },
+}
+
+impl Reason {
+    pub fn tier(&self) -> Tier {
+        match self {
+            Reason::MixedKv { .. } => Tier::L2,
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::MixedKv { layers, start } => {
+                let list: Vec<String> = layers
+                    .iter()
+                    .map(|(i, b, g)| format!("{i}: {b}-bit g{g}"))
+                    .collect();
+                write!(
+                    f,
+                    "per-layer mixed KV (mlx-optiq install_mixed_kv, quantized_kv_start {start}; layers {})",
+                    list.join(", ")
+                )
+            }
+        }
+    }
+}
+
+/// A model's tier and the reasons for it (empty at L1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierReport {
+    pub tier: Tier,
+    pub reasons: Vec<Reason>,
+}
+
+impl fmt::Display for TierReport {
+    /// `L1`, or `L2: per-layer mixed KV (...)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.tier.as_str())?;
+        for (n, r) in self.reasons.iter().enumerate() {
+            f.write_str(if n == 0 { ": " } else { "; " })?;
+            write!(f, "{r}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The tier of a model: the highest tier among its features' reasons, L1 without any.
+pub fn tier(ir: &ModelIr) -> TierReport {
+    let mut mixed = Vec::new();
+    let mut mixed_start = None;
+    for layer in &ir.layers {
+        match &layer.mixer {
+            Mixer::Attention(a) => match a.kv {
+                KvSource::Shared { .. } => {}
+                KvSource::Own { cache, .. } => match cache {
+                    // mlx-lm's own KVCache / RotatingKVCache and QuantizedKVCache.
+                    KvCache::Plain | KvCache::Quantized(_) => {}
+                    KvCache::QuantizedAfterForward { quant, start } => {
+                        mixed.push((layer.index, quant.bits, quant.group_size));
+                        mixed_start = Some(start);
+                    }
+                },
+            },
+        }
+    }
+    let mut reasons = Vec::new();
+    if let Some(start) = mixed_start {
+        reasons.push(Reason::MixedKv {
+            layers: mixed,
+            start,
+        });
+    }
+    TierReport {
+        tier: reasons.iter().map(Reason::tier).max().unwrap_or(Tier::L1),
+        reasons,
+    }
+}
