@@ -964,7 +964,11 @@ pub(crate) fn import(
             // llama.py: 10000; qwen2.py: 1000000.
             let default = match family {
                 Family::Qwen2 => 1_000_000.0,
-                Family::Llama | Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => 10000.0,
+                Family::Llama
+                | Family::Qwen3
+                | Family::Gemma4
+                | Family::Gemma2
+                | Family::Qwen3Moe => 10000.0,
             };
             r.note("rope_theta", json!(default), ABSENT);
             default

@@ -263,8 +263,10 @@ pub fn attend_own_kv(
     rows: bool,
 ) -> Result<(Array, SharedKv)> {
     let (b, l) = (q.shape()[0], q.shape()[2]);
-    if let (LayerCache::Quantized(_) | LayerCache::QuantizedAfterForward(_), Scores::Softcapped { .. }) =
-        (&*cache, s.scores)
+    if let (
+        LayerCache::Quantized(_) | LayerCache::QuantizedAfterForward(_),
+        Scores::Softcapped { .. },
+    ) = (&*cache, s.scores)
     {
         return Err(refused(
             "written-out softcapped attention over a quantized KV cache: mlx-lm's gemma2 attention cannot read quantized keys",
