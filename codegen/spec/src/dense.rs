@@ -418,15 +418,21 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     };
     let qk_norm = match spec.identity.family {
         Family::Qwen3 => QkNorm::RmsPerHead,
-        Family::Llama | Family::Qwen2 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {
-            QkNorm::None
-        }
+        Family::Llama
+        | Family::Qwen2
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::MiniCpm => QkNorm::None,
     };
     let bias = match spec.identity.family {
         Family::Qwen2 => ProjectionBias::QueryKeyValue,
-        Family::Qwen3 | Family::Llama | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {
-            ProjectionBias::None
-        }
+        Family::Qwen3
+        | Family::Llama
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::MiniCpm => ProjectionBias::None,
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| Layer {
@@ -461,6 +467,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
             }),
             input: LayerInput::None,
             scalar: LayerScalar::None,
+            residual: Residual::Plain,
         })
         .collect();
     ModelIr {
@@ -487,6 +494,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
             },
             logit_softcap: None,
             norm: NormWeight::Direct,
+            logit_scale: LogitScale::None,
         },
         quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
     }
@@ -498,7 +506,12 @@ pub(crate) fn param_count(arch: &Architecture) -> u64 {
     let biases = |l: &crate::arch::LayerFacts| match arch.family {
         // q_proj, k_proj and v_proj biases.
         Family::Qwen2 => ((l.n_heads + 2 * l.n_kv_heads) * l.head_dim) as u64,
-        Family::Qwen3 | Family::Llama | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => 0,
+        Family::Qwen3
+        | Family::Llama
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::MiniCpm => 0,
     };
     let mut total: u64 = arch
         .quantizable_modules()
@@ -567,7 +580,7 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
             }
             v["rope_traditional"] = json!(spec.rope.traditional);
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {}
+        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe | Family::MiniCpm => {}
     }
     if let Some(q) = &spec.quantization {
         v["quantization"] = crate::hf::quantization_json(q);
@@ -840,7 +853,12 @@ pub(crate) fn import(
     // (never rope_parameters); qwen3.py reads rope_parameters too.
     let reads_rope_parameters = match family {
         Family::Qwen3 => true,
-        Family::Llama | Family::Qwen2 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => false,
+        Family::Llama
+        | Family::Qwen2
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::MiniCpm => false,
     };
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
@@ -880,7 +898,7 @@ pub(crate) fn import(
             let tie = r.boolean("tie_word_embeddings", true);
             (kv, head_dim, max_pos, tie)
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => (
+        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe | Family::MiniCpm => (
             r.required_uint("num_key_value_heads"),
             r.required_uint("head_dim"),
             r.required_uint("max_position_embeddings"),
@@ -928,7 +946,7 @@ pub(crate) fn import(
                 }
             }
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {}
+        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe | Family::MiniCpm => {}
     }
     // rope_theta / rope_scaling, with transformers >= 5's rope_parameters (qwen3 reads
     // it; llama.py does not).
@@ -968,7 +986,8 @@ pub(crate) fn import(
                 | Family::Qwen3
                 | Family::Gemma4
                 | Family::Gemma2
-                | Family::Qwen3Moe => 10000.0,
+                | Family::Qwen3Moe
+                | Family::MiniCpm => 10000.0,
             };
             r.note("rope_theta", json!(default), ABSENT);
             default

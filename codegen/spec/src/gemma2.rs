@@ -325,6 +325,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
             }),
             input: LayerInput::None,
             scalar: LayerScalar::None,
+            residual: Residual::Plain,
         })
         .collect();
     ModelIr {
@@ -350,6 +351,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
                 form: SoftcapForm::Eager,
             }),
             norm: NormWeight::OnePlus,
+            logit_scale: LogitScale::None,
         },
         quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
     }

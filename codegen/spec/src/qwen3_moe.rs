@@ -411,6 +411,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
             },
             input: LayerInput::None,
             scalar: LayerScalar::None,
+            residual: Residual::Plain,
         })
         .collect();
     ModelIr {
@@ -438,6 +439,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
             },
             logit_softcap: None,
             norm: NormWeight::Direct,
+            logit_scale: LogitScale::None,
         },
         quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
     }

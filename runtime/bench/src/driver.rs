@@ -74,6 +74,7 @@ impl Plan {
                 "qwen2.5-0.5b-tiny",
                 "gemma-2-2b-tiny",
                 "qwen3-30b-a3b-tiny-q4",
+                "minicpm-2b-tiny",
             ]
             .map(String::from)
             .to_vec(),
