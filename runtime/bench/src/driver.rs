@@ -75,6 +75,7 @@ impl Plan {
                 "gemma-2-2b-tiny",
                 "qwen3-30b-a3b-tiny-q4",
                 "minicpm-2b-tiny",
+                "mistral-7b-v0.3-tiny",
             ]
             .map(String::from)
             .to_vec(),
