@@ -66,6 +66,7 @@ mod hf;
 mod hints;
 pub mod import;
 pub mod ir;
+mod layout;
 mod minicpm;
 mod mixed_kv;
 mod model;

@@ -18,6 +18,7 @@ use crate::arch::{Architecture, LayerFacts, RopeKind};
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::layout::Layout;
 use crate::model::*;
 use crate::yaml::Node;
 use crate::{locate_all, locate_serde, validate, Sections};
@@ -469,63 +470,22 @@ pub(crate) fn to_yaml(spec: &MiniCpmSpec) -> String {
 
 // ---------------------------------------------------------------- parsing
 
-const SECTIONS: [&str; 9] = [
-    "format_version",
-    "identity",
-    "model",
-    "layers",
-    "attention",
-    "rope",
-    "mlp",
-    "scales",
-    "quantization",
-];
-
-/// Deserializes and validates a full MiniCPM document; every section's first error.
-pub(crate) fn parse_full(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-) -> Result<MiniCpmSpec, Diagnostics> {
-    let spec = match serde_path_to_error::deserialize::<_, MiniCpmSpec>(value.clone()) {
-        Ok(s) => s,
-        Err(_) => {
-            let (map, mut issues) = Sections::of(&value, &SECTIONS);
-            map.check::<u32>("format_version", &mut issues);
-            map.check::<Identity>("identity", &mut issues);
-            map.check::<DenseModel>("model", &mut issues);
-            map.check::<DenseLayers>("layers", &mut issues);
-            map.check::<DenseAttention>("attention", &mut issues);
-            map.check::<MiniCpmRope>("rope", &mut issues);
-            map.check::<DenseMlp>("mlp", &mut issues);
-            map.check::<MiniCpmScales>("scales", &mut issues);
-            map.check::<Option<Quantization>>("quantization", &mut issues);
-            if issues.is_empty() {
-                issues.push(Issue::new(
-                    FieldPath::root(),
-                    "the minicpm spec does not parse",
-                    "the sections format_version, identity, model, layers, attention, rope, mlp, scales, quantization",
-                    "see docs/spec-format.md#minicpm",
-                ));
-            }
-            for i in &mut issues {
-                section_texts(i);
-            }
-            return Err(locate_serde(tree, origin, issues));
-        }
-    };
-    let issues = check(&spec);
-    if issues.is_empty() {
-        Ok(spec)
-    } else {
-        Err(locate_all(tree, origin, issues))
-    }
-}
-
-/// The shared per-field texts describe the Gemma-4 layout; a section's missing or
-/// mistyped field gets this layout's own.
-fn section_texts(i: &mut Issue) {
-    const SECTIONS: [(&str, &str, &str); 7] = [
+/// How a minicpm document is read (see [`crate::layout`]).
+const LAYOUT: Layout = Layout {
+    family: "minicpm",
+    anchor: "minicpm",
+    sections: &[
+        ("format_version", Sections::check::<u32>),
+        ("identity", Sections::check::<Identity>),
+        ("model", Sections::check::<DenseModel>),
+        ("layers", Sections::check::<DenseLayers>),
+        ("attention", Sections::check::<DenseAttention>),
+        ("rope", Sections::check::<MiniCpmRope>),
+        ("mlp", Sections::check::<DenseMlp>),
+        ("scales", Sections::check::<MiniCpmScales>),
+        ("quantization", Sections::check::<Option<Quantization>>),
+    ],
+    texts: &[
         ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#minicpm"),
         ("scaling", "`traditional` or `rope_theta` (no scaling)", "MiniCPM's RoPE is plain here: rope_scaling must be null (MiniCPM4's longrope, mlx-lm's SuScaledRoPE, is not supported); see docs/spec-format.md#minicpm"),
         ("layers", "a mapping {num_hidden_layers}", "every layer is full attention; see docs/spec-format.md#minicpm"),
@@ -533,16 +493,17 @@ fn section_texts(i: &mut Issue) {
         ("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null); see docs/spec-format.md#minicpm"),
         ("mlp", "a mapping {intermediate_size}", "SwiGLU width; see docs/spec-format.md#minicpm"),
         ("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales; see docs/spec-format.md#minicpm"),
-    ];
-    let key = i.path.last_key().unwrap_or("").to_string();
-    if let Some((_, expected, hint)) = SECTIONS.iter().find(|(k, _, _)| *k == key) {
-        if i.message.starts_with("missing field") {
-            i.expected = format!("`{key}` to be written ({expected})");
-        } else {
-            i.expected = expected.to_string();
-        }
-        i.hint = hint.to_string();
-    }
+    ],
+    refused: &[],
+};
+
+/// Deserializes and validates a full MiniCPM document; every section's first error.
+pub(crate) fn parse_full(
+    value: serde_yaml::Value,
+    tree: &Node,
+    origin: &str,
+) -> Result<MiniCpmSpec, Diagnostics> {
+    LAYOUT.parse(value, tree, origin, check)
 }
 
 /// Applies a derived MiniCPM file to its (already loaded, valid) parent.
