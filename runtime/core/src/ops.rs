@@ -99,17 +99,24 @@ pub struct NormInputs {
 }
 
 impl NormInputs {
-    /// The float32 scalars for `eps` and for each width in `widths`.
+    /// The float32 scalars for each distinct `eps` and for each distinct
+    /// width in `widths`.
     pub fn new(eps: &[f32], widths: &[i32]) -> Self {
+        let mut distinct_eps: Vec<(u32, Array)> = Vec::with_capacity(eps.len());
+        for &e in eps {
+            if !distinct_eps.iter().any(|(k, _)| *k == e.to_bits()) {
+                distinct_eps.push((e.to_bits(), f32_constant(e)));
+            }
+        }
+        let mut inv_n: Vec<(i32, Array)> = Vec::with_capacity(widths.len());
+        for &n in widths {
+            if !inv_n.iter().any(|(k, _)| *k == n) {
+                inv_n.push((n, f32_constant(1.0 / n as f32)));
+            }
+        }
         NormInputs {
-            eps: eps
-                .iter()
-                .map(|&e| (e.to_bits(), Array::from_f32(e)))
-                .collect(),
-            inv_n: widths
-                .iter()
-                .map(|&n| (n, Array::from_f32(1.0 / n as f32)))
-                .collect(),
+            eps: distinct_eps,
+            inv_n,
             missed: std::cell::Cell::new(false),
         }
     }
@@ -174,6 +181,25 @@ impl NormInputs {
         drop(reset);
         (out, !missed)
     }
+}
+
+/// A float32 scalar holding `v`, made once per thread: the norms' eps and
+/// normalizers are traced inputs of every compiled decode block, for every
+/// layer on every step, and making them afresh each time was host work.
+/// The held reference keeps MLX from donating the buffer.
+fn f32_constant(v: f32) -> Array {
+    thread_local! {
+        static CONSTANTS: std::cell::RefCell<Vec<(u32, Array)>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    CONSTANTS.with(|cell| {
+        let mut made = cell.borrow_mut();
+        if let Some((_, a)) = made.iter().find(|(k, _)| *k == v.to_bits()) {
+            return a.clone();
+        }
+        let a = Array::from_f32(v);
+        made.push((v.to_bits(), a.clone()));
+        a
+    })
 }
 
 thread_local! {
