@@ -10,8 +10,9 @@ which sets up the wheels and the binaries. Per spec:
     `cargo xtask bench`); each loads every weight and runs one forward before
     it says ready, so nothing below times loading. By default four: the
     generated model on the GPU decode path (`generated@ARCHGEN_GPU_DECODE=1`,
-    the result line's gen), the generated model on the eager blocks, the
-    monolith and mlx-lm.
+    the result line's gen), the generated model on the eager blocks
+    (`generated@ARCHGEN_GPU_DECODE=0`, whatever the binary's default on a
+    GPU), the monolith and mlx-lm.
   * Prefill: `prefill 2048` then `prefill 128` per worker, each a fresh cache
     and one forward with the logits evaluated (the 2048 one is timed once per
     round too).
@@ -56,7 +57,7 @@ from pathlib import Path
 # docs/parity.md "On the GPU"), the same binary on the eager blocks (a GPU's
 # default), the monolith and mlx-lm.
 DEFAULT_GEN = "generated@ARCHGEN_GPU_DECODE=1"
-DEFAULT_IMPLS = f"{DEFAULT_GEN},generated,monolith,mlx-lm"
+DEFAULT_IMPLS = f"{DEFAULT_GEN},generated@ARCHGEN_GPU_DECODE=0,monolith,mlx-lm"
 
 
 def worker_cmd(name: str, model: Path, a) -> tuple[list[str], dict]:
@@ -245,7 +246,7 @@ def main() -> None:
         try:
             lines.append(bench(spec, a, bw))
         except (SystemExit, Exception) as e:  # report, go on with the next spec
-            lines.append(f"gpu ratio spec={spec} FAILED: {e}")
+            lines.append(f"gpu ratio spec={spec.partition(':')[0]} FAILED: {e}")
         print(lines[-1], flush=True)
     print("\n".join(lines))
 

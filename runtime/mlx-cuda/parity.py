@@ -203,7 +203,8 @@ def main() -> None:
         except Exception as e:  # report and go on: one case must not hide the rest
             result["mlx-lm"] = f"ERROR: {type(e).__name__}: {str(e)[:300]}"
         pairs = [("gen/mlx-lm", "generated", "mlx-lm"), ("mono/mlx-lm", "monolith", "mlx-lm"),
-                 ("gen/mono", "generated", "monolith"), ("gen/eager", "generated", "gen-eager")]
+                 ("gen/mono", "generated", "monolith"), ("gen/eager", "generated", "gen-eager"),
+                 ("eager/mlx-lm", "gen-eager", "mlx-lm")]
         if "gen-1tok" in names:
             pairs.append(("1tok/eager", "gen-1tok", "gen-eager"))
         files = {name: d / f"{name}.safetensors" for name in names}
