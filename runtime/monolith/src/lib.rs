@@ -36,6 +36,8 @@ struct Layer {
 }
 
 /// A layer's feed-forward weights, by IR `FeedForward`.
+// One per layer, never moved after loading: boxing would only add a hop.
+#[allow(clippy::large_enum_variant)]
 enum Ffn {
     /// The dense MLP, with Gemma-4's routed experts beside it when present.
     Dense { mlp: Mlp, moe: Option<MoeBlock> },
