@@ -166,6 +166,8 @@ struct Flavour {
     scalar: bool,
     /// q/k/v biases (Qwen2).
     bias: bool,
+    /// Depth-scaled residual branches (MiniCPM), by this Python float.
+    residual: Option<f64>,
 }
 
 /// Gemma-4's blocks: sandwich norms, q/k/v norms, GeGLU, layer scalar.
@@ -175,6 +177,7 @@ const SANDWICH: Flavour = Flavour {
     activation: b::Activation::GeluApprox,
     scalar: true,
     bias: false,
+    residual: None,
 };
 
 /// Qwen3 / Llama blocks: pre-norm, SwiGLU, with or without q/k norms.
@@ -185,6 +188,7 @@ const fn pre_norm(qk_norm: bool) -> Flavour {
         activation: b::Activation::Silu,
         scalar: false,
         bias: false,
+        residual: None,
     }
 }
 
@@ -296,8 +300,17 @@ fn run_layer(
         let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
         let (a, _) =
             b::attention_own_kv(&x, &p.attn, &p.kv, s, rope, &mut eager_cache, &mask).unwrap();
-        let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
-        let e = b::feed_forward(&e, &p.norms, &p.mlp, None, s.eps).unwrap();
+        let residual = f.residual.map(b::residual_scale);
+        let e = match &residual {
+            None => {
+                let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
+                b::feed_forward(&e, &p.norms, &p.mlp, None, s.eps).unwrap()
+            }
+            Some(r) => {
+                let e = b::attention_residual_scaled(&h, &a, &p.norms, s.eps, r).unwrap();
+                b::feed_forward_scaled(&e, &p.norms, &p.mlp, None, s.eps, r).unwrap()
+            }
+        };
         let want = b::finish_layer(&e, None, p.scalar.as_ref(), s.eps).unwrap();
 
         let tables = rope.tables(decode_cache.offset(), 1, dt).unwrap();
@@ -313,15 +326,27 @@ fn run_layer(
         };
         // The decode path takes and returns rows [B, hidden].
         let rows = h.reshape(&[1, hidden]).unwrap();
-        let (got, _) = decode::own_kv(
-            &rows,
-            &layer,
-            &d.kv,
-            fused.as_ref(),
-            &tables,
-            &mut decode_cache,
-            &mask,
-        )
+        let (got, _) = match &residual {
+            None => decode::own_kv(
+                &rows,
+                &layer,
+                &d.kv,
+                fused.as_ref(),
+                &tables,
+                &mut decode_cache,
+                &mask,
+            ),
+            Some(r) => decode::own_kv_scaled(
+                &rows,
+                &layer,
+                r,
+                &d.kv,
+                fused.as_ref(),
+                &tables,
+                &mut decode_cache,
+                &mask,
+            ),
+        }
         .unwrap();
         let got = got.reshape(&[1, 1, hidden]).unwrap();
         assert!(
@@ -511,6 +536,51 @@ fn qwen2_decode_blocks_match_the_eager_layer() {
     );
 }
 
+/// MiniCPM's blocks against the eager layer: Llama's pre-norm SwiGLU layer
+/// with both residual branches times `scale_depth / num_hidden_layers**0.5`
+/// (the factor an input of the compiled block, rounded to the branch's dtype
+/// there as on the eager path), at the tiny width and at MiniCPM-2B's 2304,
+/// for the 4-layer tiny spec's factor (0.7), the 2-layer one's and the
+/// 40-layer model's (1.4 / sqrt(40), whose float32 does not survive MLX's
+/// 7-digit constant inlining). The scaled layer must also differ from the
+/// plain one (the factor reaches the branches).
+#[test]
+fn minicpm_decode_blocks_match_the_eager_layer() {
+    let base = Rope::base(16, 1_000_000.0);
+    let s = shape(4, 16, (16f64).powf(-0.5) as f32, b::ValueNorm::None);
+    for layers in [4u32, 2, 40] {
+        let factor = 1.4 / f64::from(layers).powf(0.5);
+        let minicpm = Flavour {
+            residual: Some(factor),
+            ..pre_norm(false)
+        };
+        for dt in DTYPES {
+            for hidden in [64, 2304] {
+                run_layer(hidden, s, &base, false, false, minicpm, dt, false);
+            }
+        }
+    }
+    let f = 1.4 / 40f64.powf(0.5);
+    assert_ne!(
+        format!("{:.6e}", f as f32).parse::<f32>().ok(),
+        Some(f as f32)
+    );
+    // The factor changes the layer's output.
+    let dt = Dtype::Float32;
+    let p = parts(64, s, false, pre_norm(false), dt);
+    let h = lcg(7, &[1, 1, 64], 4.0, 0.0);
+    let a = lcg(8, &[1, 1, 64], 4.0, 0.0);
+    let plain = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
+    let scaled =
+        b::attention_residual_scaled(&h, &a, &p.norms, s.eps, &b::residual_scale(f)).unwrap();
+    assert!(!same(&plain, &scaled));
+    let (compiled, eager) = decode::block_counts();
+    assert!(
+        compiled >= 4 && eager == 0,
+        "{compiled} compiled, {eager} eager"
+    );
+}
+
 /// gemma2's blocks against the eager layer: sandwich norms (their `1 + w`
 /// weights are folded at load, so plain arrays here), no q/k/v norms, the
 /// GeLU-approx MLP, no layer scalar, and the written-out attention with a
@@ -526,6 +596,7 @@ fn gemma2_decode_blocks_match_the_eager_layer() {
         activation: b::Activation::GeluApprox,
         scalar: false,
         bias: false,
+        residual: None,
     };
     for (qpas, cap) in [(256.0f64, 50.0f32), (144.0, 5.0)] {
         let mut s = shape(2, 16, (1.0 / qpas.powf(0.5)) as f32, b::ValueNorm::None);

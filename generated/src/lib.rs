@@ -60,6 +60,14 @@ pub mod llama_3_2_1b;
 #[rustfmt::skip]
 pub mod llama_3_2_3b;
 #[rustfmt::skip]
+pub mod minicpm_2b_l2;
+#[rustfmt::skip]
+pub mod minicpm_2b_tiny_q4;
+#[rustfmt::skip]
+pub mod minicpm_2b_tiny;
+#[rustfmt::skip]
+pub mod minicpm_2b;
+#[rustfmt::skip]
 pub mod mistral_7b_v0_3_l2;
 #[rustfmt::skip]
 pub mod mistral_7b_v0_3_tiny_q4;
@@ -256,6 +264,26 @@ pub const MODELS: &[GeneratedModel] = &[
         fingerprint: llama_3_2_3b::FINGERPRINT,
     },
     GeneratedModel {
+        name: "minicpm-2b-l2",
+        spec: "specs/minicpm-2b-l2.yaml",
+        fingerprint: minicpm_2b_l2::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "minicpm-2b-tiny-q4",
+        spec: "specs/minicpm-2b-tiny-q4.yaml",
+        fingerprint: minicpm_2b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "minicpm-2b-tiny",
+        spec: "specs/minicpm-2b-tiny.yaml",
+        fingerprint: minicpm_2b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "minicpm-2b",
+        spec: "specs/minicpm-2b.yaml",
+        fingerprint: minicpm_2b::FINGERPRINT,
+    },
+    GeneratedModel {
         name: "mistral-7b-v0.3-l2",
         spec: "specs/mistral-7b-v0.3-l2.yaml",
         fingerprint: mistral_7b_v0_3_l2::FINGERPRINT,
@@ -450,6 +478,16 @@ pub fn run<T: ModelTask>(
         llama_3_2_3b::FINGERPRINT => {
             Some(llama_3_2_3b::load(weights).map(|m| task.run(&m)))
         }
+        minicpm_2b_l2::FINGERPRINT => {
+            Some(minicpm_2b_l2::load(weights).map(|m| task.run(&m)))
+        }
+        minicpm_2b_tiny_q4::FINGERPRINT => {
+            Some(minicpm_2b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        minicpm_2b_tiny::FINGERPRINT => {
+            Some(minicpm_2b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        minicpm_2b::FINGERPRINT => Some(minicpm_2b::load(weights).map(|m| task.run(&m))),
         mistral_7b_v0_3_l2::FINGERPRINT => {
             Some(mistral_7b_v0_3_l2::load(weights).map(|m| task.run(&m)))
         }

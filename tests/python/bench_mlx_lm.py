@@ -12,6 +12,9 @@ evaluated 1-token forward on a throwaway cache, it prints
               mx.async_eval before step n's token is read; a step's time is the
               interval between two tokens becoming available
               -> {"steps_s": [T...], "tokens": [...]} (the W + S tokens fed)
+  steps W S sequential
+              the same, one step at a time: forward + mx.eval of the logits row
+              timed alone, the argmax outside the timed span
   nodes       one more step, its graph's primitive nodes counted before
               evaluation (mx.export_to_dot) -> {"nodes": N, "by_op": {...}}
   quit
@@ -88,7 +91,24 @@ def main() -> None:
             secs = time.perf_counter() - t
             last = logits[-1]
             reply({"prefill_s": secs})
-        elif words[0] == "steps":
+        elif words[0] == "steps" and words[3:] == ["sequential"]:
+            # One step at a time (the Rust worker's `sequential`): forward +
+            # mx.eval of the logits row timed alone, the argmax outside.
+            warm, timed = int(words[1]), int(words[2])
+            times, tokens = [], []
+            for i in range(warm + timed):
+                tok = int(mx.argmax(last, axis=-1).item())
+                tokens.append(tok)
+                x = mx.array([[tok]], dtype=mx.int32)
+                mx.eval(x)
+                t = time.perf_counter()
+                row = model(x, cache=cache)[0, -1]
+                mx.eval(row)
+                if i >= warm:
+                    times.append(time.perf_counter() - t)
+                last = row
+            reply({"steps_s": times, "tokens": tokens})
+        elif words[0] == "steps" and words[3:] in ([], ["pipelined"]):
             # Pipelined as mlx_lm.generate.generate_step: the token stays a
             # lazy array fed to the next forward; step n+1 is queued with
             # mx.async_eval before step n's token is read. A step's time is

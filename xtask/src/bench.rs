@@ -110,6 +110,12 @@ pub fn run(args: &BenchArgs, quiet: bool) -> Result<(), String> {
     if quiet {
         run_args.push("--quiet".into());
     }
+    if args.sequential {
+        if !quick && specs.is_empty() {
+            return Err("bench --sequential measures the earlier way and writes no docs: name the specs with --spec".into());
+        }
+        run_args.push("--sequential".into());
+    }
     if quick {
         run_args.push("--quick".into());
         run_args.extend(["--json".into(), cache.join("quick.json").into()]);

@@ -185,6 +185,10 @@ pub struct BenchArgs {
     /// docs/benchmarks.md alone
     #[arg(long = "spec", value_name = "NAME")]
     pub specs: Vec<String>,
+    /// Decode steps one at a time, as the change log's CPU runs 1-11
+    /// were measured (needs --spec or --quick)
+    #[arg(long)]
+    pub sequential: bool,
 }
 
 #[cfg(test)]

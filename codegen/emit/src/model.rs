@@ -8,8 +8,8 @@
 use archgen_plan::{LayerKind, Plan};
 use archgen_spec::ir::{
     Activation, Attention, EmbedScale, FeedForward, HeadWeight, KvCache, KvSource, Layer,
-    LayerInput, LayerScalar, ModelIr, NormArrangement, NormWeight, ProjectionBias, QkNorm, Router,
-    Scores, Softcap, SoftcapForm, TopKProbs, ValueNorm, Values, Window,
+    LayerInput, LayerScalar, LogitScale, ModelIr, NormArrangement, NormWeight, ProjectionBias,
+    QkNorm, Residual, Router, Scores, Softcap, SoftcapForm, TopKProbs, ValueNorm, Values, Window,
 };
 use archgen_spec::RopeKind;
 use proc_macro2::{Ident, Literal, Span, TokenStream};
@@ -190,6 +190,15 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
         LayerScalar::None => {}
         LayerScalar::Learned => parts.push("layer scalar".to_string()),
     }
+    match l.residual {
+        Residual::Plain => {}
+        Residual::DepthScaled {
+            scale_depth,
+            num_hidden_layers,
+        } => parts.push(format!(
+            "residual branches × {scale_depth} / sqrt({num_hidden_layers})"
+        )),
+    }
     format!(
         " {} {list}: {}.",
         if layers.len() == 1 { "Layer" } else { "Layers" },
@@ -316,17 +325,46 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     } else {
         quote! { None }
     };
+    // Depth-scaled residual branches: the factor as a field (an array, so
+    // the compiled decode block takes it as an input).
+    let residual = match l.residual {
+        Residual::Plain => None,
+        Residual::DepthScaled { .. } => {
+            let f = l
+                .residual
+                .factor()
+                .ok_or_else(|| format!("layer kind {}: no residual factor", kind.name))?;
+            Some(Literal::f64_suffixed(f))
+        }
+    };
+    let residual_field = residual.as_ref().map(|_| quote! { residual: Array, });
+    let residual_load = residual
+        .as_ref()
+        .map(|f| quote! { residual: b::residual_scale(#f), });
+    let (attention_residual, feed_forward) = match residual {
+        None => (
+            quote! { b::attention_residual(h, &a, &self.norms, EPS)? },
+            quote! { b::feed_forward(&h, &self.norms, &self.mlp, #moe_ref, EPS)? },
+        ),
+        Some(_) => (
+            quote! { b::attention_residual_scaled(h, &a, &self.norms, EPS, &self.residual)? },
+            quote! { b::feed_forward_scaled(&h, &self.norms, &self.mlp, #moe_ref, EPS, &self.residual)? },
+        ),
+    };
     let (kv_arg, attn, decode_step, ret_ty, ret) = match own {
         Some(_) => (
             quote! { cache: &mut LayerCache },
             quote! {
                 let (a, kv) = b::attention_own_kv(&x, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
             },
-            match experts {
-                None => {
+            match (&experts, &residual) {
+                (None, None) => {
                     quote! { decode::own_kv(h, &layer, &self.kv, self.qkv.as_ref(), tables, cache, at.mask) }
                 }
-                Some(_) => {
+                (None, Some(_)) => {
+                    quote! { decode::own_kv_scaled(h, &layer, &self.residual, &self.kv, self.qkv.as_ref(), tables, cache, at.mask) }
+                }
+                (Some(_), _) => {
                     quote! { decode::own_kv_experts(h, &layer, &self.kv, self.qkv.as_ref(), tables, cache, at.mask) }
                 }
             },
@@ -338,14 +376,25 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             quote! {
                 let a = b::attention_shared_kv(&x, &self.attn, Self::SHAPE, at.rope, shared, at.mask)?;
             },
-            match experts {
-                None => quote! { decode::shared_kv(h, &layer, tables, shared, at.mask) },
-                Some(_) => quote! { decode::shared_kv_experts(h, &layer, tables, shared, at.mask) },
+            match (&experts, &residual) {
+                (None, None) => quote! { decode::shared_kv(h, &layer, tables, shared, at.mask) },
+                (None, Some(_)) => {
+                    quote! { decode::shared_kv_scaled(h, &layer, &self.residual, tables, shared, at.mask) }
+                }
+                (Some(_), _) => {
+                    quote! { decode::shared_kv_experts(h, &layer, tables, shared, at.mask) }
+                }
             },
             quote! { Array },
             quote! { Ok(h) },
         ),
     };
+    if let (Some(_), Some(_)) = (&experts, &residual) {
+        return Err(format!(
+            "layer kind {}: routed experts with depth-scaled residuals: no runtime block runs them",
+            kind.name
+        ));
+    }
     if let (Some(load), None) = (&experts, &act) {
         // Routed experts in place of the MLP: no dense MLP, no width argument.
         return Ok(quote! {
@@ -414,6 +463,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             #moe_field
             #ple_field
             #scalar_field
+            #residual_field
         }
 
         impl #name {
@@ -428,6 +478,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                     #moe_load
                     #ple_load
                     #scalar_load
+                    #residual_load
                 };
                 #bias_load
                 #kv_pre
@@ -455,8 +506,8 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                 }
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                 #attn
-                let h = b::attention_residual(h, &a, &self.norms, EPS)?;
-                let h = b::feed_forward(&h, &self.norms, &self.mlp, #moe_ref, EPS)?;
+                let h = #attention_residual;
+                let h = #feed_forward;
                 let h = b::finish_layer(&h, #ple_use, #scalar_ref, EPS)?;
                 #ret
             }
@@ -666,6 +717,10 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
     let embed_scale = match ir.embedding.scale {
         EmbedScale::None => quote! { b::EmbedScale::None },
         EmbedScale::SqrtHidden => quote! { b::EmbedScale::SqrtHidden },
+        EmbedScale::Constant(c) => {
+            let c = Literal::f64_suffixed(c);
+            quote! { b::EmbedScale::Constant(#c) }
+        }
     };
     let (head_field, head_load, head_pre, head, linear_import) = match ir.head.weight {
         HeadWeight::TiedEmbedding => (
@@ -683,21 +738,31 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             Some(quote! { use archgen_runtime::layers::Linear; }),
         ),
     };
+    // The head with a scale before it: `logits_scaled` (models without one
+    // keep the plain `logits` call they had).
+    let head_call = |softcap: TokenStream| match ir.head.logit_scale {
+        LogitScale::None => quote! { b::logits(&h, &self.norm, #head, #softcap, EPS)? },
+        LogitScale::DivideBy(d) => {
+            let d = Literal::f64_suffixed(d);
+            quote! { b::logits_scaled(&h, &self.norm, #head, b::LogitScale::DivideBy(#d), #softcap, EPS)? }
+        }
+    };
     let logits = match ir.head.logit_softcap {
-        None => quote! { b::logits(&h, &self.norm, #head, None, EPS)? },
+        None => head_call(quote! { None }),
         Some(Softcap {
             cap,
             form: SoftcapForm::Compiled,
         }) => {
             let c = lit_f32(cap);
-            quote! { b::logits(&h, &self.norm, #head, Some(#c), EPS)? }
+            head_call(quote! { Some(#c) })
         }
         Some(Softcap {
             cap,
             form: SoftcapForm::Eager,
         }) => {
             let c = Literal::f64_suffixed(f64::from(cap));
-            quote! { archgen_runtime::ops::softcap_eager(&b::logits(&h, &self.norm, #head, None, EPS)?, #c)? }
+            let logits = head_call(quote! { None });
+            quote! { archgen_runtime::ops::softcap_eager(&#logits, #c)? }
         }
     };
     let norm_load = match ir.head.norm {

@@ -4,8 +4,8 @@
 use archgen_plan::{Plan, GENERATOR_VERSION};
 use archgen_spec::ir::{
     Activation, AttentionScale, EmbedScale, FeedForward, GatedMlp, HeadWeight, KvCache, KvSource,
-    Layer, LayerInput, LayerScalar, NormArrangement, NormWeight, ProjectionBias, QkNorm, RopeForm,
-    Router, Scores, SoftcapForm, TopKProbs, ValueNorm, Values, Window,
+    Layer, LayerInput, LayerScalar, LogitScale, NormArrangement, NormWeight, ProjectionBias,
+    QkNorm, Residual, RopeForm, Router, Scores, SoftcapForm, TopKProbs, ValueNorm, Values, Window,
 };
 use archgen_spec::RopeKind;
 use minijinja::{Environment, UndefinedBehavior};
@@ -93,6 +93,16 @@ fn row(plan: &Plan, l: &Layer) -> Row {
     match l.scalar {
         LayerScalar::None => {}
         LayerScalar::Learned => extra.push("layer scalar".to_string()),
+    }
+    match l.residual {
+        Residual::Plain => {}
+        Residual::DepthScaled {
+            scale_depth,
+            num_hidden_layers,
+        } => extra.push(format!(
+            "branches × {scale_depth}/√{num_hidden_layers} = {}",
+            l.residual.factor().unwrap_or(f64::NAN)
+        )),
     }
     let norms = std::iter::once(norms.to_string())
         .chain(extra)
@@ -232,8 +242,9 @@ pub fn plan_file(plan: &Plan) -> Result<String, String> {
         num_layers => ir.layers.len(),
         eps => ir.norm_eps.to_string(),
         embedding => match ir.embedding.scale {
-            EmbedScale::None => "unscaled",
-            EmbedScale::SqrtHidden => "× sqrt(hidden)",
+            EmbedScale::None => "unscaled".to_string(),
+            EmbedScale::SqrtHidden => "× sqrt(hidden)".to_string(),
+            EmbedScale::Constant(c) => format!("× {c}"),
         },
         ple => ir.embedding.per_layer_input.map_or("none".to_string(), |p| format!("width {}, vocab {}", p.width, p.vocab)),
         head => format!("{}{}", match ir.head.weight {
@@ -242,7 +253,10 @@ pub fn plan_file(plan: &Plan) -> Result<String, String> {
         }, match ir.head.norm {
             NormWeight::Direct => "",
             NormWeight::OnePlus => "; final norm weight 1 + w",
-        }),
+        }) + &match ir.head.logit_scale {
+            LogitScale::None => String::new(),
+            LogitScale::DivideBy(d) => format!("; normed hidden state ÷ {d} before it"),
+        },
         softcap => ir.head.logit_softcap.map_or("none".to_string(), |c| match c.form {
             SoftcapForm::Compiled => c.cap.to_string(),
             SoftcapForm::Eager => format!("{} (eager)", c.cap),

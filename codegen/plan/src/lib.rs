@@ -44,8 +44,9 @@
 //! ```
 
 use archgen_spec::ir::{
-    Attention, AttentionScale, FeedForward, KvCache, KvSource, Layer, LayerInput, Mixer, ModelIr,
-    NormWeight, ProjectionBias, RopeForm, Scores, SoftcapForm, Values, Window,
+    Attention, AttentionScale, EmbedScale, FeedForward, KvCache, KvSource, Layer, LayerInput,
+    LogitScale, Mixer, ModelIr, NormWeight, ProjectionBias, Residual, RopeForm, Scores,
+    SoftcapForm, Values, Window,
 };
 use archgen_spec::{ModuleKind, QuantMode, RopeKind, Spec};
 use serde_json::{json, Value};
@@ -239,6 +240,7 @@ fn layer_json(l: &Layer) -> Value {
         ffn,
         input,
         scalar,
+        residual,
     } = l;
     let mixer = match mixer {
         Mixer::Attention(Attention {
@@ -319,13 +321,25 @@ fn layer_json(l: &Layer) -> Value {
             "experts": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
         }),
     };
-    json!({
+    let mut layer = json!({
         "norms": [format!("{:?}", norms.arrangement), format!("{:?}", norms.weight)],
         "mixer": mixer,
         "ffn": ffn,
         "input": format!("{input:?}"),
         "scalar": format!("{scalar:?}"),
-    })
+    });
+    // Written only when scaled, so the fingerprints of models from before the
+    // fact existed stay as they were.
+    match residual {
+        Residual::Plain => {}
+        Residual::DepthScaled {
+            scale_depth,
+            num_hidden_layers,
+        } => {
+            layer["residual"] = json!(["depth_scaled", f64_bits(*scale_depth), num_hidden_layers]);
+        }
+    }
+    layer
 }
 
 /// What the fingerprint covers: every IR fact that changes the code or the
@@ -365,7 +379,10 @@ pub fn fingerprint_input(ir: &ModelIr) -> Value {
         "vocab_size": vocab_size,
         "norm_eps": f32_bits(*norm_eps),
         "embedding": {
-            "scale": format!("{:?}", embedding.scale),
+            "scale": match embedding.scale {
+                EmbedScale::None | EmbedScale::SqrtHidden => json!(format!("{:?}", embedding.scale)),
+                EmbedScale::Constant(c) => json!(["Constant", f64_bits(c)]),
+            },
             "per_layer_input": embedding.per_layer_input.map(|p| json!([p.width, p.vocab])),
         },
         "layers": layers.iter().map(layer_json).collect::<Vec<_>>(),
@@ -382,6 +399,7 @@ fn head_json(head: &archgen_spec::ir::Head) -> Value {
         weight,
         logit_softcap,
         norm,
+        logit_scale,
     } = head;
     let mut v = json!({
         "weight": format!("{weight:?}"),
@@ -393,6 +411,11 @@ fn head_json(head: &archgen_spec::ir::Head) -> Value {
     match norm {
         NormWeight::Direct => {}
         NormWeight::OnePlus => v["norm"] = json!(format!("{norm:?}")),
+    }
+    // Written only when present (earlier fingerprints stay as they were).
+    match logit_scale {
+        LogitScale::None => {}
+        LogitScale::DivideBy(d) => v["logit_scale"] = json!(["divide", f64_bits(*d)]),
     }
     v
 }

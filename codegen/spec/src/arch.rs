@@ -452,7 +452,8 @@ impl Architecture {
     /// Parameter count of the unquantized model (weights, norms, scalars).
     pub fn param_count(&self) -> u64 {
         let h = self.hidden_size as u64;
-        if self.family.is_dense() {
+        // MiniCPM's tensors are Llama's (its scales are constants, not weights).
+        if self.family.is_dense() || self.family == Family::MiniCpm {
             return crate::dense::param_count(self);
         }
         if self.family == Family::Gemma2 {

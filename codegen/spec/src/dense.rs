@@ -11,6 +11,7 @@
 use crate::arch::{Architecture, LayerFacts, RopeKind};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader, ABSENT};
+use crate::layout::Layout;
 use crate::model::*;
 use crate::yaml::Node;
 use crate::{locate_all, locate_serde, validate, Sections};
@@ -418,15 +419,21 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     };
     let qk_norm = match spec.identity.family {
         Family::Qwen3 => QkNorm::RmsPerHead,
-        Family::Llama | Family::Qwen2 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {
-            QkNorm::None
-        }
+        Family::Llama
+        | Family::Qwen2
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::MiniCpm => QkNorm::None,
     };
     let bias = match spec.identity.family {
         Family::Qwen2 => ProjectionBias::QueryKeyValue,
-        Family::Qwen3 | Family::Llama | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {
-            ProjectionBias::None
-        }
+        Family::Qwen3
+        | Family::Llama
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::MiniCpm => ProjectionBias::None,
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| Layer {
@@ -461,6 +468,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
             }),
             input: LayerInput::None,
             scalar: LayerScalar::None,
+            residual: Residual::Plain,
         })
         .collect();
     ModelIr {
@@ -487,6 +495,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
             },
             logit_softcap: None,
             norm: NormWeight::Direct,
+            logit_scale: LogitScale::None,
         },
         quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
     }
@@ -498,7 +507,12 @@ pub(crate) fn param_count(arch: &Architecture) -> u64 {
     let biases = |l: &crate::arch::LayerFacts| match arch.family {
         // q_proj, k_proj and v_proj biases.
         Family::Qwen2 => ((l.n_heads + 2 * l.n_kv_heads) * l.head_dim) as u64,
-        Family::Qwen3 | Family::Llama | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => 0,
+        Family::Qwen3
+        | Family::Llama
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::MiniCpm => 0,
     };
     let mut total: u64 = arch
         .quantizable_modules()
@@ -567,7 +581,7 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
             }
             v["rope_traditional"] = json!(spec.rope.traditional);
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {}
+        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe | Family::MiniCpm => {}
     }
     if let Some(q) = &spec.quantization {
         v["quantization"] = crate::hf::quantization_json(q);
@@ -641,16 +655,31 @@ pub(crate) fn to_yaml(spec: &DenseSpec) -> String {
 
 // ---------------------------------------------------------------- parsing
 
-const SECTIONS: [&str; 8] = [
-    "format_version",
-    "identity",
-    "model",
-    "layers",
-    "attention",
-    "rope",
-    "mlp",
-    "quantization",
-];
+/// How a dense document is read (see [`crate::layout`]).
+const LAYOUT: Layout = Layout {
+    family: "dense",
+    anchor: "dense-families",
+    sections: &[
+        ("format_version", Sections::check::<u32>),
+        ("identity", Sections::check::<Identity>),
+        ("model", Sections::check::<DenseModel>),
+        ("layers", Sections::check::<DenseLayers>),
+        ("attention", Sections::check::<DenseAttention>),
+        ("rope", Sections::check::<DenseRope>),
+        ("mlp", Sections::check::<DenseMlp>),
+        ("quantization", Sections::check::<Option<Quantization>>),
+        ("mixed_kv", Sections::check_optional::<crate::MixedKv>),
+    ],
+    texts: &[
+        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#dense-families"),
+        ("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
+        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "attention geometry; see docs/spec-format.md#dense-families"),
+        ("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`; see docs/spec-format.md#dense-families"),
+        ("mlp", "a mapping {intermediate_size}", "SwiGLU width; see docs/spec-format.md#dense-families"),
+        ("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
+    ],
+    refused: &[],
+};
 
 /// Deserializes and validates a full dense document; every section's first error.
 pub(crate) fn parse_full(
@@ -658,60 +687,7 @@ pub(crate) fn parse_full(
     tree: &Node,
     origin: &str,
 ) -> Result<DenseSpec, Diagnostics> {
-    let spec = match serde_path_to_error::deserialize::<_, DenseSpec>(value.clone()) {
-        Ok(s) => s,
-        Err(_) => {
-            let (map, mut issues) = Sections::of(&value, &SECTIONS);
-            map.check::<u32>("format_version", &mut issues);
-            map.check::<Identity>("identity", &mut issues);
-            map.check::<DenseModel>("model", &mut issues);
-            map.check::<DenseLayers>("layers", &mut issues);
-            map.check::<DenseAttention>("attention", &mut issues);
-            map.check::<DenseRope>("rope", &mut issues);
-            map.check::<DenseMlp>("mlp", &mut issues);
-            map.check::<Option<Quantization>>("quantization", &mut issues);
-            if issues.is_empty() {
-                issues.push(Issue::new(
-                    FieldPath::root(),
-                    "the dense spec does not parse",
-                    "the sections format_version, identity, model, layers, attention, rope, mlp, quantization",
-                    "see docs/spec-format.md#dense-families",
-                ));
-            }
-            for i in &mut issues {
-                dense_texts(i);
-            }
-            return Err(locate_serde(tree, origin, issues));
-        }
-    };
-    let issues = check(&spec);
-    if issues.is_empty() {
-        Ok(spec)
-    } else {
-        Err(locate_all(tree, origin, issues))
-    }
-}
-
-/// The shared per-field texts describe the Gemma-4 layout; a dense section's
-/// missing or mistyped field gets the dense layout's own.
-fn dense_texts(i: &mut Issue) {
-    const SECTIONS: [(&str, &str, &str); 6] = [
-        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#dense-families"),
-        ("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
-        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "attention geometry; see docs/spec-format.md#dense-families"),
-        ("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`; see docs/spec-format.md#dense-families"),
-        ("mlp", "a mapping {intermediate_size}", "SwiGLU width; see docs/spec-format.md#dense-families"),
-        ("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
-    ];
-    let key = i.path.last_key().unwrap_or("").to_string();
-    if let Some((_, expected, hint)) = SECTIONS.iter().find(|(k, _, _)| *k == key) {
-        if i.message.starts_with("missing field") {
-            i.expected = format!("`{key}` to be written ({expected})");
-        } else {
-            i.expected = expected.to_string();
-        }
-        i.hint = hint.to_string();
-    }
+    LAYOUT.parse(value, tree, origin, check)
 }
 
 /// Applies a derived dense file to its (already loaded, valid) parent.
@@ -840,7 +816,12 @@ pub(crate) fn import(
     // (never rope_parameters); qwen3.py reads rope_parameters too.
     let reads_rope_parameters = match family {
         Family::Qwen3 => true,
-        Family::Llama | Family::Qwen2 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => false,
+        Family::Llama
+        | Family::Qwen2
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::MiniCpm => false,
     };
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
@@ -880,7 +861,7 @@ pub(crate) fn import(
             let tie = r.boolean("tie_word_embeddings", true);
             (kv, head_dim, max_pos, tie)
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => (
+        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe | Family::MiniCpm => (
             r.required_uint("num_key_value_heads"),
             r.required_uint("head_dim"),
             r.required_uint("max_position_embeddings"),
@@ -928,7 +909,7 @@ pub(crate) fn import(
                 }
             }
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {}
+        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe | Family::MiniCpm => {}
     }
     // rope_theta / rope_scaling, with transformers >= 5's rope_parameters (qwen3 reads
     // it; llama.py does not).
@@ -964,7 +945,12 @@ pub(crate) fn import(
             // llama.py: 10000; qwen2.py: 1000000.
             let default = match family {
                 Family::Qwen2 => 1_000_000.0,
-                Family::Llama | Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => 10000.0,
+                Family::Llama
+                | Family::Qwen3
+                | Family::Gemma4
+                | Family::Gemma2
+                | Family::Qwen3Moe
+                | Family::MiniCpm => 10000.0,
             };
             r.note("rope_theta", json!(default), ABSENT);
             default

@@ -14,6 +14,7 @@ use crate::arch::{Architecture, LayerFacts, RopeKind};
 use crate::dense::{DenseDerivedSpecFile, DenseReduce};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::layout::Layout;
 use crate::model::*;
 use crate::yaml::Node;
 use crate::{locate_all, locate_serde, validate, Sections};
@@ -325,6 +326,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
             }),
             input: LayerInput::None,
             scalar: LayerScalar::None,
+            residual: Residual::Plain,
         })
         .collect();
     ModelIr {
@@ -350,6 +352,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
                 form: SoftcapForm::Eager,
             }),
             norm: NormWeight::OnePlus,
+            logit_scale: LogitScale::None,
         },
         quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
     }
@@ -456,16 +459,33 @@ pub(crate) fn to_yaml(spec: &Gemma2Spec) -> String {
 
 // ---------------------------------------------------------------- parsing
 
-const SECTIONS: [&str; 8] = [
-    "format_version",
-    "identity",
-    "model",
-    "layers",
-    "attention",
-    "rope",
-    "mlp",
-    "quantization",
-];
+/// How a gemma2 document is read (see [`crate::layout`]).
+const LAYOUT: Layout = Layout {
+    family: "gemma2",
+    anchor: "gemma-2",
+    sections: &[
+        ("format_version", Sections::check::<u32>),
+        ("identity", Sections::check::<Identity>),
+        ("model", Sections::check::<Gemma2Model>),
+        ("layers", Sections::check::<Gemma2Layers>),
+        ("attention", Sections::check::<Gemma2Attention>),
+        ("rope", Sections::check::<Gemma2Rope>),
+        ("mlp", Sections::check::<Gemma2Mlp>),
+        ("quantization", Sections::check::<Option<Quantization>>),
+    ],
+    texts: &[
+        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, final_logit_softcapping, max_position_embeddings}", "model-wide sizes; the head is always tied; see docs/spec-format.md#gemma-2"),
+        ("layers", "a mapping {num_hidden_layers}", "every Gemma-2 layer is full attention (mlx-lm has no sliding window for it); see docs/spec-format.md#gemma-2"),
+        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim, query_pre_attn_scalar, attn_logit_softcapping}", "attention geometry and its scale and softcap; see docs/spec-format.md#gemma-2"),
+        ("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta`; see docs/spec-format.md#gemma-2"),
+        ("mlp", "a mapping {intermediate_size}", "GeLU-approx MLP width; see docs/spec-format.md#gemma-2"),
+    ],
+    refused: &[
+        ("sliding_window", "mlx-lm's gemma2 has no sliding window: every layer is full attention with a plain KV cache (docs/spec-format.md#gemma-2)"),
+        ("tie_word_embeddings", "mlx-lm's gemma2 always uses the embedding as the head; there is nothing to write (docs/spec-format.md#gemma-2)"),
+        ("kv_quantization", "mlx-lm's gemma2 attention cannot read a quantized KV cache (docs/spec-format.md#gemma-2)"),
+    ],
+};
 
 /// Deserializes and validates a full Gemma-2 document; every section's first error.
 pub(crate) fn parse_full(
@@ -473,71 +493,7 @@ pub(crate) fn parse_full(
     tree: &Node,
     origin: &str,
 ) -> Result<Gemma2Spec, Diagnostics> {
-    let spec = match serde_path_to_error::deserialize::<_, Gemma2Spec>(value.clone()) {
-        Ok(s) => s,
-        Err(_) => {
-            let (map, mut issues) = Sections::of(&value, &SECTIONS);
-            map.check::<u32>("format_version", &mut issues);
-            map.check::<Identity>("identity", &mut issues);
-            map.check::<Gemma2Model>("model", &mut issues);
-            map.check::<Gemma2Layers>("layers", &mut issues);
-            map.check::<Gemma2Attention>("attention", &mut issues);
-            map.check::<Gemma2Rope>("rope", &mut issues);
-            map.check::<Gemma2Mlp>("mlp", &mut issues);
-            map.check::<Option<Quantization>>("quantization", &mut issues);
-            if issues.is_empty() {
-                issues.push(Issue::new(
-                    FieldPath::root(),
-                    "the gemma2 spec does not parse",
-                    "the sections format_version, identity, model, layers, attention, rope, mlp, quantization",
-                    "see docs/spec-format.md#gemma-2",
-                ));
-            }
-            for i in &mut issues {
-                gemma2_texts(i);
-            }
-            return Err(locate_serde(tree, origin, issues));
-        }
-    };
-    let issues = check(&spec);
-    if issues.is_empty() {
-        Ok(spec)
-    } else {
-        Err(locate_all(tree, origin, issues))
-    }
-}
-
-/// The shared per-field texts describe the Gemma-4 layout; a Gemma-2 section's
-/// missing or mistyped field gets this layout's own.
-fn gemma2_texts(i: &mut Issue) {
-    const SECTIONS: [(&str, &str, &str); 5] = [
-        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, final_logit_softcapping, max_position_embeddings}", "model-wide sizes; the head is always tied; see docs/spec-format.md#gemma-2"),
-        ("layers", "a mapping {num_hidden_layers}", "every Gemma-2 layer is full attention (mlx-lm has no sliding window for it); see docs/spec-format.md#gemma-2"),
-        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim, query_pre_attn_scalar, attn_logit_softcapping}", "attention geometry and its scale and softcap; see docs/spec-format.md#gemma-2"),
-        ("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta`; see docs/spec-format.md#gemma-2"),
-        ("mlp", "a mapping {intermediate_size}", "GeLU-approx MLP width; see docs/spec-format.md#gemma-2"),
-    ];
-    // Fields other layouts have that mlx-lm's gemma2 does not read.
-    const REFUSED: [(&str, &str); 3] = [
-        ("sliding_window", "mlx-lm's gemma2 has no sliding window: every layer is full attention with a plain KV cache (docs/spec-format.md#gemma-2)"),
-        ("tie_word_embeddings", "mlx-lm's gemma2 always uses the embedding as the head; there is nothing to write (docs/spec-format.md#gemma-2)"),
-        ("kv_quantization", "mlx-lm's gemma2 attention cannot read a quantized KV cache (docs/spec-format.md#gemma-2)"),
-    ];
-    let key = i.path.last_key().unwrap_or("").to_string();
-    if i.message.starts_with("unknown field") {
-        if let Some((_, hint)) = REFUSED.iter().find(|(k, _)| *k == key) {
-            i.hint = hint.to_string();
-        }
-        return;
-    }
-    if let Some((_, expected, hint)) = SECTIONS.iter().find(|(k, _, _)| *k == key) {
-        if i.message.starts_with("missing field") {
-            i.expected = format!("`{key}` to be written ({expected})");
-        } else {
-            i.expected = expected.to_string();
-        }
-        i.hint = hint.to_string();
-    }
+    LAYOUT.parse(value, tree, origin, check)
 }
 
 /// Applies a derived file (the dense derived form: `reduce` of the seven sizes) to its

@@ -145,6 +145,7 @@ pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
                     Some(p) => LayerInput::Gated { width: p.width },
                 },
                 scalar: LayerScalar::Learned,
+                residual: Residual::Plain,
             }
         })
         .collect();
@@ -191,6 +192,7 @@ pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
                 form: SoftcapForm::Compiled,
             }),
             norm: NormWeight::Direct,
+            logit_scale: LogitScale::None,
         },
         quantization: spec.quantization.as_ref().map(WeightQuant::of),
     }

@@ -19,8 +19,9 @@
 //! │                Mixer::Attention (heads, q/k/v biases and norms, RoPE, scale, window, K/V source,
 //! │                    scores: fused SDPA or written out with a softcap)
 //! │                FeedForward::{Mlp, MlpAndMoe, Moe}
-//! │                LayerInput (per-layer input gate), LayerScalar
-//! └── head         tied or not, logit softcap (compiled or eager), final norm weight form
+//! │                LayerInput (per-layer input gate), LayerScalar, Residual (plain or depth-scaled)
+//! └── head         tied or not, logit softcap (compiled or eager), final norm weight form,
+//!                  logit scale (none or a divide before the projection)
 //! ```
 
 use crate::arch::{KvQuant, RopeKind, WeightQuant};
@@ -88,21 +89,28 @@ pub enum SanitizeRule {
     /// `mlp.experts.{e}.{gate,up,down}_proj.weight` of each layer into
     /// `mlp.switch_mlp.{gate,up,down}_proj.weight` (`[experts, out, in]`).
     StackExperts,
+    /// `lm_head.weight` taken from `embed_tokens.weight` when the checkpoint
+    /// has none (minicpm's `sanitize`; the head itself stays a separate
+    /// `lm_head` linear).
+    CopyEmbeddingToHead,
 }
 
 /// Token embedding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Embedding {
     pub scale: EmbedScale,
     pub per_layer_input: Option<PerLayerInput>,
 }
 
 /// What the embedding is multiplied by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum EmbedScale {
     None,
     /// `sqrt(hidden_size)` as a weak Python float scalar.
     SqrtHidden,
+    /// A constant from the config as a weak Python scalar, rounded to the
+    /// embedding's dtype (minicpm's `embed_tokens(ids) * scale_emb`).
+    Constant(f64),
 }
 
 /// Per-layer inputs: a second embedding and a projection of the first, split
@@ -124,6 +132,38 @@ pub struct Layer {
     pub ffn: FeedForward,
     pub input: LayerInput,
     pub scalar: LayerScalar,
+    /// How the mixer's and the feed-forward half's outputs join the residual
+    /// stream.
+    pub residual: Residual,
+}
+
+/// How a layer's two branches (mixer, feed-forward half) are added to the
+/// residual stream.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Residual {
+    /// `h + branch`.
+    Plain,
+    /// `h + branch * (scale_depth / num_hidden_layers**0.5)` on both branches
+    /// (minicpm's `DecoderLayer`): the factor a Python float computed in f64,
+    /// then a weak scalar (rounded to the branch's dtype).
+    DepthScaled {
+        scale_depth: f64,
+        num_hidden_layers: usize,
+    },
+}
+
+impl Residual {
+    /// The Python float the branches are multiplied by, as mlx-lm computes
+    /// it: `scale_depth / num_hidden_layers**0.5` in f64 (`**` is C `pow`).
+    pub fn factor(self) -> Option<f64> {
+        match self {
+            Residual::Plain => None,
+            Residual::DepthScaled {
+                scale_depth,
+                num_hidden_layers,
+            } => Some(scale_depth / (num_hidden_layers as f64).powf(0.5)),
+        }
+    }
 }
 
 /// Where the layer's RMSNorms sit and how their weight is applied.
@@ -385,6 +425,19 @@ pub struct Head {
     pub logit_softcap: Option<Softcap>,
     /// How the final RMSNorm applies its weight.
     pub norm: NormWeight,
+    /// What the normed hidden state is scaled by before the output
+    /// projection.
+    pub logit_scale: LogitScale,
+}
+
+/// A scale of the final hidden state before the output projection.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LogitScale {
+    None,
+    /// `h / d` with `d` a Python float (a divide, not a multiply by `1 / d`:
+    /// different bits), rounded to `h`'s dtype as a weak scalar: minicpm's
+    /// untied `lm_head(out / (hidden_size / dim_model_base))`.
+    DivideBy(f64),
 }
 
 /// `tanh(x / cap) * cap` with `cap` a Python float.

@@ -66,6 +66,8 @@ mod hf;
 mod hints;
 pub mod import;
 pub mod ir;
+mod layout;
+mod minicpm;
 mod mixed_kv;
 mod model;
 pub mod names;
@@ -88,6 +90,9 @@ pub use dense::{
 pub use diag::{Diagnostic, Diagnostics, FieldPath, Seg};
 pub use gemma2::{Gemma2Attention, Gemma2Layers, Gemma2Mlp, Gemma2Model, Gemma2Rope, Gemma2Spec};
 pub use hf::spec_hash;
+pub use minicpm::{
+    MiniCpmDerive, MiniCpmDerivedSpecFile, MiniCpmReduce, MiniCpmRope, MiniCpmScales, MiniCpmSpec,
+};
 pub use mixed_kv::{KvBits, MixedKv};
 pub use model::*;
 pub use qwen3_moe::{
@@ -116,6 +121,8 @@ pub enum Spec {
     Gemma2(Gemma2Spec),
     /// Qwen3-MoE.
     Qwen3Moe(Qwen3MoeSpec),
+    /// MiniCPM.
+    MiniCpm(MiniCpmSpec),
 }
 
 impl Spec {
@@ -125,6 +132,7 @@ impl Spec {
             Spec::Dense(s) => &s.identity,
             Spec::Gemma2(s) => &s.identity,
             Spec::Qwen3Moe(s) => &s.identity,
+            Spec::MiniCpm(s) => &s.identity,
         }
     }
     pub fn identity_mut(&mut self) -> &mut Identity {
@@ -133,6 +141,7 @@ impl Spec {
             Spec::Dense(s) => &mut s.identity,
             Spec::Gemma2(s) => &mut s.identity,
             Spec::Qwen3Moe(s) => &mut s.identity,
+            Spec::MiniCpm(s) => &mut s.identity,
         }
     }
     /// `identity.name`.
@@ -146,13 +155,13 @@ impl Spec {
     pub fn as_gemma4(&self) -> Option<&Gemma4Spec> {
         match self {
             Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_) | Spec::Gemma2(_) | Spec::Qwen3Moe(_) => None,
+            Spec::Dense(_) | Spec::Gemma2(_) | Spec::Qwen3Moe(_) | Spec::MiniCpm(_) => None,
         }
     }
     pub fn as_gemma4_mut(&mut self) -> Option<&mut Gemma4Spec> {
         match self {
             Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_) | Spec::Gemma2(_) | Spec::Qwen3Moe(_) => None,
+            Spec::Dense(_) | Spec::Gemma2(_) | Spec::Qwen3Moe(_) | Spec::MiniCpm(_) => None,
         }
     }
     pub fn quantization(&self) -> Option<&Quantization> {
@@ -161,6 +170,7 @@ impl Spec {
             Spec::Dense(s) => s.quantization.as_ref(),
             Spec::Gemma2(s) => s.quantization.as_ref(),
             Spec::Qwen3Moe(s) => s.quantization.as_ref(),
+            Spec::MiniCpm(s) => s.quantization.as_ref(),
         }
     }
     /// The resolved architecture (the spec must be valid, as every loaded one is).
@@ -170,6 +180,7 @@ impl Spec {
             Spec::Dense(s) => dense::resolve(s),
             Spec::Gemma2(s) => gemma2::resolve(s),
             Spec::Qwen3Moe(s) => qwen3_moe::resolve(s),
+            Spec::MiniCpm(s) => minicpm::resolve(s),
         }
     }
     /// The spec lowered to the block IR (the spec must be valid, as every
@@ -181,6 +192,7 @@ impl Spec {
             Spec::Dense(s) => dense::lower(s),
             Spec::Gemma2(s) => gemma2::lower(s),
             Spec::Qwen3Moe(s) => qwen3_moe::lower(s),
+            Spec::MiniCpm(s) => minicpm::lower(s),
         };
         mixed_kv::apply(&mut ir, self.mixed_kv());
         ir
@@ -190,7 +202,7 @@ impl Spec {
         match self {
             Spec::Gemma4(s) => s.mixed_kv.as_ref(),
             Spec::Dense(s) => s.mixed_kv.as_ref(),
-            Spec::Gemma2(_) | Spec::Qwen3Moe(_) => None,
+            Spec::Gemma2(_) | Spec::Qwen3Moe(_) | Spec::MiniCpm(_) => None,
         }
     }
     /// Semantic validation of a spec built in code (see [`Gemma4Spec::validate`]).
@@ -200,6 +212,7 @@ impl Spec {
             Spec::Dense(s) => in_memory(dense::check(s)),
             Spec::Gemma2(s) => in_memory(gemma2::check(s)),
             Spec::Qwen3Moe(s) => in_memory(qwen3_moe::check(s)),
+            Spec::MiniCpm(s) => in_memory(minicpm::check(s)),
         }
     }
 }
@@ -212,6 +225,7 @@ pub fn to_yaml(spec: &Spec) -> String {
         Spec::Dense(s) => dense::to_yaml(s),
         Spec::Gemma2(s) => gemma2::to_yaml(s),
         Spec::Qwen3Moe(s) => qwen3_moe::to_yaml(s),
+        Spec::MiniCpm(s) => minicpm::to_yaml(s),
     }
 }
 
@@ -224,6 +238,7 @@ pub fn to_hf_json(spec: &Spec) -> serde_json::Value {
         Spec::Dense(s) => dense::hf_json(s),
         Spec::Gemma2(s) => gemma2::hf_json(s),
         Spec::Qwen3Moe(s) => qwen3_moe::hf_json(s),
+        Spec::MiniCpm(s) => minicpm::hf_json(s),
     }
 }
 
@@ -236,6 +251,7 @@ pub fn to_config_json(spec: &Spec) -> serde_json::Value {
         Spec::Dense(s) => dense::config_json(s),
         Spec::Gemma2(s) => gemma2::config_json(s),
         Spec::Qwen3Moe(s) => qwen3_moe::config_json(s),
+        Spec::MiniCpm(s) => minicpm::config_json(s),
     }
 }
 
@@ -454,6 +470,8 @@ fn parse_inner(
         gemma2::parse_full(value, &tree, origin).map(Spec::Gemma2)
     } else if declared_family(&value) == Some(Family::Qwen3Moe) {
         qwen3_moe::parse_full(value, &tree, origin).map(Spec::Qwen3Moe)
+    } else if declared_family(&value) == Some(Family::MiniCpm) {
+        minicpm::parse_full(value, &tree, origin).map(Spec::MiniCpm)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
         let issues = validate::check(&spec);

@@ -79,6 +79,9 @@ pub enum Family {
     Gemma2,
     /// Qwen3-MoE (`qwen3_moe.py`): Qwen3 attention, routed SwiGLU experts.
     Qwen3Moe,
+    /// MiniCPM (`minicpm.py`): Llama's stack with embedding, residual and logit scales.
+    #[serde(rename = "minicpm")]
+    MiniCpm,
 }
 
 impl Family {
@@ -91,6 +94,7 @@ impl Family {
             Family::Qwen2 => "qwen2",
             Family::Gemma2 => "gemma2",
             Family::Qwen3Moe => "qwen3_moe",
+            Family::MiniCpm => "minicpm",
         }
     }
     /// Dense decoder families share one document layout ([`crate::DenseSpec`]).
@@ -131,6 +135,8 @@ pub enum ConfigModelType {
     Qwen2,
     Gemma2,
     Qwen3Moe,
+    #[serde(rename = "minicpm")]
+    MiniCpm,
 }
 
 impl ConfigModelType {
@@ -146,6 +152,7 @@ impl ConfigModelType {
             ConfigModelType::Qwen2 => "qwen2",
             ConfigModelType::Gemma2 => "gemma2",
             ConfigModelType::Qwen3Moe => "qwen3_moe",
+            ConfigModelType::MiniCpm => "minicpm",
         }
     }
     /// The family whose mlx-lm module reads this `model_type`.
@@ -159,6 +166,7 @@ impl ConfigModelType {
             ConfigModelType::Qwen2 => Family::Qwen2,
             ConfigModelType::Gemma2 => Family::Gemma2,
             ConfigModelType::Qwen3Moe => Family::Qwen3Moe,
+            ConfigModelType::MiniCpm => Family::MiniCpm,
         }
     }
 }
@@ -524,6 +532,8 @@ pub(crate) enum SpecDocument {
     Gemma2(crate::gemma2::Gemma2Spec),
     Qwen3Moe(crate::qwen3_moe::Qwen3MoeSpec),
     DerivedQwen3Moe(crate::qwen3_moe::Qwen3MoeDerivedSpecFile),
+    MiniCpm(crate::minicpm::MiniCpmSpec),
+    DerivedMiniCpm(crate::minicpm::MiniCpmDerivedSpecFile),
 }
 
 impl Gemma4Spec {

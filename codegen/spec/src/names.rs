@@ -69,7 +69,6 @@ pub fn attention_biases(a: &Attention) -> Vec<(&'static str, u64)> {
     }
 }
 
-
 /// The router's projection module, relative to the layer.
 pub fn router_module(r: Router) -> &'static str {
     match r {

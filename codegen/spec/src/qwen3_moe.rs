@@ -12,6 +12,7 @@ use crate::arch::{Architecture, LayerFacts, MoeFacts, RopeKind};
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::layout::Layout;
 use crate::model::*;
 use crate::yaml::Node;
 use crate::{locate_all, locate_serde, validate, Sections};
@@ -411,6 +412,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
             },
             input: LayerInput::None,
             scalar: LayerScalar::None,
+            residual: Residual::Plain,
         })
         .collect();
     ModelIr {
@@ -438,6 +440,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
             },
             logit_softcap: None,
             norm: NormWeight::Direct,
+            logit_scale: LogitScale::None,
         },
         quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
     }
@@ -531,17 +534,31 @@ pub(crate) fn to_yaml(spec: &Qwen3MoeSpec) -> String {
 
 // ---------------------------------------------------------------- parsing
 
-const SECTIONS: [&str; 9] = [
-    "format_version",
-    "identity",
-    "model",
-    "layers",
-    "attention",
-    "rope",
-    "mlp",
-    "moe",
-    "quantization",
-];
+/// How a qwen3_moe document is read (see [`crate::layout`]).
+const LAYOUT: Layout = Layout {
+    family: "qwen3_moe",
+    anchor: "qwen3-moe",
+    sections: &[
+        ("format_version", Sections::check::<u32>),
+        ("identity", Sections::check::<Identity>),
+        ("model", Sections::check::<DenseModel>),
+        ("layers", Sections::check::<DenseLayers>),
+        ("attention", Sections::check::<DenseAttention>),
+        ("rope", Sections::check::<Qwen3MoeRope>),
+        ("mlp", Sections::check::<DenseMlp>),
+        ("moe", Sections::check::<Qwen3MoeExperts>),
+        ("quantization", Sections::check::<Option<Quantization>>),
+    ],
+    texts: &[
+        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#qwen3-moe"),
+        ("layers", "a mapping {num_hidden_layers}", "every layer is full attention; see docs/spec-format.md#qwen3-moe"),
+        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "attention geometry; see docs/spec-format.md#qwen3-moe"),
+        ("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling); see docs/spec-format.md#qwen3-moe"),
+        ("mlp", "a mapping {intermediate_size}", "SwiGLU width of the dense layers; see docs/spec-format.md#qwen3-moe"),
+        ("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts; see docs/spec-format.md#qwen3-moe"),
+    ],
+    refused: &[],
+};
 
 /// Deserializes and validates a full Qwen3-MoE document; every section's first error.
 pub(crate) fn parse_full(
@@ -549,61 +566,7 @@ pub(crate) fn parse_full(
     tree: &Node,
     origin: &str,
 ) -> Result<Qwen3MoeSpec, Diagnostics> {
-    let spec = match serde_path_to_error::deserialize::<_, Qwen3MoeSpec>(value.clone()) {
-        Ok(s) => s,
-        Err(_) => {
-            let (map, mut issues) = Sections::of(&value, &SECTIONS);
-            map.check::<u32>("format_version", &mut issues);
-            map.check::<Identity>("identity", &mut issues);
-            map.check::<DenseModel>("model", &mut issues);
-            map.check::<DenseLayers>("layers", &mut issues);
-            map.check::<DenseAttention>("attention", &mut issues);
-            map.check::<Qwen3MoeRope>("rope", &mut issues);
-            map.check::<DenseMlp>("mlp", &mut issues);
-            map.check::<Qwen3MoeExperts>("moe", &mut issues);
-            map.check::<Option<Quantization>>("quantization", &mut issues);
-            if issues.is_empty() {
-                issues.push(Issue::new(
-                    FieldPath::root(),
-                    "the qwen3_moe spec does not parse",
-                    "the sections format_version, identity, model, layers, attention, rope, mlp, moe, quantization",
-                    "see docs/spec-format.md#qwen3-moe",
-                ));
-            }
-            for i in &mut issues {
-                section_texts(i);
-            }
-            return Err(locate_serde(tree, origin, issues));
-        }
-    };
-    let issues = check(&spec);
-    if issues.is_empty() {
-        Ok(spec)
-    } else {
-        Err(locate_all(tree, origin, issues))
-    }
-}
-
-/// The shared per-field texts describe the Gemma-4 layout; a section's missing or
-/// mistyped field gets this layout's own.
-fn section_texts(i: &mut Issue) {
-    const SECTIONS: [(&str, &str, &str); 6] = [
-        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#qwen3-moe"),
-        ("layers", "a mapping {num_hidden_layers}", "every layer is full attention; see docs/spec-format.md#qwen3-moe"),
-        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "attention geometry; see docs/spec-format.md#qwen3-moe"),
-        ("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling); see docs/spec-format.md#qwen3-moe"),
-        ("mlp", "a mapping {intermediate_size}", "SwiGLU width of the dense layers; see docs/spec-format.md#qwen3-moe"),
-        ("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts; see docs/spec-format.md#qwen3-moe"),
-    ];
-    let key = i.path.last_key().unwrap_or("").to_string();
-    if let Some((_, expected, hint)) = SECTIONS.iter().find(|(k, _, _)| *k == key) {
-        if i.message.starts_with("missing field") {
-            i.expected = format!("`{key}` to be written ({expected})");
-        } else {
-            i.expected = expected.to_string();
-        }
-        i.hint = hint.to_string();
-    }
+    LAYOUT.parse(value, tree, origin, check)
 }
 
 /// Applies a derived Qwen3-MoE file to its (already loaded, valid) parent.

@@ -320,15 +320,99 @@ fn dense_specs_are_their_imported_configs() {
             continue; // gemma2_specs_are_their_imported_configs
         }
         assert!(
-            spec.family().is_dense() || spec.family() == Family::Qwen3Moe,
+            spec.family().is_dense()
+                || spec.family() == Family::Qwen3Moe
+                || spec.family() == Family::MiniCpm,
             "{name}"
         );
         seen += 1;
     }
     assert_eq!(
-        seen, 10,
-        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B"
+        seen, 11,
+        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B"
     );
+}
+
+/// minicpm: the fields `ModelArgs` has no default for are required; absent
+/// rope_theta, rope_traditional and tie_word_embeddings take mlx-lm's
+/// defaults (listed), head_dim is always hidden // heads; a tied head and a
+/// scaled RoPE are refused with the reason.
+#[test]
+fn minicpm_configs_take_mlx_lm_defaults_and_refuse_what_mlx_lm_cannot_run() {
+    let minicpm = json!({
+        "model_type": "minicpm", "hidden_size": 96, "num_hidden_layers": 3,
+        "intermediate_size": 192, "num_attention_heads": 6, "num_key_value_heads": 6,
+        "rms_norm_eps": 1e-5, "vocab_size": 512, "max_position_embeddings": 4096,
+        "scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256,
+        "rope_scaling": null
+    });
+    let (spec, applied, hf) = import_and_round_trip(&minicpm, None, "minicpm");
+    assert_eq!(spec.family(), Family::MiniCpm);
+    let fields: Vec<(&str, &Value)> = applied
+        .iter()
+        .map(|d| (d.field.as_str(), &d.value))
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            ("rope_theta", &json!(1000000.0)),
+            ("rope_traditional", &json!(false)),
+            ("tie_word_embeddings", &json!(false)),
+            ("head_dim", &json!(16)),
+        ]
+    );
+    assert_eq!(hf["tie_word_embeddings"], json!(false));
+    assert!(hf.get("head_dim").is_none(), "minicpm.py has no head_dim");
+    let ir = spec.lower();
+    assert_eq!(
+        ir.embedding.scale,
+        archgen_spec::ir::EmbedScale::Constant(12.0)
+    );
+    assert_eq!(
+        ir.head.logit_scale,
+        archgen_spec::ir::LogitScale::DivideBy(0.375)
+    );
+    assert_eq!(ir.layers[0].residual.factor(), Some(1.4 / 3f64.sqrt()));
+    for field in [
+        "scale_emb",
+        "scale_depth",
+        "dim_model_base",
+        "num_key_value_heads",
+    ] {
+        let mut missing = minicpm.clone();
+        missing.as_object_mut().unwrap().remove(field);
+        let text = from_config_json(&missing, None, "bad")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains(field) && text.contains("no default"),
+            "{field} missing in:\n{text}"
+        );
+    }
+    let mut tied = minicpm.clone();
+    tied["tie_word_embeddings"] = json!(true);
+    let text = from_config_json(&tied, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("tie_word_embeddings") && text.contains("cannot load a tied MiniCPM"),
+        "{text}"
+    );
+    let mut longrope = minicpm.clone();
+    longrope["rope_scaling"] = json!({"rope_type": "longrope", "long_factor": [1.0]});
+    let text = from_config_json(&longrope, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("`longrope` is not supported for minicpm"),
+        "{text}"
+    );
+    // `default` is plain RoPE, as initialize_rope reads it.
+    let mut default = minicpm.clone();
+    default["rope_scaling"] = json!({"type": "default"});
+    assert!(from_config_json(&default, None, "ok").is_ok());
+    let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
+    assert!(from_config_json(&minicpm, Some(&kv), "bad").is_err());
 }
 
 #[test]

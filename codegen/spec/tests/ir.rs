@@ -233,6 +233,62 @@ fn families_lower_to_their_blocks() {
                     "{path}"
                 );
             }
+            Family::MiniCpm => {
+                let m = match &spec {
+                    Spec::MiniCpm(m) => m,
+                    other => panic!("{path}: family minicpm in a {other:?}"),
+                };
+                assert_eq!(
+                    ir.embedding.scale,
+                    EmbedScale::Constant(m.scales.scale_emb),
+                    "{path}"
+                );
+                let n = ir.layers.len();
+                // scale_depth / num_hidden_layers**0.5, the Python float.
+                let factor = m.scales.scale_depth / (n as f64).powf(0.5);
+                for l in &ir.layers {
+                    let a = l.attention();
+                    assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
+                    assert_eq!(a.scale, AttentionScale::InvSqrtHeadDim, "{path}");
+                    assert_eq!(a.qk_norm, QkNorm::None, "{path}");
+                    assert_eq!(a.bias, ProjectionBias::None, "{path}");
+                    assert_eq!(a.head_dim * a.n_heads, ir.hidden_size, "{path}");
+                    assert_eq!(
+                        l.residual,
+                        Residual::DepthScaled {
+                            scale_depth: m.scales.scale_depth,
+                            num_hidden_layers: n
+                        },
+                        "{path}"
+                    );
+                    assert_eq!(l.residual.factor(), Some(factor), "{path}");
+                }
+                assert_eq!(ir.head.weight, HeadWeight::Untied, "{path}");
+                assert_eq!(
+                    ir.head.logit_scale,
+                    LogitScale::DivideBy(
+                        ir.hidden_size as f64 / f64::from(m.scales.dim_model_base)
+                    ),
+                    "{path}"
+                );
+                assert_eq!(
+                    ir.checkpoint.sanitize,
+                    vec![archgen_spec::ir::SanitizeRule::CopyEmbeddingToHead],
+                    "{path}"
+                );
+            }
+        }
+        // The scales are MiniCPM's alone.
+        if spec.family() != Family::MiniCpm {
+            assert!(
+                ir.layers.iter().all(|l| l.residual == Residual::Plain),
+                "{path}"
+            );
+            assert_eq!(ir.head.logit_scale, LogitScale::None, "{path}");
+            assert!(
+                !matches!(ir.embedding.scale, EmbedScale::Constant(_)),
+                "{path}"
+            );
         }
     }
 }

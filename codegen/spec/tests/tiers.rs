@@ -144,3 +144,20 @@ fn kv_config_imports_as_mixed_kv_and_round_trips() {
     // Without kv_scheme.json's semantics a dense kv_config is refused, as before.
     assert!(archgen_spec::import::from_config_json(&config, Some(&kv), "x").is_err());
 }
+
+/// A full dense document with a `mixed_kv` section and an error in another
+/// section: the section-by-section read knows `mixed_kv` (it once reported it
+/// as an unknown field) and reports only the real error.
+#[test]
+fn a_full_dense_document_with_mixed_kv_reports_only_its_real_error() {
+    let full = archgen_spec::to_yaml(&spec("qwen3-0.6b-tiny-mixed-kv"));
+    assert!(full.contains("\nmixed_kv:"), "{full}");
+    archgen_spec::parse_str(&full, "full.yaml").expect("the full form parses");
+    let broken = full.replacen("  num_hidden_layers: 4", "  num_hidden_layers: four", 1);
+    assert_ne!(broken, full, "{full}");
+    let text = archgen_spec::parse_str(&broken, "full.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("layers.num_hidden_layers"), "{text}");
+    assert!(!text.contains("mixed_kv"), "{text}");
+}

@@ -13,8 +13,8 @@ use serde_json::Value;
 use crate::report;
 
 pub const USAGE: &str = "\
-usage: archgen-bench run [--quick] [--quiet] [--spec NAME]... [--cache-dir DIR] [--json FILE]
-                         [--doc FILE --svg FILE] [--extra FILE]
+usage: archgen-bench run [--quick] [--quiet] [--sequential] [--spec NAME]... [--cache-dir DIR]
+                         [--json FILE] [--doc FILE --svg FILE] [--extra FILE]
        archgen-bench worker --impl generated|monolith --model DIR
 
 run: checkpoints into --cache-dir (default target/bench-cache, reused when the
@@ -24,6 +24,9 @@ run: checkpoints into --cache-dir (default target/bench-cache, reused when the
      --quick: gemma4-12b-tiny at cache 128 only, 2 rounds of 3 steps.
      --spec: bench these specs instead of the plan's (repeatable).
      --extra: JSON from `cargo xtask bench` (gen and compile timings).
+     --sequential: decode steps one at a time (forward + eval of the logits
+     row timed alone), as the change log's CPU runs 1-11 were measured,
+     instead of pipelined as mlx-lm's generate_step; not with --doc.
      --quiet: no progress bar (there is none either when stderr is not a terminal).";
 
 /// The three implementations, in the order each round runs them.
@@ -35,10 +38,30 @@ pub struct Plan {
     pub rounds: usize,
     pub warmup: usize,
     pub steps: usize,
+    pub step_mode: StepMode,
     /// A fresh prefill before every round (rather than once, round 0) when
     /// the cache length is at most this: cheap prefills give more samples and
     /// keep the short cache near its nominal length.
     pub reprefill_up_to: usize,
+}
+
+/// How the workers run and time decode steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepMode {
+    /// As mlx-lm's generate_step: step n+1 queued before step n's token is
+    /// read; a step is the interval between two tokens.
+    Pipelined,
+    /// One step at a time, forward + eval timed alone (the change log's CPU runs 1-11).
+    Sequential,
+}
+
+impl StepMode {
+    fn word(self) -> &'static str {
+        match self {
+            StepMode::Pipelined => "pipelined",
+            StepMode::Sequential => "sequential",
+        }
+    }
 }
 
 impl Plan {
@@ -51,6 +74,8 @@ impl Plan {
                 "qwen2.5-0.5b-tiny",
                 "gemma-2-2b-tiny",
                 "qwen3-30b-a3b-tiny-q4",
+                "minicpm-2b-tiny",
+                "mistral-7b-v0.3-tiny",
             ]
             .map(String::from)
             .to_vec(),
@@ -58,6 +83,7 @@ impl Plan {
             rounds: 5,
             warmup: 2,
             steps: 12,
+            step_mode: StepMode::Pipelined,
             reprefill_up_to: 512,
         }
     }
@@ -68,6 +94,7 @@ impl Plan {
             rounds: 2,
             warmup: 1,
             steps: 3,
+            step_mode: StepMode::Pipelined,
             reprefill_up_to: 512,
         }
     }
@@ -324,7 +351,12 @@ pub fn bench_spec(
                     let r = w.ask(&format!("prefill {cache}"))?;
                     cell.prefill_s.push(seconds(&r, "prefill_s")?);
                 }
-                let r = w.ask(&format!("steps {} {}", plan.warmup, plan.steps))?;
+                let r = w.ask(&format!(
+                    "steps {} {} {}",
+                    plan.warmup,
+                    plan.steps,
+                    plan.step_mode.word()
+                ))?;
                 let times: Vec<f64> = r["steps_s"]
                     .as_array()
                     .ok_or_else(|| format!("no steps_s in {r}"))?
@@ -417,7 +449,7 @@ fn machine_cpu() -> (String, usize) {
 }
 
 pub fn main(args: &[String]) -> Result<(), String> {
-    let (mut quick, mut quiet) = (false, false);
+    let (mut quick, mut quiet, mut sequential) = (false, false, false);
     let root = repo_root();
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -435,6 +467,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         match a.as_str() {
             "--quick" => quick = true,
             "--quiet" => quiet = true,
+            "--sequential" => sequential = true,
             "--cache-dir" => cache_dir = path()?,
             "--json" => json_out = Some(path()?),
             "--doc" => doc = Some(path()?),
@@ -449,6 +482,14 @@ pub fn main(args: &[String]) -> Result<(), String> {
         }
     }
     let mut plan = if quick { Plan::quick() } else { Plan::full() };
+    if sequential {
+        if doc.is_some() {
+            return Err(format!(
+                "--sequential measures the earlier way and cannot write the results section (--doc)\n\n{USAGE}"
+            ));
+        }
+        plan.step_mode = StepMode::Sequential;
+    }
     if !specs.is_empty() {
         plan.specs = specs;
     }

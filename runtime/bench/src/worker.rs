@@ -17,6 +17,9 @@
 //!                -> `{"steps_s": [T...], "tokens": [...]}` (the W + S tokens
 //!                fed, so the driver can check that every implementation did
 //!                the same work)
+//!   `steps W S sequential`  the same, one step at a time: forward + eval
+//!                of the logits row timed alone, the argmax outside the timed
+//!                span (how the change log's CPU runs 1-11 were measured)
 //!   `nodes`      one more decode step whose graph is counted before it is
 //!                evaluated: the primitive nodes MLX's `export_to_dot` lists
 //!                -> `{"nodes": N, "by_op": {op: count}}`
@@ -108,8 +111,17 @@ impl ModelTask for Worker {
                 Some("steps") => {
                     let (warm, timed) = (num(1)?, num(2)?);
                     let row = last.as_ref().ok_or("steps before prefill")?;
-                    let (times, tokens, row) = pipelined_steps(m, &mut cache, row, warm, timed)
-                        .map_err(|e| e.to_string())?;
+                    let steps = match words.get(3).copied() {
+                        None | Some("pipelined") => pipelined_steps,
+                        Some("sequential") => sequential_steps,
+                        Some(other) => {
+                            return Err(format!(
+                                "steps: unknown mode '{other}' (pipelined or sequential)"
+                            ))
+                        }
+                    };
+                    let (times, tokens, row) =
+                        steps(m, &mut cache, row, warm, timed).map_err(|e| e.to_string())?;
                     last = Some(row);
                     reply(json!({ "steps_s": times, "tokens": tokens }));
                 }
@@ -184,6 +196,36 @@ fn pipelined_steps<M: CausalLm>(
     last.eval()?;
     intervals.push(since.elapsed().as_secs_f64());
     Ok((intervals.split_off(warm), tokens, last))
+}
+
+/// `W + S` decode steps one at a time, as the change log's CPU runs 1-11
+/// measured them (docs/benchmarks.md): each step is a forward plus the
+/// evaluation of its logits row, timed alone; the next token is the argmax
+/// of that row, taken outside the timed span. Kept so that later runs can
+/// be set beside those results.
+fn sequential_steps<M: CausalLm>(
+    m: &M,
+    cache: &mut M::Cache,
+    row: &Array,
+    warm: usize,
+    timed: usize,
+) -> archgen_runtime::ops::Result<(Vec<f64>, Vec<i32>, Array)> {
+    let mut last = row.clone();
+    let (mut times, mut tokens) = (Vec::with_capacity(timed), Vec::with_capacity(warm + timed));
+    for i in 0..warm + timed {
+        // `archgen logits`' argmax of an evaluated row.
+        let tok = argmax(&last)?;
+        tokens.push(tok);
+        let x = Array::from_slice(&[tok], &[1, 1]);
+        let t = Instant::now();
+        let next = m.forward(&x, cache)?.try_index((0, -1))?;
+        next.eval()?;
+        if i >= warm {
+            times.push(t.elapsed().as_secs_f64());
+        }
+        last = next;
+    }
+    Ok((times, tokens, last))
 }
 
 /// Primitive nodes (by operation) of the unevaluated graph behind `out`, as

@@ -22,7 +22,9 @@ use crate::attention::{
 use crate::cache::{LayerCache, MixedKvNow, QuantizedKvCache};
 use crate::layers::{Embedding, Linear};
 use crate::moe::{experts, softmax_topk_moe, Router, SoftmaxTopKRouter, SwitchGlu};
-use crate::ops::{geglu, gelu_approx_compiled, multiply_weak, rms_norm, swiglu, Result};
+use crate::ops::{
+    divide_weak, geglu, gelu_approx_compiled, multiply_weak, rms_norm, swiglu, Result,
+};
 use crate::rope::{Rope, RopeTables};
 use crate::weights::Weights;
 
@@ -34,11 +36,14 @@ fn refused(what: &str) -> mlx_rs::error::Exception {
 }
 
 /// What the token embedding is multiplied by (IR `EmbedScale`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum EmbedScale {
     None,
     /// bf16(sqrt(hidden)) as a weak scalar (`Gemma4TextModel.__call__`).
     SqrtHidden,
+    /// A Python scalar from the config as a weak scalar (minicpm's
+    /// `embed_tokens(ids) * scale_emb`).
+    Constant(f64),
 }
 
 /// The token embedding, scaled.
@@ -47,6 +52,63 @@ pub fn embed(embed_tokens: &Embedding, ids: &Array, s: EmbedScale, hidden: i32) 
     match s {
         EmbedScale::None => Ok(e),
         EmbedScale::SqrtHidden => multiply_weak(&e, (hidden as f64).powf(0.5)),
+        EmbedScale::Constant(c) => multiply_weak(&e, c),
+    }
+}
+
+/// What the normed final hidden state is scaled by before the head (IR
+/// `LogitScale`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LogitScale {
+    None,
+    /// `h / d`, `d` a Python float as a weak scalar: a divide, not a
+    /// multiply by `1 / d` (minicpm's `lm_head(out / (hidden_size /
+    /// dim_model_base))`).
+    DivideBy(f64),
+}
+
+/// [`logits`] with the normed hidden state scaled before the head: final
+/// norm, the [`LogitScale`], the head, the optional compiled softcap.
+pub fn logits_scaled(
+    h: &Array,
+    norm: &Array,
+    head: Head<'_>,
+    scale: LogitScale,
+    softcap: Option<f32>,
+    eps: f32,
+) -> Result<Array> {
+    let d = match scale {
+        LogitScale::None => return logits(h, norm, head, softcap, eps),
+        LogitScale::DivideBy(d) => d,
+    };
+    let h = divide_weak(&rms_norm(h, Some(norm), eps)?, d)?;
+    let out = match head {
+        Head::Tied(e) => e.as_linear(&h)?,
+        Head::Untied(l) => l.forward(&h)?,
+    };
+    match softcap {
+        Some(c) => crate::ops::logit_softcap(c, &out),
+        None => Ok(out),
+    }
+}
+
+/// The factor a layer's branches are multiplied by before they join the
+/// residual stream (IR `Residual::DepthScaled`), as the float32 array of the
+/// Python float; [`attention_residual_scaled`] and [`feed_forward_scaled`]
+/// round it to the branch's dtype where it meets the branch, as a weak
+/// scalar is. An array, not a constant, so that compiled decode blocks take
+/// it as an input (`decode`: MLX writes float constants into kernel source
+/// with 7 digits).
+pub fn residual_scale(factor: f64) -> Array {
+    Array::from_f32(factor as f32)
+}
+
+/// `branch * scale` with `scale` ([`residual_scale`]) rounded to the
+/// branch's dtype, or the branch itself.
+fn scaled_branch(branch: Array, scale: Option<&Array>) -> Result<Array> {
+    match scale {
+        None => Ok(branch),
+        Some(s) => branch.multiply(s.as_dtype(branch.dtype())?),
     }
 }
 
@@ -263,8 +325,10 @@ pub fn attend_own_kv(
     rows: bool,
 ) -> Result<(Array, SharedKv)> {
     let (b, l) = (q.shape()[0], q.shape()[2]);
-    if let (LayerCache::Quantized(_) | LayerCache::QuantizedAfterForward(_), Scores::Softcapped { .. }) =
-        (&*cache, s.scores)
+    if let (
+        LayerCache::Quantized(_) | LayerCache::QuantizedAfterForward(_),
+        Scores::Softcapped { .. },
+    ) = (&*cache, s.scores)
     {
         return Err(refused(
             "written-out softcapped attention over a quantized KV cache: mlx-lm's gemma2 attention cannot read quantized keys",
@@ -509,6 +573,62 @@ pub fn attention_residual(x: &Array, a: &Array, norms: &LayerNorms, eps: f32) ->
         LayerNorms::PreNorm { .. } => x.add(a),
         LayerNorms::Sandwich { post_attention, .. } => {
             x.add(rms_norm(a, Some(post_attention), eps)?)
+        }
+    }
+}
+
+/// [`attention_residual`] with the branch (after its norm, if any)
+/// multiplied by `scale` ([`residual_scale`]) before the add: minicpm's
+/// `x + r * (scale_depth / num_hidden_layers**0.5)`.
+pub fn attention_residual_scaled(
+    x: &Array,
+    a: &Array,
+    norms: &LayerNorms,
+    eps: f32,
+    scale: &Array,
+) -> Result<Array> {
+    let scale = Some(scale);
+    match norms {
+        LayerNorms::PreNorm { .. } => x.add(scaled_branch(a.clone(), scale)?),
+        LayerNorms::Sandwich { post_attention, .. } => x.add(scaled_branch(
+            rms_norm(a, Some(post_attention), eps)?,
+            scale,
+        )?),
+    }
+}
+
+/// [`feed_forward`] with the branch (after its norm, if any) multiplied by
+/// `scale` ([`residual_scale`]) before the add: minicpm's
+/// `h + mlp(norm(h)) * (scale_depth / num_hidden_layers**0.5)`.
+pub fn feed_forward_scaled(
+    h: &Array,
+    norms: &LayerNorms,
+    mlp: &Mlp,
+    moe: Option<&MoeBlock>,
+    eps: f32,
+    scale: &Array,
+) -> Result<Array> {
+    if moe.is_some() {
+        return Err(refused(
+            "routed experts with depth-scaled residuals: no family has them, and no runtime block runs them",
+        ));
+    }
+    let scale = Some(scale);
+    match norms {
+        LayerNorms::PreNorm { ffn, .. } => h.add(scaled_branch(
+            mlp.forward(&rms_norm(h, Some(ffn), eps)?)?,
+            scale,
+        )?),
+        LayerNorms::Sandwich {
+            pre_feedforward,
+            post_feedforward,
+            ..
+        } => {
+            let f = mlp.forward(&rms_norm(h, Some(pre_feedforward), eps)?)?;
+            h.add(scaled_branch(
+                rms_norm(&f, Some(post_feedforward), eps)?,
+                scale,
+            )?)
         }
     }
 }

@@ -248,7 +248,30 @@ pub fn own_kv(
     let qkv = pre_attention(h, &layer.pre(), Some(kv), fused, rope)?;
     let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
     let (o, shared) = blocks::attend_own_kv(&q, &k, &v, layer.shape, cache, mask, offset, true)?;
-    Ok((post_attention(h, &o, layer)?, shared))
+    Ok((post_attention(h, &o, layer, None)?, shared))
+}
+
+/// [`own_kv`] of a layer whose two branches are multiplied by `residual`
+/// ([`blocks::residual_scale`], IR `Residual::DepthScaled`) before they join
+/// the residual stream; the factor is an input of the compiled block.
+#[allow(clippy::too_many_arguments)]
+pub fn own_kv_scaled(
+    h: &Array,
+    layer: &Layer<'_>,
+    residual: &Array,
+    kv: &KvWeights,
+    fused: Option<&FusedQkv>,
+    rope: &RopeTables,
+    cache: &mut LayerCache,
+    mask: &Mask,
+) -> Result<(Array, SharedKv)> {
+    let offset = Array::from_int(cache.offset());
+    let fused =
+        fused.filter(|f| f.norm.dtype() == h.dtype() && layer.norms.input().dtype() == h.dtype());
+    let qkv = pre_attention(h, &layer.pre(), Some(kv), fused, rope)?;
+    let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
+    let (o, shared) = blocks::attend_own_kv(&q, &k, &v, layer.shape, cache, mask, offset, true)?;
+    Ok((post_attention(h, &o, layer, Some(residual))?, shared))
 }
 
 /// One decode step (one token) of a layer that reads a donor's K/V; `h`
@@ -263,7 +286,22 @@ pub fn shared_kv(
     let q = pre_attention(h, &layer.pre(), None, None, rope)?;
     let q = q.into_iter().next().ok_or_else(bad_outputs)?;
     let o = blocks::attend_shared_kv(&q, layer.shape, shared, mask, true)?;
-    post_attention(h, &o, layer)
+    post_attention(h, &o, layer, None)
+}
+
+/// [`shared_kv`] of a layer with depth-scaled residuals (see [`own_kv_scaled`]).
+pub fn shared_kv_scaled(
+    h: &Array,
+    layer: &Layer<'_>,
+    residual: &Array,
+    rope: &RopeTables,
+    shared: &SharedKv,
+    mask: &Mask,
+) -> Result<Array> {
+    let q = pre_attention(h, &layer.pre(), None, None, rope)?;
+    let q = q.into_iter().next().ok_or_else(bad_outputs)?;
+    let o = blocks::attend_shared_kv(&q, layer.shape, shared, mask, true)?;
+    post_attention(h, &o, layer, Some(residual))
 }
 
 fn bad_outputs() -> mlx_rs::error::Exception {
@@ -531,8 +569,13 @@ fn pre_attention(
 }
 
 /// `o_proj`, the attention residual, the feed-forward half, the PLE gate and
-/// the layer scalar.
-fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
+/// the layer scalar; with `residual`, both branches scaled by it (an input).
+fn post_attention(
+    h: &Array,
+    o: &Array,
+    layer: &Layer<'_>,
+    residual: Option<&Array>,
+) -> Result<Array> {
     let hidden = h.shape()[h.ndim() - 1];
     let mut p = Packed::new(2);
     let native = path() == Path::NativeFastOps;
@@ -557,6 +600,7 @@ fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
         input.put(&mut p);
     }
     layer.layer_scalar.cloned().put(&mut p);
+    residual.cloned().put(&mut p);
     let eps = layer.eps;
     let compile = layer
         .moe
@@ -571,6 +615,7 @@ fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
         let moe = layer.moe.map(hollow);
         let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
         let scalar = layer.layer_scalar.map(hollow);
+        let residual = residual.map(hollow);
         let norm_inputs = (!native).then(|| NormInputs::new(&[eps], &[hidden]));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
@@ -579,6 +624,7 @@ fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
             let o = next(it);
             let (o_proj, norms, mlp) = (o_proj.take(it), norms.take(it), mlp.take(it));
             let (moe, ple, scalar) = (moe.take(it), ple.take(it), scalar.take(it));
+            let residual = residual.take(it);
             let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
                 // Rows [B, features], except around the experts, whose
                 // gathers keep mlx-lm's [B, 1, features] shapes.
@@ -592,8 +638,16 @@ fn post_attention(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
                     None => None,
                 };
                 let a = o_proj.forward(&o)?;
-                let h = blocks::attention_residual(&h, &a, &norms, eps)?;
-                let h = blocks::feed_forward(&h, &norms, &mlp, moe.as_ref(), eps)?;
+                let h = match &residual {
+                    None => {
+                        let h = blocks::attention_residual(&h, &a, &norms, eps)?;
+                        blocks::feed_forward(&h, &norms, &mlp, moe.as_ref(), eps)?
+                    }
+                    Some(r) => {
+                        let h = blocks::attention_residual_scaled(&h, &a, &norms, eps, r)?;
+                        blocks::feed_forward_scaled(&h, &norms, &mlp, moe.as_ref(), eps, r)?
+                    }
+                };
                 let ple = ple.as_ref().map(|(g, x)| (*g, x));
                 let h = blocks::finish_layer(&h, ple, scalar.as_ref(), eps)?;
                 Ok(vec![match moe {

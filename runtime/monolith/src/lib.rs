@@ -33,6 +33,8 @@ struct Layer {
     ffn: Ffn,
     ple: Option<PleGate>,
     layer_scalar: Option<Array>,
+    /// The factor of depth-scaled residual branches ([`b::residual_scale`]).
+    residual: Option<Array>,
 }
 
 /// A layer's feed-forward weights, by IR `FeedForward`.
@@ -154,6 +156,22 @@ pub fn embed_scale(s: ir::EmbedScale) -> b::EmbedScale {
     match s {
         ir::EmbedScale::None => b::EmbedScale::None,
         ir::EmbedScale::SqrtHidden => b::EmbedScale::SqrtHidden,
+        ir::EmbedScale::Constant(c) => b::EmbedScale::Constant(c),
+    }
+}
+
+pub fn logit_scale(s: ir::LogitScale) -> b::LogitScale {
+    match s {
+        ir::LogitScale::None => b::LogitScale::None,
+        ir::LogitScale::DivideBy(d) => b::LogitScale::DivideBy(d),
+    }
+}
+
+/// The runtime factor of a layer's residual branches, when they are scaled.
+pub fn residual_scale(r: ir::Residual) -> Option<Array> {
+    match r {
+        ir::Residual::Plain => None,
+        ir::Residual::DepthScaled { .. } => r.factor().map(b::residual_scale),
     }
 }
 
@@ -258,6 +276,7 @@ impl Monolith {
                     LayerScalar::None => None,
                     LayerScalar::Learned => Some(b::load_layer_scalar(&mut w, i)),
                 },
+                residual: residual_scale(l.residual),
             });
         }
         let norm = b::load_norm_weight(&mut w, "norm.weight", hidden, norm_weight(ir.head.norm));
@@ -387,12 +406,24 @@ impl CausalLm for Monolith {
                     )))
                 }
             };
-            let h1 = b::attention_residual(&h, &a, &layer.norms, eps)?;
-            let h2 = match &layer.ffn {
-                Ffn::Dense { mlp, moe } => {
+            let h2 = match (&layer.residual, &layer.ffn) {
+                (None, Ffn::Dense { mlp, moe }) => {
+                    let h1 = b::attention_residual(&h, &a, &layer.norms, eps)?;
                     b::feed_forward(&h1, &layer.norms, mlp, moe.as_ref(), eps)?
                 }
-                Ffn::Experts(m) => b::sparse_feed_forward(&h1, &layer.norms, m, eps)?,
+                (None, Ffn::Experts(m)) => {
+                    let h1 = b::attention_residual(&h, &a, &layer.norms, eps)?;
+                    b::sparse_feed_forward(&h1, &layer.norms, m, eps)?
+                }
+                (Some(r), Ffn::Dense { mlp, moe }) => {
+                    let h1 = b::attention_residual_scaled(&h, &a, &layer.norms, eps, r)?;
+                    b::feed_forward_scaled(&h1, &layer.norms, mlp, moe.as_ref(), eps, r)?
+                }
+                (Some(_), Ffn::Experts(_)) => {
+                    return Err(Exception::custom(format!(
+                        "layer {i}: routed experts with depth-scaled residuals: no runtime block runs them"
+                    )))
+                }
             };
             let pli = match (&layer.ple, &per_layer) {
                 (Some(g), Some(all)) => Some((g, b::per_layer_slice(all, i as i32)?)),
@@ -409,17 +440,18 @@ impl CausalLm for Monolith {
             Some(l) => Head::Untied(l),
             None => Head::Tied(&self.embed),
         };
+        let scale = logit_scale(ir.head.logit_scale);
         match ir.head.logit_softcap {
-            None => b::logits(&h, &self.norm, head, None, eps),
+            None => b::logits_scaled(&h, &self.norm, head, scale, None, eps),
             Some(ir::Softcap {
                 cap,
                 form: ir::SoftcapForm::Compiled,
-            }) => b::logits(&h, &self.norm, head, Some(cap), eps),
+            }) => b::logits_scaled(&h, &self.norm, head, scale, Some(cap), eps),
             Some(ir::Softcap {
                 cap,
                 form: ir::SoftcapForm::Eager,
             }) => archgen_runtime::ops::softcap_eager(
-                &b::logits(&h, &self.norm, head, None, eps)?,
+                &b::logits_scaled(&h, &self.norm, head, scale, None, eps)?,
                 f64::from(cap),
             ),
         }

@@ -129,6 +129,22 @@ pub(crate) fn sanitize(
         }
         out.insert(k, v);
     }
+    if has(SanitizeRule::CopyEmbeddingToHead) && !out.contains_key("lm_head.weight") {
+        // minicpm.sanitize copies `model.embed_tokens.weight` alone. From a
+        // quantized embedding that is packed uint32 data without scales, which
+        // mlx-lm then fails to load into the float lm_head: refuse it here.
+        if out.contains_key("embed_tokens.scales") {
+            return Err(refused(
+                "lm_head.weight is absent and embed_tokens is quantized: mlx-lm's minicpm sanitize would copy only the packed embed_tokens.weight (no scales) into lm_head, which it then cannot load; write lm_head's quantized tensors into the checkpoint".to_string(),
+            ));
+        }
+        let embed = out.get("embed_tokens.weight").cloned().ok_or_else(|| {
+            refused(
+                "lm_head.weight and embed_tokens.weight are both absent: minicpm's head is taken from the embedding when it has none".to_string(),
+            )
+        })?;
+        out.insert("lm_head.weight".to_string(), embed);
+    }
     for ((base, proj), experts) in per_expert {
         let name = |e: usize| format!("{base}.experts.{e}.{proj}.weight");
         let want = layer_of(&base)

@@ -1,0 +1,94 @@
+//! Reading a family's full document: what every layout but Gemma-4's shares.
+//!
+//! A layout deserializes whole; when it does not, each top-level section is
+//! read alone so that every section's first error is reported, and the
+//! messages get the layout's own texts (the shared per-field texts describe
+//! the Gemma-4 layout). A family describes its layout once, as a [`Layout`];
+//! [`Layout::parse`] does the rest.
+
+use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::yaml::Node;
+use crate::{locate_all, locate_serde, Sections};
+use serde::de::DeserializeOwned;
+
+/// Reads one top-level section alone (`Sections::check::<T>` or
+/// `Sections::check_optional::<T>` for the section's type).
+pub(crate) type SectionCheck = fn(&Sections, &str, &mut Vec<Issue>);
+
+/// A family's document layout, as the reader needs it.
+pub(crate) struct Layout {
+    /// The family as written in "the {family} spec does not parse".
+    pub family: &'static str,
+    /// Its section of docs/spec-format.md (`#...`).
+    pub anchor: &'static str,
+    /// The top-level sections in document order, each with how it is read.
+    pub sections: &'static [(&'static str, SectionCheck)],
+    /// A missing or mistyped field named `key`: `(key, expected, hint)`.
+    pub texts: &'static [(&'static str, &'static str, &'static str)],
+    /// Fields other layouts have and this one does not read: an unknown-field
+    /// error for one of them gets this hint (and no other text).
+    pub refused: &'static [(&'static str, &'static str)],
+}
+
+impl Layout {
+    /// `value` as the layout's document `S`, validated by `check`; or every
+    /// section's first error (deserializing), or every issue `check` finds,
+    /// each located in `tree`.
+    pub(crate) fn parse<S: DeserializeOwned>(
+        &self,
+        value: serde_yaml::Value,
+        tree: &Node,
+        origin: &str,
+        check: fn(&S) -> Vec<Issue>,
+    ) -> Result<S, Diagnostics> {
+        let spec = match serde_path_to_error::deserialize::<_, S>(value.clone()) {
+            Ok(s) => s,
+            Err(_) => return Err(locate_serde(tree, origin, self.section_issues(&value))),
+        };
+        let issues = check(&spec);
+        if issues.is_empty() {
+            Ok(spec)
+        } else {
+            Err(locate_all(tree, origin, issues))
+        }
+    }
+
+    /// Each section read alone: its first error, with this layout's texts.
+    fn section_issues(&self, value: &serde_yaml::Value) -> Vec<Issue> {
+        let keys: Vec<&str> = self.sections.iter().map(|(k, _)| *k).collect();
+        let (map, mut issues) = Sections::of(value, &keys);
+        for (key, read) in self.sections {
+            read(&map, key, &mut issues);
+        }
+        if issues.is_empty() {
+            issues.push(Issue::new(
+                FieldPath::root(),
+                format!("the {} spec does not parse", self.family),
+                format!("the sections {}", keys.join(", ")),
+                format!("see docs/spec-format.md#{}", self.anchor),
+            ));
+        }
+        for i in &mut issues {
+            self.apply_texts(i);
+        }
+        issues
+    }
+
+    fn apply_texts(&self, i: &mut Issue) {
+        let key = i.path.last_key().unwrap_or("").to_string();
+        if i.message.starts_with("unknown field") {
+            if let Some((_, hint)) = self.refused.iter().find(|(k, _)| *k == key) {
+                i.hint = hint.to_string();
+                return;
+            }
+        }
+        if let Some((_, expected, hint)) = self.texts.iter().find(|(k, _, _)| *k == key) {
+            if i.message.starts_with("missing field") {
+                i.expected = format!("`{key}` to be written ({expected})");
+            } else {
+                i.expected = expected.to_string();
+            }
+            i.hint = hint.to_string();
+        }
+    }
+}
