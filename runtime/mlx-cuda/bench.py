@@ -9,17 +9,24 @@ which sets up the wheels and the binaries. Per spec:
     and tests/python/bench_mlx_lm.py, the same stdin/stdout protocol as
     `cargo xtask bench`); each loads every weight and runs one forward before
     it says ready, so nothing below times loading. By default four: the
-    generated model on the GPU decode path (`generated@ARCHGEN_GPU_DECODE=1`,
-    the result line's gen), the generated model on the eager blocks, the
-    monolith and mlx-lm.
+    generated model as the binary runs it by default (`generated`, the
+    result line's gen; on a GPU the eager blocks, since the compiled GPU
+    decode path is opt-in, docs/parity.md "On the GPU"), the generated model
+    on that GPU decode path (`generated@ARCHGEN_GPU_DECODE=1`), the monolith
+    and mlx-lm.
   * Prefill: `prefill 2048` then `prefill 128` per worker, each a fresh cache
     and one forward with the logits evaluated (the 2048 one is timed once per
     round too).
   * Decode: ROUNDS rounds; in each, every worker in turn runs `prefill 128`
     and `steps WARM STEPS`: pipelined decode steps as mlx-lm's generate_step
     runs them (async_eval of the next step before reading this token); a
-    step's time is the interval between two tokens. Every worker must feed the
-    same greedy tokens (bit-exact implementations), else the spec fails.
+    step's time is the interval between two tokens. Bit-exact
+    implementations feed the same greedy tokens: after the rounds, each
+    worker's tokens are compared with gen's and mlx-lm's (`tokens ... same in
+    every round` or the rounds and step where they part).
+  * Memory: each worker holds its own copy of the weights; past
+    --max-gpu-bytes (100 GB) of weights together the bench warns, since
+    five 23.8 GB workers on the H200 made prefill 14-85 times slower.
   * Weight bytes per step: the checkpoint's tensors a decode step reads (all,
     less an untied input embedding, of which one row is read; MoE experts
     scaled by top_k / num_experts).
@@ -52,11 +59,12 @@ import subprocess
 import time
 from pathlib import Path
 
-# The generated model on the GPU decode path (opt-in until verified, see
-# docs/parity.md "On the GPU"), the same binary on the eager blocks (a GPU's
-# default), the monolith and mlx-lm.
-DEFAULT_GEN = "generated@ARCHGEN_GPU_DECODE=1"
-DEFAULT_IMPLS = f"{DEFAULT_GEN},generated,monolith,mlx-lm"
+# The generated model as shipped (on a GPU: the eager blocks), the same
+# binary on the compiled GPU decode path (opt-in: on the H200 it changes
+# Gemma-2/Gemma-4 decode bits, docs/parity.md "On the GPU"), the monolith and
+# mlx-lm.
+DEFAULT_GEN = "generated"
+DEFAULT_IMPLS = f"{DEFAULT_GEN},generated@ARCHGEN_GPU_DECODE=1,monolith,mlx-lm"
 
 
 def worker_cmd(name: str, model: Path, a) -> tuple[list[str], dict]:
@@ -164,6 +172,13 @@ def bench(spec: str, a, bound_bw: float) -> str:
     print(f"bench {spec}: checkpoint {total / 1e9:.2f} GB, read per step {read / 1e9:.2f} GB "
           f"(made in {time.time() - t0:.0f} s)", flush=True)
     IMPLS = (impls or a.impls).split(",")
+    if total * len(IMPLS) > a.max_gpu_bytes:
+        # Seen on the H200: five 23.8 GB workers made 2,048-token prefills
+        # 14-85 times slower (docs/benchmarks.md); the numbers would mislead.
+        print(f"bench {spec}: WARNING {len(IMPLS)} workers x {total / 1e9:.1f} GB = "
+              f"{len(IMPLS) * total / 1e9:.0f} GB of weights on the GPU, over "
+              f"{a.max_gpu_bytes / 1e9:.0f} GB (--max-gpu-bytes): timings may measure memory "
+              "pressure; run fewer workers for this spec", flush=True)
     gen = a.gen
     for need in (gen, "monolith", "mlx-lm"):
         if need not in IMPLS:
@@ -175,23 +190,32 @@ def bench(spec: str, a, bound_bw: float) -> str:
         print(f"bench {spec}: {name} ready in {time.time() - t:.1f} s "
               f"(load_s {workers[name].ready['load_s']:.1f})", flush=True)
     steps = {n: [] for n in IMPLS}
+    fed = {n: [] for n in IMPLS}  # greedy tokens per round
     pre128 = {n: [] for n in IMPLS}
     pre2048 = {n: [] for n in IMPLS}
     for rnd in range(a.rounds):
-        fed = None
         for name in IMPLS:
             w = workers[name]
             pre2048[name].append(w.ask("prefill 2048")["prefill_s"])
             pre128[name].append(w.ask("prefill 128")["prefill_s"])
             r = w.ask(f"steps {a.warm} {a.steps}")
             steps[name].append(r["steps_s"])
-            if fed is None:
-                fed = r["tokens"]
-            elif r["tokens"] != fed:
-                print(f"bench {spec} round {rnd}: {name} fed {r['tokens'][:8]}... "
-                      f"but {IMPLS[0]} fed {fed[:8]}...", flush=True)
+            fed[name].append(r["tokens"])
         print(f"bench {spec} round {rnd + 1}/{a.rounds}: median step " + ", ".join(
             f"{n} {1e3 * statistics.median(steps[n][-1]):.2f} ms" for n in IMPLS), flush=True)
+    # Bit-exact implementations feed the same greedy tokens; say who agrees
+    # with whom over all rounds (the first difference, if any).
+    for name in IMPLS:
+        for ref in (gen, "mlx-lm"):
+            if name == ref or (ref == "mlx-lm" and name == gen):
+                continue
+            diff = [(rnd, next((i for i, (x, y) in enumerate(zip(mine, theirs)) if x != y),
+                          min(len(mine), len(theirs))))
+                    for rnd, (mine, theirs) in enumerate(zip(fed[name], fed[ref])) if mine != theirs]
+            print(f"bench {spec} tokens {name} vs {ref}: "
+                  + ("same in every round" if not diff else
+                     "differ in rounds " + ", ".join(f"{r + 1} (from step {i})" for r, i in diff)),
+                  flush=True)
     for name, w in workers.items():
         try:
             n = w.ask("nodes")
@@ -230,6 +254,8 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=4)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--max-gpu-bytes", type=float, default=100e9,
+                    help="warn when the workers' weights together exceed this many bytes")
     ap.add_argument("--impls", default=os.environ.get("BENCH_IMPLS", DEFAULT_IMPLS),
                     help="comma-separated workers, BASE[@VAR=VALUE...] (default: env BENCH_IMPLS "
                          f"or {DEFAULT_IMPLS})")
@@ -245,7 +271,7 @@ def main() -> None:
         try:
             lines.append(bench(spec, a, bw))
         except (SystemExit, Exception) as e:  # report, go on with the next spec
-            lines.append(f"gpu ratio spec={spec} FAILED: {e}")
+            lines.append(f"gpu ratio spec={spec.partition(':')[0]} FAILED: {e}")
         print(lines[-1], flush=True)
     print("\n".join(lines))
 

@@ -14,11 +14,12 @@ generated side as n/a.
 
 `generated` runs with `ARCHGEN_GPU_DECODE=1`: on the GPU its one-token
 steps take the compiled decode blocks (runtime/core/src/decode.rs,
-`Path::NativeFastOps`, opt-in until verified; the CPU ignores the switch);
+`Path::NativeFastOps`, opt-in: on the H200 they change Gemma-2/Gemma-4
+decode bits, docs/parity.md "On the GPU"; the CPU ignores the switch);
 `gen-eager` is the same binary with `ARCHGEN_GPU_DECODE=0` (the eager
 blocks, a GPU's default), so
-`gen/eager` checks the compiled blocks against the eager ones and
-`gen/mlx-lm` against the oracle. PARITY_VARIANTS=gen-1tok adds a run with
+`gen/eager` checks the compiled blocks against the eager ones,
+`gen/mlx-lm` and `eager/mlx-lm` each against the oracle. PARITY_VARIANTS=gen-1tok adds a run with
 `ARCHGEN_GPU_ONE_TOKEN_SDPA=1` (one-token attention as grouped matmuls,
 compared with gen-eager).
 
@@ -203,7 +204,8 @@ def main() -> None:
         except Exception as e:  # report and go on: one case must not hide the rest
             result["mlx-lm"] = f"ERROR: {type(e).__name__}: {str(e)[:300]}"
         pairs = [("gen/mlx-lm", "generated", "mlx-lm"), ("mono/mlx-lm", "monolith", "mlx-lm"),
-                 ("gen/mono", "generated", "monolith"), ("gen/eager", "generated", "gen-eager")]
+                 ("gen/mono", "generated", "monolith"), ("gen/eager", "generated", "gen-eager"),
+                 ("eager/mlx-lm", "gen-eager", "mlx-lm")]
         if "gen-1tok" in names:
             pairs.append(("1tok/eager", "gen-1tok", "gen-eager"))
         files = {name: d / f"{name}.safetensors" for name in names}

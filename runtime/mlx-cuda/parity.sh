@@ -61,8 +61,9 @@ python3 -c 'import mlx.core as mx, mlx_lm; print("== python mlx", mx.__version__
 work=/tmp/parity
 mkdir -p $work
 
-# Every tiny spec (specs/*-tiny*.yaml); the prompt passes each sliding window.
-TINY=$(cd "$repo/specs" && ls *tiny*.yaml | sed 's/\.yaml$//')
+# Every tiny spec (specs/*-tiny*.yaml; PARITY_TINY: a space-separated list
+# instead); the prompt passes each sliding window.
+TINY=${PARITY_TINY-$(cd "$repo/specs" && ls *tiny*.yaml | sed 's/\.yaml$//')}
 # Real width, reduced layers, per family, bf16 and 4-bit (parity.py's
 # EXTRA_SPECS for those not in specs/), and the full small dense models.
 REAL="gemma4-12b-l6:1100:20 gemma4-12b-l6-q4:1100:20 gemma4-12b-q4:128:8 qwen3-8b-l4:40:12 qwen3-8b-l4-q4:40:12 \

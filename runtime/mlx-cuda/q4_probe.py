@@ -23,6 +23,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -47,16 +48,25 @@ def main() -> None:
     ids_arg = ",".join(map(str, ids))
     a.work.mkdir(parents=True, exist_ok=True)
 
+    t0 = time.time()
+
+    def progress(what: str) -> None:
+        # A run under MLX_USE_CUDA_GRAPHS=0 once printed nothing in 200 s:
+        # say how far it got.
+        print(f"probe progress: {what} done at {time.time() - t0:.0f} s", flush=True)
+
     def mono(model: Path, out: Path) -> None:
         r = subprocess.run([a.archgen, "logits", "--model", str(model), "--prompt-ids", ids_arg,
                             "--decode-steps", str(N), "--impl", "monolith", "--out", str(out)],
                            capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit(r.stderr)
+        progress(f"monolith -> {out.name}")
 
     def oracle(model: Path, out: Path) -> None:
         t, _ = run_protocol(load(model), ids, N)
         write(out, t, ids, N)
+        progress(f"mlx-lm -> {out.name}")
 
     w = a.work
     mono(a.model, w / "mono1.safetensors")

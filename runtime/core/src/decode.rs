@@ -41,8 +41,12 @@
 //! float32 scalar constants stay out of the traces as on the CPU. The
 //! fused kernels are compiled by NVRTC, whose default contracts a multiply
 //! and an add into one FMA, so bit equality with the eager kernels is a
-//! measurement, not a consequence; until it is measured (docs/parity.md,
-//! "On the GPU") a GPU runs the eager blocks by default.
+//! measurement, not a consequence. Measured on an H200 (docs/parity.md,
+//! "On the GPU"): NVRTC does contract (`a * b + c` compiled differs from
+//! eager in about a quarter of the elements), and these blocks change the
+//! decode bits of Gemma-2 and Gemma-4 while Qwen3, Llama, Mistral, Qwen2.5
+//! and Qwen3-MoE stay byte-identical; so a GPU runs the eager blocks by
+//! default.
 //!
 //! The weights are inputs of the compiled functions, not captured constants,
 //! so all layers of one kind share one compiled function (one entry per
@@ -82,10 +86,12 @@ pub enum Path {
     /// MLX's single primitives with their own kernels, exactly as the eager
     /// blocks call them (their eps, base and scale are kernel arguments, not
     /// source text); only the elementwise glue between them is fused.
-    /// Opt-in (`ARCHGEN_GPU_DECODE=1`) until it is checked byte for byte on
-    /// a GPU against the eager blocks and mlx-lm: NVRTC may contract a fused
-    /// multiply and add into one FMA (docs/parity.md, "On the GPU", says what
-    /// is verified and how to check it with `runtime/mlx-cuda/parity.sh`).
+    /// Opt-in (`ARCHGEN_GPU_DECODE=1`): on an H200 it is byte-identical to
+    /// the eager blocks and mlx-lm for the SiLU-gated families, but changes
+    /// Gemma-2 and Gemma-4 decode logits (NVRTC contracts fused multiplies
+    /// and adds into FMAs; which fused op differs is not isolated yet).
+    /// docs/parity.md, "On the GPU", lists the cases and how to rerun them
+    /// with `runtime/mlx-cuda/parity.sh`.
     NativeFastOps,
 }
 
