@@ -167,7 +167,6 @@ pub struct DenseReduce {
 
 /// All semantic errors of a dense spec (full-spec field paths).
 pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
-    use validate::limits::*;
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
     let family = spec.identity.family;
@@ -194,55 +193,7 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
         );
     }
     let (m, a) = (&spec.model, &spec.attention);
-    let mut ok = true;
-    ok &= c.range(
-        "model.hidden_size",
-        m.hidden_size,
-        MAX_HIDDEN,
-        "the model width",
-    );
-    ok &= c.range(
-        "model.vocab_size",
-        m.vocab_size,
-        MAX_VOCAB,
-        "rows of embed_tokens",
-    );
-    ok &= c.range(
-        "model.max_position_embeddings",
-        m.max_position_embeddings,
-        MAX_POSITIONS,
-        "`max_position_embeddings` from config.json",
-    );
-    ok &= c.range(
-        "layers.num_hidden_layers",
-        spec.layers.num_hidden_layers,
-        MAX_LAYERS,
-        "the number of decoder layers",
-    );
-    ok &= c.range(
-        "attention.num_attention_heads",
-        a.num_attention_heads,
-        MAX_HEADS,
-        "query heads",
-    );
-    ok &= c.range(
-        "attention.num_key_value_heads",
-        a.num_key_value_heads,
-        MAX_HEADS,
-        "KV heads",
-    );
-    ok &= c.range(
-        "attention.head_dim",
-        a.head_dim,
-        MAX_HEAD_DIM,
-        "head dimension",
-    );
-    ok &= c.range(
-        "mlp.intermediate_size",
-        spec.mlp.intermediate_size,
-        MAX_INTERMEDIATE,
-        "SwiGLU width",
-    );
+    let mut ok = check_dense_sizes(&mut c, m, &spec.layers, a, &spec.mlp, "SwiGLU width");
     c.eps(m.rms_norm_eps, "Qwen3 uses 1.0e-6, Llama-3.2 1.0e-5");
     ok &= c.even_head_dim("attention.head_dim", a.head_dim);
     if ok
@@ -317,6 +268,69 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
         }
     }
     c.issues
+}
+
+/// The size limits of the sections every layout built on the dense ones
+/// shares (`model`, `layers`, `attention`, `mlp`); false when one is off.
+pub(crate) fn check_dense_sizes(
+    c: &mut validate::Checker,
+    m: &DenseModel,
+    layers: &DenseLayers,
+    a: &DenseAttention,
+    mlp: &DenseMlp,
+    mlp_meaning: &str,
+) -> bool {
+    use validate::limits::*;
+    let mut ok = true;
+    ok &= c.range(
+        "model.hidden_size",
+        m.hidden_size,
+        MAX_HIDDEN,
+        "the model width",
+    );
+    ok &= c.range(
+        "model.vocab_size",
+        m.vocab_size,
+        MAX_VOCAB,
+        "rows of embed_tokens",
+    );
+    ok &= c.range(
+        "model.max_position_embeddings",
+        m.max_position_embeddings,
+        MAX_POSITIONS,
+        "`max_position_embeddings` from config.json",
+    );
+    ok &= c.range(
+        "layers.num_hidden_layers",
+        layers.num_hidden_layers,
+        MAX_LAYERS,
+        "the number of decoder layers",
+    );
+    ok &= c.range(
+        "attention.num_attention_heads",
+        a.num_attention_heads,
+        MAX_HEADS,
+        "query heads",
+    );
+    ok &= c.range(
+        "attention.num_key_value_heads",
+        a.num_key_value_heads,
+        MAX_HEADS,
+        "KV heads",
+    );
+    ok &= c.range(
+        "attention.head_dim",
+        a.head_dim,
+        MAX_HEAD_DIM,
+        "head dimension",
+    );
+    ok &= c.range(
+        "mlp.intermediate_size",
+        mlp.intermediate_size,
+        MAX_INTERMEDIATE,
+        mlp_meaning,
+    );
+    ok
 }
 
 // ---------------------------------------------------------------- resolution

@@ -147,55 +147,8 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
         );
     }
     let (m, a, s) = (&spec.model, &spec.attention, &spec.scales);
-    let mut ok = true;
-    ok &= c.range(
-        "model.hidden_size",
-        m.hidden_size,
-        MAX_HIDDEN,
-        "the model width",
-    );
-    ok &= c.range(
-        "model.vocab_size",
-        m.vocab_size,
-        MAX_VOCAB,
-        "rows of embed_tokens",
-    );
-    ok &= c.range(
-        "model.max_position_embeddings",
-        m.max_position_embeddings,
-        MAX_POSITIONS,
-        "`max_position_embeddings` from config.json",
-    );
-    ok &= c.range(
-        "layers.num_hidden_layers",
-        spec.layers.num_hidden_layers,
-        MAX_LAYERS,
-        "the number of decoder layers",
-    );
-    ok &= c.range(
-        "attention.num_attention_heads",
-        a.num_attention_heads,
-        MAX_HEADS,
-        "query heads",
-    );
-    ok &= c.range(
-        "attention.num_key_value_heads",
-        a.num_key_value_heads,
-        MAX_HEADS,
-        "KV heads",
-    );
-    ok &= c.range(
-        "attention.head_dim",
-        a.head_dim,
-        MAX_HEAD_DIM,
-        "head dimension",
-    );
-    ok &= c.range(
-        "mlp.intermediate_size",
-        spec.mlp.intermediate_size,
-        MAX_INTERMEDIATE,
-        "SwiGLU width",
-    );
+    let mut ok =
+        crate::dense::check_dense_sizes(&mut c, m, &spec.layers, a, &spec.mlp, "SwiGLU width");
     ok &= c.range(
         "scales.dim_model_base",
         s.dim_model_base,
