@@ -43,6 +43,8 @@
 //! # Ok::<(), String>(())
 //! ```
 
+pub mod tensor_parallel;
+
 use archgen_spec::ir::{
     Attention, AttentionScale, FeedForward, KvCache, KvSource, Layer, LayerInput, Mixer, ModelIr,
     NormWeight, ProjectionBias, RopeForm, Scores, SoftcapForm, Values, Window,
