@@ -8,9 +8,13 @@
 //! Heads and KV heads are divided by the number of ranks. Embeddings, norms,
 //! the head and per-layer inputs stay whole on every rank.
 //!
+//! Routed experts in place of the MLP (qwen3_moe.py's `shard()`) keep the
+//! router whole and split every expert's gate/up rows and down columns in
+//! place, with one `all_sum` of the block's weighted expert output.
+//!
 //! The split reads only IR facts, never the family: every family whose
-//! layers are attention plus a gated MLP gets it from this code. What mlx-lm
-//! does not shard the same way (routed experts) is refused with the reason.
+//! layers are attention plus a gated MLP gets it from this code. What has no
+//! split yet (Gemma-4's experts beside the MLP) is refused with the reason.
 
 use std::fmt::Write as _;
 
@@ -69,7 +73,8 @@ impl TensorParallel {
     }
 
     /// How many `all_sum`s one forward pass runs (one per sharded-to-all
-    /// module).
+    /// module: `o_proj`, `down_proj`, or the experts' `down_proj`, whose
+    /// block sums once after weighting the experts).
     pub fn all_sums_per_forward(&self) -> usize {
         self.modules()
             .filter(|(_, s)| *s == Split::ShardedToAll)
@@ -83,8 +88,9 @@ impl TensorParallel {
         let _ = writeln!(
             s,
             "As mlx-lm's `shard()`: q/k/v and gate/up all-to-sharded (rows), o/down \
-             sharded-to-all (columns, one `all_sum` each, bias after it); embeddings, norms \
-             and the head whole on every rank. {} `all_sum`s per forward pass.\n",
+             sharded-to-all (columns, one `all_sum` each, bias after it); routed experts split \
+             in place, the router whole; embeddings, norms and the head whole on every rank. \
+             {} `all_sum`s per forward pass.\n",
             self.all_sums_per_forward()
         );
         let _ = writeln!(
@@ -99,8 +105,8 @@ impl TensorParallel {
                     .iter()
                     .filter(|(_, s)| *s == split)
                     .map(|(m, _)| {
-                        let leaf = m.rsplit('.').next().unwrap_or(m);
-                        format!("`{leaf}`")
+                        let prefix = format!("layers.{}.", l.index);
+                        format!("`{}`", m.strip_prefix(&prefix).unwrap_or(m))
                     })
                     .collect::<Vec<_>>()
                     .join(", ")
@@ -198,11 +204,21 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                 modules.push((format!("{p}.down_proj"), Split::ShardedToAll));
                 divide("the MLP width", i, m.width)?
             }
-            FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {
+            // Routed experts in place of the MLP (qwen3_moe): the router
+            // stays whole; every expert's gate/up rows and down columns are
+            // split in place (`shard_inplace`), and the block sums its
+            // weighted expert output over the ranks once.
+            FeedForward::Moe(m) => {
+                let p = format!("layers.{i}.mlp.switch_mlp");
+                modules.push((format!("{p}.gate_proj"), Split::AllToSharded));
+                modules.push((format!("{p}.up_proj"), Split::AllToSharded));
+                modules.push((format!("{p}.down_proj"), Split::ShardedToAll));
+                divide("the experts' width", i, m.width)?
+            }
+            FeedForward::MlpAndMoe { .. } => {
                 return Err(format!(
-                    "{}: layer {i}: routed experts are not split yet (mlx-lm's qwen3_moe shards \
-                     its experts in place with an all_sum in the block; archgen does not have that \
-                     block); run it on one rank",
+                    "{}: layer {i}: routed experts beside the MLP (Gemma-4's MoE) are not split \
+                     yet (mlx-lm has no shard() for them); run it on one rank",
                     ir.name
                 ));
             }

@@ -497,9 +497,12 @@ impl SparseMoe {
         self.router.gate.pretranspose();
     }
 
-    /// Route, run the chosen experts, sum them weighted by their scores.
+    /// Route, run the chosen experts, sum them weighted by their scores
+    /// (under tensor parallelism each rank's experts hold a slice of the
+    /// width, and the block's output is summed over the ranks, as
+    /// `Qwen3MoeSparseMoeBlock` does with its `sharding_group`).
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        softmax_topk_moe(&self.router, &self.experts, x)
+        sharded_to_all(softmax_topk_moe(&self.router, &self.experts, x)?)
     }
 }
 
