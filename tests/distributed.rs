@@ -153,5 +153,8 @@ fn a_backend_that_cannot_start_is_an_error_not_a_panic() {
         "{}",
         e.what()
     );
-    assert_eq!(Backend::parse("tcp").unwrap_err(), "unknown distributed backend 'tcp': expected one of ring, nccl, mpi");
+    assert_eq!(
+        Backend::parse("tcp").unwrap_err(),
+        "unknown distributed backend 'tcp': expected one of ring, nccl, mpi"
+    );
 }

@@ -69,10 +69,7 @@ pub enum Reason {
     /// Split over ranks (`archgen launch`) where no sharded oracle runs: a
     /// model type mlx-lm has no `shard()` for, or a feature whose oracle is
     /// not run sharded.
-    ShardedWithoutOracle {
-        ranks: usize,
-        why: &'static str,
-    },
+    ShardedWithoutOracle { ranks: usize, why: &'static str },
 }
 
 impl Reason {
@@ -99,7 +96,10 @@ impl fmt::Display for Reason {
                 )
             }
             Reason::ShardedWithoutOracle { ranks, why } => {
-                write!(f, "tensor parallel over {ranks} ranks without a sharded oracle ({why})")
+                write!(
+                    f,
+                    "tensor parallel over {ranks} ranks without a sharded oracle ({why})"
+                )
             }
         }
     }
@@ -182,7 +182,9 @@ pub fn sharded_tier(ir: &ModelIr, ranks: usize) -> TierReport {
         Tier::L2 | Tier::L3 => Some("its oracle is not run sharded"),
     });
     if let Some(why) = why {
-        report.reasons.push(Reason::ShardedWithoutOracle { ranks, why });
+        report
+            .reasons
+            .push(Reason::ShardedWithoutOracle { ranks, why });
         report.tier = Tier::L3;
     }
     report

@@ -257,10 +257,7 @@ pub(crate) fn launch(args: &LaunchArgs) -> Result<(), String> {
                 "rank {} was stopped by the launcher ({})",
                 r.rank,
                 match (timed_out, first_failure) {
-                    (true, _) => format!(
-                        "--timeout {} s passed",
-                        args.timeout.unwrap_or_default()
-                    ),
+                    (true, _) => format!("--timeout {} s passed", args.timeout.unwrap_or_default()),
                     (false, Some((f, _))) => format!(
                         "it was still running {} s after rank {f} failed",
                         args.grace

@@ -169,7 +169,10 @@ fn sharded_generated_equals_sharded_monolith_equals_mlx_lm_sharded_on_two_ring_r
         .unwrap();
     let t = text(&o);
     assert!(o.status.success(), "mlx-lm sharded oracle: {t}");
-    assert!(t.contains("tp_oracle: rank 0 of 2: 5 checkpoints done"), "{t}");
+    assert!(
+        t.contains("tp_oracle: rank 0 of 2: 5 checkpoints done"),
+        "{t}"
+    );
     for spec in specs {
         let dir = tmp.path().join(spec);
         let oracle = tensors(&dir.join("mlx_lm.safetensors"));
@@ -250,7 +253,13 @@ fn a_rank_that_dies_ends_the_launch_with_a_clear_error_in_bounded_time() {
         .args(["launch", "-n", "2", "-p", &port, "--grace", "3"])
         .args(["--timeout", "100", "--", "generate", "--model"])
         .arg(&dir)
-        .args(["--prompt-ids", "1,2,3", "--max-tokens", "2000", "--ignore-eos"])
+        .args([
+            "--prompt-ids",
+            "1,2,3",
+            "--max-tokens",
+            "2000",
+            "--ignore-eos",
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -264,11 +273,16 @@ fn a_rank_that_dies_ends_the_launch_with_a_clear_error_in_bounded_time() {
         if let Some(p) = found {
             break p;
         }
-        assert!(start.elapsed() < Duration::from_secs(30), "rank 1 never started");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "rank 1 never started"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     std::thread::sleep(Duration::from_secs(2));
-    let killed = Command::new("kill").args(["-9", &rank1.to_string()]).status();
+    let killed = Command::new("kill")
+        .args(["-9", &rank1.to_string()])
+        .status();
     assert!(killed.unwrap().success());
     let o = child.wait_with_output().unwrap();
     let took = start.elapsed();
@@ -339,7 +353,10 @@ fn gemma_families_without_an_mlx_lm_shard_agree_generated_and_monolith_at_tier_l
         let generated = tensors(&dir.join("generated.safetensors"));
         let monolith = tensors(&dir.join("monolith.safetensors"));
         assert_eq!(generated.len(), 3);
-        assert!(generated == monolith, "{spec}: sharded generated != sharded monolith");
+        assert!(
+            generated == monolith,
+            "{spec}: sharded generated != sharded monolith"
+        );
         // The unsharded model, for the record: the all_sum reorders the
         // reduction of o/down, so the last bits move.
         let one = dir.join("one-rank.safetensors");

@@ -204,10 +204,7 @@ pub fn project_qkv(
     let q = queries(x, w, s)?;
     // Heads as -1: a rank of a tensor-parallel run has n_kv_heads / N of
     // them (the shape's counts are the model's; see `distributed`).
-    let k = kv
-        .k_proj
-        .forward(x)?
-        .reshape(&[b, l, -1, s.head_dim])?;
+    let k = kv.k_proj.forward(x)?.reshape(&[b, l, -1, s.head_dim])?;
     let v = match &kv.v_proj {
         None => k.clone(),
         Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, -1, s.head_dim])?,

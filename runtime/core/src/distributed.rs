@@ -109,7 +109,9 @@ extern "C" fn capture_error(msg: *const c_char, _data: *mut c_void) {
     let text = if msg.is_null() {
         String::from("(no message)")
     } else {
-        unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(msg) }
+            .to_string_lossy()
+            .into_owned()
     };
     CAPTURED.with(|c| *c.borrow_mut() = Some(text));
 }
@@ -129,11 +131,7 @@ fn with_captured_error(what: &str, call: impl FnOnce() -> i32) -> Result<()> {
     unsafe { mlx_sys::mlx_set_error_handler(Some(capture_error), std::ptr::null_mut(), None) };
     let status = call();
     unsafe {
-        mlx_sys::mlx_set_error_handler(
-            Some(default_mlx_error_handler),
-            std::ptr::null_mut(),
-            None,
-        )
+        mlx_sys::mlx_set_error_handler(Some(default_mlx_error_handler), std::ptr::null_mut(), None)
     };
     let message = CAPTURED.with(|c| c.borrow_mut().take());
     match status {

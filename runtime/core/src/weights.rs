@@ -486,8 +486,9 @@ impl Weights {
         match part {
             Ok(p) => p,
             Err(e) => {
-                self.errors
-                    .push(format!("tensor '{name}': taking rank {rank}'s slice failed: {e}"));
+                self.errors.push(format!(
+                    "tensor '{name}': taking rank {rank}'s slice failed: {e}"
+                ));
                 a
             }
         }
