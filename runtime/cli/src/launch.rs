@@ -128,8 +128,12 @@ pub(crate) fn launch(args: &LaunchArgs) -> Result<(), String> {
         LaunchBackend::Ring => Backend::Ring,
         LaunchBackend::Nccl => Backend::Nccl,
     };
-    // The ring hostfile: one ["ip:port"] per rank, ports counting up.
+    // The ring hostfile: one ["ip:port"] per rank, ports counting up. One
+    // rank is an unsharded run: it gets no distributed environment (the
+    // ring backend cannot form a ring of one; mlx.launch writes an empty
+    // hostfile then).
     let hostfile = match backend {
+        _ if world == 1 => None,
         Backend::Ring => {
             let mut ranks = Vec::with_capacity(world);
             let mut port = u32::from(args.starting_port);
@@ -171,6 +175,9 @@ pub(crate) fn launch(args: &LaunchArgs) -> Result<(), String> {
             })
             .stderr(Stdio::piped());
         match (&hostfile, backend) {
+            _ if world == 1 => {
+                cmd.env_remove("MLX_RANK").env_remove(BACKEND_VAR);
+            }
             (Some(file), _) => {
                 cmd.env("MLX_HOSTFILE", &file.0);
             }

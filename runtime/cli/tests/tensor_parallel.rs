@@ -381,3 +381,38 @@ fn gemma_families_without_an_mlx_lm_shard_agree_generated_and_monolith_at_tier_l
         );
     }
 }
+
+#[test]
+fn one_rank_is_an_unsharded_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("q");
+    init("qwen3-0.6b-tiny", &dir);
+    let launched = tmp.path().join("launched.safetensors");
+    let (o, _) = launch(
+        1,
+        &[
+            "logits",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            IDS,
+            "--decode-steps",
+            STEPS,
+            "--out",
+            launched.to_str().unwrap(),
+        ],
+    );
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(!t.contains("tensor parallel"), "{t}");
+    let plain = tmp.path().join("plain.safetensors");
+    let o = Command::new(ARCHGEN)
+        .args(["--quiet", "logits", "--model"])
+        .arg(&dir)
+        .args(["--prompt-ids", IDS, "--decode-steps", STEPS, "--out"])
+        .arg(&plain)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(tensors(&launched) == tensors(&plain));
+}

@@ -125,9 +125,15 @@ unsafe extern "C" {
 /// Runs one mlx-c call with MLX's error message captured here instead of in
 /// mlx-rs's private stash, then puts mlx-rs's handler back. (mlx-rs installs
 /// its handler lazily on its first op; one op first makes sure the handler
-/// we restore is the one it would install.)
+/// we restore is the one it would install.) The handler is process-wide:
+/// an MLX error raised on another thread inside this window would lose its
+/// message (the calls wrapped here are group init and building a collective,
+/// which archgen makes on the one thread that runs the model).
 fn with_captured_error(what: &str, call: impl FnOnce() -> i32) -> Result<()> {
-    let _ = Array::from_int(0).add(Array::from_int(0));
+    static MLX_RS_HANDLER: std::sync::Once = std::sync::Once::new();
+    MLX_RS_HANDLER.call_once(|| {
+        let _ = Array::from_int(0).add(Array::from_int(0));
+    });
     unsafe { mlx_sys::mlx_set_error_handler(Some(capture_error), std::ptr::null_mut(), None) };
     let status = call();
     unsafe {
