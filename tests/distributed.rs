@@ -88,9 +88,15 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> (bool, String) {
 #[test]
 fn all_sum_and_all_gather_agree_on_two_ring_ranks() {
     let port = free_ports(2);
+    // Each rank writes its verdict to a file here: mlx.launch may drop a
+    // rank's last output lines (it stops reading a pipe when the process
+    // has exited).
+    let reports = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(mlx_launch());
     cmd.args(["--backend", "ring", "-n", "2", "--starting-port"])
         .arg(port.to_string())
+        .arg("--env")
+        .arg(format!("{REPORT_DIR}={}", reports.path().display()))
         .arg("--")
         .arg(std::env::current_exe().expect("test binary"))
         .args([
@@ -103,9 +109,12 @@ fn all_sum_and_all_gather_agree_on_two_ring_ranks() {
     let (ok, text) = run_bounded(cmd, Duration::from_secs(120));
     assert!(ok, "mlx.launch of two ranks failed:\n{text}");
     for rank in 0..2 {
-        assert!(
-            text.contains(&format!("rank {rank} of 2: all_sum and all_gather ok")),
-            "rank {rank} did not report its checks:\n{text}"
+        let report = std::fs::read_to_string(reports.path().join(format!("rank-{rank}")))
+            .unwrap_or_else(|e| panic!("rank {rank} wrote no report ({e}):\n{text}"));
+        assert_eq!(
+            report,
+            format!("rank {rank} of 2: all_sum and all_gather ok"),
+            "{text}"
         );
     }
 }
@@ -137,8 +146,16 @@ fn rank_body() {
     gathered.eval().expect("all_gather evaluates");
     assert_eq!(gathered.shape(), &[2, 2]);
     assert_eq!(gathered.as_slice::<i32>(), &[0, 1, 10, 11], "rank {r}");
-    println!("rank {r} of 2: all_sum and all_gather ok");
+    let dir = std::env::var_os(REPORT_DIR).expect("the launching test sets the report directory");
+    std::fs::write(
+        PathBuf::from(dir).join(format!("rank-{r}")),
+        format!("rank {r} of 2: all_sum and all_gather ok"),
+    )
+    .expect("report written");
 }
+
+/// Where each rank of [`rank_body`] writes its verdict.
+const REPORT_DIR: &str = "ARCHGEN_DISTRIBUTED_TEST_REPORTS";
 
 #[test]
 fn a_backend_that_cannot_start_is_an_error_not_a_panic() {

@@ -106,6 +106,12 @@ pub(crate) fn launch(args: &LaunchArgs) -> Result<(), String> {
     if args.n == 0 {
         return Err("-n 0: a launch needs at least one rank".into());
     }
+    let seconds = |flag: &str, v: f64| -> Result<Duration, String> {
+        Duration::try_from_secs_f64(v)
+            .map_err(|_| format!("{flag} {v}: expected a number of seconds, 0 or more"))
+    };
+    let grace = seconds("--grace", args.grace)?;
+    let timeout = args.timeout.map(|t| seconds("--timeout", t)).transpose()?;
     let hosts: Vec<&str> = args.hosts.split(',').map(str::trim).collect();
     for h in &hosts {
         let ip: IpAddr = h.parse().map_err(|_| {
@@ -216,8 +222,6 @@ pub(crate) fn launch(args: &LaunchArgs) -> Result<(), String> {
             }
         }
     }
-    let grace = Duration::from_secs_f64(args.grace);
-    let timeout = args.timeout.map(Duration::from_secs_f64);
     let start = Instant::now();
     let mut first_failure: Option<(usize, Instant)> = None;
     let mut timed_out = false;
