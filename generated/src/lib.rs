@@ -38,6 +38,8 @@ pub mod gemma4_26b_a4b;
 #[rustfmt::skip]
 pub mod gemma4_31b_tiny;
 #[rustfmt::skip]
+pub mod gemma4_31b_tp_tiny;
+#[rustfmt::skip]
 pub mod gemma4_31b;
 #[rustfmt::skip]
 pub mod gemma4_e2b_tiny;
@@ -207,6 +209,11 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "gemma4-31b-tiny",
         spec: "specs/gemma4-31b-tiny.yaml",
         fingerprint: gemma4_31b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma4-31b-tp-tiny",
+        spec: "specs/gemma4-31b-tp-tiny.yaml",
+        fingerprint: gemma4_31b_tp_tiny::FINGERPRINT,
     },
     GeneratedModel {
         name: "gemma4-31b",
@@ -450,6 +457,9 @@ pub fn run<T: ModelTask>(
         }
         gemma4_31b_tiny::FINGERPRINT => {
             Some(gemma4_31b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        gemma4_31b_tp_tiny::FINGERPRINT => {
+            Some(gemma4_31b_tp_tiny::load(weights).map(|m| task.run(&m)))
         }
         gemma4_31b::FINGERPRINT => Some(gemma4_31b::load(weights).map(|m| task.run(&m))),
         gemma4_e2b_tiny::FINGERPRINT => {

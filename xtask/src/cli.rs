@@ -119,6 +119,9 @@ pub struct ShowArgs {
     /// Print config.json (text_config) field names as JSON instead of the table
     #[arg(long)]
     pub json: bool,
+    /// Add the plan's tensor-parallel split over N ranks (as `archgen launch -n N` runs it)
+    #[arg(long, value_name = "N", conflicts_with = "json")]
+    pub tensor_parallel: Option<usize>,
     #[command(flatten)]
     pub format: FormatArgs,
 }

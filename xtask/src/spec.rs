@@ -119,6 +119,14 @@ pub fn show(args: &ShowArgs) -> Result<(), String> {
     } else {
         summary(&spec)
     };
+    let text = match args.tensor_parallel {
+        None => text,
+        Some(ranks) => {
+            let ir = spec.lower();
+            let split = archgen_plan::tensor_parallel::split(&ir, ranks)?;
+            format!("{text}\n{}", split.render(&ir))
+        }
+    };
     print_out(&text)
 }
 

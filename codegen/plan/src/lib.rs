@@ -43,6 +43,8 @@
 //! # Ok::<(), String>(())
 //! ```
 
+pub mod tensor_parallel;
+
 use archgen_spec::ir::{
     Attention, AttentionScale, EmbedScale, FeedForward, KvCache, KvSource, Layer, LayerInput,
     LogitScale, Mixer, ModelIr, NormWeight, ProjectionBias, Residual, RopeForm, Scores,

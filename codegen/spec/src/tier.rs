@@ -4,12 +4,14 @@
 //! * **L1**: bit-exact with stock mlx-lm 0.32.2.
 //! * **L2**: bit-exact with mlx-optiq 0.7.7 on mlx-lm 0.32.2, for what stock mlx-lm
 //!   lacks (per-layer mixed-precision KV applied as `install_mixed_kv` applies it).
-//! * **L3**: no oracle. No IR fact leads there yet; run-time choices that do (a
-//!   sharded model, a custom kernel) add their reasons here when they land.
+//! * **L3**: no oracle. No IR fact leads there yet; run-time choices that do add
+//!   their reasons here: a model split over ranks without a sharded oracle
+//!   ([`sharded_tier`]).
 
 use std::fmt;
 
 use crate::ir::{KvCache, KvSource, Mixer, ModelIr};
+use crate::model::ConfigModelType;
 
 /// A parity tier; a lower tier is a stronger claim (`L1 < L2 < L3`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -64,12 +66,17 @@ pub enum Reason {
         layers: Vec<(usize, u32, u32)>,
         start: usize,
     },
+    /// Split over ranks (`archgen launch`) where no sharded oracle runs: a
+    /// model type mlx-lm has no `shard()` for, or a feature whose oracle is
+    /// not run sharded.
+    ShardedWithoutOracle { ranks: usize, why: &'static str },
 }
 
 impl Reason {
     pub fn tier(&self) -> Tier {
         match self {
             Reason::MixedKv { .. } => Tier::L2,
+            Reason::ShardedWithoutOracle { .. } => Tier::L3,
         }
     }
 }
@@ -86,6 +93,12 @@ impl fmt::Display for Reason {
                     f,
                     "per-layer mixed KV (mlx-optiq install_mixed_kv, quantized_kv_start {start}; layers {})",
                     list.join(", ")
+                )
+            }
+            Reason::ShardedWithoutOracle { ranks, why } => {
+                write!(
+                    f,
+                    "tensor parallel over {ranks} ranks without a sharded oracle ({why})"
                 )
             }
         }
@@ -141,4 +154,39 @@ pub fn tier(ir: &ModelIr) -> TierReport {
         tier: reasons.iter().map(Reason::tier).max().unwrap_or(Tier::L1),
         reasons,
     }
+}
+
+/// The tier of a run of `ir` split over `ranks` processes (`archgen launch`).
+/// The oracle of a sharded run is mlx-lm's own sharded model (`shard()`),
+/// which exists for qwen3, llama (and so mistral), qwen2 and qwen3_moe: those
+/// keep their tier; any other model type, or a feature whose oracle is not
+/// run sharded (mlx-optiq's mixed KV), makes the run L3.
+pub fn sharded_tier(ir: &ModelIr, ranks: usize) -> TierReport {
+    let mut report = tier(ir);
+    if ranks <= 1 {
+        return report;
+    }
+    let no_shard = match ir.checkpoint.model_type {
+        ConfigModelType::Qwen3
+        | ConfigModelType::Llama
+        | ConfigModelType::Mistral
+        | ConfigModelType::Qwen2
+        | ConfigModelType::Qwen3Moe => None,
+        ConfigModelType::Gemma4
+        | ConfigModelType::Gemma4Text
+        | ConfigModelType::Gemma4Unified
+        | ConfigModelType::Gemma2
+        | ConfigModelType::MiniCpm => Some("mlx-lm has no shard() for this model type"),
+    };
+    let why = no_shard.or(match report.tier {
+        Tier::L1 => None,
+        Tier::L2 | Tier::L3 => Some("its oracle is not run sharded"),
+    });
+    if let Some(why) = why {
+        report
+            .reasons
+            .push(Reason::ShardedWithoutOracle { ranks, why });
+        report.tier = Tier::L3;
+    }
+    report
 }

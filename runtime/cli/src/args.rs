@@ -90,12 +90,56 @@ pub enum Command {
         after_help = EXIT_CODES
     )]
     Init(InitArgs),
+    /// Run `logits` or `generate` tensor-parallel on N ranks (MLX distributed)
+    #[command(
+        long_about = "Start N ranks of archgen on this machine, each running the command after                       `--` (logits or generate) on its slice of the model, split as mlx-lm's                       shard() splits it: q/k/v and gate/up by output rows, o/down by input                       columns with one all_sum each, heads divided by N. MLX's own backend does                       the communication: ring (TCP over loopback, CPU) or nccl (CUDA builds, one                       GPU per rank). The ranks get the environment mlx.launch writes (MLX_RANK,                       MLX_HOSTFILE for ring; MLX_WORLD_SIZE, NCCL_HOST_IP, NCCL_PORT for nccl),                       so `mlx.launch --backend ring -n 2 -- archgen logits ...` works too. Rank 0                       alone prints and writes --out; every rank's stderr shows prefixed                       `[rank R]`. When a rank fails, the others are stopped after --grace                       seconds; --timeout bounds the whole run.",
+        after_help = "Example:\n  archgen launch --backend ring -n 2 -- logits --model DIR \
+                      --prompt-ids 1,2,3 --decode-steps 4 --out out.safetensors"
+    )]
+    Launch(LaunchArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
     #[command(after_help = "Examples:\n  \
         archgen completions bash > ~/.local/share/bash-completion/completions/archgen\n  \
         archgen completions zsh > ~/.zfunc/_archgen\n  \
         archgen completions fish > ~/.config/fish/completions/archgen.fish")]
     Completions(CompletionsArgs),
+}
+
+/// The distributed backend `archgen launch` sets its ranks up for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LaunchBackend {
+    /// TCP sockets between CPU processes (MLX_HOSTFILE)
+    Ring,
+    /// NVIDIA NCCL, one GPU per rank (CUDA builds of MLX only)
+    Nccl,
+}
+
+#[derive(Debug, Args)]
+pub struct LaunchArgs {
+    /// MLX distributed backend
+    #[arg(long, value_enum, default_value_t = LaunchBackend::Ring)]
+    pub backend: LaunchBackend,
+    /// Ranks per host
+    #[arg(short = 'n', long = "ranks", value_name = "N", default_value_t = 2)]
+    pub n: usize,
+    /// Comma-separated host IPs (this machine's loopback only; use mlx.launch for other hosts)
+    #[arg(long, value_name = "IP,...", default_value = "127.0.0.1")]
+    pub hosts: String,
+    /// Ring backend: rank r listens on this port + r (mlx.launch's default)
+    #[arg(long, short = 'p', value_name = "PORT", default_value_t = 32323)]
+    pub starting_port: u16,
+    /// NCCL backend: the port rank 0 serves NCCL's unique id on
+    #[arg(long, value_name = "PORT", default_value_t = 12345)]
+    pub nccl_port: u16,
+    /// Seconds the other ranks get to end after one fails, before they are killed
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub grace: f64,
+    /// Kill every rank after this many seconds
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<f64>,
+    /// The archgen command each rank runs: logits ... or generate ...
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
 }
 
 /// Which model implementation runs a checkpoint.

@@ -9,6 +9,7 @@ mod chat;
 mod chat_template;
 mod engine;
 mod init;
+mod launch;
 mod run;
 mod serve;
 mod ui;

@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::path::Path;
 
+use archgen_runtime::distributed::Split;
 use archgen_runtime::mlx_rs::{self, Array};
 use archgen_runtime::model::{CausalLm, ModelTask};
 
@@ -45,9 +46,34 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    let (arch, weights) = loaded.map_err(|e| e.to_string())?;
-    // Both implementations reproduce the same oracle, so the tier is the model's.
-    let tier = archgen_spec::tier::tier(&arch);
+    let (arch, mut weights) = loaded.map_err(|e| e.to_string())?;
+    // A tensor-parallel rank: split the IR's blocks as mlx-lm's shard()
+    // does and load only this rank's slices.
+    if let Some(group) = crate::launch::group() {
+        let split = archgen_plan::tensor_parallel::split(&arch, group.size() as usize)
+            .map_err(|e| format!("rank {} of {}: {e}", group.rank(), group.size()))?;
+        ui.note(&format!(
+            "tensor parallel: rank {} of {} ({} backend), {} all_sums per forward pass",
+            group.rank(),
+            group.size(),
+            group.backend().name(),
+            split.all_sums_per_forward()
+        ));
+        let splits = split.modules().map(|(m, s)| {
+            let s = match s {
+                archgen_plan::tensor_parallel::Split::AllToSharded => Split::AllToSharded,
+                archgen_plan::tensor_parallel::Split::ShardedToAll => Split::ShardedToAll,
+            };
+            (m.to_string(), s)
+        });
+        weights
+            .shard(group, splits.collect::<Vec<_>>())
+            .map_err(|e| format!("{}: {e}", model.display()))?;
+    }
+    // Both implementations reproduce the same oracle, so the tier is the
+    // model's (split over ranks, that of its sharded oracle).
+    let ranks = crate::launch::group().map_or(1, |g| g.size() as usize);
+    let tier = archgen_spec::tier::sharded_tier(&arch, ranks);
     if let Some(required) = require_tier {
         if tier.tier > required.tier() {
             return Err(format!(
@@ -124,11 +150,12 @@ fn save_atomically(tensors: &[(&str, &Array)], out: &Path) -> Result<(), String>
     })
 }
 
-fn logits(ui: &Ui, args: &LogitsArgs) -> Result<(), String> {
+fn logits(ui: &Ui, args: &LogitsArgs, writes: bool) -> Result<(), String> {
     let task = LogitsTask {
         ids: &args.prompt_ids.0,
         steps: args.decode_steps,
         out: &args.out,
+        writes,
     };
     with_model(
         ui,
@@ -143,6 +170,9 @@ struct LogitsTask<'a> {
     ids: &'a [i32],
     steps: usize,
     out: &'a Path,
+    /// False on tensor-parallel ranks other than 0: they run every step
+    /// (the collectives need them) and write nothing.
+    writes: bool,
 }
 
 impl ModelTask for LogitsTask<'_> {
@@ -153,6 +183,13 @@ impl ModelTask for LogitsTask<'_> {
         let run = mlx(archgen_runtime::protocol::run_logits(
             m, self.ids, self.steps,
         ))?;
+        if !self.writes {
+            return mlx(mlx_rs::transforms::eval([
+                &run.prefill_logits,
+                &run.decode_logits,
+                &run.tokens,
+            ]));
+        }
         save_atomically(
             &[
                 ("prefill_logits", &run.prefill_logits),
@@ -305,7 +342,7 @@ impl Streamer<'_> {
     }
 }
 
-fn generate(ui: &Ui, args: &GenerateArgs, prompt: &Prompt) -> Result<(), String> {
+fn generate(ui: &Ui, args: &GenerateArgs, prompt: &Prompt, prints: bool) -> Result<(), String> {
     let model = args.model.as_path();
     let tokenizer = load_tokenizer(model)?;
     let ids: Vec<i32> = match prompt {
@@ -362,6 +399,7 @@ fn generate(ui: &Ui, args: &GenerateArgs, prompt: &Prompt) -> Result<(), String>
         top_p: args.top_p,
         seed: args.seed,
         ui,
+        prints,
     };
     with_model(ui, model, args.implementation, args.require_tier, task)
 }
@@ -376,6 +414,9 @@ struct GenerateTask<'a> {
     top_p: f32,
     seed: u64,
     ui: &'a Ui,
+    /// False on tensor-parallel ranks other than 0: they generate the same
+    /// tokens (the collectives need every step) and print nothing.
+    prints: bool,
 }
 
 impl ModelTask for GenerateTask<'_> {
@@ -392,6 +433,7 @@ impl ModelTask for GenerateTask<'_> {
             top_p,
             seed,
             ui,
+            prints,
         } = self;
         check_ids(what, ids, m.vocab_size())?;
         let mut streamer = match tokenizer {
@@ -405,10 +447,14 @@ impl ModelTask for GenerateTask<'_> {
             seed,
         };
         let done = crate::engine::generate(m, ids, &sampling, eos, |token| {
-            streamer.push(token)?;
+            if prints {
+                streamer.push(token)?;
+            }
             Ok(Flow::Continue)
         })?;
-        streamer.finish()?;
+        if prints {
+            streamer.finish()?;
+        }
         let stop = match done.eos {
             Some(t) => format!("; stopped at EOS id {t}"),
             None => String::new(),
@@ -442,13 +488,34 @@ impl From<String> for Failure {
 }
 
 pub fn run(cli: Cli) -> Result<(), Failure> {
-    let ui = Ui::new(cli.quiet);
+    // A rank of a tensor-parallel run (started by `archgen launch` or
+    // mlx.launch) joins its group first; ranks other than 0 stay quiet.
+    let group = match &cli.command {
+        Command::Logits(_) | Command::Generate(_) => crate::launch::join_from_env()?,
+        Command::Chat(_) | Command::Serve(_) | Command::Init(_) | Command::Launch(_)
+            if std::env::var_os("MLX_RANK").is_some() =>
+        {
+            return Err(Failure::Runtime(
+                "MLX_RANK is set: a launched rank runs `logits` or `generate` only \
+                 (chat, serve, init and launch run as one process)"
+                    .into(),
+            ));
+        }
+        Command::Chat(_)
+        | Command::Serve(_)
+        | Command::Init(_)
+        | Command::Launch(_)
+        | Command::Completions(_) => None,
+    };
+    let rank = group.map_or(0, |g| g.rank());
+    let ui = Ui::new(cli.quiet || rank != 0);
     match cli.command {
         Command::Init(args) => Ok(init(&ui, &args)?),
-        Command::Logits(args) => Ok(logits(&ui, &args)?),
+        Command::Launch(args) => Ok(crate::launch::launch(&args)?),
+        Command::Logits(args) => Ok(logits(&ui, &args, rank == 0)?),
         Command::Generate(args) => {
             let prompt = args.prompt().map_err(Failure::Usage)?;
-            Ok(generate(&ui, &args, &prompt)?)
+            Ok(generate(&ui, &args, &prompt, rank == 0)?)
         }
         Command::Chat(args) => Ok(crate::chat::chat(&ui, &args)?),
         Command::Serve(args) => Ok(crate::serve::serve(

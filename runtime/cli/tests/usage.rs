@@ -20,7 +20,7 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-const SUBCOMMANDS: [&str; 4] = ["logits", "generate", "init", "completions"];
+const SUBCOMMANDS: [&str; 5] = ["logits", "generate", "init", "launch", "completions"];
 
 #[test]
 fn every_subcommand_has_help() {

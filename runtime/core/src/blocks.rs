@@ -20,6 +20,7 @@ use crate::attention::{
     attend, batch_and_len, causal_mask, merged, quantized_sdpa, softcapped_attention, Mask,
 };
 use crate::cache::{LayerCache, MixedKvNow, QuantizedKvCache};
+use crate::distributed::sharded_to_all;
 use crate::layers::{Embedding, Linear};
 use crate::moe::{experts, softmax_topk_moe, Router, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{
@@ -248,7 +249,7 @@ pub fn attention_own_kv(
     let offset = Array::from_int(cache.offset());
     let (q, k, v) = project_qkv(x, w, kv, s, &|t| rope.apply(t, &offset))?;
     let (o, shared) = attend_own_kv(&q, &k, &v, s, cache, mask, offset, false)?;
-    Ok((w.o_proj.forward(&o)?, shared))
+    Ok((sharded_to_all(w.o_proj.forward(&o)?)?, shared))
 }
 
 /// Queries, keys and values of a layer that computes its own K/V:
@@ -263,15 +264,12 @@ pub fn project_qkv(
 ) -> Result<(Array, Array, Array)> {
     let (b, l) = batch_and_len(x);
     let q = queries(x, w, s)?;
-    let k = kv
-        .k_proj
-        .forward(x)?
-        .reshape(&[b, l, s.n_kv_heads, s.head_dim])?;
+    // Heads as -1: a rank of a tensor-parallel run has n_kv_heads / N of
+    // them (the shape's counts are the model's; see `distributed`).
+    let k = kv.k_proj.forward(x)?.reshape(&[b, l, -1, s.head_dim])?;
     let v = match &kv.v_proj {
         None => k.clone(),
-        Some(v_proj) => v_proj
-            .forward(x)?
-            .reshape(&[b, l, s.n_kv_heads, s.head_dim])?,
+        Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, -1, s.head_dim])?,
     };
     let k = match &kv.k_norm {
         Some(n) => rms_norm(&k, Some(n), s.eps)?,
@@ -300,10 +298,8 @@ pub fn project_q(
 
 fn queries(x: &Array, w: &AttentionWeights, s: AttentionShape) -> Result<Array> {
     let (b, l) = batch_and_len(x);
-    let q = w
-        .q_proj
-        .forward(x)?
-        .reshape(&[b, l, s.n_heads, s.head_dim])?;
+    // Heads as -1, as in `project_qkv`.
+    let q = w.q_proj.forward(x)?.reshape(&[b, l, -1, s.head_dim])?;
     match &w.q_norm {
         Some(n) => rms_norm(&q, Some(n), s.eps),
         None => Ok(q),
@@ -406,8 +402,10 @@ pub fn attention_shared_kv(
     mask: &Mask,
 ) -> Result<Array> {
     let q = project_q(x, w, s, &|t| rope.apply(t, &shared.offset))?;
-    w.o_proj
-        .forward(&attend_shared_kv(&q, s, shared, mask, false)?)
+    sharded_to_all(
+        w.o_proj
+            .forward(&attend_shared_kv(&q, s, shared, mask, false)?)?,
+    )
 }
 
 /// A KV-sharing layer's attention over the donor's K/V, heads merged back
@@ -483,7 +481,7 @@ impl Mlp {
             Activation::GeluApprox => geglu(&gate, &up)?,
             Activation::Silu => swiglu(&gate, &up)?,
         };
-        self.down_proj.forward(&act)
+        sharded_to_all(self.down_proj.forward(&act)?)
     }
 }
 
@@ -560,9 +558,12 @@ impl SparseMoe {
         self.router.gate.pretranspose();
     }
 
-    /// Route, run the chosen experts, sum them weighted by their scores.
+    /// Route, run the chosen experts, sum them weighted by their scores
+    /// (under tensor parallelism each rank's experts hold a slice of the
+    /// width, and the block's output is summed over the ranks, as
+    /// `Qwen3MoeSparseMoeBlock` does with its `sharding_group`).
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        softmax_topk_moe(&self.router, &self.experts, x)
+        sharded_to_all(softmax_topk_moe(&self.router, &self.experts, x)?)
     }
 }
 

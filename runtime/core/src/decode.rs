@@ -116,7 +116,10 @@ pub fn path() -> Path {
 
 /// Whether one-token steps take this module's compiled blocks.
 pub fn enabled() -> bool {
-    path() != Path::Eager
+    // A tensor-parallel rank runs the eager blocks: these compiled ones
+    // stack Q/K/V by the model's full head counts and do not trace the
+    // all_sum of the sharded-to-all projections.
+    path() != Path::Eager && !crate::distributed::tensor_parallel()
 }
 
 /// Whether MLX's default device is the CPU.
@@ -335,7 +338,9 @@ impl FusedQkv {
     /// known to keep Q, K and V's bits, and `fast.rms_norm` takes a weight
     /// of the last axis only; there the weights stay as loaded.
     pub fn new(attn: &mut AttentionWeights, kv: &mut KvWeights, s: AttentionShape) -> Option<Self> {
-        if !on_cpu() {
+        // Sharded weights hold a rank's heads, not `s`'s; the decode path is
+        // off under tensor parallelism anyway (`enabled`).
+        if !on_cpu() || crate::distributed::tensor_parallel() {
             return None;
         }
         let (Some(q_norm), Some(k_norm), ValueNorm::RmsScaleFree) =

@@ -34,6 +34,7 @@ pub mod bytes;
 pub mod cache;
 pub mod decode;
 pub mod deltanet;
+pub mod distributed;
 pub mod layers;
 pub mod model;
 pub mod moe;

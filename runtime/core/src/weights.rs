@@ -9,7 +9,15 @@ use std::path::{Path, PathBuf};
 
 use mlx_rs::{Array, Dtype};
 
+use crate::distributed::{self, Group, Split};
 use crate::layers::{Embedding, Linear, Quantized, SwitchLinear};
+
+fn split_name(s: Split) -> &'static str {
+    match s {
+        Split::AllToSharded => "all-to-sharded",
+        Split::ShardedToAll => "sharded-to-all",
+    }
+}
 
 /// A loading error that names the file, tensor or field, and says what to do.
 #[derive(Debug)]
@@ -365,6 +373,17 @@ pub struct Weights {
     quant_default: Option<(i32, i32)>,
     quant_overrides: BTreeMap<String, Option<(i32, i32)>>,
     errors: Vec<String>,
+    /// This rank's split of the modules, when the model is sharded
+    /// ([`Weights::shard`]).
+    sharding: Option<Sharding>,
+}
+
+/// Which modules are split, and this process's part.
+struct Sharding {
+    rank: i32,
+    size: i32,
+    /// Module path (relative to the text model) -> split.
+    splits: BTreeMap<String, Split>,
 }
 
 impl Weights {
@@ -399,6 +418,79 @@ impl Weights {
             quant_default,
             quant_overrides,
             errors: Vec::new(),
+            sharding: None,
+        }
+    }
+
+    /// Loads this rank's slices of the `splits` modules from now on (mlx-lm's
+    /// `sharded_load`: the model's tensors are loaded lazily and `shard()`
+    /// replaces each split weight by its contiguous slice before anything is
+    /// evaluated, so only the slice is kept). Callers keep asking for the full
+    /// shapes; they are checked against the checkpoint before slicing.
+    /// `o_proj` / `down_proj` of the blocks sum over `group` from then on
+    /// ([`distributed::sharded_to_all`]).
+    pub fn shard(
+        &mut self,
+        group: &Group,
+        splits: impl IntoIterator<Item = (String, Split)>,
+    ) -> Result<(), LoadError> {
+        distributed::install(group).map_err(|e| LoadError(e.what().to_string()))?;
+        self.sharding = Some(Sharding {
+            rank: group.rank(),
+            size: group.size(),
+            splits: splits.into_iter().collect(),
+        });
+        Ok(())
+    }
+
+    /// This rank's part of tensor `name` when its module is split, as mlx's
+    /// `_shard` takes it: `split(weight, N, axis)[rank]`, made contiguous;
+    /// the axis is the output rows (`max(ndim - 2, 0)`, the last axis for a
+    /// bias) for all-to-sharded, the last axis for sharded-to-all.
+    fn local(&mut self, name: &str, a: Array) -> Array {
+        let Some(sh) = &self.sharding else {
+            return a;
+        };
+        let Some((module, leaf)) = name.rsplit_once('.') else {
+            return a;
+        };
+        let Some(split) = sh.splits.get(module).copied() else {
+            return a;
+        };
+        let ndim = a.ndim() as i32;
+        let axis = match (split, leaf) {
+            (Split::AllToSharded, "bias") => ndim - 1,
+            (Split::AllToSharded, _) => (ndim - 2).max(0),
+            (Split::ShardedToAll, "bias") => {
+                self.errors.push(format!(
+                    "tensor '{name}': a sharded-to-all projection with a bias (mlx adds it after \
+                     the all_sum; no runtime block does that yet): run this model on one rank"
+                ));
+                return a;
+            }
+            (Split::ShardedToAll, _) => ndim - 1,
+        };
+        let (rank, size) = (sh.rank, sh.size);
+        let n = a.shape()[axis as usize];
+        if n % size != 0 {
+            self.errors.push(format!(
+                "tensor '{name}': axis {axis} has {n} entries, which do not split into {size} \
+                 equal parts ({} of module '{module}'); run it on a world size that divides {n}",
+                split_name(split)
+            ));
+            return a;
+        }
+        let part = a
+            .split_equal(size, axis)
+            .and_then(|parts| parts[rank as usize].contiguous());
+        match part {
+            Ok(p) => p,
+            Err(e) => {
+                self.errors.push(format!(
+                    "tensor '{name}': taking rank {rank}'s slice failed: {e}"
+                ));
+                a
+            }
         }
     }
 
@@ -449,7 +541,7 @@ impl Weights {
         match self.take(name) {
             Some(a) => {
                 self.check(name, &a, shape, FLOAT);
-                a
+                self.local(name, a)
             }
             None => Self::placeholder(),
         }
@@ -521,7 +613,7 @@ impl Weights {
             None => {
                 shape.extend([out, in_dims]);
                 self.check(&wname, &w, &shape, FLOAT);
-                (w, None)
+                (self.local(&wname, w), None)
             }
             Some((bits, group)) => {
                 if ![2, 3, 4, 5, 6, 8].contains(&bits)
@@ -554,7 +646,7 @@ impl Weights {
                 let scales = self.param(&format!("{path}.scales"), &sshape);
                 let biases = self.param(&format!("{path}.biases"), &sshape);
                 (
-                    w,
+                    self.local(&wname, w),
                     Some(Quantized {
                         scales,
                         biases,
