@@ -418,15 +418,21 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     };
     let qk_norm = match spec.identity.family {
         Family::Qwen3 => QkNorm::RmsPerHead,
-        Family::Llama | Family::Qwen2 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {
-            QkNorm::None
-        }
+        Family::Llama
+        | Family::Qwen2
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::Qwen35 => QkNorm::None,
     };
     let bias = match spec.identity.family {
         Family::Qwen2 => ProjectionBias::QueryKeyValue,
-        Family::Qwen3 | Family::Llama | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {
-            ProjectionBias::None
-        }
+        Family::Qwen3
+        | Family::Llama
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::Qwen35 => ProjectionBias::None,
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| Layer {
@@ -454,6 +460,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
                     cache: KvCache::Plain,
                 },
                 scores: Scores::FusedSdpa,
+                output_gate: OutputGate::None,
             }),
             ffn: FeedForward::Mlp(GatedMlp {
                 width: spec.mlp.intermediate_size as usize,
@@ -498,7 +505,12 @@ pub(crate) fn param_count(arch: &Architecture) -> u64 {
     let biases = |l: &crate::arch::LayerFacts| match arch.family {
         // q_proj, k_proj and v_proj biases.
         Family::Qwen2 => ((l.n_heads + 2 * l.n_kv_heads) * l.head_dim) as u64,
-        Family::Qwen3 | Family::Llama | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => 0,
+        Family::Qwen3
+        | Family::Llama
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::Qwen35 => 0,
     };
     let mut total: u64 = arch
         .quantizable_modules()
@@ -567,7 +579,7 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
             }
             v["rope_traditional"] = json!(spec.rope.traditional);
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {}
+        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe | Family::Qwen35 => {}
     }
     if let Some(q) = &spec.quantization {
         v["quantization"] = crate::hf::quantization_json(q);
@@ -840,7 +852,12 @@ pub(crate) fn import(
     // (never rope_parameters); qwen3.py reads rope_parameters too.
     let reads_rope_parameters = match family {
         Family::Qwen3 => true,
-        Family::Llama | Family::Qwen2 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => false,
+        Family::Llama
+        | Family::Qwen2
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::Qwen35 => false,
     };
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
@@ -880,7 +897,7 @@ pub(crate) fn import(
             let tie = r.boolean("tie_word_embeddings", true);
             (kv, head_dim, max_pos, tie)
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => (
+        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe | Family::Qwen35 => (
             r.required_uint("num_key_value_heads"),
             r.required_uint("head_dim"),
             r.required_uint("max_position_embeddings"),
@@ -928,7 +945,7 @@ pub(crate) fn import(
                 }
             }
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => {}
+        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe | Family::Qwen35 => {}
     }
     // rope_theta / rope_scaling, with transformers >= 5's rope_parameters (qwen3 reads
     // it; llama.py does not).
@@ -964,7 +981,12 @@ pub(crate) fn import(
             // llama.py: 10000; qwen2.py: 1000000.
             let default = match family {
                 Family::Qwen2 => 1_000_000.0,
-                Family::Llama | Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe => 10000.0,
+                Family::Llama
+                | Family::Qwen3
+                | Family::Gemma4
+                | Family::Gemma2
+                | Family::Qwen3Moe
+                | Family::Qwen35 => 10000.0,
             };
             r.note("rope_theta", json!(default), ABSENT);
             default

@@ -37,9 +37,10 @@ pub(crate) fn parse_derived(
                     crate::dense::parse_derived(value, tree, origin, &parent)
                         .map(crate::Spec::Dense)
                 }
-                crate::Spec::Gemma4(_) | crate::Spec::Gemma2(_) | crate::Spec::Qwen3Moe(_) => {
-                    unreachable_family(tree, origin)
-                }
+                crate::Spec::Gemma4(_)
+                | crate::Spec::Gemma2(_)
+                | crate::Spec::Qwen3Moe(_)
+                | crate::Spec::Qwen35(_) => unreachable_family(tree, origin),
             };
         }
         if bad_name.is_empty() && parent_family(dir, from, 0) == Some(Family::Gemma2) {
@@ -49,9 +50,10 @@ pub(crate) fn parse_derived(
                     crate::gemma2::parse_derived(value, tree, origin, &parent)
                         .map(crate::Spec::Gemma2)
                 }
-                crate::Spec::Gemma4(_) | crate::Spec::Dense(_) | crate::Spec::Qwen3Moe(_) => {
-                    unreachable_family(tree, origin)
-                }
+                crate::Spec::Gemma4(_)
+                | crate::Spec::Dense(_)
+                | crate::Spec::Qwen3Moe(_)
+                | crate::Spec::Qwen35(_) => unreachable_family(tree, origin),
             };
         }
         if bad_name.is_empty() && parent_family(dir, from, 0) == Some(Family::Qwen3Moe) {
@@ -61,9 +63,23 @@ pub(crate) fn parse_derived(
                     crate::qwen3_moe::parse_derived(value, tree, origin, &parent)
                         .map(crate::Spec::Qwen3Moe)
                 }
-                crate::Spec::Gemma4(_) | crate::Spec::Dense(_) | crate::Spec::Gemma2(_) => {
-                    unreachable_family(tree, origin)
+                crate::Spec::Gemma4(_)
+                | crate::Spec::Dense(_)
+                | crate::Spec::Gemma2(_)
+                | crate::Spec::Qwen35(_) => unreachable_family(tree, origin),
+            };
+        }
+        if bad_name.is_empty() && parent_family(dir, from, 0) == Some(Family::Qwen35) {
+            let from = from.to_string();
+            return match load_parent(&from, tree, origin, dir, stack)? {
+                crate::Spec::Qwen35(parent) => {
+                    crate::qwen3_5::parse_derived(value, tree, origin, &parent)
+                        .map(crate::Spec::Qwen35)
                 }
+                crate::Spec::Gemma4(_)
+                | crate::Spec::Dense(_)
+                | crate::Spec::Gemma2(_)
+                | crate::Spec::Qwen3Moe(_) => unreachable_family(tree, origin),
             };
         }
     }
@@ -127,9 +143,10 @@ pub(crate) fn parse_derived(
 
     let parent = match load_parent(&file.derive.from, tree, origin, dir, stack)? {
         crate::Spec::Gemma4(g) => g,
-        crate::Spec::Dense(_) | crate::Spec::Gemma2(_) | crate::Spec::Qwen3Moe(_) => {
-            return unreachable_family(tree, origin)
-        }
+        crate::Spec::Dense(_)
+        | crate::Spec::Gemma2(_)
+        | crate::Spec::Qwen3Moe(_)
+        | crate::Spec::Qwen35(_) => return unreachable_family(tree, origin),
     };
 
     let (spec, mut issues) = apply(&parent, &file);

@@ -69,6 +69,7 @@ pub mod ir;
 mod mixed_kv;
 mod model;
 pub mod names;
+mod qwen3_5;
 mod qwen3_moe;
 pub mod tier;
 mod validate;
@@ -90,6 +91,10 @@ pub use gemma2::{Gemma2Attention, Gemma2Layers, Gemma2Mlp, Gemma2Model, Gemma2Ro
 pub use hf::spec_hash;
 pub use mixed_kv::{KvBits, MixedKv};
 pub use model::*;
+pub use qwen3_5::{
+    Qwen35Derive, Qwen35DerivedSpecFile, Qwen35Layers, Qwen35LinearAttention, Qwen35Reduce,
+    Qwen35Rope, Qwen35Spec,
+};
 pub use qwen3_moe::{
     Qwen3MoeDerive, Qwen3MoeDerivedSpecFile, Qwen3MoeExperts, Qwen3MoeReduce, Qwen3MoeRope,
     Qwen3MoeSpec,
@@ -116,6 +121,8 @@ pub enum Spec {
     Gemma2(Gemma2Spec),
     /// Qwen3-MoE.
     Qwen3Moe(Qwen3MoeSpec),
+    /// Qwen3.5 / Qwen3.6 (hybrid Gated DeltaNet and gated attention).
+    Qwen35(Qwen35Spec),
 }
 
 impl Spec {
@@ -125,6 +132,7 @@ impl Spec {
             Spec::Dense(s) => &s.identity,
             Spec::Gemma2(s) => &s.identity,
             Spec::Qwen3Moe(s) => &s.identity,
+            Spec::Qwen35(s) => &s.identity,
         }
     }
     pub fn identity_mut(&mut self) -> &mut Identity {
@@ -133,6 +141,7 @@ impl Spec {
             Spec::Dense(s) => &mut s.identity,
             Spec::Gemma2(s) => &mut s.identity,
             Spec::Qwen3Moe(s) => &mut s.identity,
+            Spec::Qwen35(s) => &mut s.identity,
         }
     }
     /// `identity.name`.
@@ -146,13 +155,13 @@ impl Spec {
     pub fn as_gemma4(&self) -> Option<&Gemma4Spec> {
         match self {
             Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_) | Spec::Gemma2(_) | Spec::Qwen3Moe(_) => None,
+            Spec::Dense(_) | Spec::Gemma2(_) | Spec::Qwen3Moe(_) | Spec::Qwen35(_) => None,
         }
     }
     pub fn as_gemma4_mut(&mut self) -> Option<&mut Gemma4Spec> {
         match self {
             Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_) | Spec::Gemma2(_) | Spec::Qwen3Moe(_) => None,
+            Spec::Dense(_) | Spec::Gemma2(_) | Spec::Qwen3Moe(_) | Spec::Qwen35(_) => None,
         }
     }
     pub fn quantization(&self) -> Option<&Quantization> {
@@ -161,6 +170,7 @@ impl Spec {
             Spec::Dense(s) => s.quantization.as_ref(),
             Spec::Gemma2(s) => s.quantization.as_ref(),
             Spec::Qwen3Moe(s) => s.quantization.as_ref(),
+            Spec::Qwen35(s) => s.quantization.as_ref(),
         }
     }
     /// The resolved architecture (the spec must be valid, as every loaded one is).
@@ -170,6 +180,7 @@ impl Spec {
             Spec::Dense(s) => dense::resolve(s),
             Spec::Gemma2(s) => gemma2::resolve(s),
             Spec::Qwen3Moe(s) => qwen3_moe::resolve(s),
+            Spec::Qwen35(s) => qwen3_5::resolve(s),
         }
     }
     /// The spec lowered to the block IR (the spec must be valid, as every
@@ -181,6 +192,7 @@ impl Spec {
             Spec::Dense(s) => dense::lower(s),
             Spec::Gemma2(s) => gemma2::lower(s),
             Spec::Qwen3Moe(s) => qwen3_moe::lower(s),
+            Spec::Qwen35(s) => qwen3_5::lower(s),
         };
         mixed_kv::apply(&mut ir, self.mixed_kv());
         ir
@@ -190,7 +202,7 @@ impl Spec {
         match self {
             Spec::Gemma4(s) => s.mixed_kv.as_ref(),
             Spec::Dense(s) => s.mixed_kv.as_ref(),
-            Spec::Gemma2(_) | Spec::Qwen3Moe(_) => None,
+            Spec::Gemma2(_) | Spec::Qwen3Moe(_) | Spec::Qwen35(_) => None,
         }
     }
     /// Semantic validation of a spec built in code (see [`Gemma4Spec::validate`]).
@@ -200,6 +212,7 @@ impl Spec {
             Spec::Dense(s) => in_memory(dense::check(s)),
             Spec::Gemma2(s) => in_memory(gemma2::check(s)),
             Spec::Qwen3Moe(s) => in_memory(qwen3_moe::check(s)),
+            Spec::Qwen35(s) => in_memory(qwen3_5::check(s)),
         }
     }
 }
@@ -212,6 +225,7 @@ pub fn to_yaml(spec: &Spec) -> String {
         Spec::Dense(s) => dense::to_yaml(s),
         Spec::Gemma2(s) => gemma2::to_yaml(s),
         Spec::Qwen3Moe(s) => qwen3_moe::to_yaml(s),
+        Spec::Qwen35(s) => qwen3_5::to_yaml(s),
     }
 }
 
@@ -224,6 +238,7 @@ pub fn to_hf_json(spec: &Spec) -> serde_json::Value {
         Spec::Dense(s) => dense::hf_json(s),
         Spec::Gemma2(s) => gemma2::hf_json(s),
         Spec::Qwen3Moe(s) => qwen3_moe::hf_json(s),
+        Spec::Qwen35(s) => qwen3_5::hf_json(s),
     }
 }
 
@@ -236,6 +251,7 @@ pub fn to_config_json(spec: &Spec) -> serde_json::Value {
         Spec::Dense(s) => dense::config_json(s),
         Spec::Gemma2(s) => gemma2::config_json(s),
         Spec::Qwen3Moe(s) => qwen3_moe::config_json(s),
+        Spec::Qwen35(s) => qwen3_5::config_json(s),
     }
 }
 
@@ -454,6 +470,8 @@ fn parse_inner(
         gemma2::parse_full(value, &tree, origin).map(Spec::Gemma2)
     } else if declared_family(&value) == Some(Family::Qwen3Moe) {
         qwen3_moe::parse_full(value, &tree, origin).map(Spec::Qwen3Moe)
+    } else if declared_family(&value) == Some(Family::Qwen35) {
+        qwen3_5::parse_full(value, &tree, origin).map(Spec::Qwen35)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
         let issues = validate::check(&spec);

@@ -79,6 +79,10 @@ pub enum Family {
     Gemma2,
     /// Qwen3-MoE (`qwen3_moe.py`): Qwen3 attention, routed SwiGLU experts.
     Qwen3Moe,
+    /// Qwen3.5 / Qwen3.6 (`qwen3_5.py`): Gated DeltaNet layers with a gated
+    /// full-attention layer every `full_attention_interval`.
+    #[serde(rename = "qwen3_5")]
+    Qwen35,
 }
 
 impl Family {
@@ -91,6 +95,7 @@ impl Family {
             Family::Qwen2 => "qwen2",
             Family::Gemma2 => "gemma2",
             Family::Qwen3Moe => "qwen3_moe",
+            Family::Qwen35 => "qwen3_5",
         }
     }
     /// Dense decoder families share one document layout ([`crate::DenseSpec`]).
@@ -131,6 +136,9 @@ pub enum ConfigModelType {
     Qwen2,
     Gemma2,
     Qwen3Moe,
+    /// Qwen3.5 (`qwen3_5.py`; config.json flat or under `text_config`).
+    #[serde(rename = "qwen3_5")]
+    Qwen35,
 }
 
 impl ConfigModelType {
@@ -146,6 +154,7 @@ impl ConfigModelType {
             ConfigModelType::Qwen2 => "qwen2",
             ConfigModelType::Gemma2 => "gemma2",
             ConfigModelType::Qwen3Moe => "qwen3_moe",
+            ConfigModelType::Qwen35 => "qwen3_5",
         }
     }
     /// The family whose mlx-lm module reads this `model_type`.
@@ -159,6 +168,7 @@ impl ConfigModelType {
             ConfigModelType::Qwen2 => Family::Qwen2,
             ConfigModelType::Gemma2 => Family::Gemma2,
             ConfigModelType::Qwen3Moe => Family::Qwen3Moe,
+            ConfigModelType::Qwen35 => Family::Qwen35,
         }
     }
 }
@@ -524,6 +534,8 @@ pub(crate) enum SpecDocument {
     Gemma2(crate::gemma2::Gemma2Spec),
     Qwen3Moe(crate::qwen3_moe::Qwen3MoeSpec),
     DerivedQwen3Moe(crate::qwen3_moe::Qwen3MoeDerivedSpecFile),
+    Qwen35(crate::qwen3_5::Qwen35Spec),
+    DerivedQwen35(crate::qwen3_5::Qwen35DerivedSpecFile),
 }
 
 impl Gemma4Spec {

@@ -69,7 +69,6 @@ pub fn attention_biases(a: &Attention) -> Vec<(&'static str, u64)> {
     }
 }
 
-
 /// The router's projection module, relative to the layer.
 pub fn router_module(r: Router) -> &'static str {
     match r {
@@ -95,6 +94,14 @@ pub struct VectorParam {
     /// Full checkpoint name.
     pub name: String,
     pub len: u64,
+}
+
+/// A parameter of more than one dimension outside the quantizable modules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapedParam {
+    /// Full checkpoint name.
+    pub name: String,
+    pub shape: Vec<u64>,
 }
 
 impl ModelIr {
@@ -153,7 +160,18 @@ impl ModelIr {
                 Mixer::Attention(a) => {
                     let q = (a.n_heads * a.head_dim) as u64;
                     let kv = (a.n_kv_heads * a.head_dim) as u64;
-                    push(format!("{lp}self_attn.q_proj"), ModuleKind::Linear, h, q, 1);
+                    // An output gate doubles q_proj: per head the queries, then the gate.
+                    let q_out = match a.output_gate {
+                        OutputGate::None => q,
+                        OutputGate::SigmoidPerHead => 2 * q,
+                    };
+                    push(
+                        format!("{lp}self_attn.q_proj"),
+                        ModuleKind::Linear,
+                        h,
+                        q_out,
+                        1,
+                    );
                     if let KvSource::Own { values, .. } = a.kv {
                         push(
                             format!("{lp}self_attn.k_proj"),
@@ -175,6 +193,18 @@ impl ModelIr {
                     }
                     push(format!("{lp}self_attn.o_proj"), ModuleKind::Linear, q, h, 1);
                 }
+                Mixer::GatedDeltaNet(d) => match d.in_proj {
+                    InProj::Split => {
+                        let la = format!("{lp}linear_attn");
+                        let (conv, vd) = (d.conv_dim() as u64, d.value_dim() as u64);
+                        let hv = d.v_heads as u64;
+                        push(format!("{la}.in_proj_qkv"), ModuleKind::Linear, h, conv, 1);
+                        push(format!("{la}.in_proj_z"), ModuleKind::Linear, h, vd, 1);
+                        push(format!("{la}.in_proj_b"), ModuleKind::Linear, h, hv, 1);
+                        push(format!("{la}.in_proj_a"), ModuleKind::Linear, h, hv, 1);
+                        push(format!("{la}.out_proj"), ModuleKind::Linear, vd, h, 1);
+                    }
+                },
             }
             if let Some(m) = l.mlp() {
                 let w = m.width as u64;
@@ -271,6 +301,16 @@ impl ModelIr {
                         }
                     }
                 }
+                Mixer::GatedDeltaNet(d) => {
+                    let la = format!("{lp}linear_attn");
+                    push(format!("{la}.dt_bias"), d.v_heads as u64);
+                    push(format!("{la}.A_log"), d.v_heads as u64);
+                    match d.norm {
+                        GatedNorm::RmsSiluGate => {
+                            push(format!("{la}.norm.weight"), d.v_head_dim as u64)
+                        }
+                    }
+                }
             }
             if let Some(m) = l.moe() {
                 match m.router {
@@ -336,6 +376,22 @@ impl ModelIr {
             .collect()
     }
 
+    /// Parameters of more than one dimension that no `nn.quantize` visits
+    /// (the depthwise conv weights of Gated DeltaNet layers, `[C, K, 1]`).
+    pub fn shaped_params(&self) -> Vec<ShapedParam> {
+        let pre = self.module_prefix();
+        self.layers
+            .iter()
+            .filter_map(|l| {
+                let d = l.delta_net()?;
+                Some(ShapedParam {
+                    name: format!("{pre}layers.{}.linear_attn.conv1d.weight", l.index),
+                    shape: vec![d.conv_dim() as u64, d.conv_kernel as u64, 1],
+                })
+            })
+            .collect()
+    }
+
     /// Parameter count of the unquantized model (weights, norms, scalars).
     pub fn param_count(&self) -> u64 {
         let modules: u64 = self
@@ -343,6 +399,11 @@ impl ModelIr {
             .iter()
             .map(|m| m.in_dim * m.out_dim * m.count)
             .sum();
-        modules + self.vector_params().iter().map(|p| p.len).sum::<u64>()
+        let shaped: u64 = self
+            .shaped_params()
+            .iter()
+            .map(|p| p.shape.iter().product::<u64>())
+            .sum();
+        modules + shaped + self.vector_params().iter().map(|p| p.len).sum::<u64>()
     }
 }

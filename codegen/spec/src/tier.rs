@@ -128,6 +128,9 @@ pub fn tier(ir: &ModelIr) -> TierReport {
                     }
                 },
             },
+            // The CPU path of mlx-lm's gated delta rule (`gated_delta_ops`)
+            // is what the runtime reproduces: L1 on the CPU.
+            Mixer::GatedDeltaNet(_) => {}
         }
     }
     let mut reasons = Vec::new();

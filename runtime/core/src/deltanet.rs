@@ -35,6 +35,7 @@ use crate::layers::Linear;
 use crate::moe::{softmax_topk_moe, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{rms_norm, scalar_like, Result};
 use crate::rope::Rope;
+use crate::weights::Weights;
 
 fn refused(what: String) -> mlx_rs::error::Exception {
     mlx_rs::error::Exception::custom(what)
@@ -400,6 +401,45 @@ pub fn gated_delta_net(x: &Array, w: &GatedDeltaNet, cache: &mut ArraysCache) ->
     w.out_proj.forward(&out.reshape(&[bsz, len, -1])?)
 }
 
+impl GatedDeltaNet {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        match &mut self.in_proj {
+            InProj::Split { qkv, z, b, a } => {
+                for l in [qkv, z, b, a] {
+                    l.pretranspose();
+                }
+            }
+            InProj::Fused { qkvz, ba } => {
+                qkvz.pretranspose();
+                ba.pretranspose();
+            }
+        }
+        self.out_proj.pretranspose();
+    }
+}
+
+/// `layers.{i}.linear_attn` of a qwen3_5 checkpoint (the split projections,
+/// sanitized names): every tensor's presence and shape checked by `w`.
+pub fn load_gated_delta_net(w: &mut Weights, layer: usize, s: DeltaNetShape) -> GatedDeltaNet {
+    let p = format!("layers.{layer}.linear_attn");
+    let (conv, vd, hv) = (s.conv_dim(), s.value_dim(), s.num_v_heads);
+    GatedDeltaNet {
+        in_proj: InProj::Split {
+            qkv: w.linear(&format!("{p}.in_proj_qkv"), conv, s.hidden),
+            z: w.linear(&format!("{p}.in_proj_z"), vd, s.hidden),
+            b: w.linear(&format!("{p}.in_proj_b"), hv, s.hidden),
+            a: w.linear(&format!("{p}.in_proj_a"), hv, s.hidden),
+        },
+        conv1d: w.param(&format!("{p}.conv1d.weight"), &[conv, s.conv_kernel, 1]),
+        dt_bias: w.param(&format!("{p}.dt_bias"), &[hv]),
+        a_log: w.param(&format!("{p}.A_log"), &[hv]),
+        norm: w.param(&format!("{p}.norm.weight"), &[s.head_v_dim]),
+        out_proj: w.linear(&format!("{p}.out_proj"), s.hidden, vd),
+        shape: s,
+    }
+}
+
 // ---- Gated full attention
 
 /// The RoPE width of a partial rotary factor: Python's
@@ -452,6 +492,40 @@ pub fn gated_attention(
     let keys = rope.apply(&keys, &offset)?;
     let (o, _) = attend_own_kv(&queries, &keys, &values, s, cache, mask, offset, false)?;
     w.o_proj.forward(&o.multiply(mlx_rs::ops::sigmoid(&gate)?)?)
+}
+
+impl GatedAttention {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        for l in [
+            &mut self.q_proj,
+            &mut self.k_proj,
+            &mut self.v_proj,
+            &mut self.o_proj,
+        ] {
+            l.pretranspose();
+        }
+    }
+}
+
+/// `layers.{i}.self_attn` of a gated full-attention layer: `q_proj` of
+/// `2 * heads * head_dim` outputs, K/V, q/k norms, `o_proj`.
+pub fn load_gated_attention(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    s: AttentionShape,
+) -> GatedAttention {
+    let p = format!("layers.{layer}.self_attn");
+    let (q, kv) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+    GatedAttention {
+        q_proj: w.linear(&format!("{p}.q_proj"), 2 * q, hidden),
+        k_proj: w.linear(&format!("{p}.k_proj"), kv, hidden),
+        v_proj: w.linear(&format!("{p}.v_proj"), kv, hidden),
+        o_proj: w.linear(&format!("{p}.o_proj"), hidden, q),
+        q_norm: w.param(&format!("{p}.q_norm.weight"), &[s.head_dim]),
+        k_norm: w.param(&format!("{p}.k_norm.weight"), &[s.head_dim]),
+    }
 }
 
 // ---- The MoE block
