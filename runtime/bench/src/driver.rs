@@ -51,6 +51,7 @@ impl Plan {
                 "qwen2.5-0.5b-tiny",
                 "gemma-2-2b-tiny",
                 "qwen3-30b-a3b-tiny-q4",
+                "qwen3.5-4b-tiny",
             ]
             .map(String::from)
             .to_vec(),
