@@ -444,9 +444,21 @@ fn hf_per_expert_weights_are_stacked_as_mlx_lm_stacks_them() {
 /// generated model, the very logits mlx-lm gives when it loads that same
 /// directory (adding 1 back to the norms in bf16), and the same as on the
 /// mlx layout.
+/// The MoE form (`qwen3.6-35b-a3b-tiny`, float32) also stores its experts
+/// fused, `mlp.experts.gate_up_proj` and `mlp.experts.down_proj`
+/// (`SanitizeRule::SplitSwitchMlpGateUp`).
 #[test]
 fn qwen3_5_raw_hf_checkpoint_loads_as_mlx_lm_sanitizes_it() {
-    let spec = archgen_spec::load(repo_root().join("specs/qwen3.5-4b-tiny.yaml")).unwrap();
+    for (name, dtype) in [
+        ("qwen3.5-4b-tiny", "bfloat16"),
+        ("qwen3.6-35b-a3b-tiny", "float32"),
+    ] {
+        raw_hf_checkpoint_case(name, dtype);
+    }
+}
+
+fn raw_hf_checkpoint_case(name: &str, dtype: &str) {
+    let spec = archgen_spec::load(repo_root().join(format!("specs/{name}.yaml"))).unwrap();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("mlx");
     let ids: Vec<i32> = (0..19).map(|i| (i * 37 + 11) % 512).collect();
@@ -455,7 +467,7 @@ fn qwen3_5_raw_hf_checkpoint_loads_as_mlx_lm_sanitizes_it() {
         "config": config_for(&spec),
         "out": dir,
         "seed": 5,
-        "dtype": "bfloat16",
+        "dtype": dtype,
         "bits": Value::Null,
         "group_size": Value::Null,
         "kv_quant": Value::Null,
@@ -478,6 +490,10 @@ fn qwen3_5_raw_hf_checkpoint_loads_as_mlx_lm_sanitizes_it() {
     let conv = &names["model.language_model.layers.0.linear_attn.conv1d.weight"];
     assert_eq!(conv.shape()[1], 1, "the HF conv layout is [C, 1, K]");
     assert!(names.contains_key("mtp.fc.weight"));
+    if spec.lower().layers[0].moe().is_some() {
+        assert!(names.contains_key("model.language_model.layers.0.mlp.experts.gate_up_proj"));
+        assert!(!names.keys().any(|k| k.contains("switch_mlp")));
+    }
     let oracle_path = root.path().join("hf-oracle.safetensors");
     let ids_arg = ids.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
     run_python(
@@ -502,7 +518,7 @@ fn qwen3_5_raw_hf_checkpoint_loads_as_mlx_lm_sanitizes_it() {
     for key in ["prefill_logits", "decode_logits", "tokens"] {
         assert!(
             same(&oracle[key], &mlx_oracle[key]),
-            "{key}: mlx-lm differs between the two layouts"
+            "{name}: {key}: mlx-lm differs between the two layouts"
         );
     }
     let monolith = run_logits(&archgen_monolith::load_dir(&hf).unwrap(), &ids, steps).unwrap();
@@ -510,7 +526,7 @@ fn qwen3_5_raw_hf_checkpoint_loads_as_mlx_lm_sanitizes_it() {
     let fingerprint = archgen_plan::fingerprint(&ir);
     assert_eq!(
         archgen_generated::find(&fingerprint).map(|m| m.name),
-        Some("qwen3.5-4b-tiny")
+        Some(name)
     );
     let generated = archgen_generated::run(&fingerprint, weights, Protocol { ids: &ids, steps })
         .unwrap()
@@ -530,8 +546,12 @@ fn qwen3_5_raw_hf_checkpoint_loads_as_mlx_lm_sanitizes_it() {
     ] {
         assert!(
             same(m, &oracle[key]),
-            "{key}: monolith on the HF layout != mlx-lm"
+            "{name}: {key}: monolith on the HF layout != mlx-lm"
         );
-        assert!(same(g, m), "{key}: generated != monolith on the HF layout");
+        assert!(
+            same(g, m),
+            "{name}: {key}: generated != monolith on the HF layout"
+        );
     }
+    eprintln!("{name} ({dtype}): the raw Hugging Face layout gives mlx-lm's bytes");
 }

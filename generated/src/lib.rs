@@ -115,6 +115,12 @@ pub mod qwen3_5_4b;
 pub mod qwen3_5_9b;
 #[rustfmt::skip]
 pub mod qwen3_6_27b;
+#[rustfmt::skip]
+pub mod qwen3_6_35b_a3b_tiny_q4;
+#[rustfmt::skip]
+pub mod qwen3_6_35b_a3b_tiny;
+#[rustfmt::skip]
+pub mod qwen3_6_35b_a3b;
 
 use archgen_runtime::model::{ModelError, ModelTask};
 use archgen_runtime::weights::Weights;
@@ -407,6 +413,21 @@ pub const MODELS: &[GeneratedModel] = &[
         spec: "specs/qwen3.6-27b.yaml",
         fingerprint: qwen3_6_27b::FINGERPRINT,
     },
+    GeneratedModel {
+        name: "qwen3.6-35b-a3b-tiny-q4",
+        spec: "specs/qwen3.6-35b-a3b-tiny-q4.yaml",
+        fingerprint: qwen3_6_35b_a3b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3.6-35b-a3b-tiny",
+        spec: "specs/qwen3.6-35b-a3b-tiny.yaml",
+        fingerprint: qwen3_6_35b_a3b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3.6-35b-a3b",
+        spec: "specs/qwen3.6-35b-a3b.yaml",
+        fingerprint: qwen3_6_35b_a3b::FINGERPRINT,
+    },
 ];
 /// The generated model whose fingerprint is `fingerprint`, if any.
 pub fn find(fingerprint: &str) -> Option<&'static GeneratedModel> {
@@ -561,6 +582,15 @@ pub fn run<T: ModelTask>(
         qwen3_5_9b::FINGERPRINT => Some(qwen3_5_9b::load(weights).map(|m| task.run(&m))),
         qwen3_6_27b::FINGERPRINT => {
             Some(qwen3_6_27b::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_6_35b_a3b_tiny_q4::FINGERPRINT => {
+            Some(qwen3_6_35b_a3b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_6_35b_a3b_tiny::FINGERPRINT => {
+            Some(qwen3_6_35b_a3b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_6_35b_a3b::FINGERPRINT => {
+            Some(qwen3_6_35b_a3b::load(weights).map(|m| task.run(&m)))
         }
         _ => None,
     }

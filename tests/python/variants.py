@@ -85,7 +85,7 @@ def family_hf_layout(src: Path, dst: Path) -> None:
             del out[k]
             for e in range(v.shape[0]):
                 out[f"{base}.mlp.experts.{e}.{leaf}"] = v[e]
-    elif model_type == "qwen3_5":
+    elif model_type in ("qwen3_5", "qwen3_5_moe"):
         # Qwen3.5's Hugging Face original: `model.language_model.*` and a
         # top-level lm_head, the conv1d weights as [C, 1, K], the input /
         # post-attention / final / q / k norms stored as offsets around 0
@@ -94,7 +94,18 @@ def family_hf_layout(src: Path, dst: Path) -> None:
         out = {}
         norms = (".input_layernorm.weight", ".post_attention_layernorm.weight",
                  "model.norm.weight", ".q_norm.weight", ".k_norm.weight")
+        fused = {}
         for k, v in weights.items():
+            if model_type == "qwen3_5_moe" and ".mlp.switch_mlp." in k:
+                # qwen3_5_moe's HF experts: gate and up fused along -2.
+                if f"{k[:-len('weight')]}scales" in weights:
+                    raise SystemExit(f"{k}: only unquantized experts have the fused HF layout")
+                base, leaf = k[len("language_model.model."):].split(".mlp.switch_mlp.")
+                if leaf == "down_proj.weight":
+                    out[f"model.language_model.{base}.mlp.experts.down_proj"] = v
+                else:
+                    fused.setdefault(base, {})[leaf] = v
+                continue
             if k.startswith("language_model.model."):
                 name = "model.language_model." + k[len("language_model.model."):]
             elif k == "language_model.lm_head.weight":
@@ -106,6 +117,9 @@ def family_hf_layout(src: Path, dst: Path) -> None:
             elif k.endswith(norms) and v.ndim == 1:
                 v = v - 1.0
             out[name] = v
+        for base, parts in fused.items():
+            out[f"model.language_model.{base}.mlp.experts.gate_up_proj"] = mx.concatenate(
+                [parts["gate_proj.weight"], parts["up_proj.weight"]], axis=-2)
         out["mtp.fc.weight"] = mx.zeros((2, 2))
         out["model.visual.patch_embed.proj.weight"] = mx.zeros((2, 2))
     elif model_type == "minicpm":

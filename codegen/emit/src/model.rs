@@ -178,6 +178,10 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
             "{} routed experts (top-{}) in place of the MLP",
             m.num_experts, m.top_k
         ),
+        FeedForward::MoeAndSharedExpert { moe, shared } => format!(
+            "{} routed experts (top-{}) and a shared expert of width {} in place of the MLP",
+            moe.num_experts, moe.top_k, shared.width
+        ),
     });
     match l.input {
         LayerInput::None => {}
@@ -230,9 +234,19 @@ fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
     }
 }
 
-/// The layer kinds the eager hybrid blocks run (`deltanet.rs`) take a
-/// dense MLP and nothing after it.
-fn hybrid_mlp(l: &Layer, kind: &str) -> Result<TokenStream, String> {
+/// The feed-forward half of a hybrid layer kind (the eager blocks of
+/// `deltanet.rs` take a dense MLP, or routed experts with a shared expert,
+/// and nothing after it): its field, load, forward statement, pretranspose
+/// and the load function's signature.
+struct HybridFfn {
+    field: TokenStream,
+    load: TokenStream,
+    forward: TokenStream,
+    pre: TokenStream,
+    signature: TokenStream,
+}
+
+fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
     let unsupported = |what: &str| {
         Err(format!(
             "layer kind {kind}: {what} beside a Gated DeltaNet or gated attention is not supported yet"
@@ -244,8 +258,44 @@ fn hybrid_mlp(l: &Layer, kind: &str) -> Result<TokenStream, String> {
         (_, LayerScalar::Learned) => return unsupported("a layer scalar"),
     }
     match l.ffn {
-        FeedForward::Mlp(m) => Ok(activation_tokens(m.activation)),
-        FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => unsupported("routed experts"),
+        FeedForward::Mlp(m) => {
+            let act = activation_tokens(m.activation);
+            Ok(HybridFfn {
+                field: quote! { mlp: b::Mlp, },
+                load: quote! { mlp: b::load_mlp(w, i, HIDDEN, mlp_width, #act), },
+                forward: quote! { let h = b::feed_forward(&h, &self.norms, &self.mlp, None, EPS)?; },
+                pre: quote! { layer.mlp.pretranspose(); },
+                signature: quote! { w: &mut Weights, i: usize, mlp_width: i32 },
+            })
+        }
+        FeedForward::MoeAndSharedExpert { moe, shared } => match (moe.router, moe.activation) {
+            (Router::SoftmaxTopK { probs }, Activation::Silu) => {
+                let (e, k, mw, sw) = (
+                    lit_i32(moe.num_experts)?,
+                    lit_i32(moe.top_k)?,
+                    lit_i32(moe.width)?,
+                    lit_i32(shared.width)?,
+                );
+                let probs = match probs {
+                    TopKProbs::Renormalized => quote! { b::TopKProbs::Renormalized },
+                    TopKProbs::AsTaken => quote! { b::TopKProbs::AsTaken },
+                };
+                Ok(HybridFfn {
+                    field: quote! { moe: deltanet::SharedExpertMoe, },
+                    load: quote! { moe: deltanet::load_shared_expert_moe(w, i, HIDDEN, #e, #k, #mw, #sw, #probs), },
+                    forward: quote! { let h = deltanet::shared_expert_feed_forward(&h, &self.norms, &self.moe, EPS)?; },
+                    pre: quote! { layer.moe.pretranspose(); },
+                    signature: quote! { w: &mut Weights, i: usize },
+                })
+            }
+            (Router::SoftmaxTopK { .. }, Activation::GeluApprox)
+            | (Router::ScaledTopKSoftmax, _) => {
+                unsupported("experts other than softmax-then-top-k SwiGLU ones")
+            }
+        },
+        FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {
+            unsupported("routed experts without a shared expert")
+        }
     }
 }
 
@@ -257,7 +307,13 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
     let name = ident(&kind.name);
     let doc = kind_doc(l, &kind.layers);
     let norms_load = norms_load_tokens(l);
-    let act = hybrid_mlp(l, &kind.name)?;
+    let HybridFfn {
+        field: ffn_field,
+        load: ffn_load,
+        forward: ffn_forward,
+        pre: ffn_pre,
+        signature,
+    } = hybrid_ffn(l, &kind.name)?;
     match (d.in_proj, d.norm, d.cache) {
         (InProj::Split, GatedNorm::RmsSiluGate, StateCache::ConvAndRecurrent) => {}
     }
@@ -275,7 +331,7 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
         struct #name {
             norms: b::LayerNorms,
             mixer: deltanet::GatedDeltaNet,
-            mlp: b::Mlp,
+            #ffn_field
         }
 
         impl #name {
@@ -284,14 +340,14 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
                 head_v_dim: #vd, conv_kernel: #conv, eps: EPS,
             };
 
-            fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
+            fn load(#signature) -> Self {
                 let mut layer = Self {
                     norms: #norms_load,
                     mixer: deltanet::load_gated_delta_net(w, i, Self::SHAPE),
-                    mlp: b::load_mlp(w, i, HIDDEN, mlp_width, #act),
+                    #ffn_load
                 };
                 layer.mixer.pretranspose();
-                layer.mlp.pretranspose();
+                #ffn_pre
                 layer
             }
 
@@ -301,7 +357,7 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                 let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
                 let h = b::attention_residual(h, &a, &self.norms, EPS)?;
-                let h = b::feed_forward(&h, &self.norms, &self.mlp, None, EPS)?;
+                #ffn_forward
                 b::finish_layer(&h, None, None, EPS)
             }
         }
@@ -315,7 +371,13 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
     let name = ident(&kind.name);
     let doc = kind_doc(l, &kind.layers);
     let norms_load = norms_load_tokens(l);
-    let act = hybrid_mlp(l, &kind.name)?;
+    let HybridFfn {
+        field: ffn_field,
+        load: ffn_load,
+        forward: ffn_forward,
+        pre: ffn_pre,
+        signature,
+    } = hybrid_ffn(l, &kind.name)?;
     let supported = matches!(
         a.kv,
         KvSource::Own {
@@ -340,20 +402,20 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         struct #name {
             norms: b::LayerNorms,
             attn: deltanet::GatedAttention,
-            mlp: b::Mlp,
+            #ffn_field
         }
 
         impl #name {
             const SHAPE: AttentionShape = #shape;
 
-            fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
+            fn load(#signature) -> Self {
                 let mut layer = Self {
                     norms: #norms_load,
                     attn: deltanet::load_gated_attention(w, i, HIDDEN, Self::SHAPE),
-                    mlp: b::load_mlp(w, i, HIDDEN, mlp_width, #act),
+                    #ffn_load
                 };
                 layer.attn.pretranspose();
-                layer.mlp.pretranspose();
+                #ffn_pre
                 layer
             }
 
@@ -363,7 +425,7 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                 let a = deltanet::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
                 let h = b::attention_residual(h, &a, &self.norms, EPS)?;
-                let h = b::feed_forward(&h, &self.norms, &self.mlp, None, EPS)?;
+                #ffn_forward
                 b::finish_layer(&h, None, None, EPS)
             }
         }
@@ -396,6 +458,12 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     };
     let moe = match l.ffn {
         FeedForward::Mlp(_) | FeedForward::Moe(_) => None,
+        FeedForward::MoeAndSharedExpert { .. } => {
+            return Err(format!(
+                "layer kind {}: routed experts with a shared expert run only beside a Gated DeltaNet or gated attention",
+                kind.name
+            ))
+        }
         FeedForward::MlpAndMoe { moe, .. } => match (moe.router, moe.activation) {
             (Router::ScaledTopKSoftmax, Activation::GeluApprox) => Some(moe),
             (Router::ScaledTopKSoftmax, Activation::Silu) | (Router::SoftmaxTopK { .. }, _) => {
@@ -408,7 +476,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     };
     // Routed experts in place of the MLP: their load call.
     let experts = match l.ffn {
-        FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } => None,
+        FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::MoeAndSharedExpert { .. } => None,
         FeedForward::Moe(m) => match (m.router, m.activation) {
             (Router::SoftmaxTopK { probs }, Activation::Silu) => {
                 let (e, k, mw) = (lit_i32(m.num_experts)?, lit_i32(m.top_k)?, lit_i32(m.width)?);

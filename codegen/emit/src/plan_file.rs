@@ -240,6 +240,22 @@ fn ffn_text(ffn: FeedForward) -> String {
                 } => "softmax then top-k",
             }
         ),
+        FeedForward::MoeAndSharedExpert { moe, shared } => format!(
+            "MoE {} experts top-{} width {} ({}) + shared expert {} (sigmoid gate), no dense MLP",
+            moe.num_experts,
+            moe.top_k,
+            moe.width,
+            match moe.router {
+                Router::ScaledTopKSoftmax => "scaled top-k softmax router",
+                Router::SoftmaxTopK {
+                    probs: TopKProbs::Renormalized,
+                } => "softmax then top-k, renormalized",
+                Router::SoftmaxTopK {
+                    probs: TopKProbs::AsTaken,
+                } => "softmax then top-k",
+            },
+            shared.width
+        ),
     }
 }
 

@@ -78,7 +78,7 @@ impl KindKey {
         match &mut k.ffn {
             FeedForward::Mlp(m) | FeedForward::MlpAndMoe { mlp: m, .. } => m.width = 0,
             // The experts' sizes are the same on every MoE layer of a model.
-            FeedForward::Moe(_) => {}
+            FeedForward::Moe(_) | FeedForward::MoeAndSharedExpert { .. } => {}
         }
         KindKey(k)
     }
@@ -114,6 +114,7 @@ impl KindKey {
             FeedForward::Mlp(_) => {}
             FeedForward::MlpAndMoe { .. } => n.push_str("Moe"),
             FeedForward::Moe(_) => n.push_str("Experts"),
+            FeedForward::MoeAndSharedExpert { .. } => n.push_str("SharedExperts"),
         }
         match l.input {
             LayerInput::None => {}
@@ -367,6 +368,10 @@ fn layer_json(l: &Layer) -> Value {
         }),
         FeedForward::Moe(moe) => json!({
             "experts": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
+        }),
+        FeedForward::MoeAndSharedExpert { moe, shared } => json!({
+            "experts": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
+            "shared_expert": shared.width,
         }),
     };
     json!({

@@ -574,7 +574,8 @@ pub fn from_config_json(
         Some("gemma2") => ConfigModelType::Gemma2,
         Some("qwen3_moe") => ConfigModelType::Qwen3Moe,
         Some("qwen3_5") => ConfigModelType::Qwen35,
-        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2, gemma2, qwen3_moe, qwen3_5)"))),
+        Some("qwen3_5_moe") => ConfigModelType::Qwen35Moe,
+        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2, gemma2, qwen3_moe, qwen3_5, qwen3_5_moe)"))),
         None => return Err(fail("model_type: missing (mlx-lm needs it to pick the model)".into())),
     };
     if model_type == ConfigModelType::Qwen3Moe {
@@ -586,13 +587,13 @@ pub fn from_config_json(
         return crate::qwen3_moe::import(top, name)
             .map(|(s, applied)| (crate::Spec::Qwen3Moe(s), applied));
     }
-    if model_type == ConfigModelType::Qwen35 {
+    if model_type.family() == crate::Family::Qwen35 {
         if kv_config.is_some() {
             return Err(fail(
                 "kv_config.json: KV-cache quantization is not supported for qwen3_5 (its linear layers have no K/V cache)".into(),
             ));
         }
-        return crate::qwen3_5::import(top, name)
+        return crate::qwen3_5::import(top, model_type, name)
             .map(|(s, applied)| (crate::Spec::Qwen35(s), applied));
     }
     if model_type.family().is_dense() {

@@ -89,6 +89,10 @@ pub enum SanitizeRule {
     /// `mlp.experts.{e}.{gate,up,down}_proj.weight` of each layer into
     /// `mlp.switch_mlp.{gate,up,down}_proj.weight` (`[experts, out, in]`).
     StackExperts,
+    /// Split `mlp.experts.gate_up_proj` along its second-to-last axis into
+    /// `mlp.switch_mlp.{gate,up}_proj.weight` and rename `mlp.experts.down_proj`
+    /// to `mlp.switch_mlp.down_proj.weight` (qwen3_5_moe's sanitize).
+    SplitSwitchMlpGateUp,
     /// Drop the vision tower of a multimodal Qwen3.5 checkpoint
     /// (`model.visual.*`, `vision_tower.*`).
     DropVisual,
@@ -390,6 +394,21 @@ pub enum FeedForward {
     /// Routed experts in place of the dense MLP (`mlp.gate`,
     /// `mlp.switch_mlp`), under the layer's feed-forward norm.
     Moe(Moe),
+    /// Routed experts plus a shared SwiGLU expert scaled by
+    /// `sigmoid(shared_expert_gate(x))`, summed (`Qwen3NextSparseMoeBlock`:
+    /// `mlp.gate`, `mlp.switch_mlp`, `mlp.shared_expert`,
+    /// `mlp.shared_expert_gate`), under the layer's feed-forward norm.
+    MoeAndSharedExpert {
+        moe: Moe,
+        shared: SharedExpert,
+    },
+}
+
+/// The shared expert of [`FeedForward::MoeAndSharedExpert`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedExpert {
+    /// `shared_expert_intermediate_size`: its SwiGLU width.
+    pub width: usize,
 }
 
 /// `down(act(gate(x)) * up(x))`.
@@ -529,14 +548,16 @@ impl Layer {
     pub fn mlp(&self) -> Option<GatedMlp> {
         match self.ffn {
             FeedForward::Mlp(m) | FeedForward::MlpAndMoe { mlp: m, .. } => Some(m),
-            FeedForward::Moe(_) => None,
+            FeedForward::Moe(_) | FeedForward::MoeAndSharedExpert { .. } => None,
         }
     }
     /// The routed experts, when the feed-forward half has them.
     pub fn moe(&self) -> Option<Moe> {
         match self.ffn {
             FeedForward::Mlp(_) => None,
-            FeedForward::MlpAndMoe { moe, .. } | FeedForward::Moe(moe) => Some(moe),
+            FeedForward::MlpAndMoe { moe, .. }
+            | FeedForward::Moe(moe)
+            | FeedForward::MoeAndSharedExpert { moe, .. } => Some(moe),
         }
     }
 }

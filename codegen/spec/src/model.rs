@@ -139,6 +139,10 @@ pub enum ConfigModelType {
     /// Qwen3.5 (`qwen3_5.py`; config.json flat or under `text_config`).
     #[serde(rename = "qwen3_5")]
     Qwen35,
+    /// Qwen3.5 / Qwen3.6 MoE (`qwen3_5_moe.py`: qwen3_5 with the fused HF
+    /// experts split by its sanitize).
+    #[serde(rename = "qwen3_5_moe")]
+    Qwen35Moe,
 }
 
 impl ConfigModelType {
@@ -155,6 +159,7 @@ impl ConfigModelType {
             ConfigModelType::Gemma2 => "gemma2",
             ConfigModelType::Qwen3Moe => "qwen3_moe",
             ConfigModelType::Qwen35 => "qwen3_5",
+            ConfigModelType::Qwen35Moe => "qwen3_5_moe",
         }
     }
     /// The family whose mlx-lm module reads this `model_type`.
@@ -168,7 +173,7 @@ impl ConfigModelType {
             ConfigModelType::Qwen2 => Family::Qwen2,
             ConfigModelType::Gemma2 => Family::Gemma2,
             ConfigModelType::Qwen3Moe => Family::Qwen3Moe,
-            ConfigModelType::Qwen35 => Family::Qwen35,
+            ConfigModelType::Qwen35 | ConfigModelType::Qwen35Moe => Family::Qwen35,
         }
     }
 }

@@ -84,7 +84,7 @@ pub fn experts_module(f: FeedForward) -> Option<&'static str> {
     match f {
         FeedForward::Mlp(_) => None,
         FeedForward::MlpAndMoe { .. } => Some("experts.switch_glu"),
-        FeedForward::Moe(_) => Some("mlp.switch_mlp"),
+        FeedForward::Moe(_) | FeedForward::MoeAndSharedExpert { .. } => Some("mlp.switch_mlp"),
     }
 }
 
@@ -233,6 +233,23 @@ impl ModelIr {
                     e,
                 );
             }
+            match l.ffn {
+                FeedForward::MoeAndSharedExpert { shared, .. } => {
+                    let sw = shared.width as u64;
+                    let se = format!("{lp}mlp.shared_expert");
+                    push(format!("{se}.gate_proj"), ModuleKind::Linear, h, sw, 1);
+                    push(format!("{se}.down_proj"), ModuleKind::Linear, sw, h, 1);
+                    push(format!("{se}.up_proj"), ModuleKind::Linear, h, sw, 1);
+                    push(
+                        format!("{lp}mlp.shared_expert_gate"),
+                        ModuleKind::Linear,
+                        h,
+                        1,
+                        1,
+                    );
+                }
+                FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {}
+            }
             match l.input {
                 LayerInput::None => {}
                 LayerInput::Gated { width } => {
@@ -327,7 +344,9 @@ impl ModelIr {
                         push(format!("{lp}{n}.weight"), h);
                     }
                 }
-                FeedForward::Mlp(_) | FeedForward::Moe(_) => {}
+                FeedForward::Mlp(_)
+                | FeedForward::Moe(_)
+                | FeedForward::MoeAndSharedExpert { .. } => {}
             }
             match l.input {
                 LayerInput::None => {}

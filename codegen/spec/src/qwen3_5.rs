@@ -42,7 +42,13 @@ pub struct Qwen35Spec {
     pub attention: DenseAttention,
     pub rope: Qwen35Rope,
     pub linear_attention: Qwen35LinearAttention,
-    pub mlp: DenseMlp,
+    /// The dense SwiGLU MLP of every layer, or null with `moe`.
+    #[serde(deserialize_with = "explicit")]
+    pub mlp: Option<DenseMlp>,
+    /// Routed experts and a shared expert on every layer (`num_experts > 0`),
+    /// or null for the dense form.
+    #[serde(deserialize_with = "explicit")]
+    pub moe: Option<Qwen35Moe>,
     /// Weight quantization as the mlx config's `quantization` dict, or null.
     #[serde(deserialize_with = "explicit")]
     pub quantization: Option<Quantization>,
@@ -86,6 +92,24 @@ pub struct Qwen35LinearAttention {
     pub linear_conv_kernel_dim: u32,
 }
 
+/// The MoE feed-forward half (`Qwen3NextSparseMoeBlock`): a softmax-then-top-k
+/// router `mlp.gate`, SwiGLU experts `mlp.switch_mlp`, and a shared SwiGLU
+/// expert `mlp.shared_expert` scaled by `sigmoid(mlp.shared_expert_gate(x))`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen35Moe {
+    /// `num_experts` (at least 1).
+    pub num_experts: u32,
+    /// `num_experts_per_tok`: the top-k each token is routed to.
+    pub num_experts_per_tok: u32,
+    /// `moe_intermediate_size`: each expert's SwiGLU width.
+    pub moe_intermediate_size: u32,
+    /// `shared_expert_intermediate_size`: the shared expert's SwiGLU width.
+    pub shared_expert_intermediate_size: u32,
+    /// `norm_topk_prob`: renormalize the k chosen probabilities.
+    pub norm_topk_prob: bool,
+}
+
 /// A derived Qwen3.5 spec file: a declared reduction of a Qwen3.5 spec.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -122,11 +146,26 @@ pub struct Qwen35Reduce {
     pub num_attention_heads: u32,
     pub num_key_value_heads: u32,
     pub head_dim: u32,
-    pub intermediate_size: u32,
+    /// The dense MLP's width; null for the MoE form.
+    #[serde(deserialize_with = "explicit")]
+    pub intermediate_size: Option<u32>,
     pub linear_num_key_heads: u32,
     pub linear_num_value_heads: u32,
     pub linear_key_head_dim: u32,
     pub linear_value_head_dim: u32,
+    /// The experts' sizes; null for the dense form.
+    #[serde(deserialize_with = "explicit")]
+    pub moe: Option<Qwen35MoeReduce>,
+}
+
+/// The reduced expert sizes of a Qwen3.5 MoE spec (`norm_topk_prob` is inherited).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen35MoeReduce {
+    pub num_experts: u32,
+    pub num_experts_per_tok: u32,
+    pub moe_intermediate_size: u32,
+    pub shared_expert_intermediate_size: u32,
 }
 
 // ---------------------------------------------------------------- layers
@@ -158,17 +197,28 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
         );
     }
     let mt = spec.identity.source.model_type;
-    if mt != ConfigModelType::Qwen35 {
-        c.err(
+    match mt {
+        ConfigModelType::Qwen35 => {}
+        ConfigModelType::Qwen35Moe => {
+            if spec.moe.is_none() {
+                c.err(
+                    p("moe"),
+                    "null, but model_type qwen3_5_moe is the MoE form",
+                    "the experts' section {num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size, norm_topk_prob}",
+                    "write the experts, or model_type qwen3_5 for the dense form",
+                );
+            }
+        }
+        _ => c.err(
             p("identity.source.model_type"),
             format!(
                 "`{}` is read by mlx-lm's {} module, not qwen3_5",
                 mt.as_str(),
                 mt.family().as_str()
             ),
-            "qwen3_5",
-            "the model_type of a Qwen3.5 checkpoint is qwen3_5",
-        );
+            "qwen3_5 or qwen3_5_moe",
+            "the model_type of a Qwen3.5 checkpoint is qwen3_5 (qwen3_5_moe for the MoE form)",
+        ),
     }
     let (m, a, la) = (&spec.model, &spec.attention, &spec.linear_attention);
     let mut ok = true;
@@ -220,12 +270,73 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
         MAX_HEAD_DIM,
         "head dimension of the full layers",
     );
-    ok &= c.range(
-        "mlp.intermediate_size",
-        spec.mlp.intermediate_size,
-        MAX_INTERMEDIATE,
-        "SwiGLU width",
-    );
+    match (&spec.mlp, &spec.moe) {
+        (Some(mlp), None) => {
+            ok &= c.range(
+                "mlp.intermediate_size",
+                mlp.intermediate_size,
+                MAX_INTERMEDIATE,
+                "SwiGLU width",
+            );
+        }
+        (None, Some(e)) => {
+            for (field, v, max, hint) in [
+                (
+                    "num_experts",
+                    e.num_experts,
+                    MAX_EXPERTS,
+                    "routed experts per layer (Qwen3.6-35B-A3B: 256)",
+                ),
+                (
+                    "num_experts_per_tok",
+                    e.num_experts_per_tok,
+                    MAX_EXPERTS,
+                    "experts each token is routed to (Qwen3.6-35B-A3B: 8)",
+                ),
+                (
+                    "moe_intermediate_size",
+                    e.moe_intermediate_size,
+                    MAX_INTERMEDIATE,
+                    "SwiGLU width of each expert",
+                ),
+                (
+                    "shared_expert_intermediate_size",
+                    e.shared_expert_intermediate_size,
+                    MAX_INTERMEDIATE,
+                    "SwiGLU width of the shared expert",
+                ),
+            ] {
+                ok &= c.range(&format!("moe.{field}"), v, max, hint);
+            }
+            if ok && e.num_experts_per_tok > e.num_experts {
+                ok = false;
+                c.err(
+                    p("moe.num_experts_per_tok"),
+                    format!("top-{} of {} experts", e.num_experts_per_tok, e.num_experts),
+                    format!("at most num_experts ({})", e.num_experts),
+                    "argpartition picks k of the experts: k cannot exceed their number",
+                );
+            }
+        }
+        (Some(_), Some(_)) => {
+            ok = false;
+            c.err(
+                p("mlp"),
+                "both a dense mlp and moe are written",
+                "null when moe is written",
+                "mlx-lm's qwen3_5 builds the MoE block on every layer when num_experts > 0, and no dense MLP",
+            );
+        }
+        (None, None) => {
+            ok = false;
+            c.err(
+                p("mlp"),
+                "null, and moe is null too",
+                "{intermediate_size} for the dense form (or the moe section)",
+                "every layer has a feed-forward half",
+            );
+        }
+    }
     for (field, v, hint) in [
         (
             "linear_num_key_heads",
@@ -367,7 +478,10 @@ pub(crate) fn resolve(spec: &Qwen35Spec) -> Architecture {
             k_eq_v: false,
             has_kv: !is_linear_layer(spec, i),
             kv_source: i as usize,
-            mlp_width: spec.mlp.intermediate_size as usize,
+            mlp_width: spec
+                .mlp
+                .as_ref()
+                .map_or(0, |m| m.intermediate_size as usize),
             rope,
             rope_traditional: false,
             rotated_dims: rotated_dims(spec) as usize,
@@ -388,13 +502,20 @@ pub(crate) fn resolve(spec: &Qwen35Spec) -> Architecture {
         first_kv_shared_layer: layers.len(),
         num_attention_heads: a.num_attention_heads as usize,
         sliding_window: 0,
-        intermediate_size: spec.mlp.intermediate_size as usize,
+        intermediate_size: spec
+            .mlp
+            .as_ref()
+            .map_or(0, |m| m.intermediate_size as usize),
         rms_norm_eps: spec.model.rms_norm_eps as f32,
         final_logit_softcapping: None,
         tie_word_embeddings: spec.model.tie_word_embeddings,
         max_position_embeddings: spec.model.max_position_embeddings as usize,
         per_layer_input: None,
-        moe: None,
+        moe: spec.moe.as_ref().map(|e| crate::arch::MoeFacts {
+            num_experts: e.num_experts as usize,
+            top_k: e.num_experts_per_tok as usize,
+            width: e.moe_intermediate_size as usize,
+        }),
         quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
         layers,
     }
@@ -411,6 +532,40 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     let a = &spec.attention;
     let la = &spec.linear_attention;
     let head_dim = a.head_dim as usize;
+    let ffn = match (&spec.mlp, &spec.moe) {
+        (_, Some(e)) => FeedForward::MoeAndSharedExpert {
+            moe: Moe {
+                num_experts: e.num_experts as usize,
+                top_k: e.num_experts_per_tok as usize,
+                width: e.moe_intermediate_size as usize,
+                router: Router::SoftmaxTopK {
+                    probs: if e.norm_topk_prob {
+                        TopKProbs::Renormalized
+                    } else {
+                        TopKProbs::AsTaken
+                    },
+                },
+                activation: Activation::Silu,
+            },
+            shared: SharedExpert {
+                width: e.shared_expert_intermediate_size as usize,
+            },
+        },
+        (m, None) => FeedForward::Mlp(GatedMlp {
+            width: m.as_ref().map_or(0, |m| m.intermediate_size as usize),
+            activation: Activation::Silu,
+        }),
+    };
+    let mut sanitize = vec![SanitizeRule::DropVisual, SanitizeRule::UnwrapMultimodal];
+    if spec.identity.source.model_type == ConfigModelType::Qwen35Moe {
+        // qwen3_5_moe's sanitize splits the fused HF experts first.
+        sanitize.push(SanitizeRule::SplitSwitchMlpGateUp);
+    }
+    sanitize.extend([
+        SanitizeRule::DropMtp,
+        SanitizeRule::MoveConvAxis,
+        SanitizeRule::OffsetNormsOfRawCheckpoint,
+    ]);
     let layers = (0..spec.layers.num_hidden_layers)
         .map(|i| Layer {
             index: i as usize,
@@ -454,10 +609,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
                     output_gate: OutputGate::SigmoidPerHead,
                 })
             },
-            ffn: FeedForward::Mlp(GatedMlp {
-                width: spec.mlp.intermediate_size as usize,
-                activation: Activation::Silu,
-            }),
+            ffn,
             input: LayerInput::None,
             scalar: LayerScalar::None,
         })
@@ -470,13 +622,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
             // Model.sanitize (vision dropped, model.language_model moved
             // under language_model.model) and TextModel.sanitize (mtp
             // dropped, the raw conv layout moved, raw norms + 1).
-            sanitize: vec![
-                SanitizeRule::DropVisual,
-                SanitizeRule::UnwrapMultimodal,
-                SanitizeRule::DropMtp,
-                SanitizeRule::MoveConvAxis,
-                SanitizeRule::OffsetNormsOfRawCheckpoint,
-            ],
+            sanitize,
         },
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
@@ -512,7 +658,6 @@ pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
         "hidden_size": spec.model.hidden_size,
         "num_hidden_layers": spec.layers.num_hidden_layers,
         "full_attention_interval": spec.layers.full_attention_interval,
-        "intermediate_size": spec.mlp.intermediate_size,
         "num_attention_heads": spec.attention.num_attention_heads,
         "num_key_value_heads": spec.attention.num_key_value_heads,
         "head_dim": spec.attention.head_dim,
@@ -521,7 +666,6 @@ pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
         "max_position_embeddings": spec.model.max_position_embeddings,
         "tie_word_embeddings": spec.model.tie_word_embeddings,
         "attention_bias": false,
-        "num_experts": 0,
         "rope_parameters": {
             "type": "default",
             "rope_theta": spec.rope.rope_theta,
@@ -533,6 +677,21 @@ pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
         "linear_value_head_dim": la.linear_value_head_dim,
         "linear_conv_kernel_dim": la.linear_conv_kernel_dim,
     });
+    match (&spec.mlp, &spec.moe) {
+        (_, Some(e)) => {
+            v["num_experts"] = json!(e.num_experts);
+            v["num_experts_per_tok"] = json!(e.num_experts_per_tok);
+            v["moe_intermediate_size"] = json!(e.moe_intermediate_size);
+            v["shared_expert_intermediate_size"] = json!(e.shared_expert_intermediate_size);
+            v["norm_topk_prob"] = json!(e.norm_topk_prob);
+        }
+        (m, None) => {
+            v["num_experts"] = json!(0);
+            if let Some(m) = m {
+                v["intermediate_size"] = json!(m.intermediate_size);
+            }
+        }
+    }
     if let Some(q) = &spec.quantization {
         v["quantization"] = crate::hf::quantization_json(q);
     }
@@ -594,15 +753,35 @@ pub(crate) fn to_yaml(spec: &Qwen35Spec) -> String {
     let _ = writeln!(o, "  linear_key_head_dim: {}", la.linear_key_head_dim);
     let _ = writeln!(o, "  linear_value_head_dim: {}", la.linear_value_head_dim);
     let _ = writeln!(o, "  linear_conv_kernel_dim: {}", la.linear_conv_kernel_dim);
-    let _ = writeln!(o, "mlp:");
-    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    match &spec.mlp {
+        Some(m) => {
+            let _ = writeln!(o, "mlp:");
+            let _ = writeln!(o, "  intermediate_size: {}", m.intermediate_size);
+        }
+        None => o.push_str("mlp: null\n"),
+    }
+    match &spec.moe {
+        Some(e) => {
+            let _ = writeln!(o, "moe:");
+            let _ = writeln!(o, "  num_experts: {}", e.num_experts);
+            let _ = writeln!(o, "  num_experts_per_tok: {}", e.num_experts_per_tok);
+            let _ = writeln!(o, "  moe_intermediate_size: {}", e.moe_intermediate_size);
+            let _ = writeln!(
+                o,
+                "  shared_expert_intermediate_size: {}",
+                e.shared_expert_intermediate_size
+            );
+            let _ = writeln!(o, "  norm_topk_prob: {}", e.norm_topk_prob);
+        }
+        None => o.push_str("moe: null\n"),
+    }
     quantization_yaml(&mut o, spec.quantization.as_ref());
     o
 }
 
 // ---------------------------------------------------------------- parsing
 
-const SECTIONS: [&str; 9] = [
+const SECTIONS: [&str; 10] = [
     "format_version",
     "identity",
     "model",
@@ -611,6 +790,7 @@ const SECTIONS: [&str; 9] = [
     "rope",
     "linear_attention",
     "mlp",
+    "moe",
     "quantization",
 ];
 
@@ -631,13 +811,14 @@ pub(crate) fn parse_full(
             map.check::<DenseAttention>("attention", &mut issues);
             map.check::<Qwen35Rope>("rope", &mut issues);
             map.check::<Qwen35LinearAttention>("linear_attention", &mut issues);
-            map.check::<DenseMlp>("mlp", &mut issues);
+            map.check::<Option<DenseMlp>>("mlp", &mut issues);
+            map.check::<Option<Qwen35Moe>>("moe", &mut issues);
             map.check::<Option<Quantization>>("quantization", &mut issues);
             if issues.is_empty() {
                 issues.push(Issue::new(
                     FieldPath::root(),
                     "the qwen3_5 spec does not parse",
-                    "the sections format_version, identity, model, layers, attention, rope, linear_attention, mlp, quantization",
+                    "the sections format_version, identity, model, layers, attention, rope, linear_attention, mlp, moe, quantization",
                     "see docs/spec-format.md#qwen35",
                 ));
             }
@@ -697,7 +878,7 @@ pub(crate) fn parse_derived(
     let mut issues = Vec::new();
     if let Some(r) = &file.derive.reduce {
         let (pa, pl) = (&parent.attention, &parent.linear_attention);
-        let grow: [(&str, u32, u32); 11] = [
+        let mut grow: Vec<(&str, u32, u32)> = vec![
             (
                 "num_hidden_layers",
                 r.num_hidden_layers,
@@ -716,11 +897,6 @@ pub(crate) fn parse_derived(
                 pa.num_key_value_heads,
             ),
             ("head_dim", r.head_dim, pa.head_dim),
-            (
-                "intermediate_size",
-                r.intermediate_size,
-                parent.mlp.intermediate_size,
-            ),
             (
                 "linear_num_key_heads",
                 r.linear_num_key_heads,
@@ -742,6 +918,41 @@ pub(crate) fn parse_derived(
                 pl.linear_value_head_dim,
             ),
         ];
+        match (r.intermediate_size, &parent.mlp, &r.moe, &parent.moe) {
+            (Some(w), Some(pm), None, None) => {
+                grow.push(("intermediate_size", w, pm.intermediate_size));
+            }
+            (None, None, Some(rm), Some(pe)) => grow.extend([
+                ("num_experts", rm.num_experts, pe.num_experts),
+                (
+                    "num_experts_per_tok",
+                    rm.num_experts_per_tok,
+                    pe.num_experts_per_tok,
+                ),
+                (
+                    "moe_intermediate_size",
+                    rm.moe_intermediate_size,
+                    pe.moe_intermediate_size,
+                ),
+                (
+                    "shared_expert_intermediate_size",
+                    rm.shared_expert_intermediate_size,
+                    pe.shared_expert_intermediate_size,
+                ),
+            ]),
+            (_, _, _, Some(_)) => issues.push(Issue::new(
+                p("derive.reduce.moe"),
+                "the parent is the MoE form",
+                "intermediate_size: null and moe: {num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size}",
+                "a reduction keeps the parent's structure",
+            )),
+            (_, _, _, None) => issues.push(Issue::new(
+                p("derive.reduce.intermediate_size"),
+                "the parent is the dense form",
+                "intermediate_size: <width> and moe: null",
+                "a reduction keeps the parent's structure",
+            )),
+        }
         crate::derive::check_shrinks(&grow, &mut issues);
         let rp = |f: &str| p("derive.reduce").key(f);
         // Keep the parent's structure: grouped query attention stays grouped,
@@ -778,7 +989,15 @@ pub(crate) fn parse_derived(
         spec.attention.num_attention_heads = r.num_attention_heads;
         spec.attention.num_key_value_heads = r.num_key_value_heads;
         spec.attention.head_dim = r.head_dim;
-        spec.mlp.intermediate_size = r.intermediate_size;
+        if let (Some(m), Some(w)) = (&mut spec.mlp, r.intermediate_size) {
+            m.intermediate_size = w;
+        }
+        if let (Some(e), Some(rm)) = (&mut spec.moe, &r.moe) {
+            e.num_experts = rm.num_experts;
+            e.num_experts_per_tok = rm.num_experts_per_tok;
+            e.moe_intermediate_size = rm.moe_intermediate_size;
+            e.shared_expert_intermediate_size = rm.shared_expert_intermediate_size;
+        }
         spec.linear_attention.linear_num_key_heads = r.linear_num_key_heads;
         spec.linear_attention.linear_num_value_heads = r.linear_num_value_heads;
         spec.linear_attention.linear_key_head_dim = r.linear_key_head_dim;
@@ -801,7 +1020,11 @@ pub(crate) fn parse_derived(
                     Some(f) => f,
                     None => "num_hidden_layers",
                 };
-                i.path = p("derive.reduce").key(field);
+                i.path = if s.starts_with("moe.") {
+                    p("derive.reduce.moe").key(field)
+                } else {
+                    p("derive.reduce").key(field)
+                };
             }
             issues.push(i);
         }
@@ -840,6 +1063,7 @@ pub(crate) fn parse_derived(
 /// The MoE form (`num_experts > 0`) and biased attention are refused.
 pub(crate) fn import(
     top: &Map<String, Value>,
+    model_type: ConfigModelType,
     name: &str,
 ) -> Result<(Qwen35Spec, Vec<AppliedDefault>), ImportError> {
     let (text, prefix) = match top.get("text_config") {
@@ -848,7 +1072,6 @@ pub(crate) fn import(
     };
     let mut r = Reader::new(text, prefix);
     let hidden_size = r.uint("hidden_size", 4096);
-    let intermediate_size = r.uint("intermediate_size", 14336);
     let num_layers = r.uint("num_hidden_layers", 32);
     let num_heads = r.uint("num_attention_heads", 32);
     let rms_norm_eps = r.float("rms_norm_eps", 1e-6);
@@ -880,12 +1103,29 @@ pub(crate) fn import(
         }
     };
     let interval = r.uint("full_attention_interval", 4);
+    // `num_experts > 0` puts the MoE block on every layer, and no dense MLP.
     let num_experts = r.uint("num_experts", 0);
-    if num_experts > 0 {
-        r.problem(
-            "num_experts",
-            &format!("{num_experts}: the MoE form of qwen3_5 (SparseMoeBlock on every layer) is not supported yet; only num_experts 0"),
-        );
+    let (mlp, moe) = if num_experts > 0 {
+        let moe = Qwen35Moe {
+            num_experts,
+            num_experts_per_tok: r.uint("num_experts_per_tok", 0),
+            moe_intermediate_size: r.uint("moe_intermediate_size", 0),
+            shared_expert_intermediate_size: r.uint("shared_expert_intermediate_size", 0),
+            norm_topk_prob: r.boolean("norm_topk_prob", true),
+        };
+        (None, Some(moe))
+    } else {
+        let intermediate_size = r.uint("intermediate_size", 14336);
+        (Some(DenseMlp { intermediate_size }), None)
+    };
+    for ignored in ["mlp_only_layers", "decoder_sparse_step"] {
+        if let Some(v) = r.get(ignored).cloned() {
+            r.note(
+                ignored,
+                v,
+                "ignored: mlx-lm 0.32.2 qwen3_5.py puts the MoE block on every layer when num_experts > 0",
+            );
+        }
     }
     if r.get("layer_types").is_some() {
         r.note(
@@ -974,7 +1214,7 @@ pub(crate) fn import(
             source: Source {
                 repo,
                 revision: None,
-                model_type: ConfigModelType::Qwen35,
+                model_type,
             },
         },
         model: DenseModel {
@@ -1004,7 +1244,8 @@ pub(crate) fn import(
             linear_value_head_dim: v_dim,
             linear_conv_kernel_dim: conv,
         },
-        mlp: DenseMlp { intermediate_size },
+        mlp,
+        moe,
         quantization,
     };
     let issues = check(&spec);

@@ -335,7 +335,10 @@ fn dense_specs_are_their_imported_configs() {
         "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B"
     );
     hybrid.sort();
-    assert_eq!(hybrid, ["qwen3.5-4b", "qwen3.5-9b", "qwen3.6-27b"]);
+    assert_eq!(
+        hybrid,
+        ["qwen3.5-4b", "qwen3.5-9b", "qwen3.6-27b", "qwen3.6-35b-a3b"]
+    );
 }
 
 /// qwen3_5: the text config under `text_config` or flat, `TextModelArgs`'s
@@ -383,8 +386,38 @@ fn qwen3_5_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
     let ir = spec.lower();
     let a = ir.layers[3].attention().unwrap();
     assert_eq!(a.rope.rotated_dims, 8);
+    // num_experts > 0: every layer's MLP becomes routed experts plus a
+    // shared expert; intermediate_size is not read.
+    let mut moe = flat.clone();
+    moe["model_type"] = json!("qwen3_5_moe");
+    for (k, v) in [
+        ("num_experts", 8),
+        ("num_experts_per_tok", 2),
+        ("moe_intermediate_size", 32),
+        ("shared_expert_intermediate_size", 32),
+    ] {
+        moe[k] = json!(v);
+    }
+    moe["mlp_only_layers"] = json!([]);
+    let (spec, applied, _) = import_and_round_trip(&moe, None, "q35-moe");
+    let fields: Vec<&str> = applied.iter().map(|a| a.field.as_str()).collect();
+    assert!(fields.contains(&"norm_topk_prob"), "{fields:?}");
+    assert!(fields.contains(&"mlp_only_layers"), "{fields:?}");
+    assert!(!fields.contains(&"intermediate_size"), "{fields:?}");
+    let ir = spec.lower();
+    assert!(ir
+        .layers
+        .iter()
+        .all(|l| matches!(l.ffn, ir::FeedForward::MoeAndSharedExpert { .. })));
+    assert!(ir
+        .checkpoint
+        .sanitize
+        .contains(&ir::SanitizeRule::SplitSwitchMlpGateUp));
+    let mut dense_moe_type = flat.clone();
+    dense_moe_type["model_type"] = json!("qwen3_5_moe");
+    let e = from_config_json(&dense_moe_type, None, "bad").unwrap_err();
+    assert!(e.to_string().contains("moe"), "{e}");
     for (field, value, needle) in [
-        ("num_experts", json!(8), "num_experts"),
         ("attention_bias", json!(true), "attention_bias"),
         ("linear_num_value_heads", json!(3), "linear_num_value_heads"),
         (

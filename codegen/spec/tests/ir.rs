@@ -97,11 +97,13 @@ fn lowering_keeps_every_resolved_fact() {
                 FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } => {
                     assert_eq!(l.moe(), None, "{at}");
                 }
-                FeedForward::Moe(m) => assert_eq!(
-                    Some((m.num_experts, m.top_k, m.width)),
-                    arch.moe.map(|m| (m.num_experts, m.top_k, m.width)),
-                    "{at}"
-                ),
+                FeedForward::Moe(m) | FeedForward::MoeAndSharedExpert { moe: m, .. } => {
+                    assert_eq!(
+                        Some((m.num_experts, m.top_k, m.width)),
+                        arch.moe.map(|m| (m.num_experts, m.top_k, m.width)),
+                        "{at}"
+                    )
+                }
             }
         }
         if matches!(arch.family, Family::Qwen3Moe | Family::Qwen35) {
@@ -251,11 +253,21 @@ fn families_lower_to_their_blocks() {
                 let interval = s.layers.full_attention_interval as usize;
                 for l in &ir.layers {
                     assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
-                    assert_eq!(
-                        l.mlp().map(|m| m.activation),
-                        Some(Activation::Silu),
-                        "{path}"
-                    );
+                    match (&s.moe, l.ffn) {
+                        (None, FeedForward::Mlp(m)) => {
+                            assert_eq!(m.activation, Activation::Silu, "{path}")
+                        }
+                        (Some(e), FeedForward::MoeAndSharedExpert { moe, shared }) => {
+                            assert_eq!(moe.num_experts as u32, e.num_experts, "{path}");
+                            assert_eq!(moe.top_k as u32, e.num_experts_per_tok, "{path}");
+                            assert_eq!(
+                                shared.width as u32, e.shared_expert_intermediate_size,
+                                "{path}"
+                            );
+                            assert!(matches!(moe.router, Router::SoftmaxTopK { .. }), "{path}");
+                        }
+                        (_, other) => panic!("{path}: feed-forward {other:?}"),
+                    }
                     let full = (l.index + 1) % interval == 0;
                     match &l.mixer {
                         Mixer::Attention(a) => {
@@ -280,6 +292,13 @@ fn families_lower_to_their_blocks() {
                 assert_eq!(ir.checkpoint.prefix, ModulePrefix::LanguageModel, "{path}");
                 assert!(
                     ir.checkpoint.sanitize.contains(&SanitizeRule::MoveConvAxis),
+                    "{path}"
+                );
+                assert_eq!(
+                    ir.checkpoint
+                        .sanitize
+                        .contains(&SanitizeRule::SplitSwitchMlpGateUp),
+                    s.identity.source.model_type == ConfigModelType::Qwen35Moe,
                     "{path}"
                 );
                 // The conv weights are in the contract, with mlx's [C, K, 1].

@@ -553,6 +553,74 @@ impl SharedExpertMoe {
     }
 }
 
+impl SharedExpertMoe {
+    /// [`Linear::pretranspose`] on the dense projections (generated models;
+    /// the experts' weights stay as gathered).
+    pub fn pretranspose(&mut self) {
+        self.router.gate.pretranspose();
+        self.shared_expert.pretranspose();
+        self.shared_expert_gate.pretranspose();
+    }
+}
+
+/// `layers.{i}.mlp` of a layer with routed experts and a shared expert:
+/// router `mlp.gate`, SwiGLU experts `mlp.switch_mlp`, `mlp.shared_expert`
+/// and `mlp.shared_expert_gate` (one output).
+#[allow(clippy::too_many_arguments)]
+pub fn load_shared_expert_moe(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    experts: i32,
+    top_k: i32,
+    width: i32,
+    shared_width: i32,
+    probs: crate::moe::TopKProbs,
+) -> SharedExpertMoe {
+    let p = format!("layers.{layer}.mlp");
+    let sw = format!("{p}.switch_mlp");
+    let se = format!("{p}.shared_expert");
+    SharedExpertMoe {
+        router: SoftmaxTopKRouter {
+            gate: w.linear(&format!("{p}.gate"), experts, hidden),
+            top_k,
+            probs,
+        },
+        experts: SwitchGlu {
+            gate_proj: w.switch_linear(&format!("{sw}.gate_proj"), experts, width, hidden),
+            up_proj: w.switch_linear(&format!("{sw}.up_proj"), experts, width, hidden),
+            down_proj: w.switch_linear(&format!("{sw}.down_proj"), experts, hidden, width),
+        },
+        shared_expert: Mlp {
+            gate_proj: w.linear(&format!("{se}.gate_proj"), shared_width, hidden),
+            up_proj: w.linear(&format!("{se}.up_proj"), shared_width, hidden),
+            down_proj: w.linear(&format!("{se}.down_proj"), hidden, shared_width),
+            activation: crate::blocks::Activation::Silu,
+        },
+        shared_expert_gate: w.linear(&format!("{p}.shared_expert_gate"), 1, hidden),
+    }
+}
+
+/// The feed-forward half of a pre-norm layer with routed experts and a
+/// shared expert: `h + moe(post_attention_layernorm(h))`
+/// (`DecoderLayer.__call__`).
+pub fn shared_expert_feed_forward(
+    h: &Array,
+    norms: &crate::blocks::LayerNorms,
+    moe: &SharedExpertMoe,
+    eps: f32,
+) -> Result<Array> {
+    match norms {
+        crate::blocks::LayerNorms::PreNorm { ffn, .. } => {
+            h.add(moe.forward(&rms_norm(h, Some(ffn), eps)?)?)
+        }
+        crate::blocks::LayerNorms::Sandwich { .. } => Err(refused(
+            "routed experts with a shared expert in a sandwich layer: no runtime block runs this arrangement yet"
+                .into(),
+        )),
+    }
+}
+
 // ---- The decoder layer
 
 /// What mixes the sequence in one layer: the layer kind is

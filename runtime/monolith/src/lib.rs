@@ -84,6 +84,8 @@ enum Ffn {
     Dense { mlp: Mlp, moe: Option<MoeBlock> },
     /// Routed experts in place of the MLP.
     Experts(SparseMoe),
+    /// Routed experts and a sigmoid-gated shared expert (Qwen3.5 MoE).
+    SharedExperts(deltanet::SharedExpertMoe),
 }
 
 /// The runtime mirror of the IR's top-k probabilities.
@@ -291,6 +293,29 @@ impl Monolith {
                         )))
                     }
                 },
+                FeedForward::MoeAndSharedExpert { moe, shared } => {
+                    match (moe.router, moe.activation) {
+                        (ir::Router::SoftmaxTopK { probs }, ir::Activation::Silu) => {
+                            Ffn::SharedExperts(deltanet::load_shared_expert_moe(
+                                &mut w,
+                                i,
+                                hidden,
+                                moe.num_experts as i32,
+                                moe.top_k as i32,
+                                moe.width as i32,
+                                shared.width as i32,
+                                top_k_probs(probs),
+                            ))
+                        }
+                        (ir::Router::SoftmaxTopK { .. }, ir::Activation::GeluApprox)
+                        | (ir::Router::ScaledTopKSoftmax, _) => {
+                            return Err(ModelError(format!(
+                                "{}: layer {i}: experts with a shared expert run only with the softmax-then-top-k router and SwiGLU",
+                                ir.name
+                            )))
+                        }
+                    }
+                }
                 FeedForward::Moe(moe) => match (moe.router, moe.activation) {
                     (ir::Router::SoftmaxTopK { probs }, ir::Activation::Silu) => {
                         Ffn::Experts(b::load_sparse_moe(
@@ -550,6 +575,9 @@ impl CausalLm for Monolith {
                     b::feed_forward(&h1, &layer.norms, mlp, moe.as_ref(), eps)?
                 }
                 Ffn::Experts(m) => b::sparse_feed_forward(&h1, &layer.norms, m, eps)?,
+                Ffn::SharedExperts(m) => {
+                    deltanet::shared_expert_feed_forward(&h1, &layer.norms, m, eps)?
+                }
             };
             let pli = match (&layer.ple, &per_layer) {
                 (Some(g), Some(all)) => Some((g, b::per_layer_slice(all, i as i32)?)),

@@ -147,6 +147,33 @@ pub(crate) fn sanitize(
                 continue;
             }
         }
+        if has(SanitizeRule::SplitSwitchMlpGateUp) {
+            if let Some(base) = k.strip_suffix(".mlp.experts.gate_up_proj") {
+                // `mid = shape[-2] // 2`: gate the first half, up the second.
+                let rows = v.shape().get(v.ndim().wrapping_sub(2)).copied();
+                let Some(rows) = rows.filter(|r| r % 2 == 0) else {
+                    return Err(refused(format!(
+                        "`{k}`: [experts, 2 * width, hidden] expected, got shape {:?}",
+                        v.shape()
+                    )));
+                };
+                let parts = v.split_equal(2, -2)?;
+                debug_assert_eq!(parts[0].shape()[v.ndim() - 2], rows / 2);
+                out.insert(
+                    format!("{base}.mlp.switch_mlp.gate_proj.weight"),
+                    parts[0].clone(),
+                );
+                out.insert(
+                    format!("{base}.mlp.switch_mlp.up_proj.weight"),
+                    parts[1].clone(),
+                );
+                continue;
+            }
+            if let Some(base) = k.strip_suffix(".mlp.experts.down_proj") {
+                out.insert(format!("{base}.mlp.switch_mlp.down_proj.weight"), v);
+                continue;
+            }
+        }
         if has(SanitizeRule::StackExperts) {
             if let Some((base, expert, proj)) = per_expert_name(&k) {
                 per_expert
