@@ -163,7 +163,7 @@ fn every_accepted_spec_emits_parsable_rust_and_a_sample_compiles() {
         |p| {
             p.ir.layers.iter().any(|l| {
                 matches!(l.input, LayerInput::Gated { .. })
-                    && matches!(l.attention().kv, KvSource::Shared { .. })
+                    && matches!(l.attention().map(|a| a.kv), Some(KvSource::Shared { .. }))
             })
         },
         |p| p.ir.quantization.is_some(),
@@ -171,17 +171,17 @@ fn every_accepted_spec_emits_parsable_rust_and_a_sample_compiles() {
         |p| {
             let l = &p.ir.layers[0];
             l.norms.arrangement == NormArrangement::PreNorm
-                && l.attention().qk_norm == QkNorm::RmsPerHead
+                && l.attention().map(|a| a.qk_norm) == Some(QkNorm::RmsPerHead)
                 && p.ir.quantization.is_some()
         },
         |p| {
             let l = &p.ir.layers[0];
             l.norms.arrangement == NormArrangement::PreNorm
-                && l.attention().qk_norm == QkNorm::None
+                && l.attention().map(|a| a.qk_norm) == Some(QkNorm::None)
                 && p.ir.head.weight == HeadWeight::Untied
                 && matches!(
-                    l.attention().rope.kind,
-                    archgen_spec::RopeKind::Llama3 { .. }
+                    l.attention().map(|a| a.rope.kind),
+                    Some(archgen_spec::RopeKind::Llama3 { .. })
                 )
         },
     ];

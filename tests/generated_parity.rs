@@ -561,3 +561,124 @@ fn minicpm_head_is_taken_from_the_embedding_when_absent() {
         "{err}"
     );
 }
+
+/// Qwen3.5's sanitize on a raw Hugging Face checkpoint
+/// (`SanitizeRule::{DropVisual, UnwrapMultimodal, DropMtp, MoveConvAxis,
+/// OffsetNormsOfRawCheckpoint}`): the `qwen3.5-4b-tiny` checkpoint rewritten
+/// with `model.language_model.*` names, conv1d weights as [C, 1, K], the
+/// five offset norms stored as `w - 1`, an MTP head and a vision tensor
+/// (`variants.py family-hf-layout`) gives, in the monolith and in the
+/// generated model, the very logits mlx-lm gives when it loads that same
+/// directory (adding 1 back to the norms in bf16), and the same as on the
+/// mlx layout.
+/// The MoE form (`qwen3.6-35b-a3b-tiny`, float32) also stores its experts
+/// fused, `mlp.experts.gate_up_proj` and `mlp.experts.down_proj`
+/// (`SanitizeRule::SplitSwitchMlpGateUp`).
+#[test]
+fn qwen3_5_raw_hf_checkpoint_loads_as_mlx_lm_sanitizes_it() {
+    for (name, dtype) in [
+        ("qwen3.5-4b-tiny", "bfloat16"),
+        ("qwen3.6-35b-a3b-tiny", "float32"),
+    ] {
+        raw_hf_checkpoint_case(name, dtype);
+    }
+}
+
+fn raw_hf_checkpoint_case(name: &str, dtype: &str) {
+    let spec = archgen_spec::load(repo_root().join(format!("specs/{name}.yaml"))).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("mlx");
+    let ids: Vec<i32> = (0..19).map(|i| (i * 37 + 11) % 512).collect();
+    let steps = 4;
+    let jobs = json!([{
+        "config": config_for(&spec),
+        "out": dir,
+        "seed": 5,
+        "dtype": dtype,
+        "bits": Value::Null,
+        "group_size": Value::Null,
+        "kv_quant": Value::Null,
+        "prompt_ids": ids,
+        "decode_steps": steps,
+    }]);
+    let jobs_path = root.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+    let hf = root.path().join("hf");
+    run_python(
+        "variants.py",
+        &[
+            "family-hf-layout".as_ref(),
+            dir.join("model").as_os_str(),
+            hf.as_os_str(),
+        ],
+    );
+    let names = Array::load_safetensors(hf.join("model.safetensors")).unwrap();
+    let conv = &names["model.language_model.layers.0.linear_attn.conv1d.weight"];
+    assert_eq!(conv.shape()[1], 1, "the HF conv layout is [C, 1, K]");
+    assert!(names.contains_key("mtp.fc.weight"));
+    if spec.lower().layers[0].moe().is_some() {
+        assert!(names.contains_key("model.language_model.layers.0.mlp.experts.gate_up_proj"));
+        assert!(!names.keys().any(|k| k.contains("switch_mlp")));
+    }
+    let oracle_path = root.path().join("hf-oracle.safetensors");
+    let ids_arg = ids.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
+    run_python(
+        "oracle_logits.py",
+        &[
+            "--model".as_ref(),
+            hf.as_os_str(),
+            "--prompt-ids".as_ref(),
+            ids_arg.as_ref(),
+            "--decode-steps".as_ref(),
+            steps.to_string().as_ref(),
+            "--out".as_ref(),
+            oracle_path.as_os_str(),
+        ],
+    );
+    let oracle = Array::load_safetensors(&oracle_path).unwrap();
+    let mlx_oracle = Array::load_safetensors(dir.join("oracle.safetensors")).unwrap();
+    // The norm weights (uniform in [0.5, 1.5]) survive `w - 1` and `+ 1` in
+    // bf16 exactly (Sterbenz), so the raw layout is the same model: mlx-lm
+    // gives the same bytes on both layouts, and a loader that skipped the
+    // `+ 1` or the conv move would not.
+    for key in ["prefill_logits", "decode_logits", "tokens"] {
+        assert!(
+            same(&oracle[key], &mlx_oracle[key]),
+            "{name}: {key}: mlx-lm differs between the two layouts"
+        );
+    }
+    let monolith = run_logits(&archgen_monolith::load_dir(&hf).unwrap(), &ids, steps).unwrap();
+    let (ir, weights) = archgen_monolith::read_dir(&hf).unwrap();
+    let fingerprint = archgen_plan::fingerprint(&ir);
+    assert_eq!(
+        archgen_generated::find(&fingerprint).map(|m| m.name),
+        Some(name)
+    );
+    let generated = archgen_generated::run(&fingerprint, weights, Protocol { ids: &ids, steps })
+        .unwrap()
+        .unwrap();
+    for (key, m, g) in [
+        (
+            "prefill_logits",
+            &monolith.prefill_logits,
+            &generated.prefill_logits,
+        ),
+        (
+            "decode_logits",
+            &monolith.decode_logits,
+            &generated.decode_logits,
+        ),
+        ("tokens", &monolith.tokens, &generated.tokens),
+    ] {
+        assert!(
+            same(m, &oracle[key]),
+            "{name}: {key}: monolith on the HF layout != mlx-lm"
+        );
+        assert!(
+            same(g, m),
+            "{name}: {key}: generated != monolith on the HF layout"
+        );
+    }
+    eprintln!("{name} ({dtype}): the raw Hugging Face layout gives mlx-lm's bytes");
+}

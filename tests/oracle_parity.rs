@@ -129,6 +129,7 @@ fn kv_quant_really_ran(
     oracle: &HashMap<String, Array>,
 ) -> Option<String> {
     use archgen_runtime::cache::LayerCache;
+    use archgen_runtime::deltanet::MixerCache;
     use archgen_runtime::model::CausalLm;
     if case["kv_quant_changes_logits"] != serde_json::json!(true) {
         return Some(format!(
@@ -145,7 +146,7 @@ fn kv_quant_really_ran(
         .make_cache()
         .iter()
         .enumerate()
-        .filter(|(_, c)| matches!(c, Some(LayerCache::Quantized(_))))
+        .filter(|(_, c)| matches!(c, Some(MixerCache::Kv(LayerCache::Quantized(_)))))
         .map(|(i, _)| i)
         .collect();
     if quantized != listed {

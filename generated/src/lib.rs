@@ -113,6 +113,24 @@ pub mod qwen3_8b_tiny;
 pub mod qwen3_8b;
 #[rustfmt::skip]
 pub mod qwen3_moe_mixed_tiny_q8;
+#[rustfmt::skip]
+pub mod qwen3_5_4b_l4;
+#[rustfmt::skip]
+pub mod qwen3_5_4b_tiny_q4;
+#[rustfmt::skip]
+pub mod qwen3_5_4b_tiny;
+#[rustfmt::skip]
+pub mod qwen3_5_4b;
+#[rustfmt::skip]
+pub mod qwen3_5_9b;
+#[rustfmt::skip]
+pub mod qwen3_6_27b;
+#[rustfmt::skip]
+pub mod qwen3_6_35b_a3b_tiny_q4;
+#[rustfmt::skip]
+pub mod qwen3_6_35b_a3b_tiny;
+#[rustfmt::skip]
+pub mod qwen3_6_35b_a3b;
 
 use archgen_runtime::model::{ModelError, ModelTask};
 use archgen_runtime::weights::Weights;
@@ -400,6 +418,51 @@ pub const MODELS: &[GeneratedModel] = &[
         spec: "specs/qwen3-moe-mixed-tiny-q8.yaml",
         fingerprint: qwen3_moe_mixed_tiny_q8::FINGERPRINT,
     },
+    GeneratedModel {
+        name: "qwen3.5-4b-l4",
+        spec: "specs/qwen3.5-4b-l4.yaml",
+        fingerprint: qwen3_5_4b_l4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3.5-4b-tiny-q4",
+        spec: "specs/qwen3.5-4b-tiny-q4.yaml",
+        fingerprint: qwen3_5_4b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3.5-4b-tiny",
+        spec: "specs/qwen3.5-4b-tiny.yaml",
+        fingerprint: qwen3_5_4b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3.5-4b",
+        spec: "specs/qwen3.5-4b.yaml",
+        fingerprint: qwen3_5_4b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3.5-9b",
+        spec: "specs/qwen3.5-9b.yaml",
+        fingerprint: qwen3_5_9b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3.6-27b",
+        spec: "specs/qwen3.6-27b.yaml",
+        fingerprint: qwen3_6_27b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3.6-35b-a3b-tiny-q4",
+        spec: "specs/qwen3.6-35b-a3b-tiny-q4.yaml",
+        fingerprint: qwen3_6_35b_a3b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3.6-35b-a3b-tiny",
+        spec: "specs/qwen3.6-35b-a3b-tiny.yaml",
+        fingerprint: qwen3_6_35b_a3b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3.6-35b-a3b",
+        spec: "specs/qwen3.6-35b-a3b.yaml",
+        fingerprint: qwen3_6_35b_a3b::FINGERPRINT,
+    },
 ];
 /// The generated model whose fingerprint is `fingerprint`, if any.
 pub fn find(fingerprint: &str) -> Option<&'static GeneratedModel> {
@@ -553,6 +616,29 @@ pub fn run<T: ModelTask>(
         qwen3_8b::FINGERPRINT => Some(qwen3_8b::load(weights).map(|m| task.run(&m))),
         qwen3_moe_mixed_tiny_q8::FINGERPRINT => {
             Some(qwen3_moe_mixed_tiny_q8::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_5_4b_l4::FINGERPRINT => {
+            Some(qwen3_5_4b_l4::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_5_4b_tiny_q4::FINGERPRINT => {
+            Some(qwen3_5_4b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_5_4b_tiny::FINGERPRINT => {
+            Some(qwen3_5_4b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_5_4b::FINGERPRINT => Some(qwen3_5_4b::load(weights).map(|m| task.run(&m))),
+        qwen3_5_9b::FINGERPRINT => Some(qwen3_5_9b::load(weights).map(|m| task.run(&m))),
+        qwen3_6_27b::FINGERPRINT => {
+            Some(qwen3_6_27b::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_6_35b_a3b_tiny_q4::FINGERPRINT => {
+            Some(qwen3_6_35b_a3b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_6_35b_a3b_tiny::FINGERPRINT => {
+            Some(qwen3_6_35b_a3b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_6_35b_a3b::FINGERPRINT => {
+            Some(qwen3_6_35b_a3b::load(weights).map(|m| task.run(&m)))
         }
         _ => None,
     }

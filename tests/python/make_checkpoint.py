@@ -91,12 +91,15 @@ def init_weights(model: nn.Module, config: dict, seed: int, dtype: mx.Dtype) -> 
     rng = np.random.RandomState(seed)
     text_cfg = text_config_of(config)
     params = dict(tree_flatten(model.parameters()))
+    # mlx_lm.convert keeps the parameters its model's cast_predicate refuses
+    # (qwen3_5: A_log) in float32; models without one cast everything.
+    cast_predicate = getattr(model, "cast_predicate", lambda _: True)
     new = []
     for name in sorted(params):  # sorted: independent of module traversal order
         v = params[name]
         arr = _init_array(name, tuple(v.shape), rng, text_cfg).astype(np.float32)
         # Cast like mlx_lm.convert's set_dtype: every floating param to dtype.
-        new.append((name, mx.array(arr).astype(dtype)))
+        new.append((name, mx.array(arr).astype(dtype if cast_predicate(name) else mx.float32)))
     model.update(tree_unflatten(new))
     mx.eval(model.parameters())
 

@@ -7,9 +7,10 @@ cover, for the runtime's loader and batch tests.
       fused `experts.gate_up_proj` / `experts.down_proj`, plus vision/audio
       tower tensors and rotary buffers that sanitize drops.
   variants.py family-hf-layout SRC DST
-      Rewrite a qwen2 / llama / mistral / qwen3_moe / minicpm checkpoint with
-      the tensors its Hugging Face original has and mlx-lm's sanitize undoes
-      (rotary tables, a tied lm_head, per-expert weights, no minicpm lm_head).
+      Rewrite a qwen2 / llama / mistral / qwen3_moe / minicpm / qwen3_5
+      checkpoint with the tensors its Hugging Face original has and mlx-lm's
+      sanitize undoes (rotary tables, a tied lm_head, per-expert weights, no
+      minicpm lm_head; qwen3_5's conv layout, norm offsets, MTP and vision).
   variants.py batch DIR OUT IDS_JSON
       One forward of mlx-lm over a batch ([B, L] ids, fresh cache): logits
       [B, L, V] to OUT (safetensors key "logits").
@@ -84,6 +85,43 @@ def family_hf_layout(src: Path, dst: Path) -> None:
             del out[k]
             for e in range(v.shape[0]):
                 out[f"{base}.mlp.experts.{e}.{leaf}"] = v[e]
+    elif model_type in ("qwen3_5", "qwen3_5_moe"):
+        # Qwen3.5's Hugging Face original: `model.language_model.*` and a
+        # top-level lm_head, the conv1d weights as [C, 1, K], the input /
+        # post-attention / final / q / k norms stored as offsets around 0
+        # (mlx-lm adds 1 back), plus an MTP head and a vision tensor that
+        # sanitize drops.
+        out = {}
+        norms = (".input_layernorm.weight", ".post_attention_layernorm.weight",
+                 "model.norm.weight", ".q_norm.weight", ".k_norm.weight")
+        fused = {}
+        for k, v in weights.items():
+            if model_type == "qwen3_5_moe" and ".mlp.switch_mlp." in k:
+                # qwen3_5_moe's HF experts: gate and up fused along -2.
+                if f"{k[:-len('weight')]}scales" in weights:
+                    raise SystemExit(f"{k}: only unquantized experts have the fused HF layout")
+                base, leaf = k[len("language_model.model."):].split(".mlp.switch_mlp.")
+                if leaf == "down_proj.weight":
+                    out[f"model.language_model.{base}.mlp.experts.down_proj"] = v
+                else:
+                    fused.setdefault(base, {})[leaf] = v
+                continue
+            if k.startswith("language_model.model."):
+                name = "model.language_model." + k[len("language_model.model."):]
+            elif k == "language_model.lm_head.weight":
+                name = "lm_head.weight"
+            else:
+                raise SystemExit(f"{k}: not in the qwen3_5 mlx layout")
+            if "conv1d.weight" in k:
+                v = mx.moveaxis(v, 2, 1)
+            elif k.endswith(norms) and v.ndim == 1:
+                v = v - 1.0
+            out[name] = v
+        for base, parts in fused.items():
+            out[f"model.language_model.{base}.mlp.experts.gate_up_proj"] = mx.concatenate(
+                [parts["gate_proj.weight"], parts["up_proj.weight"]], axis=-2)
+        out["mtp.fc.weight"] = mx.zeros((2, 2))
+        out["model.visual.patch_embed.proj.weight"] = mx.zeros((2, 2))
     elif model_type == "minicpm":
         # MiniCPM's HF checkpoints tie the head to the embedding and store no
         # lm_head; only a head equal to the embedding can be dropped.

@@ -124,7 +124,7 @@ pub fn show(args: &ShowArgs) -> Result<(), String> {
         Some(ranks) => {
             let ir = spec.lower();
             let split = archgen_plan::tensor_parallel::split(&ir, ranks)?;
-            format!("{text}\n{}", split.render(&ir))
+            format!("{text}\n{}", split.render())
         }
     };
     print_out(&text)
@@ -201,9 +201,11 @@ fn summary(spec: &Spec) -> String {
             o,
             "{:>5} {:<8} {:>4} {:>5} {:>3}  {:<4} {:>6}  {:<7} {:<27} {}",
             l.index,
-            match l.layer_type {
-                LayerType::Sliding => "sliding",
-                LayerType::Full => "full",
+            // The older view has no linear-attention kind: the IR says it.
+            match (ir.layers.get(l.index).map(|x| &x.mixer), l.layer_type) {
+                (Some(archgen_spec::ir::Mixer::GatedDeltaNet(_)), _) => "linear",
+                (_, LayerType::Sliding) => "sliding",
+                (_, LayerType::Full) => "full",
             },
             l.head_dim,
             l.n_heads,

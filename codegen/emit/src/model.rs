@@ -7,9 +7,10 @@
 
 use archgen_plan::{LayerKind, Plan};
 use archgen_spec::ir::{
-    Activation, Attention, EmbedScale, FeedForward, HeadWeight, KvCache, KvSource, Layer,
-    LayerInput, LayerScalar, LogitScale, ModelIr, NormArrangement, NormWeight, ProjectionBias,
-    QkNorm, Residual, Router, Scores, Softcap, SoftcapForm, TopKProbs, ValueNorm, Values, Window,
+    Activation, Attention, DeltaNet, EmbedScale, FeedForward, GatedNorm, HeadWeight, InProj,
+    KvCache, KvSource, Layer, LayerInput, LayerScalar, LogitScale, Mixer, ModelIr, NormArrangement,
+    NormWeight, OutputGate, ProjectionBias, QkNorm, Residual, Router, Scores, Softcap, SoftcapForm,
+    StateCache, TopKProbs, ValueNorm, Values, Window,
 };
 use archgen_spec::RopeKind;
 use proc_macro2::{Ident, Literal, Span, TokenStream};
@@ -52,16 +53,29 @@ fn window_name(ir: &ModelIr, w: Window) -> String {
     }
 }
 
-/// The windows of the model, in order of first appearance.
+/// The attention windows of the model, in order of first appearance.
 fn windows(ir: &ModelIr) -> Vec<Window> {
     let mut out: Vec<Window> = Vec::new();
-    for l in &ir.layers {
-        let w = l.attention().window;
-        if !out.contains(&w) {
-            out.push(w);
+    for a in ir.layers.iter().filter_map(Layer::attention) {
+        if !out.contains(&a.window) {
+            out.push(a.window);
         }
     }
     out
+}
+
+/// Whether every layer runs through the compiled decode blocks
+/// (`decode.rs`): plain attention layers do; Gated DeltaNet and gated
+/// attention layers have no compiled decode block yet, so a model with any
+/// of them runs its one-token steps through the eager blocks.
+fn compiled_decode(ir: &ModelIr) -> bool {
+    ir.layers.iter().all(|l| match &l.mixer {
+        Mixer::Attention(a) => match a.output_gate {
+            OutputGate::None => true,
+            OutputGate::SigmoidPerHead => false,
+        },
+        Mixer::GatedDeltaNet(_) => false,
+    })
 }
 
 fn window_words(w: Window) -> String {
@@ -130,13 +144,18 @@ fn shape_tokens(a: &Attention) -> Result<TokenStream, String> {
 
 /// What a kind's doc comment says about it.
 fn kind_doc(l: &Layer, layers: &[usize]) -> String {
-    let a = l.attention();
     let list = layers
         .iter()
         .map(|l| l.to_string())
         .collect::<Vec<_>>()
         .join(", ");
-    let mut parts = vec![window_words(a.window)];
+    let mut parts = vec![match &l.mixer {
+        Mixer::Attention(a) => window_words(a.window),
+        Mixer::GatedDeltaNet(d) => format!(
+            "Gated DeltaNet linear attention ({} key / {} value heads, conv kernel {}; conv and recurrent state)",
+            d.k_heads, d.v_heads, d.conv_kernel
+        ),
+    }];
     parts.push(match l.norms.arrangement {
         NormArrangement::PreNorm => "pre-norm".to_string(),
         NormArrangement::Sandwich => "sandwich norms".to_string(),
@@ -145,30 +164,8 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
         NormWeight::Direct => {}
         NormWeight::OnePlus => parts.push("norm weights 1 + w".to_string()),
     }
-    match a.scores {
-        Scores::FusedSdpa => {}
-        Scores::Softcapped { cap } => {
-            parts.push(format!("written-out attention, scores softcapped at {cap}"))
-        }
-    }
-    parts.push(match a.kv {
-        KvSource::Own {
-            values: Values::Projected,
-            ..
-        } => "computes its own K/V".to_string(),
-        KvSource::Own {
-            values: Values::SameAsKeys,
-            ..
-        } => "computes its own K/V (V = K projection, no v_proj)".to_string(),
-        KvSource::Shared { .. } => "reads a donor's K/V".to_string(),
-    });
-    match a.bias {
-        ProjectionBias::None => {}
-        ProjectionBias::QueryKeyValue => parts.push("q/k/v bias".to_string()),
-    }
-    match a.qk_norm {
-        QkNorm::None => {}
-        QkNorm::RmsPerHead => parts.push("per-head q/k RMSNorm".to_string()),
+    if let Some(a) = l.attention() {
+        attention_doc(a, &mut parts);
     }
     let mlp = |act: Activation| match act {
         Activation::GeluApprox => "GeGLU MLP",
@@ -180,6 +177,10 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
         FeedForward::Moe(m) => format!(
             "{} routed experts (top-{}) in place of the MLP",
             m.num_experts, m.top_k
+        ),
+        FeedForward::MoeAndSharedExpert { moe, shared } => format!(
+            "{} routed experts (top-{}) and a shared expert of width {} in place of the MLP",
+            moe.num_experts, moe.top_k, shared.width
         ),
     });
     match l.input {
@@ -206,12 +207,256 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
     )
 }
 
-/// The struct and impl of one layer kind.
-fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
+/// The attention facts of a kind's doc comment.
+fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
+    match a.scores {
+        Scores::FusedSdpa => {}
+        Scores::Softcapped { cap } => {
+            parts.push(format!("written-out attention, scores softcapped at {cap}"))
+        }
+    }
+    parts.push(match a.kv {
+        KvSource::Own {
+            values: Values::Projected,
+            ..
+        } => "computes its own K/V".to_string(),
+        KvSource::Own {
+            values: Values::SameAsKeys,
+            ..
+        } => "computes its own K/V (V = K projection, no v_proj)".to_string(),
+        KvSource::Shared { .. } => "reads a donor's K/V".to_string(),
+    });
+    match a.bias {
+        ProjectionBias::None => {}
+        ProjectionBias::QueryKeyValue => parts.push("q/k/v bias".to_string()),
+    }
+    match a.qk_norm {
+        QkNorm::None => {}
+        QkNorm::RmsPerHead => parts.push("per-head q/k RMSNorm".to_string()),
+    }
+    match a.output_gate {
+        OutputGate::None => {}
+        OutputGate::SigmoidPerHead => parts.push(format!(
+            "RoPE on {} of {} dims, output gated by sigmoid(gate)",
+            a.rope.rotated_dims, a.head_dim
+        )),
+    }
+}
+
+/// The feed-forward half of a hybrid layer kind (the eager blocks of
+/// `deltanet.rs` take a dense MLP, or routed experts with a shared expert,
+/// and nothing after it): its field, load, forward statement, pretranspose
+/// and the load function's signature.
+struct HybridFfn {
+    field: TokenStream,
+    load: TokenStream,
+    forward: TokenStream,
+    pre: TokenStream,
+    signature: TokenStream,
+}
+
+fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
+    let unsupported = |what: &str| {
+        Err(format!(
+            "layer kind {kind}: {what} beside a Gated DeltaNet or gated attention is not supported yet"
+        ))
+    };
+    match (l.input, l.scalar) {
+        (LayerInput::None, LayerScalar::None) => {}
+        (LayerInput::Gated { .. }, _) => return unsupported("a per-layer input gate"),
+        (_, LayerScalar::Learned) => return unsupported("a layer scalar"),
+    }
+    match l.residual {
+        Residual::Plain => {}
+        Residual::DepthScaled { .. } => return unsupported("depth-scaled residual branches"),
+    }
+    match l.ffn {
+        FeedForward::Mlp(m) => {
+            let act = activation_tokens(m.activation);
+            Ok(HybridFfn {
+                field: quote! { mlp: b::Mlp, },
+                load: quote! { mlp: b::load_mlp(w, i, HIDDEN, mlp_width, #act), },
+                forward: quote! { let h = b::feed_forward(&h, &self.norms, &self.mlp, None, EPS)?; },
+                pre: quote! { layer.mlp.pretranspose(); },
+                signature: quote! { w: &mut Weights, i: usize, mlp_width: i32 },
+            })
+        }
+        FeedForward::MoeAndSharedExpert { moe, shared } => match (moe.router, moe.activation) {
+            (Router::SoftmaxTopK { probs }, Activation::Silu) => {
+                let (e, k, mw, sw) = (
+                    lit_i32(moe.num_experts)?,
+                    lit_i32(moe.top_k)?,
+                    lit_i32(moe.width)?,
+                    lit_i32(shared.width)?,
+                );
+                let probs = match probs {
+                    TopKProbs::Renormalized => quote! { b::TopKProbs::Renormalized },
+                    TopKProbs::AsTaken => quote! { b::TopKProbs::AsTaken },
+                };
+                Ok(HybridFfn {
+                    field: quote! { moe: deltanet::SharedExpertMoe, },
+                    load: quote! { moe: deltanet::load_shared_expert_moe(w, i, HIDDEN, #e, #k, #mw, #sw, #probs), },
+                    forward: quote! { let h = deltanet::shared_expert_feed_forward(&h, &self.norms, &self.moe, EPS)?; },
+                    pre: quote! { layer.moe.pretranspose(); },
+                    signature: quote! { w: &mut Weights, i: usize },
+                })
+            }
+            (Router::SoftmaxTopK { .. }, Activation::GeluApprox)
+            | (Router::ScaledTopKSoftmax, _) => {
+                unsupported("experts other than softmax-then-top-k SwiGLU ones")
+            }
+        },
+        FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {
+            unsupported("routed experts without a shared expert")
+        }
+    }
+}
+
+/// A Gated DeltaNet layer kind: its weights, and a forward that runs the
+/// eager blocks for prefill and decode alike (the recurrence is a loop of
+/// one compiled step per token, as mlx-lm's `gated_delta_ops`).
+fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, String> {
     let l = &kind.key.0;
     let name = ident(&kind.name);
     let doc = kind_doc(l, &kind.layers);
-    let a = l.attention();
+    let norms_load = norms_load_tokens(l);
+    let HybridFfn {
+        field: ffn_field,
+        load: ffn_load,
+        forward: ffn_forward,
+        pre: ffn_pre,
+        signature,
+    } = hybrid_ffn(l, &kind.name)?;
+    match (d.in_proj, d.norm, d.cache) {
+        (InProj::Split, GatedNorm::RmsSiluGate, StateCache::ConvAndRecurrent) => {}
+    }
+    let [kh, vh, kd, vd, conv] = [
+        d.k_heads,
+        d.v_heads,
+        d.k_head_dim,
+        d.v_head_dim,
+        d.conv_kernel,
+    ]
+    .map(lit_i32);
+    let (kh, vh, kd, vd, conv) = (kh?, vh?, kd?, vd?, conv?);
+    Ok(quote! {
+        #[doc = #doc]
+        struct #name {
+            norms: b::LayerNorms,
+            mixer: deltanet::GatedDeltaNet,
+            #ffn_field
+        }
+
+        impl #name {
+            const SHAPE: deltanet::DeltaNetShape = deltanet::DeltaNetShape {
+                hidden: HIDDEN, num_k_heads: #kh, num_v_heads: #vh, head_k_dim: #kd,
+                head_v_dim: #vd, conv_kernel: #conv, eps: EPS,
+            };
+
+            fn load(#signature) -> Self {
+                let mut layer = Self {
+                    norms: #norms_load,
+                    mixer: deltanet::load_gated_delta_net(w, i, Self::SHAPE),
+                    #ffn_load
+                };
+                layer.mixer.pretranspose();
+                #ffn_pre
+                layer
+            }
+
+            /// Prefill and one-token steps alike: the eager blocks (no
+            /// compiled decode block for Gated DeltaNet yet).
+            fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
+                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
+                let h = b::attention_residual(h, &a, &self.norms, EPS)?;
+                #ffn_forward
+                b::finish_layer(&h, None, None, EPS)
+            }
+        }
+    })
+}
+
+/// A gated full-attention layer kind (`Qwen3NextAttention`): eager blocks
+/// for prefill and decode alike.
+fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream, String> {
+    let l = &kind.key.0;
+    let name = ident(&kind.name);
+    let doc = kind_doc(l, &kind.layers);
+    let norms_load = norms_load_tokens(l);
+    let HybridFfn {
+        field: ffn_field,
+        load: ffn_load,
+        forward: ffn_forward,
+        pre: ffn_pre,
+        signature,
+    } = hybrid_ffn(l, &kind.name)?;
+    let supported = matches!(
+        a.kv,
+        KvSource::Own {
+            values: Values::Projected,
+            ..
+        }
+    ) && a.window == Window::Full
+        && a.qk_norm == QkNorm::RmsPerHead
+        && a.value_norm == ValueNorm::None
+        && a.bias == ProjectionBias::None
+        && a.scores == Scores::FusedSdpa
+        && !a.rope.traditional;
+    if !supported {
+        return Err(format!(
+            "layer kind {}: an output-gated attention runs only as Qwen3Next's (own projected K/V, full window, q/k RMSNorm, no bias, fused SDPA, non-traditional RoPE)",
+            kind.name
+        ));
+    }
+    let shape = shape_tokens(a)?;
+    Ok(quote! {
+        #[doc = #doc]
+        struct #name {
+            norms: b::LayerNorms,
+            attn: deltanet::GatedAttention,
+            #ffn_field
+        }
+
+        impl #name {
+            const SHAPE: AttentionShape = #shape;
+
+            fn load(#signature) -> Self {
+                let mut layer = Self {
+                    norms: #norms_load,
+                    attn: deltanet::load_gated_attention(w, i, HIDDEN, Self::SHAPE),
+                    #ffn_load
+                };
+                layer.attn.pretranspose();
+                #ffn_pre
+                layer
+            }
+
+            /// Prefill and one-token steps alike: the eager blocks (no
+            /// compiled decode block for the gated attention yet).
+            fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<Array> {
+                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                let a = deltanet::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
+                let h = b::attention_residual(h, &a, &self.norms, EPS)?;
+                #ffn_forward
+                b::finish_layer(&h, None, None, EPS)
+            }
+        }
+    })
+}
+
+/// The struct and impl of one layer kind.
+fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
+    let l = &kind.key.0;
+    let a = match &l.mixer {
+        Mixer::GatedDeltaNet(d) => return delta_net_kind_tokens(kind, d),
+        Mixer::Attention(a) => match a.output_gate {
+            OutputGate::None => a,
+            OutputGate::SigmoidPerHead => return gated_attention_kind_tokens(kind, a),
+        },
+    };
+    let name = ident(&kind.name);
+    let doc = kind_doc(l, &kind.layers);
     let shape = shape_tokens(a)?;
     let norms_load = norms_load_tokens(l);
     let qk = qk_tokens(a);
@@ -226,6 +471,12 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     };
     let moe = match l.ffn {
         FeedForward::Mlp(_) | FeedForward::Moe(_) => None,
+        FeedForward::MoeAndSharedExpert { .. } => {
+            return Err(format!(
+                "layer kind {}: routed experts with a shared expert run only beside a Gated DeltaNet or gated attention",
+                kind.name
+            ))
+        }
         FeedForward::MlpAndMoe { moe, .. } => match (moe.router, moe.activation) {
             (Router::ScaledTopKSoftmax, Activation::GeluApprox) => Some(moe),
             (Router::ScaledTopKSoftmax, Activation::Silu) | (Router::SoftmaxTopK { .. }, _) => {
@@ -238,7 +489,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     };
     // Routed experts in place of the MLP: their load call.
     let experts = match l.ffn {
-        FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } => None,
+        FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::MoeAndSharedExpert { .. } => None,
         FeedForward::Moe(m) => match (m.router, m.activation) {
             (Router::SoftmaxTopK { probs }, Activation::Silu) => {
                 let (e, k, mw) = (lit_i32(m.num_experts)?, lit_i32(m.top_k)?, lit_i32(m.width)?);
@@ -519,8 +770,10 @@ fn rope_init(a: &Attention) -> Result<TokenStream, String> {
     let hd = lit_i32(a.head_dim)?;
     Ok(match a.rope.kind {
         RopeKind::Default { theta } => {
+            // `nn.RoPE(dims)`: a partial RoPE rotates fewer dims than head_dim.
+            let dims = lit_i32(a.rope.rotated_dims)?;
             let theta = lit_f32(theta);
-            quote! { Rope::base(#hd, #theta) }
+            quote! { Rope::base(#dims, #theta) }
         }
         RopeKind::Proportional { theta, factor, .. } => {
             let (theta, factor) = (lit_f32(theta), lit_f32(factor));
@@ -572,19 +825,19 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
     let mut steps_ctx = Vec::new();
     for w in windows(ir) {
         let wn = window_name(ir, w);
-        let first = ir
-            .layers
-            .iter()
-            .find(|l| l.attention().window == w)
-            .expect("a window has layers");
-        let a = first.attention();
-        if let Some(other) = ir.layers.iter().find(|l| {
-            let b = l.attention();
-            b.window == w && (b.rope, b.head_dim) != (a.rope, a.head_dim)
-        }) {
+        let attention = || {
+            ir.layers
+                .iter()
+                .filter_map(|l| l.attention().map(|a| (l.index, a)))
+        };
+        let (first, a) = attention()
+            .find(|(_, a)| a.window == w)
+            .ok_or_else(|| format!("{name}: window {w:?} has no layer"))?;
+        if let Some((other, _)) =
+            attention().find(|(_, b)| b.window == w && (b.rope, b.head_dim) != (a.rope, a.head_dim))
+        {
             return Err(format!(
-                "{name}: layers {} and {} share a window but not a RoPE; the emitter keeps one RoPE per window",
-                first.index, other.index
+                "{name}: layers {first} and {other} share a window but not a RoPE; the emitter keeps one RoPE per window"
             ));
         }
         let rope = ident(&format!("rope_{wn}"));
@@ -597,20 +850,25 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         // update (`_make_masks`, `create_attention_mask(h, cache[0])`).
         if !a.owns_kv() {
             return Err(format!(
-                "{name}: layer {}, the first of its window, has no cache to build the mask from",
-                first.index
+                "{name}: layer {first}, the first of its window, has no cache to build the mask from"
             ));
         }
-        let field = layer_field(first.index);
+        let field = layer_field(first);
         let size = lit_i32(match w {
             Window::Full => 0,
             Window::Sliding(n) => n,
         })?;
         masks.push(quote! { let #mask = b::mask_for(&cache.#field, n, #size)?; });
         let ctx = ident(&wn);
-        steps_ctx.push(quote! {
-            let #tables = if step { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
-            let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
+        steps_ctx.push(if compiled_decode(ir) {
+            quote! {
+                let #tables = if step { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
+                let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
+            }
+        } else {
+            quote! {
+                let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
+            }
         });
     }
 
@@ -640,7 +898,19 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             // Routed experts in place of the MLP: the kind's sizes are constants.
             None => quote! { #field: #kind::load(&mut w, #i), },
         });
-        let a = l.attention();
+        let a = match &l.mixer {
+            Mixer::Attention(a) => a,
+            Mixer::GatedDeltaNet(_) => {
+                // No window, no mask (`create_ssm_mask` is None for one
+                // unpadded sequence): the layer and its ArraysCache.
+                cache_fields.push(quote! { #field: deltanet::ArraysCache, });
+                cache_inits.push(quote! { #field: deltanet::ArraysCache::default(), });
+                steps.push(quote! {
+                    let h = self.#field.forward(&h, &mut cache.#field)?;
+                });
+                continue;
+            }
+        };
         let ctx = ident(&window_name(ir, a.window));
         let pli = match l.input {
             LayerInput::None => None,
@@ -679,8 +949,14 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 } else {
                     ident("_")
                 };
-                steps.push(quote! {
-                    let (h, #kv) = self.#field.forward(&h, &#ctx, &mut cache.#field #pli)?;
+                steps.push(match a.output_gate {
+                    OutputGate::None => quote! {
+                        let (h, #kv) = self.#field.forward(&h, &#ctx, &mut cache.#field #pli)?;
+                    },
+                    // The gated block returns no K/V to share (nothing reads it).
+                    OutputGate::SigmoidPerHead => quote! {
+                        let h = self.#field.forward(&h, &#ctx, &mut cache.#field)?;
+                    },
                 });
             }
             KvSource::Shared { donor } => {
@@ -694,7 +970,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
     let first_cache = ir
         .layers
         .iter()
-        .find(|l| l.attention().owns_kv())
+        .find(|l| l.attention().is_some_and(Attention::owns_kv))
         .map(|l| layer_field(l.index))
         .ok_or_else(|| format!("{name}: no layer owns K/V"))?;
 
@@ -771,10 +1047,14 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             quote! { b::load_norm_weight(&mut w, "norm.weight", HIDDEN, b::NormWeight::OnePlus) }
         }
     };
-    let caches = ir.layers.iter().filter_map(|l| match l.attention().kv {
-        KvSource::Own { cache, .. } => Some((l.attention().window, cache)),
-        KvSource::Shared { .. } => None,
-    });
+    let caches = ir
+        .layers
+        .iter()
+        .filter_map(Layer::attention)
+        .filter_map(|a| match a.kv {
+            KvSource::Own { cache, .. } => Some((a.window, cache)),
+            KvSource::Shared { .. } => None,
+        });
     let (mut any_sliding, mut any_plain_full, mut any_quantized) = (false, false, false);
     let mut any_mixed = false;
     for c in caches {
@@ -798,10 +1078,50 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         ir.layers.len(),
         ir.hidden_size
     );
+    // The one-token step: through the compiled decode blocks when every
+    // layer has them, else the eager blocks as in prefill.
+    let (decode_import, step_begin, step_end) = if compiled_decode(ir) {
+        (
+            Some(quote! { use archgen_runtime::decode; }),
+            quote! {
+                let offset = cache.#first_cache.offset();
+                let step = n == 1 && decode::enabled();
+                #(#steps_ctx)*
+                let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
+            },
+            quote! { if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) } },
+        )
+    } else {
+        // Plain attention kinds reach `decode` in their forward (never
+        // taken here: their windows get no tables).
+        let plain = ir.layers.iter().any(|l| match &l.mixer {
+            Mixer::Attention(a) => a.output_gate == OutputGate::None,
+            Mixer::GatedDeltaNet(_) => false,
+        });
+        (
+            plain.then(|| quote! { use archgen_runtime::decode; }),
+            quote! { #(#steps_ctx)* },
+            quote! { Ok(logits) },
+        )
+    };
+    let hybrid = ir.layers.iter().any(|l| match &l.mixer {
+        Mixer::Attention(a) => match a.output_gate {
+            OutputGate::None => false,
+            OutputGate::SigmoidPerHead => true,
+        },
+        Mixer::GatedDeltaNet(_) => true,
+    });
+    let deltanet_import = hybrid.then(|| quote! { use archgen_runtime::deltanet; });
+    let cache_doc = if hybrid {
+        " One cache per layer: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer."
+    } else {
+        " One cache per layer that computes its own K/V."
+    };
     Ok(quote! {
         use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
         use archgen_runtime::cache::{LayerCache, #(#cache_imports),*};
-        use archgen_runtime::decode;
+        #decode_import
+        #deltanet_import
         use archgen_runtime::layers::Embedding;
         #linear_import
         use archgen_runtime::model::{CausalLm, ModelError};
@@ -832,7 +1152,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             #head_field
         }
 
-        /// One cache per layer that computes its own K/V.
+        #[doc = #cache_doc]
         pub struct Cache {
             #(#cache_fields)*
         }
@@ -871,13 +1191,10 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 #(#masks)*
                 // One token: this step's RoPE tables, one per window, shared
                 // by all its layers (Q and K alike).
-                let offset = cache.#first_cache.offset();
-                let step = n == 1 && decode::enabled();
-                #(#steps_ctx)*
-                let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
+                #step_begin
                 #(#steps)*
                 let logits = #logits;
-                if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
+                #step_end
             }
         }
     })

@@ -3,9 +3,10 @@
 
 use archgen_plan::{Plan, GENERATOR_VERSION};
 use archgen_spec::ir::{
-    Activation, AttentionScale, EmbedScale, FeedForward, GatedMlp, HeadWeight, KvCache, KvSource,
-    Layer, LayerInput, LayerScalar, LogitScale, NormArrangement, NormWeight, ProjectionBias,
-    QkNorm, Residual, RopeForm, Router, Scores, SoftcapForm, TopKProbs, ValueNorm, Values, Window,
+    Activation, Attention, AttentionScale, EmbedScale, FeedForward, GatedMlp, GatedNorm,
+    HeadWeight, KvCache, KvSource, Layer, LayerInput, LayerScalar, LogitScale, Mixer,
+    NormArrangement, NormWeight, OutputGate, ProjectionBias, QkNorm, Residual, RopeForm, Router,
+    Scores, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values, Window,
 };
 use archgen_spec::RopeKind;
 use minijinja::{Environment, UndefinedBehavior};
@@ -21,7 +22,7 @@ struct Row {
     window: String,
     kv: String,
     heads: String,
-    head_dim: usize,
+    head_dim: String,
     qkv_norm: String,
     rope: String,
     scale: String,
@@ -73,8 +74,20 @@ fn mlp_text(m: GatedMlp) -> String {
     format!("{act} {}", m.width)
 }
 
+/// The mixer's columns of a layer row: (window, K/V, heads, head dim,
+/// q/k/v norm, rope, scale, KV quant).
+struct MixerCols {
+    window: String,
+    kv: String,
+    heads: String,
+    head_dim: String,
+    qkv_norm: String,
+    rope: String,
+    scale: String,
+    kv_quant: String,
+}
+
 fn row(plan: &Plan, l: &Layer) -> Row {
-    let a = l.attention();
     let norms = match (l.norms.arrangement, l.norms.weight) {
         (NormArrangement::PreNorm, NormWeight::Direct) => "pre",
         (NormArrangement::Sandwich, NormWeight::Direct) => "sandwich",
@@ -82,9 +95,15 @@ fn row(plan: &Plan, l: &Layer) -> Row {
         (NormArrangement::Sandwich, NormWeight::OnePlus) => "sandwich (1 + w)",
     };
     let mut extra = Vec::new();
-    match a.bias {
-        ProjectionBias::None => {}
-        ProjectionBias::QueryKeyValue => extra.push("q/k/v bias".to_string()),
+    if let Some(a) = l.attention() {
+        match a.bias {
+            ProjectionBias::None => {}
+            ProjectionBias::QueryKeyValue => extra.push("q/k/v bias".to_string()),
+        }
+        match a.output_gate {
+            OutputGate::None => {}
+            OutputGate::SigmoidPerHead => extra.push("sigmoid output gate".to_string()),
+        }
     }
     match l.input {
         LayerInput::None => {}
@@ -108,6 +127,44 @@ fn row(plan: &Plan, l: &Layer) -> Row {
         .chain(extra)
         .collect::<Vec<_>>()
         .join(", ");
+    let m = match &l.mixer {
+        Mixer::Attention(a) => attention_cols(a),
+        Mixer::GatedDeltaNet(d) => MixerCols {
+            window: "linear (Gated DeltaNet)".to_string(),
+            kv: match d.cache {
+                StateCache::ConvAndRecurrent => "conv + recurrent state".to_string(),
+            },
+            heads: format!("{}/{} (v/k)", d.v_heads, d.k_heads),
+            head_dim: format!("{}/{} (k/v)", d.k_head_dim, d.v_head_dim),
+            qkv_norm: format!(
+                "q, k (L2); {}",
+                match d.norm {
+                    GatedNorm::RmsSiluGate => "out: gated RMSNorm",
+                }
+            ),
+            rope: format!("- (conv kernel {})", d.conv_kernel),
+            scale: "k_head_dim^-0.5 on q".to_string(),
+            kv_quant: "-".to_string(),
+        },
+    };
+    let ffn = ffn_text(l.ffn);
+    Row {
+        index: l.index,
+        kind: plan.kinds[plan.layer_kind[l.index]].name.clone(),
+        norms,
+        window: m.window,
+        kv: m.kv,
+        heads: m.heads,
+        head_dim: m.head_dim,
+        qkv_norm: m.qkv_norm,
+        rope: m.rope,
+        scale: m.scale,
+        ffn,
+        kv_quant: m.kv_quant,
+    }
+}
+
+fn attention_cols(a: &Attention) -> MixerCols {
     let (kv, kv_quant) = match a.kv {
         KvSource::Own { values, cache } => (
             match values {
@@ -136,7 +193,40 @@ fn row(plan: &Plan, l: &Layer) -> Row {
             ValueNorm::RmsScaleFree => ", v (no weight)",
         }
     );
-    let ffn = match l.ffn {
+    let rope = match (a.rope.kind, a.rope.rotated_dims == a.head_dim) {
+        (RopeKind::Default { .. }, false) => {
+            format!("{} ({} dims)", rope_text(a.rope), a.rope.rotated_dims)
+        }
+        _ => rope_text(a.rope),
+    };
+    MixerCols {
+        window: match a.window {
+            Window::Full => "full".to_string(),
+            Window::Sliding(w) => format!("sliding {w}"),
+        },
+        kv,
+        heads: format!("{}/{}", a.n_heads, a.n_kv_heads),
+        head_dim: a.head_dim.to_string(),
+        qkv_norm,
+        rope,
+        scale: format!(
+            "{}{}",
+            match a.scale {
+                AttentionScale::One => "1".to_string(),
+                AttentionScale::InvSqrtHeadDim => "head_dim^-0.5".to_string(),
+                AttentionScale::InvSqrtQueryPreAttnScalar(s) => format!("{s}^-0.5 on q"),
+            },
+            match a.scores {
+                Scores::FusedSdpa => String::new(),
+                Scores::Softcapped { cap } => format!(", scores softcapped at {cap}"),
+            }
+        ),
+        kv_quant,
+    }
+}
+
+fn ffn_text(ffn: FeedForward) -> String {
+    match ffn {
         FeedForward::Mlp(m) => mlp_text(m),
         FeedForward::MlpAndMoe { mlp, moe } => format!(
             "{} + MoE {} experts top-{} width {}",
@@ -160,34 +250,22 @@ fn row(plan: &Plan, l: &Layer) -> Row {
                 } => "softmax then top-k",
             }
         ),
-    };
-    Row {
-        index: l.index,
-        kind: plan.kinds[plan.layer_kind[l.index]].name.clone(),
-        norms,
-        window: match a.window {
-            Window::Full => "full".to_string(),
-            Window::Sliding(w) => format!("sliding {w}"),
-        },
-        kv,
-        heads: format!("{}/{}", a.n_heads, a.n_kv_heads),
-        head_dim: a.head_dim,
-        qkv_norm,
-        rope: rope_text(a.rope),
-        scale: format!(
-            "{}{}",
-            match a.scale {
-                AttentionScale::One => "1".to_string(),
-                AttentionScale::InvSqrtHeadDim => "head_dim^-0.5".to_string(),
-                AttentionScale::InvSqrtQueryPreAttnScalar(s) => format!("{s}^-0.5 on q"),
+        FeedForward::MoeAndSharedExpert { moe, shared } => format!(
+            "MoE {} experts top-{} width {} ({}) + shared expert {} (sigmoid gate), no dense MLP",
+            moe.num_experts,
+            moe.top_k,
+            moe.width,
+            match moe.router {
+                Router::ScaledTopKSoftmax => "scaled top-k softmax router",
+                Router::SoftmaxTopK {
+                    probs: TopKProbs::Renormalized,
+                } => "softmax then top-k, renormalized",
+                Router::SoftmaxTopK {
+                    probs: TopKProbs::AsTaken,
+                } => "softmax then top-k",
             },
-            match a.scores {
-                Scores::FusedSdpa => String::new(),
-                Scores::Softcapped { cap } => format!(", scores softcapped at {cap}"),
-            }
+            shared.width
         ),
-        ffn,
-        kv_quant,
     }
 }
 

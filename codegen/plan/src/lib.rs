@@ -46,9 +46,9 @@
 pub mod tensor_parallel;
 
 use archgen_spec::ir::{
-    Attention, AttentionScale, EmbedScale, FeedForward, KvCache, KvSource, Layer, LayerInput,
-    LogitScale, Mixer, ModelIr, NormWeight, ProjectionBias, Residual, RopeForm, Scores,
-    SoftcapForm, Values, Window,
+    Attention, AttentionScale, DeltaNet, EmbedScale, FeedForward, GatedNorm, InProj, KvCache,
+    KvSource, Layer, LayerInput, LogitScale, Mixer, ModelIr, NormWeight, OutputGate,
+    ProjectionBias, Residual, RopeForm, Scores, SoftcapForm, StateCache, Values, Window,
 };
 use archgen_spec::{ModuleKind, QuantMode, RopeKind, Spec};
 use serde_json::{json, Value};
@@ -74,11 +74,13 @@ impl KindKey {
                 KvSource::Own { cache, .. } => *cache = KvCache::Plain,
                 KvSource::Shared { donor } => *donor = 0,
             },
+            // Every linear layer of a model has the same sizes.
+            Mixer::GatedDeltaNet(_) => {}
         }
         match &mut k.ffn {
             FeedForward::Mlp(m) | FeedForward::MlpAndMoe { mlp: m, .. } => m.width = 0,
             // The experts' sizes are the same on every MoE layer of a model.
-            FeedForward::Moe(_) => {}
+            FeedForward::Moe(_) | FeedForward::MoeAndSharedExpert { .. } => {}
         }
         KindKey(k)
     }
@@ -86,25 +88,35 @@ impl KindKey {
     /// A name that says what the kind is, e.g. `SlidingOwnKvPle`.
     pub fn type_name(&self) -> String {
         let l = &self.0;
-        let a = l.attention();
-        let mut n = String::from(match a.window {
-            Window::Sliding(_) => "Sliding",
-            Window::Full => "Full",
-        });
-        match a.kv {
-            KvSource::Own { values, .. } => {
-                n.push_str("OwnKv");
-                match values {
-                    Values::Projected => {}
-                    Values::SameAsKeys => n.push_str("KeqV"),
+        let mut n = String::new();
+        match &l.mixer {
+            Mixer::Attention(a) => {
+                n.push_str(match a.window {
+                    Window::Sliding(_) => "Sliding",
+                    Window::Full => "Full",
+                });
+                match a.output_gate {
+                    OutputGate::None => {}
+                    OutputGate::SigmoidPerHead => n.push_str("Gated"),
+                }
+                match a.kv {
+                    KvSource::Own { values, .. } => {
+                        n.push_str("OwnKv");
+                        match values {
+                            Values::Projected => {}
+                            Values::SameAsKeys => n.push_str("KeqV"),
+                        }
+                    }
+                    KvSource::Shared { .. } => n.push_str("SharedKv"),
                 }
             }
-            KvSource::Shared { .. } => n.push_str("SharedKv"),
+            Mixer::GatedDeltaNet(_) => n.push_str("LinearDeltaNet"),
         }
         match l.ffn {
             FeedForward::Mlp(_) => {}
             FeedForward::MlpAndMoe { .. } => n.push_str("Moe"),
             FeedForward::Moe(_) => n.push_str("Experts"),
+            FeedForward::MoeAndSharedExpert { .. } => n.push_str("SharedExperts"),
         }
         match l.input {
             LayerInput::None => {}
@@ -262,6 +274,7 @@ fn layer_json(l: &Layer) -> Value {
             window,
             kv,
             scores,
+            output_gate,
         }) => {
             let mut attention = json!({
                 "n_heads": n_heads,
@@ -309,7 +322,44 @@ fn layer_json(l: &Layer) -> Value {
                     attention["scores"] = json!(["softcapped", f32_bits(*cap)]);
                 }
             }
+            // Written only when present, as for the bias.
+            match output_gate {
+                OutputGate::None => {}
+                OutputGate::SigmoidPerHead => {
+                    attention["output_gate"] = json!(format!("{output_gate:?}"));
+                }
+            }
             json!({ "attention": attention })
+        }
+        Mixer::GatedDeltaNet(DeltaNet {
+            k_heads,
+            v_heads,
+            k_head_dim,
+            v_head_dim,
+            conv_kernel,
+            in_proj,
+            norm,
+            cache,
+        }) => {
+            let in_proj = match in_proj {
+                InProj::Split => "split",
+            };
+            let norm = match norm {
+                GatedNorm::RmsSiluGate => "rms_silu_gate",
+            };
+            let cache = match cache {
+                StateCache::ConvAndRecurrent => "conv_and_recurrent",
+            };
+            json!({ "gated_delta_net": {
+                "k_heads": k_heads,
+                "v_heads": v_heads,
+                "k_head_dim": k_head_dim,
+                "v_head_dim": v_head_dim,
+                "conv_kernel": conv_kernel,
+                "in_proj": in_proj,
+                "norm": norm,
+                "cache": cache,
+            }})
         }
     };
     let mlp = |m: archgen_spec::ir::GatedMlp| json!([m.width, format!("{:?}", m.activation)]);
@@ -321,6 +371,10 @@ fn layer_json(l: &Layer) -> Value {
         }),
         FeedForward::Moe(moe) => json!({
             "experts": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
+        }),
+        FeedForward::MoeAndSharedExpert { moe, shared } => json!({
+            "experts": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
+            "shared_expert": shared.width,
         }),
     };
     let mut layer = json!({
@@ -465,6 +519,13 @@ pub fn params(ir: &ModelIr) -> Vec<Param> {
                 dtype: "float",
             }),
         }
+    }
+    for p in ir.shaped_params() {
+        out.push(Param {
+            name: p.name,
+            shape: p.shape,
+            dtype: "float",
+        });
     }
     for p in ir.vector_params() {
         out.push(Param {

@@ -18,7 +18,7 @@
 
 use std::fmt::Write as _;
 
-use archgen_spec::ir::{FeedForward, KvSource, Mixer, ModelIr, ProjectionBias, Values};
+use archgen_spec::ir::{FeedForward, KvSource, Mixer, ModelIr, OutputGate, ProjectionBias, Values};
 
 /// How one linear module is split (mlx nn `shard_linear`'s two kinds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -82,7 +82,7 @@ impl TensorParallel {
     }
 
     /// The plan-file section that shows the split (markdown).
-    pub fn render(&self, ir: &ModelIr) -> String {
+    pub fn render(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "## Tensor parallel ({} ranks)\n", self.ranks);
         let _ = writeln!(
@@ -111,10 +111,8 @@ impl TensorParallel {
                     .collect::<Vec<_>>()
                     .join(", ")
             };
-            let full = &ir.layers[l.index];
-            let whole = match &full.mixer {
-                Mixer::Attention(a) => (a.n_heads, a.n_kv_heads),
-            };
+            // Heads are divided evenly, so the whole layer has ranks times as many.
+            let whole = (l.heads * self.ranks, l.kv_heads * self.ranks);
             format!(
                 "{} of {} | {} of {} | {} | {} | {} |",
                 l.heads,
@@ -168,7 +166,24 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
         let i = l.index;
         let mut modules = Vec::new();
         let (heads, kv_heads) = match &l.mixer {
+            Mixer::GatedDeltaNet(_) => {
+                return Err(format!(
+                    "{}: layer {i}: Gated DeltaNet layers are not split yet (mlx-lm's qwen3_5 \
+                     shard() splits them; archgen does not); run it on one rank",
+                    ir.name
+                ));
+            }
             Mixer::Attention(a) => {
+                match a.output_gate {
+                    OutputGate::None => {}
+                    OutputGate::SigmoidPerHead => {
+                        return Err(format!(
+                            "{}: layer {i}: output-gated attention (Qwen3.5's full layers) is \
+                             not split yet; run it on one rank",
+                            ir.name
+                        ));
+                    }
+                }
                 let p = format!("layers.{i}.self_attn");
                 modules.push((format!("{p}.q_proj"), Split::AllToSharded));
                 match a.kv {
@@ -214,6 +229,13 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                 modules.push((format!("{p}.up_proj"), Split::AllToSharded));
                 modules.push((format!("{p}.down_proj"), Split::ShardedToAll));
                 divide("the experts' width", i, m.width)?
+            }
+            FeedForward::MoeAndSharedExpert { .. } => {
+                return Err(format!(
+                    "{}: layer {i}: routed experts with a shared expert (Qwen3.5-MoE) are not \
+                     split yet; run it on one rank",
+                    ir.name
+                ));
             }
             FeedForward::MlpAndMoe { .. } => {
                 return Err(format!(

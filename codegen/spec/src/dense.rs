@@ -438,7 +438,8 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         | Family::Gemma4
         | Family::Gemma2
         | Family::Qwen3Moe
-        | Family::MiniCpm => QkNorm::None,
+        | Family::MiniCpm
+        | Family::Qwen35 => QkNorm::None,
     };
     let bias = match spec.identity.family {
         Family::Qwen2 => ProjectionBias::QueryKeyValue,
@@ -447,7 +448,8 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         | Family::Gemma4
         | Family::Gemma2
         | Family::Qwen3Moe
-        | Family::MiniCpm => ProjectionBias::None,
+        | Family::MiniCpm
+        | Family::Qwen35 => ProjectionBias::None,
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| Layer {
@@ -475,6 +477,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
                     cache: KvCache::Plain,
                 },
                 scores: Scores::FusedSdpa,
+                output_gate: OutputGate::None,
             }),
             ffn: FeedForward::Mlp(GatedMlp {
                 width: spec.mlp.intermediate_size as usize,
@@ -526,7 +529,8 @@ pub(crate) fn param_count(arch: &Architecture) -> u64 {
         | Family::Gemma4
         | Family::Gemma2
         | Family::Qwen3Moe
-        | Family::MiniCpm => 0,
+        | Family::MiniCpm
+        | Family::Qwen35 => 0,
     };
     let mut total: u64 = arch
         .quantizable_modules()
@@ -595,7 +599,12 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
             }
             v["rope_traditional"] = json!(spec.rope.traditional);
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe | Family::MiniCpm => {}
+        Family::Qwen3
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::MiniCpm
+        | Family::Qwen35 => {}
     }
     if let Some(q) = &spec.quantization {
         v["quantization"] = crate::hf::quantization_json(q);
@@ -835,7 +844,8 @@ pub(crate) fn import(
         | Family::Gemma4
         | Family::Gemma2
         | Family::Qwen3Moe
-        | Family::MiniCpm => false,
+        | Family::MiniCpm
+        | Family::Qwen35 => false,
     };
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
@@ -875,7 +885,12 @@ pub(crate) fn import(
             let tie = r.boolean("tie_word_embeddings", true);
             (kv, head_dim, max_pos, tie)
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe | Family::MiniCpm => (
+        Family::Qwen3
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::MiniCpm
+        | Family::Qwen35 => (
             r.required_uint("num_key_value_heads"),
             r.required_uint("head_dim"),
             r.required_uint("max_position_embeddings"),
@@ -923,7 +938,12 @@ pub(crate) fn import(
                 }
             }
         }
-        Family::Qwen3 | Family::Gemma4 | Family::Gemma2 | Family::Qwen3Moe | Family::MiniCpm => {}
+        Family::Qwen3
+        | Family::Gemma4
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::MiniCpm
+        | Family::Qwen35 => {}
     }
     // rope_theta / rope_scaling, with transformers >= 5's rope_parameters (qwen3 reads
     // it; llama.py does not).
@@ -964,7 +984,8 @@ pub(crate) fn import(
                 | Family::Gemma4
                 | Family::Gemma2
                 | Family::Qwen3Moe
-                | Family::MiniCpm => 10000.0,
+                | Family::MiniCpm
+                | Family::Qwen35 => 10000.0,
             };
             r.note("rope_theta", json!(default), ABSENT);
             default

@@ -30,56 +30,33 @@ pub(crate) fn parse_derived(
     {
         let mut bad_name = Vec::new();
         validate::check_name(&mut bad_name, from, &p("derive.from"));
-        if bad_name.is_empty() && parent_is_dense(dir, from, 0) {
+        // Every family but Gemma-4 has its own derived form, read against the
+        // loaded parent; Gemma-4's is the generic one below.
+        let own_form = parent_family(dir, from, 0).is_some_and(|f| f != Family::Gemma4);
+        if bad_name.is_empty() && own_form {
             let from = from.to_string();
             return match load_parent(&from, tree, origin, dir, stack)? {
                 crate::Spec::Dense(parent) => {
                     crate::dense::parse_derived(value, tree, origin, &parent)
                         .map(crate::Spec::Dense)
                 }
-                crate::Spec::Gemma4(_)
-                | crate::Spec::Gemma2(_)
-                | crate::Spec::Qwen3Moe(_)
-                | crate::Spec::MiniCpm(_) => unreachable_family(tree, origin),
-            };
-        }
-        if bad_name.is_empty() && parent_family(dir, from, 0) == Some(Family::Gemma2) {
-            let from = from.to_string();
-            return match load_parent(&from, tree, origin, dir, stack)? {
                 crate::Spec::Gemma2(parent) => {
                     crate::gemma2::parse_derived(value, tree, origin, &parent)
                         .map(crate::Spec::Gemma2)
                 }
-                crate::Spec::Gemma4(_)
-                | crate::Spec::Dense(_)
-                | crate::Spec::Qwen3Moe(_)
-                | crate::Spec::MiniCpm(_) => unreachable_family(tree, origin),
-            };
-        }
-        if bad_name.is_empty() && parent_family(dir, from, 0) == Some(Family::Qwen3Moe) {
-            let from = from.to_string();
-            return match load_parent(&from, tree, origin, dir, stack)? {
                 crate::Spec::Qwen3Moe(parent) => {
                     crate::qwen3_moe::parse_derived(value, tree, origin, &parent)
                         .map(crate::Spec::Qwen3Moe)
                 }
-                crate::Spec::Gemma4(_)
-                | crate::Spec::Dense(_)
-                | crate::Spec::Gemma2(_)
-                | crate::Spec::MiniCpm(_) => unreachable_family(tree, origin),
-            };
-        }
-        if bad_name.is_empty() && parent_family(dir, from, 0) == Some(Family::MiniCpm) {
-            let from = from.to_string();
-            return match load_parent(&from, tree, origin, dir, stack)? {
                 crate::Spec::MiniCpm(parent) => {
                     crate::minicpm::parse_derived(value, tree, origin, &parent)
                         .map(crate::Spec::MiniCpm)
                 }
-                crate::Spec::Gemma4(_)
-                | crate::Spec::Dense(_)
-                | crate::Spec::Gemma2(_)
-                | crate::Spec::Qwen3Moe(_) => unreachable_family(tree, origin),
+                crate::Spec::Qwen35(parent) => {
+                    crate::qwen3_5::parse_derived(value, tree, origin, &parent)
+                        .map(crate::Spec::Qwen35)
+                }
+                crate::Spec::Gemma4(_) => unreachable_family(tree, origin),
             };
         }
     }
@@ -146,7 +123,8 @@ pub(crate) fn parse_derived(
         crate::Spec::Dense(_)
         | crate::Spec::Gemma2(_)
         | crate::Spec::Qwen3Moe(_)
-        | crate::Spec::MiniCpm(_) => return unreachable_family(tree, origin),
+        | crate::Spec::MiniCpm(_)
+        | crate::Spec::Qwen35(_) => return unreachable_family(tree, origin),
     };
 
     let (spec, mut issues) = apply(&parent, &file);
@@ -166,35 +144,6 @@ pub(crate) fn parse_derived(
     } else {
         Err(locate_all(tree, origin, issues))
     }
-}
-
-/// Whether the spec `from` in `dir` (following its own `derive.from`) is of a dense
-/// family. Unreadable files say no: the Gemma-4 path then reports them.
-fn parent_is_dense(dir: &Path, from: &str, depth: usize) -> bool {
-    if depth > MAX_DERIVE_DEPTH {
-        return false;
-    }
-    let path = dir.join(format!("{from}.yaml"));
-    let small = std::fs::metadata(&path).is_ok_and(|m| m.len() <= crate::MAX_SPEC_BYTES as u64);
-    let Some(value) = small
-        .then(|| std::fs::read_to_string(&path).ok())
-        .flatten()
-        .and_then(|t| serde_yaml::from_str::<serde_yaml::Value>(&t).ok())
-    else {
-        return false;
-    };
-    if let Some(next) = value
-        .get("derive")
-        .and_then(|d| d.get("from"))
-        .and_then(serde_yaml::Value::as_str)
-    {
-        return parent_is_dense(dir, next, depth + 1);
-    }
-    value
-        .get("identity")
-        .and_then(|i| i.get("family"))
-        .and_then(|f| serde_yaml::from_value::<Family>(f.clone()).ok())
-        .is_some_and(Family::is_dense)
 }
 
 /// The family of the spec `from` in `dir` (following its own `derive.from`); None when

@@ -319,6 +319,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
                 scores: Scores::Softcapped {
                     cap: a.attn_logit_softcapping as f32,
                 },
+                output_gate: OutputGate::None,
             }),
             ffn: FeedForward::Mlp(GatedMlp {
                 width: spec.mlp.intermediate_size as usize,

@@ -126,6 +126,7 @@ pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
                     },
                     kv,
                     scores: Scores::FusedSdpa,
+                    output_gate: OutputGate::None,
                 }),
                 ffn: match &spec.moe {
                     None => FeedForward::Mlp(mlp),

@@ -527,7 +527,10 @@ pub fn from_config_json_kv(
     match &mut spec {
         crate::Spec::Gemma4(s) => s.mixed_kv = Some(mixed),
         crate::Spec::Dense(s) => s.mixed_kv = Some(mixed),
-        crate::Spec::Gemma2(_) | crate::Spec::Qwen3Moe(_) | crate::Spec::MiniCpm(_) => {
+        crate::Spec::Gemma2(_)
+        | crate::Spec::Qwen3Moe(_)
+        | crate::Spec::MiniCpm(_)
+        | crate::Spec::Qwen35(_) => {
             return Err(ImportError {
                 problems: vec![format!(
                     "kv_config.json: mlx-optiq's per-layer mixed KV is supported for Gemma-4 and the dense families (qwen3, llama, qwen2) only, not for {}",
@@ -574,7 +577,9 @@ pub fn from_config_json(
         Some("gemma2") => ConfigModelType::Gemma2,
         Some("qwen3_moe") => ConfigModelType::Qwen3Moe,
         Some("minicpm") => ConfigModelType::MiniCpm,
-        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2, gemma2, qwen3_moe, minicpm)"))),
+        Some("qwen3_5") => ConfigModelType::Qwen35,
+        Some("qwen3_5_moe") => ConfigModelType::Qwen35Moe,
+        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2, gemma2, qwen3_moe, minicpm, qwen3_5, qwen3_5_moe)"))),
         None => return Err(fail("model_type: missing (mlx-lm needs it to pick the model)".into())),
     };
     if model_type == ConfigModelType::MiniCpm {
@@ -594,6 +599,15 @@ pub fn from_config_json(
         }
         return crate::qwen3_moe::import(top, name)
             .map(|(s, applied)| (crate::Spec::Qwen3Moe(s), applied));
+    }
+    if model_type.family() == crate::Family::Qwen35 {
+        if kv_config.is_some() {
+            return Err(fail(
+                "kv_config.json: KV-cache quantization is not supported for qwen3_5 (its linear layers have no K/V cache)".into(),
+            ));
+        }
+        return crate::qwen3_5::import(top, model_type, name)
+            .map(|(s, applied)| (crate::Spec::Qwen35(s), applied));
     }
     if model_type.family().is_dense() {
         if kv_config.is_some() {

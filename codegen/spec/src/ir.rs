@@ -17,7 +17,8 @@
 //! ├── embedding    scale, per-layer inputs
 //! ├── layers[i]    Norms (arrangement, weight form)
 //! │                Mixer::Attention (heads, q/k/v biases and norms, RoPE, scale, window, K/V source,
-//! │                    scores: fused SDPA or written out with a softcap)
+//! │                    scores: fused SDPA or written out with a softcap, output gate)
+//! │                Mixer::GatedDeltaNet (heads, conv kernel, gated norm, conv + recurrent state)
 //! │                FeedForward::{Mlp, MlpAndMoe, Moe}
 //! │                LayerInput (per-layer input gate), LayerScalar, Residual (plain or depth-scaled)
 //! └── head         tied or not, logit softcap (compiled or eager), final norm weight form,
@@ -93,6 +94,23 @@ pub enum SanitizeRule {
     /// has none (minicpm's `sanitize`; the head itself stays a separate
     /// `lm_head` linear).
     CopyEmbeddingToHead,
+    /// Split `mlp.experts.gate_up_proj` along its second-to-last axis into
+    /// `mlp.switch_mlp.{gate,up}_proj.weight` and rename `mlp.experts.down_proj`
+    /// to `mlp.switch_mlp.down_proj.weight` (qwen3_5_moe's sanitize).
+    SplitSwitchMlpGateUp,
+    /// Drop the vision tower of a multimodal Qwen3.5 checkpoint
+    /// (`model.visual.*`, `vision_tower.*`).
+    DropVisual,
+    /// Drop the multi-token-prediction head (every name containing `mtp.`).
+    DropMtp,
+    /// Move a Hugging Face conv1d weight `[C, 1, K]` to mlx's `[C, K, 1]`
+    /// (`moveaxis(2, 1)` on every `conv1d.weight` whose last dim is not 1).
+    MoveConvAxis,
+    /// When the checkpoint is a raw Hugging Face one (an unsanitized conv1d
+    /// weight is present), add 1 to the 1-D weights of the input,
+    /// post-attention, final, q and k norms (a weak scalar: the sum is in the
+    /// weight's dtype). Qwen3.5 stores them as offsets around 0.
+    OffsetNormsOfRawCheckpoint,
 }
 
 /// Token embedding.
@@ -199,6 +217,65 @@ pub enum NormWeight {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Mixer {
     Attention(Attention),
+    /// Gated DeltaNet linear attention (Qwen3.5's `linear_attn`): no K/V
+    /// cache, a recurrent state instead.
+    GatedDeltaNet(DeltaNet),
+}
+
+/// A Gated DeltaNet layer (mlx-lm `qwen3_5.GatedDeltaNet`): input
+/// projections, a depthwise causal conv1d over q/k/v, L2-normalised q and k,
+/// the gated delta rule recurrence (one compiled step per token off Metal),
+/// a gated RMSNorm with `z`, the output projection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaNet {
+    /// `linear_num_key_heads`.
+    pub k_heads: usize,
+    /// `linear_num_value_heads` (a multiple of the key heads).
+    pub v_heads: usize,
+    /// `linear_key_head_dim`.
+    pub k_head_dim: usize,
+    /// `linear_value_head_dim`.
+    pub v_head_dim: usize,
+    /// `linear_conv_kernel_dim`.
+    pub conv_kernel: usize,
+    pub in_proj: InProj,
+    pub norm: GatedNorm,
+    pub cache: StateCache,
+}
+
+impl DeltaNet {
+    /// Channels of the conv: q, k and v side by side.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.k_heads * self.k_head_dim + self.v_heads * self.v_head_dim
+    }
+    /// Width of v (and of `z`, and of `out_proj`'s input).
+    pub fn value_dim(&self) -> usize {
+        self.v_heads * self.v_head_dim
+    }
+}
+
+/// How a Gated DeltaNet layer projects its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InProj {
+    /// `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` (qwen3_5).
+    Split,
+}
+
+/// The norm before a Gated DeltaNet layer's output projection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatedNorm {
+    /// `Qwen3NextRMSNormGated`: `rms_norm(out, weight, eps)` then the compiled
+    /// `precise_swiglu(out, z, that)` (weight `[v_head_dim]`, no `1 + w`).
+    RmsSiluGate,
+}
+
+/// The cache of a layer without K/V.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateCache {
+    /// mlx-lm's `ArraysCache(size=2)`: the conv state `[B, K-1, conv_dim]`
+    /// in the activation dtype and the recurrent state `[B, Hv, Dv, Dk]` in
+    /// float32. No offset; no mask for one unpadded sequence.
+    ConvAndRecurrent,
 }
 
 /// Multi-head attention with grouped K/V heads.
@@ -215,6 +292,16 @@ pub struct Attention {
     pub window: Window,
     pub kv: KvSource,
     pub scores: Scores,
+    pub output_gate: OutputGate,
+}
+
+/// A gate on the attention output before `o_proj`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputGate {
+    None,
+    /// `q_proj` has `2 * heads * head_dim` outputs, per head the queries then
+    /// the gate; `o_proj(output * sigmoid(gate))` (Qwen3.5's full layers).
+    SigmoidPerHead,
 }
 
 /// How the scores become attention weights.
@@ -347,6 +434,21 @@ pub enum FeedForward {
     /// Routed experts in place of the dense MLP (`mlp.gate`,
     /// `mlp.switch_mlp`), under the layer's feed-forward norm.
     Moe(Moe),
+    /// Routed experts plus a shared SwiGLU expert scaled by
+    /// `sigmoid(shared_expert_gate(x))`, summed (`Qwen3NextSparseMoeBlock`:
+    /// `mlp.gate`, `mlp.switch_mlp`, `mlp.shared_expert`,
+    /// `mlp.shared_expert_gate`), under the layer's feed-forward norm.
+    MoeAndSharedExpert {
+        moe: Moe,
+        shared: SharedExpert,
+    },
+}
+
+/// The shared expert of [`FeedForward::MoeAndSharedExpert`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedExpert {
+    /// `shared_expert_intermediate_size`: its SwiGLU width.
+    pub width: usize,
 }
 
 /// `down(act(gate(x)) * up(x))`.
@@ -481,24 +583,34 @@ impl Attention {
 }
 
 impl Layer {
-    /// The layer's attention.
-    pub fn attention(&self) -> &Attention {
+    /// The layer's attention, when its mixer is attention.
+    pub fn attention(&self) -> Option<&Attention> {
         match &self.mixer {
-            Mixer::Attention(a) => a,
+            Mixer::Attention(a) => Some(a),
+            Mixer::GatedDeltaNet(_) => None,
+        }
+    }
+    /// The layer's Gated DeltaNet, when its mixer is one.
+    pub fn delta_net(&self) -> Option<&DeltaNet> {
+        match &self.mixer {
+            Mixer::Attention(_) => None,
+            Mixer::GatedDeltaNet(d) => Some(d),
         }
     }
     /// The dense gated MLP, when the feed-forward half has one.
     pub fn mlp(&self) -> Option<GatedMlp> {
         match self.ffn {
             FeedForward::Mlp(m) | FeedForward::MlpAndMoe { mlp: m, .. } => Some(m),
-            FeedForward::Moe(_) => None,
+            FeedForward::Moe(_) | FeedForward::MoeAndSharedExpert { .. } => None,
         }
     }
     /// The routed experts, when the feed-forward half has them.
     pub fn moe(&self) -> Option<Moe> {
         match self.ffn {
             FeedForward::Mlp(_) => None,
-            FeedForward::MlpAndMoe { moe, .. } | FeedForward::Moe(moe) => Some(moe),
+            FeedForward::MlpAndMoe { moe, .. }
+            | FeedForward::Moe(moe)
+            | FeedForward::MoeAndSharedExpert { moe, .. } => Some(moe),
         }
     }
 }
@@ -509,7 +621,7 @@ impl ModelIr {
         let mut d: Vec<usize> = self
             .layers
             .iter()
-            .filter_map(|l| match l.attention().kv {
+            .filter_map(|l| match l.attention()?.kv {
                 KvSource::Shared { donor } => Some(donor),
                 KvSource::Own { .. } => None,
             })

@@ -71,6 +71,7 @@ mod minicpm;
 mod mixed_kv;
 mod model;
 pub mod names;
+mod qwen3_5;
 mod qwen3_moe;
 pub mod tier;
 mod validate;
@@ -95,6 +96,10 @@ pub use minicpm::{
 };
 pub use mixed_kv::{KvBits, MixedKv};
 pub use model::*;
+pub use qwen3_5::{
+    Qwen35Derive, Qwen35DerivedSpecFile, Qwen35Layers, Qwen35LinearAttention, Qwen35Reduce,
+    Qwen35Rope, Qwen35Spec,
+};
 pub use qwen3_moe::{
     Qwen3MoeDerive, Qwen3MoeDerivedSpecFile, Qwen3MoeExperts, Qwen3MoeReduce, Qwen3MoeRope,
     Qwen3MoeSpec,
@@ -123,6 +128,8 @@ pub enum Spec {
     Qwen3Moe(Qwen3MoeSpec),
     /// MiniCPM.
     MiniCpm(MiniCpmSpec),
+    /// Qwen3.5 / Qwen3.6 (hybrid Gated DeltaNet and gated attention).
+    Qwen35(Qwen35Spec),
 }
 
 impl Spec {
@@ -133,6 +140,7 @@ impl Spec {
             Spec::Gemma2(s) => &s.identity,
             Spec::Qwen3Moe(s) => &s.identity,
             Spec::MiniCpm(s) => &s.identity,
+            Spec::Qwen35(s) => &s.identity,
         }
     }
     pub fn identity_mut(&mut self) -> &mut Identity {
@@ -142,6 +150,7 @@ impl Spec {
             Spec::Gemma2(s) => &mut s.identity,
             Spec::Qwen3Moe(s) => &mut s.identity,
             Spec::MiniCpm(s) => &mut s.identity,
+            Spec::Qwen35(s) => &mut s.identity,
         }
     }
     /// `identity.name`.
@@ -155,13 +164,21 @@ impl Spec {
     pub fn as_gemma4(&self) -> Option<&Gemma4Spec> {
         match self {
             Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_) | Spec::Gemma2(_) | Spec::Qwen3Moe(_) | Spec::MiniCpm(_) => None,
+            Spec::Dense(_)
+            | Spec::Gemma2(_)
+            | Spec::Qwen3Moe(_)
+            | Spec::MiniCpm(_)
+            | Spec::Qwen35(_) => None,
         }
     }
     pub fn as_gemma4_mut(&mut self) -> Option<&mut Gemma4Spec> {
         match self {
             Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_) | Spec::Gemma2(_) | Spec::Qwen3Moe(_) | Spec::MiniCpm(_) => None,
+            Spec::Dense(_)
+            | Spec::Gemma2(_)
+            | Spec::Qwen3Moe(_)
+            | Spec::MiniCpm(_)
+            | Spec::Qwen35(_) => None,
         }
     }
     pub fn quantization(&self) -> Option<&Quantization> {
@@ -171,6 +188,7 @@ impl Spec {
             Spec::Gemma2(s) => s.quantization.as_ref(),
             Spec::Qwen3Moe(s) => s.quantization.as_ref(),
             Spec::MiniCpm(s) => s.quantization.as_ref(),
+            Spec::Qwen35(s) => s.quantization.as_ref(),
         }
     }
     /// The resolved architecture (the spec must be valid, as every loaded one is).
@@ -181,6 +199,7 @@ impl Spec {
             Spec::Gemma2(s) => gemma2::resolve(s),
             Spec::Qwen3Moe(s) => qwen3_moe::resolve(s),
             Spec::MiniCpm(s) => minicpm::resolve(s),
+            Spec::Qwen35(s) => qwen3_5::resolve(s),
         }
     }
     /// The spec lowered to the block IR (the spec must be valid, as every
@@ -193,6 +212,7 @@ impl Spec {
             Spec::Gemma2(s) => gemma2::lower(s),
             Spec::Qwen3Moe(s) => qwen3_moe::lower(s),
             Spec::MiniCpm(s) => minicpm::lower(s),
+            Spec::Qwen35(s) => qwen3_5::lower(s),
         };
         mixed_kv::apply(&mut ir, self.mixed_kv());
         ir
@@ -202,7 +222,7 @@ impl Spec {
         match self {
             Spec::Gemma4(s) => s.mixed_kv.as_ref(),
             Spec::Dense(s) => s.mixed_kv.as_ref(),
-            Spec::Gemma2(_) | Spec::Qwen3Moe(_) | Spec::MiniCpm(_) => None,
+            Spec::Gemma2(_) | Spec::Qwen3Moe(_) | Spec::MiniCpm(_) | Spec::Qwen35(_) => None,
         }
     }
     /// Semantic validation of a spec built in code (see [`Gemma4Spec::validate`]).
@@ -213,6 +233,7 @@ impl Spec {
             Spec::Gemma2(s) => in_memory(gemma2::check(s)),
             Spec::Qwen3Moe(s) => in_memory(qwen3_moe::check(s)),
             Spec::MiniCpm(s) => in_memory(minicpm::check(s)),
+            Spec::Qwen35(s) => in_memory(qwen3_5::check(s)),
         }
     }
 }
@@ -226,6 +247,7 @@ pub fn to_yaml(spec: &Spec) -> String {
         Spec::Gemma2(s) => gemma2::to_yaml(s),
         Spec::Qwen3Moe(s) => qwen3_moe::to_yaml(s),
         Spec::MiniCpm(s) => minicpm::to_yaml(s),
+        Spec::Qwen35(s) => qwen3_5::to_yaml(s),
     }
 }
 
@@ -239,6 +261,7 @@ pub fn to_hf_json(spec: &Spec) -> serde_json::Value {
         Spec::Gemma2(s) => gemma2::hf_json(s),
         Spec::Qwen3Moe(s) => qwen3_moe::hf_json(s),
         Spec::MiniCpm(s) => minicpm::hf_json(s),
+        Spec::Qwen35(s) => qwen3_5::hf_json(s),
     }
 }
 
@@ -252,6 +275,7 @@ pub fn to_config_json(spec: &Spec) -> serde_json::Value {
         Spec::Gemma2(s) => gemma2::config_json(s),
         Spec::Qwen3Moe(s) => qwen3_moe::config_json(s),
         Spec::MiniCpm(s) => minicpm::config_json(s),
+        Spec::Qwen35(s) => qwen3_5::config_json(s),
     }
 }
 
@@ -472,6 +496,8 @@ fn parse_inner(
         qwen3_moe::parse_full(value, &tree, origin).map(Spec::Qwen3Moe)
     } else if declared_family(&value) == Some(Family::MiniCpm) {
         minicpm::parse_full(value, &tree, origin).map(Spec::MiniCpm)
+    } else if declared_family(&value) == Some(Family::Qwen35) {
+        qwen3_5::parse_full(value, &tree, origin).map(Spec::Qwen35)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
         let issues = validate::check(&spec);

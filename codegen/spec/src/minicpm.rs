@@ -282,6 +282,7 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
                 n_kv_heads: a.num_key_value_heads as usize,
                 head_dim,
                 bias: ProjectionBias::None,
+                output_gate: OutputGate::None,
                 qk_norm: QkNorm::None,
                 value_norm: ValueNorm::None,
                 rope: RopeForm {

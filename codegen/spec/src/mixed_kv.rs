@@ -105,7 +105,15 @@ pub(crate) fn check(mixed: &MixedKv, ir: &ModelIr) -> Vec<Issue> {
     for (i, (layer, entry)) in ir.layers.iter().zip(&mixed.layers).enumerate() {
         let Some(q) = entry else { continue };
         let at = root.key("layers").index(i);
-        let a = layer.attention();
+        let Some(a) = layer.attention() else {
+            issues.push(Issue::new(
+                at.clone(),
+                format!("layer {i} is a linear-attention layer (no K/V cache)"),
+                "null",
+                "only attention layers have a K/V cache to quantize",
+            ));
+            continue;
+        };
         match (a.kv, a.window) {
             (KvSource::Shared { donor }, _) => issues.push(Issue::new(
                 at.clone(),
@@ -165,7 +173,9 @@ pub(crate) fn apply(ir: &mut ModelIr, mixed: Option<&MixedKv>) {
     let Some(mixed) = mixed else { return };
     for (layer, entry) in ir.layers.iter_mut().zip(&mixed.layers) {
         let Some(q) = entry else { continue };
-        let crate::ir::Mixer::Attention(a) = &mut layer.mixer;
+        let crate::ir::Mixer::Attention(a) = &mut layer.mixer else {
+            continue;
+        };
         if let KvSource::Own { cache, .. } = &mut a.kv {
             *cache = KvCache::QuantizedAfterForward {
                 quant: KvQuant {

@@ -82,6 +82,10 @@ pub enum Family {
     /// MiniCPM (`minicpm.py`): Llama's stack with embedding, residual and logit scales.
     #[serde(rename = "minicpm")]
     MiniCpm,
+    /// Qwen3.5 / Qwen3.6 (`qwen3_5.py`): Gated DeltaNet layers with a gated
+    /// full-attention layer every `full_attention_interval`.
+    #[serde(rename = "qwen3_5")]
+    Qwen35,
 }
 
 impl Family {
@@ -95,6 +99,7 @@ impl Family {
             Family::Gemma2 => "gemma2",
             Family::Qwen3Moe => "qwen3_moe",
             Family::MiniCpm => "minicpm",
+            Family::Qwen35 => "qwen3_5",
         }
     }
     /// Dense decoder families share one document layout ([`crate::DenseSpec`]).
@@ -137,6 +142,13 @@ pub enum ConfigModelType {
     Qwen3Moe,
     #[serde(rename = "minicpm")]
     MiniCpm,
+    /// Qwen3.5 (`qwen3_5.py`; config.json flat or under `text_config`).
+    #[serde(rename = "qwen3_5")]
+    Qwen35,
+    /// Qwen3.5 / Qwen3.6 MoE (`qwen3_5_moe.py`: qwen3_5 with the fused HF
+    /// experts split by its sanitize).
+    #[serde(rename = "qwen3_5_moe")]
+    Qwen35Moe,
 }
 
 impl ConfigModelType {
@@ -153,6 +165,8 @@ impl ConfigModelType {
             ConfigModelType::Gemma2 => "gemma2",
             ConfigModelType::Qwen3Moe => "qwen3_moe",
             ConfigModelType::MiniCpm => "minicpm",
+            ConfigModelType::Qwen35 => "qwen3_5",
+            ConfigModelType::Qwen35Moe => "qwen3_5_moe",
         }
     }
     /// The family whose mlx-lm module reads this `model_type`.
@@ -167,6 +181,7 @@ impl ConfigModelType {
             ConfigModelType::Gemma2 => Family::Gemma2,
             ConfigModelType::Qwen3Moe => Family::Qwen3Moe,
             ConfigModelType::MiniCpm => Family::MiniCpm,
+            ConfigModelType::Qwen35 | ConfigModelType::Qwen35Moe => Family::Qwen35,
         }
     }
 }
@@ -534,6 +549,8 @@ pub(crate) enum SpecDocument {
     DerivedQwen3Moe(crate::qwen3_moe::Qwen3MoeDerivedSpecFile),
     MiniCpm(crate::minicpm::MiniCpmSpec),
     DerivedMiniCpm(crate::minicpm::MiniCpmDerivedSpecFile),
+    Qwen35(crate::qwen3_5::Qwen35Spec),
+    DerivedQwen35(crate::qwen3_5::Qwen35DerivedSpecFile),
 }
 
 impl Gemma4Spec {

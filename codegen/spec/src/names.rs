@@ -84,7 +84,7 @@ pub fn experts_module(f: FeedForward) -> Option<&'static str> {
     match f {
         FeedForward::Mlp(_) => None,
         FeedForward::MlpAndMoe { .. } => Some("experts.switch_glu"),
-        FeedForward::Moe(_) => Some("mlp.switch_mlp"),
+        FeedForward::Moe(_) | FeedForward::MoeAndSharedExpert { .. } => Some("mlp.switch_mlp"),
     }
 }
 
@@ -94,6 +94,14 @@ pub struct VectorParam {
     /// Full checkpoint name.
     pub name: String,
     pub len: u64,
+}
+
+/// A parameter of more than one dimension outside the quantizable modules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapedParam {
+    /// Full checkpoint name.
+    pub name: String,
+    pub shape: Vec<u64>,
 }
 
 impl ModelIr {
@@ -152,7 +160,18 @@ impl ModelIr {
                 Mixer::Attention(a) => {
                     let q = (a.n_heads * a.head_dim) as u64;
                     let kv = (a.n_kv_heads * a.head_dim) as u64;
-                    push(format!("{lp}self_attn.q_proj"), ModuleKind::Linear, h, q, 1);
+                    // An output gate doubles q_proj: per head the queries, then the gate.
+                    let q_out = match a.output_gate {
+                        OutputGate::None => q,
+                        OutputGate::SigmoidPerHead => 2 * q,
+                    };
+                    push(
+                        format!("{lp}self_attn.q_proj"),
+                        ModuleKind::Linear,
+                        h,
+                        q_out,
+                        1,
+                    );
                     if let KvSource::Own { values, .. } = a.kv {
                         push(
                             format!("{lp}self_attn.k_proj"),
@@ -174,6 +193,18 @@ impl ModelIr {
                     }
                     push(format!("{lp}self_attn.o_proj"), ModuleKind::Linear, q, h, 1);
                 }
+                Mixer::GatedDeltaNet(d) => match d.in_proj {
+                    InProj::Split => {
+                        let la = format!("{lp}linear_attn");
+                        let (conv, vd) = (d.conv_dim() as u64, d.value_dim() as u64);
+                        let hv = d.v_heads as u64;
+                        push(format!("{la}.in_proj_qkv"), ModuleKind::Linear, h, conv, 1);
+                        push(format!("{la}.in_proj_z"), ModuleKind::Linear, h, vd, 1);
+                        push(format!("{la}.in_proj_b"), ModuleKind::Linear, h, hv, 1);
+                        push(format!("{la}.in_proj_a"), ModuleKind::Linear, h, hv, 1);
+                        push(format!("{la}.out_proj"), ModuleKind::Linear, vd, h, 1);
+                    }
+                },
             }
             if let Some(m) = l.mlp() {
                 let w = m.width as u64;
@@ -201,6 +232,23 @@ impl ModelIr {
                     h,
                     e,
                 );
+            }
+            match l.ffn {
+                FeedForward::MoeAndSharedExpert { shared, .. } => {
+                    let sw = shared.width as u64;
+                    let se = format!("{lp}mlp.shared_expert");
+                    push(format!("{se}.gate_proj"), ModuleKind::Linear, h, sw, 1);
+                    push(format!("{se}.down_proj"), ModuleKind::Linear, sw, h, 1);
+                    push(format!("{se}.up_proj"), ModuleKind::Linear, h, sw, 1);
+                    push(
+                        format!("{lp}mlp.shared_expert_gate"),
+                        ModuleKind::Linear,
+                        h,
+                        1,
+                        1,
+                    );
+                }
+                FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {}
             }
             match l.input {
                 LayerInput::None => {}
@@ -270,6 +318,16 @@ impl ModelIr {
                         }
                     }
                 }
+                Mixer::GatedDeltaNet(d) => {
+                    let la = format!("{lp}linear_attn");
+                    push(format!("{la}.dt_bias"), d.v_heads as u64);
+                    push(format!("{la}.A_log"), d.v_heads as u64);
+                    match d.norm {
+                        GatedNorm::RmsSiluGate => {
+                            push(format!("{la}.norm.weight"), d.v_head_dim as u64)
+                        }
+                    }
+                }
             }
             if let Some(m) = l.moe() {
                 match m.router {
@@ -286,7 +344,9 @@ impl ModelIr {
                         push(format!("{lp}{n}.weight"), h);
                     }
                 }
-                FeedForward::Mlp(_) | FeedForward::Moe(_) => {}
+                FeedForward::Mlp(_)
+                | FeedForward::Moe(_)
+                | FeedForward::MoeAndSharedExpert { .. } => {}
             }
             match l.input {
                 LayerInput::None => {}
@@ -335,6 +395,22 @@ impl ModelIr {
             .collect()
     }
 
+    /// Parameters of more than one dimension that no `nn.quantize` visits
+    /// (the depthwise conv weights of Gated DeltaNet layers, `[C, K, 1]`).
+    pub fn shaped_params(&self) -> Vec<ShapedParam> {
+        let pre = self.module_prefix();
+        self.layers
+            .iter()
+            .filter_map(|l| {
+                let d = l.delta_net()?;
+                Some(ShapedParam {
+                    name: format!("{pre}layers.{}.linear_attn.conv1d.weight", l.index),
+                    shape: vec![d.conv_dim() as u64, d.conv_kernel as u64, 1],
+                })
+            })
+            .collect()
+    }
+
     /// Parameter count of the unquantized model (weights, norms, scalars).
     pub fn param_count(&self) -> u64 {
         let modules: u64 = self
@@ -342,6 +418,11 @@ impl ModelIr {
             .iter()
             .map(|m| m.in_dim * m.out_dim * m.count)
             .sum();
-        modules + self.vector_params().iter().map(|p| p.len).sum::<u64>()
+        let shaped: u64 = self
+            .shaped_params()
+            .iter()
+            .map(|p| p.shape.iter().product::<u64>())
+            .sum();
+        modules + shaped + self.vector_params().iter().map(|p| p.len).sum::<u64>()
     }
 }

@@ -348,6 +348,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
                 },
                 scale: AttentionScale::InvSqrtHeadDim,
                 scores: Scores::FusedSdpa,
+                output_gate: OutputGate::None,
                 bias: ProjectionBias::None,
                 window: Window::Full,
                 kv: KvSource::Own {

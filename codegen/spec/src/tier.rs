@@ -141,6 +141,9 @@ pub fn tier(ir: &ModelIr) -> TierReport {
                     }
                 },
             },
+            // The CPU path of mlx-lm's gated delta rule (`gated_delta_ops`)
+            // is what the runtime reproduces: L1 on the CPU.
+            Mixer::GatedDeltaNet(_) => {}
         }
     }
     let mut reasons = Vec::new();
@@ -171,7 +174,9 @@ pub fn sharded_tier(ir: &ModelIr, ranks: usize) -> TierReport {
         | ConfigModelType::Llama
         | ConfigModelType::Mistral
         | ConfigModelType::Qwen2
-        | ConfigModelType::Qwen3Moe => None,
+        | ConfigModelType::Qwen3Moe
+        | ConfigModelType::Qwen35
+        | ConfigModelType::Qwen35Moe => None,
         ConfigModelType::Gemma4
         | ConfigModelType::Gemma4Text
         | ConfigModelType::Gemma4Unified

@@ -303,6 +303,7 @@ fn import_errors_are_collected() {
 fn dense_specs_are_their_imported_configs() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs");
     let mut seen = 0;
+    let mut hybrid = Vec::new();
     for e in std::fs::read_dir(format!("{root}/configs")).unwrap() {
         let path = e.unwrap().path();
         let file = path.file_name().unwrap().to_string_lossy().into_owned();
@@ -319,6 +320,10 @@ fn dense_specs_are_their_imported_configs() {
         if spec.family() == Family::Gemma2 {
             continue; // gemma2_specs_are_their_imported_configs
         }
+        if spec.family() == Family::Qwen35 {
+            hybrid.push(name.to_string());
+            continue;
+        }
         assert!(
             spec.family().is_dense()
                 || spec.family() == Family::Qwen3Moe
@@ -331,6 +336,106 @@ fn dense_specs_are_their_imported_configs() {
         seen, 11,
         "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B"
     );
+    hybrid.sort();
+    assert_eq!(
+        hybrid,
+        ["qwen3.5-4b", "qwen3.5-9b", "qwen3.6-27b", "qwen3.6-35b-a3b"]
+    );
+}
+
+/// qwen3_5: the text config under `text_config` or flat, `TextModelArgs`'s
+/// defaults listed, `rope_parameters` read for the base and the partial
+/// factor, the layer kinds from `full_attention_interval` (not
+/// `layer_types`); the MoE form and biased attention refused.
+#[test]
+fn qwen3_5_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
+    let flat = json!({
+        "model_type": "qwen3_5", "hidden_size": 64, "num_hidden_layers": 8,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+        "layer_types": ["full_attention"]
+    });
+    let (spec, applied, _) = import_and_round_trip(&flat, None, "q35-defaults");
+    let fields: Vec<&str> = applied.iter().map(|a| a.field.as_str()).collect();
+    for f in [
+        "head_dim",
+        "full_attention_interval",
+        "rope_parameters",
+        "linear_conv_kernel_dim",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+        "layer_types",
+    ] {
+        assert!(fields.contains(&f), "{f} not listed in {fields:?}");
+    }
+    let ir = spec.lower();
+    let full: Vec<usize> = ir
+        .layers
+        .iter()
+        .filter(|l| l.attention().is_some())
+        .map(|l| l.index)
+        .collect();
+    assert_eq!(full, [3, 7]);
+    let a = ir.layers[3].attention().unwrap();
+    // head_dim = 64 // 4 = 16; mlx-lm's default factor 0.25 rotates 4 dims.
+    assert_eq!((a.head_dim, a.rope.rotated_dims), (16, 4));
+    assert_eq!(a.rope.kind, RopeKind::Default { theta: 100000.0 });
+    let mut nested = json!({"model_type": "qwen3_5", "text_config": flat.clone()});
+    nested["text_config"]["rope_parameters"] =
+        json!({"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.5});
+    let (spec, _, _) = import_and_round_trip(&nested, None, "q35-nested");
+    let ir = spec.lower();
+    let a = ir.layers[3].attention().unwrap();
+    assert_eq!(a.rope.rotated_dims, 8);
+    // num_experts > 0: every layer's MLP becomes routed experts plus a
+    // shared expert; intermediate_size is not read.
+    let mut moe = flat.clone();
+    moe["model_type"] = json!("qwen3_5_moe");
+    for (k, v) in [
+        ("num_experts", 8),
+        ("num_experts_per_tok", 2),
+        ("moe_intermediate_size", 32),
+        ("shared_expert_intermediate_size", 32),
+    ] {
+        moe[k] = json!(v);
+    }
+    moe["mlp_only_layers"] = json!([]);
+    let (spec, applied, _) = import_and_round_trip(&moe, None, "q35-moe");
+    let fields: Vec<&str> = applied.iter().map(|a| a.field.as_str()).collect();
+    assert!(fields.contains(&"norm_topk_prob"), "{fields:?}");
+    assert!(fields.contains(&"mlp_only_layers"), "{fields:?}");
+    assert!(!fields.contains(&"intermediate_size"), "{fields:?}");
+    let ir = spec.lower();
+    assert!(ir
+        .layers
+        .iter()
+        .all(|l| matches!(l.ffn, ir::FeedForward::MoeAndSharedExpert { .. })));
+    assert!(ir
+        .checkpoint
+        .sanitize
+        .contains(&ir::SanitizeRule::SplitSwitchMlpGateUp));
+    let mut dense_moe_type = flat.clone();
+    dense_moe_type["model_type"] = json!("qwen3_5_moe");
+    let e = from_config_json(&dense_moe_type, None, "bad").unwrap_err();
+    assert!(e.to_string().contains("moe"), "{e}");
+    for (field, value, needle) in [
+        ("attention_bias", json!(true), "attention_bias"),
+        ("linear_num_value_heads", json!(3), "linear_num_value_heads"),
+        (
+            "full_attention_interval",
+            json!(9),
+            "full_attention_interval",
+        ),
+    ] {
+        let mut bad = flat.clone();
+        bad[field] = value;
+        let e = from_config_json(&bad, None, "bad").unwrap_err();
+        assert!(e.to_string().contains(needle), "{field}: {e}");
+    }
+    let mut yarn = flat.clone();
+    yarn["rope_parameters"] = json!({"rope_type": "yarn", "factor": 4.0});
+    assert!(from_config_json(&yarn, None, "bad").is_err());
 }
 
 /// minicpm: the fields `ModelArgs` has no default for are required; absent
@@ -500,7 +605,7 @@ fn qwen2_configs_take_mlx_lm_defaults() {
     assert_eq!(a.layers[0].rope, RopeKind::Default { theta: 1e6 });
     let ir = spec.lower();
     assert_eq!(
-        ir.layers[0].attention().bias,
+        ir.layers[0].attention().unwrap().bias,
         archgen_spec::ir::ProjectionBias::QueryKeyValue
     );
     let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();

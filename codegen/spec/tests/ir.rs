@@ -44,8 +44,14 @@ fn lowering_keeps_every_resolved_fact() {
             "{path}"
         );
         for (l, f) in ir.layers.iter().zip(&arch.layers) {
-            let a = l.attention();
             let at = format!("{path} layer {}", f.index);
+            let Some(a) = l.attention() else {
+                // A Gated DeltaNet layer: the older view has no such kind and
+                // marks it as owning no K/V.
+                assert_eq!(arch.family, Family::Qwen35, "{at}");
+                assert!(!f.has_kv, "{at}");
+                continue;
+            };
             assert_eq!(l.index, f.index, "{at}");
             assert_eq!(
                 (a.n_heads, a.n_kv_heads, a.head_dim),
@@ -91,14 +97,16 @@ fn lowering_keeps_every_resolved_fact() {
                 FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } => {
                     assert_eq!(l.moe(), None, "{at}");
                 }
-                FeedForward::Moe(m) => assert_eq!(
-                    Some((m.num_experts, m.top_k, m.width)),
-                    arch.moe.map(|m| (m.num_experts, m.top_k, m.width)),
-                    "{at}"
-                ),
+                FeedForward::Moe(m) | FeedForward::MoeAndSharedExpert { moe: m, .. } => {
+                    assert_eq!(
+                        Some((m.num_experts, m.top_k, m.width)),
+                        arch.moe.map(|m| (m.num_experts, m.top_k, m.width)),
+                        "{at}"
+                    )
+                }
             }
         }
-        if arch.family == Family::Qwen3Moe {
+        if matches!(arch.family, Family::Qwen3Moe | Family::Qwen35) {
             // The older view has no per-layer feed-forward form: this family's
             // modules and parameter count come from the IR alone (checked in
             // `qwen3_moe_layers_follow_mlp_only_layers_and_the_sparse_step`).
@@ -121,7 +129,11 @@ fn families_lower_to_their_blocks() {
     for (path, spec) in specs() {
         let ir = spec.lower();
         let l = &ir.layers[0];
-        let a = l.attention();
+        let a = ir
+            .layers
+            .iter()
+            .find_map(Layer::attention)
+            .unwrap_or_else(|| panic!("{path}: no attention layer"));
         match spec.family() {
             Family::Gemma4 => {
                 assert_eq!(l.norms.arrangement, NormArrangement::Sandwich, "{path}");
@@ -176,7 +188,7 @@ fn families_lower_to_their_blocks() {
                     other => panic!("{path}: family gemma2 in a {other:?}"),
                 };
                 for l in &ir.layers {
-                    let a = l.attention();
+                    let a = l.attention().unwrap();
                     assert_eq!(l.norms.arrangement, NormArrangement::Sandwich, "{path}");
                     assert_eq!(l.norms.weight, NormWeight::OnePlus, "{path}");
                     assert_eq!(a.window, Window::Full, "{path}");
@@ -247,7 +259,7 @@ fn families_lower_to_their_blocks() {
                 // scale_depth / num_hidden_layers**0.5, the Python float.
                 let factor = m.scales.scale_depth / (n as f64).powf(0.5);
                 for l in &ir.layers {
-                    let a = l.attention();
+                    let a = l.attention().expect("minicpm layers are attention");
                     assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
                     assert_eq!(a.scale, AttentionScale::InvSqrtHeadDim, "{path}");
                     assert_eq!(a.qk_norm, QkNorm::None, "{path}");
@@ -276,6 +288,68 @@ fn families_lower_to_their_blocks() {
                     vec![archgen_spec::ir::SanitizeRule::CopyEmbeddingToHead],
                     "{path}"
                 );
+            }
+            Family::Qwen35 => {
+                let s = match &spec {
+                    Spec::Qwen35(s) => s,
+                    other => panic!("{path}: family qwen3_5 in a {other:?}"),
+                };
+                let interval = s.layers.full_attention_interval as usize;
+                for l in &ir.layers {
+                    assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
+                    match (&s.moe, l.ffn) {
+                        (None, FeedForward::Mlp(m)) => {
+                            assert_eq!(m.activation, Activation::Silu, "{path}")
+                        }
+                        (Some(e), FeedForward::MoeAndSharedExpert { moe, shared }) => {
+                            assert_eq!(moe.num_experts as u32, e.num_experts, "{path}");
+                            assert_eq!(moe.top_k as u32, e.num_experts_per_tok, "{path}");
+                            assert_eq!(
+                                shared.width as u32, e.shared_expert_intermediate_size,
+                                "{path}"
+                            );
+                            assert!(matches!(moe.router, Router::SoftmaxTopK { .. }), "{path}");
+                        }
+                        (_, other) => panic!("{path}: feed-forward {other:?}"),
+                    }
+                    let full = (l.index + 1) % interval == 0;
+                    match &l.mixer {
+                        Mixer::Attention(a) => {
+                            assert!(full, "{path} layer {}", l.index);
+                            assert_eq!(a.output_gate, OutputGate::SigmoidPerHead, "{path}");
+                            assert_eq!(a.qk_norm, QkNorm::RmsPerHead, "{path}");
+                            assert_eq!(a.scale, AttentionScale::InvSqrtHeadDim, "{path}");
+                            assert_eq!(
+                                a.rope.rotated_dims,
+                                (a.head_dim as f64 * s.rope.partial_rotary_factor) as usize,
+                                "{path}"
+                            );
+                        }
+                        Mixer::GatedDeltaNet(d) => {
+                            assert!(!full, "{path} layer {}", l.index);
+                            assert_eq!(d.k_heads as u32, s.linear_attention.linear_num_key_heads);
+                            assert_eq!(d.v_heads as u32, s.linear_attention.linear_num_value_heads);
+                            assert_eq!(d.cache, StateCache::ConvAndRecurrent, "{path}");
+                        }
+                    }
+                }
+                assert_eq!(ir.checkpoint.prefix, ModulePrefix::LanguageModel, "{path}");
+                assert!(
+                    ir.checkpoint.sanitize.contains(&SanitizeRule::MoveConvAxis),
+                    "{path}"
+                );
+                assert_eq!(
+                    ir.checkpoint
+                        .sanitize
+                        .contains(&SanitizeRule::SplitSwitchMlpGateUp),
+                    s.identity.source.model_type == ConfigModelType::Qwen35Moe,
+                    "{path}"
+                );
+                // The conv weights are in the contract, with mlx's [C, K, 1].
+                let convs = ir.shaped_params();
+                let linear = ir.layers.iter().filter(|l| l.delta_net().is_some()).count();
+                assert_eq!(convs.len(), linear, "{path}");
+                assert!(convs.iter().all(|p| p.shape[2] == 1), "{path}");
             }
         }
         // The scales are MiniCPM's alone.
@@ -346,8 +420,9 @@ fn qwen3_moe_layers_follow_mlp_only_layers_and_the_sparse_step() {
         .iter()
         .map(|m| m.in_dim * m.out_dim * m.count)
         .sum();
-    let norms: u64 =
-        ir.layers.len() as u64 * (2 * h + 2 * ir.layers[0].attention().head_dim as u64) + h;
+    let norms: u64 = ir.layers.len() as u64
+        * (2 * h + 2 * ir.layers[0].attention().unwrap().head_dim as u64)
+        + h;
     assert_eq!(ir.param_count(), modules + norms);
     assert!(modules > v * h);
 }

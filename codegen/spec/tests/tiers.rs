@@ -17,7 +17,7 @@ fn caches(s: &archgen_spec::Spec) -> Vec<Option<KvCache>> {
     s.lower()
         .layers
         .iter()
-        .map(|l| match l.attention().kv {
+        .map(|l| match l.attention().unwrap().kv {
             KvSource::Own { cache, .. } => Some(cache),
             KvSource::Shared { .. } => None,
         })

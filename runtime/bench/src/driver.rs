@@ -76,6 +76,7 @@ impl Plan {
                 "qwen3-30b-a3b-tiny-q4",
                 "minicpm-2b-tiny",
                 "mistral-7b-v0.3-tiny",
+                "qwen3.5-4b-tiny",
             ]
             .map(String::from)
             .to_vec(),

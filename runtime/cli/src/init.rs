@@ -148,7 +148,7 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
     let kv: Vec<serde_json::Value> = ir
         .layers
         .iter()
-        .filter_map(|l| match l.attention().kv {
+        .filter_map(|l| match l.attention()?.kv {
             KvSource::Own {
                 cache: KvCache::Quantized(q),
                 ..

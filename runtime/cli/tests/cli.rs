@@ -360,6 +360,8 @@ fn init_writes_a_checkpoint_every_implementation_runs() {
         "gemma4-e4b-tiny-kv",
         "qwen3-8b-tiny",
         "llama-3.2-1b-tiny-q4",
+        "qwen3.5-4b-tiny",
+        "qwen3.6-35b-a3b-tiny-q4",
     ] {
         let dir = root.path().join(spec);
         let o = archgen(&[

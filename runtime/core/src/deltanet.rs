@@ -35,6 +35,7 @@ use crate::layers::Linear;
 use crate::moe::{softmax_topk_moe, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{rms_norm, scalar_like, Result};
 use crate::rope::Rope;
+use crate::weights::Weights;
 
 fn refused(what: String) -> mlx_rs::error::Exception {
     mlx_rs::error::Exception::custom(what)
@@ -400,6 +401,45 @@ pub fn gated_delta_net(x: &Array, w: &GatedDeltaNet, cache: &mut ArraysCache) ->
     w.out_proj.forward(&out.reshape(&[bsz, len, -1])?)
 }
 
+impl GatedDeltaNet {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        match &mut self.in_proj {
+            InProj::Split { qkv, z, b, a } => {
+                for l in [qkv, z, b, a] {
+                    l.pretranspose();
+                }
+            }
+            InProj::Fused { qkvz, ba } => {
+                qkvz.pretranspose();
+                ba.pretranspose();
+            }
+        }
+        self.out_proj.pretranspose();
+    }
+}
+
+/// `layers.{i}.linear_attn` of a qwen3_5 checkpoint (the split projections,
+/// sanitized names): every tensor's presence and shape checked by `w`.
+pub fn load_gated_delta_net(w: &mut Weights, layer: usize, s: DeltaNetShape) -> GatedDeltaNet {
+    let p = format!("layers.{layer}.linear_attn");
+    let (conv, vd, hv) = (s.conv_dim(), s.value_dim(), s.num_v_heads);
+    GatedDeltaNet {
+        in_proj: InProj::Split {
+            qkv: w.linear(&format!("{p}.in_proj_qkv"), conv, s.hidden),
+            z: w.linear(&format!("{p}.in_proj_z"), vd, s.hidden),
+            b: w.linear(&format!("{p}.in_proj_b"), hv, s.hidden),
+            a: w.linear(&format!("{p}.in_proj_a"), hv, s.hidden),
+        },
+        conv1d: w.param(&format!("{p}.conv1d.weight"), &[conv, s.conv_kernel, 1]),
+        dt_bias: w.param(&format!("{p}.dt_bias"), &[hv]),
+        a_log: w.param(&format!("{p}.A_log"), &[hv]),
+        norm: w.param(&format!("{p}.norm.weight"), &[s.head_v_dim]),
+        out_proj: w.linear(&format!("{p}.out_proj"), s.hidden, vd),
+        shape: s,
+    }
+}
+
 // ---- Gated full attention
 
 /// The RoPE width of a partial rotary factor: Python's
@@ -454,6 +494,40 @@ pub fn gated_attention(
     w.o_proj.forward(&o.multiply(mlx_rs::ops::sigmoid(&gate)?)?)
 }
 
+impl GatedAttention {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        for l in [
+            &mut self.q_proj,
+            &mut self.k_proj,
+            &mut self.v_proj,
+            &mut self.o_proj,
+        ] {
+            l.pretranspose();
+        }
+    }
+}
+
+/// `layers.{i}.self_attn` of a gated full-attention layer: `q_proj` of
+/// `2 * heads * head_dim` outputs, K/V, q/k norms, `o_proj`.
+pub fn load_gated_attention(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    s: AttentionShape,
+) -> GatedAttention {
+    let p = format!("layers.{layer}.self_attn");
+    let (q, kv) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+    GatedAttention {
+        q_proj: w.linear(&format!("{p}.q_proj"), 2 * q, hidden),
+        k_proj: w.linear(&format!("{p}.k_proj"), kv, hidden),
+        v_proj: w.linear(&format!("{p}.v_proj"), kv, hidden),
+        o_proj: w.linear(&format!("{p}.o_proj"), hidden, q),
+        q_norm: w.param(&format!("{p}.q_norm.weight"), &[s.head_dim]),
+        k_norm: w.param(&format!("{p}.k_norm.weight"), &[s.head_dim]),
+    }
+}
+
 // ---- The MoE block
 
 /// `Qwen3NextSparseMoeBlock`: qwen3_moe's routed experts (precise softmax
@@ -476,6 +550,74 @@ impl SharedExpertMoe {
         let shared = self.shared_expert.forward(x)?;
         let gate = mlx_rs::ops::sigmoid(self.shared_expert_gate.forward(x)?)?;
         routed.add(gate.multiply(&shared)?)
+    }
+}
+
+impl SharedExpertMoe {
+    /// [`Linear::pretranspose`] on the dense projections (generated models;
+    /// the experts' weights stay as gathered).
+    pub fn pretranspose(&mut self) {
+        self.router.gate.pretranspose();
+        self.shared_expert.pretranspose();
+        self.shared_expert_gate.pretranspose();
+    }
+}
+
+/// `layers.{i}.mlp` of a layer with routed experts and a shared expert:
+/// router `mlp.gate`, SwiGLU experts `mlp.switch_mlp`, `mlp.shared_expert`
+/// and `mlp.shared_expert_gate` (one output).
+#[allow(clippy::too_many_arguments)]
+pub fn load_shared_expert_moe(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    experts: i32,
+    top_k: i32,
+    width: i32,
+    shared_width: i32,
+    probs: crate::moe::TopKProbs,
+) -> SharedExpertMoe {
+    let p = format!("layers.{layer}.mlp");
+    let sw = format!("{p}.switch_mlp");
+    let se = format!("{p}.shared_expert");
+    SharedExpertMoe {
+        router: SoftmaxTopKRouter {
+            gate: w.linear(&format!("{p}.gate"), experts, hidden),
+            top_k,
+            probs,
+        },
+        experts: SwitchGlu {
+            gate_proj: w.switch_linear(&format!("{sw}.gate_proj"), experts, width, hidden),
+            up_proj: w.switch_linear(&format!("{sw}.up_proj"), experts, width, hidden),
+            down_proj: w.switch_linear(&format!("{sw}.down_proj"), experts, hidden, width),
+        },
+        shared_expert: Mlp {
+            gate_proj: w.linear(&format!("{se}.gate_proj"), shared_width, hidden),
+            up_proj: w.linear(&format!("{se}.up_proj"), shared_width, hidden),
+            down_proj: w.linear(&format!("{se}.down_proj"), hidden, shared_width),
+            activation: crate::blocks::Activation::Silu,
+        },
+        shared_expert_gate: w.linear(&format!("{p}.shared_expert_gate"), 1, hidden),
+    }
+}
+
+/// The feed-forward half of a pre-norm layer with routed experts and a
+/// shared expert: `h + moe(post_attention_layernorm(h))`
+/// (`DecoderLayer.__call__`).
+pub fn shared_expert_feed_forward(
+    h: &Array,
+    norms: &crate::blocks::LayerNorms,
+    moe: &SharedExpertMoe,
+    eps: f32,
+) -> Result<Array> {
+    match norms {
+        crate::blocks::LayerNorms::PreNorm { ffn, .. } => {
+            h.add(moe.forward(&rms_norm(h, Some(ffn), eps)?)?)
+        }
+        crate::blocks::LayerNorms::Sandwich { .. } => Err(refused(
+            "routed experts with a shared expert in a sandwich layer: no runtime block runs this arrangement yet"
+                .into(),
+        )),
     }
 }
 

@@ -13,6 +13,7 @@ use archgen_runtime::blocks::{
 use archgen_runtime::cache::{
     KvCache, LayerCache, MixedKvCache, QuantizedKvCache, RotatingKvCache,
 };
+use archgen_runtime::deltanet::{self, ArraysCache, DeltaNetShape, MixerCache};
 use archgen_runtime::layers::{Embedding, Linear};
 use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::model::{CausalLm, ModelError};
@@ -24,17 +25,57 @@ use archgen_spec::ir::{self, FeedForward, KvSource, LayerScalar, ModelIr, Window
 use archgen_spec::RopeKind;
 
 struct Layer {
-    window: Window,
-    kv: KvSource,
+    mixer: LayerMixer,
     norms: LayerNorms,
-    attn: AttentionWeights,
-    shape: AttentionShape,
-    rope: Rope,
     ffn: Ffn,
     ple: Option<PleGate>,
     layer_scalar: Option<Array>,
     /// The factor of depth-scaled residual branches ([`b::residual_scale`]).
     residual: Option<Array>,
+}
+
+/// A layer's sequence mixer, by IR `Mixer` (and the attention's output gate).
+// One per layer, built once at load: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum LayerMixer {
+    Attention {
+        window: Window,
+        kv: KvSource,
+        attn: AttentionWeights,
+        shape: AttentionShape,
+        rope: Rope,
+    },
+    /// Attention with `OutputGate::SigmoidPerHead` (`Qwen3NextAttention`).
+    GatedAttention {
+        attn: deltanet::GatedAttention,
+        shape: AttentionShape,
+        rope: Rope,
+    },
+    GatedDeltaNet(deltanet::GatedDeltaNet),
+}
+
+impl LayerMixer {
+    /// The attention window, for layers with attention.
+    fn window(&self) -> Option<Window> {
+        match self {
+            LayerMixer::Attention { window, .. } => Some(*window),
+            LayerMixer::GatedAttention { .. } => Some(Window::Full),
+            LayerMixer::GatedDeltaNet(_) => None,
+        }
+    }
+}
+
+/// The runtime shape of an IR Gated DeltaNet.
+pub fn delta_net_shape(d: &ir::DeltaNet, hidden: usize, eps: f32) -> DeltaNetShape {
+    DeltaNetShape {
+        hidden: hidden as i32,
+        num_k_heads: d.k_heads as i32,
+        num_v_heads: d.v_heads as i32,
+        head_k_dim: d.k_head_dim as i32,
+        head_v_dim: d.v_head_dim as i32,
+        conv_kernel: d.conv_kernel as i32,
+        eps,
+    }
 }
 
 /// A layer's feed-forward weights, by IR `FeedForward`.
@@ -45,6 +86,8 @@ enum Ffn {
     Dense { mlp: Mlp, moe: Option<MoeBlock> },
     /// Routed experts in place of the MLP.
     Experts(SparseMoe),
+    /// Routed experts and a sigmoid-gated shared expert (Qwen3.5 MoE).
+    SharedExperts(deltanet::SharedExpertMoe),
 }
 
 /// The runtime mirror of the IR's top-k probabilities.
@@ -69,7 +112,8 @@ pub struct Monolith {
 pub fn rope_for(a: &ir::Attention) -> Result<Rope> {
     let hd = a.head_dim as i32;
     match a.rope.kind {
-        RopeKind::Default { theta } => Ok(Rope::base(hd, theta)),
+        // `nn.RoPE(dims)`: a partial RoPE rotates fewer dims than head_dim.
+        RopeKind::Default { theta } => Ok(Rope::base(a.rope.rotated_dims as i32, theta)),
         RopeKind::Proportional { theta, factor, .. } => {
             Rope::proportional(hd, a.rope.rotated_dims as i32, theta, factor)
         }
@@ -189,19 +233,55 @@ impl Monolith {
         let mut layers = Vec::with_capacity(ir.layers.len());
         for l in &ir.layers {
             let i = l.index;
-            let a = l.attention();
-            let shape = shape_of(a, eps);
-            let qk = qk_norm(a.qk_norm);
-            let mut attn = b::load_attention(&mut w, i, hidden, shape, qk);
-            attn.kv = match a.kv {
-                KvSource::Own { values: v, .. } => {
-                    Some(b::load_kv(&mut w, i, hidden, shape, qk, values(v)))
+            let mixer = match &l.mixer {
+                ir::Mixer::Attention(a) => {
+                    let shape = shape_of(a, eps);
+                    let rope = rope_for(a).map_err(|e| ModelError(e.to_string()))?;
+                    match a.output_gate {
+                        ir::OutputGate::None => {
+                            let qk = qk_norm(a.qk_norm);
+                            let mut attn = b::load_attention(&mut w, i, hidden, shape, qk);
+                            attn.kv = match a.kv {
+                                KvSource::Own { values: v, .. } => {
+                                    Some(b::load_kv(&mut w, i, hidden, shape, qk, values(v)))
+                                }
+                                KvSource::Shared { .. } => None,
+                            };
+                            let mut kv = attn.kv.take();
+                            b::load_biases(&mut w, i, bias(a.bias), &mut attn, kv.as_mut(), shape);
+                            attn.kv = kv;
+                            LayerMixer::Attention {
+                                window: a.window,
+                                kv: a.kv,
+                                attn,
+                                shape,
+                                rope,
+                            }
+                        }
+                        ir::OutputGate::SigmoidPerHead => {
+                            gated_attention_supported(a).map_err(|why| {
+                                ModelError(format!("{}: layer {i}: {why}", ir.name))
+                            })?;
+                            LayerMixer::GatedAttention {
+                                attn: deltanet::load_gated_attention(&mut w, i, hidden, shape),
+                                shape,
+                                rope,
+                            }
+                        }
+                    }
                 }
-                KvSource::Shared { .. } => None,
+                ir::Mixer::GatedDeltaNet(d) => match (d.in_proj, d.norm, d.cache) {
+                    (
+                        ir::InProj::Split,
+                        ir::GatedNorm::RmsSiluGate,
+                        ir::StateCache::ConvAndRecurrent,
+                    ) => LayerMixer::GatedDeltaNet(deltanet::load_gated_delta_net(
+                        &mut w,
+                        i,
+                        delta_net_shape(d, ir.hidden_size, eps),
+                    )),
+                },
             };
-            let mut kv = attn.kv.take();
-            b::load_biases(&mut w, i, bias(a.bias), &mut attn, kv.as_mut(), shape);
-            attn.kv = kv;
             let load_mlp = |m: ir::GatedMlp, w: &mut Weights| {
                 b::load_mlp(w, i, hidden, m.width as i32, activation(m.activation))
             };
@@ -231,6 +311,29 @@ impl Monolith {
                         )))
                     }
                 },
+                FeedForward::MoeAndSharedExpert { moe, shared } => {
+                    match (moe.router, moe.activation) {
+                        (ir::Router::SoftmaxTopK { probs }, ir::Activation::Silu) => {
+                            Ffn::SharedExperts(deltanet::load_shared_expert_moe(
+                                &mut w,
+                                i,
+                                hidden,
+                                moe.num_experts as i32,
+                                moe.top_k as i32,
+                                moe.width as i32,
+                                shared.width as i32,
+                                top_k_probs(probs),
+                            ))
+                        }
+                        (ir::Router::SoftmaxTopK { .. }, ir::Activation::GeluApprox)
+                        | (ir::Router::ScaledTopKSoftmax, _) => {
+                            return Err(ModelError(format!(
+                                "{}: layer {i}: experts with a shared expert run only with the softmax-then-top-k router and SwiGLU",
+                                ir.name
+                            )))
+                        }
+                    }
+                }
                 FeedForward::Moe(moe) => match (moe.router, moe.activation) {
                     (ir::Router::SoftmaxTopK { probs }, ir::Activation::Silu) => {
                         Ffn::Experts(b::load_sparse_moe(
@@ -253,8 +356,7 @@ impl Monolith {
                 },
             };
             layers.push(Layer {
-                window: a.window,
-                kv: a.kv,
+                mixer,
                 norms: b::load_norms_weighted(
                     &mut w,
                     i,
@@ -262,9 +364,6 @@ impl Monolith {
                     norm_arrangement(l.norms),
                     norm_weight(l.norms.weight),
                 ),
-                attn,
-                shape,
-                rope: rope_for(a).map_err(|e| ModelError(e.to_string()))?,
                 ffn,
                 ple: match l.input {
                     ir::LayerInput::None => None,
@@ -301,20 +400,68 @@ impl Monolith {
     }
 }
 
+/// The K/V cache of a layer's cache, when it is one.
+fn kv_cache(c: Option<&mut MixerCache>) -> Option<&mut LayerCache> {
+    match c {
+        Some(MixerCache::Kv(c)) => Some(c),
+        Some(MixerCache::Arrays(_)) | None => None,
+    }
+}
+
+/// What the gated attention block (`deltanet::gated_attention`) runs:
+/// Qwen3Next's attention and nothing else, so any other fact is refused.
+fn gated_attention_supported(a: &ir::Attention) -> std::result::Result<(), String> {
+    let own = matches!(
+        a.kv,
+        KvSource::Own {
+            values: ir::Values::Projected,
+            cache: ir::KvCache::Plain
+        }
+    );
+    if own
+        && a.window == Window::Full
+        && a.qk_norm == ir::QkNorm::RmsPerHead
+        && a.value_norm == ir::ValueNorm::None
+        && a.bias == ir::ProjectionBias::None
+        && a.scores == ir::Scores::FusedSdpa
+        && !a.rope.traditional
+    {
+        Ok(())
+    } else {
+        Err(
+            "an output-gated attention runs only as Qwen3Next's (own projected K/V in a plain \
+             full cache, q/k RMSNorm, no bias, fused SDPA, non-traditional RoPE)"
+                .to_string(),
+        )
+    }
+}
+
 impl CausalLm for Monolith {
-    type Cache = Vec<Option<LayerCache>>;
+    type Cache = Vec<Option<MixerCache>>;
 
     fn vocab_size(&self) -> i32 {
         self.ir.vocab_size as i32
     }
 
-    /// mlx-lm's `make_cache`: a cache per layer that owns K/V.
+    /// mlx-lm's `make_cache`: a cache per layer that owns K/V, an
+    /// `ArraysCache` per Gated DeltaNet layer.
     fn make_cache(&self) -> Self::Cache {
         self.layers
             .iter()
-            .map(|l| match l.kv {
-                KvSource::Shared { .. } => None,
-                KvSource::Own { cache, .. } => Some(match (l.window, cache) {
+            .map(|l| match &l.mixer {
+                LayerMixer::GatedDeltaNet(_) => Some(MixerCache::Arrays(ArraysCache::default())),
+                LayerMixer::GatedAttention { .. } => {
+                    Some(MixerCache::Kv(LayerCache::Full(KvCache::default())))
+                }
+                LayerMixer::Attention {
+                    kv: KvSource::Shared { .. },
+                    ..
+                } => None,
+                LayerMixer::Attention {
+                    kv: KvSource::Own { cache, .. },
+                    window,
+                    ..
+                } => Some(MixerCache::Kv(match (*window, *cache) {
                     (Window::Sliding(w), _) => {
                         LayerCache::Sliding(RotatingKvCache::new(w as i32, 0))
                     }
@@ -332,7 +479,7 @@ impl CausalLm for Monolith {
                             start as i32,
                         ))
                     }
-                }),
+                })),
             })
             .collect()
     }
@@ -357,54 +504,89 @@ impl CausalLm for Monolith {
         // One mask per window, from the cache of the first layer with that
         // window, before any cache update (`_make_masks`).
         let n = ids.shape()[1];
+        // Gated DeltaNet layers of one unpadded sequence get no mask
+        // (`create_ssm_mask` is None).
         let mut masks: Vec<(Window, Mask)> = Vec::new();
         for (l, c) in self.layers.iter().zip(caches.iter()) {
-            if masks.iter().any(|(w, _)| *w == l.window) {
+            let Some(window) = l.mixer.window() else {
+                continue;
+            };
+            if masks.iter().any(|(w, _)| *w == window) {
                 continue;
             }
-            let cache = c.as_ref().ok_or_else(|| {
-                Exception::custom("the first layer of its window has no cache".to_string())
-            })?;
-            let w = match l.window {
+            let cache = match c {
+                Some(MixerCache::Kv(c)) => c,
+                Some(MixerCache::Arrays(_)) | None => {
+                    return Err(Exception::custom(
+                        "the first layer of its window has no K/V cache".to_string(),
+                    ))
+                }
+            };
+            let w = match window {
                 Window::Full => 0,
                 Window::Sliding(w) => w as i32,
             };
-            masks.push((l.window, b::mask_for(cache, n, w)?));
+            masks.push((window, b::mask_for(cache, n, w)?));
         }
         let mut h = h0;
         let mut shared: HashMap<usize, SharedKv> = HashMap::new();
+        let no_mask = Mask::None;
         for (i, layer) in self.layers.iter().enumerate() {
-            let mask = &masks
-                .iter()
-                .find(|(w, _)| *w == layer.window)
-                .expect("a mask per window")
-                .1;
+            let mask = match layer.mixer.window() {
+                Some(window) => {
+                    &masks
+                        .iter()
+                        .find(|(w, _)| *w == window)
+                        .expect("a mask per window")
+                        .1
+                }
+                None => &no_mask,
+            };
             let x = archgen_runtime::ops::rms_norm(&h, Some(layer.norms.input()), eps)?;
-            let a = match (&layer.attn.kv, caches[i].as_mut(), layer.kv) {
-                (Some(kv), Some(cache), KvSource::Own { .. }) => {
-                    let (a, kvs) = b::attention_own_kv(
-                        &x,
-                        &layer.attn,
-                        kv,
-                        layer.shape,
-                        &layer.rope,
-                        cache,
-                        mask,
-                    )?;
-                    shared.insert(i, kvs);
-                    a
-                }
-                (_, _, KvSource::Shared { donor }) => {
-                    let kvs = shared.get(&donor).ok_or_else(|| {
-                        Exception::custom(format!("layer {i}: donor layer {donor} produced no K/V"))
+            let a = match &layer.mixer {
+                LayerMixer::GatedDeltaNet(w) => match caches[i].as_mut() {
+                    Some(MixerCache::Arrays(c)) => deltanet::gated_delta_net(&x, w, c)?,
+                    Some(MixerCache::Kv(_)) | None => {
+                        return Err(Exception::custom(format!(
+                            "layer {i}: a Gated DeltaNet layer needs an ArraysCache"
+                        )))
+                    }
+                },
+                LayerMixer::GatedAttention { attn, shape, rope } => {
+                    let cache = kv_cache(caches[i].as_mut()).ok_or_else(|| {
+                        Exception::custom(format!(
+                            "layer {i}: a gated attention layer needs a K/V cache"
+                        ))
                     })?;
-                    b::attention_shared_kv(&x, &layer.attn, layer.shape, &layer.rope, kvs, mask)?
+                    deltanet::gated_attention(&x, attn, *shape, rope, cache, mask)?
                 }
-                _ => {
-                    return Err(Exception::custom(format!(
-                        "layer {i}: owns its K/V but has no K/V weights or cache"
-                    )))
-                }
+                LayerMixer::Attention {
+                    kv: source,
+                    attn,
+                    shape,
+                    rope,
+                    ..
+                } => match (&attn.kv, kv_cache(caches[i].as_mut()), *source) {
+                    (Some(kv), Some(cache), KvSource::Own { .. }) => {
+                        let (a, kvs) =
+                            b::attention_own_kv(&x, attn, kv, *shape, rope, cache, mask)?;
+                        shared.insert(i, kvs);
+                        a
+                    }
+                    (_, _, KvSource::Shared { donor }) => {
+                        let kvs = shared.get(&donor).ok_or_else(|| {
+                            Exception::custom(format!(
+                                "layer {i}: donor layer {donor} produced no K/V"
+                            ))
+                        })?;
+                        b::attention_shared_kv(&x, attn, *shape, rope, kvs, mask)?
+                    }
+                    _ => {
+                        return Err(Exception::custom(format!(
+                            "layer {i}: owns its K/V but has no K/V weights or cache"
+                        )))
+                    }
+                },
             };
             let h2 = match (&layer.residual, &layer.ffn) {
                 (None, Ffn::Dense { mlp, moe }) => {
@@ -415,11 +597,15 @@ impl CausalLm for Monolith {
                     let h1 = b::attention_residual(&h, &a, &layer.norms, eps)?;
                     b::sparse_feed_forward(&h1, &layer.norms, m, eps)?
                 }
+                (None, Ffn::SharedExperts(m)) => {
+                    let h1 = b::attention_residual(&h, &a, &layer.norms, eps)?;
+                    deltanet::shared_expert_feed_forward(&h1, &layer.norms, m, eps)?
+                }
                 (Some(r), Ffn::Dense { mlp, moe }) => {
                     let h1 = b::attention_residual_scaled(&h, &a, &layer.norms, eps, r)?;
                     b::feed_forward_scaled(&h1, &layer.norms, mlp, moe.as_ref(), eps, r)?
                 }
-                (Some(_), Ffn::Experts(_)) => {
+                (Some(_), Ffn::Experts(_) | Ffn::SharedExperts(_)) => {
                     return Err(Exception::custom(format!(
                         "layer {i}: routed experts with depth-scaled residuals: no runtime block runs them"
                     )))

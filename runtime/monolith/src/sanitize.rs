@@ -65,9 +65,16 @@ pub(crate) fn sanitize(
     let shared: BTreeSet<usize> = ir
         .layers
         .iter()
-        .filter(|l| matches!(l.attention().kv, KvSource::Shared { .. }))
+        .filter(|l| matches!(l.attention().map(|a| a.kv), Some(KvSource::Shared { .. })))
         .map(|l| l.index)
         .collect();
+    // A raw Hugging Face checkpoint (Qwen3.5's `has_unsanitized_conv1d`): a
+    // conv1d weight whose last dim is not 1, looked for before any rename.
+    let raw_conv = |k: &str, v: &Array| {
+        k.contains("conv1d.weight") && v.shape().last().is_some_and(|&d| d != 1)
+    };
+    let raw_checkpoint = has(SanitizeRule::OffsetNormsOfRawCheckpoint)
+        && tensors.iter().any(|(k, v)| raw_conv(k, v));
     let tied = match ir.head.weight {
         HeadWeight::TiedEmbedding => true,
         HeadWeight::Untied => false,
@@ -76,6 +83,14 @@ pub(crate) fn sanitize(
     // StackExperts: (layer prefix, projection) -> expert index -> weight.
     let mut per_expert: BTreeMap<(String, String), BTreeMap<usize, Array>> = BTreeMap::new();
     for (k, v) in tensors {
+        if has(SanitizeRule::DropVisual)
+            && (k.starts_with("vision_tower") || k.starts_with("model.visual"))
+        {
+            continue;
+        }
+        if has(SanitizeRule::DropMtp) && k.contains("mtp.") {
+            continue;
+        }
         let k = if has(SanitizeRule::UnwrapMultimodal) {
             match unwrap_multimodal(&k) {
                 Some(k) => k,
@@ -100,6 +115,20 @@ pub(crate) fn sanitize(
             continue;
         }
         let k = k.strip_prefix("model.").map(str::to_string).unwrap_or(k);
+        let v = if has(SanitizeRule::MoveConvAxis) && raw_conv(&k, &v) {
+            if v.ndim() != 3 {
+                return Err(refused(format!(
+                    "`{k}`: a conv1d weight [C, 1, K] or [C, K, 1] expected, got shape {:?}",
+                    v.shape()
+                )));
+            }
+            // `moveaxis(2, 1)` of a 3-D array is the swap of its last two axes.
+            v.swap_axes(1, 2)?
+        } else if raw_checkpoint && v.ndim() == 1 && is_offset_norm(&k) {
+            v.add(archgen_runtime::ops::scalar_like(1.0, &v))?
+        } else {
+            v
+        };
         if has(SanitizeRule::SplitExpertsGateUp) {
             if let Some(base) = k.strip_suffix(".experts.gate_up_proj") {
                 let parts = v.split_equal(2, -2)?;
@@ -115,6 +144,33 @@ pub(crate) fn sanitize(
             }
             if let Some(base) = k.strip_suffix(".experts.down_proj") {
                 out.insert(format!("{base}.experts.switch_glu.down_proj.weight"), v);
+                continue;
+            }
+        }
+        if has(SanitizeRule::SplitSwitchMlpGateUp) {
+            if let Some(base) = k.strip_suffix(".mlp.experts.gate_up_proj") {
+                // `mid = shape[-2] // 2`: gate the first half, up the second.
+                let rows = v.shape().get(v.ndim().wrapping_sub(2)).copied();
+                let Some(rows) = rows.filter(|r| r % 2 == 0) else {
+                    return Err(refused(format!(
+                        "`{k}`: [experts, 2 * width, hidden] expected, got shape {:?}",
+                        v.shape()
+                    )));
+                };
+                let parts = v.split_equal(2, -2)?;
+                debug_assert_eq!(parts[0].shape()[v.ndim() - 2], rows / 2);
+                out.insert(
+                    format!("{base}.mlp.switch_mlp.gate_proj.weight"),
+                    parts[0].clone(),
+                );
+                out.insert(
+                    format!("{base}.mlp.switch_mlp.up_proj.weight"),
+                    parts[1].clone(),
+                );
+                continue;
+            }
+            if let Some(base) = k.strip_suffix(".mlp.experts.down_proj") {
+                out.insert(format!("{base}.mlp.switch_mlp.down_proj.weight"), v);
                 continue;
             }
         }
@@ -176,6 +232,22 @@ pub(crate) fn sanitize(
         );
     }
     Ok(out)
+}
+
+/// The norms a raw Qwen3.5 checkpoint stores as offsets around 0 (names
+/// relative to the text model): mlx-lm's suffixes `.input_layernorm.weight`,
+/// `.post_attention_layernorm.weight`, `model.norm.weight`, `.q_norm.weight`,
+/// `.k_norm.weight`. The gated norm of the linear layers is not among them.
+fn is_offset_norm(k: &str) -> bool {
+    k == "norm.weight"
+        || [
+            ".input_layernorm.weight",
+            ".post_attention_layernorm.weight",
+            ".q_norm.weight",
+            ".k_norm.weight",
+        ]
+        .iter()
+        .any(|s| k.ends_with(s))
 }
 
 fn refused(what: String) -> archgen_runtime::mlx_rs::error::Exception {
