@@ -65,6 +65,7 @@ use crate::blocks::{
     PleGate, Scores, SharedKv, SparseMoe, ValueNorm,
 };
 use crate::cache::LayerCache;
+use crate::deltanet::{self, ArraysCache, DeltaNetShape, GatedDeltaNet, InProj, SharedExpertMoe};
 use crate::layers::{Linear, Quantized, SwitchLinear};
 use crate::moe::{Router, SoftmaxTopKRouter, SwitchGlu, TopKProbs};
 use crate::ops::{rms_norm, NormInputs, Result};
@@ -730,6 +731,285 @@ fn post_attention_experts(h: &Array, o: &Array, layer: &ExpertsLayer<'_>) -> Res
         })
     })?;
     out.into_iter().next().ok_or_else(bad_outputs)
+}
+
+/// The feed-forward half of a hybrid (Qwen3.5 / Qwen3.6) layer.
+#[derive(Clone, Copy)]
+pub enum HybridFeedForward<'a> {
+    Mlp(&'a Mlp),
+    SharedExpertMoe(&'a SharedExpertMoe),
+}
+
+/// The parts of a Gated DeltaNet layer a decode step needs.
+pub struct DeltaNetLayer<'a> {
+    pub norms: &'a LayerNorms,
+    pub mixer: &'a GatedDeltaNet,
+    pub ffn: HybridFeedForward<'a>,
+    pub eps: f32,
+}
+
+/// What a Gated DeltaNet layer computes (the generated kind's eager
+/// forward): input norm, [`deltanet::gated_delta_net_with`], the residual,
+/// the feed-forward half.
+#[allow(clippy::too_many_arguments)]
+fn delta_net_layer(
+    h: &Array,
+    input_norm: &Array,
+    norms: &LayerNorms,
+    mixer: &GatedDeltaNet,
+    ffn: HybridFeedForward<'_>,
+    eps: f32,
+    cache: &mut ArraysCache,
+    qk_scales: Option<(&Array, &Array)>,
+) -> Result<Array> {
+    let x = rms_norm(h, Some(input_norm), eps)?;
+    let a = deltanet::gated_delta_net_with(&x, mixer, cache, qk_scales)?;
+    let h = blocks::attention_residual(h, &a, norms, eps)?;
+    let h = match ffn {
+        HybridFeedForward::Mlp(m) => blocks::feed_forward(&h, norms, m, None, eps)?,
+        HybridFeedForward::SharedExpertMoe(m) => {
+            deltanet::shared_expert_feed_forward(&h, norms, m, eps)?
+        }
+    };
+    blocks::finish_layer(&h, None, None, eps)
+}
+
+/// One decode step (one token, `h` [B, 1, hidden]) of a Gated DeltaNet
+/// layer as one compiled block: the whole layer, with the conv state and
+/// the recurrent state as traced inputs and their successors as outputs
+/// (written back into `cache`). The float constants enter as inputs: the
+/// norms' eps and normalizers ([`NormInputs`], including `normalize_qk`'s
+/// scaled eps over `head_k_dim`) and `normalize_qk`'s two scales
+/// ([`deltanet::normalize_qk_with`]). mlx-lm's compiled helpers
+/// (`silu`, `compute_g`, `_gated_delta_step_ops`, `precise_swiglu`) are
+/// traced inside it; that this keeps the eager layer's bits is checked by
+/// `tests/decode_blocks.rs`, not assumed. Before the first forward (empty
+/// cache) the step runs the eager layer.
+pub fn delta_net(h: &Array, layer: &DeltaNetLayer<'_>, cache: &mut ArraysCache) -> Result<Array> {
+    let (Some(conv), Some(state)) = (cache.conv.clone(), cache.state.clone()) else {
+        return delta_net_layer(
+            h,
+            layer.norms.input(),
+            layer.norms,
+            layer.mixer,
+            layer.ffn,
+            layer.eps,
+            cache,
+            None,
+        );
+    };
+    let hidden = h.shape()[h.ndim() - 1];
+    let s = layer.mixer.shape;
+    let norm_eps = [layer.eps, deltanet::qk_norm_eps(s.head_k_dim), s.eps];
+    let widths = [hidden, s.head_k_dim, s.head_v_dim];
+    let (q_scale, k_scale) = deltanet::qk_scales(s.head_k_dim);
+    let mut p = Packed::new(4);
+    p.key.extend([layer.eps.to_bits() as i64, hidden as i64]);
+    h.put(&mut p);
+    p.arrays
+        .extend(NormInputs::new(&norm_eps, &widths).arrays().cloned());
+    p.arrays.push(Array::from_f32(q_scale as f32));
+    p.arrays.push(Array::from_f32(k_scale as f32));
+    conv.put(&mut p);
+    state.put(&mut p);
+    layer.norms.input().put(&mut p);
+    layer.norms.put(&mut p);
+    layer.mixer.put(&mut p);
+    layer.ffn.put(&mut p);
+    let eps = layer.eps;
+    let compile = match layer.ffn {
+        HybridFeedForward::Mlp(_) => true,
+        // The router's precise softmax and top-k carry no float constant.
+        HybridFeedForward::SharedExpertMoe(_) => true,
+    };
+    let out = p.run(compile, |covered| {
+        // Templates for rebuilding the structures from the traced inputs.
+        let (norms, mixer) = (hollow(layer.norms), hollow(layer.mixer));
+        let ffn = match layer.ffn {
+            HybridFeedForward::Mlp(m) => deltanet::FeedForward::Mlp(hollow(m)),
+            HybridFeedForward::SharedExpertMoe(m) => {
+                deltanet::FeedForward::SharedExpertMoe(hollow(m))
+            }
+        };
+        let norm_inputs = NormInputs::new(&norm_eps, &widths);
+        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
+            let it = &mut inputs.iter();
+            let h = next(it);
+            let scope = norm_inputs.with_arrays(it);
+            let (q_scale, k_scale) = (next(it), next(it));
+            let (conv, state) = (next(it), next(it));
+            let input_norm = next(it);
+            let (norms, mixer, ffn) = (norms.take(it), mixer.take(it), ffn.take(it));
+            let ffn = match &ffn {
+                deltanet::FeedForward::Mlp(m) => HybridFeedForward::Mlp(m),
+                deltanet::FeedForward::SharedExpertMoe(m) => HybridFeedForward::SharedExpertMoe(m),
+            };
+            let (out, all) = norm_scope(Some(scope), || -> Result<Vec<Array>> {
+                let mut cache = ArraysCache {
+                    conv: Some(conv),
+                    state: Some(state),
+                };
+                let h = delta_net_layer(
+                    &h,
+                    &input_norm,
+                    &norms,
+                    &mixer,
+                    ffn,
+                    eps,
+                    &mut cache,
+                    Some((&q_scale, &k_scale)),
+                )?;
+                match (cache.conv, cache.state) {
+                    (Some(conv), Some(state)) => Ok(vec![h, conv, state]),
+                    _ => Err(bad_outputs()),
+                }
+            });
+            covered.set(all);
+            out
+        })
+    })?;
+    let [h, conv, state] = <[Array; 3]>::try_from(out).map_err(|_| bad_outputs())?;
+    cache.conv = Some(conv);
+    cache.state = Some(state);
+    Ok(h)
+}
+
+impl Flat for HybridFeedForward<'_> {
+    fn put(&self, p: &mut Packed) {
+        match self {
+            HybridFeedForward::Mlp(m) => {
+                p.key.push(0);
+                m.put(p);
+            }
+            HybridFeedForward::SharedExpertMoe(m) => {
+                p.key.push(1);
+                m.put(p);
+            }
+        }
+    }
+    fn take(&self, _: &mut std::slice::Iter<'_, Array>) -> Self {
+        // Borrowed: rebuilt through `deltanet::FeedForward` instead.
+        *self
+    }
+}
+
+impl Flat for deltanet::FeedForward {
+    fn put(&self, p: &mut Packed) {
+        match self {
+            deltanet::FeedForward::Mlp(m) => HybridFeedForward::Mlp(m).put(p),
+            deltanet::FeedForward::SharedExpertMoe(m) => {
+                HybridFeedForward::SharedExpertMoe(m).put(p)
+            }
+        }
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        match self {
+            deltanet::FeedForward::Mlp(m) => deltanet::FeedForward::Mlp(m.take(it)),
+            deltanet::FeedForward::SharedExpertMoe(m) => {
+                deltanet::FeedForward::SharedExpertMoe(m.take(it))
+            }
+        }
+    }
+}
+
+impl Flat for SharedExpertMoe {
+    fn put(&self, p: &mut Packed) {
+        self.router.put(p);
+        self.experts.gate_proj.put(p);
+        self.experts.up_proj.put(p);
+        self.experts.down_proj.put(p);
+        self.shared_expert.put(p);
+        self.shared_expert_gate.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let router = self.router.take(it);
+        let gate_proj = self.experts.gate_proj.take(it);
+        let up_proj = self.experts.up_proj.take(it);
+        let down_proj = self.experts.down_proj.take(it);
+        let shared_expert = self.shared_expert.take(it);
+        SharedExpertMoe {
+            router,
+            experts: SwitchGlu {
+                gate_proj,
+                up_proj,
+                down_proj,
+            },
+            shared_expert,
+            shared_expert_gate: self.shared_expert_gate.take(it),
+        }
+    }
+}
+
+impl Flat for DeltaNetShape {
+    fn put(&self, p: &mut Packed) {
+        p.key.extend([
+            self.hidden as i64,
+            self.num_k_heads as i64,
+            self.num_v_heads as i64,
+            self.head_k_dim as i64,
+            self.head_v_dim as i64,
+            self.conv_kernel as i64,
+            self.eps.to_bits() as i64,
+        ]);
+    }
+    fn take(&self, _: &mut std::slice::Iter<'_, Array>) -> Self {
+        *self
+    }
+}
+
+impl Flat for GatedDeltaNet {
+    fn put(&self, p: &mut Packed) {
+        self.shape.put(p);
+        match &self.in_proj {
+            InProj::Split { qkv, z, b, a } => {
+                p.key.push(0);
+                for l in [qkv, z, b, a] {
+                    l.put(p);
+                }
+            }
+            InProj::Fused { qkvz, ba } => {
+                p.key.push(1);
+                qkvz.put(p);
+                ba.put(p);
+            }
+        }
+        for a in [&self.conv1d, &self.dt_bias, &self.a_log, &self.norm] {
+            a.put(p);
+        }
+        self.out_proj.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let in_proj = match &self.in_proj {
+            InProj::Split { qkv, z, b, a } => {
+                let qkv = qkv.take(it);
+                let z = z.take(it);
+                let b = b.take(it);
+                InProj::Split {
+                    qkv,
+                    z,
+                    b,
+                    a: a.take(it),
+                }
+            }
+            InProj::Fused { qkvz, ba } => {
+                let qkvz = qkvz.take(it);
+                InProj::Fused {
+                    qkvz,
+                    ba: ba.take(it),
+                }
+            }
+        };
+        let (conv1d, dt_bias, a_log, norm) = (next(it), next(it), next(it), next(it));
+        GatedDeltaNet {
+            in_proj,
+            conv1d,
+            dt_bias,
+            a_log,
+            norm,
+            out_proj: self.out_proj.take(it),
+            shape: self.shape,
+        }
+    }
 }
 
 /// Runs a block's body with its norms' inputs: on the CPU path

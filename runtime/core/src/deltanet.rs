@@ -147,11 +147,42 @@ pub fn gated_delta_step(
 /// readout scale into q. The Python floats are computed in f64 and meet the
 /// arrays as weak scalars.
 pub fn normalize_qk(q: &Array, k: &Array, head_k_dim: i32) -> Result<(Array, Array)> {
+    let (inv_scale_sq, inv_scale) = qk_scales(head_k_dim);
+    let q_scale = scalar_like(inv_scale_sq, q);
+    let k_scale = scalar_like(inv_scale, k);
+    normalize_qk_with(q, k, head_k_dim, (&q_scale, &k_scale))
+}
+
+/// `normalize_qk`'s Python floats for `head_k_dim`, computed in f64:
+/// (`inv_scale**2`, `inv_scale`).
+pub fn qk_scales(head_k_dim: i32) -> (f64, f64) {
     let inv_scale = f64::from(head_k_dim).powf(-0.5);
-    let inv_scale_sq = inv_scale.powf(2.0);
-    let rms_eps = (1e-6 * inv_scale_sq) as f32;
-    let q = scalar_like(inv_scale_sq, q).multiply(rms_norm(q, None, rms_eps)?)?;
-    let k = scalar_like(inv_scale, k).multiply(rms_norm(k, None, rms_eps)?)?;
+    (inv_scale.powf(2.0), inv_scale)
+}
+
+/// The eps of `normalize_qk`'s `rms_norm`: `1e-6 * inv_scale**2` as float32.
+pub fn qk_norm_eps(head_k_dim: i32) -> f32 {
+    (1e-6 * qk_scales(head_k_dim).0) as f32
+}
+
+/// [`normalize_qk`] with its two scales given as scalar arrays (q's
+/// `inv_scale**2`, k's `inv_scale`), cast to q's and k's dtype: a compiled
+/// decode block passes them as traced inputs, not inlined constants
+/// (`decode::reads_back`). A float32 scalar cast to bfloat16 or float16
+/// rounds to nearest even, as [`scalar_like`] does.
+pub fn normalize_qk_with(
+    q: &Array,
+    k: &Array,
+    head_k_dim: i32,
+    (q_scale, k_scale): (&Array, &Array),
+) -> Result<(Array, Array)> {
+    let rms_eps = qk_norm_eps(head_k_dim);
+    let q = q_scale
+        .as_dtype(q.dtype())?
+        .multiply(rms_norm(q, None, rms_eps)?)?;
+    let k = k_scale
+        .as_dtype(k.dtype())?
+        .multiply(rms_norm(k, None, rms_eps)?)?;
     Ok((q, k))
 }
 
@@ -375,6 +406,18 @@ pub fn rms_norm_gated(out: &Array, z: &Array, weight: &Array, eps: f32) -> Resul
 /// `GatedDeltaNet.__call__` without a mask (one unpadded sequence), with
 /// its `ArraysCache`: prefill (any number of tokens) and decode steps alike.
 pub fn gated_delta_net(x: &Array, w: &GatedDeltaNet, cache: &mut ArraysCache) -> Result<Array> {
+    gated_delta_net_with(x, w, cache, None)
+}
+
+/// [`gated_delta_net`], with `qk_scales` the scales of
+/// [`normalize_qk_with`] when they are given as arrays (the compiled decode
+/// block), else the weak scalars of [`normalize_qk`].
+pub fn gated_delta_net_with(
+    x: &Array,
+    w: &GatedDeltaNet,
+    cache: &mut ArraysCache,
+    qk_scales: Option<(&Array, &Array)>,
+) -> Result<Array> {
     let s = &w.shape;
     let (bsz, len) = batch_and_len(x);
     let (qkv, z, b, a) = deltanet_projections(x, &w.in_proj, s)?;
@@ -385,7 +428,10 @@ pub fn gated_delta_net(x: &Array, w: &GatedDeltaNet, cache: &mut ArraysCache) ->
     let q = parts[0].reshape(&[bsz, len, s.num_k_heads, s.head_k_dim])?;
     let k = parts[1].reshape(&[bsz, len, s.num_k_heads, s.head_k_dim])?;
     let v = parts[2].reshape(&[bsz, len, s.num_v_heads, s.head_v_dim])?;
-    let (q, k) = normalize_qk(&q, &k, s.head_k_dim)?;
+    let (q, k) = match qk_scales {
+        None => normalize_qk(&q, &k, s.head_k_dim)?,
+        Some(scales) => normalize_qk_with(&q, &k, s.head_k_dim, scales)?,
+    };
     let (out, state) = gated_delta_update(
         &q,
         &k,
