@@ -754,3 +754,170 @@ fn experts_decode_blocks_match_the_eager_layer() {
         "{compiled} compiled, {eager} eager"
     );
 }
+
+/// A Gated DeltaNet layer's weights (qwen3_5's split projections), and its
+/// feed-forward half: a SwiGLU MLP of `mlp_width`, or (with `moe`) routed
+/// experts and a shared expert.
+fn delta_net_parts(
+    s: archgen_runtime::deltanet::DeltaNetShape,
+    mlp_width: i32,
+    moe: bool,
+    dt: Dtype,
+) -> (
+    b::LayerNorms,
+    archgen_runtime::deltanet::GatedDeltaNet,
+    archgen_runtime::deltanet::FeedForward,
+) {
+    use archgen_runtime::deltanet::{FeedForward, GatedDeltaNet, InProj, SharedExpertMoe};
+    let (hidden, hv) = (s.hidden, s.num_v_heads);
+    let norms = b::LayerNorms::PreNorm {
+        input: norm(31, hidden, dt),
+        ffn: norm(32, hidden, dt),
+    };
+    let mixer = GatedDeltaNet {
+        in_proj: InProj::Split {
+            qkv: linear(33, s.conv_dim(), hidden, dt),
+            z: linear(34, s.value_dim(), hidden, dt),
+            b: linear(35, hv, hidden, dt),
+            a: linear(36, hv, hidden, dt),
+        },
+        conv1d: lcg(37, &[s.conv_dim(), s.conv_kernel, 1], 0.5, 0.0)
+            .as_dtype(dt)
+            .unwrap(),
+        dt_bias: lcg(38, &[hv], 1.0, 0.0).as_dtype(dt).unwrap(),
+        // float32 as mlx-lm keeps it: log of decays in (e^-1, e^1).
+        a_log: lcg(39, &[hv], 1.0, 0.0),
+        norm: norm(40, s.head_v_dim, dt),
+        out_proj: linear(41, hidden, s.value_dim(), dt),
+        shape: s,
+    };
+    let mlp = |seed: u64, width: i32| b::Mlp {
+        gate_proj: linear(seed, width, hidden, dt),
+        up_proj: linear(seed + 1, width, hidden, dt),
+        down_proj: linear(seed + 2, hidden, width, dt),
+        activation: b::Activation::Silu,
+    };
+    let ffn = match moe {
+        false => FeedForward::Mlp(mlp(42, mlp_width)),
+        true => {
+            let m = sparse_moe(hidden, 8, 2, b::TopKProbs::Renormalized, dt);
+            FeedForward::SharedExpertMoe(SharedExpertMoe {
+                router: m.router,
+                experts: m.experts,
+                shared_expert: mlp(45, mlp_width),
+                shared_expert_gate: linear(48, 1, hidden, dt),
+            })
+        }
+    };
+    (norms, mixer, ffn)
+}
+
+/// A prefill of `prefill` tokens (eager on both caches; none = the decode
+/// path's first step finds an empty cache), then decode steps of one Gated
+/// DeltaNet layer: eager (as the monolith and the generated prefill) and
+/// through `decode::delta_net` (as generated models), on separate caches;
+/// every step's output and both states byte-identical.
+fn run_delta_net_layer(
+    s: archgen_runtime::deltanet::DeltaNetShape,
+    mlp_width: i32,
+    moe: bool,
+    prefill: i32,
+    dt: Dtype,
+) {
+    use archgen_runtime::deltanet::{self, ArraysCache, FeedForward};
+    let (norms, mixer, ffn) = delta_net_parts(s, mlp_width, moe, dt);
+    let (mut mixer_d, mut ffn_d) = (mixer.clone(), ffn.clone());
+    mixer_d.pretranspose();
+    match &mut ffn_d {
+        FeedForward::Mlp(m) => m.pretranspose(),
+        FeedForward::SharedExpertMoe(m) => m.pretranspose(),
+    }
+    let hidden = s.hidden;
+    let eager = |h: &Array, cache: &mut ArraysCache| -> Array {
+        let x = mlx_rs::fast::rms_norm(h, Some(norms.input()), s.eps).unwrap();
+        let a = deltanet::gated_delta_net(&x, &mixer, cache).unwrap();
+        let h = b::attention_residual(h, &a, &norms, s.eps).unwrap();
+        match &ffn {
+            FeedForward::Mlp(m) => b::feed_forward(&h, &norms, m, None, s.eps).unwrap(),
+            FeedForward::SharedExpertMoe(m) => {
+                deltanet::shared_expert_feed_forward(&h, &norms, m, s.eps).unwrap()
+            }
+        }
+    };
+    let (mut eager_cache, mut decode_cache) = (ArraysCache::default(), ArraysCache::default());
+    if prefill > 0 {
+        let h = lcg(300, &[1, prefill, hidden], 4.0, 0.0)
+            .as_dtype(dt)
+            .unwrap();
+        let a = eager(&h, &mut eager_cache);
+        let b = eager(&h, &mut decode_cache);
+        assert!(same(&a, &b), "prefill is deterministic");
+    }
+    let label = format!("delta net hidden {hidden} moe {moe} prefill {prefill} {dt:?}");
+    for step in 0..6 {
+        let h = lcg(301 + step, &[1, 1, hidden], 4.0, 0.0)
+            .as_dtype(dt)
+            .unwrap();
+        let want = eager(&h, &mut eager_cache);
+        let layer = decode::DeltaNetLayer {
+            norms: &norms,
+            mixer: &mixer_d,
+            ffn: match &ffn_d {
+                FeedForward::Mlp(m) => decode::HybridFeedForward::Mlp(m),
+                FeedForward::SharedExpertMoe(m) => decode::HybridFeedForward::SharedExpertMoe(m),
+            },
+            eps: s.eps,
+        };
+        let got = decode::delta_net(&h, &layer, &mut decode_cache).unwrap();
+        assert!(same(&want, &got), "{label} step {step}: output");
+        let (ec, dc) = (eager_cache.conv.as_ref(), decode_cache.conv.as_ref());
+        assert!(
+            same(ec.unwrap(), dc.unwrap()),
+            "{label} step {step}: conv state"
+        );
+        let (es, ds) = (eager_cache.state.as_ref(), decode_cache.state.as_ref());
+        assert!(
+            same(es.unwrap(), ds.unwrap()),
+            "{label} step {step}: recurrent state"
+        );
+    }
+}
+
+/// The Gated DeltaNet layer's decode block (Qwen3.5 / Qwen3.6) against the
+/// eager layer, at the tiny specs' shape and at Qwen3.5-4B's real one
+/// (hidden 2560, 16 key / 32 value heads of 128; a narrower MLP), float32
+/// and bfloat16, with a SwiGLU MLP or routed experts with a shared expert;
+/// every block compiles (all float constants are inputs).
+#[test]
+fn delta_net_decode_blocks_match_the_eager_layer() {
+    use archgen_runtime::deltanet::DeltaNetShape;
+    let tiny = DeltaNetShape {
+        hidden: 64,
+        num_k_heads: 2,
+        num_v_heads: 4,
+        head_k_dim: 16,
+        head_v_dim: 16,
+        conv_kernel: 4,
+        eps: 1e-6,
+    };
+    let real = DeltaNetShape {
+        hidden: 2560,
+        num_k_heads: 16,
+        num_v_heads: 32,
+        head_k_dim: 128,
+        head_v_dim: 128,
+        ..tiny
+    };
+    for dt in [Dtype::Float32, Dtype::Bfloat16] {
+        for prefill in [0, 5] {
+            run_delta_net_layer(tiny, 128, false, prefill, dt);
+        }
+        run_delta_net_layer(tiny, 128, true, 5, dt);
+        run_delta_net_layer(real, 512, false, 5, dt);
+    }
+    let (compiled, eager) = decode::block_counts();
+    assert!(
+        compiled >= 3 && eager == 0,
+        "{compiled} compiled, {eager} eager"
+    );
+}
