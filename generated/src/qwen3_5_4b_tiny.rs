@@ -6,6 +6,7 @@
 
 use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
 use archgen_runtime::cache::{LayerCache, KvCache};
+use archgen_runtime::decode;
 use archgen_runtime::deltanet;
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::model::{CausalLm, ModelError};
@@ -47,9 +48,18 @@ impl LinearDeltaNet {
         layer.mlp.pretranspose();
         layer
     }
-    /// Prefill and one-token steps alike: the eager blocks (no
-    /// compiled decode block for Gated DeltaNet yet).
+    /// One-token steps through the compiled decode block (where
+    /// `decode` is enabled), prefill through the eager blocks.
     fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
+        if h.shape()[1] == 1 && decode::enabled() {
+            let layer = decode::DeltaNetLayer {
+                norms: &self.norms,
+                mixer: &self.mixer,
+                ffn: decode::HybridFeedForward::Mlp(&self.mlp),
+                eps: EPS,
+            };
+            return decode::delta_net(h, &layer, cache);
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
         let h = b::attention_residual(h, &a, &self.norms, EPS)?;

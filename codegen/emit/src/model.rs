@@ -253,6 +253,8 @@ struct HybridFfn {
     forward: TokenStream,
     pre: TokenStream,
     signature: TokenStream,
+    /// The `decode::HybridFeedForward` of the layer's fields.
+    decode: TokenStream,
 }
 
 fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
@@ -279,6 +281,7 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
                 forward: quote! { let h = b::feed_forward(&h, &self.norms, &self.mlp, None, EPS)?; },
                 pre: quote! { layer.mlp.pretranspose(); },
                 signature: quote! { w: &mut Weights, i: usize, mlp_width: i32 },
+                decode: quote! { decode::HybridFeedForward::Mlp(&self.mlp) },
             })
         }
         FeedForward::MoeAndSharedExpert { moe, shared } => match (moe.router, moe.activation) {
@@ -299,6 +302,7 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
                     forward: quote! { let h = deltanet::shared_expert_feed_forward(&h, &self.norms, &self.moe, EPS)?; },
                     pre: quote! { layer.moe.pretranspose(); },
                     signature: quote! { w: &mut Weights, i: usize },
+                    decode: quote! { decode::HybridFeedForward::SharedExpertMoe(&self.moe) },
                 })
             }
             (Router::SoftmaxTopK { .. }, Activation::GeluApprox)
@@ -313,8 +317,9 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
 }
 
 /// A Gated DeltaNet layer kind: its weights, and a forward that runs the
-/// eager blocks for prefill and decode alike (the recurrence is a loop of
-/// one compiled step per token, as mlx-lm's `gated_delta_ops`).
+/// eager blocks for prefill (the recurrence is a loop of one compiled step
+/// per token, as mlx-lm's `gated_delta_ops`) and the compiled decode block
+/// `decode::delta_net` for one-token steps.
 fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, String> {
     let l = &kind.key.0;
     let name = ident(&kind.name);
@@ -326,6 +331,7 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
         forward: ffn_forward,
         pre: ffn_pre,
         signature,
+        decode: ffn_decode,
     } = hybrid_ffn(l, &kind.name)?;
     match (d.in_proj, d.norm, d.cache) {
         (InProj::Split, GatedNorm::RmsSiluGate, StateCache::ConvAndRecurrent) => {}
@@ -364,9 +370,18 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
                 layer
             }
 
-            /// Prefill and one-token steps alike: the eager blocks (no
-            /// compiled decode block for Gated DeltaNet yet).
+            /// One-token steps through the compiled decode block (where
+            /// `decode` is enabled), prefill through the eager blocks.
             fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
+                if h.shape()[1] == 1 && decode::enabled() {
+                    let layer = decode::DeltaNetLayer {
+                        norms: &self.norms,
+                        mixer: &self.mixer,
+                        ffn: #ffn_decode,
+                        eps: EPS,
+                    };
+                    return decode::delta_net(h, &layer, cache);
+                }
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                 let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
                 let h = b::attention_residual(h, &a, &self.norms, EPS)?;
@@ -390,6 +405,7 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         forward: ffn_forward,
         pre: ffn_pre,
         signature,
+        decode: _,
     } = hybrid_ffn(l, &kind.name)?;
     let supported = matches!(
         a.kv,
@@ -1093,10 +1109,11 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         )
     } else {
         // Plain attention kinds reach `decode` in their forward (never
-        // taken here: their windows get no tables).
+        // taken here: their windows get no tables); Gated DeltaNet kinds
+        // take its block for their one-token steps.
         let plain = ir.layers.iter().any(|l| match &l.mixer {
             Mixer::Attention(a) => a.output_gate == OutputGate::None,
-            Mixer::GatedDeltaNet(_) => false,
+            Mixer::GatedDeltaNet(_) => true,
         });
         (
             plain.then(|| quote! { use archgen_runtime::decode; }),
