@@ -65,7 +65,9 @@ use crate::blocks::{
     PleGate, Scores, SharedKv, SparseMoe, ValueNorm,
 };
 use crate::cache::LayerCache;
-use crate::deltanet::{self, ArraysCache, DeltaNetShape, GatedDeltaNet, InProj, SharedExpertMoe};
+use crate::deltanet::{
+    self, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet, InProj, SharedExpertMoe,
+};
 use crate::layers::{Linear, Quantized, SwitchLinear};
 use crate::moe::{Router, SoftmaxTopKRouter, SwitchGlu, TopKProbs};
 use crate::ops::{rms_norm, NormInputs, Result};
@@ -764,7 +766,19 @@ fn delta_net_layer(
 ) -> Result<Array> {
     let x = rms_norm(h, Some(input_norm), eps)?;
     let a = deltanet::gated_delta_net_with(&x, mixer, cache, qk_scales)?;
-    let h = blocks::attention_residual(h, &a, norms, eps)?;
+    hybrid_residual_and_feed_forward(h, &a, norms, ffn, eps)
+}
+
+/// The mixer residual and the feed-forward half of a hybrid layer (the
+/// generated kinds' eager forward after the mixer).
+fn hybrid_residual_and_feed_forward(
+    h: &Array,
+    a: &Array,
+    norms: &LayerNorms,
+    ffn: HybridFeedForward<'_>,
+    eps: f32,
+) -> Result<Array> {
+    let h = blocks::attention_residual(h, a, norms, eps)?;
     let h = match ffn {
         HybridFeedForward::Mlp(m) => blocks::feed_forward(&h, norms, m, None, eps)?,
         HybridFeedForward::SharedExpertMoe(m) => {
@@ -772,6 +786,147 @@ fn delta_net_layer(
         }
     };
     blocks::finish_layer(&h, None, None, eps)
+}
+
+/// The parts of a gated full-attention layer (`Qwen3NextAttention`) a
+/// decode step needs.
+pub struct GatedAttentionLayer<'a> {
+    pub norms: &'a LayerNorms,
+    pub attn: &'a GatedAttention,
+    pub ffn: HybridFeedForward<'a>,
+    pub shape: AttentionShape,
+    pub eps: f32,
+}
+
+/// One decode step (one token, `h` [B, 1, hidden]) of a gated
+/// full-attention layer, split as [`own_kv`] splits a layer: a compiled
+/// block before the cache (input norm, Q with its gate, K, V, q/k norms,
+/// RoPE from this step's `rope` tables: [`deltanet::gated_attention_qkv`]),
+/// the eager cache update and attention (as the eager layer runs them, in
+/// [B, L, features] shapes), and a compiled block after
+/// (`o_proj(o * sigmoid(gate))`, the residual, the feed-forward half).
+pub fn gated_attention(
+    h: &Array,
+    layer: &GatedAttentionLayer<'_>,
+    rope: &RopeTables,
+    cache: &mut LayerCache,
+    mask: &Mask,
+) -> Result<Array> {
+    let offset = Array::from_int(cache.offset());
+    let hidden = h.shape()[h.ndim() - 1];
+    let (s, eps) = (layer.shape, layer.eps);
+    let native = matches!(rope, RopeTables::Native { .. });
+    let norm_eps = [eps, s.eps];
+    let widths = [hidden, s.head_dim];
+    let mut p = Packed::new(5);
+    p.key
+        .extend([eps.to_bits() as i64, hidden as i64, rope.dims() as i64]);
+    s.put(&mut p);
+    h.put(&mut p);
+    if !native {
+        p.arrays
+            .extend(NormInputs::new(&norm_eps, &widths).arrays().cloned());
+    }
+    rope.put(&mut p);
+    layer.norms.input().put(&mut p);
+    layer.attn.put(&mut p);
+    let qkv = p.run(true, |covered| {
+        // Templates for rebuilding the structures from the traced inputs.
+        let (attn, tables) = (hollow(layer.attn), hollow(rope));
+        let norms = (!native).then(|| NormInputs::new(&norm_eps, &widths));
+        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
+            let it = &mut inputs.iter();
+            let h = next(it);
+            let scope = norms.as_ref().map(|n| n.with_arrays(it));
+            let tables = tables.take(it);
+            let norm = next(it);
+            let attn = attn.take(it);
+            let rope = |t: &Array| apply_tables(t, &tables);
+            let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
+                let x = rms_norm(&h, Some(&norm), eps)?;
+                Ok(deltanet::gated_attention_qkv(&x, &attn, s, &rope)?.to_vec())
+            });
+            covered.set(all);
+            out
+        })
+    })?;
+    let [q, k, v, gate] = <[Array; 4]>::try_from(qkv).map_err(|_| bad_outputs())?;
+    let (o, _) = blocks::attend_own_kv(&q, &k, &v, s, cache, mask, offset, false)?;
+
+    let mut p = Packed::new(6);
+    let native = path() == Path::NativeFastOps;
+    p.key
+        .extend([eps.to_bits() as i64, hidden as i64, native as i64]);
+    h.put(&mut p);
+    if !native {
+        p.arrays
+            .extend(NormInputs::new(&[eps], &[hidden]).arrays().cloned());
+    }
+    o.put(&mut p);
+    gate.put(&mut p);
+    layer.attn.o_proj.put(&mut p);
+    layer.norms.put(&mut p);
+    layer.ffn.put(&mut p);
+    let out = p.run(true, |covered| {
+        let (o_proj, norms) = (hollow(&layer.attn.o_proj), hollow(layer.norms));
+        let ffn = match layer.ffn {
+            HybridFeedForward::Mlp(m) => deltanet::FeedForward::Mlp(hollow(m)),
+            HybridFeedForward::SharedExpertMoe(m) => {
+                deltanet::FeedForward::SharedExpertMoe(hollow(m))
+            }
+        };
+        let norm_inputs = (!native).then(|| NormInputs::new(&[eps], &[hidden]));
+        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
+            let it = &mut inputs.iter();
+            let h = next(it);
+            let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
+            let (o, gate) = (next(it), next(it));
+            let (o_proj, norms, ffn) = (o_proj.take(it), norms.take(it), ffn.take(it));
+            let ffn = match &ffn {
+                deltanet::FeedForward::Mlp(m) => HybridFeedForward::Mlp(m),
+                deltanet::FeedForward::SharedExpertMoe(m) => HybridFeedForward::SharedExpertMoe(m),
+            };
+            let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
+                let a = deltanet::gated_attention_output(&o, &gate, &o_proj)?;
+                Ok(vec![hybrid_residual_and_feed_forward(
+                    &h, &a, &norms, ffn, eps,
+                )?])
+            });
+            covered.set(all);
+            out
+        })
+    })?;
+    out.into_iter().next().ok_or_else(bad_outputs)
+}
+
+impl Flat for GatedAttention {
+    fn put(&self, p: &mut Packed) {
+        // o_proj is used after attention, not here.
+        self.q_proj.put(p);
+        self.k_proj.put(p);
+        self.v_proj.put(p);
+        self.q_norm.put(p);
+        self.k_norm.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let q_proj = self.q_proj.take(it);
+        let k_proj = self.k_proj.take(it);
+        let v_proj = self.v_proj.take(it);
+        let (q_norm, k_norm) = (next(it), next(it));
+        GatedAttention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj: Linear {
+                weight: placeholder(),
+                quant: None,
+                weight_t: None,
+                bias: None,
+            },
+            q_norm,
+            k_norm,
+        }
+    }
 }
 
 /// One decode step (one token, `h` [B, 1, hidden]) of a Gated DeltaNet

@@ -517,6 +517,22 @@ pub fn gated_attention(
     cache: &mut LayerCache,
     mask: &Mask,
 ) -> Result<Array> {
+    let offset = Array::from_int(cache.offset());
+    let rope = |t: &Array| rope.apply(t, &offset);
+    let [queries, keys, values, gate] = gated_attention_qkv(x, w, s, &rope)?;
+    let (o, _) = attend_own_kv(&queries, &keys, &values, s, cache, mask, offset, false)?;
+    gated_attention_output(&o, &gate, &w.o_proj)
+}
+
+/// The part of [`gated_attention`] before the cache: queries, keys and
+/// values [B, heads, L, head_dim] (q/k normed, `rope` applied to both) and
+/// the output gate [B, L, heads * head_dim].
+pub fn gated_attention_qkv(
+    x: &Array,
+    w: &GatedAttention,
+    s: AttentionShape,
+    rope: &dyn Fn(&Array) -> Result<Array>,
+) -> Result<[Array; 4]> {
     let (b, l) = batch_and_len(x);
     let q_out = w.q_proj.forward(x)?.reshape(&[b, l, s.n_heads, -1])?;
     let halves = q_out.split_equal(2, -1)?;
@@ -533,11 +549,12 @@ pub fn gated_attention(
     let values = values
         .reshape(&[b, l, s.n_kv_heads, -1])?
         .transpose_axes(&[0, 2, 1, 3])?;
-    let offset = Array::from_int(cache.offset());
-    let queries = rope.apply(&queries, &offset)?;
-    let keys = rope.apply(&keys, &offset)?;
-    let (o, _) = attend_own_kv(&queries, &keys, &values, s, cache, mask, offset, false)?;
-    w.o_proj.forward(&o.multiply(mlx_rs::ops::sigmoid(&gate)?)?)
+    Ok([rope(&queries)?, rope(&keys)?, values, gate])
+}
+
+/// The part of [`gated_attention`] after the cache: `o_proj(o * sigmoid(gate))`.
+pub fn gated_attention_output(o: &Array, gate: &Array, o_proj: &Linear) -> Result<Array> {
+    o_proj.forward(&o.multiply(mlx_rs::ops::sigmoid(gate)?)?)
 }
 
 impl GatedAttention {
