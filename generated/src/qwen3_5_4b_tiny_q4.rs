@@ -93,14 +93,26 @@ impl FullGatedOwnKv {
         layer.mlp.pretranspose();
         layer
     }
-    /// Prefill and one-token steps alike: the eager blocks (no
-    /// compiled decode block for the gated attention yet).
+    /// One-token steps through the compiled decode blocks around
+    /// the cache (where `decode` is enabled; this step's RoPE
+    /// tables computed here), prefill through the eager blocks.
     fn forward(
         &self,
         h: &Array,
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<Array> {
+        if h.shape()[1] == 1 && decode::enabled() {
+            let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
+            let layer = decode::GatedAttentionLayer {
+                norms: &self.norms,
+                attn: &self.attn,
+                ffn: decode::HybridFeedForward::Mlp(&self.mlp),
+                shape: Self::SHAPE,
+                eps: EPS,
+            };
+            return decode::gated_attention(h, &layer, &tables, cache, at.mask);
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let a = deltanet::gated_attention(
             &x,

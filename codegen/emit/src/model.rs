@@ -393,7 +393,7 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
 }
 
 /// A gated full-attention layer kind (`Qwen3NextAttention`): eager blocks
-/// for prefill and decode alike.
+/// for prefill, `decode::gated_attention` for one-token steps.
 fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream, String> {
     let l = &kind.key.0;
     let name = ident(&kind.name);
@@ -405,7 +405,7 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         forward: ffn_forward,
         pre: ffn_pre,
         signature,
-        decode: _,
+        decode: ffn_decode,
     } = hybrid_ffn(l, &kind.name)?;
     let supported = matches!(
         a.kv,
@@ -448,9 +448,21 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
                 layer
             }
 
-            /// Prefill and one-token steps alike: the eager blocks (no
-            /// compiled decode block for the gated attention yet).
+            /// One-token steps through the compiled decode blocks around
+            /// the cache (where `decode` is enabled; this step's RoPE
+            /// tables computed here), prefill through the eager blocks.
             fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<Array> {
+                if h.shape()[1] == 1 && decode::enabled() {
+                    let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
+                    let layer = decode::GatedAttentionLayer {
+                        norms: &self.norms,
+                        attn: &self.attn,
+                        ffn: #ffn_decode,
+                        shape: Self::SHAPE,
+                        eps: EPS,
+                    };
+                    return decode::gated_attention(h, &layer, &tables, cache, at.mask);
+                }
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                 let a = deltanet::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
                 let h = b::attention_residual(h, &a, &self.norms, EPS)?;
