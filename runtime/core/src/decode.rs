@@ -16,6 +16,12 @@
 //! (norm arrangement, q/k/v norms, scale, activation, which optional weights
 //! exist), which also key the compiled functions.
 //!
+//! The hybrid Qwen3.5 / Qwen3.6 layers have their own: a Gated DeltaNet
+//! layer has no attention to split around, so its whole step is one block
+//! ([`delta_net`]) whose conv and recurrent states are traced inputs and
+//! outputs; the output-gated attention layer is split around its cache as
+//! above ([`gated_attention`]).
+//!
 //! The compiled functions trace exactly those runtime blocks, so the layer
 //! math still exists once. Compilation fuses chains of elementwise operations
 //! (the RMSNorm and RoPE fallbacks on the CPU, residuals, scalars) into one
