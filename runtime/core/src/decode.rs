@@ -969,8 +969,8 @@ pub fn delta_net(h: &Array, layer: &DeltaNetLayer<'_>, cache: &mut ArraysCache) 
     h.put(&mut p);
     p.arrays
         .extend(NormInputs::new(&norm_eps, &widths).arrays().cloned());
-    p.arrays.push(Array::from_f32(q_scale as f32));
-    p.arrays.push(Array::from_f32(k_scale as f32));
+    p.arrays.push(crate::ops::f32_constant(q_scale as f32));
+    p.arrays.push(crate::ops::f32_constant(k_scale as f32));
     conv.put(&mut p);
     state.put(&mut p);
     layer.norms.input().put(&mut p);

@@ -184,10 +184,11 @@ impl NormInputs {
 }
 
 /// A float32 scalar holding `v`, made once per thread: the norms' eps and
-/// normalizers are traced inputs of every compiled decode block, for every
+/// normalizers (and other float constants, e.g. the Gated DeltaNet q/k scales)
+/// are traced inputs of compiled decode blocks, for every
 /// layer on every step, and making them afresh each time was host work.
 /// The held reference keeps MLX from donating the buffer.
-fn f32_constant(v: f32) -> Array {
+pub fn f32_constant(v: f32) -> Array {
     thread_local! {
         static CONSTANTS: std::cell::RefCell<Vec<(u32, Array)>> = const { std::cell::RefCell::new(Vec::new()) };
     }
