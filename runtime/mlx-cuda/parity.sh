@@ -21,7 +21,9 @@
 # the device README, `strip` + `xz` of target/release/{archgen,archgen-bench}.
 # STEPs: parity (every case below), fma (fma_probe.py), probe (q4_probe.py), align
 # (align_probe.py), diagnose SPEC (kernels launched by mlx-lm and by the
-# monolith, kernel_diff.py), bench (bench.py).
+# monolith, kernel_diff.py), bench (bench.py), blocks (block_probe.py:
+# mlx-lm's post-attention half eager against mx.compile), sanitize
+# (compute-sanitizer's initcheck, memcheck and racecheck on the monolith).
 set -uo pipefail
 CARRY=${CARRY:?folder that travelled with the call}
 OUT=${OUT:-/tmp/out}
@@ -104,6 +106,33 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
     align)
       python3 "$here/align_probe.py" 2>&1 | tee -a "$OUT/align.log"
       ;;
+    blocks)
+      # block_probe.py: mlx-lm's post-attention half eager against mx.compile
+      d=$work/blocks; mkdir -p $d
+      for s in ${BLOCK_SPECS:-gemma4-12b-tiny gemma4-e2b-tiny gemma-2-2b-tiny qwen3-0.6b-tiny}; do
+        [[ -f $d/$s/config.json ]] || $ARCHGEN init --spec "$repo/specs/$s.yaml" --out $d/$s --seed 1 2>&1 | tail -1
+      done
+      python3 "$here/block_probe.py" $d/* 2>&1 | tee -a "$OUT/blocks.log"
+      ;;
+    sanitize)
+      # compute-sanitizer (initcheck, memcheck, racecheck) on the monolith's
+      # protocol for one spec: does an MLX CUDA kernel read memory nothing
+      # wrote, out of bounds, or race? (4-bit Gemma-4 is not reproducible.)
+      spec=${SANITIZE_SPEC:-gemma4-12b-tiny-q4}
+      d=$work/sanitize-$spec; mkdir -p $d
+      [[ -f $d/model/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d/model --seed 1 2>&1 | tail -1
+      ids=$(python3 -c "import json; c=json.load(open('$d/model/config.json')); v=c.get('text_config',c)['vocab_size']; print(','.join(str((i*37+11)%v) for i in range(24)))")
+      cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+      echo "== compute-sanitizer: ${cs:-not found}"
+      for tool in ${SANITIZE_TOOLS:-initcheck memcheck racecheck}; do
+        echo "== $tool on $spec (monolith, 24 tokens, 3 decode steps)"
+        timeout ${SANITIZE_TIMEOUT:-150} $cs --tool $tool --print-limit 20 --show-backtrace no \
+          $ARCHGEN logits --model $d/model --prompt-ids $ids --decode-steps 3 --impl monolith \
+          --out $d/$tool.safetensors > "$OUT/sanitize-$tool.log" 2>&1
+        echo "rc=$? $(grep -c "^=========" "$OUT/sanitize-$tool.log") sanitizer lines"
+        grep -E "ERROR SUMMARY|Uninitialized|Invalid|Race|hazard|in .*kernel|at 0x" "$OUT/sanitize-$tool.log" | sort | uniq -c | sort -rn | head -12
+      done
+      ;;
     probe)
       d=$work/probe; mkdir -p $d
       $ARCHGEN init --spec "$repo/specs/gemma4-12b-tiny-q4.yaml" --out $d/model --seed 1 2>&1 | tail -1
@@ -111,7 +140,7 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
         2>&1 | tee -a "$OUT/probe.log"
       ;;
     bench)
-      python3 "$here/bench.py" --archgen $ARCHGEN --bench /tmp/archgen-bench --repo "$repo" --work $work \
+      python3 "$here/bench.py" --archgen $ARCHGEN --bench /tmp/archgen-bench --repo "$repo" --work $work ${BENCH_ARGS:-} \
         ${BENCH_SPECS:-gemma4-12b gemma4-12b-q4 qwen3-8b gemma4-26b-a4b-q4} 2>&1 | tee -a "$OUT/bench.log"
       ;;
     *) echo "unknown step $step"; exit 2 ;;

@@ -138,6 +138,47 @@ fn on_cpu() -> bool {
         .is_ok_and(|t| matches!(t, mlx_rs::DeviceType::Cpu))
 }
 
+/// Which blocks [`Path::NativeFastOps`] compiles: a bisection aid for the
+/// device (`ARCHGEN_GPU_DECODE_BLOCKS=pre|post|none`; unset: every block).
+/// `pre` compiles only the block before attention (norm, projections, RoPE),
+/// `post` only the blocks after it; the others run the same ops eagerly, so
+/// `none` isolates what the path changes besides fusion (its rows form).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GpuBlocks {
+    All,
+    PreAttention,
+    PostAttention,
+    None,
+}
+
+fn gpu_blocks() -> GpuBlocks {
+    static BLOCKS: std::sync::OnceLock<GpuBlocks> = std::sync::OnceLock::new();
+    *BLOCKS.get_or_init(
+        || match std::env::var("ARCHGEN_GPU_DECODE_BLOCKS").as_deref() {
+            Ok("pre") => GpuBlocks::PreAttention,
+            Ok("post") => GpuBlocks::PostAttention,
+            Ok("none") => GpuBlocks::None,
+            _ => GpuBlocks::All,
+        },
+    )
+}
+
+/// Whether the block with this id (the first entry of its key; 1 is
+/// [`pre_attention`]) is compiled on this path: always on the CPU, as
+/// [`gpu_blocks`] says on a GPU.
+fn compiles_on_this_path(block: i64) -> bool {
+    let pre = block == PRE_ATTENTION;
+    match (path(), gpu_blocks()) {
+        (Path::NativeFastOps, GpuBlocks::PreAttention) => pre,
+        (Path::NativeFastOps, GpuBlocks::PostAttention) => !pre,
+        (Path::NativeFastOps, GpuBlocks::None) => false,
+        _ => true,
+    }
+}
+
+/// The key id of [`pre_attention`]'s block.
+const PRE_ATTENTION: i64 = 1;
+
 /// Whether one unmasked query token attends through
 /// [`crate::attention::sdpa_one_token`] (grouped heads as rows of one
 /// matmul) rather than `fast.scaled_dot_product_attention`: on the CPU,
@@ -515,7 +556,7 @@ fn pre_attention(
 ) -> Result<Vec<Array>> {
     let hidden = h.shape()[h.ndim() - 1];
     let widths = [hidden, layer.shape.head_dim];
-    let mut p = Packed::new(1);
+    let mut p = Packed::new(PRE_ATTENTION);
     p.key.extend([
         layer.eps.to_bits() as i64,
         hidden as i64,
@@ -1235,6 +1276,7 @@ impl Packed {
             if !blocks.contains_key(&self.key) {
                 let covered = Rc::new(Cell::new(false));
                 let mut f = make(covered.clone());
+                let compile = compile && compiles_on_this_path(self.key[0]);
                 let entry: (Block, bool) = if compile && {
                     f(&self.arrays)?;
                     covered.get()
