@@ -69,6 +69,7 @@ fn rope_text(r: RopeForm) -> String {
 fn mlp_text(m: GatedMlp) -> String {
     let act = match m.activation {
         Activation::GeluApprox => "GeGLU",
+        Activation::GeluApproxThenMultiply => "GELU*up",
         Activation::Silu => "SwiGLU",
     };
     format!("{act} {}", m.width)

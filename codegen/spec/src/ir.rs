@@ -461,8 +461,14 @@ pub struct GatedMlp {
 /// The gate's activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
-    /// tanh-approximated GELU (GeGLU).
+    /// tanh-approximated GELU times the up projection as mlx-lm's compiled
+    /// `geglu` computes it: both in one compiled function (Gemma-4).
     GeluApprox,
+    /// The same GELU as `nn.gelu_approx` (compiled alone by mlx nn), then an
+    /// eager `* up` (Gemma-2). Not [`Activation::GeluApprox`]: on CUDA the
+    /// one fused kernel and the two kernels give other bits (measured on an
+    /// H200, docs/parity.md "On the GPU"); on the CPU they agree.
+    GeluApproxThenMultiply,
     /// SiLU (SwiGLU).
     Silu,
 }

@@ -24,7 +24,8 @@ use crate::distributed::sharded_to_all;
 use crate::layers::{Embedding, Linear};
 use crate::moe::{experts, softmax_topk_moe, Router, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{
-    divide_weak, geglu, gelu_approx_compiled, multiply_weak, rms_norm, swiglu, Result,
+    divide_weak, geglu, gelu_approx_compiled, gelu_approx_times, multiply_weak, rms_norm, swiglu,
+    Result,
 };
 use crate::rope::{Rope, RopeTables};
 use crate::weights::Weights;
@@ -451,8 +452,12 @@ pub fn mask_for(cache: &LayerCache, n: i32, window: i32) -> Result<Mask> {
 /// The gate's activation (IR `Activation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
-    /// mlx-lm's compiled `geglu` (tanh-approximated GELU).
+    /// mlx-lm's compiled `geglu` (tanh-approximated GELU and the product in
+    /// one compiled function: Gemma-4).
     GeluApprox,
+    /// `nn.gelu_approx(gate)` (compiled alone) then an eager `* up`
+    /// (Gemma-2's MLP): other bits than [`Activation::GeluApprox`] on CUDA.
+    GeluApproxThenMultiply,
     /// mlx-lm's compiled `swiglu` (SiLU).
     Silu,
 }
@@ -475,13 +480,28 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let gate = self.gate_proj.forward(x)?;
-        let up = self.up_proj.forward(x)?;
-        let act = match self.activation {
-            Activation::GeluApprox => geglu(&gate, &up)?,
-            Activation::Silu => swiglu(&gate, &up)?,
-        };
-        sharded_to_all(self.down_proj.forward(&act)?)
+        let (gate, up) = self.gate_and_up(x)?;
+        self.down(&self.activate(&gate, &up)?)
+    }
+
+    /// `gate(x)` and `up(x)`.
+    pub fn gate_and_up(&self, x: &Array) -> Result<(Array, Array)> {
+        Ok((self.gate_proj.forward(x)?, self.up_proj.forward(x)?))
+    }
+
+    /// The gate's activation times `up`, as the family's mlx-lm module
+    /// computes it (a compiled helper of its own where mlx-lm has one).
+    pub fn activate(&self, gate: &Array, up: &Array) -> Result<Array> {
+        match self.activation {
+            Activation::GeluApprox => geglu(gate, up),
+            Activation::GeluApproxThenMultiply => gelu_approx_times(gate, up),
+            Activation::Silu => swiglu(gate, up),
+        }
+    }
+
+    /// `down(act)`, summed over ranks when the model is sharded.
+    pub fn down(&self, act: &Array) -> Result<Array> {
+        sharded_to_all(self.down_proj.forward(act)?)
     }
 }
 
@@ -644,13 +664,13 @@ pub fn feed_forward(
     eps: f32,
 ) -> Result<Array> {
     match norms {
-        LayerNorms::PreNorm { ffn, .. } => {
+        LayerNorms::PreNorm { .. } => {
             if moe.is_some() {
                 return Err(refused(
                     "routed experts beside the MLP in a pre-norm layer: no runtime block runs this arrangement yet",
                 ));
             }
-            h.add(mlp.forward(&rms_norm(h, Some(ffn), eps)?)?)
+            mlp_residual(h, &mlp.forward(&mlp_input(h, norms, eps)?)?, norms, eps)
         }
         LayerNorms::Sandwich {
             pre_feedforward,
@@ -658,7 +678,7 @@ pub fn feed_forward(
             ..
         } => {
             let f = match moe {
-                None => mlp.forward(&rms_norm(h, Some(pre_feedforward), eps)?)?,
+                None => return mlp_residual(h, &mlp.forward(&mlp_input(h, norms, eps)?)?, norms, eps),
                 Some(m) => {
                     let h1 = mlp.forward(&rms_norm(h, Some(pre_feedforward), eps)?)?;
                     let h1 = rms_norm(&h1, Some(&m.post_feedforward_1), eps)?;
@@ -671,6 +691,27 @@ pub fn feed_forward(
             };
             h.add(rms_norm(&f, Some(post_feedforward), eps)?)
         }
+    }
+}
+
+/// The MLP's input: `h` after the norm in front of the feed-forward half
+/// (`ffn` before a pre-norm MLP, `pre_feedforward` in a sandwich).
+pub fn mlp_input(h: &Array, norms: &LayerNorms, eps: f32) -> Result<Array> {
+    match norms {
+        LayerNorms::PreNorm { ffn, .. } => rms_norm(h, Some(ffn), eps),
+        LayerNorms::Sandwich {
+            pre_feedforward, ..
+        } => rms_norm(h, Some(pre_feedforward), eps),
+    }
+}
+
+/// `h` plus the MLP's output `f` (after `post_feedforward` in a sandwich).
+pub fn mlp_residual(h: &Array, f: &Array, norms: &LayerNorms, eps: f32) -> Result<Array> {
+    match norms {
+        LayerNorms::PreNorm { .. } => h.add(f),
+        LayerNorms::Sandwich {
+            post_feedforward, ..
+        } => h.add(rms_norm(f, Some(post_feedforward), eps)?),
     }
 }
 

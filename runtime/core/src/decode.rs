@@ -109,14 +109,22 @@ pub enum Path {
 /// [`Path::CpuFallbacks`] on the CPU; on a GPU [`Path::Eager`], or
 /// [`Path::NativeFastOps`] with `ARCHGEN_GPU_DECODE=1`; [`Path::Eager`]
 /// everywhere when `ARCHGEN_EAGER_DECODE=1` (paired A/B of the same binary).
+///
+/// `ARCHGEN_GPU_DECODE=cpu-too` takes [`Path::NativeFastOps`] on the CPU as
+/// well: a wiring check of the GPU blocks on a machine without one (the CPU
+/// then runs MLX's op graphs for the fast ops, compiled with their float
+/// constants inlined, so equal bits there are not promised).
 pub fn path() -> Path {
-    static SWITCHES: std::sync::OnceLock<(Option<bool>, Option<bool>)> = std::sync::OnceLock::new();
-    let (eager, gpu) = *SWITCHES.get_or_init(|| {
+    static SWITCHES: std::sync::OnceLock<(Option<bool>, Option<bool>, bool)> =
+        std::sync::OnceLock::new();
+    let (eager, gpu, cpu_too) = *SWITCHES.get_or_init(|| {
         let set = |name: &str| std::env::var_os(name).map(|v| !v.is_empty() && v != "0");
-        (set("ARCHGEN_EAGER_DECODE"), set("ARCHGEN_GPU_DECODE"))
+        let cpu_too = std::env::var_os("ARCHGEN_GPU_DECODE").is_some_and(|v| v == "cpu-too");
+        (set("ARCHGEN_EAGER_DECODE"), set("ARCHGEN_GPU_DECODE"), cpu_too)
     });
     match (eager, on_cpu(), gpu) {
         (Some(true), _, _) => Path::Eager,
+        (_, true, _) if cpu_too => Path::NativeFastOps,
         (_, true, _) => Path::CpuFallbacks,
         (_, false, Some(true)) => Path::NativeFastOps,
         (_, false, None | Some(false)) => Path::Eager,
@@ -390,7 +398,7 @@ impl FusedQkv {
     pub fn new(attn: &mut AttentionWeights, kv: &mut KvWeights, s: AttentionShape) -> Option<Self> {
         // Sharded weights hold a rank's heads, not `s`'s; the decode path is
         // off under tensor parallelism anyway (`enabled`).
-        if !on_cpu() || crate::distributed::tensor_parallel() {
+        if path() != Path::CpuFallbacks || crate::distributed::tensor_parallel() {
             return None;
         }
         let (Some(q_norm), Some(k_norm), ValueNorm::RmsScaleFree) =
@@ -631,6 +639,126 @@ fn post_attention(
     layer: &Layer<'_>,
     residual: Option<&Array>,
 ) -> Result<Array> {
+    match post_attention_form(layer, residual) {
+        PostAttentionForm::OneBlock => post_attention_block(h, o, layer, residual, true),
+        PostAttentionForm::SplitAtActivation => post_attention_split(h, o, layer),
+        PostAttentionForm::Eager => post_attention_block(h, o, layer, residual, false),
+    }
+}
+
+/// How the ops after attention run on this path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PostAttentionForm {
+    /// One compiled block.
+    OneBlock,
+    /// Two compiled blocks with the activation between them, called as the
+    /// eager blocks call it ([`post_attention_split`]).
+    SplitAtActivation,
+    /// The same ops, not compiled.
+    Eager,
+}
+
+/// mlx-lm's compiled `geglu` is a shapeless compiled function of its own; on
+/// CUDA its kernel gives other bits than the same ops fused into a larger
+/// compiled function (an H200 measured 112 of 15,360 elements: glue probe,
+/// docs/parity.md "On the GPU"), and a nested compiled call is traced into
+/// its caller. So on a GPU a layer with a GeGLU MLP compiles around the
+/// activation, not through it; its routed experts (Gemma-4's, GeGLU too,
+/// inside `gather` matmuls) keep the layer eager there. The CPU compiles no
+/// such kernel (no contraction) and keeps one block.
+fn post_attention_form(layer: &Layer<'_>, residual: Option<&Array>) -> PostAttentionForm {
+    if path() != Path::NativeFastOps {
+        return PostAttentionForm::OneBlock;
+    }
+    match (layer.mlp.activation, layer.moe, residual) {
+        (Activation::GeluApprox, None, None) => PostAttentionForm::SplitAtActivation,
+        (Activation::GeluApprox, Some(_), _) | (Activation::GeluApprox, None, Some(_)) => {
+            PostAttentionForm::Eager
+        }
+        (Activation::GeluApproxThenMultiply | Activation::Silu, _, _) => PostAttentionForm::OneBlock,
+    }
+}
+
+/// [`post_attention`] around the activation: one compiled block for
+/// `o_proj`, the attention residual, the MLP's norm and its gate and up
+/// projections; the activation as the eager blocks call it (mlx-lm's own
+/// compiled helper); one compiled block for `down_proj`, the feed-forward
+/// residual, the PLE gate and the layer scalar.
+fn post_attention_split(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
+    let hidden = h.shape()[h.ndim() - 1];
+    let eps = layer.eps;
+    let mut p = Packed::new(BEFORE_ACTIVATION);
+    p.key.extend([eps.to_bits() as i64, hidden as i64]);
+    h.put(&mut p);
+    o.put(&mut p);
+    layer.attn.o_proj.put(&mut p);
+    layer.norms.put(&mut p);
+    layer.mlp.put(&mut p);
+    let before = p.run(true, |covered| {
+        let (o_proj, norms, mlp) = (
+            hollow(&layer.attn.o_proj),
+            hollow(layer.norms),
+            hollow(layer.mlp),
+        );
+        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
+            let it = &mut inputs.iter();
+            let (h, o) = (next(it), next(it));
+            let (o_proj, norms, mlp) = (o_proj.take(it), norms.take(it), mlp.take(it));
+            let h = blocks::attention_residual(&h, &o_proj.forward(&o)?, &norms, eps)?;
+            let (gate, up) = mlp.gate_and_up(&blocks::mlp_input(&h, &norms, eps)?)?;
+            covered.set(true);
+            Ok(vec![h, gate, up])
+        })
+    })?;
+    let [h, gate, up] = <[Array; 3]>::try_from(before).map_err(|_| bad_outputs())?;
+    let act = layer.mlp.activate(&gate, &up)?;
+    let mut p = Packed::new(AFTER_ACTIVATION);
+    p.key.extend([eps.to_bits() as i64, hidden as i64]);
+    h.put(&mut p);
+    act.put(&mut p);
+    layer.mlp.put(&mut p);
+    layer.norms.put(&mut p);
+    p.key.push(layer.ple.is_some() as i64);
+    if let Some((gate, input)) = layer.ple {
+        gate.put(&mut p);
+        input.put(&mut p);
+    }
+    layer.layer_scalar.cloned().put(&mut p);
+    let after = p.run(true, |covered| {
+        let (mlp, norms) = (hollow(layer.mlp), hollow(layer.norms));
+        let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
+        let scalar = layer.layer_scalar.map(hollow);
+        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
+            let it = &mut inputs.iter();
+            let (h, act) = (next(it), next(it));
+            let (mlp, norms) = (mlp.take(it), norms.take(it));
+            let (ple, scalar) = (ple.take(it), scalar.take(it));
+            let h = blocks::mlp_residual(&h, &mlp.down(&act)?, &norms, eps)?;
+            let ple = match &ple {
+                Some((g, x)) => Some((g, x.reshape(&[h.shape()[0], -1])?)),
+                None => None,
+            };
+            let ple = ple.as_ref().map(|(g, x)| (*g, x));
+            covered.set(true);
+            Ok(vec![blocks::finish_layer(&h, ple, scalar.as_ref(), eps)?])
+        })
+    })?;
+    after.into_iter().next().ok_or_else(bad_outputs)
+}
+
+/// The key ids of [`post_attention_split`]'s two blocks.
+const BEFORE_ACTIVATION: i64 = 7;
+const AFTER_ACTIVATION: i64 = 8;
+
+/// [`post_attention`] as one block, compiled when `compile` (and the norms
+/// found their inputs).
+fn post_attention_block(
+    h: &Array,
+    o: &Array,
+    layer: &Layer<'_>,
+    residual: Option<&Array>,
+    compile: bool,
+) -> Result<Array> {
     let hidden = h.shape()[h.ndim() - 1];
     let mut p = Packed::new(2);
     let native = path() == Path::NativeFastOps;
@@ -657,9 +785,10 @@ fn post_attention(
     layer.layer_scalar.cloned().put(&mut p);
     residual.cloned().put(&mut p);
     let eps = layer.eps;
-    let compile = layer
-        .moe
-        .is_none_or(|m| reads_back((m.router.hidden as f64).powf(-0.5) as f32));
+    let compile = compile
+        && layer
+            .moe
+            .is_none_or(|m| reads_back((m.router.hidden as f64).powf(-0.5) as f32));
     let out = p.run(compile, |covered| {
         // Templates for rebuilding the structures from the traced inputs.
         let (o_proj, norms, mlp) = (
@@ -1596,6 +1725,7 @@ impl Flat for Mlp {
         p.key.push(match self.activation {
             Activation::GeluApprox => 0,
             Activation::Silu => 1,
+            Activation::GeluApproxThenMultiply => 2,
         });
         self.gate_proj.put(p);
         self.up_proj.put(p);
