@@ -48,6 +48,48 @@ pub struct DenseSpec {
     pub mixed_kv: Option<crate::MixedKv>,
 }
 
+/// The families this layout serves; every other family has a layout of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DenseFamily {
+    Qwen3,
+    Llama,
+    Qwen2,
+}
+
+impl DenseFamily {
+    /// The dense family `family` is, or None for a family with a layout of its own.
+    pub(crate) fn of(family: Family) -> Option<DenseFamily> {
+        match family {
+            Family::Qwen3 => Some(DenseFamily::Qwen3),
+            Family::Llama => Some(DenseFamily::Llama),
+            Family::Qwen2 => Some(DenseFamily::Qwen2),
+            Family::Gemma4
+            | Family::Gemma2
+            | Family::Qwen3Moe
+            | Family::MiniCpm
+            | Family::Qwen35 => None,
+        }
+    }
+
+    pub(crate) fn family(self) -> Family {
+        match self {
+            DenseFamily::Qwen3 => Family::Qwen3,
+            DenseFamily::Llama => Family::Llama,
+            DenseFamily::Qwen2 => Family::Qwen2,
+        }
+    }
+}
+
+impl DenseSpec {
+    /// The family the document is read as. `check` refuses every family but
+    /// qwen3, llama and qwen2, so every loaded or imported spec has one of them;
+    /// a spec built in code with another (never validated) reads as Llama, the
+    /// plain stack (no q/k norm, no bias).
+    pub(crate) fn dense_family(&self) -> DenseFamily {
+        DenseFamily::of(self.identity.family).unwrap_or(DenseFamily::Llama)
+    }
+}
+
 /// Model-wide dimensions and numerics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -377,7 +419,7 @@ pub(crate) fn resolve(spec: &DenseSpec) -> Architecture {
     Architecture {
         name: spec.identity.name.clone(),
         family: spec.identity.family,
-        qk_norm: spec.identity.family == Family::Qwen3,
+        qk_norm: spec.dense_family() == DenseFamily::Qwen3,
         model_type: spec.identity.source.model_type,
         module_prefix: "model.",
         lm_head_path: "lm_head",
@@ -432,25 +474,14 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
             original_max_position_embeddings: *original_max_position_embeddings as f64,
         },
     };
-    let qk_norm = match spec.identity.family {
-        Family::Qwen3 => QkNorm::RmsPerHead,
-        Family::Llama
-        | Family::Qwen2
-        | Family::Gemma4
-        | Family::Gemma2
-        | Family::Qwen3Moe
-        | Family::MiniCpm
-        | Family::Qwen35 => QkNorm::None,
+    let family = spec.dense_family();
+    let qk_norm = match family {
+        DenseFamily::Qwen3 => QkNorm::RmsPerHead,
+        DenseFamily::Llama | DenseFamily::Qwen2 => QkNorm::None,
     };
-    let bias = match spec.identity.family {
-        Family::Qwen2 => ProjectionBias::QueryKeyValue,
-        Family::Qwen3
-        | Family::Llama
-        | Family::Gemma4
-        | Family::Gemma2
-        | Family::Qwen3Moe
-        | Family::MiniCpm
-        | Family::Qwen35 => ProjectionBias::None,
+    let bias = match family {
+        DenseFamily::Qwen2 => ProjectionBias::QueryKeyValue,
+        DenseFamily::Qwen3 | DenseFamily::Llama => ProjectionBias::None,
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| Layer {
@@ -587,25 +618,20 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
         "rope_theta": spec.rope.rope_theta,
         "rope_scaling": scaling_json(&spec.rope.scaling),
     });
-    match spec.identity.family {
-        Family::Llama => {
+    match spec.dense_family() {
+        DenseFamily::Llama => {
             v["rope_traditional"] = json!(spec.rope.traditional);
             v["attention_bias"] = json!(false);
             v["mlp_bias"] = json!(false);
         }
-        Family::Qwen2 => {
+        DenseFamily::Qwen2 => {
             // qwen2.py has no head_dim field (hidden_size // heads, checked).
             if let Some(o) = v.as_object_mut() {
                 o.remove("head_dim");
             }
             v["rope_traditional"] = json!(spec.rope.traditional);
         }
-        Family::Qwen3
-        | Family::Gemma4
-        | Family::Gemma2
-        | Family::Qwen3Moe
-        | Family::MiniCpm
-        | Family::Qwen35 => {}
+        DenseFamily::Qwen3 => {}
     }
     if let Some(q) = &spec.quantization {
         v["quantization"] = crate::hf::quantization_json(q);
@@ -786,24 +812,19 @@ impl DenseReduce {
 
 /// Imports a flat `qwen3` / `llama` / `mistral` / `qwen2` config.json with
 /// mlx-lm 0.32.2's `ModelArgs` defaults (`qwen3.py`, `llama.py`, `qwen2.py`,
-/// `rope_utils.py`; `mistral` is read by `llama.py`).
+/// `rope_utils.py`; `mistral` is read by `llama.py`). `family` is
+/// `model_type`'s family.
 pub(crate) fn import(
     top: &Map<String, Value>,
     model_type: ConfigModelType,
+    family: DenseFamily,
     name: &str,
 ) -> Result<(DenseSpec, Vec<AppliedDefault>), ImportError> {
-    let family = model_type.family();
     // llama.py and qwen2.py read rope_traditional / rope_theta / rope_scaling
     // (never rope_parameters); qwen3.py reads rope_parameters too.
     let reads_rope_parameters = match family {
-        Family::Qwen3 => true,
-        Family::Llama
-        | Family::Qwen2
-        | Family::Gemma4
-        | Family::Gemma2
-        | Family::Qwen3Moe
-        | Family::MiniCpm
-        | Family::Qwen35 => false,
+        DenseFamily::Qwen3 => true,
+        DenseFamily::Llama | DenseFamily::Qwen2 => false,
     };
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
@@ -819,7 +840,7 @@ pub(crate) fn import(
         d
     };
     let (num_kv, head_dim, max_pos, tie) = match family {
-        Family::Llama => {
+        DenseFamily::Llama => {
             let kv = r.uint("num_key_value_heads", num_heads);
             let head_dim = match r.get("head_dim").cloned() {
                 Some(v) => r.uint_of("head_dim", &v),
@@ -832,7 +853,7 @@ pub(crate) fn import(
             let tie = r.boolean("tie_word_embeddings", true);
             (kv, head_dim, max_pos, tie)
         }
-        Family::Qwen2 => {
+        DenseFamily::Qwen2 => {
             let kv = r.required_uint("num_key_value_heads");
             let reason = match r.get("head_dim") {
                 Some(_) => "ignored as written: mlx-lm's qwen2.py always uses hidden_size // num_attention_heads",
@@ -843,12 +864,7 @@ pub(crate) fn import(
             let tie = r.boolean("tie_word_embeddings", true);
             (kv, head_dim, max_pos, tie)
         }
-        Family::Qwen3
-        | Family::Gemma4
-        | Family::Gemma2
-        | Family::Qwen3Moe
-        | Family::MiniCpm
-        | Family::Qwen35 => (
+        DenseFamily::Qwen3 => (
             r.required_uint("num_key_value_heads"),
             r.required_uint("head_dim"),
             r.required_uint("max_position_embeddings"),
@@ -857,7 +873,7 @@ pub(crate) fn import(
     };
     let mut traditional = false;
     match family {
-        Family::Llama => {
+        DenseFamily::Llama => {
             traditional = r.boolean("rope_traditional", false);
             for flag in ["attention_bias", "mlp_bias"] {
                 if r.boolean(flag, false) {
@@ -884,7 +900,7 @@ pub(crate) fn import(
                 }
             }
         }
-        Family::Qwen2 => {
+        DenseFamily::Qwen2 => {
             traditional = r.boolean("rope_traditional", false);
             for field in ["use_sliding_window", "sliding_window", "max_window_layers"] {
                 if let Some(v) = r.get(field).cloned() {
@@ -896,12 +912,7 @@ pub(crate) fn import(
                 }
             }
         }
-        Family::Qwen3
-        | Family::Gemma4
-        | Family::Gemma2
-        | Family::Qwen3Moe
-        | Family::MiniCpm
-        | Family::Qwen35 => {}
+        DenseFamily::Qwen3 => {}
     }
     // rope_theta / rope_scaling, with transformers >= 5's rope_parameters (qwen3 reads
     // it; llama.py does not).
@@ -936,14 +947,8 @@ pub(crate) fn import(
         (None, _, true) => {
             // llama.py: 10000; qwen2.py: 1000000.
             let default = match family {
-                Family::Qwen2 => 1_000_000.0,
-                Family::Llama
-                | Family::Qwen3
-                | Family::Gemma4
-                | Family::Gemma2
-                | Family::Qwen3Moe
-                | Family::MiniCpm
-                | Family::Qwen35 => 10000.0,
+                DenseFamily::Qwen2 => 1_000_000.0,
+                DenseFamily::Llama | DenseFamily::Qwen3 => 10000.0,
             };
             r.note("rope_theta", json!(default), ABSENT);
             default
@@ -955,7 +960,7 @@ pub(crate) fn import(
             Value::Null,
             &format!(
                 "ignored: mlx-lm 0.32.2's {}.py reads rope_theta / rope_scaling only",
-                family.as_str()
+                family.family().as_str()
             ),
         );
     }
@@ -995,7 +1000,7 @@ pub(crate) fn import(
         format_version: FORMAT_VERSION,
         identity: Identity {
             name: name.to_string(),
-            family,
+            family: family.family(),
             source: Source {
                 repo,
                 revision: None,
