@@ -205,6 +205,8 @@ pub(crate) fn read<S: Reducible>(
 /// Moves an issue on the reduced spec to the derived file's field: the derived
 /// file's own sections keep their place under `derive`, a reduced size goes to
 /// its `derive.reduce` field, and anything else was inherited from the parent.
+/// (With `reduce: null` every size is the valid parent's, so in practice only the
+/// file's own sections have issues then.)
 fn place<S: Reducible>(mut i: Issue, reduced: bool, parent: &str) -> Issue {
     let s = i.path.to_string();
     if s.starts_with("quantization") || s.starts_with("mixed_kv") {
