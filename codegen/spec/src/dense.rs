@@ -8,13 +8,14 @@
 //! validation, the resolved [`Architecture`], the config.json view, the YAML writer, the
 //! reduction to tiny variants and the config.json importer.
 
-use crate::arch::{Architecture, LayerFacts, RopeKind};
+use crate::arch::{Architecture, LayerFacts, QuantizableModule, RopeKind};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader, ABSENT};
 use crate::layout::Layout;
 use crate::model::*;
+use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
 use crate::yaml::Node;
-use crate::{locate_all, locate_serde, validate, Sections};
+use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -45,6 +46,48 @@ pub struct DenseSpec {
     /// means null), so specs written before it read unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mixed_kv: Option<crate::MixedKv>,
+}
+
+/// The families this layout serves; every other family has a layout of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DenseFamily {
+    Qwen3,
+    Llama,
+    Qwen2,
+}
+
+impl DenseFamily {
+    /// The dense family `family` is, or None for a family with a layout of its own.
+    pub(crate) fn of(family: Family) -> Option<DenseFamily> {
+        match family {
+            Family::Qwen3 => Some(DenseFamily::Qwen3),
+            Family::Llama => Some(DenseFamily::Llama),
+            Family::Qwen2 => Some(DenseFamily::Qwen2),
+            Family::Gemma4
+            | Family::Gemma2
+            | Family::Qwen3Moe
+            | Family::MiniCpm
+            | Family::Qwen35 => None,
+        }
+    }
+
+    pub(crate) fn family(self) -> Family {
+        match self {
+            DenseFamily::Qwen3 => Family::Qwen3,
+            DenseFamily::Llama => Family::Llama,
+            DenseFamily::Qwen2 => Family::Qwen2,
+        }
+    }
+}
+
+impl DenseSpec {
+    /// The family the document is read as. `check` refuses every family but
+    /// qwen3, llama and qwen2, so every loaded or imported spec has one of them;
+    /// a spec built in code with another (never validated) reads as Llama, the
+    /// plain stack (no q/k norm, no bias).
+    pub(crate) fn dense_family(&self) -> DenseFamily {
+        DenseFamily::of(self.identity.family).unwrap_or(DenseFamily::Llama)
+    }
 }
 
 /// Model-wide dimensions and numerics.
@@ -376,7 +419,7 @@ pub(crate) fn resolve(spec: &DenseSpec) -> Architecture {
     Architecture {
         name: spec.identity.name.clone(),
         family: spec.identity.family,
-        qk_norm: spec.identity.family == Family::Qwen3,
+        qk_norm: spec.dense_family() == DenseFamily::Qwen3,
         model_type: spec.identity.source.model_type,
         module_prefix: "model.",
         lm_head_path: "lm_head",
@@ -431,25 +474,14 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
             original_max_position_embeddings: *original_max_position_embeddings as f64,
         },
     };
-    let qk_norm = match spec.identity.family {
-        Family::Qwen3 => QkNorm::RmsPerHead,
-        Family::Llama
-        | Family::Qwen2
-        | Family::Gemma4
-        | Family::Gemma2
-        | Family::Qwen3Moe
-        | Family::MiniCpm
-        | Family::Qwen35 => QkNorm::None,
+    let family = spec.dense_family();
+    let qk_norm = match family {
+        DenseFamily::Qwen3 => QkNorm::RmsPerHead,
+        DenseFamily::Llama | DenseFamily::Qwen2 => QkNorm::None,
     };
-    let bias = match spec.identity.family {
-        Family::Qwen2 => ProjectionBias::QueryKeyValue,
-        Family::Qwen3
-        | Family::Llama
-        | Family::Gemma4
-        | Family::Gemma2
-        | Family::Qwen3Moe
-        | Family::MiniCpm
-        | Family::Qwen35 => ProjectionBias::None,
+    let bias = match family {
+        DenseFamily::Qwen2 => ProjectionBias::QueryKeyValue,
+        DenseFamily::Qwen3 | DenseFamily::Llama => ProjectionBias::None,
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| Layer {
@@ -586,25 +618,20 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
         "rope_theta": spec.rope.rope_theta,
         "rope_scaling": scaling_json(&spec.rope.scaling),
     });
-    match spec.identity.family {
-        Family::Llama => {
+    match spec.dense_family() {
+        DenseFamily::Llama => {
             v["rope_traditional"] = json!(spec.rope.traditional);
             v["attention_bias"] = json!(false);
             v["mlp_bias"] = json!(false);
         }
-        Family::Qwen2 => {
+        DenseFamily::Qwen2 => {
             // qwen2.py has no head_dim field (hidden_size // heads, checked).
             if let Some(o) = v.as_object_mut() {
                 o.remove("head_dim");
             }
             v["rope_traditional"] = json!(spec.rope.traditional);
         }
-        Family::Qwen3
-        | Family::Gemma4
-        | Family::Gemma2
-        | Family::Qwen3Moe
-        | Family::MiniCpm
-        | Family::Qwen35 => {}
+        DenseFamily::Qwen3 => {}
     }
     if let Some(q) = &spec.quantization {
         v["quantization"] = crate::hf::quantization_json(q);
@@ -713,114 +740,71 @@ pub(crate) fn parse_full(
     LAYOUT.parse(value, tree, origin, check)
 }
 
-/// Applies a derived dense file to its (already loaded, valid) parent.
-pub(crate) fn parse_derived(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-    parent: &DenseSpec,
-) -> Result<DenseSpec, Diagnostics> {
-    let file: DenseDerivedSpecFile = serde_path_to_error::deserialize(value).map_err(|e| {
-        locate_serde(
-            tree,
-            origin,
-            vec![crate::serde_issue(&FieldPath::root(), e)],
-        )
-    })?;
-    let mut spec = parent.clone();
-    spec.identity.name = file.identity.name.clone();
-    spec.quantization = file.derive.quantization.clone();
-    spec.mixed_kv = file.derive.mixed_kv.clone();
-    let mut issues = Vec::new();
-    if let Some(r) = &file.derive.reduce {
-        let rp = |f: &str| p("derive.reduce").key(f);
-        let grow: [(&str, u32, u32); 7] = [
-            (
-                "num_hidden_layers",
-                r.num_hidden_layers,
-                parent.layers.num_hidden_layers,
-            ),
-            ("hidden_size", r.hidden_size, parent.model.hidden_size),
-            ("vocab_size", r.vocab_size, parent.model.vocab_size),
-            (
-                "num_attention_heads",
-                r.num_attention_heads,
-                parent.attention.num_attention_heads,
-            ),
-            (
-                "num_key_value_heads",
-                r.num_key_value_heads,
-                parent.attention.num_key_value_heads,
-            ),
-            ("head_dim", r.head_dim, parent.attention.head_dim),
-            (
-                "intermediate_size",
-                r.intermediate_size,
-                parent.mlp.intermediate_size,
-            ),
-        ];
-        crate::derive::check_shrinks(&grow, &mut issues);
-        // Keep grouped-query attention grouped, as in the parent.
-        let grouped = parent.attention.num_attention_heads != parent.attention.num_key_value_heads;
-        if grouped && r.num_attention_heads == r.num_key_value_heads {
-            issues.push(Issue::new(
-                rp("num_key_value_heads"),
-                format!(
-                    "{} KV heads for {} query heads: not grouped, but the parent is",
-                    r.num_key_value_heads, r.num_attention_heads
-                ),
-                "fewer KV heads than query heads",
-                "a reduction keeps the parent's structure: GQA stays GQA",
-            ));
-        }
-        spec.layers.num_hidden_layers = r.num_hidden_layers;
-        spec.model.hidden_size = r.hidden_size;
-        spec.model.vocab_size = r.vocab_size;
-        spec.attention.num_attention_heads = r.num_attention_heads;
-        spec.attention.num_key_value_heads = r.num_key_value_heads;
-        spec.attention.head_dim = r.head_dim;
-        spec.mlp.intermediate_size = r.intermediate_size;
+/// The derived dense form (see [`crate::reduce`]): the stack's sizes and the MLP width.
+impl Reducible for DenseSpec {
+    type File = DenseDerivedSpecFile;
+    type Reduce = DenseReduce;
+
+    fn derived(parent: &Self, file: &DenseDerivedSpecFile) -> Self {
+        let mut spec = parent.clone();
+        spec.identity.name = file.identity.name.clone();
+        spec.quantization = file.derive.quantization.clone();
+        spec.mixed_kv = file.derive.mixed_kv.clone();
+        spec
     }
-    if issues.is_empty() {
-        for mut i in check(&spec) {
-            let s = i.path.to_string();
-            if s.starts_with("quantization") || s.starts_with("mixed_kv") {
-                let mut path = p("derive");
-                path.0.extend(i.path.0);
-                i.path = path;
-            } else if let Some(field) = s
-                .rsplit('.')
-                .next()
-                .filter(|_| file.derive.reduce.is_some())
-            {
-                if s != "identity.name" {
-                    i.path = p("derive.reduce").key(field);
-                }
-            }
-            issues.push(i);
-        }
+    fn reduce(file: &DenseDerivedSpecFile) -> Option<&DenseReduce> {
+        file.derive.reduce.as_ref()
     }
-    if issues.is_empty() {
-        // As for Gemma-4: a tiny quantized variant must quantize every module.
-        if let Some(q) = &spec.quantization {
-            let skipped = resolve(&spec).quant_skipped_modules();
-            if let Some(first) = skipped.first() {
-                issues.push(Issue::new(
-                    p("derive.quantization.default.group_size"),
-                    format!(
-                        "group size {} does not divide the input dimension {} of `{}` ({} module(s) would be left unquantized)",
-                        q.default.group_size, first.in_dim, first.path, skipped.len()
-                    ),
-                    "a group size dividing every quantized module's input dimension",
-                    "derived specs must exercise quantization everywhere: pick sizes that are multiples of the group size",
-                ));
-            }
-        }
+    fn stack(r: &DenseReduce) -> Stack {
+        r.stack()
     }
-    if issues.is_empty() {
-        Ok(spec)
-    } else {
-        Err(locate_all(tree, origin, issues))
+    fn stack_of(&self) -> Stack {
+        Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
+    }
+    fn other_sizes(r: &DenseReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
+        vec![(
+            "intermediate_size",
+            r.intermediate_size,
+            parent.mlp.intermediate_size,
+        )]
+    }
+    fn apply(&mut self, r: &DenseReduce) {
+        r.stack().write(
+            &mut self.layers.num_hidden_layers,
+            &mut self.model,
+            &mut self.attention,
+        );
+        self.mlp.intermediate_size = r.intermediate_size;
+    }
+    fn check(&self) -> Vec<Issue> {
+        check(self)
+    }
+    /// Every size check of a dense spec is on a reduced field of the same name.
+    fn reduced_field(path: &str) -> Option<FieldPath> {
+        Some(reduce_key(last_key(path)))
+    }
+    fn name(&self) -> &str {
+        &self.identity.name
+    }
+    fn quantization(&self) -> Option<&Quantization> {
+        self.quantization.as_ref()
+    }
+    fn quant_skipped(&self) -> Vec<QuantizableModule> {
+        resolve(self).quant_skipped_modules()
+    }
+}
+
+impl DenseReduce {
+    /// The attention stack's sizes (also of Gemma-2's reduction, which has this form).
+    pub(crate) fn stack(&self) -> Stack {
+        Stack {
+            num_hidden_layers: self.num_hidden_layers,
+            hidden_size: self.hidden_size,
+            vocab_size: self.vocab_size,
+            num_attention_heads: self.num_attention_heads,
+            num_key_value_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+        }
     }
 }
 
@@ -828,24 +812,19 @@ pub(crate) fn parse_derived(
 
 /// Imports a flat `qwen3` / `llama` / `mistral` / `qwen2` config.json with
 /// mlx-lm 0.32.2's `ModelArgs` defaults (`qwen3.py`, `llama.py`, `qwen2.py`,
-/// `rope_utils.py`; `mistral` is read by `llama.py`).
+/// `rope_utils.py`; `mistral` is read by `llama.py`). `family` is
+/// `model_type`'s family.
 pub(crate) fn import(
     top: &Map<String, Value>,
     model_type: ConfigModelType,
+    family: DenseFamily,
     name: &str,
 ) -> Result<(DenseSpec, Vec<AppliedDefault>), ImportError> {
-    let family = model_type.family();
     // llama.py and qwen2.py read rope_traditional / rope_theta / rope_scaling
     // (never rope_parameters); qwen3.py reads rope_parameters too.
     let reads_rope_parameters = match family {
-        Family::Qwen3 => true,
-        Family::Llama
-        | Family::Qwen2
-        | Family::Gemma4
-        | Family::Gemma2
-        | Family::Qwen3Moe
-        | Family::MiniCpm
-        | Family::Qwen35 => false,
+        DenseFamily::Qwen3 => true,
+        DenseFamily::Llama | DenseFamily::Qwen2 => false,
     };
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
@@ -861,7 +840,7 @@ pub(crate) fn import(
         d
     };
     let (num_kv, head_dim, max_pos, tie) = match family {
-        Family::Llama => {
+        DenseFamily::Llama => {
             let kv = r.uint("num_key_value_heads", num_heads);
             let head_dim = match r.get("head_dim").cloned() {
                 Some(v) => r.uint_of("head_dim", &v),
@@ -874,7 +853,7 @@ pub(crate) fn import(
             let tie = r.boolean("tie_word_embeddings", true);
             (kv, head_dim, max_pos, tie)
         }
-        Family::Qwen2 => {
+        DenseFamily::Qwen2 => {
             let kv = r.required_uint("num_key_value_heads");
             let reason = match r.get("head_dim") {
                 Some(_) => "ignored as written: mlx-lm's qwen2.py always uses hidden_size // num_attention_heads",
@@ -885,12 +864,7 @@ pub(crate) fn import(
             let tie = r.boolean("tie_word_embeddings", true);
             (kv, head_dim, max_pos, tie)
         }
-        Family::Qwen3
-        | Family::Gemma4
-        | Family::Gemma2
-        | Family::Qwen3Moe
-        | Family::MiniCpm
-        | Family::Qwen35 => (
+        DenseFamily::Qwen3 => (
             r.required_uint("num_key_value_heads"),
             r.required_uint("head_dim"),
             r.required_uint("max_position_embeddings"),
@@ -899,7 +873,7 @@ pub(crate) fn import(
     };
     let mut traditional = false;
     match family {
-        Family::Llama => {
+        DenseFamily::Llama => {
             traditional = r.boolean("rope_traditional", false);
             for flag in ["attention_bias", "mlp_bias"] {
                 if r.boolean(flag, false) {
@@ -926,7 +900,7 @@ pub(crate) fn import(
                 }
             }
         }
-        Family::Qwen2 => {
+        DenseFamily::Qwen2 => {
             traditional = r.boolean("rope_traditional", false);
             for field in ["use_sliding_window", "sliding_window", "max_window_layers"] {
                 if let Some(v) = r.get(field).cloned() {
@@ -938,12 +912,7 @@ pub(crate) fn import(
                 }
             }
         }
-        Family::Qwen3
-        | Family::Gemma4
-        | Family::Gemma2
-        | Family::Qwen3Moe
-        | Family::MiniCpm
-        | Family::Qwen35 => {}
+        DenseFamily::Qwen3 => {}
     }
     // rope_theta / rope_scaling, with transformers >= 5's rope_parameters (qwen3 reads
     // it; llama.py does not).
@@ -978,14 +947,8 @@ pub(crate) fn import(
         (None, _, true) => {
             // llama.py: 10000; qwen2.py: 1000000.
             let default = match family {
-                Family::Qwen2 => 1_000_000.0,
-                Family::Llama
-                | Family::Qwen3
-                | Family::Gemma4
-                | Family::Gemma2
-                | Family::Qwen3Moe
-                | Family::MiniCpm
-                | Family::Qwen35 => 10000.0,
+                DenseFamily::Qwen2 => 1_000_000.0,
+                DenseFamily::Llama | DenseFamily::Qwen3 => 10000.0,
             };
             r.note("rope_theta", json!(default), ABSENT);
             default
@@ -997,7 +960,7 @@ pub(crate) fn import(
             Value::Null,
             &format!(
                 "ignored: mlx-lm 0.32.2's {}.py reads rope_theta / rope_scaling only",
-                family.as_str()
+                family.family().as_str()
             ),
         );
     }
@@ -1037,7 +1000,7 @@ pub(crate) fn import(
         format_version: FORMAT_VERSION,
         identity: Identity {
             name: name.to_string(),
-            family,
+            family: family.family(),
             source: Source {
                 repo,
                 revision: None,

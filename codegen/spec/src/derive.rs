@@ -4,6 +4,7 @@
 
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::model::*;
+use crate::reduce;
 use crate::yaml::{Loc, Node};
 use crate::{
     de_at, locate_all, locate_serde, missing_field, unknown_field, validate, MAX_DERIVE_DEPTH,
@@ -37,24 +38,19 @@ pub(crate) fn parse_derived(
             let from = from.to_string();
             return match load_parent(&from, tree, origin, dir, stack)? {
                 crate::Spec::Dense(parent) => {
-                    crate::dense::parse_derived(value, tree, origin, &parent)
-                        .map(crate::Spec::Dense)
+                    reduce::read(value, tree, origin, &parent).map(crate::Spec::Dense)
                 }
                 crate::Spec::Gemma2(parent) => {
-                    crate::gemma2::parse_derived(value, tree, origin, &parent)
-                        .map(crate::Spec::Gemma2)
+                    reduce::read(value, tree, origin, &parent).map(crate::Spec::Gemma2)
                 }
                 crate::Spec::Qwen3Moe(parent) => {
-                    crate::qwen3_moe::parse_derived(value, tree, origin, &parent)
-                        .map(crate::Spec::Qwen3Moe)
+                    reduce::read(value, tree, origin, &parent).map(crate::Spec::Qwen3Moe)
                 }
                 crate::Spec::MiniCpm(parent) => {
-                    crate::minicpm::parse_derived(value, tree, origin, &parent)
-                        .map(crate::Spec::MiniCpm)
+                    reduce::read(value, tree, origin, &parent).map(crate::Spec::MiniCpm)
                 }
                 crate::Spec::Qwen35(parent) => {
-                    crate::qwen3_5::parse_derived(value, tree, origin, &parent)
-                        .map(crate::Spec::Qwen35)
+                    reduce::read(value, tree, origin, &parent).map(crate::Spec::Qwen35)
                 }
                 crate::Spec::Gemma4(_) => unreachable_family(tree, origin),
             };
@@ -431,7 +427,7 @@ fn apply(parent: &Gemma4Spec, file: &DerivedSpecFile) -> (Gemma4Spec, Vec<Issue>
             parent.mlp.intermediate_size,
         ),
     ];
-    check_shrinks(&grow, &mut issues);
+    reduce::check_shrinks(&grow, &mut issues);
     if !issues.is_empty() {
         return (spec, issues);
     }
@@ -514,38 +510,11 @@ fn translate(mut i: Issue, file: &DerivedSpecFile, parent: &str) -> Issue {
 
 /// A derived (tiny) spec must quantize every module it declares quantized: no module may
 /// be silently skipped for group divisibility.
-fn check_quant_divisibility(spec: &Gemma4Spec) -> Vec<Issue> {
-    let Some(q) = &spec.quantization else {
-        return Vec::new();
-    };
-    let skipped = spec.resolve().quant_skipped_modules();
-    let Some(first) = skipped.first() else {
-        return Vec::new();
-    };
-    vec![Issue::new(
-        p("derive.quantization.default.group_size"),
-        format!(
-            "group size {} does not divide the input dimension {} of `{}` ({} module(s) would be left unquantized)",
-            q.default.group_size,
-            first.in_dim,
-            first.path,
-            skipped.len()
-        ),
-        "a group size dividing every quantized module's input dimension",
+fn check_quant_divisibility(spec: &Gemma4Spec) -> Option<Issue> {
+    let q = spec.quantization.as_ref()?;
+    reduce::quant_divisibility(
+        q,
+        &spec.resolve().quant_skipped_modules(),
         "derived specs must exercise quantization everywhere: pick reduced sizes that are multiples of the group size, or a smaller group",
-    )]
-}
-
-/// A reduction only shrinks: each (field, reduced, parent's) must not grow.
-pub(crate) fn check_shrinks(sizes: &[(&str, u32, u32)], issues: &mut Vec<Issue>) {
-    for &(field, v, pv) in sizes {
-        if v > pv {
-            issues.push(Issue::new(
-                p("derive.reduce").key(field),
-                format!("{v} is larger than the parent's {pv}"),
-                format!("at most {pv}"),
-                "a reduction only shrinks sizes",
-            ));
-        }
-    }
+    )
 }

@@ -10,14 +10,15 @@
 //! logits. It has no sliding window: every layer attends over the full causal context
 //! with a plain `KVCache` (the Hugging Face config's `sliding_window` is not read).
 
-use crate::arch::{Architecture, LayerFacts, RopeKind};
+use crate::arch::{Architecture, LayerFacts, QuantizableModule, RopeKind};
 use crate::dense::{DenseDerivedSpecFile, DenseReduce};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader};
 use crate::layout::Layout;
 use crate::model::*;
+use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
 use crate::yaml::Node;
-use crate::{locate_all, locate_serde, validate, Sections};
+use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -497,82 +498,57 @@ pub(crate) fn parse_full(
     LAYOUT.parse(value, tree, origin, check)
 }
 
-/// Applies a derived file (the dense derived form: `reduce` of the seven sizes) to its
-/// (already loaded, valid) Gemma-2 parent.
-pub(crate) fn parse_derived(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-    parent: &Gemma2Spec,
-) -> Result<Gemma2Spec, Diagnostics> {
-    let file: DenseDerivedSpecFile = serde_path_to_error::deserialize(value).map_err(|e| {
-        locate_serde(
-            tree,
-            origin,
-            vec![crate::serde_issue(&FieldPath::root(), e)],
-        )
-    })?;
-    let mut spec = parent.clone();
-    spec.identity.name = file.identity.name.clone();
-    spec.quantization = file.derive.quantization.clone();
-    let mut issues = Vec::new();
-    if let Some(r) = &file.derive.reduce {
-        let DenseReduce {
-            num_hidden_layers,
-            hidden_size,
-            vocab_size,
-            num_attention_heads,
-            num_key_value_heads,
-            head_dim,
-            intermediate_size,
-        } = *r;
-        let grow: [(&str, u32, u32); 7] = [
-            (
-                "num_hidden_layers",
-                num_hidden_layers,
-                parent.layers.num_hidden_layers,
-            ),
-            ("hidden_size", hidden_size, parent.model.hidden_size),
-            ("vocab_size", vocab_size, parent.model.vocab_size),
-            (
-                "num_attention_heads",
-                num_attention_heads,
-                parent.attention.num_attention_heads,
-            ),
-            (
-                "num_key_value_heads",
-                num_key_value_heads,
-                parent.attention.num_key_value_heads,
-            ),
-            ("head_dim", head_dim, parent.attention.head_dim),
-            (
-                "intermediate_size",
-                intermediate_size,
-                parent.mlp.intermediate_size,
-            ),
-        ];
-        crate::derive::check_shrinks(&grow, &mut issues);
-        // Keep grouped-query attention grouped, as in the parent.
-        let grouped = parent.attention.num_attention_heads != parent.attention.num_key_value_heads;
-        if grouped && num_attention_heads == num_key_value_heads {
-            issues.push(Issue::new(
-                p("derive.reduce.num_key_value_heads"),
-                format!(
-                    "{num_key_value_heads} KV heads for {num_attention_heads} query heads: not grouped, but the parent is"
-                ),
-                "fewer KV heads than query heads",
-                "a reduction keeps the parent's structure: GQA stays GQA",
-            ));
-        }
-        spec.layers.num_hidden_layers = num_hidden_layers;
-        spec.model.hidden_size = hidden_size;
-        spec.model.vocab_size = vocab_size;
-        spec.attention.num_attention_heads = num_attention_heads;
-        spec.attention.num_key_value_heads = num_key_value_heads;
-        spec.attention.head_dim = head_dim;
-        spec.mlp.intermediate_size = intermediate_size;
+/// The derived Gemma-2 form is the dense one (`reduce` of the seven sizes; see
+/// [`crate::reduce`]). Its `mixed_kv` is not read: Gemma-2 has no mixed KV.
+impl Reducible for Gemma2Spec {
+    type File = DenseDerivedSpecFile;
+    type Reduce = DenseReduce;
+
+    fn derived(parent: &Self, file: &DenseDerivedSpecFile) -> Self {
+        let mut spec = parent.clone();
+        spec.identity.name = file.identity.name.clone();
+        spec.quantization = file.derive.quantization.clone();
+        spec
     }
-    if issues.is_empty() {
+    fn reduce(file: &DenseDerivedSpecFile) -> Option<&DenseReduce> {
+        file.derive.reduce.as_ref()
+    }
+    fn stack(r: &DenseReduce) -> Stack {
+        r.stack()
+    }
+    fn stack_of(&self) -> Stack {
+        let (m, a) = (&self.model, &self.attention);
+        Stack {
+            num_hidden_layers: self.layers.num_hidden_layers,
+            hidden_size: m.hidden_size,
+            vocab_size: m.vocab_size,
+            num_attention_heads: a.num_attention_heads,
+            num_key_value_heads: a.num_key_value_heads,
+            head_dim: a.head_dim,
+        }
+    }
+    fn other_sizes(r: &DenseReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
+        vec![(
+            "intermediate_size",
+            r.intermediate_size,
+            parent.mlp.intermediate_size,
+        )]
+    }
+    fn apply(&mut self, r: &DenseReduce) {
+        self.layers.num_hidden_layers = r.num_hidden_layers;
+        self.model.hidden_size = r.hidden_size;
+        self.model.vocab_size = r.vocab_size;
+        self.attention.num_attention_heads = r.num_attention_heads;
+        self.attention.num_key_value_heads = r.num_key_value_heads;
+        self.attention.head_dim = r.head_dim;
+        self.mlp.intermediate_size = r.intermediate_size;
+    }
+    fn check(&self) -> Vec<Issue> {
+        check(self)
+    }
+    /// A check on one of the seven reduced sizes; any other (the scalar, the
+    /// softcaps) concerns an inherited field.
+    fn reduced_field(path: &str) -> Option<FieldPath> {
         const REDUCED: [&str; 7] = [
             "num_hidden_layers",
             "hidden_size",
@@ -582,46 +558,17 @@ pub(crate) fn parse_derived(
             "head_dim",
             "intermediate_size",
         ];
-        for mut i in check(&spec) {
-            let s = i.path.to_string();
-            let field = s.rsplit('.').next().unwrap_or("").to_string();
-            if s.starts_with("quantization") {
-                let mut path = p("derive");
-                path.0.extend(i.path.0);
-                i.path = path;
-            } else if file.derive.reduce.is_some() && REDUCED.contains(&field.as_str()) {
-                i.path = p("derive.reduce").key(&field);
-            } else if s != "identity.name" && s != "format_version" {
-                i.path = p("derive.from");
-                i.message = format!(
-                    "{} (inherited from `{}` at {s})",
-                    i.message, parent.identity.name
-                );
-            }
-            issues.push(i);
-        }
+        let field = last_key(path);
+        REDUCED.contains(&field).then(|| reduce_key(field))
     }
-    if issues.is_empty() {
-        // As for the other families: a tiny quantized variant must quantize every module.
-        if let Some(q) = &spec.quantization {
-            let skipped = resolve(&spec).quant_skipped_modules();
-            if let Some(first) = skipped.first() {
-                issues.push(Issue::new(
-                    p("derive.quantization.default.group_size"),
-                    format!(
-                        "group size {} does not divide the input dimension {} of `{}` ({} module(s) would be left unquantized)",
-                        q.default.group_size, first.in_dim, first.path, skipped.len()
-                    ),
-                    "a group size dividing every quantized module's input dimension",
-                    "derived specs must exercise quantization everywhere: pick sizes that are multiples of the group size",
-                ));
-            }
-        }
+    fn name(&self) -> &str {
+        &self.identity.name
     }
-    if issues.is_empty() {
-        Ok(spec)
-    } else {
-        Err(locate_all(tree, origin, issues))
+    fn quantization(&self) -> Option<&Quantization> {
+        self.quantization.as_ref()
+    }
+    fn quant_skipped(&self) -> Vec<QuantizableModule> {
+        resolve(self).quant_skipped_modules()
     }
 }
 

@@ -609,13 +609,13 @@ pub fn from_config_json(
         return crate::qwen3_5::import(top, model_type, name)
             .map(|(s, applied)| (crate::Spec::Qwen35(s), applied));
     }
-    if model_type.family().is_dense() {
+    if let Some(family) = crate::dense::DenseFamily::of(model_type.family()) {
         if kv_config.is_some() {
             return Err(fail(
                 "kv_config.json: KV-cache quantization is supported for Gemma-4 only".into(),
             ));
         }
-        return crate::dense::import(top, model_type, name)
+        return crate::dense::import(top, model_type, family, name)
             .map(|(s, applied)| (crate::Spec::Dense(s), applied));
     }
     if model_type == ConfigModelType::Gemma2 {

@@ -73,6 +73,7 @@ mod model;
 pub mod names;
 mod qwen3_5;
 mod qwen3_moe;
+mod reduce;
 pub mod tier;
 mod validate;
 mod yaml;

@@ -14,14 +14,15 @@
 //! validation, the lowering to the block IR, the config.json view, the YAML writer,
 //! the reduction to tiny variants and the config.json importer.
 
-use crate::arch::{Architecture, LayerFacts, RopeKind};
+use crate::arch::{Architecture, LayerFacts, QuantizableModule, RopeKind};
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader};
 use crate::layout::Layout;
 use crate::model::*;
+use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
 use crate::yaml::Node;
-use crate::{locate_all, locate_serde, validate, Sections};
+use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -460,114 +461,63 @@ pub(crate) fn parse_full(
     LAYOUT.parse(value, tree, origin, check)
 }
 
-/// Applies a derived MiniCPM file to its (already loaded, valid) parent.
-pub(crate) fn parse_derived(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-    parent: &MiniCpmSpec,
-) -> Result<MiniCpmSpec, Diagnostics> {
-    let file: MiniCpmDerivedSpecFile = serde_path_to_error::deserialize(value).map_err(|e| {
-        locate_serde(
-            tree,
-            origin,
-            vec![crate::serde_issue(&FieldPath::root(), e)],
-        )
-    })?;
-    let mut spec = parent.clone();
-    spec.identity.name = file.identity.name.clone();
-    spec.quantization = file.derive.quantization.clone();
-    let mut issues = Vec::new();
-    if let Some(r) = &file.derive.reduce {
-        let rp = |f: &str| p("derive.reduce").key(f);
-        let pa = &parent.attention;
-        let grow: [(&str, u32, u32); 7] = [
-            (
-                "num_hidden_layers",
-                r.num_hidden_layers,
-                parent.layers.num_hidden_layers,
-            ),
-            ("hidden_size", r.hidden_size, parent.model.hidden_size),
-            ("vocab_size", r.vocab_size, parent.model.vocab_size),
-            (
-                "num_attention_heads",
-                r.num_attention_heads,
-                pa.num_attention_heads,
-            ),
-            (
-                "num_key_value_heads",
-                r.num_key_value_heads,
-                pa.num_key_value_heads,
-            ),
-            ("head_dim", r.head_dim, pa.head_dim),
-            (
-                "intermediate_size",
-                r.intermediate_size,
-                parent.mlp.intermediate_size,
-            ),
-        ];
-        crate::derive::check_shrinks(&grow, &mut issues);
-        // Keep grouped-query attention grouped, as in the parent.
-        let grouped = pa.num_attention_heads != pa.num_key_value_heads;
-        if grouped && r.num_attention_heads == r.num_key_value_heads {
-            issues.push(Issue::new(
-                rp("num_key_value_heads"),
-                format!(
-                    "{} KV heads for {} query heads: not grouped, but the parent is",
-                    r.num_key_value_heads, r.num_attention_heads
-                ),
-                "fewer KV heads than query heads",
-                "a reduction keeps the parent's structure: GQA stays GQA",
-            ));
-        }
-        spec.layers.num_hidden_layers = r.num_hidden_layers;
-        spec.model.hidden_size = r.hidden_size;
-        spec.model.vocab_size = r.vocab_size;
-        spec.attention.num_attention_heads = r.num_attention_heads;
-        spec.attention.num_key_value_heads = r.num_key_value_heads;
-        spec.attention.head_dim = r.head_dim;
-        spec.mlp.intermediate_size = r.intermediate_size;
+/// The derived MiniCPM form (see [`crate::reduce`]): the dense form's sizes.
+impl Reducible for MiniCpmSpec {
+    type File = MiniCpmDerivedSpecFile;
+    type Reduce = MiniCpmReduce;
+
+    fn derived(parent: &Self, file: &MiniCpmDerivedSpecFile) -> Self {
+        let mut spec = parent.clone();
+        spec.identity.name = file.identity.name.clone();
+        spec.quantization = file.derive.quantization.clone();
+        spec
     }
-    if issues.is_empty() {
-        for mut i in check(&spec) {
-            let s = i.path.to_string();
-            if s.starts_with("quantization") {
-                let mut path = p("derive");
-                path.0.extend(i.path.0);
-                i.path = path;
-            } else if let Some(field) = s
-                .rsplit('.')
-                .next()
-                .filter(|_| file.derive.reduce.is_some())
-            {
-                if s != "identity.name" {
-                    i.path = p("derive.reduce").key(field);
-                }
-            }
-            issues.push(i);
+    fn reduce(file: &MiniCpmDerivedSpecFile) -> Option<&MiniCpmReduce> {
+        file.derive.reduce.as_ref()
+    }
+    fn stack(r: &MiniCpmReduce) -> Stack {
+        Stack {
+            num_hidden_layers: r.num_hidden_layers,
+            hidden_size: r.hidden_size,
+            vocab_size: r.vocab_size,
+            num_attention_heads: r.num_attention_heads,
+            num_key_value_heads: r.num_key_value_heads,
+            head_dim: r.head_dim,
         }
     }
-    if issues.is_empty() {
-        // As for the other families: a tiny quantized variant must quantize every module.
-        if let Some(q) = &spec.quantization {
-            let skipped = lower(&spec).quant_skipped_modules();
-            if let Some(first) = skipped.first() {
-                issues.push(Issue::new(
-                    p("derive.quantization.default.group_size"),
-                    format!(
-                        "group size {} does not divide the input dimension {} of `{}` ({} module(s) would be left unquantized)",
-                        q.default.group_size, first.in_dim, first.path, skipped.len()
-                    ),
-                    "a group size dividing every quantized module's input dimension",
-                    "derived specs must exercise quantization everywhere: pick sizes that are multiples of the group size",
-                ));
-            }
-        }
+    fn stack_of(&self) -> Stack {
+        Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
     }
-    if issues.is_empty() {
-        Ok(spec)
-    } else {
-        Err(locate_all(tree, origin, issues))
+    fn other_sizes(r: &MiniCpmReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
+        vec![(
+            "intermediate_size",
+            r.intermediate_size,
+            parent.mlp.intermediate_size,
+        )]
+    }
+    fn apply(&mut self, r: &MiniCpmReduce) {
+        Self::stack(r).write(
+            &mut self.layers.num_hidden_layers,
+            &mut self.model,
+            &mut self.attention,
+        );
+        self.mlp.intermediate_size = r.intermediate_size;
+    }
+    fn check(&self) -> Vec<Issue> {
+        check(self)
+    }
+    /// Every size check of a MiniCPM spec is on a reduced field of the same name.
+    fn reduced_field(path: &str) -> Option<FieldPath> {
+        Some(reduce_key(last_key(path)))
+    }
+    fn name(&self) -> &str {
+        &self.identity.name
+    }
+    fn quantization(&self) -> Option<&Quantization> {
+        self.quantization.as_ref()
+    }
+    fn quant_skipped(&self) -> Vec<QuantizableModule> {
+        lower(self).quant_skipped_modules()
     }
 }
 

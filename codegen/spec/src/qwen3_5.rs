@@ -12,14 +12,15 @@
 //! validation, the lowering to the block IR, the config.json view, the YAML
 //! writer, the reduction to tiny variants and the config.json importer.
 
-use crate::arch::{Architecture, LayerFacts, RopeKind};
+use crate::arch::{Architecture, LayerFacts, QuantizableModule, RopeKind};
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader};
 use crate::layout::Layout;
 use crate::model::*;
+use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
 use crate::yaml::Node;
-use crate::{locate_all, locate_serde, validate, Sections};
+use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -820,45 +821,38 @@ pub(crate) fn parse_full(
     LAYOUT.parse(value, tree, origin, check)
 }
 
-/// Applies a derived Qwen3.5 file to its (already loaded, valid) parent.
-pub(crate) fn parse_derived(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-    parent: &Qwen35Spec,
-) -> Result<Qwen35Spec, Diagnostics> {
-    let file: Qwen35DerivedSpecFile = serde_path_to_error::deserialize(value).map_err(|e| {
-        locate_serde(
-            tree,
-            origin,
-            vec![crate::serde_issue(&FieldPath::root(), e)],
-        )
-    })?;
-    let mut spec = parent.clone();
-    spec.identity.name = file.identity.name.clone();
-    spec.quantization = file.derive.quantization.clone();
-    let mut issues = Vec::new();
-    if let Some(r) = &file.derive.reduce {
-        let (pa, pl) = (&parent.attention, &parent.linear_attention);
-        let mut grow: Vec<(&str, u32, u32)> = vec![
-            (
-                "num_hidden_layers",
-                r.num_hidden_layers,
-                parent.layers.num_hidden_layers,
-            ),
-            ("hidden_size", r.hidden_size, parent.model.hidden_size),
-            ("vocab_size", r.vocab_size, parent.model.vocab_size),
-            (
-                "num_attention_heads",
-                r.num_attention_heads,
-                pa.num_attention_heads,
-            ),
-            (
-                "num_key_value_heads",
-                r.num_key_value_heads,
-                pa.num_key_value_heads,
-            ),
-            ("head_dim", r.head_dim, pa.head_dim),
+/// The derived Qwen3.5 form (see [`crate::reduce`]): the attention stack's sizes,
+/// the Gated DeltaNet heads', and the dense MLP's width or the experts' sizes,
+/// as the parent has one or the other.
+impl Reducible for Qwen35Spec {
+    type File = Qwen35DerivedSpecFile;
+    type Reduce = Qwen35Reduce;
+
+    fn derived(parent: &Self, file: &Qwen35DerivedSpecFile) -> Self {
+        let mut spec = parent.clone();
+        spec.identity.name = file.identity.name.clone();
+        spec.quantization = file.derive.quantization.clone();
+        spec
+    }
+    fn reduce(file: &Qwen35DerivedSpecFile) -> Option<&Qwen35Reduce> {
+        file.derive.reduce.as_ref()
+    }
+    fn stack(r: &Qwen35Reduce) -> Stack {
+        Stack {
+            num_hidden_layers: r.num_hidden_layers,
+            hidden_size: r.hidden_size,
+            vocab_size: r.vocab_size,
+            num_attention_heads: r.num_attention_heads,
+            num_key_value_heads: r.num_key_value_heads,
+            head_dim: r.head_dim,
+        }
+    }
+    fn stack_of(&self) -> Stack {
+        Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
+    }
+    fn other_sizes(r: &Qwen35Reduce, parent: &Self, issues: &mut Vec<Issue>) -> Vec<Size> {
+        let pl = &parent.linear_attention;
+        let mut sizes = vec![
             (
                 "linear_num_key_heads",
                 r.linear_num_key_heads,
@@ -882,9 +876,9 @@ pub(crate) fn parse_derived(
         ];
         match (r.intermediate_size, &parent.mlp, &r.moe, &parent.moe) {
             (Some(w), Some(pm), None, None) => {
-                grow.push(("intermediate_size", w, pm.intermediate_size));
+                sizes.push(("intermediate_size", w, pm.intermediate_size));
             }
-            (None, None, Some(rm), Some(pe)) => grow.extend([
+            (None, None, Some(rm), Some(pe)) => sizes.extend([
                 ("num_experts", rm.num_experts, pe.num_experts),
                 (
                     "num_experts_per_tok",
@@ -915,28 +909,16 @@ pub(crate) fn parse_derived(
                 "a reduction keeps the parent's structure",
             )),
         }
-        crate::derive::check_shrinks(&grow, &mut issues);
-        let rp = |f: &str| p("derive.reduce").key(f);
-        // Keep the parent's structure: grouped query attention stays grouped,
-        // value heads repeated over key heads stay repeated.
-        if pa.num_attention_heads != pa.num_key_value_heads
-            && r.num_attention_heads == r.num_key_value_heads
-        {
-            issues.push(Issue::new(
-                rp("num_key_value_heads"),
-                format!(
-                    "{} KV heads for {} query heads: not grouped, but the parent is",
-                    r.num_key_value_heads, r.num_attention_heads
-                ),
-                "fewer KV heads than query heads",
-                "a reduction keeps the parent's structure: GQA stays GQA",
-            ));
-        }
+        sizes
+    }
+    /// Value heads repeated over key heads stay repeated.
+    fn keep_structure(r: &Qwen35Reduce, parent: &Self, issues: &mut Vec<Issue>) {
+        let pl = &parent.linear_attention;
         if pl.linear_num_value_heads != pl.linear_num_key_heads
             && r.linear_num_value_heads == r.linear_num_key_heads
         {
             issues.push(Issue::new(
-                rp("linear_num_value_heads"),
+                reduce_key("linear_num_value_heads"),
                 format!(
                     "{} value heads for {} key heads: q and k would not be repeated, but the parent repeats them",
                     r.linear_num_value_heads, r.linear_num_key_heads
@@ -945,73 +927,54 @@ pub(crate) fn parse_derived(
                 "a reduction keeps the parent's structure",
             ));
         }
-        spec.layers.num_hidden_layers = r.num_hidden_layers;
-        spec.model.hidden_size = r.hidden_size;
-        spec.model.vocab_size = r.vocab_size;
-        spec.attention.num_attention_heads = r.num_attention_heads;
-        spec.attention.num_key_value_heads = r.num_key_value_heads;
-        spec.attention.head_dim = r.head_dim;
-        if let (Some(m), Some(w)) = (&mut spec.mlp, r.intermediate_size) {
+    }
+    fn apply(&mut self, r: &Qwen35Reduce) {
+        Self::stack(r).write(
+            &mut self.layers.num_hidden_layers,
+            &mut self.model,
+            &mut self.attention,
+        );
+        if let (Some(m), Some(w)) = (&mut self.mlp, r.intermediate_size) {
             m.intermediate_size = w;
         }
-        if let (Some(e), Some(rm)) = (&mut spec.moe, &r.moe) {
+        if let (Some(e), Some(rm)) = (&mut self.moe, &r.moe) {
             e.num_experts = rm.num_experts;
             e.num_experts_per_tok = rm.num_experts_per_tok;
             e.moe_intermediate_size = rm.moe_intermediate_size;
             e.shared_expert_intermediate_size = rm.shared_expert_intermediate_size;
         }
-        spec.linear_attention.linear_num_key_heads = r.linear_num_key_heads;
-        spec.linear_attention.linear_num_value_heads = r.linear_num_value_heads;
-        spec.linear_attention.linear_key_head_dim = r.linear_key_head_dim;
-        spec.linear_attention.linear_value_head_dim = r.linear_value_head_dim;
+        let l = &mut self.linear_attention;
+        l.linear_num_key_heads = r.linear_num_key_heads;
+        l.linear_num_value_heads = r.linear_num_value_heads;
+        l.linear_key_head_dim = r.linear_key_head_dim;
+        l.linear_value_head_dim = r.linear_value_head_dim;
     }
-    if issues.is_empty() {
-        for mut i in check(&spec) {
-            let s = i.path.to_string();
-            if s.starts_with("quantization") {
-                let mut path = p("derive");
-                path.0.extend(i.path.0);
-                i.path = path;
-            } else if file.derive.reduce.is_some() && s != "identity.name" {
-                // A reduced size the parent's structure does not fit (an
-                // interval past the last layer, an odd RoPE width): point at
-                // the reduction.
-                let field = match s.rsplit('.').next() {
-                    Some("full_attention_interval") => "num_hidden_layers",
-                    Some("partial_rotary_factor") => "head_dim",
-                    Some(f) => f,
-                    None => "num_hidden_layers",
-                };
-                i.path = if s.starts_with("moe.") {
-                    p("derive.reduce.moe").key(field)
-                } else {
-                    p("derive.reduce").key(field)
-                };
-            }
-            issues.push(i);
-        }
+    fn check(&self) -> Vec<Issue> {
+        check(self)
     }
-    if issues.is_empty() {
-        // As for the other families: a tiny quantized variant must quantize every module.
-        if let Some(q) = &spec.quantization {
-            let skipped = lower(&spec).quant_skipped_modules();
-            if let Some(first) = skipped.first() {
-                issues.push(Issue::new(
-                    p("derive.quantization.default.group_size"),
-                    format!(
-                        "group size {} does not divide the input dimension {} of `{}` ({} module(s) would be left unquantized)",
-                        q.default.group_size, first.in_dim, first.path, skipped.len()
-                    ),
-                    "a group size dividing every quantized module's input dimension",
-                    "derived specs must exercise quantization everywhere: pick sizes that are multiples of the group size",
-                ));
-            }
-        }
+    /// A size check is on the reduced field of the same name (the experts' under
+    /// `moe`); a reduced size the parent's structure does not fit (an interval past
+    /// the last layer, an odd RoPE width) points at the size that made it so.
+    fn reduced_field(path: &str) -> Option<FieldPath> {
+        let field = match last_key(path) {
+            "full_attention_interval" => "num_hidden_layers",
+            "partial_rotary_factor" => "head_dim",
+            f => f,
+        };
+        Some(if path.starts_with("moe.") {
+            p("derive.reduce.moe").key(field)
+        } else {
+            reduce_key(field)
+        })
     }
-    if issues.is_empty() {
-        Ok(spec)
-    } else {
-        Err(locate_all(tree, origin, issues))
+    fn name(&self) -> &str {
+        &self.identity.name
+    }
+    fn quantization(&self) -> Option<&Quantization> {
+        self.quantization.as_ref()
+    }
+    fn quant_skipped(&self) -> Vec<QuantizableModule> {
+        lower(self).quant_skipped_modules()
     }
 }
 

@@ -8,14 +8,15 @@
 //! validation, the lowering to the block IR, the config.json view, the YAML writer,
 //! the reduction to tiny variants and the config.json importer.
 
-use crate::arch::{Architecture, LayerFacts, MoeFacts, RopeKind};
+use crate::arch::{Architecture, LayerFacts, MoeFacts, QuantizableModule, RopeKind};
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader};
 use crate::layout::Layout;
 use crate::model::*;
+use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
 use crate::yaml::Node;
-use crate::{locate_all, locate_serde, validate, Sections};
+use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -529,46 +530,37 @@ pub(crate) fn parse_full(
     LAYOUT.parse(value, tree, origin, check)
 }
 
-/// Applies a derived Qwen3-MoE file to its (already loaded, valid) parent.
-pub(crate) fn parse_derived(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-    parent: &Qwen3MoeSpec,
-) -> Result<Qwen3MoeSpec, Diagnostics> {
-    let file: Qwen3MoeDerivedSpecFile = serde_path_to_error::deserialize(value).map_err(|e| {
-        locate_serde(
-            tree,
-            origin,
-            vec![crate::serde_issue(&FieldPath::root(), e)],
-        )
-    })?;
-    let mut spec = parent.clone();
-    spec.identity.name = file.identity.name.clone();
-    spec.quantization = file.derive.quantization.clone();
-    let mut issues = Vec::new();
-    if let Some(r) = &file.derive.reduce {
-        let rp = |f: &str| p("derive.reduce").key(f);
-        let (pa, pm) = (&parent.attention, &parent.moe);
-        let grow: [(&str, u32, u32); 10] = [
-            (
-                "num_hidden_layers",
-                r.num_hidden_layers,
-                parent.layers.num_hidden_layers,
-            ),
-            ("hidden_size", r.hidden_size, parent.model.hidden_size),
-            ("vocab_size", r.vocab_size, parent.model.vocab_size),
-            (
-                "num_attention_heads",
-                r.num_attention_heads,
-                pa.num_attention_heads,
-            ),
-            (
-                "num_key_value_heads",
-                r.num_key_value_heads,
-                pa.num_key_value_heads,
-            ),
-            ("head_dim", r.head_dim, pa.head_dim),
+/// The derived Qwen3-MoE form (see [`crate::reduce`]): the dense form's sizes and
+/// the experts'.
+impl Reducible for Qwen3MoeSpec {
+    type File = Qwen3MoeDerivedSpecFile;
+    type Reduce = Qwen3MoeReduce;
+
+    fn derived(parent: &Self, file: &Qwen3MoeDerivedSpecFile) -> Self {
+        let mut spec = parent.clone();
+        spec.identity.name = file.identity.name.clone();
+        spec.quantization = file.derive.quantization.clone();
+        spec
+    }
+    fn reduce(file: &Qwen3MoeDerivedSpecFile) -> Option<&Qwen3MoeReduce> {
+        file.derive.reduce.as_ref()
+    }
+    fn stack(r: &Qwen3MoeReduce) -> Stack {
+        Stack {
+            num_hidden_layers: r.num_hidden_layers,
+            hidden_size: r.hidden_size,
+            vocab_size: r.vocab_size,
+            num_attention_heads: r.num_attention_heads,
+            num_key_value_heads: r.num_key_value_heads,
+            head_dim: r.head_dim,
+        }
+    }
+    fn stack_of(&self) -> Stack {
+        Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
+    }
+    fn other_sizes(r: &Qwen3MoeReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
+        let pm = &parent.moe;
+        vec![
             (
                 "intermediate_size",
                 r.intermediate_size,
@@ -585,75 +577,41 @@ pub(crate) fn parse_derived(
                 r.moe_intermediate_size,
                 pm.moe_intermediate_size,
             ),
-        ];
-        crate::derive::check_shrinks(&grow, &mut issues);
-        // Keep grouped-query attention grouped, as in the parent.
-        let grouped = pa.num_attention_heads != pa.num_key_value_heads;
-        if grouped && r.num_attention_heads == r.num_key_value_heads {
-            issues.push(Issue::new(
-                rp("num_key_value_heads"),
-                format!(
-                    "{} KV heads for {} query heads: not grouped, but the parent is",
-                    r.num_key_value_heads, r.num_attention_heads
-                ),
-                "fewer KV heads than query heads",
-                "a reduction keeps the parent's structure: GQA stays GQA",
-            ));
-        }
-        spec.layers.num_hidden_layers = r.num_hidden_layers;
-        spec.model.hidden_size = r.hidden_size;
-        spec.model.vocab_size = r.vocab_size;
-        spec.attention.num_attention_heads = r.num_attention_heads;
-        spec.attention.num_key_value_heads = r.num_key_value_heads;
-        spec.attention.head_dim = r.head_dim;
-        spec.mlp.intermediate_size = r.intermediate_size;
-        spec.moe.num_experts = r.num_experts;
-        spec.moe.num_experts_per_tok = r.num_experts_per_tok;
-        spec.moe.moe_intermediate_size = r.moe_intermediate_size;
+        ]
     }
-    if issues.is_empty() {
-        for mut i in check(&spec) {
-            let s = i.path.to_string();
-            if s.starts_with("quantization") {
-                let mut path = p("derive");
-                path.0.extend(i.path.0);
-                i.path = path;
-            } else if file.derive.reduce.is_some() && s != "identity.name" {
-                // A reduced size the parent's structure does not fit (top-k above
-                // the experts left, an mlp_only_layers entry past the last layer):
-                // point at the reduction.
-                let field = match s.rsplit('.').next() {
-                    Some(f) if f.starts_with("mlp_only_layers") => "num_hidden_layers",
-                    Some(f) => f,
-                    None => "num_hidden_layers",
-                };
-                let field = field.split('[').next().unwrap_or(field).to_string();
-                i.path = p("derive.reduce").key(&field);
-            }
-            issues.push(i);
-        }
+    fn apply(&mut self, r: &Qwen3MoeReduce) {
+        Self::stack(r).write(
+            &mut self.layers.num_hidden_layers,
+            &mut self.model,
+            &mut self.attention,
+        );
+        self.mlp.intermediate_size = r.intermediate_size;
+        self.moe.num_experts = r.num_experts;
+        self.moe.num_experts_per_tok = r.num_experts_per_tok;
+        self.moe.moe_intermediate_size = r.moe_intermediate_size;
     }
-    if issues.is_empty() {
-        // As for the other families: a tiny quantized variant must quantize every module.
-        if let Some(q) = &spec.quantization {
-            let skipped = lower(&spec).quant_skipped_modules();
-            if let Some(first) = skipped.first() {
-                issues.push(Issue::new(
-                    p("derive.quantization.default.group_size"),
-                    format!(
-                        "group size {} does not divide the input dimension {} of `{}` ({} module(s) would be left unquantized)",
-                        q.default.group_size, first.in_dim, first.path, skipped.len()
-                    ),
-                    "a group size dividing every quantized module's input dimension",
-                    "derived specs must exercise quantization everywhere: pick sizes that are multiples of the group size",
-                ));
-            }
-        }
+    fn check(&self) -> Vec<Issue> {
+        check(self)
     }
-    if issues.is_empty() {
-        Ok(spec)
-    } else {
-        Err(locate_all(tree, origin, issues))
+    /// A size check is on the reduced field of the same name; a reduced size the
+    /// parent's structure does not fit (an `mlp_only_layers` entry past the last
+    /// layer) points at `num_hidden_layers`.
+    fn reduced_field(path: &str) -> Option<FieldPath> {
+        let field = last_key(path);
+        let field = match field.strip_prefix("mlp_only_layers") {
+            Some(_) => "num_hidden_layers",
+            None => field.split('[').next().unwrap_or(field),
+        };
+        Some(reduce_key(field))
+    }
+    fn name(&self) -> &str {
+        &self.identity.name
+    }
+    fn quantization(&self) -> Option<&Quantization> {
+        self.quantization.as_ref()
+    }
+    fn quant_skipped(&self) -> Vec<QuantizableModule> {
+        lower(self).quant_skipped_modules()
     }
 }
 

@@ -44,6 +44,7 @@ fn helper_specs_in_the_bad_directory_are_good() {
     archgen_spec::load("tests/bad/ok-dense-parent.yaml").unwrap();
     archgen_spec::load("tests/bad/ok-dense-derived.yaml").unwrap();
     archgen_spec::load("tests/bad/ok-qwen3-moe-parent.yaml").unwrap();
+    archgen_spec::load("tests/bad/ok-qwen3-5-parent.yaml").unwrap();
 }
 
 #[test]
