@@ -284,14 +284,14 @@ fn gemma2_mlp(dt: Dt, q: Option<Quant>, (hidden, inter): (i32, i32)) -> R<Case> 
     c.input("x", &x);
     let y = down.forward(&gelu_approx_times(&gate.forward(&x)?, &up.forward(&x)?)?)?;
     c.out("y", y);
-    // The block the IR lowers gemma2's MLP to (`Activation::GeluApprox`):
-    // Gemma-4's compiled geglu, gelu and the multiply fused in one kernel,
-    // where mlx-lm's gemma2 compiles gelu_approx alone and multiplies eagerly.
+    // The block the IR lowers gemma2's MLP to
+    // (`Activation::GeluApproxThenMultiply`): gelu_approx compiled alone and
+    // the multiply eager, as mlx-lm's gemma2 (Gemma-4's `geglu` fuses both).
     let mlp = archgen_runtime::blocks::Mlp {
         gate_proj: gate,
         up_proj: up,
         down_proj: down,
-        activation: archgen_runtime::blocks::Activation::GeluApprox,
+        activation: archgen_runtime::blocks::Activation::GeluApproxThenMultiply,
     };
     c.out("y@geglu_block", mlp.forward(&x)?);
     Ok(c)

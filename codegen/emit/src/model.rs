@@ -114,6 +114,7 @@ fn qk_tokens(a: &Attention) -> TokenStream {
 fn activation_tokens(a: Activation) -> TokenStream {
     match a {
         Activation::GeluApprox => quote! { b::Activation::GeluApprox },
+        Activation::GeluApproxThenMultiply => quote! { b::Activation::GeluApproxThenMultiply },
         Activation::Silu => quote! { b::Activation::Silu },
     }
 }
@@ -168,7 +169,7 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
         attention_doc(a, &mut parts);
     }
     let mlp = |act: Activation| match act {
-        Activation::GeluApprox => "GeGLU MLP",
+        Activation::GeluApprox | Activation::GeluApproxThenMultiply => "GeGLU MLP",
         Activation::Silu => "SwiGLU MLP",
     };
     parts.push(match l.ffn {
@@ -305,7 +306,10 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
                     decode: quote! { decode::HybridFeedForward::SharedExpertMoe(&self.moe) },
                 })
             }
-            (Router::SoftmaxTopK { .. }, Activation::GeluApprox)
+            (
+                Router::SoftmaxTopK { .. },
+                Activation::GeluApprox | Activation::GeluApproxThenMultiply,
+            )
             | (Router::ScaledTopKSoftmax, _) => {
                 unsupported("experts other than softmax-then-top-k SwiGLU ones")
             }
@@ -507,7 +511,8 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         }
         FeedForward::MlpAndMoe { moe, .. } => match (moe.router, moe.activation) {
             (Router::ScaledTopKSoftmax, Activation::GeluApprox) => Some(moe),
-            (Router::ScaledTopKSoftmax, Activation::Silu) | (Router::SoftmaxTopK { .. }, _) => {
+            (Router::ScaledTopKSoftmax, Activation::Silu | Activation::GeluApproxThenMultiply)
+            | (Router::SoftmaxTopK { .. }, _) => {
                 return Err(format!(
                     "layer kind {}: experts beside the MLP run only with Gemma-4's router and GeGLU",
                     kind.name
@@ -527,7 +532,8 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                 };
                 Some(quote! { b::load_sparse_moe(w, i, HIDDEN, #e, #k, #mw, #probs) })
             }
-            (Router::SoftmaxTopK { .. }, Activation::GeluApprox) | (Router::ScaledTopKSoftmax, _) => {
+            (Router::SoftmaxTopK { .. }, Activation::GeluApprox | Activation::GeluApproxThenMultiply)
+            | (Router::ScaledTopKSoftmax, _) => {
                 return Err(format!(
                     "layer kind {}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU",
                     kind.name

@@ -68,7 +68,7 @@ fn rope_text(r: RopeForm) -> String {
 
 fn mlp_text(m: GatedMlp) -> String {
     let act = match m.activation {
-        Activation::GeluApprox => "GeGLU",
+        Activation::GeluApprox | Activation::GeluApproxThenMultiply => "GeGLU",
         Activation::Silu => "SwiGLU",
     };
     format!("{act} {}", m.width)

@@ -277,10 +277,11 @@ pub(crate) fn resolve(spec: &Gemma2Spec) -> Architecture {
 ///   every layer with a plain cache (no `make_cache`: mlx-lm gives each layer a
 ///   `KVCache`, and `sliding_window` is not a `ModelArgs` field);
 /// * the MLP `down(nn.gelu_approx(gate) * up)`: mlx nn compiles `gelu_approx` and
-///   multiplies eagerly, Gemma-4 compiles both in `geglu`; the product of two values
-///   rounded once gives the same bits fused or not, so both are
-///   `Activation::GeluApprox` (byte-tested against mlx-lm's gemma2 MLP in
-///   `tests/family_blocks.rs`);
+///   multiplies eagerly, Gemma-4 compiles both in `geglu`. The same bits on the CPU,
+///   but not the same fused kernels on CUDA (MLX's compiler cuts the chain at
+///   another op, and NVRTC contracts a multiply-add inside one kernel), so this is
+///   `Activation::GeluApproxThenMultiply` (byte-tested against mlx-lm's gemma2 MLP
+///   in `tests/family_blocks.rs`; docs/parity.md, "Graph differences found on the CPU");
 /// * the head tied to the embedding, then `tanh(x / c) * c` run eagerly
 ///   (`SoftcapForm::Eager`, not Gemma-4's compiled `logit_softcap`).
 ///
@@ -323,7 +324,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
             }),
             ffn: FeedForward::Mlp(GatedMlp {
                 width: spec.mlp.intermediate_size as usize,
-                activation: Activation::GeluApprox,
+                activation: Activation::GeluApproxThenMultiply,
             }),
             input: LayerInput::None,
             scalar: LayerScalar::None,

@@ -461,8 +461,14 @@ pub struct GatedMlp {
 /// The gate's activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
-    /// tanh-approximated GELU (GeGLU).
+    /// tanh-approximated GELU (GeGLU), gate and product in one compiled
+    /// function (mlx-lm's `geglu`: Gemma-4).
     GeluApprox,
+    /// The same GELU compiled alone (`nn.gelu_approx`), the product with
+    /// `up` eager (mlx-lm's gemma2). The same bits as [`Self::GeluApprox`]
+    /// on the CPU; on CUDA MLX's compiler cuts the fused chain elsewhere,
+    /// which moves a multiply-add into or out of one kernel (an FMA or not).
+    GeluApproxThenMultiply,
     /// SiLU (SwiGLU).
     Silu,
 }

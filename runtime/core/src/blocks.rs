@@ -24,7 +24,8 @@ use crate::distributed::sharded_to_all;
 use crate::layers::{Embedding, Linear};
 use crate::moe::{experts, softmax_topk_moe, Router, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{
-    divide_weak, geglu, gelu_approx_compiled, multiply_weak, rms_norm, swiglu, Result,
+    divide_weak, geglu, gelu_approx_compiled, gelu_approx_times, multiply_weak, rms_norm, swiglu,
+    Result,
 };
 use crate::rope::{Rope, RopeTables};
 use crate::weights::Weights;
@@ -451,8 +452,13 @@ pub fn mask_for(cache: &LayerCache, n: i32, window: i32) -> Result<Mask> {
 /// The gate's activation (IR `Activation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
-    /// mlx-lm's compiled `geglu` (tanh-approximated GELU).
+    /// mlx-lm's compiled `geglu` (tanh-approximated GELU): Gemma-4.
     GeluApprox,
+    /// mlx nn's compiled `gelu_approx`, then an eager multiply: gemma2
+    /// ([`crate::ops::gelu_approx_times`]). Not `geglu` on CUDA: MLX's
+    /// compiler cuts the fused chain at another op, so one multiply-add
+    /// lands in one kernel (an FMA under NVRTC) here and in two in `geglu`.
+    GeluApproxThenMultiply,
     /// mlx-lm's compiled `swiglu` (SiLU).
     Silu,
 }
@@ -479,6 +485,7 @@ impl Mlp {
         let up = self.up_proj.forward(x)?;
         let act = match self.activation {
             Activation::GeluApprox => geglu(&gate, &up)?,
+            Activation::GeluApproxThenMultiply => gelu_approx_times(&gate, &up)?,
             Activation::Silu => swiglu(&gate, &up)?,
         };
         sharded_to_all(self.down_proj.forward(&act)?)

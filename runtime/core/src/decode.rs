@@ -1554,6 +1554,7 @@ impl Flat for Mlp {
         p.key.push(match self.activation {
             Activation::GeluApprox => 0,
             Activation::Silu => 1,
+            Activation::GeluApproxThenMultiply => 2,
         });
         self.gate_proj.put(p);
         self.up_proj.put(p);

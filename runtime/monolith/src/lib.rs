@@ -192,6 +192,7 @@ pub fn values(v: ir::Values) -> b::Values {
 pub fn activation(a: ir::Activation) -> b::Activation {
     match a {
         ir::Activation::GeluApprox => b::Activation::GeluApprox,
+        ir::Activation::GeluApproxThenMultiply => b::Activation::GeluApproxThenMultiply,
         ir::Activation::Silu => b::Activation::Silu,
     }
 }
@@ -303,7 +304,10 @@ impl Monolith {
                             eps,
                         )),
                     },
-                    (ir::Router::ScaledTopKSoftmax, ir::Activation::Silu)
+                    (
+                        ir::Router::ScaledTopKSoftmax,
+                        ir::Activation::Silu | ir::Activation::GeluApproxThenMultiply,
+                    )
                     | (ir::Router::SoftmaxTopK { .. }, _) => {
                         return Err(ModelError(format!(
                             "{}: layer {i}: experts beside the MLP run only with Gemma-4's router and GeGLU",
@@ -325,7 +329,10 @@ impl Monolith {
                                 top_k_probs(probs),
                             ))
                         }
-                        (ir::Router::SoftmaxTopK { .. }, ir::Activation::GeluApprox)
+                        (
+ ir::Router::SoftmaxTopK { .. },
+ ir::Activation::GeluApprox | ir::Activation::GeluApproxThenMultiply,
+)
                         | (ir::Router::ScaledTopKSoftmax, _) => {
                             return Err(ModelError(format!(
                                 "{}: layer {i}: experts with a shared expert run only with the softmax-then-top-k router and SwiGLU",
@@ -346,7 +353,10 @@ impl Monolith {
                             top_k_probs(probs),
                         ))
                     }
-                    (ir::Router::SoftmaxTopK { .. }, ir::Activation::GeluApprox)
+                    (
+ ir::Router::SoftmaxTopK { .. },
+ ir::Activation::GeluApprox | ir::Activation::GeluApproxThenMultiply,
+)
                     | (ir::Router::ScaledTopKSoftmax, _) => {
                         return Err(ModelError(format!(
                             "{}: layer {i}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU",
