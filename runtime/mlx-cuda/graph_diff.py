@@ -25,7 +25,10 @@ How they are made comparable:
     `op <- (input op, ...)`.
 
 What is printed:
-  1. the per-op count table of both graphs (and the difference);
+  1. the per-op count table of both graphs (and the difference), and the
+     neighbourhoods (a node's op with its inputs' ops, `--depth` levels up)
+     whose counts differ: unlike the frontier, these still show a later
+     difference after an earlier one changed every hash downstream;
   2. the divergence frontier: nodes of A whose hash has no node in B although
      every input of theirs does (the first places where A's graph stops being
      B's), and the same from B's side, grouped by `op <- (input ops)` with a
@@ -187,6 +190,19 @@ class Graph:
             chain.append(self.op[n])
         return " -> ".join(chain) if chain else "(graph output)"
 
+    def local(self, node: str, depth: int) -> str:
+        """The node's op and, `depth` levels up, its inputs' (canonical order)."""
+        if depth == 0:
+            return self.op[node]
+        ins = ["src" if a in self.sources else self.local(self.producer[a][0], depth - 1)
+               for a in self.canonical_inputs(node)]
+        if self.op[node] in COMMUTATIVE:
+            ins.sort()
+        return f"{self.op[node]}({', '.join(ins)})"
+
+    def locals(self, depth: int) -> collections.Counter:
+        return collections.Counter(self.local(n, depth) for n in self.op)
+
     def counts(self) -> collections.Counter:
         return collections.Counter(self.op.values())
 
@@ -205,7 +221,7 @@ def frontier(a: Graph, b: Graph) -> list[str]:
     return out
 
 
-def report(a: Graph, b: Graph, show: int) -> int:
+def report(a: Graph, b: Graph, show: int, local_depth: int) -> int:
     ca, cb = a.counts(), b.counts()
     print(f"A = {a.path}: {sum(ca.values())} nodes, {len(a.sources)} source arrays")
     print(f"B = {b.path}: {sum(cb.values())} nodes, {len(b.sources)} source arrays")
@@ -213,6 +229,16 @@ def report(a: Graph, b: Graph, show: int) -> int:
     for op in sorted(set(ca) | set(cb)):
         d = ca[op] - cb[op]
         print(f"{op:<28}{ca[op]:>8}{cb[op]:>8}{d:>+8}" + ("   <-" if d else ""))
+    # Local shapes of the graph, robust to an earlier divergence upstream:
+    # each node with its inputs and their inputs, counted on both sides.
+    la, lb = a.locals(local_depth), b.locals(local_depth)
+    extra = [(k, la[k] - lb[k]) for k in sorted(set(la) | set(lb)) if la[k] != lb[k]]
+    if extra:
+        print(f"\nnode neighbourhoods (op with {local_depth} levels of inputs) whose counts differ:")
+        for k, d in sorted(extra, key=lambda kd: (-abs(kd[1]), kd[0]))[: 3 * show]:
+            print(f"  {d:>+5}  {k}")
+        if len(extra) > 3 * show:
+            print(f"  ... {len(extra) - 3 * show} more")
     fa, fb = frontier(a, b), frontier(b, a)
     if not fa and not fb and ca == cb:
         print("\nno structural difference (same ops, same operand order modulo "
@@ -240,8 +266,10 @@ def main() -> None:
     p.add_argument("a", type=Path)
     p.add_argument("b", type=Path)
     p.add_argument("--show", type=int, default=12, help="frontier groups to print per side")
+    p.add_argument("--depth", type=int, default=2,
+                   help="levels of inputs in the neighbourhood counts (default 2)")
     args = p.parse_args()
-    sys.exit(report(Graph(args.a), Graph(args.b), args.show))
+    sys.exit(report(Graph(args.a), Graph(args.b), args.show, args.depth))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,10 @@
 # STEPs: parity (every case below), fma (fma_probe.py), probe (q4_probe.py), align
 # (align_probe.py), diagnose SPEC (kernels launched by mlx-lm and by the
 # monolith, kernel_diff.py), bench (bench.py).
+# Graph diff on the CPU (no device needed): runtime/mlx-cuda/graphdiff.sh SPEC [N]
+# writes mlx-lm's, the generated model's and the monolith's logits graphs
+# (prefill over N ids, one decode step) as DOT and compares them with
+# graph_diff.py (docs/parity.md, "Graph differences found on the CPU").
 set -uo pipefail
 CARRY=${CARRY:?folder that travelled with the call}
 OUT=${OUT:-/tmp/out}
