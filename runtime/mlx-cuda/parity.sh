@@ -24,6 +24,10 @@
 # monolith, kernel_diff.py), bench (bench.py), blocks (block_probe.py:
 # mlx-lm's post-attention half eager against mx.compile), sanitize
 # (compute-sanitizer's initcheck, memcheck and racecheck on the monolith).
+# Graph diff on the CPU (no device needed): runtime/mlx-cuda/graphdiff.sh SPEC [N]
+# writes mlx-lm's, the generated model's and the monolith's logits graphs
+# (prefill over N ids, one decode step) as DOT and compares them with
+# graph_diff.py (docs/parity.md, "Graph differences found on the CPU").
 set -uo pipefail
 CARRY=${CARRY:?folder that travelled with the call}
 OUT=${OUT:-/tmp/out}

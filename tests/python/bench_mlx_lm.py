@@ -17,6 +17,16 @@ evaluated 1-token forward on a throwaway cache, it prints
               timed alone, the argmax outside the timed span
   nodes       one more step, its graph's primitive nodes counted before
               evaluation (mx.export_to_dot) -> {"nodes": N, "by_op": {...}}
+  dot prefill N FILE
+              fresh cache, one forward over N prompt ids; the graph of the
+              logits ([N, vocab]) written to FILE as DOT (mx.export_to_dot)
+              before it is evaluated; then evaluated, and its cache is the one
+              steps / dot step extend -> {"dot": FILE, "nodes": N}
+  dot step FILE
+              one more decode step (the argmax of the last logits row), its
+              logits row's graph written to FILE the same way
+              -> {"dot": FILE, "nodes": N}
+              (runtime/mlx-cuda/graph_diff.py compares two such files)
   quit
 Prompt ids are (i * 37 + 11) % vocab, as in the parity tests.
 
@@ -145,6 +155,25 @@ def main() -> None:
             last = row
             by_op = dict(sorted(collections.Counter(ops).items()))
             reply({"nodes": len(ops), "by_op": by_op})
+        elif words[0] == "dot" and (words[1:2] == ["prefill"] and len(words) == 4
+                                    or words[1:2] == ["step"] and len(words) == 3):
+            if words[1] == "prefill":
+                cache = make_prompt_cache(model)
+                n = int(words[2])
+                ids = mx.array([(i * 37 + 11) % vocab for i in range(n)], dtype=mx.int32)[None]
+                mx.eval(ids)
+                logits = model(ids, cache=cache)[0]
+            else:
+                if last is None:
+                    raise SystemExit("dot step before prefill")
+                tok = int(mx.argmax(last, axis=-1).item())
+                logits = model(mx.array([[tok]], dtype=mx.int32), cache=cache)[0, -1]
+            path = Path(words[-1])
+            mx.export_to_dot(str(path), logits)
+            ops = re.findall(r'\[label ="([^"]*)", shape=rectangle\]', path.read_text())
+            mx.eval(logits)
+            last = logits[-1] if logits.ndim == 2 else logits
+            reply({"dot": str(path), "nodes": len(ops)})
         else:
             raise SystemExit(f"unknown command {line.strip()!r}")
 

@@ -210,7 +210,7 @@ fn families_lower_to_their_blocks() {
                     );
                     assert_eq!(
                         l.mlp().map(|m| m.activation),
-                        Some(Activation::GeluApprox),
+                        Some(Activation::GeluApproxThenMultiply),
                         "{path}"
                     );
                     assert_eq!(l.scalar, LayerScalar::None, "{path}");

@@ -23,6 +23,15 @@
 //!   `nodes`      one more decode step whose graph is counted before it is
 //!                evaluated: the primitive nodes MLX's `export_to_dot` lists
 //!                -> `{"nodes": N, "by_op": {op: count}}`
+//!   `dot prefill N FILE`  fresh cache, one forward over N prompt ids; the
+//!                graph of the logits (`[N, vocab]`) is written to FILE as
+//!                DOT (MLX's `export_to_dot`) before it is evaluated; then it
+//!                is evaluated and its cache is the one `steps`/`dot step`
+//!                extend -> `{"dot": FILE, "nodes": N}`
+//!   `dot step FILE`  one more decode step (the argmax of the last logits
+//!                row) whose logits row's graph is written to FILE the same
+//!                way -> `{"dot": FILE, "nodes": N}`
+//!                runtime/mlx-cuda/graph_diff.py compares two such files
 //!   `quit`
 //! Prompt ids are `(i * 37 + 11) % vocab`, as in the parity tests.
 
@@ -134,11 +143,57 @@ impl ModelTask for Worker {
                         .forward(&x, &mut cache)
                         .and_then(|l| l.try_index((0, -1)))
                         .map_err(|e| e.to_string())?;
-                    let by_op = graph_nodes(&row)?;
+                    let path = std::env::temp_dir()
+                        .join(format!("archgen-bench-nodes-{}.dot", std::process::id()));
+                    write_dot(&row, &path)?;
+                    let dot = std::fs::read_to_string(&path).map_err(|e| e.to_string());
+                    let _ = std::fs::remove_file(&path);
+                    let by_op = nodes_by_op(&dot?);
                     row.eval().map_err(|e| e.to_string())?;
                     let total: usize = by_op.values().sum();
                     last = Some(row);
                     reply(json!({ "nodes": total, "by_op": by_op }));
+                }
+                Some("dot") => {
+                    let (logits, file) = match (words.get(1).copied(), words.len()) {
+                        (Some("prefill"), 4) => {
+                            let n = num(2)?;
+                            cache = m.make_cache();
+                            let ids = Array::from_slice(&prompt_ids(n, vocab), &[1, n as i32]);
+                            let logits = m
+                                .forward(&ids, &mut cache)
+                                .and_then(|l| l.try_index(0))
+                                .map_err(|e| e.to_string())?;
+                            (logits, words[3])
+                        }
+                        (Some("step"), 3) => {
+                            let row = last.as_ref().ok_or("dot step before prefill")?;
+                            let tok = argmax(row).map_err(|e| e.to_string())?;
+                            let x = Array::from_slice(&[tok], &[1, 1]);
+                            let row = m
+                                .forward(&x, &mut cache)
+                                .and_then(|l| l.try_index((0, -1)))
+                                .map_err(|e| e.to_string())?;
+                            (row, words[2])
+                        }
+                        _ => {
+                            return Err(format!(
+                                "bad command '{line}': expected 'dot prefill N FILE' or 'dot step FILE'"
+                            ))
+                        }
+                    };
+                    let path = PathBuf::from(file);
+                    write_dot(&logits, &path)?;
+                    let dot = std::fs::read_to_string(&path)
+                        .map_err(|e| format!("cannot read back {}: {e}", path.display()))?;
+                    let total: usize = nodes_by_op(&dot).values().sum();
+                    logits.eval().map_err(|e| e.to_string())?;
+                    last = Some(match logits.ndim() {
+                        // prefill: [N, vocab] -> the last row
+                        2 => logits.try_index(-1).map_err(|e| e.to_string())?,
+                        _ => logits,
+                    });
+                    reply(json!({ "dot": file, "nodes": total }));
                 }
                 Some("quit") | None => break,
                 Some(other) => return Err(format!("unknown command '{other}'")),
@@ -228,9 +283,9 @@ fn sequential_steps<M: CausalLm>(
     Ok((times, tokens, last))
 }
 
-/// Primitive nodes (by operation) of the unevaluated graph behind `out`, as
-/// MLX's `export_to_dot` lists them (what a step schedules on the stream).
-fn graph_nodes(out: &Array) -> Result<std::collections::BTreeMap<String, usize>, String> {
+/// Writes the unevaluated graph behind `out` to `path` as DOT, with MLX's
+/// `export_to_dot` (the Python worker calls `mx.export_to_dot`, the same code).
+fn write_dot(out: &Array, path: &std::path::Path) -> Result<(), String> {
     extern "C" {
         fn fopen(
             path: *const std::ffi::c_char,
@@ -238,10 +293,11 @@ fn graph_nodes(out: &Array) -> Result<std::collections::BTreeMap<String, usize>,
         ) -> *mut std::ffi::c_void;
         fn fclose(f: *mut std::ffi::c_void) -> i32;
     }
-    let path = std::env::temp_dir().join(format!("archgen-bench-nodes-{}.dot", std::process::id()));
-    let cpath =
-        std::ffi::CString::new(path.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
-    unsafe {
+    let cpath = std::ffi::CString::new(path.to_string_lossy().as_bytes())
+        .map_err(|_| format!("{}: a path with a NUL byte", path.display()))?;
+    // SAFETY: `f` is checked non-null and closed once; the vector and namer
+    // are created and freed here; `out` outlives the call.
+    let status = unsafe {
         let f = fopen(cpath.as_ptr(), c"w".as_ptr());
         if f.is_null() {
             return Err(format!("cannot write {}", path.display()));
@@ -252,12 +308,20 @@ fn graph_nodes(out: &Array) -> Result<std::collections::BTreeMap<String, usize>,
         mlx_sys::mlx_node_namer_free(namer);
         mlx_sys::mlx_vector_array_free(outputs);
         fclose(f);
-        if status != 0 {
-            return Err("mlx_export_to_dot failed".into());
-        }
+        status
+    };
+    if status != 0 {
+        return Err(format!(
+            "mlx_export_to_dot failed writing {}",
+            path.display()
+        ));
     }
-    let dot = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
-    let _ = std::fs::remove_file(&path);
+    Ok(())
+}
+
+/// Primitive nodes (by operation) of a DOT graph from `write_dot`: what a
+/// step schedules on the stream.
+fn nodes_by_op(dot: &str) -> std::collections::BTreeMap<String, usize> {
     let mut by_op = std::collections::BTreeMap::new();
     for line in dot.lines() {
         if let Some(rest) = line.split("[label =\"").nth(1) {
@@ -267,7 +331,7 @@ fn graph_nodes(out: &Array) -> Result<std::collections::BTreeMap<String, usize>,
             }
         }
     }
-    Ok(by_op)
+    by_op
 }
 
 pub fn main(args: &[String]) -> ExitCode {

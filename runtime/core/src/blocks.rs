@@ -678,7 +678,9 @@ pub fn feed_forward(
             ..
         } => {
             let f = match moe {
-                None => return mlp_residual(h, &mlp.forward(&mlp_input(h, norms, eps)?)?, norms, eps),
+                None => {
+                    return mlp_residual(h, &mlp.forward(&mlp_input(h, norms, eps)?)?, norms, eps)
+                }
                 Some(m) => {
                     let h1 = mlp.forward(&rms_norm(h, Some(pre_feedforward), eps)?)?;
                     let h1 = rms_norm(&h1, Some(&m.post_feedforward_1), eps)?;

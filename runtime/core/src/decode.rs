@@ -120,7 +120,11 @@ pub fn path() -> Path {
     let (eager, gpu, cpu_too) = *SWITCHES.get_or_init(|| {
         let set = |name: &str| std::env::var_os(name).map(|v| !v.is_empty() && v != "0");
         let cpu_too = std::env::var_os("ARCHGEN_GPU_DECODE").is_some_and(|v| v == "cpu-too");
-        (set("ARCHGEN_EAGER_DECODE"), set("ARCHGEN_GPU_DECODE"), cpu_too)
+        (
+            set("ARCHGEN_EAGER_DECODE"),
+            set("ARCHGEN_GPU_DECODE"),
+            cpu_too,
+        )
     });
     match (eager, on_cpu(), gpu) {
         (Some(true), _, _) => Path::Eager,
@@ -675,7 +679,9 @@ fn post_attention_form(layer: &Layer<'_>, residual: Option<&Array>) -> PostAtten
         (Activation::GeluApprox, Some(_), _) | (Activation::GeluApprox, None, Some(_)) => {
             PostAttentionForm::Eager
         }
-        (Activation::GeluApproxThenMultiply | Activation::Silu, _, _) => PostAttentionForm::OneBlock,
+        (Activation::GeluApproxThenMultiply | Activation::Silu, _, _) => {
+            PostAttentionForm::OneBlock
+        }
     }
 }
 

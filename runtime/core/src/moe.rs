@@ -72,7 +72,10 @@ impl SwitchGlu {
             let flat = indices.flatten(None, None)?;
             let order = mlx_rs::ops::argsort_axis(&flat, -1)?;
             let inv_order = mlx_rs::ops::argsort_axis(&order, -1)?;
-            let rows = order.floor_divide(Array::from_int(m))?;
+            // `order // M`: M a weak Python int, so the quotient stays
+            // argsort's uint32 (an int32 array would promote both to int64:
+            // two extra AsType nodes and int64 gather indices).
+            let rows = order.floor_divide(Array::from_slice(&[m as u32], &[]))?;
             let x = x.flatten(0, -3)?.try_index(&rows)?;
             (x, flat.try_index(&order)?, Some(inv_order))
         } else {
