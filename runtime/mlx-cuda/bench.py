@@ -10,10 +10,9 @@ which sets up the wheels and the binaries. Per spec:
     `cargo xtask bench`); each loads every weight and runs one forward before
     it says ready, so nothing below times loading. By default four: the
     generated model as the binary runs it by default (`generated`, the
-    result line's gen; on a GPU the eager blocks, since the compiled GPU
-    decode path is opt-in, docs/parity.md "On the GPU"), the generated model
-    on that GPU decode path (`generated@ARCHGEN_GPU_DECODE=1`), the monolith
-    and mlx-lm.
+    result line's gen; on CUDA the compiled GPU decode path, docs/parity.md
+    "On the GPU"), the generated model on the eager blocks
+    (`generated@ARCHGEN_GPU_DECODE=0`), the monolith and mlx-lm.
   * Prefill: `prefill 2048` then `prefill 128` per worker, each a fresh cache
     and one forward with the logits evaluated, --prefills times each per
     worker and round (default 3; the first after another worker's turn can
@@ -36,7 +35,7 @@ which sets up the wheels and the binaries. Per spec:
     matrix-vector product can approach); bound_tok_s = that / bytes per step.
   * Variants (--impls): besides `generated`, `monolith` and `mlx-lm`, a
     worker `BASE@VAR=VALUE[@VAR=VALUE...]` runs BASE with those environment
-    variables (e.g. `generated@ARCHGEN_GPU_DECODE=1`, the GPU decode path, or
+    variables (e.g. `generated@ARCHGEN_GPU_DECODE=0`, the eager blocks, or
     `generated@MLX_MAX_OPS_PER_BUFFER=400`); each worker holds its own copy
     of the weights on the GPU, so a 24 GB model takes at most 4 or 5.
   * Primitives per step: after the rounds, each worker counts one more
@@ -60,12 +59,11 @@ import subprocess
 import time
 from pathlib import Path
 
-# The generated model as shipped (on a GPU: the eager blocks), the same
-# binary on the compiled GPU decode path (opt-in: on the H200 it changes
-# Gemma-2/Gemma-4 decode bits, docs/parity.md "On the GPU"), the monolith and
-# mlx-lm.
+# The generated model as shipped (on CUDA: the compiled GPU decode path,
+# byte-identical to the eager blocks on the H200, docs/parity.md "On the
+# GPU"), the same binary on the eager blocks, the monolith and mlx-lm.
 DEFAULT_GEN = "generated"
-DEFAULT_IMPLS = f"{DEFAULT_GEN},generated@ARCHGEN_GPU_DECODE=1,monolith,mlx-lm"
+DEFAULT_IMPLS = f"{DEFAULT_GEN},generated@ARCHGEN_GPU_DECODE=0,monolith,mlx-lm"
 
 
 def worker_cmd(name: str, model: Path, a) -> tuple[list[str], dict]:

@@ -14,10 +14,9 @@ generated side as n/a.
 
 `generated` runs with `ARCHGEN_GPU_DECODE=1`: on the GPU its one-token
 steps take the compiled decode blocks (runtime/core/src/decode.rs,
-`Path::NativeFastOps`, opt-in: on the H200 they change Gemma-2/Gemma-4
-decode bits, docs/parity.md "On the GPU"; the CPU ignores the switch);
-`gen-eager` is the same binary with `ARCHGEN_GPU_DECODE=0` (the eager
-blocks, a GPU's default), so
+`Path::NativeFastOps`, the default on CUDA, docs/parity.md "On the GPU";
+the CPU ignores the switch); `gen-eager` is the same binary with
+`ARCHGEN_GPU_DECODE=0` (the eager blocks), so
 `gen/eager` checks the compiled blocks against the eager ones,
 `gen/mlx-lm` and `eager/mlx-lm` each against the oracle. PARITY_VARIANTS=gen-1tok adds a run with
 `ARCHGEN_GPU_ONE_TOKEN_SDPA=1` (one-token attention as grouped matmuls,

@@ -36,9 +36,9 @@
 //! `tests/decode_blocks.rs` and the parity tests (generated == monolith ==
 //! mlx-lm, which do not compile these blocks).
 //!
-//! That is the CPU path ([`Path::CpuFallbacks`]). On a GPU, opt-in with
-//! `ARCHGEN_GPU_DECODE=1` ([`Path::NativeFastOps`]), the same blocks are
-//! compiled with MLX's fast
+//! That is the CPU path ([`Path::CpuFallbacks`]). On CUDA by default (on
+//! Metal, never measured, opt-in with `ARCHGEN_GPU_DECODE=1`;
+//! [`Path::NativeFastOps`]), the same blocks are compiled with MLX's fast
 //! ops left as they are: `fast.rms_norm` and `fast.rope` are single
 //! primitives with their own kernels there (eps, base and offset are kernel
 //! arguments or inputs, not kernel source), and attention over the cache is
@@ -49,10 +49,14 @@
 //! and an add into one FMA, so bit equality with the eager kernels is a
 //! measurement, not a consequence. Measured on an H200 (docs/parity.md,
 //! "On the GPU"): NVRTC does contract (`a * b + c` compiled differs from
-//! eager in about a quarter of the elements), and these blocks change the
-//! decode bits of Gemma-2 and Gemma-4 while Qwen3, Llama, Mistral, Qwen2.5
-//! and Qwen3-MoE stay byte-identical; so a GPU runs the eager blocks by
-//! default.
+//! eager in about a quarter of the elements), and mlx-lm's own compiled
+//! `geglu` gives other bits when traced into a larger function. So the
+//! blocks keep out what would fuse a product into a sum or re-fuse
+//! `geglu`: a GeGLU layer compiles around its activation
+//! ([`post_attention_split`]), and MiniCPM's scaled residuals, the
+//! shared-expert MoE and Gemma-4's GeGLU experts run their ops uncompiled.
+//! With that, every family measured there is byte-identical to the eager
+//! blocks and to mlx-lm (`ARCHGEN_GPU_DECODE=0` runs the eager blocks).
 //!
 //! The weights are inputs of the compiled functions, not captured constants,
 //! so all layers of one kind share one compiled function (one entry per
@@ -82,8 +86,9 @@ use crate::rope::{apply_tables, Rope, RopeTables};
 /// How one-token steps of generated models run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
-    /// The eager blocks, as prefill runs them: on a GPU unless
-    /// `ARCHGEN_GPU_DECODE=1`, and everywhere with `ARCHGEN_EAGER_DECODE=1`.
+    /// The eager blocks, as prefill runs them: with `ARCHGEN_GPU_DECODE=0`
+    /// on a GPU, on Metal unless `ARCHGEN_GPU_DECODE=1`, and everywhere
+    /// with `ARCHGEN_EAGER_DECODE=1`.
     Eager,
     /// The CPU: compiled blocks that reproduce MLX's CPU fallbacks of
     /// `fast.rms_norm` and `fast.rope` op for op (there the fast ops *are*
@@ -95,20 +100,19 @@ pub enum Path {
     /// MLX's single primitives with their own kernels, exactly as the eager
     /// blocks call them (their eps, base and scale are kernel arguments, not
     /// source text); only the elementwise glue between them is fused.
-    /// Opt-in (`ARCHGEN_GPU_DECODE=1`): on an H200 it is byte-identical to
-    /// the eager blocks and mlx-lm for the SiLU-gated families, but changes
-    /// Gemma-2 and Gemma-4 decode logits (NVRTC contracts fused multiplies
-    /// and adds into FMAs; which fused op differs is not isolated yet).
-    /// docs/parity.md, "On the GPU", lists the cases and how to rerun them
-    /// with `runtime/mlx-cuda/parity.sh`.
+    /// The default on CUDA, where an H200 measured it byte-identical to the
+    /// eager blocks and to mlx-lm for every family (docs/parity.md, "On the
+    /// GPU", lists the cases and how to rerun them with
+    /// `runtime/mlx-cuda/parity.sh`); opt-in on Metal, never measured.
     NativeFastOps,
 }
 
 /// The path of one-token steps on MLX's default device (the switches are
 /// read once):
-/// [`Path::CpuFallbacks`] on the CPU; on a GPU [`Path::Eager`], or
-/// [`Path::NativeFastOps`] with `ARCHGEN_GPU_DECODE=1`; [`Path::Eager`]
-/// everywhere when `ARCHGEN_EAGER_DECODE=1` (paired A/B of the same binary).
+/// [`Path::CpuFallbacks`] on the CPU; on a GPU [`Path::NativeFastOps`]
+/// (on Metal only with `ARCHGEN_GPU_DECODE=1`), or [`Path::Eager`] with
+/// `ARCHGEN_GPU_DECODE=0`; [`Path::Eager`] everywhere when
+/// `ARCHGEN_EAGER_DECODE=1` (paired A/B of the same binary).
 ///
 /// `ARCHGEN_GPU_DECODE=cpu-too` takes [`Path::NativeFastOps`] on the CPU as
 /// well: a wiring check of the GPU blocks on a machine without one (the CPU
@@ -131,9 +135,15 @@ pub fn path() -> Path {
         (_, true, _) if cpu_too => Path::NativeFastOps,
         (_, true, _) => Path::CpuFallbacks,
         (_, false, Some(true)) => Path::NativeFastOps,
+        (_, false, None) if MEASURED_GPU => Path::NativeFastOps,
         (_, false, None | Some(false)) => Path::Eager,
     }
 }
+
+/// Whether this build's GPU backend is the one the GPU path was measured on
+/// (CUDA, on Linux); on macOS the GPU is Metal, whose compiler was never
+/// checked against the eager kernels, so the path stays opt-in there.
+const MEASURED_GPU: bool = !cfg!(target_os = "macos");
 
 /// Whether one-token steps take this module's compiled blocks.
 pub fn enabled() -> bool {
@@ -675,11 +685,13 @@ fn post_attention_form(layer: &Layer<'_>, residual: Option<&Array>) -> PostAtten
         return PostAttentionForm::OneBlock;
     }
     match (layer.mlp.activation, layer.moe, residual) {
+        // MiniCPM's depth-scaled residuals, `h + branch * scale`: fused, the
+        // multiply and the add become one FMA (on an H200 minicpm-2b-tiny,
+        // -tiny-q4 and -l2 left the eager blocks' decode bits).
+        (_, _, Some(_)) => PostAttentionForm::Eager,
         (Activation::GeluApprox, None, None) => PostAttentionForm::SplitAtActivation,
-        (Activation::GeluApprox, Some(_), _) | (Activation::GeluApprox, None, Some(_)) => {
-            PostAttentionForm::Eager
-        }
-        (Activation::GeluApproxThenMultiply | Activation::Silu, _, _) => {
+        (Activation::GeluApprox, Some(_), None) => PostAttentionForm::Eager,
+        (Activation::GeluApproxThenMultiply | Activation::Silu, _, None) => {
             PostAttentionForm::OneBlock
         }
     }
@@ -924,6 +936,19 @@ pub enum HybridFeedForward<'a> {
     SharedExpertMoe(&'a SharedExpertMoe),
 }
 
+/// Whether a hybrid layer's block that holds its feed-forward half is
+/// compiled on this path. On a GPU the shared-expert MoE stays eager: its
+/// `sigmoid(gate) * shared + routed`, fused, turns the multiply and the add
+/// into one FMA (on an H200 qwen3.6-35b-a3b-tiny left the eager blocks'
+/// decode bits while the dense qwen3.5 layers kept them).
+fn hybrid_feed_forward_compiles(ffn: &HybridFeedForward<'_>) -> bool {
+    match (path(), ffn) {
+        (Path::NativeFastOps, HybridFeedForward::SharedExpertMoe(_)) => false,
+        // The router's precise softmax and top-k carry no float constant.
+        (_, HybridFeedForward::Mlp(_) | HybridFeedForward::SharedExpertMoe(_)) => true,
+    }
+}
+
 /// The parts of a Gated DeltaNet layer a decode step needs.
 pub struct DeltaNetLayer<'a> {
     pub norms: &'a LayerNorms,
@@ -1049,7 +1074,7 @@ pub fn gated_attention(
     layer.attn.o_proj.put(&mut p);
     layer.norms.put(&mut p);
     layer.ffn.put(&mut p);
-    let out = p.run(true, |covered| {
+    let out = p.run(hybrid_feed_forward_compiles(&layer.ffn), |covered| {
         let (o_proj, norms) = (hollow(&layer.attn.o_proj), hollow(layer.norms));
         let ffn = match layer.ffn {
             HybridFeedForward::Mlp(m) => deltanet::FeedForward::Mlp(hollow(m)),
@@ -1154,12 +1179,7 @@ pub fn delta_net(h: &Array, layer: &DeltaNetLayer<'_>, cache: &mut ArraysCache) 
     layer.mixer.put(&mut p);
     layer.ffn.put(&mut p);
     let eps = layer.eps;
-    let compile = match layer.ffn {
-        HybridFeedForward::Mlp(_) => true,
-        // The router's precise softmax and top-k carry no float constant.
-        HybridFeedForward::SharedExpertMoe(_) => true,
-    };
-    let out = p.run(compile, |covered| {
+    let out = p.run(hybrid_feed_forward_compiles(&layer.ffn), |covered| {
         // Templates for rebuilding the structures from the traced inputs.
         let (norms, mixer) = (hollow(layer.norms), hollow(layer.mixer));
         let ffn = match layer.ffn {
