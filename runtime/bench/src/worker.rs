@@ -77,7 +77,6 @@ impl ModelTask for Worker {
     type Output = Result<(), String>;
 
     fn run<M: CausalLm>(self, m: &M) -> Result<(), String> {
-        let vocab = m.vocab_size();
         // MLX loads safetensors lazily: one evaluated 1-token forward on a
         // throwaway cache materializes every weight, so `load_s` and VmHWM
         // cover the whole load (the Python worker does the same).
@@ -106,12 +105,9 @@ impl ModelTask for Worker {
                 Some("prefill") => {
                     let n = num(1)?;
                     cache = m.make_cache();
-                    let ids = Array::from_slice(&prompt_ids(n, vocab), &[1, n as i32]);
+                    let ids = prompt(m, n);
                     let t = Instant::now();
-                    let logits = m
-                        .forward(&ids, &mut cache)
-                        .and_then(|l| l.try_index(0))
-                        .map_err(|e| e.to_string())?;
+                    let logits = prefill_logits(m, &mut cache, &ids)?;
                     logits.eval().map_err(|e| e.to_string())?;
                     let secs = t.elapsed().as_secs_f64();
                     last = Some(logits.try_index(-1).map_err(|e| e.to_string())?);
@@ -137,12 +133,7 @@ impl ModelTask for Worker {
                 Some("nodes") => {
                     // One decode step's graph, counted before it is evaluated.
                     let row = last.as_ref().ok_or("nodes before prefill")?;
-                    let tok = argmax(row).map_err(|e| e.to_string())?;
-                    let x = Array::from_slice(&[tok], &[1, 1]);
-                    let row = m
-                        .forward(&x, &mut cache)
-                        .and_then(|l| l.try_index((0, -1)))
-                        .map_err(|e| e.to_string())?;
+                    let row = next_step_row(m, &mut cache, row)?;
                     let path = std::env::temp_dir()
                         .join(format!("archgen-bench-nodes-{}.dot", std::process::id()));
                     write_dot(&row, &path)?;
@@ -157,24 +148,12 @@ impl ModelTask for Worker {
                 Some("dot") => {
                     let (logits, file) = match (words.get(1).copied(), words.len()) {
                         (Some("prefill"), 4) => {
-                            let n = num(2)?;
                             cache = m.make_cache();
-                            let ids = Array::from_slice(&prompt_ids(n, vocab), &[1, n as i32]);
-                            let logits = m
-                                .forward(&ids, &mut cache)
-                                .and_then(|l| l.try_index(0))
-                                .map_err(|e| e.to_string())?;
-                            (logits, words[3])
+                            (prefill_logits(m, &mut cache, &prompt(m, num(2)?))?, words[3])
                         }
                         (Some("step"), 3) => {
                             let row = last.as_ref().ok_or("dot step before prefill")?;
-                            let tok = argmax(row).map_err(|e| e.to_string())?;
-                            let x = Array::from_slice(&[tok], &[1, 1]);
-                            let row = m
-                                .forward(&x, &mut cache)
-                                .and_then(|l| l.try_index((0, -1)))
-                                .map_err(|e| e.to_string())?;
-                            (row, words[2])
+                            (next_step_row(m, &mut cache, row)?, words[2])
                         }
                         _ => {
                             return Err(format!(
@@ -201,6 +180,26 @@ impl ModelTask for Worker {
         }
         Ok(())
     }
+}
+
+/// The `[1, n]` prompt of the parity tests for `m`'s vocabulary.
+fn prompt<M: CausalLm>(m: &M, n: usize) -> Array {
+    Array::from_slice(&prompt_ids(n, m.vocab_size()), &[1, n as i32])
+}
+
+/// The unevaluated logits [N, vocab] of a forward over `ids` on `cache`.
+fn prefill_logits<M: CausalLm>(m: &M, cache: &mut M::Cache, ids: &Array) -> Result<Array, String> {
+    m.forward(ids, cache)
+        .and_then(|l| l.try_index(0))
+        .map_err(|e| e.to_string())
+}
+
+/// The unevaluated logits row of one greedy step after `row` on `cache`.
+fn next_step_row<M: CausalLm>(m: &M, cache: &mut M::Cache, row: &Array) -> Result<Array, String> {
+    let tok = argmax(row).map_err(|e| e.to_string())?;
+    m.forward(&Array::from_slice(&[tok], &[1, 1]), cache)
+        .and_then(|l| l.try_index((0, -1)))
+        .map_err(|e| e.to_string())
 }
 
 /// `W + S` pipelined decode steps from the logits `row` of the previous
