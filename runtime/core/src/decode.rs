@@ -185,11 +185,10 @@ fn gpu_blocks() -> GpuBlocks {
     )
 }
 
-/// Whether the block with this id (the first entry of its key; 1 is
-/// [`pre_attention`]) is compiled on this path: always on the CPU, as
-/// [`gpu_blocks`] says on a GPU.
+/// Whether the block with this id (the first entry of its key) is compiled
+/// on this path: always on the CPU, as [`gpu_blocks`] says on a GPU.
 fn compiles_on_this_path(block: i64) -> bool {
-    let pre = block == PRE_ATTENTION;
+    let pre = matches!(block, PRE_ATTENTION | GATED_PRE_ATTENTION);
     match (path(), gpu_blocks()) {
         (Path::NativeFastOps, GpuBlocks::PreAttention) => pre,
         (Path::NativeFastOps, GpuBlocks::PostAttention) => !pre,
@@ -198,8 +197,10 @@ fn compiles_on_this_path(block: i64) -> bool {
     }
 }
 
-/// The key id of [`pre_attention`]'s block.
+/// The key ids of the blocks before attention: [`pre_attention`]'s, and
+/// [`gated_attention`]'s first.
 const PRE_ATTENTION: i64 = 1;
+const GATED_PRE_ATTENTION: i64 = 5;
 
 /// Whether one unmasked query token attends through
 /// [`crate::attention::sdpa_one_token`] (grouped heads as rows of one
@@ -1025,7 +1026,7 @@ pub fn gated_attention(
     let native = matches!(rope, RopeTables::Native { .. });
     let norm_eps = [eps, s.eps];
     let widths = [hidden, s.head_dim];
-    let mut p = Packed::new(5);
+    let mut p = Packed::new(GATED_PRE_ATTENTION);
     p.key
         .extend([eps.to_bits() as i64, hidden as i64, rope.dims() as i64]);
     s.put(&mut p);
