@@ -755,6 +755,9 @@ impl Reducible for DenseSpec {
     fn reduce(file: &DenseDerivedSpecFile) -> Option<&DenseReduce> {
         file.derive.reduce.as_ref()
     }
+    fn format_version(file: &DenseDerivedSpecFile) -> u32 {
+        file.format_version
+    }
     fn stack(r: &DenseReduce) -> Stack {
         r.stack()
     }

@@ -513,6 +513,20 @@ impl Reducible for Gemma2Spec {
     fn reduce(file: &DenseDerivedSpecFile) -> Option<&DenseReduce> {
         file.derive.reduce.as_ref()
     }
+    fn format_version(file: &DenseDerivedSpecFile) -> u32 {
+        file.format_version
+    }
+    fn refused_in_file(file: &DenseDerivedSpecFile) -> Vec<Issue> {
+        match file.derive.mixed_kv {
+            None => Vec::new(),
+            Some(_) => vec![Issue::new(
+                p("derive.mixed_kv"),
+                "per-layer mixed KV on a Gemma-2 spec",
+                "no `mixed_kv` (or null)",
+                "mlx-lm's gemma2 attention cannot read a quantized KV cache (docs/spec-format.md#gemma-2)",
+            )],
+        }
+    }
     fn stack(r: &DenseReduce) -> Stack {
         r.stack()
     }

@@ -475,6 +475,9 @@ impl Reducible for MiniCpmSpec {
     fn reduce(file: &MiniCpmDerivedSpecFile) -> Option<&MiniCpmReduce> {
         file.derive.reduce.as_ref()
     }
+    fn format_version(file: &MiniCpmDerivedSpecFile) -> u32 {
+        file.format_version
+    }
     fn stack(r: &MiniCpmReduce) -> Stack {
         Stack {
             num_hidden_layers: r.num_hidden_layers,

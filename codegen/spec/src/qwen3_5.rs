@@ -837,6 +837,9 @@ impl Reducible for Qwen35Spec {
     fn reduce(file: &Qwen35DerivedSpecFile) -> Option<&Qwen35Reduce> {
         file.derive.reduce.as_ref()
     }
+    fn format_version(file: &Qwen35DerivedSpecFile) -> u32 {
+        file.format_version
+    }
     fn stack(r: &Qwen35Reduce) -> Stack {
         Stack {
             num_hidden_layers: r.num_hidden_layers,
@@ -879,19 +882,19 @@ impl Reducible for Qwen35Spec {
                 sizes.push(("intermediate_size", w, pm.intermediate_size));
             }
             (None, None, Some(rm), Some(pe)) => sizes.extend([
-                ("num_experts", rm.num_experts, pe.num_experts),
+                ("moe.num_experts", rm.num_experts, pe.num_experts),
                 (
-                    "num_experts_per_tok",
+                    "moe.num_experts_per_tok",
                     rm.num_experts_per_tok,
                     pe.num_experts_per_tok,
                 ),
                 (
-                    "moe_intermediate_size",
+                    "moe.moe_intermediate_size",
                     rm.moe_intermediate_size,
                     pe.moe_intermediate_size,
                 ),
                 (
-                    "shared_expert_intermediate_size",
+                    "moe.shared_expert_intermediate_size",
                     rm.shared_expert_intermediate_size,
                     pe.shared_expert_intermediate_size,
                 ),

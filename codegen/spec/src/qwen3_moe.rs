@@ -545,6 +545,9 @@ impl Reducible for Qwen3MoeSpec {
     fn reduce(file: &Qwen3MoeDerivedSpecFile) -> Option<&Qwen3MoeReduce> {
         file.derive.reduce.as_ref()
     }
+    fn format_version(file: &Qwen3MoeDerivedSpecFile) -> u32 {
+        file.format_version
+    }
     fn stack(r: &Qwen3MoeReduce) -> Stack {
         Stack {
             num_hidden_layers: r.num_hidden_layers,

@@ -16,7 +16,7 @@ use crate::dense::{DenseAttention, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::model::Quantization;
 use crate::yaml::Node;
-use crate::{locate_all, locate_serde};
+use crate::{locate_all, locate_serde, FORMAT_VERSION};
 use serde::de::DeserializeOwned;
 
 fn p(s: &str) -> FieldPath {
@@ -108,6 +108,13 @@ pub(crate) trait Reducible: Clone {
     fn derived(parent: &Self, file: &Self::File) -> Self;
     /// The file's `derive.reduce`, or None for `reduce: null`.
     fn reduce(file: &Self::File) -> Option<&Self::Reduce>;
+    /// The file's `format_version`.
+    fn format_version(file: &Self::File) -> u32;
+    /// Fields the derived file's form has but this family does not take, each as
+    /// an issue (reported before anything else).
+    fn refused_in_file(_file: &Self::File) -> Vec<Issue> {
+        Vec::new()
+    }
     /// The attention stack's sizes of a reduction.
     fn stack(reduce: &Self::Reduce) -> Stack;
     /// The attention stack's sizes of a full spec.
@@ -137,9 +144,11 @@ pub(crate) fn last_key(path: &str) -> &str {
     path.rsplit('.').next().unwrap_or(path)
 }
 
-/// `derive.reduce.<field>`.
+/// `derive.reduce.<field>`; `field` may be a dotted path (`moe.num_experts`).
 pub(crate) fn reduce_key(field: &str) -> FieldPath {
-    p("derive.reduce").key(field)
+    let mut path = p("derive.reduce");
+    path.0.extend(FieldPath::parse(field).0);
+    path
 }
 
 /// Applies a derived file of `S`'s form to its (already loaded, valid) parent.
@@ -156,6 +165,24 @@ pub(crate) fn read<S: Reducible>(
             vec![crate::serde_issue(&FieldPath::root(), e)],
         )
     })?;
+    let mut front = S::refused_in_file(&file);
+    if S::format_version(&file) != FORMAT_VERSION {
+        front.insert(
+            0,
+            Issue::new(
+                p("format_version"),
+                format!(
+                    "format version {} is not supported",
+                    S::format_version(&file)
+                ),
+                format!("{FORMAT_VERSION}"),
+                "this archgen reads format_version 1 only",
+            ),
+        );
+    }
+    if !front.is_empty() {
+        return Err(locate_all(tree, origin, front));
+    }
     let mut spec = S::derived(parent, &file);
     let reduce = S::reduce(&file);
     let mut issues = Vec::new();

@@ -45,6 +45,8 @@ fn helper_specs_in_the_bad_directory_are_good() {
     archgen_spec::load("tests/bad/ok-dense-derived.yaml").unwrap();
     archgen_spec::load("tests/bad/ok-qwen3-moe-parent.yaml").unwrap();
     archgen_spec::load("tests/bad/ok-qwen3-5-parent.yaml").unwrap();
+    archgen_spec::load("tests/bad/ok-gemma2-parent.yaml").unwrap();
+    archgen_spec::load("tests/bad/ok-qwen3-5-moe-parent.yaml").unwrap();
 }
 
 #[test]
