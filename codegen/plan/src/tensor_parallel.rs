@@ -12,13 +12,28 @@
 //! router whole and split every expert's gate/up rows and down columns in
 //! place, with one `all_sum` of the block's weighted expert output.
 //!
+//! Qwen3.5 / Qwen3.6 (qwen3_5.py's `shard()`): a Gated DeltaNet layer splits
+//! its conv1d channels and `in_proj_qkv` rows by segments (q, k and v side by
+//! side, each cut in N), `in_proj_z` / `_b` / `_a` by rows, `dt_bias` and
+//! `A_log` in N, and `out_proj` by columns, with one `all_sum` of its output;
+//! gated attention splits `q_proj` by rows (per head the queries then the
+//! output gate, so whole heads keep their gates); routed experts with a
+//! shared expert split the shared expert and the experts in place, keep the
+//! router and `shared_expert_gate` whole, and sum the block's output once.
+//! Its untied head is split over the vocabulary (all-to-sharded) and the
+//! logits gathered along their last axis; the other families' `shard()`
+//! keep the head whole ([`head_split`]).
+//!
 //! The split reads only IR facts, never the family: every family whose
 //! layers are attention plus a gated MLP gets it from this code. What has no
 //! split yet (Gemma-4's experts beside the MLP) is refused with the reason.
 
 use std::fmt::Write as _;
 
-use archgen_spec::ir::{FeedForward, KvSource, Mixer, ModelIr, OutputGate, ProjectionBias, Values};
+use archgen_spec::ir::{
+    FeedForward, HeadWeight, InProj, KvSource, Mixer, ModelIr, OutputGate, ProjectionBias, Values,
+};
+use archgen_spec::ConfigModelType;
 
 /// How one linear module is split (mlx nn `shard_linear`'s two kinds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -30,6 +45,14 @@ pub enum Split {
     /// products are summed over ranks with one `all_sum`, then the bias is
     /// added. `ShardedToAllLinear`.
     ShardedToAll,
+    /// Axis 0 (the output rows of a linear, the channels of a depthwise
+    /// conv) cut at `at` into three segments (q, k and v side by side), each
+    /// segment split in N and this rank's parts concatenated: mlx's `_shard`
+    /// with `segments` (qwen3_5's `in_proj_qkv` and `conv1d`).
+    Segmented { at: [usize; 2] },
+    /// A parameter vector (not a module) split in N along axis 0:
+    /// `mx.split(p, N)[rank]` (qwen3_5's `dt_bias`, `A_log`).
+    Vector,
 }
 
 impl Split {
@@ -38,20 +61,40 @@ impl Split {
         match self {
             Split::AllToSharded => "all-to-sharded",
             Split::ShardedToAll => "sharded-to-all",
+            Split::Segmented { .. } => "all-to-sharded by segments",
+            Split::Vector => "split in N",
         }
     }
+}
+
+/// What mixes the sequence in a split layer (for the plan's table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MixerKind {
+    /// Softmax attention: `heads` query heads, `kv_heads` KV heads.
+    Attention,
+    /// Softmax attention with the per-head output gate in `q_proj`.
+    GatedAttention,
+    /// Gated DeltaNet: `heads` value heads, `kv_heads` key heads.
+    GatedDeltaNet,
 }
 
 /// One layer's split.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LayerSplit {
     pub index: usize,
-    /// Query heads per rank.
+    pub mixer: MixerKind,
+    /// Query heads per rank (Gated DeltaNet: value heads).
     pub heads: usize,
-    /// KV heads per rank.
+    /// KV heads per rank (Gated DeltaNet: key heads).
     pub kv_heads: usize,
-    /// MLP width per rank.
+    /// MLP width per rank (routed experts: each expert's width).
     pub mlp_width: usize,
+    /// The shared expert's width per rank, beside routed experts.
+    pub shared_width: Option<usize>,
+    /// `all_sum`s of the layer per forward pass (one for the mixer, one for
+    /// the feed-forward half: a MoE block sums its experts and its shared
+    /// expert together, once).
+    pub all_sums: usize,
     /// Module paths relative to the text model (`layers.{i}.self_attn.q_proj`)
     /// and their split, in forward order.
     pub modules: Vec<(String, Split)>,
@@ -62,23 +105,31 @@ pub struct LayerSplit {
 pub struct TensorParallel {
     pub ranks: usize,
     pub layers: Vec<LayerSplit>,
+    /// Vocabulary rows of the head per rank, when the head is split
+    /// (all-to-sharded `lm_head`, logits gathered along their last axis).
+    pub vocab_per_rank: Option<usize>,
 }
+
+/// The module path of an untied head, relative to the text model.
+pub const HEAD_MODULE: &str = "lm_head";
 
 impl TensorParallel {
     /// Every split module, with its path relative to the text model.
     pub fn modules(&self) -> impl Iterator<Item = (&str, Split)> {
+        let head = self
+            .vocab_per_rank
+            .map(|_| (HEAD_MODULE, Split::AllToSharded));
         self.layers
             .iter()
             .flat_map(|l| l.modules.iter().map(|(m, s)| (m.as_str(), *s)))
+            .chain(head)
     }
 
     /// How many `all_sum`s one forward pass runs (one per sharded-to-all
-    /// module: `o_proj`, `down_proj`, or the experts' `down_proj`, whose
-    /// block sums once after weighting the experts).
+    /// `o_proj`, `down_proj` or `out_proj`; a MoE block sums once after
+    /// weighting its experts and adding its shared expert).
     pub fn all_sums_per_forward(&self) -> usize {
-        self.modules()
-            .filter(|(_, s)| *s == Split::ShardedToAll)
-            .count()
+        self.layers.iter().map(|l| l.all_sums).sum()
     }
 
     /// The plan-file section that shows the split (markdown).
@@ -89,39 +140,64 @@ impl TensorParallel {
             s,
             "As mlx-lm's `shard()`: q/k/v and gate/up all-to-sharded (rows), o/down \
              sharded-to-all (columns, one `all_sum` each, bias after it); routed experts split \
-             in place, the router whole; embeddings, norms and the head whole on every rank. \
+             in place, the router whole; embeddings and norms whole on every rank; {}. \
              {} `all_sum`s per forward pass.\n",
+            match self.vocab_per_rank {
+                Some(v) => format!(
+                    "the head all-to-sharded over the vocabulary ({v} rows per rank), the logits \
+                     gathered along their last axis (one `all_gather`)"
+                ),
+                None => "the head whole on every rank".to_string(),
+            },
             self.all_sums_per_forward()
         );
         let _ = writeln!(
             s,
-            "| layers | heads / rank | kv heads / rank | MLP width / rank | all-to-sharded | sharded-to-all |"
+            "| layers | mixer | heads / rank | kv heads / rank | MLP width / rank | all-to-sharded | \
+             sharded-to-all | split in N |"
         );
-        let _ = writeln!(s, "|---|---|---|---|---|---|");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
         // Consecutive layers with the same row are one line.
         let row = |l: &LayerSplit| {
-            let leaf = |split: Split| {
+            let leaf = |keep: &dyn Fn(Split) -> bool| {
                 l.modules
                     .iter()
-                    .filter(|(_, s)| *s == split)
-                    .map(|(m, _)| {
+                    .filter(|(_, s)| keep(*s))
+                    .map(|(m, s)| {
                         let prefix = format!("layers.{}.", l.index);
-                        format!("`{}`", m.strip_prefix(&prefix).unwrap_or(m))
+                        let m = m.strip_prefix(&prefix).unwrap_or(m);
+                        match s {
+                            Split::Segmented { at } => {
+                                format!("`{m}` (segments at {}, {})", at[0], at[1])
+                            }
+                            Split::AllToSharded | Split::ShardedToAll | Split::Vector => {
+                                format!("`{m}`")
+                            }
+                        }
                     })
                     .collect::<Vec<_>>()
                     .join(", ")
             };
+            let (mixer, heads, kv_heads) = match l.mixer {
+                MixerKind::Attention => ("attention", "", ""),
+                MixerKind::GatedAttention => ("gated attention", "", ""),
+                MixerKind::GatedDeltaNet => ("Gated DeltaNet", " value", " key"),
+            };
             // Heads are divided evenly, so the whole layer has ranks times as many.
             let whole = (l.heads * self.ranks, l.kv_heads * self.ranks);
+            let width = match l.shared_width {
+                None => format!("{}", l.mlp_width),
+                Some(w) => format!("{} per expert, shared expert {w}", l.mlp_width),
+            };
             format!(
-                "{} of {} | {} of {} | {} | {} | {} |",
+                "{mixer} | {} of {}{heads} | {} of {}{kv_heads} | {width} | {} | {} | {} |",
                 l.heads,
                 whole.0,
                 l.kv_heads,
                 whole.1,
-                l.mlp_width,
-                leaf(Split::AllToSharded),
-                leaf(Split::ShardedToAll)
+                leaf(&|s| matches!(s, Split::AllToSharded | Split::Segmented { .. })),
+                leaf(&|s| s == Split::ShardedToAll),
+                leaf(&|s| s == Split::Vector),
             )
         };
         let mut i = 0;
@@ -140,6 +216,27 @@ impl TensorParallel {
             i = j;
         }
         s
+    }
+}
+
+/// Whether mlx-lm's `shard()` of the checkpoint's model type splits an
+/// untied head over the vocabulary: qwen3_5.py's does (and gathers the
+/// logits with `gather_last_axis`); qwen3.py, llama.py, qwen2.py and
+/// qwen3_moe.py keep the head whole. Model types mlx-lm has no `shard()` for
+/// keep it whole too (their split follows the others').
+pub fn head_split(model_type: ConfigModelType) -> bool {
+    match model_type {
+        ConfigModelType::Qwen35 | ConfigModelType::Qwen35Moe => true,
+        ConfigModelType::Qwen3
+        | ConfigModelType::Llama
+        | ConfigModelType::Mistral
+        | ConfigModelType::Qwen2
+        | ConfigModelType::Qwen3Moe
+        | ConfigModelType::Gemma4
+        | ConfigModelType::Gemma4Text
+        | ConfigModelType::Gemma4Unified
+        | ConfigModelType::Gemma2
+        | ConfigModelType::MiniCpm => false,
     }
 }
 
@@ -165,25 +262,44 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
     for l in &ir.layers {
         let i = l.index;
         let mut modules = Vec::new();
-        let (heads, kv_heads) = match &l.mixer {
-            Mixer::GatedDeltaNet(_) => {
-                return Err(format!(
-                    "{}: layer {i}: Gated DeltaNet layers are not split yet (mlx-lm's qwen3_5 \
-                     shard() splits them; archgen does not); run it on one rank",
-                    ir.name
-                ));
+        let (mixer, heads, kv_heads) = match &l.mixer {
+            // qwen3_5's GatedDeltaNet: q, k and v side by side in
+            // `in_proj_qkv` and the conv's channels, so both are split by
+            // segments [key_dim, 2 * key_dim]; z, b, a by rows; the per-head
+            // `dt_bias` and `A_log` in N; `out_proj` by columns, its output
+            // summed once (`all_sum` in `GatedDeltaNet.__call__`).
+            Mixer::GatedDeltaNet(d) => {
+                match d.in_proj {
+                    InProj::Split => {}
+                }
+                let p = format!("layers.{i}.linear_attn");
+                let key_dim = d.k_heads * d.k_head_dim;
+                let segments = Split::Segmented {
+                    at: [key_dim, 2 * key_dim],
+                };
+                modules.push((format!("{p}.conv1d"), segments));
+                modules.push((format!("{p}.in_proj_qkv"), segments));
+                modules.push((format!("{p}.in_proj_z"), Split::AllToSharded));
+                modules.push((format!("{p}.in_proj_b"), Split::AllToSharded));
+                modules.push((format!("{p}.in_proj_a"), Split::AllToSharded));
+                modules.push((format!("{p}.dt_bias"), Split::Vector));
+                modules.push((format!("{p}.A_log"), Split::Vector));
+                modules.push((format!("{p}.out_proj"), Split::ShardedToAll));
+                (
+                    MixerKind::GatedDeltaNet,
+                    divide("the number of linear-attention value heads", i, d.v_heads)?,
+                    divide("the number of linear-attention key heads", i, d.k_heads)?,
+                )
             }
             Mixer::Attention(a) => {
-                match a.output_gate {
-                    OutputGate::None => {}
-                    OutputGate::SigmoidPerHead => {
-                        return Err(format!(
-                            "{}: layer {i}: output-gated attention (Qwen3.5's full layers) is \
-                             not split yet; run it on one rank",
-                            ir.name
-                        ));
-                    }
-                }
+                let kind = match a.output_gate {
+                    OutputGate::None => MixerKind::Attention,
+                    // Qwen3NextAttention: `q_proj` has per head the queries,
+                    // then the gate (`reshape(B, L, heads, -1)`, split in
+                    // two), so a contiguous block of rows is whole heads with
+                    // their gates: the plain all-to-sharded split.
+                    OutputGate::SigmoidPerHead => MixerKind::GatedAttention,
+                };
                 let p = format!("layers.{i}.self_attn");
                 modules.push((format!("{p}.q_proj"), Split::AllToSharded));
                 match a.kv {
@@ -205,19 +321,22 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                 match a.bias {
                     ProjectionBias::None | ProjectionBias::QueryKeyValue => {}
                 }
+                // (qwen3_5's shard() repeats K/V heads when there are fewer
+                // than ranks; that is refused here as not dividing.)
                 (
+                    kind,
                     divide("the number of attention heads", i, a.n_heads)?,
                     divide("the number of KV heads", i, a.n_kv_heads)?,
                 )
             }
         };
-        let mlp_width = match &l.ffn {
+        let (mlp_width, shared_width) = match &l.ffn {
             FeedForward::Mlp(m) => {
                 let p = format!("layers.{i}.mlp");
                 modules.push((format!("{p}.gate_proj"), Split::AllToSharded));
                 modules.push((format!("{p}.up_proj"), Split::AllToSharded));
                 modules.push((format!("{p}.down_proj"), Split::ShardedToAll));
-                divide("the MLP width", i, m.width)?
+                (divide("the MLP width", i, m.width)?, None)
             }
             // Routed experts in place of the MLP (qwen3_moe): the router
             // stays whole; every expert's gate/up rows and down columns are
@@ -228,14 +347,25 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                 modules.push((format!("{p}.gate_proj"), Split::AllToSharded));
                 modules.push((format!("{p}.up_proj"), Split::AllToSharded));
                 modules.push((format!("{p}.down_proj"), Split::ShardedToAll));
-                divide("the experts' width", i, m.width)?
+                (divide("the experts' width", i, m.width)?, None)
             }
-            FeedForward::MoeAndSharedExpert { .. } => {
-                return Err(format!(
-                    "{}: layer {i}: routed experts with a shared expert (Qwen3.5-MoE) are not \
-                     split yet; run it on one rank",
-                    ir.name
-                ));
+            // Qwen3NextSparseMoeBlock (qwen3_5's shard()): the shared expert
+            // and the experts split in place, the router and the one-output
+            // `shared_expert_gate` whole; the block adds the weighted
+            // experts and the gated shared expert, then sums over the ranks
+            // once (its `sharding_group`).
+            FeedForward::MoeAndSharedExpert { moe, shared } => {
+                let p = format!("layers.{i}.mlp");
+                modules.push((format!("{p}.shared_expert.gate_proj"), Split::AllToSharded));
+                modules.push((format!("{p}.shared_expert.up_proj"), Split::AllToSharded));
+                modules.push((format!("{p}.shared_expert.down_proj"), Split::ShardedToAll));
+                modules.push((format!("{p}.switch_mlp.gate_proj"), Split::AllToSharded));
+                modules.push((format!("{p}.switch_mlp.up_proj"), Split::AllToSharded));
+                modules.push((format!("{p}.switch_mlp.down_proj"), Split::ShardedToAll));
+                (
+                    divide("the experts' width", i, moe.width)?,
+                    Some(divide("the shared expert's width", i, shared.width)?),
+                )
             }
             FeedForward::MlpAndMoe { .. } => {
                 return Err(format!(
@@ -247,11 +377,32 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
         };
         layers.push(LayerSplit {
             index: i,
+            mixer,
             heads,
             kv_heads,
             mlp_width,
+            shared_width,
+            all_sums: 2,
             modules,
         });
     }
-    Ok(TensorParallel { ranks, layers })
+    let vocab_per_rank = match ir.head.weight {
+        HeadWeight::Untied if head_split(ir.checkpoint.model_type) => {
+            if ir.vocab_size % ranks != 0 {
+                return Err(format!(
+                    "{}: the head: the vocabulary ({}) is not divisible by the world size \
+                     {ranks} (mlx-lm splits this model's untied head over it); run it on a \
+                     world size that divides it",
+                    ir.name, ir.vocab_size
+                ));
+            }
+            Some(ir.vocab_size / ranks)
+        }
+        HeadWeight::Untied | HeadWeight::TiedEmbedding => None,
+    };
+    Ok(TensorParallel {
+        ranks,
+        layers,
+        vocab_per_rank,
+    })
 }

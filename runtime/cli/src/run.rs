@@ -63,6 +63,10 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
             let s = match s {
                 archgen_plan::tensor_parallel::Split::AllToSharded => Split::AllToSharded,
                 archgen_plan::tensor_parallel::Split::ShardedToAll => Split::ShardedToAll,
+                archgen_plan::tensor_parallel::Split::Segmented { at } => Split::Segmented {
+                    at: at.map(|i| i as i32),
+                },
+                archgen_plan::tensor_parallel::Split::Vector => Split::Vector,
             };
             (m.to_string(), s)
         });

@@ -1,6 +1,8 @@
 //! Tensor parallelism on the CPU, 2 ranks of MLX's ring backend over
 //! loopback. For the families mlx-lm shards (qwen3, llama, qwen2, a 4-bit
-//! qwen3, and qwen3_moe's experts), under the logits protocol, rank 0's bytes
+//! qwen3, qwen3_moe's experts, and qwen3_5's Gated DeltaNet and gated
+//! attention layers with a dense MLP or with routed experts plus a shared
+//! expert and the head split over the vocabulary), under the logits protocol, rank 0's bytes
 //! agree three ways: the sharded generated model (`archgen launch -- logits --impl
 //! generated`), the sharded monolith (`--impl monolith`) and mlx-lm's own
 //! sharded model (`model.shard(group)` as sharded_load does it, under
@@ -51,7 +53,7 @@ fn text(o: &Output) -> String {
 fn init(spec: &str, dir: &Path) {
     let repo = archgen_tests::repo_root();
     let dtype = match spec {
-        "qwen3-30b-a3b-tiny" => "float32",
+        "qwen3-30b-a3b-tiny" | "qwen3.6-35b-a3b-tiny" => "float32",
         _ => "bfloat16",
     };
     let o = Command::new(ARCHGEN)
@@ -105,6 +107,8 @@ fn sharded_generated_equals_sharded_monolith_equals_mlx_lm_sharded_on_two_ring_r
         "qwen2.5-0.5b-tiny",
         "qwen3-0.6b-tiny-q4",
         "qwen3-30b-a3b-tiny",
+        "qwen3.5-4b-tiny",
+        "qwen3.6-35b-a3b-tiny",
     ];
     let tmp = tempfile::tempdir().unwrap();
     let mut jobs = Vec::new();

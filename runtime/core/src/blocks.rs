@@ -86,7 +86,9 @@ pub fn logits_scaled(
     let h = divide_weak(&rms_norm(h, Some(norm), eps)?, d)?;
     let out = match head {
         Head::Tied(e) => e.as_linear(&h)?,
-        Head::Untied(l) => l.forward(&h)?,
+        // A head split over the vocabulary (qwen3_5's `shard()`) has its
+        // logits gathered (`gather_last_axis`); a whole head's are as they are.
+        Head::Untied(l) => crate::distributed::gather_vocab(l.forward(&h)?)?,
     };
     match softcap {
         Some(c) => crate::ops::logit_softcap(c, &out),

@@ -31,6 +31,7 @@ use mlx_rs::{Array, Dtype};
 use crate::attention::{batch_and_len, Mask};
 use crate::blocks::{attend_own_kv, AttentionShape, Mlp};
 use crate::cache::LayerCache;
+use crate::distributed::sharded_to_all;
 use crate::layers::Linear;
 use crate::moe::{softmax_topk_moe, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{rms_norm, scalar_like, Result};
@@ -444,7 +445,9 @@ pub fn gated_delta_net_with(
     )?;
     cache.state = Some(state);
     let out = rms_norm_gated(&out, &z, &w.norm, s.eps)?;
-    w.out_proj.forward(&out.reshape(&[bsz, len, -1])?)
+    // Under tensor parallelism `out_proj` holds this rank's columns and the
+    // layer sums its output over the ranks (`all_sum` of `sharding_group`).
+    sharded_to_all(w.out_proj.forward(&out.reshape(&[bsz, len, -1])?)?)
 }
 
 impl GatedDeltaNet {
@@ -466,10 +469,19 @@ impl GatedDeltaNet {
 }
 
 /// `layers.{i}.linear_attn` of a qwen3_5 checkpoint (the split projections,
-/// sanitized names): every tensor's presence and shape checked by `w`.
+/// sanitized names): every tensor's presence and shape checked by `w`
+/// against the whole layer's `s`. On a tensor-parallel rank the weights are
+/// this rank's slices and the layer's shape has its heads divided by the
+/// ranks (qwen3_5's `shard()`: `num_k_heads //= N`, `num_v_heads //= N`).
 pub fn load_gated_delta_net(w: &mut Weights, layer: usize, s: DeltaNetShape) -> GatedDeltaNet {
     let p = format!("layers.{layer}.linear_attn");
     let (conv, vd, hv) = (s.conv_dim(), s.value_dim(), s.num_v_heads);
+    let ranks = w.parts(&format!("{p}.out_proj"));
+    let local = DeltaNetShape {
+        num_k_heads: s.num_k_heads / ranks,
+        num_v_heads: s.num_v_heads / ranks,
+        ..s
+    };
     GatedDeltaNet {
         in_proj: InProj::Split {
             qkv: w.linear(&format!("{p}.in_proj_qkv"), conv, s.hidden),
@@ -482,7 +494,7 @@ pub fn load_gated_delta_net(w: &mut Weights, layer: usize, s: DeltaNetShape) -> 
         a_log: w.param(&format!("{p}.A_log"), &[hv]),
         norm: w.param(&format!("{p}.norm.weight"), &[s.head_v_dim]),
         out_proj: w.linear(&format!("{p}.out_proj"), s.hidden, vd),
-        shape: s,
+        shape: local,
     }
 }
 
@@ -534,27 +546,31 @@ pub fn gated_attention_qkv(
     rope: &dyn Fn(&Array) -> Result<Array>,
 ) -> Result<[Array; 4]> {
     let (b, l) = batch_and_len(x);
-    let q_out = w.q_proj.forward(x)?.reshape(&[b, l, s.n_heads, -1])?;
+    // Heads as -1: a tensor-parallel rank has n_heads / N and n_kv_heads / N
+    // of them (the shape's counts are the model's), and the same shapes
+    // come out unsharded.
+    let q_out = w.q_proj.forward(x)?.reshape(&[b, l, -1, 2 * s.head_dim])?;
     let halves = q_out.split_equal(2, -1)?;
     let (queries, gate) = (&halves[0], halves[1].reshape(&[b, l, -1])?);
     let keys = w.k_proj.forward(x)?;
     let values = w.v_proj.forward(x)?;
     let queries = rms_norm(queries, Some(&w.q_norm), s.eps)?.transpose_axes(&[0, 2, 1, 3])?;
     let keys = rms_norm(
-        &keys.reshape(&[b, l, s.n_kv_heads, -1])?,
+        &keys.reshape(&[b, l, -1, s.head_dim])?,
         Some(&w.k_norm),
         s.eps,
     )?
     .transpose_axes(&[0, 2, 1, 3])?;
     let values = values
-        .reshape(&[b, l, s.n_kv_heads, -1])?
+        .reshape(&[b, l, -1, s.head_dim])?
         .transpose_axes(&[0, 2, 1, 3])?;
     Ok([rope(&queries)?, rope(&keys)?, values, gate])
 }
 
-/// The part of [`gated_attention`] after the cache: `o_proj(o * sigmoid(gate))`.
+/// The part of [`gated_attention`] after the cache: `o_proj(o * sigmoid(gate))`,
+/// summed over the ranks under tensor parallelism (`ShardedToAllLinear`).
 pub fn gated_attention_output(o: &Array, gate: &Array, o_proj: &Linear) -> Result<Array> {
-    o_proj.forward(&o.multiply(mlx_rs::ops::sigmoid(gate)?)?)
+    sharded_to_all(o_proj.forward(&o.multiply(mlx_rs::ops::sigmoid(gate)?)?)?)
 }
 
 impl GatedAttention {
@@ -610,9 +626,16 @@ impl SharedExpertMoe {
         // is to y's own dtype, which the scores share (both the activation
         // dtype), so it adds no op.
         let routed = softmax_topk_moe(&self.router, &self.experts, x)?;
-        let shared = self.shared_expert.forward(x)?;
+        // The shared expert's own down projection, not `Mlp::down`: under
+        // tensor parallelism its columns are split in place (`shard_inplace`,
+        // no all_sum of its own) and the block sums `routed + gate * shared`
+        // over the ranks once, as `Qwen3NextSparseMoeBlock` does with its
+        // `sharding_group`; the one-output gate is whole on every rank.
+        let e = &self.shared_expert;
+        let (g, u) = e.gate_and_up(x)?;
+        let shared = e.down_proj.forward(&e.activate(&g, &u)?)?;
         let gate = mlx_rs::ops::sigmoid(self.shared_expert_gate.forward(x)?)?;
-        routed.add(gate.multiply(&shared)?)
+        sharded_to_all(routed.add(gate.multiply(&shared)?)?)
     }
 }
 

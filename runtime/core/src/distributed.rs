@@ -158,6 +158,13 @@ pub enum Split {
     /// Columns of the weight, scales and biases; the block sums the partial
     /// products over ranks ([`sharded_to_all`]): `ShardedToAllLinear`.
     ShardedToAll,
+    /// Axis 0 cut at `at` into three segments, each split over the ranks,
+    /// this rank's parts concatenated (mlx `_shard` with `segments`:
+    /// qwen3_5's `in_proj_qkv` and `conv1d`, q, k and v side by side).
+    Segmented { at: [i32; 2] },
+    /// A parameter vector split over the ranks along axis 0 (qwen3_5's
+    /// `dt_bias`, `A_log`); named by its full tensor path.
+    Vector,
 }
 
 /// The group this process's model is sharded over, set when a loader is
@@ -176,6 +183,36 @@ pub fn tensor_parallel() -> bool {
 /// The group models of this process are sharded over, if any.
 pub fn sharding_group() -> Option<&'static Group> {
     GROUP.get()
+}
+
+/// Whether the model's head is split over the vocabulary (qwen3_5's
+/// `shard()`): then its logits are gathered ([`gather_vocab`]).
+static VOCAB_SPLIT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub(crate) fn split_vocab() {
+    VOCAB_SPLIT.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The logits of a head split over the vocabulary, gathered as mlx-lm's
+/// `gather_last_axis` does: `all_gather(x.reshape(-1, V/N))`, reshaped to
+/// `[N, rows, V/N]`, transposed to `[rows, N, V/N]` and reshaped to
+/// `[..., V]` (rank order). Logits of a whole head come back as they are.
+pub fn gather_vocab(x: Array) -> Result<Array> {
+    let group = match GROUP.get() {
+        Some(g) if g.size > 1 && VOCAB_SPLIT.load(std::sync::atomic::Ordering::Relaxed) => g,
+        Some(_) | None => return Ok(x),
+    };
+    let shape = x.shape().to_vec();
+    let Some((&size, lead)) = shape.split_last() else {
+        return Err(Exception::custom("gathering logits of no axis"));
+    };
+    let parts = group.all_gather(&x.reshape(&[-1, size])?)?;
+    let parts = parts
+        .reshape(&[group.size, -1, size])?
+        .transpose_axes(&[1, 0, 2])?;
+    let mut out = lead.to_vec();
+    out.push(group.size * size);
+    parts.reshape(&out)
 }
 
 pub(crate) fn install(group: &Group) -> Result<()> {

@@ -12,10 +12,15 @@ use mlx_rs::{Array, Dtype};
 use crate::distributed::{self, Group, Split};
 use crate::layers::{Embedding, Linear, Quantized, SwitchLinear};
 
+/// The module path of an untied head, relative to the text model.
+pub const HEAD_MODULE: &str = "lm_head";
+
 fn split_name(s: Split) -> &'static str {
     match s {
         Split::AllToSharded => "all-to-sharded",
         Split::ShardedToAll => "sharded-to-all",
+        Split::Segmented { .. } => "all-to-sharded by segments",
+        Split::Vector => "split in N",
     }
 }
 
@@ -435,12 +440,37 @@ impl Weights {
         splits: impl IntoIterator<Item = (String, Split)>,
     ) -> Result<(), LoadError> {
         distributed::install(group).map_err(|e| LoadError(e.what().to_string()))?;
+        let splits: BTreeMap<String, Split> = splits.into_iter().collect();
+        // An untied head split over the vocabulary: its logits are
+        // gathered (`distributed::gather_vocab`).
+        match splits.get(HEAD_MODULE) {
+            Some(Split::AllToSharded) => distributed::split_vocab(),
+            Some(s) => {
+                return Err(LoadError(format!(
+                    "module '{HEAD_MODULE}': the head is split over the vocabulary \
+                     (all-to-sharded) or not at all, not {}",
+                    split_name(*s)
+                )))
+            }
+            None => {}
+        }
         self.sharding = Some(Sharding {
             rank: group.rank(),
             size: group.size(),
-            splits: splits.into_iter().collect(),
+            splits,
         });
         Ok(())
+    }
+
+    /// Over how many ranks module `path` is split: the group's size when
+    /// the model is sharded and `path` is one of the split modules, else 1.
+    /// A block whose shape is static (a Gated DeltaNet layer's head counts)
+    /// divides it by this.
+    pub fn parts(&self, path: &str) -> i32 {
+        match &self.sharding {
+            Some(sh) if sh.splits.contains_key(path) => sh.size,
+            Some(_) | None => 1,
+        }
     }
 
     /// This rank's part of tensor `name` when its module is split, as mlx's
@@ -451,14 +481,24 @@ impl Weights {
         let Some(sh) = &self.sharding else {
             return a;
         };
-        let Some((module, leaf)) = name.rsplit_once('.') else {
-            return a;
-        };
-        let Some(split) = sh.splits.get(module).copied() else {
-            return a;
+        // A parameter split by its own name (`Split::Vector`), else the
+        // tensor of a split module.
+        let (module, leaf, split) = match sh.splits.get(name).copied() {
+            Some(split) => (name, "", split),
+            None => {
+                let Some((module, leaf)) = name.rsplit_once('.') else {
+                    return a;
+                };
+                let Some(split) = sh.splits.get(module).copied() else {
+                    return a;
+                };
+                (module, leaf, split)
+            }
         };
         let ndim = a.ndim() as i32;
         let axis = match (split, leaf) {
+            (Split::Segmented { at }, _) => return self.segmented(name, module, a, at),
+            (Split::Vector, _) => 0,
             (Split::AllToSharded, "bias") => ndim - 1,
             (Split::AllToSharded, _) => (ndim - 2).max(0),
             (Split::ShardedToAll, "bias") => {
@@ -488,6 +528,46 @@ impl Weights {
             Err(e) => {
                 self.errors.push(format!(
                     "tensor '{name}': taking rank {rank}'s slice failed: {e}"
+                ));
+                a
+            }
+        }
+    }
+
+    /// This rank's part of tensor `name` of a module split by segments:
+    /// axis 0 cut at `at` into three segments, each split in N, this rank's
+    /// parts concatenated and made contiguous (mlx `_shard`:
+    /// `contiguous(concatenate([split(part, N)[rank] for part in
+    /// split(w, segments)]))`).
+    fn segmented(&mut self, name: &str, module: &str, a: Array, at: [i32; 2]) -> Array {
+        let Some(sh) = &self.sharding else {
+            return a;
+        };
+        let (rank, size) = (sh.rank, sh.size);
+        let n = a.shape().first().copied().unwrap_or(0);
+        let bounds = [0, at[0], at[1], n];
+        let lengths: Vec<i32> = bounds.windows(2).map(|w| w[1] - w[0]).collect();
+        if lengths.iter().any(|&l| l < 0 || l % size != 0) {
+            self.errors.push(format!(
+                "tensor '{name}': axis 0 has {n} entries, cut at {} and {} into segments of \
+                 {lengths:?}, which do not each split into {size} equal parts (all-to-sharded \
+                 by segments of module '{module}'); run it on a world size that divides them",
+                at[0], at[1]
+            ));
+            return a;
+        }
+        let part = a.split_at_indices(&at, 0).and_then(|segments| {
+            let mine = segments
+                .iter()
+                .map(|s| s.split_equal(size, 0).map(|p| p[rank as usize].clone()))
+                .collect::<Result<Vec<_>, _>>()?;
+            mlx_rs::ops::concatenate(&mine, 0)?.contiguous()
+        });
+        match part {
+            Ok(p) => p,
+            Err(e) => {
+                self.errors.push(format!(
+                    "tensor '{name}': taking rank {rank}'s segments failed: {e}"
                 ));
                 a
             }
