@@ -406,3 +406,84 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
         vocab_per_rank,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ir(name: &str) -> ModelIr {
+        let path = format!("{}/../../specs/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+        archgen_spec::load(&path)
+            .unwrap_or_else(|d| panic!("{path}: {d:?}"))
+            .lower()
+    }
+
+    fn split_of<'a>(tp: &'a TensorParallel, module: &str) -> Option<Split> {
+        tp.modules().find(|(m, _)| *m == module).map(|(_, s)| s)
+    }
+
+    #[test]
+    fn qwen3_6_moe_splits_as_qwen3_5_shard() {
+        let tp = split(&ir("qwen3.6-35b-a3b-tiny"), 2).unwrap();
+        // key_dim = 2 key heads * 16: q, k, v segments of the conv and qkv.
+        let seg = Some(Split::Segmented { at: [32, 64] });
+        assert_eq!(split_of(&tp, "layers.0.linear_attn.conv1d"), seg);
+        assert_eq!(split_of(&tp, "layers.0.linear_attn.in_proj_qkv"), seg);
+        for m in ["in_proj_z", "in_proj_b", "in_proj_a"] {
+            let m = format!("layers.0.linear_attn.{m}");
+            assert_eq!(split_of(&tp, &m), Some(Split::AllToSharded), "{m}");
+        }
+        for m in ["dt_bias", "A_log"] {
+            let m = format!("layers.0.linear_attn.{m}");
+            assert_eq!(split_of(&tp, &m), Some(Split::Vector), "{m}");
+        }
+        let out = split_of(&tp, "layers.0.linear_attn.out_proj");
+        assert_eq!(out, Some(Split::ShardedToAll));
+        let q = split_of(&tp, "layers.3.self_attn.q_proj");
+        assert_eq!(q, Some(Split::AllToSharded));
+        let o = split_of(&tp, "layers.3.self_attn.o_proj");
+        assert_eq!(o, Some(Split::ShardedToAll));
+        // The router and the shared expert's gate stay whole.
+        assert_eq!(split_of(&tp, "layers.0.mlp.gate"), None);
+        assert_eq!(split_of(&tp, "layers.0.mlp.shared_expert_gate"), None);
+        let d = split_of(&tp, "layers.0.mlp.shared_expert.down_proj");
+        assert_eq!(d, Some(Split::ShardedToAll));
+        let l0 = &tp.layers[0];
+        assert_eq!(
+            (l0.mixer, l0.heads, l0.kv_heads),
+            (MixerKind::GatedDeltaNet, 2, 1)
+        );
+        assert_eq!((l0.mlp_width, l0.shared_width), (16, Some(16)));
+        assert_eq!(tp.layers[3].mixer, MixerKind::GatedAttention);
+        // One all_sum for each mixer, one for each MoE block.
+        assert_eq!(tp.all_sums_per_forward(), 16);
+        // Its head is untied: split over the vocabulary, as qwen3_5's shard().
+        assert_eq!(tp.vocab_per_rank, Some(256));
+        assert_eq!(split_of(&tp, HEAD_MODULE), Some(Split::AllToSharded));
+    }
+
+    #[test]
+    fn a_tied_head_and_other_families_heads_stay_whole() {
+        let tp = split(&ir("qwen3.5-4b-tiny"), 2).unwrap();
+        assert_eq!(tp.vocab_per_rank, None);
+        assert_eq!(tp.layers[0].shared_width, None);
+        assert_eq!(
+            split_of(&tp, "layers.0.mlp.down_proj"),
+            Some(Split::ShardedToAll)
+        );
+        let tp = split(&ir("qwen3-0.6b-tiny"), 2).unwrap();
+        assert_eq!(tp.vocab_per_rank, None);
+    }
+
+    #[test]
+    fn a_world_size_the_linear_heads_do_not_divide_is_refused_naming_the_layer() {
+        let e = split(&ir("qwen3.5-4b-tiny"), 4).unwrap_err();
+        assert_eq!(
+            e,
+            "qwen3.5-4b-tiny: layer 0: the number of linear-attention key heads (2) is not \
+             divisible by the world size 4; run it on a world size that divides it"
+        );
+        let e = split(&ir("qwen3.6-35b-a3b-tiny"), 3).unwrap_err();
+        assert!(e.starts_with("qwen3.6-35b-a3b-tiny: layer 0: the number of linear-attention value heads (4) is not divisible by the world size 3"), "{e}");
+    }
+}
