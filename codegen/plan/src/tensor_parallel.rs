@@ -418,7 +418,7 @@ mod tests {
             .lower()
     }
 
-    fn split_of<'a>(tp: &'a TensorParallel, module: &str) -> Option<Split> {
+    fn split_of(tp: &TensorParallel, module: &str) -> Option<Split> {
         tp.modules().find(|(m, _)| *m == module).map(|(_, s)| s)
     }
 
