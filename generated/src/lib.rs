@@ -120,6 +120,8 @@ pub mod qwen3_5_4b_tiny_q4;
 #[rustfmt::skip]
 pub mod qwen3_5_4b_tiny;
 #[rustfmt::skip]
+pub mod qwen3_5_4b_tp_tiny;
+#[rustfmt::skip]
 pub mod qwen3_5_4b;
 #[rustfmt::skip]
 pub mod qwen3_5_9b;
@@ -434,6 +436,11 @@ pub const MODELS: &[GeneratedModel] = &[
         fingerprint: qwen3_5_4b_tiny::FINGERPRINT,
     },
     GeneratedModel {
+        name: "qwen3.5-4b-tp-tiny",
+        spec: "specs/qwen3.5-4b-tp-tiny.yaml",
+        fingerprint: qwen3_5_4b_tp_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
         name: "qwen3.5-4b",
         spec: "specs/qwen3.5-4b.yaml",
         fingerprint: qwen3_5_4b::FINGERPRINT,
@@ -625,6 +632,9 @@ pub fn run<T: ModelTask>(
         }
         qwen3_5_4b_tiny::FINGERPRINT => {
             Some(qwen3_5_4b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_5_4b_tp_tiny::FINGERPRINT => {
+            Some(qwen3_5_4b_tp_tiny::load(weights).map(|m| task.run(&m)))
         }
         qwen3_5_4b::FINGERPRINT => Some(qwen3_5_4b::load(weights).map(|m| task.run(&m))),
         qwen3_5_9b::FINGERPRINT => Some(qwen3_5_9b::load(weights).map(|m| task.run(&m))),

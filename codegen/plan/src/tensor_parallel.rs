@@ -53,6 +53,11 @@ pub enum Split {
     /// A parameter vector (not a module) split in N along axis 0:
     /// `mx.split(p, N)[rank]` (qwen3_5's `dt_bias`, `A_log`).
     Vector,
+    /// K/V projections of fewer heads than ranks: every tensor's rows
+    /// grouped by the `heads` heads, each head repeated `times` times in
+    /// place, then all-to-sharded, so each rank holds one head (qwen3_5's
+    /// `repeat_kv_layer_inplace` before `shard_linear`).
+    RepeatedHeads { heads: usize, times: usize },
 }
 
 impl Split {
@@ -63,6 +68,7 @@ impl Split {
             Split::ShardedToAll => "sharded-to-all",
             Split::Segmented { .. } => "all-to-sharded by segments",
             Split::Vector => "split in N",
+            Split::RepeatedHeads { .. } => "heads repeated, then all-to-sharded",
         }
     }
 }
@@ -87,6 +93,9 @@ pub struct LayerSplit {
     pub heads: usize,
     /// KV heads per rank (Gated DeltaNet: key heads).
     pub kv_heads: usize,
+    /// How many times each KV head is repeated before the split (1: not;
+    /// qwen3_5 with fewer KV heads than ranks: ranks / KV heads).
+    pub kv_repeat: usize,
     /// MLP width per rank (routed experts: each expert's width).
     pub mlp_width: usize,
     /// The shared expert's width per rank, beside routed experts.
@@ -170,6 +179,9 @@ impl TensorParallel {
                             Split::Segmented { at } => {
                                 format!("`{m}` (segments at {}, {})", at[0], at[1])
                             }
+                            Split::RepeatedHeads { times, .. } => {
+                                format!("`{m}` (each head repeated {times} times)")
+                            }
                             Split::AllToSharded | Split::ShardedToAll | Split::Vector => {
                                 format!("`{m}`")
                             }
@@ -183,8 +195,9 @@ impl TensorParallel {
                 MixerKind::GatedAttention => ("gated attention", "", ""),
                 MixerKind::GatedDeltaNet => ("Gated DeltaNet", " value", " key"),
             };
-            // Heads are divided evenly, so the whole layer has ranks times as many.
-            let whole = (l.heads * self.ranks, l.kv_heads * self.ranks);
+            // Heads are divided evenly, so the whole layer has ranks times as
+            // many (KV heads repeated to the ranks: ranks / repeat).
+            let whole = (l.heads * self.ranks, l.kv_heads * self.ranks / l.kv_repeat);
             let width = match l.shared_width {
                 None => format!("{}", l.mlp_width),
                 Some(w) => format!("{} per expert, shared expert {w}", l.mlp_width),
@@ -195,7 +208,12 @@ impl TensorParallel {
                 whole.0,
                 l.kv_heads,
                 whole.1,
-                leaf(&|s| matches!(s, Split::AllToSharded | Split::Segmented { .. })),
+                leaf(&|s| {
+                    matches!(
+                        s,
+                        Split::AllToSharded | Split::Segmented { .. } | Split::RepeatedHeads { .. }
+                    )
+                }),
                 leaf(&|s| s == Split::ShardedToAll),
                 leaf(&|s| s == Split::Vector),
             )
@@ -240,6 +258,25 @@ pub fn head_split(model_type: ConfigModelType) -> bool {
     }
 }
 
+/// Whether mlx-lm's `shard()` of the model type repeats K/V heads when
+/// there are fewer than ranks (qwen3_5.py's `repeat_kv_layer_inplace`); the
+/// others divide the KV heads by N and so need N to divide them.
+pub fn kv_repeat(model_type: ConfigModelType) -> bool {
+    match model_type {
+        ConfigModelType::Qwen35 | ConfigModelType::Qwen35Moe => true,
+        ConfigModelType::Qwen3
+        | ConfigModelType::Llama
+        | ConfigModelType::Mistral
+        | ConfigModelType::Qwen2
+        | ConfigModelType::Qwen3Moe
+        | ConfigModelType::Gemma4
+        | ConfigModelType::Gemma4Text
+        | ConfigModelType::Gemma4Unified
+        | ConfigModelType::Gemma2
+        | ConfigModelType::MiniCpm => false,
+    }
+}
+
 /// Splits `ir` over `ranks` processes as mlx-lm's `shard()` does, or says
 /// why it cannot be split (which layer, which size does not divide, or which
 /// block has no split yet).
@@ -262,7 +299,7 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
     for l in &ir.layers {
         let i = l.index;
         let mut modules = Vec::new();
-        let (mixer, heads, kv_heads) = match &l.mixer {
+        let (mixer, heads, kv_heads, kv_repeat) = match &l.mixer {
             // qwen3_5's GatedDeltaNet: q, k and v side by side in
             // `in_proj_qkv` and the conv's channels, so both are split by
             // segments [key_dim, 2 * key_dim]; z, b, a by rows; the per-head
@@ -289,6 +326,7 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                     MixerKind::GatedDeltaNet,
                     divide("the number of linear-attention value heads", i, d.v_heads)?,
                     divide("the number of linear-attention key heads", i, d.k_heads)?,
+                    1,
                 )
             }
             Mixer::Attention(a) => {
@@ -301,14 +339,36 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                     OutputGate::SigmoidPerHead => MixerKind::GatedAttention,
                 };
                 let p = format!("layers.{i}.self_attn");
+                let heads = divide("the number of attention heads", i, a.n_heads)?;
+                // qwen3_5's shard() repeats every KV head N / kv_heads times
+                // when there are fewer than ranks, so each rank holds one.
+                let (kv_split, kv_heads, kv_repeat) =
+                    if kv_repeat(ir.checkpoint.model_type) && ranks > a.n_kv_heads {
+                        if ranks % a.n_kv_heads != 0 {
+                            return Err(format!(
+                            "{}: layer {i}: the number of KV heads ({}) is fewer than the world \
+                             size {ranks} and does not divide it (mlx-lm repeats each KV head \
+                             N / {} times); run it on a world size that divides or is a \
+                             multiple of it",
+                            ir.name, a.n_kv_heads, a.n_kv_heads
+                        ));
+                        }
+                        let times = ranks / a.n_kv_heads;
+                        let split = Split::RepeatedHeads {
+                            heads: a.n_kv_heads,
+                            times,
+                        };
+                        (split, 1, times)
+                    } else {
+                        let per_rank = divide("the number of KV heads", i, a.n_kv_heads)?;
+                        (Split::AllToSharded, per_rank, 1)
+                    };
                 modules.push((format!("{p}.q_proj"), Split::AllToSharded));
                 match a.kv {
                     KvSource::Own { values, .. } => {
-                        modules.push((format!("{p}.k_proj"), Split::AllToSharded));
+                        modules.push((format!("{p}.k_proj"), kv_split));
                         match values {
-                            Values::Projected => {
-                                modules.push((format!("{p}.v_proj"), Split::AllToSharded))
-                            }
+                            Values::Projected => modules.push((format!("{p}.v_proj"), kv_split)),
                             Values::SameAsKeys => {}
                         }
                     }
@@ -321,13 +381,7 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                 match a.bias {
                     ProjectionBias::None | ProjectionBias::QueryKeyValue => {}
                 }
-                // (qwen3_5's shard() repeats K/V heads when there are fewer
-                // than ranks; that is refused here as not dividing.)
-                (
-                    kind,
-                    divide("the number of attention heads", i, a.n_heads)?,
-                    divide("the number of KV heads", i, a.n_kv_heads)?,
-                )
+                (kind, heads, kv_heads, kv_repeat)
             }
         };
         let (mlp_width, shared_width) = match &l.ffn {
@@ -380,6 +434,7 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
             mixer,
             heads,
             kv_heads,
+            kv_repeat,
             mlp_width,
             shared_width,
             all_sums: 2,
@@ -473,6 +528,22 @@ mod tests {
         );
         let tp = split(&ir("qwen3-0.6b-tiny"), 2).unwrap();
         assert_eq!(tp.vocab_per_rank, None);
+    }
+
+    #[test]
+    fn fewer_kv_heads_than_ranks_are_repeated_as_qwen3_5_shard_repeats_them() {
+        let tp = split(&ir("qwen3.5-4b-tp-tiny"), 2).unwrap();
+        let repeated = Some(Split::RepeatedHeads { heads: 1, times: 2 });
+        assert_eq!(split_of(&tp, "layers.3.self_attn.k_proj"), repeated);
+        assert_eq!(split_of(&tp, "layers.3.self_attn.v_proj"), repeated);
+        let l3 = &tp.layers[3];
+        assert_eq!((l3.heads, l3.kv_heads, l3.kv_repeat), (2, 1, 2));
+        // Other families' shard() does not repeat: the KV heads must divide.
+        let e = split(&ir("qwen3-0.6b-tiny"), 4).unwrap_err();
+        assert!(
+            e.contains("layer 0: the number of KV heads (2) is not divisible by the world size 4"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -67,6 +67,12 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
                     at: at.map(|i| i as i32),
                 },
                 archgen_plan::tensor_parallel::Split::Vector => Split::Vector,
+                archgen_plan::tensor_parallel::Split::RepeatedHeads { heads, times } => {
+                    Split::RepeatedHeads {
+                        heads: heads as i32,
+                        times: times as i32,
+                    }
+                }
             };
             (m.to_string(), s)
         });

@@ -109,6 +109,7 @@ fn sharded_generated_equals_sharded_monolith_equals_mlx_lm_sharded_on_two_ring_r
         "qwen3-30b-a3b-tiny",
         "qwen3.5-4b-tiny",
         "qwen3.5-4b-tiny-q4",
+        "qwen3.5-4b-tp-tiny",
         "qwen3.6-35b-a3b-tiny",
     ];
     let tmp = tempfile::tempdir().unwrap();

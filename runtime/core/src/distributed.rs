@@ -165,6 +165,10 @@ pub enum Split {
     /// A parameter vector split over the ranks along axis 0 (qwen3_5's
     /// `dt_bias`, `A_log`); named by its full tensor path.
     Vector,
+    /// Rows grouped by `heads` heads, each head repeated `times` times in
+    /// place, then all-to-sharded (qwen3_5's K/V when there are fewer KV
+    /// heads than ranks: `repeat_kv_layer_inplace`).
+    RepeatedHeads { heads: i32, times: i32 },
 }
 
 /// The group this process's model is sharded over, set when a loader is

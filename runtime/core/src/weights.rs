@@ -21,6 +21,7 @@ fn split_name(s: Split) -> &'static str {
         Split::ShardedToAll => "sharded-to-all",
         Split::Segmented { .. } => "all-to-sharded by segments",
         Split::Vector => "split in N",
+        Split::RepeatedHeads { .. } => "heads repeated, then all-to-sharded",
     }
 }
 
@@ -391,6 +392,29 @@ struct Sharding {
     splits: BTreeMap<String, Split>,
 }
 
+/// qwen3_5's `_repeat` of `repeat_kv_layer_inplace`: `p.reshape(heads,
+/// rows / heads, ...)`, `mx.repeat(p, times, axis=0)`, reshaped back to
+/// `(-1, ...)`: each head's rows `times` times in a row.
+fn repeat_heads(p: &Array, heads: i32, times: i32) -> mlx_rs::error::Result<Array> {
+    let shape = p.shape();
+    let Some((&rows, rest)) = shape.split_first() else {
+        return Err(mlx_rs::error::Exception::custom(
+            "a scalar has no heads to repeat",
+        ));
+    };
+    if heads <= 0 || rows % heads != 0 {
+        return Err(mlx_rs::error::Exception::custom(format!(
+            "{rows} rows do not group into {heads} heads"
+        )));
+    }
+    let mut grouped = vec![heads, rows / heads];
+    grouped.extend_from_slice(rest);
+    let repeated = Array::repeat_axis::<f32>(p.reshape(&grouped)?, times, 0)?;
+    let mut back = vec![-1];
+    back.extend_from_slice(rest);
+    repeated.reshape(&back)
+}
+
 impl Weights {
     pub fn new(tensors: HashMap<String, Array>, quantization: Option<&serde_json::Value>) -> Self {
         let mut quant_default = None;
@@ -495,12 +519,27 @@ impl Weights {
                 (module, leaf, split)
             }
         };
+        let a = match split {
+            Split::RepeatedHeads { heads, times } => match repeat_heads(&a, heads, times) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.errors.push(format!(
+                        "tensor '{name}': repeating its {heads} heads {times} times (module \
+                         '{module}', more ranks than KV heads) failed: {e}"
+                    ));
+                    return a;
+                }
+            },
+            Split::AllToSharded | Split::ShardedToAll | Split::Segmented { .. } | Split::Vector => {
+                a
+            }
+        };
         let ndim = a.ndim() as i32;
         let axis = match (split, leaf) {
             (Split::Segmented { at }, _) => return self.segmented(name, module, a, at),
             (Split::Vector, _) => 0,
-            (Split::AllToSharded, "bias") => ndim - 1,
-            (Split::AllToSharded, _) => (ndim - 2).max(0),
+            (Split::AllToSharded | Split::RepeatedHeads { .. }, "bias") => ndim - 1,
+            (Split::AllToSharded | Split::RepeatedHeads { .. }, _) => (ndim - 2).max(0),
             (Split::ShardedToAll, "bias") => {
                 self.errors.push(format!(
                     "tensor '{name}': a sharded-to-all projection with a bias (mlx adds it after \
