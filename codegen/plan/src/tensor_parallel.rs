@@ -243,25 +243,19 @@ impl TensorParallel {
 /// qwen3_moe.py keep the head whole. Model types mlx-lm has no `shard()` for
 /// keep it whole too (their split follows the others').
 pub fn head_split(model_type: ConfigModelType) -> bool {
-    match model_type {
-        ConfigModelType::Qwen35 | ConfigModelType::Qwen35Moe => true,
-        ConfigModelType::Qwen3
-        | ConfigModelType::Llama
-        | ConfigModelType::Mistral
-        | ConfigModelType::Qwen2
-        | ConfigModelType::Qwen3Moe
-        | ConfigModelType::Gemma4
-        | ConfigModelType::Gemma4Text
-        | ConfigModelType::Gemma4Unified
-        | ConfigModelType::Gemma2
-        | ConfigModelType::MiniCpm => false,
-    }
+    sharded_by_qwen3_5(model_type)
 }
 
 /// Whether mlx-lm's `shard()` of the model type repeats K/V heads when
 /// there are fewer than ranks (qwen3_5.py's `repeat_kv_layer_inplace`); the
 /// others divide the KV heads by N and so need N to divide them.
 pub fn kv_repeat(model_type: ConfigModelType) -> bool {
+    sharded_by_qwen3_5(model_type)
+}
+
+/// Whether mlx-lm's `shard()` for the model type is qwen3_5.py's, the one
+/// that splits an untied head and repeats K/V heads (the others do neither).
+fn sharded_by_qwen3_5(model_type: ConfigModelType) -> bool {
     match model_type {
         ConfigModelType::Qwen35 | ConfigModelType::Qwen35Moe => true,
         ConfigModelType::Qwen3

@@ -737,12 +737,7 @@ fn post_attention_split(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array
     act.put(&mut p);
     layer.mlp.put(&mut p);
     layer.norms.put(&mut p);
-    p.key.push(layer.ple.is_some() as i64);
-    if let Some((gate, input)) = layer.ple {
-        gate.put(&mut p);
-        input.put(&mut p);
-    }
-    layer.layer_scalar.cloned().put(&mut p);
+    put_layer_end(&mut p, layer.ple, layer.layer_scalar);
     let after = p.run(true, |covered| {
         let (mlp, norms) = (hollow(layer.mlp), hollow(layer.norms));
         let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
@@ -753,16 +748,39 @@ fn post_attention_split(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array
             let (mlp, norms) = (mlp.take(it), norms.take(it));
             let (ple, scalar) = (ple.take(it), scalar.take(it));
             let h = blocks::mlp_residual(&h, &mlp.down(&act)?, &norms, eps)?;
-            let ple = match &ple {
-                Some((g, x)) => Some((g, x.reshape(&[h.shape()[0], -1])?)),
-                None => None,
-            };
-            let ple = ple.as_ref().map(|(g, x)| (*g, x));
             covered.set(true);
-            Ok(vec![blocks::finish_layer(&h, ple, scalar.as_ref(), eps)?])
+            let b = h.shape()[0];
+            Ok(vec![finish_layer_rows(&h, b, &ple, scalar.as_ref(), eps)?])
         })
     })?;
     after.into_iter().next().ok_or_else(bad_outputs)
+}
+
+/// Packs what [`finish_layer_rows`] reads: the PLE gate and its input, and
+/// the layer scalar.
+fn put_layer_end(p: &mut Packed, ple: Option<(&PleGate, &Array)>, scalar: Option<&Array>) {
+    p.key.push(ple.is_some() as i64);
+    if let Some((gate, input)) = ple {
+        gate.put(p);
+        input.put(p);
+    }
+    scalar.cloned().put(p);
+}
+
+/// [`blocks::finish_layer`] inside a block, with the PLE input (packed as the
+/// model holds it) as rows `[b, width]`.
+fn finish_layer_rows(
+    h: &Array,
+    b: i32,
+    ple: &Option<(PleGate, Array)>,
+    scalar: Option<&Array>,
+    eps: f32,
+) -> Result<Array> {
+    let ple = match ple {
+        Some((g, x)) => Some((g, x.reshape(&[b, -1])?)),
+        None => None,
+    };
+    blocks::finish_layer(h, ple.as_ref().map(|(g, x)| (*g, x)), scalar, eps)
 }
 
 /// The key ids of [`post_attention_split`]'s two blocks.
@@ -796,12 +814,7 @@ fn post_attention_block(
     if let Some(moe) = layer.moe {
         moe.put(&mut p);
     }
-    p.key.push(layer.ple.is_some() as i64);
-    if let Some((gate, input)) = layer.ple {
-        gate.put(&mut p);
-        input.put(&mut p);
-    }
-    layer.layer_scalar.cloned().put(&mut p);
+    put_layer_end(&mut p, layer.ple, layer.layer_scalar);
     residual.cloned().put(&mut p);
     let eps = layer.eps;
     let compile = compile
@@ -836,10 +849,6 @@ fn post_attention_block(
                     None => (h, o),
                     Some(_) => (h.reshape(&[b, 1, hidden])?, o.reshape(&[b, 1, -1])?),
                 };
-                let ple = match &ple {
-                    Some((g, x)) => Some((g, x.reshape(&[b, -1])?)),
-                    None => None,
-                };
                 let a = o_proj.forward(&o)?;
                 let h = match &residual {
                     None => {
@@ -851,8 +860,7 @@ fn post_attention_block(
                         blocks::feed_forward_scaled(&h, &norms, &mlp, moe.as_ref(), eps, r)?
                     }
                 };
-                let ple = ple.as_ref().map(|(g, x)| (*g, x));
-                let h = blocks::finish_layer(&h, ple, scalar.as_ref(), eps)?;
+                let h = finish_layer_rows(&h, b, &ple, scalar.as_ref(), eps)?;
                 Ok(vec![match moe {
                     None => h,
                     Some(_) => h.reshape(&[b, hidden])?,
@@ -884,12 +892,7 @@ fn post_attention_experts(h: &Array, o: &Array, layer: &ExpertsLayer<'_>) -> Res
     layer.attn.o_proj.put(&mut p);
     layer.norms.put(&mut p);
     layer.moe.put(&mut p);
-    p.key.push(layer.ple.is_some() as i64);
-    if let Some((gate, input)) = layer.ple {
-        gate.put(&mut p);
-        input.put(&mut p);
-    }
-    layer.layer_scalar.cloned().put(&mut p);
+    put_layer_end(&mut p, layer.ple, layer.layer_scalar);
     let eps = layer.eps;
     let out = p.run(true, |covered| {
         // Templates for rebuilding the structures from the traced inputs.
@@ -912,15 +915,10 @@ fn post_attention_experts(h: &Array, o: &Array, layer: &ExpertsLayer<'_>) -> Res
                 // The experts' gathers keep mlx-lm's [B, 1, features] shapes.
                 let b = h.shape()[0];
                 let (h, o) = (h.reshape(&[b, 1, hidden])?, o.reshape(&[b, 1, -1])?);
-                let ple = match &ple {
-                    Some((g, x)) => Some((g, x.reshape(&[b, -1])?)),
-                    None => None,
-                };
                 let a = o_proj.forward(&o)?;
                 let h = blocks::attention_residual(&h, &a, &norms, eps)?;
                 let h = blocks::sparse_feed_forward(&h, &norms, &moe, eps)?;
-                let ple = ple.as_ref().map(|(g, x)| (*g, x));
-                let h = blocks::finish_layer(&h, ple, scalar.as_ref(), eps)?;
+                let h = finish_layer_rows(&h, b, &ple, scalar.as_ref(), eps)?;
                 Ok(vec![h.reshape(&[b, hidden])?])
             });
             covered.set(all);
