@@ -54,6 +54,8 @@ pub mod gemma4_e4b;
 #[rustfmt::skip]
 pub mod gemma4_walkthrough_tiny;
 #[rustfmt::skip]
+pub mod granite_3_3_2b_l2;
+#[rustfmt::skip]
 pub mod granite_3_3_2b_tiny_q4;
 #[rustfmt::skip]
 pub mod granite_3_3_2b_tiny;
@@ -139,6 +141,8 @@ pub mod qwen3_6_35b_a3b_tiny_q4;
 pub mod qwen3_6_35b_a3b_tiny;
 #[rustfmt::skip]
 pub mod qwen3_6_35b_a3b;
+#[rustfmt::skip]
+pub mod smollm3_3b_l4;
 #[rustfmt::skip]
 pub mod smollm3_3b_tiny_q4;
 #[rustfmt::skip]
@@ -281,6 +285,11 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "gemma4-walkthrough-tiny",
         spec: "specs/gemma4-walkthrough-tiny.yaml",
         fingerprint: gemma4_walkthrough_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "granite-3.3-2b-l2",
+        spec: "specs/granite-3.3-2b-l2.yaml",
+        fingerprint: granite_3_3_2b_l2::FINGERPRINT,
     },
     GeneratedModel {
         name: "granite-3.3-2b-tiny-q4",
@@ -498,6 +507,11 @@ pub const MODELS: &[GeneratedModel] = &[
         fingerprint: qwen3_6_35b_a3b::FINGERPRINT,
     },
     GeneratedModel {
+        name: "smollm3-3b-l4",
+        spec: "specs/smollm3-3b-l4.yaml",
+        fingerprint: smollm3_3b_l4::FINGERPRINT,
+    },
+    GeneratedModel {
         name: "smollm3-3b-tiny-q4",
         spec: "specs/smollm3-3b-tiny-q4.yaml",
         fingerprint: smollm3_3b_tiny_q4::FINGERPRINT,
@@ -587,6 +601,9 @@ pub fn run<T: ModelTask>(
         gemma4_e4b::FINGERPRINT => Some(gemma4_e4b::load(weights).map(|m| task.run(&m))),
         gemma4_walkthrough_tiny::FINGERPRINT => {
             Some(gemma4_walkthrough_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        granite_3_3_2b_l2::FINGERPRINT => {
+            Some(granite_3_3_2b_l2::load(weights).map(|m| task.run(&m)))
         }
         granite_3_3_2b_tiny_q4::FINGERPRINT => {
             Some(granite_3_3_2b_tiny_q4::load(weights).map(|m| task.run(&m)))
@@ -700,6 +717,9 @@ pub fn run<T: ModelTask>(
         }
         qwen3_6_35b_a3b::FINGERPRINT => {
             Some(qwen3_6_35b_a3b::load(weights).map(|m| task.run(&m)))
+        }
+        smollm3_3b_l4::FINGERPRINT => {
+            Some(smollm3_3b_l4::load(weights).map(|m| task.run(&m)))
         }
         smollm3_3b_tiny_q4::FINGERPRINT => {
             Some(smollm3_3b_tiny_q4::load(weights).map(|m| task.run(&m)))
