@@ -667,7 +667,17 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         checkpoint: Checkpoint {
             model_type: spec.identity.source.model_type,
             prefix: ModulePrefix::Model,
-            sanitize: vec![SanitizeRule::DropRotaryTables, SanitizeRule::DropTiedHead],
+            // granite.py's sanitize only pops a tied lm_head (a rotary table
+            // in its checkpoint fails mlx-lm's strict load, so it must here too).
+            sanitize: match family {
+                DenseFamily::Granite => vec![SanitizeRule::DropTiedHead],
+                DenseFamily::Qwen3
+                | DenseFamily::Llama
+                | DenseFamily::Qwen2
+                | DenseFamily::SmolLm3 => {
+                    vec![SanitizeRule::DropRotaryTables, SanitizeRule::DropTiedHead]
+                }
+            },
         },
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
