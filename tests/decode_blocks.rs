@@ -581,6 +581,70 @@ fn minicpm_decode_blocks_match_the_eager_layer() {
     );
 }
 
+/// SmolLM3's NoPE layers (`Rope::NoPe`: smollm3.py's `NoPE` returns its
+/// input) through the decode blocks: no tables, Q and K as projected, at the
+/// tiny width and at SmolLM3-3B's 2048, both dtypes. The NoPE tables are
+/// their own compiled-block key, so a rotating layer of the same shape in
+/// the same process keeps its rotation.
+#[test]
+fn nope_decode_blocks_match_the_eager_layer() {
+    let base = Rope::base(16, 5_000_000.0);
+    let s = shape(2, 16, (16f64).powf(-0.5) as f32, b::ValueNorm::None);
+    for dt in DTYPES {
+        for hidden in [64, 2048] {
+            run_layer(
+                hidden,
+                s,
+                &Rope::NoPe,
+                false,
+                false,
+                pre_norm(false),
+                dt,
+                false,
+            );
+            run_layer(hidden, s, &base, false, false, pre_norm(false), dt, false);
+        }
+    }
+    assert!(matches!(
+        Rope::NoPe.tables(3, 1, Dtype::Float32).unwrap(),
+        archgen_runtime::rope::RopeTables::NoPe
+    ));
+    // NoPE leaves a [B, H, L, D] tensor as it is; RoPE at offset 3 does not.
+    let x = lcg(9, &[1, 2, 1, 16], 1.0, 0.0);
+    let offset = Array::from_int(3);
+    assert!(same(&Rope::NoPe.apply(&x, &offset).unwrap(), &x));
+    assert!(!same(&base.apply(&x, &offset).unwrap(), &x));
+    let (compiled, eager) = decode::block_counts();
+    assert!(
+        compiled >= 4 && eager == 0,
+        "{compiled} compiled, {eager} eager"
+    );
+}
+
+/// Granite's layer through the decode blocks: SDPA at `attention_multiplier`
+/// (0.015625 for granite-3.3-2b, not head_dim ** -0.5) and both residual
+/// branches times `residual_multiplier` (0.22, IR `Residual::Scaled`: the
+/// same factor input as MiniCPM's), at the tiny width and at 2048.
+#[test]
+fn granite_decode_blocks_match_the_eager_layer() {
+    let base = Rope::base(16, 10_000_000.0);
+    let s = shape(2, 16, 0.015625, b::ValueNorm::None);
+    let granite = Flavour {
+        residual: Some(0.22),
+        ..pre_norm(false)
+    };
+    for dt in DTYPES {
+        for hidden in [64, 2048] {
+            run_layer(hidden, s, &base, false, false, granite, dt, false);
+        }
+    }
+    let (compiled, eager) = decode::block_counts();
+    assert!(
+        compiled >= 4 && eager == 0,
+        "{compiled} compiled, {eager} eager"
+    );
+}
+
 /// gemma2's blocks against the eager layer: sandwich norms (their `1 + w`
 /// weights are folded at load, so plain arrays here), no q/k/v norms, the
 /// GeLU-approx MLP, no layer scalar, and the written-out attention with a

@@ -556,6 +556,56 @@ fn minicpm_logits(dt: Dt, q: Option<Quant>, hidden: i32, dim_model_base: i32) ->
     Ok(c)
 }
 
+/// granite's two residuals: `x + r * residual_multiplier`, through the
+/// same weak multiply as minicpm's, another factor.
+fn granite_residual(dt: Dt, hidden: i32, multiplier: f64) -> R<Case> {
+    let name = format!("granite_residual_{}_{hidden}_{multiplier}", dt.tag());
+    let spec = json!({"hidden": hidden, "residual_multiplier": multiplier});
+    let mut c = Case::new("granite_residual", name, spec);
+    let x = c.rand(&[1, 4, hidden], 3.0, dt);
+    let r_attn = c.rand(&[1, 4, hidden], 2.0, dt);
+    let r_mlp = c.rand(&[1, 4, hidden], 2.0, dt);
+    c.input("x", &x);
+    c.input("r_attn", &r_attn);
+    c.input("r_mlp", &r_mlp);
+    let h = x.add(multiply_weak(&r_attn, multiplier)?)?;
+    c.out("out", h.add(multiply_weak(&r_mlp, multiplier)?)?);
+    Ok(c)
+}
+
+/// granite's head: the final norm, `embed_tokens.as_linear(out)` (tied) or
+/// `lm_head(out)`, then `/ logits_scaling` after the head (a weak scalar
+/// divide), as `blocks::logits_scaled` runs `LogitScale::DivideLogitsBy`.
+fn granite_logits(dt: Dt, q: Option<Quant>, hidden: i32, tied: bool, scaling: f64) -> R<Case> {
+    use archgen_runtime::blocks::{logits_scaled, Head, LogitScale};
+    let head_tag = if tied { "tied" } else { "untied" };
+    let name = format!(
+        "granite_logits_{}_{}_{hidden}_{head_tag}_{scaling}",
+        dt.tag(),
+        quant_tag(q)
+    );
+    let vocab = 64;
+    let eps = 1e-5;
+    let spec = json!({"hidden": hidden, "vocab": vocab, "logits_scaling": scaling, "tied": tied, "eps": eps, "quant": quant_json(q)});
+    let mut c = Case::new("granite_logits", name, spec);
+    let e = c.embedding("model.embed_tokens", vocab, hidden, dt, q);
+    let norm = c.rand(&[hidden], 1.0, dt);
+    c.param("model.norm.weight", &norm);
+    let lm_head = (!tied).then(|| c.linear("lm_head", vocab, hidden, dt, q));
+    let head = match &lm_head {
+        Some(l) => Head::Untied(l),
+        None => Head::Tied(&e),
+    };
+    let h = c.rand(&[1, 3, hidden], 5.0, dt);
+    c.input("h", &h);
+    let scale = LogitScale::DivideLogitsBy(scaling);
+    c.out(
+        "logits",
+        logits_scaled(&h, &norm, head, scale, None, eps as f32)?,
+    );
+    Ok(c)
+}
+
 // ---------------------------------------------------------------- the test
 
 fn all_cases() -> R<Vec<Case>> {
@@ -578,6 +628,11 @@ fn all_cases() -> R<Vec<Case>> {
             cases.push(gemma2_final(dt, q, 64, 30.0)?);
             cases.push(minicpm_embed(dt, q, 64, 12.0)?);
             cases.push(minicpm_logits(dt, q, 64, 16)?);
+            // Granite-3.3-2B's logits_scaling 8, and 3 (not a power of two:
+            // a divide and a multiply by 1/3 differ).
+            for (tied, scaling) in [(true, 8.0), (false, 3.0), (true, 3.0)] {
+                cases.push(granite_logits(dt, q, 64, tied, scaling)?);
+            }
         }
         // Gemma-2-2b's and -9b's widths (sqrt(3584) is not a bf16 number).
         for hidden in [2304, 3584] {
@@ -591,6 +646,10 @@ fn all_cases() -> R<Vec<Case>> {
         cases.push(minicpm_residual(dt, 2304, 1.4, 40)?);
         cases.push(minicpm_residual(dt, 64, 1.4, 3)?);
         cases.push(minicpm_logits(dt, None, 2304, 256)?);
+        // Granite's residual_multiplier (0.22, not a bf16 number) is the same
+        // weak multiply with another factor: IR `Residual::Scaled`.
+        cases.push(granite_residual(dt, 2048, 0.22)?);
+        cases.push(granite_logits(dt, None, 2048, true, 8.0)?);
 
         let tiny = AttnShape {
             hidden: 64,

@@ -54,6 +54,14 @@ pub mod gemma4_e4b;
 #[rustfmt::skip]
 pub mod gemma4_walkthrough_tiny;
 #[rustfmt::skip]
+pub mod granite_3_3_2b_l2;
+#[rustfmt::skip]
+pub mod granite_3_3_2b_tiny_q4;
+#[rustfmt::skip]
+pub mod granite_3_3_2b_tiny;
+#[rustfmt::skip]
+pub mod granite_3_3_2b;
+#[rustfmt::skip]
 pub mod llama_3_2_1b_tiny_q4;
 #[rustfmt::skip]
 pub mod llama_3_2_1b_tiny;
@@ -133,6 +141,14 @@ pub mod qwen3_6_35b_a3b_tiny_q4;
 pub mod qwen3_6_35b_a3b_tiny;
 #[rustfmt::skip]
 pub mod qwen3_6_35b_a3b;
+#[rustfmt::skip]
+pub mod smollm3_3b_l4;
+#[rustfmt::skip]
+pub mod smollm3_3b_tiny_q4;
+#[rustfmt::skip]
+pub mod smollm3_3b_tiny;
+#[rustfmt::skip]
+pub mod smollm3_3b;
 
 use archgen_runtime::model::{ModelError, ModelTask};
 use archgen_runtime::weights::Weights;
@@ -269,6 +285,26 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "gemma4-walkthrough-tiny",
         spec: "specs/gemma4-walkthrough-tiny.yaml",
         fingerprint: gemma4_walkthrough_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "granite-3.3-2b-l2",
+        spec: "specs/granite-3.3-2b-l2.yaml",
+        fingerprint: granite_3_3_2b_l2::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "granite-3.3-2b-tiny-q4",
+        spec: "specs/granite-3.3-2b-tiny-q4.yaml",
+        fingerprint: granite_3_3_2b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "granite-3.3-2b-tiny",
+        spec: "specs/granite-3.3-2b-tiny.yaml",
+        fingerprint: granite_3_3_2b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "granite-3.3-2b",
+        spec: "specs/granite-3.3-2b.yaml",
+        fingerprint: granite_3_3_2b::FINGERPRINT,
     },
     GeneratedModel {
         name: "llama-3.2-1b-tiny-q4",
@@ -470,6 +506,26 @@ pub const MODELS: &[GeneratedModel] = &[
         spec: "specs/qwen3.6-35b-a3b.yaml",
         fingerprint: qwen3_6_35b_a3b::FINGERPRINT,
     },
+    GeneratedModel {
+        name: "smollm3-3b-l4",
+        spec: "specs/smollm3-3b-l4.yaml",
+        fingerprint: smollm3_3b_l4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "smollm3-3b-tiny-q4",
+        spec: "specs/smollm3-3b-tiny-q4.yaml",
+        fingerprint: smollm3_3b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "smollm3-3b-tiny",
+        spec: "specs/smollm3-3b-tiny.yaml",
+        fingerprint: smollm3_3b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "smollm3-3b",
+        spec: "specs/smollm3-3b.yaml",
+        fingerprint: smollm3_3b::FINGERPRINT,
+    },
 ];
 /// The generated model whose fingerprint is `fingerprint`, if any.
 pub fn find(fingerprint: &str) -> Option<&'static GeneratedModel> {
@@ -545,6 +601,18 @@ pub fn run<T: ModelTask>(
         gemma4_e4b::FINGERPRINT => Some(gemma4_e4b::load(weights).map(|m| task.run(&m))),
         gemma4_walkthrough_tiny::FINGERPRINT => {
             Some(gemma4_walkthrough_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        granite_3_3_2b_l2::FINGERPRINT => {
+            Some(granite_3_3_2b_l2::load(weights).map(|m| task.run(&m)))
+        }
+        granite_3_3_2b_tiny_q4::FINGERPRINT => {
+            Some(granite_3_3_2b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        granite_3_3_2b_tiny::FINGERPRINT => {
+            Some(granite_3_3_2b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        granite_3_3_2b::FINGERPRINT => {
+            Some(granite_3_3_2b::load(weights).map(|m| task.run(&m)))
         }
         llama_3_2_1b_tiny_q4::FINGERPRINT => {
             Some(llama_3_2_1b_tiny_q4::load(weights).map(|m| task.run(&m)))
@@ -650,6 +718,16 @@ pub fn run<T: ModelTask>(
         qwen3_6_35b_a3b::FINGERPRINT => {
             Some(qwen3_6_35b_a3b::load(weights).map(|m| task.run(&m)))
         }
+        smollm3_3b_l4::FINGERPRINT => {
+            Some(smollm3_3b_l4::load(weights).map(|m| task.run(&m)))
+        }
+        smollm3_3b_tiny_q4::FINGERPRINT => {
+            Some(smollm3_3b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        smollm3_3b_tiny::FINGERPRINT => {
+            Some(smollm3_3b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        smollm3_3b::FINGERPRINT => Some(smollm3_3b::load(weights).map(|m| task.run(&m))),
         _ => None,
     }
 }

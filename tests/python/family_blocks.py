@@ -20,7 +20,7 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import gemma2, minicpm, qwen3_moe
+from mlx_lm.models import gemma2, granite, minicpm, qwen3_moe
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache
 
@@ -88,6 +88,21 @@ def minicpm_args(c, layers):
         num_attention_heads=c.get("heads", 1), rms_norm_eps=1e-6,
         vocab_size=c.get("vocab", 1), num_key_value_heads=c.get("heads", 1),
         scale_depth=c.get("scale_depth", 1.0), scale_emb=c.get("scale_emb", 1.0))
+
+
+def granite_args(c, layers=0):
+    """granite.ModelArgs has no defaults but rope_scaling and the tie."""
+    return granite.ModelArgs(
+        model_type="granite", hidden_size=c["hidden"], num_hidden_layers=layers,
+        intermediate_size=c.get("intermediate", 1), num_attention_heads=c.get("heads", 1),
+        rms_norm_eps=c.get("eps", 1e-5), vocab_size=c.get("vocab", 1),
+        logits_scaling=c.get("logits_scaling", 1.0),
+        attention_multiplier=c.get("attention_multiplier", 1.0),
+        embedding_multiplier=c.get("embedding_multiplier", 1.0),
+        residual_multiplier=c.get("residual_multiplier", 1.0),
+        max_position_embeddings=4096, num_key_value_heads=c.get("heads", 1),
+        attention_bias=False, mlp_bias=False, rope_theta=10000.0,
+        tie_word_embeddings=c.get("tied", True))
 
 
 def identity(x, *args, **kwargs):
@@ -180,6 +195,20 @@ def run(case):
         m = minicpm.Model(minicpm_args(case, layers=0))
         m.model = HiddenStates(x["h"])
         loaded(m, case, params)
+        return {"logits": m(None)}
+    if block == "granite_residual":
+        layer = granite.TransformerBlock(granite_args(case))
+        layer.input_layernorm = identity
+        layer.post_attention_layernorm = identity
+        layer.self_attn = lambda h, mask=None, cache=None: x["r_attn"]
+        layer.mlp = lambda h: x["r_mlp"]
+        return {"out": layer(x["x"])}
+    if block == "granite_logits":
+        # granite.Model.__call__ on the normed hidden states: the body's own
+        # final RMSNorm, then the head and `/ logits_scaling`.
+        m = loaded(granite.Model(granite_args(case)), case, params)
+        body = m.model
+        m.model = HiddenStates(body.norm(x["h"]), body.embed_tokens)
         return {"logits": m(None)}
     raise SystemExit(f"family_blocks.py: unknown block {block!r} in case {name!r}")
 

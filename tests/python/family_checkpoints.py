@@ -3,7 +3,7 @@
   family_checkpoints.py [--out DIR]
 
 For each real config in specs/configs/ of model_type qwen2, gemma2, qwen3_moe,
-mistral or minicpm: shrink the sizes (every other field kept as published),
+mistral, minicpm, smollm3 or granite: shrink the sizes (every other field kept as published),
 write a random checkpoint with make_checkpoint.write_checkpoint (mlx-lm's own
 Model class, quant_predicate and save path) in bf16, bf16 4-bit (group 64 and
 32) and f32, load it back with mlx-lm's load_model and run the oracle protocol
@@ -13,7 +13,8 @@ CPU gather_mm runs only in float32 (this script checks that it still fails).
 Checks per checkpoint: finite, non-constant logits in the compute dtype; the
 family's tensors as mlx-lm saves them (qwen2's q/k/v biases and no o_proj
 bias; gemma2's four norms per layer and no lm_head; qwen3_moe's stacked
-switch_mlp experts and its router gate at 8 bits; minicpm's lm_head); that
+switch_mlp experts and its router gate at 8 bits; minicpm's lm_head; smollm3's
+interval and tied head; granite's o_proj / down_proj at 8 bits); that
 the unquantized weights in their Hugging Face layout (variants.py
 family-hf-layout) load through mlx-lm's sanitize to the same logits; and that
 a tied minicpm config is refused. Exit status 1 on any failure.
@@ -38,7 +39,7 @@ from oracle_logits import load, run_protocol  # noqa: E402
 from variants import family_hf_layout  # noqa: E402
 
 CONFIGS = HERE.parent.parent / "specs" / "configs"
-FAMILIES = ("qwen2", "gemma2", "qwen3_moe", "mistral", "minicpm")
+FAMILIES = ("qwen2", "gemma2", "qwen3_moe", "mistral", "minicpm", "smollm3", "granite")
 FAIL: list[str] = []
 
 
@@ -61,6 +62,14 @@ def tiny(config: dict) -> dict:
         c["query_pre_attn_scalar"] = 16
     if c["model_type"] == "minicpm":
         c["dim_model_base"] = 16
+    if c["model_type"] == "smollm3":
+        # 4 layers so that layer 3 is a NoPE one; llama.py builds one layer
+        # per layer_types entry, and smollm3.py checks no_rope_layers' length.
+        n = 4
+        c["num_hidden_layers"] = n
+        c["layer_types"] = ["full_attention"] * n
+        interval = c.get("no_rope_layer_interval", 4)
+        c["no_rope_layers"] = [int((i + 1) % interval != 0) for i in range(n)]
     return c
 
 
@@ -97,6 +106,18 @@ def family_layout(model_type: str, t: dict, written: dict) -> None:
         check("lm_head.weight" in t, "minicpm: lm_head missing")
     elif model_type == "mistral":
         check(written["model_type"] == "mistral", "mistral: model_type not kept")
+    elif model_type == "smollm3":
+        check(written.get("no_rope_layer_interval") == 4, "smollm3: no_rope_layer_interval not kept")
+        check("lm_head.weight" not in t, "smollm3: lm_head written for a tied head")
+    elif model_type == "granite":
+        # granite's quant_predicate: o_proj and down_proj (and an untied
+        # lm_head) at 8 bits / 64.
+        q = written.get("quantization")
+        if q is not None:
+            for m in ("self_attn.o_proj", "mlp.down_proj"):
+                check(q.get(p + m) == {"group_size": 64, "bits": 8},
+                      f"granite: {m} not at 8 bits / 64: {q.get(p + m)}")
+            check(p + "self_attn.q_proj" not in q, "granite: q_proj has its own entry")
 
 
 def head_is_embedding(src: Path) -> Path:

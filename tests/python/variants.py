@@ -60,10 +60,11 @@ def hf_layout(src: Path, dst: Path) -> None:
 
 
 def family_hf_layout(src: Path, dst: Path) -> None:
-    """An mlx-layout checkpoint of qwen2 / llama (mistral) / qwen3_moe /
-    minicpm rewritten as its Hugging Face original, which each family's
-    sanitize turns back into the same model: rotary tables to drop and a tied
-    lm_head to pop (qwen2, llama), per-expert weights to stack (qwen3_moe),
+    """An mlx-layout checkpoint of qwen2 / llama (mistral) / smollm3 / granite /
+    qwen3_moe / minicpm rewritten as its Hugging Face original, which each
+    family's sanitize turns back into the same model: rotary tables to drop
+    and a tied lm_head to pop (qwen2, llama, smollm3; granite: the head only),
+    per-expert weights to stack (qwen3_moe),
     no lm_head to copy from the embedding (minicpm)."""
     config = json.loads((src / "config.json").read_text())
     model_type = config["model_type"]
@@ -71,9 +72,13 @@ def family_hf_layout(src: Path, dst: Path) -> None:
     for f in sorted(src.glob("model*.safetensors")):
         weights.update(mx.load(str(f)))
     out = dict(weights)
-    if model_type in ("qwen2", "llama", "mistral"):
+    if model_type in ("qwen2", "llama", "mistral", "smollm3"):
         out["model.layers.0.self_attn.rotary_emb.inv_freq"] = mx.zeros((4,))
-        if config.get("tie_word_embeddings", model_type == "qwen2"):
+        if config.get("tie_word_embeddings", model_type in ("qwen2", "smollm3")):
+            out["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    elif model_type == "granite":
+        # granite.py's sanitize pops a tied lm_head only (no rotary tables).
+        if config.get("tie_word_embeddings", True):
             out["lm_head.weight"] = weights["model.embed_tokens.weight"]
     elif model_type == "qwen3_moe":
         for k, v in weights.items():

@@ -193,6 +193,7 @@ fn summary(spec: &Spec) -> String {
                 high_freq_factor,
                 ..
             } => format!("llama3 θ={theta} f={factor} {low_freq_factor}..{high_freq_factor}"),
+            RopeKind::NoPe => "none (NoPE)".to_string(),
         };
         let kvq = l.kv_quant.map_or("-".to_string(), |q| {
             format!("{}b g{}", q.bits, q.group_size)

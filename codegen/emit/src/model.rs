@@ -53,6 +53,17 @@ fn window_name(ir: &ModelIr, w: Window) -> String {
     }
 }
 
+/// The name of a layer's step context (its mask, RoPE and tables): its
+/// window's, with `_nope` for a layer that does not rotate (smollm3's NoPE
+/// layers read the window's mask but no RoPE).
+fn rope_context(ir: &ModelIr, a: &Attention) -> String {
+    let wn = window_name(ir, a.window);
+    match a.rope.kind {
+        RopeKind::NoPe => format!("{wn}_nope"),
+        RopeKind::Default { .. } | RopeKind::Proportional { .. } | RopeKind::Llama3 { .. } => wn,
+    }
+}
+
 /// The attention windows of the model, in order of first appearance.
 fn windows(ir: &ModelIr) -> Vec<Window> {
     let mut out: Vec<Window> = Vec::new();
@@ -201,6 +212,7 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
         } => parts.push(format!(
             "residual branches × {scale_depth} / sqrt({num_hidden_layers})"
         )),
+        Residual::Scaled { multiplier } => parts.push(format!("residual branches × {multiplier}")),
     }
     format!(
         " {} {list}: {}.",
@@ -211,6 +223,10 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
 
 /// The attention facts of a kind's doc comment.
 fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
+    match a.rope.kind {
+        RopeKind::NoPe => parts.push("no RoPE (NoPE)".to_string()),
+        RopeKind::Default { .. } | RopeKind::Proportional { .. } | RopeKind::Llama3 { .. } => {}
+    }
     match a.scores {
         Scores::FusedSdpa => {}
         Scores::Softcapped { cap } => {
@@ -272,7 +288,9 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
     }
     match l.residual {
         Residual::Plain => {}
-        Residual::DepthScaled { .. } => return unsupported("depth-scaled residual branches"),
+        Residual::DepthScaled { .. } | Residual::Scaled { .. } => {
+            return unsupported("scaled residual branches")
+        }
     }
     match l.ffn {
         FeedForward::Mlp(m) => {
@@ -617,11 +635,11 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     } else {
         quote! { None }
     };
-    // Depth-scaled residual branches: the factor as a field (an array, so
-    // the compiled decode block takes it as an input).
+    // Scaled residual branches: the factor as a field (an array, so the
+    // compiled decode block takes it as an input).
     let residual = match l.residual {
         Residual::Plain => None,
-        Residual::DepthScaled { .. } => {
+        Residual::DepthScaled { .. } | Residual::Scaled { .. } => {
             let f = l
                 .residual
                 .factor()
@@ -841,6 +859,7 @@ fn rope_init(a: &Attention) -> Result<TokenStream, String> {
                     .map_err(|e| ModelError(e.to_string()))?
             }
         }
+        RopeKind::NoPe => quote! { Rope::NoPe },
     })
 }
 
@@ -858,35 +877,38 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         return Err(format!("{name}: a model without layers"));
     }
 
-    // One RoPE per window (every layer of a window rotates the same way, so
-    // a step's tables are computed once per window).
+    // One mask per window, one RoPE per window and rotation (every rotating
+    // layer of a window rotates the same way, so a step's tables are computed
+    // once per window; smollm3's NoPE layers share the window's mask only).
     let mut ropes_struct = Vec::new();
     let mut ropes_init = Vec::new();
     let mut masks = Vec::new();
     let mut steps_ctx = Vec::new();
     for w in windows(ir) {
         let wn = window_name(ir, w);
-        let attention = || {
+        let in_window = || {
             ir.layers
                 .iter()
                 .filter_map(|l| l.attention().map(|a| (l.index, a)))
+                .filter(move |(_, a)| a.window == w)
         };
-        let (first, a) = attention()
-            .find(|(_, a)| a.window == w)
+        let (first, a) = in_window()
+            .next()
             .ok_or_else(|| format!("{name}: window {w:?} has no layer"))?;
-        if let Some((other, _)) =
-            attention().find(|(_, b)| b.window == w && (b.rope, b.head_dim) != (a.rope, a.head_dim))
-        {
-            return Err(format!(
-                "{name}: layers {first} and {other} share a window but not a RoPE; the emitter keeps one RoPE per window"
-            ));
+        let mut contexts: Vec<(String, usize, &Attention)> = Vec::new();
+        for (i, b) in in_window() {
+            let cn = rope_context(ir, b);
+            match contexts.iter().find(|(n, _, _)| *n == cn) {
+                Some((_, j, a)) if (a.rope, a.head_dim) != (b.rope, b.head_dim) => {
+                    return Err(format!(
+                        "{name}: layers {j} and {i} share a window but not a RoPE; the emitter keeps one RoPE per window"
+                    ));
+                }
+                Some(_) => {}
+                None => contexts.push((cn, i, b)),
+            }
         }
-        let rope = ident(&format!("rope_{wn}"));
-        ropes_struct.push(quote! { #rope: Rope, });
-        let init = rope_init(a)?;
-        ropes_init.push(quote! { #rope: #init, });
         let mask = ident(&format!("{wn}_mask"));
-        let tables = ident(&format!("{wn}_tables"));
         // The window's mask comes from its first layer's cache, before any
         // update (`_make_masks`, `create_attention_mask(h, cache[0])`).
         if !a.owns_kv() {
@@ -899,18 +921,31 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             Window::Full => 0,
             Window::Sliding(n) => n,
         })?;
-        masks.push(quote! { let #mask = b::mask_for(&cache.#field, n, #size)?; });
-        let ctx = ident(&wn);
-        steps_ctx.push(if compiled_decode(ir) {
-            quote! {
-                let #tables = if step { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
-                let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
+        for (cn, _, a) in &contexts {
+            let rope = ident(&format!("rope_{cn}"));
+            ropes_struct.push(quote! { #rope: Rope, });
+            let init = rope_init(a)?;
+            ropes_init.push(quote! { #rope: #init, });
+            if cn == &wn {
+                masks.push(quote! { let #mask = b::mask_for(&cache.#field, n, #size)?; });
             }
-        } else {
-            quote! {
-                let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
-            }
-        });
+            let tables = ident(&format!("{cn}_tables"));
+            let ctx = ident(cn);
+            steps_ctx.push(if compiled_decode(ir) {
+                quote! {
+                    let #tables = if step { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
+                    let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
+                }
+            } else {
+                quote! {
+                    let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
+                }
+            });
+        }
+        if !contexts.iter().any(|(cn, _, _)| cn == &wn) {
+            // A window of NoPE layers only: its mask still comes first.
+            masks.push(quote! { let #mask = b::mask_for(&cache.#field, n, #size)?; });
+        }
     }
 
     let kinds: Vec<TokenStream> = plan
@@ -952,7 +987,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 continue;
             }
         };
-        let ctx = ident(&window_name(ir, a.window));
+        let ctx = ident(&rope_context(ir, a));
         let pli = match l.input {
             LayerInput::None => None,
             LayerInput::Gated { .. } => {
@@ -1055,13 +1090,17 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             Some(quote! { use archgen_runtime::layers::Linear; }),
         ),
     };
-    // The head with a scale before it: `logits_scaled` (models without one
-    // keep the plain `logits` call they had).
+    // The head with a scale before or after it: `logits_scaled` (models
+    // without one keep the plain `logits` call they had).
     let head_call = |softcap: TokenStream| match ir.head.logit_scale {
         LogitScale::None => quote! { b::logits(&h, &self.norm, #head, #softcap, EPS)? },
         LogitScale::DivideBy(d) => {
             let d = Literal::f64_suffixed(d);
             quote! { b::logits_scaled(&h, &self.norm, #head, b::LogitScale::DivideBy(#d), #softcap, EPS)? }
+        }
+        LogitScale::DivideLogitsBy(d) => {
+            let d = Literal::f64_suffixed(d);
+            quote! { b::logits_scaled(&h, &self.norm, #head, b::LogitScale::DivideLogitsBy(#d), #softcap, EPS)? }
         }
     };
     let logits = match ir.head.logit_softcap {

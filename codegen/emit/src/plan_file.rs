@@ -63,6 +63,7 @@ fn rope_text(r: RopeForm) -> String {
         } => format!(
             "llama3 θ={theta} factor={factor} low={low_freq_factor} high={high_freq_factor} original={original_max_position_embeddings}"
         ),
+        RopeKind::NoPe => "none (NoPE)".to_string(),
     }
 }
 
@@ -123,6 +124,7 @@ fn row(plan: &Plan, l: &Layer) -> Row {
             "branches × {scale_depth}/√{num_hidden_layers} = {}",
             l.residual.factor().unwrap_or(f64::NAN)
         )),
+        Residual::Scaled { multiplier } => extra.push(format!("branches × {multiplier}")),
     }
     let norms = std::iter::once(norms.to_string())
         .chain(extra)
@@ -216,6 +218,7 @@ fn attention_cols(a: &Attention) -> MixerCols {
                 AttentionScale::One => "1".to_string(),
                 AttentionScale::InvSqrtHeadDim => "head_dim^-0.5".to_string(),
                 AttentionScale::InvSqrtQueryPreAttnScalar(s) => format!("{s}^-0.5 on q"),
+                AttentionScale::Constant(s) => s.to_string(),
             },
             match a.scores {
                 Scores::FusedSdpa => String::new(),
@@ -335,6 +338,7 @@ pub fn plan_file(plan: &Plan) -> Result<String, String> {
         }) + &match ir.head.logit_scale {
             LogitScale::None => String::new(),
             LogitScale::DivideBy(d) => format!("; normed hidden state ÷ {d} before it"),
+            LogitScale::DivideLogitsBy(d) => format!("; logits ÷ {d}"),
         },
         softcap => ir.head.logit_softcap.map_or("none".to_string(), |c| match c.form {
             SoftcapForm::Compiled => c.cap.to_string(),

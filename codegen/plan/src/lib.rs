@@ -95,6 +95,12 @@ impl KindKey {
                     Window::Sliding(_) => "Sliding",
                     Window::Full => "Full",
                 });
+                match a.rope.kind {
+                    RopeKind::NoPe => n.push_str("NoRope"),
+                    RopeKind::Default { .. }
+                    | RopeKind::Proportional { .. }
+                    | RopeKind::Llama3 { .. } => {}
+                }
                 match a.output_gate {
                     OutputGate::None => {}
                     OutputGate::SigmoidPerHead => n.push_str("Gated"),
@@ -240,6 +246,7 @@ fn rope_json(kind: RopeKind) -> Value {
             f64_bits(high_freq_factor),
             f64_bits(original_max_position_embeddings)
         ]),
+        RopeKind::NoPe => json!(["none"]),
     }
 }
 
@@ -287,6 +294,7 @@ fn layer_json(l: &Layer) -> Value {
                 "rotated_dims": rotated_dims,
                 "scale": match scale {
                     AttentionScale::One | AttentionScale::InvSqrtHeadDim => json!(format!("{scale:?}")),
+                    AttentionScale::Constant(s) => json!(["Constant", f64_bits(*s)]),
                     AttentionScale::InvSqrtQueryPreAttnScalar(s) => {
                         json!(["InvSqrtQueryPreAttnScalar", f64_bits(*s)])
                     }
@@ -394,6 +402,9 @@ fn layer_json(l: &Layer) -> Value {
         } => {
             layer["residual"] = json!(["depth_scaled", f64_bits(*scale_depth), num_hidden_layers]);
         }
+        Residual::Scaled { multiplier } => {
+            layer["residual"] = json!(["scaled", f64_bits(*multiplier)]);
+        }
     }
     layer
 }
@@ -472,6 +483,7 @@ fn head_json(head: &archgen_spec::ir::Head) -> Value {
     match logit_scale {
         LogitScale::None => {}
         LogitScale::DivideBy(d) => v["logit_scale"] = json!(["divide", f64_bits(*d)]),
+        LogitScale::DivideLogitsBy(d) => v["logit_scale"] = json!(["divide_logits", f64_bits(*d)]),
     }
     v
 }

@@ -267,7 +267,9 @@ fn sharded_by_qwen3_5(model_type: ConfigModelType) -> bool {
         | ConfigModelType::Gemma4Text
         | ConfigModelType::Gemma4Unified
         | ConfigModelType::Gemma2
-        | ConfigModelType::MiniCpm => false,
+        | ConfigModelType::MiniCpm
+        | ConfigModelType::SmolLm3
+        | ConfigModelType::Granite => false,
     }
 }
 

@@ -27,6 +27,9 @@ pub enum RopeKind {
         high_freq_factor: f64,
         original_max_position_embeddings: f64,
     },
+    /// No rotation: smollm3.py's `NoPE` module, `rope(x, offset)` returns `x`
+    /// (SmolLM3's every `no_rope_layer_interval`-th layer).
+    NoPe,
 }
 
 /// Everything about one decoder layer.

@@ -1,8 +1,12 @@
-//! Dense decoder families: Qwen3 (`qwen3.py`), Llama (`llama.py`, also Mistral) and
-//! Qwen2 (`qwen2.py`) as mlx-lm 0.32.2 runs them. All are the same stack (RMSNorm → GQA
-//! attention with RoPE → residual → RMSNorm → SwiGLU MLP → residual); Qwen3 adds a
-//! per-head RMSNorm on queries and keys, Qwen2 a bias on the q, k and v projections.
-//! One document layout serves both; the family fixes what differs.
+//! Dense decoder families: Qwen3 (`qwen3.py`), Llama (`llama.py`, also Mistral),
+//! Qwen2 (`qwen2.py`), SmolLM3 (`smollm3.py`) and Granite (`granite.py`) as mlx-lm
+//! 0.32.2 runs them. All are the same stack (RMSNorm → GQA attention with RoPE →
+//! residual → RMSNorm → SwiGLU MLP → residual); Qwen3 adds a per-head RMSNorm on
+//! queries and keys, Qwen2 a bias on the q, k and v projections, SmolLM3 (Llama's
+//! `ModelArgs` and `LlamaModel`) drops RoPE on every `no_rope_layer_interval`-th
+//! layer, Granite multiplies the embedding, the attention scores, the residual
+//! branches and the logits by constants of its config (`scales`). One document
+//! layout serves them all; the family fixes what differs.
 //!
 //! This module holds everything family-specific on the spec side: the document, its
 //! validation, the resolved [`Architecture`], the config.json view, the YAML writer, the
@@ -46,6 +50,25 @@ pub struct DenseSpec {
     /// means null), so specs written before it read unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mixed_kv: Option<crate::MixedKv>,
+    /// Granite only (required there): its four multipliers. Absent on the other
+    /// dense families.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scales: Option<GraniteScales>,
+}
+
+/// granite.py's multipliers, each a Python float that meets an array as a weak
+/// scalar (rounded to the array's dtype).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GraniteScales {
+    /// `embedding_multiplier`: `embed_tokens(ids) * embedding_multiplier`.
+    pub embedding_multiplier: f64,
+    /// `attention_multiplier`: SDPA's `scale` (in place of `head_dim ** -0.5`).
+    pub attention_multiplier: f64,
+    /// `residual_multiplier`: `h + branch * residual_multiplier` on both branches.
+    pub residual_multiplier: f64,
+    /// `logits_scaling`: the logits divided by it after the head.
+    pub logits_scaling: f64,
 }
 
 /// The families this layout serves; every other family has a layout of its own.
@@ -54,6 +77,8 @@ pub(crate) enum DenseFamily {
     Qwen3,
     Llama,
     Qwen2,
+    SmolLm3,
+    Granite,
 }
 
 impl DenseFamily {
@@ -63,6 +88,8 @@ impl DenseFamily {
             Family::Qwen3 => Some(DenseFamily::Qwen3),
             Family::Llama => Some(DenseFamily::Llama),
             Family::Qwen2 => Some(DenseFamily::Qwen2),
+            Family::SmolLm3 => Some(DenseFamily::SmolLm3),
+            Family::Granite => Some(DenseFamily::Granite),
             Family::Gemma4
             | Family::Gemma2
             | Family::Qwen3Moe
@@ -76,6 +103,8 @@ impl DenseFamily {
             DenseFamily::Qwen3 => Family::Qwen3,
             DenseFamily::Llama => Family::Llama,
             DenseFamily::Qwen2 => Family::Qwen2,
+            DenseFamily::SmolLm3 => Family::SmolLm3,
+            DenseFamily::Granite => Family::Granite,
         }
     }
 }
@@ -114,6 +143,18 @@ pub struct DenseLayers {
     pub num_hidden_layers: u32,
 }
 
+impl DenseRope {
+    /// Whether layer `i` rotates its queries and keys: every layer but each
+    /// `no_rope_layer_interval`-th (smollm3.py's `ModelArgs.__post_init__`,
+    /// `int((i + 1) % no_rope_layer_interval != 0)`).
+    pub(crate) fn rotates(&self, i: usize) -> bool {
+        match self.no_rope_layer_interval {
+            None | Some(0) => true,
+            Some(n) => (i + 1) % n as usize != 0,
+        }
+    }
+}
+
 /// Grouped-query attention geometry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -137,6 +178,11 @@ pub struct DenseRope {
     /// `rope_scaling`, or null for plain RoPE.
     #[serde(deserialize_with = "explicit")]
     pub scaling: Option<RopeScaling>,
+    /// SmolLM3 only (required there): `no_rope_layer_interval`. Layer `i` has no
+    /// RoPE when `(i + 1) % interval == 0` (mlx-lm's `no_rope_layers` default).
+    /// Absent on the other dense families.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_rope_layer_interval: Option<u32>,
 }
 
 /// A `rope_scaling` entry, by `rope_type`.
@@ -217,9 +263,68 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
         c.err(
             p("identity.family"),
             format!("`{}` is not a dense family", family.as_str()),
-            "qwen3, llama or qwen2",
+            "qwen3, llama, qwen2, smollm3 or granite",
             "a Gemma-4 spec has the gemma4 layout (docs/spec-format.md)",
         );
+    }
+    match (spec.dense_family(), spec.rope.no_rope_layer_interval) {
+        (DenseFamily::SmolLm3, None) => c.err(
+            p("rope.no_rope_layer_interval"),
+            "missing, but a smollm3 spec states which layers have no RoPE",
+            "a positive integer (SmolLM3-3B: 4)",
+            "write `no_rope_layer_interval` under `rope` (mlx-lm's default is 4)",
+        ),
+        (DenseFamily::SmolLm3, Some(0)) => c.err(
+            p("rope.no_rope_layer_interval"),
+            "0 is out of range (mlx-lm computes (i + 1) % interval)",
+            "a positive integer (SmolLM3-3B: 4)",
+            "every n-th layer has no RoPE; 1 would drop it everywhere",
+        ),
+        (DenseFamily::SmolLm3, Some(_)) | (_, None) => {}
+        (
+            DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::Granite,
+            Some(_),
+        ) => c.err(
+            p("rope.no_rope_layer_interval"),
+            format!(
+                "set, but mlx-lm's {}.py rotates every layer",
+                family.as_str()
+            ),
+            "no such field",
+            "only smollm3 has layers without RoPE; remove the field",
+        ),
+    }
+    match (spec.dense_family(), &spec.scales) {
+        (DenseFamily::Granite, None) => c.err(
+            p("scales"),
+            "missing, but a granite spec states its four multipliers",
+            "a mapping {embedding_multiplier, attention_multiplier, residual_multiplier, logits_scaling}",
+            "copy them from config.json (granite.py has no defaults for them)",
+        ),
+        (DenseFamily::Granite, Some(g)) => {
+            for (name, v) in [
+                ("embedding_multiplier", g.embedding_multiplier),
+                ("attention_multiplier", g.attention_multiplier),
+                ("residual_multiplier", g.residual_multiplier),
+                ("logits_scaling", g.logits_scaling),
+            ] {
+                c.positive_finite(
+                    &format!("scales.{name}"),
+                    v,
+                    "granite-3.3-2b: 12.0, 0.015625, 0.22, 8.0",
+                );
+            }
+        }
+        (_, None) => {}
+        (
+            DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::SmolLm3,
+            Some(_),
+        ) => c.err(
+            p("scales"),
+            format!("set, but mlx-lm's {}.py has no multipliers", family.as_str()),
+            "no such section",
+            "only granite scales its embedding, scores, residuals and logits; remove the section",
+        ),
     }
     let mt = spec.identity.source.model_type;
     if mt.family() != family {
@@ -232,7 +337,7 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
                 family.as_str()
             ),
             family.as_str(),
-            "the model_type must be one its family's module reads (qwen3 → qwen3, llama → llama or mistral, qwen2 → qwen2)",
+            "the model_type must be one its family's module reads (qwen3 → qwen3, llama → llama or mistral, qwen2 → qwen2, smollm3 → smollm3, granite → granite)",
         );
     }
     let (m, a) = (&spec.model, &spec.attention);
@@ -240,26 +345,32 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
     c.eps(m.rms_norm_eps, "Qwen3 uses 1.0e-6, Llama-3.2 1.0e-5");
     ok &= c.even_head_dim("attention.head_dim", a.head_dim);
     if ok
-        && family == Family::Qwen2
+        && matches!(family, Family::Qwen2 | Family::Granite)
         && u64::from(a.head_dim) * u64::from(a.num_attention_heads) != u64::from(m.hidden_size)
     {
         c.err(
             p("attention.head_dim"),
             format!(
-                "{} with hidden_size {} and {} heads, but mlx-lm's qwen2.py always uses hidden_size // num_attention_heads",
-                a.head_dim, m.hidden_size, a.num_attention_heads
+                "{} with hidden_size {} and {} heads, but mlx-lm's {}.py always uses hidden_size // num_attention_heads",
+                a.head_dim, m.hidden_size, a.num_attention_heads, family.as_str()
             ),
             "hidden_size == head_dim * num_attention_heads",
-            "qwen2 has no head_dim field: make hidden_size a multiple of the heads and head_dim the quotient",
+            format!("{} has no head_dim field: make hidden_size a multiple of the heads and head_dim the quotient", family.as_str()),
         );
     }
     ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
-    if family == Family::Qwen3 && spec.rope.traditional {
+    if matches!(family, Family::Qwen3 | Family::Granite) && spec.rope.traditional {
         c.err(
             p("rope.traditional"),
-            "true, but mlx-lm's qwen3.py always uses traditional=False",
+            format!(
+                "true, but mlx-lm's {}.py always uses traditional=False",
+                family.as_str()
+            ),
             "false",
-            "Qwen3 ignores rope_traditional; write false",
+            match family {
+                Family::Granite => "Granite ignores rope_traditional; write false",
+                _ => "Qwen3 ignores rope_traditional; write false",
+            },
         );
     }
     c.positive_finite(
@@ -409,7 +520,11 @@ pub(crate) fn resolve(spec: &DenseSpec) -> Architecture {
             has_kv: true,
             kv_source: i,
             mlp_width: spec.mlp.intermediate_size as usize,
-            rope,
+            rope: if spec.rope.rotates(i) {
+                rope
+            } else {
+                RopeKind::NoPe
+            },
             rope_traditional: spec.rope.traditional,
             rotated_dims: head_dim,
             kv_quant: None,
@@ -477,11 +592,33 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     let family = spec.dense_family();
     let qk_norm = match family {
         DenseFamily::Qwen3 => QkNorm::RmsPerHead,
-        DenseFamily::Llama | DenseFamily::Qwen2 => QkNorm::None,
+        DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::SmolLm3 | DenseFamily::Granite => {
+            QkNorm::None
+        }
     };
     let bias = match family {
         DenseFamily::Qwen2 => ProjectionBias::QueryKeyValue,
-        DenseFamily::Qwen3 | DenseFamily::Llama => ProjectionBias::None,
+        DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::SmolLm3 | DenseFamily::Granite => {
+            ProjectionBias::None
+        }
+    };
+    // Granite's multipliers (a spec built in code without them reads as
+    // unscaled; `check` requires them on every loaded granite spec).
+    let (embed_scale, scale, residual, logit_scale) = match &spec.scales {
+        Some(g) => (
+            EmbedScale::Constant(g.embedding_multiplier),
+            AttentionScale::Constant(g.attention_multiplier),
+            Residual::Scaled {
+                multiplier: g.residual_multiplier,
+            },
+            LogitScale::DivideLogitsBy(g.logits_scaling),
+        ),
+        None => (
+            EmbedScale::None,
+            AttentionScale::InvSqrtHeadDim,
+            Residual::Plain,
+            LogitScale::None,
+        ),
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| Layer {
@@ -497,12 +634,17 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
                 bias,
                 qk_norm,
                 value_norm: ValueNorm::None,
+                // smollm3's `NoPE` layers: the rope module returns its input.
                 rope: RopeForm {
-                    kind,
+                    kind: if spec.rope.rotates(i) {
+                        kind
+                    } else {
+                        RopeKind::NoPe
+                    },
                     traditional: spec.rope.traditional,
                     rotated_dims: head_dim,
                 },
-                scale: AttentionScale::InvSqrtHeadDim,
+                scale,
                 window: Window::Full,
                 kv: KvSource::Own {
                     values: Values::Projected,
@@ -517,7 +659,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
             }),
             input: LayerInput::None,
             scalar: LayerScalar::None,
-            residual: Residual::Plain,
+            residual,
         })
         .collect();
     ModelIr {
@@ -525,14 +667,24 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         checkpoint: Checkpoint {
             model_type: spec.identity.source.model_type,
             prefix: ModulePrefix::Model,
-            sanitize: vec![SanitizeRule::DropRotaryTables, SanitizeRule::DropTiedHead],
+            // granite.py's sanitize only pops a tied lm_head (a rotary table
+            // in its checkpoint fails mlx-lm's strict load, so it must here too).
+            sanitize: match family {
+                DenseFamily::Granite => vec![SanitizeRule::DropTiedHead],
+                DenseFamily::Qwen3
+                | DenseFamily::Llama
+                | DenseFamily::Qwen2
+                | DenseFamily::SmolLm3 => {
+                    vec![SanitizeRule::DropRotaryTables, SanitizeRule::DropTiedHead]
+                }
+            },
         },
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,
         norm_eps: spec.model.rms_norm_eps as f32,
         embedding: Embedding {
-            scale: EmbedScale::None,
+            scale: embed_scale,
             per_layer_input: None,
         },
         layers,
@@ -544,7 +696,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
             },
             logit_softcap: None,
             norm: NormWeight::Direct,
-            logit_scale: LogitScale::None,
+            logit_scale,
         },
         quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
     }
@@ -558,6 +710,8 @@ pub(crate) fn param_count(arch: &Architecture) -> u64 {
         Family::Qwen2 => ((l.n_heads + 2 * l.n_kv_heads) * l.head_dim) as u64,
         Family::Qwen3
         | Family::Llama
+        | Family::SmolLm3
+        | Family::Granite
         | Family::Gemma4
         | Family::Gemma2
         | Family::Qwen3Moe
@@ -623,6 +777,28 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
             v["rope_traditional"] = json!(spec.rope.traditional);
             v["attention_bias"] = json!(false);
             v["mlp_bias"] = json!(false);
+        }
+        DenseFamily::SmolLm3 => {
+            v["rope_traditional"] = json!(spec.rope.traditional);
+            v["attention_bias"] = json!(false);
+            v["mlp_bias"] = json!(false);
+            // No `no_rope_layers`: mlx-lm derives the list from the interval.
+            v["no_rope_layer_interval"] = json!(spec.rope.no_rope_layer_interval);
+        }
+        DenseFamily::Granite => {
+            // granite.py has no head_dim field (hidden_size // heads, checked)
+            // and no rope_traditional (always false).
+            if let Some(o) = v.as_object_mut() {
+                o.remove("head_dim");
+            }
+            v["attention_bias"] = json!(false);
+            v["mlp_bias"] = json!(false);
+            if let Some(g) = &spec.scales {
+                v["embedding_multiplier"] = json!(g.embedding_multiplier);
+                v["attention_multiplier"] = json!(g.attention_multiplier);
+                v["residual_multiplier"] = json!(g.residual_multiplier);
+                v["logits_scaling"] = json!(g.logits_scaling);
+            }
         }
         DenseFamily::Qwen2 => {
             // qwen2.py has no head_dim field (hidden_size // heads, checked).
@@ -696,8 +872,26 @@ pub(crate) fn to_yaml(spec: &DenseSpec) -> String {
             );
         }
     }
+    if let Some(n) = spec.rope.no_rope_layer_interval {
+        let _ = writeln!(o, "  no_rope_layer_interval: {n}");
+    }
     let _ = writeln!(o, "mlp:");
     let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    if let Some(g) = &spec.scales {
+        let _ = writeln!(o, "scales:");
+        let _ = writeln!(
+            o,
+            "  embedding_multiplier: {}",
+            float(g.embedding_multiplier)
+        );
+        let _ = writeln!(
+            o,
+            "  attention_multiplier: {}",
+            float(g.attention_multiplier)
+        );
+        let _ = writeln!(o, "  residual_multiplier: {}", float(g.residual_multiplier));
+        let _ = writeln!(o, "  logits_scaling: {}", float(g.logits_scaling));
+    }
     quantization_yaml(&mut o, spec.quantization.as_ref());
     crate::mixed_kv::yaml(&mut o, spec.mixed_kv.as_ref());
     o
@@ -717,6 +911,7 @@ const LAYOUT: Layout = Layout {
         ("attention", Sections::check::<DenseAttention>),
         ("rope", Sections::check::<DenseRope>),
         ("mlp", Sections::check::<DenseMlp>),
+        ("scales", Sections::check_optional::<GraniteScales>),
         ("quantization", Sections::check::<Option<Quantization>>),
         ("mixed_kv", Sections::check_optional::<crate::MixedKv>),
     ],
@@ -827,7 +1022,9 @@ pub(crate) fn import(
     // (never rope_parameters); qwen3.py reads rope_parameters too.
     let reads_rope_parameters = match family {
         DenseFamily::Qwen3 => true,
-        DenseFamily::Llama | DenseFamily::Qwen2 => false,
+        DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::SmolLm3 | DenseFamily::Granite => {
+            false
+        }
     };
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
@@ -843,7 +1040,8 @@ pub(crate) fn import(
         d
     };
     let (num_kv, head_dim, max_pos, tie) = match family {
-        DenseFamily::Llama => {
+        // smollm3.py's ModelArgs is llama.py's plus the NoPE fields.
+        DenseFamily::Llama | DenseFamily::SmolLm3 => {
             let kv = r.uint("num_key_value_heads", num_heads);
             let head_dim = match r.get("head_dim").cloned() {
                 Some(v) => r.uint_of("head_dim", &v),
@@ -867,6 +1065,17 @@ pub(crate) fn import(
             let tie = r.boolean("tie_word_embeddings", true);
             (kv, head_dim, max_pos, tie)
         }
+        DenseFamily::Granite => {
+            let kv = r.required_uint("num_key_value_heads");
+            let reason = match r.get("head_dim") {
+                Some(_) => "ignored as written: mlx-lm's granite.py always uses hidden_size // num_attention_heads",
+                None => "granite.py has no head_dim field: hidden_size // num_attention_heads",
+            };
+            let head_dim = derived_head_dim(&mut r, reason);
+            let max_pos = r.required_uint("max_position_embeddings");
+            let tie = r.boolean("tie_word_embeddings", true);
+            (kv, head_dim, max_pos, tie)
+        }
         DenseFamily::Qwen3 => (
             r.required_uint("num_key_value_heads"),
             r.required_uint("head_dim"),
@@ -876,7 +1085,7 @@ pub(crate) fn import(
     };
     let mut traditional = false;
     match family {
-        DenseFamily::Llama => {
+        DenseFamily::Llama | DenseFamily::SmolLm3 => {
             traditional = r.boolean("rope_traditional", false);
             for flag in ["attention_bias", "mlp_bias"] {
                 if r.boolean(flag, false) {
@@ -915,6 +1124,22 @@ pub(crate) fn import(
                 }
             }
         }
+        DenseFamily::Granite => {
+            // granite.py: both required, and a bias would also sit on o_proj
+            // and the MLP, which the dense blocks do not have.
+            for flag in ["attention_bias", "mlp_bias"] {
+                if r.required_bool(flag) {
+                    r.problem(flag, "true: archgen's dense blocks have no bias terms yet");
+                }
+            }
+            if let Some(v) = r.get("rope_traditional").cloned() {
+                r.note(
+                    "rope_traditional",
+                    v,
+                    "ignored: mlx-lm's granite.py always uses traditional=False",
+                );
+            }
+        }
         DenseFamily::Qwen3 => {}
     }
     // rope_theta / rope_scaling, with transformers >= 5's rope_parameters (qwen3 reads
@@ -948,13 +1173,22 @@ pub(crate) fn import(
             0.0
         }
         (None, _, true) => {
-            // llama.py: 10000; qwen2.py: 1000000.
+            // llama.py: 10000; qwen2.py: 1000000; granite.py: none.
             let default = match family {
-                DenseFamily::Qwen2 => 1_000_000.0,
-                DenseFamily::Llama | DenseFamily::Qwen3 => 10000.0,
+                DenseFamily::Qwen2 => Some(1_000_000.0),
+                DenseFamily::Llama | DenseFamily::Qwen3 | DenseFamily::SmolLm3 => Some(10000.0),
+                DenseFamily::Granite => None,
             };
-            r.note("rope_theta", json!(default), ABSENT);
-            default
+            match default {
+                Some(d) => {
+                    r.note("rope_theta", json!(d), ABSENT);
+                    d
+                }
+                None => {
+                    r.required_float("rope_theta");
+                    0.0
+                }
+            }
         }
     };
     if !reads_rope_parameters && params.is_some() {
@@ -979,6 +1213,20 @@ pub(crate) fn import(
     let scaling = match scaling_src {
         None => None,
         Some(s) => read_scaling(&s, &mut r),
+    };
+    let no_rope_layer_interval = match family {
+        DenseFamily::SmolLm3 => Some(read_no_rope_layers(&mut r, num_layers)),
+        DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::Qwen3 | DenseFamily::Granite => None,
+    };
+    // granite.py's multipliers have no defaults.
+    let scales = match family {
+        DenseFamily::Granite => Some(GraniteScales {
+            embedding_multiplier: r.required_float("embedding_multiplier"),
+            attention_multiplier: r.required_float("attention_multiplier"),
+            residual_multiplier: r.required_float("residual_multiplier"),
+            logits_scaling: r.required_float("logits_scaling"),
+        }),
+        DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::Qwen3 | DenseFamily::SmolLm3 => None,
     };
     let quantization = top
         .get("quantization")
@@ -1029,10 +1277,12 @@ pub(crate) fn import(
             traditional,
             rope_theta: theta,
             scaling,
+            no_rope_layer_interval,
         },
         mlp: DenseMlp { intermediate_size },
         quantization,
         mixed_kv: None,
+        scales,
     };
     let issues = check(&spec);
     if !issues.is_empty() {
@@ -1049,6 +1299,44 @@ pub(crate) fn import(
         });
     }
     Ok((spec, applied))
+}
+
+/// smollm3.py's NoPE layers: `no_rope_layer_interval` (default 4) and, when
+/// config.json lists them, `no_rope_layers` (1 = RoPE, 0 = none), which must be
+/// the list the interval gives: a spec states the interval only, so another
+/// pattern is refused rather than silently replaced.
+fn read_no_rope_layers(r: &mut Reader, num_layers: u32) -> u32 {
+    let interval = r.uint("no_rope_layer_interval", 4);
+    if interval == 0 {
+        r.problem(
+            "no_rope_layer_interval",
+            "0 is out of range (mlx-lm computes (i + 1) % no_rope_layer_interval)",
+        );
+        return interval;
+    }
+    let Some(listed) = r.get("no_rope_layers").cloned() else {
+        return interval;
+    };
+    let expected: Vec<Value> = (1..=num_layers)
+        .map(|i| json!(u32::from(i % interval != 0)))
+        .collect();
+    match listed.as_array() {
+        Some(list) if *list == expected => {}
+        Some(list) if list.len() != num_layers as usize => r.problem(
+            "no_rope_layers",
+            &format!(
+                "{} entries for {num_layers} layers (mlx-lm raises `no_rope_layers` length mismatch)",
+                list.len()
+            ),
+        ),
+        _ => r.problem(
+            "no_rope_layers",
+            &format!(
+                "{listed} is not the every-{interval}th-layer pattern of no_rope_layer_interval {interval}; archgen's smollm3 spec states the interval only (drop no_rope_layers or make it match)"
+            ),
+        ),
+    }
+    interval
 }
 
 /// `rope_scaling` as `initialize_rope` reads it: `type` or `rope_type`.

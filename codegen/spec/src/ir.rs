@@ -20,9 +20,9 @@
 //! │                    scores: fused SDPA or written out with a softcap, output gate)
 //! │                Mixer::GatedDeltaNet (heads, conv kernel, gated norm, conv + recurrent state)
 //! │                FeedForward::{Mlp, MlpAndMoe, Moe}
-//! │                LayerInput (per-layer input gate), LayerScalar, Residual (plain or depth-scaled)
+//! │                LayerInput (per-layer input gate), LayerScalar, Residual (plain or scaled)
 //! └── head         tied or not, logit softcap (compiled or eager), final norm weight form,
-//!                  logit scale (none or a divide before the projection)
+//!                  logit scale (none, a divide before the projection or one after it)
 //! ```
 
 use crate::arch::{KvQuant, RopeKind, WeightQuant};
@@ -168,6 +168,10 @@ pub enum Residual {
         scale_depth: f64,
         num_hidden_layers: usize,
     },
+    /// `h + branch * multiplier` on both branches with `multiplier` a Python
+    /// float from the config, a weak scalar (granite's `residual_multiplier`):
+    /// the same multiply as [`Residual::DepthScaled`], another factor.
+    Scaled { multiplier: f64 },
 }
 
 impl Residual {
@@ -180,6 +184,7 @@ impl Residual {
                 scale_depth,
                 num_hidden_layers,
             } => Some(scale_depth / (num_hidden_layers as f64).powf(0.5)),
+            Residual::Scaled { multiplier } => Some(multiplier),
         }
     }
 }
@@ -365,6 +370,9 @@ pub enum AttentionScale {
     /// `1.0 / (query_pre_attn_scalar ** 0.5)`, a Python float (gemma2): a
     /// divide of a power, computed in f64, not `pow(x, -0.5)`.
     InvSqrtQueryPreAttnScalar(f64),
+    /// A Python float from the config passed as SDPA's `scale` (granite's
+    /// `attention_multiplier`, in place of `head_dim ** -0.5`).
+    Constant(f64),
 }
 
 impl AttentionScale {
@@ -374,6 +382,7 @@ impl AttentionScale {
             AttentionScale::One => 1.0,
             AttentionScale::InvSqrtHeadDim => (head_dim as f64).powf(-0.5) as f32,
             AttentionScale::InvSqrtQueryPreAttnScalar(s) => (1.0 / s.powf(0.5)) as f32,
+            AttentionScale::Constant(s) => s as f32,
         }
     }
 }
@@ -546,6 +555,10 @@ pub enum LogitScale {
     /// different bits), rounded to `h`'s dtype as a weak scalar: minicpm's
     /// untied `lm_head(out / (hidden_size / dim_model_base))`.
     DivideBy(f64),
+    /// The logits after the output projection divided by `d`, a Python float
+    /// as a weak scalar: granite's `lm_head(out) / logits_scaling` (or
+    /// `embed_tokens.as_linear(out) / logits_scaling` when tied).
+    DivideLogitsBy(f64),
 }
 
 /// `tanh(x / cap) * cap` with `cap` a Python float.

@@ -86,6 +86,13 @@ pub enum Family {
     /// full-attention layer every `full_attention_interval`.
     #[serde(rename = "qwen3_5")]
     Qwen35,
+    /// SmolLM3 (`smollm3.py`): Llama's stack without RoPE on every
+    /// `no_rope_layer_interval`-th layer (its `NoPE` module).
+    #[serde(rename = "smollm3")]
+    SmolLm3,
+    /// Granite (`granite.py`): Llama's stack with embedding, attention,
+    /// residual and logits multipliers.
+    Granite,
 }
 
 impl Family {
@@ -100,11 +107,16 @@ impl Family {
             Family::Qwen3Moe => "qwen3_moe",
             Family::MiniCpm => "minicpm",
             Family::Qwen35 => "qwen3_5",
+            Family::SmolLm3 => "smollm3",
+            Family::Granite => "granite",
         }
     }
     /// Dense decoder families share one document layout ([`crate::DenseSpec`]).
     pub fn is_dense(self) -> bool {
-        matches!(self, Family::Qwen3 | Family::Llama | Family::Qwen2)
+        matches!(
+            self,
+            Family::Qwen3 | Family::Llama | Family::Qwen2 | Family::SmolLm3 | Family::Granite
+        )
     }
 }
 
@@ -149,6 +161,10 @@ pub enum ConfigModelType {
     /// experts split by its sanitize).
     #[serde(rename = "qwen3_5_moe")]
     Qwen35Moe,
+    /// SmolLM3 (`smollm3.py`: `llama.LlamaModel` with `NoPE` layers).
+    #[serde(rename = "smollm3")]
+    SmolLm3,
+    Granite,
 }
 
 impl ConfigModelType {
@@ -167,6 +183,8 @@ impl ConfigModelType {
             ConfigModelType::MiniCpm => "minicpm",
             ConfigModelType::Qwen35 => "qwen3_5",
             ConfigModelType::Qwen35Moe => "qwen3_5_moe",
+            ConfigModelType::SmolLm3 => "smollm3",
+            ConfigModelType::Granite => "granite",
         }
     }
     /// The family whose mlx-lm module reads this `model_type`.
@@ -182,6 +200,8 @@ impl ConfigModelType {
             ConfigModelType::Qwen3Moe => Family::Qwen3Moe,
             ConfigModelType::MiniCpm => Family::MiniCpm,
             ConfigModelType::Qwen35 | ConfigModelType::Qwen35Moe => Family::Qwen35,
+            ConfigModelType::SmolLm3 => Family::SmolLm3,
+            ConfigModelType::Granite => Family::Granite,
         }
     }
 }

@@ -181,7 +181,9 @@ pub fn sharded_tier(ir: &ModelIr, ranks: usize) -> TierReport {
         | ConfigModelType::Gemma4Text
         | ConfigModelType::Gemma4Unified
         | ConfigModelType::Gemma2
-        | ConfigModelType::MiniCpm => Some("mlx-lm has no shard() for this model type"),
+        | ConfigModelType::MiniCpm
+        | ConfigModelType::SmolLm3
+        | ConfigModelType::Granite => Some("mlx-lm has no shard() for this model type"),
     };
     let why = no_shard.or(match report.tier {
         Tier::L1 => None,

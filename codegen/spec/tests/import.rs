@@ -333,8 +333,8 @@ fn dense_specs_are_their_imported_configs() {
         seen += 1;
     }
     assert_eq!(
-        seen, 11,
-        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B"
+        seen, 13,
+        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B, SmolLM3-3B, Granite-3.3-2B"
     );
     hybrid.sort();
     assert_eq!(
@@ -788,4 +788,142 @@ fn qwen3_moe_configs_need_every_field_and_ignore_rope_scaling() {
     }
     let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
     assert!(from_config_json(&moe, Some(&kv), "bad").is_err());
+}
+
+/// smollm3 (llama.py's ModelArgs and stack): llama's defaults, the NoPE
+/// layers from `no_rope_layer_interval` (default 4, listed), a
+/// `no_rope_layers` list read only to check it is that pattern.
+#[test]
+fn smollm3_configs_read_the_no_rope_interval() {
+    use archgen_spec::ir::{Mixer, RopeForm};
+    let smollm3 = json!({
+        "model_type": "smollm3", "hidden_size": 64, "num_hidden_layers": 8,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6, "vocab_size": 512, "max_position_embeddings": 2048,
+        "rope_theta": 5000000.0, "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0]
+    });
+    let mut smollm3 = smollm3;
+    smollm3["layer_types"] = json!(vec!["full_attention"; 8]);
+    let (spec, applied, hf) = import_and_round_trip(&smollm3, None, "smollm3");
+    assert_eq!(spec.family(), Family::SmolLm3);
+    assert_eq!(hf["no_rope_layer_interval"], json!(4));
+    assert!(hf.get("no_rope_layers").is_none());
+    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    assert!(fields.contains(&"no_rope_layer_interval"), "{fields:?}");
+    let ir = spec.lower();
+    let kinds: Vec<bool> = ir
+        .layers
+        .iter()
+        .map(|l| match &l.mixer {
+            Mixer::Attention(a) => matches!(
+                a.rope,
+                RopeForm {
+                    kind: RopeKind::NoPe,
+                    ..
+                }
+            ),
+            Mixer::GatedDeltaNet(_) => panic!("smollm3 has attention only"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [false, false, false, true, false, false, false, true]
+    );
+    // Another interval: every other layer without RoPE.
+    let mut every_other = smollm3.clone();
+    every_other["no_rope_layer_interval"] = json!(2);
+    every_other["no_rope_layers"] = json!([1, 0, 1, 0, 1, 0, 1, 0]);
+    let (spec, _, _) = import_and_round_trip(&every_other, None, "smollm3-2");
+    assert_eq!(spec.resolve().layers[1].rope, RopeKind::NoPe);
+    assert_eq!(
+        spec.resolve().layers[0].rope,
+        RopeKind::Default { theta: 5e6 }
+    );
+    // A list that is not the interval's pattern, or of the wrong length.
+    for (list, says) in [
+        (
+            json!([1, 0, 1, 1, 1, 1, 1, 0]),
+            "not the every-4th-layer pattern",
+        ),
+        (json!([1, 1, 1, 0]), "4 entries for 8 layers"),
+    ] {
+        let mut bad = smollm3.clone();
+        bad["no_rope_layers"] = list;
+        let text = from_config_json(&bad, None, "bad").unwrap_err().to_string();
+        assert!(
+            text.contains("no_rope_layers") && text.contains(says),
+            "{text}"
+        );
+    }
+    let mut zero = smollm3.clone();
+    zero["no_rope_layer_interval"] = json!(0);
+    let text = from_config_json(&zero, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("no_rope_layer_interval: 0 is out of range"),
+        "{text}"
+    );
+}
+
+/// granite: every multiplier required (granite.py has no defaults for
+/// them, nor for rope_theta or the bias flags), head_dim hidden // heads,
+/// the four scales as IR facts; biases refused.
+#[test]
+fn granite_configs_take_their_multipliers() {
+    use archgen_spec::ir::{AttentionScale, EmbedScale, LogitScale, Residual};
+    let granite = json!({
+        "model_type": "granite", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "vocab_size": 512, "max_position_embeddings": 4096,
+        "attention_bias": false, "mlp_bias": false, "rope_theta": 10000000.0,
+        "embedding_multiplier": 12.0, "attention_multiplier": 0.015625,
+        "residual_multiplier": 0.22, "logits_scaling": 8.0
+    });
+    let (spec, applied, hf) = import_and_round_trip(&granite, None, "granite");
+    assert_eq!(spec.family(), Family::Granite);
+    let fields: Vec<(&str, &Value)> = applied
+        .iter()
+        .map(|d| (d.field.as_str(), &d.value))
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            ("head_dim", &json!(16)),
+            ("tie_word_embeddings", &json!(true)),
+        ]
+    );
+    assert!(hf.get("head_dim").is_none(), "granite.py has no head_dim");
+    let ir = spec.lower();
+    assert_eq!(ir.embedding.scale, EmbedScale::Constant(12.0));
+    assert_eq!(ir.head.logit_scale, LogitScale::DivideLogitsBy(8.0));
+    let a = ir.layers[0].attention().unwrap();
+    assert_eq!(a.scale, AttentionScale::Constant(0.015625));
+    assert_eq!(a.scale.value(a.head_dim), 0.015625);
+    assert_eq!(ir.layers[1].residual, Residual::Scaled { multiplier: 0.22 });
+    for field in [
+        "embedding_multiplier",
+        "attention_multiplier",
+        "residual_multiplier",
+        "logits_scaling",
+        "rope_theta",
+        "attention_bias",
+        "num_key_value_heads",
+    ] {
+        let mut missing = granite.clone();
+        missing.as_object_mut().unwrap().remove(field);
+        let text = from_config_json(&missing, None, "bad")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains(field) && text.contains("no default"),
+            "{field} missing in:\n{text}"
+        );
+    }
+    let mut biased = granite.clone();
+    biased["mlp_bias"] = json!(true);
+    let text = from_config_json(&biased, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("mlp_bias: true"), "{text}");
 }

@@ -182,6 +182,55 @@ fn families_lower_to_their_blocks() {
                 };
                 assert_eq!(biases, want, "{path}");
             }
+            Family::SmolLm3 => {
+                let d = match &spec {
+                    Spec::Dense(d) => d,
+                    other => panic!("{path}: family smollm3 in a {other:?}"),
+                };
+                let n = d.rope.no_rope_layer_interval.expect("checked") as usize;
+                for l in &ir.layers {
+                    let a = l.attention().expect("smollm3 layers are attention");
+                    assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
+                    assert_eq!(a.qk_norm, QkNorm::None, "{path}");
+                    assert_eq!(a.scale, AttentionScale::InvSqrtHeadDim, "{path}");
+                    // smollm3.py: no_rope_layers[i] = int((i + 1) % n != 0).
+                    assert_eq!(
+                        a.rope.kind == archgen_spec::RopeKind::NoPe,
+                        (l.index + 1) % n == 0,
+                        "{path} layer {}",
+                        l.index
+                    );
+                }
+            }
+            Family::Granite => {
+                let g = match &spec {
+                    Spec::Dense(d) => d.scales.clone().expect("checked"),
+                    other => panic!("{path}: family granite in a {other:?}"),
+                };
+                assert_eq!(
+                    ir.embedding.scale,
+                    EmbedScale::Constant(g.embedding_multiplier),
+                    "{path}"
+                );
+                for l in &ir.layers {
+                    let a = l.attention().expect("granite layers are attention");
+                    assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
+                    assert_eq!(a.scale, AttentionScale::Constant(g.attention_multiplier));
+                    assert_eq!(a.head_dim * a.n_heads, ir.hidden_size, "{path}");
+                    assert_eq!(
+                        l.residual,
+                        Residual::Scaled {
+                            multiplier: g.residual_multiplier
+                        },
+                        "{path}"
+                    );
+                }
+                assert_eq!(
+                    ir.head.logit_scale,
+                    LogitScale::DivideLogitsBy(g.logits_scaling),
+                    "{path}"
+                );
+            }
             Family::Gemma2 => {
                 let g = match &spec {
                     Spec::Gemma2(g) => g,
@@ -352,8 +401,8 @@ fn families_lower_to_their_blocks() {
                 assert!(convs.iter().all(|p| p.shape[2] == 1), "{path}");
             }
         }
-        // The scales are MiniCPM's alone.
-        if spec.family() != Family::MiniCpm {
+        // The scales are MiniCPM's and Granite's alone.
+        if !matches!(spec.family(), Family::MiniCpm | Family::Granite) {
             assert!(
                 ir.layers.iter().all(|l| l.residual == Residual::Plain),
                 "{path}"

@@ -67,10 +67,14 @@ pub enum LogitScale {
     /// multiply by `1 / d` (minicpm's `lm_head(out / (hidden_size /
     /// dim_model_base))`).
     DivideBy(f64),
+    /// The logits divided by `d` after the head, `d` a Python float as a
+    /// weak scalar (granite's `lm_head(out) / logits_scaling`).
+    DivideLogitsBy(f64),
 }
 
-/// [`logits`] with the normed hidden state scaled before the head: final
-/// norm, the [`LogitScale`], the head, the optional compiled softcap.
+/// [`logits`] with a [`LogitScale`]: final norm, the scale of the normed
+/// hidden state (`DivideBy`), the head, the scale of the logits
+/// (`DivideLogitsBy`), the optional compiled softcap.
 pub fn logits_scaled(
     h: &Array,
     norm: &Array,
@@ -81,6 +85,13 @@ pub fn logits_scaled(
 ) -> Result<Array> {
     let d = match scale {
         LogitScale::None => return logits(h, norm, head, softcap, eps),
+        LogitScale::DivideLogitsBy(d) => {
+            let out = divide_weak(&logits(h, norm, head, None, eps)?, d)?;
+            return match softcap {
+                Some(c) => crate::ops::logit_softcap(c, &out),
+                None => Ok(out),
+            };
+        }
         LogitScale::DivideBy(d) => d,
     };
     let h = divide_weak(&rms_norm(h, Some(norm), eps)?, d)?;

@@ -1520,6 +1520,7 @@ impl Flat for Rope {
                 p.key.extend([1, *dims as i64]);
                 freqs.put(p);
             }
+            Rope::NoPe => p.key.push(2),
         }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
@@ -1532,6 +1533,7 @@ impl Flat for Rope {
                 dims: *dims,
                 freqs: next(it),
             },
+            Rope::NoPe => Rope::NoPe,
         }
     }
 }
@@ -1556,6 +1558,7 @@ impl Flat for RopeTables {
                 rope.put(p);
                 offset.put(p);
             }
+            RopeTables::NoPe => p.key.push(2),
         }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
@@ -1574,6 +1577,7 @@ impl Flat for RopeTables {
                     offset: next(it),
                 }
             }
+            RopeTables::NoPe => RopeTables::NoPe,
         }
     }
 }

@@ -15,6 +15,9 @@ pub enum Rope {
     /// `ProportionalRoPE`: periods `factor * base**(arange(0, rotated, 2)/dims)`
     /// for the rotated pairs and `inf` (identity) for the rest.
     Freqs { dims: i32, freqs: Array },
+    /// No rotation: smollm3's `NoPE` module, whose `__call__(x, offset)`
+    /// returns `x` itself (no op in the graph).
+    NoPe,
 }
 
 impl Rope {
@@ -86,13 +89,15 @@ impl Rope {
             Rope::Freqs { dims, freqs } => {
                 mlx_rs::fast::rope_dynamic(x, *dims, false, None, 1.0, offset, freqs)
             }
+            Rope::NoPe => Ok(x.clone()),
         }
     }
 
-    /// The rotation dims (`dims` of `mx.fast.rope`).
+    /// The rotation dims (`dims` of `mx.fast.rope`; 0 without rotation).
     pub fn dims(&self) -> i32 {
         match self {
             Rope::Base { dims, .. } | Rope::Freqs { dims, .. } => *dims,
+            Rope::NoPe => 0,
         }
     }
 
@@ -101,6 +106,9 @@ impl Rope {
     /// MLX's own `fast.rope` at `offset` ([`RopeTables::Native`]), elsewhere
     /// the cos/sin tables of its CPU fallback ([`Rope::fallback_tables`]).
     pub fn tables(&self, offset: i32, l: i32, dtype: Dtype) -> Result<RopeTables> {
+        if let Rope::NoPe = self {
+            return Ok(RopeTables::NoPe);
+        }
         match crate::decode::path() {
             crate::decode::Path::NativeFastOps => Ok(RopeTables::Native {
                 rope: self.clone(),
@@ -130,6 +138,7 @@ impl Rope {
                 .multiply(Array::from_f32(base.ln() / half as f32))?
                 .exp()?,
             Rope::Freqs { freqs, .. } => freqs.reciprocal()?,
+            Rope::NoPe => return Ok(RopeTables::NoPe),
         };
         let theta = positions.expand_dims(-1)?.multiply(&inv_freqs)?;
         let (cos, sin) = (theta.cos()?, theta.sin()?);
@@ -159,6 +168,8 @@ pub enum RopeTables {
     /// MLX's `fast.rope` of `rope` at `offset` (an int32 scalar array), one
     /// primitive with its own kernel on the GPU, as the eager blocks run it.
     Native { rope: Rope, offset: Array },
+    /// [`Rope::NoPe`]: nothing to rotate with, `x` passes unchanged.
+    NoPe,
 }
 
 impl RopeTables {
@@ -167,6 +178,7 @@ impl RopeTables {
         match self {
             RopeTables::Fallback { dims, .. } => *dims,
             RopeTables::Native { rope, .. } => rope.dims(),
+            RopeTables::NoPe => 0,
         }
     }
 }
@@ -182,6 +194,7 @@ impl RopeTables {
 pub fn apply_tables(x: &Array, t: &RopeTables) -> Result<Array> {
     let (dims, cos, sin, cos_t, sin_t) = match t {
         RopeTables::Native { rope, offset } => return rope.apply(x, offset),
+        RopeTables::NoPe => return Ok(x.clone()),
         RopeTables::Fallback {
             dims,
             cos,

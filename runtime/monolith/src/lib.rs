@@ -131,6 +131,7 @@ pub fn rope_for(a: &ir::Attention) -> Result<Rope> {
             high_freq_factor,
             original_max_position_embeddings,
         ),
+        RopeKind::NoPe => Ok(Rope::NoPe),
     }
 }
 
@@ -209,6 +210,7 @@ pub fn logit_scale(s: ir::LogitScale) -> b::LogitScale {
     match s {
         ir::LogitScale::None => b::LogitScale::None,
         ir::LogitScale::DivideBy(d) => b::LogitScale::DivideBy(d),
+        ir::LogitScale::DivideLogitsBy(d) => b::LogitScale::DivideLogitsBy(d),
     }
 }
 
@@ -216,7 +218,9 @@ pub fn logit_scale(s: ir::LogitScale) -> b::LogitScale {
 pub fn residual_scale(r: ir::Residual) -> Option<Array> {
     match r {
         ir::Residual::Plain => None,
-        ir::Residual::DepthScaled { .. } => r.factor().map(b::residual_scale),
+        ir::Residual::DepthScaled { .. } | ir::Residual::Scaled { .. } => {
+            r.factor().map(b::residual_scale)
+        }
     }
 }
 
