@@ -47,7 +47,12 @@ impl Streamer<'_> {
     }
 }
 
-pub(crate) fn generate(ui: &Ui, args: &GenerateArgs, prompt: &Prompt, prints: bool) -> Result<(), String> {
+pub(crate) fn generate(
+    ui: &Ui,
+    args: &GenerateArgs,
+    prompt: &Prompt,
+    prints: bool,
+) -> Result<(), String> {
     let model = args.model.as_path();
     let tokenizer = load_tokenizer(model)?;
     let ids: Vec<i32> = match prompt {

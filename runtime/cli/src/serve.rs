@@ -821,7 +821,9 @@ pub fn serve(
     let model_path = model.to_path_buf();
     let worker_thread = std::thread::Builder::new()
         .name("archgen-model".into())
-        .spawn(move || crate::checkpoint::with_model(&ui, &model_path, implementation, None, worker))
+        .spawn(move || {
+            crate::checkpoint::with_model(&ui, &model_path, implementation, None, worker)
+        })
         .map_err(|e| format!("cannot start the model thread: {e}"))?;
     let vocab_size = match ready_rx.recv() {
         Ok(v) => v,
