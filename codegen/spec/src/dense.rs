@@ -527,6 +527,12 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
             prefix: ModulePrefix::Model,
             sanitize: vec![SanitizeRule::DropRotaryTables, SanitizeRule::DropTiedHead],
         },
+        // qwen3.py, llama.py and qwen2.py's shard() (mistral runs as llama).
+        sharding: Sharding {
+            oracle: ShardOracle::MlxLm,
+            head: HeadSplit::Whole,
+            kv_heads: KvHeadSplit::Divided,
+        },
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,
