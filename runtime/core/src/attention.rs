@@ -213,13 +213,6 @@ pub fn quantized_sdpa(
     }
 }
 
-/// gemma2's query scale, `1.0 / (query_pre_attn_scalar**0.5)` computed in
-/// f64 as Python does (a divide of a `pow`, not `pow(x, -0.5)`); it meets
-/// the queries as a weak scalar in [`softcapped_attention`].
-pub fn query_pre_attn_scale(query_pre_attn_scalar: f64) -> f64 {
-    1.0 / query_pre_attn_scalar.powf(0.5)
-}
-
 /// gemma2's hand-written attention (`gemma2.py` `Attention.__call__` after
 /// RoPE and the cache), op for op: `queries * scale` (weak scalar), grouped
 /// heads by reshaping the queries to [B, KV, rep, L, D] against

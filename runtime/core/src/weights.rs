@@ -788,14 +788,6 @@ impl Weights {
         }
     }
 
-    /// A linear layer [out, in] with its `[out]` bias (`{path}.bias`, never
-    /// quantized): qwen2's q/k/v projections.
-    pub fn linear_with_bias(&mut self, path: &str, out: i32, in_dims: i32) -> Linear {
-        let mut linear = self.linear(path, out, in_dims);
-        linear.bias = Some(self.param(&format!("{path}.bias"), &[out]));
-        linear
-    }
-
     /// An embedding table [rows, dims] (dense or quantized).
     pub fn embedding(&mut self, path: &str, rows: i32, dims: i32) -> Embedding {
         let (weight, quant) = self.quantized(path, &[], rows, dims);
