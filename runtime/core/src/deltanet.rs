@@ -27,7 +27,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use crate::attention::{batch_and_len, Mask};
-use crate::blocks::{attend_own_kv, AttentionShape, Mlp};
+use crate::blocks::{attend_own_kv, AttentionShape, Mlp, SparseMoe};
 use crate::cache::LayerCache;
 use crate::distributed::sharded_to_all;
 use crate::layers::Linear;
@@ -655,20 +655,15 @@ pub fn load_shared_expert_moe(
     shared_width: i32,
     probs: crate::moe::TopKProbs,
 ) -> SharedExpertMoe {
+    // The router and the routed experts are qwen3_moe's block's; then the
+    // shared expert and its one-output gate.
+    let SparseMoe { router, experts } =
+        crate::blocks::load_sparse_moe(w, layer, hidden, experts, top_k, width, probs);
     let p = format!("layers.{layer}.mlp");
-    let sw = format!("{p}.switch_mlp");
     let se = format!("{p}.shared_expert");
     SharedExpertMoe {
-        router: SoftmaxTopKRouter {
-            gate: w.linear(&format!("{p}.gate"), experts, hidden),
-            top_k,
-            probs,
-        },
-        experts: SwitchGlu {
-            gate_proj: w.switch_linear(&format!("{sw}.gate_proj"), experts, width, hidden),
-            up_proj: w.switch_linear(&format!("{sw}.up_proj"), experts, width, hidden),
-            down_proj: w.switch_linear(&format!("{sw}.down_proj"), experts, hidden, width),
-        },
+        router,
+        experts,
         shared_expert: Mlp {
             gate_proj: w.linear(&format!("{se}.gate_proj"), shared_width, hidden),
             up_proj: w.linear(&format!("{se}.up_proj"), shared_width, hidden),
