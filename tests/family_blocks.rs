@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use archgen_runtime::attention::{causal_mask, query_pre_attn_scale, softcapped_attention, Mask};
+use archgen_runtime::attention::{causal_mask, softcapped_attention, Mask};
 use archgen_runtime::bytes::array_bytes;
 use archgen_runtime::cache::KvCache;
 use archgen_runtime::layers::{Embedding, Linear, Quantized, SwitchLinear};
@@ -14,8 +14,7 @@ use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
 use archgen_runtime::moe::{softmax_topk_moe, SoftmaxTopKRouter, SwitchGlu, TopKProbs};
 use archgen_runtime::ops::{
-    divide_weak, gelu_approx_times, multiply_weak, rms_norm_one_plus, scaled_residual,
-    softcap_eager,
+    divide_weak, gelu_approx_times, multiply_weak, one_plus, rms_norm, softcap_eager,
 };
 use archgen_runtime::rope::Rope;
 use archgen_runtime::weights::Weights;
@@ -242,7 +241,7 @@ fn linear_bias(dt: Dt, q: Option<Quant>, (inp, out, tokens): (i32, i32, i32)) ->
         .collect();
     let quantization = quant_json(q);
     let mut weights = Weights::new(tensors, Some(&quantization).filter(|v| !v.is_null()));
-    let loaded = weights.linear_with_bias("self_attn.q_proj", out, inp);
+    let loaded = linear_with_bias(&mut weights, "self_attn.q_proj", out, inp);
     weights
         .finish()
         .unwrap_or_else(|e| panic!("loading {}: {e}", c.name));
@@ -267,7 +266,9 @@ fn gemma2_norm(dt: Dt, hidden: i32) -> R<Case> {
     c.param("weight", &w);
     let x = c.rand(&[2, 3, hidden], 2.0, dt);
     c.input("x", &x);
-    c.out("y", rms_norm_one_plus(&x, &w, eps)?);
+    // As the models run it: `1 + w` folded at load (`Weights::param_one_plus`),
+    // then the plain RMSNorm.
+    c.out("y", rms_norm(&x, Some(&one_plus(&w)?), eps)?);
     Ok(c)
 }
 
@@ -852,10 +853,34 @@ fn a_missing_bias_is_named() {
     let w = lcg(1, &[8, 16]);
     let tensors = HashMap::from([("model.layers.0.self_attn.k_proj.weight".to_string(), w)]);
     let mut weights = Weights::new(tensors, None);
-    let _ = weights.linear_with_bias("model.layers.0.self_attn.k_proj", 8, 16);
+    let _ = linear_with_bias(&mut weights, "model.layers.0.self_attn.k_proj", 8, 16);
     let err = weights.finish().unwrap_err().to_string();
     assert!(
         err.contains("missing tensor 'model.layers.0.self_attn.k_proj.bias'"),
         "{err}"
     );
+}
+
+// ---- Oracles: mlx-lm's formulas written out for these tests
+
+/// A linear layer [out, in] with its `[out]` bias (`{path}.bias`), loaded as
+/// `blocks::load_biases` puts qwen2's q/k/v biases on its projections.
+fn linear_with_bias(weights: &mut Weights, path: &str, out: i32, in_dims: i32) -> Linear {
+    let mut linear = weights.linear(path, out, in_dims);
+    linear.bias = Some(weights.param(&format!("{path}.bias"), &[out]));
+    linear
+}
+
+/// gemma2's query scale, `1.0 / (query_pre_attn_scalar**0.5)` computed in
+/// f64 as Python does (a divide of a `pow`, not `pow(x, -0.5)`); it meets
+/// the queries as a weak scalar in `softcapped_attention`.
+fn query_pre_attn_scale(query_pre_attn_scalar: f64) -> f64 {
+    1.0 / query_pre_attn_scalar.powf(0.5)
+}
+
+/// minicpm's residual: `x + r * (scale_depth / num_hidden_layers**0.5)`, the
+/// factor a Python float computed in f64 first, then a weak scalar.
+fn scaled_residual(x: &Array, r: &Array, scale_depth: f64, num_layers: usize) -> R<Array> {
+    let factor = scale_depth / (num_layers as f64).powf(0.5);
+    x.add(multiply_weak(r, factor)?)
 }

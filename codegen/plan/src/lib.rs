@@ -417,6 +417,7 @@ pub fn fingerprint_input(ir: &ModelIr) -> Value {
     let ModelIr {
         name: _,
         checkpoint,
+        sharding,
         hidden_size,
         vocab_size,
         max_position_embeddings: _,
@@ -442,6 +443,7 @@ pub fn fingerprint_input(ir: &ModelIr) -> Value {
             "prefix": format!("{:?}", checkpoint.prefix),
             "sanitize": checkpoint.sanitize.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>(),
         },
+        "sharding": format!("{sharding:?}"),
         "hidden_size": hidden_size,
         "vocab_size": vocab_size,
         "norm_eps": f32_bits(*norm_eps),

@@ -22,7 +22,8 @@
 //! router and `shared_expert_gate` whole, and sum the block's output once.
 //! Its untied head is split over the vocabulary (all-to-sharded) and the
 //! logits gathered along their last axis; the other families' `shard()`
-//! keep the head whole ([`head_split`]).
+//! keep the head whole. Both, and the repeat of K/V heads, are the IR's
+//! [`archgen_spec::ir::Sharding`], set by each family's lowering.
 //!
 //! The split reads only IR facts, never the family: every family whose
 //! layers are attention plus a gated MLP gets it from this code. What has no
@@ -31,9 +32,9 @@
 use std::fmt::Write as _;
 
 use archgen_spec::ir::{
-    FeedForward, HeadWeight, InProj, KvSource, Mixer, ModelIr, OutputGate, ProjectionBias, Values,
+    FeedForward, HeadSplit, HeadWeight, InProj, KvHeadSplit, KvSource, Mixer, ModelIr, OutputGate,
+    ProjectionBias, Values,
 };
-use archgen_spec::ConfigModelType;
 
 /// How one linear module is split (mlx nn `shard_linear`'s two kinds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -237,42 +238,6 @@ impl TensorParallel {
     }
 }
 
-/// Whether mlx-lm's `shard()` of the checkpoint's model type splits an
-/// untied head over the vocabulary: qwen3_5.py's does (and gathers the
-/// logits with `gather_last_axis`); qwen3.py, llama.py, qwen2.py and
-/// qwen3_moe.py keep the head whole. Model types mlx-lm has no `shard()` for
-/// keep it whole too (their split follows the others').
-pub fn head_split(model_type: ConfigModelType) -> bool {
-    sharded_by_qwen3_5(model_type)
-}
-
-/// Whether mlx-lm's `shard()` of the model type repeats K/V heads when
-/// there are fewer than ranks (qwen3_5.py's `repeat_kv_layer_inplace`); the
-/// others divide the KV heads by N and so need N to divide them.
-pub fn kv_repeat(model_type: ConfigModelType) -> bool {
-    sharded_by_qwen3_5(model_type)
-}
-
-/// Whether mlx-lm's `shard()` for the model type is qwen3_5.py's, the one
-/// that splits an untied head and repeats K/V heads (the others do neither).
-fn sharded_by_qwen3_5(model_type: ConfigModelType) -> bool {
-    match model_type {
-        ConfigModelType::Qwen35 | ConfigModelType::Qwen35Moe => true,
-        ConfigModelType::Qwen3
-        | ConfigModelType::Llama
-        | ConfigModelType::Mistral
-        | ConfigModelType::Qwen2
-        | ConfigModelType::Qwen3Moe
-        | ConfigModelType::Gemma4
-        | ConfigModelType::Gemma4Text
-        | ConfigModelType::Gemma4Unified
-        | ConfigModelType::Gemma2
-        | ConfigModelType::MiniCpm
-        | ConfigModelType::SmolLm3
-        | ConfigModelType::Granite => false,
-    }
-}
-
 /// Splits `ir` over `ranks` processes as mlx-lm's `shard()` does, or says
 /// why it cannot be split (which layer, which size does not divide, or which
 /// block has no split yet).
@@ -338,26 +303,30 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                 let heads = divide("the number of attention heads", i, a.n_heads)?;
                 // qwen3_5's shard() repeats every KV head N / kv_heads times
                 // when there are fewer than ranks, so each rank holds one.
+                let fewer_kv_heads_than_ranks = ranks > a.n_kv_heads;
                 let (kv_split, kv_heads, kv_repeat) =
-                    if kv_repeat(ir.checkpoint.model_type) && ranks > a.n_kv_heads {
-                        if ranks % a.n_kv_heads != 0 {
-                            return Err(format!(
-                            "{}: layer {i}: the number of KV heads ({}) is fewer than the world \
-                             size {ranks} and does not divide it (mlx-lm repeats each KV head \
-                             N / {} times); run it on a world size that divides or is a \
-                             multiple of it",
-                            ir.name, a.n_kv_heads, a.n_kv_heads
-                        ));
+                    match (ir.sharding.kv_heads, fewer_kv_heads_than_ranks) {
+                        (KvHeadSplit::RepeatedWhenFewer, true) => {
+                            if ranks % a.n_kv_heads != 0 {
+                                return Err(format!(
+                                    "{}: layer {i}: the number of KV heads ({}) is fewer than \
+                                     the world size {ranks} and does not divide it (mlx-lm \
+                                     repeats each KV head N / {} times); run it on a world \
+                                     size that divides or is a multiple of it",
+                                    ir.name, a.n_kv_heads, a.n_kv_heads
+                                ));
+                            }
+                            let times = ranks / a.n_kv_heads;
+                            let split = Split::RepeatedHeads {
+                                heads: a.n_kv_heads,
+                                times,
+                            };
+                            (split, 1, times)
                         }
-                        let times = ranks / a.n_kv_heads;
-                        let split = Split::RepeatedHeads {
-                            heads: a.n_kv_heads,
-                            times,
-                        };
-                        (split, 1, times)
-                    } else {
-                        let per_rank = divide("the number of KV heads", i, a.n_kv_heads)?;
-                        (Split::AllToSharded, per_rank, 1)
+                        (KvHeadSplit::RepeatedWhenFewer, false) | (KvHeadSplit::Divided, _) => {
+                            let per_rank = divide("the number of KV heads", i, a.n_kv_heads)?;
+                            (Split::AllToSharded, per_rank, 1)
+                        }
                     };
                 modules.push((format!("{p}.q_proj"), Split::AllToSharded));
                 match a.kv {
@@ -437,8 +406,8 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
             modules,
         });
     }
-    let vocab_per_rank = match ir.head.weight {
-        HeadWeight::Untied if head_split(ir.checkpoint.model_type) => {
+    let vocab_per_rank = match (ir.head.weight, ir.sharding.head) {
+        (HeadWeight::Untied, HeadSplit::OverVocabulary) => {
             if ir.vocab_size % ranks != 0 {
                 return Err(format!(
                     "{}: the head: the vocabulary ({}) is not divisible by the world size \
@@ -449,7 +418,7 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
             }
             Some(ir.vocab_size / ranks)
         }
-        HeadWeight::Untied | HeadWeight::TiedEmbedding => None,
+        (HeadWeight::Untied, HeadSplit::Whole) | (HeadWeight::TiedEmbedding, _) => None,
     };
     Ok(TensorParallel {
         ranks,

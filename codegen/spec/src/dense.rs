@@ -679,6 +679,17 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
                 }
             },
         },
+        // qwen3.py, llama.py and qwen2.py have a shard() (mistral runs as
+        // llama); smollm3.py and granite.py have none, so a sharded run of
+        // theirs has no oracle.
+        sharding: Sharding {
+            oracle: match family {
+                DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 => ShardOracle::MlxLm,
+                DenseFamily::SmolLm3 | DenseFamily::Granite => ShardOracle::Absent,
+            },
+            head: HeadSplit::Whole,
+            kv_heads: KvHeadSplit::Divided,
+        },
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,

@@ -338,6 +338,12 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
             prefix: ModulePrefix::Model,
             sanitize: Vec::new(),
         },
+        // gemma2.py has no shard().
+        sharding: Sharding {
+            oracle: ShardOracle::Absent,
+            head: HeadSplit::Whole,
+            kv_heads: KvHeadSplit::Divided,
+        },
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,

@@ -173,6 +173,12 @@ pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
             },
             sanitize,
         },
+        // gemma4_text.py has no shard().
+        sharding: Sharding {
+            oracle: ShardOracle::Absent,
+            head: HeadSplit::Whole,
+            kv_heads: KvHeadSplit::Divided,
+        },
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,

@@ -14,6 +14,8 @@
 //! ```text
 //! ModelIr
 //! ├── checkpoint   model_type, module prefix, sanitize rules
+//! ├── sharding     mlx-lm's shard(): oracle or none, head whole or over the vocabulary,
+//! │                K/V heads divided or repeated
 //! ├── embedding    scale, per-layer inputs
 //! ├── layers[i]    Norms (arrangement, weight form)
 //! │                Mixer::Attention (heads, q/k/v biases and norms, RoPE, scale, window, K/V source,
@@ -34,6 +36,8 @@ pub struct ModelIr {
     pub name: String,
     /// How the checkpoint spells and stores the tensors.
     pub checkpoint: Checkpoint,
+    /// How mlx-lm's model class splits itself over ranks.
+    pub sharding: Sharding,
     pub hidden_size: usize,
     pub vocab_size: usize,
     /// Informational (no RoPE form here reads it).
@@ -56,6 +60,48 @@ pub struct Checkpoint {
     pub prefix: ModulePrefix,
     /// Applied in order by the loader (`archgen_monolith::read_dir`).
     pub sanitize: Vec<SanitizeRule>,
+}
+
+/// How mlx-lm's model class splits itself over ranks (its `shard()`): what
+/// a tensor-parallel run reproduces (`archgen_plan::tensor_parallel::split`)
+/// and whether an oracle runs it split ([`crate::tier::sharded_tier`]). Set
+/// by each lowering; how a block splits (rows, columns, segments of a Gated
+/// DeltaNet's `in_proj_qkv`) follows from the block itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sharding {
+    pub oracle: ShardOracle,
+    pub head: HeadSplit,
+    pub kv_heads: KvHeadSplit,
+}
+
+/// Whether mlx-lm's model class has a `shard()`, the oracle of a split run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardOracle {
+    /// qwen3.py, llama.py (and so mistral), qwen2.py, qwen3_moe.py, qwen3_5.py.
+    MlxLm,
+    /// The class has none (gemma4, gemma2, minicpm): archgen splits it as the
+    /// dense classes split themselves, and the run has no oracle (tier L3).
+    Absent,
+}
+
+/// What a split does with an untied head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadSplit {
+    /// Kept whole on every rank (qwen3.py, llama.py, qwen2.py, qwen3_moe.py).
+    Whole,
+    /// All-to-sharded over the vocabulary, the logits gathered with
+    /// `gather_last_axis` (qwen3_5.py).
+    OverVocabulary,
+}
+
+/// What a split does with an attention layer's K/V heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvHeadSplit {
+    /// Divided by the ranks, which must divide them.
+    Divided,
+    /// With fewer K/V heads than ranks, each repeated ranks / heads times in
+    /// place before the split (qwen3_5.py's `repeat_kv_layer_inplace`).
+    RepeatedWhenFewer,
 }
 
 /// Where the text model's modules are in the checkpoint.

@@ -321,6 +321,12 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
             // minicpm.sanitize: lm_head.weight from embed_tokens.weight when absent.
             sanitize: vec![SanitizeRule::CopyEmbeddingToHead],
         },
+        // minicpm.py has no shard().
+        sharding: Sharding {
+            oracle: ShardOracle::Absent,
+            head: HeadSplit::Whole,
+            kv_heads: KvHeadSplit::Divided,
+        },
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,

@@ -627,6 +627,12 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
             // dropped, the raw conv layout moved, raw norms + 1).
             sanitize,
         },
+        // qwen3_5.py's shard() (qwen3_5_moe's Model is a qwen3_5 one).
+        sharding: Sharding {
+            oracle: ShardOracle::MlxLm,
+            head: HeadSplit::OverVocabulary,
+            kv_heads: KvHeadSplit::RepeatedWhenFewer,
+        },
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,

@@ -384,6 +384,12 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
             // Qwen3MoeModel.sanitize: the tied head popped, per-expert HF weights stacked.
             sanitize: vec![SanitizeRule::DropTiedHead, SanitizeRule::StackExperts],
         },
+        // qwen3_moe.py's shard().
+        sharding: Sharding {
+            oracle: ShardOracle::MlxLm,
+            head: HeadSplit::Whole,
+            kv_heads: KvHeadSplit::Divided,
+        },
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,

@@ -10,8 +10,7 @@
 
 use std::fmt;
 
-use crate::ir::{KvCache, KvSource, Mixer, ModelIr};
-use crate::model::ConfigModelType;
+use crate::ir::{KvCache, KvSource, Mixer, ModelIr, ShardOracle};
 
 /// A parity tier; a lower tier is a stronger claim (`L1 < L2 < L3`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -160,30 +159,18 @@ pub fn tier(ir: &ModelIr) -> TierReport {
 }
 
 /// The tier of a run of `ir` split over `ranks` processes (`archgen launch`).
-/// The oracle of a sharded run is mlx-lm's own sharded model (`shard()`),
-/// which exists for qwen3, llama (and so mistral), qwen2 and qwen3_moe: those
-/// keep their tier; any other model type, or a feature whose oracle is not
-/// run sharded (mlx-optiq's mixed KV), makes the run L3.
+/// The oracle of a sharded run is mlx-lm's own sharded model (`shard()`):
+/// a model whose lowering says mlx-lm has one ([`ShardOracle::MlxLm`])
+/// keeps its tier; one without ([`ShardOracle::Absent`]), or a feature whose
+/// oracle is not run sharded (mlx-optiq's mixed KV), makes the run L3.
 pub fn sharded_tier(ir: &ModelIr, ranks: usize) -> TierReport {
     let mut report = tier(ir);
     if ranks <= 1 {
         return report;
     }
-    let no_shard = match ir.checkpoint.model_type {
-        ConfigModelType::Qwen3
-        | ConfigModelType::Llama
-        | ConfigModelType::Mistral
-        | ConfigModelType::Qwen2
-        | ConfigModelType::Qwen3Moe
-        | ConfigModelType::Qwen35
-        | ConfigModelType::Qwen35Moe => None,
-        ConfigModelType::Gemma4
-        | ConfigModelType::Gemma4Text
-        | ConfigModelType::Gemma4Unified
-        | ConfigModelType::Gemma2
-        | ConfigModelType::MiniCpm
-        | ConfigModelType::SmolLm3
-        | ConfigModelType::Granite => Some("mlx-lm has no shard() for this model type"),
+    let no_shard = match ir.sharding.oracle {
+        ShardOracle::MlxLm => None,
+        ShardOracle::Absent => Some("mlx-lm has no shard() for this model type"),
     };
     let why = no_shard.or(match report.tier {
         Tier::L1 => None,

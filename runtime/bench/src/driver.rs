@@ -10,7 +10,9 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use serde_json::Value;
 
+use crate::plan::{Plan, StepMode, IMPLS};
 use crate::report;
+use crate::results::{median, Cell, Machine, SpecResult};
 
 pub const USAGE: &str = "\
 usage: archgen-bench run [--quick] [--quiet] [--sequential] [--spec NAME]... [--cache-dir DIR]
@@ -29,113 +31,6 @@ run: checkpoints into --cache-dir (default target/bench-cache, reused when the
      instead of pipelined as mlx-lm's generate_step; not with --doc.
      --quiet: no progress bar (there is none either when stderr is not a terminal).";
 
-/// The three implementations, in the order each round runs them.
-pub const IMPLS: [&str; 3] = ["generated", "monolith", "mlx-lm"];
-
-pub struct Plan {
-    pub specs: Vec<String>,
-    pub caches: Vec<usize>,
-    pub rounds: usize,
-    pub warmup: usize,
-    pub steps: usize,
-    pub step_mode: StepMode,
-    /// A fresh prefill before every round (rather than once, round 0) when
-    /// the cache length is at most this: cheap prefills give more samples and
-    /// keep the short cache near its nominal length.
-    pub reprefill_up_to: usize,
-}
-
-/// How the workers run and time decode steps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StepMode {
-    /// As mlx-lm's generate_step: step n+1 queued before step n's token is
-    /// read; a step is the interval between two tokens.
-    Pipelined,
-    /// One step at a time, forward + eval timed alone (the change log's CPU runs 1-11).
-    Sequential,
-}
-
-impl StepMode {
-    fn word(self) -> &'static str {
-        match self {
-            StepMode::Pipelined => "pipelined",
-            StepMode::Sequential => "sequential",
-        }
-    }
-}
-
-impl Plan {
-    pub fn full() -> Self {
-        Plan {
-            specs: [
-                "gemma4-12b-tiny",
-                "gemma4-12b-bench",
-                "qwen3-0.6b-tiny",
-                "qwen2.5-0.5b-tiny",
-                "gemma-2-2b-tiny",
-                "qwen3-30b-a3b-tiny-q4",
-                "minicpm-2b-tiny",
-                "mistral-7b-v0.3-tiny",
-                "qwen3.5-4b-tiny",
-            ]
-            .map(String::from)
-            .to_vec(),
-            caches: vec![128, 2048],
-            rounds: 5,
-            warmup: 2,
-            steps: 12,
-            step_mode: StepMode::Pipelined,
-            reprefill_up_to: 512,
-        }
-    }
-    pub fn quick() -> Self {
-        Plan {
-            specs: vec!["gemma4-12b-tiny".to_string()],
-            caches: vec![128],
-            rounds: 2,
-            warmup: 1,
-            steps: 3,
-            step_mode: StepMode::Pipelined,
-            reprefill_up_to: 512,
-        }
-    }
-}
-
-/// Timings of one implementation at one spec and cache length.
-#[derive(Default, Clone)]
-pub struct Cell {
-    /// Seconds per prefill of `cache` tokens.
-    pub prefill_s: Vec<f64>,
-    /// Seconds per decode step, one Vec per round.
-    pub rounds: Vec<Vec<f64>>,
-    /// Primitive nodes in one decode step's graph (after the rounds).
-    pub nodes: Option<u64>,
-}
-
-impl Cell {
-    pub fn steps(&self) -> Vec<f64> {
-        self.rounds.iter().flatten().copied().collect()
-    }
-}
-
-pub struct SpecResult {
-    pub spec: String,
-    pub params: u64,
-    /// Per implementation: load seconds and VmHWM (KiB) right after loading.
-    pub load: Vec<(f64, Option<u64>)>,
-    /// Per cache length, per implementation.
-    pub cells: Vec<(usize, Vec<Cell>)>,
-}
-
-pub struct Machine {
-    pub cpu: String,
-    pub cores: usize,
-    pub mlx: String,
-    pub mlx_lm: String,
-    pub load_before: String,
-    pub load_after: String,
-}
-
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
@@ -148,23 +43,6 @@ pub fn venv_python() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join(".venv"))
         .join("bin/python")
-}
-
-pub fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    match s.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => s[n / 2],
-        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
-}
-
-pub fn min_max(v: &[f64]) -> (f64, f64) {
-    v.iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
-            (lo.min(x), hi.max(x))
-        })
 }
 
 /// The line the bench prints last, per spec and cache length.

@@ -7,7 +7,9 @@
 //!                                           tests/python/bench_mlx_lm.py)
 
 mod driver;
+mod plan;
 mod report;
+mod results;
 mod worker;
 
 use std::process::ExitCode;

@@ -5,7 +5,8 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::driver::{median, min_max, Cell, Machine, Plan, SpecResult, IMPLS};
+use crate::plan::{Plan, IMPLS};
+use crate::results::{median, min_max, Cell, Machine, SpecResult};
 
 pub const BEGIN: &str =
     "<!-- bench:results:begin (written by `cargo xtask bench`; edits inside are lost) -->";

@@ -31,7 +31,7 @@ pub fn load_chat_parts(model: &Path) -> Result<(Tokenizer, ChatTemplate), String
     if !model.is_dir() {
         return Err(format!("{}: not a directory", model.display()));
     }
-    let tokenizer = crate::run::load_tokenizer(model)?.ok_or_else(|| {
+    let tokenizer = crate::checkpoint::load_tokenizer(model)?.ok_or_else(|| {
         format!(
             "a chat needs {} (not found)",
             model.join("tokenizer.json").display()
@@ -63,7 +63,7 @@ pub fn one_user_turn(model: &Path, text: &str) -> Result<String, String> {
 pub fn chat(ui: &Ui, args: &ChatArgs) -> Result<(), String> {
     let model = args.model.as_path();
     let (tokenizer, template) = load_chat_parts(model)?;
-    let eos = crate::run::eos_ids(model)?;
+    let eos = crate::checkpoint::eos_ids(model)?;
     let context = engine::context_length(model)?;
     let task = ChatTask {
         context,
@@ -79,7 +79,7 @@ pub fn chat(ui: &Ui, args: &ChatArgs) -> Result<(), String> {
         },
         ui: *ui,
     };
-    crate::run::with_model(ui, model, args.implementation, None, task)
+    crate::checkpoint::with_model(ui, model, args.implementation, None, task)
 }
 
 struct ChatTask<'a> {

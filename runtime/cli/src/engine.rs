@@ -11,7 +11,7 @@ use archgen_runtime::mlx_rs::{self, Array};
 use archgen_runtime::model::CausalLm;
 use tokenizers::Tokenizer;
 
-use crate::run::{check_ids, decode, mlx, sample, token_value};
+use crate::tokens::{check_ids, decode, mlx, sample, token_value};
 
 /// How tokens are drawn.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -7,11 +7,15 @@
 mod args;
 mod chat;
 mod chat_template;
+mod checkpoint;
 mod engine;
+mod generate;
 mod init;
 mod launch;
+mod logits;
 mod run;
 mod serve;
+mod tokens;
 mod ui;
 
 use std::io::IsTerminal;

@@ -793,7 +793,7 @@ pub fn serve(
     if !model.is_dir() {
         return Err(format!("{}: not a directory", model.display()));
     }
-    let tokenizer = crate::run::load_tokenizer(model)?.ok_or_else(|| {
+    let tokenizer = crate::checkpoint::load_tokenizer(model)?.ok_or_else(|| {
         format!(
             "serve needs {} (not found) to turn text into tokens",
             model.join("tokenizer.json").display()
@@ -807,7 +807,7 @@ pub fn serve(
             model.display()
         ));
     }
-    let eos = crate::run::eos_ids(model)?;
+    let eos = crate::checkpoint::eos_ids(model)?;
     let context = engine::context_length(model)?;
     let (jobs_tx, jobs_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -821,7 +821,9 @@ pub fn serve(
     let model_path = model.to_path_buf();
     let worker_thread = std::thread::Builder::new()
         .name("archgen-model".into())
-        .spawn(move || crate::run::with_model(&ui, &model_path, implementation, None, worker))
+        .spawn(move || {
+            crate::checkpoint::with_model(&ui, &model_path, implementation, None, worker)
+        })
         .map_err(|e| format!("cannot start the model thread: {e}"))?;
     let vocab_size = match ready_rx.recv() {
         Ok(v) => v,

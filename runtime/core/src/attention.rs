@@ -3,7 +3,6 @@
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::Array;
 
-use crate::cache::Quantized;
 use crate::ops::{scalar_like, Result};
 
 /// What mlx-lm passes as `mask=`: nothing, the string "causal", or a bool array.
@@ -102,7 +101,7 @@ pub fn attend(
     rows: bool,
 ) -> Result<Array> {
     let (b, l) = (q.shape()[0], q.shape()[2]);
-    if rows && l == 1 && matches!(mask, Mask::None) && crate::decode::one_token_sdpa() {
+    if rows && l == 1 && matches!(mask, Mask::None) && crate::device::one_token_sdpa() {
         return sdpa_one_token(q, k, v, scale);
     }
     sdpa(q, k, v, scale, mask)?
@@ -118,6 +117,26 @@ pub fn finfo_min(dtype: mlx_rs::Dtype) -> f64 {
         mlx_rs::Dtype::Float16 => -65504.0,
         mlx_rs::Dtype::Float64 => f64::MIN,
         _ => f32::MIN as f64,
+    }
+}
+
+/// One quantized tensor as `mx.quantize` returns it (affine mode): packed
+/// uint32 data, then scales and biases in the input's dtype.
+#[derive(Debug, Clone)]
+pub struct Quantized {
+    pub data: Array,
+    pub scales: Array,
+    pub biases: Array,
+}
+
+impl Quantized {
+    /// `f` applied to the data, the scales and the biases alike.
+    pub(crate) fn map(&self, f: impl Fn(&Array) -> Result<Array>) -> Result<Quantized> {
+        Ok(Quantized {
+            data: f(&self.data)?,
+            scales: f(&self.scales)?,
+            biases: f(&self.biases)?,
+        })
     }
 }
 
@@ -192,13 +211,6 @@ pub fn quantized_sdpa(
     } else {
         Ok(out)
     }
-}
-
-/// gemma2's query scale, `1.0 / (query_pre_attn_scalar**0.5)` computed in
-/// f64 as Python does (a divide of a `pow`, not `pow(x, -0.5)`); it meets
-/// the queries as a weak scalar in [`softcapped_attention`].
-pub fn query_pre_attn_scale(query_pre_attn_scalar: f64) -> f64 {
-    1.0 / query_pre_attn_scalar.powf(0.5)
 }
 
 /// gemma2's hand-written attention (`gemma2.py` `Attention.__call__` after

@@ -21,7 +21,7 @@ use crate::attention::{
 };
 use crate::cache::{LayerCache, MixedKvNow, QuantizedKvCache};
 use crate::distributed::sharded_to_all;
-use crate::layers::{Embedding, Linear};
+use crate::layers::{project_head, Embedding, Linear};
 use crate::moe::{experts, softmax_topk_moe, Router, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{
     divide_weak, geglu, gelu_approx_compiled, gelu_approx_times, multiply_weak, rms_norm, swiglu,
@@ -95,16 +95,7 @@ pub fn logits_scaled(
         LogitScale::DivideBy(d) => d,
     };
     let h = divide_weak(&rms_norm(h, Some(norm), eps)?, d)?;
-    let out = match head {
-        Head::Tied(e) => e.as_linear(&h)?,
-        // A head split over the vocabulary (qwen3_5's `shard()`) has its
-        // logits gathered (`gather_last_axis`); a whole head's are as they are.
-        Head::Untied(l) => crate::distributed::gather_vocab(l.forward(&h)?)?,
-    };
-    match softcap {
-        Some(c) => crate::ops::logit_softcap(c, &out),
-        None => Ok(out),
-    }
+    project_head(&h, head, softcap)
 }
 
 /// The factor a layer's branches are multiplied by before they join the

@@ -5,7 +5,7 @@
 use mlx_rs::ops::indexing::{Ellipsis, TryIndexMutOp, TryIndexOp};
 use mlx_rs::Array;
 
-use crate::attention::Mask;
+use crate::attention::{Mask, Quantized};
 use crate::ops::Result;
 
 const STEP: i32 = 256;
@@ -242,25 +242,6 @@ impl RotatingKvCache {
         } else {
             Ok(Mask::None)
         }
-    }
-}
-
-/// One quantized tensor as `mx.quantize` returns it (affine mode): packed
-/// uint32 data, then scales and biases in the input's dtype.
-#[derive(Debug, Clone)]
-pub struct Quantized {
-    pub data: Array,
-    pub scales: Array,
-    pub biases: Array,
-}
-
-impl Quantized {
-    fn map(&self, f: impl Fn(&Array) -> Result<Array>) -> Result<Quantized> {
-        Ok(Quantized {
-            data: f(&self.data)?,
-            scales: f(&self.scales)?,
-            biases: f(&self.biases)?,
-        })
     }
 }
 

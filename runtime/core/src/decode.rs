@@ -78,72 +78,44 @@ use crate::cache::LayerCache;
 use crate::deltanet::{
     self, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet, InProj, SharedExpertMoe,
 };
+use crate::device::{gpu_blocks, path, GpuBlocks, Path};
 use crate::layers::{Linear, Quantized, SwitchLinear};
 use crate::moe::{Router, SoftmaxTopKRouter, SwitchGlu, TopKProbs};
 use crate::ops::{rms_norm, NormInputs, Result};
 use crate::rope::{apply_tables, Rope, RopeTables};
 
-/// How one-token steps of generated models run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Path {
-    /// The eager blocks, as prefill runs them: with `ARCHGEN_GPU_DECODE=0`
-    /// on a GPU, on Metal unless `ARCHGEN_GPU_DECODE=1`, and everywhere
-    /// with `ARCHGEN_EAGER_DECODE=1`.
-    Eager,
-    /// The CPU: compiled blocks that reproduce MLX's CPU fallbacks of
-    /// `fast.rms_norm` and `fast.rope` op for op (there the fast ops *are*
-    /// those op graphs), with the norms' float32 constants as inputs and
-    /// RoPE from per-step cos/sin tables ([`crate::rope::Rope::fallback_tables`]).
-    CpuFallbacks,
-    /// A GPU (MLX's CUDA or Metal backend): compiled blocks in which
-    /// `fast.rms_norm`, `fast.rope` and scaled dot-product attention stay
-    /// MLX's single primitives with their own kernels, exactly as the eager
-    /// blocks call them (their eps, base and scale are kernel arguments, not
-    /// source text); only the elementwise glue between them is fused.
-    /// The default on CUDA, where an H200 measured it byte-identical to the
-    /// eager blocks and to mlx-lm for every family (docs/parity.md, "On the
-    /// GPU", lists the cases and how to rerun them with
-    /// `runtime/mlx-cuda/parity.sh`); opt-in on Metal, never measured.
-    NativeFastOps,
+/// [`Flat`] for a struct whose arrays are its fields listed in braces, each
+/// itself `Flat`, packed in that order: `put` appends them (after the
+/// plain values that key the block, `key(self) [...]`), `take` rebuilds the
+/// struct from the traced inputs in the same order, with the `copied`
+/// fields taken from the template and the `elsewhere` ones (weights used
+/// outside the block) as given.
+macro_rules! flat_fields {
+    (
+        $ty:ident $(key($s:ident) [$($key:expr),+ $(,)?])?
+        { $($field:ident),+ $(,)? }
+        $(copied { $($copy:ident),+ $(,)? })?
+        $(elsewhere { $($other:ident: $value:expr),+ $(,)? })?
+    ) => {
+        impl Flat for $ty {
+            fn put(&self, p: &mut Packed) {
+                $(
+                    let $s = self;
+                    p.key.extend([$($key as i64),+]);
+                )?
+                $(Flat::put(&self.$field, p);)+
+            }
+            fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+                $(let $field = Flat::take(&self.$field, it);)+
+                $ty {
+                    $($field,)+
+                    $($($copy: self.$copy,)+)?
+                    $($($other: $value,)+)?
+                }
+            }
+        }
+    };
 }
-
-/// The path of one-token steps on MLX's default device (the switches are
-/// read once):
-/// [`Path::CpuFallbacks`] on the CPU; on a GPU [`Path::NativeFastOps`]
-/// (on Metal only with `ARCHGEN_GPU_DECODE=1`), or [`Path::Eager`] with
-/// `ARCHGEN_GPU_DECODE=0`; [`Path::Eager`] everywhere when
-/// `ARCHGEN_EAGER_DECODE=1` (paired A/B of the same binary).
-///
-/// `ARCHGEN_GPU_DECODE=cpu-too` takes [`Path::NativeFastOps`] on the CPU as
-/// well: a wiring check of the GPU blocks on a machine without one (the CPU
-/// then runs MLX's op graphs for the fast ops, compiled with their float
-/// constants inlined, so equal bits there are not promised).
-pub fn path() -> Path {
-    static SWITCHES: std::sync::OnceLock<(Option<bool>, Option<bool>, bool)> =
-        std::sync::OnceLock::new();
-    let (eager, gpu, cpu_too) = *SWITCHES.get_or_init(|| {
-        let set = |name: &str| std::env::var_os(name).map(|v| !v.is_empty() && v != "0");
-        let cpu_too = std::env::var_os("ARCHGEN_GPU_DECODE").is_some_and(|v| v == "cpu-too");
-        (
-            set("ARCHGEN_EAGER_DECODE"),
-            set("ARCHGEN_GPU_DECODE"),
-            cpu_too,
-        )
-    });
-    match (eager, on_cpu(), gpu) {
-        (Some(true), _, _) => Path::Eager,
-        (_, true, _) if cpu_too => Path::NativeFastOps,
-        (_, true, _) => Path::CpuFallbacks,
-        (_, false, Some(true)) => Path::NativeFastOps,
-        (_, false, None) if MEASURED_GPU => Path::NativeFastOps,
-        (_, false, None | Some(false)) => Path::Eager,
-    }
-}
-
-/// Whether this build's GPU backend is the one the GPU path was measured on
-/// (CUDA, on Linux); on macOS the GPU is Metal, whose compiler was never
-/// checked against the eager kernels, so the path stays opt-in there.
-const MEASURED_GPU: bool = !cfg!(target_os = "macos");
 
 /// Whether one-token steps take this module's compiled blocks.
 pub fn enabled() -> bool {
@@ -151,38 +123,6 @@ pub fn enabled() -> bool {
     // stack Q/K/V by the model's full head counts and do not trace the
     // all_sum of the sharded-to-all projections.
     path() != Path::Eager && !crate::distributed::tensor_parallel()
-}
-
-/// Whether MLX's default device is the CPU.
-fn on_cpu() -> bool {
-    mlx_rs::Device::try_default()
-        .and_then(|d| d.get_type())
-        .is_ok_and(|t| matches!(t, mlx_rs::DeviceType::Cpu))
-}
-
-/// Which blocks [`Path::NativeFastOps`] compiles: a bisection aid for the
-/// device (`ARCHGEN_GPU_DECODE_BLOCKS=pre|post|none`; unset: every block).
-/// `pre` compiles only the block before attention (norm, projections, RoPE),
-/// `post` only the blocks after it; the others run the same ops eagerly, so
-/// `none` isolates what the path changes besides fusion (its rows form).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum GpuBlocks {
-    All,
-    PreAttention,
-    PostAttention,
-    None,
-}
-
-fn gpu_blocks() -> GpuBlocks {
-    static BLOCKS: std::sync::OnceLock<GpuBlocks> = std::sync::OnceLock::new();
-    *BLOCKS.get_or_init(
-        || match std::env::var("ARCHGEN_GPU_DECODE_BLOCKS").as_deref() {
-            Ok("pre") => GpuBlocks::PreAttention,
-            Ok("post") => GpuBlocks::PostAttention,
-            Ok("none") => GpuBlocks::None,
-            _ => GpuBlocks::All,
-        },
-    )
 }
 
 /// Whether the block with this id (the first entry of its key) is compiled
@@ -201,21 +141,6 @@ fn compiles_on_this_path(block: i64) -> bool {
 /// [`gated_attention`]'s first.
 const PRE_ATTENTION: i64 = 1;
 const GATED_PRE_ATTENTION: i64 = 5;
-
-/// Whether one unmasked query token attends through
-/// [`crate::attention::sdpa_one_token`] (grouped heads as rows of one
-/// matmul) rather than `fast.scaled_dot_product_attention`: on the CPU,
-/// whose SDPA fallback it reproduces. On a GPU the fused SDPA kernel or the
-/// fallback's broadcast matmuls may pick other kernels than the grouped
-/// matmul, so it stays off there unless `ARCHGEN_GPU_ONE_TOKEN_SDPA=1`
-/// (an experiment, see docs/benchmarks.md).
-pub fn one_token_sdpa() -> bool {
-    static GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    on_cpu()
-        || *GPU.get_or_init(|| {
-            std::env::var_os("ARCHGEN_GPU_ONE_TOKEN_SDPA").is_some_and(|v| v == "1")
-        })
-}
 
 /// The parts of one decoder layer a decode step needs.
 pub struct Layer<'a> {
@@ -281,12 +206,7 @@ pub fn own_kv_experts(
     cache: &mut LayerCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
-    let offset = Array::from_int(cache.offset());
-    let fused =
-        fused.filter(|f| f.norm.dtype() == h.dtype() && layer.norms.input().dtype() == h.dtype());
-    let qkv = pre_attention(h, &layer.pre(), Some(kv), fused, rope)?;
-    let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
-    let (o, shared) = blocks::attend_own_kv(&q, &k, &v, layer.shape, cache, mask, offset, true)?;
+    let (o, shared) = attend_own_kv(h, &layer.pre(), kv, fused, rope, cache, mask)?;
     Ok((post_attention_experts(h, &o, layer)?, shared))
 }
 
@@ -298,9 +218,7 @@ pub fn shared_kv_experts(
     shared: &SharedKv,
     mask: &Mask,
 ) -> Result<Array> {
-    let q = pre_attention(h, &layer.pre(), None, None, rope)?;
-    let q = q.into_iter().next().ok_or_else(bad_outputs)?;
-    let o = blocks::attend_shared_kv(&q, layer.shape, shared, mask, true)?;
+    let o = attend_shared_kv(h, &layer.pre(), rope, shared, mask)?;
     post_attention_experts(h, &o, layer)
 }
 
@@ -317,13 +235,7 @@ pub fn own_kv(
     cache: &mut LayerCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
-    let offset = Array::from_int(cache.offset());
-    // The stacked projection needs one dtype throughout (see FusedQkv).
-    let fused =
-        fused.filter(|f| f.norm.dtype() == h.dtype() && layer.norms.input().dtype() == h.dtype());
-    let qkv = pre_attention(h, &layer.pre(), Some(kv), fused, rope)?;
-    let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
-    let (o, shared) = blocks::attend_own_kv(&q, &k, &v, layer.shape, cache, mask, offset, true)?;
+    let (o, shared) = attend_own_kv(h, &layer.pre(), kv, fused, rope, cache, mask)?;
     Ok((post_attention(h, &o, layer, None)?, shared))
 }
 
@@ -341,12 +253,7 @@ pub fn own_kv_scaled(
     cache: &mut LayerCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
-    let offset = Array::from_int(cache.offset());
-    let fused =
-        fused.filter(|f| f.norm.dtype() == h.dtype() && layer.norms.input().dtype() == h.dtype());
-    let qkv = pre_attention(h, &layer.pre(), Some(kv), fused, rope)?;
-    let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
-    let (o, shared) = blocks::attend_own_kv(&q, &k, &v, layer.shape, cache, mask, offset, true)?;
+    let (o, shared) = attend_own_kv(h, &layer.pre(), kv, fused, rope, cache, mask)?;
     Ok((post_attention(h, &o, layer, Some(residual))?, shared))
 }
 
@@ -359,9 +266,7 @@ pub fn shared_kv(
     shared: &SharedKv,
     mask: &Mask,
 ) -> Result<Array> {
-    let q = pre_attention(h, &layer.pre(), None, None, rope)?;
-    let q = q.into_iter().next().ok_or_else(bad_outputs)?;
-    let o = blocks::attend_shared_kv(&q, layer.shape, shared, mask, true)?;
+    let o = attend_shared_kv(h, &layer.pre(), rope, shared, mask)?;
     post_attention(h, &o, layer, None)
 }
 
@@ -374,10 +279,44 @@ pub fn shared_kv_scaled(
     shared: &SharedKv,
     mask: &Mask,
 ) -> Result<Array> {
-    let q = pre_attention(h, &layer.pre(), None, None, rope)?;
-    let q = q.into_iter().next().ok_or_else(bad_outputs)?;
-    let o = blocks::attend_shared_kv(&q, layer.shape, shared, mask, true)?;
+    let o = attend_shared_kv(h, &layer.pre(), rope, shared, mask)?;
     post_attention(h, &o, layer, Some(residual))
+}
+
+/// The attention half of a one-token step of a layer that computes its own
+/// K/V, whatever follows it: the compiled block before attention, the cache
+/// update and attention over the cache. Returns the attention output (before
+/// `o_proj`) and the K/V for the layers that share them.
+fn attend_own_kv(
+    h: &Array,
+    pre: &PreAttention<'_>,
+    kv: &KvWeights,
+    fused: Option<&FusedQkv>,
+    rope: &RopeTables,
+    cache: &mut LayerCache,
+    mask: &Mask,
+) -> Result<(Array, SharedKv)> {
+    let offset = Array::from_int(cache.offset());
+    // The stacked projection needs one dtype throughout (see FusedQkv).
+    let fused =
+        fused.filter(|f| f.norm.dtype() == h.dtype() && pre.norms.input().dtype() == h.dtype());
+    let qkv = pre_attention(h, pre, Some(kv), fused, rope)?;
+    let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
+    blocks::attend_own_kv(&q, &k, &v, pre.shape, cache, mask, offset, true)
+}
+
+/// [`attend_own_kv`] of a layer that reads a donor's K/V: the query only,
+/// attending over the donor's keys and values.
+fn attend_shared_kv(
+    h: &Array,
+    pre: &PreAttention<'_>,
+    rope: &RopeTables,
+    shared: &SharedKv,
+    mask: &Mask,
+) -> Result<Array> {
+    let q = pre_attention(h, pre, None, None, rope)?;
+    let q = q.into_iter().next().ok_or_else(bad_outputs)?;
+    blocks::attend_shared_kv(&q, pre.shape, shared, mask, true)
 }
 
 fn bad_outputs() -> mlx_rs::error::Exception {
@@ -1105,35 +1044,9 @@ pub fn gated_attention(
     out.into_iter().next().ok_or_else(bad_outputs)
 }
 
-impl Flat for GatedAttention {
-    fn put(&self, p: &mut Packed) {
-        // o_proj is used after attention, not here.
-        self.q_proj.put(p);
-        self.k_proj.put(p);
-        self.v_proj.put(p);
-        self.q_norm.put(p);
-        self.k_norm.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let q_proj = self.q_proj.take(it);
-        let k_proj = self.k_proj.take(it);
-        let v_proj = self.v_proj.take(it);
-        let (q_norm, k_norm) = (next(it), next(it));
-        GatedAttention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj: Linear {
-                weight: placeholder(),
-                quant: None,
-                weight_t: None,
-                bias: None,
-            },
-            q_norm,
-            k_norm,
-        }
-    }
-}
+// o_proj is used after attention, not here.
+flat_fields!(GatedAttention { q_proj, k_proj, v_proj, q_norm, k_norm }
+    elsewhere { o_proj: unused_linear() });
 
 /// One decode step (one token, `h` [B, 1, hidden]) of a Gated DeltaNet
 /// layer as one compiled block: the whole layer, with the conv state and
@@ -1268,33 +1181,12 @@ impl Flat for deltanet::FeedForward {
     }
 }
 
-impl Flat for SharedExpertMoe {
-    fn put(&self, p: &mut Packed) {
-        self.router.put(p);
-        self.experts.gate_proj.put(p);
-        self.experts.up_proj.put(p);
-        self.experts.down_proj.put(p);
-        self.shared_expert.put(p);
-        self.shared_expert_gate.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let router = self.router.take(it);
-        let gate_proj = self.experts.gate_proj.take(it);
-        let up_proj = self.experts.up_proj.take(it);
-        let down_proj = self.experts.down_proj.take(it);
-        let shared_expert = self.shared_expert.take(it);
-        SharedExpertMoe {
-            router,
-            experts: SwitchGlu {
-                gate_proj,
-                up_proj,
-                down_proj,
-            },
-            shared_expert,
-            shared_expert_gate: self.shared_expert_gate.take(it),
-        }
-    }
-}
+flat_fields!(SharedExpertMoe {
+    router,
+    experts,
+    shared_expert,
+    shared_expert_gate
+});
 
 impl Flat for DeltaNetShape {
     fn put(&self, p: &mut Packed) {
@@ -1478,6 +1370,17 @@ fn next(it: &mut std::slice::Iter<'_, Array>) -> Array {
 trait Flat: Sized {
     fn put(&self, p: &mut Packed);
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self;
+}
+
+/// A linear layer a block does not use (`o_proj` before attention): no
+/// arrays of its own travel for it.
+fn unused_linear() -> Linear {
+    Linear {
+        weight: placeholder(),
+        quant: None,
+        weight_t: None,
+        bias: None,
+    }
 }
 
 impl Flat for Array {
@@ -1669,44 +1572,14 @@ impl Flat for SwitchLinear {
     }
 }
 
-impl Flat for AttentionWeights {
-    fn put(&self, p: &mut Packed) {
-        // o_proj is used after attention, not here; `kv` travels separately.
-        self.q_proj.put(p);
-        self.q_norm.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let q_proj = self.q_proj.take(it);
-        AttentionWeights {
-            q_proj,
-            o_proj: Linear {
-                weight: placeholder(),
-                quant: None,
-                weight_t: None,
-                bias: None,
-            },
-            q_norm: self.q_norm.take(it),
-            kv: None,
-        }
-    }
-}
+// o_proj is used after attention, not here; `kv` travels separately.
+flat_fields!(AttentionWeights { q_proj, q_norm } elsewhere { o_proj: unused_linear(), kv: None });
 
-impl Flat for KvWeights {
-    fn put(&self, p: &mut Packed) {
-        self.k_proj.put(p);
-        self.v_proj.put(p);
-        self.k_norm.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let k_proj = self.k_proj.take(it);
-        let v_proj = self.v_proj.take(it);
-        KvWeights {
-            k_proj,
-            v_proj,
-            k_norm: self.k_norm.take(it),
-        }
-    }
-}
+flat_fields!(KvWeights {
+    k_proj,
+    v_proj,
+    k_norm
+});
 
 impl Flat for LayerNorms {
     fn put(&self, p: &mut Packed) {
@@ -1749,140 +1622,37 @@ impl Flat for LayerNorms {
     }
 }
 
-impl Flat for Mlp {
-    fn put(&self, p: &mut Packed) {
-        p.key.push(match self.activation {
-            Activation::GeluApprox => 0,
-            Activation::Silu => 1,
-            Activation::GeluApproxThenMultiply => 2,
-        });
-        self.gate_proj.put(p);
-        self.up_proj.put(p);
-        self.down_proj.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let gate_proj = self.gate_proj.take(it);
-        let up_proj = self.up_proj.take(it);
-        Mlp {
-            gate_proj,
-            up_proj,
-            down_proj: self.down_proj.take(it),
-            activation: self.activation,
-        }
-    }
-}
+flat_fields!(Mlp key(s) [match s.activation {
+    Activation::GeluApprox => 0,
+    Activation::Silu => 1,
+    Activation::GeluApproxThenMultiply => 2,
+}] { gate_proj, up_proj, down_proj } copied { activation });
 
-impl Flat for Router {
-    fn put(&self, p: &mut Packed) {
-        p.key.extend([
-            self.top_k as i64,
-            self.hidden as i64,
-            self.eps.to_bits() as i64,
-        ]);
-        self.proj.put(p);
-        self.scale.put(p);
-        self.per_expert_scale.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let proj = self.proj.take(it);
-        let (scale, per_expert_scale) = (next(it), next(it));
-        Router {
-            proj,
-            scale,
-            per_expert_scale,
-            top_k: self.top_k,
-            hidden: self.hidden,
-            eps: self.eps,
-        }
-    }
-}
+flat_fields!(Router key(s) [s.top_k, s.hidden, s.eps.to_bits()]
+    { proj, scale, per_expert_scale } copied { top_k, hidden, eps });
 
-impl Flat for MoeBlock {
-    fn put(&self, p: &mut Packed) {
-        self.router.put(p);
-        self.experts.gate_proj.put(p);
-        self.experts.up_proj.put(p);
-        self.experts.down_proj.put(p);
-        self.pre_feedforward_2.put(p);
-        self.post_feedforward_1.put(p);
-        self.post_feedforward_2.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let router = self.router.take(it);
-        let gate_proj = self.experts.gate_proj.take(it);
-        let up_proj = self.experts.up_proj.take(it);
-        let down_proj = self.experts.down_proj.take(it);
-        let (pre_feedforward_2, post_feedforward_1, post_feedforward_2) =
-            (next(it), next(it), next(it));
-        MoeBlock {
-            router,
-            experts: SwitchGlu {
-                gate_proj,
-                up_proj,
-                down_proj,
-            },
-            pre_feedforward_2,
-            post_feedforward_1,
-            post_feedforward_2,
-        }
-    }
-}
+flat_fields!(MoeBlock {
+    router,
+    experts,
+    pre_feedforward_2,
+    post_feedforward_1,
+    post_feedforward_2,
+});
+flat_fields!(SwitchGlu {
+    gate_proj,
+    up_proj,
+    down_proj
+});
 
-impl Flat for SoftmaxTopKRouter {
-    fn put(&self, p: &mut Packed) {
-        p.key.extend([
-            self.top_k as i64,
-            match self.probs {
-                TopKProbs::Renormalized => 0,
-                TopKProbs::AsTaken => 1,
-            },
-        ]);
-        self.gate.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        SoftmaxTopKRouter {
-            gate: self.gate.take(it),
-            top_k: self.top_k,
-            probs: self.probs,
-        }
-    }
-}
+flat_fields!(SoftmaxTopKRouter key(s) [s.top_k, match s.probs {
+    TopKProbs::Renormalized => 0,
+    TopKProbs::AsTaken => 1,
+}] { gate } copied { top_k, probs });
 
-impl Flat for SparseMoe {
-    fn put(&self, p: &mut Packed) {
-        self.router.put(p);
-        self.experts.gate_proj.put(p);
-        self.experts.up_proj.put(p);
-        self.experts.down_proj.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let router = self.router.take(it);
-        let gate_proj = self.experts.gate_proj.take(it);
-        let up_proj = self.experts.up_proj.take(it);
-        SparseMoe {
-            router,
-            experts: SwitchGlu {
-                gate_proj,
-                up_proj,
-                down_proj: self.experts.down_proj.take(it),
-            },
-        }
-    }
-}
+flat_fields!(SparseMoe { router, experts });
 
-impl Flat for PleGate {
-    fn put(&self, p: &mut Packed) {
-        self.gate.put(p);
-        self.projection.put(p);
-        self.post_norm.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let gate = self.gate.take(it);
-        let projection = self.projection.take(it);
-        PleGate {
-            gate,
-            projection,
-            post_norm: next(it),
-        }
-    }
-}
+flat_fields!(PleGate {
+    gate,
+    projection,
+    post_norm
+});

@@ -23,13 +23,11 @@
 //! `shapeless` flag), so whatever fusion MLX does on one side it does on the
 //! other.
 
-use std::collections::HashMap;
-
-use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
+use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use crate::attention::{batch_and_len, Mask};
-use crate::blocks::{attend_own_kv, AttentionShape, Mlp};
+use crate::blocks::{attend_own_kv, AttentionShape, Mlp, SparseMoe};
 use crate::cache::LayerCache;
 use crate::distributed::sharded_to_all;
 use crate::layers::Linear;
@@ -500,12 +498,6 @@ pub fn load_gated_delta_net(w: &mut Weights, layer: usize, s: DeltaNetShape) -> 
 
 // ---- Gated full attention
 
-/// The RoPE width of a partial rotary factor: Python's
-/// `int(head_dim * partial_rotary_factor)` (truncated).
-pub fn partial_rope_dims(head_dim: i32, partial_rotary_factor: f64) -> i32 {
-    (f64::from(head_dim) * partial_rotary_factor) as i32
-}
-
 /// `Qwen3NextAttention`'s weights: `q_proj` has 2 * heads * head_dim outputs
 /// (per head: the queries, then the output gate).
 #[derive(Debug, Clone)]
@@ -663,20 +655,15 @@ pub fn load_shared_expert_moe(
     shared_width: i32,
     probs: crate::moe::TopKProbs,
 ) -> SharedExpertMoe {
+    // The router and the routed experts are qwen3_moe's block's; then the
+    // shared expert and its one-output gate.
+    let SparseMoe { router, experts } =
+        crate::blocks::load_sparse_moe(w, layer, hidden, experts, top_k, width, probs);
     let p = format!("layers.{layer}.mlp");
-    let sw = format!("{p}.switch_mlp");
     let se = format!("{p}.shared_expert");
     SharedExpertMoe {
-        router: SoftmaxTopKRouter {
-            gate: w.linear(&format!("{p}.gate"), experts, hidden),
-            top_k,
-            probs,
-        },
-        experts: SwitchGlu {
-            gate_proj: w.switch_linear(&format!("{sw}.gate_proj"), experts, width, hidden),
-            up_proj: w.switch_linear(&format!("{sw}.up_proj"), experts, width, hidden),
-            down_proj: w.switch_linear(&format!("{sw}.down_proj"), experts, hidden, width),
-        },
+        router,
+        experts,
         shared_expert: Mlp {
             gate_proj: w.linear(&format!("{se}.gate_proj"), shared_width, hidden),
             up_proj: w.linear(&format!("{se}.up_proj"), shared_width, hidden),
@@ -707,19 +694,7 @@ pub fn shared_expert_feed_forward(
     }
 }
 
-// ---- The decoder layer
-
-/// What mixes the sequence in one layer: the layer kind is
-/// `(index + 1) % full_attention_interval != 0` → linear.
-#[derive(Debug, Clone)]
-pub enum Mixer {
-    GatedDeltaNet(GatedDeltaNet),
-    GatedAttention {
-        attention: GatedAttention,
-        shape: AttentionShape,
-        rope: Rope,
-    },
-}
+// ---- What the models keep per layer: its cache and its feed-forward half
 
 /// The cache of one layer, by mixer kind (`make_cache`).
 #[derive(Debug)]
@@ -743,183 +718,5 @@ impl FeedForward {
             FeedForward::Mlp(m) => m.forward(x),
             FeedForward::SharedExpertMoe(m) => m.forward(x),
         }
-    }
-}
-
-/// One decoder layer (`DecoderLayer`, pre-norm): `h = x + mixer(norm(x))`,
-/// `out = h + ffn(norm(h))`. `mask` is what a full-attention layer gets
-/// (`create_attention_mask` of the first full layer's cache); linear layers
-/// of one unpadded sequence run without a mask (`create_ssm_mask` is None).
-#[allow(clippy::too_many_arguments)]
-pub fn hybrid_decoder_layer(
-    x: &Array,
-    mixer: &Mixer,
-    ffn: &FeedForward,
-    input_norm: &Array,
-    post_attention_norm: &Array,
-    eps: f32,
-    cache: &mut MixerCache,
-    mask: &Mask,
-) -> Result<Array> {
-    let normed = rms_norm(x, Some(input_norm), eps)?;
-    let r =
-        match (mixer, cache) {
-            (Mixer::GatedDeltaNet(w), MixerCache::Arrays(c)) => gated_delta_net(&normed, w, c)?,
-            (
-                Mixer::GatedAttention {
-                    attention,
-                    shape,
-                    rope,
-                },
-                MixerCache::Kv(c),
-            ) => gated_attention(&normed, attention, *shape, rope, c, mask)?,
-            (Mixer::GatedDeltaNet(_), MixerCache::Kv(_)) => return Err(refused(
-                "a Gated DeltaNet layer was given a KV cache: linear layers take an ArraysCache"
-                    .into(),
-            )),
-            (Mixer::GatedAttention { .. }, MixerCache::Arrays(_)) => {
-                return Err(refused(
-                    "a full-attention layer was given an ArraysCache: it takes a KV cache".into(),
-                ))
-            }
-        };
-    let h = x.add(&r)?;
-    h.add(ffn.forward(&rms_norm(&h, Some(post_attention_norm), eps)?)?)
-}
-
-// ---- Checkpoint rules (`sanitize`, `cast_predicate`)
-
-/// Which of the two model files sanitizes the checkpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Qwen35Variant {
-    /// `qwen3_5.Model.sanitize`.
-    Dense,
-    /// `qwen3_5_moe.Model.sanitize`: also splits `experts.gate_up_proj`.
-    Moe,
-}
-
-/// The norms that raw HF checkpoints store as offsets around 0 (mlx-lm adds
-/// 1 to them). The gated norm of the linear layers is not among them.
-const OFFSET_NORMS: [&str; 5] = [
-    ".input_layernorm.weight",
-    ".post_attention_layernorm.weight",
-    "model.norm.weight",
-    ".q_norm.weight",
-    ".k_norm.weight",
-];
-
-/// The wrapper renames of `Model.sanitize`: vision towers dropped,
-/// `model.language_model.*` → `language_model.model.*`, everything else not
-/// under `language_model.` moved there.
-fn unwrap_language_model(key: &str) -> Option<String> {
-    if key.starts_with("vision_tower") || key.starts_with("model.visual") {
-        return None;
-    }
-    Some(if key.starts_with("model.language_model") {
-        key.replace("model.language_model", "language_model.model")
-    } else if key.starts_with("language_model.") {
-        key.to_string()
-    } else {
-        format!("language_model.{key}")
-    })
-}
-
-/// mlx-lm's `sanitize` of qwen3_5 / qwen3_5_moe, rule for rule, on a
-/// checkpoint's tensors: names come out as mlx-lm's module tree has them
-/// (`language_model.model.layers.0.linear_attn.conv1d.weight`). A raw HF
-/// checkpoint is recognised by a conv1d weight whose last dim is not 1:
-/// then every such conv weight is moved to mlx's [C, K, 1] layout
-/// (`moveaxis(2, 1)`) and the 1-D norm weights of [`OFFSET_NORMS`] get `+ 1.0`
-/// (a weak scalar, so in the weight's dtype). `mtp.*` is dropped, and
-/// `lm_head.weight` when `tied` (mlx-lm pops that exact key, after the
-/// wrapper renamed it, so a wrapped checkpoint keeps its head).
-pub fn sanitize_qwen3_5(
-    tensors: HashMap<String, Array>,
-    variant: Qwen35Variant,
-    num_layers: usize,
-    tied: bool,
-) -> Result<HashMap<String, Array>> {
-    let mut weights: HashMap<String, Array> = tensors
-        .into_iter()
-        .filter_map(|(k, v)| unwrap_language_model(&k).map(|k| (k, v)))
-        .collect();
-    if variant == Qwen35Variant::Moe {
-        for l in 0..num_layers {
-            let prefix = format!("language_model.model.layers.{l}.mlp");
-            let Some(gate_up) = weights.remove(&format!("{prefix}.experts.gate_up_proj")) else {
-                continue;
-            };
-            let shape = gate_up.shape();
-            if shape.len() < 2 {
-                return Err(refused(format!(
-                    "{prefix}.experts.gate_up_proj: expected at least 2 dims, got shape {shape:?}"
-                )));
-            }
-            let mid = shape[shape.len() - 2] / 2;
-            let down_key = format!("{prefix}.experts.down_proj");
-            let Some(down) = weights.remove(&down_key) else {
-                return Err(refused(format!(
-                    "missing tensor '{down_key}' (the checkpoint has {prefix}.experts.gate_up_proj)"
-                )));
-            };
-            weights.insert(
-                format!("{prefix}.switch_mlp.gate_proj.weight"),
-                gate_up.try_index((Ellipsis, ..mid, ..))?,
-            );
-            weights.insert(
-                format!("{prefix}.switch_mlp.up_proj.weight"),
-                gate_up.try_index((Ellipsis, mid.., ..))?,
-            );
-            weights.insert(format!("{prefix}.switch_mlp.down_proj.weight"), down);
-        }
-    }
-    let unsanitized_conv = |k: &str, v: &Array| {
-        k.contains("conv1d.weight") && v.shape().last().is_some_and(|&d| d != 1)
-    };
-    let has_unsanitized_conv1d = weights.iter().any(|(k, v)| unsanitized_conv(k, v));
-    weights.retain(|k, _| !k.contains("mtp."));
-    if tied {
-        weights.remove("lm_head.weight");
-    }
-    let mut out = HashMap::with_capacity(weights.len());
-    for (k, v) in weights {
-        let v = if unsanitized_conv(&k, &v) {
-            if v.ndim() != 3 {
-                return Err(refused(format!(
-                    "{k}: a conv1d weight [C, 1, K] or [C, K, 1] expected, got shape {:?}",
-                    v.shape()
-                )));
-            }
-            v.swap_axes(1, 2)?
-        } else if has_unsanitized_conv1d
-            && OFFSET_NORMS.iter().any(|s| k.ends_with(s))
-            && v.ndim() == 1
-        {
-            v.add(scalar_like(1.0, &v))?
-        } else {
-            v
-        };
-        out.insert(k, v);
-    }
-    Ok(out)
-}
-
-/// `cast_predicate`: whether `mlx_lm.convert --dtype` casts the parameter at
-/// `path` (everything floating but `A_log`, which stays float32).
-pub fn casts_on_conversion(path: &str) -> bool {
-    !path.ends_with("A_log")
-}
-
-/// What `mlx_lm.convert --dtype` does to one parameter: floating ones cast
-/// to `dtype` unless [`casts_on_conversion`] says no.
-pub fn convert_dtype(path: &str, v: &Array, dtype: Dtype) -> Result<Array> {
-    let floating = matches!(
-        v.dtype(),
-        Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32 | Dtype::Float64
-    );
-    if casts_on_conversion(path) && floating {
-        v.as_dtype(dtype)
-    } else {
-        Ok(v.clone())
     }
 }

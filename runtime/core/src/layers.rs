@@ -161,12 +161,18 @@ pub fn logits(
     softcap: Option<f32>,
     eps: f32,
 ) -> Result<Array> {
-    let h = crate::ops::rms_norm(h, Some(norm), eps)?;
+    project_head(&crate::ops::rms_norm(h, Some(norm), eps)?, head, softcap)
+}
+
+/// The head over the normed final hidden state `h`, then the optional
+/// compiled tanh softcap: what [`logits`] and `blocks::logits_scaled` run
+/// after their norm.
+pub fn project_head(h: &Array, head: Head<'_>, softcap: Option<f32>) -> Result<Array> {
     let out = match head {
-        Head::Tied(e) => e.as_linear(&h)?,
+        Head::Tied(e) => e.as_linear(h)?,
         // A head split over the vocabulary (qwen3_5's `shard()`) has its
         // logits gathered (`gather_last_axis`); a whole head's are as they are.
-        Head::Untied(l) => crate::distributed::gather_vocab(l.forward(&h)?)?,
+        Head::Untied(l) => crate::distributed::gather_vocab(l.forward(h)?)?,
     };
     match softcap {
         Some(c) => crate::ops::logit_softcap(c, &out),

@@ -34,6 +34,7 @@ pub mod bytes;
 pub mod cache;
 pub mod decode;
 pub mod deltanet;
+pub mod device;
 pub mod distributed;
 pub mod layers;
 pub mod model;

@@ -1,7 +1,5 @@
 //! What every runnable model (monolith or generated) offers the CLI.
 
-use std::fmt;
-
 use mlx_rs::Array;
 
 use crate::ops::Result;
@@ -27,13 +25,6 @@ pub trait ModelTask {
 }
 
 /// A model that could not be built: names the tensor or field.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct ModelError(pub String);
-
-impl fmt::Display for ModelError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for ModelError {}

@@ -298,13 +298,6 @@ pub fn softcap_eager(x: &Array, cap: f64) -> Result<Array> {
     mlx_rs::ops::tanh(x.divide(&c)?)?.multiply(&c)
 }
 
-/// gemma2's `RMSNorm`: `mx.fast.rms_norm(x, 1.0 + weight, eps)`. The `1.0`
-/// is a weak scalar, so the sum is rounded to the weight's dtype before the
-/// norm; mlx-lm recomputes it on every call (so does this: one add).
-pub fn rms_norm_one_plus(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
-    rms_norm(x, Some(&one_plus(weight)?), eps)
-}
-
 /// `1.0 + weight` with the `1.0` a weak scalar (the sum in the weight's
 /// dtype): gemma2's norm weight.
 pub fn one_plus(weight: &Array) -> Result<Array> {
@@ -316,11 +309,4 @@ pub fn one_plus(weight: &Array) -> Result<Array> {
 /// the multiply eager (unlike Gemma-4's compiled `geglu`).
 pub fn gelu_approx_times(gate: &Array, up: &Array) -> Result<Array> {
     gelu_approx_compiled(gate)?.multiply(up)
-}
-
-/// minicpm's residual: `x + r * (scale_depth / num_hidden_layers**0.5)`, the
-/// factor a Python float computed in f64 first, then a weak scalar.
-pub fn scaled_residual(x: &Array, r: &Array, scale_depth: f64, num_layers: usize) -> Result<Array> {
-    let factor = scale_depth / (num_layers as f64).powf(0.5);
-    x.add(multiply_weak(r, factor)?)
 }

@@ -102,19 +102,19 @@ impl Rope {
     }
 
     /// This step's RoPE for the compiled decode blocks (`decode`), by the
-    /// decode path MLX's device takes ([`crate::decode::path`]): on the GPU
+    /// decode path MLX's device takes ([`crate::device::path`]): on the GPU
     /// MLX's own `fast.rope` at `offset` ([`RopeTables::Native`]), elsewhere
     /// the cos/sin tables of its CPU fallback ([`Rope::fallback_tables`]).
     pub fn tables(&self, offset: i32, l: i32, dtype: Dtype) -> Result<RopeTables> {
         if let Rope::NoPe = self {
             return Ok(RopeTables::NoPe);
         }
-        match crate::decode::path() {
-            crate::decode::Path::NativeFastOps => Ok(RopeTables::Native {
+        match crate::device::path() {
+            crate::device::Path::NativeFastOps => Ok(RopeTables::Native {
                 rope: self.clone(),
                 offset: Array::from_int(offset),
             }),
-            crate::decode::Path::CpuFallbacks | crate::decode::Path::Eager => {
+            crate::device::Path::CpuFallbacks | crate::device::Path::Eager => {
                 self.fallback_tables(offset, l, dtype)
             }
         }

@@ -4,7 +4,6 @@
 //! applies the block IR's rules) handed out by module path with shape checks.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use mlx_rs::{Array, Dtype};
@@ -26,16 +25,9 @@ fn split_name(s: Split) -> &'static str {
 }
 
 /// A loading error that names the file, tensor or field, and says what to do.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct LoadError(pub String);
-
-impl fmt::Display for LoadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for LoadError {}
 
 /// The dtypes a floating-point parameter may be stored in.
 const FLOAT: &[Dtype] = &[Dtype::Bfloat16, Dtype::Float16, Dtype::Float32];
@@ -786,14 +778,6 @@ impl Weights {
             weight_t: None,
             bias: None,
         }
-    }
-
-    /// A linear layer [out, in] with its `[out]` bias (`{path}.bias`, never
-    /// quantized): qwen2's q/k/v projections.
-    pub fn linear_with_bias(&mut self, path: &str, out: i32, in_dims: i32) -> Linear {
-        let mut linear = self.linear(path, out, in_dims);
-        linear.bias = Some(self.param(&format!("{path}.bias"), &[out]));
-        linear
     }
 
     /// An embedding table [rows, dims] (dense or quantized).

@@ -1,0 +1,178 @@
+//! What a checkpoint directory gives a command: the model, loaded and run on
+//! the implementation `--impl` selects (split over the ranks of a
+//! tensor-parallel run), its tokenizer and its stop ids.
+
+use std::path::Path;
+
+use archgen_runtime::distributed::Split;
+use archgen_runtime::model::ModelTask;
+use tokenizers::Tokenizer;
+
+use crate::args::{Impl, RequiredTier};
+use crate::ui::Ui;
+
+/// Loads the checkpoint at `model` and runs `task` on the implementation that
+/// `--impl` selects: the generated model whose fingerprint matches the
+/// checkpoint, or the monolith. States the run's parity tier, and refuses the
+/// run when it is below `require_tier`.
+pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
+    ui: &Ui,
+    model: &Path,
+    implementation: Impl,
+    require_tier: Option<RequiredTier>,
+    task: T,
+) -> Result<(), String> {
+    let bar = ui.bytes_bar(&format!("loading {}", model.display()), 0);
+    let loaded = match &bar {
+        Some(bar) => {
+            let shown = bar.clone();
+            let report = move |done: u64, total: u64| {
+                shown.set_length(total);
+                shown.set_position(done);
+            };
+            archgen_runtime::weights::with_load_progress(Box::new(report), || {
+                archgen_monolith::read_dir(model)
+            })
+        }
+        None => archgen_monolith::read_dir(model),
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let (arch, mut weights) = loaded.map_err(|e| e.to_string())?;
+    // A tensor-parallel rank: split the IR's blocks as mlx-lm's shard()
+    // does and load only this rank's slices.
+    if let Some(group) = crate::launch::group() {
+        let split = archgen_plan::tensor_parallel::split(&arch, group.size() as usize)
+            .map_err(|e| format!("rank {} of {}: {e}", group.rank(), group.size()))?;
+        ui.note(&format!(
+            "tensor parallel: rank {} of {} ({} backend), {} all_sums per forward pass",
+            group.rank(),
+            group.size(),
+            group.backend().name(),
+            split.all_sums_per_forward()
+        ));
+        let splits = split.modules().map(|(m, s)| {
+            let s = match s {
+                archgen_plan::tensor_parallel::Split::AllToSharded => Split::AllToSharded,
+                archgen_plan::tensor_parallel::Split::ShardedToAll => Split::ShardedToAll,
+                archgen_plan::tensor_parallel::Split::Segmented { at } => Split::Segmented {
+                    at: at.map(|i| i as i32),
+                },
+                archgen_plan::tensor_parallel::Split::Vector => Split::Vector,
+                archgen_plan::tensor_parallel::Split::RepeatedHeads { heads, times } => {
+                    Split::RepeatedHeads {
+                        heads: heads as i32,
+                        times: times as i32,
+                    }
+                }
+            };
+            (m.to_string(), s)
+        });
+        weights
+            .shard(group, splits.collect::<Vec<_>>())
+            .map_err(|e| format!("{}: {e}", model.display()))?;
+    }
+    // Both implementations reproduce the same oracle, so the tier is the
+    // model's (split over ranks, that of its sharded oracle).
+    let ranks = crate::launch::group().map_or(1, |g| g.size() as usize);
+    let tier = archgen_spec::tier::sharded_tier(&arch, ranks);
+    if let Some(required) = require_tier {
+        if tier.tier > required.tier() {
+            return Err(format!(
+                "--require-tier {}: refusing to run {}: its parity tier is {tier} ({}); \
+                 run it without --require-tier {}, or use a checkpoint without these features",
+                required.tier(),
+                model.display(),
+                tier.tier.oracle(),
+                required.tier(),
+            ));
+        }
+    }
+    ui.note(&format!("parity tier {tier} ({})", tier.tier.oracle()));
+    let fingerprint = archgen_plan::fingerprint(&arch);
+    if implementation != Impl::Monolith {
+        if let Some(found) = archgen_generated::find(&fingerprint) {
+            ui.note(&format!(
+                "running generated model {} (fingerprint {fingerprint}, {})",
+                found.name, found.spec
+            ));
+            return archgen_generated::run(&fingerprint, weights, task)
+                .expect("find() and run() cover the same fingerprints")
+                .map_err(|e| format!("{}: {e}", model.display()))?;
+        }
+        let why = format!(
+            "no generated model has this checkpoint's fingerprint {fingerprint} \
+             ({} generated: `cargo xtask spec import {} --name NAME` then `cargo xtask gen NAME` adds one)",
+            archgen_generated::MODELS.len(),
+            model.display()
+        );
+        if implementation == Impl::Generated {
+            return Err(format!("--impl generated: {why}"));
+        }
+        ui.note(&format!("--impl auto: running the monolith: {why}"));
+    }
+    let m = archgen_monolith::Monolith::new(arch, weights)
+        .map_err(|e| format!("{}: {e}", model.display()))?;
+    task.run(&m)
+}
+
+/// Loads `DIR/tokenizer.json`; `Ok(None)` when the file is absent.
+pub(crate) fn load_tokenizer(model: &Path) -> Result<Option<Tokenizer>, String> {
+    let path = model.join("tokenizer.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    Tokenizer::from_file(&path)
+        .map(Some)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// Adds the ids of an `eos_token_id` value (an int, a list of ints, or null).
+fn push_eos(
+    value: Option<&serde_json::Value>,
+    file: &Path,
+    eos: &mut Vec<i32>,
+) -> Result<(), String> {
+    let bad = || {
+        format!(
+            "{}: eos_token_id must be an integer or a list of integers",
+            file.display()
+        )
+    };
+    let as_id = |v: &serde_json::Value| {
+        v.as_u64()
+            .and_then(|n| i32::try_from(n).ok())
+            .ok_or_else(bad)
+    };
+    match value {
+        None | Some(serde_json::Value::Null) => {}
+        Some(serde_json::Value::Array(items)) => {
+            for v in items {
+                eos.push(as_id(v)?);
+            }
+        }
+        Some(v) => eos.push(as_id(v)?),
+    }
+    Ok(())
+}
+
+/// The stop ids: `eos_token_id` from config.json (top level and
+/// `text_config`) and from generation_config.json when present, merged.
+pub(crate) fn eos_ids(model: &Path) -> Result<Vec<i32>, String> {
+    let mut eos = Vec::new();
+    for name in ["config.json", "generation_config.json"] {
+        let file = model.join(name);
+        if !file.is_file() {
+            continue;
+        }
+        let json = crate::chat_template::read_json(&file)?;
+        push_eos(json.get("eos_token_id"), &file, &mut eos)?;
+        if let Some(text_config) = json.get("text_config") {
+            push_eos(text_config.get("eos_token_id"), &file, &mut eos)?;
+        }
+    }
+    eos.sort_unstable();
+    eos.dedup();
+    Ok(eos)
+}

@@ -1,0 +1,184 @@
+//! `archgen generate`: sampled tokens for people, streamed as text (or ids)
+//! with the timings at the end.
+
+use std::io::Write;
+
+use archgen_runtime::model::{CausalLm, ModelTask};
+use tokenizers::Tokenizer;
+
+use crate::args::{GenerateArgs, Prompt};
+use crate::checkpoint::{eos_ids, load_tokenizer, with_model};
+use crate::engine::{Flow, Sampling, TextStream};
+use crate::tokens::check_ids;
+use crate::ui::Ui;
+
+/// Prints generated tokens as they come: token ids, or decoded text
+/// (through [`TextStream`], which holds back an incomplete character).
+enum Streamer<'a> {
+    Ids,
+    Text(TextStream<'a>),
+}
+
+impl Streamer<'_> {
+    fn push(&mut self, token: i32) -> Result<(), String> {
+        let mut out = std::io::stdout().lock();
+        match self {
+            Streamer::Ids => {
+                let _ = write!(out, "{token} ");
+            }
+            Streamer::Text(stream) => {
+                let (text, _) = stream.push(token)?;
+                let _ = out.write_all(text.as_bytes());
+            }
+        }
+        let _ = out.flush();
+        Ok(())
+    }
+
+    /// Prints whatever was held back, then ends the line.
+    fn finish(&mut self) -> Result<(), String> {
+        let mut out = std::io::stdout().lock();
+        if let Streamer::Text(stream) = self {
+            let _ = out.write_all(stream.finish()?.as_bytes());
+        }
+        let _ = writeln!(out);
+        let _ = out.flush();
+        Ok(())
+    }
+}
+
+pub(crate) fn generate(
+    ui: &Ui,
+    args: &GenerateArgs,
+    prompt: &Prompt,
+    prints: bool,
+) -> Result<(), String> {
+    let model = args.model.as_path();
+    let tokenizer = load_tokenizer(model)?;
+    let ids: Vec<i32> = match prompt {
+        Prompt::Ids(ids) => ids.clone(),
+        Prompt::Text(text) => {
+            let Some(tokenizer) = &tokenizer else {
+                if !model.is_dir() {
+                    return Err(format!("{}: not a directory", model.display()));
+                }
+                return Err(format!(
+                    "--prompt needs {} (not found); give token ids with --prompt-ids 1,2,3 instead",
+                    model.join("tokenizer.json").display()
+                ));
+            };
+            // add_special_tokens = true: the tokenizer's post-processor
+            // decides (for Gemma it prepends <bos>), as mlx-lm and
+            // transformers do for a plain prompt. With --chat the text is
+            // one user turn in the chat template, which writes the special
+            // tokens itself.
+            let (text, add_special_tokens) = match args.chat {
+                true => (crate::chat::one_user_turn(model, text)?, false),
+                false => (text.clone(), true),
+            };
+            let encoding = tokenizer
+                .encode(text.as_str(), add_special_tokens)
+                .map_err(|e| format!("--prompt: cannot encode the text: {e}"))?;
+            let ids: Result<Vec<i32>, _> = encoding
+                .get_ids()
+                .iter()
+                .map(|&t| i32::try_from(t))
+                .collect();
+            ids.map_err(|_| "--prompt: the tokenizer gave an id beyond i32".to_string())?
+        }
+    };
+    if ids.is_empty() {
+        return Err("--prompt: the text encodes to no tokens; give a non-empty prompt".into());
+    }
+    let what = match prompt {
+        Prompt::Ids(_) => "--prompt-ids",
+        Prompt::Text(_) => "--prompt (encoded)",
+    };
+    let eos = if args.ignore_eos {
+        Vec::new()
+    } else {
+        eos_ids(model)?
+    };
+    let task = GenerateTask {
+        ids: &ids,
+        what,
+        eos: &eos,
+        tokenizer: tokenizer.as_ref(),
+        max_tokens: args.max_tokens,
+        temp: args.temp,
+        top_p: args.top_p,
+        seed: args.seed,
+        ui,
+        prints,
+    };
+    with_model(ui, model, args.implementation, args.require_tier, task)
+}
+
+struct GenerateTask<'a> {
+    ids: &'a [i32],
+    what: &'a str,
+    eos: &'a [i32],
+    tokenizer: Option<&'a Tokenizer>,
+    max_tokens: usize,
+    temp: f32,
+    top_p: f32,
+    seed: u64,
+    ui: &'a Ui,
+    /// False on tensor-parallel ranks other than 0: they generate the same
+    /// tokens (the collectives need every step) and print nothing.
+    prints: bool,
+}
+
+impl ModelTask for GenerateTask<'_> {
+    type Output = Result<(), String>;
+
+    fn run<M: CausalLm>(self, m: &M) -> Self::Output {
+        let GenerateTask {
+            ids,
+            what,
+            eos,
+            tokenizer,
+            max_tokens,
+            temp,
+            top_p,
+            seed,
+            ui,
+            prints,
+        } = self;
+        check_ids(what, ids, m.vocab_size())?;
+        let mut streamer = match tokenizer {
+            None => Streamer::Ids,
+            Some(tokenizer) => Streamer::Text(TextStream::new(tokenizer, &[])),
+        };
+        let sampling = Sampling {
+            max_tokens,
+            temp,
+            top_p,
+            seed,
+        };
+        let done = crate::engine::generate(m, ids, &sampling, eos, |token| {
+            if prints {
+                streamer.push(token)?;
+            }
+            Ok(Flow::Continue)
+        })?;
+        if prints {
+            streamer.finish()?;
+        }
+        let stop = match done.eos {
+            Some(t) => format!("; stopped at EOS id {t}"),
+            None => String::new(),
+        };
+        let median = done.median_step_seconds;
+        ui.note(&format!(
+            "prompt {} tokens in {:.3} s; generated {} tokens at {:.1} tokens/s{stop}; median step {:.3} ms ({:.1} tokens/s)",
+            ids.len(),
+            done.prefill_seconds,
+            done.produced,
+            done.produced as f64 / done.decode_seconds.max(1e-9),
+            median * 1e3,
+            1.0 / median.max(1e-12)
+        ));
+        Ok(())
+    }
+}
