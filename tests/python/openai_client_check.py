@@ -64,8 +64,8 @@ def main() -> None:
           f"usage chunk last: {chunks[-1]}")
     check(len(chunks) >= 3, f"text arrives in several chunks: {len(chunks)}")
 
-    # Requests at once are queued and served one at a time: each gets the
-    # text it would get alone.
+    # Requests at once: each gets the text it would get alone (the scheduler
+    # interleaves them; each sequence computes as it would alone).
     with ThreadPoolExecutor(4) as pool:
         def greedy(_):
             return client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0).choices[0].text

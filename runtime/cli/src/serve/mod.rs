@@ -1,146 +1,70 @@
 //! `archgen serve`: an OpenAI-compatible HTTP server (GET /v1/models,
 //! POST /v1/completions, POST /v1/chat/completions, streamed as server-sent
-//! events or not).
+//! events or not; GET /health and GET /metrics for operations).
 //!
-//! The model lives on one worker thread (MLX arrays and the model stay
-//! there); HTTP handlers tokenize and check a request, then queue it to the
-//! worker over a channel, so requests are served one at a time in arrival
-//! order. The worker streams text back over a per-request channel. A request
-//! the server cannot serve gets a 400 with an OpenAI-style error body; a
-//! failure inside one generation (even a panic) ends that request only.
+//! The model lives on one thread (MLX arrays and the model stay there) whose
+//! [`scheduler`] keeps up to `--max-batch` sequences in flight, interleaving
+//! prefill chunks with decode steps. HTTP handlers tokenize and check a
+//! request (everything that can be refused is refused before any compute),
+//! then queue it on a bounded queue (`--max-queue`; full: 429). The scheduler
+//! streams text back over a per-request channel. A client that disconnects
+//! drops its handler or its response stream, which cancels the sequence at
+//! the next step. Each request ends with one JSON log line on stderr.
 
+mod metrics;
+mod scheduler;
+
+use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::panic::AssertUnwindSafe;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::IntoFuture;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use archgen_runtime::model::{CausalLm, ModelTask};
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::sse::{Event, Sse};
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use tokenizers::Tokenizer;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::args::Impl;
+use crate::args::ServeArgs;
 use crate::chat_template::{ChatTemplate, Message};
-use crate::engine::{self, Finish, Flow, Sampling, TextStream};
+use crate::engine::{self, Finish, ModelContext, Sampling};
 use crate::ui::Ui;
+use metrics::Metrics;
+use scheduler::{Cancel, GenEvent, Job, Limits, Worker};
 
 /// `max_tokens` when a request gives none (mlx-lm's server default).
 const DEFAULT_MAX_TOKENS: usize = 512;
 
-/// What the worker streams back for one request.
-enum GenEvent {
-    Text(String),
-    Done {
-        completion_tokens: usize,
-        finish: Finish,
-    },
-    Failed(String),
-}
-
-/// One queued generation.
-struct Job {
-    prompt: Vec<i32>,
-    sampling: Sampling,
-    stops: Vec<String>,
-    events: UnboundedSender<GenEvent>,
-}
-
-/// Runs queued jobs on the model until every sender is gone.
-struct Worker {
-    jobs: mpsc::Receiver<Job>,
-    ready: mpsc::Sender<i32>,
-    tokenizer: Arc<Tokenizer>,
-    eos: Vec<i32>,
-    ui: Ui,
-}
-
-impl ModelTask for Worker {
-    type Output = Result<(), String>;
-
-    fn run<M: CausalLm>(self, m: &M) -> Self::Output {
-        let _ = self.ready.send(m.vocab_size());
-        for job in self.jobs {
-            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                run_job(m, &job, &self.tokenizer, &self.eos, self.ui)
-            }));
-            let failure = match outcome {
-                Ok(Ok(())) => continue,
-                Ok(Err(message)) => message,
-                Err(panic) => {
-                    let what = panic
-                        .downcast_ref::<String>()
-                        .map(String::as_str)
-                        .or_else(|| panic.downcast_ref::<&str>().copied())
-                        .unwrap_or("a panic");
-                    format!("the generation failed: {what}")
-                }
-            };
-            eprintln!("archgen: serve: {failure}");
-            let _ = job.events.send(GenEvent::Failed(failure));
-        }
-        Ok(())
-    }
-}
-
-fn run_job<M: CausalLm>(
-    m: &M,
-    job: &Job,
-    tokenizer: &Tokenizer,
-    eos: &[i32],
-    ui: Ui,
-) -> Result<(), String> {
-    let mut stream = TextStream::new(tokenizer, &job.stops);
-    let mut client_gone = false;
-    let done = engine::generate(m, &job.prompt, &job.sampling, eos, |token| {
-        let (text, flow) = stream.push(token)?;
-        // Nobody listens any more (the client went away): stop early.
-        if !text.is_empty() && job.events.send(GenEvent::Text(text)).is_err() {
-            client_gone = true;
-            return Ok(Flow::Stop);
-        }
-        Ok(flow)
-    })?;
-    let (completion_tokens, finish) = (done.produced, done.finish);
-    if client_gone {
-        ui.note(&format!(
-            "serve: the client went away; stopped after {completion_tokens} tokens"
-        ));
-        return Ok(());
-    }
-    let tail = stream.finish()?;
-    if !tail.is_empty() {
-        let _ = job.events.send(GenEvent::Text(tail));
-    }
-    let _ = job.events.send(GenEvent::Done {
-        completion_tokens,
-        finish,
-    });
-    Ok(())
-}
-
 /// What every handler shares.
 struct AppState {
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::SyncSender<Job>,
+    /// The queue's capacity (`--max-queue`), for the 429's message.
+    max_queue: usize,
     tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     /// The model's id in responses and /v1/models: the directory's name.
     model_name: String,
     model_dir: String,
     vocab_size: i32,
-    /// `max_position_embeddings` from config.json, when it gives one.
-    context: Option<usize>,
+    context: ModelContext,
+    /// `--max-prompt-tokens`, when given.
+    max_prompt_tokens: Option<usize>,
+    /// `--max-tokens`, when given.
+    max_tokens_ceiling: Option<usize>,
     next_id: AtomicU64,
-    ui: Ui,
+    metrics: Arc<Metrics>,
+    /// Set on SIGTERM / Ctrl-C: /health answers 503 while in-flight requests finish.
+    draining: AtomicBool,
 }
 
 /// An OpenAI-style error response.
@@ -162,16 +86,17 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let kind = match self.status {
-            StatusCode::BAD_REQUEST => "invalid_request_error",
-            StatusCode::NOT_FOUND => "not_found_error",
-            _ => "server_error",
+        let (kind, code) = match self.status {
+            StatusCode::BAD_REQUEST => ("invalid_request_error", None),
+            StatusCode::NOT_FOUND => ("not_found_error", None),
+            StatusCode::TOO_MANY_REQUESTS => ("rate_limit_error", Some("queue_full")),
+            _ => ("server_error", None),
         };
         let body = json!({"error": {
             "message": self.message,
             "type": kind,
             "param": self.param,
-            "code": null,
+            "code": code,
         }});
         (self.status, Json(body)).into_response()
     }
@@ -409,31 +334,7 @@ fn plan(
         ));
     }
     let asked = max_tokens.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-    let max_tokens = match (state.context, asked) {
-        (Some(context), asked) => {
-            let room = context.saturating_sub(prompt.len());
-            let too_long = match asked {
-                Some(n) => prompt.len().saturating_add(n) > context,
-                None => room == 0,
-            };
-            if too_long {
-                let completion = asked
-                    .map(|n| format!(" + {n} in the completion"))
-                    .unwrap_or_default();
-                return Err(ApiError::bad_request(
-                    format!(
-                        "this model's maximum context length is {context} tokens (max_position_embeddings), \
-                         but the request needs {} ({} in the prompt{completion}); shorten the prompt or lower max_tokens",
-                        prompt.len().saturating_add(asked.unwrap_or(0)),
-                        prompt.len()
-                    ),
-                    Some("messages"),
-                ));
-            }
-            asked.unwrap_or(DEFAULT_MAX_TOKENS.min(room))
-        }
-        (None, asked) => asked.unwrap_or(DEFAULT_MAX_TOKENS),
-    };
+    let max_tokens = bounded_max_tokens(state, prompt.len(), asked)?;
     let stream = common.stream.unwrap_or(false);
     let include_usage = common
         .stream_options
@@ -453,6 +354,61 @@ fn plan(
     })
 }
 
+/// The request's `max_tokens` checked against the server's ceilings and the
+/// model's context (prompt + completion must fit), or the default when it
+/// gives none: every refusal happens here, before any compute.
+fn bounded_max_tokens(
+    state: &AppState,
+    prompt_tokens: usize,
+    asked: Option<usize>,
+) -> Result<usize, ApiError> {
+    let context = state.context.tokens;
+    let room = context.saturating_sub(prompt_tokens);
+    let too_long = match asked {
+        Some(n) => prompt_tokens.saturating_add(n) > context,
+        None => room == 0,
+    };
+    if too_long {
+        let completion = asked
+            .map(|n| format!(" + {n} in the completion"))
+            .unwrap_or_default();
+        return Err(ApiError::bad_request(
+            format!(
+                "this model's maximum context length is {context} tokens ({}), \
+                 but the request needs {} ({prompt_tokens} in the prompt{completion}); \
+                 shorten the prompt or lower max_tokens",
+                state.context.describe(),
+                prompt_tokens.saturating_add(asked.unwrap_or(0)),
+            ),
+            Some("messages"),
+        ));
+    }
+    if let Some(limit) = state.max_prompt_tokens.filter(|&l| prompt_tokens > l) {
+        return Err(ApiError::bad_request(
+            format!(
+                "the prompt is {prompt_tokens} tokens; this server takes at most {limit} \
+                 (--max-prompt-tokens); shorten the prompt"
+            ),
+            Some("messages"),
+        ));
+    }
+    if let (Some(n), Some(limit)) = (asked, state.max_tokens_ceiling) {
+        if n > limit {
+            return Err(ApiError::bad_request(
+                format!(
+                    "max_tokens: {n} is more than this server gives one request ({limit}, \
+                     --max-tokens); ask for at most {limit}"
+                ),
+                Some("max_tokens"),
+            ));
+        }
+    }
+    let default = DEFAULT_MAX_TOKENS
+        .min(room)
+        .min(state.max_tokens_ceiling.unwrap_or(usize::MAX));
+    Ok(asked.unwrap_or(default))
+}
+
 fn encode(
     tokenizer: &Tokenizer,
     text: &str,
@@ -468,6 +424,15 @@ fn encode(
 enum Endpoint {
     Completions,
     Chat,
+}
+
+impl Endpoint {
+    fn path(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::Chat => "/v1/chat/completions",
+        }
+    }
 }
 
 fn unix_now() -> u64 {
@@ -554,12 +519,83 @@ fn worker_gone() -> ApiError {
     }
 }
 
-/// Queues a checked request and answers it, streamed or whole.
-async fn respond(
-    state: Arc<AppState>,
+/// Writes one JSON line on stderr: the server's access log.
+fn log_line(line: serde_json::Value) {
+    eprintln!("{line}");
+}
+
+/// How a queued request was answered.
+struct Answered {
+    status: u16,
+    completion_tokens: usize,
+    finish: Option<Finish>,
+    ttft: Option<Duration>,
+    error: Option<String>,
+}
+
+/// A queued request from the HTTP side: dropped with its handler or its
+/// response stream (also when the client disconnects), it cancels the
+/// sequence (a no-op once it finished) and writes the request's log line.
+struct InFlight {
+    id: String,
     endpoint: Endpoint,
-    plan: Plan,
-) -> Result<Response, ApiError> {
+    stream: bool,
+    prompt_tokens: usize,
+    start: Instant,
+    cancel: Cancel,
+    answered: Option<Answered>,
+    metrics: Arc<Metrics>,
+}
+
+impl InFlight {
+    fn answer(&mut self, answered: Answered) {
+        self.answered = Some(answered);
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        // 499 (nginx's "client closed request"): nobody was left to answer.
+        let answered = self.answered.take().unwrap_or(Answered {
+            status: 499,
+            completion_tokens: 0,
+            finish: None,
+            ttft: None,
+            error: Some("the client disconnected".into()),
+        });
+        self.metrics.answered(answered.status);
+        log_line(json!({
+            "log": "request",
+            "id": self.id,
+            "endpoint": self.endpoint.path(),
+            "stream": self.stream,
+            "status": answered.status,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": answered.completion_tokens,
+            "finish_reason": answered.finish.map(Finish::as_str),
+            "ttft_s": answered.ttft.map(|t| t.as_secs_f64()),
+            "duration_s": self.start.elapsed().as_secs_f64(),
+            "error": answered.error,
+        }));
+    }
+}
+
+/// A request refused before it was queued (a 4xx): its log line.
+fn log_refusal(endpoint: Endpoint, error: &ApiError, start: Instant, metrics: &Metrics) {
+    metrics.answered(error.status.as_u16());
+    log_line(json!({
+        "log": "request",
+        "id": null,
+        "endpoint": endpoint.path(),
+        "status": error.status.as_u16(),
+        "duration_s": start.elapsed().as_secs_f64(),
+        "error": error.message,
+    }));
+}
+
+/// Queues a checked request and answers it, streamed or whole.
+async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: Instant) -> Response {
     let serial = state.next_id.fetch_add(1, Ordering::Relaxed);
     let reply = Reply {
         endpoint,
@@ -571,74 +607,79 @@ async fn respond(
         model: state.model_name.clone(),
         prompt_tokens: plan.prompt.len(),
     };
-    let (events, mut rx) = unbounded_channel();
-    let start = Instant::now();
-    state
-        .jobs
-        .send(Job {
-            prompt: plan.prompt,
-            sampling: plan.sampling,
-            stops: plan.stops,
-            events,
-        })
-        .map_err(|_| worker_gone())?;
-    let ui = state.ui;
-    let log = move |completion_tokens: usize, finish: Finish, prompt_tokens: usize| {
-        ui.note(&format!(
-            "serve: {} prompt + {completion_tokens} completion tokens in {:.2} s ({})",
-            prompt_tokens,
-            start.elapsed().as_secs_f64(),
-            finish.as_str()
-        ));
+    let cancel = Cancel::default();
+    let mut flight = InFlight {
+        id: reply.id.clone(),
+        endpoint,
+        stream: plan.stream,
+        prompt_tokens: plan.prompt.len(),
+        start,
+        cancel: cancel.clone(),
+        answered: None,
+        metrics: state.metrics.clone(),
     };
-    if plan.stream {
-        let (sse_tx, sse_rx) = unbounded_channel::<Result<Event, Infallible>>();
-        let include_usage = plan.include_usage;
-        tokio::spawn(async move {
-            let send = |v: serde_json::Value| {
-                sse_tx
-                    .send(Ok(Event::default().data(v.to_string())))
-                    .is_ok()
-            };
-            let mut first = true;
-            while let Some(event) = rx.recv().await {
-                let alive = match event {
-                    GenEvent::Text(text) => {
-                        let ok = send(reply.chunk(Some(&text), None, first));
-                        first = false;
-                        ok
-                    }
-                    GenEvent::Done {
-                        completion_tokens,
-                        finish,
-                    } => {
-                        log(completion_tokens, finish, reply.prompt_tokens);
-                        if first {
-                            send(reply.chunk(None, None, true));
-                        }
-                        send(reply.chunk(None, Some(finish), false));
-                        if include_usage {
-                            send(reply.usage_chunk(completion_tokens));
-                        }
-                        break;
-                    }
-                    GenEvent::Failed(message) => {
-                        send(
-                            json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}}),
-                        );
-                        break;
-                    }
-                };
-                if !alive {
-                    // The client went away; dropping `rx` tells the worker.
-                    return;
-                }
-            }
-            let _ = sse_tx.send(Ok(Event::default().data("[DONE]")));
+    let (events, rx) = unbounded_channel();
+    let job = Job {
+        prompt: plan.prompt,
+        sampling: plan.sampling,
+        stops: plan.stops,
+        events,
+        cancel,
+        queued_at: Instant::now(),
+    };
+    state.metrics.queue_depth.inc();
+    let refused = match state.jobs.try_send(job) {
+        Ok(()) => None,
+        Err(mpsc::TrySendError::Full(_)) => Some(ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: format!(
+                "the server is busy: {} requests already wait (--max-queue); retry later",
+                state.max_queue
+            ),
+            param: None,
+        }),
+        Err(mpsc::TrySendError::Disconnected(_)) => Some(worker_gone()),
+    };
+    if let Some(error) = refused {
+        state.metrics.queue_depth.dec();
+        flight.answer(Answered {
+            status: error.status.as_u16(),
+            completion_tokens: 0,
+            finish: None,
+            ttft: None,
+            error: Some(error.message.clone()),
         });
-        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(sse_rx);
-        return Ok(Sse::new(stream).into_response());
+        return error.into_response();
     }
+    state
+        .metrics
+        .prompt_tokens
+        .inc_by(flight.prompt_tokens as u64);
+    if plan.stream {
+        let body = SseBody {
+            events: rx,
+            reply,
+            include_usage: plan.include_usage,
+            first: true,
+            pending: VecDeque::new(),
+            ended: false,
+            flight,
+        };
+        // Comment lines while nothing else is sent (a long prefill): writing
+        // them is how a client that left is noticed.
+        let keep_alive = KeepAlive::new().interval(Duration::from_millis(500));
+        return Sse::new(body).keep_alive(keep_alive).into_response();
+    }
+    whole_answer(rx, reply, flight).await
+}
+
+/// Collects a non-streamed answer. Dropped when the client disconnects,
+/// which drops `flight` and so cancels the sequence.
+async fn whole_answer(
+    mut rx: UnboundedReceiver<GenEvent>,
+    reply: Reply,
+    mut flight: InFlight,
+) -> Response {
     let mut text = String::new();
     while let Some(event) = rx.recv().await {
         match event {
@@ -646,27 +687,153 @@ async fn respond(
             GenEvent::Done {
                 completion_tokens,
                 finish,
+                ttft,
             } => {
-                log(completion_tokens, finish, reply.prompt_tokens);
-                return Ok(Json(reply.whole(&text, finish, completion_tokens)).into_response());
+                flight.answer(Answered {
+                    status: 200,
+                    completion_tokens,
+                    finish: Some(finish),
+                    ttft,
+                    error: None,
+                });
+                return Json(reply.whole(&text, finish, completion_tokens)).into_response();
             }
             GenEvent::Failed(message) => {
-                return Err(ApiError {
+                flight.answer(Answered {
+                    status: 500,
+                    completion_tokens: 0,
+                    finish: None,
+                    ttft: None,
+                    error: Some(message.clone()),
+                });
+                return ApiError {
                     status: StatusCode::INTERNAL_SERVER_ERROR,
                     message,
                     param: None,
-                })
+                }
+                .into_response();
             }
         }
     }
-    Err(worker_gone())
+    let error = worker_gone();
+    flight.answer(Answered {
+        status: error.status.as_u16(),
+        completion_tokens: 0,
+        finish: None,
+        ttft: None,
+        error: Some(error.message.clone()),
+    });
+    error.into_response()
 }
 
-async fn completions(
-    State(state): State<Arc<AppState>>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let request: CompletionRequest = parse_body(&body, &["prompt", "echo"])?;
+/// A streamed answer: server-sent events made from the scheduler's events
+/// as they come. Dropping it (the client left) drops `flight`, which
+/// cancels the sequence.
+struct SseBody {
+    events: UnboundedReceiver<GenEvent>,
+    reply: Reply,
+    include_usage: bool,
+    /// No chunk was sent yet (the first carries the assistant role).
+    first: bool,
+    pending: VecDeque<Event>,
+    ended: bool,
+    flight: InFlight,
+}
+
+impl SseBody {
+    fn push(&mut self, value: serde_json::Value) {
+        self.pending
+            .push_back(Event::default().data(value.to_string()));
+    }
+
+    fn on_event(&mut self, event: Option<GenEvent>) {
+        match event {
+            Some(GenEvent::Text(text)) => {
+                let chunk = self.reply.chunk(Some(&text), None, self.first);
+                self.first = false;
+                self.push(chunk);
+                return;
+            }
+            Some(GenEvent::Done {
+                completion_tokens,
+                finish,
+                ttft,
+            }) => {
+                if self.first {
+                    self.push(self.reply.chunk(None, None, true));
+                }
+                self.push(self.reply.chunk(None, Some(finish), false));
+                if self.include_usage {
+                    self.push(self.reply.usage_chunk(completion_tokens));
+                }
+                self.flight.answer(Answered {
+                    status: 200,
+                    completion_tokens,
+                    finish: Some(finish),
+                    ttft,
+                    error: None,
+                });
+            }
+            Some(GenEvent::Failed(message)) => {
+                self.push(json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}}));
+                self.flight.answer(Answered {
+                    status: 500,
+                    completion_tokens: 0,
+                    finish: None,
+                    ttft: None,
+                    error: Some(message),
+                });
+            }
+            None => {
+                let error = worker_gone();
+                self.push(json!({"error": {"message": error.message, "type": "server_error", "param": null, "code": null}}));
+                self.flight.answer(Answered {
+                    status: error.status.as_u16(),
+                    completion_tokens: 0,
+                    finish: None,
+                    ttft: None,
+                    error: Some(error.message),
+                });
+            }
+        }
+        self.pending.push_back(Event::default().data("[DONE]"));
+        self.ended = true;
+    }
+}
+
+impl tokio_stream::Stream for SseBody {
+    type Item = Result<Event, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(event) = this.pending.pop_front() {
+                return Poll::Ready(Some(Ok(event)));
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match this.events.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(event) => this.on_event(event),
+            }
+        }
+    }
+}
+
+async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let start = Instant::now();
+    match plan_completion(&state, &body) {
+        Ok(plan) => respond(state, Endpoint::Completions, plan, start).await,
+        Err(error) => {
+            log_refusal(Endpoint::Completions, &error, start, &state.metrics);
+            error.into_response()
+        }
+    }
+}
+
+fn plan_completion(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
+    let request: CompletionRequest = parse_body(body, &["prompt", "echo"])?;
     if request.echo == Some(true) {
         return Err(ApiError::bad_request(
             "echo: echoing the prompt is not implemented",
@@ -700,15 +867,22 @@ async fn completions(
         PromptField::IdLists(lists) => return Err(one(lists.len())),
     };
     let max_tokens = request.common.max_tokens;
-    let plan = plan(&state, prompt, request.common, max_tokens)?;
-    respond(state, Endpoint::Completions, plan).await
+    plan(state, prompt, request.common, max_tokens)
 }
 
-async fn chat_completions(
-    State(state): State<Arc<AppState>>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let request: ChatRequest = parse_body(&body, &["messages", "max_completion_tokens"])?;
+async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let start = Instant::now();
+    match plan_chat(&state, &body) {
+        Ok(plan) => respond(state, Endpoint::Chat, plan, start).await,
+        Err(error) => {
+            log_refusal(Endpoint::Chat, &error, start, &state.metrics);
+            error.into_response()
+        }
+    }
+}
+
+fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
+    let request: ChatRequest = parse_body(body, &["messages", "max_completion_tokens"])?;
     let Some(template) = &state.template else {
         return Err(ApiError::bad_request(
             format!(
@@ -757,8 +931,7 @@ async fn chat_completions(
     // The template writes the special tokens (like <bos>) itself.
     let prompt = encode(&state.tokenizer, &text, false)?;
     let max_tokens = request.max_completion_tokens.or(request.common.max_tokens);
-    let plan = plan(&state, prompt, request.common, max_tokens)?;
-    respond(state, Endpoint::Chat, plan).await
+    plan(state, prompt, request.common, max_tokens)
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
@@ -768,28 +941,71 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     }))
 }
 
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    match state.draining.load(Ordering::Relaxed) {
+        false => Json(json!({"status": "ok"})).into_response(),
+        true => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "draining"})),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
+    match state.metrics.render() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!("cannot encode the metrics: {e}"),
+            param: None,
+        }
+        .into_response(),
+    }
+}
+
 async fn not_found() -> ApiError {
     ApiError {
         status: StatusCode::NOT_FOUND,
-        message: "no such endpoint: this server has GET /v1/models, POST /v1/completions and \
-                  POST /v1/chat/completions"
+        message: "no such endpoint: this server has GET /v1/models, POST /v1/completions, \
+                  POST /v1/chat/completions, GET /health and GET /metrics"
             .into(),
         param: None,
     }
 }
 
-async fn shutdown_signal() {
-    let _ = tokio::signal::ctrl_c().await;
-    eprintln!("archgen: serve: stopping");
+/// Resolves on SIGTERM or Ctrl-C (SIGINT).
+async fn stop_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = interrupt => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(e) => {
+                eprintln!("archgen: serve: cannot listen for SIGTERM ({e}); Ctrl-C still stops");
+                let _ = interrupt.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
 }
 
-pub fn serve(
-    ui: Ui,
-    model: &Path,
-    host: &str,
-    port: u16,
-    implementation: Impl,
-) -> Result<(), String> {
+pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
+    let model = args.model.as_path();
     if !model.is_dir() {
         return Err(format!("{}: not a directory", model.display()));
     }
@@ -808,17 +1024,31 @@ pub fn serve(
         ));
     }
     let eos = crate::run::eos_ids(model)?;
-    let context = engine::context_length(model)?;
-    let (jobs_tx, jobs_rx) = mpsc::channel();
+    let context = engine::model_context(model)?;
+    ui.note(&format!(
+        "serve: context {} tokens ({})",
+        context.tokens,
+        context.describe()
+    ));
+    let to_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    let limits = Limits {
+        max_batch: args.max_batch as usize,
+        prefill_step: args.prefill_step as usize,
+    };
+    let max_queue = args.max_queue as usize;
+    let metrics = Arc::new(Metrics::new());
+    let (jobs_tx, jobs_rx) = mpsc::sync_channel(max_queue);
     let (ready_tx, ready_rx) = mpsc::channel();
     let worker = Worker {
         jobs: jobs_rx,
         ready: ready_tx,
         tokenizer: tokenizer.clone(),
         eos,
-        ui,
+        limits,
+        metrics: metrics.clone(),
     };
     let model_path = model.to_path_buf();
+    let implementation = args.implementation;
     let worker_thread = std::thread::Builder::new()
         .name("archgen-model".into())
         .spawn(move || crate::run::with_model(&ui, &model_path, implementation, None, worker))
@@ -841,26 +1071,34 @@ pub fn serve(
         .unwrap_or_else(|| model.display().to_string());
     let state = Arc::new(AppState {
         jobs: jobs_tx,
+        max_queue,
         tokenizer,
         template,
         model_name: model_name.clone(),
         model_dir: model.display().to_string(),
         vocab_size,
         context,
+        max_prompt_tokens: args.max_prompt_tokens.map(to_usize),
+        max_tokens_ceiling: args.max_tokens.map(to_usize),
         next_id: AtomicU64::new(1),
-        ui,
+        metrics,
+        draining: AtomicBool::new(false),
     });
     let app = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
         .fallback(not_found)
-        .with_state(state);
+        .with_state(state.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let (host, port) = (args.host.as_str(), args.port);
+    let drain = Duration::from_secs(args.drain_seconds);
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind((host, port))
             .await
@@ -870,11 +1108,40 @@ pub fn serve(
             .map_err(|e| format!("cannot read the listening address: {e}"))?;
         eprintln!(
             "archgen: serving {model_name} at http://{addr}/v1 (OpenAI API: /v1/models, /v1/completions, \
-             /v1/chat/completions; Ctrl-C stops)"
+             /v1/chat/completions; /health, /metrics; Ctrl-C or SIGTERM stops)"
         );
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .map_err(|e| format!("the server failed: {e}"))
+        let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
+        let draining = state.clone();
+        let signalled = async move {
+            stop_signal().await;
+            draining.draining.store(true, Ordering::Relaxed);
+            eprintln!(
+                "archgen: serve: stopping: no new connections; in-flight requests finish \
+                 (for at most {} s)",
+                drain.as_secs()
+            );
+            let _ = stopping_tx.send(true);
+        };
+        let server = axum::serve(listener, app)
+            .with_graceful_shutdown(signalled)
+            .into_future();
+        // Past the drain bound the server stops waiting for in-flight requests.
+        let bound = async move {
+            let mut stopping = stopping_rx;
+            if stopping.wait_for(|&stop| stop).await.is_err() {
+                // The server ended without a signal: nothing to bound.
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(drain).await;
+        };
+        tokio::select! {
+            served = server => served.map_err(|e| format!("the server failed: {e}"))?,
+            _ = bound => eprintln!(
+                "archgen: serve: in-flight requests still running after {} s (--drain-seconds); stopping anyway",
+                drain.as_secs()
+            ),
+        }
+        eprintln!("archgen: serve: stopped");
+        Ok(())
     })
 }
