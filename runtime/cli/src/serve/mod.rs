@@ -40,10 +40,14 @@ use crate::chat_template::{ChatTemplate, Message};
 use crate::engine::{self, Finish, ModelContext, Sampling};
 use crate::ui::Ui;
 use metrics::Metrics;
-use scheduler::{Cancel, GenEvent, Job, Limits, Worker};
+use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob, Worker};
 
 /// `max_tokens` when a request gives none (mlx-lm's server default).
 const DEFAULT_MAX_TOKENS: usize = 512;
+/// The most alternatives per token OpenAI's API returns: `logprobs` of
+/// /v1/completions, `top_logprobs` of /v1/chat/completions.
+const MAX_COMPLETION_LOGPROBS: u32 = 5;
+const MAX_CHAT_TOP_LOGPROBS: u32 = 20;
 
 /// What every handler shares.
 struct AppState {
@@ -169,6 +173,8 @@ struct CompletionRequest {
     model: Option<String>,
     prompt: PromptField,
     echo: Option<bool>,
+    /// Log-probabilities of each token with this many alternatives (0-5).
+    logprobs: Option<u32>,
     #[serde(flatten)]
     common: CommonFields,
 }
@@ -209,6 +215,10 @@ struct ChatRequest {
     messages: Vec<ChatMessage>,
     /// The newer name of `max_tokens`.
     max_completion_tokens: Option<u64>,
+    /// Log-probabilities of each token...
+    logprobs: Option<bool>,
+    /// ...with this many alternatives (0-20).
+    top_logprobs: Option<u32>,
     #[serde(flatten)]
     common: CommonFields,
 }
@@ -258,6 +268,8 @@ struct Plan {
     prompt: Vec<i32>,
     sampling: Sampling,
     stops: Vec<String>,
+    /// Log-probabilities wanted, with this many alternatives per token.
+    logprobs: Option<usize>,
     stream: bool,
     include_usage: bool,
 }
@@ -267,6 +279,7 @@ fn plan(
     prompt: Vec<i32>,
     common: CommonFields,
     max_tokens: Option<u64>,
+    logprobs: Option<usize>,
 ) -> Result<Plan, ApiError> {
     if common.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request(
@@ -349,6 +362,7 @@ fn plan(
             seed: common.seed.unwrap_or(0),
         },
         stops,
+        logprobs,
         stream,
         include_usage,
     })
@@ -449,9 +463,51 @@ struct Reply {
     created: u64,
     model: String,
     prompt_tokens: usize,
+    /// Whether the request asked for log-probabilities.
+    logprobs: bool,
 }
 
 impl Reply {
+    /// `choices[0].logprobs` for `entries` (null when not asked for), in the
+    /// endpoint's OpenAI shape. `offset` is the completion text's length in
+    /// characters before them (completions' `text_offset`).
+    fn logprobs(&self, entries: &[TokenLogprob], offset: &mut usize) -> serde_json::Value {
+        if !self.logprobs {
+            return serde_json::Value::Null;
+        }
+        match self.endpoint {
+            Endpoint::Completions => {
+                let mut text_offset = Vec::with_capacity(entries.len());
+                for e in entries {
+                    text_offset.push(*offset);
+                    *offset += e.token.chars().count();
+                }
+                let top: Vec<serde_json::Map<String, serde_json::Value>> = entries
+                    .iter()
+                    .map(|e| e.top.iter().map(|(t, lp)| (t.clone(), json!(lp))).collect())
+                    .collect();
+                json!({
+                    "tokens": entries.iter().map(|e| &e.token).collect::<Vec<_>>(),
+                    "token_logprobs": entries.iter().map(|e| e.logprob).collect::<Vec<_>>(),
+                    "top_logprobs": top,
+                    "text_offset": text_offset,
+                })
+            }
+            Endpoint::Chat => {
+                let one = |token: &str, logprob: f32| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()});
+                let content: Vec<serde_json::Value> = entries
+                    .iter()
+                    .map(|e| {
+                        let mut v = one(&e.token, e.logprob);
+                        v["top_logprobs"] = e.top.iter().map(|(t, lp)| one(t, *lp)).collect();
+                        v
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+        }
+    }
+
     fn usage(&self, completion_tokens: usize) -> serde_json::Value {
         json!({
             "prompt_tokens": self.prompt_tokens,
@@ -461,12 +517,18 @@ impl Reply {
     }
 
     /// A streamed chunk carrying `text` (and the finish reason at the end).
-    fn chunk(&self, text: Option<&str>, finish: Option<Finish>, first: bool) -> serde_json::Value {
+    fn chunk(
+        &self,
+        text: Option<&str>,
+        finish: Option<Finish>,
+        first: bool,
+        logprobs: serde_json::Value,
+    ) -> serde_json::Value {
         let finish = finish.map(Finish::as_str);
         match self.endpoint {
             Endpoint::Completions => json!({
                 "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish}],
+                "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}],
             }),
             Endpoint::Chat => {
                 let delta = match (first, text) {
@@ -476,7 +538,7 @@ impl Reply {
                 };
                 json!({
                     "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+                    "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
                 })
             }
         }
@@ -493,18 +555,25 @@ impl Reply {
         })
     }
 
-    fn whole(&self, text: &str, finish: Finish, completion_tokens: usize) -> serde_json::Value {
+    fn whole(
+        &self,
+        text: &str,
+        finish: Finish,
+        completion_tokens: usize,
+        entries: &[TokenLogprob],
+    ) -> serde_json::Value {
         let finish = finish.as_str();
+        let logprobs = self.logprobs(entries, &mut 0);
         match self.endpoint {
             Endpoint::Completions => json!({
                 "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
                 "usage": self.usage(completion_tokens),
             }),
             Endpoint::Chat => json!({
                 "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "logprobs": null, "finish_reason": finish}],
+                             "logprobs": logprobs, "finish_reason": finish}],
                 "usage": self.usage(completion_tokens),
             }),
         }
@@ -606,6 +675,7 @@ async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: In
         created: unix_now(),
         model: state.model_name.clone(),
         prompt_tokens: plan.prompt.len(),
+        logprobs: plan.logprobs.is_some(),
     };
     let cancel = Cancel::default();
     let mut flight = InFlight {
@@ -623,6 +693,7 @@ async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: In
         prompt: plan.prompt,
         sampling: plan.sampling,
         stops: plan.stops,
+        logprobs: plan.logprobs,
         events,
         cancel,
         queued_at: Instant::now(),
@@ -664,6 +735,7 @@ async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: In
             pending: VecDeque::new(),
             ended: false,
             flight,
+            text_offset: 0,
         };
         // Comment lines while nothing else is sent (a long prefill): writing
         // them is how a client that left is noticed.
@@ -681,9 +753,13 @@ async fn whole_answer(
     mut flight: InFlight,
 ) -> Response {
     let mut text = String::new();
+    let mut entries = Vec::new();
     while let Some(event) = rx.recv().await {
         match event {
-            GenEvent::Text(t) => text.push_str(&t),
+            GenEvent::Text { text: t, logprobs } => {
+                text.push_str(&t);
+                entries.extend(logprobs);
+            }
             GenEvent::Done {
                 completion_tokens,
                 finish,
@@ -696,7 +772,8 @@ async fn whole_answer(
                     ttft,
                     error: None,
                 });
-                return Json(reply.whole(&text, finish, completion_tokens)).into_response();
+                let whole = reply.whole(&text, finish, completion_tokens, &entries);
+                return Json(whole).into_response();
             }
             GenEvent::Failed(message) => {
                 flight.answer(Answered {
@@ -738,6 +815,8 @@ struct SseBody {
     pending: VecDeque<Event>,
     ended: bool,
     flight: InFlight,
+    /// Characters of completion text sent so far (completions' `text_offset`).
+    text_offset: usize,
 }
 
 impl SseBody {
@@ -748,8 +827,9 @@ impl SseBody {
 
     fn on_event(&mut self, event: Option<GenEvent>) {
         match event {
-            Some(GenEvent::Text(text)) => {
-                let chunk = self.reply.chunk(Some(&text), None, self.first);
+            Some(GenEvent::Text { text, logprobs }) => {
+                let logprobs = self.reply.logprobs(&logprobs, &mut self.text_offset);
+                let chunk = self.reply.chunk(Some(&text), None, self.first, logprobs);
                 self.first = false;
                 self.push(chunk);
                 return;
@@ -760,9 +840,12 @@ impl SseBody {
                 ttft,
             }) => {
                 if self.first {
-                    self.push(self.reply.chunk(None, None, true));
+                    self.push(self.reply.chunk(None, None, true, serde_json::Value::Null));
                 }
-                self.push(self.reply.chunk(None, Some(finish), false));
+                let last = self
+                    .reply
+                    .chunk(None, Some(finish), false, serde_json::Value::Null);
+                self.push(last);
                 if self.include_usage {
                     self.push(self.reply.usage_chunk(completion_tokens));
                 }
@@ -822,18 +905,38 @@ impl tokio_stream::Stream for SseBody {
 }
 
 async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    answer(state, body, Endpoint::Completions).await
+}
+
+/// Checks and tokenizes a request off the async workers (a long prompt
+/// takes a while to tokenize, and /v1/models, /health and /metrics stay
+/// answered meanwhile), then queues and answers it.
+async fn answer(state: Arc<AppState>, body: Bytes, endpoint: Endpoint) -> Response {
     let start = Instant::now();
-    match plan_completion(&state, &body) {
-        Ok(plan) => respond(state, Endpoint::Completions, plan, start).await,
+    let planning = state.clone();
+    let planned = tokio::task::spawn_blocking(move || match endpoint {
+        Endpoint::Completions => plan_completion(&planning, &body),
+        Endpoint::Chat => plan_chat(&planning, &body),
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!("checking the request failed: {e}"),
+            param: None,
+        })
+    });
+    match planned {
+        Ok(plan) => respond(state, endpoint, plan, start).await,
         Err(error) => {
-            log_refusal(Endpoint::Completions, &error, start, &state.metrics);
+            log_refusal(endpoint, &error, start, &state.metrics);
             error.into_response()
         }
     }
 }
 
 fn plan_completion(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
-    let request: CompletionRequest = parse_body(body, &["prompt", "echo"])?;
+    let request: CompletionRequest = parse_body(body, &["prompt", "echo", "logprobs"])?;
     if request.echo == Some(true) {
         return Err(ApiError::bad_request(
             "echo: echoing the prompt is not implemented",
@@ -866,23 +969,33 @@ fn plan_completion(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
         PromptField::IdLists(mut lists) if lists.len() == 1 => ids(lists.remove(0))?,
         PromptField::IdLists(lists) => return Err(one(lists.len())),
     };
+    let logprobs = match request.logprobs {
+        Some(n) if n > MAX_COMPLETION_LOGPROBS => {
+            return Err(ApiError::bad_request(
+                format!("logprobs: {n} is more than {MAX_COMPLETION_LOGPROBS}"),
+                Some("logprobs"),
+            ))
+        }
+        n => n.map(|n| n as usize),
+    };
     let max_tokens = request.common.max_tokens;
-    plan(state, prompt, request.common, max_tokens)
+    plan(state, prompt, request.common, max_tokens, logprobs)
 }
 
 async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let start = Instant::now();
-    match plan_chat(&state, &body) {
-        Ok(plan) => respond(state, Endpoint::Chat, plan, start).await,
-        Err(error) => {
-            log_refusal(Endpoint::Chat, &error, start, &state.metrics);
-            error.into_response()
-        }
-    }
+    answer(state, body, Endpoint::Chat).await
 }
 
 fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
-    let request: ChatRequest = parse_body(body, &["messages", "max_completion_tokens"])?;
+    let request: ChatRequest = parse_body(
+        body,
+        &[
+            "messages",
+            "max_completion_tokens",
+            "logprobs",
+            "top_logprobs",
+        ],
+    )?;
     let Some(template) = &state.template else {
         return Err(ApiError::bad_request(
             format!(
@@ -930,8 +1043,24 @@ fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
         .map_err(|e| ApiError::bad_request(e, Some("messages")))?;
     // The template writes the special tokens (like <bos>) itself.
     let prompt = encode(&state.tokenizer, &text, false)?;
+    let logprobs = match (request.logprobs, request.top_logprobs) {
+        (_, Some(n)) if n > MAX_CHAT_TOP_LOGPROBS => {
+            return Err(ApiError::bad_request(
+                format!("top_logprobs: {n} is more than {MAX_CHAT_TOP_LOGPROBS}"),
+                Some("top_logprobs"),
+            ))
+        }
+        (Some(true), top) => Some(top.unwrap_or(0) as usize),
+        (Some(false) | None, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "top_logprobs: needs logprobs: true",
+                Some("top_logprobs"),
+            ))
+        }
+        (Some(false) | None, None) => None,
+    };
     let max_tokens = request.max_completion_tokens.or(request.common.max_tokens);
-    plan(state, prompt, request.common, max_tokens)
+    plan(state, prompt, request.common, max_tokens, logprobs)
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {

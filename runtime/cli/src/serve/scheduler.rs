@@ -26,16 +26,32 @@ use std::time::{Duration, Instant};
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array};
 use archgen_runtime::model::{CausalLm, ModelTask};
+use archgen_runtime::Dtype;
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
 use crate::engine::{Finish, Flow, Sampling, TextStream};
-use crate::run::{mlx, sample, token_value};
+use crate::run::{decode, mlx, sample, token_value};
+
+/// One generated token's log-probability, for a request that asked for
+/// them: the token as text, and the most likely tokens at its position (most
+/// likely first).
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub top: Vec<(String, f32)>,
+}
 
 /// What the scheduler streams back for one request.
 pub enum GenEvent {
-    Text(String),
+    /// New text, and the log-probabilities of the tokens that made it (when
+    /// asked for; a token whose text is held back, e.g. half a character,
+    /// comes with the text that completes it).
+    Text {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
     Done {
         completion_tokens: usize,
         finish: Finish,
@@ -66,6 +82,8 @@ pub struct Job {
     pub prompt: Vec<i32>,
     pub sampling: Sampling,
     pub stops: Vec<String>,
+    /// Log-probabilities wanted, with this many alternatives per token.
+    pub logprobs: Option<usize>,
     pub events: UnboundedSender<GenEvent>,
     pub cancel: Cancel,
     pub queued_at: Instant,
@@ -88,6 +106,24 @@ pub struct SeqState<C> {
     pub key: Array,
     pub temp: f32,
     pub top_p: f32,
+    /// Whether to return the token's log-probability, and how many of the
+    /// most likely alternatives with it.
+    pub top_logprobs: Option<usize>,
+}
+
+/// A sampled token's log-probability under the model (before temperature:
+/// mlx-lm's `logits - logsumexp(logits)`, in the logits' dtype) and the most
+/// likely token ids with theirs, most likely first.
+pub struct Logprobs {
+    pub logprob: f32,
+    pub top: Vec<(i32, f32)>,
+}
+
+/// One sequence's decode step result.
+pub struct Sampled {
+    pub token: i32,
+    /// Present when the sequence asked for log-probabilities.
+    pub logprobs: Option<Logprobs>,
 }
 
 /// The model math of a scheduler step: the one seam a batched forward
@@ -97,10 +133,14 @@ pub trait StepAll<M: CausalLm> {
     fn prefill(&mut self, m: &M, seq: &mut SeqState<M::Cache>, chunk: &[i32])
         -> Result<(), String>;
     /// One decode step of every given sequence: a forward of its `input`,
-    /// its key split and its next token sampled. Returns the tokens in the
-    /// order of `seqs`; each sequence's `input` is left for the caller.
-    fn step_all(&mut self, m: &M, seqs: &mut [&mut SeqState<M::Cache>])
-        -> Result<Vec<i32>, String>;
+    /// its key split and its next token sampled (with its log-probabilities
+    /// when asked). Returns them in the order of `seqs`; each sequence's
+    /// `input` is left for the caller.
+    fn step_all(
+        &mut self,
+        m: &M,
+        seqs: &mut [&mut SeqState<M::Cache>],
+    ) -> Result<Vec<Sampled>, String>;
 }
 
 /// Each sequence on its own: one single-sequence forward per sequence, all
@@ -122,18 +162,58 @@ impl<M: CausalLm> StepAll<M> for OneByOne {
         &mut self,
         m: &M,
         seqs: &mut [&mut SeqState<M::Cache>],
-    ) -> Result<Vec<i32>, String> {
+    ) -> Result<Vec<Sampled>, String> {
         let mut tokens = Vec::with_capacity(seqs.len());
+        let mut logprob_rows = Vec::with_capacity(seqs.len());
         for seq in seqs.iter_mut() {
             let x = Array::from_slice(&[seq.input], &[1, 1]);
             let row = mlx(mlx(m.forward(&x, &mut seq.cache))?.try_index((0, -1)))?;
             let (key, sub) = mlx(mlx_rs::random::split(&seq.key, 2))?;
             seq.key = key;
             tokens.push(sample(&row, seq.temp, seq.top_p, &sub)?);
+            logprob_rows.push(match seq.top_logprobs {
+                None => None,
+                Some(_) => {
+                    let norm = mlx(row.logsumexp_axis(-1, true))?;
+                    Some(mlx(mlx(row.subtract(&norm))?.as_dtype(Dtype::Float32))?)
+                }
+            });
         }
-        mlx(mlx_rs::transforms::eval(tokens.iter()))?;
-        tokens.iter().map(token_value).collect()
+        mlx(mlx_rs::transforms::eval(
+            tokens.iter().chain(logprob_rows.iter().flatten()),
+        ))?;
+        let mut sampled = Vec::with_capacity(seqs.len());
+        for ((token, row), seq) in tokens.iter().zip(&logprob_rows).zip(seqs.iter()) {
+            let token = token_value(token)?;
+            let logprobs = match (row, seq.top_logprobs) {
+                (Some(row), Some(top)) => Some(most_likely(row.as_slice::<f32>(), token, top)?),
+                (None, _) | (_, None) => None,
+            };
+            sampled.push(Sampled { token, logprobs });
+        }
+        Ok(sampled)
     }
+}
+
+/// `token`'s log-probability in `row` and the `top` most likely ids.
+fn most_likely(row: &[f32], token: i32, top: usize) -> Result<Logprobs, String> {
+    let logprob = usize::try_from(token)
+        .ok()
+        .and_then(|t| row.get(t))
+        .copied()
+        .ok_or_else(|| format!("token {token} is outside the logits row ({})", row.len()))?;
+    let mut ids: Vec<usize> = (0..row.len()).collect();
+    let top = top.min(ids.len());
+    let by_logprob = |a: &usize, b: &usize| row[*b].total_cmp(&row[*a]).then(a.cmp(b));
+    if top > 0 && top < ids.len() {
+        ids.select_nth_unstable_by(top - 1, by_logprob);
+    }
+    ids.truncate(top);
+    ids.sort_by(by_logprob);
+    Ok(Logprobs {
+        logprob,
+        top: ids.into_iter().map(|i| (i as i32, row[i])).collect(),
+    })
 }
 
 enum Phase {
@@ -150,6 +230,8 @@ struct Sequence<'t, C> {
     state: SeqState<C>,
     phase: Phase,
     text: TextStream<'t>,
+    /// Log-probabilities of tokens whose text is not sent yet.
+    pending_logprobs: Vec<TokenLogprob>,
     /// Tokens handed to the client (EOS is not one).
     produced: usize,
     /// The step that last ran a prefill chunk of this sequence (round robin).
@@ -267,6 +349,7 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
             key,
             temp: job.sampling.temp,
             top_p: job.sampling.top_p,
+            top_logprobs: job.logprobs,
         };
         let phase = match job.prompt.len() {
             1 => Phase::Decode,
@@ -279,6 +362,7 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
             state,
             phase,
             text,
+            pending_logprobs: Vec::new(),
             produced: 0,
             last_prefill: 0,
             first_token_at: None,
@@ -375,8 +459,9 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
         };
         let now = Instant::now();
         let mut finished = Vec::new();
-        for (&i, &token) in decoding.iter().zip(&tokens) {
-            match self.deliver(i, token, now) {
+        for (&i, sampled) in decoding.iter().zip(tokens) {
+            let token = sampled.token;
+            match self.deliver(i, sampled, now) {
                 Outcome::Running => self.active[i].state.input = token,
                 Outcome::Finished => finished.push(i),
             }
@@ -387,9 +472,19 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
     }
 
     /// Hands a sampled token to its sequence's client.
-    fn deliver(&mut self, at: usize, token: i32, now: Instant) -> Outcome {
+    fn deliver(&mut self, at: usize, sampled: Sampled, now: Instant) -> Outcome {
         let metrics = self.metrics;
         let eos = self.eos;
+        let token = sampled.token;
+        let logprob = match sampled.logprobs.map(|l| self.describe(token, l)) {
+            None => None,
+            Some(Ok(described)) => Some(described),
+            Some(Err(message)) => {
+                let seq = &self.active[at];
+                fail(&seq.job, message);
+                return Outcome::Finished;
+            }
+        };
         let seq = &mut self.active[at];
         match (seq.first_token_at, seq.last_token_at) {
             (None, _) => {
@@ -409,6 +504,7 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
         }
         seq.produced += 1;
         metrics.generated_tokens.inc();
+        seq.pending_logprobs.extend(logprob);
         let (text, flow) = match seq.text.push(token) {
             Ok(pushed) => pushed,
             Err(message) => {
@@ -416,7 +512,19 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
                 return Outcome::Finished;
             }
         };
-        if !text.is_empty() && seq.job.events.send(GenEvent::Text(text)).is_err() {
+        let logprobs = match text.is_empty() {
+            // Held back (half a character, or maybe a stop string): its
+            // log-probabilities wait for the text.
+            true => Vec::new(),
+            false => std::mem::take(&mut seq.pending_logprobs),
+        };
+        if !text.is_empty()
+            && seq
+                .job
+                .events
+                .send(GenEvent::Text { text, logprobs })
+                .is_err()
+        {
             // Nobody listens any more.
             seq.job.cancel.cancel();
             metrics.cancelled.inc();
@@ -430,12 +538,29 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
             Flow::Continue => Outcome::Running,
         }
     }
+
+    /// A token's log-probabilities with the tokens as text.
+    fn describe(&self, token: i32, logprobs: Logprobs) -> Result<TokenLogprob, String> {
+        let text = |id: i32| decode(self.tokenizer, &[id as u32]);
+        Ok(TokenLogprob {
+            token: text(token)?,
+            logprob: logprobs.logprob,
+            top: logprobs
+                .top
+                .into_iter()
+                .map(|(id, lp)| Ok((text(id)?, lp)))
+                .collect::<Result<_, String>>()?,
+        })
+    }
 }
 
 fn finish<C>(seq: &mut Sequence<'_, C>, finish: Finish) -> Outcome {
     match seq.text.finish() {
-        Ok(tail) if !tail.is_empty() => {
-            let _ = seq.job.events.send(GenEvent::Text(tail));
+        Ok(tail) if !tail.is_empty() || !seq.pending_logprobs.is_empty() => {
+            let _ = seq.job.events.send(GenEvent::Text {
+                text: tail,
+                logprobs: std::mem::take(&mut seq.pending_logprobs),
+            });
         }
         Ok(_) => {}
         Err(message) => {
