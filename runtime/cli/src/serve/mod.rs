@@ -1180,7 +1180,9 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
     let implementation = args.implementation;
     let worker_thread = std::thread::Builder::new()
         .name("archgen-model".into())
-        .spawn(move || crate::checkpoint::with_model(&ui, &model_path, implementation, None, worker))
+        .spawn(move || {
+            crate::checkpoint::with_model(&ui, &model_path, implementation, None, worker)
+        })
         .map_err(|e| format!("cannot start the model thread: {e}"))?;
     let vocab_size = match ready_rx.recv() {
         Ok(v) => v,
