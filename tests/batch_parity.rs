@@ -18,8 +18,21 @@ use archgen_runtime::Array;
 use archgen_tests::{config_for, repo_root, run_python};
 use serde_json::{json, Value};
 
-/// The specs whose batches are checked; each spec's cache kinds are batched.
-const BATCHED: [&str; 3] = ["qwen3-0.6b-tiny", "llama-3.2-1b-tiny", "qwen3-30b-a3b-tiny"];
+/// The specs whose batches are checked, one per cache kind and family:
+/// dense (`BatchKVCache`), Llama-3 RoPE, Qwen3-MoE, Gemma-4 with sliding
+/// layers (`BatchRotatingKVCache`, window 8: the schedule's prompts and
+/// decodes pass it) and shared K/V, Gemma-4 MoE, Qwen3.5 (Gated DeltaNet's
+/// batched `ArraysCache` beside gated attention) and Qwen3.6's shared-expert
+/// MoE.
+const BATCHED: [&str; 7] = [
+    "qwen3-0.6b-tiny",
+    "llama-3.2-1b-tiny",
+    "qwen3-30b-a3b-tiny",
+    "gemma4-e2b-tiny",
+    "gemma4-26b-a4b-tiny",
+    "qwen3.5-4b-tiny",
+    "qwen3.6-35b-a3b-tiny",
+];
 
 fn schedule(vocab: i32) -> Value {
     let ids = |n: i32, seed: i32| -> Vec<i32> { (0..n).map(|i| (i * 37 + seed) % vocab).collect() };
