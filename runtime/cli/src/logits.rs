@@ -12,7 +12,7 @@ use crate::tokens::{check_ids, mlx};
 use crate::ui::Ui;
 
 /// Writes `tensors` to `out` atomically: a temporary beside it, then rename.
-fn save_atomically(tensors: &[(&str, &Array)], out: &Path) -> Result<(), String> {
+pub(crate) fn save_atomically(tensors: &[(&str, &Array)], out: &Path) -> Result<(), String> {
     let dir = out
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -37,8 +37,11 @@ fn save_atomically(tensors: &[(&str, &Array)], out: &Path) -> Result<(), String>
 }
 
 pub(crate) fn logits(ui: &Ui, args: &LogitsArgs, writes: bool) -> Result<(), String> {
+    let Some(ids) = &args.prompt_ids else {
+        return crate::batch::logits(ui, args);
+    };
     let task = LogitsTask {
-        ids: &args.prompt_ids.0,
+        ids: &ids.0,
         steps: args.decode_steps,
         out: &args.out,
         writes,
