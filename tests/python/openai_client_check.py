@@ -64,8 +64,8 @@ def main() -> None:
           f"usage chunk last: {chunks[-1]}")
     check(len(chunks) >= 3, f"text arrives in several chunks: {len(chunks)}")
 
-    # Requests at once are queued and served one at a time: each gets the
-    # text it would get alone.
+    # Requests at once: each gets the text it would get alone (the scheduler
+    # interleaves them; each sequence computes as it would alone).
     with ThreadPoolExecutor(4) as pool:
         def greedy(_):
             return client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0).choices[0].text
@@ -101,6 +101,31 @@ def main() -> None:
     check(a == b, f"seed 7 twice: {a!r} != {b!r}")
     check(a != other, f"seeds 7 and 8 gave the same text {a!r}")
 
+    # logprobs (completions): one entry per token, the greedy token the most
+    # likely of its top alternatives, text_offset counting the text, and the
+    # same entries streamed.
+    lp = client.completions.create(model=name, prompt=prompt, max_tokens=6, temperature=0, logprobs=3)
+    L = lp.choices[0].logprobs
+    check(L is not None and len(L.tokens) == lp.usage.completion_tokens, f"one logprob per token: {L}")
+    check("".join(L.tokens) == lp.choices[0].text, f"tokens {L.tokens} make the text {lp.choices[0].text!r}")
+    offsets = [sum(len(t) for t in L.tokens[:i]) for i in range(len(L.tokens))]
+    check(L.text_offset == offsets, f"text_offset {L.text_offset} != {offsets}")
+    for token, logprob, top in zip(L.tokens, L.token_logprobs, L.top_logprobs):
+        check(logprob <= 0 and 1 <= len(top) <= 3, f"{token!r}: {logprob} {top}")
+        check(max(top.values()) == logprob, f"greedy {token!r} ({logprob}) is the most likely of {top}")
+    chunks = list(client.completions.create(model=name, prompt=prompt, max_tokens=6, temperature=0, logprobs=3,
+                                            stream=True))
+    streamed = [lp for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for lp in ch.choices[0].logprobs.token_logprobs]
+    check(streamed == L.token_logprobs, f"streamed logprobs {streamed} != {L.token_logprobs}")
+    check(client.completions.create(model=name, prompt=prompt, max_tokens=2).choices[0].logprobs is None,
+          "no logprobs unless asked")
+    try:
+        client.completions.create(model=name, prompt=prompt, max_tokens=2, logprobs=6)
+        check(False, "logprobs=6 was accepted")
+    except openai.BadRequestError as e:
+        check("logprobs" in str(e), str(e))
+
     # Token-id prompts, for the Rust side to compare with `archgen generate`.
     g = client.completions.create(model=name, prompt=prompt_ids, max_tokens=10, temperature=0)
     check(g.usage.prompt_tokens == len(prompt_ids), f"id prompt tokens: {g.usage}")
@@ -129,6 +154,27 @@ def main() -> None:
         r = client.chat.completions.create(model=name, messages=messages, max_tokens=10, temperature=0, stop=stop)
         check(r.choices[0].message.content == reply[: reply.index(stop)], "chat stop")
         check(r.choices[0].finish_reason == "stop", "chat stop finish_reason")
+
+    # logprobs (chat): content entries with bytes and top_logprobs.
+    lc = client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0,
+                                        logprobs=True, top_logprobs=2)
+    content = lc.choices[0].logprobs.content
+    check(len(content) == lc.usage.completion_tokens, f"one entry per token: {content}")
+    check("".join(e.token for e in content) == lc.choices[0].message.content, "entries make the reply")
+    for e in content:
+        check(e.bytes == list(e.token.encode()), f"bytes of {e.token!r}: {e.bytes}")
+        check(1 <= len(e.top_logprobs) <= 2 and e.top_logprobs[0].logprob == e.logprob,
+              f"greedy {e.token!r} first of {e.top_logprobs}")
+    chunks = list(client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0,
+                                                 logprobs=True, stream=True))
+    streamed = [e.logprob for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    check(streamed == [e.logprob for e in content], f"streamed chat logprobs {streamed}")
+    try:
+        client.chat.completions.create(model=name, messages=messages, max_tokens=2, top_logprobs=2)
+        check(False, "top_logprobs without logprobs was accepted")
+    except openai.BadRequestError as e:
+        check("top_logprobs" in str(e), str(e))
 
     # The conversation `archgen chat` has on the same turns (greedy).
     turn1 = [{"role": "user", "content": "hello"}]

@@ -75,10 +75,18 @@ pub enum Command {
     #[command(
         long_about = "Serve an OpenAI-compatible HTTP API: GET /v1/models, POST /v1/completions \
                       and POST /v1/chat/completions, streamed (server-sent events) or not, with \
-                      max_tokens, temperature, top_p, seed, stop and usage counts. The model runs \
-                      on one thread and requests queue, served one at a time. A request the \
-                      server cannot serve gets a 400 with an OpenAI-style error body. Needs \
-                      DIR/tokenizer.json; /v1/chat/completions also needs a chat template.",
+                      max_tokens, temperature, top_p, seed, stop and usage counts; GET /health \
+                      and GET /metrics (Prometheus text). The model runs on one thread whose \
+                      scheduler keeps up to --max-batch sequences in flight, interleaving \
+                      prompt chunks of --prefill-step tokens with one decode step of every \
+                      sequence; up to --max-queue more requests wait (past that: 429). A \
+                      request the server cannot serve (past the model's context, or a \
+                      --max-prompt-tokens / --max-tokens ceiling) gets a 400 with an \
+                      OpenAI-style error body before any compute; a client that disconnects \
+                      has its sequence dropped at the next step. SIGTERM or Ctrl-C drains: no \
+                      new connections, in-flight requests finish (for at most --drain-seconds), \
+                      exit 0. Needs DIR/tokenizer.json; /v1/chat/completions also needs a chat \
+                      template.",
         after_help = EXIT_CODES
     )]
     Serve(ServeArgs),
@@ -315,6 +323,24 @@ pub struct ServeArgs {
     /// Which implementation runs the checkpoint
     #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
     pub implementation: Impl,
+    /// Sequences in flight at once (prefilling or decoding); more requests wait in the queue
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_batch: u32,
+    /// Requests waiting for a place in the batch; one more is answered 429
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_queue: u32,
+    /// Prompt tokens per prefill chunk (one chunk per scheduler step, between decode steps)
+    #[arg(long, value_name = "TOKENS", default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
+    pub prefill_step: u32,
+    /// Longest prompt served, in tokens (default: the model's context); longer ones get a 400
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_prompt_tokens: Option<u64>,
+    /// Largest max_tokens a request may ask for (default: the model's context); more gets a 400
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_tokens: Option<u64>,
+    /// On SIGTERM or Ctrl-C, how long in-flight requests may run before the server exits anyway
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub drain_seconds: u64,
 }
 
 /// What `generate` starts from.
@@ -516,6 +542,20 @@ mod tests {
             panic!("not serve: {cli:?}")
         };
         assert_eq!((a.host.as_str(), a.port), ("127.0.0.1", 8080));
+        assert_eq!(
+            (a.max_batch, a.max_queue, a.prefill_step, a.drain_seconds),
+            (16, 256, 2048, 30)
+        );
+        assert_eq!((a.max_prompt_tokens, a.max_tokens), (None, None));
+        for bad in [
+            "--max-batch",
+            "--max-queue",
+            "--prefill-step",
+            "--max-tokens",
+        ] {
+            let e = parse(&["serve", "--model", "m", bad, "0"]).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad} 0");
+        }
         let cli = parse(&["serve", "--model", "m", "--host", "::1", "--port", "0"]).unwrap();
         let Command::Serve(a) = cli.command else {
             panic!("not serve")

@@ -3,6 +3,7 @@
 //! prompt, seed and temperature give the same tokens through every command;
 //! plus text streaming with stop strings.
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::time::Instant;
 
@@ -145,15 +146,59 @@ pub fn generate<M: CausalLm>(
     })
 }
 
-/// `max_position_embeddings` from config.json (top level or text_config).
-pub fn context_length(model: &Path) -> Result<Option<usize>, String> {
+/// How many positions (prompt + completion) a model takes, and where that
+/// number comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelContext {
+    pub tokens: usize,
+    pub origin: ContextOrigin,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContextOrigin {
+    /// config.json's `max_position_embeddings` (top level or text_config).
+    Config,
+    /// config.json omits it: the default of the family's mlx-lm `ModelArgs`,
+    /// as the spec importer applies it (the reason says which).
+    FamilyDefault { reason: String },
+}
+
+impl ModelContext {
+    /// Where the number comes from, for messages.
+    pub fn describe(&self) -> String {
+        match &self.origin {
+            ContextOrigin::Config => "config.json's max_position_embeddings".into(),
+            ContextOrigin::FamilyDefault { reason } => {
+                format!("max_position_embeddings: config.json omits it; {reason}")
+            }
+        }
+    }
+}
+
+/// The model's context: what the spec importer reads from config.json, the
+/// one place that knows each family's mlx-lm default for a field config.json
+/// leaves out (e.g. 131072 for gemma4's text config).
+pub fn model_context(model: &Path) -> Result<ModelContext, String> {
     let file = model.join("config.json");
     let json = crate::chat_template::read_json(&file)?;
-    let value = json.get("max_position_embeddings").or_else(|| {
-        json.get("text_config")
-            .and_then(|t| t.get("max_position_embeddings"))
+    let (spec, defaults) = archgen_spec::import::from_config_json(&json, None, "checkpoint")
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let tokens = spec.lower().max_position_embeddings;
+    let applied = defaults.into_iter().find(|d| {
+        d.field == "max_position_embeddings" || d.field == "text_config.max_position_embeddings"
     });
-    Ok(value.and_then(|v| v.as_u64()).map(|n| n as usize))
+    let origin = match applied {
+        None => ContextOrigin::Config,
+        Some(d) => ContextOrigin::FamilyDefault {
+            reason: format!("{} = {} ({})", d.field, d.value, d.reason),
+        },
+    };
+    Ok(ModelContext { tokens, origin })
+}
+
+/// The model's context length (see [`model_context`]).
+pub fn context_length(model: &Path) -> Result<Option<usize>, String> {
+    model_context(model).map(|c| Some(c.tokens))
 }
 
 /// Generated tokens turned into text as they come, cut at the first stop
@@ -165,7 +210,7 @@ pub fn context_length(model: &Path) -> Result<Option<usize>, String> {
 /// tail that could be the start of a stop string.
 pub struct TextStream<'a> {
     tokenizer: &'a Tokenizer,
-    stops: &'a [String],
+    stops: Cow<'a, [String]>,
     ids: Vec<u32>,
     /// Bytes of the decoded text handed out so far.
     sent: usize,
@@ -174,6 +219,12 @@ pub struct TextStream<'a> {
 
 impl<'a> TextStream<'a> {
     pub fn new(tokenizer: &'a Tokenizer, stops: &'a [String]) -> Self {
+        Self::owning(tokenizer, Cow::Borrowed(stops))
+    }
+
+    /// A stream that keeps its stop strings (one that outlives the request
+    /// that gave them, as the server's scheduler holds it).
+    pub fn owning(tokenizer: &'a Tokenizer, stops: Cow<'a, [String]>) -> Self {
         TextStream {
             tokenizer,
             stops,

@@ -528,13 +528,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Ok(generate(&ui, &args, &prompt, rank == 0)?)
         }
         Command::Chat(args) => Ok(crate::chat::chat(&ui, &args)?),
-        Command::Serve(args) => Ok(crate::serve::serve(
-            ui,
-            &args.model,
-            &args.host,
-            args.port,
-            args.implementation,
-        )?),
+        Command::Serve(args) => Ok(crate::serve::serve(ui, &args)?),
         Command::Completions(args) => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();

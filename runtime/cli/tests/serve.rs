@@ -69,6 +69,19 @@ fn archgen(args: &[&str], stdin: &str, limit: Duration) -> (bool, String, String
 struct Server {
     child: Child,
     base: String,
+    /// The server's stderr lines after the one with its address.
+    log: mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// The JSON request-log lines written so far.
+    fn request_logs(&self) -> Vec<serde_json::Value> {
+        self.log
+            .try_iter()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(&line).ok())
+            .filter(|v| v["log"] == "request")
+            .collect()
+    }
 }
 
 impl Drop for Server {
@@ -78,10 +91,11 @@ impl Drop for Server {
     }
 }
 
-fn start_server(model: &Path) -> Server {
+fn start_server(model: &Path, extra: &[&str]) -> Server {
     let mut child = Command::new(ARCHGEN)
         .args(["serve", "--model", model.to_str().unwrap()])
         .args(["--host", "127.0.0.1", "--port", "0"])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -98,24 +112,25 @@ fn start_server(model: &Path) -> Server {
         }
     });
     let deadline = Instant::now() + Duration::from_secs(300);
-    let mut server = Server {
-        child,
-        base: String::new(),
-    };
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(line) => {
                 if let Some(rest) = line.split_once("http://").map(|(_, r)| r) {
                     let addr = rest.split('/').next().unwrap();
-                    server.base = format!("http://{addr}");
-                    return server;
+                    return Server {
+                        child,
+                        base: format!("http://{addr}"),
+                        log: rx,
+                    };
                 }
             }
-            Err(_) => panic!(
-                "the server did not report its address in time (exit: {:?})",
-                server.child.try_wait()
-            ),
+            Err(_) => {
+                let exit = child.try_wait();
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the server did not report its address in time (exit: {exit:?})")
+            }
         }
     }
 }
@@ -208,7 +223,8 @@ fn serves_the_openai_api_and_matches_generate_and_chat() {
     let root = tempfile::tempdir().unwrap();
     let model = tiny_chat_model(root.path());
     let model_s = model.to_str().unwrap();
-    let server = start_server(&model);
+    // One sequence at a time: each answer is what `archgen generate` gives.
+    let server = start_server(&model, &["--max-batch", "1"]);
 
     // curl: the three endpoints, and what the server refuses.
     let (status, body) = curl(&server, "GET", "/v1/models", None);
@@ -469,4 +485,390 @@ fn chat_and_serve_refuse_a_checkpoint_without_what_they_need() {
             "{args:?}: {err}"
         );
     }
+}
+
+/// The value of an unlabelled metric in GET /metrics.
+fn metric(server: &Server, name: &str) -> f64 {
+    let (status, body) = curl(server, "GET", "/metrics", None);
+    assert_eq!(status, 200, "{body}");
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{name} not in /metrics:\n{body}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Polls a metric until `ok` holds (bounded by `limit`).
+fn wait_for_metric(server: &Server, name: &str, ok: impl Fn(f64) -> bool, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        let value = metric(server, name);
+        if ok(value) {
+            return;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{name} is still {value} after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A request running in the background (curl, bounded by its --max-time);
+/// its output lines are timestamped as they arrive. Killed when dropped.
+struct Background {
+    child: Child,
+    lines: mpsc::Receiver<(Instant, String)>,
+}
+
+impl Background {
+    fn start(server: &Server, path: &str, body: &str) -> Background {
+        let mut child = Command::new("curl")
+            .args(["-sS", "-N", "--max-time", "120", "-H"])
+            .args(["Content-Type: application/json", "--data-binary", "@-"])
+            .arg(format!("{}{path}", server.base))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("curl runs");
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(body.as_bytes()).unwrap();
+        drop(stdin);
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send((Instant::now(), line));
+            }
+        });
+        Background { child, lines }
+    }
+
+    /// Closes the connection, as a client that goes away does.
+    fn disconnect(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for curl to end; returns the lines with their arrival times.
+    fn finish(mut self, limit: Duration) -> Vec<(Instant, String)> {
+        let start = Instant::now();
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(start.elapsed() < limit, "a request ran past {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.lines.try_iter().collect()
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A completions request for `n` prompt token ids (valid for the tiny vocabulary).
+fn long_prompt_body(n: usize, max_tokens: usize, stream: bool) -> String {
+    let ids: Vec<String> = (0..n).map(|i| (3 + i % 500).to_string()).collect();
+    format!(
+        r#"{{"prompt": [{}], "max_tokens": {max_tokens}, "temperature": 0, "stream": {stream}}}"#,
+        ids.join(",")
+    )
+}
+
+#[test]
+fn schedules_interleaves_bounds_the_queue_and_cancels_dropped_clients() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    // Prefill chunks of 32 tokens: a 3000-token prompt takes about a hundred
+    // steps (seconds on 2 cores).
+    let server = start_server(
+        &model,
+        &[
+            "--max-batch",
+            "2",
+            "--max-queue",
+            "1",
+            "--prefill-step",
+            "32",
+        ],
+    );
+    let (status, body) = curl(&server, "GET", "/health", None);
+    assert_eq!((status, json(&body)["status"].clone()), (200, "ok".into()));
+    let short = r#"{"prompt": "Hello there", "max_tokens": 6, "temperature": 0}"#;
+    let (status, alone) = curl(&server, "POST", "/v1/completions", Some(short));
+    assert_eq!(status, 200, "{alone}");
+    let alone_text = json(&alone)["choices"][0]["text"].clone();
+
+    // A short request sent while a long prompt is in prefill completes
+    // before the long one's first token, with the text it gets alone.
+    let long = Background::start(
+        &server,
+        "/v1/completions",
+        &long_prompt_body(3_000, 20_000, true),
+    );
+    wait_for_metric(
+        &server,
+        "archgen_active_sequences",
+        |v| v == 1.0,
+        Duration::from_secs(60),
+    );
+    let (status, _) = curl(&server, "GET", "/v1/models", None);
+    assert_eq!(status, 200, "/v1/models answers during a prefill");
+    let sent = Instant::now();
+    let (status, body) = curl(&server, "POST", "/v1/completions", Some(short));
+    let short_done = Instant::now();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["choices"][0]["text"], alone_text);
+    let first_long_token = loop {
+        let (at, line) = long.lines.recv_timeout(Duration::from_secs(120)).unwrap();
+        if line.contains("\"text\":\"") && !line.contains("\"text\":\"\"") {
+            break at;
+        }
+    };
+    assert!(
+        short_done < first_long_token,
+        "the short request ({:?}) waited for the long prompt's prefill",
+        short_done - sent
+    );
+
+    // The batch is full (the long one and another); one request waits; the
+    // next is refused with 429 and an OpenAI-style body.
+    let second = Background::start(
+        &server,
+        "/v1/completions",
+        &long_prompt_body(1_000, 20_000, true),
+    );
+    wait_for_metric(
+        &server,
+        "archgen_active_sequences",
+        |v| v == 2.0,
+        Duration::from_secs(60),
+    );
+    let waiting = Background::start(
+        &server,
+        "/v1/completions",
+        &long_prompt_body(1_000, 20_000, false),
+    );
+    wait_for_metric(
+        &server,
+        "archgen_queue_depth",
+        |v| v == 1.0,
+        Duration::from_secs(60),
+    );
+    let (status, body) = curl(&server, "POST", "/v1/completions", Some(short));
+    assert_eq!(status, 429, "{body}");
+    let error = &json(&body)["error"];
+    assert_eq!(
+        (error["type"].as_str(), error["code"].as_str()),
+        (Some("rate_limit_error"), Some("queue_full")),
+        "{body}"
+    );
+    assert!(error["message"].as_str().unwrap().contains("--max-queue"));
+
+    // Clients that go away: two streams, then a non-streamed request once
+    // it is running. Each sequence is dropped within a few steps.
+    long.disconnect();
+    second.disconnect();
+    wait_for_metric(
+        &server,
+        "archgen_queue_depth",
+        |v| v == 0.0,
+        Duration::from_secs(30),
+    );
+    wait_for_metric(
+        &server,
+        "archgen_active_sequences",
+        |v| v == 1.0,
+        Duration::from_secs(30),
+    );
+    waiting.disconnect();
+    wait_for_metric(
+        &server,
+        "archgen_active_sequences",
+        |v| v == 0.0,
+        Duration::from_secs(30),
+    );
+    assert_eq!(metric(&server, "archgen_cancelled_sequences_total"), 3.0);
+    let start = Instant::now();
+    let (status, body) = curl(&server, "POST", "/v1/completions", Some(short));
+    assert_eq!(status, 200, "{body}");
+    assert!(start.elapsed() < Duration::from_secs(15));
+
+    // Operations: the metrics a dashboard reads, one log line per request.
+    let (_, text) = curl(&server, "GET", "/metrics", None);
+    for name in [
+        "archgen_time_to_first_token_seconds_bucket",
+        "archgen_inter_token_latency_seconds_count",
+        "archgen_requests_total{status=\"429\"} 1",
+        "archgen_requests_total{status=\"499\"} 3",
+    ] {
+        assert!(text.contains(name), "{name} not in:\n{text}");
+    }
+    assert!(metric(&server, "archgen_generated_tokens_total") >= 18.0);
+    std::thread::sleep(Duration::from_millis(200));
+    let logs = server.request_logs();
+    let statuses: Vec<u64> = logs.iter().map(|l| l["status"].as_u64().unwrap()).collect();
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        3,
+        "{logs:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 499).count(),
+        3,
+        "{logs:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 429).count(),
+        1,
+        "{logs:?}"
+    );
+    let done = logs.iter().find(|l| l["status"] == 200).unwrap();
+    for field in [
+        "id",
+        "prompt_tokens",
+        "completion_tokens",
+        "finish_reason",
+        "ttft_s",
+        "duration_s",
+    ] {
+        assert!(!done[field].is_null(), "{field} in {done}");
+    }
+}
+
+#[test]
+fn refuses_past_the_context_and_the_ceilings_before_compute_and_drains_on_sigterm() {
+    let root = tempfile::tempdir().unwrap();
+    // Gemma-4 whose config.json omits max_position_embeddings: the context is
+    // mlx-lm's gemma4 default, 131072.
+    let model = root.path().join("gemma4-tiny");
+    let spec = repo_root().join("specs/gemma4-e2b-tiny.yaml");
+    let (ok, _, err) = archgen(
+        &[
+            "init",
+            "--spec",
+            spec.to_str().unwrap(),
+            "--out",
+            model.to_str().unwrap(),
+        ],
+        "",
+        Duration::from_secs(300),
+    );
+    assert!(ok, "init failed: {err}");
+    let template =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates/qwen3.jinja");
+    run_python(
+        "make_chat_tokenizer.py",
+        &[model.as_os_str(), template.as_os_str()],
+    );
+    let config_path = model.join("config.json");
+    let mut config = json(&std::fs::read_to_string(&config_path).unwrap());
+    let removed = [
+        config
+            .as_object_mut()
+            .unwrap()
+            .remove("max_position_embeddings"),
+        config["text_config"]
+            .as_object_mut()
+            .and_then(|t| t.remove("max_position_embeddings")),
+    ];
+    assert!(removed.iter().any(Option::is_some), "{config}");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    // Chunks of 8 prompt tokens: the request in flight at SIGTERM runs a while.
+    let server = start_server(
+        &model,
+        &[
+            "--max-prompt-tokens",
+            "1000",
+            "--max-tokens",
+            "64",
+            "--prefill-step",
+            "8",
+        ],
+    );
+
+    let start = Instant::now();
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(&long_prompt_body(131_073, 1, false)),
+    );
+    let message = error_message(status, &body);
+    assert!(
+        message.contains("maximum context length is 131072")
+            && message.contains("config.json omits it"),
+        "{message}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(&long_prompt_body(1001, 1, false)),
+    );
+    assert!(error_message(status, &body).contains("--max-prompt-tokens"));
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt": "Hello", "max_tokens": 65}"#),
+    );
+    assert!(error_message(status, &body).contains("--max-tokens"));
+    assert_eq!(
+        metric(&server, "archgen_prompt_tokens_total"),
+        0.0,
+        "nothing was queued"
+    );
+
+    // SIGTERM while a stream is in flight: it finishes, the server exits 0.
+    let mut server = server;
+    let stream = Background::start(
+        &server,
+        "/v1/completions",
+        &long_prompt_body(1000, 64, true),
+    );
+    wait_for_metric(
+        &server,
+        "archgen_active_sequences",
+        |v| v == 1.0,
+        Duration::from_secs(60),
+    );
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let lines = stream.finish(Duration::from_secs(60));
+    let events: Vec<&str> = lines
+        .iter()
+        .filter_map(|(_, l)| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{lines:?}");
+    let last = json(events[events.len() - 2]);
+    assert!(
+        last["choices"][0]["finish_reason"].is_string(),
+        "the stream ended with its finish_reason: {last}"
+    );
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
 }

@@ -29,6 +29,9 @@
 //! ```
 
 pub mod attention;
+pub mod batch;
+pub mod batch_deltanet;
+pub mod batch_session;
 pub mod blocks;
 pub mod bytes;
 pub mod cache;

@@ -408,6 +408,99 @@ impl Monolith {
     pub fn ir(&self) -> &ModelIr {
         &self.ir
     }
+
+    /// The embedded tokens and, for Gemma-4's per-layer inputs, those
+    /// inputs of every layer: what a forward starts from, batched or not.
+    fn inputs(&self, ids: &Array) -> Result<(Array, Option<Array>)> {
+        let ir = &self.ir;
+        let hidden = ir.hidden_size as i32;
+        let h0 = b::embed(&self.embed, ids, embed_scale(ir.embedding.scale), hidden)?;
+        let per_layer = match (&self.ple, ir.embedding.per_layer_input) {
+            (Some(p), Some(facts)) => Some(b::per_layer_inputs(
+                ids,
+                &h0,
+                p,
+                ir.layers.len() as i32,
+                facts.width as i32,
+                hidden,
+                ir.norm_eps,
+            )?),
+            _ => None,
+        };
+        Ok((h0, per_layer))
+    }
+
+    /// A layer after its sequence mixer: the mixer's output `a` joins the
+    /// residual stream `h`, then the feed-forward, the per-layer input gate
+    /// and the layer scalar, as the layer's IR says.
+    fn finish_layer(
+        &self,
+        i: usize,
+        layer: &Layer,
+        h: &Array,
+        a: &Array,
+        per_layer: Option<&Array>,
+    ) -> Result<Array> {
+        let eps = self.ir.norm_eps;
+        let h2 = match (&layer.residual, &layer.ffn) {
+            (None, Ffn::Dense { mlp, moe }) => {
+                let h1 = b::attention_residual(h, a, &layer.norms, eps)?;
+                b::feed_forward(&h1, &layer.norms, mlp, moe.as_ref(), eps)?
+            }
+            (None, Ffn::Experts(m)) => {
+                let h1 = b::attention_residual(h, a, &layer.norms, eps)?;
+                b::sparse_feed_forward(&h1, &layer.norms, m, eps)?
+            }
+            (None, Ffn::SharedExperts(m)) => {
+                let h1 = b::attention_residual(h, a, &layer.norms, eps)?;
+                deltanet::shared_expert_feed_forward(&h1, &layer.norms, m, eps)?
+            }
+            (Some(r), Ffn::Dense { mlp, moe }) => {
+                let h1 = b::attention_residual_scaled(h, a, &layer.norms, eps, r)?;
+                b::feed_forward_scaled(&h1, &layer.norms, mlp, moe.as_ref(), eps, r)?
+            }
+            (Some(_), Ffn::Experts(_) | Ffn::SharedExperts(_)) => {
+                return Err(Exception::custom(format!(
+                    "layer {i}: routed experts with depth-scaled residuals: no runtime block runs them"
+                )))
+            }
+        };
+        let pli = match (&layer.ple, per_layer) {
+            (Some(g), Some(all)) => Some((g, b::per_layer_slice(all, i as i32)?)),
+            _ => None,
+        };
+        b::finish_layer(
+            &h2,
+            pli.as_ref().map(|(g, x)| (*g, x)),
+            layer.layer_scalar.as_ref(),
+            eps,
+        )
+    }
+
+    /// The final norm, logit scale, head and softcap.
+    fn head(&self, h: &Array) -> Result<Array> {
+        let ir = &self.ir;
+        let eps = ir.norm_eps;
+        let head = match &self.lm_head {
+            Some(l) => Head::Untied(l),
+            None => Head::Tied(&self.embed),
+        };
+        let scale = logit_scale(ir.head.logit_scale);
+        match ir.head.logit_softcap {
+            None => b::logits_scaled(h, &self.norm, head, scale, None, eps),
+            Some(ir::Softcap {
+                cap,
+                form: ir::SoftcapForm::Compiled,
+            }) => b::logits_scaled(h, &self.norm, head, scale, Some(cap), eps),
+            Some(ir::Softcap {
+                cap,
+                form: ir::SoftcapForm::Eager,
+            }) => archgen_runtime::ops::softcap_eager(
+                &b::logits_scaled(h, &self.norm, head, scale, None, eps)?,
+                f64::from(cap),
+            ),
+        }
+    }
 }
 
 /// The K/V cache of a layer's cache, when it is one.
@@ -495,22 +588,8 @@ impl CausalLm for Monolith {
     }
 
     fn forward(&self, ids: &Array, caches: &mut Self::Cache) -> Result<Array> {
-        let ir = &self.ir;
-        let eps = ir.norm_eps;
-        let hidden = ir.hidden_size as i32;
-        let h0 = b::embed(&self.embed, ids, embed_scale(ir.embedding.scale), hidden)?;
-        let per_layer = match (&self.ple, ir.embedding.per_layer_input) {
-            (Some(p), Some(facts)) => Some(b::per_layer_inputs(
-                ids,
-                &h0,
-                p,
-                ir.layers.len() as i32,
-                facts.width as i32,
-                hidden,
-                eps,
-            )?),
-            _ => None,
-        };
+        let eps = self.ir.norm_eps;
+        let (h0, per_layer) = self.inputs(ids)?;
         // One mask per window, from the cache of the first layer with that
         // window, before any cache update (`_make_masks`).
         let n = ids.shape()[1];
@@ -598,62 +677,13 @@ impl CausalLm for Monolith {
                     }
                 },
             };
-            let h2 = match (&layer.residual, &layer.ffn) {
-                (None, Ffn::Dense { mlp, moe }) => {
-                    let h1 = b::attention_residual(&h, &a, &layer.norms, eps)?;
-                    b::feed_forward(&h1, &layer.norms, mlp, moe.as_ref(), eps)?
-                }
-                (None, Ffn::Experts(m)) => {
-                    let h1 = b::attention_residual(&h, &a, &layer.norms, eps)?;
-                    b::sparse_feed_forward(&h1, &layer.norms, m, eps)?
-                }
-                (None, Ffn::SharedExperts(m)) => {
-                    let h1 = b::attention_residual(&h, &a, &layer.norms, eps)?;
-                    deltanet::shared_expert_feed_forward(&h1, &layer.norms, m, eps)?
-                }
-                (Some(r), Ffn::Dense { mlp, moe }) => {
-                    let h1 = b::attention_residual_scaled(&h, &a, &layer.norms, eps, r)?;
-                    b::feed_forward_scaled(&h1, &layer.norms, mlp, moe.as_ref(), eps, r)?
-                }
-                (Some(_), Ffn::Experts(_) | Ffn::SharedExperts(_)) => {
-                    return Err(Exception::custom(format!(
-                        "layer {i}: routed experts with depth-scaled residuals: no runtime block runs them"
-                    )))
-                }
-            };
-            let pli = match (&layer.ple, &per_layer) {
-                (Some(g), Some(all)) => Some((g, b::per_layer_slice(all, i as i32)?)),
-                _ => None,
-            };
-            h = b::finish_layer(
-                &h2,
-                pli.as_ref().map(|(g, x)| (*g, x)),
-                layer.layer_scalar.as_ref(),
-                eps,
-            )?;
+            h = self.finish_layer(i, layer, &h, &a, per_layer.as_ref())?;
         }
-        let head = match &self.lm_head {
-            Some(l) => Head::Untied(l),
-            None => Head::Tied(&self.embed),
-        };
-        let scale = logit_scale(ir.head.logit_scale);
-        match ir.head.logit_softcap {
-            None => b::logits_scaled(&h, &self.norm, head, scale, None, eps),
-            Some(ir::Softcap {
-                cap,
-                form: ir::SoftcapForm::Compiled,
-            }) => b::logits_scaled(&h, &self.norm, head, scale, Some(cap), eps),
-            Some(ir::Softcap {
-                cap,
-                form: ir::SoftcapForm::Eager,
-            }) => archgen_runtime::ops::softcap_eager(
-                &b::logits_scaled(&h, &self.norm, head, scale, None, eps)?,
-                f64::from(cap),
-            ),
-        }
+        self.head(&h)
     }
 }
 
+mod batch;
 mod sanitize;
 
 /// Loads an mlx-community style checkpoint directory into the monolith: its

@@ -1,0 +1,114 @@
+//! The server's metrics, served by `GET /metrics` in the Prometheus text
+//! format (prometheus-client's OpenMetrics text encoder, which Prometheus
+//! scrapes). The scheduler thread and the HTTP handlers update them; every
+//! metric is an atomic, so neither waits on the other.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// The label set of `archgen_requests`: the HTTP status of the answer.
+type StatusLabel = Vec<(&'static str, String)>;
+
+pub struct Metrics {
+    registry: Registry,
+    /// Requests accepted and waiting for a place in the batch.
+    pub queue_depth: Gauge,
+    /// Sequences in flight (prefilling or decoding).
+    pub active_sequences: Gauge,
+    /// Completion tokens handed to clients (their rate is the throughput).
+    pub generated_tokens: Counter,
+    /// Prompt tokens of the requests accepted.
+    pub prompt_tokens: Counter,
+    /// Sequences dropped because their client disconnected.
+    pub cancelled: Counter,
+    requests: Family<StatusLabel, Counter>,
+    /// From queueing a request to its first generated token, in seconds.
+    pub time_to_first_token: Histogram,
+    /// Between two tokens of one sequence, in seconds.
+    pub inter_token_latency: Histogram,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("archgen");
+        let queue_depth = Gauge::default();
+        registry.register(
+            "queue_depth",
+            "Requests waiting for a place in the batch",
+            queue_depth.clone(),
+        );
+        let active_sequences = Gauge::default();
+        registry.register(
+            "active_sequences",
+            "Sequences in flight (prefilling or decoding)",
+            active_sequences.clone(),
+        );
+        let generated_tokens = Counter::default();
+        registry.register(
+            "generated_tokens",
+            "Completion tokens generated (rate() of it is tokens/s)",
+            generated_tokens.clone(),
+        );
+        let prompt_tokens = Counter::default();
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens of accepted requests",
+            prompt_tokens.clone(),
+        );
+        let cancelled = Counter::default();
+        registry.register(
+            "cancelled_sequences",
+            "Sequences dropped because their client disconnected",
+            cancelled.clone(),
+        );
+        let requests = Family::<StatusLabel, Counter>::default();
+        registry.register(
+            "requests",
+            "Completion requests answered, by HTTP status",
+            requests.clone(),
+        );
+        // 1 ms .. ~33 s.
+        let time_to_first_token = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register(
+            "time_to_first_token_seconds",
+            "From queueing a request to its first generated token",
+            time_to_first_token.clone(),
+        );
+        // 0.5 ms .. ~4 s.
+        let inter_token_latency = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        registry.register(
+            "inter_token_latency_seconds",
+            "Between two consecutive tokens of one sequence",
+            inter_token_latency.clone(),
+        );
+        Metrics {
+            registry,
+            queue_depth,
+            active_sequences,
+            generated_tokens,
+            prompt_tokens,
+            cancelled,
+            requests,
+            time_to_first_token,
+            inter_token_latency,
+        }
+    }
+
+    /// Counts an answered request by its HTTP status (499: the client left).
+    pub fn answered(&self, status: u16) {
+        self.requests
+            .get_or_create(&vec![("status", status.to_string())])
+            .inc();
+    }
+
+    /// The metrics in the text exposition format.
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}

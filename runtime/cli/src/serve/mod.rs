@@ -1,0 +1,1276 @@
+//! `archgen serve`: an OpenAI-compatible HTTP server (GET /v1/models,
+//! POST /v1/completions, POST /v1/chat/completions, streamed as server-sent
+//! events or not; GET /health and GET /metrics for operations).
+//!
+//! The model lives on one thread (MLX arrays and the model stay there) whose
+//! [`scheduler`] keeps up to `--max-batch` sequences in flight, interleaving
+//! prefill chunks with decode steps. HTTP handlers tokenize and check a
+//! request (everything that can be refused is refused before any compute),
+//! then queue it on a bounded queue (`--max-queue`; full: 429). The scheduler
+//! streams text back over a per-request channel. A client that disconnects
+//! drops its handler or its response stream, which cancels the sequence at
+//! the next step. Each request ends with one JSON log line on stderr.
+
+mod metrics;
+mod scheduler;
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::IntoFuture;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use tokenizers::Tokenizer;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::args::ServeArgs;
+use crate::chat_template::{ChatTemplate, Message};
+use crate::engine::{self, Finish, ModelContext, Sampling};
+use crate::ui::Ui;
+use metrics::Metrics;
+use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob, Worker};
+
+/// `max_tokens` when a request gives none (mlx-lm's server default).
+const DEFAULT_MAX_TOKENS: usize = 512;
+/// The most alternatives per token OpenAI's API returns: `logprobs` of
+/// /v1/completions, `top_logprobs` of /v1/chat/completions.
+const MAX_COMPLETION_LOGPROBS: u32 = 5;
+const MAX_CHAT_TOP_LOGPROBS: u32 = 20;
+
+/// What every handler shares.
+struct AppState {
+    jobs: mpsc::SyncSender<Job>,
+    /// The queue's capacity (`--max-queue`), for the 429's message.
+    max_queue: usize,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    /// The model's id in responses and /v1/models: the directory's name.
+    model_name: String,
+    model_dir: String,
+    vocab_size: i32,
+    context: ModelContext,
+    /// `--max-prompt-tokens`, when given.
+    max_prompt_tokens: Option<usize>,
+    /// `--max-tokens`, when given.
+    max_tokens_ceiling: Option<usize>,
+    next_id: AtomicU64,
+    metrics: Arc<Metrics>,
+    /// Set on SIGTERM / Ctrl-C: /health answers 503 while in-flight requests finish.
+    draining: AtomicBool,
+}
+
+/// An OpenAI-style error response.
+struct ApiError {
+    status: StatusCode,
+    message: String,
+    param: Option<&'static str>,
+}
+
+impl ApiError {
+    fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (kind, code) = match self.status {
+            StatusCode::BAD_REQUEST => ("invalid_request_error", None),
+            StatusCode::NOT_FOUND => ("not_found_error", None),
+            StatusCode::TOO_MANY_REQUESTS => ("rate_limit_error", Some("queue_full")),
+            _ => ("server_error", None),
+        };
+        let body = json!({"error": {
+            "message": self.message,
+            "type": kind,
+            "param": self.param,
+            "code": code,
+        }});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// `stop`: one string or a list of them.
+#[derive(Deserialize)]
+#[serde(untagged, expecting = "stop: a string or a list of strings")]
+enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+/// The fields both endpoints take (beside their own).
+const COMMON_FIELDS: [&str; 12] = [
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "user",
+];
+
+/// The sampling fields both endpoints share.
+#[derive(Deserialize)]
+struct CommonFields {
+    max_tokens: Option<u64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    seed: Option<u64>,
+    stop: Option<StopField>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    /// Only 1 is served.
+    n: Option<u64>,
+    /// Only 0 is served (no penalties are implemented).
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    /// Accepted and not used (a client's end-user id).
+    #[allow(dead_code)]
+    user: Option<String>,
+}
+
+/// `prompt` of /v1/completions: text, or token ids (one prompt only).
+#[derive(Deserialize)]
+#[serde(untagged, expecting = "prompt: a string or a list of token ids")]
+enum PromptField {
+    Text(String),
+    Ids(Vec<i64>),
+    Texts(Vec<String>),
+    IdLists(Vec<Vec<i64>>),
+}
+
+#[derive(Deserialize)]
+struct CompletionRequest {
+    /// Any value: this server serves one model.
+    #[allow(dead_code)]
+    model: Option<String>,
+    prompt: PromptField,
+    echo: Option<bool>,
+    /// Log-probabilities of each token with this many alternatives (0-5).
+    logprobs: Option<u32>,
+    #[serde(flatten)]
+    common: CommonFields,
+}
+
+/// A message's `content`: text, or a list of parts of which only text ones
+/// are served.
+#[derive(Deserialize)]
+#[serde(
+    untagged,
+    expecting = "content: a string or a list of {\"type\": \"text\", \"text\": ...} parts"
+)]
+enum ContentField {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChatMessage {
+    role: String,
+    content: Option<ContentField>,
+    /// Accepted and not passed on (a participant's name).
+    #[allow(dead_code)]
+    name: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChatRequest {
+    #[allow(dead_code)]
+    model: Option<String>,
+    messages: Vec<ChatMessage>,
+    /// The newer name of `max_tokens`.
+    max_completion_tokens: Option<u64>,
+    /// Log-probabilities of each token...
+    logprobs: Option<bool>,
+    /// ...with this many alternatives (0-20).
+    top_logprobs: Option<u32>,
+    #[serde(flatten)]
+    common: CommonFields,
+}
+
+/// Parses a request body; bad JSON, a field of the wrong type and a field
+/// this server does not know are 400s that say what and where.
+fn parse_body<T: for<'de> Deserialize<'de>>(
+    body: &[u8],
+    own_fields: &[&str],
+) -> Result<T, ApiError> {
+    let parsed: T = serde_json::from_slice(body).map_err(|e| {
+        let what = match e.classify() {
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                "the request body is not valid JSON"
+            }
+            serde_json::error::Category::Data => "the request does not fit the API",
+            serde_json::error::Category::Io => "the request body could not be read",
+        };
+        ApiError::bad_request(format!("{what}: {e}"), None)
+    })?;
+    // serde's deny_unknown_fields does not combine with flatten: check here.
+    let fields: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!("the request must be a JSON object: {e}"), None)
+        })?;
+    let known = |k: &str| own_fields.contains(&k) || COMMON_FIELDS.contains(&k);
+    if let Some(unknown) = fields.keys().find(|k| !known(k)) {
+        let mut all: Vec<&str> = own_fields
+            .iter()
+            .chain(COMMON_FIELDS.iter())
+            .copied()
+            .collect();
+        all.sort_unstable();
+        return Err(ApiError::bad_request(
+            format!(
+                "unknown field `{unknown}`: this server takes {}",
+                all.join(", ")
+            ),
+            None,
+        ));
+    }
+    Ok(parsed)
+}
+
+/// A checked request: what to queue, and how to answer.
+struct Plan {
+    prompt: Vec<i32>,
+    sampling: Sampling,
+    stops: Vec<String>,
+    /// Log-probabilities wanted, with this many alternatives per token.
+    logprobs: Option<usize>,
+    stream: bool,
+    include_usage: bool,
+}
+
+fn plan(
+    state: &AppState,
+    prompt: Vec<i32>,
+    common: CommonFields,
+    max_tokens: Option<u64>,
+    logprobs: Option<usize>,
+) -> Result<Plan, ApiError> {
+    if common.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad_request(
+            "n: only 1 choice per request is served",
+            Some("n"),
+        ));
+    }
+    for (name, value) in [
+        ("presence_penalty", common.presence_penalty),
+        ("frequency_penalty", common.frequency_penalty),
+    ] {
+        if value.is_some_and(|v| v != 0.0) {
+            return Err(ApiError::bad_request(
+                format!("{name}: penalties are not implemented; leave it out or give 0"),
+                None,
+            ));
+        }
+    }
+    let temp = common.temperature.unwrap_or(1.0);
+    if !temp.is_finite() || temp < 0.0 {
+        return Err(ApiError::bad_request(
+            format!("temperature: {temp} must be a finite number >= 0"),
+            Some("temperature"),
+        ));
+    }
+    let top_p = common.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad_request(
+            format!("top_p: {top_p} is outside (0, 1]"),
+            Some("top_p"),
+        ));
+    }
+    let stops = match common.stop {
+        None => Vec::new(),
+        Some(StopField::One(s)) => vec![s],
+        Some(StopField::Many(v)) => v,
+    };
+    if stops.iter().any(String::is_empty) {
+        return Err(ApiError::bad_request(
+            "stop: a stop string must not be empty",
+            Some("stop"),
+        ));
+    }
+    if prompt.is_empty() {
+        return Err(ApiError::bad_request(
+            "the prompt encodes to no tokens; give a non-empty prompt",
+            None,
+        ));
+    }
+    if let Some(at) = prompt.iter().position(|&t| t < 0 || t >= state.vocab_size) {
+        return Err(ApiError::bad_request(
+            format!(
+                "prompt: token id {} at position {} is out of the vocabulary (size {})",
+                prompt[at],
+                at + 1,
+                state.vocab_size
+            ),
+            Some("prompt"),
+        ));
+    }
+    if max_tokens == Some(0) {
+        return Err(ApiError::bad_request(
+            "max_tokens: must be at least 1",
+            Some("max_tokens"),
+        ));
+    }
+    let asked = max_tokens.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    let max_tokens = bounded_max_tokens(state, prompt.len(), asked)?;
+    let stream = common.stream.unwrap_or(false);
+    let include_usage = common
+        .stream_options
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    Ok(Plan {
+        prompt,
+        sampling: Sampling {
+            max_tokens,
+            temp,
+            top_p,
+            seed: common.seed.unwrap_or(0),
+        },
+        stops,
+        logprobs,
+        stream,
+        include_usage,
+    })
+}
+
+/// The request's `max_tokens` checked against the server's ceilings and the
+/// model's context (prompt + completion must fit), or the default when it
+/// gives none: every refusal happens here, before any compute.
+fn bounded_max_tokens(
+    state: &AppState,
+    prompt_tokens: usize,
+    asked: Option<usize>,
+) -> Result<usize, ApiError> {
+    let context = state.context.tokens;
+    let room = context.saturating_sub(prompt_tokens);
+    let too_long = match asked {
+        Some(n) => prompt_tokens.saturating_add(n) > context,
+        None => room == 0,
+    };
+    if too_long {
+        let completion = asked
+            .map(|n| format!(" + {n} in the completion"))
+            .unwrap_or_default();
+        return Err(ApiError::bad_request(
+            format!(
+                "this model's maximum context length is {context} tokens ({}), \
+                 but the request needs {} ({prompt_tokens} in the prompt{completion}); \
+                 shorten the prompt or lower max_tokens",
+                state.context.describe(),
+                prompt_tokens.saturating_add(asked.unwrap_or(0)),
+            ),
+            Some("messages"),
+        ));
+    }
+    if let Some(limit) = state.max_prompt_tokens.filter(|&l| prompt_tokens > l) {
+        return Err(ApiError::bad_request(
+            format!(
+                "the prompt is {prompt_tokens} tokens; this server takes at most {limit} \
+                 (--max-prompt-tokens); shorten the prompt"
+            ),
+            Some("messages"),
+        ));
+    }
+    if let (Some(n), Some(limit)) = (asked, state.max_tokens_ceiling) {
+        if n > limit {
+            return Err(ApiError::bad_request(
+                format!(
+                    "max_tokens: {n} is more than this server gives one request ({limit}, \
+                     --max-tokens); ask for at most {limit}"
+                ),
+                Some("max_tokens"),
+            ));
+        }
+    }
+    let default = DEFAULT_MAX_TOKENS
+        .min(room)
+        .min(state.max_tokens_ceiling.unwrap_or(usize::MAX));
+    Ok(asked.unwrap_or(default))
+}
+
+fn encode(
+    tokenizer: &Tokenizer,
+    text: &str,
+    add_special_tokens: bool,
+) -> Result<Vec<i32>, ApiError> {
+    let encoding = tokenizer
+        .encode(text, add_special_tokens)
+        .map_err(|e| ApiError::bad_request(format!("the prompt cannot be encoded: {e}"), None))?;
+    Ok(encoding.get_ids().iter().map(|&t| t as i32).collect())
+}
+
+#[derive(Clone, Copy)]
+enum Endpoint {
+    Completions,
+    Chat,
+}
+
+impl Endpoint {
+    fn path(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::Chat => "/v1/chat/completions",
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The parts of a response every chunk repeats.
+struct Reply {
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    model: String,
+    prompt_tokens: usize,
+    /// Whether the request asked for log-probabilities.
+    logprobs: bool,
+}
+
+impl Reply {
+    /// `choices[0].logprobs` for `entries` (null when not asked for), in the
+    /// endpoint's OpenAI shape. `offset` is the completion text's length in
+    /// characters before them (completions' `text_offset`).
+    fn logprobs(&self, entries: &[TokenLogprob], offset: &mut usize) -> serde_json::Value {
+        if !self.logprobs {
+            return serde_json::Value::Null;
+        }
+        match self.endpoint {
+            Endpoint::Completions => {
+                let mut text_offset = Vec::with_capacity(entries.len());
+                for e in entries {
+                    text_offset.push(*offset);
+                    *offset += e.token.chars().count();
+                }
+                let top: Vec<serde_json::Map<String, serde_json::Value>> = entries
+                    .iter()
+                    .map(|e| e.top.iter().map(|(t, lp)| (t.clone(), json!(lp))).collect())
+                    .collect();
+                json!({
+                    "tokens": entries.iter().map(|e| &e.token).collect::<Vec<_>>(),
+                    "token_logprobs": entries.iter().map(|e| e.logprob).collect::<Vec<_>>(),
+                    "top_logprobs": top,
+                    "text_offset": text_offset,
+                })
+            }
+            Endpoint::Chat => {
+                let one = |token: &str, logprob: f32| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()});
+                let content: Vec<serde_json::Value> = entries
+                    .iter()
+                    .map(|e| {
+                        let mut v = one(&e.token, e.logprob);
+                        v["top_logprobs"] = e.top.iter().map(|(t, lp)| one(t, *lp)).collect();
+                        v
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+        }
+    }
+
+    fn usage(&self, completion_tokens: usize) -> serde_json::Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.prompt_tokens + completion_tokens,
+        })
+    }
+
+    /// A streamed chunk carrying `text` (and the finish reason at the end).
+    fn chunk(
+        &self,
+        text: Option<&str>,
+        finish: Option<Finish>,
+        first: bool,
+        logprobs: serde_json::Value,
+    ) -> serde_json::Value {
+        let finish = finish.map(Finish::as_str);
+        match self.endpoint {
+            Endpoint::Completions => json!({
+                "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}],
+            }),
+            Endpoint::Chat => {
+                let delta = match (first, text) {
+                    (true, t) => json!({"role": "assistant", "content": t.unwrap_or("")}),
+                    (false, Some(t)) => json!({"content": t}),
+                    (false, None) => json!({}),
+                };
+                json!({
+                    "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+                })
+            }
+        }
+    }
+
+    fn usage_chunk(&self, completion_tokens: usize) -> serde_json::Value {
+        let object = match self.endpoint {
+            Endpoint::Completions => "text_completion",
+            Endpoint::Chat => "chat.completion.chunk",
+        };
+        json!({
+            "id": self.id, "object": object, "created": self.created, "model": self.model,
+            "choices": [], "usage": self.usage(completion_tokens),
+        })
+    }
+
+    fn whole(
+        &self,
+        text: &str,
+        finish: Finish,
+        completion_tokens: usize,
+        entries: &[TokenLogprob],
+    ) -> serde_json::Value {
+        let finish = finish.as_str();
+        let logprobs = self.logprobs(entries, &mut 0);
+        match self.endpoint {
+            Endpoint::Completions => json!({
+                "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+                "usage": self.usage(completion_tokens),
+            }),
+            Endpoint::Chat => json!({
+                "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "logprobs": logprobs, "finish_reason": finish}],
+                "usage": self.usage(completion_tokens),
+            }),
+        }
+    }
+}
+
+fn worker_gone() -> ApiError {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: "the model worker has stopped; restart the server".into(),
+        param: None,
+    }
+}
+
+/// Writes one JSON line on stderr: the server's access log.
+fn log_line(line: serde_json::Value) {
+    eprintln!("{line}");
+}
+
+/// How a queued request was answered.
+struct Answered {
+    status: u16,
+    completion_tokens: usize,
+    finish: Option<Finish>,
+    ttft: Option<Duration>,
+    error: Option<String>,
+}
+
+/// A queued request from the HTTP side: dropped with its handler or its
+/// response stream (also when the client disconnects), it cancels the
+/// sequence (a no-op once it finished) and writes the request's log line.
+struct InFlight {
+    id: String,
+    endpoint: Endpoint,
+    stream: bool,
+    prompt_tokens: usize,
+    start: Instant,
+    cancel: Cancel,
+    answered: Option<Answered>,
+    metrics: Arc<Metrics>,
+}
+
+impl InFlight {
+    fn answer(&mut self, answered: Answered) {
+        self.answered = Some(answered);
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        // 499 (nginx's "client closed request"): nobody was left to answer.
+        let answered = self.answered.take().unwrap_or(Answered {
+            status: 499,
+            completion_tokens: 0,
+            finish: None,
+            ttft: None,
+            error: Some("the client disconnected".into()),
+        });
+        self.metrics.answered(answered.status);
+        log_line(json!({
+            "log": "request",
+            "id": self.id,
+            "endpoint": self.endpoint.path(),
+            "stream": self.stream,
+            "status": answered.status,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": answered.completion_tokens,
+            "finish_reason": answered.finish.map(Finish::as_str),
+            "ttft_s": answered.ttft.map(|t| t.as_secs_f64()),
+            "duration_s": self.start.elapsed().as_secs_f64(),
+            "error": answered.error,
+        }));
+    }
+}
+
+/// A request refused before it was queued (a 4xx): its log line.
+fn log_refusal(endpoint: Endpoint, error: &ApiError, start: Instant, metrics: &Metrics) {
+    metrics.answered(error.status.as_u16());
+    log_line(json!({
+        "log": "request",
+        "id": null,
+        "endpoint": endpoint.path(),
+        "status": error.status.as_u16(),
+        "duration_s": start.elapsed().as_secs_f64(),
+        "error": error.message,
+    }));
+}
+
+/// Queues a checked request and answers it, streamed or whole.
+async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: Instant) -> Response {
+    let serial = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let reply = Reply {
+        endpoint,
+        id: match endpoint {
+            Endpoint::Completions => format!("cmpl-{serial}"),
+            Endpoint::Chat => format!("chatcmpl-{serial}"),
+        },
+        created: unix_now(),
+        model: state.model_name.clone(),
+        prompt_tokens: plan.prompt.len(),
+        logprobs: plan.logprobs.is_some(),
+    };
+    let cancel = Cancel::default();
+    let mut flight = InFlight {
+        id: reply.id.clone(),
+        endpoint,
+        stream: plan.stream,
+        prompt_tokens: plan.prompt.len(),
+        start,
+        cancel: cancel.clone(),
+        answered: None,
+        metrics: state.metrics.clone(),
+    };
+    let (events, rx) = unbounded_channel();
+    let job = Job {
+        prompt: plan.prompt,
+        sampling: plan.sampling,
+        stops: plan.stops,
+        logprobs: plan.logprobs,
+        events,
+        cancel,
+        queued_at: Instant::now(),
+    };
+    state.metrics.queue_depth.inc();
+    let refused = match state.jobs.try_send(job) {
+        Ok(()) => None,
+        Err(mpsc::TrySendError::Full(_)) => Some(ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: format!(
+                "the server is busy: {} requests already wait (--max-queue); retry later",
+                state.max_queue
+            ),
+            param: None,
+        }),
+        Err(mpsc::TrySendError::Disconnected(_)) => Some(worker_gone()),
+    };
+    if let Some(error) = refused {
+        state.metrics.queue_depth.dec();
+        flight.answer(Answered {
+            status: error.status.as_u16(),
+            completion_tokens: 0,
+            finish: None,
+            ttft: None,
+            error: Some(error.message.clone()),
+        });
+        return error.into_response();
+    }
+    state
+        .metrics
+        .prompt_tokens
+        .inc_by(flight.prompt_tokens as u64);
+    if plan.stream {
+        let body = SseBody {
+            events: rx,
+            reply,
+            include_usage: plan.include_usage,
+            first: true,
+            pending: VecDeque::new(),
+            ended: false,
+            flight,
+            text_offset: 0,
+        };
+        // Comment lines while nothing else is sent (a long prefill): writing
+        // them is how a client that left is noticed.
+        let keep_alive = KeepAlive::new().interval(Duration::from_millis(500));
+        return Sse::new(body).keep_alive(keep_alive).into_response();
+    }
+    whole_answer(rx, reply, flight).await
+}
+
+/// Collects a non-streamed answer. Dropped when the client disconnects,
+/// which drops `flight` and so cancels the sequence.
+async fn whole_answer(
+    mut rx: UnboundedReceiver<GenEvent>,
+    reply: Reply,
+    mut flight: InFlight,
+) -> Response {
+    let mut text = String::new();
+    let mut entries = Vec::new();
+    while let Some(event) = rx.recv().await {
+        match event {
+            GenEvent::Text { text: t, logprobs } => {
+                text.push_str(&t);
+                entries.extend(logprobs);
+            }
+            GenEvent::Done {
+                completion_tokens,
+                finish,
+                ttft,
+            } => {
+                flight.answer(Answered {
+                    status: 200,
+                    completion_tokens,
+                    finish: Some(finish),
+                    ttft,
+                    error: None,
+                });
+                let whole = reply.whole(&text, finish, completion_tokens, &entries);
+                return Json(whole).into_response();
+            }
+            GenEvent::Failed(message) => {
+                flight.answer(Answered {
+                    status: 500,
+                    completion_tokens: 0,
+                    finish: None,
+                    ttft: None,
+                    error: Some(message.clone()),
+                });
+                return ApiError {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    message,
+                    param: None,
+                }
+                .into_response();
+            }
+        }
+    }
+    let error = worker_gone();
+    flight.answer(Answered {
+        status: error.status.as_u16(),
+        completion_tokens: 0,
+        finish: None,
+        ttft: None,
+        error: Some(error.message.clone()),
+    });
+    error.into_response()
+}
+
+/// A streamed answer: server-sent events made from the scheduler's events
+/// as they come. Dropping it (the client left) drops `flight`, which
+/// cancels the sequence.
+struct SseBody {
+    events: UnboundedReceiver<GenEvent>,
+    reply: Reply,
+    include_usage: bool,
+    /// No chunk was sent yet (the first carries the assistant role).
+    first: bool,
+    pending: VecDeque<Event>,
+    ended: bool,
+    flight: InFlight,
+    /// Characters of completion text sent so far (completions' `text_offset`).
+    text_offset: usize,
+}
+
+impl SseBody {
+    fn push(&mut self, value: serde_json::Value) {
+        self.pending
+            .push_back(Event::default().data(value.to_string()));
+    }
+
+    fn on_event(&mut self, event: Option<GenEvent>) {
+        match event {
+            Some(GenEvent::Text { text, logprobs }) => {
+                let logprobs = self.reply.logprobs(&logprobs, &mut self.text_offset);
+                let chunk = self.reply.chunk(Some(&text), None, self.first, logprobs);
+                self.first = false;
+                self.push(chunk);
+                return;
+            }
+            Some(GenEvent::Done {
+                completion_tokens,
+                finish,
+                ttft,
+            }) => {
+                if self.first {
+                    self.push(self.reply.chunk(None, None, true, serde_json::Value::Null));
+                }
+                let last = self
+                    .reply
+                    .chunk(None, Some(finish), false, serde_json::Value::Null);
+                self.push(last);
+                if self.include_usage {
+                    self.push(self.reply.usage_chunk(completion_tokens));
+                }
+                self.flight.answer(Answered {
+                    status: 200,
+                    completion_tokens,
+                    finish: Some(finish),
+                    ttft,
+                    error: None,
+                });
+            }
+            Some(GenEvent::Failed(message)) => {
+                self.push(json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}}));
+                self.flight.answer(Answered {
+                    status: 500,
+                    completion_tokens: 0,
+                    finish: None,
+                    ttft: None,
+                    error: Some(message),
+                });
+            }
+            None => {
+                let error = worker_gone();
+                self.push(json!({"error": {"message": error.message, "type": "server_error", "param": null, "code": null}}));
+                self.flight.answer(Answered {
+                    status: error.status.as_u16(),
+                    completion_tokens: 0,
+                    finish: None,
+                    ttft: None,
+                    error: Some(error.message),
+                });
+            }
+        }
+        self.pending.push_back(Event::default().data("[DONE]"));
+        self.ended = true;
+    }
+}
+
+impl tokio_stream::Stream for SseBody {
+    type Item = Result<Event, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(event) = this.pending.pop_front() {
+                return Poll::Ready(Some(Ok(event)));
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match this.events.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(event) => this.on_event(event),
+            }
+        }
+    }
+}
+
+async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    answer(state, body, Endpoint::Completions).await
+}
+
+/// Checks and tokenizes a request off the async workers (a long prompt
+/// takes a while to tokenize, and /v1/models, /health and /metrics stay
+/// answered meanwhile), then queues and answers it.
+async fn answer(state: Arc<AppState>, body: Bytes, endpoint: Endpoint) -> Response {
+    let start = Instant::now();
+    let planning = state.clone();
+    let planned = tokio::task::spawn_blocking(move || match endpoint {
+        Endpoint::Completions => plan_completion(&planning, &body),
+        Endpoint::Chat => plan_chat(&planning, &body),
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!("checking the request failed: {e}"),
+            param: None,
+        })
+    });
+    match planned {
+        Ok(plan) => respond(state, endpoint, plan, start).await,
+        Err(error) => {
+            log_refusal(endpoint, &error, start, &state.metrics);
+            error.into_response()
+        }
+    }
+}
+
+fn plan_completion(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
+    let request: CompletionRequest = parse_body(body, &["prompt", "echo", "logprobs"])?;
+    if request.echo == Some(true) {
+        return Err(ApiError::bad_request(
+            "echo: echoing the prompt is not implemented",
+            Some("echo"),
+        ));
+    }
+    let one = |n: usize| {
+        ApiError::bad_request(
+            format!(
+                "prompt: a list of {n} prompts was given; this server takes one prompt per request"
+            ),
+            Some("prompt"),
+        )
+    };
+    let ids = |ids: Vec<i64>| -> Result<Vec<i32>, ApiError> {
+        ids.iter()
+            .map(|&t| i32::try_from(t))
+            .collect::<Result<_, _>>()
+            .map_err(|_| {
+                ApiError::bad_request("prompt: a token id does not fit in 32 bits", Some("prompt"))
+            })
+    };
+    let prompt = match request.prompt {
+        PromptField::Text(text) => encode(&state.tokenizer, &text, true)?,
+        PromptField::Ids(list) => ids(list)?,
+        PromptField::Texts(mut texts) if texts.len() == 1 => {
+            encode(&state.tokenizer, &texts.remove(0), true)?
+        }
+        PromptField::Texts(texts) => return Err(one(texts.len())),
+        PromptField::IdLists(mut lists) if lists.len() == 1 => ids(lists.remove(0))?,
+        PromptField::IdLists(lists) => return Err(one(lists.len())),
+    };
+    let logprobs = match request.logprobs {
+        Some(n) if n > MAX_COMPLETION_LOGPROBS => {
+            return Err(ApiError::bad_request(
+                format!("logprobs: {n} is more than {MAX_COMPLETION_LOGPROBS}"),
+                Some("logprobs"),
+            ))
+        }
+        n => n.map(|n| n as usize),
+    };
+    let max_tokens = request.common.max_tokens;
+    plan(state, prompt, request.common, max_tokens, logprobs)
+}
+
+async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    answer(state, body, Endpoint::Chat).await
+}
+
+fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
+    let request: ChatRequest = parse_body(
+        body,
+        &[
+            "messages",
+            "max_completion_tokens",
+            "logprobs",
+            "top_logprobs",
+        ],
+    )?;
+    let Some(template) = &state.template else {
+        return Err(ApiError::bad_request(
+            format!(
+                "{} has no chat template (chat_template in tokenizer_config.json, or chat_template.jinja); \
+                 use /v1/completions",
+                state.model_dir
+            ),
+            None,
+        ));
+    };
+    if request.messages.is_empty() {
+        return Err(ApiError::bad_request(
+            "messages: give at least one message",
+            Some("messages"),
+        ));
+    }
+    let mut messages = Vec::with_capacity(request.messages.len());
+    for (i, m) in request.messages.into_iter().enumerate() {
+        let content = match m.content {
+            None => String::new(),
+            Some(ContentField::Text(t)) => t,
+            Some(ContentField::Parts(parts)) => {
+                let mut text = String::new();
+                for part in parts {
+                    match (part.kind.as_str(), part.text) {
+                        ("text", Some(t)) => text.push_str(&t),
+                        (kind, _) => {
+                            return Err(ApiError::bad_request(
+                                format!("messages[{i}].content: a '{kind}' part is not served (text parts only)"),
+                                Some("messages"),
+                            ))
+                        }
+                    }
+                }
+                text
+            }
+        };
+        messages.push(Message {
+            role: m.role,
+            content,
+        });
+    }
+    let text = template
+        .render(&messages, true)
+        .map_err(|e| ApiError::bad_request(e, Some("messages")))?;
+    // The template writes the special tokens (like <bos>) itself.
+    let prompt = encode(&state.tokenizer, &text, false)?;
+    let logprobs = match (request.logprobs, request.top_logprobs) {
+        (_, Some(n)) if n > MAX_CHAT_TOP_LOGPROBS => {
+            return Err(ApiError::bad_request(
+                format!("top_logprobs: {n} is more than {MAX_CHAT_TOP_LOGPROBS}"),
+                Some("top_logprobs"),
+            ))
+        }
+        (Some(true), top) => Some(top.unwrap_or(0) as usize),
+        (Some(false) | None, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "top_logprobs: needs logprobs: true",
+                Some("top_logprobs"),
+            ))
+        }
+        (Some(false) | None, None) => None,
+    };
+    let max_tokens = request.max_completion_tokens.or(request.common.max_tokens);
+    plan(state, prompt, request.common, max_tokens, logprobs)
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "archgen"}],
+    }))
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    match state.draining.load(Ordering::Relaxed) {
+        false => Json(json!({"status": "ok"})).into_response(),
+        true => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "draining"})),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
+    match state.metrics.render() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!("cannot encode the metrics: {e}"),
+            param: None,
+        }
+        .into_response(),
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: "no such endpoint: this server has GET /v1/models, POST /v1/completions, \
+                  POST /v1/chat/completions, GET /health and GET /metrics"
+            .into(),
+        param: None,
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C (SIGINT).
+async fn stop_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = interrupt => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(e) => {
+                eprintln!("archgen: serve: cannot listen for SIGTERM ({e}); Ctrl-C still stops");
+                let _ = interrupt.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+}
+
+pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
+    let model = args.model.as_path();
+    if !model.is_dir() {
+        return Err(format!("{}: not a directory", model.display()));
+    }
+    let tokenizer = crate::run::load_tokenizer(model)?.ok_or_else(|| {
+        format!(
+            "serve needs {} (not found) to turn text into tokens",
+            model.join("tokenizer.json").display()
+        )
+    })?;
+    let tokenizer = Arc::new(tokenizer);
+    let template = ChatTemplate::load(model)?;
+    if template.is_none() {
+        ui.note(&format!(
+            "serve: {} has no chat template: /v1/chat/completions will answer 400",
+            model.display()
+        ));
+    }
+    let eos = crate::run::eos_ids(model)?;
+    let context = engine::model_context(model)?;
+    ui.note(&format!(
+        "serve: context {} tokens ({})",
+        context.tokens,
+        context.describe()
+    ));
+    let to_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    let limits = Limits {
+        max_batch: args.max_batch as usize,
+        prefill_step: args.prefill_step as usize,
+    };
+    let max_queue = args.max_queue as usize;
+    let metrics = Arc::new(Metrics::new());
+    let (jobs_tx, jobs_rx) = mpsc::sync_channel(max_queue);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let worker = Worker {
+        jobs: jobs_rx,
+        ready: ready_tx,
+        tokenizer: tokenizer.clone(),
+        eos,
+        limits,
+        metrics: metrics.clone(),
+    };
+    let model_path = model.to_path_buf();
+    let implementation = args.implementation;
+    let worker_thread = std::thread::Builder::new()
+        .name("archgen-model".into())
+        .spawn(move || crate::run::with_model(&ui, &model_path, implementation, None, worker))
+        .map_err(|e| format!("cannot start the model thread: {e}"))?;
+    let vocab_size = match ready_rx.recv() {
+        Ok(v) => v,
+        // The worker ended before it was ready: the load failed.
+        Err(_) => {
+            return Err(match worker_thread.join() {
+                Ok(Err(message)) => message,
+                Ok(Ok(())) => "the model thread ended before loading the model".into(),
+                Err(_) => "the model thread panicked while loading the model".into(),
+            })
+        }
+    };
+    let model_name = model
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| model.display().to_string());
+    let state = Arc::new(AppState {
+        jobs: jobs_tx,
+        max_queue,
+        tokenizer,
+        template,
+        model_name: model_name.clone(),
+        model_dir: model.display().to_string(),
+        vocab_size,
+        context,
+        max_prompt_tokens: args.max_prompt_tokens.map(to_usize),
+        max_tokens_ceiling: args.max_tokens.map(to_usize),
+        next_id: AtomicU64::new(1),
+        metrics,
+        draining: AtomicBool::new(false),
+    });
+    let app = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .with_state(state.clone());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let (host, port) = (args.host.as_str(), args.port);
+    let drain = Duration::from_secs(args.drain_seconds);
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((host, port))
+            .await
+            .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| format!("cannot read the listening address: {e}"))?;
+        eprintln!(
+            "archgen: serving {model_name} at http://{addr}/v1 (OpenAI API: /v1/models, /v1/completions, \
+             /v1/chat/completions; /health, /metrics; Ctrl-C or SIGTERM stops)"
+        );
+        let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
+        let draining = state.clone();
+        let signalled = async move {
+            stop_signal().await;
+            draining.draining.store(true, Ordering::Relaxed);
+            eprintln!(
+                "archgen: serve: stopping: no new connections; in-flight requests finish \
+                 (for at most {} s)",
+                drain.as_secs()
+            );
+            let _ = stopping_tx.send(true);
+        };
+        let server = axum::serve(listener, app)
+            .with_graceful_shutdown(signalled)
+            .into_future();
+        // Past the drain bound the server stops waiting for in-flight requests.
+        let bound = async move {
+            let mut stopping = stopping_rx;
+            if stopping.wait_for(|&stop| stop).await.is_err() {
+                // The server ended without a signal: nothing to bound.
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(drain).await;
+        };
+        tokio::select! {
+            served = server => served.map_err(|e| format!("the server failed: {e}"))?,
+            _ = bound => eprintln!(
+                "archgen: serve: in-flight requests still running after {} s (--drain-seconds); stopping anyway",
+                drain.as_secs()
+            ),
+        }
+        eprintln!("archgen: serve: stopped");
+        Ok(())
+    })
+}

@@ -1,0 +1,582 @@
+//! The model thread's scheduler: it owns every sequence in flight and moves
+//! them forward one step at a time.
+//!
+//! Each step, at its boundary, it
+//! 1. admits queued requests while fewer than `max_batch` sequences are in
+//!    flight (a request whose client already left is dropped unseen),
+//! 2. drops sequences whose client disconnected,
+//! 3. runs one prefill chunk (at most `prefill_step` prompt tokens) of one
+//!    sequence still in prefill, round robin among them, so a long prompt
+//!    holds the others back by one chunk per step at most,
+//! 4. runs one decode step of every sequence in decode ([`StepAll::step_all`]).
+//!
+//! The model math of a step is behind [`StepAll`]: today each sequence keeps
+//! its own cache and [`OneByOne`] runs one single-sequence forward per
+//! sequence, so every request computes exactly what `archgen generate`
+//! computes for it alone (prefill in chunks of `prefill_step`, the default
+//! 2048 being generate's; the same sampler and key schedule). A batched
+//! forward (B sequences in one forward) slots in as another `StepAll`.
+
+use std::borrow::Cow;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
+use archgen_runtime::mlx_rs::{self, Array};
+use archgen_runtime::model::{CausalLm, ModelTask};
+use archgen_runtime::Dtype;
+use tokenizers::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::metrics::Metrics;
+use crate::engine::{Finish, Flow, Sampling, TextStream};
+use crate::run::{decode, mlx, sample, token_value};
+
+/// One generated token's log-probability, for a request that asked for
+/// them: the token as text, and the most likely tokens at its position (most
+/// likely first).
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub top: Vec<(String, f32)>,
+}
+
+/// What the scheduler streams back for one request.
+pub enum GenEvent {
+    /// New text, and the log-probabilities of the tokens that made it (when
+    /// asked for; a token whose text is held back, e.g. half a character,
+    /// comes with the text that completes it).
+    Text {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Done {
+        completion_tokens: usize,
+        finish: Finish,
+        /// From queueing to the first generated token (None: none came).
+        ttft: Option<Duration>,
+    },
+    Failed(String),
+}
+
+/// Set by the HTTP side when nobody waits for a request's answer any more
+/// (the client disconnected); the scheduler drops the sequence at its next
+/// step boundary.
+#[derive(Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// One queued request, checked and tokenized.
+pub struct Job {
+    pub prompt: Vec<i32>,
+    pub sampling: Sampling,
+    pub stops: Vec<String>,
+    /// Log-probabilities wanted, with this many alternatives per token.
+    pub logprobs: Option<usize>,
+    pub events: UnboundedSender<GenEvent>,
+    pub cancel: Cancel,
+    pub queued_at: Instant,
+}
+
+/// How much the scheduler does per step.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Sequences in flight at once.
+    pub max_batch: usize,
+    /// Prompt tokens per prefill chunk.
+    pub prefill_step: usize,
+}
+
+/// One sequence's model state: its cache, the token it feeds next and its
+/// sampler's key (split once per decode step, as `archgen generate` does).
+pub struct SeqState<C> {
+    pub cache: C,
+    pub input: i32,
+    pub key: Array,
+    pub temp: f32,
+    pub top_p: f32,
+    /// Whether to return the token's log-probability, and how many of the
+    /// most likely alternatives with it.
+    pub top_logprobs: Option<usize>,
+}
+
+/// A sampled token's log-probability under the model (before temperature:
+/// mlx-lm's `logits - logsumexp(logits)`, in the logits' dtype) and the most
+/// likely token ids with theirs, most likely first.
+pub struct Logprobs {
+    pub logprob: f32,
+    pub top: Vec<(i32, f32)>,
+}
+
+/// One sequence's decode step result.
+pub struct Sampled {
+    pub token: i32,
+    /// Present when the sequence asked for log-probabilities.
+    pub logprobs: Option<Logprobs>,
+}
+
+/// The model math of a scheduler step: the one seam a batched forward
+/// replaces.
+pub trait StepAll<M: CausalLm> {
+    /// Feeds a chunk of prompt tokens into one sequence's cache.
+    fn prefill(&mut self, m: &M, seq: &mut SeqState<M::Cache>, chunk: &[i32])
+        -> Result<(), String>;
+    /// One decode step of every given sequence: a forward of its `input`,
+    /// its key split and its next token sampled (with its log-probabilities
+    /// when asked). Returns them in the order of `seqs`; each sequence's
+    /// `input` is left for the caller.
+    fn step_all(
+        &mut self,
+        m: &M,
+        seqs: &mut [&mut SeqState<M::Cache>],
+    ) -> Result<Vec<Sampled>, String>;
+}
+
+/// Each sequence on its own: one single-sequence forward per sequence, all
+/// sampled tokens evaluated together.
+pub struct OneByOne;
+
+impl<M: CausalLm> StepAll<M> for OneByOne {
+    fn prefill(
+        &mut self,
+        m: &M,
+        seq: &mut SeqState<M::Cache>,
+        chunk: &[i32],
+    ) -> Result<(), String> {
+        let x = Array::from_slice(chunk, &[1, chunk.len() as i32]);
+        mlx(mlx(m.forward(&x, &mut seq.cache))?.eval())
+    }
+
+    fn step_all(
+        &mut self,
+        m: &M,
+        seqs: &mut [&mut SeqState<M::Cache>],
+    ) -> Result<Vec<Sampled>, String> {
+        let mut tokens = Vec::with_capacity(seqs.len());
+        let mut logprob_rows = Vec::with_capacity(seqs.len());
+        for seq in seqs.iter_mut() {
+            let x = Array::from_slice(&[seq.input], &[1, 1]);
+            let row = mlx(mlx(m.forward(&x, &mut seq.cache))?.try_index((0, -1)))?;
+            let (key, sub) = mlx(mlx_rs::random::split(&seq.key, 2))?;
+            seq.key = key;
+            tokens.push(sample(&row, seq.temp, seq.top_p, &sub)?);
+            logprob_rows.push(match seq.top_logprobs {
+                None => None,
+                Some(_) => {
+                    let norm = mlx(row.logsumexp_axis(-1, true))?;
+                    Some(mlx(mlx(row.subtract(&norm))?.as_dtype(Dtype::Float32))?)
+                }
+            });
+        }
+        mlx(mlx_rs::transforms::eval(
+            tokens.iter().chain(logprob_rows.iter().flatten()),
+        ))?;
+        let mut sampled = Vec::with_capacity(seqs.len());
+        for ((token, row), seq) in tokens.iter().zip(&logprob_rows).zip(seqs.iter()) {
+            let token = token_value(token)?;
+            let logprobs = match (row, seq.top_logprobs) {
+                (Some(row), Some(top)) => Some(most_likely(row.as_slice::<f32>(), token, top)?),
+                (None, _) | (_, None) => None,
+            };
+            sampled.push(Sampled { token, logprobs });
+        }
+        Ok(sampled)
+    }
+}
+
+/// `token`'s log-probability in `row` and the `top` most likely ids.
+fn most_likely(row: &[f32], token: i32, top: usize) -> Result<Logprobs, String> {
+    let logprob = usize::try_from(token)
+        .ok()
+        .and_then(|t| row.get(t))
+        .copied()
+        .ok_or_else(|| format!("token {token} is outside the logits row ({})", row.len()))?;
+    let mut ids: Vec<usize> = (0..row.len()).collect();
+    let top = top.min(ids.len());
+    let by_logprob = |a: &usize, b: &usize| row[*b].total_cmp(&row[*a]).then(a.cmp(b));
+    if top > 0 && top < ids.len() {
+        ids.select_nth_unstable_by(top - 1, by_logprob);
+    }
+    ids.truncate(top);
+    ids.sort_by(by_logprob);
+    Ok(Logprobs {
+        logprob,
+        top: ids.into_iter().map(|i| (i as i32, row[i])).collect(),
+    })
+}
+
+enum Phase {
+    /// `fed` prompt tokens are in the cache; all but the last one are fed by
+    /// prefill chunks (the last is the first decode step's input).
+    Prefill {
+        fed: usize,
+    },
+    Decode,
+}
+
+struct Sequence<'t, C> {
+    job: Job,
+    state: SeqState<C>,
+    phase: Phase,
+    text: TextStream<'t>,
+    /// Log-probabilities of tokens whose text is not sent yet.
+    pending_logprobs: Vec<TokenLogprob>,
+    /// Tokens handed to the client (EOS is not one).
+    produced: usize,
+    /// The step that last ran a prefill chunk of this sequence (round robin).
+    last_prefill: u64,
+    first_token_at: Option<Instant>,
+    last_token_at: Option<Instant>,
+}
+
+/// What became of a sequence after a step.
+enum Outcome {
+    Running,
+    Finished,
+}
+
+/// Runs the scheduler on the model thread until the queue's senders are
+/// gone and no sequence is left.
+pub struct Worker {
+    pub jobs: mpsc::Receiver<Job>,
+    pub ready: mpsc::Sender<i32>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub eos: Vec<i32>,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+}
+
+impl ModelTask for Worker {
+    type Output = Result<(), String>;
+
+    fn run<M: CausalLm>(self, m: &M) -> Self::Output {
+        let _ = self.ready.send(m.vocab_size());
+        let mut scheduler = Scheduler {
+            model: m,
+            stepper: OneByOne,
+            tokenizer: &self.tokenizer,
+            eos: &self.eos,
+            limits: self.limits,
+            metrics: &self.metrics,
+            active: Vec::new(),
+            step: 0,
+        };
+        scheduler.serve(&self.jobs);
+        Ok(())
+    }
+}
+
+struct Scheduler<'a, M: CausalLm, S> {
+    model: &'a M,
+    stepper: S,
+    tokenizer: &'a Tokenizer,
+    eos: &'a [i32],
+    limits: Limits,
+    metrics: &'a Metrics,
+    active: Vec<Sequence<'a, M::Cache>>,
+    step: u64,
+}
+
+/// The message of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let what = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic");
+    format!("the generation failed: {what}")
+}
+
+impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
+    fn serve(&mut self, jobs: &mpsc::Receiver<Job>) {
+        let mut open = true;
+        loop {
+            if self.active.is_empty() {
+                if !open {
+                    return;
+                }
+                // Idle: wait for work.
+                match jobs.recv() {
+                    Ok(job) => self.admit(job),
+                    Err(mpsc::RecvError) => return,
+                }
+            }
+            while open && self.active.len() < self.limits.max_batch {
+                match jobs.try_recv() {
+                    Ok(job) => self.admit(job),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => open = false,
+                }
+            }
+            self.run_step();
+            self.metrics.active_sequences.set(self.active.len() as i64);
+        }
+    }
+
+    fn admit(&mut self, mut job: Job) {
+        self.metrics.queue_depth.dec();
+        if job.cancel.is_cancelled() {
+            // The client left while the request waited: nothing to compute.
+            return;
+        }
+        let Some(&last) = job.prompt.last() else {
+            let _ = job
+                .events
+                .send(GenEvent::Failed("the prompt has no tokens".into()));
+            return;
+        };
+        let key = match mlx(mlx_rs::random::key(job.sampling.seed)) {
+            Ok(key) => key,
+            Err(message) => {
+                let _ = job.events.send(GenEvent::Failed(message));
+                return;
+            }
+        };
+        let state = SeqState {
+            cache: self.model.make_cache(),
+            input: last,
+            key,
+            temp: job.sampling.temp,
+            top_p: job.sampling.top_p,
+            top_logprobs: job.logprobs,
+        };
+        let phase = match job.prompt.len() {
+            1 => Phase::Decode,
+            _ => Phase::Prefill { fed: 0 },
+        };
+        let stops = std::mem::take(&mut job.stops);
+        let text = TextStream::owning(self.tokenizer, Cow::Owned(stops));
+        self.active.push(Sequence {
+            job,
+            state,
+            phase,
+            text,
+            pending_logprobs: Vec::new(),
+            produced: 0,
+            last_prefill: 0,
+            first_token_at: None,
+            last_token_at: None,
+        });
+        self.metrics.active_sequences.set(self.active.len() as i64);
+    }
+
+    fn run_step(&mut self) {
+        self.step += 1;
+        let before = self.active.len();
+        self.active.retain(|s| !s.job.cancel.is_cancelled());
+        self.metrics
+            .cancelled
+            .inc_by((before - self.active.len()) as u64);
+        self.prefill_one_chunk();
+        self.decode_all();
+    }
+
+    /// One chunk of the sequence in prefill that waited longest for one.
+    fn prefill_one_chunk(&mut self) {
+        let Some(at) = (0..self.active.len())
+            .filter(|&i| matches!(self.active[i].phase, Phase::Prefill { .. }))
+            .min_by_key(|&i| self.active[i].last_prefill)
+        else {
+            return;
+        };
+        let step = self.step;
+        let prefill_step = self.limits.prefill_step;
+        let seq = &mut self.active[at];
+        let Phase::Prefill { fed } = seq.phase else {
+            return;
+        };
+        let head = seq.job.prompt.len() - 1;
+        let end = (fed + prefill_step).min(head);
+        let chunk = &seq.job.prompt[fed..end];
+        let model = self.model;
+        let stepper = &mut self.stepper;
+        let state = &mut seq.state;
+        let ran =
+            std::panic::catch_unwind(AssertUnwindSafe(|| stepper.prefill(model, state, chunk)));
+        let failure = match ran {
+            Ok(Ok(())) => None,
+            Ok(Err(message)) => Some(message),
+            Err(panic) => Some(panic_message(&*panic)),
+        };
+        seq.last_prefill = step;
+        match failure {
+            None => {
+                seq.phase = match end == head {
+                    true => Phase::Decode,
+                    false => Phase::Prefill { fed: end },
+                };
+            }
+            Some(message) => {
+                let seq = self.active.remove(at);
+                fail(&seq.job, message);
+            }
+        }
+    }
+
+    /// One decode step of every sequence in decode.
+    fn decode_all(&mut self) {
+        let decoding: Vec<usize> = (0..self.active.len())
+            .filter(|&i| matches!(self.active[i].phase, Phase::Decode))
+            .collect();
+        if decoding.is_empty() {
+            return;
+        }
+        let model = self.model;
+        let stepper = &mut self.stepper;
+        let mut states: Vec<&mut SeqState<M::Cache>> = self
+            .active
+            .iter_mut()
+            .filter(|s| matches!(s.phase, Phase::Decode))
+            .map(|s| &mut s.state)
+            .collect();
+        let ran =
+            std::panic::catch_unwind(AssertUnwindSafe(|| stepper.step_all(model, &mut states)));
+        let stepped = match ran {
+            Ok(stepped) => stepped,
+            Err(panic) => Err(panic_message(&*panic)),
+        };
+        let tokens = match stepped {
+            Ok(tokens) => tokens,
+            Err(message) => {
+                // The step is shared: every sequence in it ends.
+                for &i in decoding.iter().rev() {
+                    let seq = self.active.remove(i);
+                    fail(&seq.job, message.clone());
+                }
+                return;
+            }
+        };
+        let now = Instant::now();
+        let mut finished = Vec::new();
+        for (&i, sampled) in decoding.iter().zip(tokens) {
+            let token = sampled.token;
+            match self.deliver(i, sampled, now) {
+                Outcome::Running => self.active[i].state.input = token,
+                Outcome::Finished => finished.push(i),
+            }
+        }
+        for &i in finished.iter().rev() {
+            self.active.remove(i);
+        }
+    }
+
+    /// Hands a sampled token to its sequence's client.
+    fn deliver(&mut self, at: usize, sampled: Sampled, now: Instant) -> Outcome {
+        let metrics = self.metrics;
+        let eos = self.eos;
+        let token = sampled.token;
+        let logprob = match sampled.logprobs.map(|l| self.describe(token, l)) {
+            None => None,
+            Some(Ok(described)) => Some(described),
+            Some(Err(message)) => {
+                let seq = &self.active[at];
+                fail(&seq.job, message);
+                return Outcome::Finished;
+            }
+        };
+        let seq = &mut self.active[at];
+        match (seq.first_token_at, seq.last_token_at) {
+            (None, _) => {
+                seq.first_token_at = Some(now);
+                metrics
+                    .time_to_first_token
+                    .observe((now - seq.job.queued_at).as_secs_f64());
+            }
+            (Some(_), Some(last)) => metrics
+                .inter_token_latency
+                .observe((now - last).as_secs_f64()),
+            (Some(_), None) => {}
+        }
+        seq.last_token_at = Some(now);
+        if eos.contains(&token) {
+            return finish(seq, Finish::Stop);
+        }
+        seq.produced += 1;
+        metrics.generated_tokens.inc();
+        seq.pending_logprobs.extend(logprob);
+        let (text, flow) = match seq.text.push(token) {
+            Ok(pushed) => pushed,
+            Err(message) => {
+                fail(&seq.job, message);
+                return Outcome::Finished;
+            }
+        };
+        let logprobs = match text.is_empty() {
+            // Held back (half a character, or maybe a stop string): its
+            // log-probabilities wait for the text.
+            true => Vec::new(),
+            false => std::mem::take(&mut seq.pending_logprobs),
+        };
+        if !text.is_empty()
+            && seq
+                .job
+                .events
+                .send(GenEvent::Text { text, logprobs })
+                .is_err()
+        {
+            // Nobody listens any more.
+            seq.job.cancel.cancel();
+            metrics.cancelled.inc();
+            return Outcome::Finished;
+        }
+        match flow {
+            Flow::Stop => finish(seq, Finish::Stop),
+            Flow::Continue if seq.produced >= seq.job.sampling.max_tokens => {
+                finish(seq, Finish::Length)
+            }
+            Flow::Continue => Outcome::Running,
+        }
+    }
+
+    /// A token's log-probabilities with the tokens as text.
+    fn describe(&self, token: i32, logprobs: Logprobs) -> Result<TokenLogprob, String> {
+        let text = |id: i32| decode(self.tokenizer, &[id as u32]);
+        Ok(TokenLogprob {
+            token: text(token)?,
+            logprob: logprobs.logprob,
+            top: logprobs
+                .top
+                .into_iter()
+                .map(|(id, lp)| Ok((text(id)?, lp)))
+                .collect::<Result<_, String>>()?,
+        })
+    }
+}
+
+fn finish<C>(seq: &mut Sequence<'_, C>, finish: Finish) -> Outcome {
+    match seq.text.finish() {
+        Ok(tail) if !tail.is_empty() || !seq.pending_logprobs.is_empty() => {
+            let _ = seq.job.events.send(GenEvent::Text {
+                text: tail,
+                logprobs: std::mem::take(&mut seq.pending_logprobs),
+            });
+        }
+        Ok(_) => {}
+        Err(message) => {
+            fail(&seq.job, message);
+            return Outcome::Finished;
+        }
+    }
+    let _ = seq.job.events.send(GenEvent::Done {
+        completion_tokens: seq.produced,
+        finish,
+        ttft: seq.first_token_at.map(|t| t - seq.job.queued_at),
+    });
+    Outcome::Finished
+}
+
+fn fail(job: &Job, message: String) {
+    eprintln!("archgen: serve: {message}");
+    let _ = job.events.send(GenEvent::Failed(message));
+}

@@ -1,0 +1,967 @@
+//! Batched caches and masks exactly as mlx-lm 0.32.2 keeps them for
+//! `BatchGenerator` (`mlx_lm/models/cache.py`: `BatchKVCache`), so that a
+//! batch of B sequences of different lengths computes what mlx-lm's batch
+//! computes, byte for byte (docs/parity.md, "Batches").
+//!
+//! What a batch keeps per sequence: its `left_padding` (the slots before its
+//! first real key) and its `offset` (its RoPE position, `-left_padding` plus
+//! every token written since). Every sequence shares one write index `idx`
+//! into one key buffer [B, KV, capacity, D]; a row's real keys are
+//! `left_padding[b]..idx`. The mask hides each row's padding; RoPE takes the
+//! offsets as one int32 vector (`mx.fast.rope` with an array offset rotates
+//! row b from `offset[b]`).
+//!
+//! The physical layout is mirrored, not only the values: SDPA reduces over
+//! the whole key axis, so the buffer length and where padding sits decide
+//! the last bits. That is also why a request's bits depend on its batch
+//! mates (their lengths set the padding).
+//!
+//! The models' batched forward is [`BatchLm`]; the scheduler that mirrors
+//! `BatchGenerator` (joins, chunked prefill, leaves) is
+//! [`crate::batch_session`].
+
+use mlx_rs::ops::indexing::{Ellipsis, TryIndexMutOp, TryIndexOp};
+use mlx_rs::{Array, Dtype};
+
+use crate::attention::Mask;
+use crate::batch_deltanet::BatchArraysCache;
+use crate::ops::Result;
+
+/// `BatchKVCache.step`: buffers grow in steps of 256 slots, as `KVCache`'s.
+const STEP: i32 = 256;
+
+fn error(what: String) -> mlx_rs::error::Exception {
+    mlx_rs::error::Exception::custom(what)
+}
+
+/// An int32 vector of host values.
+fn int_vector(values: &[i32]) -> Array {
+    Array::from_slice(values, &[values.len() as i32])
+}
+
+/// `dynamic_roll(x, shifts[:, None], axis=2)` of cache.py: row b of `x`
+/// [B, H, S, D] rolled right by `shifts[b]` along the key axis, through the
+/// same gather (`take_along_axis` with `(arange(S) - shift) % S`).
+fn roll_rows(x: &Array, shifts: &[i32]) -> Result<Array> {
+    let s = x.shape()[2];
+    let mut idx = Vec::with_capacity(shifts.len() * s as usize);
+    for &shift in shifts {
+        idx.extend((0..s).map(|j| (j - shift).rem_euclid(s)));
+    }
+    let idx = Array::from_slice(&idx, &[shifts.len() as i32, 1, s, 1]);
+    x.take_along_axis(&idx, 2)
+}
+
+/// `mx.zeros((B, H, len, D))` in `like`'s dtype.
+fn zeros_rows(b: i32, h: i32, len: i32, d: i32, dtype: Dtype) -> Result<Array> {
+    mlx_rs::ops::zeros_dtype(&[b, h, len, d], dtype)
+}
+
+/// `mx.pad(x, [(0,0), (0,0), (left, right), (0,0)])` with zeros.
+fn pad_keys(x: &Array, left: i32, right: i32) -> Result<Array> {
+    if left == 0 && right == 0 {
+        return Ok(x.clone());
+    }
+    let s = x.shape();
+    let mut parts = Vec::with_capacity(3);
+    if left > 0 {
+        parts.push(zeros_rows(s[0], s[1], left, s[3], x.dtype())?);
+    }
+    parts.push(x.clone());
+    if right > 0 {
+        parts.push(zeros_rows(s[0], s[1], right, s[3], x.dtype())?);
+    }
+    mlx_rs::ops::concatenate(&parts, 2)
+}
+
+/// `create_causal_mask(N, offset=idx, left_padding=lp)` of mlx-lm `base.py`:
+/// bool [B, 1, N, idx + N], query `idx + i` of row b sees key k when
+/// `k <= idx + i` and `k >= lp[b]`.
+pub fn left_padded_causal_mask(n: i32, idx: i32, left_padding: &[i32]) -> Result<Array> {
+    let causal = crate::attention::causal_mask(n, idx, None)?;
+    let keys = mlx_rs::ops::arange::<i32, i32>(0, idx + n, 1)?.expand_dims(0)?;
+    let lp = Array::from_slice(left_padding, &[left_padding.len() as i32, 1, 1, 1]);
+    causal.logical_and(lp.le(&keys)?)
+}
+
+/// mlx-lm's `BatchKVCache`: one left-padded K/V buffer for B sequences of a
+/// full-attention layer.
+#[derive(Debug, Clone)]
+pub struct BatchKvCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    left_padding: Vec<i32>,
+    offset: Vec<i32>,
+    idx: i32,
+    /// Set by [`BatchKvCache::prepare`] for a right-padded prefill chunk,
+    /// consumed by [`BatchKvCache::finalize`].
+    right_padding: Option<Vec<i32>>,
+}
+
+impl BatchKvCache {
+    /// `BatchKVCache(left_padding)`: empty, offsets `-left_padding`.
+    pub fn new(left_padding: &[i32]) -> Self {
+        BatchKvCache {
+            keys: None,
+            values: None,
+            left_padding: left_padding.to_vec(),
+            offset: left_padding.iter().map(|l| -l).collect(),
+            idx: 0,
+            right_padding: None,
+        }
+    }
+
+    /// The number of sequences.
+    pub fn batch_size(&self) -> usize {
+        self.offset.len()
+    }
+
+    /// Each sequence's position, as the int32 vector RoPE takes
+    /// (`cache.offset`).
+    pub fn offsets(&self) -> Array {
+        int_vector(&self.offset)
+    }
+
+    /// Each sequence's position (host values of [`BatchKvCache::offsets`]).
+    pub fn offset_values(&self) -> &[i32] {
+        &self.offset
+    }
+
+    /// Each sequence's padding slots before its first key.
+    pub fn left_padding(&self) -> &[i32] {
+        &self.left_padding
+    }
+
+    /// The shared write index: every row's keys end here.
+    pub fn idx(&self) -> i32 {
+        self.idx
+    }
+
+    /// `update_and_fetch`: writes `k`, `v` [B, KV, L, D] at `idx..idx + L`
+    /// (growing the buffer by whole steps of 256 as `KVCache` does) and
+    /// returns `[..., :idx, :]`.
+    pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        let prev = self.idx;
+        let n = k.shape()[2];
+        let capacity = self.keys.as_ref().map_or(0, |a| a.shape()[2]);
+        if self.keys.is_none() || prev + n > capacity {
+            let (ks, vs) = (k.shape(), v.shape());
+            let n_steps = (STEP + n - 1) / STEP;
+            let new_k = zeros_rows(ks[0], ks[1], n_steps * STEP, ks[3], k.dtype())?;
+            let new_v = zeros_rows(vs[0], vs[1], n_steps * STEP, vs[3], v.dtype())?;
+            match (self.keys.take(), self.values.take()) {
+                (Some(mut keys), Some(mut values)) => {
+                    if prev % STEP != 0 {
+                        keys = keys.try_index((Ellipsis, ..prev, ..))?;
+                        values = values.try_index((Ellipsis, ..prev, ..))?;
+                    }
+                    self.keys = Some(mlx_rs::ops::concatenate(&[keys, new_k], 2)?);
+                    self.values = Some(mlx_rs::ops::concatenate(&[values, new_v], 2)?);
+                }
+                _ => {
+                    self.keys = Some(new_k);
+                    self.values = Some(new_v);
+                }
+            }
+        }
+        for o in &mut self.offset {
+            *o += n;
+        }
+        self.idx += n;
+        let (keys, values) = self.buffers_mut()?;
+        keys.try_index_mut((Ellipsis, prev..prev + n, ..), k)?;
+        values.try_index_mut((Ellipsis, prev..prev + n, ..), v)?;
+        self.keys_and_values()
+    }
+
+    fn buffers_mut(&mut self) -> Result<(&mut Array, &mut Array)> {
+        match (self.keys.as_mut(), self.values.as_mut()) {
+            (Some(k), Some(v)) => Ok((k, v)),
+            _ => Err(error("BatchKvCache: no keys written yet".into())),
+        }
+    }
+
+    /// `keys_and_values()`: `[..., :idx, :]` of both buffers.
+    pub fn keys_and_values(&self) -> Result<(Array, Array)> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => Ok((
+                k.try_index((Ellipsis, ..self.idx, ..))?,
+                v.try_index((Ellipsis, ..self.idx, ..))?,
+            )),
+            _ => Err(error("BatchKvCache: no keys written yet".into())),
+        }
+    }
+
+    /// `prepare(lengths=..., right_padding=...)` before a right-padded
+    /// prefill chunk (`PromptProcessingBatch.prompt`): remembers the padding
+    /// when any row has some.
+    pub fn prepare_right_padding(&mut self, right_padding: &[i32]) -> Result<()> {
+        if right_padding.len() != self.batch_size() {
+            return Err(error(format!(
+                "BatchKvCache::prepare: {} right paddings for a batch of {}",
+                right_padding.len(),
+                self.batch_size()
+            )));
+        }
+        if right_padding.iter().any(|&p| p > 0) {
+            self.right_padding = Some(right_padding.to_vec());
+        }
+        Ok(())
+    }
+
+    /// `finalize()`: after a right-padded chunk, rolls each row right by its
+    /// padding over the whole buffer, so the padding's keys move before the
+    /// row's real keys, where `left_padding` hides them.
+    pub fn finalize(&mut self) -> Result<()> {
+        let Some(padding) = self.right_padding.take() else {
+            return Ok(());
+        };
+        let (keys, values) = self.buffers_mut()?;
+        *keys = roll_rows(keys, &padding)?;
+        *values = roll_rows(values, &padding)?;
+        for ((o, lp), p) in self
+            .offset
+            .iter_mut()
+            .zip(self.left_padding.iter_mut())
+            .zip(&padding)
+        {
+            *o -= p;
+            *lp += p;
+        }
+        Ok(())
+    }
+
+    /// `make_mask(N)`: always an array, even for one token
+    /// ([`left_padded_causal_mask`]).
+    pub fn make_mask(&self, n: i32) -> Result<Mask> {
+        Ok(Mask::Array(left_padded_causal_mask(
+            n,
+            self.idx,
+            &self.left_padding,
+        )?))
+    }
+
+    /// `filter(batch_indices)`: keeps rows `keep` (in that order), then
+    /// drops the padding slots every kept row has (`min(left_padding)`).
+    pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
+        let rows = check_rows(keep, self.batch_size(), "BatchKvCache::filter")?;
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            self.keys = Some(k.take_axis(&rows, 0)?);
+            self.values = Some(v.take_axis(&rows, 0)?);
+        }
+        self.offset = keep.iter().map(|&i| self.offset[i]).collect();
+        self.left_padding = keep.iter().map(|&i| self.left_padding[i]).collect();
+        let min_left_pad = self.left_padding.iter().copied().min().unwrap_or(0);
+        if min_left_pad > 0 {
+            if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+                self.keys = Some(k.try_index((Ellipsis, min_left_pad.., ..))?);
+                self.values = Some(v.try_index((Ellipsis, min_left_pad.., ..))?);
+            }
+            self.idx -= min_left_pad;
+            for lp in &mut self.left_padding {
+                *lp -= min_left_pad;
+            }
+        }
+        Ok(())
+    }
+
+    /// `extend(other)`: appends `other`'s rows. Both buffers are padded to
+    /// the same length with their ends aligned at the larger `idx`: a row
+    /// that has fewer keys gets more left padding.
+    pub fn extend(&mut self, other: BatchKvCache) -> Result<()> {
+        let shapes = |c: &BatchKvCache| match (&c.keys, &c.values) {
+            (Some(k), Some(v)) => Some((k.shape().to_vec(), v.shape()[3], k.dtype())),
+            _ => None,
+        };
+        let (a, b) = (shapes(self), shapes(&other));
+        let (heads, dk, dv, dtype) = match (&a, &b) {
+            (None, None) => {
+                self.left_padding.extend(other.left_padding);
+                self.offset.extend(other.offset);
+                return Ok(());
+            }
+            // Python takes H, D, M from the last cache with keys.
+            (_, Some((s, dv, dt))) | (Some((s, dv, dt)), None) => (s[1], s[3], *dv, *dt),
+        };
+        let max_idx = self.idx.max(other.idx);
+        let len = |s: &Option<(Vec<i32>, i32, Dtype)>| s.as_ref().map_or(0, |(s, _, _)| s[2]);
+        let max_size = len(&a).max(len(&b));
+        let pad = |c: &BatchKvCache| -> Result<(Array, Array, Vec<i32>)> {
+            let (mut k, mut v) = match (&c.keys, &c.values) {
+                (Some(k), Some(v)) => (k.clone(), v.clone()),
+                _ => {
+                    let rows = c.batch_size() as i32;
+                    (
+                        zeros_rows(rows, heads, 0, dk, dtype)?,
+                        zeros_rows(rows, heads, 0, dv, dtype)?,
+                    )
+                }
+            };
+            let left = max_idx - c.idx;
+            let mut right = max_size - k.shape()[2] - left;
+            if right < 0 {
+                k = k.try_index((Ellipsis, ..right, ..))?;
+                v = v.try_index((Ellipsis, ..right, ..))?;
+                right = 0;
+            }
+            let (k, v) = (pad_keys(&k, left, right)?, pad_keys(&v, left, right)?);
+            Ok((k, v, c.left_padding.iter().map(|lp| lp + left).collect()))
+        };
+        let (k1, v1, lp1) = pad(self)?;
+        let (k2, v2, lp2) = pad(&other)?;
+        self.keys = Some(mlx_rs::ops::concatenate(&[k1, k2], 0)?);
+        self.values = Some(mlx_rs::ops::concatenate(&[v1, v2], 0)?);
+        self.left_padding = lp1.into_iter().chain(lp2).collect();
+        self.offset.extend(other.offset);
+        self.idx = max_idx;
+        Ok(())
+    }
+
+    /// `extract(idx)`: row `row`'s real keys and values [1, KV, len, D]
+    /// (what mlx-lm hands back as a single-sequence `KVCache`).
+    pub fn extract(&self, row: usize) -> Result<(Array, Array)> {
+        check_rows(&[row], self.batch_size(), "BatchKvCache::extract")?;
+        let (k, v) = match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => (k, v),
+            _ => return Err(error("BatchKvCache::extract: no keys written yet".into())),
+        };
+        let r = row as i32;
+        let lp = self.left_padding[row];
+        let cut = |x: &Array| -> Result<Array> {
+            x.try_index((r..r + 1, .., lp..self.idx))?.contiguous()
+        };
+        Ok((cut(k)?, cut(v)?))
+    }
+}
+
+/// `mx.roll(x, shift, axis)` along `axis` (uniform for every row): element
+/// j of the result is `x[(j - shift) mod len]`.
+fn roll_axis(x: &Array, shift: i32, axis: i32) -> Result<Array> {
+    let ndim = x.ndim() as i32;
+    let axis = if axis < 0 { axis + ndim } else { axis };
+    let len = x.shape()[axis as usize];
+    let s = shift.rem_euclid(len.max(1));
+    if s == 0 {
+        return Ok(x.clone());
+    }
+    let cut = len - s;
+    let tail = x.split_at_indices(&[cut], axis)?;
+    mlx_rs::ops::concatenate(&[tail[1].clone(), tail[0].clone()], axis)
+}
+
+/// mlx-lm's `BatchRotatingKVCache(max_size, left_padding)`: one left-padded
+/// ring buffer for B sequences of a sliding-window layer. Prefill chunks
+/// (L > 1) concatenate in temporal order and trim to `max_size + L - 1`;
+/// one-token steps write in place into the ring once it is full.
+#[derive(Debug, Clone)]
+pub struct BatchRotatingKvCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    left_padding: Vec<i32>,
+    offset: Vec<i32>,
+    max_size: i32,
+    /// `_idx`: the write index into the buffer.
+    idx: i32,
+    /// `_offset`: the tokens written (the same for every row).
+    written: i32,
+    rotated: bool,
+    /// `_lengths`: set by [`BatchRotatingKvCache::prepare_right_padding`].
+    lengths: Option<Vec<i32>>,
+}
+
+impl BatchRotatingKvCache {
+    /// `BatchRotatingKVCache(max_size, left_padding)`: empty.
+    pub fn new(max_size: i32, left_padding: &[i32]) -> Self {
+        BatchRotatingKvCache {
+            keys: None,
+            values: None,
+            left_padding: left_padding.to_vec(),
+            offset: left_padding.iter().map(|l| -l).collect(),
+            max_size,
+            idx: 0,
+            written: 0,
+            rotated: false,
+            lengths: None,
+        }
+    }
+
+    pub fn batch_size(&self) -> usize {
+        self.offset.len()
+    }
+
+    /// Each sequence's position, as the int32 vector RoPE takes.
+    pub fn offsets(&self) -> Array {
+        int_vector(&self.offset)
+    }
+
+    /// Each sequence's padding slots before its first key.
+    pub fn left_padding(&self) -> &[i32] {
+        &self.left_padding
+    }
+
+    fn trim(trim_size: i32, v: &Array, append: Option<&Array>) -> Result<Array> {
+        let v = if trim_size > 0 {
+            v.try_index((Ellipsis, trim_size.., ..))?
+        } else {
+            v.clone()
+        };
+        match append {
+            Some(a) => mlx_rs::ops::concatenate(&[v, a.clone()], 2),
+            None => Ok(v),
+        }
+    }
+
+    /// `_temporal_order`: unrolls a rotated ring.
+    fn temporal_order(&mut self) -> Result<()> {
+        if self.rotated {
+            if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+                let (k, v) = (roll_axis(k, -self.idx, 2)?, roll_axis(v, -self.idx, 2)?);
+                self.idx = k.shape()[2];
+                self.keys = Some(k);
+                self.values = Some(v);
+            }
+            self.rotated = false;
+        }
+        Ok(())
+    }
+
+    /// Rolls each row right by `max(0, offset - lengths)`: a right-padded
+    /// row's padding moves in front of its keys.
+    fn roll_right_padding(&mut self, lengths: &[i32]) -> Result<()> {
+        let roll: Vec<i32> = self
+            .offset
+            .iter()
+            .zip(lengths)
+            .map(|(o, l)| (o - l).max(0))
+            .collect();
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            self.keys = Some(roll_rows(k, &roll)?);
+            self.values = Some(roll_rows(v, &roll)?);
+        }
+        for ((o, lp), r) in self
+            .offset
+            .iter_mut()
+            .zip(self.left_padding.iter_mut())
+            .zip(&roll)
+        {
+            *lp += r;
+            *o -= r;
+        }
+        Ok(())
+    }
+
+    fn update_concat(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        match (self.keys.clone(), self.values.clone()) {
+            (Some(_), Some(_)) => {
+                self.temporal_order()?;
+                let (mut keys, mut values) = match (self.keys.take(), self.values.take()) {
+                    (Some(k), Some(v)) => (k, v),
+                    _ => return Err(error("BatchRotatingKvCache: lost its keys".into())),
+                };
+                if keys.shape()[2] > self.idx {
+                    keys = keys.try_index((Ellipsis, ..self.idx, ..))?;
+                    values = values.try_index((Ellipsis, ..self.idx, ..))?;
+                }
+                self.keys = Some(keys);
+                self.values = Some(values);
+                if let Some(lengths) = self.lengths.clone() {
+                    self.roll_right_padding(&lengths)?;
+                }
+                // At most max_size + L - 1 keys, so every query sees a full window.
+                let trim_size = self.idx - self.max_size + 1;
+                if trim_size > 0 {
+                    for lp in &mut self.left_padding {
+                        *lp -= trim_size;
+                    }
+                }
+                let (keys, values) = (self.keys.take(), self.values.take());
+                let (keys, values) = match (keys, values) {
+                    (Some(k), Some(v)) => (k, v),
+                    _ => return Err(error("BatchRotatingKvCache: lost its keys".into())),
+                };
+                self.keys = Some(Self::trim(trim_size, &keys, Some(k))?);
+                self.values = Some(Self::trim(trim_size, &values, Some(v))?);
+            }
+            _ => {
+                self.keys = Some(k.clone());
+                self.values = Some(v.clone());
+            }
+        }
+        let n = k.shape()[2];
+        for o in &mut self.offset {
+            *o += n;
+        }
+        self.written += n;
+        match (&self.keys, &self.values) {
+            (Some(keys), Some(values)) => {
+                self.idx = keys.shape()[2];
+                Ok((keys.clone(), values.clone()))
+            }
+            _ => Err(error("BatchRotatingKvCache: lost its keys".into())),
+        }
+    }
+
+    fn update_in_place(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        if self.lengths.is_some() {
+            return Err(error(
+                "BatchRotatingKvCache: finalize() must run before one-token steps".into(),
+            ));
+        }
+        let (ks, vs) = (k.shape(), v.shape());
+        let s = ks[2];
+        let prev = self.written;
+        let capacity = self.keys.as_ref().map_or(0, |a| a.shape()[2]);
+        if self.keys.is_none() || (prev >= capacity && capacity < self.max_size) {
+            let new_size = STEP.min(self.max_size - prev);
+            if new_size <= 0 {
+                return Err(error(format!(
+                    "BatchRotatingKvCache: cannot grow a {capacity}-slot buffer at offset {prev} \
+                     (max_size {})",
+                    self.max_size
+                )));
+            }
+            let new_k = zeros_rows(ks[0], ks[1], new_size, ks[3], k.dtype())?;
+            let new_v = zeros_rows(vs[0], vs[1], new_size, vs[3], v.dtype())?;
+            match (self.keys.take(), self.values.take()) {
+                (Some(keys), Some(values)) => {
+                    self.keys = Some(mlx_rs::ops::concatenate(&[keys, new_k], 2)?);
+                    self.values = Some(mlx_rs::ops::concatenate(&[values, new_v], 2)?);
+                }
+                _ => {
+                    self.keys = Some(new_k);
+                    self.values = Some(new_v);
+                }
+            }
+            self.idx = prev;
+        }
+        let capacity = self.keys.as_ref().map_or(0, |a| a.shape()[2]);
+        let trim_size = capacity - self.max_size;
+        if trim_size > 0 {
+            if let (Some(keys), Some(values)) = (&self.keys, &self.values) {
+                self.keys = Some(Self::trim(trim_size, keys, None)?);
+                self.values = Some(Self::trim(trim_size, values, None)?);
+            }
+            self.idx = self.max_size;
+            for lp in &mut self.left_padding {
+                *lp -= trim_size;
+            }
+        }
+        if self.idx == self.max_size {
+            self.rotated = true;
+            self.idx = 0;
+        }
+        if self.rotated {
+            for lp in &mut self.left_padding {
+                *lp -= s;
+            }
+        }
+        let at = self.idx;
+        match (self.keys.as_mut(), self.values.as_mut()) {
+            (Some(keys), Some(values)) => {
+                keys.try_index_mut((Ellipsis, at..at + s, ..), k)?;
+                values.try_index_mut((Ellipsis, at..at + s, ..), v)?;
+            }
+            _ => return Err(error("BatchRotatingKvCache: lost its keys".into())),
+        }
+        self.written += s;
+        for o in &mut self.offset {
+            *o += s;
+        }
+        self.idx += s;
+        self.keys_and_values()
+    }
+
+    /// `update_and_fetch`: the concat path for chunks, the ring for one token.
+    pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        if k.shape()[2] == 1 {
+            self.update_in_place(k, v)
+        } else {
+            self.update_concat(k, v)
+        }
+    }
+
+    /// `keys_and_values()`: `[..., :_offset, :]` until the buffer is full.
+    pub fn keys_and_values(&self) -> Result<(Array, Array)> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if self.written < k.shape()[2] => Ok((
+                k.try_index((Ellipsis, ..self.written, ..))?,
+                v.try_index((Ellipsis, ..self.written, ..))?,
+            )),
+            (Some(k), Some(v)) => Ok((k.clone(), v.clone())),
+            _ => Err(error("BatchRotatingKvCache: no keys written yet".into())),
+        }
+    }
+
+    /// `prepare(lengths=..., right_padding=...)`.
+    pub fn prepare_right_padding(&mut self, lengths: &[i32], right_padding: &[i32]) -> Result<()> {
+        if lengths.len() != self.batch_size() || right_padding.len() != self.batch_size() {
+            return Err(error(format!(
+                "BatchRotatingKvCache::prepare: {} lengths and {} paddings for a batch of {}",
+                lengths.len(),
+                right_padding.len(),
+                self.batch_size()
+            )));
+        }
+        if right_padding.iter().any(|&p| p > 0) {
+            self.lengths = Some(
+                lengths
+                    .iter()
+                    .zip(&self.offset)
+                    .map(|(l, o)| l + o)
+                    .collect(),
+            );
+        }
+        Ok(())
+    }
+
+    /// `finalize()`: right padding rolled in front of each row's keys.
+    pub fn finalize(&mut self) -> Result<()> {
+        if let Some(lengths) = self.lengths.take() {
+            self.roll_right_padding(&lengths)?;
+        }
+        Ok(())
+    }
+
+    /// `make_mask(N, window_size)`: the windowed causal mask, each row's
+    /// padding hidden, rolled to the ring's order on a rotated one-token step.
+    pub fn make_mask(&self, n: i32, window: i32) -> Result<Mask> {
+        let offset = (self.max_size - 1).min(self.written);
+        let mask = crate::attention::causal_mask(n, offset, Some(window))?;
+        let mut lp = self.left_padding.clone();
+        let trim_size = self.idx - self.max_size + i32::from(n > 1);
+        if trim_size > 0 {
+            lp.iter_mut().for_each(|p| *p -= trim_size);
+        }
+        let rotated = n == 1 && (self.rotated || self.idx >= self.max_size);
+        if rotated {
+            lp.iter_mut().for_each(|p| *p -= 1);
+        }
+        let keys = mlx_rs::ops::arange::<i32, i32>(0, offset + n, 1)?.expand_dims(0)?;
+        let lp = Array::from_slice(&lp, &[lp.len() as i32, 1, 1, 1]);
+        let mut mask = mask.logical_and(keys.ge(&lp)?)?;
+        if rotated {
+            let idx = if self.idx >= self.max_size {
+                0
+            } else {
+                self.idx
+            };
+            mask = roll_axis(&mask, idx + 1, -1)?;
+        }
+        Ok(Mask::Array(mask))
+    }
+
+    /// `filter(batch_indices)`: keeps rows `keep` (no padding is dropped).
+    pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
+        let rows = check_rows(keep, self.batch_size(), "BatchRotatingKvCache::filter")?;
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            self.keys = Some(k.take_axis(&rows, 0)?);
+            self.values = Some(v.take_axis(&rows, 0)?);
+        }
+        self.offset = keep.iter().map(|&i| self.offset[i]).collect();
+        self.left_padding = keep.iter().map(|&i| self.left_padding[i]).collect();
+        Ok(())
+    }
+
+    /// `extend(other)`: both rings in temporal order when their write
+    /// positions differ, then padded to one length with ends aligned.
+    pub fn extend(&mut self, mut other: BatchRotatingKvCache) -> Result<()> {
+        if self.keys.is_none() && other.keys.is_none() {
+            self.left_padding.extend(other.left_padding);
+            self.offset.extend(other.offset);
+            return Ok(());
+        }
+        if self.rotated != other.rotated || self.idx != other.idx {
+            self.temporal_order()?;
+            other.temporal_order()?;
+        }
+        let dims = |c: &BatchRotatingKvCache| match (&c.keys, &c.values) {
+            (Some(k), Some(v)) => Some((k.shape()[1], k.shape()[3], v.shape()[3], k.dtype())),
+            _ => None,
+        };
+        let (heads, dk, dv, dtype) = match dims(&other).or_else(|| dims(self)) {
+            Some(d) => d,
+            None => return Err(error("BatchRotatingKvCache::extend: no keys".into())),
+        };
+        let max_idx = self.idx.max(other.idx);
+        let len = |c: &BatchRotatingKvCache| c.keys.as_ref().map_or(0, |k| k.shape()[2]);
+        let max_size = len(self).max(len(&other));
+        let pad = |c: &BatchRotatingKvCache| -> Result<(Array, Array, Vec<i32>)> {
+            let left = max_idx - c.idx;
+            let (mut k, mut v) = match (&c.keys, &c.values) {
+                (Some(k), Some(v)) => (k.clone(), v.clone()),
+                _ => {
+                    let rows = c.batch_size() as i32;
+                    (
+                        zeros_rows(rows, heads, 0, dk, dtype)?,
+                        zeros_rows(rows, heads, 0, dv, dtype)?,
+                    )
+                }
+            };
+            let mut right = max_size - k.shape()[2] - left;
+            if right < 0 {
+                k = k.try_index((Ellipsis, ..right, ..))?;
+                v = v.try_index((Ellipsis, ..right, ..))?;
+                right = 0;
+            }
+            let (k, v) = (pad_keys(&k, left, right)?, pad_keys(&v, left, right)?);
+            Ok((k, v, c.left_padding.iter().map(|lp| lp + left).collect()))
+        };
+        let (k1, v1, lp1) = pad(self)?;
+        let (k2, v2, lp2) = pad(&other)?;
+        self.keys = Some(mlx_rs::ops::concatenate(&[k1, k2], 0)?);
+        self.values = Some(mlx_rs::ops::concatenate(&[v1, v2], 0)?);
+        self.left_padding = lp1.into_iter().chain(lp2).collect();
+        self.offset.extend(other.offset);
+        self.idx = max_idx;
+        self.written = self.written.max(other.written);
+        Ok(())
+    }
+}
+
+/// The row indices as an int32 array, after checking them against `batch`.
+fn check_rows(rows: &[usize], batch: usize, what: &str) -> Result<Array> {
+    if let Some(bad) = rows.iter().find(|&&r| r >= batch) {
+        return Err(error(format!("{what}: row {bad} of a batch of {batch}")));
+    }
+    let rows: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
+    Ok(int_vector(&rows))
+}
+
+/// The batched cache of one layer, by the cache kind mlx-lm merges its
+/// single-sequence cache into (`_merge_caches`).
+#[derive(Debug, Clone)]
+pub enum BatchLayerCache {
+    /// `KVCache.merge` → `BatchKVCache` (full attention).
+    Full(BatchKvCache),
+    /// `RotatingKVCache.merge` → `BatchRotatingKVCache` (a sliding window).
+    Sliding(BatchRotatingKvCache),
+    /// `ArraysCache.merge` (a Gated DeltaNet layer's conv and recurrent
+    /// states).
+    Arrays(BatchArraysCache),
+}
+
+impl BatchLayerCache {
+    /// The number of sequences.
+    pub fn batch_size(&self) -> usize {
+        match self {
+            BatchLayerCache::Full(c) => c.batch_size(),
+            BatchLayerCache::Sliding(c) => c.batch_size(),
+            BatchLayerCache::Arrays(c) => c.batch_size(),
+        }
+    }
+
+    fn prepare_right_padding(&mut self, lengths: &[i32], right_padding: &[i32]) -> Result<()> {
+        match self {
+            BatchLayerCache::Full(c) => c.prepare_right_padding(right_padding),
+            BatchLayerCache::Sliding(c) => c.prepare_right_padding(lengths, right_padding),
+            BatchLayerCache::Arrays(c) => {
+                c.prepare(lengths);
+                Ok(())
+            }
+        }
+    }
+
+    fn finalize(&mut self) -> Result<()> {
+        match self {
+            BatchLayerCache::Full(c) => c.finalize(),
+            BatchLayerCache::Sliding(c) => c.finalize(),
+            BatchLayerCache::Arrays(c) => {
+                c.finalize();
+                Ok(())
+            }
+        }
+    }
+
+    fn filter(&mut self, keep: &[usize]) -> Result<()> {
+        match self {
+            BatchLayerCache::Full(c) => c.filter(keep),
+            BatchLayerCache::Sliding(c) => c.filter(keep),
+            BatchLayerCache::Arrays(c) => c.filter(keep),
+        }
+    }
+
+    fn extend(&mut self, other: BatchLayerCache) -> Result<()> {
+        match (self, other) {
+            (BatchLayerCache::Full(a), BatchLayerCache::Full(b)) => a.extend(b),
+            (BatchLayerCache::Sliding(a), BatchLayerCache::Sliding(b)) => a.extend(b),
+            (BatchLayerCache::Arrays(a), BatchLayerCache::Arrays(b)) => a.extend(b),
+            (
+                BatchLayerCache::Full(_) | BatchLayerCache::Sliding(_) | BatchLayerCache::Arrays(_),
+                _,
+            ) => Err(error(
+                "BatchCache::extend: two kinds of cache on one layer".into(),
+            )),
+        }
+    }
+
+    /// The arrays a step boundary evaluates (`mx.eval(c.state)`).
+    fn state(&self) -> Vec<&Array> {
+        match self {
+            BatchLayerCache::Full(c) => c.keys.iter().chain(c.values.iter()).collect(),
+            BatchLayerCache::Sliding(c) => c.keys.iter().chain(c.values.iter()).collect(),
+            BatchLayerCache::Arrays(c) => c.arrays().collect(),
+        }
+    }
+}
+
+/// A model's batched cache: one entry per layer, `None` for a layer that
+/// reads another layer's K/V (mlx-lm gives it no cache).
+#[derive(Debug, Clone)]
+pub struct BatchCache {
+    pub layers: Vec<Option<BatchLayerCache>>,
+}
+
+impl BatchCache {
+    /// The number of sequences.
+    pub fn batch_size(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(BatchLayerCache::batch_size)
+            .next()
+            .unwrap_or(0)
+    }
+
+    /// `c.prepare(lengths=..., right_padding=...)` on every layer: each
+    /// row's chunk length and the padding that fills it to the longest.
+    pub fn prepare_right_padding(&mut self, lengths: &[i32], right_padding: &[i32]) -> Result<()> {
+        self.layers
+            .iter_mut()
+            .flatten()
+            .try_for_each(|c| c.prepare_right_padding(lengths, right_padding))
+    }
+
+    /// `c.finalize()` on every layer.
+    pub fn finalize(&mut self) -> Result<()> {
+        self.layers
+            .iter_mut()
+            .flatten()
+            .try_for_each(BatchLayerCache::finalize)
+    }
+
+    /// `c.filter(keep)` on every layer.
+    pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
+        self.layers
+            .iter_mut()
+            .flatten()
+            .try_for_each(|c| c.filter(keep))
+    }
+
+    /// `_extend_cache`: `other`'s rows after this cache's, layer by layer.
+    pub fn extend(&mut self, other: BatchCache) -> Result<()> {
+        if self.layers.len() != other.layers.len() {
+            return Err(error(format!(
+                "BatchCache::extend: {} layers and {} layers",
+                self.layers.len(),
+                other.layers.len()
+            )));
+        }
+        for (i, (a, b)) in self.layers.iter_mut().zip(other.layers).enumerate() {
+            match (a.as_mut(), b) {
+                (Some(a), Some(b)) => a.extend(b)?,
+                (None, None) => {}
+                (Some(_), None) | (None, Some(_)) => {
+                    return Err(error(format!(
+                        "BatchCache::extend: layer {i} has a cache on one side only"
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `mx.eval([c.state for c in cache])`.
+    pub fn eval(&self) -> Result<()> {
+        let state: Vec<&Array> = self
+            .layers
+            .iter()
+            .flatten()
+            .flat_map(BatchLayerCache::state)
+            .collect();
+        mlx_rs::transforms::eval(state)
+    }
+}
+
+/// A model that runs B sequences as one batch, as mlx-lm runs it under
+/// `BatchGenerator` (the monolith; see docs/parity.md, "Batches").
+pub trait BatchLm {
+    fn vocab_size(&self) -> i32;
+    /// `_merge_caches` of `n` fresh `make_prompt_cache`s: empty batched
+    /// caches with no padding. An error names a cache kind mlx-lm cannot
+    /// batch (or archgen does not batch yet).
+    fn make_batch_cache(&self, n: usize) -> Result<BatchCache>;
+    /// Logits [B, L, vocab] for `ids` [B, L] (int32), appending to `cache`.
+    fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filled(b: i32, len: i32) -> Array {
+        let n = b * len;
+        mlx_rs::ops::arange::<i32, f32>(1, n + 1, 1)
+            .unwrap()
+            .reshape(&[b, 1, len, 1])
+            .unwrap()
+    }
+
+    #[test]
+    fn roll_moves_each_row_by_its_shift() {
+        let x = filled(2, 4);
+        let r = roll_rows(&x, &[1, 3]).unwrap();
+        assert_eq!(
+            r.as_slice::<f32>(),
+            &[4.0, 1.0, 2.0, 3.0, 6.0, 7.0, 8.0, 5.0]
+        );
+    }
+
+    #[test]
+    fn mask_hides_left_padding_and_the_future() {
+        let m = left_padded_causal_mask(2, 1, &[0, 1]).unwrap();
+        assert_eq!(m.shape(), &[2, 1, 2, 3]);
+        let got: Vec<bool> = m.as_slice::<bool>().to_vec();
+        #[rustfmt::skip]
+        let want = [
+            true, true, false, true, true, true, // row 0: causal only
+            false, true, false, false, true, true, // row 1: key 0 is padding
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn right_padding_becomes_left_padding() {
+        let mut c = BatchKvCache::new(&[0, 0]);
+        let k = filled(2, 3);
+        c.prepare_right_padding(&[0, 2]).unwrap();
+        c.update_and_fetch(&k, &k).unwrap();
+        c.finalize().unwrap();
+        assert_eq!(c.left_padding(), &[0, 2]);
+        assert_eq!(c.offset_values(), &[3, 1]);
+        let (keys, _) = c.keys_and_values().unwrap();
+        // Row 1 wrote 4, 5, 6 of which 5, 6 were padding: rolled right by 2
+        // over the 256-slot buffer, zeros land in front, 4 at slot 2.
+        let row1 = keys.try_index(1).unwrap().reshape(&[-1]).unwrap();
+        assert_eq!(row1.as_slice::<f32>(), &[0.0, 0.0, 4.0]);
+    }
+
+    #[test]
+    fn filter_drops_shared_padding_and_extend_aligns_ends() {
+        let mut a = BatchKvCache::new(&[0, 0]);
+        a.prepare_right_padding(&[2, 0]).unwrap();
+        a.update_and_fetch(&filled(2, 3), &filled(2, 3)).unwrap();
+        a.finalize().unwrap();
+        a.filter(&[0]).unwrap();
+        // Row 0 had 2 padding slots, now the only row: they are dropped.
+        assert_eq!((a.idx(), a.left_padding()), (1, &[0][..]));
+        let mut b = BatchKvCache::new(&[0]);
+        b.update_and_fetch(&filled(1, 3), &filled(1, 3)).unwrap();
+        a.extend(b).unwrap();
+        assert_eq!(a.idx(), 3);
+        assert_eq!(a.left_padding(), &[2, 0]);
+        assert_eq!(a.offset_values(), &[1, 3]);
+        let (k, _) = a.extract(0).unwrap();
+        assert_eq!(k.shape(), &[1, 1, 1, 1]);
+        assert_eq!(k.as_slice::<f32>(), &[1.0]);
+    }
+}

@@ -1,0 +1,652 @@
+//! Continuous batching as mlx-lm 0.32.2's `BatchGenerator` schedules it
+//! (`mlx_lm/generate.py`): the same model calls, on the same batches, in the
+//! same order, so each sequence's logprobs are mlx-lm's to the byte
+//! (docs/parity.md, "Batches").
+//!
+//! [`BatchSession`] is the API a server drives: [`BatchSession::join`] a
+//! prompt, call [`BatchSession::step`] until its sequences are done,
+//! [`BatchSession::leave`] to cancel one. [`run_schedule`] replays a fixed
+//! schedule of arrivals ([`Schedule`]), what `archgen logits --batch` and
+//! tests/batch_parity.rs run against tests/python/batch_oracle.py.
+//!
+//! One step is one `BatchGenerator.next()`:
+//! 1. the generation batch (sequences past their prompt) runs one forward
+//!    on the tokens sampled last step; each member returns the token and
+//!    logprobs computed by the *previous* forward (mlx-lm samples one step
+//!    ahead), and members that reached their token budget leave after that
+//!    forward (`filter`);
+//! 2. waiting sequences join the prompt batch, up to `prefill_batch_size`
+//!    prompt members and `completion_batch_size` members in all;
+//! 3. prompt members with only their last prompt token left move to the
+//!    generation batch: their first forward runs on that token in a batch of
+//!    their own, then their caches join the generation batch's (`extend`);
+//! 4. every other prompt member feeds its next chunk of at most
+//!    `prefill_step_size` tokens, right-padded to the longest chunk, as one
+//!    forward (`prepare`, forward, `finalize`).
+
+use std::collections::VecDeque;
+
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::Array;
+
+use crate::batch::{BatchCache, BatchLm};
+use crate::ops::Result;
+
+fn error(what: String) -> mlx_rs::error::Exception {
+    mlx_rs::error::Exception::custom(what)
+}
+
+/// A sequence's handle in a [`BatchSession`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// `BatchGenerator`'s sizes, with its defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchConfig {
+    /// The most prompt tokens a sequence feeds in one step (mlx-lm: 2048).
+    pub prefill_step_size: usize,
+    /// The most sequences in prefill at once (mlx-lm: 8).
+    pub prefill_batch_size: usize,
+    /// The most sequences in the generation batch (mlx-lm: 32; raised to
+    /// `prefill_batch_size` if smaller, as mlx-lm does).
+    pub completion_batch_size: usize,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        BatchConfig {
+            prefill_step_size: 2048,
+            prefill_batch_size: 8,
+            completion_batch_size: 32,
+        }
+    }
+}
+
+/// What one sequence got from one step.
+#[derive(Debug, Clone)]
+pub struct StepOutput {
+    pub seq: SeqId,
+    /// The greedy token (`argmax` of `logprobs`), the one fed back.
+    pub token: i32,
+    /// `logits - logsumexp(logits)` [vocab], the compute dtype.
+    pub logprobs: Array,
+    /// The sequence reached its token budget and has left the batch.
+    pub finished: bool,
+}
+
+struct Waiting {
+    seq: SeqId,
+    /// The prompt without its last token, then the last token alone
+    /// (`insert_segments`); an empty first segment is dropped.
+    segments: VecDeque<Vec<i32>>,
+    max_tokens: usize,
+}
+
+/// `PromptProcessingBatch` with its `_currently_processing` entries.
+#[derive(Default)]
+struct PromptBatch {
+    seqs: Vec<SeqId>,
+    segments: Vec<VecDeque<Vec<i32>>>,
+    max_tokens: Vec<usize>,
+    cache: Option<BatchCache>,
+}
+
+impl PromptBatch {
+    fn filter(&mut self, keep: &[usize]) -> Result<()> {
+        self.seqs = keep.iter().map(|&i| self.seqs[i]).collect();
+        self.segments = keep.iter().map(|&i| self.segments[i].clone()).collect();
+        self.max_tokens = keep.iter().map(|&i| self.max_tokens[i]).collect();
+        filter_cache(&mut self.cache, keep)
+    }
+}
+
+/// `GenerationBatch`: `next` holds what the last forward produced for each
+/// member (its logprobs row and the token sampled from it).
+#[derive(Default)]
+struct GenerationBatch {
+    seqs: Vec<SeqId>,
+    next_tokens: Vec<i32>,
+    next_logprobs: Vec<Array>,
+    num_tokens: Vec<usize>,
+    max_tokens: Vec<usize>,
+    cache: Option<BatchCache>,
+}
+
+impl GenerationBatch {
+    fn filter(&mut self, keep: &[usize]) -> Result<()> {
+        self.seqs = keep.iter().map(|&i| self.seqs[i]).collect();
+        self.next_tokens = keep.iter().map(|&i| self.next_tokens[i]).collect();
+        self.next_logprobs = keep
+            .iter()
+            .map(|&i| self.next_logprobs[i].clone())
+            .collect();
+        self.num_tokens = keep.iter().map(|&i| self.num_tokens[i]).collect();
+        self.max_tokens = keep.iter().map(|&i| self.max_tokens[i]).collect();
+        filter_cache(&mut self.cache, keep)
+    }
+
+    /// `GenerationBatch.extend`.
+    fn extend(&mut self, other: GenerationBatch) -> Result<()> {
+        self.seqs.extend(other.seqs);
+        self.next_tokens.extend(other.next_tokens);
+        self.next_logprobs.extend(other.next_logprobs);
+        self.num_tokens.extend(other.num_tokens);
+        self.max_tokens.extend(other.max_tokens);
+        extend_cache(&mut self.cache, other.cache)
+    }
+}
+
+/// `filter(keep)`, or `prompt_cache.clear()` when nothing is kept.
+fn filter_cache(cache: &mut Option<BatchCache>, keep: &[usize]) -> Result<()> {
+    if keep.is_empty() {
+        *cache = None;
+    } else if let Some(c) = cache {
+        c.filter(keep)?;
+    }
+    Ok(())
+}
+
+/// `_extend_cache`: either side may be empty.
+fn extend_cache(cache: &mut Option<BatchCache>, other: Option<BatchCache>) -> Result<()> {
+    match (cache.as_mut(), other) {
+        (_, None) => Ok(()),
+        (None, Some(o)) => {
+            *cache = Some(o);
+            Ok(())
+        }
+        (Some(c), Some(o)) => c.extend(o),
+    }
+}
+
+/// Continuous batching over one model, step by step as `BatchGenerator`.
+///
+/// ```no_run
+/// # use archgen_runtime::batch::BatchLm;
+/// # use archgen_runtime::batch_session::{BatchConfig, BatchSession};
+/// # fn demo<M: BatchLm>(model: &M) -> archgen_runtime::ops::Result<()> {
+/// let mut session = BatchSession::new(model, BatchConfig::default());
+/// let a = session.join(&[1, 2, 3], 8)?;
+/// let b = session.join(&[4, 5], 8)?;
+/// while !session.is_idle() {
+///     for out in session.step()? {
+///         // out.seq is a or b; out.token, out.logprobs; out.finished
+///     }
+/// }
+/// # let _ = (a, b); Ok(()) }
+/// ```
+pub struct BatchSession<'m, M: BatchLm> {
+    model: &'m M,
+    config: BatchConfig,
+    next_seq: u64,
+    waiting: VecDeque<Waiting>,
+    prompt: PromptBatch,
+    generation: GenerationBatch,
+}
+
+impl<'m, M: BatchLm> BatchSession<'m, M> {
+    pub fn new(model: &'m M, config: BatchConfig) -> Self {
+        let config = BatchConfig {
+            completion_batch_size: config.completion_batch_size.max(config.prefill_batch_size),
+            ..config
+        };
+        BatchSession {
+            model,
+            config,
+            next_seq: 0,
+            waiting: VecDeque::new(),
+            prompt: PromptBatch::default(),
+            generation: GenerationBatch::default(),
+        }
+    }
+
+    /// Queues a prompt (`insert`): it joins the batch at a later step, is
+    /// prefilled in chunks of `prefill_step_size` tokens, then returns
+    /// `max_tokens` tokens, one per step, and leaves.
+    pub fn join(&mut self, prompt: &[i32], max_tokens: usize) -> Result<SeqId> {
+        let seq = SeqId(self.next_seq);
+        let Some((&last, rest)) = prompt.split_last() else {
+            return Err(error(format!("sequence {}: the prompt is empty", seq.0)));
+        };
+        if max_tokens == 0 {
+            return Err(error(format!(
+                "sequence {}: max_tokens must be at least 1",
+                seq.0
+            )));
+        }
+        let mut segments = VecDeque::new();
+        if !rest.is_empty() {
+            segments.push_back(rest.to_vec());
+        }
+        segments.push_back(vec![last]);
+        self.waiting.push_back(Waiting {
+            seq,
+            segments,
+            max_tokens,
+        });
+        self.next_seq += 1;
+        Ok(seq)
+    }
+
+    /// Cancels a sequence wherever it is (`remove`): waiting, in prefill or
+    /// generating. Returns whether it was there.
+    pub fn leave(&mut self, seq: SeqId) -> Result<bool> {
+        if let Some(i) = self.waiting.iter().position(|w| w.seq == seq) {
+            self.waiting.remove(i);
+            return Ok(true);
+        }
+        if let Some(i) = self.prompt.seqs.iter().position(|s| *s == seq) {
+            let keep: Vec<usize> = (0..self.prompt.seqs.len()).filter(|&j| j != i).collect();
+            self.prompt.filter(&keep)?;
+            return Ok(true);
+        }
+        if let Some(i) = self.generation.seqs.iter().position(|s| *s == seq) {
+            let keep: Vec<usize> = (0..self.generation.seqs.len())
+                .filter(|&j| j != i)
+                .collect();
+            self.generation.filter(&keep)?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// No sequence is waiting, in prefill or generating.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.prompt.seqs.is_empty() && self.generation.seqs.is_empty()
+    }
+
+    /// Sequences in the generation batch.
+    pub fn generating(&self) -> usize {
+        self.generation.seqs.len()
+    }
+
+    /// One `BatchGenerator.next()` (see the module comment): the tokens the
+    /// generation batch returns this step.
+    pub fn step(&mut self) -> Result<Vec<StepOutput>> {
+        let mut out = Vec::new();
+        if !self.generation.seqs.is_empty() {
+            out = self.generation_step()?;
+        }
+        if self.generation.seqs.len() >= self.config.completion_batch_size {
+            return Ok(out);
+        }
+        let n = (self
+            .config
+            .prefill_batch_size
+            .saturating_sub(self.prompt.seqs.len()))
+        .min(self.config.completion_batch_size - self.generation.seqs.len())
+        .min(self.waiting.len());
+        if n > 0 {
+            self.admit(n)?;
+        }
+        self.start_generating()?;
+        self.prefill_chunk()?;
+        Ok(out)
+    }
+
+    /// `GenerationBatch.next`.
+    fn generation_step(&mut self) -> Result<Vec<StepOutput>> {
+        let g = &mut self.generation;
+        let tokens = std::mem::take(&mut g.next_tokens);
+        let logprobs = std::mem::take(&mut g.next_logprobs);
+        let cache = g
+            .cache
+            .as_mut()
+            .ok_or_else(|| error("the generation batch has no cache".into()))?;
+        let (next_tokens, next_logprobs) = sample_next(self.model, &tokens, cache)?;
+        g.next_tokens = next_tokens;
+        g.next_logprobs = next_logprobs;
+        let mut out = Vec::with_capacity(tokens.len());
+        let mut keep = Vec::with_capacity(tokens.len());
+        for (i, (token, row)) in tokens.into_iter().zip(logprobs).enumerate() {
+            g.num_tokens[i] += 1;
+            let finished = g.num_tokens[i] >= g.max_tokens[i];
+            if !finished {
+                keep.push(i);
+            }
+            out.push(StepOutput {
+                seq: g.seqs[i],
+                token,
+                logprobs: row,
+                finished,
+            });
+        }
+        if keep.len() < g.seqs.len() {
+            g.filter(&keep)?;
+        }
+        Ok(out)
+    }
+
+    /// `_make_batch(n)` and `PromptProcessingBatch.extend`: `n` waiting
+    /// sequences join the prompt batch with fresh (empty) caches.
+    fn admit(&mut self, n: usize) -> Result<()> {
+        let fresh = self.model.make_batch_cache(n)?;
+        for w in self.waiting.drain(..n) {
+            self.prompt.seqs.push(w.seq);
+            self.prompt.segments.push(w.segments);
+            self.prompt.max_tokens.push(w.max_tokens);
+        }
+        extend_cache(&mut self.prompt.cache, Some(fresh))
+    }
+
+    /// The split in `_next`: prompt members whose only segment left is their
+    /// last token start generating.
+    fn start_generating(&mut self) -> Result<()> {
+        let ready = |s: &VecDeque<Vec<i32>>| s.len() == 1 && s[0].len() == 1;
+        let (split, keep): (Vec<usize>, Vec<usize>) =
+            (0..self.prompt.seqs.len()).partition(|&i| ready(&self.prompt.segments[i]));
+        if split.is_empty() {
+            return Ok(());
+        }
+        // `PromptProcessingBatch.split`: a copy filtered to `split`, the
+        // original to the rest.
+        let mut cache = self.prompt.cache.clone();
+        filter_cache(&mut cache, &split)?;
+        let seqs: Vec<SeqId> = split.iter().map(|&i| self.prompt.seqs[i]).collect();
+        let last: Vec<i32> = split
+            .iter()
+            .map(|&i| self.prompt.segments[i][0][0])
+            .collect();
+        let max_tokens: Vec<usize> = split.iter().map(|&i| self.prompt.max_tokens[i]).collect();
+        self.prompt.filter(&keep)?;
+        let mut cache =
+            cache.ok_or_else(|| error("a sequence starts generating without a cache".into()))?;
+        // `GenerationBatch.__init__` runs its first step at once.
+        let (next_tokens, next_logprobs) = sample_next(self.model, &last, &mut cache)?;
+        self.generation.extend(GenerationBatch {
+            num_tokens: vec![0; seqs.len()],
+            seqs,
+            next_tokens,
+            next_logprobs,
+            max_tokens,
+            cache: Some(cache),
+        })
+    }
+
+    /// `PromptProcessingBatch.prompt` on the next chunk of every prompt
+    /// member.
+    fn prefill_chunk(&mut self) -> Result<()> {
+        if self.prompt.seqs.is_empty() {
+            return Ok(());
+        }
+        let step = self.config.prefill_step_size;
+        let mut chunks = Vec::with_capacity(self.prompt.seqs.len());
+        for segments in &mut self.prompt.segments {
+            let first = segments
+                .front_mut()
+                .ok_or_else(|| error("a prompt member has no tokens left".into()))?;
+            let n = first.len().min(step);
+            chunks.push(first.drain(..n).collect::<Vec<i32>>());
+            if first.is_empty() {
+                segments.pop_front();
+            }
+        }
+        let cache = self
+            .prompt
+            .cache
+            .as_mut()
+            .ok_or_else(|| error("the prompt batch has no cache".into()))?;
+        let max_len = chunks.iter().map(Vec::len).max().unwrap_or(0);
+        let padding: Vec<i32> = chunks.iter().map(|c| (max_len - c.len()) as i32).collect();
+        let padded = padding.iter().any(|&p| p > 0);
+        let mut ids = Vec::with_capacity(chunks.len() * max_len);
+        for c in &chunks {
+            ids.extend_from_slice(c);
+            ids.resize(ids.len() + (max_len - c.len()), 0);
+        }
+        if padded {
+            let lengths: Vec<i32> = chunks.iter().map(|c| c.len() as i32).collect();
+            cache.prepare_right_padding(&lengths, &padding)?;
+        }
+        let ids = Array::from_slice(&ids, &[chunks.len() as i32, max_len as i32]);
+        // Chunks are at most `prefill_step_size` long: one forward.
+        self.model.forward_batch(&ids, cache)?;
+        cache.eval()?;
+        if padded {
+            cache.finalize()?;
+            cache.eval()?;
+        }
+        Ok(())
+    }
+}
+
+/// `GenerationBatch._step`'s forward: the last logits of `tokens` [B] as
+/// logprobs rows, and the greedy tokens sampled from them.
+fn sample_next<M: BatchLm>(
+    model: &M,
+    tokens: &[i32],
+    cache: &mut BatchCache,
+) -> Result<(Vec<i32>, Vec<Array>)> {
+    let b = tokens.len() as i32;
+    let ids = Array::from_slice(tokens, &[b, 1]);
+    let logits = model.forward_batch(&ids, cache)?;
+    let logits = logits.try_index((.., -1, ..))?;
+    let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
+    let sampled = mlx_rs::ops::indexing::argmax_axis(&logprobs, -1, false)?;
+    let rows: Vec<Array> = (0..b)
+        .map(|i| logprobs.try_index(i))
+        .collect::<Result<_>>()?;
+    let mut outputs: Vec<&Array> = rows.iter().collect();
+    outputs.push(&sampled);
+    mlx_rs::transforms::eval(outputs)?;
+    let next = sampled
+        .as_slice::<u32>()
+        .iter()
+        .map(|&t| t as i32)
+        .collect();
+    Ok((next, rows))
+}
+
+/// A fixed schedule of arrivals (the JSON of `archgen logits --batch` and
+/// tests/python/batch_oracle.py).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    pub config: BatchConfig,
+    pub sequences: Vec<ScheduledSeq>,
+}
+
+/// One sequence of a [`Schedule`]: it joins just before step `arrival` and
+/// returns `decode` tokens, unless it is cancelled ([`BatchSession::leave`])
+/// just before step `leave`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduledSeq {
+    pub prompt: Vec<i32>,
+    pub arrival: usize,
+    pub decode: usize,
+    pub leave: Option<usize>,
+}
+
+impl Schedule {
+    /// Reads the schedule JSON: `{"prefill_step_size"?, "prefill_batch_size"?,
+    /// "completion_batch_size"?, "sequences": [{"prompt": [ids], "arrival":
+    /// step, "decode": n, "leave"?: step}]}`. Errors name the field path.
+    /// Token ids must be below `vocab`.
+    pub fn from_json(v: &serde_json::Value, vocab: i32) -> std::result::Result<Self, String> {
+        let count = |v: &serde_json::Value, path: &str| -> std::result::Result<usize, String> {
+            v.as_u64()
+                .map(|n| n as usize)
+                .ok_or_else(|| format!("{path}: expected a non-negative integer, found {v}"))
+        };
+        let obj = v
+            .as_object()
+            .ok_or_else(|| "expected a JSON object with \"sequences\"".to_string())?;
+        for key in obj.keys() {
+            if ![
+                "prefill_step_size",
+                "prefill_batch_size",
+                "completion_batch_size",
+                "sequences",
+            ]
+            .contains(&key.as_str())
+            {
+                return Err(format!(
+                    "{key}: unknown field (expected prefill_step_size, prefill_batch_size, completion_batch_size, sequences)"
+                ));
+            }
+        }
+        let mut config = BatchConfig::default();
+        for (key, slot) in [
+            ("prefill_step_size", &mut config.prefill_step_size),
+            ("prefill_batch_size", &mut config.prefill_batch_size),
+            ("completion_batch_size", &mut config.completion_batch_size),
+        ] {
+            if let Some(x) = obj.get(key) {
+                *slot = count(x, key)?;
+                if *slot == 0 {
+                    return Err(format!("{key}: must be at least 1"));
+                }
+            }
+        }
+        let seqs = obj
+            .get("sequences")
+            .and_then(|s| s.as_array())
+            .ok_or_else(|| "sequences: expected an array of sequences".to_string())?;
+        if seqs.is_empty() {
+            return Err("sequences: the schedule has no sequences".to_string());
+        }
+        let mut sequences = Vec::with_capacity(seqs.len());
+        for (i, s) in seqs.iter().enumerate() {
+            let at = |f: &str| format!("sequences[{i}].{f}");
+            let fields = s
+                .as_object()
+                .ok_or_else(|| format!("sequences[{i}]: expected an object"))?;
+            if let Some(key) = fields
+                .keys()
+                .find(|k| !["prompt", "arrival", "decode", "leave"].contains(&k.as_str()))
+            {
+                return Err(format!(
+                    "{}: unknown field (expected prompt, arrival, decode, leave)",
+                    at(key)
+                ));
+            }
+            let field = |f: &str| s.get(f).ok_or_else(|| format!("{}: missing", at(f)));
+            let prompt = field("prompt")?
+                .as_array()
+                .ok_or_else(|| format!("{}: expected an array of token ids", at("prompt")))?
+                .iter()
+                .enumerate()
+                .map(|(j, t)| match t.as_i64() {
+                    Some(t) if (0..i64::from(vocab)).contains(&t) => Ok(t as i32),
+                    _ => Err(format!(
+                        "{}[{j}]: expected a token id in 0..{vocab}, found {t}",
+                        at("prompt")
+                    )),
+                })
+                .collect::<std::result::Result<Vec<i32>, String>>()?;
+            if prompt.is_empty() {
+                return Err(format!("{}: the prompt is empty", at("prompt")));
+            }
+            let decode = count(field("decode")?, &at("decode"))?;
+            if decode == 0 {
+                return Err(format!("{}: must be at least 1", at("decode")));
+            }
+            let arrival = count(field("arrival")?, &at("arrival"))?;
+            let leave = match s.get("leave") {
+                None => None,
+                Some(l) => {
+                    let l = count(l, &at("leave"))?;
+                    if l <= arrival {
+                        return Err(format!(
+                            "{}: step {l} is not after the arrival (step {arrival})",
+                            at("leave")
+                        ));
+                    }
+                    Some(l)
+                }
+            };
+            sequences.push(ScheduledSeq {
+                prompt,
+                arrival,
+                decode,
+                leave,
+            });
+        }
+        Ok(Schedule { config, sequences })
+    }
+}
+
+/// One sequence's result under a schedule: its logprobs rows [N, vocab],
+/// greedy tokens [N] and the step that returned each token.
+#[derive(Debug)]
+pub struct SeqRun {
+    pub logprobs: Array,
+    pub tokens: Vec<i32>,
+    pub steps: Vec<i32>,
+}
+
+/// Replays `schedule` as tests/python/batch_oracle.py drives mlx-lm's
+/// `BatchGenerator`: before each step (one `next()`), the sequences whose
+/// `leave` it is are cancelled, then those whose `arrival` it is join, in
+/// schedule order. A sequence cancelled before its first token gets an
+/// empty [0, vocab] logprobs.
+pub fn run_schedule<M: BatchLm>(model: &M, schedule: &Schedule) -> Result<Vec<SeqRun>> {
+    let mut session = BatchSession::new(model, schedule.config);
+    let n = schedule.sequences.len();
+    let mut rows: Vec<Vec<Array>> = vec![Vec::new(); n];
+    let mut tokens: Vec<Vec<i32>> = vec![Vec::new(); n];
+    let mut steps: Vec<Vec<i32>> = vec![Vec::new(); n];
+    let mut index_of: Vec<(SeqId, usize)> = Vec::with_capacity(n);
+    let last_event = schedule
+        .sequences
+        .iter()
+        .map(|s| s.arrival.max(s.leave.unwrap_or(0)))
+        .max()
+        .unwrap_or(0);
+    // The same bound as the oracle's: no schedule needs more steps.
+    let limit = last_event
+        + schedule
+            .sequences
+            .iter()
+            .map(|s| s.prompt.len() + s.decode + 2)
+            .sum::<usize>();
+    let mut step = 0;
+    while step <= last_event || !session.is_idle() {
+        if step > limit {
+            return Err(error(format!(
+                "the schedule did not finish within {limit} steps"
+            )));
+        }
+        for (seq, i) in &index_of {
+            if schedule.sequences[*i].leave == Some(step) {
+                session.leave(*seq)?;
+            }
+        }
+        for (i, s) in schedule.sequences.iter().enumerate() {
+            if s.arrival == step {
+                index_of.push((session.join(&s.prompt, s.decode)?, i));
+            }
+        }
+        for out in session.step()? {
+            let i = index_of
+                .iter()
+                .find(|(seq, _)| *seq == out.seq)
+                .map(|(_, i)| *i)
+                .ok_or_else(|| error(format!("step {step}: unknown sequence {:?}", out.seq)))?;
+            rows[i].push(out.logprobs);
+            tokens[i].push(out.token);
+            steps[i].push(step as i32);
+        }
+        step += 1;
+    }
+    let dtype = rows
+        .iter()
+        .flatten()
+        .next()
+        .map(Array::dtype)
+        .ok_or_else(|| error("no sequence of the schedule returned a token".into()))?;
+    rows.into_iter()
+        .zip(tokens)
+        .zip(steps)
+        .map(|((rows, tokens), steps)| {
+            let logprobs = if rows.is_empty() {
+                mlx_rs::ops::zeros_dtype(&[0, model.vocab_size()], dtype)?
+            } else {
+                mlx_rs::ops::stack(&rows, 0)?
+            };
+            Ok(SeqRun {
+                logprobs,
+                tokens,
+                steps,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,143 @@
+//! Continuous batching, byte for byte: a fixed schedule of arrivals run by
+//! mlx-lm 0.32.2's own `BatchGenerator` (tests/python/batch_oracle.py) and
+//! by archgen's `BatchSession` over the monolith must give every sequence
+//! the same logprobs rows, greedy tokens and the steps that returned them
+//! (docs/parity.md, "Batches").
+//!
+//! The schedule exercises every cache move mlx-lm makes: two prompts of
+//! different lengths prefilled together (right padding, `finalize`), a
+//! prompt longer than the prefill step (chunks), a one-token prompt, joins
+//! while others generate (`extend` with left padding), joins during another
+//! prompt's chunks, leaves at the token budget (`filter`, dropping shared
+//! padding) and cancellations (`remove`) in prefill and in generation.
+
+use archgen_runtime::batch::BatchLm;
+use archgen_runtime::batch_session::{run_schedule, Schedule};
+use archgen_runtime::bytes::array_bytes;
+use archgen_runtime::Array;
+use archgen_tests::{config_for, repo_root, run_python};
+use serde_json::{json, Value};
+
+/// The specs whose batches are checked, one per cache kind and family:
+/// dense (`BatchKVCache`), Llama-3 RoPE, Qwen3-MoE, Gemma-4 with sliding
+/// layers (`BatchRotatingKVCache`, window 8: the schedule's prompts and
+/// decodes pass it) and shared K/V, Gemma-4 MoE, Qwen3.5 (Gated DeltaNet's
+/// batched `ArraysCache` beside gated attention) and Qwen3.6's shared-expert
+/// MoE.
+const BATCHED: [&str; 7] = [
+    "qwen3-0.6b-tiny",
+    "llama-3.2-1b-tiny",
+    "qwen3-30b-a3b-tiny",
+    "gemma4-e2b-tiny",
+    "gemma4-26b-a4b-tiny",
+    "qwen3.5-4b-tiny",
+    "qwen3.6-35b-a3b-tiny",
+];
+
+fn schedule(vocab: i32) -> Value {
+    let ids = |n: i32, seed: i32| -> Vec<i32> { (0..n).map(|i| (i * 37 + seed) % vocab).collect() };
+    json!({
+        "prefill_step_size": 4,
+        "sequences": [
+            {"prompt": ids(7, 11), "arrival": 0, "decode": 5},
+            {"prompt": ids(3, 5), "arrival": 0, "decode": 3},
+            {"prompt": ids(1, 2), "arrival": 2, "decode": 4},
+            {"prompt": ids(10, 29), "arrival": 3, "decode": 3},
+            {"prompt": ids(5, 41), "arrival": 4, "decode": 2},
+            {"prompt": ids(2, 17), "arrival": 9, "decode": 3},
+            // Cancelled in prefill, and while generating.
+            {"prompt": ids(9, 3), "arrival": 1, "decode": 6, "leave": 4},
+            {"prompt": ids(2, 7), "arrival": 5, "decode": 6, "leave": 8},
+        ]
+    })
+}
+
+fn same(a: &Array, b: &Array) -> bool {
+    a.dtype() == b.dtype()
+        && a.shape() == b.shape()
+        && array_bytes(a).unwrap() == array_bytes(b).unwrap()
+}
+
+#[test]
+fn monolith_batches_match_mlx_lm_batch_generator() {
+    let root = tempfile::tempdir().unwrap();
+    let mut jobs = Vec::new();
+    for (k, name) in BATCHED.iter().enumerate() {
+        let spec = archgen_spec::load(repo_root().join("specs").join(format!("{name}.yaml")))
+            .unwrap_or_else(|d| panic!("{d}"));
+        let arch = spec.resolve();
+        // Unquantized experts run only in float32 on MLX's CPU backend.
+        let dtype = if arch.moe.is_some() {
+            "float32"
+        } else {
+            "bfloat16"
+        };
+        jobs.push(json!({
+            "config": config_for(&spec),
+            "out": root.path().join(name),
+            "seed": 4200 + k,
+            "dtype": dtype,
+            "bits": null,
+            "group_size": null,
+            "kv_quant": null,
+            "mixed_kv": null,
+            "prompt_ids": [1, 2, 3],
+            "decode_steps": 1,
+        }));
+    }
+    let jobs_path = root.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+
+    let mut failures = Vec::new();
+    for name in BATCHED {
+        let model_dir = root.path().join(name).join("model");
+        let model = archgen_monolith::load_dir(&model_dir).unwrap();
+        let json = schedule(model.vocab_size());
+        let schedule_path = root.path().join(format!("{name}.schedule.json"));
+        std::fs::write(&schedule_path, serde_json::to_vec(&json).unwrap()).unwrap();
+        let oracle_path = root.path().join(format!("{name}.oracle.safetensors"));
+        run_python(
+            "batch_oracle.py",
+            &[
+                model_dir.as_os_str(),
+                schedule_path.as_os_str(),
+                oracle_path.as_os_str(),
+            ],
+        );
+        let oracle = Array::load_safetensors(&oracle_path).unwrap();
+        let schedule = Schedule::from_json(&json, model.vocab_size()).unwrap();
+        let runs = run_schedule(&model, &schedule).unwrap();
+        assert_eq!(runs.len(), schedule.sequences.len());
+        let before = failures.len();
+        for (i, run) in runs.iter().enumerate() {
+            let n = run.tokens.len() as i32;
+            if schedule.sequences[i].leave.is_none() {
+                assert_eq!(n as usize, schedule.sequences[i].decode, "{name}: seq{i}");
+            }
+            let tokens = Array::from_slice(&run.tokens, &[n]);
+            let steps = Array::from_slice(&run.steps, &[n]);
+            for (key, ours) in [
+                ("logprobs", &run.logprobs),
+                ("tokens", &tokens),
+                ("steps", &steps),
+            ] {
+                let theirs = &oracle[&format!("seq{i}.{key}")];
+                if !same(ours, theirs) {
+                    failures.push(format!("{name}: seq{i}.{key}: monolith != mlx-lm"));
+                }
+            }
+        }
+        if failures.len() == before {
+            eprintln!(
+                "{name}: monolith == mlx-lm BatchGenerator ({} sequences)",
+                runs.len()
+            );
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "batch parity failures:\n{}",
+        failures.join("\n")
+    );
+}
