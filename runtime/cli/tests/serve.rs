@@ -589,8 +589,8 @@ fn long_prompt_body(n: usize, max_tokens: usize, stream: bool) -> String {
 fn schedules_interleaves_bounds_the_queue_and_cancels_dropped_clients() {
     let root = tempfile::tempdir().unwrap();
     let model = tiny_chat_model(root.path());
-    // Prefill chunks of 32 tokens: a 3000-token prompt takes about a hundred
-    // steps (seconds on 2 cores).
+    // Prefill chunks of 16 tokens: a 3000-token prompt takes about 190 steps
+    // (seconds on 2 cores), the short request below about 8.
     let server = start_server(
         &model,
         &[
@@ -599,7 +599,7 @@ fn schedules_interleaves_bounds_the_queue_and_cancels_dropped_clients() {
             "--max-queue",
             "1",
             "--prefill-step",
-            "32",
+            "16",
         ],
     );
     let (status, body) = curl(&server, "GET", "/health", None);

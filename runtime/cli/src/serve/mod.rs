@@ -1230,7 +1230,7 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let (host, port) = (args.host.as_str(), args.port);
     let drain = Duration::from_secs(args.drain_seconds);
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind((host, port))
             .await
             .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
@@ -1272,7 +1272,16 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
                 drain.as_secs()
             ),
         }
-        eprintln!("archgen: serve: stopped");
         Ok(())
-    })
+    });
+    // Dropping the runtime drops every request still held (cancelling its
+    // sequence) and so the queue's last sender: the scheduler ends after its
+    // current step. The model (and MLX's arrays) must be gone before the
+    // process exits, or MLX's teardown races the model thread.
+    drop(runtime);
+    if worker_thread.join().is_err() {
+        eprintln!("archgen: serve: the model thread panicked while stopping");
+    }
+    eprintln!("archgen: serve: stopped");
+    served
 }

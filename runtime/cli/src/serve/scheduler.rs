@@ -641,3 +641,21 @@ pub(super) fn fail(job: &Job, message: String) {
     eprintln!("archgen: serve: {message}");
     let _ = job.events.send(GenEvent::Failed(message));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::most_likely;
+
+    #[test]
+    fn most_likely_gives_the_token_and_the_top_ids_in_order() {
+        let row = [-3.0, -0.5, -2.0, -0.5, -9.0];
+        let got = most_likely(&row, 2, 3).unwrap();
+        assert_eq!(got.logprob, -2.0);
+        // Ties go to the smaller id, as a stable sort would give.
+        assert_eq!(got.top, vec![(1, -0.5), (3, -0.5), (2, -2.0)]);
+        assert!(most_likely(&row, 4, 0).unwrap().top.is_empty());
+        assert_eq!(most_likely(&row, 0, 9).unwrap().top.len(), 5);
+        let outside = most_likely(&row, 5, 1).err().unwrap();
+        assert!(outside.contains("outside the logits row (5)"), "{outside}");
+    }
+}

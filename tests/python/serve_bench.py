@@ -1,0 +1,398 @@
+"""Serving benchmark: `archgen serve` and `mlx_lm.server` side by side, on
+the same checkpoint, in one run, over loopback.
+
+usage: serve_bench.py [--archgen target/release/archgen] [--spec specs/gemma4-e2b-tiny.yaml]
+                      [--workdir DIR] [--max-tokens 24] [--clients 1 4 16 64]
+                      [--long-tokens 12000] [--long-clients 1 4 16 64]
+                      [--json OUT.json] [--markdown OUT.md]
+
+It makes the checkpoint (`archgen init --spec SPEC`, plus
+tests/python/make_chat_tokenizer.py for a tokenizer and the Qwen3 chat
+template; config.json's max_position_embeddings is removed, so each server
+must know the family's default context, 131072 for Gemma-4), then for each
+server in turn (started here on a free loopback port, stopped at the end):
+
+  load        1, 4, 16 and 64 concurrent clients, each sending streamed chat
+              completions (temperature 0, --max-tokens tokens); a bounded
+              number of requests per level. Reports aggregate completion
+              tokens/s (all completion tokens / wall time), p50/p99 time to
+              first token and p50/p99 inter-token latency (the gaps between
+              two content chunks of one stream).
+  load+long   the same, with one ~12k-token request (--long-tokens) in
+              flight (started just before; it is not counted).
+  probes      the time for a short request sent while a ~12k-token prompt is
+              in prefill; the time to a 4xx for a prompt past the context
+              (~140k tokens); the time for a short request right after a
+              client drops a long streamed request (one second in).
+
+Every request has a timeout (--timeout, 120 s by default); a request that
+times out or fails is counted and reported, never retried. Prints a Markdown
+table (and writes it with --markdown) and the raw numbers as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+
+SHORT = "Hello there! How are you today?"
+WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    at = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[at]
+
+
+class Result:
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.start = time.perf_counter()
+        self.chunk_times: list[float] = []
+        self.completion_tokens: int | None = None
+        self.end: float | None = None
+        self.error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+
+def chat(port: int, content: str, max_tokens: int, timeout: float, stream: bool = True,
+         drop_after_s: float | None = None) -> Result:
+    """One chat completion; streamed, the arrival time of each content chunk.
+    With drop_after_s, the client closes the connection after that long
+    (during the prefill or mid-stream), as a client that goes away."""
+    r = Result()
+    body = {
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    wait = timeout if drop_after_s is None else min(timeout, drop_after_s)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=wait)
+    try:
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        r.status = resp.status
+        if resp.status != 200 or not stream:
+            data = resp.read()
+            if resp.status == 200:
+                usage = json.loads(data).get("usage") or {}
+                r.completion_tokens = usage.get("completion_tokens")
+            else:
+                r.error = data[:200].decode(errors="replace")
+            return r
+        for raw in resp:
+            line = raw.strip()
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:]
+            if data == b"[DONE]":
+                break
+            event = json.loads(data)
+            if event.get("usage"):
+                r.completion_tokens = event["usage"].get("completion_tokens")
+            for choice in event.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    r.chunk_times.append(time.perf_counter())
+            if drop_after_s is not None and time.perf_counter() - r.start > drop_after_s:
+                r.error = "dropped by the client"
+                return r
+        if r.completion_tokens is None:
+            r.completion_tokens = len(r.chunk_times)
+    except (OSError, http.client.HTTPException, json.JSONDecodeError) as e:
+        r.error = f"{type(e).__name__}: {e}"
+    finally:
+        r.end = time.perf_counter()
+        conn.close()
+    return r
+
+
+class Server:
+    """A server process on a free loopback port, stopped when closed."""
+
+    def __init__(self, name: str, argv: list[str], port: int, log: Path) -> None:
+        self.name, self.port = name, port
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{name} exited ({self.proc.returncode}); see {log}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/v1/models")
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.close()
+        raise SystemExit(f"{name} did not answer GET /v1/models within 300 s; see {log}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def load_level(port: int, clients: int, requests: int, max_tokens: int, timeout: float) -> dict:
+    """`clients` threads share `requests` requests; aggregate numbers."""
+    per_client = [requests // clients + (1 if i < requests % clients else 0) for i in range(clients)]
+
+    def client(i: int) -> list[Result]:
+        return [chat(port, f"{SHORT} {WORDS[(i + k) % len(WORDS)]}", max_tokens, timeout)
+                for k in range(per_client[i])]
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = [r for rs in pool.map(client, range(clients)) for r in rs]
+    wall = time.perf_counter() - start
+    ok = [r for r in results if r.ok]
+    tokens = sum(r.completion_tokens or 0 for r in ok)
+    ttft = [r.chunk_times[0] - r.start for r in ok if r.chunk_times]
+    itl = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]
+    return {
+        "clients": clients,
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r.error or str(r.status) for r in results if not r.ok})[:3],
+        "completion_tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall if wall > 0 else None,
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p99_s": percentile(ttft, 99),
+        "itl_p50_s": percentile(itl, 50),
+        "itl_p99_s": percentile(itl, 99),
+    }
+
+
+def long_text(tokenizer, tokens: int) -> str:
+    """Text of about `tokens` tokens under the checkpoint's tokenizer."""
+    unit = " ".join(WORDS) + " "
+    repeats = max(1, tokens // len(tokenizer.encode(unit).ids))
+    # Token merges differ inside a repetition: scale by the measured count.
+    measured = len(tokenizer.encode(unit * repeats).ids)
+    return unit * max(1, -(-repeats * tokens // measured))
+
+
+def in_background(fn, *args):
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.setdefault("r", fn(*args)), daemon=True)
+    thread.start()
+    return thread, box
+
+
+def run_server(server: Server, args, text12k: str, text140k: str) -> dict:
+    port, timeout = server.port, args.timeout
+    out: dict = {"load": [], "load_12k": []}
+    chat(port, SHORT, 4, timeout)  # warm-up (first-use kernel builds)
+    for clients in args.clients:
+        requests = max(clients, args.min_requests)
+        level = load_level(port, clients, requests, args.max_tokens, timeout)
+        print(f"  {server.name}: {clients:>2} clients: {level['tokens_per_s']:.1f} tok/s "
+              f"({level['failed']} failed)", file=sys.stderr)
+        out["load"].append(level)
+    for clients in args.long_clients or args.clients:
+        requests = max(clients, args.min_requests)
+        bg, box = in_background(chat, port, text12k, args.max_tokens, timeout)
+        level = load_level(port, clients, requests, args.max_tokens, timeout)
+        bg.join(timeout)
+        level["long_request_ok"] = bool(box.get("r") and box["r"].ok)
+        print(f"  {server.name}: {clients:>2} clients + long: {level['tokens_per_s']:.1f} tok/s", file=sys.stderr)
+        out["load_12k"].append(level)
+
+    # A short request while a ~12k prompt is in prefill.
+    bg, _ = in_background(chat, port, text12k, args.max_tokens, timeout)
+    time.sleep(0.2)
+    r = chat(port, SHORT, args.max_tokens, timeout)
+    out["short_during_12k_prefill_s"] = (r.end - r.start) if r.ok else None
+    bg.join(timeout)
+
+    # A short request right after a client drops a long streamed request
+    # (12k prompt, 2000 tokens asked) one second in.
+    chat(port, text12k, 2000, timeout, drop_after_s=1.0)
+    r = chat(port, SHORT, args.max_tokens, timeout)
+    out["short_after_drop_s"] = (r.end - r.start) if r.ok else None
+
+    # Past the context: the time to a 4xx (bounded; last, since a server that
+    # accepts it may compute for a long time).
+    r = chat(port, text140k, 4, args.context_timeout, stream=False)
+    out["past_context"] = {
+        "status": r.status,
+        "seconds": r.end - r.start,
+        "refused": r.status is not None and 400 <= r.status < 500,
+        "error": r.error,
+    }
+    return out
+
+
+def fmt(v, scale=1.0, digits=1):
+    return "—" if v is None else f"{v * scale:.{digits}f}"
+
+
+def markdown(results: dict, meta: dict) -> str:
+    names = list(results)
+    lines = [
+        f"Machine: {meta['machine']}. Checkpoint: {meta['spec']} (random weights, `archgen init`), "
+        f"{meta['max_tokens']} completion tokens per request at temperature 0, streamed chat completions "
+        f"over loopback; {meta['min_requests']}+ requests per level. archgen {meta['archgen']} "
+        f"(--max-batch {meta['max_batch']}), mlx-lm {meta['mlx_lm']}.",
+        "",
+        "| load | server | tokens/s | TTFT p50 / p99 (ms) | inter-token p50 / p99 (ms) | failed |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    long = f" + one {meta['long_tokens']}-token request"
+    for key, label in (("load", ""), ("load_12k", long)):
+        for i in range(len(results[names[0]][key])):
+            for name in names:
+                lv = results[name][key][i]
+                clients = lv["clients"]
+                lines.append(
+                    f"| {clients} clients{label} | {name} | {fmt(lv['tokens_per_s'])} | "
+                    f"{fmt(lv['ttft_p50_s'], 1e3, 0)} / {fmt(lv['ttft_p99_s'], 1e3, 0)} | "
+                    f"{fmt(lv['itl_p50_s'], 1e3, 1)} / {fmt(lv['itl_p99_s'], 1e3, 1)} | "
+                    f"{lv['failed']}/{lv['requests']} |"
+                )
+    lines += ["", "| probe | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
+    lines.append(f"| short request while a {meta['long_tokens']}-token prompt is in prefill (s) | "
+                 + " | ".join(fmt(results[n]["short_during_12k_prefill_s"], 1, 2) for n in names) + " |")
+    lines.append("| short request after a client drops a long one (s) | "
+                 + " | ".join(fmt(results[n]["short_after_drop_s"], 1, 2) for n in names) + " |")
+
+    def past(n):
+        p = results[n]["past_context"]
+        if p["refused"]:
+            return f"{p['status']} in {p['seconds']:.2f} s"
+        return f"no 4xx ({p['status'] or p['error']}) after {p['seconds']:.1f} s"
+
+    lines.append("| prompt past the context (~140k tokens) | " + " | ".join(past(n) for n in names) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--archgen", default=str(REPO / "target/release/archgen"))
+    ap.add_argument("--spec", default=str(REPO / "specs/gemma4-e2b-tiny.yaml"))
+    ap.add_argument("--workdir")
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--min-requests", type=int, default=16)
+    ap.add_argument("--long-tokens", type=int, default=12_000,
+                    help="prompt tokens of the long request (in flight, in prefill, dropped)")
+    ap.add_argument("--long-clients", type=int, nargs="+",
+                    help="the client counts run with the long request in flight (default: --clients)")
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--context-timeout", type=float, default=15)
+    ap.add_argument("--servers", nargs="+", default=["archgen", "mlx-lm"],
+                    choices=["archgen", "archgen-b1", "mlx-lm"],
+                    help="archgen-b1: archgen with --max-batch 1 (one sequence at a time)")
+    ap.add_argument("--json")
+    ap.add_argument("--markdown")
+    args = ap.parse_args()
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="serve-bench-"))
+    model = work / "model"
+    if model.exists():
+        shutil.rmtree(model)
+    subprocess.run([args.archgen, "init", "--spec", args.spec, "--out", str(model)], check=True)
+    template = REPO / "runtime/cli/tests/fixtures/chat_templates/qwen3.jinja"
+    subprocess.run([PYTHON, str(REPO / "tests/python/make_chat_tokenizer.py"), str(model), str(template)],
+                   check=True, stdout=subprocess.DEVNULL)
+    config = json.loads((model / "config.json").read_text())
+    config.pop("max_position_embeddings", None)
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"].pop("max_position_embeddings", None)
+    (model / "config.json").write_text(json.dumps(config, indent=2))
+
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    text12k = long_text(tokenizer, args.long_tokens)
+    text140k = long_text(tokenizer, 140_000)
+    print(f"long prompt {len(tokenizer.encode(text12k).ids)} tokens, past-context prompt "
+          f"{len(tokenizer.encode(text140k).ids)} tokens", file=sys.stderr)
+
+    import mlx_lm
+
+    results = {}
+    for name in args.servers:
+        port = free_port()
+        if name in ("archgen", "archgen-b1"):
+            batch = args.max_batch if name == "archgen" else 1
+            argv = [args.archgen, "--quiet", "serve", "--model", str(model), "--host", "127.0.0.1",
+                    "--port", str(port), "--max-batch", str(batch)]
+        else:
+            argv = [PYTHON, "-m", "mlx_lm.server", "--model", str(model), "--host", "127.0.0.1",
+                    "--port", str(port), "--max-tokens", str(args.max_tokens)]
+        print(f"{name}: starting", file=sys.stderr)
+        server = Server(name, argv, port, work / f"{name}.log")
+        try:
+            results[name] = run_server(server, args, text12k, text140k)
+        finally:
+            server.close()
+
+    version = subprocess.run([args.archgen, "--version"], capture_output=True, text=True).stdout.strip()
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    meta = {
+        "machine": f"{cpu}, {os.cpu_count()} cores",
+        "spec": Path(args.spec).name,
+        "max_tokens": args.max_tokens,
+        "min_requests": args.min_requests,
+        "clients": args.clients,
+        "long_tokens": args.long_tokens,
+        "archgen": version,
+        "max_batch": args.max_batch,
+        "mlx_lm": mlx_lm.__version__,
+    }
+    table = markdown(results, meta)
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
