@@ -715,6 +715,20 @@ fn schedules_interleaves_bounds_the_queue_and_cancels_dropped_clients() {
         assert!(text.contains(name), "{name} not in:\n{text}");
     }
     assert!(metric(&server, "archgen_generated_tokens_total") >= 18.0);
+    // The generated qwen3 model has no batched forward: the server said so
+    // and ran one forward per sequence.
+    assert!(
+        server
+            .startup
+            .iter()
+            .any(|l| l.contains("no batched forward; requests run one by one")),
+        "{:?}",
+        server.startup
+    );
+    assert_eq!(
+        metric(&server, "archgen_decode_batch_size_sum"),
+        metric(&server, "archgen_decode_batch_size_count")
+    );
     std::thread::sleep(Duration::from_millis(200));
     let logs = server.request_logs();
     let statuses: Vec<u64> = logs.iter().map(|l| l["status"].as_u64().unwrap()).collect();
@@ -985,7 +999,12 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
     assert_eq!(stdout, format!("{}\n", alone[0].0));
 
     // All at once, half of them streamed: each answer is its alone answer,
-    // complete and well formed.
+    // complete and well formed, and forwards computed several sequences.
+    let batched_extra = |server: &Server| {
+        metric(server, "archgen_decode_batch_size_sum")
+            - metric(server, "archgen_decode_batch_size_count")
+    };
+    assert_eq!(batched_extra(&server), 0.0, "one request at a time");
     let running: Vec<(bool, Background)> = shapes
         .iter()
         .enumerate()
@@ -1006,6 +1025,10 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
         };
         assert_eq!(&got, expected, "streamed: {stream}");
     }
+    assert!(
+        batched_extra(&server) > 0.0,
+        "no decode forward computed more than one sequence"
+    );
 
     // One batched sequence goes away mid-decode: the others still give
     // their alone answers.

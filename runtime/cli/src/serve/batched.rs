@@ -147,6 +147,10 @@ impl<'a> BatchedScheduler<'a> {
             Ok(Err(e)) => return self.fail_all(format!("the generation failed: {e}")),
             Err(panic) => return self.fail_all(panic_message(&*panic)),
         };
+        if !outputs.is_empty() {
+            // The generation batch's forward of this step.
+            self.metrics.decode_batch_size.observe(outputs.len() as f64);
+        }
         let now = Instant::now();
         for out in outputs {
             // A sequence that already ended (a stop string, a failure) has

@@ -476,6 +476,10 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
         if decoding.is_empty() {
             return;
         }
+        // One single-sequence forward per sequence.
+        for _ in &decoding {
+            self.metrics.decode_batch_size.observe(1.0);
+        }
         let model = self.model;
         let stepper = &mut self.stepper;
         let mut states: Vec<&mut SeqState<M::Cache>> = self
