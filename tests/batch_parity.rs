@@ -85,6 +85,37 @@ fn monolith_batches_match_mlx_lm_batch_generator() {
             "decode_steps": 1,
         }));
     }
+    // A quantized KV cache (gemma4-e4b-tiny-kv): mlx-lm cannot batch it,
+    // nor can archgen.
+    let kv_spec = archgen_spec::load(repo_root().join("specs/gemma4-e4b-tiny-kv.yaml"))
+        .unwrap_or_else(|d| panic!("{d}"));
+    let kv_arch = kv_spec.resolve();
+    let kv_layers: serde_json::Map<String, Value> = kv_arch
+        .layers
+        .iter()
+        .filter_map(|f| {
+            f.kv_quant
+                .map(|k| (f.index.to_string(), json!([k.bits, k.group_size])))
+        })
+        .collect();
+    let first_kv_layer = kv_arch
+        .layers
+        .iter()
+        .find(|f| f.kv_quant.is_some())
+        .map(|f| f.index)
+        .expect("a quantized KV layer");
+    jobs.push(json!({
+        "config": config_for(&kv_spec),
+        "out": root.path().join("kv-quant"),
+        "seed": 4299,
+        "dtype": "bfloat16",
+        "bits": null,
+        "group_size": null,
+        "kv_quant": kv_layers,
+        "mixed_kv": null,
+        "prompt_ids": [1, 2, 3],
+        "decode_steps": 1,
+    }));
     let jobs_path = root.path().join("jobs.json");
     std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
     run_python("spec_cases.py", &[jobs_path.as_os_str()]);
@@ -132,6 +163,19 @@ fn monolith_batches_match_mlx_lm_batch_generator() {
             eprintln!(
                 "{name}: monolith == mlx-lm BatchGenerator ({} sequences)",
                 runs.len()
+            );
+        }
+    }
+    let kv8 = archgen_monolith::load_dir(&root.path().join("kv-quant").join("model")).unwrap();
+    let schedule = Schedule::from_json(&schedule(kv8.vocab_size()), kv8.vocab_size()).unwrap();
+    match run_schedule(&kv8, &schedule) {
+        Ok(_) => failures.push("a quantized KV cache was batched".into()),
+        Err(e) => {
+            let e = e.to_string();
+            assert!(
+                e.contains(&format!("layer {first_kv_layer}:"))
+                    && e.contains("QuantizedKVCache has no merge()"),
+                "{e}"
             );
         }
     }

@@ -227,11 +227,18 @@ pub struct LogitsArgs {
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
     /// Prompt token ids, comma-separated
-    #[arg(long, value_name = "1,2,3", value_parser = parse_ids)]
-    pub prompt_ids: TokenIds,
+    #[arg(long, value_name = "1,2,3", value_parser = parse_ids,
+          required_unless_present = "batch")]
+    pub prompt_ids: Option<TokenIds>,
     /// Greedy one-token decode steps after the prefill
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0, conflicts_with = "batch")]
     pub decode_steps: usize,
+    /// Run a schedule of sequences as one continuous batch, as mlx-lm's
+    /// BatchGenerator runs it (JSON: prompts, arrival steps, decode steps;
+    /// docs/parity.md, "Batches"); writes seq{i}.logprobs [N, vocab],
+    /// seq{i}.tokens [N] and seq{i}.steps [N] per sequence
+    #[arg(long, value_name = "FILE.json", conflicts_with = "prompt_ids")]
+    pub batch: Option<PathBuf>,
     /// Which implementation runs the checkpoint
     #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
     pub implementation: Impl,
@@ -460,7 +467,7 @@ mod tests {
         let Command::Logits(a) = cli.command else {
             panic!("not logits: {cli:?}")
         };
-        assert_eq!(a.prompt_ids, TokenIds(vec![1, 2, 3]));
+        assert_eq!(a.prompt_ids, Some(TokenIds(vec![1, 2, 3])));
         assert_eq!(a.decode_steps, 4);
         assert_eq!(a.implementation, Impl::Generated);
         // --decode-steps and --impl default to 0 and auto.
@@ -478,6 +485,53 @@ mod tests {
             panic!("not logits")
         };
         assert_eq!((a.decode_steps, a.implementation), (0, Impl::Auto));
+    }
+
+    #[test]
+    fn logits_takes_a_batch_schedule_instead_of_a_prompt() {
+        let cli = parse(&[
+            "logits",
+            "--model",
+            "m",
+            "--batch",
+            "s.json",
+            "--out",
+            "o.safetensors",
+        ])
+        .unwrap();
+        let Command::Logits(a) = cli.command else {
+            panic!("not logits")
+        };
+        assert_eq!(a.batch, Some(PathBuf::from("s.json")));
+        assert_eq!(a.prompt_ids, None);
+        // One or the other: both, or neither, is a usage error.
+        for args in [
+            &[
+                "logits",
+                "--model",
+                "m",
+                "--batch",
+                "s.json",
+                "--prompt-ids",
+                "1",
+                "--out",
+                "o.safetensors",
+            ][..],
+            &[
+                "logits",
+                "--model",
+                "m",
+                "--batch",
+                "s.json",
+                "--decode-steps",
+                "2",
+                "--out",
+                "o.safetensors",
+            ][..],
+            &["logits", "--model", "m", "--out", "o.safetensors"][..],
+        ] {
+            assert!(parse(args).is_err(), "{args:?}");
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! docs/cli.md has the exit codes.
 
 mod args;
+mod batch;
 mod chat;
 mod chat_template;
 mod engine;

@@ -136,7 +136,7 @@ pub(crate) fn check_ids(what: &str, ids: &[i32], vocab: i32) -> Result<(), Strin
 }
 
 /// Writes `tensors` to `out` atomically: a temporary beside it, then rename.
-fn save_atomically(tensors: &[(&str, &Array)], out: &Path) -> Result<(), String> {
+pub(crate) fn save_atomically(tensors: &[(&str, &Array)], out: &Path) -> Result<(), String> {
     let dir = out
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -161,8 +161,11 @@ fn save_atomically(tensors: &[(&str, &Array)], out: &Path) -> Result<(), String>
 }
 
 fn logits(ui: &Ui, args: &LogitsArgs, writes: bool) -> Result<(), String> {
+    let Some(ids) = &args.prompt_ids else {
+        return crate::batch::logits(ui, args);
+    };
     let task = LogitsTask {
-        ids: &args.prompt_ids.0,
+        ids: &ids.0,
         steps: args.decode_steps,
         out: &args.out,
         writes,
