@@ -998,8 +998,23 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
     assert!(ok, "{stderr}");
     assert_eq!(stdout, format!("{}\n", alone[0].0));
 
-    // All at once, half of them streamed: each answer is its alone answer,
-    // complete and well formed, and forwards computed several sequences.
+    // A seeded request (its own sampler in the batch) alone: not the
+    // greedy answer, so the sampler ran.
+    let seeded_body = ids_body(0, 3, max_tokens, false).replace(
+        r#""temperature": 0"#,
+        r#""temperature": 3.0, "top_p": 0.95, "seed": 7"#,
+    );
+    let (status, body) = curl(&server, "POST", "/v1/completions", Some(&seeded_body));
+    assert_eq!(status, 200, "{body}");
+    let seeded_alone = whole_answer(&body);
+    assert_ne!(
+        seeded_alone, alone[0],
+        "temperature 3.0 gave the greedy answer"
+    );
+
+    // All at once, half of them streamed, with the seeded one: each answer
+    // is its alone answer, complete and well formed, and forwards computed
+    // several sequences.
     let batched_extra = |server: &Server| {
         metric(server, "archgen_decode_batch_size_sum")
             - metric(server, "archgen_decode_batch_size_count")
@@ -1014,6 +1029,7 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
             (stream, Background::start(&server, "/v1/completions", &body))
         })
         .collect();
+    let seeded = Background::start(&server, "/v1/completions", &seeded_body);
     for ((stream, request), expected) in running.into_iter().zip(&alone) {
         let lines = request.finish(Duration::from_secs(120));
         let got = match stream {
@@ -1025,6 +1041,13 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
         };
         assert_eq!(&got, expected, "streamed: {stream}");
     }
+    let lines = seeded.finish(Duration::from_secs(120));
+    let body: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+    assert_eq!(
+        whole_answer(&body.join("\n")),
+        seeded_alone,
+        "seeded, batched"
+    );
     assert!(
         batched_extra(&server) > 0.0,
         "no decode forward computed more than one sequence"
