@@ -1,5 +1,9 @@
-//! The model thread's scheduler: it owns every sequence in flight and moves
-//! them forward one step at a time.
+//! The model thread's scheduler for a model without a batched forward
+//! ([`CausalLm::batched`] is `None`, or its caches cannot be batched): it
+//! owns every sequence in flight and moves them forward one step at a time.
+//! A model with one is served by [`super::batched`] instead, which drives a
+//! `BatchSession` (mlx-lm's `BatchGenerator` schedule); [`Worker::run`]
+//! picks, and says which on stderr.
 //!
 //! Each step, at its boundary, it
 //! 1. admits queued requests while fewer than `max_batch` sequences are in
@@ -14,8 +18,7 @@
 //! its own cache and [`OneByOne`] runs one single-sequence forward per
 //! sequence, so every request computes exactly what `archgen generate`
 //! computes for it alone (prefill in chunks of `prefill_step`, the default
-//! 2048 being generate's; the same sampler and key schedule). A batched
-//! forward (B sequences in one forward) slots in as another `StepAll`.
+//! 2048 being generate's; the same sampler and key schedule).
 
 use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;
