@@ -270,7 +270,7 @@ def markdown(results: dict, meta: dict) -> str:
         f"Machine: {meta['machine']}. Checkpoint: {meta['spec']} (random weights, `archgen init`), "
         f"{meta['max_tokens']} completion tokens per request at temperature 0, streamed chat completions "
         f"over loopback; {meta['min_requests']}+ requests per level. archgen {meta['archgen']} "
-        f"(--max-batch {meta['max_batch']}), mlx-lm {meta['mlx_lm']}.",
+        f"(--max-batch {meta['max_batch']}, --impl {meta['archgen_impl']}), mlx-lm {meta['mlx_lm']}.",
         "",
         "| load | server | tokens/s | TTFT p50 / p99 (ms) | inter-token p50 / p99 (ms) | failed |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
@@ -321,6 +321,9 @@ def main() -> None:
     ap.add_argument("--servers", nargs="+", default=["archgen", "mlx-lm"],
                     choices=["archgen", "archgen-b1", "mlx-lm"],
                     help="archgen-b1: archgen with --max-batch 1 (one sequence at a time)")
+    ap.add_argument("--archgen-impl", default="auto", choices=["auto", "monolith", "generated"],
+                    help="archgen serve --impl: the monolith has the batched forward (BatchLm); "
+                         "a model without one serves one sequence per forward")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args()
@@ -355,7 +358,7 @@ def main() -> None:
         if name in ("archgen", "archgen-b1"):
             batch = args.max_batch if name == "archgen" else 1
             argv = [args.archgen, "--quiet", "serve", "--model", str(model), "--host", "127.0.0.1",
-                    "--port", str(port), "--max-batch", str(batch)]
+                    "--port", str(port), "--max-batch", str(batch), "--impl", args.archgen_impl]
         else:
             argv = [PYTHON, "-m", "mlx_lm.server", "--model", str(model), "--host", "127.0.0.1",
                     "--port", str(port), "--max-tokens", str(args.max_tokens)]
@@ -384,6 +387,7 @@ def main() -> None:
         "long_tokens": args.long_tokens,
         "archgen": version,
         "max_batch": args.max_batch,
+        "archgen_impl": args.archgen_impl,
         "mlx_lm": mlx_lm.__version__,
     }
     table = markdown(results, meta)

@@ -71,6 +71,8 @@ struct Server {
     base: String,
     /// The server's stderr lines after the one with its address.
     log: mpsc::Receiver<String>,
+    /// Its stderr lines up to the one with its address (its start notes).
+    startup: Vec<String>,
 }
 
 impl Server {
@@ -112,18 +114,22 @@ fn start_server(model: &Path, extra: &[&str]) -> Server {
         }
     });
     let deadline = Instant::now() + Duration::from_secs(300);
+    let mut startup = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(line) => {
                 if let Some(rest) = line.split_once("http://").map(|(_, r)| r) {
-                    let addr = rest.split('/').next().unwrap();
+                    let addr = rest.split('/').next().unwrap().to_string();
+                    startup.push(line);
                     return Server {
                         child,
                         base: format!("http://{addr}"),
                         log: rx,
+                        startup,
                     };
                 }
+                startup.push(line);
             }
             Err(_) => {
                 let exit = child.try_wait();
@@ -709,6 +715,20 @@ fn schedules_interleaves_bounds_the_queue_and_cancels_dropped_clients() {
         assert!(text.contains(name), "{name} not in:\n{text}");
     }
     assert!(metric(&server, "archgen_generated_tokens_total") >= 18.0);
+    // The generated qwen3 model has no batched forward: the server said so
+    // and ran one forward per sequence.
+    assert!(
+        server
+            .startup
+            .iter()
+            .any(|l| l.contains("no batched forward; requests run one by one")),
+        "{:?}",
+        server.startup
+    );
+    assert_eq!(
+        metric(&server, "archgen_decode_batch_size_sum"),
+        metric(&server, "archgen_decode_batch_size_count")
+    );
     std::thread::sleep(Duration::from_millis(200));
     let logs = server.request_logs();
     let statuses: Vec<u64> = logs.iter().map(|l| l["status"].as_u64().unwrap()).collect();
@@ -871,4 +891,219 @@ fn refuses_past_the_context_and_the_ceilings_before_compute_and_drains_on_sigter
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "{status:?}");
+}
+
+/// A greedy completions request for token ids: `n` ids from `first` on.
+fn ids_body(first: usize, n: usize, max_tokens: usize, stream: bool) -> String {
+    let ids: Vec<String> = (0..n)
+        .map(|i| (first + 7 * i) % 500 + 3)
+        .map(|t| t.to_string())
+        .collect();
+    format!(
+        r#"{{"prompt": [{}], "max_tokens": {max_tokens}, "temperature": 0, "stream": {stream}}}"#,
+        ids.join(",")
+    )
+}
+
+/// The text and finish reason of a whole (not streamed) completion.
+fn whole_answer(body: &str) -> (String, String) {
+    let v = json(body);
+    let choice = &v["choices"][0];
+    (
+        choice["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{body}"))
+            .to_string(),
+        choice["finish_reason"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{body}"))
+            .to_string(),
+    )
+}
+
+/// The text and finish reason of a streamed completion: SSE `data:` lines,
+/// each a JSON chunk, ended by `data: [DONE]`.
+fn streamed_answer(lines: &[(Instant, String)]) -> (String, String) {
+    let data: Vec<&str> = lines
+        .iter()
+        .filter_map(|(_, l)| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{lines:?}");
+    let mut text = String::new();
+    let mut finish = String::new();
+    for chunk in &data[..data.len() - 1] {
+        let v = json(chunk);
+        text.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
+        if let Some(f) = v["choices"][0]["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    (text, finish)
+}
+
+#[test]
+fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    let model_s = model.to_str().unwrap();
+    let server = start_server(&model, &["--impl", "monolith", "--max-batch", "8"]);
+    assert!(
+        server
+            .startup
+            .iter()
+            .any(|l| l.contains("decode as one batched forward")),
+        "no note of the batched path: {:?}",
+        server.startup
+    );
+
+    // Prompts of different lengths (so the batch pads them differently),
+    // each answered alone first.
+    let shapes = [(0, 3), (11, 17), (40, 9), (90, 30), (5, 1), (300, 12)];
+    let max_tokens = 12;
+    let alone: Vec<(String, String)> = shapes
+        .iter()
+        .map(|&(first, n)| {
+            let (status, body) = curl(
+                &server,
+                "POST",
+                "/v1/completions",
+                Some(&ids_body(first, n, max_tokens, false)),
+            );
+            assert_eq!(status, 200, "{body}");
+            whole_answer(&body)
+        })
+        .collect();
+    for (text, finish) in &alone {
+        assert!(!text.is_empty(), "{alone:?}");
+        assert!(finish == "length" || finish == "stop", "{alone:?}");
+    }
+
+    // The first prompt alone is also what `archgen generate` gives.
+    let ids: Vec<String> = (0..3).map(|i| ((7 * i) % 500 + 3).to_string()).collect();
+    let (ok, stdout, stderr) = archgen(
+        &[
+            "generate",
+            "--impl",
+            "monolith",
+            "--model",
+            model_s,
+            "--prompt-ids",
+            &ids.join(","),
+            "--max-tokens",
+            &max_tokens.to_string(),
+        ],
+        "",
+        Duration::from_secs(300),
+    );
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout, format!("{}\n", alone[0].0));
+
+    // A seeded request (its own sampler in the batch) alone: not the
+    // greedy answer, so the sampler ran.
+    let seeded_body = ids_body(0, 3, max_tokens, false).replace(
+        r#""temperature": 0"#,
+        r#""temperature": 3.0, "top_p": 0.95, "seed": 7"#,
+    );
+    let (status, body) = curl(&server, "POST", "/v1/completions", Some(&seeded_body));
+    assert_eq!(status, 200, "{body}");
+    let seeded_alone = whole_answer(&body);
+    assert_ne!(
+        seeded_alone, alone[0],
+        "temperature 3.0 gave the greedy answer"
+    );
+
+    // All at once, half of them streamed, with the seeded one: each answer
+    // is its alone answer, complete and well formed, and forwards computed
+    // several sequences.
+    let batched_extra = |server: &Server| {
+        metric(server, "archgen_decode_batch_size_sum")
+            - metric(server, "archgen_decode_batch_size_count")
+    };
+    assert_eq!(batched_extra(&server), 0.0, "one request at a time");
+    let running: Vec<(bool, Background)> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(first, n))| {
+            let stream = i % 2 == 1;
+            let body = ids_body(first, n, max_tokens, stream);
+            (stream, Background::start(&server, "/v1/completions", &body))
+        })
+        .collect();
+    let seeded = Background::start(&server, "/v1/completions", &seeded_body);
+    for ((stream, request), expected) in running.into_iter().zip(&alone) {
+        let lines = request.finish(Duration::from_secs(120));
+        let got = match stream {
+            true => streamed_answer(&lines),
+            false => {
+                let body: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+                whole_answer(&body.join("\n"))
+            }
+        };
+        assert_eq!(&got, expected, "streamed: {stream}");
+    }
+    let lines = seeded.finish(Duration::from_secs(120));
+    let body: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+    assert_eq!(
+        whole_answer(&body.join("\n")),
+        seeded_alone,
+        "seeded, batched"
+    );
+    assert!(
+        batched_extra(&server) > 0.0,
+        "no decode forward computed more than one sequence"
+    );
+
+    // One batched sequence goes away mid-decode: the others still give
+    // their alone answers.
+    let long_tokens = 40;
+    let survivors = [(2, 5), (60, 21), (170, 2)];
+    let survivors_alone: Vec<(String, String)> = survivors
+        .iter()
+        .map(|&(first, n)| {
+            let (status, body) = curl(
+                &server,
+                "POST",
+                "/v1/completions",
+                Some(&ids_body(first, n, long_tokens, false)),
+            );
+            assert_eq!(status, 200, "{body}");
+            whole_answer(&body)
+        })
+        .collect();
+    let cancelled_before = metric(&server, "archgen_cancelled_sequences_total");
+    let leaving = Background::start(&server, "/v1/completions", &ids_body(33, 8, 20_000, true));
+    let running: Vec<Background> = survivors
+        .iter()
+        .map(|&(first, n)| {
+            Background::start(
+                &server,
+                "/v1/completions",
+                &ids_body(first, n, long_tokens, true),
+            )
+        })
+        .collect();
+    // The leaving stream has tokens, so it is in the generation batch.
+    loop {
+        let (_, line) = leaving.lines.recv_timeout(Duration::from_secs(60)).unwrap();
+        if line.contains("\"text\":\"") && !line.contains("\"text\":\"\"") {
+            break;
+        }
+    }
+    leaving.disconnect();
+    for (request, expected) in running.into_iter().zip(&survivors_alone) {
+        let got = streamed_answer(&request.finish(Duration::from_secs(120)));
+        assert_eq!(&got, expected);
+    }
+    wait_for_metric(
+        &server,
+        "archgen_cancelled_sequences_total",
+        |v| v == cancelled_before + 1.0,
+        Duration::from_secs(30),
+    );
+    wait_for_metric(
+        &server,
+        "archgen_active_sequences",
+        |v| v == 0.0,
+        Duration::from_secs(30),
+    );
 }

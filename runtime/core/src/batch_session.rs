@@ -24,7 +24,7 @@
 //!    `prefill_step_size` tokens, right-padded to the longest chunk, as one
 //!    forward (`prepare`, forward, `finalize`).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
@@ -62,11 +62,18 @@ impl Default for BatchConfig {
     }
 }
 
+/// Picks a sequence's next token from its logprobs row [vocab] (compute
+/// dtype), lazily: an unevaluated integer array of one element, evaluated
+/// together with the batch's other tokens. A sequence joined without one
+/// takes the greedy token, as `BatchGenerator`'s default sampler.
+pub type Sampler = Box<dyn FnMut(&Array) -> Result<Array>>;
+
 /// What one sequence got from one step.
 #[derive(Debug, Clone)]
 pub struct StepOutput {
     pub seq: SeqId,
-    /// The greedy token (`argmax` of `logprobs`), the one fed back.
+    /// The sampled token (greedy, `argmax` of `logprobs`, unless the
+    /// sequence joined with a [`Sampler`]), the one fed back.
     pub token: i32,
     /// `logits - logsumexp(logits)` [vocab], the compute dtype.
     pub logprobs: Array,
@@ -174,8 +181,10 @@ fn extend_cache(cache: &mut Option<BatchCache>, other: Option<BatchCache>) -> Re
 /// }
 /// # let _ = (a, b); Ok(()) }
 /// ```
-pub struct BatchSession<'m, M: BatchLm> {
+pub struct BatchSession<'m, M: BatchLm + ?Sized> {
     model: &'m M,
+    /// The samplers of sequences that joined with one.
+    samplers: HashMap<SeqId, Sampler>,
     config: BatchConfig,
     next_seq: u64,
     waiting: VecDeque<Waiting>,
@@ -183,7 +192,7 @@ pub struct BatchSession<'m, M: BatchLm> {
     generation: GenerationBatch,
 }
 
-impl<'m, M: BatchLm> BatchSession<'m, M> {
+impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     pub fn new(model: &'m M, config: BatchConfig) -> Self {
         let config = BatchConfig {
             completion_batch_size: config.completion_batch_size.max(config.prefill_batch_size),
@@ -191,6 +200,7 @@ impl<'m, M: BatchLm> BatchSession<'m, M> {
         };
         BatchSession {
             model,
+            samplers: HashMap::new(),
             config,
             next_seq: 0,
             waiting: VecDeque::new(),
@@ -203,6 +213,16 @@ impl<'m, M: BatchLm> BatchSession<'m, M> {
     /// prefilled in chunks of `prefill_step_size` tokens, then returns
     /// `max_tokens` tokens, one per step, and leaves.
     pub fn join(&mut self, prompt: &[i32], max_tokens: usize) -> Result<SeqId> {
+        self.join_sampled(prompt, max_tokens, None)
+    }
+
+    /// [`Self::join`] with the sequence's own sampler (`None`: greedy).
+    pub fn join_sampled(
+        &mut self,
+        prompt: &[i32],
+        max_tokens: usize,
+        sampler: Option<Sampler>,
+    ) -> Result<SeqId> {
         let seq = SeqId(self.next_seq);
         let Some((&last, rest)) = prompt.split_last() else {
             return Err(error(format!("sequence {}: the prompt is empty", seq.0)));
@@ -223,6 +243,9 @@ impl<'m, M: BatchLm> BatchSession<'m, M> {
             segments,
             max_tokens,
         });
+        if let Some(sampler) = sampler {
+            self.samplers.insert(seq, sampler);
+        }
         self.next_seq += 1;
         Ok(seq)
     }
@@ -230,6 +253,7 @@ impl<'m, M: BatchLm> BatchSession<'m, M> {
     /// Cancels a sequence wherever it is (`remove`): waiting, in prefill or
     /// generating. Returns whether it was there.
     pub fn leave(&mut self, seq: SeqId) -> Result<bool> {
+        self.samplers.remove(&seq);
         if let Some(i) = self.waiting.iter().position(|w| w.seq == seq) {
             self.waiting.remove(i);
             return Ok(true);
@@ -292,7 +316,8 @@ impl<'m, M: BatchLm> BatchSession<'m, M> {
             .cache
             .as_mut()
             .ok_or_else(|| error("the generation batch has no cache".into()))?;
-        let (next_tokens, next_logprobs) = sample_next(self.model, &tokens, cache)?;
+        let (next_tokens, next_logprobs) =
+            sample_next(self.model, &tokens, cache, &g.seqs, &mut self.samplers)?;
         g.next_tokens = next_tokens;
         g.next_logprobs = next_logprobs;
         let mut out = Vec::with_capacity(tokens.len());
@@ -300,7 +325,9 @@ impl<'m, M: BatchLm> BatchSession<'m, M> {
         for (i, (token, row)) in tokens.into_iter().zip(logprobs).enumerate() {
             g.num_tokens[i] += 1;
             let finished = g.num_tokens[i] >= g.max_tokens[i];
-            if !finished {
+            if finished {
+                self.samplers.remove(&g.seqs[i]);
+            } else {
                 keep.push(i);
             }
             out.push(StepOutput {
@@ -351,7 +378,8 @@ impl<'m, M: BatchLm> BatchSession<'m, M> {
         let mut cache =
             cache.ok_or_else(|| error("a sequence starts generating without a cache".into()))?;
         // `GenerationBatch.__init__` runs its first step at once.
-        let (next_tokens, next_logprobs) = sample_next(self.model, &last, &mut cache)?;
+        let (next_tokens, next_logprobs) =
+            sample_next(self.model, &last, &mut cache, &seqs, &mut self.samplers)?;
         self.generation.extend(GenerationBatch {
             num_tokens: vec![0; seqs.len()],
             seqs,
@@ -410,11 +438,14 @@ impl<'m, M: BatchLm> BatchSession<'m, M> {
 }
 
 /// `GenerationBatch._step`'s forward: the last logits of `tokens` [B] as
-/// logprobs rows, and the greedy tokens sampled from them.
-fn sample_next<M: BatchLm>(
+/// logprobs rows, and the tokens sampled from them: greedy, or by the
+/// sampler of the row's sequence (`seqs`, in row order) when it has one.
+fn sample_next<M: BatchLm + ?Sized>(
     model: &M,
     tokens: &[i32],
     cache: &mut BatchCache,
+    seqs: &[SeqId],
+    samplers: &mut HashMap<SeqId, Sampler>,
 ) -> Result<(Vec<i32>, Vec<Array>)> {
     let b = tokens.len() as i32;
     let ids = Array::from_slice(tokens, &[b, 1]);
@@ -425,14 +456,33 @@ fn sample_next<M: BatchLm>(
     let rows: Vec<Array> = (0..b)
         .map(|i| logprobs.try_index(i))
         .collect::<Result<_>>()?;
+    let mut own: Vec<(usize, Array)> = Vec::new();
+    for (i, (seq, row)) in seqs.iter().zip(&rows).enumerate() {
+        if let Some(sampler) = samplers.get_mut(seq) {
+            own.push((i, sampler(row)?.as_dtype(mlx_rs::Dtype::Int32)?));
+        }
+    }
     let mut outputs: Vec<&Array> = rows.iter().collect();
     outputs.push(&sampled);
+    outputs.extend(own.iter().map(|(_, t)| t));
     mlx_rs::transforms::eval(outputs)?;
-    let next = sampled
+    let mut next: Vec<i32> = sampled
         .as_slice::<u32>()
         .iter()
         .map(|&t| t as i32)
         .collect();
+    for (i, token) in own {
+        next[i] = match token.as_slice::<i32>() {
+            [t] => *t,
+            other => {
+                return Err(error(format!(
+                    "sequence {}: its sampler gave {} tokens, expected 1",
+                    seqs[i].0,
+                    other.len()
+                )))
+            }
+        };
+    }
     Ok((next, rows))
 }
 

@@ -2,6 +2,7 @@
 
 use mlx_rs::Array;
 
+use crate::batch::BatchLm;
 use crate::ops::Result;
 
 /// A causal language model over token ids.
@@ -14,6 +15,12 @@ pub trait CausalLm {
     fn make_cache(&self) -> Self::Cache;
     /// Logits [B, L, vocab] for `ids` [B, L] (int32), appending to `cache`.
     fn forward(&self, ids: &Array, cache: &mut Self::Cache) -> Result<Array>;
+    /// The same model's batched forward (B sequences of different lengths
+    /// in one forward, as mlx-lm's `BatchGenerator` runs them), when it has
+    /// one; a server batches concurrent requests through it.
+    fn batched(&self) -> Option<&dyn BatchLm> {
+        None
+    }
 }
 
 /// Something to do with a model whose concrete type is chosen at run time

@@ -550,6 +550,11 @@ impl CausalLm for Monolith {
         self.ir.vocab_size as i32
     }
 
+    /// Its batched forward (batch.rs).
+    fn batched(&self) -> Option<&dyn archgen_runtime::batch::BatchLm> {
+        Some(self)
+    }
+
     /// mlx-lm's `make_cache`: a cache per layer that owns K/V, an
     /// `ArraysCache` per Gated DeltaNet layer.
     fn make_cache(&self) -> Self::Cache {

@@ -30,6 +30,9 @@ pub struct Metrics {
     pub time_to_first_token: Histogram,
     /// Between two tokens of one sequence, in seconds.
     pub inter_token_latency: Histogram,
+    /// Sequences computed by one decode forward: 1 each when the model
+    /// serves one by one, the generation batch when it batches.
+    pub decode_batch_size: Histogram,
 }
 
 impl Metrics {
@@ -85,8 +88,16 @@ impl Metrics {
             "Between two consecutive tokens of one sequence",
             inter_token_latency.clone(),
         );
+        // 1 .. 128 sequences.
+        let decode_batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 8));
+        registry.register(
+            "decode_batch_size",
+            "Sequences computed by one decode forward",
+            decode_batch_size.clone(),
+        );
         Metrics {
             registry,
+            decode_batch_size,
             queue_depth,
             active_sequences,
             generated_tokens,

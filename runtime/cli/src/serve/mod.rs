@@ -11,6 +11,7 @@
 //! drops its handler or its response stream, which cancels the sequence at
 //! the next step. Each request ends with one JSON log line on stderr.
 
+mod batched;
 mod metrics;
 mod scheduler;
 
@@ -1169,6 +1170,7 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
     let (jobs_tx, jobs_rx) = mpsc::sync_channel(max_queue);
     let (ready_tx, ready_rx) = mpsc::channel();
     let worker = Worker {
+        model_label: model.display().to_string(),
         jobs: jobs_rx,
         ready: ready_tx,
         tokenizer: tokenizer.clone(),

@@ -1,5 +1,9 @@
-//! The model thread's scheduler: it owns every sequence in flight and moves
-//! them forward one step at a time.
+//! The model thread's scheduler for a model without a batched forward
+//! ([`CausalLm::batched`] is `None`, or its caches cannot be batched): it
+//! owns every sequence in flight and moves them forward one step at a time.
+//! A model with one is served by [`super::batched`] instead, which drives a
+//! `BatchSession` (mlx-lm's `BatchGenerator` schedule); [`Worker::run`]
+//! picks, and says which on stderr.
 //!
 //! Each step, at its boundary, it
 //! 1. admits queued requests while fewer than `max_batch` sequences are in
@@ -14,8 +18,7 @@
 //! its own cache and [`OneByOne`] runs one single-sequence forward per
 //! sequence, so every request computes exactly what `archgen generate`
 //! computes for it alone (prefill in chunks of `prefill_step`, the default
-//! 2048 being generate's; the same sampler and key schedule). A batched
-//! forward (B sequences in one forward) slots in as another `StepAll`.
+//! 2048 being generate's; the same sampler and key schedule).
 
 use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;
@@ -196,7 +199,7 @@ impl<M: CausalLm> StepAll<M> for OneByOne {
 }
 
 /// `token`'s log-probability in `row` and the `top` most likely ids.
-fn most_likely(row: &[f32], token: i32, top: usize) -> Result<Logprobs, String> {
+pub(super) fn most_likely(row: &[f32], token: i32, top: usize) -> Result<Logprobs, String> {
     let logprob = usize::try_from(token)
         .ok()
         .and_then(|t| row.get(t))
@@ -225,23 +228,43 @@ enum Phase {
     Decode,
 }
 
-struct Sequence<'t, C> {
-    job: Job,
-    state: SeqState<C>,
-    phase: Phase,
+/// A request's side of a sequence, whichever stepping computes it: its
+/// text on the way to the client and its counts.
+pub(super) struct Stream<'t> {
+    pub(super) job: Job,
     text: TextStream<'t>,
     /// Log-probabilities of tokens whose text is not sent yet.
     pending_logprobs: Vec<TokenLogprob>,
     /// Tokens handed to the client (EOS is not one).
     produced: usize,
-    /// The step that last ran a prefill chunk of this sequence (round robin).
-    last_prefill: u64,
     first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
 }
 
+impl<'t> Stream<'t> {
+    pub(super) fn new(mut job: Job, tokenizer: &'t Tokenizer) -> Self {
+        let stops = std::mem::take(&mut job.stops);
+        Stream {
+            job,
+            text: TextStream::owning(tokenizer, Cow::Owned(stops)),
+            pending_logprobs: Vec::new(),
+            produced: 0,
+            first_token_at: None,
+            last_token_at: None,
+        }
+    }
+}
+
+struct Sequence<'t, C> {
+    stream: Stream<'t>,
+    state: SeqState<C>,
+    phase: Phase,
+    /// The step that last ran a prefill chunk of this sequence (round robin).
+    last_prefill: u64,
+}
+
 /// What became of a sequence after a step.
-enum Outcome {
+pub(super) enum Outcome {
     Running,
     Finished,
 }
@@ -249,6 +272,8 @@ enum Outcome {
 /// Runs the scheduler on the model thread until the queue's senders are
 /// gone and no sequence is left.
 pub struct Worker {
+    /// The model as the operator named it, for notes.
+    pub model_label: String,
     pub jobs: mpsc::Receiver<Job>,
     pub ready: mpsc::Sender<i32>,
     pub tokenizer: Arc<Tokenizer>,
@@ -261,6 +286,35 @@ impl ModelTask for Worker {
     type Output = Result<(), String>;
 
     fn run<M: CausalLm>(self, m: &M) -> Self::Output {
+        // The notes come before `ready`, so they precede the address line.
+        let unbatched = match m.batched() {
+            Some(batched) => match batched.make_batch_cache(1) {
+                Ok(_) => {
+                    eprintln!(
+                        "archgen: serve: {}: concurrent requests decode as one batched forward \
+                         (mlx-lm's BatchGenerator schedule), up to {} at once",
+                        self.model_label, self.limits.max_batch
+                    );
+                    let _ = self.ready.send(m.vocab_size());
+                    let mut scheduler = super::batched::BatchedScheduler::new(
+                        batched,
+                        &self.tokenizer,
+                        &self.eos,
+                        self.limits,
+                        &self.metrics,
+                    );
+                    scheduler.serve(&self.jobs);
+                    return Ok(());
+                }
+                Err(e) => format!("its batched forward cannot batch this model's caches ({e})"),
+            },
+            None => "this implementation has no batched forward".to_string(),
+        };
+        eprintln!(
+            "archgen: serve: {}: {unbatched}; requests run one by one \
+             (one forward per sequence per step, no batching speedup)",
+            self.model_label
+        );
         let _ = self.ready.send(m.vocab_size());
         let mut scheduler = Scheduler {
             model: m,
@@ -289,7 +343,7 @@ struct Scheduler<'a, M: CausalLm, S> {
 }
 
 /// The message of a caught panic.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     let what = panic
         .downcast_ref::<String>()
         .map(String::as_str)
@@ -324,7 +378,7 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
         }
     }
 
-    fn admit(&mut self, mut job: Job) {
+    fn admit(&mut self, job: Job) {
         self.metrics.queue_depth.dec();
         if job.cancel.is_cancelled() {
             // The client left while the request waited: nothing to compute.
@@ -355,18 +409,11 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
             1 => Phase::Decode,
             _ => Phase::Prefill { fed: 0 },
         };
-        let stops = std::mem::take(&mut job.stops);
-        let text = TextStream::owning(self.tokenizer, Cow::Owned(stops));
         self.active.push(Sequence {
-            job,
+            stream: Stream::new(job, self.tokenizer),
             state,
             phase,
-            text,
-            pending_logprobs: Vec::new(),
-            produced: 0,
             last_prefill: 0,
-            first_token_at: None,
-            last_token_at: None,
         });
         self.metrics.active_sequences.set(self.active.len() as i64);
     }
@@ -374,7 +421,7 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
     fn run_step(&mut self) {
         self.step += 1;
         let before = self.active.len();
-        self.active.retain(|s| !s.job.cancel.is_cancelled());
+        self.active.retain(|s| !s.stream.job.cancel.is_cancelled());
         self.metrics
             .cancelled
             .inc_by((before - self.active.len()) as u64);
@@ -396,9 +443,9 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
         let Phase::Prefill { fed } = seq.phase else {
             return;
         };
-        let head = seq.job.prompt.len() - 1;
+        let head = seq.stream.job.prompt.len() - 1;
         let end = (fed + prefill_step).min(head);
-        let chunk = &seq.job.prompt[fed..end];
+        let chunk = &seq.stream.job.prompt[fed..end];
         let model = self.model;
         let stepper = &mut self.stepper;
         let state = &mut seq.state;
@@ -419,7 +466,7 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
             }
             Some(message) => {
                 let seq = self.active.remove(at);
-                fail(&seq.job, message);
+                fail(&seq.stream.job, message);
             }
         }
     }
@@ -431,6 +478,10 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
             .collect();
         if decoding.is_empty() {
             return;
+        }
+        // One single-sequence forward per sequence.
+        for _ in &decoding {
+            self.metrics.decode_batch_size.observe(1.0);
         }
         let model = self.model;
         let stepper = &mut self.stepper;
@@ -452,7 +503,7 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
                 // The step is shared: every sequence in it ends.
                 for &i in decoding.iter().rev() {
                     let seq = self.active.remove(i);
-                    fail(&seq.job, message.clone());
+                    fail(&seq.stream.job, message.clone());
                 }
                 return;
             }
@@ -461,7 +512,17 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
         let mut finished = Vec::new();
         for (&i, sampled) in decoding.iter().zip(tokens) {
             let token = sampled.token;
-            match self.deliver(i, sampled, now) {
+            let logprob = sampled
+                .logprobs
+                .map(|l| describe(self.tokenizer, sampled.token, l));
+            match deliver(
+                &mut self.active[i].stream,
+                token,
+                logprob,
+                now,
+                self.eos,
+                self.metrics,
+            ) {
                 Outcome::Running => self.active[i].state.input = token,
                 Outcome::Finished => finished.push(i),
             }
@@ -470,91 +531,98 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
             self.active.remove(i);
         }
     }
+}
 
-    /// Hands a sampled token to its sequence's client.
-    fn deliver(&mut self, at: usize, sampled: Sampled, now: Instant) -> Outcome {
-        let metrics = self.metrics;
-        let eos = self.eos;
-        let token = sampled.token;
-        let logprob = match sampled.logprobs.map(|l| self.describe(token, l)) {
-            None => None,
-            Some(Ok(described)) => Some(described),
-            Some(Err(message)) => {
-                let seq = &self.active[at];
-                fail(&seq.job, message);
-                return Outcome::Finished;
-            }
-        };
-        let seq = &mut self.active[at];
-        match (seq.first_token_at, seq.last_token_at) {
-            (None, _) => {
-                seq.first_token_at = Some(now);
-                metrics
-                    .time_to_first_token
-                    .observe((now - seq.job.queued_at).as_secs_f64());
-            }
-            (Some(_), Some(last)) => metrics
-                .inter_token_latency
-                .observe((now - last).as_secs_f64()),
-            (Some(_), None) => {}
-        }
-        seq.last_token_at = Some(now);
-        if eos.contains(&token) {
-            return finish(seq, Finish::Stop);
-        }
-        seq.produced += 1;
-        metrics.generated_tokens.inc();
-        seq.pending_logprobs.extend(logprob);
-        let (text, flow) = match seq.text.push(token) {
-            Ok(pushed) => pushed,
-            Err(message) => {
-                fail(&seq.job, message);
-                return Outcome::Finished;
-            }
-        };
-        let logprobs = match text.is_empty() {
-            // Held back (half a character, or maybe a stop string): its
-            // log-probabilities wait for the text.
-            true => Vec::new(),
-            false => std::mem::take(&mut seq.pending_logprobs),
-        };
-        if !text.is_empty()
-            && seq
-                .job
-                .events
-                .send(GenEvent::Text { text, logprobs })
-                .is_err()
-        {
-            // Nobody listens any more.
-            seq.job.cancel.cancel();
-            metrics.cancelled.inc();
+/// Hands a sampled token (with its log-probabilities, when asked for) to its
+/// client.
+pub(super) fn deliver(
+    seq: &mut Stream<'_>,
+    token: i32,
+    logprob: Option<Result<TokenLogprob, String>>,
+    now: Instant,
+    eos: &[i32],
+    metrics: &Metrics,
+) -> Outcome {
+    let logprob = match logprob {
+        None => None,
+        Some(Ok(described)) => Some(described),
+        Some(Err(message)) => {
+            fail(&seq.job, message);
             return Outcome::Finished;
         }
-        match flow {
-            Flow::Stop => finish(seq, Finish::Stop),
-            Flow::Continue if seq.produced >= seq.job.sampling.max_tokens => {
-                finish(seq, Finish::Length)
-            }
-            Flow::Continue => Outcome::Running,
+    };
+    match (seq.first_token_at, seq.last_token_at) {
+        (None, _) => {
+            seq.first_token_at = Some(now);
+            metrics
+                .time_to_first_token
+                .observe((now - seq.job.queued_at).as_secs_f64());
         }
+        (Some(_), Some(last)) => metrics
+            .inter_token_latency
+            .observe((now - last).as_secs_f64()),
+        (Some(_), None) => {}
     }
-
-    /// A token's log-probabilities with the tokens as text.
-    fn describe(&self, token: i32, logprobs: Logprobs) -> Result<TokenLogprob, String> {
-        let text = |id: i32| decode(self.tokenizer, &[id as u32]);
-        Ok(TokenLogprob {
-            token: text(token)?,
-            logprob: logprobs.logprob,
-            top: logprobs
-                .top
-                .into_iter()
-                .map(|(id, lp)| Ok((text(id)?, lp)))
-                .collect::<Result<_, String>>()?,
-        })
+    seq.last_token_at = Some(now);
+    if eos.contains(&token) {
+        return finish(seq, Finish::Stop);
+    }
+    seq.produced += 1;
+    metrics.generated_tokens.inc();
+    seq.pending_logprobs.extend(logprob);
+    let (text, flow) = match seq.text.push(token) {
+        Ok(pushed) => pushed,
+        Err(message) => {
+            fail(&seq.job, message);
+            return Outcome::Finished;
+        }
+    };
+    let logprobs = match text.is_empty() {
+        // Held back (half a character, or maybe a stop string): its
+        // log-probabilities wait for the text.
+        true => Vec::new(),
+        false => std::mem::take(&mut seq.pending_logprobs),
+    };
+    if !text.is_empty()
+        && seq
+            .job
+            .events
+            .send(GenEvent::Text { text, logprobs })
+            .is_err()
+    {
+        // Nobody listens any more.
+        seq.job.cancel.cancel();
+        metrics.cancelled.inc();
+        return Outcome::Finished;
+    }
+    match flow {
+        Flow::Stop => finish(seq, Finish::Stop),
+        Flow::Continue if seq.produced >= seq.job.sampling.max_tokens => {
+            finish(seq, Finish::Length)
+        }
+        Flow::Continue => Outcome::Running,
     }
 }
 
-fn finish<C>(seq: &mut Sequence<'_, C>, finish: Finish) -> Outcome {
+/// A token's log-probabilities with the tokens as text.
+pub(super) fn describe(
+    tokenizer: &Tokenizer,
+    token: i32,
+    logprobs: Logprobs,
+) -> Result<TokenLogprob, String> {
+    let text = |id: i32| decode(tokenizer, &[id as u32]);
+    Ok(TokenLogprob {
+        token: text(token)?,
+        logprob: logprobs.logprob,
+        top: logprobs
+            .top
+            .into_iter()
+            .map(|(id, lp)| Ok((text(id)?, lp)))
+            .collect::<Result<_, String>>()?,
+    })
+}
+
+pub(super) fn finish(seq: &mut Stream<'_>, finish: Finish) -> Outcome {
     match seq.text.finish() {
         Ok(tail) if !tail.is_empty() || !seq.pending_logprobs.is_empty() => {
             let _ = seq.job.events.send(GenEvent::Text {
@@ -576,7 +644,7 @@ fn finish<C>(seq: &mut Sequence<'_, C>, finish: Finish) -> Outcome {
     Outcome::Finished
 }
 
-fn fail(job: &Job, message: String) {
+pub(super) fn fail(job: &Job, message: String) {
     eprintln!("archgen: serve: {message}");
     let _ = job.events.send(GenEvent::Failed(message));
 }

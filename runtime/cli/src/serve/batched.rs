@@ -1,0 +1,218 @@
+//! The model thread's scheduler when the model has a batched forward
+//! ([`CausalLm::batched`]): one [`BatchSession`] computes every sequence in
+//! flight, so each step is one batched forward of all sequences in decode
+//! plus one batched chunk of the prompts in prefill, scheduled exactly as
+//! mlx-lm's `BatchGenerator` (one-step-ahead sampling, chunked prefill,
+//! extend / filter; runtime/core/src/batch_session.rs).
+//!
+//! The server keeps what is a request's: admission up to `max_batch`,
+//! cancellation (the session's `leave`), text streaming with stop strings,
+//! log-probabilities, metrics. Greedy requests (temperature 0) take the
+//! session's own argmax, so their tokens are `BatchGenerator`'s; the others
+//! carry their own seeded sampler, its key split once per token as
+//! `archgen generate` splits it.
+//!
+//! [`CausalLm::batched`]: archgen_runtime::model::CausalLm::batched
+
+use std::panic::AssertUnwindSafe;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use archgen_runtime::batch::BatchLm;
+use archgen_runtime::batch_session::{BatchConfig, BatchSession, Sampler, SeqId, StepOutput};
+use archgen_runtime::mlx_rs::error::Exception;
+use archgen_runtime::mlx_rs::{self, Array};
+use archgen_runtime::Dtype;
+use tokenizers::Tokenizer;
+
+use super::metrics::Metrics;
+use super::scheduler::{
+    deliver, describe, fail, finish, most_likely, panic_message, Job, Limits, Outcome, Stream,
+};
+use crate::engine::{Finish, Sampling};
+use crate::run::{mlx, sample};
+
+/// `BatchGenerator`'s default number of sequences in prefill at once.
+const PREFILL_BATCH: usize = 8;
+
+pub(super) struct BatchedScheduler<'a> {
+    model: &'a (dyn BatchLm + 'a),
+    config: BatchConfig,
+    session: BatchSession<'a, dyn BatchLm + 'a>,
+    tokenizer: &'a Tokenizer,
+    eos: &'a [i32],
+    limits: Limits,
+    metrics: &'a Metrics,
+    /// Every admitted request, whether waiting in the session, in prefill
+    /// or generating.
+    active: Vec<(SeqId, Stream<'a>)>,
+}
+
+impl<'a> BatchedScheduler<'a> {
+    pub(super) fn new(
+        model: &'a (dyn BatchLm + 'a),
+        tokenizer: &'a Tokenizer,
+        eos: &'a [i32],
+        limits: Limits,
+        metrics: &'a Metrics,
+    ) -> Self {
+        let config = BatchConfig {
+            prefill_step_size: limits.prefill_step,
+            prefill_batch_size: PREFILL_BATCH.min(limits.max_batch),
+            completion_batch_size: limits.max_batch,
+        };
+        BatchedScheduler {
+            model,
+            config,
+            session: BatchSession::new(model, config),
+            tokenizer,
+            eos,
+            limits,
+            metrics,
+            active: Vec::new(),
+        }
+    }
+
+    pub(super) fn serve(&mut self, jobs: &mpsc::Receiver<Job>) {
+        let mut open = true;
+        loop {
+            if self.active.is_empty() {
+                if !open {
+                    return;
+                }
+                // Idle: wait for work.
+                match jobs.recv() {
+                    Ok(job) => self.admit(job),
+                    Err(mpsc::RecvError) => return,
+                }
+            }
+            while open && self.active.len() < self.limits.max_batch {
+                match jobs.try_recv() {
+                    Ok(job) => self.admit(job),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => open = false,
+                }
+            }
+            self.drop_cancelled();
+            if !self.active.is_empty() {
+                self.step();
+            }
+            self.metrics.active_sequences.set(self.active.len() as i64);
+        }
+    }
+
+    fn admit(&mut self, job: Job) {
+        self.metrics.queue_depth.dec();
+        if job.cancel.is_cancelled() {
+            // The client left while the request waited: nothing to compute.
+            return;
+        }
+        let sampler = match seeded_sampler(&job.sampling) {
+            Ok(sampler) => sampler,
+            Err(message) => return fail(&job, message),
+        };
+        match self
+            .session
+            .join_sampled(&job.prompt, job.sampling.max_tokens, sampler)
+        {
+            Ok(seq) => self.active.push((seq, Stream::new(job, self.tokenizer))),
+            Err(e) => fail(&job, e.to_string()),
+        }
+        self.metrics.active_sequences.set(self.active.len() as i64);
+    }
+
+    /// Sequences whose client left leave the batch.
+    fn drop_cancelled(&mut self) {
+        let mut at = 0;
+        while at < self.active.len() {
+            let (seq, stream) = &self.active[at];
+            if !stream.job.cancel.is_cancelled() {
+                at += 1;
+                continue;
+            }
+            let seq = *seq;
+            self.active.remove(at);
+            self.metrics.cancelled.inc();
+            if let Err(e) = self.session.leave(seq) {
+                return self.fail_all(format!("a cancelled sequence could not leave: {e}"));
+            }
+        }
+    }
+
+    /// One `BatchGenerator.next()`, its tokens handed to their clients.
+    fn step(&mut self) {
+        let session = &mut self.session;
+        let outputs = match std::panic::catch_unwind(AssertUnwindSafe(|| session.step())) {
+            Ok(Ok(outputs)) => outputs,
+            Ok(Err(e)) => return self.fail_all(format!("the generation failed: {e}")),
+            Err(panic) => return self.fail_all(panic_message(&*panic)),
+        };
+        if !outputs.is_empty() {
+            // The generation batch's forward of this step.
+            self.metrics.decode_batch_size.observe(outputs.len() as f64);
+        }
+        let now = Instant::now();
+        for out in outputs {
+            // A sequence that already ended (a stop string, a failure) has
+            // left the session; nothing of it can come back.
+            let Some(at) = self.active.iter().position(|(seq, _)| *seq == out.seq) else {
+                continue;
+            };
+            let stream = &mut self.active[at].1;
+            let logprob = stream.job.logprobs.map(|top| {
+                logprob_of(&out, top).and_then(|l| describe(self.tokenizer, out.token, l))
+            });
+            let outcome = match deliver(stream, out.token, logprob, now, self.eos, self.metrics) {
+                // The session's budget is the request's max_tokens, and
+                // deliver ends the stream there too; this only guards it.
+                Outcome::Running if out.finished => finish(stream, Finish::Length),
+                outcome => outcome,
+            };
+            match outcome {
+                Outcome::Running => {}
+                Outcome::Finished => {
+                    self.active.remove(at);
+                    if !out.finished {
+                        if let Err(e) = self.session.leave(out.seq) {
+                            return self
+                                .fail_all(format!("a finished sequence could not leave: {e}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A step is shared: when it fails, every sequence in flight ends with
+    /// its message and the server starts over with an empty batch.
+    fn fail_all(&mut self, message: String) {
+        for (_, stream) in self.active.drain(..) {
+            fail(&stream.job, message.clone());
+        }
+        self.session = BatchSession::new(self.model, self.config);
+    }
+}
+
+/// A request's sampler: `None` (the session's greedy argmax) at temperature
+/// 0; otherwise [`sample`] over the logprobs row with the request's seeded
+/// key, split once per token.
+fn seeded_sampler(sampling: &Sampling) -> Result<Option<Sampler>, String> {
+    if sampling.temp == 0.0 {
+        return Ok(None);
+    }
+    let mut key = mlx(mlx_rs::random::key(sampling.seed))?;
+    let (temp, top_p) = (sampling.temp, sampling.top_p);
+    Ok(Some(Box::new(move |row: &Array| {
+        let (next, sub) = mlx_rs::random::split(&key, 2)?;
+        key = next;
+        sample(row, temp, top_p, &sub).map_err(Exception::custom)
+    })))
+}
+
+/// The sampled token's log-probability and the `top` most likely, from the
+/// step's logprobs row (mlx-lm's `logits - logsumexp(logits)`).
+fn logprob_of(out: &StepOutput, top: usize) -> Result<super::scheduler::Logprobs, String> {
+    let row = mlx(out.logprobs.as_dtype(Dtype::Float32))?;
+    mlx(row.eval())?;
+    most_likely(row.as_slice::<f32>(), out.token, top)
+}
