@@ -594,6 +594,8 @@ fn schedules_interleaves_bounds_the_queue_and_cancels_dropped_clients() {
     let server = start_server(
         &model,
         &[
+            "--impl",
+            "generated",
             "--max-batch",
             "2",
             "--max-queue",

@@ -30,7 +30,7 @@ use super::scheduler::{
     deliver, describe, fail, finish, most_likely, panic_message, Job, Limits, Outcome, Stream,
 };
 use crate::engine::{Finish, Sampling};
-use crate::run::{mlx, sample};
+use crate::tokens::{mlx, sample};
 
 /// `BatchGenerator`'s default number of sequences in prefill at once.
 const PREFILL_BATCH: usize = 8;
