@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use crate::cli::BenchArgs;
-use crate::setup::repo_root;
+use crate::root::repo_root;
 
 fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")

@@ -10,7 +10,7 @@ use archgen_plan::Plan;
 
 use crate::cli::GenArgs;
 use crate::report::Reporter;
-use crate::setup::repo_root;
+use crate::root::repo_root;
 
 /// Every file the generator owns, keyed by repository-relative path.
 type Outputs = BTreeMap<String, String>;

@@ -5,6 +5,7 @@ mod bench;
 mod cli;
 mod gen;
 mod report;
+mod root;
 mod setup;
 mod spec;
 

@@ -1,19 +1,7 @@
 //! `setup` and `test`: bring a machine to a working state, then run everything CI runs.
 
-use std::path::{Path, PathBuf};
+use crate::root::repo_root;
 use std::process::Command;
-
-/// The repository root (xtask lives one level below it). `ARCHGEN_ROOT`
-/// points the spec and gen tasks at another tree (the tests use a copy).
-pub fn repo_root() -> PathBuf {
-    if let Some(root) = std::env::var_os("ARCHGEN_ROOT") {
-        return PathBuf::from(root);
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask has a parent directory")
-        .to_path_buf()
-}
 
 fn run(what: &str, command: &mut Command) -> Result<(), String> {
     eprintln!("xtask: {what}");

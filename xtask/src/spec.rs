@@ -8,7 +8,7 @@ use crate::cli::{CheckArgs, ImportArgs, ShowArgs};
 use crate::report::Reporter;
 
 pub fn specs_dir() -> PathBuf {
-    crate::setup::repo_root().join("specs")
+    crate::root::repo_root().join("specs")
 }
 
 fn schema_path() -> PathBuf {
@@ -29,7 +29,7 @@ pub fn all_specs() -> Result<Vec<PathBuf>, String> {
 
 /// A path relative to the repository root when it is inside it (stable output).
 fn display(path: &Path) -> String {
-    let root = crate::setup::repo_root();
+    let root = crate::root::repo_root();
     path.strip_prefix(&root)
         .unwrap_or(path)
         .display()

@@ -6,7 +6,7 @@ use std::path::Path;
 use archgen_runtime::mlx_rs::{self, Array};
 use archgen_runtime::model::{CausalLm, ModelTask};
 
-use crate::args::LogitsArgs;
+use crate::args::{LogitsArgs, TokenIds};
 use crate::checkpoint::with_model;
 use crate::tokens::{check_ids, mlx};
 use crate::ui::Ui;
@@ -36,10 +36,14 @@ pub(crate) fn save_atomically(tensors: &[(&str, &Array)], out: &Path) -> Result<
     })
 }
 
-pub(crate) fn logits(ui: &Ui, args: &LogitsArgs, writes: bool) -> Result<(), String> {
-    let Some(ids) = &args.prompt_ids else {
-        return crate::batch::logits(ui, args);
-    };
+/// The single-sequence protocol of `prompt_ids` (a `--batch` schedule runs
+/// in batch.rs; run.rs dispatches between them).
+pub(crate) fn logits(
+    ui: &Ui,
+    args: &LogitsArgs,
+    ids: &TokenIds,
+    writes: bool,
+) -> Result<(), String> {
     let task = LogitsTask {
         ids: &ids.0,
         steps: args.decode_steps,

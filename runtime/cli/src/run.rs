@@ -43,7 +43,10 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Init(args) => Ok(crate::init::init(&ui, &args)?),
         Command::Launch(args) => Ok(crate::launch::launch(&args)?),
-        Command::Logits(args) => Ok(crate::logits::logits(&ui, &args, rank == 0)?),
+        Command::Logits(args) => match &args.prompt_ids {
+            Some(ids) => Ok(crate::logits::logits(&ui, &args, ids, rank == 0)?),
+            None => Ok(crate::batch::logits(&ui, &args)?),
+        },
         Command::Generate(args) => {
             let prompt = args.prompt().map_err(Failure::Usage)?;
             Ok(crate::generate::generate(&ui, &args, &prompt, rank == 0)?)

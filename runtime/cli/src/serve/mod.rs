@@ -14,6 +14,7 @@
 mod batched;
 mod metrics;
 mod scheduler;
+mod worker;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -41,7 +42,8 @@ use crate::chat_template::{ChatTemplate, Message};
 use crate::engine::{self, Finish, ModelContext, Sampling};
 use crate::ui::Ui;
 use metrics::Metrics;
-use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob, Worker};
+use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
+use worker::Worker;
 
 /// `max_tokens` when a request gives none (mlx-lm's server default).
 const DEFAULT_MAX_TOKENS: usize = 512;

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array};
-use archgen_runtime::model::{CausalLm, ModelTask};
+use archgen_runtime::model::CausalLm;
 use archgen_runtime::Dtype;
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
@@ -269,69 +269,10 @@ pub(super) enum Outcome {
     Finished,
 }
 
-/// Runs the scheduler on the model thread until the queue's senders are
-/// gone and no sequence is left.
-pub struct Worker {
-    /// The model as the operator named it, for notes.
-    pub model_label: String,
-    pub jobs: mpsc::Receiver<Job>,
-    pub ready: mpsc::Sender<i32>,
-    pub tokenizer: Arc<Tokenizer>,
-    pub eos: Vec<i32>,
-    pub limits: Limits,
-    pub metrics: Arc<Metrics>,
-}
-
-impl ModelTask for Worker {
-    type Output = Result<(), String>;
-
-    fn run<M: CausalLm>(self, m: &M) -> Self::Output {
-        // The notes come before `ready`, so they precede the address line.
-        let unbatched = match m.batched() {
-            Some(batched) => match batched.make_batch_cache(1) {
-                Ok(_) => {
-                    eprintln!(
-                        "archgen: serve: {}: concurrent requests decode as one batched forward \
-                         (mlx-lm's BatchGenerator schedule), up to {} at once",
-                        self.model_label, self.limits.max_batch
-                    );
-                    let _ = self.ready.send(m.vocab_size());
-                    let mut scheduler = super::batched::BatchedScheduler::new(
-                        batched,
-                        &self.tokenizer,
-                        &self.eos,
-                        self.limits,
-                        &self.metrics,
-                    );
-                    scheduler.serve(&self.jobs);
-                    return Ok(());
-                }
-                Err(e) => format!("its batched forward cannot batch this model's caches ({e})"),
-            },
-            None => "this implementation has no batched forward".to_string(),
-        };
-        eprintln!(
-            "archgen: serve: {}: {unbatched}; requests run one by one \
-             (one forward per sequence per step, no batching speedup)",
-            self.model_label
-        );
-        let _ = self.ready.send(m.vocab_size());
-        let mut scheduler = Scheduler {
-            model: m,
-            stepper: OneByOne,
-            tokenizer: &self.tokenizer,
-            eos: &self.eos,
-            limits: self.limits,
-            metrics: &self.metrics,
-            active: Vec::new(),
-            step: 0,
-        };
-        scheduler.serve(&self.jobs);
-        Ok(())
-    }
-}
-
-struct Scheduler<'a, M: CausalLm, S> {
+/// The one-by-one scheduler: each sequence keeps its own cache and a decode
+/// step is one single-sequence forward per sequence (the path of models
+/// without a batched forward).
+pub(super) struct Scheduler<'a, M: CausalLm, S> {
     model: &'a M,
     stepper: S,
     tokenizer: &'a Tokenizer,
@@ -352,8 +293,29 @@ pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     format!("the generation failed: {what}")
 }
 
+impl<'a, M: CausalLm> Scheduler<'a, M, OneByOne> {
+    pub(super) fn one_by_one(
+        model: &'a M,
+        tokenizer: &'a Tokenizer,
+        eos: &'a [i32],
+        limits: Limits,
+        metrics: &'a Metrics,
+    ) -> Self {
+        Scheduler {
+            model,
+            stepper: OneByOne,
+            tokenizer,
+            eos,
+            limits,
+            metrics,
+            active: Vec::new(),
+            step: 0,
+        }
+    }
+}
+
 impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
-    fn serve(&mut self, jobs: &mpsc::Receiver<Job>) {
+    pub(super) fn serve(&mut self, jobs: &mpsc::Receiver<Job>) {
         let mut open = true;
         loop {
             if self.active.is_empty() {
