@@ -1506,3 +1506,64 @@ fn serving_impl(asked: Impl, max_batch: usize, ui: &Ui) -> Impl {
         (Impl::Generated, _) => Impl::Generated,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The chat answer built from a text with tool-call markup (a
+    //! random-weight model writes none, so the server end to end cannot
+    //! show it).
+
+    use super::*;
+
+    fn reply(tool_format: Option<ToolFormat>) -> Reply {
+        Reply {
+            endpoint: Endpoint::Chat,
+            id: "chatcmpl-7".into(),
+            created: 0,
+            model: "m".into(),
+            prompt_tokens: 3,
+            logprobs: false,
+            tool_format,
+        }
+    }
+
+    const TEXT: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+
+    #[test]
+    fn a_whole_answer_returns_the_calls() {
+        let whole = reply(Some(ToolFormat::Hermes)).whole(TEXT, Finish::Stop, 5, &[]);
+        let choice = &whole["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(
+            choice["message"],
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": "call-chatcmpl-7-0", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]})
+        );
+        // Cut by max_tokens: the reason stays "length".
+        let cut = reply(Some(ToolFormat::Hermes)).whole(TEXT, Finish::Length, 5, &[]);
+        assert_eq!(cut["choices"][0]["finish_reason"], "length");
+        // Without tools in the request the markup is text.
+        let plain = reply(None).whole(TEXT, Finish::Stop, 5, &[]);
+        assert_eq!(plain["choices"][0]["message"]["content"], TEXT);
+        assert_eq!(plain["choices"][0]["finish_reason"], "stop");
+        assert!(plain["choices"][0]["message"].get("tool_calls").is_none());
+        // Malformed markup stays text, and the reason stays "stop".
+        let bad = "Hi <tool_call>{\"name\": }</tool_call>";
+        let kept = reply(Some(ToolFormat::Hermes)).whole(bad, Finish::Stop, 5, &[]);
+        assert_eq!(kept["choices"][0]["message"]["content"], bad);
+        assert_eq!(kept["choices"][0]["finish_reason"], "stop");
+    }
+
+    #[test]
+    fn a_streamed_call_is_one_delta() {
+        let (_, calls) = tools::split_answer(TEXT, ToolFormat::Hermes);
+        let chunk = reply(Some(ToolFormat::Hermes)).tool_chunk(&calls, 2, serde_json::Value::Null);
+        assert_eq!(
+            chunk["choices"][0]["delta"],
+            json!({"tool_calls": [{"index": 2, "id": "call-chatcmpl-7-2", "type": "function",
+                   "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]})
+        );
+        assert_eq!(chunk["object"], "chat.completion.chunk");
+    }
+}
