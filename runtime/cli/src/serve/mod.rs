@@ -1221,8 +1221,17 @@ fn tool_format_of(
     template: &ChatTemplate,
 ) -> Result<Option<ToolFormat>, ApiError> {
     match ToolFormat::of_template(template.source()) {
-        Some(format) => Ok(Some(format)),
-        None => Err(ApiError::bad_request(
+        Ok(Some(format)) => Ok(Some(format)),
+        Err(parser) => Err(ApiError::bad_request(
+            format!(
+                "tools: the chat template of {} writes tool calls in mlx-lm's `{parser}` format, \
+                 which this server does not parse (it reads Qwen's <tool_call> JSON and Gemma 4's \
+                 <|tool_call>); leave tools out",
+                state.model_dir
+            ),
+            Some("tools"),
+        )),
+        Ok(None) => Err(ApiError::bad_request(
             format!(
                 "tools: the chat template of {} does not teach tool calls (no <tool_call> markup); \
                  leave tools out",

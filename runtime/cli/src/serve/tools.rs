@@ -25,17 +25,39 @@ pub enum ToolFormat {
 
 impl ToolFormat {
     /// The format a chat template writes tool calls in, found as mlx-lm's
-    /// tokenizer wrapper finds it: by the markers in the template's text.
-    /// `None` when the template knows no tool calls.
-    pub fn of_template(source: &str) -> Option<ToolFormat> {
-        // Gemma 4's start marker contains no `<tool_call>`, so order does not
-        // matter; checked first all the same as the more specific one.
-        if source.contains(ToolFormat::Gemma4.start()) {
-            Some(ToolFormat::Gemma4)
-        } else if source.contains(ToolFormat::Hermes.start()) {
-            Some(ToolFormat::Hermes)
+    /// `_infer_tool_parser` finds it: by markers in the template's text,
+    /// checked in its order. `Ok(None)` when the template knows no tool
+    /// calls; `Err(parser)` when mlx-lm would pick a parser archgen does not
+    /// have (so its markup is not misread as one archgen has).
+    pub fn of_template(source: &str) -> Result<Option<ToolFormat>, &'static str> {
+        let has = |marker: &str| source.contains(marker);
+        let has_any = |markers: &[&str]| markers.iter().any(|m| source.contains(m));
+        if has("<minimax:tool_call>") {
+            Err("minimax_m2")
+        } else if has("<|tool_call>") && has("<tool_call|>") {
+            Ok(Some(ToolFormat::Gemma4))
+        } else if has("<start_function_call>") {
+            Err("function_gemma")
+        } else if has("<longcat_tool_call>") {
+            Err("longcat")
+        } else if has("<arg_key>") {
+            Err("glm47")
+        } else if has_any(&["<|tool_list_start|>", "<|tool_call_start|>"]) {
+            Err("pythonic")
+        } else if has_any(&["<tool_call>\\n<function=", "<tool_call>\n<function="]) {
+            Err("qwen3_coder")
+        } else if has("<|tool_calls_section_begin|>") {
+            Err("kimi_k2")
+        } else if has("<function name=\"") && has("<param name=\"") {
+            Err("minicpm5")
+        } else if has("[TOOL_CALLS]") {
+            Err("mistral")
+        } else if has("<atem:function_calls>") {
+            Err("muse_spark")
+        } else if has("<tool_call>") && has("tool_call.name") {
+            Ok(Some(ToolFormat::Hermes))
         } else {
-            None
+            Ok(None)
         }
     }
 
@@ -411,13 +433,26 @@ mod tests {
     #[test]
     fn the_template_names_the_format() {
         assert_eq!(
-            ToolFormat::of_template("{{- '<tool_call>\\n' }}"),
-            Some(ToolFormat::Hermes)
+            ToolFormat::of_template("{{- '<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}"),
+            Ok(Some(ToolFormat::Hermes))
         );
         assert_eq!(
-            ToolFormat::of_template("{{- '<|tool_call>call:' }}"),
-            Some(ToolFormat::Gemma4)
+            ToolFormat::of_template("{{- '<|tool_call>call:' }}{{- '<tool_call|>' }}"),
+            Ok(Some(ToolFormat::Gemma4))
         );
-        assert_eq!(ToolFormat::of_template("{{ messages }}"), None);
+        assert_eq!(
+            ToolFormat::of_template("{{- '<tool_call>\\n<function=' }}{{- tool_call.name }}"),
+            Err("qwen3_coder")
+        );
+        assert_eq!(ToolFormat::of_template("{{ messages }}"), Ok(None));
+        let qwen3 = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/chat_templates/qwen3.jinja"),
+        )
+        .unwrap();
+        assert_eq!(
+            ToolFormat::of_template(&qwen3),
+            Ok(Some(ToolFormat::Hermes))
+        );
     }
 }
