@@ -184,6 +184,61 @@ def main() -> None:
     r2 = client.chat.completions.create(model=name, messages=turn2, max_tokens=6, temperature=0)
     out["chat_turns"] = [r1.choices[0].message.content, r2.choices[0].message.content]
 
+    # Tools: the template renders them (the prompt is transformers'
+    # apply_chat_template(tools=...) token for token, so longer than without),
+    # a history with an assistant tool call and a tool answer renders as
+    # transformers renders it, and the answer is well-formed in both modes.
+    # (A random-weight model writes no tool markup, so parsing it is the Rust
+    # unit tests' job: serve/tools.rs.)
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+    def hf_count(msgs, **kw):
+        ids = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, **kw)
+        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    plain = client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0)
+    tc = client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0,
+                                        tools=tools, tool_choice="auto")
+    check(tc.usage.prompt_tokens == hf_count(messages, tools=tools),
+          f"tools prompt_tokens {tc.usage.prompt_tokens} vs transformers {hf_count(messages, tools=tools)}")
+    check(tc.usage.prompt_tokens > plain.usage.prompt_tokens + 20,
+          f"tools grew the prompt: {tc.usage.prompt_tokens} vs {plain.usage.prompt_tokens}")
+    choice = tc.choices[0]
+    check(choice.message.role == "assistant" and choice.finish_reason in ("stop", "length", "tool_calls"), str(tc))
+    for call in choice.message.tool_calls or []:
+        check(call.type == "function" and isinstance(json.loads(call.function.arguments), dict), str(call))
+    check((choice.finish_reason == "tool_calls") == bool(choice.message.tool_calls), str(choice))
+    chunks = list(client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0,
+                                                 tools=tools, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    streamed_calls = [t.function.name for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+    check(streamed == (choice.message.content or ""), f"streamed {streamed!r} vs {choice.message.content!r}")
+    check(streamed_calls == [t.function.name for t in choice.message.tool_calls or []], str(chunks))
+    check(chunks[-1].choices[0].finish_reason == choice.finish_reason, str(chunks[-1]))
+    # tool_choice "none": the template is not given the tools.
+    none = client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0,
+                                          tools=tools, tool_choice="none")
+    check(none.usage.prompt_tokens == plain.usage.prompt_tokens, f"{none.usage} vs {plain.usage}")
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call-1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
+               {"role": "tool", "tool_call_id": "call-1", "content": json.dumps({"temp": 21})}]
+    hist = client.chat.completions.create(model=name, messages=history, max_tokens=4, temperature=0, tools=tools)
+    hf_history = [dict(m) for m in history]
+    hf_history[1] = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+    check(hist.usage.prompt_tokens == hf_count(hf_history, tools=tools),
+          f"history prompt_tokens {hist.usage.prompt_tokens} vs {hf_count(hf_history, tools=tools)}")
+    try:
+        client.chat.completions.create(model=name, messages=messages, max_tokens=2, tools=tools,
+                                       tool_choice="required")
+        check(False, "tool_choice required was accepted")
+    except openai.BadRequestError as e:
+        check("tool_choice" in str(e), str(e))
+
     # Requests the server refuses: 400 with a message, and it keeps serving.
     try:
         client.chat.completions.create(model=name, messages=[{"role": "user", "content": "fox " * 50000}],

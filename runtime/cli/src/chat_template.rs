@@ -53,6 +53,8 @@ pub struct ChatTemplate {
     special_tokens: Vec<(String, String)>,
     /// Where the template came from, for error messages.
     origin: String,
+    /// The template's text (what it teaches, e.g. its tool-call markup).
+    source: String,
 }
 
 const TEMPLATE_NAME: &str = "chat_template";
@@ -77,13 +79,19 @@ impl ChatTemplate {
         env.add_filter("string", |v: Value| Value::from(python_str(&v)));
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned(TEMPLATE_NAME, source)
+        env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|e| format!("{origin}: the chat template does not compile: {e:#}"))?;
         Ok(ChatTemplate {
             env,
             special_tokens,
             origin,
+            source,
         })
+    }
+
+    /// The template's Jinja text.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The checkpoint's chat template: `DIR/chat_template.jinja` when present
@@ -131,6 +139,18 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &[(String, Value)],
     ) -> Result<String, String> {
+        self.render_with_tools(messages, Value::from(()), add_generation_prompt, extra)
+    }
+
+    /// `render_values` with `tools`: the list of tool (function) schemas, as
+    /// `apply_chat_template(messages, tools=...)` passes it (None for none).
+    pub fn render_with_tools(
+        &self,
+        messages: Value,
+        tools: Value,
+        add_generation_prompt: bool,
+        extra: &[(String, Value)],
+    ) -> Result<String, String> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -142,7 +162,7 @@ impl ChatTemplate {
             .collect();
         context.extend(extra.iter().cloned());
         context.push(("messages".into(), normalize_messages(messages)?));
-        context.push(("tools".into(), Value::from(())));
+        context.push(("tools".into(), tools));
         context.push(("documents".into(), Value::from(())));
         context.push((
             "add_generation_prompt".into(),

@@ -14,6 +14,7 @@
 mod batched;
 mod metrics;
 mod scheduler;
+mod tools;
 mod worker;
 
 use std::collections::VecDeque;
@@ -38,11 +39,12 @@ use tokenizers::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::args::{Impl, ServeArgs};
-use crate::chat_template::{ChatTemplate, Message};
+use crate::chat_template::ChatTemplate;
 use crate::engine::{self, Finish, ModelContext, Sampling};
 use crate::ui::Ui;
 use metrics::Metrics;
 use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
+use tools::{Piece, ToolFormat, ToolStream};
 use worker::Worker;
 
 /// `max_tokens` when a request gives none (mlx-lm's server default).
@@ -209,6 +211,11 @@ struct ChatMessage {
     /// Accepted and not passed on (a participant's name).
     #[allow(dead_code)]
     name: Option<String>,
+    /// An assistant turn's calls: `[{"id", "type": "function", "function":
+    /// {"name", "arguments": JSON text}}]`.
+    tool_calls: Option<Vec<serde_json::Value>>,
+    /// A `tool` turn: the call it answers.
+    tool_call_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -222,6 +229,11 @@ struct ChatRequest {
     logprobs: Option<bool>,
     /// ...with this many alternatives (0-20).
     top_logprobs: Option<u32>,
+    /// Function schemas (`[{"type": "function", "function": {...}}]`), given
+    /// to the chat template as `tools`.
+    tools: Option<Vec<serde_json::Value>>,
+    /// "auto" (the default) or "none".
+    tool_choice: Option<serde_json::Value>,
     #[serde(flatten)]
     common: CommonFields,
 }
@@ -275,6 +287,8 @@ struct Plan {
     logprobs: Option<usize>,
     stream: bool,
     include_usage: bool,
+    /// The tool-call markup to read from the answer (chat with tools only).
+    tool_format: Option<ToolFormat>,
 }
 
 fn plan(
@@ -368,6 +382,7 @@ fn plan(
         logprobs,
         stream,
         include_usage,
+        tool_format: None,
     })
 }
 
@@ -468,6 +483,8 @@ struct Reply {
     prompt_tokens: usize,
     /// Whether the request asked for log-probabilities.
     logprobs: bool,
+    /// The tool-call markup to read from the answer (chat with tools only).
+    tool_format: Option<ToolFormat>,
 }
 
 impl Reply {
@@ -523,11 +540,10 @@ impl Reply {
     fn chunk(
         &self,
         text: Option<&str>,
-        finish: Option<Finish>,
+        finish: Option<&'static str>,
         first: bool,
         logprobs: serde_json::Value,
     ) -> serde_json::Value {
-        let finish = finish.map(Finish::as_str);
         match self.endpoint {
             Endpoint::Completions => json!({
                 "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
@@ -573,13 +589,65 @@ impl Reply {
                 "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
                 "usage": self.usage(completion_tokens),
             }),
-            Endpoint::Chat => json!({
-                "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "logprobs": logprobs, "finish_reason": finish}],
-                "usage": self.usage(completion_tokens),
-            }),
+            Endpoint::Chat => {
+                let message = match self.tool_format {
+                    None => json!({"role": "assistant", "content": text}),
+                    Some(format) => {
+                        let (content, calls) = tools::split_answer(text, format);
+                        let mut message = json!({"role": "assistant", "content": content});
+                        if !calls.is_empty() {
+                            if content.is_empty() {
+                                message["content"] = serde_json::Value::Null;
+                            }
+                            message["tool_calls"] = calls
+                                .iter()
+                                .enumerate()
+                                .map(|(i, call)| call.to_openai(&self.call_id(i), None))
+                                .collect();
+                        }
+                        message
+                    }
+                };
+                let finish = self.chat_finish(finish, message.get("tool_calls").is_some());
+                json!({
+                    "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                    "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
+                    "usage": self.usage(completion_tokens),
+                })
+            }
         }
+    }
+
+    /// The id of the answer's `index`-th tool call.
+    fn call_id(&self, index: usize) -> String {
+        format!("call-{}-{index}", self.id)
+    }
+
+    /// `finish_reason`: "tool_calls" when the model stopped after calling
+    /// tools (as mlx-lm says it; a cut answer stays "length").
+    fn chat_finish(&self, finish: &'static str, called: bool) -> &'static str {
+        match (finish, called) {
+            ("stop", true) => "tool_calls",
+            _ => finish,
+        }
+    }
+
+    /// A streamed chunk carrying complete tool calls, numbered from `first_index`.
+    fn tool_chunk(
+        &self,
+        calls: &[tools::ToolCall],
+        first_index: usize,
+        logprobs: serde_json::Value,
+    ) -> serde_json::Value {
+        let calls: Vec<serde_json::Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, call)| call.to_openai(&self.call_id(first_index + i), Some(first_index + i)))
+            .collect();
+        json!({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "delta": {"tool_calls": calls}, "logprobs": logprobs, "finish_reason": null}],
+        })
     }
 }
 
@@ -679,6 +747,7 @@ async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: In
         model: state.model_name.clone(),
         prompt_tokens: plan.prompt.len(),
         logprobs: plan.logprobs.is_some(),
+        tool_format: plan.tool_format,
     };
     let cancel = Cancel::default();
     let mut flight = InFlight {
@@ -739,6 +808,9 @@ async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: In
             ended: false,
             flight,
             text_offset: 0,
+            tools: plan.tool_format.map(ToolStream::new),
+            calls_sent: 0,
+            held_logprobs: Vec::new(),
         };
         // Comment lines while nothing else is sent (a long prefill): writing
         // them is how a client that left is noticed.
@@ -820,6 +892,13 @@ struct SseBody {
     flight: InFlight,
     /// Characters of completion text sent so far (completions' `text_offset`).
     text_offset: usize,
+    /// Reads tool calls out of the text (chat with tools only); text from a
+    /// start marker on is held until its call is complete.
+    tools: Option<ToolStream>,
+    /// Tool calls sent so far.
+    calls_sent: usize,
+    /// Log-probabilities of tokens whose text is held, sent with the next chunk.
+    held_logprobs: Vec<TokenLogprob>,
 }
 
 impl SseBody {
@@ -828,13 +907,44 @@ impl SseBody {
             .push_back(Event::default().data(value.to_string()));
     }
 
+    /// Sends text as content and each complete tool call as
+    /// `delta.tool_calls`; held log-probabilities go with the first chunk.
+    fn send_pieces(&mut self, pieces: Vec<Piece>) {
+        for piece in pieces {
+            let held = std::mem::take(&mut self.held_logprobs);
+            let logprobs = self.reply.logprobs(&held, &mut self.text_offset);
+            match piece {
+                Piece::Text(text) => {
+                    let chunk = self.reply.chunk(Some(&text), None, self.first, logprobs);
+                    self.first = false;
+                    self.push(chunk);
+                }
+                Piece::Calls(calls) => {
+                    if self.first {
+                        self.push(self.reply.chunk(None, None, true, serde_json::Value::Null));
+                        self.first = false;
+                    }
+                    let chunk = self.reply.tool_chunk(&calls, self.calls_sent, logprobs);
+                    self.calls_sent += calls.len();
+                    self.push(chunk);
+                }
+            }
+        }
+    }
+
     fn on_event(&mut self, event: Option<GenEvent>) {
         match event {
             Some(GenEvent::Text { text, logprobs }) => {
-                let logprobs = self.reply.logprobs(&logprobs, &mut self.text_offset);
-                let chunk = self.reply.chunk(Some(&text), None, self.first, logprobs);
-                self.first = false;
-                self.push(chunk);
+                let Some(splitter) = self.tools.as_mut() else {
+                    let logprobs = self.reply.logprobs(&logprobs, &mut self.text_offset);
+                    let chunk = self.reply.chunk(Some(&text), None, self.first, logprobs);
+                    self.first = false;
+                    self.push(chunk);
+                    return;
+                };
+                let pieces = splitter.push(&text);
+                self.held_logprobs.extend(logprobs);
+                self.send_pieces(pieces);
                 return;
             }
             Some(GenEvent::Done {
@@ -842,12 +952,20 @@ impl SseBody {
                 finish,
                 ttft,
             }) => {
+                if let Some(splitter) = self.tools.as_mut() {
+                    let pieces = splitter.finish();
+                    self.send_pieces(pieces);
+                }
                 if self.first {
                     self.push(self.reply.chunk(None, None, true, serde_json::Value::Null));
                 }
-                let last = self
-                    .reply
-                    .chunk(None, Some(finish), false, serde_json::Value::Null);
+                let finish_reason = match self.reply.endpoint {
+                    Endpoint::Chat => self.reply.chat_finish(finish.as_str(), self.calls_sent > 0),
+                    Endpoint::Completions => finish.as_str(),
+                };
+                let last =
+                    self.reply
+                        .chunk(None, Some(finish_reason), false, serde_json::Value::Null);
                 self.push(last);
                 if self.include_usage {
                     self.push(self.reply.usage_chunk(completion_tokens));
@@ -997,6 +1115,8 @@ fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
             "max_completion_tokens",
             "logprobs",
             "top_logprobs",
+            "tools",
+            "tool_choice",
         ],
     )?;
     let Some(template) = &state.template else {
@@ -1036,13 +1156,41 @@ fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
                 text
             }
         };
-        messages.push(Message {
-            role: m.role,
-            content,
-        });
+        let mut message = serde_json::Map::new();
+        message.insert("role".into(), json!(m.role));
+        message.insert("content".into(), json!(content));
+        if let Some(calls) = m.tool_calls {
+            message.insert("tool_calls".into(), history_tool_calls(i, calls)?);
+        }
+        if let Some(id) = m.tool_call_id {
+            message.insert("tool_call_id".into(), json!(id));
+        }
+        messages.push(serde_json::Value::Object(message));
     }
+    let tool_format = match (&request.tools, request.tool_choice.as_ref()) {
+        (None, _) => None,
+        // "none": the model is not told of the tools, and its answer is text.
+        (Some(_), Some(choice)) if choice == "none" => None,
+        (Some(_), None) => tool_format_of(state, template)?,
+        (Some(_), Some(choice)) if choice == "auto" => tool_format_of(state, template)?,
+        (Some(_), Some(choice)) => {
+            return Err(ApiError::bad_request(
+                format!("tool_choice: {choice} is not served; give \"auto\" or \"none\""),
+                Some("tool_choice"),
+            ))
+        }
+    };
+    let tools = match (tool_format, request.tools) {
+        (Some(_), Some(tools)) => minijinja::Value::from_serialize(&tools),
+        _ => minijinja::Value::from(()),
+    };
     let text = template
-        .render(&messages, true)
+        .render_with_tools(
+            minijinja::Value::from_serialize(&messages),
+            tools,
+            true,
+            &[],
+        )
         .map_err(|e| ApiError::bad_request(e, Some("messages")))?;
     // The template writes the special tokens (like <bos>) itself.
     let prompt = encode(&state.tokenizer, &text, false)?;
@@ -1063,7 +1211,66 @@ fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
         (Some(false) | None, None) => None,
     };
     let max_tokens = request.max_completion_tokens.or(request.common.max_tokens);
-    plan(state, prompt, request.common, max_tokens, logprobs)
+    let mut plan = plan(state, prompt, request.common, max_tokens, logprobs)?;
+    plan.tool_format = tool_format;
+    Ok(plan)
+}
+
+/// The tool-call markup the model's chat template teaches; a request with
+/// tools for a template that knows none is refused (as mlx-lm refuses it).
+fn tool_format_of(
+    state: &AppState,
+    template: &ChatTemplate,
+) -> Result<Option<ToolFormat>, ApiError> {
+    match ToolFormat::of_template(template.source()) {
+        Ok(Some(format)) => Ok(Some(format)),
+        Err(parser) => Err(ApiError::bad_request(
+            format!(
+                "tools: the chat template of {} writes tool calls in mlx-lm's `{parser}` format, \
+                 which this server does not parse (it reads Qwen's <tool_call> JSON and Gemma 4's \
+                 <|tool_call>); leave tools out",
+                state.model_dir
+            ),
+            Some("tools"),
+        )),
+        Ok(None) => Err(ApiError::bad_request(
+            format!(
+                "tools: the chat template of {} does not teach tool calls (no <tool_call> markup); \
+                 leave tools out",
+                state.model_dir
+            ),
+            Some("tools"),
+        )),
+    }
+}
+
+/// An assistant turn's `tool_calls` as templates take them: each
+/// function's `arguments`, JSON text in the API, becomes the object it
+/// spells (as mlx-lm and transformers' templates expect).
+fn history_tool_calls(
+    i: usize,
+    calls: Vec<serde_json::Value>,
+) -> Result<serde_json::Value, ApiError> {
+    let mut out = Vec::with_capacity(calls.len());
+    for (j, mut call) in calls.into_iter().enumerate() {
+        let arguments = call
+            .get_mut("function")
+            .and_then(|f| f.get_mut("arguments"));
+        if let Some(arguments) = arguments {
+            if let serde_json::Value::String(text) = arguments {
+                *arguments = serde_json::from_str(text).map_err(|e| {
+                    ApiError::bad_request(
+                        format!(
+                            "messages[{i}].tool_calls[{j}].function.arguments: not JSON text: {e}"
+                        ),
+                        Some("messages"),
+                    )
+                })?;
+            }
+        }
+        out.push(call);
+    }
+    Ok(serde_json::Value::Array(out))
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
@@ -1308,5 +1515,66 @@ fn serving_impl(asked: Impl, max_batch: usize, ui: &Ui) -> Impl {
         }
         (Impl::Monolith, _) => Impl::Monolith,
         (Impl::Generated, _) => Impl::Generated,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The chat answer built from a text with tool-call markup (a
+    //! random-weight model writes none, so the server end to end cannot
+    //! show it).
+
+    use super::*;
+
+    fn reply(tool_format: Option<ToolFormat>) -> Reply {
+        Reply {
+            endpoint: Endpoint::Chat,
+            id: "chatcmpl-7".into(),
+            created: 0,
+            model: "m".into(),
+            prompt_tokens: 3,
+            logprobs: false,
+            tool_format,
+        }
+    }
+
+    const TEXT: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+
+    #[test]
+    fn a_whole_answer_returns_the_calls() {
+        let whole = reply(Some(ToolFormat::Hermes)).whole(TEXT, Finish::Stop, 5, &[]);
+        let choice = &whole["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(
+            choice["message"],
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": "call-chatcmpl-7-0", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]})
+        );
+        // Cut by max_tokens: the reason stays "length".
+        let cut = reply(Some(ToolFormat::Hermes)).whole(TEXT, Finish::Length, 5, &[]);
+        assert_eq!(cut["choices"][0]["finish_reason"], "length");
+        // Without tools in the request the markup is text.
+        let plain = reply(None).whole(TEXT, Finish::Stop, 5, &[]);
+        assert_eq!(plain["choices"][0]["message"]["content"], TEXT);
+        assert_eq!(plain["choices"][0]["finish_reason"], "stop");
+        assert!(plain["choices"][0]["message"].get("tool_calls").is_none());
+        // Malformed markup stays text, and the reason stays "stop".
+        let bad = "Hi <tool_call>{\"name\": }</tool_call>";
+        let kept = reply(Some(ToolFormat::Hermes)).whole(bad, Finish::Stop, 5, &[]);
+        assert_eq!(kept["choices"][0]["message"]["content"], bad);
+        assert_eq!(kept["choices"][0]["finish_reason"], "stop");
+    }
+
+    #[test]
+    fn a_streamed_call_is_one_delta() {
+        let (_, calls) = tools::split_answer(TEXT, ToolFormat::Hermes);
+        let chunk = reply(Some(ToolFormat::Hermes)).tool_chunk(&calls, 2, serde_json::Value::Null);
+        assert_eq!(
+            chunk["choices"][0]["delta"],
+            json!({"tool_calls": [{"index": 2, "id": "call-chatcmpl-7-2", "type": "function",
+                   "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]})
+        );
+        assert_eq!(chunk["object"], "chat.completion.chunk");
     }
 }
