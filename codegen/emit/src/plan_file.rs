@@ -1,5 +1,10 @@
 //! The plan file reviewers read in a PR: the layer table, the kinds, and every
 //! parameter's name, shape and dtype (the contract with the checkpoint).
+//!
+//! Repeats are folded so the file reads as a summary and a one-field change
+//! to a spec shows as a few changed lines: consecutive layers with identical
+//! rows share one row (`0-4`), and a per-layer tensor that has the same shape
+//! and dtype in several layers is one row naming those layers.
 
 use archgen_plan::{Plan, GENERATOR_VERSION};
 use archgen_spec::ir::{
@@ -16,7 +21,15 @@ const TEMPLATE: &str = include_str!("../templates/plan.md.j2");
 
 #[derive(Serialize)]
 struct Row {
-    index: usize,
+    /// The layers this row stands for, as ranges (`0-4, 6`).
+    index: String,
+    #[serde(flatten)]
+    body: RowBody,
+}
+
+/// A layer row but its index: what consecutive layers must share to fold.
+#[derive(Serialize, PartialEq)]
+struct RowBody {
     kind: String,
     norms: String,
     window: String,
@@ -38,7 +51,10 @@ struct KindRow {
 
 #[derive(Serialize)]
 struct ParamRow {
+    /// The tensor name; a per-layer tensor's layer index is written `N`.
     name: String,
+    /// The layers a per-layer tensor row stands for (empty for the others).
+    layers: String,
     shape: String,
     dtype: &'static str,
 }
@@ -89,7 +105,7 @@ struct MixerCols {
     kv_quant: String,
 }
 
-fn row(plan: &Plan, l: &Layer) -> Row {
+fn row(plan: &Plan, l: &Layer) -> RowBody {
     let norms = match (l.norms.arrangement, l.norms.weight) {
         (NormArrangement::PreNorm, NormWeight::Direct) => "pre",
         (NormArrangement::Sandwich, NormWeight::Direct) => "sandwich",
@@ -151,8 +167,7 @@ fn row(plan: &Plan, l: &Layer) -> Row {
         },
     };
     let ffn = ffn_text(l.ffn);
-    Row {
-        index: l.index,
+    RowBody {
         kind: plan.kinds[plan.layer_kind[l.index]].name.clone(),
         norms,
         window: m.window,
@@ -273,31 +288,109 @@ fn ffn_text(ffn: FeedForward) -> String {
     }
 }
 
+/// Layer indices as sorted ranges of consecutive layers: `0-4, 5, 6-10`.
+fn layer_ranges(layers: &[usize]) -> String {
+    let mut sorted = layers.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for l in sorted {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == l => *end = l,
+            _ => runs.push((l, l)),
+        }
+    }
+    runs.iter()
+        .map(|&(start, end)| match end - start {
+            0 => start.to_string(),
+            _ => format!("{start}-{end}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Consecutive layers whose rows are identical but for the index share one
+/// row.
+fn fold_layer_rows(rows: impl Iterator<Item = (usize, RowBody)>) -> Vec<Row> {
+    let mut folded: Vec<(Vec<usize>, RowBody)> = Vec::new();
+    for (index, body) in rows {
+        match folded.last_mut() {
+            Some((layers, last))
+                if layers.last().is_some_and(|&l| l + 1 == index) && *last == body =>
+            {
+                layers.push(index)
+            }
+            _ => folded.push((vec![index], body)),
+        }
+    }
+    folded
+        .into_iter()
+        .map(|(layers, body)| Row {
+            index: layer_ranges(&layers),
+            body,
+        })
+        .collect()
+}
+
+/// A tensor name split at its layer index: `("model.layers.", 3,
+/// ".mlp.up_proj.weight")`, or `None` for a tensor outside the layers.
+fn split_layer_index(name: &str) -> Option<(&str, usize, &str)> {
+    const LAYERS: &str = "layers.";
+    let at = name.find(LAYERS)? + LAYERS.len();
+    let rest = &name[at..];
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let index = rest[..digits].parse().ok()?;
+    rest[digits..]
+        .starts_with('.')
+        .then(|| (&name[..at], index, &rest[digits..]))
+}
+
+/// One row per tensor outside the layers, and one per per-layer tensor
+/// template (`layers.N.…`) with one shape and dtype, naming its layers; rows
+/// in the order of their first tensor.
+fn fold_params(params: &[archgen_plan::Param]) -> Vec<ParamRow> {
+    // (name with `N` for the layer, shape, dtype) -> layers, in first-seen order.
+    let mut rows: Vec<(String, String, &'static str, Vec<usize>)> = Vec::new();
+    for p in params {
+        let shape = format!("{:?}", p.shape);
+        match split_layer_index(&p.name) {
+            None => rows.push((p.name.clone(), shape, p.dtype, Vec::new())),
+            Some((before, index, after)) => {
+                let name = format!("{before}N{after}");
+                match rows.iter_mut().find(|(n, s, d, l)| {
+                    *n == name && *s == shape && *d == p.dtype && !l.is_empty()
+                }) {
+                    Some((_, _, _, layers)) => layers.push(index),
+                    None => rows.push((name, shape, p.dtype, vec![index])),
+                }
+            }
+        }
+    }
+    rows.into_iter()
+        .map(|(name, shape, dtype, layers)| ParamRow {
+            name,
+            layers: match layers.is_empty() {
+                true => "-".to_string(),
+                false => layer_ranges(&layers),
+            },
+            shape,
+            dtype,
+        })
+        .collect()
+}
+
 pub fn plan_file(plan: &Plan) -> Result<String, String> {
     let ir = &plan.ir;
-    let rows: Vec<Row> = ir.layers.iter().map(|l| row(plan, l)).collect();
+    let rows = fold_layer_rows(ir.layers.iter().map(|l| (l.index, row(plan, l))));
     let kinds: Vec<KindRow> = plan
         .kinds
         .iter()
         .map(|k| KindRow {
             name: k.name.clone(),
-            layers: k
-                .layers
-                .iter()
-                .map(|l| l.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+            layers: layer_ranges(&k.layers),
         })
         .collect();
-    let params: Vec<ParamRow> = plan
-        .params
-        .iter()
-        .map(|p| ParamRow {
-            name: p.name.clone(),
-            shape: format!("{:?}", p.shape),
-            dtype: p.dtype,
-        })
-        .collect();
+    let params = fold_params(&plan.params);
     let quant = ir.quantization.as_ref().map(|q| {
         format!(
             "{}-bit, group {}, {}",
@@ -349,9 +442,65 @@ pub fn plan_file(plan: &Plan) -> Result<String, String> {
         rows => rows,
         kinds => kinds,
         params => params,
+        tensor_count => plan.params.len(),
         param_count => ir.param_count(),
     };
     env.get_template("plan")
         .and_then(|t| t.render(ctx))
         .map_err(|e| format!("plan template: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_ranges_fold_consecutive_layers() {
+        assert_eq!(layer_ranges(&[0, 1, 2, 3, 4, 6, 8, 9]), "0-4, 6, 8-9");
+        assert_eq!(layer_ranges(&[5]), "5");
+        assert_eq!(layer_ranges(&[3, 1, 2, 2]), "1-3");
+    }
+
+    #[test]
+    fn a_layer_index_is_found_only_as_a_whole_segment() {
+        assert_eq!(
+            split_layer_index("model.layers.12.mlp.up_proj.weight"),
+            Some(("model.layers.", 12, ".mlp.up_proj.weight"))
+        );
+        assert_eq!(split_layer_index("model.norm.weight"), None);
+        assert_eq!(split_layer_index("model.layers.x.weight"), None);
+        assert_eq!(split_layer_index("model.layers.3"), None);
+    }
+
+    fn param(name: &str, shape: &[u64]) -> archgen_plan::Param {
+        archgen_plan::Param {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            dtype: "float",
+        }
+    }
+
+    #[test]
+    fn per_layer_tensors_fold_by_shape() {
+        let params = [
+            param("embed.weight", &[8, 4]),
+            param("layers.0.q.weight", &[4, 4]),
+            param("layers.1.q.weight", &[4, 4]),
+            param("layers.2.q.weight", &[8, 4]),
+            param("layers.3.q.weight", &[4, 4]),
+        ];
+        let rows: Vec<(String, String, String)> = fold_params(&params)
+            .into_iter()
+            .map(|r| (r.name, r.layers, r.shape))
+            .collect();
+        let row = |n: &str, l: &str, s: &str| (n.to_string(), l.to_string(), s.to_string());
+        assert_eq!(
+            rows,
+            [
+                row("embed.weight", "-", "[8, 4]"),
+                row("layers.N.q.weight", "0-1, 3", "[4, 4]"),
+                row("layers.N.q.weight", "2", "[8, 4]"),
+            ]
+        );
+    }
 }
