@@ -208,7 +208,7 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
     let mut failures = Vec::new();
     for c in &cases {
         let model_dir: &Path = &c.dir.join("model");
-        let (arch, weights) = archgen_monolith::read_dir(model_dir).unwrap();
+        let (arch, weights) = archgen_checkpoint::read_dir(model_dir).unwrap();
         let fingerprint = archgen_plan::fingerprint(&arch);
         // The checkpoint (kv_config.json, kv_scheme.json) reads back at the spec's tier.
         let loaded_tier = archgen_spec::tier::tier(&arch);
@@ -348,7 +348,7 @@ fn real_width_instance_agrees_in_all_three() {
     std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
     run_python("spec_cases.py", &[jobs_path.as_os_str()]);
     let model_dir = dir.join("model");
-    let (ir, weights) = archgen_monolith::read_dir(&model_dir).unwrap();
+    let (ir, weights) = archgen_checkpoint::read_dir(&model_dir).unwrap();
     let fingerprint = archgen_plan::fingerprint(&ir);
     assert_eq!(
         archgen_generated::find(&fingerprint).map(|m| m.name),
@@ -526,7 +526,7 @@ fn minicpm_head_is_taken_from_the_embedding_when_absent() {
         "the random lm_head and the embedding gave the same logits"
     );
     let monolith = run_logits(&archgen_monolith::load_dir(&dir).unwrap(), &ids, steps).unwrap();
-    let (ir, weights) = archgen_monolith::read_dir(&dir).unwrap();
+    let (ir, weights) = archgen_checkpoint::read_dir(&dir).unwrap();
     let fingerprint = archgen_plan::fingerprint(&ir);
     assert_eq!(
         archgen_generated::find(&fingerprint).map(|m| m.name),
@@ -553,7 +553,7 @@ fn minicpm_head_is_taken_from_the_embedding_when_absent() {
         assert!(same(g, m), "{key}: generated != monolith");
     }
     let quantized = headless("minicpm-2b-tiny-q4");
-    let err = archgen_monolith::read_dir(&quantized)
+    let err = archgen_checkpoint::read_dir(&quantized)
         .err()
         .expect("refused");
     assert!(
@@ -649,7 +649,7 @@ fn raw_hf_checkpoint_case(name: &str, dtype: &str) {
         );
     }
     let monolith = run_logits(&archgen_monolith::load_dir(&hf).unwrap(), &ids, steps).unwrap();
-    let (ir, weights) = archgen_monolith::read_dir(&hf).unwrap();
+    let (ir, weights) = archgen_checkpoint::read_dir(&hf).unwrap();
     let fingerprint = archgen_plan::fingerprint(&ir);
     assert_eq!(
         archgen_generated::find(&fingerprint).map(|m| m.name),

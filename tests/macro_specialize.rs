@@ -79,8 +79,8 @@ fn macro_model_runs_bit_identical_to_the_generated_one() {
     archgen_tests::run_python("spec_cases.py", &[jobs.as_os_str()]);
     let dir = root.path().join("model");
     let ids: Vec<i32> = (0..13).map(|i| (i * 29 + 5) % 384).collect();
-    let (_, w1) = archgen_monolith::read_dir(&dir).unwrap();
-    let (_, w2) = archgen_monolith::read_dir(&dir).unwrap();
+    let (_, w1) = archgen_checkpoint::read_dir(&dir).unwrap();
+    let (_, w2) = archgen_checkpoint::read_dir(&dir).unwrap();
     let ours = run_logits(&user_model::load(w1).unwrap(), &ids, 8).unwrap();
     let theirs = archgen_generated::run(user_model::FINGERPRINT, w2, Protocol(&ids, 8))
         .unwrap()

@@ -58,7 +58,7 @@ pub struct ModelIr {
 pub struct Checkpoint {
     pub model_type: ConfigModelType,
     pub prefix: ModulePrefix,
-    /// Applied in order by the loader (`archgen_monolith::read_dir`).
+    /// Applied in order by the loader (`archgen_checkpoint::read_dir`).
     pub sanitize: Vec<SanitizeRule>,
 }
 

@@ -66,7 +66,7 @@ fn run(args: &[String]) -> Result<(), String> {
         .parse()
         .map_err(|_| format!("DECODE_STEPS: '{steps}' is not a non-negative integer"))?;
     let (_, weights) =
-        archgen_monolith::read_dir(Path::new(model_dir)).map_err(|e| e.to_string())?;
+        archgen_checkpoint::read_dir(Path::new(model_dir)).map_err(|e| e.to_string())?;
     let model = my_model::load(weights).map_err(|e| format!("{model_dir}: {e}"))?;
     // MLX does not bounds-check an embedding lookup.
     let vocab = model.vocab_size();

@@ -349,7 +349,7 @@ pub fn main(args: &[String]) -> ExitCode {
     };
     let started = Instant::now();
     let result = match which.as_str() {
-        "generated" => archgen_monolith::read_dir(&dir)
+        "generated" => archgen_checkpoint::read_dir(&dir)
             .map_err(|e| e.to_string())
             .and_then(|(arch, weights)| {
                 let fingerprint = archgen_plan::fingerprint(&arch);

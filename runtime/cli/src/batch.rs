@@ -40,7 +40,7 @@ pub(crate) fn logits(ui: &Ui, args: &LogitsArgs) -> Result<(), String> {
         std::fs::read_to_string(path).map_err(|e| format!("--batch {}: {e}", path.display()))?;
     let json: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| format!("--batch {}: not JSON: {e}", path.display()))?;
-    let (arch, weights) = archgen_monolith::read_dir(&args.model).map_err(|e| e.to_string())?;
+    let (arch, weights) = archgen_checkpoint::read_dir(&args.model).map_err(|e| e.to_string())?;
     let tier = archgen_spec::tier::tier(&arch);
     if let Some(required) = args.require_tier {
         if tier.tier > required.tier() {

@@ -31,10 +31,10 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
                 shown.set_position(done);
             };
             archgen_runtime::weights::with_load_progress(Box::new(report), || {
-                archgen_monolith::read_dir(model)
+                archgen_checkpoint::read_dir(model)
             })
         }
-        None => archgen_monolith::read_dir(model),
+        None => archgen_checkpoint::read_dir(model),
     };
     if let Some(bar) = bar {
         bar.finish_and_clear();
