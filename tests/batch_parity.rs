@@ -1,8 +1,10 @@
 //! Continuous batching, byte for byte: a fixed schedule of arrivals run by
 //! mlx-lm 0.32.2's own `BatchGenerator` (tests/python/batch_oracle.py) and
-//! by archgen's `BatchSession` over the monolith must give every sequence
-//! the same logprobs rows, greedy tokens and the steps that returned them
-//! (docs/parity.md, "Batches").
+//! by archgen's `BatchSession` over the monolith and over the generated
+//! model of the same spec must give every sequence the same logprobs rows,
+//! greedy tokens and the steps that returned them (docs/parity.md,
+//! "Batches"). The oracle runs once per spec; both implementations are
+//! compared with its output and with each other.
 //!
 //! The schedule exercises every cache move mlx-lm makes: two prompts of
 //! different lengths prefilled together (right padding, `finalize`), a
@@ -11,9 +13,9 @@
 //! prompt's chunks, leaves at the token budget (`filter`, dropping shared
 //! padding) and cancellations (`remove`) in prefill and in generation.
 
-use archgen_runtime::batch::BatchLm;
-use archgen_runtime::batch_session::{run_schedule, Schedule};
+use archgen_runtime::batch_session::{run_schedule, Schedule, SeqRun};
 use archgen_runtime::bytes::array_bytes;
+use archgen_runtime::model::{CausalLm, ModelTask};
 use archgen_runtime::Array;
 use archgen_tests::{config_for, repo_root, run_python};
 use serde_json::{json, Value};
@@ -52,6 +54,40 @@ fn schedule(vocab: i32) -> Value {
     })
 }
 
+/// The schedule run on a generated model (whose type the registry picks),
+/// through its `CausalLm::batched`.
+struct RunBatched<'a>(&'a Schedule);
+
+impl ModelTask for RunBatched<'_> {
+    type Output = Result<Vec<SeqRun>, String>;
+
+    fn run<M: CausalLm>(self, m: &M) -> Self::Output {
+        let batched = m
+            .batched()
+            .ok_or("a generated model without a batched forward")?;
+        run_schedule(batched, self.0).map_err(|e| e.to_string())
+    }
+}
+
+/// The generated model of the checkpoint in `dir` (checking that dispatch
+/// finds the spec `name`), running `schedule` batched.
+fn run_generated(
+    dir: &std::path::Path,
+    name: &str,
+    schedule: &Schedule,
+) -> Result<Vec<SeqRun>, String> {
+    let (ir, weights) = archgen_checkpoint::read_dir(dir).unwrap();
+    let fingerprint = archgen_plan::fingerprint(&ir);
+    assert_eq!(
+        archgen_generated::find(&fingerprint).map(|m| m.name),
+        Some(name),
+        "{name}: dispatch"
+    );
+    archgen_generated::run(&fingerprint, weights, RunBatched(schedule))
+        .expect("a generated model")
+        .unwrap()
+}
+
 fn same(a: &Array, b: &Array) -> bool {
     a.dtype() == b.dtype()
         && a.shape() == b.shape()
@@ -59,7 +95,7 @@ fn same(a: &Array, b: &Array) -> bool {
 }
 
 #[test]
-fn monolith_batches_match_mlx_lm_batch_generator() {
+fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
     let root = tempfile::tempdir().unwrap();
     let mut jobs = Vec::new();
     for (k, name) in BATCHED.iter().enumerate() {
@@ -139,44 +175,69 @@ fn monolith_batches_match_mlx_lm_batch_generator() {
         let oracle = Array::load_safetensors(&oracle_path).unwrap();
         let schedule = Schedule::from_json(&json, model.vocab_size()).unwrap();
         let runs = run_schedule(&model, &schedule).unwrap();
+        let generated = run_generated(&model_dir, name, &schedule).unwrap();
         assert_eq!(runs.len(), schedule.sequences.len());
+        assert_eq!(generated.len(), schedule.sequences.len());
         let before = failures.len();
-        for (i, run) in runs.iter().enumerate() {
+        for (i, (run, gen)) in runs.iter().zip(&generated).enumerate() {
             let n = run.tokens.len() as i32;
             if schedule.sequences[i].leave.is_none() {
                 assert_eq!(n as usize, schedule.sequences[i].decode, "{name}: seq{i}");
             }
             let tokens = Array::from_slice(&run.tokens, &[n]);
             let steps = Array::from_slice(&run.steps, &[n]);
-            for (key, ours) in [
-                ("logprobs", &run.logprobs),
-                ("tokens", &tokens),
-                ("steps", &steps),
+            let gen_n = gen.tokens.len() as i32;
+            let gen_tokens = Array::from_slice(&gen.tokens, &[gen_n]);
+            let gen_steps = Array::from_slice(&gen.steps, &[gen_n]);
+            for (key, ours, generated) in [
+                ("logprobs", &run.logprobs, &gen.logprobs),
+                ("tokens", &tokens, &gen_tokens),
+                ("steps", &steps, &gen_steps),
             ] {
                 let theirs = &oracle[&format!("seq{i}.{key}")];
                 if !same(ours, theirs) {
                     failures.push(format!("{name}: seq{i}.{key}: monolith != mlx-lm"));
                 }
+                if !same(generated, theirs) {
+                    failures.push(format!("{name}: seq{i}.{key}: generated != mlx-lm"));
+                }
+                if !same(generated, ours) {
+                    failures.push(format!("{name}: seq{i}.{key}: generated != monolith"));
+                }
             }
         }
         if failures.len() == before {
             eprintln!(
-                "{name}: monolith == mlx-lm BatchGenerator ({} sequences)",
+                "{name}: generated == monolith == mlx-lm BatchGenerator ({} sequences)",
                 runs.len()
             );
         }
     }
-    let kv8 = archgen_monolith::load_dir(&root.path().join("kv-quant").join("model")).unwrap();
+    // A quantized KV cache: both implementations refuse it, naming the
+    // layer and the reason mlx-lm gives.
+    let kv8_dir = root.path().join("kv-quant").join("model");
+    let kv8 = archgen_monolith::load_dir(&kv8_dir).unwrap();
     let schedule = Schedule::from_json(&schedule(kv8.vocab_size()), kv8.vocab_size()).unwrap();
-    match run_schedule(&kv8, &schedule) {
-        Ok(_) => failures.push("a quantized KV cache was batched".into()),
-        Err(e) => {
-            let e = e.to_string();
-            assert!(
-                e.contains(&format!("layer {first_kv_layer}:"))
-                    && e.contains("QuantizedKVCache has no merge()"),
-                "{e}"
-            );
+    let refusals = [
+        (
+            "monolith",
+            run_schedule(&kv8, &schedule).map_err(|e| e.to_string()),
+        ),
+        (
+            "generated",
+            run_generated(&kv8_dir, "gemma4-e4b-tiny-kv", &schedule),
+        ),
+    ];
+    for (which, result) in refusals {
+        match result {
+            Ok(_) => failures.push(format!("{which}: a quantized KV cache was batched")),
+            Err(e) => {
+                assert!(
+                    e.contains(&format!("layer {first_kv_layer}:"))
+                        && e.contains("QuantizedKVCache has no merge()"),
+                    "{which}: {e}"
+                );
+            }
         }
     }
     assert!(

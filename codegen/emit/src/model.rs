@@ -407,6 +407,20 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
                 }
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                 let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
+                self.finish(h, a)
+            }
+
+            /// B sequences in one forward (mlx-lm's `BatchGenerator`): the
+            /// batched recurrence over a merged `ArraysCache`, each row's
+            /// padding masked.
+            fn forward_batch(&self, h: &Array, cache: &mut BatchArraysCache, mask: Option<&Array>) -> Result<Array> {
+                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                let a = gated_delta_net_batch(&x, &self.mixer, cache, mask)?;
+                self.finish(h, a)
+            }
+
+            /// The layer after its mixer's output `a`, batched or not.
+            fn finish(&self, h: &Array, a: Array) -> Result<Array> {
                 let h = b::attention_residual(h, &a, &self.norms, EPS)?;
                 #ffn_forward
                 b::finish_layer(&h, None, None, EPS)
@@ -488,6 +502,19 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
                 }
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                 let a = deltanet::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
+                self.finish(h, a)
+            }
+
+            /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
+            /// at each row's offset, a merged K/V cache.
+            fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<Array> {
+                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                let a = batch_blocks::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
+                self.finish(h, a)
+            }
+
+            /// The layer after its mixer's output `a`, batched or not.
+            fn finish(&self, h: &Array, a: Array) -> Result<Array> {
                 let h = b::attention_residual(h, &a, &self.norms, EPS)?;
                 #ffn_forward
                 b::finish_layer(&h, None, None, EPS)
@@ -699,6 +726,19 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             quote! { Ok(h) },
         ),
     };
+    // The batched forward's cache argument and mixer (`batch_blocks`; a
+    // layer reading a donor's K/V attends as in one sequence, the donor's
+    // K/V carrying the rows' offsets).
+    let (batch_kv_arg, batch_attn) = match own {
+        Some(_) => (
+            quote! { cache: &mut BatchLayerCache },
+            quote! {
+                let (a, kv) = batch_blocks::attention_own_kv(&x, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
+            },
+        ),
+        None => (kv_arg.clone(), attn.clone()),
+    };
+    let ple_pass = ple.as_ref().map(|_| quote! { , pli });
     if let (Some(_), Some(_)) = (&experts, &residual) {
         return Err(format!(
             "layer kind {}: routed experts with depth-scaled residuals: no runtime block runs them",
@@ -754,10 +794,23 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                     }
                     let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                     #attn
+                    let h = self.finish(h, a #ple_pass)?;
+                    #ret
+                }
+
+                /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+                fn forward_batch(&self, h: &Array, at: &WindowStep, #batch_kv_arg #ple_arg) -> Result<#ret_ty> {
+                    let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                    #batch_attn
+                    let h = self.finish(h, a #ple_pass)?;
+                    #ret
+                }
+
+                /// The layer after its mixer's output `a`, batched or not.
+                fn finish(&self, h: &Array, a: Array #ple_arg) -> Result<Array> {
                     let h = b::attention_residual(h, &a, &self.norms, EPS)?;
                     let h = b::sparse_feed_forward(&h, &self.norms, &self.moe, EPS)?;
-                    let h = b::finish_layer(&h, #ple_use, #scalar_ref, EPS)?;
-                    #ret
+                    b::finish_layer(&h, #ple_use, #scalar_ref, EPS)
                 }
             }
         });
@@ -816,10 +869,23 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                 }
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                 #attn
+                let h = self.finish(h, a #ple_pass)?;
+                #ret
+            }
+
+            /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+            fn forward_batch(&self, h: &Array, at: &WindowStep, #batch_kv_arg #ple_arg) -> Result<#ret_ty> {
+                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                #batch_attn
+                let h = self.finish(h, a #ple_pass)?;
+                #ret
+            }
+
+            /// The layer after its mixer's output `a`, batched or not.
+            fn finish(&self, h: &Array, a: Array #ple_arg) -> Result<Array> {
                 let h = #attention_residual;
                 let h = #feed_forward;
-                let h = b::finish_layer(&h, #ple_use, #scalar_ref, EPS)?;
-                #ret
+                b::finish_layer(&h, #ple_use, #scalar_ref, EPS)
             }
         }
     })
@@ -860,6 +926,201 @@ fn rope_init(a: &Attention) -> Result<TokenStream, String> {
             }
         }
         RopeKind::NoPe => quote! { Rope::NoPe },
+    })
+}
+
+/// A model's batched forward: the imports it needs and `impl BatchLm`.
+struct Batched {
+    imports: TokenStream,
+    item: TokenStream,
+}
+
+/// `impl BatchLm for Model`, as mlx-lm runs the model under
+/// `BatchGenerator`: a merged cache per layer that owns K/V (full or
+/// sliding) or a Gated DeltaNet state, none for layers reading a donor's
+/// K/V; one mask per window from its first layer's cache before any update;
+/// each layer's `forward_batch` (input norm, batched mixer, the kind's
+/// `finish`). A model with a quantized K/V cache refuses in
+/// `make_batch_cache` with the monolith's words (mlx-lm's `BatchGenerator`
+/// cannot merge those caches either).
+fn batch_tokens(
+    plan: &Plan,
+    embed: &TokenStream,
+    ple_inputs: Option<&TokenStream>,
+    logits: &TokenStream,
+) -> Result<Batched, String> {
+    let ir = &plan.ir;
+    let name = &plan.name;
+    let refusal = ir
+        .layers
+        .iter()
+        .find_map(|l| match l.attention().map(|a| a.kv) {
+            Some(KvSource::Own {
+                cache: KvCache::Quantized(_),
+                ..
+            }) => Some((l.index, quote! { batch_blocks::QUANTIZED_KV_UNBATCHED })),
+            Some(KvSource::Own {
+                cache: KvCache::QuantizedAfterForward { .. },
+                ..
+            }) => Some((l.index, quote! { batch_blocks::MIXED_KV_UNBATCHED })),
+            Some(KvSource::Own {
+                cache: KvCache::Plain,
+                ..
+            })
+            | Some(KvSource::Shared { .. })
+            | None => None,
+        });
+    let (mut any_full, mut any_sliding, mut any_delta_net) = (false, false, false);
+    let mut inits = Vec::new();
+    let mut steps = Vec::new();
+    for l in &ir.layers {
+        let field = layer_field(l.index);
+        let i = Literal::usize_unsuffixed(l.index);
+        let a = match &l.mixer {
+            Mixer::GatedDeltaNet(_) => {
+                any_delta_net = true;
+                inits.push(
+                    quote! { Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))) },
+                );
+                steps.push(quote! {
+                    let h = self.#field.forward_batch(&h, cache.arrays_mut(#i)?, ssm_mask.as_ref())?;
+                });
+                continue;
+            }
+            Mixer::Attention(a) => a,
+        };
+        let ctx = ident(&rope_context(ir, a));
+        let pli = match l.input {
+            LayerInput::None => None,
+            LayerInput::Gated { .. } => {
+                let li = lit_i32(l.index)?;
+                Some(quote! { , &b::per_layer_slice(&per_layer, #li)? })
+            }
+        };
+        match a.kv {
+            KvSource::Own { .. } => {
+                inits.push(match a.window {
+                    Window::Sliding(w) => {
+                        any_sliding = true;
+                        let w = lit_i32(w)?;
+                        quote! { Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(#w, &no_padding))) }
+                    }
+                    Window::Full => {
+                        any_full = true;
+                        quote! { Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))) }
+                    }
+                });
+                let kv = if plan.donors_read.contains(&l.index) {
+                    ident(&format!("kv_{}", l.index))
+                } else {
+                    ident("_")
+                };
+                steps.push(match a.output_gate {
+                    OutputGate::None => quote! {
+                        let (h, #kv) = self.#field.forward_batch(&h, &#ctx, cache.layer_mut(#i)? #pli)?;
+                    },
+                    OutputGate::SigmoidPerHead => quote! {
+                        let h = self.#field.forward_batch(&h, &#ctx, cache.layer_mut(#i)?)?;
+                    },
+                });
+            }
+            KvSource::Shared { donor } => {
+                inits.push(quote! { None });
+                let kv = ident(&format!("kv_{donor}"));
+                steps.push(quote! {
+                    let h = self.#field.forward_batch(&h, &#ctx, &#kv #pli)?;
+                });
+            }
+        }
+    }
+    // One mask per window from its first layer's cache; one step context
+    // per window and rotation, without decode tables.
+    let mut masks = Vec::new();
+    let mut contexts: Vec<String> = Vec::new();
+    let mut steps_ctx = Vec::new();
+    for w in windows(ir) {
+        let wn = window_name(ir, w);
+        let mask = ident(&format!("{wn}_mask"));
+        let first = ir
+            .layers
+            .iter()
+            .find(|l| l.attention().is_some_and(|a| a.window == w))
+            .map(|l| Literal::usize_unsuffixed(l.index))
+            .ok_or_else(|| format!("{name}: window {w:?} has no layer"))?;
+        let size = lit_i32(match w {
+            Window::Full => 0,
+            Window::Sliding(n) => n,
+        })?;
+        masks.push(
+            quote! { let #mask = batch_blocks::window_mask(cache.layer(#first)?, n, #size)?; },
+        );
+        for a in ir.layers.iter().filter_map(Layer::attention) {
+            let cn = rope_context(ir, a);
+            if a.window != w || contexts.contains(&cn) {
+                continue;
+            }
+            let (rope, ctx) = (ident(&format!("rope_{cn}")), ident(&cn));
+            steps_ctx.push(quote! {
+                let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
+            });
+            contexts.push(cn);
+        }
+    }
+    let ssm_mask = any_delta_net.then(|| quote! { let ssm_mask = cache.ssm_mask(n)?; });
+    let batchable = refusal.is_none();
+    let make = match refusal {
+        Some((i, why)) => quote! {
+            fn make_batch_cache(&self, _n: usize) -> Result<BatchCache> {
+                Err(archgen_runtime::mlx_rs::error::Exception::custom(format!(
+                    "{}: layer {}: {}", NAME, #i, #why
+                )))
+            }
+        },
+        None => quote! {
+            fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
+                let no_padding = vec![0; n];
+                Ok(BatchCache { layers: Vec::from([#(#inits),*]) })
+            }
+        },
+    };
+    let cache_imports = [
+        (batchable && any_full).then(|| quote! { BatchKvCache }),
+        (batchable && any_sliding).then(|| quote! { BatchRotatingKvCache }),
+    ]
+    .into_iter()
+    .flatten();
+    let delta_net_import = any_delta_net.then(|| {
+        quote! { use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache}; }
+    });
+    let n_layers = Literal::usize_unsuffixed(ir.layers.len());
+    Ok(Batched {
+        imports: quote! {
+            use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, #(#cache_imports),*};
+            use archgen_runtime::batch_blocks;
+            #delta_net_import
+        },
+        item: quote! {
+            impl BatchLm for Model {
+                fn vocab_size(&self) -> i32 {
+                    VOCAB
+                }
+
+                #make
+
+                fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
+                    cache.check_layers(#n_layers)?;
+                    let n = ids.shape()[1];
+                    let h = #embed;
+                    #ple_inputs
+                    #(#masks)*
+                    #ssm_mask
+                    #(#steps_ctx)*
+                    #(#steps)*
+                    let logits = #logits;
+                    Ok(logits)
+                }
+            }
+        },
     })
 }
 
@@ -1185,6 +1446,15 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             quote! { Ok(logits) },
         )
     };
+    let Batched {
+        imports: batch_imports,
+        item: batch_impl,
+    } = batch_tokens(
+        plan,
+        &quote! { b::embed(&self.embed, ids, #embed_scale, HIDDEN)? },
+        ple_inputs.as_ref(),
+        &logits,
+    )?;
     let hybrid = ir.layers.iter().any(|l| match &l.mixer {
         Mixer::Attention(a) => match a.output_gate {
             OutputGate::None => false,
@@ -1200,6 +1470,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
     };
     Ok(quote! {
         use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
+        #batch_imports
         use archgen_runtime::cache::{LayerCache, #(#cache_imports),*};
         #decode_import
         #deltanet_import
@@ -1261,6 +1532,11 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 VOCAB
             }
 
+            /// Its batched forward (`impl BatchLm` below).
+            fn batched(&self) -> Option<&dyn BatchLm> {
+                Some(self)
+            }
+
             fn make_cache(&self) -> Cache {
                 Cache { #(#cache_inits)* }
             }
@@ -1278,5 +1554,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 #step_end
             }
         }
+
+        #batch_impl
     })
 }

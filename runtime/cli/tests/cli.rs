@@ -488,3 +488,67 @@ fn loading_with_progress_reports_bytes_and_reads_the_same_tensors() {
         );
     }
 }
+
+/// `logits --batch`: a schedule run as one continuous batch on each
+/// implementation writes the bytes mlx-lm's `BatchGenerator` gives
+/// (gemma4-e2b-tiny: sliding and full windows, KV-shared layers).
+#[test]
+fn logits_batch_runs_the_schedule_on_each_implementation() {
+    let root = tempfile::tempdir().unwrap();
+    let spec = archgen_tests::repo_root().join("specs/gemma4-e2b-tiny.yaml");
+    let dir = root.path().join("gemma4-e2b-tiny");
+    let o = archgen(&[
+        "init",
+        "--spec",
+        spec.to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let schedule = root.path().join("schedule.json");
+    std::fs::write(
+        &schedule,
+        r#"{"prefill_step_size": 4, "sequences": [
+            {"prompt": [3, 40, 77, 114, 151, 188, 225], "arrival": 0, "decode": 4},
+            {"prompt": [9, 46, 83], "arrival": 0, "decode": 3},
+            {"prompt": [5], "arrival": 2, "decode": 3}]}"#,
+    )
+    .unwrap();
+    let oracle = root.path().join("oracle.safetensors");
+    run_python(
+        "batch_oracle.py",
+        &[dir.as_os_str(), schedule.as_os_str(), oracle.as_os_str()],
+    );
+    let oracle = archgen_runtime::Array::load_safetensors(&oracle).unwrap();
+    for (imp, note) in [
+        ("generated", "running generated model gemma4-e2b-tiny"),
+        ("monolith", "running batched"),
+    ] {
+        let out = root.path().join(format!("{imp}.safetensors"));
+        let o = archgen(&[
+            "logits",
+            "--model",
+            dir.to_str().unwrap(),
+            "--batch",
+            schedule.to_str().unwrap(),
+            "--impl",
+            imp,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stderr(&o).contains(note), "{imp}: {}", stderr(&o));
+        let ours = archgen_runtime::Array::load_safetensors(&out).unwrap();
+        assert_eq!(ours.len(), 9, "{imp}: three tensors per sequence");
+        for (key, theirs) in &oracle {
+            let bytes =
+                |a: &archgen_runtime::Array| archgen_runtime::bytes::array_bytes(a).unwrap();
+            assert_eq!(
+                (ours[key].shape(), bytes(&ours[key])),
+                (theirs.shape(), bytes(theirs)),
+                "{imp}: {key} != mlx-lm"
+            );
+        }
+    }
+}

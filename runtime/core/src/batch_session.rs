@@ -628,7 +628,7 @@ pub struct SeqRun {
 /// `leave` it is are cancelled, then those whose `arrival` it is join, in
 /// schedule order. A sequence cancelled before its first token gets an
 /// empty [0, vocab] logprobs.
-pub fn run_schedule<M: BatchLm>(model: &M, schedule: &Schedule) -> Result<Vec<SeqRun>> {
+pub fn run_schedule<M: BatchLm + ?Sized>(model: &M, schedule: &Schedule) -> Result<Vec<SeqRun>> {
     let mut session = BatchSession::new(model, schedule.config);
     let n = schedule.sequences.len();
     let mut rows: Vec<Vec<Array>> = vec![Vec::new(); n];

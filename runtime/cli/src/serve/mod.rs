@@ -38,7 +38,7 @@ use serde_json::json;
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::args::{Impl, ServeArgs};
+use crate::args::ServeArgs;
 use crate::chat_template::ChatTemplate;
 use crate::engine::{self, Finish, ModelContext, Sampling};
 use crate::ui::Ui;
@@ -1388,7 +1388,9 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         metrics: metrics.clone(),
     };
     let model_path = model.to_path_buf();
-    let implementation = serving_impl(args.implementation, limits.max_batch, &ui);
+    // Every implementation batches (the generated models and the monolith
+    // share the batched blocks), so `--impl` picks as in every command.
+    let implementation = args.implementation;
     let worker_thread = std::thread::Builder::new()
         .name("archgen-model".into())
         .spawn(move || {
@@ -1495,27 +1497,6 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
     }
     eprintln!("archgen: serve: stopped");
     served
-}
-
-/// Which implementation serves. Continuous batching needs a batched forward
-/// and today only the monolith has one (a generated model decodes one
-/// sequence per forward, docs/parity.md "Batches"), so with batching on
-/// (`--max-batch` above 1) `--impl auto` serves with the monolith, which is
-/// L1 with mlx-lm like the generated model, and says so; an explicit
-/// `--impl` is kept as given.
-fn serving_impl(asked: Impl, max_batch: usize, ui: &Ui) -> Impl {
-    match (asked, max_batch) {
-        (Impl::Auto, 0 | 1) => Impl::Auto,
-        (Impl::Auto, _) => {
-            ui.note(
-                "serve: --impl auto serves with the monolith, whose forward batches \
-                 (generated models decode one sequence at a time; --impl generated runs them)",
-            );
-            Impl::Monolith
-        }
-        (Impl::Monolith, _) => Impl::Monolith,
-        (Impl::Generated, _) => Impl::Generated,
-    }
 }
 
 #[cfg(test)]

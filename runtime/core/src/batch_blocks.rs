@@ -1,0 +1,177 @@
+//! The batched sequence mixers: the layer math of B sequences in one
+//! forward, as mlx-lm's modules compute it under `BatchGenerator`, composed
+//! once here for the monolith and every generated model ([`BatchLm`]
+//! implementations). Each block is its single-sequence counterpart in
+//! [`crate::blocks`] / [`crate::deltanet`] with two differences: RoPE takes
+//! one offset per row (`cache.offset` is an int32 vector in a
+//! `BatchKVCache`), and the cache is a batched one ([`BatchLayerCache`]).
+//! Layers that read a donor's K/V run [`crate::blocks::attention_shared_kv`]
+//! unchanged: the donor's [`SharedKv`] carries the per-row offsets.
+//!
+//! [`BatchLm`]: crate::batch::BatchLm
+
+use mlx_rs::error::Exception;
+use mlx_rs::Array;
+
+use crate::attention::Mask;
+use crate::batch::{BatchCache, BatchLayerCache};
+use crate::batch_deltanet::BatchArraysCache;
+use crate::blocks::{self as b, AttentionShape, AttentionWeights, KvWeights, SharedKv};
+use crate::deltanet::{self, GatedAttention};
+use crate::distributed::sharded_to_all;
+use crate::ops::Result;
+use crate::rope::Rope;
+
+/// Why a quantized KV cache does not batch (the monolith and the generated
+/// models refuse it with these words).
+pub const QUANTIZED_KV_UNBATCHED: &str =
+    "a quantized KV cache cannot be batched: mlx-lm's QuantizedKVCache has no merge(), \
+     so BatchGenerator refuses it too";
+
+/// Why mlx-optiq's mixed KV cache does not batch.
+pub const MIXED_KV_UNBATCHED: &str =
+    "mlx-optiq's mixed KV cache cannot be batched: it becomes a QuantizedKVCache, \
+     which mlx-lm cannot merge";
+
+fn error(what: String) -> Exception {
+    Exception::custom(what)
+}
+
+/// The mask of one window kind, from the batched cache of the first layer
+/// of that kind before any update (`_make_masks`:
+/// `create_attention_mask(h, c, window_size=...)`); `window` 0 is full
+/// attention, as in [`crate::blocks::mask_for`].
+pub fn window_mask(cache: &BatchLayerCache, n: i32, window: i32) -> Result<Mask> {
+    match cache {
+        BatchLayerCache::Full(c) if window == 0 => c.make_mask(n),
+        BatchLayerCache::Sliding(c) if window > 0 => c.make_mask(n, window),
+        BatchLayerCache::Full(_) | BatchLayerCache::Sliding(_) | BatchLayerCache::Arrays(_) => {
+            Err(error(format!(
+                "the first layer of a window kind ({}) has a batched cache of another kind",
+                match window {
+                    0 => "full".to_string(),
+                    w => format!("sliding {w}"),
+                }
+            )))
+        }
+    }
+}
+
+/// A K/V cache's per-row RoPE offsets (before this step's update).
+fn kv_offsets(c: &BatchLayerCache) -> Result<Array> {
+    match c {
+        BatchLayerCache::Full(c) => Ok(c.offsets()),
+        BatchLayerCache::Sliding(c) => Ok(c.offsets()),
+        BatchLayerCache::Arrays(_) => Err(error(
+            "an attention layer has a Gated DeltaNet's ArraysCache".into(),
+        )),
+    }
+}
+
+/// `cache.update_and_fetch(keys, values)` of a K/V cache.
+fn kv_update(c: &mut BatchLayerCache, k: &Array, v: &Array) -> Result<(Array, Array)> {
+    match c {
+        BatchLayerCache::Full(c) => c.update_and_fetch(k, v),
+        BatchLayerCache::Sliding(c) => c.update_and_fetch(k, v),
+        BatchLayerCache::Arrays(_) => Err(error(
+            "an attention layer has a Gated DeltaNet's ArraysCache".into(),
+        )),
+    }
+}
+
+/// A K/V-owning layer's attention over a batch: RoPE at each row's offset
+/// (`self.rope(x, offset=cache.offset)`), the batched cache updated, SDPA
+/// over the shared key buffer, the output projection. Returns the K/V that
+/// later layers sharing it read (with the per-row offsets).
+pub fn attention_own_kv(
+    x: &Array,
+    w: &AttentionWeights,
+    kv: &KvWeights,
+    s: AttentionShape,
+    rope: &Rope,
+    cache: &mut BatchLayerCache,
+    mask: &Mask,
+) -> Result<(Array, SharedKv)> {
+    let offsets = kv_offsets(cache)?;
+    let (q, k, v) = b::project_qkv(x, w, kv, s, &|t| rope.apply(t, &offsets))?;
+    let (keys, values) = kv_update(cache, &k, &v)?;
+    let o = b::attend_with(&q, &keys, &values, s, mask, false)?;
+    let shared = SharedKv {
+        keys,
+        values,
+        offset: offsets,
+    };
+    Ok((sharded_to_all(w.o_proj.forward(&o)?)?, shared))
+}
+
+/// Qwen3.5's output-gated attention (`Qwen3NextAttention`) over a batch.
+pub fn gated_attention(
+    x: &Array,
+    w: &GatedAttention,
+    s: AttentionShape,
+    rope: &Rope,
+    cache: &mut BatchLayerCache,
+    mask: &Mask,
+) -> Result<Array> {
+    let offsets = kv_offsets(cache)?;
+    let [q, k, v, gate] = deltanet::gated_attention_qkv(x, w, s, &|t| rope.apply(t, &offsets))?;
+    let (keys, values) = kv_update(cache, &k, &v)?;
+    let o = b::attend_with(&q, &keys, &values, s, mask, false)?;
+    deltanet::gated_attention_output(&o, &gate, &w.o_proj)
+}
+
+impl BatchCache {
+    /// Checks that this cache was made for a model of `layers` layers.
+    pub fn check_layers(&self, layers: usize) -> Result<()> {
+        if self.layers.len() == layers {
+            Ok(())
+        } else {
+            Err(error(format!(
+                "a batched cache of {} layers for a model of {layers}",
+                self.layers.len()
+            )))
+        }
+    }
+
+    /// Layer `i`'s batched cache (a layer that owns K/V or a Gated DeltaNet).
+    pub fn layer(&self, i: usize) -> Result<&BatchLayerCache> {
+        self.layers
+            .get(i)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| error(format!("layer {i} has no batched cache")))
+    }
+
+    /// Layer `i`'s batched cache, to update.
+    pub fn layer_mut(&mut self, i: usize) -> Result<&mut BatchLayerCache> {
+        self.layers
+            .get_mut(i)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| error(format!("layer {i} has no batched cache")))
+    }
+
+    /// Layer `i`'s batched `ArraysCache` (a Gated DeltaNet layer's).
+    pub fn arrays_mut(&mut self, i: usize) -> Result<&mut BatchArraysCache> {
+        match self.layers.get_mut(i) {
+            Some(Some(BatchLayerCache::Arrays(c))) => Ok(c),
+            Some(Some(BatchLayerCache::Full(_) | BatchLayerCache::Sliding(_)) | None) | None => {
+                Err(error(format!(
+                    "layer {i}: a Gated DeltaNet layer needs a batched ArraysCache"
+                )))
+            }
+        }
+    }
+
+    /// The mask of the Gated DeltaNet layers, `create_ssm_mask(h,
+    /// cache[ssm_idx])`: from the first `ArraysCache`, `None` without one.
+    pub fn ssm_mask(&self, n: i32) -> Result<Option<Array>> {
+        match self
+            .layers
+            .iter()
+            .flatten()
+            .find(|c| matches!(c, BatchLayerCache::Arrays(_)))
+        {
+            Some(BatchLayerCache::Arrays(c)) => c.make_mask(n),
+            Some(BatchLayerCache::Full(_) | BatchLayerCache::Sliding(_)) | None => Ok(None),
+        }
+    }
+}
