@@ -37,6 +37,11 @@ Writes (greedy; logprobs = logits - logsumexp(logits), the compute dtype):
         tokens + suffix, from the stored cache trimmed by T)
     whole.logprobs [N, vocab], whole.tokens [N]        (no cache reused)
     cached_tokens [1] int32                            len(prefix) + K
+
+and, when MODEL_DIR has a tokenizer.json, OUT.json: for each of the token
+lists above (key without ".tokens"), {"ids", "text", "finish_reason"}: the
+text a server returns for it (decoded up to the first end-of-sequence id of
+generation_config.json; finish_reason "stop" when one came, else "length").
 """
 
 from __future__ import annotations
@@ -137,6 +142,35 @@ def main() -> None:
     mx.eval(out)
     meta = {"case": json.dumps(case), "mlx": mx.__version__}
     mx.save_safetensors(str(out_path), out, metadata=meta)
+    if (model_dir / "tokenizer.json").is_file():
+        write_texts(model_dir, out, out_path.with_suffix(".json"))
+
+
+def write_texts(model_dir: Path, out: dict[str, mx.array], path: Path) -> None:
+    """What a server answers for each token list: the text up to the first
+    end-of-sequence id (generation_config.json's eos_token_id, as archgen
+    serve reads it), and whether one came."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    eos: set[int] = set()
+    gen_config = model_dir / "generation_config.json"
+    if gen_config.is_file():
+        ids = json.loads(gen_config.read_text()).get("eos_token_id", [])
+        eos = set(ids if isinstance(ids, list) else [ids])
+    texts = {}
+    for key, value in out.items():
+        if not key.endswith(".tokens"):
+            continue
+        ids = value.tolist()
+        stop = next((i for i, t in enumerate(ids) if t in eos), None)
+        kept = ids if stop is None else ids[:stop]
+        texts[key.removesuffix(".tokens")] = {
+            "ids": ids,
+            "text": tokenizer.decode(kept, skip_special_tokens=False),
+            "finish_reason": "length" if stop is None else "stop",
+        }
+    path.write_text(json.dumps(texts, indent=1))
 
 
 if __name__ == "__main__":

@@ -348,6 +348,12 @@ pub struct ServeArgs {
     /// On SIGTERM or Ctrl-C, how long in-flight requests may run before the server exits anyway
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub drain_seconds: u64,
+    /// Bytes of finished requests' KV caches kept for prompts that extend them (0: no prompt cache); least recently used evicted first
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 30)]
+    pub prompt_cache_bytes: u64,
+    /// Sequences the prompt cache keeps at most (mlx-lm's --prompt-cache-size)
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub prompt_cache_size: u32,
 }
 
 /// What `generate` starts from.
