@@ -8,6 +8,12 @@
 //! `generate_step(prompt_cache=...)` (the one-by-one path), logprobs rows
 //! and greedy tokens (docs/parity.md, "Prompt cache").
 //!
+//! The cached request is also admitted in one step with a fresh one and
+//! with one from a shorter stored cache (the merge left-pads the shorter
+//! cached row; chunks are right-padded), as under load. Mutation check:
+//! padding a merged row on the right instead makes `mixed.other` differ on
+//! all three specs.
+//!
 //! One spec per cache kind: full attention (`KVCache`, also trimmed to a
 //! shorter prefix as `trim_prompt_cache`), Gemma-4's sliding window
 //! (`RotatingKVCache`, window 8: the stored ring has wrapped, so it is only
@@ -68,6 +74,50 @@ fn request<M: BatchLm>(
     (rows, tokens, last.expect("a finished sequence"))
 }
 
+/// Three requests joined before the same step (one `_merge_caches` of
+/// their caches, given or fresh): each one's rows and tokens, as
+/// `mixed.cached`, `mixed.fresh`, `mixed.other`.
+fn together<M: BatchLm>(
+    session: &mut BatchSession<'_, M>,
+    requests: [(&[i32], Option<SeqCache>); 3],
+    n: usize,
+) -> Vec<(&'static str, Array, Vec<i32>)> {
+    let steps: usize = requests.iter().map(|r| r.0.len()).sum::<usize>() + n + 2;
+    let seqs: Vec<_> = requests
+        .into_iter()
+        .map(|(prompt, cache)| match cache {
+            Some(cache) => session.join_cached(prompt, cache, n, None).unwrap(),
+            None => session.join(prompt, n).unwrap(),
+        })
+        .collect();
+    let mut got: Vec<(Vec<Array>, Vec<i32>)> = vec![Default::default(); 3];
+    for _ in 0..steps {
+        for out in session.step().unwrap() {
+            let i = seqs
+                .iter()
+                .position(|s| *s == out.seq)
+                .expect("a joined sequence");
+            got[i].0.push(out.logprobs);
+            got[i].1.push(out.token);
+        }
+        if session.is_idle() {
+            break;
+        }
+    }
+    assert!(session.is_idle(), "the requests did not finish");
+    ["mixed.cached", "mixed.fresh", "mixed.other"]
+        .into_iter()
+        .zip(got)
+        .map(|(key, (rows, tokens))| {
+            (
+                key,
+                archgen_runtime::mlx_rs::ops::stack(&rows, 0).unwrap(),
+                tokens,
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn a_prompt_from_a_stored_cache_matches_mlx_lm_split() {
     let root = tempfile::tempdir().unwrap();
@@ -105,9 +155,15 @@ fn a_prompt_from_a_stored_cache_matches_mlx_lm_split() {
         // The prefix and its answer (9 tokens) pass Gemma-4's window of 8.
         let (prefix, suffix) = (ids(6, 13), ids(5, 71));
         let (k, n, trim) = (3, 4, 2);
+        // Admitted in the same step as the cached one (a longer prompt, so
+        // the merge pads the cached row and the chunks are right-padded).
+        // With them, `suffix` from the cache of a shorter request (the merge
+        // left-pads it to the longer cached row).
+        let (fresh, other) = (ids(12, 5), ids(3, 101));
         let case = json!({
             "prefix": prefix, "prefix_decode": k, "suffix": suffix, "decode": n,
-            "prefill_step_size": PREFILL_STEP, "trim": trim,
+            "prefill_step_size": PREFILL_STEP, "trim": trim, "fresh": fresh,
+            "other_prefix": other,
         });
         let case_path = root.path().join(format!("{name}.case.json"));
         std::fs::write(&case_path, serde_json::to_vec(&case).unwrap()).unwrap();
@@ -132,6 +188,7 @@ fn a_prompt_from_a_stored_cache_matches_mlx_lm_split() {
         let expected_len = (prefix.len() + k) as i32;
         let mut checks = vec![("batch.first", rows, first.clone())];
         let kept = stored.clone();
+        let mixed = stored.clone();
         let (rows, second, _) = request(&mut session, &suffix, Some(stored), n);
         checks.push(("batch.second", rows.clone(), second.clone()));
         // mlx-lm's generate_step split: the same rows on the CPU.
@@ -149,6 +206,16 @@ fn a_prompt_from_a_stored_cache_matches_mlx_lm_split() {
                 "{name}: mlx-lm trimmed a cache archgen calls untrimmable"
             );
         }
+        let (rows, other_first, other_cache) = request(&mut session, &other, None, k);
+        checks.push(("other.first", rows, other_first));
+        let mixed = [
+            (&suffix[..], Some(mixed)),
+            (&fresh[..], None),
+            (&suffix[..], Some(other_cache)),
+        ];
+        for (key, rows, tokens) in together(&mut session, mixed, n) {
+            checks.push((key, rows, tokens));
+        }
         let before = failures.len();
         for (key, rows, tokens) in &checks {
             let tokens = Array::from_slice(tokens, &[tokens.len() as i32]);
@@ -162,7 +229,7 @@ fn a_prompt_from_a_stored_cache_matches_mlx_lm_split() {
             && same(&oracle["whole.logprobs"], &oracle["step.second.logprobs"]);
         if failures.len() == before {
             eprintln!(
-                "{name}: split == mlx-lm (BatchGenerator and generate_step{}); \
+                "{name}: split == mlx-lm (BatchGenerator alone and merged with fresh and cached rows, generate_step{}); \
                  mlx-lm's split {} its whole-prompt prefill",
                 if trimmable { ", and trimmed" } else { "" },
                 if whole_same { "equals" } else { "differs from" }

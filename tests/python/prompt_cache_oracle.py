@@ -7,7 +7,8 @@ Usage: prompt_cache_oracle.py MODEL_DIR CASE.json OUT.safetensors
 CASE.json:
     {"prefix": [ids...], "prefix_decode": K, "suffix": [ids...], "decode": N,
      "prefill_step_size": 2048,               # optional, mlx-lm's default
-     "trim": T}                               # optional
+     "trim": T,                               # optional
+     "fresh": [ids...], "other_prefix": [ids...]}   # optional, together
 
 What mlx_lm.server does with two requests, the second's prompt extending the
 first's prompt and answer: request 1 is `prefix`, answered with K greedy
@@ -35,6 +36,12 @@ Writes (greedy; logprobs = logits - logsumexp(logits), the compute dtype):
     batch.trimmed.logprobs, batch.trimmed.tokens       (with "trim" T, when the
         cache can be trimmed: a third prompt, prefix + G without its last T
         tokens + suffix, from the stored cache trimmed by T)
+    other.first.logprobs, other.first.tokens, mixed.{cached,fresh,other}.
+    {logprobs,tokens}       (with "fresh" and "other_prefix": request 2
+        again, inserted in one step with a fresh request `fresh` and with
+        `suffix` from the cache of `other_prefix` answered with K tokens,
+        N tokens each: two given caches of different lengths merged with a
+        new one)
     whole.logprobs [N, vocab], whole.tokens [N]        (no cache reused)
     cached_tokens [1] int32                            len(prefix) + K
 
@@ -94,6 +101,26 @@ def batched(gen: BatchGenerator, prompt: list[int], n: int, cache=None, all_toke
     raise SystemExit("prompt_cache_oracle.py: the request did not finish")
 
 
+def batched_many(gen: BatchGenerator, prompts, n: int, caches, all_tokens):
+    """Requests inserted together, each with its cache or None (fresh):
+    each one's rows and tokens."""
+    uids = gen.insert(prompts, max_tokens=[n] * len(prompts), caches=caches,
+                      all_tokens=all_tokens)
+    rows = {u: [] for u in uids}
+    tokens = {u: [] for u in uids}
+    done = set()
+    for _ in range(sum(len(p) for p in prompts) + n + 2):
+        _, generated = gen.next()
+        for r in generated:
+            rows[r.uid].append(r.logprobs)
+            tokens[r.uid].append(int(r.token))
+            if r.finish_reason is not None:
+                done.add(r.uid)
+        if len(done) == len(uids):
+            return [(mx.stack(rows[u]), tokens[u]) for u in uids]
+    raise SystemExit("prompt_cache_oracle.py: the requests did not finish")
+
+
 def main() -> None:
     if len(sys.argv) != 4:
         raise SystemExit(__doc__)
@@ -122,9 +149,24 @@ def main() -> None:
     out["batch.first.logprobs"], out["batch.first.tokens"] = rows, mx.array(b_first, dtype=mx.int32)
     # The server deep-copies what it fetches (`fetch_nearest_cache`).
     kept = copy.deepcopy(stored)
+    mixed_cache = copy.deepcopy(stored)
     rows, b_second, _, _ = batched(gen, suffix, n, stored, all_tokens)
     out["batch.second.logprobs"] = rows
     out["batch.second.tokens"] = mx.array(b_second, dtype=mx.int32)
+    if "fresh" in case:
+        # Request 2 admitted in one step with a fresh request and a request
+        # from another stored cache (`other_prefix` and its K tokens,
+        # shorter): one `_merge_caches` of two given caches and a new one.
+        fresh = [int(t) for t in case["fresh"]]
+        other = [int(t) for t in case["other_prefix"]]
+        rows, o_first, o_stored, o_tokens = batched(gen, other, k)
+        out["other.first.logprobs"] = rows
+        out["other.first.tokens"] = mx.array(o_first, dtype=mx.int32)
+        got = batched_many(gen, [suffix, fresh, suffix], n, [mixed_cache, None, o_stored],
+                           [all_tokens, [], o_tokens])
+        for name, (rows, tokens) in zip(("cached", "fresh", "other"), got):
+            out[f"mixed.{name}.logprobs"] = rows
+            out[f"mixed.{name}.tokens"] = mx.array(tokens, dtype=mx.int32)
     trim = int(case.get("trim", 0))
     if trim > 0 and can_trim_prompt_cache(kept):
         # A prompt that leaves the stored sequence `trim` tokens before its
