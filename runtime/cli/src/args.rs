@@ -607,11 +607,19 @@ mod tests {
             (16, 256, 2048, 30)
         );
         assert_eq!((a.max_prompt_tokens, a.max_tokens), (None, None));
+        // mlx-lm's 10 sequences, and a 1 GiB byte bound (mlx-lm has none).
+        assert_eq!((a.prompt_cache_bytes, a.prompt_cache_size), (1 << 30, 10));
+        let cli = parse(&["serve", "--model", "m", "--prompt-cache-bytes", "0"]).unwrap();
+        let Command::Serve(a) = cli.command else {
+            panic!("not serve")
+        };
+        assert_eq!(a.prompt_cache_bytes, 0, "0 turns the prompt cache off");
         for bad in [
             "--max-batch",
             "--max-queue",
             "--prefill-step",
             "--max-tokens",
+            "--prompt-cache-size",
         ] {
             let e = parse(&["serve", "--model", "m", bad, "0"]).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{bad} 0");
