@@ -348,6 +348,12 @@ pub struct ServeArgs {
     /// On SIGTERM or Ctrl-C, how long in-flight requests may run before the server exits anyway
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub drain_seconds: u64,
+    /// Bytes of finished requests' KV caches kept for prompts that extend them (0: no prompt cache); least recently used evicted first
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 30)]
+    pub prompt_cache_bytes: u64,
+    /// Sequences the prompt cache keeps at most (mlx-lm's --prompt-cache-size)
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub prompt_cache_size: u32,
 }
 
 /// What `generate` starts from.
@@ -601,11 +607,19 @@ mod tests {
             (16, 256, 2048, 30)
         );
         assert_eq!((a.max_prompt_tokens, a.max_tokens), (None, None));
+        // mlx-lm's 10 sequences, and a 1 GiB byte bound (mlx-lm has none).
+        assert_eq!((a.prompt_cache_bytes, a.prompt_cache_size), (1 << 30, 10));
+        let cli = parse(&["serve", "--model", "m", "--prompt-cache-bytes", "0"]).unwrap();
+        let Command::Serve(a) = cli.command else {
+            panic!("not serve")
+        };
+        assert_eq!(a.prompt_cache_bytes, 0, "0 turns the prompt cache off");
         for bad in [
             "--max-batch",
             "--max-queue",
             "--prefill-step",
             "--max-tokens",
+            "--prompt-cache-size",
         ] {
             let e = parse(&["serve", "--model", "m", bad, "0"]).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{bad} 0");

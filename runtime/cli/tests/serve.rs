@@ -18,6 +18,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use archgen_tests::{repo_root, run_python};
+use serde_json::json;
 
 const ARCHGEN: &str = env!("CARGO_BIN_EXE_archgen");
 
@@ -1104,4 +1105,133 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
         |v| v == 0.0,
         Duration::from_secs(30),
     );
+}
+
+/// A greedy completions request for exactly these token ids.
+fn ids_request(ids: &[i64], max_tokens: usize) -> String {
+    json!({"prompt": ids, "max_tokens": max_tokens, "temperature": 0}).to_string()
+}
+
+#[test]
+fn serves_a_prompt_that_extends_a_finished_one_from_the_prompt_cache() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    // mlx-lm's split of the same requests (tests/python/prompt_cache_oracle.py):
+    // request 1 is `prefix` (K tokens G), request 2 `prefix + G + suffix`,
+    // request 3 `prefix + suffix` (the stored cache trimmed back to `prefix`).
+    let prefix: Vec<i64> = vec![17, 240, 33, 310, 9, 151];
+    let suffix: Vec<i64> = vec![88, 402, 61, 7, 230];
+    let (k, n) = (3usize, 4usize);
+    let case = root.path().join("case.json");
+    let case_json = json!({"prefix": prefix, "prefix_decode": k, "suffix": suffix,
+                           "decode": n, "trim": k});
+    std::fs::write(&case, case_json.to_string()).unwrap();
+    let out = root.path().join("oracle.safetensors");
+    run_python(
+        "prompt_cache_oracle.py",
+        &[model.as_os_str(), case.as_os_str(), out.as_os_str()],
+    );
+    let oracle = json(&std::fs::read_to_string(root.path().join("oracle.json")).unwrap());
+    let expected = |key: &str| -> (String, String) {
+        let v = &oracle[key];
+        (
+            v["text"].as_str().unwrap().to_string(),
+            v["finish_reason"].as_str().unwrap().to_string(),
+        )
+    };
+    let answer: Vec<i64> = oracle["batch.first"]["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        oracle["batch.first"]["finish_reason"], "length",
+        "request 1's greedy answer hit an end-of-sequence id; pick another prefix"
+    );
+    let usage_cached =
+        |body: &str| json(body)["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    let ask = |server: &Server, ids: &[i64], max_tokens: usize| -> (String, String, Option<u64>) {
+        let (status, body) = curl(
+            server,
+            "POST",
+            "/v1/completions",
+            Some(&ids_request(ids, max_tokens)),
+        );
+        assert_eq!(status, 200, "{body}");
+        let (text, finish) = whole_answer(&body);
+        (text, finish, usage_cached(&body))
+    };
+    let extended: Vec<i64> = [prefix.clone(), answer.clone(), suffix.clone()].concat();
+    let diverging: Vec<i64> = [prefix.clone(), suffix.clone()].concat();
+
+    let server = start_server(&model, &["--impl", "monolith", "--max-batch", "4"]);
+    let (text, finish, cached) = ask(&server, &prefix, k);
+    assert_eq!((text, finish), expected("batch.first"));
+    assert_eq!(cached, Some(0), "nothing was stored before request 1");
+    // Request 2 starts from request 1's cache (its prompt and answer).
+    let (text, finish, cached) = ask(&server, &extended, n);
+    assert_eq!(cached, Some((prefix.len() + k) as u64));
+    assert_eq!(
+        (text, finish),
+        expected("batch.second"),
+        "prefix then suffix, as mlx-lm's split"
+    );
+    // Request 3 shares only `prefix`: a trimmed copy.
+    let (text, finish, cached) = ask(&server, &diverging, n);
+    assert_eq!(cached, Some(prefix.len() as u64));
+    assert_eq!(
+        (text, finish),
+        expected("batch.trimmed"),
+        "trimmed, as mlx-lm's trim_prompt_cache"
+    );
+    assert_eq!(metric(&server, "archgen_prompt_cache_hits_total"), 2.0);
+    assert_eq!(metric(&server, "archgen_prompt_cache_misses_total"), 1.0);
+    assert_eq!(
+        metric(&server, "archgen_prompt_cache_tokens_total"),
+        (2 * prefix.len() + k) as f64
+    );
+    assert!(metric(&server, "archgen_prompt_cache_bytes") > 0.0);
+    // Stored: request 2's sequence replaced request 1's (its prefix);
+    // request 3's shares only `prefix` with it.
+    assert_eq!(metric(&server, "archgen_prompt_cache_entries"), 2.0);
+    let logs = server.request_logs();
+    let cached_logged: Vec<u64> = logs
+        .iter()
+        .map(|l| l["cached_tokens"].as_u64().unwrap_or_else(|| panic!("{l}")))
+        .collect();
+    assert_eq!(
+        cached_logged,
+        [0, (prefix.len() + k) as u64, prefix.len() as u64]
+    );
+    drop(server);
+
+    // A byte budget smaller than one sequence's cache keeps nothing; 0 has
+    // no prompt cache at all. Either way request 2 is computed whole, and
+    // its answer is the whole-prompt one.
+    for budget in ["1000", "0"] {
+        let server = start_server(
+            &model,
+            &[
+                "--impl",
+                "monolith",
+                "--max-batch",
+                "4",
+                "--prompt-cache-bytes",
+                budget,
+            ],
+        );
+        let (text, finish, cached) = ask(&server, &prefix, k);
+        assert_eq!((text, finish, cached), {
+            let (t, f) = expected("batch.first");
+            (t, f, Some(0))
+        });
+        let (text, finish, cached) = ask(&server, &extended, n);
+        assert_eq!(cached, Some(0), "--prompt-cache-bytes {budget}");
+        assert_eq!((text, finish), expected("whole"));
+        assert_eq!(metric(&server, "archgen_prompt_cache_bytes"), 0.0);
+        assert_eq!(metric(&server, "archgen_prompt_cache_hits_total"), 0.0);
+        let misses = if budget == "0" { 0.0 } else { 2.0 };
+        assert_eq!(metric(&server, "archgen_prompt_cache_misses_total"), misses);
+    }
 }

@@ -53,12 +53,12 @@ fn roll_rows(x: &Array, shifts: &[i32]) -> Result<Array> {
 }
 
 /// `mx.zeros((B, H, len, D))` in `like`'s dtype.
-fn zeros_rows(b: i32, h: i32, len: i32, d: i32, dtype: Dtype) -> Result<Array> {
+pub(crate) fn zeros_rows(b: i32, h: i32, len: i32, d: i32, dtype: Dtype) -> Result<Array> {
     mlx_rs::ops::zeros_dtype(&[b, h, len, d], dtype)
 }
 
 /// `mx.pad(x, [(0,0), (0,0), (left, right), (0,0)])` with zeros.
-fn pad_keys(x: &Array, left: i32, right: i32) -> Result<Array> {
+pub(crate) fn pad_keys(x: &Array, left: i32, right: i32) -> Result<Array> {
     if left == 0 && right == 0 {
         return Ok(x.clone());
     }
@@ -315,6 +315,22 @@ impl BatchKvCache {
         self.offset.extend(other.offset);
         self.idx = max_idx;
         Ok(())
+    }
+
+    /// The cache `BatchKVCache.merge` builds from single-sequence caches:
+    /// `keys`/`values` [B, KV, len, D] hold row b's keys right-aligned after
+    /// `left_padding[b]` zero slots; every row ends at `len`
+    /// ([`crate::seq_cache::merge`]).
+    pub(crate) fn from_merged(keys: Array, values: Array, left_padding: Vec<i32>) -> Self {
+        let len = keys.shape()[2];
+        BatchKvCache {
+            offset: left_padding.iter().map(|lp| len - lp).collect(),
+            keys: Some(keys),
+            values: Some(values),
+            left_padding,
+            idx: len,
+            right_padding: None,
+        }
     }
 
     /// `extract(idx)`: row `row`'s real keys and values [1, KV, len, D]
@@ -648,6 +664,65 @@ impl BatchRotatingKvCache {
             mask = roll_axis(&mask, idx + 1, -1)?;
         }
         Ok(Mask::Array(mask))
+    }
+
+    /// The window (`max_size`) every row's ring holds.
+    pub fn max_size(&self) -> i32 {
+        self.max_size
+    }
+
+    /// The cache `BatchRotatingKVCache.merge` builds: `keys`/`values`
+    /// [B, KV, len, D] in temporal order, row b's keys right-aligned after
+    /// `left_padding[b]` zero slots, `offsets` each row's position (a fresh
+    /// row's is 0); write index and tokens written are `len`, not rotated
+    /// ([`crate::seq_cache::merge`]).
+    pub(crate) fn from_merged(
+        max_size: i32,
+        keys: Array,
+        values: Array,
+        left_padding: Vec<i32>,
+        offsets: Vec<i32>,
+    ) -> Self {
+        let len = keys.shape()[2];
+        BatchRotatingKvCache {
+            keys: Some(keys),
+            values: Some(values),
+            left_padding,
+            offset: offsets,
+            max_size,
+            idx: len,
+            written: len,
+            rotated: false,
+            lengths: None,
+        }
+    }
+
+    /// `extract(idx)`: row `row` as mlx-lm's single-sequence
+    /// `RotatingKVCache`: its keys and values [1, KV, n, D] in temporal
+    /// order (a rotated ring unrolled, the row's padding cut) and its
+    /// position.
+    pub fn extract(&self, row: usize) -> Result<(Array, Array, i32)> {
+        check_rows(&[row], self.batch_size(), "BatchRotatingKvCache::extract")?;
+        let (k, v) = match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => (k, v),
+            _ => {
+                return Err(error(
+                    "BatchRotatingKvCache::extract: no keys written yet".into(),
+                ))
+            }
+        };
+        let r = row as i32;
+        let padding = self.left_padding[row].max(0);
+        let (mut k, mut v) = (k.try_index(r..r + 1)?, v.try_index(r..r + 1)?);
+        let mut end = self.idx;
+        if self.rotated {
+            k = roll_axis(&k, -self.idx, 2)?;
+            v = roll_axis(&v, -self.idx, 2)?;
+            end = self.max_size;
+        }
+        let cut =
+            |x: &Array| -> Result<Array> { x.try_index((.., .., padding..end))?.contiguous() };
+        Ok((cut(&k)?, cut(&v)?, self.offset[row]))
     }
 
     /// `filter(batch_indices)`: keeps rows `keep` (no padding is dropped).

@@ -44,6 +44,35 @@ impl BatchArraysCache {
         }
     }
 
+    /// `ArraysCache.merge` of caches of which at least one holds states:
+    /// the stacked states, and no padding facts (so no mask).
+    pub(crate) fn from_merged(conv: Array, state: Array) -> Self {
+        BatchArraysCache {
+            conv: Some(conv),
+            state: Some(state),
+            left_padding: None,
+            lengths: None,
+        }
+    }
+
+    /// `extract(idx)`: row `row`'s conv and recurrent states (what mlx-lm
+    /// hands back as a single-sequence `ArraysCache`).
+    pub fn extract(&self, row: usize) -> Result<(Array, Array)> {
+        if row >= self.batch_size() {
+            return Err(error(format!(
+                "BatchArraysCache::extract: row {row} of a batch of {}",
+                self.batch_size()
+            )));
+        }
+        let r = row as i32;
+        match (&self.conv, &self.state) {
+            (Some(c), Some(s)) => Ok((c.try_index(r..r + 1)?, s.try_index(r..r + 1)?)),
+            _ => Err(error(
+                "BatchArraysCache::extract: no states written yet".into(),
+            )),
+        }
+    }
+
     /// `batch_size`: from the states, else the padding facts, else 1.
     pub fn batch_size(&self) -> usize {
         match (&self.conv, &self.state, &self.left_padding, &self.lengths) {

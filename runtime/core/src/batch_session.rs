@@ -31,6 +31,7 @@ use mlx_rs::Array;
 
 use crate::batch::{BatchCache, BatchLm};
 use crate::ops::Result;
+use crate::seq_cache::{self, SeqCache};
 
 fn error(what: String) -> mlx_rs::error::Exception {
     mlx_rs::error::Exception::custom(what)
@@ -79,6 +80,10 @@ pub struct StepOutput {
     pub logprobs: Array,
     /// The sequence reached its token budget and has left the batch.
     pub finished: bool,
+    /// A finished sequence's cache (its prompt and every token returned,
+    /// the last one included), when the session keeps them
+    /// ([`BatchSession::keep_finished_caches`]).
+    pub cache: Option<SeqCache>,
 }
 
 struct Waiting {
@@ -87,6 +92,9 @@ struct Waiting {
     /// (`insert_segments`); an empty first segment is dropped.
     segments: VecDeque<Vec<i32>>,
     max_tokens: usize,
+    /// The cache it starts from (`insert(..., caches=[cache])`): the
+    /// prompt's first tokens, already computed; `None`: a fresh one.
+    cache: Option<SeqCache>,
 }
 
 /// `PromptProcessingBatch` with its `_currently_processing` entries.
@@ -190,6 +198,9 @@ pub struct BatchSession<'m, M: BatchLm + ?Sized> {
     waiting: VecDeque<Waiting>,
     prompt: PromptBatch,
     generation: GenerationBatch,
+    /// Whether a finished sequence's cache comes back with its last
+    /// [`StepOutput`] (mlx-lm's `Response.prompt_cache`).
+    keep_caches: bool,
 }
 
 impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
@@ -206,7 +217,15 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             waiting: VecDeque::new(),
             prompt: PromptBatch::default(),
             generation: GenerationBatch::default(),
+            keep_caches: false,
         }
+    }
+
+    /// Whether a sequence that reaches its budget returns its cache
+    /// ([`StepOutput::cache`], `extract` before the batch `filter`s it out),
+    /// for a prompt cache to store. Off by default: extracting copies.
+    pub fn keep_finished_caches(&mut self, keep: bool) {
+        self.keep_caches = keep;
     }
 
     /// Queues a prompt (`insert`): it joins the batch at a later step, is
@@ -220,6 +239,30 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     pub fn join_sampled(
         &mut self,
         prompt: &[i32],
+        max_tokens: usize,
+        sampler: Option<Sampler>,
+    ) -> Result<SeqId> {
+        self.join_from(prompt, None, max_tokens, sampler)
+    }
+
+    /// [`Self::join_sampled`] from a cache that already holds the prompt's
+    /// first tokens (a prompt cache's hit): only `rest`, the tokens after
+    /// them, is prefilled (`insert(..., caches=[cache])`). The cache joins
+    /// the prompt batch as mlx-lm merges it (`_merge_caches`).
+    pub fn join_cached(
+        &mut self,
+        rest: &[i32],
+        cache: SeqCache,
+        max_tokens: usize,
+        sampler: Option<Sampler>,
+    ) -> Result<SeqId> {
+        self.join_from(rest, Some(cache), max_tokens, sampler)
+    }
+
+    fn join_from(
+        &mut self,
+        prompt: &[i32],
+        cache: Option<SeqCache>,
         max_tokens: usize,
         sampler: Option<Sampler>,
     ) -> Result<SeqId> {
@@ -242,6 +285,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             seq,
             segments,
             max_tokens,
+            cache,
         });
         if let Some(sampler) = sampler {
             self.samplers.insert(seq, sampler);
@@ -271,6 +315,23 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             return Ok(true);
         }
         Ok(false)
+    }
+
+    /// [`Self::leave`] that also returns the sequence's cache when it was
+    /// generating (`remove(uids, return_prompt_caches=True)`): its prompt
+    /// and every token [`Self::step`] returned for it. `Ok(None)` when it
+    /// was not generating (waiting, in prefill, or gone).
+    pub fn leave_keeping_cache(&mut self, seq: SeqId) -> Result<Option<SeqCache>> {
+        let Some(i) = self.generation.seqs.iter().position(|s| *s == seq) else {
+            self.leave(seq)?;
+            return Ok(None);
+        };
+        let cache = match &self.generation.cache {
+            Some(c) => seq_cache::extract(c, i)?,
+            None => return Err(error("the generation batch has no cache".into())),
+        };
+        self.leave(seq)?;
+        Ok(Some(cache))
     }
 
     /// No sequence is waiting, in prefill or generating.
@@ -330,11 +391,17 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             } else {
                 keep.push(i);
             }
+            let cache = match (finished && self.keep_caches, &g.cache) {
+                (true, Some(c)) => Some(seq_cache::extract(c, i)?),
+                (true, None) => return Err(error("the generation batch has no cache".into())),
+                (false, _) => None,
+            };
             out.push(StepOutput {
                 seq: g.seqs[i],
                 token,
                 logprobs: row,
                 finished,
+                cache,
             });
         }
         if keep.len() < g.seqs.len() {
@@ -344,15 +411,22 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     }
 
     /// `_make_batch(n)` and `PromptProcessingBatch.extend`: `n` waiting
-    /// sequences join the prompt batch with fresh (empty) caches.
+    /// sequences join the prompt batch, with fresh (empty) caches or the
+    /// ones they joined with, merged in one `_merge_caches`.
     fn admit(&mut self, n: usize) -> Result<()> {
-        let fresh = self.model.make_batch_cache(n)?;
-        for w in self.waiting.drain(..n) {
+        let admitted: Vec<Waiting> = self.waiting.drain(..n).collect();
+        let merged = if admitted.iter().all(|w| w.cache.is_none()) {
+            self.model.make_batch_cache(n)?
+        } else {
+            let rows: Vec<Option<&SeqCache>> = admitted.iter().map(|w| w.cache.as_ref()).collect();
+            seq_cache::merge(&self.model.make_batch_cache(1)?, &rows)?
+        };
+        for w in admitted {
             self.prompt.seqs.push(w.seq);
             self.prompt.segments.push(w.segments);
             self.prompt.max_tokens.push(w.max_tokens);
         }
-        extend_cache(&mut self.prompt.cache, Some(fresh))
+        extend_cache(&mut self.prompt.cache, Some(merged))
     }
 
     /// The split in `_next`: prompt members whose only segment left is their

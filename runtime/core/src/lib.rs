@@ -46,6 +46,7 @@ pub mod moe;
 pub mod ops;
 pub mod protocol;
 pub mod rope;
+pub mod seq_cache;
 pub mod weights;
 
 pub use mlx_rs;

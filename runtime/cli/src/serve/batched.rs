@@ -12,8 +12,15 @@
 //! carry their own seeded sampler, its key split once per token as
 //! `archgen generate` splits it.
 //!
+//! The prompt cache (prompt_cache.rs, `--prompt-cache-bytes`) is mlx-lm's
+//! server's: a request whose prompt extends a finished one's tokens joins
+//! the session with that sequence's cache (`join_cached`) and prefills only
+//! the rest; a sequence that ends gives its cache back (`extract`) to be
+//! stored under its prompt and every token it returned.
+//!
 //! [`CausalLm::batched`]: archgen_runtime::model::CausalLm::batched
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
 use std::time::Instant;
@@ -26,6 +33,7 @@ use archgen_runtime::Dtype;
 use tokenizers::Tokenizer;
 
 use super::metrics::Metrics;
+use super::prompt_cache::{Hit, PromptCache};
 use super::scheduler::{
     deliver, describe, fail, finish, most_likely, panic_message, Job, Limits, Outcome, Stream,
 };
@@ -46,6 +54,12 @@ pub(super) struct BatchedScheduler<'a> {
     /// Every admitted request, whether waiting in the session, in prefill
     /// or generating.
     active: Vec<(SeqId, Stream<'a>)>,
+    /// `None` when `--prompt-cache-bytes` is 0.
+    prompt_cache: Option<PromptCache>,
+    /// Each admitted sequence's tokens as its cache will hold them: its
+    /// prompt, then every token the session returned for it (each was fed
+    /// back in the step that returned it). The prompt cache's keys.
+    tokens: HashMap<SeqId, Vec<i32>>,
 }
 
 impl<'a> BatchedScheduler<'a> {
@@ -61,15 +75,21 @@ impl<'a> BatchedScheduler<'a> {
             prefill_batch_size: PREFILL_BATCH.min(limits.max_batch),
             completion_batch_size: limits.max_batch,
         };
+        let prompt_cache = match limits.prompt_cache_bytes {
+            0 => None,
+            bytes => Some(PromptCache::new(bytes, limits.prompt_cache_size)),
+        };
         BatchedScheduler {
             model,
             config,
-            session: BatchSession::new(model, config),
+            session: new_session(model, config, prompt_cache.is_some()),
             tokenizer,
             eos,
             limits,
             metrics,
             active: Vec::new(),
+            prompt_cache,
+            tokens: HashMap::new(),
         }
     }
 
@@ -111,14 +131,66 @@ impl<'a> BatchedScheduler<'a> {
             Ok(sampler) => sampler,
             Err(message) => return fail(&job, message),
         };
-        match self
-            .session
-            .join_sampled(&job.prompt, job.sampling.max_tokens, sampler)
-        {
-            Ok(seq) => self.active.push((seq, Stream::new(job, self.tokenizer))),
+        let hit = self.fetch_cached(&job.prompt);
+        let cached_tokens = hit.as_ref().map_or(0, |h| h.cached_tokens);
+        let joined = match hit {
+            Some(Hit {
+                cache,
+                cached_tokens,
+            }) => self.session.join_cached(
+                &job.prompt[cached_tokens..],
+                cache,
+                job.sampling.max_tokens,
+                sampler,
+            ),
+            None => self
+                .session
+                .join_sampled(&job.prompt, job.sampling.max_tokens, sampler),
+        };
+        match joined {
+            Ok(seq) => {
+                if self.prompt_cache.is_some() {
+                    self.tokens.insert(seq, job.prompt.clone());
+                }
+                let mut stream = Stream::new(job, self.tokenizer);
+                stream.cached_tokens = cached_tokens;
+                self.active.push((seq, stream));
+            }
             Err(e) => fail(&job, e.to_string()),
         }
         self.metrics.active_sequences.set(self.active.len() as i64);
+    }
+
+    /// The prompt cache's entry to start `prompt` from, counted as a hit or
+    /// a miss. A failure to copy it is a miss (and said on stderr).
+    fn fetch_cached(&mut self, prompt: &[i32]) -> Option<Hit> {
+        let pc = self.prompt_cache.as_mut()?;
+        let hit = pc.fetch(prompt).unwrap_or_else(|e| {
+            eprintln!("archgen: serve: prompt cache: {e}; computing the whole prompt");
+            None
+        });
+        match &hit {
+            Some(h) => {
+                self.metrics.prompt_cache_hits.inc();
+                self.metrics
+                    .prompt_cache_tokens
+                    .inc_by(h.cached_tokens as u64);
+            }
+            None => {
+                self.metrics.prompt_cache_misses.inc();
+            }
+        }
+        hit
+    }
+
+    /// Stores a finished sequence's cache under its tokens.
+    fn store(&mut self, seq: SeqId, cache: Option<archgen_runtime::seq_cache::SeqCache>) {
+        let tokens = self.tokens.remove(&seq);
+        if let (Some(pc), Some(tokens), Some(cache)) = (self.prompt_cache.as_mut(), tokens, cache) {
+            pc.insert(tokens, cache);
+            self.metrics.prompt_cache_bytes.set(pc.bytes() as i64);
+            self.metrics.prompt_cache_entries.set(pc.len() as i64);
+        }
     }
 
     /// Sequences whose client left leave the batch.
@@ -132,6 +204,7 @@ impl<'a> BatchedScheduler<'a> {
             }
             let seq = *seq;
             self.active.remove(at);
+            self.tokens.remove(&seq);
             self.metrics.cancelled.inc();
             if let Err(e) = self.session.leave(seq) {
                 return self.fail_all(format!("a cancelled sequence could not leave: {e}"));
@@ -158,6 +231,9 @@ impl<'a> BatchedScheduler<'a> {
             let Some(at) = self.active.iter().position(|(seq, _)| *seq == out.seq) else {
                 continue;
             };
+            if let Some(tokens) = self.tokens.get_mut(&out.seq) {
+                tokens.push(out.token);
+            }
             let stream = &mut self.active[at].1;
             let logprob = stream.job.logprobs.map(|top| {
                 logprob_of(&out, top).and_then(|l| describe(self.tokenizer, out.token, l))
@@ -172,12 +248,26 @@ impl<'a> BatchedScheduler<'a> {
                 Outcome::Running => {}
                 Outcome::Finished => {
                     self.active.remove(at);
-                    if !out.finished {
-                        if let Err(e) = self.session.leave(out.seq) {
-                            return self
-                                .fail_all(format!("a finished sequence could not leave: {e}"));
-                        }
-                    }
+                    let cache = match (out.finished, self.prompt_cache.is_some()) {
+                        // It left the session at its budget, with its cache
+                        // when the session keeps them.
+                        (true, _) => out.cache,
+                        (false, true) => match self.session.leave_keeping_cache(out.seq) {
+                            Ok(cache) => cache,
+                            Err(e) => {
+                                return self
+                                    .fail_all(format!("a finished sequence could not leave: {e}"))
+                            }
+                        },
+                        (false, false) => match self.session.leave(out.seq) {
+                            Ok(_) => None,
+                            Err(e) => {
+                                return self
+                                    .fail_all(format!("a finished sequence could not leave: {e}"))
+                            }
+                        },
+                    };
+                    self.store(out.seq, cache);
                 }
             }
         }
@@ -189,8 +279,21 @@ impl<'a> BatchedScheduler<'a> {
         for (_, stream) in self.active.drain(..) {
             fail(&stream.job, message.clone());
         }
-        self.session = BatchSession::new(self.model, self.config);
+        self.tokens.clear();
+        self.session = new_session(self.model, self.config, self.prompt_cache.is_some());
     }
+}
+
+/// A session that hands back finished sequences' caches when the server
+/// keeps a prompt cache.
+fn new_session<'a>(
+    model: &'a (dyn BatchLm + 'a),
+    config: BatchConfig,
+    keep_caches: bool,
+) -> BatchSession<'a, dyn BatchLm + 'a> {
+    let mut session = BatchSession::new(model, config);
+    session.keep_finished_caches(keep_caches);
+    session
 }
 
 /// A request's sampler: `None` (the session's greedy argmax) at temperature

@@ -33,6 +33,16 @@ pub struct Metrics {
     /// Sequences computed by one decode forward: 1 each when the model
     /// serves one by one, the generation batch when it batches.
     pub decode_batch_size: Histogram,
+    /// Requests that started from a prompt cache entry.
+    pub prompt_cache_hits: Counter,
+    /// Requests the prompt cache had nothing for.
+    pub prompt_cache_misses: Counter,
+    /// Prompt tokens supplied by the prompt cache (not computed).
+    pub prompt_cache_tokens: Counter,
+    /// Bytes of the arrays the prompt cache holds.
+    pub prompt_cache_bytes: Gauge,
+    /// Sequences the prompt cache holds.
+    pub prompt_cache_entries: Gauge,
 }
 
 impl Metrics {
@@ -95,8 +105,43 @@ impl Metrics {
             "Sequences computed by one decode forward",
             decode_batch_size.clone(),
         );
+        let prompt_cache_hits = Counter::default();
+        registry.register(
+            "prompt_cache_hits",
+            "Requests that started from a prompt cache entry",
+            prompt_cache_hits.clone(),
+        );
+        let prompt_cache_misses = Counter::default();
+        registry.register(
+            "prompt_cache_misses",
+            "Requests the prompt cache had no entry for",
+            prompt_cache_misses.clone(),
+        );
+        let prompt_cache_tokens = Counter::default();
+        registry.register(
+            "prompt_cache_tokens",
+            "Prompt tokens supplied by the prompt cache instead of computed",
+            prompt_cache_tokens.clone(),
+        );
+        let prompt_cache_bytes = Gauge::default();
+        registry.register(
+            "prompt_cache_bytes",
+            "Bytes of the KV arrays the prompt cache holds",
+            prompt_cache_bytes.clone(),
+        );
+        let prompt_cache_entries = Gauge::default();
+        registry.register(
+            "prompt_cache_entries",
+            "Sequences the prompt cache holds",
+            prompt_cache_entries.clone(),
+        );
         Metrics {
             registry,
+            prompt_cache_hits,
+            prompt_cache_misses,
+            prompt_cache_tokens,
+            prompt_cache_bytes,
+            prompt_cache_entries,
             decode_batch_size,
             queue_depth,
             active_sequences,

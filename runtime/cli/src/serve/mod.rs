@@ -13,6 +13,7 @@
 
 mod batched;
 mod metrics;
+mod prompt_cache;
 mod scheduler;
 mod tools;
 mod worker;
@@ -485,6 +486,8 @@ struct Reply {
     logprobs: bool,
     /// The tool-call markup to read from the answer (chat with tools only).
     tool_format: Option<ToolFormat>,
+    /// Prompt tokens the prompt cache supplied (known when the answer ends).
+    cached_tokens: usize,
 }
 
 impl Reply {
@@ -533,6 +536,7 @@ impl Reply {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": self.prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         })
     }
 
@@ -684,6 +688,8 @@ struct InFlight {
     start: Instant,
     cancel: Cancel,
     answered: Option<Answered>,
+    /// Prompt tokens the prompt cache supplied, once the answer ended.
+    cached_tokens: Option<usize>,
     metrics: Arc<Metrics>,
 }
 
@@ -712,6 +718,7 @@ impl Drop for InFlight {
             "stream": self.stream,
             "status": answered.status,
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "completion_tokens": answered.completion_tokens,
             "finish_reason": answered.finish.map(Finish::as_str),
             "ttft_s": answered.ttft.map(|t| t.as_secs_f64()),
@@ -748,6 +755,7 @@ async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: In
         prompt_tokens: plan.prompt.len(),
         logprobs: plan.logprobs.is_some(),
         tool_format: plan.tool_format,
+        cached_tokens: 0,
     };
     let cancel = Cancel::default();
     let mut flight = InFlight {
@@ -758,6 +766,7 @@ async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: In
         start,
         cancel: cancel.clone(),
         answered: None,
+        cached_tokens: None,
         metrics: state.metrics.clone(),
     };
     let (events, rx) = unbounded_channel();
@@ -824,7 +833,7 @@ async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: In
 /// which drops `flight` and so cancels the sequence.
 async fn whole_answer(
     mut rx: UnboundedReceiver<GenEvent>,
-    reply: Reply,
+    mut reply: Reply,
     mut flight: InFlight,
 ) -> Response {
     let mut text = String::new();
@@ -839,7 +848,10 @@ async fn whole_answer(
                 completion_tokens,
                 finish,
                 ttft,
+                cached_tokens,
             } => {
+                reply.cached_tokens = cached_tokens;
+                flight.cached_tokens = Some(cached_tokens);
                 flight.answer(Answered {
                     status: 200,
                     completion_tokens,
@@ -951,7 +963,10 @@ impl SseBody {
                 completion_tokens,
                 finish,
                 ttft,
+                cached_tokens,
             }) => {
+                self.reply.cached_tokens = cached_tokens;
+                self.flight.cached_tokens = Some(cached_tokens);
                 if let Some(splitter) = self.tools.as_mut() {
                     let pieces = splitter.finish();
                     self.send_pieces(pieces);
@@ -1373,6 +1388,8 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
     let limits = Limits {
         max_batch: args.max_batch as usize,
         prefill_step: args.prefill_step as usize,
+        prompt_cache_bytes: usize::try_from(args.prompt_cache_bytes).unwrap_or(usize::MAX),
+        prompt_cache_size: args.prompt_cache_size as usize,
     };
     let max_queue = args.max_queue as usize;
     let metrics = Arc::new(Metrics::new());
@@ -1516,6 +1533,7 @@ mod tests {
             prompt_tokens: 3,
             logprobs: false,
             tool_format,
+            cached_tokens: 0,
         }
     }
 

@@ -60,6 +60,8 @@ pub enum GenEvent {
         finish: Finish,
         /// From queueing to the first generated token (None: none came).
         ttft: Option<Duration>,
+        /// Prompt tokens taken from the prompt cache, not computed.
+        cached_tokens: usize,
     },
     Failed(String),
 }
@@ -99,6 +101,10 @@ pub struct Limits {
     pub max_batch: usize,
     /// Prompt tokens per prefill chunk.
     pub prefill_step: usize,
+    /// The prompt cache's bound in bytes (0: no prompt cache).
+    pub prompt_cache_bytes: usize,
+    /// The prompt cache's bound in sequences.
+    pub prompt_cache_size: usize,
 }
 
 /// One sequence's model state: its cache, the token it feeds next and its
@@ -239,6 +245,8 @@ pub(super) struct Stream<'t> {
     produced: usize,
     first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
+    /// Prompt tokens its cache started with (a prompt cache hit).
+    pub(super) cached_tokens: usize,
 }
 
 impl<'t> Stream<'t> {
@@ -251,6 +259,7 @@ impl<'t> Stream<'t> {
             produced: 0,
             first_token_at: None,
             last_token_at: None,
+            cached_tokens: 0,
         }
     }
 }
@@ -602,6 +611,7 @@ pub(super) fn finish(seq: &mut Stream<'_>, finish: Finish) -> Outcome {
         completion_tokens: seq.produced,
         finish,
         ttft: seq.first_token_at.map(|t| t - seq.job.queued_at),
+        cached_tokens: seq.cached_tokens,
     });
     Outcome::Finished
 }
