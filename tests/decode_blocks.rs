@@ -248,8 +248,10 @@ fn parts(hidden: i32, s: AttentionShape, k_eq_v: bool, f: Flavour, dt: Dtype) ->
             k_norm: f.qk_norm.then(|| norm(10, s.head_dim, dt)),
         },
         mlp: b::Mlp {
-            gate_proj: linear(11, 2 * hidden, hidden, dt),
-            up_proj: linear(12, 2 * hidden, hidden, dt),
+            gate_up: b::GateUp::Separate {
+                gate_proj: linear(11, 2 * hidden, hidden, dt),
+                up_proj: linear(12, 2 * hidden, hidden, dt),
+            },
             down_proj: linear(13, hidden, 2 * hidden, dt),
             activation: f.activation,
         },
@@ -856,8 +858,10 @@ fn delta_net_parts(
         shape: s,
     };
     let mlp = |seed: u64, width: i32| b::Mlp {
-        gate_proj: linear(seed, width, hidden, dt),
-        up_proj: linear(seed + 1, width, hidden, dt),
+        gate_up: b::GateUp::Separate {
+            gate_proj: linear(seed, width, hidden, dt),
+            up_proj: linear(seed + 1, width, hidden, dt),
+        },
         down_proj: linear(seed + 2, hidden, width, dt),
         activation: b::Activation::Silu,
     };

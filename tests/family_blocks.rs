@@ -291,8 +291,10 @@ fn gemma2_mlp(dt: Dt, q: Option<Quant>, (hidden, inter): (i32, i32)) -> R<Case> 
     // geglu (gelu and the multiply in one kernel), which gives the same
     // bits on the CPU but not on CUDA (docs/parity.md, "On the GPU").
     let mut mlp = archgen_runtime::blocks::Mlp {
-        gate_proj: gate,
-        up_proj: up,
+        gate_up: archgen_runtime::blocks::GateUp::Separate {
+            gate_proj: gate,
+            up_proj: up,
+        },
         down_proj: down,
         activation: archgen_runtime::blocks::Activation::GeluApproxThenMultiply,
     };

@@ -38,7 +38,8 @@ fn unbatched(mixer: &LayerMixer) -> Option<&'static str> {
         LayerMixer::Attention {
             kv: KvSource::Own { cache, .. },
             ..
-        } => match cache {
+        }
+        | LayerMixer::FusedQkvAttention { cache, .. } => match cache {
             ir::KvCache::Plain => None,
             ir::KvCache::Quantized(_) => Some(
                 "a quantized KV cache cannot be batched: mlx-lm's QuantizedKVCache has no merge(), \
@@ -120,6 +121,10 @@ impl BatchLm for Monolith {
                     LayerMixer::Attention {
                         window: Window::Sliding(w),
                         ..
+                    }
+                    | LayerMixer::FusedQkvAttention {
+                        window: Window::Sliding(w),
+                        ..
                     },
                 ) => Ok(Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(
                     *w as i32,
@@ -131,6 +136,10 @@ impl BatchLm for Monolith {
                 (
                     None,
                     LayerMixer::Attention {
+                        window: Window::Full,
+                        ..
+                    }
+                    | LayerMixer::FusedQkvAttention {
                         window: Window::Full,
                         ..
                     }
@@ -230,6 +239,34 @@ impl BatchLm for Monolith {
                             )))
                         }
                     }
+                }
+                // One qkv_proj: the same steps as the arm above, the
+                // projection split from one product.
+                LayerMixer::FusedQkvAttention {
+                    attn,
+                    shape,
+                    rope,
+                    window,
+                    ..
+                } => {
+                    let mask = mask_of(i, *window)?;
+                    let c = cache.layers[i].as_mut().ok_or_else(|| {
+                        Exception::custom(format!("layer {i}: a fused-QKV layer has no cache"))
+                    })?;
+                    let offsets = kv_offsets(c, i)?;
+                    let (q, k, v) =
+                        b::project_fused_qkv(&x, attn, *shape, &|t| rope.apply(t, &offsets))?;
+                    let (keys, values) = kv_update(c, &k, &v, i)?;
+                    let o = b::attend_with(&q, &keys, &values, *shape, mask, false)?;
+                    shared.insert(
+                        i,
+                        SharedKv {
+                            keys,
+                            values,
+                            offset: offsets,
+                        },
+                    );
+                    sharded_to_all(attn.o_proj.forward(&o)?)?
                 }
                 LayerMixer::GatedAttention { attn, shape, rope } => {
                     let mask = mask_of(i, Window::Full)?;
