@@ -112,6 +112,12 @@ fn lowering_keeps_every_resolved_fact() {
             // `qwen3_moe_layers_follow_mlp_only_layers_and_the_sparse_step`).
             continue;
         }
+        if arch.family == Family::Phi3 {
+            // The older view knows separate projections only; the IR's fused
+            // `qkv_proj` / `gate_up_proj` hold the same parameters.
+            assert_eq!(ir.param_count(), arch.param_count(), "{path}");
+            continue;
+        }
         assert_eq!(
             ir.quantizable_modules(),
             arch.quantizable_modules(),
