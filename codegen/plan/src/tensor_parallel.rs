@@ -542,4 +542,13 @@ mod tests {
         let e = split(&ir("qwen3.6-35b-a3b-tiny"), 3).unwrap_err();
         assert!(e.starts_with("qwen3.6-35b-a3b-tiny: layer 0: the number of linear-attention value heads (4) is not divisible by the world size 3"), "{e}");
     }
+
+    #[test]
+    fn a_fused_projection_is_refused_naming_the_layer_and_module() {
+        let e = split(&ir("phi-3-mini-4k-tiny"), 2).unwrap_err();
+        assert!(
+            e.starts_with("phi-3-mini-4k-tiny: layer 0: the fused `qkv_proj` is not split yet"),
+            "{e}"
+        );
+    }
 }
