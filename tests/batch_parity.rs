@@ -24,9 +24,10 @@ use serde_json::{json, Value};
 /// dense (`BatchKVCache`), Llama-3 RoPE, Qwen3-MoE, Gemma-4 with sliding
 /// layers (`BatchRotatingKVCache`, window 8: the schedule's prompts and
 /// decodes pass it) and shared K/V, Gemma-4 MoE, Qwen3.5 (Gated DeltaNet's
-/// batched `ArraysCache` beside gated attention) and Qwen3.6's shared-expert
-/// MoE.
-const BATCHED: [&str; 7] = [
+/// batched `ArraysCache` beside gated attention), Qwen3.6's shared-expert
+/// MoE and Phi-3 (one fused `qkv_proj` and `gate_up_proj`; last, so the
+/// others keep their seeds).
+const BATCHED: [&str; 8] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
@@ -34,6 +35,7 @@ const BATCHED: [&str; 7] = [
     "gemma4-26b-a4b-tiny",
     "qwen3.5-4b-tiny",
     "qwen3.6-35b-a3b-tiny",
+    "phi-3-mini-4k-tiny",
 ];
 
 fn schedule(vocab: i32) -> Value {

@@ -168,6 +168,9 @@ struct Flavour {
     bias: bool,
     /// Depth-scaled residual branches (MiniCPM), by this Python float.
     residual: Option<f64>,
+    /// One `gate_up_proj` split in halves (phi3's MLP) in place of
+    /// `gate_proj` and `up_proj`.
+    fused_gate_up: bool,
 }
 
 /// Gemma-4's blocks: sandwich norms, q/k/v norms, GeGLU, layer scalar.
@@ -178,6 +181,7 @@ const SANDWICH: Flavour = Flavour {
     scalar: true,
     bias: false,
     residual: None,
+    fused_gate_up: false,
 };
 
 /// Qwen3 / Llama blocks: pre-norm, SwiGLU, with or without q/k norms.
@@ -189,6 +193,7 @@ const fn pre_norm(qk_norm: bool) -> Flavour {
         scalar: false,
         bias: false,
         residual: None,
+        fused_gate_up: false,
     }
 }
 
@@ -248,8 +253,16 @@ fn parts(hidden: i32, s: AttentionShape, k_eq_v: bool, f: Flavour, dt: Dtype) ->
             k_norm: f.qk_norm.then(|| norm(10, s.head_dim, dt)),
         },
         mlp: b::Mlp {
-            gate_proj: linear(11, 2 * hidden, hidden, dt),
-            up_proj: linear(12, 2 * hidden, hidden, dt),
+            gate_up: if f.fused_gate_up {
+                b::GateUp::Fused {
+                    gate_up_proj: linear(18, 4 * hidden, hidden, dt),
+                }
+            } else {
+                b::GateUp::Separate {
+                    gate_proj: linear(11, 2 * hidden, hidden, dt),
+                    up_proj: linear(12, 2 * hidden, hidden, dt),
+                }
+            },
             down_proj: linear(13, hidden, 2 * hidden, dt),
             activation: f.activation,
         },
@@ -621,6 +634,32 @@ fn nope_decode_blocks_match_the_eager_layer() {
     );
 }
 
+/// A fused `gate_up_proj` (phi3's MLP, IR `GateUpProjection::Fused`: one
+/// matmul split in halves) through the compiled block after attention: the
+/// same bits as the eager layer, at the tiny width and at Phi-3-mini's 3072,
+/// both dtypes. (phi3's own layer kind runs its one-token steps through the
+/// eager blocks, its attention being a fused `qkv_proj`; this is the MLP half
+/// as the decode path would trace it.)
+#[test]
+fn fused_gate_up_decode_blocks_match_the_eager_layer() {
+    let base = Rope::base(16, 10_000.0);
+    let s = shape(2, 16, (16f64).powf(-0.5) as f32, b::ValueNorm::None);
+    let fused = Flavour {
+        fused_gate_up: true,
+        ..pre_norm(false)
+    };
+    for dt in DTYPES {
+        for hidden in [64, 3072] {
+            run_layer(hidden, s, &base, false, false, fused, dt, false);
+        }
+    }
+    let (compiled, eager) = decode::block_counts();
+    assert!(
+        compiled >= 4 && eager == 0,
+        "{compiled} compiled, {eager} eager"
+    );
+}
+
 /// Granite's layer through the decode blocks: SDPA at `attention_multiplier`
 /// (0.015625 for granite-3.3-2b, not head_dim ** -0.5) and both residual
 /// branches times `residual_multiplier` (0.22, IR `Residual::Scaled`: the
@@ -661,6 +700,7 @@ fn gemma2_decode_blocks_match_the_eager_layer() {
         scalar: false,
         bias: false,
         residual: None,
+        fused_gate_up: false,
     };
     for (qpas, cap) in [(256.0f64, 50.0f32), (144.0, 5.0)] {
         let mut s = shape(2, 16, (1.0 / qpas.powf(0.5)) as f32, b::ValueNorm::None);
@@ -856,8 +896,10 @@ fn delta_net_parts(
         shape: s,
     };
     let mlp = |seed: u64, width: i32| b::Mlp {
-        gate_proj: linear(seed, width, hidden, dt),
-        up_proj: linear(seed + 1, width, hidden, dt),
+        gate_up: b::GateUp::Separate {
+            gate_proj: linear(seed, width, hidden, dt),
+            up_proj: linear(seed + 1, width, hidden, dt),
+        },
         down_proj: linear(seed + 2, hidden, width, dt),
         activation: b::Activation::Silu,
     };

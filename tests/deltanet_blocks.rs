@@ -488,8 +488,10 @@ fn gated_attention_weights(
 
 fn mlp_weights(c: &mut Case, p: &str, hidden: i32, inter: i32, dt: Dt, q: Option<Quant>) -> Mlp {
     Mlp {
-        gate_proj: c.linear(&join(p, "gate_proj"), inter, hidden, dt, q),
-        up_proj: c.linear(&join(p, "up_proj"), inter, hidden, dt, q),
+        gate_up: archgen_runtime::blocks::GateUp::Separate {
+            gate_proj: c.linear(&join(p, "gate_proj"), inter, hidden, dt, q),
+            up_proj: c.linear(&join(p, "up_proj"), inter, hidden, dt, q),
+        },
         down_proj: c.linear(&join(p, "down_proj"), hidden, inter, dt, q),
         activation: Activation::Silu,
     }

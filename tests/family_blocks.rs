@@ -1,4 +1,5 @@
-//! The runtime blocks of the qwen2 / gemma2 / qwen3_moe / minicpm families
+//! The runtime blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite /
+//! phi3 families
 //! against mlx-lm 0.32.2's own modules (tests/python/family_blocks.py), byte
 //! for byte, in bf16 and f32, unquantized and 4-bit (group 64 and 32) where
 //! the block has weights, at a tiny width and at one real model's width.
@@ -291,8 +292,10 @@ fn gemma2_mlp(dt: Dt, q: Option<Quant>, (hidden, inter): (i32, i32)) -> R<Case> 
     // geglu (gelu and the multiply in one kernel), which gives the same
     // bits on the CPU but not on CUDA (docs/parity.md, "On the GPU").
     let mut mlp = archgen_runtime::blocks::Mlp {
-        gate_proj: gate,
-        up_proj: up,
+        gate_up: archgen_runtime::blocks::GateUp::Separate {
+            gate_proj: gate,
+            up_proj: up,
+        },
         down_proj: down,
         activation: archgen_runtime::blocks::Activation::GeluApproxThenMultiply,
     };
@@ -607,6 +610,82 @@ fn granite_logits(dt: Dt, q: Option<Quant>, hidden: i32, tied: bool, scaling: f6
     Ok(c)
 }
 
+/// phi3's MLP: one `gate_up_proj` matmul, `mx.split(x, 2, axis=-1)`, the
+/// compiled swiglu, `down_proj` (IR `GateUpProjection::Fused`).
+fn phi3_mlp(dt: Dt, q: Option<Quant>, (hidden, inter): (i32, i32)) -> R<Case> {
+    use archgen_runtime::blocks::{Activation, GateUp, Mlp};
+    let name = format!("phi3_mlp_{}_{}_{hidden}x{inter}", dt.tag(), quant_tag(q));
+    let spec = json!({"hidden": hidden, "intermediate": inter, "quant": quant_json(q)});
+    let mut c = Case::new("phi3_mlp", name, spec);
+    let mut mlp = Mlp {
+        gate_up: GateUp::Fused {
+            gate_up_proj: c.linear("gate_up_proj", 2 * inter, hidden, dt, q),
+        },
+        down_proj: c.linear("down_proj", hidden, inter, dt, q),
+        activation: Activation::Silu,
+    };
+    let x = c.rand(&[1, 5, hidden], 3.0, dt);
+    c.input("x", &x);
+    c.out("y", mlp.forward(&x)?);
+    // As generated models hold it: the projections pretransposed.
+    mlp.pretranspose();
+    c.out("y@pretransposed", mlp.forward(&x)?);
+    Ok(c)
+}
+
+/// phi3's attention: one `qkv_proj` matmul split at `[q, q + kv]`, RoPE,
+/// the cache, fused SDPA at `head_dim ** -0.5`, `o_proj` (IR
+/// `QkvProjection::Fused`, `blocks::attention_fused_qkv`), over a KVCache as
+/// mlx-lm generates: a prefill (`"causal"`), one-token steps (no mask), a
+/// chunk at an offset.
+fn phi3_attention(dt: Dt, q: Option<Quant>, a: &AttnShape, prefill: i32, tokens: i32) -> R<Case> {
+    use archgen_runtime::blocks::{
+        attention_fused_qkv, mask_for, AttentionShape, FusedQkvAttention, Scores, ValueNorm,
+    };
+    use archgen_runtime::cache::LayerCache;
+    let (h, kvh, d) = (a.heads, a.kv_heads, a.head_dim);
+    let name = format!(
+        "phi3_attention_{}_{}_{}h{h}kv{kvh}d{d}",
+        dt.tag(),
+        quant_tag(q),
+        a.hidden
+    );
+    let spec = json!({
+        "hidden": a.hidden, "heads": h, "kv_heads": kvh, "rope_theta": a.rope_theta,
+        "quant": quant_json(q), "prefill": prefill,
+    });
+    let mut c = Case::new("phi3_attention", name, spec);
+    let attn = FusedQkvAttention {
+        qkv_proj: c.linear("qkv_proj", (h + 2 * kvh) * d, a.hidden, dt, q),
+        o_proj: c.linear("o_proj", a.hidden, h * d, dt, q),
+    };
+    let shape = AttentionShape {
+        n_heads: h,
+        n_kv_heads: kvh,
+        head_dim: d,
+        eps: 1e-5,
+        scale: (d as f64).powf(-0.5) as f32,
+        value_norm: ValueNorm::None,
+        scores: Scores::FusedSdpa,
+    };
+    let rope = Rope::base(d, a.rope_theta);
+    let x = c.rand(&[1, tokens, a.hidden], 3.0, dt);
+    c.input("x", &x);
+    let mut cache = LayerCache::Full(KvCache::default());
+    let mut run = |from: i32, to: i32| -> R<Array> {
+        let part = x.try_index((.., from..to, ..))?;
+        let mask = mask_for(&cache, to - from, 0)?;
+        Ok(attention_fused_qkv(&part, &attn, shape, &rope, &mut cache, &mask)?.0)
+    };
+    let y0 = run(0, prefill)?;
+    let y1 = run(prefill, prefill + 1)?;
+    let y2 = run(prefill + 1, tokens)?;
+    c.out("prefill", y0);
+    c.out("step", y1);
+    c.out("chunk", y2);
+    Ok(c)
+}
+
 // ---------------------------------------------------------------- the test
 
 fn all_cases() -> R<Vec<Case>> {
@@ -651,6 +730,33 @@ fn all_cases() -> R<Vec<Case>> {
         // weak multiply with another factor: IR `Residual::Scaled`.
         cases.push(granite_residual(dt, 2048, 0.22)?);
         cases.push(granite_logits(dt, None, 2048, true, 8.0)?);
+        // phi3's fused projections: tiny (GQA 2:1, so the split's three
+        // widths differ) in every quantization, and Phi-3-mini-4k's widths
+        // (3072 hidden, 32 heads of 96, MHA; MLP 8192) unquantized and 4-bit.
+        let phi3_tiny = AttnShape {
+            hidden: 64,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            query_pre_attn_scalar: 0.0,
+            softcap: 0.0,
+            rope_theta: 10000.0,
+        };
+        let phi3_mini = AttnShape {
+            hidden: 3072,
+            heads: 32,
+            kv_heads: 32,
+            head_dim: 96,
+            ..phi3_tiny
+        };
+        for q in quants {
+            cases.push(phi3_mlp(dt, q, (64, 128))?);
+            cases.push(phi3_attention(dt, q, &phi3_tiny, 5, 9)?);
+        }
+        for q in [None, Some(Q4G64)] {
+            cases.push(phi3_mlp(dt, q, (3072, 8192))?);
+            cases.push(phi3_attention(dt, q, &phi3_mini, 4, 7)?);
+        }
 
         let tiny = AttnShape {
             hidden: 64,

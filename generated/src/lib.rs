@@ -86,6 +86,14 @@ pub mod mistral_7b_v0_3_tiny;
 #[rustfmt::skip]
 pub mod mistral_7b_v0_3;
 #[rustfmt::skip]
+pub mod phi_3_mini_4k_l2;
+#[rustfmt::skip]
+pub mod phi_3_mini_4k_tiny_q4;
+#[rustfmt::skip]
+pub mod phi_3_mini_4k_tiny;
+#[rustfmt::skip]
+pub mod phi_3_mini_4k;
+#[rustfmt::skip]
 pub mod qwen2_5_0_5b_l4;
 #[rustfmt::skip]
 pub mod qwen2_5_0_5b_tiny_q4;
@@ -365,6 +373,26 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "mistral-7b-v0.3",
         spec: "specs/mistral-7b-v0.3.yaml",
         fingerprint: mistral_7b_v0_3::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "phi-3-mini-4k-l2",
+        spec: "specs/phi-3-mini-4k-l2.yaml",
+        fingerprint: phi_3_mini_4k_l2::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "phi-3-mini-4k-tiny-q4",
+        spec: "specs/phi-3-mini-4k-tiny-q4.yaml",
+        fingerprint: phi_3_mini_4k_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "phi-3-mini-4k-tiny",
+        spec: "specs/phi-3-mini-4k-tiny.yaml",
+        fingerprint: phi_3_mini_4k_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "phi-3-mini-4k",
+        spec: "specs/phi-3-mini-4k.yaml",
+        fingerprint: phi_3_mini_4k::FINGERPRINT,
     },
     GeneratedModel {
         name: "qwen2.5-0.5b-l4",
@@ -647,6 +675,18 @@ pub fn run<T: ModelTask>(
         }
         mistral_7b_v0_3::FINGERPRINT => {
             Some(mistral_7b_v0_3::load(weights).map(|m| task.run(&m)))
+        }
+        phi_3_mini_4k_l2::FINGERPRINT => {
+            Some(phi_3_mini_4k_l2::load(weights).map(|m| task.run(&m)))
+        }
+        phi_3_mini_4k_tiny_q4::FINGERPRINT => {
+            Some(phi_3_mini_4k_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        phi_3_mini_4k_tiny::FINGERPRINT => {
+            Some(phi_3_mini_4k_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        phi_3_mini_4k::FINGERPRINT => {
+            Some(phi_3_mini_4k::load(weights).map(|m| task.run(&m)))
         }
         qwen2_5_0_5b_l4::FINGERPRINT => {
             Some(qwen2_5_0_5b_l4::load(weights).map(|m| task.run(&m)))

@@ -1,4 +1,4 @@
-"""Run the blocks of the qwen2 / gemma2 / qwen3_moe / minicpm families with
+"""Run the blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite / phi3 families with
 mlx-lm 0.32.2's own modules, on the inputs and weights that
 tests/family_blocks.rs wrote, so the Rust test can compare raw bytes.
 
@@ -20,8 +20,8 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import gemma2, granite, minicpm, qwen3_moe
-from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models import gemma2, granite, minicpm, phi3, qwen3_moe
+from mlx_lm.models.base import create_attention_mask, create_causal_mask
 from mlx_lm.models.cache import KVCache
 
 import compat
@@ -103,6 +103,14 @@ def granite_args(c, layers=0):
         max_position_embeddings=4096, num_key_value_heads=c.get("heads", 1),
         attention_bias=False, mlp_bias=False, rope_theta=10000.0,
         tie_word_embeddings=c.get("tied", True))
+
+
+def phi3_args(c):
+    """phi3.ModelArgs: head_dim is hidden_size // heads; rope_scaling None."""
+    return phi3.ModelArgs(
+        model_type="phi3", hidden_size=c["hidden"], num_hidden_layers=1,
+        intermediate_size=1, num_attention_heads=c["heads"], rms_norm_eps=1e-5,
+        vocab_size=1, num_key_value_heads=c["kv_heads"], rope_theta=c["rope_theta"])
 
 
 def identity(x, *args, **kwargs):
@@ -210,6 +218,18 @@ def run(case):
         body = m.model
         m.model = HiddenStates(body.norm(x["h"]), body.embed_tokens)
         return {"logits": m(None)}
+    if block == "phi3_mlp":
+        m = loaded(phi3.MLP(case["hidden"], case["intermediate"]), case, params)
+        return {"y": m(x["x"])}
+    if block == "phi3_attention":
+        # As phi3.Phi3Model runs a layer: create_attention_mask(h, cache)
+        # ("causal" for a chunk, None for one token), then the layer.
+        m = loaded(phi3.Attention(phi3_args(case)), case, params)
+        h, cache, p = x["x"], KVCache(), case["prefill"]
+        ys = []
+        for part in (h[:, :p], h[:, p:p + 1], h[:, p + 1:]):
+            ys.append(m(part, create_attention_mask(part, cache), cache))
+        return {"prefill": ys[0], "step": ys[1], "chunk": ys[2]}
     raise SystemExit(f"family_blocks.py: unknown block {block!r} in case {name!r}")
 
 

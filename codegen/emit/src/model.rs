@@ -12,6 +12,7 @@ use archgen_spec::ir::{
     NormWeight, OutputGate, ProjectionBias, QkNorm, Residual, Router, Scores, Softcap, SoftcapForm,
     StateCache, TopKProbs, ValueNorm, Values, Window,
 };
+use archgen_spec::ir::{GateUpProjection, GatedMlp, QkvProjection};
 use archgen_spec::RopeKind;
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::quote;
@@ -81,12 +82,32 @@ fn windows(ir: &ModelIr) -> Vec<Window> {
 /// of them runs its one-token steps through the eager blocks.
 fn compiled_decode(ir: &ModelIr) -> bool {
     ir.layers.iter().all(|l| match &l.mixer {
-        Mixer::Attention(a) => match a.output_gate {
-            OutputGate::None => true,
-            OutputGate::SigmoidPerHead => false,
-        },
+        Mixer::Attention(a) => plain_attention(a),
         Mixer::GatedDeltaNet(_) => false,
     })
+}
+
+/// Whether an attention layer runs through the plain kind, whose one-token
+/// steps take the compiled decode blocks: no output gate, and separate
+/// q/k/v projections (the blocks stack or view those; a fused `qkv_proj`
+/// layer runs its own kind, eager throughout).
+fn plain_attention(a: &Attention) -> bool {
+    match (a.output_gate, a.projection) {
+        (OutputGate::None, QkvProjection::Separate) => true,
+        (OutputGate::SigmoidPerHead, _) | (OutputGate::None, QkvProjection::Fused) => false,
+    }
+}
+
+/// Loading a layer's dense MLP: `load_mlp` with separate gate and up
+/// projections, `load_mlp_projected` with one `gate_up_proj`.
+fn mlp_load_tokens(m: GatedMlp) -> TokenStream {
+    let act = activation_tokens(m.activation);
+    match m.projection {
+        GateUpProjection::Separate => quote! { b::load_mlp(w, i, HIDDEN, mlp_width, #act) },
+        GateUpProjection::Fused => quote! {
+            b::load_mlp_projected(w, i, HIDDEN, mlp_width, #act, b::GateUpProjection::Fused)
+        },
+    }
 }
 
 fn window_words(w: Window) -> String {
@@ -184,9 +205,15 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
         Activation::GeluApproxThenMultiply => "GELU-then-multiply MLP",
         Activation::Silu => "SwiGLU MLP",
     };
+    let fused = |m: GatedMlp| match m.projection {
+        GateUpProjection::Separate => "",
+        GateUpProjection::Fused => " (one fused gate_up_proj, split)",
+    };
     parts.push(match l.ffn {
-        FeedForward::Mlp(m) => mlp(m.activation).to_string(),
-        FeedForward::MlpAndMoe { mlp: m, .. } => format!("{} + routed experts", mlp(m.activation)),
+        FeedForward::Mlp(m) => format!("{}{}", mlp(m.activation), fused(m)),
+        FeedForward::MlpAndMoe { mlp: m, .. } => {
+            format!("{}{} + routed experts", mlp(m.activation), fused(m))
+        }
         FeedForward::Moe(m) => format!(
             "{} routed experts (top-{}) in place of the MLP",
             m.num_experts, m.top_k
@@ -248,6 +275,10 @@ fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
         ProjectionBias::None => {}
         ProjectionBias::QueryKeyValue => parts.push("q/k/v bias".to_string()),
     }
+    match a.projection {
+        QkvProjection::Separate => {}
+        QkvProjection::Fused => parts.push("one fused qkv_proj, split".to_string()),
+    }
     match a.qk_norm {
         QkNorm::None => {}
         QkNorm::RmsPerHead => parts.push("per-head q/k RMSNorm".to_string()),
@@ -294,10 +325,10 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
     }
     match l.ffn {
         FeedForward::Mlp(m) => {
-            let act = activation_tokens(m.activation);
+            let load = mlp_load_tokens(m);
             Ok(HybridFfn {
                 field: quote! { mlp: b::Mlp, },
-                load: quote! { mlp: b::load_mlp(w, i, HIDDEN, mlp_width, #act), },
+                load: quote! { mlp: #load, },
                 forward: quote! { let h = b::feed_forward(&h, &self.norms, &self.mlp, None, EPS)?; },
                 pre: quote! { layer.mlp.pretranspose(); },
                 signature: quote! { w: &mut Weights, i: usize, mlp_width: i32 },
@@ -455,10 +486,11 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         && a.value_norm == ValueNorm::None
         && a.bias == ProjectionBias::None
         && a.scores == Scores::FusedSdpa
-        && !a.rope.traditional;
+        && !a.rope.traditional
+        && a.projection == QkvProjection::Separate;
     if !supported {
         return Err(format!(
-            "layer kind {}: an output-gated attention runs only as Qwen3Next's (own projected K/V, full window, q/k RMSNorm, no bias, fused SDPA, non-traditional RoPE)",
+            "layer kind {}: an output-gated attention runs only as Qwen3Next's (own projected K/V, full window, q/k RMSNorm, no bias, fused SDPA, non-traditional RoPE, separate q/k/v projections)",
             kind.name
         ));
     }
@@ -523,14 +555,92 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
     })
 }
 
+/// A layer kind with one `qkv_proj` (phi3.py's attention): its own K/V
+/// split from one product, run by the eager blocks for every step (the
+/// compiled decode blocks take separate projections).
+fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream, String> {
+    let l = &kind.key.0;
+    let name = ident(&kind.name);
+    let doc = kind_doc(l, &kind.layers);
+    let norms_load = norms_load_tokens(l);
+    let HybridFfn {
+        field: ffn_field,
+        load: ffn_load,
+        forward: ffn_forward,
+        pre: ffn_pre,
+        signature,
+        ..
+    } = hybrid_ffn(l, &kind.name)?;
+    let supported = matches!(
+        a.kv,
+        KvSource::Own {
+            values: Values::Projected,
+            ..
+        }
+    ) && a.qk_norm == QkNorm::None
+        && a.bias == ProjectionBias::None;
+    if !supported {
+        return Err(format!(
+            "layer kind {}: a fused qkv_proj runs only on a layer with K/V of its own (V projected), no bias and no q/k norm",
+            kind.name
+        ));
+    }
+    let shape = shape_tokens(a)?;
+    Ok(quote! {
+        #[doc = #doc]
+        struct #name {
+            norms: b::LayerNorms,
+            attn: b::FusedQkvAttention,
+            #ffn_field
+        }
+
+        impl #name {
+            const SHAPE: AttentionShape = #shape;
+
+            fn load(#signature) -> Self {
+                let mut layer = Self {
+                    norms: #norms_load,
+                    attn: b::load_fused_qkv_attention(w, i, HIDDEN, Self::SHAPE),
+                    #ffn_load
+                };
+                layer.attn.pretranspose();
+                #ffn_pre
+                layer
+            }
+
+            fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<(Array, b::SharedKv)> {
+                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                let (a, kv) = b::attention_fused_qkv(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
+                Ok((self.finish(h, a)?, kv))
+            }
+
+            /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
+            /// at each row's offset, a merged K/V cache.
+            fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<(Array, b::SharedKv)> {
+                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                let (a, kv) = batch_blocks::attention_fused_qkv(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
+                Ok((self.finish(h, a)?, kv))
+            }
+
+            /// The layer after its mixer's output `a`, batched or not.
+            fn finish(&self, h: &Array, a: Array) -> Result<Array> {
+                let h = b::attention_residual(h, &a, &self.norms, EPS)?;
+                #ffn_forward
+                b::finish_layer(&h, None, None, EPS)
+            }
+        }
+    })
+}
+
 /// The struct and impl of one layer kind.
 fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     let l = &kind.key.0;
     let a = match &l.mixer {
         Mixer::GatedDeltaNet(d) => return delta_net_kind_tokens(kind, d),
-        Mixer::Attention(a) => match a.output_gate {
-            OutputGate::None => a,
-            OutputGate::SigmoidPerHead => return gated_attention_kind_tokens(kind, a),
+        Mixer::Attention(a) => match (a.output_gate, a.projection) {
+            (OutputGate::None, QkvProjection::Separate) => a,
+            (OutputGate::None, QkvProjection::Fused) => return fused_qkv_kind_tokens(kind, a),
+            (OutputGate::SigmoidPerHead, _) => return gated_attention_kind_tokens(kind, a),
         },
     };
     let name = ident(&kind.name);
@@ -538,8 +648,8 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     let shape = shape_tokens(a)?;
     let norms_load = norms_load_tokens(l);
     let qk = qk_tokens(a);
-    // The dense MLP's activation, when the layer has one.
-    let act = l.mlp().map(|m| activation_tokens(m.activation));
+    // The dense MLP's load call, when the layer has one.
+    let act = l.mlp().map(mlp_load_tokens);
     let own = match a.kv {
         KvSource::Own { values, .. } => Some(match values {
             Values::Projected => quote! { b::Values::Projected },
@@ -837,7 +947,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                     norms: #norms_load,
                     attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, #qk),
                     #kv_load
-                    mlp: b::load_mlp(w, i, HIDDEN, mlp_width, #act),
+                    mlp: #act,
                     #moe_load
                     #ple_load
                     #scalar_load
@@ -1437,7 +1547,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         // taken here: their windows get no tables); Gated DeltaNet kinds
         // take its block for their one-token steps.
         let plain = ir.layers.iter().any(|l| match &l.mixer {
-            Mixer::Attention(a) => a.output_gate == OutputGate::None,
+            Mixer::Attention(a) => plain_attention(a),
             Mixer::GatedDeltaNet(_) => true,
         });
         (

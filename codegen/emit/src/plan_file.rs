@@ -13,6 +13,7 @@ use archgen_spec::ir::{
     NormArrangement, NormWeight, OutputGate, ProjectionBias, QkNorm, Residual, RopeForm, Router,
     Scores, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values, Window,
 };
+use archgen_spec::ir::{GateUpProjection, QkvProjection};
 use archgen_spec::RopeKind;
 use minijinja::{Environment, UndefinedBehavior};
 use serde::Serialize;
@@ -89,7 +90,10 @@ fn mlp_text(m: GatedMlp) -> String {
         Activation::GeluApproxThenMultiply => "GELU*up",
         Activation::Silu => "SwiGLU",
     };
-    format!("{act} {}", m.width)
+    match m.projection {
+        GateUpProjection::Separate => format!("{act} {}", m.width),
+        GateUpProjection::Fused => format!("{act} {} (fused gate_up_proj)", m.width),
+    }
 }
 
 /// The mixer's columns of a layer row: (window, K/V, heads, head dim,
@@ -121,6 +125,10 @@ fn row(plan: &Plan, l: &Layer) -> RowBody {
         match a.output_gate {
             OutputGate::None => {}
             OutputGate::SigmoidPerHead => extra.push("sigmoid output gate".to_string()),
+        }
+        match a.projection {
+            QkvProjection::Separate => {}
+            QkvProjection::Fused => extra.push("fused qkv_proj".to_string()),
         }
     }
     match l.input {

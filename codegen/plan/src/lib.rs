@@ -50,6 +50,7 @@ use archgen_spec::ir::{
     KvSource, Layer, LayerInput, LogitScale, Mixer, ModelIr, NormWeight, OutputGate,
     ProjectionBias, Residual, RopeForm, Scores, SoftcapForm, StateCache, Values, Window,
 };
+use archgen_spec::ir::{GateUpProjection, QkvProjection};
 use archgen_spec::{ModuleKind, QuantMode, RopeKind, Spec};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -104,6 +105,10 @@ impl KindKey {
                 match a.output_gate {
                     OutputGate::None => {}
                     OutputGate::SigmoidPerHead => n.push_str("Gated"),
+                }
+                match a.projection {
+                    QkvProjection::Separate => {}
+                    QkvProjection::Fused => n.push_str("FusedQkv"),
                 }
                 match a.kv {
                     KvSource::Own { values, .. } => {
@@ -282,6 +287,7 @@ fn layer_json(l: &Layer) -> Value {
             kv,
             scores,
             output_gate,
+            projection,
         }) => {
             let mut attention = json!({
                 "n_heads": n_heads,
@@ -337,6 +343,13 @@ fn layer_json(l: &Layer) -> Value {
                     attention["output_gate"] = json!(format!("{output_gate:?}"));
                 }
             }
+            // Written only when fused, as for the bias.
+            match projection {
+                QkvProjection::Separate => {}
+                QkvProjection::Fused => {
+                    attention["projection"] = json!("fused_qkv");
+                }
+            }
             json!({ "attention": attention })
         }
         Mixer::GatedDeltaNet(DeltaNet {
@@ -385,6 +398,15 @@ fn layer_json(l: &Layer) -> Value {
             "shared_expert": shared.width,
         }),
     };
+    // The fused gate/up projection is written only when present, as the
+    // attention's bias is.
+    let mut ffn = ffn;
+    if let Some(m) = l.mlp() {
+        match m.projection {
+            GateUpProjection::Separate => {}
+            GateUpProjection::Fused => ffn["gate_up"] = json!("fused"),
+        }
+    }
     let mut layer = json!({
         "norms": [format!("{:?}", norms.arrangement), format!("{:?}", norms.weight)],
         "mixer": mixer,

@@ -35,6 +35,7 @@ use archgen_spec::ir::{
     FeedForward, HeadSplit, HeadWeight, InProj, KvHeadSplit, KvSource, Mixer, ModelIr, OutputGate,
     ProjectionBias, Values,
 };
+use archgen_spec::ir::{GateUpProjection, QkvProjection};
 
 /// How one linear module is split (mlx nn `shard_linear`'s two kinds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -238,6 +239,17 @@ impl TensorParallel {
     }
 }
 
+/// Why a fused projection is not split: its rows are queries, keys and
+/// values (or gate and up) side by side, so a contiguous block of rows is
+/// not one rank's heads, and no mlx-lm `shard()` says how it is split.
+fn fused_refused(ir: &ModelIr, layer: usize, module: &str) -> String {
+    format!(
+        "{}: layer {layer}: the fused `{module}` is not split yet (its rows are several \
+         projections side by side, and mlx-lm has no shard() for it); run it on one rank",
+        ir.name
+    )
+}
+
 /// Splits `ir` over `ranks` processes as mlx-lm's `shard()` does, or says
 /// why it cannot be split (which layer, which size does not divide, or which
 /// block has no split yet).
@@ -299,6 +311,10 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                     // their gates: the plain all-to-sharded split.
                     OutputGate::SigmoidPerHead => MixerKind::GatedAttention,
                 };
+                match a.projection {
+                    QkvProjection::Separate => {}
+                    QkvProjection::Fused => return Err(fused_refused(ir, i, "qkv_proj")),
+                }
                 let p = format!("layers.{i}.self_attn");
                 let heads = divide("the number of attention heads", i, a.n_heads)?;
                 // qwen3_5's shard() repeats every KV head N / kv_heads times
@@ -351,6 +367,10 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
         };
         let (mlp_width, shared_width) = match &l.ffn {
             FeedForward::Mlp(m) => {
+                match m.projection {
+                    GateUpProjection::Separate => {}
+                    GateUpProjection::Fused => return Err(fused_refused(ir, i, "gate_up_proj")),
+                }
                 let p = format!("layers.{i}.mlp");
                 modules.push((format!("{p}.gate_proj"), Split::AllToSharded));
                 modules.push((format!("{p}.up_proj"), Split::AllToSharded));
@@ -521,5 +541,14 @@ mod tests {
         );
         let e = split(&ir("qwen3.6-35b-a3b-tiny"), 3).unwrap_err();
         assert!(e.starts_with("qwen3.6-35b-a3b-tiny: layer 0: the number of linear-attention value heads (4) is not divisible by the world size 3"), "{e}");
+    }
+
+    #[test]
+    fn a_fused_projection_is_refused_naming_the_layer_and_module() {
+        let e = split(&ir("phi-3-mini-4k-tiny"), 2).unwrap_err();
+        assert!(
+            e.starts_with("phi-3-mini-4k-tiny: layer 0: the fused `qkv_proj` is not split yet"),
+            "{e}"
+        );
     }
 }

@@ -5,8 +5,10 @@
 //! queries and keys, Qwen2 a bias on the q, k and v projections, SmolLM3 (Llama's
 //! `ModelArgs` and `LlamaModel`) drops RoPE on every `no_rope_layer_interval`-th
 //! layer, Granite multiplies the embedding, the attention scores, the residual
-//! branches and the logits by constants of its config (`scales`). One document
-//! layout serves them all; the family fixes what differs.
+//! branches and the logits by constants of its config (`scales`), Phi-3
+//! (`phi3.py`) projects q/k/v with one `qkv_proj` and gate/up with one
+//! `gate_up_proj`, each one matmul then split. One document layout serves them
+//! all; the family fixes what differs.
 //!
 //! This module holds everything family-specific on the spec side: the document, its
 //! validation, the resolved [`Architecture`], the config.json view, the YAML writer, the
@@ -79,6 +81,7 @@ pub(crate) enum DenseFamily {
     Qwen2,
     SmolLm3,
     Granite,
+    Phi3,
 }
 
 impl DenseFamily {
@@ -90,6 +93,7 @@ impl DenseFamily {
             Family::Qwen2 => Some(DenseFamily::Qwen2),
             Family::SmolLm3 => Some(DenseFamily::SmolLm3),
             Family::Granite => Some(DenseFamily::Granite),
+            Family::Phi3 => Some(DenseFamily::Phi3),
             Family::Gemma4
             | Family::Gemma2
             | Family::Qwen3Moe
@@ -105,6 +109,7 @@ impl DenseFamily {
             DenseFamily::Qwen2 => Family::Qwen2,
             DenseFamily::SmolLm3 => Family::SmolLm3,
             DenseFamily::Granite => Family::Granite,
+            DenseFamily::Phi3 => Family::Phi3,
         }
     }
 }
@@ -263,7 +268,7 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
         c.err(
             p("identity.family"),
             format!("`{}` is not a dense family", family.as_str()),
-            "qwen3, llama, qwen2, smollm3 or granite",
+            "qwen3, llama, qwen2, smollm3, granite or phi3",
             "a Gemma-4 spec has the gemma4 layout (docs/spec-format.md)",
         );
     }
@@ -282,7 +287,11 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
         ),
         (DenseFamily::SmolLm3, Some(_)) | (_, None) => {}
         (
-            DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::Granite,
+            DenseFamily::Qwen3
+            | DenseFamily::Llama
+            | DenseFamily::Qwen2
+            | DenseFamily::Granite
+            | DenseFamily::Phi3,
             Some(_),
         ) => c.err(
             p("rope.no_rope_layer_interval"),
@@ -317,7 +326,11 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
         }
         (_, None) => {}
         (
-            DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::SmolLm3,
+            DenseFamily::Qwen3
+            | DenseFamily::Llama
+            | DenseFamily::Qwen2
+            | DenseFamily::SmolLm3
+            | DenseFamily::Phi3,
             Some(_),
         ) => c.err(
             p("scales"),
@@ -337,7 +350,7 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
                 family.as_str()
             ),
             family.as_str(),
-            "the model_type must be one its family's module reads (qwen3 → qwen3, llama → llama or mistral, qwen2 → qwen2, smollm3 → smollm3, granite → granite)",
+            "the model_type must be one its family's module reads (qwen3 → qwen3, llama → llama or mistral, qwen2 → qwen2, smollm3 → smollm3, granite → granite, phi3 → phi3)",
         );
     }
     let (m, a) = (&spec.model, &spec.attention);
@@ -345,7 +358,7 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
     c.eps(m.rms_norm_eps, "Qwen3 uses 1.0e-6, Llama-3.2 1.0e-5");
     ok &= c.even_head_dim("attention.head_dim", a.head_dim);
     if ok
-        && matches!(family, Family::Qwen2 | Family::Granite)
+        && matches!(family, Family::Qwen2 | Family::Granite | Family::Phi3)
         && u64::from(a.head_dim) * u64::from(a.num_attention_heads) != u64::from(m.hidden_size)
     {
         c.err(
@@ -378,6 +391,14 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
         spec.rope.rope_theta,
         "the RoPE base, e.g. 500000.0",
     );
+    if let (Family::Phi3, Some(RopeScaling::Llama3 { .. })) = (family, &spec.rope.scaling) {
+        c.err(
+            p("rope.scaling"),
+            "llama3 scaling, but mlx-lm's phi3.py reads only su/longrope and linear scaling",
+            "null",
+            "Phi-3-mini-4k has rope_scaling null; su/longrope (SuScaledRoPE) is not supported yet",
+        );
+    }
     if let Some(RopeScaling::Llama3 {
         factor,
         low_freq_factor,
@@ -415,7 +436,26 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
     }
     if ok && c.issues.is_empty() {
         if let Some(q) = &spec.quantization {
-            validate::check_quantization(q, &resolve(spec), &mut c.issues);
+            match spec.dense_family() {
+                // Its modules are the IR's (`qkv_proj`, `gate_up_proj`); the
+                // older view knows separate projections only.
+                DenseFamily::Phi3 => {
+                    let ir = lower(spec);
+                    validate::check_quantization_modules(
+                        q,
+                        &ir.quantizable_modules(),
+                        ir.module_prefix(),
+                        &mut c.issues,
+                    )
+                }
+                DenseFamily::Qwen3
+                | DenseFamily::Llama
+                | DenseFamily::Qwen2
+                | DenseFamily::SmolLm3
+                | DenseFamily::Granite => {
+                    validate::check_quantization(q, &resolve(spec), &mut c.issues)
+                }
+            }
         }
         if let Some(m) = &spec.mixed_kv {
             c.issues.extend(crate::mixed_kv::check(m, &lower(spec)));
@@ -592,15 +632,28 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     let family = spec.dense_family();
     let qk_norm = match family {
         DenseFamily::Qwen3 => QkNorm::RmsPerHead,
-        DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::SmolLm3 | DenseFamily::Granite => {
-            QkNorm::None
-        }
+        DenseFamily::Llama
+        | DenseFamily::Qwen2
+        | DenseFamily::SmolLm3
+        | DenseFamily::Granite
+        | DenseFamily::Phi3 => QkNorm::None,
     };
     let bias = match family {
         DenseFamily::Qwen2 => ProjectionBias::QueryKeyValue,
-        DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::SmolLm3 | DenseFamily::Granite => {
-            ProjectionBias::None
-        }
+        DenseFamily::Qwen3
+        | DenseFamily::Llama
+        | DenseFamily::SmolLm3
+        | DenseFamily::Granite
+        | DenseFamily::Phi3 => ProjectionBias::None,
+    };
+    // phi3.py's `qkv_proj` and `gate_up_proj`: one matmul each, then split.
+    let (qkv, gate_up) = match family {
+        DenseFamily::Phi3 => (QkvProjection::Fused, GateUpProjection::Fused),
+        DenseFamily::Qwen3
+        | DenseFamily::Llama
+        | DenseFamily::Qwen2
+        | DenseFamily::SmolLm3
+        | DenseFamily::Granite => (QkvProjection::Separate, GateUpProjection::Separate),
     };
     // Granite's multipliers (a spec built in code without them reads as
     // unscaled; `check` requires them on every loaded granite spec).
@@ -652,10 +705,12 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
                 },
                 scores: Scores::FusedSdpa,
                 output_gate: OutputGate::None,
+                projection: qkv,
             }),
             ffn: FeedForward::Mlp(GatedMlp {
                 width: spec.mlp.intermediate_size as usize,
                 activation: Activation::Silu,
+                projection: gate_up,
             }),
             input: LayerInput::None,
             scalar: LayerScalar::None,
@@ -671,6 +726,8 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
             // in its checkpoint fails mlx-lm's strict load, so it must here too).
             sanitize: match family {
                 DenseFamily::Granite => vec![SanitizeRule::DropTiedHead],
+                // phi3.py has no sanitize: mlx-lm loads the checkpoint as it is.
+                DenseFamily::Phi3 => vec![],
                 DenseFamily::Qwen3
                 | DenseFamily::Llama
                 | DenseFamily::Qwen2
@@ -685,7 +742,9 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         sharding: Sharding {
             oracle: match family {
                 DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 => ShardOracle::MlxLm,
-                DenseFamily::SmolLm3 | DenseFamily::Granite => ShardOracle::Absent,
+                DenseFamily::SmolLm3 | DenseFamily::Granite | DenseFamily::Phi3 => {
+                    ShardOracle::Absent
+                }
             },
             head: HeadSplit::Whole,
             kv_heads: KvHeadSplit::Divided,
@@ -723,6 +782,7 @@ pub(crate) fn param_count(arch: &Architecture) -> u64 {
         | Family::Llama
         | Family::SmolLm3
         | Family::Granite
+        | Family::Phi3
         | Family::Gemma4
         | Family::Gemma2
         | Family::Qwen3Moe
@@ -813,6 +873,13 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
         }
         DenseFamily::Qwen2 => {
             // qwen2.py has no head_dim field (hidden_size // heads, checked).
+            if let Some(o) = v.as_object_mut() {
+                o.remove("head_dim");
+            }
+            v["rope_traditional"] = json!(spec.rope.traditional);
+        }
+        DenseFamily::Phi3 => {
+            // phi3.py has no head_dim field (hidden_size // heads, checked).
             if let Some(o) = v.as_object_mut() {
                 o.remove("head_dim");
             }
@@ -999,7 +1066,15 @@ impl Reducible for DenseSpec {
         self.quantization.as_ref()
     }
     fn quant_skipped(&self) -> Vec<QuantizableModule> {
-        resolve(self).quant_skipped_modules()
+        match self.dense_family() {
+            // The IR's modules (`qkv_proj`, `gate_up_proj`), as in `check`.
+            DenseFamily::Phi3 => lower(self).quant_skipped_modules(),
+            DenseFamily::Qwen3
+            | DenseFamily::Llama
+            | DenseFamily::Qwen2
+            | DenseFamily::SmolLm3
+            | DenseFamily::Granite => resolve(self).quant_skipped_modules(),
+        }
     }
 }
 
@@ -1033,9 +1108,11 @@ pub(crate) fn import(
     // (never rope_parameters); qwen3.py reads rope_parameters too.
     let reads_rope_parameters = match family {
         DenseFamily::Qwen3 => true,
-        DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::SmolLm3 | DenseFamily::Granite => {
-            false
-        }
+        DenseFamily::Llama
+        | DenseFamily::Qwen2
+        | DenseFamily::SmolLm3
+        | DenseFamily::Granite
+        | DenseFamily::Phi3 => false,
     };
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
@@ -1085,6 +1162,17 @@ pub(crate) fn import(
             let head_dim = derived_head_dim(&mut r, reason);
             let max_pos = r.required_uint("max_position_embeddings");
             let tie = r.boolean("tie_word_embeddings", true);
+            (kv, head_dim, max_pos, tie)
+        }
+        DenseFamily::Phi3 => {
+            let kv = r.uint("num_key_value_heads", num_heads);
+            let reason = match r.get("head_dim") {
+                Some(_) => "ignored as written: mlx-lm's phi3.py always uses hidden_size // num_attention_heads",
+                None => "phi3.py has no head_dim field: hidden_size // num_attention_heads",
+            };
+            let head_dim = derived_head_dim(&mut r, reason);
+            let max_pos = r.uint("max_position_embeddings", 131072);
+            let tie = r.boolean("tie_word_embeddings", false);
             (kv, head_dim, max_pos, tie)
         }
         DenseFamily::Qwen3 => (
@@ -1151,6 +1239,10 @@ pub(crate) fn import(
                 );
             }
         }
+        DenseFamily::Phi3 => {
+            traditional = r.boolean("rope_traditional", false);
+            read_phi3_fields(&mut r);
+        }
         DenseFamily::Qwen3 => {}
     }
     // rope_theta / rope_scaling, with transformers >= 5's rope_parameters (qwen3 reads
@@ -1187,7 +1279,10 @@ pub(crate) fn import(
             // llama.py: 10000; qwen2.py: 1000000; granite.py: none.
             let default = match family {
                 DenseFamily::Qwen2 => Some(1_000_000.0),
-                DenseFamily::Llama | DenseFamily::Qwen3 | DenseFamily::SmolLm3 => Some(10000.0),
+                DenseFamily::Llama
+                | DenseFamily::Qwen3
+                | DenseFamily::SmolLm3
+                | DenseFamily::Phi3 => Some(10000.0),
                 DenseFamily::Granite => None,
             };
             match default {
@@ -1221,13 +1316,25 @@ pub(crate) fn import(
         (None, Some(pr), false) => Some(pr.clone()),
         _ => None,
     };
-    let scaling = match scaling_src {
-        None => None,
-        Some(s) => read_scaling(&s, &mut r),
+    let scaling = match (scaling_src, family) {
+        (None, _) => None,
+        (Some(s), DenseFamily::Phi3) => read_phi3_scaling(&s, &mut r),
+        (
+            Some(s),
+            DenseFamily::Qwen3
+            | DenseFamily::Llama
+            | DenseFamily::Qwen2
+            | DenseFamily::SmolLm3
+            | DenseFamily::Granite,
+        ) => read_scaling(&s, &mut r),
     };
     let no_rope_layer_interval = match family {
         DenseFamily::SmolLm3 => Some(read_no_rope_layers(&mut r, num_layers)),
-        DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::Qwen3 | DenseFamily::Granite => None,
+        DenseFamily::Llama
+        | DenseFamily::Qwen2
+        | DenseFamily::Qwen3
+        | DenseFamily::Granite
+        | DenseFamily::Phi3 => None,
     };
     // granite.py's multipliers have no defaults.
     let scales = match family {
@@ -1237,7 +1344,11 @@ pub(crate) fn import(
             residual_multiplier: r.required_float("residual_multiplier"),
             logits_scaling: r.required_float("logits_scaling"),
         }),
-        DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::Qwen3 | DenseFamily::SmolLm3 => None,
+        DenseFamily::Llama
+        | DenseFamily::Qwen2
+        | DenseFamily::Qwen3
+        | DenseFamily::SmolLm3
+        | DenseFamily::Phi3 => None,
     };
     let quantization = top
         .get("quantization")
@@ -1348,6 +1459,68 @@ fn read_no_rope_layers(r: &mut Reader, num_layers: u32) -> u32 {
         ),
     }
     interval
+}
+
+/// phi3.py's fields beyond llama's: a partial RoPE is refused (the dense
+/// layout rotates the whole head), the window and the long-context sizes noted
+/// as what mlx-lm does with them.
+fn read_phi3_fields(r: &mut Reader) {
+    let factor = r.float("partial_rotary_factor", 1.0);
+    if factor != 1.0 {
+        r.problem(
+            "partial_rotary_factor",
+            &format!("{factor}: a partial RoPE (int(head_dim * factor) dims) is not supported for phi3 yet (1.0 is)"),
+        );
+    }
+    if let Some(w) = r.get("sliding_window").cloned() {
+        r.note(
+            "sliding_window",
+            w,
+            "ignored: mlx-lm's phi3.py makes every layer full attention",
+        );
+    }
+    if let Some(o) = r.get("original_max_position_embeddings").cloned() {
+        r.note(
+            "original_max_position_embeddings",
+            o,
+            "ignored: phi3.py reads it only for su/longrope scaling",
+        );
+    }
+}
+
+/// `rope_scaling` as phi3.py's `ModelArgs.__post_init__` reads it: `type`
+/// and `long_factor` required (else mlx-lm raises); `su` / `longrope`
+/// (`SuScaledRoPE`) and `linear` are refused until a `RopeKind` runs them; any
+/// other type mlx-lm drops with a warning (plain RoPE).
+fn read_phi3_scaling(s: &Value, r: &mut Reader) -> Option<RopeScaling> {
+    let Some(obj) = s.as_object() else {
+        r.problem(
+            "rope_scaling",
+            &format!("expected an object or null, found {s}"),
+        );
+        return None;
+    };
+    let kind = obj.get("type").and_then(Value::as_str);
+    match (kind, obj.contains_key("long_factor")) {
+        (Some("su" | "longrope"), true) => r.problem(
+            "rope_scaling",
+            "type `su`/`longrope` (phi3.py's SuScaledRoPE) is not supported yet; Phi-3-mini-4k (rope_scaling null) is",
+        ),
+        (Some("linear"), true) => r.problem(
+            "rope_scaling",
+            "type `linear` (nn.RoPE with scale 1 / factor) is not supported for phi3 yet",
+        ),
+        (Some(other), true) => r.note(
+            "rope_scaling",
+            s.clone(),
+            &format!("ignored: phi3.py warns that type `{other}` is unsupported and sets rope_scaling to None"),
+        ),
+        (None, _) | (Some(_), false) => r.problem(
+            "rope_scaling",
+            "must contain `type` and `long_factor` (mlx-lm's phi3.py raises without them)",
+        ),
+    }
+    None
 }
 
 /// `rope_scaling` as `initialize_rope` reads it: `type` or `rope_type`.

@@ -321,10 +321,12 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
                     cap: a.attn_logit_softcapping as f32,
                 },
                 output_gate: OutputGate::None,
+                projection: QkvProjection::Separate,
             }),
             ffn: FeedForward::Mlp(GatedMlp {
                 width: spec.mlp.intermediate_size as usize,
                 activation: Activation::GeluApproxThenMultiply,
+                projection: GateUpProjection::Separate,
             }),
             input: LayerInput::None,
             scalar: LayerScalar::None,

@@ -73,6 +73,7 @@ pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
             let mlp = GatedMlp {
                 width: spec.mlp.intermediate_size as usize * if double { 2 } else { 1 },
                 activation: Activation::GeluApprox,
+                projection: GateUpProjection::Separate,
             };
             let params = if full {
                 &spec.rope.full
@@ -127,6 +128,7 @@ pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
                     kv,
                     scores: Scores::FusedSdpa,
                     output_gate: OutputGate::None,
+                    projection: QkvProjection::Separate,
                 }),
                 ffn: match &spec.moe {
                     None => FeedForward::Mlp(mlp),

@@ -19,9 +19,10 @@
 //! ├── embedding    scale, per-layer inputs
 //! ├── layers[i]    Norms (arrangement, weight form)
 //! │                Mixer::Attention (heads, q/k/v biases and norms, RoPE, scale, window, K/V source,
-//! │                    scores: fused SDPA or written out with a softcap, output gate)
+//! │                    scores: fused SDPA or written out with a softcap, output gate,
+//! │                    projection: q/k/v separate or one fused qkv_proj)
 //! │                Mixer::GatedDeltaNet (heads, conv kernel, gated norm, conv + recurrent state)
-//! │                FeedForward::{Mlp, MlpAndMoe, Moe}
+//! │                FeedForward::{Mlp, MlpAndMoe, Moe} (gate/up separate or one gate_up_proj)
 //! │                LayerInput (per-layer input gate), LayerScalar, Residual (plain or scaled)
 //! └── head         tied or not, logit softcap (compiled or eager), final norm weight form,
 //!                  logit scale (none, a divide before the projection or one after it)
@@ -344,6 +345,20 @@ pub struct Attention {
     pub kv: KvSource,
     pub scores: Scores,
     pub output_gate: OutputGate,
+    pub projection: QkvProjection,
+}
+
+/// How a layer projects its queries, keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkvProjection {
+    /// `q_proj`, `k_proj`, `v_proj` (the ones the layer has): a matmul each.
+    Separate,
+    /// One `qkv_proj` of `(heads + 2 * kv_heads) * head_dim` outputs, queries
+    /// then keys then values: one matmul, then `mx.split` at `[q, q + kv]`
+    /// (phi3.py's `Attention`). The product's bits are the fused matmul's,
+    /// which on a GPU need not be the three separate ones'. Only on a layer
+    /// that projects its own K/V with `v_proj`'s rows.
+    Fused,
 }
 
 /// A gate on the attention output before `o_proj`.
@@ -511,6 +526,17 @@ pub struct SharedExpert {
 pub struct GatedMlp {
     pub width: usize,
     pub activation: Activation,
+    pub projection: GateUpProjection,
+}
+
+/// How a gated MLP projects its gate and up halves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateUpProjection {
+    /// `gate_proj` and `up_proj`: a matmul each.
+    Separate,
+    /// One `gate_up_proj` of `2 * width` outputs: one matmul, then
+    /// `mx.split(x, 2, axis=-1)`, the gate the first half (phi3.py's `MLP`).
+    Fused,
 }
 
 /// The gate's activation.

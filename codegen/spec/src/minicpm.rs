@@ -284,6 +284,7 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
                 head_dim,
                 bias: ProjectionBias::None,
                 output_gate: OutputGate::None,
+                projection: QkvProjection::Separate,
                 qk_norm: QkNorm::None,
                 value_norm: ValueNorm::None,
                 rope: RopeForm {
@@ -304,6 +305,7 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
             ffn: FeedForward::Mlp(GatedMlp {
                 width: spec.mlp.intermediate_size as usize,
                 activation: Activation::Silu,
+                projection: GateUpProjection::Separate,
             }),
             input: LayerInput::None,
             scalar: LayerScalar::None,

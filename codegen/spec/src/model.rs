@@ -93,6 +93,9 @@ pub enum Family {
     /// Granite (`granite.py`): Llama's stack with embedding, attention,
     /// residual and logits multipliers.
     Granite,
+    /// Phi-3 (`phi3.py`): Llama's stack with one fused `qkv_proj` and one fused
+    /// `gate_up_proj`, each a matmul then split.
+    Phi3,
 }
 
 impl Family {
@@ -109,13 +112,19 @@ impl Family {
             Family::Qwen35 => "qwen3_5",
             Family::SmolLm3 => "smollm3",
             Family::Granite => "granite",
+            Family::Phi3 => "phi3",
         }
     }
     /// Dense decoder families share one document layout ([`crate::DenseSpec`]).
     pub fn is_dense(self) -> bool {
         matches!(
             self,
-            Family::Qwen3 | Family::Llama | Family::Qwen2 | Family::SmolLm3 | Family::Granite
+            Family::Qwen3
+                | Family::Llama
+                | Family::Qwen2
+                | Family::SmolLm3
+                | Family::Granite
+                | Family::Phi3
         )
     }
 }
@@ -165,6 +174,7 @@ pub enum ConfigModelType {
     #[serde(rename = "smollm3")]
     SmolLm3,
     Granite,
+    Phi3,
 }
 
 impl ConfigModelType {
@@ -185,6 +195,7 @@ impl ConfigModelType {
             ConfigModelType::Qwen35Moe => "qwen3_5_moe",
             ConfigModelType::SmolLm3 => "smollm3",
             ConfigModelType::Granite => "granite",
+            ConfigModelType::Phi3 => "phi3",
         }
     }
     /// The family whose mlx-lm module reads this `model_type`.
@@ -202,6 +213,7 @@ impl ConfigModelType {
             ConfigModelType::Qwen35 | ConfigModelType::Qwen35Moe => Family::Qwen35,
             ConfigModelType::SmolLm3 => Family::SmolLm3,
             ConfigModelType::Granite => Family::Granite,
+            ConfigModelType::Phi3 => Family::Phi3,
         }
     }
 }

@@ -165,14 +165,27 @@ impl ModelIr {
                         OutputGate::None => q,
                         OutputGate::SigmoidPerHead => 2 * q,
                     };
-                    push(
-                        format!("{lp}self_attn.q_proj"),
-                        ModuleKind::Linear,
-                        h,
-                        q_out,
-                        1,
-                    );
-                    if let KvSource::Own { values, .. } = a.kv {
+                    match a.projection {
+                        QkvProjection::Separate => push(
+                            format!("{lp}self_attn.q_proj"),
+                            ModuleKind::Linear,
+                            h,
+                            q_out,
+                            1,
+                        ),
+                        // One matrix of q, k and v's rows (a layer that
+                        // owns its K/V with v_proj's rows: the lowering's).
+                        QkvProjection::Fused => push(
+                            format!("{lp}self_attn.qkv_proj"),
+                            ModuleKind::Linear,
+                            h,
+                            q_out + 2 * kv,
+                            1,
+                        ),
+                    }
+                    if let (KvSource::Own { values, .. }, QkvProjection::Separate) =
+                        (a.kv, a.projection)
+                    {
                         push(
                             format!("{lp}self_attn.k_proj"),
                             ModuleKind::Linear,
@@ -208,9 +221,23 @@ impl ModelIr {
             }
             if let Some(m) = l.mlp() {
                 let w = m.width as u64;
-                push(format!("{lp}mlp.gate_proj"), ModuleKind::Linear, h, w, 1);
-                push(format!("{lp}mlp.down_proj"), ModuleKind::Linear, w, h, 1);
-                push(format!("{lp}mlp.up_proj"), ModuleKind::Linear, h, w, 1);
+                match m.projection {
+                    GateUpProjection::Separate => {
+                        push(format!("{lp}mlp.gate_proj"), ModuleKind::Linear, h, w, 1);
+                        push(format!("{lp}mlp.down_proj"), ModuleKind::Linear, w, h, 1);
+                        push(format!("{lp}mlp.up_proj"), ModuleKind::Linear, h, w, 1);
+                    }
+                    GateUpProjection::Fused => {
+                        push(
+                            format!("{lp}mlp.gate_up_proj"),
+                            ModuleKind::Linear,
+                            h,
+                            2 * w,
+                            1,
+                        );
+                        push(format!("{lp}mlp.down_proj"), ModuleKind::Linear, w, h, 1);
+                    }
+                }
             }
             if let (Some(moe), Some(experts)) = (l.moe(), experts_module(l.ffn)) {
                 let (e, mw) = (moe.num_experts as u64, moe.width as u64);

@@ -556,6 +556,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
         (m, None) => FeedForward::Mlp(GatedMlp {
             width: m.as_ref().map_or(0, |m| m.intermediate_size as usize),
             activation: Activation::Silu,
+            projection: GateUpProjection::Separate,
         }),
     };
     let mut sanitize = vec![SanitizeRule::DropVisual, SanitizeRule::UnwrapMultimodal];
@@ -609,6 +610,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
                     },
                     scores: Scores::FusedSdpa,
                     output_gate: OutputGate::SigmoidPerHead,
+                    projection: QkvProjection::Separate,
                 })
             },
             ffn,

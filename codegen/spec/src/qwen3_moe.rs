@@ -350,6 +350,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
                 scale: AttentionScale::InvSqrtHeadDim,
                 scores: Scores::FusedSdpa,
                 output_gate: OutputGate::None,
+                projection: QkvProjection::Separate,
                 bias: ProjectionBias::None,
                 window: Window::Full,
                 kv: KvSource::Own {
@@ -369,6 +370,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
                 FeedForward::Mlp(GatedMlp {
                     width: spec.mlp.intermediate_size as usize,
                     activation: Activation::Silu,
+                    projection: GateUpProjection::Separate,
                 })
             },
             input: LayerInput::None,

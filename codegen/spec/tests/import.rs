@@ -333,8 +333,8 @@ fn dense_specs_are_their_imported_configs() {
         seen += 1;
     }
     assert_eq!(
-        seen, 13,
-        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B, SmolLM3-3B, Granite-3.3-2B"
+        seen, 14,
+        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B, SmolLM3-3B, Granite-3.3-2B, Phi-3-mini-4k"
     );
     hybrid.sort();
     assert_eq!(
@@ -926,4 +926,85 @@ fn granite_configs_take_their_multipliers() {
         .unwrap_err()
         .to_string();
     assert!(text.contains("mlp_bias: true"), "{text}");
+}
+
+#[test]
+fn phi3_configs_fuse_their_projections_and_refuse_su_rope() {
+    use archgen_spec::ir::{GateUpProjection, QkvProjection};
+    // Phi-3-mini-4k-instruct's fields as published, at a tiny size.
+    let phi3 = json!({
+        "model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "vocab_size": 512, "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 4096, "rope_scaling": null,
+        "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false
+    });
+    let (spec, applied, hf) = import_and_round_trip(&phi3, None, "phi3");
+    assert_eq!(spec.family(), Family::Phi3);
+    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    for noted in [
+        "head_dim",
+        "sliding_window",
+        "original_max_position_embeddings",
+    ] {
+        assert!(fields.contains(&noted), "{noted} not noted: {fields:?}");
+    }
+    assert!(hf.get("head_dim").is_none(), "phi3.py has no head_dim");
+    let ir = spec.lower();
+    for l in &ir.layers {
+        assert_eq!(l.attention().unwrap().projection, QkvProjection::Fused);
+        assert_eq!(l.mlp().unwrap().projection, GateUpProjection::Fused);
+    }
+    // phi3.py's defaults: K/V heads = heads, an untied head, max 131072.
+    let mut minimal = phi3.clone();
+    for field in [
+        "num_key_value_heads",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+        "rope_theta",
+    ] {
+        minimal.as_object_mut().unwrap().remove(field);
+    }
+    let (spec, _, hf) = import_and_round_trip(&minimal, None, "phi3-defaults");
+    assert_eq!(hf["num_key_value_heads"], json!(4));
+    assert_eq!(hf["tie_word_embeddings"], json!(false));
+    assert_eq!(hf["max_position_embeddings"], json!(131072));
+    assert_eq!(spec.lower().layers[0].attention().unwrap().n_kv_heads, 4);
+    // What phi3.py's ModelArgs does with rope_scaling: su/longrope and linear
+    // run (refused here), without `type` or `long_factor` it raises, another
+    // type it drops with a warning.
+    let refused = |scaling: Value, says: &str| {
+        let mut c = phi3.clone();
+        c["rope_scaling"] = scaling;
+        let text = from_config_json(&c, None, "bad").unwrap_err().to_string();
+        assert!(
+            text.contains("rope_scaling") && text.contains(says),
+            "{says}:\n{text}"
+        );
+    };
+    let factors = json!(vec![1.0; 8]);
+    refused(
+        json!({"type": "longrope", "long_factor": factors, "short_factor": factors}),
+        "SuScaledRoPE",
+    );
+    refused(
+        json!({"type": "su", "long_factor": factors, "short_factor": factors}),
+        "SuScaledRoPE",
+    );
+    refused(
+        json!({"type": "linear", "long_factor": factors, "factor": 2.0}),
+        "linear",
+    );
+    refused(json!({"type": "longrope"}), "long_factor");
+    let mut dropped = phi3.clone();
+    dropped["rope_scaling"] = json!({"type": "dynamic", "long_factor": factors});
+    let (_, applied, hf) = import_and_round_trip(&dropped, None, "phi3-dropped");
+    assert!(applied.iter().any(|d| d.field == "rope_scaling"));
+    assert_eq!(hf["rope_scaling"], Value::Null);
+    let mut partial = phi3.clone();
+    partial["partial_rotary_factor"] = json!(0.75);
+    let text = from_config_json(&partial, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("partial_rotary_factor"), "{text}");
 }

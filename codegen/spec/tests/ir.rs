@@ -112,6 +112,12 @@ fn lowering_keeps_every_resolved_fact() {
             // `qwen3_moe_layers_follow_mlp_only_layers_and_the_sparse_step`).
             continue;
         }
+        if arch.family == Family::Phi3 {
+            // The older view knows separate projections only; the IR's fused
+            // `qkv_proj` / `gate_up_proj` hold the same parameters.
+            assert_eq!(ir.param_count(), arch.param_count(), "{path}");
+            continue;
+        }
         assert_eq!(
             ir.quantizable_modules(),
             arch.quantizable_modules(),
@@ -229,6 +235,44 @@ fn families_lower_to_their_blocks() {
                     ir.head.logit_scale,
                     LogitScale::DivideLogitsBy(g.logits_scaling),
                     "{path}"
+                );
+            }
+            Family::Phi3 => {
+                // phi3.py: one qkv_proj and one gate_up_proj per layer, and
+                // their names (not the separate ones) in the contract.
+                let names: Vec<String> = ir
+                    .quantizable_modules()
+                    .into_iter()
+                    .map(|m| m.path)
+                    .collect();
+                for l in &ir.layers {
+                    let a = l.attention().expect("phi3 layers are attention");
+                    assert_eq!(a.projection, QkvProjection::Fused, "{path}");
+                    assert_eq!(
+                        l.mlp().map(|m| m.projection),
+                        Some(GateUpProjection::Fused),
+                        "{path}"
+                    );
+                    assert_eq!(a.qk_norm, QkNorm::None, "{path}");
+                    assert_eq!(a.bias, ProjectionBias::None, "{path}");
+                    assert_eq!(a.head_dim * a.n_heads, ir.hidden_size, "{path}");
+                    let i = l.index;
+                    for (module, present) in [
+                        ("self_attn.qkv_proj", true),
+                        ("self_attn.q_proj", false),
+                        ("self_attn.k_proj", false),
+                        ("self_attn.v_proj", false),
+                        ("mlp.gate_up_proj", true),
+                        ("mlp.gate_proj", false),
+                        ("mlp.up_proj", false),
+                    ] {
+                        let name = format!("model.layers.{i}.{module}");
+                        assert_eq!(names.contains(&name), present, "{path}: {name}");
+                    }
+                }
+                assert!(
+                    ir.checkpoint.sanitize.is_empty(),
+                    "{path}: phi3.py has no sanitize"
                 );
             }
             Family::Gemma2 => {

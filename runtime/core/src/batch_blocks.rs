@@ -16,9 +16,12 @@ use mlx_rs::Array;
 use crate::attention::Mask;
 use crate::batch::{BatchCache, BatchLayerCache};
 use crate::batch_deltanet::BatchArraysCache;
-use crate::blocks::{self as b, AttentionShape, AttentionWeights, KvWeights, SharedKv};
+use crate::blocks::{
+    self as b, AttentionShape, AttentionWeights, FusedQkvAttention, KvWeights, SharedKv,
+};
 use crate::deltanet::{self, GatedAttention};
 use crate::distributed::sharded_to_all;
+use crate::layers::Linear;
 use crate::ops::Result;
 use crate::rope::Rope;
 
@@ -94,14 +97,45 @@ pub fn attention_own_kv(
 ) -> Result<(Array, SharedKv)> {
     let offsets = kv_offsets(cache)?;
     let (q, k, v) = b::project_qkv(x, w, kv, s, &|t| rope.apply(t, &offsets))?;
-    let (keys, values) = kv_update(cache, &k, &v)?;
-    let o = b::attend_with(&q, &keys, &values, s, mask, false)?;
+    attend_own_kv(&q, &k, &v, offsets, &w.o_proj, s, cache, mask)
+}
+
+/// [`attention_own_kv`] of a layer with one `qkv_proj` (phi3): the same
+/// steps, Q, K and V split from one product.
+pub fn attention_fused_qkv(
+    x: &Array,
+    w: &FusedQkvAttention,
+    s: AttentionShape,
+    rope: &Rope,
+    cache: &mut BatchLayerCache,
+    mask: &Mask,
+) -> Result<(Array, SharedKv)> {
+    let offsets = kv_offsets(cache)?;
+    let (q, k, v) = b::project_fused_qkv(x, w, s, &|t| rope.apply(t, &offsets))?;
+    attend_own_kv(&q, &k, &v, offsets, &w.o_proj, s, cache, mask)
+}
+
+/// What follows the projections of a K/V-owning layer: the batched cache
+/// updated, SDPA over the shared key buffer, the output projection.
+#[allow(clippy::too_many_arguments)]
+fn attend_own_kv(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    offsets: Array,
+    o_proj: &Linear,
+    s: AttentionShape,
+    cache: &mut BatchLayerCache,
+    mask: &Mask,
+) -> Result<(Array, SharedKv)> {
+    let (keys, values) = kv_update(cache, k, v)?;
+    let o = b::attend_with(q, &keys, &values, s, mask, false)?;
     let shared = SharedKv {
         keys,
         values,
         offset: offsets,
     };
-    Ok((sharded_to_all(w.o_proj.forward(&o)?)?, shared))
+    Ok((sharded_to_all(o_proj.forward(&o)?)?, shared))
 }
 
 /// Qwen3.5's output-gated attention (`Qwen3NextAttention`) over a batch.

@@ -257,6 +257,85 @@ pub fn attention_own_kv(
     Ok((sharded_to_all(w.o_proj.forward(&o)?)?, shared))
 }
 
+/// The attention weights of a layer whose queries, keys and values come
+/// from one projection (IR `QkvProjection::Fused`): `qkv_proj`
+/// `[(heads + 2 * kv_heads) * head_dim, hidden]`, rows of the queries, then
+/// the keys, then the values; no bias, no q/k norm.
+#[derive(Debug, Clone)]
+pub struct FusedQkvAttention {
+    pub qkv_proj: Linear,
+    pub o_proj: Linear,
+}
+
+impl FusedQkvAttention {
+    /// [`Linear::pretranspose`] on the projections (generated models).
+    pub fn pretranspose(&mut self) {
+        self.qkv_proj.pretranspose();
+        self.o_proj.pretranspose();
+    }
+}
+
+/// `layers.{i}.self_attn` of a layer with one `qkv_proj`.
+pub fn load_fused_qkv_attention(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    s: AttentionShape,
+) -> FusedQkvAttention {
+    let p = format!("layers.{layer}.self_attn");
+    let (q, kv) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+    FusedQkvAttention {
+        qkv_proj: w.linear(&format!("{p}.qkv_proj"), q + 2 * kv, hidden),
+        o_proj: w.linear(&format!("{p}.o_proj"), hidden, q),
+    }
+}
+
+/// A K/V-owning layer's attention with one `qkv_proj`: one matmul, split at
+/// `[q, q + kv]` along the last axis (`mx.split`), then the cache update and
+/// attention of [`attend_own_kv`] and `o_proj`.
+pub fn attention_fused_qkv(
+    x: &Array,
+    w: &FusedQkvAttention,
+    s: AttentionShape,
+    rope: &Rope,
+    cache: &mut LayerCache,
+    mask: &Mask,
+) -> Result<(Array, SharedKv)> {
+    let offset = Array::from_int(cache.offset());
+    let (q, k, v) = project_fused_qkv(x, w, s, &|t| rope.apply(t, &offset))?;
+    let (o, shared) = attend_own_kv(&q, &k, &v, s, cache, mask, offset, false)?;
+    Ok((sharded_to_all(w.o_proj.forward(&o)?)?, shared))
+}
+
+/// What [`project_qkv`] returns, from one `qkv_proj` (no q/k norms: the
+/// fused form has none; the shape's value norm still applies).
+pub fn project_fused_qkv(
+    x: &Array,
+    w: &FusedQkvAttention,
+    s: AttentionShape,
+    rope: &dyn Fn(&Array) -> Result<Array>,
+) -> Result<(Array, Array, Array)> {
+    let (b, l) = batch_and_len(x);
+    let q_width = s.n_heads * s.head_dim;
+    let kv_width = s.n_kv_heads * s.head_dim;
+    let parts = w
+        .qkv_proj
+        .forward(x)?
+        .split_at_indices(&[q_width, q_width + kv_width], -1)?;
+    let [q, k, v] = <[Array; 3]>::try_from(parts)
+        .map_err(|_| refused("qkv_proj: split in three gave another count"))?;
+    let heads = |t: &Array| t.reshape(&[b, l, -1, s.head_dim]);
+    let v = match s.value_norm {
+        ValueNorm::RmsScaleFree => rms_norm(&heads(&v)?, None, s.eps)?,
+        ValueNorm::None => heads(&v)?,
+    };
+    Ok((
+        rope(&heads(&q)?.transpose_axes(&[0, 2, 1, 3])?)?,
+        rope(&heads(&k)?.transpose_axes(&[0, 2, 1, 3])?)?,
+        v.transpose_axes(&[0, 2, 1, 3])?,
+    ))
+}
+
 /// Queries, keys and values of a layer that computes its own K/V:
 /// projected, normed as the layer's norms say, transposed to
 /// [B, heads, L, head_dim]; Q and K through `rope`.
@@ -469,17 +548,31 @@ pub enum Activation {
 /// Gated MLP: `down(act(gate(x)) * up(x))`.
 #[derive(Debug, Clone)]
 pub struct Mlp {
-    pub gate_proj: Linear,
-    pub up_proj: Linear,
+    pub gate_up: GateUp,
     pub down_proj: Linear,
     pub activation: Activation,
+}
+
+/// The gate and up projections of a gated MLP (IR `GateUpProjection`).
+#[derive(Debug, Clone)]
+pub enum GateUp {
+    /// `gate_proj` and `up_proj`: a matmul each.
+    Separate { gate_proj: Linear, up_proj: Linear },
+    /// `gate_up_proj` `[2 * width, hidden]`: one matmul, split in halves
+    /// along the last axis, the gate first (`mx.split(x, 2, axis=-1)`).
+    Fused { gate_up_proj: Linear },
 }
 
 impl Mlp {
     /// [`Linear::pretranspose`] on the projections (generated models).
     pub fn pretranspose(&mut self) {
-        self.gate_proj.pretranspose();
-        self.up_proj.pretranspose();
+        match &mut self.gate_up {
+            GateUp::Separate { gate_proj, up_proj } => {
+                gate_proj.pretranspose();
+                up_proj.pretranspose();
+            }
+            GateUp::Fused { gate_up_proj } => gate_up_proj.pretranspose(),
+        }
         self.down_proj.pretranspose();
     }
 
@@ -488,9 +581,19 @@ impl Mlp {
         self.down(&self.activate(&gate, &up)?)
     }
 
-    /// `gate(x)` and `up(x)`.
+    /// `gate(x)` and `up(x)`: two matmuls, or the halves of one.
     pub fn gate_and_up(&self, x: &Array) -> Result<(Array, Array)> {
-        Ok((self.gate_proj.forward(x)?, self.up_proj.forward(x)?))
+        match &self.gate_up {
+            GateUp::Separate { gate_proj, up_proj } => {
+                Ok((gate_proj.forward(x)?, up_proj.forward(x)?))
+            }
+            GateUp::Fused { gate_up_proj } => {
+                let halves = gate_up_proj.forward(x)?.split_equal(2, -1)?;
+                let [gate, up] = <[Array; 2]>::try_from(halves)
+                    .map_err(|_| refused("gate_up_proj: split in two gave another count"))?;
+                Ok((gate, up))
+            }
+        }
     }
 
     /// The gate's activation times `up`, as the family's mlx-lm module
@@ -958,10 +1061,37 @@ pub fn load_biases(
 
 /// `layers.{i}.mlp` of the given width.
 pub fn load_mlp(w: &mut Weights, layer: usize, hidden: i32, width: i32, act: Activation) -> Mlp {
+    load_mlp_projected(w, layer, hidden, width, act, GateUpProjection::Separate)
+}
+
+/// Which gate/up projections to load (IR `GateUpProjection`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateUpProjection {
+    Separate,
+    Fused,
+}
+
+/// `layers.{i}.mlp` of the given width with its gate and up projections
+/// separate or fused.
+pub fn load_mlp_projected(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    width: i32,
+    act: Activation,
+    projection: GateUpProjection,
+) -> Mlp {
     let p = format!("layers.{layer}.mlp");
     Mlp {
-        gate_proj: w.linear(&format!("{p}.gate_proj"), width, hidden),
-        up_proj: w.linear(&format!("{p}.up_proj"), width, hidden),
+        gate_up: match projection {
+            GateUpProjection::Separate => GateUp::Separate {
+                gate_proj: w.linear(&format!("{p}.gate_proj"), width, hidden),
+                up_proj: w.linear(&format!("{p}.up_proj"), width, hidden),
+            },
+            GateUpProjection::Fused => GateUp::Fused {
+                gate_up_proj: w.linear(&format!("{p}.gate_up_proj"), 2 * width, hidden),
+            },
+        },
         down_proj: w.linear(&format!("{p}.down_proj"), hidden, width),
         activation: act,
     }

@@ -71,8 +71,8 @@ use mlx_rs::Array;
 
 use crate::attention::Mask;
 use crate::blocks::{
-    self, Activation, AttentionShape, AttentionWeights, KvWeights, LayerNorms, Mlp, MoeBlock,
-    PleGate, Scores, SharedKv, SparseMoe, ValueNorm,
+    self, Activation, AttentionShape, AttentionWeights, GateUp, KvWeights, LayerNorms, Mlp,
+    MoeBlock, PleGate, Scores, SharedKv, SparseMoe, ValueNorm,
 };
 use crate::cache::LayerCache;
 use crate::deltanet::{
@@ -1626,7 +1626,35 @@ flat_fields!(Mlp key(s) [match s.activation {
     Activation::GeluApprox => 0,
     Activation::Silu => 1,
     Activation::GeluApproxThenMultiply => 2,
-}] { gate_proj, up_proj, down_proj } copied { activation });
+}] { gate_up, down_proj } copied { activation });
+
+impl Flat for GateUp {
+    fn put(&self, p: &mut Packed) {
+        match self {
+            GateUp::Separate { gate_proj, up_proj } => {
+                gate_proj.put(p);
+                up_proj.put(p);
+            }
+            // Its own key (a `Linear`'s starts with 0 or 1, so 2 tells the
+            // forms apart): the compiled block splits one product.
+            GateUp::Fused { gate_up_proj } => {
+                p.key.push(2);
+                gate_up_proj.put(p);
+            }
+        }
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        match self {
+            GateUp::Separate { gate_proj, up_proj } => GateUp::Separate {
+                gate_proj: gate_proj.take(it),
+                up_proj: up_proj.take(it),
+            },
+            GateUp::Fused { gate_up_proj } => GateUp::Fused {
+                gate_up_proj: gate_up_proj.take(it),
+            },
+        }
+    }
+}
 
 flat_fields!(Router key(s) [s.top_k, s.hidden, s.eps.to_bits()]
     { proj, scale, per_expert_scale } copied { top_k, hidden, eps });

@@ -665,8 +665,10 @@ pub fn load_shared_expert_moe(
         router,
         experts,
         shared_expert: Mlp {
-            gate_proj: w.linear(&format!("{se}.gate_proj"), shared_width, hidden),
-            up_proj: w.linear(&format!("{se}.up_proj"), shared_width, hidden),
+            gate_up: crate::blocks::GateUp::Separate {
+                gate_proj: w.linear(&format!("{se}.gate_proj"), shared_width, hidden),
+                up_proj: w.linear(&format!("{se}.up_proj"), shared_width, hidden),
+            },
             down_proj: w.linear(&format!("{se}.down_proj"), hidden, shared_width),
             activation: crate::blocks::Activation::Silu,
         },

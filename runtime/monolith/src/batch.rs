@@ -39,7 +39,8 @@ fn unbatched(mixer: &LayerMixer) -> Option<&'static str> {
         LayerMixer::Attention {
             kv: KvSource::Own { cache, .. },
             ..
-        } => match cache {
+        }
+        | LayerMixer::FusedQkvAttention { cache, .. } => match cache {
             ir::KvCache::Plain => None,
             ir::KvCache::Quantized(_) => Some(QUANTIZED_KV_UNBATCHED),
             ir::KvCache::QuantizedAfterForward { .. } => Some(MIXED_KV_UNBATCHED),
@@ -87,6 +88,10 @@ impl BatchLm for Monolith {
                     LayerMixer::Attention {
                         window: Window::Sliding(w),
                         ..
+                    }
+                    | LayerMixer::FusedQkvAttention {
+                        window: Window::Sliding(w),
+                        ..
                     },
                 ) => Ok(Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(
                     *w as i32,
@@ -98,6 +103,10 @@ impl BatchLm for Monolith {
                 (
                     None,
                     LayerMixer::Attention {
+                        window: Window::Full,
+                        ..
+                    }
+                    | LayerMixer::FusedQkvAttention {
                         window: Window::Full,
                         ..
                     }
@@ -179,6 +188,26 @@ impl BatchLm for Monolith {
                             )))
                         }
                     }
+                }
+                // One qkv_proj: the same steps as the arm above, the
+                // projection split from one product.
+                LayerMixer::FusedQkvAttention {
+                    attn,
+                    shape,
+                    rope,
+                    window,
+                    ..
+                } => {
+                    let (a, kvs) = bb::attention_fused_qkv(
+                        &x,
+                        attn,
+                        *shape,
+                        rope,
+                        cache.layer_mut(i)?,
+                        mask_of(i, *window)?,
+                    )?;
+                    shared.insert(i, kvs);
+                    a
                 }
                 LayerMixer::GatedAttention { attn, shape, rope } => bb::gated_attention(
                     &x,

@@ -52,6 +52,15 @@ enum LayerMixer {
         rope: Rope,
     },
     GatedDeltaNet(deltanet::GatedDeltaNet),
+    /// Attention with one `qkv_proj` (IR `QkvProjection::Fused`): K/V of its
+    /// own, no bias, no q/k norm.
+    FusedQkvAttention {
+        window: Window,
+        cache: ir::KvCache,
+        attn: b::FusedQkvAttention,
+        shape: AttentionShape,
+        rope: Rope,
+    },
 }
 
 impl LayerMixer {
@@ -61,6 +70,7 @@ impl LayerMixer {
             LayerMixer::Attention { window, .. } => Some(*window),
             LayerMixer::GatedAttention { .. } => Some(Window::Full),
             LayerMixer::GatedDeltaNet(_) => None,
+            LayerMixer::FusedQkvAttention { window, .. } => Some(*window),
         }
     }
 }
@@ -242,8 +252,20 @@ impl Monolith {
                 ir::Mixer::Attention(a) => {
                     let shape = shape_of(a, eps);
                     let rope = rope_for(a).map_err(|e| ModelError(e.to_string()))?;
-                    match a.output_gate {
-                        ir::OutputGate::None => {
+                    match (a.output_gate, a.projection) {
+                        (ir::OutputGate::None, ir::QkvProjection::Fused) => {
+                            let cache = fused_qkv_cache(a).map_err(|why| {
+                                ModelError(format!("{}: layer {i}: {why}", ir.name))
+                            })?;
+                            LayerMixer::FusedQkvAttention {
+                                window: a.window,
+                                cache,
+                                attn: b::load_fused_qkv_attention(&mut w, i, hidden, shape),
+                                shape,
+                                rope,
+                            }
+                        }
+                        (ir::OutputGate::None, ir::QkvProjection::Separate) => {
                             let qk = qk_norm(a.qk_norm);
                             let mut attn = b::load_attention(&mut w, i, hidden, shape, qk);
                             attn.kv = match a.kv {
@@ -263,7 +285,7 @@ impl Monolith {
                                 rope,
                             }
                         }
-                        ir::OutputGate::SigmoidPerHead => {
+                        (ir::OutputGate::SigmoidPerHead, _) => {
                             gated_attention_supported(a).map_err(|why| {
                                 ModelError(format!("{}: layer {i}: {why}", ir.name))
                             })?;
@@ -288,7 +310,12 @@ impl Monolith {
                 },
             };
             let load_mlp = |m: ir::GatedMlp, w: &mut Weights| {
-                b::load_mlp(w, i, hidden, m.width as i32, activation(m.activation))
+                let projection = match m.projection {
+                    ir::GateUpProjection::Separate => b::GateUpProjection::Separate,
+                    ir::GateUpProjection::Fused => b::GateUpProjection::Fused,
+                };
+                let act = activation(m.activation);
+                b::load_mlp_projected(w, i, hidden, m.width as i32, act, projection)
             };
             let ffn = match l.ffn {
                 FeedForward::Mlp(m) => Ffn::Dense {
@@ -532,14 +559,37 @@ fn gated_attention_supported(a: &ir::Attention) -> std::result::Result<(), Strin
         && a.bias == ir::ProjectionBias::None
         && a.scores == ir::Scores::FusedSdpa
         && !a.rope.traditional
+        && a.projection == ir::QkvProjection::Separate
     {
         Ok(())
     } else {
         Err(
             "an output-gated attention runs only as Qwen3Next's (own projected K/V in a plain \
-             full cache, q/k RMSNorm, no bias, fused SDPA, non-traditional RoPE)"
+             full cache, q/k RMSNorm, no bias, fused SDPA, non-traditional RoPE, separate \
+             q/k/v projections)"
                 .to_string(),
         )
+    }
+}
+
+/// What the fused-QKV block (`blocks::attention_fused_qkv`) runs: K/V of
+/// the layer's own with v_proj's rows, no bias, no q/k norm (it has none
+/// of their weights); the layer's cache form, or why not.
+fn fused_qkv_cache(a: &ir::Attention) -> std::result::Result<ir::KvCache, String> {
+    match (a.kv, a.bias, a.qk_norm) {
+        (
+            KvSource::Own {
+                values: ir::Values::Projected,
+                cache,
+            },
+            ir::ProjectionBias::None,
+            ir::QkNorm::None,
+        ) => Ok(cache),
+        _ => Err(
+            "a fused qkv_proj runs only on a layer with K/V of its own (V projected), no bias \
+             and no q/k norm"
+                .to_string(),
+        ),
     }
 }
 
@@ -573,25 +623,28 @@ impl CausalLm for Monolith {
                     kv: KvSource::Own { cache, .. },
                     window,
                     ..
-                } => Some(MixerCache::Kv(match (*window, *cache) {
-                    (Window::Sliding(w), _) => {
-                        LayerCache::Sliding(RotatingKvCache::new(w as i32, 0))
-                    }
-                    // `KVCache.to_quantized`'s target (the spec allows it only
-                    // on full layers no KV-shared layer reads).
-                    (Window::Full, ir::KvCache::Quantized(q)) => LayerCache::Quantized(
-                        QuantizedKvCache::new(q.group_size as i32, q.bits as i32),
-                    ),
-                    (Window::Full, ir::KvCache::Plain) => LayerCache::Full(KvCache::default()),
-                    // mlx-optiq's install_mixed_kv (tier L2).
-                    (Window::Full, ir::KvCache::QuantizedAfterForward { quant, start }) => {
-                        LayerCache::QuantizedAfterForward(MixedKvCache::new(
-                            quant.group_size as i32,
-                            quant.bits as i32,
-                            start as i32,
-                        ))
-                    }
-                })),
+                }
+                | LayerMixer::FusedQkvAttention { window, cache, .. } => {
+                    Some(MixerCache::Kv(match (*window, *cache) {
+                        (Window::Sliding(w), _) => {
+                            LayerCache::Sliding(RotatingKvCache::new(w as i32, 0))
+                        }
+                        // `KVCache.to_quantized`'s target (the spec allows it only
+                        // on full layers no KV-shared layer reads).
+                        (Window::Full, ir::KvCache::Quantized(q)) => LayerCache::Quantized(
+                            QuantizedKvCache::new(q.group_size as i32, q.bits as i32),
+                        ),
+                        (Window::Full, ir::KvCache::Plain) => LayerCache::Full(KvCache::default()),
+                        // mlx-optiq's install_mixed_kv (tier L2).
+                        (Window::Full, ir::KvCache::QuantizedAfterForward { quant, start }) => {
+                            LayerCache::QuantizedAfterForward(MixedKvCache::new(
+                                quant.group_size as i32,
+                                quant.bits as i32,
+                                start as i32,
+                            ))
+                        }
+                    }))
+                }
             })
             .collect()
     }
@@ -657,6 +710,16 @@ impl CausalLm for Monolith {
                         ))
                     })?;
                     deltanet::gated_attention(&x, attn, *shape, rope, cache, mask)?
+                }
+                LayerMixer::FusedQkvAttention {
+                    attn, shape, rope, ..
+                } => {
+                    let cache = kv_cache(caches[i].as_mut()).ok_or_else(|| {
+                        Exception::custom(format!("layer {i}: a fused-QKV layer needs a K/V cache"))
+                    })?;
+                    let (a, kvs) = b::attention_fused_qkv(&x, attn, *shape, rope, cache, mask)?;
+                    shared.insert(i, kvs);
+                    a
                 }
                 LayerMixer::Attention {
                     kv: source,
