@@ -1131,7 +1131,10 @@ fn batched_short_request_decodes_between_a_long_prompts_chunks() {
     let (status, body) = curl(&server, "POST", "/v1/completions", Some(&short));
     assert_eq!(status, 200, "{body}");
     let alone = whole_answer(&body);
-    assert_eq!(alone.1, "length", "the short request must run all its tokens");
+    assert_eq!(
+        alone.1, "length",
+        "the short request must run all its tokens"
+    );
 
     // mlx-lm's `BatchGenerator.next()` would give the short request one
     // token per chunk of the long prompt: 40 tokens need more steps than the
