@@ -30,9 +30,9 @@ step, stopped at the end):
               streamed request (one second in); the time to a 4xx for a
               prompt past the context (~140k tokens).
 
-Every request has a timeout (--timeout; the long one --long-timeout); a
-request that times out or fails is counted and reported, never retried, so
-the run stops by itself. Prints a Markdown table (and writes it with
+Every request has a time limit on the whole request (--timeout; the long
+one --long-timeout), after which the client leaves; a request that times out
+or fails is counted and reported, never retried, so the run stops by itself. Prints a Markdown table (and writes it with
 --markdown) and the raw numbers as JSON (--json).
 """
 
@@ -133,6 +133,11 @@ def chat(port: int, content: str, max_tokens: int, timeout: float, stream: bool 
                     r.chunk_times.append(time.perf_counter())
             if drop_after_s is not None and time.perf_counter() - r.start > drop_after_s:
                 r.error = "dropped by the client"
+                return r
+            # The socket timeout bounds each read only, and a server may send
+            # keep-alive comments during a prefill: bound the whole request.
+            if time.perf_counter() - r.start > timeout:
+                r.error = f"no complete answer within {timeout:g} s (the client left)"
                 return r
         if r.completion_tokens is None:
             r.completion_tokens = len(r.chunk_times)
