@@ -13,7 +13,8 @@
 //! prompt's chunks, leaves at the token budget (`filter`, dropping shared
 //! padding) and cancellations (`remove`) in prefill and in generation.
 
-use archgen_runtime::batch_session::{run_schedule, Schedule, SeqRun};
+use archgen_runtime::batch::BatchLm;
+use archgen_runtime::batch_session::{run_schedule, BatchConfig, BatchSession, Schedule, SeqRun};
 use archgen_runtime::bytes::array_bytes;
 use archgen_runtime::model::{CausalLm, ModelTask};
 use archgen_runtime::Array;
@@ -247,4 +248,131 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
         "batch parity failures:\n{}",
         failures.join("\n")
     );
+}
+
+/// The server's decode-only steps (`BatchSession::step_generation`, run
+/// between prefill chunks while other sequences generate) compute what
+/// mlx-lm's `BatchGenerator` computes when the prompt in prefill arrived
+/// that many steps later: the prompt batch and the generation batch share no
+/// cache, so only the number of generation forwards before the prompt joins
+/// the generation batch matters.
+///
+/// A (3 tokens) generates alone while B (10 tokens, chunks of 4) arrives at
+/// step 2 and is prefilled; after each of B's chunks that leaves more to
+/// feed, two decode-only steps run. mlx-lm's oracle runs the same two
+/// sequences with B arriving `2 + (decode-only steps)` steps in; both
+/// sequences' logprobs rows and tokens must be equal byte for byte.
+#[test]
+fn decode_only_steps_between_chunks_match_a_later_arrival_in_batch_generator() {
+    const SPECS: [&str; 2] = ["gemma4-e2b-tiny", "qwen3-0.6b-tiny"];
+    const DECODE_ONLY_PER_CHUNK: usize = 2;
+    let root = tempfile::tempdir().unwrap();
+    let jobs: Vec<Value> = SPECS
+        .iter()
+        .enumerate()
+        .map(|(k, name)| {
+            let spec = archgen_spec::load(repo_root().join("specs").join(format!("{name}.yaml")))
+                .unwrap_or_else(|d| panic!("{d}"));
+            json!({
+                "config": config_for(&spec),
+                "out": root.path().join(name),
+                "seed": 4400 + k,
+                "dtype": "bfloat16",
+                "bits": null,
+                "group_size": null,
+                "kv_quant": null,
+                "mixed_kv": null,
+                "prompt_ids": [1, 2, 3],
+                "decode_steps": 1,
+            })
+        })
+        .collect();
+    let jobs_path = root.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+
+    let mut failures = Vec::new();
+    for name in SPECS {
+        let model_dir = root.path().join(name).join("model");
+        let model = archgen_monolith::load_dir(&model_dir).unwrap();
+        let vocab = model.vocab_size();
+        let ids =
+            |n: i32, seed: i32| -> Vec<i32> { (0..n).map(|i| (i * 37 + seed) % vocab).collect() };
+        let (prompt_a, prompt_b) = (ids(3, 11), ids(10, 29));
+        let (decode_a, decode_b) = (20, 4);
+        let config = BatchConfig {
+            prefill_step_size: 4,
+            ..BatchConfig::default()
+        };
+
+        // The server's interleave.
+        let mut session = BatchSession::new(&model, config);
+        let a = session.join(&prompt_a, decode_a).unwrap();
+        let mut b = None;
+        let mut rows: [Vec<Array>; 2] = [Vec::new(), Vec::new()];
+        let mut tokens: [Vec<i32>; 2] = [Vec::new(), Vec::new()];
+        let mut decode_only = 0;
+        let mut step = 0;
+        while step < 100 && (b.is_none() || !session.is_idle()) {
+            if step == 2 {
+                b = Some(session.join(&prompt_b, decode_b).unwrap());
+            }
+            let mut outputs = session.step().unwrap();
+            if session.prefilling() && session.can_decode() {
+                for _ in 0..DECODE_ONLY_PER_CHUNK {
+                    outputs.extend(session.step_generation().unwrap());
+                    decode_only += 1;
+                }
+            }
+            for out in outputs {
+                let i = if out.seq == a { 0 } else { 1 };
+                rows[i].push(out.logprobs);
+                tokens[i].push(out.token);
+            }
+            step += 1;
+        }
+        assert!(session.is_idle(), "{name}: the session did not finish");
+        // B's prompt feeds 4 + 4 + 1 tokens: two chunks leave more to feed.
+        assert_eq!(decode_only, 2 * DECODE_ONLY_PER_CHUNK, "{name}");
+        assert_eq!(tokens[0].len(), decode_a, "{name}: A");
+        assert_eq!(tokens[1].len(), decode_b, "{name}: B");
+
+        // The same sequences in BatchGenerator, B arriving later.
+        let json = json!({
+            "prefill_step_size": 4,
+            "sequences": [
+                {"prompt": prompt_a, "arrival": 0, "decode": decode_a},
+                {"prompt": prompt_b, "arrival": 2 + decode_only, "decode": decode_b},
+            ]
+        });
+        let schedule_path = root.path().join(format!("{name}.later.json"));
+        std::fs::write(&schedule_path, serde_json::to_vec(&json).unwrap()).unwrap();
+        let oracle_path = root.path().join(format!("{name}.later.safetensors"));
+        run_python(
+            "batch_oracle.py",
+            &[
+                model_dir.as_os_str(),
+                schedule_path.as_os_str(),
+                oracle_path.as_os_str(),
+            ],
+        );
+        let oracle = Array::load_safetensors(&oracle_path).unwrap();
+        let before = failures.len();
+        for i in 0..2 {
+            let n = tokens[i].len() as i32;
+            let ours_rows = archgen_runtime::mlx_rs::ops::stack(&rows[i], 0).unwrap();
+            let ours_tokens = Array::from_slice(&tokens[i], &[n]);
+            for (key, ours) in [("logprobs", &ours_rows), ("tokens", &ours_tokens)] {
+                if !same(ours, &oracle[&format!("seq{i}.{key}")]) {
+                    failures.push(format!(
+                        "{name}: seq{i}.{key}: decode-only interleave != mlx-lm"
+                    ));
+                }
+            }
+        }
+        if failures.len() == before {
+            eprintln!("{name}: decode-only steps == mlx-lm BatchGenerator with B {decode_only} steps later");
+        }
+    }
+    assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
 }

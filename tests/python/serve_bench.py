@@ -4,30 +4,36 @@ the same checkpoint, in one run, over loopback.
 usage: serve_bench.py [--archgen target/release/archgen] [--spec specs/gemma4-e2b-tiny.yaml]
                       [--workdir DIR] [--max-tokens 24] [--clients 1 4 16 64]
                       [--long-tokens 12000] [--long-clients 1 4 16 64]
+                      [--prefill-step 2048] [--level-budget 90] [--timeout 120]
                       [--json OUT.json] [--markdown OUT.md]
 
 It makes the checkpoint (`archgen init --spec SPEC`, plus
 tests/python/make_chat_tokenizer.py for a tokenizer and the Qwen3 chat
 template; config.json's max_position_embeddings is removed, so each server
 must know the family's default context, 131072 for Gemma-4), then for each
-server in turn (started here on a free loopback port, stopped at the end):
+server in turn (started here on a free loopback port with the same prefill
+step, stopped at the end):
 
   load        1, 4, 16 and 64 concurrent clients, each sending streamed chat
               completions (temperature 0, --max-tokens tokens); a bounded
-              number of requests per level. Reports aggregate completion
-              tokens/s (all completion tokens / wall time), p50/p99 time to
-              first token and p50/p99 inter-token latency (the gaps between
-              two content chunks of one stream).
-  load+long   the same, with one ~12k-token request (--long-tokens) in
-              flight (started just before; it is not counted).
-  probes      the time for a short request sent while a ~12k-token prompt is
-              in prefill; the time to a 4xx for a prompt past the context
-              (~140k tokens); the time for a short request right after a
-              client drops a long streamed request (one second in).
+              number of requests per level, and none started after
+              --level-budget seconds. Reports aggregate completion tokens/s
+              (all completion tokens / wall time), p50/p99 time to first
+              token and p50/p99 inter-token latency (the gaps between two
+              content chunks of one stream), and the 1-minute load average.
+  load+long   one ~12k-token request (--long-tokens) is sent; --probe-delay
+              seconds later, while it is in prefill, one short request alone
+              (the probe: its time to completion); then the --long-clients
+              levels as above, each noting whether the long request was still
+              in prefill when it ended (the long request is not counted).
+  probes      the time for a short request right after a client drops a long
+              streamed request (one second in); the time to a 4xx for a
+              prompt past the context (~140k tokens).
 
-Every request has a timeout (--timeout, 120 s by default); a request that
-times out or fails is counted and reported, never retried. Prints a Markdown
-table (and writes it with --markdown) and the raw numbers as JSON.
+Every request has a time limit on the whole request (--timeout; the long
+one --long-timeout), after which the client leaves; a request that times out
+or fails is counted and reported, never retried, so the run stops by itself. Prints a Markdown table (and writes it with
+--markdown) and the raw numbers as JSON (--json).
 """
 
 from __future__ import annotations
@@ -83,11 +89,13 @@ class Result:
 
 
 def chat(port: int, content: str, max_tokens: int, timeout: float, stream: bool = True,
-         drop_after_s: float | None = None) -> Result:
+         drop_after_s: float | None = None, into: Result | None = None) -> Result:
     """One chat completion; streamed, the arrival time of each content chunk.
     With drop_after_s, the client closes the connection after that long
-    (during the prefill or mid-stream), as a client that goes away."""
-    r = Result()
+    (during the prefill or mid-stream), as a client that goes away. With
+    `into`, the result is filled in place (another thread can watch it)."""
+    r = into or Result()
+    r.start = time.perf_counter()
     body = {
         "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
@@ -125,6 +133,11 @@ def chat(port: int, content: str, max_tokens: int, timeout: float, stream: bool 
                     r.chunk_times.append(time.perf_counter())
             if drop_after_s is not None and time.perf_counter() - r.start > drop_after_s:
                 r.error = "dropped by the client"
+                return r
+            # The socket timeout bounds each read only, and a server may send
+            # keep-alive comments during a prefill: bound the whole request.
+            if time.perf_counter() - r.start > timeout:
+                r.error = f"no complete answer within {timeout:g} s (the client left)"
                 return r
         if r.completion_tokens is None:
             r.completion_tokens = len(r.chunk_times)
@@ -169,15 +182,24 @@ class Server:
         self.log.close()
 
 
-def load_level(port: int, clients: int, requests: int, max_tokens: int, timeout: float) -> dict:
-    """`clients` threads share `requests` requests; aggregate numbers."""
+def load_level(port: int, clients: int, requests: int, max_tokens: int, timeout: float,
+               budget: float) -> dict:
+    """`clients` threads share `requests` requests; aggregate numbers. A
+    client starts no request once `budget` seconds have passed since the
+    level began (those it did not send are counted as not sent), so a level
+    lasts at most about budget + timeout."""
     per_client = [requests // clients + (1 if i < requests % clients else 0) for i in range(clients)]
+    start = time.perf_counter()
+    load_before = os.getloadavg()[0]
 
     def client(i: int) -> list[Result]:
-        return [chat(port, f"{SHORT} {WORDS[(i + k) % len(WORDS)]}", max_tokens, timeout)
-                for k in range(per_client[i])]
+        out = []
+        for k in range(per_client[i]):
+            if time.perf_counter() - start > budget:
+                break
+            out.append(chat(port, f"{SHORT} {WORDS[(i + k) % len(WORDS)]}", max_tokens, timeout))
+        return out
 
-    start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         results = [r for rs in pool.map(client, range(clients)) for r in rs]
     wall = time.perf_counter() - start
@@ -188,6 +210,8 @@ def load_level(port: int, clients: int, requests: int, max_tokens: int, timeout:
     return {
         "clients": clients,
         "requests": len(results),
+        "not_sent": requests - len(results),
+        "load_avg_1m": [load_before, os.getloadavg()[0]],
         "failed": len(results) - len(ok),
         "errors": sorted({r.error or str(r.status) for r in results if not r.ok})[:3],
         "completion_tokens": tokens,
@@ -218,35 +242,54 @@ def in_background(fn, *args):
 
 def run_server(server: Server, args, text12k: str, text140k: str) -> dict:
     port, timeout = server.port, args.timeout
-    out: dict = {"load": [], "load_12k": []}
+    out: dict = {"load": [], "load_12k": [], "load_avg_1m_start": os.getloadavg()[0]}
     chat(port, SHORT, 4, timeout)  # warm-up (first-use kernel builds)
     for clients in args.clients:
         requests = max(clients, args.min_requests)
-        level = load_level(port, clients, requests, args.max_tokens, timeout)
+        level = load_level(port, clients, requests, args.max_tokens, timeout, args.level_budget)
         print(f"  {server.name}: {clients:>2} clients: {level['tokens_per_s']:.1f} tok/s "
-              f"({level['failed']} failed)", file=sys.stderr)
+              f"({level['failed']} failed, load {level['load_avg_1m'][1]:.1f})", file=sys.stderr)
         out["load"].append(level)
+
+    # One ~12k-token request in flight (streamed, --long-max-tokens tokens).
+    # While it is in prefill: a short request alone (the probe), then each
+    # --long-clients level. Each records whether the long request was still
+    # in prefill (no token of it yet) when it ended.
+    long = Result()
+    bg, _ = in_background(lambda: chat(port, text12k, args.long_max_tokens, args.long_timeout, into=long))
+    time.sleep(args.probe_delay)
+    r = chat(port, SHORT, args.max_tokens, timeout)
+    out["short_during_12k_prefill"] = {
+        "seconds": (r.end - r.start) if r.ok else None,
+        "error": r.error,
+        "long_in_prefill_at_end": not long.chunk_times,
+        "load_avg_1m": os.getloadavg()[0],
+    }
+    print(f"  {server.name}: short request during the long prefill: "
+          f"{out['short_during_12k_prefill']['seconds']} s", file=sys.stderr)
     for clients in args.long_clients or args.clients:
         requests = max(clients, args.min_requests)
-        bg, box = in_background(chat, port, text12k, args.max_tokens, timeout)
-        level = load_level(port, clients, requests, args.max_tokens, timeout)
-        bg.join(timeout)
-        level["long_request_ok"] = bool(box.get("r") and box["r"].ok)
-        print(f"  {server.name}: {clients:>2} clients + long: {level['tokens_per_s']:.1f} tok/s", file=sys.stderr)
+        level = load_level(port, clients, requests, args.max_tokens, timeout, args.level_budget)
+        level["long_in_prefill_at_end"] = not long.chunk_times
+        print(f"  {server.name}: {clients:>2} clients + long: {level['tokens_per_s']:.1f} tok/s "
+              f"({level['failed']} failed, long in prefill: {level['long_in_prefill_at_end']})",
+              file=sys.stderr)
         out["load_12k"].append(level)
-
-    # A short request while a ~12k prompt is in prefill.
-    bg, _ = in_background(chat, port, text12k, args.max_tokens, timeout)
-    time.sleep(0.2)
-    r = chat(port, SHORT, args.max_tokens, timeout)
-    out["short_during_12k_prefill_s"] = (r.end - r.start) if r.ok else None
-    bg.join(timeout)
+    bg.join(args.long_timeout + 5)
+    out["long_request"] = {
+        "ok": long.ok,
+        "error": long.error,
+        "ttft_s": (long.chunk_times[0] - long.start) if long.chunk_times else None,
+        "total_s": (long.end - long.start) if long.end else None,
+    }
+    print(f"  {server.name}: long request: {out['long_request']}", file=sys.stderr)
 
     # A short request right after a client drops a long streamed request
     # (12k prompt, 2000 tokens asked) one second in.
     chat(port, text12k, 2000, timeout, drop_after_s=1.0)
     r = chat(port, SHORT, args.max_tokens, timeout)
     out["short_after_drop_s"] = (r.end - r.start) if r.ok else None
+    out["short_after_drop_error"] = r.error
 
     # Past the context: the time to a 4xx (bounded; last, since a server that
     # accepts it may compute for a long time).
@@ -257,6 +300,7 @@ def run_server(server: Server, args, text12k: str, text140k: str) -> dict:
         "refused": r.status is not None and 400 <= r.status < 500,
         "error": r.error,
     }
+    out["load_avg_1m_end"] = os.getloadavg()[0]
     return out
 
 
@@ -266,14 +310,19 @@ def fmt(v, scale=1.0, digits=1):
 
 def markdown(results: dict, meta: dict) -> str:
     names = list(results)
+    loads = ", ".join(f"{n} {results[n]['load_avg_1m_start']:.1f}-{results[n]['load_avg_1m_end']:.1f}"
+                      for n in names)
     lines = [
-        f"Machine: {meta['machine']}. Checkpoint: {meta['spec']} (random weights, `archgen init`), "
+        f"Machine: {meta['machine']}; 1-minute load average from start to end of each server's run: "
+        f"{loads}. Checkpoint: {meta['spec']} (random weights, `archgen init`), "
         f"{meta['max_tokens']} completion tokens per request at temperature 0, streamed chat completions "
-        f"over loopback; {meta['min_requests']}+ requests per level. archgen {meta['archgen']} "
-        f"(--max-batch {meta['max_batch']}, --impl {meta['archgen_impl']}), mlx-lm {meta['mlx_lm']}.",
+        f"over loopback; {meta['min_requests']}+ requests per level (none started after "
+        f"{meta['level_budget']:.0f} s), {meta['timeout']:.0f} s timeout per request. "
+        f"archgen {meta['archgen']} (--max-batch {meta['max_batch']}, --impl {meta['archgen_impl']}), "
+        f"mlx-lm {meta['mlx_lm']}; prefill step {meta['prefill_step']} in both.",
         "",
-        "| load | server | tokens/s | TTFT p50 / p99 (ms) | inter-token p50 / p99 (ms) | failed |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| load | server | tokens/s | TTFT p50 / p99 (ms) | inter-token p50 / p99 (ms) | failed | load avg |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     long = f" + one {meta['long_tokens']}-token request"
     for key, label in (("load", ""), ("load_12k", long)):
@@ -281,17 +330,44 @@ def markdown(results: dict, meta: dict) -> str:
             for name in names:
                 lv = results[name][key][i]
                 clients = lv["clients"]
+                note = ""
+                if key == "load_12k" and not lv["long_in_prefill_at_end"]:
+                    note = " (long prefill over before the level's end)"
+                not_sent = f", {lv['not_sent']} not sent" if lv.get("not_sent") else ""
                 lines.append(
-                    f"| {clients} clients{label} | {name} | {fmt(lv['tokens_per_s'])} | "
+                    f"| {clients} clients{label}{note} | {name} | {fmt(lv['tokens_per_s'])} | "
                     f"{fmt(lv['ttft_p50_s'], 1e3, 0)} / {fmt(lv['ttft_p99_s'], 1e3, 0)} | "
                     f"{fmt(lv['itl_p50_s'], 1e3, 1)} / {fmt(lv['itl_p99_s'], 1e3, 1)} | "
-                    f"{lv['failed']}/{lv['requests']} |"
+                    f"{lv['failed']}/{lv['requests']}{not_sent} | "
+                    f"{lv['load_avg_1m'][0]:.1f}-{lv['load_avg_1m'][1]:.1f} |"
                 )
     lines += ["", "| probe | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
-    lines.append(f"| short request while a {meta['long_tokens']}-token prompt is in prefill (s) | "
-                 + " | ".join(fmt(results[n]["short_during_12k_prefill_s"], 1, 2) for n in names) + " |")
+
+    def during(n):
+        p = results[n]["short_during_12k_prefill"]
+        if p["seconds"] is None:
+            return f"failed ({p['error']})"
+        where = "" if p["long_in_prefill_at_end"] else " (the long prefill had ended)"
+        return f"{p['seconds']:.2f}{where}"
+
+    lines.append(f"| short request sent {meta['probe_delay']:g} s after a {meta['long_tokens']}-token "
+                 "prompt, while it is in prefill (s) | " + " | ".join(during(n) for n in names) + " |")
+
+    def long_request(n):
+        p = results[n]["long_request"]
+        if not p["ok"]:
+            return f"failed ({p['error']})"
+        return f"first token {fmt(p['ttft_s'], 1, 1)} s, done {fmt(p['total_s'], 1, 1)} s"
+
+    lines.append(f"| the {meta['long_tokens']}-token request itself | "
+                 + " | ".join(long_request(n) for n in names) + " |")
+
+    def after_drop(n):
+        v = results[n]["short_after_drop_s"]
+        return fmt(v, 1, 2) if v is not None else f"failed ({results[n]['short_after_drop_error']})"
+
     lines.append("| short request after a client drops a long one (s) | "
-                 + " | ".join(fmt(results[n]["short_after_drop_s"], 1, 2) for n in names) + " |")
+                 + " | ".join(after_drop(n) for n in names) + " |")
 
     def past(n):
         p = results[n]["past_context"]
@@ -316,7 +392,17 @@ def main() -> None:
                     help="the client counts run with the long request in flight (default: --clients)")
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--max-batch", type=int, default=16)
-    ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--timeout", type=float, default=120, help="seconds per short request")
+    ap.add_argument("--level-budget", type=float, default=90,
+                    help="seconds after which a level's clients start no new request")
+    ap.add_argument("--long-max-tokens", type=int, default=8,
+                    help="completion tokens of the long request in flight")
+    ap.add_argument("--long-timeout", type=float, default=900,
+                    help="seconds for the long request in flight (its prefill is minutes on a CPU)")
+    ap.add_argument("--probe-delay", type=float, default=1.0,
+                    help="seconds between sending the long request and the short probe")
+    ap.add_argument("--prefill-step", type=int, default=2048,
+                    help="archgen serve --prefill-step and mlx_lm.server --prefill-step-size")
     ap.add_argument("--context-timeout", type=float, default=15)
     ap.add_argument("--servers", nargs="+", default=["archgen", "mlx-lm"],
                     choices=["archgen", "archgen-b1", "mlx-lm"],
@@ -358,10 +444,12 @@ def main() -> None:
         if name in ("archgen", "archgen-b1"):
             batch = args.max_batch if name == "archgen" else 1
             argv = [args.archgen, "--quiet", "serve", "--model", str(model), "--host", "127.0.0.1",
-                    "--port", str(port), "--max-batch", str(batch), "--impl", args.archgen_impl]
+                    "--port", str(port), "--max-batch", str(batch), "--impl", args.archgen_impl,
+                    "--prefill-step", str(args.prefill_step)]
         else:
             argv = [PYTHON, "-m", "mlx_lm.server", "--model", str(model), "--host", "127.0.0.1",
-                    "--port", str(port), "--max-tokens", str(args.max_tokens)]
+                    "--port", str(port), "--max-tokens", str(args.max_tokens),
+                    "--prefill-step-size", str(args.prefill_step)]
         print(f"{name}: starting", file=sys.stderr)
         server = Server(name, argv, port, work / f"{name}.log")
         try:
@@ -388,6 +476,10 @@ def main() -> None:
         "archgen": version,
         "max_batch": args.max_batch,
         "archgen_impl": args.archgen_impl,
+        "prefill_step": args.prefill_step,
+        "level_budget": args.level_budget,
+        "timeout": args.timeout,
+        "probe_delay": args.probe_delay,
         "mlx_lm": mlx_lm.__version__,
     }
     table = markdown(results, meta)

@@ -1234,4 +1234,65 @@ fn serves_a_prompt_that_extends_a_finished_one_from_the_prompt_cache() {
         let misses = if budget == "0" { 0.0 } else { 2.0 };
         assert_eq!(metric(&server, "archgen_prompt_cache_misses_total"), misses);
     }
+#[test]
+fn batched_short_request_decodes_between_a_long_prompts_chunks() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    // Chunks of 256: a 2560-token prompt is prefilled in 10 chunks.
+    let server = start_server(
+        &model,
+        &[
+            "--impl",
+            "monolith",
+            "--max-batch",
+            "4",
+            "--prefill-step",
+            "256",
+        ],
+    );
+    let short_tokens = 40;
+    let short = ids_body(7, 5, short_tokens, false);
+    let (status, body) = curl(&server, "POST", "/v1/completions", Some(&short));
+    assert_eq!(status, 200, "{body}");
+    let alone = whole_answer(&body);
+    assert_eq!(
+        alone.1, "length",
+        "the short request must run all its tokens"
+    );
+
+    // mlx-lm's `BatchGenerator.next()` would give the short request one
+    // token per chunk of the long prompt: 40 tokens need more steps than the
+    // long prompt's 10 chunks. Decode-only steps between the chunks let it
+    // finish while the long prompt is still in prefill, with the answer it
+    // gets alone.
+    let long = Background::start(
+        &server,
+        "/v1/completions",
+        &long_prompt_body(2_560, 4, true),
+    );
+    wait_for_metric(
+        &server,
+        "archgen_active_sequences",
+        |v| v == 1.0,
+        Duration::from_secs(60),
+    );
+    let sent = Instant::now();
+    let (status, body) = curl(&server, "POST", "/v1/completions", Some(&short));
+    let short_done = Instant::now();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(whole_answer(&body), alone);
+    let first_long_token = loop {
+        let (at, line) = long.lines.recv_timeout(Duration::from_secs(300)).unwrap();
+        if line.contains("\"text\":\"") && !line.contains("\"text\":\"\"") {
+            break at;
+        }
+    };
+    assert!(
+        short_done < first_long_token,
+        "the short request ({:?}, {short_tokens} tokens) ended after the long prompt's \
+         prefill ({:?} after it was sent)",
+        short_done - sent,
+        first_long_token - sent
+    );
+    long.finish(Duration::from_secs(120));
 }

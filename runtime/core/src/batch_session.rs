@@ -151,6 +151,12 @@ impl GenerationBatch {
     }
 }
 
+/// A prompt member whose only segment left is its last token: it starts
+/// generating at the next split instead of feeding a chunk.
+fn down_to_last_token(segments: &VecDeque<Vec<i32>>) -> bool {
+    segments.len() == 1 && segments[0].len() == 1
+}
+
 /// `filter(keep)`, or `prompt_cache.clear()` when nothing is kept.
 fn filter_cache(cache: &mut Option<BatchCache>, keep: &[usize]) -> Result<()> {
     if keep.is_empty() {
@@ -344,6 +350,26 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         self.generation.seqs.len()
     }
 
+    /// Some prompt member still has a chunk to feed (it is not yet down to
+    /// its last token), so [`Self::step`] would run a prefill forward.
+    pub fn prefilling(&self) -> bool {
+        self.prompt.segments.iter().any(|s| !down_to_last_token(s))
+    }
+
+    /// [`Self::step_generation`] would run a forward: the generation batch
+    /// has members, or a prompt member is down to its last token.
+    pub fn can_decode(&self) -> bool {
+        !self.generation.seqs.is_empty() || self.prompt.segments.iter().any(down_to_last_token)
+    }
+
+    /// A waiting sequence would join the prompt batch at the next
+    /// [`Self::step`] (there is room for it).
+    pub fn can_admit(&self) -> bool {
+        !self.waiting.is_empty()
+            && self.prompt.seqs.len() < self.config.prefill_batch_size
+            && self.generation.seqs.len() < self.config.completion_batch_size
+    }
+
     /// One `BatchGenerator.next()` (see the module comment): the tokens the
     /// generation batch returns this step.
     pub fn step(&mut self) -> Result<Vec<StepOutput>> {
@@ -365,6 +391,29 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         }
         self.start_generating()?;
         self.prefill_chunk()?;
+        Ok(out)
+    }
+
+    /// [`Self::step`] without its prompt side's forward: the generation
+    /// batch's forward (1), and prompt members already down to their last
+    /// token moving to the generation batch (3), as `next()` runs them; no
+    /// sequence is admitted (2) and no prefill chunk runs (4).
+    ///
+    /// A server calls it to decode between two prefill chunks, so a long
+    /// prompt does not hold every generating sequence to one token per
+    /// chunk. The two batches share no cache, so each forward is the one
+    /// `next()` runs on the same members; what moves is only which
+    /// generation steps fall between which chunks, that is, which members
+    /// the generation batch holds when a prompt member joins it (as for a
+    /// prompt that arrived some steps later).
+    pub fn step_generation(&mut self) -> Result<Vec<StepOutput>> {
+        let mut out = Vec::new();
+        if !self.generation.seqs.is_empty() {
+            out = self.generation_step()?;
+        }
+        if self.generation.seqs.len() < self.config.completion_batch_size {
+            self.start_generating()?;
+        }
         Ok(out)
     }
 
@@ -432,9 +481,8 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     /// The split in `_next`: prompt members whose only segment left is their
     /// last token start generating.
     fn start_generating(&mut self) -> Result<()> {
-        let ready = |s: &VecDeque<Vec<i32>>| s.len() == 1 && s[0].len() == 1;
-        let (split, keep): (Vec<usize>, Vec<usize>) =
-            (0..self.prompt.seqs.len()).partition(|&i| ready(&self.prompt.segments[i]));
+        let (split, keep): (Vec<usize>, Vec<usize>) = (0..self.prompt.seqs.len())
+            .partition(|&i| down_to_last_token(&self.prompt.segments[i]));
         if split.is_empty() {
             return Ok(());
         }

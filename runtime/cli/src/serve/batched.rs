@@ -3,7 +3,11 @@
 //! flight, so each step is one batched forward of all sequences in decode
 //! plus one batched chunk of the prompts in prefill, scheduled exactly as
 //! mlx-lm's `BatchGenerator` (one-step-ahead sampling, chunked prefill,
-//! extend / filter; runtime/core/src/batch_session.rs).
+//! extend / filter; runtime/core/src/batch_session.rs). While a prompt is
+//! in prefill and other sequences generate, decode-only steps run between
+//! the chunks, as long in all as the last chunk's step took, so the
+//! generating sequences are not held to one token per chunk
+//! ([`BatchedScheduler::next_step`]).
 //!
 //! The server keeps what is a request's: admission up to `max_batch`,
 //! cancellation (the session's `leave`), text streaming with stop strings,
@@ -23,7 +27,7 @@
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use archgen_runtime::batch::BatchLm;
 use archgen_runtime::batch_session::{BatchConfig, BatchSession, Sampler, SeqId, StepOutput};
@@ -60,6 +64,20 @@ pub(super) struct BatchedScheduler<'a> {
     /// prompt, then every token the session returned for it (each was fed
     /// back in the step that returned it). The prompt cache's keys.
     tokens: HashMap<SeqId, Vec<i32>>,
+    /// How long the last full step (with its prefill chunk) took, and how
+    /// long the decode-only steps since then took: see [`Self::next_step`].
+    last_full_step: Duration,
+    decoded_since_full_step: Duration,
+}
+
+/// What the next step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepKind {
+    /// One `BatchGenerator.next()`: decode, admission, the prefill chunk.
+    Full,
+    /// The same without admission and the prefill chunk
+    /// ([`BatchSession::step_generation`]).
+    DecodeOnly,
 }
 
 impl<'a> BatchedScheduler<'a> {
@@ -90,6 +108,8 @@ impl<'a> BatchedScheduler<'a> {
             active: Vec::new(),
             prompt_cache,
             tokens: HashMap::new(),
+            last_full_step: Duration::ZERO,
+            decoded_since_full_step: Duration::ZERO,
         }
     }
 
@@ -212,10 +232,46 @@ impl<'a> BatchedScheduler<'a> {
         }
     }
 
-    /// One `BatchGenerator.next()`, its tokens handed to their clients.
+    /// Decode-only steps while a prompt is in prefill, until they have
+    /// taken as long as the last full step did; then a full step.
+    ///
+    /// `BatchGenerator.next()` runs one decode forward per prefill chunk, so
+    /// while a long prompt is in prefill every generating sequence gets one
+    /// token per chunk (tens of seconds per token for 2048-token chunks at
+    /// a 12k context on a 2-core CPU). Alternating by time gives the prefill
+    /// about half the model thread and the generating sequences the other
+    /// half. A newcomer that the session can admit gets a full step at once,
+    /// so it joins the prompt batch at the next chunk as in `next()`.
+    fn next_step(&self) -> StepKind {
+        let session = &self.session;
+        if session.prefilling()
+            && session.can_decode()
+            && !session.can_admit()
+            && self.decoded_since_full_step < self.last_full_step
+        {
+            StepKind::DecodeOnly
+        } else {
+            StepKind::Full
+        }
+    }
+
+    /// One step ([`Self::next_step`]), its tokens handed to their clients.
     fn step(&mut self) {
+        let kind = self.next_step();
         let session = &mut self.session;
-        let outputs = match std::panic::catch_unwind(AssertUnwindSafe(|| session.step())) {
+        let started = Instant::now();
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| match kind {
+            StepKind::Full => session.step(),
+            StepKind::DecodeOnly => session.step_generation(),
+        }));
+        match kind {
+            StepKind::Full => {
+                self.last_full_step = started.elapsed();
+                self.decoded_since_full_step = Duration::ZERO;
+            }
+            StepKind::DecodeOnly => self.decoded_since_full_step += started.elapsed(),
+        }
+        let outputs = match result {
             Ok(Ok(outputs)) => outputs,
             Ok(Err(e)) => return self.fail_all(format!("the generation failed: {e}")),
             Err(panic) => return self.fail_all(panic_message(&*panic)),
