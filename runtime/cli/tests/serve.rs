@@ -1234,6 +1234,8 @@ fn serves_a_prompt_that_extends_a_finished_one_from_the_prompt_cache() {
         let misses = if budget == "0" { 0.0 } else { 2.0 };
         assert_eq!(metric(&server, "archgen_prompt_cache_misses_total"), misses);
     }
+}
+
 #[test]
 fn batched_short_request_decodes_between_a_long_prompts_chunks() {
     let root = tempfile::tempdir().unwrap();
