@@ -163,7 +163,7 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
     for name in BATCHED {
         let model_dir = root.path().join(name).join("model");
         let model = archgen_monolith::load_dir(&model_dir).unwrap();
-        let json = schedule(model.vocab_size());
+        let json = schedule(BatchLm::vocab_size(&model));
         let schedule_path = root.path().join(format!("{name}.schedule.json"));
         std::fs::write(&schedule_path, serde_json::to_vec(&json).unwrap()).unwrap();
         let oracle_path = root.path().join(format!("{name}.oracle.safetensors"));
@@ -176,7 +176,7 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
             ],
         );
         let oracle = Array::load_safetensors(&oracle_path).unwrap();
-        let schedule = Schedule::from_json(&json, model.vocab_size()).unwrap();
+        let schedule = Schedule::from_json(&json, BatchLm::vocab_size(&model)).unwrap();
         let runs = run_schedule(&model, &schedule).unwrap();
         let generated = run_generated(&model_dir, name, &schedule).unwrap();
         assert_eq!(runs.len(), schedule.sequences.len());
@@ -220,7 +220,11 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
     // layer and the reason mlx-lm gives.
     let kv8_dir = root.path().join("kv-quant").join("model");
     let kv8 = archgen_monolith::load_dir(&kv8_dir).unwrap();
-    let schedule = Schedule::from_json(&schedule(kv8.vocab_size()), kv8.vocab_size()).unwrap();
+    let schedule = Schedule::from_json(
+        &schedule(BatchLm::vocab_size(&kv8)),
+        BatchLm::vocab_size(&kv8),
+    )
+    .unwrap();
     let refusals = [
         (
             "monolith",
@@ -295,7 +299,7 @@ fn decode_only_steps_between_chunks_match_a_later_arrival_in_batch_generator() {
     for name in SPECS {
         let model_dir = root.path().join(name).join("model");
         let model = archgen_monolith::load_dir(&model_dir).unwrap();
-        let vocab = model.vocab_size();
+        let vocab = BatchLm::vocab_size(&model);
         let ids =
             |n: i32, seed: i32| -> Vec<i32> { (0..n).map(|i| (i * 37 + seed) % vocab).collect() };
         let (prompt_a, prompt_b) = (ids(3, 11), ids(10, 29));
