@@ -13,8 +13,11 @@
 //! prompt's chunks, leaves at the token budget (`filter`, dropping shared
 //! padding) and cancellations (`remove`) in prefill and in generation.
 
+use archgen_runtime::batch::BatchCache;
 use archgen_runtime::batch::BatchLm;
-use archgen_runtime::batch_session::{run_schedule, BatchConfig, BatchSession, Schedule, SeqRun};
+use archgen_runtime::batch_session::{
+    run_schedule, BatchConfig, BatchSession, PromptLanes, Schedule, SeqRun,
+};
 use archgen_runtime::bytes::array_bytes;
 use archgen_runtime::model::{CausalLm, ModelTask};
 use archgen_runtime::Array;
@@ -379,4 +382,148 @@ fn decode_only_steps_between_chunks_match_a_later_arrival_in_batch_generator() {
         }
     }
     assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
+}
+
+/// A model that records the shape of every batched forward it runs.
+struct Recording<'a> {
+    model: &'a dyn BatchLm,
+    shapes: std::cell::RefCell<Vec<[i32; 2]>>,
+}
+
+impl BatchLm for Recording<'_> {
+    fn vocab_size(&self) -> i32 {
+        self.model.vocab_size()
+    }
+    fn make_batch_cache(&self, n: usize) -> archgen_runtime::ops::Result<BatchCache> {
+        self.model.make_batch_cache(n)
+    }
+    fn forward_batch(
+        &self,
+        ids: &Array,
+        cache: &mut BatchCache,
+    ) -> archgen_runtime::ops::Result<Array> {
+        let s = ids.shape();
+        self.shapes.borrow_mut().push([s[0], s[1]]);
+        self.model.forward_batch(ids, cache)
+    }
+}
+
+/// One sequence's logprobs rows and tokens, and the step each came in.
+type Trace = (Vec<Vec<u8>>, Vec<i32>, Vec<usize>);
+
+/// Runs `prompts` (each with its arrival step and token budget) through one
+/// session and returns each sequence's trace and the forwards' shapes.
+fn run_lanes(
+    model: &dyn BatchLm,
+    lanes: PromptLanes,
+    prompts: &[(Vec<i32>, usize, usize)],
+) -> (Vec<Trace>, Vec<[i32; 2]>) {
+    let recording = Recording {
+        model,
+        shapes: Default::default(),
+    };
+    let config = BatchConfig {
+        prefill_step_size: 4,
+        prompt_lanes: lanes,
+        ..BatchConfig::default()
+    };
+    let mut session = BatchSession::new(&recording, config);
+    let mut ids = vec![None; prompts.len()];
+    let mut traces: Vec<Trace> = vec![Default::default(); prompts.len()];
+    for step in 0..200 {
+        for (k, (prompt, arrival, budget)) in prompts.iter().enumerate() {
+            if *arrival == step {
+                ids[k] = Some(session.join(prompt, *budget).unwrap());
+            }
+        }
+        for out in session.step().unwrap() {
+            let k = ids.iter().position(|id| *id == Some(out.seq)).unwrap();
+            traces[k].0.push(array_bytes(&out.logprobs).unwrap());
+            traces[k].1.push(out.token);
+            traces[k].2.push(step);
+        }
+        if ids.iter().all(Option::is_some) && session.is_idle() {
+            break;
+        }
+    }
+    assert!(session.is_idle(), "the session did not finish");
+    (traces, recording.shapes.into_inner())
+}
+
+/// The server's `PromptLanes::ShortFirst`: a short prompt that arrives while
+/// a long one is in prefill gets a prompt batch of its own, is fed before
+/// the long one's next chunk, and finishes before the long one's first
+/// token; no prefill forward holds both. Each sequence computes what it
+/// computes alone (in a batch of one, as `BatchGenerator` with that prompt
+/// alone), byte for byte. mlx-lm's one prompt batch (`PromptLanes::One`)
+/// pads the short prompt into the long one's chunks instead.
+#[test]
+fn a_short_prompt_overtakes_a_long_one_in_prefill_and_computes_as_alone() {
+    let root = tempfile::tempdir().unwrap();
+    let name = "qwen3-0.6b-tiny";
+    let spec = archgen_spec::load(repo_root().join("specs").join(format!("{name}.yaml")))
+        .unwrap_or_else(|d| panic!("{d}"));
+    let jobs = json!([{
+        "config": config_for(&spec),
+        "out": root.path().join(name),
+        "seed": 4500,
+        "dtype": "bfloat16",
+        "bits": null,
+        "group_size": null,
+        "kv_quant": null,
+        "mixed_kv": null,
+        "prompt_ids": [1, 2, 3],
+        "decode_steps": 1,
+    }]);
+    let jobs_path = root.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+    let model = archgen_monolith::load_dir(&root.path().join(name).join("model")).unwrap();
+    let vocab = BatchLm::vocab_size(&model);
+    let ids = |n: i32, seed: i32| -> Vec<i32> { (0..n).map(|i| (i * 37 + seed) % vocab).collect() };
+    // The long prompt: 41 tokens, 10 chunks of 4 then its last token. The
+    // short one (6 tokens) arrives at step 2, with 8 tokens to return.
+    let long = (ids(41, 5), 0, 3);
+    let short = (ids(6, 13), 2, 8);
+
+    let (both, shapes) = run_lanes(
+        &model,
+        PromptLanes::ShortFirst,
+        &[long.clone(), short.clone()],
+    );
+    let (long_alone, _) = run_lanes(
+        &model,
+        PromptLanes::ShortFirst,
+        &[(long.0.clone(), 0, long.2)],
+    );
+    let (short_alone, _) = run_lanes(
+        &model,
+        PromptLanes::ShortFirst,
+        &[(short.0.clone(), 0, short.2)],
+    );
+    assert_eq!(both[0].0, long_alone[0].0, "the long prompt's logprobs");
+    assert_eq!(both[0].1, long_alone[0].1, "the long prompt's tokens");
+    assert_eq!(both[1].0, short_alone[0].0, "the short prompt's logprobs");
+    assert_eq!(both[1].1, short_alone[0].1, "the short prompt's tokens");
+    let short_done = *both[1].2.last().unwrap();
+    let long_first = both[0].2[0];
+    assert!(
+        short_done < long_first,
+        "the short prompt ended at step {short_done}, the long one's first token came at {long_first}"
+    );
+    // Prefill forwards (more than one token per row) each hold one prompt.
+    let shared: Vec<&[i32; 2]> = shapes.iter().filter(|s| s[1] > 1 && s[0] > 1).collect();
+    assert!(
+        shared.is_empty(),
+        "prefill forwards of two prompts: {shared:?}"
+    );
+
+    // mlx-lm's one prompt batch: the short prompt joins the long one's
+    // chunks (a forward of 2 rows) and its first token waits for them.
+    let (one, shapes) = run_lanes(&model, PromptLanes::One, &[long, short]);
+    assert!(
+        shapes.iter().any(|s| s[0] == 2 && s[1] == 4),
+        "with one prompt batch the two prompts share a chunk: {shapes:?}"
+    );
+    assert_eq!(one[1].1.len(), 8);
 }

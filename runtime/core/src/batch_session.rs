@@ -23,6 +23,15 @@
 //! 4. every other prompt member feeds its next chunk of at most
 //!    `prefill_step_size` tokens, right-padded to the longest chunk, as one
 //!    forward (`prepare`, forward, `finalize`).
+//!
+//! A server may ask for [`PromptLanes::ShortFirst`] instead of mlx-lm's one
+//! prompt batch ([`PromptLanes::One`], the default and what [`run_schedule`]
+//! replays): a prompt that arrives while a long one is in prefill then does
+//! not join its batch (where it would be padded to the long prompt's chunk
+//! and wait for its chunks) but forms a prompt batch of its own, and each
+//! step feeds the batch with the fewest tokens left. Every forward is still
+//! one that `BatchGenerator` runs, on the members it would hold had the
+//! prompts arrived apart; what moves is which prompts share a batch.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -41,6 +50,20 @@ fn error(what: String) -> mlx_rs::error::Exception {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(pub u64);
 
+/// How prompts in prefill are batched (see the module comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PromptLanes {
+    /// One prompt batch, as `BatchGenerator`: every admitted prompt joins
+    /// it, and each step feeds all its members a chunk.
+    #[default]
+    One,
+    /// A prompt batch still more than one chunk from its end takes no new
+    /// members; they form the next batch. Each step feeds one chunk to the
+    /// batch with the fewest tokens left, so a short prompt is not held
+    /// behind (or padded to) a long one.
+    ShortFirst,
+}
+
 /// `BatchGenerator`'s sizes, with its defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchConfig {
@@ -51,6 +74,8 @@ pub struct BatchConfig {
     /// The most sequences in the generation batch (mlx-lm: 32; raised to
     /// `prefill_batch_size` if smaller, as mlx-lm does).
     pub completion_batch_size: usize,
+    /// How prompts in prefill are batched (mlx-lm: one batch).
+    pub prompt_lanes: PromptLanes,
 }
 
 impl Default for BatchConfig {
@@ -59,6 +84,7 @@ impl Default for BatchConfig {
             prefill_step_size: 2048,
             prefill_batch_size: 8,
             completion_batch_size: 32,
+            prompt_lanes: PromptLanes::One,
         }
     }
 }
@@ -107,6 +133,15 @@ struct PromptBatch {
 }
 
 impl PromptBatch {
+    /// The most prompt tokens a member has left to feed.
+    fn tokens_left(&self) -> usize {
+        self.segments
+            .iter()
+            .map(|s| s.iter().map(Vec::len).sum::<usize>())
+            .max()
+            .unwrap_or(0)
+    }
+
     fn filter(&mut self, keep: &[usize]) -> Result<()> {
         self.seqs = keep.iter().map(|&i| self.seqs[i]).collect();
         self.segments = keep.iter().map(|&i| self.segments[i].clone()).collect();
@@ -202,7 +237,9 @@ pub struct BatchSession<'m, M: BatchLm + ?Sized> {
     config: BatchConfig,
     next_seq: u64,
     waiting: VecDeque<Waiting>,
-    prompt: PromptBatch,
+    /// The prompt batches in prefill: at most one with [`PromptLanes::One`];
+    /// none is empty.
+    prompts: Vec<PromptBatch>,
     generation: GenerationBatch,
     /// Whether a finished sequence's cache comes back with its last
     /// [`StepOutput`] (mlx-lm's `Response.prompt_cache`).
@@ -221,7 +258,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             config,
             next_seq: 0,
             waiting: VecDeque::new(),
-            prompt: PromptBatch::default(),
+            prompts: Vec::new(),
             generation: GenerationBatch::default(),
             keep_caches: false,
         }
@@ -308,10 +345,14 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             self.waiting.remove(i);
             return Ok(true);
         }
-        if let Some(i) = self.prompt.seqs.iter().position(|s| *s == seq) {
-            let keep: Vec<usize> = (0..self.prompt.seqs.len()).filter(|&j| j != i).collect();
-            self.prompt.filter(&keep)?;
-            return Ok(true);
+        for b in 0..self.prompts.len() {
+            let prompt = &mut self.prompts[b];
+            if let Some(i) = prompt.seqs.iter().position(|s| *s == seq) {
+                let keep: Vec<usize> = (0..prompt.seqs.len()).filter(|&j| j != i).collect();
+                prompt.filter(&keep)?;
+                self.prompts.retain(|p| !p.seqs.is_empty());
+                return Ok(true);
+            }
         }
         if let Some(i) = self.generation.seqs.iter().position(|s| *s == seq) {
             let keep: Vec<usize> = (0..self.generation.seqs.len())
@@ -342,7 +383,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
 
     /// No sequence is waiting, in prefill or generating.
     pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.prompt.seqs.is_empty() && self.generation.seqs.is_empty()
+        self.waiting.is_empty() && self.prompts.is_empty() && self.generation.seqs.is_empty()
     }
 
     /// Sequences in the generation batch.
@@ -353,20 +394,20 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     /// Some prompt member still has a chunk to feed (it is not yet down to
     /// its last token), so [`Self::step`] would run a prefill forward.
     pub fn prefilling(&self) -> bool {
-        self.prompt.segments.iter().any(|s| !down_to_last_token(s))
+        self.prompt_segments().any(|s| !down_to_last_token(s))
     }
 
     /// [`Self::step_generation`] would run a forward: the generation batch
     /// has members, or a prompt member is down to its last token.
     pub fn can_decode(&self) -> bool {
-        !self.generation.seqs.is_empty() || self.prompt.segments.iter().any(down_to_last_token)
+        !self.generation.seqs.is_empty() || self.prompt_segments().any(down_to_last_token)
     }
 
     /// A waiting sequence would join the prompt batch at the next
     /// [`Self::step`] (there is room for it).
     pub fn can_admit(&self) -> bool {
         !self.waiting.is_empty()
-            && self.prompt.seqs.len() < self.config.prefill_batch_size
+            && self.prompt_members() < self.config.prefill_batch_size
             && self.generation.seqs.len() < self.config.completion_batch_size
     }
 
@@ -383,7 +424,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         let n = (self
             .config
             .prefill_batch_size
-            .saturating_sub(self.prompt.seqs.len()))
+            .saturating_sub(self.prompt_members()))
         .min(self.config.completion_batch_size - self.generation.seqs.len())
         .min(self.waiting.len());
         if n > 0 {
@@ -470,33 +511,64 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             let rows: Vec<Option<&SeqCache>> = admitted.iter().map(|w| w.cache.as_ref()).collect();
             seq_cache::merge(&self.model.make_batch_cache(1)?, &rows)?
         };
-        for w in admitted {
-            self.prompt.seqs.push(w.seq);
-            self.prompt.segments.push(w.segments);
-            self.prompt.max_tokens.push(w.max_tokens);
+        let step = self.config.prefill_step_size;
+        // With `ShortFirst`, a batch with more than one chunk left takes no
+        // new members: they start the next batch.
+        let joinable = match (self.config.prompt_lanes, self.prompts.last()) {
+            (_, None) => false,
+            (PromptLanes::One, Some(_)) => true,
+            (PromptLanes::ShortFirst, Some(last)) => last.tokens_left() <= step,
+        };
+        if !joinable {
+            self.prompts.push(PromptBatch::default());
         }
-        extend_cache(&mut self.prompt.cache, Some(merged))
+        let prompt = self
+            .prompts
+            .last_mut()
+            .ok_or_else(|| error("no prompt batch to admit into".into()))?;
+        for w in admitted {
+            prompt.seqs.push(w.seq);
+            prompt.segments.push(w.segments);
+            prompt.max_tokens.push(w.max_tokens);
+        }
+        extend_cache(&mut prompt.cache, Some(merged))
     }
 
-    /// The split in `_next`: prompt members whose only segment left is their
-    /// last token start generating.
+    /// Every prompt member's segments left, batch after batch.
+    fn prompt_segments(&self) -> impl Iterator<Item = &VecDeque<Vec<i32>>> {
+        self.prompts.iter().flat_map(|p| p.segments.iter())
+    }
+
+    /// Sequences in prefill, in every prompt batch.
+    fn prompt_members(&self) -> usize {
+        self.prompts.iter().map(|p| p.seqs.len()).sum()
+    }
+
+    /// The split in `_next`, batch by batch: prompt members whose only
+    /// segment left is their last token start generating.
     fn start_generating(&mut self) -> Result<()> {
-        let (split, keep): (Vec<usize>, Vec<usize>) = (0..self.prompt.seqs.len())
-            .partition(|&i| down_to_last_token(&self.prompt.segments[i]));
+        for b in 0..self.prompts.len() {
+            self.start_generating_from(b)?;
+        }
+        self.prompts.retain(|p| !p.seqs.is_empty());
+        Ok(())
+    }
+
+    fn start_generating_from(&mut self, b: usize) -> Result<()> {
+        let prompt = &mut self.prompts[b];
+        let (split, keep): (Vec<usize>, Vec<usize>) =
+            (0..prompt.seqs.len()).partition(|&i| down_to_last_token(&prompt.segments[i]));
         if split.is_empty() {
             return Ok(());
         }
         // `PromptProcessingBatch.split`: a copy filtered to `split`, the
         // original to the rest.
-        let mut cache = self.prompt.cache.clone();
+        let mut cache = prompt.cache.clone();
         filter_cache(&mut cache, &split)?;
-        let seqs: Vec<SeqId> = split.iter().map(|&i| self.prompt.seqs[i]).collect();
-        let last: Vec<i32> = split
-            .iter()
-            .map(|&i| self.prompt.segments[i][0][0])
-            .collect();
-        let max_tokens: Vec<usize> = split.iter().map(|&i| self.prompt.max_tokens[i]).collect();
-        self.prompt.filter(&keep)?;
+        let seqs: Vec<SeqId> = split.iter().map(|&i| prompt.seqs[i]).collect();
+        let last: Vec<i32> = split.iter().map(|&i| prompt.segments[i][0][0]).collect();
+        let max_tokens: Vec<usize> = split.iter().map(|&i| prompt.max_tokens[i]).collect();
+        prompt.filter(&keep)?;
         let mut cache =
             cache.ok_or_else(|| error("a sequence starts generating without a cache".into()))?;
         // `GenerationBatch.__init__` runs its first step at once.
@@ -512,15 +584,21 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         })
     }
 
-    /// `PromptProcessingBatch.prompt` on the next chunk of every prompt
-    /// member.
+    /// `PromptProcessingBatch.prompt` on the next chunk of every member of
+    /// one prompt batch: the only one, or with [`PromptLanes::ShortFirst`]
+    /// the one with the fewest tokens left (the earliest of equals).
     fn prefill_chunk(&mut self) -> Result<()> {
-        if self.prompt.seqs.is_empty() {
+        let Some(prompt) = self
+            .prompts
+            .iter_mut()
+            .filter(|p| !p.seqs.is_empty())
+            .min_by_key(|p| p.tokens_left())
+        else {
             return Ok(());
-        }
+        };
         let step = self.config.prefill_step_size;
-        let mut chunks = Vec::with_capacity(self.prompt.seqs.len());
-        for segments in &mut self.prompt.segments {
+        let mut chunks = Vec::with_capacity(prompt.seqs.len());
+        for segments in &mut prompt.segments {
             let first = segments
                 .front_mut()
                 .ok_or_else(|| error("a prompt member has no tokens left".into()))?;
@@ -530,8 +608,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
                 segments.pop_front();
             }
         }
-        let cache = self
-            .prompt
+        let cache = prompt
             .cache
             .as_mut()
             .ok_or_else(|| error("the prompt batch has no cache".into()))?;

@@ -30,7 +30,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use archgen_runtime::batch::BatchLm;
-use archgen_runtime::batch_session::{BatchConfig, BatchSession, Sampler, SeqId, StepOutput};
+use archgen_runtime::batch_session::{
+    BatchConfig, BatchSession, PromptLanes, Sampler, SeqId, StepOutput,
+};
 use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::mlx_rs::{self, Array};
 use archgen_runtime::Dtype;
@@ -92,6 +94,10 @@ impl<'a> BatchedScheduler<'a> {
             prefill_step_size: limits.prefill_step,
             prefill_batch_size: PREFILL_BATCH.min(limits.max_batch),
             completion_batch_size: limits.max_batch,
+            // A short prompt sent while a long one is in prefill gets a
+            // prompt batch of its own instead of waiting for (and being
+            // padded to) the long prompt's chunks.
+            prompt_lanes: PromptLanes::ShortFirst,
         };
         let prompt_cache = match limits.prompt_cache_bytes {
             0 => None,
