@@ -10,14 +10,13 @@ time to first token, p50/p99 inter-token latency, failed requests. The CPU
 script's long-request levels and probes are left out here (device time).
 
 Servers (each started in turn on the same checkpoint):
-  archgen            `archgen serve` with its defaults (--impl auto, which
-                     picks the generated model for a spec it was generated
-                     from; generated models have no batched forward on main,
-                     so concurrent requests run one forward per sequence per
-                     step; --max-batch 16)
-  archgen-monolith   `archgen serve --impl monolith`: the batched forward
-                     (BatchSession, mlx-lm's BatchGenerator schedule),
-                     --max-batch 16 (the default)
+  archgen            `archgen serve` with its defaults: --max-batch 16 and
+                     --impl auto, which with batching on serves with the
+                     monolith, the implementation with a batched forward on
+                     main (BatchSession, mlx-lm's BatchGenerator schedule;
+                     generated models decode one sequence per forward)
+  archgen-monolith   `archgen serve --impl monolith`: the same as `archgen`
+                     today, named explicitly
   archgen-monolith-b32  the same with --max-batch 32 (mlx-lm's decode
                      concurrency)
   mlx-lm             `python3 -m mlx_lm.server` with its defaults (decode

@@ -28,6 +28,13 @@ torch_site=$(python3 -c 'import torch, os; print(os.path.dirname(os.path.dirname
 nv=$(ls -d "$torch_site"/nvidia/*/lib 2>/dev/null | tr '\n' ':')
 export LD_LIBRARY_PATH="/tmp/site/mlx/lib:/tmp/site/mlx_cuda_13.libs:${nv}${LD_LIBRARY_PATH:-}"
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+# MLX's CUDA backend keeps at most 400 CUDA graphs by default and raises
+# "Cache thrashing is happening" once continuous batching (a new graph for
+# each batch size and cache shape) cycles through more: on the H200 that
+# killed mlx_lm.server's generation thread at 8 clients and failed every
+# archgen request at 32 (docs/benchmarks.md, "Serving on the H200"). Both
+# servers get the larger cache the error message asks for.
+export MLX_CUDA_GRAPH_CACHE_SIZE=${MLX_CUDA_GRAPH_CACHE_SIZE:-4000}
 
 for step in "$@"; do
   case $step in
