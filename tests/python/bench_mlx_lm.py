@@ -27,6 +27,18 @@ evaluated 1-token forward on a throwaway cache, it prints
               logits row's graph written to FILE the same way
               -> {"dot": FILE, "nodes": N}
               (runtime/mlx-cuda/graph_diff.py compares two such files)
+  batch B P W S
+              batched decode through mlx-lm's own BatchGenerator (its
+              defaults: prefill step 2048, prefill batch 8, completion batch
+              32; greedy): B sequences of P prompt ids (sequence j's ids
+              shifted by 101 * j, as the Rust worker's `batch`) inserted at
+              once; next() runs untimed until one call returns a token for
+              all B, then W untimed and S timed calls; a step's time is the
+              interval between two next() returns (the generator pipelines:
+              each call queues the next forward before reading this one's
+              tokens) -> {"batch": B, "fill_s": T, "steps_s": [T...],
+              "tokens": [[B tokens]...]} (timed steps, in sequence order);
+              the sequences are then removed
   quit
 Prompt ids are (i * 37 + 11) % vocab, as in the parity tests.
 
@@ -68,6 +80,45 @@ def vmhwm_kb() -> int | None:
 def reply(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
+
+
+def batched_steps(model, vocab: int, b: int, p: int, warm: int, timed: int) -> dict:
+    """`batch B P W S` (see the module docstring)."""
+    from mlx_lm.generate import BatchGenerator
+
+    if b < 1 or p < 1:
+        raise SystemExit(f"batch: B and P must be at least 1 (got {b}, {p})")
+    # No sequence reaches this budget before the timed steps end (the first
+    # ones start generating while later ones still prefill).
+    budget = warm + timed + p + b + 8
+    gen = BatchGenerator(model)
+    prompts = [[(i * 37 + 11 + 101 * j) % vocab for i in range(p)] for j in range(b)]
+    started = time.perf_counter()
+    uids = gen.insert(prompts, max_tokens=[budget] * b)
+    seq_of = {uid: j for j, uid in enumerate(uids)}
+    steps = 0
+    while len(gen.next()[1]) < b:
+        steps += 1
+        if steps > budget:
+            raise SystemExit(f"batch {b}: not all sequences were generating after {steps} steps")
+    fill_s = time.perf_counter() - started
+    times, tokens = [], []
+    since = time.perf_counter()
+    for i in range(warm + timed):
+        generated = gen.next()[1]
+        now = time.perf_counter()
+        elapsed, since = now - since, now
+        if len(generated) != b or any(r.finish_reason is not None for r in generated):
+            raise SystemExit(f"batch {b}: step {i} returned {len(generated)} tokens, expected {b} running")
+        if i >= warm:
+            times.append(elapsed)
+            row = [0] * b
+            for r in generated:
+                row[seq_of[r.uid]] = int(r.token)
+            tokens.append(row)
+    gen.remove(uids)
+    gen.close()
+    return {"batch": b, "fill_s": fill_s, "steps_s": times, "tokens": tokens}
 
 
 def main() -> None:
@@ -174,6 +225,8 @@ def main() -> None:
             mx.eval(logits)
             last = logits[-1] if logits.ndim == 2 else logits
             reply({"dot": str(path), "nodes": len(ops)})
+        elif words[0] == "batch" and len(words) == 5:
+            reply(batched_steps(model, vocab, *map(int, words[1:])))
         else:
             raise SystemExit(f"unknown command {line.strip()!r}")
 

@@ -32,6 +32,21 @@
 //!                row) whose logits row's graph is written to FILE the same
 //!                way -> `{"dot": FILE, "nodes": N}`
 //!                runtime/mlx-cuda/graph_diff.py compares two such files
+//!   `batch B P W S`  batched decode through the model's batched forward
+//!                (`CausalLm::batched`: today the monolith's `BatchLm`;
+//!                generated models have none yet and answer `{"error"}`):
+//!                B sequences of P prompt ids (sequence j's ids shifted by
+//!                101 * j, so the rows differ) join one `BatchSession` with
+//!                mlx-lm's `BatchGenerator` defaults; steps run untimed until
+//!                one step returns a token for all B (all prefilled, one
+//!                generation batch), then W untimed and S timed steps; a
+//!                step is one `BatchSession::step` (one batched forward over
+//!                B tokens, its B logprobs rows and greedy tokens evaluated,
+//!                as `archgen serve` runs it) and its time the interval
+//!                between two steps' tokens -> `{"batch": B, "fill_s": T,
+//!                "steps_s": [T...], "tokens": [[B tokens]...]}` (the tokens
+//!                of the timed steps, in sequence order); the sequences then
+//!                leave the session
 //!   `quit`
 //! Prompt ids are `(i * 37 + 11) % vocab`, as in the parity tests.
 
@@ -40,6 +55,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use archgen_runtime::batch::BatchLm;
+use archgen_runtime::batch_session::{BatchConfig, BatchSession, SeqId};
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::model::{CausalLm, ModelTask};
 use archgen_runtime::protocol::argmax;
@@ -174,6 +191,33 @@ impl ModelTask for Worker {
                     });
                     reply(json!({ "dot": file, "nodes": total }));
                 }
+                Some("batch") => {
+                    let (b, p, warm, timed) = (num(1)?, num(2)?, num(3)?, num(4)?);
+                    if b == 0 || p == 0 {
+                        return Err(format!("bad command '{line}': B and P must be at least 1"));
+                    }
+                    // A model without a batched forward is an answer, not a
+                    // crash: the driver reports it and goes on.
+                    match m.batched() {
+                        None => reply(json!({
+                            "error": format!(
+                                "{}: no batched forward (CausalLm::batched is None; \
+                                 generated models do not implement BatchLm yet)",
+                                self.name
+                            )
+                        })),
+                        Some(batched) => {
+                            let run = batched_steps(batched, b, p, warm, timed)
+                                .map_err(|e| e.to_string())?;
+                            reply(json!({
+                                "batch": b,
+                                "fill_s": run.fill_s,
+                                "steps_s": run.steps_s,
+                                "tokens": run.tokens,
+                            }));
+                        }
+                    }
+                }
                 Some("quit") | None => break,
                 Some(other) => return Err(format!("unknown command '{other}'")),
             }
@@ -280,6 +324,89 @@ fn sequential_steps<M: CausalLm>(
         last = next;
     }
     Ok((times, tokens, last))
+}
+
+/// What `batch B P W S` measured.
+struct BatchRun {
+    /// From the first join to the first step that returned a token for all
+    /// B sequences (their prefills and the generation batch's first steps).
+    fill_s: f64,
+    /// The S timed steps' intervals.
+    steps_s: Vec<f64>,
+    /// Each timed step's greedy tokens, in sequence (join) order.
+    tokens: Vec<Vec<i32>>,
+}
+
+/// `batch B P W S` (see the module comment): B sequences through one
+/// `BatchSession` as `archgen serve` drives it, timed per step once all B
+/// are in the generation batch.
+fn batched_steps(
+    m: &dyn BatchLm,
+    b: usize,
+    p: usize,
+    warm: usize,
+    timed: usize,
+) -> archgen_runtime::ops::Result<BatchRun> {
+    let fail = |what: String| archgen_runtime::mlx_rs::error::Exception::custom(what);
+    let vocab = i64::from(m.vocab_size());
+    let mut session = BatchSession::new(m, BatchConfig::default());
+    // A budget no sequence reaches before the timed steps end: the first
+    // sequences start generating while later ones still prefill (at most
+    // one step per prefill chunk and per admission of 8), so they have
+    // returned fewer than `p + b` tokens when the last one starts.
+    let budget = warm + timed + p + b + 8;
+    let mut seqs: Vec<SeqId> = Vec::with_capacity(b);
+    let started = Instant::now();
+    for j in 0..b as i64 {
+        let ids: Vec<i32> = (0..p as i64)
+            .map(|i| ((i * 37 + 11 + 101 * j) % vocab) as i32)
+            .collect();
+        seqs.push(session.join(&ids, budget)?);
+    }
+    let mut steps = 0;
+    while session.step()?.len() < b {
+        steps += 1;
+        if steps > budget {
+            return Err(fail(format!(
+                "batch {b}: not all sequences were generating after {steps} steps"
+            )));
+        }
+    }
+    let fill_s = started.elapsed().as_secs_f64();
+    let (mut steps_s, mut tokens) = (Vec::with_capacity(timed), Vec::with_capacity(timed));
+    let mut since = Instant::now();
+    for i in 0..warm + timed {
+        let out = session.step()?;
+        let elapsed = since.elapsed().as_secs_f64();
+        since = Instant::now();
+        if out.len() != b || out.iter().any(|o| o.finished) {
+            return Err(fail(format!(
+                "batch {b}: step {i} returned {} tokens (finished: {}), expected {b} running",
+                out.len(),
+                out.iter().filter(|o| o.finished).count()
+            )));
+        }
+        if i >= warm {
+            steps_s.push(elapsed);
+            let mut row = vec![0; b];
+            for o in &out {
+                let at = seqs
+                    .iter()
+                    .position(|s| *s == o.seq)
+                    .ok_or_else(|| fail(format!("batch {b}: unknown sequence {:?}", o.seq)))?;
+                row[at] = o.token;
+            }
+            tokens.push(row);
+        }
+    }
+    for seq in seqs {
+        session.leave(seq)?;
+    }
+    Ok(BatchRun {
+        fill_s,
+        steps_s,
+        tokens,
+    })
 }
 
 /// Writes the unevaluated graph behind `out` to `path` as DOT, with MLX's

@@ -1,0 +1,141 @@
+"""Serving on the GPU: `archgen serve` and `mlx_lm.server` on one real-size
+checkpoint, 1, 8 and 32 concurrent streaming clients, over loopback.
+
+Runs on the GPU machine (serve_bench_gpu.sh sets up the wheels, the
+binaries and the checkpoint). It reuses tests/python/serve_bench.py's
+client and server code (streamed chat completions over http.client,
+temperature 0; a server started on a free loopback port and stopped at the
+end) and measures the load levels only: aggregate completion tokens/s, p50/p99
+time to first token, p50/p99 inter-token latency, failed requests. The CPU
+script's long-request levels and probes are left out here (device time).
+
+Servers (each started in turn on the same checkpoint):
+  archgen            `archgen serve` with its defaults: --max-batch 16 and
+                     --impl auto, which with batching on serves with the
+                     monolith, the implementation with a batched forward on
+                     main (BatchSession, mlx-lm's BatchGenerator schedule;
+                     generated models decode one sequence per forward)
+  archgen-monolith   `archgen serve --impl monolith`: the same as `archgen`
+                     today, named explicitly
+  archgen-monolith-b32  the same with --max-batch 32 (mlx-lm's decode
+                     concurrency)
+  mlx-lm             `python3 -m mlx_lm.server` with its defaults (decode
+                     concurrency 32, prompt concurrency 8, prefill step 2048)
+
+Before the timed levels each server gets an untimed warm-up: one request,
+then one request per client at each level (8 tokens each), so MLX's CUDA
+kernels for those batch shapes are compiled (NVRTC, on first use in each
+process) before anything is timed. Each level sends
+max(--min-requests, --waves * clients) requests of --max-tokens tokens,
+`clients` at a time; every request has a timeout and none is retried.
+
+usage: serve_bench_gpu.py --archgen BIN --model DIR [--servers ...] [--clients 1 8 32]
+                          [--max-tokens 64] [--json OUT] [--markdown OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+SERVERS = ["archgen", "archgen-monolith", "archgen-monolith-b32", "mlx-lm"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--archgen", required=True)
+    ap.add_argument("--model", type=Path, required=True,
+                    help="checkpoint with tokenizer.json and a chat template")
+    ap.add_argument("--repo", type=Path, default=HERE.parents[1])
+    ap.add_argument("--servers", nargs="+", default=["archgen", "archgen-monolith", "mlx-lm"],
+                    choices=SERVERS)
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--min-requests", type=int, default=16)
+    ap.add_argument("--waves", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--logs", type=Path, default=Path("/tmp"))
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--markdown", type=Path)
+    a = ap.parse_args()
+
+    sys.path.insert(0, str(a.repo / "tests/python"))
+    from serve_bench import SHORT, Server, chat, fmt, free_port, load_level
+
+    results: dict[str, dict] = {}
+    for name in a.servers:
+        port = free_port()
+        if name.startswith("archgen"):
+            argv = [a.archgen, "--quiet", "serve", "--model", str(a.model), "--host", "127.0.0.1",
+                    "--port", str(port)]
+            if name.startswith("archgen-monolith"):
+                argv += ["--impl", "monolith"]
+            if name == "archgen-monolith-b32":
+                argv += ["--max-batch", "32"]
+        else:
+            argv = [sys.executable, "-m", "mlx_lm.server", "--model", str(a.model), "--host", "127.0.0.1",
+                    "--port", str(port)]
+        t = time.time()
+        print(f"{name}: starting: {' '.join(argv)}", flush=True)
+        server = Server(name, argv, port, a.logs / f"serve-{name}.log")
+        out: dict = {"start_s": time.time() - t, "levels": []}
+        print(f"{name}: answering after {out['start_s']:.1f} s", flush=True)
+        try:
+            t = time.time()
+            first = chat(port, SHORT, 4, a.timeout)
+            for clients in a.clients:
+                load_level(port, clients, clients, 8, a.timeout)
+            out["warmup_s"] = time.time() - t
+            print(f"{name}: warm-up {out['warmup_s']:.1f} s (first request ok: {first.ok})", flush=True)
+            for clients in a.clients:
+                requests = max(a.min_requests, a.waves * clients)
+                level = load_level(port, clients, requests, a.max_tokens, a.timeout)
+                out["levels"].append(level)
+                print(f"{name}: {clients:>2} clients, {requests} requests: "
+                      f"{fmt(level['tokens_per_s'])} tok/s, "
+                      f"TTFT p50/p99 {fmt(level['ttft_p50_s'], 1e3, 0)}/{fmt(level['ttft_p99_s'], 1e3, 0)} ms, "
+                      f"ITL p50/p99 {fmt(level['itl_p50_s'], 1e3, 1)}/{fmt(level['itl_p99_s'], 1e3, 1)} ms, "
+                      f"{level['completion_tokens']} tokens in {level['wall_s']:.1f} s, "
+                      f"failed {level['failed']}/{level['requests']} {level['errors']}", flush=True)
+        finally:
+            server.close()
+        results[name] = out
+
+    version = subprocess.run([a.archgen, "--version"], capture_output=True, text=True).stdout.strip()
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        gpu = "no nvidia-smi (not a GPU machine)"
+    lines = [
+        f"GPU: {gpu}; {os.cpu_count()} cores. Checkpoint {a.model.name}; {a.max_tokens} completion "
+        f"tokens per streamed chat request at temperature 0; {version}.",
+        "",
+        "| clients | server | tokens/s | TTFT p50 / p99 (ms) | inter-token p50 / p99 (ms) | failed |",
+        "| ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for i, clients in enumerate(a.clients):
+        for name in a.servers:
+            lv = results[name]["levels"][i]
+            lines.append(
+                f"| {clients} | {name} | {fmt(lv['tokens_per_s'])} | "
+                f"{fmt(lv['ttft_p50_s'], 1e3, 0)} / {fmt(lv['ttft_p99_s'], 1e3, 0)} | "
+                f"{fmt(lv['itl_p50_s'], 1e3, 1)} / {fmt(lv['itl_p99_s'], 1e3, 1)} | "
+                f"{lv['failed']}/{lv['requests']} |")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if a.markdown:
+        a.markdown.write_text(table)
+    if a.json:
+        a.json.write_text(json.dumps({"gpu": gpu, "archgen": version, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
