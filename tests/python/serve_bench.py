@@ -126,6 +126,11 @@ def chat(port: int, content: str, max_tokens: int, timeout: float, stream: bool 
             if data == b"[DONE]":
                 break
             event = json.loads(data)
+            # A failure after the 200 header arrives in the stream (OpenAI's
+            # `{"error": ...}` event): the request failed.
+            if event.get("error"):
+                r.error = str(event["error"].get("message", event["error"]))[:200]
+                return r
             if event.get("usage"):
                 r.completion_tokens = event["usage"].get("completion_tokens")
             for choice in event.get("choices") or []:

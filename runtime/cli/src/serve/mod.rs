@@ -1359,7 +1359,19 @@ async fn stop_signal() {
     let _ = interrupt.await;
 }
 
+/// MLX's CUDA graph cache size for a server, unless the operator set one.
+/// Continuous batching runs a new graph shape for every batch size and
+/// prefill length; past MLX 0.32.2's default of 400 graphs its CUDA backend
+/// throws "Cache thrashing is happening" and fails the step (seen on an
+/// H200: 63 of 64 requests at 32 clients; docs/benchmarks.md, "Serving on
+/// the H200"). Other backends do not read it.
+const CUDA_GRAPH_CACHE_SIZE: &str = "4000";
+
 pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
+    // Before the model loads, so before MLX's CUDA backend reads it.
+    if std::env::var_os("MLX_CUDA_GRAPH_CACHE_SIZE").is_none() {
+        std::env::set_var("MLX_CUDA_GRAPH_CACHE_SIZE", CUDA_GRAPH_CACHE_SIZE);
+    }
     let model = args.model.as_path();
     if !model.is_dir() {
         return Err(format!("{}: not a directory", model.display()));
