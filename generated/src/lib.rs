@@ -86,6 +86,14 @@ pub mod mistral_7b_v0_3_tiny;
 #[rustfmt::skip]
 pub mod mistral_7b_v0_3;
 #[rustfmt::skip]
+pub mod olmo_2_1124_7b_l2;
+#[rustfmt::skip]
+pub mod olmo_2_1124_7b_tiny_q4;
+#[rustfmt::skip]
+pub mod olmo_2_1124_7b_tiny;
+#[rustfmt::skip]
+pub mod olmo_2_1124_7b;
+#[rustfmt::skip]
 pub mod qwen2_5_0_5b_l4;
 #[rustfmt::skip]
 pub mod qwen2_5_0_5b_tiny_q4;
@@ -365,6 +373,26 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "mistral-7b-v0.3",
         spec: "specs/mistral-7b-v0.3.yaml",
         fingerprint: mistral_7b_v0_3::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "olmo-2-1124-7b-l2",
+        spec: "specs/olmo-2-1124-7b-l2.yaml",
+        fingerprint: olmo_2_1124_7b_l2::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "olmo-2-1124-7b-tiny-q4",
+        spec: "specs/olmo-2-1124-7b-tiny-q4.yaml",
+        fingerprint: olmo_2_1124_7b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "olmo-2-1124-7b-tiny",
+        spec: "specs/olmo-2-1124-7b-tiny.yaml",
+        fingerprint: olmo_2_1124_7b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "olmo-2-1124-7b",
+        spec: "specs/olmo-2-1124-7b.yaml",
+        fingerprint: olmo_2_1124_7b::FINGERPRINT,
     },
     GeneratedModel {
         name: "qwen2.5-0.5b-l4",
@@ -647,6 +675,18 @@ pub fn run<T: ModelTask>(
         }
         mistral_7b_v0_3::FINGERPRINT => {
             Some(mistral_7b_v0_3::load(weights).map(|m| task.run(&m)))
+        }
+        olmo_2_1124_7b_l2::FINGERPRINT => {
+            Some(olmo_2_1124_7b_l2::load(weights).map(|m| task.run(&m)))
+        }
+        olmo_2_1124_7b_tiny_q4::FINGERPRINT => {
+            Some(olmo_2_1124_7b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        olmo_2_1124_7b_tiny::FINGERPRINT => {
+            Some(olmo_2_1124_7b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        olmo_2_1124_7b::FINGERPRINT => {
+            Some(olmo_2_1124_7b::load(weights).map(|m| task.run(&m)))
         }
         qwen2_5_0_5b_l4::FINGERPRINT => {
             Some(qwen2_5_0_5b_l4::load(weights).map(|m| task.run(&m)))

@@ -5,8 +5,11 @@
 //! queries and keys, Qwen2 a bias on the q, k and v projections, SmolLM3 (Llama's
 //! `ModelArgs` and `LlamaModel`) drops RoPE on every `no_rope_layer_interval`-th
 //! layer, Granite multiplies the embedding, the attention scores, the residual
-//! branches and the logits by constants of its config (`scales`). One document
-//! layout serves them all; the family fixes what differs.
+//! branches and the logits by constants of its config (`scales`), OLMo-2
+//! (`olmo2.py`, Llama's `ModelArgs` fields) puts the norms after the attention
+//! and the MLP instead of before them and RMS-normalizes the whole q and k
+//! projections. One document layout serves them all; the family fixes what
+//! differs.
 //!
 //! This module holds everything family-specific on the spec side: the document, its
 //! validation, the resolved [`Architecture`], the config.json view, the YAML writer, the
@@ -79,6 +82,7 @@ pub(crate) enum DenseFamily {
     Qwen2,
     SmolLm3,
     Granite,
+    Olmo2,
 }
 
 impl DenseFamily {
@@ -90,6 +94,7 @@ impl DenseFamily {
             Family::Qwen2 => Some(DenseFamily::Qwen2),
             Family::SmolLm3 => Some(DenseFamily::SmolLm3),
             Family::Granite => Some(DenseFamily::Granite),
+            Family::Olmo2 => Some(DenseFamily::Olmo2),
             Family::Gemma4
             | Family::Gemma2
             | Family::Qwen3Moe
@@ -105,6 +110,7 @@ impl DenseFamily {
             DenseFamily::Qwen2 => Family::Qwen2,
             DenseFamily::SmolLm3 => Family::SmolLm3,
             DenseFamily::Granite => Family::Granite,
+            DenseFamily::Olmo2 => Family::Olmo2,
         }
     }
 }
@@ -282,7 +288,11 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
         ),
         (DenseFamily::SmolLm3, Some(_)) | (_, None) => {}
         (
-            DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::Granite,
+            DenseFamily::Qwen3
+            | DenseFamily::Llama
+            | DenseFamily::Qwen2
+            | DenseFamily::Granite
+            | DenseFamily::Olmo2,
             Some(_),
         ) => c.err(
             p("rope.no_rope_layer_interval"),
@@ -317,7 +327,11 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
         }
         (_, None) => {}
         (
-            DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::SmolLm3,
+            DenseFamily::Qwen3
+            | DenseFamily::Llama
+            | DenseFamily::Qwen2
+            | DenseFamily::SmolLm3
+            | DenseFamily::Olmo2,
             Some(_),
         ) => c.err(
             p("scales"),
@@ -592,15 +606,28 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     let family = spec.dense_family();
     let qk_norm = match family {
         DenseFamily::Qwen3 => QkNorm::RmsPerHead,
+        // olmo2.py: `nn.RMSNorm(n_heads * head_dim)` on `q_proj(x)` before the reshape.
+        DenseFamily::Olmo2 => QkNorm::RmsWholeProjection,
         DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::SmolLm3 | DenseFamily::Granite => {
             QkNorm::None
         }
     };
     let bias = match family {
         DenseFamily::Qwen2 => ProjectionBias::QueryKeyValue,
-        DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::SmolLm3 | DenseFamily::Granite => {
-            ProjectionBias::None
-        }
+        DenseFamily::Qwen3
+        | DenseFamily::Llama
+        | DenseFamily::SmolLm3
+        | DenseFamily::Granite
+        | DenseFamily::Olmo2 => ProjectionBias::None,
+    };
+    // olmo2.py's `TransformerBlock`: norms after the attention and the MLP only.
+    let arrangement = match family {
+        DenseFamily::Olmo2 => NormArrangement::PostNorm,
+        DenseFamily::Qwen3
+        | DenseFamily::Llama
+        | DenseFamily::Qwen2
+        | DenseFamily::SmolLm3
+        | DenseFamily::Granite => NormArrangement::PreNorm,
     };
     // Granite's multipliers (a spec built in code without them reads as
     // unscaled; `check` requires them on every loaded granite spec).
@@ -624,7 +651,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         .map(|i| Layer {
             index: i,
             norms: Norms {
-                arrangement: NormArrangement::PreNorm,
+                arrangement,
                 weight: NormWeight::Direct,
             },
             mixer: Mixer::Attention(Attention {
@@ -671,6 +698,9 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
             // in its checkpoint fails mlx-lm's strict load, so it must here too).
             sanitize: match family {
                 DenseFamily::Granite => vec![SanitizeRule::DropTiedHead],
+                // olmo2.py's sanitize drops `self_attn.rotary_emb.inv_freq`
+                // only; a tied checkpoint with an lm_head fails its strict load.
+                DenseFamily::Olmo2 => vec![SanitizeRule::DropRotaryTables],
                 DenseFamily::Qwen3
                 | DenseFamily::Llama
                 | DenseFamily::Qwen2
@@ -685,7 +715,9 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         sharding: Sharding {
             oracle: match family {
                 DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 => ShardOracle::MlxLm,
-                DenseFamily::SmolLm3 | DenseFamily::Granite => ShardOracle::Absent,
+                DenseFamily::SmolLm3 | DenseFamily::Granite | DenseFamily::Olmo2 => {
+                    ShardOracle::Absent
+                }
             },
             head: HeadSplit::Whole,
             kv_heads: KvHeadSplit::Divided,
@@ -723,6 +755,7 @@ pub(crate) fn param_count(arch: &Architecture) -> u64 {
         | Family::Llama
         | Family::SmolLm3
         | Family::Granite
+        | Family::Olmo2
         | Family::Gemma4
         | Family::Gemma2
         | Family::Qwen3Moe
@@ -740,6 +773,10 @@ pub(crate) fn param_count(arch: &Architecture) -> u64 {
         total += biases(l);
         if arch.qk_norm {
             total += 2 * l.head_dim as u64; // q_norm, k_norm
+        }
+        if arch.family == Family::Olmo2 {
+            // q_norm and k_norm over the whole projections.
+            total += ((l.n_heads + l.n_kv_heads) * l.head_dim) as u64;
         }
     }
     total
@@ -817,6 +854,11 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
                 o.remove("head_dim");
             }
             v["rope_traditional"] = json!(spec.rope.traditional);
+        }
+        DenseFamily::Olmo2 => {
+            v["rope_traditional"] = json!(spec.rope.traditional);
+            v["attention_bias"] = json!(false);
+            v["mlp_bias"] = json!(false);
         }
         DenseFamily::Qwen3 => {}
     }
@@ -1033,9 +1075,11 @@ pub(crate) fn import(
     // (never rope_parameters); qwen3.py reads rope_parameters too.
     let reads_rope_parameters = match family {
         DenseFamily::Qwen3 => true,
-        DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::SmolLm3 | DenseFamily::Granite => {
-            false
-        }
+        DenseFamily::Llama
+        | DenseFamily::Qwen2
+        | DenseFamily::SmolLm3
+        | DenseFamily::Granite
+        | DenseFamily::Olmo2 => false,
     };
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
@@ -1051,8 +1095,9 @@ pub(crate) fn import(
         d
     };
     let (num_kv, head_dim, max_pos, tie) = match family {
-        // smollm3.py's ModelArgs is llama.py's plus the NoPE fields.
-        DenseFamily::Llama | DenseFamily::SmolLm3 => {
+        // smollm3.py's ModelArgs is llama.py's plus the NoPE fields; olmo2.py's
+        // has llama.py's fields and defaults (tie_word_embeddings True).
+        DenseFamily::Llama | DenseFamily::SmolLm3 | DenseFamily::Olmo2 => {
             let kv = r.uint("num_key_value_heads", num_heads);
             let head_dim = match r.get("head_dim").cloned() {
                 Some(v) => r.uint_of("head_dim", &v),
@@ -1096,6 +1141,15 @@ pub(crate) fn import(
     };
     let mut traditional = false;
     match family {
+        DenseFamily::Olmo2 => {
+            traditional = r.boolean("rope_traditional", false);
+            // olmo2.py's biases would sit on o_proj and the MLP too.
+            for flag in ["attention_bias", "mlp_bias"] {
+                if r.boolean(flag, false) {
+                    r.problem(flag, "true: archgen's dense blocks have no bias terms yet");
+                }
+            }
+        }
         DenseFamily::Llama | DenseFamily::SmolLm3 => {
             traditional = r.boolean("rope_traditional", false);
             for flag in ["attention_bias", "mlp_bias"] {
@@ -1187,7 +1241,10 @@ pub(crate) fn import(
             // llama.py: 10000; qwen2.py: 1000000; granite.py: none.
             let default = match family {
                 DenseFamily::Qwen2 => Some(1_000_000.0),
-                DenseFamily::Llama | DenseFamily::Qwen3 | DenseFamily::SmolLm3 => Some(10000.0),
+                DenseFamily::Llama
+                | DenseFamily::Qwen3
+                | DenseFamily::SmolLm3
+                | DenseFamily::Olmo2 => Some(10000.0),
                 DenseFamily::Granite => None,
             };
             match default {
@@ -1227,7 +1284,11 @@ pub(crate) fn import(
     };
     let no_rope_layer_interval = match family {
         DenseFamily::SmolLm3 => Some(read_no_rope_layers(&mut r, num_layers)),
-        DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::Qwen3 | DenseFamily::Granite => None,
+        DenseFamily::Llama
+        | DenseFamily::Qwen2
+        | DenseFamily::Qwen3
+        | DenseFamily::Granite
+        | DenseFamily::Olmo2 => None,
     };
     // granite.py's multipliers have no defaults.
     let scales = match family {
@@ -1237,7 +1298,11 @@ pub(crate) fn import(
             residual_multiplier: r.required_float("residual_multiplier"),
             logits_scaling: r.required_float("logits_scaling"),
         }),
-        DenseFamily::Llama | DenseFamily::Qwen2 | DenseFamily::Qwen3 | DenseFamily::SmolLm3 => None,
+        DenseFamily::Llama
+        | DenseFamily::Qwen2
+        | DenseFamily::Qwen3
+        | DenseFamily::SmolLm3
+        | DenseFamily::Olmo2 => None,
     };
     let quantization = top
         .get("quantization")

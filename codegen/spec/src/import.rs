@@ -581,7 +581,8 @@ pub fn from_config_json(
         Some("qwen3_5_moe") => ConfigModelType::Qwen35Moe,
         Some("smollm3") => ConfigModelType::SmolLm3,
         Some("granite") => ConfigModelType::Granite,
-        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2, gemma2, qwen3_moe, minicpm, qwen3_5, qwen3_5_moe, smollm3, granite)"))),
+        Some("olmo2") => ConfigModelType::Olmo2,
+        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2, gemma2, qwen3_moe, minicpm, qwen3_5, qwen3_5_moe, smollm3, granite, olmo2)"))),
         None => return Err(fail("model_type: missing (mlx-lm needs it to pick the model)".into())),
     };
     if model_type == ConfigModelType::MiniCpm {

@@ -93,6 +93,9 @@ pub enum Family {
     /// Granite (`granite.py`): Llama's stack with embedding, attention,
     /// residual and logits multipliers.
     Granite,
+    /// OLMo-2 (`olmo2.py`): Llama's sizes with the norms after the mixer and
+    /// the MLP (none before) and q/k RMSNorm over the whole projections.
+    Olmo2,
 }
 
 impl Family {
@@ -109,13 +112,19 @@ impl Family {
             Family::Qwen35 => "qwen3_5",
             Family::SmolLm3 => "smollm3",
             Family::Granite => "granite",
+            Family::Olmo2 => "olmo2",
         }
     }
     /// Dense decoder families share one document layout ([`crate::DenseSpec`]).
     pub fn is_dense(self) -> bool {
         matches!(
             self,
-            Family::Qwen3 | Family::Llama | Family::Qwen2 | Family::SmolLm3 | Family::Granite
+            Family::Qwen3
+                | Family::Llama
+                | Family::Qwen2
+                | Family::SmolLm3
+                | Family::Granite
+                | Family::Olmo2
         )
     }
 }
@@ -165,6 +174,7 @@ pub enum ConfigModelType {
     #[serde(rename = "smollm3")]
     SmolLm3,
     Granite,
+    Olmo2,
 }
 
 impl ConfigModelType {
@@ -185,6 +195,7 @@ impl ConfigModelType {
             ConfigModelType::Qwen35Moe => "qwen3_5_moe",
             ConfigModelType::SmolLm3 => "smollm3",
             ConfigModelType::Granite => "granite",
+            ConfigModelType::Olmo2 => "olmo2",
         }
     }
     /// The family whose mlx-lm module reads this `model_type`.
@@ -202,6 +213,7 @@ impl ConfigModelType {
             ConfigModelType::Qwen35 | ConfigModelType::Qwen35Moe => Family::Qwen35,
             ConfigModelType::SmolLm3 => Family::SmolLm3,
             ConfigModelType::Granite => Family::Granite,
+            ConfigModelType::Olmo2 => Family::Olmo2,
         }
     }
 }
