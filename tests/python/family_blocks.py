@@ -1,4 +1,4 @@
-"""Run the blocks of the qwen2 / gemma2 / qwen3_moe / minicpm families with
+"""Run the blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite / olmo2 families with
 mlx-lm 0.32.2's own modules, on the inputs and weights that
 tests/family_blocks.rs wrote, so the Rust test can compare raw bytes.
 
@@ -20,8 +20,8 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import gemma2, granite, minicpm, qwen3_moe
-from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models import gemma2, granite, minicpm, olmo2, qwen3_moe
+from mlx_lm.models.base import create_attention_mask, create_causal_mask
 from mlx_lm.models.cache import KVCache
 
 import compat
@@ -103,6 +103,14 @@ def granite_args(c, layers=0):
         max_position_embeddings=4096, num_key_value_heads=c.get("heads", 1),
         attention_bias=False, mlp_bias=False, rope_theta=10000.0,
         tie_word_embeddings=c.get("tied", True))
+
+
+def olmo2_args(c):
+    return olmo2.ModelArgs(
+        model_type="olmo2", hidden_size=c["hidden"], num_hidden_layers=1,
+        intermediate_size=c["intermediate"], num_attention_heads=c["heads"],
+        rms_norm_eps=c["eps"], vocab_size=1, head_dim=c["head_dim"],
+        num_key_value_heads=c["kv_heads"], rope_theta=c["rope_theta"])
 
 
 def identity(x, *args, **kwargs):
@@ -210,6 +218,17 @@ def run(case):
         body = m.model
         m.model = HiddenStates(body.norm(x["h"]), body.embed_tokens)
         return {"logits": m(None)}
+    if block == "olmo2_block":
+        # olmo2.TransformerBlock as LlamaModel runs it: a KVCache, the mask of
+        # create_attention_mask(h, cache) ("causal" or None), a prefill, one
+        # token, then a chunk at an offset.
+        m = loaded(olmo2.TransformerBlock(olmo2_args(case)), case, params)
+        h, p = x["x"], case["prefill"]
+        cache = KVCache()
+        outs = {}
+        for key, part in [("prefill", h[:, :p]), ("step", h[:, p:p + 1]), ("chunk", h[:, p + 1:])]:
+            outs[key] = m(part, create_attention_mask(part, cache), cache)
+        return outs
     raise SystemExit(f"family_blocks.py: unknown block {block!r} in case {name!r}")
 
 

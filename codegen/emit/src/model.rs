@@ -863,7 +863,7 @@ fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
     let l = &kind.key.0;
     let unsupported = |what: &str| {
         Err(format!(
-            "layer kind {}: {what} in a post-norm layer is not supported yet (olmo2's layer has none)",
+            "layer kind {}: {what} in a post-norm layer is not emitted yet (no family has both)",
             kind.name
         ))
     };

@@ -487,7 +487,7 @@ impl Monolith {
                 (Some(_), _) | (None, Ffn::Dense { moe: Some(_), .. })
                 | (None, Ffn::Experts(_) | Ffn::SharedExperts(_)) => {
                     return Err(Exception::custom(format!(
-                        "layer {i}: a post-norm layer runs a plain residual and a dense MLP only (olmo2's); no runtime block runs it with scaled residuals or experts"
+                        "layer {i}: a post-norm layer runs a plain residual and a dense MLP only; no runtime block runs it with scaled residuals or experts"
                     )))
                 }
             },
