@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 /// batched `ArraysCache` beside gated attention), Qwen3.6's shared-expert
 /// MoE and Phi-3 (one fused `qkv_proj` and `gate_up_proj`; last, so the
 /// others keep their seeds).
-const BATCHED: [&str; 8] = [
+const BATCHED: [&str; 9] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
@@ -40,6 +40,7 @@ const BATCHED: [&str; 8] = [
     "qwen3.5-4b-tiny",
     "qwen3.6-35b-a3b-tiny",
     "phi-3-mini-4k-tiny",
+    "olmo-2-1124-7b-tiny",
 ];
 
 fn schedule(vocab: i32) -> Value {

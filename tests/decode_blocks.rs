@@ -238,7 +238,9 @@ fn parts(hidden: i32, s: AttentionShape, k_eq_v: bool, f: Flavour, dt: Dtype) ->
                 ..linear(5, q_out, hidden, dt)
             },
             o_proj: linear(6, hidden, q_out, dt),
-            q_norm: f.qk_norm.then(|| norm(7, s.head_dim, dt)),
+            q_norm: f
+                .qk_norm
+                .then(|| b::QkNormWeight::PerHead(norm(7, s.head_dim, dt))),
             kv: None,
         },
         kv: KvWeights {
@@ -250,7 +252,9 @@ fn parts(hidden: i32, s: AttentionShape, k_eq_v: bool, f: Flavour, dt: Dtype) ->
                 bias: f.bias.then(|| bias(17, kv_out, dt)),
                 ..linear(9, kv_out, hidden, dt)
             }),
-            k_norm: f.qk_norm.then(|| norm(10, s.head_dim, dt)),
+            k_norm: f
+                .qk_norm
+                .then(|| b::QkNormWeight::PerHead(norm(10, s.head_dim, dt))),
         },
         mlp: b::Mlp {
             gate_up: if f.fused_gate_up {

@@ -1,5 +1,5 @@
 //! The runtime blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite /
-//! phi3 families
+//! phi3 / olmo2 families
 //! against mlx-lm 0.32.2's own modules (tests/python/family_blocks.py), byte
 //! for byte, in bf16 and f32, unquantized and 4-bit (group 64 and 32) where
 //! the block has weights, at a tiny width and at one real model's width.
@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use archgen_runtime::attention::{causal_mask, softcapped_attention, Mask};
 use archgen_runtime::bytes::array_bytes;
-use archgen_runtime::cache::KvCache;
+use archgen_runtime::cache::{KvCache, LayerCache};
 use archgen_runtime::layers::{Embedding, Linear, Quantized, SwitchLinear};
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
@@ -683,6 +683,116 @@ fn phi3_attention(dt: Dt, q: Option<Quant>, a: &AttnShape, prefill: i32, tokens:
     c.out("prefill", y0);
     c.out("step", y1);
     c.out("chunk", y2);
+/// olmo2's `TransformerBlock` sizes.
+struct Olmo2Shape {
+    hidden: i32,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    inter: i32,
+}
+
+/// olmo2's whole layer, `h = x + post_attention_layernorm(attn(x))`, `out =
+/// h + post_feedforward_layernorm(mlp(h))`, with q/k RMSNorm over the whole
+/// projections (IR `NormArrangement::PostNorm`, `QkNorm::RmsWholeProjection`),
+/// loaded by the blocks' loaders and run as a generated post-norm kind runs
+/// it: a prefill, one token, then a chunk through one KV cache.
+fn olmo2_block(dt: Dt, q: Option<Quant>, o: &Olmo2Shape, prefill: i32, tokens: i32) -> R<Case> {
+    use archgen_runtime::blocks as b;
+    let name = format!(
+        "olmo2_block_{}_{}_{}h{}kv{}d{}",
+        dt.tag(),
+        quant_tag(q),
+        o.hidden,
+        o.heads,
+        o.kv_heads,
+        o.head_dim
+    );
+    let (eps, theta) = (1e-6f32, 500000.0f32);
+    let spec = json!({
+        "hidden": o.hidden, "heads": o.heads, "kv_heads": o.kv_heads, "head_dim": o.head_dim,
+        "intermediate": o.inter, "eps": eps, "rope_theta": theta, "quant": quant_json(q),
+        "prefill": prefill,
+    });
+    let mut c = Case::new("olmo2_block", name, spec);
+    let (qd, kd) = (o.heads * o.head_dim, o.kv_heads * o.head_dim);
+    for (path, out, inp) in [
+        ("self_attn.q_proj", qd, o.hidden),
+        ("self_attn.k_proj", kd, o.hidden),
+        ("self_attn.v_proj", kd, o.hidden),
+        ("self_attn.o_proj", o.hidden, qd),
+        ("mlp.gate_proj", o.inter, o.hidden),
+        ("mlp.up_proj", o.inter, o.hidden),
+        ("mlp.down_proj", o.hidden, o.inter),
+    ] {
+        c.linear(path, out, inp, dt, q);
+    }
+    // Norm weights in [0.5, 1.5): a missed or misplaced norm shows.
+    for (path, width) in [
+        ("self_attn.q_norm.weight", qd),
+        ("self_attn.k_norm.weight", kd),
+        ("post_attention_layernorm.weight", o.hidden),
+        ("post_feedforward_layernorm.weight", o.hidden),
+    ] {
+        let w = c
+            .rand(&[width], 0.5, Dt::F32)
+            .add(Array::from_f32(1.0))?
+            .as_dtype(dt.dtype())?;
+        c.param(path, &w);
+    }
+    let tensors: HashMap<String, Array> = c
+        .tensors
+        .iter()
+        .map(|(k, a)| (format!("layers.0.{k}"), a.clone()))
+        .collect();
+    let quantization = quant_json(q);
+    let mut w = Weights::new(tensors, Some(&quantization).filter(|v| !v.is_null()));
+    let shape = b::AttentionShape {
+        n_heads: o.heads,
+        n_kv_heads: o.kv_heads,
+        head_dim: o.head_dim,
+        eps,
+        scale: (o.head_dim as f64).powf(-0.5) as f32,
+        value_norm: b::ValueNorm::None,
+        scores: b::Scores::FusedSdpa,
+    };
+    let qk = b::QkNorm::RmsWholeProjection;
+    let attn = b::load_attention(&mut w, 0, o.hidden, shape, qk);
+    let kv = b::load_kv(&mut w, 0, o.hidden, shape, qk, b::Values::Projected);
+    let norms = b::load_post_norms(&mut w, 0, o.hidden, b::NormWeight::Direct);
+    let mlp = b::load_mlp(&mut w, 0, o.hidden, o.inter, b::Activation::Silu);
+    w.finish()
+        .unwrap_or_else(|e| panic!("loading {}: {e}", c.name));
+    let rope = Rope::base(o.head_dim, theta);
+    // Large enough inputs that the norms' means matter.
+    let x = c.rand(&[1, tokens, o.hidden], 2.0, dt);
+    c.input("x", &x);
+    // The span matters: normalized per head, the queries get other bits.
+    assert!(matches!(
+        attn.q_norm,
+        Some(b::QkNormWeight::WholeProjection(_))
+    ));
+    let proj = attn.q_proj.forward(&x)?;
+    let per_head = rms_norm(&proj.reshape(&[1, tokens, o.heads, o.head_dim])?, None, eps)?
+        .reshape(&[1, tokens, qd])?;
+    assert_ne!(
+        array_bytes(&rms_norm(&proj, None, eps)?)?,
+        array_bytes(&per_head)?,
+        "{}: per-head and whole-projection normalization agree here",
+        c.name
+    );
+    let mut cache = LayerCache::Full(KvCache::default());
+    for (key, from, to) in [
+        ("prefill", 0, prefill),
+        ("step", prefill, prefill + 1),
+        ("chunk", prefill + 1, tokens),
+    ] {
+        let part = x.try_index((.., from..to, ..))?;
+        let mask = b::mask_for(&cache, to - from, 0)?;
+        let (a, _) = b::attention_own_kv(&part, &attn, &kv, shape, &rope, &mut cache, &mask)?;
+        let h = b::post_norm_attention_residual(&part, &a, &norms, eps)?;
+        c.out(key, b::post_norm_feed_forward(&h, &norms, &mlp, eps)?);
+    }
     Ok(c)
 }
 
@@ -851,6 +961,30 @@ fn all_cases() -> R<Vec<Case>> {
         )?);
     }
     cases.push(qwen3_moe(Dt::F32, None, &real, 9, TopKProbs::Renormalized)?);
+
+    // olmo2: GQA 2:1 at a tiny width (q_norm and k_norm of different
+    // widths), every dtype and quantization; OLMo-2-0425-1B's layer (2048
+    // hidden, 16 heads of 128, SwiGLU 8192) in bf16.
+    let tiny = Olmo2Shape {
+        hidden: 64,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        inter: 128,
+    };
+    for dt in dts {
+        for q in quants {
+            cases.push(olmo2_block(dt, q, &tiny, 5, 9)?);
+        }
+    }
+    let olmo2_1b = Olmo2Shape {
+        hidden: 2048,
+        heads: 16,
+        kv_heads: 16,
+        head_dim: 128,
+        inter: 8192,
+    };
+    cases.push(olmo2_block(Dt::Bf16, None, &olmo2_1b, 6, 9)?);
     Ok(cases)
 }
 

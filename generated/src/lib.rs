@@ -86,6 +86,14 @@ pub mod mistral_7b_v0_3_tiny;
 #[rustfmt::skip]
 pub mod mistral_7b_v0_3;
 #[rustfmt::skip]
+pub mod olmo_2_1124_7b_l2;
+#[rustfmt::skip]
+pub mod olmo_2_1124_7b_tiny_q4;
+#[rustfmt::skip]
+pub mod olmo_2_1124_7b_tiny;
+#[rustfmt::skip]
+pub mod olmo_2_1124_7b;
+#[rustfmt::skip]
 pub mod phi_3_mini_4k_l2;
 #[rustfmt::skip]
 pub mod phi_3_mini_4k_tiny_q4;
@@ -373,6 +381,26 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "mistral-7b-v0.3",
         spec: "specs/mistral-7b-v0.3.yaml",
         fingerprint: mistral_7b_v0_3::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "olmo-2-1124-7b-l2",
+        spec: "specs/olmo-2-1124-7b-l2.yaml",
+        fingerprint: olmo_2_1124_7b_l2::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "olmo-2-1124-7b-tiny-q4",
+        spec: "specs/olmo-2-1124-7b-tiny-q4.yaml",
+        fingerprint: olmo_2_1124_7b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "olmo-2-1124-7b-tiny",
+        spec: "specs/olmo-2-1124-7b-tiny.yaml",
+        fingerprint: olmo_2_1124_7b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "olmo-2-1124-7b",
+        spec: "specs/olmo-2-1124-7b.yaml",
+        fingerprint: olmo_2_1124_7b::FINGERPRINT,
     },
     GeneratedModel {
         name: "phi-3-mini-4k-l2",
@@ -675,6 +703,18 @@ pub fn run<T: ModelTask>(
         }
         mistral_7b_v0_3::FINGERPRINT => {
             Some(mistral_7b_v0_3::load(weights).map(|m| task.run(&m)))
+        }
+        olmo_2_1124_7b_l2::FINGERPRINT => {
+            Some(olmo_2_1124_7b_l2::load(weights).map(|m| task.run(&m)))
+        }
+        olmo_2_1124_7b_tiny_q4::FINGERPRINT => {
+            Some(olmo_2_1124_7b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        olmo_2_1124_7b_tiny::FINGERPRINT => {
+            Some(olmo_2_1124_7b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        olmo_2_1124_7b::FINGERPRINT => {
+            Some(olmo_2_1124_7b::load(weights).map(|m| task.run(&m)))
         }
         phi_3_mini_4k_l2::FINGERPRINT => {
             Some(phi_3_mini_4k_l2::load(weights).map(|m| task.run(&m)))

@@ -1,4 +1,4 @@
-"""Run the blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite / phi3 families with
+"""Run the blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite / phi3 / olmo2 families with
 mlx-lm 0.32.2's own modules, on the inputs and weights that
 tests/family_blocks.rs wrote, so the Rust test can compare raw bytes.
 
@@ -20,7 +20,7 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import gemma2, granite, minicpm, phi3, qwen3_moe
+from mlx_lm.models import gemma2, granite, minicpm, olmo2, phi3, qwen3_moe
 from mlx_lm.models.base import create_attention_mask, create_causal_mask
 from mlx_lm.models.cache import KVCache
 
@@ -111,6 +111,12 @@ def phi3_args(c):
         model_type="phi3", hidden_size=c["hidden"], num_hidden_layers=1,
         intermediate_size=1, num_attention_heads=c["heads"], rms_norm_eps=1e-5,
         vocab_size=1, num_key_value_heads=c["kv_heads"], rope_theta=c["rope_theta"])
+def olmo2_args(c):
+    return olmo2.ModelArgs(
+        model_type="olmo2", hidden_size=c["hidden"], num_hidden_layers=1,
+        intermediate_size=c["intermediate"], num_attention_heads=c["heads"],
+        rms_norm_eps=c["eps"], vocab_size=1, head_dim=c["head_dim"],
+        num_key_value_heads=c["kv_heads"], rope_theta=c["rope_theta"])
 
 
 def identity(x, *args, **kwargs):
@@ -230,6 +236,17 @@ def run(case):
         for part in (h[:, :p], h[:, p:p + 1], h[:, p + 1:]):
             ys.append(m(part, create_attention_mask(part, cache), cache))
         return {"prefill": ys[0], "step": ys[1], "chunk": ys[2]}
+    if block == "olmo2_block":
+        # olmo2.TransformerBlock as LlamaModel runs it: a KVCache, the mask of
+        # create_attention_mask(h, cache) ("causal" or None), a prefill, one
+        # token, then a chunk at an offset.
+        m = loaded(olmo2.TransformerBlock(olmo2_args(case)), case, params)
+        h, p = x["x"], case["prefill"]
+        cache = KVCache()
+        outs = {}
+        for key, part in [("prefill", h[:, :p]), ("step", h[:, p:p + 1]), ("chunk", h[:, p + 1:])]:
+            outs[key] = m(part, create_attention_mask(part, cache), cache)
+        return outs
     raise SystemExit(f"family_blocks.py: unknown block {block!r} in case {name!r}")
 
 

@@ -81,10 +81,26 @@ fn windows(ir: &ModelIr) -> Vec<Window> {
 /// attention layers have no compiled decode block yet, so a model with any
 /// of them runs its one-token steps through the eager blocks.
 fn compiled_decode(ir: &ModelIr) -> bool {
-    ir.layers.iter().all(|l| match &l.mixer {
-        Mixer::Attention(a) => plain_attention(a),
-        Mixer::GatedDeltaNet(_) => false,
-    })
+    ir.layers
+        .iter()
+        .all(|l| reaches_decode(l) && !matches!(l.mixer, Mixer::GatedDeltaNet(_)))
+}
+
+/// Whether a layer kind's forward calls `decode`: plain attention (one
+/// output, separate q/k/v projections) and Gated DeltaNet kinds do; gated
+/// attention and fused-qkv kinds have no compiled block for their mixer,
+/// and post-norm kinds none for their norms (`decode`'s blocks put the norm
+/// before the mixer), so they run their one-token steps eagerly.
+fn reaches_decode(l: &Layer) -> bool {
+    let norm_before_mixer = match l.norms.arrangement {
+        NormArrangement::PreNorm | NormArrangement::Sandwich => true,
+        NormArrangement::PostNorm => false,
+    };
+    norm_before_mixer
+        && match &l.mixer {
+            Mixer::Attention(a) => plain_attention(a),
+            Mixer::GatedDeltaNet(_) => true,
+        }
 }
 
 /// Whether an attention layer runs through the plain kind, whose one-token
@@ -117,17 +133,20 @@ fn window_words(w: Window) -> String {
     }
 }
 
-/// The runtime's mirror of an IR fact, as tokens.
-fn arrangement_tokens(l: &Layer) -> TokenStream {
-    match l.norms.arrangement {
+/// Loading a layer's norms: stored weights, or `1 + w` folded at load (a
+/// post-norm layer's are `b::PostNorms`, the others' `b::LayerNorms`).
+fn norms_load_tokens(l: &Layer) -> TokenStream {
+    let arrangement = match l.norms.arrangement {
         NormArrangement::PreNorm => quote! { b::NormArrangement::PreNorm },
         NormArrangement::Sandwich => quote! { b::NormArrangement::Sandwich },
-    }
-}
-
-/// Loading a layer's norms: stored weights, or `1 + w` folded at load.
-fn norms_load_tokens(l: &Layer) -> TokenStream {
-    let arrangement = arrangement_tokens(l);
+        NormArrangement::PostNorm => {
+            let weight = match l.norms.weight {
+                NormWeight::Direct => quote! { b::NormWeight::Direct },
+                NormWeight::OnePlus => quote! { b::NormWeight::OnePlus },
+            };
+            return quote! { b::load_post_norms(w, i, HIDDEN, #weight) };
+        }
+    };
     match l.norms.weight {
         NormWeight::Direct => quote! { b::load_norms(w, i, HIDDEN, #arrangement) },
         NormWeight::OnePlus => {
@@ -140,6 +159,7 @@ fn qk_tokens(a: &Attention) -> TokenStream {
     match a.qk_norm {
         QkNorm::None => quote! { b::QkNorm::None },
         QkNorm::RmsPerHead => quote! { b::QkNorm::RmsPerHead },
+        QkNorm::RmsWholeProjection => quote! { b::QkNorm::RmsWholeProjection },
     }
 }
 
@@ -192,6 +212,7 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
     parts.push(match l.norms.arrangement {
         NormArrangement::PreNorm => "pre-norm".to_string(),
         NormArrangement::Sandwich => "sandwich norms".to_string(),
+        NormArrangement::PostNorm => "post-norm (after attention and MLP only)".to_string(),
     });
     match l.norms.weight {
         NormWeight::Direct => {}
@@ -282,6 +303,9 @@ fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
     match a.qk_norm {
         QkNorm::None => {}
         QkNorm::RmsPerHead => parts.push("per-head q/k RMSNorm".to_string()),
+        QkNorm::RmsWholeProjection => {
+            parts.push("q/k RMSNorm over the whole projections".to_string())
+        }
     }
     match a.output_gate {
         OutputGate::None => {}
@@ -312,6 +336,10 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
             "layer kind {kind}: {what} beside a Gated DeltaNet or gated attention is not supported yet"
         ))
     };
+    match l.norms.arrangement {
+        NormArrangement::PreNorm | NormArrangement::Sandwich => {}
+        NormArrangement::PostNorm => return unsupported("post-norm"),
+    }
     match (l.input, l.scalar) {
         (LayerInput::None, LayerScalar::None) => {}
         (LayerInput::Gated { .. }, _) => return unsupported("a per-layer input gate"),
@@ -643,6 +671,10 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             (OutputGate::SigmoidPerHead, _) => return gated_attention_kind_tokens(kind, a),
         },
     };
+    match l.norms.arrangement {
+        NormArrangement::PreNorm | NormArrangement::Sandwich => {}
+        NormArrangement::PostNorm => return post_norm_kind_tokens(kind, a),
+    }
     let name = ident(&kind.name);
     let doc = kind_doc(l, &kind.layers);
     let shape = shape_tokens(a)?;
@@ -996,6 +1028,93 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                 let h = #attention_residual;
                 let h = #feed_forward;
                 b::finish_layer(&h, #ple_use, #scalar_ref, EPS)
+            }
+        }
+    })
+}
+
+/// A post-norm attention layer kind (olmo2's `TransformerBlock`): the mixer
+/// reads the residual stream itself, its output and the MLP's are normed
+/// before they join it. Prefill and one-token steps run the eager blocks.
+fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream, String> {
+    let l = &kind.key.0;
+    let unsupported = |what: &str| {
+        Err(format!(
+            "layer kind {}: {what} in a post-norm layer is not emitted yet (no family has both)",
+            kind.name
+        ))
+    };
+    let values = match a.kv {
+        KvSource::Own { values, .. } => match values {
+            Values::Projected => quote! { b::Values::Projected },
+            Values::SameAsKeys => quote! { b::Values::SameAsKeys },
+        },
+        KvSource::Shared { .. } => return unsupported("K/V read from a donor layer"),
+    };
+    let act = match l.ffn {
+        FeedForward::Mlp(m) => activation_tokens(m.activation),
+        FeedForward::MlpAndMoe { .. }
+        | FeedForward::Moe(_)
+        | FeedForward::MoeAndSharedExpert { .. } => return unsupported("routed experts"),
+    };
+    match (l.input, l.scalar, l.residual, a.bias) {
+        (LayerInput::None, LayerScalar::None, Residual::Plain, ProjectionBias::None) => {}
+        (LayerInput::Gated { .. }, ..) => return unsupported("a per-layer input gate"),
+        (_, LayerScalar::Learned, ..) => return unsupported("a layer scalar"),
+        (_, _, Residual::DepthScaled { .. } | Residual::Scaled { .. }, _) => {
+            return unsupported("scaled residual branches")
+        }
+        (.., ProjectionBias::QueryKeyValue) => return unsupported("a q/k/v bias"),
+    }
+    let name = ident(&kind.name);
+    let doc = kind_doc(l, &kind.layers);
+    let shape = shape_tokens(a)?;
+    let norms_load = norms_load_tokens(l);
+    let qk = qk_tokens(a);
+    Ok(quote! {
+        #[doc = #doc]
+        struct #name {
+            norms: b::PostNorms,
+            attn: b::AttentionWeights,
+            kv: b::KvWeights,
+            mlp: b::Mlp,
+        }
+
+        impl #name {
+            const SHAPE: AttentionShape = #shape;
+
+            fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
+                let mut layer = Self {
+                    norms: #norms_load,
+                    attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, #qk),
+                    kv: b::load_kv(w, i, HIDDEN, Self::SHAPE, #qk, #values),
+                    mlp: b::load_mlp(w, i, HIDDEN, mlp_width, #act),
+                };
+                w.release(&format!("layers.{i}."));
+                layer.kv.pretranspose();
+                layer.attn.pretranspose();
+                layer.mlp.pretranspose();
+                layer
+            }
+
+            /// `h = x + post_attention_layernorm(self_attn(x))`, then
+            /// `out = h + post_feedforward_layernorm(mlp(h))`.
+            fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<(Array, b::SharedKv)> {
+                let (a, kv) = b::attention_own_kv(h, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
+                Ok((self.finish(h, a)?, kv))
+            }
+
+            /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
+            /// at each row's offset, a merged K/V cache.
+            fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<(Array, b::SharedKv)> {
+                let (a, kv) = batch_blocks::attention_own_kv(h, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
+                Ok((self.finish(h, a)?, kv))
+            }
+
+            /// The layer after its mixer's output `a`, batched or not.
+            fn finish(&self, h: &Array, a: Array) -> Result<Array> {
+                let h = b::post_norm_attention_residual(h, &a, &self.norms, EPS)?;
+                b::post_norm_feed_forward(&h, &self.norms, &self.mlp, EPS)
             }
         }
     })
@@ -1546,10 +1665,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         // Plain attention kinds reach `decode` in their forward (never
         // taken here: their windows get no tables); Gated DeltaNet kinds
         // take its block for their one-token steps.
-        let plain = ir.layers.iter().any(|l| match &l.mixer {
-            Mixer::Attention(a) => plain_attention(a),
-            Mixer::GatedDeltaNet(_) => true,
-        });
+        let plain = ir.layers.iter().any(reaches_decode);
         (
             plain.then(|| quote! { use archgen_runtime::decode; }),
             quote! { #(#steps_ctx)* },
@@ -1573,6 +1689,16 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         Mixer::GatedDeltaNet(_) => true,
     });
     let deltanet_import = hybrid.then(|| quote! { use archgen_runtime::deltanet; });
+    // `rms_norm` is the norm before the mixer, which post-norm kinds lack.
+    let norm_before_mixer = ir.layers.iter().any(|l| match l.norms.arrangement {
+        NormArrangement::PreNorm | NormArrangement::Sandwich => true,
+        NormArrangement::PostNorm => false,
+    });
+    let ops_import = if norm_before_mixer {
+        quote! { use archgen_runtime::ops::{rms_norm, Result}; }
+    } else {
+        quote! { use archgen_runtime::ops::Result; }
+    };
     let cache_doc = if hybrid {
         " One cache per layer: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer."
     } else {
@@ -1587,7 +1713,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         use archgen_runtime::layers::Embedding;
         #linear_import
         use archgen_runtime::model::{CausalLm, ModelError};
-        use archgen_runtime::ops::{rms_norm, Result};
+        #ops_import
         use archgen_runtime::rope::Rope;
         use archgen_runtime::weights::Weights;
         use archgen_runtime::Array;

@@ -115,6 +115,8 @@ fn row(plan: &Plan, l: &Layer) -> RowBody {
         (NormArrangement::Sandwich, NormWeight::Direct) => "sandwich",
         (NormArrangement::PreNorm, NormWeight::OnePlus) => "pre (1 + w)",
         (NormArrangement::Sandwich, NormWeight::OnePlus) => "sandwich (1 + w)",
+        (NormArrangement::PostNorm, NormWeight::Direct) => "post",
+        (NormArrangement::PostNorm, NormWeight::OnePlus) => "post (1 + w)",
     };
     let mut extra = Vec::new();
     if let Some(a) = l.attention() {
@@ -213,6 +215,7 @@ fn attention_cols(a: &Attention) -> MixerCols {
         match a.qk_norm {
             QkNorm::None => "-",
             QkNorm::RmsPerHead => "q, k",
+            QkNorm::RmsWholeProjection => "q, k (whole projection)",
         },
         match a.value_norm {
             ValueNorm::None => "",

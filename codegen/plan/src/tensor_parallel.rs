@@ -33,7 +33,7 @@ use std::fmt::Write as _;
 
 use archgen_spec::ir::{
     FeedForward, HeadSplit, HeadWeight, InProj, KvHeadSplit, KvSource, Mixer, ModelIr, OutputGate,
-    ProjectionBias, Values,
+    ProjectionBias, QkNorm, Values,
 };
 use archgen_spec::ir::{GateUpProjection, QkvProjection};
 
@@ -314,6 +314,18 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                 match a.projection {
                     QkvProjection::Separate => {}
                     QkvProjection::Fused => return Err(fused_refused(ir, i, "qkv_proj")),
+                }
+                // A q/k norm over the whole projection takes one mean over
+                // every head: a rank holding some of them cannot compute it.
+                match (a.qk_norm, ranks) {
+                    (QkNorm::RmsWholeProjection, 2..) => {
+                        return Err(format!(
+                            "{}: layer {i}: its q/k RMSNorm spans every head of the projection, \
+                             which a split by heads cannot compute; run it on one rank",
+                            ir.name
+                        ))
+                    }
+                    (QkNorm::RmsWholeProjection, _) | (QkNorm::None | QkNorm::RmsPerHead, _) => {}
                 }
                 let p = format!("layers.{i}.self_attn");
                 let heads = divide("the number of attention heads", i, a.n_heads)?;

@@ -7,8 +7,10 @@
 //! layer, Granite multiplies the embedding, the attention scores, the residual
 //! branches and the logits by constants of its config (`scales`), Phi-3
 //! (`phi3.py`) projects q/k/v with one `qkv_proj` and gate/up with one
-//! `gate_up_proj`, each one matmul then split. One document layout serves them
-//! all; the family fixes what differs.
+//! `gate_up_proj`, each one matmul then split, and OLMo-2 (`olmo2.py`,
+//! Llama's `ModelArgs` fields) puts the norms after the attention and the MLP
+//! instead of before them and RMS-normalizes the whole q and k projections.
+//! One document layout serves them all; the family fixes what differs.
 //!
 //! This module holds everything family-specific on the spec side: the document, its
 //! validation, the resolved [`Architecture`], the config.json view, the YAML writer, the
@@ -82,6 +84,7 @@ pub(crate) enum DenseFamily {
     SmolLm3,
     Granite,
     Phi3,
+    Olmo2,
 }
 
 impl DenseFamily {
@@ -94,6 +97,7 @@ impl DenseFamily {
             Family::SmolLm3 => Some(DenseFamily::SmolLm3),
             Family::Granite => Some(DenseFamily::Granite),
             Family::Phi3 => Some(DenseFamily::Phi3),
+            Family::Olmo2 => Some(DenseFamily::Olmo2),
             Family::Gemma4
             | Family::Gemma2
             | Family::Qwen3Moe
@@ -110,6 +114,7 @@ impl DenseFamily {
             DenseFamily::SmolLm3 => Family::SmolLm3,
             DenseFamily::Granite => Family::Granite,
             DenseFamily::Phi3 => Family::Phi3,
+            DenseFamily::Olmo2 => Family::Olmo2,
         }
     }
 }
@@ -291,7 +296,8 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
             | DenseFamily::Llama
             | DenseFamily::Qwen2
             | DenseFamily::Granite
-            | DenseFamily::Phi3,
+            | DenseFamily::Phi3
+            | DenseFamily::Olmo2,
             Some(_),
         ) => c.err(
             p("rope.no_rope_layer_interval"),
@@ -330,7 +336,8 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
             | DenseFamily::Llama
             | DenseFamily::Qwen2
             | DenseFamily::SmolLm3
-            | DenseFamily::Phi3,
+            | DenseFamily::Phi3
+            | DenseFamily::Olmo2,
             Some(_),
         ) => c.err(
             p("scales"),
@@ -452,7 +459,8 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
                 | DenseFamily::Llama
                 | DenseFamily::Qwen2
                 | DenseFamily::SmolLm3
-                | DenseFamily::Granite => {
+                | DenseFamily::Granite
+                | DenseFamily::Olmo2 => {
                     validate::check_quantization(q, &resolve(spec), &mut c.issues)
                 }
             }
@@ -632,6 +640,8 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     let family = spec.dense_family();
     let qk_norm = match family {
         DenseFamily::Qwen3 => QkNorm::RmsPerHead,
+        // olmo2.py: `nn.RMSNorm(n_heads * head_dim)` on `q_proj(x)` before the reshape.
+        DenseFamily::Olmo2 => QkNorm::RmsWholeProjection,
         DenseFamily::Llama
         | DenseFamily::Qwen2
         | DenseFamily::SmolLm3
@@ -644,7 +654,8 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         | DenseFamily::Llama
         | DenseFamily::SmolLm3
         | DenseFamily::Granite
-        | DenseFamily::Phi3 => ProjectionBias::None,
+        | DenseFamily::Phi3
+        | DenseFamily::Olmo2 => ProjectionBias::None,
     };
     // phi3.py's `qkv_proj` and `gate_up_proj`: one matmul each, then split.
     let (qkv, gate_up) = match family {
@@ -653,7 +664,18 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         | DenseFamily::Llama
         | DenseFamily::Qwen2
         | DenseFamily::SmolLm3
-        | DenseFamily::Granite => (QkvProjection::Separate, GateUpProjection::Separate),
+        | DenseFamily::Granite
+        | DenseFamily::Olmo2 => (QkvProjection::Separate, GateUpProjection::Separate),
+    };
+    // olmo2.py's `TransformerBlock`: norms after the attention and the MLP only.
+    let arrangement = match family {
+        DenseFamily::Olmo2 => NormArrangement::PostNorm,
+        DenseFamily::Qwen3
+        | DenseFamily::Llama
+        | DenseFamily::Qwen2
+        | DenseFamily::SmolLm3
+        | DenseFamily::Granite
+        | DenseFamily::Phi3 => NormArrangement::PreNorm,
     };
     // Granite's multipliers (a spec built in code without them reads as
     // unscaled; `check` requires them on every loaded granite spec).
@@ -677,7 +699,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         .map(|i| Layer {
             index: i,
             norms: Norms {
-                arrangement: NormArrangement::PreNorm,
+                arrangement,
                 weight: NormWeight::Direct,
             },
             mixer: Mixer::Attention(Attention {
@@ -728,6 +750,9 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
                 DenseFamily::Granite => vec![SanitizeRule::DropTiedHead],
                 // phi3.py has no sanitize: mlx-lm loads the checkpoint as it is.
                 DenseFamily::Phi3 => vec![],
+                // olmo2.py's sanitize drops `self_attn.rotary_emb.inv_freq`
+                // only; a tied checkpoint with an lm_head fails its strict load.
+                DenseFamily::Olmo2 => vec![SanitizeRule::DropRotaryTables],
                 DenseFamily::Qwen3
                 | DenseFamily::Llama
                 | DenseFamily::Qwen2
@@ -742,9 +767,10 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         sharding: Sharding {
             oracle: match family {
                 DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 => ShardOracle::MlxLm,
-                DenseFamily::SmolLm3 | DenseFamily::Granite | DenseFamily::Phi3 => {
-                    ShardOracle::Absent
-                }
+                DenseFamily::SmolLm3
+                | DenseFamily::Granite
+                | DenseFamily::Phi3
+                | DenseFamily::Olmo2 => ShardOracle::Absent,
             },
             head: HeadSplit::Whole,
             kv_heads: KvHeadSplit::Divided,
@@ -783,6 +809,7 @@ pub(crate) fn param_count(arch: &Architecture) -> u64 {
         | Family::SmolLm3
         | Family::Granite
         | Family::Phi3
+        | Family::Olmo2
         | Family::Gemma4
         | Family::Gemma2
         | Family::Qwen3Moe
@@ -800,6 +827,10 @@ pub(crate) fn param_count(arch: &Architecture) -> u64 {
         total += biases(l);
         if arch.qk_norm {
             total += 2 * l.head_dim as u64; // q_norm, k_norm
+        }
+        if arch.family == Family::Olmo2 {
+            // q_norm and k_norm over the whole projections.
+            total += ((l.n_heads + l.n_kv_heads) * l.head_dim) as u64;
         }
     }
     total
@@ -884,6 +915,11 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
                 o.remove("head_dim");
             }
             v["rope_traditional"] = json!(spec.rope.traditional);
+        }
+        DenseFamily::Olmo2 => {
+            v["rope_traditional"] = json!(spec.rope.traditional);
+            v["attention_bias"] = json!(false);
+            v["mlp_bias"] = json!(false);
         }
         DenseFamily::Qwen3 => {}
     }
@@ -1073,7 +1109,8 @@ impl Reducible for DenseSpec {
             | DenseFamily::Llama
             | DenseFamily::Qwen2
             | DenseFamily::SmolLm3
-            | DenseFamily::Granite => resolve(self).quant_skipped_modules(),
+            | DenseFamily::Granite
+            | DenseFamily::Olmo2 => resolve(self).quant_skipped_modules(),
         }
     }
 }
@@ -1112,7 +1149,8 @@ pub(crate) fn import(
         | DenseFamily::Qwen2
         | DenseFamily::SmolLm3
         | DenseFamily::Granite
-        | DenseFamily::Phi3 => false,
+        | DenseFamily::Phi3
+        | DenseFamily::Olmo2 => false,
     };
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
@@ -1128,8 +1166,9 @@ pub(crate) fn import(
         d
     };
     let (num_kv, head_dim, max_pos, tie) = match family {
-        // smollm3.py's ModelArgs is llama.py's plus the NoPE fields.
-        DenseFamily::Llama | DenseFamily::SmolLm3 => {
+        // smollm3.py's ModelArgs is llama.py's plus the NoPE fields; olmo2.py's
+        // has llama.py's fields and defaults (tie_word_embeddings True).
+        DenseFamily::Llama | DenseFamily::SmolLm3 | DenseFamily::Olmo2 => {
             let kv = r.uint("num_key_value_heads", num_heads);
             let head_dim = match r.get("head_dim").cloned() {
                 Some(v) => r.uint_of("head_dim", &v),
@@ -1184,6 +1223,15 @@ pub(crate) fn import(
     };
     let mut traditional = false;
     match family {
+        DenseFamily::Olmo2 => {
+            traditional = r.boolean("rope_traditional", false);
+            // olmo2.py's biases would sit on o_proj and the MLP too.
+            for flag in ["attention_bias", "mlp_bias"] {
+                if r.boolean(flag, false) {
+                    r.problem(flag, "true: archgen's dense blocks have no bias terms yet");
+                }
+            }
+        }
         DenseFamily::Llama | DenseFamily::SmolLm3 => {
             traditional = r.boolean("rope_traditional", false);
             for flag in ["attention_bias", "mlp_bias"] {
@@ -1282,7 +1330,8 @@ pub(crate) fn import(
                 DenseFamily::Llama
                 | DenseFamily::Qwen3
                 | DenseFamily::SmolLm3
-                | DenseFamily::Phi3 => Some(10000.0),
+                | DenseFamily::Phi3
+                | DenseFamily::Olmo2 => Some(10000.0),
                 DenseFamily::Granite => None,
             };
             match default {
@@ -1325,7 +1374,8 @@ pub(crate) fn import(
             | DenseFamily::Llama
             | DenseFamily::Qwen2
             | DenseFamily::SmolLm3
-            | DenseFamily::Granite,
+            | DenseFamily::Granite
+            | DenseFamily::Olmo2,
         ) => read_scaling(&s, &mut r),
     };
     let no_rope_layer_interval = match family {
@@ -1334,7 +1384,8 @@ pub(crate) fn import(
         | DenseFamily::Qwen2
         | DenseFamily::Qwen3
         | DenseFamily::Granite
-        | DenseFamily::Phi3 => None,
+        | DenseFamily::Phi3
+        | DenseFamily::Olmo2 => None,
     };
     // granite.py's multipliers have no defaults.
     let scales = match family {
@@ -1348,7 +1399,8 @@ pub(crate) fn import(
         | DenseFamily::Qwen2
         | DenseFamily::Qwen3
         | DenseFamily::SmolLm3
-        | DenseFamily::Phi3 => None,
+        | DenseFamily::Phi3
+        | DenseFamily::Olmo2 => None,
     };
     let quantization = top
         .get("quantization")

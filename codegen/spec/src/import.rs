@@ -582,7 +582,8 @@ pub fn from_config_json(
         Some("smollm3") => ConfigModelType::SmolLm3,
         Some("granite") => ConfigModelType::Granite,
         Some("phi3") => ConfigModelType::Phi3,
-        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2, gemma2, qwen3_moe, minicpm, qwen3_5, qwen3_5_moe, smollm3, granite, phi3)"))),
+        Some("olmo2") => ConfigModelType::Olmo2,
+        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2, gemma2, qwen3_moe, minicpm, qwen3_5, qwen3_5_moe, smollm3, granite, phi3, olmo2)"))),
         None => return Err(fail("model_type: missing (mlx-lm needs it to pick the model)".into())),
     };
     if model_type == ConfigModelType::MiniCpm {

@@ -253,6 +253,10 @@ pub enum NormArrangement {
     /// (`input_layernorm`, `post_attention_layernorm`,
     /// `pre_feedforward_layernorm`, `post_feedforward_layernorm`).
     Sandwich,
+    /// `h = x + norm(mixer(x)); out = h + norm(ffn(h))`: no norm before the
+    /// mixer or the feed-forward half (olmo2's `TransformerBlock`:
+    /// `post_attention_layernorm`, `post_feedforward_layernorm`).
+    PostNorm,
 }
 
 /// How an RMSNorm applies its weight.
@@ -400,6 +404,10 @@ pub enum QkNorm {
     None,
     /// RMSNorm per head with weights `q_norm`, `k_norm` of `[head_dim]`.
     RmsPerHead,
+    /// RMSNorm over the whole projection before the head split, weights
+    /// `q_norm` of `[heads * head_dim]` and `k_norm` of
+    /// `[kv_heads * head_dim]` (olmo2): one mean over every head.
+    RmsWholeProjection,
 }
 
 /// Normalization of values.

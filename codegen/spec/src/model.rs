@@ -96,6 +96,9 @@ pub enum Family {
     /// Phi-3 (`phi3.py`): Llama's stack with one fused `qkv_proj` and one fused
     /// `gate_up_proj`, each a matmul then split.
     Phi3,
+    /// OLMo-2 (`olmo2.py`): Llama's sizes with the norms after the mixer and
+    /// the MLP (none before) and q/k RMSNorm over the whole projections.
+    Olmo2,
 }
 
 impl Family {
@@ -113,6 +116,7 @@ impl Family {
             Family::SmolLm3 => "smollm3",
             Family::Granite => "granite",
             Family::Phi3 => "phi3",
+            Family::Olmo2 => "olmo2",
         }
     }
     /// Dense decoder families share one document layout ([`crate::DenseSpec`]).
@@ -125,6 +129,7 @@ impl Family {
                 | Family::SmolLm3
                 | Family::Granite
                 | Family::Phi3
+                | Family::Olmo2
         )
     }
 }
@@ -175,6 +180,7 @@ pub enum ConfigModelType {
     SmolLm3,
     Granite,
     Phi3,
+    Olmo2,
 }
 
 impl ConfigModelType {
@@ -196,6 +202,7 @@ impl ConfigModelType {
             ConfigModelType::SmolLm3 => "smollm3",
             ConfigModelType::Granite => "granite",
             ConfigModelType::Phi3 => "phi3",
+            ConfigModelType::Olmo2 => "olmo2",
         }
     }
     /// The family whose mlx-lm module reads this `model_type`.
@@ -214,6 +221,7 @@ impl ConfigModelType {
             ConfigModelType::SmolLm3 => Family::SmolLm3,
             ConfigModelType::Granite => Family::Granite,
             ConfigModelType::Phi3 => Family::Phi3,
+            ConfigModelType::Olmo2 => Family::Olmo2,
         }
     }
 }

@@ -38,6 +38,7 @@ pub fn layer_norm_names(a: NormArrangement) -> &'static [&'static str] {
             "pre_feedforward_layernorm",
             "post_feedforward_layernorm",
         ],
+        NormArrangement::PostNorm => &["post_attention_layernorm", "post_feedforward_layernorm"],
     }
 }
 
@@ -341,6 +342,16 @@ impl ModelIr {
                             push(format!("{lp}self_attn.q_norm.weight"), d);
                             if a.owns_kv() {
                                 push(format!("{lp}self_attn.k_norm.weight"), d);
+                            }
+                        }
+                        QkNorm::RmsWholeProjection => {
+                            let d = a.head_dim as u64;
+                            push(format!("{lp}self_attn.q_norm.weight"), a.n_heads as u64 * d);
+                            if a.owns_kv() {
+                                push(
+                                    format!("{lp}self_attn.k_norm.weight"),
+                                    a.n_kv_heads as u64 * d,
+                                );
                             }
                         }
                     }

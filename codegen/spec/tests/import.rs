@@ -333,8 +333,8 @@ fn dense_specs_are_their_imported_configs() {
         seen += 1;
     }
     assert_eq!(
-        seen, 14,
-        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B, SmolLM3-3B, Granite-3.3-2B, Phi-3-mini-4k"
+        seen, 15,
+        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B, SmolLM3-3B, Granite-3.3-2B, Phi-3-mini-4k, OLMo-2-1124-7B"
     );
     hybrid.sort();
     assert_eq!(
@@ -1007,4 +1007,47 @@ fn phi3_configs_fuse_their_projections_and_refuse_su_rope() {
         .unwrap_err()
         .to_string();
     assert!(text.contains("partial_rotary_factor"), "{text}");
+}
+
+/// olmo2: llama.py's fields with olmo2.py's defaults (head_dim hidden //
+/// heads, tie_word_embeddings true, rope_theta 10000), the post-norm
+/// arrangement and whole-projection q/k norms as IR facts; biases refused
+/// (they would sit on o_proj and the MLP too).
+#[test]
+fn olmo2_configs_take_mlx_lm_defaults() {
+    use archgen_spec::ir::{HeadWeight, NormArrangement, QkNorm, SanitizeRule};
+    let olmo2 = json!({
+        "model_type": "olmo2", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6, "vocab_size": 512, "max_position_embeddings": 4096
+    });
+    let (spec, applied, hf) = import_and_round_trip(&olmo2, None, "olmo2");
+    assert_eq!(spec.family(), Family::Olmo2);
+    let fields: Vec<(&str, &Value)> = applied
+        .iter()
+        .map(|d| (d.field.as_str(), &d.value))
+        .collect();
+    for (field, value) in [
+        ("head_dim", json!(16)),
+        ("tie_word_embeddings", json!(true)),
+        ("rope_theta", json!(10000.0)),
+    ] {
+        assert!(fields.contains(&(field, &value)), "{field} in {fields:?}");
+    }
+    assert_eq!(hf["model_type"], json!("olmo2"));
+    let ir = spec.lower();
+    assert_eq!(ir.head.weight, HeadWeight::TiedEmbedding);
+    assert_eq!(ir.checkpoint.sanitize, [SanitizeRule::DropRotaryTables]);
+    for l in &ir.layers {
+        assert_eq!(l.norms.arrangement, NormArrangement::PostNorm);
+        assert_eq!(l.attention().unwrap().qk_norm, QkNorm::RmsWholeProjection);
+    }
+    for flag in ["attention_bias", "mlp_bias"] {
+        let mut biased = olmo2.clone();
+        biased[flag] = json!(true);
+        let text = from_config_json(&biased, None, "bad")
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains(&format!("{flag}: true")), "{text}");
+    }
 }

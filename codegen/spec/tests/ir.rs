@@ -208,6 +208,38 @@ fn families_lower_to_their_blocks() {
                     );
                 }
             }
+            Family::Olmo2 => {
+                for l in &ir.layers {
+                    let a = l.attention().expect("olmo2 layers are attention");
+                    assert_eq!(l.norms.arrangement, NormArrangement::PostNorm, "{path}");
+                    assert_eq!(a.qk_norm, QkNorm::RmsWholeProjection, "{path}");
+                    assert_eq!(a.scale, AttentionScale::InvSqrtHeadDim, "{path}");
+                    assert_eq!(a.bias, ProjectionBias::None, "{path}");
+                }
+                // The contract: post-attention and post-feedforward norms of
+                // [hidden], no input norm, and q/k norms over whole projections.
+                let vectors = ir.vector_params();
+                let len = |name: &str| {
+                    vectors
+                        .iter()
+                        .find(|p| p.name == format!("model.layers.0.{name}.weight"))
+                        .map(|p| p.len)
+                };
+                let h = ir.hidden_size as u64;
+                assert_eq!(len("post_attention_layernorm"), Some(h), "{path}");
+                assert_eq!(len("post_feedforward_layernorm"), Some(h), "{path}");
+                assert_eq!(len("input_layernorm"), None, "{path}");
+                assert_eq!(
+                    len("self_attn.q_norm"),
+                    Some((a.n_heads * a.head_dim) as u64),
+                    "{path}"
+                );
+                assert_eq!(
+                    len("self_attn.k_norm"),
+                    Some((a.n_kv_heads * a.head_dim) as u64),
+                    "{path}"
+                );
+            }
             Family::Granite => {
                 let g = match &spec {
                     Spec::Dense(d) => d.scales.clone().expect("checked"),

@@ -7,6 +7,7 @@
 //! ```text
 //! pre-norm:  h = x + mixer(norm(x))          out = h + ffn(norm(h))
 //! sandwich:  h = x + norm(mixer(norm(x)))    out = h + norm(ffn(norm(h)))
+//! post-norm: h = x + norm(mixer(x))          out = h + norm(ffn(h))
 //! then:      out += per-layer input gate;    out *= layer scalar
 //! ```
 //!
@@ -188,16 +189,44 @@ pub fn attend_with(
     }
 }
 
-/// Attention weights of one layer: Q and output projections, the per-head
-/// query norm when the layer has q/k norms, and `kv` when the layer projects
-/// its own K/V (`None` on KV-sharing layers, and in generated models, which
-/// keep K/V weights in a field of their own).
+/// Attention weights of one layer: Q and output projections, the query norm
+/// when the layer has q/k norms, and `kv` when the layer projects its own
+/// K/V (`None` on KV-sharing layers, and in generated models, which keep K/V
+/// weights in a field of their own).
 #[derive(Debug, Clone)]
 pub struct AttentionWeights {
     pub q_proj: Linear,
     pub o_proj: Linear,
-    pub q_norm: Option<Array>,
+    pub q_norm: Option<QkNormWeight>,
     pub kv: Option<KvWeights>,
+}
+
+/// A query or key RMSNorm weight and what it spans (IR `QkNorm`).
+#[derive(Debug, Clone)]
+pub enum QkNormWeight {
+    /// Each head after the split: weight `[head_dim]` (qwen3, gemma).
+    PerHead(Array),
+    /// The whole projection before the split: weight `[heads * head_dim]`,
+    /// one mean over every head (olmo2's `q_norm(q_proj(x))`).
+    WholeProjection(Array),
+}
+
+/// A projection `[B, L, heads * head_dim]` as heads `[B, L, heads,
+/// head_dim]` (`heads`, the projection already split), normed as `norm`
+/// says.
+fn normed_heads(
+    proj: &Array,
+    heads: Array,
+    norm: Option<&QkNormWeight>,
+    s: AttentionShape,
+) -> Result<Array> {
+    match norm {
+        None => Ok(heads),
+        Some(QkNormWeight::PerHead(w)) => rms_norm(&heads, Some(w), s.eps),
+        Some(QkNormWeight::WholeProjection(w)) => {
+            rms_norm(proj, Some(w), s.eps)?.reshape(heads.shape())
+        }
+    }
 }
 
 impl AttentionWeights {
@@ -217,7 +246,7 @@ impl AttentionWeights {
 pub struct KvWeights {
     pub k_proj: Linear,
     pub v_proj: Option<Linear>,
-    pub k_norm: Option<Array>,
+    pub k_norm: Option<QkNormWeight>,
 }
 
 impl KvWeights {
@@ -350,15 +379,14 @@ pub fn project_qkv(
     let q = queries(x, w, s)?;
     // Heads as -1: a rank of a tensor-parallel run has n_kv_heads / N of
     // them (the shape's counts are the model's; see `distributed`).
-    let k = kv.k_proj.forward(x)?.reshape(&[b, l, -1, s.head_dim])?;
+    let k_proj = kv.k_proj.forward(x)?;
+    let k = k_proj.reshape(&[b, l, -1, s.head_dim])?;
+    // V = K's projection before any norm (IR `Values::SameAsKeys`).
     let v = match &kv.v_proj {
         None => k.clone(),
         Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, -1, s.head_dim])?,
     };
-    let k = match &kv.k_norm {
-        Some(n) => rms_norm(&k, Some(n), s.eps)?,
-        None => k,
-    };
+    let k = normed_heads(&k_proj, k, kv.k_norm.as_ref(), s)?;
     let k = rope(&k.transpose_axes(&[0, 2, 1, 3])?)?;
     let v = match s.value_norm {
         ValueNorm::RmsScaleFree => rms_norm(&v, None, s.eps)?,
@@ -383,11 +411,9 @@ pub fn project_q(
 fn queries(x: &Array, w: &AttentionWeights, s: AttentionShape) -> Result<Array> {
     let (b, l) = batch_and_len(x);
     // Heads as -1, as in `project_qkv`.
-    let q = w.q_proj.forward(x)?.reshape(&[b, l, -1, s.head_dim])?;
-    match &w.q_norm {
-        Some(n) => rms_norm(&q, Some(n), s.eps),
-        None => Ok(q),
-    }
+    let q_proj = w.q_proj.forward(x)?;
+    let q = q_proj.reshape(&[b, l, -1, s.head_dim])?;
+    normed_heads(&q_proj, q, w.q_norm.as_ref(), s)
 }
 
 /// A K/V-owning layer's cache update and attention over the cache: returns
@@ -650,6 +676,54 @@ pub enum NormWeight {
     Direct,
     /// `1.0 + weight` (gemma2), folded at load: see [`Weights::param_one_plus`].
     OnePlus,
+}
+
+/// The RMSNorm weights of a post-norm layer (IR `NormArrangement::PostNorm`,
+/// olmo2's `TransformerBlock`): one after the mixer, one after the MLP, none
+/// before either. A type of its own rather than a [`LayerNorms`] variant:
+/// every `LayerNorms` has the norm before the mixer that
+/// [`LayerNorms::input`] hands to generated files.
+#[derive(Debug, Clone)]
+pub struct PostNorms {
+    pub post_attention: Array,
+    pub post_feedforward: Array,
+}
+
+/// A post-norm layer's mixer output into the residual stream:
+/// `x + post_attention_layernorm(a)`.
+pub fn post_norm_attention_residual(
+    x: &Array,
+    a: &Array,
+    norms: &PostNorms,
+    eps: f32,
+) -> Result<Array> {
+    x.add(rms_norm(a, Some(&norms.post_attention), eps)?)
+}
+
+/// A post-norm layer's feed-forward half: the MLP reads the residual stream
+/// itself, `h + post_feedforward_layernorm(mlp(h))`.
+pub fn post_norm_feed_forward(h: &Array, norms: &PostNorms, mlp: &Mlp, eps: f32) -> Result<Array> {
+    h.add(rms_norm(
+        &mlp.forward(h)?,
+        Some(&norms.post_feedforward),
+        eps,
+    )?)
+}
+
+/// `layers.{i}.` norms of a post-norm layer, their weights as the norms
+/// apply them.
+pub fn load_post_norms(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    weight: NormWeight,
+) -> PostNorms {
+    let mut norm =
+        |n: &str| load_norm_weight(w, &format!("layers.{layer}.{n}.weight"), hidden, weight);
+    PostNorms {
+        post_attention: norm("post_attention_layernorm"),
+        post_feedforward: norm("post_feedforward_layernorm"),
+    }
 }
 
 /// Routed experts beside the dense MLP (IR `FeedForward::MlpAndMoe`): router,
@@ -933,6 +1007,7 @@ pub fn finish_layer(
 pub enum QkNorm {
     None,
     RmsPerHead,
+    RmsWholeProjection,
 }
 
 /// Where V comes from (IR `Values`).
@@ -993,10 +1068,7 @@ pub fn load_attention(
     AttentionWeights {
         q_proj: w.linear(&format!("{p}.q_proj"), q_out, hidden),
         o_proj: w.linear(&format!("{p}.o_proj"), hidden, q_out),
-        q_norm: match qk {
-            QkNorm::None => None,
-            QkNorm::RmsPerHead => Some(w.param(&format!("{p}.q_norm.weight"), &[s.head_dim])),
-        },
+        q_norm: load_qk_norm(w, &format!("{p}.q_norm.weight"), qk, s.n_heads, s.head_dim),
         kv: None,
     }
 }
@@ -1018,10 +1090,30 @@ pub fn load_kv(
             Values::Projected => Some(w.linear(&format!("{p}.v_proj"), out, hidden)),
             Values::SameAsKeys => None,
         },
-        k_norm: match qk {
-            QkNorm::None => None,
-            QkNorm::RmsPerHead => Some(w.param(&format!("{p}.k_norm.weight"), &[s.head_dim])),
-        },
+        k_norm: load_qk_norm(
+            w,
+            &format!("{p}.k_norm.weight"),
+            qk,
+            s.n_kv_heads,
+            s.head_dim,
+        ),
+    }
+}
+
+/// A query or key norm of `heads` heads as `qk` says, or none.
+fn load_qk_norm(
+    w: &mut Weights,
+    name: &str,
+    qk: QkNorm,
+    heads: i32,
+    head_dim: i32,
+) -> Option<QkNormWeight> {
+    match qk {
+        QkNorm::None => None,
+        QkNorm::RmsPerHead => Some(QkNormWeight::PerHead(w.param(name, &[head_dim]))),
+        QkNorm::RmsWholeProjection => Some(QkNormWeight::WholeProjection(
+            w.param(name, &[heads * head_dim]),
+        )),
     }
 }
 

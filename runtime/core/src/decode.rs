@@ -72,7 +72,7 @@ use mlx_rs::Array;
 use crate::attention::Mask;
 use crate::blocks::{
     self, Activation, AttentionShape, AttentionWeights, GateUp, KvWeights, LayerNorms, Mlp,
-    MoeBlock, PleGate, Scores, SharedKv, SparseMoe, ValueNorm,
+    MoeBlock, PleGate, QkNormWeight, Scores, SharedKv, SparseMoe, ValueNorm,
 };
 use crate::cache::LayerCache;
 use crate::deltanet::{
@@ -355,8 +355,13 @@ impl FusedQkv {
         if path() != Path::CpuFallbacks || crate::distributed::tensor_parallel() {
             return None;
         }
-        let (Some(q_norm), Some(k_norm), ValueNorm::RmsScaleFree) =
-            (attn.q_norm.clone(), kv.k_norm.clone(), s.value_norm)
+        // Per-head norms only: a whole-projection norm's mean spans Q's (or
+        // K's) heads, which the stacked per-head norm would not.
+        let (
+            Some(QkNormWeight::PerHead(q_norm)),
+            Some(QkNormWeight::PerHead(k_norm)),
+            ValueNorm::RmsScaleFree,
+        ) = (attn.q_norm.clone(), kv.k_norm.clone(), s.value_norm)
         else {
             return None;
         };
@@ -1568,6 +1573,27 @@ impl Flat for SwitchLinear {
         SwitchLinear {
             weight,
             quant: take_quant(&self.quant, it),
+        }
+    }
+}
+
+impl Flat for QkNormWeight {
+    fn put(&self, p: &mut Packed) {
+        match self {
+            QkNormWeight::PerHead(w) => {
+                p.key.push(0);
+                w.put(p);
+            }
+            QkNormWeight::WholeProjection(w) => {
+                p.key.push(1);
+                w.put(p);
+            }
+        }
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        match self {
+            QkNormWeight::PerHead(_) => QkNormWeight::PerHead(next(it)),
+            QkNormWeight::WholeProjection(_) => QkNormWeight::WholeProjection(next(it)),
         }
     }
 }

@@ -150,7 +150,7 @@ impl BatchLm for Monolith {
             if let Some(why) = unbatched(&layer.mixer) {
                 return Err(Exception::custom(format!("layer {i}: {why}")));
             }
-            let x = archgen_runtime::ops::rms_norm(&h, Some(layer.norms.input()), eps)?;
+            let x = layer.norms.mixer_input(&h, eps)?;
             let a = match &layer.mixer {
                 LayerMixer::Attention {
                     kv: source,

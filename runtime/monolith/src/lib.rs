@@ -26,12 +26,30 @@ use archgen_spec::RopeKind;
 
 struct Layer {
     mixer: LayerMixer,
-    norms: LayerNorms,
+    norms: Norms,
     ffn: Ffn,
     ple: Option<PleGate>,
     layer_scalar: Option<Array>,
     /// The factor of depth-scaled residual branches ([`b::residual_scale`]).
     residual: Option<Array>,
+}
+
+/// A layer's RMSNorms, by IR `NormArrangement`: with a norm before the mixer
+/// (pre-norm, sandwich) or after the mixer and the MLP only (post-norm).
+enum Norms {
+    AroundMixer(LayerNorms),
+    Post(b::PostNorms),
+}
+
+impl Norms {
+    /// The mixer's input: `h` after the norm before the mixer, or `h` itself
+    /// in a post-norm layer.
+    fn mixer_input(&self, h: &Array, eps: f32) -> Result<Array> {
+        match self {
+            Norms::AroundMixer(n) => archgen_runtime::ops::rms_norm(h, Some(n.input()), eps),
+            Norms::Post(_) => Ok(h.clone()),
+        }
+    }
 }
 
 /// A layer's sequence mixer, by IR `Mixer` (and the attention's output gate).
@@ -164,11 +182,14 @@ pub fn shape_of(a: &ir::Attention, eps: f32) -> AttentionShape {
     }
 }
 
-/// The runtime mirrors of IR facts (one to one).
-pub fn norm_arrangement(n: ir::Norms) -> b::NormArrangement {
+/// The runtime mirrors of IR facts (one to one). A post-norm layer has no
+/// norm before its mixer, so no [`b::NormArrangement`] (its norms are
+/// [`b::PostNorms`]).
+pub fn norm_arrangement(n: ir::Norms) -> Option<b::NormArrangement> {
     match n.arrangement {
-        ir::NormArrangement::PreNorm => b::NormArrangement::PreNorm,
-        ir::NormArrangement::Sandwich => b::NormArrangement::Sandwich,
+        ir::NormArrangement::PreNorm => Some(b::NormArrangement::PreNorm),
+        ir::NormArrangement::Sandwich => Some(b::NormArrangement::Sandwich),
+        ir::NormArrangement::PostNorm => None,
     }
 }
 
@@ -183,6 +204,7 @@ pub fn qk_norm(q: ir::QkNorm) -> b::QkNorm {
     match q {
         ir::QkNorm::None => b::QkNorm::None,
         ir::QkNorm::RmsPerHead => b::QkNorm::RmsPerHead,
+        ir::QkNorm::RmsWholeProjection => b::QkNorm::RmsWholeProjection,
     }
 }
 
@@ -398,13 +420,21 @@ impl Monolith {
             };
             layers.push(Layer {
                 mixer,
-                norms: b::load_norms_weighted(
-                    &mut w,
-                    i,
-                    hidden,
-                    norm_arrangement(l.norms),
-                    norm_weight(l.norms.weight),
-                ),
+                norms: match norm_arrangement(l.norms) {
+                    Some(a) => Norms::AroundMixer(b::load_norms_weighted(
+                        &mut w,
+                        i,
+                        hidden,
+                        a,
+                        norm_weight(l.norms.weight),
+                    )),
+                    None => Norms::Post(b::load_post_norms(
+                        &mut w,
+                        i,
+                        hidden,
+                        norm_weight(l.norms.weight),
+                    )),
+                },
                 ffn,
                 ple: match l.input {
                     ir::LayerInput::None => None,
@@ -473,22 +503,38 @@ impl Monolith {
         per_layer: Option<&Array>,
     ) -> Result<Array> {
         let eps = self.ir.norm_eps;
+        let norms = match &layer.norms {
+            Norms::AroundMixer(n) => n,
+            Norms::Post(p) => match (&layer.residual, &layer.ffn) {
+                (None, Ffn::Dense { mlp, moe: None }) => {
+                    let h1 = b::post_norm_attention_residual(h, a, p, eps)?;
+                    let h2 = b::post_norm_feed_forward(&h1, p, mlp, eps)?;
+                    return self.finish_layer_end(i, layer, &h2, per_layer);
+                }
+                (Some(_), _) | (None, Ffn::Dense { moe: Some(_), .. })
+                | (None, Ffn::Experts(_) | Ffn::SharedExperts(_)) => {
+                    return Err(Exception::custom(format!(
+                        "layer {i}: a post-norm layer runs a plain residual and a dense MLP only; no runtime block runs it with scaled residuals or experts"
+                    )))
+                }
+            },
+        };
         let h2 = match (&layer.residual, &layer.ffn) {
             (None, Ffn::Dense { mlp, moe }) => {
-                let h1 = b::attention_residual(h, a, &layer.norms, eps)?;
-                b::feed_forward(&h1, &layer.norms, mlp, moe.as_ref(), eps)?
+                let h1 = b::attention_residual(h, a, norms, eps)?;
+                b::feed_forward(&h1, norms, mlp, moe.as_ref(), eps)?
             }
             (None, Ffn::Experts(m)) => {
-                let h1 = b::attention_residual(h, a, &layer.norms, eps)?;
-                b::sparse_feed_forward(&h1, &layer.norms, m, eps)?
+                let h1 = b::attention_residual(h, a, norms, eps)?;
+                b::sparse_feed_forward(&h1, norms, m, eps)?
             }
             (None, Ffn::SharedExperts(m)) => {
-                let h1 = b::attention_residual(h, a, &layer.norms, eps)?;
-                deltanet::shared_expert_feed_forward(&h1, &layer.norms, m, eps)?
+                let h1 = b::attention_residual(h, a, norms, eps)?;
+                deltanet::shared_expert_feed_forward(&h1, norms, m, eps)?
             }
             (Some(r), Ffn::Dense { mlp, moe }) => {
-                let h1 = b::attention_residual_scaled(h, a, &layer.norms, eps, r)?;
-                b::feed_forward_scaled(&h1, &layer.norms, mlp, moe.as_ref(), eps, r)?
+                let h1 = b::attention_residual_scaled(h, a, norms, eps, r)?;
+                b::feed_forward_scaled(&h1, norms, mlp, moe.as_ref(), eps, r)?
             }
             (Some(_), Ffn::Experts(_) | Ffn::SharedExperts(_)) => {
                 return Err(Exception::custom(format!(
@@ -496,12 +542,25 @@ impl Monolith {
                 )))
             }
         };
+        self.finish_layer_end(i, layer, &h2, per_layer)
+    }
+
+    /// The end of a layer after its feed-forward half: the per-layer input
+    /// gate and the layer scalar.
+    fn finish_layer_end(
+        &self,
+        i: usize,
+        layer: &Layer,
+        h2: &Array,
+        per_layer: Option<&Array>,
+    ) -> Result<Array> {
+        let eps = self.ir.norm_eps;
         let pli = match (&layer.ple, per_layer) {
             (Some(g), Some(all)) => Some((g, b::per_layer_slice(all, i as i32)?)),
             _ => None,
         };
         b::finish_layer(
-            &h2,
+            h2,
             pli.as_ref().map(|(g, x)| (*g, x)),
             layer.layer_scalar.as_ref(),
             eps,
@@ -693,7 +752,7 @@ impl CausalLm for Monolith {
                 }
                 None => &no_mask,
             };
-            let x = archgen_runtime::ops::rms_norm(&h, Some(layer.norms.input()), eps)?;
+            let x = layer.norms.mixer_input(&h, eps)?;
             let a = match &layer.mixer {
                 LayerMixer::GatedDeltaNet(w) => match caches[i].as_mut() {
                     Some(MixerCache::Arrays(c)) => deltanet::gated_delta_net(&x, w, c)?,
