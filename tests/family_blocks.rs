@@ -683,6 +683,9 @@ fn phi3_attention(dt: Dt, q: Option<Quant>, a: &AttnShape, prefill: i32, tokens:
     c.out("prefill", y0);
     c.out("step", y1);
     c.out("chunk", y2);
+    Ok(c)
+}
+
 /// olmo2's `TransformerBlock` sizes.
 struct Olmo2Shape {
     hidden: i32,
