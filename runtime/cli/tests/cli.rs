@@ -170,7 +170,7 @@ fn runs_a_tiny_checkpoint_and_rejects_bad_input() {
     .unwrap();
     // A family archgen does not run, and a supported one with an incomplete config.
     for (config, expected) in [
-        (r#"{"model_type": "phi3"}"#, "phi3"),
+        (r#"{"model_type": "falcon"}"#, "falcon"),
         (r#"{"model_type": "llama"}"#, "hidden_size: missing"),
     ] {
         std::fs::write(bad.join("config.json"), config).unwrap();
