@@ -328,10 +328,10 @@ pub fn faults() -> Vec<Fault> {
         Fault {
             name: "config-unsupported-model-type",
             base: Base::Bf16,
-            corrupt: |d| edit_json(&d.join("config.json"), |c| c["model_type"] = json!("phi3")),
+            corrupt: |d| edit_json(&d.join("config.json"), |c| c["model_type"] = json!("falcon")),
             expect: &[
                 "config.json",
-                "model_type: `phi3` is not a supported model",
+                "model_type: `falcon` is not a supported model",
             ],
         },
         Fault {

@@ -566,7 +566,19 @@ impl Background {
             assert!(start.elapsed() < limit, "a request ran past {limit:?}");
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.lines.try_iter().collect()
+        // curl has exited, but the reader may not have sent its last line
+        // yet (a whole answer is one line, sent at EOF): read until the
+        // reader hangs up, which it does at EOF.
+        let mut lines = Vec::new();
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(10)) {
+                Ok(line) => lines.push(line),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return lines,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("curl ended but its output was not read within 10 s")
+                }
+            }
+        }
     }
 }
 
