@@ -58,6 +58,47 @@ pub(crate) fn zeros_rows(b: i32, h: i32, len: i32, d: i32, dtype: Dtype) -> Resu
 }
 
 /// `mx.pad(x, [(0,0), (0,0), (left, right), (0,0)])` with zeros.
+/// The shape both sides of an `extend` are brought to (`_extend` of
+/// `BatchKVCache` and `BatchRotatingKVCache`): heads, key and value widths,
+/// dtype, and the longer side's key length.
+struct ExtendLayout {
+    heads: i32,
+    dk: i32,
+    dv: i32,
+    dtype: Dtype,
+    max_size: i32,
+}
+
+impl ExtendLayout {
+    /// One side's keys and values (zero-length rows when it has none) with
+    /// `left` zero slots before them and the rest of `max_size` after (cut
+    /// from the end when longer), and its left padding moved by `left`.
+    fn pad(
+        &self,
+        keys: &Option<Array>,
+        values: &Option<Array>,
+        rows: i32,
+        left_padding: &[i32],
+        left: i32,
+    ) -> Result<(Array, Array, Vec<i32>)> {
+        let (mut k, mut v) = match (keys, values) {
+            (Some(k), Some(v)) => (k.clone(), v.clone()),
+            _ => (
+                zeros_rows(rows, self.heads, 0, self.dk, self.dtype)?,
+                zeros_rows(rows, self.heads, 0, self.dv, self.dtype)?,
+            ),
+        };
+        let mut right = self.max_size - k.shape()[2] - left;
+        if right < 0 {
+            k = k.try_index((Ellipsis, ..right, ..))?;
+            v = v.try_index((Ellipsis, ..right, ..))?;
+            right = 0;
+        }
+        let (k, v) = (pad_keys(&k, left, right)?, pad_keys(&v, left, right)?);
+        Ok((k, v, left_padding.iter().map(|lp| lp + left).collect()))
+    }
+}
+
 pub(crate) fn pad_keys(x: &Array, left: i32, right: i32) -> Result<Array> {
     if left == 0 && right == 0 {
         return Ok(x.clone());
@@ -286,26 +327,16 @@ impl BatchKvCache {
         let max_idx = self.idx.max(other.idx);
         let len = |s: &Option<(Vec<i32>, i32, Dtype)>| s.as_ref().map_or(0, |(s, _, _)| s[2]);
         let max_size = len(&a).max(len(&b));
-        let pad = |c: &BatchKvCache| -> Result<(Array, Array, Vec<i32>)> {
-            let (mut k, mut v) = match (&c.keys, &c.values) {
-                (Some(k), Some(v)) => (k.clone(), v.clone()),
-                _ => {
-                    let rows = c.batch_size() as i32;
-                    (
-                        zeros_rows(rows, heads, 0, dk, dtype)?,
-                        zeros_rows(rows, heads, 0, dv, dtype)?,
-                    )
-                }
-            };
-            let left = max_idx - c.idx;
-            let mut right = max_size - k.shape()[2] - left;
-            if right < 0 {
-                k = k.try_index((Ellipsis, ..right, ..))?;
-                v = v.try_index((Ellipsis, ..right, ..))?;
-                right = 0;
-            }
-            let (k, v) = (pad_keys(&k, left, right)?, pad_keys(&v, left, right)?);
-            Ok((k, v, c.left_padding.iter().map(|lp| lp + left).collect()))
+        let layout = ExtendLayout {
+            heads,
+            dk,
+            dv,
+            dtype,
+            max_size,
+        };
+        let pad = |c: &BatchKvCache| {
+            let rows = c.batch_size() as i32;
+            layout.pad(&c.keys, &c.values, rows, &c.left_padding, max_idx - c.idx)
         };
         let (k1, v1, lp1) = pad(self)?;
         let (k2, v2, lp2) = pad(&other)?;
@@ -760,26 +791,16 @@ impl BatchRotatingKvCache {
         let max_idx = self.idx.max(other.idx);
         let len = |c: &BatchRotatingKvCache| c.keys.as_ref().map_or(0, |k| k.shape()[2]);
         let max_size = len(self).max(len(&other));
-        let pad = |c: &BatchRotatingKvCache| -> Result<(Array, Array, Vec<i32>)> {
-            let left = max_idx - c.idx;
-            let (mut k, mut v) = match (&c.keys, &c.values) {
-                (Some(k), Some(v)) => (k.clone(), v.clone()),
-                _ => {
-                    let rows = c.batch_size() as i32;
-                    (
-                        zeros_rows(rows, heads, 0, dk, dtype)?,
-                        zeros_rows(rows, heads, 0, dv, dtype)?,
-                    )
-                }
-            };
-            let mut right = max_size - k.shape()[2] - left;
-            if right < 0 {
-                k = k.try_index((Ellipsis, ..right, ..))?;
-                v = v.try_index((Ellipsis, ..right, ..))?;
-                right = 0;
-            }
-            let (k, v) = (pad_keys(&k, left, right)?, pad_keys(&v, left, right)?);
-            Ok((k, v, c.left_padding.iter().map(|lp| lp + left).collect()))
+        let layout = ExtendLayout {
+            heads,
+            dk,
+            dv,
+            dtype,
+            max_size,
+        };
+        let pad = |c: &BatchRotatingKvCache| {
+            let rows = c.batch_size() as i32;
+            layout.pad(&c.keys, &c.values, rows, &c.left_padding, max_idx - c.idx)
         };
         let (k1, v1, lp1) = pad(self)?;
         let (k2, v2, lp2) = pad(&other)?;

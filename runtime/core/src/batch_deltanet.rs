@@ -8,10 +8,11 @@
 //! recurrent steps that keep a padded row's state.
 
 use mlx_rs::ops::indexing::TryIndexOp;
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
 
 use crate::deltanet::{
-    causal_conv1d, compute_g, deltanet_projections, normalize_qk, rms_norm_gated, GatedDeltaNet,
+    causal_conv1d, compute_g, delta_rule_inputs, deltanet_projections, normalize_qk,
+    rms_norm_gated, GatedDeltaNet,
 };
 use crate::distributed::sharded_to_all;
 use crate::ops::{scalar_like, Result};
@@ -229,21 +230,8 @@ fn gated_delta_ops_masked(
     state: Option<&Array>,
     mask: &Array,
 ) -> Result<(Array, Array)> {
-    let (b, t, hk, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
-    let (hv, dv) = (v.shape()[2], v.shape()[3]);
-    let mut state = match state {
-        Some(s) => s.clone(),
-        None => mlx_rs::ops::zeros_dtype(&[b, hv, dv, dk], Dtype::Float32)?,
-    };
-    let repeat = hv / hk;
-    let (q, k) = if repeat > 1 {
-        (
-            Array::repeat_axis::<f32>(q.clone(), repeat, -2)?,
-            Array::repeat_axis::<f32>(k.clone(), repeat, -2)?,
-        )
-    } else {
-        (q.clone(), k.clone())
-    };
+    let t = q.shape()[1];
+    let (mut state, q, k) = delta_rule_inputs(q, k, v, state)?;
     let mut ys = Vec::with_capacity(t as usize);
     for i in 0..t {
         let at = |a: &Array| a.try_index((.., i));

@@ -188,25 +188,18 @@ pub fn normalize_qk_with(
 /// `gated_delta_ops` (prefill and decode alike): q, k [B, T, Hk, Dk], v
 /// [B, T, Hv, Dv], g and beta [B, T, Hv], state [B, Hv, Dv, Dk] or zeros;
 /// q and k repeated to Hv heads, then one compiled step per token. Returns
-/// y [B, T, Hv, Dv] and the final state.
-pub fn gated_delta_ops(
+/// What `gated_delta_update` starts from: the recurrent state (zeros
+/// [B, Hv, Dv, Dk] in f32 when there is none yet) and q, k repeated to the
+/// value heads (`mx.repeat(q, Hv // Hk, -2)` when there are fewer key heads).
+pub(crate) fn delta_rule_inputs(
     q: &Array,
     k: &Array,
     v: &Array,
-    g: &Array,
-    beta: &Array,
     state: Option<&Array>,
-) -> Result<(Array, Array)> {
-    let (b, t, hk, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+) -> Result<(Array, Array, Array)> {
+    let (b, hk, dk) = (q.shape()[0], q.shape()[2], q.shape()[3]);
     let (hv, dv) = (v.shape()[2], v.shape()[3]);
-    if g.ndim() != 3 {
-        return Err(refused(format!(
-            "gated delta rule: a scalar gate per head [B, T, Hv] expected, got shape {:?} \
-             (mlx-lm's vector gate is not used by Qwen3.5)",
-            g.shape()
-        )));
-    }
-    let mut state = match state {
+    let state = match state {
         Some(s) => s.clone(),
         None => mlx_rs::ops::zeros_dtype(&[b, hv, dv, dk], Dtype::Float32)?,
     };
@@ -219,6 +212,27 @@ pub fn gated_delta_ops(
     } else {
         (q.clone(), k.clone())
     };
+    Ok((state, q, k))
+}
+
+/// y [B, T, Hv, Dv] and the final state.
+pub fn gated_delta_ops(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: Option<&Array>,
+) -> Result<(Array, Array)> {
+    let t = q.shape()[1];
+    if g.ndim() != 3 {
+        return Err(refused(format!(
+            "gated delta rule: a scalar gate per head [B, T, Hv] expected, got shape {:?} \
+             (mlx-lm's vector gate is not used by Qwen3.5)",
+            g.shape()
+        )));
+    }
+    let (mut state, q, k) = delta_rule_inputs(q, k, v, state)?;
     let mut ys = Vec::with_capacity(t as usize);
     for i in 0..t {
         let at = |a: &Array| a.try_index((.., i));
