@@ -26,7 +26,6 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use archgen_runtime::batch::BatchLm;
@@ -41,7 +40,8 @@ use tokenizers::Tokenizer;
 use super::metrics::Metrics;
 use super::prompt_cache::{Hit, PromptCache};
 use super::scheduler::{
-    deliver, describe, fail, finish, most_likely, panic_message, Job, Limits, Outcome, Stream,
+    deliver, describe, fail, finish, most_likely, panic_message, Job, Limits, Outcome, Steps,
+    Stream,
 };
 use crate::engine::{Finish, Sampling};
 use crate::tokens::{mlx, sample};
@@ -55,7 +55,6 @@ pub(super) struct BatchedScheduler<'a> {
     session: BatchSession<'a, dyn BatchLm + 'a>,
     tokenizer: &'a Tokenizer,
     eos: &'a [i32],
-    limits: Limits,
     metrics: &'a Metrics,
     /// Every admitted request, whether waiting in the session, in prefill
     /// or generating.
@@ -80,6 +79,21 @@ enum StepKind {
     /// The same without admission and the prefill chunk
     /// ([`BatchSession::step_generation`]).
     DecodeOnly,
+}
+
+impl Steps for BatchedScheduler<'_> {
+    fn in_flight(&self) -> usize {
+        self.active.len()
+    }
+    fn admit(&mut self, job: Job) {
+        BatchedScheduler::admit(self, job)
+    }
+    fn step_once(&mut self) {
+        self.drop_cancelled();
+        if !self.active.is_empty() {
+            self.step();
+        }
+    }
 }
 
 impl<'a> BatchedScheduler<'a> {
@@ -109,41 +123,12 @@ impl<'a> BatchedScheduler<'a> {
             session: new_session(model, config, prompt_cache.is_some()),
             tokenizer,
             eos,
-            limits,
             metrics,
             active: Vec::new(),
             prompt_cache,
             tokens: HashMap::new(),
             last_full_step: Duration::ZERO,
             decoded_since_full_step: Duration::ZERO,
-        }
-    }
-
-    pub(super) fn serve(&mut self, jobs: &mpsc::Receiver<Job>) {
-        let mut open = true;
-        loop {
-            if self.active.is_empty() {
-                if !open {
-                    return;
-                }
-                // Idle: wait for work.
-                match jobs.recv() {
-                    Ok(job) => self.admit(job),
-                    Err(mpsc::RecvError) => return,
-                }
-            }
-            while open && self.active.len() < self.limits.max_batch {
-                match jobs.try_recv() {
-                    Ok(job) => self.admit(job),
-                    Err(mpsc::TryRecvError::Empty) => break,
-                    Err(mpsc::TryRecvError::Disconnected) => open = false,
-                }
-            }
-            self.drop_cancelled();
-            if !self.active.is_empty() {
-                self.step();
-            }
-            self.metrics.active_sequences.set(self.active.len() as i64);
         }
     }
 

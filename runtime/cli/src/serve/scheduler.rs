@@ -323,32 +323,64 @@ impl<'a, M: CausalLm> Scheduler<'a, M, OneByOne> {
     }
 }
 
-impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
-    pub(super) fn serve(&mut self, jobs: &mpsc::Receiver<Job>) {
-        let mut open = true;
-        loop {
-            if self.active.is_empty() {
-                if !open {
-                    return;
-                }
-                // Idle: wait for work.
-                match jobs.recv() {
-                    Ok(job) => self.admit(job),
-                    Err(mpsc::RecvError) => return,
-                }
-            }
-            while open && self.active.len() < self.limits.max_batch {
-                match jobs.try_recv() {
-                    Ok(job) => self.admit(job),
-                    Err(mpsc::TryRecvError::Empty) => break,
-                    Err(mpsc::TryRecvError::Disconnected) => open = false,
-                }
-            }
-            self.run_step();
-            self.metrics.active_sequences.set(self.active.len() as i64);
-        }
-    }
+/// What the model thread's loop ([`serve`]) drives: either scheduler.
+pub(super) trait Steps {
+    /// Requests admitted and not yet answered.
+    fn in_flight(&self) -> usize;
+    /// Takes a request off the queue (it may be answered at once: a client
+    /// that already left, a prompt that cannot run).
+    fn admit(&mut self, job: Job);
+    /// One step of the requests in flight, those whose client left dropped
+    /// first.
+    fn step_once(&mut self);
+}
 
+/// The model thread's loop: idle, wait for a request; then admit queued
+/// requests while fewer than `max_batch` are in flight, run one step, and
+/// again, until the queue's senders are gone and nothing is in flight.
+pub(super) fn serve(
+    scheduler: &mut impl Steps,
+    jobs: &mpsc::Receiver<Job>,
+    max_batch: usize,
+    metrics: &Metrics,
+) {
+    let mut open = true;
+    loop {
+        if scheduler.in_flight() == 0 {
+            if !open {
+                return;
+            }
+            // Idle: wait for work.
+            match jobs.recv() {
+                Ok(job) => scheduler.admit(job),
+                Err(mpsc::RecvError) => return,
+            }
+        }
+        while open && scheduler.in_flight() < max_batch {
+            match jobs.try_recv() {
+                Ok(job) => scheduler.admit(job),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => open = false,
+            }
+        }
+        scheduler.step_once();
+        metrics.active_sequences.set(scheduler.in_flight() as i64);
+    }
+}
+
+impl<M: CausalLm, S: StepAll<M>> Steps for Scheduler<'_, M, S> {
+    fn in_flight(&self) -> usize {
+        self.active.len()
+    }
+    fn admit(&mut self, job: Job) {
+        Scheduler::admit(self, job)
+    }
+    fn step_once(&mut self) {
+        self.run_step()
+    }
+}
+
+impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
     fn admit(&mut self, job: Job) {
         self.metrics.queue_depth.dec();
         if job.cancel.is_cancelled() {

@@ -10,7 +10,7 @@ use tokenizers::Tokenizer;
 
 use super::batched::BatchedScheduler;
 use super::metrics::Metrics;
-use super::scheduler::{Job, Limits, Scheduler};
+use super::scheduler::{serve, Job, Limits, Scheduler};
 
 /// Runs the scheduler on the model thread until the queue's senders are
 /// gone and no sequence is left.
@@ -46,7 +46,12 @@ impl ModelTask for Worker {
                         self.limits,
                         &self.metrics,
                     );
-                    scheduler.serve(&self.jobs);
+                    serve(
+                        &mut scheduler,
+                        &self.jobs,
+                        self.limits.max_batch,
+                        &self.metrics,
+                    );
                     return Ok(());
                 }
                 Err(e) => format!("its batched forward cannot batch this model's caches ({e})"),
@@ -61,7 +66,12 @@ impl ModelTask for Worker {
         let _ = self.ready.send(m.vocab_size());
         let mut scheduler =
             Scheduler::one_by_one(m, &self.tokenizer, &self.eos, self.limits, &self.metrics);
-        scheduler.serve(&self.jobs);
+        serve(
+            &mut scheduler,
+            &self.jobs,
+            self.limits.max_batch,
+            &self.metrics,
+        );
         Ok(())
     }
 }
