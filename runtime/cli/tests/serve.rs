@@ -198,8 +198,14 @@ fn error_message(status: u16, body: &str) -> String {
 }
 
 fn tiny_chat_model(root: &Path) -> PathBuf {
-    let model = root.join("qwen3-tiny");
-    let spec = repo_root().join("specs/qwen3-0.6b-tiny.yaml");
+    tiny_chat_model_of(root, "qwen3-0.6b-tiny", "qwen3-tiny")
+}
+
+/// [`tiny_chat_model`] of another tiny spec (vocabulary 512), in `root/dir`
+/// (the served model's name).
+fn tiny_chat_model_of(root: &Path, spec_name: &str, dir: &str) -> PathBuf {
+    let model = root.join(dir);
+    let spec = repo_root().join(format!("specs/{spec_name}.yaml"));
     let (ok, _, err) = archgen(
         &[
             "init",
@@ -1309,4 +1315,64 @@ fn batched_short_request_decodes_between_a_long_prompts_chunks() {
         first_long_token - sent
     );
     long.finish(Duration::from_secs(120));
+}
+
+/// A model whose KV cache cannot be batched (mlx-optiq's mixed KV cache, as
+/// mlx-lm's `BatchGenerator` refuses it) is served one sequence per forward:
+/// the server says so at start, and requests sent together each give what
+/// `archgen generate` gives alone.
+#[test]
+fn serves_an_unbatchable_cache_one_sequence_at_a_time() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model_of(root.path(), "qwen3-0.6b-tiny-mixed-kv", "qwen3-mixed-kv");
+    let model_s = model.to_str().unwrap();
+    let server = start_server(&model, &["--max-batch", "4"]);
+    assert!(
+        server
+            .startup
+            .iter()
+            .any(|l| l.contains("requests run one by one")),
+        "{:?}",
+        server.startup
+    );
+    let shapes = [(0, 3), (11, 17), (40, 9)];
+    let max_tokens = 6;
+    let running: Vec<Background> = shapes
+        .iter()
+        .map(|&(first, n)| {
+            Background::start(
+                &server,
+                "/v1/completions",
+                &ids_body(first, n, max_tokens, false),
+            )
+        })
+        .collect();
+    for (request, &(first, n)) in running.into_iter().zip(&shapes) {
+        let lines = request.finish(Duration::from_secs(120));
+        let body: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+        let (text, _) = whole_answer(&body.join("\n"));
+        let ids: Vec<String> = (0..n)
+            .map(|i| ((first + 7 * i) % 500 + 3).to_string())
+            .collect();
+        let (ok, stdout, stderr) = archgen(
+            &[
+                "generate",
+                "--model",
+                model_s,
+                "--prompt-ids",
+                &ids.join(","),
+                "--max-tokens",
+                &max_tokens.to_string(),
+            ],
+            "",
+            Duration::from_secs(300),
+        );
+        assert!(ok, "{stderr}");
+        assert_eq!(stdout, format!("{text}\n"), "prompt {ids:?}");
+    }
+    assert_eq!(
+        metric(&server, "archgen_decode_batch_size_sum"),
+        metric(&server, "archgen_decode_batch_size_count"),
+        "one sequence per decode forward"
+    );
 }
