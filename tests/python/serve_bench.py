@@ -426,6 +426,7 @@ def main() -> None:
     args = ap.parse_args()
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="serve-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     if args.model:
         model = Path(args.model)
     else:
