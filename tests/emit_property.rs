@@ -151,9 +151,7 @@ fn every_accepted_spec_emits_parsable_rust_and_a_sample_compiles() {
     // A sample, covering MoE, per-layer inputs, KV sharing and quantization,
     // type-checks in a crate of its own against the real runtime.
     let mut sample: Vec<&(String, archgen_plan::Plan, String)> = Vec::new();
-    use archgen_spec::ir::{
-        FeedForward, HeadWeight, KvSource, LayerInput, NormArrangement, QkNorm,
-    };
+    use archgen_ir::{FeedForward, HeadWeight, KvSource, LayerInput, NormArrangement, QkNorm};
     let features: [fn(&archgen_plan::Plan) -> bool; 6] = [
         |p| {
             p.ir.layers
@@ -181,7 +179,7 @@ fn every_accepted_spec_emits_parsable_rust_and_a_sample_compiles() {
                 && p.ir.head.weight == HeadWeight::Untied
                 && matches!(
                     l.attention().map(|a| a.rope.kind),
-                    Some(archgen_spec::RopeKind::Llama3 { .. })
+                    Some(archgen_ir::RopeKind::Llama3 { .. })
                 )
         },
     ];

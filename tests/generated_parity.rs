@@ -34,7 +34,7 @@ struct Case {
     dir: PathBuf,
     ids: Vec<i32>,
     steps: usize,
-    tier: archgen_spec::tier::Tier,
+    tier: archgen_ir::tier::Tier,
 }
 
 fn tiny_specs() -> Vec<PathBuf> {
@@ -159,11 +159,11 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
                 .collect();
             json!({"layers": layers, "quantized_kv_start": m.quantized_kv_start})
         });
-        let tier = archgen_spec::tier::tier(&spec.lower()).tier;
+        let tier = archgen_ir::tier::tier(&spec.lower()).tier;
         let batch = match tier {
-            archgen_spec::tier::Tier::L1 => &mut jobs,
-            archgen_spec::tier::Tier::L2 => &mut l2_jobs,
-            archgen_spec::tier::Tier::L3 => panic!("{name}: an L3 spec has no oracle"),
+            archgen_ir::tier::Tier::L1 => &mut jobs,
+            archgen_ir::tier::Tier::L2 => &mut l2_jobs,
+            archgen_ir::tier::Tier::L3 => panic!("{name}: an L3 spec has no oracle"),
         };
         batch.push(json!({
             "config": config_for(&spec),
@@ -211,7 +211,7 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
         let (arch, weights) = archgen_checkpoint::read_dir(model_dir).unwrap();
         let fingerprint = archgen_plan::fingerprint(&arch);
         // The checkpoint (kv_config.json, kv_scheme.json) reads back at the spec's tier.
-        let loaded_tier = archgen_spec::tier::tier(&arch);
+        let loaded_tier = archgen_ir::tier::tier(&arch);
         if loaded_tier.tier != c.tier {
             failures.push(format!(
                 "{}: the checkpoint loads as {loaded_tier}, the spec is {}",
@@ -266,7 +266,7 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
             }
             if !same(m, &oracle[key]) {
                 let oracle_name = match c.tier {
-                    archgen_spec::tier::Tier::L2 => "mlx-optiq",
+                    archgen_ir::tier::Tier::L2 => "mlx-optiq",
                     _ => "mlx-lm",
                 };
                 failures.push(format!("{}: {key}: monolith != {oracle_name}", c.name));
@@ -294,7 +294,7 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
                 c.name,
                 c.tier,
                 match c.tier {
-                    archgen_spec::tier::Tier::L2 => "mlx-optiq",
+                    archgen_ir::tier::Tier::L2 => "mlx-optiq",
                     _ => "mlx-lm",
                 }
             );

@@ -1,6 +1,7 @@
 //! `cargo xtask spec ...`: check, show, import and schema for the YAML architecture specs.
 
-use archgen_spec::{import, Architecture, LayerType, RopeKind, Spec};
+use archgen_ir::RopeKind;
+use archgen_spec::{import, Architecture, LayerType, Spec};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -204,7 +205,7 @@ fn summary(spec: &Spec) -> String {
             l.index,
             // The older view has no linear-attention kind: the IR says it.
             match (ir.layers.get(l.index).map(|x| &x.mixer), l.layer_type) {
-                (Some(archgen_spec::ir::Mixer::GatedDeltaNet(_)), _) => "linear",
+                (Some(archgen_ir::Mixer::GatedDeltaNet(_)), _) => "linear",
                 (_, LayerType::Sliding) => "sliding",
                 (_, LayerType::Full) => "full",
             },

@@ -2,35 +2,8 @@
 //! all as plain pub fields, computed with mlx-lm 0.32.2's rules (`gemma4_text.py`).
 
 use crate::model::*;
+pub use archgen_ir::{KvQuant, ModuleKind, QuantizableModule, RopeKind, WeightQuant};
 use std::collections::BTreeMap;
-
-/// RoPE of one layer.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum RopeKind {
-    /// `nn.RoPE(head_dim, traditional, base=theta, scale=1.0)` (`mx.fast.rope` with `base`).
-    Default { theta: f32 },
-    /// `ProportionalRoPE`: `mx.fast.rope` with `freqs = concat(factor * theta^(arange(0,
-    /// rotated_dims, 2)/head_dim), inf × (head_dim - rotated_dims)/2)`.
-    Proportional {
-        theta: f32,
-        partial_rotary_factor: f32,
-        factor: f32,
-    },
-    /// `Llama3RoPE`: `mx.fast.rope` with `freqs` from `theta^(arange(0, dims, 2)/dims)`
-    /// smoothed between `low_freq_factor` and `high_freq_factor` (mlx-lm `rope_utils.py`).
-    /// The scaling parameters stay f64: mlx-lm combines them as Python floats before
-    /// they meet f32 arrays.
-    Llama3 {
-        theta: f32,
-        factor: f64,
-        low_freq_factor: f64,
-        high_freq_factor: f64,
-        original_max_position_embeddings: f64,
-    },
-    /// No rotation: smollm3.py's `NoPE` module, `rope(x, offset)` returns `x`
-    /// (SmolLM3's every `no_rope_layer_interval`-th layer).
-    NoPe,
-}
 
 /// Everything about one decoder layer.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,13 +41,6 @@ pub struct LayerFacts {
     pub window: Option<usize>,
 }
 
-/// Per-layer KV-cache quantization.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvQuant {
-    pub bits: u32,
-    pub group_size: u32,
-}
-
 /// Per-layer inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PleFacts {
@@ -91,51 +57,6 @@ pub struct MoeFacts {
     pub top_k: usize,
     /// `moe_intermediate_size`.
     pub width: usize,
-}
-
-/// What kind of quantizable module.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModuleKind {
-    Linear,
-    Embedding,
-    /// Expert weights `[experts, out, in]` (`SwitchLinear`).
-    SwitchLinear,
-}
-
-/// One module mlx's `nn.quantize` can quantize, with its weight shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuantizableModule {
-    /// Full mlx module path.
-    pub path: String,
-    pub kind: ModuleKind,
-    /// `weight.shape[-1]`: the quantized (grouped) dimension.
-    pub in_dim: u64,
-    /// `weight.shape[-2]`.
-    pub out_dim: u64,
-    /// Experts (SwitchLinear) or 1.
-    pub count: u64,
-}
-
-/// Weight quantization with mlx-lm's per-module resolution.
-#[derive(Debug, Clone, PartialEq)]
-pub struct WeightQuant {
-    pub default: QuantParams,
-    /// Explicit per-path entries: `None` is `false`.
-    pub overrides: BTreeMap<String, Option<QuantParams>>,
-}
-
-impl WeightQuant {
-    /// The spec's `quantization` with `false` entries as `None`.
-    pub fn of(q: &Quantization) -> Self {
-        WeightQuant {
-            default: q.default,
-            overrides: q
-                .overrides
-                .iter()
-                .map(|(k, v)| (k.clone(), v.params()))
-                .collect(),
-        }
-    }
 }
 
 /// The validated, fully resolved architecture.

@@ -65,26 +65,23 @@ mod gemma4;
 mod hf;
 mod hints;
 pub mod import;
-pub mod ir;
 mod layout;
 mod minicpm;
 mod mixed_kv;
 mod model;
-pub mod names;
 mod qwen3_5;
 mod qwen3_moe;
 mod reduce;
-pub mod tier;
 mod validate;
 mod yaml;
 
 // Diagnostics for people (source excerpts) and tools (JSON).
 pub mod render;
 
-pub use arch::{
-    Architecture, KvQuant, LayerFacts, ModuleKind, MoeFacts, PleFacts, QuantizableModule, RopeKind,
-    WeightQuant,
-};
+pub use arch::{Architecture, LayerFacts, MoeFacts, PleFacts};
+// The IR this crate lowers every family to; its own crate, so that what reads
+// only the IR does not depend on spec parsing.
+use archgen_ir as ir;
 pub use dense::{
     DenseAttention, DenseDerive, DenseDerivedSpecFile, DenseLayers, DenseMlp, DenseModel,
     DenseReduce, DenseRope, DenseSpec, RopeScaling,

@@ -4,7 +4,8 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
-use std::collections::BTreeMap;
+
+pub use archgen_ir::{ConfigModelType, QuantMode, QuantOverride, QuantParams, Quantization};
 
 /// The only format version this crate reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -150,63 +151,15 @@ pub struct Source {
     pub model_type: ConfigModelType,
 }
 
-/// Top-level `model_type` values: the three that mlx-lm 0.32.2 runs through
-/// `gemma4_text`, `qwen3`, `llama`, `mistral` (run by `llama.py`: mlx-lm's
-/// `MODEL_REMAPPING`) and `qwen2`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ConfigModelType {
-    Gemma4,
-    Gemma4Text,
-    Gemma4Unified,
-    Qwen3,
-    Llama,
-    /// Mistral: mlx-lm remaps it to `llama`.
-    Mistral,
-    Qwen2,
-    Gemma2,
-    Qwen3Moe,
-    #[serde(rename = "minicpm")]
-    MiniCpm,
-    /// Qwen3.5 (`qwen3_5.py`; config.json flat or under `text_config`).
-    #[serde(rename = "qwen3_5")]
-    Qwen35,
-    /// Qwen3.5 / Qwen3.6 MoE (`qwen3_5_moe.py`: qwen3_5 with the fused HF
-    /// experts split by its sanitize).
-    #[serde(rename = "qwen3_5_moe")]
-    Qwen35Moe,
-    /// SmolLM3 (`smollm3.py`: `llama.LlamaModel` with `NoPE` layers).
-    #[serde(rename = "smollm3")]
-    SmolLm3,
-    Granite,
-    Phi3,
-    Olmo2,
+/// The family a config.json `model_type` belongs to: the one place that maps
+/// the checkpoint's name (an IR fact, [`ConfigModelType`]) to a spec layout.
+pub trait ModelTypeFamily {
+    /// The family whose mlx-lm module reads this `model_type`.
+    fn family(self) -> Family;
 }
 
-impl ConfigModelType {
-    /// The config.json spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ConfigModelType::Gemma4 => "gemma4",
-            ConfigModelType::Gemma4Text => "gemma4_text",
-            ConfigModelType::Gemma4Unified => "gemma4_unified",
-            ConfigModelType::Qwen3 => "qwen3",
-            ConfigModelType::Llama => "llama",
-            ConfigModelType::Mistral => "mistral",
-            ConfigModelType::Qwen2 => "qwen2",
-            ConfigModelType::Gemma2 => "gemma2",
-            ConfigModelType::Qwen3Moe => "qwen3_moe",
-            ConfigModelType::MiniCpm => "minicpm",
-            ConfigModelType::Qwen35 => "qwen3_5",
-            ConfigModelType::Qwen35Moe => "qwen3_5_moe",
-            ConfigModelType::SmolLm3 => "smollm3",
-            ConfigModelType::Granite => "granite",
-            ConfigModelType::Phi3 => "phi3",
-            ConfigModelType::Olmo2 => "olmo2",
-        }
-    }
-    /// The family whose mlx-lm module reads this `model_type`.
-    pub fn family(self) -> Family {
+impl ModelTypeFamily for ConfigModelType {
+    fn family(self) -> Family {
         match self {
             ConfigModelType::Gemma4
             | ConfigModelType::Gemma4Text
@@ -374,119 +327,6 @@ pub struct PerLayerInput {
     pub hidden_size_per_layer_input: u32,
     /// `vocab_size_per_layer_input` (rows of `embed_tokens_per_layer`).
     pub vocab_size_per_layer_input: u32,
-}
-
-/// mlx quantization mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum QuantMode {
-    /// Integer affine (scales and biases): bits 2,3,4,5,6,8; group 32, 64, 128.
-    Affine,
-    /// Microscaling fp4: bits 4, group 32.
-    Mxfp4,
-    /// Microscaling fp8: bits 8, group 32.
-    Mxfp8,
-    /// NVIDIA fp4: bits 4, group 16.
-    Nvfp4,
-}
-
-impl QuantMode {
-    /// The mlx spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            QuantMode::Affine => "affine",
-            QuantMode::Mxfp4 => "mxfp4",
-            QuantMode::Mxfp8 => "mxfp8",
-            QuantMode::Nvfp4 => "nvfp4",
-        }
-    }
-}
-
-/// Parameters of one quantized module.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct QuantParams {
-    /// Bits per weight.
-    pub bits: u32,
-    /// Weights per scale group (along the input dimension).
-    pub group_size: u32,
-    /// Quantization mode.
-    pub mode: QuantMode,
-}
-
-/// Weight quantization: what mlx-lm's convert writes under `quantization`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Quantization {
-    /// Applies to every quantizable module (Linear, Embedding, SwitchLinear) whose input
-    /// dimension is divisible by its group size and that has no override.
-    pub default: QuantParams,
-    /// Per-module entries keyed by full mlx module path
-    /// (`language_model.model.layers.0.router.proj`): params, or `false` to keep the
-    /// module unquantized. An explicit entry always wins. Write `{}` when there are none.
-    pub overrides: BTreeMap<String, QuantOverride>,
-}
-
-/// One per-module quantization entry: `false` or params.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(untagged)]
-pub enum QuantOverride {
-    /// `false`: not quantized.
-    Skip(bool),
-    /// Quantized with these params.
-    Params(QuantParams),
-}
-
-impl QuantOverride {
-    /// The params, or None for `false`.
-    pub fn params(&self) -> Option<QuantParams> {
-        match self {
-            QuantOverride::Skip(_) => None,
-            QuantOverride::Params(p) => Some(*p),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for QuantOverride {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = QuantOverride;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("`false` or a mapping {bits, group_size, mode}")
-            }
-            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<QuantOverride, E> {
-                if v {
-                    Err(E::custom(
-                        "`true` is not allowed here: write the params {bits, group_size, mode}",
-                    ))
-                } else {
-                    Ok(QuantOverride::Skip(false))
-                }
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                map: A,
-            ) -> Result<QuantOverride, A::Error> {
-                QuantParams::deserialize(serde::de::value::MapAccessDeserializer::new(map))
-                    .map(QuantOverride::Params)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-impl JsonSchema for QuantOverride {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "QuantOverride".into()
-    }
-    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        let params = generator.subschema_for::<QuantParams>();
-        schemars::json_schema!({
-            "description": "`false` (keep unquantized) or params {bits, group_size, mode}.",
-            "anyOf": [ { "const": false }, params ]
-        })
-    }
 }
 
 /// One per-layer KV-cache quantization entry (mlx-optiq `kv_config.json` item).

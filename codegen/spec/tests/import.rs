@@ -1,5 +1,6 @@
 //! config.json → spec → `to_hf_json` round-trips every field, with mlx-lm's defaults.
 
+use archgen_ir::{KvQuant, RopeKind};
 use archgen_spec::import::{from_config_json, AppliedDefault};
 use archgen_spec::*;
 use serde_json::{json, Value};
@@ -410,11 +411,11 @@ fn qwen3_5_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
     assert!(ir
         .layers
         .iter()
-        .all(|l| matches!(l.ffn, ir::FeedForward::MoeAndSharedExpert { .. })));
+        .all(|l| matches!(l.ffn, archgen_ir::FeedForward::MoeAndSharedExpert { .. })));
     assert!(ir
         .checkpoint
         .sanitize
-        .contains(&ir::SanitizeRule::SplitSwitchMlpGateUp));
+        .contains(&archgen_ir::SanitizeRule::SplitSwitchMlpGateUp));
     let mut dense_moe_type = flat.clone();
     dense_moe_type["model_type"] = json!("qwen3_5_moe");
     let e = from_config_json(&dense_moe_type, None, "bad").unwrap_err();
@@ -469,14 +470,8 @@ fn minicpm_configs_take_mlx_lm_defaults_and_refuse_what_mlx_lm_cannot_run() {
     assert_eq!(hf["tie_word_embeddings"], json!(false));
     assert!(hf.get("head_dim").is_none(), "minicpm.py has no head_dim");
     let ir = spec.lower();
-    assert_eq!(
-        ir.embedding.scale,
-        archgen_spec::ir::EmbedScale::Constant(12.0)
-    );
-    assert_eq!(
-        ir.head.logit_scale,
-        archgen_spec::ir::LogitScale::DivideBy(0.375)
-    );
+    assert_eq!(ir.embedding.scale, archgen_ir::EmbedScale::Constant(12.0));
+    assert_eq!(ir.head.logit_scale, archgen_ir::LogitScale::DivideBy(0.375));
     assert_eq!(ir.layers[0].residual.factor(), Some(1.4 / 3f64.sqrt()));
     for field in [
         "scale_emb",
@@ -606,7 +601,7 @@ fn qwen2_configs_take_mlx_lm_defaults() {
     let ir = spec.lower();
     assert_eq!(
         ir.layers[0].attention().unwrap().bias,
-        archgen_spec::ir::ProjectionBias::QueryKeyValue
+        archgen_ir::ProjectionBias::QueryKeyValue
     );
     let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
     for f in [
@@ -795,7 +790,7 @@ fn qwen3_moe_configs_need_every_field_and_ignore_rope_scaling() {
 /// `no_rope_layers` list read only to check it is that pattern.
 #[test]
 fn smollm3_configs_read_the_no_rope_interval() {
-    use archgen_spec::ir::{Mixer, RopeForm};
+    use archgen_ir::{Mixer, RopeForm};
     let smollm3 = json!({
         "model_type": "smollm3", "hidden_size": 64, "num_hidden_layers": 8,
         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -871,7 +866,7 @@ fn smollm3_configs_read_the_no_rope_interval() {
 /// the four scales as IR facts; biases refused.
 #[test]
 fn granite_configs_take_their_multipliers() {
-    use archgen_spec::ir::{AttentionScale, EmbedScale, LogitScale, Residual};
+    use archgen_ir::{AttentionScale, EmbedScale, LogitScale, Residual};
     let granite = json!({
         "model_type": "granite", "hidden_size": 64, "num_hidden_layers": 2,
         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -930,7 +925,7 @@ fn granite_configs_take_their_multipliers() {
 
 #[test]
 fn phi3_configs_fuse_their_projections_and_refuse_su_rope() {
-    use archgen_spec::ir::{GateUpProjection, QkvProjection};
+    use archgen_ir::{GateUpProjection, QkvProjection};
     // Phi-3-mini-4k-instruct's fields as published, at a tiny size.
     let phi3 = json!({
         "model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2,
@@ -1015,7 +1010,7 @@ fn phi3_configs_fuse_their_projections_and_refuse_su_rope() {
 /// (they would sit on o_proj and the MLP too).
 #[test]
 fn olmo2_configs_take_mlx_lm_defaults() {
-    use archgen_spec::ir::{HeadWeight, NormArrangement, QkNorm, SanitizeRule};
+    use archgen_ir::{HeadWeight, NormArrangement, QkNorm, SanitizeRule};
     let olmo2 = json!({
         "model_type": "olmo2", "hidden_size": 64, "num_hidden_layers": 2,
         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,

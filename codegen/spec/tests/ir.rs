@@ -2,7 +2,7 @@
 //! resolved architecture: per-layer geometry, K/V sources, RoPE, widths,
 //! caches, quantizable modules, quantization and parameter count.
 
-use archgen_spec::ir::*;
+use archgen_ir::*;
 use archgen_spec::*;
 use std::path::PathBuf;
 
@@ -201,7 +201,7 @@ fn families_lower_to_their_blocks() {
                     assert_eq!(a.scale, AttentionScale::InvSqrtHeadDim, "{path}");
                     // smollm3.py: no_rope_layers[i] = int((i + 1) % n != 0).
                     assert_eq!(
-                        a.rope.kind == archgen_spec::RopeKind::NoPe,
+                        a.rope.kind == archgen_ir::RopeKind::NoPe,
                         (l.index + 1) % n == 0,
                         "{path} layer {}",
                         l.index
@@ -361,7 +361,7 @@ fn families_lower_to_their_blocks() {
                 assert!(
                     ir.layers.iter().any(|l| matches!(
                         l.ffn,
-                        FeedForward::Moe(archgen_spec::ir::Moe {
+                        FeedForward::Moe(archgen_ir::Moe {
                             router: Router::SoftmaxTopK { .. },
                             activation: Activation::Silu,
                             ..
@@ -410,7 +410,7 @@ fn families_lower_to_their_blocks() {
                 );
                 assert_eq!(
                     ir.checkpoint.sanitize,
-                    vec![archgen_spec::ir::SanitizeRule::CopyEmbeddingToHead],
+                    vec![archgen_ir::SanitizeRule::CopyEmbeddingToHead],
                     "{path}"
                 );
             }

@@ -1,5 +1,6 @@
 //! The checked-in specs: all validate, keep their structure, and tiny ones are tiny.
 
+use archgen_ir::KvQuant;
 use archgen_spec::*;
 use std::path::PathBuf;
 

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use archgen_spec::ir::{KvCache, KvSource};
-use archgen_spec::tier::{tier, Tier};
+use archgen_ir::tier::{tier, Tier};
+use archgen_ir::{KvCache, KvSource};
 
 fn spec(name: &str) -> archgen_spec::Spec {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

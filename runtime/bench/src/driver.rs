@@ -70,7 +70,7 @@ pub fn checkpoint(cache_dir: &Path, name: &str) -> Result<(PathBuf, u64), String
     let quantize: Vec<String> = match spec.quantization() {
         None => Vec::new(),
         Some(q) => match q.default.mode {
-            archgen_spec::QuantMode::Affine => vec![
+            archgen_ir::QuantMode::Affine => vec![
                 "--quantize".to_string(),
                 q.default.bits.to_string(),
                 "--group-size".to_string(),

@@ -6,9 +6,9 @@
 //! built from what [`read_dir`] returns, so neither depends on the other to
 //! load.
 
+use archgen_ir::ModelIr;
 use archgen_runtime::model::ModelError;
 use archgen_runtime::weights::Weights;
-use archgen_spec::ir::ModelIr;
 
 mod sanitize;
 

@@ -7,9 +7,9 @@
 
 use std::collections::BTreeMap;
 
+use archgen_ir::ModuleKind;
+use archgen_ir::{KvCache, KvSource};
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
-use archgen_spec::ir::{KvCache, KvSource};
-use archgen_spec::ModuleKind;
 
 use std::io::{IsTerminal, Write};
 

@@ -1,8 +1,15 @@
-//! The block IR: a closed, typed description of a decoder language model as
-//! blocks, which every family's spec lowers to (once per family, in this
-//! crate) and which the plan, the tensor contract, the plan file, the emitter,
-//! the monolith and the CPU decode path read without asking which family a
-//! model is. No MLX here.
+//! archgen-ir: the block IR, a closed, typed description of a decoder language
+//! model as blocks. Every family's spec lowers to it (once per family, in
+//! archgen-spec), and the plan, the tensor contract, the plan file, the emitter,
+//! the monolith and the CPU decode path read it without asking which family a
+//! model is. No MLX here, and no spec parsing.
+//!
+//! * the IR types (this module);
+//! * [`names`]: the one map from blocks to checkpoint tensor names, the
+//!   quantizable modules and the parameter count;
+//! * [`tier`]: the parity tier a model's run has, from the IR alone;
+//! * the quantization types ([`Quantization`], [`QuantParams`], [`WeightQuant`],
+//!   [`KvQuant`]) and the checkpoint's [`ConfigModelType`].
 //!
 //! Every choice is an enum matched exhaustively downstream, so a new variant
 //! makes the compiler list each place that must handle it. Variants exist only
@@ -28,8 +35,14 @@
 //!                  logit scale (none, a divide before the projection or one after it)
 //! ```
 
-use crate::arch::{KvQuant, RopeKind, WeightQuant};
-use crate::model::ConfigModelType;
+pub mod names;
+mod quant;
+pub mod tier;
+
+pub use quant::{
+    KvQuant, ModuleKind, QuantMode, QuantOverride, QuantParams, QuantizableModule, Quantization,
+    WeightQuant,
+};
 
 /// A decoder model as blocks.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,7 +78,7 @@ pub struct Checkpoint {
 
 /// How mlx-lm's model class splits itself over ranks (its `shard()`): what
 /// a tensor-parallel run reproduces (`archgen_plan::tensor_parallel::split`)
-/// and whether an oracle runs it split ([`crate::tier::sharded_tier`]). Set
+/// and whether an oracle runs it split ([`tier::sharded_tier`]). Set
 /// by each lowering; how a block splits (rows, columns, segments of a Gated
 /// DeltaNet's `in_proj_qkv`) follows from the block itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -494,7 +507,7 @@ pub enum KvCache {
     /// mlx-optiq's per-layer mixed KV (`install_mixed_kv`): a plain cache that,
     /// after the first forward leaving `start` or more positions in it, becomes a
     /// quantized cache holding `mx.quantize` of its whole buffers (full-window
-    /// layers only). Stock mlx-lm has no such cache: tier L2 (`crate::tier`).
+    /// layers only). Stock mlx-lm has no such cache: tier L2 ([`tier`]).
     QuantizedAfterForward { quant: KvQuant, start: usize },
 }
 
@@ -729,4 +742,92 @@ impl ModelIr {
         d.dedup();
         d
     }
+}
+
+/// Top-level `model_type` values: the three that mlx-lm 0.32.2 runs through
+/// `gemma4_text`, `qwen3`, `llama`, `mistral` (run by `llama.py`: mlx-lm's
+/// `MODEL_REMAPPING`) and `qwen2`.
+// serde and the schema: `identity.source.model_type` of a spec document is this type.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfigModelType {
+    Gemma4,
+    Gemma4Text,
+    Gemma4Unified,
+    Qwen3,
+    Llama,
+    /// Mistral: mlx-lm remaps it to `llama`.
+    Mistral,
+    Qwen2,
+    Gemma2,
+    Qwen3Moe,
+    #[serde(rename = "minicpm")]
+    MiniCpm,
+    /// Qwen3.5 (`qwen3_5.py`; config.json flat or under `text_config`).
+    #[serde(rename = "qwen3_5")]
+    Qwen35,
+    /// Qwen3.5 / Qwen3.6 MoE (`qwen3_5_moe.py`: qwen3_5 with the fused HF
+    /// experts split by its sanitize).
+    #[serde(rename = "qwen3_5_moe")]
+    Qwen35Moe,
+    /// SmolLM3 (`smollm3.py`: `llama.LlamaModel` with `NoPE` layers).
+    #[serde(rename = "smollm3")]
+    SmolLm3,
+    Granite,
+    Phi3,
+    Olmo2,
+}
+
+impl ConfigModelType {
+    /// The config.json spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfigModelType::Gemma4 => "gemma4",
+            ConfigModelType::Gemma4Text => "gemma4_text",
+            ConfigModelType::Gemma4Unified => "gemma4_unified",
+            ConfigModelType::Qwen3 => "qwen3",
+            ConfigModelType::Llama => "llama",
+            ConfigModelType::Mistral => "mistral",
+            ConfigModelType::Qwen2 => "qwen2",
+            ConfigModelType::Gemma2 => "gemma2",
+            ConfigModelType::Qwen3Moe => "qwen3_moe",
+            ConfigModelType::MiniCpm => "minicpm",
+            ConfigModelType::Qwen35 => "qwen3_5",
+            ConfigModelType::Qwen35Moe => "qwen3_5_moe",
+            ConfigModelType::SmolLm3 => "smollm3",
+            ConfigModelType::Granite => "granite",
+            ConfigModelType::Phi3 => "phi3",
+            ConfigModelType::Olmo2 => "olmo2",
+        }
+    }
+}
+
+/// RoPE of one layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeKind {
+    /// `nn.RoPE(head_dim, traditional, base=theta, scale=1.0)` (`mx.fast.rope` with `base`).
+    Default { theta: f32 },
+    /// `ProportionalRoPE`: `mx.fast.rope` with `freqs = concat(factor * theta^(arange(0,
+    /// rotated_dims, 2)/head_dim), inf × (head_dim - rotated_dims)/2)`.
+    Proportional {
+        theta: f32,
+        partial_rotary_factor: f32,
+        factor: f32,
+    },
+    /// `Llama3RoPE`: `mx.fast.rope` with `freqs` from `theta^(arange(0, dims, 2)/dims)`
+    /// smoothed between `low_freq_factor` and `high_freq_factor` (mlx-lm `rope_utils.py`).
+    /// The scaling parameters stay f64: mlx-lm combines them as Python floats before
+    /// they meet f32 arrays.
+    Llama3 {
+        theta: f32,
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+    /// No rotation: smollm3.py's `NoPE` module, `rope(x, offset)` returns `x`
+    /// (SmolLM3's every `no_rope_layer_interval`-th layer).
+    NoPe,
 }

@@ -2,11 +2,9 @@
 //! layout: what mlx-lm's `sanitize` leaves, under the checkpoint's module
 //! prefix). The tensor contract of the plan, the quantization rules, the
 //! parameter count and `archgen init` read it; the loader's renames are the
-//! IR's [`crate::ir::SanitizeRule`]s.
+//! IR's [`crate::SanitizeRule`]s.
 
-use crate::arch::{ModuleKind, QuantizableModule};
-use crate::ir::*;
-use crate::model::QuantParams;
+use crate::*;
 
 impl ModulePrefix {
     /// Prefix of the text model's modules.

@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use crate::ir::{KvCache, KvSource, Mixer, ModelIr, ShardOracle};
+use crate::{KvCache, KvSource, Mixer, ModelIr, ShardOracle};
 
 /// A parity tier; a lower tier is a stronger claim (`L1 < L2 < L3`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
