@@ -108,9 +108,8 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
     for (k, name) in BATCHED.iter().enumerate() {
         let spec = archgen_spec::load(repo_root().join("specs").join(format!("{name}.yaml")))
             .unwrap_or_else(|d| panic!("{d}"));
-        let arch = spec.resolve();
         // Unquantized experts run only in float32 on MLX's CPU backend.
-        let dtype = if arch.moe.is_some() {
+        let dtype = if archgen_tests::has_experts(&spec.lower()) {
             "float32"
         } else {
             "bfloat16"
@@ -132,20 +131,11 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
     // nor can archgen.
     let kv_spec = archgen_spec::load(repo_root().join("specs/gemma4-e4b-tiny-kv.yaml"))
         .unwrap_or_else(|d| panic!("{d}"));
-    let kv_arch = kv_spec.resolve();
-    let kv_layers: serde_json::Map<String, Value> = kv_arch
-        .layers
-        .iter()
-        .filter_map(|f| {
-            f.kv_quant
-                .map(|k| (f.index.to_string(), json!([k.bits, k.group_size])))
-        })
-        .collect();
-    let first_kv_layer = kv_arch
-        .layers
-        .iter()
-        .find(|f| f.kv_quant.is_some())
-        .map(|f| f.index)
+    let kv_layers = archgen_tests::quantized_kv_layers(&kv_spec.lower());
+    let first_kv_layer: usize = kv_layers
+        .keys()
+        .filter_map(|k| k.parse().ok())
+        .min()
         .expect("a quantized KV layer");
     jobs.push(json!({
         "config": config_for(&kv_spec),

@@ -121,36 +121,25 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
     let manual = manual_specs();
     for path in manual.clone().unwrap_or_else(tiny_specs) {
         let spec = archgen_spec::load(&path).unwrap();
-        let arch = spec.resolve();
+        let ir = spec.lower();
         let name = spec.name().to_string();
         let dir = root.path().join(&name);
         // Longer than the window so the rotating cache wraps; decode past it.
         // Dense families have no window: still a 19-token prompt and 12 steps.
-        let window = if arch.sliding_window > 0 {
-            arch.sliding_window
-        } else {
-            8
-        };
-        let vocab = arch.vocab_size as i32;
+        let window = archgen_tests::sliding_window(&ir).unwrap_or(8);
+        let vocab = ir.vocab_size as i32;
         let ids: Vec<i32> = (0..(2 * window + 3) as i32)
             .map(|i| (i * 37 + 11) % vocab)
             .collect();
         let steps = window + 4;
         // Unquantized experts run only in float32 on MLX's CPU backend.
-        let dtype = if arch.moe.is_some() && arch.quantization.is_none() {
+        let dtype = if archgen_tests::has_experts(&ir) && ir.quantization.is_none() {
             "float32"
         } else {
             "bfloat16"
         };
-        let q = arch.quantization.as_ref().map(|q| q.default);
-        let kv: serde_json::Map<String, Value> = arch
-            .layers
-            .iter()
-            .filter_map(|f| {
-                f.kv_quant
-                    .map(|k| (f.index.to_string(), json!([k.bits, k.group_size])))
-            })
-            .collect();
+        let q = ir.quantization.as_ref().map(|q| q.default);
+        let kv = archgen_tests::quantized_kv_layers(&ir);
         let mixed_kv = spec.mixed_kv().map(|m| {
             let layers: serde_json::Map<String, Value> = m
                 .kv_config()
@@ -321,18 +310,18 @@ fn real_width_instance_agrees_in_all_three() {
     };
     let path = repo_root().join("specs").join(format!("{name}.yaml"));
     let spec = archgen_spec::load(&path).unwrap_or_else(|d| panic!("{d}"));
-    let arch = spec.resolve();
+    let ir = spec.lower();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join(&name);
-    let vocab = arch.vocab_size as i32;
+    let vocab = ir.vocab_size as i32;
     let ids: Vec<i32> = (0..40).map(|i| (i * 7919 + 11) % vocab).collect();
     let steps = 4;
-    let dtype = if arch.moe.is_some() && arch.quantization.is_none() {
+    let dtype = if archgen_tests::has_experts(&ir) && ir.quantization.is_none() {
         "float32"
     } else {
         "bfloat16"
     };
-    let q = arch.quantization.as_ref().map(|q| q.default);
+    let q = ir.quantization.as_ref().map(|q| q.default);
     let jobs = json!([{
         "config": config_for(&spec),
         "out": dir,

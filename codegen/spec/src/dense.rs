@@ -13,12 +13,12 @@
 //! One document layout serves them all; the family fixes what differs.
 //!
 //! This module holds everything family-specific on the spec side: the document, its
-//! validation, the resolved [`Architecture`], the config.json view, the YAML writer, the
+//! validation, the lowering to the block IR, the config.json view, the YAML writer, the
 //! reduction to tiny variants and the config.json importer.
 
-use crate::arch::{Architecture, LayerFacts, QuantizableModule, RopeKind};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader, ABSENT};
+use crate::ir::QuantizableModule;
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
@@ -443,27 +443,7 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
     }
     if ok && c.issues.is_empty() {
         if let Some(q) = &spec.quantization {
-            match spec.dense_family() {
-                // Its modules are the IR's (`qkv_proj`, `gate_up_proj`); the
-                // older view knows separate projections only.
-                DenseFamily::Phi3 => {
-                    let ir = lower(spec);
-                    validate::check_quantization_modules(
-                        q,
-                        &ir.quantizable_modules(),
-                        ir.module_prefix(),
-                        &mut c.issues,
-                    )
-                }
-                DenseFamily::Qwen3
-                | DenseFamily::Llama
-                | DenseFamily::Qwen2
-                | DenseFamily::SmolLm3
-                | DenseFamily::Granite
-                | DenseFamily::Olmo2 => {
-                    validate::check_quantization(q, &resolve(spec), &mut c.issues)
-                }
-            }
+            validate::check_quantization(q, &lower(spec), &mut c.issues);
         }
         if let Some(m) = &spec.mixed_kv {
             c.issues.extend(crate::mixed_kv::check(m, &lower(spec)));
@@ -535,84 +515,7 @@ pub(crate) fn check_dense_sizes(
     ok
 }
 
-// ---------------------------------------------------------------- resolution
-
-/// The resolved architecture of a (valid) dense spec.
-pub(crate) fn resolve(spec: &DenseSpec) -> Architecture {
-    let a = &spec.attention;
-    let head_dim = a.head_dim as usize;
-    let theta = spec.rope.rope_theta as f32;
-    let rope = match &spec.rope.scaling {
-        None => RopeKind::Default { theta },
-        Some(RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        }) => RopeKind::Llama3 {
-            theta,
-            factor: *factor,
-            low_freq_factor: *low_freq_factor,
-            high_freq_factor: *high_freq_factor,
-            original_max_position_embeddings: *original_max_position_embeddings as f64,
-        },
-    };
-    let layers = (0..spec.layers.num_hidden_layers as usize)
-        .map(|i| LayerFacts {
-            index: i,
-            layer_type: LayerType::Full,
-            head_dim,
-            n_heads: a.num_attention_heads as usize,
-            n_kv_heads: a.num_key_value_heads as usize,
-            k_eq_v: false,
-            has_kv: true,
-            kv_source: i,
-            mlp_width: spec.mlp.intermediate_size as usize,
-            rope: if spec.rope.rotates(i) {
-                rope
-            } else {
-                RopeKind::NoPe
-            },
-            rope_traditional: spec.rope.traditional,
-            rotated_dims: head_dim,
-            kv_quant: None,
-            window: None,
-        })
-        .collect::<Vec<_>>();
-    Architecture {
-        name: spec.identity.name.clone(),
-        family: spec.identity.family,
-        qk_norm: spec.dense_family() == DenseFamily::Qwen3,
-        model_type: spec.identity.source.model_type,
-        module_prefix: "model.",
-        lm_head_path: "lm_head",
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        num_layers: layers.len(),
-        first_kv_shared_layer: layers.len(),
-        num_attention_heads: a.num_attention_heads as usize,
-        sliding_window: 0,
-        intermediate_size: spec.mlp.intermediate_size as usize,
-        rms_norm_eps: spec.model.rms_norm_eps as f32,
-        final_logit_softcapping: None,
-        tie_word_embeddings: spec.model.tie_word_embeddings,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        per_layer_input: None,
-        moe: None,
-        quantization: spec
-            .quantization
-            .as_ref()
-            .map(|q| crate::arch::WeightQuant {
-                default: q.default,
-                overrides: q
-                    .overrides
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.params()))
-                    .collect(),
-            }),
-        layers,
-    }
-}
+// ---------------------------------------------------------------- lowering
 
 /// The IR of a valid dense spec: pre-norm layers, full causal attention at
 /// `head_dim ** -0.5` (q/k RMSNorm per head for Qwen3, none for Llama),
@@ -794,46 +697,8 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
             norm: NormWeight::Direct,
             logit_scale,
         },
-        quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
+        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
     }
-}
-
-/// Parameters of an unquantized dense model: linear weights, embeddings and norms.
-pub(crate) fn param_count(arch: &Architecture) -> u64 {
-    let h = arch.hidden_size as u64;
-    let biases = |l: &crate::arch::LayerFacts| match arch.family {
-        // q_proj, k_proj and v_proj biases.
-        Family::Qwen2 => ((l.n_heads + 2 * l.n_kv_heads) * l.head_dim) as u64,
-        Family::Qwen3
-        | Family::Llama
-        | Family::SmolLm3
-        | Family::Granite
-        | Family::Phi3
-        | Family::Olmo2
-        | Family::Gemma4
-        | Family::Gemma2
-        | Family::Qwen3Moe
-        | Family::MiniCpm
-        | Family::Qwen35 => 0,
-    };
-    let mut total: u64 = arch
-        .quantizable_modules()
-        .iter()
-        .map(|m| m.in_dim * m.out_dim * m.count)
-        .sum();
-    total += h; // final norm
-    for l in &arch.layers {
-        total += 2 * h; // input_layernorm, post_attention_layernorm
-        total += biases(l);
-        if arch.qk_norm {
-            total += 2 * l.head_dim as u64; // q_norm, k_norm
-        }
-        if arch.family == Family::Olmo2 {
-            // q_norm and k_norm over the whole projections.
-            total += ((l.n_heads + l.n_kv_heads) * l.head_dim) as u64;
-        }
-    }
-    total
 }
 
 // ---------------------------------------------------------------- config.json view
@@ -1102,16 +967,7 @@ impl Reducible for DenseSpec {
         self.quantization.as_ref()
     }
     fn quant_skipped(&self) -> Vec<QuantizableModule> {
-        match self.dense_family() {
-            // The IR's modules (`qkv_proj`, `gate_up_proj`), as in `check`.
-            DenseFamily::Phi3 => lower(self).quant_skipped_modules(),
-            DenseFamily::Qwen3
-            | DenseFamily::Llama
-            | DenseFamily::Qwen2
-            | DenseFamily::SmolLm3
-            | DenseFamily::Granite
-            | DenseFamily::Olmo2 => resolve(self).quant_skipped_modules(),
-        }
+        lower(self).quant_skipped_modules()
     }
 }
 

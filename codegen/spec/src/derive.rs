@@ -514,7 +514,7 @@ fn check_quant_divisibility(spec: &Gemma4Spec) -> Option<Issue> {
     let q = spec.quantization.as_ref()?;
     reduce::quant_divisibility(
         q,
-        &spec.resolve().quant_skipped_modules(),
+        &crate::gemma4::lower(spec).quant_skipped_modules(),
         "derived specs must exercise quantization everywhere: pick reduced sizes that are multiples of the group size, or a smaller group",
     )
 }

@@ -1,5 +1,5 @@
 //! Gemma-2 (`gemma2.py`) as mlx-lm 0.32.2 runs it: everything family-specific on the
-//! spec side (the document, its validation, the resolved [`Architecture`], the lowering
+//! spec side (the document, its validation, the lowering
 //! to the block IR, the config.json view, the YAML writer, the reduction to tiny
 //! variants and the config.json importer).
 //!
@@ -10,10 +10,10 @@
 //! logits. It has no sliding window: every layer attends over the full causal context
 //! with a plain `KVCache` (the Hugging Face config's `sliding_window` is not read).
 
-use crate::arch::{Architecture, LayerFacts, QuantizableModule, RopeKind};
 use crate::dense::{DenseDerivedSpecFile, DenseReduce};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::ir::QuantizableModule;
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
@@ -209,63 +209,13 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
     );
     if ok && c.issues.is_empty() {
         if let Some(q) = &spec.quantization {
-            validate::check_quantization(q, &resolve(spec), &mut c.issues);
+            validate::check_quantization(q, &lower(spec), &mut c.issues);
         }
     }
     c.issues
 }
 
-// ---------------------------------------------------------------- resolution
-
-/// The resolved architecture of a (valid) Gemma-2 spec.
-pub(crate) fn resolve(spec: &Gemma2Spec) -> Architecture {
-    let a = &spec.attention;
-    let head_dim = a.head_dim as usize;
-    let rope = RopeKind::Default {
-        theta: spec.rope.rope_theta as f32,
-    };
-    let layers = (0..spec.layers.num_hidden_layers as usize)
-        .map(|i| LayerFacts {
-            index: i,
-            layer_type: LayerType::Full,
-            head_dim,
-            n_heads: a.num_attention_heads as usize,
-            n_kv_heads: a.num_key_value_heads as usize,
-            k_eq_v: false,
-            has_kv: true,
-            kv_source: i,
-            mlp_width: spec.mlp.intermediate_size as usize,
-            rope,
-            rope_traditional: spec.rope.traditional,
-            rotated_dims: head_dim,
-            kv_quant: None,
-            window: None,
-        })
-        .collect::<Vec<_>>();
-    Architecture {
-        name: spec.identity.name.clone(),
-        family: Family::Gemma2,
-        qk_norm: false,
-        model_type: spec.identity.source.model_type,
-        module_prefix: "model.",
-        lm_head_path: "lm_head",
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        num_layers: layers.len(),
-        first_kv_shared_layer: layers.len(),
-        num_attention_heads: a.num_attention_heads as usize,
-        sliding_window: 0,
-        intermediate_size: spec.mlp.intermediate_size as usize,
-        rms_norm_eps: spec.model.rms_norm_eps as f32,
-        final_logit_softcapping: Some(spec.model.final_logit_softcapping as f32),
-        tie_word_embeddings: true,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        per_layer_input: None,
-        moe: None,
-        quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
-        layers,
-    }
-}
+// ---------------------------------------------------------------- lowering
 
 /// The IR of a valid Gemma-2 spec, fact for fact from `gemma2.py`:
 ///
@@ -364,20 +314,8 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
             norm: NormWeight::OnePlus,
             logit_scale: LogitScale::None,
         },
-        quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
+        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
     }
-}
-
-/// Parameters of an unquantized Gemma-2 model: linear weights, the embedding, the four
-/// norms of each layer and the final norm.
-pub(crate) fn param_count(arch: &Architecture) -> u64 {
-    let h = arch.hidden_size as u64;
-    let modules: u64 = arch
-        .quantizable_modules()
-        .iter()
-        .map(|m| m.in_dim * m.out_dim * m.count)
-        .sum();
-    modules + h + 4 * h * arch.layers.len() as u64
 }
 
 // ---------------------------------------------------------------- config.json view
@@ -590,7 +528,7 @@ impl Reducible for Gemma2Spec {
         self.quantization.as_ref()
     }
     fn quant_skipped(&self) -> Vec<QuantizableModule> {
-        resolve(self).quant_skipped_modules()
+        lower(self).quant_skipped_modules()
     }
 }
 

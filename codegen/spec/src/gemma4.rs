@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::arch::{KvQuant, RopeKind, WeightQuant};
 use crate::ir::*;
+use crate::ir::{KvQuant, RopeKind, WeightQuant};
 use crate::model::{ConfigModelType, Gemma4Spec, LayerType, RopeParams};
 
 /// The IR of a valid Gemma-4 spec.

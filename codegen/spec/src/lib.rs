@@ -3,8 +3,9 @@
 //!
 //! * [`load`] / [`parse_str`] read a spec file (full or derived), validate it and return
 //!   the resolved [`Spec`] (one layout per family), or every error in the file as located [`Diagnostics`].
-//! * [`Spec::resolve`] gives the [`Architecture`]: per-layer [`LayerFacts`] and
-//!   model-level facts as plain fields, plus [`Architecture::quant_for`].
+//! * [`Spec::lower`] gives the block IR ([`archgen_ir::ModelIr`], its own crate): what
+//!   everything downstream reads, with per-module quantization
+//!   ([`archgen_ir::ModelIr::quant_for`]) and the parameter count.
 //! * [`import::from_config_json`] turns an mlx-lm / Hugging Face `config.json` into a spec
 //!   with mlx-lm's defaults, listing the defaults it applied.
 //! * [`to_hf_json`] prints a spec with config.json `text_config` names; [`spec_hash`] is a
@@ -45,8 +46,8 @@
 //! // `load(path)` reads a file; the name must equal the file name without `.yaml`.
 //! let spec = archgen_spec::parse_str(yaml, "specs/tiny-qwen3.yaml")
 //!     .map_err(|diagnostics| diagnostics.to_string())?;
-//! let arch = spec.resolve();
-//! assert_eq!((arch.num_layers, arch.hidden_size), (2, 64));
+//! let ir = spec.lower();
+//! assert_eq!((ir.layers.len(), ir.hidden_size), (2, 64));
 //!
 //! // A required field left out is an error at its line and column.
 //! let broken = yaml.replace("  head_dim: 16\n", "");
@@ -55,7 +56,6 @@
 //! # Ok::<(), String>(())
 //! ```
 
-mod arch;
 mod dense;
 mod derive;
 mod diag;
@@ -78,7 +78,6 @@ mod yaml;
 // Diagnostics for people (source excerpts) and tools (JSON).
 pub mod render;
 
-pub use arch::{Architecture, LayerFacts, MoeFacts, PleFacts};
 // The IR this crate lowers every family to; its own crate, so that what reads
 // only the IR does not depend on spec parsing.
 use archgen_ir as ir;
@@ -114,7 +113,7 @@ use yaml::{Loc, Node};
 pub const MAX_DERIVE_DEPTH: usize = 8;
 
 /// A validated spec of any family. Each family has its own document layout (see
-/// docs/spec-format.md); all resolve to one [`Architecture`].
+/// docs/spec-format.md); all lower to one block IR ([`Spec::lower`]).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(untagged)]
 pub enum Spec {
@@ -187,17 +186,6 @@ impl Spec {
             Spec::Qwen3Moe(s) => s.quantization.as_ref(),
             Spec::MiniCpm(s) => s.quantization.as_ref(),
             Spec::Qwen35(s) => s.quantization.as_ref(),
-        }
-    }
-    /// The resolved architecture (the spec must be valid, as every loaded one is).
-    pub fn resolve(&self) -> Architecture {
-        match self {
-            Spec::Gemma4(s) => s.resolve(),
-            Spec::Dense(s) => dense::resolve(s),
-            Spec::Gemma2(s) => gemma2::resolve(s),
-            Spec::Qwen3Moe(s) => qwen3_moe::resolve(s),
-            Spec::MiniCpm(s) => minicpm::resolve(s),
-            Spec::Qwen35(s) => qwen3_5::resolve(s),
         }
     }
     /// The spec lowered to the block IR (the spec must be valid, as every
@@ -298,13 +286,6 @@ fn in_memory(issues: Vec<Issue>) -> Result<(), Diagnostics> {
 }
 
 impl Gemma4Spec {
-    /// The resolved architecture. Every `Gemma4Spec` from [`load`], [`parse_str`] or
-    /// [`import::from_config_json`] is valid; for a hand-built one call
-    /// [`Gemma4Spec::validate`] first.
-    pub fn resolve(&self) -> Architecture {
-        Architecture::build(self)
-    }
-
     /// Semantic validation of a spec built in code. Errors carry field paths but no file
     /// location (line and column 0, file `<memory>`).
     pub fn validate(&self) -> Result<(), Diagnostics> {

@@ -14,10 +14,10 @@
 //! validation, the lowering to the block IR, the config.json view, the YAML writer,
 //! the reduction to tiny variants and the config.json importer.
 
-use crate::arch::{Architecture, LayerFacts, QuantizableModule, RopeKind};
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::ir::QuantizableModule;
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
@@ -195,70 +195,13 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
     );
     if ok && c.issues.is_empty() {
         if let Some(q) = &spec.quantization {
-            let ir = lower(spec);
-            validate::check_quantization_modules(
-                q,
-                &ir.quantizable_modules(),
-                ir.module_prefix(),
-                &mut c.issues,
-            );
+            validate::check_quantization(q, &lower(spec), &mut c.issues);
         }
     }
     c.issues
 }
 
-// ---------------------------------------------------------------- resolution
-
-/// The older per-layer view (`spec show`, the parity test's case setup). It has no
-/// scales; the IR has them.
-pub(crate) fn resolve(spec: &MiniCpmSpec) -> Architecture {
-    let a = &spec.attention;
-    let head_dim = a.head_dim as usize;
-    let rope = RopeKind::Default {
-        theta: spec.rope.rope_theta as f32,
-    };
-    let layers = (0..spec.layers.num_hidden_layers as usize)
-        .map(|i| LayerFacts {
-            index: i,
-            layer_type: LayerType::Full,
-            head_dim,
-            n_heads: a.num_attention_heads as usize,
-            n_kv_heads: a.num_key_value_heads as usize,
-            k_eq_v: false,
-            has_kv: true,
-            kv_source: i,
-            mlp_width: spec.mlp.intermediate_size as usize,
-            rope,
-            rope_traditional: spec.rope.traditional,
-            rotated_dims: head_dim,
-            kv_quant: None,
-            window: None,
-        })
-        .collect::<Vec<_>>();
-    Architecture {
-        name: spec.identity.name.clone(),
-        family: Family::MiniCpm,
-        qk_norm: false,
-        model_type: spec.identity.source.model_type,
-        module_prefix: "model.",
-        lm_head_path: "lm_head",
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        num_layers: layers.len(),
-        first_kv_shared_layer: layers.len(),
-        num_attention_heads: a.num_attention_heads as usize,
-        sliding_window: 0,
-        intermediate_size: spec.mlp.intermediate_size as usize,
-        rms_norm_eps: spec.model.rms_norm_eps as f32,
-        final_logit_softcapping: None,
-        tie_word_embeddings: spec.model.tie_word_embeddings,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        per_layer_input: None,
-        moe: None,
-        quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
-        layers,
-    }
-}
+// ---------------------------------------------------------------- lowering
 
 /// The IR of a valid MiniCPM spec: Llama's pre-norm layers (no q/k norms, no
 /// biases, plain RoPE, `head_dim ** -0.5`, SwiGLU), the embedding times `scale_emb`
@@ -347,7 +290,7 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
                 f64::from(spec.model.hidden_size) / f64::from(spec.scales.dim_model_base),
             ),
         },
-        quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
+        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
     }
 }
 

@@ -11,8 +11,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::arch::KvQuant;
 use crate::diag::{FieldPath, Issue};
+use crate::ir::KvQuant;
 use crate::ir::{KvCache, KvSource, ModelIr, Window};
 use crate::validate::{AFFINE_BITS, AFFINE_GROUPS};
 

@@ -12,10 +12,10 @@
 //! validation, the lowering to the block IR, the config.json view, the YAML
 //! writer, the reduction to tiny variants and the config.json importer.
 
-use crate::arch::{Architecture, LayerFacts, QuantizableModule, RopeKind};
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::ir::QuantizableModule;
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
@@ -446,82 +446,13 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
     );
     if ok && c.issues.is_empty() {
         if let Some(q) = &spec.quantization {
-            let ir = lower(spec);
-            validate::check_quantization_modules(
-                q,
-                &ir.quantizable_modules(),
-                ir.module_prefix(),
-                &mut c.issues,
-            );
+            validate::check_quantization(q, &lower(spec), &mut c.issues);
         }
     }
     c.issues
 }
 
-// ---------------------------------------------------------------- resolution
-
-/// The older per-layer view (`spec show`, the parity test's case setup). It has
-/// no linear-attention layer kind: every layer carries the full layers'
-/// attention facts, and the Gated DeltaNet layers have `has_kv: false`. Module
-/// lists and parameter counts of this family come from the IR.
-pub(crate) fn resolve(spec: &Qwen35Spec) -> Architecture {
-    let a = &spec.attention;
-    let head_dim = a.head_dim as usize;
-    let rope = RopeKind::Default {
-        theta: spec.rope.rope_theta as f32,
-    };
-    let layers = (0..spec.layers.num_hidden_layers)
-        .map(|i| LayerFacts {
-            index: i as usize,
-            layer_type: LayerType::Full,
-            head_dim,
-            n_heads: a.num_attention_heads as usize,
-            n_kv_heads: a.num_key_value_heads as usize,
-            k_eq_v: false,
-            has_kv: !is_linear_layer(spec, i),
-            kv_source: i as usize,
-            mlp_width: spec
-                .mlp
-                .as_ref()
-                .map_or(0, |m| m.intermediate_size as usize),
-            rope,
-            rope_traditional: false,
-            rotated_dims: rotated_dims(spec) as usize,
-            kv_quant: None,
-            window: None,
-        })
-        .collect::<Vec<_>>();
-    Architecture {
-        name: spec.identity.name.clone(),
-        family: Family::Qwen35,
-        qk_norm: true,
-        model_type: spec.identity.source.model_type,
-        module_prefix: "language_model.model.",
-        lm_head_path: "language_model.lm_head",
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        num_layers: layers.len(),
-        first_kv_shared_layer: layers.len(),
-        num_attention_heads: a.num_attention_heads as usize,
-        sliding_window: 0,
-        intermediate_size: spec
-            .mlp
-            .as_ref()
-            .map_or(0, |m| m.intermediate_size as usize),
-        rms_norm_eps: spec.model.rms_norm_eps as f32,
-        final_logit_softcapping: None,
-        tie_word_embeddings: spec.model.tie_word_embeddings,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        per_layer_input: None,
-        moe: spec.moe.as_ref().map(|e| crate::arch::MoeFacts {
-            num_experts: e.num_experts as usize,
-            top_k: e.num_experts_per_tok as usize,
-            width: e.moe_intermediate_size as usize,
-        }),
-        quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
-        layers,
-    }
-}
+// ---------------------------------------------------------------- lowering
 
 /// The IR of a valid Qwen3.5 spec: pre-norm layers with a SwiGLU MLP; the
 /// mixer a Gated DeltaNet (`Mixer::GatedDeltaNet`, its conv and recurrent
@@ -654,7 +585,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
             logit_scale: LogitScale::None,
             norm: NormWeight::Direct,
         },
-        quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
+        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
     }
 }
 

@@ -8,10 +8,10 @@
 //! validation, the lowering to the block IR, the config.json view, the YAML writer,
 //! the reduction to tiny variants and the config.json importer.
 
-use crate::arch::{Architecture, LayerFacts, MoeFacts, QuantizableModule, RopeKind};
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::import::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::ir::QuantizableModule;
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
@@ -238,80 +238,13 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
     );
     if ok && c.issues.is_empty() {
         if let Some(q) = &spec.quantization {
-            let ir = lower(spec);
-            validate::check_quantization_modules(
-                q,
-                &ir.quantizable_modules(),
-                ir.module_prefix(),
-                &mut c.issues,
-            );
+            validate::check_quantization(q, &lower(spec), &mut c.issues);
         }
     }
     c.issues
 }
 
-// ---------------------------------------------------------------- resolution
-
-/// The older per-layer view (`spec show`, the parity test's case setup). It has no
-/// per-layer feed-forward form, so module lists and parameter counts of this family
-/// come from the IR (`ModelIr::quantizable_modules`, `ModelIr::param_count`);
-/// `mlp_width` is the dense width on dense layers and 0 on MoE layers.
-pub(crate) fn resolve(spec: &Qwen3MoeSpec) -> Architecture {
-    let a = &spec.attention;
-    let head_dim = a.head_dim as usize;
-    let rope = RopeKind::Default {
-        theta: spec.rope.rope_theta as f32,
-    };
-    let layers = (0..spec.layers.num_hidden_layers)
-        .map(|i| LayerFacts {
-            index: i as usize,
-            layer_type: LayerType::Full,
-            head_dim,
-            n_heads: a.num_attention_heads as usize,
-            n_kv_heads: a.num_key_value_heads as usize,
-            k_eq_v: false,
-            has_kv: true,
-            kv_source: i as usize,
-            mlp_width: if is_moe_layer(spec, i) {
-                0
-            } else {
-                spec.mlp.intermediate_size as usize
-            },
-            rope,
-            rope_traditional: false,
-            rotated_dims: head_dim,
-            kv_quant: None,
-            window: None,
-        })
-        .collect::<Vec<_>>();
-    Architecture {
-        name: spec.identity.name.clone(),
-        family: Family::Qwen3Moe,
-        qk_norm: true,
-        model_type: spec.identity.source.model_type,
-        module_prefix: "model.",
-        lm_head_path: "lm_head",
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        num_layers: layers.len(),
-        first_kv_shared_layer: layers.len(),
-        num_attention_heads: a.num_attention_heads as usize,
-        sliding_window: 0,
-        intermediate_size: spec.mlp.intermediate_size as usize,
-        rms_norm_eps: spec.model.rms_norm_eps as f32,
-        final_logit_softcapping: None,
-        tie_word_embeddings: spec.model.tie_word_embeddings,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        per_layer_input: None,
-        moe: Some(MoeFacts {
-            num_experts: spec.moe.num_experts as usize,
-            top_k: spec.moe.num_experts_per_tok as usize,
-            width: spec.moe.moe_intermediate_size as usize,
-        }),
-        quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
-        layers,
-    }
-}
+// ---------------------------------------------------------------- lowering
 
 /// The IR of a valid Qwen3-MoE spec: Qwen3's pre-norm attention layers (q/k RMSNorm
 /// per head, plain RoPE, `head_dim ** -0.5`), each with routed SwiGLU experts
@@ -411,7 +344,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
             norm: NormWeight::Direct,
             logit_scale: LogitScale::None,
         },
-        quantization: spec.quantization.as_ref().map(crate::arch::WeightQuant::of),
+        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
     }
 }
 

@@ -11,9 +11,9 @@
 //! grouped, plus the family's own rules), apply, validate the result like a full
 //! spec, and require that a quantized variant quantizes every module.
 
-use crate::arch::QuantizableModule;
 use crate::dense::{DenseAttention, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::ir::QuantizableModule;
 use crate::model::Quantization;
 use crate::yaml::Node;
 use crate::{locate_all, locate_serde, FORMAT_VERSION};

@@ -2,8 +2,8 @@
 //! all errors of a file are reported together. Checks that need the resolved per-layer
 //! structure run only once the bounds checks pass, so absurd sizes never allocate.
 
-use crate::arch::Architecture;
 use crate::diag::{FieldPath, Issue};
+use crate::ir::{Attention, KvSource, Layer, ModelIr, Window};
 use crate::model::*;
 use std::collections::BTreeSet;
 
@@ -474,22 +474,27 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
         return c.issues;
     }
 
-    let arch = Architecture::build(spec);
+    let ir = crate::gemma4::lower(spec);
     if let Some(q) = &spec.quantization {
-        check_quantization(q, &arch, &mut c.issues);
+        check_quantization(q, &ir, &mut c.issues);
     }
+    // Every Gemma-4 layer is attention: entry i is layer i's.
+    let attention: Vec<&Attention> = ir.layers.iter().filter_map(Layer::attention).collect();
     if let Some(kv) = &spec.kv_quantization {
         // Donor -> the KV-shared layers reading it.
         let mut readers: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
-        for f in arch.layers.iter().filter(|f| !f.has_kv) {
-            readers.entry(f.kv_source).or_default().push(f.index);
+        for (index, a) in attention.iter().enumerate() {
+            match a.kv {
+                KvSource::Shared { donor } => readers.entry(donor).or_default().push(index),
+                KvSource::Own { .. } => {}
+            }
         }
         // The layers mlx-lm can run with a QuantizedKVCache.
-        let full_quantizable: Vec<usize> = arch
-            .layers
+        let full_quantizable: Vec<usize> = attention
             .iter()
-            .filter(|f| f.has_kv && f.window.is_none() && !readers.contains_key(&f.index))
-            .map(|f| f.index)
+            .enumerate()
+            .filter(|(i, a)| a.owns_kv() && a.window == Window::Full && !readers.contains_key(i))
+            .map(|(i, _)| i)
             .collect();
         let mut prev: Option<u32> = None;
         for (i, e) in kv.iter().enumerate() {
@@ -514,15 +519,15 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
                 }
             }
             prev = Some(e.layer_idx);
-            let facts = &arch.layers[e.layer_idx as usize];
-            if !facts.has_kv {
+            let facts = attention[e.layer_idx as usize];
+            if !facts.owns_kv() {
                 c.err(
                     ep.key("layer_idx"),
                     format!("layer {} is KV-shared and owns no cache", e.layer_idx),
                     format!("a layer below {first_shared}"),
                     "sharers read their donor's cache; quantize the donor instead",
                 );
-            } else if facts.window.is_some() {
+            } else if matches!(facts.window, Window::Sliding(_)) {
                 c.err(
                     ep.key("layer_idx"),
                     format!(
@@ -615,19 +620,11 @@ pub(crate) fn check_name(out: &mut Vec<Issue>, name: &str, path: &FieldPath) {
     }
 }
 
-/// Checks weight quantization against the resolved modules (any family).
-pub(crate) fn check_quantization(q: &Quantization, arch: &Architecture, issues: &mut Vec<Issue>) {
-    check_quantization_modules(q, &arch.quantizable_modules(), arch.module_prefix, issues)
-}
-
-/// [`check_quantization`] against a list of quantizable modules (layouts whose
-/// modules come from the block IR).
-pub(crate) fn check_quantization_modules(
-    q: &Quantization,
-    modules: &[crate::arch::QuantizableModule],
-    prefix: &str,
-    issues: &mut Vec<Issue>,
-) {
+/// Checks weight quantization against the modules of the model's block IR
+/// (any family: the lowering names them as the checkpoint does).
+pub(crate) fn check_quantization(q: &Quantization, ir: &ModelIr, issues: &mut Vec<Issue>) {
+    let modules = ir.quantizable_modules();
+    let prefix = ir.module_prefix();
     let mut c = Checker {
         issues: std::mem::take(issues),
     };

@@ -1,9 +1,34 @@
 //! config.json → spec → `to_hf_json` round-trips every field, with mlx-lm's defaults.
 
-use archgen_ir::{KvQuant, RopeKind};
+use archgen_ir::{
+    Attention, HeadWeight, KvCache, KvQuant, KvSource, ModelIr, QkNorm, RopeKind, Window,
+};
 use archgen_spec::import::{from_config_json, AppliedDefault};
 use archgen_spec::*;
 use serde_json::{json, Value};
+
+/// Layer `i`'s attention.
+fn attention(model: &ModelIr, i: usize) -> &Attention {
+    model.layers[i].attention().expect("an attention layer")
+}
+
+/// The first layer without K/V of its own (the layer count when none).
+fn first_kv_shared(model: &ModelIr) -> usize {
+    model
+        .layers
+        .iter()
+        .position(|l| l.attention().is_some_and(|a| !a.owns_kv()))
+        .unwrap_or(model.layers.len())
+}
+
+/// Every attention layer attends over every earlier position (no sliding window).
+fn all_full(model: &ModelIr) -> bool {
+    model
+        .layers
+        .iter()
+        .filter_map(|l| l.attention())
+        .all(|a| a.window == Window::Full)
+}
 
 fn fixture(name: &str) -> Value {
     let path = format!("{}/tests/import/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -102,11 +127,11 @@ fn gemma4_wrapper_round_trips_every_field() {
             "text_config.rope_parameters.full_attention.factor"
         ]
     );
-    let a = spec.resolve();
-    assert_eq!(a.first_kv_shared_layer, 5);
-    assert_eq!(a.layers[9].kv_source, 4);
-    assert_eq!(a.layers[9].mlp_width, 256);
-    assert_eq!(a.module_prefix, "language_model.model.");
+    let model = spec.lower();
+    assert_eq!(first_kv_shared(&model), 5);
+    assert_eq!(attention(&model, 9).kv_layer(9), 4);
+    assert_eq!(model.layers[9].mlp().map(|m| m.width), Some(256));
+    assert_eq!(model.module_prefix(), "language_model.model.");
 }
 
 #[test]
@@ -138,8 +163,8 @@ fn flat_gemma4_text_with_quantization_round_trips() {
             .count(),
         12
     );
-    let a = spec.resolve();
-    assert_eq!(a.module_prefix, "model.");
+    let a = spec.lower();
+    assert_eq!(a.module_prefix(), "model.");
     assert_eq!(
         a.quant_for("model.layers.7.router.proj")
             .map(|q| q.group_size),
@@ -151,12 +176,8 @@ fn flat_gemma4_text_with_quantization_round_trips() {
         Some(32)
     );
     assert_eq!(
-        a.moe,
-        Some(MoeFacts {
-            num_experts: 4,
-            top_k: 2,
-            width: 32
-        })
+        a.layers[7].moe().map(|m| (m.num_experts, m.top_k, m.width)),
+        Some((4, 2, 32))
     );
 }
 
@@ -204,16 +225,19 @@ fn missing_fields_take_mlx_lm_defaults_and_are_listed() {
         hf["rope_parameters"]["full_attention"]["partial_rotary_factor"],
         json!(0.25)
     );
-    let a = spec.resolve();
-    assert_eq!(a.layers[5].head_dim, 512);
-    assert_eq!(a.layers[5].n_kv_heads, 1);
-    assert_eq!(
-        a.layers[11].kv_quant,
-        Some(KvQuant {
-            bits: 8,
-            group_size: 64
-        })
-    );
+    let model = spec.lower();
+    assert_eq!(attention(&model, 5).head_dim, 512);
+    assert_eq!(attention(&model, 5).n_kv_heads, 1);
+    assert!(matches!(
+        attention(&model, 11).kv,
+        KvSource::Own {
+            cache: KvCache::Quantized(KvQuant {
+                bits: 8,
+                group_size: 64
+            }),
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -222,21 +246,25 @@ fn an_empty_gemma4_config_is_mlx_lms_default_model() {
     let (spec, applied) =
         from_config_json(&json!({"model_type": "gemma4"}), None, "defaults").unwrap();
     assert!(applied.len() > 20);
-    let a = spec.resolve();
+    let model = spec.lower();
     assert_eq!(
-        (a.hidden_size, a.num_layers, a.first_kv_shared_layer),
+        (
+            model.hidden_size,
+            model.layers.len(),
+            first_kv_shared(&model)
+        ),
         (1536, 35, 15)
     );
-    assert_eq!(a.layers[4].layer_type, LayerType::Full);
-    assert_eq!(a.layers[34].mlp_width, 12288);
+    assert_eq!(attention(&model, 4).window, Window::Full);
+    assert_eq!(model.layers[34].mlp().map(|m| m.width), Some(12288));
     assert_eq!(
-        a.per_layer_input,
-        Some(PleFacts {
+        model.embedding.per_layer_input,
+        Some(archgen_ir::PerLayerInput {
             width: 256,
             vocab: 262144
         })
     );
-    assert_eq!(a.final_logit_softcapping, Some(30.0));
+    assert_eq!(model.head.logit_softcap.map(|s| s.cap), Some(30.0));
     // Same architecture as the checked-in E2B spec, apart from identity.
     let e2b = load(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -524,10 +552,11 @@ fn dense_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
         "vocab_size": 512, "max_position_embeddings": 2048
     });
     let (spec, applied, _) = import_and_round_trip(&llama, None, "llama-defaults");
-    let a = spec.resolve();
-    assert_eq!((a.layers[0].head_dim, a.layers[0].n_kv_heads), (16, 4));
-    assert!(a.tie_word_embeddings && !a.qk_norm);
-    assert_eq!(a.layers[0].rope, RopeKind::Default { theta: 10000.0 });
+    let model = spec.lower();
+    let a = attention(&model, 0);
+    assert_eq!((a.head_dim, a.n_kv_heads), (16, 4));
+    assert!(model.head.weight == HeadWeight::TiedEmbedding && a.qk_norm == QkNorm::None);
+    assert_eq!(a.rope.kind, RopeKind::Default { theta: 10000.0 });
     let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
     for f in [
         "head_dim",
@@ -542,7 +571,7 @@ fn dense_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
     scaled["rope_scaling"] = json!({"type": "llama3", "factor": 8.0});
     let (spec, applied, _) = import_and_round_trip(&scaled, None, "llama-scaled");
     assert!(matches!(
-        spec.resolve().layers[0].rope,
+        attention(&spec.lower(), 0).rope.kind,
         RopeKind::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings, .. }
             if (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings) == (8.0, 1.0, 4.0, 8192.0)
     ));
@@ -558,9 +587,10 @@ fn dense_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
         "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}
     });
     let (spec, _, _) = import_and_round_trip(&qwen, None, "qwen-params");
-    let a = spec.resolve();
-    assert_eq!(a.layers[0].rope, RopeKind::Default { theta: 5000.0 });
-    assert!(a.qk_norm && !a.tie_word_embeddings);
+    let model = spec.lower();
+    let a = attention(&model, 0);
+    assert_eq!(a.rope.kind, RopeKind::Default { theta: 5000.0 });
+    assert!(a.qk_norm == QkNorm::RmsPerHead && model.head.weight == HeadWeight::Untied);
     // What archgen cannot run yet is refused, each problem named.
     let mut bad = llama.clone();
     bad["attention_bias"] = json!(true);
@@ -593,11 +623,13 @@ fn qwen2_configs_take_mlx_lm_defaults() {
     });
     let (spec, applied, _) = import_and_round_trip(&qwen2, None, "qwen2-defaults");
     assert_eq!(spec.family(), Family::Qwen2);
-    let a = spec.resolve();
-    assert_eq!((a.layers[0].head_dim, a.layers[0].n_kv_heads), (16, 2));
-    assert!(a.tie_word_embeddings && !a.qk_norm && a.sliding_window == 0);
-    assert_eq!(a.max_position_embeddings, 32768);
-    assert_eq!(a.layers[0].rope, RopeKind::Default { theta: 1e6 });
+    let model = spec.lower();
+    let a = attention(&model, 0);
+    assert_eq!((a.head_dim, a.n_kv_heads), (16, 2));
+    assert!(model.head.weight == HeadWeight::TiedEmbedding && a.qk_norm == QkNorm::None);
+    assert!(all_full(&model));
+    assert_eq!(model.max_position_embeddings, 32768);
+    assert_eq!(a.rope.kind, RopeKind::Default { theta: 1e6 });
     let ir = spec.lower();
     assert_eq!(
         ir.layers[0].attention().unwrap().bias,
@@ -620,7 +652,7 @@ fn qwen2_configs_take_mlx_lm_defaults() {
     let mut written = qwen2.clone();
     written["head_dim"] = json!(32);
     let (spec, _, _) = import_and_round_trip(&written, None, "qwen2-head-dim");
-    assert_eq!(spec.resolve().layers[0].head_dim, 16);
+    assert_eq!(attention(&spec.lower(), 0).head_dim, 16);
     let mut no_kv = qwen2.clone();
     no_kv.as_object_mut().unwrap().remove("num_key_value_heads");
     let text = from_config_json(&no_kv, None, "bad")
@@ -643,11 +675,13 @@ fn mistral_configs_are_read_as_llama() {
     let (spec, applied, _) = import_and_round_trip(&mistral, None, "mistral-defaults");
     assert_eq!(spec.family(), Family::Llama);
     assert_eq!(spec.identity().source.model_type, ConfigModelType::Mistral);
-    let a = spec.resolve();
-    assert_eq!(a.layers[0].head_dim, 16);
-    assert_eq!(a.sliding_window, 0);
-    assert!(a.layers.iter().all(|l| l.window.is_none()));
-    assert_eq!(a.layers[0].rope, RopeKind::Default { theta: 10000.0 });
+    let model = spec.lower();
+    assert_eq!(attention(&model, 0).head_dim, 16);
+    assert!(all_full(&model));
+    assert_eq!(
+        attention(&model, 0).rope.kind,
+        RopeKind::Default { theta: 10000.0 }
+    );
     let ignored = applied
         .iter()
         .find(|d| d.field == "sliding_window")
@@ -677,9 +711,7 @@ fn gemma2_specs_are_their_imported_configs() {
             .map(|d| d.field.as_str())
             .collect();
         assert!(ignored.contains(&"sliding_window"), "{name}: {ignored:?}");
-        let a = spec.resolve();
-        assert_eq!(a.sliding_window, 0, "{name}");
-        assert!(a.layers.iter().all(|l| l.window.is_none()), "{name}");
+        assert!(all_full(&spec.lower()), "{name}");
     }
 }
 
@@ -829,9 +861,10 @@ fn smollm3_configs_read_the_no_rope_interval() {
     every_other["no_rope_layer_interval"] = json!(2);
     every_other["no_rope_layers"] = json!([1, 0, 1, 0, 1, 0, 1, 0]);
     let (spec, _, _) = import_and_round_trip(&every_other, None, "smollm3-2");
-    assert_eq!(spec.resolve().layers[1].rope, RopeKind::NoPe);
+    let model = spec.lower();
+    assert_eq!(attention(&model, 1).rope.kind, RopeKind::NoPe);
     assert_eq!(
-        spec.resolve().layers[0].rope,
+        attention(&model, 0).rope.kind,
         RopeKind::Default { theta: 5e6 }
     );
     // A list that is not the interval's pattern, or of the wrong length.

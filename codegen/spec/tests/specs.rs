@@ -1,6 +1,8 @@
 //! The checked-in specs: all validate, keep their structure, and tiny ones are tiny.
 
-use archgen_ir::KvQuant;
+use archgen_ir::{
+    Attention, HeadWeight, KvCache, KvQuant, KvSource, Layer, ModelIr, Values, Window,
+};
 use archgen_spec::*;
 use std::path::PathBuf;
 
@@ -56,71 +58,93 @@ fn every_spec_starts_with_the_schema_modeline() {
     }
 }
 
-#[test]
-fn e2b_facts() {
-    let a = load_named("gemma4-e2b").resolve();
-    assert_eq!(a.num_layers, 35);
-    assert_eq!(a.first_kv_shared_layer, 15);
-    let full: Vec<usize> = a
+/// A Gemma-4 layer's attention (every Gemma-4 layer is attention).
+fn attention(l: &Layer) -> &Attention {
+    l.attention().expect("a Gemma-4 layer is attention")
+}
+
+/// The first layer without K/V of its own (the layer count when none).
+fn first_kv_shared(model: &ModelIr) -> usize {
+    model
         .layers
         .iter()
-        .filter(|l| l.layer_type == LayerType::Full)
+        .position(|l| !attention(l).owns_kv())
+        .unwrap_or(model.layers.len())
+}
+
+/// V is the raw `k_proj` output (`attention_k_eq_v` on a K/V-owning full layer).
+fn k_eq_v(a: &Attention) -> bool {
+    matches!(
+        a.kv,
+        KvSource::Own {
+            values: Values::SameAsKeys,
+            ..
+        }
+    )
+}
+
+#[test]
+fn e2b_facts() {
+    let model = load_named("gemma4-e2b").lower();
+    assert_eq!(model.layers.len(), 35);
+    assert_eq!(first_kv_shared(&model), 15);
+    let full: Vec<usize> = model
+        .layers
+        .iter()
+        .filter(|l| attention(l).window == Window::Full)
         .map(|l| l.index)
         .collect();
     assert_eq!(full, vec![4, 9, 14, 19, 24, 29, 34]);
-    for l in &a.layers {
-        assert_eq!(l.has_kv, l.index < 15);
-        assert_eq!(l.mlp_width, if l.index >= 15 { 12288 } else { 6144 });
-        assert_eq!(l.n_kv_heads, 1);
-        assert!(!l.k_eq_v);
-        if l.index >= 15 {
-            assert_eq!(
-                l.kv_source,
-                if l.layer_type == LayerType::Full {
-                    14
-                } else {
-                    13
-                }
-            );
-        } else {
-            assert_eq!(l.kv_source, l.index);
-        }
-        match l.layer_type {
-            LayerType::Full => {
-                assert_eq!(l.head_dim, 512);
-                assert_eq!(l.rotated_dims, 128);
-                assert_eq!(l.window, None);
+    for l in &model.layers {
+        let a = attention(l);
+        assert_eq!(a.owns_kv(), l.index < 15);
+        assert_eq!(
+            l.mlp().map(|m| m.width),
+            Some(if l.index >= 15 { 12288 } else { 6144 })
+        );
+        assert_eq!(a.n_kv_heads, 1);
+        assert!(!k_eq_v(a));
+        let donor = match (l.index >= 15, a.window) {
+            (true, Window::Full) => 14,
+            (true, Window::Sliding(_)) => 13,
+            (false, _) => l.index,
+        };
+        assert_eq!(a.kv_layer(l.index), donor);
+        match a.window {
+            Window::Full => {
+                assert_eq!(a.head_dim, 512);
+                assert_eq!(a.rope.rotated_dims, 128);
             }
-            LayerType::Sliding => {
-                assert_eq!(l.head_dim, 256);
-                assert_eq!(l.rotated_dims, 256);
-                assert_eq!(l.window, Some(512));
+            Window::Sliding(w) => {
+                assert_eq!(a.head_dim, 256);
+                assert_eq!(a.rope.rotated_dims, 256);
+                assert_eq!(w, 512);
             }
         }
     }
     assert_eq!(
-        a.per_layer_input,
-        Some(PleFacts {
+        model.embedding.per_layer_input,
+        Some(archgen_ir::PerLayerInput {
             width: 256,
             vocab: 262144
         })
     );
-    assert_eq!(a.final_logit_softcapping, Some(30.0));
-    assert_eq!(a.module_prefix, "language_model.model.");
+    assert_eq!(model.head.logit_softcap.map(|s| s.cap), Some(30.0));
+    assert_eq!(model.module_prefix(), "language_model.model.");
 }
 
 #[test]
 fn e4b_donors_and_caches() {
-    let a = load_named("gemma4-e4b").resolve();
-    assert_eq!(a.first_kv_shared_layer, 24);
-    assert_eq!(a.layers[41].kv_source, 23);
-    assert_eq!(a.layers[24].kv_source, 22);
-    assert!(a
+    let model = load_named("gemma4-e4b").lower();
+    assert_eq!(first_kv_shared(&model), 24);
+    assert_eq!(attention(&model.layers[41]).kv_layer(41), 23);
+    assert_eq!(attention(&model.layers[24]).kv_layer(24), 22);
+    assert!(model
         .layers
         .iter()
-        .all(|l| l.mlp_width == 10240 && l.n_kv_heads == 2));
-    let donors = a.layers.iter().filter(|l| l.has_kv);
-    let (full, sliding): (Vec<_>, Vec<_>) = donors.partition(|l| l.layer_type == LayerType::Full);
+        .all(|l| { l.mlp().map(|m| m.width) == Some(10240) && attention(l).n_kv_heads == 2 }));
+    let donors = model.layers.iter().map(attention).filter(|a| a.owns_kv());
+    let (full, sliding): (Vec<_>, Vec<_>) = donors.partition(|a| a.window == Window::Full);
     assert_eq!((sliding.len(), full.len()), (20, 4));
 }
 
@@ -131,53 +155,64 @@ fn k_eq_v_models_use_global_kv_heads_on_full_layers() {
         ("gemma4-26b-a4b", 8, 2, (25, 5)),
         ("gemma4-31b", 16, 4, (50, 10)),
     ] {
-        let a = load_named(name).resolve();
+        let model = load_named(name).lower();
         let mut c = (0, 0);
-        for l in &a.layers {
-            assert!(l.has_kv);
-            match l.layer_type {
-                LayerType::Full => {
-                    assert!(l.k_eq_v);
-                    assert_eq!(l.n_kv_heads, gkv, "{name}");
+        for a in model.layers.iter().map(attention) {
+            assert!(a.owns_kv());
+            match a.window {
+                Window::Full => {
+                    assert!(k_eq_v(a));
+                    assert_eq!(a.n_kv_heads, gkv, "{name}");
                     c.1 += 1;
                 }
-                LayerType::Sliding => {
-                    assert!(!l.k_eq_v);
-                    assert_eq!(l.n_kv_heads, kv, "{name}");
+                Window::Sliding(_) => {
+                    assert!(!k_eq_v(a));
+                    assert_eq!(a.n_kv_heads, kv, "{name}");
                     c.0 += 1;
                 }
             }
         }
         assert_eq!(c, caches, "{name}");
-        assert!(a.per_layer_input.is_none());
+        assert!(model.embedding.per_layer_input.is_none());
     }
     assert_eq!(
-        load_named("gemma4-12b").resolve().model_type,
+        load_named("gemma4-12b").lower().checkpoint.model_type,
         ConfigModelType::Gemma4Unified
     );
-    assert_eq!(
-        load_named("gemma4-26b-a4b").resolve().moe,
-        Some(MoeFacts {
-            num_experts: 128,
-            top_k: 8,
-            width: 704
-        })
-    );
+    let moe = load_named("gemma4-26b-a4b").lower().layers[0]
+        .moe()
+        .unwrap();
+    assert_eq!((moe.num_experts, moe.top_k, moe.width), (128, 8, 704));
 }
 
-type Structure = (Vec<LayerType>, Vec<(bool, bool, bool)>, bool, bool, bool);
+type Structure = (Vec<Window>, Vec<(bool, bool, bool)>, bool, bool, bool);
 
-fn structure(a: &Architecture) -> Structure {
-    // Per pattern position: type; per layer: (has_kv, k_eq_v, double-wide)
+fn structure(model: &ModelIr) -> Structure {
+    // Layer 0 is never KV-shared, so its MLP has the plain width.
+    let width = model.layers[0].mlp().map(|m| m.width);
+    // Per pattern position: window kind; per layer: (owns K/V, k_eq_v, double-wide)
     (
-        a.layers.iter().map(|l| l.layer_type).collect(),
-        a.layers
+        model
+            .layers
             .iter()
-            .map(|l| (l.has_kv, l.k_eq_v, l.mlp_width == 2 * a.intermediate_size))
+            .map(|l| match attention(l).window {
+                Window::Full => Window::Full,
+                // The tiny variants shrink the window, not the pattern.
+                Window::Sliding(_) => Window::Sliding(0),
+            })
             .collect(),
-        a.per_layer_input.is_some(),
-        a.moe.is_some(),
-        a.tie_word_embeddings,
+        model
+            .layers
+            .iter()
+            .map(|l| {
+                let a = attention(l);
+                let double = l.mlp().map(|m| m.width) != width;
+                (a.owns_kv(), k_eq_v(a), double)
+            })
+            .collect(),
+        model.embedding.per_layer_input.is_some(),
+        model.layers[0].moe().is_some(),
+        model.head.weight == HeadWeight::TiedEmbedding,
     )
 }
 
@@ -185,32 +220,28 @@ fn structure(a: &Architecture) -> Structure {
 fn tiny_variants_keep_the_structure_and_are_tiny() {
     for real in REAL {
         let (big, tiny) = (load_named(real), load_named(&format!("{real}-tiny")));
-        let (ba, ta) = (big.resolve(), tiny.resolve());
+        let (ba, ta) = (big.lower(), tiny.lower());
         let (big, tiny) = (big.as_gemma4().unwrap(), tiny.as_gemma4().unwrap());
         let period = big.layers.pattern.len();
         assert_eq!(tiny.layers.pattern, big.layers.pattern, "{real}");
-        assert_eq!(ta.num_layers, 2 * period);
+        let (big_n, tiny_n) = (ba.layers.len(), ta.layers.len());
+        assert_eq!(tiny_n, 2 * period);
         let (bt, bl, bp, bm, btie) = structure(&ba);
         let (tt, tl, tp, tm, ttie) = structure(&ta);
         assert_eq!(tt[..], bt[..tt.len()], "{real}");
         assert_eq!((tp, tm, ttie), (bp, bm, btie), "{real}");
         // The donor/sharer structure: the tail of the tiny mirrors the tail of the real one.
-        let shared_t = ta.num_layers - ta.first_kv_shared_layer;
-        assert_eq!(
-            shared_t > 0,
-            ba.num_layers > ba.first_kv_shared_layer,
-            "{real}"
-        );
+        let shared_t = tiny_n - first_kv_shared(&ta);
+        assert_eq!(shared_t > 0, big_n > first_kv_shared(&ba), "{real}");
         assert_eq!(
             tl[tl.len() - shared_t..],
             bl[bl.len() - shared_t..],
             "{real}"
         );
-        for l in &ta.layers {
-            let lb = &ba.layers[ba.num_layers - ta.num_layers + l.index];
-            assert_eq!(l.layer_type, lb.layer_type);
-            assert_eq!(l.k_eq_v, lb.k_eq_v);
-            assert!(l.head_dim < 64);
+        for (i, l) in ta.layers.iter().enumerate() {
+            assert_eq!(tt[i], bt[big_n - tiny_n + i]);
+            assert_eq!(tl[i].1, bl[big_n - tiny_n + i].1);
+            assert!(attention(l).head_dim < 64);
         }
         assert_eq!(tiny.rope, big.rope);
         assert_eq!(
@@ -219,7 +250,7 @@ fn tiny_variants_keep_the_structure_and_are_tiny() {
         );
         let params = ta.param_count();
         assert!(params < 1_000_000, "{real}-tiny has {params} parameters");
-        if let Some(m) = ta.moe {
+        if let Some(m) = ta.layers[0].moe() {
             assert!(m.top_k < m.num_experts);
         }
     }
@@ -227,14 +258,14 @@ fn tiny_variants_keep_the_structure_and_are_tiny() {
 
 #[test]
 fn quantized_tiny_variants_quantize_every_module() {
-    let q4 = load_named("gemma4-12b-tiny-q4").resolve();
+    let q4 = load_named("gemma4-12b-tiny-q4").lower();
     let q = q4.quantization.as_ref().unwrap();
     assert_eq!((q.default.bits, q.default.group_size), (4, 64));
     assert!(q4.quant_skipped_modules().is_empty());
     for m in q4.quantizable_modules() {
         assert_eq!(q4.quant_for(&m.path), Some(q.default), "{}", m.path);
     }
-    let q8 = load_named("gemma4-26b-a4b-tiny-q8").resolve();
+    let q8 = load_named("gemma4-26b-a4b-tiny-q8").lower();
     let router = q8
         .quant_for("language_model.model.layers.3.router.proj")
         .unwrap();
@@ -249,23 +280,31 @@ fn quantized_tiny_variants_quantize_every_module() {
 
 #[test]
 fn kv_quantized_tiny_variant() {
-    let a = load_named("gemma4-e4b-tiny-kv").resolve();
-    assert_eq!((a.num_layers, a.first_kv_shared_layer), (18, 12));
+    let model = load_named("gemma4-e4b-tiny-kv").lower();
+    assert_eq!((model.layers.len(), first_kv_shared(&model)), (18, 12));
     // Only layer 5: full attention, owns a cache, and no KV-shared layer reads it.
+    let cache = |l: &Layer| match attention(l).kv {
+        KvSource::Own { cache, .. } => cache,
+        KvSource::Shared { .. } => KvCache::Plain,
+    };
     assert_eq!(
-        a.layers[5].kv_quant,
-        Some(KvQuant {
+        cache(&model.layers[5]),
+        KvCache::Quantized(KvQuant {
             bits: 4,
             group_size: 64
         })
     );
-    assert!(a.layers[5].window.is_none() && a.layers[5].has_kv);
-    assert!(a.layers.iter().all(|l| l.kv_source != 5 || l.index == 5));
-    assert!(a
+    let five = attention(&model.layers[5]);
+    assert!(five.window == Window::Full && five.owns_kv());
+    assert!(model
+        .layers
+        .iter()
+        .all(|l| attention(l).kv_layer(l.index) != 5 || l.index == 5));
+    assert!(model
         .layers
         .iter()
         .filter(|l| l.index != 5)
-        .all(|l| l.kv_quant.is_none()));
+        .all(|l| cache(l) == KvCache::Plain));
 }
 
 #[test]
@@ -288,7 +327,7 @@ fn real_quantization_rules() {
         .collect(),
     });
     s.validate().unwrap();
-    let a = s.resolve();
+    let a = spec.lower();
     assert_eq!(
         a.quant_for("language_model.model.layers.0.experts.switch_glu.down_proj"),
         None
