@@ -41,7 +41,7 @@ pub mod tier;
 
 pub use quant::{
     KvQuant, ModuleKind, QuantMode, QuantOverride, QuantParams, QuantizableModule, Quantization,
-    WeightQuant,
+    WeightQuant, AFFINE_BITS, AFFINE_GROUPS,
 };
 
 /// A decoder model as blocks.

@@ -7,6 +7,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
 
+/// Bits mlx supports for affine quantization (weights and KV cache).
+pub const AFFINE_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
+/// Group sizes mlx supports for affine quantization.
+pub const AFFINE_GROUPS: [u32; 3] = [32, 64, 128];
+
 /// mlx quantization mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

@@ -17,10 +17,10 @@
 //! reduction to tiny variants and the config.json importer.
 
 use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::import::{read_quantization, AppliedDefault, ImportError, Reader, ABSENT};
 use crate::ir::QuantizableModule;
 use crate::layout::Layout;
 use crate::model::*;
+use crate::reader::{read_quantization, AppliedDefault, ImportError, Reader, ABSENT};
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
 use crate::yaml::Node;
 use crate::{validate, Sections};
@@ -513,6 +513,37 @@ pub(crate) fn check_dense_sizes(
         mlp_meaning,
     );
     ok
+}
+
+// The dense sections' sizes as the reduction reads and writes them (the
+// layouts built from dense sections share them).
+impl Stack {
+    /// The sizes of the sections the dense-built layouts share.
+    pub(crate) fn of(num_hidden_layers: u32, m: &DenseModel, a: &DenseAttention) -> Stack {
+        Stack {
+            num_hidden_layers,
+            hidden_size: m.hidden_size,
+            vocab_size: m.vocab_size,
+            num_attention_heads: a.num_attention_heads,
+            num_key_value_heads: a.num_key_value_heads,
+            head_dim: a.head_dim,
+        }
+    }
+
+    /// Writes the sizes into the sections the dense-built layouts share.
+    pub(crate) fn write(
+        &self,
+        num_hidden_layers: &mut u32,
+        m: &mut DenseModel,
+        a: &mut DenseAttention,
+    ) {
+        *num_hidden_layers = self.num_hidden_layers;
+        m.hidden_size = self.hidden_size;
+        m.vocab_size = self.vocab_size;
+        a.num_attention_heads = self.num_attention_heads;
+        a.num_key_value_heads = self.num_key_value_heads;
+        a.head_dim = self.head_dim;
+    }
 }
 
 // ---------------------------------------------------------------- lowering

@@ -71,6 +71,7 @@ mod mixed_kv;
 mod model;
 mod qwen3_5;
 mod qwen3_moe;
+mod reader;
 mod reduce;
 mod validate;
 mod yaml;
@@ -312,10 +313,28 @@ pub fn parse_str(source: &str, origin: &str) -> Result<Spec, Diagnostics> {
     parse_inner(source.as_bytes(), origin, &dir, &mut stack)
 }
 
+/// Either form of spec file; used for the JSON Schema.
+#[derive(schemars::JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum SpecDocument {
+    Full(Gemma4Spec),
+    Dense(dense::DenseSpec),
+    Derived(DerivedSpecFile),
+    DerivedDense(dense::DenseDerivedSpecFile),
+    Gemma2(gemma2::Gemma2Spec),
+    Qwen3Moe(qwen3_moe::Qwen3MoeSpec),
+    DerivedQwen3Moe(qwen3_moe::Qwen3MoeDerivedSpecFile),
+    MiniCpm(minicpm::MiniCpmSpec),
+    DerivedMiniCpm(minicpm::MiniCpmDerivedSpecFile),
+    Qwen35(qwen3_5::Qwen35Spec),
+    DerivedQwen35(qwen3_5::Qwen35DerivedSpecFile),
+}
+
 /// The JSON Schema of spec files (both forms), pretty-printed with a final newline.
 /// Every property is required, as the parser requires it.
 pub fn json_schema() -> String {
-    let schema = schemars::schema_for!(model::SpecDocument);
+    let schema = schemars::schema_for!(SpecDocument);
     let mut value = serde_json::to_value(&schema).unwrap_or_default();
     require_all(&mut value);
     let mut s = serde_json::to_string_pretty(&hf::canonical(&value)).unwrap_or_default();

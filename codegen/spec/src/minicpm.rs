@@ -16,10 +16,10 @@
 
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::import::{read_quantization, AppliedDefault, ImportError, Reader};
 use crate::ir::QuantizableModule;
 use crate::layout::Layout;
 use crate::model::*;
+use crate::reader::{read_quantization, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
 use crate::yaml::Node;
 use crate::{validate, Sections};

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::diag::{FieldPath, Issue};
 use crate::ir::KvQuant;
 use crate::ir::{KvCache, KvSource, ModelIr, Window};
-use crate::validate::{AFFINE_BITS, AFFINE_GROUPS};
+use crate::ir::{AFFINE_BITS, AFFINE_GROUPS};
 
 /// `mixed_kv`: one entry per layer, quantized or not, plus optiq's `quantized_kv_start`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

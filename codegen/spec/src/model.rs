@@ -415,24 +415,6 @@ pub struct Reduce {
     pub vocab_size_per_layer_input: Option<u32>,
 }
 
-/// Either form of spec file; used for the JSON Schema.
-#[derive(JsonSchema)]
-#[serde(untagged)]
-#[allow(dead_code)]
-pub(crate) enum SpecDocument {
-    Full(Gemma4Spec),
-    Dense(crate::dense::DenseSpec),
-    Derived(DerivedSpecFile),
-    DerivedDense(crate::dense::DenseDerivedSpecFile),
-    Gemma2(crate::gemma2::Gemma2Spec),
-    Qwen3Moe(crate::qwen3_moe::Qwen3MoeSpec),
-    DerivedQwen3Moe(crate::qwen3_moe::Qwen3MoeDerivedSpecFile),
-    MiniCpm(crate::minicpm::MiniCpmSpec),
-    DerivedMiniCpm(crate::minicpm::MiniCpmDerivedSpecFile),
-    Qwen35(crate::qwen3_5::Qwen35Spec),
-    DerivedQwen35(crate::qwen3_5::Qwen35DerivedSpecFile),
-}
-
 impl Gemma4Spec {
     /// The resolved `layer_types` list (`pattern` repeated `repeat` times).
     pub fn layer_types(&self) -> Vec<LayerType> {

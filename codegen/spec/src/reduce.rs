@@ -11,7 +11,6 @@
 //! grouped, plus the family's own rules), apply, validate the result like a full
 //! spec, and require that a quantized variant quantizes every module.
 
-use crate::dense::{DenseAttention, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::ir::QuantizableModule;
 use crate::model::Quantization;
@@ -61,33 +60,6 @@ impl Stack {
             ),
             ("head_dim", self.head_dim, parent.head_dim),
         ]
-    }
-
-    /// The sizes of the sections the dense-built layouts share.
-    pub(crate) fn of(num_hidden_layers: u32, m: &DenseModel, a: &DenseAttention) -> Stack {
-        Stack {
-            num_hidden_layers,
-            hidden_size: m.hidden_size,
-            vocab_size: m.vocab_size,
-            num_attention_heads: a.num_attention_heads,
-            num_key_value_heads: a.num_key_value_heads,
-            head_dim: a.head_dim,
-        }
-    }
-
-    /// Writes the sizes into the sections the dense-built layouts share.
-    pub(crate) fn write(
-        &self,
-        num_hidden_layers: &mut u32,
-        m: &mut DenseModel,
-        a: &mut DenseAttention,
-    ) {
-        *num_hidden_layers = self.num_hidden_layers;
-        m.hidden_size = self.hidden_size;
-        m.vocab_size = self.vocab_size;
-        a.num_attention_heads = self.num_attention_heads;
-        a.num_key_value_heads = self.num_key_value_heads;
-        a.head_dim = self.head_dim;
     }
 
     fn grouped(&self) -> bool {

@@ -22,10 +22,7 @@ pub mod limits {
 }
 use limits::*;
 
-/// Bits mlx supports for affine quantization (weights and KV cache).
-pub const AFFINE_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
-/// Group sizes mlx supports for affine quantization.
-pub const AFFINE_GROUPS: [u32; 3] = [32, 64, 128];
+use crate::ir::{AFFINE_BITS, AFFINE_GROUPS};
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
