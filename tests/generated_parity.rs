@@ -120,7 +120,7 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
     let mut cases = Vec::new();
     let manual = manual_specs();
     for path in manual.clone().unwrap_or_else(tiny_specs) {
-        let spec = archgen_spec::load(&path).unwrap();
+        let spec = archgen_families::load(&path).unwrap();
         let ir = spec.lower();
         let name = spec.name().to_string();
         let dir = root.path().join(&name);
@@ -309,7 +309,7 @@ fn real_width_instance_agrees_in_all_three() {
         panic!("set ARCHGEN_REAL_WIDTH_SPEC to a spec name in specs/");
     };
     let path = repo_root().join("specs").join(format!("{name}.yaml"));
-    let spec = archgen_spec::load(&path).unwrap_or_else(|d| panic!("{d}"));
+    let spec = archgen_families::load(&path).unwrap_or_else(|d| panic!("{d}"));
     let ir = spec.lower();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join(&name);
@@ -386,7 +386,7 @@ fn real_width_instance_agrees_in_all_three() {
 /// HF form).
 #[test]
 fn hf_per_expert_weights_are_stacked_as_mlx_lm_stacks_them() {
-    let spec = archgen_spec::load(repo_root().join("specs/qwen3-30b-a3b-tiny.yaml")).unwrap();
+    let spec = archgen_families::load(repo_root().join("specs/qwen3-30b-a3b-tiny.yaml")).unwrap();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("mlx");
     let ids: Vec<i32> = (0..19).map(|i| (i * 37 + 11) % 512).collect();
@@ -445,7 +445,7 @@ fn minicpm_head_is_taken_from_the_embedding_when_absent() {
         ("minicpm-2b-tiny", "bfloat16", Value::Null),
         ("minicpm-2b-tiny-q4", "bfloat16", json!(4)),
     ] {
-        let spec = archgen_spec::load(repo_root().join(format!("specs/{name}.yaml"))).unwrap();
+        let spec = archgen_families::load(repo_root().join(format!("specs/{name}.yaml"))).unwrap();
         jobs.push(json!({
             "config": config_for(&spec),
             "out": root.path().join(name),
@@ -574,7 +574,7 @@ fn qwen3_5_raw_hf_checkpoint_loads_as_mlx_lm_sanitizes_it() {
 }
 
 fn raw_hf_checkpoint_case(name: &str, dtype: &str) {
-    let spec = archgen_spec::load(repo_root().join(format!("specs/{name}.yaml"))).unwrap();
+    let spec = archgen_families::load(repo_root().join(format!("specs/{name}.yaml"))).unwrap();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("mlx");
     let ids: Vec<i32> = (0..19).map(|i| (i * 37 + 11) % 512).collect();

@@ -51,9 +51,9 @@ pub fn run_python(script: &str, args: &[&std::ffi::OsStr]) -> String {
     stdout
 }
 
-/// config.json for a spec (see `archgen_spec::to_config_json`).
-pub fn config_for(spec: &archgen_spec::Spec) -> serde_json::Value {
-    archgen_spec::to_config_json(spec)
+/// config.json for a spec (see `archgen_families::to_config_json`).
+pub fn config_for(spec: &archgen_families::Spec) -> serde_json::Value {
+    archgen_families::to_config_json(spec)
 }
 
 /// The window of the model's sliding-attention layers, when it has any.

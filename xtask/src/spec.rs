@@ -1,7 +1,7 @@
 //! `cargo xtask spec ...`: check, show, import and schema for the YAML architecture specs.
 
+use archgen_families::{import, Spec};
 use archgen_ir::{HeadWeight, KvCache, KvSource, Layer, RopeKind, Values, Window};
-use archgen_spec::{import, Spec};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -50,11 +50,11 @@ pub fn check(args: &CheckArgs) -> Result<(), String> {
     };
     let mut failed = 0;
     for path in &paths {
-        match archgen_spec::load(path) {
+        match archgen_families::load(path) {
             Ok(spec) => {
                 let ir = spec.lower();
                 let (layers, params) = (ir.layers.len(), ir.param_count());
-                let hash = &archgen_spec::spec_hash(&spec)[..16];
+                let hash = &archgen_families::spec_hash(&spec)[..16];
                 if reporter.json() {
                     reporter.emit(&serde_json::json!({
                         "type": "spec", "file": display(path), "status": "ok",
@@ -111,9 +111,9 @@ fn resolve_name(name: &str) -> PathBuf {
 pub fn show(args: &ShowArgs) -> Result<(), String> {
     let reporter = Reporter::new(args.format.message_format);
     let spec =
-        archgen_spec::load(resolve_name(&args.name)).map_err(|d| reporter.spec_errors(&d))?;
+        archgen_families::load(resolve_name(&args.name)).map_err(|d| reporter.spec_errors(&d))?;
     let text = if args.json {
-        let v = archgen_spec::to_hf_json(&spec);
+        let v = archgen_families::to_hf_json(&spec);
         serde_json::to_string_pretty(&v).map_err(|e| e.to_string())? + "\n"
     } else {
         summary(&spec)
@@ -151,7 +151,7 @@ fn summary(spec: &Spec) -> String {
         spec.family().as_str(),
         ir.checkpoint.model_type.as_str(),
         ir.param_count(),
-        &archgen_spec::spec_hash(spec)[..16]
+        &archgen_families::spec_hash(spec)[..16]
     );
     let attention = || ir.layers.iter().filter_map(Layer::attention);
     let first_shared = ir
@@ -295,7 +295,7 @@ fn width_or_dash(width: Option<usize>) -> String {
 
 /// `spec schema [--check]`.
 pub fn schema(check: bool) -> Result<(), String> {
-    let want = archgen_spec::json_schema();
+    let want = archgen_families::json_schema();
     let path = schema_path();
     let have = std::fs::read_to_string(&path).unwrap_or_default();
     if check {
@@ -419,7 +419,7 @@ pub fn import_cmd(args: &ImportArgs) -> Result<(), String> {
             display(&out)
         ));
     }
-    let mut text = archgen_spec::to_yaml(&spec);
+    let mut text = archgen_families::to_yaml(&spec);
     let header =
         format!(
         "# Imported by `cargo xtask spec import` from {} (model_type {}); {} default(s) applied.\n",
@@ -430,7 +430,7 @@ pub fn import_cmd(args: &ImportArgs) -> Result<(), String> {
     let first_newline = text.find('\n').map_or(0, |i| i + 1);
     text.insert_str(first_newline, &header);
     // What we write must load back to the same spec.
-    let back = archgen_spec::parse_str(&text, &out.display().to_string())
+    let back = archgen_families::parse_str(&text, &out.display().to_string())
         .map_err(|d| format!("internal error: the imported spec does not re-parse:\n{d}"))?;
     if back != spec {
         return Err("internal error: the imported spec does not round-trip".into());
@@ -497,7 +497,7 @@ mod tests {
         };
         import_cmd(&args(&[])).unwrap();
         let out = dir.path().join("imported.yaml");
-        let spec = archgen_spec::load(&out).unwrap();
+        let spec = archgen_families::load(&out).unwrap();
         assert_eq!(spec.lower().hidden_size, 64);
         let err = import_cmd(&args(&[])).unwrap_err();
         assert!(err.contains("--force"), "{err}");

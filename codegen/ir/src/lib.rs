@@ -1,6 +1,6 @@
 //! archgen-ir: the block IR, a closed, typed description of a decoder language
 //! model as blocks. Every family's spec lowers to it (once per family, in
-//! archgen-spec), and the plan, the tensor contract, the plan file, the emitter,
+//! archgen-families), and the plan, the tensor contract, the plan file, the emitter,
 //! the monolith and the CPU decode path read it without asking which family a
 //! model is. No MLX here, and no spec parsing.
 //!

@@ -33,7 +33,7 @@
 //! #   intermediate_size: 128
 //! # quantization: null
 //! # "#;
-//! let spec = archgen_spec::parse_str(yaml, "specs/tiny-qwen3.yaml").map_err(|d| d.to_string())?;
+//! let spec = archgen_families::parse_str(yaml, "specs/tiny-qwen3.yaml").map_err(|d| d.to_string())?;
 //! let plan = archgen_plan::plan(&spec, "specs/tiny-qwen3.yaml");
 //! // Every layer of a dense model is the same kind.
 //! assert_eq!(plan.layer_kind, [0, 0]);
@@ -45,6 +45,7 @@
 
 pub mod tensor_parallel;
 
+use archgen_families::Spec;
 use archgen_ir::{
     Attention, AttentionScale, DeltaNet, EmbedScale, FeedForward, GatedNorm, InProj, KvCache,
     KvSource, Layer, LayerInput, LogitScale, Mixer, ModelIr, NormWeight, OutputGate,
@@ -52,7 +53,6 @@ use archgen_ir::{
 };
 use archgen_ir::{GateUpProjection, QkvProjection};
 use archgen_ir::{ModuleKind, QuantMode, RopeKind};
-use archgen_spec::Spec;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -207,7 +207,7 @@ pub fn plan(spec: &Spec, spec_path: &str) -> Plan {
     Plan {
         name: ir.name.clone(),
         spec_path: spec_path.to_string(),
-        spec_hash: archgen_spec::spec_hash(spec),
+        spec_hash: archgen_families::spec_hash(spec),
         fingerprint: fingerprint(&ir),
         params: params(&ir),
         kinds,

@@ -465,7 +465,7 @@ mod tests {
 
     fn ir(name: &str) -> ModelIr {
         let path = format!("{}/../../specs/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
-        archgen_spec::load(&path)
+        archgen_families::load(&path)
             .unwrap_or_else(|d| panic!("{path}: {d:?}"))
             .lower()
     }
