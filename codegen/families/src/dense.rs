@@ -1501,3 +1501,39 @@ fn read_scaling(s: &Value, r: &mut Reader) -> Option<RopeScaling> {
         }
     }
 }
+
+/// The families of the dense layout in the family registry.
+pub(crate) struct DenseFamilies;
+
+impl crate::model_family::ModelFamily for DenseFamilies {
+    fn model_types(&self) -> &'static [ConfigModelType] {
+        &[
+            ConfigModelType::Qwen3,
+            ConfigModelType::Llama,
+            ConfigModelType::Mistral,
+            ConfigModelType::Qwen2,
+            ConfigModelType::SmolLm3,
+            ConfigModelType::Granite,
+            ConfigModelType::Phi3,
+            ConfigModelType::Olmo2,
+        ]
+    }
+    fn kv_config_refused(&self) -> Option<&'static str> {
+        Some("KV-cache quantization is supported for Gemma-4 only")
+    }
+    fn import(
+        &self,
+        c: &crate::model_family::ConfigJson,
+    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
+        let Some(family) = DenseFamily::of(c.model_type.family()) else {
+            return Err(ImportError {
+                problems: vec![format!(
+                    "model_type: `{}` is not read by the dense layout",
+                    c.model_type.as_str()
+                )],
+            });
+        };
+        import(c.top, c.model_type, family, c.name)
+            .map(|(s, applied)| (crate::Spec::Dense(s), applied))
+    }
+}

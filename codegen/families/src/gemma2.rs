@@ -681,3 +681,21 @@ pub(crate) fn import(
     }
     Ok((spec, applied))
 }
+
+/// Gemma-2 in the family registry.
+pub(crate) struct Gemma2Family;
+
+impl crate::model_family::ModelFamily for Gemma2Family {
+    fn model_types(&self) -> &'static [ConfigModelType] {
+        &[ConfigModelType::Gemma2]
+    }
+    fn kv_config_refused(&self) -> Option<&'static str> {
+        Some("KV-cache quantization is supported for Gemma-4 only (mlx-lm's gemma2 attention cannot read a quantized cache)")
+    }
+    fn import(
+        &self,
+        c: &crate::model_family::ConfigJson,
+    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
+        import(c.top, c.name).map(|(s, applied)| (crate::Spec::Gemma2(s), applied))
+    }
+}

@@ -3,7 +3,6 @@
 //! quantization handling); mlx-optiq's `kv_config.json` is read here. Every default
 //! applied and every normalisation made is reported as an [`AppliedDefault`].
 
-use crate::model::*;
 use crate::reader::{read_kv_config, Reader};
 pub use crate::reader::{AppliedDefault, ImportError};
 use serde_json::{json, Map, Value};
@@ -132,71 +131,23 @@ pub fn from_config_json(
     let top = value
         .as_object()
         .ok_or_else(|| fail("config.json: expected a JSON object".into()))?;
-    let model_type = match top.get("model_type").and_then(Value::as_str) {
-        Some("gemma4") => ConfigModelType::Gemma4,
-        Some("gemma4_text") => ConfigModelType::Gemma4Text,
-        Some("gemma4_unified") => ConfigModelType::Gemma4Unified,
-        Some("qwen3") => ConfigModelType::Qwen3,
-        Some("llama") => ConfigModelType::Llama,
-        Some("mistral") => ConfigModelType::Mistral,
-        Some("qwen2") => ConfigModelType::Qwen2,
-        Some("gemma2") => ConfigModelType::Gemma2,
-        Some("qwen3_moe") => ConfigModelType::Qwen3Moe,
-        Some("minicpm") => ConfigModelType::MiniCpm,
-        Some("qwen3_5") => ConfigModelType::Qwen35,
-        Some("qwen3_5_moe") => ConfigModelType::Qwen35Moe,
-        Some("smollm3") => ConfigModelType::SmolLm3,
-        Some("granite") => ConfigModelType::Granite,
-        Some("phi3") => ConfigModelType::Phi3,
-        Some("olmo2") => ConfigModelType::Olmo2,
-        Some(other) => return Err(fail(format!("model_type: `{other}` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2, gemma2, qwen3_moe, minicpm, qwen3_5, qwen3_5_moe, smollm3, granite, phi3, olmo2)"))),
-        None => return Err(fail("model_type: missing (mlx-lm needs it to pick the model)".into())),
+    let Some(written) = top.get("model_type").and_then(Value::as_str) else {
+        return Err(fail(
+            "model_type: missing (mlx-lm needs it to pick the model)".into(),
+        ));
     };
-    if model_type == ConfigModelType::MiniCpm {
-        if kv_config.is_some() {
-            return Err(fail(
-                "kv_config.json: KV-cache quantization is supported for Gemma-4 only".into(),
-            ));
-        }
-        return crate::minicpm::import(top, name)
-            .map(|(s, applied)| (crate::Spec::MiniCpm(s), applied));
-    }
-    if model_type == ConfigModelType::Qwen3Moe {
-        if kv_config.is_some() {
-            return Err(fail(
-                "kv_config.json: KV-cache quantization is supported for Gemma-4 only".into(),
-            ));
-        }
-        return crate::qwen3_moe::import(top, name)
-            .map(|(s, applied)| (crate::Spec::Qwen3Moe(s), applied));
-    }
-    if model_type.family() == crate::Family::Qwen35 {
-        if kv_config.is_some() {
-            return Err(fail(
-                "kv_config.json: KV-cache quantization is not supported for qwen3_5 (its linear layers have no K/V cache)".into(),
-            ));
-        }
-        return crate::qwen3_5::import(top, model_type, name)
-            .map(|(s, applied)| (crate::Spec::Qwen35(s), applied));
-    }
-    if let Some(family) = crate::dense::DenseFamily::of(model_type.family()) {
-        if kv_config.is_some() {
-            return Err(fail(
-                "kv_config.json: KV-cache quantization is supported for Gemma-4 only".into(),
-            ));
-        }
-        return crate::dense::import(top, model_type, family, name)
-            .map(|(s, applied)| (crate::Spec::Dense(s), applied));
-    }
-    if model_type == ConfigModelType::Gemma2 {
-        if kv_config.is_some() {
-            return Err(fail(
-                "kv_config.json: KV-cache quantization is supported for Gemma-4 only (mlx-lm's gemma2 attention cannot read a quantized cache)".into(),
-            ));
-        }
-        return crate::gemma2::import(top, name)
-            .map(|(s, applied)| (crate::Spec::Gemma2(s), applied));
-    }
-    crate::gemma4::import(top, model_type, kv_config, name)
-        .map(|(s, applied)| (crate::Spec::Gemma4(s), applied))
+    let supported = crate::registry::supported_model_types();
+    let Some(&model_type) = supported.iter().find(|t| t.as_str() == written) else {
+        let names: Vec<&str> = supported.iter().map(|t| t.as_str()).collect();
+        return Err(fail(format!(
+            "model_type: `{written}` is not a supported model ({})",
+            names.join(", ")
+        )));
+    };
+    crate::registry::import(&crate::registry::ConfigJson {
+        top,
+        model_type,
+        kv_config,
+        name,
+    })
 }

@@ -71,10 +71,12 @@ mod layout;
 mod minicpm;
 mod mixed_kv;
 mod model;
+mod model_family;
 mod qwen3_5;
 mod qwen3_moe;
 mod reader;
 mod reduce;
+mod registry;
 mod validate;
 mod yaml;
 
@@ -104,6 +106,7 @@ pub use qwen3_moe::{
     Qwen3MoeDerive, Qwen3MoeDerivedSpecFile, Qwen3MoeExperts, Qwen3MoeReduce, Qwen3MoeRope,
     Qwen3MoeSpec,
 };
+pub use registry::supported_model_types;
 pub use validate::limits;
 pub use yaml::MAX_SPEC_BYTES;
 

@@ -614,3 +614,21 @@ pub(crate) fn import(
     }
     Ok((spec, applied))
 }
+
+/// MiniCPM in the family registry.
+pub(crate) struct MiniCpmFamily;
+
+impl crate::model_family::ModelFamily for MiniCpmFamily {
+    fn model_types(&self) -> &'static [ConfigModelType] {
+        &[ConfigModelType::MiniCpm]
+    }
+    fn kv_config_refused(&self) -> Option<&'static str> {
+        Some("KV-cache quantization is supported for Gemma-4 only")
+    }
+    fn import(
+        &self,
+        c: &crate::model_family::ConfigJson,
+    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
+        import(c.top, c.name).map(|(s, applied)| (crate::Spec::MiniCpm(s), applied))
+    }
+}

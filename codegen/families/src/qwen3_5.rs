@@ -1131,3 +1131,21 @@ pub(crate) fn import(
     }
     Ok((spec, applied))
 }
+
+/// Qwen3.5 / Qwen3.6 (dense and MoE) in the family registry.
+pub(crate) struct Qwen35Family;
+
+impl crate::model_family::ModelFamily for Qwen35Family {
+    fn model_types(&self) -> &'static [ConfigModelType] {
+        &[ConfigModelType::Qwen35, ConfigModelType::Qwen35Moe]
+    }
+    fn kv_config_refused(&self) -> Option<&'static str> {
+        Some("KV-cache quantization is not supported for qwen3_5 (its linear layers have no K/V cache)")
+    }
+    fn import(
+        &self,
+        c: &crate::model_family::ConfigJson,
+    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
+        import(c.top, c.model_type, c.name).map(|(s, applied)| (crate::Spec::Qwen35(s), applied))
+    }
+}

@@ -685,3 +685,21 @@ pub(crate) fn import(
     }
     Ok((spec, applied))
 }
+
+/// Qwen3-MoE in the family registry.
+pub(crate) struct Qwen3MoeFamily;
+
+impl crate::model_family::ModelFamily for Qwen3MoeFamily {
+    fn model_types(&self) -> &'static [ConfigModelType] {
+        &[ConfigModelType::Qwen3Moe]
+    }
+    fn kv_config_refused(&self) -> Option<&'static str> {
+        Some("KV-cache quantization is supported for Gemma-4 only")
+    }
+    fn import(
+        &self,
+        c: &crate::model_family::ConfigJson,
+    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
+        import(c.top, c.name).map(|(s, applied)| (crate::Spec::Qwen3Moe(s), applied))
+    }
+}

@@ -1079,3 +1079,26 @@ fn olmo2_configs_take_mlx_lm_defaults() {
         assert!(text.contains(&format!("{flag}: true")), "{text}");
     }
 }
+
+#[test]
+fn an_unsupported_model_type_is_refused_with_the_registry_list() {
+    // The text is the one written out by hand before the list came from the
+    // family registry: the same model types, in the same order.
+    let e = from_config_json(&json!({"model_type": "falcon"}), None, "x").unwrap_err();
+    assert_eq!(
+        e.problems,
+        vec!["model_type: `falcon` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2, gemma2, qwen3_moe, minicpm, qwen3_5, qwen3_5_moe, smollm3, granite, phi3, olmo2)".to_string()]
+    );
+    let e = from_config_json(&json!({"hidden_size": 8}), None, "x").unwrap_err();
+    assert_eq!(
+        e.problems,
+        vec!["model_type: missing (mlx-lm needs it to pick the model)".to_string()]
+    );
+    // A family that takes no kv_config.json refuses one before reading the rest.
+    let e = from_config_json(&json!({"model_type": "gemma2"}), Some(&json!([])), "x").unwrap_err();
+    assert_eq!(
+        e.problems,
+        vec!["kv_config.json: KV-cache quantization is supported for Gemma-4 only (mlx-lm's gemma2 attention cannot read a quantized cache)".to_string()]
+    );
+    assert_eq!(supported_model_types(), ConfigModelType::ALL);
+}

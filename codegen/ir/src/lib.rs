@@ -781,6 +781,26 @@ pub enum ConfigModelType {
 }
 
 impl ConfigModelType {
+    /// Every model type, in declaration order.
+    pub const ALL: [ConfigModelType; 16] = [
+        ConfigModelType::Gemma4,
+        ConfigModelType::Gemma4Text,
+        ConfigModelType::Gemma4Unified,
+        ConfigModelType::Qwen3,
+        ConfigModelType::Llama,
+        ConfigModelType::Mistral,
+        ConfigModelType::Qwen2,
+        ConfigModelType::Gemma2,
+        ConfigModelType::Qwen3Moe,
+        ConfigModelType::MiniCpm,
+        ConfigModelType::Qwen35,
+        ConfigModelType::Qwen35Moe,
+        ConfigModelType::SmolLm3,
+        ConfigModelType::Granite,
+        ConfigModelType::Phi3,
+        ConfigModelType::Olmo2,
+    ];
+
     /// The config.json spelling.
     pub fn as_str(self) -> &'static str {
         match self {
