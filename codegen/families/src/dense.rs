@@ -1346,20 +1346,7 @@ pub(crate) fn import(
         scales,
     };
     let issues = check(&spec);
-    if !issues.is_empty() {
-        return Err(ImportError {
-            problems: issues
-                .into_iter()
-                .map(|i| {
-                    format!(
-                        "{}: {} (expected {}); hint: {}",
-                        i.path, i.message, i.expected, i.hint
-                    )
-                })
-                .collect(),
-        });
-    }
-    Ok((spec, applied))
+    crate::reader::checked(spec, issues, applied)
 }
 
 /// smollm3.py's NoPE layers: `no_rope_layer_interval` (default 4) and, when

@@ -599,20 +599,7 @@ pub(crate) fn import(
         quantization,
     };
     let issues = check(&spec);
-    if !issues.is_empty() {
-        return Err(ImportError {
-            problems: issues
-                .into_iter()
-                .map(|i| {
-                    format!(
-                        "{}: {} (expected {}); hint: {}",
-                        i.path, i.message, i.expected, i.hint
-                    )
-                })
-                .collect(),
-        });
-    }
-    Ok((spec, applied))
+    crate::reader::checked(spec, issues, applied)
 }
 
 /// MiniCPM in the family registry.

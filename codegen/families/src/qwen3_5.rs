@@ -1116,20 +1116,7 @@ pub(crate) fn import(
         quantization,
     };
     let issues = check(&spec);
-    if !issues.is_empty() {
-        return Err(ImportError {
-            problems: issues
-                .into_iter()
-                .map(|i| {
-                    format!(
-                        "{}: {} (expected {}); hint: {}",
-                        i.path, i.message, i.expected, i.hint
-                    )
-                })
-                .collect(),
-        });
-    }
-    Ok((spec, applied))
+    crate::reader::checked(spec, issues, applied)
 }
 
 /// Qwen3.5 / Qwen3.6 (dense and MoE) in the family registry.

@@ -436,3 +436,26 @@ pub(crate) fn read_kv_config(kv: &Value, r: &mut Reader) -> Option<Vec<KvQuantEn
     out.sort_by_key(|e| e.layer_idx);
     Some(out)
 }
+
+/// An importer's result: the spec when its family's checks found nothing, else
+/// every issue as one problem line (path, what, what was expected, the hint).
+pub(crate) fn checked<S>(
+    spec: S,
+    issues: Vec<crate::diag::Issue>,
+    applied: Vec<AppliedDefault>,
+) -> Result<(S, Vec<AppliedDefault>), ImportError> {
+    if issues.is_empty() {
+        return Ok((spec, applied));
+    }
+    Err(ImportError {
+        problems: issues
+            .into_iter()
+            .map(|i| {
+                format!(
+                    "{}: {} (expected {}); hint: {}",
+                    i.path, i.message, i.expected, i.hint
+                )
+            })
+            .collect(),
+    })
+}

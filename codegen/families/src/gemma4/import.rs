@@ -375,18 +375,5 @@ pub(crate) fn import(
         mixed_kv: None,
     };
     let issues = validate::check(&spec);
-    if !issues.is_empty() {
-        return Err(ImportError {
-            problems: issues
-                .into_iter()
-                .map(|i| {
-                    format!(
-                        "{}: {} (expected {}); hint: {}",
-                        i.path, i.message, i.expected, i.hint
-                    )
-                })
-                .collect(),
-        });
-    }
-    Ok((spec, r.applied))
+    crate::reader::checked(spec, issues, r.applied)
 }
