@@ -64,7 +64,8 @@ fn macro_model_runs_bit_identical_to_the_generated_one() {
         archgen_generated::gemma4_walkthrough_tiny::FINGERPRINT
     );
     let root = tempfile::tempdir().unwrap();
-    let spec = archgen_spec::load(repo_root().join("specs/gemma4-walkthrough-tiny.yaml")).unwrap();
+    let spec =
+        archgen_families::load(repo_root().join("specs/gemma4-walkthrough-tiny.yaml")).unwrap();
     let job = serde_json::json!([{
         "config": archgen_tests::config_for(&spec),
         "out": root.path(),

@@ -33,7 +33,7 @@
 //! #   intermediate_size: 128
 //! # quantization: null
 //! # "#;
-//! let spec = archgen_spec::parse_str(yaml, "specs/tiny-qwen3.yaml").map_err(|d| d.to_string())?;
+//! let spec = archgen_families::parse_str(yaml, "specs/tiny-qwen3.yaml").map_err(|d| d.to_string())?;
 //! let plan = archgen_plan::plan(&spec, "specs/tiny-qwen3.yaml");
 //! // What `cargo xtask gen` writes to generated/src/tiny_qwen3.rs.
 //! let file = archgen_emit::model_file(&plan)?;
@@ -104,6 +104,6 @@ pub fn expand(
     path: &std::path::Path,
     display_path: &str,
 ) -> Result<proc_macro2::TokenStream, String> {
-    let spec = archgen_spec::load(path).map_err(|d| d.to_string())?;
+    let spec = archgen_families::load(path).map_err(|d| d.to_string())?;
     model_tokens(&archgen_plan::plan(&spec, display_path))
 }

@@ -5,15 +5,15 @@
 //! each IR fact maps onto the runtime block that runs it
 //! (`archgen_runtime::blocks`).
 
-use archgen_plan::{LayerKind, Plan};
-use archgen_spec::ir::{
+use archgen_ir::RopeKind;
+use archgen_ir::{
     Activation, Attention, DeltaNet, EmbedScale, FeedForward, GatedNorm, HeadWeight, InProj,
     KvCache, KvSource, Layer, LayerInput, LayerScalar, LogitScale, Mixer, ModelIr, NormArrangement,
     NormWeight, OutputGate, ProjectionBias, QkNorm, Residual, Router, Scores, Softcap, SoftcapForm,
     StateCache, TopKProbs, ValueNorm, Values, Window,
 };
-use archgen_spec::ir::{GateUpProjection, GatedMlp, QkvProjection};
-use archgen_spec::RopeKind;
+use archgen_ir::{GateUpProjection, GatedMlp, QkvProjection};
+use archgen_plan::{LayerKind, Plan};
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::quote;
 

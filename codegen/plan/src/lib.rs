@@ -33,7 +33,7 @@
 //! #   intermediate_size: 128
 //! # quantization: null
 //! # "#;
-//! let spec = archgen_spec::parse_str(yaml, "specs/tiny-qwen3.yaml").map_err(|d| d.to_string())?;
+//! let spec = archgen_families::parse_str(yaml, "specs/tiny-qwen3.yaml").map_err(|d| d.to_string())?;
 //! let plan = archgen_plan::plan(&spec, "specs/tiny-qwen3.yaml");
 //! // Every layer of a dense model is the same kind.
 //! assert_eq!(plan.layer_kind, [0, 0]);
@@ -45,13 +45,14 @@
 
 pub mod tensor_parallel;
 
-use archgen_spec::ir::{
+use archgen_families::Spec;
+use archgen_ir::{
     Attention, AttentionScale, DeltaNet, EmbedScale, FeedForward, GatedNorm, InProj, KvCache,
     KvSource, Layer, LayerInput, LogitScale, Mixer, ModelIr, NormWeight, OutputGate,
     ProjectionBias, Residual, RopeForm, Scores, SoftcapForm, StateCache, Values, Window,
 };
-use archgen_spec::ir::{GateUpProjection, QkvProjection};
-use archgen_spec::{ModuleKind, QuantMode, RopeKind, Spec};
+use archgen_ir::{GateUpProjection, QkvProjection};
+use archgen_ir::{ModuleKind, QuantMode, RopeKind};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -206,7 +207,7 @@ pub fn plan(spec: &Spec, spec_path: &str) -> Plan {
     Plan {
         name: ir.name.clone(),
         spec_path: spec_path.to_string(),
-        spec_hash: archgen_spec::spec_hash(spec),
+        spec_hash: archgen_families::spec_hash(spec),
         fingerprint: fingerprint(&ir),
         params: params(&ir),
         kinds,
@@ -383,7 +384,7 @@ fn layer_json(l: &Layer) -> Value {
             }})
         }
     };
-    let mlp = |m: archgen_spec::ir::GatedMlp| json!([m.width, format!("{:?}", m.activation)]);
+    let mlp = |m: archgen_ir::GatedMlp| json!([m.width, format!("{:?}", m.activation)]);
     let ffn = match *ffn {
         FeedForward::Mlp(m) => json!({ "mlp": mlp(m) }),
         FeedForward::MlpAndMoe { mlp: m, moe } => json!({
@@ -485,8 +486,8 @@ pub fn fingerprint_input(ir: &ModelIr) -> Value {
 /// The head's facts. The compiled softcap keeps its earlier encoding (the
 /// cap's bits) and a `norm` key is written only for a weight form other
 /// than `Direct`, so earlier fingerprints stay as they were.
-fn head_json(head: &archgen_spec::ir::Head) -> Value {
-    let archgen_spec::ir::Head {
+fn head_json(head: &archgen_ir::Head) -> Value {
+    let archgen_ir::Head {
         weight,
         logit_softcap,
         norm,
@@ -520,7 +521,7 @@ pub fn fingerprint(ir: &ModelIr) -> String {
 }
 
 /// The tensor contract: every parameter, its shape and dtype, in load order
-/// (names from `archgen_spec::names`).
+/// (names from `archgen_ir::names`).
 pub fn params(ir: &ModelIr) -> Vec<Param> {
     let mut out = Vec::new();
     for m in ir.quantizable_modules() {
