@@ -73,6 +73,7 @@ impl SlidingOwnKv {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<(Array, b::SharedKv)> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -94,7 +95,9 @@ impl SlidingOwnKv {
                 at.mask,
             );
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
             &self.attn,
@@ -104,6 +107,10 @@ impl SlidingOwnKv {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        //   h = h * self.layer_scalar
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
@@ -182,6 +189,7 @@ impl FullOwnKvKeqV {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<(Array, b::SharedKv)> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -203,7 +211,9 @@ impl FullOwnKvKeqV {
                 at.mask,
             );
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k projections, values = keys (no v_proj), q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
             &self.attn,
@@ -213,6 +223,10 @@ impl FullOwnKvKeqV {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        //   h = h * self.layer_scalar
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
@@ -243,39 +257,96 @@ impl FullOwnKvKeqV {
         b::finish_layer(&h, None, Some(&self.layer_scalar), EPS)
     }
 }
+/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+#[derive(Clone, Copy)]
+enum Row {
+    /// (MLP width)
+    SlidingOwnKv(i32),
+    /// (MLP width)
+    FullOwnKvKeqV(i32),
+}
+/// The width of a dense MLP (`intermediate_size`).
+const MLP_WIDTH: i32 = 128;
+/// Every layer in order: layer `i` is row `i`.
+const LAYOUT: [Row; 12] = [
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
+];
+/// One loaded layer, by kind.
+enum Layer {
+    SlidingOwnKv(SlidingOwnKv),
+    FullOwnKvKeqV(FullOwnKvKeqV),
+}
+impl Row {
+    /// Loads layer `i`, whose row this is.
+    fn load(self, w: &mut Weights, i: usize) -> Layer {
+        match self {
+            Row::SlidingOwnKv(mlp_width) => {
+                Layer::SlidingOwnKv(SlidingOwnKv::load(w, i, mlp_width))
+            }
+            Row::FullOwnKvKeqV(mlp_width) => {
+                Layer::FullOwnKvKeqV(FullOwnKvKeqV::load(w, i, mlp_width))
+            }
+        }
+    }
+    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
+    /// for a layer that computes its own K/V.
+    fn kv_cache(self) -> Option<LayerCache> {
+        match self {
+            Row::SlidingOwnKv { .. } => {
+                Some(LayerCache::Sliding(RotatingKvCache::new(8, 0)))
+            }
+            Row::FullOwnKvKeqV { .. } => Some(LayerCache::Full(KvCache::default())),
+        }
+    }
+    /// The layer's merged cache for a batch of fresh sequences
+    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+        match self {
+            Row::SlidingOwnKv { .. } => {
+                Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, no_padding)))
+            }
+            Row::FullOwnKvKeqV { .. } => {
+                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
+            }
+        }
+    }
+}
+/// Cache `k` of those `make_cache` made.
+fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
+    caches.get(k).ok_or_else(missing_cache)
+}
+/// The next layer's cache, in the order `make_cache` made them.
+fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
+    caches.next().ok_or_else(missing_cache)
+}
+fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
+    archgen_runtime::mlx_rs::error::Exception::custom(
+        format!("{NAME}: the cache holds fewer layers than the model"),
+    )
+}
 /// The `gemma4-12b-tiny` model: 12 layers, hidden size 64.
 pub struct Model {
     embed: Embedding,
     rope_sliding: Rope,
     rope_full: Rope,
-    layer_0: SlidingOwnKv,
-    layer_1: SlidingOwnKv,
-    layer_2: SlidingOwnKv,
-    layer_3: SlidingOwnKv,
-    layer_4: SlidingOwnKv,
-    layer_5: FullOwnKvKeqV,
-    layer_6: SlidingOwnKv,
-    layer_7: SlidingOwnKv,
-    layer_8: SlidingOwnKv,
-    layer_9: SlidingOwnKv,
-    layer_10: SlidingOwnKv,
-    layer_11: FullOwnKvKeqV,
+    layers: Vec<Layer>,
     norm: Array,
 }
-/// One cache per layer that computes its own K/V.
+/// The caches of one sequence: one per layer that computes its own K/V.
 pub struct Cache {
-    layer_0: LayerCache,
-    layer_1: LayerCache,
-    layer_2: LayerCache,
-    layer_3: LayerCache,
-    layer_4: LayerCache,
-    layer_5: LayerCache,
-    layer_6: LayerCache,
-    layer_7: LayerCache,
-    layer_8: LayerCache,
-    layer_9: LayerCache,
-    layer_10: LayerCache,
-    layer_11: LayerCache,
+    /// One per layer that computes its own K/V, in layer order.
+    kv: Vec<LayerCache>,
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
@@ -284,18 +355,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         rope_sliding: Rope::base(16, 10000f32),
         rope_full: Rope::proportional(32, 8, 1000000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
-        layer_0: SlidingOwnKv::load(&mut w, 0usize, 128),
-        layer_1: SlidingOwnKv::load(&mut w, 1usize, 128),
-        layer_2: SlidingOwnKv::load(&mut w, 2usize, 128),
-        layer_3: SlidingOwnKv::load(&mut w, 3usize, 128),
-        layer_4: SlidingOwnKv::load(&mut w, 4usize, 128),
-        layer_5: FullOwnKvKeqV::load(&mut w, 5usize, 128),
-        layer_6: SlidingOwnKv::load(&mut w, 6usize, 128),
-        layer_7: SlidingOwnKv::load(&mut w, 7usize, 128),
-        layer_8: SlidingOwnKv::load(&mut w, 8usize, 128),
-        layer_9: SlidingOwnKv::load(&mut w, 9usize, 128),
-        layer_10: SlidingOwnKv::load(&mut w, 10usize, 128),
-        layer_11: FullOwnKvKeqV::load(&mut w, 11usize, 128),
+        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -313,27 +373,17 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            layer_0: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_1: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_2: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_3: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_4: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_5: LayerCache::Full(KvCache::default()),
-            layer_6: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_7: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_8: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_9: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_10: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_11: LayerCache::Full(KvCache::default()),
+            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
         }
     }
     fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
         let n = ids.shape()[1];
         let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
-        let sliding_mask = b::mask_for(&cache.layer_0, n, 8)?;
-        let full_mask = b::mask_for(&cache.layer_5, n, 0)?;
-        let offset = cache.layer_0.offset();
+        let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 8)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, 5)?, n, 0)?;
+        let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
+        // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
         let sliding_tables = if step {
             Some(self.rope_sliding.tables(offset, n, h.dtype())?)
         } else {
@@ -354,19 +404,18 @@ impl CausalLm for Model {
             tables: full_tables.as_ref(),
             mask: &full_mask,
         };
-        let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-        let (h, _) = self.layer_0.forward(&h, &sliding, &mut cache.layer_0)?;
-        let (h, _) = self.layer_1.forward(&h, &sliding, &mut cache.layer_1)?;
-        let (h, _) = self.layer_2.forward(&h, &sliding, &mut cache.layer_2)?;
-        let (h, _) = self.layer_3.forward(&h, &sliding, &mut cache.layer_3)?;
-        let (h, _) = self.layer_4.forward(&h, &sliding, &mut cache.layer_4)?;
-        let (h, _) = self.layer_5.forward(&h, &full, &mut cache.layer_5)?;
-        let (h, _) = self.layer_6.forward(&h, &sliding, &mut cache.layer_6)?;
-        let (h, _) = self.layer_7.forward(&h, &sliding, &mut cache.layer_7)?;
-        let (h, _) = self.layer_8.forward(&h, &sliding, &mut cache.layer_8)?;
-        let (h, _) = self.layer_9.forward(&h, &sliding, &mut cache.layer_9)?;
-        let (h, _) = self.layer_10.forward(&h, &sliding, &mut cache.layer_10)?;
-        let (h, _) = self.layer_11.forward(&h, &full, &mut cache.layer_11)?;
+        let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
+        let mut kv_caches = cache.kv.iter_mut();
+        for layer in &self.layers {
+            h = match layer {
+                Layer::SlidingOwnKv(l) => {
+                    l.forward(&h, &sliding, next_cache(&mut kv_caches)?)?.0
+                }
+                Layer::FullOwnKvKeqV(l) => {
+                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,
@@ -384,46 +433,13 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: Vec::from([
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, &no_padding)),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, &no_padding)),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-            ]),
+            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(12)?;
+        cache.check_layers(LAYOUT.len())?;
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 8)?;
         let full_mask = batch_blocks::window_mask(cache.layer(5)?, n, 0)?;
         let sliding = WindowStep {
@@ -436,18 +452,16 @@ impl BatchLm for Model {
             tables: None,
             mask: &full_mask,
         };
-        let (h, _) = self.layer_0.forward_batch(&h, &sliding, cache.layer_mut(0)?)?;
-        let (h, _) = self.layer_1.forward_batch(&h, &sliding, cache.layer_mut(1)?)?;
-        let (h, _) = self.layer_2.forward_batch(&h, &sliding, cache.layer_mut(2)?)?;
-        let (h, _) = self.layer_3.forward_batch(&h, &sliding, cache.layer_mut(3)?)?;
-        let (h, _) = self.layer_4.forward_batch(&h, &sliding, cache.layer_mut(4)?)?;
-        let (h, _) = self.layer_5.forward_batch(&h, &full, cache.layer_mut(5)?)?;
-        let (h, _) = self.layer_6.forward_batch(&h, &sliding, cache.layer_mut(6)?)?;
-        let (h, _) = self.layer_7.forward_batch(&h, &sliding, cache.layer_mut(7)?)?;
-        let (h, _) = self.layer_8.forward_batch(&h, &sliding, cache.layer_mut(8)?)?;
-        let (h, _) = self.layer_9.forward_batch(&h, &sliding, cache.layer_mut(9)?)?;
-        let (h, _) = self.layer_10.forward_batch(&h, &sliding, cache.layer_mut(10)?)?;
-        let (h, _) = self.layer_11.forward_batch(&h, &full, cache.layer_mut(11)?)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = match layer {
+                Layer::SlidingOwnKv(l) => {
+                    l.forward_batch(&h, &sliding, cache.layer_mut(i)?)?.0
+                }
+                Layer::FullOwnKvKeqV(l) => {
+                    l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,

@@ -76,6 +76,7 @@ impl SlidingOwnKvMoe {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<(Array, b::SharedKv)> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -97,7 +98,9 @@ impl SlidingOwnKvMoe {
                 at.mask,
             );
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
             &self.attn,
@@ -107,6 +110,12 @@ impl SlidingOwnKvMoe {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h1 = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(h)))
+        //   h2 = self.post_feedforward_layernorm_2(self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h)))
+        //   h = h + self.post_feedforward_layernorm(h1 + h2)
+        //   h = h * self.layer_scalar
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
@@ -188,6 +197,7 @@ impl FullOwnKvKeqVMoe {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<(Array, b::SharedKv)> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -209,7 +219,9 @@ impl FullOwnKvKeqVMoe {
                 at.mask,
             );
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k projections, values = keys (no v_proj), q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
             &self.attn,
@@ -219,6 +231,12 @@ impl FullOwnKvKeqVMoe {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h1 = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(h)))
+        //   h2 = self.post_feedforward_layernorm_2(self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h)))
+        //   h = h + self.post_feedforward_layernorm(h1 + h2)
+        //   h = h * self.layer_scalar
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
@@ -249,75 +267,116 @@ impl FullOwnKvKeqVMoe {
         b::finish_layer(&h, None, Some(&self.layer_scalar), EPS)
     }
 }
+/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+#[derive(Clone, Copy)]
+enum Row {
+    /// (MLP width)
+    SlidingOwnKvMoe(i32),
+    /// (MLP width)
+    FullOwnKvKeqVMoe(i32),
+}
+/// The width of a dense MLP (`intermediate_size`).
+const MLP_WIDTH: i32 = 2112;
+/// Every layer in order: layer `i` is row `i`.
+const LAYOUT: [Row; 30] = [
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::FullOwnKvKeqVMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::FullOwnKvKeqVMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::FullOwnKvKeqVMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::FullOwnKvKeqVMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::SlidingOwnKvMoe(MLP_WIDTH),
+    Row::FullOwnKvKeqVMoe(MLP_WIDTH),
+];
+/// One loaded layer, by kind.
+enum Layer {
+    SlidingOwnKvMoe(SlidingOwnKvMoe),
+    FullOwnKvKeqVMoe(FullOwnKvKeqVMoe),
+}
+impl Row {
+    /// Loads layer `i`, whose row this is.
+    fn load(self, w: &mut Weights, i: usize) -> Layer {
+        match self {
+            Row::SlidingOwnKvMoe(mlp_width) => {
+                Layer::SlidingOwnKvMoe(SlidingOwnKvMoe::load(w, i, mlp_width))
+            }
+            Row::FullOwnKvKeqVMoe(mlp_width) => {
+                Layer::FullOwnKvKeqVMoe(FullOwnKvKeqVMoe::load(w, i, mlp_width))
+            }
+        }
+    }
+    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
+    /// for a layer that computes its own K/V.
+    fn kv_cache(self) -> Option<LayerCache> {
+        match self {
+            Row::SlidingOwnKvMoe { .. } => {
+                Some(LayerCache::Sliding(RotatingKvCache::new(1024, 0)))
+            }
+            Row::FullOwnKvKeqVMoe { .. } => Some(LayerCache::Full(KvCache::default())),
+        }
+    }
+    /// The layer's merged cache for a batch of fresh sequences
+    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+        match self {
+            Row::SlidingOwnKvMoe { .. } => {
+                Some(
+                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(1024, no_padding)),
+                )
+            }
+            Row::FullOwnKvKeqVMoe { .. } => {
+                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
+            }
+        }
+    }
+}
+/// Cache `k` of those `make_cache` made.
+fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
+    caches.get(k).ok_or_else(missing_cache)
+}
+/// The next layer's cache, in the order `make_cache` made them.
+fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
+    caches.next().ok_or_else(missing_cache)
+}
+fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
+    archgen_runtime::mlx_rs::error::Exception::custom(
+        format!("{NAME}: the cache holds fewer layers than the model"),
+    )
+}
 /// The `gemma4-26b-a4b-q4` model: 30 layers, hidden size 2816.
 pub struct Model {
     embed: Embedding,
     rope_sliding: Rope,
     rope_full: Rope,
-    layer_0: SlidingOwnKvMoe,
-    layer_1: SlidingOwnKvMoe,
-    layer_2: SlidingOwnKvMoe,
-    layer_3: SlidingOwnKvMoe,
-    layer_4: SlidingOwnKvMoe,
-    layer_5: FullOwnKvKeqVMoe,
-    layer_6: SlidingOwnKvMoe,
-    layer_7: SlidingOwnKvMoe,
-    layer_8: SlidingOwnKvMoe,
-    layer_9: SlidingOwnKvMoe,
-    layer_10: SlidingOwnKvMoe,
-    layer_11: FullOwnKvKeqVMoe,
-    layer_12: SlidingOwnKvMoe,
-    layer_13: SlidingOwnKvMoe,
-    layer_14: SlidingOwnKvMoe,
-    layer_15: SlidingOwnKvMoe,
-    layer_16: SlidingOwnKvMoe,
-    layer_17: FullOwnKvKeqVMoe,
-    layer_18: SlidingOwnKvMoe,
-    layer_19: SlidingOwnKvMoe,
-    layer_20: SlidingOwnKvMoe,
-    layer_21: SlidingOwnKvMoe,
-    layer_22: SlidingOwnKvMoe,
-    layer_23: FullOwnKvKeqVMoe,
-    layer_24: SlidingOwnKvMoe,
-    layer_25: SlidingOwnKvMoe,
-    layer_26: SlidingOwnKvMoe,
-    layer_27: SlidingOwnKvMoe,
-    layer_28: SlidingOwnKvMoe,
-    layer_29: FullOwnKvKeqVMoe,
+    layers: Vec<Layer>,
     norm: Array,
 }
-/// One cache per layer that computes its own K/V.
+/// The caches of one sequence: one per layer that computes its own K/V.
 pub struct Cache {
-    layer_0: LayerCache,
-    layer_1: LayerCache,
-    layer_2: LayerCache,
-    layer_3: LayerCache,
-    layer_4: LayerCache,
-    layer_5: LayerCache,
-    layer_6: LayerCache,
-    layer_7: LayerCache,
-    layer_8: LayerCache,
-    layer_9: LayerCache,
-    layer_10: LayerCache,
-    layer_11: LayerCache,
-    layer_12: LayerCache,
-    layer_13: LayerCache,
-    layer_14: LayerCache,
-    layer_15: LayerCache,
-    layer_16: LayerCache,
-    layer_17: LayerCache,
-    layer_18: LayerCache,
-    layer_19: LayerCache,
-    layer_20: LayerCache,
-    layer_21: LayerCache,
-    layer_22: LayerCache,
-    layer_23: LayerCache,
-    layer_24: LayerCache,
-    layer_25: LayerCache,
-    layer_26: LayerCache,
-    layer_27: LayerCache,
-    layer_28: LayerCache,
-    layer_29: LayerCache,
+    /// One per layer that computes its own K/V, in layer order.
+    kv: Vec<LayerCache>,
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
@@ -326,36 +385,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         rope_sliding: Rope::base(256, 10000f32),
         rope_full: Rope::proportional(512, 128, 1000000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
-        layer_0: SlidingOwnKvMoe::load(&mut w, 0usize, 2112),
-        layer_1: SlidingOwnKvMoe::load(&mut w, 1usize, 2112),
-        layer_2: SlidingOwnKvMoe::load(&mut w, 2usize, 2112),
-        layer_3: SlidingOwnKvMoe::load(&mut w, 3usize, 2112),
-        layer_4: SlidingOwnKvMoe::load(&mut w, 4usize, 2112),
-        layer_5: FullOwnKvKeqVMoe::load(&mut w, 5usize, 2112),
-        layer_6: SlidingOwnKvMoe::load(&mut w, 6usize, 2112),
-        layer_7: SlidingOwnKvMoe::load(&mut w, 7usize, 2112),
-        layer_8: SlidingOwnKvMoe::load(&mut w, 8usize, 2112),
-        layer_9: SlidingOwnKvMoe::load(&mut w, 9usize, 2112),
-        layer_10: SlidingOwnKvMoe::load(&mut w, 10usize, 2112),
-        layer_11: FullOwnKvKeqVMoe::load(&mut w, 11usize, 2112),
-        layer_12: SlidingOwnKvMoe::load(&mut w, 12usize, 2112),
-        layer_13: SlidingOwnKvMoe::load(&mut w, 13usize, 2112),
-        layer_14: SlidingOwnKvMoe::load(&mut w, 14usize, 2112),
-        layer_15: SlidingOwnKvMoe::load(&mut w, 15usize, 2112),
-        layer_16: SlidingOwnKvMoe::load(&mut w, 16usize, 2112),
-        layer_17: FullOwnKvKeqVMoe::load(&mut w, 17usize, 2112),
-        layer_18: SlidingOwnKvMoe::load(&mut w, 18usize, 2112),
-        layer_19: SlidingOwnKvMoe::load(&mut w, 19usize, 2112),
-        layer_20: SlidingOwnKvMoe::load(&mut w, 20usize, 2112),
-        layer_21: SlidingOwnKvMoe::load(&mut w, 21usize, 2112),
-        layer_22: SlidingOwnKvMoe::load(&mut w, 22usize, 2112),
-        layer_23: FullOwnKvKeqVMoe::load(&mut w, 23usize, 2112),
-        layer_24: SlidingOwnKvMoe::load(&mut w, 24usize, 2112),
-        layer_25: SlidingOwnKvMoe::load(&mut w, 25usize, 2112),
-        layer_26: SlidingOwnKvMoe::load(&mut w, 26usize, 2112),
-        layer_27: SlidingOwnKvMoe::load(&mut w, 27usize, 2112),
-        layer_28: SlidingOwnKvMoe::load(&mut w, 28usize, 2112),
-        layer_29: FullOwnKvKeqVMoe::load(&mut w, 29usize, 2112),
+        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -373,45 +403,17 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            layer_0: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_1: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_2: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_3: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_4: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_5: LayerCache::Full(KvCache::default()),
-            layer_6: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_7: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_8: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_9: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_10: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_11: LayerCache::Full(KvCache::default()),
-            layer_12: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_13: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_14: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_15: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_16: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_17: LayerCache::Full(KvCache::default()),
-            layer_18: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_19: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_20: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_21: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_22: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_23: LayerCache::Full(KvCache::default()),
-            layer_24: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_25: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_26: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_27: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_28: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_29: LayerCache::Full(KvCache::default()),
+            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
         }
     }
     fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
         let n = ids.shape()[1];
         let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
-        let sliding_mask = b::mask_for(&cache.layer_0, n, 1024)?;
-        let full_mask = b::mask_for(&cache.layer_5, n, 0)?;
-        let offset = cache.layer_0.offset();
+        let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 1024)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, 5)?, n, 0)?;
+        let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
+        // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
         let sliding_tables = if step {
             Some(self.rope_sliding.tables(offset, n, h.dtype())?)
         } else {
@@ -432,37 +434,18 @@ impl CausalLm for Model {
             tables: full_tables.as_ref(),
             mask: &full_mask,
         };
-        let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-        let (h, _) = self.layer_0.forward(&h, &sliding, &mut cache.layer_0)?;
-        let (h, _) = self.layer_1.forward(&h, &sliding, &mut cache.layer_1)?;
-        let (h, _) = self.layer_2.forward(&h, &sliding, &mut cache.layer_2)?;
-        let (h, _) = self.layer_3.forward(&h, &sliding, &mut cache.layer_3)?;
-        let (h, _) = self.layer_4.forward(&h, &sliding, &mut cache.layer_4)?;
-        let (h, _) = self.layer_5.forward(&h, &full, &mut cache.layer_5)?;
-        let (h, _) = self.layer_6.forward(&h, &sliding, &mut cache.layer_6)?;
-        let (h, _) = self.layer_7.forward(&h, &sliding, &mut cache.layer_7)?;
-        let (h, _) = self.layer_8.forward(&h, &sliding, &mut cache.layer_8)?;
-        let (h, _) = self.layer_9.forward(&h, &sliding, &mut cache.layer_9)?;
-        let (h, _) = self.layer_10.forward(&h, &sliding, &mut cache.layer_10)?;
-        let (h, _) = self.layer_11.forward(&h, &full, &mut cache.layer_11)?;
-        let (h, _) = self.layer_12.forward(&h, &sliding, &mut cache.layer_12)?;
-        let (h, _) = self.layer_13.forward(&h, &sliding, &mut cache.layer_13)?;
-        let (h, _) = self.layer_14.forward(&h, &sliding, &mut cache.layer_14)?;
-        let (h, _) = self.layer_15.forward(&h, &sliding, &mut cache.layer_15)?;
-        let (h, _) = self.layer_16.forward(&h, &sliding, &mut cache.layer_16)?;
-        let (h, _) = self.layer_17.forward(&h, &full, &mut cache.layer_17)?;
-        let (h, _) = self.layer_18.forward(&h, &sliding, &mut cache.layer_18)?;
-        let (h, _) = self.layer_19.forward(&h, &sliding, &mut cache.layer_19)?;
-        let (h, _) = self.layer_20.forward(&h, &sliding, &mut cache.layer_20)?;
-        let (h, _) = self.layer_21.forward(&h, &sliding, &mut cache.layer_21)?;
-        let (h, _) = self.layer_22.forward(&h, &sliding, &mut cache.layer_22)?;
-        let (h, _) = self.layer_23.forward(&h, &full, &mut cache.layer_23)?;
-        let (h, _) = self.layer_24.forward(&h, &sliding, &mut cache.layer_24)?;
-        let (h, _) = self.layer_25.forward(&h, &sliding, &mut cache.layer_25)?;
-        let (h, _) = self.layer_26.forward(&h, &sliding, &mut cache.layer_26)?;
-        let (h, _) = self.layer_27.forward(&h, &sliding, &mut cache.layer_27)?;
-        let (h, _) = self.layer_28.forward(&h, &sliding, &mut cache.layer_28)?;
-        let (h, _) = self.layer_29.forward(&h, &full, &mut cache.layer_29)?;
+        let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
+        let mut kv_caches = cache.kv.iter_mut();
+        for layer in &self.layers {
+            h = match layer {
+                Layer::SlidingOwnKvMoe(l) => {
+                    l.forward(&h, &sliding, next_cache(&mut kv_caches)?)?.0
+                }
+                Layer::FullOwnKvKeqVMoe(l) => {
+                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,
@@ -480,144 +463,13 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: Vec::from([
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-            ]),
+            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(30)?;
+        cache.check_layers(LAYOUT.len())?;
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 1024)?;
         let full_mask = batch_blocks::window_mask(cache.layer(5)?, n, 0)?;
         let sliding = WindowStep {
@@ -630,36 +482,16 @@ impl BatchLm for Model {
             tables: None,
             mask: &full_mask,
         };
-        let (h, _) = self.layer_0.forward_batch(&h, &sliding, cache.layer_mut(0)?)?;
-        let (h, _) = self.layer_1.forward_batch(&h, &sliding, cache.layer_mut(1)?)?;
-        let (h, _) = self.layer_2.forward_batch(&h, &sliding, cache.layer_mut(2)?)?;
-        let (h, _) = self.layer_3.forward_batch(&h, &sliding, cache.layer_mut(3)?)?;
-        let (h, _) = self.layer_4.forward_batch(&h, &sliding, cache.layer_mut(4)?)?;
-        let (h, _) = self.layer_5.forward_batch(&h, &full, cache.layer_mut(5)?)?;
-        let (h, _) = self.layer_6.forward_batch(&h, &sliding, cache.layer_mut(6)?)?;
-        let (h, _) = self.layer_7.forward_batch(&h, &sliding, cache.layer_mut(7)?)?;
-        let (h, _) = self.layer_8.forward_batch(&h, &sliding, cache.layer_mut(8)?)?;
-        let (h, _) = self.layer_9.forward_batch(&h, &sliding, cache.layer_mut(9)?)?;
-        let (h, _) = self.layer_10.forward_batch(&h, &sliding, cache.layer_mut(10)?)?;
-        let (h, _) = self.layer_11.forward_batch(&h, &full, cache.layer_mut(11)?)?;
-        let (h, _) = self.layer_12.forward_batch(&h, &sliding, cache.layer_mut(12)?)?;
-        let (h, _) = self.layer_13.forward_batch(&h, &sliding, cache.layer_mut(13)?)?;
-        let (h, _) = self.layer_14.forward_batch(&h, &sliding, cache.layer_mut(14)?)?;
-        let (h, _) = self.layer_15.forward_batch(&h, &sliding, cache.layer_mut(15)?)?;
-        let (h, _) = self.layer_16.forward_batch(&h, &sliding, cache.layer_mut(16)?)?;
-        let (h, _) = self.layer_17.forward_batch(&h, &full, cache.layer_mut(17)?)?;
-        let (h, _) = self.layer_18.forward_batch(&h, &sliding, cache.layer_mut(18)?)?;
-        let (h, _) = self.layer_19.forward_batch(&h, &sliding, cache.layer_mut(19)?)?;
-        let (h, _) = self.layer_20.forward_batch(&h, &sliding, cache.layer_mut(20)?)?;
-        let (h, _) = self.layer_21.forward_batch(&h, &sliding, cache.layer_mut(21)?)?;
-        let (h, _) = self.layer_22.forward_batch(&h, &sliding, cache.layer_mut(22)?)?;
-        let (h, _) = self.layer_23.forward_batch(&h, &full, cache.layer_mut(23)?)?;
-        let (h, _) = self.layer_24.forward_batch(&h, &sliding, cache.layer_mut(24)?)?;
-        let (h, _) = self.layer_25.forward_batch(&h, &sliding, cache.layer_mut(25)?)?;
-        let (h, _) = self.layer_26.forward_batch(&h, &sliding, cache.layer_mut(26)?)?;
-        let (h, _) = self.layer_27.forward_batch(&h, &sliding, cache.layer_mut(27)?)?;
-        let (h, _) = self.layer_28.forward_batch(&h, &sliding, cache.layer_mut(28)?)?;
-        let (h, _) = self.layer_29.forward_batch(&h, &full, cache.layer_mut(29)?)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = match layer {
+                Layer::SlidingOwnKvMoe(l) => {
+                    l.forward_batch(&h, &sliding, cache.layer_mut(i)?)?.0
+                }
+                Layer::FullOwnKvKeqVMoe(l) => {
+                    l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,

@@ -73,6 +73,7 @@ impl SlidingOwnKv {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<(Array, b::SharedKv)> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -94,7 +95,9 @@ impl SlidingOwnKv {
                 at.mask,
             );
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
             &self.attn,
@@ -104,6 +107,10 @@ impl SlidingOwnKv {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        //   h = h * self.layer_scalar
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
@@ -182,6 +189,7 @@ impl FullOwnKvKeqV {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<(Array, b::SharedKv)> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -203,7 +211,9 @@ impl FullOwnKvKeqV {
                 at.mask,
             );
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k projections, values = keys (no v_proj), q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
             &self.attn,
@@ -213,6 +223,10 @@ impl FullOwnKvKeqV {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        //   h = h * self.layer_scalar
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
@@ -243,135 +257,146 @@ impl FullOwnKvKeqV {
         b::finish_layer(&h, None, Some(&self.layer_scalar), EPS)
     }
 }
+/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+#[derive(Clone, Copy)]
+enum Row {
+    /// (MLP width)
+    SlidingOwnKv(i32),
+    /// (MLP width)
+    FullOwnKvKeqV(i32),
+}
+/// The width of a dense MLP (`intermediate_size`).
+const MLP_WIDTH: i32 = 21504;
+/// Every layer in order: layer `i` is row `i`.
+const LAYOUT: [Row; 60] = [
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
+];
+/// One loaded layer, by kind.
+enum Layer {
+    SlidingOwnKv(SlidingOwnKv),
+    FullOwnKvKeqV(FullOwnKvKeqV),
+}
+impl Row {
+    /// Loads layer `i`, whose row this is.
+    fn load(self, w: &mut Weights, i: usize) -> Layer {
+        match self {
+            Row::SlidingOwnKv(mlp_width) => {
+                Layer::SlidingOwnKv(SlidingOwnKv::load(w, i, mlp_width))
+            }
+            Row::FullOwnKvKeqV(mlp_width) => {
+                Layer::FullOwnKvKeqV(FullOwnKvKeqV::load(w, i, mlp_width))
+            }
+        }
+    }
+    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
+    /// for a layer that computes its own K/V.
+    fn kv_cache(self) -> Option<LayerCache> {
+        match self {
+            Row::SlidingOwnKv { .. } => {
+                Some(LayerCache::Sliding(RotatingKvCache::new(1024, 0)))
+            }
+            Row::FullOwnKvKeqV { .. } => Some(LayerCache::Full(KvCache::default())),
+        }
+    }
+    /// The layer's merged cache for a batch of fresh sequences
+    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+        match self {
+            Row::SlidingOwnKv { .. } => {
+                Some(
+                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(1024, no_padding)),
+                )
+            }
+            Row::FullOwnKvKeqV { .. } => {
+                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
+            }
+        }
+    }
+}
+/// Cache `k` of those `make_cache` made.
+fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
+    caches.get(k).ok_or_else(missing_cache)
+}
+/// The next layer's cache, in the order `make_cache` made them.
+fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
+    caches.next().ok_or_else(missing_cache)
+}
+fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
+    archgen_runtime::mlx_rs::error::Exception::custom(
+        format!("{NAME}: the cache holds fewer layers than the model"),
+    )
+}
 /// The `gemma4-31b` model: 60 layers, hidden size 5376.
 pub struct Model {
     embed: Embedding,
     rope_sliding: Rope,
     rope_full: Rope,
-    layer_0: SlidingOwnKv,
-    layer_1: SlidingOwnKv,
-    layer_2: SlidingOwnKv,
-    layer_3: SlidingOwnKv,
-    layer_4: SlidingOwnKv,
-    layer_5: FullOwnKvKeqV,
-    layer_6: SlidingOwnKv,
-    layer_7: SlidingOwnKv,
-    layer_8: SlidingOwnKv,
-    layer_9: SlidingOwnKv,
-    layer_10: SlidingOwnKv,
-    layer_11: FullOwnKvKeqV,
-    layer_12: SlidingOwnKv,
-    layer_13: SlidingOwnKv,
-    layer_14: SlidingOwnKv,
-    layer_15: SlidingOwnKv,
-    layer_16: SlidingOwnKv,
-    layer_17: FullOwnKvKeqV,
-    layer_18: SlidingOwnKv,
-    layer_19: SlidingOwnKv,
-    layer_20: SlidingOwnKv,
-    layer_21: SlidingOwnKv,
-    layer_22: SlidingOwnKv,
-    layer_23: FullOwnKvKeqV,
-    layer_24: SlidingOwnKv,
-    layer_25: SlidingOwnKv,
-    layer_26: SlidingOwnKv,
-    layer_27: SlidingOwnKv,
-    layer_28: SlidingOwnKv,
-    layer_29: FullOwnKvKeqV,
-    layer_30: SlidingOwnKv,
-    layer_31: SlidingOwnKv,
-    layer_32: SlidingOwnKv,
-    layer_33: SlidingOwnKv,
-    layer_34: SlidingOwnKv,
-    layer_35: FullOwnKvKeqV,
-    layer_36: SlidingOwnKv,
-    layer_37: SlidingOwnKv,
-    layer_38: SlidingOwnKv,
-    layer_39: SlidingOwnKv,
-    layer_40: SlidingOwnKv,
-    layer_41: FullOwnKvKeqV,
-    layer_42: SlidingOwnKv,
-    layer_43: SlidingOwnKv,
-    layer_44: SlidingOwnKv,
-    layer_45: SlidingOwnKv,
-    layer_46: SlidingOwnKv,
-    layer_47: FullOwnKvKeqV,
-    layer_48: SlidingOwnKv,
-    layer_49: SlidingOwnKv,
-    layer_50: SlidingOwnKv,
-    layer_51: SlidingOwnKv,
-    layer_52: SlidingOwnKv,
-    layer_53: FullOwnKvKeqV,
-    layer_54: SlidingOwnKv,
-    layer_55: SlidingOwnKv,
-    layer_56: SlidingOwnKv,
-    layer_57: SlidingOwnKv,
-    layer_58: SlidingOwnKv,
-    layer_59: FullOwnKvKeqV,
+    layers: Vec<Layer>,
     norm: Array,
 }
-/// One cache per layer that computes its own K/V.
+/// The caches of one sequence: one per layer that computes its own K/V.
 pub struct Cache {
-    layer_0: LayerCache,
-    layer_1: LayerCache,
-    layer_2: LayerCache,
-    layer_3: LayerCache,
-    layer_4: LayerCache,
-    layer_5: LayerCache,
-    layer_6: LayerCache,
-    layer_7: LayerCache,
-    layer_8: LayerCache,
-    layer_9: LayerCache,
-    layer_10: LayerCache,
-    layer_11: LayerCache,
-    layer_12: LayerCache,
-    layer_13: LayerCache,
-    layer_14: LayerCache,
-    layer_15: LayerCache,
-    layer_16: LayerCache,
-    layer_17: LayerCache,
-    layer_18: LayerCache,
-    layer_19: LayerCache,
-    layer_20: LayerCache,
-    layer_21: LayerCache,
-    layer_22: LayerCache,
-    layer_23: LayerCache,
-    layer_24: LayerCache,
-    layer_25: LayerCache,
-    layer_26: LayerCache,
-    layer_27: LayerCache,
-    layer_28: LayerCache,
-    layer_29: LayerCache,
-    layer_30: LayerCache,
-    layer_31: LayerCache,
-    layer_32: LayerCache,
-    layer_33: LayerCache,
-    layer_34: LayerCache,
-    layer_35: LayerCache,
-    layer_36: LayerCache,
-    layer_37: LayerCache,
-    layer_38: LayerCache,
-    layer_39: LayerCache,
-    layer_40: LayerCache,
-    layer_41: LayerCache,
-    layer_42: LayerCache,
-    layer_43: LayerCache,
-    layer_44: LayerCache,
-    layer_45: LayerCache,
-    layer_46: LayerCache,
-    layer_47: LayerCache,
-    layer_48: LayerCache,
-    layer_49: LayerCache,
-    layer_50: LayerCache,
-    layer_51: LayerCache,
-    layer_52: LayerCache,
-    layer_53: LayerCache,
-    layer_54: LayerCache,
-    layer_55: LayerCache,
-    layer_56: LayerCache,
-    layer_57: LayerCache,
-    layer_58: LayerCache,
-    layer_59: LayerCache,
+    /// One per layer that computes its own K/V, in layer order.
+    kv: Vec<LayerCache>,
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
@@ -380,66 +405,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         rope_sliding: Rope::base(256, 10000f32),
         rope_full: Rope::proportional(512, 128, 1000000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
-        layer_0: SlidingOwnKv::load(&mut w, 0usize, 21504),
-        layer_1: SlidingOwnKv::load(&mut w, 1usize, 21504),
-        layer_2: SlidingOwnKv::load(&mut w, 2usize, 21504),
-        layer_3: SlidingOwnKv::load(&mut w, 3usize, 21504),
-        layer_4: SlidingOwnKv::load(&mut w, 4usize, 21504),
-        layer_5: FullOwnKvKeqV::load(&mut w, 5usize, 21504),
-        layer_6: SlidingOwnKv::load(&mut w, 6usize, 21504),
-        layer_7: SlidingOwnKv::load(&mut w, 7usize, 21504),
-        layer_8: SlidingOwnKv::load(&mut w, 8usize, 21504),
-        layer_9: SlidingOwnKv::load(&mut w, 9usize, 21504),
-        layer_10: SlidingOwnKv::load(&mut w, 10usize, 21504),
-        layer_11: FullOwnKvKeqV::load(&mut w, 11usize, 21504),
-        layer_12: SlidingOwnKv::load(&mut w, 12usize, 21504),
-        layer_13: SlidingOwnKv::load(&mut w, 13usize, 21504),
-        layer_14: SlidingOwnKv::load(&mut w, 14usize, 21504),
-        layer_15: SlidingOwnKv::load(&mut w, 15usize, 21504),
-        layer_16: SlidingOwnKv::load(&mut w, 16usize, 21504),
-        layer_17: FullOwnKvKeqV::load(&mut w, 17usize, 21504),
-        layer_18: SlidingOwnKv::load(&mut w, 18usize, 21504),
-        layer_19: SlidingOwnKv::load(&mut w, 19usize, 21504),
-        layer_20: SlidingOwnKv::load(&mut w, 20usize, 21504),
-        layer_21: SlidingOwnKv::load(&mut w, 21usize, 21504),
-        layer_22: SlidingOwnKv::load(&mut w, 22usize, 21504),
-        layer_23: FullOwnKvKeqV::load(&mut w, 23usize, 21504),
-        layer_24: SlidingOwnKv::load(&mut w, 24usize, 21504),
-        layer_25: SlidingOwnKv::load(&mut w, 25usize, 21504),
-        layer_26: SlidingOwnKv::load(&mut w, 26usize, 21504),
-        layer_27: SlidingOwnKv::load(&mut w, 27usize, 21504),
-        layer_28: SlidingOwnKv::load(&mut w, 28usize, 21504),
-        layer_29: FullOwnKvKeqV::load(&mut w, 29usize, 21504),
-        layer_30: SlidingOwnKv::load(&mut w, 30usize, 21504),
-        layer_31: SlidingOwnKv::load(&mut w, 31usize, 21504),
-        layer_32: SlidingOwnKv::load(&mut w, 32usize, 21504),
-        layer_33: SlidingOwnKv::load(&mut w, 33usize, 21504),
-        layer_34: SlidingOwnKv::load(&mut w, 34usize, 21504),
-        layer_35: FullOwnKvKeqV::load(&mut w, 35usize, 21504),
-        layer_36: SlidingOwnKv::load(&mut w, 36usize, 21504),
-        layer_37: SlidingOwnKv::load(&mut w, 37usize, 21504),
-        layer_38: SlidingOwnKv::load(&mut w, 38usize, 21504),
-        layer_39: SlidingOwnKv::load(&mut w, 39usize, 21504),
-        layer_40: SlidingOwnKv::load(&mut w, 40usize, 21504),
-        layer_41: FullOwnKvKeqV::load(&mut w, 41usize, 21504),
-        layer_42: SlidingOwnKv::load(&mut w, 42usize, 21504),
-        layer_43: SlidingOwnKv::load(&mut w, 43usize, 21504),
-        layer_44: SlidingOwnKv::load(&mut w, 44usize, 21504),
-        layer_45: SlidingOwnKv::load(&mut w, 45usize, 21504),
-        layer_46: SlidingOwnKv::load(&mut w, 46usize, 21504),
-        layer_47: FullOwnKvKeqV::load(&mut w, 47usize, 21504),
-        layer_48: SlidingOwnKv::load(&mut w, 48usize, 21504),
-        layer_49: SlidingOwnKv::load(&mut w, 49usize, 21504),
-        layer_50: SlidingOwnKv::load(&mut w, 50usize, 21504),
-        layer_51: SlidingOwnKv::load(&mut w, 51usize, 21504),
-        layer_52: SlidingOwnKv::load(&mut w, 52usize, 21504),
-        layer_53: FullOwnKvKeqV::load(&mut w, 53usize, 21504),
-        layer_54: SlidingOwnKv::load(&mut w, 54usize, 21504),
-        layer_55: SlidingOwnKv::load(&mut w, 55usize, 21504),
-        layer_56: SlidingOwnKv::load(&mut w, 56usize, 21504),
-        layer_57: SlidingOwnKv::load(&mut w, 57usize, 21504),
-        layer_58: SlidingOwnKv::load(&mut w, 58usize, 21504),
-        layer_59: FullOwnKvKeqV::load(&mut w, 59usize, 21504),
+        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -457,75 +423,17 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            layer_0: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_1: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_2: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_3: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_4: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_5: LayerCache::Full(KvCache::default()),
-            layer_6: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_7: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_8: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_9: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_10: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_11: LayerCache::Full(KvCache::default()),
-            layer_12: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_13: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_14: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_15: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_16: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_17: LayerCache::Full(KvCache::default()),
-            layer_18: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_19: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_20: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_21: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_22: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_23: LayerCache::Full(KvCache::default()),
-            layer_24: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_25: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_26: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_27: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_28: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_29: LayerCache::Full(KvCache::default()),
-            layer_30: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_31: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_32: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_33: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_34: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_35: LayerCache::Full(KvCache::default()),
-            layer_36: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_37: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_38: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_39: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_40: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_41: LayerCache::Full(KvCache::default()),
-            layer_42: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_43: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_44: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_45: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_46: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_47: LayerCache::Full(KvCache::default()),
-            layer_48: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_49: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_50: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_51: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_52: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_53: LayerCache::Full(KvCache::default()),
-            layer_54: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_55: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_56: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_57: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_58: LayerCache::Sliding(RotatingKvCache::new(1024, 0)),
-            layer_59: LayerCache::Full(KvCache::default()),
+            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
         }
     }
     fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
         let n = ids.shape()[1];
         let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
-        let sliding_mask = b::mask_for(&cache.layer_0, n, 1024)?;
-        let full_mask = b::mask_for(&cache.layer_5, n, 0)?;
-        let offset = cache.layer_0.offset();
+        let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 1024)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, 5)?, n, 0)?;
+        let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
+        // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
         let sliding_tables = if step {
             Some(self.rope_sliding.tables(offset, n, h.dtype())?)
         } else {
@@ -546,67 +454,18 @@ impl CausalLm for Model {
             tables: full_tables.as_ref(),
             mask: &full_mask,
         };
-        let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-        let (h, _) = self.layer_0.forward(&h, &sliding, &mut cache.layer_0)?;
-        let (h, _) = self.layer_1.forward(&h, &sliding, &mut cache.layer_1)?;
-        let (h, _) = self.layer_2.forward(&h, &sliding, &mut cache.layer_2)?;
-        let (h, _) = self.layer_3.forward(&h, &sliding, &mut cache.layer_3)?;
-        let (h, _) = self.layer_4.forward(&h, &sliding, &mut cache.layer_4)?;
-        let (h, _) = self.layer_5.forward(&h, &full, &mut cache.layer_5)?;
-        let (h, _) = self.layer_6.forward(&h, &sliding, &mut cache.layer_6)?;
-        let (h, _) = self.layer_7.forward(&h, &sliding, &mut cache.layer_7)?;
-        let (h, _) = self.layer_8.forward(&h, &sliding, &mut cache.layer_8)?;
-        let (h, _) = self.layer_9.forward(&h, &sliding, &mut cache.layer_9)?;
-        let (h, _) = self.layer_10.forward(&h, &sliding, &mut cache.layer_10)?;
-        let (h, _) = self.layer_11.forward(&h, &full, &mut cache.layer_11)?;
-        let (h, _) = self.layer_12.forward(&h, &sliding, &mut cache.layer_12)?;
-        let (h, _) = self.layer_13.forward(&h, &sliding, &mut cache.layer_13)?;
-        let (h, _) = self.layer_14.forward(&h, &sliding, &mut cache.layer_14)?;
-        let (h, _) = self.layer_15.forward(&h, &sliding, &mut cache.layer_15)?;
-        let (h, _) = self.layer_16.forward(&h, &sliding, &mut cache.layer_16)?;
-        let (h, _) = self.layer_17.forward(&h, &full, &mut cache.layer_17)?;
-        let (h, _) = self.layer_18.forward(&h, &sliding, &mut cache.layer_18)?;
-        let (h, _) = self.layer_19.forward(&h, &sliding, &mut cache.layer_19)?;
-        let (h, _) = self.layer_20.forward(&h, &sliding, &mut cache.layer_20)?;
-        let (h, _) = self.layer_21.forward(&h, &sliding, &mut cache.layer_21)?;
-        let (h, _) = self.layer_22.forward(&h, &sliding, &mut cache.layer_22)?;
-        let (h, _) = self.layer_23.forward(&h, &full, &mut cache.layer_23)?;
-        let (h, _) = self.layer_24.forward(&h, &sliding, &mut cache.layer_24)?;
-        let (h, _) = self.layer_25.forward(&h, &sliding, &mut cache.layer_25)?;
-        let (h, _) = self.layer_26.forward(&h, &sliding, &mut cache.layer_26)?;
-        let (h, _) = self.layer_27.forward(&h, &sliding, &mut cache.layer_27)?;
-        let (h, _) = self.layer_28.forward(&h, &sliding, &mut cache.layer_28)?;
-        let (h, _) = self.layer_29.forward(&h, &full, &mut cache.layer_29)?;
-        let (h, _) = self.layer_30.forward(&h, &sliding, &mut cache.layer_30)?;
-        let (h, _) = self.layer_31.forward(&h, &sliding, &mut cache.layer_31)?;
-        let (h, _) = self.layer_32.forward(&h, &sliding, &mut cache.layer_32)?;
-        let (h, _) = self.layer_33.forward(&h, &sliding, &mut cache.layer_33)?;
-        let (h, _) = self.layer_34.forward(&h, &sliding, &mut cache.layer_34)?;
-        let (h, _) = self.layer_35.forward(&h, &full, &mut cache.layer_35)?;
-        let (h, _) = self.layer_36.forward(&h, &sliding, &mut cache.layer_36)?;
-        let (h, _) = self.layer_37.forward(&h, &sliding, &mut cache.layer_37)?;
-        let (h, _) = self.layer_38.forward(&h, &sliding, &mut cache.layer_38)?;
-        let (h, _) = self.layer_39.forward(&h, &sliding, &mut cache.layer_39)?;
-        let (h, _) = self.layer_40.forward(&h, &sliding, &mut cache.layer_40)?;
-        let (h, _) = self.layer_41.forward(&h, &full, &mut cache.layer_41)?;
-        let (h, _) = self.layer_42.forward(&h, &sliding, &mut cache.layer_42)?;
-        let (h, _) = self.layer_43.forward(&h, &sliding, &mut cache.layer_43)?;
-        let (h, _) = self.layer_44.forward(&h, &sliding, &mut cache.layer_44)?;
-        let (h, _) = self.layer_45.forward(&h, &sliding, &mut cache.layer_45)?;
-        let (h, _) = self.layer_46.forward(&h, &sliding, &mut cache.layer_46)?;
-        let (h, _) = self.layer_47.forward(&h, &full, &mut cache.layer_47)?;
-        let (h, _) = self.layer_48.forward(&h, &sliding, &mut cache.layer_48)?;
-        let (h, _) = self.layer_49.forward(&h, &sliding, &mut cache.layer_49)?;
-        let (h, _) = self.layer_50.forward(&h, &sliding, &mut cache.layer_50)?;
-        let (h, _) = self.layer_51.forward(&h, &sliding, &mut cache.layer_51)?;
-        let (h, _) = self.layer_52.forward(&h, &sliding, &mut cache.layer_52)?;
-        let (h, _) = self.layer_53.forward(&h, &full, &mut cache.layer_53)?;
-        let (h, _) = self.layer_54.forward(&h, &sliding, &mut cache.layer_54)?;
-        let (h, _) = self.layer_55.forward(&h, &sliding, &mut cache.layer_55)?;
-        let (h, _) = self.layer_56.forward(&h, &sliding, &mut cache.layer_56)?;
-        let (h, _) = self.layer_57.forward(&h, &sliding, &mut cache.layer_57)?;
-        let (h, _) = self.layer_58.forward(&h, &sliding, &mut cache.layer_58)?;
-        let (h, _) = self.layer_59.forward(&h, &full, &mut cache.layer_59)?;
+        let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
+        let mut kv_caches = cache.kv.iter_mut();
+        for layer in &self.layers {
+            h = match layer {
+                Layer::SlidingOwnKv(l) => {
+                    l.forward(&h, &sliding, next_cache(&mut kv_caches)?)?.0
+                }
+                Layer::FullOwnKvKeqV(l) => {
+                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,
@@ -624,274 +483,13 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: Vec::from([
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(
-                        BatchRotatingKvCache::new(1024, &no_padding),
-                    ),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-            ]),
+            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(60)?;
+        cache.check_layers(LAYOUT.len())?;
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 1024)?;
         let full_mask = batch_blocks::window_mask(cache.layer(5)?, n, 0)?;
         let sliding = WindowStep {
@@ -904,66 +502,16 @@ impl BatchLm for Model {
             tables: None,
             mask: &full_mask,
         };
-        let (h, _) = self.layer_0.forward_batch(&h, &sliding, cache.layer_mut(0)?)?;
-        let (h, _) = self.layer_1.forward_batch(&h, &sliding, cache.layer_mut(1)?)?;
-        let (h, _) = self.layer_2.forward_batch(&h, &sliding, cache.layer_mut(2)?)?;
-        let (h, _) = self.layer_3.forward_batch(&h, &sliding, cache.layer_mut(3)?)?;
-        let (h, _) = self.layer_4.forward_batch(&h, &sliding, cache.layer_mut(4)?)?;
-        let (h, _) = self.layer_5.forward_batch(&h, &full, cache.layer_mut(5)?)?;
-        let (h, _) = self.layer_6.forward_batch(&h, &sliding, cache.layer_mut(6)?)?;
-        let (h, _) = self.layer_7.forward_batch(&h, &sliding, cache.layer_mut(7)?)?;
-        let (h, _) = self.layer_8.forward_batch(&h, &sliding, cache.layer_mut(8)?)?;
-        let (h, _) = self.layer_9.forward_batch(&h, &sliding, cache.layer_mut(9)?)?;
-        let (h, _) = self.layer_10.forward_batch(&h, &sliding, cache.layer_mut(10)?)?;
-        let (h, _) = self.layer_11.forward_batch(&h, &full, cache.layer_mut(11)?)?;
-        let (h, _) = self.layer_12.forward_batch(&h, &sliding, cache.layer_mut(12)?)?;
-        let (h, _) = self.layer_13.forward_batch(&h, &sliding, cache.layer_mut(13)?)?;
-        let (h, _) = self.layer_14.forward_batch(&h, &sliding, cache.layer_mut(14)?)?;
-        let (h, _) = self.layer_15.forward_batch(&h, &sliding, cache.layer_mut(15)?)?;
-        let (h, _) = self.layer_16.forward_batch(&h, &sliding, cache.layer_mut(16)?)?;
-        let (h, _) = self.layer_17.forward_batch(&h, &full, cache.layer_mut(17)?)?;
-        let (h, _) = self.layer_18.forward_batch(&h, &sliding, cache.layer_mut(18)?)?;
-        let (h, _) = self.layer_19.forward_batch(&h, &sliding, cache.layer_mut(19)?)?;
-        let (h, _) = self.layer_20.forward_batch(&h, &sliding, cache.layer_mut(20)?)?;
-        let (h, _) = self.layer_21.forward_batch(&h, &sliding, cache.layer_mut(21)?)?;
-        let (h, _) = self.layer_22.forward_batch(&h, &sliding, cache.layer_mut(22)?)?;
-        let (h, _) = self.layer_23.forward_batch(&h, &full, cache.layer_mut(23)?)?;
-        let (h, _) = self.layer_24.forward_batch(&h, &sliding, cache.layer_mut(24)?)?;
-        let (h, _) = self.layer_25.forward_batch(&h, &sliding, cache.layer_mut(25)?)?;
-        let (h, _) = self.layer_26.forward_batch(&h, &sliding, cache.layer_mut(26)?)?;
-        let (h, _) = self.layer_27.forward_batch(&h, &sliding, cache.layer_mut(27)?)?;
-        let (h, _) = self.layer_28.forward_batch(&h, &sliding, cache.layer_mut(28)?)?;
-        let (h, _) = self.layer_29.forward_batch(&h, &full, cache.layer_mut(29)?)?;
-        let (h, _) = self.layer_30.forward_batch(&h, &sliding, cache.layer_mut(30)?)?;
-        let (h, _) = self.layer_31.forward_batch(&h, &sliding, cache.layer_mut(31)?)?;
-        let (h, _) = self.layer_32.forward_batch(&h, &sliding, cache.layer_mut(32)?)?;
-        let (h, _) = self.layer_33.forward_batch(&h, &sliding, cache.layer_mut(33)?)?;
-        let (h, _) = self.layer_34.forward_batch(&h, &sliding, cache.layer_mut(34)?)?;
-        let (h, _) = self.layer_35.forward_batch(&h, &full, cache.layer_mut(35)?)?;
-        let (h, _) = self.layer_36.forward_batch(&h, &sliding, cache.layer_mut(36)?)?;
-        let (h, _) = self.layer_37.forward_batch(&h, &sliding, cache.layer_mut(37)?)?;
-        let (h, _) = self.layer_38.forward_batch(&h, &sliding, cache.layer_mut(38)?)?;
-        let (h, _) = self.layer_39.forward_batch(&h, &sliding, cache.layer_mut(39)?)?;
-        let (h, _) = self.layer_40.forward_batch(&h, &sliding, cache.layer_mut(40)?)?;
-        let (h, _) = self.layer_41.forward_batch(&h, &full, cache.layer_mut(41)?)?;
-        let (h, _) = self.layer_42.forward_batch(&h, &sliding, cache.layer_mut(42)?)?;
-        let (h, _) = self.layer_43.forward_batch(&h, &sliding, cache.layer_mut(43)?)?;
-        let (h, _) = self.layer_44.forward_batch(&h, &sliding, cache.layer_mut(44)?)?;
-        let (h, _) = self.layer_45.forward_batch(&h, &sliding, cache.layer_mut(45)?)?;
-        let (h, _) = self.layer_46.forward_batch(&h, &sliding, cache.layer_mut(46)?)?;
-        let (h, _) = self.layer_47.forward_batch(&h, &full, cache.layer_mut(47)?)?;
-        let (h, _) = self.layer_48.forward_batch(&h, &sliding, cache.layer_mut(48)?)?;
-        let (h, _) = self.layer_49.forward_batch(&h, &sliding, cache.layer_mut(49)?)?;
-        let (h, _) = self.layer_50.forward_batch(&h, &sliding, cache.layer_mut(50)?)?;
-        let (h, _) = self.layer_51.forward_batch(&h, &sliding, cache.layer_mut(51)?)?;
-        let (h, _) = self.layer_52.forward_batch(&h, &sliding, cache.layer_mut(52)?)?;
-        let (h, _) = self.layer_53.forward_batch(&h, &full, cache.layer_mut(53)?)?;
-        let (h, _) = self.layer_54.forward_batch(&h, &sliding, cache.layer_mut(54)?)?;
-        let (h, _) = self.layer_55.forward_batch(&h, &sliding, cache.layer_mut(55)?)?;
-        let (h, _) = self.layer_56.forward_batch(&h, &sliding, cache.layer_mut(56)?)?;
-        let (h, _) = self.layer_57.forward_batch(&h, &sliding, cache.layer_mut(57)?)?;
-        let (h, _) = self.layer_58.forward_batch(&h, &sliding, cache.layer_mut(58)?)?;
-        let (h, _) = self.layer_59.forward_batch(&h, &full, cache.layer_mut(59)?)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = match layer {
+                Layer::SlidingOwnKv(l) => {
+                    l.forward_batch(&h, &sliding, cache.layer_mut(i)?)?.0
+                }
+                Layer::FullOwnKvKeqV(l) => {
+                    l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,

@@ -77,6 +77,7 @@ impl SlidingOwnKvPle {
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -98,7 +99,9 @@ impl SlidingOwnKvPle {
                 at.mask,
             );
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
             &self.attn,
@@ -108,6 +111,11 @@ impl SlidingOwnKvPle {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        //   h = h + self.post_per_layer_input_norm(self.per_layer_projection(gelu(self.per_layer_input_gate(h)) * per_layer_input))
+        //   h = h * self.layer_scalar
         let h = self.finish(h, a, pli)?;
         Ok((h, kv))
     }
@@ -191,6 +199,7 @@ impl FullOwnKvPle {
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -212,7 +221,9 @@ impl FullOwnKvPle {
                 at.mask,
             );
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
             &self.attn,
@@ -222,6 +233,11 @@ impl FullOwnKvPle {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        //   h = h + self.post_per_layer_input_norm(self.per_layer_projection(gelu(self.per_layer_input_gate(h)) * per_layer_input))
+        //   h = h * self.layer_scalar
         let h = self.finish(h, a, pli)?;
         Ok((h, kv))
     }
@@ -257,6 +273,7 @@ impl FullOwnKvPle {
 struct SlidingSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
+    donor: usize,
     mlp: b::Mlp,
     ple: b::PleGate,
     layer_scalar: Array,
@@ -271,10 +288,11 @@ impl SlidingSharedKvPle {
         value_norm: b::ValueNorm::RmsScaleFree,
         scores: b::Scores::FusedSdpa,
     };
-    fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
+    fn load(w: &mut Weights, i: usize, mlp_width: i32, donor: usize) -> Self {
         let mut layer = Self {
             norms: b::load_norms(w, i, HIDDEN, b::NormArrangement::Sandwich),
             attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, b::QkNorm::RmsPerHead),
+            donor,
             mlp: b::load_mlp(w, i, HIDDEN, mlp_width, b::Activation::GeluApprox),
             ple: b::load_ple_gate(w, i, HIDDEN, 256),
             layer_scalar: b::load_layer_scalar(w, i),
@@ -291,6 +309,7 @@ impl SlidingSharedKvPle {
         shared: &b::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -304,7 +323,9 @@ impl SlidingSharedKvPle {
             };
             return decode::shared_kv(h, &layer, tables, shared, at.mask);
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, shared_kv): q projection, q/k RMSNorm per head, RoPE, the keys and values its donor layer computed, scaled_dot_product_attention, o_proj
         let a = b::attention_shared_kv(
             &x,
             &self.attn,
@@ -313,6 +334,11 @@ impl SlidingSharedKvPle {
             shared,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        //   h = h + self.post_per_layer_input_norm(self.per_layer_projection(gelu(self.per_layer_input_gate(h)) * per_layer_input))
+        //   h = h * self.layer_scalar
         let h = self.finish(h, a, pli)?;
         Ok(h)
     }
@@ -347,6 +373,7 @@ impl SlidingSharedKvPle {
 struct FullSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
+    donor: usize,
     mlp: b::Mlp,
     ple: b::PleGate,
     layer_scalar: Array,
@@ -361,10 +388,11 @@ impl FullSharedKvPle {
         value_norm: b::ValueNorm::RmsScaleFree,
         scores: b::Scores::FusedSdpa,
     };
-    fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
+    fn load(w: &mut Weights, i: usize, mlp_width: i32, donor: usize) -> Self {
         let mut layer = Self {
             norms: b::load_norms(w, i, HIDDEN, b::NormArrangement::Sandwich),
             attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, b::QkNorm::RmsPerHead),
+            donor,
             mlp: b::load_mlp(w, i, HIDDEN, mlp_width, b::Activation::GeluApprox),
             ple: b::load_ple_gate(w, i, HIDDEN, 256),
             layer_scalar: b::load_layer_scalar(w, i),
@@ -381,6 +409,7 @@ impl FullSharedKvPle {
         shared: &b::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -394,7 +423,9 @@ impl FullSharedKvPle {
             };
             return decode::shared_kv(h, &layer, tables, shared, at.mask);
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, shared_kv): q projection, q/k RMSNorm per head, RoPE, the keys and values its donor layer computed, scaled_dot_product_attention, o_proj
         let a = b::attention_shared_kv(
             &x,
             &self.attn,
@@ -403,6 +434,11 @@ impl FullSharedKvPle {
             shared,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        //   h = h + self.post_per_layer_input_norm(self.per_layer_projection(gelu(self.per_layer_input_gate(h)) * per_layer_input))
+        //   h = h * self.layer_scalar
         let h = self.finish(h, a, pli)?;
         Ok(h)
     }
@@ -433,82 +469,159 @@ impl FullSharedKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
+/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+#[derive(Clone, Copy)]
+enum Row {
+    /// (MLP width)
+    SlidingOwnKvPle(i32),
+    /// (MLP width)
+    FullOwnKvPle(i32),
+    /// (MLP width, the layer whose K/V it reads)
+    SlidingSharedKvPle(i32, usize),
+    /// (MLP width, the layer whose K/V it reads)
+    FullSharedKvPle(i32, usize),
+}
+/// The width of a dense MLP (`intermediate_size`).
+const MLP_WIDTH: i32 = 10240;
+/// Every layer in order: layer `i` is row `i`.
+const LAYOUT: [Row; 42] = [
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::FullOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::FullOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::FullOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::FullOwnKvPle(MLP_WIDTH),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::FullSharedKvPle(MLP_WIDTH, 23),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::FullSharedKvPle(MLP_WIDTH, 23),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
+    Row::FullSharedKvPle(MLP_WIDTH, 23),
+];
+/// One loaded layer, by kind.
+enum Layer {
+    SlidingOwnKvPle(SlidingOwnKvPle),
+    FullOwnKvPle(FullOwnKvPle),
+    SlidingSharedKvPle(SlidingSharedKvPle),
+    FullSharedKvPle(FullSharedKvPle),
+}
+impl Row {
+    /// Loads layer `i`, whose row this is.
+    fn load(self, w: &mut Weights, i: usize) -> Layer {
+        match self {
+            Row::SlidingOwnKvPle(mlp_width) => {
+                Layer::SlidingOwnKvPle(SlidingOwnKvPle::load(w, i, mlp_width))
+            }
+            Row::FullOwnKvPle(mlp_width) => {
+                Layer::FullOwnKvPle(FullOwnKvPle::load(w, i, mlp_width))
+            }
+            Row::SlidingSharedKvPle(mlp_width, donor) => {
+                Layer::SlidingSharedKvPle(
+                    SlidingSharedKvPle::load(w, i, mlp_width, donor),
+                )
+            }
+            Row::FullSharedKvPle(mlp_width, donor) => {
+                Layer::FullSharedKvPle(FullSharedKvPle::load(w, i, mlp_width, donor))
+            }
+        }
+    }
+    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
+    /// for a layer that computes its own K/V.
+    fn kv_cache(self) -> Option<LayerCache> {
+        match self {
+            Row::SlidingOwnKvPle { .. } => {
+                Some(LayerCache::Sliding(RotatingKvCache::new(512, 0)))
+            }
+            Row::FullOwnKvPle { .. } => Some(LayerCache::Full(KvCache::default())),
+            Row::SlidingSharedKvPle { .. } => None,
+            Row::FullSharedKvPle { .. } => None,
+        }
+    }
+    /// The layer's merged cache for a batch of fresh sequences
+    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+        match self {
+            Row::SlidingOwnKvPle { .. } => {
+                Some(
+                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, no_padding)),
+                )
+            }
+            Row::FullOwnKvPle { .. } => {
+                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
+            }
+            Row::SlidingSharedKvPle { .. } => None,
+            Row::FullSharedKvPle { .. } => None,
+        }
+    }
+}
+/// Cache `k` of those `make_cache` made.
+fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
+    caches.get(k).ok_or_else(missing_cache)
+}
+/// The next layer's cache, in the order `make_cache` made them.
+fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
+    caches.next().ok_or_else(missing_cache)
+}
+fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
+    archgen_runtime::mlx_rs::error::Exception::custom(
+        format!("{NAME}: the cache holds fewer layers than the model"),
+    )
+}
+/// The K/V layer `donor` computed in this forward, for a later
+/// layer that reads it (`shared_kv`).
+fn donor_kv(computed: &[Option<b::SharedKv>], donor: usize) -> Result<&b::SharedKv> {
+    computed
+        .get(donor)
+        .and_then(Option::as_ref)
+        .ok_or_else(|| {
+            archgen_runtime::mlx_rs::error::Exception::custom(
+                format!("{NAME}: layer {donor} computed no K/V to share"),
+            )
+        })
+}
 /// The `gemma4-e4b` model: 42 layers, hidden size 2560.
 pub struct Model {
     embed: Embedding,
     per_layer: b::PerLayerInputs,
     rope_sliding: Rope,
     rope_full: Rope,
-    layer_0: SlidingOwnKvPle,
-    layer_1: SlidingOwnKvPle,
-    layer_2: SlidingOwnKvPle,
-    layer_3: SlidingOwnKvPle,
-    layer_4: SlidingOwnKvPle,
-    layer_5: FullOwnKvPle,
-    layer_6: SlidingOwnKvPle,
-    layer_7: SlidingOwnKvPle,
-    layer_8: SlidingOwnKvPle,
-    layer_9: SlidingOwnKvPle,
-    layer_10: SlidingOwnKvPle,
-    layer_11: FullOwnKvPle,
-    layer_12: SlidingOwnKvPle,
-    layer_13: SlidingOwnKvPle,
-    layer_14: SlidingOwnKvPle,
-    layer_15: SlidingOwnKvPle,
-    layer_16: SlidingOwnKvPle,
-    layer_17: FullOwnKvPle,
-    layer_18: SlidingOwnKvPle,
-    layer_19: SlidingOwnKvPle,
-    layer_20: SlidingOwnKvPle,
-    layer_21: SlidingOwnKvPle,
-    layer_22: SlidingOwnKvPle,
-    layer_23: FullOwnKvPle,
-    layer_24: SlidingSharedKvPle,
-    layer_25: SlidingSharedKvPle,
-    layer_26: SlidingSharedKvPle,
-    layer_27: SlidingSharedKvPle,
-    layer_28: SlidingSharedKvPle,
-    layer_29: FullSharedKvPle,
-    layer_30: SlidingSharedKvPle,
-    layer_31: SlidingSharedKvPle,
-    layer_32: SlidingSharedKvPle,
-    layer_33: SlidingSharedKvPle,
-    layer_34: SlidingSharedKvPle,
-    layer_35: FullSharedKvPle,
-    layer_36: SlidingSharedKvPle,
-    layer_37: SlidingSharedKvPle,
-    layer_38: SlidingSharedKvPle,
-    layer_39: SlidingSharedKvPle,
-    layer_40: SlidingSharedKvPle,
-    layer_41: FullSharedKvPle,
+    layers: Vec<Layer>,
     norm: Array,
 }
-/// One cache per layer that computes its own K/V.
+/// The caches of one sequence: one per layer that computes its own K/V.
 pub struct Cache {
-    layer_0: LayerCache,
-    layer_1: LayerCache,
-    layer_2: LayerCache,
-    layer_3: LayerCache,
-    layer_4: LayerCache,
-    layer_5: LayerCache,
-    layer_6: LayerCache,
-    layer_7: LayerCache,
-    layer_8: LayerCache,
-    layer_9: LayerCache,
-    layer_10: LayerCache,
-    layer_11: LayerCache,
-    layer_12: LayerCache,
-    layer_13: LayerCache,
-    layer_14: LayerCache,
-    layer_15: LayerCache,
-    layer_16: LayerCache,
-    layer_17: LayerCache,
-    layer_18: LayerCache,
-    layer_19: LayerCache,
-    layer_20: LayerCache,
-    layer_21: LayerCache,
-    layer_22: LayerCache,
-    layer_23: LayerCache,
+    /// One per layer that computes its own K/V, in layer order.
+    kv: Vec<LayerCache>,
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
@@ -518,48 +631,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         rope_sliding: Rope::base(256, 10000f32),
         rope_full: Rope::proportional(512, 128, 1000000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
-        layer_0: SlidingOwnKvPle::load(&mut w, 0usize, 10240),
-        layer_1: SlidingOwnKvPle::load(&mut w, 1usize, 10240),
-        layer_2: SlidingOwnKvPle::load(&mut w, 2usize, 10240),
-        layer_3: SlidingOwnKvPle::load(&mut w, 3usize, 10240),
-        layer_4: SlidingOwnKvPle::load(&mut w, 4usize, 10240),
-        layer_5: FullOwnKvPle::load(&mut w, 5usize, 10240),
-        layer_6: SlidingOwnKvPle::load(&mut w, 6usize, 10240),
-        layer_7: SlidingOwnKvPle::load(&mut w, 7usize, 10240),
-        layer_8: SlidingOwnKvPle::load(&mut w, 8usize, 10240),
-        layer_9: SlidingOwnKvPle::load(&mut w, 9usize, 10240),
-        layer_10: SlidingOwnKvPle::load(&mut w, 10usize, 10240),
-        layer_11: FullOwnKvPle::load(&mut w, 11usize, 10240),
-        layer_12: SlidingOwnKvPle::load(&mut w, 12usize, 10240),
-        layer_13: SlidingOwnKvPle::load(&mut w, 13usize, 10240),
-        layer_14: SlidingOwnKvPle::load(&mut w, 14usize, 10240),
-        layer_15: SlidingOwnKvPle::load(&mut w, 15usize, 10240),
-        layer_16: SlidingOwnKvPle::load(&mut w, 16usize, 10240),
-        layer_17: FullOwnKvPle::load(&mut w, 17usize, 10240),
-        layer_18: SlidingOwnKvPle::load(&mut w, 18usize, 10240),
-        layer_19: SlidingOwnKvPle::load(&mut w, 19usize, 10240),
-        layer_20: SlidingOwnKvPle::load(&mut w, 20usize, 10240),
-        layer_21: SlidingOwnKvPle::load(&mut w, 21usize, 10240),
-        layer_22: SlidingOwnKvPle::load(&mut w, 22usize, 10240),
-        layer_23: FullOwnKvPle::load(&mut w, 23usize, 10240),
-        layer_24: SlidingSharedKvPle::load(&mut w, 24usize, 10240),
-        layer_25: SlidingSharedKvPle::load(&mut w, 25usize, 10240),
-        layer_26: SlidingSharedKvPle::load(&mut w, 26usize, 10240),
-        layer_27: SlidingSharedKvPle::load(&mut w, 27usize, 10240),
-        layer_28: SlidingSharedKvPle::load(&mut w, 28usize, 10240),
-        layer_29: FullSharedKvPle::load(&mut w, 29usize, 10240),
-        layer_30: SlidingSharedKvPle::load(&mut w, 30usize, 10240),
-        layer_31: SlidingSharedKvPle::load(&mut w, 31usize, 10240),
-        layer_32: SlidingSharedKvPle::load(&mut w, 32usize, 10240),
-        layer_33: SlidingSharedKvPle::load(&mut w, 33usize, 10240),
-        layer_34: SlidingSharedKvPle::load(&mut w, 34usize, 10240),
-        layer_35: FullSharedKvPle::load(&mut w, 35usize, 10240),
-        layer_36: SlidingSharedKvPle::load(&mut w, 36usize, 10240),
-        layer_37: SlidingSharedKvPle::load(&mut w, 37usize, 10240),
-        layer_38: SlidingSharedKvPle::load(&mut w, 38usize, 10240),
-        layer_39: SlidingSharedKvPle::load(&mut w, 39usize, 10240),
-        layer_40: SlidingSharedKvPle::load(&mut w, 40usize, 10240),
-        layer_41: FullSharedKvPle::load(&mut w, 41usize, 10240),
+        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -578,30 +650,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            layer_0: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_1: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_2: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_3: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_4: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_5: LayerCache::Full(KvCache::default()),
-            layer_6: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_7: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_8: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_9: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_10: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_11: LayerCache::Full(KvCache::default()),
-            layer_12: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_13: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_14: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_15: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_16: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_17: LayerCache::Full(KvCache::default()),
-            layer_18: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_19: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_20: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_21: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_22: LayerCache::Sliding(RotatingKvCache::new(512, 0)),
-            layer_23: LayerCache::Full(KvCache::default()),
+            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
         }
     }
     fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
@@ -616,10 +665,11 @@ impl CausalLm for Model {
             HIDDEN,
             EPS,
         )?;
-        let sliding_mask = b::mask_for(&cache.layer_0, n, 512)?;
-        let full_mask = b::mask_for(&cache.layer_5, n, 0)?;
-        let offset = cache.layer_0.offset();
+        let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 512)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, 5)?, n, 0)?;
+        let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
+        // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
         let sliding_tables = if step {
             Some(self.rope_sliding.tables(offset, n, h.dtype())?)
         } else {
@@ -640,253 +690,60 @@ impl CausalLm for Model {
             tables: full_tables.as_ref(),
             mask: &full_mask,
         };
-        let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-        let (h, _) = self
-            .layer_0
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_0,
-                &b::per_layer_slice(&per_layer, 0)?,
-            )?;
-        let (h, _) = self
-            .layer_1
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_1,
-                &b::per_layer_slice(&per_layer, 1)?,
-            )?;
-        let (h, _) = self
-            .layer_2
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_2,
-                &b::per_layer_slice(&per_layer, 2)?,
-            )?;
-        let (h, _) = self
-            .layer_3
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_3,
-                &b::per_layer_slice(&per_layer, 3)?,
-            )?;
-        let (h, _) = self
-            .layer_4
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_4,
-                &b::per_layer_slice(&per_layer, 4)?,
-            )?;
-        let (h, _) = self
-            .layer_5
-            .forward(
-                &h,
-                &full,
-                &mut cache.layer_5,
-                &b::per_layer_slice(&per_layer, 5)?,
-            )?;
-        let (h, _) = self
-            .layer_6
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_6,
-                &b::per_layer_slice(&per_layer, 6)?,
-            )?;
-        let (h, _) = self
-            .layer_7
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_7,
-                &b::per_layer_slice(&per_layer, 7)?,
-            )?;
-        let (h, _) = self
-            .layer_8
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_8,
-                &b::per_layer_slice(&per_layer, 8)?,
-            )?;
-        let (h, _) = self
-            .layer_9
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_9,
-                &b::per_layer_slice(&per_layer, 9)?,
-            )?;
-        let (h, _) = self
-            .layer_10
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_10,
-                &b::per_layer_slice(&per_layer, 10)?,
-            )?;
-        let (h, _) = self
-            .layer_11
-            .forward(
-                &h,
-                &full,
-                &mut cache.layer_11,
-                &b::per_layer_slice(&per_layer, 11)?,
-            )?;
-        let (h, _) = self
-            .layer_12
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_12,
-                &b::per_layer_slice(&per_layer, 12)?,
-            )?;
-        let (h, _) = self
-            .layer_13
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_13,
-                &b::per_layer_slice(&per_layer, 13)?,
-            )?;
-        let (h, _) = self
-            .layer_14
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_14,
-                &b::per_layer_slice(&per_layer, 14)?,
-            )?;
-        let (h, _) = self
-            .layer_15
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_15,
-                &b::per_layer_slice(&per_layer, 15)?,
-            )?;
-        let (h, _) = self
-            .layer_16
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_16,
-                &b::per_layer_slice(&per_layer, 16)?,
-            )?;
-        let (h, _) = self
-            .layer_17
-            .forward(
-                &h,
-                &full,
-                &mut cache.layer_17,
-                &b::per_layer_slice(&per_layer, 17)?,
-            )?;
-        let (h, _) = self
-            .layer_18
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_18,
-                &b::per_layer_slice(&per_layer, 18)?,
-            )?;
-        let (h, _) = self
-            .layer_19
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_19,
-                &b::per_layer_slice(&per_layer, 19)?,
-            )?;
-        let (h, _) = self
-            .layer_20
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_20,
-                &b::per_layer_slice(&per_layer, 20)?,
-            )?;
-        let (h, _) = self
-            .layer_21
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_21,
-                &b::per_layer_slice(&per_layer, 21)?,
-            )?;
-        let (h, kv_22) = self
-            .layer_22
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_22,
-                &b::per_layer_slice(&per_layer, 22)?,
-            )?;
-        let (h, kv_23) = self
-            .layer_23
-            .forward(
-                &h,
-                &full,
-                &mut cache.layer_23,
-                &b::per_layer_slice(&per_layer, 23)?,
-            )?;
-        let h = self
-            .layer_24
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 24)?)?;
-        let h = self
-            .layer_25
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 25)?)?;
-        let h = self
-            .layer_26
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 26)?)?;
-        let h = self
-            .layer_27
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 27)?)?;
-        let h = self
-            .layer_28
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 28)?)?;
-        let h = self
-            .layer_29
-            .forward(&h, &full, &kv_23, &b::per_layer_slice(&per_layer, 29)?)?;
-        let h = self
-            .layer_30
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 30)?)?;
-        let h = self
-            .layer_31
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 31)?)?;
-        let h = self
-            .layer_32
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 32)?)?;
-        let h = self
-            .layer_33
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 33)?)?;
-        let h = self
-            .layer_34
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 34)?)?;
-        let h = self
-            .layer_35
-            .forward(&h, &full, &kv_23, &b::per_layer_slice(&per_layer, 35)?)?;
-        let h = self
-            .layer_36
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 36)?)?;
-        let h = self
-            .layer_37
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 37)?)?;
-        let h = self
-            .layer_38
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 38)?)?;
-        let h = self
-            .layer_39
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 39)?)?;
-        let h = self
-            .layer_40
-            .forward(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 40)?)?;
-        let h = self
-            .layer_41
-            .forward(&h, &full, &kv_23, &b::per_layer_slice(&per_layer, 41)?)?;
+        let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
+        let mut kv_caches = cache.kv.iter_mut();
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
+            let (out, kv) = match layer {
+                Layer::SlidingOwnKvPle(l) => {
+                    let (h, kv) = l
+                        .forward(
+                            &h,
+                            &sliding,
+                            next_cache(&mut kv_caches)?,
+                            &per_layer_input,
+                        )?;
+                    (h, Some(kv))
+                }
+                Layer::FullOwnKvPle(l) => {
+                    let (h, kv) = l
+                        .forward(
+                            &h,
+                            &full,
+                            next_cache(&mut kv_caches)?,
+                            &per_layer_input,
+                        )?;
+                    (h, Some(kv))
+                }
+                Layer::SlidingSharedKvPle(l) => {
+                    (
+                        l
+                            .forward(
+                                &h,
+                                &sliding,
+                                donor_kv(&computed, l.donor)?,
+                                &per_layer_input,
+                            )?,
+                        None,
+                    )
+                }
+                Layer::FullSharedKvPle(l) => {
+                    (
+                        l
+                            .forward(
+                                &h,
+                                &full,
+                                donor_kv(&computed, l.donor)?,
+                                &per_layer_input,
+                            )?,
+                        None,
+                    )
+                }
+            };
+            h = out;
+            computed.push(kv);
+        }
         let logits = b::logits(
             &h,
             &self.norm,
@@ -904,96 +761,13 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: Vec::from([
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(
-                    BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, &no_padding)),
-                ),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-            ]),
+            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(42)?;
+        cache.check_layers(LAYOUT.len())?;
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let per_layer = b::per_layer_inputs(
             ids,
             &h,
@@ -1015,252 +789,58 @@ impl BatchLm for Model {
             tables: None,
             mask: &full_mask,
         };
-        let (h, _) = self
-            .layer_0
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(0)?,
-                &b::per_layer_slice(&per_layer, 0)?,
-            )?;
-        let (h, _) = self
-            .layer_1
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(1)?,
-                &b::per_layer_slice(&per_layer, 1)?,
-            )?;
-        let (h, _) = self
-            .layer_2
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(2)?,
-                &b::per_layer_slice(&per_layer, 2)?,
-            )?;
-        let (h, _) = self
-            .layer_3
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(3)?,
-                &b::per_layer_slice(&per_layer, 3)?,
-            )?;
-        let (h, _) = self
-            .layer_4
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(4)?,
-                &b::per_layer_slice(&per_layer, 4)?,
-            )?;
-        let (h, _) = self
-            .layer_5
-            .forward_batch(
-                &h,
-                &full,
-                cache.layer_mut(5)?,
-                &b::per_layer_slice(&per_layer, 5)?,
-            )?;
-        let (h, _) = self
-            .layer_6
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(6)?,
-                &b::per_layer_slice(&per_layer, 6)?,
-            )?;
-        let (h, _) = self
-            .layer_7
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(7)?,
-                &b::per_layer_slice(&per_layer, 7)?,
-            )?;
-        let (h, _) = self
-            .layer_8
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(8)?,
-                &b::per_layer_slice(&per_layer, 8)?,
-            )?;
-        let (h, _) = self
-            .layer_9
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(9)?,
-                &b::per_layer_slice(&per_layer, 9)?,
-            )?;
-        let (h, _) = self
-            .layer_10
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(10)?,
-                &b::per_layer_slice(&per_layer, 10)?,
-            )?;
-        let (h, _) = self
-            .layer_11
-            .forward_batch(
-                &h,
-                &full,
-                cache.layer_mut(11)?,
-                &b::per_layer_slice(&per_layer, 11)?,
-            )?;
-        let (h, _) = self
-            .layer_12
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(12)?,
-                &b::per_layer_slice(&per_layer, 12)?,
-            )?;
-        let (h, _) = self
-            .layer_13
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(13)?,
-                &b::per_layer_slice(&per_layer, 13)?,
-            )?;
-        let (h, _) = self
-            .layer_14
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(14)?,
-                &b::per_layer_slice(&per_layer, 14)?,
-            )?;
-        let (h, _) = self
-            .layer_15
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(15)?,
-                &b::per_layer_slice(&per_layer, 15)?,
-            )?;
-        let (h, _) = self
-            .layer_16
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(16)?,
-                &b::per_layer_slice(&per_layer, 16)?,
-            )?;
-        let (h, _) = self
-            .layer_17
-            .forward_batch(
-                &h,
-                &full,
-                cache.layer_mut(17)?,
-                &b::per_layer_slice(&per_layer, 17)?,
-            )?;
-        let (h, _) = self
-            .layer_18
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(18)?,
-                &b::per_layer_slice(&per_layer, 18)?,
-            )?;
-        let (h, _) = self
-            .layer_19
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(19)?,
-                &b::per_layer_slice(&per_layer, 19)?,
-            )?;
-        let (h, _) = self
-            .layer_20
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(20)?,
-                &b::per_layer_slice(&per_layer, 20)?,
-            )?;
-        let (h, _) = self
-            .layer_21
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(21)?,
-                &b::per_layer_slice(&per_layer, 21)?,
-            )?;
-        let (h, kv_22) = self
-            .layer_22
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(22)?,
-                &b::per_layer_slice(&per_layer, 22)?,
-            )?;
-        let (h, kv_23) = self
-            .layer_23
-            .forward_batch(
-                &h,
-                &full,
-                cache.layer_mut(23)?,
-                &b::per_layer_slice(&per_layer, 23)?,
-            )?;
-        let h = self
-            .layer_24
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 24)?)?;
-        let h = self
-            .layer_25
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 25)?)?;
-        let h = self
-            .layer_26
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 26)?)?;
-        let h = self
-            .layer_27
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 27)?)?;
-        let h = self
-            .layer_28
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 28)?)?;
-        let h = self
-            .layer_29
-            .forward_batch(&h, &full, &kv_23, &b::per_layer_slice(&per_layer, 29)?)?;
-        let h = self
-            .layer_30
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 30)?)?;
-        let h = self
-            .layer_31
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 31)?)?;
-        let h = self
-            .layer_32
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 32)?)?;
-        let h = self
-            .layer_33
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 33)?)?;
-        let h = self
-            .layer_34
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 34)?)?;
-        let h = self
-            .layer_35
-            .forward_batch(&h, &full, &kv_23, &b::per_layer_slice(&per_layer, 35)?)?;
-        let h = self
-            .layer_36
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 36)?)?;
-        let h = self
-            .layer_37
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 37)?)?;
-        let h = self
-            .layer_38
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 38)?)?;
-        let h = self
-            .layer_39
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 39)?)?;
-        let h = self
-            .layer_40
-            .forward_batch(&h, &sliding, &kv_22, &b::per_layer_slice(&per_layer, 40)?)?;
-        let h = self
-            .layer_41
-            .forward_batch(&h, &full, &kv_23, &b::per_layer_slice(&per_layer, 41)?)?;
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
+            let (out, kv) = match layer {
+                Layer::SlidingOwnKvPle(l) => {
+                    let (h, kv) = l
+                        .forward_batch(
+                            &h,
+                            &sliding,
+                            cache.layer_mut(i)?,
+                            &per_layer_input,
+                        )?;
+                    (h, Some(kv))
+                }
+                Layer::FullOwnKvPle(l) => {
+                    let (h, kv) = l
+                        .forward_batch(
+                            &h,
+                            &full,
+                            cache.layer_mut(i)?,
+                            &per_layer_input,
+                        )?;
+                    (h, Some(kv))
+                }
+                Layer::SlidingSharedKvPle(l) => {
+                    (
+                        l
+                            .forward_batch(
+                                &h,
+                                &sliding,
+                                donor_kv(&computed, l.donor)?,
+                                &per_layer_input,
+                            )?,
+                        None,
+                    )
+                }
+                Layer::FullSharedKvPle(l) => {
+                    (
+                        l
+                            .forward_batch(
+                                &h,
+                                &full,
+                                donor_kv(&computed, l.donor)?,
+                                &per_layer_input,
+                            )?,
+                        None,
+                    )
+                }
+            };
+            h = out;
+            computed.push(kv);
+        }
         let logits = b::logits(
             &h,
             &self.norm,

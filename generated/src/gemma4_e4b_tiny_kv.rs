@@ -75,6 +75,7 @@ impl SlidingOwnKvPle {
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -96,7 +97,9 @@ impl SlidingOwnKvPle {
                 at.mask,
             );
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
             &self.attn,
@@ -106,6 +109,11 @@ impl SlidingOwnKvPle {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        //   h = h + self.post_per_layer_input_norm(self.per_layer_projection(gelu(self.per_layer_input_gate(h)) * per_layer_input))
+        //   h = h * self.layer_scalar
         let h = self.finish(h, a, pli)?;
         Ok((h, kv))
     }
@@ -189,6 +197,7 @@ impl FullOwnKvPle {
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -210,7 +219,9 @@ impl FullOwnKvPle {
                 at.mask,
             );
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
             &self.attn,
@@ -220,6 +231,11 @@ impl FullOwnKvPle {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        //   h = h + self.post_per_layer_input_norm(self.per_layer_projection(gelu(self.per_layer_input_gate(h)) * per_layer_input))
+        //   h = h * self.layer_scalar
         let h = self.finish(h, a, pli)?;
         Ok((h, kv))
     }
@@ -255,6 +271,7 @@ impl FullOwnKvPle {
 struct SlidingSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
+    donor: usize,
     mlp: b::Mlp,
     ple: b::PleGate,
     layer_scalar: Array,
@@ -269,10 +286,11 @@ impl SlidingSharedKvPle {
         value_norm: b::ValueNorm::RmsScaleFree,
         scores: b::Scores::FusedSdpa,
     };
-    fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
+    fn load(w: &mut Weights, i: usize, mlp_width: i32, donor: usize) -> Self {
         let mut layer = Self {
             norms: b::load_norms(w, i, HIDDEN, b::NormArrangement::Sandwich),
             attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, b::QkNorm::RmsPerHead),
+            donor,
             mlp: b::load_mlp(w, i, HIDDEN, mlp_width, b::Activation::GeluApprox),
             ple: b::load_ple_gate(w, i, HIDDEN, 16),
             layer_scalar: b::load_layer_scalar(w, i),
@@ -289,6 +307,7 @@ impl SlidingSharedKvPle {
         shared: &b::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -302,7 +321,9 @@ impl SlidingSharedKvPle {
             };
             return decode::shared_kv(h, &layer, tables, shared, at.mask);
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, shared_kv): q projection, q/k RMSNorm per head, RoPE, the keys and values its donor layer computed, scaled_dot_product_attention, o_proj
         let a = b::attention_shared_kv(
             &x,
             &self.attn,
@@ -311,6 +332,11 @@ impl SlidingSharedKvPle {
             shared,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        //   h = h + self.post_per_layer_input_norm(self.per_layer_projection(gelu(self.per_layer_input_gate(h)) * per_layer_input))
+        //   h = h * self.layer_scalar
         let h = self.finish(h, a, pli)?;
         Ok(h)
     }
@@ -345,6 +371,7 @@ impl SlidingSharedKvPle {
 struct FullSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
+    donor: usize,
     mlp: b::Mlp,
     ple: b::PleGate,
     layer_scalar: Array,
@@ -359,10 +386,11 @@ impl FullSharedKvPle {
         value_norm: b::ValueNorm::RmsScaleFree,
         scores: b::Scores::FusedSdpa,
     };
-    fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
+    fn load(w: &mut Weights, i: usize, mlp_width: i32, donor: usize) -> Self {
         let mut layer = Self {
             norms: b::load_norms(w, i, HIDDEN, b::NormArrangement::Sandwich),
             attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, b::QkNorm::RmsPerHead),
+            donor,
             mlp: b::load_mlp(w, i, HIDDEN, mlp_width, b::Activation::GeluApprox),
             ple: b::load_ple_gate(w, i, HIDDEN, 16),
             layer_scalar: b::load_layer_scalar(w, i),
@@ -379,6 +407,7 @@ impl FullSharedKvPle {
         shared: &b::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -392,7 +421,9 @@ impl FullSharedKvPle {
             };
             return decode::shared_kv(h, &layer, tables, shared, at.mask);
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, shared_kv): q projection, q/k RMSNorm per head, RoPE, the keys and values its donor layer computed, scaled_dot_product_attention, o_proj
         let a = b::attention_shared_kv(
             &x,
             &self.attn,
@@ -401,6 +432,11 @@ impl FullSharedKvPle {
             shared,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        //   h = h + self.post_per_layer_input_norm(self.per_layer_projection(gelu(self.per_layer_input_gate(h)) * per_layer_input))
+        //   h = h * self.layer_scalar
         let h = self.finish(h, a, pli)?;
         Ok(h)
     }
@@ -431,46 +467,142 @@ impl FullSharedKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
+/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+#[derive(Clone, Copy)]
+enum Row {
+    /// (MLP width)
+    SlidingOwnKvPle(i32),
+    /// (MLP width, K/V cache)
+    FullOwnKvPle(i32, KvForm),
+    /// (MLP width, the layer whose K/V it reads)
+    SlidingSharedKvPle(i32, usize),
+    /// (MLP width, the layer whose K/V it reads)
+    FullSharedKvPle(i32, usize),
+}
+/// The K/V cache of a full-attention layer: mlx-lm's `KVCache`,
+/// or a quantized one.
+#[derive(Clone, Copy)]
+enum KvForm {
+    Plain,
+    Quantized { group_size: i32, bits: i32 },
+}
+impl KvForm {
+    fn make(self) -> LayerCache {
+        match self {
+            KvForm::Plain => LayerCache::Full(KvCache::default()),
+            KvForm::Quantized { group_size, bits } => {
+                LayerCache::Quantized(QuantizedKvCache::new(group_size, bits))
+            }
+        }
+    }
+}
+/// The width of a dense MLP (`intermediate_size`).
+const MLP_WIDTH: i32 = 128;
+/// Every layer in order: layer `i` is row `i`.
+const LAYOUT: [Row; 18] = [
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::FullOwnKvPle(
+        MLP_WIDTH,
+        KvForm::Quantized {
+            group_size: 64,
+            bits: 4,
+        },
+    ),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::SlidingOwnKvPle(MLP_WIDTH),
+    Row::FullOwnKvPle(MLP_WIDTH, KvForm::Plain),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 10),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 10),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 10),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 10),
+    Row::SlidingSharedKvPle(MLP_WIDTH, 10),
+    Row::FullSharedKvPle(MLP_WIDTH, 11),
+];
+/// One loaded layer, by kind.
+enum Layer {
+    SlidingOwnKvPle(SlidingOwnKvPle),
+    FullOwnKvPle(FullOwnKvPle),
+    SlidingSharedKvPle(SlidingSharedKvPle),
+    FullSharedKvPle(FullSharedKvPle),
+}
+impl Row {
+    /// Loads layer `i`, whose row this is.
+    fn load(self, w: &mut Weights, i: usize) -> Layer {
+        match self {
+            Row::SlidingOwnKvPle(mlp_width) => {
+                Layer::SlidingOwnKvPle(SlidingOwnKvPle::load(w, i, mlp_width))
+            }
+            Row::FullOwnKvPle(mlp_width, _) => {
+                Layer::FullOwnKvPle(FullOwnKvPle::load(w, i, mlp_width))
+            }
+            Row::SlidingSharedKvPle(mlp_width, donor) => {
+                Layer::SlidingSharedKvPle(
+                    SlidingSharedKvPle::load(w, i, mlp_width, donor),
+                )
+            }
+            Row::FullSharedKvPle(mlp_width, donor) => {
+                Layer::FullSharedKvPle(FullSharedKvPle::load(w, i, mlp_width, donor))
+            }
+        }
+    }
+    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
+    /// for a layer that computes its own K/V.
+    fn kv_cache(self) -> Option<LayerCache> {
+        match self {
+            Row::SlidingOwnKvPle { .. } => {
+                Some(LayerCache::Sliding(RotatingKvCache::new(8, 0)))
+            }
+            Row::FullOwnKvPle(_, cache) => Some(cache.make()),
+            Row::SlidingSharedKvPle { .. } => None,
+            Row::FullSharedKvPle { .. } => None,
+        }
+    }
+}
+/// Cache `k` of those `make_cache` made.
+fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
+    caches.get(k).ok_or_else(missing_cache)
+}
+/// The next layer's cache, in the order `make_cache` made them.
+fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
+    caches.next().ok_or_else(missing_cache)
+}
+fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
+    archgen_runtime::mlx_rs::error::Exception::custom(
+        format!("{NAME}: the cache holds fewer layers than the model"),
+    )
+}
+/// The K/V layer `donor` computed in this forward, for a later
+/// layer that reads it (`shared_kv`).
+fn donor_kv(computed: &[Option<b::SharedKv>], donor: usize) -> Result<&b::SharedKv> {
+    computed
+        .get(donor)
+        .and_then(Option::as_ref)
+        .ok_or_else(|| {
+            archgen_runtime::mlx_rs::error::Exception::custom(
+                format!("{NAME}: layer {donor} computed no K/V to share"),
+            )
+        })
+}
 /// The `gemma4-e4b-tiny-kv` model: 18 layers, hidden size 64.
 pub struct Model {
     embed: Embedding,
     per_layer: b::PerLayerInputs,
     rope_sliding: Rope,
     rope_full: Rope,
-    layer_0: SlidingOwnKvPle,
-    layer_1: SlidingOwnKvPle,
-    layer_2: SlidingOwnKvPle,
-    layer_3: SlidingOwnKvPle,
-    layer_4: SlidingOwnKvPle,
-    layer_5: FullOwnKvPle,
-    layer_6: SlidingOwnKvPle,
-    layer_7: SlidingOwnKvPle,
-    layer_8: SlidingOwnKvPle,
-    layer_9: SlidingOwnKvPle,
-    layer_10: SlidingOwnKvPle,
-    layer_11: FullOwnKvPle,
-    layer_12: SlidingSharedKvPle,
-    layer_13: SlidingSharedKvPle,
-    layer_14: SlidingSharedKvPle,
-    layer_15: SlidingSharedKvPle,
-    layer_16: SlidingSharedKvPle,
-    layer_17: FullSharedKvPle,
+    layers: Vec<Layer>,
     norm: Array,
 }
-/// One cache per layer that computes its own K/V.
+/// The caches of one sequence: one per layer that computes its own K/V.
 pub struct Cache {
-    layer_0: LayerCache,
-    layer_1: LayerCache,
-    layer_2: LayerCache,
-    layer_3: LayerCache,
-    layer_4: LayerCache,
-    layer_5: LayerCache,
-    layer_6: LayerCache,
-    layer_7: LayerCache,
-    layer_8: LayerCache,
-    layer_9: LayerCache,
-    layer_10: LayerCache,
-    layer_11: LayerCache,
+    /// One per layer that computes its own K/V, in layer order.
+    kv: Vec<LayerCache>,
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
@@ -480,24 +612,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         rope_sliding: Rope::base(32, 10000f32),
         rope_full: Rope::proportional(64, 16, 1000000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
-        layer_0: SlidingOwnKvPle::load(&mut w, 0usize, 128),
-        layer_1: SlidingOwnKvPle::load(&mut w, 1usize, 128),
-        layer_2: SlidingOwnKvPle::load(&mut w, 2usize, 128),
-        layer_3: SlidingOwnKvPle::load(&mut w, 3usize, 128),
-        layer_4: SlidingOwnKvPle::load(&mut w, 4usize, 128),
-        layer_5: FullOwnKvPle::load(&mut w, 5usize, 128),
-        layer_6: SlidingOwnKvPle::load(&mut w, 6usize, 128),
-        layer_7: SlidingOwnKvPle::load(&mut w, 7usize, 128),
-        layer_8: SlidingOwnKvPle::load(&mut w, 8usize, 128),
-        layer_9: SlidingOwnKvPle::load(&mut w, 9usize, 128),
-        layer_10: SlidingOwnKvPle::load(&mut w, 10usize, 128),
-        layer_11: FullOwnKvPle::load(&mut w, 11usize, 128),
-        layer_12: SlidingSharedKvPle::load(&mut w, 12usize, 128),
-        layer_13: SlidingSharedKvPle::load(&mut w, 13usize, 128),
-        layer_14: SlidingSharedKvPle::load(&mut w, 14usize, 128),
-        layer_15: SlidingSharedKvPle::load(&mut w, 15usize, 128),
-        layer_16: SlidingSharedKvPle::load(&mut w, 16usize, 128),
-        layer_17: FullSharedKvPle::load(&mut w, 17usize, 128),
+        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -516,18 +631,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            layer_0: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_1: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_2: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_3: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_4: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_5: LayerCache::Quantized(QuantizedKvCache::new(64, 4)),
-            layer_6: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_7: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_8: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_9: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_10: LayerCache::Sliding(RotatingKvCache::new(8, 0)),
-            layer_11: LayerCache::Full(KvCache::default()),
+            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
         }
     }
     fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
@@ -542,10 +646,11 @@ impl CausalLm for Model {
             HIDDEN,
             EPS,
         )?;
-        let sliding_mask = b::mask_for(&cache.layer_0, n, 8)?;
-        let full_mask = b::mask_for(&cache.layer_5, n, 0)?;
-        let offset = cache.layer_0.offset();
+        let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 8)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, 5)?, n, 0)?;
+        let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
+        // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
         let sliding_tables = if step {
             Some(self.rope_sliding.tables(offset, n, h.dtype())?)
         } else {
@@ -566,121 +671,60 @@ impl CausalLm for Model {
             tables: full_tables.as_ref(),
             mask: &full_mask,
         };
-        let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-        let (h, _) = self
-            .layer_0
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_0,
-                &b::per_layer_slice(&per_layer, 0)?,
-            )?;
-        let (h, _) = self
-            .layer_1
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_1,
-                &b::per_layer_slice(&per_layer, 1)?,
-            )?;
-        let (h, _) = self
-            .layer_2
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_2,
-                &b::per_layer_slice(&per_layer, 2)?,
-            )?;
-        let (h, _) = self
-            .layer_3
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_3,
-                &b::per_layer_slice(&per_layer, 3)?,
-            )?;
-        let (h, _) = self
-            .layer_4
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_4,
-                &b::per_layer_slice(&per_layer, 4)?,
-            )?;
-        let (h, _) = self
-            .layer_5
-            .forward(
-                &h,
-                &full,
-                &mut cache.layer_5,
-                &b::per_layer_slice(&per_layer, 5)?,
-            )?;
-        let (h, _) = self
-            .layer_6
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_6,
-                &b::per_layer_slice(&per_layer, 6)?,
-            )?;
-        let (h, _) = self
-            .layer_7
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_7,
-                &b::per_layer_slice(&per_layer, 7)?,
-            )?;
-        let (h, _) = self
-            .layer_8
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_8,
-                &b::per_layer_slice(&per_layer, 8)?,
-            )?;
-        let (h, _) = self
-            .layer_9
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_9,
-                &b::per_layer_slice(&per_layer, 9)?,
-            )?;
-        let (h, kv_10) = self
-            .layer_10
-            .forward(
-                &h,
-                &sliding,
-                &mut cache.layer_10,
-                &b::per_layer_slice(&per_layer, 10)?,
-            )?;
-        let (h, kv_11) = self
-            .layer_11
-            .forward(
-                &h,
-                &full,
-                &mut cache.layer_11,
-                &b::per_layer_slice(&per_layer, 11)?,
-            )?;
-        let h = self
-            .layer_12
-            .forward(&h, &sliding, &kv_10, &b::per_layer_slice(&per_layer, 12)?)?;
-        let h = self
-            .layer_13
-            .forward(&h, &sliding, &kv_10, &b::per_layer_slice(&per_layer, 13)?)?;
-        let h = self
-            .layer_14
-            .forward(&h, &sliding, &kv_10, &b::per_layer_slice(&per_layer, 14)?)?;
-        let h = self
-            .layer_15
-            .forward(&h, &sliding, &kv_10, &b::per_layer_slice(&per_layer, 15)?)?;
-        let h = self
-            .layer_16
-            .forward(&h, &sliding, &kv_10, &b::per_layer_slice(&per_layer, 16)?)?;
-        let h = self
-            .layer_17
-            .forward(&h, &full, &kv_11, &b::per_layer_slice(&per_layer, 17)?)?;
+        let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
+        let mut kv_caches = cache.kv.iter_mut();
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
+            let (out, kv) = match layer {
+                Layer::SlidingOwnKvPle(l) => {
+                    let (h, kv) = l
+                        .forward(
+                            &h,
+                            &sliding,
+                            next_cache(&mut kv_caches)?,
+                            &per_layer_input,
+                        )?;
+                    (h, Some(kv))
+                }
+                Layer::FullOwnKvPle(l) => {
+                    let (h, kv) = l
+                        .forward(
+                            &h,
+                            &full,
+                            next_cache(&mut kv_caches)?,
+                            &per_layer_input,
+                        )?;
+                    (h, Some(kv))
+                }
+                Layer::SlidingSharedKvPle(l) => {
+                    (
+                        l
+                            .forward(
+                                &h,
+                                &sliding,
+                                donor_kv(&computed, l.donor)?,
+                                &per_layer_input,
+                            )?,
+                        None,
+                    )
+                }
+                Layer::FullSharedKvPle(l) => {
+                    (
+                        l
+                            .forward(
+                                &h,
+                                &full,
+                                donor_kv(&computed, l.donor)?,
+                                &per_layer_input,
+                            )?,
+                        None,
+                    )
+                }
+            };
+            h = out;
+            computed.push(kv);
+        }
         let logits = b::logits(
             &h,
             &self.norm,
@@ -706,9 +750,9 @@ impl BatchLm for Model {
         )
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(18)?;
+        cache.check_layers(LAYOUT.len())?;
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let per_layer = b::per_layer_inputs(
             ids,
             &h,
@@ -730,120 +774,58 @@ impl BatchLm for Model {
             tables: None,
             mask: &full_mask,
         };
-        let (h, _) = self
-            .layer_0
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(0)?,
-                &b::per_layer_slice(&per_layer, 0)?,
-            )?;
-        let (h, _) = self
-            .layer_1
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(1)?,
-                &b::per_layer_slice(&per_layer, 1)?,
-            )?;
-        let (h, _) = self
-            .layer_2
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(2)?,
-                &b::per_layer_slice(&per_layer, 2)?,
-            )?;
-        let (h, _) = self
-            .layer_3
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(3)?,
-                &b::per_layer_slice(&per_layer, 3)?,
-            )?;
-        let (h, _) = self
-            .layer_4
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(4)?,
-                &b::per_layer_slice(&per_layer, 4)?,
-            )?;
-        let (h, _) = self
-            .layer_5
-            .forward_batch(
-                &h,
-                &full,
-                cache.layer_mut(5)?,
-                &b::per_layer_slice(&per_layer, 5)?,
-            )?;
-        let (h, _) = self
-            .layer_6
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(6)?,
-                &b::per_layer_slice(&per_layer, 6)?,
-            )?;
-        let (h, _) = self
-            .layer_7
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(7)?,
-                &b::per_layer_slice(&per_layer, 7)?,
-            )?;
-        let (h, _) = self
-            .layer_8
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(8)?,
-                &b::per_layer_slice(&per_layer, 8)?,
-            )?;
-        let (h, _) = self
-            .layer_9
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(9)?,
-                &b::per_layer_slice(&per_layer, 9)?,
-            )?;
-        let (h, kv_10) = self
-            .layer_10
-            .forward_batch(
-                &h,
-                &sliding,
-                cache.layer_mut(10)?,
-                &b::per_layer_slice(&per_layer, 10)?,
-            )?;
-        let (h, kv_11) = self
-            .layer_11
-            .forward_batch(
-                &h,
-                &full,
-                cache.layer_mut(11)?,
-                &b::per_layer_slice(&per_layer, 11)?,
-            )?;
-        let h = self
-            .layer_12
-            .forward_batch(&h, &sliding, &kv_10, &b::per_layer_slice(&per_layer, 12)?)?;
-        let h = self
-            .layer_13
-            .forward_batch(&h, &sliding, &kv_10, &b::per_layer_slice(&per_layer, 13)?)?;
-        let h = self
-            .layer_14
-            .forward_batch(&h, &sliding, &kv_10, &b::per_layer_slice(&per_layer, 14)?)?;
-        let h = self
-            .layer_15
-            .forward_batch(&h, &sliding, &kv_10, &b::per_layer_slice(&per_layer, 15)?)?;
-        let h = self
-            .layer_16
-            .forward_batch(&h, &sliding, &kv_10, &b::per_layer_slice(&per_layer, 16)?)?;
-        let h = self
-            .layer_17
-            .forward_batch(&h, &full, &kv_11, &b::per_layer_slice(&per_layer, 17)?)?;
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
+            let (out, kv) = match layer {
+                Layer::SlidingOwnKvPle(l) => {
+                    let (h, kv) = l
+                        .forward_batch(
+                            &h,
+                            &sliding,
+                            cache.layer_mut(i)?,
+                            &per_layer_input,
+                        )?;
+                    (h, Some(kv))
+                }
+                Layer::FullOwnKvPle(l) => {
+                    let (h, kv) = l
+                        .forward_batch(
+                            &h,
+                            &full,
+                            cache.layer_mut(i)?,
+                            &per_layer_input,
+                        )?;
+                    (h, Some(kv))
+                }
+                Layer::SlidingSharedKvPle(l) => {
+                    (
+                        l
+                            .forward_batch(
+                                &h,
+                                &sliding,
+                                donor_kv(&computed, l.donor)?,
+                                &per_layer_input,
+                            )?,
+                        None,
+                    )
+                }
+                Layer::FullSharedKvPle(l) => {
+                    (
+                        l
+                            .forward_batch(
+                                &h,
+                                &full,
+                                donor_kv(&computed, l.donor)?,
+                                &per_layer_input,
+                            )?,
+                        None,
+                    )
+                }
+            };
+            h = out;
+            computed.push(kv);
+        }
         let logits = b::logits(
             &h,
             &self.norm,

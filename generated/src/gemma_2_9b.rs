@@ -83,6 +83,7 @@ impl FullOwnKv {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<(Array, b::SharedKv)> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -104,7 +105,9 @@ impl FullOwnKv {
                 at.mask,
             );
         }
+        // x = self.input_layernorm(h), its weight 1 + w folded at load
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k/v projections, RoPE, cache update, scores softcapped at 50, softmax, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
             &self.attn,
@@ -114,6 +117,9 @@ impl FullOwnKv {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
@@ -144,146 +150,120 @@ impl FullOwnKv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
+/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+#[derive(Clone, Copy)]
+enum Row {
+    /// (MLP width)
+    FullOwnKv(i32),
+}
+/// The width of a dense MLP (`intermediate_size`).
+const MLP_WIDTH: i32 = 14336;
+/// Every layer in order: layer `i` is row `i`.
+const LAYOUT: [Row; 42] = [
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+];
+/// One loaded layer, by kind.
+enum Layer {
+    FullOwnKv(FullOwnKv),
+}
+impl Row {
+    /// Loads layer `i`, whose row this is.
+    fn load(self, w: &mut Weights, i: usize) -> Layer {
+        match self {
+            Row::FullOwnKv(mlp_width) => {
+                Layer::FullOwnKv(FullOwnKv::load(w, i, mlp_width))
+            }
+        }
+    }
+    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
+    /// for a layer that computes its own K/V.
+    fn kv_cache(self) -> Option<LayerCache> {
+        match self {
+            Row::FullOwnKv { .. } => Some(LayerCache::Full(KvCache::default())),
+        }
+    }
+    /// The layer's merged cache for a batch of fresh sequences
+    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+        match self {
+            Row::FullOwnKv { .. } => {
+                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
+            }
+        }
+    }
+}
+/// Cache `k` of those `make_cache` made.
+fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
+    caches.get(k).ok_or_else(missing_cache)
+}
+/// The next layer's cache, in the order `make_cache` made them.
+fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
+    caches.next().ok_or_else(missing_cache)
+}
+fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
+    archgen_runtime::mlx_rs::error::Exception::custom(
+        format!("{NAME}: the cache holds fewer layers than the model"),
+    )
+}
 /// The `gemma-2-9b` model: 42 layers, hidden size 3584.
 pub struct Model {
     embed: Embedding,
     rope_full: Rope,
-    layer_0: FullOwnKv,
-    layer_1: FullOwnKv,
-    layer_2: FullOwnKv,
-    layer_3: FullOwnKv,
-    layer_4: FullOwnKv,
-    layer_5: FullOwnKv,
-    layer_6: FullOwnKv,
-    layer_7: FullOwnKv,
-    layer_8: FullOwnKv,
-    layer_9: FullOwnKv,
-    layer_10: FullOwnKv,
-    layer_11: FullOwnKv,
-    layer_12: FullOwnKv,
-    layer_13: FullOwnKv,
-    layer_14: FullOwnKv,
-    layer_15: FullOwnKv,
-    layer_16: FullOwnKv,
-    layer_17: FullOwnKv,
-    layer_18: FullOwnKv,
-    layer_19: FullOwnKv,
-    layer_20: FullOwnKv,
-    layer_21: FullOwnKv,
-    layer_22: FullOwnKv,
-    layer_23: FullOwnKv,
-    layer_24: FullOwnKv,
-    layer_25: FullOwnKv,
-    layer_26: FullOwnKv,
-    layer_27: FullOwnKv,
-    layer_28: FullOwnKv,
-    layer_29: FullOwnKv,
-    layer_30: FullOwnKv,
-    layer_31: FullOwnKv,
-    layer_32: FullOwnKv,
-    layer_33: FullOwnKv,
-    layer_34: FullOwnKv,
-    layer_35: FullOwnKv,
-    layer_36: FullOwnKv,
-    layer_37: FullOwnKv,
-    layer_38: FullOwnKv,
-    layer_39: FullOwnKv,
-    layer_40: FullOwnKv,
-    layer_41: FullOwnKv,
+    layers: Vec<Layer>,
     norm: Array,
 }
-/// One cache per layer that computes its own K/V.
+/// The caches of one sequence: one per layer that computes its own K/V.
 pub struct Cache {
-    layer_0: LayerCache,
-    layer_1: LayerCache,
-    layer_2: LayerCache,
-    layer_3: LayerCache,
-    layer_4: LayerCache,
-    layer_5: LayerCache,
-    layer_6: LayerCache,
-    layer_7: LayerCache,
-    layer_8: LayerCache,
-    layer_9: LayerCache,
-    layer_10: LayerCache,
-    layer_11: LayerCache,
-    layer_12: LayerCache,
-    layer_13: LayerCache,
-    layer_14: LayerCache,
-    layer_15: LayerCache,
-    layer_16: LayerCache,
-    layer_17: LayerCache,
-    layer_18: LayerCache,
-    layer_19: LayerCache,
-    layer_20: LayerCache,
-    layer_21: LayerCache,
-    layer_22: LayerCache,
-    layer_23: LayerCache,
-    layer_24: LayerCache,
-    layer_25: LayerCache,
-    layer_26: LayerCache,
-    layer_27: LayerCache,
-    layer_28: LayerCache,
-    layer_29: LayerCache,
-    layer_30: LayerCache,
-    layer_31: LayerCache,
-    layer_32: LayerCache,
-    layer_33: LayerCache,
-    layer_34: LayerCache,
-    layer_35: LayerCache,
-    layer_36: LayerCache,
-    layer_37: LayerCache,
-    layer_38: LayerCache,
-    layer_39: LayerCache,
-    layer_40: LayerCache,
-    layer_41: LayerCache,
+    /// One per layer that computes its own K/V, in layer order.
+    kv: Vec<LayerCache>,
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(256, 10000f32),
-        layer_0: FullOwnKv::load(&mut w, 0usize, 14336),
-        layer_1: FullOwnKv::load(&mut w, 1usize, 14336),
-        layer_2: FullOwnKv::load(&mut w, 2usize, 14336),
-        layer_3: FullOwnKv::load(&mut w, 3usize, 14336),
-        layer_4: FullOwnKv::load(&mut w, 4usize, 14336),
-        layer_5: FullOwnKv::load(&mut w, 5usize, 14336),
-        layer_6: FullOwnKv::load(&mut w, 6usize, 14336),
-        layer_7: FullOwnKv::load(&mut w, 7usize, 14336),
-        layer_8: FullOwnKv::load(&mut w, 8usize, 14336),
-        layer_9: FullOwnKv::load(&mut w, 9usize, 14336),
-        layer_10: FullOwnKv::load(&mut w, 10usize, 14336),
-        layer_11: FullOwnKv::load(&mut w, 11usize, 14336),
-        layer_12: FullOwnKv::load(&mut w, 12usize, 14336),
-        layer_13: FullOwnKv::load(&mut w, 13usize, 14336),
-        layer_14: FullOwnKv::load(&mut w, 14usize, 14336),
-        layer_15: FullOwnKv::load(&mut w, 15usize, 14336),
-        layer_16: FullOwnKv::load(&mut w, 16usize, 14336),
-        layer_17: FullOwnKv::load(&mut w, 17usize, 14336),
-        layer_18: FullOwnKv::load(&mut w, 18usize, 14336),
-        layer_19: FullOwnKv::load(&mut w, 19usize, 14336),
-        layer_20: FullOwnKv::load(&mut w, 20usize, 14336),
-        layer_21: FullOwnKv::load(&mut w, 21usize, 14336),
-        layer_22: FullOwnKv::load(&mut w, 22usize, 14336),
-        layer_23: FullOwnKv::load(&mut w, 23usize, 14336),
-        layer_24: FullOwnKv::load(&mut w, 24usize, 14336),
-        layer_25: FullOwnKv::load(&mut w, 25usize, 14336),
-        layer_26: FullOwnKv::load(&mut w, 26usize, 14336),
-        layer_27: FullOwnKv::load(&mut w, 27usize, 14336),
-        layer_28: FullOwnKv::load(&mut w, 28usize, 14336),
-        layer_29: FullOwnKv::load(&mut w, 29usize, 14336),
-        layer_30: FullOwnKv::load(&mut w, 30usize, 14336),
-        layer_31: FullOwnKv::load(&mut w, 31usize, 14336),
-        layer_32: FullOwnKv::load(&mut w, 32usize, 14336),
-        layer_33: FullOwnKv::load(&mut w, 33usize, 14336),
-        layer_34: FullOwnKv::load(&mut w, 34usize, 14336),
-        layer_35: FullOwnKv::load(&mut w, 35usize, 14336),
-        layer_36: FullOwnKv::load(&mut w, 36usize, 14336),
-        layer_37: FullOwnKv::load(&mut w, 37usize, 14336),
-        layer_38: FullOwnKv::load(&mut w, 38usize, 14336),
-        layer_39: FullOwnKv::load(&mut w, 39usize, 14336),
-        layer_40: FullOwnKv::load(&mut w, 40usize, 14336),
-        layer_41: FullOwnKv::load(&mut w, 41usize, 14336),
+        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
         norm: b::load_norm_weight(&mut w, "norm.weight", HIDDEN, b::NormWeight::OnePlus),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -301,56 +281,16 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            layer_0: LayerCache::Full(KvCache::default()),
-            layer_1: LayerCache::Full(KvCache::default()),
-            layer_2: LayerCache::Full(KvCache::default()),
-            layer_3: LayerCache::Full(KvCache::default()),
-            layer_4: LayerCache::Full(KvCache::default()),
-            layer_5: LayerCache::Full(KvCache::default()),
-            layer_6: LayerCache::Full(KvCache::default()),
-            layer_7: LayerCache::Full(KvCache::default()),
-            layer_8: LayerCache::Full(KvCache::default()),
-            layer_9: LayerCache::Full(KvCache::default()),
-            layer_10: LayerCache::Full(KvCache::default()),
-            layer_11: LayerCache::Full(KvCache::default()),
-            layer_12: LayerCache::Full(KvCache::default()),
-            layer_13: LayerCache::Full(KvCache::default()),
-            layer_14: LayerCache::Full(KvCache::default()),
-            layer_15: LayerCache::Full(KvCache::default()),
-            layer_16: LayerCache::Full(KvCache::default()),
-            layer_17: LayerCache::Full(KvCache::default()),
-            layer_18: LayerCache::Full(KvCache::default()),
-            layer_19: LayerCache::Full(KvCache::default()),
-            layer_20: LayerCache::Full(KvCache::default()),
-            layer_21: LayerCache::Full(KvCache::default()),
-            layer_22: LayerCache::Full(KvCache::default()),
-            layer_23: LayerCache::Full(KvCache::default()),
-            layer_24: LayerCache::Full(KvCache::default()),
-            layer_25: LayerCache::Full(KvCache::default()),
-            layer_26: LayerCache::Full(KvCache::default()),
-            layer_27: LayerCache::Full(KvCache::default()),
-            layer_28: LayerCache::Full(KvCache::default()),
-            layer_29: LayerCache::Full(KvCache::default()),
-            layer_30: LayerCache::Full(KvCache::default()),
-            layer_31: LayerCache::Full(KvCache::default()),
-            layer_32: LayerCache::Full(KvCache::default()),
-            layer_33: LayerCache::Full(KvCache::default()),
-            layer_34: LayerCache::Full(KvCache::default()),
-            layer_35: LayerCache::Full(KvCache::default()),
-            layer_36: LayerCache::Full(KvCache::default()),
-            layer_37: LayerCache::Full(KvCache::default()),
-            layer_38: LayerCache::Full(KvCache::default()),
-            layer_39: LayerCache::Full(KvCache::default()),
-            layer_40: LayerCache::Full(KvCache::default()),
-            layer_41: LayerCache::Full(KvCache::default()),
+            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
         }
     }
     fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
         let n = ids.shape()[1];
         let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
-        let full_mask = b::mask_for(&cache.layer_0, n, 0)?;
-        let offset = cache.layer_0.offset();
+        let full_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 0)?;
+        let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
+        // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
         let full_tables = if step {
             Some(self.rope_full.tables(offset, n, h.dtype())?)
         } else {
@@ -361,49 +301,15 @@ impl CausalLm for Model {
             tables: full_tables.as_ref(),
             mask: &full_mask,
         };
-        let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-        let (h, _) = self.layer_0.forward(&h, &full, &mut cache.layer_0)?;
-        let (h, _) = self.layer_1.forward(&h, &full, &mut cache.layer_1)?;
-        let (h, _) = self.layer_2.forward(&h, &full, &mut cache.layer_2)?;
-        let (h, _) = self.layer_3.forward(&h, &full, &mut cache.layer_3)?;
-        let (h, _) = self.layer_4.forward(&h, &full, &mut cache.layer_4)?;
-        let (h, _) = self.layer_5.forward(&h, &full, &mut cache.layer_5)?;
-        let (h, _) = self.layer_6.forward(&h, &full, &mut cache.layer_6)?;
-        let (h, _) = self.layer_7.forward(&h, &full, &mut cache.layer_7)?;
-        let (h, _) = self.layer_8.forward(&h, &full, &mut cache.layer_8)?;
-        let (h, _) = self.layer_9.forward(&h, &full, &mut cache.layer_9)?;
-        let (h, _) = self.layer_10.forward(&h, &full, &mut cache.layer_10)?;
-        let (h, _) = self.layer_11.forward(&h, &full, &mut cache.layer_11)?;
-        let (h, _) = self.layer_12.forward(&h, &full, &mut cache.layer_12)?;
-        let (h, _) = self.layer_13.forward(&h, &full, &mut cache.layer_13)?;
-        let (h, _) = self.layer_14.forward(&h, &full, &mut cache.layer_14)?;
-        let (h, _) = self.layer_15.forward(&h, &full, &mut cache.layer_15)?;
-        let (h, _) = self.layer_16.forward(&h, &full, &mut cache.layer_16)?;
-        let (h, _) = self.layer_17.forward(&h, &full, &mut cache.layer_17)?;
-        let (h, _) = self.layer_18.forward(&h, &full, &mut cache.layer_18)?;
-        let (h, _) = self.layer_19.forward(&h, &full, &mut cache.layer_19)?;
-        let (h, _) = self.layer_20.forward(&h, &full, &mut cache.layer_20)?;
-        let (h, _) = self.layer_21.forward(&h, &full, &mut cache.layer_21)?;
-        let (h, _) = self.layer_22.forward(&h, &full, &mut cache.layer_22)?;
-        let (h, _) = self.layer_23.forward(&h, &full, &mut cache.layer_23)?;
-        let (h, _) = self.layer_24.forward(&h, &full, &mut cache.layer_24)?;
-        let (h, _) = self.layer_25.forward(&h, &full, &mut cache.layer_25)?;
-        let (h, _) = self.layer_26.forward(&h, &full, &mut cache.layer_26)?;
-        let (h, _) = self.layer_27.forward(&h, &full, &mut cache.layer_27)?;
-        let (h, _) = self.layer_28.forward(&h, &full, &mut cache.layer_28)?;
-        let (h, _) = self.layer_29.forward(&h, &full, &mut cache.layer_29)?;
-        let (h, _) = self.layer_30.forward(&h, &full, &mut cache.layer_30)?;
-        let (h, _) = self.layer_31.forward(&h, &full, &mut cache.layer_31)?;
-        let (h, _) = self.layer_32.forward(&h, &full, &mut cache.layer_32)?;
-        let (h, _) = self.layer_33.forward(&h, &full, &mut cache.layer_33)?;
-        let (h, _) = self.layer_34.forward(&h, &full, &mut cache.layer_34)?;
-        let (h, _) = self.layer_35.forward(&h, &full, &mut cache.layer_35)?;
-        let (h, _) = self.layer_36.forward(&h, &full, &mut cache.layer_36)?;
-        let (h, _) = self.layer_37.forward(&h, &full, &mut cache.layer_37)?;
-        let (h, _) = self.layer_38.forward(&h, &full, &mut cache.layer_38)?;
-        let (h, _) = self.layer_39.forward(&h, &full, &mut cache.layer_39)?;
-        let (h, _) = self.layer_40.forward(&h, &full, &mut cache.layer_40)?;
-        let (h, _) = self.layer_41.forward(&h, &full, &mut cache.layer_41)?;
+        let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
+        let mut kv_caches = cache.kv.iter_mut();
+        for layer in &self.layers {
+            h = match layer {
+                Layer::FullOwnKv(l) => {
+                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
+                }
+            };
+        }
         let logits = archgen_runtime::ops::softcap_eager(
             &b::logits(&h, &self.norm, b::Head::Tied(&self.embed), None, EPS)?,
             30f64,
@@ -418,104 +324,24 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: Vec::from([
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-            ]),
+            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(42)?;
+        cache.check_layers(LAYOUT.len())?;
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;
         let full = WindowStep {
             rope: &self.rope_full,
             tables: None,
             mask: &full_mask,
         };
-        let (h, _) = self.layer_0.forward_batch(&h, &full, cache.layer_mut(0)?)?;
-        let (h, _) = self.layer_1.forward_batch(&h, &full, cache.layer_mut(1)?)?;
-        let (h, _) = self.layer_2.forward_batch(&h, &full, cache.layer_mut(2)?)?;
-        let (h, _) = self.layer_3.forward_batch(&h, &full, cache.layer_mut(3)?)?;
-        let (h, _) = self.layer_4.forward_batch(&h, &full, cache.layer_mut(4)?)?;
-        let (h, _) = self.layer_5.forward_batch(&h, &full, cache.layer_mut(5)?)?;
-        let (h, _) = self.layer_6.forward_batch(&h, &full, cache.layer_mut(6)?)?;
-        let (h, _) = self.layer_7.forward_batch(&h, &full, cache.layer_mut(7)?)?;
-        let (h, _) = self.layer_8.forward_batch(&h, &full, cache.layer_mut(8)?)?;
-        let (h, _) = self.layer_9.forward_batch(&h, &full, cache.layer_mut(9)?)?;
-        let (h, _) = self.layer_10.forward_batch(&h, &full, cache.layer_mut(10)?)?;
-        let (h, _) = self.layer_11.forward_batch(&h, &full, cache.layer_mut(11)?)?;
-        let (h, _) = self.layer_12.forward_batch(&h, &full, cache.layer_mut(12)?)?;
-        let (h, _) = self.layer_13.forward_batch(&h, &full, cache.layer_mut(13)?)?;
-        let (h, _) = self.layer_14.forward_batch(&h, &full, cache.layer_mut(14)?)?;
-        let (h, _) = self.layer_15.forward_batch(&h, &full, cache.layer_mut(15)?)?;
-        let (h, _) = self.layer_16.forward_batch(&h, &full, cache.layer_mut(16)?)?;
-        let (h, _) = self.layer_17.forward_batch(&h, &full, cache.layer_mut(17)?)?;
-        let (h, _) = self.layer_18.forward_batch(&h, &full, cache.layer_mut(18)?)?;
-        let (h, _) = self.layer_19.forward_batch(&h, &full, cache.layer_mut(19)?)?;
-        let (h, _) = self.layer_20.forward_batch(&h, &full, cache.layer_mut(20)?)?;
-        let (h, _) = self.layer_21.forward_batch(&h, &full, cache.layer_mut(21)?)?;
-        let (h, _) = self.layer_22.forward_batch(&h, &full, cache.layer_mut(22)?)?;
-        let (h, _) = self.layer_23.forward_batch(&h, &full, cache.layer_mut(23)?)?;
-        let (h, _) = self.layer_24.forward_batch(&h, &full, cache.layer_mut(24)?)?;
-        let (h, _) = self.layer_25.forward_batch(&h, &full, cache.layer_mut(25)?)?;
-        let (h, _) = self.layer_26.forward_batch(&h, &full, cache.layer_mut(26)?)?;
-        let (h, _) = self.layer_27.forward_batch(&h, &full, cache.layer_mut(27)?)?;
-        let (h, _) = self.layer_28.forward_batch(&h, &full, cache.layer_mut(28)?)?;
-        let (h, _) = self.layer_29.forward_batch(&h, &full, cache.layer_mut(29)?)?;
-        let (h, _) = self.layer_30.forward_batch(&h, &full, cache.layer_mut(30)?)?;
-        let (h, _) = self.layer_31.forward_batch(&h, &full, cache.layer_mut(31)?)?;
-        let (h, _) = self.layer_32.forward_batch(&h, &full, cache.layer_mut(32)?)?;
-        let (h, _) = self.layer_33.forward_batch(&h, &full, cache.layer_mut(33)?)?;
-        let (h, _) = self.layer_34.forward_batch(&h, &full, cache.layer_mut(34)?)?;
-        let (h, _) = self.layer_35.forward_batch(&h, &full, cache.layer_mut(35)?)?;
-        let (h, _) = self.layer_36.forward_batch(&h, &full, cache.layer_mut(36)?)?;
-        let (h, _) = self.layer_37.forward_batch(&h, &full, cache.layer_mut(37)?)?;
-        let (h, _) = self.layer_38.forward_batch(&h, &full, cache.layer_mut(38)?)?;
-        let (h, _) = self.layer_39.forward_batch(&h, &full, cache.layer_mut(39)?)?;
-        let (h, _) = self.layer_40.forward_batch(&h, &full, cache.layer_mut(40)?)?;
-        let (h, _) = self.layer_41.forward_batch(&h, &full, cache.layer_mut(41)?)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = match layer {
+                Layer::FullOwnKv(l) => l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0,
+            };
+        }
         let logits = archgen_runtime::ops::softcap_eager(
             &b::logits(&h, &self.norm, b::Head::Tied(&self.embed), None, EPS)?,
             30f64,

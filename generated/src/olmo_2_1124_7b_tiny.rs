@@ -74,6 +74,7 @@ impl FullOwnKv {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<(Array, b::SharedKv)> {
+        // a = self.self_attn(h, mask, cache): q/k/v projections, q/k RMSNorm over the projections, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             h,
             &self.attn,
@@ -83,6 +84,9 @@ impl FullOwnKv {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + self.post_attention_layernorm(a)
+        //   h = h + self.post_feedforward_layernorm(self.mlp(h))
         Ok((self.finish(h, a)?, kv))
     }
     /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
@@ -110,33 +114,83 @@ impl FullOwnKv {
         b::post_norm_feed_forward(&h, &self.norms, &self.mlp, EPS)
     }
 }
+/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+#[derive(Clone, Copy)]
+enum Row {
+    /// (MLP width)
+    FullOwnKv(i32),
+}
+/// The width of a dense MLP (`intermediate_size`).
+const MLP_WIDTH: i32 = 128;
+/// Every layer in order: layer `i` is row `i`.
+const LAYOUT: [Row; 4] = [
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+    Row::FullOwnKv(MLP_WIDTH),
+];
+/// One loaded layer, by kind.
+enum Layer {
+    FullOwnKv(FullOwnKv),
+}
+impl Row {
+    /// Loads layer `i`, whose row this is.
+    fn load(self, w: &mut Weights, i: usize) -> Layer {
+        match self {
+            Row::FullOwnKv(mlp_width) => {
+                Layer::FullOwnKv(FullOwnKv::load(w, i, mlp_width))
+            }
+        }
+    }
+    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
+    /// for a layer that computes its own K/V.
+    fn kv_cache(self) -> Option<LayerCache> {
+        match self {
+            Row::FullOwnKv { .. } => Some(LayerCache::Full(KvCache::default())),
+        }
+    }
+    /// The layer's merged cache for a batch of fresh sequences
+    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+        match self {
+            Row::FullOwnKv { .. } => {
+                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
+            }
+        }
+    }
+}
+/// Cache `k` of those `make_cache` made.
+fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
+    caches.get(k).ok_or_else(missing_cache)
+}
+/// The next layer's cache, in the order `make_cache` made them.
+fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
+    caches.next().ok_or_else(missing_cache)
+}
+fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
+    archgen_runtime::mlx_rs::error::Exception::custom(
+        format!("{NAME}: the cache holds fewer layers than the model"),
+    )
+}
 /// The `olmo-2-1124-7b-tiny` model: 4 layers, hidden size 64.
 pub struct Model {
     embed: Embedding,
     rope_full: Rope,
-    layer_0: FullOwnKv,
-    layer_1: FullOwnKv,
-    layer_2: FullOwnKv,
-    layer_3: FullOwnKv,
+    layers: Vec<Layer>,
     norm: Array,
     lm_head: Linear,
 }
-/// One cache per layer that computes its own K/V.
+/// The caches of one sequence: one per layer that computes its own K/V.
 pub struct Cache {
-    layer_0: LayerCache,
-    layer_1: LayerCache,
-    layer_2: LayerCache,
-    layer_3: LayerCache,
+    /// One per layer that computes its own K/V, in layer order.
+    kv: Vec<LayerCache>,
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(16, 500000f32),
-        layer_0: FullOwnKv::load(&mut w, 0usize, 128),
-        layer_1: FullOwnKv::load(&mut w, 1usize, 128),
-        layer_2: FullOwnKv::load(&mut w, 2usize, 128),
-        layer_3: FullOwnKv::load(&mut w, 3usize, 128),
+        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
         lm_head: w.linear("lm_head", VOCAB, HIDDEN),
     };
@@ -155,25 +209,26 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            layer_0: LayerCache::Full(KvCache::default()),
-            layer_1: LayerCache::Full(KvCache::default()),
-            layer_2: LayerCache::Full(KvCache::default()),
-            layer_3: LayerCache::Full(KvCache::default()),
+            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
         }
     }
     fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = b::mask_for(&cache.layer_0, n, 0)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 0)?;
         let full = WindowStep {
             rope: &self.rope_full,
             tables: None,
             mask: &full_mask,
         };
-        let (h, _) = self.layer_0.forward(&h, &full, &mut cache.layer_0)?;
-        let (h, _) = self.layer_1.forward(&h, &full, &mut cache.layer_1)?;
-        let (h, _) = self.layer_2.forward(&h, &full, &mut cache.layer_2)?;
-        let (h, _) = self.layer_3.forward(&h, &full, &mut cache.layer_3)?;
+        let mut kv_caches = cache.kv.iter_mut();
+        for layer in &self.layers {
+            h = match layer {
+                Layer::FullOwnKv(l) => {
+                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,
@@ -191,28 +246,24 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: Vec::from([
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-            ]),
+            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(4)?;
+        cache.check_layers(LAYOUT.len())?;
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;
         let full = WindowStep {
             rope: &self.rope_full,
             tables: None,
             mask: &full_mask,
         };
-        let (h, _) = self.layer_0.forward_batch(&h, &full, cache.layer_mut(0)?)?;
-        let (h, _) = self.layer_1.forward_batch(&h, &full, cache.layer_mut(1)?)?;
-        let (h, _) = self.layer_2.forward_batch(&h, &full, cache.layer_mut(2)?)?;
-        let (h, _) = self.layer_3.forward_batch(&h, &full, cache.layer_mut(3)?)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = match layer {
+                Layer::FullOwnKv(l) => l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0,
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,

@@ -56,13 +56,17 @@ impl FullFusedQkvOwnKv {
         layer.mlp.pretranspose();
         layer
     }
+    /// Eager for one token too: the compiled decode blocks take
+    /// separate q/k/v projections.
     fn forward(
         &self,
         h: &Array,
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<(Array, b::SharedKv)> {
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): one qkv_proj split into q, k, v, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_fused_qkv(
             &x,
             &self.attn,
@@ -71,6 +75,9 @@ impl FullFusedQkvOwnKv {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + a
+        //   h = h + self.mlp(self.post_attention_layernorm(h))
         Ok((self.finish(h, a)?, kv))
     }
     /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
@@ -99,117 +106,111 @@ impl FullFusedQkvOwnKv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
+/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+#[derive(Clone, Copy)]
+enum Row {
+    /// (MLP width)
+    FullFusedQkvOwnKv(i32),
+}
+/// The width of a dense MLP (`intermediate_size`).
+const MLP_WIDTH: i32 = 8192;
+/// Every layer in order: layer `i` is row `i`.
+const LAYOUT: [Row; 32] = [
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+    Row::FullFusedQkvOwnKv(MLP_WIDTH),
+];
+/// One loaded layer, by kind.
+enum Layer {
+    FullFusedQkvOwnKv(FullFusedQkvOwnKv),
+}
+impl Row {
+    /// Loads layer `i`, whose row this is.
+    fn load(self, w: &mut Weights, i: usize) -> Layer {
+        match self {
+            Row::FullFusedQkvOwnKv(mlp_width) => {
+                Layer::FullFusedQkvOwnKv(FullFusedQkvOwnKv::load(w, i, mlp_width))
+            }
+        }
+    }
+    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
+    /// for a layer that computes its own K/V.
+    fn kv_cache(self) -> Option<LayerCache> {
+        match self {
+            Row::FullFusedQkvOwnKv { .. } => Some(LayerCache::Full(KvCache::default())),
+        }
+    }
+    /// The layer's merged cache for a batch of fresh sequences
+    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+        match self {
+            Row::FullFusedQkvOwnKv { .. } => {
+                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
+            }
+        }
+    }
+}
+/// Cache `k` of those `make_cache` made.
+fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
+    caches.get(k).ok_or_else(missing_cache)
+}
+/// The next layer's cache, in the order `make_cache` made them.
+fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
+    caches.next().ok_or_else(missing_cache)
+}
+fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
+    archgen_runtime::mlx_rs::error::Exception::custom(
+        format!("{NAME}: the cache holds fewer layers than the model"),
+    )
+}
 /// The `phi-3-mini-4k` model: 32 layers, hidden size 3072.
 pub struct Model {
     embed: Embedding,
     rope_full: Rope,
-    layer_0: FullFusedQkvOwnKv,
-    layer_1: FullFusedQkvOwnKv,
-    layer_2: FullFusedQkvOwnKv,
-    layer_3: FullFusedQkvOwnKv,
-    layer_4: FullFusedQkvOwnKv,
-    layer_5: FullFusedQkvOwnKv,
-    layer_6: FullFusedQkvOwnKv,
-    layer_7: FullFusedQkvOwnKv,
-    layer_8: FullFusedQkvOwnKv,
-    layer_9: FullFusedQkvOwnKv,
-    layer_10: FullFusedQkvOwnKv,
-    layer_11: FullFusedQkvOwnKv,
-    layer_12: FullFusedQkvOwnKv,
-    layer_13: FullFusedQkvOwnKv,
-    layer_14: FullFusedQkvOwnKv,
-    layer_15: FullFusedQkvOwnKv,
-    layer_16: FullFusedQkvOwnKv,
-    layer_17: FullFusedQkvOwnKv,
-    layer_18: FullFusedQkvOwnKv,
-    layer_19: FullFusedQkvOwnKv,
-    layer_20: FullFusedQkvOwnKv,
-    layer_21: FullFusedQkvOwnKv,
-    layer_22: FullFusedQkvOwnKv,
-    layer_23: FullFusedQkvOwnKv,
-    layer_24: FullFusedQkvOwnKv,
-    layer_25: FullFusedQkvOwnKv,
-    layer_26: FullFusedQkvOwnKv,
-    layer_27: FullFusedQkvOwnKv,
-    layer_28: FullFusedQkvOwnKv,
-    layer_29: FullFusedQkvOwnKv,
-    layer_30: FullFusedQkvOwnKv,
-    layer_31: FullFusedQkvOwnKv,
+    layers: Vec<Layer>,
     norm: Array,
     lm_head: Linear,
 }
-/// One cache per layer that computes its own K/V.
+/// The caches of one sequence: one per layer that computes its own K/V.
 pub struct Cache {
-    layer_0: LayerCache,
-    layer_1: LayerCache,
-    layer_2: LayerCache,
-    layer_3: LayerCache,
-    layer_4: LayerCache,
-    layer_5: LayerCache,
-    layer_6: LayerCache,
-    layer_7: LayerCache,
-    layer_8: LayerCache,
-    layer_9: LayerCache,
-    layer_10: LayerCache,
-    layer_11: LayerCache,
-    layer_12: LayerCache,
-    layer_13: LayerCache,
-    layer_14: LayerCache,
-    layer_15: LayerCache,
-    layer_16: LayerCache,
-    layer_17: LayerCache,
-    layer_18: LayerCache,
-    layer_19: LayerCache,
-    layer_20: LayerCache,
-    layer_21: LayerCache,
-    layer_22: LayerCache,
-    layer_23: LayerCache,
-    layer_24: LayerCache,
-    layer_25: LayerCache,
-    layer_26: LayerCache,
-    layer_27: LayerCache,
-    layer_28: LayerCache,
-    layer_29: LayerCache,
-    layer_30: LayerCache,
-    layer_31: LayerCache,
+    /// One per layer that computes its own K/V, in layer order.
+    kv: Vec<LayerCache>,
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(96, 10000f32),
-        layer_0: FullFusedQkvOwnKv::load(&mut w, 0usize, 8192),
-        layer_1: FullFusedQkvOwnKv::load(&mut w, 1usize, 8192),
-        layer_2: FullFusedQkvOwnKv::load(&mut w, 2usize, 8192),
-        layer_3: FullFusedQkvOwnKv::load(&mut w, 3usize, 8192),
-        layer_4: FullFusedQkvOwnKv::load(&mut w, 4usize, 8192),
-        layer_5: FullFusedQkvOwnKv::load(&mut w, 5usize, 8192),
-        layer_6: FullFusedQkvOwnKv::load(&mut w, 6usize, 8192),
-        layer_7: FullFusedQkvOwnKv::load(&mut w, 7usize, 8192),
-        layer_8: FullFusedQkvOwnKv::load(&mut w, 8usize, 8192),
-        layer_9: FullFusedQkvOwnKv::load(&mut w, 9usize, 8192),
-        layer_10: FullFusedQkvOwnKv::load(&mut w, 10usize, 8192),
-        layer_11: FullFusedQkvOwnKv::load(&mut w, 11usize, 8192),
-        layer_12: FullFusedQkvOwnKv::load(&mut w, 12usize, 8192),
-        layer_13: FullFusedQkvOwnKv::load(&mut w, 13usize, 8192),
-        layer_14: FullFusedQkvOwnKv::load(&mut w, 14usize, 8192),
-        layer_15: FullFusedQkvOwnKv::load(&mut w, 15usize, 8192),
-        layer_16: FullFusedQkvOwnKv::load(&mut w, 16usize, 8192),
-        layer_17: FullFusedQkvOwnKv::load(&mut w, 17usize, 8192),
-        layer_18: FullFusedQkvOwnKv::load(&mut w, 18usize, 8192),
-        layer_19: FullFusedQkvOwnKv::load(&mut w, 19usize, 8192),
-        layer_20: FullFusedQkvOwnKv::load(&mut w, 20usize, 8192),
-        layer_21: FullFusedQkvOwnKv::load(&mut w, 21usize, 8192),
-        layer_22: FullFusedQkvOwnKv::load(&mut w, 22usize, 8192),
-        layer_23: FullFusedQkvOwnKv::load(&mut w, 23usize, 8192),
-        layer_24: FullFusedQkvOwnKv::load(&mut w, 24usize, 8192),
-        layer_25: FullFusedQkvOwnKv::load(&mut w, 25usize, 8192),
-        layer_26: FullFusedQkvOwnKv::load(&mut w, 26usize, 8192),
-        layer_27: FullFusedQkvOwnKv::load(&mut w, 27usize, 8192),
-        layer_28: FullFusedQkvOwnKv::load(&mut w, 28usize, 8192),
-        layer_29: FullFusedQkvOwnKv::load(&mut w, 29usize, 8192),
-        layer_30: FullFusedQkvOwnKv::load(&mut w, 30usize, 8192),
-        layer_31: FullFusedQkvOwnKv::load(&mut w, 31usize, 8192),
+        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
         lm_head: w.linear("lm_head", VOCAB, HIDDEN),
     };
@@ -228,81 +229,26 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            layer_0: LayerCache::Full(KvCache::default()),
-            layer_1: LayerCache::Full(KvCache::default()),
-            layer_2: LayerCache::Full(KvCache::default()),
-            layer_3: LayerCache::Full(KvCache::default()),
-            layer_4: LayerCache::Full(KvCache::default()),
-            layer_5: LayerCache::Full(KvCache::default()),
-            layer_6: LayerCache::Full(KvCache::default()),
-            layer_7: LayerCache::Full(KvCache::default()),
-            layer_8: LayerCache::Full(KvCache::default()),
-            layer_9: LayerCache::Full(KvCache::default()),
-            layer_10: LayerCache::Full(KvCache::default()),
-            layer_11: LayerCache::Full(KvCache::default()),
-            layer_12: LayerCache::Full(KvCache::default()),
-            layer_13: LayerCache::Full(KvCache::default()),
-            layer_14: LayerCache::Full(KvCache::default()),
-            layer_15: LayerCache::Full(KvCache::default()),
-            layer_16: LayerCache::Full(KvCache::default()),
-            layer_17: LayerCache::Full(KvCache::default()),
-            layer_18: LayerCache::Full(KvCache::default()),
-            layer_19: LayerCache::Full(KvCache::default()),
-            layer_20: LayerCache::Full(KvCache::default()),
-            layer_21: LayerCache::Full(KvCache::default()),
-            layer_22: LayerCache::Full(KvCache::default()),
-            layer_23: LayerCache::Full(KvCache::default()),
-            layer_24: LayerCache::Full(KvCache::default()),
-            layer_25: LayerCache::Full(KvCache::default()),
-            layer_26: LayerCache::Full(KvCache::default()),
-            layer_27: LayerCache::Full(KvCache::default()),
-            layer_28: LayerCache::Full(KvCache::default()),
-            layer_29: LayerCache::Full(KvCache::default()),
-            layer_30: LayerCache::Full(KvCache::default()),
-            layer_31: LayerCache::Full(KvCache::default()),
+            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
         }
     }
     fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = b::mask_for(&cache.layer_0, n, 0)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 0)?;
         let full = WindowStep {
             rope: &self.rope_full,
             tables: None,
             mask: &full_mask,
         };
-        let (h, _) = self.layer_0.forward(&h, &full, &mut cache.layer_0)?;
-        let (h, _) = self.layer_1.forward(&h, &full, &mut cache.layer_1)?;
-        let (h, _) = self.layer_2.forward(&h, &full, &mut cache.layer_2)?;
-        let (h, _) = self.layer_3.forward(&h, &full, &mut cache.layer_3)?;
-        let (h, _) = self.layer_4.forward(&h, &full, &mut cache.layer_4)?;
-        let (h, _) = self.layer_5.forward(&h, &full, &mut cache.layer_5)?;
-        let (h, _) = self.layer_6.forward(&h, &full, &mut cache.layer_6)?;
-        let (h, _) = self.layer_7.forward(&h, &full, &mut cache.layer_7)?;
-        let (h, _) = self.layer_8.forward(&h, &full, &mut cache.layer_8)?;
-        let (h, _) = self.layer_9.forward(&h, &full, &mut cache.layer_9)?;
-        let (h, _) = self.layer_10.forward(&h, &full, &mut cache.layer_10)?;
-        let (h, _) = self.layer_11.forward(&h, &full, &mut cache.layer_11)?;
-        let (h, _) = self.layer_12.forward(&h, &full, &mut cache.layer_12)?;
-        let (h, _) = self.layer_13.forward(&h, &full, &mut cache.layer_13)?;
-        let (h, _) = self.layer_14.forward(&h, &full, &mut cache.layer_14)?;
-        let (h, _) = self.layer_15.forward(&h, &full, &mut cache.layer_15)?;
-        let (h, _) = self.layer_16.forward(&h, &full, &mut cache.layer_16)?;
-        let (h, _) = self.layer_17.forward(&h, &full, &mut cache.layer_17)?;
-        let (h, _) = self.layer_18.forward(&h, &full, &mut cache.layer_18)?;
-        let (h, _) = self.layer_19.forward(&h, &full, &mut cache.layer_19)?;
-        let (h, _) = self.layer_20.forward(&h, &full, &mut cache.layer_20)?;
-        let (h, _) = self.layer_21.forward(&h, &full, &mut cache.layer_21)?;
-        let (h, _) = self.layer_22.forward(&h, &full, &mut cache.layer_22)?;
-        let (h, _) = self.layer_23.forward(&h, &full, &mut cache.layer_23)?;
-        let (h, _) = self.layer_24.forward(&h, &full, &mut cache.layer_24)?;
-        let (h, _) = self.layer_25.forward(&h, &full, &mut cache.layer_25)?;
-        let (h, _) = self.layer_26.forward(&h, &full, &mut cache.layer_26)?;
-        let (h, _) = self.layer_27.forward(&h, &full, &mut cache.layer_27)?;
-        let (h, _) = self.layer_28.forward(&h, &full, &mut cache.layer_28)?;
-        let (h, _) = self.layer_29.forward(&h, &full, &mut cache.layer_29)?;
-        let (h, _) = self.layer_30.forward(&h, &full, &mut cache.layer_30)?;
-        let (h, _) = self.layer_31.forward(&h, &full, &mut cache.layer_31)?;
+        let mut kv_caches = cache.kv.iter_mut();
+        for layer in &self.layers {
+            h = match layer {
+                Layer::FullFusedQkvOwnKv(l) => {
+                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,
@@ -320,84 +266,26 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: Vec::from([
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-            ]),
+            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(32)?;
+        cache.check_layers(LAYOUT.len())?;
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;
         let full = WindowStep {
             rope: &self.rope_full,
             tables: None,
             mask: &full_mask,
         };
-        let (h, _) = self.layer_0.forward_batch(&h, &full, cache.layer_mut(0)?)?;
-        let (h, _) = self.layer_1.forward_batch(&h, &full, cache.layer_mut(1)?)?;
-        let (h, _) = self.layer_2.forward_batch(&h, &full, cache.layer_mut(2)?)?;
-        let (h, _) = self.layer_3.forward_batch(&h, &full, cache.layer_mut(3)?)?;
-        let (h, _) = self.layer_4.forward_batch(&h, &full, cache.layer_mut(4)?)?;
-        let (h, _) = self.layer_5.forward_batch(&h, &full, cache.layer_mut(5)?)?;
-        let (h, _) = self.layer_6.forward_batch(&h, &full, cache.layer_mut(6)?)?;
-        let (h, _) = self.layer_7.forward_batch(&h, &full, cache.layer_mut(7)?)?;
-        let (h, _) = self.layer_8.forward_batch(&h, &full, cache.layer_mut(8)?)?;
-        let (h, _) = self.layer_9.forward_batch(&h, &full, cache.layer_mut(9)?)?;
-        let (h, _) = self.layer_10.forward_batch(&h, &full, cache.layer_mut(10)?)?;
-        let (h, _) = self.layer_11.forward_batch(&h, &full, cache.layer_mut(11)?)?;
-        let (h, _) = self.layer_12.forward_batch(&h, &full, cache.layer_mut(12)?)?;
-        let (h, _) = self.layer_13.forward_batch(&h, &full, cache.layer_mut(13)?)?;
-        let (h, _) = self.layer_14.forward_batch(&h, &full, cache.layer_mut(14)?)?;
-        let (h, _) = self.layer_15.forward_batch(&h, &full, cache.layer_mut(15)?)?;
-        let (h, _) = self.layer_16.forward_batch(&h, &full, cache.layer_mut(16)?)?;
-        let (h, _) = self.layer_17.forward_batch(&h, &full, cache.layer_mut(17)?)?;
-        let (h, _) = self.layer_18.forward_batch(&h, &full, cache.layer_mut(18)?)?;
-        let (h, _) = self.layer_19.forward_batch(&h, &full, cache.layer_mut(19)?)?;
-        let (h, _) = self.layer_20.forward_batch(&h, &full, cache.layer_mut(20)?)?;
-        let (h, _) = self.layer_21.forward_batch(&h, &full, cache.layer_mut(21)?)?;
-        let (h, _) = self.layer_22.forward_batch(&h, &full, cache.layer_mut(22)?)?;
-        let (h, _) = self.layer_23.forward_batch(&h, &full, cache.layer_mut(23)?)?;
-        let (h, _) = self.layer_24.forward_batch(&h, &full, cache.layer_mut(24)?)?;
-        let (h, _) = self.layer_25.forward_batch(&h, &full, cache.layer_mut(25)?)?;
-        let (h, _) = self.layer_26.forward_batch(&h, &full, cache.layer_mut(26)?)?;
-        let (h, _) = self.layer_27.forward_batch(&h, &full, cache.layer_mut(27)?)?;
-        let (h, _) = self.layer_28.forward_batch(&h, &full, cache.layer_mut(28)?)?;
-        let (h, _) = self.layer_29.forward_batch(&h, &full, cache.layer_mut(29)?)?;
-        let (h, _) = self.layer_30.forward_batch(&h, &full, cache.layer_mut(30)?)?;
-        let (h, _) = self.layer_31.forward_batch(&h, &full, cache.layer_mut(31)?)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = match layer {
+                Layer::FullFusedQkvOwnKv(l) => {
+                    l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,

@@ -78,6 +78,7 @@ impl FullOwnKvExperts {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<(Array, b::SharedKv)> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if let Some(tables) = at.tables {
             let layer = decode::ExpertsLayer {
                 norms: &self.norms,
@@ -98,7 +99,9 @@ impl FullOwnKvExperts {
                 at.mask,
             );
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
             &self.attn,
@@ -108,6 +111,9 @@ impl FullOwnKvExperts {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + a
+        //   h = h + self.mlp (routed experts)(self.post_attention_layernorm(h))
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
@@ -138,165 +144,124 @@ impl FullOwnKvExperts {
         b::finish_layer(&h, None, None, EPS)
     }
 }
+/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+#[derive(Clone, Copy)]
+enum Row {
+    FullOwnKvExperts,
+}
+/// Every layer in order: layer `i` is row `i`.
+const LAYOUT: [Row; 48] = [
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+    Row::FullOwnKvExperts,
+];
+/// One loaded layer, by kind.
+enum Layer {
+    FullOwnKvExperts(FullOwnKvExperts),
+}
+impl Row {
+    /// Loads layer `i`, whose row this is.
+    fn load(self, w: &mut Weights, i: usize) -> Layer {
+        match self {
+            Row::FullOwnKvExperts => {
+                Layer::FullOwnKvExperts(FullOwnKvExperts::load(w, i))
+            }
+        }
+    }
+    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
+    /// for a layer that computes its own K/V.
+    fn kv_cache(self) -> Option<LayerCache> {
+        match self {
+            Row::FullOwnKvExperts { .. } => Some(LayerCache::Full(KvCache::default())),
+        }
+    }
+    /// The layer's merged cache for a batch of fresh sequences
+    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+        match self {
+            Row::FullOwnKvExperts { .. } => {
+                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
+            }
+        }
+    }
+}
+/// Cache `k` of those `make_cache` made.
+fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
+    caches.get(k).ok_or_else(missing_cache)
+}
+/// The next layer's cache, in the order `make_cache` made them.
+fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
+    caches.next().ok_or_else(missing_cache)
+}
+fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
+    archgen_runtime::mlx_rs::error::Exception::custom(
+        format!("{NAME}: the cache holds fewer layers than the model"),
+    )
+}
 /// The `qwen3-30b-a3b` model: 48 layers, hidden size 2048.
 pub struct Model {
     embed: Embedding,
     rope_full: Rope,
-    layer_0: FullOwnKvExperts,
-    layer_1: FullOwnKvExperts,
-    layer_2: FullOwnKvExperts,
-    layer_3: FullOwnKvExperts,
-    layer_4: FullOwnKvExperts,
-    layer_5: FullOwnKvExperts,
-    layer_6: FullOwnKvExperts,
-    layer_7: FullOwnKvExperts,
-    layer_8: FullOwnKvExperts,
-    layer_9: FullOwnKvExperts,
-    layer_10: FullOwnKvExperts,
-    layer_11: FullOwnKvExperts,
-    layer_12: FullOwnKvExperts,
-    layer_13: FullOwnKvExperts,
-    layer_14: FullOwnKvExperts,
-    layer_15: FullOwnKvExperts,
-    layer_16: FullOwnKvExperts,
-    layer_17: FullOwnKvExperts,
-    layer_18: FullOwnKvExperts,
-    layer_19: FullOwnKvExperts,
-    layer_20: FullOwnKvExperts,
-    layer_21: FullOwnKvExperts,
-    layer_22: FullOwnKvExperts,
-    layer_23: FullOwnKvExperts,
-    layer_24: FullOwnKvExperts,
-    layer_25: FullOwnKvExperts,
-    layer_26: FullOwnKvExperts,
-    layer_27: FullOwnKvExperts,
-    layer_28: FullOwnKvExperts,
-    layer_29: FullOwnKvExperts,
-    layer_30: FullOwnKvExperts,
-    layer_31: FullOwnKvExperts,
-    layer_32: FullOwnKvExperts,
-    layer_33: FullOwnKvExperts,
-    layer_34: FullOwnKvExperts,
-    layer_35: FullOwnKvExperts,
-    layer_36: FullOwnKvExperts,
-    layer_37: FullOwnKvExperts,
-    layer_38: FullOwnKvExperts,
-    layer_39: FullOwnKvExperts,
-    layer_40: FullOwnKvExperts,
-    layer_41: FullOwnKvExperts,
-    layer_42: FullOwnKvExperts,
-    layer_43: FullOwnKvExperts,
-    layer_44: FullOwnKvExperts,
-    layer_45: FullOwnKvExperts,
-    layer_46: FullOwnKvExperts,
-    layer_47: FullOwnKvExperts,
+    layers: Vec<Layer>,
     norm: Array,
     lm_head: Linear,
 }
-/// One cache per layer that computes its own K/V.
+/// The caches of one sequence: one per layer that computes its own K/V.
 pub struct Cache {
-    layer_0: LayerCache,
-    layer_1: LayerCache,
-    layer_2: LayerCache,
-    layer_3: LayerCache,
-    layer_4: LayerCache,
-    layer_5: LayerCache,
-    layer_6: LayerCache,
-    layer_7: LayerCache,
-    layer_8: LayerCache,
-    layer_9: LayerCache,
-    layer_10: LayerCache,
-    layer_11: LayerCache,
-    layer_12: LayerCache,
-    layer_13: LayerCache,
-    layer_14: LayerCache,
-    layer_15: LayerCache,
-    layer_16: LayerCache,
-    layer_17: LayerCache,
-    layer_18: LayerCache,
-    layer_19: LayerCache,
-    layer_20: LayerCache,
-    layer_21: LayerCache,
-    layer_22: LayerCache,
-    layer_23: LayerCache,
-    layer_24: LayerCache,
-    layer_25: LayerCache,
-    layer_26: LayerCache,
-    layer_27: LayerCache,
-    layer_28: LayerCache,
-    layer_29: LayerCache,
-    layer_30: LayerCache,
-    layer_31: LayerCache,
-    layer_32: LayerCache,
-    layer_33: LayerCache,
-    layer_34: LayerCache,
-    layer_35: LayerCache,
-    layer_36: LayerCache,
-    layer_37: LayerCache,
-    layer_38: LayerCache,
-    layer_39: LayerCache,
-    layer_40: LayerCache,
-    layer_41: LayerCache,
-    layer_42: LayerCache,
-    layer_43: LayerCache,
-    layer_44: LayerCache,
-    layer_45: LayerCache,
-    layer_46: LayerCache,
-    layer_47: LayerCache,
+    /// One per layer that computes its own K/V, in layer order.
+    kv: Vec<LayerCache>,
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(128, 1000000f32),
-        layer_0: FullOwnKvExperts::load(&mut w, 0usize),
-        layer_1: FullOwnKvExperts::load(&mut w, 1usize),
-        layer_2: FullOwnKvExperts::load(&mut w, 2usize),
-        layer_3: FullOwnKvExperts::load(&mut w, 3usize),
-        layer_4: FullOwnKvExperts::load(&mut w, 4usize),
-        layer_5: FullOwnKvExperts::load(&mut w, 5usize),
-        layer_6: FullOwnKvExperts::load(&mut w, 6usize),
-        layer_7: FullOwnKvExperts::load(&mut w, 7usize),
-        layer_8: FullOwnKvExperts::load(&mut w, 8usize),
-        layer_9: FullOwnKvExperts::load(&mut w, 9usize),
-        layer_10: FullOwnKvExperts::load(&mut w, 10usize),
-        layer_11: FullOwnKvExperts::load(&mut w, 11usize),
-        layer_12: FullOwnKvExperts::load(&mut w, 12usize),
-        layer_13: FullOwnKvExperts::load(&mut w, 13usize),
-        layer_14: FullOwnKvExperts::load(&mut w, 14usize),
-        layer_15: FullOwnKvExperts::load(&mut w, 15usize),
-        layer_16: FullOwnKvExperts::load(&mut w, 16usize),
-        layer_17: FullOwnKvExperts::load(&mut w, 17usize),
-        layer_18: FullOwnKvExperts::load(&mut w, 18usize),
-        layer_19: FullOwnKvExperts::load(&mut w, 19usize),
-        layer_20: FullOwnKvExperts::load(&mut w, 20usize),
-        layer_21: FullOwnKvExperts::load(&mut w, 21usize),
-        layer_22: FullOwnKvExperts::load(&mut w, 22usize),
-        layer_23: FullOwnKvExperts::load(&mut w, 23usize),
-        layer_24: FullOwnKvExperts::load(&mut w, 24usize),
-        layer_25: FullOwnKvExperts::load(&mut w, 25usize),
-        layer_26: FullOwnKvExperts::load(&mut w, 26usize),
-        layer_27: FullOwnKvExperts::load(&mut w, 27usize),
-        layer_28: FullOwnKvExperts::load(&mut w, 28usize),
-        layer_29: FullOwnKvExperts::load(&mut w, 29usize),
-        layer_30: FullOwnKvExperts::load(&mut w, 30usize),
-        layer_31: FullOwnKvExperts::load(&mut w, 31usize),
-        layer_32: FullOwnKvExperts::load(&mut w, 32usize),
-        layer_33: FullOwnKvExperts::load(&mut w, 33usize),
-        layer_34: FullOwnKvExperts::load(&mut w, 34usize),
-        layer_35: FullOwnKvExperts::load(&mut w, 35usize),
-        layer_36: FullOwnKvExperts::load(&mut w, 36usize),
-        layer_37: FullOwnKvExperts::load(&mut w, 37usize),
-        layer_38: FullOwnKvExperts::load(&mut w, 38usize),
-        layer_39: FullOwnKvExperts::load(&mut w, 39usize),
-        layer_40: FullOwnKvExperts::load(&mut w, 40usize),
-        layer_41: FullOwnKvExperts::load(&mut w, 41usize),
-        layer_42: FullOwnKvExperts::load(&mut w, 42usize),
-        layer_43: FullOwnKvExperts::load(&mut w, 43usize),
-        layer_44: FullOwnKvExperts::load(&mut w, 44usize),
-        layer_45: FullOwnKvExperts::load(&mut w, 45usize),
-        layer_46: FullOwnKvExperts::load(&mut w, 46usize),
-        layer_47: FullOwnKvExperts::load(&mut w, 47usize),
+        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
         lm_head: w.linear("lm_head", VOCAB, HIDDEN),
     };
@@ -315,62 +280,16 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            layer_0: LayerCache::Full(KvCache::default()),
-            layer_1: LayerCache::Full(KvCache::default()),
-            layer_2: LayerCache::Full(KvCache::default()),
-            layer_3: LayerCache::Full(KvCache::default()),
-            layer_4: LayerCache::Full(KvCache::default()),
-            layer_5: LayerCache::Full(KvCache::default()),
-            layer_6: LayerCache::Full(KvCache::default()),
-            layer_7: LayerCache::Full(KvCache::default()),
-            layer_8: LayerCache::Full(KvCache::default()),
-            layer_9: LayerCache::Full(KvCache::default()),
-            layer_10: LayerCache::Full(KvCache::default()),
-            layer_11: LayerCache::Full(KvCache::default()),
-            layer_12: LayerCache::Full(KvCache::default()),
-            layer_13: LayerCache::Full(KvCache::default()),
-            layer_14: LayerCache::Full(KvCache::default()),
-            layer_15: LayerCache::Full(KvCache::default()),
-            layer_16: LayerCache::Full(KvCache::default()),
-            layer_17: LayerCache::Full(KvCache::default()),
-            layer_18: LayerCache::Full(KvCache::default()),
-            layer_19: LayerCache::Full(KvCache::default()),
-            layer_20: LayerCache::Full(KvCache::default()),
-            layer_21: LayerCache::Full(KvCache::default()),
-            layer_22: LayerCache::Full(KvCache::default()),
-            layer_23: LayerCache::Full(KvCache::default()),
-            layer_24: LayerCache::Full(KvCache::default()),
-            layer_25: LayerCache::Full(KvCache::default()),
-            layer_26: LayerCache::Full(KvCache::default()),
-            layer_27: LayerCache::Full(KvCache::default()),
-            layer_28: LayerCache::Full(KvCache::default()),
-            layer_29: LayerCache::Full(KvCache::default()),
-            layer_30: LayerCache::Full(KvCache::default()),
-            layer_31: LayerCache::Full(KvCache::default()),
-            layer_32: LayerCache::Full(KvCache::default()),
-            layer_33: LayerCache::Full(KvCache::default()),
-            layer_34: LayerCache::Full(KvCache::default()),
-            layer_35: LayerCache::Full(KvCache::default()),
-            layer_36: LayerCache::Full(KvCache::default()),
-            layer_37: LayerCache::Full(KvCache::default()),
-            layer_38: LayerCache::Full(KvCache::default()),
-            layer_39: LayerCache::Full(KvCache::default()),
-            layer_40: LayerCache::Full(KvCache::default()),
-            layer_41: LayerCache::Full(KvCache::default()),
-            layer_42: LayerCache::Full(KvCache::default()),
-            layer_43: LayerCache::Full(KvCache::default()),
-            layer_44: LayerCache::Full(KvCache::default()),
-            layer_45: LayerCache::Full(KvCache::default()),
-            layer_46: LayerCache::Full(KvCache::default()),
-            layer_47: LayerCache::Full(KvCache::default()),
+            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
         }
     }
     fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
         let n = ids.shape()[1];
         let h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = b::mask_for(&cache.layer_0, n, 0)?;
-        let offset = cache.layer_0.offset();
+        let full_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 0)?;
+        let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
+        // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
         let full_tables = if step {
             Some(self.rope_full.tables(offset, n, h.dtype())?)
         } else {
@@ -381,55 +300,15 @@ impl CausalLm for Model {
             tables: full_tables.as_ref(),
             mask: &full_mask,
         };
-        let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-        let (h, _) = self.layer_0.forward(&h, &full, &mut cache.layer_0)?;
-        let (h, _) = self.layer_1.forward(&h, &full, &mut cache.layer_1)?;
-        let (h, _) = self.layer_2.forward(&h, &full, &mut cache.layer_2)?;
-        let (h, _) = self.layer_3.forward(&h, &full, &mut cache.layer_3)?;
-        let (h, _) = self.layer_4.forward(&h, &full, &mut cache.layer_4)?;
-        let (h, _) = self.layer_5.forward(&h, &full, &mut cache.layer_5)?;
-        let (h, _) = self.layer_6.forward(&h, &full, &mut cache.layer_6)?;
-        let (h, _) = self.layer_7.forward(&h, &full, &mut cache.layer_7)?;
-        let (h, _) = self.layer_8.forward(&h, &full, &mut cache.layer_8)?;
-        let (h, _) = self.layer_9.forward(&h, &full, &mut cache.layer_9)?;
-        let (h, _) = self.layer_10.forward(&h, &full, &mut cache.layer_10)?;
-        let (h, _) = self.layer_11.forward(&h, &full, &mut cache.layer_11)?;
-        let (h, _) = self.layer_12.forward(&h, &full, &mut cache.layer_12)?;
-        let (h, _) = self.layer_13.forward(&h, &full, &mut cache.layer_13)?;
-        let (h, _) = self.layer_14.forward(&h, &full, &mut cache.layer_14)?;
-        let (h, _) = self.layer_15.forward(&h, &full, &mut cache.layer_15)?;
-        let (h, _) = self.layer_16.forward(&h, &full, &mut cache.layer_16)?;
-        let (h, _) = self.layer_17.forward(&h, &full, &mut cache.layer_17)?;
-        let (h, _) = self.layer_18.forward(&h, &full, &mut cache.layer_18)?;
-        let (h, _) = self.layer_19.forward(&h, &full, &mut cache.layer_19)?;
-        let (h, _) = self.layer_20.forward(&h, &full, &mut cache.layer_20)?;
-        let (h, _) = self.layer_21.forward(&h, &full, &mut cache.layer_21)?;
-        let (h, _) = self.layer_22.forward(&h, &full, &mut cache.layer_22)?;
-        let (h, _) = self.layer_23.forward(&h, &full, &mut cache.layer_23)?;
-        let (h, _) = self.layer_24.forward(&h, &full, &mut cache.layer_24)?;
-        let (h, _) = self.layer_25.forward(&h, &full, &mut cache.layer_25)?;
-        let (h, _) = self.layer_26.forward(&h, &full, &mut cache.layer_26)?;
-        let (h, _) = self.layer_27.forward(&h, &full, &mut cache.layer_27)?;
-        let (h, _) = self.layer_28.forward(&h, &full, &mut cache.layer_28)?;
-        let (h, _) = self.layer_29.forward(&h, &full, &mut cache.layer_29)?;
-        let (h, _) = self.layer_30.forward(&h, &full, &mut cache.layer_30)?;
-        let (h, _) = self.layer_31.forward(&h, &full, &mut cache.layer_31)?;
-        let (h, _) = self.layer_32.forward(&h, &full, &mut cache.layer_32)?;
-        let (h, _) = self.layer_33.forward(&h, &full, &mut cache.layer_33)?;
-        let (h, _) = self.layer_34.forward(&h, &full, &mut cache.layer_34)?;
-        let (h, _) = self.layer_35.forward(&h, &full, &mut cache.layer_35)?;
-        let (h, _) = self.layer_36.forward(&h, &full, &mut cache.layer_36)?;
-        let (h, _) = self.layer_37.forward(&h, &full, &mut cache.layer_37)?;
-        let (h, _) = self.layer_38.forward(&h, &full, &mut cache.layer_38)?;
-        let (h, _) = self.layer_39.forward(&h, &full, &mut cache.layer_39)?;
-        let (h, _) = self.layer_40.forward(&h, &full, &mut cache.layer_40)?;
-        let (h, _) = self.layer_41.forward(&h, &full, &mut cache.layer_41)?;
-        let (h, _) = self.layer_42.forward(&h, &full, &mut cache.layer_42)?;
-        let (h, _) = self.layer_43.forward(&h, &full, &mut cache.layer_43)?;
-        let (h, _) = self.layer_44.forward(&h, &full, &mut cache.layer_44)?;
-        let (h, _) = self.layer_45.forward(&h, &full, &mut cache.layer_45)?;
-        let (h, _) = self.layer_46.forward(&h, &full, &mut cache.layer_46)?;
-        let (h, _) = self.layer_47.forward(&h, &full, &mut cache.layer_47)?;
+        let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
+        let mut kv_caches = cache.kv.iter_mut();
+        for layer in &self.layers {
+            h = match layer {
+                Layer::FullOwnKvExperts(l) => {
+                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,
@@ -447,116 +326,26 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: Vec::from([
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-            ]),
+            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(48)?;
+        cache.check_layers(LAYOUT.len())?;
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;
         let full = WindowStep {
             rope: &self.rope_full,
             tables: None,
             mask: &full_mask,
         };
-        let (h, _) = self.layer_0.forward_batch(&h, &full, cache.layer_mut(0)?)?;
-        let (h, _) = self.layer_1.forward_batch(&h, &full, cache.layer_mut(1)?)?;
-        let (h, _) = self.layer_2.forward_batch(&h, &full, cache.layer_mut(2)?)?;
-        let (h, _) = self.layer_3.forward_batch(&h, &full, cache.layer_mut(3)?)?;
-        let (h, _) = self.layer_4.forward_batch(&h, &full, cache.layer_mut(4)?)?;
-        let (h, _) = self.layer_5.forward_batch(&h, &full, cache.layer_mut(5)?)?;
-        let (h, _) = self.layer_6.forward_batch(&h, &full, cache.layer_mut(6)?)?;
-        let (h, _) = self.layer_7.forward_batch(&h, &full, cache.layer_mut(7)?)?;
-        let (h, _) = self.layer_8.forward_batch(&h, &full, cache.layer_mut(8)?)?;
-        let (h, _) = self.layer_9.forward_batch(&h, &full, cache.layer_mut(9)?)?;
-        let (h, _) = self.layer_10.forward_batch(&h, &full, cache.layer_mut(10)?)?;
-        let (h, _) = self.layer_11.forward_batch(&h, &full, cache.layer_mut(11)?)?;
-        let (h, _) = self.layer_12.forward_batch(&h, &full, cache.layer_mut(12)?)?;
-        let (h, _) = self.layer_13.forward_batch(&h, &full, cache.layer_mut(13)?)?;
-        let (h, _) = self.layer_14.forward_batch(&h, &full, cache.layer_mut(14)?)?;
-        let (h, _) = self.layer_15.forward_batch(&h, &full, cache.layer_mut(15)?)?;
-        let (h, _) = self.layer_16.forward_batch(&h, &full, cache.layer_mut(16)?)?;
-        let (h, _) = self.layer_17.forward_batch(&h, &full, cache.layer_mut(17)?)?;
-        let (h, _) = self.layer_18.forward_batch(&h, &full, cache.layer_mut(18)?)?;
-        let (h, _) = self.layer_19.forward_batch(&h, &full, cache.layer_mut(19)?)?;
-        let (h, _) = self.layer_20.forward_batch(&h, &full, cache.layer_mut(20)?)?;
-        let (h, _) = self.layer_21.forward_batch(&h, &full, cache.layer_mut(21)?)?;
-        let (h, _) = self.layer_22.forward_batch(&h, &full, cache.layer_mut(22)?)?;
-        let (h, _) = self.layer_23.forward_batch(&h, &full, cache.layer_mut(23)?)?;
-        let (h, _) = self.layer_24.forward_batch(&h, &full, cache.layer_mut(24)?)?;
-        let (h, _) = self.layer_25.forward_batch(&h, &full, cache.layer_mut(25)?)?;
-        let (h, _) = self.layer_26.forward_batch(&h, &full, cache.layer_mut(26)?)?;
-        let (h, _) = self.layer_27.forward_batch(&h, &full, cache.layer_mut(27)?)?;
-        let (h, _) = self.layer_28.forward_batch(&h, &full, cache.layer_mut(28)?)?;
-        let (h, _) = self.layer_29.forward_batch(&h, &full, cache.layer_mut(29)?)?;
-        let (h, _) = self.layer_30.forward_batch(&h, &full, cache.layer_mut(30)?)?;
-        let (h, _) = self.layer_31.forward_batch(&h, &full, cache.layer_mut(31)?)?;
-        let (h, _) = self.layer_32.forward_batch(&h, &full, cache.layer_mut(32)?)?;
-        let (h, _) = self.layer_33.forward_batch(&h, &full, cache.layer_mut(33)?)?;
-        let (h, _) = self.layer_34.forward_batch(&h, &full, cache.layer_mut(34)?)?;
-        let (h, _) = self.layer_35.forward_batch(&h, &full, cache.layer_mut(35)?)?;
-        let (h, _) = self.layer_36.forward_batch(&h, &full, cache.layer_mut(36)?)?;
-        let (h, _) = self.layer_37.forward_batch(&h, &full, cache.layer_mut(37)?)?;
-        let (h, _) = self.layer_38.forward_batch(&h, &full, cache.layer_mut(38)?)?;
-        let (h, _) = self.layer_39.forward_batch(&h, &full, cache.layer_mut(39)?)?;
-        let (h, _) = self.layer_40.forward_batch(&h, &full, cache.layer_mut(40)?)?;
-        let (h, _) = self.layer_41.forward_batch(&h, &full, cache.layer_mut(41)?)?;
-        let (h, _) = self.layer_42.forward_batch(&h, &full, cache.layer_mut(42)?)?;
-        let (h, _) = self.layer_43.forward_batch(&h, &full, cache.layer_mut(43)?)?;
-        let (h, _) = self.layer_44.forward_batch(&h, &full, cache.layer_mut(44)?)?;
-        let (h, _) = self.layer_45.forward_batch(&h, &full, cache.layer_mut(45)?)?;
-        let (h, _) = self.layer_46.forward_batch(&h, &full, cache.layer_mut(46)?)?;
-        let (h, _) = self.layer_47.forward_batch(&h, &full, cache.layer_mut(47)?)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = match layer {
+                Layer::FullOwnKvExperts(l) => {
+                    l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,

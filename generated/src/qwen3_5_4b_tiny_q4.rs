@@ -54,6 +54,7 @@ impl LinearDeltaNet {
     /// One-token steps through the compiled decode block (where
     /// `decode` is enabled), prefill through the eager blocks.
     fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if h.shape()[1] == 1 && decode::enabled() {
             let layer = decode::DeltaNetLayer {
                 norms: &self.norms,
@@ -63,8 +64,13 @@ impl LinearDeltaNet {
             };
             return decode::delta_net(h, &layer, cache);
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.linear_attn(x, mask, cache): Gated DeltaNet (in projections, conv1d, gated delta rule, gated RMSNorm, out_proj)
         let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
+        // finish (shared with the batched forward):
+        //   h = h + a
+        //   h = h + self.mlp(self.post_attention_layernorm(h))
         self.finish(h, a)
     }
     /// B sequences in one forward (mlx-lm's `BatchGenerator`): the
@@ -122,6 +128,7 @@ impl FullGatedOwnKv {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<Array> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if h.shape()[1] == 1 && decode::enabled() {
             let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
             let layer = decode::GatedAttentionLayer {
@@ -133,7 +140,9 @@ impl FullGatedOwnKv {
             };
             return decode::gated_attention(h, &layer, &tables, cache, at.mask);
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, times sigmoid(gate), o_proj
         let a = deltanet::gated_attention(
             &x,
             &self.attn,
@@ -142,6 +151,9 @@ impl FullGatedOwnKv {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + a
+        //   h = h + self.mlp(self.post_attention_layernorm(h))
         self.finish(h, a)
     }
     /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
@@ -170,44 +182,109 @@ impl FullGatedOwnKv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
+/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+#[derive(Clone, Copy)]
+enum Row {
+    /// (MLP width)
+    LinearDeltaNet(i32),
+    /// (MLP width)
+    FullGatedOwnKv(i32),
+}
+/// The width of a dense MLP (`intermediate_size`).
+const MLP_WIDTH: i32 = 128;
+/// Every layer in order: layer `i` is row `i`.
+const LAYOUT: [Row; 8] = [
+    Row::LinearDeltaNet(MLP_WIDTH),
+    Row::LinearDeltaNet(MLP_WIDTH),
+    Row::LinearDeltaNet(MLP_WIDTH),
+    Row::FullGatedOwnKv(MLP_WIDTH),
+    Row::LinearDeltaNet(MLP_WIDTH),
+    Row::LinearDeltaNet(MLP_WIDTH),
+    Row::LinearDeltaNet(MLP_WIDTH),
+    Row::FullGatedOwnKv(MLP_WIDTH),
+];
+/// One loaded layer, by kind.
+enum Layer {
+    LinearDeltaNet(LinearDeltaNet),
+    FullGatedOwnKv(FullGatedOwnKv),
+}
+impl Row {
+    /// Loads layer `i`, whose row this is.
+    fn load(self, w: &mut Weights, i: usize) -> Layer {
+        match self {
+            Row::LinearDeltaNet(mlp_width) => {
+                Layer::LinearDeltaNet(LinearDeltaNet::load(w, i, mlp_width))
+            }
+            Row::FullGatedOwnKv(mlp_width) => {
+                Layer::FullGatedOwnKv(FullGatedOwnKv::load(w, i, mlp_width))
+            }
+        }
+    }
+    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
+    /// for a layer that computes its own K/V.
+    fn kv_cache(self) -> Option<LayerCache> {
+        match self {
+            Row::LinearDeltaNet { .. } => None,
+            Row::FullGatedOwnKv { .. } => Some(LayerCache::Full(KvCache::default())),
+        }
+    }
+    /// The layer's conv and recurrent state, for a Gated DeltaNet layer.
+    fn state(self) -> Option<deltanet::ArraysCache> {
+        match self {
+            Row::LinearDeltaNet { .. } => Some(deltanet::ArraysCache::default()),
+            Row::FullGatedOwnKv { .. } => None,
+        }
+    }
+    /// The layer's merged cache for a batch of fresh sequences
+    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+        match self {
+            Row::LinearDeltaNet { .. } => {
+                Some(
+                    BatchLayerCache::Arrays(
+                        BatchArraysCache::merged_empty(no_padding.len()),
+                    ),
+                )
+            }
+            Row::FullGatedOwnKv { .. } => {
+                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
+            }
+        }
+    }
+}
+/// Cache `k` of those `make_cache` made.
+fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
+    caches.get(k).ok_or_else(missing_cache)
+}
+/// The next layer's cache, in the order `make_cache` made them.
+fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
+    caches.next().ok_or_else(missing_cache)
+}
+fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
+    archgen_runtime::mlx_rs::error::Exception::custom(
+        format!("{NAME}: the cache holds fewer layers than the model"),
+    )
+}
 /// The `qwen3.5-4b-tiny-q4` model: 8 layers, hidden size 64.
 pub struct Model {
     embed: Embedding,
     rope_full: Rope,
-    layer_0: LinearDeltaNet,
-    layer_1: LinearDeltaNet,
-    layer_2: LinearDeltaNet,
-    layer_3: FullGatedOwnKv,
-    layer_4: LinearDeltaNet,
-    layer_5: LinearDeltaNet,
-    layer_6: LinearDeltaNet,
-    layer_7: FullGatedOwnKv,
+    layers: Vec<Layer>,
     norm: Array,
 }
-/// One cache per layer: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer.
+/// The caches of one sequence: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer.
 pub struct Cache {
-    layer_0: deltanet::ArraysCache,
-    layer_1: deltanet::ArraysCache,
-    layer_2: deltanet::ArraysCache,
-    layer_3: LayerCache,
-    layer_4: deltanet::ArraysCache,
-    layer_5: deltanet::ArraysCache,
-    layer_6: deltanet::ArraysCache,
-    layer_7: LayerCache,
+    /// One per layer that computes its own K/V, in layer order.
+    kv: Vec<LayerCache>,
+    /// One per Gated DeltaNet layer, in layer order.
+    states: Vec<deltanet::ArraysCache>,
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(4, 10000000f32),
-        layer_0: LinearDeltaNet::load(&mut w, 0usize, 128),
-        layer_1: LinearDeltaNet::load(&mut w, 1usize, 128),
-        layer_2: LinearDeltaNet::load(&mut w, 2usize, 128),
-        layer_3: FullGatedOwnKv::load(&mut w, 3usize, 128),
-        layer_4: LinearDeltaNet::load(&mut w, 4usize, 128),
-        layer_5: LinearDeltaNet::load(&mut w, 5usize, 128),
-        layer_6: LinearDeltaNet::load(&mut w, 6usize, 128),
-        layer_7: FullGatedOwnKv::load(&mut w, 7usize, 128),
+        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -225,33 +302,29 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            layer_0: deltanet::ArraysCache::default(),
-            layer_1: deltanet::ArraysCache::default(),
-            layer_2: deltanet::ArraysCache::default(),
-            layer_3: LayerCache::Full(KvCache::default()),
-            layer_4: deltanet::ArraysCache::default(),
-            layer_5: deltanet::ArraysCache::default(),
-            layer_6: deltanet::ArraysCache::default(),
-            layer_7: LayerCache::Full(KvCache::default()),
+            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            states: LAYOUT.iter().filter_map(|row| row.state()).collect(),
         }
     }
     fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = b::mask_for(&cache.layer_3, n, 0)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 0)?;
         let full = WindowStep {
             rope: &self.rope_full,
             tables: None,
             mask: &full_mask,
         };
-        let h = self.layer_0.forward(&h, &mut cache.layer_0)?;
-        let h = self.layer_1.forward(&h, &mut cache.layer_1)?;
-        let h = self.layer_2.forward(&h, &mut cache.layer_2)?;
-        let h = self.layer_3.forward(&h, &full, &mut cache.layer_3)?;
-        let h = self.layer_4.forward(&h, &mut cache.layer_4)?;
-        let h = self.layer_5.forward(&h, &mut cache.layer_5)?;
-        let h = self.layer_6.forward(&h, &mut cache.layer_6)?;
-        let h = self.layer_7.forward(&h, &full, &mut cache.layer_7)?;
+        let mut kv_caches = cache.kv.iter_mut();
+        let mut states = cache.states.iter_mut();
+        for layer in &self.layers {
+            h = match layer {
+                Layer::LinearDeltaNet(l) => l.forward(&h, next_cache(&mut states)?)?,
+                Layer::FullGatedOwnKv(l) => {
+                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?
+                }
+            };
+        }
         let logits = b::logits(&h, &self.norm, b::Head::Tied(&self.embed), None, EPS)?;
         Ok(logits)
     }
@@ -263,22 +336,13 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: Vec::from([
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-            ]),
+            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(8)?;
+        cache.check_layers(LAYOUT.len())?;
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;
         let ssm_mask = cache.ssm_mask(n)?;
         let full = WindowStep {
@@ -286,14 +350,16 @@ impl BatchLm for Model {
             tables: None,
             mask: &full_mask,
         };
-        let h = self.layer_0.forward_batch(&h, cache.arrays_mut(0)?, ssm_mask.as_ref())?;
-        let h = self.layer_1.forward_batch(&h, cache.arrays_mut(1)?, ssm_mask.as_ref())?;
-        let h = self.layer_2.forward_batch(&h, cache.arrays_mut(2)?, ssm_mask.as_ref())?;
-        let h = self.layer_3.forward_batch(&h, &full, cache.layer_mut(3)?)?;
-        let h = self.layer_4.forward_batch(&h, cache.arrays_mut(4)?, ssm_mask.as_ref())?;
-        let h = self.layer_5.forward_batch(&h, cache.arrays_mut(5)?, ssm_mask.as_ref())?;
-        let h = self.layer_6.forward_batch(&h, cache.arrays_mut(6)?, ssm_mask.as_ref())?;
-        let h = self.layer_7.forward_batch(&h, &full, cache.layer_mut(7)?)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = match layer {
+                Layer::LinearDeltaNet(l) => {
+                    l.forward_batch(&h, cache.arrays_mut(i)?, ssm_mask.as_ref())?
+                }
+                Layer::FullGatedOwnKv(l) => {
+                    l.forward_batch(&h, &full, cache.layer_mut(i)?)?
+                }
+            };
+        }
         let logits = b::logits(&h, &self.norm, b::Head::Tied(&self.embed), None, EPS)?;
         Ok(logits)
     }

@@ -64,6 +64,7 @@ impl LinearDeltaNetSharedExperts {
     /// One-token steps through the compiled decode block (where
     /// `decode` is enabled), prefill through the eager blocks.
     fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if h.shape()[1] == 1 && decode::enabled() {
             let layer = decode::DeltaNetLayer {
                 norms: &self.norms,
@@ -73,8 +74,13 @@ impl LinearDeltaNetSharedExperts {
             };
             return decode::delta_net(h, &layer, cache);
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.linear_attn(x, mask, cache): Gated DeltaNet (in projections, conv1d, gated delta rule, gated RMSNorm, out_proj)
         let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
+        // finish (shared with the batched forward):
+        //   h = h + a
+        //   h = h + self.mlp (routed experts and a shared expert)(self.post_attention_layernorm(h))
         self.finish(h, a)
     }
     /// B sequences in one forward (mlx-lm's `BatchGenerator`): the
@@ -141,6 +147,7 @@ impl FullGatedOwnKvSharedExperts {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<Array> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if h.shape()[1] == 1 && decode::enabled() {
             let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
             let layer = decode::GatedAttentionLayer {
@@ -152,7 +159,9 @@ impl FullGatedOwnKvSharedExperts {
             };
             return decode::gated_attention(h, &layer, &tables, cache, at.mask);
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, times sigmoid(gate), o_proj
         let a = deltanet::gated_attention(
             &x,
             &self.attn,
@@ -161,6 +170,9 @@ impl FullGatedOwnKvSharedExperts {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + a
+        //   h = h + self.mlp (routed experts and a shared expert)(self.post_attention_layernorm(h))
         self.finish(h, a)
     }
     /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
@@ -189,141 +201,146 @@ impl FullGatedOwnKvSharedExperts {
         b::finish_layer(&h, None, None, EPS)
     }
 }
+/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+#[derive(Clone, Copy)]
+enum Row {
+    LinearDeltaNetSharedExperts,
+    FullGatedOwnKvSharedExperts,
+}
+/// Every layer in order: layer `i` is row `i`.
+const LAYOUT: [Row; 40] = [
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::FullGatedOwnKvSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::FullGatedOwnKvSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::FullGatedOwnKvSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::FullGatedOwnKvSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::FullGatedOwnKvSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::FullGatedOwnKvSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::FullGatedOwnKvSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::FullGatedOwnKvSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::FullGatedOwnKvSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::FullGatedOwnKvSharedExperts,
+];
+/// One loaded layer, by kind.
+enum Layer {
+    LinearDeltaNetSharedExperts(LinearDeltaNetSharedExperts),
+    FullGatedOwnKvSharedExperts(FullGatedOwnKvSharedExperts),
+}
+impl Row {
+    /// Loads layer `i`, whose row this is.
+    fn load(self, w: &mut Weights, i: usize) -> Layer {
+        match self {
+            Row::LinearDeltaNetSharedExperts => {
+                Layer::LinearDeltaNetSharedExperts(
+                    LinearDeltaNetSharedExperts::load(w, i),
+                )
+            }
+            Row::FullGatedOwnKvSharedExperts => {
+                Layer::FullGatedOwnKvSharedExperts(
+                    FullGatedOwnKvSharedExperts::load(w, i),
+                )
+            }
+        }
+    }
+    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
+    /// for a layer that computes its own K/V.
+    fn kv_cache(self) -> Option<LayerCache> {
+        match self {
+            Row::LinearDeltaNetSharedExperts { .. } => None,
+            Row::FullGatedOwnKvSharedExperts { .. } => {
+                Some(LayerCache::Full(KvCache::default()))
+            }
+        }
+    }
+    /// The layer's conv and recurrent state, for a Gated DeltaNet layer.
+    fn state(self) -> Option<deltanet::ArraysCache> {
+        match self {
+            Row::LinearDeltaNetSharedExperts { .. } => {
+                Some(deltanet::ArraysCache::default())
+            }
+            Row::FullGatedOwnKvSharedExperts { .. } => None,
+        }
+    }
+    /// The layer's merged cache for a batch of fresh sequences
+    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+        match self {
+            Row::LinearDeltaNetSharedExperts { .. } => {
+                Some(
+                    BatchLayerCache::Arrays(
+                        BatchArraysCache::merged_empty(no_padding.len()),
+                    ),
+                )
+            }
+            Row::FullGatedOwnKvSharedExperts { .. } => {
+                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
+            }
+        }
+    }
+}
+/// Cache `k` of those `make_cache` made.
+fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
+    caches.get(k).ok_or_else(missing_cache)
+}
+/// The next layer's cache, in the order `make_cache` made them.
+fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
+    caches.next().ok_or_else(missing_cache)
+}
+fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
+    archgen_runtime::mlx_rs::error::Exception::custom(
+        format!("{NAME}: the cache holds fewer layers than the model"),
+    )
+}
 /// The `qwen3.6-35b-a3b` model: 40 layers, hidden size 2048.
 pub struct Model {
     embed: Embedding,
     rope_full: Rope,
-    layer_0: LinearDeltaNetSharedExperts,
-    layer_1: LinearDeltaNetSharedExperts,
-    layer_2: LinearDeltaNetSharedExperts,
-    layer_3: FullGatedOwnKvSharedExperts,
-    layer_4: LinearDeltaNetSharedExperts,
-    layer_5: LinearDeltaNetSharedExperts,
-    layer_6: LinearDeltaNetSharedExperts,
-    layer_7: FullGatedOwnKvSharedExperts,
-    layer_8: LinearDeltaNetSharedExperts,
-    layer_9: LinearDeltaNetSharedExperts,
-    layer_10: LinearDeltaNetSharedExperts,
-    layer_11: FullGatedOwnKvSharedExperts,
-    layer_12: LinearDeltaNetSharedExperts,
-    layer_13: LinearDeltaNetSharedExperts,
-    layer_14: LinearDeltaNetSharedExperts,
-    layer_15: FullGatedOwnKvSharedExperts,
-    layer_16: LinearDeltaNetSharedExperts,
-    layer_17: LinearDeltaNetSharedExperts,
-    layer_18: LinearDeltaNetSharedExperts,
-    layer_19: FullGatedOwnKvSharedExperts,
-    layer_20: LinearDeltaNetSharedExperts,
-    layer_21: LinearDeltaNetSharedExperts,
-    layer_22: LinearDeltaNetSharedExperts,
-    layer_23: FullGatedOwnKvSharedExperts,
-    layer_24: LinearDeltaNetSharedExperts,
-    layer_25: LinearDeltaNetSharedExperts,
-    layer_26: LinearDeltaNetSharedExperts,
-    layer_27: FullGatedOwnKvSharedExperts,
-    layer_28: LinearDeltaNetSharedExperts,
-    layer_29: LinearDeltaNetSharedExperts,
-    layer_30: LinearDeltaNetSharedExperts,
-    layer_31: FullGatedOwnKvSharedExperts,
-    layer_32: LinearDeltaNetSharedExperts,
-    layer_33: LinearDeltaNetSharedExperts,
-    layer_34: LinearDeltaNetSharedExperts,
-    layer_35: FullGatedOwnKvSharedExperts,
-    layer_36: LinearDeltaNetSharedExperts,
-    layer_37: LinearDeltaNetSharedExperts,
-    layer_38: LinearDeltaNetSharedExperts,
-    layer_39: FullGatedOwnKvSharedExperts,
+    layers: Vec<Layer>,
     norm: Array,
     lm_head: Linear,
 }
-/// One cache per layer: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer.
+/// The caches of one sequence: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer.
 pub struct Cache {
-    layer_0: deltanet::ArraysCache,
-    layer_1: deltanet::ArraysCache,
-    layer_2: deltanet::ArraysCache,
-    layer_3: LayerCache,
-    layer_4: deltanet::ArraysCache,
-    layer_5: deltanet::ArraysCache,
-    layer_6: deltanet::ArraysCache,
-    layer_7: LayerCache,
-    layer_8: deltanet::ArraysCache,
-    layer_9: deltanet::ArraysCache,
-    layer_10: deltanet::ArraysCache,
-    layer_11: LayerCache,
-    layer_12: deltanet::ArraysCache,
-    layer_13: deltanet::ArraysCache,
-    layer_14: deltanet::ArraysCache,
-    layer_15: LayerCache,
-    layer_16: deltanet::ArraysCache,
-    layer_17: deltanet::ArraysCache,
-    layer_18: deltanet::ArraysCache,
-    layer_19: LayerCache,
-    layer_20: deltanet::ArraysCache,
-    layer_21: deltanet::ArraysCache,
-    layer_22: deltanet::ArraysCache,
-    layer_23: LayerCache,
-    layer_24: deltanet::ArraysCache,
-    layer_25: deltanet::ArraysCache,
-    layer_26: deltanet::ArraysCache,
-    layer_27: LayerCache,
-    layer_28: deltanet::ArraysCache,
-    layer_29: deltanet::ArraysCache,
-    layer_30: deltanet::ArraysCache,
-    layer_31: LayerCache,
-    layer_32: deltanet::ArraysCache,
-    layer_33: deltanet::ArraysCache,
-    layer_34: deltanet::ArraysCache,
-    layer_35: LayerCache,
-    layer_36: deltanet::ArraysCache,
-    layer_37: deltanet::ArraysCache,
-    layer_38: deltanet::ArraysCache,
-    layer_39: LayerCache,
+    /// One per layer that computes its own K/V, in layer order.
+    kv: Vec<LayerCache>,
+    /// One per Gated DeltaNet layer, in layer order.
+    states: Vec<deltanet::ArraysCache>,
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(64, 10000000f32),
-        layer_0: LinearDeltaNetSharedExperts::load(&mut w, 0usize),
-        layer_1: LinearDeltaNetSharedExperts::load(&mut w, 1usize),
-        layer_2: LinearDeltaNetSharedExperts::load(&mut w, 2usize),
-        layer_3: FullGatedOwnKvSharedExperts::load(&mut w, 3usize),
-        layer_4: LinearDeltaNetSharedExperts::load(&mut w, 4usize),
-        layer_5: LinearDeltaNetSharedExperts::load(&mut w, 5usize),
-        layer_6: LinearDeltaNetSharedExperts::load(&mut w, 6usize),
-        layer_7: FullGatedOwnKvSharedExperts::load(&mut w, 7usize),
-        layer_8: LinearDeltaNetSharedExperts::load(&mut w, 8usize),
-        layer_9: LinearDeltaNetSharedExperts::load(&mut w, 9usize),
-        layer_10: LinearDeltaNetSharedExperts::load(&mut w, 10usize),
-        layer_11: FullGatedOwnKvSharedExperts::load(&mut w, 11usize),
-        layer_12: LinearDeltaNetSharedExperts::load(&mut w, 12usize),
-        layer_13: LinearDeltaNetSharedExperts::load(&mut w, 13usize),
-        layer_14: LinearDeltaNetSharedExperts::load(&mut w, 14usize),
-        layer_15: FullGatedOwnKvSharedExperts::load(&mut w, 15usize),
-        layer_16: LinearDeltaNetSharedExperts::load(&mut w, 16usize),
-        layer_17: LinearDeltaNetSharedExperts::load(&mut w, 17usize),
-        layer_18: LinearDeltaNetSharedExperts::load(&mut w, 18usize),
-        layer_19: FullGatedOwnKvSharedExperts::load(&mut w, 19usize),
-        layer_20: LinearDeltaNetSharedExperts::load(&mut w, 20usize),
-        layer_21: LinearDeltaNetSharedExperts::load(&mut w, 21usize),
-        layer_22: LinearDeltaNetSharedExperts::load(&mut w, 22usize),
-        layer_23: FullGatedOwnKvSharedExperts::load(&mut w, 23usize),
-        layer_24: LinearDeltaNetSharedExperts::load(&mut w, 24usize),
-        layer_25: LinearDeltaNetSharedExperts::load(&mut w, 25usize),
-        layer_26: LinearDeltaNetSharedExperts::load(&mut w, 26usize),
-        layer_27: FullGatedOwnKvSharedExperts::load(&mut w, 27usize),
-        layer_28: LinearDeltaNetSharedExperts::load(&mut w, 28usize),
-        layer_29: LinearDeltaNetSharedExperts::load(&mut w, 29usize),
-        layer_30: LinearDeltaNetSharedExperts::load(&mut w, 30usize),
-        layer_31: FullGatedOwnKvSharedExperts::load(&mut w, 31usize),
-        layer_32: LinearDeltaNetSharedExperts::load(&mut w, 32usize),
-        layer_33: LinearDeltaNetSharedExperts::load(&mut w, 33usize),
-        layer_34: LinearDeltaNetSharedExperts::load(&mut w, 34usize),
-        layer_35: FullGatedOwnKvSharedExperts::load(&mut w, 35usize),
-        layer_36: LinearDeltaNetSharedExperts::load(&mut w, 36usize),
-        layer_37: LinearDeltaNetSharedExperts::load(&mut w, 37usize),
-        layer_38: LinearDeltaNetSharedExperts::load(&mut w, 38usize),
-        layer_39: FullGatedOwnKvSharedExperts::load(&mut w, 39usize),
+        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
         lm_head: w.linear("lm_head", VOCAB, HIDDEN),
     };
@@ -342,97 +359,31 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            layer_0: deltanet::ArraysCache::default(),
-            layer_1: deltanet::ArraysCache::default(),
-            layer_2: deltanet::ArraysCache::default(),
-            layer_3: LayerCache::Full(KvCache::default()),
-            layer_4: deltanet::ArraysCache::default(),
-            layer_5: deltanet::ArraysCache::default(),
-            layer_6: deltanet::ArraysCache::default(),
-            layer_7: LayerCache::Full(KvCache::default()),
-            layer_8: deltanet::ArraysCache::default(),
-            layer_9: deltanet::ArraysCache::default(),
-            layer_10: deltanet::ArraysCache::default(),
-            layer_11: LayerCache::Full(KvCache::default()),
-            layer_12: deltanet::ArraysCache::default(),
-            layer_13: deltanet::ArraysCache::default(),
-            layer_14: deltanet::ArraysCache::default(),
-            layer_15: LayerCache::Full(KvCache::default()),
-            layer_16: deltanet::ArraysCache::default(),
-            layer_17: deltanet::ArraysCache::default(),
-            layer_18: deltanet::ArraysCache::default(),
-            layer_19: LayerCache::Full(KvCache::default()),
-            layer_20: deltanet::ArraysCache::default(),
-            layer_21: deltanet::ArraysCache::default(),
-            layer_22: deltanet::ArraysCache::default(),
-            layer_23: LayerCache::Full(KvCache::default()),
-            layer_24: deltanet::ArraysCache::default(),
-            layer_25: deltanet::ArraysCache::default(),
-            layer_26: deltanet::ArraysCache::default(),
-            layer_27: LayerCache::Full(KvCache::default()),
-            layer_28: deltanet::ArraysCache::default(),
-            layer_29: deltanet::ArraysCache::default(),
-            layer_30: deltanet::ArraysCache::default(),
-            layer_31: LayerCache::Full(KvCache::default()),
-            layer_32: deltanet::ArraysCache::default(),
-            layer_33: deltanet::ArraysCache::default(),
-            layer_34: deltanet::ArraysCache::default(),
-            layer_35: LayerCache::Full(KvCache::default()),
-            layer_36: deltanet::ArraysCache::default(),
-            layer_37: deltanet::ArraysCache::default(),
-            layer_38: deltanet::ArraysCache::default(),
-            layer_39: LayerCache::Full(KvCache::default()),
+            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            states: LAYOUT.iter().filter_map(|row| row.state()).collect(),
         }
     }
     fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = b::mask_for(&cache.layer_3, n, 0)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 0)?;
         let full = WindowStep {
             rope: &self.rope_full,
             tables: None,
             mask: &full_mask,
         };
-        let h = self.layer_0.forward(&h, &mut cache.layer_0)?;
-        let h = self.layer_1.forward(&h, &mut cache.layer_1)?;
-        let h = self.layer_2.forward(&h, &mut cache.layer_2)?;
-        let h = self.layer_3.forward(&h, &full, &mut cache.layer_3)?;
-        let h = self.layer_4.forward(&h, &mut cache.layer_4)?;
-        let h = self.layer_5.forward(&h, &mut cache.layer_5)?;
-        let h = self.layer_6.forward(&h, &mut cache.layer_6)?;
-        let h = self.layer_7.forward(&h, &full, &mut cache.layer_7)?;
-        let h = self.layer_8.forward(&h, &mut cache.layer_8)?;
-        let h = self.layer_9.forward(&h, &mut cache.layer_9)?;
-        let h = self.layer_10.forward(&h, &mut cache.layer_10)?;
-        let h = self.layer_11.forward(&h, &full, &mut cache.layer_11)?;
-        let h = self.layer_12.forward(&h, &mut cache.layer_12)?;
-        let h = self.layer_13.forward(&h, &mut cache.layer_13)?;
-        let h = self.layer_14.forward(&h, &mut cache.layer_14)?;
-        let h = self.layer_15.forward(&h, &full, &mut cache.layer_15)?;
-        let h = self.layer_16.forward(&h, &mut cache.layer_16)?;
-        let h = self.layer_17.forward(&h, &mut cache.layer_17)?;
-        let h = self.layer_18.forward(&h, &mut cache.layer_18)?;
-        let h = self.layer_19.forward(&h, &full, &mut cache.layer_19)?;
-        let h = self.layer_20.forward(&h, &mut cache.layer_20)?;
-        let h = self.layer_21.forward(&h, &mut cache.layer_21)?;
-        let h = self.layer_22.forward(&h, &mut cache.layer_22)?;
-        let h = self.layer_23.forward(&h, &full, &mut cache.layer_23)?;
-        let h = self.layer_24.forward(&h, &mut cache.layer_24)?;
-        let h = self.layer_25.forward(&h, &mut cache.layer_25)?;
-        let h = self.layer_26.forward(&h, &mut cache.layer_26)?;
-        let h = self.layer_27.forward(&h, &full, &mut cache.layer_27)?;
-        let h = self.layer_28.forward(&h, &mut cache.layer_28)?;
-        let h = self.layer_29.forward(&h, &mut cache.layer_29)?;
-        let h = self.layer_30.forward(&h, &mut cache.layer_30)?;
-        let h = self.layer_31.forward(&h, &full, &mut cache.layer_31)?;
-        let h = self.layer_32.forward(&h, &mut cache.layer_32)?;
-        let h = self.layer_33.forward(&h, &mut cache.layer_33)?;
-        let h = self.layer_34.forward(&h, &mut cache.layer_34)?;
-        let h = self.layer_35.forward(&h, &full, &mut cache.layer_35)?;
-        let h = self.layer_36.forward(&h, &mut cache.layer_36)?;
-        let h = self.layer_37.forward(&h, &mut cache.layer_37)?;
-        let h = self.layer_38.forward(&h, &mut cache.layer_38)?;
-        let h = self.layer_39.forward(&h, &full, &mut cache.layer_39)?;
+        let mut kv_caches = cache.kv.iter_mut();
+        let mut states = cache.states.iter_mut();
+        for layer in &self.layers {
+            h = match layer {
+                Layer::LinearDeltaNetSharedExperts(l) => {
+                    l.forward(&h, next_cache(&mut states)?)?
+                }
+                Layer::FullGatedOwnKvSharedExperts(l) => {
+                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,
@@ -450,54 +401,13 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: Vec::from([
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-            ]),
+            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(40)?;
+        cache.check_layers(LAYOUT.len())?;
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;
         let ssm_mask = cache.ssm_mask(n)?;
         let full = WindowStep {
@@ -505,90 +415,16 @@ impl BatchLm for Model {
             tables: None,
             mask: &full_mask,
         };
-        let h = self.layer_0.forward_batch(&h, cache.arrays_mut(0)?, ssm_mask.as_ref())?;
-        let h = self.layer_1.forward_batch(&h, cache.arrays_mut(1)?, ssm_mask.as_ref())?;
-        let h = self.layer_2.forward_batch(&h, cache.arrays_mut(2)?, ssm_mask.as_ref())?;
-        let h = self.layer_3.forward_batch(&h, &full, cache.layer_mut(3)?)?;
-        let h = self.layer_4.forward_batch(&h, cache.arrays_mut(4)?, ssm_mask.as_ref())?;
-        let h = self.layer_5.forward_batch(&h, cache.arrays_mut(5)?, ssm_mask.as_ref())?;
-        let h = self.layer_6.forward_batch(&h, cache.arrays_mut(6)?, ssm_mask.as_ref())?;
-        let h = self.layer_7.forward_batch(&h, &full, cache.layer_mut(7)?)?;
-        let h = self.layer_8.forward_batch(&h, cache.arrays_mut(8)?, ssm_mask.as_ref())?;
-        let h = self.layer_9.forward_batch(&h, cache.arrays_mut(9)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_10
-            .forward_batch(&h, cache.arrays_mut(10)?, ssm_mask.as_ref())?;
-        let h = self.layer_11.forward_batch(&h, &full, cache.layer_mut(11)?)?;
-        let h = self
-            .layer_12
-            .forward_batch(&h, cache.arrays_mut(12)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_13
-            .forward_batch(&h, cache.arrays_mut(13)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_14
-            .forward_batch(&h, cache.arrays_mut(14)?, ssm_mask.as_ref())?;
-        let h = self.layer_15.forward_batch(&h, &full, cache.layer_mut(15)?)?;
-        let h = self
-            .layer_16
-            .forward_batch(&h, cache.arrays_mut(16)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_17
-            .forward_batch(&h, cache.arrays_mut(17)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_18
-            .forward_batch(&h, cache.arrays_mut(18)?, ssm_mask.as_ref())?;
-        let h = self.layer_19.forward_batch(&h, &full, cache.layer_mut(19)?)?;
-        let h = self
-            .layer_20
-            .forward_batch(&h, cache.arrays_mut(20)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_21
-            .forward_batch(&h, cache.arrays_mut(21)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_22
-            .forward_batch(&h, cache.arrays_mut(22)?, ssm_mask.as_ref())?;
-        let h = self.layer_23.forward_batch(&h, &full, cache.layer_mut(23)?)?;
-        let h = self
-            .layer_24
-            .forward_batch(&h, cache.arrays_mut(24)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_25
-            .forward_batch(&h, cache.arrays_mut(25)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_26
-            .forward_batch(&h, cache.arrays_mut(26)?, ssm_mask.as_ref())?;
-        let h = self.layer_27.forward_batch(&h, &full, cache.layer_mut(27)?)?;
-        let h = self
-            .layer_28
-            .forward_batch(&h, cache.arrays_mut(28)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_29
-            .forward_batch(&h, cache.arrays_mut(29)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_30
-            .forward_batch(&h, cache.arrays_mut(30)?, ssm_mask.as_ref())?;
-        let h = self.layer_31.forward_batch(&h, &full, cache.layer_mut(31)?)?;
-        let h = self
-            .layer_32
-            .forward_batch(&h, cache.arrays_mut(32)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_33
-            .forward_batch(&h, cache.arrays_mut(33)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_34
-            .forward_batch(&h, cache.arrays_mut(34)?, ssm_mask.as_ref())?;
-        let h = self.layer_35.forward_batch(&h, &full, cache.layer_mut(35)?)?;
-        let h = self
-            .layer_36
-            .forward_batch(&h, cache.arrays_mut(36)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_37
-            .forward_batch(&h, cache.arrays_mut(37)?, ssm_mask.as_ref())?;
-        let h = self
-            .layer_38
-            .forward_batch(&h, cache.arrays_mut(38)?, ssm_mask.as_ref())?;
-        let h = self.layer_39.forward_batch(&h, &full, cache.layer_mut(39)?)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = match layer {
+                Layer::LinearDeltaNetSharedExperts(l) => {
+                    l.forward_batch(&h, cache.arrays_mut(i)?, ssm_mask.as_ref())?
+                }
+                Layer::FullGatedOwnKvSharedExperts(l) => {
+                    l.forward_batch(&h, &full, cache.layer_mut(i)?)?
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,

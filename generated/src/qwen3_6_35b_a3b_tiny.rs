@@ -64,6 +64,7 @@ impl LinearDeltaNetSharedExperts {
     /// One-token steps through the compiled decode block (where
     /// `decode` is enabled), prefill through the eager blocks.
     fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if h.shape()[1] == 1 && decode::enabled() {
             let layer = decode::DeltaNetLayer {
                 norms: &self.norms,
@@ -73,8 +74,13 @@ impl LinearDeltaNetSharedExperts {
             };
             return decode::delta_net(h, &layer, cache);
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.linear_attn(x, mask, cache): Gated DeltaNet (in projections, conv1d, gated delta rule, gated RMSNorm, out_proj)
         let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
+        // finish (shared with the batched forward):
+        //   h = h + a
+        //   h = h + self.mlp (routed experts and a shared expert)(self.post_attention_layernorm(h))
         self.finish(h, a)
     }
     /// B sequences in one forward (mlx-lm's `BatchGenerator`): the
@@ -141,6 +147,7 @@ impl FullGatedOwnKvSharedExperts {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<Array> {
+        // One token: this whole layer as the compiled decode block (the same ops as below).
         if h.shape()[1] == 1 && decode::enabled() {
             let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
             let layer = decode::GatedAttentionLayer {
@@ -152,7 +159,9 @@ impl FullGatedOwnKvSharedExperts {
             };
             return decode::gated_attention(h, &layer, &tables, cache, at.mask);
         }
+        // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+        // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, times sigmoid(gate), o_proj
         let a = deltanet::gated_attention(
             &x,
             &self.attn,
@@ -161,6 +170,9 @@ impl FullGatedOwnKvSharedExperts {
             cache,
             at.mask,
         )?;
+        // finish (shared with the batched forward):
+        //   h = h + a
+        //   h = h + self.mlp (routed experts and a shared expert)(self.post_attention_layernorm(h))
         self.finish(h, a)
     }
     /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
@@ -189,45 +201,114 @@ impl FullGatedOwnKvSharedExperts {
         b::finish_layer(&h, None, None, EPS)
     }
 }
+/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+#[derive(Clone, Copy)]
+enum Row {
+    LinearDeltaNetSharedExperts,
+    FullGatedOwnKvSharedExperts,
+}
+/// Every layer in order: layer `i` is row `i`.
+const LAYOUT: [Row; 8] = [
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::FullGatedOwnKvSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::LinearDeltaNetSharedExperts,
+    Row::FullGatedOwnKvSharedExperts,
+];
+/// One loaded layer, by kind.
+enum Layer {
+    LinearDeltaNetSharedExperts(LinearDeltaNetSharedExperts),
+    FullGatedOwnKvSharedExperts(FullGatedOwnKvSharedExperts),
+}
+impl Row {
+    /// Loads layer `i`, whose row this is.
+    fn load(self, w: &mut Weights, i: usize) -> Layer {
+        match self {
+            Row::LinearDeltaNetSharedExperts => {
+                Layer::LinearDeltaNetSharedExperts(
+                    LinearDeltaNetSharedExperts::load(w, i),
+                )
+            }
+            Row::FullGatedOwnKvSharedExperts => {
+                Layer::FullGatedOwnKvSharedExperts(
+                    FullGatedOwnKvSharedExperts::load(w, i),
+                )
+            }
+        }
+    }
+    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
+    /// for a layer that computes its own K/V.
+    fn kv_cache(self) -> Option<LayerCache> {
+        match self {
+            Row::LinearDeltaNetSharedExperts { .. } => None,
+            Row::FullGatedOwnKvSharedExperts { .. } => {
+                Some(LayerCache::Full(KvCache::default()))
+            }
+        }
+    }
+    /// The layer's conv and recurrent state, for a Gated DeltaNet layer.
+    fn state(self) -> Option<deltanet::ArraysCache> {
+        match self {
+            Row::LinearDeltaNetSharedExperts { .. } => {
+                Some(deltanet::ArraysCache::default())
+            }
+            Row::FullGatedOwnKvSharedExperts { .. } => None,
+        }
+    }
+    /// The layer's merged cache for a batch of fresh sequences
+    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+        match self {
+            Row::LinearDeltaNetSharedExperts { .. } => {
+                Some(
+                    BatchLayerCache::Arrays(
+                        BatchArraysCache::merged_empty(no_padding.len()),
+                    ),
+                )
+            }
+            Row::FullGatedOwnKvSharedExperts { .. } => {
+                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
+            }
+        }
+    }
+}
+/// Cache `k` of those `make_cache` made.
+fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
+    caches.get(k).ok_or_else(missing_cache)
+}
+/// The next layer's cache, in the order `make_cache` made them.
+fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
+    caches.next().ok_or_else(missing_cache)
+}
+fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
+    archgen_runtime::mlx_rs::error::Exception::custom(
+        format!("{NAME}: the cache holds fewer layers than the model"),
+    )
+}
 /// The `qwen3.6-35b-a3b-tiny` model: 8 layers, hidden size 64.
 pub struct Model {
     embed: Embedding,
     rope_full: Rope,
-    layer_0: LinearDeltaNetSharedExperts,
-    layer_1: LinearDeltaNetSharedExperts,
-    layer_2: LinearDeltaNetSharedExperts,
-    layer_3: FullGatedOwnKvSharedExperts,
-    layer_4: LinearDeltaNetSharedExperts,
-    layer_5: LinearDeltaNetSharedExperts,
-    layer_6: LinearDeltaNetSharedExperts,
-    layer_7: FullGatedOwnKvSharedExperts,
+    layers: Vec<Layer>,
     norm: Array,
     lm_head: Linear,
 }
-/// One cache per layer: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer.
+/// The caches of one sequence: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer.
 pub struct Cache {
-    layer_0: deltanet::ArraysCache,
-    layer_1: deltanet::ArraysCache,
-    layer_2: deltanet::ArraysCache,
-    layer_3: LayerCache,
-    layer_4: deltanet::ArraysCache,
-    layer_5: deltanet::ArraysCache,
-    layer_6: deltanet::ArraysCache,
-    layer_7: LayerCache,
+    /// One per layer that computes its own K/V, in layer order.
+    kv: Vec<LayerCache>,
+    /// One per Gated DeltaNet layer, in layer order.
+    states: Vec<deltanet::ArraysCache>,
 }
 /// Loads the model from sanitized weights; every tensor is checked.
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(4, 10000000f32),
-        layer_0: LinearDeltaNetSharedExperts::load(&mut w, 0usize),
-        layer_1: LinearDeltaNetSharedExperts::load(&mut w, 1usize),
-        layer_2: LinearDeltaNetSharedExperts::load(&mut w, 2usize),
-        layer_3: FullGatedOwnKvSharedExperts::load(&mut w, 3usize),
-        layer_4: LinearDeltaNetSharedExperts::load(&mut w, 4usize),
-        layer_5: LinearDeltaNetSharedExperts::load(&mut w, 5usize),
-        layer_6: LinearDeltaNetSharedExperts::load(&mut w, 6usize),
-        layer_7: FullGatedOwnKvSharedExperts::load(&mut w, 7usize),
+        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
         lm_head: w.linear("lm_head", VOCAB, HIDDEN),
     };
@@ -246,33 +327,31 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            layer_0: deltanet::ArraysCache::default(),
-            layer_1: deltanet::ArraysCache::default(),
-            layer_2: deltanet::ArraysCache::default(),
-            layer_3: LayerCache::Full(KvCache::default()),
-            layer_4: deltanet::ArraysCache::default(),
-            layer_5: deltanet::ArraysCache::default(),
-            layer_6: deltanet::ArraysCache::default(),
-            layer_7: LayerCache::Full(KvCache::default()),
+            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            states: LAYOUT.iter().filter_map(|row| row.state()).collect(),
         }
     }
     fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = b::mask_for(&cache.layer_3, n, 0)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 0)?;
         let full = WindowStep {
             rope: &self.rope_full,
             tables: None,
             mask: &full_mask,
         };
-        let h = self.layer_0.forward(&h, &mut cache.layer_0)?;
-        let h = self.layer_1.forward(&h, &mut cache.layer_1)?;
-        let h = self.layer_2.forward(&h, &mut cache.layer_2)?;
-        let h = self.layer_3.forward(&h, &full, &mut cache.layer_3)?;
-        let h = self.layer_4.forward(&h, &mut cache.layer_4)?;
-        let h = self.layer_5.forward(&h, &mut cache.layer_5)?;
-        let h = self.layer_6.forward(&h, &mut cache.layer_6)?;
-        let h = self.layer_7.forward(&h, &full, &mut cache.layer_7)?;
+        let mut kv_caches = cache.kv.iter_mut();
+        let mut states = cache.states.iter_mut();
+        for layer in &self.layers {
+            h = match layer {
+                Layer::LinearDeltaNetSharedExperts(l) => {
+                    l.forward(&h, next_cache(&mut states)?)?
+                }
+                Layer::FullGatedOwnKvSharedExperts(l) => {
+                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,
@@ -290,22 +369,13 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: Vec::from([
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))),
-                Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))),
-            ]),
+            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(8)?;
+        cache.check_layers(LAYOUT.len())?;
         let n = ids.shape()[1];
-        let h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
+        let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;
         let ssm_mask = cache.ssm_mask(n)?;
         let full = WindowStep {
@@ -313,14 +383,16 @@ impl BatchLm for Model {
             tables: None,
             mask: &full_mask,
         };
-        let h = self.layer_0.forward_batch(&h, cache.arrays_mut(0)?, ssm_mask.as_ref())?;
-        let h = self.layer_1.forward_batch(&h, cache.arrays_mut(1)?, ssm_mask.as_ref())?;
-        let h = self.layer_2.forward_batch(&h, cache.arrays_mut(2)?, ssm_mask.as_ref())?;
-        let h = self.layer_3.forward_batch(&h, &full, cache.layer_mut(3)?)?;
-        let h = self.layer_4.forward_batch(&h, cache.arrays_mut(4)?, ssm_mask.as_ref())?;
-        let h = self.layer_5.forward_batch(&h, cache.arrays_mut(5)?, ssm_mask.as_ref())?;
-        let h = self.layer_6.forward_batch(&h, cache.arrays_mut(6)?, ssm_mask.as_ref())?;
-        let h = self.layer_7.forward_batch(&h, &full, cache.layer_mut(7)?)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = match layer {
+                Layer::LinearDeltaNetSharedExperts(l) => {
+                    l.forward_batch(&h, cache.arrays_mut(i)?, ssm_mask.as_ref())?
+                }
+                Layer::FullGatedOwnKvSharedExperts(l) => {
+                    l.forward_batch(&h, &full, cache.layer_mut(i)?)?
+                }
+            };
+        }
         let logits = b::logits(
             &h,
             &self.norm,
