@@ -73,7 +73,7 @@ impl SlidingOwnKv {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<(Array, b::SharedKv)> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -189,7 +189,7 @@ impl FullOwnKvKeqV {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<(Array, b::SharedKv)> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -257,8 +257,9 @@ impl FullOwnKvKeqV {
         b::finish_layer(&h, None, Some(&self.layer_scalar), EPS)
     }
 }
-/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+/// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
+#[allow(clippy::enum_variant_names)]
 enum Row {
     /// (MLP width)
     SlidingOwnKv(i32),
@@ -283,6 +284,7 @@ const LAYOUT: [Row; 12] = [
     Row::FullOwnKvKeqV(MLP_WIDTH),
 ];
 /// One loaded layer, by kind.
+#[allow(clippy::enum_variant_names)]
 enum Layer {
     SlidingOwnKv(SlidingOwnKv),
     FullOwnKvKeqV(FullOwnKvKeqV),
@@ -303,20 +305,20 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::SlidingOwnKv { .. } => {
+            Row::SlidingOwnKv(..) => {
                 Some(LayerCache::Sliding(RotatingKvCache::new(8, 0)))
             }
-            Row::FullOwnKvKeqV { .. } => Some(LayerCache::Full(KvCache::default())),
+            Row::FullOwnKvKeqV(..) => Some(LayerCache::Full(KvCache::default())),
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::SlidingOwnKv { .. } => {
+            Row::SlidingOwnKv(..) => {
                 Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, no_padding)))
             }
-            Row::FullOwnKvKeqV { .. } => {
+            Row::FullOwnKvKeqV(..) => {
                 Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
             }
         }
@@ -330,6 +332,7 @@ fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
 fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
     caches.next().ok_or_else(missing_cache)
 }
+/// A cache that does not match the model (not one `make_cache` made).
 fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
     archgen_runtime::mlx_rs::error::Exception::custom(
         format!("{NAME}: the cache holds fewer layers than the model"),

@@ -77,7 +77,7 @@ impl SlidingOwnKvPle {
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -199,7 +199,7 @@ impl FullOwnKvPle {
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -309,7 +309,7 @@ impl SlidingSharedKvPle {
         shared: &b::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -409,7 +409,7 @@ impl FullSharedKvPle {
         shared: &b::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -469,8 +469,9 @@ impl FullSharedKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+/// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
+#[allow(clippy::enum_variant_names)]
 enum Row {
     /// (MLP width)
     SlidingOwnKvPle(i32),
@@ -524,6 +525,7 @@ const LAYOUT: [Row; 35] = [
     Row::FullSharedKvPle(MLP_WIDTH_2, 14),
 ];
 /// One loaded layer, by kind.
+#[allow(clippy::enum_variant_names)]
 enum Layer {
     SlidingOwnKvPle(SlidingOwnKvPle),
     FullOwnKvPle(FullOwnKvPle),
@@ -554,28 +556,28 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::SlidingOwnKvPle { .. } => {
+            Row::SlidingOwnKvPle(..) => {
                 Some(LayerCache::Sliding(RotatingKvCache::new(512, 0)))
             }
-            Row::FullOwnKvPle { .. } => Some(LayerCache::Full(KvCache::default())),
-            Row::SlidingSharedKvPle { .. } => None,
-            Row::FullSharedKvPle { .. } => None,
+            Row::FullOwnKvPle(..) => Some(LayerCache::Full(KvCache::default())),
+            Row::SlidingSharedKvPle(..) => None,
+            Row::FullSharedKvPle(..) => None,
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::SlidingOwnKvPle { .. } => {
+            Row::SlidingOwnKvPle(..) => {
                 Some(
                     BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, no_padding)),
                 )
             }
-            Row::FullOwnKvPle { .. } => {
+            Row::FullOwnKvPle(..) => {
                 Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
             }
-            Row::SlidingSharedKvPle { .. } => None,
-            Row::FullSharedKvPle { .. } => None,
+            Row::SlidingSharedKvPle(..) => None,
+            Row::FullSharedKvPle(..) => None,
         }
     }
 }
@@ -587,6 +589,7 @@ fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
 fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
     caches.next().ok_or_else(missing_cache)
 }
+/// A cache that does not match the model (not one `make_cache` made).
 fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
     archgen_runtime::mlx_rs::error::Exception::custom(
         format!("{NAME}: the cache holds fewer layers than the model"),

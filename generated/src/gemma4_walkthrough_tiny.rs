@@ -76,7 +76,7 @@ impl SlidingOwnKvPle {
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -198,7 +198,7 @@ impl FullOwnKvKeqVPle {
         cache: &mut LayerCache,
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -308,7 +308,7 @@ impl SlidingSharedKvPle {
         shared: &b::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -408,7 +408,7 @@ impl FullSharedKvPle {
         shared: &b::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -468,8 +468,9 @@ impl FullSharedKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+/// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
+#[allow(clippy::enum_variant_names)]
 enum Row {
     /// (MLP width)
     SlidingOwnKvPle(i32),
@@ -518,6 +519,7 @@ const LAYOUT: [Row; 7] = [
     Row::FullSharedKvPle(MLP_WIDTH_2, 4),
 ];
 /// One loaded layer, by kind.
+#[allow(clippy::enum_variant_names)]
 enum Layer {
     SlidingOwnKvPle(SlidingOwnKvPle),
     FullOwnKvKeqVPle(FullOwnKvKeqVPle),
@@ -548,12 +550,12 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::SlidingOwnKvPle { .. } => {
+            Row::SlidingOwnKvPle(..) => {
                 Some(LayerCache::Sliding(RotatingKvCache::new(5, 0)))
             }
             Row::FullOwnKvKeqVPle(_, cache) => Some(cache.make()),
-            Row::SlidingSharedKvPle { .. } => None,
-            Row::FullSharedKvPle { .. } => None,
+            Row::SlidingSharedKvPle(..) => None,
+            Row::FullSharedKvPle(..) => None,
         }
     }
 }
@@ -565,6 +567,7 @@ fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
 fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
     caches.next().ok_or_else(missing_cache)
 }
+/// A cache that does not match the model (not one `make_cache` made).
 fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
     archgen_runtime::mlx_rs::error::Exception::custom(
         format!("{NAME}: the cache holds fewer layers than the model"),

@@ -69,7 +69,7 @@ impl FullOwnKv {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<(Array, b::SharedKv)> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
             let layer = decode::Layer {
                 norms: &self.norms,
@@ -136,8 +136,9 @@ impl FullOwnKv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+/// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
+#[allow(clippy::enum_variant_names)]
 enum Row {
     /// (MLP width)
     FullOwnKv(i32),
@@ -176,6 +177,7 @@ const LAYOUT: [Row; 28] = [
     Row::FullOwnKv(MLP_WIDTH),
 ];
 /// One loaded layer, by kind.
+#[allow(clippy::enum_variant_names)]
 enum Layer {
     FullOwnKv(FullOwnKv),
 }
@@ -192,14 +194,14 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::FullOwnKv { .. } => Some(LayerCache::Full(KvCache::default())),
+            Row::FullOwnKv(..) => Some(LayerCache::Full(KvCache::default())),
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::FullOwnKv { .. } => {
+            Row::FullOwnKv(..) => {
                 Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
             }
         }
@@ -213,6 +215,7 @@ fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
 fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
     caches.next().ok_or_else(missing_cache)
 }
+/// A cache that does not match the model (not one `make_cache` made).
 fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
     archgen_runtime::mlx_rs::error::Exception::custom(
         format!("{NAME}: the cache holds fewer layers than the model"),

@@ -106,8 +106,9 @@ impl FullFusedQkvOwnKv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+/// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
+#[allow(clippy::enum_variant_names)]
 enum Row {
     /// (MLP width)
     FullFusedQkvOwnKv(i32),
@@ -122,6 +123,7 @@ const LAYOUT: [Row; 4] = [
     Row::FullFusedQkvOwnKv(MLP_WIDTH),
 ];
 /// One loaded layer, by kind.
+#[allow(clippy::enum_variant_names)]
 enum Layer {
     FullFusedQkvOwnKv(FullFusedQkvOwnKv),
 }
@@ -138,14 +140,14 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::FullFusedQkvOwnKv { .. } => Some(LayerCache::Full(KvCache::default())),
+            Row::FullFusedQkvOwnKv(..) => Some(LayerCache::Full(KvCache::default())),
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::FullFusedQkvOwnKv { .. } => {
+            Row::FullFusedQkvOwnKv(..) => {
                 Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
             }
         }
@@ -159,6 +161,7 @@ fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
 fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
     caches.next().ok_or_else(missing_cache)
 }
+/// A cache that does not match the model (not one `make_cache` made).
 fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
     archgen_runtime::mlx_rs::error::Exception::custom(
         format!("{NAME}: the cache holds fewer layers than the model"),

@@ -70,7 +70,7 @@ impl FullOwnKvExperts {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<(Array, b::SharedKv)> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
             let layer = decode::ExpertsLayer {
                 norms: &self.norms,
@@ -105,7 +105,7 @@ impl FullOwnKvExperts {
         )?;
         // finish (shared with the batched forward):
         //   h = h + a
-        //   h = h + self.mlp (routed experts)(self.post_attention_layernorm(h))
+        //   h = h + self.mlp(self.post_attention_layernorm(h)), self.mlp: 8 routed experts, top-4
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
@@ -136,8 +136,9 @@ impl FullOwnKvExperts {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+/// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
+#[allow(clippy::enum_variant_names)]
 enum Row {
     FullOwnKvExperts,
 }
@@ -149,6 +150,7 @@ const LAYOUT: [Row; 4] = [
     Row::FullOwnKvExperts,
 ];
 /// One loaded layer, by kind.
+#[allow(clippy::enum_variant_names)]
 enum Layer {
     FullOwnKvExperts(FullOwnKvExperts),
 }
@@ -165,14 +167,14 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::FullOwnKvExperts { .. } => Some(LayerCache::Full(KvCache::default())),
+            Row::FullOwnKvExperts => Some(LayerCache::Full(KvCache::default())),
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::FullOwnKvExperts { .. } => {
+            Row::FullOwnKvExperts => {
                 Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
             }
         }
@@ -186,6 +188,7 @@ fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
 fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
     caches.next().ok_or_else(missing_cache)
 }
+/// A cache that does not match the model (not one `make_cache` made).
 fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
     archgen_runtime::mlx_rs::error::Exception::custom(
         format!("{NAME}: the cache holds fewer layers than the model"),

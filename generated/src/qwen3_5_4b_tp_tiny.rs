@@ -54,7 +54,7 @@ impl LinearDeltaNet {
     /// One-token steps through the compiled decode block (where
     /// `decode` is enabled), prefill through the eager blocks.
     fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if h.shape()[1] == 1 && decode::enabled() {
             let layer = decode::DeltaNetLayer {
                 norms: &self.norms,
@@ -128,7 +128,7 @@ impl FullGatedOwnKv {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<Array> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if h.shape()[1] == 1 && decode::enabled() {
             let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
             let layer = decode::GatedAttentionLayer {
@@ -182,8 +182,9 @@ impl FullGatedOwnKv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+/// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
+#[allow(clippy::enum_variant_names)]
 enum Row {
     /// (MLP width)
     LinearDeltaNet(i32),
@@ -200,6 +201,7 @@ const LAYOUT: [Row; 4] = [
     Row::FullGatedOwnKv(MLP_WIDTH),
 ];
 /// One loaded layer, by kind.
+#[allow(clippy::enum_variant_names)]
 enum Layer {
     LinearDeltaNet(LinearDeltaNet),
     FullGatedOwnKv(FullGatedOwnKv),
@@ -220,29 +222,29 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::LinearDeltaNet { .. } => None,
-            Row::FullGatedOwnKv { .. } => Some(LayerCache::Full(KvCache::default())),
+            Row::LinearDeltaNet(..) => None,
+            Row::FullGatedOwnKv(..) => Some(LayerCache::Full(KvCache::default())),
         }
     }
     /// The layer's conv and recurrent state, for a Gated DeltaNet layer.
     fn state(self) -> Option<deltanet::ArraysCache> {
         match self {
-            Row::LinearDeltaNet { .. } => Some(deltanet::ArraysCache::default()),
-            Row::FullGatedOwnKv { .. } => None,
+            Row::LinearDeltaNet(..) => Some(deltanet::ArraysCache::default()),
+            Row::FullGatedOwnKv(..) => None,
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::LinearDeltaNet { .. } => {
+            Row::LinearDeltaNet(..) => {
                 Some(
                     BatchLayerCache::Arrays(
                         BatchArraysCache::merged_empty(no_padding.len()),
                     ),
                 )
             }
-            Row::FullGatedOwnKv { .. } => {
+            Row::FullGatedOwnKv(..) => {
                 Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
             }
         }
@@ -256,6 +258,7 @@ fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
 fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
     caches.next().ok_or_else(missing_cache)
 }
+/// A cache that does not match the model (not one `make_cache` made).
 fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
     archgen_runtime::mlx_rs::error::Exception::custom(
         format!("{NAME}: the cache holds fewer layers than the model"),

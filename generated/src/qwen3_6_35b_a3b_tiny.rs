@@ -64,7 +64,7 @@ impl LinearDeltaNetSharedExperts {
     /// One-token steps through the compiled decode block (where
     /// `decode` is enabled), prefill through the eager blocks.
     fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if h.shape()[1] == 1 && decode::enabled() {
             let layer = decode::DeltaNetLayer {
                 norms: &self.norms,
@@ -80,7 +80,7 @@ impl LinearDeltaNetSharedExperts {
         let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
         // finish (shared with the batched forward):
         //   h = h + a
-        //   h = h + self.mlp (routed experts and a shared expert)(self.post_attention_layernorm(h))
+        //   h = h + self.mlp(self.post_attention_layernorm(h)), self.mlp: 8 routed experts, top-4, and a shared expert
         self.finish(h, a)
     }
     /// B sequences in one forward (mlx-lm's `BatchGenerator`): the
@@ -147,7 +147,7 @@ impl FullGatedOwnKvSharedExperts {
         at: &WindowStep,
         cache: &mut LayerCache,
     ) -> Result<Array> {
-        // One token: this whole layer as the compiled decode block (the same ops as below).
+        // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if h.shape()[1] == 1 && decode::enabled() {
             let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
             let layer = decode::GatedAttentionLayer {
@@ -172,7 +172,7 @@ impl FullGatedOwnKvSharedExperts {
         )?;
         // finish (shared with the batched forward):
         //   h = h + a
-        //   h = h + self.mlp (routed experts and a shared expert)(self.post_attention_layernorm(h))
+        //   h = h + self.mlp(self.post_attention_layernorm(h)), self.mlp: 8 routed experts, top-4, and a shared expert
         self.finish(h, a)
     }
     /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
@@ -201,8 +201,9 @@ impl FullGatedOwnKvSharedExperts {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.
+/// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
+#[allow(clippy::enum_variant_names)]
 enum Row {
     LinearDeltaNetSharedExperts,
     FullGatedOwnKvSharedExperts,
@@ -219,6 +220,7 @@ const LAYOUT: [Row; 8] = [
     Row::FullGatedOwnKvSharedExperts,
 ];
 /// One loaded layer, by kind.
+#[allow(clippy::enum_variant_names)]
 enum Layer {
     LinearDeltaNetSharedExperts(LinearDeltaNetSharedExperts),
     FullGatedOwnKvSharedExperts(FullGatedOwnKvSharedExperts),
@@ -243,8 +245,8 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::LinearDeltaNetSharedExperts { .. } => None,
-            Row::FullGatedOwnKvSharedExperts { .. } => {
+            Row::LinearDeltaNetSharedExperts => None,
+            Row::FullGatedOwnKvSharedExperts => {
                 Some(LayerCache::Full(KvCache::default()))
             }
         }
@@ -252,24 +254,22 @@ impl Row {
     /// The layer's conv and recurrent state, for a Gated DeltaNet layer.
     fn state(self) -> Option<deltanet::ArraysCache> {
         match self {
-            Row::LinearDeltaNetSharedExperts { .. } => {
-                Some(deltanet::ArraysCache::default())
-            }
-            Row::FullGatedOwnKvSharedExperts { .. } => None,
+            Row::LinearDeltaNetSharedExperts => Some(deltanet::ArraysCache::default()),
+            Row::FullGatedOwnKvSharedExperts => None,
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::LinearDeltaNetSharedExperts { .. } => {
+            Row::LinearDeltaNetSharedExperts => {
                 Some(
                     BatchLayerCache::Arrays(
                         BatchArraysCache::merged_empty(no_padding.len()),
                     ),
                 )
             }
-            Row::FullGatedOwnKvSharedExperts { .. } => {
+            Row::FullGatedOwnKvSharedExperts => {
                 Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
             }
         }
@@ -283,6 +283,7 @@ fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
 fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
     caches.next().ok_or_else(missing_cache)
 }
+/// A cache that does not match the model (not one `make_cache` made).
 fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
     archgen_runtime::mlx_rs::error::Exception::custom(
         format!("{NAME}: the cache holds fewer layers than the model"),

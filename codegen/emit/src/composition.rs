@@ -50,7 +50,7 @@ impl Composition {
         }
         Composition {
             decode: comment(
-                "One token: this whole layer as the compiled decode block (the same ops as below).",
+                "One token: the whole layer as one compiled decode block (the math below, bit for bit).",
             ),
             norm,
             mixer: comment(&mixer),
@@ -119,18 +119,25 @@ fn rest_lines(l: &Layer) -> Vec<String> {
         Residual::Scaled { .. } => " * residual_multiplier".to_string(),
         Residual::DepthScaled { .. } => " * (scale_depth / sqrt(num_hidden_layers))".to_string(),
     };
-    let ffn = match l.ffn {
-        FeedForward::Mlp(_) => "self.mlp",
-        FeedForward::MlpAndMoe { .. } => "self.mlp",
-        FeedForward::Moe(_) => "self.mlp (routed experts)",
-        FeedForward::MoeAndSharedExpert { .. } => "self.mlp (routed experts and a shared expert)",
+    let ffn = "self.mlp";
+    // What `self.mlp` is when it is not a dense MLP.
+    let experts = match l.ffn {
+        FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } => String::new(),
+        FeedForward::Moe(m) => format!(
+            ", self.mlp: {} routed experts, top-{}",
+            m.num_experts, m.top_k
+        ),
+        FeedForward::MoeAndSharedExpert { moe, .. } => format!(
+            ", self.mlp: {} routed experts, top-{}, and a shared expert",
+            moe.num_experts, moe.top_k
+        ),
     };
     let mut lines = Vec::new();
     match (l.norms.arrangement, l.ffn) {
         (NormArrangement::PreNorm, _) => {
             lines.push(format!("h = h + a{scaled}"));
             lines.push(format!(
-                "h = h + {ffn}(self.post_attention_layernorm(h)){scaled}"
+                "h = h + {ffn}(self.post_attention_layernorm(h)){scaled}{experts}"
             ));
         }
         (NormArrangement::Sandwich, FeedForward::MlpAndMoe { .. }) => {
@@ -147,13 +154,13 @@ fn rest_lines(l: &Layer) -> Vec<String> {
         ) => {
             lines.push(format!("h = h + self.post_attention_layernorm(a){scaled}"));
             lines.push(format!(
-                "h = h + self.post_feedforward_layernorm({ffn}(self.pre_feedforward_layernorm(h))){scaled}"
+                "h = h + self.post_feedforward_layernorm({ffn}(self.pre_feedforward_layernorm(h))){scaled}{experts}"
             ));
         }
         (NormArrangement::PostNorm, _) => {
             lines.push(format!("h = h + self.post_attention_layernorm(a){scaled}"));
             lines.push(format!(
-                "h = h + self.post_feedforward_layernorm({ffn}(h)){scaled}"
+                "h = h + self.post_feedforward_layernorm({ffn}(h)){scaled}{experts}"
             ));
         }
     }

@@ -272,6 +272,12 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
             ));
             args.push(quote! { , donor });
         }
+        // The kind's row whatever its fields.
+        let any_row = if fields.is_empty() {
+            quote! { Row::#name }
+        } else {
+            quote! { Row::#name(..) }
+        };
         let types = fields.iter().map(|f| &f.0);
         let what = fields.iter().map(|f| f.1).collect::<Vec<_>>().join(", ");
         let load_binds = fields.iter().map(|f| &f.2);
@@ -307,17 +313,17 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
                     let binds = fields.iter().map(|f| &f.3);
                     quote! { Row::#name(#(#binds),*) }
                 } else {
-                    quote! { Row::#name { .. } }
+                    quote! { #any_row }
                 };
                 kv_caches.push(quote! { #pattern => Some(#cache), });
-                states.push(quote! { Row::#name { .. } => None, });
+                states.push(quote! { #any_row => None, });
                 batch_caches.push(match window {
                     Window::Sliding(w) => {
                         let w = lit_i32(w)?;
-                        quote! { Row::#name { .. } => Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(#w, no_padding))), }
+                        quote! { #any_row => Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(#w, no_padding))), }
                     }
                     Window::Full => {
-                        quote! { Row::#name { .. } => Some(BatchLayerCache::Full(BatchKvCache::new(no_padding))), }
+                        quote! { #any_row => Some(BatchLayerCache::Full(BatchKvCache::new(no_padding))), }
                     }
                 });
                 let call = quote! { l.forward(&h, &#ctx, next_cache(&mut kv_caches)? #pli)? };
@@ -335,9 +341,9 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
                 batch_steps.push(quote! { Layer::#name(l) => #batch_step, });
             }
             State::Donor => {
-                kv_caches.push(quote! { Row::#name { .. } => None, });
-                states.push(quote! { Row::#name { .. } => None, });
-                batch_caches.push(quote! { Row::#name { .. } => None, });
+                kv_caches.push(quote! { #any_row => None, });
+                states.push(quote! { #any_row => None, });
+                batch_caches.push(quote! { #any_row => None, });
                 // A layer reading a donor's K/V attends as in one sequence,
                 // batched or not (the donor's K/V carry the rows' offsets).
                 steps.push(quote! {
@@ -348,11 +354,10 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
                 });
             }
             State::Arrays => {
-                kv_caches.push(quote! { Row::#name { .. } => None, });
-                states
-                    .push(quote! { Row::#name { .. } => Some(deltanet::ArraysCache::default()), });
+                kv_caches.push(quote! { #any_row => None, });
+                states.push(quote! { #any_row => Some(deltanet::ArraysCache::default()), });
                 batch_caches.push(quote! {
-                    Row::#name { .. } => Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(no_padding.len()))),
+                    #any_row => Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(no_padding.len()))),
                 });
                 // No window, no mask (`create_ssm_mask` is None for one
                 // unpadded sequence).
@@ -452,10 +457,13 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
             }
         }
     });
-    let doc_row = " A layer's kind and what its kind leaves open: the MLP width, a full-attention layer's K/V cache, the layer whose K/V a shared layer reads.";
+    let doc_row = " A layer's kind and the facts its kind leaves open (each variant names them).";
+    // The variants are the kinds' names, which share a suffix when every
+    // kind has the same trait (`...Ple`): clippy's naming lint is allowed.
     let items = quote! {
         #[doc = #doc_row]
         #[derive(Clone, Copy)]
+        #[allow(clippy::enum_variant_names)]
         enum Row {
             #(#variants)*
         }
@@ -470,6 +478,7 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
         ];
 
         /// One loaded layer, by kind.
+        #[allow(clippy::enum_variant_names)]
         enum Layer {
             #(#layer_variants)*
         }
@@ -505,6 +514,7 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
             caches.next().ok_or_else(missing_cache)
         }
 
+        /// A cache that does not match the model (not one `make_cache` made).
         fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
             archgen_runtime::mlx_rs::error::Exception::custom(format!(
                 "{NAME}: the cache holds fewer layers than the model"
