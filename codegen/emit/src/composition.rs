@@ -3,11 +3,11 @@
 //! output, `h` the residual stream), read from the layer's IR facts.
 
 use crate::comments::comment;
-use archgen_spec::ir::{
+use archgen_ir::RopeKind;
+use archgen_ir::{
     Attention, FeedForward, KvSource, Layer, LayerInput, LayerScalar, Mixer, NormArrangement,
     NormWeight, OutputGate, ProjectionBias, QkNorm, QkvProjection, Residual, Scores, Values,
 };
-use archgen_spec::RopeKind;
 use proc_macro2::TokenStream;
 
 /// The comments of one kind's forward, in the order its lines run.

@@ -5,8 +5,8 @@
 //! `make_batch_cache`, `forward` and `forward_batch` over them. A change
 //! to one layer of a spec is a change to its row.
 
+use archgen_ir::{KvCache, KvSource, Layer, LayerInput, Mixer, OutputGate, Window};
 use archgen_plan::Plan;
-use archgen_spec::ir::{KvCache, KvSource, Layer, LayerInput, Mixer, OutputGate, Window};
 use proc_macro2::{Literal, TokenStream};
 use quote::quote;
 

@@ -7,7 +7,7 @@ use std::path::Path;
 fn model_file(name: &str) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let origin = format!("specs/{name}.yaml");
-    let spec = archgen_spec::load(root.join(&origin)).unwrap_or_else(|d| panic!("{d}"));
+    let spec = archgen_families::load(root.join(&origin)).unwrap_or_else(|d| panic!("{d}"));
     archgen_emit::model_file(&archgen_plan::plan(&spec, &origin)).unwrap()
 }
 

@@ -12,7 +12,7 @@ fn emit_with(name: &str, from: &str, to: &str) -> String {
     let text = std::fs::read_to_string(root.join(&origin)).unwrap();
     assert_eq!(text.matches(from).count(), 1, "{origin}: `{from}` once");
     let text = text.replace(from, to);
-    let spec = archgen_spec::parse_str(&text, &origin).unwrap_or_else(|d| panic!("{d}"));
+    let spec = archgen_families::parse_str(&text, &origin).unwrap_or_else(|d| panic!("{d}"));
     archgen_emit::model_file(&archgen_plan::plan(&spec, &origin)).unwrap()
 }
 
