@@ -99,6 +99,105 @@ impl ExtendLayout {
     }
 }
 
+/// One batched cache's buffers as `extend` reads them.
+struct ExtendSide<'a> {
+    keys: &'a Option<Array>,
+    values: &'a Option<Array>,
+    left_padding: &'a [i32],
+    idx: i32,
+}
+
+impl<'a> ExtendSide<'a> {
+    fn of(
+        keys: &'a Option<Array>,
+        values: &'a Option<Array>,
+        left_padding: &'a [i32],
+        idx: i32,
+    ) -> Self {
+        ExtendSide {
+            keys,
+            values,
+            left_padding,
+            idx,
+        }
+    }
+
+    /// Heads, key width, value width and dtype, when it holds keys.
+    fn dims(&self) -> Option<(i32, i32, i32, Dtype)> {
+        match (self.keys, self.values) {
+            (Some(k), Some(v)) => Some((k.shape()[1], k.shape()[3], v.shape()[3], k.dtype())),
+            _ => None,
+        }
+    }
+
+    fn len(&self) -> i32 {
+        self.keys.as_ref().map_or(0, |k| k.shape()[2])
+    }
+}
+
+/// Both sides of an `extend` in one buffer: keys, values, left padding
+/// and the shared write position.
+struct Joined {
+    keys: Array,
+    values: Array,
+    left_padding: Vec<i32>,
+    idx: i32,
+}
+
+impl Joined {
+    /// The fields as the caches store them.
+    fn parts(self) -> (Option<Array>, Option<Array>, Vec<i32>, i32) {
+        (
+            Some(self.keys),
+            Some(self.values),
+            self.left_padding,
+            self.idx,
+        )
+    }
+}
+
+impl ExtendLayout {
+    /// `first`'s rows then `second`'s, both padded to the longer buffer with
+    /// their ends aligned at the larger `idx`: a row that has fewer keys gets
+    /// more left padding. `None` when neither side holds keys yet.
+    fn join(first: ExtendSide<'_>, second: ExtendSide<'_>) -> Result<Option<Joined>> {
+        // Python takes H, D, M from the last cache with keys.
+        let Some((heads, dk, dv, dtype)) = second.dims().or_else(|| first.dims()) else {
+            return Ok(None);
+        };
+        let idx = first.idx.max(second.idx);
+        let layout = ExtendLayout {
+            heads,
+            dk,
+            dv,
+            dtype,
+            max_size: first.len().max(second.len()),
+        };
+        let pad = |c: &ExtendSide<'_>| {
+            let rows = c.left_padding.len() as i32;
+            layout.pad(c.keys, c.values, rows, c.left_padding, idx - c.idx)
+        };
+        let (k1, v1, lp1) = pad(&first)?;
+        let (k2, v2, lp2) = pad(&second)?;
+        Ok(Some(Joined {
+            keys: mlx_rs::ops::concatenate(&[k1, k2], 0)?,
+            values: mlx_rs::ops::concatenate(&[v1, v2], 0)?,
+            left_padding: lp1.into_iter().chain(lp2).collect(),
+            idx,
+        }))
+    }
+}
+
+/// After each row's keys were rolled right by `shift[b]` slots (its
+/// right padding brought to the front): those slots count as left padding
+/// and no longer as the row's tokens.
+fn shift_to_left_padding(offset: &mut [i32], left_padding: &mut [i32], shift: &[i32]) {
+    for ((o, lp), s) in offset.iter_mut().zip(left_padding.iter_mut()).zip(shift) {
+        *o -= s;
+        *lp += s;
+    }
+}
+
 pub(crate) fn pad_keys(x: &Array, left: i32, right: i32) -> Result<Array> {
     if left == 0 && right == 0 {
         return Ok(x.clone());
@@ -260,15 +359,7 @@ impl BatchKvCache {
         let (keys, values) = self.buffers_mut()?;
         *keys = roll_rows(keys, &padding)?;
         *values = roll_rows(values, &padding)?;
-        for ((o, lp), p) in self
-            .offset
-            .iter_mut()
-            .zip(self.left_padding.iter_mut())
-            .zip(&padding)
-        {
-            *o -= p;
-            *lp += p;
-        }
+        shift_to_left_padding(&mut self.offset, &mut self.left_padding, &padding);
         Ok(())
     }
 
@@ -310,42 +401,17 @@ impl BatchKvCache {
     /// the same length with their ends aligned at the larger `idx`: a row
     /// that has fewer keys gets more left padding.
     pub fn extend(&mut self, other: BatchKvCache) -> Result<()> {
-        let shapes = |c: &BatchKvCache| match (&c.keys, &c.values) {
-            (Some(k), Some(v)) => Some((k.shape().to_vec(), v.shape()[3], k.dtype())),
-            _ => None,
-        };
-        let (a, b) = (shapes(self), shapes(&other));
-        let (heads, dk, dv, dtype) = match (&a, &b) {
-            (None, None) => {
-                self.left_padding.extend(other.left_padding);
-                self.offset.extend(other.offset);
-                return Ok(());
-            }
-            // Python takes H, D, M from the last cache with keys.
-            (_, Some((s, dv, dt))) | (Some((s, dv, dt)), None) => (s[1], s[3], *dv, *dt),
-        };
-        let max_idx = self.idx.max(other.idx);
-        let len = |s: &Option<(Vec<i32>, i32, Dtype)>| s.as_ref().map_or(0, |(s, _, _)| s[2]);
-        let max_size = len(&a).max(len(&b));
-        let layout = ExtendLayout {
-            heads,
-            dk,
-            dv,
-            dtype,
-            max_size,
-        };
-        let pad = |c: &BatchKvCache| {
-            let rows = c.batch_size() as i32;
-            layout.pad(&c.keys, &c.values, rows, &c.left_padding, max_idx - c.idx)
-        };
-        let (k1, v1, lp1) = pad(self)?;
-        let (k2, v2, lp2) = pad(&other)?;
-        self.keys = Some(mlx_rs::ops::concatenate(&[k1, k2], 0)?);
-        self.values = Some(mlx_rs::ops::concatenate(&[v1, v2], 0)?);
-        self.left_padding = lp1.into_iter().chain(lp2).collect();
+        let joined = ExtendLayout::join(self.extend_side(), other.extend_side())?;
         self.offset.extend(other.offset);
-        self.idx = max_idx;
+        match joined {
+            None => self.left_padding.extend(other.left_padding),
+            Some(j) => (self.keys, self.values, self.left_padding, self.idx) = j.parts(),
+        }
         Ok(())
+    }
+
+    fn extend_side(&self) -> ExtendSide<'_> {
+        ExtendSide::of(&self.keys, &self.values, &self.left_padding, self.idx)
     }
 
     /// The cache `BatchKVCache.merge` builds from single-sequence caches:
@@ -485,15 +551,7 @@ impl BatchRotatingKvCache {
             self.keys = Some(roll_rows(k, &roll)?);
             self.values = Some(roll_rows(v, &roll)?);
         }
-        for ((o, lp), r) in self
-            .offset
-            .iter_mut()
-            .zip(self.left_padding.iter_mut())
-            .zip(&roll)
-        {
-            *lp += r;
-            *o -= r;
-        }
+        shift_to_left_padding(&mut self.offset, &mut self.left_padding, &roll);
         Ok(())
     }
 
@@ -780,37 +838,17 @@ impl BatchRotatingKvCache {
             self.temporal_order()?;
             other.temporal_order()?;
         }
-        let dims = |c: &BatchRotatingKvCache| match (&c.keys, &c.values) {
-            (Some(k), Some(v)) => Some((k.shape()[1], k.shape()[3], v.shape()[3], k.dtype())),
-            _ => None,
+        let Some(joined) = ExtendLayout::join(self.extend_side(), other.extend_side())? else {
+            return Err(error("BatchRotatingKvCache::extend: no keys".into()));
         };
-        let (heads, dk, dv, dtype) = match dims(&other).or_else(|| dims(self)) {
-            Some(d) => d,
-            None => return Err(error("BatchRotatingKvCache::extend: no keys".into())),
-        };
-        let max_idx = self.idx.max(other.idx);
-        let len = |c: &BatchRotatingKvCache| c.keys.as_ref().map_or(0, |k| k.shape()[2]);
-        let max_size = len(self).max(len(&other));
-        let layout = ExtendLayout {
-            heads,
-            dk,
-            dv,
-            dtype,
-            max_size,
-        };
-        let pad = |c: &BatchRotatingKvCache| {
-            let rows = c.batch_size() as i32;
-            layout.pad(&c.keys, &c.values, rows, &c.left_padding, max_idx - c.idx)
-        };
-        let (k1, v1, lp1) = pad(self)?;
-        let (k2, v2, lp2) = pad(&other)?;
-        self.keys = Some(mlx_rs::ops::concatenate(&[k1, k2], 0)?);
-        self.values = Some(mlx_rs::ops::concatenate(&[v1, v2], 0)?);
-        self.left_padding = lp1.into_iter().chain(lp2).collect();
+        (self.keys, self.values, self.left_padding, self.idx) = joined.parts();
         self.offset.extend(other.offset);
-        self.idx = max_idx;
         self.written = self.written.max(other.written);
         Ok(())
+    }
+
+    fn extend_side(&self) -> ExtendSide<'_> {
+        ExtendSide::of(&self.keys, &self.values, &self.left_padding, self.idx)
     }
 }
 

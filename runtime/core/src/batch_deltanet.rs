@@ -11,8 +11,8 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
 use crate::deltanet::{
-    causal_conv1d, compute_g, delta_rule_inputs, deltanet_projections, normalize_qk,
-    rms_norm_gated, GatedDeltaNet,
+    causal_conv1d, compute_g, delta_step_ops, deltanet_projections, normalize_qk, rms_norm_gated,
+    scan_tokens, GatedDeltaNet,
 };
 use crate::distributed::sharded_to_all;
 use crate::ops::{scalar_like, Result};
@@ -199,13 +199,7 @@ fn masked_step_graph(inputs: &[Array]) -> Result<Vec<Array>> {
             inputs.len()
         )));
     };
-    let decay = g.expand_dims_axes(&[-1, -2])?;
-    let state = old_state.multiply(&decay)?;
-    let k_row = k.expand_dims(-2)?;
-    let kv_mem = state.multiply(&k_row)?.sum_axis(-1, None)?;
-    let delta = v.subtract(&kv_mem)?.multiply(beta.expand_dims(-1)?)?;
-    let state = state.add(k_row.multiply(delta.expand_dims(-1)?)?)?;
-    let y = state.multiply(q.expand_dims(-2)?)?.sum_axis(-1, None)?;
+    let (y, state) = delta_step_ops([q, k, v, g, beta, old_state])?;
     let mask = mask.expand_dims_axes(&[1, 2, 3])?;
     let state = mlx_rs::ops::select(&mask, &state, old_state)?;
     Ok(vec![y.as_dtype(q.dtype())?, state])
@@ -230,14 +224,11 @@ fn gated_delta_ops_masked(
     state: Option<&Array>,
     mask: &Array,
 ) -> Result<(Array, Array)> {
-    let t = q.shape()[1];
-    let (mut state, q, k) = delta_rule_inputs(q, k, v, state)?;
-    let mut ys = Vec::with_capacity(t as usize);
-    for i in 0..t {
+    scan_tokens(q, k, v, state, |i, q, k, state| {
         let at = |a: &Array| a.try_index((.., i));
         let inputs = [
-            at(&q)?,
-            at(&k)?,
+            at(q)?,
+            at(k)?,
             at(v)?,
             at(g)?,
             at(beta)?,
@@ -245,14 +236,13 @@ fn gated_delta_ops_masked(
             at(mask)?,
         ];
         let mut out = MASKED_STEP.with(|f| (f.borrow_mut())(&inputs))?;
-        let (y, next) = match (out.remove(0), out.pop()) {
-            (y, Some(next)) => (y, next),
-            (_, None) => return Err(error("masked gated delta step: two outputs".into())),
-        };
-        ys.push(y);
-        state = next;
-    }
-    Ok((mlx_rs::ops::stack(&ys, 1)?, state))
+        match (out.pop(), out.pop()) {
+            (Some(next), Some(y)) => Ok((y, next)),
+            _ => Err(error(
+                "masked gated delta step: two outputs expected".into(),
+            )),
+        }
+    })
 }
 
 /// `GatedDeltaNet.__call__` in a batch, with `mask` from

@@ -82,6 +82,15 @@ fn delta_step_graph(inputs: &[Array]) -> Result<Vec<Array>> {
             inputs.len()
         )));
     };
+    let (y, state) = delta_step_ops([q, k, v, g, beta, state])?;
+    Ok(vec![y.as_dtype(q.dtype())?, state])
+}
+
+/// The body of `_gated_delta_step_ops`, shared by the unmasked and the
+/// masked graph: the state decayed by `g` and corrected by the delta rule,
+/// and the output `y` read from it with `q` (in the state's f32; the
+/// callers cast it to q's dtype).
+pub(crate) fn delta_step_ops([q, k, v, g, beta, state]: [&Array; 6]) -> Result<(Array, Array)> {
     let decay = g.expand_dims_axes(&[-1, -2])?;
     let state = state.multiply(&decay)?;
     let k_row = k.expand_dims(-2)?;
@@ -89,7 +98,7 @@ fn delta_step_graph(inputs: &[Array]) -> Result<Vec<Array>> {
     let delta = v.subtract(&kv_mem)?.multiply(beta.expand_dims(-1)?)?;
     let state = state.add(k_row.multiply(delta.expand_dims(-1)?)?)?;
     let y = state.multiply(q.expand_dims(-2)?)?.sum_axis(-1, None)?;
-    Ok(vec![y.as_dtype(q.dtype())?, state])
+    Ok((y, state))
 }
 
 thread_local! {
@@ -224,7 +233,6 @@ pub fn gated_delta_ops(
     beta: &Array,
     state: Option<&Array>,
 ) -> Result<(Array, Array)> {
-    let t = q.shape()[1];
     if g.ndim() != 3 {
         return Err(refused(format!(
             "gated delta rule: a scalar gate per head [B, T, Hv] expected, got shape {:?} \
@@ -232,11 +240,28 @@ pub fn gated_delta_ops(
             g.shape()
         )));
     }
+    scan_tokens(q, k, v, state, |i, q, k, state| {
+        let at = |a: &Array| a.try_index((.., i));
+        gated_delta_step(&at(q)?, &at(k)?, &at(v)?, &at(g)?, &at(beta)?, state)
+    })
+}
+
+/// The recurrence over time both delta rules run (with and without a
+/// mask): q and k repeated to Hv heads ([`delta_rule_inputs`]), then
+/// `step(i, q, k, state)` per token `i`, giving its y and the next state;
+/// the y's stacked along the time axis.
+pub(crate) fn scan_tokens(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    state: Option<&Array>,
+    mut step: impl FnMut(i32, &Array, &Array, &Array) -> Result<(Array, Array)>,
+) -> Result<(Array, Array)> {
+    let t = q.shape()[1];
     let (mut state, q, k) = delta_rule_inputs(q, k, v, state)?;
     let mut ys = Vec::with_capacity(t as usize);
     for i in 0..t {
-        let at = |a: &Array| a.try_index((.., i));
-        let (y, next) = gated_delta_step(&at(&q)?, &at(&k)?, &at(v)?, &at(g)?, &at(beta)?, &state)?;
+        let (y, next) = step(i, &q, &k, &state)?;
         ys.push(y);
         state = next;
     }

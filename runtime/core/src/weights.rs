@@ -898,61 +898,25 @@ mod tests {
             &file(r#"{"__metadata__":1}"#, 0),
             "__metadata__: expected an object",
         );
-        let t = |info: &str, data: usize| file(&format!("{{\"t\":{info}}}"), data);
-        fails(
-            &t(r#"{"shape":[1],"data_offsets":[0,4]}"#, 4),
-            "tensor 't': no \"dtype\" string",
-        );
-        fails(
-            &t(r#"{"dtype":"F64","shape":[1],"data_offsets":[0,8]}"#, 8),
-            "found \"F64\"",
-        );
-        fails(
-            &t(r#"{"dtype":"F32","data_offsets":[0,4]}"#, 4),
-            "no \"shape\" array",
-        );
-        fails(
-            &t(r#"{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}"#, 4),
-            "found -1",
-        );
-        fails(
-            &t(
-                r#"{"dtype":"U8","shape":[2147483648],"data_offsets":[0,4]}"#,
-                4,
-            ),
-            "found 2147483648",
-        );
-        fails(
-            &t(
-                r#"{"dtype":"U8","shape":[2147483647,2147483647,2147483647],"data_offsets":[0,4]}"#,
-                4,
-            ),
-            "overflows",
-        );
-        fails(
-            &t(r#"{"dtype":"F32","shape":[1]}"#, 4),
-            "no \"data_offsets\" [begin, end] pair",
-        );
-        fails(
-            &t(r#"{"dtype":"F32","shape":[1],"data_offsets":[4,0]}"#, 4),
-            "run backwards",
-        );
-        fails(
-            &t(r#"{"dtype":"F32","shape":[2],"data_offsets":[0,8]}"#, 4),
-            "(truncated?)",
-        );
-        fails(
-            &t(r#"{"dtype":"F32","shape":[2],"data_offsets":[0,4]}"#, 4),
-            "expected 8 bytes for F32 [2]",
-        );
-        fails(
-            &t(r#"{"dtype":"F32","shape":[1],"data_offsets":[0,4]}"#, 6),
-            "found 4 bytes covered",
-        );
-        fails(
-            &t(r#"{"dtype":"F32","shape":[1],"data_offsets":[2,6]}"#, 6),
-            "expected its data to start at byte 0",
-        );
+        // One tensor `t` with the given info, in a file of that many data bytes.
+        #[rustfmt::skip]
+        let tensor_cases: &[(&str, usize, &str)] = &[
+            (r#"{"shape":[1],"data_offsets":[0,4]}"#, 4, "tensor 't': no \"dtype\" string"),
+            (r#"{"dtype":"F64","shape":[1],"data_offsets":[0,8]}"#, 8, "found \"F64\""),
+            (r#"{"dtype":"F32","data_offsets":[0,4]}"#, 4, "no \"shape\" array"),
+            (r#"{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}"#, 4, "found -1"),
+            (r#"{"dtype":"U8","shape":[2147483648],"data_offsets":[0,4]}"#, 4, "found 2147483648"),
+            (r#"{"dtype":"U8","shape":[2147483647,2147483647,2147483647],"data_offsets":[0,4]}"#, 4, "overflows"),
+            (r#"{"dtype":"F32","shape":[1]}"#, 4, "no \"data_offsets\" [begin, end] pair"),
+            (r#"{"dtype":"F32","shape":[1],"data_offsets":[4,0]}"#, 4, "run backwards"),
+            (r#"{"dtype":"F32","shape":[2],"data_offsets":[0,8]}"#, 4, "(truncated?)"),
+            (r#"{"dtype":"F32","shape":[2],"data_offsets":[0,4]}"#, 4, "expected 8 bytes for F32 [2]"),
+            (r#"{"dtype":"F32","shape":[1],"data_offsets":[0,4]}"#, 6, "found 4 bytes covered"),
+            (r#"{"dtype":"F32","shape":[1],"data_offsets":[2,6]}"#, 6, "expected its data to start at byte 0"),
+        ];
+        for &(info, data, expected) in tensor_cases {
+            fails(&file(&format!("{{\"t\":{info}}}"), data), expected);
+        }
         let overlap = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
         fails(
             &file(overlap, 8),
