@@ -745,6 +745,9 @@ pub enum MixerCache {
 }
 
 /// The feed-forward half: a SwiGLU MLP (`num_experts == 0`) or the MoE block.
+/// Only the decode path's compiled-block templates (decode.rs) build it; a
+/// layer's owned feed-forward is [`crate::feed_forward::FeedForward`], which
+/// this gives way to once decode.rs's `Flat` covers that enum's variants.
 // One per layer, built once at load: the variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]

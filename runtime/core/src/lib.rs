@@ -40,6 +40,7 @@ pub mod decode;
 pub mod deltanet;
 pub mod device;
 pub mod distributed;
+pub mod feed_forward;
 pub mod layers;
 pub mod model;
 pub mod moe;

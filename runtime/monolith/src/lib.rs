@@ -6,16 +6,17 @@
 use std::collections::HashMap;
 
 use archgen_ir::RopeKind;
-use archgen_ir::{self as ir, FeedForward, KvSource, LayerScalar, ModelIr, Window};
+use archgen_ir::{self as ir, KvSource, LayerScalar, ModelIr, Window};
 use archgen_runtime::attention::Mask;
 use archgen_runtime::blocks::{
-    self as b, AttentionShape, AttentionWeights, Head, LayerNorms, Mlp, MoeBlock, PerLayerInputs,
-    PleGate, SharedKv, SparseMoe,
+    self as b, AttentionShape, AttentionWeights, Head, LayerNorms, PerLayerInputs, PleGate,
+    SharedKv,
 };
 use archgen_runtime::cache::{
     KvCache, LayerCache, MixedKvCache, QuantizedKvCache, RotatingKvCache,
 };
 use archgen_runtime::deltanet::{self, ArraysCache, DeltaNetShape, MixerCache};
+use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::{Embedding, Linear};
 use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::model::{CausalLm, ModelError};
@@ -27,7 +28,7 @@ use archgen_runtime::Array;
 struct Layer {
     mixer: LayerMixer,
     norms: Norms,
-    ffn: Ffn,
+    ffn: FeedForward,
     ple: Option<PleGate>,
     layer_scalar: Option<Array>,
     /// The factor of depth-scaled residual branches ([`b::residual_scale`]).
@@ -104,18 +105,6 @@ pub fn delta_net_shape(d: &ir::DeltaNet, hidden: usize, eps: f32) -> DeltaNetSha
         conv_kernel: d.conv_kernel as i32,
         eps,
     }
-}
-
-/// A layer's feed-forward weights, by IR `FeedForward`.
-// One per layer, never moved after loading: boxing would only add a hop.
-#[allow(clippy::large_enum_variant)]
-enum Ffn {
-    /// The dense MLP, with Gemma-4's routed experts beside it when present.
-    Dense { mlp: Mlp, moe: Option<MoeBlock> },
-    /// Routed experts in place of the MLP.
-    Experts(SparseMoe),
-    /// Routed experts and a sigmoid-gated shared expert (Qwen3.5 MoE).
-    SharedExperts(deltanet::SharedExpertMoe),
 }
 
 /// The runtime mirror of the IR's top-k probabilities.
@@ -340,12 +329,12 @@ impl Monolith {
                 b::load_mlp_projected(w, i, hidden, m.width as i32, act, projection)
             };
             let ffn = match l.ffn {
-                FeedForward::Mlp(m) => Ffn::Dense {
+                ir::FeedForward::Mlp(m) => FeedForward::Mlp {
                     mlp: load_mlp(m, &mut w),
                     moe: None,
                 },
-                FeedForward::MlpAndMoe { mlp: m, moe } => match (moe.router, moe.activation) {
-                    (ir::Router::ScaledTopKSoftmax, ir::Activation::GeluApprox) => Ffn::Dense {
+                ir::FeedForward::MlpAndMoe { mlp: m, moe } => match (moe.router, moe.activation) {
+                    (ir::Router::ScaledTopKSoftmax, ir::Activation::GeluApprox) => FeedForward::Mlp {
                         mlp: load_mlp(m, &mut w),
                         moe: Some(b::load_moe(
                             &mut w,
@@ -368,10 +357,10 @@ impl Monolith {
                         )))
                     }
                 },
-                FeedForward::MoeAndSharedExpert { moe, shared } => {
+                ir::FeedForward::MoeAndSharedExpert { moe, shared } => {
                     match (moe.router, moe.activation) {
                         (ir::Router::SoftmaxTopK { probs }, ir::Activation::Silu) => {
-                            Ffn::SharedExperts(deltanet::load_shared_expert_moe(
+                            FeedForward::SharedExpertMoe(deltanet::load_shared_expert_moe(
                                 &mut w,
                                 i,
                                 hidden,
@@ -394,9 +383,9 @@ impl Monolith {
                         }
                     }
                 }
-                FeedForward::Moe(moe) => match (moe.router, moe.activation) {
+                ir::FeedForward::Moe(moe) => match (moe.router, moe.activation) {
                     (ir::Router::SoftmaxTopK { probs }, ir::Activation::Silu) => {
-                        Ffn::Experts(b::load_sparse_moe(
+                        FeedForward::SparseMoe(b::load_sparse_moe(
                             &mut w,
                             i,
                             hidden,
@@ -506,42 +495,24 @@ impl Monolith {
         let norms = match &layer.norms {
             Norms::AroundMixer(n) => n,
             Norms::Post(p) => match (&layer.residual, &layer.ffn) {
-                (None, Ffn::Dense { mlp, moe: None }) => {
+                (None, FeedForward::Mlp { mlp, moe: None }) => {
                     let h1 = b::post_norm_attention_residual(h, a, p, eps)?;
                     let h2 = b::post_norm_feed_forward(&h1, p, mlp, eps)?;
                     return self.finish_layer_end(i, layer, &h2, per_layer);
                 }
-                (Some(_), _) | (None, Ffn::Dense { moe: Some(_), .. })
-                | (None, Ffn::Experts(_) | Ffn::SharedExperts(_)) => {
+                (Some(_), _)
+                | (None, FeedForward::Mlp { moe: Some(_), .. })
+                | (None, FeedForward::SparseMoe(_) | FeedForward::SharedExpertMoe(_)) => {
                     return Err(Exception::custom(format!(
                         "layer {i}: a post-norm layer runs a plain residual and a dense MLP only; no runtime block runs it with scaled residuals or experts"
                     )))
                 }
             },
         };
-        let h2 = match (&layer.residual, &layer.ffn) {
-            (None, Ffn::Dense { mlp, moe }) => {
-                let h1 = b::attention_residual(h, a, norms, eps)?;
-                b::feed_forward(&h1, norms, mlp, moe.as_ref(), eps)?
-            }
-            (None, Ffn::Experts(m)) => {
-                let h1 = b::attention_residual(h, a, norms, eps)?;
-                b::sparse_feed_forward(&h1, norms, m, eps)?
-            }
-            (None, Ffn::SharedExperts(m)) => {
-                let h1 = b::attention_residual(h, a, norms, eps)?;
-                deltanet::shared_expert_feed_forward(&h1, norms, m, eps)?
-            }
-            (Some(r), Ffn::Dense { mlp, moe }) => {
-                let h1 = b::attention_residual_scaled(h, a, norms, eps, r)?;
-                b::feed_forward_scaled(&h1, norms, mlp, moe.as_ref(), eps, r)?
-            }
-            (Some(_), Ffn::Experts(_) | Ffn::SharedExperts(_)) => {
-                return Err(Exception::custom(format!(
-                    "layer {i}: routed experts with depth-scaled residuals: no runtime block runs them"
-                )))
-            }
-        };
+        let h2 = layer
+            .ffn
+            .after_mixer(h, a, norms, layer.residual.as_ref(), eps)
+            .map_err(|e| Exception::custom(format!("layer {i}: {e}")))?;
         self.finish_layer_end(i, layer, &h2, per_layer)
     }
 

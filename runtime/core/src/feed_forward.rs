@@ -1,0 +1,65 @@
+//! A layer's feed-forward half, owned: the one enum of what follows the
+//! mixer (IR `FeedForward`), for every family. It sits above [`crate::blocks`]
+//! and [`crate::deltanet`], whose blocks it holds, so neither of them needs
+//! to know the other's feed-forward kinds.
+
+use mlx_rs::error::Exception;
+use mlx_rs::Array;
+
+use crate::blocks::{self as b, LayerNorms, Mlp, MoeBlock, SparseMoe};
+use crate::deltanet::{self, SharedExpertMoe};
+use crate::ops::Result;
+
+/// A layer's feed-forward weights, by IR `FeedForward`.
+// One per layer, never moved after loading: boxing would only add a hop.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum FeedForward {
+    /// The dense gated MLP, with Gemma-4's routed experts beside it when
+    /// present (IR `Mlp`, `MlpAndMoe`).
+    Mlp { mlp: Mlp, moe: Option<MoeBlock> },
+    /// Routed experts in place of the MLP (IR `Moe`: Qwen3-MoE).
+    SparseMoe(SparseMoe),
+    /// Routed experts and a sigmoid-gated shared expert (IR
+    /// `MoeAndSharedExpert`: Qwen3.5/3.6 MoE).
+    SharedExpertMoe(SharedExpertMoe),
+}
+
+impl FeedForward {
+    /// The second half of a pre-norm or sandwich layer from the residual
+    /// stream `h` and the mixer's output `a`: the attention residual, then
+    /// `+ ffn(norm(.))` with the layer's norms; both residual branches
+    /// scaled by `residual_scale` when the layer's IR scales them.
+    pub fn after_mixer(
+        &self,
+        h: &Array,
+        a: &Array,
+        norms: &LayerNorms,
+        residual_scale: Option<&Array>,
+        eps: f32,
+    ) -> Result<Array> {
+        match (residual_scale, self) {
+            (None, FeedForward::Mlp { mlp, moe }) => {
+                let h1 = b::attention_residual(h, a, norms, eps)?;
+                b::feed_forward(&h1, norms, mlp, moe.as_ref(), eps)
+            }
+            (None, FeedForward::SparseMoe(m)) => {
+                let h1 = b::attention_residual(h, a, norms, eps)?;
+                b::sparse_feed_forward(&h1, norms, m, eps)
+            }
+            (None, FeedForward::SharedExpertMoe(m)) => {
+                let h1 = b::attention_residual(h, a, norms, eps)?;
+                deltanet::shared_expert_feed_forward(&h1, norms, m, eps)
+            }
+            (Some(r), FeedForward::Mlp { mlp, moe }) => {
+                let h1 = b::attention_residual_scaled(h, a, norms, eps, r)?;
+                b::feed_forward_scaled(&h1, norms, mlp, moe.as_ref(), eps, r)
+            }
+            (Some(_), FeedForward::SparseMoe(_) | FeedForward::SharedExpertMoe(_)) => {
+                Err(Exception::custom(
+                    "routed experts with depth-scaled residuals: no runtime block runs them",
+                ))
+            }
+        }
+    }
+}
