@@ -145,6 +145,22 @@ pub struct AttentionShape {
     pub scores: Scores,
 }
 
+impl AttentionShape {
+    /// The output widths of the query projection and of each of the key
+    /// and value projections: heads times head size.
+    pub fn projection_widths(&self) -> (i32, i32) {
+        (
+            self.n_heads * self.head_dim,
+            self.n_kv_heads * self.head_dim,
+        )
+    }
+}
+
+/// The weight-name prefix of layer `layer`'s attention projections.
+pub(crate) fn self_attn_prefix(layer: usize) -> String {
+    format!("layers.{layer}.self_attn")
+}
+
 /// How the scores become attention weights (IR `Scores`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Scores {
@@ -234,9 +250,7 @@ impl AttentionWeights {
     pub fn pretranspose(&mut self) {
         self.q_proj.pretranspose();
         self.o_proj.pretranspose();
-        if let Some(kv) = &mut self.kv {
-            kv.pretranspose();
-        }
+        self.kv.iter_mut().for_each(KvWeights::pretranspose);
     }
 }
 
@@ -253,9 +267,7 @@ impl KvWeights {
     /// [`Linear::pretranspose`] on the projections (generated models).
     pub fn pretranspose(&mut self) {
         self.k_proj.pretranspose();
-        if let Some(v) = &mut self.v_proj {
-            v.pretranspose();
-        }
+        self.v_proj.iter_mut().for_each(Linear::pretranspose);
     }
 }
 
@@ -311,8 +323,7 @@ pub fn load_fused_qkv_attention(
     hidden: i32,
     s: AttentionShape,
 ) -> FusedQkvAttention {
-    let p = format!("layers.{layer}.self_attn");
-    let (q, kv) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+    let (p, (q, kv)) = (self_attn_prefix(layer), s.projection_widths());
     FusedQkvAttention {
         qkv_proj: w.linear(&format!("{p}.qkv_proj"), q + 2 * kv, hidden),
         o_proj: w.linear(&format!("{p}.o_proj"), hidden, q),
@@ -345,8 +356,7 @@ pub fn project_fused_qkv(
     rope: &dyn Fn(&Array) -> Result<Array>,
 ) -> Result<(Array, Array, Array)> {
     let (b, l) = batch_and_len(x);
-    let q_width = s.n_heads * s.head_dim;
-    let kv_width = s.n_kv_heads * s.head_dim;
+    let (q_width, kv_width) = s.projection_widths();
     let parts = w
         .qkv_proj
         .forward(x)?
@@ -1063,8 +1073,7 @@ pub fn load_attention(
     s: AttentionShape,
     qk: QkNorm,
 ) -> AttentionWeights {
-    let p = format!("layers.{layer}.self_attn");
-    let q_out = s.n_heads * s.head_dim;
+    let (p, (q_out, _)) = (self_attn_prefix(layer), s.projection_widths());
     AttentionWeights {
         q_proj: w.linear(&format!("{p}.q_proj"), q_out, hidden),
         o_proj: w.linear(&format!("{p}.o_proj"), hidden, q_out),
@@ -1082,8 +1091,7 @@ pub fn load_kv(
     qk: QkNorm,
     values: Values,
 ) -> KvWeights {
-    let p = format!("layers.{layer}.self_attn");
-    let out = s.n_kv_heads * s.head_dim;
+    let (p, (_, out)) = (self_attn_prefix(layer), s.projection_widths());
     KvWeights {
         k_proj: w.linear(&format!("{p}.k_proj"), out, hidden),
         v_proj: match values {
@@ -1135,11 +1143,11 @@ pub fn load_biases(
     kv: Option<&mut KvWeights>,
     s: AttentionShape,
 ) {
-    let p = format!("layers.{layer}.self_attn");
+    let p = self_attn_prefix(layer);
     match bias {
         ProjectionBias::None => {}
         ProjectionBias::QueryKeyValue => {
-            let (q, k) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+            let (q, k) = s.projection_widths();
             attn.q_proj.bias = Some(w.param(&format!("{p}.q_proj.bias"), &[q]));
             if let Some(kv) = kv {
                 kv.k_proj.bias = Some(w.param(&format!("{p}.k_proj.bias"), &[k]));
@@ -1202,7 +1210,6 @@ pub fn load_moe(
     eps: f32,
 ) -> MoeBlock {
     let p = format!("layers.{layer}");
-    let sw = format!("{p}.experts.switch_glu");
     let norm = |w: &mut Weights, n: &str| w.param(&format!("{p}.{n}.weight"), &[hidden]);
     MoeBlock {
         pre_feedforward_2: norm(w, "pre_feedforward_layernorm_2"),
@@ -1216,11 +1223,29 @@ pub fn load_moe(
             hidden,
             eps,
         },
-        experts: SwitchGlu {
-            gate_proj: w.switch_linear(&format!("{sw}.gate_proj"), experts, width, hidden),
-            up_proj: w.switch_linear(&format!("{sw}.up_proj"), experts, width, hidden),
-            down_proj: w.switch_linear(&format!("{sw}.down_proj"), experts, hidden, width),
-        },
+        experts: load_switch_glu(
+            w,
+            &format!("{p}.experts.switch_glu"),
+            experts,
+            hidden,
+            width,
+        ),
+    }
+}
+
+/// The SwiGLU experts under `prefix`: `experts` stacked gate, up and down
+/// projections between `hidden` and `width`.
+fn load_switch_glu(
+    w: &mut Weights,
+    prefix: &str,
+    experts: i32,
+    hidden: i32,
+    width: i32,
+) -> SwitchGlu {
+    SwitchGlu {
+        gate_proj: w.switch_linear(&format!("{prefix}.gate_proj"), experts, width, hidden),
+        up_proj: w.switch_linear(&format!("{prefix}.up_proj"), experts, width, hidden),
+        down_proj: w.switch_linear(&format!("{prefix}.down_proj"), experts, hidden, width),
     }
 }
 
@@ -1236,18 +1261,13 @@ pub fn load_sparse_moe(
     probs: TopKProbs,
 ) -> SparseMoe {
     let p = format!("layers.{layer}.mlp");
-    let sw = format!("{p}.switch_mlp");
     SparseMoe {
         router: SoftmaxTopKRouter {
             gate: w.linear(&format!("{p}.gate"), experts, hidden),
             top_k,
             probs,
         },
-        experts: SwitchGlu {
-            gate_proj: w.switch_linear(&format!("{sw}.gate_proj"), experts, width, hidden),
-            up_proj: w.switch_linear(&format!("{sw}.up_proj"), experts, width, hidden),
-            down_proj: w.switch_linear(&format!("{sw}.down_proj"), experts, hidden, width),
-        },
+        experts: load_switch_glu(w, &format!("{p}.switch_mlp"), experts, hidden, width),
     }
 }
 

@@ -626,8 +626,10 @@ pub fn load_gated_attention(
     hidden: i32,
     s: AttentionShape,
 ) -> GatedAttention {
-    let p = format!("layers.{layer}.self_attn");
-    let (q, kv) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+    let (p, (q, kv)) = (
+        crate::blocks::self_attn_prefix(layer),
+        s.projection_widths(),
+    );
     GatedAttention {
         q_proj: w.linear(&format!("{p}.q_proj"), 2 * q, hidden),
         k_proj: w.linear(&format!("{p}.k_proj"), kv, hidden),
