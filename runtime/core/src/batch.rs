@@ -376,13 +376,14 @@ impl BatchKvCache {
     /// `filter(batch_indices)`: keeps rows `keep` (in that order), then
     /// drops the padding slots every kept row has (`min(left_padding)`).
     pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
-        let rows = check_rows(keep, self.batch_size(), "BatchKvCache::filter")?;
-        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            self.keys = Some(k.take_axis(&rows, 0)?);
-            self.values = Some(v.take_axis(&rows, 0)?);
-        }
-        self.offset = keep.iter().map(|&i| self.offset[i]).collect();
-        self.left_padding = keep.iter().map(|&i| self.left_padding[i]).collect();
+        let BatchKvCache {
+            keys,
+            values,
+            offset,
+            left_padding,
+            ..
+        } = self;
+        Rows(keys, values, offset, left_padding).keep(keep, "BatchKvCache::filter")?;
         let min_left_pad = self.left_padding.iter().copied().min().unwrap_or(0);
         if min_left_pad > 0 {
             if let (Some(k), Some(v)) = (&self.keys, &self.values) {
@@ -816,13 +817,14 @@ impl BatchRotatingKvCache {
 
     /// `filter(batch_indices)`: keeps rows `keep` (no padding is dropped).
     pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
-        let rows = check_rows(keep, self.batch_size(), "BatchRotatingKvCache::filter")?;
-        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            self.keys = Some(k.take_axis(&rows, 0)?);
-            self.values = Some(v.take_axis(&rows, 0)?);
-        }
-        self.offset = keep.iter().map(|&i| self.offset[i]).collect();
-        self.left_padding = keep.iter().map(|&i| self.left_padding[i]).collect();
+        let BatchRotatingKvCache {
+            keys,
+            values,
+            offset,
+            left_padding,
+            ..
+        } = self;
+        Rows(keys, values, offset, left_padding).keep(keep, "BatchRotatingKvCache::filter")?;
         Ok(())
     }
 
@@ -849,6 +851,30 @@ impl BatchRotatingKvCache {
 
     fn extend_side(&self) -> ExtendSide<'_> {
         ExtendSide::of(&self.keys, &self.values, &self.left_padding, self.idx)
+    }
+}
+
+/// The per-row parts of a batched K/V cache that `filter` selects from:
+/// keys, values, offsets, left padding.
+struct Rows<'a>(
+    &'a mut Option<Array>,
+    &'a mut Option<Array>,
+    &'a mut Vec<i32>,
+    &'a mut Vec<i32>,
+);
+
+impl Rows<'_> {
+    /// Keeps rows `keep`, in that order; `what` names the caller in errors.
+    fn keep(self, keep: &[usize], what: &str) -> Result<()> {
+        let Rows(keys, values, offset, left_padding) = self;
+        let rows = check_rows(keep, offset.len(), what)?;
+        if let (Some(k), Some(v)) = (keys.as_mut(), values.as_mut()) {
+            *k = k.take_axis(&rows, 0)?;
+            *v = v.take_axis(&rows, 0)?;
+        }
+        *offset = keep.iter().map(|&i| offset[i]).collect();
+        *left_padding = keep.iter().map(|&i| left_padding[i]).collect();
+        Ok(())
     }
 }
 

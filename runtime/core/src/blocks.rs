@@ -22,7 +22,7 @@ use crate::attention::{
 };
 use crate::cache::{LayerCache, MixedKvNow, QuantizedKvCache};
 use crate::distributed::sharded_to_all;
-use crate::layers::{project_head, Embedding, Linear};
+use crate::layers::{pretranspose_all, project_head, Embedding, Linear};
 use crate::moe::{experts, softmax_topk_moe, Router, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{
     divide_weak, geglu, gelu_approx_compiled, gelu_approx_times, multiply_weak, rms_norm, swiglu,
@@ -248,8 +248,7 @@ fn normed_heads(
 impl AttentionWeights {
     /// [`Linear::pretranspose`] on the projections (generated models).
     pub fn pretranspose(&mut self) {
-        self.q_proj.pretranspose();
-        self.o_proj.pretranspose();
+        pretranspose_all([&mut self.q_proj, &mut self.o_proj]);
         self.kv.iter_mut().for_each(KvWeights::pretranspose);
     }
 }
@@ -311,8 +310,7 @@ pub struct FusedQkvAttention {
 impl FusedQkvAttention {
     /// [`Linear::pretranspose`] on the projections (generated models).
     pub fn pretranspose(&mut self) {
-        self.qkv_proj.pretranspose();
-        self.o_proj.pretranspose();
+        pretranspose_all([&mut self.qkv_proj, &mut self.o_proj]);
     }
 }
 
@@ -603,10 +601,7 @@ impl Mlp {
     /// [`Linear::pretranspose`] on the projections (generated models).
     pub fn pretranspose(&mut self) {
         match &mut self.gate_up {
-            GateUp::Separate { gate_proj, up_proj } => {
-                gate_proj.pretranspose();
-                up_proj.pretranspose();
-            }
+            GateUp::Separate { gate_proj, up_proj } => pretranspose_all([gate_proj, up_proj]),
             GateUp::Fused { gate_up_proj } => gate_up_proj.pretranspose(),
         }
         self.down_proj.pretranspose();
@@ -965,8 +960,7 @@ pub struct PleGate {
 impl PleGate {
     /// [`Linear::pretranspose`] on the projections (generated models).
     pub fn pretranspose(&mut self) {
-        self.gate.pretranspose();
-        self.projection.pretranspose();
+        pretranspose_all([&mut self.gate, &mut self.projection]);
     }
 }
 

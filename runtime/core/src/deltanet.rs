@@ -30,7 +30,7 @@ use crate::attention::{batch_and_len, Mask};
 use crate::blocks::{attend_own_kv, AttentionShape, Mlp, SparseMoe};
 use crate::cache::LayerCache;
 use crate::distributed::sharded_to_all;
-use crate::layers::Linear;
+use crate::layers::{pretranspose_all, Linear};
 use crate::moe::{softmax_topk_moe, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{rms_norm, scalar_like, Result};
 use crate::rope::Rope;
@@ -491,15 +491,8 @@ impl GatedDeltaNet {
     /// [`Linear::pretranspose`] on the projections (generated models).
     pub fn pretranspose(&mut self) {
         match &mut self.in_proj {
-            InProj::Split { qkv, z, b, a } => {
-                for l in [qkv, z, b, a] {
-                    l.pretranspose();
-                }
-            }
-            InProj::Fused { qkvz, ba } => {
-                qkvz.pretranspose();
-                ba.pretranspose();
-            }
+            InProj::Split { qkv, z, b, a } => pretranspose_all([qkv, z, b, a]),
+            InProj::Fused { qkvz, ba } => pretranspose_all([qkvz, ba]),
         }
         self.out_proj.pretranspose();
     }
@@ -607,14 +600,12 @@ pub fn gated_attention_output(o: &Array, gate: &Array, o_proj: &Linear) -> Resul
 impl GatedAttention {
     /// [`Linear::pretranspose`] on the projections (generated models).
     pub fn pretranspose(&mut self) {
-        for l in [
+        pretranspose_all([
             &mut self.q_proj,
             &mut self.k_proj,
             &mut self.v_proj,
             &mut self.o_proj,
-        ] {
-            l.pretranspose();
-        }
+        ]);
     }
 }
 
@@ -676,9 +667,8 @@ impl SharedExpertMoe {
     /// [`Linear::pretranspose`] on the dense projections (generated models;
     /// the experts' weights stay as gathered).
     pub fn pretranspose(&mut self) {
-        self.router.gate.pretranspose();
+        pretranspose_all([&mut self.router.gate, &mut self.shared_expert_gate]);
         self.shared_expert.pretranspose();
-        self.shared_expert_gate.pretranspose();
     }
 }
 
