@@ -878,6 +878,15 @@ impl Rows<'_> {
     }
 }
 
+/// `mx.eval` of the arrays `arrays` gives for each layer that has a cache.
+pub(crate) fn eval_layers<'a, L>(
+    layers: &'a [Option<L>],
+    arrays: impl FnMut(&'a L) -> Vec<&'a Array>,
+) -> Result<()> {
+    let all: Vec<&Array> = layers.iter().flatten().flat_map(arrays).collect();
+    mlx_rs::transforms::eval(all)
+}
+
 /// The row indices as an int32 array, after checking them against `batch`.
 fn check_rows(rows: &[usize], batch: usize, what: &str) -> Result<Array> {
     if let Some(bad) = rows.iter().find(|&&r| r >= batch) {
@@ -1032,13 +1041,7 @@ impl BatchCache {
 
     /// `mx.eval([c.state for c in cache])`.
     pub fn eval(&self) -> Result<()> {
-        let state: Vec<&Array> = self
-            .layers
-            .iter()
-            .flatten()
-            .flat_map(BatchLayerCache::state)
-            .collect();
-        mlx_rs::transforms::eval(state)
+        eval_layers(&self.layers, BatchLayerCache::state)
     }
 }
 

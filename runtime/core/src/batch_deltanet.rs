@@ -11,8 +11,8 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
 use crate::deltanet::{
-    causal_conv1d, compute_g, delta_step_ops, deltanet_projections, normalize_qk, rms_norm_gated,
-    scan_tokens, GatedDeltaNet,
+    causal_conv1d, compute_g, deltanet_projections, gated_delta_ops, normalize_qk, rms_norm_gated,
+    GatedDeltaNet,
 };
 use crate::distributed::sharded_to_all;
 use crate::ops::{scalar_like, Result};
@@ -189,62 +189,6 @@ impl BatchArraysCache {
     }
 }
 
-/// `_gated_delta_step_ops` called with a mask (mlx-lm compiles it; with a
-/// mask it is another traced graph): the unmasked step, then
-/// `state = where(mask[:, None, None, None], state, old_state)`.
-fn masked_step_graph(inputs: &[Array]) -> Result<Vec<Array>> {
-    let [q, k, v, g, beta, old_state, mask] = inputs else {
-        return Err(error(format!(
-            "masked gated delta step: 7 inputs expected, got {}",
-            inputs.len()
-        )));
-    };
-    let (y, state) = delta_step_ops([q, k, v, g, beta, old_state])?;
-    let mask = mask.expand_dims_axes(&[1, 2, 3])?;
-    let state = mlx_rs::ops::select(&mask, &state, old_state)?;
-    Ok(vec![y.as_dtype(q.dtype())?, state])
-}
-
-type CompiledN = Box<dyn for<'a> FnMut(&'a [Array]) -> Result<Vec<Array>>>;
-
-thread_local! {
-    static MASKED_STEP: std::cell::RefCell<CompiledN> = std::cell::RefCell::new(Box::new(
-        mlx_rs::transforms::compile::compile(masked_step_graph, false),
-    ));
-}
-
-/// `gated_delta_ops` with a mask [B, T]: q and k repeated to Hv heads, then
-/// one compiled masked step per token.
-fn gated_delta_ops_masked(
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    g: &Array,
-    beta: &Array,
-    state: Option<&Array>,
-    mask: &Array,
-) -> Result<(Array, Array)> {
-    scan_tokens(q, k, v, state, |i, q, k, state| {
-        let at = |a: &Array| a.try_index((.., i));
-        let inputs = [
-            at(q)?,
-            at(k)?,
-            at(v)?,
-            at(g)?,
-            at(beta)?,
-            state.clone(),
-            at(mask)?,
-        ];
-        let mut out = MASKED_STEP.with(|f| (f.borrow_mut())(&inputs))?;
-        match (out.pop(), out.pop()) {
-            (Some(next), Some(y)) => Ok((y, next)),
-            _ => Err(error(
-                "masked gated delta step: two outputs expected".into(),
-            )),
-        }
-    })
-}
-
 /// `GatedDeltaNet.__call__` in a batch, with `mask` from
 /// [`BatchArraysCache::make_mask`] (made before the first layer).
 pub fn gated_delta_net_batch(
@@ -291,10 +235,7 @@ pub fn gated_delta_net_batch(
     let (q, k) = normalize_qk(&q, &k, s.head_k_dim)?;
     let beta = mlx_rs::ops::sigmoid(&b)?;
     let g = compute_g(&w.a_log, &a, &w.dt_bias)?;
-    let (out, state) = match mask {
-        Some(m) => gated_delta_ops_masked(&q, &k, &v, &g, &beta, cache.state.as_ref(), m)?,
-        None => crate::deltanet::gated_delta_ops(&q, &k, &v, &g, &beta, cache.state.as_ref())?,
-    };
+    let (out, state) = gated_delta_ops([&q, &k, &v, &g, &beta], cache.state.as_ref(), mask)?;
     cache.state = Some(state);
     cache.advance(len);
     let out = rms_norm_gated(&out, &z, &w.norm, s.eps)?;

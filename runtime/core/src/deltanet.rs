@@ -90,7 +90,7 @@ fn delta_step_graph(inputs: &[Array]) -> Result<Vec<Array>> {
 /// masked graph: the state decayed by `g` and corrected by the delta rule,
 /// and the output `y` read from it with `q` (in the state's f32; the
 /// callers cast it to q's dtype).
-pub(crate) fn delta_step_ops([q, k, v, g, beta, state]: [&Array; 6]) -> Result<(Array, Array)> {
+fn delta_step_ops([q, k, v, g, beta, state]: [&Array; 6]) -> Result<(Array, Array)> {
     let decay = g.expand_dims_axes(&[-1, -2])?;
     let state = state.multiply(&decay)?;
     let k_row = k.expand_dims(-2)?;
@@ -112,6 +112,8 @@ thread_local! {
         std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(precise_swiglu_graph, true)));
     static DELTA_STEP: std::cell::RefCell<CompiledN> =
         std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(delta_step_graph, false)));
+    static MASKED_STEP: std::cell::RefCell<CompiledN> =
+        std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(masked_step_graph, false)));
 }
 
 /// mlx nn's compiled `silu`.
@@ -139,13 +141,36 @@ pub fn gated_delta_step(
     state: &Array,
 ) -> Result<(Array, Array)> {
     let inputs = [q, k, v, g, beta, state].map(Clone::clone);
-    let mut out = DELTA_STEP.with(|f| (f.borrow_mut())(&inputs))?;
-    let state = out.pop();
-    let y = out.pop();
-    match (y, state) {
-        (Some(y), Some(state)) => Ok((y, state)),
-        _ => Err(refused("gated delta step: two outputs expected".into())),
+    run_step(&DELTA_STEP, &inputs, "gated delta step")
+}
+
+/// One call of a compiled step graph that returns y and the new state.
+fn run_step(
+    step: &'static std::thread::LocalKey<std::cell::RefCell<CompiledN>>,
+    inputs: &[Array],
+    what: &str,
+) -> Result<(Array, Array)> {
+    let mut out = step.with(|f| (f.borrow_mut())(inputs))?;
+    match (out.pop(), out.pop()) {
+        (Some(state), Some(y)) => Ok((y, state)),
+        _ => Err(refused(format!("{what}: two outputs expected"))),
     }
+}
+
+/// `_gated_delta_step_ops` called with a mask (mlx-lm compiles it; with a
+/// mask it is another traced graph): the unmasked step, then
+/// `state = where(mask[:, None, None, None], state, old_state)`.
+fn masked_step_graph(inputs: &[Array]) -> Result<Vec<Array>> {
+    let [q, k, v, g, beta, old_state, mask] = inputs else {
+        return Err(refused(format!(
+            "masked gated delta step: 7 inputs expected, got {}",
+            inputs.len()
+        )));
+    };
+    let (y, state) = delta_step_ops([q, k, v, g, beta, old_state])?;
+    let mask = mask.expand_dims_axes(&[1, 2, 3])?;
+    let state = mlx_rs::ops::select(&mask, &state, old_state)?;
+    Ok(vec![y.as_dtype(q.dtype())?, state])
 }
 
 // ---- The recurrence
@@ -224,14 +249,13 @@ pub(crate) fn delta_rule_inputs(
     Ok((state, q, k))
 }
 
-/// y [B, T, Hv, Dv] and the final state.
+/// y [B, T, Hv, Dv] and the final state. With a `mask` [B, T] (a batch's
+/// padding) each token runs mlx-lm's masked step, a compiled graph of its
+/// own that keeps a padded row's state.
 pub fn gated_delta_ops(
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    g: &Array,
-    beta: &Array,
+    [q, k, v, g, beta]: [&Array; 5],
     state: Option<&Array>,
+    mask: Option<&Array>,
 ) -> Result<(Array, Array)> {
     if g.ndim() != 3 {
         return Err(refused(format!(
@@ -242,7 +266,14 @@ pub fn gated_delta_ops(
     }
     scan_tokens(q, k, v, state, |i, q, k, state| {
         let at = |a: &Array| a.try_index((.., i));
-        gated_delta_step(&at(q)?, &at(k)?, &at(v)?, &at(g)?, &at(beta)?, state)
+        let (q, k, v, g, beta) = (at(q)?, at(k)?, at(v)?, at(g)?, at(beta)?);
+        match mask {
+            None => gated_delta_step(&q, &k, &v, &g, &beta, state),
+            Some(mask) => {
+                let inputs = [q, k, v, g, beta, state.clone(), at(mask)?];
+                run_step(&MASKED_STEP, &inputs, "masked gated delta step")
+            }
+        }
     })
 }
 
@@ -250,7 +281,7 @@ pub fn gated_delta_ops(
 /// mask): q and k repeated to Hv heads ([`delta_rule_inputs`]), then
 /// `step(i, q, k, state)` per token `i`, giving its y and the next state;
 /// the y's stacked along the time axis.
-pub(crate) fn scan_tokens(
+fn scan_tokens(
     q: &Array,
     k: &Array,
     v: &Array,
@@ -283,7 +314,7 @@ pub fn gated_delta_update(
 ) -> Result<(Array, Array)> {
     let beta = mlx_rs::ops::sigmoid(b)?;
     let g = compute_g(a_log, a, dt_bias)?;
-    gated_delta_ops(q, k, v, &g, &beta, state)
+    gated_delta_ops([q, k, v, &g, &beta], state, None)
 }
 
 // ---- The Gated DeltaNet layer

@@ -45,12 +45,12 @@ fn matmul_t(x: &Array, weight: &Array, quant: Option<&Quantized>) -> Result<Arra
     }
 }
 
-/// `weight.T`, evaluated: a view with swapped strides over the same data.
 /// [`Linear::pretranspose`] on each of a block's projections.
 pub fn pretranspose_all<'a>(linears: impl IntoIterator<Item = &'a mut Linear>) {
     linears.into_iter().for_each(Linear::pretranspose);
 }
 
+/// `weight.T`, evaluated: a view with swapped strides over the same data.
 fn evaluated_t(weight: &Array, quant: Option<&Quantized>) -> Option<Array> {
     if quant.is_some() {
         return None;

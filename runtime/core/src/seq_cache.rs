@@ -136,13 +136,7 @@ impl SeqCache {
     /// Evaluates its arrays, so that a stored cache holds its own buffers
     /// and not the batch's it was sliced from.
     pub fn eval(&self) -> Result<()> {
-        let arrays: Vec<&Array> = self
-            .layers
-            .iter()
-            .flatten()
-            .flat_map(SeqLayerCache::arrays)
-            .collect();
-        mlx_rs::transforms::eval(arrays)
+        crate::batch::eval_layers(&self.layers, SeqLayerCache::arrays)
     }
 }
 
