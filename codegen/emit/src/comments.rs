@@ -22,7 +22,7 @@ pub(crate) fn comment(text: &str) -> TokenStream {
         "a comment the post-pass cannot read back: {text}"
     );
     let text = Literal::string(text);
-    let name = crate::model::ident(MARKER);
+    let name = crate::tokens::ident(MARKER);
     quote! { #name!(#text); }
 }
 

@@ -10,7 +10,7 @@ use archgen_plan::Plan;
 use proc_macro2::{Literal, TokenStream};
 use quote::quote;
 
-use crate::model::{ident, lit_i32, rope_context};
+use crate::tokens::{ident, lit_i32, rope_context};
 
 /// What a kind keeps between steps.
 #[derive(Clone, Copy)]

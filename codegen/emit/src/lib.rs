@@ -48,6 +48,7 @@ mod layout;
 mod model;
 mod plan_file;
 mod registry;
+mod tokens;
 
 pub use plan_file::plan_file;
 pub use registry::registry_file;

@@ -15,67 +15,13 @@ use archgen_ir::{
 };
 use archgen_ir::{GateUpProjection, GatedMlp, QkvProjection};
 use archgen_plan::{LayerKind, Plan};
-use proc_macro2::{Ident, Literal, Span, TokenStream};
+use proc_macro2::{Literal, TokenStream};
 use quote::quote;
 
 use crate::comments::comment;
 use crate::composition::Composition;
 use crate::layout::{layout_tokens, Layout};
-
-pub(crate) fn ident(s: &str) -> Ident {
-    Ident::new(s, Span::call_site())
-}
-
-pub(crate) fn lit_i32(v: usize) -> Result<Literal, String> {
-    i32::try_from(v)
-        .map(Literal::i32_unsuffixed)
-        .map_err(|_| format!("{v} does not fit the i32 shapes MLX uses"))
-}
-
-pub(crate) fn lit_f32(v: f32) -> Literal {
-    Literal::f32_suffixed(v)
-}
-
-/// The name of a window in the model: `full`, `sliding` (or `sliding_{n}`
-/// when the model has several sliding sizes).
-fn window_name(ir: &ModelIr, w: Window) -> String {
-    match w {
-        Window::Full => "full".to_string(),
-        Window::Sliding(n) => {
-            let sizes = windows(ir)
-                .iter()
-                .filter(|w| matches!(w, Window::Sliding(_)))
-                .count();
-            if sizes > 1 {
-                format!("sliding_{n}")
-            } else {
-                "sliding".to_string()
-            }
-        }
-    }
-}
-
-/// The name of a layer's step context (its mask, RoPE and tables): its
-/// window's, with `_nope` for a layer that does not rotate (smollm3's NoPE
-/// layers read the window's mask but no RoPE).
-pub(crate) fn rope_context(ir: &ModelIr, a: &Attention) -> String {
-    let wn = window_name(ir, a.window);
-    match a.rope.kind {
-        RopeKind::NoPe => format!("{wn}_nope"),
-        RopeKind::Default { .. } | RopeKind::Proportional { .. } | RopeKind::Llama3 { .. } => wn,
-    }
-}
-
-/// The attention windows of the model, in order of first appearance.
-fn windows(ir: &ModelIr) -> Vec<Window> {
-    let mut out: Vec<Window> = Vec::new();
-    for a in ir.layers.iter().filter_map(Layer::attention) {
-        if !out.contains(&a.window) {
-            out.push(a.window);
-        }
-    }
-    out
-}
+use crate::tokens::{ident, lit_f32, lit_i32, rope_context, window_name, windows};
 
 /// Whether every layer runs through the compiled decode blocks
 /// (`decode.rs`): plain attention layers do; Gated DeltaNet and gated
