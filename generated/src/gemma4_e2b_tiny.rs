@@ -111,7 +111,9 @@ impl SlidingOwnKvPle {
         let h = self.finish(h, a, pli)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
+    /// step of one token per row takes the compiled blocks of one
+    /// sequence's step, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -119,6 +121,27 @@ impl SlidingOwnKvPle {
         cache: &mut BatchLayerCache,
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
+        if let Some(tables) = at.tables {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: Some(&self.layer_scalar),
+                shape: Self::SHAPE,
+                eps: EPS,
+            };
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                at.mask,
+            );
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let (a, kv) = batch_blocks::attention_own_kv(
             &x,
@@ -225,7 +248,9 @@ impl FullOwnKvPle {
         let h = self.finish(h, a, pli)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
+    /// step of one token per row takes the compiled blocks of one
+    /// sequence's step, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -233,6 +258,27 @@ impl FullOwnKvPle {
         cache: &mut BatchLayerCache,
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
+        if let Some(tables) = at.tables {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: Some(&self.layer_scalar),
+                shape: Self::SHAPE,
+                eps: EPS,
+            };
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                at.mask,
+            );
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let (a, kv) = batch_blocks::attention_own_kv(
             &x,
@@ -316,7 +362,9 @@ impl SlidingSharedKvPle {
         let h = self.finish(h, a, pli)?;
         Ok(h)
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
+    /// step of one token per row takes the compiled blocks of one
+    /// sequence's step, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -324,6 +372,19 @@ impl SlidingSharedKvPle {
         shared: &b::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = at.tables {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: Some(&self.layer_scalar),
+                shape: Self::SHAPE,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, at.mask);
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let a = b::attention_shared_kv(
             &x,
@@ -406,7 +467,9 @@ impl FullSharedKvPle {
         let h = self.finish(h, a, pli)?;
         Ok(h)
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
+    /// step of one token per row takes the compiled blocks of one
+    /// sequence's step, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -414,6 +477,19 @@ impl FullSharedKvPle {
         shared: &b::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = at.tables {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: Some(&self.layer_scalar),
+                shape: Self::SHAPE,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, at.mask);
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let a = b::attention_shared_kv(
             &x,
@@ -648,16 +724,30 @@ impl BatchLm for Model {
         )?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 8)?;
         let full_mask = batch_blocks::window_mask(cache.layer(4)?, n, 0)?;
+        let sliding_tables = batch_blocks::step_tables(
+            &self.rope_sliding,
+            cache.layer(0)?,
+            n,
+            h.dtype(),
+        )?;
         let sliding = WindowStep {
             rope: &self.rope_sliding,
-            tables: None,
+            tables: sliding_tables.as_ref(),
             mask: &sliding_mask,
         };
+        let full_tables = batch_blocks::step_tables(
+            &self.rope_full,
+            cache.layer(4)?,
+            n,
+            h.dtype(),
+        )?;
         let full = WindowStep {
             rope: &self.rope_full,
-            tables: None,
+            tables: full_tables.as_ref(),
             mask: &full_mask,
         };
+        let step = sliding_tables.is_some();
+        let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let (h, _) = self
             .layer_0
             .forward_batch(
@@ -720,6 +810,6 @@ impl BatchLm for Model {
             Some(30f32),
             EPS,
         )?;
-        Ok(logits)
+        if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }
 }
