@@ -175,7 +175,7 @@ impl GenerationBatch {
     fn filter(&mut self, keep: &[usize]) -> Result<()> {
         self.seqs = keep.iter().map(|&i| self.seqs[i]).collect();
         self.next_tokens = match (&self.next_tokens, keep.is_empty()) {
-            (Some(t), false) => Some(t.take_axis(&index_vector(keep), 0)?),
+            (Some(t), false) => Some(t.take_axis(index_vector(keep), 0)?),
             (Some(_), true) | (None, _) => None,
         };
         self.next_logprobs = keep
