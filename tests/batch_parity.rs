@@ -136,11 +136,10 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
     let root = tempfile::tempdir().unwrap();
     let mut jobs = Vec::new();
     for (k, name) in BATCHED.iter().enumerate() {
-        let spec = archgen_spec::load(repo_root().join("specs").join(format!("{name}.yaml")))
+        let spec = archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml")))
             .unwrap_or_else(|d| panic!("{d}"));
-        let arch = spec.resolve();
         // Unquantized experts run only in float32 on MLX's CPU backend.
-        let dtype = if arch.moe.is_some() {
+        let dtype = if archgen_tests::has_experts(&spec.lower()) {
             "float32"
         } else {
             "bfloat16"
@@ -160,22 +159,13 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
     }
     // A quantized KV cache (gemma4-e4b-tiny-kv): mlx-lm cannot batch it,
     // nor can archgen.
-    let kv_spec = archgen_spec::load(repo_root().join("specs/gemma4-e4b-tiny-kv.yaml"))
+    let kv_spec = archgen_families::load(repo_root().join("specs/gemma4-e4b-tiny-kv.yaml"))
         .unwrap_or_else(|d| panic!("{d}"));
-    let kv_arch = kv_spec.resolve();
-    let kv_layers: serde_json::Map<String, Value> = kv_arch
-        .layers
-        .iter()
-        .filter_map(|f| {
-            f.kv_quant
-                .map(|k| (f.index.to_string(), json!([k.bits, k.group_size])))
-        })
-        .collect();
-    let first_kv_layer = kv_arch
-        .layers
-        .iter()
-        .find(|f| f.kv_quant.is_some())
-        .map(|f| f.index)
+    let kv_layers = archgen_tests::quantized_kv_layers(&kv_spec.lower());
+    let first_kv_layer: usize = kv_layers
+        .keys()
+        .filter_map(|k| k.parse().ok())
+        .min()
         .expect("a quantized KV layer");
     jobs.push(json!({
         "config": config_for(&kv_spec),
@@ -309,8 +299,9 @@ fn decode_only_steps_between_chunks_match_a_later_arrival_in_batch_generator() {
         .iter()
         .enumerate()
         .map(|(k, name)| {
-            let spec = archgen_spec::load(repo_root().join("specs").join(format!("{name}.yaml")))
-                .unwrap_or_else(|d| panic!("{d}"));
+            let spec =
+                archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml")))
+                    .unwrap_or_else(|d| panic!("{d}"));
             json!({
                 "config": config_for(&spec),
                 "out": root.path().join(name),
@@ -492,7 +483,7 @@ fn run_lanes(
 fn a_short_prompt_overtakes_a_long_one_in_prefill_and_computes_as_alone() {
     let root = tempfile::tempdir().unwrap();
     let name = "qwen3-0.6b-tiny";
-    let spec = archgen_spec::load(repo_root().join("specs").join(format!("{name}.yaml")))
+    let spec = archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml")))
         .unwrap_or_else(|d| panic!("{d}"));
     let jobs = json!([{
         "config": config_for(&spec),

@@ -120,16 +120,16 @@ fn every_accepted_spec_emits_parsable_rust_and_a_sample_compiles() {
         tried += 1;
         let config = random_config(&mut r);
         let name = format!("prop-{tried}");
-        let Ok((spec, _)) = archgen_spec::import::from_config_json(&config, None, &name) else {
+        let Ok((spec, _)) = archgen_families::import::from_config_json(&config, None, &name) else {
             continue;
         };
         // The YAML a user would get must itself load back to the same spec.
-        let yaml = archgen_spec::to_yaml(&spec);
-        let reparsed = archgen_spec::parse_str(&yaml, &format!("{name}.yaml"))
+        let yaml = archgen_families::to_yaml(&spec);
+        let reparsed = archgen_families::parse_str(&yaml, &format!("{name}.yaml"))
             .unwrap_or_else(|d| panic!("{name}: emitted spec YAML does not load:\n{d}\n{yaml}"));
         assert_eq!(
-            archgen_spec::spec_hash(&reparsed),
-            archgen_spec::spec_hash(&spec),
+            archgen_families::spec_hash(&reparsed),
+            archgen_families::spec_hash(&spec),
             "{name}"
         );
         let plan = archgen_plan::plan(&spec, &format!("specs/{name}.yaml"));
@@ -151,9 +151,7 @@ fn every_accepted_spec_emits_parsable_rust_and_a_sample_compiles() {
     // A sample, covering MoE, per-layer inputs, KV sharing and quantization,
     // type-checks in a crate of its own against the real runtime.
     let mut sample: Vec<&(String, archgen_plan::Plan, String)> = Vec::new();
-    use archgen_spec::ir::{
-        FeedForward, HeadWeight, KvSource, LayerInput, NormArrangement, QkNorm,
-    };
+    use archgen_ir::{FeedForward, HeadWeight, KvSource, LayerInput, NormArrangement, QkNorm};
     let features: [fn(&archgen_plan::Plan) -> bool; 6] = [
         |p| {
             p.ir.layers
@@ -181,7 +179,7 @@ fn every_accepted_spec_emits_parsable_rust_and_a_sample_compiles() {
                 && p.ir.head.weight == HeadWeight::Untied
                 && matches!(
                     l.attention().map(|a| a.rope.kind),
-                    Some(archgen_spec::RopeKind::Llama3 { .. })
+                    Some(archgen_ir::RopeKind::Llama3 { .. })
                 )
         },
     ];

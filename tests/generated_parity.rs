@@ -34,7 +34,7 @@ struct Case {
     dir: PathBuf,
     ids: Vec<i32>,
     steps: usize,
-    tier: archgen_spec::tier::Tier,
+    tier: archgen_ir::tier::Tier,
 }
 
 fn tiny_specs() -> Vec<PathBuf> {
@@ -120,37 +120,26 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
     let mut cases = Vec::new();
     let manual = manual_specs();
     for path in manual.clone().unwrap_or_else(tiny_specs) {
-        let spec = archgen_spec::load(&path).unwrap();
-        let arch = spec.resolve();
+        let spec = archgen_families::load(&path).unwrap();
+        let ir = spec.lower();
         let name = spec.name().to_string();
         let dir = root.path().join(&name);
         // Longer than the window so the rotating cache wraps; decode past it.
         // Dense families have no window: still a 19-token prompt and 12 steps.
-        let window = if arch.sliding_window > 0 {
-            arch.sliding_window
-        } else {
-            8
-        };
-        let vocab = arch.vocab_size as i32;
+        let window = archgen_tests::sliding_window(&ir).unwrap_or(8);
+        let vocab = ir.vocab_size as i32;
         let ids: Vec<i32> = (0..(2 * window + 3) as i32)
             .map(|i| (i * 37 + 11) % vocab)
             .collect();
         let steps = window + 4;
         // Unquantized experts run only in float32 on MLX's CPU backend.
-        let dtype = if arch.moe.is_some() && arch.quantization.is_none() {
+        let dtype = if archgen_tests::has_experts(&ir) && ir.quantization.is_none() {
             "float32"
         } else {
             "bfloat16"
         };
-        let q = arch.quantization.as_ref().map(|q| q.default);
-        let kv: serde_json::Map<String, Value> = arch
-            .layers
-            .iter()
-            .filter_map(|f| {
-                f.kv_quant
-                    .map(|k| (f.index.to_string(), json!([k.bits, k.group_size])))
-            })
-            .collect();
+        let q = ir.quantization.as_ref().map(|q| q.default);
+        let kv = archgen_tests::quantized_kv_layers(&ir);
         let mixed_kv = spec.mixed_kv().map(|m| {
             let layers: serde_json::Map<String, Value> = m
                 .kv_config()
@@ -159,11 +148,11 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
                 .collect();
             json!({"layers": layers, "quantized_kv_start": m.quantized_kv_start})
         });
-        let tier = archgen_spec::tier::tier(&spec.lower()).tier;
+        let tier = archgen_ir::tier::tier(&spec.lower()).tier;
         let batch = match tier {
-            archgen_spec::tier::Tier::L1 => &mut jobs,
-            archgen_spec::tier::Tier::L2 => &mut l2_jobs,
-            archgen_spec::tier::Tier::L3 => panic!("{name}: an L3 spec has no oracle"),
+            archgen_ir::tier::Tier::L1 => &mut jobs,
+            archgen_ir::tier::Tier::L2 => &mut l2_jobs,
+            archgen_ir::tier::Tier::L3 => panic!("{name}: an L3 spec has no oracle"),
         };
         batch.push(json!({
             "config": config_for(&spec),
@@ -211,7 +200,7 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
         let (arch, weights) = archgen_checkpoint::read_dir(model_dir).unwrap();
         let fingerprint = archgen_plan::fingerprint(&arch);
         // The checkpoint (kv_config.json, kv_scheme.json) reads back at the spec's tier.
-        let loaded_tier = archgen_spec::tier::tier(&arch);
+        let loaded_tier = archgen_ir::tier::tier(&arch);
         if loaded_tier.tier != c.tier {
             failures.push(format!(
                 "{}: the checkpoint loads as {loaded_tier}, the spec is {}",
@@ -266,7 +255,7 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
             }
             if !same(m, &oracle[key]) {
                 let oracle_name = match c.tier {
-                    archgen_spec::tier::Tier::L2 => "mlx-optiq",
+                    archgen_ir::tier::Tier::L2 => "mlx-optiq",
                     _ => "mlx-lm",
                 };
                 failures.push(format!("{}: {key}: monolith != {oracle_name}", c.name));
@@ -294,7 +283,7 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
                 c.name,
                 c.tier,
                 match c.tier {
-                    archgen_spec::tier::Tier::L2 => "mlx-optiq",
+                    archgen_ir::tier::Tier::L2 => "mlx-optiq",
                     _ => "mlx-lm",
                 }
             );
@@ -320,19 +309,19 @@ fn real_width_instance_agrees_in_all_three() {
         panic!("set ARCHGEN_REAL_WIDTH_SPEC to a spec name in specs/");
     };
     let path = repo_root().join("specs").join(format!("{name}.yaml"));
-    let spec = archgen_spec::load(&path).unwrap_or_else(|d| panic!("{d}"));
-    let arch = spec.resolve();
+    let spec = archgen_families::load(&path).unwrap_or_else(|d| panic!("{d}"));
+    let ir = spec.lower();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join(&name);
-    let vocab = arch.vocab_size as i32;
+    let vocab = ir.vocab_size as i32;
     let ids: Vec<i32> = (0..40).map(|i| (i * 7919 + 11) % vocab).collect();
     let steps = 4;
-    let dtype = if arch.moe.is_some() && arch.quantization.is_none() {
+    let dtype = if archgen_tests::has_experts(&ir) && ir.quantization.is_none() {
         "float32"
     } else {
         "bfloat16"
     };
-    let q = arch.quantization.as_ref().map(|q| q.default);
+    let q = ir.quantization.as_ref().map(|q| q.default);
     let jobs = json!([{
         "config": config_for(&spec),
         "out": dir,
@@ -397,7 +386,7 @@ fn real_width_instance_agrees_in_all_three() {
 /// HF form).
 #[test]
 fn hf_per_expert_weights_are_stacked_as_mlx_lm_stacks_them() {
-    let spec = archgen_spec::load(repo_root().join("specs/qwen3-30b-a3b-tiny.yaml")).unwrap();
+    let spec = archgen_families::load(repo_root().join("specs/qwen3-30b-a3b-tiny.yaml")).unwrap();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("mlx");
     let ids: Vec<i32> = (0..19).map(|i| (i * 37 + 11) % 512).collect();
@@ -456,7 +445,7 @@ fn minicpm_head_is_taken_from_the_embedding_when_absent() {
         ("minicpm-2b-tiny", "bfloat16", Value::Null),
         ("minicpm-2b-tiny-q4", "bfloat16", json!(4)),
     ] {
-        let spec = archgen_spec::load(repo_root().join(format!("specs/{name}.yaml"))).unwrap();
+        let spec = archgen_families::load(repo_root().join(format!("specs/{name}.yaml"))).unwrap();
         jobs.push(json!({
             "config": config_for(&spec),
             "out": root.path().join(name),
@@ -585,7 +574,7 @@ fn qwen3_5_raw_hf_checkpoint_loads_as_mlx_lm_sanitizes_it() {
 }
 
 fn raw_hf_checkpoint_case(name: &str, dtype: &str) {
-    let spec = archgen_spec::load(repo_root().join(format!("specs/{name}.yaml"))).unwrap();
+    let spec = archgen_families::load(repo_root().join(format!("specs/{name}.yaml"))).unwrap();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("mlx");
     let ids: Vec<i32> = (0..19).map(|i| (i * 37 + 11) % 512).collect();

@@ -186,9 +186,9 @@ fn spec_import_round_trips_mlx_lm_configs() {
         )
         .unwrap();
         let (spec, _) =
-            archgen_spec::import::from_config_json(&config, None, &format!("case-{name}"))
+            archgen_families::import::from_config_json(&config, None, &format!("case-{name}"))
                 .unwrap_or_else(|e| panic!("{name}: import failed: {e}"));
-        let shown = archgen_spec::to_hf_json(&spec);
+        let shown = archgen_families::to_hf_json(&spec);
         let text = config.get("text_config").unwrap_or(&config);
         let k_eq_v = text["attention_k_eq_v"].as_bool().unwrap();
         let shared = text["num_kv_shared_layers"].as_u64().unwrap();

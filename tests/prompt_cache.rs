@@ -125,8 +125,9 @@ fn a_prompt_from_a_stored_cache_matches_mlx_lm_split() {
         .iter()
         .enumerate()
         .map(|(k, (name, _))| {
-            let spec = archgen_spec::load(repo_root().join("specs").join(format!("{name}.yaml")))
-                .unwrap_or_else(|d| panic!("{d}"));
+            let spec =
+                archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml")))
+                    .unwrap_or_else(|d| panic!("{d}"));
             json!({
                 "config": config_for(&spec),
                 "out": root.path().join(name),

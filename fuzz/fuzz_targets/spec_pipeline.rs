@@ -1,5 +1,5 @@
 #![no_main]
-#[path = "../../codegen/spec/tests/fuzz_support/pipeline.rs"]
+#[path = "../../codegen/families/tests/fuzz_support/pipeline.rs"]
 mod pipeline;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

@@ -11,17 +11,13 @@ wheels in /tmp/site, the binaries in /tmp); serve_bench_gpu.sh calls it.
     each, every weight read and one forward run before they say ready):
       monolith  `archgen-bench worker --impl monolith`: `batch B P W S`
                 runs B sequences through one `BatchSession`, the scheduler
-                `archgen serve` drives (mlx-lm's `BatchGenerator` schedule);
-                the monolith is the implementation with a batched forward
-                (`BatchLm`) on main; generated models get theirs on another
-                branch, not on main yet.
+                `archgen serve` drives (mlx-lm's `BatchGenerator` schedule),
+                over the monolith's batched forward (`BatchLm`).
+      generated `archgen-bench worker --impl generated`: the same
+                `BatchSession` over the generated model's batched forward
+                (what `archgen serve --impl auto` serves).
       mlx-lm    tests/python/bench_mlx_lm.py (--mlx-worker): `batch B P W S`
                 runs mlx-lm's own `BatchGenerator` with its defaults.
-      generated `archgen-bench worker --impl generated`: no batched
-                forward, so it is asked `batch` once (its answer, an error,
-                is printed) and measured at B = 1 only, as one sequence:
-                `prefill P` then `steps W S`, the pipelined decode of
-                `archgen generate` (the GPU decode path).
   * For each round and each B, every worker in turn: B sequences of P
     prompt tokens (sequence j's ids `(i * 37 + 11 + 101 j) % vocab`) join at
     once; untimed steps until one step returns a token for all B; W untimed
@@ -33,8 +29,8 @@ wheels in /tmp/site, the binaries in /tmp); serve_bench_gpu.sh calls it.
     read plus written per second). It ignores the KV cache reads (small
     here: prompts of P tokens) and compute, so at large B it is far above
     what any implementation reaches.
-  * Greedy tokens: for each B and round, the monolith's timed tokens are
-    compared with mlx-lm's (`same` or the first step and row where they
+  * Greedy tokens: for each B and round, the monolith's and the generated model's timed tokens are
+    each compared with mlx-lm's (`same` or the first step and row where they
     part).
 
 Prints one line per (B, worker), last:
@@ -106,10 +102,6 @@ def main() -> None:
         workers[name] = Worker(name, cmds[name], None)
         print(f"{name} ready in {time.time() - t:.1f} s", flush=True)
 
-    if "generated" in workers:
-        answer = workers["generated"].ask(f"batch 1 {a.prompt} 0 1")
-        print(f"generated, asked `batch`: {answer.get('error') or answer}", flush=True)
-
     steps: dict[tuple[int, str], list[float]] = {}
     fills: dict[tuple[int, str], list[float]] = {}
     tokens: dict[tuple[int, str, int], list] = {}
@@ -117,19 +109,11 @@ def main() -> None:
         for b in a.batches:
             for name in names:
                 w = workers[name]
-                if name == "generated":
-                    if b != 1:
-                        continue
-                    pre = w.ask(f"prefill {a.prompt}")
-                    r = w.ask(f"steps {a.warm} {a.steps}")
-                    fill = pre["prefill_s"]
-                    tokens[(b, name, rnd)] = [[t] for t in r["tokens"][a.warm:]]
-                else:
-                    r = w.ask(f"batch {b} {a.prompt} {a.warm} {a.steps}")
-                    if "error" in r:
-                        raise SystemExit(f"{name}: {r['error']}")
-                    fill = r["fill_s"]
-                    tokens[(b, name, rnd)] = r["tokens"]
+                r = w.ask(f"batch {b} {a.prompt} {a.warm} {a.steps}")
+                if "error" in r:
+                    raise SystemExit(f"{name}: {r['error']}")
+                fill = r["fill_s"]
+                tokens[(b, name, rnd)] = r["tokens"]
                 steps.setdefault((b, name), []).extend(r["steps_s"])
                 fills.setdefault((b, name), []).append(fill)
                 med = statistics.median(r["steps_s"])
@@ -138,13 +122,15 @@ def main() -> None:
     for w in workers.values():
         w.close()
 
-    if "monolith" in names and "mlx-lm" in names:
+    for ours in ("monolith", "generated"):
+        if ours not in names or "mlx-lm" not in names:
+            continue
         for b in a.batches:
             for rnd in range(a.rounds):
-                mono, ref = tokens[(b, "monolith", rnd)], tokens[(b, "mlx-lm", rnd)]
-                where = next(((s, j) for s, (x, y) in enumerate(zip(mono, ref))
+                mine, ref = tokens[(b, ours, rnd)], tokens[(b, "mlx-lm", rnd)]
+                where = next(((s, j) for s, (x, y) in enumerate(zip(mine, ref))
                               for j, (u, v) in enumerate(zip(x, y)) if u != v), None)
-                print(f"tokens B={b} round {rnd + 1} monolith vs mlx-lm: "
+                print(f"tokens B={b} round {rnd + 1} {ours} vs mlx-lm: "
                       + ("same" if where is None else f"part at timed step {where[0]}, sequence {where[1]}"))
 
     results = []

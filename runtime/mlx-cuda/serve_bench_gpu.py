@@ -11,12 +11,12 @@ script's long-request levels and probes are left out here (device time).
 
 Servers (each started in turn on the same checkpoint):
   archgen            `archgen serve` with its defaults: --max-batch 16 and
-                     --impl auto, which with batching on serves with the
-                     monolith, the implementation with a batched forward on
-                     main (BatchSession, mlx-lm's BatchGenerator schedule;
-                     generated models decode one sequence per forward)
-  archgen-monolith   `archgen serve --impl monolith`: the same as `archgen`
-                     today, named explicitly
+                     --impl auto, which serves the generated model through
+                     its batched forward (BatchSession, mlx-lm's
+                     BatchGenerator schedule)
+  archgen-monolith   `archgen serve --impl monolith`: the monolith's batched
+                     forward (what `archgen` served before generated models
+                     batched, 259dd6d)
   archgen-monolith-b32  the same with --max-batch 32 (mlx-lm's decode
                      concurrency)
   mlx-lm             `python3 -m mlx_lm.server` with its defaults (decode

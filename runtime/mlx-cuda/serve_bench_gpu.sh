@@ -7,6 +7,8 @@
 #   CARRY=dir2 bash runtime/mlx-cuda/parity.sh setup      # call 2: wheels + binaries ...
 #   bash runtime/mlx-cuda/serve_bench_gpu.sh batch        # ... then batch decode (batch_bench.py)
 #   bash runtime/mlx-cuda/serve_bench_gpu.sh serve        # call 3: the servers (serve_bench_gpu.py)
+#   bash runtime/mlx-cuda/serve_bench_gpu.sh serve-full-archgen  # or the CPU script's whole run
+#   bash runtime/mlx-cuda/serve_bench_gpu.sh serve-full-mlx-lm   # (tests/python/serve_bench.py), a call each
 #
 # parity.sh's setup leaves the three wheels in /tmp/site and the release
 # binaries in /tmp/archgen and /tmp/archgen-bench on the warm machine (its
@@ -60,6 +62,21 @@ for step in "$@"; do
       python3 "$here/serve_bench_gpu.py" --archgen /tmp/archgen --model "$model" --repo "$repo" \
         --logs "$OUT" --json "$OUT/serve.json" --markdown "$OUT/serve.md" ${SERVE_ARGS:-} 2>&1 | tee "$OUT/serve.log"
       ;;
-    *) echo "unknown step $step (batch or serve)"; exit 2 ;;
+    serve-full-*)
+      # The CPU benchmark's whole script (tests/python/serve_bench.py: 1, 4,
+      # 16 and 64 clients, the same with a 12k-token request in flight, and
+      # the probes) on this checkpoint, one server per call so that each
+      # call stays under the device's 10 minutes; a later server's call
+      # adds the earlier one's results to its table.
+      server=${step#serve-full-}
+      [[ -f $model/tokenizer.json ]] || { echo "no checkpoint with a tokenizer: run batch first"; exit 1; }
+      earlier=()
+      [[ -f /tmp/serve-full.json ]] && earlier=(--with-results /tmp/serve-full.json)
+      python3 "$repo/tests/python/serve_bench.py" --archgen /tmp/archgen --model "$model" \
+        --workdir /tmp/serve-full --servers "$server" "${earlier[@]}" ${SERVE_ARGS:-} \
+        --json "$OUT/serve-full-$server.json" --markdown "$OUT/serve-full.md" 2>&1 | tee "$OUT/serve-full-$server.log"
+      cp "$OUT/serve-full-$server.json" /tmp/serve-full.json
+      ;;
+    *) echo "unknown step $step (batch, serve or serve-full-SERVER)"; exit 2 ;;
   esac
 done

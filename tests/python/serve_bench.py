@@ -389,6 +389,9 @@ def main() -> None:
     ap.add_argument("--archgen", default=str(REPO / "target/release/archgen"))
     ap.add_argument("--spec", default=str(REPO / "specs/gemma4-e2b-tiny.yaml"))
     ap.add_argument("--workdir")
+    ap.add_argument("--model",
+                    help="an existing checkpoint with tokenizer.json and a chat template (the H200 run: "
+                         "runtime/mlx-cuda/serve_bench_gpu.sh); default: `archgen init --spec` in --workdir")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--min-requests", type=int, default=16)
     ap.add_argument("--long-tokens", type=int, default=12_000,
@@ -417,16 +420,25 @@ def main() -> None:
                          "a model without one serves one sequence per forward")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
+    ap.add_argument("--with-results",
+                    help="an earlier --json of this script on the same model: its servers join this run's "
+                         "table (the H200 runs one server per device call, each under 10 minutes)")
     args = ap.parse_args()
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="serve-bench-"))
-    model = work / "model"
-    if model.exists():
-        shutil.rmtree(model)
-    subprocess.run([args.archgen, "init", "--spec", args.spec, "--out", str(model)], check=True)
-    template = REPO / "runtime/cli/tests/fixtures/chat_templates/qwen3.jinja"
-    subprocess.run([PYTHON, str(REPO / "tests/python/make_chat_tokenizer.py"), str(model), str(template)],
-                   check=True, stdout=subprocess.DEVNULL)
+    work.mkdir(parents=True, exist_ok=True)
+    if args.model:
+        model = Path(args.model)
+    else:
+        model = work / "model"
+        if model.exists():
+            shutil.rmtree(model)
+        subprocess.run([args.archgen, "init", "--spec", args.spec, "--out", str(model)], check=True)
+        template = REPO / "runtime/cli/tests/fixtures/chat_templates/qwen3.jinja"
+        subprocess.run([PYTHON, str(REPO / "tests/python/make_chat_tokenizer.py"), str(model), str(template)],
+                       check=True, stdout=subprocess.DEVNULL)
+    # No max_position_embeddings: the context is the family default mlx-lm
+    # uses (the past-context probe sends 140k tokens against Gemma-4's 131072).
     config = json.loads((model / "config.json").read_text())
     config.pop("max_position_embeddings", None)
     if isinstance(config.get("text_config"), dict):
@@ -443,7 +455,7 @@ def main() -> None:
 
     import mlx_lm
 
-    results = {}
+    results = json.loads(Path(args.with_results).read_text())["results"] if args.with_results else {}
     for name in args.servers:
         port = free_port()
         if name in ("archgen", "archgen-b1"):
@@ -471,9 +483,17 @@ def main() -> None:
                 break
     except OSError:
         pass
+    machine = f"{cpu}, {os.cpu_count()} cores"
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip()
+        if gpu:
+            machine = f"{gpu}; {machine}"
+    except OSError:
+        pass
     meta = {
-        "machine": f"{cpu}, {os.cpu_count()} cores",
-        "spec": Path(args.spec).name,
+        "machine": machine,
+        "spec": Path(args.model).name if args.model else Path(args.spec).name,
         "max_tokens": args.max_tokens,
         "min_requests": args.min_requests,
         "clients": args.clients,

@@ -51,7 +51,48 @@ pub fn run_python(script: &str, args: &[&std::ffi::OsStr]) -> String {
     stdout
 }
 
-/// config.json for a spec (see `archgen_spec::to_config_json`).
-pub fn config_for(spec: &archgen_spec::Spec) -> serde_json::Value {
-    archgen_spec::to_config_json(spec)
+/// config.json for a spec (see `archgen_families::to_config_json`).
+pub fn config_for(spec: &archgen_families::Spec) -> serde_json::Value {
+    archgen_families::to_config_json(spec)
+}
+
+/// The window of the model's sliding-attention layers, when it has any.
+pub fn sliding_window(ir: &archgen_ir::ModelIr) -> Option<usize> {
+    ir.layers
+        .iter()
+        .filter_map(archgen_ir::Layer::attention)
+        .find_map(|a| match a.window {
+            archgen_ir::Window::Sliding(w) => Some(w),
+            archgen_ir::Window::Full => None,
+        })
+}
+
+/// Whether any layer routes tokens to experts (unquantized experts run only
+/// in float32 on MLX's CPU backend).
+pub fn has_experts(ir: &archgen_ir::ModelIr) -> bool {
+    ir.layers.iter().any(|l| l.moe().is_some())
+}
+
+/// The layers with mlx's quantized KV cache (a spec's `kv_quantization`), as
+/// the oracle scripts' `kv_quant` reads them: layer index -> `[bits, group_size]`.
+/// mlx-optiq's mixed KV is not one of them: the jobs carry it on their own.
+pub fn quantized_kv_layers(ir: &archgen_ir::ModelIr) -> serde_json::Map<String, serde_json::Value> {
+    ir.layers
+        .iter()
+        .filter_map(|l| match l.attention()?.kv {
+            archgen_ir::KvSource::Own {
+                cache: archgen_ir::KvCache::Quantized(q),
+                ..
+            } => Some((
+                l.index.to_string(),
+                serde_json::json!([q.bits, q.group_size]),
+            )),
+            archgen_ir::KvSource::Own {
+                cache:
+                    archgen_ir::KvCache::Plain | archgen_ir::KvCache::QuantizedAfterForward { .. },
+                ..
+            }
+            | archgen_ir::KvSource::Shared { .. } => None,
+        })
+        .collect()
 }

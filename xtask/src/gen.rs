@@ -16,7 +16,7 @@ use crate::root::repo_root;
 type Outputs = BTreeMap<String, String>;
 
 fn spec_plan(path: &Path, reporter: &Reporter) -> Result<Plan, String> {
-    let spec = archgen_spec::load(path).map_err(|d| reporter.spec_errors(&d))?;
+    let spec = archgen_families::load(path).map_err(|d| reporter.spec_errors(&d))?;
     let rel = path
         .strip_prefix(repo_root())
         .unwrap_or(path)

@@ -4,8 +4,8 @@
 
 use std::io::{IsTerminal, Write};
 
-use archgen_spec::render::Style;
-use archgen_spec::Diagnostics;
+use archgen_families::render::Style;
+use archgen_families::Diagnostics;
 
 use crate::cli::MessageFormat;
 

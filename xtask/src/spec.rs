@@ -1,6 +1,7 @@
 //! `cargo xtask spec ...`: check, show, import and schema for the YAML architecture specs.
 
-use archgen_spec::{import, Architecture, LayerType, RopeKind, Spec};
+use archgen_families::{import, Spec};
+use archgen_ir::{HeadWeight, KvCache, KvSource, Layer, RopeKind, Values, Window};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -49,23 +50,21 @@ pub fn check(args: &CheckArgs) -> Result<(), String> {
     };
     let mut failed = 0;
     for path in &paths {
-        match archgen_spec::load(path) {
+        match archgen_families::load(path) {
             Ok(spec) => {
-                let a = spec.resolve();
-                // Parameters from the block IR (every family's modules, as the
-                // plan's contract names them).
-                let params = spec.lower().param_count();
-                let hash = &archgen_spec::spec_hash(&spec)[..16];
+                let ir = spec.lower();
+                let (layers, params) = (ir.layers.len(), ir.param_count());
+                let hash = &archgen_families::spec_hash(&spec)[..16];
                 if reporter.json() {
                     reporter.emit(&serde_json::json!({
                         "type": "spec", "file": display(path), "status": "ok",
-                        "layers": a.num_layers, "params": params, "sha256": hash,
+                        "layers": layers, "params": params, "sha256": hash,
                     }));
                 } else {
                     println!(
                         "ok    {}  ({} layers, {} params, sha256 {hash})",
                         display(path),
-                        a.num_layers,
+                        layers,
                         params,
                     );
                 }
@@ -112,9 +111,9 @@ fn resolve_name(name: &str) -> PathBuf {
 pub fn show(args: &ShowArgs) -> Result<(), String> {
     let reporter = Reporter::new(args.format.message_format);
     let spec =
-        archgen_spec::load(resolve_name(&args.name)).map_err(|d| reporter.spec_errors(&d))?;
+        archgen_families::load(resolve_name(&args.name)).map_err(|d| reporter.spec_errors(&d))?;
     let text = if args.json {
-        let v = archgen_spec::to_hf_json(&spec);
+        let v = archgen_families::to_hf_json(&spec);
         serde_json::to_string_pretty(&v).map_err(|e| e.to_string())? + "\n"
     } else {
         summary(&spec)
@@ -139,44 +138,83 @@ fn print_out(text: &str) -> Result<(), String> {
     }
 }
 
-/// A reviewer's view of a resolved spec: model facts, one line per layer, modules.
+/// A reviewer's view of a resolved spec, read from its block IR: model facts,
+/// one line per layer, modules.
 fn summary(spec: &Spec) -> String {
-    let a: Architecture = spec.resolve();
-    // Modules and parameters from the block IR (every family's, as the plan's
-    // contract names them).
     let ir = spec.lower();
+    let n = ir.layers.len();
     let mut o = String::new();
     let _ = writeln!(
         o,
         "{} ({}, {}, {} params, sha256 {})",
-        a.name,
-        a.family.as_str(),
-        a.model_type.as_str(),
+        ir.name,
+        spec.family().as_str(),
+        ir.checkpoint.model_type.as_str(),
         ir.param_count(),
-        &archgen_spec::spec_hash(spec)[..16]
+        &archgen_families::spec_hash(spec)[..16]
     );
+    let attention = || ir.layers.iter().filter_map(Layer::attention);
+    let first_shared = ir
+        .layers
+        .iter()
+        .position(|l| l.attention().is_some_and(|a| !a.owns_kv()))
+        .unwrap_or(n);
+    let window = attention()
+        .find_map(|a| match a.window {
+            Window::Sliding(w) => Some(w),
+            Window::Full => None,
+        })
+        .unwrap_or(0);
     let _ = writeln!(
         o,
         "hidden {}  vocab {}  layers {} (first KV-shared {})  heads {}  window {}  mlp {}",
-        a.hidden_size,
-        a.vocab_size,
-        a.num_layers,
-        a.first_kv_shared_layer,
-        a.num_attention_heads,
-        a.sliding_window,
-        a.intermediate_size
+        ir.hidden_size,
+        ir.vocab_size,
+        n,
+        first_shared,
+        attention().next().map_or(0, |a| a.n_heads),
+        window,
+        width_or_dash(ir.layers.first().and_then(Layer::mlp).map(|m| m.width)),
     );
+    let ple = ir
+        .embedding
+        .per_layer_input
+        .map_or("none".to_string(), |p| {
+            format!("width {} vocab {}", p.width, p.vocab)
+        });
+    let moe = ir
+        .layers
+        .iter()
+        .find_map(Layer::moe)
+        .map_or("none".to_string(), |m| {
+            format!(
+                "{} experts top-{} width {}",
+                m.num_experts, m.top_k, m.width
+            )
+        });
     let _ = writeln!(
         o,
-        "eps {:e}  softcap {:?}  tied {}  ple {:?}  moe {:?}",
-        a.rms_norm_eps, a.final_logit_softcapping, a.tie_word_embeddings, a.per_layer_input, a.moe
+        "eps {:e}  softcap {:?}  tied {}  ple {ple}  moe {moe}",
+        ir.norm_eps,
+        ir.head.logit_softcap.map(|s| s.cap),
+        ir.head.weight == HeadWeight::TiedEmbedding,
     );
     let _ = writeln!(
         o,
         "layer type     hd  heads kv  k=v  kv-src  mlp     rope                        kv-quant"
     );
-    for l in &a.layers {
-        let rope = match l.rope {
+    for l in &ir.layers {
+        let mlp = width_or_dash(l.mlp().map(|m| m.width));
+        let Some(a) = l.attention() else {
+            // A Gated DeltaNet layer: no heads of attention, no K/V, no RoPE.
+            let _ = writeln!(
+                o,
+                "{:>5} {:<8} {:>4} {:>5} {:>3}  {:<4} {:>6}  {:<7} {:<27} -",
+                l.index, "linear", "-", "-", "-", "-", "-", mlp, "-"
+            );
+            continue;
+        };
+        let rope = match a.rope.kind {
             RopeKind::Default { theta } => format!("default θ={theta}"),
             RopeKind::Proportional {
                 theta,
@@ -184,7 +222,7 @@ fn summary(spec: &Spec) -> String {
                 factor,
             } => format!(
                 "prop θ={theta} p={partial_rotary_factor} f={factor} ({})",
-                l.rotated_dims
+                a.rope.rotated_dims
             ),
             RopeKind::Llama3 {
                 theta,
@@ -195,34 +233,48 @@ fn summary(spec: &Spec) -> String {
             } => format!("llama3 θ={theta} f={factor} {low_freq_factor}..{high_freq_factor}"),
             RopeKind::NoPe => "none (NoPE)".to_string(),
         };
-        let kvq = l.kv_quant.map_or("-".to_string(), |q| {
-            format!("{}b g{}", q.bits, q.group_size)
-        });
+        // A sharer attends over its donor's K/V: the donor's values and cache.
+        let donor = a.kv_layer(l.index);
+        let own = match ir
+            .layers
+            .get(donor)
+            .and_then(Layer::attention)
+            .map(|d| d.kv)
+        {
+            Some(KvSource::Own { values, cache }) => Some((values, cache)),
+            Some(KvSource::Shared { .. }) | None => None,
+        };
+        let k_eq_v = matches!(own, Some((Values::SameAsKeys, _)));
+        let kvq = match (a.owns_kv(), own.map(|(_, cache)| cache)) {
+            (true, Some(KvCache::Quantized(q))) => format!("{}b g{}", q.bits, q.group_size),
+            (true, Some(KvCache::QuantizedAfterForward { quant: q, start })) => {
+                format!("{}b g{} from {start}", q.bits, q.group_size)
+            }
+            (true, Some(KvCache::Plain) | None) | (false, _) => "-".to_string(),
+        };
         let _ = writeln!(
             o,
             "{:>5} {:<8} {:>4} {:>5} {:>3}  {:<4} {:>6}  {:<7} {:<27} {}",
             l.index,
-            // The older view has no linear-attention kind: the IR says it.
-            match (ir.layers.get(l.index).map(|x| &x.mixer), l.layer_type) {
-                (Some(archgen_spec::ir::Mixer::GatedDeltaNet(_)), _) => "linear",
-                (_, LayerType::Sliding) => "sliding",
-                (_, LayerType::Full) => "full",
+            match a.window {
+                Window::Sliding(_) => "sliding",
+                Window::Full => "full",
             },
-            l.head_dim,
-            l.n_heads,
-            l.n_kv_heads,
-            if l.k_eq_v { "yes" } else { "no" },
-            if l.has_kv {
+            a.head_dim,
+            a.n_heads,
+            a.n_kv_heads,
+            if k_eq_v { "yes" } else { "no" },
+            if a.owns_kv() {
                 "own".to_string()
             } else {
-                l.kv_source.to_string()
+                donor.to_string()
             },
-            l.mlp_width,
+            mlp,
             rope,
             kvq
         );
     }
-    if a.quantization.is_some() {
+    if ir.quantization.is_some() {
         let _ = writeln!(o, "quantized modules:");
         for m in ir.quantizable_modules() {
             let q = ir
@@ -236,9 +288,14 @@ fn summary(spec: &Spec) -> String {
     o
 }
 
+/// A width, or `-` where the layer (or model) has no dense MLP.
+fn width_or_dash(width: Option<usize>) -> String {
+    width.map_or("-".to_string(), |w| w.to_string())
+}
+
 /// `spec schema [--check]`.
 pub fn schema(check: bool) -> Result<(), String> {
-    let want = archgen_spec::json_schema();
+    let want = archgen_families::json_schema();
     let path = schema_path();
     let have = std::fs::read_to_string(&path).unwrap_or_default();
     if check {
@@ -362,7 +419,7 @@ pub fn import_cmd(args: &ImportArgs) -> Result<(), String> {
             display(&out)
         ));
     }
-    let mut text = archgen_spec::to_yaml(&spec);
+    let mut text = archgen_families::to_yaml(&spec);
     let header =
         format!(
         "# Imported by `cargo xtask spec import` from {} (model_type {}); {} default(s) applied.\n",
@@ -373,7 +430,7 @@ pub fn import_cmd(args: &ImportArgs) -> Result<(), String> {
     let first_newline = text.find('\n').map_or(0, |i| i + 1);
     text.insert_str(first_newline, &header);
     // What we write must load back to the same spec.
-    let back = archgen_spec::parse_str(&text, &out.display().to_string())
+    let back = archgen_families::parse_str(&text, &out.display().to_string())
         .map_err(|d| format!("internal error: the imported spec does not re-parse:\n{d}"))?;
     if back != spec {
         return Err("internal error: the imported spec does not round-trip".into());
@@ -440,8 +497,8 @@ mod tests {
         };
         import_cmd(&args(&[])).unwrap();
         let out = dir.path().join("imported.yaml");
-        let spec = archgen_spec::load(&out).unwrap();
-        assert_eq!(spec.resolve().hidden_size, 64);
+        let spec = archgen_families::load(&out).unwrap();
+        assert_eq!(spec.lower().hidden_size, 64);
         let err = import_cmd(&args(&[])).unwrap_err();
         assert!(err.contains("--force"), "{err}");
         import_cmd(&args(&["--force"])).unwrap();

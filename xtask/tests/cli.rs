@@ -97,7 +97,7 @@ fn mistakes_get_suggestions_and_status_2() {
 
 #[test]
 fn a_failing_task_exits_1() {
-    let bad = repo().join("codegen/spec/tests/bad/odd-head-dim.yaml");
+    let bad = repo().join("codegen/families/tests/bad/odd-head-dim.yaml");
     let o = xtask(&["spec", "check", bad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("xtask: error: 1 of 1 spec(s) have errors"));
@@ -110,7 +110,7 @@ fn a_failing_task_exits_1() {
 
 #[test]
 fn spec_errors_show_the_source_line_with_a_caret() {
-    let bad = repo().join("codegen/spec/tests/bad/unknown-field.yaml");
+    let bad = repo().join("codegen/families/tests/bad/unknown-field.yaml");
     let o = xtask(&["spec", "check", bad.to_str().unwrap()]);
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{e}");
@@ -132,7 +132,7 @@ fn spec_errors_show_the_source_line_with_a_caret() {
 
 #[test]
 fn message_format_json_prints_one_object_per_line() {
-    let bad = repo().join("codegen/spec/tests/bad/errors-in-several-sections.yaml");
+    let bad = repo().join("codegen/families/tests/bad/errors-in-several-sections.yaml");
     let good = repo().join("specs/gemma4-e2b-tiny.yaml");
     let o = xtask(&[
         "spec",

@@ -33,7 +33,7 @@
 //! #   intermediate_size: 128
 //! # quantization: null
 //! # "#;
-//! let spec = archgen_spec::parse_str(yaml, "specs/tiny-qwen3.yaml").map_err(|d| d.to_string())?;
+//! let spec = archgen_families::parse_str(yaml, "specs/tiny-qwen3.yaml").map_err(|d| d.to_string())?;
 //! let plan = archgen_plan::plan(&spec, "specs/tiny-qwen3.yaml");
 //! // What `cargo xtask gen` writes to generated/src/tiny_qwen3.rs.
 //! let file = archgen_emit::model_file(&plan)?;
@@ -42,11 +42,13 @@
 //! # Ok::<(), String>(())
 //! ```
 
+mod comments;
+mod composition;
+mod layout;
 mod model;
 mod plan_file;
 mod registry;
 
-pub use model::model_tokens;
 pub use plan_file::plan_file;
 pub use registry::registry_file;
 
@@ -88,13 +90,20 @@ pub fn format_rust(tokens: proc_macro2::TokenStream) -> Result<String, String> {
     Ok(prettyplease::unparse(&file))
 }
 
-/// The whole generated model file: header, then the formatted model.
+/// The whole generated model file: header, then the formatted model with
+/// its line comments (what each line of a layer is in mlx-lm's terms).
 pub fn model_file(plan: &Plan) -> Result<String, String> {
     Ok(format!(
         "{}\n{}",
         header(plan, "//"),
-        format_rust(model_tokens(plan)?)?
+        comments::markers_to_comments(&format_rust(model::model_tokens(plan)?)?)
     ))
+}
+
+/// The model's tokens: what `specialize!` expands to, and what
+/// `model_file` formats less its line comments (tokens carry none).
+pub fn model_tokens(plan: &Plan) -> Result<proc_macro2::TokenStream, String> {
+    Ok(comments::strip_markers(model::model_tokens(plan)?))
 }
 
 /// Loads, validates and plans the spec at `path` and returns the model's
@@ -104,6 +113,6 @@ pub fn expand(
     path: &std::path::Path,
     display_path: &str,
 ) -> Result<proc_macro2::TokenStream, String> {
-    let spec = archgen_spec::load(path).map_err(|d| d.to_string())?;
+    let spec = archgen_families::load(path).map_err(|d| d.to_string())?;
     model_tokens(&archgen_plan::plan(&spec, display_path))
 }

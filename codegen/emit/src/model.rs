@@ -1,21 +1,26 @@
 //! The model file of every spec, read from the plan's block IR: constants,
-//! one struct per layer kind with its load and forward written out, a typed
-//! cache, and the forward pass unrolled over the layers with every branch
-//! resolved at generation time. Nothing here asks which family a model is;
+//! one struct per layer kind with its load and forward written out (each
+//! line commented in mlx-lm's terms, `composition.rs`), and the model over
+//! its layers as data plus loops (`layout.rs`), every branch resolved at
+//! generation time. Nothing here asks which family a model is;
 //! each IR fact maps onto the runtime block that runs it
 //! (`archgen_runtime::blocks`).
 
-use archgen_plan::{LayerKind, Plan};
-use archgen_spec::ir::{
+use archgen_ir::RopeKind;
+use archgen_ir::{
     Activation, Attention, DeltaNet, EmbedScale, FeedForward, GatedNorm, HeadWeight, InProj,
     KvCache, KvSource, Layer, LayerInput, LayerScalar, LogitScale, Mixer, ModelIr, NormArrangement,
     NormWeight, OutputGate, ProjectionBias, QkNorm, Residual, Router, Scores, Softcap, SoftcapForm,
     StateCache, TopKProbs, ValueNorm, Values, Window,
 };
-use archgen_spec::ir::{GateUpProjection, GatedMlp, QkvProjection};
-use archgen_spec::RopeKind;
+use archgen_ir::{GateUpProjection, GatedMlp, QkvProjection};
+use archgen_plan::{LayerKind, Plan};
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::quote;
+
+use crate::comments::comment;
+use crate::composition::Composition;
+use crate::layout::{layout_tokens, Layout};
 
 pub(crate) fn ident(s: &str) -> Ident {
     Ident::new(s, Span::call_site())
@@ -29,10 +34,6 @@ pub(crate) fn lit_i32(v: usize) -> Result<Literal, String> {
 
 pub(crate) fn lit_f32(v: f32) -> Literal {
     Literal::f32_suffixed(v)
-}
-
-pub(crate) fn layer_field(i: usize) -> Ident {
-    ident(&format!("layer_{i}"))
 }
 
 /// The name of a window in the model: `full`, `sliding` (or `sliding_{n}`
@@ -57,7 +58,7 @@ fn window_name(ir: &ModelIr, w: Window) -> String {
 /// The name of a layer's step context (its mask, RoPE and tables): its
 /// window's, with `_nope` for a layer that does not rotate (smollm3's NoPE
 /// layers read the window's mask but no RoPE).
-fn rope_context(ir: &ModelIr, a: &Attention) -> String {
+pub(crate) fn rope_context(ir: &ModelIr, a: &Attention) -> String {
     let wn = window_name(ir, a.window);
     match a.rope.kind {
         RopeKind::NoPe => format!("{wn}_nope"),
@@ -427,6 +428,12 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
     ]
     .map(lit_i32);
     let (kh, vh, kd, vd, conv) = (kh?, vh?, kd?, vd?, conv?);
+    let Composition {
+        decode: c_decode,
+        norm: c_norm,
+        mixer: c_mixer,
+        rest: c_rest,
+    } = Composition::of(l);
     Ok(quote! {
         #[doc = #doc]
         struct #name {
@@ -455,6 +462,7 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
             /// One-token steps through the compiled decode block (where
             /// `decode` is enabled), prefill through the eager blocks.
             fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
+                #c_decode
                 if h.shape()[1] == 1 && decode::enabled() {
                     let layer = decode::DeltaNetLayer {
                         norms: &self.norms,
@@ -464,8 +472,11 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
                     };
                     return decode::delta_net(h, &layer, cache);
                 }
+                #c_norm
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                #c_mixer
                 let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
+                #c_rest
                 self.finish(h, a)
             }
 
@@ -523,6 +534,12 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         ));
     }
     let shape = shape_tokens(a)?;
+    let Composition {
+        decode: c_decode,
+        norm: c_norm,
+        mixer: c_mixer,
+        rest: c_rest,
+    } = Composition::of(l);
     Ok(quote! {
         #[doc = #doc]
         struct #name {
@@ -549,6 +566,7 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
             /// the cache (where `decode` is enabled; this step's RoPE
             /// tables computed here), prefill through the eager blocks.
             fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<Array> {
+                #c_decode
                 if h.shape()[1] == 1 && decode::enabled() {
                     let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
                     let layer = decode::GatedAttentionLayer {
@@ -560,8 +578,11 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
                     };
                     return decode::gated_attention(h, &layer, &tables, cache, at.mask);
                 }
+                #c_norm
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                #c_mixer
                 let a = deltanet::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
+                #c_rest
                 self.finish(h, a)
             }
 
@@ -614,6 +635,12 @@ fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
         ));
     }
     let shape = shape_tokens(a)?;
+    let Composition {
+        norm: c_norm,
+        mixer: c_mixer,
+        rest: c_rest,
+        ..
+    } = Composition::of(l);
     Ok(quote! {
         #[doc = #doc]
         struct #name {
@@ -636,9 +663,14 @@ fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
                 layer
             }
 
+            /// Eager for one token too: the compiled decode blocks take
+            /// separate q/k/v projections.
             fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<(Array, b::SharedKv)> {
+                #c_norm
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                #c_mixer
                 let (a, kv) = b::attention_fused_qkv(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
+                #c_rest
                 Ok((self.finish(h, a)?, kv))
             }
 
@@ -744,9 +776,13 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         LayerScalar::Learned => true,
     };
 
-    let kv_field = own
-        .as_ref()
-        .map(|_| quote! { kv: b::KvWeights, qkv: Option<decode::FusedQkv>, });
+    let kv_field = match own {
+        Some(_) => quote! { kv: b::KvWeights, qkv: Option<decode::FusedQkv>, },
+        // The layer whose K/V it reads (a per-layer fact: `LAYOUT` gives it).
+        None => quote! { donor: usize, },
+    };
+    let donor_arg = own.is_none().then(|| quote! { , donor: usize });
+    let donor_load = own.is_none().then(|| quote! { donor, });
     let kv_load = own
         .as_ref()
         .map(|v| quote! { kv: b::load_kv(w, i, HIDDEN, Self::SHAPE, #qk, #v), qkv: None, });
@@ -881,6 +917,12 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         None => (kv_arg.clone(), attn.clone()),
     };
     let ple_pass = ple.as_ref().map(|_| quote! { , pli });
+    let Composition {
+        decode: c_decode,
+        norm: c_norm,
+        mixer: c_mixer,
+        rest: c_rest,
+    } = Composition::of(l);
     if let (Some(_), Some(_)) = (&experts, &residual) {
         return Err(format!(
             "layer kind {}: routed experts with depth-scaled residuals: no runtime block runs them",
@@ -903,11 +945,12 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             impl #name {
                 const SHAPE: AttentionShape = #shape;
 
-                fn load(w: &mut Weights, i: usize) -> Self {
+                fn load(w: &mut Weights, i: usize #donor_arg) -> Self {
                     let mut layer = Self {
                         norms: #norms_load,
                         attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, #qk),
                         #kv_load
+                        #donor_load
                         moe: #load,
                         #ple_load
                         #scalar_load
@@ -921,8 +964,8 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                 }
 
                 fn forward(&self, h: &Array, at: &WindowStep, #kv_arg #ple_arg) -> Result<#ret_ty> {
+                    #c_decode
                     if let Some(tables) = at.tables {
-                        // One token: the compiled blocks around attention.
                         let layer = decode::ExpertsLayer {
                             norms: &self.norms,
                             attn: &self.attn,
@@ -934,8 +977,11 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                         };
                         return #decode_step;
                     }
+                    #c_norm
                     let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                    #c_mixer
                     #attn
+                    #c_rest
                     let h = self.finish(h, a #ple_pass)?;
                     #ret
                 }
@@ -988,11 +1034,12 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         impl #name {
             const SHAPE: AttentionShape = #shape;
 
-            fn load(w: &mut Weights, i: usize, mlp_width: i32) -> Self {
+            fn load(w: &mut Weights, i: usize, mlp_width: i32 #donor_arg) -> Self {
                 let mut layer = Self {
                     norms: #norms_load,
                     attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, #qk),
                     #kv_load
+                    #donor_load
                     mlp: #act,
                     #moe_load
                     #ple_load
@@ -1009,8 +1056,8 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             }
 
             fn forward(&self, h: &Array, at: &WindowStep, #kv_arg #ple_arg) -> Result<#ret_ty> {
+                #c_decode
                 if let Some(tables) = at.tables {
-                    // One token: the compiled blocks around attention.
                     let layer = decode::Layer {
                         norms: &self.norms,
                         attn: &self.attn,
@@ -1023,8 +1070,11 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                     };
                     return #decode_step;
                 }
+                #c_norm
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                #c_mixer
                 #attn
+                #c_rest
                 let h = self.finish(h, a #ple_pass)?;
                 #ret
             }
@@ -1100,6 +1150,11 @@ fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
     let shape = shape_tokens(a)?;
     let norms_load = norms_load_tokens(l);
     let qk = qk_tokens(a);
+    let Composition {
+        mixer: c_mixer,
+        rest: c_rest,
+        ..
+    } = Composition::of(l);
     Ok(quote! {
         #[doc = #doc]
         struct #name {
@@ -1129,7 +1184,9 @@ fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
             /// `h = x + post_attention_layernorm(self_attn(x))`, then
             /// `out = h + post_feedforward_layernorm(mlp(h))`.
             fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<(Array, b::SharedKv)> {
+                #c_mixer
                 let (a, kv) = b::attention_own_kv(h, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
+                #c_rest
                 Ok((self.finish(h, a)?, kv))
             }
 
@@ -1187,29 +1244,10 @@ fn rope_init(a: &Attention) -> Result<TokenStream, String> {
     })
 }
 
-/// A model's batched forward: the imports it needs and `impl BatchLm`.
-struct Batched {
-    imports: TokenStream,
-    item: TokenStream,
-}
-
-/// `impl BatchLm for Model`, as mlx-lm runs the model under
-/// `BatchGenerator`: a merged cache per layer that owns K/V (full or
-/// sliding) or a Gated DeltaNet state, none for layers reading a donor's
-/// K/V; one mask per window from its first layer's cache before any update;
-/// each layer's `forward_batch` (input norm, batched mixer, the kind's
-/// `finish`). A model with a quantized K/V cache refuses in
-/// `make_batch_cache` with the monolith's words (mlx-lm's `BatchGenerator`
-/// cannot merge those caches either).
-fn batch_tokens(
-    plan: &Plan,
-    embed: &TokenStream,
-    ple_inputs: Option<&TokenStream>,
-    logits: &TokenStream,
-) -> Result<Batched, String> {
-    let ir = &plan.ir;
-    let name = &plan.name;
-    let refusal = ir
+/// The first layer whose K/V cache mlx-lm's `BatchGenerator` cannot merge
+/// (a quantized one), with the monolith's words for it.
+fn batch_refusal(plan: &Plan) -> Option<(usize, TokenStream)> {
+    plan.ir
         .layers
         .iter()
         .find_map(|l| match l.attention().map(|a| a.kv) {
@@ -1227,68 +1265,42 @@ fn batch_tokens(
             })
             | Some(KvSource::Shared { .. })
             | None => None,
-        });
+        })
+}
+
+/// A model's batched forward: the imports it needs and `impl BatchLm`.
+struct Batched {
+    imports: TokenStream,
+    item: TokenStream,
+}
+
+/// `impl BatchLm for Model`, as mlx-lm runs the model under
+/// `BatchGenerator`: a merged cache per layer that owns K/V (full or
+/// sliding) or a Gated DeltaNet state, none for layers reading a donor's
+/// K/V; one mask per window from its first layer's cache before any update;
+/// each layer's `forward_batch` (input norm, batched mixer, the kind's
+/// `finish`). A model with a quantized K/V cache refuses in
+/// `make_batch_cache` with the monolith's words (mlx-lm's `BatchGenerator`
+/// cannot merge those caches either).
+fn batch_tokens(
+    plan: &Plan,
+    layout: &Layout,
+    embed: &TokenStream,
+    ple_inputs: Option<&TokenStream>,
+    logits: &TokenStream,
+) -> Result<Batched, String> {
+    let ir = &plan.ir;
+    let name = &plan.name;
+    let refusal = batch_refusal(plan);
     let (mut any_full, mut any_sliding, mut any_delta_net) = (false, false, false);
-    let mut inits = Vec::new();
-    let mut steps = Vec::new();
     for l in &ir.layers {
-        let field = layer_field(l.index);
-        let i = Literal::usize_unsuffixed(l.index);
-        let a = match &l.mixer {
-            Mixer::GatedDeltaNet(_) => {
-                any_delta_net = true;
-                inits.push(
-                    quote! { Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(n))) },
-                );
-                steps.push(quote! {
-                    let h = self.#field.forward_batch(&h, cache.arrays_mut(#i)?, ssm_mask.as_ref())?;
-                });
-                continue;
-            }
-            Mixer::Attention(a) => a,
-        };
-        let ctx = ident(&rope_context(ir, a));
-        let pli = match l.input {
-            LayerInput::None => None,
-            LayerInput::Gated { .. } => {
-                let li = lit_i32(l.index)?;
-                Some(quote! { , &b::per_layer_slice(&per_layer, #li)? })
-            }
-        };
-        match a.kv {
-            KvSource::Own { .. } => {
-                inits.push(match a.window {
-                    Window::Sliding(w) => {
-                        any_sliding = true;
-                        let w = lit_i32(w)?;
-                        quote! { Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(#w, &no_padding))) }
-                    }
-                    Window::Full => {
-                        any_full = true;
-                        quote! { Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))) }
-                    }
-                });
-                let kv = if plan.donors_read.contains(&l.index) {
-                    ident(&format!("kv_{}", l.index))
-                } else {
-                    ident("_")
-                };
-                steps.push(match a.output_gate {
-                    OutputGate::None => quote! {
-                        let (h, #kv) = self.#field.forward_batch(&h, &#ctx, cache.layer_mut(#i)? #pli)?;
-                    },
-                    OutputGate::SigmoidPerHead => quote! {
-                        let h = self.#field.forward_batch(&h, &#ctx, cache.layer_mut(#i)?)?;
-                    },
-                });
-            }
-            KvSource::Shared { donor } => {
-                inits.push(quote! { None });
-                let kv = ident(&format!("kv_{donor}"));
-                steps.push(quote! {
-                    let h = self.#field.forward_batch(&h, &#ctx, &#kv #pli)?;
-                });
-            }
+        match &l.mixer {
+            Mixer::GatedDeltaNet(_) => any_delta_net = true,
+            Mixer::Attention(a) => match (a.kv, a.window) {
+                (KvSource::Own { .. }, Window::Sliding(_)) => any_sliding = true,
+                (KvSource::Own { .. }, Window::Full) => any_full = true,
+                (KvSource::Shared { .. }, _) => {}
+            },
         }
     }
     // One mask per window from its first layer's cache; one step context
@@ -1345,7 +1357,7 @@ fn batch_tokens(
             (
                 quote! {
                     let step = #tables.is_some();
-                    let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
+                    h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
                 },
                 quote! { if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) } },
             )
@@ -1353,6 +1365,8 @@ fn batch_tokens(
         (true, None) | (false, _) => (quote! {}, quote! { Ok(logits) }),
     };
     let batchable = refusal.is_none();
+    let batch_caches = &layout.batch_caches;
+    let batch_loop = &layout.forward_batch;
     let make = match refusal {
         Some((i, why)) => quote! {
             fn make_batch_cache(&self, _n: usize) -> Result<BatchCache> {
@@ -1364,7 +1378,7 @@ fn batch_tokens(
         None => quote! {
             fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
                 let no_padding = vec![0; n];
-                Ok(BatchCache { layers: Vec::from([#(#inits),*]) })
+                Ok(BatchCache { layers: #batch_caches })
             }
         },
     };
@@ -1377,7 +1391,6 @@ fn batch_tokens(
     let delta_net_import = any_delta_net.then(|| {
         quote! { use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache}; }
     });
-    let n_layers = Literal::usize_unsuffixed(ir.layers.len());
     Ok(Batched {
         imports: quote! {
             use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, #(#cache_imports),*};
@@ -1393,15 +1406,15 @@ fn batch_tokens(
                 #make
 
                 fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-                    cache.check_layers(#n_layers)?;
+                    cache.check_layers(LAYOUT.len())?;
                     let n = ids.shape()[1];
-                    let h = #embed;
+                    let mut h = #embed;
                     #ple_inputs
                     #(#masks)*
                     #ssm_mask
                     #(#steps_ctx)*
                     #rows_begin
-                    #(#steps)*
+                    #batch_loop
                     let logits = #logits;
                     #rows_end
                 }
@@ -1411,7 +1424,7 @@ fn batch_tokens(
 }
 
 /// The whole model module (without the file header).
-pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
+pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
     let ir = &plan.ir;
     let name = &plan.name;
     let fingerprint = &plan.fingerprint;
@@ -1463,7 +1476,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 "{name}: layer {first}, the first of its window, has no cache to build the mask from"
             ));
         }
-        let field = layer_field(first);
+        let first_kv = Literal::usize_unsuffixed(crate::layout::kv_ordinal(plan, first));
         let size = lit_i32(match w {
             Window::Full => 0,
             Window::Sliding(n) => n,
@@ -1474,7 +1487,9 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             let init = rope_init(a)?;
             ropes_init.push(quote! { #rope: #init, });
             if cn == &wn {
-                masks.push(quote! { let #mask = b::mask_for(&cache.#field, n, #size)?; });
+                masks.push(
+                    quote! { let #mask = b::mask_for(kv_at(&cache.kv, #first_kv)?, n, #size)?; },
+                );
             }
             let tables = ident(&format!("{cn}_tables"));
             let ctx = ident(cn);
@@ -1491,7 +1506,8 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         }
         if !contexts.iter().any(|(cn, _, _)| cn == &wn) {
             // A window of NoPE layers only: its mask still comes first.
-            masks.push(quote! { let #mask = b::mask_for(&cache.#field, n, #size)?; });
+            masks
+                .push(quote! { let #mask = b::mask_for(kv_at(&cache.kv, #first_kv)?, n, #size)?; });
         }
     }
 
@@ -1500,102 +1516,24 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         .iter()
         .map(kind_tokens)
         .collect::<Result<_, _>>()?;
+    let layout = layout_tokens(plan, batch_refusal(plan).is_none())?;
+    let Layout {
+        items: layout_items,
+        load: layers_load,
+        make_cache,
+        cache_fields,
+        forward: layers_forward,
+        ..
+    } = &layout;
 
-    // Model fields, loading, the cache and the forward pass, one line each.
-    let mut fields = Vec::new();
-    let mut loads = Vec::new();
-    let mut cache_fields = Vec::new();
-    let mut cache_inits = Vec::new();
-    let mut steps = Vec::new();
     let ple = ir.embedding.per_layer_input;
-    for l in &ir.layers {
-        let field = layer_field(l.index);
-        let kind = ident(&plan.kinds[plan.layer_kind[l.index]].name);
-        let i = l.index;
-        fields.push(quote! { #field: #kind, });
-        loads.push(match l.mlp() {
-            Some(m) => {
-                let width = lit_i32(m.width)?;
-                quote! { #field: #kind::load(&mut w, #i, #width), }
-            }
-            // Routed experts in place of the MLP: the kind's sizes are constants.
-            None => quote! { #field: #kind::load(&mut w, #i), },
-        });
-        let a = match &l.mixer {
-            Mixer::Attention(a) => a,
-            Mixer::GatedDeltaNet(_) => {
-                // No window, no mask (`create_ssm_mask` is None for one
-                // unpadded sequence): the layer and its ArraysCache.
-                cache_fields.push(quote! { #field: deltanet::ArraysCache, });
-                cache_inits.push(quote! { #field: deltanet::ArraysCache::default(), });
-                steps.push(quote! {
-                    let h = self.#field.forward(&h, &mut cache.#field)?;
-                });
-                continue;
-            }
-        };
-        let ctx = ident(&rope_context(ir, a));
-        let pli = match l.input {
-            LayerInput::None => None,
-            LayerInput::Gated { .. } => {
-                let li = lit_i32(l.index)?;
-                Some(quote! { , &b::per_layer_slice(&per_layer, #li)? })
-            }
-        };
-        match a.kv {
-            KvSource::Own { cache, .. } => {
-                cache_fields.push(quote! { #field: LayerCache, });
-                cache_inits.push(match (a.window, cache) {
-                    (Window::Sliding(n), _) => {
-                        let n = lit_i32(n)?;
-                        quote! { #field: LayerCache::Sliding(RotatingKvCache::new(#n, 0)), }
-                    }
-                    (Window::Full, KvCache::Plain) => {
-                        quote! { #field: LayerCache::Full(KvCache::default()), }
-                    }
-                    (Window::Full, KvCache::Quantized(q)) => {
-                        let (group, bits) =
-                            (lit_i32(q.group_size as usize)?, lit_i32(q.bits as usize)?);
-                        quote! { #field: LayerCache::Quantized(QuantizedKvCache::new(#group, #bits)), }
-                    }
-                    (Window::Full, KvCache::QuantizedAfterForward { quant, start }) => {
-                        let (group, bits, start) = (
-                            lit_i32(quant.group_size as usize)?,
-                            lit_i32(quant.bits as usize)?,
-                            lit_i32(start)?,
-                        );
-                        quote! { #field: LayerCache::QuantizedAfterForward(MixedKvCache::new(#group, #bits, #start)), }
-                    }
-                });
-                let kv = if plan.donors_read.contains(&l.index) {
-                    ident(&format!("kv_{}", l.index))
-                } else {
-                    ident("_")
-                };
-                steps.push(match a.output_gate {
-                    OutputGate::None => quote! {
-                        let (h, #kv) = self.#field.forward(&h, &#ctx, &mut cache.#field #pli)?;
-                    },
-                    // The gated block returns no K/V to share (nothing reads it).
-                    OutputGate::SigmoidPerHead => quote! {
-                        let h = self.#field.forward(&h, &#ctx, &mut cache.#field)?;
-                    },
-                });
-            }
-            KvSource::Shared { donor } => {
-                let kv = ident(&format!("kv_{donor}"));
-                steps.push(quote! {
-                    let h = self.#field.forward(&h, &#ctx, &#kv #pli)?;
-                });
-            }
-        }
-    }
-    let first_cache = ir
+    if !ir
         .layers
         .iter()
-        .find(|l| l.attention().is_some_and(Attention::owns_kv))
-        .map(|l| layer_field(l.index))
-        .ok_or_else(|| format!("{name}: no layer owns K/V"))?;
+        .any(|l| l.attention().is_some_and(Attention::owns_kv))
+    {
+        return Err(format!("{name}: no layer owns K/V"));
+    }
 
     let (ple_field, ple_load, ple_pre, ple_inputs) = match ple {
         None => (None, None, None, None),
@@ -1707,14 +1645,19 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
     );
     // The one-token step: through the compiled decode blocks when every
     // layer has them, else the eager blocks as in prefill.
-    let (decode_import, step_begin, step_end) = if compiled_decode(ir) {
+    let tables_note = comment(
+        "One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).",
+    );
+    let (decode_import, embedded, step_begin, step_end) = if compiled_decode(ir) {
         (
             Some(quote! { use archgen_runtime::decode; }),
+            quote! { h },
             quote! {
-                let offset = cache.#first_cache.offset();
+                let offset = kv_at(&cache.kv, 0)?.offset();
                 let step = n == 1 && decode::enabled();
+                #tables_note
                 #(#steps_ctx)*
-                let h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
+                let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
             },
             quote! { if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) } },
         )
@@ -1725,6 +1668,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         let plain = ir.layers.iter().any(reaches_decode);
         (
             plain.then(|| quote! { use archgen_runtime::decode; }),
+            quote! { mut h },
             quote! { #(#steps_ctx)* },
             quote! { Ok(logits) },
         )
@@ -1734,6 +1678,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         item: batch_impl,
     } = batch_tokens(
         plan,
+        &layout,
         &quote! { b::embed(&self.embed, ids, #embed_scale, HIDDEN)? },
         ple_inputs.as_ref(),
         &logits,
@@ -1757,9 +1702,9 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         quote! { use archgen_runtime::ops::Result; }
     };
     let cache_doc = if hybrid {
-        " One cache per layer: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer."
+        " The caches of one sequence: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer."
     } else {
-        " One cache per layer that computes its own K/V."
+        " The caches of one sequence: one per layer that computes its own K/V."
     };
     Ok(quote! {
         use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
@@ -1787,19 +1732,21 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
 
         #(#kinds)*
 
+        #layout_items
+
         #[doc = #doc_model]
         pub struct Model {
             embed: Embedding,
             #ple_field
             #(#ropes_struct)*
-            #(#fields)*
+            layers: Vec<Layer>,
             norm: Array,
             #head_field
         }
 
         #[doc = #cache_doc]
         pub struct Cache {
-            #(#cache_fields)*
+            #cache_fields
         }
 
         /// Loads the model from sanitized weights; every tensor is checked.
@@ -1808,7 +1755,7 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
                 #ple_load
                 #(#ropes_init)*
-                #(#loads)*
+                #layers_load
                 norm: #norm_load,
                 #head_load
             };
@@ -1831,18 +1778,16 @@ pub fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             }
 
             fn make_cache(&self) -> Cache {
-                Cache { #(#cache_inits)* }
+                #make_cache
             }
 
             fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
                 let n = ids.shape()[1];
-                let h = b::embed(&self.embed, ids, #embed_scale, HIDDEN)?;
+                let #embedded = b::embed(&self.embed, ids, #embed_scale, HIDDEN)?;
                 #ple_inputs
                 #(#masks)*
-                // One token: this step's RoPE tables, one per window, shared
-                // by all its layers (Q and K alike).
                 #step_begin
-                #(#steps)*
+                #layers_forward
                 let logits = #logits;
                 #step_end
             }

@@ -6,15 +6,15 @@
 //! rows share one row (`0-4`), and a per-layer tensor that has the same shape
 //! and dtype in several layers is one row naming those layers.
 
-use archgen_plan::{Plan, GENERATOR_VERSION};
-use archgen_spec::ir::{
+use archgen_ir::RopeKind;
+use archgen_ir::{
     Activation, Attention, AttentionScale, EmbedScale, FeedForward, GatedMlp, GatedNorm,
     HeadWeight, KvCache, KvSource, Layer, LayerInput, LayerScalar, LogitScale, Mixer,
     NormArrangement, NormWeight, OutputGate, ProjectionBias, QkNorm, Residual, RopeForm, Router,
     Scores, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values, Window,
 };
-use archgen_spec::ir::{GateUpProjection, QkvProjection};
-use archgen_spec::RopeKind;
+use archgen_ir::{GateUpProjection, QkvProjection};
+use archgen_plan::{Plan, GENERATOR_VERSION};
 use minijinja::{Environment, UndefinedBehavior};
 use serde::Serialize;
 
@@ -449,7 +449,7 @@ pub fn plan_file(plan: &Plan) -> Result<String, String> {
             SoftcapForm::Eager => format!("{} (eager)", c.cap),
         }),
         quantization => quant.unwrap_or_else(|| "none".to_string()),
-        tier => archgen_spec::tier::tier(ir).to_string(),
+        tier => archgen_ir::tier::tier(ir).to_string(),
         rows => rows,
         kinds => kinds,
         params => params,

@@ -23,7 +23,7 @@
 //! Its untied head is split over the vocabulary (all-to-sharded) and the
 //! logits gathered along their last axis; the other families' `shard()`
 //! keep the head whole. Both, and the repeat of K/V heads, are the IR's
-//! [`archgen_spec::ir::Sharding`], set by each family's lowering.
+//! [`archgen_ir::Sharding`], set by each family's lowering.
 //!
 //! The split reads only IR facts, never the family: every family whose
 //! layers are attention plus a gated MLP gets it from this code. What has no
@@ -31,11 +31,11 @@
 
 use std::fmt::Write as _;
 
-use archgen_spec::ir::{
+use archgen_ir::{
     FeedForward, HeadSplit, HeadWeight, InProj, KvHeadSplit, KvSource, Mixer, ModelIr, OutputGate,
     ProjectionBias, QkNorm, Values,
 };
-use archgen_spec::ir::{GateUpProjection, QkvProjection};
+use archgen_ir::{GateUpProjection, QkvProjection};
 
 /// How one linear module is split (mlx nn `shard_linear`'s two kinds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -465,7 +465,7 @@ mod tests {
 
     fn ir(name: &str) -> ModelIr {
         let path = format!("{}/../../specs/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
-        archgen_spec::load(&path)
+        archgen_families::load(&path)
             .unwrap_or_else(|d| panic!("{path}: {d:?}"))
             .lower()
     }

@@ -60,9 +60,9 @@ pub fn ratio_line(spec: &str, cache: usize, cells: &[Cell]) -> String {
 /// Returns the model dir and the parameter count.
 pub fn checkpoint(cache_dir: &Path, name: &str) -> Result<(PathBuf, u64), String> {
     let spec_path = repo_root().join("specs").join(format!("{name}.yaml"));
-    let spec = archgen_spec::load(&spec_path).map_err(|d| d.to_string())?;
+    let spec = archgen_families::load(&spec_path).map_err(|d| d.to_string())?;
     let params = spec.lower().param_count();
-    let config = serde_json::to_string_pretty(&archgen_spec::to_config_json(&spec))
+    let config = serde_json::to_string_pretty(&archgen_families::to_config_json(&spec))
         .map_err(|e| e.to_string())?;
     // A quantized spec's checkpoint is quantized by mlx-lm's own convert path
     // (its quant_predicate writes the per-module overrides the spec lists):
@@ -70,7 +70,7 @@ pub fn checkpoint(cache_dir: &Path, name: &str) -> Result<(PathBuf, u64), String
     let quantize: Vec<String> = match spec.quantization() {
         None => Vec::new(),
         Some(q) => match q.default.mode {
-            archgen_spec::QuantMode::Affine => vec![
+            archgen_ir::QuantMode::Affine => vec![
                 "--quantize".to_string(),
                 q.default.bits.to_string(),
                 "--group-size".to_string(),
@@ -101,7 +101,7 @@ pub fn checkpoint(cache_dir: &Path, name: &str) -> Result<(PathBuf, u64), String
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let _ = std::fs::remove_dir_all(&model);
     let input = dir.join("config.hf.json");
-    let hf = serde_json::to_string_pretty(&archgen_spec::to_config_json(&spec))
+    let hf = serde_json::to_string_pretty(&archgen_families::to_config_json(&spec))
         .map_err(|e| e.to_string())?;
     std::fs::write(&input, &hf).map_err(|e| e.to_string())?;
     eprintln!("bench: building checkpoint {}", model.display());

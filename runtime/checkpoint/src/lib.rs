@@ -6,9 +6,9 @@
 //! built from what [`read_dir`] returns, so neither depends on the other to
 //! load.
 
+use archgen_ir::ModelIr;
 use archgen_runtime::model::ModelError;
 use archgen_runtime::weights::Weights;
-use archgen_spec::ir::ModelIr;
 
 mod sanitize;
 
@@ -59,7 +59,7 @@ pub fn architecture_of(
         None
     };
     // archgen's kv_scheme.json says the kv_config is applied as mlx-optiq applies it.
-    let scheme_path = dir.join(archgen_spec::import::KV_SCHEME_FILE);
+    let scheme_path = dir.join(archgen_families::import::KV_SCHEME_FILE);
     let kv = match (&kv_config, scheme_path.is_file()) {
         (None, false) => None,
         (None, true) => {
@@ -68,26 +68,28 @@ pub fn architecture_of(
                 scheme_path.display()
             )))
         }
-        (Some(v), false) => Some(archgen_spec::import::KvConfig::QuantizedCache(v)),
+        (Some(v), false) => Some(archgen_families::import::KvConfig::QuantizedCache(v)),
         (Some(v), true) => {
             let text = std::fs::read_to_string(&scheme_path)
                 .map_err(|e| ModelError(format!("{}: {e}", scheme_path.display())))?;
             let scheme: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| ModelError(format!("{}: {e}", scheme_path.display())))?;
-            let quantized_kv_start = archgen_spec::import::read_kv_scheme(&scheme)
+            let quantized_kv_start = archgen_families::import::read_kv_scheme(&scheme)
                 .map_err(|e| ModelError(format!("{}: {e}", scheme_path.display())))?;
-            Some(archgen_spec::import::KvConfig::OptiqMixed {
+            Some(archgen_families::import::KvConfig::OptiqMixed {
                 kv_config: v,
                 quantized_kv_start,
             })
         }
     };
-    let (spec, _defaults) =
-        archgen_spec::import::from_config_json_kv(config, kv, &name).map_err(|e| {
+    let (spec, _defaults) = archgen_families::import::from_config_json_kv(config, kv, &name)
+        .map_err(|e| {
             let kv = match kv {
                 None => "",
-                Some(archgen_spec::import::KvConfig::QuantizedCache(_)) => " (+ kv_config.json)",
-                Some(archgen_spec::import::KvConfig::OptiqMixed { .. }) => {
+                Some(archgen_families::import::KvConfig::QuantizedCache(_)) => {
+                    " (+ kv_config.json)"
+                }
+                Some(archgen_families::import::KvConfig::OptiqMixed { .. }) => {
                     " (+ kv_config.json, kv_scheme.json)"
                 }
             };

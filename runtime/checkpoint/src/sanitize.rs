@@ -5,10 +5,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use archgen_ir::{HeadWeight, KvSource, ModelIr, SanitizeRule};
 use archgen_runtime::mlx_rs;
 use archgen_runtime::ops::Result;
 use archgen_runtime::Array;
-use archgen_spec::ir::{HeadWeight, KvSource, ModelIr, SanitizeRule};
 
 /// Towers of multimodal wrappers, dropped with [`SanitizeRule::UnwrapMultimodal`].
 const TOWERS: [&str; 6] = [

@@ -173,10 +173,10 @@ pub enum RequiredTier {
 }
 
 impl RequiredTier {
-    pub fn tier(self) -> archgen_spec::tier::Tier {
+    pub fn tier(self) -> archgen_ir::tier::Tier {
         match self {
-            RequiredTier::L1 => archgen_spec::tier::Tier::L1,
-            RequiredTier::L2 => archgen_spec::tier::Tier::L2,
+            RequiredTier::L1 => archgen_ir::tier::Tier::L1,
+            RequiredTier::L2 => archgen_ir::tier::Tier::L2,
         }
     }
 }

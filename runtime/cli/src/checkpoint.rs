@@ -76,7 +76,7 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
     // Both implementations reproduce the same oracle, so the tier is the
     // model's (split over ranks, that of its sharded oracle).
     let ranks = crate::launch::group().map_or(1, |g| g.size() as usize);
-    let tier = archgen_spec::tier::sharded_tier(&arch, ranks);
+    let tier = archgen_ir::tier::sharded_tier(&arch, ranks);
     if let Some(required) = require_tier {
         if tier.tier > required.tier() {
             return Err(format!(

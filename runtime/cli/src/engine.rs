@@ -181,7 +181,7 @@ impl ModelContext {
 pub fn model_context(model: &Path) -> Result<ModelContext, String> {
     let file = model.join("config.json");
     let json = crate::chat_template::read_json(&file)?;
-    let (spec, defaults) = archgen_spec::import::from_config_json(&json, None, "checkpoint")
+    let (spec, defaults) = archgen_families::import::from_config_json(&json, None, "checkpoint")
         .map_err(|e| format!("{}: {e}", file.display()))?;
     let tokens = spec.lower().max_position_embeddings;
     let applied = defaults.into_iter().find(|d| {

@@ -7,13 +7,13 @@
 
 use std::collections::BTreeMap;
 
+use archgen_ir::ModuleKind;
+use archgen_ir::{KvCache, KvSource};
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
-use archgen_spec::ir::{KvCache, KvSource};
-use archgen_spec::ModuleKind;
 
 use std::io::{IsTerminal, Write};
 
-use archgen_spec::render::Style;
+use archgen_families::render::Style;
 
 use crate::args::{InitArgs, MessageFormat, WeightDtype};
 use crate::ui::Ui;
@@ -32,7 +32,7 @@ fn dtype_of(dtype: WeightDtype) -> Dtype {
 
 /// Spec errors in the excerpt form (colour on a terminal), or as JSON lines
 /// on stdout with a one-line summary for the error.
-fn spec_errors(diags: &archgen_spec::Diagnostics, format: MessageFormat) -> String {
+fn spec_errors(diags: &archgen_families::Diagnostics, format: MessageFormat) -> String {
     match format {
         MessageFormat::Human => {
             let style = if std::io::stderr().is_terminal() {
@@ -58,7 +58,8 @@ fn spec_errors(diags: &archgen_spec::Diagnostics, format: MessageFormat) -> Stri
 
 pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
     let (out, seed, dtype) = (args.out.as_path(), args.seed, args.dtype);
-    let spec = archgen_spec::load(&args.spec).map_err(|d| spec_errors(&d, args.message_format))?;
+    let spec =
+        archgen_families::load(&args.spec).map_err(|d| spec_errors(&d, args.message_format))?;
     let ir = spec.lower();
     let dt = dtype_of(dtype);
     let mut tensors: BTreeMap<String, Array> = BTreeMap::new();
@@ -134,8 +135,8 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
         tensors.insert(p.name.clone(), mlx(v.as_dtype(dt))?);
     }
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    let mut config = archgen_spec::to_config_json(&spec);
-    if let Some(q) = archgen_spec::to_hf_json(&spec).get("quantization") {
+    let mut config = archgen_families::to_config_json(&spec);
+    if let Some(q) = archgen_families::to_hf_json(&spec).get("quantization") {
         config["quantization"] = q.clone();
     }
     let text = serde_json::to_string_pretty(&config).expect("JSON of plain values");
@@ -164,8 +165,8 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
         })
         .collect();
     if let Some(start) = optiq_start {
-        let path = out.join(archgen_spec::import::KV_SCHEME_FILE);
-        let scheme = archgen_spec::import::kv_scheme_json(start as u32);
+        let path = out.join(archgen_families::import::KV_SCHEME_FILE);
+        let scheme = archgen_families::import::kv_scheme_json(start as u32);
         let text = serde_json::to_string_pretty(&scheme).expect("JSON of plain values");
         std::fs::write(&path, text + "\n")
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;

@@ -181,7 +181,7 @@ fn completion_scripts_name_every_subcommand_and_flag() {
 
 fn bad_spec(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../codegen/spec/tests/bad")
+        .join("../../codegen/families/tests/bad")
         .join(name)
         .display()
         .to_string()

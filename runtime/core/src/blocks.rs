@@ -1,6 +1,6 @@
 //! The decoder blocks of every family, op for op as mlx-lm 0.32.2 runs them,
 //! each block's math written once and parameterised by the facts of the
-//! block IR (`archgen_spec::ir`), never by family. The monolith composes
+//! block IR (`archgen_ir`), never by family. The monolith composes
 //! them with run-time branches; generated models call the same functions
 //! with every branch resolved; the CPU decode path (`decode`) traces them.
 //!
@@ -1000,7 +1000,7 @@ pub fn finish_layer(
 }
 
 // ---- Loading: tensor names relative to the text model, as
-// `archgen_spec::names` spells them for the checkpoint contract.
+// `archgen_ir::names` spells them for the checkpoint contract.
 
 /// Which per-head norms to load (IR `QkNorm`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 
+use archgen_ir::{self as ir, KvSource, Window};
 use archgen_runtime::attention::Mask;
 use archgen_runtime::batch::{
     BatchCache, BatchKvCache, BatchLayerCache, BatchLm, BatchRotatingKvCache,
@@ -25,7 +26,6 @@ use archgen_runtime::blocks::{self as b, SharedKv};
 use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::ops::Result;
 use archgen_runtime::Array;
-use archgen_spec::ir::{self, KvSource, Window};
 
 use crate::{LayerMixer, Monolith};
 

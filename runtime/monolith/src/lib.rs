@@ -5,6 +5,8 @@
 
 use std::collections::HashMap;
 
+use archgen_ir::RopeKind;
+use archgen_ir::{self as ir, FeedForward, KvSource, LayerScalar, ModelIr, Window};
 use archgen_runtime::attention::Mask;
 use archgen_runtime::blocks::{
     self as b, AttentionShape, AttentionWeights, Head, LayerNorms, Mlp, MoeBlock, PerLayerInputs,
@@ -21,8 +23,6 @@ use archgen_runtime::ops::Result;
 use archgen_runtime::rope::Rope;
 use archgen_runtime::weights::Weights;
 use archgen_runtime::Array;
-use archgen_spec::ir::{self, FeedForward, KvSource, LayerScalar, ModelIr, Window};
-use archgen_spec::RopeKind;
 
 struct Layer {
     mixer: LayerMixer,

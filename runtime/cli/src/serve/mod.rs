@@ -678,6 +678,30 @@ struct Answered {
     error: Option<String>,
 }
 
+impl Answered {
+    /// A whole answer (200), however it finished.
+    fn completed(completion_tokens: usize, finish: Finish, ttft: Option<Duration>) -> Self {
+        Self {
+            status: 200,
+            completion_tokens,
+            finish: Some(finish),
+            ttft,
+            error: None,
+        }
+    }
+
+    /// No answer: the request failed with this status and message.
+    fn failed(status: u16, message: String) -> Self {
+        Self {
+            status,
+            completion_tokens: 0,
+            finish: None,
+            ttft: None,
+            error: Some(message),
+        }
+    }
+}
+
 /// A queued request from the HTTP side: dropped with its handler or its
 /// response stream (also when the client disconnects), it cancels the
 /// sequence (a no-op once it finished) and writes the request's log line.
@@ -704,13 +728,10 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.cancel.cancel();
         // 499 (nginx's "client closed request"): nobody was left to answer.
-        let answered = self.answered.take().unwrap_or(Answered {
-            status: 499,
-            completion_tokens: 0,
-            finish: None,
-            ttft: None,
-            error: Some("the client disconnected".into()),
-        });
+        let answered = self
+            .answered
+            .take()
+            .unwrap_or_else(|| Answered::failed(499, "the client disconnected".into()));
         self.metrics.answered(answered.status);
         log_line(json!({
             "log": "request",
@@ -795,13 +816,10 @@ async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: In
     };
     if let Some(error) = refused {
         state.metrics.queue_depth.dec();
-        flight.answer(Answered {
-            status: error.status.as_u16(),
-            completion_tokens: 0,
-            finish: None,
-            ttft: None,
-            error: Some(error.message.clone()),
-        });
+        flight.answer(Answered::failed(
+            error.status.as_u16(),
+            error.message.clone(),
+        ));
         return error.into_response();
     }
     state
@@ -853,24 +871,12 @@ async fn whole_answer(
             } => {
                 reply.cached_tokens = cached_tokens;
                 flight.cached_tokens = Some(cached_tokens);
-                flight.answer(Answered {
-                    status: 200,
-                    completion_tokens,
-                    finish: Some(finish),
-                    ttft,
-                    error: None,
-                });
+                flight.answer(Answered::completed(completion_tokens, finish, ttft));
                 let whole = reply.whole(&text, finish, completion_tokens, &entries);
                 return Json(whole).into_response();
             }
             GenEvent::Failed(message) => {
-                flight.answer(Answered {
-                    status: 500,
-                    completion_tokens: 0,
-                    finish: None,
-                    ttft: None,
-                    error: Some(message.clone()),
-                });
+                flight.answer(Answered::failed(500, message.clone()));
                 return ApiError {
                     status: StatusCode::INTERNAL_SERVER_ERROR,
                     message,
@@ -881,13 +887,10 @@ async fn whole_answer(
         }
     }
     let error = worker_gone();
-    flight.answer(Answered {
-        status: error.status.as_u16(),
-        completion_tokens: 0,
-        finish: None,
-        ttft: None,
-        error: Some(error.message.clone()),
-    });
+    flight.answer(Answered::failed(
+        error.status.as_u16(),
+        error.message.clone(),
+    ));
     error.into_response()
 }
 
@@ -986,34 +989,18 @@ impl SseBody {
                 if self.include_usage {
                     self.push(self.reply.usage_chunk(completion_tokens));
                 }
-                self.flight.answer(Answered {
-                    status: 200,
-                    completion_tokens,
-                    finish: Some(finish),
-                    ttft,
-                    error: None,
-                });
+                self.flight
+                    .answer(Answered::completed(completion_tokens, finish, ttft));
             }
             Some(GenEvent::Failed(message)) => {
                 self.push(json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}}));
-                self.flight.answer(Answered {
-                    status: 500,
-                    completion_tokens: 0,
-                    finish: None,
-                    ttft: None,
-                    error: Some(message),
-                });
+                self.flight.answer(Answered::failed(500, message));
             }
             None => {
                 let error = worker_gone();
                 self.push(json!({"error": {"message": error.message, "type": "server_error", "param": null, "code": null}}));
-                self.flight.answer(Answered {
-                    status: error.status.as_u16(),
-                    completion_tokens: 0,
-                    finish: None,
-                    ttft: None,
-                    error: Some(error.message),
-                });
+                self.flight
+                    .answer(Answered::failed(error.status.as_u16(), error.message));
             }
         }
         self.pending.push_back(Event::default().data("[DONE]"));

@@ -1,0 +1,179 @@
+//! What each line of a layer kind's forward is, in mlx-lm's terms: the
+//! comments of the emitted forward (`x` the normed input, `a` the mixer's
+//! output, `h` the residual stream), read from the layer's IR facts.
+
+use crate::comments::comment;
+use archgen_ir::RopeKind;
+use archgen_ir::{
+    Attention, FeedForward, KvSource, Layer, LayerInput, LayerScalar, Mixer, NormArrangement,
+    NormWeight, OutputGate, ProjectionBias, QkNorm, QkvProjection, Residual, Scores, Values,
+};
+use proc_macro2::TokenStream;
+
+/// The comments of one kind's forward, in the order its lines run.
+pub(crate) struct Composition {
+    /// Before the one-token branch: the compiled block runs the same layer.
+    pub decode: TokenStream,
+    /// Before the norm in front of the mixer (none in a post-norm layer).
+    pub norm: TokenStream,
+    /// Before the mixer call.
+    pub mixer: TokenStream,
+    /// Before the `finish` call: the residual, feed-forward, residual and
+    /// scalar lines that `finish` runs (batched or not).
+    pub rest: TokenStream,
+}
+
+impl Composition {
+    pub fn of(l: &Layer) -> Self {
+        let norm = match l.norms.arrangement {
+            NormArrangement::PreNorm | NormArrangement::Sandwich => match l.norms.weight {
+                NormWeight::Direct => comment("x = self.input_layernorm(h)"),
+                NormWeight::OnePlus => {
+                    comment("x = self.input_layernorm(h), its weight 1 + w folded at load")
+                }
+            },
+            NormArrangement::PostNorm => TokenStream::new(),
+        };
+        let input = match l.norms.arrangement {
+            NormArrangement::PreNorm | NormArrangement::Sandwich => "x",
+            NormArrangement::PostNorm => "h",
+        };
+        let mixer = match &l.mixer {
+            Mixer::Attention(a) => attention_line(a, input),
+            Mixer::GatedDeltaNet(_) => format!(
+                "a = self.linear_attn({input}, mask, cache): Gated DeltaNet (in projections, conv1d, gated delta rule, gated RMSNorm, out_proj)"
+            ),
+        };
+        let mut rest = vec![comment("finish (shared with the batched forward):")];
+        for line in rest_lines(l) {
+            rest.push(comment(&format!("  {line}")));
+        }
+        Composition {
+            decode: comment(
+                "One token: the whole layer as one compiled decode block (the math below, bit for bit).",
+            ),
+            norm,
+            mixer: comment(&mixer),
+            rest: rest.into_iter().collect(),
+        }
+    }
+}
+
+/// The mixer line of an attention layer.
+fn attention_line(a: &Attention, input: &str) -> String {
+    let mut steps: Vec<String> = Vec::new();
+    let source = match a.kv {
+        KvSource::Own { values, .. } => {
+            steps.push(match (a.projection, values) {
+                (QkvProjection::Fused, _) => "one qkv_proj split into q, k, v".to_string(),
+                (QkvProjection::Separate, Values::Projected) => "q/k/v projections".to_string(),
+                (QkvProjection::Separate, Values::SameAsKeys) => {
+                    "q/k projections, values = keys (no v_proj)".to_string()
+                }
+            });
+            "cache"
+        }
+        KvSource::Shared { .. } => {
+            steps.push("q projection".to_string());
+            "shared_kv"
+        }
+    };
+    match a.bias {
+        ProjectionBias::None => {}
+        ProjectionBias::QueryKeyValue => steps.push("with bias".to_string()),
+    }
+    match a.qk_norm {
+        QkNorm::None => {}
+        QkNorm::RmsPerHead => steps.push("q/k RMSNorm per head".to_string()),
+        QkNorm::RmsWholeProjection => steps.push("q/k RMSNorm over the projections".to_string()),
+    }
+    match a.rope.kind {
+        RopeKind::NoPe => steps.push("no RoPE".to_string()),
+        RopeKind::Default { .. } | RopeKind::Proportional { .. } | RopeKind::Llama3 { .. } => {
+            steps.push("RoPE".to_string())
+        }
+    }
+    steps.push(match a.kv {
+        KvSource::Own { .. } => "cache update".to_string(),
+        KvSource::Shared { .. } => "the keys and values its donor layer computed".to_string(),
+    });
+    steps.push(match a.scores {
+        Scores::FusedSdpa => "scaled_dot_product_attention".to_string(),
+        Scores::Softcapped { cap } => format!("scores softcapped at {cap}, softmax"),
+    });
+    match a.output_gate {
+        OutputGate::None => {}
+        OutputGate::SigmoidPerHead => steps.push("times sigmoid(gate)".to_string()),
+    }
+    steps.push("o_proj".to_string());
+    format!(
+        "a = self.self_attn({input}, mask, {source}): {}",
+        steps.join(", ")
+    )
+}
+
+/// The lines `finish` runs: residual, feed-forward, residual, scalar.
+fn rest_lines(l: &Layer) -> Vec<String> {
+    let scaled = match l.residual {
+        Residual::Plain => String::new(),
+        Residual::Scaled { .. } => " * residual_multiplier".to_string(),
+        Residual::DepthScaled { .. } => " * (scale_depth / sqrt(num_hidden_layers))".to_string(),
+    };
+    let ffn = "self.mlp";
+    // What `self.mlp` is when it is not a dense MLP.
+    let experts = match l.ffn {
+        FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } => String::new(),
+        FeedForward::Moe(m) => format!(
+            ", self.mlp: {} routed experts, top-{}",
+            m.num_experts, m.top_k
+        ),
+        FeedForward::MoeAndSharedExpert { moe, .. } => format!(
+            ", self.mlp: {} routed experts, top-{}, and a shared expert",
+            moe.num_experts, moe.top_k
+        ),
+    };
+    let mut lines = Vec::new();
+    match (l.norms.arrangement, l.ffn) {
+        (NormArrangement::PreNorm, _) => {
+            lines.push(format!("h = h + a{scaled}"));
+            lines.push(format!(
+                "h = h + {ffn}(self.post_attention_layernorm(h)){scaled}{experts}"
+            ));
+        }
+        (NormArrangement::Sandwich, FeedForward::MlpAndMoe { .. }) => {
+            lines.push(format!("h = h + self.post_attention_layernorm(a){scaled}"));
+            lines.push("h1 = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(h)))".to_string());
+            lines.push("h2 = self.post_feedforward_layernorm_2(self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h)))".to_string());
+            lines.push(format!(
+                "h = h + self.post_feedforward_layernorm(h1 + h2){scaled}"
+            ));
+        }
+        (
+            NormArrangement::Sandwich,
+            FeedForward::Mlp(_) | FeedForward::Moe(_) | FeedForward::MoeAndSharedExpert { .. },
+        ) => {
+            lines.push(format!("h = h + self.post_attention_layernorm(a){scaled}"));
+            lines.push(format!(
+                "h = h + self.post_feedforward_layernorm({ffn}(self.pre_feedforward_layernorm(h))){scaled}{experts}"
+            ));
+        }
+        (NormArrangement::PostNorm, _) => {
+            lines.push(format!("h = h + self.post_attention_layernorm(a){scaled}"));
+            lines.push(format!(
+                "h = h + self.post_feedforward_layernorm({ffn}(h)){scaled}{experts}"
+            ));
+        }
+    }
+    match l.input {
+        LayerInput::None => {}
+        LayerInput::Gated { .. } => lines.push(
+            "h = h + self.post_per_layer_input_norm(self.per_layer_projection(gelu(self.per_layer_input_gate(h)) * per_layer_input))"
+                .to_string(),
+        ),
+    }
+    match l.scalar {
+        LayerScalar::None => {}
+        LayerScalar::Learned => lines.push("h = h * self.layer_scalar".to_string()),
+    }
+    lines
+}

@@ -1,0 +1,97 @@
+//! What every family's YAML writer shares: the schema modeline, floats, the
+//! `identity:` and `quantization:` sections.
+
+use crate::model::*;
+use std::fmt::Write;
+
+/// The first line of every spec file: lets editors validate against the schema.
+pub const MODELINE: &str = "# yaml-language-server: $schema=schema/archgen-spec.schema.json";
+
+/// A float as YAML: shortest round-trip form, always with a `.` in the mantissa.
+pub(crate) fn float(v: f64) -> String {
+    let s = format!("{v:?}");
+    match s.split_once('e') {
+        Some((m, e)) if !m.contains('.') => format!("{m}.0e{e}"),
+        _ => s,
+    }
+}
+
+fn string(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        && s.starts_with(|c: char| c.is_ascii_alphabetic())
+        && !matches!(
+            s,
+            "true" | "false" | "null" | "yes" | "no" | "on" | "off" | "y" | "n"
+        )
+        && !s.to_ascii_lowercase().starts_with("0x");
+    if plain {
+        s.to_string()
+    } else {
+        serde_json::to_string(s).unwrap_or_default()
+    }
+}
+
+fn qparams(q: &QuantParams) -> String {
+    format!(
+        "{{bits: {}, group_size: {}, mode: {}}}",
+        q.bits,
+        q.group_size,
+        q.mode.as_str()
+    )
+}
+
+/// The `identity:` section.
+pub(crate) fn identity_yaml(o: &mut String, id: &Identity) {
+    let _ = writeln!(o, "identity:");
+    let _ = writeln!(o, "  name: {}", string(&id.name));
+    let _ = writeln!(o, "  family: {}", id.family.as_str());
+    let _ = writeln!(o, "  source:");
+    let _ = writeln!(
+        o,
+        "    repo: {}",
+        id.source
+            .repo
+            .as_deref()
+            .map_or("null".into(), |r| serde_json::to_string(r)
+                .unwrap_or_default())
+    );
+    let _ = writeln!(
+        o,
+        "    revision: {}",
+        id.source
+            .revision
+            .as_deref()
+            .map_or("null".into(), |r| serde_json::to_string(r)
+                .unwrap_or_default())
+    );
+    let _ = writeln!(o, "    model_type: {}", id.source.model_type.as_str());
+}
+
+/// The `quantization:` section (null or default + overrides).
+pub(crate) fn quantization_yaml(o: &mut String, q: Option<&Quantization>) {
+    match q {
+        None => o.push_str("quantization: null\n"),
+        Some(q) => {
+            let _ = writeln!(o, "quantization:");
+            let _ = writeln!(o, "  default: {}", qparams(&q.default));
+            if q.overrides.is_empty() {
+                let _ = writeln!(o, "  overrides: {{}}");
+            } else {
+                let _ = writeln!(o, "  overrides:");
+                for (path, ov) in &q.overrides {
+                    let v = match ov {
+                        QuantOverride::Skip(_) => "false".to_string(),
+                        QuantOverride::Params(p) => qparams(p),
+                    };
+                    let _ = writeln!(
+                        o,
+                        "    {}: {v}",
+                        serde_json::to_string(path).unwrap_or_default()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,688 @@
+//! Gemma-2 (`gemma2.py`) as mlx-lm 0.32.2 runs it: everything family-specific on the
+//! spec side (the document, its validation, the lowering
+//! to the block IR, the config.json view, the YAML writer, the reduction to tiny
+//! variants and the config.json importer).
+//!
+//! mlx-lm's gemma2 is a stack of sandwich-normed layers with `(1 + w)` RMSNorm weights,
+//! written-out attention (queries pre-scaled by `query_pre_attn_scalar ** -0.5`, scores
+//! soft-capped, a precise softmax), a GeLU-approx MLP, an embedding scaled by
+//! `sqrt(hidden)`, a head always tied to the embedding, and an eager softcap of the
+//! logits. It has no sliding window: every layer attends over the full causal context
+//! with a plain `KVCache` (the Hugging Face config's `sliding_window` is not read).
+
+use crate::dense::{DenseDerivedSpecFile, DenseReduce};
+use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::ir::QuantizableModule;
+use crate::layout::Layout;
+use crate::model::*;
+use crate::reader::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
+use crate::yaml::Node;
+use crate::{validate, Sections};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use std::fmt::Write;
+
+fn p(s: &str) -> FieldPath {
+    FieldPath::parse(s)
+}
+
+/// A full Gemma-2 spec (`identity.family: gemma2`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "archgen architecture spec (gemma2)")]
+pub struct Gemma2Spec {
+    /// Spec format version; must be 1.
+    pub format_version: u32,
+    pub identity: Identity,
+    pub model: Gemma2Model,
+    pub layers: Gemma2Layers,
+    pub attention: Gemma2Attention,
+    pub rope: Gemma2Rope,
+    pub mlp: Gemma2Mlp,
+    /// Weight quantization as the mlx config's `quantization` dict, or null.
+    #[serde(deserialize_with = "explicit")]
+    pub quantization: Option<Quantization>,
+}
+
+/// Model-wide dimensions and numerics. The head is always the tied embedding
+/// (mlx-lm's gemma2 has no `lm_head` and no `tie_word_embeddings` field).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Gemma2Model {
+    /// `hidden_size`.
+    pub hidden_size: u32,
+    /// `vocab_size`.
+    pub vocab_size: u32,
+    /// `rms_norm_eps` of every RMSNorm (each applies `1 + weight`).
+    pub rms_norm_eps: f64,
+    /// `final_logit_softcapping`: `tanh(logits / c) * c`, eager (mlx-lm default 30.0).
+    pub final_logit_softcapping: f64,
+    /// `max_position_embeddings` (informational: mlx-lm's gemma2 does not read it).
+    pub max_position_embeddings: u32,
+}
+
+/// The decoder stack: every layer is full (causal) attention with a plain KV cache.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Gemma2Layers {
+    /// `num_hidden_layers`.
+    pub num_hidden_layers: u32,
+}
+
+/// Grouped-query attention, written out with a softcap of the scores.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Gemma2Attention {
+    /// `num_attention_heads`.
+    pub num_attention_heads: u32,
+    /// `num_key_value_heads`.
+    pub num_key_value_heads: u32,
+    /// `head_dim`.
+    pub head_dim: u32,
+    /// `query_pre_attn_scalar`: queries are multiplied by `1.0 / query_pre_attn_scalar ** 0.5`
+    /// (mlx-lm default 144.0).
+    pub query_pre_attn_scalar: f64,
+    /// `attn_logit_softcapping`: scores become `tanh(s / c) * c` (mlx-lm default 50.0).
+    pub attn_logit_softcapping: f64,
+}
+
+/// RoPE: `nn.RoPE(head_dim, traditional, base=rope_theta)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Gemma2Rope {
+    /// `rope_traditional` (mlx-lm default false).
+    pub traditional: bool,
+    /// `rope_theta` (mlx-lm default 10000).
+    pub rope_theta: f64,
+}
+
+/// The MLP: `down(gelu_approx(gate(x)) * up(x))`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Gemma2Mlp {
+    /// `intermediate_size`.
+    pub intermediate_size: u32,
+}
+
+// ---------------------------------------------------------------- validation
+
+/// All semantic errors of a Gemma-2 spec (full-spec field paths).
+pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
+    use validate::limits::*;
+    let mut c = validate::Checker::default();
+    c.header(spec.format_version, &spec.identity);
+    if spec.identity.family != Family::Gemma2 {
+        c.err(
+            p("identity.family"),
+            format!("`{}` in a gemma2 document", spec.identity.family.as_str()),
+            "gemma2",
+            "each family has its own layout (docs/spec-format.md)",
+        );
+    }
+    let mt = spec.identity.source.model_type;
+    if mt != ConfigModelType::Gemma2 {
+        c.err(
+            p("identity.source.model_type"),
+            format!(
+                "`{}` is read by mlx-lm's {} module, not gemma2",
+                mt.as_str(),
+                mt.family().as_str()
+            ),
+            "gemma2",
+            "a gemma2 spec describes a `model_type: gemma2` checkpoint",
+        );
+    }
+    let (m, a) = (&spec.model, &spec.attention);
+    let mut ok = true;
+    ok &= c.range(
+        "model.hidden_size",
+        m.hidden_size,
+        MAX_HIDDEN,
+        "the model width",
+    );
+    ok &= c.range(
+        "model.vocab_size",
+        m.vocab_size,
+        MAX_VOCAB,
+        "rows of embed_tokens",
+    );
+    ok &= c.range(
+        "model.max_position_embeddings",
+        m.max_position_embeddings,
+        MAX_POSITIONS,
+        "`max_position_embeddings` from config.json (8192 for Gemma-2)",
+    );
+    ok &= c.range(
+        "layers.num_hidden_layers",
+        spec.layers.num_hidden_layers,
+        MAX_LAYERS,
+        "the number of decoder layers",
+    );
+    ok &= c.range(
+        "attention.num_attention_heads",
+        a.num_attention_heads,
+        MAX_HEADS,
+        "query heads",
+    );
+    ok &= c.range(
+        "attention.num_key_value_heads",
+        a.num_key_value_heads,
+        MAX_HEADS,
+        "KV heads",
+    );
+    ok &= c.range(
+        "attention.head_dim",
+        a.head_dim,
+        MAX_HEAD_DIM,
+        "head dimension",
+    );
+    ok &= c.range(
+        "mlp.intermediate_size",
+        spec.mlp.intermediate_size,
+        MAX_INTERMEDIATE,
+        "GeLU-approx MLP width",
+    );
+    c.eps(m.rms_norm_eps, "Gemma-2 uses 1.0e-6");
+    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
+    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
+    c.positive_finite(
+        "rope.rope_theta",
+        spec.rope.rope_theta,
+        "the RoPE base; Gemma-2 uses 10000.0",
+    );
+    c.positive_finite(
+        "attention.query_pre_attn_scalar",
+        a.query_pre_attn_scalar,
+        "queries are multiplied by 1 / sqrt of it; Gemma-2 2b and 9b use 256.0",
+    );
+    c.positive_finite(
+        "attention.attn_logit_softcapping",
+        a.attn_logit_softcapping,
+        "mlx-lm divides the scores by it unconditionally; Gemma-2 uses 50.0",
+    );
+    c.positive_finite(
+        "model.final_logit_softcapping",
+        m.final_logit_softcapping,
+        "mlx-lm divides the logits by it unconditionally; Gemma-2 uses 30.0",
+    );
+    if ok && c.issues.is_empty() {
+        if let Some(q) = &spec.quantization {
+            validate::check_quantization(q, &lower(spec), &mut c.issues);
+        }
+    }
+    c.issues
+}
+
+// ---------------------------------------------------------------- lowering
+
+/// The IR of a valid Gemma-2 spec, fact for fact from `gemma2.py`:
+///
+/// * every RMSNorm (the four of a layer's sandwich and the final one) applies
+///   `1.0 + weight` (`NormWeight::OnePlus`);
+/// * the embedding times `hidden_size ** 0.5` (a weak scalar);
+/// * attention: no q/k/v norm, `nn.RoPE(head_dim, traditional, base)`, queries times
+///   `1.0 / query_pre_attn_scalar ** 0.5`, scores soft-capped and masked with the
+///   dtype's minimum, precise softmax (`Scores::Softcapped`); full causal attention on
+///   every layer with a plain cache (no `make_cache`: mlx-lm gives each layer a
+///   `KVCache`, and `sliding_window` is not a `ModelArgs` field);
+/// * the MLP `down(nn.gelu_approx(gate) * up)`: mlx nn compiles `gelu_approx` and
+///   multiplies eagerly (`Activation::GeluApproxThenMultiply`), where Gemma-4 compiles
+///   both in `geglu`. The CPU gives the same bits either way; MLX's CUDA backend does
+///   not (on an H200, Gemma-2 left mlx-lm from the first prefill row while it ran
+///   Gemma-4's fused form, docs/parity.md "On the GPU");
+/// * the head tied to the embedding, then `tanh(x / c) * c` run eagerly
+///   (`SoftcapForm::Eager`, not Gemma-4's compiled `logit_softcap`).
+///
+/// There is no `sanitize`: mlx-lm loads gemma2 checkpoints strictly, so no rule applies.
+pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
+    use crate::ir::*;
+    let a = &spec.attention;
+    let head_dim = a.head_dim as usize;
+    let layers = (0..spec.layers.num_hidden_layers as usize)
+        .map(|i| Layer {
+            index: i,
+            norms: Norms {
+                arrangement: NormArrangement::Sandwich,
+                weight: NormWeight::OnePlus,
+            },
+            mixer: Mixer::Attention(Attention {
+                n_heads: a.num_attention_heads as usize,
+                n_kv_heads: a.num_key_value_heads as usize,
+                head_dim,
+                bias: ProjectionBias::None,
+                qk_norm: QkNorm::None,
+                value_norm: ValueNorm::None,
+                rope: RopeForm {
+                    kind: RopeKind::Default {
+                        theta: spec.rope.rope_theta as f32,
+                    },
+                    traditional: spec.rope.traditional,
+                    rotated_dims: head_dim,
+                },
+                scale: AttentionScale::InvSqrtQueryPreAttnScalar(a.query_pre_attn_scalar),
+                window: Window::Full,
+                kv: KvSource::Own {
+                    values: Values::Projected,
+                    cache: KvCache::Plain,
+                },
+                scores: Scores::Softcapped {
+                    cap: a.attn_logit_softcapping as f32,
+                },
+                output_gate: OutputGate::None,
+                projection: QkvProjection::Separate,
+            }),
+            ffn: FeedForward::Mlp(GatedMlp {
+                width: spec.mlp.intermediate_size as usize,
+                activation: Activation::GeluApproxThenMultiply,
+                projection: GateUpProjection::Separate,
+            }),
+            input: LayerInput::None,
+            scalar: LayerScalar::None,
+            residual: Residual::Plain,
+        })
+        .collect();
+    ModelIr {
+        name: spec.identity.name.clone(),
+        checkpoint: Checkpoint {
+            model_type: spec.identity.source.model_type,
+            prefix: ModulePrefix::Model,
+            sanitize: Vec::new(),
+        },
+        // gemma2.py has no shard().
+        sharding: Sharding {
+            oracle: ShardOracle::Absent,
+            head: HeadSplit::Whole,
+            kv_heads: KvHeadSplit::Divided,
+        },
+        hidden_size: spec.model.hidden_size as usize,
+        vocab_size: spec.model.vocab_size as usize,
+        max_position_embeddings: spec.model.max_position_embeddings as usize,
+        norm_eps: spec.model.rms_norm_eps as f32,
+        embedding: Embedding {
+            scale: EmbedScale::SqrtHidden,
+            per_layer_input: None,
+        },
+        layers,
+        head: Head {
+            weight: HeadWeight::TiedEmbedding,
+            logit_softcap: Some(Softcap {
+                cap: spec.model.final_logit_softcapping as f32,
+                form: SoftcapForm::Eager,
+            }),
+            norm: NormWeight::OnePlus,
+            logit_scale: LogitScale::None,
+        },
+        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
+    }
+}
+
+// ---------------------------------------------------------------- config.json view
+
+/// The spec with config.json field names (flat, as `gemma2` configs are), plus
+/// `quantization` when present. Keys sorted.
+pub(crate) fn hf_json(spec: &Gemma2Spec) -> Value {
+    let mut v = json!({
+        "model_type": spec.identity.source.model_type.as_str(),
+        "hidden_size": spec.model.hidden_size,
+        "num_hidden_layers": spec.layers.num_hidden_layers,
+        "intermediate_size": spec.mlp.intermediate_size,
+        "num_attention_heads": spec.attention.num_attention_heads,
+        "num_key_value_heads": spec.attention.num_key_value_heads,
+        "head_dim": spec.attention.head_dim,
+        "rms_norm_eps": spec.model.rms_norm_eps,
+        "vocab_size": spec.model.vocab_size,
+        "max_position_embeddings": spec.model.max_position_embeddings,
+        "rope_theta": spec.rope.rope_theta,
+        "rope_traditional": spec.rope.traditional,
+        "query_pre_attn_scalar": spec.attention.query_pre_attn_scalar,
+        "attn_logit_softcapping": spec.attention.attn_logit_softcapping,
+        "final_logit_softcapping": spec.model.final_logit_softcapping,
+    });
+    if let Some(q) = &spec.quantization {
+        v["quantization"] = crate::hf::quantization_json(q);
+    }
+    crate::hf::canonical(&v)
+}
+
+/// A config.json mlx-lm loads to exactly this architecture (no quantization).
+pub(crate) fn config_json(spec: &Gemma2Spec) -> Value {
+    let mut v = hf_json(spec);
+    if let Some(o) = v.as_object_mut() {
+        o.remove("quantization");
+    }
+    v
+}
+
+// ---------------------------------------------------------------- YAML
+
+/// The full-form YAML text of a Gemma-2 spec.
+pub(crate) fn to_yaml(spec: &Gemma2Spec) -> String {
+    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    let mut o = String::new();
+    let _ = writeln!(o, "{MODELINE}");
+    let _ = writeln!(o, "format_version: {}", spec.format_version);
+    identity_yaml(&mut o, &spec.identity);
+    let m = &spec.model;
+    let _ = writeln!(o, "model:");
+    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
+    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
+    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
+    let _ = writeln!(
+        o,
+        "  final_logit_softcapping: {}",
+        float(m.final_logit_softcapping)
+    );
+    let _ = writeln!(
+        o,
+        "  max_position_embeddings: {}",
+        m.max_position_embeddings
+    );
+    let _ = writeln!(o, "layers:");
+    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
+    let a = &spec.attention;
+    let _ = writeln!(o, "attention:");
+    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
+    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
+    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
+    let _ = writeln!(
+        o,
+        "  query_pre_attn_scalar: {}",
+        float(a.query_pre_attn_scalar)
+    );
+    let _ = writeln!(
+        o,
+        "  attn_logit_softcapping: {}",
+        float(a.attn_logit_softcapping)
+    );
+    let _ = writeln!(o, "rope:");
+    let _ = writeln!(o, "  traditional: {}", spec.rope.traditional);
+    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
+    let _ = writeln!(o, "mlp:");
+    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    quantization_yaml(&mut o, spec.quantization.as_ref());
+    o
+}
+
+// ---------------------------------------------------------------- parsing
+
+/// How a gemma2 document is read (see [`crate::layout`]).
+const LAYOUT: Layout = Layout {
+    family: "gemma2",
+    anchor: "gemma-2",
+    sections: &[
+        ("format_version", Sections::check::<u32>),
+        ("identity", Sections::check::<Identity>),
+        ("model", Sections::check::<Gemma2Model>),
+        ("layers", Sections::check::<Gemma2Layers>),
+        ("attention", Sections::check::<Gemma2Attention>),
+        ("rope", Sections::check::<Gemma2Rope>),
+        ("mlp", Sections::check::<Gemma2Mlp>),
+        ("quantization", Sections::check::<Option<Quantization>>),
+    ],
+    texts: &[
+        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, final_logit_softcapping, max_position_embeddings}", "model-wide sizes; the head is always tied; see docs/spec-format.md#gemma-2"),
+        ("layers", "a mapping {num_hidden_layers}", "every Gemma-2 layer is full attention (mlx-lm has no sliding window for it); see docs/spec-format.md#gemma-2"),
+        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim, query_pre_attn_scalar, attn_logit_softcapping}", "attention geometry and its scale and softcap; see docs/spec-format.md#gemma-2"),
+        ("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta`; see docs/spec-format.md#gemma-2"),
+        ("mlp", "a mapping {intermediate_size}", "GeLU-approx MLP width; see docs/spec-format.md#gemma-2"),
+    ],
+    refused: &[
+        ("sliding_window", "mlx-lm's gemma2 has no sliding window: every layer is full attention with a plain KV cache (docs/spec-format.md#gemma-2)"),
+        ("tie_word_embeddings", "mlx-lm's gemma2 always uses the embedding as the head; there is nothing to write (docs/spec-format.md#gemma-2)"),
+        ("kv_quantization", "mlx-lm's gemma2 attention cannot read a quantized KV cache (docs/spec-format.md#gemma-2)"),
+    ],
+};
+
+/// Deserializes and validates a full Gemma-2 document; every section's first error.
+pub(crate) fn parse_full(
+    value: serde_yaml::Value,
+    tree: &Node,
+    origin: &str,
+) -> Result<Gemma2Spec, Diagnostics> {
+    LAYOUT.parse(value, tree, origin, check)
+}
+
+/// The derived Gemma-2 form is the dense one (`reduce` of the seven sizes; see
+/// [`crate::reduce`]). Its `mixed_kv` is not read: Gemma-2 has no mixed KV.
+impl Reducible for Gemma2Spec {
+    type File = DenseDerivedSpecFile;
+    type Reduce = DenseReduce;
+
+    fn derived(parent: &Self, file: &DenseDerivedSpecFile) -> Self {
+        let mut spec = parent.clone();
+        spec.identity.name = file.identity.name.clone();
+        spec.quantization = file.derive.quantization.clone();
+        spec
+    }
+    fn reduce(file: &DenseDerivedSpecFile) -> Option<&DenseReduce> {
+        file.derive.reduce.as_ref()
+    }
+    fn format_version(file: &DenseDerivedSpecFile) -> u32 {
+        file.format_version
+    }
+    fn refused_in_file(file: &DenseDerivedSpecFile) -> Vec<Issue> {
+        match file.derive.mixed_kv {
+            None => Vec::new(),
+            Some(_) => vec![Issue::new(
+                p("derive.mixed_kv"),
+                "per-layer mixed KV on a Gemma-2 spec",
+                "no `mixed_kv` (or null)",
+                "mlx-lm's gemma2 attention cannot read a quantized KV cache (docs/spec-format.md#gemma-2)",
+            )],
+        }
+    }
+    fn stack(r: &DenseReduce) -> Stack {
+        r.stack()
+    }
+    fn stack_of(&self) -> Stack {
+        let (m, a) = (&self.model, &self.attention);
+        Stack {
+            num_hidden_layers: self.layers.num_hidden_layers,
+            hidden_size: m.hidden_size,
+            vocab_size: m.vocab_size,
+            num_attention_heads: a.num_attention_heads,
+            num_key_value_heads: a.num_key_value_heads,
+            head_dim: a.head_dim,
+        }
+    }
+    fn other_sizes(r: &DenseReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
+        vec![(
+            "intermediate_size",
+            r.intermediate_size,
+            parent.mlp.intermediate_size,
+        )]
+    }
+    fn apply(&mut self, r: &DenseReduce) {
+        self.layers.num_hidden_layers = r.num_hidden_layers;
+        self.model.hidden_size = r.hidden_size;
+        self.model.vocab_size = r.vocab_size;
+        self.attention.num_attention_heads = r.num_attention_heads;
+        self.attention.num_key_value_heads = r.num_key_value_heads;
+        self.attention.head_dim = r.head_dim;
+        self.mlp.intermediate_size = r.intermediate_size;
+    }
+    fn check(&self) -> Vec<Issue> {
+        check(self)
+    }
+    /// A check on one of the seven reduced sizes; any other (the scalar, the
+    /// softcaps) concerns an inherited field.
+    fn reduced_field(path: &str) -> Option<FieldPath> {
+        const REDUCED: [&str; 7] = [
+            "num_hidden_layers",
+            "hidden_size",
+            "vocab_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+        ];
+        let field = last_key(path);
+        REDUCED.contains(&field).then(|| reduce_key(field))
+    }
+    fn name(&self) -> &str {
+        &self.identity.name
+    }
+    fn quantization(&self) -> Option<&Quantization> {
+        self.quantization.as_ref()
+    }
+    fn quant_skipped(&self) -> Vec<QuantizableModule> {
+        lower(self).quant_skipped_modules()
+    }
+}
+
+// ---------------------------------------------------------------- import
+
+/// Imports a flat `gemma2` config.json with mlx-lm 0.32.2's `ModelArgs` defaults
+/// (`gemma2.py`): `rope_theta` 10000, `rope_traditional` false,
+/// `attn_logit_softcapping` 50.0, `final_logit_softcapping` 30.0,
+/// `query_pre_attn_scalar` 144.0. `max_position_embeddings` is not a `ModelArgs`
+/// field; it is kept as information (8192 when absent, transformers' default).
+///
+/// Refused, because mlx-lm's gemma2 could not run such a checkpoint as its config says:
+/// a null softcap (mlx-lm divides by it), `tie_word_embeddings: false` (mlx-lm's gemma2
+/// has no `lm_head`), `attention_bias: true` (its projections have no bias). Noted and
+/// ignored, as mlx-lm ignores them: `sliding_window`, `sliding_window_size`,
+/// `cache_implementation`, `layer_types` (every layer is full attention).
+pub(crate) fn import(
+    top: &Map<String, Value>,
+    name: &str,
+) -> Result<(Gemma2Spec, Vec<AppliedDefault>), ImportError> {
+    let mut r = Reader::new(top, "");
+    // Fields without a default in ModelArgs: mlx-lm fails without them.
+    let hidden_size = r.required_uint("hidden_size");
+    let num_layers = r.required_uint("num_hidden_layers");
+    let intermediate_size = r.required_uint("intermediate_size");
+    let num_heads = r.required_uint("num_attention_heads");
+    let head_dim = r.required_uint("head_dim");
+    let rms_norm_eps = r.required_float("rms_norm_eps");
+    let vocab_size = r.required_uint("vocab_size");
+    let num_kv = r.required_uint("num_key_value_heads");
+    let rope_theta = r.float("rope_theta", 10000.0);
+    let traditional = r.boolean("rope_traditional", false);
+    let softcap = |r: &mut Reader, k: &str, default: f64| -> f64 {
+        if top.get(k).is_some_and(Value::is_null) {
+            r.problem(
+                k,
+                "null: mlx-lm's gemma2 always applies tanh(x / cap) * cap, so a checkpoint without this softcap cannot run in mlx-lm",
+            );
+            return default;
+        }
+        r.float(k, default)
+    };
+    let attn_softcap = softcap(&mut r, "attn_logit_softcapping", 50.0);
+    let final_softcap = softcap(&mut r, "final_logit_softcapping", 30.0);
+    let query_pre_attn_scalar = r.float("query_pre_attn_scalar", 144.0);
+    let max_pos = match r.get("max_position_embeddings").cloned() {
+        Some(v) => r.uint_of("max_position_embeddings", &v),
+        None => {
+            r.note(
+                "max_position_embeddings",
+                json!(8192),
+                "absent: not read by mlx-lm's gemma2 (informational); transformers' Gemma2Config default",
+            );
+            8192
+        }
+    };
+    if top.get("tie_word_embeddings") == Some(&Value::Bool(false)) {
+        r.problem(
+            "tie_word_embeddings",
+            "false, but mlx-lm's gemma2 always uses the embedding as the head (it has no lm_head)",
+        );
+    }
+    if top.get("attention_bias") == Some(&Value::Bool(true)) {
+        r.problem(
+            "attention_bias",
+            "true, but mlx-lm's gemma2 projections have no bias (it would not load the bias tensors)",
+        );
+    }
+    for field in [
+        "sliding_window",
+        "sliding_window_size",
+        "cache_implementation",
+        "layer_types",
+    ] {
+        if let Some(v) = r.get(field).cloned() {
+            r.note(
+                field,
+                v,
+                "ignored: mlx-lm's gemma2 has no sliding window; every layer is full attention with a KVCache",
+            );
+        }
+    }
+    let quantization = top
+        .get("quantization")
+        .filter(|v| !v.is_null())
+        .map(|q| (q, "quantization"))
+        .or_else(|| {
+            top.get("quantization_config")
+                .filter(|v| !v.is_null())
+                .map(|q| (q, "quantization_config"))
+        })
+        .and_then(|(q, field)| read_quantization(q, field, &mut r));
+    let (applied, problems) = r.finish();
+    if !problems.is_empty() {
+        return Err(ImportError { problems });
+    }
+    let repo = top
+        .get("_name_or_path")
+        .and_then(Value::as_str)
+        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
+        .map(str::to_string);
+    let spec = Gemma2Spec {
+        format_version: FORMAT_VERSION,
+        identity: Identity {
+            name: name.to_string(),
+            family: Family::Gemma2,
+            source: Source {
+                repo,
+                revision: None,
+                model_type: ConfigModelType::Gemma2,
+            },
+        },
+        model: Gemma2Model {
+            hidden_size,
+            vocab_size,
+            rms_norm_eps,
+            final_logit_softcapping: final_softcap,
+            max_position_embeddings: max_pos,
+        },
+        layers: Gemma2Layers {
+            num_hidden_layers: num_layers,
+        },
+        attention: Gemma2Attention {
+            num_attention_heads: num_heads,
+            num_key_value_heads: num_kv,
+            head_dim,
+            query_pre_attn_scalar,
+            attn_logit_softcapping: attn_softcap,
+        },
+        rope: Gemma2Rope {
+            traditional,
+            rope_theta,
+        },
+        mlp: Gemma2Mlp { intermediate_size },
+        quantization,
+    };
+    let issues = check(&spec);
+    crate::reader::checked(spec, issues, applied)
+}
+
+/// Gemma-2 in the family registry.
+pub(crate) struct Gemma2Family;
+
+impl crate::model_family::ModelFamily for Gemma2Family {
+    fn model_types(&self) -> &'static [ConfigModelType] {
+        &[ConfigModelType::Gemma2]
+    }
+    fn kv_config_refused(&self) -> Option<&'static str> {
+        Some("KV-cache quantization is supported for Gemma-4 only (mlx-lm's gemma2 attention cannot read a quantized cache)")
+    }
+    fn import(
+        &self,
+        c: &crate::model_family::ConfigJson,
+    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
+        import(c.top, c.name).map(|(s, applied)| (crate::Spec::Gemma2(s), applied))
+    }
+}

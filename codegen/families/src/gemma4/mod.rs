@@ -1,0 +1,41 @@
+//! Gemma-4 text models (`gemma4_text.py`, also under `gemma4` and
+//! `gemma4_unified`): the family's lowering to the block IR, its config.json
+//! import, its YAML writer and its config.json views. The document types
+//! (`Gemma4Spec`) and their validation are in `model.rs` and `validate.rs`.
+
+mod hf;
+mod import;
+mod lower;
+mod yaml;
+
+pub(crate) use hf::{gemma4_config_json as config_json, gemma4_hf_json as hf_json};
+pub(crate) use import::import;
+pub(crate) use lower::lower;
+pub(crate) use yaml::gemma4_yaml as to_yaml;
+
+use crate::model::ConfigModelType;
+use crate::reader::{AppliedDefault, ImportError};
+
+/// Gemma-4 in the family registry: the one family that reads mlx-optiq's
+/// `kv_config.json` itself (as `kv_quantization`).
+pub(crate) struct Gemma4Family;
+
+impl crate::model_family::ModelFamily for Gemma4Family {
+    fn model_types(&self) -> &'static [ConfigModelType] {
+        &[
+            ConfigModelType::Gemma4,
+            ConfigModelType::Gemma4Text,
+            ConfigModelType::Gemma4Unified,
+        ]
+    }
+    fn kv_config_refused(&self) -> Option<&'static str> {
+        None
+    }
+    fn import(
+        &self,
+        c: &crate::model_family::ConfigJson,
+    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
+        import(c.top, c.model_type, c.kv_config, c.name)
+            .map(|(s, applied)| (crate::Spec::Gemma4(s), applied))
+    }
+}

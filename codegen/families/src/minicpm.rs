@@ -1,0 +1,621 @@
+//! MiniCPM (`minicpm.py`) as mlx-lm 0.32.2 runs it: Llama's stack (RMSNorm → GQA
+//! attention with RoPE → residual → RMSNorm → SwiGLU MLP → residual, no q/k norms,
+//! no biases, `head_dim = hidden_size // num_attention_heads`) with three scales:
+//! the embedding times `scale_emb`, each residual branch times
+//! `scale_depth / num_hidden_layers**0.5`, and the final hidden state divided by
+//! `hidden_size / dim_model_base` before an untied `lm_head` (copied from the
+//! embedding by `sanitize` when the checkpoint has none).
+//!
+//! mlx-lm 0.32.2 cannot load a tied MiniCPM (`tie_word_embeddings: true`): its
+//! `sanitize` always adds `lm_head.weight`, which a tied model lacks, and the strict
+//! load fails. This layout refuses it the same way.
+//!
+//! Everything family-specific on the spec side lives here: the document, its
+//! validation, the lowering to the block IR, the config.json view, the YAML writer,
+//! the reduction to tiny variants and the config.json importer.
+
+use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
+use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::ir::QuantizableModule;
+use crate::layout::Layout;
+use crate::model::*;
+use crate::reader::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
+use crate::yaml::Node;
+use crate::{validate, Sections};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use std::fmt::Write;
+
+fn p(s: &str) -> FieldPath {
+    FieldPath::parse(s)
+}
+
+/// A full MiniCPM spec (`identity.family: minicpm`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "archgen architecture spec (minicpm family)")]
+pub struct MiniCpmSpec {
+    /// Spec format version; must be 1.
+    pub format_version: u32,
+    pub identity: Identity,
+    /// `tie_word_embeddings` must be false (mlx-lm 0.32.2 cannot load a tied MiniCPM).
+    pub model: DenseModel,
+    pub layers: DenseLayers,
+    /// `head_dim` must equal `hidden_size / num_attention_heads` (minicpm.py has no
+    /// head_dim field).
+    pub attention: DenseAttention,
+    pub rope: MiniCpmRope,
+    pub mlp: DenseMlp,
+    pub scales: MiniCpmScales,
+    /// Weight quantization as the mlx config's `quantization` dict, or null.
+    #[serde(deserialize_with = "explicit")]
+    pub quantization: Option<Quantization>,
+}
+
+/// RoPE: `initialize_rope(head_dim, rope_theta, rope_traditional, rope_scaling)` with
+/// `rope_scaling` null (plain `nn.RoPE`); scaled forms are not supported for MiniCPM.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MiniCpmRope {
+    /// `rope_traditional`.
+    pub traditional: bool,
+    /// `rope_theta` (the base; mlx-lm's default is 1000000.0).
+    pub rope_theta: f64,
+}
+
+/// MiniCPM's three scales (muP-style).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MiniCpmScales {
+    /// `scale_emb`: the token embedding is multiplied by it (MiniCPM-2B: 12).
+    pub scale_emb: f64,
+    /// `scale_depth`: each residual branch is multiplied by
+    /// `scale_depth / num_hidden_layers**0.5` (MiniCPM-2B: 1.4).
+    pub scale_depth: f64,
+    /// `dim_model_base`: the final hidden state is divided by
+    /// `hidden_size / dim_model_base` before `lm_head` (MiniCPM-2B: 256).
+    pub dim_model_base: u32,
+}
+
+/// A derived MiniCPM spec file: a declared reduction of a MiniCPM spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "archgen architecture spec (derived minicpm form)")]
+pub struct MiniCpmDerivedSpecFile {
+    /// Spec format version; must be 1.
+    pub format_version: u32,
+    pub identity: DerivedIdentity,
+    pub derive: MiniCpmDerive,
+}
+
+/// How a derived MiniCPM spec is made from its parent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MiniCpmDerive {
+    /// Name of the parent spec (`<from>.yaml` in the same directory).
+    pub from: String,
+    /// Sizes to shrink, or null to keep the parent's sizes.
+    #[serde(deserialize_with = "explicit")]
+    pub reduce: Option<MiniCpmReduce>,
+    /// Weight quantization of the derived spec (never inherited), or null.
+    #[serde(deserialize_with = "explicit")]
+    pub quantization: Option<Quantization>,
+}
+
+/// The reduced sizes of a MiniCPM spec; everything else (the scales, RoPE) is
+/// inherited. The residual factor follows the reduced `num_hidden_layers`, as mlx-lm
+/// computes it from the config it loads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MiniCpmReduce {
+    pub num_hidden_layers: u32,
+    pub hidden_size: u32,
+    pub vocab_size: u32,
+    pub num_attention_heads: u32,
+    pub num_key_value_heads: u32,
+    pub head_dim: u32,
+    pub intermediate_size: u32,
+}
+
+// ---------------------------------------------------------------- validation
+
+/// All semantic errors of a MiniCPM spec (full-spec field paths).
+pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
+    use validate::limits::*;
+    let mut c = validate::Checker::default();
+    c.header(spec.format_version, &spec.identity);
+    if spec.identity.family != Family::MiniCpm {
+        c.err(
+            p("identity.family"),
+            format!("`{}` is not minicpm", spec.identity.family.as_str()),
+            "minicpm",
+            "this document has the minicpm layout (docs/spec-format.md#minicpm)",
+        );
+    }
+    let mt = spec.identity.source.model_type;
+    if mt != ConfigModelType::MiniCpm {
+        c.err(
+            p("identity.source.model_type"),
+            format!(
+                "`{}` is read by mlx-lm's {} module, not minicpm",
+                mt.as_str(),
+                mt.family().as_str()
+            ),
+            "minicpm",
+            "the model_type of a MiniCPM checkpoint is minicpm",
+        );
+    }
+    let (m, a, s) = (&spec.model, &spec.attention, &spec.scales);
+    let mut ok =
+        crate::dense::check_dense_sizes(&mut c, m, &spec.layers, a, &spec.mlp, "SwiGLU width");
+    ok &= c.range(
+        "scales.dim_model_base",
+        s.dim_model_base,
+        MAX_HIDDEN,
+        "the base width of the logit scale (MiniCPM-2B: 256)",
+    );
+    if m.tie_word_embeddings {
+        c.err(
+            p("model.tie_word_embeddings"),
+            "true, but mlx-lm 0.32.2 cannot load a tied MiniCPM: its sanitize always adds lm_head.weight, which a tied model lacks, and the strict load fails",
+            "false",
+            "write false: the head is lm_head, taken from embed_tokens when the checkpoint has none (as minicpm.sanitize does)",
+        );
+    }
+    c.eps(m.rms_norm_eps, "MiniCPM-2B uses 1.0e-5");
+    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
+    if ok && u64::from(a.head_dim) * u64::from(a.num_attention_heads) != u64::from(m.hidden_size) {
+        c.err(
+            p("attention.head_dim"),
+            format!(
+                "{} with hidden_size {} and {} heads, but mlx-lm's minicpm.py always uses hidden_size // num_attention_heads",
+                a.head_dim, m.hidden_size, a.num_attention_heads
+            ),
+            "hidden_size == head_dim * num_attention_heads",
+            "minicpm has no head_dim field: make hidden_size a multiple of the heads and head_dim the quotient",
+        );
+    }
+    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
+    c.positive_finite(
+        "rope.rope_theta",
+        spec.rope.rope_theta,
+        "the RoPE base, e.g. 10000.0",
+    );
+    c.positive_finite(
+        "scales.scale_emb",
+        s.scale_emb,
+        "the embedding multiplier, MiniCPM-2B: 12.0",
+    );
+    c.positive_finite(
+        "scales.scale_depth",
+        s.scale_depth,
+        "the residual multiplier before / sqrt(num_hidden_layers), MiniCPM-2B: 1.4",
+    );
+    if ok && c.issues.is_empty() {
+        if let Some(q) = &spec.quantization {
+            validate::check_quantization(q, &lower(spec), &mut c.issues);
+        }
+    }
+    c.issues
+}
+
+// ---------------------------------------------------------------- lowering
+
+/// The IR of a valid MiniCPM spec: Llama's pre-norm layers (no q/k norms, no
+/// biases, plain RoPE, `head_dim ** -0.5`, SwiGLU), the embedding times `scale_emb`
+/// (`EmbedScale::Constant`), both residual branches times
+/// `scale_depth / num_hidden_layers**0.5` (`Residual::DepthScaled`), and the final
+/// hidden state divided by `hidden_size / dim_model_base` (`LogitScale::DivideBy`,
+/// the Python float of an int / int true division) before the untied `lm_head`.
+pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
+    use crate::ir::*;
+    let a = &spec.attention;
+    let head_dim = a.head_dim as usize;
+    let n_layers = spec.layers.num_hidden_layers as usize;
+    let layers = (0..n_layers)
+        .map(|i| Layer {
+            index: i,
+            norms: Norms {
+                arrangement: NormArrangement::PreNorm,
+                weight: NormWeight::Direct,
+            },
+            mixer: Mixer::Attention(Attention {
+                n_heads: a.num_attention_heads as usize,
+                n_kv_heads: a.num_key_value_heads as usize,
+                head_dim,
+                bias: ProjectionBias::None,
+                output_gate: OutputGate::None,
+                projection: QkvProjection::Separate,
+                qk_norm: QkNorm::None,
+                value_norm: ValueNorm::None,
+                rope: RopeForm {
+                    kind: RopeKind::Default {
+                        theta: spec.rope.rope_theta as f32,
+                    },
+                    traditional: spec.rope.traditional,
+                    rotated_dims: head_dim,
+                },
+                scale: AttentionScale::InvSqrtHeadDim,
+                window: Window::Full,
+                kv: KvSource::Own {
+                    values: Values::Projected,
+                    cache: KvCache::Plain,
+                },
+                scores: Scores::FusedSdpa,
+            }),
+            ffn: FeedForward::Mlp(GatedMlp {
+                width: spec.mlp.intermediate_size as usize,
+                activation: Activation::Silu,
+                projection: GateUpProjection::Separate,
+            }),
+            input: LayerInput::None,
+            scalar: LayerScalar::None,
+            residual: Residual::DepthScaled {
+                scale_depth: spec.scales.scale_depth,
+                num_hidden_layers: n_layers,
+            },
+        })
+        .collect();
+    ModelIr {
+        name: spec.identity.name.clone(),
+        checkpoint: Checkpoint {
+            model_type: spec.identity.source.model_type,
+            prefix: ModulePrefix::Model,
+            // minicpm.sanitize: lm_head.weight from embed_tokens.weight when absent.
+            sanitize: vec![SanitizeRule::CopyEmbeddingToHead],
+        },
+        // minicpm.py has no shard().
+        sharding: Sharding {
+            oracle: ShardOracle::Absent,
+            head: HeadSplit::Whole,
+            kv_heads: KvHeadSplit::Divided,
+        },
+        hidden_size: spec.model.hidden_size as usize,
+        vocab_size: spec.model.vocab_size as usize,
+        max_position_embeddings: spec.model.max_position_embeddings as usize,
+        norm_eps: spec.model.rms_norm_eps as f32,
+        embedding: Embedding {
+            scale: EmbedScale::Constant(spec.scales.scale_emb),
+            per_layer_input: None,
+        },
+        layers,
+        head: Head {
+            // `check` refuses a tied MiniCPM (mlx-lm cannot load one).
+            weight: HeadWeight::Untied,
+            logit_softcap: None,
+            norm: NormWeight::Direct,
+            logit_scale: LogitScale::DivideBy(
+                f64::from(spec.model.hidden_size) / f64::from(spec.scales.dim_model_base),
+            ),
+        },
+        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
+    }
+}
+
+// ---------------------------------------------------------------- config.json view
+
+/// The spec with config.json field names (flat, as minicpm configs are), plus
+/// `quantization` when present. Keys sorted. No `head_dim` (minicpm.py derives it).
+pub(crate) fn hf_json(spec: &MiniCpmSpec) -> Value {
+    let s = &spec.scales;
+    let mut v = json!({
+        "model_type": spec.identity.source.model_type.as_str(),
+        "hidden_size": spec.model.hidden_size,
+        "num_hidden_layers": spec.layers.num_hidden_layers,
+        "intermediate_size": spec.mlp.intermediate_size,
+        "num_attention_heads": spec.attention.num_attention_heads,
+        "num_key_value_heads": spec.attention.num_key_value_heads,
+        "rms_norm_eps": spec.model.rms_norm_eps,
+        "vocab_size": spec.model.vocab_size,
+        "max_position_embeddings": spec.model.max_position_embeddings,
+        "tie_word_embeddings": spec.model.tie_word_embeddings,
+        "rope_theta": spec.rope.rope_theta,
+        "rope_traditional": spec.rope.traditional,
+        "rope_scaling": Value::Null,
+        "scale_emb": s.scale_emb,
+        "scale_depth": s.scale_depth,
+        "dim_model_base": s.dim_model_base,
+    });
+    if let Some(q) = &spec.quantization {
+        v["quantization"] = crate::hf::quantization_json(q);
+    }
+    crate::hf::canonical(&v)
+}
+
+/// A config.json mlx-lm loads to exactly this architecture (no quantization).
+pub(crate) fn config_json(spec: &MiniCpmSpec) -> Value {
+    let mut v = hf_json(spec);
+    if let Some(o) = v.as_object_mut() {
+        o.remove("quantization");
+    }
+    v
+}
+
+// ---------------------------------------------------------------- YAML
+
+/// The full-form YAML text of a MiniCPM spec.
+pub(crate) fn to_yaml(spec: &MiniCpmSpec) -> String {
+    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    let mut o = String::new();
+    let _ = writeln!(o, "{MODELINE}");
+    let _ = writeln!(o, "format_version: {}", spec.format_version);
+    identity_yaml(&mut o, &spec.identity);
+    let m = &spec.model;
+    let _ = writeln!(o, "model:");
+    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
+    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
+    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
+    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
+    let _ = writeln!(
+        o,
+        "  max_position_embeddings: {}",
+        m.max_position_embeddings
+    );
+    let _ = writeln!(o, "layers:");
+    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
+    let a = &spec.attention;
+    let _ = writeln!(o, "attention:");
+    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
+    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
+    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
+    let _ = writeln!(o, "rope:");
+    let _ = writeln!(o, "  traditional: {}", spec.rope.traditional);
+    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
+    let _ = writeln!(o, "mlp:");
+    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    let s = &spec.scales;
+    let _ = writeln!(o, "scales:");
+    let _ = writeln!(o, "  scale_emb: {}", float(s.scale_emb));
+    let _ = writeln!(o, "  scale_depth: {}", float(s.scale_depth));
+    let _ = writeln!(o, "  dim_model_base: {}", s.dim_model_base);
+    quantization_yaml(&mut o, spec.quantization.as_ref());
+    o
+}
+
+// ---------------------------------------------------------------- parsing
+
+/// How a minicpm document is read (see [`crate::layout`]).
+const LAYOUT: Layout = Layout {
+    family: "minicpm",
+    anchor: "minicpm",
+    sections: &[
+        ("format_version", Sections::check::<u32>),
+        ("identity", Sections::check::<Identity>),
+        ("model", Sections::check::<DenseModel>),
+        ("layers", Sections::check::<DenseLayers>),
+        ("attention", Sections::check::<DenseAttention>),
+        ("rope", Sections::check::<MiniCpmRope>),
+        ("mlp", Sections::check::<DenseMlp>),
+        ("scales", Sections::check::<MiniCpmScales>),
+        ("quantization", Sections::check::<Option<Quantization>>),
+    ],
+    texts: &[
+        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#minicpm"),
+        ("scaling", "`traditional` or `rope_theta` (no scaling)", "MiniCPM's RoPE is plain here: rope_scaling must be null (MiniCPM4's longrope, mlx-lm's SuScaledRoPE, is not supported); see docs/spec-format.md#minicpm"),
+        ("layers", "a mapping {num_hidden_layers}", "every layer is full attention; see docs/spec-format.md#minicpm"),
+        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "attention geometry; see docs/spec-format.md#minicpm"),
+        ("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null); see docs/spec-format.md#minicpm"),
+        ("mlp", "a mapping {intermediate_size}", "SwiGLU width; see docs/spec-format.md#minicpm"),
+        ("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales; see docs/spec-format.md#minicpm"),
+    ],
+    refused: &[],
+};
+
+/// Deserializes and validates a full MiniCPM document; every section's first error.
+pub(crate) fn parse_full(
+    value: serde_yaml::Value,
+    tree: &Node,
+    origin: &str,
+) -> Result<MiniCpmSpec, Diagnostics> {
+    LAYOUT.parse(value, tree, origin, check)
+}
+
+/// The derived MiniCPM form (see [`crate::reduce`]): the dense form's sizes.
+impl Reducible for MiniCpmSpec {
+    type File = MiniCpmDerivedSpecFile;
+    type Reduce = MiniCpmReduce;
+
+    fn derived(parent: &Self, file: &MiniCpmDerivedSpecFile) -> Self {
+        let mut spec = parent.clone();
+        spec.identity.name = file.identity.name.clone();
+        spec.quantization = file.derive.quantization.clone();
+        spec
+    }
+    fn reduce(file: &MiniCpmDerivedSpecFile) -> Option<&MiniCpmReduce> {
+        file.derive.reduce.as_ref()
+    }
+    fn format_version(file: &MiniCpmDerivedSpecFile) -> u32 {
+        file.format_version
+    }
+    fn stack(r: &MiniCpmReduce) -> Stack {
+        Stack {
+            num_hidden_layers: r.num_hidden_layers,
+            hidden_size: r.hidden_size,
+            vocab_size: r.vocab_size,
+            num_attention_heads: r.num_attention_heads,
+            num_key_value_heads: r.num_key_value_heads,
+            head_dim: r.head_dim,
+        }
+    }
+    fn stack_of(&self) -> Stack {
+        Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
+    }
+    fn other_sizes(r: &MiniCpmReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
+        vec![(
+            "intermediate_size",
+            r.intermediate_size,
+            parent.mlp.intermediate_size,
+        )]
+    }
+    fn apply(&mut self, r: &MiniCpmReduce) {
+        Self::stack(r).write(
+            &mut self.layers.num_hidden_layers,
+            &mut self.model,
+            &mut self.attention,
+        );
+        self.mlp.intermediate_size = r.intermediate_size;
+    }
+    fn check(&self) -> Vec<Issue> {
+        check(self)
+    }
+    /// Every size check of a MiniCPM spec is on a reduced field of the same name.
+    fn reduced_field(path: &str) -> Option<FieldPath> {
+        Some(reduce_key(last_key(path)))
+    }
+    fn name(&self) -> &str {
+        &self.identity.name
+    }
+    fn quantization(&self) -> Option<&Quantization> {
+        self.quantization.as_ref()
+    }
+    fn quant_skipped(&self) -> Vec<QuantizableModule> {
+        lower(self).quant_skipped_modules()
+    }
+}
+
+// ---------------------------------------------------------------- import
+
+/// Imports a flat `minicpm` config.json as mlx-lm 0.32.2's `ModelArgs` reads it
+/// (`minicpm.py`): `hidden_size`, `dim_model_base`, `num_hidden_layers`,
+/// `intermediate_size`, `num_attention_heads`, `rms_norm_eps`, `vocab_size`,
+/// `num_key_value_heads`, `scale_depth` and `scale_emb` are required; absent
+/// `rope_theta` (1000000.0), `rope_traditional` (false) and `tie_word_embeddings`
+/// (false) take its defaults and are listed. `rope_scaling` must be null (or of type
+/// `default`), `tie_word_embeddings` false.
+pub(crate) fn import(
+    top: &Map<String, Value>,
+    name: &str,
+) -> Result<(MiniCpmSpec, Vec<AppliedDefault>), ImportError> {
+    let mut r = Reader::new(top, "");
+    let hidden_size = r.required_uint("hidden_size");
+    let dim_model_base = r.required_uint("dim_model_base");
+    let num_layers = r.required_uint("num_hidden_layers");
+    let intermediate_size = r.required_uint("intermediate_size");
+    let num_heads = r.required_uint("num_attention_heads");
+    let rms_norm_eps = r.required_float("rms_norm_eps");
+    let vocab_size = r.required_uint("vocab_size");
+    let num_kv = r.required_uint("num_key_value_heads");
+    let scale_depth = r.required_float("scale_depth");
+    let scale_emb = r.required_float("scale_emb");
+    // ModelArgs defaults max_position_embeddings to None and reads it only for
+    // scaled RoPE forms; the layout records it, so it must be written.
+    let max_pos = match r.get("max_position_embeddings").cloned() {
+        Some(v) => r.uint_of("max_position_embeddings", &v),
+        None => {
+            r.problem(
+                "max_position_embeddings",
+                "missing: archgen's minicpm layout records it (mlx-lm defaults it to None and reads it only for scaled RoPE); write the model's context length",
+            );
+            0
+        }
+    };
+    let rope_theta = r.float("rope_theta", 1_000_000.0);
+    let traditional = r.boolean("rope_traditional", false);
+    let tie = r.boolean("tie_word_embeddings", false);
+    if tie {
+        r.problem(
+            "tie_word_embeddings",
+            "true: mlx-lm 0.32.2 cannot load a tied MiniCPM (its sanitize always adds lm_head.weight, which a tied model lacks, and the strict load fails); set it to false, the head is then lm_head (taken from embed_tokens when the checkpoint has none)",
+        );
+    }
+    let head_dim = hidden_size.checked_div(num_heads).unwrap_or(0);
+    let reason = match r.get("head_dim") {
+        Some(_) => {
+            "ignored as written: mlx-lm's minicpm.py always uses hidden_size // num_attention_heads"
+        }
+        None => "minicpm.py has no head_dim field: hidden_size // num_attention_heads",
+    };
+    r.note("head_dim", json!(head_dim), reason);
+    if let Some(s) = r.get("rope_scaling").cloned() {
+        let kind = s
+            .get("type")
+            .or_else(|| s.get("rope_type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        if kind != "default" {
+            r.problem(
+                "rope_scaling",
+                &format!("rope_type `{kind}` is not supported for minicpm (MiniCPM-2B has none; MiniCPM4's longrope is mlx-lm's SuScaledRoPE, which archgen does not have): only null or `default`"),
+            );
+        }
+    }
+    let quantization = top
+        .get("quantization")
+        .filter(|v| !v.is_null())
+        .map(|q| (q, "quantization"))
+        .or_else(|| {
+            top.get("quantization_config")
+                .filter(|v| !v.is_null())
+                .map(|q| (q, "quantization_config"))
+        })
+        .and_then(|(q, field)| read_quantization(q, field, &mut r));
+    let (applied, problems) = r.finish();
+    if !problems.is_empty() {
+        return Err(ImportError { problems });
+    }
+    let repo = top
+        .get("_name_or_path")
+        .and_then(Value::as_str)
+        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
+        .map(str::to_string);
+    let spec = MiniCpmSpec {
+        format_version: FORMAT_VERSION,
+        identity: Identity {
+            name: name.to_string(),
+            family: Family::MiniCpm,
+            source: Source {
+                repo,
+                revision: None,
+                model_type: ConfigModelType::MiniCpm,
+            },
+        },
+        model: DenseModel {
+            hidden_size,
+            vocab_size,
+            rms_norm_eps,
+            tie_word_embeddings: tie,
+            max_position_embeddings: max_pos,
+        },
+        layers: DenseLayers {
+            num_hidden_layers: num_layers,
+        },
+        attention: DenseAttention {
+            num_attention_heads: num_heads,
+            num_key_value_heads: num_kv,
+            head_dim,
+        },
+        rope: MiniCpmRope {
+            traditional,
+            rope_theta,
+        },
+        mlp: DenseMlp { intermediate_size },
+        scales: MiniCpmScales {
+            scale_emb,
+            scale_depth,
+            dim_model_base,
+        },
+        quantization,
+    };
+    let issues = check(&spec);
+    crate::reader::checked(spec, issues, applied)
+}
+
+/// MiniCPM in the family registry.
+pub(crate) struct MiniCpmFamily;
+
+impl crate::model_family::ModelFamily for MiniCpmFamily {
+    fn model_types(&self) -> &'static [ConfigModelType] {
+        &[ConfigModelType::MiniCpm]
+    }
+    fn kv_config_refused(&self) -> Option<&'static str> {
+        Some("KV-cache quantization is supported for Gemma-4 only")
+    }
+    fn import(
+        &self,
+        c: &crate::model_family::ConfigJson,
+    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
+        import(c.top, c.name).map(|(s, applied)| (crate::Spec::MiniCpm(s), applied))
+    }
+}

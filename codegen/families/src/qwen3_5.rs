@@ -1,0 +1,1138 @@
+//! Qwen3.5 / Qwen3.6 (`qwen3_5.py`) as mlx-lm 0.32.2 runs it: a hybrid stack
+//! in which layer `i` is a Gated DeltaNet linear-attention layer when
+//! `(i + 1) % full_attention_interval != 0` and a gated full-attention layer
+//! otherwise (mlx-lm ignores the config's `layer_types`). Full layers are
+//! `Qwen3NextAttention`: `q_proj` of `2 * heads * head_dim` (queries and an
+//! output gate per head), q/k RMSNorm per head, a partial `nn.RoPE` of
+//! `int(head_dim * partial_rotary_factor)` dims, SDPA with `head_dim ** -0.5`,
+//! `o_proj(output * sigmoid(gate))`. Every layer is pre-norm with a SwiGLU
+//! MLP (the dense form: `num_experts == 0`).
+//!
+//! Everything family-specific on the spec side lives here: the document, its
+//! validation, the lowering to the block IR, the config.json view, the YAML
+//! writer, the reduction to tiny variants and the config.json importer.
+
+use crate::dense::{DenseAttention, DenseMlp, DenseModel};
+use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::ir::QuantizableModule;
+use crate::layout::Layout;
+use crate::model::*;
+use crate::reader::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
+use crate::yaml::Node;
+use crate::{validate, Sections};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use std::fmt::Write;
+
+fn p(s: &str) -> FieldPath {
+    FieldPath::parse(s)
+}
+
+/// A full Qwen3.5 spec (`identity.family: qwen3_5`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "archgen architecture spec (qwen3_5 family)")]
+pub struct Qwen35Spec {
+    /// Spec format version; must be 1.
+    pub format_version: u32,
+    pub identity: Identity,
+    pub model: DenseModel,
+    pub layers: Qwen35Layers,
+    /// The gated full-attention layers.
+    pub attention: DenseAttention,
+    pub rope: Qwen35Rope,
+    pub linear_attention: Qwen35LinearAttention,
+    /// The dense SwiGLU MLP of every layer, or null with `moe`.
+    #[serde(deserialize_with = "explicit")]
+    pub mlp: Option<DenseMlp>,
+    /// Routed experts and a shared expert on every layer (`num_experts > 0`),
+    /// or null for the dense form.
+    #[serde(deserialize_with = "explicit")]
+    pub moe: Option<Qwen35Moe>,
+    /// Weight quantization as the mlx config's `quantization` dict, or null.
+    #[serde(deserialize_with = "explicit")]
+    pub quantization: Option<Quantization>,
+}
+
+/// The layer stack.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen35Layers {
+    /// `num_hidden_layers`.
+    pub num_hidden_layers: u32,
+    /// `full_attention_interval`: layer i is full attention when
+    /// `(i + 1) % interval == 0`, Gated DeltaNet otherwise.
+    pub full_attention_interval: u32,
+}
+
+/// RoPE of the full layers: `nn.RoPE(int(head_dim * partial_rotary_factor),
+/// traditional=False, base=rope_theta)` (`rope_parameters` of type default).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen35Rope {
+    /// `rope_parameters.rope_theta` (the base).
+    pub rope_theta: f64,
+    /// `rope_parameters.partial_rotary_factor`: the rotated share of head_dim.
+    pub partial_rotary_factor: f64,
+}
+
+/// The Gated DeltaNet layers (`linear_*` of config.json).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen35LinearAttention {
+    /// `linear_num_key_heads`.
+    pub linear_num_key_heads: u32,
+    /// `linear_num_value_heads` (a multiple of the key heads).
+    pub linear_num_value_heads: u32,
+    /// `linear_key_head_dim`.
+    pub linear_key_head_dim: u32,
+    /// `linear_value_head_dim`.
+    pub linear_value_head_dim: u32,
+    /// `linear_conv_kernel_dim`: width of the depthwise causal conv1d.
+    pub linear_conv_kernel_dim: u32,
+}
+
+/// The MoE feed-forward half (`Qwen3NextSparseMoeBlock`): a softmax-then-top-k
+/// router `mlp.gate`, SwiGLU experts `mlp.switch_mlp`, and a shared SwiGLU
+/// expert `mlp.shared_expert` scaled by `sigmoid(mlp.shared_expert_gate(x))`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen35Moe {
+    /// `num_experts` (at least 1).
+    pub num_experts: u32,
+    /// `num_experts_per_tok`: the top-k each token is routed to.
+    pub num_experts_per_tok: u32,
+    /// `moe_intermediate_size`: each expert's SwiGLU width.
+    pub moe_intermediate_size: u32,
+    /// `shared_expert_intermediate_size`: the shared expert's SwiGLU width.
+    pub shared_expert_intermediate_size: u32,
+    /// `norm_topk_prob`: renormalize the k chosen probabilities.
+    pub norm_topk_prob: bool,
+}
+
+/// A derived Qwen3.5 spec file: a declared reduction of a Qwen3.5 spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "archgen architecture spec (derived qwen3_5 form)")]
+pub struct Qwen35DerivedSpecFile {
+    /// Spec format version; must be 1.
+    pub format_version: u32,
+    pub identity: DerivedIdentity,
+    pub derive: Qwen35Derive,
+}
+
+/// How a derived Qwen3.5 spec is made from its parent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen35Derive {
+    /// Name of the parent spec (`<from>.yaml` in the same directory).
+    pub from: String,
+    /// Sizes to shrink, or null to keep the parent's sizes.
+    #[serde(deserialize_with = "explicit")]
+    pub reduce: Option<Qwen35Reduce>,
+    /// Weight quantization of the derived spec (never inherited), or null.
+    #[serde(deserialize_with = "explicit")]
+    pub quantization: Option<Quantization>,
+}
+
+/// The reduced sizes of a Qwen3.5 spec; everything else (the interval, the
+/// conv kernel, RoPE) is inherited.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen35Reduce {
+    pub num_hidden_layers: u32,
+    pub hidden_size: u32,
+    pub vocab_size: u32,
+    pub num_attention_heads: u32,
+    pub num_key_value_heads: u32,
+    pub head_dim: u32,
+    /// The dense MLP's width; null for the MoE form.
+    #[serde(deserialize_with = "explicit")]
+    pub intermediate_size: Option<u32>,
+    pub linear_num_key_heads: u32,
+    pub linear_num_value_heads: u32,
+    pub linear_key_head_dim: u32,
+    pub linear_value_head_dim: u32,
+    /// The experts' sizes; null for the dense form.
+    #[serde(deserialize_with = "explicit")]
+    pub moe: Option<Qwen35MoeReduce>,
+}
+
+/// The reduced expert sizes of a Qwen3.5 MoE spec (`norm_topk_prob` is inherited).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen35MoeReduce {
+    pub num_experts: u32,
+    pub num_experts_per_tok: u32,
+    pub moe_intermediate_size: u32,
+    pub shared_expert_intermediate_size: u32,
+}
+
+// ---------------------------------------------------------------- layers
+
+/// Whether layer `i` is a Gated DeltaNet layer (`DecoderLayer.is_linear`).
+pub(crate) fn is_linear_layer(spec: &Qwen35Spec, i: u32) -> bool {
+    let n = spec.layers.full_attention_interval;
+    n == 0 || (i + 1) % n != 0
+}
+
+/// Python's `int(head_dim * partial_rotary_factor)` (truncated, in f64).
+fn rotated_dims(spec: &Qwen35Spec) -> u32 {
+    (f64::from(spec.attention.head_dim) * spec.rope.partial_rotary_factor) as u32
+}
+
+// ---------------------------------------------------------------- validation
+
+/// All semantic errors of a Qwen3.5 spec (full-spec field paths).
+pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
+    use validate::limits::*;
+    let mut c = validate::Checker::default();
+    c.header(spec.format_version, &spec.identity);
+    if spec.identity.family != Family::Qwen35 {
+        c.err(
+            p("identity.family"),
+            format!("`{}` is not qwen3_5", spec.identity.family.as_str()),
+            "qwen3_5",
+            "this document has the qwen3_5 layout (docs/spec-format.md#qwen35)",
+        );
+    }
+    let mt = spec.identity.source.model_type;
+    match mt {
+        ConfigModelType::Qwen35 => {}
+        ConfigModelType::Qwen35Moe => {
+            if spec.moe.is_none() {
+                c.err(
+                    p("moe"),
+                    "null, but model_type qwen3_5_moe is the MoE form",
+                    "the experts' section {num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size, norm_topk_prob}",
+                    "write the experts, or model_type qwen3_5 for the dense form",
+                );
+            }
+        }
+        _ => c.err(
+            p("identity.source.model_type"),
+            format!(
+                "`{}` is read by mlx-lm's {} module, not qwen3_5",
+                mt.as_str(),
+                mt.family().as_str()
+            ),
+            "qwen3_5 or qwen3_5_moe",
+            "the model_type of a Qwen3.5 checkpoint is qwen3_5 (qwen3_5_moe for the MoE form)",
+        ),
+    }
+    let (m, a, la) = (&spec.model, &spec.attention, &spec.linear_attention);
+    let mut ok = true;
+    ok &= c.range(
+        "model.hidden_size",
+        m.hidden_size,
+        MAX_HIDDEN,
+        "the model width",
+    );
+    ok &= c.range(
+        "model.vocab_size",
+        m.vocab_size,
+        MAX_VOCAB,
+        "rows of embed_tokens",
+    );
+    ok &= c.range(
+        "model.max_position_embeddings",
+        m.max_position_embeddings,
+        MAX_POSITIONS,
+        "`max_position_embeddings` from config.json",
+    );
+    ok &= c.range(
+        "layers.num_hidden_layers",
+        spec.layers.num_hidden_layers,
+        MAX_LAYERS,
+        "the number of decoder layers",
+    );
+    ok &= c.range(
+        "layers.full_attention_interval",
+        spec.layers.full_attention_interval,
+        MAX_LAYERS,
+        "every interval-th layer is full attention (Qwen3.5: 4)",
+    );
+    ok &= c.range(
+        "attention.num_attention_heads",
+        a.num_attention_heads,
+        MAX_HEADS,
+        "query heads of the full layers",
+    );
+    ok &= c.range(
+        "attention.num_key_value_heads",
+        a.num_key_value_heads,
+        MAX_HEADS,
+        "KV heads of the full layers",
+    );
+    ok &= c.range(
+        "attention.head_dim",
+        a.head_dim,
+        MAX_HEAD_DIM,
+        "head dimension of the full layers",
+    );
+    match (&spec.mlp, &spec.moe) {
+        (Some(mlp), None) => {
+            ok &= c.range(
+                "mlp.intermediate_size",
+                mlp.intermediate_size,
+                MAX_INTERMEDIATE,
+                "SwiGLU width",
+            );
+        }
+        (None, Some(e)) => {
+            for (field, v, max, hint) in [
+                (
+                    "num_experts",
+                    e.num_experts,
+                    MAX_EXPERTS,
+                    "routed experts per layer (Qwen3.6-35B-A3B: 256)",
+                ),
+                (
+                    "num_experts_per_tok",
+                    e.num_experts_per_tok,
+                    MAX_EXPERTS,
+                    "experts each token is routed to (Qwen3.6-35B-A3B: 8)",
+                ),
+                (
+                    "moe_intermediate_size",
+                    e.moe_intermediate_size,
+                    MAX_INTERMEDIATE,
+                    "SwiGLU width of each expert",
+                ),
+                (
+                    "shared_expert_intermediate_size",
+                    e.shared_expert_intermediate_size,
+                    MAX_INTERMEDIATE,
+                    "SwiGLU width of the shared expert",
+                ),
+            ] {
+                ok &= c.range(&format!("moe.{field}"), v, max, hint);
+            }
+            if ok && e.num_experts_per_tok > e.num_experts {
+                ok = false;
+                c.err(
+                    p("moe.num_experts_per_tok"),
+                    format!("top-{} of {} experts", e.num_experts_per_tok, e.num_experts),
+                    format!("at most num_experts ({})", e.num_experts),
+                    "argpartition picks k of the experts: k cannot exceed their number",
+                );
+            }
+        }
+        (Some(_), Some(_)) => {
+            ok = false;
+            c.err(
+                p("mlp"),
+                "both a dense mlp and moe are written",
+                "null when moe is written",
+                "mlx-lm's qwen3_5 builds the MoE block on every layer when num_experts > 0, and no dense MLP",
+            );
+        }
+        (None, None) => {
+            ok = false;
+            c.err(
+                p("mlp"),
+                "null, and moe is null too",
+                "{intermediate_size} for the dense form (or the moe section)",
+                "every layer has a feed-forward half",
+            );
+        }
+    }
+    for (field, v, hint) in [
+        (
+            "linear_num_key_heads",
+            la.linear_num_key_heads,
+            "key heads of the Gated DeltaNet layers (Qwen3.5-4B: 16)",
+        ),
+        (
+            "linear_num_value_heads",
+            la.linear_num_value_heads,
+            "value heads of the Gated DeltaNet layers (Qwen3.5-4B: 32)",
+        ),
+        (
+            "linear_key_head_dim",
+            la.linear_key_head_dim,
+            "key head dimension of the Gated DeltaNet layers (Qwen3.5-4B: 128)",
+        ),
+        (
+            "linear_value_head_dim",
+            la.linear_value_head_dim,
+            "value head dimension of the Gated DeltaNet layers (Qwen3.5-4B: 128)",
+        ),
+    ] {
+        ok &= c.range(
+            &format!("linear_attention.{field}"),
+            v,
+            if field.ends_with("heads") {
+                MAX_HEADS
+            } else {
+                MAX_HEAD_DIM
+            },
+            hint,
+        );
+    }
+    ok &= c.range(
+        "linear_attention.linear_conv_kernel_dim",
+        la.linear_conv_kernel_dim,
+        64,
+        "width of the causal conv1d (Qwen3.5: 4)",
+    );
+    if ok && la.linear_conv_kernel_dim < 2 {
+        ok = false;
+        c.err(
+            p("linear_attention.linear_conv_kernel_dim"),
+            "a conv kernel of 1 keeps no conv state",
+            "at least 2",
+            "mlx-lm keeps the last kernel - 1 inputs as the conv state (`conv_input[:, -(K-1):]`), which is empty only in name at K = 1",
+        );
+    }
+    if ok && la.linear_num_value_heads % la.linear_num_key_heads != 0 {
+        ok = false;
+        c.err(
+            p("linear_attention.linear_num_value_heads"),
+            format!(
+                "{} value heads are not a multiple of {} key heads",
+                la.linear_num_value_heads, la.linear_num_key_heads
+            ),
+            "a multiple of linear_num_key_heads",
+            "mlx-lm's GatedDeltaNet repeats q and k to the value heads (it refuses other counts)",
+        );
+    }
+    if ok && spec.layers.full_attention_interval > spec.layers.num_hidden_layers {
+        ok = false;
+        c.err(
+            p("layers.full_attention_interval"),
+            format!(
+                "interval {} with {} layers leaves no full-attention layer",
+                spec.layers.full_attention_interval, spec.layers.num_hidden_layers
+            ),
+            format!(
+                "at most num_hidden_layers ({})",
+                spec.layers.num_hidden_layers
+            ),
+            "mlx-lm builds the attention mask from layer interval - 1's cache, which must exist",
+        );
+    }
+    c.eps(m.rms_norm_eps, "Qwen3.5 uses 1.0e-6");
+    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
+    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
+    let factor_ok = c.positive_finite(
+        "rope.partial_rotary_factor",
+        spec.rope.partial_rotary_factor,
+        "the rotated share of head_dim (Qwen3.5: 0.25)",
+    );
+    if factor_ok {
+        let dims = rotated_dims(spec);
+        if spec.rope.partial_rotary_factor > 1.0 || dims == 0 || dims % 2 != 0 {
+            ok = false;
+            c.err(
+                p("rope.partial_rotary_factor"),
+                format!(
+                    "int(head_dim {} x {}) = {dims} rotated dimensions",
+                    a.head_dim, spec.rope.partial_rotary_factor
+                ),
+                "a factor in (0, 1] giving an even, non-zero number of dimensions",
+                "RoPE rotates pairs of dimensions within the head",
+            );
+        }
+    } else {
+        ok = false;
+    }
+    c.positive_finite(
+        "rope.rope_theta",
+        spec.rope.rope_theta,
+        "the RoPE base, e.g. 10000000.0",
+    );
+    if ok && c.issues.is_empty() {
+        if let Some(q) = &spec.quantization {
+            validate::check_quantization(q, &lower(spec), &mut c.issues);
+        }
+    }
+    c.issues
+}
+
+// ---------------------------------------------------------------- lowering
+
+/// The IR of a valid Qwen3.5 spec: pre-norm layers with a SwiGLU MLP; the
+/// mixer a Gated DeltaNet (`Mixer::GatedDeltaNet`, its conv and recurrent
+/// state in an `ArraysCache`) or, every `full_attention_interval`-th layer,
+/// gated attention (`OutputGate::SigmoidPerHead`, q/k RMSNorm, a partial
+/// default RoPE, `head_dim ** -0.5`, a plain KV cache). The checkpoint is
+/// mlx-lm's `Model` wrapper (`language_model.model.*`) and its sanitize.
+pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
+    use crate::ir::*;
+    let a = &spec.attention;
+    let la = &spec.linear_attention;
+    let head_dim = a.head_dim as usize;
+    let ffn = match (&spec.mlp, &spec.moe) {
+        (_, Some(e)) => FeedForward::MoeAndSharedExpert {
+            moe: Moe {
+                num_experts: e.num_experts as usize,
+                top_k: e.num_experts_per_tok as usize,
+                width: e.moe_intermediate_size as usize,
+                router: Router::SoftmaxTopK {
+                    probs: if e.norm_topk_prob {
+                        TopKProbs::Renormalized
+                    } else {
+                        TopKProbs::AsTaken
+                    },
+                },
+                activation: Activation::Silu,
+            },
+            shared: SharedExpert {
+                width: e.shared_expert_intermediate_size as usize,
+            },
+        },
+        (m, None) => FeedForward::Mlp(GatedMlp {
+            width: m.as_ref().map_or(0, |m| m.intermediate_size as usize),
+            activation: Activation::Silu,
+            projection: GateUpProjection::Separate,
+        }),
+    };
+    let mut sanitize = vec![SanitizeRule::DropVisual, SanitizeRule::UnwrapMultimodal];
+    if spec.identity.source.model_type == ConfigModelType::Qwen35Moe {
+        // qwen3_5_moe's sanitize splits the fused HF experts first.
+        sanitize.push(SanitizeRule::SplitSwitchMlpGateUp);
+    }
+    sanitize.extend([
+        SanitizeRule::DropMtp,
+        SanitizeRule::MoveConvAxis,
+        SanitizeRule::OffsetNormsOfRawCheckpoint,
+    ]);
+    let layers = (0..spec.layers.num_hidden_layers)
+        .map(|i| Layer {
+            index: i as usize,
+            norms: Norms {
+                arrangement: NormArrangement::PreNorm,
+                weight: NormWeight::Direct,
+            },
+            mixer: if is_linear_layer(spec, i) {
+                Mixer::GatedDeltaNet(DeltaNet {
+                    k_heads: la.linear_num_key_heads as usize,
+                    v_heads: la.linear_num_value_heads as usize,
+                    k_head_dim: la.linear_key_head_dim as usize,
+                    v_head_dim: la.linear_value_head_dim as usize,
+                    conv_kernel: la.linear_conv_kernel_dim as usize,
+                    in_proj: InProj::Split,
+                    norm: GatedNorm::RmsSiluGate,
+                    cache: StateCache::ConvAndRecurrent,
+                })
+            } else {
+                Mixer::Attention(Attention {
+                    n_heads: a.num_attention_heads as usize,
+                    n_kv_heads: a.num_key_value_heads as usize,
+                    head_dim,
+                    bias: ProjectionBias::None,
+                    qk_norm: QkNorm::RmsPerHead,
+                    value_norm: ValueNorm::None,
+                    rope: RopeForm {
+                        kind: RopeKind::Default {
+                            theta: spec.rope.rope_theta as f32,
+                        },
+                        traditional: false,
+                        rotated_dims: rotated_dims(spec) as usize,
+                    },
+                    scale: AttentionScale::InvSqrtHeadDim,
+                    window: Window::Full,
+                    kv: KvSource::Own {
+                        values: Values::Projected,
+                        cache: KvCache::Plain,
+                    },
+                    scores: Scores::FusedSdpa,
+                    output_gate: OutputGate::SigmoidPerHead,
+                    projection: QkvProjection::Separate,
+                })
+            },
+            ffn,
+            input: LayerInput::None,
+            scalar: LayerScalar::None,
+            residual: Residual::Plain,
+        })
+        .collect();
+    ModelIr {
+        name: spec.identity.name.clone(),
+        checkpoint: Checkpoint {
+            model_type: spec.identity.source.model_type,
+            prefix: ModulePrefix::LanguageModel,
+            // Model.sanitize (vision dropped, model.language_model moved
+            // under language_model.model) and TextModel.sanitize (mtp
+            // dropped, the raw conv layout moved, raw norms + 1).
+            sanitize,
+        },
+        // qwen3_5.py's shard() (qwen3_5_moe's Model is a qwen3_5 one).
+        sharding: Sharding {
+            oracle: ShardOracle::MlxLm,
+            head: HeadSplit::OverVocabulary,
+            kv_heads: KvHeadSplit::RepeatedWhenFewer,
+        },
+        hidden_size: spec.model.hidden_size as usize,
+        vocab_size: spec.model.vocab_size as usize,
+        max_position_embeddings: spec.model.max_position_embeddings as usize,
+        norm_eps: spec.model.rms_norm_eps as f32,
+        embedding: Embedding {
+            scale: EmbedScale::None,
+            per_layer_input: None,
+        },
+        layers,
+        head: Head {
+            weight: if spec.model.tie_word_embeddings {
+                HeadWeight::TiedEmbedding
+            } else {
+                HeadWeight::Untied
+            },
+            logit_softcap: None,
+            logit_scale: LogitScale::None,
+            norm: NormWeight::Direct,
+        },
+        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
+    }
+}
+
+// ---------------------------------------------------------------- config.json view
+
+/// The spec with config.json field names, flat (mlx-lm reads a flat
+/// qwen3_5 config as the text config), RoPE in `rope_parameters` as the
+/// public configs write it, plus `quantization` when present. Keys sorted.
+pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
+    let la = &spec.linear_attention;
+    let mut v = json!({
+        "model_type": spec.identity.source.model_type.as_str(),
+        "hidden_size": spec.model.hidden_size,
+        "num_hidden_layers": spec.layers.num_hidden_layers,
+        "full_attention_interval": spec.layers.full_attention_interval,
+        "num_attention_heads": spec.attention.num_attention_heads,
+        "num_key_value_heads": spec.attention.num_key_value_heads,
+        "head_dim": spec.attention.head_dim,
+        "rms_norm_eps": spec.model.rms_norm_eps,
+        "vocab_size": spec.model.vocab_size,
+        "max_position_embeddings": spec.model.max_position_embeddings,
+        "tie_word_embeddings": spec.model.tie_word_embeddings,
+        "attention_bias": false,
+        "rope_parameters": {
+            "type": "default",
+            "rope_theta": spec.rope.rope_theta,
+            "partial_rotary_factor": spec.rope.partial_rotary_factor,
+        },
+        "linear_num_key_heads": la.linear_num_key_heads,
+        "linear_num_value_heads": la.linear_num_value_heads,
+        "linear_key_head_dim": la.linear_key_head_dim,
+        "linear_value_head_dim": la.linear_value_head_dim,
+        "linear_conv_kernel_dim": la.linear_conv_kernel_dim,
+    });
+    match (&spec.mlp, &spec.moe) {
+        (_, Some(e)) => {
+            v["num_experts"] = json!(e.num_experts);
+            v["num_experts_per_tok"] = json!(e.num_experts_per_tok);
+            v["moe_intermediate_size"] = json!(e.moe_intermediate_size);
+            v["shared_expert_intermediate_size"] = json!(e.shared_expert_intermediate_size);
+            v["norm_topk_prob"] = json!(e.norm_topk_prob);
+        }
+        (m, None) => {
+            v["num_experts"] = json!(0);
+            if let Some(m) = m {
+                v["intermediate_size"] = json!(m.intermediate_size);
+            }
+        }
+    }
+    if let Some(q) = &spec.quantization {
+        v["quantization"] = crate::hf::quantization_json(q);
+    }
+    crate::hf::canonical(&v)
+}
+
+/// A config.json mlx-lm loads to exactly this architecture (no quantization).
+pub(crate) fn config_json(spec: &Qwen35Spec) -> Value {
+    let mut v = hf_json(spec);
+    if let Some(o) = v.as_object_mut() {
+        o.remove("quantization");
+    }
+    v
+}
+
+// ---------------------------------------------------------------- YAML
+
+/// The full-form YAML text of a Qwen3.5 spec.
+pub(crate) fn to_yaml(spec: &Qwen35Spec) -> String {
+    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    let mut o = String::new();
+    let _ = writeln!(o, "{MODELINE}");
+    let _ = writeln!(o, "format_version: {}", spec.format_version);
+    identity_yaml(&mut o, &spec.identity);
+    let m = &spec.model;
+    let _ = writeln!(o, "model:");
+    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
+    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
+    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
+    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
+    let _ = writeln!(
+        o,
+        "  max_position_embeddings: {}",
+        m.max_position_embeddings
+    );
+    let _ = writeln!(o, "layers:");
+    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
+    let _ = writeln!(
+        o,
+        "  full_attention_interval: {}",
+        spec.layers.full_attention_interval
+    );
+    let a = &spec.attention;
+    let _ = writeln!(o, "attention:");
+    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
+    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
+    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
+    let _ = writeln!(o, "rope:");
+    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
+    let _ = writeln!(
+        o,
+        "  partial_rotary_factor: {}",
+        float(spec.rope.partial_rotary_factor)
+    );
+    let la = &spec.linear_attention;
+    let _ = writeln!(o, "linear_attention:");
+    let _ = writeln!(o, "  linear_num_key_heads: {}", la.linear_num_key_heads);
+    let _ = writeln!(o, "  linear_num_value_heads: {}", la.linear_num_value_heads);
+    let _ = writeln!(o, "  linear_key_head_dim: {}", la.linear_key_head_dim);
+    let _ = writeln!(o, "  linear_value_head_dim: {}", la.linear_value_head_dim);
+    let _ = writeln!(o, "  linear_conv_kernel_dim: {}", la.linear_conv_kernel_dim);
+    match &spec.mlp {
+        Some(m) => {
+            let _ = writeln!(o, "mlp:");
+            let _ = writeln!(o, "  intermediate_size: {}", m.intermediate_size);
+        }
+        None => o.push_str("mlp: null\n"),
+    }
+    match &spec.moe {
+        Some(e) => {
+            let _ = writeln!(o, "moe:");
+            let _ = writeln!(o, "  num_experts: {}", e.num_experts);
+            let _ = writeln!(o, "  num_experts_per_tok: {}", e.num_experts_per_tok);
+            let _ = writeln!(o, "  moe_intermediate_size: {}", e.moe_intermediate_size);
+            let _ = writeln!(
+                o,
+                "  shared_expert_intermediate_size: {}",
+                e.shared_expert_intermediate_size
+            );
+            let _ = writeln!(o, "  norm_topk_prob: {}", e.norm_topk_prob);
+        }
+        None => o.push_str("moe: null\n"),
+    }
+    quantization_yaml(&mut o, spec.quantization.as_ref());
+    o
+}
+
+// ---------------------------------------------------------------- parsing
+
+/// How a qwen3_5 document is read (see [`crate::layout`]).
+const LAYOUT: Layout = Layout {
+    family: "qwen3_5",
+    anchor: "qwen35",
+    sections: &[
+        ("format_version", Sections::check::<u32>),
+        ("identity", Sections::check::<Identity>),
+        ("model", Sections::check::<DenseModel>),
+        ("layers", Sections::check::<Qwen35Layers>),
+        ("attention", Sections::check::<DenseAttention>),
+        ("rope", Sections::check::<Qwen35Rope>),
+        ("linear_attention", Sections::check::<Qwen35LinearAttention>),
+        ("mlp", Sections::check::<Option<DenseMlp>>),
+        ("moe", Sections::check::<Option<Qwen35Moe>>),
+        ("quantization", Sections::check::<Option<Quantization>>),
+    ],
+    texts: &[
+        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#qwen35"),
+        ("layers", "a mapping {num_hidden_layers, full_attention_interval}", "which layers are full attention; see docs/spec-format.md#qwen35"),
+        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "geometry of the full-attention layers; see docs/spec-format.md#qwen35"),
+        ("rope", "a mapping {rope_theta, partial_rotary_factor}", "`rope_parameters` of config.json; see docs/spec-format.md#qwen35"),
+        ("linear_attention", "a mapping {linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim}", "the Gated DeltaNet layers; see docs/spec-format.md#qwen35"),
+        ("mlp", "a mapping {intermediate_size}", "SwiGLU width; see docs/spec-format.md#qwen35"),
+    ],
+    refused: &[],
+};
+
+/// Deserializes and validates a full Qwen3.5 document; every section's first error.
+pub(crate) fn parse_full(
+    value: serde_yaml::Value,
+    tree: &Node,
+    origin: &str,
+) -> Result<Qwen35Spec, Diagnostics> {
+    LAYOUT.parse(value, tree, origin, check)
+}
+
+/// The derived Qwen3.5 form (see [`crate::reduce`]): the attention stack's sizes,
+/// the Gated DeltaNet heads', and the dense MLP's width or the experts' sizes,
+/// as the parent has one or the other.
+impl Reducible for Qwen35Spec {
+    type File = Qwen35DerivedSpecFile;
+    type Reduce = Qwen35Reduce;
+
+    fn derived(parent: &Self, file: &Qwen35DerivedSpecFile) -> Self {
+        let mut spec = parent.clone();
+        spec.identity.name = file.identity.name.clone();
+        spec.quantization = file.derive.quantization.clone();
+        spec
+    }
+    fn reduce(file: &Qwen35DerivedSpecFile) -> Option<&Qwen35Reduce> {
+        file.derive.reduce.as_ref()
+    }
+    fn format_version(file: &Qwen35DerivedSpecFile) -> u32 {
+        file.format_version
+    }
+    fn stack(r: &Qwen35Reduce) -> Stack {
+        Stack {
+            num_hidden_layers: r.num_hidden_layers,
+            hidden_size: r.hidden_size,
+            vocab_size: r.vocab_size,
+            num_attention_heads: r.num_attention_heads,
+            num_key_value_heads: r.num_key_value_heads,
+            head_dim: r.head_dim,
+        }
+    }
+    fn stack_of(&self) -> Stack {
+        Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
+    }
+    fn other_sizes(r: &Qwen35Reduce, parent: &Self, issues: &mut Vec<Issue>) -> Vec<Size> {
+        let pl = &parent.linear_attention;
+        let mut sizes = vec![
+            (
+                "linear_num_key_heads",
+                r.linear_num_key_heads,
+                pl.linear_num_key_heads,
+            ),
+            (
+                "linear_num_value_heads",
+                r.linear_num_value_heads,
+                pl.linear_num_value_heads,
+            ),
+            (
+                "linear_key_head_dim",
+                r.linear_key_head_dim,
+                pl.linear_key_head_dim,
+            ),
+            (
+                "linear_value_head_dim",
+                r.linear_value_head_dim,
+                pl.linear_value_head_dim,
+            ),
+        ];
+        match (r.intermediate_size, &parent.mlp, &r.moe, &parent.moe) {
+            (Some(w), Some(pm), None, None) => {
+                sizes.push(("intermediate_size", w, pm.intermediate_size));
+            }
+            (None, None, Some(rm), Some(pe)) => sizes.extend([
+                ("moe.num_experts", rm.num_experts, pe.num_experts),
+                (
+                    "moe.num_experts_per_tok",
+                    rm.num_experts_per_tok,
+                    pe.num_experts_per_tok,
+                ),
+                (
+                    "moe.moe_intermediate_size",
+                    rm.moe_intermediate_size,
+                    pe.moe_intermediate_size,
+                ),
+                (
+                    "moe.shared_expert_intermediate_size",
+                    rm.shared_expert_intermediate_size,
+                    pe.shared_expert_intermediate_size,
+                ),
+            ]),
+            (_, _, _, Some(_)) => issues.push(Issue::new(
+                p("derive.reduce.moe"),
+                "the parent is the MoE form",
+                "intermediate_size: null and moe: {num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size}",
+                "a reduction keeps the parent's structure",
+            )),
+            (_, _, _, None) => issues.push(Issue::new(
+                p("derive.reduce.intermediate_size"),
+                "the parent is the dense form",
+                "intermediate_size: <width> and moe: null",
+                "a reduction keeps the parent's structure",
+            )),
+        }
+        sizes
+    }
+    /// Value heads repeated over key heads stay repeated.
+    fn keep_structure(r: &Qwen35Reduce, parent: &Self, issues: &mut Vec<Issue>) {
+        let pl = &parent.linear_attention;
+        if pl.linear_num_value_heads != pl.linear_num_key_heads
+            && r.linear_num_value_heads == r.linear_num_key_heads
+        {
+            issues.push(Issue::new(
+                reduce_key("linear_num_value_heads"),
+                format!(
+                    "{} value heads for {} key heads: q and k would not be repeated, but the parent repeats them",
+                    r.linear_num_value_heads, r.linear_num_key_heads
+                ),
+                "more value heads than key heads",
+                "a reduction keeps the parent's structure",
+            ));
+        }
+    }
+    fn apply(&mut self, r: &Qwen35Reduce) {
+        Self::stack(r).write(
+            &mut self.layers.num_hidden_layers,
+            &mut self.model,
+            &mut self.attention,
+        );
+        if let (Some(m), Some(w)) = (&mut self.mlp, r.intermediate_size) {
+            m.intermediate_size = w;
+        }
+        if let (Some(e), Some(rm)) = (&mut self.moe, &r.moe) {
+            e.num_experts = rm.num_experts;
+            e.num_experts_per_tok = rm.num_experts_per_tok;
+            e.moe_intermediate_size = rm.moe_intermediate_size;
+            e.shared_expert_intermediate_size = rm.shared_expert_intermediate_size;
+        }
+        let l = &mut self.linear_attention;
+        l.linear_num_key_heads = r.linear_num_key_heads;
+        l.linear_num_value_heads = r.linear_num_value_heads;
+        l.linear_key_head_dim = r.linear_key_head_dim;
+        l.linear_value_head_dim = r.linear_value_head_dim;
+    }
+    fn check(&self) -> Vec<Issue> {
+        check(self)
+    }
+    /// A size check is on the reduced field of the same name (the experts' under
+    /// `moe`); a reduced size the parent's structure does not fit (an interval past
+    /// the last layer, an odd RoPE width) points at the size that made it so.
+    fn reduced_field(path: &str) -> Option<FieldPath> {
+        let field = match last_key(path) {
+            "full_attention_interval" => "num_hidden_layers",
+            "partial_rotary_factor" => "head_dim",
+            f => f,
+        };
+        Some(if path.starts_with("moe.") {
+            p("derive.reduce.moe").key(field)
+        } else {
+            reduce_key(field)
+        })
+    }
+    fn name(&self) -> &str {
+        &self.identity.name
+    }
+    fn quantization(&self) -> Option<&Quantization> {
+        self.quantization.as_ref()
+    }
+    fn quant_skipped(&self) -> Vec<QuantizableModule> {
+        lower(self).quant_skipped_modules()
+    }
+}
+
+// ---------------------------------------------------------------- import
+
+/// Imports a `qwen3_5` config.json as mlx-lm 0.32.2 reads it: the text
+/// config under `text_config` or the whole file when there is none
+/// (`ModelArgs.from_dict`), with `TextModelArgs`'s defaults, which are
+/// listed. `rope_parameters` (default type only) gives the RoPE base and the
+/// partial rotary factor; without it mlx-lm's own default dict applies.
+/// The MoE form (`num_experts > 0`) and biased attention are refused.
+pub(crate) fn import(
+    top: &Map<String, Value>,
+    model_type: ConfigModelType,
+    name: &str,
+) -> Result<(Qwen35Spec, Vec<AppliedDefault>), ImportError> {
+    let (text, prefix) = match top.get("text_config") {
+        Some(Value::Object(t)) => (t, "text_config."),
+        _ => (top, ""),
+    };
+    let mut r = Reader::new(text, prefix);
+    let hidden_size = r.uint("hidden_size", 4096);
+    let num_layers = r.uint("num_hidden_layers", 32);
+    let num_heads = r.uint("num_attention_heads", 32);
+    let rms_norm_eps = r.float("rms_norm_eps", 1e-6);
+    let vocab_size = r.uint("vocab_size", 151936);
+    let num_kv = r.uint("num_key_value_heads", 8);
+    let max_pos = r.uint("max_position_embeddings", 131072);
+    let k_heads = r.uint("linear_num_key_heads", 16);
+    let v_heads = r.uint("linear_num_value_heads", 64);
+    let k_dim = r.uint("linear_key_head_dim", 192);
+    let v_dim = r.uint("linear_value_head_dim", 128);
+    let conv = r.uint("linear_conv_kernel_dim", 4);
+    let tie = r.boolean("tie_word_embeddings", false);
+    if r.boolean("attention_bias", false) {
+        r.problem(
+            "attention_bias",
+            "true is not supported (archgen's gated attention has no projection biases)",
+        );
+    }
+    let head_dim = match r.get("head_dim").cloned() {
+        Some(v) => r.uint_of("head_dim", &v),
+        None => {
+            let hd = hidden_size.checked_div(num_heads).unwrap_or(0);
+            r.note(
+                "head_dim",
+                json!(hd),
+                "absent or null: mlx-lm uses hidden_size // num_attention_heads",
+            );
+            hd
+        }
+    };
+    let interval = r.uint("full_attention_interval", 4);
+    // `num_experts > 0` puts the MoE block on every layer, and no dense MLP.
+    let num_experts = r.uint("num_experts", 0);
+    let (mlp, moe) = if num_experts > 0 {
+        let moe = Qwen35Moe {
+            num_experts,
+            num_experts_per_tok: r.uint("num_experts_per_tok", 0),
+            moe_intermediate_size: r.uint("moe_intermediate_size", 0),
+            shared_expert_intermediate_size: r.uint("shared_expert_intermediate_size", 0),
+            norm_topk_prob: r.boolean("norm_topk_prob", true),
+        };
+        (None, Some(moe))
+    } else {
+        let intermediate_size = r.uint("intermediate_size", 14336);
+        (Some(DenseMlp { intermediate_size }), None)
+    };
+    for ignored in ["mlp_only_layers", "decoder_sparse_step"] {
+        if let Some(v) = r.get(ignored).cloned() {
+            r.note(
+                ignored,
+                v,
+                "ignored: mlx-lm 0.32.2 qwen3_5.py puts the MoE block on every layer when num_experts > 0",
+            );
+        }
+    }
+    if r.get("layer_types").is_some() {
+        r.note(
+            "layer_types",
+            Value::Null,
+            "ignored: mlx-lm 0.32.2 qwen3_5.py makes layer i full attention iff (i + 1) % full_attention_interval == 0",
+        );
+    }
+    let (rope_theta, partial_rotary_factor) = match text.get("rope_parameters") {
+        None => {
+            r.note(
+                "rope_parameters",
+                json!({"type": "default", "rope_theta": 100000, "partial_rotary_factor": 0.25}),
+                "absent: mlx-lm's default rope_parameters",
+            );
+            (100000.0, 0.25)
+        }
+        Some(Value::Null) => {
+            // `if self.rope_parameters:` is false: the dataclass fields stay.
+            (
+                r.float("rope_theta", 100000.0),
+                r.float("partial_rotary_factor", 0.25),
+            )
+        }
+        Some(Value::Object(rp)) => {
+            let kind = rp
+                .get("type")
+                .or_else(|| rp.get("rope_type"))
+                .and_then(Value::as_str)
+                .unwrap_or("default");
+            if kind != "default" {
+                r.problem(
+                    "rope_parameters.rope_type",
+                    &format!("`{kind}`: only the default RoPE (nn.RoPE) is supported"),
+                );
+            }
+            let mut rr = Reader::new(rp, "");
+            let theta = rr.float("rope_theta", 100000.0);
+            let factor = rr.float("partial_rotary_factor", 0.25);
+            let (applied, problems) = rr.finish();
+            for a in applied {
+                r.note(&format!("rope_parameters.{}", a.field), a.value, &a.reason);
+            }
+            for pr in problems {
+                r.problem("rope_parameters", &pr);
+            }
+            (theta, factor)
+        }
+        Some(other) => {
+            r.problem(
+                "rope_parameters",
+                &format!("expected an object, found {other}"),
+            );
+            (100000.0, 0.25)
+        }
+    };
+    let quantization = [top, text]
+        .into_iter()
+        .flat_map(|o| {
+            [
+                o.get("quantization")
+                    .filter(|v| !v.is_null())
+                    .map(|q| (q, "quantization")),
+                o.get("quantization_config")
+                    .filter(|v| !v.is_null())
+                    .map(|q| (q, "quantization_config")),
+            ]
+        })
+        .flatten()
+        .next()
+        .and_then(|(q, field)| read_quantization(q, field, &mut r));
+    let (applied, problems) = r.finish();
+    if !problems.is_empty() {
+        return Err(ImportError { problems });
+    }
+    let repo = top
+        .get("_name_or_path")
+        .and_then(Value::as_str)
+        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
+        .map(str::to_string);
+    let spec = Qwen35Spec {
+        format_version: FORMAT_VERSION,
+        identity: Identity {
+            name: name.to_string(),
+            family: Family::Qwen35,
+            source: Source {
+                repo,
+                revision: None,
+                model_type,
+            },
+        },
+        model: DenseModel {
+            hidden_size,
+            vocab_size,
+            rms_norm_eps,
+            tie_word_embeddings: tie,
+            max_position_embeddings: max_pos,
+        },
+        layers: Qwen35Layers {
+            num_hidden_layers: num_layers,
+            full_attention_interval: interval,
+        },
+        attention: DenseAttention {
+            num_attention_heads: num_heads,
+            num_key_value_heads: num_kv,
+            head_dim,
+        },
+        rope: Qwen35Rope {
+            rope_theta,
+            partial_rotary_factor,
+        },
+        linear_attention: Qwen35LinearAttention {
+            linear_num_key_heads: k_heads,
+            linear_num_value_heads: v_heads,
+            linear_key_head_dim: k_dim,
+            linear_value_head_dim: v_dim,
+            linear_conv_kernel_dim: conv,
+        },
+        mlp,
+        moe,
+        quantization,
+    };
+    let issues = check(&spec);
+    crate::reader::checked(spec, issues, applied)
+}
+
+/// Qwen3.5 / Qwen3.6 (dense and MoE) in the family registry.
+pub(crate) struct Qwen35Family;
+
+impl crate::model_family::ModelFamily for Qwen35Family {
+    fn model_types(&self) -> &'static [ConfigModelType] {
+        &[ConfigModelType::Qwen35, ConfigModelType::Qwen35Moe]
+    }
+    fn kv_config_refused(&self) -> Option<&'static str> {
+        Some("KV-cache quantization is not supported for qwen3_5 (its linear layers have no K/V cache)")
+    }
+    fn import(
+        &self,
+        c: &crate::model_family::ConfigJson,
+    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
+        import(c.top, c.model_type, c.name).map(|(s, applied)| (crate::Spec::Qwen35(s), applied))
+    }
+}

@@ -1,0 +1,692 @@
+//! Qwen3-MoE (`qwen3_moe.py`) as mlx-lm 0.32.2 runs it: Qwen3's attention (q/k
+//! RMSNorm per head, plain RoPE), pre-norm layers, and a feed-forward half that is
+//! either routed SwiGLU experts (`Qwen3MoeSparseMoeBlock`: softmax over every expert,
+//! top-k of the probabilities, optional renormalization, `SwitchGLU`) or a dense SwiGLU
+//! MLP, by `mlp_only_layers` and `decoder_sparse_step`.
+//!
+//! Everything family-specific on the spec side lives here: the document, its
+//! validation, the lowering to the block IR, the config.json view, the YAML writer,
+//! the reduction to tiny variants and the config.json importer.
+
+use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
+use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::ir::QuantizableModule;
+use crate::layout::Layout;
+use crate::model::*;
+use crate::reader::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
+use crate::yaml::Node;
+use crate::{validate, Sections};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use std::fmt::Write;
+
+fn p(s: &str) -> FieldPath {
+    FieldPath::parse(s)
+}
+
+/// A full Qwen3-MoE spec (`identity.family: qwen3_moe`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "archgen architecture spec (qwen3_moe family)")]
+pub struct Qwen3MoeSpec {
+    /// Spec format version; must be 1.
+    pub format_version: u32,
+    pub identity: Identity,
+    pub model: DenseModel,
+    pub layers: DenseLayers,
+    pub attention: DenseAttention,
+    pub rope: Qwen3MoeRope,
+    /// The dense SwiGLU MLP of the layers that are not MoE.
+    pub mlp: DenseMlp,
+    pub moe: Qwen3MoeExperts,
+    /// Weight quantization as the mlx config's `quantization` dict, or null.
+    #[serde(deserialize_with = "explicit")]
+    pub quantization: Option<Quantization>,
+}
+
+/// RoPE: `nn.RoPE(head_dim, traditional=False, base=rope_theta)` (mlx-lm's qwen3_moe
+/// accepts `rope_scaling` and does not read it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen3MoeRope {
+    /// `rope_theta` (the base).
+    pub rope_theta: f64,
+}
+
+/// The routed experts and which layers have them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen3MoeExperts {
+    /// `num_experts` (at least 1; 0 would make every layer dense).
+    pub num_experts: u32,
+    /// `num_experts_per_tok`: the top-k each token is routed to.
+    pub num_experts_per_tok: u32,
+    /// `moe_intermediate_size`: the SwiGLU width of each expert.
+    pub moe_intermediate_size: u32,
+    /// `norm_topk_prob`: renormalize the k chosen probabilities to sum to 1.
+    pub norm_topk_prob: bool,
+    /// `decoder_sparse_step`: layer i is MoE when `(i + 1) % step == 0` (and it is not
+    /// in `mlp_only_layers`).
+    pub decoder_sparse_step: u32,
+    /// `mlp_only_layers`: layers that keep the dense MLP.
+    pub mlp_only_layers: Vec<u32>,
+}
+
+/// A derived Qwen3-MoE spec file: a declared reduction of a Qwen3-MoE spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "archgen architecture spec (derived qwen3_moe form)")]
+pub struct Qwen3MoeDerivedSpecFile {
+    /// Spec format version; must be 1.
+    pub format_version: u32,
+    pub identity: DerivedIdentity,
+    pub derive: Qwen3MoeDerive,
+}
+
+/// How a derived Qwen3-MoE spec is made from its parent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen3MoeDerive {
+    /// Name of the parent spec (`<from>.yaml` in the same directory).
+    pub from: String,
+    /// Sizes to shrink, or null to keep the parent's sizes.
+    #[serde(deserialize_with = "explicit")]
+    pub reduce: Option<Qwen3MoeReduce>,
+    /// Weight quantization of the derived spec (never inherited), or null.
+    #[serde(deserialize_with = "explicit")]
+    pub quantization: Option<Quantization>,
+}
+
+/// The reduced sizes of a Qwen3-MoE spec; everything else (norm_topk_prob,
+/// decoder_sparse_step, mlp_only_layers) is inherited.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen3MoeReduce {
+    pub num_hidden_layers: u32,
+    pub hidden_size: u32,
+    pub vocab_size: u32,
+    pub num_attention_heads: u32,
+    pub num_key_value_heads: u32,
+    pub head_dim: u32,
+    pub intermediate_size: u32,
+    pub num_experts: u32,
+    pub num_experts_per_tok: u32,
+    pub moe_intermediate_size: u32,
+}
+
+// ---------------------------------------------------------------- layers
+
+/// Whether layer `i` is MoE, by `Qwen3MoeDecoderLayer.__init__`:
+/// `i not in mlp_only_layers and num_experts > 0 and (i + 1) % decoder_sparse_step == 0`.
+pub(crate) fn is_moe_layer(spec: &Qwen3MoeSpec, i: u32) -> bool {
+    let m = &spec.moe;
+    !m.mlp_only_layers.contains(&i)
+        && m.num_experts > 0
+        && m.decoder_sparse_step > 0
+        && (i + 1) % m.decoder_sparse_step == 0
+}
+
+// ---------------------------------------------------------------- validation
+
+/// All semantic errors of a Qwen3-MoE spec (full-spec field paths).
+pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
+    use validate::limits::*;
+    let mut c = validate::Checker::default();
+    c.header(spec.format_version, &spec.identity);
+    if spec.identity.family != Family::Qwen3Moe {
+        c.err(
+            p("identity.family"),
+            format!("`{}` is not qwen3_moe", spec.identity.family.as_str()),
+            "qwen3_moe",
+            "this document has the qwen3_moe layout (docs/spec-format.md#qwen3-moe)",
+        );
+    }
+    let mt = spec.identity.source.model_type;
+    if mt != ConfigModelType::Qwen3Moe {
+        c.err(
+            p("identity.source.model_type"),
+            format!(
+                "`{}` is read by mlx-lm's {} module, not qwen3_moe",
+                mt.as_str(),
+                mt.family().as_str()
+            ),
+            "qwen3_moe",
+            "the model_type of a Qwen3-MoE checkpoint is qwen3_moe",
+        );
+    }
+    let (m, a, e) = (&spec.model, &spec.attention, &spec.moe);
+    let mut ok = crate::dense::check_dense_sizes(
+        &mut c,
+        m,
+        &spec.layers,
+        a,
+        &spec.mlp,
+        "SwiGLU width of the dense layers",
+    );
+    ok &= c.range(
+        "moe.num_experts",
+        e.num_experts,
+        MAX_EXPERTS,
+        "routed experts per MoE layer (Qwen3-30B-A3B: 128)",
+    );
+    ok &= c.range(
+        "moe.num_experts_per_tok",
+        e.num_experts_per_tok,
+        MAX_EXPERTS,
+        "experts each token is routed to (Qwen3-30B-A3B: 8)",
+    );
+    ok &= c.range(
+        "moe.moe_intermediate_size",
+        e.moe_intermediate_size,
+        MAX_INTERMEDIATE,
+        "SwiGLU width of each expert",
+    );
+    ok &= c.range(
+        "moe.decoder_sparse_step",
+        e.decoder_sparse_step,
+        MAX_LAYERS,
+        "every step-th layer is MoE (1: every layer)",
+    );
+    if ok && e.num_experts_per_tok > e.num_experts {
+        ok = false;
+        c.err(
+            p("moe.num_experts_per_tok"),
+            format!("top-{} of {} experts", e.num_experts_per_tok, e.num_experts),
+            format!("at most num_experts ({})", e.num_experts),
+            "argpartition picks k of the experts: k cannot exceed their number",
+        );
+    }
+    let n = spec.layers.num_hidden_layers;
+    let mut seen = std::collections::BTreeSet::new();
+    for (j, &l) in e.mlp_only_layers.iter().enumerate() {
+        let path = p("moe.mlp_only_layers").index(j);
+        if l >= n {
+            ok = false;
+            c.err(
+                path,
+                format!("layer {l} does not exist ({n} layers)"),
+                format!("a layer index in 0..{n}"),
+                "mlp_only_layers lists the layers that keep the dense MLP",
+            );
+        } else if !seen.insert(l) {
+            ok = false;
+            c.err(
+                path,
+                format!("layer {l} is listed twice"),
+                "each layer at most once",
+                "remove the repeated index",
+            );
+        }
+    }
+    if ok && (0..n).all(|i| !is_moe_layer(spec, i)) {
+        c.err(
+            p("moe.mlp_only_layers"),
+            "no layer is MoE (every layer is in mlp_only_layers or off the decoder_sparse_step)",
+            "at least one MoE layer",
+            "a model without MoE layers is a dense qwen3 model: write it with family qwen3",
+        );
+    }
+    c.eps(m.rms_norm_eps, "Qwen3-MoE uses 1.0e-6");
+    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
+    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
+    c.positive_finite(
+        "rope.rope_theta",
+        spec.rope.rope_theta,
+        "the RoPE base, e.g. 1000000.0",
+    );
+    if ok && c.issues.is_empty() {
+        if let Some(q) = &spec.quantization {
+            validate::check_quantization(q, &lower(spec), &mut c.issues);
+        }
+    }
+    c.issues
+}
+
+// ---------------------------------------------------------------- lowering
+
+/// The IR of a valid Qwen3-MoE spec: Qwen3's pre-norm attention layers (q/k RMSNorm
+/// per head, plain RoPE, `head_dim ** -0.5`), each with routed SwiGLU experts
+/// (`FeedForward::Moe`, softmax-then-top-k router) or, on `mlp_only_layers` and
+/// off the `decoder_sparse_step`, a dense SwiGLU MLP.
+pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
+    use crate::ir::*;
+    let a = &spec.attention;
+    let head_dim = a.head_dim as usize;
+    let e = &spec.moe;
+    let probs = if e.norm_topk_prob {
+        TopKProbs::Renormalized
+    } else {
+        TopKProbs::AsTaken
+    };
+    let layers = (0..spec.layers.num_hidden_layers)
+        .map(|i| Layer {
+            index: i as usize,
+            norms: Norms {
+                arrangement: NormArrangement::PreNorm,
+                weight: NormWeight::Direct,
+            },
+            mixer: Mixer::Attention(Attention {
+                n_heads: a.num_attention_heads as usize,
+                n_kv_heads: a.num_key_value_heads as usize,
+                head_dim,
+                qk_norm: QkNorm::RmsPerHead,
+                value_norm: ValueNorm::None,
+                rope: RopeForm {
+                    kind: RopeKind::Default {
+                        theta: spec.rope.rope_theta as f32,
+                    },
+                    traditional: false,
+                    rotated_dims: head_dim,
+                },
+                scale: AttentionScale::InvSqrtHeadDim,
+                scores: Scores::FusedSdpa,
+                output_gate: OutputGate::None,
+                projection: QkvProjection::Separate,
+                bias: ProjectionBias::None,
+                window: Window::Full,
+                kv: KvSource::Own {
+                    values: Values::Projected,
+                    cache: KvCache::Plain,
+                },
+            }),
+            ffn: if is_moe_layer(spec, i) {
+                FeedForward::Moe(Moe {
+                    num_experts: e.num_experts as usize,
+                    top_k: e.num_experts_per_tok as usize,
+                    width: e.moe_intermediate_size as usize,
+                    router: Router::SoftmaxTopK { probs },
+                    activation: Activation::Silu,
+                })
+            } else {
+                FeedForward::Mlp(GatedMlp {
+                    width: spec.mlp.intermediate_size as usize,
+                    activation: Activation::Silu,
+                    projection: GateUpProjection::Separate,
+                })
+            },
+            input: LayerInput::None,
+            scalar: LayerScalar::None,
+            residual: Residual::Plain,
+        })
+        .collect();
+    ModelIr {
+        name: spec.identity.name.clone(),
+        checkpoint: Checkpoint {
+            model_type: spec.identity.source.model_type,
+            prefix: ModulePrefix::Model,
+            // Qwen3MoeModel.sanitize: the tied head popped, per-expert HF weights stacked.
+            sanitize: vec![SanitizeRule::DropTiedHead, SanitizeRule::StackExperts],
+        },
+        // qwen3_moe.py's shard().
+        sharding: Sharding {
+            oracle: ShardOracle::MlxLm,
+            head: HeadSplit::Whole,
+            kv_heads: KvHeadSplit::Divided,
+        },
+        hidden_size: spec.model.hidden_size as usize,
+        vocab_size: spec.model.vocab_size as usize,
+        max_position_embeddings: spec.model.max_position_embeddings as usize,
+        norm_eps: spec.model.rms_norm_eps as f32,
+        embedding: Embedding {
+            scale: EmbedScale::None,
+            per_layer_input: None,
+        },
+        layers,
+        head: Head {
+            weight: if spec.model.tie_word_embeddings {
+                HeadWeight::TiedEmbedding
+            } else {
+                HeadWeight::Untied
+            },
+            logit_softcap: None,
+            norm: NormWeight::Direct,
+            logit_scale: LogitScale::None,
+        },
+        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
+    }
+}
+
+// ---------------------------------------------------------------- config.json view
+
+/// The spec with config.json field names (flat, as qwen3_moe configs are), plus
+/// `quantization` when present. Keys sorted.
+pub(crate) fn hf_json(spec: &Qwen3MoeSpec) -> Value {
+    let e = &spec.moe;
+    let mut v = json!({
+        "model_type": spec.identity.source.model_type.as_str(),
+        "hidden_size": spec.model.hidden_size,
+        "num_hidden_layers": spec.layers.num_hidden_layers,
+        "intermediate_size": spec.mlp.intermediate_size,
+        "num_attention_heads": spec.attention.num_attention_heads,
+        "num_key_value_heads": spec.attention.num_key_value_heads,
+        "head_dim": spec.attention.head_dim,
+        "rms_norm_eps": spec.model.rms_norm_eps,
+        "vocab_size": spec.model.vocab_size,
+        "max_position_embeddings": spec.model.max_position_embeddings,
+        "tie_word_embeddings": spec.model.tie_word_embeddings,
+        "rope_theta": spec.rope.rope_theta,
+        "rope_scaling": Value::Null,
+        "num_experts": e.num_experts,
+        "num_experts_per_tok": e.num_experts_per_tok,
+        "moe_intermediate_size": e.moe_intermediate_size,
+        "norm_topk_prob": e.norm_topk_prob,
+        "decoder_sparse_step": e.decoder_sparse_step,
+        "mlp_only_layers": e.mlp_only_layers,
+    });
+    if let Some(q) = &spec.quantization {
+        v["quantization"] = crate::hf::quantization_json(q);
+    }
+    crate::hf::canonical(&v)
+}
+
+/// A config.json mlx-lm loads to exactly this architecture (no quantization).
+pub(crate) fn config_json(spec: &Qwen3MoeSpec) -> Value {
+    let mut v = hf_json(spec);
+    if let Some(o) = v.as_object_mut() {
+        o.remove("quantization");
+    }
+    v
+}
+
+// ---------------------------------------------------------------- YAML
+
+/// The full-form YAML text of a Qwen3-MoE spec.
+pub(crate) fn to_yaml(spec: &Qwen3MoeSpec) -> String {
+    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    let mut o = String::new();
+    let _ = writeln!(o, "{MODELINE}");
+    let _ = writeln!(o, "format_version: {}", spec.format_version);
+    identity_yaml(&mut o, &spec.identity);
+    let m = &spec.model;
+    let _ = writeln!(o, "model:");
+    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
+    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
+    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
+    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
+    let _ = writeln!(
+        o,
+        "  max_position_embeddings: {}",
+        m.max_position_embeddings
+    );
+    let _ = writeln!(o, "layers:");
+    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
+    let a = &spec.attention;
+    let _ = writeln!(o, "attention:");
+    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
+    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
+    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
+    let _ = writeln!(o, "rope:");
+    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
+    let _ = writeln!(o, "mlp:");
+    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    let e = &spec.moe;
+    let _ = writeln!(o, "moe:");
+    let _ = writeln!(o, "  num_experts: {}", e.num_experts);
+    let _ = writeln!(o, "  num_experts_per_tok: {}", e.num_experts_per_tok);
+    let _ = writeln!(o, "  moe_intermediate_size: {}", e.moe_intermediate_size);
+    let _ = writeln!(o, "  norm_topk_prob: {}", e.norm_topk_prob);
+    let _ = writeln!(o, "  decoder_sparse_step: {}", e.decoder_sparse_step);
+    let layers: Vec<String> = e.mlp_only_layers.iter().map(u32::to_string).collect();
+    let _ = writeln!(o, "  mlp_only_layers: [{}]", layers.join(", "));
+    quantization_yaml(&mut o, spec.quantization.as_ref());
+    o
+}
+
+// ---------------------------------------------------------------- parsing
+
+/// How a qwen3_moe document is read (see [`crate::layout`]).
+const LAYOUT: Layout = Layout {
+    family: "qwen3_moe",
+    anchor: "qwen3-moe",
+    sections: &[
+        ("format_version", Sections::check::<u32>),
+        ("identity", Sections::check::<Identity>),
+        ("model", Sections::check::<DenseModel>),
+        ("layers", Sections::check::<DenseLayers>),
+        ("attention", Sections::check::<DenseAttention>),
+        ("rope", Sections::check::<Qwen3MoeRope>),
+        ("mlp", Sections::check::<DenseMlp>),
+        ("moe", Sections::check::<Qwen3MoeExperts>),
+        ("quantization", Sections::check::<Option<Quantization>>),
+    ],
+    texts: &[
+        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#qwen3-moe"),
+        ("layers", "a mapping {num_hidden_layers}", "every layer is full attention; see docs/spec-format.md#qwen3-moe"),
+        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "attention geometry; see docs/spec-format.md#qwen3-moe"),
+        ("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling); see docs/spec-format.md#qwen3-moe"),
+        ("mlp", "a mapping {intermediate_size}", "SwiGLU width of the dense layers; see docs/spec-format.md#qwen3-moe"),
+        ("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts; see docs/spec-format.md#qwen3-moe"),
+    ],
+    refused: &[],
+};
+
+/// Deserializes and validates a full Qwen3-MoE document; every section's first error.
+pub(crate) fn parse_full(
+    value: serde_yaml::Value,
+    tree: &Node,
+    origin: &str,
+) -> Result<Qwen3MoeSpec, Diagnostics> {
+    LAYOUT.parse(value, tree, origin, check)
+}
+
+/// The derived Qwen3-MoE form (see [`crate::reduce`]): the dense form's sizes and
+/// the experts'.
+impl Reducible for Qwen3MoeSpec {
+    type File = Qwen3MoeDerivedSpecFile;
+    type Reduce = Qwen3MoeReduce;
+
+    fn derived(parent: &Self, file: &Qwen3MoeDerivedSpecFile) -> Self {
+        let mut spec = parent.clone();
+        spec.identity.name = file.identity.name.clone();
+        spec.quantization = file.derive.quantization.clone();
+        spec
+    }
+    fn reduce(file: &Qwen3MoeDerivedSpecFile) -> Option<&Qwen3MoeReduce> {
+        file.derive.reduce.as_ref()
+    }
+    fn format_version(file: &Qwen3MoeDerivedSpecFile) -> u32 {
+        file.format_version
+    }
+    fn stack(r: &Qwen3MoeReduce) -> Stack {
+        Stack {
+            num_hidden_layers: r.num_hidden_layers,
+            hidden_size: r.hidden_size,
+            vocab_size: r.vocab_size,
+            num_attention_heads: r.num_attention_heads,
+            num_key_value_heads: r.num_key_value_heads,
+            head_dim: r.head_dim,
+        }
+    }
+    fn stack_of(&self) -> Stack {
+        Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
+    }
+    fn other_sizes(r: &Qwen3MoeReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
+        let pm = &parent.moe;
+        vec![
+            (
+                "intermediate_size",
+                r.intermediate_size,
+                parent.mlp.intermediate_size,
+            ),
+            ("num_experts", r.num_experts, pm.num_experts),
+            (
+                "num_experts_per_tok",
+                r.num_experts_per_tok,
+                pm.num_experts_per_tok,
+            ),
+            (
+                "moe_intermediate_size",
+                r.moe_intermediate_size,
+                pm.moe_intermediate_size,
+            ),
+        ]
+    }
+    fn apply(&mut self, r: &Qwen3MoeReduce) {
+        Self::stack(r).write(
+            &mut self.layers.num_hidden_layers,
+            &mut self.model,
+            &mut self.attention,
+        );
+        self.mlp.intermediate_size = r.intermediate_size;
+        self.moe.num_experts = r.num_experts;
+        self.moe.num_experts_per_tok = r.num_experts_per_tok;
+        self.moe.moe_intermediate_size = r.moe_intermediate_size;
+    }
+    fn check(&self) -> Vec<Issue> {
+        check(self)
+    }
+    /// A size check is on the reduced field of the same name; a reduced size the
+    /// parent's structure does not fit (an `mlp_only_layers` entry past the last
+    /// layer) points at `num_hidden_layers`.
+    fn reduced_field(path: &str) -> Option<FieldPath> {
+        let field = last_key(path);
+        let field = match field.strip_prefix("mlp_only_layers") {
+            Some(_) => "num_hidden_layers",
+            None => field.split('[').next().unwrap_or(field),
+        };
+        Some(reduce_key(field))
+    }
+    fn name(&self) -> &str {
+        &self.identity.name
+    }
+    fn quantization(&self) -> Option<&Quantization> {
+        self.quantization.as_ref()
+    }
+    fn quant_skipped(&self) -> Vec<QuantizableModule> {
+        lower(self).quant_skipped_modules()
+    }
+}
+
+// ---------------------------------------------------------------- import
+
+/// Imports a flat `qwen3_moe` config.json as mlx-lm 0.32.2's `ModelArgs` reads it
+/// (`qwen3_moe.py`): every field it reads is required (the dataclass has no defaults
+/// but `rope_scaling`, which it accepts and never reads).
+pub(crate) fn import(
+    top: &Map<String, Value>,
+    name: &str,
+) -> Result<(Qwen3MoeSpec, Vec<AppliedDefault>), ImportError> {
+    let mut r = Reader::new(top, "");
+    let hidden_size = r.required_uint("hidden_size");
+    let num_layers = r.required_uint("num_hidden_layers");
+    let intermediate_size = r.required_uint("intermediate_size");
+    let num_heads = r.required_uint("num_attention_heads");
+    let num_experts = r.required_uint("num_experts");
+    let top_k = r.required_uint("num_experts_per_tok");
+    let sparse_step = r.required_uint("decoder_sparse_step");
+    let mlp_only_layers = match r.get("mlp_only_layers").cloned() {
+        None => {
+            r.problem(
+                "mlp_only_layers",
+                "missing (mlx-lm qwen3_moe.py requires it; [] for none)",
+            );
+            Vec::new()
+        }
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| r.uint_of("mlp_only_layers", v))
+            .collect(),
+        Some(other) => {
+            r.problem(
+                "mlp_only_layers",
+                &format!("expected a list of layer indices, found {other}"),
+            );
+            Vec::new()
+        }
+    };
+    let moe_width = r.required_uint("moe_intermediate_size");
+    let rms_norm_eps = r.required_float("rms_norm_eps");
+    let vocab_size = r.required_uint("vocab_size");
+    let num_kv = r.required_uint("num_key_value_heads");
+    let head_dim = r.required_uint("head_dim");
+    let rope_theta = r.required_float("rope_theta");
+    let tie = r.required_bool("tie_word_embeddings");
+    let max_pos = r.required_uint("max_position_embeddings");
+    let norm_topk_prob = r.required_bool("norm_topk_prob");
+    if r.get("rope_scaling").is_some_and(|v| !v.is_null()) {
+        r.note(
+            "rope_scaling",
+            Value::Null,
+            "ignored: mlx-lm 0.32.2 qwen3_moe.py builds nn.RoPE(head_dim, base=rope_theta) without it",
+        );
+    }
+    let quantization = top
+        .get("quantization")
+        .filter(|v| !v.is_null())
+        .map(|q| (q, "quantization"))
+        .or_else(|| {
+            top.get("quantization_config")
+                .filter(|v| !v.is_null())
+                .map(|q| (q, "quantization_config"))
+        })
+        .and_then(|(q, field)| read_quantization(q, field, &mut r));
+    let (applied, problems) = r.finish();
+    if !problems.is_empty() {
+        return Err(ImportError { problems });
+    }
+    let repo = top
+        .get("_name_or_path")
+        .and_then(Value::as_str)
+        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
+        .map(str::to_string);
+    let spec = Qwen3MoeSpec {
+        format_version: FORMAT_VERSION,
+        identity: Identity {
+            name: name.to_string(),
+            family: Family::Qwen3Moe,
+            source: Source {
+                repo,
+                revision: None,
+                model_type: ConfigModelType::Qwen3Moe,
+            },
+        },
+        model: DenseModel {
+            hidden_size,
+            vocab_size,
+            rms_norm_eps,
+            tie_word_embeddings: tie,
+            max_position_embeddings: max_pos,
+        },
+        layers: DenseLayers {
+            num_hidden_layers: num_layers,
+        },
+        attention: DenseAttention {
+            num_attention_heads: num_heads,
+            num_key_value_heads: num_kv,
+            head_dim,
+        },
+        rope: Qwen3MoeRope { rope_theta },
+        mlp: DenseMlp { intermediate_size },
+        moe: Qwen3MoeExperts {
+            num_experts,
+            num_experts_per_tok: top_k,
+            moe_intermediate_size: moe_width,
+            norm_topk_prob,
+            decoder_sparse_step: sparse_step,
+            mlp_only_layers,
+        },
+        quantization,
+    };
+    let issues = check(&spec);
+    crate::reader::checked(spec, issues, applied)
+}
+
+/// Qwen3-MoE in the family registry.
+pub(crate) struct Qwen3MoeFamily;
+
+impl crate::model_family::ModelFamily for Qwen3MoeFamily {
+    fn model_types(&self) -> &'static [ConfigModelType] {
+        &[ConfigModelType::Qwen3Moe]
+    }
+    fn kv_config_refused(&self) -> Option<&'static str> {
+        Some("KV-cache quantization is supported for Gemma-4 only")
+    }
+    fn import(
+        &self,
+        c: &crate::model_family::ConfigJson,
+    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
+        import(c.top, c.name).map(|(s, applied)| (crate::Spec::Qwen3Moe(s), applied))
+    }
+}

@@ -1,0 +1,265 @@
+//! The derived form every family but Gemma-4 reads: `derive: {from, reduce,
+//! quantization}` applied to an already loaded, valid parent (Gemma-4's own form,
+//! with periods and feature presence, is in [`crate::derive`]; it shares
+//! [`check_shrinks`] and [`quant_divisibility`] from here).
+//!
+//! A family states its form once, as an implementation of [`Reducible`]: which
+//! sizes its `reduce` names, how they are applied, and where an issue found on
+//! the reduced spec belongs in the derived file. [`read`] does the rest, in the
+//! same order for every family: deserialize the file, check that each size
+//! shrinks and that the parent's structure is kept (grouped-query attention stays
+//! grouped, plus the family's own rules), apply, validate the result like a full
+//! spec, and require that a quantized variant quantizes every module.
+
+use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::ir::QuantizableModule;
+use crate::model::Quantization;
+use crate::yaml::Node;
+use crate::{locate_all, locate_serde, FORMAT_VERSION};
+use serde::de::DeserializeOwned;
+
+fn p(s: &str) -> FieldPath {
+    FieldPath::parse(s)
+}
+
+/// One reduced size beside the parent's: `(field under derive.reduce, reduced, parent's)`.
+pub(crate) type Size = (&'static str, u32, u32);
+
+/// The attention stack's sizes, which every family's `reduce` names first and in
+/// this order.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stack {
+    pub num_hidden_layers: u32,
+    pub hidden_size: u32,
+    pub vocab_size: u32,
+    pub num_attention_heads: u32,
+    pub num_key_value_heads: u32,
+    pub head_dim: u32,
+}
+
+impl Stack {
+    /// Each size beside the parent's, in report order.
+    fn beside(&self, parent: &Stack) -> [Size; 6] {
+        [
+            (
+                "num_hidden_layers",
+                self.num_hidden_layers,
+                parent.num_hidden_layers,
+            ),
+            ("hidden_size", self.hidden_size, parent.hidden_size),
+            ("vocab_size", self.vocab_size, parent.vocab_size),
+            (
+                "num_attention_heads",
+                self.num_attention_heads,
+                parent.num_attention_heads,
+            ),
+            (
+                "num_key_value_heads",
+                self.num_key_value_heads,
+                parent.num_key_value_heads,
+            ),
+            ("head_dim", self.head_dim, parent.head_dim),
+        ]
+    }
+
+    fn grouped(&self) -> bool {
+        self.num_attention_heads != self.num_key_value_heads
+    }
+}
+
+/// A family's derived form, as [`read`] needs it. Implemented by the family's
+/// full spec type.
+pub(crate) trait Reducible: Clone {
+    /// The derived document (`<Family>DerivedSpecFile`, as the JSON schema names it).
+    type File: DeserializeOwned;
+    /// Its `derive.reduce` section.
+    type Reduce;
+
+    /// The parent with what a derived file sets rather than inherits: its name and
+    /// weight quantization (and mixed KV, where the form has it).
+    fn derived(parent: &Self, file: &Self::File) -> Self;
+    /// The file's `derive.reduce`, or None for `reduce: null`.
+    fn reduce(file: &Self::File) -> Option<&Self::Reduce>;
+    /// The file's `format_version`.
+    fn format_version(file: &Self::File) -> u32;
+    /// Fields the derived file's form has but this family does not take, each as
+    /// an issue (reported before anything else).
+    fn refused_in_file(_file: &Self::File) -> Vec<Issue> {
+        Vec::new()
+    }
+    /// The attention stack's sizes of a reduction.
+    fn stack(reduce: &Self::Reduce) -> Stack;
+    /// The attention stack's sizes of a full spec.
+    fn stack_of(&self) -> Stack;
+    /// The family's other reduced sizes beside the parent's, checked after the
+    /// stack's. A reduction whose form does not match the parent's (a dense
+    /// width for an MoE parent) is reported in `issues`, before any size.
+    fn other_sizes(reduce: &Self::Reduce, parent: &Self, issues: &mut Vec<Issue>) -> Vec<Size>;
+    /// The family's structure rules beyond grouped-query attention, reported
+    /// after it.
+    fn keep_structure(_reduce: &Self::Reduce, _parent: &Self, _issues: &mut Vec<Issue>) {}
+    /// Writes every reduced size into the spec.
+    fn apply(&mut self, reduce: &Self::Reduce);
+    /// All semantic errors of a full spec (full-spec field paths).
+    fn check(&self) -> Vec<Issue>;
+    /// The `derive.reduce` field an issue at the full-spec `path` belongs to (in a
+    /// file with a `reduce` section), or None when it concerns an inherited field.
+    fn reduced_field(path: &str) -> Option<FieldPath>;
+    fn name(&self) -> &str;
+    fn quantization(&self) -> Option<&Quantization>;
+    /// Modules the default quantization would leave unquantized (group size).
+    fn quant_skipped(&self) -> Vec<QuantizableModule>;
+}
+
+/// The last key of a full-spec path as text: `attention.head_dim` → `head_dim`.
+pub(crate) fn last_key(path: &str) -> &str {
+    path.rsplit('.').next().unwrap_or(path)
+}
+
+/// `derive.reduce.<field>`; `field` may be a dotted path (`moe.num_experts`).
+pub(crate) fn reduce_key(field: &str) -> FieldPath {
+    let mut path = p("derive.reduce");
+    path.0.extend(FieldPath::parse(field).0);
+    path
+}
+
+/// Applies a derived file of `S`'s form to its (already loaded, valid) parent.
+pub(crate) fn read<S: Reducible>(
+    value: serde_yaml::Value,
+    tree: &Node,
+    origin: &str,
+    parent: &S,
+) -> Result<S, Diagnostics> {
+    let file: S::File = serde_path_to_error::deserialize(value).map_err(|e| {
+        locate_serde(
+            tree,
+            origin,
+            vec![crate::serde_issue(&FieldPath::root(), e)],
+        )
+    })?;
+    let mut front = S::refused_in_file(&file);
+    if S::format_version(&file) != FORMAT_VERSION {
+        front.insert(
+            0,
+            Issue::new(
+                p("format_version"),
+                format!(
+                    "format version {} is not supported",
+                    S::format_version(&file)
+                ),
+                format!("{FORMAT_VERSION}"),
+                "this archgen reads format_version 1 only",
+            ),
+        );
+    }
+    if !front.is_empty() {
+        return Err(locate_all(tree, origin, front));
+    }
+    let mut spec = S::derived(parent, &file);
+    let reduce = S::reduce(&file);
+    let mut issues = Vec::new();
+    if let Some(r) = reduce {
+        let (stack, parent_stack) = (S::stack(r), parent.stack_of());
+        let mut sizes = stack.beside(&parent_stack).to_vec();
+        sizes.extend(S::other_sizes(r, parent, &mut issues));
+        check_shrinks(&sizes, &mut issues);
+        if parent_stack.grouped() && !stack.grouped() {
+            issues.push(Issue::new(
+                reduce_key("num_key_value_heads"),
+                format!(
+                    "{} KV heads for {} query heads: not grouped, but the parent is",
+                    stack.num_key_value_heads, stack.num_attention_heads
+                ),
+                "fewer KV heads than query heads",
+                "a reduction keeps the parent's structure: GQA stays GQA",
+            ));
+        }
+        S::keep_structure(r, parent, &mut issues);
+        spec.apply(r);
+    }
+    if issues.is_empty() {
+        let checked = spec.check();
+        issues.extend(
+            checked
+                .into_iter()
+                .map(|i| place::<S>(i, reduce.is_some(), parent.name())),
+        );
+    }
+    if issues.is_empty() {
+        if let Some(q) = spec.quantization() {
+            issues.extend(quant_divisibility(
+                q,
+                &spec.quant_skipped(),
+                "derived specs must exercise quantization everywhere: pick sizes that are multiples of the group size",
+            ));
+        }
+    }
+    if issues.is_empty() {
+        Ok(spec)
+    } else {
+        Err(locate_all(tree, origin, issues))
+    }
+}
+
+/// Moves an issue on the reduced spec to the derived file's field: the derived
+/// file's own sections keep their place under `derive`, a reduced size goes to
+/// its `derive.reduce` field, and anything else was inherited from the parent.
+/// (With `reduce: null` every size is the valid parent's, so in practice only the
+/// file's own sections have issues then.)
+fn place<S: Reducible>(mut i: Issue, reduced: bool, parent: &str) -> Issue {
+    let s = i.path.to_string();
+    if s.starts_with("quantization") || s.starts_with("mixed_kv") {
+        let mut path = p("derive");
+        path.0.extend(i.path.0);
+        i.path = path;
+        return i;
+    }
+    if s == "identity.name" || s == "format_version" {
+        return i;
+    }
+    match S::reduced_field(&s).filter(|_| reduced) {
+        Some(field) => i.path = field,
+        None => {
+            i.path = p("derive.from");
+            i.message = format!("{} (inherited from `{parent}` at {s})", i.message);
+        }
+    }
+    i
+}
+
+/// A derived (tiny) spec must quantize every module it declares quantized: no
+/// module may be silently skipped for group divisibility. `skipped` lists the
+/// modules the default quantization would skip.
+pub(crate) fn quant_divisibility(
+    q: &Quantization,
+    skipped: &[QuantizableModule],
+    hint: &str,
+) -> Option<Issue> {
+    let first = skipped.first()?;
+    Some(Issue::new(
+        p("derive.quantization.default.group_size"),
+        format!(
+            "group size {} does not divide the input dimension {} of `{}` ({} module(s) would be left unquantized)",
+            q.default.group_size,
+            first.in_dim,
+            first.path,
+            skipped.len()
+        ),
+        "a group size dividing every quantized module's input dimension",
+        hint,
+    ))
+}
+
+/// A reduction only shrinks: each (field, reduced, parent's) must not grow.
+pub(crate) fn check_shrinks(sizes: &[Size], issues: &mut Vec<Issue>) {
+    for &(field, v, pv) in sizes {
+        if v > pv {
+            issues.push(Issue::new(
+                reduce_key(field),
+                format!("{v} is larger than the parent's {pv}"),
+                format!("at most {pv}"),
+                "a reduction only shrinks sizes",
+            ));
+        }
+    }
+}

@@ -1,0 +1,1104 @@
+//! config.json → spec → `to_hf_json` round-trips every field, with mlx-lm's defaults.
+
+use archgen_families::import::{from_config_json, AppliedDefault};
+use archgen_families::*;
+use archgen_ir::{
+    Attention, HeadWeight, KvCache, KvQuant, KvSource, ModelIr, QkNorm, RopeKind, Window,
+};
+use serde_json::{json, Value};
+
+/// Layer `i`'s attention.
+fn attention(model: &ModelIr, i: usize) -> &Attention {
+    model.layers[i].attention().expect("an attention layer")
+}
+
+/// The first layer without K/V of its own (the layer count when none).
+fn first_kv_shared(model: &ModelIr) -> usize {
+    model
+        .layers
+        .iter()
+        .position(|l| l.attention().is_some_and(|a| !a.owns_kv()))
+        .unwrap_or(model.layers.len())
+}
+
+/// Every attention layer attends over every earlier position (no sliding window).
+fn all_full(model: &ModelIr) -> bool {
+    model
+        .layers
+        .iter()
+        .filter_map(|l| l.attention())
+        .all(|a| a.window == Window::Full)
+}
+
+fn fixture(name: &str) -> Value {
+    let path = format!("{}/tests/import/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+const FIELDS: [&str; 25] = [
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_global_key_value_heads",
+    "head_dim",
+    "global_head_dim",
+    "sliding_window",
+    "layer_types",
+    "num_kv_shared_layers",
+    "hidden_size_per_layer_input",
+    "vocab_size",
+    "vocab_size_per_layer_input",
+    "use_double_wide_mlp",
+    "enable_moe_block",
+    "num_experts",
+    "top_k_experts",
+    "moe_intermediate_size",
+    "attention_k_eq_v",
+    "final_logit_softcapping",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "rope_parameters",
+    "max_position_embeddings",
+];
+
+/// Imports, checks that YAML and the HF view round-trip, returns the HF view.
+fn import_and_round_trip(
+    config: &Value,
+    kv: Option<&Value>,
+    name: &str,
+) -> (Spec, Vec<AppliedDefault>, Value) {
+    let (spec, applied) = from_config_json(config, kv, name).unwrap_or_else(|e| panic!("{e}"));
+    // The YAML file we would write parses back to the same spec.
+    let yaml = to_yaml(&spec);
+    assert_eq!(
+        parse_str(&yaml, "imported.yaml").unwrap_or_else(|d| panic!("{d}\n{yaml}")),
+        spec
+    );
+    // The HF view, imported again as a flat gemma4_text config, gives the same spec.
+    let hf = to_hf_json(&spec);
+    let mut flat = hf.clone();
+    if spec.as_gemma4().is_some() {
+        flat["model_type"] = json!("gemma4_text");
+    }
+    let (again, _) = from_config_json(&flat, None, name).unwrap_or_else(|e| panic!("{e}"));
+    let mut expected = spec.clone();
+    expected.identity_mut().source.repo = None;
+    if let Some(g) = expected.as_gemma4_mut() {
+        g.identity.source.model_type = ConfigModelType::Gemma4Text;
+        g.kv_quantization = None;
+    }
+    // Override paths are kept verbatim (they name the original module tree).
+    assert_eq!(again, expected);
+    // Stable output.
+    assert_eq!(
+        serde_json::to_string(&hf).unwrap(),
+        serde_json::to_string(&to_hf_json(&spec)).unwrap()
+    );
+    (spec, applied, hf)
+}
+
+#[test]
+fn gemma4_wrapper_round_trips_every_field() {
+    let config = fixture("gemma4-e2b-shaped.json");
+    let (spec, applied, hf) = import_and_round_trip(&config, None, "e2b-shaped");
+    let text = &config["text_config"];
+    for f in FIELDS {
+        let want = match f {
+            // Written without partial_rotary_factor/factor in the config; mlx-lm's
+            // default RoPE ignores them, proportional defaults factor to 1.0.
+            "rope_parameters" => json!({
+                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional", "factor": 1.0},
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}
+            }),
+            _ => text[f].clone(),
+        };
+        assert_eq!(hf[f], want, "{f}");
+    }
+    assert_eq!(hf["rope_traditional"], json!(false));
+    assert!(hf.get("quantization").is_none() && hf.get("kv_quantization").is_none());
+    // Only the factor was defaulted (plus nothing else: every other field is explicit).
+    let fields: Vec<&str> = applied.iter().map(|a| a.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "text_config.rope_traditional",
+            "text_config.rope_parameters.full_attention.factor"
+        ]
+    );
+    let model = spec.lower();
+    assert_eq!(first_kv_shared(&model), 5);
+    assert_eq!(attention(&model, 9).kv_layer(9), 4);
+    assert_eq!(model.layers[9].mlp().map(|m| m.width), Some(256));
+    assert_eq!(model.module_prefix(), "language_model.model.");
+}
+
+#[test]
+fn flat_gemma4_text_with_quantization_round_trips() {
+    let config = fixture("gemma4-text-moe-q8.json");
+    let (spec, applied, hf) = import_and_round_trip(&config, None, "moe-q8");
+    for f in FIELDS {
+        let want = match f {
+            "rope_parameters" => json!({
+                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional", "factor": 1.0},
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}
+            }),
+            // PLE is off (width 0): its vocabulary is dead and shown as null.
+            "vocab_size_per_layer_input" => Value::Null,
+            _ => config[f].clone(),
+        };
+        assert_eq!(hf[f], want, "{f}");
+    }
+    // Per-module dicts without `mode` are affine (to_quantized's default).
+    let mut q = config["quantization"].clone();
+    for i in 0..12 {
+        q[format!("model.layers.{i}.router.proj")]["mode"] = json!("affine");
+    }
+    assert_eq!(hf["quantization"], q);
+    assert_eq!(
+        applied
+            .iter()
+            .filter(|a| a.field.ends_with(".mode"))
+            .count(),
+        12
+    );
+    let a = spec.lower();
+    assert_eq!(a.module_prefix(), "model.");
+    assert_eq!(
+        a.quant_for("model.layers.7.router.proj")
+            .map(|q| q.group_size),
+        Some(64)
+    );
+    assert_eq!(
+        a.quant_for("model.layers.7.experts.switch_glu.down_proj")
+            .map(|q| q.group_size),
+        Some(32)
+    );
+    assert_eq!(
+        a.layers[7].moe().map(|m| (m.num_experts, m.top_k, m.width)),
+        Some((4, 2, 32))
+    );
+}
+
+#[test]
+fn missing_fields_take_mlx_lm_defaults_and_are_listed() {
+    let config = fixture("gemma4-unified-sparse.json");
+    let kv = fixture("kv_config.json");
+    let (spec, applied, hf) = import_and_round_trip(&config, Some(&kv), "unified-sparse");
+    let listed = |f: &str| {
+        applied
+            .iter()
+            .find(|a| a.field == f)
+            .map(|a| a.value.clone())
+    };
+    // gemma4 wrapper: top-level vocab_size default.
+    assert_eq!(listed("vocab_size"), Some(json!(262144)));
+    assert_eq!(hf["vocab_size"], json!(262144));
+    assert_eq!(listed("text_config.global_head_dim"), Some(json!(512)));
+    assert_eq!(
+        listed("text_config.final_logit_softcapping"),
+        Some(json!(30.0))
+    );
+    assert_eq!(listed("text_config.rms_norm_eps"), Some(json!(1e-6)));
+    assert_eq!(listed("text_config.tie_word_embeddings"), Some(json!(true)));
+    assert_eq!(
+        listed("text_config.max_position_embeddings"),
+        Some(json!(131072))
+    );
+    assert!(listed("text_config.rope_parameters").is_some());
+    assert_eq!(listed("kv_config[0].group_size"), Some(json!(64)));
+    assert_eq!(
+        spec.identity().source.model_type,
+        ConfigModelType::Gemma4Unified
+    );
+    // Legacy quant_method mxfp4 → {4, 32, mxfp4}, read from text_config.quantization_config.
+    assert_eq!(
+        hf["quantization"],
+        json!({"bits": 4, "group_size": 32, "mode": "mxfp4"})
+    );
+    assert_eq!(
+        hf["kv_quantization"],
+        json!([{"layer_idx": 5, "bits": 4, "group_size": 32}, {"layer_idx": 11, "bits": 8, "group_size": 64}])
+    );
+    assert_eq!(
+        hf["rope_parameters"]["full_attention"]["partial_rotary_factor"],
+        json!(0.25)
+    );
+    let model = spec.lower();
+    assert_eq!(attention(&model, 5).head_dim, 512);
+    assert_eq!(attention(&model, 5).n_kv_heads, 1);
+    assert!(matches!(
+        attention(&model, 11).kv,
+        KvSource::Own {
+            cache: KvCache::Quantized(KvQuant {
+                bits: 8,
+                group_size: 64
+            }),
+            ..
+        }
+    ));
+}
+
+#[test]
+fn an_empty_gemma4_config_is_mlx_lms_default_model() {
+    // mlx-lm's defaults describe an E2B-like model; the importer must reproduce them.
+    let (spec, applied) =
+        from_config_json(&json!({"model_type": "gemma4"}), None, "defaults").unwrap();
+    assert!(applied.len() > 20);
+    let model = spec.lower();
+    assert_eq!(
+        (
+            model.hidden_size,
+            model.layers.len(),
+            first_kv_shared(&model)
+        ),
+        (1536, 35, 15)
+    );
+    assert_eq!(attention(&model, 4).window, Window::Full);
+    assert_eq!(model.layers[34].mlp().map(|m| m.width), Some(12288));
+    assert_eq!(
+        model.embedding.per_layer_input,
+        Some(archgen_ir::PerLayerInput {
+            width: 256,
+            vocab: 262144
+        })
+    );
+    assert_eq!(model.head.logit_softcap.map(|s| s.cap), Some(30.0));
+    // Same architecture as the checked-in E2B spec, apart from identity.
+    let e2b = load(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../specs/gemma4-e2b.yaml"
+    ))
+    .unwrap();
+    let mut imported = spec.clone();
+    *imported.identity_mut() = e2b.identity().clone();
+    assert_eq!(imported, e2b);
+}
+
+#[test]
+fn normalisations_are_listed() {
+    let config = json!({
+        "model_type": "gemma4_text", "hidden_size": 64, "num_hidden_layers": 6, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_global_key_value_heads": 1,
+        "attention_k_eq_v": false, "head_dim": 16, "global_head_dim": 32, "num_kv_shared_layers": 0,
+        "use_double_wide_mlp": true, "hidden_size_per_layer_input": 0, "vocab_size": 512,
+        "sliding_window_pattern": 6, "final_logit_softcapping": null
+    });
+    let (spec, applied) = from_config_json(&config, None, "norm").unwrap();
+    let spec = spec.as_gemma4().unwrap();
+    assert_eq!(spec.attention.num_global_key_value_heads, None);
+    assert!(!spec.mlp.use_double_wide_mlp);
+    assert_eq!(spec.model.final_logit_softcapping, None);
+    assert_eq!(spec.layers.pattern.len(), 6);
+    let fields: Vec<&str> = applied.iter().map(|a| a.field.as_str()).collect();
+    assert!(
+        fields.contains(&"num_global_key_value_heads")
+            && fields.contains(&"use_double_wide_mlp")
+            && fields.contains(&"layer_types"),
+        "{fields:?}"
+    );
+}
+
+#[test]
+fn import_errors_are_collected() {
+    let config = json!({
+        "model_type": "gemma4_text", "hidden_size": "wide", "num_hidden_layers": -1,
+        "enable_moe_block": true, "layer_types": ["sliding_attention", "local"],
+        "rope_parameters": {"sliding_attention": {"rope_type": "yarn"}},
+        "quantization": {"bits": 4}
+    });
+    let e = from_config_json(&config, None, "bad").unwrap_err();
+    assert!(e.problems.len() >= 5, "{e}");
+    let text = e.to_string();
+    for needle in [
+        "hidden_size",
+        "num_hidden_layers",
+        "enable_moe_block",
+        "layer_types[1]",
+        "yarn",
+        "quantization",
+    ] {
+        assert!(text.contains(needle), "{needle} missing in:\n{text}");
+    }
+    assert!(from_config_json(&json!({"model_type": "llama"}), None, "x").is_err());
+    assert!(from_config_json(&json!([1, 2]), None, "x").is_err());
+}
+
+/// Every dense (and qwen3_moe) spec in specs/ is exactly what `spec import`
+/// makes of the config.json kept beside it in specs/configs/, and round-trips.
+/// Configs without a spec in specs/ are not read here.
+#[test]
+fn dense_specs_are_their_imported_configs() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs");
+    let mut seen = 0;
+    let mut hybrid = Vec::new();
+    for e in std::fs::read_dir(format!("{root}/configs")).unwrap() {
+        let path = e.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let Some(name) = file.strip_suffix(".config.json") else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("{root}/{name}.yaml")).exists() {
+            continue;
+        }
+        let config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let (spec, _, _) = import_and_round_trip(&config, None, name);
+        let checked_in = load(format!("{root}/{name}.yaml")).unwrap();
+        assert_eq!(spec, checked_in, "{name}");
+        if spec.family() == Family::Gemma2 {
+            continue; // gemma2_specs_are_their_imported_configs
+        }
+        if spec.family() == Family::Qwen35 {
+            hybrid.push(name.to_string());
+            continue;
+        }
+        assert!(
+            spec.family().is_dense()
+                || spec.family() == Family::Qwen3Moe
+                || spec.family() == Family::MiniCpm,
+            "{name}"
+        );
+        seen += 1;
+    }
+    assert_eq!(
+        seen, 15,
+        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B, SmolLM3-3B, Granite-3.3-2B, Phi-3-mini-4k, OLMo-2-1124-7B"
+    );
+    hybrid.sort();
+    assert_eq!(
+        hybrid,
+        ["qwen3.5-4b", "qwen3.5-9b", "qwen3.6-27b", "qwen3.6-35b-a3b"]
+    );
+}
+
+/// qwen3_5: the text config under `text_config` or flat, `TextModelArgs`'s
+/// defaults listed, `rope_parameters` read for the base and the partial
+/// factor, the layer kinds from `full_attention_interval` (not
+/// `layer_types`); the MoE form and biased attention refused.
+#[test]
+fn qwen3_5_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
+    let flat = json!({
+        "model_type": "qwen3_5", "hidden_size": 64, "num_hidden_layers": 8,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+        "layer_types": ["full_attention"]
+    });
+    let (spec, applied, _) = import_and_round_trip(&flat, None, "q35-defaults");
+    let fields: Vec<&str> = applied.iter().map(|a| a.field.as_str()).collect();
+    for f in [
+        "head_dim",
+        "full_attention_interval",
+        "rope_parameters",
+        "linear_conv_kernel_dim",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+        "layer_types",
+    ] {
+        assert!(fields.contains(&f), "{f} not listed in {fields:?}");
+    }
+    let ir = spec.lower();
+    let full: Vec<usize> = ir
+        .layers
+        .iter()
+        .filter(|l| l.attention().is_some())
+        .map(|l| l.index)
+        .collect();
+    assert_eq!(full, [3, 7]);
+    let a = ir.layers[3].attention().unwrap();
+    // head_dim = 64 // 4 = 16; mlx-lm's default factor 0.25 rotates 4 dims.
+    assert_eq!((a.head_dim, a.rope.rotated_dims), (16, 4));
+    assert_eq!(a.rope.kind, RopeKind::Default { theta: 100000.0 });
+    let mut nested = json!({"model_type": "qwen3_5", "text_config": flat.clone()});
+    nested["text_config"]["rope_parameters"] =
+        json!({"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.5});
+    let (spec, _, _) = import_and_round_trip(&nested, None, "q35-nested");
+    let ir = spec.lower();
+    let a = ir.layers[3].attention().unwrap();
+    assert_eq!(a.rope.rotated_dims, 8);
+    // num_experts > 0: every layer's MLP becomes routed experts plus a
+    // shared expert; intermediate_size is not read.
+    let mut moe = flat.clone();
+    moe["model_type"] = json!("qwen3_5_moe");
+    for (k, v) in [
+        ("num_experts", 8),
+        ("num_experts_per_tok", 2),
+        ("moe_intermediate_size", 32),
+        ("shared_expert_intermediate_size", 32),
+    ] {
+        moe[k] = json!(v);
+    }
+    moe["mlp_only_layers"] = json!([]);
+    let (spec, applied, _) = import_and_round_trip(&moe, None, "q35-moe");
+    let fields: Vec<&str> = applied.iter().map(|a| a.field.as_str()).collect();
+    assert!(fields.contains(&"norm_topk_prob"), "{fields:?}");
+    assert!(fields.contains(&"mlp_only_layers"), "{fields:?}");
+    assert!(!fields.contains(&"intermediate_size"), "{fields:?}");
+    let ir = spec.lower();
+    assert!(ir
+        .layers
+        .iter()
+        .all(|l| matches!(l.ffn, archgen_ir::FeedForward::MoeAndSharedExpert { .. })));
+    assert!(ir
+        .checkpoint
+        .sanitize
+        .contains(&archgen_ir::SanitizeRule::SplitSwitchMlpGateUp));
+    let mut dense_moe_type = flat.clone();
+    dense_moe_type["model_type"] = json!("qwen3_5_moe");
+    let e = from_config_json(&dense_moe_type, None, "bad").unwrap_err();
+    assert!(e.to_string().contains("moe"), "{e}");
+    for (field, value, needle) in [
+        ("attention_bias", json!(true), "attention_bias"),
+        ("linear_num_value_heads", json!(3), "linear_num_value_heads"),
+        (
+            "full_attention_interval",
+            json!(9),
+            "full_attention_interval",
+        ),
+    ] {
+        let mut bad = flat.clone();
+        bad[field] = value;
+        let e = from_config_json(&bad, None, "bad").unwrap_err();
+        assert!(e.to_string().contains(needle), "{field}: {e}");
+    }
+    let mut yarn = flat.clone();
+    yarn["rope_parameters"] = json!({"rope_type": "yarn", "factor": 4.0});
+    assert!(from_config_json(&yarn, None, "bad").is_err());
+}
+
+/// minicpm: the fields `ModelArgs` has no default for are required; absent
+/// rope_theta, rope_traditional and tie_word_embeddings take mlx-lm's
+/// defaults (listed), head_dim is always hidden // heads; a tied head and a
+/// scaled RoPE are refused with the reason.
+#[test]
+fn minicpm_configs_take_mlx_lm_defaults_and_refuse_what_mlx_lm_cannot_run() {
+    let minicpm = json!({
+        "model_type": "minicpm", "hidden_size": 96, "num_hidden_layers": 3,
+        "intermediate_size": 192, "num_attention_heads": 6, "num_key_value_heads": 6,
+        "rms_norm_eps": 1e-5, "vocab_size": 512, "max_position_embeddings": 4096,
+        "scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256,
+        "rope_scaling": null
+    });
+    let (spec, applied, hf) = import_and_round_trip(&minicpm, None, "minicpm");
+    assert_eq!(spec.family(), Family::MiniCpm);
+    let fields: Vec<(&str, &Value)> = applied
+        .iter()
+        .map(|d| (d.field.as_str(), &d.value))
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            ("rope_theta", &json!(1000000.0)),
+            ("rope_traditional", &json!(false)),
+            ("tie_word_embeddings", &json!(false)),
+            ("head_dim", &json!(16)),
+        ]
+    );
+    assert_eq!(hf["tie_word_embeddings"], json!(false));
+    assert!(hf.get("head_dim").is_none(), "minicpm.py has no head_dim");
+    let ir = spec.lower();
+    assert_eq!(ir.embedding.scale, archgen_ir::EmbedScale::Constant(12.0));
+    assert_eq!(ir.head.logit_scale, archgen_ir::LogitScale::DivideBy(0.375));
+    assert_eq!(ir.layers[0].residual.factor(), Some(1.4 / 3f64.sqrt()));
+    for field in [
+        "scale_emb",
+        "scale_depth",
+        "dim_model_base",
+        "num_key_value_heads",
+    ] {
+        let mut missing = minicpm.clone();
+        missing.as_object_mut().unwrap().remove(field);
+        let text = from_config_json(&missing, None, "bad")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains(field) && text.contains("no default"),
+            "{field} missing in:\n{text}"
+        );
+    }
+    let mut tied = minicpm.clone();
+    tied["tie_word_embeddings"] = json!(true);
+    let text = from_config_json(&tied, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("tie_word_embeddings") && text.contains("cannot load a tied MiniCPM"),
+        "{text}"
+    );
+    let mut longrope = minicpm.clone();
+    longrope["rope_scaling"] = json!({"rope_type": "longrope", "long_factor": [1.0]});
+    let text = from_config_json(&longrope, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("`longrope` is not supported for minicpm"),
+        "{text}"
+    );
+    // `default` is plain RoPE, as initialize_rope reads it.
+    let mut default = minicpm.clone();
+    default["rope_scaling"] = json!({"type": "default"});
+    assert!(from_config_json(&default, None, "ok").is_ok());
+    let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
+    assert!(from_config_json(&minicpm, Some(&kv), "bad").is_err());
+}
+
+#[test]
+fn dense_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
+    // llama.py: head_dim, num_key_value_heads, rope_theta, tie_word_embeddings default.
+    let llama = json!({
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "rms_norm_eps": 1e-5,
+        "vocab_size": 512, "max_position_embeddings": 2048
+    });
+    let (spec, applied, _) = import_and_round_trip(&llama, None, "llama-defaults");
+    let model = spec.lower();
+    let a = attention(&model, 0);
+    assert_eq!((a.head_dim, a.n_kv_heads), (16, 4));
+    assert!(model.head.weight == HeadWeight::TiedEmbedding && a.qk_norm == QkNorm::None);
+    assert_eq!(a.rope.kind, RopeKind::Default { theta: 10000.0 });
+    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    for f in [
+        "head_dim",
+        "num_key_value_heads",
+        "rope_theta",
+        "tie_word_embeddings",
+    ] {
+        assert!(fields.contains(&f), "{f} not listed in {fields:?}");
+    }
+    // llama3 scaling: missing low/high/original take rope_utils.py's defaults.
+    let mut scaled = llama.clone();
+    scaled["rope_scaling"] = json!({"type": "llama3", "factor": 8.0});
+    let (spec, applied, _) = import_and_round_trip(&scaled, None, "llama-scaled");
+    assert!(matches!(
+        attention(&spec.lower(), 0).rope.kind,
+        RopeKind::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings, .. }
+            if (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings) == (8.0, 1.0, 4.0, 8192.0)
+    ));
+    assert!(applied
+        .iter()
+        .any(|d| d.field == "rope_scaling.original_max_position_embeddings"));
+    // qwen3.py reads rope_theta from transformers 5's rope_parameters.
+    let qwen = json!({
+        "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 512,
+        "max_position_embeddings": 4096, "tie_word_embeddings": false,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}
+    });
+    let (spec, _, _) = import_and_round_trip(&qwen, None, "qwen-params");
+    let model = spec.lower();
+    let a = attention(&model, 0);
+    assert_eq!(a.rope.kind, RopeKind::Default { theta: 5000.0 });
+    assert!(a.qk_norm == QkNorm::RmsPerHead && model.head.weight == HeadWeight::Untied);
+    // What archgen cannot run yet is refused, each problem named.
+    let mut bad = llama.clone();
+    bad["attention_bias"] = json!(true);
+    bad["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
+    bad["layer_types"] = json!(["full_attention", "sliding_attention"]);
+    let text = from_config_json(&bad, None, "bad").unwrap_err().to_string();
+    for needle in ["attention_bias", "yarn", "sliding_attention"] {
+        assert!(text.contains(needle), "{needle} missing in:\n{text}");
+    }
+    let mut no_theta = qwen.clone();
+    no_theta.as_object_mut().unwrap().remove("rope_parameters");
+    let text = from_config_json(&no_theta, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("rope_theta"), "{text}");
+    let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
+    assert!(from_config_json(&qwen, Some(&kv), "bad").is_err());
+}
+
+/// qwen2.py's ModelArgs: head_dim is always hidden // heads, the defaults
+/// are listed, the sliding-window fields are read as mlx-lm reads them
+/// (not at all), and num_key_value_heads has no default.
+#[test]
+fn qwen2_configs_take_mlx_lm_defaults() {
+    let qwen2 = json!({
+        "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6, "vocab_size": 512,
+        "use_sliding_window": true, "sliding_window": 8, "max_window_layers": 1
+    });
+    let (spec, applied, _) = import_and_round_trip(&qwen2, None, "qwen2-defaults");
+    assert_eq!(spec.family(), Family::Qwen2);
+    let model = spec.lower();
+    let a = attention(&model, 0);
+    assert_eq!((a.head_dim, a.n_kv_heads), (16, 2));
+    assert!(model.head.weight == HeadWeight::TiedEmbedding && a.qk_norm == QkNorm::None);
+    assert!(all_full(&model));
+    assert_eq!(model.max_position_embeddings, 32768);
+    assert_eq!(a.rope.kind, RopeKind::Default { theta: 1e6 });
+    let ir = spec.lower();
+    assert_eq!(
+        ir.layers[0].attention().unwrap().bias,
+        archgen_ir::ProjectionBias::QueryKeyValue
+    );
+    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    for f in [
+        "head_dim",
+        "max_position_embeddings",
+        "rope_theta",
+        "rope_traditional",
+        "tie_word_embeddings",
+        "use_sliding_window",
+        "sliding_window",
+        "max_window_layers",
+    ] {
+        assert!(fields.contains(&f), "{f} not listed in {fields:?}");
+    }
+    // A head_dim in the config is not read by qwen2.py either.
+    let mut written = qwen2.clone();
+    written["head_dim"] = json!(32);
+    let (spec, _, _) = import_and_round_trip(&written, None, "qwen2-head-dim");
+    assert_eq!(attention(&spec.lower(), 0).head_dim, 16);
+    let mut no_kv = qwen2.clone();
+    no_kv.as_object_mut().unwrap().remove("num_key_value_heads");
+    let text = from_config_json(&no_kv, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("num_key_value_heads: missing"), "{text}");
+}
+
+/// model_type mistral is read by llama.py (mlx-lm's MODEL_REMAPPING): the
+/// llama family with llama's defaults; without layer_types a sliding_window
+/// is listed as ignored (every layer is full attention).
+#[test]
+fn mistral_configs_are_read_as_llama() {
+    let mistral = json!({
+        "model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "vocab_size": 512, "max_position_embeddings": 2048,
+        "sliding_window": 4096, "tie_word_embeddings": false
+    });
+    let (spec, applied, _) = import_and_round_trip(&mistral, None, "mistral-defaults");
+    assert_eq!(spec.family(), Family::Llama);
+    assert_eq!(spec.identity().source.model_type, ConfigModelType::Mistral);
+    let model = spec.lower();
+    assert_eq!(attention(&model, 0).head_dim, 16);
+    assert!(all_full(&model));
+    assert_eq!(
+        attention(&model, 0).rope.kind,
+        RopeKind::Default { theta: 10000.0 }
+    );
+    let ignored = applied
+        .iter()
+        .find(|d| d.field == "sliding_window")
+        .expect("sliding_window listed");
+    assert!(ignored.reason.contains("ignored"), "{ignored}");
+    assert_eq!(to_config_json(&spec)["model_type"], json!("mistral"));
+}
+
+/// specs/gemma-2-2b.yaml and gemma-2-9b.yaml are `spec import` of the public
+/// config.json values kept in specs/configs/, and round-trip; the Hugging Face
+/// sliding-window fields are listed as ignored (mlx-lm's gemma2 has none).
+#[test]
+fn gemma2_specs_are_their_imported_configs() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs");
+    for name in ["gemma-2-2b", "gemma-2-9b"] {
+        let text = std::fs::read_to_string(format!("{root}/configs/{name}.config.json")).unwrap();
+        let config: Value = serde_json::from_str(&text).unwrap();
+        let (spec, applied, _) = import_and_round_trip(&config, None, name);
+        assert_eq!(spec, load(format!("{root}/{name}.yaml")).unwrap(), "{name}");
+        let Spec::Gemma2(g) = &spec else {
+            panic!("{name}: not a gemma2 spec");
+        };
+        assert_eq!(g.attention.query_pre_attn_scalar, 256.0, "{name}");
+        let ignored: Vec<&str> = applied
+            .iter()
+            .filter(|d| d.reason.starts_with("ignored"))
+            .map(|d| d.field.as_str())
+            .collect();
+        assert!(ignored.contains(&"sliding_window"), "{name}: {ignored:?}");
+        assert!(all_full(&spec.lower()), "{name}");
+    }
+}
+
+#[test]
+fn gemma2_configs_take_mlx_lm_defaults_and_refuse_what_mlx_lm_cannot_run() {
+    let minimal = json!({
+        "model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 512
+    });
+    let (spec, applied, _) = import_and_round_trip(&minimal, None, "gemma2-defaults");
+    let Spec::Gemma2(g) = &spec else {
+        panic!("not a gemma2 spec")
+    };
+    assert_eq!(
+        (
+            g.rope.rope_theta,
+            g.rope.traditional,
+            g.attention.attn_logit_softcapping,
+            g.model.final_logit_softcapping,
+            g.attention.query_pre_attn_scalar,
+            g.model.max_position_embeddings
+        ),
+        (10000.0, false, 50.0, 30.0, 144.0, 8192)
+    );
+    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    for f in [
+        "rope_theta",
+        "rope_traditional",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+        "query_pre_attn_scalar",
+        "max_position_embeddings",
+    ] {
+        assert!(fields.contains(&f), "{f} not listed in {fields:?}");
+    }
+    let mut bad = minimal.clone();
+    bad["attn_logit_softcapping"] = Value::Null;
+    bad["tie_word_embeddings"] = json!(false);
+    bad["attention_bias"] = json!(true);
+    let text = from_config_json(&bad, None, "bad").unwrap_err().to_string();
+    for needle in [
+        "attn_logit_softcapping: null",
+        "tie_word_embeddings: false",
+        "attention_bias: true",
+    ] {
+        assert!(text.contains(needle), "{needle} missing in:\n{text}");
+    }
+    let kv = json!([{"layer_idx": 0, "bits": 4}]);
+    let text = from_config_json(&minimal, Some(&kv), "kv")
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("Gemma-4 only"), "{text}");
+}
+
+/// qwen3_moe: `ModelArgs` has no defaults, so every field it reads is
+/// required and none is ever applied; `rope_scaling` is read and ignored.
+#[test]
+fn qwen3_moe_configs_need_every_field_and_ignore_rope_scaling() {
+    let moe = json!({
+        "model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 3,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 512,
+        "max_position_embeddings": 4096, "tie_word_embeddings": true,
+        "rope_theta": 1000000.0, "num_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "norm_topk_prob": false,
+        "decoder_sparse_step": 1, "mlp_only_layers": [1],
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0}
+    });
+    let (spec, applied, hf) = import_and_round_trip(&moe, None, "moe");
+    assert_eq!(spec.family(), Family::Qwen3Moe);
+    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["rope_scaling"],
+        "only the ignored rope_scaling is listed"
+    );
+    assert_eq!(hf["rope_scaling"], Value::Null);
+    let ir = spec.lower();
+    let experts: Vec<bool> = ir.layers.iter().map(|l| l.moe().is_some()).collect();
+    assert_eq!(experts, [true, false, true]);
+    for field in [
+        "num_experts",
+        "norm_topk_prob",
+        "mlp_only_layers",
+        "head_dim",
+    ] {
+        let mut missing = moe.clone();
+        missing.as_object_mut().unwrap().remove(field);
+        let text = from_config_json(&missing, None, "bad")
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains(field), "{field} missing in:\n{text}");
+    }
+    let mut bad = moe.clone();
+    bad["num_experts_per_tok"] = json!(9);
+    bad["mlp_only_layers"] = json!([7]);
+    let text = from_config_json(&bad, None, "bad").unwrap_err().to_string();
+    for needle in ["top-9 of 8 experts", "layer 7 does not exist"] {
+        assert!(text.contains(needle), "{needle} missing in:\n{text}");
+    }
+    let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
+    assert!(from_config_json(&moe, Some(&kv), "bad").is_err());
+}
+
+/// smollm3 (llama.py's ModelArgs and stack): llama's defaults, the NoPE
+/// layers from `no_rope_layer_interval` (default 4, listed), a
+/// `no_rope_layers` list read only to check it is that pattern.
+#[test]
+fn smollm3_configs_read_the_no_rope_interval() {
+    use archgen_ir::{Mixer, RopeForm};
+    let smollm3 = json!({
+        "model_type": "smollm3", "hidden_size": 64, "num_hidden_layers": 8,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6, "vocab_size": 512, "max_position_embeddings": 2048,
+        "rope_theta": 5000000.0, "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0]
+    });
+    let mut smollm3 = smollm3;
+    smollm3["layer_types"] = json!(vec!["full_attention"; 8]);
+    let (spec, applied, hf) = import_and_round_trip(&smollm3, None, "smollm3");
+    assert_eq!(spec.family(), Family::SmolLm3);
+    assert_eq!(hf["no_rope_layer_interval"], json!(4));
+    assert!(hf.get("no_rope_layers").is_none());
+    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    assert!(fields.contains(&"no_rope_layer_interval"), "{fields:?}");
+    let ir = spec.lower();
+    let kinds: Vec<bool> = ir
+        .layers
+        .iter()
+        .map(|l| match &l.mixer {
+            Mixer::Attention(a) => matches!(
+                a.rope,
+                RopeForm {
+                    kind: RopeKind::NoPe,
+                    ..
+                }
+            ),
+            Mixer::GatedDeltaNet(_) => panic!("smollm3 has attention only"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [false, false, false, true, false, false, false, true]
+    );
+    // Another interval: every other layer without RoPE.
+    let mut every_other = smollm3.clone();
+    every_other["no_rope_layer_interval"] = json!(2);
+    every_other["no_rope_layers"] = json!([1, 0, 1, 0, 1, 0, 1, 0]);
+    let (spec, _, _) = import_and_round_trip(&every_other, None, "smollm3-2");
+    let model = spec.lower();
+    assert_eq!(attention(&model, 1).rope.kind, RopeKind::NoPe);
+    assert_eq!(
+        attention(&model, 0).rope.kind,
+        RopeKind::Default { theta: 5e6 }
+    );
+    // A list that is not the interval's pattern, or of the wrong length.
+    for (list, says) in [
+        (
+            json!([1, 0, 1, 1, 1, 1, 1, 0]),
+            "not the every-4th-layer pattern",
+        ),
+        (json!([1, 1, 1, 0]), "4 entries for 8 layers"),
+    ] {
+        let mut bad = smollm3.clone();
+        bad["no_rope_layers"] = list;
+        let text = from_config_json(&bad, None, "bad").unwrap_err().to_string();
+        assert!(
+            text.contains("no_rope_layers") && text.contains(says),
+            "{text}"
+        );
+    }
+    let mut zero = smollm3.clone();
+    zero["no_rope_layer_interval"] = json!(0);
+    let text = from_config_json(&zero, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("no_rope_layer_interval: 0 is out of range"),
+        "{text}"
+    );
+}
+
+/// granite: every multiplier required (granite.py has no defaults for
+/// them, nor for rope_theta or the bias flags), head_dim hidden // heads,
+/// the four scales as IR facts; biases refused.
+#[test]
+fn granite_configs_take_their_multipliers() {
+    use archgen_ir::{AttentionScale, EmbedScale, LogitScale, Residual};
+    let granite = json!({
+        "model_type": "granite", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "vocab_size": 512, "max_position_embeddings": 4096,
+        "attention_bias": false, "mlp_bias": false, "rope_theta": 10000000.0,
+        "embedding_multiplier": 12.0, "attention_multiplier": 0.015625,
+        "residual_multiplier": 0.22, "logits_scaling": 8.0
+    });
+    let (spec, applied, hf) = import_and_round_trip(&granite, None, "granite");
+    assert_eq!(spec.family(), Family::Granite);
+    let fields: Vec<(&str, &Value)> = applied
+        .iter()
+        .map(|d| (d.field.as_str(), &d.value))
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            ("head_dim", &json!(16)),
+            ("tie_word_embeddings", &json!(true)),
+        ]
+    );
+    assert!(hf.get("head_dim").is_none(), "granite.py has no head_dim");
+    let ir = spec.lower();
+    assert_eq!(ir.embedding.scale, EmbedScale::Constant(12.0));
+    assert_eq!(ir.head.logit_scale, LogitScale::DivideLogitsBy(8.0));
+    let a = ir.layers[0].attention().unwrap();
+    assert_eq!(a.scale, AttentionScale::Constant(0.015625));
+    assert_eq!(a.scale.value(a.head_dim), 0.015625);
+    assert_eq!(ir.layers[1].residual, Residual::Scaled { multiplier: 0.22 });
+    for field in [
+        "embedding_multiplier",
+        "attention_multiplier",
+        "residual_multiplier",
+        "logits_scaling",
+        "rope_theta",
+        "attention_bias",
+        "num_key_value_heads",
+    ] {
+        let mut missing = granite.clone();
+        missing.as_object_mut().unwrap().remove(field);
+        let text = from_config_json(&missing, None, "bad")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains(field) && text.contains("no default"),
+            "{field} missing in:\n{text}"
+        );
+    }
+    let mut biased = granite.clone();
+    biased["mlp_bias"] = json!(true);
+    let text = from_config_json(&biased, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("mlp_bias: true"), "{text}");
+}
+
+#[test]
+fn phi3_configs_fuse_their_projections_and_refuse_su_rope() {
+    use archgen_ir::{GateUpProjection, QkvProjection};
+    // Phi-3-mini-4k-instruct's fields as published, at a tiny size.
+    let phi3 = json!({
+        "model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "vocab_size": 512, "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 4096, "rope_scaling": null,
+        "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false
+    });
+    let (spec, applied, hf) = import_and_round_trip(&phi3, None, "phi3");
+    assert_eq!(spec.family(), Family::Phi3);
+    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    for noted in [
+        "head_dim",
+        "sliding_window",
+        "original_max_position_embeddings",
+    ] {
+        assert!(fields.contains(&noted), "{noted} not noted: {fields:?}");
+    }
+    assert!(hf.get("head_dim").is_none(), "phi3.py has no head_dim");
+    let ir = spec.lower();
+    for l in &ir.layers {
+        assert_eq!(l.attention().unwrap().projection, QkvProjection::Fused);
+        assert_eq!(l.mlp().unwrap().projection, GateUpProjection::Fused);
+    }
+    // phi3.py's defaults: K/V heads = heads, an untied head, max 131072.
+    let mut minimal = phi3.clone();
+    for field in [
+        "num_key_value_heads",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+        "rope_theta",
+    ] {
+        minimal.as_object_mut().unwrap().remove(field);
+    }
+    let (spec, _, hf) = import_and_round_trip(&minimal, None, "phi3-defaults");
+    assert_eq!(hf["num_key_value_heads"], json!(4));
+    assert_eq!(hf["tie_word_embeddings"], json!(false));
+    assert_eq!(hf["max_position_embeddings"], json!(131072));
+    assert_eq!(spec.lower().layers[0].attention().unwrap().n_kv_heads, 4);
+    // What phi3.py's ModelArgs does with rope_scaling: su/longrope and linear
+    // run (refused here), without `type` or `long_factor` it raises, another
+    // type it drops with a warning.
+    let refused = |scaling: Value, says: &str| {
+        let mut c = phi3.clone();
+        c["rope_scaling"] = scaling;
+        let text = from_config_json(&c, None, "bad").unwrap_err().to_string();
+        assert!(
+            text.contains("rope_scaling") && text.contains(says),
+            "{says}:\n{text}"
+        );
+    };
+    let factors = json!(vec![1.0; 8]);
+    refused(
+        json!({"type": "longrope", "long_factor": factors, "short_factor": factors}),
+        "SuScaledRoPE",
+    );
+    refused(
+        json!({"type": "su", "long_factor": factors, "short_factor": factors}),
+        "SuScaledRoPE",
+    );
+    refused(
+        json!({"type": "linear", "long_factor": factors, "factor": 2.0}),
+        "linear",
+    );
+    refused(json!({"type": "longrope"}), "long_factor");
+    let mut dropped = phi3.clone();
+    dropped["rope_scaling"] = json!({"type": "dynamic", "long_factor": factors});
+    let (_, applied, hf) = import_and_round_trip(&dropped, None, "phi3-dropped");
+    assert!(applied.iter().any(|d| d.field == "rope_scaling"));
+    assert_eq!(hf["rope_scaling"], Value::Null);
+    let mut partial = phi3.clone();
+    partial["partial_rotary_factor"] = json!(0.75);
+    let text = from_config_json(&partial, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("partial_rotary_factor"), "{text}");
+}
+
+/// olmo2: llama.py's fields with olmo2.py's defaults (head_dim hidden //
+/// heads, tie_word_embeddings true, rope_theta 10000), the post-norm
+/// arrangement and whole-projection q/k norms as IR facts; biases refused
+/// (they would sit on o_proj and the MLP too).
+#[test]
+fn olmo2_configs_take_mlx_lm_defaults() {
+    use archgen_ir::{HeadWeight, NormArrangement, QkNorm, SanitizeRule};
+    let olmo2 = json!({
+        "model_type": "olmo2", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6, "vocab_size": 512, "max_position_embeddings": 4096
+    });
+    let (spec, applied, hf) = import_and_round_trip(&olmo2, None, "olmo2");
+    assert_eq!(spec.family(), Family::Olmo2);
+    let fields: Vec<(&str, &Value)> = applied
+        .iter()
+        .map(|d| (d.field.as_str(), &d.value))
+        .collect();
+    for (field, value) in [
+        ("head_dim", json!(16)),
+        ("tie_word_embeddings", json!(true)),
+        ("rope_theta", json!(10000.0)),
+    ] {
+        assert!(fields.contains(&(field, &value)), "{field} in {fields:?}");
+    }
+    assert_eq!(hf["model_type"], json!("olmo2"));
+    let ir = spec.lower();
+    assert_eq!(ir.head.weight, HeadWeight::TiedEmbedding);
+    assert_eq!(ir.checkpoint.sanitize, [SanitizeRule::DropRotaryTables]);
+    for l in &ir.layers {
+        assert_eq!(l.norms.arrangement, NormArrangement::PostNorm);
+        assert_eq!(l.attention().unwrap().qk_norm, QkNorm::RmsWholeProjection);
+    }
+    for flag in ["attention_bias", "mlp_bias"] {
+        let mut biased = olmo2.clone();
+        biased[flag] = json!(true);
+        let text = from_config_json(&biased, None, "bad")
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains(&format!("{flag}: true")), "{text}");
+    }
+}
+
+#[test]
+fn an_unsupported_model_type_is_refused_with_the_registry_list() {
+    // The text is the one written out by hand before the list came from the
+    // family registry: the same model types, in the same order.
+    let e = from_config_json(&json!({"model_type": "falcon"}), None, "x").unwrap_err();
+    assert_eq!(
+        e.problems,
+        vec!["model_type: `falcon` is not a supported model (gemma4, gemma4_text, gemma4_unified, qwen3, llama, mistral, qwen2, gemma2, qwen3_moe, minicpm, qwen3_5, qwen3_5_moe, smollm3, granite, phi3, olmo2)".to_string()]
+    );
+    let e = from_config_json(&json!({"hidden_size": 8}), None, "x").unwrap_err();
+    assert_eq!(
+        e.problems,
+        vec!["model_type: missing (mlx-lm needs it to pick the model)".to_string()]
+    );
+    // A family that takes no kv_config.json refuses one before reading the rest.
+    let e = from_config_json(&json!({"model_type": "gemma2"}), Some(&json!([])), "x").unwrap_err();
+    assert_eq!(
+        e.problems,
+        vec!["kv_config.json: KV-cache quantization is supported for Gemma-4 only (mlx-lm's gemma2 attention cannot read a quantized cache)".to_string()]
+    );
+    assert_eq!(supported_model_types(), ConfigModelType::ALL);
+}

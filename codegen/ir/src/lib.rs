@@ -1,0 +1,853 @@
+//! archgen-ir: the block IR, a closed, typed description of a decoder language
+//! model as blocks. Every family's spec lowers to it (once per family, in
+//! archgen-families), and the plan, the tensor contract, the plan file, the emitter,
+//! the monolith and the CPU decode path read it without asking which family a
+//! model is. No MLX here, and no spec parsing.
+//!
+//! * the IR types (this module);
+//! * [`names`]: the one map from blocks to checkpoint tensor names, the
+//!   quantizable modules and the parameter count;
+//! * [`tier`]: the parity tier a model's run has, from the IR alone;
+//! * the quantization types ([`Quantization`], [`QuantParams`], [`WeightQuant`],
+//!   [`KvQuant`]) and the checkpoint's [`ConfigModelType`].
+//!
+//! Every choice is an enum matched exhaustively downstream, so a new variant
+//! makes the compiler list each place that must handle it. Variants exist only
+//! where a lowering produces them; the knobs the next families need (a bias
+//! per projection, `1 + w` norm weights, a score softcap, other embedding and
+//! logit scales, other routers) are added together with the lowering that
+//! produces them and the runtime block that runs them.
+//!
+//! ```text
+//! ModelIr
+//! ├── checkpoint   model_type, module prefix, sanitize rules
+//! ├── sharding     mlx-lm's shard(): oracle or none, head whole or over the vocabulary,
+//! │                K/V heads divided or repeated
+//! ├── embedding    scale, per-layer inputs
+//! ├── layers[i]    Norms (arrangement, weight form)
+//! │                Mixer::Attention (heads, q/k/v biases and norms, RoPE, scale, window, K/V source,
+//! │                    scores: fused SDPA or written out with a softcap, output gate,
+//! │                    projection: q/k/v separate or one fused qkv_proj)
+//! │                Mixer::GatedDeltaNet (heads, conv kernel, gated norm, conv + recurrent state)
+//! │                FeedForward::{Mlp, MlpAndMoe, Moe} (gate/up separate or one gate_up_proj)
+//! │                LayerInput (per-layer input gate), LayerScalar, Residual (plain or scaled)
+//! └── head         tied or not, logit softcap (compiled or eager), final norm weight form,
+//!                  logit scale (none, a divide before the projection or one after it)
+//! ```
+
+pub mod names;
+mod quant;
+pub mod tier;
+
+pub use quant::{
+    KvQuant, ModuleKind, QuantMode, QuantOverride, QuantParams, QuantizableModule, Quantization,
+    WeightQuant, AFFINE_BITS, AFFINE_GROUPS,
+};
+
+/// A decoder model as blocks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelIr {
+    pub name: String,
+    /// How the checkpoint spells and stores the tensors.
+    pub checkpoint: Checkpoint,
+    /// How mlx-lm's model class splits itself over ranks.
+    pub sharding: Sharding,
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    /// Informational (no RoPE form here reads it).
+    pub max_position_embeddings: usize,
+    /// eps of every RMSNorm of the model.
+    pub norm_eps: f32,
+    pub embedding: Embedding,
+    pub layers: Vec<Layer>,
+    pub head: Head,
+    /// Weight quantization as written; [`ModelIr::quant_for`] resolves it per
+    /// module.
+    pub quantization: Option<WeightQuant>,
+}
+
+/// The checkpoint's layout: which `model_type` mlx-lm reads it with, where
+/// the text model's modules live, and mlx-lm's `sanitize` for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    pub model_type: ConfigModelType,
+    pub prefix: ModulePrefix,
+    /// Applied in order by the loader (`archgen_checkpoint::read_dir`).
+    pub sanitize: Vec<SanitizeRule>,
+}
+
+/// How mlx-lm's model class splits itself over ranks (its `shard()`): what
+/// a tensor-parallel run reproduces (`archgen_plan::tensor_parallel::split`)
+/// and whether an oracle runs it split ([`tier::sharded_tier`]). Set
+/// by each lowering; how a block splits (rows, columns, segments of a Gated
+/// DeltaNet's `in_proj_qkv`) follows from the block itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sharding {
+    pub oracle: ShardOracle,
+    pub head: HeadSplit,
+    pub kv_heads: KvHeadSplit,
+}
+
+/// Whether mlx-lm's model class has a `shard()`, the oracle of a split run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardOracle {
+    /// qwen3.py, llama.py (and so mistral), qwen2.py, qwen3_moe.py, qwen3_5.py.
+    MlxLm,
+    /// The class has none (gemma4, gemma2, minicpm): archgen splits it as the
+    /// dense classes split themselves, and the run has no oracle (tier L3).
+    Absent,
+}
+
+/// What a split does with an untied head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadSplit {
+    /// Kept whole on every rank (qwen3.py, llama.py, qwen2.py, qwen3_moe.py).
+    Whole,
+    /// All-to-sharded over the vocabulary, the logits gathered with
+    /// `gather_last_axis` (qwen3_5.py).
+    OverVocabulary,
+}
+
+/// What a split does with an attention layer's K/V heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvHeadSplit {
+    /// Divided by the ranks, which must divide them.
+    Divided,
+    /// With fewer K/V heads than ranks, each repeated ranks / heads times in
+    /// place before the split (qwen3_5.py's `repeat_kv_layer_inplace`).
+    RepeatedWhenFewer,
+}
+
+/// Where the text model's modules are in the checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModulePrefix {
+    /// `model.layers.0...`, head `lm_head`.
+    Model,
+    /// `language_model.model.layers.0...`, head `language_model.lm_head`
+    /// (multimodal wrappers).
+    LanguageModel,
+}
+
+/// One rule of mlx-lm's `sanitize` (tensor renames and drops before loading).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SanitizeRule {
+    /// A multimodal wrapper: drop the vision/audio towers and move
+    /// `model.language_model.*` to `language_model.model.*`.
+    UnwrapMultimodal,
+    /// Drop precomputed rotary tables (`self_attn.rotary_emb`).
+    DropRotaryTables,
+    /// Drop activation ranges of quantization-aware checkpoints
+    /// (`input_max`, `input_min`, `output_max`, `output_min`).
+    DropActivationRanges,
+    /// Drop `k_proj`, `v_proj` and `k_norm` of layers that read a donor's K/V.
+    DropSharedKv,
+    /// Drop `lm_head.weight` when the head is tied.
+    DropTiedHead,
+    /// Split `experts.gate_up_proj` into `experts.switch_glu.{gate,up}_proj`
+    /// and rename `experts.down_proj`.
+    SplitExpertsGateUp,
+    /// Stack the per-expert Hugging Face weights
+    /// `mlp.experts.{e}.{gate,up,down}_proj.weight` of each layer into
+    /// `mlp.switch_mlp.{gate,up,down}_proj.weight` (`[experts, out, in]`).
+    StackExperts,
+    /// `lm_head.weight` taken from `embed_tokens.weight` when the checkpoint
+    /// has none (minicpm's `sanitize`; the head itself stays a separate
+    /// `lm_head` linear).
+    CopyEmbeddingToHead,
+    /// Split `mlp.experts.gate_up_proj` along its second-to-last axis into
+    /// `mlp.switch_mlp.{gate,up}_proj.weight` and rename `mlp.experts.down_proj`
+    /// to `mlp.switch_mlp.down_proj.weight` (qwen3_5_moe's sanitize).
+    SplitSwitchMlpGateUp,
+    /// Drop the vision tower of a multimodal Qwen3.5 checkpoint
+    /// (`model.visual.*`, `vision_tower.*`).
+    DropVisual,
+    /// Drop the multi-token-prediction head (every name containing `mtp.`).
+    DropMtp,
+    /// Move a Hugging Face conv1d weight `[C, 1, K]` to mlx's `[C, K, 1]`
+    /// (`moveaxis(2, 1)` on every `conv1d.weight` whose last dim is not 1).
+    MoveConvAxis,
+    /// When the checkpoint is a raw Hugging Face one (an unsanitized conv1d
+    /// weight is present), add 1 to the 1-D weights of the input,
+    /// post-attention, final, q and k norms (a weak scalar: the sum is in the
+    /// weight's dtype). Qwen3.5 stores them as offsets around 0.
+    OffsetNormsOfRawCheckpoint,
+}
+
+/// Token embedding.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Embedding {
+    pub scale: EmbedScale,
+    pub per_layer_input: Option<PerLayerInput>,
+}
+
+/// What the embedding is multiplied by.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum EmbedScale {
+    None,
+    /// `sqrt(hidden_size)` as a weak Python float scalar.
+    SqrtHidden,
+    /// A constant from the config as a weak Python scalar, rounded to the
+    /// embedding's dtype (minicpm's `embed_tokens(ids) * scale_emb`).
+    Constant(f64),
+}
+
+/// Per-layer inputs: a second embedding and a projection of the first, split
+/// into one input per layer (Gemma's PLE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerLayerInput {
+    /// Width of each layer's input.
+    pub width: usize,
+    /// Rows of `embed_tokens_per_layer`.
+    pub vocab: usize,
+}
+
+/// One decoder layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layer {
+    pub index: usize,
+    pub norms: Norms,
+    pub mixer: Mixer,
+    pub ffn: FeedForward,
+    pub input: LayerInput,
+    pub scalar: LayerScalar,
+    /// How the mixer's and the feed-forward half's outputs join the residual
+    /// stream.
+    pub residual: Residual,
+}
+
+/// How a layer's two branches (mixer, feed-forward half) are added to the
+/// residual stream.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Residual {
+    /// `h + branch`.
+    Plain,
+    /// `h + branch * (scale_depth / num_hidden_layers**0.5)` on both branches
+    /// (minicpm's `DecoderLayer`): the factor a Python float computed in f64,
+    /// then a weak scalar (rounded to the branch's dtype).
+    DepthScaled {
+        scale_depth: f64,
+        num_hidden_layers: usize,
+    },
+    /// `h + branch * multiplier` on both branches with `multiplier` a Python
+    /// float from the config, a weak scalar (granite's `residual_multiplier`):
+    /// the same multiply as [`Residual::DepthScaled`], another factor.
+    Scaled { multiplier: f64 },
+}
+
+impl Residual {
+    /// The Python float the branches are multiplied by, as mlx-lm computes
+    /// it: `scale_depth / num_hidden_layers**0.5` in f64 (`**` is C `pow`).
+    pub fn factor(self) -> Option<f64> {
+        match self {
+            Residual::Plain => None,
+            Residual::DepthScaled {
+                scale_depth,
+                num_hidden_layers,
+            } => Some(scale_depth / (num_hidden_layers as f64).powf(0.5)),
+            Residual::Scaled { multiplier } => Some(multiplier),
+        }
+    }
+}
+
+/// Where the layer's RMSNorms sit and how their weight is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Norms {
+    pub arrangement: NormArrangement,
+    pub weight: NormWeight,
+}
+
+/// Where the RMSNorms of a layer sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormArrangement {
+    /// `h = x + mixer(norm(x)); out = h + ffn(norm(h))`
+    /// (`input_layernorm`, `post_attention_layernorm`).
+    PreNorm,
+    /// `h = x + norm(mixer(norm(x))); out = h + norm(ffn(norm(h)))`
+    /// (`input_layernorm`, `post_attention_layernorm`,
+    /// `pre_feedforward_layernorm`, `post_feedforward_layernorm`).
+    Sandwich,
+    /// `h = x + norm(mixer(x)); out = h + norm(ffn(h))`: no norm before the
+    /// mixer or the feed-forward half (olmo2's `TransformerBlock`:
+    /// `post_attention_layernorm`, `post_feedforward_layernorm`).
+    PostNorm,
+}
+
+/// How an RMSNorm applies its weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormWeight {
+    /// `x * w` (`mx.fast.rms_norm` with the stored weight).
+    Direct,
+    /// `x * (1 + w)`: `mx.fast.rms_norm(x, 1.0 + weight, eps)`, the `1.0` a
+    /// weak scalar, so the sum is rounded to the weight's dtype (gemma2).
+    OnePlus,
+}
+
+/// The sequence mixer of a layer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mixer {
+    Attention(Attention),
+    /// Gated DeltaNet linear attention (Qwen3.5's `linear_attn`): no K/V
+    /// cache, a recurrent state instead.
+    GatedDeltaNet(DeltaNet),
+}
+
+/// A Gated DeltaNet layer (mlx-lm `qwen3_5.GatedDeltaNet`): input
+/// projections, a depthwise causal conv1d over q/k/v, L2-normalised q and k,
+/// the gated delta rule recurrence (one compiled step per token off Metal),
+/// a gated RMSNorm with `z`, the output projection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaNet {
+    /// `linear_num_key_heads`.
+    pub k_heads: usize,
+    /// `linear_num_value_heads` (a multiple of the key heads).
+    pub v_heads: usize,
+    /// `linear_key_head_dim`.
+    pub k_head_dim: usize,
+    /// `linear_value_head_dim`.
+    pub v_head_dim: usize,
+    /// `linear_conv_kernel_dim`.
+    pub conv_kernel: usize,
+    pub in_proj: InProj,
+    pub norm: GatedNorm,
+    pub cache: StateCache,
+}
+
+impl DeltaNet {
+    /// Channels of the conv: q, k and v side by side.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.k_heads * self.k_head_dim + self.v_heads * self.v_head_dim
+    }
+    /// Width of v (and of `z`, and of `out_proj`'s input).
+    pub fn value_dim(&self) -> usize {
+        self.v_heads * self.v_head_dim
+    }
+}
+
+/// How a Gated DeltaNet layer projects its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InProj {
+    /// `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` (qwen3_5).
+    Split,
+}
+
+/// The norm before a Gated DeltaNet layer's output projection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatedNorm {
+    /// `Qwen3NextRMSNormGated`: `rms_norm(out, weight, eps)` then the compiled
+    /// `precise_swiglu(out, z, that)` (weight `[v_head_dim]`, no `1 + w`).
+    RmsSiluGate,
+}
+
+/// The cache of a layer without K/V.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateCache {
+    /// mlx-lm's `ArraysCache(size=2)`: the conv state `[B, K-1, conv_dim]`
+    /// in the activation dtype and the recurrent state `[B, Hv, Dv, Dk]` in
+    /// float32. No offset; no mask for one unpadded sequence.
+    ConvAndRecurrent,
+}
+
+/// Multi-head attention with grouped K/V heads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attention {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub bias: ProjectionBias,
+    pub qk_norm: QkNorm,
+    pub value_norm: ValueNorm,
+    pub rope: RopeForm,
+    pub scale: AttentionScale,
+    pub window: Window,
+    pub kv: KvSource,
+    pub scores: Scores,
+    pub output_gate: OutputGate,
+    pub projection: QkvProjection,
+}
+
+/// How a layer projects its queries, keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkvProjection {
+    /// `q_proj`, `k_proj`, `v_proj` (the ones the layer has): a matmul each.
+    Separate,
+    /// One `qkv_proj` of `(heads + 2 * kv_heads) * head_dim` outputs, queries
+    /// then keys then values: one matmul, then `mx.split` at `[q, q + kv]`
+    /// (phi3.py's `Attention`). The product's bits are the fused matmul's,
+    /// which on a GPU need not be the three separate ones'. Only on a layer
+    /// that projects its own K/V with `v_proj`'s rows.
+    Fused,
+}
+
+/// A gate on the attention output before `o_proj`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputGate {
+    None,
+    /// `q_proj` has `2 * heads * head_dim` outputs, per head the queries then
+    /// the gate; `o_proj(output * sigmoid(gate))` (Qwen3.5's full layers).
+    SigmoidPerHead,
+}
+
+/// How the scores become attention weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scores {
+    /// `mx.fast.scaled_dot_product_attention` with the scale (mlx-lm's
+    /// `scaled_dot_product_attention`; a quantized cache takes its quantized
+    /// form).
+    FusedSdpa,
+    /// Written out, as gemma2 does: `queries * scale` (weak scalar),
+    /// `q @ k^T`, `tanh(s / cap) * cap` (eager, weak scalars), a bool mask
+    /// through `where(mask, s, finfo(dtype).min)`, `softmax(precise=True)`,
+    /// `@ v`. The mask is always an array (`return_array=True`).
+    Softcapped { cap: f32 },
+}
+
+/// Which attention projections add a bias (a `[out]` vector, never
+/// quantized): `nn.Linear(bias=True)` computes `addmm(b, x, W.T)`, a
+/// quantized one `quantized_matmul(...) + b`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProjectionBias {
+    None,
+    /// `q_proj`, `k_proj` and `v_proj` (not `o_proj`): Qwen2.
+    QueryKeyValue,
+}
+
+/// Normalization of queries and keys before RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// RMSNorm per head with weights `q_norm`, `k_norm` of `[head_dim]`.
+    RmsPerHead,
+    /// RMSNorm over the whole projection before the head split, weights
+    /// `q_norm` of `[heads * head_dim]` and `k_norm` of
+    /// `[kv_heads * head_dim]` (olmo2): one mean over every head.
+    RmsWholeProjection,
+}
+
+/// Normalization of values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueNorm {
+    None,
+    /// RMSNorm per head without a weight.
+    RmsScaleFree,
+}
+
+/// The RoPE of a layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeForm {
+    pub kind: RopeKind,
+    /// Rotate pairs (2i, 2i+1) instead of (i, i + d/2).
+    pub traditional: bool,
+    /// Dimensions that rotate (head_dim unless partial).
+    pub rotated_dims: usize,
+}
+
+/// The scale SDPA multiplies the scores by (or, with [`Scores::Softcapped`],
+/// the queries).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AttentionScale {
+    /// 1.0 (the norms already scale q and k).
+    One,
+    /// `head_dim ** -0.5` as the Python float mlx-lm passes.
+    InvSqrtHeadDim,
+    /// `1.0 / (query_pre_attn_scalar ** 0.5)`, a Python float (gemma2): a
+    /// divide of a power, computed in f64, not `pow(x, -0.5)`.
+    InvSqrtQueryPreAttnScalar(f64),
+    /// A Python float from the config passed as SDPA's `scale` (granite's
+    /// `attention_multiplier`, in place of `head_dim ** -0.5`).
+    Constant(f64),
+}
+
+impl AttentionScale {
+    /// The f32 SDPA receives.
+    pub fn value(self, head_dim: usize) -> f32 {
+        match self {
+            AttentionScale::One => 1.0,
+            AttentionScale::InvSqrtHeadDim => (head_dim as f64).powf(-0.5) as f32,
+            AttentionScale::InvSqrtQueryPreAttnScalar(s) => (1.0 / s.powf(0.5)) as f32,
+            AttentionScale::Constant(s) => s as f32,
+        }
+    }
+}
+
+/// Which positions a query sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Window {
+    /// Causal over everything (growing cache).
+    Full,
+    /// Causal over the last `n` positions (rotating cache of `n`).
+    Sliding(usize),
+}
+
+/// Where a layer's K/V come from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvSource {
+    /// The layer projects K/V and owns a cache.
+    Own { values: Values, cache: KvCache },
+    /// The layer attends over the K/V of an earlier layer (a donor), with the
+    /// donor's RoPE offset; it has no K/V weights and no cache.
+    Shared { donor: usize },
+}
+
+/// Where V comes from on a K/V-owning layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Values {
+    /// `v_proj`.
+    Projected,
+    /// The raw `k_proj` output (no `v_proj`).
+    SameAsKeys,
+}
+
+/// A K/V-owning layer's cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvCache {
+    /// Keys and values in the activation dtype.
+    Plain,
+    /// mlx's quantized KV cache (full-window layers only).
+    Quantized(KvQuant),
+    /// mlx-optiq's per-layer mixed KV (`install_mixed_kv`): a plain cache that,
+    /// after the first forward leaving `start` or more positions in it, becomes a
+    /// quantized cache holding `mx.quantize` of its whole buffers (full-window
+    /// layers only). Stock mlx-lm has no such cache: tier L2 ([`tier`]).
+    QuantizedAfterForward { quant: KvQuant, start: usize },
+}
+
+/// The feed-forward half of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedForward {
+    Mlp(GatedMlp),
+    /// A dense MLP and routed experts side by side, each with its own norms
+    /// (`pre_feedforward_layernorm_2`, `post_feedforward_layernorm_1/_2`),
+    /// summed.
+    MlpAndMoe {
+        mlp: GatedMlp,
+        moe: Moe,
+    },
+    /// Routed experts in place of the dense MLP (`mlp.gate`,
+    /// `mlp.switch_mlp`), under the layer's feed-forward norm.
+    Moe(Moe),
+    /// Routed experts plus a shared SwiGLU expert scaled by
+    /// `sigmoid(shared_expert_gate(x))`, summed (`Qwen3NextSparseMoeBlock`:
+    /// `mlp.gate`, `mlp.switch_mlp`, `mlp.shared_expert`,
+    /// `mlp.shared_expert_gate`), under the layer's feed-forward norm.
+    MoeAndSharedExpert {
+        moe: Moe,
+        shared: SharedExpert,
+    },
+}
+
+/// The shared expert of [`FeedForward::MoeAndSharedExpert`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedExpert {
+    /// `shared_expert_intermediate_size`: its SwiGLU width.
+    pub width: usize,
+}
+
+/// `down(act(gate(x)) * up(x))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatedMlp {
+    pub width: usize,
+    pub activation: Activation,
+    pub projection: GateUpProjection,
+}
+
+/// How a gated MLP projects its gate and up halves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateUpProjection {
+    /// `gate_proj` and `up_proj`: a matmul each.
+    Separate,
+    /// One `gate_up_proj` of `2 * width` outputs: one matmul, then
+    /// `mx.split(x, 2, axis=-1)`, the gate the first half (phi3.py's `MLP`).
+    Fused,
+}
+
+/// The gate's activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// tanh-approximated GELU times the up projection as mlx-lm's compiled
+    /// `geglu` computes it: both in one compiled function (Gemma-4).
+    GeluApprox,
+    /// The same GELU as `nn.gelu_approx` (compiled alone by mlx nn), then an
+    /// eager `* up` (Gemma-2). Not [`Activation::GeluApprox`]: on CUDA the
+    /// one fused kernel and the two kernels give other bits (measured on an
+    /// H200, docs/parity.md "On the GPU"); on the CPU they agree.
+    GeluApproxThenMultiply,
+    /// SiLU (SwiGLU).
+    Silu,
+}
+
+/// Routed experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moe {
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Width of each expert's gated MLP.
+    pub width: usize,
+    pub router: Router,
+    pub activation: Activation,
+}
+
+/// How tokens pick experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Router {
+    /// Scale-free RMSNorm times `scale * hidden ** -0.5`, `proj`, top-k of
+    /// the logits, softmax over the chosen, times `per_expert_scale`
+    /// (Gemma-4's router).
+    ScaledTopKSoftmax,
+    /// `gate` projection, a precise softmax over every expert, top-k of the
+    /// probabilities (argpartition), then the chosen probabilities as taken
+    /// or renormalized (Qwen3-MoE's router, `norm_topk_prob`).
+    SoftmaxTopK { probs: TopKProbs },
+}
+
+/// What a softmax-then-top-k router does with the k chosen probabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopKProbs {
+    /// Divided by their sum.
+    Renormalized,
+    /// As the softmax over every expert gave them.
+    AsTaken,
+}
+
+/// A per-layer input gate after the feed-forward half.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerInput {
+    None,
+    /// `h + norm(proj(gelu(gate(h)) * input))` with this layer's slice of the
+    /// per-layer inputs.
+    Gated {
+        width: usize,
+    },
+}
+
+/// What the layer output is multiplied by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerScalar {
+    None,
+    /// A stored `[1]` weight, `layer_scalar`.
+    Learned,
+}
+
+/// Final norm and output projection.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Head {
+    pub weight: HeadWeight,
+    /// `tanh(x / c) * c` on the logits.
+    pub logit_softcap: Option<Softcap>,
+    /// How the final RMSNorm applies its weight.
+    pub norm: NormWeight,
+    /// What the normed hidden state is scaled by before the output
+    /// projection.
+    pub logit_scale: LogitScale,
+}
+
+/// A scale of the final hidden state before the output projection.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LogitScale {
+    None,
+    /// `h / d` with `d` a Python float (a divide, not a multiply by `1 / d`:
+    /// different bits), rounded to `h`'s dtype as a weak scalar: minicpm's
+    /// untied `lm_head(out / (hidden_size / dim_model_base))`.
+    DivideBy(f64),
+    /// The logits after the output projection divided by `d`, a Python float
+    /// as a weak scalar: granite's `lm_head(out) / logits_scaling` (or
+    /// `embed_tokens.as_linear(out) / logits_scaling` when tied).
+    DivideLogitsBy(f64),
+}
+
+/// `tanh(x / cap) * cap` with `cap` a Python float.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Softcap {
+    pub cap: f32,
+    pub form: SoftcapForm,
+}
+
+/// How mlx-lm runs a softcap. Kept apart because MLX's fused (compiled)
+/// kernels and its eager ones need not give the same tanh bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SoftcapForm {
+    /// `mx.compile`d (Gemma-4's `logit_softcap`).
+    Compiled,
+    /// Eager ops (gemma2).
+    Eager,
+}
+
+/// The output projection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadWeight {
+    /// `embed_tokens.as_linear`.
+    TiedEmbedding,
+    /// `lm_head`.
+    Untied,
+}
+
+impl Attention {
+    /// Whether this layer projects its own K/V.
+    pub fn owns_kv(&self) -> bool {
+        matches!(self.kv, KvSource::Own { .. })
+    }
+    /// The layer whose K/V this one attends over (itself when it owns them).
+    pub fn kv_layer(&self, index: usize) -> usize {
+        match self.kv {
+            KvSource::Own { .. } => index,
+            KvSource::Shared { donor } => donor,
+        }
+    }
+}
+
+impl Layer {
+    /// The layer's attention, when its mixer is attention.
+    pub fn attention(&self) -> Option<&Attention> {
+        match &self.mixer {
+            Mixer::Attention(a) => Some(a),
+            Mixer::GatedDeltaNet(_) => None,
+        }
+    }
+    /// The layer's Gated DeltaNet, when its mixer is one.
+    pub fn delta_net(&self) -> Option<&DeltaNet> {
+        match &self.mixer {
+            Mixer::Attention(_) => None,
+            Mixer::GatedDeltaNet(d) => Some(d),
+        }
+    }
+    /// The dense gated MLP, when the feed-forward half has one.
+    pub fn mlp(&self) -> Option<GatedMlp> {
+        match self.ffn {
+            FeedForward::Mlp(m) | FeedForward::MlpAndMoe { mlp: m, .. } => Some(m),
+            FeedForward::Moe(_) | FeedForward::MoeAndSharedExpert { .. } => None,
+        }
+    }
+    /// The routed experts, when the feed-forward half has them.
+    pub fn moe(&self) -> Option<Moe> {
+        match self.ffn {
+            FeedForward::Mlp(_) => None,
+            FeedForward::MlpAndMoe { moe, .. }
+            | FeedForward::Moe(moe)
+            | FeedForward::MoeAndSharedExpert { moe, .. } => Some(moe),
+        }
+    }
+}
+
+impl ModelIr {
+    /// Layers that have K/V of their own, read by a later layer.
+    pub fn donors_read(&self) -> Vec<usize> {
+        let mut d: Vec<usize> = self
+            .layers
+            .iter()
+            .filter_map(|l| match l.attention()?.kv {
+                KvSource::Shared { donor } => Some(donor),
+                KvSource::Own { .. } => None,
+            })
+            .collect();
+        d.sort_unstable();
+        d.dedup();
+        d
+    }
+}
+
+/// Top-level `model_type` values: the three that mlx-lm 0.32.2 runs through
+/// `gemma4_text`, `qwen3`, `llama`, `mistral` (run by `llama.py`: mlx-lm's
+/// `MODEL_REMAPPING`) and `qwen2`.
+// serde and the schema: `identity.source.model_type` of a spec document is this type.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfigModelType {
+    Gemma4,
+    Gemma4Text,
+    Gemma4Unified,
+    Qwen3,
+    Llama,
+    /// Mistral: mlx-lm remaps it to `llama`.
+    Mistral,
+    Qwen2,
+    Gemma2,
+    Qwen3Moe,
+    #[serde(rename = "minicpm")]
+    MiniCpm,
+    /// Qwen3.5 (`qwen3_5.py`; config.json flat or under `text_config`).
+    #[serde(rename = "qwen3_5")]
+    Qwen35,
+    /// Qwen3.5 / Qwen3.6 MoE (`qwen3_5_moe.py`: qwen3_5 with the fused HF
+    /// experts split by its sanitize).
+    #[serde(rename = "qwen3_5_moe")]
+    Qwen35Moe,
+    /// SmolLM3 (`smollm3.py`: `llama.LlamaModel` with `NoPE` layers).
+    #[serde(rename = "smollm3")]
+    SmolLm3,
+    Granite,
+    Phi3,
+    Olmo2,
+}
+
+impl ConfigModelType {
+    /// Every model type, in declaration order.
+    pub const ALL: [ConfigModelType; 16] = [
+        ConfigModelType::Gemma4,
+        ConfigModelType::Gemma4Text,
+        ConfigModelType::Gemma4Unified,
+        ConfigModelType::Qwen3,
+        ConfigModelType::Llama,
+        ConfigModelType::Mistral,
+        ConfigModelType::Qwen2,
+        ConfigModelType::Gemma2,
+        ConfigModelType::Qwen3Moe,
+        ConfigModelType::MiniCpm,
+        ConfigModelType::Qwen35,
+        ConfigModelType::Qwen35Moe,
+        ConfigModelType::SmolLm3,
+        ConfigModelType::Granite,
+        ConfigModelType::Phi3,
+        ConfigModelType::Olmo2,
+    ];
+
+    /// The config.json spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfigModelType::Gemma4 => "gemma4",
+            ConfigModelType::Gemma4Text => "gemma4_text",
+            ConfigModelType::Gemma4Unified => "gemma4_unified",
+            ConfigModelType::Qwen3 => "qwen3",
+            ConfigModelType::Llama => "llama",
+            ConfigModelType::Mistral => "mistral",
+            ConfigModelType::Qwen2 => "qwen2",
+            ConfigModelType::Gemma2 => "gemma2",
+            ConfigModelType::Qwen3Moe => "qwen3_moe",
+            ConfigModelType::MiniCpm => "minicpm",
+            ConfigModelType::Qwen35 => "qwen3_5",
+            ConfigModelType::Qwen35Moe => "qwen3_5_moe",
+            ConfigModelType::SmolLm3 => "smollm3",
+            ConfigModelType::Granite => "granite",
+            ConfigModelType::Phi3 => "phi3",
+            ConfigModelType::Olmo2 => "olmo2",
+        }
+    }
+}
+
+/// RoPE of one layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeKind {
+    /// `nn.RoPE(head_dim, traditional, base=theta, scale=1.0)` (`mx.fast.rope` with `base`).
+    Default { theta: f32 },
+    /// `ProportionalRoPE`: `mx.fast.rope` with `freqs = concat(factor * theta^(arange(0,
+    /// rotated_dims, 2)/head_dim), inf × (head_dim - rotated_dims)/2)`.
+    Proportional {
+        theta: f32,
+        partial_rotary_factor: f32,
+        factor: f32,
+    },
+    /// `Llama3RoPE`: `mx.fast.rope` with `freqs` from `theta^(arange(0, dims, 2)/dims)`
+    /// smoothed between `low_freq_factor` and `high_freq_factor` (mlx-lm `rope_utils.py`).
+    /// The scaling parameters stay f64: mlx-lm combines them as Python floats before
+    /// they meet f32 arrays.
+    Llama3 {
+        theta: f32,
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+    /// No rotation: smollm3.py's `NoPE` module, `rope(x, offset)` returns `x`
+    /// (SmolLM3's every `no_rope_layer_interval`-th layer).
+    NoPe,
+}

@@ -1,0 +1,464 @@
+//! The one map from IR blocks to checkpoint tensor names (mlx-community
+//! layout: what mlx-lm's `sanitize` leaves, under the checkpoint's module
+//! prefix). The tensor contract of the plan, the quantization rules, the
+//! parameter count and `archgen init` read it; the loader's renames are the
+//! IR's [`crate::SanitizeRule`]s.
+
+use crate::*;
+
+impl ModulePrefix {
+    /// Prefix of the text model's modules.
+    pub fn modules(self) -> &'static str {
+        match self {
+            ModulePrefix::Model => "model.",
+            ModulePrefix::LanguageModel => "language_model.model.",
+        }
+    }
+    /// Path of the untied head.
+    pub fn lm_head(self) -> &'static str {
+        match self {
+            ModulePrefix::Model => "lm_head",
+            ModulePrefix::LanguageModel => "language_model.lm_head",
+        }
+    }
+}
+
+/// The RMSNorms around a layer's mixer and feed-forward half, by arrangement:
+/// `(before mixer, after mixer, before ffn, after ffn)` module names.
+pub fn layer_norm_names(a: NormArrangement) -> &'static [&'static str] {
+    match a {
+        // mlx-lm's pre-norm blocks call the norm before the MLP
+        // `post_attention_layernorm`.
+        NormArrangement::PreNorm => &["input_layernorm", "post_attention_layernorm"],
+        NormArrangement::Sandwich => &[
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ],
+        NormArrangement::PostNorm => &["post_attention_layernorm", "post_feedforward_layernorm"],
+    }
+}
+
+/// The extra norms of the MoE branch of [`FeedForward::MlpAndMoe`].
+pub const MOE_BRANCH_NORMS: [&str; 3] = [
+    "pre_feedforward_layernorm_2",
+    "post_feedforward_layernorm_1",
+    "post_feedforward_layernorm_2",
+];
+
+/// The attention projections of `a` that have a bias, with the bias length
+/// (`{name}.bias`; only projections the layer has).
+pub fn attention_biases(a: &Attention) -> Vec<(&'static str, u64)> {
+    match a.bias {
+        ProjectionBias::None => Vec::new(),
+        ProjectionBias::QueryKeyValue => {
+            let q = (a.n_heads * a.head_dim) as u64;
+            let kv = (a.n_kv_heads * a.head_dim) as u64;
+            let mut v = vec![("q_proj", q)];
+            if let KvSource::Own { values, .. } = a.kv {
+                v.push(("k_proj", kv));
+                match values {
+                    Values::Projected => v.push(("v_proj", kv)),
+                    Values::SameAsKeys => {}
+                }
+            }
+            v
+        }
+    }
+}
+
+/// The router's projection module, relative to the layer.
+pub fn router_module(r: Router) -> &'static str {
+    match r {
+        Router::ScaledTopKSoftmax => "router.proj",
+        // Qwen3MoeSparseMoeBlock.gate
+        Router::SoftmaxTopK { .. } => "mlp.gate",
+    }
+}
+
+/// The `SwitchGLU` module of the experts, relative to the layer: beside the
+/// MLP it is Gemma-4's `experts.switch_glu`, in its place `mlp.switch_mlp`.
+pub fn experts_module(f: FeedForward) -> Option<&'static str> {
+    match f {
+        FeedForward::Mlp(_) => None,
+        FeedForward::MlpAndMoe { .. } => Some("experts.switch_glu"),
+        FeedForward::Moe(_) | FeedForward::MoeAndSharedExpert { .. } => Some("mlp.switch_mlp"),
+    }
+}
+
+/// A vector parameter (norm weight, bias, scalar, router scale) and its length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VectorParam {
+    /// Full checkpoint name.
+    pub name: String,
+    pub len: u64,
+}
+
+/// A parameter of more than one dimension outside the quantizable modules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapedParam {
+    /// Full checkpoint name.
+    pub name: String,
+    pub shape: Vec<u64>,
+}
+
+impl ModelIr {
+    /// Prefix of the text model's modules.
+    pub fn module_prefix(&self) -> &'static str {
+        self.checkpoint.prefix.modules()
+    }
+
+    /// Path of the untied head.
+    pub fn lm_head_path(&self) -> &'static str {
+        self.checkpoint.prefix.lm_head()
+    }
+
+    /// Every module `nn.quantize` would visit, in module-tree order, with
+    /// weight shapes.
+    pub fn quantizable_modules(&self) -> Vec<QuantizableModule> {
+        let pre = self.module_prefix();
+        let h = self.hidden_size as u64;
+        let mut out = Vec::new();
+        let mut push = |path: String, kind, in_dim: u64, out_dim: u64, count: u64| {
+            out.push(QuantizableModule {
+                path,
+                kind,
+                in_dim,
+                out_dim,
+                count,
+            })
+        };
+        push(
+            format!("{pre}embed_tokens"),
+            ModuleKind::Embedding,
+            h,
+            self.vocab_size as u64,
+            1,
+        );
+        if let Some(ple) = self.embedding.per_layer_input {
+            let w = (self.layers.len() * ple.width) as u64;
+            push(
+                format!("{pre}embed_tokens_per_layer"),
+                ModuleKind::Embedding,
+                w,
+                ple.vocab as u64,
+                1,
+            );
+            push(
+                format!("{pre}per_layer_model_projection"),
+                ModuleKind::Linear,
+                h,
+                w,
+                1,
+            );
+        }
+        for l in &self.layers {
+            let lp = format!("{pre}layers.{}.", l.index);
+            match &l.mixer {
+                Mixer::Attention(a) => {
+                    let q = (a.n_heads * a.head_dim) as u64;
+                    let kv = (a.n_kv_heads * a.head_dim) as u64;
+                    // An output gate doubles q_proj: per head the queries, then the gate.
+                    let q_out = match a.output_gate {
+                        OutputGate::None => q,
+                        OutputGate::SigmoidPerHead => 2 * q,
+                    };
+                    match a.projection {
+                        QkvProjection::Separate => push(
+                            format!("{lp}self_attn.q_proj"),
+                            ModuleKind::Linear,
+                            h,
+                            q_out,
+                            1,
+                        ),
+                        // One matrix of q, k and v's rows (a layer that
+                        // owns its K/V with v_proj's rows: the lowering's).
+                        QkvProjection::Fused => push(
+                            format!("{lp}self_attn.qkv_proj"),
+                            ModuleKind::Linear,
+                            h,
+                            q_out + 2 * kv,
+                            1,
+                        ),
+                    }
+                    if let (KvSource::Own { values, .. }, QkvProjection::Separate) =
+                        (a.kv, a.projection)
+                    {
+                        push(
+                            format!("{lp}self_attn.k_proj"),
+                            ModuleKind::Linear,
+                            h,
+                            kv,
+                            1,
+                        );
+                        match values {
+                            Values::Projected => push(
+                                format!("{lp}self_attn.v_proj"),
+                                ModuleKind::Linear,
+                                h,
+                                kv,
+                                1,
+                            ),
+                            Values::SameAsKeys => {}
+                        }
+                    }
+                    push(format!("{lp}self_attn.o_proj"), ModuleKind::Linear, q, h, 1);
+                }
+                Mixer::GatedDeltaNet(d) => match d.in_proj {
+                    InProj::Split => {
+                        let la = format!("{lp}linear_attn");
+                        let (conv, vd) = (d.conv_dim() as u64, d.value_dim() as u64);
+                        let hv = d.v_heads as u64;
+                        push(format!("{la}.in_proj_qkv"), ModuleKind::Linear, h, conv, 1);
+                        push(format!("{la}.in_proj_z"), ModuleKind::Linear, h, vd, 1);
+                        push(format!("{la}.in_proj_b"), ModuleKind::Linear, h, hv, 1);
+                        push(format!("{la}.in_proj_a"), ModuleKind::Linear, h, hv, 1);
+                        push(format!("{la}.out_proj"), ModuleKind::Linear, vd, h, 1);
+                    }
+                },
+            }
+            if let Some(m) = l.mlp() {
+                let w = m.width as u64;
+                match m.projection {
+                    GateUpProjection::Separate => {
+                        push(format!("{lp}mlp.gate_proj"), ModuleKind::Linear, h, w, 1);
+                        push(format!("{lp}mlp.down_proj"), ModuleKind::Linear, w, h, 1);
+                        push(format!("{lp}mlp.up_proj"), ModuleKind::Linear, h, w, 1);
+                    }
+                    GateUpProjection::Fused => {
+                        push(
+                            format!("{lp}mlp.gate_up_proj"),
+                            ModuleKind::Linear,
+                            h,
+                            2 * w,
+                            1,
+                        );
+                        push(format!("{lp}mlp.down_proj"), ModuleKind::Linear, w, h, 1);
+                    }
+                }
+            }
+            if let (Some(moe), Some(experts)) = (l.moe(), experts_module(l.ffn)) {
+                let (e, mw) = (moe.num_experts as u64, moe.width as u64);
+                let router = format!("{lp}{}", router_module(moe.router));
+                push(router, ModuleKind::Linear, h, e, 1);
+                let sw = format!("{lp}{experts}");
+                push(
+                    format!("{sw}.gate_proj"),
+                    ModuleKind::SwitchLinear,
+                    h,
+                    mw,
+                    e,
+                );
+                push(format!("{sw}.up_proj"), ModuleKind::SwitchLinear, h, mw, e);
+                push(
+                    format!("{sw}.down_proj"),
+                    ModuleKind::SwitchLinear,
+                    mw,
+                    h,
+                    e,
+                );
+            }
+            match l.ffn {
+                FeedForward::MoeAndSharedExpert { shared, .. } => {
+                    let sw = shared.width as u64;
+                    let se = format!("{lp}mlp.shared_expert");
+                    push(format!("{se}.gate_proj"), ModuleKind::Linear, h, sw, 1);
+                    push(format!("{se}.down_proj"), ModuleKind::Linear, sw, h, 1);
+                    push(format!("{se}.up_proj"), ModuleKind::Linear, h, sw, 1);
+                    push(
+                        format!("{lp}mlp.shared_expert_gate"),
+                        ModuleKind::Linear,
+                        h,
+                        1,
+                        1,
+                    );
+                }
+                FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {}
+            }
+            match l.input {
+                LayerInput::None => {}
+                LayerInput::Gated { width } => {
+                    let pw = width as u64;
+                    push(
+                        format!("{lp}per_layer_input_gate"),
+                        ModuleKind::Linear,
+                        h,
+                        pw,
+                        1,
+                    );
+                    push(
+                        format!("{lp}per_layer_projection"),
+                        ModuleKind::Linear,
+                        pw,
+                        h,
+                        1,
+                    );
+                }
+            }
+        }
+        match self.head.weight {
+            HeadWeight::TiedEmbedding => {}
+            HeadWeight::Untied => push(
+                self.lm_head_path().to_string(),
+                ModuleKind::Linear,
+                h,
+                self.vocab_size as u64,
+                1,
+            ),
+        }
+        out
+    }
+
+    /// Every parameter that is not a quantizable module's weight: norm
+    /// weights, projection biases, layer scalars, router scales.
+    pub fn vector_params(&self) -> Vec<VectorParam> {
+        let pre = self.module_prefix();
+        let h = self.hidden_size as u64;
+        let mut out = Vec::new();
+        let mut push = |name: String, len: u64| out.push(VectorParam { name, len });
+        if let Some(p) = self.embedding.per_layer_input {
+            push(
+                format!("{pre}per_layer_projection_norm.weight"),
+                p.width as u64,
+            );
+        }
+        for l in &self.layers {
+            let lp = format!("{pre}layers.{}.", l.index);
+            for n in layer_norm_names(l.norms.arrangement) {
+                push(format!("{lp}{n}.weight"), h);
+            }
+            match &l.mixer {
+                Mixer::Attention(a) => {
+                    for (name, len) in attention_biases(a) {
+                        push(format!("{lp}self_attn.{name}.bias"), len);
+                    }
+                    match a.qk_norm {
+                        QkNorm::None => {}
+                        QkNorm::RmsPerHead => {
+                            let d = a.head_dim as u64;
+                            push(format!("{lp}self_attn.q_norm.weight"), d);
+                            if a.owns_kv() {
+                                push(format!("{lp}self_attn.k_norm.weight"), d);
+                            }
+                        }
+                        QkNorm::RmsWholeProjection => {
+                            let d = a.head_dim as u64;
+                            push(format!("{lp}self_attn.q_norm.weight"), a.n_heads as u64 * d);
+                            if a.owns_kv() {
+                                push(
+                                    format!("{lp}self_attn.k_norm.weight"),
+                                    a.n_kv_heads as u64 * d,
+                                );
+                            }
+                        }
+                    }
+                }
+                Mixer::GatedDeltaNet(d) => {
+                    let la = format!("{lp}linear_attn");
+                    push(format!("{la}.dt_bias"), d.v_heads as u64);
+                    push(format!("{la}.A_log"), d.v_heads as u64);
+                    match d.norm {
+                        GatedNorm::RmsSiluGate => {
+                            push(format!("{la}.norm.weight"), d.v_head_dim as u64)
+                        }
+                    }
+                }
+            }
+            if let Some(m) = l.moe() {
+                match m.router {
+                    Router::ScaledTopKSoftmax => {
+                        push(format!("{lp}router.scale"), h);
+                        push(format!("{lp}router.per_expert_scale"), m.num_experts as u64);
+                    }
+                    Router::SoftmaxTopK { .. } => {}
+                }
+            }
+            match l.ffn {
+                FeedForward::MlpAndMoe { .. } => {
+                    for n in MOE_BRANCH_NORMS {
+                        push(format!("{lp}{n}.weight"), h);
+                    }
+                }
+                FeedForward::Mlp(_)
+                | FeedForward::Moe(_)
+                | FeedForward::MoeAndSharedExpert { .. } => {}
+            }
+            match l.input {
+                LayerInput::None => {}
+                LayerInput::Gated { .. } => {
+                    push(format!("{lp}post_per_layer_input_norm.weight"), h)
+                }
+            }
+            match l.scalar {
+                LayerScalar::None => {}
+                LayerScalar::Learned => push(format!("{lp}layer_scalar"), 1),
+            }
+        }
+        push(format!("{pre}norm.weight"), h);
+        out
+    }
+
+    /// How the module at `module_path` is quantized, by mlx-lm's rules: an
+    /// explicit per-path entry wins (params, or `false` → None); otherwise the
+    /// default applies, except that convert skips modules whose input
+    /// dimension is not divisible by the group size. None for unquantized
+    /// models and for paths that are not quantizable modules of this model.
+    pub fn quant_for(&self, module_path: &str) -> Option<QuantParams> {
+        let q = self.quantization.as_ref()?;
+        if let Some(entry) = q.overrides.get(module_path) {
+            return *entry;
+        }
+        let module = self
+            .quantizable_modules()
+            .into_iter()
+            .find(|m| m.path == module_path)?;
+        (module.in_dim % q.default.group_size as u64 == 0).then_some(q.default)
+    }
+
+    /// Modules the default quantization would skip because their input
+    /// dimension is not a multiple of the group size (and that have no
+    /// explicit entry).
+    pub fn quant_skipped_modules(&self) -> Vec<QuantizableModule> {
+        let Some(q) = &self.quantization else {
+            return Vec::new();
+        };
+        self.quantizable_modules()
+            .into_iter()
+            .filter(|m| {
+                !q.overrides.contains_key(&m.path) && m.in_dim % q.default.group_size as u64 != 0
+            })
+            .collect()
+    }
+
+    /// Parameters of more than one dimension that no `nn.quantize` visits
+    /// (the depthwise conv weights of Gated DeltaNet layers, `[C, K, 1]`).
+    pub fn shaped_params(&self) -> Vec<ShapedParam> {
+        let pre = self.module_prefix();
+        self.layers
+            .iter()
+            .filter_map(|l| {
+                let d = l.delta_net()?;
+                Some(ShapedParam {
+                    name: format!("{pre}layers.{}.linear_attn.conv1d.weight", l.index),
+                    shape: vec![d.conv_dim() as u64, d.conv_kernel as u64, 1],
+                })
+            })
+            .collect()
+    }
+
+    /// Parameter count of the unquantized model (weights, norms, scalars).
+    pub fn param_count(&self) -> u64 {
+        let modules: u64 = self
+            .quantizable_modules()
+            .iter()
+            .map(|m| m.in_dim * m.out_dim * m.count)
+            .sum();
+        let shaped: u64 = self
+            .shaped_params()
+            .iter()
+            .map(|p| p.shape.iter().product::<u64>())
+            .sum();
+        modules + shaped + self.vector_params().iter().map(|p| p.len).sum::<u64>()
+    }
+}
