@@ -61,6 +61,18 @@ fn schedule(vocab: i32) -> Value {
     })
 }
 
+/// The specs whose batched one-token steps take the compiled decode blocks
+/// (every layer a plain attention kind; `decode::enabled` on the CPU). The
+/// others (Gated DeltaNet, fused `qkv_proj`, post-norm layers) run them
+/// eagerly, as their single-sequence steps do.
+const COMPILED_BATCH_STEPS: [&str; 5] = [
+    "qwen3-0.6b-tiny",
+    "llama-3.2-1b-tiny",
+    "qwen3-30b-a3b-tiny",
+    "gemma4-e2b-tiny",
+    "gemma4-26b-a4b-tiny",
+];
+
 /// The schedule run on a generated model (whose type the registry picks),
 /// through its `CausalLm::batched`.
 struct RunBatched<'a>(&'a Schedule);
@@ -77,8 +89,26 @@ impl ModelTask for RunBatched<'_> {
 }
 
 /// The generated model of the checkpoint in `dir` (checking that dispatch
-/// finds the spec `name`), running `schedule` batched.
+/// finds the spec `name`), running `schedule` batched; checks that its
+/// one-token steps took the compiled decode blocks exactly when `name` is
+/// one of [`COMPILED_BATCH_STEPS`] (and the decode blocks are on).
 fn run_generated(
+    dir: &std::path::Path,
+    name: &str,
+    schedule: &Schedule,
+) -> Result<Vec<SeqRun>, String> {
+    let calls = archgen_runtime::decode::compiled_block_calls();
+    let runs = run_generated_once(dir, name, schedule)?;
+    let compiled = archgen_runtime::decode::compiled_block_calls() > calls;
+    assert_eq!(
+        compiled,
+        COMPILED_BATCH_STEPS.contains(&name) && archgen_runtime::decode::enabled(),
+        "{name}: whether the batched steps took the compiled decode blocks"
+    );
+    Ok(runs)
+}
+
+fn run_generated_once(
     dir: &std::path::Path,
     name: &str,
     schedule: &Schedule,

@@ -114,13 +114,36 @@ impl SlidingOwnKv {
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
+    /// step of one token per row takes the compiled blocks of one
+    /// sequence's step, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
         at: &WindowStep,
         cache: &mut BatchLayerCache,
     ) -> Result<(Array, b::SharedKv)> {
+        if let Some(tables) = at.tables {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: None,
+                layer_scalar: Some(&self.layer_scalar),
+                shape: Self::SHAPE,
+                eps: EPS,
+            };
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                at.mask,
+            );
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let (a, kv) = batch_blocks::attention_own_kv(
             &x,
@@ -230,13 +253,36 @@ impl FullOwnKvKeqV {
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
+    /// step of one token per row takes the compiled blocks of one
+    /// sequence's step, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
         at: &WindowStep,
         cache: &mut BatchLayerCache,
     ) -> Result<(Array, b::SharedKv)> {
+        if let Some(tables) = at.tables {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: None,
+                layer_scalar: Some(&self.layer_scalar),
+                shape: Self::SHAPE,
+                eps: EPS,
+            };
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                at.mask,
+            );
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let (a, kv) = batch_blocks::attention_own_kv(
             &x,
@@ -445,16 +491,30 @@ impl BatchLm for Model {
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 8)?;
         let full_mask = batch_blocks::window_mask(cache.layer(5)?, n, 0)?;
+        let sliding_tables = batch_blocks::step_tables(
+            &self.rope_sliding,
+            cache.layer(0)?,
+            n,
+            h.dtype(),
+        )?;
         let sliding = WindowStep {
             rope: &self.rope_sliding,
-            tables: None,
+            tables: sliding_tables.as_ref(),
             mask: &sliding_mask,
         };
+        let full_tables = batch_blocks::step_tables(
+            &self.rope_full,
+            cache.layer(5)?,
+            n,
+            h.dtype(),
+        )?;
         let full = WindowStep {
             rope: &self.rope_full,
-            tables: None,
+            tables: full_tables.as_ref(),
             mask: &full_mask,
         };
+        let step = sliding_tables.is_some();
+        h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         for (i, layer) in self.layers.iter().enumerate() {
             h = match layer {
                 Layer::SlidingOwnKv(l) => {
@@ -472,6 +532,6 @@ impl BatchLm for Model {
             Some(30f32),
             EPS,
         )?;
-        Ok(logits)
+        if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }
 }

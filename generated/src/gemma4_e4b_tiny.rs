@@ -119,7 +119,9 @@ impl SlidingOwnKvPle {
         let h = self.finish(h, a, pli)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
+    /// step of one token per row takes the compiled blocks of one
+    /// sequence's step, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -127,6 +129,27 @@ impl SlidingOwnKvPle {
         cache: &mut BatchLayerCache,
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
+        if let Some(tables) = at.tables {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: Some(&self.layer_scalar),
+                shape: Self::SHAPE,
+                eps: EPS,
+            };
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                at.mask,
+            );
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let (a, kv) = batch_blocks::attention_own_kv(
             &x,
@@ -241,7 +264,9 @@ impl FullOwnKvPle {
         let h = self.finish(h, a, pli)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
+    /// step of one token per row takes the compiled blocks of one
+    /// sequence's step, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -249,6 +274,27 @@ impl FullOwnKvPle {
         cache: &mut BatchLayerCache,
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
+        if let Some(tables) = at.tables {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: Some(&self.layer_scalar),
+                shape: Self::SHAPE,
+                eps: EPS,
+            };
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                at.mask,
+            );
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let (a, kv) = batch_blocks::attention_own_kv(
             &x,
@@ -342,7 +388,9 @@ impl SlidingSharedKvPle {
         let h = self.finish(h, a, pli)?;
         Ok(h)
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
+    /// step of one token per row takes the compiled blocks of one
+    /// sequence's step, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -350,6 +398,19 @@ impl SlidingSharedKvPle {
         shared: &b::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = at.tables {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: Some(&self.layer_scalar),
+                shape: Self::SHAPE,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, at.mask);
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let a = b::attention_shared_kv(
             &x,
@@ -442,7 +503,9 @@ impl FullSharedKvPle {
         let h = self.finish(h, a, pli)?;
         Ok(h)
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
+    /// step of one token per row takes the compiled blocks of one
+    /// sequence's step, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -450,6 +513,19 @@ impl FullSharedKvPle {
         shared: &b::SharedKv,
         pli: &Array,
     ) -> Result<Array> {
+        if let Some(tables) = at.tables {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: Some((&self.ple, pli)),
+                layer_scalar: Some(&self.layer_scalar),
+                shape: Self::SHAPE,
+                eps: EPS,
+            };
+            return decode::shared_kv(h, &layer, tables, shared, at.mask);
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let a = b::attention_shared_kv(
             &x,
@@ -750,16 +826,30 @@ impl BatchLm for Model {
         )?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 8)?;
         let full_mask = batch_blocks::window_mask(cache.layer(5)?, n, 0)?;
+        let sliding_tables = batch_blocks::step_tables(
+            &self.rope_sliding,
+            cache.layer(0)?,
+            n,
+            h.dtype(),
+        )?;
         let sliding = WindowStep {
             rope: &self.rope_sliding,
-            tables: None,
+            tables: sliding_tables.as_ref(),
             mask: &sliding_mask,
         };
+        let full_tables = batch_blocks::step_tables(
+            &self.rope_full,
+            cache.layer(5)?,
+            n,
+            h.dtype(),
+        )?;
         let full = WindowStep {
             rope: &self.rope_full,
-            tables: None,
+            tables: full_tables.as_ref(),
             mask: &full_mask,
         };
+        let step = sliding_tables.is_some();
+        h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
@@ -819,6 +909,6 @@ impl BatchLm for Model {
             Some(30f32),
             EPS,
         )?;
-        Ok(logits)
+        if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }
 }

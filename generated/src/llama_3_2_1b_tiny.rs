@@ -109,13 +109,36 @@ impl FullOwnKv {
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
+    /// step of one token per row takes the compiled blocks of one
+    /// sequence's step, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
         at: &WindowStep,
         cache: &mut BatchLayerCache,
     ) -> Result<(Array, b::SharedKv)> {
+        if let Some(tables) = at.tables {
+            let layer = decode::Layer {
+                norms: &self.norms,
+                attn: &self.attn,
+                mlp: &self.mlp,
+                moe: None,
+                ple: None,
+                layer_scalar: None,
+                shape: Self::SHAPE,
+                eps: EPS,
+            };
+            return decode::own_kv(
+                h,
+                &layer,
+                &self.kv,
+                self.qkv.as_ref(),
+                tables,
+                cache,
+                at.mask,
+            );
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let (a, kv) = batch_blocks::attention_own_kv(
             &x,
@@ -281,17 +304,25 @@ impl BatchLm for Model {
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;
+        let full_tables = batch_blocks::step_tables(
+            &self.rope_full,
+            cache.layer(0)?,
+            n,
+            h.dtype(),
+        )?;
         let full = WindowStep {
             rope: &self.rope_full,
-            tables: None,
+            tables: full_tables.as_ref(),
             mask: &full_mask,
         };
+        let step = full_tables.is_some();
+        h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         for (i, layer) in self.layers.iter().enumerate() {
             h = match layer {
                 Layer::FullOwnKv(l) => l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0,
             };
         }
         let logits = b::logits(&h, &self.norm, b::Head::Tied(&self.embed), None, EPS)?;
-        Ok(logits)
+        if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }
 }

@@ -932,8 +932,22 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                     #ret
                 }
 
-                /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+                /// B sequences in one forward (mlx-lm's `BatchGenerator`);
+                /// a step of one token per row takes the compiled blocks of
+                /// one sequence's step, B rows at once.
                 fn forward_batch(&self, h: &Array, at: &WindowStep, #batch_kv_arg #ple_arg) -> Result<#ret_ty> {
+                    if let Some(tables) = at.tables {
+                        let layer = decode::ExpertsLayer {
+                            norms: &self.norms,
+                            attn: &self.attn,
+                            moe: &self.moe,
+                            ple: #ple_use,
+                            layer_scalar: #scalar_ref,
+                            shape: Self::SHAPE,
+                            eps: EPS,
+                        };
+                        return #decode_step;
+                    }
                     let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                     #batch_attn
                     let h = self.finish(h, a #ple_pass)?;
@@ -1011,8 +1025,23 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                 #ret
             }
 
-            /// B sequences in one forward (mlx-lm's `BatchGenerator`).
+            /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
+            /// step of one token per row takes the compiled blocks of one
+            /// sequence's step, B rows at once.
             fn forward_batch(&self, h: &Array, at: &WindowStep, #batch_kv_arg #ple_arg) -> Result<#ret_ty> {
+                if let Some(tables) = at.tables {
+                    let layer = decode::Layer {
+                        norms: &self.norms,
+                        attn: &self.attn,
+                        mlp: &self.mlp,
+                        moe: #moe_ref,
+                        ple: #ple_use,
+                        layer_scalar: #scalar_ref,
+                        shape: Self::SHAPE,
+                        eps: EPS,
+                    };
+                    return #decode_step;
+                }
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                 #batch_attn
                 let h = self.finish(h, a #ple_pass)?;
@@ -1221,7 +1250,11 @@ fn batch_tokens(
         }
     }
     // One mask per window from its first layer's cache; one step context
-    // per window and rotation, without decode tables.
+    // per window and rotation. When every layer has the compiled decode
+    // blocks, a step of one token per row takes them as one sequence's step
+    // does (rows [B, hidden], RoPE tables at the rows' offsets, read from
+    // the window's first cache as its mask is); otherwise no tables.
+    let compiled = compiled_decode(ir);
     let mut masks = Vec::new();
     let mut contexts: Vec<String> = Vec::new();
     let mut steps_ctx = Vec::new();
@@ -1247,13 +1280,36 @@ fn batch_tokens(
                 continue;
             }
             let (rope, ctx) = (ident(&format!("rope_{cn}")), ident(&cn));
-            steps_ctx.push(quote! {
-                let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
+            steps_ctx.push(if compiled {
+                let tables = ident(&format!("{cn}_tables"));
+                quote! {
+                    let #tables = batch_blocks::step_tables(&self.#rope, cache.layer(#first)?, n, h.dtype())?;
+                    let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
+                }
+            } else {
+                quote! {
+                    let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
+                }
             });
             contexts.push(cn);
         }
     }
     let ssm_mask = any_delta_net.then(|| quote! { let ssm_mask = cache.ssm_mask(n)?; });
+    // The compiled blocks take rows [B, hidden]; a step has tables in
+    // every window or in none (all from `step_tables` on the same `n`).
+    let (rows_begin, rows_end) = match (compiled, contexts.first()) {
+        (true, Some(cn)) => {
+            let tables = ident(&format!("{cn}_tables"));
+            (
+                quote! {
+                    let step = #tables.is_some();
+                    h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
+                },
+                quote! { if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) } },
+            )
+        }
+        (true, None) | (false, _) => (quote! {}, quote! { Ok(logits) }),
+    };
     let batchable = refusal.is_none();
     let batch_caches = &layout.batch_caches;
     let batch_loop = &layout.forward_batch;
@@ -1303,9 +1359,10 @@ fn batch_tokens(
                     #(#masks)*
                     #ssm_mask
                     #(#steps_ctx)*
+                    #rows_begin
                     #batch_loop
                     let logits = #logits;
-                    Ok(logits)
+                    #rows_end
                 }
             }
         },

@@ -47,6 +47,14 @@
 //!                "steps_s": [T...], "tokens": [[B tokens]...]}` (the tokens
 //!                of the timed steps, in sequence order); the sequences then
 //!                leave the session
+//!   `batch-parts B P W S`  the batched forward of a decode step without the
+//!                session: B such prompts prefilled in one forward on a
+//!                fresh batched cache, then W untimed and S timed one-token
+//!                steps, each one's graph (forward, logprobs rows, greedy
+//!                tokens) built, then evaluated, nothing overlapping; then
+//!                one more step's graph counted as `nodes` does
+//!                -> `{"batch": B, "build_s": [T...], "eval_s": [T...],
+//!                "nodes": N, "by_op": {op: count}}`
 //!   `quit`
 //! Prompt ids are `(i * 37 + 11) % vocab`, as in the parity tests.
 
@@ -214,6 +222,28 @@ impl ModelTask for Worker {
                                 "fill_s": run.fill_s,
                                 "steps_s": run.steps_s,
                                 "tokens": run.tokens,
+                            }));
+                        }
+                    }
+                }
+                Some("batch-parts") => {
+                    let (b, p, warm, timed) = (num(1)?, num(2)?, num(3)?, num(4)?);
+                    if b == 0 || p == 0 {
+                        return Err(format!("bad command '{line}': B and P must be at least 1"));
+                    }
+                    match m.batched() {
+                        None => reply(json!({
+                            "error": format!("{}: no batched forward", self.name)
+                        })),
+                        Some(batched) => {
+                            let parts = batched_step_parts(batched, b, p, warm, timed)
+                                .map_err(|e| e.to_string())?;
+                            reply(json!({
+                                "batch": b,
+                                "build_s": parts.build_s,
+                                "eval_s": parts.eval_s,
+                                "nodes": parts.nodes,
+                                "by_op": parts.by_op,
                             }));
                         }
                     }
@@ -406,6 +436,91 @@ fn batched_steps(
         fill_s,
         steps_s,
         tokens,
+    })
+}
+
+/// What `batch-parts B P W S` measured.
+struct BatchParts {
+    /// Per timed step: building the graph (the batched forward, the
+    /// logprobs rows and the greedy tokens, as `BatchSession` builds them).
+    build_s: Vec<f64>,
+    /// Per timed step: evaluating it.
+    eval_s: Vec<f64>,
+    /// Primitive nodes of one such step's graph, and by op.
+    nodes: usize,
+    by_op: std::collections::BTreeMap<String, usize>,
+}
+
+/// `batch-parts B P W S`: the forward of a batched decode step without the
+/// session around it. B prompts of P ids (as `batch`) prefilled in one
+/// forward on a fresh batched cache, then W untimed and S timed one-token
+/// steps, each built and then evaluated with nothing overlapping, so the
+/// two times separate graph building from evaluation; then one more step
+/// whose graph is counted before it is evaluated.
+fn batched_step_parts(
+    m: &dyn BatchLm,
+    b: usize,
+    p: usize,
+    warm: usize,
+    timed: usize,
+) -> Result<BatchParts, String> {
+    use archgen_runtime::mlx_rs::ops::indexing::argmax_axis;
+    let e = |e: archgen_runtime::mlx_rs::error::Exception| e.to_string();
+    let vocab = i64::from(m.vocab_size());
+    let mut cache = m.make_batch_cache(b).map_err(e)?;
+    let mut ids = Vec::with_capacity(b * p);
+    for j in 0..b as i64 {
+        ids.extend((0..p as i64).map(|i| ((i * 37 + 11 + 101 * j) % vocab) as i32));
+    }
+    let logits = m
+        .forward_batch(&Array::from_slice(&ids, &[b as i32, p as i32]), &mut cache)
+        .map_err(e)?;
+    let mut tokens = argmax_axis(&logits.try_index((.., -1, ..)).map_err(e)?, -1, false)
+        .and_then(|t| t.as_dtype(archgen_runtime::Dtype::Int32))
+        .map_err(e)?;
+    tokens.eval().map_err(e)?;
+    cache.eval().map_err(e)?;
+    // `sample_next`'s graph: logits, logprobs rows, greedy tokens.
+    let step = |cache: &mut archgen_runtime::batch::BatchCache,
+                tokens: &Array|
+     -> archgen_runtime::ops::Result<(Array, Vec<Array>)> {
+        let logits = m.forward_batch(&tokens.reshape(&[b as i32, 1])?, cache)?;
+        let logits = logits.try_index((.., -1, ..))?;
+        let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
+        let next = argmax_axis(&logprobs, -1, false)?.as_dtype(archgen_runtime::Dtype::Int32)?;
+        let rows = (0..b as i32)
+            .map(|i| logprobs.try_index(i))
+            .collect::<archgen_runtime::ops::Result<Vec<Array>>>()?;
+        Ok((next, rows))
+    };
+    let (mut build_s, mut eval_s) = (Vec::new(), Vec::new());
+    for i in 0..warm + timed {
+        let t = Instant::now();
+        let (next, rows) = step(&mut cache, &tokens).map_err(e)?;
+        let built = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let mut outputs: Vec<&Array> = rows.iter().collect();
+        outputs.push(&next);
+        archgen_runtime::mlx_rs::transforms::eval(outputs).map_err(e)?;
+        cache.eval().map_err(e)?;
+        if i >= warm {
+            build_s.push(built);
+            eval_s.push(t.elapsed().as_secs_f64());
+        }
+        tokens = next;
+    }
+    let (next, _) = step(&mut cache, &tokens).map_err(e)?;
+    let path = std::env::temp_dir().join(format!("archgen-bench-batch-{}.dot", std::process::id()));
+    write_dot(&next, &path)?;
+    let dot = std::fs::read_to_string(&path).map_err(|e| e.to_string());
+    let _ = std::fs::remove_file(&path);
+    let by_op = nodes_by_op(&dot?);
+    next.eval().map_err(e)?;
+    Ok(BatchParts {
+        build_s,
+        eval_s,
+        nodes: by_op.values().sum(),
+        by_op: by_op.into_iter().collect(),
     })
 }
 

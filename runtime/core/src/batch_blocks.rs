@@ -11,7 +11,7 @@
 //! [`BatchLm`]: crate::batch::BatchLm
 
 use mlx_rs::error::Exception;
-use mlx_rs::Array;
+use mlx_rs::{Array, Dtype};
 
 use crate::attention::Mask;
 use crate::batch::{BatchCache, BatchLayerCache};
@@ -19,11 +19,12 @@ use crate::batch_deltanet::BatchArraysCache;
 use crate::blocks::{
     self as b, AttentionShape, AttentionWeights, FusedQkvAttention, KvWeights, SharedKv,
 };
+use crate::decode::{self, StepCache};
 use crate::deltanet::{self, GatedAttention};
 use crate::distributed::sharded_to_all;
 use crate::layers::Linear;
 use crate::ops::Result;
-use crate::rope::Rope;
+use crate::rope::{Rope, RopeTables};
 
 /// Why a quantized KV cache does not batch (the monolith and the generated
 /// models refuse it with these words).
@@ -116,7 +117,8 @@ pub fn attention_fused_qkv(
 }
 
 /// What follows the projections of a K/V-owning layer: the batched cache
-/// updated, SDPA over the shared key buffer, the output projection.
+/// updated, SDPA over the shared key buffer ([`attend_cached`]), the output
+/// projection.
 #[allow(clippy::too_many_arguments)]
 fn attend_own_kv(
     q: &Array,
@@ -128,14 +130,71 @@ fn attend_own_kv(
     cache: &mut BatchLayerCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
+    let (o, shared) = attend_cached(q, k, v, offsets, s, cache, mask, false)?;
+    Ok((sharded_to_all(o_proj.forward(&o)?)?, shared))
+}
+
+/// The batched cache updated with `k`, `v`, and `q` attending over it: the
+/// heads merged back ([B, L, H * D], or rows [B * L, H * D] with `rows`)
+/// and the K/V, with the rows' offsets, for the layers that share them.
+#[allow(clippy::too_many_arguments)]
+fn attend_cached(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    offsets: Array,
+    s: AttentionShape,
+    cache: &mut BatchLayerCache,
+    mask: &Mask,
+    rows: bool,
+) -> Result<(Array, SharedKv)> {
     let (keys, values) = kv_update(cache, k, v)?;
-    let o = b::attend_with(q, &keys, &values, s, mask, false)?;
+    let o = b::attend_with(q, &keys, &values, s, mask, rows)?;
     let shared = SharedKv {
         keys,
         values,
         offset: offsets,
     };
-    Ok((sharded_to_all(o_proj.forward(&o)?)?, shared))
+    Ok((o, shared))
+}
+
+/// A batch's one-token step (every row at L = 1) takes the compiled decode
+/// blocks of one sequence's step ([`crate::decode`]), B rows at once: only
+/// the RoPE offsets (one per row) and the cache update and attention
+/// differ, and they run as the eager batched layer runs them.
+impl StepCache for BatchLayerCache {
+    fn rope_offset(&self) -> Result<Array> {
+        kv_offsets(self)
+    }
+
+    fn attend(
+        &mut self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        s: AttentionShape,
+        mask: &Mask,
+        offset: Array,
+    ) -> Result<(Array, SharedKv)> {
+        attend_cached(q, k, v, offset, s, self, mask, true)
+    }
+}
+
+/// The RoPE tables of a batch's one-token step for the compiled decode
+/// blocks (as [`Rope::tables`] for one sequence), at the rows' offsets in
+/// `cache` (a window's first layer, before any update); `None` when the
+/// step has more than one token per row or the decode blocks are off, and
+/// the layers run their eager batched forward.
+pub fn step_tables(
+    rope: &Rope,
+    cache: &BatchLayerCache,
+    n: i32,
+    dtype: Dtype,
+) -> Result<Option<RopeTables>> {
+    if n != 1 || !decode::enabled() {
+        return Ok(None);
+    }
+    Ok(Some(rope.tables_at(&kv_offsets(cache)?, n, dtype)?))
 }
 
 /// Qwen3.5's output-gated attention (`Qwen3NextAttention`) over a batch.

@@ -24,6 +24,13 @@
 //!    `prefill_step_size` tokens, right-padded to the longest chunk, as one
 //!    forward (`prepare`, forward, `finalize`).
 //!
+//! Steps pipeline as mlx-lm's do (`_step` ends in `mx.async_eval`, `next`
+//! reads the previous step's tokens after queueing the new forward): a
+//! generation forward is built on the previous step's tokens as lazy
+//! arrays and queued with `async_eval`, and only then are that previous
+//! step's tokens read back, so building step n + 1's graph overlaps
+//! evaluating step n. Which forwards run on which rows is unchanged.
+//!
 //! A server may ask for [`PromptLanes::ShortFirst`] instead of mlx-lm's one
 //! prompt batch ([`PromptLanes::One`], the default and what [`run_schedule`]
 //! replays): a prompt that arrives while a long one is in prefill then does
@@ -151,11 +158,13 @@ impl PromptBatch {
 }
 
 /// `GenerationBatch`: `next` holds what the last forward produced for each
-/// member (its logprobs row and the token sampled from it).
+/// member (its logprobs row and the token sampled from it), queued for
+/// evaluation and not yet read back.
 #[derive(Default)]
 struct GenerationBatch {
     seqs: Vec<SeqId>,
-    next_tokens: Vec<i32>,
+    /// int32 [members] (`None` without members).
+    next_tokens: Option<Array>,
     next_logprobs: Vec<Array>,
     num_tokens: Vec<usize>,
     max_tokens: Vec<usize>,
@@ -165,7 +174,10 @@ struct GenerationBatch {
 impl GenerationBatch {
     fn filter(&mut self, keep: &[usize]) -> Result<()> {
         self.seqs = keep.iter().map(|&i| self.seqs[i]).collect();
-        self.next_tokens = keep.iter().map(|&i| self.next_tokens[i]).collect();
+        self.next_tokens = match (&self.next_tokens, keep.is_empty()) {
+            (Some(t), false) => Some(t.take_axis(index_vector(keep), 0)?),
+            (Some(_), true) | (None, _) => None,
+        };
         self.next_logprobs = keep
             .iter()
             .map(|&i| self.next_logprobs[i].clone())
@@ -178,12 +190,21 @@ impl GenerationBatch {
     /// `GenerationBatch.extend`.
     fn extend(&mut self, other: GenerationBatch) -> Result<()> {
         self.seqs.extend(other.seqs);
-        self.next_tokens.extend(other.next_tokens);
+        self.next_tokens = match (self.next_tokens.take(), other.next_tokens) {
+            (Some(a), Some(b)) => Some(mlx_rs::ops::concatenate(&[a, b], 0)?),
+            (a, b) => a.or(b),
+        };
         self.next_logprobs.extend(other.next_logprobs);
         self.num_tokens.extend(other.num_tokens);
         self.max_tokens.extend(other.max_tokens);
         extend_cache(&mut self.cache, other.cache)
     }
+}
+
+/// Row indices as an int32 vector (to `take` rows of a lazy array).
+fn index_vector(rows: &[usize]) -> Array {
+    let rows: Vec<i32> = rows.iter().map(|&i| i as i32).collect();
+    Array::from_slice(&rows, &[rows.len() as i32])
 }
 
 /// A prompt member whose only segment left is its last token: it starts
@@ -461,7 +482,10 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     /// `GenerationBatch.next`.
     fn generation_step(&mut self) -> Result<Vec<StepOutput>> {
         let g = &mut self.generation;
-        let tokens = std::mem::take(&mut g.next_tokens);
+        let tokens = g
+            .next_tokens
+            .take()
+            .ok_or_else(|| error("the generation batch has no tokens to feed".into()))?;
         let logprobs = std::mem::take(&mut g.next_logprobs);
         let cache = g
             .cache
@@ -469,8 +493,10 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             .ok_or_else(|| error("the generation batch has no cache".into()))?;
         let (next_tokens, next_logprobs) =
             sample_next(self.model, &tokens, cache, &g.seqs, &mut self.samplers)?;
-        g.next_tokens = next_tokens;
+        g.next_tokens = Some(next_tokens);
         g.next_logprobs = next_logprobs;
+        // Waits for the previous step only; the one just queued runs on.
+        let tokens = token_values(&tokens, &g.seqs)?;
         let mut out = Vec::with_capacity(tokens.len());
         let mut keep = Vec::with_capacity(tokens.len());
         for (i, (token, row)) in tokens.into_iter().zip(logprobs).enumerate() {
@@ -567,6 +593,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         filter_cache(&mut cache, &split)?;
         let seqs: Vec<SeqId> = split.iter().map(|&i| prompt.seqs[i]).collect();
         let last: Vec<i32> = split.iter().map(|&i| prompt.segments[i][0][0]).collect();
+        let last = Array::from_slice(&last, &[last.len() as i32]);
         let max_tokens: Vec<usize> = split.iter().map(|&i| prompt.max_tokens[i]).collect();
         prompt.filter(&keep)?;
         let mut cache =
@@ -577,7 +604,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         self.generation.extend(GenerationBatch {
             num_tokens: vec![0; seqs.len()],
             seqs,
-            next_tokens,
+            next_tokens: Some(next_tokens),
             next_logprobs,
             max_tokens,
             cache: Some(cache),
@@ -636,53 +663,77 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     }
 }
 
-/// `GenerationBatch._step`'s forward: the last logits of `tokens` [B] as
-/// logprobs rows, and the tokens sampled from them: greedy, or by the
-/// sampler of the row's sequence (`seqs`, in row order) when it has one.
+/// `GenerationBatch._step`'s forward on `tokens` (int32 [B], possibly
+/// still being evaluated): the last logits as logprobs rows, and the tokens
+/// sampled from them (int32 [B]): greedy, or by the sampler of the row's
+/// sequence (`seqs`, in row order) when it has one. Both are queued for
+/// evaluation (`async_eval`), not waited for.
 fn sample_next<M: BatchLm + ?Sized>(
     model: &M,
-    tokens: &[i32],
+    tokens: &Array,
     cache: &mut BatchCache,
     seqs: &[SeqId],
     samplers: &mut HashMap<SeqId, Sampler>,
-) -> Result<(Vec<i32>, Vec<Array>)> {
-    let b = tokens.len() as i32;
-    let ids = Array::from_slice(tokens, &[b, 1]);
-    let logits = model.forward_batch(&ids, cache)?;
+) -> Result<(Array, Vec<Array>)> {
+    let b = seqs.len() as i32;
+    let logits = model.forward_batch(&tokens.reshape(&[b, 1])?, cache)?;
     let logits = logits.try_index((.., -1, ..))?;
     let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
-    let sampled = mlx_rs::ops::indexing::argmax_axis(&logprobs, -1, false)?;
+    let sampled =
+        mlx_rs::ops::indexing::argmax_axis(&logprobs, -1, false)?.as_dtype(mlx_rs::Dtype::Int32)?;
     let rows: Vec<Array> = (0..b)
         .map(|i| logprobs.try_index(i))
         .collect::<Result<_>>()?;
-    let mut own: Vec<(usize, Array)> = Vec::new();
-    for (i, (seq, row)) in seqs.iter().zip(&rows).enumerate() {
-        if let Some(sampler) = samplers.get_mut(seq) {
-            own.push((i, sampler(row)?.as_dtype(mlx_rs::Dtype::Int32)?));
-        }
-    }
-    let mut outputs: Vec<&Array> = rows.iter().collect();
-    outputs.push(&sampled);
-    outputs.extend(own.iter().map(|(_, t)| t));
-    mlx_rs::transforms::eval(outputs)?;
-    let mut next: Vec<i32> = sampled
-        .as_slice::<u32>()
-        .iter()
-        .map(|&t| t as i32)
-        .collect();
-    for (i, token) in own {
-        next[i] = match token.as_slice::<i32>() {
-            [t] => *t,
-            other => {
-                return Err(error(format!(
-                    "sequence {}: its sampler gave {} tokens, expected 1",
-                    seqs[i].0,
-                    other.len()
-                )))
+    let mut own: Vec<Option<Array>> = Vec::with_capacity(rows.len());
+    for (seq, row) in seqs.iter().zip(&rows) {
+        own.push(match samplers.get_mut(seq) {
+            Some(sampler) => {
+                let token = sampler(row)?.as_dtype(mlx_rs::Dtype::Int32)?;
+                if token.size() != 1 {
+                    return Err(error(format!(
+                        "sequence {}: its sampler gave {} tokens, expected 1",
+                        seq.0,
+                        token.size()
+                    )));
+                }
+                Some(token.reshape(&[1])?)
             }
-        };
+            None => None,
+        });
     }
+    // Greedy rows take their argmax; the others their sampler's token.
+    let next = if own.iter().all(Option::is_none) {
+        sampled
+    } else {
+        let pieces = own
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| match t {
+                Some(t) => Ok(t),
+                None => sampled.try_index(i as i32..i as i32 + 1),
+            })
+            .collect::<Result<Vec<Array>>>()?;
+        mlx_rs::ops::concatenate(&pieces, 0)?
+    };
+    let mut outputs: Vec<&Array> = rows.iter().collect();
+    outputs.push(&next);
+    mlx_rs::transforms::async_eval(outputs)?;
     Ok((next, rows))
+}
+
+/// The host values of a step's tokens (int32 [B], one per sequence of
+/// `seqs`), waiting for their evaluation.
+fn token_values(tokens: &Array, seqs: &[SeqId]) -> Result<Vec<i32>> {
+    tokens.eval()?;
+    let values = tokens.as_slice::<i32>();
+    if values.len() != seqs.len() {
+        return Err(error(format!(
+            "a step gave {} tokens for {} sequences",
+            values.len(),
+            seqs.len()
+        )));
+    }
+    Ok(values.to_vec())
 }
 
 /// A fixed schedule of arrivals (the JSON of `archgen logits --batch` and

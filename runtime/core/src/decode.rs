@@ -203,7 +203,7 @@ pub fn own_kv_experts(
     kv: &KvWeights,
     fused: Option<&FusedQkv>,
     rope: &RopeTables,
-    cache: &mut LayerCache,
+    cache: &mut impl StepCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
     let (o, shared) = attend_own_kv(h, &layer.pre(), kv, fused, rope, cache, mask)?;
@@ -225,14 +225,16 @@ pub fn shared_kv_experts(
 /// One decode step (one token) of a layer that computes its own K/V;
 /// `rope` holds this step's tables of the layer's RoPE form. `h` and the
 /// result are rows [B, hidden] (one token each): 2-D matmuls are one node,
-/// 3-D ones flatten + matmul + unflatten around the same kernel.
+/// 3-D ones flatten + matmul + unflatten around the same kernel. The rows
+/// are one sequence's batch or B sequences of a batched cache, one token
+/// each ([`StepCache`]): the same blocks either way.
 pub fn own_kv(
     h: &Array,
     layer: &Layer<'_>,
     kv: &KvWeights,
     fused: Option<&FusedQkv>,
     rope: &RopeTables,
-    cache: &mut LayerCache,
+    cache: &mut impl StepCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
     let (o, shared) = attend_own_kv(h, &layer.pre(), kv, fused, rope, cache, mask)?;
@@ -250,7 +252,7 @@ pub fn own_kv_scaled(
     kv: &KvWeights,
     fused: Option<&FusedQkv>,
     rope: &RopeTables,
-    cache: &mut LayerCache,
+    cache: &mut impl StepCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
     let (o, shared) = attend_own_kv(h, &layer.pre(), kv, fused, rope, cache, mask)?;
@@ -293,16 +295,61 @@ fn attend_own_kv(
     kv: &KvWeights,
     fused: Option<&FusedQkv>,
     rope: &RopeTables,
-    cache: &mut LayerCache,
+    cache: &mut impl StepCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
-    let offset = Array::from_int(cache.offset());
+    let offset = cache.rope_offset()?;
     // The stacked projection needs one dtype throughout (see FusedQkv).
     let fused =
         fused.filter(|f| f.norm.dtype() == h.dtype() && pre.norms.input().dtype() == h.dtype());
     let qkv = pre_attention(h, pre, Some(kv), fused, rope)?;
     let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
-    blocks::attend_own_kv(&q, &k, &v, pre.shape, cache, mask, offset, true)
+    cache.attend(&q, &k, &v, pre.shape, mask, offset)
+}
+
+/// The K/V cache a one-token step of a K/V-owning layer writes: one
+/// sequence's ([`LayerCache`]) or a batch's
+/// ([`crate::batch::BatchLayerCache`], whose rows each have their own
+/// offset). The compiled blocks before and after attention do not depend on
+/// it; what does is the RoPE offset the step's K/V carry to the layers
+/// sharing them, and the cache update and attention, which run uncompiled
+/// as the eager layer runs them.
+pub trait StepCache {
+    /// The offset RoPE rotates this step from, as the eager layer passes
+    /// it (`mx.array(cache.offset)`: an int32 scalar, or one per row).
+    fn rope_offset(&self) -> Result<Array>;
+
+    /// The cache updated with this step's `k`, `v` [B, KV, 1, D] and `q`
+    /// [B, H, 1, D] attending over it: the heads merged back to rows
+    /// [B, H * D] (the input of `o_proj`), and the K/V (with `offset`) the
+    /// layers sharing them read.
+    fn attend(
+        &mut self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        s: AttentionShape,
+        mask: &Mask,
+        offset: Array,
+    ) -> Result<(Array, SharedKv)>;
+}
+
+impl StepCache for LayerCache {
+    fn rope_offset(&self) -> Result<Array> {
+        Ok(Array::from_int(self.offset()))
+    }
+
+    fn attend(
+        &mut self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        s: AttentionShape,
+        mask: &Mask,
+        offset: Array,
+    ) -> Result<(Array, SharedKv)> {
+        blocks::attend_own_kv(q, k, v, s, self, mask, offset, true)
+    }
 }
 
 /// [`attend_own_kv`] of a layer that reads a donor's K/V: the query only,
@@ -1287,6 +1334,15 @@ thread_local! {
     /// Compiled blocks by structure key (which block, constants, which
     /// optional weights exist, quantization): one per layer kind.
     static BLOCKS: RefCell<HashMap<Vec<i64>, (Block, bool)>> = RefCell::new(HashMap::new());
+    /// Calls of compiled blocks on this thread ([`compiled_block_calls`]).
+    static COMPILED_CALLS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many times this thread has called a compiled decode block: tests
+/// read it to check that a forward took the compiled blocks, not only
+/// that its bits are right.
+pub fn compiled_block_calls() -> u64 {
+    COMPILED_CALLS.with(Cell::get)
 }
 
 /// This thread's decode blocks so far: (compiled, running eagerly).
@@ -1342,7 +1398,10 @@ impl Packed {
                 };
                 blocks.insert(self.key.clone(), entry);
             }
-            let (f, _) = blocks.get_mut(&self.key).expect("inserted above");
+            let (f, compiled) = blocks.get_mut(&self.key).expect("inserted above");
+            if *compiled {
+                COMPILED_CALLS.with(|c| c.set(c.get() + 1));
+            }
             f(&self.arrays)
         })
     }

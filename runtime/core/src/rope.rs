@@ -106,13 +106,20 @@ impl Rope {
     /// MLX's own `fast.rope` at `offset` ([`RopeTables::Native`]), elsewhere
     /// the cos/sin tables of its CPU fallback ([`Rope::fallback_tables`]).
     pub fn tables(&self, offset: i32, l: i32, dtype: Dtype) -> Result<RopeTables> {
+        self.tables_at(&Array::from_int(offset), l, dtype)
+    }
+
+    /// [`Rope::tables`] at `offset`, an int32 scalar (one sequence) or a
+    /// vector [B] (a batch, one offset per row, as mlx-lm's `BatchKVCache`
+    /// passes `cache.offset` to `mx.fast.rope`).
+    pub fn tables_at(&self, offset: &Array, l: i32, dtype: Dtype) -> Result<RopeTables> {
         if let Rope::NoPe = self {
             return Ok(RopeTables::NoPe);
         }
         match crate::device::path() {
             crate::device::Path::NativeFastOps => Ok(RopeTables::Native {
                 rope: self.clone(),
-                offset: Array::from_int(offset),
+                offset: offset.clone(),
             }),
             crate::device::Path::CpuFallbacks | crate::device::Path::Eager => {
                 self.fallback_tables(offset, l, dtype)
@@ -128,10 +135,19 @@ impl Rope {
     /// also cast to `dtype` (the fallback casts to the input's dtype). They
     /// depend on the position only, so one step computes them once per RoPE
     /// form and every layer of that form (Q and K alike) reuses them.
-    pub fn fallback_tables(&self, offset: i32, l: i32, dtype: Dtype) -> Result<RopeTables> {
+    ///
+    /// With one offset per row (`offset` [B]), the fallback broadcasts the
+    /// offsets over heads and positions ([B, 1, 1]): the tables are
+    /// [B, 1, L, dims / 2], row b holding exactly the scalar tables at
+    /// `offset[b]` (the same per-element operations).
+    pub fn fallback_tables(&self, offset: &Array, l: i32, dtype: Dtype) -> Result<RopeTables> {
         let half = self.dims() / 2;
+        let offset = match offset.ndim() {
+            0 => offset.clone(),
+            _ => offset.reshape(&[-1, 1, 1])?,
+        };
         let positions = mlx_rs::ops::arange::<i32, f32>(0, l, 1)?
-            .add(Array::from_int(offset))?
+            .add(&offset)?
             .multiply(Array::from_f32(1.0))?;
         let inv_freqs = match self {
             Rope::Base { base, .. } => mlx_rs::ops::arange::<i32, f32>(0, -half, -1)?
