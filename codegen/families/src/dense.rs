@@ -27,7 +27,6 @@ use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use std::fmt::Write;
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
@@ -838,69 +837,51 @@ pub(crate) fn config_json(spec: &DenseSpec) -> Value {
 
 /// The full-form YAML text of a dense spec.
 pub(crate) fn to_yaml(spec: &DenseSpec) -> String {
-    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    use crate::emit::{
+        dense_attention_yaml, dense_layers_yaml, dense_mlp_yaml, dense_model_yaml, float,
+        header_yaml, quantization_yaml, section_yaml,
+    };
     let mut o = String::new();
-    let _ = writeln!(o, "{MODELINE}");
-    let _ = writeln!(o, "format_version: {}", spec.format_version);
-    identity_yaml(&mut o, &spec.identity);
-    let m = &spec.model;
-    let _ = writeln!(o, "model:");
-    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
-    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
-    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
-    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
-    let _ = writeln!(
-        o,
-        "  max_position_embeddings: {}",
-        m.max_position_embeddings
-    );
-    let _ = writeln!(o, "layers:");
-    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
-    let a = &spec.attention;
-    let _ = writeln!(o, "attention:");
-    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
-    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
-    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
-    let _ = writeln!(o, "rope:");
-    let _ = writeln!(o, "  traditional: {}", spec.rope.traditional);
-    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
-    match &spec.rope.scaling {
-        None => o.push_str("  scaling: null\n"),
+    header_yaml(&mut o, spec.format_version, &spec.identity);
+    dense_model_yaml(&mut o, &spec.model);
+    dense_layers_yaml(&mut o, &spec.layers);
+    dense_attention_yaml(&mut o, &spec.attention);
+    let scaling = match &spec.rope.scaling {
+        None => "null".to_string(),
         Some(RopeScaling::Llama3 {
             factor,
             low_freq_factor,
             high_freq_factor,
             original_max_position_embeddings,
-        }) => {
-            let _ = writeln!(
-                o,
-                "  scaling: {{rope_type: llama3, factor: {}, low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}}}",
-                float(*factor),
-                float(*low_freq_factor),
-                float(*high_freq_factor),
-                original_max_position_embeddings
-            );
-        }
-    }
+        }) => format!(
+            "{{rope_type: llama3, factor: {}, low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}}}",
+            float(*factor),
+            float(*low_freq_factor),
+            float(*high_freq_factor),
+            original_max_position_embeddings
+        ),
+    };
+    let mut rope = vec![
+        ("traditional", spec.rope.traditional.to_string()),
+        ("rope_theta", float(spec.rope.rope_theta)),
+        ("scaling", scaling),
+    ];
     if let Some(n) = spec.rope.no_rope_layer_interval {
-        let _ = writeln!(o, "  no_rope_layer_interval: {n}");
+        rope.push(("no_rope_layer_interval", n.to_string()));
     }
-    let _ = writeln!(o, "mlp:");
-    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    section_yaml(&mut o, "rope", &rope);
+    dense_mlp_yaml(&mut o, &spec.mlp);
     if let Some(g) = &spec.scales {
-        let _ = writeln!(o, "scales:");
-        let _ = writeln!(
-            o,
-            "  embedding_multiplier: {}",
-            float(g.embedding_multiplier)
+        section_yaml(
+            &mut o,
+            "scales",
+            &[
+                ("embedding_multiplier", float(g.embedding_multiplier)),
+                ("attention_multiplier", float(g.attention_multiplier)),
+                ("residual_multiplier", float(g.residual_multiplier)),
+                ("logits_scaling", float(g.logits_scaling)),
+            ],
         );
-        let _ = writeln!(
-            o,
-            "  attention_multiplier: {}",
-            float(g.attention_multiplier)
-        );
-        let _ = writeln!(o, "  residual_multiplier: {}", float(g.residual_multiplier));
-        let _ = writeln!(o, "  logits_scaling: {}", float(g.logits_scaling));
     }
     quantization_yaml(&mut o, spec.quantization.as_ref());
     crate::mixed_kv::yaml(&mut o, spec.mixed_kv.as_ref());

@@ -22,7 +22,6 @@ use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use std::fmt::Write;
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
@@ -359,48 +358,57 @@ pub(crate) fn config_json(spec: &Gemma2Spec) -> Value {
 
 /// The full-form YAML text of a Gemma-2 spec.
 pub(crate) fn to_yaml(spec: &Gemma2Spec) -> String {
-    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    use crate::emit::{float, header_yaml, quantization_yaml, section_yaml};
     let mut o = String::new();
-    let _ = writeln!(o, "{MODELINE}");
-    let _ = writeln!(o, "format_version: {}", spec.format_version);
-    identity_yaml(&mut o, &spec.identity);
+    header_yaml(&mut o, spec.format_version, &spec.identity);
     let m = &spec.model;
-    let _ = writeln!(o, "model:");
-    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
-    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
-    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
-    let _ = writeln!(
-        o,
-        "  final_logit_softcapping: {}",
-        float(m.final_logit_softcapping)
+    section_yaml(
+        &mut o,
+        "model",
+        &[
+            ("hidden_size", m.hidden_size.to_string()),
+            ("vocab_size", m.vocab_size.to_string()),
+            ("rms_norm_eps", float(m.rms_norm_eps)),
+            ("final_logit_softcapping", float(m.final_logit_softcapping)),
+            (
+                "max_position_embeddings",
+                m.max_position_embeddings.to_string(),
+            ),
+        ],
     );
-    let _ = writeln!(
-        o,
-        "  max_position_embeddings: {}",
-        m.max_position_embeddings
+    section_yaml(
+        &mut o,
+        "layers",
+        &[(
+            "num_hidden_layers",
+            spec.layers.num_hidden_layers.to_string(),
+        )],
     );
-    let _ = writeln!(o, "layers:");
-    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
     let a = &spec.attention;
-    let _ = writeln!(o, "attention:");
-    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
-    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
-    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
-    let _ = writeln!(
-        o,
-        "  query_pre_attn_scalar: {}",
-        float(a.query_pre_attn_scalar)
+    section_yaml(
+        &mut o,
+        "attention",
+        &[
+            ("num_attention_heads", a.num_attention_heads.to_string()),
+            ("num_key_value_heads", a.num_key_value_heads.to_string()),
+            ("head_dim", a.head_dim.to_string()),
+            ("query_pre_attn_scalar", float(a.query_pre_attn_scalar)),
+            ("attn_logit_softcapping", float(a.attn_logit_softcapping)),
+        ],
     );
-    let _ = writeln!(
-        o,
-        "  attn_logit_softcapping: {}",
-        float(a.attn_logit_softcapping)
+    section_yaml(
+        &mut o,
+        "rope",
+        &[
+            ("traditional", spec.rope.traditional.to_string()),
+            ("rope_theta", float(spec.rope.rope_theta)),
+        ],
     );
-    let _ = writeln!(o, "rope:");
-    let _ = writeln!(o, "  traditional: {}", spec.rope.traditional);
-    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
-    let _ = writeln!(o, "mlp:");
-    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    section_yaml(
+        &mut o,
+        "mlp",
+        &[("intermediate_size", spec.mlp.intermediate_size.to_string())],
+    );
     quantization_yaml(&mut o, spec.quantization.as_ref());
     o
 }

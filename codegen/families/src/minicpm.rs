@@ -26,7 +26,6 @@ use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use std::fmt::Write;
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
@@ -337,39 +336,34 @@ pub(crate) fn config_json(spec: &MiniCpmSpec) -> Value {
 
 /// The full-form YAML text of a MiniCPM spec.
 pub(crate) fn to_yaml(spec: &MiniCpmSpec) -> String {
-    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    use crate::emit::{
+        dense_attention_yaml, dense_layers_yaml, dense_mlp_yaml, dense_model_yaml, float,
+        header_yaml, quantization_yaml, section_yaml,
+    };
     let mut o = String::new();
-    let _ = writeln!(o, "{MODELINE}");
-    let _ = writeln!(o, "format_version: {}", spec.format_version);
-    identity_yaml(&mut o, &spec.identity);
-    let m = &spec.model;
-    let _ = writeln!(o, "model:");
-    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
-    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
-    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
-    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
-    let _ = writeln!(
-        o,
-        "  max_position_embeddings: {}",
-        m.max_position_embeddings
+    header_yaml(&mut o, spec.format_version, &spec.identity);
+    dense_model_yaml(&mut o, &spec.model);
+    dense_layers_yaml(&mut o, &spec.layers);
+    dense_attention_yaml(&mut o, &spec.attention);
+    section_yaml(
+        &mut o,
+        "rope",
+        &[
+            ("traditional", spec.rope.traditional.to_string()),
+            ("rope_theta", float(spec.rope.rope_theta)),
+        ],
     );
-    let _ = writeln!(o, "layers:");
-    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
-    let a = &spec.attention;
-    let _ = writeln!(o, "attention:");
-    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
-    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
-    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
-    let _ = writeln!(o, "rope:");
-    let _ = writeln!(o, "  traditional: {}", spec.rope.traditional);
-    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
-    let _ = writeln!(o, "mlp:");
-    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    dense_mlp_yaml(&mut o, &spec.mlp);
     let s = &spec.scales;
-    let _ = writeln!(o, "scales:");
-    let _ = writeln!(o, "  scale_emb: {}", float(s.scale_emb));
-    let _ = writeln!(o, "  scale_depth: {}", float(s.scale_depth));
-    let _ = writeln!(o, "  dim_model_base: {}", s.dim_model_base);
+    section_yaml(
+        &mut o,
+        "scales",
+        &[
+            ("scale_emb", float(s.scale_emb)),
+            ("scale_depth", float(s.scale_depth)),
+            ("dim_model_base", s.dim_model_base.to_string()),
+        ],
+    );
     quantization_yaml(&mut o, spec.quantization.as_ref());
     o
 }

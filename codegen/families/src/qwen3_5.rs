@@ -24,7 +24,6 @@ use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use std::fmt::Write;
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
@@ -654,68 +653,77 @@ pub(crate) fn config_json(spec: &Qwen35Spec) -> Value {
 
 /// The full-form YAML text of a Qwen3.5 spec.
 pub(crate) fn to_yaml(spec: &Qwen35Spec) -> String {
-    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    use crate::emit::{
+        dense_attention_yaml, dense_mlp_yaml, dense_model_yaml, float, header_yaml,
+        quantization_yaml, section_yaml,
+    };
     let mut o = String::new();
-    let _ = writeln!(o, "{MODELINE}");
-    let _ = writeln!(o, "format_version: {}", spec.format_version);
-    identity_yaml(&mut o, &spec.identity);
-    let m = &spec.model;
-    let _ = writeln!(o, "model:");
-    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
-    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
-    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
-    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
-    let _ = writeln!(
-        o,
-        "  max_position_embeddings: {}",
-        m.max_position_embeddings
+    header_yaml(&mut o, spec.format_version, &spec.identity);
+    dense_model_yaml(&mut o, &spec.model);
+    let l = &spec.layers;
+    section_yaml(
+        &mut o,
+        "layers",
+        &[
+            ("num_hidden_layers", l.num_hidden_layers.to_string()),
+            (
+                "full_attention_interval",
+                l.full_attention_interval.to_string(),
+            ),
+        ],
     );
-    let _ = writeln!(o, "layers:");
-    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
-    let _ = writeln!(
-        o,
-        "  full_attention_interval: {}",
-        spec.layers.full_attention_interval
-    );
-    let a = &spec.attention;
-    let _ = writeln!(o, "attention:");
-    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
-    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
-    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
-    let _ = writeln!(o, "rope:");
-    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
-    let _ = writeln!(
-        o,
-        "  partial_rotary_factor: {}",
-        float(spec.rope.partial_rotary_factor)
+    dense_attention_yaml(&mut o, &spec.attention);
+    section_yaml(
+        &mut o,
+        "rope",
+        &[
+            ("rope_theta", float(spec.rope.rope_theta)),
+            (
+                "partial_rotary_factor",
+                float(spec.rope.partial_rotary_factor),
+            ),
+        ],
     );
     let la = &spec.linear_attention;
-    let _ = writeln!(o, "linear_attention:");
-    let _ = writeln!(o, "  linear_num_key_heads: {}", la.linear_num_key_heads);
-    let _ = writeln!(o, "  linear_num_value_heads: {}", la.linear_num_value_heads);
-    let _ = writeln!(o, "  linear_key_head_dim: {}", la.linear_key_head_dim);
-    let _ = writeln!(o, "  linear_value_head_dim: {}", la.linear_value_head_dim);
-    let _ = writeln!(o, "  linear_conv_kernel_dim: {}", la.linear_conv_kernel_dim);
+    section_yaml(
+        &mut o,
+        "linear_attention",
+        &[
+            ("linear_num_key_heads", la.linear_num_key_heads.to_string()),
+            (
+                "linear_num_value_heads",
+                la.linear_num_value_heads.to_string(),
+            ),
+            ("linear_key_head_dim", la.linear_key_head_dim.to_string()),
+            (
+                "linear_value_head_dim",
+                la.linear_value_head_dim.to_string(),
+            ),
+            (
+                "linear_conv_kernel_dim",
+                la.linear_conv_kernel_dim.to_string(),
+            ),
+        ],
+    );
     match &spec.mlp {
-        Some(m) => {
-            let _ = writeln!(o, "mlp:");
-            let _ = writeln!(o, "  intermediate_size: {}", m.intermediate_size);
-        }
+        Some(m) => dense_mlp_yaml(&mut o, m),
         None => o.push_str("mlp: null\n"),
     }
     match &spec.moe {
-        Some(e) => {
-            let _ = writeln!(o, "moe:");
-            let _ = writeln!(o, "  num_experts: {}", e.num_experts);
-            let _ = writeln!(o, "  num_experts_per_tok: {}", e.num_experts_per_tok);
-            let _ = writeln!(o, "  moe_intermediate_size: {}", e.moe_intermediate_size);
-            let _ = writeln!(
-                o,
-                "  shared_expert_intermediate_size: {}",
-                e.shared_expert_intermediate_size
-            );
-            let _ = writeln!(o, "  norm_topk_prob: {}", e.norm_topk_prob);
-        }
+        Some(e) => section_yaml(
+            &mut o,
+            "moe",
+            &[
+                ("num_experts", e.num_experts.to_string()),
+                ("num_experts_per_tok", e.num_experts_per_tok.to_string()),
+                ("moe_intermediate_size", e.moe_intermediate_size.to_string()),
+                (
+                    "shared_expert_intermediate_size",
+                    e.shared_expert_intermediate_size.to_string(),
+                ),
+                ("norm_topk_prob", e.norm_topk_prob.to_string()),
+            ],
+        ),
         None => o.push_str("moe: null\n"),
     }
     quantization_yaml(&mut o, spec.quantization.as_ref());

@@ -20,7 +20,6 @@ use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use std::fmt::Write;
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
@@ -394,42 +393,35 @@ pub(crate) fn config_json(spec: &Qwen3MoeSpec) -> Value {
 
 /// The full-form YAML text of a Qwen3-MoE spec.
 pub(crate) fn to_yaml(spec: &Qwen3MoeSpec) -> String {
-    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    use crate::emit::{
+        dense_attention_yaml, dense_layers_yaml, dense_mlp_yaml, dense_model_yaml, float,
+        header_yaml, quantization_yaml, section_yaml,
+    };
     let mut o = String::new();
-    let _ = writeln!(o, "{MODELINE}");
-    let _ = writeln!(o, "format_version: {}", spec.format_version);
-    identity_yaml(&mut o, &spec.identity);
-    let m = &spec.model;
-    let _ = writeln!(o, "model:");
-    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
-    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
-    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
-    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
-    let _ = writeln!(
-        o,
-        "  max_position_embeddings: {}",
-        m.max_position_embeddings
+    header_yaml(&mut o, spec.format_version, &spec.identity);
+    dense_model_yaml(&mut o, &spec.model);
+    dense_layers_yaml(&mut o, &spec.layers);
+    dense_attention_yaml(&mut o, &spec.attention);
+    section_yaml(
+        &mut o,
+        "rope",
+        &[("rope_theta", float(spec.rope.rope_theta))],
     );
-    let _ = writeln!(o, "layers:");
-    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
-    let a = &spec.attention;
-    let _ = writeln!(o, "attention:");
-    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
-    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
-    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
-    let _ = writeln!(o, "rope:");
-    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
-    let _ = writeln!(o, "mlp:");
-    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    dense_mlp_yaml(&mut o, &spec.mlp);
     let e = &spec.moe;
-    let _ = writeln!(o, "moe:");
-    let _ = writeln!(o, "  num_experts: {}", e.num_experts);
-    let _ = writeln!(o, "  num_experts_per_tok: {}", e.num_experts_per_tok);
-    let _ = writeln!(o, "  moe_intermediate_size: {}", e.moe_intermediate_size);
-    let _ = writeln!(o, "  norm_topk_prob: {}", e.norm_topk_prob);
-    let _ = writeln!(o, "  decoder_sparse_step: {}", e.decoder_sparse_step);
     let layers: Vec<String> = e.mlp_only_layers.iter().map(u32::to_string).collect();
-    let _ = writeln!(o, "  mlp_only_layers: [{}]", layers.join(", "));
+    section_yaml(
+        &mut o,
+        "moe",
+        &[
+            ("num_experts", e.num_experts.to_string()),
+            ("num_experts_per_tok", e.num_experts_per_tok.to_string()),
+            ("moe_intermediate_size", e.moe_intermediate_size.to_string()),
+            ("norm_topk_prob", e.norm_topk_prob.to_string()),
+            ("decoder_sparse_step", e.decoder_sparse_step.to_string()),
+            ("mlp_only_layers", format!("[{}]", layers.join(", "))),
+        ],
+    );
     quantization_yaml(&mut o, spec.quantization.as_ref());
     o
 }
