@@ -17,7 +17,7 @@ use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::ir::QuantizableModule;
 use crate::layout::Layout;
 use crate::model::*;
-use crate::reader::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::reader::{first_quantization, imported_identity, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
 use crate::yaml::Node;
 use crate::{validate, Sections};
@@ -1057,41 +1057,20 @@ pub(crate) fn import(
             (100000.0, 0.25)
         }
     };
-    let quantization = [top, text]
-        .into_iter()
-        .flat_map(|o| {
-            [
-                o.get("quantization")
-                    .filter(|v| !v.is_null())
-                    .map(|q| (q, "quantization")),
-                o.get("quantization_config")
-                    .filter(|v| !v.is_null())
-                    .map(|q| (q, "quantization_config")),
-            ]
-        })
-        .flatten()
-        .next()
-        .and_then(|(q, field)| read_quantization(q, field, &mut r));
-    let (applied, problems) = r.finish();
-    if !problems.is_empty() {
-        return Err(ImportError { problems });
-    }
-    let repo = top
-        .get("_name_or_path")
-        .and_then(Value::as_str)
-        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
-        .map(str::to_string);
+    // `quantization`, else `quantization_config`: top level first, then text_config.
+    let quantization = first_quantization(
+        &[
+            (top.get("quantization"), "quantization"),
+            (top.get("quantization_config"), "quantization_config"),
+            (text.get("quantization"), "quantization"),
+            (text.get("quantization_config"), "quantization_config"),
+        ],
+        &mut r,
+    );
+    let applied = r.finish_ok()?;
     let spec = Qwen35Spec {
         format_version: FORMAT_VERSION,
-        identity: Identity {
-            name: name.to_string(),
-            family: Family::Qwen35,
-            source: Source {
-                repo,
-                revision: None,
-                model_type,
-            },
-        },
+        identity: imported_identity(top, name, Family::Qwen35, model_type),
         model: DenseModel {
             hidden_size,
             vocab_size,

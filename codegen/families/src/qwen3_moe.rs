@@ -13,7 +13,7 @@ use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::ir::QuantizableModule;
 use crate::layout::Layout;
 use crate::model::*;
-use crate::reader::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
 use crate::yaml::Node;
 use crate::{validate, Sections};
@@ -604,36 +604,11 @@ pub(crate) fn import(
             "ignored: mlx-lm 0.32.2 qwen3_moe.py builds nn.RoPE(head_dim, base=rope_theta) without it",
         );
     }
-    let quantization = top
-        .get("quantization")
-        .filter(|v| !v.is_null())
-        .map(|q| (q, "quantization"))
-        .or_else(|| {
-            top.get("quantization_config")
-                .filter(|v| !v.is_null())
-                .map(|q| (q, "quantization_config"))
-        })
-        .and_then(|(q, field)| read_quantization(q, field, &mut r));
-    let (applied, problems) = r.finish();
-    if !problems.is_empty() {
-        return Err(ImportError { problems });
-    }
-    let repo = top
-        .get("_name_or_path")
-        .and_then(Value::as_str)
-        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
-        .map(str::to_string);
+    let quantization = top_quantization(top, &mut r);
+    let applied = r.finish_ok()?;
     let spec = Qwen3MoeSpec {
         format_version: FORMAT_VERSION,
-        identity: Identity {
-            name: name.to_string(),
-            family: Family::Qwen3Moe,
-            source: Source {
-                repo,
-                revision: None,
-                model_type: ConfigModelType::Qwen3Moe,
-            },
-        },
+        identity: imported_identity(top, name, Family::Qwen3Moe, ConfigModelType::Qwen3Moe),
         model: DenseModel {
             hidden_size,
             vocab_size,
