@@ -756,21 +756,21 @@ fn scaling_json(s: &Option<RopeScaling>) -> Value {
 /// The spec with config.json field names (flat, as `qwen3` / `llama` configs are), plus
 /// `quantization` when present. Keys sorted.
 pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
-    let mut v = json!({
-        "model_type": spec.identity.source.model_type.as_str(),
-        "hidden_size": spec.model.hidden_size,
-        "num_hidden_layers": spec.layers.num_hidden_layers,
-        "intermediate_size": spec.mlp.intermediate_size,
-        "num_attention_heads": spec.attention.num_attention_heads,
-        "num_key_value_heads": spec.attention.num_key_value_heads,
-        "head_dim": spec.attention.head_dim,
-        "rms_norm_eps": spec.model.rms_norm_eps,
-        "vocab_size": spec.model.vocab_size,
-        "max_position_embeddings": spec.model.max_position_embeddings,
-        "tie_word_embeddings": spec.model.tie_word_embeddings,
-        "rope_theta": spec.rope.rope_theta,
-        "rope_scaling": scaling_json(&spec.rope.scaling),
-    });
+    let mut v = crate::hf::dense_stack_json(
+        spec.identity.source.model_type,
+        spec.layers.num_hidden_layers,
+        &spec.model,
+        &spec.attention,
+    );
+    crate::hf::extend(
+        &mut v,
+        json!({
+            "intermediate_size": spec.mlp.intermediate_size,
+            "head_dim": spec.attention.head_dim,
+            "rope_theta": spec.rope.rope_theta,
+            "rope_scaling": scaling_json(&spec.rope.scaling),
+        }),
+    );
     match spec.dense_family() {
         DenseFamily::Llama => {
             v["rope_traditional"] = json!(spec.rope.traditional);
@@ -820,19 +820,7 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
         }
         DenseFamily::Qwen3 => {}
     }
-    if let Some(q) = &spec.quantization {
-        v["quantization"] = crate::hf::quantization_json(q);
-    }
-    crate::hf::canonical(&v)
-}
-
-/// A config.json mlx-lm loads to exactly this architecture (no quantization).
-pub(crate) fn config_json(spec: &DenseSpec) -> Value {
-    let mut v = hf_json(spec);
-    if let Some(o) = v.as_object_mut() {
-        o.remove("quantization");
-    }
-    v
+    crate::hf::config_view(v, spec.quantization.as_ref())
 }
 
 // ---------------------------------------------------------------- YAML

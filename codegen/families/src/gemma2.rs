@@ -322,7 +322,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
 /// The spec with config.json field names (flat, as `gemma2` configs are), plus
 /// `quantization` when present. Keys sorted.
 pub(crate) fn hf_json(spec: &Gemma2Spec) -> Value {
-    let mut v = json!({
+    let v = json!({
         "model_type": spec.identity.source.model_type.as_str(),
         "hidden_size": spec.model.hidden_size,
         "num_hidden_layers": spec.layers.num_hidden_layers,
@@ -339,19 +339,7 @@ pub(crate) fn hf_json(spec: &Gemma2Spec) -> Value {
         "attn_logit_softcapping": spec.attention.attn_logit_softcapping,
         "final_logit_softcapping": spec.model.final_logit_softcapping,
     });
-    if let Some(q) = &spec.quantization {
-        v["quantization"] = crate::hf::quantization_json(q);
-    }
-    crate::hf::canonical(&v)
-}
-
-/// A config.json mlx-lm loads to exactly this architecture (no quantization).
-pub(crate) fn config_json(spec: &Gemma2Spec) -> Value {
-    let mut v = hf_json(spec);
-    if let Some(o) = v.as_object_mut() {
-        o.remove("quantization");
-    }
-    v
+    crate::hf::config_view(v, spec.quantization.as_ref())
 }
 
 // ---------------------------------------------------------------- YAML

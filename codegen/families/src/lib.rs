@@ -263,11 +263,12 @@ pub fn to_hf_json(spec: &Spec) -> serde_json::Value {
 pub fn to_config_json(spec: &Spec) -> serde_json::Value {
     match spec {
         Spec::Gemma4(s) => gemma4::config_json(s),
-        Spec::Dense(s) => dense::config_json(s),
-        Spec::Gemma2(s) => gemma2::config_json(s),
-        Spec::Qwen3Moe(s) => qwen3_moe::config_json(s),
-        Spec::MiniCpm(s) => minicpm::config_json(s),
-        Spec::Qwen35(s) => qwen3_5::config_json(s),
+        // The other families' config.json is their view as it is, less quantization.
+        Spec::Dense(_)
+        | Spec::Gemma2(_)
+        | Spec::Qwen3Moe(_)
+        | Spec::MiniCpm(_)
+        | Spec::Qwen35(_) => hf::without_quantization(to_hf_json(spec)),
     }
 }
 

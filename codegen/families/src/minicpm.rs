@@ -299,37 +299,26 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
 /// `quantization` when present. Keys sorted. No `head_dim` (minicpm.py derives it).
 pub(crate) fn hf_json(spec: &MiniCpmSpec) -> Value {
     let s = &spec.scales;
-    let mut v = json!({
-        "model_type": spec.identity.source.model_type.as_str(),
-        "hidden_size": spec.model.hidden_size,
-        "num_hidden_layers": spec.layers.num_hidden_layers,
-        "intermediate_size": spec.mlp.intermediate_size,
-        "num_attention_heads": spec.attention.num_attention_heads,
-        "num_key_value_heads": spec.attention.num_key_value_heads,
-        "rms_norm_eps": spec.model.rms_norm_eps,
-        "vocab_size": spec.model.vocab_size,
-        "max_position_embeddings": spec.model.max_position_embeddings,
-        "tie_word_embeddings": spec.model.tie_word_embeddings,
-        "rope_theta": spec.rope.rope_theta,
-        "rope_traditional": spec.rope.traditional,
-        "rope_scaling": Value::Null,
-        "scale_emb": s.scale_emb,
-        "scale_depth": s.scale_depth,
-        "dim_model_base": s.dim_model_base,
-    });
-    if let Some(q) = &spec.quantization {
-        v["quantization"] = crate::hf::quantization_json(q);
-    }
-    crate::hf::canonical(&v)
-}
-
-/// A config.json mlx-lm loads to exactly this architecture (no quantization).
-pub(crate) fn config_json(spec: &MiniCpmSpec) -> Value {
-    let mut v = hf_json(spec);
-    if let Some(o) = v.as_object_mut() {
-        o.remove("quantization");
-    }
-    v
+    // minicpm.py has no head_dim field (hidden_size // heads, checked).
+    let mut v = crate::hf::dense_stack_json(
+        spec.identity.source.model_type,
+        spec.layers.num_hidden_layers,
+        &spec.model,
+        &spec.attention,
+    );
+    crate::hf::extend(
+        &mut v,
+        json!({
+            "intermediate_size": spec.mlp.intermediate_size,
+            "rope_theta": spec.rope.rope_theta,
+            "rope_traditional": spec.rope.traditional,
+            "rope_scaling": Value::Null,
+            "scale_emb": s.scale_emb,
+            "scale_depth": s.scale_depth,
+            "dim_model_base": s.dim_model_base,
+        }),
+    );
+    crate::hf::config_view(v, spec.quantization.as_ref())
 }
 
 // ---------------------------------------------------------------- YAML

@@ -595,30 +595,30 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
 /// public configs write it, plus `quantization` when present. Keys sorted.
 pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
     let la = &spec.linear_attention;
-    let mut v = json!({
-        "model_type": spec.identity.source.model_type.as_str(),
-        "hidden_size": spec.model.hidden_size,
-        "num_hidden_layers": spec.layers.num_hidden_layers,
-        "full_attention_interval": spec.layers.full_attention_interval,
-        "num_attention_heads": spec.attention.num_attention_heads,
-        "num_key_value_heads": spec.attention.num_key_value_heads,
-        "head_dim": spec.attention.head_dim,
-        "rms_norm_eps": spec.model.rms_norm_eps,
-        "vocab_size": spec.model.vocab_size,
-        "max_position_embeddings": spec.model.max_position_embeddings,
-        "tie_word_embeddings": spec.model.tie_word_embeddings,
-        "attention_bias": false,
-        "rope_parameters": {
-            "type": "default",
-            "rope_theta": spec.rope.rope_theta,
-            "partial_rotary_factor": spec.rope.partial_rotary_factor,
-        },
-        "linear_num_key_heads": la.linear_num_key_heads,
-        "linear_num_value_heads": la.linear_num_value_heads,
-        "linear_key_head_dim": la.linear_key_head_dim,
-        "linear_value_head_dim": la.linear_value_head_dim,
-        "linear_conv_kernel_dim": la.linear_conv_kernel_dim,
-    });
+    let mut v = crate::hf::dense_stack_json(
+        spec.identity.source.model_type,
+        spec.layers.num_hidden_layers,
+        &spec.model,
+        &spec.attention,
+    );
+    crate::hf::extend(
+        &mut v,
+        json!({
+            "full_attention_interval": spec.layers.full_attention_interval,
+            "head_dim": spec.attention.head_dim,
+            "attention_bias": false,
+            "rope_parameters": {
+                "type": "default",
+                "rope_theta": spec.rope.rope_theta,
+                "partial_rotary_factor": spec.rope.partial_rotary_factor,
+            },
+            "linear_num_key_heads": la.linear_num_key_heads,
+            "linear_num_value_heads": la.linear_num_value_heads,
+            "linear_key_head_dim": la.linear_key_head_dim,
+            "linear_value_head_dim": la.linear_value_head_dim,
+            "linear_conv_kernel_dim": la.linear_conv_kernel_dim,
+        }),
+    );
     match (&spec.mlp, &spec.moe) {
         (_, Some(e)) => {
             v["num_experts"] = json!(e.num_experts);
@@ -634,19 +634,7 @@ pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
             }
         }
     }
-    if let Some(q) = &spec.quantization {
-        v["quantization"] = crate::hf::quantization_json(q);
-    }
-    crate::hf::canonical(&v)
-}
-
-/// A config.json mlx-lm loads to exactly this architecture (no quantization).
-pub(crate) fn config_json(spec: &Qwen35Spec) -> Value {
-    let mut v = hf_json(spec);
-    if let Some(o) = v.as_object_mut() {
-        o.remove("quantization");
-    }
-    v
+    crate::hf::config_view(v, spec.quantization.as_ref())
 }
 
 // ---------------------------------------------------------------- YAML

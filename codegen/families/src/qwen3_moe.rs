@@ -353,40 +353,28 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
 /// `quantization` when present. Keys sorted.
 pub(crate) fn hf_json(spec: &Qwen3MoeSpec) -> Value {
     let e = &spec.moe;
-    let mut v = json!({
-        "model_type": spec.identity.source.model_type.as_str(),
-        "hidden_size": spec.model.hidden_size,
-        "num_hidden_layers": spec.layers.num_hidden_layers,
-        "intermediate_size": spec.mlp.intermediate_size,
-        "num_attention_heads": spec.attention.num_attention_heads,
-        "num_key_value_heads": spec.attention.num_key_value_heads,
-        "head_dim": spec.attention.head_dim,
-        "rms_norm_eps": spec.model.rms_norm_eps,
-        "vocab_size": spec.model.vocab_size,
-        "max_position_embeddings": spec.model.max_position_embeddings,
-        "tie_word_embeddings": spec.model.tie_word_embeddings,
-        "rope_theta": spec.rope.rope_theta,
-        "rope_scaling": Value::Null,
-        "num_experts": e.num_experts,
-        "num_experts_per_tok": e.num_experts_per_tok,
-        "moe_intermediate_size": e.moe_intermediate_size,
-        "norm_topk_prob": e.norm_topk_prob,
-        "decoder_sparse_step": e.decoder_sparse_step,
-        "mlp_only_layers": e.mlp_only_layers,
-    });
-    if let Some(q) = &spec.quantization {
-        v["quantization"] = crate::hf::quantization_json(q);
-    }
-    crate::hf::canonical(&v)
-}
-
-/// A config.json mlx-lm loads to exactly this architecture (no quantization).
-pub(crate) fn config_json(spec: &Qwen3MoeSpec) -> Value {
-    let mut v = hf_json(spec);
-    if let Some(o) = v.as_object_mut() {
-        o.remove("quantization");
-    }
-    v
+    let mut v = crate::hf::dense_stack_json(
+        spec.identity.source.model_type,
+        spec.layers.num_hidden_layers,
+        &spec.model,
+        &spec.attention,
+    );
+    crate::hf::extend(
+        &mut v,
+        json!({
+            "intermediate_size": spec.mlp.intermediate_size,
+            "head_dim": spec.attention.head_dim,
+            "rope_theta": spec.rope.rope_theta,
+            "rope_scaling": Value::Null,
+            "num_experts": e.num_experts,
+            "num_experts_per_tok": e.num_experts_per_tok,
+            "moe_intermediate_size": e.moe_intermediate_size,
+            "norm_topk_prob": e.norm_topk_prob,
+            "decoder_sparse_step": e.decoder_sparse_step,
+            "mlp_only_layers": e.mlp_only_layers,
+        }),
+    );
+    crate::hf::config_view(v, spec.quantization.as_ref())
 }
 
 // ---------------------------------------------------------------- YAML
