@@ -349,14 +349,9 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
     }
     let mt = spec.identity.source.model_type;
     if mt.family() != family {
-        c.err(
-            p("identity.source.model_type"),
-            format!(
-                "`{}` is read by mlx-lm's {} module, not {}",
-                mt.as_str(),
-                mt.family().as_str(),
-                family.as_str()
-            ),
+        c.foreign_model_type(
+            mt,
+            family.as_str(),
             family.as_str(),
             "the model_type must be one its family's module reads (qwen3 → qwen3, llama → llama or mistral, qwen2 → qwen2, smollm3 → smollm3, granite → granite, phi3 → phi3)",
         );
@@ -463,57 +458,14 @@ pub(crate) fn check_dense_sizes(
     mlp: &DenseMlp,
     mlp_meaning: &str,
 ) -> bool {
-    use validate::limits::*;
-    let mut ok = true;
-    ok &= c.range(
-        "model.hidden_size",
-        m.hidden_size,
-        MAX_HIDDEN,
-        "the model width",
-    );
-    ok &= c.range(
-        "model.vocab_size",
-        m.vocab_size,
-        MAX_VOCAB,
-        "rows of embed_tokens",
-    );
-    ok &= c.range(
-        "model.max_position_embeddings",
-        m.max_position_embeddings,
-        MAX_POSITIONS,
-        "`max_position_embeddings` from config.json",
-    );
-    ok &= c.range(
-        "layers.num_hidden_layers",
-        layers.num_hidden_layers,
-        MAX_LAYERS,
-        "the number of decoder layers",
-    );
-    ok &= c.range(
-        "attention.num_attention_heads",
-        a.num_attention_heads,
-        MAX_HEADS,
-        "query heads",
-    );
-    ok &= c.range(
-        "attention.num_key_value_heads",
-        a.num_key_value_heads,
-        MAX_HEADS,
-        "KV heads",
-    );
-    ok &= c.range(
-        "attention.head_dim",
-        a.head_dim,
-        MAX_HEAD_DIM,
-        "head dimension",
-    );
-    ok &= c.range(
-        "mlp.intermediate_size",
-        mlp.intermediate_size,
-        MAX_INTERMEDIATE,
-        mlp_meaning,
-    );
-    ok
+    c.stack_sizes(
+        &Stack::of(layers.num_hidden_layers, m, a),
+        (
+            m.max_position_embeddings,
+            "`max_position_embeddings` from config.json",
+        ),
+        (mlp.intermediate_size, mlp_meaning),
+    )
 }
 
 // The dense sections' sizes as the reduction reads and writes them (the

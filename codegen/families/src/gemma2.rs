@@ -109,7 +109,6 @@ pub struct Gemma2Mlp {
 
 /// All semantic errors of a Gemma-2 spec (full-spec field paths).
 pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
-    use validate::limits::*;
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
     if spec.identity.family != Family::Gemma2 {
@@ -122,66 +121,21 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
     }
     let mt = spec.identity.source.model_type;
     if mt != ConfigModelType::Gemma2 {
-        c.err(
-            p("identity.source.model_type"),
-            format!(
-                "`{}` is read by mlx-lm's {} module, not gemma2",
-                mt.as_str(),
-                mt.family().as_str()
-            ),
+        c.foreign_model_type(
+            mt,
+            "gemma2",
             "gemma2",
             "a gemma2 spec describes a `model_type: gemma2` checkpoint",
         );
     }
     let (m, a) = (&spec.model, &spec.attention);
-    let mut ok = true;
-    ok &= c.range(
-        "model.hidden_size",
-        m.hidden_size,
-        MAX_HIDDEN,
-        "the model width",
-    );
-    ok &= c.range(
-        "model.vocab_size",
-        m.vocab_size,
-        MAX_VOCAB,
-        "rows of embed_tokens",
-    );
-    ok &= c.range(
-        "model.max_position_embeddings",
-        m.max_position_embeddings,
-        MAX_POSITIONS,
-        "`max_position_embeddings` from config.json (8192 for Gemma-2)",
-    );
-    ok &= c.range(
-        "layers.num_hidden_layers",
-        spec.layers.num_hidden_layers,
-        MAX_LAYERS,
-        "the number of decoder layers",
-    );
-    ok &= c.range(
-        "attention.num_attention_heads",
-        a.num_attention_heads,
-        MAX_HEADS,
-        "query heads",
-    );
-    ok &= c.range(
-        "attention.num_key_value_heads",
-        a.num_key_value_heads,
-        MAX_HEADS,
-        "KV heads",
-    );
-    ok &= c.range(
-        "attention.head_dim",
-        a.head_dim,
-        MAX_HEAD_DIM,
-        "head dimension",
-    );
-    ok &= c.range(
-        "mlp.intermediate_size",
-        spec.mlp.intermediate_size,
-        MAX_INTERMEDIATE,
-        "GeLU-approx MLP width",
+    let mut ok = c.stack_sizes(
+        &spec.stack_of(),
+        (
+            m.max_position_embeddings,
+            "`max_position_embeddings` from config.json (8192 for Gemma-2)",
+        ),
+        (spec.mlp.intermediate_size, "GeLU-approx MLP width"),
     );
     c.eps(m.rms_norm_eps, "Gemma-2 uses 1.0e-6");
     ok &= c.even_head_dim("attention.head_dim", a.head_dim);

@@ -125,23 +125,12 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
     use validate::limits::*;
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
-    if spec.identity.family != Family::MiniCpm {
-        c.err(
-            p("identity.family"),
-            format!("`{}` is not minicpm", spec.identity.family.as_str()),
-            "minicpm",
-            "this document has the minicpm layout (docs/spec-format.md#minicpm)",
-        );
-    }
+    c.family_is(&spec.identity, Family::MiniCpm, "minicpm");
     let mt = spec.identity.source.model_type;
     if mt != ConfigModelType::MiniCpm {
-        c.err(
-            p("identity.source.model_type"),
-            format!(
-                "`{}` is read by mlx-lm's {} module, not minicpm",
-                mt.as_str(),
-                mt.family().as_str()
-            ),
+        c.foreign_model_type(
+            mt,
+            "minicpm",
             "minicpm",
             "the model_type of a MiniCPM checkpoint is minicpm",
         );

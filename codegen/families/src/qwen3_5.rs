@@ -189,14 +189,7 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
     use validate::limits::*;
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
-    if spec.identity.family != Family::Qwen35 {
-        c.err(
-            p("identity.family"),
-            format!("`{}` is not qwen3_5", spec.identity.family.as_str()),
-            "qwen3_5",
-            "this document has the qwen3_5 layout (docs/spec-format.md#qwen35)",
-        );
-    }
+    c.family_is(&spec.identity, Family::Qwen35, "qwen35");
     let mt = spec.identity.source.model_type;
     match mt {
         ConfigModelType::Qwen35 => {}
@@ -210,13 +203,9 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
                 );
             }
         }
-        _ => c.err(
-            p("identity.source.model_type"),
-            format!(
-                "`{}` is read by mlx-lm's {} module, not qwen3_5",
-                mt.as_str(),
-                mt.family().as_str()
-            ),
+        _ => c.foreign_model_type(
+            mt,
+            "qwen3_5",
             "qwen3_5 or qwen3_5_moe",
             "the model_type of a Qwen3.5 checkpoint is qwen3_5 (qwen3_5_moe for the MoE form)",
         ),

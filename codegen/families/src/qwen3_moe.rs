@@ -134,23 +134,12 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
     use validate::limits::*;
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
-    if spec.identity.family != Family::Qwen3Moe {
-        c.err(
-            p("identity.family"),
-            format!("`{}` is not qwen3_moe", spec.identity.family.as_str()),
-            "qwen3_moe",
-            "this document has the qwen3_moe layout (docs/spec-format.md#qwen3-moe)",
-        );
-    }
+    c.family_is(&spec.identity, Family::Qwen3Moe, "qwen3-moe");
     let mt = spec.identity.source.model_type;
     if mt != ConfigModelType::Qwen3Moe {
-        c.err(
-            p("identity.source.model_type"),
-            format!(
-                "`{}` is read by mlx-lm's {} module, not qwen3_moe",
-                mt.as_str(),
-                mt.family().as_str()
-            ),
+        c.foreign_model_type(
+            mt,
+            "qwen3_moe",
             "qwen3_moe",
             "the model_type of a Qwen3-MoE checkpoint is qwen3_moe",
         );

@@ -44,6 +44,100 @@ impl Checker {
     ) {
         self.issues.push(Issue::new(path, msg, exp, hint));
     }
+    /// A document of one family's own layout names that family.
+    pub(crate) fn family_is(&mut self, identity: &Identity, family: Family, anchor: &str) {
+        if identity.family != family {
+            self.err(
+                p("identity.family"),
+                format!("`{}` is not {}", identity.family.as_str(), family.as_str()),
+                family.as_str(),
+                format!(
+                    "this document has the {} layout (docs/spec-format.md#{anchor})",
+                    family.as_str()
+                ),
+            );
+        }
+    }
+    /// A `model_type` that mlx-lm reads with another module than `module`
+    /// (the family's; `expected` lists the model types it reads).
+    pub(crate) fn foreign_model_type(
+        &mut self,
+        mt: ConfigModelType,
+        module: &str,
+        expected: &str,
+        hint: &str,
+    ) {
+        self.err(
+            p("identity.source.model_type"),
+            format!(
+                "`{}` is read by mlx-lm's {} module, not {module}",
+                mt.as_str(),
+                mt.family().as_str()
+            ),
+            expected,
+            hint,
+        );
+    }
+    /// The size limits of the attention stack and the MLP width, in the order
+    /// every layout built like the dense one reports them; false when one is off.
+    /// `positions` describes `max_position_embeddings`, `mlp_meaning` the width.
+    pub(crate) fn stack_sizes(
+        &mut self,
+        s: &crate::reduce::Stack,
+        (max_position_embeddings, positions): (u32, &str),
+        (intermediate_size, mlp_meaning): (u32, &str),
+    ) -> bool {
+        let mut ok = true;
+        ok &= self.range(
+            "model.hidden_size",
+            s.hidden_size,
+            MAX_HIDDEN,
+            "the model width",
+        );
+        ok &= self.range(
+            "model.vocab_size",
+            s.vocab_size,
+            MAX_VOCAB,
+            "rows of embed_tokens",
+        );
+        ok &= self.range(
+            "model.max_position_embeddings",
+            max_position_embeddings,
+            MAX_POSITIONS,
+            positions,
+        );
+        ok &= self.range(
+            "layers.num_hidden_layers",
+            s.num_hidden_layers,
+            MAX_LAYERS,
+            "the number of decoder layers",
+        );
+        ok &= self.range(
+            "attention.num_attention_heads",
+            s.num_attention_heads,
+            MAX_HEADS,
+            "query heads",
+        );
+        ok &= self.range(
+            "attention.num_key_value_heads",
+            s.num_key_value_heads,
+            MAX_HEADS,
+            "KV heads",
+        );
+        ok &= self.range(
+            "attention.head_dim",
+            s.head_dim,
+            MAX_HEAD_DIM,
+            "head dimension",
+        );
+        ok &= self.range(
+            "mlp.intermediate_size",
+            intermediate_size,
+            MAX_INTERMEDIATE,
+            mlp_meaning,
+        );
+        ok
+    }
     /// `1 <= v <= max`; returns whether it holds.
     pub(crate) fn range(&mut self, path: &str, v: u32, max: u32, hint: &str) -> bool {
         if v == 0 || v > max {
