@@ -17,7 +17,7 @@
 //! reduction to tiny variants and the config.json importer.
 
 use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::ir::QuantizableModule;
+use crate::document::Document;
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{
@@ -907,21 +907,36 @@ impl Reducible for DenseSpec {
         );
         self.mlp.intermediate_size = r.intermediate_size;
     }
-    fn check(&self) -> Vec<Issue> {
-        check(self)
-    }
     /// Every size check of a dense spec is on a reduced field of the same name.
     fn reduced_field(path: &str) -> Option<FieldPath> {
         Some(reduce_key(last_key(path)))
     }
-    fn name(&self) -> &str {
-        &self.identity.name
+}
+
+impl Document for DenseSpec {
+    fn identity(&self) -> &Identity {
+        &self.identity
+    }
+    fn identity_mut(&mut self) -> &mut Identity {
+        &mut self.identity
     }
     fn quantization(&self) -> Option<&Quantization> {
         self.quantization.as_ref()
     }
-    fn quant_skipped(&self) -> Vec<QuantizableModule> {
-        lower(self).quant_skipped_modules()
+    fn mixed_kv(&self) -> Option<&crate::MixedKv> {
+        self.mixed_kv.as_ref()
+    }
+    fn check(&self) -> Vec<Issue> {
+        check(self)
+    }
+    fn lower(&self) -> crate::ir::ModelIr {
+        lower(self)
+    }
+    fn to_yaml(&self) -> String {
+        to_yaml(self)
+    }
+    fn hf_json(&self) -> Value {
+        hf_json(self)
     }
 }
 

@@ -12,7 +12,7 @@
 
 use crate::dense::{DenseDerivedSpecFile, DenseReduce};
 use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::ir::QuantizableModule;
+use crate::document::Document;
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
@@ -453,9 +453,6 @@ impl Reducible for Gemma2Spec {
         self.attention.head_dim = r.head_dim;
         self.mlp.intermediate_size = r.intermediate_size;
     }
-    fn check(&self) -> Vec<Issue> {
-        check(self)
-    }
     /// A check on one of the seven reduced sizes; any other (the scalar, the
     /// softcaps) concerns an inherited field.
     fn reduced_field(path: &str) -> Option<FieldPath> {
@@ -471,14 +468,29 @@ impl Reducible for Gemma2Spec {
         let field = last_key(path);
         REDUCED.contains(&field).then(|| reduce_key(field))
     }
-    fn name(&self) -> &str {
-        &self.identity.name
+}
+
+impl Document for Gemma2Spec {
+    fn identity(&self) -> &Identity {
+        &self.identity
+    }
+    fn identity_mut(&mut self) -> &mut Identity {
+        &mut self.identity
     }
     fn quantization(&self) -> Option<&Quantization> {
         self.quantization.as_ref()
     }
-    fn quant_skipped(&self) -> Vec<QuantizableModule> {
-        lower(self).quant_skipped_modules()
+    fn check(&self) -> Vec<Issue> {
+        check(self)
+    }
+    fn lower(&self) -> crate::ir::ModelIr {
+        lower(self)
+    }
+    fn to_yaml(&self) -> String {
+        to_yaml(self)
+    }
+    fn hf_json(&self) -> Value {
+        hf_json(self)
     }
 }
 

@@ -16,7 +16,7 @@
 
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::ir::QuantizableModule;
+use crate::document::Document;
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
@@ -429,21 +429,33 @@ impl Reducible for MiniCpmSpec {
         );
         self.mlp.intermediate_size = r.intermediate_size;
     }
-    fn check(&self) -> Vec<Issue> {
-        check(self)
-    }
     /// Every size check of a MiniCPM spec is on a reduced field of the same name.
     fn reduced_field(path: &str) -> Option<FieldPath> {
         Some(reduce_key(last_key(path)))
     }
-    fn name(&self) -> &str {
-        &self.identity.name
+}
+
+impl Document for MiniCpmSpec {
+    fn identity(&self) -> &Identity {
+        &self.identity
+    }
+    fn identity_mut(&mut self) -> &mut Identity {
+        &mut self.identity
     }
     fn quantization(&self) -> Option<&Quantization> {
         self.quantization.as_ref()
     }
-    fn quant_skipped(&self) -> Vec<QuantizableModule> {
-        lower(self).quant_skipped_modules()
+    fn check(&self) -> Vec<Issue> {
+        check(self)
+    }
+    fn lower(&self) -> crate::ir::ModelIr {
+        lower(self)
+    }
+    fn to_yaml(&self) -> String {
+        to_yaml(self)
+    }
+    fn hf_json(&self) -> Value {
+        hf_json(self)
     }
 }
 

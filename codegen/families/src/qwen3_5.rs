@@ -14,7 +14,7 @@
 
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::ir::QuantizableModule;
+use crate::document::Document;
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{first_quantization, imported_identity, AppliedDefault, ImportError, Reader};
@@ -876,9 +876,6 @@ impl Reducible for Qwen35Spec {
         l.linear_key_head_dim = r.linear_key_head_dim;
         l.linear_value_head_dim = r.linear_value_head_dim;
     }
-    fn check(&self) -> Vec<Issue> {
-        check(self)
-    }
     /// A size check is on the reduced field of the same name (the experts' under
     /// `moe`); a reduced size the parent's structure does not fit (an interval past
     /// the last layer, an odd RoPE width) points at the size that made it so.
@@ -894,14 +891,29 @@ impl Reducible for Qwen35Spec {
             reduce_key(field)
         })
     }
-    fn name(&self) -> &str {
-        &self.identity.name
+}
+
+impl Document for Qwen35Spec {
+    fn identity(&self) -> &Identity {
+        &self.identity
+    }
+    fn identity_mut(&mut self) -> &mut Identity {
+        &mut self.identity
     }
     fn quantization(&self) -> Option<&Quantization> {
         self.quantization.as_ref()
     }
-    fn quant_skipped(&self) -> Vec<QuantizableModule> {
-        lower(self).quant_skipped_modules()
+    fn check(&self) -> Vec<Issue> {
+        check(self)
+    }
+    fn lower(&self) -> crate::ir::ModelIr {
+        lower(self)
+    }
+    fn to_yaml(&self) -> String {
+        to_yaml(self)
+    }
+    fn hf_json(&self) -> Value {
+        hf_json(self)
     }
 }
 

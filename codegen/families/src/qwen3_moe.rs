@@ -10,7 +10,7 @@
 
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::ir::QuantizableModule;
+use crate::document::Document;
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
@@ -503,9 +503,6 @@ impl Reducible for Qwen3MoeSpec {
         self.moe.num_experts_per_tok = r.num_experts_per_tok;
         self.moe.moe_intermediate_size = r.moe_intermediate_size;
     }
-    fn check(&self) -> Vec<Issue> {
-        check(self)
-    }
     /// A size check is on the reduced field of the same name; a reduced size the
     /// parent's structure does not fit (an `mlp_only_layers` entry past the last
     /// layer) points at `num_hidden_layers`.
@@ -517,14 +514,29 @@ impl Reducible for Qwen3MoeSpec {
         };
         Some(reduce_key(field))
     }
-    fn name(&self) -> &str {
-        &self.identity.name
+}
+
+impl Document for Qwen3MoeSpec {
+    fn identity(&self) -> &Identity {
+        &self.identity
+    }
+    fn identity_mut(&mut self) -> &mut Identity {
+        &mut self.identity
     }
     fn quantization(&self) -> Option<&Quantization> {
         self.quantization.as_ref()
     }
-    fn quant_skipped(&self) -> Vec<QuantizableModule> {
-        lower(self).quant_skipped_modules()
+    fn check(&self) -> Vec<Issue> {
+        check(self)
+    }
+    fn lower(&self) -> crate::ir::ModelIr {
+        lower(self)
+    }
+    fn to_yaml(&self) -> String {
+        to_yaml(self)
+    }
+    fn hf_json(&self) -> Value {
+        hf_json(self)
     }
 }
 

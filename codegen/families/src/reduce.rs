@@ -12,6 +12,7 @@
 //! spec, and require that a quantized variant quantizes every module.
 
 use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::document::Document;
 use crate::ir::QuantizableModule;
 use crate::model::Quantization;
 use crate::yaml::Node;
@@ -69,7 +70,7 @@ impl Stack {
 
 /// A family's derived form, as [`read`] needs it. Implemented by the family's
 /// full spec type.
-pub(crate) trait Reducible: Clone {
+pub(crate) trait Reducible: Clone + Document {
     /// The derived document (`<Family>DerivedSpecFile`, as the JSON schema names it).
     type File: DeserializeOwned;
     /// Its `derive.reduce` section.
@@ -100,15 +101,9 @@ pub(crate) trait Reducible: Clone {
     fn keep_structure(_reduce: &Self::Reduce, _parent: &Self, _issues: &mut Vec<Issue>) {}
     /// Writes every reduced size into the spec.
     fn apply(&mut self, reduce: &Self::Reduce);
-    /// All semantic errors of a full spec (full-spec field paths).
-    fn check(&self) -> Vec<Issue>;
     /// The `derive.reduce` field an issue at the full-spec `path` belongs to (in a
     /// file with a `reduce` section), or None when it concerns an inherited field.
     fn reduced_field(path: &str) -> Option<FieldPath>;
-    fn name(&self) -> &str;
-    fn quantization(&self) -> Option<&Quantization>;
-    /// Modules the default quantization would leave unquantized (group size).
-    fn quant_skipped(&self) -> Vec<QuantizableModule>;
 }
 
 /// The last key of a full-spec path as text: `attention.head_dim` → `head_dim`.
@@ -182,14 +177,14 @@ pub(crate) fn read<S: Reducible>(
         issues.extend(
             checked
                 .into_iter()
-                .map(|i| place::<S>(i, reduce.is_some(), parent.name())),
+                .map(|i| place::<S>(i, reduce.is_some(), &parent.identity().name)),
         );
     }
     if issues.is_empty() {
         if let Some(q) = spec.quantization() {
             issues.extend(quant_divisibility(
                 q,
-                &spec.quant_skipped(),
+                &spec.lower().quant_skipped_modules(),
                 "derived specs must exercise quantization everywhere: pick sizes that are multiples of the group size",
             ));
         }
