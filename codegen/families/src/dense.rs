@@ -17,7 +17,6 @@
 //! reduction to tiny variants and the config.json importer.
 
 use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::document::Document;
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{
@@ -913,32 +912,7 @@ impl Reducible for DenseSpec {
     }
 }
 
-impl Document for DenseSpec {
-    fn identity(&self) -> &Identity {
-        &self.identity
-    }
-    fn identity_mut(&mut self) -> &mut Identity {
-        &mut self.identity
-    }
-    fn quantization(&self) -> Option<&Quantization> {
-        self.quantization.as_ref()
-    }
-    fn mixed_kv(&self) -> Option<&crate::MixedKv> {
-        self.mixed_kv.as_ref()
-    }
-    fn check(&self) -> Vec<Issue> {
-        check(self)
-    }
-    fn lower(&self) -> crate::ir::ModelIr {
-        lower(self)
-    }
-    fn to_yaml(&self) -> String {
-        to_yaml(self)
-    }
-    fn hf_json(&self) -> Value {
-        hf_json(self)
-    }
-}
+crate::document::impl_document!(DenseSpec, check, with mixed_kv);
 
 impl DenseReduce {
     /// The attention stack's sizes (also of Gemma-2's reduction, which has this form).

@@ -32,3 +32,48 @@ pub(crate) trait Document {
     /// The config.json view (`spec show --json`), keys sorted.
     fn hf_json(&self) -> Value;
 }
+
+/// Implements [`Document`] for a family's document type: the accessors read
+/// the fields every layout has (`identity`, `quantization`; `mixed_kv` where
+/// the layout has the section), the rest calls the family module's own `lower`,
+/// `to_yaml` and `hf_json` and the given check. Written once here so that a
+/// family states only what differs.
+macro_rules! impl_document {
+    ($spec:ty, $check:path) => {
+        $crate::document::impl_document!(@impl $spec, $check, {});
+    };
+    ($spec:ty, $check:path, with mixed_kv) => {
+        $crate::document::impl_document!(@impl $spec, $check, {
+            fn mixed_kv(&self) -> Option<&$crate::MixedKv> {
+                self.mixed_kv.as_ref()
+            }
+        });
+    };
+    (@impl $spec:ty, $check:path, { $($mixed_kv:tt)* }) => {
+        impl $crate::document::Document for $spec {
+            fn identity(&self) -> &$crate::model::Identity {
+                &self.identity
+            }
+            fn identity_mut(&mut self) -> &mut $crate::model::Identity {
+                &mut self.identity
+            }
+            fn quantization(&self) -> Option<&$crate::model::Quantization> {
+                self.quantization.as_ref()
+            }
+            $($mixed_kv)*
+            fn check(&self) -> Vec<$crate::diag::Issue> {
+                $check(self)
+            }
+            fn lower(&self) -> $crate::ir::ModelIr {
+                lower(self)
+            }
+            fn to_yaml(&self) -> String {
+                to_yaml(self)
+            }
+            fn hf_json(&self) -> serde_json::Value {
+                hf_json(self)
+            }
+        }
+    };
+}
+pub(crate) use impl_document;

@@ -16,7 +16,6 @@
 
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::document::Document;
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
@@ -435,29 +434,7 @@ impl Reducible for MiniCpmSpec {
     }
 }
 
-impl Document for MiniCpmSpec {
-    fn identity(&self) -> &Identity {
-        &self.identity
-    }
-    fn identity_mut(&mut self) -> &mut Identity {
-        &mut self.identity
-    }
-    fn quantization(&self) -> Option<&Quantization> {
-        self.quantization.as_ref()
-    }
-    fn check(&self) -> Vec<Issue> {
-        check(self)
-    }
-    fn lower(&self) -> crate::ir::ModelIr {
-        lower(self)
-    }
-    fn to_yaml(&self) -> String {
-        to_yaml(self)
-    }
-    fn hf_json(&self) -> Value {
-        hf_json(self)
-    }
-}
+crate::document::impl_document!(MiniCpmSpec, check);
 
 // ---------------------------------------------------------------- import
 

@@ -14,7 +14,6 @@
 
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::document::Document;
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{first_quantization, imported_identity, AppliedDefault, ImportError, Reader};
@@ -893,29 +892,7 @@ impl Reducible for Qwen35Spec {
     }
 }
 
-impl Document for Qwen35Spec {
-    fn identity(&self) -> &Identity {
-        &self.identity
-    }
-    fn identity_mut(&mut self) -> &mut Identity {
-        &mut self.identity
-    }
-    fn quantization(&self) -> Option<&Quantization> {
-        self.quantization.as_ref()
-    }
-    fn check(&self) -> Vec<Issue> {
-        check(self)
-    }
-    fn lower(&self) -> crate::ir::ModelIr {
-        lower(self)
-    }
-    fn to_yaml(&self) -> String {
-        to_yaml(self)
-    }
-    fn hf_json(&self) -> Value {
-        hf_json(self)
-    }
-}
+crate::document::impl_document!(Qwen35Spec, check);
 
 // ---------------------------------------------------------------- import
 

@@ -13,37 +13,10 @@ pub(crate) use import::import;
 pub(crate) use lower::lower;
 pub(crate) use yaml::gemma4_yaml as to_yaml;
 
-use crate::diag::Issue;
-use crate::model::{ConfigModelType, Gemma4Spec, Identity, Quantization};
+use crate::model::{ConfigModelType, Gemma4Spec};
 use crate::reader::{AppliedDefault, ImportError};
-use serde_json::Value;
 
-impl crate::document::Document for Gemma4Spec {
-    fn identity(&self) -> &Identity {
-        &self.identity
-    }
-    fn identity_mut(&mut self) -> &mut Identity {
-        &mut self.identity
-    }
-    fn quantization(&self) -> Option<&Quantization> {
-        self.quantization.as_ref()
-    }
-    fn mixed_kv(&self) -> Option<&crate::MixedKv> {
-        self.mixed_kv.as_ref()
-    }
-    fn check(&self) -> Vec<Issue> {
-        crate::validate::check(self)
-    }
-    fn lower(&self) -> crate::ir::ModelIr {
-        lower(self)
-    }
-    fn to_yaml(&self) -> String {
-        to_yaml(self)
-    }
-    fn hf_json(&self) -> Value {
-        hf_json(self)
-    }
-}
+crate::document::impl_document!(Gemma4Spec, crate::validate::check, with mixed_kv);
 
 /// Gemma-4 in the family registry: the one family that reads mlx-optiq's
 /// `kv_config.json` itself (as `kv_quantization`).
