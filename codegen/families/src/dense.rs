@@ -22,7 +22,7 @@ use crate::model::*;
 use crate::reader::{
     imported_identity, top_quantization, AppliedDefault, ImportError, Reader, ABSENT,
 };
-use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
+use crate::reduce::{last_key, reduce_key, DerivedFile, Reducible, Size, Stack};
 use crate::yaml::Node;
 use crate::{validate, Sections};
 use schemars::JsonSchema;
@@ -872,21 +872,13 @@ impl Reducible for DenseSpec {
     type File = DenseDerivedSpecFile;
     type Reduce = DenseReduce;
 
-    fn derived(parent: &Self, file: &DenseDerivedSpecFile) -> Self {
+    /// The dense form also sets its own mixed KV (never inherited).
+    fn derived(parent: &Self, file: &DerivedFile<DenseReduce>) -> Self {
         let mut spec = parent.clone();
         spec.identity.name = file.identity.name.clone();
         spec.quantization = file.derive.quantization.clone();
         spec.mixed_kv = file.derive.mixed_kv.clone();
         spec
-    }
-    fn reduce(file: &DenseDerivedSpecFile) -> Option<&DenseReduce> {
-        file.derive.reduce.as_ref()
-    }
-    fn format_version(file: &DenseDerivedSpecFile) -> u32 {
-        file.format_version
-    }
-    fn stack(r: &DenseReduce) -> Stack {
-        r.stack()
     }
     fn stack_of(&self) -> Stack {
         Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
@@ -898,8 +890,8 @@ impl Reducible for DenseSpec {
             parent.mlp.intermediate_size,
         )]
     }
-    fn apply(&mut self, r: &DenseReduce) {
-        r.stack().write(
+    fn apply(&mut self, stack: &Stack, r: &DenseReduce) {
+        stack.write(
             &mut self.layers.num_hidden_layers,
             &mut self.model,
             &mut self.attention,
@@ -913,20 +905,6 @@ impl Reducible for DenseSpec {
 }
 
 crate::document::impl_document!(DenseSpec, check, with mixed_kv);
-
-impl DenseReduce {
-    /// The attention stack's sizes (also of Gemma-2's reduction, which has this form).
-    pub(crate) fn stack(&self) -> Stack {
-        Stack {
-            num_hidden_layers: self.num_hidden_layers,
-            hidden_size: self.hidden_size,
-            vocab_size: self.vocab_size,
-            num_attention_heads: self.num_attention_heads,
-            num_key_value_heads: self.num_key_value_heads,
-            head_dim: self.head_dim,
-        }
-    }
-}
 
 // ---------------------------------------------------------------- import
 

@@ -19,6 +19,7 @@ pub(crate) trait Document {
     fn identity_mut(&mut self) -> &mut Identity;
     /// Weight quantization (the mlx config's `quantization`), when set.
     fn quantization(&self) -> Option<&Quantization>;
+    fn quantization_mut(&mut self) -> &mut Option<Quantization>;
     /// mlx-optiq per-layer mixed KV, on the layouts that have the section.
     fn mixed_kv(&self) -> Option<&MixedKv> {
         None
@@ -59,6 +60,9 @@ macro_rules! impl_document {
             }
             fn quantization(&self) -> Option<&$crate::model::Quantization> {
                 self.quantization.as_ref()
+            }
+            fn quantization_mut(&mut self) -> &mut Option<$crate::model::Quantization> {
+                &mut self.quantization
             }
             $($mixed_kv)*
             fn check(&self) -> Vec<$crate::diag::Issue> {

@@ -399,18 +399,6 @@ impl Reducible for Gemma2Spec {
     type File = DenseDerivedSpecFile;
     type Reduce = DenseReduce;
 
-    fn derived(parent: &Self, file: &DenseDerivedSpecFile) -> Self {
-        let mut spec = parent.clone();
-        spec.identity.name = file.identity.name.clone();
-        spec.quantization = file.derive.quantization.clone();
-        spec
-    }
-    fn reduce(file: &DenseDerivedSpecFile) -> Option<&DenseReduce> {
-        file.derive.reduce.as_ref()
-    }
-    fn format_version(file: &DenseDerivedSpecFile) -> u32 {
-        file.format_version
-    }
     fn refused_in_file(file: &DenseDerivedSpecFile) -> Vec<Issue> {
         match file.derive.mixed_kv {
             None => Vec::new(),
@@ -421,9 +409,6 @@ impl Reducible for Gemma2Spec {
                 "mlx-lm's gemma2 attention cannot read a quantized KV cache (docs/spec-format.md#gemma-2)",
             )],
         }
-    }
-    fn stack(r: &DenseReduce) -> Stack {
-        r.stack()
     }
     fn stack_of(&self) -> Stack {
         let (m, a) = (&self.model, &self.attention);
@@ -443,13 +428,13 @@ impl Reducible for Gemma2Spec {
             parent.mlp.intermediate_size,
         )]
     }
-    fn apply(&mut self, r: &DenseReduce) {
-        self.layers.num_hidden_layers = r.num_hidden_layers;
-        self.model.hidden_size = r.hidden_size;
-        self.model.vocab_size = r.vocab_size;
-        self.attention.num_attention_heads = r.num_attention_heads;
-        self.attention.num_key_value_heads = r.num_key_value_heads;
-        self.attention.head_dim = r.head_dim;
+    fn apply(&mut self, stack: &Stack, r: &DenseReduce) {
+        self.layers.num_hidden_layers = stack.num_hidden_layers;
+        self.model.hidden_size = stack.hidden_size;
+        self.model.vocab_size = stack.vocab_size;
+        self.attention.num_attention_heads = stack.num_attention_heads;
+        self.attention.num_key_value_heads = stack.num_key_value_heads;
+        self.attention.head_dim = stack.head_dim;
         self.mlp.intermediate_size = r.intermediate_size;
     }
     /// A check on one of the seven reduced sizes; any other (the scalar, the

@@ -388,28 +388,6 @@ impl Reducible for MiniCpmSpec {
     type File = MiniCpmDerivedSpecFile;
     type Reduce = MiniCpmReduce;
 
-    fn derived(parent: &Self, file: &MiniCpmDerivedSpecFile) -> Self {
-        let mut spec = parent.clone();
-        spec.identity.name = file.identity.name.clone();
-        spec.quantization = file.derive.quantization.clone();
-        spec
-    }
-    fn reduce(file: &MiniCpmDerivedSpecFile) -> Option<&MiniCpmReduce> {
-        file.derive.reduce.as_ref()
-    }
-    fn format_version(file: &MiniCpmDerivedSpecFile) -> u32 {
-        file.format_version
-    }
-    fn stack(r: &MiniCpmReduce) -> Stack {
-        Stack {
-            num_hidden_layers: r.num_hidden_layers,
-            hidden_size: r.hidden_size,
-            vocab_size: r.vocab_size,
-            num_attention_heads: r.num_attention_heads,
-            num_key_value_heads: r.num_key_value_heads,
-            head_dim: r.head_dim,
-        }
-    }
     fn stack_of(&self) -> Stack {
         Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
     }
@@ -420,8 +398,8 @@ impl Reducible for MiniCpmSpec {
             parent.mlp.intermediate_size,
         )]
     }
-    fn apply(&mut self, r: &MiniCpmReduce) {
-        Self::stack(r).write(
+    fn apply(&mut self, stack: &Stack, r: &MiniCpmReduce) {
+        stack.write(
             &mut self.layers.num_hidden_layers,
             &mut self.model,
             &mut self.attention,

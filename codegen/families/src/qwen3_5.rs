@@ -751,28 +751,6 @@ impl Reducible for Qwen35Spec {
     type File = Qwen35DerivedSpecFile;
     type Reduce = Qwen35Reduce;
 
-    fn derived(parent: &Self, file: &Qwen35DerivedSpecFile) -> Self {
-        let mut spec = parent.clone();
-        spec.identity.name = file.identity.name.clone();
-        spec.quantization = file.derive.quantization.clone();
-        spec
-    }
-    fn reduce(file: &Qwen35DerivedSpecFile) -> Option<&Qwen35Reduce> {
-        file.derive.reduce.as_ref()
-    }
-    fn format_version(file: &Qwen35DerivedSpecFile) -> u32 {
-        file.format_version
-    }
-    fn stack(r: &Qwen35Reduce) -> Stack {
-        Stack {
-            num_hidden_layers: r.num_hidden_layers,
-            hidden_size: r.hidden_size,
-            vocab_size: r.vocab_size,
-            num_attention_heads: r.num_attention_heads,
-            num_key_value_heads: r.num_key_value_heads,
-            head_dim: r.head_dim,
-        }
-    }
     fn stack_of(&self) -> Stack {
         Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
     }
@@ -854,8 +832,8 @@ impl Reducible for Qwen35Spec {
             ));
         }
     }
-    fn apply(&mut self, r: &Qwen35Reduce) {
-        Self::stack(r).write(
+    fn apply(&mut self, stack: &Stack, r: &Qwen35Reduce) {
+        stack.write(
             &mut self.layers.num_hidden_layers,
             &mut self.model,
             &mut self.attention,

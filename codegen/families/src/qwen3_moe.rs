@@ -445,28 +445,6 @@ impl Reducible for Qwen3MoeSpec {
     type File = Qwen3MoeDerivedSpecFile;
     type Reduce = Qwen3MoeReduce;
 
-    fn derived(parent: &Self, file: &Qwen3MoeDerivedSpecFile) -> Self {
-        let mut spec = parent.clone();
-        spec.identity.name = file.identity.name.clone();
-        spec.quantization = file.derive.quantization.clone();
-        spec
-    }
-    fn reduce(file: &Qwen3MoeDerivedSpecFile) -> Option<&Qwen3MoeReduce> {
-        file.derive.reduce.as_ref()
-    }
-    fn format_version(file: &Qwen3MoeDerivedSpecFile) -> u32 {
-        file.format_version
-    }
-    fn stack(r: &Qwen3MoeReduce) -> Stack {
-        Stack {
-            num_hidden_layers: r.num_hidden_layers,
-            hidden_size: r.hidden_size,
-            vocab_size: r.vocab_size,
-            num_attention_heads: r.num_attention_heads,
-            num_key_value_heads: r.num_key_value_heads,
-            head_dim: r.head_dim,
-        }
-    }
     fn stack_of(&self) -> Stack {
         Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
     }
@@ -491,8 +469,8 @@ impl Reducible for Qwen3MoeSpec {
             ),
         ]
     }
-    fn apply(&mut self, r: &Qwen3MoeReduce) {
-        Self::stack(r).write(
+    fn apply(&mut self, stack: &Stack, r: &Qwen3MoeReduce) {
+        stack.write(
             &mut self.layers.num_hidden_layers,
             &mut self.model,
             &mut self.attention,
