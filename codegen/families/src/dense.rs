@@ -835,12 +835,8 @@ pub(crate) fn to_yaml(spec: &DenseSpec) -> String {
 const LAYOUT: Layout = Layout {
     family: "dense",
     anchor: "dense-families",
+    head: crate::layout::DENSE_HEAD,
     sections: &[
-        ("format_version", Sections::check::<u32>),
-        ("identity", Sections::check::<Identity>),
-        ("model", Sections::check::<DenseModel>),
-        ("layers", Sections::check::<DenseLayers>),
-        ("attention", Sections::check::<DenseAttention>),
         ("rope", Sections::check::<DenseRope>),
         ("mlp", Sections::check::<DenseMlp>),
         ("scales", Sections::check_optional::<GraniteScales>),

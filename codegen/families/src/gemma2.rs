@@ -159,12 +159,7 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
         m.final_logit_softcapping,
         "mlx-lm divides the logits by it unconditionally; Gemma-2 uses 30.0",
     );
-    if ok && c.issues.is_empty() {
-        if let Some(q) = &spec.quantization {
-            validate::check_quantization(q, &lower(spec), &mut c.issues);
-        }
-    }
-    c.issues
+    c.finish(ok, spec.quantization.as_ref(), || lower(spec))
 }
 
 // ---------------------------------------------------------------- lowering
@@ -360,9 +355,8 @@ pub(crate) fn to_yaml(spec: &Gemma2Spec) -> String {
 const LAYOUT: Layout = Layout {
     family: "gemma2",
     anchor: "gemma-2",
+    head: crate::layout::HEAD,
     sections: &[
-        ("format_version", Sections::check::<u32>),
-        ("identity", Sections::check::<Identity>),
         ("model", Sections::check::<Gemma2Model>),
         ("layers", Sections::check::<Gemma2Layers>),
         ("attention", Sections::check::<Gemma2Attention>),

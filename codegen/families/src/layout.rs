@@ -6,7 +6,9 @@
 //! the Gemma-4 layout). A family describes its layout once, as a [`Layout`];
 //! [`Layout::parse`] does the rest.
 
+use crate::dense::{DenseAttention, DenseLayers, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::model::Identity;
 use crate::yaml::Node;
 use crate::{locate_all, locate_serde, Sections};
 use serde::de::DeserializeOwned;
@@ -15,13 +17,32 @@ use serde::de::DeserializeOwned;
 /// `Sections::check_optional::<T>` for the section's type).
 pub(crate) type SectionCheck = fn(&Sections, &str, &mut Vec<Issue>);
 
+/// The sections every layout opens with.
+pub(crate) const HEAD: &[(&str, SectionCheck)] = &[
+    ("format_version", Sections::check::<u32>),
+    ("identity", Sections::check::<Identity>),
+];
+
+/// The sections the layouts built from the dense ones open with: [`HEAD`], then
+/// the dense `model`, `layers` and `attention`.
+pub(crate) const DENSE_HEAD: &[(&str, SectionCheck)] = &[
+    ("format_version", Sections::check::<u32>),
+    ("identity", Sections::check::<Identity>),
+    ("model", Sections::check::<DenseModel>),
+    ("layers", Sections::check::<DenseLayers>),
+    ("attention", Sections::check::<DenseAttention>),
+];
+
 /// A family's document layout, as the reader needs it.
 pub(crate) struct Layout {
     /// The family as written in "the {family} spec does not parse".
     pub family: &'static str,
     /// Its section of docs/spec-format.md (`#...`).
     pub anchor: &'static str,
-    /// The top-level sections in document order, each with how it is read.
+    /// The sections it opens with, shared with other layouts ([`HEAD`] or
+    /// [`DENSE_HEAD`]).
+    pub head: &'static [(&'static str, SectionCheck)],
+    /// The top-level sections after `head`, in document order, each with how it is read.
     pub sections: &'static [(&'static str, SectionCheck)],
     /// A missing or mistyped field named `key`: `(key, expected, hint)`.
     pub texts: &'static [(&'static str, &'static str, &'static str)],
@@ -55,9 +76,10 @@ impl Layout {
 
     /// Each section read alone: its first error, with this layout's texts.
     fn section_issues(&self, value: &serde_yaml::Value) -> Vec<Issue> {
-        let keys: Vec<&str> = self.sections.iter().map(|(k, _)| *k).collect();
+        let sections = || self.head.iter().chain(self.sections);
+        let keys: Vec<&str> = sections().map(|(k, _)| *k).collect();
         let (map, mut issues) = Sections::of(value, &keys);
-        for (key, read) in self.sections {
+        for (key, read) in sections() {
             read(&map, key, &mut issues);
         }
         if issues.is_empty() {

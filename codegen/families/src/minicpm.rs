@@ -180,12 +180,7 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
         s.scale_depth,
         "the residual multiplier before / sqrt(num_hidden_layers), MiniCPM-2B: 1.4",
     );
-    if ok && c.issues.is_empty() {
-        if let Some(q) = &spec.quantization {
-            validate::check_quantization(q, &lower(spec), &mut c.issues);
-        }
-    }
-    c.issues
+    c.finish(ok, spec.quantization.as_ref(), || lower(spec))
 }
 
 // ---------------------------------------------------------------- lowering
@@ -351,12 +346,8 @@ pub(crate) fn to_yaml(spec: &MiniCpmSpec) -> String {
 const LAYOUT: Layout = Layout {
     family: "minicpm",
     anchor: "minicpm",
+    head: crate::layout::DENSE_HEAD,
     sections: &[
-        ("format_version", Sections::check::<u32>),
-        ("identity", Sections::check::<Identity>),
-        ("model", Sections::check::<DenseModel>),
-        ("layers", Sections::check::<DenseLayers>),
-        ("attention", Sections::check::<DenseAttention>),
         ("rope", Sections::check::<MiniCpmRope>),
         ("mlp", Sections::check::<DenseMlp>),
         ("scales", Sections::check::<MiniCpmScales>),

@@ -431,12 +431,7 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
         spec.rope.rope_theta,
         "the RoPE base, e.g. 10000000.0",
     );
-    if ok && c.issues.is_empty() {
-        if let Some(q) = &spec.quantization {
-            validate::check_quantization(q, &lower(spec), &mut c.issues);
-        }
-    }
-    c.issues
+    c.finish(ok, spec.quantization.as_ref(), || lower(spec))
 }
 
 // ---------------------------------------------------------------- lowering
@@ -712,9 +707,8 @@ pub(crate) fn to_yaml(spec: &Qwen35Spec) -> String {
 const LAYOUT: Layout = Layout {
     family: "qwen3_5",
     anchor: "qwen35",
+    head: crate::layout::HEAD,
     sections: &[
-        ("format_version", Sections::check::<u32>),
-        ("identity", Sections::check::<Identity>),
         ("model", Sections::check::<DenseModel>),
         ("layers", Sections::check::<Qwen35Layers>),
         ("attention", Sections::check::<DenseAttention>),

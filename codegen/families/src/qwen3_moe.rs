@@ -223,12 +223,7 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
         spec.rope.rope_theta,
         "the RoPE base, e.g. 1000000.0",
     );
-    if ok && c.issues.is_empty() {
-        if let Some(q) = &spec.quantization {
-            validate::check_quantization(q, &lower(spec), &mut c.issues);
-        }
-    }
-    c.issues
+    c.finish(ok, spec.quantization.as_ref(), || lower(spec))
 }
 
 // ---------------------------------------------------------------- lowering
@@ -408,12 +403,8 @@ pub(crate) fn to_yaml(spec: &Qwen3MoeSpec) -> String {
 const LAYOUT: Layout = Layout {
     family: "qwen3_moe",
     anchor: "qwen3-moe",
+    head: crate::layout::DENSE_HEAD,
     sections: &[
-        ("format_version", Sections::check::<u32>),
-        ("identity", Sections::check::<Identity>),
-        ("model", Sections::check::<DenseModel>),
-        ("layers", Sections::check::<DenseLayers>),
-        ("attention", Sections::check::<DenseAttention>),
         ("rope", Sections::check::<Qwen3MoeRope>),
         ("mlp", Sections::check::<DenseMlp>),
         ("moe", Sections::check::<Qwen3MoeExperts>),

@@ -138,6 +138,22 @@ impl Checker {
         );
         ok
     }
+    /// Every issue found; when the sizes hold (`sizes_ok`) and nothing else was
+    /// found, also the weight quantization's against the model `lower` builds
+    /// (only a sane spec may be lowered).
+    pub(crate) fn finish(
+        mut self,
+        sizes_ok: bool,
+        quantization: Option<&Quantization>,
+        lower: impl FnOnce() -> ModelIr,
+    ) -> Vec<Issue> {
+        if sizes_ok && self.issues.is_empty() {
+            if let Some(q) = quantization {
+                check_quantization(q, &lower(), &mut self.issues);
+            }
+        }
+        self.issues
+    }
     /// `1 <= v <= max`; returns whether it holds.
     pub(crate) fn range(&mut self, path: &str, v: u32, max: u32, hint: &str) -> bool {
         if v == 0 || v > max {
