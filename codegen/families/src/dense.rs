@@ -505,6 +505,7 @@ impl Stack {
 /// SwiGLU, no embedding scale.
 pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
+    use crate::ir_parts::{full_attention, swiglu};
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let theta = spec.rope.rope_theta as f32;
@@ -589,36 +590,29 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
                 weight: NormWeight::Direct,
             },
             mixer: Mixer::Attention(Attention {
-                n_heads: a.num_attention_heads as usize,
-                n_kv_heads: a.num_key_value_heads as usize,
-                head_dim,
                 bias,
                 qk_norm,
-                value_norm: ValueNorm::None,
-                // smollm3's `NoPE` layers: the rope module returns its input.
-                rope: RopeForm {
-                    kind: if spec.rope.rotates(i) {
-                        kind
-                    } else {
-                        RopeKind::NoPe
-                    },
-                    traditional: spec.rope.traditional,
-                    rotated_dims: head_dim,
-                },
                 scale,
-                window: Window::Full,
-                kv: KvSource::Own {
-                    values: Values::Projected,
-                    cache: KvCache::Plain,
-                },
-                scores: Scores::FusedSdpa,
-                output_gate: OutputGate::None,
                 projection: qkv,
+                ..full_attention(
+                    a.num_attention_heads,
+                    a.num_key_value_heads,
+                    a.head_dim,
+                    // smollm3's `NoPE` layers: the rope module returns its input.
+                    RopeForm {
+                        kind: if spec.rope.rotates(i) {
+                            kind
+                        } else {
+                            RopeKind::NoPe
+                        },
+                        traditional: spec.rope.traditional,
+                        rotated_dims: head_dim,
+                    },
+                )
             }),
             ffn: FeedForward::Mlp(GatedMlp {
-                width: spec.mlp.intermediate_size as usize,
-                activation: Activation::Silu,
                 projection: gate_up,
+                ..swiglu(spec.mlp.intermediate_size)
             }),
             input: LayerInput::None,
             scalar: LayerScalar::None,

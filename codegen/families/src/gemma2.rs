@@ -185,6 +185,7 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
 /// There is no `sanitize`: mlx-lm loads gemma2 checkpoints strictly, so no rule applies.
 pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
+    use crate::ir_parts::{full_attention, plain_rope};
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let layers = (0..spec.layers.num_hidden_layers as usize)
@@ -195,30 +196,16 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
                 weight: NormWeight::OnePlus,
             },
             mixer: Mixer::Attention(Attention {
-                n_heads: a.num_attention_heads as usize,
-                n_kv_heads: a.num_key_value_heads as usize,
-                head_dim,
-                bias: ProjectionBias::None,
-                qk_norm: QkNorm::None,
-                value_norm: ValueNorm::None,
-                rope: RopeForm {
-                    kind: RopeKind::Default {
-                        theta: spec.rope.rope_theta as f32,
-                    },
-                    traditional: spec.rope.traditional,
-                    rotated_dims: head_dim,
-                },
                 scale: AttentionScale::InvSqrtQueryPreAttnScalar(a.query_pre_attn_scalar),
-                window: Window::Full,
-                kv: KvSource::Own {
-                    values: Values::Projected,
-                    cache: KvCache::Plain,
-                },
                 scores: Scores::Softcapped {
                     cap: a.attn_logit_softcapping as f32,
                 },
-                output_gate: OutputGate::None,
-                projection: QkvProjection::Separate,
+                ..full_attention(
+                    a.num_attention_heads,
+                    a.num_key_value_heads,
+                    a.head_dim,
+                    plain_rope(spec.rope.rope_theta, spec.rope.traditional, head_dim),
+                )
             }),
             ffn: FeedForward::Mlp(GatedMlp {
                 width: spec.mlp.intermediate_size as usize,

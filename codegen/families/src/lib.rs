@@ -68,6 +68,7 @@ mod gemma4;
 mod hf;
 mod hints;
 pub mod import;
+mod ir_parts;
 mod layout;
 mod minicpm;
 mod mixed_kv;

@@ -193,6 +193,7 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
 /// the Python float of an int / int true division) before the untied `lm_head`.
 pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
+    use crate::ir_parts::{full_attention, plain_rope, swiglu};
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let n_layers = spec.layers.num_hidden_layers as usize;
@@ -203,35 +204,13 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
                 arrangement: NormArrangement::PreNorm,
                 weight: NormWeight::Direct,
             },
-            mixer: Mixer::Attention(Attention {
-                n_heads: a.num_attention_heads as usize,
-                n_kv_heads: a.num_key_value_heads as usize,
-                head_dim,
-                bias: ProjectionBias::None,
-                output_gate: OutputGate::None,
-                projection: QkvProjection::Separate,
-                qk_norm: QkNorm::None,
-                value_norm: ValueNorm::None,
-                rope: RopeForm {
-                    kind: RopeKind::Default {
-                        theta: spec.rope.rope_theta as f32,
-                    },
-                    traditional: spec.rope.traditional,
-                    rotated_dims: head_dim,
-                },
-                scale: AttentionScale::InvSqrtHeadDim,
-                window: Window::Full,
-                kv: KvSource::Own {
-                    values: Values::Projected,
-                    cache: KvCache::Plain,
-                },
-                scores: Scores::FusedSdpa,
-            }),
-            ffn: FeedForward::Mlp(GatedMlp {
-                width: spec.mlp.intermediate_size as usize,
-                activation: Activation::Silu,
-                projection: GateUpProjection::Separate,
-            }),
+            mixer: Mixer::Attention(full_attention(
+                a.num_attention_heads,
+                a.num_key_value_heads,
+                a.head_dim,
+                plain_rope(spec.rope.rope_theta, spec.rope.traditional, head_dim),
+            )),
+            ffn: FeedForward::Mlp(swiglu(spec.mlp.intermediate_size)),
             input: LayerInput::None,
             scalar: LayerScalar::None,
             residual: Residual::DepthScaled {

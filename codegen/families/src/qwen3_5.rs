@@ -444,9 +444,9 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
 /// mlx-lm's `Model` wrapper (`language_model.model.*`) and its sanitize.
 pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
+    use crate::ir_parts::{full_attention, plain_rope, swiglu};
     let a = &spec.attention;
     let la = &spec.linear_attention;
-    let head_dim = a.head_dim as usize;
     let ffn = match (&spec.mlp, &spec.moe) {
         (_, Some(e)) => FeedForward::MoeAndSharedExpert {
             moe: Moe {
@@ -466,11 +466,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
                 width: e.shared_expert_intermediate_size as usize,
             },
         },
-        (m, None) => FeedForward::Mlp(GatedMlp {
-            width: m.as_ref().map_or(0, |m| m.intermediate_size as usize),
-            activation: Activation::Silu,
-            projection: GateUpProjection::Separate,
-        }),
+        (m, None) => FeedForward::Mlp(swiglu(m.as_ref().map_or(0, |m| m.intermediate_size))),
     };
     let mut sanitize = vec![SanitizeRule::DropVisual, SanitizeRule::UnwrapMultimodal];
     if spec.identity.source.model_type == ConfigModelType::Qwen35Moe {
@@ -502,28 +498,14 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
                 })
             } else {
                 Mixer::Attention(Attention {
-                    n_heads: a.num_attention_heads as usize,
-                    n_kv_heads: a.num_key_value_heads as usize,
-                    head_dim,
-                    bias: ProjectionBias::None,
                     qk_norm: QkNorm::RmsPerHead,
-                    value_norm: ValueNorm::None,
-                    rope: RopeForm {
-                        kind: RopeKind::Default {
-                            theta: spec.rope.rope_theta as f32,
-                        },
-                        traditional: false,
-                        rotated_dims: rotated_dims(spec) as usize,
-                    },
-                    scale: AttentionScale::InvSqrtHeadDim,
-                    window: Window::Full,
-                    kv: KvSource::Own {
-                        values: Values::Projected,
-                        cache: KvCache::Plain,
-                    },
-                    scores: Scores::FusedSdpa,
                     output_gate: OutputGate::SigmoidPerHead,
-                    projection: QkvProjection::Separate,
+                    ..full_attention(
+                        a.num_attention_heads,
+                        a.num_key_value_heads,
+                        a.head_dim,
+                        plain_rope(spec.rope.rope_theta, false, rotated_dims(spec) as usize),
+                    )
                 })
             },
             ffn,

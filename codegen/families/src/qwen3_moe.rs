@@ -234,6 +234,7 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 /// off the `decoder_sparse_step`, a dense SwiGLU MLP.
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
+    use crate::ir_parts::{full_attention, plain_rope, swiglu};
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let e = &spec.moe;
@@ -250,28 +251,13 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
                 weight: NormWeight::Direct,
             },
             mixer: Mixer::Attention(Attention {
-                n_heads: a.num_attention_heads as usize,
-                n_kv_heads: a.num_key_value_heads as usize,
-                head_dim,
                 qk_norm: QkNorm::RmsPerHead,
-                value_norm: ValueNorm::None,
-                rope: RopeForm {
-                    kind: RopeKind::Default {
-                        theta: spec.rope.rope_theta as f32,
-                    },
-                    traditional: false,
-                    rotated_dims: head_dim,
-                },
-                scale: AttentionScale::InvSqrtHeadDim,
-                scores: Scores::FusedSdpa,
-                output_gate: OutputGate::None,
-                projection: QkvProjection::Separate,
-                bias: ProjectionBias::None,
-                window: Window::Full,
-                kv: KvSource::Own {
-                    values: Values::Projected,
-                    cache: KvCache::Plain,
-                },
+                ..full_attention(
+                    a.num_attention_heads,
+                    a.num_key_value_heads,
+                    a.head_dim,
+                    plain_rope(spec.rope.rope_theta, false, head_dim),
+                )
             }),
             ffn: if is_moe_layer(spec, i) {
                 FeedForward::Moe(Moe {
@@ -282,11 +268,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
                     activation: Activation::Silu,
                 })
             } else {
-                FeedForward::Mlp(GatedMlp {
-                    width: spec.mlp.intermediate_size as usize,
-                    activation: Activation::Silu,
-                    projection: GateUpProjection::Separate,
-                })
+                FeedForward::Mlp(swiglu(spec.mlp.intermediate_size))
             },
             input: LayerInput::None,
             scalar: LayerScalar::None,
