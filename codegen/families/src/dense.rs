@@ -505,7 +505,7 @@ impl Stack {
 /// SwiGLU, no embedding scale.
 pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, swiglu};
+    use crate::ir_parts::{full_attention, head_weight, swiglu, whole_head_sharding};
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let theta = spec.rope.rope_theta as f32;
@@ -644,17 +644,13 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         // qwen3.py, llama.py and qwen2.py have a shard() (mistral runs as
         // llama); smollm3.py and granite.py have none, so a sharded run of
         // theirs has no oracle.
-        sharding: Sharding {
-            oracle: match family {
-                DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 => ShardOracle::MlxLm,
-                DenseFamily::SmolLm3
-                | DenseFamily::Granite
-                | DenseFamily::Phi3
-                | DenseFamily::Olmo2 => ShardOracle::Absent,
-            },
-            head: HeadSplit::Whole,
-            kv_heads: KvHeadSplit::Divided,
-        },
+        sharding: whole_head_sharding(match family {
+            DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 => ShardOracle::MlxLm,
+            DenseFamily::SmolLm3
+            | DenseFamily::Granite
+            | DenseFamily::Phi3
+            | DenseFamily::Olmo2 => ShardOracle::Absent,
+        }),
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,
@@ -665,11 +661,7 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         },
         layers,
         head: Head {
-            weight: if spec.model.tie_word_embeddings {
-                HeadWeight::TiedEmbedding
-            } else {
-                HeadWeight::Untied
-            },
+            weight: head_weight(spec.model.tie_word_embeddings),
             logit_softcap: None,
             norm: NormWeight::Direct,
             logit_scale,

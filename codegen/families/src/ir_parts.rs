@@ -54,3 +54,25 @@ pub(crate) fn swiglu(width: u32) -> GatedMlp {
         projection: GateUpProjection::Separate,
     }
 }
+
+/// How the model splits over tensor-parallel ranks where its attention heads
+/// divide evenly (every family's but Qwen3.5's): the head whole on each rank,
+/// the K/V heads divided. `oracle` says whether mlx-lm's module has a
+/// `shard()` to compare with.
+pub(crate) fn whole_head_sharding(oracle: ShardOracle) -> Sharding {
+    Sharding {
+        oracle,
+        head: HeadSplit::Whole,
+        kv_heads: KvHeadSplit::Divided,
+    }
+}
+
+/// The head's weight: the embedding (`embed_tokens.as_linear`) when
+/// `tie_word_embeddings`, else its own `lm_head`.
+pub(crate) fn head_weight(tie_word_embeddings: bool) -> HeadWeight {
+    if tie_word_embeddings {
+        HeadWeight::TiedEmbedding
+    } else {
+        HeadWeight::Untied
+    }
+}

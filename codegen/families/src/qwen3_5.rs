@@ -444,7 +444,7 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
 /// mlx-lm's `Model` wrapper (`language_model.model.*`) and its sanitize.
 pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, plain_rope, swiglu};
+    use crate::ir_parts::{full_attention, head_weight, plain_rope, swiglu};
     let a = &spec.attention;
     let la = &spec.linear_attention;
     let ffn = match (&spec.mlp, &spec.moe) {
@@ -540,11 +540,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
         },
         layers,
         head: Head {
-            weight: if spec.model.tie_word_embeddings {
-                HeadWeight::TiedEmbedding
-            } else {
-                HeadWeight::Untied
-            },
+            weight: head_weight(spec.model.tie_word_embeddings),
             logit_softcap: None,
             logit_scale: LogitScale::None,
             norm: NormWeight::Direct,

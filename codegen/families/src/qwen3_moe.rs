@@ -234,7 +234,7 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 /// off the `decoder_sparse_step`, a dense SwiGLU MLP.
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, plain_rope, swiglu};
+    use crate::ir_parts::{full_attention, head_weight, plain_rope, swiglu, whole_head_sharding};
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let e = &spec.moe;
@@ -284,11 +284,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
             sanitize: vec![SanitizeRule::DropTiedHead, SanitizeRule::StackExperts],
         },
         // qwen3_moe.py's shard().
-        sharding: Sharding {
-            oracle: ShardOracle::MlxLm,
-            head: HeadSplit::Whole,
-            kv_heads: KvHeadSplit::Divided,
-        },
+        sharding: whole_head_sharding(ShardOracle::MlxLm),
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,
@@ -299,11 +295,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
         },
         layers,
         head: Head {
-            weight: if spec.model.tie_word_embeddings {
-                HeadWeight::TiedEmbedding
-            } else {
-                HeadWeight::Untied
-            },
+            weight: head_weight(spec.model.tie_word_embeddings),
             logit_softcap: None,
             norm: NormWeight::Direct,
             logit_scale: LogitScale::None,
