@@ -16,14 +16,13 @@
 //! validation, the lowering to the block IR, the config.json view, the YAML writer, the
 //! reduction to tiny variants and the config.json importer.
 
-use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{
     imported_identity, top_quantization, AppliedDefault, ImportError, Reader, ABSENT,
 };
 use crate::reduce::{last_key, reduce_key, DerivedFile, Reducible, Size, Stack};
-use crate::yaml::Node;
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -818,7 +817,7 @@ pub(crate) fn to_yaml(spec: &DenseSpec) -> String {
 // ---------------------------------------------------------------- parsing
 
 /// How a dense document is read (see [`crate::layout`]).
-const LAYOUT: Layout = Layout {
+pub(crate) const LAYOUT: Layout = Layout {
     family: "dense",
     anchor: "dense-families",
     head: crate::layout::DENSE_HEAD,
@@ -830,24 +829,12 @@ const LAYOUT: Layout = Layout {
         ("mixed_kv", Sections::check_optional::<crate::MixedKv>),
     ],
     texts: &[
-        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#dense-families"),
         ("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
-        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "attention geometry; see docs/spec-format.md#dense-families"),
         ("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`; see docs/spec-format.md#dense-families"),
-        ("mlp", "a mapping {intermediate_size}", "SwiGLU width; see docs/spec-format.md#dense-families"),
         ("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
     ],
     refused: &[],
 };
-
-/// Deserializes and validates a full dense document; every section's first error.
-pub(crate) fn parse_full(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-) -> Result<DenseSpec, Diagnostics> {
-    LAYOUT.parse(value, tree, origin, check)
-}
 
 /// The derived dense form (see [`crate::reduce`]): the stack's sizes and the MLP width.
 impl Reducible for DenseSpec {

@@ -11,12 +11,11 @@
 //! with a plain `KVCache` (the Hugging Face config's `sliding_window` is not read).
 
 use crate::dense::{DenseDerivedSpecFile, DenseReduce};
-use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
-use crate::yaml::Node;
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -335,7 +334,7 @@ pub(crate) fn to_yaml(spec: &Gemma2Spec) -> String {
 // ---------------------------------------------------------------- parsing
 
 /// How a gemma2 document is read (see [`crate::layout`]).
-const LAYOUT: Layout = Layout {
+pub(crate) const LAYOUT: Layout = Layout {
     family: "gemma2",
     anchor: "gemma-2",
     head: crate::layout::HEAD,
@@ -360,15 +359,6 @@ const LAYOUT: Layout = Layout {
         ("kv_quantization", "mlx-lm's gemma2 attention cannot read a quantized KV cache (docs/spec-format.md#gemma-2)"),
     ],
 };
-
-/// Deserializes and validates a full Gemma-2 document; every section's first error.
-pub(crate) fn parse_full(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-) -> Result<Gemma2Spec, Diagnostics> {
-    LAYOUT.parse(value, tree, origin, check)
-}
 
 /// The derived Gemma-2 form is the dense one (`reduce` of the seven sizes; see
 /// [`crate::reduce`]). Its `mixed_kv` is not read: Gemma-2 has no mixed KV.

@@ -464,15 +464,21 @@ fn parse_inner(
     if tree.has_key("derive") {
         derive::parse_derived(value, &tree, origin, dir, stack)
     } else if declared_family(&value).is_some_and(Family::is_dense) {
-        dense::parse_full(value, &tree, origin).map(Spec::Dense)
+        dense::LAYOUT.parse(value, &tree, origin).map(Spec::Dense)
     } else if declared_family(&value) == Some(Family::Gemma2) {
-        gemma2::parse_full(value, &tree, origin).map(Spec::Gemma2)
+        gemma2::LAYOUT.parse(value, &tree, origin).map(Spec::Gemma2)
     } else if declared_family(&value) == Some(Family::Qwen3Moe) {
-        qwen3_moe::parse_full(value, &tree, origin).map(Spec::Qwen3Moe)
+        qwen3_moe::LAYOUT
+            .parse(value, &tree, origin)
+            .map(Spec::Qwen3Moe)
     } else if declared_family(&value) == Some(Family::MiniCpm) {
-        minicpm::parse_full(value, &tree, origin).map(Spec::MiniCpm)
+        minicpm::LAYOUT
+            .parse(value, &tree, origin)
+            .map(Spec::MiniCpm)
     } else if declared_family(&value) == Some(Family::Qwen35) {
-        qwen3_5::parse_full(value, &tree, origin).map(Spec::Qwen35)
+        qwen3_5::LAYOUT
+            .parse(value, &tree, origin)
+            .map(Spec::Qwen35)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
         let issues = validate::check(&spec);

@@ -13,12 +13,11 @@
 //! writer, the reduction to tiny variants and the config.json importer.
 
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
-use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{first_quantization, imported_identity, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
-use crate::yaml::Node;
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -682,7 +681,7 @@ pub(crate) fn to_yaml(spec: &Qwen35Spec) -> String {
 // ---------------------------------------------------------------- parsing
 
 /// How a qwen3_5 document is read (see [`crate::layout`]).
-const LAYOUT: Layout = Layout {
+pub(crate) const LAYOUT: Layout = Layout {
     family: "qwen3_5",
     anchor: "qwen35",
     head: crate::layout::HEAD,
@@ -697,24 +696,13 @@ const LAYOUT: Layout = Layout {
         ("quantization", Sections::check::<Option<Quantization>>),
     ],
     texts: &[
-        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#qwen35"),
         ("layers", "a mapping {num_hidden_layers, full_attention_interval}", "which layers are full attention; see docs/spec-format.md#qwen35"),
         ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "geometry of the full-attention layers; see docs/spec-format.md#qwen35"),
         ("rope", "a mapping {rope_theta, partial_rotary_factor}", "`rope_parameters` of config.json; see docs/spec-format.md#qwen35"),
         ("linear_attention", "a mapping {linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim}", "the Gated DeltaNet layers; see docs/spec-format.md#qwen35"),
-        ("mlp", "a mapping {intermediate_size}", "SwiGLU width; see docs/spec-format.md#qwen35"),
     ],
     refused: &[],
 };
-
-/// Deserializes and validates a full Qwen3.5 document; every section's first error.
-pub(crate) fn parse_full(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-) -> Result<Qwen35Spec, Diagnostics> {
-    LAYOUT.parse(value, tree, origin, check)
-}
 
 /// The derived Qwen3.5 form (see [`crate::reduce`]): the attention stack's sizes,
 /// the Gated DeltaNet heads', and the dense MLP's width or the experts' sizes,

@@ -9,12 +9,11 @@
 //! the reduction to tiny variants and the config.json importer.
 
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
-use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
-use crate::yaml::Node;
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -374,7 +373,7 @@ pub(crate) fn to_yaml(spec: &Qwen3MoeSpec) -> String {
 // ---------------------------------------------------------------- parsing
 
 /// How a qwen3_moe document is read (see [`crate::layout`]).
-const LAYOUT: Layout = Layout {
+pub(crate) const LAYOUT: Layout = Layout {
     family: "qwen3_moe",
     anchor: "qwen3-moe",
     head: crate::layout::DENSE_HEAD,
@@ -385,24 +384,12 @@ const LAYOUT: Layout = Layout {
         ("quantization", Sections::check::<Option<Quantization>>),
     ],
     texts: &[
-        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#qwen3-moe"),
-        ("layers", "a mapping {num_hidden_layers}", "every layer is full attention; see docs/spec-format.md#qwen3-moe"),
-        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "attention geometry; see docs/spec-format.md#qwen3-moe"),
         ("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling); see docs/spec-format.md#qwen3-moe"),
         ("mlp", "a mapping {intermediate_size}", "SwiGLU width of the dense layers; see docs/spec-format.md#qwen3-moe"),
         ("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts; see docs/spec-format.md#qwen3-moe"),
     ],
     refused: &[],
 };
-
-/// Deserializes and validates a full Qwen3-MoE document; every section's first error.
-pub(crate) fn parse_full(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-) -> Result<Qwen3MoeSpec, Diagnostics> {
-    LAYOUT.parse(value, tree, origin, check)
-}
 
 /// The derived Qwen3-MoE form (see [`crate::reduce`]): the dense form's sizes and
 /// the experts'.
