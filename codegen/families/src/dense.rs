@@ -504,7 +504,7 @@ impl Stack {
 /// SwiGLU, no embedding scale.
 pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, head_weight, swiglu, whole_head_sharding};
+    use crate::ir_parts::{full_attention, plain_head, swiglu, whole_head_sharding};
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let theta = spec.rope.rope_theta as f32;
@@ -660,10 +660,8 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         },
         layers,
         head: Head {
-            weight: head_weight(spec.model.tie_word_embeddings),
-            logit_softcap: None,
-            norm: NormWeight::Direct,
             logit_scale,
+            ..plain_head(spec.model.tie_word_embeddings)
         },
         quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
     }

@@ -67,12 +67,18 @@ pub(crate) fn whole_head_sharding(oracle: ShardOracle) -> Sharding {
     }
 }
 
-/// The head's weight: the embedding (`embed_tokens.as_linear`) when
-/// `tie_word_embeddings`, else its own `lm_head`.
-pub(crate) fn head_weight(tie_word_embeddings: bool) -> HeadWeight {
-    if tie_word_embeddings {
-        HeadWeight::TiedEmbedding
-    } else {
-        HeadWeight::Untied
+/// The plain head: the final RMSNorm's weight as it is, then the embedding
+/// (`embed_tokens.as_linear`) when `tie_word_embeddings`, else its own
+/// `lm_head`; no softcap, no logit scale.
+pub(crate) fn plain_head(tie_word_embeddings: bool) -> Head {
+    Head {
+        weight: if tie_word_embeddings {
+            HeadWeight::TiedEmbedding
+        } else {
+            HeadWeight::Untied
+        },
+        logit_softcap: None,
+        norm: NormWeight::Direct,
+        logit_scale: LogitScale::None,
     }
 }

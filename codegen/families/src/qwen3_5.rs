@@ -443,7 +443,7 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
 /// mlx-lm's `Model` wrapper (`language_model.model.*`) and its sanitize.
 pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, head_weight, plain_rope, swiglu};
+    use crate::ir_parts::{full_attention, plain_head, plain_rope, swiglu};
     let a = &spec.attention;
     let la = &spec.linear_attention;
     let ffn = match (&spec.mlp, &spec.moe) {
@@ -538,12 +538,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
             per_layer_input: None,
         },
         layers,
-        head: Head {
-            weight: head_weight(spec.model.tie_word_embeddings),
-            logit_softcap: None,
-            logit_scale: LogitScale::None,
-            norm: NormWeight::Direct,
-        },
+        head: plain_head(spec.model.tie_word_embeddings),
         quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
     }
 }

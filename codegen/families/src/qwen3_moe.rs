@@ -233,7 +233,7 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 /// off the `decoder_sparse_step`, a dense SwiGLU MLP.
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, head_weight, plain_rope, swiglu, whole_head_sharding};
+    use crate::ir_parts::{full_attention, plain_head, plain_rope, swiglu, whole_head_sharding};
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let e = &spec.moe;
@@ -293,12 +293,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
             per_layer_input: None,
         },
         layers,
-        head: Head {
-            weight: head_weight(spec.model.tie_word_embeddings),
-            logit_softcap: None,
-            norm: NormWeight::Direct,
-            logit_scale: LogitScale::None,
-        },
+        head: plain_head(spec.model.tie_word_embeddings),
         quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
     }
 }

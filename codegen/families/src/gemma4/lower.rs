@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::ir::*;
 use crate::ir::{KvQuant, RopeKind, WeightQuant};
-use crate::ir_parts::{head_weight, whole_head_sharding};
+use crate::ir_parts::{plain_head, whole_head_sharding};
 use crate::model::{ConfigModelType, Gemma4Spec, LayerType, RopeParams};
 
 /// The IR of a valid Gemma-4 spec.
@@ -188,13 +188,11 @@ pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
         },
         layers,
         head: Head {
-            weight: head_weight(spec.model.tie_word_embeddings),
             logit_softcap: spec.model.final_logit_softcapping.map(|s| Softcap {
                 cap: s as f32,
                 form: SoftcapForm::Compiled,
             }),
-            norm: NormWeight::Direct,
-            logit_scale: LogitScale::None,
+            ..plain_head(spec.model.tie_word_embeddings)
         },
         quantization: spec.quantization.as_ref().map(WeightQuant::of),
     }
