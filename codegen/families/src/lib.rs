@@ -267,7 +267,7 @@ impl Gemma4Spec {
     /// Semantic validation of a spec built in code. Errors carry field paths but no file
     /// location (line and column 0, file `<memory>`).
     pub fn validate(&self) -> Result<(), Diagnostics> {
-        in_memory(validate::check(self))
+        in_memory(gemma4::check(self))
     }
 }
 
@@ -481,7 +481,7 @@ fn parse_inner(
             .map(Spec::Qwen35)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
-        let issues = validate::check(&spec);
+        let issues = gemma4::check(&spec);
         if issues.is_empty() {
             Ok(Spec::Gemma4(spec))
         } else {

@@ -7,7 +7,6 @@ use crate::reader::{
     first_quantization, imported_identity, read_kv_config, AppliedDefault, ImportError, Reader,
     ABSENT,
 };
-use crate::validate;
 use serde_json::{json, Map, Value};
 
 fn minimal_period(types: &[LayerType]) -> usize {
@@ -357,6 +356,6 @@ pub(crate) fn import(
         kv_quantization,
         mixed_kv: None,
     };
-    let issues = validate::check(&spec);
+    let issues = super::check(&spec);
     crate::reader::checked(spec, issues, applied)
 }
