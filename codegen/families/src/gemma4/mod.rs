@@ -1,12 +1,12 @@
 //! Gemma-4 text models (`gemma4_text.py`, also under `gemma4` and
 //! `gemma4_unified`): the family's lowering to the block IR, its config.json
-//! import, its YAML writer, its config.json views and its semantic checks
-//! (`validate.rs`). The document types (`Gemma4Spec`) are still in the
-//! shared `model.rs`.
+//! import, its YAML writer, its config.json views, its semantic checks
+//! (`validate.rs`) and its document types (`model.rs`, `Gemma4Spec`).
 
 mod hf;
 mod import;
 mod lower;
+pub(crate) mod model;
 mod validate;
 mod yaml;
 
