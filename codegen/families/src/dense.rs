@@ -16,18 +16,17 @@
 //! validation, the lowering to the block IR, the config.json view, the YAML writer, the
 //! reduction to tiny variants and the config.json importer.
 
-use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::ir::QuantizableModule;
+use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
-use crate::reader::{read_quantization, AppliedDefault, ImportError, Reader, ABSENT};
-use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
-use crate::yaml::Node;
+use crate::reader::{
+    imported_identity, top_quantization, AppliedDefault, ImportError, Reader, ABSENT,
+};
+use crate::reduce::{last_key, reduce_key, DerivedFile, Reducible, Size, Stack};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use std::fmt::Write;
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
@@ -348,14 +347,9 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
     }
     let mt = spec.identity.source.model_type;
     if mt.family() != family {
-        c.err(
-            p("identity.source.model_type"),
-            format!(
-                "`{}` is read by mlx-lm's {} module, not {}",
-                mt.as_str(),
-                mt.family().as_str(),
-                family.as_str()
-            ),
+        c.foreign_model_type(
+            mt,
+            family.as_str(),
             family.as_str(),
             "the model_type must be one its family's module reads (qwen3 → qwen3, llama → llama or mistral, qwen2 → qwen2, smollm3 → smollm3, granite → granite, phi3 → phi3)",
         );
@@ -462,57 +456,14 @@ pub(crate) fn check_dense_sizes(
     mlp: &DenseMlp,
     mlp_meaning: &str,
 ) -> bool {
-    use validate::limits::*;
-    let mut ok = true;
-    ok &= c.range(
-        "model.hidden_size",
-        m.hidden_size,
-        MAX_HIDDEN,
-        "the model width",
-    );
-    ok &= c.range(
-        "model.vocab_size",
-        m.vocab_size,
-        MAX_VOCAB,
-        "rows of embed_tokens",
-    );
-    ok &= c.range(
-        "model.max_position_embeddings",
-        m.max_position_embeddings,
-        MAX_POSITIONS,
-        "`max_position_embeddings` from config.json",
-    );
-    ok &= c.range(
-        "layers.num_hidden_layers",
-        layers.num_hidden_layers,
-        MAX_LAYERS,
-        "the number of decoder layers",
-    );
-    ok &= c.range(
-        "attention.num_attention_heads",
-        a.num_attention_heads,
-        MAX_HEADS,
-        "query heads",
-    );
-    ok &= c.range(
-        "attention.num_key_value_heads",
-        a.num_key_value_heads,
-        MAX_HEADS,
-        "KV heads",
-    );
-    ok &= c.range(
-        "attention.head_dim",
-        a.head_dim,
-        MAX_HEAD_DIM,
-        "head dimension",
-    );
-    ok &= c.range(
-        "mlp.intermediate_size",
-        mlp.intermediate_size,
-        MAX_INTERMEDIATE,
-        mlp_meaning,
-    );
-    ok
+    c.stack_sizes(
+        &Stack::of(layers.num_hidden_layers, m, a),
+        (
+            m.max_position_embeddings,
+            "`max_position_embeddings` from config.json",
+        ),
+        (mlp.intermediate_size, mlp_meaning),
+    )
 }
 
 // The dense sections' sizes as the reduction reads and writes them (the
@@ -553,6 +504,7 @@ impl Stack {
 /// SwiGLU, no embedding scale.
 pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
+    use crate::ir_parts::{full_attention, plain_head, swiglu, whole_head_sharding};
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let theta = spec.rope.rope_theta as f32;
@@ -637,36 +589,29 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
                 weight: NormWeight::Direct,
             },
             mixer: Mixer::Attention(Attention {
-                n_heads: a.num_attention_heads as usize,
-                n_kv_heads: a.num_key_value_heads as usize,
-                head_dim,
                 bias,
                 qk_norm,
-                value_norm: ValueNorm::None,
-                // smollm3's `NoPE` layers: the rope module returns its input.
-                rope: RopeForm {
-                    kind: if spec.rope.rotates(i) {
-                        kind
-                    } else {
-                        RopeKind::NoPe
-                    },
-                    traditional: spec.rope.traditional,
-                    rotated_dims: head_dim,
-                },
                 scale,
-                window: Window::Full,
-                kv: KvSource::Own {
-                    values: Values::Projected,
-                    cache: KvCache::Plain,
-                },
-                scores: Scores::FusedSdpa,
-                output_gate: OutputGate::None,
                 projection: qkv,
+                ..full_attention(
+                    a.num_attention_heads,
+                    a.num_key_value_heads,
+                    a.head_dim,
+                    // smollm3's `NoPE` layers: the rope module returns its input.
+                    RopeForm {
+                        kind: if spec.rope.rotates(i) {
+                            kind
+                        } else {
+                            RopeKind::NoPe
+                        },
+                        traditional: spec.rope.traditional,
+                        rotated_dims: head_dim,
+                    },
+                )
             }),
             ffn: FeedForward::Mlp(GatedMlp {
-                width: spec.mlp.intermediate_size as usize,
-                activation: Activation::Silu,
                 projection: gate_up,
+                ..swiglu(spec.mlp.intermediate_size)
             }),
             input: LayerInput::None,
             scalar: LayerScalar::None,
@@ -698,17 +643,13 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         // qwen3.py, llama.py and qwen2.py have a shard() (mistral runs as
         // llama); smollm3.py and granite.py have none, so a sharded run of
         // theirs has no oracle.
-        sharding: Sharding {
-            oracle: match family {
-                DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 => ShardOracle::MlxLm,
-                DenseFamily::SmolLm3
-                | DenseFamily::Granite
-                | DenseFamily::Phi3
-                | DenseFamily::Olmo2 => ShardOracle::Absent,
-            },
-            head: HeadSplit::Whole,
-            kv_heads: KvHeadSplit::Divided,
-        },
+        sharding: whole_head_sharding(match family {
+            DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 => ShardOracle::MlxLm,
+            DenseFamily::SmolLm3
+            | DenseFamily::Granite
+            | DenseFamily::Phi3
+            | DenseFamily::Olmo2 => ShardOracle::Absent,
+        }),
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,
@@ -719,14 +660,8 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         },
         layers,
         head: Head {
-            weight: if spec.model.tie_word_embeddings {
-                HeadWeight::TiedEmbedding
-            } else {
-                HeadWeight::Untied
-            },
-            logit_softcap: None,
-            norm: NormWeight::Direct,
             logit_scale,
+            ..plain_head(spec.model.tie_word_embeddings)
         },
         quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
     }
@@ -755,21 +690,21 @@ fn scaling_json(s: &Option<RopeScaling>) -> Value {
 /// The spec with config.json field names (flat, as `qwen3` / `llama` configs are), plus
 /// `quantization` when present. Keys sorted.
 pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
-    let mut v = json!({
-        "model_type": spec.identity.source.model_type.as_str(),
-        "hidden_size": spec.model.hidden_size,
-        "num_hidden_layers": spec.layers.num_hidden_layers,
-        "intermediate_size": spec.mlp.intermediate_size,
-        "num_attention_heads": spec.attention.num_attention_heads,
-        "num_key_value_heads": spec.attention.num_key_value_heads,
-        "head_dim": spec.attention.head_dim,
-        "rms_norm_eps": spec.model.rms_norm_eps,
-        "vocab_size": spec.model.vocab_size,
-        "max_position_embeddings": spec.model.max_position_embeddings,
-        "tie_word_embeddings": spec.model.tie_word_embeddings,
-        "rope_theta": spec.rope.rope_theta,
-        "rope_scaling": scaling_json(&spec.rope.scaling),
-    });
+    let mut v = crate::hf::dense_stack_json(
+        spec.identity.source.model_type,
+        spec.layers.num_hidden_layers,
+        &spec.model,
+        &spec.attention,
+    );
+    crate::hf::extend(
+        &mut v,
+        json!({
+            "intermediate_size": spec.mlp.intermediate_size,
+            "head_dim": spec.attention.head_dim,
+            "rope_theta": spec.rope.rope_theta,
+            "rope_scaling": scaling_json(&spec.rope.scaling),
+        }),
+    );
     match spec.dense_family() {
         DenseFamily::Llama => {
             v["rope_traditional"] = json!(spec.rope.traditional);
@@ -819,88 +754,58 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
         }
         DenseFamily::Qwen3 => {}
     }
-    if let Some(q) = &spec.quantization {
-        v["quantization"] = crate::hf::quantization_json(q);
-    }
-    crate::hf::canonical(&v)
-}
-
-/// A config.json mlx-lm loads to exactly this architecture (no quantization).
-pub(crate) fn config_json(spec: &DenseSpec) -> Value {
-    let mut v = hf_json(spec);
-    if let Some(o) = v.as_object_mut() {
-        o.remove("quantization");
-    }
-    v
+    crate::hf::config_view(v, spec.quantization.as_ref())
 }
 
 // ---------------------------------------------------------------- YAML
 
 /// The full-form YAML text of a dense spec.
 pub(crate) fn to_yaml(spec: &DenseSpec) -> String {
-    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    use crate::emit::{
+        dense_attention_yaml, dense_layers_yaml, dense_mlp_yaml, dense_model_yaml, float,
+        header_yaml, quantization_yaml, section_yaml,
+    };
     let mut o = String::new();
-    let _ = writeln!(o, "{MODELINE}");
-    let _ = writeln!(o, "format_version: {}", spec.format_version);
-    identity_yaml(&mut o, &spec.identity);
-    let m = &spec.model;
-    let _ = writeln!(o, "model:");
-    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
-    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
-    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
-    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
-    let _ = writeln!(
-        o,
-        "  max_position_embeddings: {}",
-        m.max_position_embeddings
-    );
-    let _ = writeln!(o, "layers:");
-    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
-    let a = &spec.attention;
-    let _ = writeln!(o, "attention:");
-    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
-    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
-    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
-    let _ = writeln!(o, "rope:");
-    let _ = writeln!(o, "  traditional: {}", spec.rope.traditional);
-    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
-    match &spec.rope.scaling {
-        None => o.push_str("  scaling: null\n"),
+    header_yaml(&mut o, spec.format_version, &spec.identity);
+    dense_model_yaml(&mut o, &spec.model);
+    dense_layers_yaml(&mut o, &spec.layers);
+    dense_attention_yaml(&mut o, &spec.attention);
+    let scaling = match &spec.rope.scaling {
+        None => "null".to_string(),
         Some(RopeScaling::Llama3 {
             factor,
             low_freq_factor,
             high_freq_factor,
             original_max_position_embeddings,
-        }) => {
-            let _ = writeln!(
-                o,
-                "  scaling: {{rope_type: llama3, factor: {}, low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}}}",
-                float(*factor),
-                float(*low_freq_factor),
-                float(*high_freq_factor),
-                original_max_position_embeddings
-            );
-        }
-    }
+        }) => format!(
+            "{{rope_type: llama3, factor: {}, low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}}}",
+            float(*factor),
+            float(*low_freq_factor),
+            float(*high_freq_factor),
+            original_max_position_embeddings
+        ),
+    };
+    let mut rope = vec![
+        ("traditional", spec.rope.traditional.to_string()),
+        ("rope_theta", float(spec.rope.rope_theta)),
+        ("scaling", scaling),
+    ];
     if let Some(n) = spec.rope.no_rope_layer_interval {
-        let _ = writeln!(o, "  no_rope_layer_interval: {n}");
+        rope.push(("no_rope_layer_interval", n.to_string()));
     }
-    let _ = writeln!(o, "mlp:");
-    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    section_yaml(&mut o, "rope", &rope);
+    dense_mlp_yaml(&mut o, &spec.mlp);
     if let Some(g) = &spec.scales {
-        let _ = writeln!(o, "scales:");
-        let _ = writeln!(
-            o,
-            "  embedding_multiplier: {}",
-            float(g.embedding_multiplier)
+        section_yaml(
+            &mut o,
+            "scales",
+            &[
+                ("embedding_multiplier", float(g.embedding_multiplier)),
+                ("attention_multiplier", float(g.attention_multiplier)),
+                ("residual_multiplier", float(g.residual_multiplier)),
+                ("logits_scaling", float(g.logits_scaling)),
+            ],
         );
-        let _ = writeln!(
-            o,
-            "  attention_multiplier: {}",
-            float(g.attention_multiplier)
-        );
-        let _ = writeln!(o, "  residual_multiplier: {}", float(g.residual_multiplier));
-        let _ = writeln!(o, "  logits_scaling: {}", float(g.logits_scaling));
     }
     quantization_yaml(&mut o, spec.quantization.as_ref());
     crate::mixed_kv::yaml(&mut o, spec.mixed_kv.as_ref());
@@ -910,15 +815,11 @@ pub(crate) fn to_yaml(spec: &DenseSpec) -> String {
 // ---------------------------------------------------------------- parsing
 
 /// How a dense document is read (see [`crate::layout`]).
-const LAYOUT: Layout = Layout {
+pub(crate) const LAYOUT: Layout = Layout {
     family: "dense",
     anchor: "dense-families",
+    head: crate::layout::DENSE_HEAD,
     sections: &[
-        ("format_version", Sections::check::<u32>),
-        ("identity", Sections::check::<Identity>),
-        ("model", Sections::check::<DenseModel>),
-        ("layers", Sections::check::<DenseLayers>),
-        ("attention", Sections::check::<DenseAttention>),
         ("rope", Sections::check::<DenseRope>),
         ("mlp", Sections::check::<DenseMlp>),
         ("scales", Sections::check_optional::<GraniteScales>),
@@ -926,45 +827,25 @@ const LAYOUT: Layout = Layout {
         ("mixed_kv", Sections::check_optional::<crate::MixedKv>),
     ],
     texts: &[
-        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#dense-families"),
         ("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
-        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "attention geometry; see docs/spec-format.md#dense-families"),
         ("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`; see docs/spec-format.md#dense-families"),
-        ("mlp", "a mapping {intermediate_size}", "SwiGLU width; see docs/spec-format.md#dense-families"),
         ("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
     ],
     refused: &[],
 };
-
-/// Deserializes and validates a full dense document; every section's first error.
-pub(crate) fn parse_full(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-) -> Result<DenseSpec, Diagnostics> {
-    LAYOUT.parse(value, tree, origin, check)
-}
 
 /// The derived dense form (see [`crate::reduce`]): the stack's sizes and the MLP width.
 impl Reducible for DenseSpec {
     type File = DenseDerivedSpecFile;
     type Reduce = DenseReduce;
 
-    fn derived(parent: &Self, file: &DenseDerivedSpecFile) -> Self {
+    /// The dense form also sets its own mixed KV (never inherited).
+    fn derived(parent: &Self, file: &DerivedFile<DenseReduce>) -> Self {
         let mut spec = parent.clone();
         spec.identity.name = file.identity.name.clone();
         spec.quantization = file.derive.quantization.clone();
         spec.mixed_kv = file.derive.mixed_kv.clone();
         spec
-    }
-    fn reduce(file: &DenseDerivedSpecFile) -> Option<&DenseReduce> {
-        file.derive.reduce.as_ref()
-    }
-    fn format_version(file: &DenseDerivedSpecFile) -> u32 {
-        file.format_version
-    }
-    fn stack(r: &DenseReduce) -> Stack {
-        r.stack()
     }
     fn stack_of(&self) -> Stack {
         Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
@@ -976,45 +857,21 @@ impl Reducible for DenseSpec {
             parent.mlp.intermediate_size,
         )]
     }
-    fn apply(&mut self, r: &DenseReduce) {
-        r.stack().write(
+    fn apply(&mut self, stack: &Stack, r: &DenseReduce) {
+        stack.write(
             &mut self.layers.num_hidden_layers,
             &mut self.model,
             &mut self.attention,
         );
         self.mlp.intermediate_size = r.intermediate_size;
     }
-    fn check(&self) -> Vec<Issue> {
-        check(self)
-    }
     /// Every size check of a dense spec is on a reduced field of the same name.
     fn reduced_field(path: &str) -> Option<FieldPath> {
         Some(reduce_key(last_key(path)))
     }
-    fn name(&self) -> &str {
-        &self.identity.name
-    }
-    fn quantization(&self) -> Option<&Quantization> {
-        self.quantization.as_ref()
-    }
-    fn quant_skipped(&self) -> Vec<QuantizableModule> {
-        lower(self).quant_skipped_modules()
-    }
 }
 
-impl DenseReduce {
-    /// The attention stack's sizes (also of Gemma-2's reduction, which has this form).
-    pub(crate) fn stack(&self) -> Stack {
-        Stack {
-            num_hidden_layers: self.num_hidden_layers,
-            hidden_size: self.hidden_size,
-            vocab_size: self.vocab_size,
-            num_attention_heads: self.num_attention_heads,
-            num_key_value_heads: self.num_key_value_heads,
-            head_dim: self.head_dim,
-        }
-    }
-}
+crate::document::impl_document!(DenseSpec, check, with mixed_kv);
 
 // ---------------------------------------------------------------- import
 
@@ -1289,36 +1146,11 @@ pub(crate) fn import(
         | DenseFamily::Phi3
         | DenseFamily::Olmo2 => None,
     };
-    let quantization = top
-        .get("quantization")
-        .filter(|v| !v.is_null())
-        .map(|q| (q, "quantization"))
-        .or_else(|| {
-            top.get("quantization_config")
-                .filter(|v| !v.is_null())
-                .map(|q| (q, "quantization_config"))
-        })
-        .and_then(|(q, field)| read_quantization(q, field, &mut r));
-    let (applied, problems) = r.finish();
-    if !problems.is_empty() {
-        return Err(ImportError { problems });
-    }
-    let repo = top
-        .get("_name_or_path")
-        .and_then(Value::as_str)
-        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
-        .map(str::to_string);
+    let quantization = top_quantization(top, &mut r);
+    let applied = r.finish_ok()?;
     let spec = DenseSpec {
         format_version: FORMAT_VERSION,
-        identity: Identity {
-            name: name.to_string(),
-            family: family.family(),
-            source: Source {
-                repo,
-                revision: None,
-                model_type,
-            },
-        },
+        identity: imported_identity(top, name, family.family(), model_type),
         model: DenseModel {
             hidden_size,
             vocab_size,

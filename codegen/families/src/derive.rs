@@ -125,7 +125,7 @@ pub(crate) fn parse_derived(
 
     let (spec, mut issues) = apply(&parent, &file);
     if issues.is_empty() {
-        let resolved_issues = validate::check(&spec);
+        let resolved_issues = crate::gemma4::check(&spec);
         issues.extend(
             resolved_issues
                 .into_iter()

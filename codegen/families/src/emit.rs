@@ -1,6 +1,8 @@
 //! What every family's YAML writer shares: the schema modeline, floats, the
-//! `identity:` and `quantization:` sections.
+//! document header (`format_version:` and `identity:`), sections of scalar
+//! fields, the dense-built sections and `quantization:`.
 
+use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::model::*;
 use std::fmt::Write;
 
@@ -42,8 +44,74 @@ fn qparams(q: &QuantParams) -> String {
     )
 }
 
+/// How every full document starts: the modeline, `format_version:` and the
+/// `identity:` section.
+pub(crate) fn header_yaml(o: &mut String, format_version: u32, id: &Identity) {
+    let _ = writeln!(o, "{MODELINE}");
+    let _ = writeln!(o, "format_version: {format_version}");
+    identity_yaml(o, id);
+}
+
+/// A section of scalar fields: `name:`, then `  key: value` per field in order
+/// (each value already in its YAML form; see [`float`]).
+pub(crate) fn section_yaml(o: &mut String, name: &str, fields: &[(&str, String)]) {
+    let _ = writeln!(o, "{name}:");
+    for (key, value) in fields {
+        let _ = writeln!(o, "  {key}: {value}");
+    }
+}
+
+/// The `model:` section of the layouts built from dense sections.
+pub(crate) fn dense_model_yaml(o: &mut String, m: &DenseModel) {
+    section_yaml(
+        o,
+        "model",
+        &[
+            ("hidden_size", m.hidden_size.to_string()),
+            ("vocab_size", m.vocab_size.to_string()),
+            ("rms_norm_eps", float(m.rms_norm_eps)),
+            ("tie_word_embeddings", m.tie_word_embeddings.to_string()),
+            (
+                "max_position_embeddings",
+                m.max_position_embeddings.to_string(),
+            ),
+        ],
+    );
+}
+
+/// The `layers:` section of the layouts built from dense sections.
+pub(crate) fn dense_layers_yaml(o: &mut String, l: &DenseLayers) {
+    section_yaml(
+        o,
+        "layers",
+        &[("num_hidden_layers", l.num_hidden_layers.to_string())],
+    );
+}
+
+/// The `attention:` section of the layouts built from dense sections.
+pub(crate) fn dense_attention_yaml(o: &mut String, a: &DenseAttention) {
+    section_yaml(
+        o,
+        "attention",
+        &[
+            ("num_attention_heads", a.num_attention_heads.to_string()),
+            ("num_key_value_heads", a.num_key_value_heads.to_string()),
+            ("head_dim", a.head_dim.to_string()),
+        ],
+    );
+}
+
+/// The `mlp:` section of the layouts built from dense sections.
+pub(crate) fn dense_mlp_yaml(o: &mut String, m: &DenseMlp) {
+    section_yaml(
+        o,
+        "mlp",
+        &[("intermediate_size", m.intermediate_size.to_string())],
+    );
+}
+
 /// The `identity:` section.
-pub(crate) fn identity_yaml(o: &mut String, id: &Identity) {
+fn identity_yaml(o: &mut String, id: &Identity) {
     let _ = writeln!(o, "identity:");
     let _ = writeln!(o, "  name: {}", string(&id.name));
     let _ = writeln!(o, "  family: {}", id.family.as_str());

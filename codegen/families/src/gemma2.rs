@@ -11,18 +11,15 @@
 //! with a plain `KVCache` (the Hugging Face config's `sliding_window` is not read).
 
 use crate::dense::{DenseDerivedSpecFile, DenseReduce};
-use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::ir::QuantizableModule;
+use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
-use crate::reader::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
-use crate::yaml::Node;
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use std::fmt::Write;
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
@@ -110,7 +107,6 @@ pub struct Gemma2Mlp {
 
 /// All semantic errors of a Gemma-2 spec (full-spec field paths).
 pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
-    use validate::limits::*;
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
     if spec.identity.family != Family::Gemma2 {
@@ -123,66 +119,21 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
     }
     let mt = spec.identity.source.model_type;
     if mt != ConfigModelType::Gemma2 {
-        c.err(
-            p("identity.source.model_type"),
-            format!(
-                "`{}` is read by mlx-lm's {} module, not gemma2",
-                mt.as_str(),
-                mt.family().as_str()
-            ),
+        c.foreign_model_type(
+            mt,
+            "gemma2",
             "gemma2",
             "a gemma2 spec describes a `model_type: gemma2` checkpoint",
         );
     }
     let (m, a) = (&spec.model, &spec.attention);
-    let mut ok = true;
-    ok &= c.range(
-        "model.hidden_size",
-        m.hidden_size,
-        MAX_HIDDEN,
-        "the model width",
-    );
-    ok &= c.range(
-        "model.vocab_size",
-        m.vocab_size,
-        MAX_VOCAB,
-        "rows of embed_tokens",
-    );
-    ok &= c.range(
-        "model.max_position_embeddings",
-        m.max_position_embeddings,
-        MAX_POSITIONS,
-        "`max_position_embeddings` from config.json (8192 for Gemma-2)",
-    );
-    ok &= c.range(
-        "layers.num_hidden_layers",
-        spec.layers.num_hidden_layers,
-        MAX_LAYERS,
-        "the number of decoder layers",
-    );
-    ok &= c.range(
-        "attention.num_attention_heads",
-        a.num_attention_heads,
-        MAX_HEADS,
-        "query heads",
-    );
-    ok &= c.range(
-        "attention.num_key_value_heads",
-        a.num_key_value_heads,
-        MAX_HEADS,
-        "KV heads",
-    );
-    ok &= c.range(
-        "attention.head_dim",
-        a.head_dim,
-        MAX_HEAD_DIM,
-        "head dimension",
-    );
-    ok &= c.range(
-        "mlp.intermediate_size",
-        spec.mlp.intermediate_size,
-        MAX_INTERMEDIATE,
-        "GeLU-approx MLP width",
+    let mut ok = c.stack_sizes(
+        &spec.stack_of(),
+        (
+            m.max_position_embeddings,
+            "`max_position_embeddings` from config.json (8192 for Gemma-2)",
+        ),
+        (spec.mlp.intermediate_size, "GeLU-approx MLP width"),
     );
     c.eps(m.rms_norm_eps, "Gemma-2 uses 1.0e-6");
     ok &= c.even_head_dim("attention.head_dim", a.head_dim);
@@ -207,12 +158,7 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
         m.final_logit_softcapping,
         "mlx-lm divides the logits by it unconditionally; Gemma-2 uses 30.0",
     );
-    if ok && c.issues.is_empty() {
-        if let Some(q) = &spec.quantization {
-            validate::check_quantization(q, &lower(spec), &mut c.issues);
-        }
-    }
-    c.issues
+    c.finish(ok, spec.quantization.as_ref(), || lower(spec))
 }
 
 // ---------------------------------------------------------------- lowering
@@ -238,6 +184,7 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
 /// There is no `sanitize`: mlx-lm loads gemma2 checkpoints strictly, so no rule applies.
 pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
+    use crate::ir_parts::{full_attention, plain_rope, whole_head_sharding};
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let layers = (0..spec.layers.num_hidden_layers as usize)
@@ -248,30 +195,16 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
                 weight: NormWeight::OnePlus,
             },
             mixer: Mixer::Attention(Attention {
-                n_heads: a.num_attention_heads as usize,
-                n_kv_heads: a.num_key_value_heads as usize,
-                head_dim,
-                bias: ProjectionBias::None,
-                qk_norm: QkNorm::None,
-                value_norm: ValueNorm::None,
-                rope: RopeForm {
-                    kind: RopeKind::Default {
-                        theta: spec.rope.rope_theta as f32,
-                    },
-                    traditional: spec.rope.traditional,
-                    rotated_dims: head_dim,
-                },
                 scale: AttentionScale::InvSqrtQueryPreAttnScalar(a.query_pre_attn_scalar),
-                window: Window::Full,
-                kv: KvSource::Own {
-                    values: Values::Projected,
-                    cache: KvCache::Plain,
-                },
                 scores: Scores::Softcapped {
                     cap: a.attn_logit_softcapping as f32,
                 },
-                output_gate: OutputGate::None,
-                projection: QkvProjection::Separate,
+                ..full_attention(
+                    a.num_attention_heads,
+                    a.num_key_value_heads,
+                    a.head_dim,
+                    plain_rope(spec.rope.rope_theta, spec.rope.traditional, head_dim),
+                )
             }),
             ffn: FeedForward::Mlp(GatedMlp {
                 width: spec.mlp.intermediate_size as usize,
@@ -291,11 +224,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
             sanitize: Vec::new(),
         },
         // gemma2.py has no shard().
-        sharding: Sharding {
-            oracle: ShardOracle::Absent,
-            head: HeadSplit::Whole,
-            kv_heads: KvHeadSplit::Divided,
-        },
+        sharding: whole_head_sharding(ShardOracle::Absent),
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,
@@ -323,7 +252,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
 /// The spec with config.json field names (flat, as `gemma2` configs are), plus
 /// `quantization` when present. Keys sorted.
 pub(crate) fn hf_json(spec: &Gemma2Spec) -> Value {
-    let mut v = json!({
+    let v = json!({
         "model_type": spec.identity.source.model_type.as_str(),
         "hidden_size": spec.model.hidden_size,
         "num_hidden_layers": spec.layers.num_hidden_layers,
@@ -340,67 +269,64 @@ pub(crate) fn hf_json(spec: &Gemma2Spec) -> Value {
         "attn_logit_softcapping": spec.attention.attn_logit_softcapping,
         "final_logit_softcapping": spec.model.final_logit_softcapping,
     });
-    if let Some(q) = &spec.quantization {
-        v["quantization"] = crate::hf::quantization_json(q);
-    }
-    crate::hf::canonical(&v)
-}
-
-/// A config.json mlx-lm loads to exactly this architecture (no quantization).
-pub(crate) fn config_json(spec: &Gemma2Spec) -> Value {
-    let mut v = hf_json(spec);
-    if let Some(o) = v.as_object_mut() {
-        o.remove("quantization");
-    }
-    v
+    crate::hf::config_view(v, spec.quantization.as_ref())
 }
 
 // ---------------------------------------------------------------- YAML
 
 /// The full-form YAML text of a Gemma-2 spec.
 pub(crate) fn to_yaml(spec: &Gemma2Spec) -> String {
-    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    use crate::emit::{float, header_yaml, quantization_yaml, section_yaml};
     let mut o = String::new();
-    let _ = writeln!(o, "{MODELINE}");
-    let _ = writeln!(o, "format_version: {}", spec.format_version);
-    identity_yaml(&mut o, &spec.identity);
+    header_yaml(&mut o, spec.format_version, &spec.identity);
     let m = &spec.model;
-    let _ = writeln!(o, "model:");
-    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
-    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
-    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
-    let _ = writeln!(
-        o,
-        "  final_logit_softcapping: {}",
-        float(m.final_logit_softcapping)
+    section_yaml(
+        &mut o,
+        "model",
+        &[
+            ("hidden_size", m.hidden_size.to_string()),
+            ("vocab_size", m.vocab_size.to_string()),
+            ("rms_norm_eps", float(m.rms_norm_eps)),
+            ("final_logit_softcapping", float(m.final_logit_softcapping)),
+            (
+                "max_position_embeddings",
+                m.max_position_embeddings.to_string(),
+            ),
+        ],
     );
-    let _ = writeln!(
-        o,
-        "  max_position_embeddings: {}",
-        m.max_position_embeddings
+    section_yaml(
+        &mut o,
+        "layers",
+        &[(
+            "num_hidden_layers",
+            spec.layers.num_hidden_layers.to_string(),
+        )],
     );
-    let _ = writeln!(o, "layers:");
-    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
     let a = &spec.attention;
-    let _ = writeln!(o, "attention:");
-    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
-    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
-    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
-    let _ = writeln!(
-        o,
-        "  query_pre_attn_scalar: {}",
-        float(a.query_pre_attn_scalar)
+    section_yaml(
+        &mut o,
+        "attention",
+        &[
+            ("num_attention_heads", a.num_attention_heads.to_string()),
+            ("num_key_value_heads", a.num_key_value_heads.to_string()),
+            ("head_dim", a.head_dim.to_string()),
+            ("query_pre_attn_scalar", float(a.query_pre_attn_scalar)),
+            ("attn_logit_softcapping", float(a.attn_logit_softcapping)),
+        ],
     );
-    let _ = writeln!(
-        o,
-        "  attn_logit_softcapping: {}",
-        float(a.attn_logit_softcapping)
+    section_yaml(
+        &mut o,
+        "rope",
+        &[
+            ("traditional", spec.rope.traditional.to_string()),
+            ("rope_theta", float(spec.rope.rope_theta)),
+        ],
     );
-    let _ = writeln!(o, "rope:");
-    let _ = writeln!(o, "  traditional: {}", spec.rope.traditional);
-    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
-    let _ = writeln!(o, "mlp:");
-    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    section_yaml(
+        &mut o,
+        "mlp",
+        &[("intermediate_size", spec.mlp.intermediate_size.to_string())],
+    );
     quantization_yaml(&mut o, spec.quantization.as_ref());
     o
 }
@@ -408,12 +334,11 @@ pub(crate) fn to_yaml(spec: &Gemma2Spec) -> String {
 // ---------------------------------------------------------------- parsing
 
 /// How a gemma2 document is read (see [`crate::layout`]).
-const LAYOUT: Layout = Layout {
+pub(crate) const LAYOUT: Layout = Layout {
     family: "gemma2",
     anchor: "gemma-2",
+    head: crate::layout::HEAD,
     sections: &[
-        ("format_version", Sections::check::<u32>),
-        ("identity", Sections::check::<Identity>),
         ("model", Sections::check::<Gemma2Model>),
         ("layers", Sections::check::<Gemma2Layers>),
         ("attention", Sections::check::<Gemma2Attention>),
@@ -435,33 +360,12 @@ const LAYOUT: Layout = Layout {
     ],
 };
 
-/// Deserializes and validates a full Gemma-2 document; every section's first error.
-pub(crate) fn parse_full(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-) -> Result<Gemma2Spec, Diagnostics> {
-    LAYOUT.parse(value, tree, origin, check)
-}
-
 /// The derived Gemma-2 form is the dense one (`reduce` of the seven sizes; see
 /// [`crate::reduce`]). Its `mixed_kv` is not read: Gemma-2 has no mixed KV.
 impl Reducible for Gemma2Spec {
     type File = DenseDerivedSpecFile;
     type Reduce = DenseReduce;
 
-    fn derived(parent: &Self, file: &DenseDerivedSpecFile) -> Self {
-        let mut spec = parent.clone();
-        spec.identity.name = file.identity.name.clone();
-        spec.quantization = file.derive.quantization.clone();
-        spec
-    }
-    fn reduce(file: &DenseDerivedSpecFile) -> Option<&DenseReduce> {
-        file.derive.reduce.as_ref()
-    }
-    fn format_version(file: &DenseDerivedSpecFile) -> u32 {
-        file.format_version
-    }
     fn refused_in_file(file: &DenseDerivedSpecFile) -> Vec<Issue> {
         match file.derive.mixed_kv {
             None => Vec::new(),
@@ -472,9 +376,6 @@ impl Reducible for Gemma2Spec {
                 "mlx-lm's gemma2 attention cannot read a quantized KV cache (docs/spec-format.md#gemma-2)",
             )],
         }
-    }
-    fn stack(r: &DenseReduce) -> Stack {
-        r.stack()
     }
     fn stack_of(&self) -> Stack {
         let (m, a) = (&self.model, &self.attention);
@@ -494,17 +395,14 @@ impl Reducible for Gemma2Spec {
             parent.mlp.intermediate_size,
         )]
     }
-    fn apply(&mut self, r: &DenseReduce) {
-        self.layers.num_hidden_layers = r.num_hidden_layers;
-        self.model.hidden_size = r.hidden_size;
-        self.model.vocab_size = r.vocab_size;
-        self.attention.num_attention_heads = r.num_attention_heads;
-        self.attention.num_key_value_heads = r.num_key_value_heads;
-        self.attention.head_dim = r.head_dim;
+    fn apply(&mut self, stack: &Stack, r: &DenseReduce) {
+        self.layers.num_hidden_layers = stack.num_hidden_layers;
+        self.model.hidden_size = stack.hidden_size;
+        self.model.vocab_size = stack.vocab_size;
+        self.attention.num_attention_heads = stack.num_attention_heads;
+        self.attention.num_key_value_heads = stack.num_key_value_heads;
+        self.attention.head_dim = stack.head_dim;
         self.mlp.intermediate_size = r.intermediate_size;
-    }
-    fn check(&self) -> Vec<Issue> {
-        check(self)
     }
     /// A check on one of the seven reduced sizes; any other (the scalar, the
     /// softcaps) concerns an inherited field.
@@ -521,16 +419,9 @@ impl Reducible for Gemma2Spec {
         let field = last_key(path);
         REDUCED.contains(&field).then(|| reduce_key(field))
     }
-    fn name(&self) -> &str {
-        &self.identity.name
-    }
-    fn quantization(&self) -> Option<&Quantization> {
-        self.quantization.as_ref()
-    }
-    fn quant_skipped(&self) -> Vec<QuantizableModule> {
-        lower(self).quant_skipped_modules()
-    }
 }
+
+crate::document::impl_document!(Gemma2Spec, check);
 
 // ---------------------------------------------------------------- import
 
@@ -611,36 +502,11 @@ pub(crate) fn import(
             );
         }
     }
-    let quantization = top
-        .get("quantization")
-        .filter(|v| !v.is_null())
-        .map(|q| (q, "quantization"))
-        .or_else(|| {
-            top.get("quantization_config")
-                .filter(|v| !v.is_null())
-                .map(|q| (q, "quantization_config"))
-        })
-        .and_then(|(q, field)| read_quantization(q, field, &mut r));
-    let (applied, problems) = r.finish();
-    if !problems.is_empty() {
-        return Err(ImportError { problems });
-    }
-    let repo = top
-        .get("_name_or_path")
-        .and_then(Value::as_str)
-        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
-        .map(str::to_string);
+    let quantization = top_quantization(top, &mut r);
+    let applied = r.finish_ok()?;
     let spec = Gemma2Spec {
         format_version: FORMAT_VERSION,
-        identity: Identity {
-            name: name.to_string(),
-            family: Family::Gemma2,
-            source: Source {
-                repo,
-                revision: None,
-                model_type: ConfigModelType::Gemma2,
-            },
-        },
+        identity: imported_identity(top, name, Family::Gemma2, ConfigModelType::Gemma2),
         model: Gemma2Model {
             hidden_size,
             vocab_size,

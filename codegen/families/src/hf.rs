@@ -1,6 +1,7 @@
-//! What every family's config.json view shares (the `quantization` dict, sorted
-//! keys), and a spec's content hash.
+//! What every family's config.json view shares (the fields of the dense-built
+//! sections, the `quantization` dict, sorted keys), and a spec's content hash.
 
+use crate::dense::{DenseAttention, DenseModel};
 use crate::model::*;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
@@ -23,6 +24,54 @@ pub(crate) fn quantization_json(q: &Quantization) -> Value {
         m.insert(path.clone(), v);
     }
     Value::Object(m)
+}
+
+/// The config.json fields of the sections the dense-built layouts share, as every
+/// such mlx-lm module reads them. `head_dim` is left to the family: several
+/// modules have no such field (it is `hidden_size // num_attention_heads`).
+pub(crate) fn dense_stack_json(
+    model_type: ConfigModelType,
+    num_hidden_layers: u32,
+    m: &DenseModel,
+    a: &DenseAttention,
+) -> Value {
+    json!({
+        "model_type": model_type.as_str(),
+        "hidden_size": m.hidden_size,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": a.num_attention_heads,
+        "num_key_value_heads": a.num_key_value_heads,
+        "rms_norm_eps": m.rms_norm_eps,
+        "vocab_size": m.vocab_size,
+        "max_position_embeddings": m.max_position_embeddings,
+        "tie_word_embeddings": m.tie_word_embeddings,
+    })
+}
+
+/// Adds the fields of the object `more` to the object `v` (a family's own fields
+/// to the shared ones).
+pub(crate) fn extend(v: &mut Value, more: Value) {
+    if let (Value::Object(v), Value::Object(more)) = (v, more) {
+        v.extend(more);
+    }
+}
+
+/// A family's config.json view, finished the same way for every family: the
+/// `quantization` dict when the spec has one, keys sorted.
+pub(crate) fn config_view(mut v: Value, q: Option<&Quantization>) -> Value {
+    if let Some(q) = q {
+        v["quantization"] = quantization_json(q);
+    }
+    canonical(&v)
+}
+
+/// The config.json mlx-lm loads to exactly the architecture of the view `v`:
+/// the view without `quantization` (a checkpoint writer adds what it packed).
+pub(crate) fn without_quantization(mut v: Value) -> Value {
+    if let Some(o) = v.as_object_mut() {
+        o.remove("quantization");
+    }
+    v
 }
 
 /// A copy with every object's keys in sorted order (independent of serde_json's

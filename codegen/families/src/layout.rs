@@ -6,7 +6,10 @@
 //! the Gemma-4 layout). A family describes its layout once, as a [`Layout`];
 //! [`Layout::parse`] does the rest.
 
+use crate::dense::{DenseAttention, DenseLayers, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::document::Document;
+use crate::model::Identity;
 use crate::yaml::Node;
 use crate::{locate_all, locate_serde, Sections};
 use serde::de::DeserializeOwned;
@@ -15,15 +18,45 @@ use serde::de::DeserializeOwned;
 /// `Sections::check_optional::<T>` for the section's type).
 pub(crate) type SectionCheck = fn(&Sections, &str, &mut Vec<Issue>);
 
+/// The sections every layout opens with.
+pub(crate) const HEAD: &[(&str, SectionCheck)] = &[
+    ("format_version", Sections::check::<u32>),
+    ("identity", Sections::check::<Identity>),
+];
+
+/// The sections the layouts built from the dense ones open with: [`HEAD`], then
+/// the dense `model`, `layers` and `attention`.
+pub(crate) const DENSE_HEAD: &[(&str, SectionCheck)] = &[
+    ("format_version", Sections::check::<u32>),
+    ("identity", Sections::check::<Identity>),
+    ("model", Sections::check::<DenseModel>),
+    ("layers", Sections::check::<DenseLayers>),
+    ("attention", Sections::check::<DenseAttention>),
+];
+
+/// The texts of the dense sections as most layouts built from them describe
+/// them: `(key, expected, hint)`, the hint followed by the layout's section of
+/// docs/spec-format.md. A layout's own `texts` come first.
+const DENSE_TEXTS: &[(&str, &str, &str)] = &[
+    ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes"),
+    ("layers", "a mapping {num_hidden_layers}", "every layer is full attention"),
+    ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "attention geometry"),
+    ("mlp", "a mapping {intermediate_size}", "SwiGLU width"),
+];
+
 /// A family's document layout, as the reader needs it.
 pub(crate) struct Layout {
     /// The family as written in "the {family} spec does not parse".
     pub family: &'static str,
     /// Its section of docs/spec-format.md (`#...`).
     pub anchor: &'static str,
-    /// The top-level sections in document order, each with how it is read.
+    /// The sections it opens with, shared with other layouts ([`HEAD`] or
+    /// [`DENSE_HEAD`]).
+    pub head: &'static [(&'static str, SectionCheck)],
+    /// The top-level sections after `head`, in document order, each with how it is read.
     pub sections: &'static [(&'static str, SectionCheck)],
-    /// A missing or mistyped field named `key`: `(key, expected, hint)`.
+    /// A missing or mistyped field named `key`: `(key, expected, hint)`
+    /// (for the dense sections, where this has none, the shared texts).
     pub texts: &'static [(&'static str, &'static str, &'static str)],
     /// Fields other layouts have and this one does not read: an unknown-field
     /// error for one of them gets this hint (and no other text).
@@ -31,21 +64,20 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    /// `value` as the layout's document `S`, validated by `check`; or every
-    /// section's first error (deserializing), or every issue `check` finds,
-    /// each located in `tree`.
-    pub(crate) fn parse<S: DeserializeOwned>(
+    /// `value` as the layout's document `S`, validated by its family's check;
+    /// or every section's first error (deserializing), or every issue the
+    /// check finds, each located in `tree`.
+    pub(crate) fn parse<S: DeserializeOwned + Document>(
         &self,
         value: serde_yaml::Value,
         tree: &Node,
         origin: &str,
-        check: fn(&S) -> Vec<Issue>,
     ) -> Result<S, Diagnostics> {
         let spec = match serde_path_to_error::deserialize::<_, S>(value.clone()) {
             Ok(s) => s,
             Err(_) => return Err(locate_serde(tree, origin, self.section_issues(&value))),
         };
-        let issues = check(&spec);
+        let issues = spec.check();
         if issues.is_empty() {
             Ok(spec)
         } else {
@@ -55,9 +87,10 @@ impl Layout {
 
     /// Each section read alone: its first error, with this layout's texts.
     fn section_issues(&self, value: &serde_yaml::Value) -> Vec<Issue> {
-        let keys: Vec<&str> = self.sections.iter().map(|(k, _)| *k).collect();
+        let sections = || self.head.iter().chain(self.sections);
+        let keys: Vec<&str> = sections().map(|(k, _)| *k).collect();
         let (map, mut issues) = Sections::of(value, &keys);
-        for (key, read) in self.sections {
+        for (key, read) in sections() {
             read(&map, key, &mut issues);
         }
         if issues.is_empty() {
@@ -82,13 +115,24 @@ impl Layout {
                 return;
             }
         }
-        if let Some((_, expected, hint)) = self.texts.iter().find(|(k, _, _)| *k == key) {
+        let own = || {
+            let (_, expected, hint) = self.texts.iter().find(|(k, _, _)| *k == key)?;
+            Some((*expected, hint.to_string()))
+        };
+        let shared = || {
+            let (_, expected, hint) = DENSE_TEXTS.iter().find(|(k, _, _)| *k == key)?;
+            Some((
+                *expected,
+                format!("{hint}; see docs/spec-format.md#{}", self.anchor),
+            ))
+        };
+        if let Some((expected, hint)) = own().or_else(shared) {
             if i.message.starts_with("missing field") {
                 i.expected = format!("`{key}` to be written ({expected})");
             } else {
                 i.expected = expected.to_string();
             }
-            i.hint = hint.to_string();
+            i.hint = hint;
         }
     }
 }

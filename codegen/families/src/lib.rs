@@ -61,12 +61,14 @@
 mod dense;
 mod derive;
 mod diag;
+mod document;
 mod emit;
 mod gemma2;
 mod gemma4;
 mod hf;
 mod hints;
 pub mod import;
+mod ir_parts;
 mod layout;
 mod minicpm;
 mod mixed_kv;
@@ -111,6 +113,7 @@ pub use validate::limits;
 pub use yaml::MAX_SPEC_BYTES;
 
 use diag::Issue;
+use document::Document;
 use serde::de::DeserializeOwned;
 use std::path::{Path, PathBuf};
 use yaml::{Loc, Node};
@@ -136,25 +139,32 @@ pub enum Spec {
 }
 
 impl Spec {
-    pub fn identity(&self) -> &Identity {
+    /// The family's document: what every method below reads through.
+    fn document(&self) -> &dyn Document {
         match self {
-            Spec::Gemma4(s) => &s.identity,
-            Spec::Dense(s) => &s.identity,
-            Spec::Gemma2(s) => &s.identity,
-            Spec::Qwen3Moe(s) => &s.identity,
-            Spec::MiniCpm(s) => &s.identity,
-            Spec::Qwen35(s) => &s.identity,
+            Spec::Gemma4(s) => s,
+            Spec::Dense(s) => s,
+            Spec::Gemma2(s) => s,
+            Spec::Qwen3Moe(s) => s,
+            Spec::MiniCpm(s) => s,
+            Spec::Qwen35(s) => s,
         }
     }
-    pub fn identity_mut(&mut self) -> &mut Identity {
+    fn document_mut(&mut self) -> &mut dyn Document {
         match self {
-            Spec::Gemma4(s) => &mut s.identity,
-            Spec::Dense(s) => &mut s.identity,
-            Spec::Gemma2(s) => &mut s.identity,
-            Spec::Qwen3Moe(s) => &mut s.identity,
-            Spec::MiniCpm(s) => &mut s.identity,
-            Spec::Qwen35(s) => &mut s.identity,
+            Spec::Gemma4(s) => s,
+            Spec::Dense(s) => s,
+            Spec::Gemma2(s) => s,
+            Spec::Qwen3Moe(s) => s,
+            Spec::MiniCpm(s) => s,
+            Spec::Qwen35(s) => s,
         }
+    }
+    pub fn identity(&self) -> &Identity {
+        self.document().identity()
+    }
+    pub fn identity_mut(&mut self) -> &mut Identity {
+        self.document_mut().identity_mut()
     }
     /// `identity.name`.
     pub fn name(&self) -> &str {
@@ -185,76 +195,37 @@ impl Spec {
         }
     }
     pub fn quantization(&self) -> Option<&Quantization> {
-        match self {
-            Spec::Gemma4(s) => s.quantization.as_ref(),
-            Spec::Dense(s) => s.quantization.as_ref(),
-            Spec::Gemma2(s) => s.quantization.as_ref(),
-            Spec::Qwen3Moe(s) => s.quantization.as_ref(),
-            Spec::MiniCpm(s) => s.quantization.as_ref(),
-            Spec::Qwen35(s) => s.quantization.as_ref(),
-        }
+        self.document().quantization()
     }
     /// The spec lowered to the block IR (the spec must be valid, as every
     /// loaded one is): the one description of the model everything
     /// downstream reads.
     pub fn lower(&self) -> ir::ModelIr {
-        let mut ir = match self {
-            Spec::Gemma4(s) => gemma4::lower(s),
-            Spec::Dense(s) => dense::lower(s),
-            Spec::Gemma2(s) => gemma2::lower(s),
-            Spec::Qwen3Moe(s) => qwen3_moe::lower(s),
-            Spec::MiniCpm(s) => minicpm::lower(s),
-            Spec::Qwen35(s) => qwen3_5::lower(s),
-        };
+        let mut ir = self.document().lower();
         mixed_kv::apply(&mut ir, self.mixed_kv());
         ir
     }
     /// mlx-optiq per-layer mixed KV (`mixed_kv`), when the spec has it.
     pub fn mixed_kv(&self) -> Option<&MixedKv> {
-        match self {
-            Spec::Gemma4(s) => s.mixed_kv.as_ref(),
-            Spec::Dense(s) => s.mixed_kv.as_ref(),
-            Spec::Gemma2(_) | Spec::Qwen3Moe(_) | Spec::MiniCpm(_) | Spec::Qwen35(_) => None,
-        }
+        self.document().mixed_kv()
     }
     /// Semantic validation of a spec built in code (see [`Gemma4Spec::validate`]).
     pub fn validate(&self) -> Result<(), Diagnostics> {
-        match self {
-            Spec::Gemma4(s) => s.validate(),
-            Spec::Dense(s) => in_memory(dense::check(s)),
-            Spec::Gemma2(s) => in_memory(gemma2::check(s)),
-            Spec::Qwen3Moe(s) => in_memory(qwen3_moe::check(s)),
-            Spec::MiniCpm(s) => in_memory(minicpm::check(s)),
-            Spec::Qwen35(s) => in_memory(qwen3_5::check(s)),
-        }
+        in_memory(self.document().check())
     }
 }
 
 /// The full-form YAML text of a spec, starting with the schema modeline. Parsing the
 /// result gives back an equal spec.
 pub fn to_yaml(spec: &Spec) -> String {
-    match spec {
-        Spec::Gemma4(s) => gemma4::to_yaml(s),
-        Spec::Dense(s) => dense::to_yaml(s),
-        Spec::Gemma2(s) => gemma2::to_yaml(s),
-        Spec::Qwen3Moe(s) => qwen3_moe::to_yaml(s),
-        Spec::MiniCpm(s) => minicpm::to_yaml(s),
-        Spec::Qwen35(s) => qwen3_5::to_yaml(s),
-    }
+    spec.document().to_yaml()
 }
 
 /// The resolved spec with config.json field names (what `cargo xtask spec show NAME
 /// --json` prints), plus `quantization` (mlx config form) and, for Gemma-4,
 /// `kv_quantization` (kv_config.json form) when present. Keys are sorted.
 pub fn to_hf_json(spec: &Spec) -> serde_json::Value {
-    match spec {
-        Spec::Gemma4(s) => gemma4::hf_json(s),
-        Spec::Dense(s) => dense::hf_json(s),
-        Spec::Gemma2(s) => gemma2::hf_json(s),
-        Spec::Qwen3Moe(s) => qwen3_moe::hf_json(s),
-        Spec::MiniCpm(s) => minicpm::hf_json(s),
-        Spec::Qwen35(s) => qwen3_5::hf_json(s),
-    }
+    spec.document().hf_json()
 }
 
 /// A config.json for the spec in the layout of its source model type, without
@@ -263,11 +234,12 @@ pub fn to_hf_json(spec: &Spec) -> serde_json::Value {
 pub fn to_config_json(spec: &Spec) -> serde_json::Value {
     match spec {
         Spec::Gemma4(s) => gemma4::config_json(s),
-        Spec::Dense(s) => dense::config_json(s),
-        Spec::Gemma2(s) => gemma2::config_json(s),
-        Spec::Qwen3Moe(s) => qwen3_moe::config_json(s),
-        Spec::MiniCpm(s) => minicpm::config_json(s),
-        Spec::Qwen35(s) => qwen3_5::config_json(s),
+        // The other families' config.json is their view as it is, less quantization.
+        Spec::Dense(_)
+        | Spec::Gemma2(_)
+        | Spec::Qwen3Moe(_)
+        | Spec::MiniCpm(_)
+        | Spec::Qwen35(_) => hf::without_quantization(to_hf_json(spec)),
     }
 }
 
@@ -295,7 +267,7 @@ impl Gemma4Spec {
     /// Semantic validation of a spec built in code. Errors carry field paths but no file
     /// location (line and column 0, file `<memory>`).
     pub fn validate(&self) -> Result<(), Diagnostics> {
-        in_memory(validate::check(self))
+        in_memory(gemma4::check(self))
     }
 }
 
@@ -492,18 +464,24 @@ fn parse_inner(
     if tree.has_key("derive") {
         derive::parse_derived(value, &tree, origin, dir, stack)
     } else if declared_family(&value).is_some_and(Family::is_dense) {
-        dense::parse_full(value, &tree, origin).map(Spec::Dense)
+        dense::LAYOUT.parse(value, &tree, origin).map(Spec::Dense)
     } else if declared_family(&value) == Some(Family::Gemma2) {
-        gemma2::parse_full(value, &tree, origin).map(Spec::Gemma2)
+        gemma2::LAYOUT.parse(value, &tree, origin).map(Spec::Gemma2)
     } else if declared_family(&value) == Some(Family::Qwen3Moe) {
-        qwen3_moe::parse_full(value, &tree, origin).map(Spec::Qwen3Moe)
+        qwen3_moe::LAYOUT
+            .parse(value, &tree, origin)
+            .map(Spec::Qwen3Moe)
     } else if declared_family(&value) == Some(Family::MiniCpm) {
-        minicpm::parse_full(value, &tree, origin).map(Spec::MiniCpm)
+        minicpm::LAYOUT
+            .parse(value, &tree, origin)
+            .map(Spec::MiniCpm)
     } else if declared_family(&value) == Some(Family::Qwen35) {
-        qwen3_5::parse_full(value, &tree, origin).map(Spec::Qwen35)
+        qwen3_5::LAYOUT
+            .parse(value, &tree, origin)
+            .map(Spec::Qwen35)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
-        let issues = validate::check(&spec);
+        let issues = gemma4::check(&spec);
         if issues.is_empty() {
             Ok(Spec::Gemma4(spec))
         } else {

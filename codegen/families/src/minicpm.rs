@@ -15,18 +15,15 @@
 //! the reduction to tiny variants and the config.json importer.
 
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
-use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::ir::QuantizableModule;
+use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
-use crate::reader::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
-use crate::yaml::Node;
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use std::fmt::Write;
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
@@ -126,23 +123,12 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
     use validate::limits::*;
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
-    if spec.identity.family != Family::MiniCpm {
-        c.err(
-            p("identity.family"),
-            format!("`{}` is not minicpm", spec.identity.family.as_str()),
-            "minicpm",
-            "this document has the minicpm layout (docs/spec-format.md#minicpm)",
-        );
-    }
+    c.family_is(&spec.identity, Family::MiniCpm, "minicpm");
     let mt = spec.identity.source.model_type;
     if mt != ConfigModelType::MiniCpm {
-        c.err(
-            p("identity.source.model_type"),
-            format!(
-                "`{}` is read by mlx-lm's {} module, not minicpm",
-                mt.as_str(),
-                mt.family().as_str()
-            ),
+        c.foreign_model_type(
+            mt,
+            "minicpm",
             "minicpm",
             "the model_type of a MiniCPM checkpoint is minicpm",
         );
@@ -193,12 +179,7 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
         s.scale_depth,
         "the residual multiplier before / sqrt(num_hidden_layers), MiniCPM-2B: 1.4",
     );
-    if ok && c.issues.is_empty() {
-        if let Some(q) = &spec.quantization {
-            validate::check_quantization(q, &lower(spec), &mut c.issues);
-        }
-    }
-    c.issues
+    c.finish(ok, spec.quantization.as_ref(), || lower(spec))
 }
 
 // ---------------------------------------------------------------- lowering
@@ -211,6 +192,7 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
 /// the Python float of an int / int true division) before the untied `lm_head`.
 pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
+    use crate::ir_parts::{full_attention, plain_rope, swiglu, whole_head_sharding};
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let n_layers = spec.layers.num_hidden_layers as usize;
@@ -221,35 +203,13 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
                 arrangement: NormArrangement::PreNorm,
                 weight: NormWeight::Direct,
             },
-            mixer: Mixer::Attention(Attention {
-                n_heads: a.num_attention_heads as usize,
-                n_kv_heads: a.num_key_value_heads as usize,
-                head_dim,
-                bias: ProjectionBias::None,
-                output_gate: OutputGate::None,
-                projection: QkvProjection::Separate,
-                qk_norm: QkNorm::None,
-                value_norm: ValueNorm::None,
-                rope: RopeForm {
-                    kind: RopeKind::Default {
-                        theta: spec.rope.rope_theta as f32,
-                    },
-                    traditional: spec.rope.traditional,
-                    rotated_dims: head_dim,
-                },
-                scale: AttentionScale::InvSqrtHeadDim,
-                window: Window::Full,
-                kv: KvSource::Own {
-                    values: Values::Projected,
-                    cache: KvCache::Plain,
-                },
-                scores: Scores::FusedSdpa,
-            }),
-            ffn: FeedForward::Mlp(GatedMlp {
-                width: spec.mlp.intermediate_size as usize,
-                activation: Activation::Silu,
-                projection: GateUpProjection::Separate,
-            }),
+            mixer: Mixer::Attention(full_attention(
+                a.num_attention_heads,
+                a.num_key_value_heads,
+                a.head_dim,
+                plain_rope(spec.rope.rope_theta, spec.rope.traditional, head_dim),
+            )),
+            ffn: FeedForward::Mlp(swiglu(spec.mlp.intermediate_size)),
             input: LayerInput::None,
             scalar: LayerScalar::None,
             residual: Residual::DepthScaled {
@@ -267,11 +227,7 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
             sanitize: vec![SanitizeRule::CopyEmbeddingToHead],
         },
         // minicpm.py has no shard().
-        sharding: Sharding {
-            oracle: ShardOracle::Absent,
-            head: HeadSplit::Whole,
-            kv_heads: KvHeadSplit::Divided,
-        },
+        sharding: whole_head_sharding(ShardOracle::Absent),
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,
@@ -300,76 +256,60 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
 /// `quantization` when present. Keys sorted. No `head_dim` (minicpm.py derives it).
 pub(crate) fn hf_json(spec: &MiniCpmSpec) -> Value {
     let s = &spec.scales;
-    let mut v = json!({
-        "model_type": spec.identity.source.model_type.as_str(),
-        "hidden_size": spec.model.hidden_size,
-        "num_hidden_layers": spec.layers.num_hidden_layers,
-        "intermediate_size": spec.mlp.intermediate_size,
-        "num_attention_heads": spec.attention.num_attention_heads,
-        "num_key_value_heads": spec.attention.num_key_value_heads,
-        "rms_norm_eps": spec.model.rms_norm_eps,
-        "vocab_size": spec.model.vocab_size,
-        "max_position_embeddings": spec.model.max_position_embeddings,
-        "tie_word_embeddings": spec.model.tie_word_embeddings,
-        "rope_theta": spec.rope.rope_theta,
-        "rope_traditional": spec.rope.traditional,
-        "rope_scaling": Value::Null,
-        "scale_emb": s.scale_emb,
-        "scale_depth": s.scale_depth,
-        "dim_model_base": s.dim_model_base,
-    });
-    if let Some(q) = &spec.quantization {
-        v["quantization"] = crate::hf::quantization_json(q);
-    }
-    crate::hf::canonical(&v)
-}
-
-/// A config.json mlx-lm loads to exactly this architecture (no quantization).
-pub(crate) fn config_json(spec: &MiniCpmSpec) -> Value {
-    let mut v = hf_json(spec);
-    if let Some(o) = v.as_object_mut() {
-        o.remove("quantization");
-    }
-    v
+    // minicpm.py has no head_dim field (hidden_size // heads, checked).
+    let mut v = crate::hf::dense_stack_json(
+        spec.identity.source.model_type,
+        spec.layers.num_hidden_layers,
+        &spec.model,
+        &spec.attention,
+    );
+    crate::hf::extend(
+        &mut v,
+        json!({
+            "intermediate_size": spec.mlp.intermediate_size,
+            "rope_theta": spec.rope.rope_theta,
+            "rope_traditional": spec.rope.traditional,
+            "rope_scaling": Value::Null,
+            "scale_emb": s.scale_emb,
+            "scale_depth": s.scale_depth,
+            "dim_model_base": s.dim_model_base,
+        }),
+    );
+    crate::hf::config_view(v, spec.quantization.as_ref())
 }
 
 // ---------------------------------------------------------------- YAML
 
 /// The full-form YAML text of a MiniCPM spec.
 pub(crate) fn to_yaml(spec: &MiniCpmSpec) -> String {
-    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    use crate::emit::{
+        dense_attention_yaml, dense_layers_yaml, dense_mlp_yaml, dense_model_yaml, float,
+        header_yaml, quantization_yaml, section_yaml,
+    };
     let mut o = String::new();
-    let _ = writeln!(o, "{MODELINE}");
-    let _ = writeln!(o, "format_version: {}", spec.format_version);
-    identity_yaml(&mut o, &spec.identity);
-    let m = &spec.model;
-    let _ = writeln!(o, "model:");
-    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
-    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
-    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
-    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
-    let _ = writeln!(
-        o,
-        "  max_position_embeddings: {}",
-        m.max_position_embeddings
+    header_yaml(&mut o, spec.format_version, &spec.identity);
+    dense_model_yaml(&mut o, &spec.model);
+    dense_layers_yaml(&mut o, &spec.layers);
+    dense_attention_yaml(&mut o, &spec.attention);
+    section_yaml(
+        &mut o,
+        "rope",
+        &[
+            ("traditional", spec.rope.traditional.to_string()),
+            ("rope_theta", float(spec.rope.rope_theta)),
+        ],
     );
-    let _ = writeln!(o, "layers:");
-    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
-    let a = &spec.attention;
-    let _ = writeln!(o, "attention:");
-    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
-    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
-    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
-    let _ = writeln!(o, "rope:");
-    let _ = writeln!(o, "  traditional: {}", spec.rope.traditional);
-    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
-    let _ = writeln!(o, "mlp:");
-    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    dense_mlp_yaml(&mut o, &spec.mlp);
     let s = &spec.scales;
-    let _ = writeln!(o, "scales:");
-    let _ = writeln!(o, "  scale_emb: {}", float(s.scale_emb));
-    let _ = writeln!(o, "  scale_depth: {}", float(s.scale_depth));
-    let _ = writeln!(o, "  dim_model_base: {}", s.dim_model_base);
+    section_yaml(
+        &mut o,
+        "scales",
+        &[
+            ("scale_emb", float(s.scale_emb)),
+            ("scale_depth", float(s.scale_depth)),
+            ("dim_model_base", s.dim_model_base.to_string()),
+        ],
+    );
     quantization_yaml(&mut o, spec.quantization.as_ref());
     o
 }
@@ -377,68 +317,29 @@ pub(crate) fn to_yaml(spec: &MiniCpmSpec) -> String {
 // ---------------------------------------------------------------- parsing
 
 /// How a minicpm document is read (see [`crate::layout`]).
-const LAYOUT: Layout = Layout {
+pub(crate) const LAYOUT: Layout = Layout {
     family: "minicpm",
     anchor: "minicpm",
+    head: crate::layout::DENSE_HEAD,
     sections: &[
-        ("format_version", Sections::check::<u32>),
-        ("identity", Sections::check::<Identity>),
-        ("model", Sections::check::<DenseModel>),
-        ("layers", Sections::check::<DenseLayers>),
-        ("attention", Sections::check::<DenseAttention>),
         ("rope", Sections::check::<MiniCpmRope>),
         ("mlp", Sections::check::<DenseMlp>),
         ("scales", Sections::check::<MiniCpmScales>),
         ("quantization", Sections::check::<Option<Quantization>>),
     ],
     texts: &[
-        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#minicpm"),
         ("scaling", "`traditional` or `rope_theta` (no scaling)", "MiniCPM's RoPE is plain here: rope_scaling must be null (MiniCPM4's longrope, mlx-lm's SuScaledRoPE, is not supported); see docs/spec-format.md#minicpm"),
-        ("layers", "a mapping {num_hidden_layers}", "every layer is full attention; see docs/spec-format.md#minicpm"),
-        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "attention geometry; see docs/spec-format.md#minicpm"),
         ("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null); see docs/spec-format.md#minicpm"),
-        ("mlp", "a mapping {intermediate_size}", "SwiGLU width; see docs/spec-format.md#minicpm"),
         ("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales; see docs/spec-format.md#minicpm"),
     ],
     refused: &[],
 };
-
-/// Deserializes and validates a full MiniCPM document; every section's first error.
-pub(crate) fn parse_full(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-) -> Result<MiniCpmSpec, Diagnostics> {
-    LAYOUT.parse(value, tree, origin, check)
-}
 
 /// The derived MiniCPM form (see [`crate::reduce`]): the dense form's sizes.
 impl Reducible for MiniCpmSpec {
     type File = MiniCpmDerivedSpecFile;
     type Reduce = MiniCpmReduce;
 
-    fn derived(parent: &Self, file: &MiniCpmDerivedSpecFile) -> Self {
-        let mut spec = parent.clone();
-        spec.identity.name = file.identity.name.clone();
-        spec.quantization = file.derive.quantization.clone();
-        spec
-    }
-    fn reduce(file: &MiniCpmDerivedSpecFile) -> Option<&MiniCpmReduce> {
-        file.derive.reduce.as_ref()
-    }
-    fn format_version(file: &MiniCpmDerivedSpecFile) -> u32 {
-        file.format_version
-    }
-    fn stack(r: &MiniCpmReduce) -> Stack {
-        Stack {
-            num_hidden_layers: r.num_hidden_layers,
-            hidden_size: r.hidden_size,
-            vocab_size: r.vocab_size,
-            num_attention_heads: r.num_attention_heads,
-            num_key_value_heads: r.num_key_value_heads,
-            head_dim: r.head_dim,
-        }
-    }
     fn stack_of(&self) -> Stack {
         Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
     }
@@ -449,31 +350,21 @@ impl Reducible for MiniCpmSpec {
             parent.mlp.intermediate_size,
         )]
     }
-    fn apply(&mut self, r: &MiniCpmReduce) {
-        Self::stack(r).write(
+    fn apply(&mut self, stack: &Stack, r: &MiniCpmReduce) {
+        stack.write(
             &mut self.layers.num_hidden_layers,
             &mut self.model,
             &mut self.attention,
         );
         self.mlp.intermediate_size = r.intermediate_size;
     }
-    fn check(&self) -> Vec<Issue> {
-        check(self)
-    }
     /// Every size check of a MiniCPM spec is on a reduced field of the same name.
     fn reduced_field(path: &str) -> Option<FieldPath> {
         Some(reduce_key(last_key(path)))
     }
-    fn name(&self) -> &str {
-        &self.identity.name
-    }
-    fn quantization(&self) -> Option<&Quantization> {
-        self.quantization.as_ref()
-    }
-    fn quant_skipped(&self) -> Vec<QuantizableModule> {
-        lower(self).quant_skipped_modules()
-    }
 }
+
+crate::document::impl_document!(MiniCpmSpec, check);
 
 // ---------------------------------------------------------------- import
 
@@ -541,36 +432,11 @@ pub(crate) fn import(
             );
         }
     }
-    let quantization = top
-        .get("quantization")
-        .filter(|v| !v.is_null())
-        .map(|q| (q, "quantization"))
-        .or_else(|| {
-            top.get("quantization_config")
-                .filter(|v| !v.is_null())
-                .map(|q| (q, "quantization_config"))
-        })
-        .and_then(|(q, field)| read_quantization(q, field, &mut r));
-    let (applied, problems) = r.finish();
-    if !problems.is_empty() {
-        return Err(ImportError { problems });
-    }
-    let repo = top
-        .get("_name_or_path")
-        .and_then(Value::as_str)
-        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
-        .map(str::to_string);
+    let quantization = top_quantization(top, &mut r);
+    let applied = r.finish_ok()?;
     let spec = MiniCpmSpec {
         format_version: FORMAT_VERSION,
-        identity: Identity {
-            name: name.to_string(),
-            family: Family::MiniCpm,
-            source: Source {
-                repo,
-                revision: None,
-                model_type: ConfigModelType::MiniCpm,
-            },
-        },
+        identity: imported_identity(top, name, Family::MiniCpm, ConfigModelType::MiniCpm),
         model: DenseModel {
             hidden_size,
             vocab_size,

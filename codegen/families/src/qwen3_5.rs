@@ -13,18 +13,15 @@
 //! writer, the reduction to tiny variants and the config.json importer.
 
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
-use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::ir::QuantizableModule;
+use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
-use crate::reader::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::reader::{first_quantization, imported_identity, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
-use crate::yaml::Node;
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use std::fmt::Write;
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
@@ -190,14 +187,7 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
     use validate::limits::*;
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
-    if spec.identity.family != Family::Qwen35 {
-        c.err(
-            p("identity.family"),
-            format!("`{}` is not qwen3_5", spec.identity.family.as_str()),
-            "qwen3_5",
-            "this document has the qwen3_5 layout (docs/spec-format.md#qwen35)",
-        );
-    }
+    c.family_is(&spec.identity, Family::Qwen35, "qwen35");
     let mt = spec.identity.source.model_type;
     match mt {
         ConfigModelType::Qwen35 => {}
@@ -211,13 +201,9 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
                 );
             }
         }
-        _ => c.err(
-            p("identity.source.model_type"),
-            format!(
-                "`{}` is read by mlx-lm's {} module, not qwen3_5",
-                mt.as_str(),
-                mt.family().as_str()
-            ),
+        _ => c.foreign_model_type(
+            mt,
+            "qwen3_5",
             "qwen3_5 or qwen3_5_moe",
             "the model_type of a Qwen3.5 checkpoint is qwen3_5 (qwen3_5_moe for the MoE form)",
         ),
@@ -444,12 +430,7 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
         spec.rope.rope_theta,
         "the RoPE base, e.g. 10000000.0",
     );
-    if ok && c.issues.is_empty() {
-        if let Some(q) = &spec.quantization {
-            validate::check_quantization(q, &lower(spec), &mut c.issues);
-        }
-    }
-    c.issues
+    c.finish(ok, spec.quantization.as_ref(), || lower(spec))
 }
 
 // ---------------------------------------------------------------- lowering
@@ -462,9 +443,9 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
 /// mlx-lm's `Model` wrapper (`language_model.model.*`) and its sanitize.
 pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
+    use crate::ir_parts::{full_attention, plain_head, plain_rope, swiglu};
     let a = &spec.attention;
     let la = &spec.linear_attention;
-    let head_dim = a.head_dim as usize;
     let ffn = match (&spec.mlp, &spec.moe) {
         (_, Some(e)) => FeedForward::MoeAndSharedExpert {
             moe: Moe {
@@ -484,11 +465,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
                 width: e.shared_expert_intermediate_size as usize,
             },
         },
-        (m, None) => FeedForward::Mlp(GatedMlp {
-            width: m.as_ref().map_or(0, |m| m.intermediate_size as usize),
-            activation: Activation::Silu,
-            projection: GateUpProjection::Separate,
-        }),
+        (m, None) => FeedForward::Mlp(swiglu(m.as_ref().map_or(0, |m| m.intermediate_size))),
     };
     let mut sanitize = vec![SanitizeRule::DropVisual, SanitizeRule::UnwrapMultimodal];
     if spec.identity.source.model_type == ConfigModelType::Qwen35Moe {
@@ -520,28 +497,14 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
                 })
             } else {
                 Mixer::Attention(Attention {
-                    n_heads: a.num_attention_heads as usize,
-                    n_kv_heads: a.num_key_value_heads as usize,
-                    head_dim,
-                    bias: ProjectionBias::None,
                     qk_norm: QkNorm::RmsPerHead,
-                    value_norm: ValueNorm::None,
-                    rope: RopeForm {
-                        kind: RopeKind::Default {
-                            theta: spec.rope.rope_theta as f32,
-                        },
-                        traditional: false,
-                        rotated_dims: rotated_dims(spec) as usize,
-                    },
-                    scale: AttentionScale::InvSqrtHeadDim,
-                    window: Window::Full,
-                    kv: KvSource::Own {
-                        values: Values::Projected,
-                        cache: KvCache::Plain,
-                    },
-                    scores: Scores::FusedSdpa,
                     output_gate: OutputGate::SigmoidPerHead,
-                    projection: QkvProjection::Separate,
+                    ..full_attention(
+                        a.num_attention_heads,
+                        a.num_key_value_heads,
+                        a.head_dim,
+                        plain_rope(spec.rope.rope_theta, false, rotated_dims(spec) as usize),
+                    )
                 })
             },
             ffn,
@@ -575,16 +538,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
             per_layer_input: None,
         },
         layers,
-        head: Head {
-            weight: if spec.model.tie_word_embeddings {
-                HeadWeight::TiedEmbedding
-            } else {
-                HeadWeight::Untied
-            },
-            logit_softcap: None,
-            logit_scale: LogitScale::None,
-            norm: NormWeight::Direct,
-        },
+        head: plain_head(spec.model.tie_word_embeddings),
         quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
     }
 }
@@ -596,30 +550,30 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
 /// public configs write it, plus `quantization` when present. Keys sorted.
 pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
     let la = &spec.linear_attention;
-    let mut v = json!({
-        "model_type": spec.identity.source.model_type.as_str(),
-        "hidden_size": spec.model.hidden_size,
-        "num_hidden_layers": spec.layers.num_hidden_layers,
-        "full_attention_interval": spec.layers.full_attention_interval,
-        "num_attention_heads": spec.attention.num_attention_heads,
-        "num_key_value_heads": spec.attention.num_key_value_heads,
-        "head_dim": spec.attention.head_dim,
-        "rms_norm_eps": spec.model.rms_norm_eps,
-        "vocab_size": spec.model.vocab_size,
-        "max_position_embeddings": spec.model.max_position_embeddings,
-        "tie_word_embeddings": spec.model.tie_word_embeddings,
-        "attention_bias": false,
-        "rope_parameters": {
-            "type": "default",
-            "rope_theta": spec.rope.rope_theta,
-            "partial_rotary_factor": spec.rope.partial_rotary_factor,
-        },
-        "linear_num_key_heads": la.linear_num_key_heads,
-        "linear_num_value_heads": la.linear_num_value_heads,
-        "linear_key_head_dim": la.linear_key_head_dim,
-        "linear_value_head_dim": la.linear_value_head_dim,
-        "linear_conv_kernel_dim": la.linear_conv_kernel_dim,
-    });
+    let mut v = crate::hf::dense_stack_json(
+        spec.identity.source.model_type,
+        spec.layers.num_hidden_layers,
+        &spec.model,
+        &spec.attention,
+    );
+    crate::hf::extend(
+        &mut v,
+        json!({
+            "full_attention_interval": spec.layers.full_attention_interval,
+            "head_dim": spec.attention.head_dim,
+            "attention_bias": false,
+            "rope_parameters": {
+                "type": "default",
+                "rope_theta": spec.rope.rope_theta,
+                "partial_rotary_factor": spec.rope.partial_rotary_factor,
+            },
+            "linear_num_key_heads": la.linear_num_key_heads,
+            "linear_num_value_heads": la.linear_num_value_heads,
+            "linear_key_head_dim": la.linear_key_head_dim,
+            "linear_value_head_dim": la.linear_value_head_dim,
+            "linear_conv_kernel_dim": la.linear_conv_kernel_dim,
+        }),
+    );
     match (&spec.mlp, &spec.moe) {
         (_, Some(e)) => {
             v["num_experts"] = json!(e.num_experts);
@@ -635,87 +589,84 @@ pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
             }
         }
     }
-    if let Some(q) = &spec.quantization {
-        v["quantization"] = crate::hf::quantization_json(q);
-    }
-    crate::hf::canonical(&v)
-}
-
-/// A config.json mlx-lm loads to exactly this architecture (no quantization).
-pub(crate) fn config_json(spec: &Qwen35Spec) -> Value {
-    let mut v = hf_json(spec);
-    if let Some(o) = v.as_object_mut() {
-        o.remove("quantization");
-    }
-    v
+    crate::hf::config_view(v, spec.quantization.as_ref())
 }
 
 // ---------------------------------------------------------------- YAML
 
 /// The full-form YAML text of a Qwen3.5 spec.
 pub(crate) fn to_yaml(spec: &Qwen35Spec) -> String {
-    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    use crate::emit::{
+        dense_attention_yaml, dense_mlp_yaml, dense_model_yaml, float, header_yaml,
+        quantization_yaml, section_yaml,
+    };
     let mut o = String::new();
-    let _ = writeln!(o, "{MODELINE}");
-    let _ = writeln!(o, "format_version: {}", spec.format_version);
-    identity_yaml(&mut o, &spec.identity);
-    let m = &spec.model;
-    let _ = writeln!(o, "model:");
-    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
-    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
-    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
-    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
-    let _ = writeln!(
-        o,
-        "  max_position_embeddings: {}",
-        m.max_position_embeddings
+    header_yaml(&mut o, spec.format_version, &spec.identity);
+    dense_model_yaml(&mut o, &spec.model);
+    let l = &spec.layers;
+    section_yaml(
+        &mut o,
+        "layers",
+        &[
+            ("num_hidden_layers", l.num_hidden_layers.to_string()),
+            (
+                "full_attention_interval",
+                l.full_attention_interval.to_string(),
+            ),
+        ],
     );
-    let _ = writeln!(o, "layers:");
-    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
-    let _ = writeln!(
-        o,
-        "  full_attention_interval: {}",
-        spec.layers.full_attention_interval
-    );
-    let a = &spec.attention;
-    let _ = writeln!(o, "attention:");
-    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
-    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
-    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
-    let _ = writeln!(o, "rope:");
-    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
-    let _ = writeln!(
-        o,
-        "  partial_rotary_factor: {}",
-        float(spec.rope.partial_rotary_factor)
+    dense_attention_yaml(&mut o, &spec.attention);
+    section_yaml(
+        &mut o,
+        "rope",
+        &[
+            ("rope_theta", float(spec.rope.rope_theta)),
+            (
+                "partial_rotary_factor",
+                float(spec.rope.partial_rotary_factor),
+            ),
+        ],
     );
     let la = &spec.linear_attention;
-    let _ = writeln!(o, "linear_attention:");
-    let _ = writeln!(o, "  linear_num_key_heads: {}", la.linear_num_key_heads);
-    let _ = writeln!(o, "  linear_num_value_heads: {}", la.linear_num_value_heads);
-    let _ = writeln!(o, "  linear_key_head_dim: {}", la.linear_key_head_dim);
-    let _ = writeln!(o, "  linear_value_head_dim: {}", la.linear_value_head_dim);
-    let _ = writeln!(o, "  linear_conv_kernel_dim: {}", la.linear_conv_kernel_dim);
+    section_yaml(
+        &mut o,
+        "linear_attention",
+        &[
+            ("linear_num_key_heads", la.linear_num_key_heads.to_string()),
+            (
+                "linear_num_value_heads",
+                la.linear_num_value_heads.to_string(),
+            ),
+            ("linear_key_head_dim", la.linear_key_head_dim.to_string()),
+            (
+                "linear_value_head_dim",
+                la.linear_value_head_dim.to_string(),
+            ),
+            (
+                "linear_conv_kernel_dim",
+                la.linear_conv_kernel_dim.to_string(),
+            ),
+        ],
+    );
     match &spec.mlp {
-        Some(m) => {
-            let _ = writeln!(o, "mlp:");
-            let _ = writeln!(o, "  intermediate_size: {}", m.intermediate_size);
-        }
+        Some(m) => dense_mlp_yaml(&mut o, m),
         None => o.push_str("mlp: null\n"),
     }
     match &spec.moe {
-        Some(e) => {
-            let _ = writeln!(o, "moe:");
-            let _ = writeln!(o, "  num_experts: {}", e.num_experts);
-            let _ = writeln!(o, "  num_experts_per_tok: {}", e.num_experts_per_tok);
-            let _ = writeln!(o, "  moe_intermediate_size: {}", e.moe_intermediate_size);
-            let _ = writeln!(
-                o,
-                "  shared_expert_intermediate_size: {}",
-                e.shared_expert_intermediate_size
-            );
-            let _ = writeln!(o, "  norm_topk_prob: {}", e.norm_topk_prob);
-        }
+        Some(e) => section_yaml(
+            &mut o,
+            "moe",
+            &[
+                ("num_experts", e.num_experts.to_string()),
+                ("num_experts_per_tok", e.num_experts_per_tok.to_string()),
+                ("moe_intermediate_size", e.moe_intermediate_size.to_string()),
+                (
+                    "shared_expert_intermediate_size",
+                    e.shared_expert_intermediate_size.to_string(),
+                ),
+                ("norm_topk_prob", e.norm_topk_prob.to_string()),
+            ],
+        ),
         None => o.push_str("moe: null\n"),
     }
     quantization_yaml(&mut o, spec.quantization.as_ref());
@@ -725,12 +676,11 @@ pub(crate) fn to_yaml(spec: &Qwen35Spec) -> String {
 // ---------------------------------------------------------------- parsing
 
 /// How a qwen3_5 document is read (see [`crate::layout`]).
-const LAYOUT: Layout = Layout {
+pub(crate) const LAYOUT: Layout = Layout {
     family: "qwen3_5",
     anchor: "qwen35",
+    head: crate::layout::HEAD,
     sections: &[
-        ("format_version", Sections::check::<u32>),
-        ("identity", Sections::check::<Identity>),
         ("model", Sections::check::<DenseModel>),
         ("layers", Sections::check::<Qwen35Layers>),
         ("attention", Sections::check::<DenseAttention>),
@@ -741,24 +691,13 @@ const LAYOUT: Layout = Layout {
         ("quantization", Sections::check::<Option<Quantization>>),
     ],
     texts: &[
-        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#qwen35"),
         ("layers", "a mapping {num_hidden_layers, full_attention_interval}", "which layers are full attention; see docs/spec-format.md#qwen35"),
         ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "geometry of the full-attention layers; see docs/spec-format.md#qwen35"),
         ("rope", "a mapping {rope_theta, partial_rotary_factor}", "`rope_parameters` of config.json; see docs/spec-format.md#qwen35"),
         ("linear_attention", "a mapping {linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim}", "the Gated DeltaNet layers; see docs/spec-format.md#qwen35"),
-        ("mlp", "a mapping {intermediate_size}", "SwiGLU width; see docs/spec-format.md#qwen35"),
     ],
     refused: &[],
 };
-
-/// Deserializes and validates a full Qwen3.5 document; every section's first error.
-pub(crate) fn parse_full(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-) -> Result<Qwen35Spec, Diagnostics> {
-    LAYOUT.parse(value, tree, origin, check)
-}
 
 /// The derived Qwen3.5 form (see [`crate::reduce`]): the attention stack's sizes,
 /// the Gated DeltaNet heads', and the dense MLP's width or the experts' sizes,
@@ -767,28 +706,6 @@ impl Reducible for Qwen35Spec {
     type File = Qwen35DerivedSpecFile;
     type Reduce = Qwen35Reduce;
 
-    fn derived(parent: &Self, file: &Qwen35DerivedSpecFile) -> Self {
-        let mut spec = parent.clone();
-        spec.identity.name = file.identity.name.clone();
-        spec.quantization = file.derive.quantization.clone();
-        spec
-    }
-    fn reduce(file: &Qwen35DerivedSpecFile) -> Option<&Qwen35Reduce> {
-        file.derive.reduce.as_ref()
-    }
-    fn format_version(file: &Qwen35DerivedSpecFile) -> u32 {
-        file.format_version
-    }
-    fn stack(r: &Qwen35Reduce) -> Stack {
-        Stack {
-            num_hidden_layers: r.num_hidden_layers,
-            hidden_size: r.hidden_size,
-            vocab_size: r.vocab_size,
-            num_attention_heads: r.num_attention_heads,
-            num_key_value_heads: r.num_key_value_heads,
-            head_dim: r.head_dim,
-        }
-    }
     fn stack_of(&self) -> Stack {
         Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
     }
@@ -870,8 +787,8 @@ impl Reducible for Qwen35Spec {
             ));
         }
     }
-    fn apply(&mut self, r: &Qwen35Reduce) {
-        Self::stack(r).write(
+    fn apply(&mut self, stack: &Stack, r: &Qwen35Reduce) {
+        stack.write(
             &mut self.layers.num_hidden_layers,
             &mut self.model,
             &mut self.attention,
@@ -891,9 +808,6 @@ impl Reducible for Qwen35Spec {
         l.linear_key_head_dim = r.linear_key_head_dim;
         l.linear_value_head_dim = r.linear_value_head_dim;
     }
-    fn check(&self) -> Vec<Issue> {
-        check(self)
-    }
     /// A size check is on the reduced field of the same name (the experts' under
     /// `moe`); a reduced size the parent's structure does not fit (an interval past
     /// the last layer, an odd RoPE width) points at the size that made it so.
@@ -909,16 +823,9 @@ impl Reducible for Qwen35Spec {
             reduce_key(field)
         })
     }
-    fn name(&self) -> &str {
-        &self.identity.name
-    }
-    fn quantization(&self) -> Option<&Quantization> {
-        self.quantization.as_ref()
-    }
-    fn quant_skipped(&self) -> Vec<QuantizableModule> {
-        lower(self).quant_skipped_modules()
-    }
 }
+
+crate::document::impl_document!(Qwen35Spec, check);
 
 // ---------------------------------------------------------------- import
 
@@ -1049,41 +956,20 @@ pub(crate) fn import(
             (100000.0, 0.25)
         }
     };
-    let quantization = [top, text]
-        .into_iter()
-        .flat_map(|o| {
-            [
-                o.get("quantization")
-                    .filter(|v| !v.is_null())
-                    .map(|q| (q, "quantization")),
-                o.get("quantization_config")
-                    .filter(|v| !v.is_null())
-                    .map(|q| (q, "quantization_config")),
-            ]
-        })
-        .flatten()
-        .next()
-        .and_then(|(q, field)| read_quantization(q, field, &mut r));
-    let (applied, problems) = r.finish();
-    if !problems.is_empty() {
-        return Err(ImportError { problems });
-    }
-    let repo = top
-        .get("_name_or_path")
-        .and_then(Value::as_str)
-        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
-        .map(str::to_string);
+    // `quantization`, else `quantization_config`: top level first, then text_config.
+    let quantization = first_quantization(
+        &[
+            (top.get("quantization"), "quantization"),
+            (top.get("quantization_config"), "quantization_config"),
+            (text.get("quantization"), "quantization"),
+            (text.get("quantization_config"), "quantization_config"),
+        ],
+        &mut r,
+    );
+    let applied = r.finish_ok()?;
     let spec = Qwen35Spec {
         format_version: FORMAT_VERSION,
-        identity: Identity {
-            name: name.to_string(),
-            family: Family::Qwen35,
-            source: Source {
-                repo,
-                revision: None,
-                model_type,
-            },
-        },
+        identity: imported_identity(top, name, Family::Qwen35, model_type),
         model: DenseModel {
             hidden_size,
             vocab_size,

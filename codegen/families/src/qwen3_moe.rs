@@ -9,18 +9,15 @@
 //! the reduction to tiny variants and the config.json importer.
 
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
-use crate::diag::{Diagnostics, FieldPath, Issue};
-use crate::ir::QuantizableModule;
+use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
-use crate::reader::{read_quantization, AppliedDefault, ImportError, Reader};
+use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
-use crate::yaml::Node;
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use std::fmt::Write;
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
@@ -135,23 +132,12 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
     use validate::limits::*;
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
-    if spec.identity.family != Family::Qwen3Moe {
-        c.err(
-            p("identity.family"),
-            format!("`{}` is not qwen3_moe", spec.identity.family.as_str()),
-            "qwen3_moe",
-            "this document has the qwen3_moe layout (docs/spec-format.md#qwen3-moe)",
-        );
-    }
+    c.family_is(&spec.identity, Family::Qwen3Moe, "qwen3-moe");
     let mt = spec.identity.source.model_type;
     if mt != ConfigModelType::Qwen3Moe {
-        c.err(
-            p("identity.source.model_type"),
-            format!(
-                "`{}` is read by mlx-lm's {} module, not qwen3_moe",
-                mt.as_str(),
-                mt.family().as_str()
-            ),
+        c.foreign_model_type(
+            mt,
+            "qwen3_moe",
             "qwen3_moe",
             "the model_type of a Qwen3-MoE checkpoint is qwen3_moe",
         );
@@ -236,12 +222,7 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
         spec.rope.rope_theta,
         "the RoPE base, e.g. 1000000.0",
     );
-    if ok && c.issues.is_empty() {
-        if let Some(q) = &spec.quantization {
-            validate::check_quantization(q, &lower(spec), &mut c.issues);
-        }
-    }
-    c.issues
+    c.finish(ok, spec.quantization.as_ref(), || lower(spec))
 }
 
 // ---------------------------------------------------------------- lowering
@@ -252,6 +233,7 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 /// off the `decoder_sparse_step`, a dense SwiGLU MLP.
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
+    use crate::ir_parts::{full_attention, plain_head, plain_rope, swiglu, whole_head_sharding};
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let e = &spec.moe;
@@ -268,28 +250,13 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
                 weight: NormWeight::Direct,
             },
             mixer: Mixer::Attention(Attention {
-                n_heads: a.num_attention_heads as usize,
-                n_kv_heads: a.num_key_value_heads as usize,
-                head_dim,
                 qk_norm: QkNorm::RmsPerHead,
-                value_norm: ValueNorm::None,
-                rope: RopeForm {
-                    kind: RopeKind::Default {
-                        theta: spec.rope.rope_theta as f32,
-                    },
-                    traditional: false,
-                    rotated_dims: head_dim,
-                },
-                scale: AttentionScale::InvSqrtHeadDim,
-                scores: Scores::FusedSdpa,
-                output_gate: OutputGate::None,
-                projection: QkvProjection::Separate,
-                bias: ProjectionBias::None,
-                window: Window::Full,
-                kv: KvSource::Own {
-                    values: Values::Projected,
-                    cache: KvCache::Plain,
-                },
+                ..full_attention(
+                    a.num_attention_heads,
+                    a.num_key_value_heads,
+                    a.head_dim,
+                    plain_rope(spec.rope.rope_theta, false, head_dim),
+                )
             }),
             ffn: if is_moe_layer(spec, i) {
                 FeedForward::Moe(Moe {
@@ -300,11 +267,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
                     activation: Activation::Silu,
                 })
             } else {
-                FeedForward::Mlp(GatedMlp {
-                    width: spec.mlp.intermediate_size as usize,
-                    activation: Activation::Silu,
-                    projection: GateUpProjection::Separate,
-                })
+                FeedForward::Mlp(swiglu(spec.mlp.intermediate_size))
             },
             input: LayerInput::None,
             scalar: LayerScalar::None,
@@ -320,11 +283,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
             sanitize: vec![SanitizeRule::DropTiedHead, SanitizeRule::StackExperts],
         },
         // qwen3_moe.py's shard().
-        sharding: Sharding {
-            oracle: ShardOracle::MlxLm,
-            head: HeadSplit::Whole,
-            kv_heads: KvHeadSplit::Divided,
-        },
+        sharding: whole_head_sharding(ShardOracle::MlxLm),
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,
@@ -334,16 +293,7 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
             per_layer_input: None,
         },
         layers,
-        head: Head {
-            weight: if spec.model.tie_word_embeddings {
-                HeadWeight::TiedEmbedding
-            } else {
-                HeadWeight::Untied
-            },
-            logit_softcap: None,
-            norm: NormWeight::Direct,
-            logit_scale: LogitScale::None,
-        },
+        head: plain_head(spec.model.tie_word_embeddings),
         quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
     }
 }
@@ -354,82 +304,63 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
 /// `quantization` when present. Keys sorted.
 pub(crate) fn hf_json(spec: &Qwen3MoeSpec) -> Value {
     let e = &spec.moe;
-    let mut v = json!({
-        "model_type": spec.identity.source.model_type.as_str(),
-        "hidden_size": spec.model.hidden_size,
-        "num_hidden_layers": spec.layers.num_hidden_layers,
-        "intermediate_size": spec.mlp.intermediate_size,
-        "num_attention_heads": spec.attention.num_attention_heads,
-        "num_key_value_heads": spec.attention.num_key_value_heads,
-        "head_dim": spec.attention.head_dim,
-        "rms_norm_eps": spec.model.rms_norm_eps,
-        "vocab_size": spec.model.vocab_size,
-        "max_position_embeddings": spec.model.max_position_embeddings,
-        "tie_word_embeddings": spec.model.tie_word_embeddings,
-        "rope_theta": spec.rope.rope_theta,
-        "rope_scaling": Value::Null,
-        "num_experts": e.num_experts,
-        "num_experts_per_tok": e.num_experts_per_tok,
-        "moe_intermediate_size": e.moe_intermediate_size,
-        "norm_topk_prob": e.norm_topk_prob,
-        "decoder_sparse_step": e.decoder_sparse_step,
-        "mlp_only_layers": e.mlp_only_layers,
-    });
-    if let Some(q) = &spec.quantization {
-        v["quantization"] = crate::hf::quantization_json(q);
-    }
-    crate::hf::canonical(&v)
-}
-
-/// A config.json mlx-lm loads to exactly this architecture (no quantization).
-pub(crate) fn config_json(spec: &Qwen3MoeSpec) -> Value {
-    let mut v = hf_json(spec);
-    if let Some(o) = v.as_object_mut() {
-        o.remove("quantization");
-    }
-    v
+    let mut v = crate::hf::dense_stack_json(
+        spec.identity.source.model_type,
+        spec.layers.num_hidden_layers,
+        &spec.model,
+        &spec.attention,
+    );
+    crate::hf::extend(
+        &mut v,
+        json!({
+            "intermediate_size": spec.mlp.intermediate_size,
+            "head_dim": spec.attention.head_dim,
+            "rope_theta": spec.rope.rope_theta,
+            "rope_scaling": Value::Null,
+            "num_experts": e.num_experts,
+            "num_experts_per_tok": e.num_experts_per_tok,
+            "moe_intermediate_size": e.moe_intermediate_size,
+            "norm_topk_prob": e.norm_topk_prob,
+            "decoder_sparse_step": e.decoder_sparse_step,
+            "mlp_only_layers": e.mlp_only_layers,
+        }),
+    );
+    crate::hf::config_view(v, spec.quantization.as_ref())
 }
 
 // ---------------------------------------------------------------- YAML
 
 /// The full-form YAML text of a Qwen3-MoE spec.
 pub(crate) fn to_yaml(spec: &Qwen3MoeSpec) -> String {
-    use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+    use crate::emit::{
+        dense_attention_yaml, dense_layers_yaml, dense_mlp_yaml, dense_model_yaml, float,
+        header_yaml, quantization_yaml, section_yaml,
+    };
     let mut o = String::new();
-    let _ = writeln!(o, "{MODELINE}");
-    let _ = writeln!(o, "format_version: {}", spec.format_version);
-    identity_yaml(&mut o, &spec.identity);
-    let m = &spec.model;
-    let _ = writeln!(o, "model:");
-    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
-    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
-    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
-    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
-    let _ = writeln!(
-        o,
-        "  max_position_embeddings: {}",
-        m.max_position_embeddings
+    header_yaml(&mut o, spec.format_version, &spec.identity);
+    dense_model_yaml(&mut o, &spec.model);
+    dense_layers_yaml(&mut o, &spec.layers);
+    dense_attention_yaml(&mut o, &spec.attention);
+    section_yaml(
+        &mut o,
+        "rope",
+        &[("rope_theta", float(spec.rope.rope_theta))],
     );
-    let _ = writeln!(o, "layers:");
-    let _ = writeln!(o, "  num_hidden_layers: {}", spec.layers.num_hidden_layers);
-    let a = &spec.attention;
-    let _ = writeln!(o, "attention:");
-    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
-    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
-    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
-    let _ = writeln!(o, "rope:");
-    let _ = writeln!(o, "  rope_theta: {}", float(spec.rope.rope_theta));
-    let _ = writeln!(o, "mlp:");
-    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
+    dense_mlp_yaml(&mut o, &spec.mlp);
     let e = &spec.moe;
-    let _ = writeln!(o, "moe:");
-    let _ = writeln!(o, "  num_experts: {}", e.num_experts);
-    let _ = writeln!(o, "  num_experts_per_tok: {}", e.num_experts_per_tok);
-    let _ = writeln!(o, "  moe_intermediate_size: {}", e.moe_intermediate_size);
-    let _ = writeln!(o, "  norm_topk_prob: {}", e.norm_topk_prob);
-    let _ = writeln!(o, "  decoder_sparse_step: {}", e.decoder_sparse_step);
     let layers: Vec<String> = e.mlp_only_layers.iter().map(u32::to_string).collect();
-    let _ = writeln!(o, "  mlp_only_layers: [{}]", layers.join(", "));
+    section_yaml(
+        &mut o,
+        "moe",
+        &[
+            ("num_experts", e.num_experts.to_string()),
+            ("num_experts_per_tok", e.num_experts_per_tok.to_string()),
+            ("moe_intermediate_size", e.moe_intermediate_size.to_string()),
+            ("norm_topk_prob", e.norm_topk_prob.to_string()),
+            ("decoder_sparse_step", e.decoder_sparse_step.to_string()),
+            ("mlp_only_layers", format!("[{}]", layers.join(", "))),
+        ],
+    );
     quantization_yaml(&mut o, spec.quantization.as_ref());
     o
 }
@@ -437,24 +368,17 @@ pub(crate) fn to_yaml(spec: &Qwen3MoeSpec) -> String {
 // ---------------------------------------------------------------- parsing
 
 /// How a qwen3_moe document is read (see [`crate::layout`]).
-const LAYOUT: Layout = Layout {
+pub(crate) const LAYOUT: Layout = Layout {
     family: "qwen3_moe",
     anchor: "qwen3-moe",
+    head: crate::layout::DENSE_HEAD,
     sections: &[
-        ("format_version", Sections::check::<u32>),
-        ("identity", Sections::check::<Identity>),
-        ("model", Sections::check::<DenseModel>),
-        ("layers", Sections::check::<DenseLayers>),
-        ("attention", Sections::check::<DenseAttention>),
         ("rope", Sections::check::<Qwen3MoeRope>),
         ("mlp", Sections::check::<DenseMlp>),
         ("moe", Sections::check::<Qwen3MoeExperts>),
         ("quantization", Sections::check::<Option<Quantization>>),
     ],
     texts: &[
-        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "model-wide sizes; see docs/spec-format.md#qwen3-moe"),
-        ("layers", "a mapping {num_hidden_layers}", "every layer is full attention; see docs/spec-format.md#qwen3-moe"),
-        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "attention geometry; see docs/spec-format.md#qwen3-moe"),
         ("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling); see docs/spec-format.md#qwen3-moe"),
         ("mlp", "a mapping {intermediate_size}", "SwiGLU width of the dense layers; see docs/spec-format.md#qwen3-moe"),
         ("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts; see docs/spec-format.md#qwen3-moe"),
@@ -462,43 +386,12 @@ const LAYOUT: Layout = Layout {
     refused: &[],
 };
 
-/// Deserializes and validates a full Qwen3-MoE document; every section's first error.
-pub(crate) fn parse_full(
-    value: serde_yaml::Value,
-    tree: &Node,
-    origin: &str,
-) -> Result<Qwen3MoeSpec, Diagnostics> {
-    LAYOUT.parse(value, tree, origin, check)
-}
-
 /// The derived Qwen3-MoE form (see [`crate::reduce`]): the dense form's sizes and
 /// the experts'.
 impl Reducible for Qwen3MoeSpec {
     type File = Qwen3MoeDerivedSpecFile;
     type Reduce = Qwen3MoeReduce;
 
-    fn derived(parent: &Self, file: &Qwen3MoeDerivedSpecFile) -> Self {
-        let mut spec = parent.clone();
-        spec.identity.name = file.identity.name.clone();
-        spec.quantization = file.derive.quantization.clone();
-        spec
-    }
-    fn reduce(file: &Qwen3MoeDerivedSpecFile) -> Option<&Qwen3MoeReduce> {
-        file.derive.reduce.as_ref()
-    }
-    fn format_version(file: &Qwen3MoeDerivedSpecFile) -> u32 {
-        file.format_version
-    }
-    fn stack(r: &Qwen3MoeReduce) -> Stack {
-        Stack {
-            num_hidden_layers: r.num_hidden_layers,
-            hidden_size: r.hidden_size,
-            vocab_size: r.vocab_size,
-            num_attention_heads: r.num_attention_heads,
-            num_key_value_heads: r.num_key_value_heads,
-            head_dim: r.head_dim,
-        }
-    }
     fn stack_of(&self) -> Stack {
         Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
     }
@@ -523,8 +416,8 @@ impl Reducible for Qwen3MoeSpec {
             ),
         ]
     }
-    fn apply(&mut self, r: &Qwen3MoeReduce) {
-        Self::stack(r).write(
+    fn apply(&mut self, stack: &Stack, r: &Qwen3MoeReduce) {
+        stack.write(
             &mut self.layers.num_hidden_layers,
             &mut self.model,
             &mut self.attention,
@@ -533,9 +426,6 @@ impl Reducible for Qwen3MoeSpec {
         self.moe.num_experts = r.num_experts;
         self.moe.num_experts_per_tok = r.num_experts_per_tok;
         self.moe.moe_intermediate_size = r.moe_intermediate_size;
-    }
-    fn check(&self) -> Vec<Issue> {
-        check(self)
     }
     /// A size check is on the reduced field of the same name; a reduced size the
     /// parent's structure does not fit (an `mlp_only_layers` entry past the last
@@ -548,16 +438,9 @@ impl Reducible for Qwen3MoeSpec {
         };
         Some(reduce_key(field))
     }
-    fn name(&self) -> &str {
-        &self.identity.name
-    }
-    fn quantization(&self) -> Option<&Quantization> {
-        self.quantization.as_ref()
-    }
-    fn quant_skipped(&self) -> Vec<QuantizableModule> {
-        lower(self).quant_skipped_modules()
-    }
 }
+
+crate::document::impl_document!(Qwen3MoeSpec, check);
 
 // ---------------------------------------------------------------- import
 
@@ -612,36 +495,11 @@ pub(crate) fn import(
             "ignored: mlx-lm 0.32.2 qwen3_moe.py builds nn.RoPE(head_dim, base=rope_theta) without it",
         );
     }
-    let quantization = top
-        .get("quantization")
-        .filter(|v| !v.is_null())
-        .map(|q| (q, "quantization"))
-        .or_else(|| {
-            top.get("quantization_config")
-                .filter(|v| !v.is_null())
-                .map(|q| (q, "quantization_config"))
-        })
-        .and_then(|(q, field)| read_quantization(q, field, &mut r));
-    let (applied, problems) = r.finish();
-    if !problems.is_empty() {
-        return Err(ImportError { problems });
-    }
-    let repo = top
-        .get("_name_or_path")
-        .and_then(Value::as_str)
-        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
-        .map(str::to_string);
+    let quantization = top_quantization(top, &mut r);
+    let applied = r.finish_ok()?;
     let spec = Qwen3MoeSpec {
         format_version: FORMAT_VERSION,
-        identity: Identity {
-            name: name.to_string(),
-            family: Family::Qwen3Moe,
-            source: Source {
-                repo,
-                revision: None,
-                model_type: ConfigModelType::Qwen3Moe,
-            },
-        },
+        identity: imported_identity(top, name, Family::Qwen3Moe, ConfigModelType::Qwen3Moe),
         model: DenseModel {
             hidden_size,
             vocab_size,

@@ -65,6 +65,17 @@ impl<'a> Reader<'a> {
     pub(crate) fn finish(self) -> (Vec<AppliedDefault>, Vec<String>) {
         (self.applied, self.problems)
     }
+    /// What was applied, or every problem found: where an importer stops
+    /// reading and starts building its spec.
+    pub(crate) fn finish_ok(self) -> Result<Vec<AppliedDefault>, ImportError> {
+        if self.problems.is_empty() {
+            Ok(self.applied)
+        } else {
+            Err(ImportError {
+                problems: self.problems,
+            })
+        }
+    }
     /// Takes over another reader's notes and problems.
     pub(crate) fn absorb(&mut self, other: Reader) {
         self.applied.extend(other.applied);
@@ -214,6 +225,55 @@ fn parse_mode(s: &str) -> Option<QuantMode> {
         "mxfp8" => Some(QuantMode::Mxfp8),
         "nvfp4" => Some(QuantMode::Nvfp4),
         _ => None,
+    }
+}
+
+/// The weight quantization of a config.json: the first of `candidates` (a value
+/// and the config.json field it is read from, in the family's order of
+/// preference) that is present and not null, read as [`read_quantization`].
+pub(crate) fn first_quantization(
+    candidates: &[(Option<&Value>, &str)],
+    r: &mut Reader,
+) -> Option<Quantization> {
+    let (q, field) = candidates
+        .iter()
+        .find_map(|(v, field)| v.filter(|v| !v.is_null()).map(|v| (v, *field)))?;
+    read_quantization(q, field, r)
+}
+
+/// The top-level `quantization`, else `quantization_config` (see
+/// [`first_quantization`]): where a flat config.json keeps it.
+pub(crate) fn top_quantization(top: &Map<String, Value>, r: &mut Reader) -> Option<Quantization> {
+    first_quantization(
+        &[
+            (top.get("quantization"), "quantization"),
+            (top.get("quantization_config"), "quantization_config"),
+        ],
+        r,
+    )
+}
+
+/// The identity of an imported spec: its source repository is config.json's
+/// `_name_or_path` when that reads as a Hub id (`owner/name`, not a local path).
+pub(crate) fn imported_identity(
+    top: &Map<String, Value>,
+    name: &str,
+    family: Family,
+    model_type: ConfigModelType,
+) -> Identity {
+    let repo = top
+        .get("_name_or_path")
+        .and_then(Value::as_str)
+        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
+        .map(str::to_string);
+    Identity {
+        name: name.to_string(),
+        family,
+        source: Source {
+            repo,
+            revision: None,
+            model_type,
+        },
     }
 }
 

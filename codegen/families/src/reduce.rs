@@ -12,11 +12,14 @@
 //! spec, and require that a quantized variant quantizes every module.
 
 use crate::diag::{Diagnostics, FieldPath, Issue};
+use crate::document::Document;
 use crate::ir::QuantizableModule;
-use crate::model::Quantization;
+use crate::model::{DerivedIdentity, Quantization};
 use crate::yaml::Node;
+use crate::MixedKv;
 use crate::{locate_all, locate_serde, FORMAT_VERSION};
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
@@ -27,7 +30,7 @@ pub(crate) type Size = (&'static str, u32, u32);
 
 /// The attention stack's sizes, which every family's `reduce` names first and in
 /// this order.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Deserialize)]
 pub(crate) struct Stack {
     pub num_hidden_layers: u32,
     pub hidden_size: u32,
@@ -67,28 +70,49 @@ impl Stack {
     }
 }
 
+/// What every family's derived file holds, read from a document that has
+/// already deserialized as the family's own file type (`Reducible::File`: strict,
+/// and the form the JSON schema names), so that no family repeats accessors for
+/// it. `R` is the `derive.reduce` section: the family's own, or the [`Stack`]
+/// every family's reduction names (other fields are passed over here).
+#[derive(Deserialize)]
+pub(crate) struct DerivedFile<R> {
+    pub format_version: u32,
+    pub identity: DerivedIdentity,
+    pub derive: DerivedParts<R>,
+}
+
+/// `derive:` of a [`DerivedFile`] (`from` was followed by the caller).
+#[derive(Deserialize)]
+pub(crate) struct DerivedParts<R> {
+    pub reduce: Option<R>,
+    pub quantization: Option<Quantization>,
+    /// Only some forms have it; their file types (read first) refuse it elsewhere.
+    #[serde(default)]
+    pub mixed_kv: Option<MixedKv>,
+}
+
 /// A family's derived form, as [`read`] needs it. Implemented by the family's
 /// full spec type.
-pub(crate) trait Reducible: Clone {
+pub(crate) trait Reducible: Clone + Document {
     /// The derived document (`<Family>DerivedSpecFile`, as the JSON schema names it).
     type File: DeserializeOwned;
     /// Its `derive.reduce` section.
-    type Reduce;
+    type Reduce: DeserializeOwned;
 
     /// The parent with what a derived file sets rather than inherits: its name and
-    /// weight quantization (and mixed KV, where the form has it).
-    fn derived(parent: &Self, file: &Self::File) -> Self;
-    /// The file's `derive.reduce`, or None for `reduce: null`.
-    fn reduce(file: &Self::File) -> Option<&Self::Reduce>;
-    /// The file's `format_version`.
-    fn format_version(file: &Self::File) -> u32;
+    /// weight quantization (a form with mixed KV sets that too).
+    fn derived(parent: &Self, file: &DerivedFile<Self::Reduce>) -> Self {
+        let mut spec = parent.clone();
+        spec.identity_mut().name = file.identity.name.clone();
+        *spec.quantization_mut() = file.derive.quantization.clone();
+        spec
+    }
     /// Fields the derived file's form has but this family does not take, each as
     /// an issue (reported before anything else).
     fn refused_in_file(_file: &Self::File) -> Vec<Issue> {
         Vec::new()
     }
-    /// The attention stack's sizes of a reduction.
-    fn stack(reduce: &Self::Reduce) -> Stack;
     /// The attention stack's sizes of a full spec.
     fn stack_of(&self) -> Stack;
     /// The family's other reduced sizes beside the parent's, checked after the
@@ -98,17 +122,12 @@ pub(crate) trait Reducible: Clone {
     /// The family's structure rules beyond grouped-query attention, reported
     /// after it.
     fn keep_structure(_reduce: &Self::Reduce, _parent: &Self, _issues: &mut Vec<Issue>) {}
-    /// Writes every reduced size into the spec.
-    fn apply(&mut self, reduce: &Self::Reduce);
-    /// All semantic errors of a full spec (full-spec field paths).
-    fn check(&self) -> Vec<Issue>;
+    /// Writes every reduced size into the spec: the stack's (the reduction's
+    /// first six) and the family's own.
+    fn apply(&mut self, stack: &Stack, reduce: &Self::Reduce);
     /// The `derive.reduce` field an issue at the full-spec `path` belongs to (in a
     /// file with a `reduce` section), or None when it concerns an inherited field.
     fn reduced_field(path: &str) -> Option<FieldPath>;
-    fn name(&self) -> &str;
-    fn quantization(&self) -> Option<&Quantization>;
-    /// Modules the default quantization would leave unquantized (group size).
-    fn quant_skipped(&self) -> Vec<QuantizableModule>;
 }
 
 /// The last key of a full-spec path as text: `attention.head_dim` → `head_dim`.
@@ -130,23 +149,17 @@ pub(crate) fn read<S: Reducible>(
     origin: &str,
     parent: &S,
 ) -> Result<S, Diagnostics> {
-    let file: S::File = serde_path_to_error::deserialize(value).map_err(|e| {
-        locate_serde(
-            tree,
-            origin,
-            vec![crate::serde_issue(&FieldPath::root(), e)],
-        )
-    })?;
+    let file: S::File = deserialize(value.clone(), tree, origin)?;
+    // The same document, as every form has it; it deserialized strictly above.
+    let common: DerivedFile<S::Reduce> = deserialize(value.clone(), tree, origin)?;
+    let stack: DerivedFile<Stack> = deserialize(value, tree, origin)?;
     let mut front = S::refused_in_file(&file);
-    if S::format_version(&file) != FORMAT_VERSION {
+    if common.format_version != FORMAT_VERSION {
         front.insert(
             0,
             Issue::new(
                 p("format_version"),
-                format!(
-                    "format version {} is not supported",
-                    S::format_version(&file)
-                ),
+                format!("format version {} is not supported", common.format_version),
                 format!("{FORMAT_VERSION}"),
                 "this archgen reads format_version 1 only",
             ),
@@ -155,11 +168,11 @@ pub(crate) fn read<S: Reducible>(
     if !front.is_empty() {
         return Err(locate_all(tree, origin, front));
     }
-    let mut spec = S::derived(parent, &file);
-    let reduce = S::reduce(&file);
+    let mut spec = S::derived(parent, &common);
+    let reduce = common.derive.reduce.as_ref();
     let mut issues = Vec::new();
-    if let Some(r) = reduce {
-        let (stack, parent_stack) = (S::stack(r), parent.stack_of());
+    if let (Some(r), Some(stack)) = (reduce, stack.derive.reduce) {
+        let parent_stack = parent.stack_of();
         let mut sizes = stack.beside(&parent_stack).to_vec();
         sizes.extend(S::other_sizes(r, parent, &mut issues));
         check_shrinks(&sizes, &mut issues);
@@ -175,21 +188,21 @@ pub(crate) fn read<S: Reducible>(
             ));
         }
         S::keep_structure(r, parent, &mut issues);
-        spec.apply(r);
+        spec.apply(&stack, r);
     }
     if issues.is_empty() {
         let checked = spec.check();
         issues.extend(
             checked
                 .into_iter()
-                .map(|i| place::<S>(i, reduce.is_some(), parent.name())),
+                .map(|i| place::<S>(i, reduce.is_some(), &parent.identity().name)),
         );
     }
     if issues.is_empty() {
         if let Some(q) = spec.quantization() {
             issues.extend(quant_divisibility(
                 q,
-                &spec.quant_skipped(),
+                &spec.lower().quant_skipped_modules(),
                 "derived specs must exercise quantization everywhere: pick sizes that are multiples of the group size",
             ));
         }
@@ -199,6 +212,21 @@ pub(crate) fn read<S: Reducible>(
     } else {
         Err(locate_all(tree, origin, issues))
     }
+}
+
+/// `value` as `T`, or its first error located in `tree`.
+fn deserialize<T: DeserializeOwned>(
+    value: serde_yaml::Value,
+    tree: &Node,
+    origin: &str,
+) -> Result<T, Diagnostics> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        locate_serde(
+            tree,
+            origin,
+            vec![crate::serde_issue(&FieldPath::root(), e)],
+        )
+    })
 }
 
 /// Moves an issue on the reduced spec to the derived file's field: the derived

@@ -1,7 +1,7 @@
 //! The config.json views of a Gemma-4 spec: `text_config` names (`spec show
 //! --json`) and a whole config.json of its source model type.
 
-use crate::hf::{canonical, quantization_json};
+use crate::hf::config_view;
 use crate::model::*;
 use serde_json::{json, Value};
 
@@ -61,16 +61,13 @@ pub(crate) fn gemma4_hf_json(spec: &Gemma4Spec) -> Value {
         "rope_traditional": spec.rope.traditional,
         "max_position_embeddings": spec.model.max_position_embeddings,
     });
-    if let Some(q) = &spec.quantization {
-        v["quantization"] = quantization_json(q);
-    }
     if let Some(kv) = &spec.kv_quantization {
         v["kv_quantization"] = json!(kv
             .iter()
             .map(|e| json!({"layer_idx": e.layer_idx, "bits": e.bits, "group_size": e.group_size}))
             .collect::<Vec<_>>());
     }
-    canonical(&v)
+    config_view(v, spec.quantization.as_ref())
 }
 
 /// A config.json for a Gemma-4 spec, in the layout of its source model type

@@ -4,9 +4,9 @@
 
 use crate::model::*;
 use crate::reader::{
-    read_kv_config, read_quantization, AppliedDefault, ImportError, Reader, ABSENT,
+    first_quantization, imported_identity, read_kv_config, AppliedDefault, ImportError, Reader,
+    ABSENT,
 };
-use crate::validate;
 use serde_json::{json, Map, Value};
 
 fn minimal_period(types: &[LayerType]) -> usize {
@@ -300,42 +300,24 @@ pub(crate) fn import(
     });
 
     // Quantization: `quantization`, else `quantization_config` (top level, then text_config).
-    let mut quantization = None;
-    let q_src = [
-        (top.get("quantization"), "quantization"),
-        (top.get("quantization_config"), "quantization_config"),
-        (
-            text.get("quantization_config"),
-            "text_config.quantization_config",
-        ),
-    ];
-    if let Some((Some(q), field)) = q_src.iter().find(|(v, _)| v.is_some_and(|v| !v.is_null())) {
-        quantization = read_quantization(q, field, &mut r);
-    }
+    let quantization = first_quantization(
+        &[
+            (top.get("quantization"), "quantization"),
+            (top.get("quantization_config"), "quantization_config"),
+            (
+                text.get("quantization_config"),
+                "text_config.quantization_config",
+            ),
+        ],
+        &mut r,
+    );
     let kv_quantization = kv_config.and_then(|kv| read_kv_config(kv, &mut r));
 
-    if !r.problems.is_empty() {
-        return Err(ImportError {
-            problems: r.problems,
-        });
-    }
+    let applied = r.finish_ok()?;
     let period = minimal_period(&types);
-    let repo = top
-        .get("_name_or_path")
-        .and_then(Value::as_str)
-        .filter(|s| s.split('/').count() == 2 && !s.starts_with('/') && !s.starts_with('.'))
-        .map(str::to_string);
     let spec = Gemma4Spec {
         format_version: FORMAT_VERSION,
-        identity: Identity {
-            name: name.to_string(),
-            family: Family::Gemma4,
-            source: Source {
-                repo,
-                revision: None,
-                model_type,
-            },
-        },
+        identity: imported_identity(top, name, Family::Gemma4, model_type),
         model: ModelDims {
             hidden_size,
             vocab_size,
@@ -374,6 +356,6 @@ pub(crate) fn import(
         kv_quantization,
         mixed_kv: None,
     };
-    let issues = validate::check(&spec);
-    crate::reader::checked(spec, issues, r.applied)
+    let issues = super::check(&spec);
+    crate::reader::checked(spec, issues, applied)
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::ir::*;
 use crate::ir::{KvQuant, RopeKind, WeightQuant};
+use crate::ir_parts::{plain_head, whole_head_sharding};
 use crate::model::{ConfigModelType, Gemma4Spec, LayerType, RopeParams};
 
 /// The IR of a valid Gemma-4 spec.
@@ -176,11 +177,7 @@ pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
             sanitize,
         },
         // gemma4_text.py has no shard().
-        sharding: Sharding {
-            oracle: ShardOracle::Absent,
-            head: HeadSplit::Whole,
-            kv_heads: KvHeadSplit::Divided,
-        },
+        sharding: whole_head_sharding(ShardOracle::Absent),
         hidden_size: spec.model.hidden_size as usize,
         vocab_size: spec.model.vocab_size as usize,
         max_position_embeddings: spec.model.max_position_embeddings as usize,
@@ -191,17 +188,11 @@ pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
         },
         layers,
         head: Head {
-            weight: if spec.model.tie_word_embeddings {
-                HeadWeight::TiedEmbedding
-            } else {
-                HeadWeight::Untied
-            },
             logit_softcap: spec.model.final_logit_softcapping.map(|s| Softcap {
                 cap: s as f32,
                 form: SoftcapForm::Compiled,
             }),
-            norm: NormWeight::Direct,
-            logit_scale: LogitScale::None,
+            ..plain_head(spec.model.tie_word_embeddings)
         },
         quantization: spec.quantization.as_ref().map(WeightQuant::of),
     }

@@ -1,20 +1,25 @@
 //! Gemma-4 text models (`gemma4_text.py`, also under `gemma4` and
 //! `gemma4_unified`): the family's lowering to the block IR, its config.json
-//! import, its YAML writer and its config.json views. The document types
-//! (`Gemma4Spec`) and their validation are in `model.rs` and `validate.rs`.
+//! import, its YAML writer, its config.json views, its semantic checks
+//! (`validate.rs`) and its document types (`model.rs`, `Gemma4Spec`).
 
 mod hf;
 mod import;
 mod lower;
+pub(crate) mod model;
+mod validate;
 mod yaml;
 
 pub(crate) use hf::{gemma4_config_json as config_json, gemma4_hf_json as hf_json};
 pub(crate) use import::import;
 pub(crate) use lower::lower;
+pub(crate) use validate::check;
 pub(crate) use yaml::gemma4_yaml as to_yaml;
 
-use crate::model::ConfigModelType;
+use crate::model::{ConfigModelType, Gemma4Spec};
 use crate::reader::{AppliedDefault, ImportError};
+
+crate::document::impl_document!(Gemma4Spec, check, with mixed_kv);
 
 /// Gemma-4 in the family registry: the one family that reads mlx-optiq's
 /// `kv_config.json` itself (as `kv_quantization`).

@@ -1,6 +1,6 @@
 //! A Gemma-4 spec as a full-form YAML file, in the layout of specs/.
 
-use crate::emit::{float, identity_yaml, quantization_yaml, MODELINE};
+use crate::emit::{float, header_yaml, quantization_yaml, section_yaml};
 use crate::model::*;
 use std::fmt::Write;
 
@@ -37,77 +37,106 @@ fn rope(r: &RopeParams) -> String {
 /// result gives back an equal spec.
 pub(crate) fn gemma4_yaml(spec: &Gemma4Spec) -> String {
     let mut o = String::new();
-    let id = &spec.identity;
     let m = &spec.model;
     let l = &spec.layers;
     let a = &spec.attention;
-    let _ = writeln!(o, "{MODELINE}");
-    let _ = writeln!(o, "format_version: {}", spec.format_version);
-    identity_yaml(&mut o, id);
-    let _ = writeln!(o, "model:");
-    let _ = writeln!(o, "  hidden_size: {}", m.hidden_size);
-    let _ = writeln!(o, "  vocab_size: {}", m.vocab_size);
-    let _ = writeln!(o, "  rms_norm_eps: {}", float(m.rms_norm_eps));
-    let _ = writeln!(o, "  tie_word_embeddings: {}", m.tie_word_embeddings);
-    let _ = writeln!(
-        o,
-        "  final_logit_softcapping: {}",
-        m.final_logit_softcapping.map_or("null".into(), float)
+    header_yaml(&mut o, spec.format_version, &spec.identity);
+    section_yaml(
+        &mut o,
+        "model",
+        &[
+            ("hidden_size", m.hidden_size.to_string()),
+            ("vocab_size", m.vocab_size.to_string()),
+            ("rms_norm_eps", float(m.rms_norm_eps)),
+            ("tie_word_embeddings", m.tie_word_embeddings.to_string()),
+            (
+                "final_logit_softcapping",
+                m.final_logit_softcapping.map_or("null".into(), float),
+            ),
+            (
+                "max_position_embeddings",
+                m.max_position_embeddings.to_string(),
+            ),
+        ],
     );
-    let _ = writeln!(
-        o,
-        "  max_position_embeddings: {}",
-        m.max_position_embeddings
-    );
-    let _ = writeln!(o, "layers:");
-    let _ = writeln!(o, "  num_hidden_layers: {}", l.num_hidden_layers);
     let pattern: Vec<&str> = l.pattern.iter().map(|t| layer(*t)).collect();
-    let _ = writeln!(o, "  pattern: [{}]", pattern.join(", "));
-    let _ = writeln!(o, "  repeat: {}", l.repeat);
-    let _ = writeln!(o, "  num_kv_shared_layers: {}", l.num_kv_shared_layers);
-    let _ = writeln!(o, "attention:");
-    let _ = writeln!(o, "  num_attention_heads: {}", a.num_attention_heads);
-    let _ = writeln!(o, "  num_key_value_heads: {}", a.num_key_value_heads);
-    let _ = writeln!(
-        o,
-        "  num_global_key_value_heads: {}",
-        opt(a.num_global_key_value_heads)
+    section_yaml(
+        &mut o,
+        "layers",
+        &[
+            ("num_hidden_layers", l.num_hidden_layers.to_string()),
+            ("pattern", format!("[{}]", pattern.join(", "))),
+            ("repeat", l.repeat.to_string()),
+            ("num_kv_shared_layers", l.num_kv_shared_layers.to_string()),
+        ],
     );
-    let _ = writeln!(o, "  attention_k_eq_v: {}", a.attention_k_eq_v);
-    let _ = writeln!(o, "  head_dim: {}", a.head_dim);
-    let _ = writeln!(o, "  global_head_dim: {}", opt(a.global_head_dim));
-    let _ = writeln!(o, "  sliding_window: {}", a.sliding_window);
-    let _ = writeln!(o, "rope:");
-    let _ = writeln!(o, "  traditional: {}", spec.rope.traditional);
-    let _ = writeln!(o, "  sliding: {}", rope(&spec.rope.sliding));
-    let _ = writeln!(o, "  full: {}", rope(&spec.rope.full));
-    let _ = writeln!(o, "mlp:");
-    let _ = writeln!(o, "  intermediate_size: {}", spec.mlp.intermediate_size);
-    let _ = writeln!(o, "  use_double_wide_mlp: {}", spec.mlp.use_double_wide_mlp);
+    section_yaml(
+        &mut o,
+        "attention",
+        &[
+            ("num_attention_heads", a.num_attention_heads.to_string()),
+            ("num_key_value_heads", a.num_key_value_heads.to_string()),
+            (
+                "num_global_key_value_heads",
+                opt(a.num_global_key_value_heads),
+            ),
+            ("attention_k_eq_v", a.attention_k_eq_v.to_string()),
+            ("head_dim", a.head_dim.to_string()),
+            ("global_head_dim", opt(a.global_head_dim)),
+            ("sliding_window", a.sliding_window.to_string()),
+        ],
+    );
+    section_yaml(
+        &mut o,
+        "rope",
+        &[
+            ("traditional", spec.rope.traditional.to_string()),
+            ("sliding", rope(&spec.rope.sliding)),
+            ("full", rope(&spec.rope.full)),
+        ],
+    );
+    section_yaml(
+        &mut o,
+        "mlp",
+        &[
+            ("intermediate_size", spec.mlp.intermediate_size.to_string()),
+            (
+                "use_double_wide_mlp",
+                spec.mlp.use_double_wide_mlp.to_string(),
+            ),
+        ],
+    );
     match &spec.moe {
         None => o.push_str("moe: null\n"),
-        Some(moe) => {
-            let _ = writeln!(o, "moe:");
-            let _ = writeln!(o, "  num_experts: {}", moe.num_experts);
-            let _ = writeln!(o, "  top_k_experts: {}", moe.top_k_experts);
-            let _ = writeln!(o, "  moe_intermediate_size: {}", moe.moe_intermediate_size);
-        }
+        Some(moe) => section_yaml(
+            &mut o,
+            "moe",
+            &[
+                ("num_experts", moe.num_experts.to_string()),
+                ("top_k_experts", moe.top_k_experts.to_string()),
+                (
+                    "moe_intermediate_size",
+                    moe.moe_intermediate_size.to_string(),
+                ),
+            ],
+        ),
     }
     match &spec.per_layer_input {
         None => o.push_str("per_layer_input: null\n"),
-        Some(p) => {
-            let _ = writeln!(o, "per_layer_input:");
-            let _ = writeln!(
-                o,
-                "  hidden_size_per_layer_input: {}",
-                p.hidden_size_per_layer_input
-            );
-            let _ = writeln!(
-                o,
-                "  vocab_size_per_layer_input: {}",
-                p.vocab_size_per_layer_input
-            );
-        }
+        Some(p) => section_yaml(
+            &mut o,
+            "per_layer_input",
+            &[
+                (
+                    "hidden_size_per_layer_input",
+                    p.hidden_size_per_layer_input.to_string(),
+                ),
+                (
+                    "vocab_size_per_layer_input",
+                    p.vocab_size_per_layer_input.to_string(),
+                ),
+            ],
+        ),
     }
     quantization_yaml(&mut o, spec.quantization.as_ref());
     match &spec.kv_quantization {

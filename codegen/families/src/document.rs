@@ -1,0 +1,83 @@
+//! One family's resolved spec as the rest of the crate handles it: its identity,
+//! weight quantization and mixed KV, its checks, its lowering and its writers.
+//! Each family implements [`Document`] once, beside its document type; [`Spec`]
+//! reaches every family through [`Spec::document`], so a new family adds one arm
+//! there rather than one to every method, and the derived form
+//! ([`crate::reduce::Reducible`]) reads the same methods.
+//!
+//! [`Spec`]: crate::Spec
+//! [`Spec::document`]: crate::Spec::document
+
+use crate::diag::Issue;
+use crate::ir::ModelIr;
+use crate::model::{Identity, Quantization};
+use crate::MixedKv;
+use serde_json::Value;
+
+pub(crate) trait Document {
+    fn identity(&self) -> &Identity;
+    fn identity_mut(&mut self) -> &mut Identity;
+    /// Weight quantization (the mlx config's `quantization`), when set.
+    fn quantization(&self) -> Option<&Quantization>;
+    fn quantization_mut(&mut self) -> &mut Option<Quantization>;
+    /// mlx-optiq per-layer mixed KV, on the layouts that have the section.
+    fn mixed_kv(&self) -> Option<&MixedKv> {
+        None
+    }
+    /// All semantic errors (full-spec field paths).
+    fn check(&self) -> Vec<Issue>;
+    /// The block IR of a valid spec, before mixed KV is applied.
+    fn lower(&self) -> ModelIr;
+    /// The full-form YAML text, starting with the schema modeline.
+    fn to_yaml(&self) -> String;
+    /// The config.json view (`spec show --json`), keys sorted.
+    fn hf_json(&self) -> Value;
+}
+
+/// Implements [`Document`] for a family's document type: the accessors read
+/// the fields every layout has (`identity`, `quantization`; `mixed_kv` where
+/// the layout has the section), the rest calls the family module's own `lower`,
+/// `to_yaml` and `hf_json` and the given check. Written once here so that a
+/// family states only what differs.
+macro_rules! impl_document {
+    ($spec:ty, $check:path) => {
+        $crate::document::impl_document!(@impl $spec, $check, {});
+    };
+    ($spec:ty, $check:path, with mixed_kv) => {
+        $crate::document::impl_document!(@impl $spec, $check, {
+            fn mixed_kv(&self) -> Option<&$crate::MixedKv> {
+                self.mixed_kv.as_ref()
+            }
+        });
+    };
+    (@impl $spec:ty, $check:path, { $($mixed_kv:tt)* }) => {
+        impl $crate::document::Document for $spec {
+            fn identity(&self) -> &$crate::model::Identity {
+                &self.identity
+            }
+            fn identity_mut(&mut self) -> &mut $crate::model::Identity {
+                &mut self.identity
+            }
+            fn quantization(&self) -> Option<&$crate::model::Quantization> {
+                self.quantization.as_ref()
+            }
+            fn quantization_mut(&mut self) -> &mut Option<$crate::model::Quantization> {
+                &mut self.quantization
+            }
+            $($mixed_kv)*
+            fn check(&self) -> Vec<$crate::diag::Issue> {
+                $check(self)
+            }
+            fn lower(&self) -> $crate::ir::ModelIr {
+                lower(self)
+            }
+            fn to_yaml(&self) -> String {
+                to_yaml(self)
+            }
+            fn hf_json(&self) -> serde_json::Value {
+                hf_json(self)
+            }
+        }
+    };
+}
+pub(crate) use impl_document;

@@ -1,0 +1,84 @@
+//! The IR blocks several lowerings share, written once: Llama's full causal
+//! attention with its own projected K/V, plain RoPE, and the SwiGLU MLP. A
+//! lowering whose block differs states only the difference, with struct update
+//! syntax (`Attention { qk_norm: QkNorm::RmsPerHead, ..full_attention(..) }`),
+//! so each shared fact is in one place.
+
+use crate::ir::*;
+
+/// Full causal attention as llama.py runs it: separate unbiased q/k/v
+/// projections, no q/k/v norms, `head_dim ** -0.5` in fused SDPA, its own
+/// K/V in a plain cache, no output gate.
+pub(crate) fn full_attention(
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    rope: RopeForm,
+) -> Attention {
+    Attention {
+        n_heads: n_heads as usize,
+        n_kv_heads: n_kv_heads as usize,
+        head_dim: head_dim as usize,
+        bias: ProjectionBias::None,
+        qk_norm: QkNorm::None,
+        value_norm: ValueNorm::None,
+        rope,
+        scale: AttentionScale::InvSqrtHeadDim,
+        window: Window::Full,
+        kv: KvSource::Own {
+            values: Values::Projected,
+            cache: KvCache::Plain,
+        },
+        scores: Scores::FusedSdpa,
+        output_gate: OutputGate::None,
+        projection: QkvProjection::Separate,
+    }
+}
+
+/// `nn.RoPE(rotated_dims, traditional, base=theta)`: unscaled RoPE.
+pub(crate) fn plain_rope(theta: f64, traditional: bool, rotated_dims: usize) -> RopeForm {
+    RopeForm {
+        kind: RopeKind::Default {
+            theta: theta as f32,
+        },
+        traditional,
+        rotated_dims,
+    }
+}
+
+/// The SwiGLU MLP, `down(silu(gate(x)) * up(x))`, with separate projections.
+pub(crate) fn swiglu(width: u32) -> GatedMlp {
+    GatedMlp {
+        width: width as usize,
+        activation: Activation::Silu,
+        projection: GateUpProjection::Separate,
+    }
+}
+
+/// How the model splits over tensor-parallel ranks where its attention heads
+/// divide evenly (every family's but Qwen3.5's): the head whole on each rank,
+/// the K/V heads divided. `oracle` says whether mlx-lm's module has a
+/// `shard()` to compare with.
+pub(crate) fn whole_head_sharding(oracle: ShardOracle) -> Sharding {
+    Sharding {
+        oracle,
+        head: HeadSplit::Whole,
+        kv_heads: KvHeadSplit::Divided,
+    }
+}
+
+/// The plain head: the final RMSNorm's weight as it is, then the embedding
+/// (`embed_tokens.as_linear`) when `tie_word_embeddings`, else its own
+/// `lm_head`; no softcap, no logit scale.
+pub(crate) fn plain_head(tie_word_embeddings: bool) -> Head {
+    Head {
+        weight: if tie_word_embeddings {
+            HeadWeight::TiedEmbedding
+        } else {
+            HeadWeight::Untied
+        },
+        logit_softcap: None,
+        norm: NormWeight::Direct,
+        logit_scale: LogitScale::None,
+    }
+}
