@@ -79,6 +79,7 @@ use crate::deltanet::{
     self, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet, InProj, SharedExpertMoe,
 };
 use crate::device::{gpu_blocks, path, GpuBlocks, Path};
+use crate::feed_forward::FeedForward;
 use crate::layers::{Linear, Quantized, SwitchLinear};
 use crate::moe::{Router, SoftmaxTopKRouter, SwitchGlu, TopKProbs};
 use crate::ops::{rms_norm, NormInputs, Result};
@@ -919,23 +920,31 @@ fn post_attention_experts(h: &Array, o: &Array, layer: &ExpertsLayer<'_>) -> Res
     out.into_iter().next().ok_or_else(bad_outputs)
 }
 
-/// The feed-forward half of a hybrid (Qwen3.5 / Qwen3.6) layer.
-#[derive(Clone, Copy)]
-pub enum HybridFeedForward<'a> {
-    Mlp(&'a Mlp),
-    SharedExpertMoe(&'a SharedExpertMoe),
-}
-
 /// Whether a hybrid layer's block that holds its feed-forward half is
 /// compiled on this path. On a GPU the shared-expert MoE stays eager: its
 /// `sigmoid(gate) * shared + routed`, fused, turns the multiply and the add
 /// into one FMA (on an H200 qwen3.6-35b-a3b-tiny left the eager blocks'
-/// decode bits while the dense qwen3.5 layers kept them).
-fn hybrid_feed_forward_compiles(ffn: &HybridFeedForward<'_>) -> bool {
+/// decode bits while the dense qwen3.5 layers kept them). Routed experts
+/// beside the MLP (Gemma-4's form, in no hybrid family) compile as
+/// [`post_attention_block`] compiles them: only where the router's inlined
+/// `hidden ** -0.5` reads back, and not on a GPU, where no hybrid layer
+/// with them has been measured.
+fn hybrid_feed_forward_compiles(ffn: &FeedForward) -> bool {
     match (path(), ffn) {
-        (Path::NativeFastOps, HybridFeedForward::SharedExpertMoe(_)) => false,
-        // The router's precise softmax and top-k carry no float constant.
-        (_, HybridFeedForward::Mlp(_) | HybridFeedForward::SharedExpertMoe(_)) => true,
+        (
+            Path::NativeFastOps,
+            FeedForward::SharedExpertMoe(_) | FeedForward::Mlp { moe: Some(_), .. },
+        ) => false,
+        (_, FeedForward::Mlp { moe: Some(m), .. }) => {
+            reads_back((m.router.hidden as f64).powf(-0.5) as f32)
+        }
+        // The routers' precise softmax and top-k carry no float constant.
+        (
+            _,
+            FeedForward::Mlp { moe: None, .. }
+            | FeedForward::SparseMoe(_)
+            | FeedForward::SharedExpertMoe(_),
+        ) => true,
     }
 }
 
@@ -943,7 +952,7 @@ fn hybrid_feed_forward_compiles(ffn: &HybridFeedForward<'_>) -> bool {
 pub struct DeltaNetLayer<'a> {
     pub norms: &'a LayerNorms,
     pub mixer: &'a GatedDeltaNet,
-    pub ffn: HybridFeedForward<'a>,
+    pub ffn: &'a FeedForward,
     pub eps: f32,
 }
 
@@ -956,7 +965,7 @@ fn delta_net_layer(
     input_norm: &Array,
     norms: &LayerNorms,
     mixer: &GatedDeltaNet,
-    ffn: HybridFeedForward<'_>,
+    ffn: &FeedForward,
     eps: f32,
     cache: &mut ArraysCache,
     qk_scales: Option<(&Array, &Array)>,
@@ -972,16 +981,12 @@ fn hybrid_residual_and_feed_forward(
     h: &Array,
     a: &Array,
     norms: &LayerNorms,
-    ffn: HybridFeedForward<'_>,
+    ffn: &FeedForward,
     eps: f32,
 ) -> Result<Array> {
-    let h = blocks::attention_residual(h, a, norms, eps)?;
-    let h = match ffn {
-        HybridFeedForward::Mlp(m) => blocks::feed_forward(&h, norms, m, None, eps)?,
-        HybridFeedForward::SharedExpertMoe(m) => {
-            deltanet::shared_expert_feed_forward(&h, norms, m, eps)?
-        }
-    };
+    // Hybrid kinds have no scaled residuals, per-layer input gate or layer
+    // scalar (the emitter refuses them beside these mixers).
+    let h = ffn.after_mixer(h, a, norms, None, eps)?;
     blocks::finish_layer(&h, None, None, eps)
 }
 
@@ -990,7 +995,7 @@ fn hybrid_residual_and_feed_forward(
 pub struct GatedAttentionLayer<'a> {
     pub norms: &'a LayerNorms,
     pub attn: &'a GatedAttention,
-    pub ffn: HybridFeedForward<'a>,
+    pub ffn: &'a FeedForward,
     pub shape: AttentionShape,
     pub eps: f32,
 }
@@ -1064,14 +1069,9 @@ pub fn gated_attention(
     layer.attn.o_proj.put(&mut p);
     layer.norms.put(&mut p);
     layer.ffn.put(&mut p);
-    let out = p.run(hybrid_feed_forward_compiles(&layer.ffn), |covered| {
+    let out = p.run(hybrid_feed_forward_compiles(layer.ffn), |covered| {
         let (o_proj, norms) = (hollow(&layer.attn.o_proj), hollow(layer.norms));
-        let ffn = match layer.ffn {
-            HybridFeedForward::Mlp(m) => deltanet::FeedForward::Mlp(hollow(m)),
-            HybridFeedForward::SharedExpertMoe(m) => {
-                deltanet::FeedForward::SharedExpertMoe(hollow(m))
-            }
-        };
+        let ffn = hollow(layer.ffn);
         let norm_inputs = (!native).then(|| NormInputs::new(&[eps], &[hidden]));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
@@ -1079,14 +1079,10 @@ pub fn gated_attention(
             let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
             let (o, gate) = (next(it), next(it));
             let (o_proj, norms, ffn) = (o_proj.take(it), norms.take(it), ffn.take(it));
-            let ffn = match &ffn {
-                deltanet::FeedForward::Mlp(m) => HybridFeedForward::Mlp(m),
-                deltanet::FeedForward::SharedExpertMoe(m) => HybridFeedForward::SharedExpertMoe(m),
-            };
             let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
                 let a = deltanet::gated_attention_output(&o, &gate, &o_proj)?;
                 Ok(vec![hybrid_residual_and_feed_forward(
-                    &h, &a, &norms, ffn, eps,
+                    &h, &a, &norms, &ffn, eps,
                 )?])
             });
             covered.set(all);
@@ -1143,15 +1139,10 @@ pub fn delta_net(h: &Array, layer: &DeltaNetLayer<'_>, cache: &mut ArraysCache) 
     layer.mixer.put(&mut p);
     layer.ffn.put(&mut p);
     let eps = layer.eps;
-    let out = p.run(hybrid_feed_forward_compiles(&layer.ffn), |covered| {
+    let out = p.run(hybrid_feed_forward_compiles(layer.ffn), |covered| {
         // Templates for rebuilding the structures from the traced inputs.
         let (norms, mixer) = (hollow(layer.norms), hollow(layer.mixer));
-        let ffn = match layer.ffn {
-            HybridFeedForward::Mlp(m) => deltanet::FeedForward::Mlp(hollow(m)),
-            HybridFeedForward::SharedExpertMoe(m) => {
-                deltanet::FeedForward::SharedExpertMoe(hollow(m))
-            }
-        };
+        let ffn = hollow(layer.ffn);
         let norm_inputs = NormInputs::new(&norm_eps, &widths);
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
@@ -1161,10 +1152,6 @@ pub fn delta_net(h: &Array, layer: &DeltaNetLayer<'_>, cache: &mut ArraysCache) 
             let (conv, state) = (next(it), next(it));
             let input_norm = next(it);
             let (norms, mixer, ffn) = (norms.take(it), mixer.take(it), ffn.take(it));
-            let ffn = match &ffn {
-                deltanet::FeedForward::Mlp(m) => HybridFeedForward::Mlp(m),
-                deltanet::FeedForward::SharedExpertMoe(m) => HybridFeedForward::SharedExpertMoe(m),
-            };
             let (out, all) = norm_scope(Some(scope), || -> Result<Vec<Array>> {
                 let mut cache = ArraysCache {
                     conv: Some(conv),
@@ -1175,7 +1162,7 @@ pub fn delta_net(h: &Array, layer: &DeltaNetLayer<'_>, cache: &mut ArraysCache) 
                     &input_norm,
                     &norms,
                     &mixer,
-                    ffn,
+                    &ffn,
                     eps,
                     &mut cache,
                     Some((&q_scale, &k_scale)),
@@ -1195,40 +1182,35 @@ pub fn delta_net(h: &Array, layer: &DeltaNetLayer<'_>, cache: &mut ArraysCache) 
     Ok(h)
 }
 
-impl Flat for HybridFeedForward<'_> {
+impl Flat for FeedForward {
     fn put(&self, p: &mut Packed) {
         match self {
-            HybridFeedForward::Mlp(m) => {
+            FeedForward::Mlp { mlp, moe } => {
                 p.key.push(0);
-                m.put(p);
+                mlp.put(p);
+                moe.put(p);
             }
-            HybridFeedForward::SharedExpertMoe(m) => {
+            FeedForward::SharedExpertMoe(m) => {
                 p.key.push(1);
                 m.put(p);
             }
-        }
-    }
-    fn take(&self, _: &mut std::slice::Iter<'_, Array>) -> Self {
-        // Borrowed: rebuilt through `deltanet::FeedForward` instead.
-        *self
-    }
-}
-
-impl Flat for deltanet::FeedForward {
-    fn put(&self, p: &mut Packed) {
-        match self {
-            deltanet::FeedForward::Mlp(m) => HybridFeedForward::Mlp(m).put(p),
-            deltanet::FeedForward::SharedExpertMoe(m) => {
-                HybridFeedForward::SharedExpertMoe(m).put(p)
+            FeedForward::SparseMoe(m) => {
+                p.key.push(2);
+                m.put(p);
             }
         }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
         match self {
-            deltanet::FeedForward::Mlp(m) => deltanet::FeedForward::Mlp(m.take(it)),
-            deltanet::FeedForward::SharedExpertMoe(m) => {
-                deltanet::FeedForward::SharedExpertMoe(m.take(it))
+            FeedForward::Mlp { mlp, moe } => {
+                let mlp = mlp.take(it);
+                FeedForward::Mlp {
+                    mlp,
+                    moe: moe.take(it),
+                }
             }
+            FeedForward::SharedExpertMoe(m) => FeedForward::SharedExpertMoe(m.take(it)),
+            FeedForward::SparseMoe(m) => FeedForward::SparseMoe(m.take(it)),
         }
     }
 }
