@@ -581,10 +581,7 @@ fn pre_attention(
     h.put(&mut p);
     let norm_eps = [layer.eps, layer.shape.eps];
     let native = matches!(rope, RopeTables::Native { .. });
-    if !native {
-        p.arrays
-            .extend(NormInputs::new(&norm_eps, &widths).arrays().cloned());
-    }
+    let norm_inputs = put_norm_inputs(&mut p, native, &norm_eps, &widths);
     rope.put(&mut p);
     layer.norms.input().put(&mut p);
     // Either Q/K/V stacked, or Q (and K, V) as three projections.
@@ -608,11 +605,10 @@ fn pre_attention(
         };
         let kv = kv.map(hollow);
         let tables = hollow(rope);
-        let norms = (!native).then(|| NormInputs::new(&norm_eps, &widths));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
-            let scope = norms.as_ref().map(|n| n.with_arrays(it));
+            let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
             let tables = tables.take(it);
             let norm = next(it);
             let (fused, attn, kv) = (fused.take(it), attn.take(it), kv.take(it));
@@ -779,6 +775,37 @@ fn finish_layer_rows(
 const BEFORE_ACTIVATION: i64 = 7;
 const AFTER_ACTIVATION: i64 = 8;
 
+/// Packs the inputs of a block's norms ([`NormInputs`] of `eps` and
+/// `widths`) unless the block runs MLX's fast ops as they are (`native`:
+/// the GPU path, whose `fast.rms_norm` takes eps as a kernel argument), and
+/// returns them as the template the traced function reads them through.
+fn put_norm_inputs(
+    p: &mut Packed,
+    native: bool,
+    eps: &[f32],
+    widths: &[i32],
+) -> Option<NormInputs> {
+    let norms = (!native).then(|| NormInputs::new(eps, widths));
+    if let Some(n) = &norms {
+        p.arrays.extend(n.arrays().cloned());
+    }
+    norms
+}
+
+/// The start all blocks after attention share: the key (`block`, eps, the
+/// hidden size, whether the fast ops stay native), the residual stream `h`
+/// and the inputs of the norms over the hidden size ([`put_norm_inputs`]).
+fn post_attention_packed(block: i64, h: &Array, eps: f32) -> (Packed, Option<NormInputs>) {
+    let hidden = h.shape()[h.ndim() - 1];
+    let native = path() == Path::NativeFastOps;
+    let mut p = Packed::new(block);
+    p.key
+        .extend([eps.to_bits() as i64, hidden as i64, native as i64]);
+    h.put(&mut p);
+    let norms = put_norm_inputs(&mut p, native, &[eps], &[hidden]);
+    (p, norms)
+}
+
 /// [`post_attention`] as one block, compiled when `compile` (and the norms
 /// found their inputs).
 fn post_attention_block(
@@ -789,15 +816,7 @@ fn post_attention_block(
     compile: bool,
 ) -> Result<Array> {
     let hidden = h.shape()[h.ndim() - 1];
-    let mut p = Packed::new(2);
-    let native = path() == Path::NativeFastOps;
-    p.key
-        .extend([layer.eps.to_bits() as i64, hidden as i64, native as i64]);
-    h.put(&mut p);
-    if !native {
-        p.arrays
-            .extend(NormInputs::new(&[layer.eps], &[hidden]).arrays().cloned());
-    }
+    let (mut p, norm_inputs) = post_attention_packed(2, h, layer.eps);
     o.put(&mut p);
     layer.attn.o_proj.put(&mut p);
     layer.norms.put(&mut p);
@@ -824,7 +843,6 @@ fn post_attention_block(
         let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
         let scalar = layer.layer_scalar.map(hollow);
         let residual = residual.map(hollow);
-        let norm_inputs = (!native).then(|| NormInputs::new(&[eps], &[hidden]));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
@@ -871,15 +889,7 @@ fn post_attention_block(
 /// renormalization carry no float constant, so the block always compiles.
 fn post_attention_experts(h: &Array, o: &Array, layer: &ExpertsLayer<'_>) -> Result<Array> {
     let hidden = h.shape()[h.ndim() - 1];
-    let mut p = Packed::new(3);
-    let native = path() == Path::NativeFastOps;
-    p.key
-        .extend([layer.eps.to_bits() as i64, hidden as i64, native as i64]);
-    h.put(&mut p);
-    if !native {
-        p.arrays
-            .extend(NormInputs::new(&[layer.eps], &[hidden]).arrays().cloned());
-    }
+    let (mut p, norm_inputs) = post_attention_packed(3, h, layer.eps);
     o.put(&mut p);
     layer.attn.o_proj.put(&mut p);
     layer.norms.put(&mut p);
@@ -895,7 +905,6 @@ fn post_attention_experts(h: &Array, o: &Array, layer: &ExpertsLayer<'_>) -> Res
         );
         let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
         let scalar = layer.layer_scalar.map(hollow);
-        let norm_inputs = (!native).then(|| NormInputs::new(&[eps], &[hidden]));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
@@ -1025,21 +1034,17 @@ pub fn gated_attention(
         .extend([eps.to_bits() as i64, hidden as i64, rope.dims() as i64]);
     s.put(&mut p);
     h.put(&mut p);
-    if !native {
-        p.arrays
-            .extend(NormInputs::new(&norm_eps, &widths).arrays().cloned());
-    }
+    let norm_inputs = put_norm_inputs(&mut p, native, &norm_eps, &widths);
     rope.put(&mut p);
     layer.norms.input().put(&mut p);
     layer.attn.put(&mut p);
     let qkv = p.run(true, |covered| {
         // Templates for rebuilding the structures from the traced inputs.
         let (attn, tables) = (hollow(layer.attn), hollow(rope));
-        let norms = (!native).then(|| NormInputs::new(&norm_eps, &widths));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
-            let scope = norms.as_ref().map(|n| n.with_arrays(it));
+            let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
             let tables = tables.take(it);
             let norm = next(it);
             let attn = attn.take(it);
@@ -1055,15 +1060,7 @@ pub fn gated_attention(
     let [q, k, v, gate] = <[Array; 4]>::try_from(qkv).map_err(|_| bad_outputs())?;
     let (o, _) = blocks::attend_own_kv(&q, &k, &v, s, cache, mask, offset, false)?;
 
-    let mut p = Packed::new(6);
-    let native = path() == Path::NativeFastOps;
-    p.key
-        .extend([eps.to_bits() as i64, hidden as i64, native as i64]);
-    h.put(&mut p);
-    if !native {
-        p.arrays
-            .extend(NormInputs::new(&[eps], &[hidden]).arrays().cloned());
-    }
+    let (mut p, norm_inputs) = post_attention_packed(6, h, eps);
     o.put(&mut p);
     gate.put(&mut p);
     layer.attn.o_proj.put(&mut p);
@@ -1072,7 +1069,6 @@ pub fn gated_attention(
     let out = p.run(hybrid_feed_forward_compiles(layer.ffn), |covered| {
         let (o_proj, norms) = (hollow(&layer.attn.o_proj), hollow(layer.norms));
         let ffn = hollow(layer.ffn);
-        let norm_inputs = (!native).then(|| NormInputs::new(&[eps], &[hidden]));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
@@ -1186,18 +1182,11 @@ impl Flat for FeedForward {
     fn put(&self, p: &mut Packed) {
         match self {
             FeedForward::Mlp { mlp, moe } => {
-                p.key.push(0);
-                mlp.put(p);
+                p.put_variant(0, mlp);
                 moe.put(p);
             }
-            FeedForward::SharedExpertMoe(m) => {
-                p.key.push(1);
-                m.put(p);
-            }
-            FeedForward::SparseMoe(m) => {
-                p.key.push(2);
-                m.put(p);
-            }
+            FeedForward::SharedExpertMoe(m) => p.put_variant(1, m),
+            FeedForward::SparseMoe(m) => p.put_variant(2, m),
         }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
@@ -1349,6 +1338,13 @@ impl Packed {
             key: vec![block],
             arrays: Vec::with_capacity(32),
         }
+    }
+
+    /// Which variant of an enum follows (`tag`, into the key), then the
+    /// arrays of its one payload.
+    fn put_variant(&mut self, tag: i64, payload: &impl Flat) {
+        self.key.push(tag);
+        payload.put(self);
     }
 
     /// Calls the compiled block of this key, building it on first use.
@@ -1578,14 +1574,8 @@ impl Flat for Linear {
     fn put(&self, p: &mut Packed) {
         // A pretransposed weight goes in as its evaluated transpose only.
         match &self.weight_t {
-            Some(t) => {
-                p.key.push(1);
-                t.put(p);
-            }
-            None => {
-                p.key.push(0);
-                self.weight.put(p);
-            }
+            Some(t) => p.put_variant(1, t),
+            None => p.put_variant(0, &self.weight),
         }
         put_quant(&self.quant, p);
         self.bias.put(p);
@@ -1621,14 +1611,8 @@ impl Flat for SwitchLinear {
 impl Flat for QkNormWeight {
     fn put(&self, p: &mut Packed) {
         match self {
-            QkNormWeight::PerHead(w) => {
-                p.key.push(0);
-                w.put(p);
-            }
-            QkNormWeight::WholeProjection(w) => {
-                p.key.push(1);
-                w.put(p);
-            }
+            QkNormWeight::PerHead(w) => p.put_variant(0, w),
+            QkNormWeight::WholeProjection(w) => p.put_variant(1, w),
         }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
@@ -1652,10 +1636,7 @@ impl Flat for LayerNorms {
     fn put(&self, p: &mut Packed) {
         // The input norm belongs to the block before attention.
         match self {
-            LayerNorms::PreNorm { ffn, .. } => {
-                p.key.push(0);
-                ffn.put(p);
-            }
+            LayerNorms::PreNorm { ffn, .. } => p.put_variant(0, ffn),
             LayerNorms::Sandwich {
                 post_attention,
                 pre_feedforward,
@@ -1704,10 +1685,7 @@ impl Flat for GateUp {
             }
             // Its own key (a `Linear`'s starts with 0 or 1, so 2 tells the
             // forms apart): the compiled block splits one product.
-            GateUp::Fused { gate_up_proj } => {
-                p.key.push(2);
-                gate_up_proj.put(p);
-            }
+            GateUp::Fused { gate_up_proj } => p.put_variant(2, gate_up_proj),
         }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
