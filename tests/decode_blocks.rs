@@ -11,6 +11,7 @@ use archgen_runtime::blocks::{self as b, AttentionShape, AttentionWeights, KvWei
 use archgen_runtime::bytes::array_bytes;
 use archgen_runtime::cache::{KvCache, LayerCache, RotatingKvCache};
 use archgen_runtime::decode;
+use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::Linear;
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
 use archgen_runtime::rope::{apply_tables, Rope};
@@ -874,9 +875,9 @@ fn delta_net_parts(
 ) -> (
     b::LayerNorms,
     archgen_runtime::deltanet::GatedDeltaNet,
-    archgen_runtime::deltanet::FeedForward,
+    FeedForward,
 ) {
-    use archgen_runtime::deltanet::{FeedForward, GatedDeltaNet, InProj, SharedExpertMoe};
+    use archgen_runtime::deltanet::{GatedDeltaNet, InProj, SharedExpertMoe};
     let (hidden, hv) = (s.hidden, s.num_v_heads);
     let norms = b::LayerNorms::PreNorm {
         input: norm(31, hidden, dt),
@@ -908,7 +909,10 @@ fn delta_net_parts(
         activation: b::Activation::Silu,
     };
     let ffn = match moe {
-        false => FeedForward::Mlp(mlp(42, mlp_width)),
+        false => FeedForward::Mlp {
+            mlp: mlp(42, mlp_width),
+            moe: None,
+        },
         true => {
             let m = sparse_moe(hidden, 8, 2, b::TopKProbs::Renormalized, dt);
             FeedForward::SharedExpertMoe(SharedExpertMoe {
@@ -934,21 +938,23 @@ fn run_delta_net_layer(
     prefill: i32,
     dt: Dtype,
 ) {
-    use archgen_runtime::deltanet::{self, ArraysCache, FeedForward};
+    use archgen_runtime::deltanet::{self, ArraysCache};
     let (norms, mixer, ffn) = delta_net_parts(s, mlp_width, moe, dt);
     let (mut mixer_d, mut ffn_d) = (mixer.clone(), ffn.clone());
     mixer_d.pretranspose();
-    match &mut ffn_d {
-        FeedForward::Mlp(m) => m.pretranspose(),
-        FeedForward::SharedExpertMoe(m) => m.pretranspose(),
-    }
+    ffn_d.pretranspose();
     let hidden = s.hidden;
     let eager = |h: &Array, cache: &mut ArraysCache| -> Array {
         let x = mlx_rs::fast::rms_norm(h, Some(norms.input()), s.eps).unwrap();
         let a = deltanet::gated_delta_net(&x, &mixer, cache).unwrap();
         let h = b::attention_residual(h, &a, &norms, s.eps).unwrap();
+        // The blocks spelled out, not `FeedForward::after_mixer`, which the
+        // decode block runs.
         match &ffn {
-            FeedForward::Mlp(m) => b::feed_forward(&h, &norms, m, None, s.eps).unwrap(),
+            FeedForward::Mlp { mlp, moe } => {
+                b::feed_forward(&h, &norms, mlp, moe.as_ref(), s.eps).unwrap()
+            }
+            FeedForward::SparseMoe(m) => b::sparse_feed_forward(&h, &norms, m, s.eps).unwrap(),
             FeedForward::SharedExpertMoe(m) => {
                 deltanet::shared_expert_feed_forward(&h, &norms, m, s.eps).unwrap()
             }
@@ -972,10 +978,7 @@ fn run_delta_net_layer(
         let layer = decode::DeltaNetLayer {
             norms: &norms,
             mixer: &mixer_d,
-            ffn: match &ffn_d {
-                FeedForward::Mlp(m) => decode::HybridFeedForward::Mlp(m),
-                FeedForward::SharedExpertMoe(m) => decode::HybridFeedForward::SharedExpertMoe(m),
-            },
+            ffn: &ffn_d,
             eps: s.eps,
         };
         let got = decode::delta_net(&h, &layer, &mut decode_cache).unwrap();
@@ -1038,7 +1041,7 @@ fn delta_net_decode_blocks_match_the_eager_layer() {
 /// and through `decode::gated_attention` (as generated models), on
 /// separate caches; every step's output byte-identical.
 fn run_gated_attention_layer(hidden: i32, s: AttentionShape, rope: Rope, moe: bool, dt: Dtype) {
-    use archgen_runtime::deltanet::{self, FeedForward, GatedAttention};
+    use archgen_runtime::deltanet::{self, GatedAttention};
     let (ds, _, ffn) = delta_net_parts(
         archgen_runtime::deltanet::DeltaNetShape {
             hidden,
@@ -1065,17 +1068,19 @@ fn run_gated_attention_layer(hidden: i32, s: AttentionShape, rope: Rope, moe: bo
     };
     let (mut attn_d, mut ffn_d) = (attn.clone(), ffn.clone());
     attn_d.pretranspose();
-    match &mut ffn_d {
-        FeedForward::Mlp(m) => m.pretranspose(),
-        FeedForward::SharedExpertMoe(m) => m.pretranspose(),
-    }
+    ffn_d.pretranspose();
     let eager = |h: &Array, cache: &mut LayerCache| -> Array {
         let mask = b::mask_for(cache, h.shape()[1], 0).unwrap();
         let x = mlx_rs::fast::rms_norm(h, Some(norms.input()), s.eps).unwrap();
         let a = deltanet::gated_attention(&x, &attn, s, &rope, cache, &mask).unwrap();
         let h = b::attention_residual(h, &a, &norms, s.eps).unwrap();
+        // The blocks spelled out, not `FeedForward::after_mixer`, which the
+        // decode block runs.
         match &ffn {
-            FeedForward::Mlp(m) => b::feed_forward(&h, &norms, m, None, s.eps).unwrap(),
+            FeedForward::Mlp { mlp, moe } => {
+                b::feed_forward(&h, &norms, mlp, moe.as_ref(), s.eps).unwrap()
+            }
+            FeedForward::SparseMoe(m) => b::sparse_feed_forward(&h, &norms, m, s.eps).unwrap(),
             FeedForward::SharedExpertMoe(m) => {
                 deltanet::shared_expert_feed_forward(&h, &norms, m, s.eps).unwrap()
             }
@@ -1098,10 +1103,7 @@ fn run_gated_attention_layer(hidden: i32, s: AttentionShape, rope: Rope, moe: bo
         let layer = decode::GatedAttentionLayer {
             norms: &norms,
             attn: &attn_d,
-            ffn: match &ffn_d {
-                FeedForward::Mlp(m) => decode::HybridFeedForward::Mlp(m),
-                FeedForward::SharedExpertMoe(m) => decode::HybridFeedForward::SharedExpertMoe(m),
-            },
+            ffn: &ffn_d,
             shape: s,
             eps: s.eps,
         };

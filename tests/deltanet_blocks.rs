@@ -18,8 +18,8 @@ use archgen_runtime::bytes::array_bytes;
 use archgen_runtime::cache::{KvCache, LayerCache};
 use archgen_runtime::deltanet::{
     causal_conv1d, deltanet_projections, gated_attention, gated_delta_net, gated_delta_update,
-    normalize_qk, rms_norm_gated, ArraysCache, DeltaNetShape, FeedForward, GatedAttention,
-    GatedDeltaNet, InProj, MixerCache, SharedExpertMoe,
+    normalize_qk, rms_norm_gated, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet,
+    InProj, MixerCache, SharedExpertMoe,
 };
 use archgen_runtime::layers::{Linear, Quantized, SwitchLinear};
 use archgen_runtime::mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
@@ -779,9 +779,9 @@ fn layer(dt: Dt, q: Option<Quant>, d: &Dims, index: usize, moe: bool, sizes: &[i
     let input_norm = c.norm("input_layernorm.weight", d.hidden, dt);
     let post_norm = c.norm("post_attention_layernorm.weight", d.hidden, dt);
     let ffn = if moe {
-        FeedForward::SharedExpertMoe(moe_weights(&mut c, "mlp", d, dt, q))
+        LayerMlp::SharedExpertMoe(moe_weights(&mut c, "mlp", d, dt, q))
     } else {
-        FeedForward::Mlp(mlp_weights(&mut c, "mlp", d.hidden, d.inter, dt, q))
+        LayerMlp::Dense(mlp_weights(&mut c, "mlp", d.hidden, d.inter, dt, q))
     };
     let total: i32 = sizes.iter().sum();
     let x = c.rand(&[1, total, d.hidden], 1.0, dt);
@@ -1185,6 +1185,25 @@ enum Mixer {
     },
 }
 
+/// The layer's `self.mlp` as `DecoderLayer` calls it: the dense MLP or
+/// the MoE block, written out here to hold against mlx-lm apart from the
+/// runtime's own feed-forward composition (`feed_forward::FeedForward`).
+// One per test layer: boxing would only add a hop.
+#[allow(clippy::large_enum_variant)]
+enum LayerMlp {
+    Dense(Mlp),
+    SharedExpertMoe(SharedExpertMoe),
+}
+
+impl LayerMlp {
+    fn forward(&self, x: &Array) -> R<Array> {
+        Ok(match self {
+            LayerMlp::Dense(m) => m.forward(x)?,
+            LayerMlp::SharedExpertMoe(m) => m.forward(x)?,
+        })
+    }
+}
+
 /// One decoder layer (`DecoderLayer`, pre-norm): `h = x + mixer(norm(x))`,
 /// `out = h + ffn(norm(h))`. `mask` is what a full-attention layer gets
 /// (`create_attention_mask` of the first full layer's cache); linear layers
@@ -1193,7 +1212,7 @@ enum Mixer {
 fn hybrid_decoder_layer(
     x: &Array,
     mixer: &Mixer,
-    ffn: &FeedForward,
+    ffn: &LayerMlp,
     input_norm: &Array,
     post_attention_norm: &Array,
     eps: f32,

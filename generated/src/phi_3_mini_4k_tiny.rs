@@ -8,6 +8,7 @@ use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
 use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, BatchKvCache};
 use archgen_runtime::batch_blocks;
 use archgen_runtime::cache::{LayerCache, KvCache};
+use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::layers::Linear;
 use archgen_runtime::model::{CausalLm, ModelError};
@@ -27,7 +28,7 @@ const EPS: f32 = 0.00001f32;
 struct FullFusedQkvOwnKv {
     norms: b::LayerNorms,
     attn: b::FusedQkvAttention,
-    mlp: b::Mlp,
+    ffn: FeedForward,
 }
 impl FullFusedQkvOwnKv {
     const SHAPE: AttentionShape = AttentionShape {
@@ -43,17 +44,20 @@ impl FullFusedQkvOwnKv {
         let mut layer = Self {
             norms: b::load_norms(w, i, HIDDEN, b::NormArrangement::PreNorm),
             attn: b::load_fused_qkv_attention(w, i, HIDDEN, Self::SHAPE),
-            mlp: b::load_mlp_projected(
-                w,
-                i,
-                HIDDEN,
-                mlp_width,
-                b::Activation::Silu,
-                b::GateUpProjection::Fused,
-            ),
+            ffn: FeedForward::Mlp {
+                mlp: b::load_mlp_projected(
+                    w,
+                    i,
+                    HIDDEN,
+                    mlp_width,
+                    b::Activation::Silu,
+                    b::GateUpProjection::Fused,
+                ),
+                moe: None,
+            },
         };
         layer.attn.pretranspose();
-        layer.mlp.pretranspose();
+        layer.ffn.pretranspose();
         layer
     }
     /// Eager for one token too: the compiled decode blocks take
@@ -101,8 +105,7 @@ impl FullFusedQkvOwnKv {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = b::attention_residual(h, &a, &self.norms, EPS)?;
-        let h = b::feed_forward(&h, &self.norms, &self.mlp, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
         b::finish_layer(&h, None, None, EPS)
     }
 }

@@ -11,6 +11,7 @@ use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache};
 use archgen_runtime::cache::{LayerCache, KvCache};
 use archgen_runtime::decode;
 use archgen_runtime::deltanet;
+use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::layers::Linear;
 use archgen_runtime::model::{CausalLm, ModelError};
@@ -30,7 +31,7 @@ const EPS: f32 = 0.000001f32;
 struct LinearDeltaNet {
     norms: b::LayerNorms,
     mixer: deltanet::GatedDeltaNet,
-    mlp: b::Mlp,
+    ffn: FeedForward,
 }
 impl LinearDeltaNet {
     const SHAPE: deltanet::DeltaNetShape = deltanet::DeltaNetShape {
@@ -46,10 +47,13 @@ impl LinearDeltaNet {
         let mut layer = Self {
             norms: b::load_norms(w, i, HIDDEN, b::NormArrangement::PreNorm),
             mixer: deltanet::load_gated_delta_net(w, i, Self::SHAPE),
-            mlp: b::load_mlp(w, i, HIDDEN, mlp_width, b::Activation::Silu),
+            ffn: FeedForward::Mlp {
+                mlp: b::load_mlp(w, i, HIDDEN, mlp_width, b::Activation::Silu),
+                moe: None,
+            },
         };
         layer.mixer.pretranspose();
-        layer.mlp.pretranspose();
+        layer.ffn.pretranspose();
         layer
     }
     /// One-token steps through the compiled decode block (where
@@ -60,7 +64,7 @@ impl LinearDeltaNet {
             let layer = decode::DeltaNetLayer {
                 norms: &self.norms,
                 mixer: &self.mixer,
-                ffn: decode::HybridFeedForward::Mlp(&self.mlp),
+                ffn: &self.ffn,
                 eps: EPS,
             };
             return decode::delta_net(h, &layer, cache);
@@ -89,8 +93,7 @@ impl LinearDeltaNet {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = b::attention_residual(h, &a, &self.norms, EPS)?;
-        let h = b::feed_forward(&h, &self.norms, &self.mlp, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
         b::finish_layer(&h, None, None, EPS)
     }
 }
@@ -98,7 +101,7 @@ impl LinearDeltaNet {
 struct FullGatedOwnKv {
     norms: b::LayerNorms,
     attn: deltanet::GatedAttention,
-    mlp: b::Mlp,
+    ffn: FeedForward,
 }
 impl FullGatedOwnKv {
     const SHAPE: AttentionShape = AttentionShape {
@@ -114,10 +117,13 @@ impl FullGatedOwnKv {
         let mut layer = Self {
             norms: b::load_norms(w, i, HIDDEN, b::NormArrangement::PreNorm),
             attn: deltanet::load_gated_attention(w, i, HIDDEN, Self::SHAPE),
-            mlp: b::load_mlp(w, i, HIDDEN, mlp_width, b::Activation::Silu),
+            ffn: FeedForward::Mlp {
+                mlp: b::load_mlp(w, i, HIDDEN, mlp_width, b::Activation::Silu),
+                moe: None,
+            },
         };
         layer.attn.pretranspose();
-        layer.mlp.pretranspose();
+        layer.ffn.pretranspose();
         layer
     }
     /// One-token steps through the compiled decode blocks around
@@ -135,7 +141,7 @@ impl FullGatedOwnKv {
             let layer = decode::GatedAttentionLayer {
                 norms: &self.norms,
                 attn: &self.attn,
-                ffn: decode::HybridFeedForward::Mlp(&self.mlp),
+                ffn: &self.ffn,
                 shape: Self::SHAPE,
                 eps: EPS,
             };
@@ -178,8 +184,7 @@ impl FullGatedOwnKv {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = b::attention_residual(h, &a, &self.norms, EPS)?;
-        let h = b::feed_forward(&h, &self.norms, &self.mlp, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
         b::finish_layer(&h, None, None, EPS)
     }
 }

@@ -11,6 +11,7 @@ use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache};
 use archgen_runtime::cache::{LayerCache, KvCache};
 use archgen_runtime::decode;
 use archgen_runtime::deltanet;
+use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::layers::Linear;
 use archgen_runtime::model::{CausalLm, ModelError};
@@ -30,7 +31,7 @@ const EPS: f32 = 0.000001f32;
 struct LinearDeltaNetSharedExperts {
     norms: b::LayerNorms,
     mixer: deltanet::GatedDeltaNet,
-    moe: deltanet::SharedExpertMoe,
+    ffn: FeedForward,
 }
 impl LinearDeltaNetSharedExperts {
     const SHAPE: deltanet::DeltaNetShape = deltanet::DeltaNetShape {
@@ -46,19 +47,21 @@ impl LinearDeltaNetSharedExperts {
         let mut layer = Self {
             norms: b::load_norms(w, i, HIDDEN, b::NormArrangement::PreNorm),
             mixer: deltanet::load_gated_delta_net(w, i, Self::SHAPE),
-            moe: deltanet::load_shared_expert_moe(
-                w,
-                i,
-                HIDDEN,
-                8,
-                4,
-                32,
-                32,
-                b::TopKProbs::Renormalized,
+            ffn: FeedForward::SharedExpertMoe(
+                deltanet::load_shared_expert_moe(
+                    w,
+                    i,
+                    HIDDEN,
+                    8,
+                    4,
+                    32,
+                    32,
+                    b::TopKProbs::Renormalized,
+                ),
             ),
         };
         layer.mixer.pretranspose();
-        layer.moe.pretranspose();
+        layer.ffn.pretranspose();
         layer
     }
     /// One-token steps through the compiled decode block (where
@@ -69,7 +72,7 @@ impl LinearDeltaNetSharedExperts {
             let layer = decode::DeltaNetLayer {
                 norms: &self.norms,
                 mixer: &self.mixer,
-                ffn: decode::HybridFeedForward::SharedExpertMoe(&self.moe),
+                ffn: &self.ffn,
                 eps: EPS,
             };
             return decode::delta_net(h, &layer, cache);
@@ -98,8 +101,7 @@ impl LinearDeltaNetSharedExperts {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = b::attention_residual(h, &a, &self.norms, EPS)?;
-        let h = deltanet::shared_expert_feed_forward(&h, &self.norms, &self.moe, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
         b::finish_layer(&h, None, None, EPS)
     }
 }
@@ -107,7 +109,7 @@ impl LinearDeltaNetSharedExperts {
 struct FullGatedOwnKvSharedExperts {
     norms: b::LayerNorms,
     attn: deltanet::GatedAttention,
-    moe: deltanet::SharedExpertMoe,
+    ffn: FeedForward,
 }
 impl FullGatedOwnKvSharedExperts {
     const SHAPE: AttentionShape = AttentionShape {
@@ -123,19 +125,21 @@ impl FullGatedOwnKvSharedExperts {
         let mut layer = Self {
             norms: b::load_norms(w, i, HIDDEN, b::NormArrangement::PreNorm),
             attn: deltanet::load_gated_attention(w, i, HIDDEN, Self::SHAPE),
-            moe: deltanet::load_shared_expert_moe(
-                w,
-                i,
-                HIDDEN,
-                8,
-                4,
-                32,
-                32,
-                b::TopKProbs::Renormalized,
+            ffn: FeedForward::SharedExpertMoe(
+                deltanet::load_shared_expert_moe(
+                    w,
+                    i,
+                    HIDDEN,
+                    8,
+                    4,
+                    32,
+                    32,
+                    b::TopKProbs::Renormalized,
+                ),
             ),
         };
         layer.attn.pretranspose();
-        layer.moe.pretranspose();
+        layer.ffn.pretranspose();
         layer
     }
     /// One-token steps through the compiled decode blocks around
@@ -153,7 +157,7 @@ impl FullGatedOwnKvSharedExperts {
             let layer = decode::GatedAttentionLayer {
                 norms: &self.norms,
                 attn: &self.attn,
-                ffn: decode::HybridFeedForward::SharedExpertMoe(&self.moe),
+                ffn: &self.ffn,
                 shape: Self::SHAPE,
                 eps: EPS,
             };
@@ -196,8 +200,7 @@ impl FullGatedOwnKvSharedExperts {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = b::attention_residual(h, &a, &self.norms, EPS)?;
-        let h = deltanet::shared_expert_feed_forward(&h, &self.norms, &self.moe, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
         b::finish_layer(&h, None, None, EPS)
     }
 }

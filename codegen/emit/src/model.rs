@@ -263,18 +263,15 @@ fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
     }
 }
 
-/// The feed-forward half of a hybrid layer kind (the eager blocks of
-/// `deltanet.rs` take a dense MLP, or routed experts with a shared expert,
-/// and nothing after it): its field, load, forward statement, pretranspose
-/// and the load function's signature.
+/// The feed-forward half of a hybrid or fused-qkv layer kind, held as the
+/// runtime's one `FeedForward` (field `ffn`; a dense MLP, or routed experts
+/// with a shared expert, and nothing after it): its load and the load
+/// function's signature. The rest (the field, its pretranspose, the decode
+/// blocks' `&self.ffn`, the finish through `FeedForward::after_mixer`) reads
+/// the same for every variant.
 struct HybridFfn {
-    field: TokenStream,
     load: TokenStream,
-    forward: TokenStream,
-    pre: TokenStream,
     signature: TokenStream,
-    /// The `decode::HybridFeedForward` of the layer's fields.
-    decode: TokenStream,
 }
 
 fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
@@ -302,12 +299,8 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
         FeedForward::Mlp(m) => {
             let load = mlp_load_tokens(m);
             Ok(HybridFfn {
-                field: quote! { mlp: b::Mlp, },
-                load: quote! { mlp: #load, },
-                forward: quote! { let h = b::feed_forward(&h, &self.norms, &self.mlp, None, EPS)?; },
-                pre: quote! { layer.mlp.pretranspose(); },
+                load: quote! { ffn: FeedForward::Mlp { mlp: #load, moe: None }, },
                 signature: quote! { w: &mut Weights, i: usize, mlp_width: i32 },
-                decode: quote! { decode::HybridFeedForward::Mlp(&self.mlp) },
             })
         }
         FeedForward::MoeAndSharedExpert { moe, shared } => match (moe.router, moe.activation) {
@@ -323,12 +316,8 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
                     TopKProbs::AsTaken => quote! { b::TopKProbs::AsTaken },
                 };
                 Ok(HybridFfn {
-                    field: quote! { moe: deltanet::SharedExpertMoe, },
-                    load: quote! { moe: deltanet::load_shared_expert_moe(w, i, HIDDEN, #e, #k, #mw, #sw, #probs), },
-                    forward: quote! { let h = deltanet::shared_expert_feed_forward(&h, &self.norms, &self.moe, EPS)?; },
-                    pre: quote! { layer.moe.pretranspose(); },
+                    load: quote! { ffn: FeedForward::SharedExpertMoe(deltanet::load_shared_expert_moe(w, i, HIDDEN, #e, #k, #mw, #sw, #probs)), },
                     signature: quote! { w: &mut Weights, i: usize },
-                    decode: quote! { decode::HybridFeedForward::SharedExpertMoe(&self.moe) },
                 })
             }
             (
@@ -355,12 +344,8 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
     let doc = kind_doc(l, &kind.layers);
     let norms_load = norms_load_tokens(l);
     let HybridFfn {
-        field: ffn_field,
         load: ffn_load,
-        forward: ffn_forward,
-        pre: ffn_pre,
         signature,
-        decode: ffn_decode,
     } = hybrid_ffn(l, &kind.name)?;
     match (d.in_proj, d.norm, d.cache) {
         (InProj::Split, GatedNorm::RmsSiluGate, StateCache::ConvAndRecurrent) => {}
@@ -385,7 +370,7 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
         struct #name {
             norms: b::LayerNorms,
             mixer: deltanet::GatedDeltaNet,
-            #ffn_field
+            ffn: FeedForward,
         }
 
         impl #name {
@@ -401,7 +386,7 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
                     #ffn_load
                 };
                 layer.mixer.pretranspose();
-                #ffn_pre
+                layer.ffn.pretranspose();
                 layer
             }
 
@@ -413,7 +398,7 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
                     let layer = decode::DeltaNetLayer {
                         norms: &self.norms,
                         mixer: &self.mixer,
-                        ffn: #ffn_decode,
+                        ffn: &self.ffn,
                         eps: EPS,
                     };
                     return decode::delta_net(h, &layer, cache);
@@ -437,8 +422,7 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
 
             /// The layer after its mixer's output `a`, batched or not.
             fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-                let h = b::attention_residual(h, &a, &self.norms, EPS)?;
-                #ffn_forward
+                let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
                 b::finish_layer(&h, None, None, EPS)
             }
         }
@@ -453,12 +437,8 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
     let doc = kind_doc(l, &kind.layers);
     let norms_load = norms_load_tokens(l);
     let HybridFfn {
-        field: ffn_field,
         load: ffn_load,
-        forward: ffn_forward,
-        pre: ffn_pre,
         signature,
-        decode: ffn_decode,
     } = hybrid_ffn(l, &kind.name)?;
     let supported = matches!(
         a.kv,
@@ -491,7 +471,7 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         struct #name {
             norms: b::LayerNorms,
             attn: deltanet::GatedAttention,
-            #ffn_field
+            ffn: FeedForward,
         }
 
         impl #name {
@@ -504,7 +484,7 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
                     #ffn_load
                 };
                 layer.attn.pretranspose();
-                #ffn_pre
+                layer.ffn.pretranspose();
                 layer
             }
 
@@ -518,7 +498,7 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
                     let layer = decode::GatedAttentionLayer {
                         norms: &self.norms,
                         attn: &self.attn,
-                        ffn: #ffn_decode,
+                        ffn: &self.ffn,
                         shape: Self::SHAPE,
                         eps: EPS,
                     };
@@ -542,8 +522,7 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
 
             /// The layer after its mixer's output `a`, batched or not.
             fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-                let h = b::attention_residual(h, &a, &self.norms, EPS)?;
-                #ffn_forward
+                let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
                 b::finish_layer(&h, None, None, EPS)
             }
         }
@@ -559,12 +538,8 @@ fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
     let doc = kind_doc(l, &kind.layers);
     let norms_load = norms_load_tokens(l);
     let HybridFfn {
-        field: ffn_field,
         load: ffn_load,
-        forward: ffn_forward,
-        pre: ffn_pre,
         signature,
-        ..
     } = hybrid_ffn(l, &kind.name)?;
     let supported = matches!(
         a.kv,
@@ -592,7 +567,7 @@ fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
         struct #name {
             norms: b::LayerNorms,
             attn: b::FusedQkvAttention,
-            #ffn_field
+            ffn: FeedForward,
         }
 
         impl #name {
@@ -605,7 +580,7 @@ fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
                     #ffn_load
                 };
                 layer.attn.pretranspose();
-                #ffn_pre
+                layer.ffn.pretranspose();
                 layer
             }
 
@@ -630,12 +605,25 @@ fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
 
             /// The layer after its mixer's output `a`, batched or not.
             fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-                let h = b::attention_residual(h, &a, &self.norms, EPS)?;
-                #ffn_forward
+                let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
                 b::finish_layer(&h, None, None, EPS)
             }
         }
     })
+}
+
+/// Whether the layer's kind holds its feed-forward half as the runtime's
+/// `FeedForward` ([`hybrid_ffn`]): the kinds [`kind_tokens`] hands to
+/// [`delta_net_kind_tokens`], [`gated_attention_kind_tokens`] and
+/// [`fused_qkv_kind_tokens`].
+fn holds_feed_forward(l: &Layer) -> bool {
+    match &l.mixer {
+        Mixer::GatedDeltaNet(_) => true,
+        Mixer::Attention(a) => match (a.output_gate, a.projection) {
+            (OutputGate::None, QkvProjection::Separate) => false,
+            (OutputGate::None, QkvProjection::Fused) | (OutputGate::SigmoidPerHead, _) => true,
+        },
+    }
 }
 
 /// The struct and impl of one layer kind.
@@ -1637,6 +1625,11 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         Mixer::GatedDeltaNet(_) => true,
     });
     let deltanet_import = hybrid.then(|| quote! { use archgen_runtime::deltanet; });
+    let feed_forward_import = ir
+        .layers
+        .iter()
+        .any(holds_feed_forward)
+        .then(|| quote! { use archgen_runtime::feed_forward::FeedForward; });
     // `rms_norm` is the norm before the mixer, which post-norm kinds lack.
     let norm_before_mixer = ir.layers.iter().any(|l| match l.norms.arrangement {
         NormArrangement::PreNorm | NormArrangement::Sandwich => true,
@@ -1658,6 +1651,7 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         use archgen_runtime::cache::{LayerCache, #(#cache_imports),*};
         #decode_import
         #deltanet_import
+        #feed_forward_import
         use archgen_runtime::layers::Embedding;
         #linear_import
         use archgen_runtime::model::{CausalLm, ModelError};

@@ -61,14 +61,18 @@ pub fn window_mask(cache: &BatchLayerCache, n: i32, window: i32) -> Result<Mask>
     }
 }
 
+/// An attention layer given a Gated DeltaNet's cache (a model whose
+/// layers and caches went out of step).
+fn arrays_cache_in_attention() -> Exception {
+    error("an attention layer has a Gated DeltaNet's ArraysCache".into())
+}
+
 /// A K/V cache's per-row RoPE offsets (before this step's update).
 fn kv_offsets(c: &BatchLayerCache) -> Result<Array> {
     match c {
         BatchLayerCache::Full(c) => Ok(c.offsets()),
         BatchLayerCache::Sliding(c) => Ok(c.offsets()),
-        BatchLayerCache::Arrays(_) => Err(error(
-            "an attention layer has a Gated DeltaNet's ArraysCache".into(),
-        )),
+        BatchLayerCache::Arrays(_) => Err(arrays_cache_in_attention()),
     }
 }
 
@@ -77,9 +81,7 @@ fn kv_update(c: &mut BatchLayerCache, k: &Array, v: &Array) -> Result<(Array, Ar
     match c {
         BatchLayerCache::Full(c) => c.update_and_fetch(k, v),
         BatchLayerCache::Sliding(c) => c.update_and_fetch(k, v),
-        BatchLayerCache::Arrays(_) => Err(error(
-            "an attention layer has a Gated DeltaNet's ArraysCache".into(),
-        )),
+        BatchLayerCache::Arrays(_) => Err(arrays_cache_in_attention()),
     }
 }
 

@@ -79,6 +79,7 @@ use crate::deltanet::{
     self, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet, InProj, SharedExpertMoe,
 };
 use crate::device::{gpu_blocks, path, GpuBlocks, Path};
+use crate::feed_forward::FeedForward;
 use crate::layers::{Linear, Quantized, SwitchLinear};
 use crate::moe::{Router, SoftmaxTopKRouter, SwitchGlu, TopKProbs};
 use crate::ops::{rms_norm, NormInputs, Result};
@@ -580,10 +581,7 @@ fn pre_attention(
     h.put(&mut p);
     let norm_eps = [layer.eps, layer.shape.eps];
     let native = matches!(rope, RopeTables::Native { .. });
-    if !native {
-        p.arrays
-            .extend(NormInputs::new(&norm_eps, &widths).arrays().cloned());
-    }
+    let norm_inputs = put_norm_inputs(&mut p, native, &norm_eps, &widths);
     rope.put(&mut p);
     layer.norms.input().put(&mut p);
     // Either Q/K/V stacked, or Q (and K, V) as three projections.
@@ -607,11 +605,10 @@ fn pre_attention(
         };
         let kv = kv.map(hollow);
         let tables = hollow(rope);
-        let norms = (!native).then(|| NormInputs::new(&norm_eps, &widths));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
-            let scope = norms.as_ref().map(|n| n.with_arrays(it));
+            let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
             let tables = tables.take(it);
             let norm = next(it);
             let (fused, attn, kv) = (fused.take(it), attn.take(it), kv.take(it));
@@ -778,6 +775,37 @@ fn finish_layer_rows(
 const BEFORE_ACTIVATION: i64 = 7;
 const AFTER_ACTIVATION: i64 = 8;
 
+/// Packs the inputs of a block's norms ([`NormInputs`] of `eps` and
+/// `widths`) unless the block runs MLX's fast ops as they are (`native`:
+/// the GPU path, whose `fast.rms_norm` takes eps as a kernel argument), and
+/// returns them as the template the traced function reads them through.
+fn put_norm_inputs(
+    p: &mut Packed,
+    native: bool,
+    eps: &[f32],
+    widths: &[i32],
+) -> Option<NormInputs> {
+    let norms = (!native).then(|| NormInputs::new(eps, widths));
+    if let Some(n) = &norms {
+        p.arrays.extend(n.arrays().cloned());
+    }
+    norms
+}
+
+/// The start all blocks after attention share: the key (`block`, eps, the
+/// hidden size, whether the fast ops stay native), the residual stream `h`
+/// and the inputs of the norms over the hidden size ([`put_norm_inputs`]).
+fn post_attention_packed(block: i64, h: &Array, eps: f32) -> (Packed, Option<NormInputs>) {
+    let hidden = h.shape()[h.ndim() - 1];
+    let native = path() == Path::NativeFastOps;
+    let mut p = Packed::new(block);
+    p.key
+        .extend([eps.to_bits() as i64, hidden as i64, native as i64]);
+    h.put(&mut p);
+    let norms = put_norm_inputs(&mut p, native, &[eps], &[hidden]);
+    (p, norms)
+}
+
 /// [`post_attention`] as one block, compiled when `compile` (and the norms
 /// found their inputs).
 fn post_attention_block(
@@ -788,15 +816,7 @@ fn post_attention_block(
     compile: bool,
 ) -> Result<Array> {
     let hidden = h.shape()[h.ndim() - 1];
-    let mut p = Packed::new(2);
-    let native = path() == Path::NativeFastOps;
-    p.key
-        .extend([layer.eps.to_bits() as i64, hidden as i64, native as i64]);
-    h.put(&mut p);
-    if !native {
-        p.arrays
-            .extend(NormInputs::new(&[layer.eps], &[hidden]).arrays().cloned());
-    }
+    let (mut p, norm_inputs) = post_attention_packed(2, h, layer.eps);
     o.put(&mut p);
     layer.attn.o_proj.put(&mut p);
     layer.norms.put(&mut p);
@@ -823,7 +843,6 @@ fn post_attention_block(
         let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
         let scalar = layer.layer_scalar.map(hollow);
         let residual = residual.map(hollow);
-        let norm_inputs = (!native).then(|| NormInputs::new(&[eps], &[hidden]));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
@@ -870,15 +889,7 @@ fn post_attention_block(
 /// renormalization carry no float constant, so the block always compiles.
 fn post_attention_experts(h: &Array, o: &Array, layer: &ExpertsLayer<'_>) -> Result<Array> {
     let hidden = h.shape()[h.ndim() - 1];
-    let mut p = Packed::new(3);
-    let native = path() == Path::NativeFastOps;
-    p.key
-        .extend([layer.eps.to_bits() as i64, hidden as i64, native as i64]);
-    h.put(&mut p);
-    if !native {
-        p.arrays
-            .extend(NormInputs::new(&[layer.eps], &[hidden]).arrays().cloned());
-    }
+    let (mut p, norm_inputs) = post_attention_packed(3, h, layer.eps);
     o.put(&mut p);
     layer.attn.o_proj.put(&mut p);
     layer.norms.put(&mut p);
@@ -894,7 +905,6 @@ fn post_attention_experts(h: &Array, o: &Array, layer: &ExpertsLayer<'_>) -> Res
         );
         let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
         let scalar = layer.layer_scalar.map(hollow);
-        let norm_inputs = (!native).then(|| NormInputs::new(&[eps], &[hidden]));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
@@ -919,23 +929,31 @@ fn post_attention_experts(h: &Array, o: &Array, layer: &ExpertsLayer<'_>) -> Res
     out.into_iter().next().ok_or_else(bad_outputs)
 }
 
-/// The feed-forward half of a hybrid (Qwen3.5 / Qwen3.6) layer.
-#[derive(Clone, Copy)]
-pub enum HybridFeedForward<'a> {
-    Mlp(&'a Mlp),
-    SharedExpertMoe(&'a SharedExpertMoe),
-}
-
 /// Whether a hybrid layer's block that holds its feed-forward half is
 /// compiled on this path. On a GPU the shared-expert MoE stays eager: its
 /// `sigmoid(gate) * shared + routed`, fused, turns the multiply and the add
 /// into one FMA (on an H200 qwen3.6-35b-a3b-tiny left the eager blocks'
-/// decode bits while the dense qwen3.5 layers kept them).
-fn hybrid_feed_forward_compiles(ffn: &HybridFeedForward<'_>) -> bool {
+/// decode bits while the dense qwen3.5 layers kept them). Routed experts
+/// beside the MLP (Gemma-4's form, in no hybrid family) compile as
+/// [`post_attention_block`] compiles them: only where the router's inlined
+/// `hidden ** -0.5` reads back, and not on a GPU, where no hybrid layer
+/// with them has been measured.
+fn hybrid_feed_forward_compiles(ffn: &FeedForward) -> bool {
     match (path(), ffn) {
-        (Path::NativeFastOps, HybridFeedForward::SharedExpertMoe(_)) => false,
-        // The router's precise softmax and top-k carry no float constant.
-        (_, HybridFeedForward::Mlp(_) | HybridFeedForward::SharedExpertMoe(_)) => true,
+        (
+            Path::NativeFastOps,
+            FeedForward::SharedExpertMoe(_) | FeedForward::Mlp { moe: Some(_), .. },
+        ) => false,
+        (_, FeedForward::Mlp { moe: Some(m), .. }) => {
+            reads_back((m.router.hidden as f64).powf(-0.5) as f32)
+        }
+        // The routers' precise softmax and top-k carry no float constant.
+        (
+            _,
+            FeedForward::Mlp { moe: None, .. }
+            | FeedForward::SparseMoe(_)
+            | FeedForward::SharedExpertMoe(_),
+        ) => true,
     }
 }
 
@@ -943,7 +961,7 @@ fn hybrid_feed_forward_compiles(ffn: &HybridFeedForward<'_>) -> bool {
 pub struct DeltaNetLayer<'a> {
     pub norms: &'a LayerNorms,
     pub mixer: &'a GatedDeltaNet,
-    pub ffn: HybridFeedForward<'a>,
+    pub ffn: &'a FeedForward,
     pub eps: f32,
 }
 
@@ -956,7 +974,7 @@ fn delta_net_layer(
     input_norm: &Array,
     norms: &LayerNorms,
     mixer: &GatedDeltaNet,
-    ffn: HybridFeedForward<'_>,
+    ffn: &FeedForward,
     eps: f32,
     cache: &mut ArraysCache,
     qk_scales: Option<(&Array, &Array)>,
@@ -972,16 +990,12 @@ fn hybrid_residual_and_feed_forward(
     h: &Array,
     a: &Array,
     norms: &LayerNorms,
-    ffn: HybridFeedForward<'_>,
+    ffn: &FeedForward,
     eps: f32,
 ) -> Result<Array> {
-    let h = blocks::attention_residual(h, a, norms, eps)?;
-    let h = match ffn {
-        HybridFeedForward::Mlp(m) => blocks::feed_forward(&h, norms, m, None, eps)?,
-        HybridFeedForward::SharedExpertMoe(m) => {
-            deltanet::shared_expert_feed_forward(&h, norms, m, eps)?
-        }
-    };
+    // Hybrid kinds have no scaled residuals, per-layer input gate or layer
+    // scalar (the emitter refuses them beside these mixers).
+    let h = ffn.after_mixer(h, a, norms, None, eps)?;
     blocks::finish_layer(&h, None, None, eps)
 }
 
@@ -990,7 +1004,7 @@ fn hybrid_residual_and_feed_forward(
 pub struct GatedAttentionLayer<'a> {
     pub norms: &'a LayerNorms,
     pub attn: &'a GatedAttention,
-    pub ffn: HybridFeedForward<'a>,
+    pub ffn: &'a FeedForward,
     pub shape: AttentionShape,
     pub eps: f32,
 }
@@ -1020,21 +1034,17 @@ pub fn gated_attention(
         .extend([eps.to_bits() as i64, hidden as i64, rope.dims() as i64]);
     s.put(&mut p);
     h.put(&mut p);
-    if !native {
-        p.arrays
-            .extend(NormInputs::new(&norm_eps, &widths).arrays().cloned());
-    }
+    let norm_inputs = put_norm_inputs(&mut p, native, &norm_eps, &widths);
     rope.put(&mut p);
     layer.norms.input().put(&mut p);
     layer.attn.put(&mut p);
     let qkv = p.run(true, |covered| {
         // Templates for rebuilding the structures from the traced inputs.
         let (attn, tables) = (hollow(layer.attn), hollow(rope));
-        let norms = (!native).then(|| NormInputs::new(&norm_eps, &widths));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
-            let scope = norms.as_ref().map(|n| n.with_arrays(it));
+            let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
             let tables = tables.take(it);
             let norm = next(it);
             let attn = attn.take(it);
@@ -1050,43 +1060,25 @@ pub fn gated_attention(
     let [q, k, v, gate] = <[Array; 4]>::try_from(qkv).map_err(|_| bad_outputs())?;
     let (o, _) = blocks::attend_own_kv(&q, &k, &v, s, cache, mask, offset, false)?;
 
-    let mut p = Packed::new(6);
-    let native = path() == Path::NativeFastOps;
-    p.key
-        .extend([eps.to_bits() as i64, hidden as i64, native as i64]);
-    h.put(&mut p);
-    if !native {
-        p.arrays
-            .extend(NormInputs::new(&[eps], &[hidden]).arrays().cloned());
-    }
+    let (mut p, norm_inputs) = post_attention_packed(6, h, eps);
     o.put(&mut p);
     gate.put(&mut p);
     layer.attn.o_proj.put(&mut p);
     layer.norms.put(&mut p);
     layer.ffn.put(&mut p);
-    let out = p.run(hybrid_feed_forward_compiles(&layer.ffn), |covered| {
+    let out = p.run(hybrid_feed_forward_compiles(layer.ffn), |covered| {
         let (o_proj, norms) = (hollow(&layer.attn.o_proj), hollow(layer.norms));
-        let ffn = match layer.ffn {
-            HybridFeedForward::Mlp(m) => deltanet::FeedForward::Mlp(hollow(m)),
-            HybridFeedForward::SharedExpertMoe(m) => {
-                deltanet::FeedForward::SharedExpertMoe(hollow(m))
-            }
-        };
-        let norm_inputs = (!native).then(|| NormInputs::new(&[eps], &[hidden]));
+        let ffn = hollow(layer.ffn);
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
             let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
             let (o, gate) = (next(it), next(it));
             let (o_proj, norms, ffn) = (o_proj.take(it), norms.take(it), ffn.take(it));
-            let ffn = match &ffn {
-                deltanet::FeedForward::Mlp(m) => HybridFeedForward::Mlp(m),
-                deltanet::FeedForward::SharedExpertMoe(m) => HybridFeedForward::SharedExpertMoe(m),
-            };
             let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
                 let a = deltanet::gated_attention_output(&o, &gate, &o_proj)?;
                 Ok(vec![hybrid_residual_and_feed_forward(
-                    &h, &a, &norms, ffn, eps,
+                    &h, &a, &norms, &ffn, eps,
                 )?])
             });
             covered.set(all);
@@ -1143,15 +1135,10 @@ pub fn delta_net(h: &Array, layer: &DeltaNetLayer<'_>, cache: &mut ArraysCache) 
     layer.mixer.put(&mut p);
     layer.ffn.put(&mut p);
     let eps = layer.eps;
-    let out = p.run(hybrid_feed_forward_compiles(&layer.ffn), |covered| {
+    let out = p.run(hybrid_feed_forward_compiles(layer.ffn), |covered| {
         // Templates for rebuilding the structures from the traced inputs.
         let (norms, mixer) = (hollow(layer.norms), hollow(layer.mixer));
-        let ffn = match layer.ffn {
-            HybridFeedForward::Mlp(m) => deltanet::FeedForward::Mlp(hollow(m)),
-            HybridFeedForward::SharedExpertMoe(m) => {
-                deltanet::FeedForward::SharedExpertMoe(hollow(m))
-            }
-        };
+        let ffn = hollow(layer.ffn);
         let norm_inputs = NormInputs::new(&norm_eps, &widths);
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
@@ -1161,10 +1148,6 @@ pub fn delta_net(h: &Array, layer: &DeltaNetLayer<'_>, cache: &mut ArraysCache) 
             let (conv, state) = (next(it), next(it));
             let input_norm = next(it);
             let (norms, mixer, ffn) = (norms.take(it), mixer.take(it), ffn.take(it));
-            let ffn = match &ffn {
-                deltanet::FeedForward::Mlp(m) => HybridFeedForward::Mlp(m),
-                deltanet::FeedForward::SharedExpertMoe(m) => HybridFeedForward::SharedExpertMoe(m),
-            };
             let (out, all) = norm_scope(Some(scope), || -> Result<Vec<Array>> {
                 let mut cache = ArraysCache {
                     conv: Some(conv),
@@ -1175,7 +1158,7 @@ pub fn delta_net(h: &Array, layer: &DeltaNetLayer<'_>, cache: &mut ArraysCache) 
                     &input_norm,
                     &norms,
                     &mixer,
-                    ffn,
+                    &ffn,
                     eps,
                     &mut cache,
                     Some((&q_scale, &k_scale)),
@@ -1195,40 +1178,28 @@ pub fn delta_net(h: &Array, layer: &DeltaNetLayer<'_>, cache: &mut ArraysCache) 
     Ok(h)
 }
 
-impl Flat for HybridFeedForward<'_> {
+impl Flat for FeedForward {
     fn put(&self, p: &mut Packed) {
         match self {
-            HybridFeedForward::Mlp(m) => {
-                p.key.push(0);
-                m.put(p);
+            FeedForward::Mlp { mlp, moe } => {
+                p.put_variant(0, mlp);
+                moe.put(p);
             }
-            HybridFeedForward::SharedExpertMoe(m) => {
-                p.key.push(1);
-                m.put(p);
-            }
-        }
-    }
-    fn take(&self, _: &mut std::slice::Iter<'_, Array>) -> Self {
-        // Borrowed: rebuilt through `deltanet::FeedForward` instead.
-        *self
-    }
-}
-
-impl Flat for deltanet::FeedForward {
-    fn put(&self, p: &mut Packed) {
-        match self {
-            deltanet::FeedForward::Mlp(m) => HybridFeedForward::Mlp(m).put(p),
-            deltanet::FeedForward::SharedExpertMoe(m) => {
-                HybridFeedForward::SharedExpertMoe(m).put(p)
-            }
+            FeedForward::SharedExpertMoe(m) => p.put_variant(1, m),
+            FeedForward::SparseMoe(m) => p.put_variant(2, m),
         }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
         match self {
-            deltanet::FeedForward::Mlp(m) => deltanet::FeedForward::Mlp(m.take(it)),
-            deltanet::FeedForward::SharedExpertMoe(m) => {
-                deltanet::FeedForward::SharedExpertMoe(m.take(it))
+            FeedForward::Mlp { mlp, moe } => {
+                let mlp = mlp.take(it);
+                FeedForward::Mlp {
+                    mlp,
+                    moe: moe.take(it),
+                }
             }
+            FeedForward::SharedExpertMoe(m) => FeedForward::SharedExpertMoe(m.take(it)),
+            FeedForward::SparseMoe(m) => FeedForward::SparseMoe(m.take(it)),
         }
     }
 }
@@ -1367,6 +1338,13 @@ impl Packed {
             key: vec![block],
             arrays: Vec::with_capacity(32),
         }
+    }
+
+    /// Which variant of an enum follows (`tag`, into the key), then the
+    /// arrays of its one payload.
+    fn put_variant(&mut self, tag: i64, payload: &impl Flat) {
+        self.key.push(tag);
+        payload.put(self);
     }
 
     /// Calls the compiled block of this key, building it on first use.
@@ -1596,14 +1574,8 @@ impl Flat for Linear {
     fn put(&self, p: &mut Packed) {
         // A pretransposed weight goes in as its evaluated transpose only.
         match &self.weight_t {
-            Some(t) => {
-                p.key.push(1);
-                t.put(p);
-            }
-            None => {
-                p.key.push(0);
-                self.weight.put(p);
-            }
+            Some(t) => p.put_variant(1, t),
+            None => p.put_variant(0, &self.weight),
         }
         put_quant(&self.quant, p);
         self.bias.put(p);
@@ -1639,14 +1611,8 @@ impl Flat for SwitchLinear {
 impl Flat for QkNormWeight {
     fn put(&self, p: &mut Packed) {
         match self {
-            QkNormWeight::PerHead(w) => {
-                p.key.push(0);
-                w.put(p);
-            }
-            QkNormWeight::WholeProjection(w) => {
-                p.key.push(1);
-                w.put(p);
-            }
+            QkNormWeight::PerHead(w) => p.put_variant(0, w),
+            QkNormWeight::WholeProjection(w) => p.put_variant(1, w),
         }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
@@ -1670,10 +1636,7 @@ impl Flat for LayerNorms {
     fn put(&self, p: &mut Packed) {
         // The input norm belongs to the block before attention.
         match self {
-            LayerNorms::PreNorm { ffn, .. } => {
-                p.key.push(0);
-                ffn.put(p);
-            }
+            LayerNorms::PreNorm { ffn, .. } => p.put_variant(0, ffn),
             LayerNorms::Sandwich {
                 post_attention,
                 pre_feedforward,
@@ -1722,10 +1685,7 @@ impl Flat for GateUp {
             }
             // Its own key (a `Linear`'s starts with 0 or 1, so 2 tells the
             // forms apart): the compiled block splits one product.
-            GateUp::Fused { gate_up_proj } => {
-                p.key.push(2);
-                gate_up_proj.put(p);
-            }
+            GateUp::Fused { gate_up_proj } => p.put_variant(2, gate_up_proj),
         }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {

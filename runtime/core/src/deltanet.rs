@@ -758,32 +758,11 @@ pub fn shared_expert_feed_forward(
     }
 }
 
-// ---- What the models keep per layer: its cache and its feed-forward half
+// ---- What the models keep per layer: its cache
 
 /// The cache of one layer, by mixer kind (`make_cache`).
 #[derive(Debug)]
 pub enum MixerCache {
     Arrays(ArraysCache),
     Kv(LayerCache),
-}
-
-/// The feed-forward half: a SwiGLU MLP (`num_experts == 0`) or the MoE block.
-/// Only the decode path's compiled-block templates (decode.rs) build it; a
-/// layer's owned feed-forward is [`crate::feed_forward::FeedForward`], which
-/// this gives way to once decode.rs's `Flat` covers that enum's variants.
-// One per layer, built once at load: the variants' sizes do not matter.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone)]
-pub enum FeedForward {
-    Mlp(Mlp),
-    SharedExpertMoe(SharedExpertMoe),
-}
-
-impl FeedForward {
-    pub fn forward(&self, x: &Array) -> Result<Array> {
-        match self {
-            FeedForward::Mlp(m) => m.forward(x),
-            FeedForward::SharedExpertMoe(m) => m.forward(x),
-        }
-    }
 }

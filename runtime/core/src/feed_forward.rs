@@ -26,6 +26,21 @@ pub enum FeedForward {
 }
 
 impl FeedForward {
+    /// [`crate::layers::Linear::pretranspose`] on every dense projection of
+    /// the variant's blocks (generated models; experts stay as gathered).
+    pub fn pretranspose(&mut self) {
+        match self {
+            FeedForward::Mlp { mlp, moe } => {
+                mlp.pretranspose();
+                if let Some(moe) = moe {
+                    moe.pretranspose();
+                }
+            }
+            FeedForward::SparseMoe(m) => m.pretranspose(),
+            FeedForward::SharedExpertMoe(m) => m.pretranspose(),
+        }
+    }
+
     /// The second half of a pre-norm or sandwich layer from the residual
     /// stream `h` and the mixer's output `a`: the attention residual, then
     /// `+ ffn(norm(.))` with the layer's norms; both residual branches

@@ -27,16 +27,10 @@ impl Rope {
 
     /// Builds the periods with the same MLX ops, in f32, as mlx-lm does.
     pub fn proportional(dims: i32, rotated_dims: i32, base: f32, factor: f32) -> Result<Self> {
-        let exponents = mlx_rs::ops::arange::<i32, f32>(0, rotated_dims, 2)?
-            .divide(Array::from_f32(dims as f32))?;
-        let periods = Array::from_f32(base).power(&exponents)?;
-        let periods = Array::from_f32(factor).multiply(&periods)?;
+        let periods = Array::from_f32(factor).multiply(&base_periods(base, rotated_dims, dims)?)?;
         let identity =
             mlx_rs::ops::full::<f32>(&[(dims - rotated_dims) / 2], Array::from_f32(f32::INFINITY))?;
-        let freqs = mlx_rs::ops::concatenate(&[periods, identity], 0)?;
-        debug_assert_eq!(freqs.dtype(), Dtype::Float32);
-        freqs.eval()?;
-        Ok(Rope::Freqs { dims, freqs })
+        Rope::freqs(dims, mlx_rs::ops::concatenate(&[periods, identity], 0)?)
     }
 
     /// `Llama3RoPE` (mlx-lm `rope_utils.py`): the frequencies built with the
@@ -53,10 +47,7 @@ impl Rope {
         let f = |v: f64| Array::from_f32(v as f32);
         let low_freq_wavelen = old_context_len / low_freq_factor;
         let high_freq_wavelen = old_context_len / high_freq_factor;
-        // base ** (mx.arange(0, dims, 2) / dims)
-        let exponents =
-            mlx_rs::ops::arange::<i32, f32>(0, dims, 2)?.divide(Array::from_f32(dims as f32))?;
-        let freqs = Array::from_f32(base).power(&exponents)?;
+        let freqs = base_periods(base, dims, dims)?;
         // 2 * mx.pi * freqs: the product of the Python floats first.
         let wavelens = f(2.0 * std::f64::consts::PI).multiply(&freqs)?;
         let freqs = mlx_rs::ops::select(
@@ -73,7 +64,14 @@ impl Rope {
             .divide(f(high_freq_factor - low_freq_factor))?;
         let denom = f(1.0).subtract(&smooth)?.divide(f(factor))?.add(&smooth)?;
         let smooth_freqs = freqs.divide(&denom)?;
-        let freqs = mlx_rs::ops::select(&is_medium, &smooth_freqs, &freqs)?;
+        Rope::freqs(
+            dims,
+            mlx_rs::ops::select(&is_medium, &smooth_freqs, &freqs)?,
+        )
+    }
+
+    /// The `freqs=` form from its float32 periods, evaluated once at load.
+    fn freqs(dims: i32, freqs: Array) -> Result<Self> {
         debug_assert_eq!(freqs.dtype(), Dtype::Float32);
         freqs.eval()?;
         Ok(Rope::Freqs { dims, freqs })
@@ -166,6 +164,14 @@ impl Rope {
             sin,
         })
     }
+}
+
+/// `base ** (mx.arange(0, rotated, 2) / dims)` in float32: the periods of
+/// the rotated pairs, as both `ProportionalRoPE` and `Llama3RoPE` build them.
+fn base_periods(base: f32, rotated: i32, dims: i32) -> Result<Array> {
+    let exponents =
+        mlx_rs::ops::arange::<i32, f32>(0, rotated, 2)?.divide(Array::from_f32(dims as f32))?;
+    Array::from_f32(base).power(&exponents)
 }
 
 /// One step's RoPE for the compiled decode blocks ([`Rope::tables`]).
