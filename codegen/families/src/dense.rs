@@ -16,6 +16,7 @@
 //! validation, the lowering to the block IR, the config.json view, the YAML writer, the
 //! reduction to tiny variants and the config.json importer.
 
+pub use crate::dense_sections::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
@@ -128,30 +129,6 @@ impl DenseSpec {
     }
 }
 
-/// Model-wide dimensions and numerics.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DenseModel {
-    /// `hidden_size`.
-    pub hidden_size: u32,
-    /// `vocab_size`.
-    pub vocab_size: u32,
-    /// `rms_norm_eps` of every RMSNorm.
-    pub rms_norm_eps: f64,
-    /// `tie_word_embeddings`: the head is `embed_tokens.as_linear`.
-    pub tie_word_embeddings: bool,
-    /// `max_position_embeddings` (informational: no RoPE kind here reads it).
-    pub max_position_embeddings: u32,
-}
-
-/// The decoder stack: every layer is full (causal) attention.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DenseLayers {
-    /// `num_hidden_layers`.
-    pub num_hidden_layers: u32,
-}
-
 impl DenseRope {
     /// Whether layer `i` rotates its queries and keys: every layer but each
     /// `no_rope_layer_interval`-th (smollm3.py's `ModelArgs.__post_init__`,
@@ -162,18 +139,6 @@ impl DenseRope {
             Some(n) => (i + 1) % n as usize != 0,
         }
     }
-}
-
-/// Grouped-query attention geometry.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DenseAttention {
-    /// `num_attention_heads`.
-    pub num_attention_heads: u32,
-    /// `num_key_value_heads`.
-    pub num_key_value_heads: u32,
-    /// `head_dim` (Llama: `hidden_size / num_attention_heads` when config.json has none).
-    pub head_dim: u32,
 }
 
 /// RoPE: `rope_theta`, `rope_traditional` and `rope_scaling`.
@@ -209,14 +174,6 @@ pub enum RopeScaling {
         /// `original_max_position_embeddings` (mlx-lm default 8192).
         original_max_position_embeddings: u32,
     },
-}
-
-/// SwiGLU MLP.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DenseMlp {
-    /// `intermediate_size`.
-    pub intermediate_size: u32,
 }
 
 /// A derived dense spec file: a declared reduction of a dense spec.

@@ -2,7 +2,7 @@
 //! document header (`format_version:` and `identity:`), sections of scalar
 //! fields, the dense-built sections and `quantization:`.
 
-use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
+use crate::dense_sections::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::model::*;
 use std::fmt::Write;
 

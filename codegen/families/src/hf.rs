@@ -1,7 +1,7 @@
 //! What every family's config.json view shares (the fields of the dense-built
 //! sections, the `quantization` dict, sorted keys), and a spec's content hash.
 
-use crate::dense::{DenseAttention, DenseModel};
+use crate::dense_sections::{DenseAttention, DenseModel};
 use crate::model::*;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};

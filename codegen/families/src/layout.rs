@@ -6,7 +6,7 @@
 //! the Gemma-4 layout). A family describes its layout once, as a [`Layout`];
 //! [`Layout::parse`] does the rest.
 
-use crate::dense::{DenseAttention, DenseLayers, DenseModel};
+use crate::dense_sections::{DenseAttention, DenseLayers, DenseModel};
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::document::Document;
 use crate::model::Identity;

@@ -59,6 +59,7 @@
 //! ```
 
 mod dense;
+mod dense_sections;
 mod derive;
 mod diag;
 mod document;
