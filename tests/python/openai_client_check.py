@@ -3,10 +3,11 @@ call it. Asserts as it goes (a failed check exits non-zero with its message)
 and prints the texts the Rust test compares with `archgen generate` and
 `archgen chat` as JSON.
 
-usage: openai_client_check.py BASE_URL MODEL_DIR PROMPT_IDS
+usage: openai_client_check.py BASE_URL MODEL_DIR (PROMPT_IDS | --tools-only)
   BASE_URL    e.g. http://127.0.0.1:40123/v1
   MODEL_DIR   the served checkpoint (its tokenizer counts the prompt tokens)
   PROMPT_IDS  comma-separated token ids for the greedy/seeded comparisons
+  --tools-only  only the checks of `tools=` (another model's chat template)
 """
 
 import json
@@ -26,8 +27,65 @@ def check(cond, what):
         raise SystemExit(f"check failed: {what}")
 
 
+def check_tools(client, name, hf, messages) -> None:
+    # Tools: the template renders them (the prompt is transformers'
+    # apply_chat_template(tools=...) token for token, so longer than without),
+    # a history with an assistant tool call and a tool answer renders as
+    # transformers renders it, and the answer is well-formed in both modes.
+    # (A random-weight model writes no tool markup, so parsing it is the Rust
+    # unit tests' job: serve/tools.rs.)
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+    def hf_count(msgs, **kw):
+        ids = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, **kw)
+        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    plain = client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0)
+    tc = client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0,
+                                        tools=tools, tool_choice="auto")
+    check(tc.usage.prompt_tokens == hf_count(messages, tools=tools),
+          f"tools prompt_tokens {tc.usage.prompt_tokens} vs transformers {hf_count(messages, tools=tools)}")
+    check(tc.usage.prompt_tokens > plain.usage.prompt_tokens + 20,
+          f"tools grew the prompt: {tc.usage.prompt_tokens} vs {plain.usage.prompt_tokens}")
+    choice = tc.choices[0]
+    check(choice.message.role == "assistant" and choice.finish_reason in ("stop", "length", "tool_calls"), str(tc))
+    for call in choice.message.tool_calls or []:
+        check(call.type == "function" and isinstance(json.loads(call.function.arguments), dict), str(call))
+    check((choice.finish_reason == "tool_calls") == bool(choice.message.tool_calls), str(choice))
+    chunks = list(client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0,
+                                                 tools=tools, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    streamed_calls = [t.function.name for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+    check(streamed == (choice.message.content or ""), f"streamed {streamed!r} vs {choice.message.content!r}")
+    check(streamed_calls == [t.function.name for t in choice.message.tool_calls or []], str(chunks))
+    check(chunks[-1].choices[0].finish_reason == choice.finish_reason, str(chunks[-1]))
+    # tool_choice "none": the template is not given the tools.
+    none = client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0,
+                                          tools=tools, tool_choice="none")
+    check(none.usage.prompt_tokens == plain.usage.prompt_tokens, f"{none.usage} vs {plain.usage}")
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call-1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
+               {"role": "tool", "tool_call_id": "call-1", "content": json.dumps({"temp": 21})}]
+    hist = client.chat.completions.create(model=name, messages=history, max_tokens=4, temperature=0, tools=tools)
+    hf_history = [dict(m) for m in history]
+    hf_history[1] = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+    check(hist.usage.prompt_tokens == hf_count(hf_history, tools=tools),
+          f"history prompt_tokens {hist.usage.prompt_tokens} vs {hf_count(hf_history, tools=tools)}")
+    try:
+        client.chat.completions.create(model=name, messages=messages, max_tokens=2, tools=tools,
+                                       tool_choice="required")
+        check(False, "tool_choice required was accepted")
+    except openai.BadRequestError as e:
+        check("tool_choice" in str(e), str(e))
+
+
 def main() -> None:
-    base_url, model_dir, prompt_ids = sys.argv[1], sys.argv[2], [int(t) for t in sys.argv[3].split(",")]
+    base_url, model_dir = sys.argv[1], sys.argv[2]
     client = openai.OpenAI(base_url=base_url, api_key="not-needed", timeout=120, max_retries=0)
     tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
     hf = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
@@ -36,6 +94,12 @@ def main() -> None:
     models = client.models.list().data
     check(len(models) == 1, f"one model listed, got {models}")
     name = models[0].id
+    messages = [{"role": "system", "content": "You are a test."}, {"role": "user", "content": "Hello there"}]
+    if sys.argv[3] == "--tools-only":
+        check_tools(client, name, hf, messages)
+        print(json.dumps({"tools": "checked"}))
+        return
+    prompt_ids = [int(t) for t in sys.argv[3].split(",")]
 
     # Completions: greedy, usage counted with the tokenizer, finish_reason.
     prompt = "The quick brown fox"
@@ -134,7 +198,6 @@ def main() -> None:
     out["seeded_ids"] = s.choices[0].text
 
     # Chat: the prompt is the chat template as transformers renders it.
-    messages = [{"role": "system", "content": "You are a test."}, {"role": "user", "content": "Hello there"}]
     ch = client.chat.completions.create(model=name, messages=messages, max_tokens=10, temperature=0)
     reply = ch.choices[0].message.content
     check(ch.object == "chat.completion" and ch.choices[0].message.role == "assistant", str(ch))
@@ -184,60 +247,7 @@ def main() -> None:
     r2 = client.chat.completions.create(model=name, messages=turn2, max_tokens=6, temperature=0)
     out["chat_turns"] = [r1.choices[0].message.content, r2.choices[0].message.content]
 
-    # Tools: the template renders them (the prompt is transformers'
-    # apply_chat_template(tools=...) token for token, so longer than without),
-    # a history with an assistant tool call and a tool answer renders as
-    # transformers renders it, and the answer is well-formed in both modes.
-    # (A random-weight model writes no tool markup, so parsing it is the Rust
-    # unit tests' job: serve/tools.rs.)
-    tools = [{"type": "function", "function": {
-        "name": "get_weather", "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-
-    def hf_count(msgs, **kw):
-        ids = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, **kw)
-        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-    plain = client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0)
-    tc = client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0,
-                                        tools=tools, tool_choice="auto")
-    check(tc.usage.prompt_tokens == hf_count(messages, tools=tools),
-          f"tools prompt_tokens {tc.usage.prompt_tokens} vs transformers {hf_count(messages, tools=tools)}")
-    check(tc.usage.prompt_tokens > plain.usage.prompt_tokens + 20,
-          f"tools grew the prompt: {tc.usage.prompt_tokens} vs {plain.usage.prompt_tokens}")
-    choice = tc.choices[0]
-    check(choice.message.role == "assistant" and choice.finish_reason in ("stop", "length", "tool_calls"), str(tc))
-    for call in choice.message.tool_calls or []:
-        check(call.type == "function" and isinstance(json.loads(call.function.arguments), dict), str(call))
-    check((choice.finish_reason == "tool_calls") == bool(choice.message.tool_calls), str(choice))
-    chunks = list(client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0,
-                                                 tools=tools, stream=True))
-    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    streamed_calls = [t.function.name for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
-    check(streamed == (choice.message.content or ""), f"streamed {streamed!r} vs {choice.message.content!r}")
-    check(streamed_calls == [t.function.name for t in choice.message.tool_calls or []], str(chunks))
-    check(chunks[-1].choices[0].finish_reason == choice.finish_reason, str(chunks[-1]))
-    # tool_choice "none": the template is not given the tools.
-    none = client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0,
-                                          tools=tools, tool_choice="none")
-    check(none.usage.prompt_tokens == plain.usage.prompt_tokens, f"{none.usage} vs {plain.usage}")
-    history = [{"role": "user", "content": "Weather in Paris?"},
-               {"role": "assistant", "content": None, "tool_calls": [
-                   {"id": "call-1", "type": "function",
-                    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
-               {"role": "tool", "tool_call_id": "call-1", "content": json.dumps({"temp": 21})}]
-    hist = client.chat.completions.create(model=name, messages=history, max_tokens=4, temperature=0, tools=tools)
-    hf_history = [dict(m) for m in history]
-    hf_history[1] = {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
-    check(hist.usage.prompt_tokens == hf_count(hf_history, tools=tools),
-          f"history prompt_tokens {hist.usage.prompt_tokens} vs {hf_count(hf_history, tools=tools)}")
-    try:
-        client.chat.completions.create(model=name, messages=messages, max_tokens=2, tools=tools,
-                                       tool_choice="required")
-        check(False, "tool_choice required was accepted")
-    except openai.BadRequestError as e:
-        check("tool_choice" in str(e), str(e))
+    check_tools(client, name, hf, messages)
 
     # Requests the server refuses: 400 with a message, and it keeps serving.
     try:

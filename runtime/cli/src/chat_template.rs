@@ -667,11 +667,15 @@ fn write_json(
 
 #[cfg(test)]
 mod tests {
-    //! Every fixture template (tests/fixtures/chat_templates: Gemma 2 and 3,
-    //! Qwen2.5, Qwen3, Llama 3 and 3.2, and a probe of Python-isms) rendered
+    //! Every fixture template (tests/fixtures/chat_templates: Gemma 2, 3 and
+    //! 4, Qwen2.5, Qwen3, Llama 3 and 3.2, and a probe of Python-isms) rendered
     //! here and by transformers' `apply_chat_template(tokenize=False)` in the
     //! venv (one Python process for all cases) must agree byte for byte, and a
-    //! template that raises must raise in both.
+    //! template that raises must raise in both. gemma4.jinja is the
+    //! template of Google's Gemma-4 instruction-tuned checkpoints as
+    //! llama.cpp keeps it (models/templates/gemma4.jinja, commit 75f1ba7),
+    //! byte for byte: its macros, namespaces and `dictsort` over tool schemas
+    //! are what a request's `tools` goes through.
 
     use super::*;
     use serde_json::json;
@@ -762,6 +766,12 @@ mod tests {
                 as_jinja_file: false,
             },
             Family {
+                dir: "gemma4",
+                template: "gemma4.jinja",
+                config: json!({"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}),
+                as_jinja_file: true,
+            },
+            Family {
                 dir: "probe",
                 template: "probe.jinja",
                 config: json!({"bos_token": "<s>", "eos_token": added("</s>"), "pad_token": "<pad>",
@@ -817,6 +827,20 @@ mod tests {
                 {"role": "user", "content": "Thanks"}]"#,
             ),
             (
+                // Tools declared as the server passes an OpenAI request's
+                // `tools` (nested objects, enums, arrays, a type list), with
+                // a history that calls one and hears back.
+                "declared_tools",
+                r#"[
+                {"role": "system", "content": "Use the tools."},
+                {"role": "user", "content": "Weather in Paris and Oslo?"},
+                {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+                    "name": "get_weather", "arguments": {"city": "Paris", "days": 2, "units": "celsius"}}}]},
+                {"role": "tool", "content": "{\"temp\": 21}"},
+                {"role": "assistant", "content": "<|channel>thought\nOslo next<channel|>Paris: 21."},
+                {"role": "user", "content": "And Oslo?"}]"#,
+            ),
+            (
                 "parts",
                 r#"[
                 {"role": "user", "content": [{"type": "text", "text": " Look: "}, {"type": "image"}]}]"#,
@@ -828,6 +852,28 @@ mod tests {
                 {"role": "user", "content": "two"}]"#,
             ),
         ]
+    }
+
+    /// An OpenAI request's `tools`, shaped to reach each branch of the
+    /// Gemma-4 template's declaration macros (nested object, enum, array of
+    /// objects, a type list, nullable) and the others' `tojson`.
+    fn declared_tools() -> serde_json::Value {
+        json!([
+            {"type": "function", "function": {
+                "name": "get_weather", "description": "The weather in a city.",
+                "parameters": {"type": "object", "required": ["city"], "properties": {
+                    "city": {"type": "string", "description": "City name"},
+                    "units": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                    "days": {"type": ["integer", "null"], "nullable": true},
+                    "where": {"type": "object", "description": "Coordinates",
+                              "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
+                              "required": ["lat"]},
+                    "stops": {"type": "array", "items": {"type": "object",
+                              "properties": {"name": {"type": "string"}}, "required": ["name"]}}}}}},
+            {"type": "function", "function": {
+                "name": "now", "description": "The time.",
+                "parameters": {"type": "object", "properties": {}}}}
+        ])
     }
 
     #[test]
@@ -861,6 +907,8 @@ mod tests {
                 for add_generation_prompt in [true, false] {
                     let kwargs = match (family.dir, name) {
                         ("qwen3", "multi") => json!({"enable_thinking": false}),
+                        ("gemma4", "multi") => json!({"enable_thinking": true}),
+                        (_, "declared_tools") => json!({"tools": declared_tools()}),
                         _ => json!({}),
                     };
                     cases.push((
@@ -897,13 +945,19 @@ mod tests {
             let template = ChatTemplate::load(dir).unwrap().expect("a template");
             // Through serde_json's text so that map order stays as written.
             let messages: Value = serde_json::from_str(messages).unwrap();
+            // `tools` goes where the server puts a request's tools; the
+            // rest are extra template variables.
+            let tools = kwargs
+                .get("tools")
+                .map_or(Value::from(()), Value::from_serialize);
             let extra: Vec<(String, Value)> = kwargs
                 .as_object()
                 .unwrap()
                 .iter()
+                .filter(|(k, _)| k.as_str() != "tools")
                 .map(|(k, v)| (k.clone(), Value::from_serialize(v)))
                 .collect();
-            let got = template.render_values(messages, *agp, &extra);
+            let got = template.render_with_tools(messages, tools, *agp, &extra);
             let what = format!("{family} / {name} / add_generation_prompt={agp}");
             match (want.get("text").and_then(|t| t.as_str()), got) {
                 (Some(want), Ok(got)) if got == want => rendered += 1,

@@ -204,6 +204,11 @@ fn tiny_chat_model(root: &Path) -> PathBuf {
 /// [`tiny_chat_model`] of another tiny spec (vocabulary 512), in `root/dir`
 /// (the served model's name).
 fn tiny_chat_model_of(root: &Path, spec_name: &str, dir: &str) -> PathBuf {
+    tiny_chat_model_with(root, spec_name, dir, "qwen3.jinja")
+}
+
+/// [`tiny_chat_model_of`] with another fixture chat template.
+fn tiny_chat_model_with(root: &Path, spec_name: &str, dir: &str, template: &str) -> PathBuf {
     let model = root.join(dir);
     let spec = repo_root().join(format!("specs/{spec_name}.yaml"));
     let (ok, _, err) = archgen(
@@ -218,8 +223,9 @@ fn tiny_chat_model_of(root: &Path, spec_name: &str, dir: &str) -> PathBuf {
         Duration::from_secs(300),
     );
     assert!(ok, "init failed: {err}");
-    let template =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates/qwen3.jinja");
+    let template = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/chat_templates")
+        .join(template);
     let made = run_python(
         "make_chat_tokenizer.py",
         &[model.as_os_str(), template.as_os_str()],
@@ -501,6 +507,32 @@ fn chat_and_serve_refuse_a_checkpoint_without_what_they_need() {
 }
 
 /// The value of an unlabelled metric in GET /metrics.
+/// Gemma-4's own chat template (tests/fixtures/chat_templates/gemma4.jinja)
+/// on a tiny Gemma-4 served in batches: the openai client's `tools=`
+/// requests (declared tools, a tool-call history, streaming, `tool_choice`)
+/// give the prompts transformers renders with that template, token for token.
+#[test]
+fn serves_tools_through_gemma4s_chat_template() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model_with(
+        root.path(),
+        "gemma4-e2b-tiny",
+        "gemma4-tiny",
+        "gemma4.jinja",
+    );
+    let server = start_server(&model, &["--max-batch", "4"]);
+    let base = format!("{}/v1", server.base);
+    let out = run_python(
+        "openai_client_check.py",
+        &[base.as_ref(), model.as_os_str(), "--tools-only".as_ref()],
+    );
+    assert_eq!(
+        json(out.lines().last().unwrap())["tools"],
+        "checked",
+        "{out}"
+    );
+}
+
 fn metric(server: &Server, name: &str) -> f64 {
     let (status, body) = curl(server, "GET", "/metrics", None);
     assert_eq!(status, 200, "{body}");
