@@ -30,6 +30,13 @@ step, stopped at the end):
               streamed request (one second in); the time to a 4xx for a
               prompt past the context (~140k tokens).
 
+  alternating (--alternate-rounds R) both servers up at once; for R rounds,
+              each --alternate-clients level runs on one server then the
+              other, the order swapped every round, and each round gives
+              the ratio archgen / mlx-lm and archgen's rate against its own
+              single client. Drift of a shared machine lands inside each
+              round instead of on one server's whole run.
+
 Every request has a time limit on the whole request (--timeout; the long
 one --long-timeout), after which the client leaves; a request that times out
 or fails is counted and reported, never retried, so the run stops by itself. Prints a Markdown table (and writes it with
@@ -45,6 +52,7 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -309,6 +317,55 @@ def run_server(server: Server, args, text12k: str, text140k: str) -> dict:
     return out
 
 
+def alternating(servers: dict, args) -> dict:
+    """Both servers up at once, each level run on one then the other, the
+    order swapped every round: a drift of the machine (other load, thermal,
+    the page cache) lands on both sides of each round's ratio instead of on
+    one server's whole run."""
+    out: dict = {}
+    names = list(servers)
+    for server in servers.values():
+        chat(server.port, SHORT, 4, args.timeout)  # warm-up
+    for r in range(args.alternate_rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for clients in args.alternate_clients:
+            requests = max(clients, args.min_requests)
+            row = out.setdefault(str(clients), {n: [] for n in names})
+            for name in order:
+                level = load_level(servers[name].port, clients, requests, args.max_tokens, args.timeout,
+                                   args.level_budget)
+                row[name].append({"tokens_per_s": level["tokens_per_s"], "failed": level["failed"],
+                                  "load_avg_1m": level["load_avg_1m"]})
+                print(f"  round {r + 1}: {name}: {clients:>2} clients: {level['tokens_per_s']:.1f} tok/s "
+                      f"({level['failed']} failed)", file=sys.stderr)
+    return out
+
+
+def alternating_markdown(alt: dict) -> list[str]:
+    """Per round: each server's tokens/s and the ratio archgen / mlx-lm; for
+    archgen, its rate against its own single-client rate of that round."""
+    lines = ["", "Alternating rounds (both servers up, each level on one then the other, order swapped "
+             "every round):", "",
+             "| clients | round | archgen tok/s | mlx-lm tok/s | archgen / mlx-lm | archgen / its 1 client |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    single = alt.get("1", {}).get("archgen", [])
+    for clients, row in alt.items():
+        ratios, own = [], []
+        for i, (a, m) in enumerate(zip(row["archgen"], row["mlx-lm"])):
+            ratio = a["tokens_per_s"] / m["tokens_per_s"] if m["tokens_per_s"] else None
+            vs_one = (a["tokens_per_s"] / single[i]["tokens_per_s"]
+                      if i < len(single) and single[i]["tokens_per_s"] and clients != "1" else None)
+            ratios.append(ratio)
+            own.append(vs_one)
+            failed = "" if not (a["failed"] or m["failed"]) else f" ({a['failed']} / {m['failed']} failed)"
+            lines.append(f"| {clients} | {i + 1} | {fmt(a['tokens_per_s'])} | {fmt(m['tokens_per_s'])}{failed} | "
+                         f"{fmt(ratio, 1, 2)} | {fmt(vs_one, 1, 2)} |")
+        got = sorted(x for x in ratios if x is not None)
+        if got:
+            lines.append(f"| {clients} | median | | | {statistics.median(got):.2f} (min {got[0]:.2f}) | |")
+    return lines
+
+
 def fmt(v, scale=1.0, digits=1):
     return "—" if v is None else f"{v * scale:.{digits}f}"
 
@@ -381,6 +438,8 @@ def markdown(results: dict, meta: dict) -> str:
         return f"no 4xx ({p['status'] or p['error']}) after {p['seconds']:.1f} s"
 
     lines.append("| prompt past the context (~140k tokens) | " + " | ".join(past(n) for n in names) + " |")
+    if meta.get("alternating"):
+        lines += alternating_markdown(meta["alternating"])
     return "\n".join(lines) + "\n"
 
 
@@ -418,6 +477,10 @@ def main() -> None:
     ap.add_argument("--archgen-impl", default="auto", choices=["auto", "monolith", "generated"],
                     help="archgen serve --impl: the monolith has the batched forward (BatchLm); "
                          "a model without one serves one sequence per forward")
+    ap.add_argument("--alternate-rounds", type=int, default=0,
+                    help="after the per-server runs: this many rounds with archgen and mlx-lm up together, "
+                         "each --alternate-clients level on one then the other (order swapped each round)")
+    ap.add_argument("--alternate-clients", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--with-results",
@@ -456,7 +519,8 @@ def main() -> None:
     import mlx_lm
 
     results = json.loads(Path(args.with_results).read_text())["results"] if args.with_results else {}
-    for name in args.servers:
+
+    def start(name: str) -> Server:
         port = free_port()
         if name in ("archgen", "archgen-b1"):
             batch = args.max_batch if name == "archgen" else 1
@@ -468,11 +532,27 @@ def main() -> None:
                     "--port", str(port), "--max-tokens", str(args.max_tokens),
                     "--prefill-step-size", str(args.prefill_step)]
         print(f"{name}: starting", file=sys.stderr)
-        server = Server(name, argv, port, work / f"{name}.log")
+        return Server(name, argv, port, work / f"{name}.log")
+
+    for name in args.servers:
+        server = start(name)
         try:
             results[name] = run_server(server, args, text12k, text140k)
         finally:
             server.close()
+
+    alt = None
+    if args.alternate_rounds > 0:
+        if set(args.servers) != {"archgen", "mlx-lm"}:
+            raise SystemExit("--alternate-rounds needs --servers archgen mlx-lm")
+        servers: dict = {}
+        try:
+            for name in ("archgen", "mlx-lm"):
+                servers[name] = start(name)
+            alt = alternating(servers, args)
+        finally:
+            for server in servers.values():
+                server.close()
 
     version = subprocess.run([args.archgen, "--version"], capture_output=True, text=True).stdout.strip()
     cpu = platform.processor() or platform.machine()
@@ -506,6 +586,7 @@ def main() -> None:
         "timeout": args.timeout,
         "probe_delay": args.probe_delay,
         "mlx_lm": mlx_lm.__version__,
+        "alternating": alt,
     }
     table = markdown(results, meta)
     print(table)
