@@ -9,6 +9,7 @@
 #   bash runtime/mlx-cuda/serve_bench_gpu.sh serve        # call 3: the servers (serve_bench_gpu.py)
 #   bash runtime/mlx-cuda/serve_bench_gpu.sh serve-full-archgen  # or the CPU script's whole run
 #   bash runtime/mlx-cuda/serve_bench_gpu.sh serve-full-mlx-lm   # (tests/python/serve_bench.py), a call each
+#   bash runtime/mlx-cuda/serve_bench_gpu.sh long-probe  # a long prompt's first token (long_prefill_probe.py)
 #
 # parity.sh's setup leaves the three wheels in /tmp/site and the release
 # binaries in /tmp/archgen and /tmp/archgen-bench on the warm machine (its
@@ -40,7 +41,7 @@ export MLX_CUDA_GRAPH_CACHE_SIZE=${MLX_CUDA_GRAPH_CACHE_SIZE:-4000}
 
 for step in "$@"; do
   case $step in
-    batch)
+    checkpoint|batch)
       # The checkpoint and its tokenizer first, so that `serve` has them
       # even if the batch benchmark runs out of time.
       if [[ ! -f $model/config.json ]]; then
@@ -53,6 +54,7 @@ for step in "$@"; do
           "$repo/runtime/cli/tests/fixtures/chat_templates/qwen3.jinja" \
           && python3 "$here/pad_tokenizer_vocab.py" "$model"
       fi
+      [[ $step == checkpoint ]] && continue
       python3 "$here/batch_bench.py" --archgen /tmp/archgen --bench /tmp/archgen-bench --repo "$repo" \
         --model "$model" --json "$OUT/batch.json" ${BATCH_ARGS:-} "$spec" 2>&1 | tee "$OUT/batch.log"
       ;;
@@ -77,6 +79,13 @@ for step in "$@"; do
         --json "$OUT/serve-full-$server.json" --markdown "$OUT/serve-full.md" 2>&1 | tee "$OUT/serve-full-$server.log"
       cp "$OUT/serve-full-$server.json" /tmp/serve-full.json
       ;;
-    *) echo "unknown step $step (batch, serve or serve-full-SERVER)"; exit 2 ;;
+    long-probe)
+      # Where a long prompt's time to first token goes (long_prefill_probe.py):
+      # archgen, archgen without the compiled one-token blocks, mlx-lm.
+      [[ -f $model/tokenizer.json ]] || { echo "no checkpoint with a tokenizer: run batch first"; exit 1; }
+      python3 "$here/long_prefill_probe.py" --archgen /tmp/archgen --model "$model" --out "$OUT" \
+        ${PROBE_ARGS:-} 2>&1 | tee "$OUT/long_prefill.log"
+      ;;
+    *) echo "unknown step $step (checkpoint, batch, serve, serve-full-SERVER or long-probe)"; exit 2 ;;
   esac
 done
