@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use std::path::Path;
 use std::time::Instant;
 
+use archgen_runtime::device::{release_buffer_pool, SEQUENCE_TOKENS_PER_POOL_RELEASE};
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array};
 use archgen_runtime::model::CausalLm;
@@ -93,6 +94,7 @@ pub fn generate<M: CausalLm>(
     for chunk in head.chunks(2048) {
         let x = Array::from_slice(chunk, &[1, chunk.len() as i32]);
         mlx(mlx(m.forward(&x, &mut cache))?.eval())?;
+        mlx(release_buffer_pool())?;
     }
     let prefill_seconds = start.elapsed().as_secs_f64();
     let mut key = mlx(mlx_rs::random::key(sampling.seed))?;
@@ -132,6 +134,9 @@ pub fn generate<M: CausalLm>(
         if on_token(token)? == Flow::Stop {
             ended = (Finish::Stop, None);
             break;
+        }
+        if n % SEQUENCE_TOKENS_PER_POOL_RELEASE == 0 {
+            mlx(release_buffer_pool())?;
         }
     }
     let decode_seconds = decode_start.elapsed().as_secs_f64();

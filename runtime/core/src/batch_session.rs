@@ -46,6 +46,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
 use crate::batch::{BatchCache, BatchLm};
+use crate::device::{release_buffer_pool, BATCH_STEPS_PER_POOL_RELEASE};
 use crate::ops::Result;
 use crate::seq_cache::{self, SeqCache};
 
@@ -265,6 +266,9 @@ pub struct BatchSession<'m, M: BatchLm + ?Sized> {
     /// Whether a finished sequence's cache comes back with its last
     /// [`StepOutput`] (mlx-lm's `Response.prompt_cache`).
     keep_caches: bool,
+    /// Generation-batch forwards so far (`_counters.generation_steps`),
+    /// which time the buffer pool's release.
+    generation_steps: usize,
 }
 
 impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
@@ -282,6 +286,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             prompts: Vec::new(),
             generation: GenerationBatch::default(),
             keep_caches: false,
+            generation_steps: 0,
         }
     }
 
@@ -523,6 +528,10 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         if keep.len() < g.seqs.len() {
             g.filter(&keep)?;
         }
+        self.generation_steps += 1;
+        if self.generation_steps % BATCH_STEPS_PER_POOL_RELEASE == 0 {
+            release_buffer_pool()?;
+        }
         Ok(out)
     }
 
@@ -655,9 +664,11 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         // Chunks are at most `prefill_step_size` long: one forward.
         self.model.forward_batch(&ids, cache)?;
         cache.eval()?;
+        release_buffer_pool()?;
         if padded {
             cache.finalize()?;
             cache.eval()?;
+            release_buffer_pool()?;
         }
         Ok(())
     }

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use archgen_runtime::device::{release_buffer_pool, SEQUENCE_TOKENS_PER_POOL_RELEASE};
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array};
 use archgen_runtime::model::CausalLm;
@@ -154,7 +155,12 @@ pub trait StepAll<M: CausalLm> {
 
 /// Each sequence on its own: one single-sequence forward per sequence, all
 /// sampled tokens evaluated together.
-pub struct OneByOne;
+#[derive(Default)]
+pub struct OneByOne {
+    /// Decode steps so far, which time the buffer pool's release as
+    /// `generate_step` times it.
+    steps: usize,
+}
 
 impl<M: CausalLm> StepAll<M> for OneByOne {
     fn prefill(
@@ -164,7 +170,8 @@ impl<M: CausalLm> StepAll<M> for OneByOne {
         chunk: &[i32],
     ) -> Result<(), String> {
         let x = Array::from_slice(chunk, &[1, chunk.len() as i32]);
-        mlx(mlx(m.forward(&x, &mut seq.cache))?.eval())
+        mlx(mlx(m.forward(&x, &mut seq.cache))?.eval())?;
+        mlx(release_buffer_pool())
     }
 
     fn step_all(
@@ -199,6 +206,10 @@ impl<M: CausalLm> StepAll<M> for OneByOne {
                 (None, _) | (_, None) => None,
             };
             sampled.push(Sampled { token, logprobs });
+        }
+        self.steps += 1;
+        if self.steps % SEQUENCE_TOKENS_PER_POOL_RELEASE == 0 {
+            mlx(release_buffer_pool())?;
         }
         Ok(sampled)
     }
@@ -312,7 +323,7 @@ impl<'a, M: CausalLm> Scheduler<'a, M, OneByOne> {
     ) -> Self {
         Scheduler {
             model,
-            stepper: OneByOne,
+            stepper: OneByOne::default(),
             tokenizer,
             eos,
             limits,
