@@ -13,6 +13,9 @@ mlx_lm.server), on a fresh server:
   warm     another 12k-token prompt (other words: no prompt-cache hit)
   levels   16 then 64 concurrent short chats (the shapes a serve run makes)
   after    a third 12k-token prompt, alone
+  probe    a fourth, with a short request sent 1 s after it (the serve
+           benchmark's probe, where the 9-10 s first tokens were seen)
+  again    a fifth, alone
 Each 12k request records its time to first token and total, and the GPU
 memory in use after it (nvidia-smi). Writes OUT/long_prefill.json and each
 server's log.
@@ -54,6 +57,17 @@ def long_request(port: int, text: str, timeout: float) -> dict:
     }
 
 
+def with_probe(port: int, text: str, timeout: float, delay: float = 1.0) -> dict:
+    """The serve benchmark's probe: the long prompt, and `delay` seconds
+    later a short request, which joins while the long one is in prefill."""
+    box: dict = {}
+    thread, _ = sb.in_background(lambda: box.setdefault("long", long_request(port, text, timeout)))
+    time.sleep(delay)
+    r = sb.chat(port, sb.SHORT, 24, timeout)
+    thread.join(timeout + 5)
+    return {"long": box.get("long"), "short_s": (r.end - r.start) if r.ok else None, "short_error": r.error}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--archgen", required=True)
@@ -74,7 +88,7 @@ def main() -> None:
     # template's first tokens, so none is served from the prompt cache.
     base = sb.long_text(tokenizer, args.tokens)
     words = base.split()
-    prompts = [" ".join(words[k:] + words[:k]) for k in (0, 7, 13)]
+    prompts = [" ".join(words[k:] + words[:k]) for k in (0, 7, 13, 17, 19)]
 
     results = {}
     for name in args.configs:
@@ -107,6 +121,10 @@ def main() -> None:
                 print(f"{name}: {clients} clients {level['tokens_per_s']:.1f} tok/s", file=sys.stderr)
             row["after"] = long_request(port, prompts[2], args.timeout)
             print(f"{name}: after levels {row['after']}", file=sys.stderr)
+            row["with_probe"] = with_probe(port, prompts[3], args.timeout)
+            print(f"{name}: with a short request 1 s in {row['with_probe']}", file=sys.stderr)
+            row["alone_again"] = long_request(port, prompts[4], args.timeout)
+            print(f"{name}: alone again {row['alone_again']}", file=sys.stderr)
         finally:
             server.close()
         results[name] = row
