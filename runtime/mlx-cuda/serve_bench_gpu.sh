@@ -36,8 +36,11 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 # each batch size and cache shape) cycles through more: on the H200 that
 # killed mlx_lm.server's generation thread at 8 clients and failed every
 # archgen request at 32 (docs/benchmarks.md, "Serving on the H200"). Both
-# servers get the larger cache the error message asks for.
-export MLX_CUDA_GRAPH_CACHE_SIZE=${MLX_CUDA_GRAPH_CACHE_SIZE:-4000}
+# servers get the larger cache the error message asks for: 40,000, archgen
+# serve's own default since 4,000 filled up in one benchmark run and slowed
+# a long prompt after it to 10 s (docs/benchmarks.md, "The long prompt's
+# first token on the H200").
+export MLX_CUDA_GRAPH_CACHE_SIZE=${MLX_CUDA_GRAPH_CACHE_SIZE:-40000}
 
 for step in "$@"; do
   case $step in

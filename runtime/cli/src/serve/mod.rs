@@ -1350,9 +1350,13 @@ async fn stop_signal() {
 /// Continuous batching runs a new graph shape for every batch size and
 /// prefill length; past MLX 0.32.2's default of 400 graphs its CUDA backend
 /// throws "Cache thrashing is happening" and fails the step (seen on an
-/// H200: 63 of 64 requests at 32 clients; docs/benchmarks.md, "Serving on
-/// the H200"). Other backends do not read it.
-const CUDA_GRAPH_CACHE_SIZE: &str = "4000";
+/// H200: 63 of 64 requests at 32 clients). At 4,000 the compiled one-token
+/// blocks (more graphs per batch size than the eager ones) filled it in a
+/// serve benchmark's four load levels, and a 12k-token prompt after them
+/// took 10.1 s to its first token where 40,000 gave 1.8 s, as did the
+/// eager blocks at 4,000 (docs/benchmarks.md, "The long prompt's first
+/// token on the H200"). Other backends do not read it.
+const CUDA_GRAPH_CACHE_SIZE: &str = "40000";
 
 pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
     // Before the model loads, so before MLX's CUDA backend reads it.
