@@ -176,46 +176,22 @@ pub enum RopeScaling {
     },
 }
 
-/// A derived dense spec file: a declared reduction of a dense spec.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(title = "archgen architecture spec (derived dense form)")]
-pub struct DenseDerivedSpecFile {
-    /// Spec format version; must be 1.
-    pub format_version: u32,
-    pub identity: DerivedIdentity,
-    pub derive: DenseDerive,
-}
+crate::reduce::derived_form! {
+    /// A derived dense spec file: a declared reduction of a dense spec.
+    file DenseDerivedSpecFile titled "archgen architecture spec (derived dense form)";
 
-/// How a derived dense spec is made from its parent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DenseDerive {
-    /// Name of the parent spec (`<from>.yaml` in the same directory).
-    pub from: String,
-    /// Sizes to shrink, or null to keep the parent's sizes.
-    #[serde(deserialize_with = "explicit")]
-    pub reduce: Option<DenseReduce>,
-    /// Weight quantization of the derived spec (never inherited), or null.
-    #[serde(deserialize_with = "explicit")]
-    pub quantization: Option<Quantization>,
-    /// mlx-optiq per-layer mixed KV of the derived spec (never inherited); may be left
-    /// out (absent means null).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mixed_kv: Option<crate::MixedKv>,
-}
+    /// How a derived dense spec is made from its parent.
+    derive DenseDerive {
+        /// mlx-optiq per-layer mixed KV of the derived spec (never inherited); may be left
+        /// out (absent means null).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub mixed_kv: Option<crate::MixedKv>,
+    }
 
-/// The reduced sizes of a dense spec; everything else is inherited.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DenseReduce {
-    pub num_hidden_layers: u32,
-    pub hidden_size: u32,
-    pub vocab_size: u32,
-    pub num_attention_heads: u32,
-    pub num_key_value_heads: u32,
-    pub head_dim: u32,
-    pub intermediate_size: u32,
+    /// The reduced sizes of a dense spec; everything else is inherited.
+    reduce DenseReduce {
+        pub intermediate_size: u32,
+    }
 }
 
 // ---------------------------------------------------------------- validation

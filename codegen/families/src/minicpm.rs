@@ -76,44 +76,19 @@ pub struct MiniCpmScales {
     pub dim_model_base: u32,
 }
 
-/// A derived MiniCPM spec file: a declared reduction of a MiniCPM spec.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(title = "archgen architecture spec (derived minicpm form)")]
-pub struct MiniCpmDerivedSpecFile {
-    /// Spec format version; must be 1.
-    pub format_version: u32,
-    pub identity: DerivedIdentity,
-    pub derive: MiniCpmDerive,
-}
+crate::reduce::derived_form! {
+    /// A derived MiniCPM spec file: a declared reduction of a MiniCPM spec.
+    file MiniCpmDerivedSpecFile titled "archgen architecture spec (derived minicpm form)";
 
-/// How a derived MiniCPM spec is made from its parent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MiniCpmDerive {
-    /// Name of the parent spec (`<from>.yaml` in the same directory).
-    pub from: String,
-    /// Sizes to shrink, or null to keep the parent's sizes.
-    #[serde(deserialize_with = "explicit")]
-    pub reduce: Option<MiniCpmReduce>,
-    /// Weight quantization of the derived spec (never inherited), or null.
-    #[serde(deserialize_with = "explicit")]
-    pub quantization: Option<Quantization>,
-}
+    /// How a derived MiniCPM spec is made from its parent.
+    derive MiniCpmDerive {}
 
-/// The reduced sizes of a MiniCPM spec; everything else (the scales, RoPE) is
-/// inherited. The residual factor follows the reduced `num_hidden_layers`, as mlx-lm
-/// computes it from the config it loads.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MiniCpmReduce {
-    pub num_hidden_layers: u32,
-    pub hidden_size: u32,
-    pub vocab_size: u32,
-    pub num_attention_heads: u32,
-    pub num_key_value_heads: u32,
-    pub head_dim: u32,
-    pub intermediate_size: u32,
+    /// The reduced sizes of a MiniCPM spec; everything else (the scales, RoPE) is
+    /// inherited. The residual factor follows the reduced `num_hidden_layers`, as mlx-lm
+    /// computes it from the config it loads.
+    reduce MiniCpmReduce {
+        pub intermediate_size: u32,
+    }
 }
 
 // ---------------------------------------------------------------- validation

@@ -109,52 +109,27 @@ pub struct Qwen35Moe {
     pub norm_topk_prob: bool,
 }
 
-/// A derived Qwen3.5 spec file: a declared reduction of a Qwen3.5 spec.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(title = "archgen architecture spec (derived qwen3_5 form)")]
-pub struct Qwen35DerivedSpecFile {
-    /// Spec format version; must be 1.
-    pub format_version: u32,
-    pub identity: DerivedIdentity,
-    pub derive: Qwen35Derive,
-}
+crate::reduce::derived_form! {
+    /// A derived Qwen3.5 spec file: a declared reduction of a Qwen3.5 spec.
+    file Qwen35DerivedSpecFile titled "archgen architecture spec (derived qwen3_5 form)";
 
-/// How a derived Qwen3.5 spec is made from its parent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Qwen35Derive {
-    /// Name of the parent spec (`<from>.yaml` in the same directory).
-    pub from: String,
-    /// Sizes to shrink, or null to keep the parent's sizes.
-    #[serde(deserialize_with = "explicit")]
-    pub reduce: Option<Qwen35Reduce>,
-    /// Weight quantization of the derived spec (never inherited), or null.
-    #[serde(deserialize_with = "explicit")]
-    pub quantization: Option<Quantization>,
-}
+    /// How a derived Qwen3.5 spec is made from its parent.
+    derive Qwen35Derive {}
 
-/// The reduced sizes of a Qwen3.5 spec; everything else (the interval, the
-/// conv kernel, RoPE) is inherited.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Qwen35Reduce {
-    pub num_hidden_layers: u32,
-    pub hidden_size: u32,
-    pub vocab_size: u32,
-    pub num_attention_heads: u32,
-    pub num_key_value_heads: u32,
-    pub head_dim: u32,
-    /// The dense MLP's width; null for the MoE form.
-    #[serde(deserialize_with = "explicit")]
-    pub intermediate_size: Option<u32>,
-    pub linear_num_key_heads: u32,
-    pub linear_num_value_heads: u32,
-    pub linear_key_head_dim: u32,
-    pub linear_value_head_dim: u32,
-    /// The experts' sizes; null for the dense form.
-    #[serde(deserialize_with = "explicit")]
-    pub moe: Option<Qwen35MoeReduce>,
+    /// The reduced sizes of a Qwen3.5 spec; everything else (the interval, the
+    /// conv kernel, RoPE) is inherited.
+    reduce Qwen35Reduce {
+        /// The dense MLP's width; null for the MoE form.
+        #[serde(deserialize_with = "explicit")]
+        pub intermediate_size: Option<u32>,
+        pub linear_num_key_heads: u32,
+        pub linear_num_value_heads: u32,
+        pub linear_key_head_dim: u32,
+        pub linear_value_head_dim: u32,
+        /// The experts' sizes; null for the dense form.
+        #[serde(deserialize_with = "explicit")]
+        pub moe: Option<Qwen35MoeReduce>,
+    }
 }
 
 /// The reduced expert sizes of a Qwen3.5 MoE spec (`norm_topk_prob` is inherited).

@@ -71,46 +71,21 @@ pub struct Qwen3MoeExperts {
     pub mlp_only_layers: Vec<u32>,
 }
 
-/// A derived Qwen3-MoE spec file: a declared reduction of a Qwen3-MoE spec.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(title = "archgen architecture spec (derived qwen3_moe form)")]
-pub struct Qwen3MoeDerivedSpecFile {
-    /// Spec format version; must be 1.
-    pub format_version: u32,
-    pub identity: DerivedIdentity,
-    pub derive: Qwen3MoeDerive,
-}
+crate::reduce::derived_form! {
+    /// A derived Qwen3-MoE spec file: a declared reduction of a Qwen3-MoE spec.
+    file Qwen3MoeDerivedSpecFile titled "archgen architecture spec (derived qwen3_moe form)";
 
-/// How a derived Qwen3-MoE spec is made from its parent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Qwen3MoeDerive {
-    /// Name of the parent spec (`<from>.yaml` in the same directory).
-    pub from: String,
-    /// Sizes to shrink, or null to keep the parent's sizes.
-    #[serde(deserialize_with = "explicit")]
-    pub reduce: Option<Qwen3MoeReduce>,
-    /// Weight quantization of the derived spec (never inherited), or null.
-    #[serde(deserialize_with = "explicit")]
-    pub quantization: Option<Quantization>,
-}
+    /// How a derived Qwen3-MoE spec is made from its parent.
+    derive Qwen3MoeDerive {}
 
-/// The reduced sizes of a Qwen3-MoE spec; everything else (norm_topk_prob,
-/// decoder_sparse_step, mlp_only_layers) is inherited.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Qwen3MoeReduce {
-    pub num_hidden_layers: u32,
-    pub hidden_size: u32,
-    pub vocab_size: u32,
-    pub num_attention_heads: u32,
-    pub num_key_value_heads: u32,
-    pub head_dim: u32,
-    pub intermediate_size: u32,
-    pub num_experts: u32,
-    pub num_experts_per_tok: u32,
-    pub moe_intermediate_size: u32,
+    /// The reduced sizes of a Qwen3-MoE spec; everything else (norm_topk_prob,
+    /// decoder_sparse_step, mlp_only_layers) is inherited.
+    reduce Qwen3MoeReduce {
+        pub intermediate_size: u32,
+        pub num_experts: u32,
+        pub num_experts_per_tok: u32,
+        pub moe_intermediate_size: u32,
+    }
 }
 
 // ---------------------------------------------------------------- layers

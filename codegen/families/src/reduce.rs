@@ -28,16 +28,79 @@ fn p(s: &str) -> FieldPath {
 /// One reduced size beside the parent's: `(field under derive.reduce, reduced, parent's)`.
 pub(crate) type Size = (&'static str, u32, u32);
 
-/// The attention stack's sizes, which every family's `reduce` names first and in
-/// this order.
-#[derive(Debug, Clone, Copy, Deserialize)]
-pub(crate) struct Stack {
-    pub num_hidden_layers: u32,
-    pub hidden_size: u32,
-    pub vocab_size: u32,
-    pub num_attention_heads: u32,
-    pub num_key_value_heads: u32,
-    pub head_dim: u32,
+/// Declares a struct whose fields start with the attention stack's sizes, in
+/// the order every family's `reduce` names them, followed by the given fields:
+/// [`Stack`] and each family's `<Family>Reduce` are written with it, so the
+/// six sizes are declared once.
+macro_rules! with_stack_sizes {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($fields:tt)* }) => {
+        $(#[$meta])*
+        $vis struct $name {
+            pub num_hidden_layers: u32,
+            pub hidden_size: u32,
+            pub vocab_size: u32,
+            pub num_attention_heads: u32,
+            pub num_key_value_heads: u32,
+            pub head_dim: u32,
+            $($fields)*
+        }
+    };
+}
+pub(crate) use with_stack_sizes;
+
+/// Declares the three types of a family's derived form (see [`Reducible`]):
+/// the file (`format_version`, `identity`, `derive`), its `derive` section
+/// (`from`, `reduce`, `quantization`, then the given fields) and its `reduce`
+/// section (the stack's sizes, then the family's own). The doc comments and
+/// the file's schema title are the family's; the
+/// shared fields carry the same descriptions in every family's schema.
+macro_rules! derived_form {
+    (
+        $(#[$file_meta:meta])* file $file:ident titled $title:literal;
+        $(#[$derive_meta:meta])* derive $derive:ident { $($derive_fields:tt)* }
+        $(#[$reduce_meta:meta])* reduce $reduce:ident { $($reduce_fields:tt)* }
+    ) => {
+        $(#[$file_meta])*
+        #[derive(Debug, Clone, PartialEq, ::serde::Serialize, ::serde::Deserialize, ::schemars::JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        #[schemars(title = $title)]
+        pub struct $file {
+            /// Spec format version; must be 1.
+            pub format_version: u32,
+            pub identity: $crate::model::DerivedIdentity,
+            pub derive: $derive,
+        }
+
+        $(#[$derive_meta])*
+        #[derive(Debug, Clone, PartialEq, ::serde::Serialize, ::serde::Deserialize, ::schemars::JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        pub struct $derive {
+            /// Name of the parent spec (`<from>.yaml` in the same directory).
+            pub from: String,
+            /// Sizes to shrink, or null to keep the parent's sizes.
+            #[serde(deserialize_with = "crate::model::explicit")]
+            pub reduce: Option<$reduce>,
+            /// Weight quantization of the derived spec (never inherited), or null.
+            #[serde(deserialize_with = "crate::model::explicit")]
+            pub quantization: Option<$crate::model::Quantization>,
+            $($derive_fields)*
+        }
+
+        $crate::reduce::with_stack_sizes! {
+            $(#[$reduce_meta])*
+            #[derive(Debug, Clone, PartialEq, ::serde::Serialize, ::serde::Deserialize, ::schemars::JsonSchema)]
+            #[serde(deny_unknown_fields)]
+            pub struct $reduce { $($reduce_fields)* }
+        }
+    };
+}
+pub(crate) use derived_form;
+
+with_stack_sizes! {
+    /// The attention stack's sizes, which every family's `reduce` names first and in
+    /// this order.
+    #[derive(Debug, Clone, Copy, Deserialize)]
+    pub(crate) struct Stack {}
 }
 
 impl Stack {
