@@ -116,23 +116,17 @@ fn identity_yaml(o: &mut String, id: &Identity) {
     let _ = writeln!(o, "  name: {}", string(&id.name));
     let _ = writeln!(o, "  family: {}", id.family.as_str());
     let _ = writeln!(o, "  source:");
-    let _ = writeln!(
-        o,
-        "    repo: {}",
-        id.source
-            .repo
-            .as_deref()
-            .map_or("null".into(), |r| serde_json::to_string(r)
-                .unwrap_or_default())
-    );
+    // A JSON string is a YAML scalar that reads back as written.
+    let quoted_or_null = |text: Option<&str>| {
+        text.map_or("null".into(), |t| {
+            serde_json::to_string(t).unwrap_or_default()
+        })
+    };
+    let _ = writeln!(o, "    repo: {}", quoted_or_null(id.source.repo.as_deref()));
     let _ = writeln!(
         o,
         "    revision: {}",
-        id.source
-            .revision
-            .as_deref()
-            .map_or("null".into(), |r| serde_json::to_string(r)
-                .unwrap_or_default())
+        quoted_or_null(id.source.revision.as_deref())
     );
     let _ = writeln!(o, "    model_type: {}", id.source.model_type.as_str());
 }

@@ -20,6 +20,7 @@ use crate::MixedKv;
 use crate::{locate_all, locate_serde, FORMAT_VERSION};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use std::ops::ControlFlow;
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
@@ -297,17 +298,12 @@ fn deserialize<T: DeserializeOwned>(
 /// its `derive.reduce` field, and anything else was inherited from the parent.
 /// (With `reduce: null` every size is the valid parent's, so in practice only the
 /// file's own sections have issues then.)
-fn place<S: Reducible>(mut i: Issue, reduced: bool, parent: &str) -> Issue {
+fn place<S: Reducible>(i: Issue, reduced: bool, parent: &str) -> Issue {
+    let mut i = match place_own_field(i, &["quantization", "mixed_kv"]) {
+        ControlFlow::Break(placed) => return placed,
+        ControlFlow::Continue(i) => i,
+    };
     let s = i.path.to_string();
-    if s.starts_with("quantization") || s.starts_with("mixed_kv") {
-        let mut path = p("derive");
-        path.0.extend(i.path.0);
-        i.path = path;
-        return i;
-    }
-    if s == "identity.name" || s == "format_version" {
-        return i;
-    }
     match S::reduced_field(&s).filter(|_| reduced) {
         Some(field) => i.path = field,
         None => {
@@ -316,6 +312,30 @@ fn place<S: Reducible>(mut i: Issue, reduced: bool, parent: &str) -> Issue {
         }
     }
     i
+}
+
+/// The first step of placing an issue on a derived spec in the derived file,
+/// the same for every form: an issue under a section the file sets itself
+/// (`own_sections`) moves under `derive`, one on its name or format version
+/// stays where it is (both `Break`, placed). Anything else (a size, an
+/// inherited field) is the form's to place (`Continue`).
+pub(crate) fn place_own_field(mut i: Issue, own_sections: &[&str]) -> ControlFlow<Issue, Issue> {
+    let s = i.path.to_string();
+    let under = |section: &&str| {
+        s == *section
+            || s.starts_with(&format!("{section}."))
+            || s.starts_with(&format!("{section}["))
+    };
+    if own_sections.iter().any(under) {
+        let mut path = p("derive");
+        path.0.extend(i.path.0);
+        i.path = path;
+        return ControlFlow::Break(i);
+    }
+    if s == "identity.name" || s == "format_version" {
+        return ControlFlow::Break(i);
+    }
+    ControlFlow::Continue(i)
 }
 
 /// A derived (tiny) spec must quantize every module it declares quantized: no
