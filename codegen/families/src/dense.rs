@@ -437,7 +437,9 @@ impl Stack {
 /// SwiGLU, no embedding scale.
 pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, plain_head, swiglu, whole_head_sharding};
+    use crate::ir_parts::{
+        full_attention, model_ir, plain_head, swiglu, whole_head_sharding, ModelParts,
+    };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let theta = spec.rope.rope_theta as f32;
@@ -551,10 +553,11 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
             residual,
         })
         .collect();
-    ModelIr {
-        name: spec.identity.name.clone(),
-        checkpoint: Checkpoint {
-            model_type: spec.identity.source.model_type,
+    model_ir(
+        (&spec.identity.name, spec.identity.source.model_type),
+        &spec.model,
+        spec.quantization.as_ref(),
+        ModelParts {
             prefix: ModulePrefix::Model,
             // granite.py's sanitize only pops a tied lm_head (a rotary table
             // in its checkpoint fails mlx-lm's strict load, so it must here too).
@@ -572,32 +575,27 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
                     vec![SanitizeRule::DropRotaryTables, SanitizeRule::DropTiedHead]
                 }
             },
+            // qwen3.py, llama.py and qwen2.py have a shard() (mistral runs as
+            // llama); smollm3.py and granite.py have none, so a sharded run of
+            // theirs has no oracle.
+            sharding: whole_head_sharding(match family {
+                DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 => ShardOracle::MlxLm,
+                DenseFamily::SmolLm3
+                | DenseFamily::Granite
+                | DenseFamily::Phi3
+                | DenseFamily::Olmo2 => ShardOracle::Absent,
+            }),
+            embedding: Embedding {
+                scale: embed_scale,
+                per_layer_input: None,
+            },
+            layers,
+            head: Head {
+                logit_scale,
+                ..plain_head(spec.model.tie_word_embeddings)
+            },
         },
-        // qwen3.py, llama.py and qwen2.py have a shard() (mistral runs as
-        // llama); smollm3.py and granite.py have none, so a sharded run of
-        // theirs has no oracle.
-        sharding: whole_head_sharding(match family {
-            DenseFamily::Qwen3 | DenseFamily::Llama | DenseFamily::Qwen2 => ShardOracle::MlxLm,
-            DenseFamily::SmolLm3
-            | DenseFamily::Granite
-            | DenseFamily::Phi3
-            | DenseFamily::Olmo2 => ShardOracle::Absent,
-        }),
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        norm_eps: spec.model.rms_norm_eps as f32,
-        embedding: Embedding {
-            scale: embed_scale,
-            per_layer_input: None,
-        },
-        layers,
-        head: Head {
-            logit_scale,
-            ..plain_head(spec.model.tie_word_embeddings)
-        },
-        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
-    }
+    )
 }
 
 // ---------------------------------------------------------------- config.json view

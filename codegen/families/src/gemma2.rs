@@ -184,7 +184,7 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
 /// There is no `sanitize`: mlx-lm loads gemma2 checkpoints strictly, so no rule applies.
 pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, plain_rope, whole_head_sharding};
+    use crate::ir_parts::{full_attention, model_ir, plain_rope, whole_head_sharding, ModelParts};
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let layers = (0..spec.layers.num_hidden_layers as usize)
@@ -216,35 +216,31 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
             residual: Residual::Plain,
         })
         .collect();
-    ModelIr {
-        name: spec.identity.name.clone(),
-        checkpoint: Checkpoint {
-            model_type: spec.identity.source.model_type,
+    model_ir(
+        (&spec.identity.name, spec.identity.source.model_type),
+        &spec.model,
+        spec.quantization.as_ref(),
+        ModelParts {
             prefix: ModulePrefix::Model,
             sanitize: Vec::new(),
+            // gemma2.py has no shard().
+            sharding: whole_head_sharding(ShardOracle::Absent),
+            embedding: Embedding {
+                scale: EmbedScale::SqrtHidden,
+                per_layer_input: None,
+            },
+            layers,
+            head: Head {
+                weight: HeadWeight::TiedEmbedding,
+                logit_softcap: Some(Softcap {
+                    cap: spec.model.final_logit_softcapping as f32,
+                    form: SoftcapForm::Eager,
+                }),
+                norm: NormWeight::OnePlus,
+                logit_scale: LogitScale::None,
+            },
         },
-        // gemma2.py has no shard().
-        sharding: whole_head_sharding(ShardOracle::Absent),
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        norm_eps: spec.model.rms_norm_eps as f32,
-        embedding: Embedding {
-            scale: EmbedScale::SqrtHidden,
-            per_layer_input: None,
-        },
-        layers,
-        head: Head {
-            weight: HeadWeight::TiedEmbedding,
-            logit_softcap: Some(Softcap {
-                cap: spec.model.final_logit_softcapping as f32,
-                form: SoftcapForm::Eager,
-            }),
-            norm: NormWeight::OnePlus,
-            logit_scale: LogitScale::None,
-        },
-        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
-    }
+    )
 }
 
 // ---------------------------------------------------------------- config.json view
@@ -422,6 +418,7 @@ impl Reducible for Gemma2Spec {
 }
 
 crate::document::impl_document!(Gemma2Spec, check);
+crate::ir_parts::impl_model_sizes!(Gemma2Model);
 
 // ---------------------------------------------------------------- import
 

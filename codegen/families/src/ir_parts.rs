@@ -82,3 +82,74 @@ pub(crate) fn plain_head(tie_word_embeddings: bool) -> Head {
         logit_scale: LogitScale::None,
     }
 }
+
+/// The sizes every layout's `model` section names alike; each family's model
+/// section implements it with [`impl_model_sizes`].
+pub(crate) trait ModelSizes {
+    fn hidden_size(&self) -> u32;
+    fn vocab_size(&self) -> u32;
+    fn max_position_embeddings(&self) -> u32;
+    fn rms_norm_eps(&self) -> f64;
+}
+
+/// Implements [`ModelSizes`] for `model` sections whose fields carry those names.
+macro_rules! impl_model_sizes {
+    ($($model:ty),+) => {$(
+        impl $crate::ir_parts::ModelSizes for $model {
+            fn hidden_size(&self) -> u32 {
+                self.hidden_size
+            }
+            fn vocab_size(&self) -> u32 {
+                self.vocab_size
+            }
+            fn max_position_embeddings(&self) -> u32 {
+                self.max_position_embeddings
+            }
+            fn rms_norm_eps(&self) -> f64 {
+                self.rms_norm_eps
+            }
+        }
+    )+};
+}
+pub(crate) use impl_model_sizes;
+
+/// What a lowering decides for the model as a whole; [`model_ir`] adds what
+/// the spec's identity, `model` sizes and weight quantization fix.
+pub(crate) struct ModelParts {
+    pub(crate) prefix: ModulePrefix,
+    /// mlx-lm's `sanitize`, as rules in the order it applies them.
+    pub(crate) sanitize: Vec<SanitizeRule>,
+    pub(crate) sharding: Sharding,
+    pub(crate) embedding: Embedding,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) head: Head,
+}
+
+/// The block IR of a spec: its name and checkpoint model type
+/// (`identity.name`, `identity.source.model_type`), the `model` section's
+/// sizes and norm epsilon (as f32, the dtype mlx's `rms_norm` takes it in),
+/// its weight quantization, and the lowering's `parts`.
+pub(crate) fn model_ir(
+    (name, model_type): (&str, ConfigModelType),
+    model: &impl ModelSizes,
+    quantization: Option<&Quantization>,
+    parts: ModelParts,
+) -> ModelIr {
+    ModelIr {
+        name: name.to_string(),
+        checkpoint: Checkpoint {
+            model_type,
+            prefix: parts.prefix,
+            sanitize: parts.sanitize,
+        },
+        sharding: parts.sharding,
+        hidden_size: model.hidden_size() as usize,
+        vocab_size: model.vocab_size() as usize,
+        max_position_embeddings: model.max_position_embeddings() as usize,
+        norm_eps: model.rms_norm_eps() as f32,
+        embedding: parts.embedding,
+        layers: parts.layers,
+        head: parts.head,
+        quantization: quantization.map(WeightQuant::of),
+    }
+}

@@ -167,7 +167,9 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
 /// the Python float of an int / int true division) before the untied `lm_head`.
 pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, plain_rope, swiglu, whole_head_sharding};
+    use crate::ir_parts::{
+        full_attention, model_ir, plain_rope, swiglu, whole_head_sharding, ModelParts,
+    };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let n_layers = spec.layers.num_hidden_layers as usize;
@@ -193,36 +195,32 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
             },
         })
         .collect();
-    ModelIr {
-        name: spec.identity.name.clone(),
-        checkpoint: Checkpoint {
-            model_type: spec.identity.source.model_type,
+    model_ir(
+        (&spec.identity.name, spec.identity.source.model_type),
+        &spec.model,
+        spec.quantization.as_ref(),
+        ModelParts {
             prefix: ModulePrefix::Model,
             // minicpm.sanitize: lm_head.weight from embed_tokens.weight when absent.
             sanitize: vec![SanitizeRule::CopyEmbeddingToHead],
+            // minicpm.py has no shard().
+            sharding: whole_head_sharding(ShardOracle::Absent),
+            embedding: Embedding {
+                scale: EmbedScale::Constant(spec.scales.scale_emb),
+                per_layer_input: None,
+            },
+            layers,
+            head: Head {
+                // `check` refuses a tied MiniCPM (mlx-lm cannot load one).
+                weight: HeadWeight::Untied,
+                logit_softcap: None,
+                norm: NormWeight::Direct,
+                logit_scale: LogitScale::DivideBy(
+                    f64::from(spec.model.hidden_size) / f64::from(spec.scales.dim_model_base),
+                ),
+            },
         },
-        // minicpm.py has no shard().
-        sharding: whole_head_sharding(ShardOracle::Absent),
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        norm_eps: spec.model.rms_norm_eps as f32,
-        embedding: Embedding {
-            scale: EmbedScale::Constant(spec.scales.scale_emb),
-            per_layer_input: None,
-        },
-        layers,
-        head: Head {
-            // `check` refuses a tied MiniCPM (mlx-lm cannot load one).
-            weight: HeadWeight::Untied,
-            logit_softcap: None,
-            norm: NormWeight::Direct,
-            logit_scale: LogitScale::DivideBy(
-                f64::from(spec.model.hidden_size) / f64::from(spec.scales.dim_model_base),
-            ),
-        },
-        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
-    }
+    )
 }
 
 // ---------------------------------------------------------------- config.json view

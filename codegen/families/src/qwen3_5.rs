@@ -418,7 +418,7 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
 /// mlx-lm's `Model` wrapper (`language_model.model.*`) and its sanitize.
 pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, plain_head, plain_rope, swiglu};
+    use crate::ir_parts::{full_attention, model_ir, plain_head, plain_rope, swiglu, ModelParts};
     let a = &spec.attention;
     let la = &spec.linear_attention;
     let ffn = match (&spec.mlp, &spec.moe) {
@@ -488,34 +488,30 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
             residual: Residual::Plain,
         })
         .collect();
-    ModelIr {
-        name: spec.identity.name.clone(),
-        checkpoint: Checkpoint {
-            model_type: spec.identity.source.model_type,
+    model_ir(
+        (&spec.identity.name, spec.identity.source.model_type),
+        &spec.model,
+        spec.quantization.as_ref(),
+        ModelParts {
             prefix: ModulePrefix::LanguageModel,
             // Model.sanitize (vision dropped, model.language_model moved
             // under language_model.model) and TextModel.sanitize (mtp
             // dropped, the raw conv layout moved, raw norms + 1).
             sanitize,
+            // qwen3_5.py's shard() (qwen3_5_moe's Model is a qwen3_5 one).
+            sharding: Sharding {
+                oracle: ShardOracle::MlxLm,
+                head: HeadSplit::OverVocabulary,
+                kv_heads: KvHeadSplit::RepeatedWhenFewer,
+            },
+            embedding: Embedding {
+                scale: EmbedScale::None,
+                per_layer_input: None,
+            },
+            layers,
+            head: plain_head(spec.model.tie_word_embeddings),
         },
-        // qwen3_5.py's shard() (qwen3_5_moe's Model is a qwen3_5 one).
-        sharding: Sharding {
-            oracle: ShardOracle::MlxLm,
-            head: HeadSplit::OverVocabulary,
-            kv_heads: KvHeadSplit::RepeatedWhenFewer,
-        },
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        norm_eps: spec.model.rms_norm_eps as f32,
-        embedding: Embedding {
-            scale: EmbedScale::None,
-            per_layer_input: None,
-        },
-        layers,
-        head: plain_head(spec.model.tie_word_embeddings),
-        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
-    }
+    )
 }
 
 // ---------------------------------------------------------------- config.json view

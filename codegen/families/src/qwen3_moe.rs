@@ -208,7 +208,9 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 /// off the `decoder_sparse_step`, a dense SwiGLU MLP.
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, plain_head, plain_rope, swiglu, whole_head_sharding};
+    use crate::ir_parts::{
+        full_attention, model_ir, plain_head, plain_rope, swiglu, whole_head_sharding, ModelParts,
+    };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let e = &spec.moe;
@@ -249,28 +251,24 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
             residual: Residual::Plain,
         })
         .collect();
-    ModelIr {
-        name: spec.identity.name.clone(),
-        checkpoint: Checkpoint {
-            model_type: spec.identity.source.model_type,
+    model_ir(
+        (&spec.identity.name, spec.identity.source.model_type),
+        &spec.model,
+        spec.quantization.as_ref(),
+        ModelParts {
             prefix: ModulePrefix::Model,
             // Qwen3MoeModel.sanitize: the tied head popped, per-expert HF weights stacked.
             sanitize: vec![SanitizeRule::DropTiedHead, SanitizeRule::StackExperts],
+            // qwen3_moe.py's shard().
+            sharding: whole_head_sharding(ShardOracle::MlxLm),
+            embedding: Embedding {
+                scale: EmbedScale::None,
+                per_layer_input: None,
+            },
+            layers,
+            head: plain_head(spec.model.tie_word_embeddings),
         },
-        // qwen3_moe.py's shard().
-        sharding: whole_head_sharding(ShardOracle::MlxLm),
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        norm_eps: spec.model.rms_norm_eps as f32,
-        embedding: Embedding {
-            scale: EmbedScale::None,
-            per_layer_input: None,
-        },
-        layers,
-        head: plain_head(spec.model.tie_word_embeddings),
-        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
-    }
+    )
 }
 
 // ---------------------------------------------------------------- config.json view
