@@ -46,6 +46,10 @@ pub struct DenseSpec {
     pub attention: DenseAttention,
     pub rope: DenseRope,
     pub mlp: DenseMlp,
+    /// Granite only (required there): its four multipliers. Absent on the other
+    /// dense families.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scales: Option<GraniteScales>,
     /// Weight quantization as the mlx config's `quantization` dict, or null.
     #[serde(deserialize_with = "explicit")]
     pub quantization: Option<Quantization>,
@@ -54,10 +58,6 @@ pub struct DenseSpec {
     /// means null), so specs written before it read unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mixed_kv: Option<crate::MixedKv>,
-    /// Granite only (required there): its four multipliers. Absent on the other
-    /// dense families.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scales: Option<GraniteScales>,
 }
 
 /// granite.py's multipliers, each a Python float that meets an array as a weak
@@ -690,57 +690,9 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
 
 // ---------------------------------------------------------------- YAML
 
-/// The full-form YAML text of a dense spec.
+/// The full-form YAML text of a dense spec, from its sections' serde form.
 pub(crate) fn to_yaml(spec: &DenseSpec) -> String {
-    use crate::emit::{
-        dense_attention_yaml, dense_layers_yaml, dense_mlp_yaml, dense_model_yaml, float,
-        header_yaml, quantization_yaml, section_yaml,
-    };
-    let mut o = String::new();
-    header_yaml(&mut o, spec.format_version, &spec.identity);
-    dense_model_yaml(&mut o, &spec.model);
-    dense_layers_yaml(&mut o, &spec.layers);
-    dense_attention_yaml(&mut o, &spec.attention);
-    let scaling = match &spec.rope.scaling {
-        None => "null".to_string(),
-        Some(RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        }) => format!(
-            "{{rope_type: llama3, factor: {}, low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}}}",
-            float(*factor),
-            float(*low_freq_factor),
-            float(*high_freq_factor),
-            original_max_position_embeddings
-        ),
-    };
-    let mut rope = vec![
-        ("traditional", spec.rope.traditional.to_string()),
-        ("rope_theta", float(spec.rope.rope_theta)),
-        ("scaling", scaling),
-    ];
-    if let Some(n) = spec.rope.no_rope_layer_interval {
-        rope.push(("no_rope_layer_interval", n.to_string()));
-    }
-    section_yaml(&mut o, "rope", &rope);
-    dense_mlp_yaml(&mut o, &spec.mlp);
-    if let Some(g) = &spec.scales {
-        section_yaml(
-            &mut o,
-            "scales",
-            &[
-                ("embedding_multiplier", float(g.embedding_multiplier)),
-                ("attention_multiplier", float(g.attention_multiplier)),
-                ("residual_multiplier", float(g.residual_multiplier)),
-                ("logits_scaling", float(g.logits_scaling)),
-            ],
-        );
-    }
-    quantization_yaml(&mut o, spec.quantization.as_ref());
-    crate::mixed_kv::yaml(&mut o, spec.mixed_kv.as_ref());
-    o
+    crate::emit::document_yaml(spec, spec.format_version)
 }
 
 // ---------------------------------------------------------------- parsing

@@ -270,61 +270,9 @@ pub(crate) fn hf_json(spec: &Gemma2Spec) -> Value {
 
 // ---------------------------------------------------------------- YAML
 
-/// The full-form YAML text of a Gemma-2 spec.
+/// The full-form YAML text of a Gemma-2 spec, from its sections' serde form.
 pub(crate) fn to_yaml(spec: &Gemma2Spec) -> String {
-    use crate::emit::{float, header_yaml, quantization_yaml, section_yaml};
-    let mut o = String::new();
-    header_yaml(&mut o, spec.format_version, &spec.identity);
-    let m = &spec.model;
-    section_yaml(
-        &mut o,
-        "model",
-        &[
-            ("hidden_size", m.hidden_size.to_string()),
-            ("vocab_size", m.vocab_size.to_string()),
-            ("rms_norm_eps", float(m.rms_norm_eps)),
-            ("final_logit_softcapping", float(m.final_logit_softcapping)),
-            (
-                "max_position_embeddings",
-                m.max_position_embeddings.to_string(),
-            ),
-        ],
-    );
-    section_yaml(
-        &mut o,
-        "layers",
-        &[(
-            "num_hidden_layers",
-            spec.layers.num_hidden_layers.to_string(),
-        )],
-    );
-    let a = &spec.attention;
-    section_yaml(
-        &mut o,
-        "attention",
-        &[
-            ("num_attention_heads", a.num_attention_heads.to_string()),
-            ("num_key_value_heads", a.num_key_value_heads.to_string()),
-            ("head_dim", a.head_dim.to_string()),
-            ("query_pre_attn_scalar", float(a.query_pre_attn_scalar)),
-            ("attn_logit_softcapping", float(a.attn_logit_softcapping)),
-        ],
-    );
-    section_yaml(
-        &mut o,
-        "rope",
-        &[
-            ("traditional", spec.rope.traditional.to_string()),
-            ("rope_theta", float(spec.rope.rope_theta)),
-        ],
-    );
-    section_yaml(
-        &mut o,
-        "mlp",
-        &[("intermediate_size", spec.mlp.intermediate_size.to_string())],
-    );
-    quantization_yaml(&mut o, spec.quantization.as_ref());
-    o
+    crate::emit::document_yaml(spec, spec.format_version)
 }
 
 // ---------------------------------------------------------------- parsing

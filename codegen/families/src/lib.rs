@@ -139,27 +139,28 @@ pub enum Spec {
     Qwen35(Qwen35Spec),
 }
 
+/// `$body` with `$s` bound to the family's document in `$spec`, whichever
+/// variant it is: the one list of the variants that reads every family alike.
+macro_rules! with_document {
+    ($spec:expr, $s:ident => $body:expr) => {
+        match $spec {
+            Spec::Gemma4($s) => $body,
+            Spec::Dense($s) => $body,
+            Spec::Gemma2($s) => $body,
+            Spec::Qwen3Moe($s) => $body,
+            Spec::MiniCpm($s) => $body,
+            Spec::Qwen35($s) => $body,
+        }
+    };
+}
+
 impl Spec {
     /// The family's document: what every method below reads through.
     fn document(&self) -> &dyn Document {
-        match self {
-            Spec::Gemma4(s) => s,
-            Spec::Dense(s) => s,
-            Spec::Gemma2(s) => s,
-            Spec::Qwen3Moe(s) => s,
-            Spec::MiniCpm(s) => s,
-            Spec::Qwen35(s) => s,
-        }
+        with_document!(self, s => s)
     }
     fn document_mut(&mut self) -> &mut dyn Document {
-        match self {
-            Spec::Gemma4(s) => s,
-            Spec::Dense(s) => s,
-            Spec::Gemma2(s) => s,
-            Spec::Qwen3Moe(s) => s,
-            Spec::MiniCpm(s) => s,
-            Spec::Qwen35(s) => s,
-        }
+        with_document!(self, s => s)
     }
     pub fn identity(&self) -> &Identity {
         self.document().identity()
@@ -176,24 +177,12 @@ impl Spec {
     }
     /// The Gemma-4 document, when this is one.
     pub fn as_gemma4(&self) -> Option<&Gemma4Spec> {
-        match self {
-            Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_)
-            | Spec::Gemma2(_)
-            | Spec::Qwen3Moe(_)
-            | Spec::MiniCpm(_)
-            | Spec::Qwen35(_) => None,
-        }
+        let Spec::Gemma4(s) = self else { return None };
+        Some(s)
     }
     pub fn as_gemma4_mut(&mut self) -> Option<&mut Gemma4Spec> {
-        match self {
-            Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_)
-            | Spec::Gemma2(_)
-            | Spec::Qwen3Moe(_)
-            | Spec::MiniCpm(_)
-            | Spec::Qwen35(_) => None,
-        }
+        let Spec::Gemma4(s) = self else { return None };
+        Some(s)
     }
     pub fn quantization(&self) -> Option<&Quantization> {
         self.document().quantization()

@@ -253,38 +253,9 @@ pub(crate) fn hf_json(spec: &MiniCpmSpec) -> Value {
 
 // ---------------------------------------------------------------- YAML
 
-/// The full-form YAML text of a MiniCPM spec.
+/// The full-form YAML text of a MiniCPM spec, from its sections' serde form.
 pub(crate) fn to_yaml(spec: &MiniCpmSpec) -> String {
-    use crate::emit::{
-        dense_attention_yaml, dense_layers_yaml, dense_mlp_yaml, dense_model_yaml, float,
-        header_yaml, quantization_yaml, section_yaml,
-    };
-    let mut o = String::new();
-    header_yaml(&mut o, spec.format_version, &spec.identity);
-    dense_model_yaml(&mut o, &spec.model);
-    dense_layers_yaml(&mut o, &spec.layers);
-    dense_attention_yaml(&mut o, &spec.attention);
-    section_yaml(
-        &mut o,
-        "rope",
-        &[
-            ("traditional", spec.rope.traditional.to_string()),
-            ("rope_theta", float(spec.rope.rope_theta)),
-        ],
-    );
-    dense_mlp_yaml(&mut o, &spec.mlp);
-    let s = &spec.scales;
-    section_yaml(
-        &mut o,
-        "scales",
-        &[
-            ("scale_emb", float(s.scale_emb)),
-            ("scale_depth", float(s.scale_depth)),
-            ("dim_model_base", s.dim_model_base.to_string()),
-        ],
-    );
-    quantization_yaml(&mut o, spec.quantization.as_ref());
-    o
+    crate::emit::document_yaml(spec, spec.format_version)
 }
 
 // ---------------------------------------------------------------- parsing

@@ -565,83 +565,9 @@ pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
 
 // ---------------------------------------------------------------- YAML
 
-/// The full-form YAML text of a Qwen3.5 spec.
+/// The full-form YAML text of a Qwen3.5 spec, from its sections' serde form.
 pub(crate) fn to_yaml(spec: &Qwen35Spec) -> String {
-    use crate::emit::{
-        dense_attention_yaml, dense_mlp_yaml, dense_model_yaml, float, header_yaml,
-        quantization_yaml, section_yaml,
-    };
-    let mut o = String::new();
-    header_yaml(&mut o, spec.format_version, &spec.identity);
-    dense_model_yaml(&mut o, &spec.model);
-    let l = &spec.layers;
-    section_yaml(
-        &mut o,
-        "layers",
-        &[
-            ("num_hidden_layers", l.num_hidden_layers.to_string()),
-            (
-                "full_attention_interval",
-                l.full_attention_interval.to_string(),
-            ),
-        ],
-    );
-    dense_attention_yaml(&mut o, &spec.attention);
-    section_yaml(
-        &mut o,
-        "rope",
-        &[
-            ("rope_theta", float(spec.rope.rope_theta)),
-            (
-                "partial_rotary_factor",
-                float(spec.rope.partial_rotary_factor),
-            ),
-        ],
-    );
-    let la = &spec.linear_attention;
-    section_yaml(
-        &mut o,
-        "linear_attention",
-        &[
-            ("linear_num_key_heads", la.linear_num_key_heads.to_string()),
-            (
-                "linear_num_value_heads",
-                la.linear_num_value_heads.to_string(),
-            ),
-            ("linear_key_head_dim", la.linear_key_head_dim.to_string()),
-            (
-                "linear_value_head_dim",
-                la.linear_value_head_dim.to_string(),
-            ),
-            (
-                "linear_conv_kernel_dim",
-                la.linear_conv_kernel_dim.to_string(),
-            ),
-        ],
-    );
-    match &spec.mlp {
-        Some(m) => dense_mlp_yaml(&mut o, m),
-        None => o.push_str("mlp: null\n"),
-    }
-    match &spec.moe {
-        Some(e) => section_yaml(
-            &mut o,
-            "moe",
-            &[
-                ("num_experts", e.num_experts.to_string()),
-                ("num_experts_per_tok", e.num_experts_per_tok.to_string()),
-                ("moe_intermediate_size", e.moe_intermediate_size.to_string()),
-                (
-                    "shared_expert_intermediate_size",
-                    e.shared_expert_intermediate_size.to_string(),
-                ),
-                ("norm_topk_prob", e.norm_topk_prob.to_string()),
-            ],
-        ),
-        None => o.push_str("moe: null\n"),
-    }
-    quantization_yaml(&mut o, spec.quantization.as_ref());
-    o
+    crate::emit::document_yaml(spec, spec.format_version)
 }
 
 // ---------------------------------------------------------------- parsing

@@ -303,39 +303,9 @@ pub(crate) fn hf_json(spec: &Qwen3MoeSpec) -> Value {
 
 // ---------------------------------------------------------------- YAML
 
-/// The full-form YAML text of a Qwen3-MoE spec.
+/// The full-form YAML text of a Qwen3-MoE spec, from its sections' serde form.
 pub(crate) fn to_yaml(spec: &Qwen3MoeSpec) -> String {
-    use crate::emit::{
-        dense_attention_yaml, dense_layers_yaml, dense_mlp_yaml, dense_model_yaml, float,
-        header_yaml, quantization_yaml, section_yaml,
-    };
-    let mut o = String::new();
-    header_yaml(&mut o, spec.format_version, &spec.identity);
-    dense_model_yaml(&mut o, &spec.model);
-    dense_layers_yaml(&mut o, &spec.layers);
-    dense_attention_yaml(&mut o, &spec.attention);
-    section_yaml(
-        &mut o,
-        "rope",
-        &[("rope_theta", float(spec.rope.rope_theta))],
-    );
-    dense_mlp_yaml(&mut o, &spec.mlp);
-    let e = &spec.moe;
-    let layers: Vec<String> = e.mlp_only_layers.iter().map(u32::to_string).collect();
-    section_yaml(
-        &mut o,
-        "moe",
-        &[
-            ("num_experts", e.num_experts.to_string()),
-            ("num_experts_per_tok", e.num_experts_per_tok.to_string()),
-            ("moe_intermediate_size", e.moe_intermediate_size.to_string()),
-            ("norm_topk_prob", e.norm_topk_prob.to_string()),
-            ("decoder_sparse_step", e.decoder_sparse_step.to_string()),
-            ("mlp_only_layers", format!("[{}]", layers.join(", "))),
-        ],
-    );
-    quantization_yaml(&mut o, spec.quantization.as_ref());
-    o
+    crate::emit::document_yaml(spec, spec.format_version)
 }
 
 // ---------------------------------------------------------------- parsing
