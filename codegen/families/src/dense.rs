@@ -23,7 +23,7 @@ use crate::model::*;
 use crate::reader::{
     imported_identity, top_quantization, AppliedDefault, ImportError, Reader, ABSENT,
 };
-use crate::reduce::{last_key, reduce_key, DerivedFile, Reducible, Size, Stack};
+use crate::reduce::{mlp_width, DerivedFile, Reducible, Size, Stack};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -413,21 +413,6 @@ impl Stack {
             head_dim: a.head_dim,
         }
     }
-
-    /// Writes the sizes into the sections the dense-built layouts share.
-    pub(crate) fn write(
-        &self,
-        num_hidden_layers: &mut u32,
-        m: &mut DenseModel,
-        a: &mut DenseAttention,
-    ) {
-        *num_hidden_layers = self.num_hidden_layers;
-        m.hidden_size = self.hidden_size;
-        m.vocab_size = self.vocab_size;
-        a.num_attention_heads = self.num_attention_heads;
-        a.num_key_value_heads = self.num_key_value_heads;
-        a.head_dim = self.head_dim;
-    }
 }
 
 // ---------------------------------------------------------------- lowering
@@ -730,29 +715,15 @@ impl Reducible for DenseSpec {
         spec.mixed_kv = file.derive.mixed_kv.clone();
         spec
     }
-    fn stack_of(&self) -> Stack {
-        Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
-    }
     fn other_sizes(r: &DenseReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
-        vec![(
-            "intermediate_size",
-            r.intermediate_size,
-            parent.mlp.intermediate_size,
-        )]
+        mlp_width(r.intermediate_size, parent.mlp.intermediate_size)
     }
-    fn apply(&mut self, stack: &Stack, r: &DenseReduce) {
-        stack.write(
-            &mut self.layers.num_hidden_layers,
-            &mut self.model,
-            &mut self.attention,
-        );
+    fn apply(&mut self, r: &DenseReduce) {
         self.mlp.intermediate_size = r.intermediate_size;
     }
-    /// Every size check of a dense spec is on a reduced field of the same name.
-    fn reduced_field(path: &str) -> Option<FieldPath> {
-        Some(reduce_key(last_key(path)))
-    }
 }
+
+crate::reduce::impl_stack_sections!(DenseSpec);
 
 crate::document::impl_document!(DenseSpec, check, with mixed_kv);
 

@@ -15,7 +15,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
-use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
+use crate::reduce::{last_key, mlp_width, reduce_key, Reducible, Size, StackSections};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -128,7 +128,7 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
     }
     let (m, a) = (&spec.model, &spec.attention);
     let mut ok = c.stack_sizes(
-        &spec.stack_of(),
+        &spec.stack(),
         (
             m.max_position_embeddings,
             "`max_position_embeddings` from config.json (8192 for Gemma-2)",
@@ -321,31 +321,10 @@ impl Reducible for Gemma2Spec {
             )],
         }
     }
-    fn stack_of(&self) -> Stack {
-        let (m, a) = (&self.model, &self.attention);
-        Stack {
-            num_hidden_layers: self.layers.num_hidden_layers,
-            hidden_size: m.hidden_size,
-            vocab_size: m.vocab_size,
-            num_attention_heads: a.num_attention_heads,
-            num_key_value_heads: a.num_key_value_heads,
-            head_dim: a.head_dim,
-        }
-    }
     fn other_sizes(r: &DenseReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
-        vec![(
-            "intermediate_size",
-            r.intermediate_size,
-            parent.mlp.intermediate_size,
-        )]
+        mlp_width(r.intermediate_size, parent.mlp.intermediate_size)
     }
-    fn apply(&mut self, stack: &Stack, r: &DenseReduce) {
-        self.layers.num_hidden_layers = stack.num_hidden_layers;
-        self.model.hidden_size = stack.hidden_size;
-        self.model.vocab_size = stack.vocab_size;
-        self.attention.num_attention_heads = stack.num_attention_heads;
-        self.attention.num_key_value_heads = stack.num_key_value_heads;
-        self.attention.head_dim = stack.head_dim;
+    fn apply(&mut self, r: &DenseReduce) {
         self.mlp.intermediate_size = r.intermediate_size;
     }
     /// A check on one of the seven reduced sizes; any other (the scalar, the
@@ -364,6 +343,8 @@ impl Reducible for Gemma2Spec {
         REDUCED.contains(&field).then(|| reduce_key(field))
     }
 }
+
+crate::reduce::impl_stack_sections!(Gemma2Spec);
 
 crate::document::impl_document!(Gemma2Spec, check);
 crate::ir_parts::impl_model_sizes!(Gemma2Model);

@@ -354,7 +354,7 @@ fn located(file: &str, loc: Loc, i: Issue) -> Diagnostic {
 
 pub(crate) fn load_inner(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Spec, Diagnostics> {
     let origin = path.display().to_string();
-    let meta = std::fs::metadata(path).map_err(|e| {
+    let unreadable = |e: std::io::Error, hint: &str| {
         single(
             &origin,
             Loc::START,
@@ -362,10 +362,12 @@ pub(crate) fn load_inner(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Spec, 
                 FieldPath::root(),
                 format!("cannot read the file: {e}"),
                 "a readable spec file",
-                "check the path; specs live in specs/<name>.yaml",
+                hint,
             ),
         )
-    })?;
+    };
+    let meta = std::fs::metadata(path)
+        .map_err(|e| unreadable(e, "check the path; specs live in specs/<name>.yaml"))?;
     if meta.len() > MAX_SPEC_BYTES as u64 {
         return Err(single(
             &origin,
@@ -378,18 +380,7 @@ pub(crate) fn load_inner(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Spec, 
             ),
         ));
     }
-    let bytes = std::fs::read(path).map_err(|e| {
-        single(
-            &origin,
-            Loc::START,
-            Issue::new(
-                FieldPath::root(),
-                format!("cannot read the file: {e}"),
-                "a readable spec file",
-                "check the path and permissions",
-            ),
-        )
-    })?;
+    let bytes = std::fs::read(path).map_err(|e| unreadable(e, "check the path and permissions"))?;
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let spec = parse_inner(&bytes, &origin, &dir, stack)?;
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");

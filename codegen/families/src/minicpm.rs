@@ -19,7 +19,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
-use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
+use crate::reduce::{mlp_width, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -284,29 +284,15 @@ impl Reducible for MiniCpmSpec {
     type File = MiniCpmDerivedSpecFile;
     type Reduce = MiniCpmReduce;
 
-    fn stack_of(&self) -> Stack {
-        Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
-    }
     fn other_sizes(r: &MiniCpmReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
-        vec![(
-            "intermediate_size",
-            r.intermediate_size,
-            parent.mlp.intermediate_size,
-        )]
+        mlp_width(r.intermediate_size, parent.mlp.intermediate_size)
     }
-    fn apply(&mut self, stack: &Stack, r: &MiniCpmReduce) {
-        stack.write(
-            &mut self.layers.num_hidden_layers,
-            &mut self.model,
-            &mut self.attention,
-        );
+    fn apply(&mut self, r: &MiniCpmReduce) {
         self.mlp.intermediate_size = r.intermediate_size;
     }
-    /// Every size check of a MiniCPM spec is on a reduced field of the same name.
-    fn reduced_field(path: &str) -> Option<FieldPath> {
-        Some(reduce_key(last_key(path)))
-    }
 }
+
+crate::reduce::impl_stack_sections!(MiniCpmSpec);
 
 crate::document::impl_document!(MiniCpmSpec, check);
 

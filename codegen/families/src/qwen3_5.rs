@@ -17,7 +17,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{first_quantization, imported_identity, AppliedDefault, ImportError, Reader};
-use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
+use crate::reduce::{last_key, reduce_key, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -603,9 +603,6 @@ impl Reducible for Qwen35Spec {
     type File = Qwen35DerivedSpecFile;
     type Reduce = Qwen35Reduce;
 
-    fn stack_of(&self) -> Stack {
-        Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
-    }
     fn other_sizes(r: &Qwen35Reduce, parent: &Self, issues: &mut Vec<Issue>) -> Vec<Size> {
         let pl = &parent.linear_attention;
         let mut sizes = vec![
@@ -684,12 +681,7 @@ impl Reducible for Qwen35Spec {
             ));
         }
     }
-    fn apply(&mut self, stack: &Stack, r: &Qwen35Reduce) {
-        stack.write(
-            &mut self.layers.num_hidden_layers,
-            &mut self.model,
-            &mut self.attention,
-        );
+    fn apply(&mut self, r: &Qwen35Reduce) {
         if let (Some(m), Some(w)) = (&mut self.mlp, r.intermediate_size) {
             m.intermediate_size = w;
         }
@@ -721,6 +713,8 @@ impl Reducible for Qwen35Spec {
         })
     }
 }
+
+crate::reduce::impl_stack_sections!(Qwen35Spec);
 
 crate::document::impl_document!(Qwen35Spec, check);
 

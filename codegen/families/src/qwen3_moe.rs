@@ -13,7 +13,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
-use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
+use crate::reduce::{last_key, reduce_key, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -335,9 +335,6 @@ impl Reducible for Qwen3MoeSpec {
     type File = Qwen3MoeDerivedSpecFile;
     type Reduce = Qwen3MoeReduce;
 
-    fn stack_of(&self) -> Stack {
-        Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
-    }
     fn other_sizes(r: &Qwen3MoeReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
         let pm = &parent.moe;
         vec![
@@ -359,12 +356,7 @@ impl Reducible for Qwen3MoeSpec {
             ),
         ]
     }
-    fn apply(&mut self, stack: &Stack, r: &Qwen3MoeReduce) {
-        stack.write(
-            &mut self.layers.num_hidden_layers,
-            &mut self.model,
-            &mut self.attention,
-        );
+    fn apply(&mut self, r: &Qwen3MoeReduce) {
         self.mlp.intermediate_size = r.intermediate_size;
         self.moe.num_experts = r.num_experts;
         self.moe.num_experts_per_tok = r.num_experts_per_tok;
@@ -382,6 +374,8 @@ impl Reducible for Qwen3MoeSpec {
         Some(reduce_key(field))
     }
 }
+
+crate::reduce::impl_stack_sections!(Qwen3MoeSpec);
 
 crate::document::impl_document!(Qwen3MoeSpec, check);
 

@@ -158,7 +158,7 @@ pub(crate) struct DerivedParts<R> {
 
 /// A family's derived form, as [`read`] needs it. Implemented by the family's
 /// full spec type.
-pub(crate) trait Reducible: Clone + Document {
+pub(crate) trait Reducible: Clone + Document + StackSections {
     /// The derived document (`<Family>DerivedSpecFile`, as the JSON schema names it).
     type File: DeserializeOwned;
     /// Its `derive.reduce` section.
@@ -177,8 +177,6 @@ pub(crate) trait Reducible: Clone + Document {
     fn refused_in_file(_file: &Self::File) -> Vec<Issue> {
         Vec::new()
     }
-    /// The attention stack's sizes of a full spec.
-    fn stack_of(&self) -> Stack;
     /// The family's other reduced sizes beside the parent's, checked after the
     /// stack's. A reduction whose form does not match the parent's (a dense
     /// width for an MoE parent) is reported in `issues`, before any size.
@@ -186,12 +184,57 @@ pub(crate) trait Reducible: Clone + Document {
     /// The family's structure rules beyond grouped-query attention, reported
     /// after it.
     fn keep_structure(_reduce: &Self::Reduce, _parent: &Self, _issues: &mut Vec<Issue>) {}
-    /// Writes every reduced size into the spec: the stack's (the reduction's
-    /// first six) and the family's own.
-    fn apply(&mut self, stack: &Stack, reduce: &Self::Reduce);
+    /// Writes the family's own reduced sizes into the spec ([`read`] has
+    /// written the stack's, the reduction's first six).
+    fn apply(&mut self, reduce: &Self::Reduce);
     /// The `derive.reduce` field an issue at the full-spec `path` belongs to (in a
     /// file with a `reduce` section), or None when it concerns an inherited field.
-    fn reduced_field(path: &str) -> Option<FieldPath>;
+    /// By default every size check is on a reduced field of the same name.
+    fn reduced_field(path: &str) -> Option<FieldPath> {
+        Some(reduce_key(last_key(path)))
+    }
+}
+
+/// A document whose `layers`, `model` and `attention` sections carry the
+/// stack's sizes under [`Stack`]'s names, as every layout [`read`] serves
+/// does; each implements it with [`impl_stack_sections`].
+pub(crate) trait StackSections {
+    fn stack(&self) -> Stack;
+    fn set_stack(&mut self, stack: &Stack);
+}
+
+/// Implements [`StackSections`] for document types, reading and writing
+/// `layers.num_hidden_layers`, `model.{hidden_size, vocab_size}` and
+/// `attention.{num_attention_heads, num_key_value_heads, head_dim}`.
+macro_rules! impl_stack_sections {
+    ($($spec:ty),+) => {$(
+        impl $crate::reduce::StackSections for $spec {
+            fn stack(&self) -> $crate::reduce::Stack {
+                $crate::reduce::Stack {
+                    num_hidden_layers: self.layers.num_hidden_layers,
+                    hidden_size: self.model.hidden_size,
+                    vocab_size: self.model.vocab_size,
+                    num_attention_heads: self.attention.num_attention_heads,
+                    num_key_value_heads: self.attention.num_key_value_heads,
+                    head_dim: self.attention.head_dim,
+                }
+            }
+            fn set_stack(&mut self, stack: &$crate::reduce::Stack) {
+                self.layers.num_hidden_layers = stack.num_hidden_layers;
+                self.model.hidden_size = stack.hidden_size;
+                self.model.vocab_size = stack.vocab_size;
+                self.attention.num_attention_heads = stack.num_attention_heads;
+                self.attention.num_key_value_heads = stack.num_key_value_heads;
+                self.attention.head_dim = stack.head_dim;
+            }
+        }
+    )+};
+}
+pub(crate) use impl_stack_sections;
+
+/// The MLP width as the one size a form reduces beside the stack's.
+pub(crate) fn mlp_width(reduced: u32, parent: u32) -> Vec<Size> {
+    vec![("intermediate_size", reduced, parent)]
 }
 
 /// The last key of a full-spec path as text: `attention.head_dim` → `head_dim`.
@@ -236,7 +279,7 @@ pub(crate) fn read<S: Reducible>(
     let reduce = common.derive.reduce.as_ref();
     let mut issues = Vec::new();
     if let (Some(r), Some(stack)) = (reduce, stack.derive.reduce) {
-        let parent_stack = parent.stack_of();
+        let parent_stack = parent.stack();
         let mut sizes = stack.beside(&parent_stack).to_vec();
         sizes.extend(S::other_sizes(r, parent, &mut issues));
         check_shrinks(&sizes, &mut issues);
@@ -252,7 +295,8 @@ pub(crate) fn read<S: Reducible>(
             ));
         }
         S::keep_structure(r, parent, &mut issues);
-        spec.apply(&stack, r);
+        spec.set_stack(&stack);
+        spec.apply(r);
     }
     if issues.is_empty() {
         let checked = spec.check();
