@@ -132,8 +132,8 @@ pub(crate) struct ConfigReading {
     pub(crate) tie_word_embeddings: ConfigDefault<bool>,
     pub(crate) bias_flags: BiasFlags,
     pub(crate) rope: ConfigRope,
-    /// `rope_scaling` (present and not null) as the module reads it.
-    pub(crate) read_scaling: fn(&Value, &mut Reader) -> Option<RopeScaling>,
+    /// `rope_scaling` (present, an object) as the module reads it.
+    pub(crate) read_scaling: fn(&Map<String, Value>, &mut Reader) -> Option<RopeScaling>,
     /// The module's other fields, read after `attention_bias` / `mlp_bias`.
     pub(crate) read_extras: fn(&mut Reader),
     /// The sections only some families have, read after `rope_scaling`.
@@ -790,7 +790,14 @@ pub(crate) fn import(
     }
     let scaling = match scaling_src {
         None => None,
-        Some(s) => (config.read_scaling)(&s, &mut r),
+        Some(Value::Object(obj)) => (config.read_scaling)(&obj, &mut r),
+        Some(s) => {
+            r.problem(
+                "rope_scaling",
+                &format!("expected an object or null, found {s}"),
+            );
+            None
+        }
     };
     let own = (config.read_own_sections)(&mut r, num_layers);
     let quantization = top_quantization(top, &mut r);
@@ -829,14 +836,7 @@ pub(crate) fn import(
 }
 
 /// `rope_scaling` as `initialize_rope` reads it: `type` or `rope_type`.
-fn read_scaling(s: &Value, r: &mut Reader) -> Option<RopeScaling> {
-    let Some(obj) = s.as_object() else {
-        r.problem(
-            "rope_scaling",
-            &format!("expected an object or null, found {s}"),
-        );
-        return None;
-    };
+fn read_scaling(obj: &Map<String, Value>, r: &mut Reader) -> Option<RopeScaling> {
     let kind = obj
         .get("type")
         .or_else(|| obj.get("rope_type"))

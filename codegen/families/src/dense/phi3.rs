@@ -11,7 +11,7 @@ use crate::ir::{GateUpProjection, QkvProjection, ShardOracle};
 use crate::model::{ConfigModelType, Family};
 use crate::reader::Reader;
 use crate::validate::Checker;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 pub(crate) const PHI3: DenseVariant = DenseVariant {
     family: Family::Phi3,
@@ -78,14 +78,7 @@ fn read_phi3_fields(r: &mut Reader) {
 /// and `long_factor` required (else mlx-lm raises); `su` / `longrope`
 /// (`SuScaledRoPE`) and `linear` are refused until a `RopeKind` runs them; any
 /// other type mlx-lm drops with a warning (plain RoPE).
-fn read_phi3_scaling(s: &Value, r: &mut Reader) -> Option<RopeScaling> {
-    let Some(obj) = s.as_object() else {
-        r.problem(
-            "rope_scaling",
-            &format!("expected an object or null, found {s}"),
-        );
-        return None;
-    };
+fn read_phi3_scaling(obj: &Map<String, Value>, r: &mut Reader) -> Option<RopeScaling> {
     let kind = obj.get("type").and_then(Value::as_str);
     match (kind, obj.contains_key("long_factor")) {
         (Some("su" | "longrope"), true) => r.problem(
@@ -98,7 +91,7 @@ fn read_phi3_scaling(s: &Value, r: &mut Reader) -> Option<RopeScaling> {
         ),
         (Some(other), true) => r.note(
             "rope_scaling",
-            s.clone(),
+            Value::Object(obj.clone()),
             &format!("ignored: phi3.py warns that type `{other}` is unsupported and sets rope_scaling to None"),
         ),
         (None, _) | (Some(_), false) => r.problem(
