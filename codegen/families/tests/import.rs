@@ -287,15 +287,8 @@ fn an_empty_gemma4_config_is_mlx_lms_default_model() {
     );
     assert_eq!(attention(&model, 4).window, Window::Full);
     assert_eq!(model.layers[34].mlp().map(|m| m.width), Some(12288));
-    assert_eq!(
-        model.embedding.per_layer_input,
-        Some(archgen_ir::PerLayerInput {
-            width: 256,
-            vocab: 262144
-        })
-    );
-    assert_eq!(model.head.logit_softcap.map(|s| s.cap), Some(30.0));
-    // Same architecture as the checked-in E2B spec, apart from identity.
+    // Same architecture as the checked-in E2B spec, apart from identity: every
+    // other fact (per-layer inputs, the softcap) is E2B's, which specs.rs pins.
     let e2b = load(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../specs/gemma4-e2b.yaml"
