@@ -444,7 +444,7 @@ fn parse_inner(
     })?;
     if tree.has_key("derive") {
         derive::parse_derived(value, &tree, origin, dir, stack)
-    } else if declared_family(&value).is_some_and(Family::is_dense) {
+    } else if declared_family(&value).is_some_and(dense::is_dense) {
         dense::LAYOUT.parse(value, &tree, origin).map(Spec::Dense)
     } else if declared_family(&value) == Some(Family::Gemma2) {
         gemma2::LAYOUT.parse(value, &tree, origin).map(Spec::Gemma2)

@@ -377,7 +377,7 @@ fn dense_specs_are_their_imported_configs() {
             continue;
         }
         assert!(
-            spec.family().is_dense()
+            matches!(spec, Spec::Dense(_))
                 || spec.family() == Family::Qwen3Moe
                 || spec.family() == Family::MiniCpm,
             "{name}"

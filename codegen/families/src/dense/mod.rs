@@ -198,6 +198,12 @@ fn variant_of(family: Family) -> Option<&'static DenseVariant> {
     VARIANTS.into_iter().find(|v| v.family == family)
 }
 
+/// Whether `family` is one of the dense layout's (the others have layouts
+/// of their own).
+pub(crate) fn is_dense(family: Family) -> bool {
+    variant_of(family).is_some()
+}
+
 impl DenseSpec {
     /// The family the document is read as. `check` refuses every family
     /// without a variant, so every loaded or imported spec has one; a spec
@@ -268,7 +274,7 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
     let family = spec.identity.family;
-    if !family.is_dense() {
+    if !is_dense(family) {
         c.err(
             p("identity.family"),
             format!("`{}` is not a dense family", family.as_str()),
