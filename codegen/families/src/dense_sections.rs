@@ -50,4 +50,4 @@ pub struct DenseMlp {
     pub intermediate_size: u32,
 }
 
-crate::ir_parts::impl_model_sizes!(DenseModel);
+crate::document::impl_model_sizes!(DenseModel);

@@ -184,7 +184,9 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
 /// There is no `sanitize`: mlx-lm loads gemma2 checkpoints strictly, so no rule applies.
 pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, model_ir, plain_rope, whole_head_sharding, ModelParts};
+    use crate::ir_parts::{
+        full_attention, model_ir, plain_rope, scaled_embedding, whole_head_sharding, ModelParts,
+    };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let layers = (0..spec.layers.num_hidden_layers as usize)
@@ -217,18 +219,13 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
         })
         .collect();
     model_ir(
-        (&spec.identity.name, spec.identity.source.model_type),
-        &spec.model,
-        spec.quantization.as_ref(),
+        spec,
         ModelParts {
             prefix: ModulePrefix::Model,
             sanitize: Vec::new(),
             // gemma2.py has no shard().
             sharding: whole_head_sharding(ShardOracle::Absent),
-            embedding: Embedding {
-                scale: EmbedScale::SqrtHidden,
-                per_layer_input: None,
-            },
+            embedding: scaled_embedding(EmbedScale::SqrtHidden),
             layers,
             head: Head {
                 weight: HeadWeight::TiedEmbedding,
@@ -347,7 +344,7 @@ impl Reducible for Gemma2Spec {
 crate::reduce::impl_stack_sections!(Gemma2Spec);
 
 crate::document::impl_document!(Gemma2Spec, check);
-crate::ir_parts::impl_model_sizes!(Gemma2Model);
+crate::document::impl_model_sizes!(Gemma2Model);
 
 // ---------------------------------------------------------------- import
 

@@ -4,6 +4,7 @@
 //! syntax (`Attention { qk_norm: QkNorm::RmsPerHead, ..full_attention(..) }`),
 //! so each shared fact is in one place.
 
+use crate::document::Document;
 use crate::ir::*;
 
 /// Full causal attention as llama.py runs it: separate unbiased q/k/v
@@ -83,36 +84,6 @@ pub(crate) fn plain_head(tie_word_embeddings: bool) -> Head {
     }
 }
 
-/// The sizes every layout's `model` section names alike; each family's model
-/// section implements it with [`impl_model_sizes`].
-pub(crate) trait ModelSizes {
-    fn hidden_size(&self) -> u32;
-    fn vocab_size(&self) -> u32;
-    fn max_position_embeddings(&self) -> u32;
-    fn rms_norm_eps(&self) -> f64;
-}
-
-/// Implements [`ModelSizes`] for `model` sections whose fields carry those names.
-macro_rules! impl_model_sizes {
-    ($($model:ty),+) => {$(
-        impl $crate::ir_parts::ModelSizes for $model {
-            fn hidden_size(&self) -> u32 {
-                self.hidden_size
-            }
-            fn vocab_size(&self) -> u32 {
-                self.vocab_size
-            }
-            fn max_position_embeddings(&self) -> u32 {
-                self.max_position_embeddings
-            }
-            fn rms_norm_eps(&self) -> f64 {
-                self.rms_norm_eps
-            }
-        }
-    )+};
-}
-pub(crate) use impl_model_sizes;
-
 /// What a lowering decides for the model as a whole; [`model_ir`] adds what
 /// the spec's identity, `model` sizes and weight quantization fix.
 pub(crate) struct ModelParts {
@@ -125,20 +96,24 @@ pub(crate) struct ModelParts {
     pub(crate) head: Head,
 }
 
-/// The block IR of a spec: its name and checkpoint model type
-/// (`identity.name`, `identity.source.model_type`), the `model` section's
-/// sizes and norm epsilon (as f32, the dtype mlx's `rms_norm` takes it in),
-/// its weight quantization, and the lowering's `parts`.
-pub(crate) fn model_ir(
-    (name, model_type): (&str, ConfigModelType),
-    model: &impl ModelSizes,
-    quantization: Option<&Quantization>,
-    parts: ModelParts,
-) -> ModelIr {
+/// The embedding without per-layer inputs (every family's but Gemma-4's),
+/// times `scale`.
+pub(crate) fn scaled_embedding(scale: EmbedScale) -> Embedding {
+    Embedding {
+        scale,
+        per_layer_input: None,
+    }
+}
+
+/// The block IR of a spec: its name and checkpoint model type, the `model`
+/// section's sizes and norm epsilon (as f32, the dtype mlx's `rms_norm`
+/// takes it in), its weight quantization, and the lowering's `parts`.
+pub(crate) fn model_ir(spec: &dyn Document, parts: ModelParts) -> ModelIr {
+    let (identity, model) = (spec.identity(), spec.model_sizes());
     ModelIr {
-        name: name.to_string(),
+        name: identity.name.clone(),
         checkpoint: Checkpoint {
-            model_type,
+            model_type: identity.source.model_type,
             prefix: parts.prefix,
             sanitize: parts.sanitize,
         },
@@ -150,6 +125,6 @@ pub(crate) fn model_ir(
         embedding: parts.embedding,
         layers: parts.layers,
         head: parts.head,
-        quantization: quantization.map(WeightQuant::of),
+        quantization: spec.quantization().map(WeightQuant::of),
     }
 }

@@ -168,7 +168,8 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
 pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_rope, swiglu, whole_head_sharding, ModelParts,
+        full_attention, model_ir, plain_rope, scaled_embedding, swiglu, whole_head_sharding,
+        ModelParts,
     };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
@@ -196,19 +197,14 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
         })
         .collect();
     model_ir(
-        (&spec.identity.name, spec.identity.source.model_type),
-        &spec.model,
-        spec.quantization.as_ref(),
+        spec,
         ModelParts {
             prefix: ModulePrefix::Model,
             // minicpm.sanitize: lm_head.weight from embed_tokens.weight when absent.
             sanitize: vec![SanitizeRule::CopyEmbeddingToHead],
             // minicpm.py has no shard().
             sharding: whole_head_sharding(ShardOracle::Absent),
-            embedding: Embedding {
-                scale: EmbedScale::Constant(spec.scales.scale_emb),
-                per_layer_input: None,
-            },
+            embedding: scaled_embedding(EmbedScale::Constant(spec.scales.scale_emb)),
             layers,
             head: Head {
                 // `check` refuses a tied MiniCPM (mlx-lm cannot load one).

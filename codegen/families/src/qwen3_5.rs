@@ -418,7 +418,9 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
 /// mlx-lm's `Model` wrapper (`language_model.model.*`) and its sanitize.
 pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, model_ir, plain_head, plain_rope, swiglu, ModelParts};
+    use crate::ir_parts::{
+        full_attention, model_ir, plain_head, plain_rope, scaled_embedding, swiglu, ModelParts,
+    };
     let a = &spec.attention;
     let la = &spec.linear_attention;
     let ffn = match (&spec.mlp, &spec.moe) {
@@ -489,9 +491,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
         })
         .collect();
     model_ir(
-        (&spec.identity.name, spec.identity.source.model_type),
-        &spec.model,
-        spec.quantization.as_ref(),
+        spec,
         ModelParts {
             prefix: ModulePrefix::LanguageModel,
             // Model.sanitize (vision dropped, model.language_model moved
@@ -504,10 +504,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
                 head: HeadSplit::OverVocabulary,
                 kv_heads: KvHeadSplit::RepeatedWhenFewer,
             },
-            embedding: Embedding {
-                scale: EmbedScale::None,
-                per_layer_input: None,
-            },
+            embedding: scaled_embedding(EmbedScale::None),
             layers,
             head: plain_head(spec.model.tie_word_embeddings),
         },

@@ -209,7 +209,8 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_head, plain_rope, swiglu, whole_head_sharding, ModelParts,
+        full_attention, model_ir, plain_head, plain_rope, scaled_embedding, swiglu,
+        whole_head_sharding, ModelParts,
     };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
@@ -252,19 +253,14 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
         })
         .collect();
     model_ir(
-        (&spec.identity.name, spec.identity.source.model_type),
-        &spec.model,
-        spec.quantization.as_ref(),
+        spec,
         ModelParts {
             prefix: ModulePrefix::Model,
             // Qwen3MoeModel.sanitize: the tied head popped, per-expert HF weights stacked.
             sanitize: vec![SanitizeRule::DropTiedHead, SanitizeRule::StackExperts],
             // qwen3_moe.py's shard().
             sharding: whole_head_sharding(ShardOracle::MlxLm),
-            embedding: Embedding {
-                scale: EmbedScale::None,
-                per_layer_input: None,
-            },
+            embedding: scaled_embedding(EmbedScale::None),
             layers,
             head: plain_head(spec.model.tie_word_embeddings),
         },

@@ -458,7 +458,8 @@ fn refuse_scales(spec: &DenseSpec, c: &mut validate::Checker) {
 pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_head, swiglu, whole_head_sharding, ModelParts,
+        full_attention, model_ir, plain_head, scaled_embedding, swiglu, whole_head_sharding,
+        ModelParts,
     };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
@@ -535,17 +536,12 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         })
         .collect();
     model_ir(
-        (&spec.identity.name, spec.identity.source.model_type),
-        &spec.model,
-        spec.quantization.as_ref(),
+        spec,
         ModelParts {
             prefix: ModulePrefix::Model,
             sanitize: variant.sanitize.to_vec(),
             sharding: whole_head_sharding(variant.shard_oracle),
-            embedding: Embedding {
-                scale: embed_scale,
-                per_layer_input: None,
-            },
+            embedding: scaled_embedding(embed_scale),
             layers,
             head: Head {
                 logit_scale,

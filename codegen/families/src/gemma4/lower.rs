@@ -9,7 +9,7 @@ use crate::ir::{KvQuant, RopeKind};
 use crate::ir_parts::{model_ir, plain_head, whole_head_sharding, ModelParts};
 use crate::model::{ConfigModelType, Gemma4Spec, LayerType, ModelDims, RopeParams};
 
-crate::ir_parts::impl_model_sizes!(ModelDims);
+crate::document::impl_model_sizes!(ModelDims);
 
 /// The IR of a valid Gemma-4 spec.
 pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
@@ -168,9 +168,7 @@ pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
         SanitizeRule::SplitExpertsGateUp,
     ]);
     model_ir(
-        (&spec.identity.name, spec.identity.source.model_type),
-        &spec.model,
-        spec.quantization.as_ref(),
+        spec,
         ModelParts {
             prefix: if wrapped {
                 ModulePrefix::LanguageModel
