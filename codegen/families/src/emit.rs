@@ -61,19 +61,17 @@ pub(crate) fn section_yaml(o: &mut String, name: &str, fields: &[(&str, String)]
     }
 }
 
-/// A spec document as YAML, written from its serde form: the header, then
-/// every other section in the document type's field order, `quantization`
+/// A spec document as YAML, written from its serde form: the modeline, then
+/// every section in the document type's field order (the header's as
+/// [`header_yaml`] writes it), `quantization`
 /// and `mixed_kv` by their own writers and any other one as a section of
 /// scalars ([`section_value_yaml`]). A layout whose sections hold only
 /// scalars, flat lists and flow mappings (every layout but Gemma-4's) is
 /// written with this alone, so a field added to a section is written
 /// without a writer to change.
-pub(crate) fn document_yaml<S: serde::Serialize + crate::document::Document>(
-    spec: &S,
-    format_version: u32,
-) -> String {
+pub(crate) fn document_yaml<S: serde::Serialize + crate::document::Document>(spec: &S) -> String {
     let mut o = String::new();
-    header_yaml(&mut o, format_version, spec.identity());
+    let _ = writeln!(o, "{MODELINE}");
     let sections = match serde_yaml::to_value(spec) {
         Ok(serde_yaml::Value::Mapping(sections)) => sections,
         // A document type is a struct of sections, which serde_yaml always
@@ -82,8 +80,11 @@ pub(crate) fn document_yaml<S: serde::Serialize + crate::document::Document>(
     };
     for (key, value) in &sections {
         match key.as_str() {
-            // Written by header_yaml.
-            Some("format_version" | "identity") => {}
+            // The header, as header_yaml writes it (both are the first fields).
+            Some("format_version") => {
+                let _ = writeln!(o, "format_version: {}", flow_yaml(value));
+            }
+            Some("identity") => identity_yaml(&mut o, spec.identity()),
             Some("quantization") => quantization_yaml(&mut o, spec.quantization()),
             Some("mixed_kv") => crate::mixed_kv::yaml(&mut o, spec.mixed_kv()),
             Some(name) => section_value_yaml(&mut o, name, value),

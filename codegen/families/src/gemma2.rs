@@ -267,10 +267,8 @@ pub(crate) fn hf_json(spec: &Gemma2Spec) -> Value {
 
 // ---------------------------------------------------------------- YAML
 
-/// The full-form YAML text of a Gemma-2 spec, from its sections' serde form.
-pub(crate) fn to_yaml(spec: &Gemma2Spec) -> String {
-    crate::emit::document_yaml(spec, spec.format_version)
-}
+// The full-form YAML text, from the sections' serde form.
+pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 

@@ -249,10 +249,8 @@ pub(crate) fn hf_json(spec: &MiniCpmSpec) -> Value {
 
 // ---------------------------------------------------------------- YAML
 
-/// The full-form YAML text of a MiniCPM spec, from its sections' serde form.
-pub(crate) fn to_yaml(spec: &MiniCpmSpec) -> String {
-    crate::emit::document_yaml(spec, spec.format_version)
-}
+// The full-form YAML text, from the sections' serde form.
+pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 

@@ -562,10 +562,8 @@ pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
 
 // ---------------------------------------------------------------- YAML
 
-/// The full-form YAML text of a Qwen3.5 spec, from its sections' serde form.
-pub(crate) fn to_yaml(spec: &Qwen35Spec) -> String {
-    crate::emit::document_yaml(spec, spec.format_version)
-}
+// The full-form YAML text, from the sections' serde form.
+pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 

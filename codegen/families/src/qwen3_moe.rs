@@ -299,10 +299,8 @@ pub(crate) fn hf_json(spec: &Qwen3MoeSpec) -> Value {
 
 // ---------------------------------------------------------------- YAML
 
-/// The full-form YAML text of a Qwen3-MoE spec, from its sections' serde form.
-pub(crate) fn to_yaml(spec: &Qwen3MoeSpec) -> String {
-    crate::emit::document_yaml(spec, spec.format_version)
-}
+// The full-form YAML text, from the sections' serde form.
+pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 
