@@ -49,3 +49,5 @@ pub struct DenseMlp {
     /// `intermediate_size`.
     pub intermediate_size: u32,
 }
+
+crate::document::impl_model_sizes!(DenseModel);

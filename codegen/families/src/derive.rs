@@ -9,6 +9,7 @@ use crate::yaml::{Loc, Node};
 use crate::{
     de_at, locate_all, locate_serde, missing_field, unknown_field, validate, MAX_DERIVE_DEPTH,
 };
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 const DERIVED_SECTIONS: [&str; 3] = ["format_version", "identity", "derive"];
@@ -278,51 +279,52 @@ fn apply(parent: &Gemma4Spec, file: &DerivedSpecFile) -> (Gemma4Spec, Vec<Issue>
     let period = minimal_period(&types);
     let parent_periods = (types.len() / period) as u32;
 
-    // Feature presence must match the parent.
-    let pairs: [(&str, bool, bool, &str); 7] = [
+    // Feature presence must match the parent: (feature, whether the parent
+    // has it, each reduced size of it and whether the reduction sets it).
+    type SetByReduction<'a> = &'a [(&'a str, bool)];
+    let features: [(&str, bool, SetByReduction); 4] = [
         (
             "num_global_key_value_heads",
-            r.num_global_key_value_heads.is_some(),
             parent.attention.num_global_key_value_heads.is_some(),
-            "num_global_key_value_heads",
+            &[(
+                "num_global_key_value_heads",
+                r.num_global_key_value_heads.is_some(),
+            )],
         ),
         (
             "global_head_dim",
-            r.global_head_dim.is_some(),
             parent.attention.global_head_dim.is_some(),
-            "global_head_dim",
+            &[("global_head_dim", r.global_head_dim.is_some())],
         ),
         (
-            "num_experts",
-            r.num_experts.is_some(),
-            parent.moe.is_some(),
             "MoE",
-        ),
-        (
-            "top_k_experts",
-            r.top_k_experts.is_some(),
             parent.moe.is_some(),
-            "MoE",
+            &[
+                ("num_experts", r.num_experts.is_some()),
+                ("top_k_experts", r.top_k_experts.is_some()),
+                ("moe_intermediate_size", r.moe_intermediate_size.is_some()),
+            ],
         ),
         (
-            "moe_intermediate_size",
-            r.moe_intermediate_size.is_some(),
-            parent.moe.is_some(),
-            "MoE",
-        ),
-        (
-            "hidden_size_per_layer_input",
-            r.hidden_size_per_layer_input.is_some(),
-            parent.per_layer_input.is_some(),
             "per-layer inputs",
-        ),
-        (
-            "vocab_size_per_layer_input",
-            r.vocab_size_per_layer_input.is_some(),
             parent.per_layer_input.is_some(),
-            "per-layer inputs",
+            &[
+                (
+                    "hidden_size_per_layer_input",
+                    r.hidden_size_per_layer_input.is_some(),
+                ),
+                (
+                    "vocab_size_per_layer_input",
+                    r.vocab_size_per_layer_input.is_some(),
+                ),
+            ],
         ),
     ];
+    let pairs = features.iter().flat_map(|&(feature, there, fields)| {
+        fields
+            .iter()
+            .map(move |&(field, here)| (field, here, there, feature))
+    });
     for (field, here, there, feature) in pairs {
         if here != there {
             let (msg, exp) = if there {
@@ -467,20 +469,13 @@ fn apply(parent: &Gemma4Spec, file: &DerivedSpecFile) -> (Gemma4Spec, Vec<Issue>
 }
 
 /// Maps an issue on the resolved spec to the derived file's coordinates.
-fn translate(mut i: Issue, file: &DerivedSpecFile, parent: &str) -> Issue {
-    let s = i.path.to_string();
-    let direct = |prefix: &str| {
-        s == prefix || s.starts_with(&format!("{prefix}.")) || s.starts_with(&format!("{prefix}["))
+fn translate(i: Issue, file: &DerivedSpecFile, parent: &str) -> Issue {
+    let own_sections = ["quantization", "kv_quantization", "mixed_kv"];
+    let mut i = match reduce::place_own_field(i, &own_sections) {
+        ControlFlow::Break(placed) => return placed,
+        ControlFlow::Continue(i) => i,
     };
-    if direct("quantization") || direct("kv_quantization") || direct("mixed_kv") {
-        let mut path = p("derive");
-        path.0.extend(i.path.0);
-        i.path = path;
-        return i;
-    }
-    if s == "identity.name" || s == "format_version" {
-        return i;
-    }
+    let s = i.path.to_string();
     let reduce_field = match s.as_str() {
         "model.hidden_size" => Some("hidden_size"),
         "model.vocab_size" => Some("vocab_size"),

@@ -32,6 +32,8 @@ pub(crate) trait Document {
     fn to_yaml(&self) -> String;
     /// The config.json view (`spec show --json`), keys sorted.
     fn hf_json(&self) -> Value;
+    /// The `model` section's sizes, as the lowering reads them.
+    fn model_sizes(&self) -> &dyn ModelSizes;
 }
 
 /// Implements [`Document`] for a family's document type: the accessors read
@@ -77,7 +79,40 @@ macro_rules! impl_document {
             fn hf_json(&self) -> serde_json::Value {
                 hf_json(self)
             }
+            fn model_sizes(&self) -> &dyn $crate::document::ModelSizes {
+                &self.model
+            }
         }
     };
 }
 pub(crate) use impl_document;
+
+/// The sizes every layout's `model` section names alike; each family's model
+/// section implements it with [`impl_model_sizes`].
+pub(crate) trait ModelSizes {
+    fn hidden_size(&self) -> u32;
+    fn vocab_size(&self) -> u32;
+    fn max_position_embeddings(&self) -> u32;
+    fn rms_norm_eps(&self) -> f64;
+}
+
+/// Implements [`ModelSizes`] for `model` sections whose fields carry those names.
+macro_rules! impl_model_sizes {
+    ($($model:ty),+) => {$(
+        impl $crate::document::ModelSizes for $model {
+            fn hidden_size(&self) -> u32 {
+                self.hidden_size
+            }
+            fn vocab_size(&self) -> u32 {
+                self.vocab_size
+            }
+            fn max_position_embeddings(&self) -> u32 {
+                self.max_position_embeddings
+            }
+            fn rms_norm_eps(&self) -> f64 {
+                self.rms_norm_eps
+            }
+        }
+    )+};
+}
+pub(crate) use impl_model_sizes;

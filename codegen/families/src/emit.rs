@@ -1,8 +1,8 @@
-//! What every family's YAML writer shares: the schema modeline, floats, the
-//! document header (`format_version:` and `identity:`), sections of scalar
-//! fields, the dense-built sections and `quantization:`.
+//! The YAML writers: the schema modeline, floats, the document header
+//! (`format_version:` and `identity:`), sections of scalar fields,
+//! `quantization:`, and every layout but Gemma-4's written whole from its
+//! serde form ([`document_yaml`]).
 
-use crate::dense_sections::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::model::*;
 use std::fmt::Write;
 
@@ -61,53 +61,77 @@ pub(crate) fn section_yaml(o: &mut String, name: &str, fields: &[(&str, String)]
     }
 }
 
-/// The `model:` section of the layouts built from dense sections.
-pub(crate) fn dense_model_yaml(o: &mut String, m: &DenseModel) {
-    section_yaml(
-        o,
-        "model",
-        &[
-            ("hidden_size", m.hidden_size.to_string()),
-            ("vocab_size", m.vocab_size.to_string()),
-            ("rms_norm_eps", float(m.rms_norm_eps)),
-            ("tie_word_embeddings", m.tie_word_embeddings.to_string()),
-            (
-                "max_position_embeddings",
-                m.max_position_embeddings.to_string(),
-            ),
-        ],
-    );
+/// A spec document as YAML, written from its serde form: the modeline, then
+/// every section in the document type's field order (the header's as
+/// [`header_yaml`] writes it), `quantization`
+/// and `mixed_kv` by their own writers and any other one as a section of
+/// scalars ([`section_value_yaml`]). A layout whose sections hold only
+/// scalars, flat lists and flow mappings (every layout but Gemma-4's) is
+/// written with this alone, so a field added to a section is written
+/// without a writer to change.
+pub(crate) fn document_yaml<S: serde::Serialize + crate::document::Document>(spec: &S) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "{MODELINE}");
+    let sections = match serde_yaml::to_value(spec) {
+        Ok(serde_yaml::Value::Mapping(sections)) => sections,
+        // A document type is a struct of sections, which serde_yaml always
+        // writes as a mapping.
+        other => unreachable!("a spec document serialized as {other:?}"),
+    };
+    for (key, value) in &sections {
+        match key.as_str() {
+            // The header, as header_yaml writes it (both are the first fields).
+            Some("format_version") => {
+                let _ = writeln!(o, "format_version: {}", flow_yaml(value));
+            }
+            Some("identity") => identity_yaml(&mut o, spec.identity()),
+            Some("quantization") => quantization_yaml(&mut o, spec.quantization()),
+            Some("mixed_kv") => crate::mixed_kv::yaml(&mut o, spec.mixed_kv()),
+            Some(name) => section_value_yaml(&mut o, name, value),
+            None => unreachable!("a struct field name is a string, not {key:?}"),
+        }
+    }
+    o
 }
 
-/// The `layers:` section of the layouts built from dense sections.
-pub(crate) fn dense_layers_yaml(o: &mut String, l: &DenseLayers) {
-    section_yaml(
-        o,
-        "layers",
-        &[("num_hidden_layers", l.num_hidden_layers.to_string())],
-    );
+/// One section from its serde form: a mapping as `name:` and a `  key: value`
+/// line per field, anything else (null) on the name's line.
+fn section_value_yaml(o: &mut String, name: &str, value: &serde_yaml::Value) {
+    let serde_yaml::Value::Mapping(fields) = value else {
+        let _ = writeln!(o, "{name}: {}", flow_yaml(value));
+        return;
+    };
+    let _ = writeln!(o, "{name}:");
+    for (key, value) in fields {
+        let _ = writeln!(o, "  {}: {}", flow_yaml(key), flow_yaml(value));
+    }
 }
 
-/// The `attention:` section of the layouts built from dense sections.
-pub(crate) fn dense_attention_yaml(o: &mut String, a: &DenseAttention) {
-    section_yaml(
-        o,
-        "attention",
-        &[
-            ("num_attention_heads", a.num_attention_heads.to_string()),
-            ("num_key_value_heads", a.num_key_value_heads.to_string()),
-            ("head_dim", a.head_dim.to_string()),
-        ],
-    );
-}
-
-/// The `mlp:` section of the layouts built from dense sections.
-pub(crate) fn dense_mlp_yaml(o: &mut String, m: &DenseMlp) {
-    section_yaml(
-        o,
-        "mlp",
-        &[("intermediate_size", m.intermediate_size.to_string())],
-    );
+/// A value in YAML flow form: floats as [`float`] writes them, lists as
+/// `[a, b]`, mappings as `{k: v, ...}` in their serde order.
+fn flow_yaml(value: &serde_yaml::Value) -> String {
+    use serde_yaml::Value;
+    let join = |items: Vec<String>| items.join(", ");
+    match value {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() => float(f),
+            _ => n.to_string(),
+        },
+        Value::String(text) => string(text),
+        Value::Sequence(items) => format!("[{}]", join(items.iter().map(flow_yaml).collect())),
+        Value::Mapping(entries) => format!(
+            "{{{}}}",
+            join(
+                entries
+                    .iter()
+                    .map(|(k, v)| format!("{}: {}", flow_yaml(k), flow_yaml(v)))
+                    .collect()
+            )
+        ),
+        Value::Tagged(tagged) => format!("!{} {}", tagged.tag, flow_yaml(&tagged.value)),
+    }
 }
 
 /// The `identity:` section.
@@ -116,23 +140,17 @@ fn identity_yaml(o: &mut String, id: &Identity) {
     let _ = writeln!(o, "  name: {}", string(&id.name));
     let _ = writeln!(o, "  family: {}", id.family.as_str());
     let _ = writeln!(o, "  source:");
-    let _ = writeln!(
-        o,
-        "    repo: {}",
-        id.source
-            .repo
-            .as_deref()
-            .map_or("null".into(), |r| serde_json::to_string(r)
-                .unwrap_or_default())
-    );
+    // A JSON string is a YAML scalar that reads back as written.
+    let quoted_or_null = |text: Option<&str>| {
+        text.map_or("null".into(), |t| {
+            serde_json::to_string(t).unwrap_or_default()
+        })
+    };
+    let _ = writeln!(o, "    repo: {}", quoted_or_null(id.source.repo.as_deref()));
     let _ = writeln!(
         o,
         "    revision: {}",
-        id.source
-            .revision
-            .as_deref()
-            .map_or("null".into(), |r| serde_json::to_string(r)
-                .unwrap_or_default())
+        quoted_or_null(id.source.revision.as_deref())
     );
     let _ = writeln!(o, "    model_type: {}", id.source.model_type.as_str());
 }

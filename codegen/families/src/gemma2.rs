@@ -15,7 +15,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
-use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
+use crate::reduce::{last_key, mlp_width, reduce_key, Reducible, Size, StackSections};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -128,7 +128,7 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
     }
     let (m, a) = (&spec.model, &spec.attention);
     let mut ok = c.stack_sizes(
-        &spec.stack_of(),
+        &spec.stack(),
         (
             m.max_position_embeddings,
             "`max_position_embeddings` from config.json (8192 for Gemma-2)",
@@ -184,7 +184,9 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
 /// There is no `sanitize`: mlx-lm loads gemma2 checkpoints strictly, so no rule applies.
 pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, plain_rope, whole_head_sharding};
+    use crate::ir_parts::{
+        full_attention, model_ir, plain_rope, scaled_embedding, whole_head_sharding, ModelParts,
+    };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let layers = (0..spec.layers.num_hidden_layers as usize)
@@ -216,35 +218,26 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
             residual: Residual::Plain,
         })
         .collect();
-    ModelIr {
-        name: spec.identity.name.clone(),
-        checkpoint: Checkpoint {
-            model_type: spec.identity.source.model_type,
+    model_ir(
+        spec,
+        ModelParts {
             prefix: ModulePrefix::Model,
             sanitize: Vec::new(),
+            // gemma2.py has no shard().
+            sharding: whole_head_sharding(ShardOracle::Absent),
+            embedding: scaled_embedding(EmbedScale::SqrtHidden),
+            layers,
+            head: Head {
+                weight: HeadWeight::TiedEmbedding,
+                logit_softcap: Some(Softcap {
+                    cap: spec.model.final_logit_softcapping as f32,
+                    form: SoftcapForm::Eager,
+                }),
+                norm: NormWeight::OnePlus,
+                logit_scale: LogitScale::None,
+            },
         },
-        // gemma2.py has no shard().
-        sharding: whole_head_sharding(ShardOracle::Absent),
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        norm_eps: spec.model.rms_norm_eps as f32,
-        embedding: Embedding {
-            scale: EmbedScale::SqrtHidden,
-            per_layer_input: None,
-        },
-        layers,
-        head: Head {
-            weight: HeadWeight::TiedEmbedding,
-            logit_softcap: Some(Softcap {
-                cap: spec.model.final_logit_softcapping as f32,
-                form: SoftcapForm::Eager,
-            }),
-            norm: NormWeight::OnePlus,
-            logit_scale: LogitScale::None,
-        },
-        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
-    }
+    )
 }
 
 // ---------------------------------------------------------------- config.json view
@@ -274,62 +267,8 @@ pub(crate) fn hf_json(spec: &Gemma2Spec) -> Value {
 
 // ---------------------------------------------------------------- YAML
 
-/// The full-form YAML text of a Gemma-2 spec.
-pub(crate) fn to_yaml(spec: &Gemma2Spec) -> String {
-    use crate::emit::{float, header_yaml, quantization_yaml, section_yaml};
-    let mut o = String::new();
-    header_yaml(&mut o, spec.format_version, &spec.identity);
-    let m = &spec.model;
-    section_yaml(
-        &mut o,
-        "model",
-        &[
-            ("hidden_size", m.hidden_size.to_string()),
-            ("vocab_size", m.vocab_size.to_string()),
-            ("rms_norm_eps", float(m.rms_norm_eps)),
-            ("final_logit_softcapping", float(m.final_logit_softcapping)),
-            (
-                "max_position_embeddings",
-                m.max_position_embeddings.to_string(),
-            ),
-        ],
-    );
-    section_yaml(
-        &mut o,
-        "layers",
-        &[(
-            "num_hidden_layers",
-            spec.layers.num_hidden_layers.to_string(),
-        )],
-    );
-    let a = &spec.attention;
-    section_yaml(
-        &mut o,
-        "attention",
-        &[
-            ("num_attention_heads", a.num_attention_heads.to_string()),
-            ("num_key_value_heads", a.num_key_value_heads.to_string()),
-            ("head_dim", a.head_dim.to_string()),
-            ("query_pre_attn_scalar", float(a.query_pre_attn_scalar)),
-            ("attn_logit_softcapping", float(a.attn_logit_softcapping)),
-        ],
-    );
-    section_yaml(
-        &mut o,
-        "rope",
-        &[
-            ("traditional", spec.rope.traditional.to_string()),
-            ("rope_theta", float(spec.rope.rope_theta)),
-        ],
-    );
-    section_yaml(
-        &mut o,
-        "mlp",
-        &[("intermediate_size", spec.mlp.intermediate_size.to_string())],
-    );
-    quantization_yaml(&mut o, spec.quantization.as_ref());
-    o
-}
+// The full-form YAML text, from the sections' serde form.
+pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 
@@ -377,31 +316,10 @@ impl Reducible for Gemma2Spec {
             )],
         }
     }
-    fn stack_of(&self) -> Stack {
-        let (m, a) = (&self.model, &self.attention);
-        Stack {
-            num_hidden_layers: self.layers.num_hidden_layers,
-            hidden_size: m.hidden_size,
-            vocab_size: m.vocab_size,
-            num_attention_heads: a.num_attention_heads,
-            num_key_value_heads: a.num_key_value_heads,
-            head_dim: a.head_dim,
-        }
-    }
     fn other_sizes(r: &DenseReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
-        vec![(
-            "intermediate_size",
-            r.intermediate_size,
-            parent.mlp.intermediate_size,
-        )]
+        mlp_width(r.intermediate_size, parent.mlp.intermediate_size)
     }
-    fn apply(&mut self, stack: &Stack, r: &DenseReduce) {
-        self.layers.num_hidden_layers = stack.num_hidden_layers;
-        self.model.hidden_size = stack.hidden_size;
-        self.model.vocab_size = stack.vocab_size;
-        self.attention.num_attention_heads = stack.num_attention_heads;
-        self.attention.num_key_value_heads = stack.num_key_value_heads;
-        self.attention.head_dim = stack.head_dim;
+    fn apply(&mut self, r: &DenseReduce) {
         self.mlp.intermediate_size = r.intermediate_size;
     }
     /// A check on one of the seven reduced sizes; any other (the scalar, the
@@ -421,7 +339,10 @@ impl Reducible for Gemma2Spec {
     }
 }
 
+crate::reduce::impl_stack_sections!(Gemma2Spec);
+
 crate::document::impl_document!(Gemma2Spec, check);
+crate::document::impl_model_sizes!(Gemma2Model);
 
 // ---------------------------------------------------------------- import
 

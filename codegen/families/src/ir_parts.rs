@@ -4,6 +4,7 @@
 //! syntax (`Attention { qk_norm: QkNorm::RmsPerHead, ..full_attention(..) }`),
 //! so each shared fact is in one place.
 
+use crate::document::Document;
 use crate::ir::*;
 
 /// Full causal attention as llama.py runs it: separate unbiased q/k/v
@@ -80,5 +81,50 @@ pub(crate) fn plain_head(tie_word_embeddings: bool) -> Head {
         logit_softcap: None,
         norm: NormWeight::Direct,
         logit_scale: LogitScale::None,
+    }
+}
+
+/// What a lowering decides for the model as a whole; [`model_ir`] adds what
+/// the spec's identity, `model` sizes and weight quantization fix.
+pub(crate) struct ModelParts {
+    pub(crate) prefix: ModulePrefix,
+    /// mlx-lm's `sanitize`, as rules in the order it applies them.
+    pub(crate) sanitize: Vec<SanitizeRule>,
+    pub(crate) sharding: Sharding,
+    pub(crate) embedding: Embedding,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) head: Head,
+}
+
+/// The embedding without per-layer inputs (every family's but Gemma-4's),
+/// times `scale`.
+pub(crate) fn scaled_embedding(scale: EmbedScale) -> Embedding {
+    Embedding {
+        scale,
+        per_layer_input: None,
+    }
+}
+
+/// The block IR of a spec: its name and checkpoint model type, the `model`
+/// section's sizes and norm epsilon (as f32, the dtype mlx's `rms_norm`
+/// takes it in), its weight quantization, and the lowering's `parts`.
+pub(crate) fn model_ir(spec: &dyn Document, parts: ModelParts) -> ModelIr {
+    let (identity, model) = (spec.identity(), spec.model_sizes());
+    ModelIr {
+        name: identity.name.clone(),
+        checkpoint: Checkpoint {
+            model_type: identity.source.model_type,
+            prefix: parts.prefix,
+            sanitize: parts.sanitize,
+        },
+        sharding: parts.sharding,
+        hidden_size: model.hidden_size() as usize,
+        vocab_size: model.vocab_size() as usize,
+        max_position_embeddings: model.max_position_embeddings() as usize,
+        norm_eps: model.rms_norm_eps() as f32,
+        embedding: parts.embedding,
+        layers: parts.layers,
+        head: parts.head,
+        quantization: spec.quantization().map(WeightQuant::of),
     }
 }

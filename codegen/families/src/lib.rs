@@ -139,27 +139,28 @@ pub enum Spec {
     Qwen35(Qwen35Spec),
 }
 
+/// `$body` with `$s` bound to the family's document in `$spec`, whichever
+/// variant it is: the one list of the variants that reads every family alike.
+macro_rules! with_document {
+    ($spec:expr, $s:ident => $body:expr) => {
+        match $spec {
+            Spec::Gemma4($s) => $body,
+            Spec::Dense($s) => $body,
+            Spec::Gemma2($s) => $body,
+            Spec::Qwen3Moe($s) => $body,
+            Spec::MiniCpm($s) => $body,
+            Spec::Qwen35($s) => $body,
+        }
+    };
+}
+
 impl Spec {
     /// The family's document: what every method below reads through.
     fn document(&self) -> &dyn Document {
-        match self {
-            Spec::Gemma4(s) => s,
-            Spec::Dense(s) => s,
-            Spec::Gemma2(s) => s,
-            Spec::Qwen3Moe(s) => s,
-            Spec::MiniCpm(s) => s,
-            Spec::Qwen35(s) => s,
-        }
+        with_document!(self, s => s)
     }
     fn document_mut(&mut self) -> &mut dyn Document {
-        match self {
-            Spec::Gemma4(s) => s,
-            Spec::Dense(s) => s,
-            Spec::Gemma2(s) => s,
-            Spec::Qwen3Moe(s) => s,
-            Spec::MiniCpm(s) => s,
-            Spec::Qwen35(s) => s,
-        }
+        with_document!(self, s => s)
     }
     pub fn identity(&self) -> &Identity {
         self.document().identity()
@@ -176,24 +177,12 @@ impl Spec {
     }
     /// The Gemma-4 document, when this is one.
     pub fn as_gemma4(&self) -> Option<&Gemma4Spec> {
-        match self {
-            Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_)
-            | Spec::Gemma2(_)
-            | Spec::Qwen3Moe(_)
-            | Spec::MiniCpm(_)
-            | Spec::Qwen35(_) => None,
-        }
+        let Spec::Gemma4(s) = self else { return None };
+        Some(s)
     }
     pub fn as_gemma4_mut(&mut self) -> Option<&mut Gemma4Spec> {
-        match self {
-            Spec::Gemma4(s) => Some(s),
-            Spec::Dense(_)
-            | Spec::Gemma2(_)
-            | Spec::Qwen3Moe(_)
-            | Spec::MiniCpm(_)
-            | Spec::Qwen35(_) => None,
-        }
+        let Spec::Gemma4(s) = self else { return None };
+        Some(s)
     }
     pub fn quantization(&self) -> Option<&Quantization> {
         self.document().quantization()
@@ -365,7 +354,7 @@ fn located(file: &str, loc: Loc, i: Issue) -> Diagnostic {
 
 pub(crate) fn load_inner(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Spec, Diagnostics> {
     let origin = path.display().to_string();
-    let meta = std::fs::metadata(path).map_err(|e| {
+    let unreadable = |e: std::io::Error, hint: &str| {
         single(
             &origin,
             Loc::START,
@@ -373,10 +362,12 @@ pub(crate) fn load_inner(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Spec, 
                 FieldPath::root(),
                 format!("cannot read the file: {e}"),
                 "a readable spec file",
-                "check the path; specs live in specs/<name>.yaml",
+                hint,
             ),
         )
-    })?;
+    };
+    let meta = std::fs::metadata(path)
+        .map_err(|e| unreadable(e, "check the path; specs live in specs/<name>.yaml"))?;
     if meta.len() > MAX_SPEC_BYTES as u64 {
         return Err(single(
             &origin,
@@ -389,18 +380,7 @@ pub(crate) fn load_inner(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Spec, 
             ),
         ));
     }
-    let bytes = std::fs::read(path).map_err(|e| {
-        single(
-            &origin,
-            Loc::START,
-            Issue::new(
-                FieldPath::root(),
-                format!("cannot read the file: {e}"),
-                "a readable spec file",
-                "check the path and permissions",
-            ),
-        )
-    })?;
+    let bytes = std::fs::read(path).map_err(|e| unreadable(e, "check the path and permissions"))?;
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let spec = parse_inner(&bytes, &origin, &dir, stack)?;
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
@@ -464,7 +444,7 @@ fn parse_inner(
     })?;
     if tree.has_key("derive") {
         derive::parse_derived(value, &tree, origin, dir, stack)
-    } else if declared_family(&value).is_some_and(Family::is_dense) {
+    } else if declared_family(&value).is_some_and(dense::is_dense) {
         dense::LAYOUT.parse(value, &tree, origin).map(Spec::Dense)
     } else if declared_family(&value) == Some(Family::Gemma2) {
         gemma2::LAYOUT.parse(value, &tree, origin).map(Spec::Gemma2)

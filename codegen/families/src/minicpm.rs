@@ -19,7 +19,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
-use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
+use crate::reduce::{mlp_width, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -76,44 +76,19 @@ pub struct MiniCpmScales {
     pub dim_model_base: u32,
 }
 
-/// A derived MiniCPM spec file: a declared reduction of a MiniCPM spec.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(title = "archgen architecture spec (derived minicpm form)")]
-pub struct MiniCpmDerivedSpecFile {
-    /// Spec format version; must be 1.
-    pub format_version: u32,
-    pub identity: DerivedIdentity,
-    pub derive: MiniCpmDerive,
-}
+crate::reduce::derived_form! {
+    /// A derived MiniCPM spec file: a declared reduction of a MiniCPM spec.
+    file MiniCpmDerivedSpecFile titled "archgen architecture spec (derived minicpm form)";
 
-/// How a derived MiniCPM spec is made from its parent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MiniCpmDerive {
-    /// Name of the parent spec (`<from>.yaml` in the same directory).
-    pub from: String,
-    /// Sizes to shrink, or null to keep the parent's sizes.
-    #[serde(deserialize_with = "explicit")]
-    pub reduce: Option<MiniCpmReduce>,
-    /// Weight quantization of the derived spec (never inherited), or null.
-    #[serde(deserialize_with = "explicit")]
-    pub quantization: Option<Quantization>,
-}
+    /// How a derived MiniCPM spec is made from its parent.
+    derive MiniCpmDerive {}
 
-/// The reduced sizes of a MiniCPM spec; everything else (the scales, RoPE) is
-/// inherited. The residual factor follows the reduced `num_hidden_layers`, as mlx-lm
-/// computes it from the config it loads.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MiniCpmReduce {
-    pub num_hidden_layers: u32,
-    pub hidden_size: u32,
-    pub vocab_size: u32,
-    pub num_attention_heads: u32,
-    pub num_key_value_heads: u32,
-    pub head_dim: u32,
-    pub intermediate_size: u32,
+    /// The reduced sizes of a MiniCPM spec; everything else (the scales, RoPE) is
+    /// inherited. The residual factor follows the reduced `num_hidden_layers`, as mlx-lm
+    /// computes it from the config it loads.
+    reduce MiniCpmReduce {
+        pub intermediate_size: u32,
+    }
 }
 
 // ---------------------------------------------------------------- validation
@@ -192,7 +167,10 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
 /// the Python float of an int / int true division) before the untied `lm_head`.
 pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, plain_rope, swiglu, whole_head_sharding};
+    use crate::ir_parts::{
+        full_attention, model_ir, plain_rope, scaled_embedding, swiglu, whole_head_sharding,
+        ModelParts,
+    };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let n_layers = spec.layers.num_hidden_layers as usize;
@@ -218,36 +196,27 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
             },
         })
         .collect();
-    ModelIr {
-        name: spec.identity.name.clone(),
-        checkpoint: Checkpoint {
-            model_type: spec.identity.source.model_type,
+    model_ir(
+        spec,
+        ModelParts {
             prefix: ModulePrefix::Model,
             // minicpm.sanitize: lm_head.weight from embed_tokens.weight when absent.
             sanitize: vec![SanitizeRule::CopyEmbeddingToHead],
+            // minicpm.py has no shard().
+            sharding: whole_head_sharding(ShardOracle::Absent),
+            embedding: scaled_embedding(EmbedScale::Constant(spec.scales.scale_emb)),
+            layers,
+            head: Head {
+                // `check` refuses a tied MiniCPM (mlx-lm cannot load one).
+                weight: HeadWeight::Untied,
+                logit_softcap: None,
+                norm: NormWeight::Direct,
+                logit_scale: LogitScale::DivideBy(
+                    f64::from(spec.model.hidden_size) / f64::from(spec.scales.dim_model_base),
+                ),
+            },
         },
-        // minicpm.py has no shard().
-        sharding: whole_head_sharding(ShardOracle::Absent),
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        norm_eps: spec.model.rms_norm_eps as f32,
-        embedding: Embedding {
-            scale: EmbedScale::Constant(spec.scales.scale_emb),
-            per_layer_input: None,
-        },
-        layers,
-        head: Head {
-            // `check` refuses a tied MiniCPM (mlx-lm cannot load one).
-            weight: HeadWeight::Untied,
-            logit_softcap: None,
-            norm: NormWeight::Direct,
-            logit_scale: LogitScale::DivideBy(
-                f64::from(spec.model.hidden_size) / f64::from(spec.scales.dim_model_base),
-            ),
-        },
-        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
-    }
+    )
 }
 
 // ---------------------------------------------------------------- config.json view
@@ -280,39 +249,8 @@ pub(crate) fn hf_json(spec: &MiniCpmSpec) -> Value {
 
 // ---------------------------------------------------------------- YAML
 
-/// The full-form YAML text of a MiniCPM spec.
-pub(crate) fn to_yaml(spec: &MiniCpmSpec) -> String {
-    use crate::emit::{
-        dense_attention_yaml, dense_layers_yaml, dense_mlp_yaml, dense_model_yaml, float,
-        header_yaml, quantization_yaml, section_yaml,
-    };
-    let mut o = String::new();
-    header_yaml(&mut o, spec.format_version, &spec.identity);
-    dense_model_yaml(&mut o, &spec.model);
-    dense_layers_yaml(&mut o, &spec.layers);
-    dense_attention_yaml(&mut o, &spec.attention);
-    section_yaml(
-        &mut o,
-        "rope",
-        &[
-            ("traditional", spec.rope.traditional.to_string()),
-            ("rope_theta", float(spec.rope.rope_theta)),
-        ],
-    );
-    dense_mlp_yaml(&mut o, &spec.mlp);
-    let s = &spec.scales;
-    section_yaml(
-        &mut o,
-        "scales",
-        &[
-            ("scale_emb", float(s.scale_emb)),
-            ("scale_depth", float(s.scale_depth)),
-            ("dim_model_base", s.dim_model_base.to_string()),
-        ],
-    );
-    quantization_yaml(&mut o, spec.quantization.as_ref());
-    o
-}
+// The full-form YAML text, from the sections' serde form.
+pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 
@@ -340,29 +278,15 @@ impl Reducible for MiniCpmSpec {
     type File = MiniCpmDerivedSpecFile;
     type Reduce = MiniCpmReduce;
 
-    fn stack_of(&self) -> Stack {
-        Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
-    }
     fn other_sizes(r: &MiniCpmReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
-        vec![(
-            "intermediate_size",
-            r.intermediate_size,
-            parent.mlp.intermediate_size,
-        )]
+        mlp_width(r.intermediate_size, parent.mlp.intermediate_size)
     }
-    fn apply(&mut self, stack: &Stack, r: &MiniCpmReduce) {
-        stack.write(
-            &mut self.layers.num_hidden_layers,
-            &mut self.model,
-            &mut self.attention,
-        );
+    fn apply(&mut self, r: &MiniCpmReduce) {
         self.mlp.intermediate_size = r.intermediate_size;
     }
-    /// Every size check of a MiniCPM spec is on a reduced field of the same name.
-    fn reduced_field(path: &str) -> Option<FieldPath> {
-        Some(reduce_key(last_key(path)))
-    }
 }
+
+crate::reduce::impl_stack_sections!(MiniCpmSpec);
 
 crate::document::impl_document!(MiniCpmSpec, check);
 

@@ -17,7 +17,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{first_quantization, imported_identity, AppliedDefault, ImportError, Reader};
-use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
+use crate::reduce::{last_key, reduce_key, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -109,52 +109,27 @@ pub struct Qwen35Moe {
     pub norm_topk_prob: bool,
 }
 
-/// A derived Qwen3.5 spec file: a declared reduction of a Qwen3.5 spec.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(title = "archgen architecture spec (derived qwen3_5 form)")]
-pub struct Qwen35DerivedSpecFile {
-    /// Spec format version; must be 1.
-    pub format_version: u32,
-    pub identity: DerivedIdentity,
-    pub derive: Qwen35Derive,
-}
+crate::reduce::derived_form! {
+    /// A derived Qwen3.5 spec file: a declared reduction of a Qwen3.5 spec.
+    file Qwen35DerivedSpecFile titled "archgen architecture spec (derived qwen3_5 form)";
 
-/// How a derived Qwen3.5 spec is made from its parent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Qwen35Derive {
-    /// Name of the parent spec (`<from>.yaml` in the same directory).
-    pub from: String,
-    /// Sizes to shrink, or null to keep the parent's sizes.
-    #[serde(deserialize_with = "explicit")]
-    pub reduce: Option<Qwen35Reduce>,
-    /// Weight quantization of the derived spec (never inherited), or null.
-    #[serde(deserialize_with = "explicit")]
-    pub quantization: Option<Quantization>,
-}
+    /// How a derived Qwen3.5 spec is made from its parent.
+    derive Qwen35Derive {}
 
-/// The reduced sizes of a Qwen3.5 spec; everything else (the interval, the
-/// conv kernel, RoPE) is inherited.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Qwen35Reduce {
-    pub num_hidden_layers: u32,
-    pub hidden_size: u32,
-    pub vocab_size: u32,
-    pub num_attention_heads: u32,
-    pub num_key_value_heads: u32,
-    pub head_dim: u32,
-    /// The dense MLP's width; null for the MoE form.
-    #[serde(deserialize_with = "explicit")]
-    pub intermediate_size: Option<u32>,
-    pub linear_num_key_heads: u32,
-    pub linear_num_value_heads: u32,
-    pub linear_key_head_dim: u32,
-    pub linear_value_head_dim: u32,
-    /// The experts' sizes; null for the dense form.
-    #[serde(deserialize_with = "explicit")]
-    pub moe: Option<Qwen35MoeReduce>,
+    /// The reduced sizes of a Qwen3.5 spec; everything else (the interval, the
+    /// conv kernel, RoPE) is inherited.
+    reduce Qwen35Reduce {
+        /// The dense MLP's width; null for the MoE form.
+        #[serde(deserialize_with = "explicit")]
+        pub intermediate_size: Option<u32>,
+        pub linear_num_key_heads: u32,
+        pub linear_num_value_heads: u32,
+        pub linear_key_head_dim: u32,
+        pub linear_value_head_dim: u32,
+        /// The experts' sizes; null for the dense form.
+        #[serde(deserialize_with = "explicit")]
+        pub moe: Option<Qwen35MoeReduce>,
+    }
 }
 
 /// The reduced expert sizes of a Qwen3.5 MoE spec (`norm_topk_prob` is inherited).
@@ -443,7 +418,9 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
 /// mlx-lm's `Model` wrapper (`language_model.model.*`) and its sanitize.
 pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, plain_head, plain_rope, swiglu};
+    use crate::ir_parts::{
+        full_attention, model_ir, plain_head, plain_rope, scaled_embedding, swiglu, ModelParts,
+    };
     let a = &spec.attention;
     let la = &spec.linear_attention;
     let ffn = match (&spec.mlp, &spec.moe) {
@@ -513,34 +490,25 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
             residual: Residual::Plain,
         })
         .collect();
-    ModelIr {
-        name: spec.identity.name.clone(),
-        checkpoint: Checkpoint {
-            model_type: spec.identity.source.model_type,
+    model_ir(
+        spec,
+        ModelParts {
             prefix: ModulePrefix::LanguageModel,
             // Model.sanitize (vision dropped, model.language_model moved
             // under language_model.model) and TextModel.sanitize (mtp
             // dropped, the raw conv layout moved, raw norms + 1).
             sanitize,
+            // qwen3_5.py's shard() (qwen3_5_moe's Model is a qwen3_5 one).
+            sharding: Sharding {
+                oracle: ShardOracle::MlxLm,
+                head: HeadSplit::OverVocabulary,
+                kv_heads: KvHeadSplit::RepeatedWhenFewer,
+            },
+            embedding: scaled_embedding(EmbedScale::None),
+            layers,
+            head: plain_head(spec.model.tie_word_embeddings),
         },
-        // qwen3_5.py's shard() (qwen3_5_moe's Model is a qwen3_5 one).
-        sharding: Sharding {
-            oracle: ShardOracle::MlxLm,
-            head: HeadSplit::OverVocabulary,
-            kv_heads: KvHeadSplit::RepeatedWhenFewer,
-        },
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        norm_eps: spec.model.rms_norm_eps as f32,
-        embedding: Embedding {
-            scale: EmbedScale::None,
-            per_layer_input: None,
-        },
-        layers,
-        head: plain_head(spec.model.tie_word_embeddings),
-        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
-    }
+    )
 }
 
 // ---------------------------------------------------------------- config.json view
@@ -594,84 +562,8 @@ pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
 
 // ---------------------------------------------------------------- YAML
 
-/// The full-form YAML text of a Qwen3.5 spec.
-pub(crate) fn to_yaml(spec: &Qwen35Spec) -> String {
-    use crate::emit::{
-        dense_attention_yaml, dense_mlp_yaml, dense_model_yaml, float, header_yaml,
-        quantization_yaml, section_yaml,
-    };
-    let mut o = String::new();
-    header_yaml(&mut o, spec.format_version, &spec.identity);
-    dense_model_yaml(&mut o, &spec.model);
-    let l = &spec.layers;
-    section_yaml(
-        &mut o,
-        "layers",
-        &[
-            ("num_hidden_layers", l.num_hidden_layers.to_string()),
-            (
-                "full_attention_interval",
-                l.full_attention_interval.to_string(),
-            ),
-        ],
-    );
-    dense_attention_yaml(&mut o, &spec.attention);
-    section_yaml(
-        &mut o,
-        "rope",
-        &[
-            ("rope_theta", float(spec.rope.rope_theta)),
-            (
-                "partial_rotary_factor",
-                float(spec.rope.partial_rotary_factor),
-            ),
-        ],
-    );
-    let la = &spec.linear_attention;
-    section_yaml(
-        &mut o,
-        "linear_attention",
-        &[
-            ("linear_num_key_heads", la.linear_num_key_heads.to_string()),
-            (
-                "linear_num_value_heads",
-                la.linear_num_value_heads.to_string(),
-            ),
-            ("linear_key_head_dim", la.linear_key_head_dim.to_string()),
-            (
-                "linear_value_head_dim",
-                la.linear_value_head_dim.to_string(),
-            ),
-            (
-                "linear_conv_kernel_dim",
-                la.linear_conv_kernel_dim.to_string(),
-            ),
-        ],
-    );
-    match &spec.mlp {
-        Some(m) => dense_mlp_yaml(&mut o, m),
-        None => o.push_str("mlp: null\n"),
-    }
-    match &spec.moe {
-        Some(e) => section_yaml(
-            &mut o,
-            "moe",
-            &[
-                ("num_experts", e.num_experts.to_string()),
-                ("num_experts_per_tok", e.num_experts_per_tok.to_string()),
-                ("moe_intermediate_size", e.moe_intermediate_size.to_string()),
-                (
-                    "shared_expert_intermediate_size",
-                    e.shared_expert_intermediate_size.to_string(),
-                ),
-                ("norm_topk_prob", e.norm_topk_prob.to_string()),
-            ],
-        ),
-        None => o.push_str("moe: null\n"),
-    }
-    quantization_yaml(&mut o, spec.quantization.as_ref());
-    o
-}
+// The full-form YAML text, from the sections' serde form.
+pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 
@@ -706,9 +598,6 @@ impl Reducible for Qwen35Spec {
     type File = Qwen35DerivedSpecFile;
     type Reduce = Qwen35Reduce;
 
-    fn stack_of(&self) -> Stack {
-        Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
-    }
     fn other_sizes(r: &Qwen35Reduce, parent: &Self, issues: &mut Vec<Issue>) -> Vec<Size> {
         let pl = &parent.linear_attention;
         let mut sizes = vec![
@@ -787,12 +676,7 @@ impl Reducible for Qwen35Spec {
             ));
         }
     }
-    fn apply(&mut self, stack: &Stack, r: &Qwen35Reduce) {
-        stack.write(
-            &mut self.layers.num_hidden_layers,
-            &mut self.model,
-            &mut self.attention,
-        );
+    fn apply(&mut self, r: &Qwen35Reduce) {
         if let (Some(m), Some(w)) = (&mut self.mlp, r.intermediate_size) {
             m.intermediate_size = w;
         }
@@ -824,6 +708,8 @@ impl Reducible for Qwen35Spec {
         })
     }
 }
+
+crate::reduce::impl_stack_sections!(Qwen35Spec);
 
 crate::document::impl_document!(Qwen35Spec, check);
 

@@ -13,7 +13,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
-use crate::reduce::{last_key, reduce_key, Reducible, Size, Stack};
+use crate::reduce::{last_key, reduce_key, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -71,46 +71,21 @@ pub struct Qwen3MoeExperts {
     pub mlp_only_layers: Vec<u32>,
 }
 
-/// A derived Qwen3-MoE spec file: a declared reduction of a Qwen3-MoE spec.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(title = "archgen architecture spec (derived qwen3_moe form)")]
-pub struct Qwen3MoeDerivedSpecFile {
-    /// Spec format version; must be 1.
-    pub format_version: u32,
-    pub identity: DerivedIdentity,
-    pub derive: Qwen3MoeDerive,
-}
+crate::reduce::derived_form! {
+    /// A derived Qwen3-MoE spec file: a declared reduction of a Qwen3-MoE spec.
+    file Qwen3MoeDerivedSpecFile titled "archgen architecture spec (derived qwen3_moe form)";
 
-/// How a derived Qwen3-MoE spec is made from its parent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Qwen3MoeDerive {
-    /// Name of the parent spec (`<from>.yaml` in the same directory).
-    pub from: String,
-    /// Sizes to shrink, or null to keep the parent's sizes.
-    #[serde(deserialize_with = "explicit")]
-    pub reduce: Option<Qwen3MoeReduce>,
-    /// Weight quantization of the derived spec (never inherited), or null.
-    #[serde(deserialize_with = "explicit")]
-    pub quantization: Option<Quantization>,
-}
+    /// How a derived Qwen3-MoE spec is made from its parent.
+    derive Qwen3MoeDerive {}
 
-/// The reduced sizes of a Qwen3-MoE spec; everything else (norm_topk_prob,
-/// decoder_sparse_step, mlp_only_layers) is inherited.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Qwen3MoeReduce {
-    pub num_hidden_layers: u32,
-    pub hidden_size: u32,
-    pub vocab_size: u32,
-    pub num_attention_heads: u32,
-    pub num_key_value_heads: u32,
-    pub head_dim: u32,
-    pub intermediate_size: u32,
-    pub num_experts: u32,
-    pub num_experts_per_tok: u32,
-    pub moe_intermediate_size: u32,
+    /// The reduced sizes of a Qwen3-MoE spec; everything else (norm_topk_prob,
+    /// decoder_sparse_step, mlp_only_layers) is inherited.
+    reduce Qwen3MoeReduce {
+        pub intermediate_size: u32,
+        pub num_experts: u32,
+        pub num_experts_per_tok: u32,
+        pub moe_intermediate_size: u32,
+    }
 }
 
 // ---------------------------------------------------------------- layers
@@ -233,7 +208,10 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 /// off the `decoder_sparse_step`, a dense SwiGLU MLP.
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{full_attention, plain_head, plain_rope, swiglu, whole_head_sharding};
+    use crate::ir_parts::{
+        full_attention, model_ir, plain_head, plain_rope, scaled_embedding, swiglu,
+        whole_head_sharding, ModelParts,
+    };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let e = &spec.moe;
@@ -274,28 +252,19 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
             residual: Residual::Plain,
         })
         .collect();
-    ModelIr {
-        name: spec.identity.name.clone(),
-        checkpoint: Checkpoint {
-            model_type: spec.identity.source.model_type,
+    model_ir(
+        spec,
+        ModelParts {
             prefix: ModulePrefix::Model,
             // Qwen3MoeModel.sanitize: the tied head popped, per-expert HF weights stacked.
             sanitize: vec![SanitizeRule::DropTiedHead, SanitizeRule::StackExperts],
+            // qwen3_moe.py's shard().
+            sharding: whole_head_sharding(ShardOracle::MlxLm),
+            embedding: scaled_embedding(EmbedScale::None),
+            layers,
+            head: plain_head(spec.model.tie_word_embeddings),
         },
-        // qwen3_moe.py's shard().
-        sharding: whole_head_sharding(ShardOracle::MlxLm),
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        norm_eps: spec.model.rms_norm_eps as f32,
-        embedding: Embedding {
-            scale: EmbedScale::None,
-            per_layer_input: None,
-        },
-        layers,
-        head: plain_head(spec.model.tie_word_embeddings),
-        quantization: spec.quantization.as_ref().map(crate::ir::WeightQuant::of),
-    }
+    )
 }
 
 // ---------------------------------------------------------------- config.json view
@@ -330,40 +299,8 @@ pub(crate) fn hf_json(spec: &Qwen3MoeSpec) -> Value {
 
 // ---------------------------------------------------------------- YAML
 
-/// The full-form YAML text of a Qwen3-MoE spec.
-pub(crate) fn to_yaml(spec: &Qwen3MoeSpec) -> String {
-    use crate::emit::{
-        dense_attention_yaml, dense_layers_yaml, dense_mlp_yaml, dense_model_yaml, float,
-        header_yaml, quantization_yaml, section_yaml,
-    };
-    let mut o = String::new();
-    header_yaml(&mut o, spec.format_version, &spec.identity);
-    dense_model_yaml(&mut o, &spec.model);
-    dense_layers_yaml(&mut o, &spec.layers);
-    dense_attention_yaml(&mut o, &spec.attention);
-    section_yaml(
-        &mut o,
-        "rope",
-        &[("rope_theta", float(spec.rope.rope_theta))],
-    );
-    dense_mlp_yaml(&mut o, &spec.mlp);
-    let e = &spec.moe;
-    let layers: Vec<String> = e.mlp_only_layers.iter().map(u32::to_string).collect();
-    section_yaml(
-        &mut o,
-        "moe",
-        &[
-            ("num_experts", e.num_experts.to_string()),
-            ("num_experts_per_tok", e.num_experts_per_tok.to_string()),
-            ("moe_intermediate_size", e.moe_intermediate_size.to_string()),
-            ("norm_topk_prob", e.norm_topk_prob.to_string()),
-            ("decoder_sparse_step", e.decoder_sparse_step.to_string()),
-            ("mlp_only_layers", format!("[{}]", layers.join(", "))),
-        ],
-    );
-    quantization_yaml(&mut o, spec.quantization.as_ref());
-    o
-}
+// The full-form YAML text, from the sections' serde form.
+pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 
@@ -392,9 +329,6 @@ impl Reducible for Qwen3MoeSpec {
     type File = Qwen3MoeDerivedSpecFile;
     type Reduce = Qwen3MoeReduce;
 
-    fn stack_of(&self) -> Stack {
-        Stack::of(self.layers.num_hidden_layers, &self.model, &self.attention)
-    }
     fn other_sizes(r: &Qwen3MoeReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
         let pm = &parent.moe;
         vec![
@@ -416,12 +350,7 @@ impl Reducible for Qwen3MoeSpec {
             ),
         ]
     }
-    fn apply(&mut self, stack: &Stack, r: &Qwen3MoeReduce) {
-        stack.write(
-            &mut self.layers.num_hidden_layers,
-            &mut self.model,
-            &mut self.attention,
-        );
+    fn apply(&mut self, r: &Qwen3MoeReduce) {
         self.mlp.intermediate_size = r.intermediate_size;
         self.moe.num_experts = r.num_experts;
         self.moe.num_experts_per_tok = r.num_experts_per_tok;
@@ -439,6 +368,8 @@ impl Reducible for Qwen3MoeSpec {
         Some(reduce_key(field))
     }
 }
+
+crate::reduce::impl_stack_sections!(Qwen3MoeSpec);
 
 crate::document::impl_document!(Qwen3MoeSpec, check);
 

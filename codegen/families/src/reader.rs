@@ -231,6 +231,31 @@ fn parse_mode(s: &str) -> Option<QuantMode> {
 /// The weight quantization of a config.json: the first of `candidates` (a value
 /// and the config.json field it is read from, in the family's order of
 /// preference) that is present and not null, read as [`read_quantization`].
+/// The `mode` of the quantization dict at `field`: absent is affine (listed
+/// with `absent_reason`, since mlx-lm's default and `to_quantized`'s differ in
+/// why), an unknown name is a problem and None.
+fn quant_mode(
+    r: &mut Reader,
+    field: &str,
+    mode: Option<&Value>,
+    absent_reason: &str,
+) -> Option<QuantMode> {
+    let Some(v) = mode else {
+        r.applied.push(AppliedDefault {
+            field: format!("{field}.mode"),
+            value: json!("affine"),
+            reason: absent_reason.into(),
+        });
+        return Some(QuantMode::Affine);
+    };
+    let parsed = v.as_str().and_then(parse_mode);
+    if parsed.is_none() {
+        r.problems
+            .push(format!("{field}.mode: unknown quantization mode {v}"));
+    }
+    parsed
+}
+
 pub(crate) fn first_quantization(
     candidates: &[(Option<&Value>, &str)],
     r: &mut Reader,
@@ -348,24 +373,7 @@ pub(crate) fn read_quantization(q: &Value, field: &str, r: &mut Reader) -> Optio
         v.and_then(Value::as_u64)
             .and_then(|x| u32::try_from(x).ok())
     };
-    let mode = match obj.get("mode") {
-        None => {
-            r.applied.push(AppliedDefault {
-                field: format!("{field}.mode"),
-                value: json!("affine"),
-                reason: ABSENT.into(),
-            });
-            QuantMode::Affine
-        }
-        Some(v) => match v.as_str().and_then(parse_mode) {
-            Some(m) => m,
-            None => {
-                r.problems
-                    .push(format!("{field}.mode: unknown quantization mode {v}"));
-                return None;
-            }
-        },
-    };
+    let mode = quant_mode(r, field, obj.get("mode"), ABSENT)?;
     let (Some(bits), Some(group_size)) = (int(obj.get("bits")), int(obj.get("group_size"))) else {
         r.problems.push(format!(
             "{field}: `bits` and `group_size` are required (mlx-lm reads them unconditionally)"
@@ -406,23 +414,10 @@ pub(crate) fn read_quantization(q: &Value, field: &str, r: &mut Reader) -> Optio
                 }
                 // A per-module dict goes to to_quantized(**d): a missing mode is affine
                 // (not the default's mode); missing sizes are mx.quantize's mode defaults.
-                let m = match o.get("mode") {
-                    None => {
-                        r.applied.push(AppliedDefault {
-                            field: format!("{f}.mode"),
-                            value: json!("affine"),
-                            reason: "absent: to_quantized's default mode".into(),
-                        });
-                        QuantMode::Affine
-                    }
-                    Some(mv) => match mv.as_str().and_then(parse_mode) {
-                        Some(m) => m,
-                        None => {
-                            r.problems
-                                .push(format!("{f}.mode: unknown quantization mode {mv}"));
-                            continue;
-                        }
-                    },
+                let Some(m) =
+                    quant_mode(r, &f, o.get("mode"), "absent: to_quantized's default mode")
+                else {
+                    continue;
                 };
                 let (dg, db) = mode_defaults(m);
                 let gs = int(o.get("group_size")).unwrap_or_else(|| {

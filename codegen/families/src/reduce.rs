@@ -20,6 +20,7 @@ use crate::MixedKv;
 use crate::{locate_all, locate_serde, FORMAT_VERSION};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use std::ops::ControlFlow;
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
@@ -28,16 +29,79 @@ fn p(s: &str) -> FieldPath {
 /// One reduced size beside the parent's: `(field under derive.reduce, reduced, parent's)`.
 pub(crate) type Size = (&'static str, u32, u32);
 
-/// The attention stack's sizes, which every family's `reduce` names first and in
-/// this order.
-#[derive(Debug, Clone, Copy, Deserialize)]
-pub(crate) struct Stack {
-    pub num_hidden_layers: u32,
-    pub hidden_size: u32,
-    pub vocab_size: u32,
-    pub num_attention_heads: u32,
-    pub num_key_value_heads: u32,
-    pub head_dim: u32,
+/// Declares a struct whose fields start with the attention stack's sizes, in
+/// the order every family's `reduce` names them, followed by the given fields:
+/// [`Stack`] and each family's `<Family>Reduce` are written with it, so the
+/// six sizes are declared once.
+macro_rules! with_stack_sizes {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($fields:tt)* }) => {
+        $(#[$meta])*
+        $vis struct $name {
+            pub num_hidden_layers: u32,
+            pub hidden_size: u32,
+            pub vocab_size: u32,
+            pub num_attention_heads: u32,
+            pub num_key_value_heads: u32,
+            pub head_dim: u32,
+            $($fields)*
+        }
+    };
+}
+pub(crate) use with_stack_sizes;
+
+/// Declares the three types of a family's derived form (see [`Reducible`]):
+/// the file (`format_version`, `identity`, `derive`), its `derive` section
+/// (`from`, `reduce`, `quantization`, then the given fields) and its `reduce`
+/// section (the stack's sizes, then the family's own). The doc comments and
+/// the file's schema title are the family's; the
+/// shared fields carry the same descriptions in every family's schema.
+macro_rules! derived_form {
+    (
+        $(#[$file_meta:meta])* file $file:ident titled $title:literal;
+        $(#[$derive_meta:meta])* derive $derive:ident { $($derive_fields:tt)* }
+        $(#[$reduce_meta:meta])* reduce $reduce:ident { $($reduce_fields:tt)* }
+    ) => {
+        $(#[$file_meta])*
+        #[derive(Debug, Clone, PartialEq, ::serde::Serialize, ::serde::Deserialize, ::schemars::JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        #[schemars(title = $title)]
+        pub struct $file {
+            /// Spec format version; must be 1.
+            pub format_version: u32,
+            pub identity: $crate::model::DerivedIdentity,
+            pub derive: $derive,
+        }
+
+        $(#[$derive_meta])*
+        #[derive(Debug, Clone, PartialEq, ::serde::Serialize, ::serde::Deserialize, ::schemars::JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        pub struct $derive {
+            /// Name of the parent spec (`<from>.yaml` in the same directory).
+            pub from: String,
+            /// Sizes to shrink, or null to keep the parent's sizes.
+            #[serde(deserialize_with = "crate::model::explicit")]
+            pub reduce: Option<$reduce>,
+            /// Weight quantization of the derived spec (never inherited), or null.
+            #[serde(deserialize_with = "crate::model::explicit")]
+            pub quantization: Option<$crate::model::Quantization>,
+            $($derive_fields)*
+        }
+
+        $crate::reduce::with_stack_sizes! {
+            $(#[$reduce_meta])*
+            #[derive(Debug, Clone, PartialEq, ::serde::Serialize, ::serde::Deserialize, ::schemars::JsonSchema)]
+            #[serde(deny_unknown_fields)]
+            pub struct $reduce { $($reduce_fields)* }
+        }
+    };
+}
+pub(crate) use derived_form;
+
+with_stack_sizes! {
+    /// The attention stack's sizes, which every family's `reduce` names first and in
+    /// this order.
+    #[derive(Debug, Clone, Copy, Deserialize)]
+    pub(crate) struct Stack {}
 }
 
 impl Stack {
@@ -94,7 +158,7 @@ pub(crate) struct DerivedParts<R> {
 
 /// A family's derived form, as [`read`] needs it. Implemented by the family's
 /// full spec type.
-pub(crate) trait Reducible: Clone + Document {
+pub(crate) trait Reducible: Clone + Document + StackSections {
     /// The derived document (`<Family>DerivedSpecFile`, as the JSON schema names it).
     type File: DeserializeOwned;
     /// Its `derive.reduce` section.
@@ -113,8 +177,6 @@ pub(crate) trait Reducible: Clone + Document {
     fn refused_in_file(_file: &Self::File) -> Vec<Issue> {
         Vec::new()
     }
-    /// The attention stack's sizes of a full spec.
-    fn stack_of(&self) -> Stack;
     /// The family's other reduced sizes beside the parent's, checked after the
     /// stack's. A reduction whose form does not match the parent's (a dense
     /// width for an MoE parent) is reported in `issues`, before any size.
@@ -122,12 +184,57 @@ pub(crate) trait Reducible: Clone + Document {
     /// The family's structure rules beyond grouped-query attention, reported
     /// after it.
     fn keep_structure(_reduce: &Self::Reduce, _parent: &Self, _issues: &mut Vec<Issue>) {}
-    /// Writes every reduced size into the spec: the stack's (the reduction's
-    /// first six) and the family's own.
-    fn apply(&mut self, stack: &Stack, reduce: &Self::Reduce);
+    /// Writes the family's own reduced sizes into the spec ([`read`] has
+    /// written the stack's, the reduction's first six).
+    fn apply(&mut self, reduce: &Self::Reduce);
     /// The `derive.reduce` field an issue at the full-spec `path` belongs to (in a
     /// file with a `reduce` section), or None when it concerns an inherited field.
-    fn reduced_field(path: &str) -> Option<FieldPath>;
+    /// By default every size check is on a reduced field of the same name.
+    fn reduced_field(path: &str) -> Option<FieldPath> {
+        Some(reduce_key(last_key(path)))
+    }
+}
+
+/// A document whose `layers`, `model` and `attention` sections carry the
+/// stack's sizes under [`Stack`]'s names, as every layout [`read`] serves
+/// does; each implements it with [`impl_stack_sections`].
+pub(crate) trait StackSections {
+    fn stack(&self) -> Stack;
+    fn set_stack(&mut self, stack: &Stack);
+}
+
+/// Implements [`StackSections`] for document types, reading and writing
+/// `layers.num_hidden_layers`, `model.{hidden_size, vocab_size}` and
+/// `attention.{num_attention_heads, num_key_value_heads, head_dim}`.
+macro_rules! impl_stack_sections {
+    ($($spec:ty),+) => {$(
+        impl $crate::reduce::StackSections for $spec {
+            fn stack(&self) -> $crate::reduce::Stack {
+                $crate::reduce::Stack {
+                    num_hidden_layers: self.layers.num_hidden_layers,
+                    hidden_size: self.model.hidden_size,
+                    vocab_size: self.model.vocab_size,
+                    num_attention_heads: self.attention.num_attention_heads,
+                    num_key_value_heads: self.attention.num_key_value_heads,
+                    head_dim: self.attention.head_dim,
+                }
+            }
+            fn set_stack(&mut self, stack: &$crate::reduce::Stack) {
+                self.layers.num_hidden_layers = stack.num_hidden_layers;
+                self.model.hidden_size = stack.hidden_size;
+                self.model.vocab_size = stack.vocab_size;
+                self.attention.num_attention_heads = stack.num_attention_heads;
+                self.attention.num_key_value_heads = stack.num_key_value_heads;
+                self.attention.head_dim = stack.head_dim;
+            }
+        }
+    )+};
+}
+pub(crate) use impl_stack_sections;
+
+/// The MLP width as the one size a form reduces beside the stack's.
+pub(crate) fn mlp_width(reduced: u32, parent: u32) -> Vec<Size> {
+    vec![("intermediate_size", reduced, parent)]
 }
 
 /// The last key of a full-spec path as text: `attention.head_dim` → `head_dim`.
@@ -172,7 +279,7 @@ pub(crate) fn read<S: Reducible>(
     let reduce = common.derive.reduce.as_ref();
     let mut issues = Vec::new();
     if let (Some(r), Some(stack)) = (reduce, stack.derive.reduce) {
-        let parent_stack = parent.stack_of();
+        let parent_stack = parent.stack();
         let mut sizes = stack.beside(&parent_stack).to_vec();
         sizes.extend(S::other_sizes(r, parent, &mut issues));
         check_shrinks(&sizes, &mut issues);
@@ -188,7 +295,8 @@ pub(crate) fn read<S: Reducible>(
             ));
         }
         S::keep_structure(r, parent, &mut issues);
-        spec.apply(&stack, r);
+        spec.set_stack(&stack);
+        spec.apply(r);
     }
     if issues.is_empty() {
         let checked = spec.check();
@@ -234,17 +342,12 @@ fn deserialize<T: DeserializeOwned>(
 /// its `derive.reduce` field, and anything else was inherited from the parent.
 /// (With `reduce: null` every size is the valid parent's, so in practice only the
 /// file's own sections have issues then.)
-fn place<S: Reducible>(mut i: Issue, reduced: bool, parent: &str) -> Issue {
+fn place<S: Reducible>(i: Issue, reduced: bool, parent: &str) -> Issue {
+    let mut i = match place_own_field(i, &["quantization", "mixed_kv"]) {
+        ControlFlow::Break(placed) => return placed,
+        ControlFlow::Continue(i) => i,
+    };
     let s = i.path.to_string();
-    if s.starts_with("quantization") || s.starts_with("mixed_kv") {
-        let mut path = p("derive");
-        path.0.extend(i.path.0);
-        i.path = path;
-        return i;
-    }
-    if s == "identity.name" || s == "format_version" {
-        return i;
-    }
     match S::reduced_field(&s).filter(|_| reduced) {
         Some(field) => i.path = field,
         None => {
@@ -253,6 +356,30 @@ fn place<S: Reducible>(mut i: Issue, reduced: bool, parent: &str) -> Issue {
         }
     }
     i
+}
+
+/// The first step of placing an issue on a derived spec in the derived file,
+/// the same for every form: an issue under a section the file sets itself
+/// (`own_sections`) moves under `derive`, one on its name or format version
+/// stays where it is (both `Break`, placed). Anything else (a size, an
+/// inherited field) is the form's to place (`Continue`).
+pub(crate) fn place_own_field(mut i: Issue, own_sections: &[&str]) -> ControlFlow<Issue, Issue> {
+    let s = i.path.to_string();
+    let under = |section: &&str| {
+        s == *section
+            || s.starts_with(&format!("{section}."))
+            || s.starts_with(&format!("{section}["))
+    };
+    if own_sections.iter().any(under) {
+        let mut path = p("derive");
+        path.0.extend(i.path.0);
+        i.path = path;
+        return ControlFlow::Break(i);
+    }
+    if s == "identity.name" || s == "format_version" {
+        return ControlFlow::Break(i);
+    }
+    ControlFlow::Continue(i)
 }
 
 /// A derived (tiny) spec must quantize every module it declares quantized: no

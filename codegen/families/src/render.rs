@@ -240,19 +240,24 @@ mod tests {
 
     #[test]
     fn spans_cover_the_token_at_the_column() {
-        assert_eq!(token("  hiden_size: 64", 3), "hiden_size");
-        assert_eq!(token("  hidden_size: big  # a comment", 16), "big");
-        assert_eq!(token("  hidden_size: 64", 16), "64");
-        assert_eq!(token("  name: \"a b\" # x", 9), "\"a b\"");
-        assert_eq!(token("  pattern: [sliding, full]", 12), "[sliding, full]");
-        assert_eq!(token("  pattern: [sliding, full]", 13), "sliding");
-        assert_eq!(token("  a: {b: 1, c: 2}", 6), "{b: 1, c: 2}");
-        assert_eq!(token("key: http://x", 6), "http://x");
-        assert_eq!(token("x", 1), "x");
-        assert_eq!(token("é: ünit", 4), "ünit");
-        assert_eq!(token("\thidden_size: 64", 1), "\t");
-        assert_eq!(token("  repo: \"caf\u{FFFD}\"", 13), "\u{FFFD}");
-        assert_eq!(token("abc", 9), "<past the end>");
+        // (line, 1-based column, the token there)
+        for (line, column, want) in [
+            ("  hiden_size: 64", 3, "hiden_size"),
+            ("  hidden_size: big  # a comment", 16, "big"),
+            ("  hidden_size: 64", 16, "64"),
+            ("  name: \"a b\" # x", 9, "\"a b\""),
+            ("  pattern: [sliding, full]", 12, "[sliding, full]"),
+            ("  pattern: [sliding, full]", 13, "sliding"),
+            ("  a: {b: 1, c: 2}", 6, "{b: 1, c: 2}"),
+            ("key: http://x", 6, "http://x"),
+            ("x", 1, "x"),
+            ("é: ünit", 4, "ünit"),
+            ("\thidden_size: 64", 1, "\t"),
+            ("  repo: \"caf\u{FFFD}\"", 13, "\u{FFFD}"),
+            ("abc", 9, "<past the end>"),
+        ] {
+            assert_eq!(token(line, column), want, "{line:?} at column {column}");
+        }
         assert_eq!(token_span("abc", 9), 3..4);
     }
 }

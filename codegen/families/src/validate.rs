@@ -260,29 +260,33 @@ pub(crate) fn check_quant_params(q: &QuantParams, path: &FieldPath) -> Vec<Issue
         QuantMode::Mxfp8 => (q.bits == 8, q.group_size == 32, "8 (mxfp8)", "32 (mxfp8)"),
         QuantMode::Nvfp4 => (q.bits == 4, q.group_size == 16, "4 (nvfp4)", "16 (nvfp4)"),
     };
-    if !bits_ok {
-        out.push(Issue::new(
-            path.key("bits"),
-            format!(
-                "{} bits is not supported by mlx for mode {}",
-                q.bits,
-                q.mode.as_str()
-            ),
+    for (ok, key, subject, expected, supports) in [
+        (
+            bits_ok,
+            "bits",
+            format!("{} bits", q.bits),
             bits_desc,
-            "mlx.core.quantize supports these bit widths only",
-        ));
-    }
-    if !groups_ok {
-        out.push(Issue::new(
-            path.key("group_size"),
-            format!(
-                "group size {} is not supported by mlx for mode {}",
-                q.group_size,
-                q.mode.as_str()
-            ),
+            "bit widths",
+        ),
+        (
+            groups_ok,
+            "group_size",
+            format!("group size {}", q.group_size),
             groups_desc,
-            "mlx.core.quantize supports these group sizes only",
-        ));
+            "group sizes",
+        ),
+    ] {
+        if !ok {
+            out.push(Issue::new(
+                path.key(key),
+                format!(
+                    "{subject} is not supported by mlx for mode {}",
+                    q.mode.as_str()
+                ),
+                expected,
+                format!("mlx.core.quantize supports these {supports} only"),
+            ));
+        }
     }
     out
 }

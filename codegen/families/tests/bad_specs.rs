@@ -4,15 +4,14 @@
 
 use std::path::Path;
 
+#[path = "support/bad_fixtures.rs"]
+mod support;
+use support::bad_fixtures;
+
 #[test]
 fn bad_specs_are_rejected_with_located_messages() {
     // Integration tests run in the package root, so origins are `tests/bad/<name>.yaml`.
-    let mut names: Vec<String> = std::fs::read_dir("tests/bad")
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".yaml") && !n.starts_with("ok-"))
-        .collect();
-    names.sort();
+    let names = bad_fixtures();
     assert!(names.len() >= 25, "only {} bad specs", names.len());
     for name in &names {
         let path = Path::new("tests/bad").join(name);

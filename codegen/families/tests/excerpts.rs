@@ -6,15 +6,9 @@ use std::path::Path;
 
 use archgen_families::render::Style;
 
-fn bad_fixtures() -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir("tests/bad")
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".yaml") && !n.starts_with("ok-"))
-        .collect();
-    names.sort();
-    names
-}
+#[path = "support/bad_fixtures.rs"]
+mod support;
+use support::bad_fixtures;
 
 /// Whether `line` is one annotate-snippets drew: `   |`, `12 | source`, `   | ^^^`.
 fn is_excerpt_line(line: &str) -> bool {

@@ -127,26 +127,26 @@ fn replay(kind: &str, run: fn(&[u8]) -> bool, mutants: usize, seed: u64) -> (usi
     (pool.len() + mutants, accepted)
 }
 
-#[test]
-fn spec_pipeline_replays_seeds_and_mutants() {
+/// Replays `kind`'s seeds and 10,000 mutants through `run`: none may panic,
+/// some must be accepted (else the seeds or the pipeline are broken), and the
+/// whole replay stays within 30 s.
+fn replay_within_bound(kind: &str, run: fn(&[u8]) -> bool, seed: u64) {
     let t = Instant::now();
-    let (n, ok) = replay("spec", pipeline::spec_pipeline, 10_000, 0x5eed_5bec);
-    println!("spec: {n} inputs, {ok} accepted, {:?}", t.elapsed());
+    let (n, ok) = replay(kind, run, 10_000, seed);
+    println!("{kind}: {n} inputs, {ok} accepted, {:?}", t.elapsed());
     assert!(
         ok > 0,
-        "no input parsed: the seeds or the pipeline are broken"
+        "no {kind} input accepted: the seeds or the pipeline are broken"
     );
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
 }
 
 #[test]
+fn spec_pipeline_replays_seeds_and_mutants() {
+    replay_within_bound("spec", pipeline::spec_pipeline, 0x5eed_5bec);
+}
+
+#[test]
 fn config_import_replays_seeds_and_mutants() {
-    let t = Instant::now();
-    let (n, ok) = replay("config", pipeline::config_import, 10_000, 0xc0f1_6000);
-    println!("config: {n} inputs, {ok} accepted, {:?}", t.elapsed());
-    assert!(
-        ok > 0,
-        "no input imported: the seeds or the pipeline are broken"
-    );
-    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    replay_within_bound("config", pipeline::config_import, 0xc0f1_6000);
 }

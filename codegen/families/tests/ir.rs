@@ -138,6 +138,31 @@ fn parameter_and_module_counts_are_pinned() {
     }
 }
 
+/// The facts of a layer and its attention that tell the block families
+/// apart, compared as one value so that a mismatch shows them all.
+#[derive(Debug, PartialEq)]
+struct BlockFacts {
+    arrangement: NormArrangement,
+    scale: AttentionScale,
+    value_norm: ValueNorm,
+    activation: Option<Activation>,
+    embedding: EmbedScale,
+    scalar: LayerScalar,
+}
+
+impl BlockFacts {
+    fn of(ir: &ModelIr, l: &Layer, a: &archgen_ir::Attention) -> BlockFacts {
+        BlockFacts {
+            arrangement: l.norms.arrangement,
+            scale: a.scale,
+            value_norm: a.value_norm,
+            activation: l.mlp().map(|m| m.activation),
+            embedding: ir.embedding.scale,
+            scalar: l.scalar,
+        }
+    }
+}
+
 #[test]
 fn families_lower_to_their_blocks() {
     for (path, spec) in specs() {
@@ -149,29 +174,31 @@ fn families_lower_to_their_blocks() {
             .find_map(Layer::attention)
             .unwrap_or_else(|| panic!("{path}: no attention layer"));
         match spec.family() {
-            Family::Gemma4 => {
-                assert_eq!(l.norms.arrangement, NormArrangement::Sandwich, "{path}");
-                assert_eq!(a.scale, AttentionScale::One, "{path}");
-                assert_eq!(a.value_norm, ValueNorm::RmsScaleFree, "{path}");
-                assert_eq!(
-                    l.mlp().map(|m| m.activation),
-                    Some(Activation::GeluApprox),
-                    "{path}"
-                );
-                assert_eq!(ir.embedding.scale, EmbedScale::SqrtHidden, "{path}");
-                assert_eq!(l.scalar, LayerScalar::Learned, "{path}");
-            }
+            Family::Gemma4 => assert_eq!(
+                BlockFacts::of(&ir, l, a),
+                BlockFacts {
+                    arrangement: NormArrangement::Sandwich,
+                    scale: AttentionScale::One,
+                    value_norm: ValueNorm::RmsScaleFree,
+                    activation: Some(Activation::GeluApprox),
+                    embedding: EmbedScale::SqrtHidden,
+                    scalar: LayerScalar::Learned,
+                },
+                "{path}"
+            ),
             Family::Qwen3 | Family::Llama | Family::Qwen2 => {
-                assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
-                assert_eq!(a.scale, AttentionScale::InvSqrtHeadDim, "{path}");
-                assert_eq!(a.value_norm, ValueNorm::None, "{path}");
                 assert_eq!(
-                    l.mlp().map(|m| m.activation),
-                    Some(Activation::Silu),
+                    BlockFacts::of(&ir, l, a),
+                    BlockFacts {
+                        arrangement: NormArrangement::PreNorm,
+                        scale: AttentionScale::InvSqrtHeadDim,
+                        value_norm: ValueNorm::None,
+                        activation: Some(Activation::Silu),
+                        embedding: EmbedScale::None,
+                        scalar: LayerScalar::None,
+                    },
                     "{path}"
                 );
-                assert_eq!(ir.embedding.scale, EmbedScale::None, "{path}");
-                assert_eq!(l.scalar, LayerScalar::None, "{path}");
                 let qk = if spec.family() == Family::Qwen3 {
                     QkNorm::RmsPerHead
                 } else {

@@ -824,6 +824,100 @@ impl ConfigModelType {
     }
 }
 
+/// Model family: which document layout the spec has and which runtime blocks run it.
+// Beside [`ConfigModelType`] so that the two enums a family adds and the one
+// map between them ([`ConfigModelType::family`]) are in one place.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    /// Gemma-4 text models (`gemma4_text.py`).
+    Gemma4,
+    /// Dense Qwen3 (`qwen3.py`): q/k RMSNorm per head, SwiGLU.
+    Qwen3,
+    /// Dense Llama (`llama.py`), incl. Llama-3 RoPE scaling; also Mistral,
+    /// which mlx-lm runs as llama (`MODEL_REMAPPING`).
+    Llama,
+    /// Dense Qwen2 / Qwen2.5 (`qwen2.py`): a bias on the q, k and v projections.
+    Qwen2,
+    /// Gemma-2 (`gemma2.py`): `1 + w` norms, softcapped written-out attention.
+    Gemma2,
+    /// Qwen3-MoE (`qwen3_moe.py`): Qwen3 attention, routed SwiGLU experts.
+    Qwen3Moe,
+    /// MiniCPM (`minicpm.py`): Llama's stack with embedding, residual and logit scales.
+    #[serde(rename = "minicpm")]
+    MiniCpm,
+    /// Qwen3.5 / Qwen3.6 (`qwen3_5.py`): Gated DeltaNet layers with a gated
+    /// full-attention layer every `full_attention_interval`.
+    #[serde(rename = "qwen3_5")]
+    Qwen35,
+    /// SmolLM3 (`smollm3.py`): Llama's stack without RoPE on every
+    /// `no_rope_layer_interval`-th layer (its `NoPE` module).
+    #[serde(rename = "smollm3")]
+    SmolLm3,
+    /// Granite (`granite.py`): Llama's stack with embedding, attention,
+    /// residual and logits multipliers.
+    Granite,
+    /// Phi-3 (`phi3.py`): Llama's stack with one fused `qkv_proj` and one fused
+    /// `gate_up_proj`, each a matmul then split.
+    Phi3,
+    /// OLMo-2 (`olmo2.py`): Llama's sizes with the norms after the mixer and
+    /// the MLP (none before) and q/k RMSNorm over the whole projections.
+    Olmo2,
+}
+
+impl Family {
+    /// The spec spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Gemma4 => "gemma4",
+            Family::Qwen3 => "qwen3",
+            Family::Llama => "llama",
+            Family::Qwen2 => "qwen2",
+            Family::Gemma2 => "gemma2",
+            Family::Qwen3Moe => "qwen3_moe",
+            Family::MiniCpm => "minicpm",
+            Family::Qwen35 => "qwen3_5",
+            Family::SmolLm3 => "smollm3",
+            Family::Granite => "granite",
+            Family::Phi3 => "phi3",
+            Family::Olmo2 => "olmo2",
+        }
+    }
+}
+
+impl ConfigModelType {
+    /// The family whose mlx-lm module reads this `model_type`: the one place
+    /// that maps the checkpoint's name to a spec layout.
+    pub fn family(self) -> Family {
+        match self {
+            ConfigModelType::Gemma4
+            | ConfigModelType::Gemma4Text
+            | ConfigModelType::Gemma4Unified => Family::Gemma4,
+            ConfigModelType::Qwen3 => Family::Qwen3,
+            ConfigModelType::Llama | ConfigModelType::Mistral => Family::Llama,
+            ConfigModelType::Qwen2 => Family::Qwen2,
+            ConfigModelType::Gemma2 => Family::Gemma2,
+            ConfigModelType::Qwen3Moe => Family::Qwen3Moe,
+            ConfigModelType::MiniCpm => Family::MiniCpm,
+            ConfigModelType::Qwen35 | ConfigModelType::Qwen35Moe => Family::Qwen35,
+            ConfigModelType::SmolLm3 => Family::SmolLm3,
+            ConfigModelType::Granite => Family::Granite,
+            ConfigModelType::Phi3 => Family::Phi3,
+            ConfigModelType::Olmo2 => Family::Olmo2,
+        }
+    }
+}
+
 /// RoPE of one layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RopeKind {

@@ -321,34 +321,43 @@ fn layer_json(l: &Layer) -> Value {
                     KvSource::Shared { donor } => json!({ "shared": donor }),
                 },
             });
-            // Written only when present, so that models without biases keep
-            // the fingerprints they had before the fact existed.
-            match bias {
-                ProjectionBias::None => {}
-                ProjectionBias::QueryKeyValue => {
-                    attention["bias"] = json!(format!("{bias:?}"));
-                }
-            }
-            // Written only when not the fused form, so the fingerprints of
-            // models from before the key existed stay as they were.
-            match scores {
-                Scores::FusedSdpa => {}
-                Scores::Softcapped { cap } => {
-                    attention["scores"] = json!(["softcapped", f32_bits(*cap)]);
-                }
-            }
-            // Written only when present, as for the bias.
-            match output_gate {
-                OutputGate::None => {}
-                OutputGate::SigmoidPerHead => {
-                    attention["output_gate"] = json!(format!("{output_gate:?}"));
-                }
-            }
-            // Written only when fused, as for the bias.
-            match projection {
-                QkvProjection::Separate => {}
-                QkvProjection::Fused => {
-                    attention["projection"] = json!("fused_qkv");
+            // Facts added after the first fingerprints were pinned are written
+            // only where a model departs from the form every model had before
+            // (no bias, fused SDPA, no output gate, separate q/k/v), so that
+            // the models from before each fact keep their fingerprints.
+            let added_facts = [
+                (
+                    "bias",
+                    match bias {
+                        ProjectionBias::None => None,
+                        ProjectionBias::QueryKeyValue => Some(json!(format!("{bias:?}"))),
+                    },
+                ),
+                (
+                    "scores",
+                    match scores {
+                        Scores::FusedSdpa => None,
+                        Scores::Softcapped { cap } => Some(json!(["softcapped", f32_bits(*cap)])),
+                    },
+                ),
+                (
+                    "output_gate",
+                    match output_gate {
+                        OutputGate::None => None,
+                        OutputGate::SigmoidPerHead => Some(json!(format!("{output_gate:?}"))),
+                    },
+                ),
+                (
+                    "projection",
+                    match projection {
+                        QkvProjection::Separate => None,
+                        QkvProjection::Fused => Some(json!("fused_qkv")),
+                    },
+                ),
+            ];
+            for (key, value) in added_facts {
+                if let Some(value) = value {
+                    attention[key] = value;
                 }
             }
             json!({ "attention": attention })

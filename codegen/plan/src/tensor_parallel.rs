@@ -242,6 +242,15 @@ impl TensorParallel {
 /// Why a fused projection is not split: its rows are queries, keys and
 /// values (or gate and up) side by side, so a contiguous block of rows is
 /// not one rank's heads, and no mlx-lm `shard()` says how it is split.
+/// A gated MLP under `prefix` (a plain MLP, the experts' `switch_mlp` or a
+/// shared expert) as Megatron splits it: gate and up rows sharded, down
+/// columns sharded and summed over the ranks.
+fn push_gated_mlp(modules: &mut Vec<(String, Split)>, prefix: &str) {
+    modules.push((format!("{prefix}.gate_proj"), Split::AllToSharded));
+    modules.push((format!("{prefix}.up_proj"), Split::AllToSharded));
+    modules.push((format!("{prefix}.down_proj"), Split::ShardedToAll));
+}
+
 fn fused_refused(ir: &ModelIr, layer: usize, module: &str) -> String {
     format!(
         "{}: layer {layer}: the fused `{module}` is not split yet (its rows are several \
@@ -384,9 +393,7 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                     GateUpProjection::Fused => return Err(fused_refused(ir, i, "gate_up_proj")),
                 }
                 let p = format!("layers.{i}.mlp");
-                modules.push((format!("{p}.gate_proj"), Split::AllToSharded));
-                modules.push((format!("{p}.up_proj"), Split::AllToSharded));
-                modules.push((format!("{p}.down_proj"), Split::ShardedToAll));
+                push_gated_mlp(&mut modules, &p);
                 (divide("the MLP width", i, m.width)?, None)
             }
             // Routed experts in place of the MLP (qwen3_moe): the router
@@ -395,9 +402,7 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
             // weighted expert output over the ranks once.
             FeedForward::Moe(m) => {
                 let p = format!("layers.{i}.mlp.switch_mlp");
-                modules.push((format!("{p}.gate_proj"), Split::AllToSharded));
-                modules.push((format!("{p}.up_proj"), Split::AllToSharded));
-                modules.push((format!("{p}.down_proj"), Split::ShardedToAll));
+                push_gated_mlp(&mut modules, &p);
                 (divide("the experts' width", i, m.width)?, None)
             }
             // Qwen3NextSparseMoeBlock (qwen3_5's shard()): the shared expert
@@ -407,12 +412,8 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
             // once (its `sharding_group`).
             FeedForward::MoeAndSharedExpert { moe, shared } => {
                 let p = format!("layers.{i}.mlp");
-                modules.push((format!("{p}.shared_expert.gate_proj"), Split::AllToSharded));
-                modules.push((format!("{p}.shared_expert.up_proj"), Split::AllToSharded));
-                modules.push((format!("{p}.shared_expert.down_proj"), Split::ShardedToAll));
-                modules.push((format!("{p}.switch_mlp.gate_proj"), Split::AllToSharded));
-                modules.push((format!("{p}.switch_mlp.up_proj"), Split::AllToSharded));
-                modules.push((format!("{p}.switch_mlp.down_proj"), Split::ShardedToAll));
+                push_gated_mlp(&mut modules, &format!("{p}.shared_expert"));
+                push_gated_mlp(&mut modules, &format!("{p}.switch_mlp"));
                 (
                     divide("the experts' width", i, moe.width)?,
                     Some(divide("the shared expert's width", i, shared.width)?),

@@ -5,9 +5,11 @@
 use std::collections::BTreeMap;
 
 use crate::ir::*;
-use crate::ir::{KvQuant, RopeKind, WeightQuant};
-use crate::ir_parts::{plain_head, whole_head_sharding};
-use crate::model::{ConfigModelType, Gemma4Spec, LayerType, RopeParams};
+use crate::ir::{KvQuant, RopeKind};
+use crate::ir_parts::{model_ir, plain_head, whole_head_sharding, ModelParts};
+use crate::model::{ConfigModelType, Gemma4Spec, LayerType, ModelDims, RopeParams};
+
+crate::document::impl_model_sizes!(ModelDims);
 
 /// The IR of a valid Gemma-4 spec.
 pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
@@ -165,35 +167,29 @@ pub(crate) fn lower(spec: &Gemma4Spec) -> ModelIr {
         SanitizeRule::DropSharedKv,
         SanitizeRule::SplitExpertsGateUp,
     ]);
-    ModelIr {
-        name: spec.identity.name.clone(),
-        checkpoint: Checkpoint {
-            model_type,
+    model_ir(
+        spec,
+        ModelParts {
             prefix: if wrapped {
                 ModulePrefix::LanguageModel
             } else {
                 ModulePrefix::Model
             },
             sanitize,
+            // gemma4_text.py has no shard().
+            sharding: whole_head_sharding(ShardOracle::Absent),
+            embedding: Embedding {
+                scale: EmbedScale::SqrtHidden,
+                per_layer_input,
+            },
+            layers,
+            head: Head {
+                logit_softcap: spec.model.final_logit_softcapping.map(|s| Softcap {
+                    cap: s as f32,
+                    form: SoftcapForm::Compiled,
+                }),
+                ..plain_head(spec.model.tie_word_embeddings)
+            },
         },
-        // gemma4_text.py has no shard().
-        sharding: whole_head_sharding(ShardOracle::Absent),
-        hidden_size: spec.model.hidden_size as usize,
-        vocab_size: spec.model.vocab_size as usize,
-        max_position_embeddings: spec.model.max_position_embeddings as usize,
-        norm_eps: spec.model.rms_norm_eps as f32,
-        embedding: Embedding {
-            scale: EmbedScale::SqrtHidden,
-            per_layer_input,
-        },
-        layers,
-        head: Head {
-            logit_softcap: spec.model.final_logit_softcapping.map(|s| Softcap {
-                cap: s as f32,
-                form: SoftcapForm::Compiled,
-            }),
-            ..plain_head(spec.model.tie_word_embeddings)
-        },
-        quantization: spec.quantization.as_ref().map(WeightQuant::of),
-    }
+    )
 }

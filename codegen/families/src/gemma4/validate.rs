@@ -387,22 +387,31 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
                     "a sharer has no cache, so mlx-lm's scaled_dot_product_attention takes the unquantized path with the donor's quantized (data, scales, biases) tuples and fails; quantize another full layer or lower num_kv_shared_layers",
                 );
             }
-            if !AFFINE_BITS.contains(&e.bits) {
-                c.err(
-                    ep.key("bits"),
+            let group_ok = AFFINE_GROUPS.contains(&e.group_size);
+            for (ok, key, value, expected) in [
+                (
+                    AFFINE_BITS.contains(&e.bits),
+                    "bits",
                     format!("{} bits", e.bits),
                     "one of 2, 3, 4, 5, 6, 8",
-                    "KV caches use mlx affine quantization",
-                );
-            }
-            if !AFFINE_GROUPS.contains(&e.group_size) {
-                c.err(
-                    ep.key("group_size"),
+                ),
+                (
+                    group_ok,
+                    "group_size",
                     format!("group size {}", e.group_size),
                     "one of 32, 64, 128",
-                    "KV caches use mlx affine quantization",
-                );
-            } else if facts.head_dim as u32 % e.group_size != 0 {
+                ),
+            ] {
+                if !ok {
+                    c.err(
+                        ep.key(key),
+                        value,
+                        expected,
+                        "KV caches use mlx affine quantization",
+                    );
+                }
+            }
+            if group_ok && facts.head_dim as u32 % e.group_size != 0 {
                 c.err(
                     ep.key("group_size"),
                     format!(
