@@ -13,8 +13,8 @@
 //! prompt's chunks, leaves at the token budget (`filter`, dropping shared
 //! padding) and cancellations (`remove`) in prefill and in generation.
 
-use archgen_runtime::batch::BatchCache;
 use archgen_runtime::batch::BatchLm;
+use archgen_runtime::batch::{BatchCache, BatchLayerCache};
 use archgen_runtime::batch_session::{
     run_schedule, BatchConfig, BatchSession, PromptLanes, Schedule, SeqRun,
 };
@@ -65,13 +65,79 @@ fn schedule(vocab: i32) -> Value {
 /// (every layer a plain attention kind; `decode::enabled` on the CPU). The
 /// others (Gated DeltaNet, fused `qkv_proj`, post-norm layers) run them
 /// eagerly, as their single-sequence steps do.
-const COMPILED_BATCH_STEPS: [&str; 5] = [
+const COMPILED_BATCH_STEPS: [&str; 6] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
     "gemma4-e2b-tiny",
     "gemma4-26b-a4b-tiny",
+    KV_QUANT,
 ];
+
+/// The spec with a quantized KV cache (layer 5 of a Gemma-4 with sliding
+/// and KV-shared layers) whose batches are checked: mlx-lm cannot batch it
+/// (`QuantizedKVCache` has no merge()), so a real batch is checked
+/// generated against monolith, and a batch of one row against mlx-lm's
+/// single-sequence generation.
+const KV_QUANT: &str = "gemma4-e4b-tiny-kv";
+
+/// The spec-cases job of a checkpoint of `spec` with its quantized KV
+/// layers listed in kv_config.json.
+fn kv_quant_job(spec: &archgen_families::Spec, out: &std::path::Path, seed: u64) -> Value {
+    json!({
+        "config": config_for(spec),
+        "out": out,
+        "seed": seed,
+        "dtype": "bfloat16",
+        "bits": null,
+        "group_size": null,
+        "kv_quant": archgen_tests::quantized_kv_layers(&spec.lower()),
+        "mixed_kv": null,
+        "prompt_ids": [1, 2, 3],
+        "decode_steps": 1,
+    })
+}
+
+/// The first layer of `spec` with a quantized KV cache.
+fn first_quantized_layer(spec: &archgen_families::Spec) -> usize {
+    archgen_tests::quantized_kv_layers(&spec.lower())
+        .keys()
+        .filter_map(|k| k.parse().ok())
+        .min()
+        .expect("a quantized KV layer")
+}
+
+/// Each sequence's logprobs rows, tokens and steps of two runs of one
+/// schedule, generated against monolith: a failure line per difference.
+fn compare_runs(
+    name: &str,
+    schedule: &Schedule,
+    runs: &[SeqRun],
+    generated: &[SeqRun],
+    failures: &mut Vec<String>,
+) {
+    assert_eq!(runs.len(), schedule.sequences.len(), "{name}");
+    assert_eq!(generated.len(), schedule.sequences.len(), "{name}");
+    for (i, (run, gen)) in runs.iter().zip(generated).enumerate() {
+        if schedule.sequences[i].leave.is_none() {
+            assert_eq!(
+                run.tokens.len(),
+                schedule.sequences[i].decode,
+                "{name}: seq{i}"
+            );
+        }
+        let vec = |v: &[i32]| Array::from_slice(v, &[v.len() as i32]);
+        for (key, ours, theirs) in [
+            ("logprobs", run.logprobs.clone(), gen.logprobs.clone()),
+            ("tokens", vec(&run.tokens), vec(&gen.tokens)),
+            ("steps", vec(&run.steps), vec(&gen.steps)),
+        ] {
+            if !same(&ours, &theirs) {
+                failures.push(format!("{name}: seq{i}.{key}: generated != monolith"));
+            }
+        }
+    }
+}
 
 /// The schedule run on a generated model (whose type the registry picks),
 /// through its `CausalLm::batched`.
@@ -157,28 +223,12 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
             "decode_steps": 1,
         }));
     }
-    // A quantized KV cache (gemma4-e4b-tiny-kv): mlx-lm cannot batch it,
-    // nor can archgen.
-    let kv_spec = archgen_families::load(repo_root().join("specs/gemma4-e4b-tiny-kv.yaml"))
-        .unwrap_or_else(|d| panic!("{d}"));
-    let kv_layers = archgen_tests::quantized_kv_layers(&kv_spec.lower());
-    let first_kv_layer: usize = kv_layers
-        .keys()
-        .filter_map(|k| k.parse().ok())
-        .min()
-        .expect("a quantized KV layer");
-    jobs.push(json!({
-        "config": config_for(&kv_spec),
-        "out": root.path().join("kv-quant"),
-        "seed": 4299,
-        "dtype": "bfloat16",
-        "bits": null,
-        "group_size": null,
-        "kv_quant": kv_layers,
-        "mixed_kv": null,
-        "prompt_ids": [1, 2, 3],
-        "decode_steps": 1,
-    }));
+    // A quantized KV cache (gemma4-e4b-tiny-kv): mlx-lm cannot batch it
+    // (no oracle), so generated and monolith are compared with each other.
+    let kv_spec =
+        archgen_families::load(repo_root().join("specs").join(format!("{KV_QUANT}.yaml")))
+            .unwrap_or_else(|d| panic!("{d}"));
+    jobs.push(kv_quant_job(&kv_spec, &root.path().join("kv-quant"), 4299));
     let jobs_path = root.path().join("jobs.json");
     std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
     run_python("spec_cases.py", &[jobs_path.as_os_str()]);
@@ -240,41 +290,99 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
             );
         }
     }
-    // A quantized KV cache: both implementations refuse it, naming the
-    // layer and the reason mlx-lm gives.
-    let kv8_dir = root.path().join("kv-quant").join("model");
-    let kv8 = archgen_monolith::load_dir(&kv8_dir).unwrap();
-    let schedule = Schedule::from_json(
-        &schedule(BatchLm::vocab_size(&kv8)),
-        BatchLm::vocab_size(&kv8),
-    )
-    .unwrap();
-    let refusals = [
-        (
-            "monolith",
-            run_schedule(&kv8, &schedule).map_err(|e| e.to_string()),
+    // A quantized KV cache: the same schedule, generated == monolith byte
+    // for byte, with the quantized layers batched as such.
+    let kv_dir = root.path().join("kv-quant").join("model");
+    let kv_model = archgen_monolith::load_dir(&kv_dir).unwrap();
+    let first_kv_layer = first_quantized_layer(&kv_spec);
+    let fresh = kv_model.make_batch_cache(2).unwrap();
+    assert!(
+        matches!(
+            fresh.layers[first_kv_layer],
+            Some(BatchLayerCache::Quantized(_))
         ),
-        (
-            "generated",
-            run_generated(&kv8_dir, "gemma4-e4b-tiny-kv", &schedule),
-        ),
-    ];
-    for (which, result) in refusals {
-        match result {
-            Ok(_) => failures.push(format!("{which}: a quantized KV cache was batched")),
-            Err(e) => {
-                assert!(
-                    e.contains(&format!("layer {first_kv_layer}:"))
-                        && e.contains("QuantizedKVCache has no merge()"),
-                    "{which}: {e}"
-                );
-            }
-        }
+        "layer {first_kv_layer}: not a batched quantized cache"
+    );
+    let vocab = BatchLm::vocab_size(&kv_model);
+    let schedule = Schedule::from_json(&schedule(vocab), vocab).unwrap();
+    let runs = run_schedule(&kv_model, &schedule).unwrap();
+    let generated = run_generated(&kv_dir, KV_QUANT, &schedule).unwrap();
+    let before = failures.len();
+    compare_runs(KV_QUANT, &schedule, &runs, &generated, &mut failures);
+    if failures.len() == before {
+        eprintln!(
+            "{KV_QUANT}: generated == monolith ({} sequences, quantized KV batched; \
+             no mlx-lm batch oracle)",
+            runs.len()
+        );
     }
     assert!(
         failures.is_empty(),
         "batch parity failures:\n{}",
         failures.join("\n")
+    );
+}
+
+/// A batch of ONE row with no padding is the single-sequence computation:
+/// with a quantized KV cache (which mlx-lm cannot batch) its rows hold what
+/// `QuantizedKVCache` holds and its mask array selects what the single
+/// sequence's causal mask selects. So `BatchSession` over the monolith and
+/// over the generated model, one sequence alone, must give mlx-lm's
+/// `generate_step` (tests/python/single_seq_oracle.py) logprobs rows and
+/// greedy tokens byte for byte: a 10-token prompt in chunks of 4 (the
+/// quantized cache written by chunks, then by single tokens) and 12 decoded
+/// tokens (past the sliding window of 8).
+#[test]
+fn one_row_of_a_quantized_kv_batch_is_mlx_lm_single_sequence_generation() {
+    let root = tempfile::tempdir().unwrap();
+    let spec = archgen_families::load(repo_root().join("specs").join(format!("{KV_QUANT}.yaml")))
+        .unwrap_or_else(|d| panic!("{d}"));
+    let jobs = json!([kv_quant_job(&spec, &root.path().join(KV_QUANT), 4600)]);
+    let jobs_path = root.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+    let model_dir = root.path().join(KV_QUANT).join("model");
+    let model = archgen_monolith::load_dir(&model_dir).unwrap();
+    let vocab = BatchLm::vocab_size(&model);
+    let prompt: Vec<i32> = (0..10).map(|i| (i * 37 + 29) % vocab).collect();
+    let decode = 12;
+
+    let job = json!({"prompt": prompt, "decode": decode, "prefill_step_size": 4});
+    let job_path = root.path().join("single.json");
+    std::fs::write(&job_path, serde_json::to_vec(&job).unwrap()).unwrap();
+    let oracle_path = root.path().join("single.safetensors");
+    run_python(
+        "single_seq_oracle.py",
+        &[
+            model_dir.as_os_str(),
+            job_path.as_os_str(),
+            oracle_path.as_os_str(),
+        ],
+    );
+    let oracle = Array::load_safetensors(&oracle_path).unwrap();
+
+    let json = json!({
+        "prefill_step_size": 4,
+        "sequences": [{"prompt": prompt, "arrival": 0, "decode": decode}],
+    });
+    let schedule = Schedule::from_json(&json, vocab).unwrap();
+    let monolith = run_schedule(&model, &schedule).unwrap();
+    let generated = run_generated(&model_dir, KV_QUANT, &schedule).unwrap();
+    let mut failures = Vec::new();
+    for (which, run) in [("monolith", &monolith[0]), ("generated", &generated[0])] {
+        let tokens = Array::from_slice(&run.tokens, &[run.tokens.len() as i32]);
+        for (key, ours) in [("logprobs", &run.logprobs), ("tokens", &tokens)] {
+            if !same(ours, &oracle[key]) {
+                failures.push(format!(
+                    "{KV_QUANT}: {key}: {which} (a batch of one) != mlx-lm generate_step"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
+    eprintln!(
+        "{KV_QUANT}: a batch of one row == mlx-lm generate_step ({decode} tokens), \
+         monolith and generated"
     );
 }
 

@@ -322,6 +322,11 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
                         let w = lit_i32(w)?;
                         quote! { #any_row => Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(#w, no_padding))), }
                     }
+                    // A row with a cache form makes the batched cache of
+                    // its form (`KvForm::make_batch`).
+                    Window::Full if k.cache_form => {
+                        quote! { #pattern => Some(cache.make_batch(no_padding)), }
+                    }
                     Window::Full => {
                         quote! { #any_row => Some(BatchLayerCache::Full(BatchKvCache::new(no_padding))), }
                     }
@@ -405,6 +410,28 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
         ]
         .into_iter()
         .flatten();
+        // A model with mixed KV does not batch (`batch_refusal`), so the
+        // batched forms are plain and quantized only.
+        let batch_arms = [
+            plain.then(|| quote! { KvForm::Plain => BatchLayerCache::Full(BatchKvCache::new(no_padding)), }),
+            quantized.then(|| quote! {
+                KvForm::Quantized { group_size, bits } => BatchLayerCache::Quantized(
+                    BatchQuantizedKvCache::new(KvQuantization { group_size, bits }, no_padding),
+                ),
+            }),
+        ]
+        .into_iter()
+        .flatten();
+        let make_batch = batchable.then(|| {
+            quote! {
+                /// The batched cache of this form for fresh sequences.
+                fn make_batch(self, no_padding: &[i32]) -> BatchLayerCache {
+                    match self {
+                        #(#batch_arms)*
+                    }
+                }
+            }
+        });
         quote! {
             /// The K/V cache of a full-attention layer: mlx-lm's `KVCache`,
             /// or a quantized one.
@@ -419,6 +446,8 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
                         #(#arms)*
                     }
                 }
+
+                #make_batch
             }
         }
     });

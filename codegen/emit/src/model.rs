@@ -1178,23 +1178,20 @@ fn rope_init(a: &Attention) -> Result<TokenStream, String> {
     })
 }
 
-/// The first layer whose K/V cache mlx-lm's `BatchGenerator` cannot merge
-/// (a quantized one), with the monolith's words for it.
+/// The first layer whose K/V cache archgen does not batch (mlx-optiq's
+/// mixed KV), with the monolith's words for it. A quantized cache batches
+/// (`batch_quant`).
 fn batch_refusal(plan: &Plan) -> Option<(usize, TokenStream)> {
     plan.ir
         .layers
         .iter()
         .find_map(|l| match l.attention().map(|a| a.kv) {
             Some(KvSource::Own {
-                cache: KvCache::Quantized(_),
-                ..
-            }) => Some((l.index, quote! { batch_blocks::QUANTIZED_KV_UNBATCHED })),
-            Some(KvSource::Own {
                 cache: KvCache::QuantizedAfterForward { .. },
                 ..
             }) => Some((l.index, quote! { batch_blocks::MIXED_KV_UNBATCHED })),
             Some(KvSource::Own {
-                cache: KvCache::Plain,
+                cache: KvCache::Plain | KvCache::Quantized(_),
                 ..
             })
             | Some(KvSource::Shared { .. })
@@ -1213,9 +1210,9 @@ struct Batched {
 /// sliding) or a Gated DeltaNet state, none for layers reading a donor's
 /// K/V; one mask per window from its first layer's cache before any update;
 /// each layer's `forward_batch` (input norm, batched mixer, the kind's
-/// `finish`). A model with a quantized K/V cache refuses in
-/// `make_batch_cache` with the monolith's words (mlx-lm's `BatchGenerator`
-/// cannot merge those caches either).
+/// `finish`); a quantized K/V cache batches as archgen's batched
+/// `QuantizedKVCache`. A model with mlx-optiq's mixed KV refuses in
+/// `make_batch_cache` with the monolith's words.
 fn batch_tokens(
     plan: &Plan,
     layout: &Layout,
@@ -1227,12 +1224,26 @@ fn batch_tokens(
     let name = &plan.name;
     let refusal = batch_refusal(plan);
     let (mut any_full, mut any_sliding, mut any_delta_net) = (false, false, false);
+    let mut any_quantized = false;
     for l in &ir.layers {
         match &l.mixer {
             Mixer::GatedDeltaNet(_) => any_delta_net = true,
             Mixer::Attention(a) => match (a.kv, a.window) {
                 (KvSource::Own { .. }, Window::Sliding(_)) => any_sliding = true,
-                (KvSource::Own { .. }, Window::Full) => any_full = true,
+                (
+                    KvSource::Own {
+                        cache: KvCache::Quantized(_),
+                        ..
+                    },
+                    Window::Full,
+                ) => any_quantized = true,
+                (
+                    KvSource::Own {
+                        cache: KvCache::Plain | KvCache::QuantizedAfterForward { .. },
+                        ..
+                    },
+                    Window::Full,
+                ) => any_full = true,
                 (KvSource::Shared { .. }, _) => {}
             },
         }
@@ -1322,6 +1333,9 @@ fn batch_tokens(
     ]
     .into_iter()
     .flatten();
+    let quantized_import = (batchable && any_quantized).then(|| {
+        quote! { use archgen_runtime::batch_quant::{BatchQuantizedKvCache, KvQuantization}; }
+    });
     let delta_net_import = any_delta_net.then(|| {
         quote! { use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache}; }
     });
@@ -1329,6 +1343,7 @@ fn batch_tokens(
         imports: quote! {
             use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, #(#cache_imports),*};
             use archgen_runtime::batch_blocks;
+            #quantized_import
             #delta_net_import
         },
         item: quote! {

@@ -10,8 +10,10 @@
 //! Batched: attention layers with a plain cache, full (`BatchKVCache`) or
 //! sliding (`BatchRotatingKVCache`), layers that share another layer's K/V
 //! (Gemma-4), Qwen3.5's gated attention and Gated DeltaNet (batched
-//! `ArraysCache`). Quantized KV caches are refused because mlx-lm cannot
-//! batch them either (`QuantizedKVCache` has no `merge`).
+//! `ArraysCache`), and full layers with a quantized KV cache (archgen's
+//! batched `QuantizedKVCache`, [`archgen_runtime::batch_quant`]: mlx-lm
+//! has no merge for it, so no mlx-lm batch to mirror).
+//! mlx-optiq's mixed KV is refused ([`MIXED_KV_UNBATCHED`]).
 
 use std::collections::HashMap;
 
@@ -20,8 +22,9 @@ use archgen_runtime::attention::Mask;
 use archgen_runtime::batch::{
     BatchCache, BatchKvCache, BatchLayerCache, BatchLm, BatchRotatingKvCache,
 };
-use archgen_runtime::batch_blocks::{self as bb, MIXED_KV_UNBATCHED, QUANTIZED_KV_UNBATCHED};
+use archgen_runtime::batch_blocks::{self as bb, MIXED_KV_UNBATCHED};
 use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache};
+use archgen_runtime::batch_quant::{BatchQuantizedKvCache, KvQuantization};
 use archgen_runtime::blocks::{self as b, SharedKv};
 use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::ops::Result;
@@ -41,8 +44,7 @@ fn unbatched(mixer: &LayerMixer) -> Option<&'static str> {
             ..
         }
         | LayerMixer::FusedQkvAttention { cache, .. } => match cache {
-            ir::KvCache::Plain => None,
-            ir::KvCache::Quantized(_) => Some(QUANTIZED_KV_UNBATCHED),
+            ir::KvCache::Plain | ir::KvCache::Quantized(_) => None,
             ir::KvCache::QuantizedAfterForward { .. } => Some(MIXED_KV_UNBATCHED),
         },
         LayerMixer::GatedAttention { .. } | LayerMixer::GatedDeltaNet(_) => None,
@@ -97,6 +99,31 @@ impl BatchLm for Monolith {
                     *w as i32,
                     &no_padding,
                 )))),
+                (
+                    None,
+                    LayerMixer::Attention {
+                        window: Window::Full,
+                        kv:
+                            KvSource::Own {
+                                cache: ir::KvCache::Quantized(q),
+                                ..
+                            },
+                        ..
+                    }
+                    | LayerMixer::FusedQkvAttention {
+                        window: Window::Full,
+                        cache: ir::KvCache::Quantized(q),
+                        ..
+                    },
+                ) => Ok(Some(BatchLayerCache::Quantized(
+                    BatchQuantizedKvCache::new(
+                        KvQuantization {
+                            group_size: q.group_size as i32,
+                            bits: q.bits as i32,
+                        },
+                        &no_padding,
+                    ),
+                ))),
                 (None, LayerMixer::GatedDeltaNet(_)) => Ok(Some(BatchLayerCache::Arrays(
                     BatchArraysCache::merged_empty(n),
                 ))),
