@@ -1376,3 +1376,101 @@ fn serves_an_unbatchable_cache_one_sequence_at_a_time() {
         "one sequence per decode forward"
     );
 }
+
+/// A model with a quantized KV cache (gemma4-e4b-tiny-kv: layer 5's cache
+/// is 4-bit) batches as any other (archgen's batched `QuantizedKVCache`):
+/// the server says so at start; with `--max-batch 1` each greedy request
+/// is a batch of one row, which gives what `archgen generate` gives alone;
+/// a short prompt again is served from the prompt cache (a quantized cache
+/// extracted from the batch, trimmed and merged back) with the same answer;
+/// and requests sent together all complete in forwards of several rows.
+#[test]
+fn batches_a_quantized_kv_cache_and_one_row_matches_generate() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model_of(root.path(), "gemma4-e4b-tiny-kv", "gemma4-kv");
+    let model_s = model.to_str().unwrap();
+    let batched_note = |server: &Server| {
+        assert!(
+            server
+                .startup
+                .iter()
+                .any(|l| l.contains("decode as one batched forward")),
+            "no note of the batched path: {:?}",
+            server.startup
+        );
+    };
+    let ask = |server: &Server, first: usize, n: usize, max_tokens: usize| -> (String, String) {
+        let (status, body) = curl(
+            server,
+            "POST",
+            "/v1/completions",
+            Some(&ids_body(first, n, max_tokens, false)),
+        );
+        assert_eq!(status, 200, "{body}");
+        whole_answer(&body)
+    };
+
+    let server = start_server(&model, &["--max-batch", "1"]);
+    batched_note(&server);
+    // Past the sliding window (8) in the prompt and in the answer.
+    let max_tokens = 10;
+    for (first, n) in [(0, 3), (11, 17)] {
+        let (text, _) = ask(&server, first, n, max_tokens);
+        let ids: Vec<String> = (0..n)
+            .map(|i| ((first + 7 * i) % 500 + 3).to_string())
+            .collect();
+        let (ok, stdout, stderr) = archgen(
+            &[
+                "generate",
+                "--model",
+                model_s,
+                "--prompt-ids",
+                &ids.join(","),
+                "--max-tokens",
+                &max_tokens.to_string(),
+            ],
+            "",
+            Duration::from_secs(300),
+        );
+        assert!(ok, "{stderr}");
+        assert_eq!(stdout, format!("{text}\n"), "prompt {ids:?}");
+    }
+    // 3 + 4 tokens stay inside the sliding window, so the stored cache can
+    // be trimmed back to the prompt (a wrapped ring cannot, as in mlx-lm).
+    let first_time = ask(&server, 0, 3, 4);
+    let hits = metric(&server, "archgen_prompt_cache_hits_total");
+    let again = ask(&server, 0, 3, 4);
+    assert_eq!(
+        metric(&server, "archgen_prompt_cache_hits_total"),
+        hits + 1.0,
+        "the repeated prompt missed the prompt cache"
+    );
+    assert_eq!(again, first_time, "the prompt cache changed the answer");
+    drop(server);
+
+    let server = start_server(&model, &["--max-batch", "4"]);
+    batched_note(&server);
+    let shapes = [(0, 3), (40, 9), (90, 30), (5, 1)];
+    let running: Vec<Background> = shapes
+        .iter()
+        .map(|&(first, n)| {
+            Background::start(
+                &server,
+                "/v1/completions",
+                &ids_body(first, n, max_tokens, false),
+            )
+        })
+        .collect();
+    for request in running {
+        let lines = request.finish(Duration::from_secs(120));
+        let body: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+        let (text, finish) = whole_answer(&body.join("\n"));
+        assert!(!text.is_empty(), "{body:?}");
+        assert!(finish == "length" || finish == "stop", "{body:?}");
+    }
+    assert!(
+        metric(&server, "archgen_decode_batch_size_sum")
+            > metric(&server, "archgen_decode_batch_size_count"),
+        "no decode forward computed more than one sequence"
+    );
+}
