@@ -8,15 +8,24 @@ Usage: single_seq_oracle.py MODEL_DIR JOB.json OUT.safetensors
 
 JOB.json:
     {"prompt": [ids...], "decode": N, "prefill_step_size": 4,
+     "kv_config": "quantized"|"optiq"|"ignored",
      "kv_bits": null|B, "kv_group_size": 64, "quantized_kv_start": 0}
 
-The prompt cache is `make_prompt_cache(model)`; when MODEL_DIR holds a
-kv_config.json ([{"layer_idx": i, "bits": b, "group_size": g}]), each listed
-layer's KVCache becomes `QuantizedKVCache(group_size=g, bits=b)` before the
-prompt (oracle_logits.py does the same for the logits protocol). kv_bits,
-kv_group_size and quantized_kv_start go to generate_step as they are (mlx-lm's
-own conversion of every KVCache after a forward). Greedy sampling (argmax of
-the logprobs); N tokens, no stop tokens.
+The prompt cache is `make_prompt_cache(model)`. MODEL_DIR's kv_config.json
+([{"layer_idx": i, "bits": b, "group_size": g}]), when there is one, applies as
+"kv_config" says:
+  quantized  each listed layer's KVCache becomes QuantizedKVCache(group_size=g,
+             bits=b) before the prompt (archgen's kv_quantization; what
+             oracle_logits.py does for the logits protocol). The default.
+  optiq      mlx-optiq's install_mixed_kv with quantized_kv_start from
+             kv_scheme.json (archgen's mixed_kv, tier L2; optiq_oracle.py):
+             its hook replaces mlx-lm's maybe_quantize_kv_cache, which
+             generate_step calls after every forward.
+  ignored    the file is not read: kv_bits, kv_group_size and
+             quantized_kv_start alone decide (mlx-lm's own conversion of every
+             KVCache, `to_quantized` of its whole buffers, after a forward).
+kv_bits, kv_group_size and quantized_kv_start go to generate_step as they are.
+Greedy sampling (argmax of the logprobs); N tokens, no stop tokens.
 
 Writes:
     logprobs  [N, vocab]  the logprobs rows generate_step yielded, in the
@@ -34,6 +43,7 @@ import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oracle_logits import load, read_kv_config  # noqa: E402  (compat.apply() inside)
+import optiq_oracle  # noqa: E402
 
 from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.models.cache import KVCache, make_prompt_cache  # noqa: E402
@@ -42,12 +52,23 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache  # noqa: E402
 def run(model_dir: Path, job: dict) -> dict[str, mx.array]:
     model = load(model_dir)
     cache = make_prompt_cache(model)
-    for i, (bits, group_size) in sorted((read_kv_config(model_dir) or {}).items()):
-        if i >= len(cache) or type(cache[i]) is not KVCache:
-            raise SystemExit(f"kv_config: layer {i} has no KVCache (sliding or KV-shared)")
-        cache[i] = cache[i].to_quantized(group_size=group_size, bits=bits)
+    kv_config = read_kv_config(model_dir) or {}
+    mode = job.get("kv_config", "quantized")
+    if mode == "quantized":
+        for i, (bits, group_size) in sorted(kv_config.items()):
+            if i >= len(cache) or type(cache[i]) is not KVCache:
+                raise SystemExit(f"kv_config: layer {i} has no KVCache (sliding or KV-shared)")
+            cache[i] = cache[i].to_quantized(group_size=group_size, bits=bits)
+    elif mode == "optiq":
+        if not kv_config:
+            raise SystemExit("kv_config optiq: the model directory has no kv_config.json")
+        optiq_oracle.install(kv_config, optiq_oracle.read_kv_scheme(model_dir))
+    elif mode != "ignored":
+        raise SystemExit(f"kv_config: {mode!r} is not quantized, optiq or ignored")
     decode = int(job["decode"])
     rows, tokens = [], []
+    # generate_step reads its module's maybe_quantize_kv_cache when called,
+    # so optiq's install (which replaces it) applies.
     steps = generate_step(
         mx.array(job["prompt"], dtype=mx.int32),
         model,

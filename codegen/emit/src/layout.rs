@@ -203,7 +203,7 @@ fn mlp_widths(plan: &Plan) -> Vec<MlpWidth> {
     out
 }
 
-pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, String> {
+pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
     let ir = &plan.ir;
     let forms = per_layer_cache_forms(plan);
     let kinds = kind_facts(plan, forms)?;
@@ -410,8 +410,6 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
         ]
         .into_iter()
         .flatten();
-        // A model with mixed KV does not batch (`batch_refusal`), so the
-        // batched forms are plain and quantized only.
         let batch_arms = [
             plain.then(|| quote! { KvForm::Plain => BatchLayerCache::Full(BatchKvCache::new(no_padding)), }),
             quantized.then(|| quote! {
@@ -419,19 +417,26 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
                     BatchQuantizedKvCache::new(KvQuantization { group_size, bits }, no_padding),
                 ),
             }),
+            mixed.then(|| quote! {
+                KvForm::QuantizedAfterForward { group_size, bits, start } => {
+                    BatchLayerCache::QuantizedAfterForward(BatchMixedKvCache::new(
+                        KvQuantization { group_size, bits },
+                        start,
+                        no_padding,
+                    ))
+                }
+            }),
         ]
         .into_iter()
         .flatten();
-        let make_batch = batchable.then(|| {
-            quote! {
-                /// The batched cache of this form for fresh sequences.
-                fn make_batch(self, no_padding: &[i32]) -> BatchLayerCache {
-                    match self {
-                        #(#batch_arms)*
-                    }
+        let make_batch = quote! {
+            /// The batched cache of this form for fresh sequences.
+            fn make_batch(self, no_padding: &[i32]) -> BatchLayerCache {
+                match self {
+                    #(#batch_arms)*
                 }
             }
-        });
+        };
         quote! {
             /// The K/V cache of a full-attention layer: mlx-lm's `KVCache`,
             /// or a quantized one.
@@ -462,17 +467,15 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
             }
         }
     });
-    let batch_cache_fn = batchable.then(|| {
-        quote! {
-            /// The layer's merged cache for a batch of fresh sequences
-            /// (`BatchGenerator`), none for a layer reading a donor's K/V.
-            fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
-                match self {
-                    #(#batch_caches)*
-                }
+    let batch_cache_fn = quote! {
+        /// The layer's merged cache for a batch of fresh sequences
+        /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+        fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+            match self {
+                #(#batch_caches)*
             }
         }
-    });
+    };
     let donor_fn = any_donor.then(|| {
         quote! {
             /// The K/V layer `donor` computed in this forward, for a later

@@ -1178,27 +1178,6 @@ fn rope_init(a: &Attention) -> Result<TokenStream, String> {
     })
 }
 
-/// The first layer whose K/V cache archgen does not batch (mlx-optiq's
-/// mixed KV), with the monolith's words for it. A quantized cache batches
-/// (`batch_quant`).
-fn batch_refusal(plan: &Plan) -> Option<(usize, TokenStream)> {
-    plan.ir
-        .layers
-        .iter()
-        .find_map(|l| match l.attention().map(|a| a.kv) {
-            Some(KvSource::Own {
-                cache: KvCache::QuantizedAfterForward { .. },
-                ..
-            }) => Some((l.index, quote! { batch_blocks::MIXED_KV_UNBATCHED })),
-            Some(KvSource::Own {
-                cache: KvCache::Plain | KvCache::Quantized(_),
-                ..
-            })
-            | Some(KvSource::Shared { .. })
-            | None => None,
-        })
-}
-
 /// A model's batched forward: the imports it needs and `impl BatchLm`.
 struct Batched {
     imports: TokenStream,
@@ -1211,8 +1190,8 @@ struct Batched {
 /// K/V; one mask per window from its first layer's cache before any update;
 /// each layer's `forward_batch` (input norm, batched mixer, the kind's
 /// `finish`); a quantized K/V cache batches as archgen's batched
-/// `QuantizedKVCache`. A model with mlx-optiq's mixed KV refuses in
-/// `make_batch_cache` with the monolith's words.
+/// `QuantizedKVCache`, mlx-optiq's mixed KV as its batched mixed cache
+/// (`batch_quant`).
 fn batch_tokens(
     plan: &Plan,
     layout: &Layout,
@@ -1222,9 +1201,8 @@ fn batch_tokens(
 ) -> Result<Batched, String> {
     let ir = &plan.ir;
     let name = &plan.name;
-    let refusal = batch_refusal(plan);
     let (mut any_full, mut any_sliding, mut any_delta_net) = (false, false, false);
-    let mut any_quantized = false;
+    let (mut any_quantized, mut any_mixed) = (false, false);
     for l in &ir.layers {
         match &l.mixer {
             Mixer::GatedDeltaNet(_) => any_delta_net = true,
@@ -1239,7 +1217,14 @@ fn batch_tokens(
                 ) => any_quantized = true,
                 (
                     KvSource::Own {
-                        cache: KvCache::Plain | KvCache::QuantizedAfterForward { .. },
+                        cache: KvCache::QuantizedAfterForward { .. },
+                        ..
+                    },
+                    Window::Full,
+                ) => any_mixed = true,
+                (
+                    KvSource::Own {
+                        cache: KvCache::Plain,
                         ..
                     },
                     Window::Full,
@@ -1309,32 +1294,28 @@ fn batch_tokens(
         }
         (true, None) | (false, _) => (quote! {}, quote! { Ok(logits) }),
     };
-    let batchable = refusal.is_none();
     let batch_caches = &layout.batch_caches;
     let batch_loop = &layout.forward_batch;
-    let make = match refusal {
-        Some((i, why)) => quote! {
-            fn make_batch_cache(&self, _n: usize) -> Result<BatchCache> {
-                Err(archgen_runtime::mlx_rs::error::Exception::custom(format!(
-                    "{}: layer {}: {}", NAME, #i, #why
-                )))
-            }
-        },
-        None => quote! {
-            fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
-                let no_padding = vec![0; n];
-                Ok(BatchCache { layers: #batch_caches })
-            }
-        },
+    let make = quote! {
+        fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
+            let no_padding = vec![0; n];
+            Ok(BatchCache { layers: #batch_caches })
+        }
     };
     let cache_imports = [
-        (batchable && any_full).then(|| quote! { BatchKvCache }),
-        (batchable && any_sliding).then(|| quote! { BatchRotatingKvCache }),
+        any_full.then(|| quote! { BatchKvCache }),
+        any_sliding.then(|| quote! { BatchRotatingKvCache }),
     ]
     .into_iter()
     .flatten();
-    let quantized_import = (batchable && any_quantized).then(|| {
-        quote! { use archgen_runtime::batch_quant::{BatchQuantizedKvCache, KvQuantization}; }
+    let quantized_caches = [
+        any_quantized.then(|| quote! { BatchQuantizedKvCache }),
+        any_mixed.then(|| quote! { BatchMixedKvCache }),
+    ]
+    .into_iter()
+    .flatten();
+    let quantized_import = (any_quantized || any_mixed).then(|| {
+        quote! { use archgen_runtime::batch_quant::{#(#quantized_caches,)* KvQuantization}; }
     });
     let delta_net_import = any_delta_net.then(|| {
         quote! { use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache}; }
@@ -1465,7 +1446,7 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         .iter()
         .map(kind_tokens)
         .collect::<Result<_, _>>()?;
-    let layout = layout_tokens(plan, batch_refusal(plan).is_none())?;
+    let layout = layout_tokens(plan)?;
     let Layout {
         items: layout_items,
         load: layers_load,

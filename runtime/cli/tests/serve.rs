@@ -1317,77 +1317,16 @@ fn batched_short_request_decodes_between_a_long_prompts_chunks() {
     long.finish(Duration::from_secs(120));
 }
 
-/// A model whose KV cache cannot be batched (mlx-optiq's mixed KV cache, as
-/// mlx-lm's `BatchGenerator` refuses it) is served one sequence per forward:
-/// the server says so at start, and requests sent together each give what
-/// `archgen generate` gives alone.
-#[test]
-fn serves_an_unbatchable_cache_one_sequence_at_a_time() {
+/// A model with a quantized KV cache batches as any other (archgen's
+/// batched `QuantizedKVCache`, or its mixed counterpart): the server says
+/// so at start; with `--max-batch 1` each greedy request is a batch of one
+/// row, which gives what `archgen generate` gives alone; a short prompt
+/// again is served from the prompt cache (a quantized cache extracted from
+/// the batch, trimmed and merged back) with the same answer; and requests
+/// sent together all complete in forwards of several rows.
+fn serves_batched_and_one_row_matches_generate(spec: &str, dir: &str) {
     let root = tempfile::tempdir().unwrap();
-    let model = tiny_chat_model_of(root.path(), "qwen3-0.6b-tiny-mixed-kv", "qwen3-mixed-kv");
-    let model_s = model.to_str().unwrap();
-    let server = start_server(&model, &["--max-batch", "4"]);
-    assert!(
-        server
-            .startup
-            .iter()
-            .any(|l| l.contains("requests run one by one")),
-        "{:?}",
-        server.startup
-    );
-    let shapes = [(0, 3), (11, 17), (40, 9)];
-    let max_tokens = 6;
-    let running: Vec<Background> = shapes
-        .iter()
-        .map(|&(first, n)| {
-            Background::start(
-                &server,
-                "/v1/completions",
-                &ids_body(first, n, max_tokens, false),
-            )
-        })
-        .collect();
-    for (request, &(first, n)) in running.into_iter().zip(&shapes) {
-        let lines = request.finish(Duration::from_secs(120));
-        let body: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
-        let (text, _) = whole_answer(&body.join("\n"));
-        let ids: Vec<String> = (0..n)
-            .map(|i| ((first + 7 * i) % 500 + 3).to_string())
-            .collect();
-        let (ok, stdout, stderr) = archgen(
-            &[
-                "generate",
-                "--model",
-                model_s,
-                "--prompt-ids",
-                &ids.join(","),
-                "--max-tokens",
-                &max_tokens.to_string(),
-            ],
-            "",
-            Duration::from_secs(300),
-        );
-        assert!(ok, "{stderr}");
-        assert_eq!(stdout, format!("{text}\n"), "prompt {ids:?}");
-    }
-    assert_eq!(
-        metric(&server, "archgen_decode_batch_size_sum"),
-        metric(&server, "archgen_decode_batch_size_count"),
-        "one sequence per decode forward"
-    );
-}
-
-/// A model with a quantized KV cache (gemma4-e4b-tiny-kv: layer 5's cache
-/// is 4-bit) batches as any other (archgen's batched `QuantizedKVCache`):
-/// the server says so at start; with `--max-batch 1` each greedy request
-/// is a batch of one row, which gives what `archgen generate` gives alone;
-/// a short prompt again is served from the prompt cache (a quantized cache
-/// extracted from the batch, trimmed and merged back) with the same answer;
-/// and requests sent together all complete in forwards of several rows.
-#[test]
-fn batches_a_quantized_kv_cache_and_one_row_matches_generate() {
-    let root = tempfile::tempdir().unwrap();
-    let model = tiny_chat_model_of(root.path(), "gemma4-e4b-tiny-kv", "gemma4-kv");
+    let model = tiny_chat_model_of(root.path(), spec, dir);
     let model_s = model.to_str().unwrap();
     let batched_note = |server: &Server| {
         assert!(
@@ -1473,4 +1412,18 @@ fn batches_a_quantized_kv_cache_and_one_row_matches_generate() {
             > metric(&server, "archgen_decode_batch_size_count"),
         "no decode forward computed more than one sequence"
     );
+}
+
+/// gemma4-e4b-tiny-kv: layer 5's cache is 4-bit from the start, beside
+/// sliding and KV-shared layers.
+#[test]
+fn batches_a_quantized_kv_cache_and_one_row_matches_generate() {
+    serves_batched_and_one_row_matches_generate("gemma4-e4b-tiny-kv", "gemma4-kv");
+}
+
+/// qwen3-0.6b-tiny-mixed-kv: mlx-optiq's mixed KV (8-bit and 4-bit layers
+/// beside bf16 ones), converted after the first forward.
+#[test]
+fn batches_a_mixed_kv_cache_and_one_row_matches_generate() {
+    serves_batched_and_one_row_matches_generate("qwen3-0.6b-tiny-mixed-kv", "qwen3-mixed-kv");
 }

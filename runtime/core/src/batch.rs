@@ -25,7 +25,7 @@ use mlx_rs::{Array, Dtype};
 
 use crate::attention::Mask;
 use crate::batch_deltanet::BatchArraysCache;
-use crate::batch_quant::BatchQuantizedKvCache;
+use crate::batch_quant::{BatchMixedKvCache, BatchQuantizedKvCache};
 use crate::ops::Result;
 
 /// `BatchKVCache.step`: buffers grow in steps of 256 slots, as `KVCache`'s.
@@ -223,6 +223,16 @@ pub fn left_padded_causal_mask(n: i32, idx: i32, left_padding: &[i32]) -> Result
     let keys = mlx_rs::ops::arange::<i32, i32>(0, idx + n, 1)?.expand_dims(0)?;
     let lp = Array::from_slice(left_padding, &[left_padding.len() as i32, 1, 1, 1]);
     causal.logical_and(lp.le(&keys)?)
+}
+
+/// A written [`BatchKvCache`] taken apart ([`BatchKvCache::into_parts`]).
+pub(crate) struct KvParts {
+    pub keys: Array,
+    pub values: Array,
+    pub left_padding: Vec<i32>,
+    pub offset: Vec<i32>,
+    pub idx: i32,
+    pub right_padding: Option<Vec<i32>>,
 }
 
 /// mlx-lm's `BatchKVCache`: one left-padded K/V buffer for B sequences of a
@@ -429,6 +439,28 @@ impl BatchKvCache {
             left_padding,
             idx: len,
             right_padding: None,
+        }
+    }
+
+    /// Its key and value buffers, once written (`c.state`).
+    pub(crate) fn buffers(&self) -> Vec<&Array> {
+        self.keys.iter().chain(self.values.iter()).collect()
+    }
+
+    /// Its whole buffers (spare capacity included) and row bookkeeping,
+    /// `None` before any key is written: what `KVCache.to_quantized`
+    /// quantizes ([`crate::batch_quant::BatchMixedKvCache`]).
+    pub(crate) fn into_parts(self) -> Option<KvParts> {
+        match (self.keys, self.values) {
+            (Some(keys), Some(values)) => Some(KvParts {
+                keys,
+                values,
+                left_padding: self.left_padding,
+                offset: self.offset,
+                idx: self.idx,
+                right_padding: self.right_padding,
+            }),
+            _ => None,
         }
     }
 
@@ -912,6 +944,9 @@ pub enum BatchLayerCache {
     /// `kv_quantization`; mlx-lm has no merge for it, see
     /// [`crate::batch_quant`]).
     Quantized(BatchQuantizedKvCache),
+    /// mlx-optiq's mixed KV over a batch (`mixed_kv`): plain, then
+    /// quantized ([`crate::batch_quant::BatchMixedKvCache`]).
+    QuantizedAfterForward(BatchMixedKvCache),
 }
 
 impl BatchLayerCache {
@@ -922,6 +957,7 @@ impl BatchLayerCache {
             BatchLayerCache::Sliding(c) => c.batch_size(),
             BatchLayerCache::Arrays(c) => c.batch_size(),
             BatchLayerCache::Quantized(c) => c.batch_size(),
+            BatchLayerCache::QuantizedAfterForward(c) => c.batch_size(),
         }
     }
 
@@ -934,6 +970,7 @@ impl BatchLayerCache {
                 Ok(())
             }
             BatchLayerCache::Quantized(c) => c.prepare_right_padding(right_padding),
+            BatchLayerCache::QuantizedAfterForward(c) => c.prepare_right_padding(right_padding),
         }
     }
 
@@ -946,6 +983,7 @@ impl BatchLayerCache {
                 Ok(())
             }
             BatchLayerCache::Quantized(c) => c.finalize(),
+            BatchLayerCache::QuantizedAfterForward(c) => c.finalize(),
         }
     }
 
@@ -955,6 +993,7 @@ impl BatchLayerCache {
             BatchLayerCache::Sliding(c) => c.filter(keep),
             BatchLayerCache::Arrays(c) => c.filter(keep),
             BatchLayerCache::Quantized(c) => c.filter(keep),
+            BatchLayerCache::QuantizedAfterForward(c) => c.filter(keep),
         }
     }
 
@@ -965,10 +1004,15 @@ impl BatchLayerCache {
             (BatchLayerCache::Arrays(a), BatchLayerCache::Arrays(b)) => a.extend(b),
             (BatchLayerCache::Quantized(a), BatchLayerCache::Quantized(b)) => a.extend(b),
             (
+                BatchLayerCache::QuantizedAfterForward(a),
+                BatchLayerCache::QuantizedAfterForward(b),
+            ) => a.extend(b),
+            (
                 BatchLayerCache::Full(_)
                 | BatchLayerCache::Sliding(_)
                 | BatchLayerCache::Arrays(_)
-                | BatchLayerCache::Quantized(_),
+                | BatchLayerCache::Quantized(_)
+                | BatchLayerCache::QuantizedAfterForward(_),
                 _,
             ) => Err(error(
                 "BatchCache::extend: two kinds of cache on one layer".into(),
@@ -983,6 +1027,7 @@ impl BatchLayerCache {
             BatchLayerCache::Sliding(c) => c.keys.iter().chain(c.values.iter()).collect(),
             BatchLayerCache::Arrays(c) => c.arrays().collect(),
             BatchLayerCache::Quantized(c) => c.state(),
+            BatchLayerCache::QuantizedAfterForward(c) => c.state(),
         }
     }
 }

@@ -16,7 +16,7 @@ use mlx_rs::{Array, Dtype};
 use crate::attention::{merged, quantized_sdpa, Mask};
 use crate::batch::{BatchCache, BatchLayerCache};
 use crate::batch_deltanet::BatchArraysCache;
-use crate::batch_quant::BatchQuantizedKvCache;
+use crate::batch_quant::{BatchMixedNow, BatchQuantizedKvCache};
 use crate::blocks::{
     self as b, AttentionShape, AttentionWeights, FusedQkvAttention, KvWeights, Scores, SharedKv,
 };
@@ -26,11 +26,6 @@ use crate::distributed::sharded_to_all;
 use crate::layers::Linear;
 use crate::ops::Result;
 use crate::rope::{Rope, RopeTables};
-
-/// Why mlx-optiq's mixed KV cache does not batch.
-pub const MIXED_KV_UNBATCHED: &str =
-    "mlx-optiq's mixed KV cache cannot be batched: it becomes a QuantizedKVCache, \
-     which mlx-lm cannot merge";
 
 fn error(what: String) -> Exception {
     Exception::custom(what)
@@ -45,10 +40,12 @@ pub fn window_mask(cache: &BatchLayerCache, n: i32, window: i32) -> Result<Mask>
         BatchLayerCache::Full(c) if window == 0 => c.make_mask(n),
         BatchLayerCache::Sliding(c) if window > 0 => c.make_mask(n, window),
         BatchLayerCache::Quantized(c) if window == 0 => c.make_mask(n),
+        BatchLayerCache::QuantizedAfterForward(c) if window == 0 => c.make_mask(n),
         BatchLayerCache::Full(_)
         | BatchLayerCache::Sliding(_)
         | BatchLayerCache::Arrays(_)
-        | BatchLayerCache::Quantized(_) => Err(error(format!(
+        | BatchLayerCache::Quantized(_)
+        | BatchLayerCache::QuantizedAfterForward(_) => Err(error(format!(
             "the first layer of a window kind ({}) has a batched cache of another kind",
             match window {
                 0 => "full".to_string(),
@@ -70,6 +67,7 @@ fn kv_offsets(c: &BatchLayerCache) -> Result<Array> {
         BatchLayerCache::Full(c) => Ok(c.offsets()),
         BatchLayerCache::Sliding(c) => Ok(c.offsets()),
         BatchLayerCache::Quantized(c) => Ok(c.offsets()),
+        BatchLayerCache::QuantizedAfterForward(c) => Ok(c.offsets()),
         BatchLayerCache::Arrays(_) => Err(arrays_cache_in_attention()),
     }
 }
@@ -80,7 +78,7 @@ fn kv_update(c: &mut BatchLayerCache, k: &Array, v: &Array) -> Result<(Array, Ar
     match c {
         BatchLayerCache::Full(c) => c.update_and_fetch(k, v),
         BatchLayerCache::Sliding(c) => c.update_and_fetch(k, v),
-        BatchLayerCache::Quantized(_) => Err(error(
+        BatchLayerCache::Quantized(_) | BatchLayerCache::QuantizedAfterForward(_) => Err(error(
             "a quantized KV cache on a layer whose attention reads plain keys (only \
              plain attention layers take quantized_scaled_dot_product_attention)"
                 .into(),
@@ -154,10 +152,21 @@ fn attend_cached(
     mask: &Mask,
     rows: bool,
 ) -> Result<(Array, SharedKv)> {
-    if let BatchLayerCache::Quantized(c) = cache {
-        return attend_quantized(q, k, v, offsets, s, c, mask, rows);
-    }
-    let (keys, values) = kv_update(cache, k, v)?;
+    let (keys, values) = match cache {
+        BatchLayerCache::Quantized(c) => {
+            return attend_quantized(q, k, v, offsets, s, c, mask, rows)
+        }
+        // mlx-optiq's mixed KV: plain until converted.
+        BatchLayerCache::QuantizedAfterForward(c) => match c.convert_if_due()? {
+            BatchMixedNow::Quantized(c) => {
+                return attend_quantized(q, k, v, offsets, s, c, mask, rows)
+            }
+            BatchMixedNow::Plain(c) => c.update_and_fetch(k, v)?,
+        },
+        BatchLayerCache::Full(_) | BatchLayerCache::Sliding(_) | BatchLayerCache::Arrays(_) => {
+            kv_update(cache, k, v)?
+        }
+    };
     let o = b::attend_with(q, &keys, &values, s, mask, rows)?;
     let shared = SharedKv {
         keys,
@@ -308,7 +317,8 @@ impl BatchCache {
                 Some(
                     BatchLayerCache::Full(_)
                     | BatchLayerCache::Sliding(_)
-                    | BatchLayerCache::Quantized(_),
+                    | BatchLayerCache::Quantized(_)
+                    | BatchLayerCache::QuantizedAfterForward(_),
                 )
                 | None,
             )
@@ -331,7 +341,8 @@ impl BatchCache {
             Some(
                 BatchLayerCache::Full(_)
                 | BatchLayerCache::Sliding(_)
-                | BatchLayerCache::Quantized(_),
+                | BatchLayerCache::Quantized(_)
+                | BatchLayerCache::QuantizedAfterForward(_),
             )
             | None => Ok(None),
         }

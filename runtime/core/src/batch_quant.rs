@@ -28,7 +28,7 @@ use mlx_rs::{Array, Dtype};
 use crate::attention::{Mask, Quantized};
 use crate::batch::{
     check_rows, int_vector, left_padded_causal_mask, pad_keys, roll_rows, shift_to_left_padding,
-    STEP,
+    BatchKvCache, KvParts, STEP,
 };
 use crate::ops::Result;
 
@@ -156,6 +156,21 @@ impl BatchQuantizedKvCache {
             right_padding: None,
             quantization,
         }
+    }
+
+    /// `KVCache.to_quantized` of a written plain batch: `mx.quantize` of
+    /// its whole buffers (spare capacity kept), the same rows, offsets and
+    /// write index, and the right padding of a chunk in flight.
+    pub(crate) fn from_plain(quantization: KvQuantization, parts: KvParts) -> Result<Self> {
+        Ok(BatchQuantizedKvCache {
+            keys: Some(quantization.quantize(&parts.keys)?),
+            values: Some(quantization.quantize(&parts.values)?),
+            left_padding: parts.left_padding,
+            offset: parts.offset,
+            idx: parts.idx,
+            right_padding: parts.right_padding,
+            quantization,
+        })
     }
 
     /// The number of sequences.
@@ -423,6 +438,223 @@ impl BatchQuantizedKvCache {
     }
 }
 
+/// mlx-optiq's per-layer mixed KV ([`crate::cache::MixedKvCache`]) over a
+/// batch: a plain `BatchKVCache` until a forward leaves `start` or more
+/// slots in it, then the batched quantized cache of its whole buffers, as
+/// `KVCache.to_quantized` makes it (mlx-lm's own `kv_bits` conversion in
+/// `generate_step` is the same one, for every layer).
+///
+/// One buffer cannot be half quantized, so the batch converts as a whole,
+/// when its write index (the longest row plus padding) reaches `start`:
+/// for one row without padding that is the single sequence's offset, as
+/// optiq converts it. Since `mx.quantize` groups along the head dimension,
+/// each slot's triple is the same whenever it is quantized; what the rule
+/// decides is only from which step attention reads quantized keys. As in
+/// one sequence, the conversion runs at the start of the next update
+/// (nothing reads the cache between optiq's hook and that update).
+/// A row joining a converted batch is quantized on joining.
+#[derive(Debug, Clone)]
+pub struct BatchMixedKvCache {
+    state: MixedState,
+    pub quantization: KvQuantization,
+    /// optiq's `quantized_kv_start`.
+    pub start: i32,
+}
+
+#[derive(Debug, Clone)]
+enum MixedState {
+    Plain(BatchKvCache),
+    Quantized(BatchQuantizedKvCache),
+}
+
+/// A [`BatchMixedKvCache`] on one forward, before or after its conversion.
+pub enum BatchMixedNow<'a> {
+    Plain(&'a mut BatchKvCache),
+    Quantized(&'a mut BatchQuantizedKvCache),
+}
+
+impl BatchMixedKvCache {
+    /// Empty and plain, offsets `-left_padding`.
+    pub fn new(quantization: KvQuantization, start: i32, left_padding: &[i32]) -> Self {
+        BatchMixedKvCache {
+            state: MixedState::Plain(BatchKvCache::new(left_padding)),
+            quantization,
+            start,
+        }
+    }
+
+    /// A merged plain batch, still to convert.
+    pub(crate) fn plain(quantization: KvQuantization, start: i32, cache: BatchKvCache) -> Self {
+        BatchMixedKvCache {
+            state: MixedState::Plain(cache),
+            quantization,
+            start,
+        }
+    }
+
+    /// A merged batch of rows some of which were converted already.
+    pub(crate) fn quantized(
+        quantization: KvQuantization,
+        start: i32,
+        cache: BatchQuantizedKvCache,
+    ) -> Self {
+        BatchMixedKvCache {
+            state: MixedState::Quantized(cache),
+            quantization,
+            start,
+        }
+    }
+
+    /// The number of sequences.
+    pub fn batch_size(&self) -> usize {
+        match &self.state {
+            MixedState::Plain(c) => c.batch_size(),
+            MixedState::Quantized(c) => c.batch_size(),
+        }
+    }
+
+    /// Each sequence's position, as the int32 vector RoPE takes.
+    pub fn offsets(&self) -> Array {
+        match &self.state {
+            MixedState::Plain(c) => c.offsets(),
+            MixedState::Quantized(c) => c.offsets(),
+        }
+    }
+
+    /// Whether the batch has been converted (attention reads quantized
+    /// keys).
+    pub fn is_quantized(&self) -> bool {
+        match &self.state {
+            MixedState::Plain(_) => false,
+            MixedState::Quantized(_) => true,
+        }
+    }
+
+    /// The conversion when it is due (a written plain batch whose write
+    /// index reached `start`), then the cache as this forward uses it.
+    pub fn convert_if_due(&mut self) -> Result<BatchMixedNow<'_>> {
+        if let MixedState::Plain(c) = &self.state {
+            // A clone of the handles: into_parts takes the cache apart.
+            if let (true, Some(parts)) = (c.idx() >= self.start, c.clone().into_parts()) {
+                self.state = MixedState::Quantized(BatchQuantizedKvCache::from_plain(
+                    self.quantization,
+                    parts,
+                )?);
+            }
+        }
+        Ok(match &mut self.state {
+            MixedState::Plain(c) => BatchMixedNow::Plain(c),
+            MixedState::Quantized(c) => BatchMixedNow::Quantized(c),
+        })
+    }
+
+    /// The batch converted now, whatever its write index (a plain side
+    /// joining a converted one).
+    fn converted(self) -> Result<BatchQuantizedKvCache> {
+        match self.state {
+            MixedState::Quantized(c) => Ok(c),
+            MixedState::Plain(c) => {
+                // Nothing written: empty, offsets still `-left_padding`.
+                let empty = BatchQuantizedKvCache::new(self.quantization, c.left_padding());
+                match c.into_parts() {
+                    Some(parts) => BatchQuantizedKvCache::from_plain(self.quantization, parts),
+                    None => Ok(empty),
+                }
+            }
+        }
+    }
+
+    /// `make_mask(N)`: the left-padded causal mask array, in either state.
+    pub fn make_mask(&self, n: i32) -> Result<Mask> {
+        match &self.state {
+            MixedState::Plain(c) => c.make_mask(n),
+            MixedState::Quantized(c) => c.make_mask(n),
+        }
+    }
+
+    pub fn prepare_right_padding(&mut self, right_padding: &[i32]) -> Result<()> {
+        match &mut self.state {
+            MixedState::Plain(c) => c.prepare_right_padding(right_padding),
+            MixedState::Quantized(c) => c.prepare_right_padding(right_padding),
+        }
+    }
+
+    pub fn finalize(&mut self) -> Result<()> {
+        match &mut self.state {
+            MixedState::Plain(c) => c.finalize(),
+            MixedState::Quantized(c) => c.finalize(),
+        }
+    }
+
+    pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
+        match &mut self.state {
+            MixedState::Plain(c) => c.filter(keep),
+            MixedState::Quantized(c) => c.filter(keep),
+        }
+    }
+
+    /// `extend(other)`: two plain batches join plain; when either side was
+    /// converted, the other is converted first.
+    pub fn extend(&mut self, other: BatchMixedKvCache) -> Result<()> {
+        if (self.quantization, self.start) != (other.quantization, other.start) {
+            return Err(error(
+                "BatchMixedKvCache::extend: two mixed caches of different quantizations".into(),
+            ));
+        }
+        let this = std::mem::replace(
+            self,
+            BatchMixedKvCache::new(self.quantization, self.start, &[]),
+        );
+        let state = match (this.state, other.state) {
+            (MixedState::Plain(mut a), MixedState::Plain(b)) => {
+                a.extend(b)?;
+                MixedState::Plain(a)
+            }
+            (a, b) => {
+                let side = |state| BatchMixedKvCache {
+                    state,
+                    quantization: this.quantization,
+                    start: this.start,
+                };
+                let mut a = side(a).converted()?;
+                a.extend(side(b).converted()?)?;
+                MixedState::Quantized(a)
+            }
+        };
+        self.state = state;
+        Ok(())
+    }
+
+    /// `extract(idx)`: the row's plain keys and values, or its quantized
+    /// triples once converted.
+    pub fn extract(&self, row: usize) -> Result<MixedRow> {
+        match &self.state {
+            MixedState::Plain(c) => {
+                let (k, v) = c.extract(row)?;
+                Ok(MixedRow::Plain(k, v))
+            }
+            MixedState::Quantized(c) => {
+                let (k, v) = c.extract(row)?;
+                Ok(MixedRow::Quantized(k, v))
+            }
+        }
+    }
+
+    /// The arrays a step boundary evaluates.
+    pub(crate) fn state(&self) -> Vec<&Array> {
+        match &self.state {
+            MixedState::Plain(c) => c.buffers(),
+            MixedState::Quantized(c) => c.state(),
+        }
+    }
+}
+
+/// One row of a [`BatchMixedKvCache`]: keys and values, plain or quantized.
+pub enum MixedRow {
+    Plain(Array, Array),
+    Quantized(Quantized, Quantized),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -498,5 +730,31 @@ mod tests {
         assert_eq!(bytes(&row1), bytes(&want1));
         let other = BatchQuantizedKvCache::new(KvQuantization { bits: 8, ..Q4 }, &[0]);
         assert!(a.extend(other).is_err());
+    }
+
+    #[test]
+    fn a_plain_row_joining_a_converted_mixed_batch_is_quantized_slot_by_slot() {
+        let mut converted = BatchMixedKvCache::new(Q4, 0, &[0]);
+        let ka = keys(1, 3, 0.0);
+        let BatchMixedNow::Plain(c) = converted.convert_if_due().unwrap() else {
+            panic!("an empty cache converted");
+        };
+        c.update_and_fetch(&ka, &ka).unwrap();
+        assert!(converted.convert_if_due().is_ok() && converted.is_quantized());
+        let mut plain = BatchMixedKvCache::new(Q4, 0, &[0]);
+        let kb = keys(1, 2, 5.0);
+        let BatchMixedNow::Plain(c) = plain.convert_if_due().unwrap() else {
+            panic!("an empty cache converted");
+        };
+        c.update_and_fetch(&kb, &kb).unwrap();
+        converted.extend(plain).unwrap();
+        let MixedRow::Quantized(row1, _) = converted.extract(1).unwrap() else {
+            panic!("the joined row is not quantized");
+        };
+        assert_eq!(bytes(&row1), bytes(&Q4.quantize(&kb).unwrap()));
+        let MixedRow::Quantized(row0, _) = converted.extract(0).unwrap() else {
+            panic!("the converted row is not quantized");
+        };
+        assert_eq!(bytes(&row0), bytes(&Q4.quantize(&ka).unwrap()));
     }
 }

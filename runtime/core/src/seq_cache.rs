@@ -23,7 +23,7 @@ use crate::attention::Quantized;
 use crate::batch::BatchRotatingKvCache;
 use crate::batch::{pad_keys, zeros_rows, BatchCache, BatchKvCache, BatchLayerCache};
 use crate::batch_deltanet::BatchArraysCache;
-use crate::batch_quant::{BatchQuantizedKvCache, KvQuantization};
+use crate::batch_quant::{BatchMixedKvCache, BatchQuantizedKvCache, KvQuantization, MixedRow};
 use crate::ops::Result;
 
 fn error(what: String) -> mlx_rs::error::Exception {
@@ -194,6 +194,14 @@ pub fn extract(cache: &BatchCache, row: usize) -> Result<SeqCache> {
                         quantization: c.quantization,
                     })
                 }
+                Some(BatchLayerCache::QuantizedAfterForward(c)) => Some(match c.extract(row)? {
+                    MixedRow::Plain(keys, values) => SeqLayerCache::Full { keys, values },
+                    MixedRow::Quantized(keys, values) => SeqLayerCache::Quantized {
+                        keys,
+                        values,
+                        quantization: c.quantization,
+                    },
+                }),
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -250,6 +258,9 @@ pub fn merge(fresh: &BatchCache, rows: &[Option<&SeqCache>]) -> Result<BatchCach
                     Some(BatchLayerCache::Quantized(c)) => Some(BatchLayerCache::Quantized(
                         merge_quantized(l, c.quantization, &given, b)?,
                     )),
+                    Some(BatchLayerCache::QuantizedAfterForward(c)) => Some(
+                        BatchLayerCache::QuantizedAfterForward(merge_mixed(l, c, &given, b)?),
+                    ),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -373,6 +384,41 @@ fn merge_quantized(
         offsets,
         len,
     ))
+}
+
+/// The merge of a mixed-KV layer's rows: plain rows merge plain (the
+/// batch converts on its next update, see [`BatchMixedKvCache`]); when a
+/// given row was converted already, the plain ones are quantized as they
+/// are (slot by slot, so to the same triples) and all merge quantized.
+fn merge_mixed(
+    layer: usize,
+    fresh: &BatchMixedKvCache,
+    given: &[Option<&SeqLayerCache>],
+    b: usize,
+) -> Result<BatchMixedKvCache> {
+    let (quantization, start) = (fresh.quantization, fresh.start);
+    let any_quantized = given
+        .iter()
+        .any(|g| matches!(g, Some(SeqLayerCache::Quantized { .. })));
+    if !any_quantized {
+        let plain = merge_full(layer, given, b)?;
+        return Ok(BatchMixedKvCache::plain(quantization, start, plain));
+    }
+    let converted = given
+        .iter()
+        .map(|g| match g {
+            Some(SeqLayerCache::Full { keys, values }) => Ok(Some(SeqLayerCache::Quantized {
+                keys: quantization.quantize(keys)?,
+                values: quantization.quantize(values)?,
+                quantization,
+            })),
+            Some(other) => Ok(Some((*other).clone())),
+            None => Ok(None),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let rows: Vec<Option<&SeqLayerCache>> = converted.iter().map(Option::as_ref).collect();
+    let merged = merge_quantized(layer, quantization, &rows, b)?;
+    Ok(BatchMixedKvCache::quantized(quantization, start, merged))
 }
 
 /// `BatchRotatingKVCache.merge`: each row's last `min(offset, max_size)`
