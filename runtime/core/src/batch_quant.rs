@@ -118,7 +118,7 @@ pub struct BatchQuantizedKvCache {
     /// Set by [`BatchQuantizedKvCache::prepare_right_padding`] for a
     /// right-padded prefill chunk, consumed by `finalize`.
     right_padding: Option<Vec<i32>>,
-    pub quantization: KvQuantization,
+    pub(crate) quantization: KvQuantization,
 }
 
 impl BatchQuantizedKvCache {
@@ -176,6 +176,11 @@ impl BatchQuantizedKvCache {
     /// The number of sequences.
     pub fn batch_size(&self) -> usize {
         self.offset.len()
+    }
+
+    /// The group size and bits every slot is quantized with.
+    pub fn quantization(&self) -> KvQuantization {
+        self.quantization
     }
 
     /// Each sequence's position, as the int32 vector RoPE takes.
@@ -456,9 +461,9 @@ impl BatchQuantizedKvCache {
 #[derive(Debug, Clone)]
 pub struct BatchMixedKvCache {
     state: MixedState,
-    pub quantization: KvQuantization,
+    pub(crate) quantization: KvQuantization,
     /// optiq's `quantized_kv_start`.
-    pub start: i32,
+    pub(crate) start: i32,
 }
 
 #[derive(Debug, Clone)]
@@ -572,6 +577,7 @@ impl BatchMixedKvCache {
         }
     }
 
+    /// `prepare(right_padding=...)` of the cache in its current state.
     pub fn prepare_right_padding(&mut self, right_padding: &[i32]) -> Result<()> {
         match &mut self.state {
             MixedState::Plain(c) => c.prepare_right_padding(right_padding),
@@ -579,6 +585,7 @@ impl BatchMixedKvCache {
         }
     }
 
+    /// `finalize()` of the cache in its current state.
     pub fn finalize(&mut self) -> Result<()> {
         match &mut self.state {
             MixedState::Plain(c) => c.finalize(),
@@ -586,6 +593,7 @@ impl BatchMixedKvCache {
         }
     }
 
+    /// `filter(batch_indices)` of the cache in its current state.
     pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
         match &mut self.state {
             MixedState::Plain(c) => c.filter(keep),
