@@ -13,8 +13,8 @@
 //! prompt's chunks, leaves at the token budget (`filter`, dropping shared
 //! padding) and cancellations (`remove`) in prefill and in generation.
 
-use archgen_runtime::batch::BatchCache;
 use archgen_runtime::batch::BatchLm;
+use archgen_runtime::batch::{BatchCache, BatchLayerCache};
 use archgen_runtime::batch_session::{
     run_schedule, BatchConfig, BatchSession, PromptLanes, Schedule, SeqRun,
 };
@@ -65,13 +65,101 @@ fn schedule(vocab: i32) -> Value {
 /// (every layer a plain attention kind; `decode::enabled` on the CPU). The
 /// others (Gated DeltaNet, fused `qkv_proj`, post-norm layers) run them
 /// eagerly, as their single-sequence steps do.
-const COMPILED_BATCH_STEPS: [&str; 5] = [
+const COMPILED_BATCH_STEPS: [&str; 8] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
     "gemma4-e2b-tiny",
     "gemma4-26b-a4b-tiny",
+    KV_QUANT,
+    MIXED_KV[0],
+    MIXED_KV[1],
 ];
+
+/// The spec with a quantized KV cache (layer 5 of a Gemma-4 with sliding
+/// and KV-shared layers) whose batches are checked: mlx-lm cannot batch it
+/// (`QuantizedKVCache` has no merge()), so a real batch is checked
+/// generated against monolith, and a batch of one row against mlx-lm's
+/// single-sequence generation.
+const KV_QUANT: &str = "gemma4-e4b-tiny-kv";
+
+/// The specs with mlx-optiq's mixed KV (plain, then quantized: tier L2)
+/// whose batches are checked generated against monolith, and (the first)
+/// a batch of one row against optiq's single-sequence generation.
+const MIXED_KV: [&str; 2] = ["qwen3-0.6b-tiny-mixed-kv", "gemma4-12b-tiny-mixed-kv"];
+
+/// The spec-cases job of a checkpoint of `spec` with its quantized KV
+/// layers (kv_config.json) or its mixed KV (kv_config.json and
+/// kv_scheme.json), bf16 (float32 with unquantized experts).
+fn kv_quant_job(spec: &archgen_families::Spec, out: &std::path::Path, seed: u64) -> Value {
+    let ir = spec.lower();
+    let kv = archgen_tests::quantized_kv_layers(&ir);
+    let mixed_kv = spec.mixed_kv().map(|m| {
+        let layers: serde_json::Map<String, Value> = m
+            .kv_config()
+            .iter()
+            .map(|e| (e.layer_idx.to_string(), json!([e.bits, e.group_size])))
+            .collect();
+        json!({"layers": layers, "quantized_kv_start": m.quantized_kv_start})
+    });
+    // spec_cases.py checks that optiq converted every listed layer: the
+    // prompt reaches the start.
+    let start = spec.mixed_kv().map_or(0, |m| m.quantized_kv_start);
+    let prompt: Vec<u32> = (1..=start.max(3)).collect();
+    json!({
+        "config": config_for(spec),
+        "out": out,
+        "seed": seed,
+        "dtype": if archgen_tests::has_experts(&ir) { "float32" } else { "bfloat16" },
+        "bits": null,
+        "group_size": null,
+        "kv_quant": if kv.is_empty() { Value::Null } else { Value::Object(kv) },
+        "mixed_kv": mixed_kv,
+        "prompt_ids": prompt,
+        "decode_steps": 1,
+    })
+}
+
+/// The first layer of `spec` with a quantized KV cache.
+fn first_quantized_layer(spec: &archgen_families::Spec) -> usize {
+    archgen_tests::quantized_kv_layers(&spec.lower())
+        .keys()
+        .filter_map(|k| k.parse().ok())
+        .min()
+        .expect("a quantized KV layer")
+}
+
+/// Each sequence's logprobs rows, tokens and steps of two runs of one
+/// schedule, generated against monolith: a failure line per difference.
+fn compare_runs(
+    name: &str,
+    schedule: &Schedule,
+    runs: &[SeqRun],
+    generated: &[SeqRun],
+    failures: &mut Vec<String>,
+) {
+    assert_eq!(runs.len(), schedule.sequences.len(), "{name}");
+    assert_eq!(generated.len(), schedule.sequences.len(), "{name}");
+    for (i, (run, gen)) in runs.iter().zip(generated).enumerate() {
+        if schedule.sequences[i].leave.is_none() {
+            assert_eq!(
+                run.tokens.len(),
+                schedule.sequences[i].decode,
+                "{name}: seq{i}"
+            );
+        }
+        let vec = |v: &[i32]| Array::from_slice(v, &[v.len() as i32]);
+        for (key, ours, theirs) in [
+            ("logprobs", run.logprobs.clone(), gen.logprobs.clone()),
+            ("tokens", vec(&run.tokens), vec(&gen.tokens)),
+            ("steps", vec(&run.steps), vec(&gen.steps)),
+        ] {
+            if !same(&ours, &theirs) {
+                failures.push(format!("{name}: seq{i}.{key}: generated != monolith"));
+            }
+        }
+    }
+}
 
 /// The schedule run on a generated model (whose type the registry picks),
 /// through its `CausalLm::batched`.
@@ -157,28 +245,12 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
             "decode_steps": 1,
         }));
     }
-    // A quantized KV cache (gemma4-e4b-tiny-kv): mlx-lm cannot batch it,
-    // nor can archgen.
-    let kv_spec = archgen_families::load(repo_root().join("specs/gemma4-e4b-tiny-kv.yaml"))
-        .unwrap_or_else(|d| panic!("{d}"));
-    let kv_layers = archgen_tests::quantized_kv_layers(&kv_spec.lower());
-    let first_kv_layer: usize = kv_layers
-        .keys()
-        .filter_map(|k| k.parse().ok())
-        .min()
-        .expect("a quantized KV layer");
-    jobs.push(json!({
-        "config": config_for(&kv_spec),
-        "out": root.path().join("kv-quant"),
-        "seed": 4299,
-        "dtype": "bfloat16",
-        "bits": null,
-        "group_size": null,
-        "kv_quant": kv_layers,
-        "mixed_kv": null,
-        "prompt_ids": [1, 2, 3],
-        "decode_steps": 1,
-    }));
+    // A quantized KV cache (gemma4-e4b-tiny-kv): mlx-lm cannot batch it
+    // (no oracle), so generated and monolith are compared with each other.
+    let kv_spec =
+        archgen_families::load(repo_root().join("specs").join(format!("{KV_QUANT}.yaml")))
+            .unwrap_or_else(|d| panic!("{d}"));
+    jobs.push(kv_quant_job(&kv_spec, &root.path().join("kv-quant"), 4299));
     let jobs_path = root.path().join("jobs.json");
     std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
     run_python("spec_cases.py", &[jobs_path.as_os_str()]);
@@ -240,35 +312,78 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
             );
         }
     }
-    // A quantized KV cache: both implementations refuse it, naming the
-    // layer and the reason mlx-lm gives.
-    let kv8_dir = root.path().join("kv-quant").join("model");
-    let kv8 = archgen_monolith::load_dir(&kv8_dir).unwrap();
-    let schedule = Schedule::from_json(
-        &schedule(BatchLm::vocab_size(&kv8)),
-        BatchLm::vocab_size(&kv8),
-    )
-    .unwrap();
-    let refusals = [
-        (
-            "monolith",
-            run_schedule(&kv8, &schedule).map_err(|e| e.to_string()),
+    // A quantized KV cache: the same schedule, generated == monolith byte
+    // for byte, with the quantized layers batched as such.
+    let kv_dir = root.path().join("kv-quant").join("model");
+    let kv_model = archgen_monolith::load_dir(&kv_dir).unwrap();
+    let first_kv_layer = first_quantized_layer(&kv_spec);
+    let fresh = kv_model.make_batch_cache(2).unwrap();
+    assert!(
+        matches!(
+            fresh.layers[first_kv_layer],
+            Some(BatchLayerCache::Quantized(_))
         ),
-        (
-            "generated",
-            run_generated(&kv8_dir, "gemma4-e4b-tiny-kv", &schedule),
-        ),
-    ];
-    for (which, result) in refusals {
-        match result {
-            Ok(_) => failures.push(format!("{which}: a quantized KV cache was batched")),
-            Err(e) => {
-                assert!(
-                    e.contains(&format!("layer {first_kv_layer}:"))
-                        && e.contains("QuantizedKVCache has no merge()"),
-                    "{which}: {e}"
-                );
-            }
+        "layer {first_kv_layer}: not a batched quantized cache"
+    );
+    let vocab = BatchLm::vocab_size(&kv_model);
+    let kv_schedule = Schedule::from_json(&schedule(vocab), vocab).unwrap();
+    let runs = run_schedule(&kv_model, &kv_schedule).unwrap();
+    let generated = run_generated(&kv_dir, KV_QUANT, &kv_schedule).unwrap();
+    let before = failures.len();
+    compare_runs(KV_QUANT, &kv_schedule, &runs, &generated, &mut failures);
+    if failures.len() == before {
+        eprintln!(
+            "{KV_QUANT}: generated == monolith ({} sequences, quantized KV batched; \
+             no mlx-lm batch oracle)",
+            runs.len()
+        );
+    }
+    // mlx-optiq's mixed KV (one spec-cases run: optiq patches mlx-lm
+    // process-wide): the same schedule, generated == monolith.
+    let mixed_jobs: Vec<Value> = MIXED_KV
+        .iter()
+        .enumerate()
+        .map(|(k, name)| {
+            let spec =
+                archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml")))
+                    .unwrap_or_else(|d| panic!("{d}"));
+            kv_quant_job(&spec, &root.path().join(name), 4300 + k as u64)
+        })
+        .collect();
+    let mixed_path = root.path().join("mixed-jobs.json");
+    std::fs::write(&mixed_path, serde_json::to_vec(&mixed_jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[mixed_path.as_os_str()]);
+    for name in MIXED_KV {
+        let dir = root.path().join(name).join("model");
+        let model = archgen_monolith::load_dir(&dir).unwrap();
+        let fresh = model.make_batch_cache(2).unwrap();
+        assert!(
+            fresh
+                .layers
+                .iter()
+                .any(|l| matches!(l, Some(BatchLayerCache::QuantizedAfterForward(_)))),
+            "{name}: no batched mixed KV cache"
+        );
+        let vocab = BatchLm::vocab_size(&model);
+        // One more sequence, long enough that the batch's write index
+        // passes gemma4-12b-tiny-mixed-kv's start (24) and it converts.
+        let mut json = schedule(vocab);
+        let long: Vec<i32> = (0..20).map(|i| (i * 13 + 1) % vocab).collect();
+        json["sequences"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"prompt": long, "arrival": 1, "decode": 8}));
+        let mixed_schedule = Schedule::from_json(&json, vocab).unwrap();
+        let runs = run_schedule(&model, &mixed_schedule).unwrap();
+        let generated = run_generated(&dir, name, &mixed_schedule).unwrap();
+        let before = failures.len();
+        compare_runs(name, &mixed_schedule, &runs, &generated, &mut failures);
+        if failures.len() == before {
+            eprintln!(
+                "{name}: generated == monolith ({} sequences, mixed KV batched; \
+                 no mlx-lm or optiq batch oracle)",
+                runs.len()
+            );
         }
     }
     assert!(
@@ -276,6 +391,144 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
         "batch parity failures:\n{}",
         failures.join("\n")
     );
+}
+
+/// One sequence through `BatchSession` alone (a batch of one row, no
+/// padding) and through mlx-lm's `generate_step` with `oracle` (the job of
+/// tests/python/single_seq_oracle.py): the failures, none when every
+/// logprobs row and greedy token is equal byte for byte. `generated` names
+/// the generated model to run too (`None`: the monolith only); `label`
+/// names the case in messages.
+fn one_row_against_generate_step(
+    label: &str,
+    model_dir: &std::path::Path,
+    generated: Option<&str>,
+    oracle: Value,
+) -> Vec<String> {
+    let model = archgen_monolith::load_dir(model_dir).unwrap();
+    let vocab = BatchLm::vocab_size(&model);
+    let prompt: Vec<i32> = (0..10).map(|i| (i * 37 + 29) % vocab).collect();
+    let decode = 12;
+    let mut job = oracle;
+    job["prompt"] = json!(prompt);
+    job["decode"] = json!(decode);
+    job["prefill_step_size"] = json!(4);
+    let dir = model_dir.parent().unwrap();
+    let job_path = dir.join("single.json");
+    std::fs::write(&job_path, serde_json::to_vec(&job).unwrap()).unwrap();
+    let oracle_path = dir.join("single.safetensors");
+    run_python(
+        "single_seq_oracle.py",
+        &[
+            model_dir.as_os_str(),
+            job_path.as_os_str(),
+            oracle_path.as_os_str(),
+        ],
+    );
+    let oracle = Array::load_safetensors(&oracle_path).unwrap();
+    let json = json!({
+        "prefill_step_size": 4,
+        "sequences": [{"prompt": prompt, "arrival": 0, "decode": decode}],
+    });
+    let schedule = Schedule::from_json(&json, vocab).unwrap();
+    let mut runs = vec![("monolith", run_schedule(&model, &schedule).unwrap())];
+    if let Some(name) = generated {
+        runs.push((
+            "generated",
+            run_generated(model_dir, name, &schedule).unwrap(),
+        ));
+    }
+    let mut failures = Vec::new();
+    for (which, run) in &runs {
+        let run = &run[0];
+        let tokens = Array::from_slice(&run.tokens, &[run.tokens.len() as i32]);
+        for (key, ours) in [("logprobs", &run.logprobs), ("tokens", &tokens)] {
+            if !same(ours, &oracle[key]) {
+                failures.push(format!(
+                    "{label}: {key}: {which} (a batch of one) != mlx-lm generate_step"
+                ));
+            }
+        }
+    }
+    if failures.is_empty() {
+        eprintln!("{label}: a batch of one row == mlx-lm generate_step ({decode} tokens)");
+    }
+    failures
+}
+
+/// A batch of ONE row with no padding is the single-sequence computation:
+/// with a quantized KV cache (which mlx-lm cannot batch) its rows hold what
+/// `QuantizedKVCache` holds and its mask array selects what the single
+/// sequence's causal mask selects. So `BatchSession`, one sequence alone,
+/// must give mlx-lm's `generate_step` logprobs rows and greedy tokens byte
+/// for byte: a 10-token prompt in chunks of 4 (the caches written by
+/// chunks, then by single tokens), 12 decoded tokens (past Gemma-4's
+/// sliding window of 8), over
+/// * gemma4-e4b-tiny-kv (a `QuantizedKVCache` from the start on layer 5),
+///   monolith and generated;
+/// * qwen3-0.6b-tiny-mixed-kv against mlx-optiq's `install_mixed_kv` hook
+///   in `generate_step` (tier L2), monolith and generated;
+/// * every layer of a Qwen3 mixed KV (4 bits, group 32, from position 5)
+///   against stock mlx-lm's `generate_step(kv_bits=4, kv_group_size=32,
+///   quantized_kv_start=5)`: the conversion falls after the second prefill
+///   chunk. Monolith only (no generated model has this spec).
+#[test]
+fn one_row_of_a_quantized_kv_batch_is_mlx_lm_single_sequence_generation() {
+    let root = tempfile::tempdir().unwrap();
+    let load = |name: &str| {
+        archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml")))
+            .unwrap_or_else(|d| panic!("{d}"))
+    };
+    let write_jobs = |file: &str, jobs: &[Value]| {
+        let path = root.path().join(file);
+        std::fs::write(&path, serde_json::to_vec(jobs).unwrap()).unwrap();
+        run_python("spec_cases.py", &[path.as_os_str()]);
+    };
+    let quantized = root.path().join(KV_QUANT);
+    write_jobs(
+        "jobs.json",
+        &[kv_quant_job(&load(KV_QUANT), &quantized, 4600)],
+    );
+
+    // L2 jobs (optiq patches mlx-lm process-wide): the mixed spec, and the
+    // same architecture with every layer mixed as mlx-lm's kv_bits does.
+    let mixed_name = MIXED_KV[0];
+    let mixed_spec = load(mixed_name);
+    let mixed = root.path().join(mixed_name);
+    let every_layer = root.path().join("kv-bits");
+    let mut kv_bits_job = kv_quant_job(&mixed_spec, &every_layer, 4602);
+    let layers: serde_json::Map<String, Value> = (0..mixed_spec.lower().layers.len())
+        .map(|i| (i.to_string(), json!([4, 32])))
+        .collect();
+    kv_bits_job["mixed_kv"] = json!({"layers": layers, "quantized_kv_start": 5});
+    // spec_cases.py checks that optiq converted every listed layer: its
+    // prompt passes the start.
+    kv_bits_job["prompt_ids"] = json!([1, 2, 3, 4, 5, 6]);
+    write_jobs(
+        "l2-jobs.json",
+        &[kv_quant_job(&mixed_spec, &mixed, 4601), kv_bits_job],
+    );
+
+    let mut failures = one_row_against_generate_step(
+        KV_QUANT,
+        &quantized.join("model"),
+        Some(KV_QUANT),
+        json!({"kv_config": "quantized"}),
+    );
+    failures.extend(one_row_against_generate_step(
+        mixed_name,
+        &mixed.join("model"),
+        Some(mixed_name),
+        json!({"kv_config": "optiq"}),
+    ));
+    failures.extend(one_row_against_generate_step(
+        "every layer mixed (4 bits, group 32, from 5) vs kv_bits",
+        &every_layer.join("model"),
+        None,
+        json!({"kv_config": "ignored", "kv_bits": 4, "kv_group_size": 32,
+               "quantized_kv_start": 5}),
+    ));
+    assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
 }
 
 /// The server's decode-only steps (`BatchSession::step_generation`, run

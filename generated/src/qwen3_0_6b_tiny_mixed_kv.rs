@@ -5,8 +5,9 @@
 // Do not edit by hand: `cargo xtask gen --check` fails on any difference.
 
 use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
-use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm};
+use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, BatchKvCache};
 use archgen_runtime::batch_blocks;
+use archgen_runtime::batch_quant::{BatchMixedKvCache, KvQuantization};
 use archgen_runtime::cache::{LayerCache, KvCache, MixedKvCache};
 use archgen_runtime::decode;
 use archgen_runtime::layers::Embedding;
@@ -184,6 +185,21 @@ impl KvForm {
             }
         }
     }
+    /// The batched cache of this form for fresh sequences.
+    fn make_batch(self, no_padding: &[i32]) -> BatchLayerCache {
+        match self {
+            KvForm::Plain => BatchLayerCache::Full(BatchKvCache::new(no_padding)),
+            KvForm::QuantizedAfterForward { group_size, bits, start } => {
+                BatchLayerCache::QuantizedAfterForward(
+                    BatchMixedKvCache::new(
+                        KvQuantization { group_size, bits },
+                        start,
+                        no_padding,
+                    ),
+                )
+            }
+        }
+    }
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
@@ -227,6 +243,13 @@ impl Row {
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
             Row::FullOwnKv(_, cache) => Some(cache.make()),
+        }
+    }
+    /// The layer's merged cache for a batch of fresh sequences
+    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+        match self {
+            Row::FullOwnKv(_, cache) => Some(cache.make_batch(no_padding)),
         }
     }
 }
@@ -316,14 +339,11 @@ impl BatchLm for Model {
     fn vocab_size(&self) -> i32 {
         VOCAB
     }
-    fn make_batch_cache(&self, _n: usize) -> Result<BatchCache> {
-        Err(
-            archgen_runtime::mlx_rs::error::Exception::custom(
-                format!(
-                    "{}: layer {}: {}", NAME, 0usize, batch_blocks::MIXED_KV_UNBATCHED
-                ),
-            ),
-        )
+    fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
+        let no_padding = vec![0; n];
+        Ok(BatchCache {
+            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+        })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
         cache.check_layers(LAYOUT.len())?;

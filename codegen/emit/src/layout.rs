@@ -203,7 +203,7 @@ fn mlp_widths(plan: &Plan) -> Vec<MlpWidth> {
     out
 }
 
-pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, String> {
+pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
     let ir = &plan.ir;
     let forms = per_layer_cache_forms(plan);
     let kinds = kind_facts(plan, forms)?;
@@ -322,6 +322,11 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
                         let w = lit_i32(w)?;
                         quote! { #any_row => Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(#w, no_padding))), }
                     }
+                    // A row with a cache form makes the batched cache of
+                    // its form (`KvForm::make_batch`).
+                    Window::Full if k.cache_form => {
+                        quote! { #pattern => Some(cache.make_batch(no_padding)), }
+                    }
                     Window::Full => {
                         quote! { #any_row => Some(BatchLayerCache::Full(BatchKvCache::new(no_padding))), }
                     }
@@ -405,6 +410,33 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
         ]
         .into_iter()
         .flatten();
+        let batch_arms = [
+            plain.then(|| quote! { KvForm::Plain => BatchLayerCache::Full(BatchKvCache::new(no_padding)), }),
+            quantized.then(|| quote! {
+                KvForm::Quantized { group_size, bits } => BatchLayerCache::Quantized(
+                    BatchQuantizedKvCache::new(KvQuantization { group_size, bits }, no_padding),
+                ),
+            }),
+            mixed.then(|| quote! {
+                KvForm::QuantizedAfterForward { group_size, bits, start } => {
+                    BatchLayerCache::QuantizedAfterForward(BatchMixedKvCache::new(
+                        KvQuantization { group_size, bits },
+                        start,
+                        no_padding,
+                    ))
+                }
+            }),
+        ]
+        .into_iter()
+        .flatten();
+        let make_batch = quote! {
+            /// The batched cache of this form for fresh sequences.
+            fn make_batch(self, no_padding: &[i32]) -> BatchLayerCache {
+                match self {
+                    #(#batch_arms)*
+                }
+            }
+        };
         quote! {
             /// The K/V cache of a full-attention layer: mlx-lm's `KVCache`,
             /// or a quantized one.
@@ -419,6 +451,8 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
                         #(#arms)*
                     }
                 }
+
+                #make_batch
             }
         }
     });
@@ -433,17 +467,15 @@ pub(crate) fn layout_tokens(plan: &Plan, batchable: bool) -> Result<Layout, Stri
             }
         }
     });
-    let batch_cache_fn = batchable.then(|| {
-        quote! {
-            /// The layer's merged cache for a batch of fresh sequences
-            /// (`BatchGenerator`), none for a layer reading a donor's K/V.
-            fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
-                match self {
-                    #(#batch_caches)*
-                }
+    let batch_cache_fn = quote! {
+        /// The layer's merged cache for a batch of fresh sequences
+        /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+        fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+            match self {
+                #(#batch_caches)*
             }
         }
-    });
+    };
     let donor_fn = any_donor.then(|| {
         quote! {
             /// The K/V layer `donor` computed in this forward, for a later

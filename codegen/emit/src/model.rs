@@ -1178,30 +1178,6 @@ fn rope_init(a: &Attention) -> Result<TokenStream, String> {
     })
 }
 
-/// The first layer whose K/V cache mlx-lm's `BatchGenerator` cannot merge
-/// (a quantized one), with the monolith's words for it.
-fn batch_refusal(plan: &Plan) -> Option<(usize, TokenStream)> {
-    plan.ir
-        .layers
-        .iter()
-        .find_map(|l| match l.attention().map(|a| a.kv) {
-            Some(KvSource::Own {
-                cache: KvCache::Quantized(_),
-                ..
-            }) => Some((l.index, quote! { batch_blocks::QUANTIZED_KV_UNBATCHED })),
-            Some(KvSource::Own {
-                cache: KvCache::QuantizedAfterForward { .. },
-                ..
-            }) => Some((l.index, quote! { batch_blocks::MIXED_KV_UNBATCHED })),
-            Some(KvSource::Own {
-                cache: KvCache::Plain,
-                ..
-            })
-            | Some(KvSource::Shared { .. })
-            | None => None,
-        })
-}
-
 /// A model's batched forward: the imports it needs and `impl BatchLm`.
 struct Batched {
     imports: TokenStream,
@@ -1213,9 +1189,9 @@ struct Batched {
 /// sliding) or a Gated DeltaNet state, none for layers reading a donor's
 /// K/V; one mask per window from its first layer's cache before any update;
 /// each layer's `forward_batch` (input norm, batched mixer, the kind's
-/// `finish`). A model with a quantized K/V cache refuses in
-/// `make_batch_cache` with the monolith's words (mlx-lm's `BatchGenerator`
-/// cannot merge those caches either).
+/// `finish`); a quantized K/V cache batches as archgen's batched
+/// `QuantizedKVCache`, mlx-optiq's mixed KV as its batched mixed cache
+/// (`batch_quant`).
 fn batch_tokens(
     plan: &Plan,
     layout: &Layout,
@@ -1225,14 +1201,34 @@ fn batch_tokens(
 ) -> Result<Batched, String> {
     let ir = &plan.ir;
     let name = &plan.name;
-    let refusal = batch_refusal(plan);
     let (mut any_full, mut any_sliding, mut any_delta_net) = (false, false, false);
+    let (mut any_quantized, mut any_mixed) = (false, false);
     for l in &ir.layers {
         match &l.mixer {
             Mixer::GatedDeltaNet(_) => any_delta_net = true,
             Mixer::Attention(a) => match (a.kv, a.window) {
                 (KvSource::Own { .. }, Window::Sliding(_)) => any_sliding = true,
-                (KvSource::Own { .. }, Window::Full) => any_full = true,
+                (
+                    KvSource::Own {
+                        cache: KvCache::Quantized(_),
+                        ..
+                    },
+                    Window::Full,
+                ) => any_quantized = true,
+                (
+                    KvSource::Own {
+                        cache: KvCache::QuantizedAfterForward { .. },
+                        ..
+                    },
+                    Window::Full,
+                ) => any_mixed = true,
+                (
+                    KvSource::Own {
+                        cache: KvCache::Plain,
+                        ..
+                    },
+                    Window::Full,
+                ) => any_full = true,
                 (KvSource::Shared { .. }, _) => {}
             },
         }
@@ -1298,30 +1294,29 @@ fn batch_tokens(
         }
         (true, None) | (false, _) => (quote! {}, quote! { Ok(logits) }),
     };
-    let batchable = refusal.is_none();
     let batch_caches = &layout.batch_caches;
     let batch_loop = &layout.forward_batch;
-    let make = match refusal {
-        Some((i, why)) => quote! {
-            fn make_batch_cache(&self, _n: usize) -> Result<BatchCache> {
-                Err(archgen_runtime::mlx_rs::error::Exception::custom(format!(
-                    "{}: layer {}: {}", NAME, #i, #why
-                )))
-            }
-        },
-        None => quote! {
-            fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
-                let no_padding = vec![0; n];
-                Ok(BatchCache { layers: #batch_caches })
-            }
-        },
+    let make = quote! {
+        fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
+            let no_padding = vec![0; n];
+            Ok(BatchCache { layers: #batch_caches })
+        }
     };
     let cache_imports = [
-        (batchable && any_full).then(|| quote! { BatchKvCache }),
-        (batchable && any_sliding).then(|| quote! { BatchRotatingKvCache }),
+        any_full.then(|| quote! { BatchKvCache }),
+        any_sliding.then(|| quote! { BatchRotatingKvCache }),
     ]
     .into_iter()
     .flatten();
+    let quantized_caches = [
+        any_quantized.then(|| quote! { BatchQuantizedKvCache }),
+        any_mixed.then(|| quote! { BatchMixedKvCache }),
+    ]
+    .into_iter()
+    .flatten();
+    let quantized_import = (any_quantized || any_mixed).then(|| {
+        quote! { use archgen_runtime::batch_quant::{#(#quantized_caches,)* KvQuantization}; }
+    });
     let delta_net_import = any_delta_net.then(|| {
         quote! { use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache}; }
     });
@@ -1329,6 +1324,7 @@ fn batch_tokens(
         imports: quote! {
             use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, #(#cache_imports),*};
             use archgen_runtime::batch_blocks;
+            #quantized_import
             #delta_net_import
         },
         item: quote! {
@@ -1450,7 +1446,7 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         .iter()
         .map(kind_tokens)
         .collect::<Result<_, _>>()?;
-    let layout = layout_tokens(plan, batch_refusal(plan).is_none())?;
+    let layout = layout_tokens(plan)?;
     let Layout {
         items: layout_items,
         load: layers_load,

@@ -1349,40 +1349,44 @@ fn batched_short_request_decodes_between_a_long_prompts_chunks() {
     long.finish(Duration::from_secs(120));
 }
 
-/// A model whose KV cache cannot be batched (mlx-optiq's mixed KV cache, as
-/// mlx-lm's `BatchGenerator` refuses it) is served one sequence per forward:
-/// the server says so at start, and requests sent together each give what
-/// `archgen generate` gives alone.
-#[test]
-fn serves_an_unbatchable_cache_one_sequence_at_a_time() {
+/// A model with a quantized KV cache batches as any other (archgen's
+/// batched `QuantizedKVCache`, or its mixed counterpart): the server says
+/// so at start; with `--max-batch 1` each greedy request is a batch of one
+/// row, which gives what `archgen generate` gives alone; a short prompt
+/// again is served from the prompt cache (a quantized cache extracted from
+/// the batch, trimmed and merged back) with the same answer; and requests
+/// sent together all complete in forwards of several rows.
+fn serves_batched_and_one_row_matches_generate(spec: &str, dir: &str) {
     let root = tempfile::tempdir().unwrap();
-    let model = tiny_chat_model_of(root.path(), "qwen3-0.6b-tiny-mixed-kv", "qwen3-mixed-kv");
+    let model = tiny_chat_model_of(root.path(), spec, dir);
     let model_s = model.to_str().unwrap();
-    let server = start_server(&model, &["--max-batch", "4"]);
-    assert!(
-        server
-            .startup
-            .iter()
-            .any(|l| l.contains("requests run one by one")),
-        "{:?}",
-        server.startup
-    );
-    let shapes = [(0, 3), (11, 17), (40, 9)];
-    let max_tokens = 6;
-    let running: Vec<Background> = shapes
-        .iter()
-        .map(|&(first, n)| {
-            Background::start(
-                &server,
-                "/v1/completions",
-                &ids_body(first, n, max_tokens, false),
-            )
-        })
-        .collect();
-    for (request, &(first, n)) in running.into_iter().zip(&shapes) {
-        let lines = request.finish(Duration::from_secs(120));
-        let body: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
-        let (text, _) = whole_answer(&body.join("\n"));
+    let batched_note = |server: &Server| {
+        assert!(
+            server
+                .startup
+                .iter()
+                .any(|l| l.contains("decode as one batched forward")),
+            "no note of the batched path: {:?}",
+            server.startup
+        );
+    };
+    let ask = |server: &Server, first: usize, n: usize, max_tokens: usize| -> (String, String) {
+        let (status, body) = curl(
+            server,
+            "POST",
+            "/v1/completions",
+            Some(&ids_body(first, n, max_tokens, false)),
+        );
+        assert_eq!(status, 200, "{body}");
+        whole_answer(&body)
+    };
+
+    let server = start_server(&model, &["--max-batch", "1"]);
+    batched_note(&server);
+    // Past the sliding window (8) in the prompt and in the answer.
+    let max_tokens = 10;
+    for (first, n) in [(0, 3), (11, 17)] {
+        let (text, _) = ask(&server, first, n, max_tokens);
         let ids: Vec<String> = (0..n)
             .map(|i| ((first + 7 * i) % 500 + 3).to_string())
             .collect();
@@ -1402,9 +1406,56 @@ fn serves_an_unbatchable_cache_one_sequence_at_a_time() {
         assert!(ok, "{stderr}");
         assert_eq!(stdout, format!("{text}\n"), "prompt {ids:?}");
     }
+    // 3 + 4 tokens stay inside the sliding window, so the stored cache can
+    // be trimmed back to the prompt (a wrapped ring cannot, as in mlx-lm).
+    let first_time = ask(&server, 0, 3, 4);
+    let hits = metric(&server, "archgen_prompt_cache_hits_total");
+    let again = ask(&server, 0, 3, 4);
     assert_eq!(
-        metric(&server, "archgen_decode_batch_size_sum"),
-        metric(&server, "archgen_decode_batch_size_count"),
-        "one sequence per decode forward"
+        metric(&server, "archgen_prompt_cache_hits_total"),
+        hits + 1.0,
+        "the repeated prompt missed the prompt cache"
     );
+    assert_eq!(again, first_time, "the prompt cache changed the answer");
+    drop(server);
+
+    let server = start_server(&model, &["--max-batch", "4"]);
+    batched_note(&server);
+    let shapes = [(0, 3), (40, 9), (90, 30), (5, 1)];
+    let running: Vec<Background> = shapes
+        .iter()
+        .map(|&(first, n)| {
+            Background::start(
+                &server,
+                "/v1/completions",
+                &ids_body(first, n, max_tokens, false),
+            )
+        })
+        .collect();
+    for request in running {
+        let lines = request.finish(Duration::from_secs(120));
+        let body: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+        let (text, finish) = whole_answer(&body.join("\n"));
+        assert!(!text.is_empty(), "{body:?}");
+        assert!(finish == "length" || finish == "stop", "{body:?}");
+    }
+    assert!(
+        metric(&server, "archgen_decode_batch_size_sum")
+            > metric(&server, "archgen_decode_batch_size_count"),
+        "no decode forward computed more than one sequence"
+    );
+}
+
+/// gemma4-e4b-tiny-kv: layer 5's cache is 4-bit from the start, beside
+/// sliding and KV-shared layers.
+#[test]
+fn batches_a_quantized_kv_cache_and_one_row_matches_generate() {
+    serves_batched_and_one_row_matches_generate("gemma4-e4b-tiny-kv", "gemma4-kv");
+}
+
+/// qwen3-0.6b-tiny-mixed-kv: mlx-optiq's mixed KV (8-bit and 4-bit layers
+/// beside bf16 ones), converted after the first forward.
+#[test]
+fn batches_a_mixed_kv_cache_and_one_row_matches_generate() {
+    serves_batched_and_one_row_matches_generate("qwen3-0.6b-tiny-mixed-kv", "qwen3-mixed-kv");
 }

@@ -25,24 +25,25 @@ use mlx_rs::{Array, Dtype};
 
 use crate::attention::Mask;
 use crate::batch_deltanet::BatchArraysCache;
+use crate::batch_quant::{BatchMixedKvCache, BatchQuantizedKvCache};
 use crate::ops::Result;
 
 /// `BatchKVCache.step`: buffers grow in steps of 256 slots, as `KVCache`'s.
-const STEP: i32 = 256;
+pub(crate) const STEP: i32 = 256;
 
 fn error(what: String) -> mlx_rs::error::Exception {
     mlx_rs::error::Exception::custom(what)
 }
 
 /// An int32 vector of host values.
-fn int_vector(values: &[i32]) -> Array {
+pub(crate) fn int_vector(values: &[i32]) -> Array {
     Array::from_slice(values, &[values.len() as i32])
 }
 
 /// `dynamic_roll(x, shifts[:, None], axis=2)` of cache.py: row b of `x`
 /// [B, H, S, D] rolled right by `shifts[b]` along the key axis, through the
 /// same gather (`take_along_axis` with `(arange(S) - shift) % S`).
-fn roll_rows(x: &Array, shifts: &[i32]) -> Result<Array> {
+pub(crate) fn roll_rows(x: &Array, shifts: &[i32]) -> Result<Array> {
     let s = x.shape()[2];
     let mut idx = Vec::with_capacity(shifts.len() * s as usize);
     for &shift in shifts {
@@ -191,7 +192,7 @@ impl ExtendLayout {
 /// After each row's keys were rolled right by `shift[b]` slots (its
 /// right padding brought to the front): those slots count as left padding
 /// and no longer as the row's tokens.
-fn shift_to_left_padding(offset: &mut [i32], left_padding: &mut [i32], shift: &[i32]) {
+pub(crate) fn shift_to_left_padding(offset: &mut [i32], left_padding: &mut [i32], shift: &[i32]) {
     for ((o, lp), s) in offset.iter_mut().zip(left_padding.iter_mut()).zip(shift) {
         *o -= s;
         *lp += s;
@@ -222,6 +223,16 @@ pub fn left_padded_causal_mask(n: i32, idx: i32, left_padding: &[i32]) -> Result
     let keys = mlx_rs::ops::arange::<i32, i32>(0, idx + n, 1)?.expand_dims(0)?;
     let lp = Array::from_slice(left_padding, &[left_padding.len() as i32, 1, 1, 1]);
     causal.logical_and(lp.le(&keys)?)
+}
+
+/// A written [`BatchKvCache`] taken apart ([`BatchKvCache::into_parts`]).
+pub(crate) struct KvParts {
+    pub keys: Array,
+    pub values: Array,
+    pub left_padding: Vec<i32>,
+    pub offset: Vec<i32>,
+    pub idx: i32,
+    pub right_padding: Option<Vec<i32>>,
 }
 
 /// mlx-lm's `BatchKVCache`: one left-padded K/V buffer for B sequences of a
@@ -428,6 +439,28 @@ impl BatchKvCache {
             left_padding,
             idx: len,
             right_padding: None,
+        }
+    }
+
+    /// Its key and value buffers, once written (`c.state`).
+    pub(crate) fn buffers(&self) -> Vec<&Array> {
+        self.keys.iter().chain(self.values.iter()).collect()
+    }
+
+    /// Its whole buffers (spare capacity included) and row bookkeeping,
+    /// `None` before any key is written: what `KVCache.to_quantized`
+    /// quantizes ([`crate::batch_quant::BatchMixedKvCache`]).
+    pub(crate) fn into_parts(self) -> Option<KvParts> {
+        match (self.keys, self.values) {
+            (Some(keys), Some(values)) => Some(KvParts {
+                keys,
+                values,
+                left_padding: self.left_padding,
+                offset: self.offset,
+                idx: self.idx,
+                right_padding: self.right_padding,
+            }),
+            _ => None,
         }
     }
 
@@ -888,7 +921,7 @@ pub(crate) fn eval_layers<'a, L>(
 }
 
 /// The row indices as an int32 array, after checking them against `batch`.
-fn check_rows(rows: &[usize], batch: usize, what: &str) -> Result<Array> {
+pub(crate) fn check_rows(rows: &[usize], batch: usize, what: &str) -> Result<Array> {
     if let Some(bad) = rows.iter().find(|&&r| r >= batch) {
         return Err(error(format!("{what}: row {bad} of a batch of {batch}")));
     }
@@ -907,6 +940,13 @@ pub enum BatchLayerCache {
     /// `ArraysCache.merge` (a Gated DeltaNet layer's conv and recurrent
     /// states).
     Arrays(BatchArraysCache),
+    /// archgen's batched `QuantizedKVCache` (a full layer with
+    /// `kv_quantization`; mlx-lm has no merge for it, see
+    /// [`crate::batch_quant`]).
+    Quantized(BatchQuantizedKvCache),
+    /// mlx-optiq's mixed KV over a batch (`mixed_kv`): plain, then
+    /// quantized ([`crate::batch_quant::BatchMixedKvCache`]).
+    QuantizedAfterForward(BatchMixedKvCache),
 }
 
 impl BatchLayerCache {
@@ -916,6 +956,8 @@ impl BatchLayerCache {
             BatchLayerCache::Full(c) => c.batch_size(),
             BatchLayerCache::Sliding(c) => c.batch_size(),
             BatchLayerCache::Arrays(c) => c.batch_size(),
+            BatchLayerCache::Quantized(c) => c.batch_size(),
+            BatchLayerCache::QuantizedAfterForward(c) => c.batch_size(),
         }
     }
 
@@ -927,6 +969,8 @@ impl BatchLayerCache {
                 c.prepare(lengths);
                 Ok(())
             }
+            BatchLayerCache::Quantized(c) => c.prepare_right_padding(right_padding),
+            BatchLayerCache::QuantizedAfterForward(c) => c.prepare_right_padding(right_padding),
         }
     }
 
@@ -938,6 +982,8 @@ impl BatchLayerCache {
                 c.finalize();
                 Ok(())
             }
+            BatchLayerCache::Quantized(c) => c.finalize(),
+            BatchLayerCache::QuantizedAfterForward(c) => c.finalize(),
         }
     }
 
@@ -946,6 +992,8 @@ impl BatchLayerCache {
             BatchLayerCache::Full(c) => c.filter(keep),
             BatchLayerCache::Sliding(c) => c.filter(keep),
             BatchLayerCache::Arrays(c) => c.filter(keep),
+            BatchLayerCache::Quantized(c) => c.filter(keep),
+            BatchLayerCache::QuantizedAfterForward(c) => c.filter(keep),
         }
     }
 
@@ -954,8 +1002,17 @@ impl BatchLayerCache {
             (BatchLayerCache::Full(a), BatchLayerCache::Full(b)) => a.extend(b),
             (BatchLayerCache::Sliding(a), BatchLayerCache::Sliding(b)) => a.extend(b),
             (BatchLayerCache::Arrays(a), BatchLayerCache::Arrays(b)) => a.extend(b),
+            (BatchLayerCache::Quantized(a), BatchLayerCache::Quantized(b)) => a.extend(b),
             (
-                BatchLayerCache::Full(_) | BatchLayerCache::Sliding(_) | BatchLayerCache::Arrays(_),
+                BatchLayerCache::QuantizedAfterForward(a),
+                BatchLayerCache::QuantizedAfterForward(b),
+            ) => a.extend(b),
+            (
+                BatchLayerCache::Full(_)
+                | BatchLayerCache::Sliding(_)
+                | BatchLayerCache::Arrays(_)
+                | BatchLayerCache::Quantized(_)
+                | BatchLayerCache::QuantizedAfterForward(_),
                 _,
             ) => Err(error(
                 "BatchCache::extend: two kinds of cache on one layer".into(),
@@ -969,6 +1026,8 @@ impl BatchLayerCache {
             BatchLayerCache::Full(c) => c.keys.iter().chain(c.values.iter()).collect(),
             BatchLayerCache::Sliding(c) => c.keys.iter().chain(c.values.iter()).collect(),
             BatchLayerCache::Arrays(c) => c.arrays().collect(),
+            BatchLayerCache::Quantized(c) => c.state(),
+            BatchLayerCache::QuantizedAfterForward(c) => c.state(),
         }
     }
 }

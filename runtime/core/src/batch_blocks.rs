@@ -13,11 +13,12 @@
 use mlx_rs::error::Exception;
 use mlx_rs::{Array, Dtype};
 
-use crate::attention::Mask;
+use crate::attention::{merged, quantized_sdpa, Mask};
 use crate::batch::{BatchCache, BatchLayerCache};
 use crate::batch_deltanet::BatchArraysCache;
+use crate::batch_quant::{BatchMixedNow, BatchQuantizedKvCache};
 use crate::blocks::{
-    self as b, AttentionShape, AttentionWeights, FusedQkvAttention, KvWeights, SharedKv,
+    self as b, AttentionShape, AttentionWeights, FusedQkvAttention, KvWeights, Scores, SharedKv,
 };
 use crate::decode::{self, StepCache};
 use crate::deltanet::{self, GatedAttention};
@@ -25,17 +26,6 @@ use crate::distributed::sharded_to_all;
 use crate::layers::Linear;
 use crate::ops::Result;
 use crate::rope::{Rope, RopeTables};
-
-/// Why a quantized KV cache does not batch (the monolith and the generated
-/// models refuse it with these words).
-pub const QUANTIZED_KV_UNBATCHED: &str =
-    "a quantized KV cache cannot be batched: mlx-lm's QuantizedKVCache has no merge(), \
-     so BatchGenerator refuses it too";
-
-/// Why mlx-optiq's mixed KV cache does not batch.
-pub const MIXED_KV_UNBATCHED: &str =
-    "mlx-optiq's mixed KV cache cannot be batched: it becomes a QuantizedKVCache, \
-     which mlx-lm cannot merge";
 
 fn error(what: String) -> Exception {
     Exception::custom(what)
@@ -49,15 +39,19 @@ pub fn window_mask(cache: &BatchLayerCache, n: i32, window: i32) -> Result<Mask>
     match cache {
         BatchLayerCache::Full(c) if window == 0 => c.make_mask(n),
         BatchLayerCache::Sliding(c) if window > 0 => c.make_mask(n, window),
-        BatchLayerCache::Full(_) | BatchLayerCache::Sliding(_) | BatchLayerCache::Arrays(_) => {
-            Err(error(format!(
-                "the first layer of a window kind ({}) has a batched cache of another kind",
-                match window {
-                    0 => "full".to_string(),
-                    w => format!("sliding {w}"),
-                }
-            )))
-        }
+        BatchLayerCache::Quantized(c) if window == 0 => c.make_mask(n),
+        BatchLayerCache::QuantizedAfterForward(c) if window == 0 => c.make_mask(n),
+        BatchLayerCache::Full(_)
+        | BatchLayerCache::Sliding(_)
+        | BatchLayerCache::Arrays(_)
+        | BatchLayerCache::Quantized(_)
+        | BatchLayerCache::QuantizedAfterForward(_) => Err(error(format!(
+            "the first layer of a window kind ({}) has a batched cache of another kind",
+            match window {
+                0 => "full".to_string(),
+                w => format!("sliding {w}"),
+            }
+        ))),
     }
 }
 
@@ -72,15 +66,23 @@ fn kv_offsets(c: &BatchLayerCache) -> Result<Array> {
     match c {
         BatchLayerCache::Full(c) => Ok(c.offsets()),
         BatchLayerCache::Sliding(c) => Ok(c.offsets()),
+        BatchLayerCache::Quantized(c) => Ok(c.offsets()),
+        BatchLayerCache::QuantizedAfterForward(c) => Ok(c.offsets()),
         BatchLayerCache::Arrays(_) => Err(arrays_cache_in_attention()),
     }
 }
 
-/// `cache.update_and_fetch(keys, values)` of a K/V cache.
+/// `cache.update_and_fetch(keys, values)` of a plain K/V cache (a
+/// quantized one returns quantized triples: [`attend_cached`] takes it).
 fn kv_update(c: &mut BatchLayerCache, k: &Array, v: &Array) -> Result<(Array, Array)> {
     match c {
         BatchLayerCache::Full(c) => c.update_and_fetch(k, v),
         BatchLayerCache::Sliding(c) => c.update_and_fetch(k, v),
+        BatchLayerCache::Quantized(_) | BatchLayerCache::QuantizedAfterForward(_) => Err(error(
+            "a quantized KV cache on a layer whose attention reads plain keys (only \
+             plain attention layers take quantized_scaled_dot_product_attention)"
+                .into(),
+        )),
         BatchLayerCache::Arrays(_) => Err(arrays_cache_in_attention()),
     }
 }
@@ -150,11 +152,74 @@ fn attend_cached(
     mask: &Mask,
     rows: bool,
 ) -> Result<(Array, SharedKv)> {
-    let (keys, values) = kv_update(cache, k, v)?;
+    let (keys, values) = match cache {
+        BatchLayerCache::Quantized(c) => {
+            return attend_quantized(q, k, v, offsets, s, c, mask, rows)
+        }
+        // mlx-optiq's mixed KV: plain until converted.
+        BatchLayerCache::QuantizedAfterForward(c) => match c.convert_if_due()? {
+            BatchMixedNow::Quantized(c) => {
+                return attend_quantized(q, k, v, offsets, s, c, mask, rows)
+            }
+            BatchMixedNow::Plain(c) => c.update_and_fetch(k, v)?,
+        },
+        BatchLayerCache::Full(_) | BatchLayerCache::Sliding(_) | BatchLayerCache::Arrays(_) => {
+            kv_update(cache, k, v)?
+        }
+    };
     let o = b::attend_with(q, &keys, &values, s, mask, rows)?;
     let shared = SharedKv {
         keys,
         values,
+        offset: offsets,
+    };
+    Ok((o, shared))
+}
+
+/// [`attend_cached`] over a batched quantized cache, as mlx-lm's
+/// `scaled_dot_product_attention` routes a cache with `.bits`: the rows'
+/// K/V quantized into the cache, then
+/// `quantized_scaled_dot_product_attention` with the left-padded mask
+/// array. The K/V handed on are the packed keys, which a layer sharing
+/// them refuses ([`crate::blocks::attend_shared_kv`]), as in one sequence.
+#[allow(clippy::too_many_arguments)]
+fn attend_quantized(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    offsets: Array,
+    s: AttentionShape,
+    cache: &mut BatchQuantizedKvCache,
+    mask: &Mask,
+    rows: bool,
+) -> Result<(Array, SharedKv)> {
+    match s.scores {
+        Scores::FusedSdpa => {}
+        Scores::Softcapped { .. } => {
+            return Err(error(
+                "written-out softcapped attention over a quantized KV cache: mlx-lm's gemma2 \
+                 attention cannot read quantized keys"
+                    .into(),
+            ))
+        }
+    }
+    let (b, l) = (q.shape()[0], q.shape()[2]);
+    let (qk, qv) = cache.update_and_fetch(k, v)?;
+    let quant = cache.quantization;
+    let o = quantized_sdpa(
+        q,
+        &qk,
+        &qv,
+        f64::from(s.scale),
+        mask,
+        quant.group_size,
+        quant.bits,
+    )?
+    .transpose_axes(&[0, 2, 1, 3])?
+    .reshape(&merged(b, l, rows))?;
+    let shared = SharedKv {
+        keys: qk.data,
+        values: qv.data,
         offset: offsets,
     };
     Ok((o, shared))
@@ -248,11 +313,18 @@ impl BatchCache {
     pub fn arrays_mut(&mut self, i: usize) -> Result<&mut BatchArraysCache> {
         match self.layers.get_mut(i) {
             Some(Some(BatchLayerCache::Arrays(c))) => Ok(c),
-            Some(Some(BatchLayerCache::Full(_) | BatchLayerCache::Sliding(_)) | None) | None => {
-                Err(error(format!(
-                    "layer {i}: a Gated DeltaNet layer needs a batched ArraysCache"
-                )))
-            }
+            Some(
+                Some(
+                    BatchLayerCache::Full(_)
+                    | BatchLayerCache::Sliding(_)
+                    | BatchLayerCache::Quantized(_)
+                    | BatchLayerCache::QuantizedAfterForward(_),
+                )
+                | None,
+            )
+            | None => Err(error(format!(
+                "layer {i}: a Gated DeltaNet layer needs a batched ArraysCache"
+            ))),
         }
     }
 
@@ -266,7 +338,13 @@ impl BatchCache {
             .find(|c| matches!(c, BatchLayerCache::Arrays(_)))
         {
             Some(BatchLayerCache::Arrays(c)) => c.make_mask(n),
-            Some(BatchLayerCache::Full(_) | BatchLayerCache::Sliding(_)) | None => Ok(None),
+            Some(
+                BatchLayerCache::Full(_)
+                | BatchLayerCache::Sliding(_)
+                | BatchLayerCache::Quantized(_)
+                | BatchLayerCache::QuantizedAfterForward(_),
+            )
+            | None => Ok(None),
         }
     }
 }

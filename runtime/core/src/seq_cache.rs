@@ -4,7 +4,8 @@
 //! `mlx_lm/models/cache.py`):
 //! * [`extract`] is `BatchGenerator`'s `extract_cache`: each layer's
 //!   `extract(idx)` (`BatchKVCache` → `KVCache`, `BatchRotatingKVCache` →
-//!   `RotatingKVCache`, `ArraysCache` → `ArraysCache`);
+//!   `RotatingKVCache`, `ArraysCache` → `ArraysCache`, and archgen's
+//!   batched quantized cache → a `QuantizedKVCache`'s triples);
 //! * [`merge`] is `_merge_caches` of the caches a prompt batch admits in one
 //!   step: given ones and fresh ones (`make_prompt_cache`) together, as
 //!   `BatchKVCache.merge`, `BatchRotatingKVCache.merge` and
@@ -18,9 +19,11 @@
 use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::Array;
 
+use crate::attention::Quantized;
 use crate::batch::BatchRotatingKvCache;
 use crate::batch::{pad_keys, zeros_rows, BatchCache, BatchKvCache, BatchLayerCache};
 use crate::batch_deltanet::BatchArraysCache;
+use crate::batch_quant::{BatchMixedKvCache, BatchQuantizedKvCache, KvQuantization, MixedRow};
 use crate::ops::Result;
 
 fn error(what: String) -> mlx_rs::error::Exception {
@@ -43,6 +46,13 @@ pub enum SeqLayerCache {
     /// `ArraysCache` of a Gated DeltaNet layer: conv state [1, K-1, C] and
     /// recurrent state [1, Hv, Dv, Dk].
     Arrays { conv: Array, state: Array },
+    /// `QuantizedKVCache`: quantized keys and values [1, KV, len, ...], one
+    /// slot per token, in `quantization`.
+    Quantized {
+        keys: Quantized,
+        values: Quantized,
+        quantization: KvQuantization,
+    },
 }
 
 impl SeqLayerCache {
@@ -52,13 +62,17 @@ impl SeqLayerCache {
                 vec![keys, values]
             }
             SeqLayerCache::Arrays { conv, state } => vec![conv, state],
+            SeqLayerCache::Quantized { keys, values, .. } => [keys, values]
+                .into_iter()
+                .flat_map(|q| [&q.data, &q.scales, &q.biases])
+                .collect(),
         }
     }
 
     /// `is_trimmable()` of the layer's mlx-lm cache.
     fn is_trimmable(&self) -> bool {
         match self {
-            SeqLayerCache::Full { .. } => true,
+            SeqLayerCache::Full { .. } | SeqLayerCache::Quantized { .. } => true,
             SeqLayerCache::Sliding {
                 offset, max_size, ..
             } => offset < max_size,
@@ -123,6 +137,12 @@ impl SeqCache {
                     *values = values.try_index((Ellipsis, ..n, ..))?;
                     *offset = n;
                 }
+                SeqLayerCache::Quantized { keys, values, .. } => {
+                    let n = keep.min(keys.data.shape()[2]);
+                    let cut = |x: &Array| x.try_index((Ellipsis, ..n, ..));
+                    *keys = keys.map(cut)?;
+                    *values = values.map(cut)?;
+                }
                 SeqLayerCache::Arrays { .. } => {
                     return Err(error(
                         "SeqCache::truncate: a recurrent state cannot drop tokens".into(),
@@ -166,6 +186,22 @@ pub fn extract(cache: &BatchCache, row: usize) -> Result<SeqCache> {
                     let (conv, state) = c.extract(row)?;
                     Some(SeqLayerCache::Arrays { conv, state })
                 }
+                Some(BatchLayerCache::Quantized(c)) => {
+                    let (keys, values) = c.extract(row)?;
+                    Some(SeqLayerCache::Quantized {
+                        keys,
+                        values,
+                        quantization: c.quantization,
+                    })
+                }
+                Some(BatchLayerCache::QuantizedAfterForward(c)) => Some(match c.extract(row)? {
+                    MixedRow::Plain(keys, values) => SeqLayerCache::Full { keys, values },
+                    MixedRow::Quantized(keys, values) => SeqLayerCache::Quantized {
+                        keys,
+                        values,
+                        quantization: c.quantization,
+                    },
+                }),
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -219,6 +255,12 @@ pub fn merge(fresh: &BatchCache, rows: &[Option<&SeqCache>]) -> Result<BatchCach
                     Some(BatchLayerCache::Arrays(_)) => {
                         Some(BatchLayerCache::Arrays(merge_arrays(l, &given, b)?))
                     }
+                    Some(BatchLayerCache::Quantized(c)) => Some(BatchLayerCache::Quantized(
+                        merge_quantized(l, c.quantization, &given, b)?,
+                    )),
+                    Some(BatchLayerCache::QuantizedAfterForward(c)) => Some(
+                        BatchLayerCache::QuantizedAfterForward(merge_mixed(l, c, &given, b)?),
+                    ),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -282,6 +324,101 @@ fn merge_full(layer: usize, given: &[Option<&SeqLayerCache>], b: usize) -> Resul
     }
     let (keys, values, padding) = stack_right_aligned(&rows)?;
     Ok(BatchKvCache::from_merged(keys, values, padding))
+}
+
+/// `BatchKVCache.merge` of quantized rows: each of the three arrays of
+/// both tensors right-aligned after zero padding, as a full cache's keys
+/// (zero slots dequantize to zero and the mask hides them).
+fn merge_quantized(
+    layer: usize,
+    quantization: KvQuantization,
+    given: &[Option<&SeqLayerCache>],
+    b: usize,
+) -> Result<BatchQuantizedKvCache> {
+    let rows = given
+        .iter()
+        .map(|g| match g {
+            None => Ok(None),
+            Some(SeqLayerCache::Quantized {
+                keys,
+                values,
+                quantization: q,
+            }) if *q == quantization => Ok(Some((keys, values, keys.data.shape()[2]))),
+            Some(_) => Err(kind_error(
+                layer,
+                &format!(
+                    "a {}-bit quantized KV cache of group size {}",
+                    quantization.bits, quantization.group_size
+                ),
+            )),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if rows.iter().flatten().all(|r| r.2 == 0) {
+        return Ok(BatchQuantizedKvCache::new(quantization, &vec![0; b]));
+    }
+    let stack = |pick: &dyn Fn(&Quantized) -> &Array| {
+        let part: Vec<Option<(&Array, &Array, i32)>> = rows
+            .iter()
+            .map(|r| r.map(|(k, v, n)| (pick(k), pick(v), n)))
+            .collect();
+        stack_right_aligned(&part)
+    };
+    let (kd, vd, padding) = stack(&|q| &q.data)?;
+    let (ks, vs, _) = stack(&|q| &q.scales)?;
+    let (kb, vb, _) = stack(&|q| &q.biases)?;
+    let len = kd.shape()[2];
+    let offsets = padding.iter().map(|lp| len - lp).collect();
+    Ok(BatchQuantizedKvCache::from_parts(
+        quantization,
+        Quantized {
+            data: kd,
+            scales: ks,
+            biases: kb,
+        },
+        Quantized {
+            data: vd,
+            scales: vs,
+            biases: vb,
+        },
+        padding,
+        offsets,
+        len,
+    ))
+}
+
+/// The merge of a mixed-KV layer's rows: plain rows merge plain (the
+/// batch converts on its next update, see [`BatchMixedKvCache`]); when a
+/// given row was converted already, the plain ones are quantized as they
+/// are (slot by slot, so to the same triples) and all merge quantized.
+fn merge_mixed(
+    layer: usize,
+    fresh: &BatchMixedKvCache,
+    given: &[Option<&SeqLayerCache>],
+    b: usize,
+) -> Result<BatchMixedKvCache> {
+    let (quantization, start) = (fresh.quantization, fresh.start);
+    let any_quantized = given
+        .iter()
+        .any(|g| matches!(g, Some(SeqLayerCache::Quantized { .. })));
+    if !any_quantized {
+        let plain = merge_full(layer, given, b)?;
+        return Ok(BatchMixedKvCache::plain(quantization, start, plain));
+    }
+    let converted = given
+        .iter()
+        .map(|g| match g {
+            Some(SeqLayerCache::Full { keys, values }) => Ok(Some(SeqLayerCache::Quantized {
+                keys: quantization.quantize(keys)?,
+                values: quantization.quantize(values)?,
+                quantization,
+            })),
+            Some(other) => Ok(Some((*other).clone())),
+            None => Ok(None),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let rows: Vec<Option<&SeqLayerCache>> = converted.iter().map(Option::as_ref).collect();
+    let merged = merge_quantized(layer, quantization, &rows, b)?;
+    Ok(BatchMixedKvCache::quantized(quantization, start, merged))
 }
 
 /// `BatchRotatingKVCache.merge`: each row's last `min(offset, max_size)`

@@ -10,8 +10,11 @@
 //! Batched: attention layers with a plain cache, full (`BatchKVCache`) or
 //! sliding (`BatchRotatingKVCache`), layers that share another layer's K/V
 //! (Gemma-4), Qwen3.5's gated attention and Gated DeltaNet (batched
-//! `ArraysCache`). Quantized KV caches are refused because mlx-lm cannot
-//! batch them either (`QuantizedKVCache` has no `merge`).
+//! `ArraysCache`), and full layers with a quantized KV cache (archgen's
+//! batched `QuantizedKVCache`, [`archgen_runtime::batch_quant`]: mlx-lm
+//! has no merge for it, so no mlx-lm batch to mirror), and mlx-optiq's
+//! mixed KV (plain, then quantized:
+//! [`archgen_runtime::batch_quant::BatchMixedKvCache`]).
 
 use std::collections::HashMap;
 
@@ -20,34 +23,15 @@ use archgen_runtime::attention::Mask;
 use archgen_runtime::batch::{
     BatchCache, BatchKvCache, BatchLayerCache, BatchLm, BatchRotatingKvCache,
 };
-use archgen_runtime::batch_blocks::{self as bb, MIXED_KV_UNBATCHED, QUANTIZED_KV_UNBATCHED};
+use archgen_runtime::batch_blocks as bb;
 use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache};
+use archgen_runtime::batch_quant::{BatchMixedKvCache, BatchQuantizedKvCache, KvQuantization};
 use archgen_runtime::blocks::{self as b, SharedKv};
 use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::ops::Result;
 use archgen_runtime::Array;
 
 use crate::{LayerMixer, Monolith};
-
-/// Why a layer cannot run in a batch yet, or `None` when it can.
-fn unbatched(mixer: &LayerMixer) -> Option<&'static str> {
-    match mixer {
-        LayerMixer::Attention {
-            kv: KvSource::Shared { .. },
-            ..
-        } => None,
-        LayerMixer::Attention {
-            kv: KvSource::Own { cache, .. },
-            ..
-        }
-        | LayerMixer::FusedQkvAttention { cache, .. } => match cache {
-            ir::KvCache::Plain => None,
-            ir::KvCache::Quantized(_) => Some(QUANTIZED_KV_UNBATCHED),
-            ir::KvCache::QuantizedAfterForward { .. } => Some(MIXED_KV_UNBATCHED),
-        },
-        LayerMixer::GatedAttention { .. } | LayerMixer::GatedDeltaNet(_) => None,
-    }
-}
 
 /// The runtime's window size of an IR window (0: full attention).
 fn window_size(window: Window) -> i32 {
@@ -57,63 +41,67 @@ fn window_size(window: Window) -> i32 {
     }
 }
 
+/// A layer's fresh batched cache (as its single-sequence cache in
+/// `make_cache`, merged), `None` for a layer reading a donor's K/V.
+fn batch_cache(mixer: &LayerMixer, no_padding: &[i32]) -> Option<BatchLayerCache> {
+    let quantization = |q: &ir::KvQuant| KvQuantization {
+        group_size: q.group_size as i32,
+        bits: q.bits as i32,
+    };
+    match mixer {
+        LayerMixer::Attention {
+            kv: KvSource::Shared { .. },
+            ..
+        } => None,
+        LayerMixer::Attention {
+            kv: KvSource::Own { cache, .. },
+            window,
+            ..
+        }
+        | LayerMixer::FusedQkvAttention { window, cache, .. } => Some(match (*window, cache) {
+            (Window::Sliding(w), _) => {
+                BatchLayerCache::Sliding(BatchRotatingKvCache::new(w as i32, no_padding))
+            }
+            (Window::Full, ir::KvCache::Plain) => {
+                BatchLayerCache::Full(BatchKvCache::new(no_padding))
+            }
+            (Window::Full, ir::KvCache::Quantized(q)) => {
+                BatchLayerCache::Quantized(BatchQuantizedKvCache::new(quantization(q), no_padding))
+            }
+            (Window::Full, ir::KvCache::QuantizedAfterForward { quant, start }) => {
+                BatchLayerCache::QuantizedAfterForward(BatchMixedKvCache::new(
+                    quantization(quant),
+                    *start as i32,
+                    no_padding,
+                ))
+            }
+        }),
+        LayerMixer::GatedAttention { .. } => {
+            Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
+        }
+        LayerMixer::GatedDeltaNet(_) => Some(BatchLayerCache::Arrays(
+            BatchArraysCache::merged_empty(no_padding.len()),
+        )),
+    }
+}
+
 impl BatchLm for Monolith {
     fn vocab_size(&self) -> i32 {
         self.ir.vocab_size as i32
     }
 
     /// `_merge_caches` of fresh `make_cache()`s: a `BatchKVCache` per full
-    /// layer that owns K/V, a `BatchRotatingKVCache(window)` per sliding
-    /// one, nothing for layers that share K/V.
+    /// layer that owns K/V (its quantized or mixed counterpart where the
+    /// layer's cache is one), a `BatchRotatingKVCache(window)` per sliding
+    /// one, a batched `ArraysCache` per Gated DeltaNet, nothing for layers
+    /// that share K/V.
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         let layers = self
             .layers
             .iter()
-            .enumerate()
-            .map(|(i, l)| match (unbatched(&l.mixer), &l.mixer) {
-                (Some(why), _) => Err(Exception::custom(format!(
-                    "{}: layer {i}: {why}",
-                    self.ir.name
-                ))),
-                (
-                    None,
-                    LayerMixer::Attention {
-                        kv: KvSource::Shared { .. },
-                        ..
-                    },
-                ) => Ok(None),
-                (
-                    None,
-                    LayerMixer::Attention {
-                        window: Window::Sliding(w),
-                        ..
-                    }
-                    | LayerMixer::FusedQkvAttention {
-                        window: Window::Sliding(w),
-                        ..
-                    },
-                ) => Ok(Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(
-                    *w as i32,
-                    &no_padding,
-                )))),
-                (None, LayerMixer::GatedDeltaNet(_)) => Ok(Some(BatchLayerCache::Arrays(
-                    BatchArraysCache::merged_empty(n),
-                ))),
-                (
-                    None,
-                    LayerMixer::Attention {
-                        window: Window::Full,
-                        ..
-                    }
-                    | LayerMixer::FusedQkvAttention {
-                        window: Window::Full,
-                        ..
-                    }
-                    | LayerMixer::GatedAttention { .. },
-                ) => Ok(Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding)))),
-            })
-            .collect::<Result<Vec<_>>>()?;
+            .map(|l| batch_cache(&l.mixer, &no_padding))
+            .collect();
         Ok(BatchCache { layers })
     }
 
@@ -147,9 +135,6 @@ impl BatchLm for Monolith {
         let (mut h, per_layer) = self.inputs(ids)?;
         let mut shared: HashMap<usize, SharedKv> = HashMap::new();
         for (i, layer) in self.layers.iter().enumerate() {
-            if let Some(why) = unbatched(&layer.mixer) {
-                return Err(Exception::custom(format!("layer {i}: {why}")));
-            }
             let x = layer.norms.mixer_input(&h, eps)?;
             let a = match &layer.mixer {
                 LayerMixer::Attention {
