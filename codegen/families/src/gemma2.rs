@@ -242,9 +242,9 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
 
 // ---------------------------------------------------------------- config.json view
 
-/// The spec with config.json field names (flat, as `gemma2` configs are), plus
-/// `quantization` when present. Keys sorted.
-pub(crate) fn hf_json(spec: &Gemma2Spec) -> Value {
+/// The spec with config.json field names (flat, as `gemma2` configs are)
+/// (impl_document! adds `quantization` and sorts the keys).
+pub(crate) fn config_fields(spec: &Gemma2Spec) -> Value {
     let v = json!({
         "model_type": spec.identity.source.model_type.as_str(),
         "hidden_size": spec.model.hidden_size,
@@ -262,13 +262,8 @@ pub(crate) fn hf_json(spec: &Gemma2Spec) -> Value {
         "attn_logit_softcapping": spec.attention.attn_logit_softcapping,
         "final_logit_softcapping": spec.model.final_logit_softcapping,
     });
-    crate::hf::config_view(v, spec.quantization.as_ref())
+    v
 }
-
-// ---------------------------------------------------------------- YAML
-
-// The full-form YAML text, from the sections' serde form.
-pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 

@@ -221,9 +221,10 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
 
 // ---------------------------------------------------------------- config.json view
 
-/// The spec with config.json field names (flat, as minicpm configs are), plus
-/// `quantization` when present. Keys sorted. No `head_dim` (minicpm.py derives it).
-pub(crate) fn hf_json(spec: &MiniCpmSpec) -> Value {
+/// The spec with config.json field names (flat, as minicpm configs are), no
+/// `head_dim` (minicpm.py derives it); impl_document! adds `quantization` and
+/// sorts the keys.
+pub(crate) fn config_fields(spec: &MiniCpmSpec) -> Value {
     let s = &spec.scales;
     // minicpm.py has no head_dim field (hidden_size // heads, checked).
     let mut v = crate::hf::dense_stack_json(
@@ -244,13 +245,8 @@ pub(crate) fn hf_json(spec: &MiniCpmSpec) -> Value {
             "dim_model_base": s.dim_model_base,
         }),
     );
-    crate::hf::config_view(v, spec.quantization.as_ref())
+    v
 }
-
-// ---------------------------------------------------------------- YAML
-
-// The full-form YAML text, from the sections' serde form.
-pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 

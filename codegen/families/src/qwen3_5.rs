@@ -515,8 +515,9 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
 
 /// The spec with config.json field names, flat (mlx-lm reads a flat
 /// qwen3_5 config as the text config), RoPE in `rope_parameters` as the
-/// public configs write it, plus `quantization` when present. Keys sorted.
-pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
+/// public configs write it
+/// (impl_document! adds `quantization` and sorts the keys).
+pub(crate) fn config_fields(spec: &Qwen35Spec) -> Value {
     let la = &spec.linear_attention;
     let mut v = crate::hf::dense_stack_json(
         spec.identity.source.model_type,
@@ -557,13 +558,8 @@ pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
             }
         }
     }
-    crate::hf::config_view(v, spec.quantization.as_ref())
+    v
 }
-
-// ---------------------------------------------------------------- YAML
-
-// The full-form YAML text, from the sections' serde form.
-pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 

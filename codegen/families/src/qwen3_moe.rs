@@ -269,9 +269,9 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
 
 // ---------------------------------------------------------------- config.json view
 
-/// The spec with config.json field names (flat, as qwen3_moe configs are), plus
-/// `quantization` when present. Keys sorted.
-pub(crate) fn hf_json(spec: &Qwen3MoeSpec) -> Value {
+/// The spec with config.json field names (flat, as qwen3_moe configs are)
+/// (impl_document! adds `quantization` and sorts the keys).
+pub(crate) fn config_fields(spec: &Qwen3MoeSpec) -> Value {
     let e = &spec.moe;
     let mut v = crate::hf::dense_stack_json(
         spec.identity.source.model_type,
@@ -294,13 +294,8 @@ pub(crate) fn hf_json(spec: &Qwen3MoeSpec) -> Value {
             "mlp_only_layers": e.mlp_only_layers,
         }),
     );
-    crate::hf::config_view(v, spec.quantization.as_ref())
+    v
 }
-
-// ---------------------------------------------------------------- YAML
-
-// The full-form YAML text, from the sections' serde form.
-pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 

@@ -572,9 +572,8 @@ fn scaling_json(s: &Option<RopeScaling>) -> Value {
 }
 
 /// The spec with config.json field names (flat, as the dense configs are), as
-/// the family's module names them, plus `quantization` when present. Keys
-/// sorted.
-pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
+/// the family's module names them (impl_document! adds `quantization` and sorts the keys).
+pub(crate) fn config_fields(spec: &DenseSpec) -> Value {
     let mut v = crate::hf::dense_stack_json(
         spec.identity.source.model_type,
         spec.layers.num_hidden_layers,
@@ -612,13 +611,8 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
         BiasFlags::NotRead => {}
     }
     (variant.hf_own_fields)(spec, &mut v);
-    crate::hf::config_view(v, spec.quantization.as_ref())
+    v
 }
-
-// ---------------------------------------------------------------- YAML
-
-// The full-form YAML text, from the sections' serde form.
-pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 

@@ -10,16 +10,15 @@ pub(crate) mod model;
 mod validate;
 mod yaml;
 
-pub(crate) use hf::{gemma4_config_json as config_json, gemma4_hf_json as hf_json};
+pub(crate) use hf::{gemma4_config_fields as config_fields, gemma4_config_json as config_json};
 pub(crate) use import::import;
 pub(crate) use lower::lower;
 pub(crate) use validate::check;
-pub(crate) use yaml::gemma4_yaml as to_yaml;
 
 use crate::model::{ConfigModelType, Gemma4Spec};
 use crate::reader::{AppliedDefault, ImportError};
 
-crate::document::impl_document!(Gemma4Spec, check, with mixed_kv);
+crate::document::impl_document!(Gemma4Spec, check, with mixed_kv, yaml = yaml::gemma4_yaml);
 
 /// Gemma-4 in the family registry: the one family that reads mlx-optiq's
 /// `kv_config.json` itself (as `kv_quantization`).
