@@ -14,6 +14,7 @@ use crate::dense::{DenseDerivedSpecFile, DenseReduce};
 use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
+use crate::model_family::{KvConfig, ModelFamily};
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, mlp_width, reduce_key, Reducible, Size, StackSections};
 use crate::{validate, Sections};
@@ -452,19 +453,8 @@ pub(crate) fn import(
 }
 
 /// Gemma-2 in the family registry.
-pub(crate) struct Gemma2Family;
-
-impl crate::model_family::ModelFamily for Gemma2Family {
-    fn model_types(&self) -> &'static [ConfigModelType] {
-        &[ConfigModelType::Gemma2]
-    }
-    fn kv_config_refused(&self) -> Option<&'static str> {
-        Some("KV-cache quantization is supported for Gemma-4 only (mlx-lm's gemma2 attention cannot read a quantized cache)")
-    }
-    fn import(
-        &self,
-        c: &crate::model_family::ConfigJson,
-    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
-        import(c.top, c.name).map(|(s, applied)| (crate::Spec::Gemma2(s), applied))
-    }
-}
+pub(crate) const FAMILY: ModelFamily = ModelFamily {
+    reads: |t| t.family() == crate::Family::Gemma2,
+    kv_config: KvConfig::Refused("KV-cache quantization is supported for Gemma-4 only (mlx-lm's gemma2 attention cannot read a quantized cache)"),
+    import: |c| import(c.top, c.name).map(|(s, applied)| (crate::Spec::Gemma2(s), applied)),
+};

@@ -16,6 +16,7 @@ use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
+use crate::model_family::{KvConfig, ModelFamily};
 use crate::reader::{first_quantization, imported_identity, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size};
 use crate::{validate, Sections};
@@ -888,19 +889,12 @@ pub(crate) fn import(
 }
 
 /// Qwen3.5 / Qwen3.6 (dense and MoE) in the family registry.
-pub(crate) struct Qwen35Family;
-
-impl crate::model_family::ModelFamily for Qwen35Family {
-    fn model_types(&self) -> &'static [ConfigModelType] {
-        &[ConfigModelType::Qwen35, ConfigModelType::Qwen35Moe]
-    }
-    fn kv_config_refused(&self) -> Option<&'static str> {
-        Some("KV-cache quantization is not supported for qwen3_5 (its linear layers have no K/V cache)")
-    }
-    fn import(
-        &self,
-        c: &crate::model_family::ConfigJson,
-    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
+pub(crate) const FAMILY: ModelFamily = ModelFamily {
+    reads: |t| t.family() == crate::Family::Qwen35,
+    kv_config: KvConfig::Refused(
+        "KV-cache quantization is not supported for qwen3_5 (its linear layers have no K/V cache)",
+    ),
+    import: |c| {
         import(c.top, c.model_type, c.name).map(|(s, applied)| (crate::Spec::Qwen35(s), applied))
-    }
-}
+    },
+};

@@ -12,6 +12,7 @@ use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
 use crate::layout::Layout;
 use crate::model::*;
+use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size};
 use crate::{validate, Sections};
@@ -458,19 +459,8 @@ pub(crate) fn import(
 }
 
 /// Qwen3-MoE in the family registry.
-pub(crate) struct Qwen3MoeFamily;
-
-impl crate::model_family::ModelFamily for Qwen3MoeFamily {
-    fn model_types(&self) -> &'static [ConfigModelType] {
-        &[ConfigModelType::Qwen3Moe]
-    }
-    fn kv_config_refused(&self) -> Option<&'static str> {
-        Some("KV-cache quantization is supported for Gemma-4 only")
-    }
-    fn import(
-        &self,
-        c: &crate::model_family::ConfigJson,
-    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
-        import(c.top, c.name).map(|(s, applied)| (crate::Spec::Qwen3Moe(s), applied))
-    }
-}
+pub(crate) const FAMILY: ModelFamily = ModelFamily {
+    reads: |t| t.family() == crate::Family::Qwen3Moe,
+    kv_config: crate::model_family::GEMMA4_ONLY,
+    import: |c| import(c.top, c.name).map(|(s, applied)| (crate::Spec::Qwen3Moe(s), applied)),
+};

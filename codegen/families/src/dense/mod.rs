@@ -32,6 +32,7 @@ use crate::ir::{
 };
 use crate::layout::Layout;
 use crate::model::*;
+use crate::model_family::{ConfigJson, ModelFamily};
 use crate::reader::{
     imported_identity, top_quantization, AppliedDefault, ImportError, Reader, ABSENT,
 };
@@ -862,36 +863,24 @@ fn read_scaling(obj: &Map<String, Value>, r: &mut Reader) -> Option<RopeScaling>
     }
 }
 
-/// The families of the dense layout in the family registry.
-pub(crate) struct DenseFamilies;
+/// The families of the dense layout in the family registry: the model types
+/// of every variant.
+pub(crate) const FAMILY: ModelFamily = ModelFamily {
+    reads: |t| VARIANTS.iter().any(|v| v.model_types.contains(&t)),
+    kv_config: crate::model_family::GEMMA4_ONLY,
+    import: import_config,
+};
 
-impl crate::model_family::ModelFamily for DenseFamilies {
-    /// Every variant's model types, in the variants' order.
-    fn model_types(&self) -> &'static [ConfigModelType] {
-        static TYPES: std::sync::OnceLock<Vec<ConfigModelType>> = std::sync::OnceLock::new();
-        TYPES.get_or_init(|| {
-            VARIANTS
-                .iter()
-                .flat_map(|v| v.model_types.iter().copied())
-                .collect()
-        })
-    }
-    fn kv_config_refused(&self) -> Option<&'static str> {
-        Some("KV-cache quantization is supported for Gemma-4 only")
-    }
-    fn import(
-        &self,
-        c: &crate::model_family::ConfigJson,
-    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
-        let Some(variant) = variant_of(c.model_type.family()) else {
-            return Err(ImportError {
-                problems: vec![format!(
-                    "model_type: `{}` is not read by the dense layout",
-                    c.model_type.as_str()
-                )],
-            });
-        };
-        import(c.top, c.model_type, variant, c.name)
-            .map(|(s, applied)| (crate::Spec::Dense(s), applied))
-    }
+/// A dense config.json, imported with the variant of its model type's family.
+fn import_config(c: &ConfigJson) -> crate::model_family::Imported {
+    let Some(variant) = variant_of(c.model_type.family()) else {
+        return Err(ImportError {
+            problems: vec![format!(
+                "model_type: `{}` is not read by the dense layout",
+                c.model_type.as_str()
+            )],
+        });
+    };
+    import(c.top, c.model_type, variant, c.name)
+        .map(|(s, applied)| (crate::Spec::Dense(s), applied))
 }
