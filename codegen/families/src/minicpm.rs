@@ -16,7 +16,7 @@
 
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout::Layout;
+use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
@@ -79,7 +79,7 @@ pub struct MiniCpmScales {
 
 crate::reduce::derived_form! {
     /// A derived MiniCPM spec file: a declared reduction of a MiniCPM spec.
-    file MiniCpmDerivedSpecFile titled "archgen architecture spec (derived minicpm form)";
+    file MiniCpmDerivedSpecFile titled "archgen architecture spec (derived minicpm form)" for MiniCpmSpec;
 
     /// How a derived MiniCPM spec is made from its parent.
     derive MiniCpmDerive {}
@@ -263,18 +263,14 @@ pub(crate) const LAYOUT: Layout = Layout {
         ("quantization", Sections::check::<Option<Quantization>>),
     ],
     texts: &[
-        ("scaling", "`traditional` or `rope_theta` (no scaling)", "MiniCPM's RoPE is plain here: rope_scaling must be null (MiniCPM4's longrope, mlx-lm's SuScaledRoPE, is not supported); see docs/spec-format.md#minicpm"),
-        ("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null); see docs/spec-format.md#minicpm"),
-        ("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales; see docs/spec-format.md#minicpm"),
+        Text::Field("scaling", "`traditional` or `rope_theta` (no scaling)", "MiniCPM's RoPE is plain here: rope_scaling must be null (MiniCPM4's longrope, mlx-lm's SuScaledRoPE, is not supported); see docs/spec-format.md#minicpm"),
+        Text::Field("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null); see docs/spec-format.md#minicpm"),
+        Text::Field("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales; see docs/spec-format.md#minicpm"),
     ],
-    refused: &[],
 };
 
 /// The derived MiniCPM form (see [`crate::reduce`]): the dense form's sizes.
 impl Reducible for MiniCpmSpec {
-    type File = MiniCpmDerivedSpecFile;
-    type Reduce = MiniCpmReduce;
-
     fn other_sizes(r: &MiniCpmReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
         mlp_width(r.intermediate_size, parent.mlp.intermediate_size)
     }

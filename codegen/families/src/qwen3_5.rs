@@ -14,7 +14,7 @@
 
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout::Layout;
+use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
 use crate::reader::{first_quantization, imported_identity, AppliedDefault, ImportError, Reader};
@@ -112,7 +112,7 @@ pub struct Qwen35Moe {
 
 crate::reduce::derived_form! {
     /// A derived Qwen3.5 spec file: a declared reduction of a Qwen3.5 spec.
-    file Qwen35DerivedSpecFile titled "archgen architecture spec (derived qwen3_5 form)";
+    file Qwen35DerivedSpecFile titled "archgen architecture spec (derived qwen3_5 form)" for Qwen35Spec;
 
     /// How a derived Qwen3.5 spec is made from its parent.
     derive Qwen35Derive {}
@@ -580,21 +580,17 @@ pub(crate) const LAYOUT: Layout = Layout {
         ("quantization", Sections::check::<Option<Quantization>>),
     ],
     texts: &[
-        ("layers", "a mapping {num_hidden_layers, full_attention_interval}", "which layers are full attention; see docs/spec-format.md#qwen35"),
-        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "geometry of the full-attention layers; see docs/spec-format.md#qwen35"),
-        ("rope", "a mapping {rope_theta, partial_rotary_factor}", "`rope_parameters` of config.json; see docs/spec-format.md#qwen35"),
-        ("linear_attention", "a mapping {linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim}", "the Gated DeltaNet layers; see docs/spec-format.md#qwen35"),
+        Text::Field("layers", "a mapping {num_hidden_layers, full_attention_interval}", "which layers are full attention; see docs/spec-format.md#qwen35"),
+        Text::Field("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "geometry of the full-attention layers; see docs/spec-format.md#qwen35"),
+        Text::Field("rope", "a mapping {rope_theta, partial_rotary_factor}", "`rope_parameters` of config.json; see docs/spec-format.md#qwen35"),
+        Text::Field("linear_attention", "a mapping {linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim}", "the Gated DeltaNet layers; see docs/spec-format.md#qwen35"),
     ],
-    refused: &[],
 };
 
 /// The derived Qwen3.5 form (see [`crate::reduce`]): the attention stack's sizes,
 /// the Gated DeltaNet heads', and the dense MLP's width or the experts' sizes,
 /// as the parent has one or the other.
 impl Reducible for Qwen35Spec {
-    type File = Qwen35DerivedSpecFile;
-    type Reduce = Qwen35Reduce;
-
     fn other_sizes(r: &Qwen35Reduce, parent: &Self, issues: &mut Vec<Issue>) -> Vec<Size> {
         let pl = &parent.linear_attention;
         let mut sizes = vec![

@@ -10,7 +10,7 @@
 
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout::Layout;
+use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
@@ -74,7 +74,7 @@ pub struct Qwen3MoeExperts {
 
 crate::reduce::derived_form! {
     /// A derived Qwen3-MoE spec file: a declared reduction of a Qwen3-MoE spec.
-    file Qwen3MoeDerivedSpecFile titled "archgen architecture spec (derived qwen3_moe form)";
+    file Qwen3MoeDerivedSpecFile titled "archgen architecture spec (derived qwen3_moe form)" for Qwen3MoeSpec;
 
     /// How a derived Qwen3-MoE spec is made from its parent.
     derive Qwen3MoeDerive {}
@@ -312,19 +312,15 @@ pub(crate) const LAYOUT: Layout = Layout {
         ("quantization", Sections::check::<Option<Quantization>>),
     ],
     texts: &[
-        ("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling); see docs/spec-format.md#qwen3-moe"),
-        ("mlp", "a mapping {intermediate_size}", "SwiGLU width of the dense layers; see docs/spec-format.md#qwen3-moe"),
-        ("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts; see docs/spec-format.md#qwen3-moe"),
+        Text::Field("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling); see docs/spec-format.md#qwen3-moe"),
+        Text::Field("mlp", "a mapping {intermediate_size}", "SwiGLU width of the dense layers; see docs/spec-format.md#qwen3-moe"),
+        Text::Field("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts; see docs/spec-format.md#qwen3-moe"),
     ],
-    refused: &[],
 };
 
 /// The derived Qwen3-MoE form (see [`crate::reduce`]): the dense form's sizes and
 /// the experts'.
 impl Reducible for Qwen3MoeSpec {
-    type File = Qwen3MoeDerivedSpecFile;
-    type Reduce = Qwen3MoeReduce;
-
     fn other_sizes(r: &Qwen3MoeReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
         let pm = &parent.moe;
         vec![

@@ -30,7 +30,7 @@ use crate::ir::{
     GateUpProjection, NormArrangement, ProjectionBias, QkNorm, QkvProjection, SanitizeRule,
     ShardOracle,
 };
-use crate::layout::Layout;
+use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::{ConfigJson, ModelFamily};
 use crate::reader::{
@@ -252,7 +252,7 @@ pub enum RopeScaling {
 
 crate::reduce::derived_form! {
     /// A derived dense spec file: a declared reduction of a dense spec.
-    file DenseDerivedSpecFile titled "archgen architecture spec (derived dense form)";
+    file DenseDerivedSpecFile titled "archgen architecture spec (derived dense form)" for DenseSpec;
 
     /// How a derived dense spec is made from its parent.
     derive DenseDerive {
@@ -630,18 +630,14 @@ pub(crate) const LAYOUT: Layout = Layout {
         ("mixed_kv", Sections::check_optional::<crate::MixedKv>),
     ],
     texts: &[
-        ("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
-        ("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`; see docs/spec-format.md#dense-families"),
-        ("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
+        Text::Field("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
+        Text::Field("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`; see docs/spec-format.md#dense-families"),
+        Text::Field("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
     ],
-    refused: &[],
 };
 
 /// The derived dense form (see [`crate::reduce`]): the stack's sizes and the MLP width.
 impl Reducible for DenseSpec {
-    type File = DenseDerivedSpecFile;
-    type Reduce = DenseReduce;
-
     /// The dense form also sets its own mixed KV (never inherited).
     fn derived(parent: &Self, file: &DerivedFile<DenseReduce>) -> Self {
         let mut spec = parent.clone();
