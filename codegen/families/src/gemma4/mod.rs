@@ -20,6 +20,9 @@ use crate::model_family::{KvConfig, ModelFamily};
 
 crate::document::impl_document!(Gemma4Spec, check, with mixed_kv, yaml = yaml::gemma4_yaml);
 
+// Its derived form (`derive.rs`) sets the stack's sizes as the other forms do.
+crate::reduce::impl_stack_sections!(Gemma4Spec);
+
 /// Gemma-4 in the family registry: the one family that reads mlx-optiq's
 /// `kv_config.json` itself (as `kv_quantization`).
 pub(crate) const FAMILY: ModelFamily = ModelFamily {
