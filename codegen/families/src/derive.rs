@@ -4,7 +4,7 @@
 
 use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::model::*;
-use crate::reduce;
+use crate::reduce::{self, StackSections};
 use crate::yaml::{Loc, Node};
 use crate::{
     de_at, locate_all, locate_serde, missing_field, unknown_field, validate, MAX_DERIVE_DEPTH,
@@ -436,14 +436,17 @@ fn apply(parent: &Gemma4Spec, file: &DerivedSpecFile) -> (Gemma4Spec, Vec<Issue>
 
     spec.layers.pattern = types[..period].to_vec();
     spec.layers.repeat = r.periods;
-    spec.layers.num_hidden_layers = r.periods * period as u32;
     spec.layers.num_kv_shared_layers = r.num_kv_shared_layers;
-    spec.model.hidden_size = r.hidden_size;
-    spec.model.vocab_size = r.vocab_size;
-    spec.attention.num_attention_heads = r.num_attention_heads;
-    spec.attention.num_key_value_heads = r.num_key_value_heads;
+    // The stack's six sizes, written as every other family's derived form writes them.
+    spec.set_stack(&reduce::Stack {
+        num_hidden_layers: r.periods * period as u32,
+        hidden_size: r.hidden_size,
+        vocab_size: r.vocab_size,
+        num_attention_heads: r.num_attention_heads,
+        num_key_value_heads: r.num_key_value_heads,
+        head_dim: r.head_dim,
+    });
     spec.attention.num_global_key_value_heads = r.num_global_key_value_heads;
-    spec.attention.head_dim = r.head_dim;
     spec.attention.global_head_dim = r.global_head_dim;
     spec.attention.sliding_window = r.sliding_window;
     spec.mlp.intermediate_size = r.intermediate_size;

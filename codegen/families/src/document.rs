@@ -38,21 +38,27 @@ pub(crate) trait Document {
 
 /// Implements [`Document`] for a family's document type: the accessors read
 /// the fields every layout has (`identity`, `quantization`; `mixed_kv` where
-/// the layout has the section), the rest calls the family module's own `lower`,
-/// `to_yaml` and `hf_json` and the given check. Written once here so that a
+/// the layout has the section), the rest calls the family module's own `lower`
+/// and `config_fields` and the given check. The config.json view is finished
+/// here for every family ([`crate::hf::config_view`]: quantization, sorted
+/// keys), and the YAML text is [`crate::emit::document_yaml`] unless the
+/// family names its own writer (`yaml = path`). Written once here so that a
 /// family states only what differs.
 macro_rules! impl_document {
     ($spec:ty, $check:path) => {
-        $crate::document::impl_document!(@impl $spec, $check, {});
+        $crate::document::impl_document!(@impl $spec, $check, $crate::emit::document_yaml, {});
     };
     ($spec:ty, $check:path, with mixed_kv) => {
-        $crate::document::impl_document!(@impl $spec, $check, {
+        $crate::document::impl_document!($spec, $check, with mixed_kv, yaml = $crate::emit::document_yaml);
+    };
+    ($spec:ty, $check:path, with mixed_kv, yaml = $yaml:path) => {
+        $crate::document::impl_document!(@impl $spec, $check, $yaml, {
             fn mixed_kv(&self) -> Option<&$crate::MixedKv> {
                 self.mixed_kv.as_ref()
             }
         });
     };
-    (@impl $spec:ty, $check:path, { $($mixed_kv:tt)* }) => {
+    (@impl $spec:ty, $check:path, $yaml:path, { $($mixed_kv:tt)* }) => {
         impl $crate::document::Document for $spec {
             fn identity(&self) -> &$crate::model::Identity {
                 &self.identity
@@ -74,10 +80,10 @@ macro_rules! impl_document {
                 lower(self)
             }
             fn to_yaml(&self) -> String {
-                to_yaml(self)
+                $yaml(self)
             }
             fn hf_json(&self) -> serde_json::Value {
-                hf_json(self)
+                $crate::hf::config_view(config_fields(self), self.quantization.as_ref())
             }
             fn model_sizes(&self) -> &dyn $crate::document::ModelSizes {
                 &self.model

@@ -12,10 +12,11 @@
 
 use crate::dense::{DenseDerivedSpecFile, DenseReduce};
 use crate::diag::{FieldPath, Issue};
-use crate::layout::Layout;
+use crate::layout::{Layout, Text};
 use crate::model::*;
+use crate::model_family::{KvConfig, ModelFamily};
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
-use crate::reduce::{last_key, mlp_width, reduce_key, Reducible, Size, StackSections};
+use crate::reduce::{last_key, mlp_width, reduce_key, DerivedForm, Reducible, Size, StackSections};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -242,9 +243,9 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
 
 // ---------------------------------------------------------------- config.json view
 
-/// The spec with config.json field names (flat, as `gemma2` configs are), plus
-/// `quantization` when present. Keys sorted.
-pub(crate) fn hf_json(spec: &Gemma2Spec) -> Value {
+/// The spec with config.json field names (flat, as `gemma2` configs are)
+/// (impl_document! adds `quantization` and sorts the keys).
+pub(crate) fn config_fields(spec: &Gemma2Spec) -> Value {
     let v = json!({
         "model_type": spec.identity.source.model_type.as_str(),
         "hidden_size": spec.model.hidden_size,
@@ -262,13 +263,8 @@ pub(crate) fn hf_json(spec: &Gemma2Spec) -> Value {
         "attn_logit_softcapping": spec.attention.attn_logit_softcapping,
         "final_logit_softcapping": spec.model.final_logit_softcapping,
     });
-    crate::hf::config_view(v, spec.quantization.as_ref())
+    v
 }
-
-// ---------------------------------------------------------------- YAML
-
-// The full-form YAML text, from the sections' serde form.
-pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 
@@ -286,25 +282,26 @@ pub(crate) const LAYOUT: Layout = Layout {
         ("quantization", Sections::check::<Option<Quantization>>),
     ],
     texts: &[
-        ("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, final_logit_softcapping, max_position_embeddings}", "model-wide sizes; the head is always tied; see docs/spec-format.md#gemma-2"),
-        ("layers", "a mapping {num_hidden_layers}", "every Gemma-2 layer is full attention (mlx-lm has no sliding window for it); see docs/spec-format.md#gemma-2"),
-        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim, query_pre_attn_scalar, attn_logit_softcapping}", "attention geometry and its scale and softcap; see docs/spec-format.md#gemma-2"),
-        ("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta`; see docs/spec-format.md#gemma-2"),
-        ("mlp", "a mapping {intermediate_size}", "GeLU-approx MLP width; see docs/spec-format.md#gemma-2"),
-    ],
-    refused: &[
-        ("sliding_window", "mlx-lm's gemma2 has no sliding window: every layer is full attention with a plain KV cache (docs/spec-format.md#gemma-2)"),
-        ("tie_word_embeddings", "mlx-lm's gemma2 always uses the embedding as the head; there is nothing to write (docs/spec-format.md#gemma-2)"),
-        ("kv_quantization", "mlx-lm's gemma2 attention cannot read a quantized KV cache (docs/spec-format.md#gemma-2)"),
+        Text::Field("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, final_logit_softcapping, max_position_embeddings}", "model-wide sizes; the head is always tied; see docs/spec-format.md#gemma-2"),
+        Text::Field("layers", "a mapping {num_hidden_layers}", "every Gemma-2 layer is full attention (mlx-lm has no sliding window for it); see docs/spec-format.md#gemma-2"),
+        Text::Field("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim, query_pre_attn_scalar, attn_logit_softcapping}", "attention geometry and its scale and softcap; see docs/spec-format.md#gemma-2"),
+        Text::Field("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta`; see docs/spec-format.md#gemma-2"),
+        Text::Field("mlp", "a mapping {intermediate_size}", "GeLU-approx MLP width; see docs/spec-format.md#gemma-2"),
+        Text::Refused("sliding_window", "mlx-lm's gemma2 has no sliding window: every layer is full attention with a plain KV cache (docs/spec-format.md#gemma-2)"),
+        Text::Refused("tie_word_embeddings", "mlx-lm's gemma2 always uses the embedding as the head; there is nothing to write (docs/spec-format.md#gemma-2)"),
+        Text::Refused("kv_quantization", "mlx-lm's gemma2 attention cannot read a quantized KV cache (docs/spec-format.md#gemma-2)"),
     ],
 };
 
 /// The derived Gemma-2 form is the dense one (`reduce` of the seven sizes; see
-/// [`crate::reduce`]). Its `mixed_kv` is not read: Gemma-2 has no mixed KV.
-impl Reducible for Gemma2Spec {
+/// [`crate::reduce`]).
+impl DerivedForm for Gemma2Spec {
     type File = DenseDerivedSpecFile;
     type Reduce = DenseReduce;
+}
 
+/// Its `mixed_kv` is not read: Gemma-2 has no mixed KV.
+impl Reducible for Gemma2Spec {
     fn refused_in_file(file: &DenseDerivedSpecFile) -> Vec<Issue> {
         match file.derive.mixed_kv {
             None => Vec::new(),
@@ -457,19 +454,8 @@ pub(crate) fn import(
 }
 
 /// Gemma-2 in the family registry.
-pub(crate) struct Gemma2Family;
-
-impl crate::model_family::ModelFamily for Gemma2Family {
-    fn model_types(&self) -> &'static [ConfigModelType] {
-        &[ConfigModelType::Gemma2]
-    }
-    fn kv_config_refused(&self) -> Option<&'static str> {
-        Some("KV-cache quantization is supported for Gemma-4 only (mlx-lm's gemma2 attention cannot read a quantized cache)")
-    }
-    fn import(
-        &self,
-        c: &crate::model_family::ConfigJson,
-    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
-        import(c.top, c.name).map(|(s, applied)| (crate::Spec::Gemma2(s), applied))
-    }
-}
+pub(crate) const FAMILY: ModelFamily = ModelFamily {
+    reads: |t| t.family() == crate::Family::Gemma2,
+    kv_config: KvConfig::Refused("KV-cache quantization is supported for Gemma-4 only (mlx-lm's gemma2 attention cannot read a quantized cache)"),
+    import: |c| import(c.top, c.name).map(|(s, applied)| (crate::Spec::Gemma2(s), applied)),
+};

@@ -55,12 +55,18 @@ pub(crate) struct Layout {
     pub head: &'static [(&'static str, SectionCheck)],
     /// The top-level sections after `head`, in document order, each with how it is read.
     pub sections: &'static [(&'static str, SectionCheck)],
-    /// A missing or mistyped field named `key`: `(key, expected, hint)`
-    /// (for the dense sections, where this has none, the shared texts).
-    pub texts: &'static [(&'static str, &'static str, &'static str)],
-    /// Fields other layouts have and this one does not read: an unknown-field
-    /// error for one of them gets this hint (and no other text).
-    pub refused: &'static [(&'static str, &'static str)],
+    /// Its own texts for the messages about a field (for the dense
+    /// sections, where this has none, the shared texts).
+    pub texts: &'static [Text],
+}
+
+/// A layout's own text for the messages about the field named `key`.
+pub(crate) enum Text {
+    /// A missing or mistyped field: `(key, expected, hint)`.
+    Field(&'static str, &'static str, &'static str),
+    /// A field other layouts have and this one does not read: an
+    /// unknown-field error for it gets this hint (and no other text).
+    Refused(&'static str, &'static str),
 }
 
 impl Layout {
@@ -110,14 +116,20 @@ impl Layout {
     fn apply_texts(&self, i: &mut Issue) {
         let key = i.path.last_key().unwrap_or("").to_string();
         if i.message.starts_with("unknown field") {
-            if let Some((_, hint)) = self.refused.iter().find(|(k, _)| *k == key) {
+            let refusal = self.texts.iter().find_map(|t| match t {
+                Text::Refused(k, hint) if *k == key => Some(hint),
+                Text::Refused(..) | Text::Field(..) => None,
+            });
+            if let Some(hint) = refusal {
                 i.hint = hint.to_string();
                 return;
             }
         }
         let own = || {
-            let (_, expected, hint) = self.texts.iter().find(|(k, _, _)| *k == key)?;
-            Some((*expected, hint.to_string()))
+            self.texts.iter().find_map(|t| match t {
+                Text::Field(k, expected, hint) if *k == key => Some((*expected, hint.to_string())),
+                Text::Field(..) | Text::Refused(..) => None,
+            })
         };
         let shared = || {
             let (_, expected, hint) = DENSE_TEXTS.iter().find(|(k, _, _)| *k == key)?;

@@ -16,8 +16,9 @@
 
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout::Layout;
+use crate::layout::{Layout, Text};
 use crate::model::*;
+use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
 use crate::reduce::{mlp_width, Reducible, Size};
 use crate::{validate, Sections};
@@ -78,7 +79,7 @@ pub struct MiniCpmScales {
 
 crate::reduce::derived_form! {
     /// A derived MiniCPM spec file: a declared reduction of a MiniCPM spec.
-    file MiniCpmDerivedSpecFile titled "archgen architecture spec (derived minicpm form)";
+    file MiniCpmDerivedSpecFile titled "archgen architecture spec (derived minicpm form)" for MiniCpmSpec;
 
     /// How a derived MiniCPM spec is made from its parent.
     derive MiniCpmDerive {}
@@ -221,9 +222,10 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
 
 // ---------------------------------------------------------------- config.json view
 
-/// The spec with config.json field names (flat, as minicpm configs are), plus
-/// `quantization` when present. Keys sorted. No `head_dim` (minicpm.py derives it).
-pub(crate) fn hf_json(spec: &MiniCpmSpec) -> Value {
+/// The spec with config.json field names (flat, as minicpm configs are), no
+/// `head_dim` (minicpm.py derives it); impl_document! adds `quantization` and
+/// sorts the keys.
+pub(crate) fn config_fields(spec: &MiniCpmSpec) -> Value {
     let s = &spec.scales;
     // minicpm.py has no head_dim field (hidden_size // heads, checked).
     let mut v = crate::hf::dense_stack_json(
@@ -244,13 +246,8 @@ pub(crate) fn hf_json(spec: &MiniCpmSpec) -> Value {
             "dim_model_base": s.dim_model_base,
         }),
     );
-    crate::hf::config_view(v, spec.quantization.as_ref())
+    v
 }
-
-// ---------------------------------------------------------------- YAML
-
-// The full-form YAML text, from the sections' serde form.
-pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 
@@ -266,18 +263,14 @@ pub(crate) const LAYOUT: Layout = Layout {
         ("quantization", Sections::check::<Option<Quantization>>),
     ],
     texts: &[
-        ("scaling", "`traditional` or `rope_theta` (no scaling)", "MiniCPM's RoPE is plain here: rope_scaling must be null (MiniCPM4's longrope, mlx-lm's SuScaledRoPE, is not supported); see docs/spec-format.md#minicpm"),
-        ("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null); see docs/spec-format.md#minicpm"),
-        ("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales; see docs/spec-format.md#minicpm"),
+        Text::Field("scaling", "`traditional` or `rope_theta` (no scaling)", "MiniCPM's RoPE is plain here: rope_scaling must be null (MiniCPM4's longrope, mlx-lm's SuScaledRoPE, is not supported); see docs/spec-format.md#minicpm"),
+        Text::Field("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null); see docs/spec-format.md#minicpm"),
+        Text::Field("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales; see docs/spec-format.md#minicpm"),
     ],
-    refused: &[],
 };
 
 /// The derived MiniCPM form (see [`crate::reduce`]): the dense form's sizes.
 impl Reducible for MiniCpmSpec {
-    type File = MiniCpmDerivedSpecFile;
-    type Reduce = MiniCpmReduce;
-
     fn other_sizes(r: &MiniCpmReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
         mlp_width(r.intermediate_size, parent.mlp.intermediate_size)
     }
@@ -393,19 +386,8 @@ pub(crate) fn import(
 }
 
 /// MiniCPM in the family registry.
-pub(crate) struct MiniCpmFamily;
-
-impl crate::model_family::ModelFamily for MiniCpmFamily {
-    fn model_types(&self) -> &'static [ConfigModelType] {
-        &[ConfigModelType::MiniCpm]
-    }
-    fn kv_config_refused(&self) -> Option<&'static str> {
-        Some("KV-cache quantization is supported for Gemma-4 only")
-    }
-    fn import(
-        &self,
-        c: &crate::model_family::ConfigJson,
-    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
-        import(c.top, c.name).map(|(s, applied)| (crate::Spec::MiniCpm(s), applied))
-    }
-}
+pub(crate) const FAMILY: ModelFamily = ModelFamily {
+    reads: |t| t.family() == crate::Family::MiniCpm,
+    kv_config: crate::model_family::GEMMA4_ONLY,
+    import: |c| import(c.top, c.name).map(|(s, applied)| (crate::Spec::MiniCpm(s), applied)),
+};

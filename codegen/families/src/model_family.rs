@@ -18,14 +18,30 @@ pub(crate) struct ConfigJson<'a> {
     pub(crate) name: &'a str,
 }
 
+/// What an importer gives: the spec and the defaults it applied, or its problems.
+pub(crate) type Imported = Result<(Spec, Vec<AppliedDefault>), ImportError>;
+
 /// One family (for the dense layout, the families sharing it): what it
-/// imports and how.
-pub(crate) trait ModelFamily: Sync {
-    /// The config.json `model_type`s whose checkpoints this family reads.
-    fn model_types(&self) -> &'static [ConfigModelType];
-    /// Why a `kv_config.json` cannot be applied to this family, or None
-    /// where the family's importer reads it.
-    fn kv_config_refused(&self) -> Option<&'static str>;
-    /// A validated spec from a config.json of one of [`Self::model_types`].
-    fn import(&self, config: &ConfigJson) -> Result<(Spec, Vec<AppliedDefault>), ImportError>;
+/// imports and how. Each family states its entry beside its importer, as a
+/// `FAMILY` constant that [`crate::registry`] lists.
+pub(crate) struct ModelFamily {
+    /// Whether this family reads checkpoints of a config.json `model_type`.
+    pub(crate) reads: fn(ConfigModelType) -> bool,
+    /// What it does with mlx-optiq's `kv_config.json`.
+    pub(crate) kv_config: KvConfig,
+    /// A validated spec from a config.json of a model type it reads.
+    pub(crate) import: fn(&ConfigJson) -> Imported,
 }
+
+/// A family's answer to a checkpoint with mlx-optiq's `kv_config.json`.
+pub(crate) enum KvConfig {
+    /// Its importer reads the file (as the spec's KV quantization).
+    Read,
+    /// It cannot apply one: the reason, as `kv_config.json: {reason}`.
+    Refused(&'static str),
+}
+
+/// The reason most families give: only Gemma-4's attention reads a
+/// quantized KV cache.
+pub(crate) const GEMMA4_ONLY: KvConfig =
+    KvConfig::Refused("KV-cache quantization is supported for Gemma-4 only");

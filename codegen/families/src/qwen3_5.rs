@@ -14,8 +14,9 @@
 
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout::Layout;
+use crate::layout::{Layout, Text};
 use crate::model::*;
+use crate::model_family::{KvConfig, ModelFamily};
 use crate::reader::{first_quantization, imported_identity, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size};
 use crate::{validate, Sections};
@@ -111,7 +112,7 @@ pub struct Qwen35Moe {
 
 crate::reduce::derived_form! {
     /// A derived Qwen3.5 spec file: a declared reduction of a Qwen3.5 spec.
-    file Qwen35DerivedSpecFile titled "archgen architecture spec (derived qwen3_5 form)";
+    file Qwen35DerivedSpecFile titled "archgen architecture spec (derived qwen3_5 form)" for Qwen35Spec;
 
     /// How a derived Qwen3.5 spec is made from its parent.
     derive Qwen35Derive {}
@@ -515,8 +516,9 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
 
 /// The spec with config.json field names, flat (mlx-lm reads a flat
 /// qwen3_5 config as the text config), RoPE in `rope_parameters` as the
-/// public configs write it, plus `quantization` when present. Keys sorted.
-pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
+/// public configs write it
+/// (impl_document! adds `quantization` and sorts the keys).
+pub(crate) fn config_fields(spec: &Qwen35Spec) -> Value {
     let la = &spec.linear_attention;
     let mut v = crate::hf::dense_stack_json(
         spec.identity.source.model_type,
@@ -557,13 +559,8 @@ pub(crate) fn hf_json(spec: &Qwen35Spec) -> Value {
             }
         }
     }
-    crate::hf::config_view(v, spec.quantization.as_ref())
+    v
 }
-
-// ---------------------------------------------------------------- YAML
-
-// The full-form YAML text, from the sections' serde form.
-pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 
@@ -583,21 +580,17 @@ pub(crate) const LAYOUT: Layout = Layout {
         ("quantization", Sections::check::<Option<Quantization>>),
     ],
     texts: &[
-        ("layers", "a mapping {num_hidden_layers, full_attention_interval}", "which layers are full attention; see docs/spec-format.md#qwen35"),
-        ("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "geometry of the full-attention layers; see docs/spec-format.md#qwen35"),
-        ("rope", "a mapping {rope_theta, partial_rotary_factor}", "`rope_parameters` of config.json; see docs/spec-format.md#qwen35"),
-        ("linear_attention", "a mapping {linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim}", "the Gated DeltaNet layers; see docs/spec-format.md#qwen35"),
+        Text::Field("layers", "a mapping {num_hidden_layers, full_attention_interval}", "which layers are full attention; see docs/spec-format.md#qwen35"),
+        Text::Field("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim}", "geometry of the full-attention layers; see docs/spec-format.md#qwen35"),
+        Text::Field("rope", "a mapping {rope_theta, partial_rotary_factor}", "`rope_parameters` of config.json; see docs/spec-format.md#qwen35"),
+        Text::Field("linear_attention", "a mapping {linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim}", "the Gated DeltaNet layers; see docs/spec-format.md#qwen35"),
     ],
-    refused: &[],
 };
 
 /// The derived Qwen3.5 form (see [`crate::reduce`]): the attention stack's sizes,
 /// the Gated DeltaNet heads', and the dense MLP's width or the experts' sizes,
 /// as the parent has one or the other.
 impl Reducible for Qwen35Spec {
-    type File = Qwen35DerivedSpecFile;
-    type Reduce = Qwen35Reduce;
-
     fn other_sizes(r: &Qwen35Reduce, parent: &Self, issues: &mut Vec<Issue>) -> Vec<Size> {
         let pl = &parent.linear_attention;
         let mut sizes = vec![
@@ -892,19 +885,12 @@ pub(crate) fn import(
 }
 
 /// Qwen3.5 / Qwen3.6 (dense and MoE) in the family registry.
-pub(crate) struct Qwen35Family;
-
-impl crate::model_family::ModelFamily for Qwen35Family {
-    fn model_types(&self) -> &'static [ConfigModelType] {
-        &[ConfigModelType::Qwen35, ConfigModelType::Qwen35Moe]
-    }
-    fn kv_config_refused(&self) -> Option<&'static str> {
-        Some("KV-cache quantization is not supported for qwen3_5 (its linear layers have no K/V cache)")
-    }
-    fn import(
-        &self,
-        c: &crate::model_family::ConfigJson,
-    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
+pub(crate) const FAMILY: ModelFamily = ModelFamily {
+    reads: |t| t.family() == crate::Family::Qwen35,
+    kv_config: KvConfig::Refused(
+        "KV-cache quantization is not supported for qwen3_5 (its linear layers have no K/V cache)",
+    ),
+    import: |c| {
         import(c.top, c.model_type, c.name).map(|(s, applied)| (crate::Spec::Qwen35(s), applied))
-    }
-}
+    },
+};

@@ -10,8 +10,9 @@
 
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout::Layout;
+use crate::layout::{Layout, Text};
 use crate::model::*;
+use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size};
 use crate::{validate, Sections};
@@ -73,7 +74,7 @@ pub struct Qwen3MoeExperts {
 
 crate::reduce::derived_form! {
     /// A derived Qwen3-MoE spec file: a declared reduction of a Qwen3-MoE spec.
-    file Qwen3MoeDerivedSpecFile titled "archgen architecture spec (derived qwen3_moe form)";
+    file Qwen3MoeDerivedSpecFile titled "archgen architecture spec (derived qwen3_moe form)" for Qwen3MoeSpec;
 
     /// How a derived Qwen3-MoE spec is made from its parent.
     derive Qwen3MoeDerive {}
@@ -269,9 +270,9 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
 
 // ---------------------------------------------------------------- config.json view
 
-/// The spec with config.json field names (flat, as qwen3_moe configs are), plus
-/// `quantization` when present. Keys sorted.
-pub(crate) fn hf_json(spec: &Qwen3MoeSpec) -> Value {
+/// The spec with config.json field names (flat, as qwen3_moe configs are)
+/// (impl_document! adds `quantization` and sorts the keys).
+pub(crate) fn config_fields(spec: &Qwen3MoeSpec) -> Value {
     let e = &spec.moe;
     let mut v = crate::hf::dense_stack_json(
         spec.identity.source.model_type,
@@ -294,13 +295,8 @@ pub(crate) fn hf_json(spec: &Qwen3MoeSpec) -> Value {
             "mlp_only_layers": e.mlp_only_layers,
         }),
     );
-    crate::hf::config_view(v, spec.quantization.as_ref())
+    v
 }
-
-// ---------------------------------------------------------------- YAML
-
-// The full-form YAML text, from the sections' serde form.
-pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 
@@ -316,19 +312,15 @@ pub(crate) const LAYOUT: Layout = Layout {
         ("quantization", Sections::check::<Option<Quantization>>),
     ],
     texts: &[
-        ("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling); see docs/spec-format.md#qwen3-moe"),
-        ("mlp", "a mapping {intermediate_size}", "SwiGLU width of the dense layers; see docs/spec-format.md#qwen3-moe"),
-        ("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts; see docs/spec-format.md#qwen3-moe"),
+        Text::Field("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling); see docs/spec-format.md#qwen3-moe"),
+        Text::Field("mlp", "a mapping {intermediate_size}", "SwiGLU width of the dense layers; see docs/spec-format.md#qwen3-moe"),
+        Text::Field("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts; see docs/spec-format.md#qwen3-moe"),
     ],
-    refused: &[],
 };
 
 /// The derived Qwen3-MoE form (see [`crate::reduce`]): the dense form's sizes and
 /// the experts'.
 impl Reducible for Qwen3MoeSpec {
-    type File = Qwen3MoeDerivedSpecFile;
-    type Reduce = Qwen3MoeReduce;
-
     fn other_sizes(r: &Qwen3MoeReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
         let pm = &parent.moe;
         vec![
@@ -463,19 +455,8 @@ pub(crate) fn import(
 }
 
 /// Qwen3-MoE in the family registry.
-pub(crate) struct Qwen3MoeFamily;
-
-impl crate::model_family::ModelFamily for Qwen3MoeFamily {
-    fn model_types(&self) -> &'static [ConfigModelType] {
-        &[ConfigModelType::Qwen3Moe]
-    }
-    fn kv_config_refused(&self) -> Option<&'static str> {
-        Some("KV-cache quantization is supported for Gemma-4 only")
-    }
-    fn import(
-        &self,
-        c: &crate::model_family::ConfigJson,
-    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
-        import(c.top, c.name).map(|(s, applied)| (crate::Spec::Qwen3Moe(s), applied))
-    }
-}
+pub(crate) const FAMILY: ModelFamily = ModelFamily {
+    reads: |t| t.family() == crate::Family::Qwen3Moe,
+    kv_config: crate::model_family::GEMMA4_ONLY,
+    import: |c| import(c.top, c.name).map(|(s, applied)| (crate::Spec::Qwen3Moe(s), applied)),
+};

@@ -54,10 +54,11 @@ pub(crate) use with_stack_sizes;
 /// (`from`, `reduce`, `quantization`, then the given fields) and its `reduce`
 /// section (the stack's sizes, then the family's own). The doc comments and
 /// the file's schema title are the family's; the
-/// shared fields carry the same descriptions in every family's schema.
+/// shared fields carry the same descriptions in every family's schema. The
+/// family's spec type (`for`) gets the form as its [`DerivedForm`].
 macro_rules! derived_form {
     (
-        $(#[$file_meta:meta])* file $file:ident titled $title:literal;
+        $(#[$file_meta:meta])* file $file:ident titled $title:literal for $spec:ty;
         $(#[$derive_meta:meta])* derive $derive:ident { $($derive_fields:tt)* }
         $(#[$reduce_meta:meta])* reduce $reduce:ident { $($reduce_fields:tt)* }
     ) => {
@@ -92,6 +93,11 @@ macro_rules! derived_form {
             #[derive(Debug, Clone, PartialEq, ::serde::Serialize, ::serde::Deserialize, ::schemars::JsonSchema)]
             #[serde(deny_unknown_fields)]
             pub struct $reduce { $($reduce_fields)* }
+        }
+
+        impl $crate::reduce::DerivedForm for $spec {
+            type File = $file;
+            type Reduce = $reduce;
         }
     };
 }
@@ -156,14 +162,18 @@ pub(crate) struct DerivedParts<R> {
     pub mixed_kv: Option<MixedKv>,
 }
 
-/// A family's derived form, as [`read`] needs it. Implemented by the family's
-/// full spec type.
-pub(crate) trait Reducible: Clone + Document + StackSections {
+/// The types of a family's derived form, implemented by [`derived_form!`] for
+/// the spec type it names (a family that reads another's form states it).
+pub(crate) trait DerivedForm {
     /// The derived document (`<Family>DerivedSpecFile`, as the JSON schema names it).
     type File: DeserializeOwned;
     /// Its `derive.reduce` section.
     type Reduce: DeserializeOwned;
+}
 
+/// A family's derived form, as [`read`] needs it. Implemented by the family's
+/// full spec type.
+pub(crate) trait Reducible: Clone + Document + StackSections + DerivedForm {
     /// The parent with what a derived file sets rather than inherits: its name and
     /// weight quantization (a form with mixed KV sets that too).
     fn derived(parent: &Self, file: &DerivedFile<Self::Reduce>) -> Self {

@@ -1,4 +1,4 @@
-//! The families archgen runs, one entry per spec layout, behind one trait:
+//! The families archgen runs, one entry per spec layout, each a [`ModelFamily`]:
 //! which config.json `model_type`s a family reads, whether it takes
 //! mlx-optiq's `kv_config.json`, and its importer. `spec import` and the
 //! checkpoint loader pick a family here, and the list of supported model
@@ -6,26 +6,23 @@
 
 use crate::model::ConfigModelType;
 pub(crate) use crate::model_family::ConfigJson;
-use crate::model_family::ModelFamily;
+use crate::model_family::{KvConfig, ModelFamily};
 use crate::reader::{AppliedDefault, ImportError};
 use crate::Spec;
 
 /// Every family, in the order their model types were added.
-static FAMILIES: [&dyn ModelFamily; 6] = [
-    &crate::gemma4::Gemma4Family,
-    &crate::dense::DenseFamilies,
-    &crate::gemma2::Gemma2Family,
-    &crate::qwen3_moe::Qwen3MoeFamily,
-    &crate::minicpm::MiniCpmFamily,
-    &crate::qwen3_5::Qwen35Family,
+static FAMILIES: [&ModelFamily; 6] = [
+    &crate::gemma4::FAMILY,
+    &crate::dense::FAMILY,
+    &crate::gemma2::FAMILY,
+    &crate::qwen3_moe::FAMILY,
+    &crate::minicpm::FAMILY,
+    &crate::qwen3_5::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any does.
-fn family_of(model_type: ConfigModelType) -> Option<&'static dyn ModelFamily> {
-    FAMILIES
-        .iter()
-        .copied()
-        .find(|f| f.model_types().contains(&model_type))
+fn family_of(model_type: ConfigModelType) -> Option<&'static ModelFamily> {
+    FAMILIES.iter().copied().find(|f| (f.reads)(model_type))
 }
 
 /// Every config.json `model_type` some family reads, in declaration order.
@@ -47,12 +44,12 @@ pub(crate) fn import(config: &ConfigJson) -> Result<(Spec, Vec<AppliedDefault>),
             )],
         });
     };
-    if let (Some(_), Some(why)) = (config.kv_config, family.kv_config_refused()) {
-        return Err(ImportError {
+    match (config.kv_config, &family.kv_config) {
+        (Some(_), KvConfig::Refused(why)) => Err(ImportError {
             problems: vec![format!("kv_config.json: {why}")],
-        });
+        }),
+        (None, _) | (Some(_), KvConfig::Read) => (family.import)(config),
     }
-    family.import(config)
 }
 
 #[cfg(test)]
@@ -62,10 +59,7 @@ mod tests {
     #[test]
     fn every_model_type_has_exactly_one_family() {
         for t in ConfigModelType::ALL {
-            let owners = FAMILIES
-                .iter()
-                .filter(|f| f.model_types().contains(&t))
-                .count();
+            let owners = FAMILIES.iter().filter(|f| (f.reads)(t)).count();
             assert_eq!(owners, 1, "{}", t.as_str());
         }
         assert_eq!(supported_model_types(), ConfigModelType::ALL);

@@ -163,10 +163,79 @@ impl BlockFacts {
     }
 }
 
+/// What every layer of a family with one kind of layer has in common: its
+/// norm arrangement, q/k norm, attention scale, projection bias and residual.
+#[derive(Debug, PartialEq)]
+struct LayerFacts(
+    NormArrangement,
+    QkNorm,
+    AttentionScale,
+    ProjectionBias,
+    Residual,
+);
+
+/// The [`LayerFacts`] of every layer of `spec`'s model, or None where the
+/// family's arm checks its layers itself.
+fn every_layer(path: &str, spec: &Spec) -> Option<LayerFacts> {
+    use AttentionScale::InvSqrtHeadDim;
+    use NormArrangement::PreNorm;
+    let unbiased = ProjectionBias::None;
+    let pre_norm = |scale, residual| LayerFacts(PreNorm, QkNorm::None, scale, unbiased, residual);
+    let dense = || match spec {
+        Spec::Dense(d) => d,
+        other => panic!("{path}: family {} in a {other:?}", spec.family().as_str()),
+    };
+    match spec.family() {
+        Family::Olmo2 => Some(LayerFacts(
+            NormArrangement::PostNorm,
+            QkNorm::RmsWholeProjection,
+            InvSqrtHeadDim,
+            unbiased,
+            Residual::Plain,
+        )),
+        Family::SmolLm3 | Family::Phi3 => Some(pre_norm(InvSqrtHeadDim, Residual::Plain)),
+        Family::Granite => {
+            let g = dense().scales.as_ref().expect("checked");
+            let scaled = Residual::Scaled {
+                multiplier: g.residual_multiplier,
+            };
+            Some(pre_norm(
+                AttentionScale::Constant(g.attention_multiplier),
+                scaled,
+            ))
+        }
+        Family::MiniCpm => {
+            let m = match spec {
+                Spec::MiniCpm(m) => m,
+                other => panic!("{path}: family minicpm in a {other:?}"),
+            };
+            let depth_scaled = Residual::DepthScaled {
+                scale_depth: m.scales.scale_depth,
+                num_hidden_layers: m.layers.num_hidden_layers as usize,
+            };
+            Some(pre_norm(InvSqrtHeadDim, depth_scaled))
+        }
+        Family::Gemma4
+        | Family::Qwen3
+        | Family::Llama
+        | Family::Qwen2
+        | Family::Gemma2
+        | Family::Qwen3Moe
+        | Family::Qwen35 => None,
+    }
+}
+
 #[test]
 fn families_lower_to_their_blocks() {
     for (path, spec) in specs() {
         let ir = spec.lower();
+        if let Some(want) = every_layer(&path, &spec) {
+            for l in &ir.layers {
+                let a = l.attention().expect("every layer is attention");
+                let got = LayerFacts(l.norms.arrangement, a.qk_norm, a.scale, a.bias, l.residual);
+                assert_eq!(got, want, "{path} layer {}", l.index);
+            }
+        }
         let l = &ir.layers[0];
         let a = ir
             .layers
@@ -231,9 +300,6 @@ fn families_lower_to_their_blocks() {
                 let n = d.rope.no_rope_layer_interval.expect("checked") as usize;
                 for l in &ir.layers {
                     let a = l.attention().expect("smollm3 layers are attention");
-                    assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
-                    assert_eq!(a.qk_norm, QkNorm::None, "{path}");
-                    assert_eq!(a.scale, AttentionScale::InvSqrtHeadDim, "{path}");
                     // smollm3.py: no_rope_layers[i] = int((i + 1) % n != 0).
                     assert_eq!(
                         a.rope.kind == archgen_ir::RopeKind::NoPe,
@@ -244,13 +310,6 @@ fn families_lower_to_their_blocks() {
                 }
             }
             Family::Olmo2 => {
-                for l in &ir.layers {
-                    let a = l.attention().expect("olmo2 layers are attention");
-                    assert_eq!(l.norms.arrangement, NormArrangement::PostNorm, "{path}");
-                    assert_eq!(a.qk_norm, QkNorm::RmsWholeProjection, "{path}");
-                    assert_eq!(a.scale, AttentionScale::InvSqrtHeadDim, "{path}");
-                    assert_eq!(a.bias, ProjectionBias::None, "{path}");
-                }
                 // The contract: post-attention and post-feedforward norms of
                 // [hidden], no input norm, and q/k norms over whole projections.
                 let vectors = ir.vector_params();
@@ -287,16 +346,7 @@ fn families_lower_to_their_blocks() {
                 );
                 for l in &ir.layers {
                     let a = l.attention().expect("granite layers are attention");
-                    assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
-                    assert_eq!(a.scale, AttentionScale::Constant(g.attention_multiplier));
                     assert_eq!(a.head_dim * a.n_heads, ir.hidden_size, "{path}");
-                    assert_eq!(
-                        l.residual,
-                        Residual::Scaled {
-                            multiplier: g.residual_multiplier
-                        },
-                        "{path}"
-                    );
                 }
                 assert_eq!(
                     ir.head.logit_scale,
@@ -320,8 +370,6 @@ fn families_lower_to_their_blocks() {
                         Some(GateUpProjection::Fused),
                         "{path}"
                     );
-                    assert_eq!(a.qk_norm, QkNorm::None, "{path}");
-                    assert_eq!(a.bias, ProjectionBias::None, "{path}");
                     assert_eq!(a.head_dim * a.n_heads, ir.hidden_size, "{path}");
                     let i = l.index;
                     for (module, present) in [
@@ -420,19 +468,7 @@ fn families_lower_to_their_blocks() {
                 let factor = m.scales.scale_depth / (n as f64).powf(0.5);
                 for l in &ir.layers {
                     let a = l.attention().expect("minicpm layers are attention");
-                    assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
-                    assert_eq!(a.scale, AttentionScale::InvSqrtHeadDim, "{path}");
-                    assert_eq!(a.qk_norm, QkNorm::None, "{path}");
-                    assert_eq!(a.bias, ProjectionBias::None, "{path}");
                     assert_eq!(a.head_dim * a.n_heads, ir.hidden_size, "{path}");
-                    assert_eq!(
-                        l.residual,
-                        Residual::DepthScaled {
-                            scale_depth: m.scales.scale_depth,
-                            num_hidden_layers: n
-                        },
-                        "{path}"
-                    );
                     assert_eq!(l.residual.factor(), Some(factor), "{path}");
                 }
                 assert_eq!(ir.head.weight, HeadWeight::Untied, "{path}");

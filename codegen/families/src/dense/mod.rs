@@ -30,8 +30,9 @@ use crate::ir::{
     GateUpProjection, NormArrangement, ProjectionBias, QkNorm, QkvProjection, SanitizeRule,
     ShardOracle,
 };
-use crate::layout::Layout;
+use crate::layout::{Layout, Text};
 use crate::model::*;
+use crate::model_family::{ConfigJson, ModelFamily};
 use crate::reader::{
     imported_identity, top_quantization, AppliedDefault, ImportError, Reader, ABSENT,
 };
@@ -251,7 +252,7 @@ pub enum RopeScaling {
 
 crate::reduce::derived_form! {
     /// A derived dense spec file: a declared reduction of a dense spec.
-    file DenseDerivedSpecFile titled "archgen architecture spec (derived dense form)";
+    file DenseDerivedSpecFile titled "archgen architecture spec (derived dense form)" for DenseSpec;
 
     /// How a derived dense spec is made from its parent.
     derive DenseDerive {
@@ -572,9 +573,8 @@ fn scaling_json(s: &Option<RopeScaling>) -> Value {
 }
 
 /// The spec with config.json field names (flat, as the dense configs are), as
-/// the family's module names them, plus `quantization` when present. Keys
-/// sorted.
-pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
+/// the family's module names them (impl_document! adds `quantization` and sorts the keys).
+pub(crate) fn config_fields(spec: &DenseSpec) -> Value {
     let mut v = crate::hf::dense_stack_json(
         spec.identity.source.model_type,
         spec.layers.num_hidden_layers,
@@ -612,13 +612,8 @@ pub(crate) fn hf_json(spec: &DenseSpec) -> Value {
         BiasFlags::NotRead => {}
     }
     (variant.hf_own_fields)(spec, &mut v);
-    crate::hf::config_view(v, spec.quantization.as_ref())
+    v
 }
-
-// ---------------------------------------------------------------- YAML
-
-// The full-form YAML text, from the sections' serde form.
-pub(crate) use crate::emit::document_yaml as to_yaml;
 
 // ---------------------------------------------------------------- parsing
 
@@ -635,18 +630,14 @@ pub(crate) const LAYOUT: Layout = Layout {
         ("mixed_kv", Sections::check_optional::<crate::MixedKv>),
     ],
     texts: &[
-        ("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
-        ("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`; see docs/spec-format.md#dense-families"),
-        ("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
+        Text::Field("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
+        Text::Field("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`; see docs/spec-format.md#dense-families"),
+        Text::Field("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
     ],
-    refused: &[],
 };
 
 /// The derived dense form (see [`crate::reduce`]): the stack's sizes and the MLP width.
 impl Reducible for DenseSpec {
-    type File = DenseDerivedSpecFile;
-    type Reduce = DenseReduce;
-
     /// The dense form also sets its own mixed KV (never inherited).
     fn derived(parent: &Self, file: &DerivedFile<DenseReduce>) -> Self {
         let mut spec = parent.clone();
@@ -868,36 +859,24 @@ fn read_scaling(obj: &Map<String, Value>, r: &mut Reader) -> Option<RopeScaling>
     }
 }
 
-/// The families of the dense layout in the family registry.
-pub(crate) struct DenseFamilies;
+/// The families of the dense layout in the family registry: the model types
+/// of every variant.
+pub(crate) const FAMILY: ModelFamily = ModelFamily {
+    reads: |t| VARIANTS.iter().any(|v| v.model_types.contains(&t)),
+    kv_config: crate::model_family::GEMMA4_ONLY,
+    import: import_config,
+};
 
-impl crate::model_family::ModelFamily for DenseFamilies {
-    /// Every variant's model types, in the variants' order.
-    fn model_types(&self) -> &'static [ConfigModelType] {
-        static TYPES: std::sync::OnceLock<Vec<ConfigModelType>> = std::sync::OnceLock::new();
-        TYPES.get_or_init(|| {
-            VARIANTS
-                .iter()
-                .flat_map(|v| v.model_types.iter().copied())
-                .collect()
-        })
-    }
-    fn kv_config_refused(&self) -> Option<&'static str> {
-        Some("KV-cache quantization is supported for Gemma-4 only")
-    }
-    fn import(
-        &self,
-        c: &crate::model_family::ConfigJson,
-    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
-        let Some(variant) = variant_of(c.model_type.family()) else {
-            return Err(ImportError {
-                problems: vec![format!(
-                    "model_type: `{}` is not read by the dense layout",
-                    c.model_type.as_str()
-                )],
-            });
-        };
-        import(c.top, c.model_type, variant, c.name)
-            .map(|(s, applied)| (crate::Spec::Dense(s), applied))
-    }
+/// A dense config.json, imported with the variant of its model type's family.
+fn import_config(c: &ConfigJson) -> crate::model_family::Imported {
+    let Some(variant) = variant_of(c.model_type.family()) else {
+        return Err(ImportError {
+            problems: vec![format!(
+                "model_type: `{}` is not read by the dense layout",
+                c.model_type.as_str()
+            )],
+        });
+    };
+    import(c.top, c.model_type, variant, c.name)
+        .map(|(s, applied)| (crate::Spec::Dense(s), applied))
 }

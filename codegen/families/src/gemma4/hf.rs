@@ -25,9 +25,10 @@ fn rope_json(r: &RopeParams) -> Value {
 }
 
 /// A Gemma-4 spec with Hugging Face `text_config` field names (what
-/// `cargo xtask spec show NAME --json` prints), plus `quantization` (mlx config form) and
-/// `kv_quantization` (kv_config.json form) when present. Keys are sorted.
-pub(crate) fn gemma4_hf_json(spec: &Gemma4Spec) -> Value {
+/// `cargo xtask spec show NAME --json` prints), with `kv_quantization`
+/// (kv_config.json form) when present; impl_document! adds `quantization` (mlx
+/// config form) and sorts the keys.
+pub(crate) fn gemma4_config_fields(spec: &Gemma4Spec) -> Value {
     let a = &spec.attention;
     let layer_types: Vec<&str> = spec.layer_types().iter().map(|t| t.hf_name()).collect();
     let mut v = json!({
@@ -67,7 +68,7 @@ pub(crate) fn gemma4_hf_json(spec: &Gemma4Spec) -> Value {
             .map(|e| json!({"layer_idx": e.layer_idx, "bits": e.bits, "group_size": e.group_size}))
             .collect::<Vec<_>>());
     }
-    config_view(v, spec.quantization.as_ref())
+    v
 }
 
 /// A config.json for a Gemma-4 spec, in the layout of its source model type
@@ -75,9 +76,8 @@ pub(crate) fn gemma4_hf_json(spec: &Gemma4Spec) -> Value {
 /// without quantization (a checkpoint writer adds what it packed). mlx-lm
 /// loads it to exactly this architecture.
 pub(crate) fn gemma4_config_json(spec: &Gemma4Spec) -> Value {
-    let mut text = gemma4_hf_json(spec);
+    let mut text = config_view(gemma4_config_fields(spec), None);
     let obj = text.as_object_mut().unwrap();
-    obj.remove("quantization");
     obj.remove("kv_quantization");
     let vocab = obj["vocab_size"].clone();
     let tie = obj["tie_word_embeddings"].clone();

@@ -10,37 +10,26 @@ pub(crate) mod model;
 mod validate;
 mod yaml;
 
-pub(crate) use hf::{gemma4_config_json as config_json, gemma4_hf_json as hf_json};
+pub(crate) use hf::{gemma4_config_fields as config_fields, gemma4_config_json as config_json};
 pub(crate) use import::import;
 pub(crate) use lower::lower;
 pub(crate) use validate::check;
-pub(crate) use yaml::gemma4_yaml as to_yaml;
 
-use crate::model::{ConfigModelType, Gemma4Spec};
-use crate::reader::{AppliedDefault, ImportError};
+use crate::model::Gemma4Spec;
+use crate::model_family::{KvConfig, ModelFamily};
 
-crate::document::impl_document!(Gemma4Spec, check, with mixed_kv);
+crate::document::impl_document!(Gemma4Spec, check, with mixed_kv, yaml = yaml::gemma4_yaml);
+
+// Its derived form (`derive.rs`) sets the stack's sizes as the other forms do.
+crate::reduce::impl_stack_sections!(Gemma4Spec);
 
 /// Gemma-4 in the family registry: the one family that reads mlx-optiq's
 /// `kv_config.json` itself (as `kv_quantization`).
-pub(crate) struct Gemma4Family;
-
-impl crate::model_family::ModelFamily for Gemma4Family {
-    fn model_types(&self) -> &'static [ConfigModelType] {
-        &[
-            ConfigModelType::Gemma4,
-            ConfigModelType::Gemma4Text,
-            ConfigModelType::Gemma4Unified,
-        ]
-    }
-    fn kv_config_refused(&self) -> Option<&'static str> {
-        None
-    }
-    fn import(
-        &self,
-        c: &crate::model_family::ConfigJson,
-    ) -> Result<(crate::Spec, Vec<AppliedDefault>), ImportError> {
+pub(crate) const FAMILY: ModelFamily = ModelFamily {
+    reads: |t| t.family() == crate::Family::Gemma4,
+    kv_config: KvConfig::Read,
+    import: |c| {
         import(c.top, c.model_type, c.kv_config, c.name)
             .map(|(s, applied)| (crate::Spec::Gemma4(s), applied))
-    }
-}
+    },
+};
