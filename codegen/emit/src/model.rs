@@ -9,9 +9,9 @@
 use archgen_ir::RopeKind;
 use archgen_ir::{
     Activation, Attention, DeltaNet, EmbedScale, FeedForward, GatedNorm, HeadWeight, InProj,
-    KvCache, KvSource, Layer, LayerInput, LayerScalar, LogitScale, Mixer, ModelIr, NormArrangement,
-    NormWeight, OutputGate, ProjectionBias, QkNorm, Residual, Router, Scores, Softcap, SoftcapForm,
-    StateCache, TopKProbs, ValueNorm, Values, Window,
+    KvCache, KvSource, Layer, LayerInput, LayerScalar, LogitScale, Mixer, ModelIr, Moe,
+    NormArrangement, NormWeight, OutputGate, ProjectionBias, QkNorm, Residual, Router, Scores,
+    Softcap, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values, Window,
 };
 use archgen_ir::{GateUpProjection, GatedMlp, QkvProjection};
 use archgen_plan::{LayerKind, Plan};
@@ -263,18 +263,98 @@ fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
     }
 }
 
-/// The feed-forward half of a hybrid or fused-qkv layer kind, held as the
-/// runtime's one `FeedForward` (field `ffn`; a dense MLP, or routed experts
-/// with a shared expert, and nothing after it): its load and the load
-/// function's signature. The rest (the field, its pretranspose, the decode
-/// blocks' `&self.ffn`, the finish through `FeedForward::after_mixer`) reads
-/// the same for every variant.
-struct HybridFfn {
+/// The feed-forward half of a layer kind, held as the runtime's one
+/// `FeedForward` (field `ffn`): its load and the load function's signature,
+/// which takes `mlp_width` where the layer has a dense MLP (`LAYOUT` passes
+/// it then). The rest (the field, its pretranspose, the decode blocks'
+/// `&self.ffn`, the finish through `FeedForward::after_mixer`) reads the
+/// same for every variant.
+struct FfnLoad {
     load: TokenStream,
     signature: TokenStream,
 }
 
-fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
+/// [`FfnLoad`] of every IR feed-forward form a runtime block runs; the
+/// mixers' own kinds refuse the forms their decode blocks do not take.
+fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
+    let with_mlp = |load: TokenStream| FfnLoad {
+        load,
+        signature: quote! { w: &mut Weights, i: usize, mlp_width: i32 },
+    };
+    let experts_only = |load: TokenStream| FfnLoad {
+        load,
+        signature: quote! { w: &mut Weights, i: usize },
+    };
+    let probs_tokens = |probs: TopKProbs| match probs {
+        TopKProbs::Renormalized => quote! { b::TopKProbs::Renormalized },
+        TopKProbs::AsTaken => quote! { b::TopKProbs::AsTaken },
+    };
+    // The load arguments of routed experts: count, top-k, width.
+    let sizes = |m: Moe| -> Result<_, String> {
+        Ok((
+            lit_i32(m.num_experts)?,
+            lit_i32(m.top_k)?,
+            lit_i32(m.width)?,
+        ))
+    };
+    match l.ffn {
+        FeedForward::Mlp(m) => {
+            let mlp = mlp_load_tokens(m);
+            Ok(with_mlp(quote! { ffn: FeedForward::Mlp { mlp: #mlp, moe: None }, }))
+        }
+        FeedForward::MlpAndMoe { mlp, moe } => match (moe.router, moe.activation) {
+            (Router::ScaledTopKSoftmax, Activation::GeluApprox) => {
+                let (mlp, (e, k, mw)) = (mlp_load_tokens(mlp), sizes(moe)?);
+                Ok(with_mlp(quote! {
+                    ffn: FeedForward::Mlp { mlp: #mlp, moe: Some(b::load_moe(w, i, HIDDEN, #e, #k, #mw, EPS)) },
+                }))
+            }
+            (
+                Router::ScaledTopKSoftmax,
+                Activation::Silu | Activation::GeluApproxThenMultiply,
+            )
+            | (Router::SoftmaxTopK { .. }, _) => Err(format!(
+                "layer kind {kind}: experts beside the MLP run only with Gemma-4's router and GeGLU"
+            )),
+        },
+        FeedForward::Moe(m) => match (m.router, m.activation) {
+            (Router::SoftmaxTopK { probs }, Activation::Silu) => {
+                let ((e, k, mw), probs) = (sizes(m)?, probs_tokens(probs));
+                Ok(experts_only(quote! {
+                    ffn: FeedForward::SparseMoe(b::load_sparse_moe(w, i, HIDDEN, #e, #k, #mw, #probs)),
+                }))
+            }
+            (
+                Router::SoftmaxTopK { .. },
+                Activation::GeluApprox | Activation::GeluApproxThenMultiply,
+            )
+            | (Router::ScaledTopKSoftmax, _) => Err(format!(
+                "layer kind {kind}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU"
+            )),
+        },
+        FeedForward::MoeAndSharedExpert { moe, shared } => match (moe.router, moe.activation) {
+            (Router::SoftmaxTopK { probs }, Activation::Silu) => {
+                let ((e, k, mw), sw) = (sizes(moe)?, lit_i32(shared.width)?);
+                let probs = probs_tokens(probs);
+                Ok(experts_only(quote! {
+                    ffn: FeedForward::SharedExpertMoe(deltanet::load_shared_expert_moe(w, i, HIDDEN, #e, #k, #mw, #sw, #probs)),
+                }))
+            }
+            (
+                Router::SoftmaxTopK { .. },
+                Activation::GeluApprox | Activation::GeluApproxThenMultiply,
+            )
+            | (Router::ScaledTopKSoftmax, _) => Err(format!(
+                "layer kind {kind}: experts with a shared expert run only with the softmax-then-top-k router and SwiGLU"
+            )),
+        },
+    }
+}
+
+/// [`feed_forward_load`] of a hybrid or fused-qkv layer kind, whose blocks
+/// take a dense MLP or routed experts with a shared expert, and nothing
+/// after it.
+fn hybrid_ffn(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
     let unsupported = |what: &str| {
         Err(format!(
             "layer kind {kind}: {what} beside a Gated DeltaNet or gated attention is not supported yet"
@@ -296,38 +376,7 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
         }
     }
     match l.ffn {
-        FeedForward::Mlp(m) => {
-            let load = mlp_load_tokens(m);
-            Ok(HybridFfn {
-                load: quote! { ffn: FeedForward::Mlp { mlp: #load, moe: None }, },
-                signature: quote! { w: &mut Weights, i: usize, mlp_width: i32 },
-            })
-        }
-        FeedForward::MoeAndSharedExpert { moe, shared } => match (moe.router, moe.activation) {
-            (Router::SoftmaxTopK { probs }, Activation::Silu) => {
-                let (e, k, mw, sw) = (
-                    lit_i32(moe.num_experts)?,
-                    lit_i32(moe.top_k)?,
-                    lit_i32(moe.width)?,
-                    lit_i32(shared.width)?,
-                );
-                let probs = match probs {
-                    TopKProbs::Renormalized => quote! { b::TopKProbs::Renormalized },
-                    TopKProbs::AsTaken => quote! { b::TopKProbs::AsTaken },
-                };
-                Ok(HybridFfn {
-                    load: quote! { ffn: FeedForward::SharedExpertMoe(deltanet::load_shared_expert_moe(w, i, HIDDEN, #e, #k, #mw, #sw, #probs)), },
-                    signature: quote! { w: &mut Weights, i: usize },
-                })
-            }
-            (
-                Router::SoftmaxTopK { .. },
-                Activation::GeluApprox | Activation::GeluApproxThenMultiply,
-            )
-            | (Router::ScaledTopKSoftmax, _) => {
-                unsupported("experts other than softmax-then-top-k SwiGLU ones")
-            }
-        },
+        FeedForward::Mlp(_) | FeedForward::MoeAndSharedExpert { .. } => feed_forward_load(l, kind),
         FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {
             unsupported("routed experts without a shared expert")
         }
@@ -343,7 +392,7 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
     let name = ident(&kind.name);
     let doc = kind_doc(l, &kind.layers);
     let norms_load = norms_load_tokens(l);
-    let HybridFfn {
+    let FfnLoad {
         load: ffn_load,
         signature,
     } = hybrid_ffn(l, &kind.name)?;
@@ -436,7 +485,7 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
     let name = ident(&kind.name);
     let doc = kind_doc(l, &kind.layers);
     let norms_load = norms_load_tokens(l);
-    let HybridFfn {
+    let FfnLoad {
         load: ffn_load,
         signature,
     } = hybrid_ffn(l, &kind.name)?;
@@ -537,7 +586,7 @@ fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
     let name = ident(&kind.name);
     let doc = kind_doc(l, &kind.layers);
     let norms_load = norms_load_tokens(l);
-    let HybridFfn {
+    let FfnLoad {
         load: ffn_load,
         signature,
     } = hybrid_ffn(l, &kind.name)?;
@@ -613,16 +662,13 @@ fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
 }
 
 /// Whether the layer's kind holds its feed-forward half as the runtime's
-/// `FeedForward` ([`hybrid_ffn`]): the kinds [`kind_tokens`] hands to
-/// [`delta_net_kind_tokens`], [`gated_attention_kind_tokens`] and
-/// [`fused_qkv_kind_tokens`].
+/// `FeedForward` ([`feed_forward_load`]): every kind with its norm before
+/// the mixer; the post-norm kind ([`post_norm_kind_tokens`]) holds its MLP
+/// beside `PostNorms`.
 fn holds_feed_forward(l: &Layer) -> bool {
-    match &l.mixer {
-        Mixer::GatedDeltaNet(_) => true,
-        Mixer::Attention(a) => match (a.output_gate, a.projection) {
-            (OutputGate::None, QkvProjection::Separate) => false,
-            (OutputGate::None, QkvProjection::Fused) | (OutputGate::SigmoidPerHead, _) => true,
-        },
+    match l.norms.arrangement {
+        NormArrangement::PreNorm | NormArrangement::Sandwich => true,
+        NormArrangement::PostNorm => false,
     }
 }
 
@@ -646,8 +692,6 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     let shape = shape_tokens(a)?;
     let norms_load = norms_load_tokens(l);
     let qk = qk_tokens(a);
-    // The dense MLP's load call, when the layer has one.
-    let act = l.mlp().map(mlp_load_tokens);
     let own = match a.kv {
         KvSource::Own { values, .. } => Some(match values {
             Values::Projected => quote! { b::Values::Projected },
@@ -655,52 +699,19 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         }),
         KvSource::Shared { .. } => None,
     };
-    let moe = match l.ffn {
-        FeedForward::Mlp(_) | FeedForward::Moe(_) => None,
+    match l.ffn {
+        FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {}
         FeedForward::MoeAndSharedExpert { .. } => {
             return Err(format!(
                 "layer kind {}: routed experts with a shared expert run only beside a Gated DeltaNet or gated attention",
                 kind.name
             ))
         }
-        FeedForward::MlpAndMoe { moe, .. } => match (moe.router, moe.activation) {
-            (Router::ScaledTopKSoftmax, Activation::GeluApprox) => Some(moe),
-            (
-                Router::ScaledTopKSoftmax,
-                Activation::Silu | Activation::GeluApproxThenMultiply,
-            )
-            | (Router::SoftmaxTopK { .. }, _) => {
-                return Err(format!(
-                    "layer kind {}: experts beside the MLP run only with Gemma-4's router and GeGLU",
-                    kind.name
-                ))
-            }
-        },
-    };
-    // Routed experts in place of the MLP: their load call.
-    let experts = match l.ffn {
-        FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::MoeAndSharedExpert { .. } => None,
-        FeedForward::Moe(m) => match (m.router, m.activation) {
-            (Router::SoftmaxTopK { probs }, Activation::Silu) => {
-                let (e, k, mw) = (lit_i32(m.num_experts)?, lit_i32(m.top_k)?, lit_i32(m.width)?);
-                let probs = match probs {
-                    TopKProbs::Renormalized => quote! { b::TopKProbs::Renormalized },
-                    TopKProbs::AsTaken => quote! { b::TopKProbs::AsTaken },
-                };
-                Some(quote! { b::load_sparse_moe(w, i, HIDDEN, #e, #k, #mw, #probs) })
-            }
-            (
-                Router::SoftmaxTopK { .. },
-                Activation::GeluApprox | Activation::GeluApproxThenMultiply,
-            )
-            | (Router::ScaledTopKSoftmax, _) => {
-                return Err(format!(
-                    "layer kind {}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU",
-                    kind.name
-                ))
-            }
-        },
-    };
+    }
+    let FfnLoad {
+        load: ffn_load,
+        signature,
+    } = feed_forward_load(l, &kind.name)?;
     let ple = match l.input {
         LayerInput::None => None,
         LayerInput::Gated { width } => Some(lit_i32(width)?),
@@ -740,23 +751,6 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             layer.kv.pretranspose();
         }
     });
-    let moe_field = moe.map(|_| quote! { moe: b::MoeBlock, });
-    let moe_load = match moe {
-        Some(m) => {
-            let (e, k, mw) = (
-                lit_i32(m.num_experts)?,
-                lit_i32(m.top_k)?,
-                lit_i32(m.width)?,
-            );
-            Some(quote! { moe: b::load_moe(w, i, HIDDEN, #e, #k, #mw, EPS), })
-        }
-        None => None,
-    };
-    let moe_pre = moe.map(|_| quote! { layer.moe.pretranspose(); });
-    let moe_ref = match moe {
-        Some(_) => quote! { Some(&self.moe) },
-        None => quote! { None },
-    };
     let ple_field = ple.as_ref().map(|_| quote! { ple: b::PleGate, });
     let ple_load = ple
         .as_ref()
@@ -766,6 +760,16 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     let ple_use = match ple {
         Some(_) => quote! { Some((&self.ple, pli)) },
         None => quote! { None },
+    };
+    let ple_pass = ple.as_ref().map(|_| quote! { , pli });
+    // The decode view borrows the PLE input for as long as the layer.
+    let decode_layer_sig = match ple {
+        Some(_) => quote! { fn decode_layer<'a>(&'a self, pli: &'a Array) -> decode::Layer<'a> },
+        None => quote! { fn decode_layer(&self) -> decode::Layer<'_> },
+    };
+    let decode_layer_call = match ple {
+        Some(_) => quote! { self.decode_layer(pli) },
+        None => quote! { self.decode_layer() },
     };
     let scalar_field = scalar.then(|| quote! { layer_scalar: Array, });
     let scalar_load = scalar.then(|| quote! { layer_scalar: b::load_layer_scalar(w, i), });
@@ -786,18 +790,21 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             Some(Literal::f64_suffixed(f))
         }
     };
+    if let (FeedForward::Moe(_), Some(_)) = (l.ffn, &residual) {
+        return Err(format!(
+            "layer kind {}: routed experts with depth-scaled residuals: no runtime block runs them",
+            kind.name
+        ));
+    }
     let residual_field = residual.as_ref().map(|_| quote! { residual: Array, });
     let residual_load = residual
         .as_ref()
         .map(|f| quote! { residual: b::residual_scale(#f), });
-    let (attention_residual, feed_forward) = match residual {
-        None => (
-            quote! { b::attention_residual(h, &a, &self.norms, EPS)? },
-            quote! { b::feed_forward(&h, &self.norms, &self.mlp, #moe_ref, EPS)? },
-        ),
+    let (residual_eager, residual_decode) = match residual {
+        None => (quote! { None }, quote! { decode::Residual::Plain }),
         Some(_) => (
-            quote! { b::attention_residual_scaled(h, &a, &self.norms, EPS, &self.residual)? },
-            quote! { b::feed_forward_scaled(&h, &self.norms, &self.mlp, #moe_ref, EPS, &self.residual)? },
+            quote! { Some(&self.residual) },
+            quote! { decode::Residual::Scaled(&self.residual) },
         ),
     };
     let (kv_arg, attn, decode_step, ret_ty, ret) = match own {
@@ -806,16 +813,9 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             quote! {
                 let (a, kv) = b::attention_own_kv(&x, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
             },
-            match (&experts, &residual) {
-                (None, None) => {
-                    quote! { decode::own_kv(h, &layer, &self.kv, self.qkv.as_ref(), tables, cache, at.mask) }
-                }
-                (None, Some(_)) => {
-                    quote! { decode::own_kv_scaled(h, &layer, &self.residual, &self.kv, self.qkv.as_ref(), tables, cache, at.mask) }
-                }
-                (Some(_), _) => {
-                    quote! { decode::own_kv_experts(h, &layer, &self.kv, self.qkv.as_ref(), tables, cache, at.mask) }
-                }
+            quote! {
+                let kv = decode::KvSource::Own { weights: &self.kv, fused: self.qkv.as_ref(), cache };
+                return decode::step(h, &#decode_layer_call, kv, tables, at.mask);
             },
             quote! { (Array, b::SharedKv) },
             quote! { Ok((h, kv)) },
@@ -825,14 +825,9 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             quote! {
                 let a = b::attention_shared_kv(&x, &self.attn, Self::SHAPE, at.rope, shared, at.mask)?;
             },
-            match (&experts, &residual) {
-                (None, None) => quote! { decode::shared_kv(h, &layer, tables, shared, at.mask) },
-                (None, Some(_)) => {
-                    quote! { decode::shared_kv_scaled(h, &layer, &self.residual, tables, shared, at.mask) }
-                }
-                (Some(_), _) => {
-                    quote! { decode::shared_kv_experts(h, &layer, tables, shared, at.mask) }
-                }
+            quote! {
+                let kv = decode::KvSource::Shared(shared);
+                return decode::step(h, &#decode_layer_call, kv, tables, at.mask).map(|(h, _)| h);
             },
             quote! { Array },
             quote! { Ok(h) },
@@ -850,116 +845,19 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         ),
         None => (kv_arg.clone(), attn.clone()),
     };
-    let ple_pass = ple.as_ref().map(|_| quote! { , pli });
     let Composition {
         decode: c_decode,
         norm: c_norm,
         mixer: c_mixer,
         rest: c_rest,
     } = Composition::of(l);
-    if let (Some(_), Some(_)) = (&experts, &residual) {
-        return Err(format!(
-            "layer kind {}: routed experts with depth-scaled residuals: no runtime block runs them",
-            kind.name
-        ));
-    }
-    if let (Some(load), None) = (&experts, &act) {
-        // Routed experts in place of the MLP: no dense MLP, no width argument.
-        return Ok(quote! {
-            #[doc = #doc]
-            struct #name {
-                norms: b::LayerNorms,
-                attn: b::AttentionWeights,
-                #kv_field
-                moe: b::SparseMoe,
-                #ple_field
-                #scalar_field
-            }
-
-            impl #name {
-                const SHAPE: AttentionShape = #shape;
-
-                fn load(w: &mut Weights, i: usize #donor_arg) -> Self {
-                    let mut layer = Self {
-                        norms: #norms_load,
-                        attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, #qk),
-                        #kv_load
-                        #donor_load
-                        moe: #load,
-                        #ple_load
-                        #scalar_load
-                    };
-                    #bias_load
-                    #kv_pre
-                    layer.attn.pretranspose();
-                    layer.moe.pretranspose();
-                    #ple_pre
-                    layer
-                }
-
-                fn forward(&self, h: &Array, at: &WindowStep, #kv_arg #ple_arg) -> Result<#ret_ty> {
-                    #c_decode
-                    if let Some(tables) = at.tables {
-                        let layer = decode::ExpertsLayer {
-                            norms: &self.norms,
-                            attn: &self.attn,
-                            moe: &self.moe,
-                            ple: #ple_use,
-                            layer_scalar: #scalar_ref,
-                            shape: Self::SHAPE,
-                            eps: EPS,
-                        };
-                        return #decode_step;
-                    }
-                    #c_norm
-                    let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                    #c_mixer
-                    #attn
-                    #c_rest
-                    let h = self.finish(h, a #ple_pass)?;
-                    #ret
-                }
-
-                /// B sequences in one forward (mlx-lm's `BatchGenerator`);
-                /// a step of one token per row takes the compiled blocks of
-                /// one sequence's step, B rows at once.
-                fn forward_batch(&self, h: &Array, at: &WindowStep, #batch_kv_arg #ple_arg) -> Result<#ret_ty> {
-                    if let Some(tables) = at.tables {
-                        let layer = decode::ExpertsLayer {
-                            norms: &self.norms,
-                            attn: &self.attn,
-                            moe: &self.moe,
-                            ple: #ple_use,
-                            layer_scalar: #scalar_ref,
-                            shape: Self::SHAPE,
-                            eps: EPS,
-                        };
-                        return #decode_step;
-                    }
-                    let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                    #batch_attn
-                    let h = self.finish(h, a #ple_pass)?;
-                    #ret
-                }
-
-                /// The layer after its mixer's output `a`, batched or not.
-                fn finish(&self, h: &Array, a: Array #ple_arg) -> Result<Array> {
-                    let h = b::attention_residual(h, &a, &self.norms, EPS)?;
-                    let h = b::sparse_feed_forward(&h, &self.norms, &self.moe, EPS)?;
-                    b::finish_layer(&h, #ple_use, #scalar_ref, EPS)
-                }
-            }
-        });
-    }
-    let act = act.ok_or_else(|| format!("layer kind {}: no feed-forward half", kind.name))?;
     Ok(quote! {
         #[doc = #doc]
         struct #name {
             norms: b::LayerNorms,
             attn: b::AttentionWeights,
             #kv_field
-            mlp: b::Mlp,
-            #moe_field
+            ffn: FeedForward,
             #ple_field
             #scalar_field
             #residual_field
@@ -968,14 +866,13 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         impl #name {
             const SHAPE: AttentionShape = #shape;
 
-            fn load(w: &mut Weights, i: usize, mlp_width: i32 #donor_arg) -> Self {
+            fn load(#signature #donor_arg) -> Self {
                 let mut layer = Self {
                     norms: #norms_load,
                     attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, #qk),
                     #kv_load
                     #donor_load
-                    mlp: #act,
-                    #moe_load
+                    #ffn_load
                     #ple_load
                     #scalar_load
                     #residual_load
@@ -983,26 +880,29 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                 #bias_load
                 #kv_pre
                 layer.attn.pretranspose();
-                layer.mlp.pretranspose();
-                #moe_pre
+                layer.ffn.pretranspose();
                 #ple_pre
                 layer
+            }
+
+            /// The layer as a compiled decode step reads it (`decode::step`).
+            #decode_layer_sig {
+                decode::Layer {
+                    norms: &self.norms,
+                    attn: &self.attn,
+                    ffn: &self.ffn,
+                    residual: #residual_decode,
+                    ple: #ple_use,
+                    layer_scalar: #scalar_ref,
+                    shape: Self::SHAPE,
+                    eps: EPS,
+                }
             }
 
             fn forward(&self, h: &Array, at: &WindowStep, #kv_arg #ple_arg) -> Result<#ret_ty> {
                 #c_decode
                 if let Some(tables) = at.tables {
-                    let layer = decode::Layer {
-                        norms: &self.norms,
-                        attn: &self.attn,
-                        mlp: &self.mlp,
-                        moe: #moe_ref,
-                        ple: #ple_use,
-                        layer_scalar: #scalar_ref,
-                        shape: Self::SHAPE,
-                        eps: EPS,
-                    };
-                    return #decode_step;
+                    #decode_step
                 }
                 #c_norm
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
@@ -1018,17 +918,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             /// sequence's step, B rows at once.
             fn forward_batch(&self, h: &Array, at: &WindowStep, #batch_kv_arg #ple_arg) -> Result<#ret_ty> {
                 if let Some(tables) = at.tables {
-                    let layer = decode::Layer {
-                        norms: &self.norms,
-                        attn: &self.attn,
-                        mlp: &self.mlp,
-                        moe: #moe_ref,
-                        ple: #ple_use,
-                        layer_scalar: #scalar_ref,
-                        shape: Self::SHAPE,
-                        eps: EPS,
-                    };
-                    return #decode_step;
+                    #decode_step
                 }
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                 #batch_attn
@@ -1038,8 +928,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
 
             /// The layer after its mixer's output `a`, batched or not.
             fn finish(&self, h: &Array, a: Array #ple_arg) -> Result<Array> {
-                let h = #attention_residual;
-                let h = #feed_forward;
+                let h = self.ffn.after_mixer(h, &a, &self.norms, #residual_eager, EPS)?;
                 b::finish_layer(&h, #ple_use, #scalar_ref, EPS)
             }
         }
