@@ -218,6 +218,14 @@ struct Parts {
     shape: AttentionShape,
 }
 
+/// The eager attention's view of a layer's separate projections.
+fn own(p: &Parts) -> b::OwnQkv<'_> {
+    b::OwnQkv::Separate {
+        attn: &p.attn,
+        kv: &p.kv,
+    }
+}
+
 fn parts(hidden: i32, s: AttentionShape, k_eq_v: bool, f: Flavour, dt: Dtype) -> Parts {
     let (q_out, kv_out) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
     Parts {
@@ -320,8 +328,7 @@ fn run_layer(
             .unwrap();
         let mask = Mask::None;
         let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
-        let (a, _) =
-            b::attention_own_kv(&x, &p.attn, &p.kv, s, rope, &mut eager_cache, &mask).unwrap();
+        let (a, _) = b::attention_own_kv(&x, own(&p), s, rope, &mut eager_cache, &mask).unwrap();
         let residual = f.residual.map(b::residual_scale);
         let e = match &residual {
             None => {
@@ -439,7 +446,7 @@ fn native_rope_blocks_track_the_eager_layer() {
             let mask = Mask::None;
             let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
             let (a, _) =
-                b::attention_own_kv(&x, &p.attn, &p.kv, s, &rope, &mut eager_cache, &mask).unwrap();
+                b::attention_own_kv(&x, own(&p), s, &rope, &mut eager_cache, &mask).unwrap();
             let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
             let e = b::feed_forward(&e, &p.norms, &p.mlp, None, s.eps).unwrap();
             let want = b::finish_layer(&e, None, p.scalar.as_ref(), s.eps).unwrap();
@@ -801,8 +808,7 @@ fn run_experts_layer(hidden: i32, probs: b::TopKProbs, dt: Dtype) {
             .unwrap();
         let mask = Mask::None;
         let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
-        let (a, _) =
-            b::attention_own_kv(&x, &p.attn, &p.kv, s, &rope, &mut eager_cache, &mask).unwrap();
+        let (a, _) = b::attention_own_kv(&x, own(&p), s, &rope, &mut eager_cache, &mask).unwrap();
         let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
         let want = b::sparse_feed_forward(&e, &p.norms, &moe, s.eps).unwrap();
 
@@ -877,7 +883,7 @@ fn shared_kv_step_matches_the_eager_layer() {
         let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
         let offset = donor_cache.offset();
         let (_, shared) =
-            b::attention_own_kv(&x, &p.attn, &p.kv, s, &rope, &mut donor_cache, &mask).unwrap();
+            b::attention_own_kv(&x, own(&p), s, &rope, &mut donor_cache, &mask).unwrap();
         let a = b::attention_shared_kv(&x, &p.attn, s, &rope, &shared, &mask).unwrap();
         let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
         let e = b::feed_forward(&e, &p.norms, &p.mlp, None, s.eps).unwrap();

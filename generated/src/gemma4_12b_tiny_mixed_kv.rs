@@ -102,8 +102,10 @@ impl SlidingOwnKv {
         // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            &self.attn,
-            &self.kv,
+            b::OwnQkv::Separate {
+                attn: &self.attn,
+                kv: &self.kv,
+            },
             Self::SHAPE,
             at.rope,
             cache,
@@ -230,8 +232,10 @@ impl FullOwnKvKeqV {
         // a = self.self_attn(x, mask, cache): q/k projections, values = keys (no v_proj), q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            &self.attn,
-            &self.kv,
+            b::OwnQkv::Separate {
+                attn: &self.attn,
+                kv: &self.kv,
+            },
             Self::SHAPE,
             at.rope,
             cache,

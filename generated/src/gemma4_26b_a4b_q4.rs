@@ -60,7 +60,19 @@ impl SlidingOwnKvMoe {
             qkv: None,
             ffn: FeedForward::Mlp {
                 mlp: b::load_mlp(w, i, HIDDEN, mlp_width, b::Activation::GeluApprox),
-                moe: Some(b::load_moe(w, i, HIDDEN, 128, 8, 704, EPS)),
+                moe: Some(
+                    b::load_moe(
+                        w,
+                        i,
+                        HIDDEN,
+                        b::ExpertsShape {
+                            count: 128,
+                            top_k: 8,
+                            width: 704,
+                        },
+                        EPS,
+                    ),
+                ),
             },
             layer_scalar: b::load_layer_scalar(w, i),
         };
@@ -104,8 +116,10 @@ impl SlidingOwnKvMoe {
         // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            &self.attn,
-            &self.kv,
+            b::OwnQkv::Separate {
+                attn: &self.attn,
+                kv: &self.kv,
+            },
             Self::SHAPE,
             at.rope,
             cache,
@@ -190,7 +204,19 @@ impl FullOwnKvKeqVMoe {
             qkv: None,
             ffn: FeedForward::Mlp {
                 mlp: b::load_mlp(w, i, HIDDEN, mlp_width, b::Activation::GeluApprox),
-                moe: Some(b::load_moe(w, i, HIDDEN, 128, 8, 704, EPS)),
+                moe: Some(
+                    b::load_moe(
+                        w,
+                        i,
+                        HIDDEN,
+                        b::ExpertsShape {
+                            count: 128,
+                            top_k: 8,
+                            width: 704,
+                        },
+                        EPS,
+                    ),
+                ),
             },
             layer_scalar: b::load_layer_scalar(w, i),
         };
@@ -234,8 +260,10 @@ impl FullOwnKvKeqVMoe {
         // a = self.self_attn(x, mask, cache): q/k projections, values = keys (no v_proj), q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            &self.attn,
-            &self.kv,
+            b::OwnQkv::Separate {
+                attn: &self.attn,
+                kv: &self.kv,
+            },
             Self::SHAPE,
             at.rope,
             cache,

@@ -114,8 +114,10 @@ impl FullOwnKv {
         // a = self.self_attn(x, mask, cache): q/k/v projections, RoPE, cache update, scores softcapped at 50, softmax, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            &self.attn,
-            &self.kv,
+            b::OwnQkv::Separate {
+                attn: &self.attn,
+                kv: &self.kv,
+            },
             Self::SHAPE,
             at.rope,
             cache,

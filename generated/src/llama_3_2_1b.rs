@@ -100,8 +100,10 @@ impl FullOwnKv {
         // a = self.self_attn(x, mask, cache): q/k/v projections, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            &self.attn,
-            &self.kv,
+            b::OwnQkv::Separate {
+                attn: &self.attn,
+                kv: &self.kv,
+            },
             Self::SHAPE,
             at.rope,
             cache,

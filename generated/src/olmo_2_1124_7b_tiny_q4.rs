@@ -77,8 +77,10 @@ impl FullOwnKv {
         // a = self.self_attn(h, mask, cache): q/k/v projections, q/k RMSNorm over the projections, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             h,
-            &self.attn,
-            &self.kv,
+            b::OwnQkv::Separate {
+                attn: &self.attn,
+                kv: &self.kv,
+            },
             Self::SHAPE,
             at.rope,
             cache,

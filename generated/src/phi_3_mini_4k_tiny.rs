@@ -71,9 +71,9 @@ impl FullFusedQkvOwnKv {
         // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         // a = self.self_attn(x, mask, cache): one qkv_proj split into q, k, v, RoPE, cache update, scaled_dot_product_attention, o_proj
-        let (a, kv) = b::attention_fused_qkv(
+        let (a, kv) = b::attention_own_kv(
             &x,
-            &self.attn,
+            b::OwnQkv::Fused(&self.attn),
             Self::SHAPE,
             at.rope,
             cache,

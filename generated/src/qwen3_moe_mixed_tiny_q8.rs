@@ -100,8 +100,10 @@ impl FullOwnKv {
         // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            &self.attn,
-            &self.kv,
+            b::OwnQkv::Separate {
+                attn: &self.attn,
+                kv: &self.kv,
+            },
             Self::SHAPE,
             at.rope,
             cache,
@@ -181,7 +183,17 @@ impl FullOwnKvExperts {
             ),
             qkv: None,
             ffn: FeedForward::SparseMoe(
-                b::load_sparse_moe(w, i, HIDDEN, 8, 4, 32, b::TopKProbs::AsTaken),
+                b::load_sparse_moe(
+                    w,
+                    i,
+                    HIDDEN,
+                    b::ExpertsShape {
+                        count: 8,
+                        top_k: 4,
+                        width: 32,
+                    },
+                    b::TopKProbs::AsTaken,
+                ),
             ),
         };
         layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, Self::SHAPE);
@@ -224,8 +236,10 @@ impl FullOwnKvExperts {
         // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            &self.attn,
-            &self.kv,
+            b::OwnQkv::Separate {
+                attn: &self.attn,
+                kv: &self.kv,
+            },
             Self::SHAPE,
             at.rope,
             cache,

@@ -15,7 +15,7 @@ use archgen_ir::{
 };
 use archgen_ir::{GateUpProjection, GatedMlp, QkvProjection};
 use archgen_plan::{LayerKind, Plan};
-use proc_macro2::{Literal, TokenStream};
+use proc_macro2::{Ident, Literal, TokenStream};
 use quote::quote;
 
 use crate::comments::comment;
@@ -289,13 +289,14 @@ fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
         TopKProbs::Renormalized => quote! { b::TopKProbs::Renormalized },
         TopKProbs::AsTaken => quote! { b::TopKProbs::AsTaken },
     };
-    // The load arguments of routed experts: count, top-k, width.
-    let sizes = |m: Moe| -> Result<_, String> {
-        Ok((
+    // The sizes routed experts load with.
+    let sizes = |m: Moe| -> Result<TokenStream, String> {
+        let (count, top_k, width) = (
             lit_i32(m.num_experts)?,
             lit_i32(m.top_k)?,
             lit_i32(m.width)?,
-        ))
+        );
+        Ok(quote! { b::ExpertsShape { count: #count, top_k: #top_k, width: #width } })
     };
     match l.ffn {
         FeedForward::Mlp(m) => {
@@ -304,9 +305,9 @@ fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
         }
         FeedForward::MlpAndMoe { mlp, moe } => match (moe.router, moe.activation) {
             (Router::ScaledTopKSoftmax, Activation::GeluApprox) => {
-                let (mlp, (e, k, mw)) = (mlp_load_tokens(mlp), sizes(moe)?);
+                let (mlp, experts) = (mlp_load_tokens(mlp), sizes(moe)?);
                 Ok(with_mlp(quote! {
-                    ffn: FeedForward::Mlp { mlp: #mlp, moe: Some(b::load_moe(w, i, HIDDEN, #e, #k, #mw, EPS)) },
+                    ffn: FeedForward::Mlp { mlp: #mlp, moe: Some(b::load_moe(w, i, HIDDEN, #experts, EPS)) },
                 }))
             }
             (
@@ -319,9 +320,9 @@ fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
         },
         FeedForward::Moe(m) => match (m.router, m.activation) {
             (Router::SoftmaxTopK { probs }, Activation::Silu) => {
-                let ((e, k, mw), probs) = (sizes(m)?, probs_tokens(probs));
+                let (experts, probs) = (sizes(m)?, probs_tokens(probs));
                 Ok(experts_only(quote! {
-                    ffn: FeedForward::SparseMoe(b::load_sparse_moe(w, i, HIDDEN, #e, #k, #mw, #probs)),
+                    ffn: FeedForward::SparseMoe(b::load_sparse_moe(w, i, HIDDEN, #experts, #probs)),
                 }))
             }
             (
@@ -334,10 +335,10 @@ fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
         },
         FeedForward::MoeAndSharedExpert { moe, shared } => match (moe.router, moe.activation) {
             (Router::SoftmaxTopK { probs }, Activation::Silu) => {
-                let ((e, k, mw), sw) = (sizes(moe)?, lit_i32(shared.width)?);
+                let (experts, sw) = (sizes(moe)?, lit_i32(shared.width)?);
                 let probs = probs_tokens(probs);
                 Ok(experts_only(quote! {
-                    ffn: FeedForward::SharedExpertMoe(deltanet::load_shared_expert_moe(w, i, HIDDEN, #e, #k, #mw, #sw, #probs)),
+                    ffn: FeedForward::SharedExpertMoe(deltanet::load_shared_expert_moe(w, i, HIDDEN, #experts, #sw, #probs)),
                 }))
             }
             (
@@ -383,19 +384,115 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
     }
 }
 
-/// A Gated DeltaNet layer kind: its weights, and a forward that runs the
-/// eager blocks for prefill (the recurrence is a loop of one compiled step
-/// per token, as mlx-lm's `gated_delta_ops`) and the compiled decode block
-/// `decode::delta_net` for one-token steps.
-fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, String> {
+/// What the kinds holding their mixer beside the runtime's `FeedForward`
+/// (Gated DeltaNet, gated attention, one `qkv_proj`) write alike: the
+/// struct (the layer's norms, the mixer as `field: ty`, `ffn`), `load` (the
+/// mixer by `mixer_load`, everything pretransposed) and `finish`. These
+/// kinds have no per-layer input gate, layer scalar or scaled residuals
+/// ([`hybrid_ffn`] refuses them).
+struct MixerKindParts {
+    name: Ident,
+    definition: TokenStream,
+    load: TokenStream,
+    finish: TokenStream,
+}
+
+impl MixerKindParts {
+    /// The kind's struct and impl: `shape` its `SHAPE` constant, `methods`
+    /// its forwards.
+    fn with(self, shape: TokenStream, methods: TokenStream) -> TokenStream {
+        let MixerKindParts {
+            name,
+            definition,
+            load,
+            finish,
+        } = self;
+        quote! {
+            #definition
+
+            impl #name {
+                #shape
+
+                #load
+
+                #methods
+
+                #finish
+            }
+        }
+    }
+}
+
+fn mixer_kind_parts(
+    kind: &LayerKind,
+    field: &str,
+    ty: TokenStream,
+    mixer_load: TokenStream,
+) -> Result<MixerKindParts, String> {
     let l = &kind.key.0;
-    let name = ident(&kind.name);
+    let (name, field) = (ident(&kind.name), ident(field));
     let doc = kind_doc(l, &kind.layers);
     let norms_load = norms_load_tokens(l);
     let FfnLoad {
         load: ffn_load,
         signature,
     } = hybrid_ffn(l, &kind.name)?;
+    Ok(MixerKindParts {
+        definition: quote! {
+            #[doc = #doc]
+            struct #name {
+                norms: b::LayerNorms,
+                #field: #ty,
+                ffn: FeedForward,
+            }
+        },
+        load: quote! {
+            fn load(#signature) -> Self {
+                let mut layer = Self {
+                    norms: #norms_load,
+                    #field: #mixer_load,
+                    #ffn_load
+                };
+                layer.#field.pretranspose();
+                layer.ffn.pretranspose();
+                layer
+            }
+        },
+        finish: finish_tokens(None, quote! { None }, quote! { None, None }),
+        name,
+    })
+}
+
+/// `finish`, the layer after its mixer's output `a` (batched or not): the
+/// mixer residual and the feed-forward half (`FeedForward::after_mixer`,
+/// its branches scaled by `residual` where that is `Some`), then the
+/// per-layer input gate (`ple_arg` its argument) and the layer scalar.
+fn finish_tokens(
+    ple_arg: Option<TokenStream>,
+    residual: TokenStream,
+    layer_end: TokenStream,
+) -> TokenStream {
+    quote! {
+        /// The layer after its mixer's output `a`, batched or not.
+        fn finish(&self, h: &Array, a: Array #ple_arg) -> Result<Array> {
+            let h = self.ffn.after_mixer(h, &a, &self.norms, #residual, EPS)?;
+            b::finish_layer(&h, #layer_end, EPS)
+        }
+    }
+}
+
+/// A Gated DeltaNet layer kind: its weights, and a forward that runs the
+/// eager blocks for prefill (the recurrence is a loop of one compiled step
+/// per token, as mlx-lm's `gated_delta_ops`) and the compiled decode block
+/// `decode::delta_net` for one-token steps.
+fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, String> {
+    let l = &kind.key.0;
+    let parts = mixer_kind_parts(
+        kind,
+        "mixer",
+        quote! { deltanet::GatedDeltaNet },
+        quote! { deltanet::load_gated_delta_net(w, i, Self::SHAPE) },
+    )?;
     match (d.in_proj, d.norm, d.cache) {
         (InProj::Split, GatedNorm::RmsSiluGate, StateCache::ConvAndRecurrent) => {}
     }
@@ -414,88 +511,70 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
         mixer: c_mixer,
         rest: c_rest,
     } = Composition::of(l);
-    Ok(quote! {
-        #[doc = #doc]
-        struct #name {
-            norms: b::LayerNorms,
-            mixer: deltanet::GatedDeltaNet,
-            ffn: FeedForward,
-        }
-
-        impl #name {
-            const SHAPE: deltanet::DeltaNetShape = deltanet::DeltaNetShape {
-                hidden: HIDDEN, num_k_heads: #kh, num_v_heads: #vh, head_k_dim: #kd,
-                head_v_dim: #vd, conv_kernel: #conv, eps: EPS,
-            };
-
-            fn load(#signature) -> Self {
-                let mut layer = Self {
-                    norms: #norms_load,
-                    mixer: deltanet::load_gated_delta_net(w, i, Self::SHAPE),
-                    #ffn_load
+    let shape = quote! {
+        const SHAPE: deltanet::DeltaNetShape = deltanet::DeltaNetShape {
+            hidden: HIDDEN, num_k_heads: #kh, num_v_heads: #vh, head_k_dim: #kd,
+            head_v_dim: #vd, conv_kernel: #conv, eps: EPS,
+        };
+    };
+    let methods = quote! {
+        /// One-token steps through the compiled decode block (where
+        /// `decode` is enabled), prefill through the eager blocks.
+        fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
+            #c_decode
+            if h.shape()[1] == 1 && decode::enabled() {
+                let layer = decode::DeltaNetLayer {
+                    norms: &self.norms,
+                    mixer: &self.mixer,
+                    ffn: &self.ffn,
+                    eps: EPS,
                 };
-                layer.mixer.pretranspose();
-                layer.ffn.pretranspose();
-                layer
+                return decode::delta_net(h, &layer, cache);
             }
-
-            /// One-token steps through the compiled decode block (where
-            /// `decode` is enabled), prefill through the eager blocks.
-            fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
-                #c_decode
-                if h.shape()[1] == 1 && decode::enabled() {
-                    let layer = decode::DeltaNetLayer {
-                        norms: &self.norms,
-                        mixer: &self.mixer,
-                        ffn: &self.ffn,
-                        eps: EPS,
-                    };
-                    return decode::delta_net(h, &layer, cache);
-                }
-                #c_norm
-                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                #c_mixer
-                let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
-                #c_rest
-                self.finish(h, a)
-            }
-
-            /// B sequences in one forward (mlx-lm's `BatchGenerator`): the
-            /// batched recurrence over a merged `ArraysCache`, each row's
-            /// padding masked.
-            fn forward_batch(&self, h: &Array, cache: &mut BatchArraysCache, mask: Option<&Array>) -> Result<Array> {
-                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                let a = gated_delta_net_batch(&x, &self.mixer, cache, mask)?;
-                self.finish(h, a)
-            }
-
-            /// The layer after its mixer's output `a`, batched or not.
-            fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-                let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
-                b::finish_layer(&h, None, None, EPS)
-            }
+            #c_norm
+            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            #c_mixer
+            let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
+            #c_rest
+            self.finish(h, a)
         }
-    })
+
+        /// B sequences in one forward (mlx-lm's `BatchGenerator`): the
+        /// batched recurrence over a merged `ArraysCache`, each row's
+        /// padding masked.
+        fn forward_batch(&self, h: &Array, cache: &mut BatchArraysCache, mask: Option<&Array>) -> Result<Array> {
+            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            let a = gated_delta_net_batch(&x, &self.mixer, cache, mask)?;
+            self.finish(h, a)
+        }
+    };
+    Ok(parts.with(shape, methods))
+}
+
+/// Whether the attention computes its own K/V with V projected (the only
+/// form the gated and fused-qkv kinds' blocks take).
+fn owns_projected_kv(a: &Attention) -> bool {
+    match a.kv {
+        KvSource::Own { values, .. } => match values {
+            Values::Projected => true,
+            Values::SameAsKeys => false,
+        },
+        KvSource::Shared { .. } => false,
+    }
 }
 
 /// A gated full-attention layer kind (`Qwen3NextAttention`): eager blocks
 /// for prefill, `decode::gated_attention` for one-token steps.
 fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream, String> {
     let l = &kind.key.0;
-    let name = ident(&kind.name);
-    let doc = kind_doc(l, &kind.layers);
-    let norms_load = norms_load_tokens(l);
-    let FfnLoad {
-        load: ffn_load,
-        signature,
-    } = hybrid_ffn(l, &kind.name)?;
-    let supported = matches!(
-        a.kv,
-        KvSource::Own {
-            values: Values::Projected,
-            ..
-        }
-    ) && a.window == Window::Full
+    let parts = mixer_kind_parts(
+        kind,
+        "attn",
+        quote! { deltanet::GatedAttention },
+        quote! { deltanet::load_gated_attention(w, i, HIDDEN, Self::SHAPE) },
+    )?;
+    let supported = owns_projected_kv(a)
+        && a.window == Window::Full
         && a.qk_norm == QkNorm::RmsPerHead
         && a.value_norm == ValueNorm::None
         && a.bias == ProjectionBias::None
@@ -515,67 +594,43 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         mixer: c_mixer,
         rest: c_rest,
     } = Composition::of(l);
-    Ok(quote! {
-        #[doc = #doc]
-        struct #name {
-            norms: b::LayerNorms,
-            attn: deltanet::GatedAttention,
-            ffn: FeedForward,
-        }
-
-        impl #name {
-            const SHAPE: AttentionShape = #shape;
-
-            fn load(#signature) -> Self {
-                let mut layer = Self {
-                    norms: #norms_load,
-                    attn: deltanet::load_gated_attention(w, i, HIDDEN, Self::SHAPE),
-                    #ffn_load
+    let shape = quote! {
+        const SHAPE: AttentionShape = #shape;
+    };
+    let methods = quote! {
+        /// One-token steps through the compiled decode blocks around
+        /// the cache (where `decode` is enabled; this step's RoPE
+        /// tables computed here), prefill through the eager blocks.
+        fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<Array> {
+            #c_decode
+            if h.shape()[1] == 1 && decode::enabled() {
+                let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
+                let layer = decode::GatedAttentionLayer {
+                    norms: &self.norms,
+                    attn: &self.attn,
+                    ffn: &self.ffn,
+                    shape: Self::SHAPE,
+                    eps: EPS,
                 };
-                layer.attn.pretranspose();
-                layer.ffn.pretranspose();
-                layer
+                return decode::gated_attention(h, &layer, &tables, cache, at.mask);
             }
-
-            /// One-token steps through the compiled decode blocks around
-            /// the cache (where `decode` is enabled; this step's RoPE
-            /// tables computed here), prefill through the eager blocks.
-            fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<Array> {
-                #c_decode
-                if h.shape()[1] == 1 && decode::enabled() {
-                    let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
-                    let layer = decode::GatedAttentionLayer {
-                        norms: &self.norms,
-                        attn: &self.attn,
-                        ffn: &self.ffn,
-                        shape: Self::SHAPE,
-                        eps: EPS,
-                    };
-                    return decode::gated_attention(h, &layer, &tables, cache, at.mask);
-                }
-                #c_norm
-                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                #c_mixer
-                let a = deltanet::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
-                #c_rest
-                self.finish(h, a)
-            }
-
-            /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
-            /// at each row's offset, a merged K/V cache.
-            fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<Array> {
-                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                let a = batch_blocks::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
-                self.finish(h, a)
-            }
-
-            /// The layer after its mixer's output `a`, batched or not.
-            fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-                let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
-                b::finish_layer(&h, None, None, EPS)
-            }
+            #c_norm
+            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            #c_mixer
+            let a = deltanet::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
+            #c_rest
+            self.finish(h, a)
         }
-    })
+
+        /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
+        /// at each row's offset, a merged K/V cache.
+        fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<Array> {
+            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            let a = batch_blocks::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
+            self.finish(h, a)
+        }
+    };
+    Ok(parts.with(shape, methods))
 }
 
 /// A layer kind with one `qkv_proj` (phi3.py's attention): its own K/V
@@ -583,21 +638,14 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
 /// compiled decode blocks take separate projections).
 fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream, String> {
     let l = &kind.key.0;
-    let name = ident(&kind.name);
-    let doc = kind_doc(l, &kind.layers);
-    let norms_load = norms_load_tokens(l);
-    let FfnLoad {
-        load: ffn_load,
-        signature,
-    } = hybrid_ffn(l, &kind.name)?;
-    let supported = matches!(
-        a.kv,
-        KvSource::Own {
-            values: Values::Projected,
-            ..
-        }
-    ) && a.qk_norm == QkNorm::None
-        && a.bias == ProjectionBias::None;
+    let parts = mixer_kind_parts(
+        kind,
+        "attn",
+        quote! { b::FusedQkvAttention },
+        quote! { b::load_fused_qkv_attention(w, i, HIDDEN, Self::SHAPE) },
+    )?;
+    let supported =
+        owns_projected_kv(a) && a.qk_norm == QkNorm::None && a.bias == ProjectionBias::None;
     if !supported {
         return Err(format!(
             "layer kind {}: a fused qkv_proj runs only on a layer with K/V of its own (V projected), no bias and no q/k norm",
@@ -611,54 +659,31 @@ fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
         rest: c_rest,
         ..
     } = Composition::of(l);
-    Ok(quote! {
-        #[doc = #doc]
-        struct #name {
-            norms: b::LayerNorms,
-            attn: b::FusedQkvAttention,
-            ffn: FeedForward,
+    let shape = quote! {
+        const SHAPE: AttentionShape = #shape;
+    };
+    let methods = quote! {
+        /// Eager for one token too: the compiled decode blocks take
+        /// separate q/k/v projections.
+        fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<(Array, b::SharedKv)> {
+            #c_norm
+            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            #c_mixer
+            let (a, kv) = b::attention_own_kv(&x, b::OwnQkv::Fused(&self.attn), Self::SHAPE, at.rope, cache, at.mask)?;
+            #c_rest
+            Ok((self.finish(h, a)?, kv))
         }
 
-        impl #name {
-            const SHAPE: AttentionShape = #shape;
-
-            fn load(#signature) -> Self {
-                let mut layer = Self {
-                    norms: #norms_load,
-                    attn: b::load_fused_qkv_attention(w, i, HIDDEN, Self::SHAPE),
-                    #ffn_load
-                };
-                layer.attn.pretranspose();
-                layer.ffn.pretranspose();
-                layer
-            }
-
-            /// Eager for one token too: the compiled decode blocks take
-            /// separate q/k/v projections.
-            fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<(Array, b::SharedKv)> {
-                #c_norm
-                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                #c_mixer
-                let (a, kv) = b::attention_fused_qkv(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
-                #c_rest
-                Ok((self.finish(h, a)?, kv))
-            }
-
-            /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
-            /// at each row's offset, a merged K/V cache.
-            fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<(Array, b::SharedKv)> {
-                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                let (a, kv) = batch_blocks::attention_fused_qkv(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
-                Ok((self.finish(h, a)?, kv))
-            }
-
-            /// The layer after its mixer's output `a`, batched or not.
-            fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-                let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
-                b::finish_layer(&h, None, None, EPS)
-            }
+        /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
+        /// at each row's offset, a merged K/V cache.
+        fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<(Array, b::SharedKv)> {
+            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            let (a, kv) = batch_blocks::attention_fused_qkv(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
+            Ok((self.finish(h, a)?, kv))
         }
-    })
+
+    };
+    Ok(parts.with(shape, methods))
 }
 
 /// Whether the layer's kind holds its feed-forward half as the runtime's
@@ -811,7 +836,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         Some(_) => (
             quote! { cache: &mut LayerCache },
             quote! {
-                let (a, kv) = b::attention_own_kv(&x, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
+                let (a, kv) = b::attention_own_kv(&x, b::OwnQkv::Separate { attn: &self.attn, kv: &self.kv }, Self::SHAPE, at.rope, cache, at.mask)?;
             },
             quote! {
                 let kv = decode::KvSource::Own { weights: &self.kv, fused: self.qkv.as_ref(), cache };
@@ -845,6 +870,11 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         ),
         None => (kv_arg.clone(), attn.clone()),
     };
+    let finish = finish_tokens(
+        ple_arg.clone(),
+        residual_eager,
+        quote! { #ple_use, #scalar_ref },
+    );
     let Composition {
         decode: c_decode,
         norm: c_norm,
@@ -926,11 +956,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                 #ret
             }
 
-            /// The layer after its mixer's output `a`, batched or not.
-            fn finish(&self, h: &Array, a: Array #ple_arg) -> Result<Array> {
-                let h = self.ffn.after_mixer(h, &a, &self.norms, #residual_eager, EPS)?;
-                b::finish_layer(&h, #ple_use, #scalar_ref, EPS)
-            }
+            #finish
         }
     })
 }
@@ -1008,7 +1034,7 @@ fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
             /// `out = h + post_feedforward_layernorm(mlp(h))`.
             fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<(Array, b::SharedKv)> {
                 #c_mixer
-                let (a, kv) = b::attention_own_kv(h, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
+                let (a, kv) = b::attention_own_kv(h, b::OwnQkv::Separate { attn: &self.attn, kv: &self.kv }, Self::SHAPE, at.rope, cache, at.mask)?;
                 #c_rest
                 Ok((self.finish(h, a)?, kv))
             }

@@ -19,7 +19,7 @@ use crate::batch_deltanet::BatchArraysCache;
 use crate::blocks::{
     self as b, AttentionShape, AttentionWeights, FusedQkvAttention, KvWeights, SharedKv,
 };
-use crate::decode::{self, StepCache};
+use crate::decode::{self, StepCache, StepQkv};
 use crate::deltanet::{self, GatedAttention};
 use crate::distributed::sharded_to_all;
 use crate::layers::Linear;
@@ -99,7 +99,8 @@ pub fn attention_own_kv(
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
     let offsets = kv_offsets(cache)?;
-    let (q, k, v) = b::project_qkv(x, w, kv, s, &|t| rope.apply(t, &offsets))?;
+    let own = b::OwnQkv::Separate { attn: w, kv };
+    let (q, k, v) = own.project(x, s, &|t| rope.apply(t, &offsets))?;
     attend_own_kv(&q, &k, &v, offsets, &w.o_proj, s, cache, mask)
 }
 
@@ -114,7 +115,7 @@ pub fn attention_fused_qkv(
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
     let offsets = kv_offsets(cache)?;
-    let (q, k, v) = b::project_fused_qkv(x, w, s, &|t| rope.apply(t, &offsets))?;
+    let (q, k, v) = b::OwnQkv::Fused(w).project(x, s, &|t| rope.apply(t, &offsets))?;
     attend_own_kv(&q, &k, &v, offsets, &w.o_proj, s, cache, mask)
 }
 
@@ -169,16 +170,8 @@ impl StepCache for BatchLayerCache {
         kv_offsets(self)
     }
 
-    fn attend(
-        &mut self,
-        q: &Array,
-        k: &Array,
-        v: &Array,
-        s: AttentionShape,
-        mask: &Mask,
-        offset: Array,
-    ) -> Result<(Array, SharedKv)> {
-        attend_cached(q, k, v, offset, s, self, mask, true)
+    fn attend(&mut self, t: StepQkv, mask: &Mask) -> Result<(Array, SharedKv)> {
+        attend_cached(&t.q, &t.k, &t.v, t.offset, t.shape, self, mask, true)
     }
 }
 

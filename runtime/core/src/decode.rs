@@ -6,7 +6,7 @@
 //! shape-stable pieces, and each piece runs as an `mlx::compile`d function:
 //!
 //! * before attention: input norm, Q/K/V projections, their norms, transposes
-//!   and RoPE ([`blocks::project_qkv`] / [`blocks::project_q`]);
+//!   and RoPE ([`blocks::OwnQkv::project`] / [`blocks::project_q`]);
 //! * after attention: `o_proj`, the mixer residual, the feed-forward half,
 //!   the per-layer input gate and the layer scalar
 //!   ([`blocks::attention_residual`], [`blocks::feed_forward`],
@@ -84,7 +84,7 @@ use crate::feed_forward::FeedForward;
 use crate::layers::{Linear, Quantized, SwitchLinear};
 use crate::moe::{Router, SoftmaxTopKRouter, SwitchGlu, TopKProbs};
 use crate::ops::{rms_norm, NormInputs, Result};
-use crate::rope::{apply_tables, Rope, RopeTables};
+use crate::rope::{apply_tables, CosSin, Rope, RopeTables};
 
 /// [`Flat`] for a struct whose arrays are its fields listed in braces, each
 /// itself `Flat`, packed in that order: `put` appends them (after the
@@ -257,8 +257,28 @@ fn attend_own_kv(
         fused.filter(|f| f.norm.dtype() == h.dtype() && layer.norms.input().dtype() == h.dtype());
     let qkv = pre_attention(h, layer, Some(kv), fused, rope)?;
     let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
-    cache.attend(&q, &k, &v, layer.shape, mask, offset)
+    let step = StepQkv {
+        q,
+        k,
+        v,
+        offset,
+        shape: layer.shape,
+    };
+    cache.attend(step, mask)
 }
+
+/// One token's attention inputs as the block before attention leaves them:
+/// the query [B, H, 1, D], this step's key and value [B, KV, 1, D], the
+/// RoPE offset they were rotated from (carried to the layers sharing them)
+/// and the layer's attention shape.
+pub struct StepQkv {
+    pub q: Array,
+    pub k: Array,
+    pub v: Array,
+    pub offset: Array,
+    pub shape: AttentionShape,
+}
+
 /// The K/V cache a one-token step of a K/V-owning layer writes: one
 /// sequence's ([`LayerCache`]) or a batch's
 /// ([`crate::batch::BatchLayerCache`], whose rows each have their own
@@ -271,19 +291,11 @@ pub trait StepCache {
     /// it (`mx.array(cache.offset)`: an int32 scalar, or one per row).
     fn rope_offset(&self) -> Result<Array>;
 
-    /// The cache updated with this step's `k`, `v` [B, KV, 1, D] and `q`
-    /// [B, H, 1, D] attending over it: the heads merged back to rows
-    /// [B, H * D] (the input of `o_proj`), and the K/V (with `offset`) the
-    /// layers sharing them read.
-    fn attend(
-        &mut self,
-        q: &Array,
-        k: &Array,
-        v: &Array,
-        s: AttentionShape,
-        mask: &Mask,
-        offset: Array,
-    ) -> Result<(Array, SharedKv)>;
+    /// The cache updated with the step's K and V, its query attending over
+    /// it: the heads merged back to rows [B, H * D] (the input of
+    /// `o_proj`), and the K/V (with the step's offset) the layers sharing
+    /// them read.
+    fn attend(&mut self, step: StepQkv, mask: &Mask) -> Result<(Array, SharedKv)>;
 }
 
 impl StepCache for LayerCache {
@@ -291,16 +303,8 @@ impl StepCache for LayerCache {
         Ok(Array::from_int(self.offset()))
     }
 
-    fn attend(
-        &mut self,
-        q: &Array,
-        k: &Array,
-        v: &Array,
-        s: AttentionShape,
-        mask: &Mask,
-        offset: Array,
-    ) -> Result<(Array, SharedKv)> {
-        blocks::attend_own_kv(q, k, v, s, self, mask, offset, true)
+    fn attend(&mut self, t: StepQkv, mask: &Mask) -> Result<(Array, SharedKv)> {
+        blocks::attend_own_kv(&t.q, &t.k, &t.v, t.shape, self, mask, t.offset, true)
     }
 }
 
@@ -452,7 +456,7 @@ impl FusedQkv {
         Some(FusedQkv { proj, norm })
     }
 
-    /// What [`blocks::project_qkv`] returns, from the stacked projection.
+    /// What [`blocks::OwnQkv::project`] returns, from the stacked projection.
     fn project(
         &self,
         x: &Array,
@@ -520,21 +524,9 @@ fn pre_attention(
     fused: Option<&FusedQkv>,
     rope: &RopeTables,
 ) -> Result<Vec<Array>> {
-    let hidden = h.shape()[h.ndim() - 1];
-    let widths = [hidden, layer.shape.head_dim];
-    let mut p = Packed::new(PRE_ATTENTION);
-    p.key.extend([
-        layer.eps.to_bits() as i64,
-        hidden as i64,
-        rope.dims() as i64,
-    ]);
-    layer.shape.put(&mut p);
-    h.put(&mut p);
-    let norm_eps = [layer.eps, layer.shape.eps];
-    let native = matches!(rope, RopeTables::Native { .. });
-    let norm_inputs = put_norm_inputs(&mut p, native, &norm_eps, &widths);
-    rope.put(&mut p);
-    layer.norms.input().put(&mut p);
+    let (s, eps) = (layer.shape, layer.eps);
+    let (mut p, norm_inputs) =
+        pre_attention_packed(PRE_ATTENTION, h, layer.norms.input(), s, eps, rope);
     // Either Q/K/V stacked, or Q (and K, V) as three projections.
     let kv = if fused.is_some() { None } else { kv };
     p.key.push(fused.is_some() as i64);
@@ -546,38 +538,91 @@ fn pre_attention(
     if let Some(kv) = kv {
         kv.put(&mut p);
     }
-    let (s, eps) = (layer.shape, layer.eps);
-    p.run(true, |covered| {
-        // Templates for rebuilding the structures from the traced inputs.
-        let fused = fused.map(hollow);
+    let templates = || {
         let attn = match fused {
             Some(_) => None,
             None => Some(hollow(layer.attn)),
         };
-        let kv = kv.map(hollow);
-        let tables = hollow(rope);
+        (fused.map(hollow), attn, kv.map(hollow))
+    };
+    run_pre_attention(
+        p,
+        norm_inputs,
+        rope,
+        eps,
+        templates,
+        move |x, weights, rope| {
+            Ok(match weights {
+                (Some(f), _, _) => {
+                    let (q, k, v) = f.project(x, s, rope)?;
+                    vec![q, k, v]
+                }
+                (None, Some(attn), Some(kv)) => {
+                    let own = blocks::OwnQkv::Separate {
+                        attn: &attn,
+                        kv: &kv,
+                    };
+                    let (q, k, v) = own.project(x, s, rope)?;
+                    vec![q, k, v]
+                }
+                (None, Some(attn), None) => vec![blocks::project_q(x, &attn, s, rope)?],
+                (None, None, _) => return Err(bad_outputs()),
+            })
+        },
+    )
+}
+
+/// The start every block before attention shares: the key (`block`, eps,
+/// the hidden size, the rotated dims, the attention shape), the residual
+/// stream `h`, the inputs of the norms over the hidden size and the head
+/// dim ([`put_norm_inputs`]), this step's RoPE tables and the input norm's
+/// weight; the block's projection weights follow.
+fn pre_attention_packed(
+    block: i64,
+    h: &Array,
+    input_norm: &Array,
+    s: AttentionShape,
+    eps: f32,
+    rope: &RopeTables,
+) -> (Packed, Option<NormInputs>) {
+    let hidden = h.shape()[h.ndim() - 1];
+    let mut p = Packed::new(block);
+    p.key
+        .extend([eps.to_bits() as i64, hidden as i64, rope.dims() as i64]);
+    s.put(&mut p);
+    h.put(&mut p);
+    let native = matches!(rope, RopeTables::Native { .. });
+    let norm_inputs = put_norm_inputs(&mut p, native, &[eps, s.eps], &[hidden, s.head_dim]);
+    rope.put(&mut p);
+    input_norm.put(&mut p);
+    (p, norm_inputs)
+}
+
+/// Runs a block packed by [`pre_attention_packed`] and then the projection
+/// weights (whose templates `templates` makes, once, when the block is
+/// built): the input norm, then `project` of the normed rows with those
+/// weights and this step's RoPE.
+fn run_pre_attention<W: Flat + 'static>(
+    p: Packed,
+    norm_inputs: Option<NormInputs>,
+    rope: &RopeTables,
+    eps: f32,
+    templates: impl FnOnce() -> W,
+    project: impl Fn(&Array, W, &dyn Fn(&Array) -> Result<Array>) -> Result<Vec<Array>> + 'static,
+) -> Result<Vec<Array>> {
+    p.run(true, |covered| {
+        // Templates for rebuilding the structures from the traced inputs.
+        let (tables, weights) = (hollow(rope), templates());
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
             let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
             let tables = tables.take(it);
             let norm = next(it);
-            let (fused, attn, kv) = (fused.take(it), attn.take(it), kv.take(it));
+            let weights = weights.take(it);
             let rope = |t: &Array| apply_tables(t, &tables);
             let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
-                let x = rms_norm(&h, Some(&norm), eps)?;
-                Ok(match (&fused, &attn, &kv) {
-                    (Some(f), _, _) => {
-                        let (q, k, v) = f.project(&x, s, &rope)?;
-                        vec![q, k, v]
-                    }
-                    (None, Some(attn), Some(kv)) => {
-                        let (q, k, v) = blocks::project_qkv(&x, attn, kv, s, &rope)?;
-                        vec![q, k, v]
-                    }
-                    (None, Some(attn), None) => vec![blocks::project_q(&x, attn, s, &rope)?],
-                    (None, None, _) => return Err(bad_outputs()),
-                })
+                project(&rms_norm(&h, Some(&norm), eps)?, weights, &rope)
             });
             covered.set(all);
             out
@@ -1001,39 +1046,19 @@ pub fn gated_attention(
     mask: &Mask,
 ) -> Result<Array> {
     let offset = Array::from_int(cache.offset());
-    let hidden = h.shape()[h.ndim() - 1];
     let (s, eps) = (layer.shape, layer.eps);
-    let native = matches!(rope, RopeTables::Native { .. });
-    let norm_eps = [eps, s.eps];
-    let widths = [hidden, s.head_dim];
-    let mut p = Packed::new(GATED_PRE_ATTENTION);
-    p.key
-        .extend([eps.to_bits() as i64, hidden as i64, rope.dims() as i64]);
-    s.put(&mut p);
-    h.put(&mut p);
-    let norm_inputs = put_norm_inputs(&mut p, native, &norm_eps, &widths);
-    rope.put(&mut p);
-    layer.norms.input().put(&mut p);
+    let (mut p, norm_inputs) =
+        pre_attention_packed(GATED_PRE_ATTENTION, h, layer.norms.input(), s, eps, rope);
     layer.attn.put(&mut p);
-    let qkv = p.run(true, |covered| {
-        // Templates for rebuilding the structures from the traced inputs.
-        let (attn, tables) = (hollow(layer.attn), hollow(rope));
-        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
-            let it = &mut inputs.iter();
-            let h = next(it);
-            let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
-            let tables = tables.take(it);
-            let norm = next(it);
-            let attn = attn.take(it);
-            let rope = |t: &Array| apply_tables(t, &tables);
-            let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
-                let x = rms_norm(&h, Some(&norm), eps)?;
-                Ok(deltanet::gated_attention_qkv(&x, &attn, s, &rope)?.to_vec())
-            });
-            covered.set(all);
-            out
-        })
-    })?;
+    let templates = || hollow(layer.attn);
+    let qkv = run_pre_attention(
+        p,
+        norm_inputs,
+        rope,
+        eps,
+        templates,
+        move |x, attn, rope| Ok(deltanet::gated_attention_qkv(x, &attn, s, rope)?.to_vec()),
+    )?;
     let [q, k, v, gate] = <[Array; 4]>::try_from(qkv).map_err(|_| bad_outputs())?;
     let (o, _) = blocks::attend_own_kv(&q, &k, &v, s, cache, mask, offset, false)?;
 
@@ -1463,18 +1488,7 @@ impl Flat for Rope {
 impl Flat for RopeTables {
     fn put(&self, p: &mut Packed) {
         match self {
-            RopeTables::Fallback {
-                dims,
-                cos,
-                sin,
-                cos_t,
-                sin_t,
-            } => {
-                p.key.extend([0, *dims as i64]);
-                for a in [cos, sin, cos_t, sin_t] {
-                    a.put(p);
-                }
-            }
+            RopeTables::Fallback(t) => p.put_variant(0, t),
             RopeTables::Native { rope, offset } => {
                 p.key.push(1);
                 rope.put(p);
@@ -1485,13 +1499,7 @@ impl Flat for RopeTables {
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
         match self {
-            RopeTables::Fallback { dims, .. } => RopeTables::Fallback {
-                dims: *dims,
-                cos: next(it),
-                sin: next(it),
-                cos_t: next(it),
-                sin_t: next(it),
-            },
+            RopeTables::Fallback(t) => RopeTables::Fallback(t.take(it)),
             RopeTables::Native { rope, .. } => {
                 let rope = rope.take(it);
                 RopeTables::Native {
@@ -1503,6 +1511,8 @@ impl Flat for RopeTables {
         }
     }
 }
+
+flat_fields!(CosSin key(t) [t.dims] { cos, sin, cos_t, sin_t } copied { dims });
 
 impl<T: Flat> Flat for Option<T> {
     fn put(&self, p: &mut Packed) {
@@ -1524,6 +1534,19 @@ impl<A: Flat, B: Flat> Flat for (A, B) {
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
         let a = self.0.take(it);
         (a, self.1.take(it))
+    }
+}
+
+impl<A: Flat, B: Flat, C: Flat> Flat for (A, B, C) {
+    fn put(&self, p: &mut Packed) {
+        self.0.put(p);
+        self.1.put(p);
+        self.2.put(p);
+    }
+    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
+        let a = self.0.take(it);
+        let b = self.1.take(it);
+        (a, b, self.2.take(it))
     }
 }
 

@@ -706,21 +706,18 @@ impl SharedExpertMoe {
 /// `layers.{i}.mlp` of a layer with routed experts and a shared expert:
 /// router `mlp.gate`, SwiGLU experts `mlp.switch_mlp`, `mlp.shared_expert`
 /// and `mlp.shared_expert_gate` (one output).
-#[allow(clippy::too_many_arguments)]
 pub fn load_shared_expert_moe(
     w: &mut Weights,
     layer: usize,
     hidden: i32,
-    experts: i32,
-    top_k: i32,
-    width: i32,
+    shape: crate::moe::ExpertsShape,
     shared_width: i32,
     probs: crate::moe::TopKProbs,
 ) -> SharedExpertMoe {
     // The router and the routed experts are qwen3_moe's block's; then the
     // shared expert and its one-output gate.
     let SparseMoe { router, experts } =
-        crate::blocks::load_sparse_moe(w, layer, hidden, experts, top_k, width, probs);
+        crate::blocks::load_sparse_moe(w, layer, hidden, shape, probs);
     let p = format!("layers.{layer}.mlp");
     let se = format!("{p}.shared_expert");
     SharedExpertMoe {

@@ -101,6 +101,15 @@ pub fn experts(glu: &SwitchGlu, x: &Array, idx: &Array, w: &Array) -> Result<Arr
     w.multiply(&y)?.sum_axis(-2, None)
 }
 
+/// The sizes routed experts load with (IR `Moe`): how many experts, how
+/// many of them each token takes, and each one's hidden width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertsShape {
+    pub count: i32,
+    pub top_k: i32,
+    pub width: i32,
+}
+
 /// Whether qwen3_moe's router renormalizes the chosen probabilities
 /// (`norm_topk_prob`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
