@@ -189,9 +189,12 @@ impl Case {
         let w = self.rand(&[rows, dims], 1.0, dt);
         let (weight, quant) = self.weight(path, &w, q);
         Embedding {
-            weight,
-            quant,
-            weight_t: None,
+            table: Linear {
+                weight,
+                quant,
+                weight_t: None,
+                bias: None,
+            },
         }
     }
 
