@@ -22,6 +22,7 @@ use crate::attention::{
 };
 use crate::cache::{LayerCache, MixedKvNow, QuantizedKvCache};
 use crate::distributed::sharded_to_all;
+use crate::flat::Flat;
 use crate::layers::{pretranspose_all, project_head, Embedding, Linear};
 use crate::moe::{experts, softmax_topk_moe, Router, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{
@@ -209,11 +210,13 @@ pub fn attend_with(
 /// when the layer has q/k norms, and `kv` when the layer projects its own
 /// K/V (`None` on KV-sharing layers, and in generated models, which keep K/V
 /// weights in a field of their own).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct AttentionWeights {
     pub q_proj: Linear,
+    #[flat(elsewhere = crate::flat::unused_linear())]
     pub o_proj: Linear,
     pub q_norm: Option<QkNormWeight>,
+    #[flat(elsewhere = None)]
     pub kv: Option<KvWeights>,
 }
 
@@ -255,7 +258,7 @@ impl AttentionWeights {
 
 /// K/V projections of a layer that computes its own K/V. `v_proj` is `None`
 /// when V is the raw `k_proj` output (IR `Values::SameAsKeys`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct KvWeights {
     pub k_proj: Linear,
     pub v_proj: Option<Linear>,
@@ -583,10 +586,16 @@ pub enum Activation {
 }
 
 /// Gated MLP: `down(act(gate(x)) * up(x))`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
+#[flat(key(match self.activation {
+    Activation::GeluApprox => 0,
+    Activation::Silu => 1,
+    Activation::GeluApproxThenMultiply => 2,
+}))]
 pub struct Mlp {
     pub gate_up: GateUp,
     pub down_proj: Linear,
+    #[flat(copied)]
     pub activation: Activation,
 }
 
@@ -735,7 +744,7 @@ pub fn load_post_norms(
 
 /// Routed experts beside the dense MLP (IR `FeedForward::MlpAndMoe`): router,
 /// experts and the three norms of the two branches.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct MoeBlock {
     pub router: Router,
     pub experts: SwitchGlu,
@@ -754,7 +763,7 @@ impl MoeBlock {
 /// Routed experts in place of the dense MLP (IR `FeedForward::Moe` with the
 /// softmax-then-top-k router): Qwen3-MoE's `Qwen3MoeSparseMoeBlock`, its
 /// router `mlp.gate` and SwiGLU experts `mlp.switch_mlp`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct SparseMoe {
     pub router: SoftmaxTopKRouter,
     pub experts: SwitchGlu,
@@ -952,7 +961,7 @@ pub fn per_layer_slice(all: &Array, i: i32) -> Result<Array> {
 }
 
 /// The per-layer input gate of one layer.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct PleGate {
     pub gate: Linear,
     pub projection: Linear,

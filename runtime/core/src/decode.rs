@@ -76,48 +76,13 @@ use crate::blocks::{
     MoeBlock, PleGate, QkNormWeight, Scores, SharedKv, SparseMoe, ValueNorm,
 };
 use crate::cache::LayerCache;
-use crate::deltanet::{
-    self, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet, InProj, SharedExpertMoe,
-};
+use crate::deltanet::{self, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet, InProj};
 use crate::device::{gpu_blocks, path, GpuBlocks, Path};
 use crate::feed_forward::FeedForward;
+use crate::flat::{hollow, next, placeholder, Flat, Packed};
 use crate::layers::{Linear, Quantized, SwitchLinear};
-use crate::moe::{Router, SoftmaxTopKRouter, SwitchGlu, TopKProbs};
 use crate::ops::{rms_norm, NormInputs, Result};
-use crate::rope::{apply_tables, CosSin, Rope, RopeTables};
-
-/// [`Flat`] for a struct whose arrays are its fields listed in braces, each
-/// itself `Flat`, packed in that order: `put` appends them (after the
-/// plain values that key the block, `key(self) [...]`), `take` rebuilds the
-/// struct from the traced inputs in the same order, with the `copied`
-/// fields taken from the template and the `elsewhere` ones (weights used
-/// outside the block) as given.
-macro_rules! flat_fields {
-    (
-        $ty:ident $(key($s:ident) [$($key:expr),+ $(,)?])?
-        { $($field:ident),+ $(,)? }
-        $(copied { $($copy:ident),+ $(,)? })?
-        $(elsewhere { $($other:ident: $value:expr),+ $(,)? })?
-    ) => {
-        impl Flat for $ty {
-            fn put(&self, p: &mut Packed) {
-                $(
-                    let $s = self;
-                    p.key.extend([$($key as i64),+]);
-                )?
-                $(Flat::put(&self.$field, p);)+
-            }
-            fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-                $(let $field = Flat::take(&self.$field, it);)+
-                $ty {
-                    $($field,)+
-                    $($($copy: self.$copy,)+)?
-                    $($($other: $value,)+)?
-                }
-            }
-        }
-    };
-}
+use crate::rope::{apply_tables, Rope, RopeTables};
 
 /// Whether one-token steps take this module's compiled blocks.
 pub fn enabled() -> bool {
@@ -1090,10 +1055,6 @@ pub fn gated_attention(
     out.into_iter().next().ok_or_else(bad_outputs)
 }
 
-// o_proj is used after attention, not here.
-flat_fields!(GatedAttention { q_proj, k_proj, v_proj, q_norm, k_norm }
-    elsewhere { o_proj: unused_linear() });
-
 /// One decode step (one token, `h` [B, 1, hidden]) of a Gated DeltaNet
 /// layer as one compiled block: the whole layer, with the conv state and
 /// the recurrent state as traced inputs and their successors as outputs
@@ -1205,13 +1166,6 @@ impl Flat for FeedForward {
         }
     }
 }
-
-flat_fields!(SharedExpertMoe {
-    router,
-    experts,
-    shared_expert,
-    shared_expert_gate
-});
 
 impl Flat for DeltaNetShape {
     fn put(&self, p: &mut Packed) {
@@ -1327,28 +1281,7 @@ pub fn block_counts() -> (usize, usize) {
     })
 }
 
-/// A block's inputs flattened to arrays, and the key of everything else the
-/// traced function depends on (shapes and dtypes are MLX's own cache key).
-struct Packed {
-    key: Vec<i64>,
-    arrays: Vec<Array>,
-}
-
 impl Packed {
-    fn new(block: i64) -> Self {
-        Packed {
-            key: vec![block],
-            arrays: Vec::with_capacity(32),
-        }
-    }
-
-    /// Which variant of an enum follows (`tag`, into the key), then the
-    /// arrays of its one payload.
-    fn put_variant(&mut self, tag: i64, payload: &impl Flat) {
-        self.key.push(tag);
-        payload.put(self);
-    }
-
     /// Calls the compiled block of this key, building it on first use.
     /// Single-token shapes are fixed per layer kind, so MLX traces each block
     /// once per kind (and once more per new cache length only where a traced
@@ -1384,55 +1317,6 @@ impl Packed {
             }
             f(&self.arrays)
         })
-    }
-}
-
-/// The stand-in for arrays a rebuilt structure carries but the block does
-/// not read (and for templates).
-fn placeholder() -> Array {
-    Array::from_f32(0.0)
-}
-
-/// `t`'s structure with every array a placeholder: the templates kept in
-/// [`BLOCKS`] must not hold a model's weights after the model is dropped.
-fn hollow<T: Flat>(t: &T) -> T {
-    let mut p = Packed::new(0);
-    t.put(&mut p);
-    let stand_ins = vec![placeholder(); p.arrays.len()];
-    t.take(&mut stand_ins.iter())
-}
-
-fn next(it: &mut std::slice::Iter<'_, Array>) -> Array {
-    it.next()
-        .expect("compiled decode block: fewer inputs than packed")
-        .clone()
-}
-
-/// Flattening of weight structures into the compiled block's inputs:
-/// `put` appends the arrays (and the structure to the key), `take`
-/// rebuilds the structure from the traced inputs, with `self` as template.
-trait Flat: Sized {
-    fn put(&self, p: &mut Packed);
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self;
-}
-
-/// A linear layer a block does not use (`o_proj` before attention): no
-/// arrays of its own travel for it.
-fn unused_linear() -> Linear {
-    Linear {
-        weight: placeholder(),
-        quant: None,
-        weight_t: None,
-        bias: None,
-    }
-}
-
-impl Flat for Array {
-    fn put(&self, p: &mut Packed) {
-        p.arrays.push(self.clone());
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        next(it)
     }
 }
 
@@ -1512,44 +1396,6 @@ impl Flat for RopeTables {
     }
 }
 
-flat_fields!(CosSin key(t) [t.dims] { cos, sin, cos_t, sin_t } copied { dims });
-
-impl<T: Flat> Flat for Option<T> {
-    fn put(&self, p: &mut Packed) {
-        p.key.push(self.is_some() as i64);
-        if let Some(t) = self {
-            t.put(p);
-        }
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        self.as_ref().map(|t| t.take(it))
-    }
-}
-
-impl<A: Flat, B: Flat> Flat for (A, B) {
-    fn put(&self, p: &mut Packed) {
-        self.0.put(p);
-        self.1.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let a = self.0.take(it);
-        (a, self.1.take(it))
-    }
-}
-
-impl<A: Flat, B: Flat, C: Flat> Flat for (A, B, C) {
-    fn put(&self, p: &mut Packed) {
-        self.0.put(p);
-        self.1.put(p);
-        self.2.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let a = self.0.take(it);
-        let b = self.1.take(it);
-        (a, b, self.2.take(it))
-    }
-}
-
 fn put_quant(q: &Option<Quantized>, p: &mut Packed) {
     match q {
         None => p.key.push(0),
@@ -1623,15 +1469,6 @@ impl Flat for QkNormWeight {
     }
 }
 
-// o_proj is used after attention, not here; `kv` travels separately.
-flat_fields!(AttentionWeights { q_proj, q_norm } elsewhere { o_proj: unused_linear(), kv: None });
-
-flat_fields!(KvWeights {
-    k_proj,
-    v_proj,
-    k_norm
-});
-
 impl Flat for LayerNorms {
     fn put(&self, p: &mut Packed) {
         // The input norm belongs to the block before attention.
@@ -1670,12 +1507,6 @@ impl Flat for LayerNorms {
     }
 }
 
-flat_fields!(Mlp key(s) [match s.activation {
-    Activation::GeluApprox => 0,
-    Activation::Silu => 1,
-    Activation::GeluApproxThenMultiply => 2,
-}] { gate_up, down_proj } copied { activation });
-
 impl Flat for GateUp {
     fn put(&self, p: &mut Packed) {
         match self {
@@ -1700,32 +1531,3 @@ impl Flat for GateUp {
         }
     }
 }
-
-flat_fields!(Router key(s) [s.top_k, s.hidden, s.eps.to_bits()]
-    { proj, scale, per_expert_scale } copied { top_k, hidden, eps });
-
-flat_fields!(MoeBlock {
-    router,
-    experts,
-    pre_feedforward_2,
-    post_feedforward_1,
-    post_feedforward_2,
-});
-flat_fields!(SwitchGlu {
-    gate_proj,
-    up_proj,
-    down_proj
-});
-
-flat_fields!(SoftmaxTopKRouter key(s) [s.top_k, match s.probs {
-    TopKProbs::Renormalized => 0,
-    TopKProbs::AsTaken => 1,
-}] { gate } copied { top_k, probs });
-
-flat_fields!(SparseMoe { router, experts });
-
-flat_fields!(PleGate {
-    gate,
-    projection,
-    post_norm
-});

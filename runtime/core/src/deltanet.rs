@@ -30,6 +30,7 @@ use crate::attention::{batch_and_len, Mask};
 use crate::blocks::{attend_own_kv, AttentionShape, Mlp, SparseMoe};
 use crate::cache::LayerCache;
 use crate::distributed::sharded_to_all;
+use crate::flat::Flat;
 use crate::layers::{pretranspose_all, Linear};
 use crate::moe::{softmax_topk_moe, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{rms_norm, scalar_like, Result};
@@ -563,11 +564,12 @@ pub fn load_gated_delta_net(w: &mut Weights, layer: usize, s: DeltaNetShape) -> 
 
 /// `Qwen3NextAttention`'s weights: `q_proj` has 2 * heads * head_dim outputs
 /// (per head: the queries, then the output gate).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct GatedAttention {
     pub q_proj: Linear,
     pub k_proj: Linear,
     pub v_proj: Linear,
+    #[flat(elsewhere = crate::flat::unused_linear())]
     pub o_proj: Linear,
     pub q_norm: Array,
     pub k_norm: Array,
@@ -667,7 +669,7 @@ pub fn load_gated_attention(
 /// `Qwen3NextSparseMoeBlock`: qwen3_moe's routed experts (precise softmax
 /// over all experts, top-k, optional renormalization, SwiGLU experts) plus a
 /// shared SwiGLU expert scaled by `sigmoid(shared_expert_gate(x))`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct SharedExpertMoe {
     pub router: SoftmaxTopKRouter,
     pub experts: SwitchGlu,

@@ -6,6 +6,7 @@
 use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::{Array, Dtype};
 
+use crate::flat::Flat;
 use crate::ops::Result;
 
 #[derive(Debug, Clone)]
@@ -178,8 +179,10 @@ fn base_periods(base: f32, rotated: i32, dims: i32) -> Result<Array> {
 /// ([`Rope::fallback_tables`]): float32 `cos(theta)` and `sin(theta)`
 /// [L, dims / 2], and the same cast to one activation dtype (`cos_t`,
 /// `sin_t`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
+#[flat(key(self.dims))]
 pub struct CosSin {
+    #[flat(copied)]
     pub dims: i32,
     pub cos: Array,
     pub sin: Array,
