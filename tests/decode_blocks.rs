@@ -218,6 +218,14 @@ struct Parts {
     shape: AttentionShape,
 }
 
+/// The eager attention's view of a layer's separate projections.
+fn own(p: &Parts) -> b::OwnQkv<'_> {
+    b::OwnQkv::Separate {
+        attn: &p.attn,
+        kv: &p.kv,
+    }
+}
+
 fn parts(hidden: i32, s: AttentionShape, k_eq_v: bool, f: Flavour, dt: Dtype) -> Parts {
     let (q_out, kv_out) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
     Parts {
@@ -302,6 +310,10 @@ fn run_layer(
     d.attn.pretranspose();
     d.kv.pretranspose();
     d.mlp.pretranspose();
+    let ffn = FeedForward::Mlp {
+        mlp: d.mlp.clone(),
+        moe: None,
+    };
     let make = || {
         if sliding {
             LayerCache::Sliding(RotatingKvCache::new(8, 0))
@@ -316,8 +328,7 @@ fn run_layer(
             .unwrap();
         let mask = Mask::None;
         let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
-        let (a, _) =
-            b::attention_own_kv(&x, &p.attn, &p.kv, s, rope, &mut eager_cache, &mask).unwrap();
+        let (a, _) = b::attention_own_kv(&x, own(&p), s, rope, &mut eager_cache, &mask).unwrap();
         let residual = f.residual.map(b::residual_scale);
         let e = match &residual {
             None => {
@@ -335,8 +346,11 @@ fn run_layer(
         let layer = decode::Layer {
             norms: &d.norms,
             attn: &d.attn,
-            mlp: &d.mlp,
-            moe: None,
+            ffn: &ffn,
+            residual: match &residual {
+                None => decode::Residual::Plain,
+                Some(r) => decode::Residual::Scaled(r),
+            },
             ple: None,
             layer_scalar: d.scalar.as_ref(),
             shape: d.shape,
@@ -344,28 +358,12 @@ fn run_layer(
         };
         // The decode path takes and returns rows [B, hidden].
         let rows = h.reshape(&[1, hidden]).unwrap();
-        let (got, _) = match &residual {
-            None => decode::own_kv(
-                &rows,
-                &layer,
-                &d.kv,
-                fused.as_ref(),
-                &tables,
-                &mut decode_cache,
-                &mask,
-            ),
-            Some(r) => decode::own_kv_scaled(
-                &rows,
-                &layer,
-                r,
-                &d.kv,
-                fused.as_ref(),
-                &tables,
-                &mut decode_cache,
-                &mask,
-            ),
-        }
-        .unwrap();
+        let kv = decode::KvSource::Own {
+            weights: &d.kv,
+            fused: fused.as_ref(),
+            cache: &mut decode_cache,
+        };
+        let (got, _) = decode::step(&rows, &layer, kv, &tables, &mask).unwrap();
         let got = got.reshape(&[1, 1, hidden]).unwrap();
         assert!(
             same(&want, &got),
@@ -448,7 +446,7 @@ fn native_rope_blocks_track_the_eager_layer() {
             let mask = Mask::None;
             let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
             let (a, _) =
-                b::attention_own_kv(&x, &p.attn, &p.kv, s, &rope, &mut eager_cache, &mask).unwrap();
+                b::attention_own_kv(&x, own(&p), s, &rope, &mut eager_cache, &mask).unwrap();
             let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
             let e = b::feed_forward(&e, &p.norms, &p.mlp, None, s.eps).unwrap();
             let want = b::finish_layer(&e, None, p.scalar.as_ref(), s.eps).unwrap();
@@ -456,27 +454,27 @@ fn native_rope_blocks_track_the_eager_layer() {
                 rope: rope.clone(),
                 offset: Array::from_int(decode_cache.offset()),
             };
+            let ffn = FeedForward::Mlp {
+                mlp: p.mlp.clone(),
+                moe: None,
+            };
             let layer = decode::Layer {
                 norms: &p.norms,
                 attn: &p.attn,
-                mlp: &p.mlp,
-                moe: None,
+                ffn: &ffn,
+                residual: decode::Residual::Plain,
                 ple: None,
                 layer_scalar: p.scalar.as_ref(),
                 shape: s,
                 eps: s.eps,
             };
             let rows = h.reshape(&[1, hidden]).unwrap();
-            let (got, _) = decode::own_kv(
-                &rows,
-                &layer,
-                &p.kv,
-                None,
-                &native,
-                &mut decode_cache,
-                &mask,
-            )
-            .unwrap();
+            let kv = decode::KvSource::Own {
+                weights: &p.kv,
+                fused: None,
+                cache: &mut decode_cache,
+            };
+            let (got, _) = decode::step(&rows, &layer, kv, &native, &mask).unwrap();
             let got = got.reshape(&[1, 1, hidden]).unwrap();
             let close = want.all_close(&got, 1e-4, 1e-4, None).unwrap();
             assert!(close, "head_dim {} step {step}", s.head_dim);
@@ -788,7 +786,7 @@ fn sparse_moe(
 
 /// Several decode steps of a pre-norm layer with routed experts in place of
 /// the MLP, eager (`blocks::sparse_feed_forward`, as the monolith) and through
-/// `decode::own_kv_experts` (as generated models), on separate caches.
+/// `decode::step` (as generated models), on separate caches.
 fn run_experts_layer(hidden: i32, probs: b::TopKProbs, dt: Dtype) {
     let s = shape(2, 16, (16f64).powf(-0.5) as f32, b::ValueNorm::None);
     let rope = Rope::base(16, 1_000_000.0);
@@ -798,7 +796,7 @@ fn run_experts_layer(hidden: i32, probs: b::TopKProbs, dt: Dtype) {
     d.attn.pretranspose();
     d.kv.pretranspose();
     let moe = sparse_moe(hidden, 8, 4, probs, dt);
-    let mut moe_d = sparse_moe(hidden, 8, 4, probs, dt);
+    let mut moe_d = FeedForward::SparseMoe(sparse_moe(hidden, 8, 4, probs, dt));
     moe_d.pretranspose();
     let (mut eager_cache, mut decode_cache) = (
         LayerCache::Full(KvCache::default()),
@@ -810,32 +808,28 @@ fn run_experts_layer(hidden: i32, probs: b::TopKProbs, dt: Dtype) {
             .unwrap();
         let mask = Mask::None;
         let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
-        let (a, _) =
-            b::attention_own_kv(&x, &p.attn, &p.kv, s, &rope, &mut eager_cache, &mask).unwrap();
+        let (a, _) = b::attention_own_kv(&x, own(&p), s, &rope, &mut eager_cache, &mask).unwrap();
         let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
         let want = b::sparse_feed_forward(&e, &p.norms, &moe, s.eps).unwrap();
 
         let tables = rope.tables(decode_cache.offset(), 1, dt).unwrap();
-        let layer = decode::ExpertsLayer {
+        let layer = decode::Layer {
             norms: &d.norms,
             attn: &d.attn,
-            moe: &moe_d,
+            ffn: &moe_d,
+            residual: decode::Residual::Plain,
             ple: None,
             layer_scalar: None,
             shape: d.shape,
             eps: s.eps,
         };
         let rows = h.reshape(&[1, hidden]).unwrap();
-        let (got, _) = decode::own_kv_experts(
-            &rows,
-            &layer,
-            &d.kv,
-            None,
-            &tables,
-            &mut decode_cache,
-            &mask,
-        )
-        .unwrap();
+        let kv = decode::KvSource::Own {
+            weights: &d.kv,
+            fused: None,
+            cache: &mut decode_cache,
+        };
+        let (got, _) = decode::step(&rows, &layer, kv, &tables, &mask).unwrap();
         let got = got.reshape(&[1, 1, hidden]).unwrap();
         assert!(
             same(&want, &got),
@@ -862,6 +856,120 @@ fn experts_decode_blocks_match_the_eager_layer() {
         compiled >= 6 && eager == 0,
         "{compiled} compiled, {eager} eager"
     );
+}
+
+/// A layer reading a donor's K/V (Gemma-4's KV-shared layers) through
+/// `decode::step` with `KvSource::Shared`, against the eager
+/// `attention_shared_kv`: both read the K/V the donor's eager step wrote,
+/// and the step hands back exactly the K/V it attended over.
+#[test]
+fn shared_kv_step_matches_the_eager_layer() {
+    let (hidden, dt) = (64, Dtype::Float32);
+    let s = shape(2, 16, 1.0, b::ValueNorm::RmsScaleFree);
+    let rope = Rope::base(16, 10_000.0);
+    let p = parts(hidden, s, false, SANDWICH, dt);
+    let mut d = parts(hidden, s, false, SANDWICH, dt);
+    d.attn.pretranspose();
+    d.mlp.pretranspose();
+    let ffn = FeedForward::Mlp {
+        mlp: d.mlp.clone(),
+        moe: None,
+    };
+    let mut donor_cache = LayerCache::Full(KvCache::default());
+    let calls = decode::compiled_block_calls();
+    for step in 0..6 {
+        let h = lcg(400 + step, &[1, 1, hidden], 4.0, 0.0);
+        let mask = Mask::None;
+        let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
+        let offset = donor_cache.offset();
+        let (_, shared) =
+            b::attention_own_kv(&x, own(&p), s, &rope, &mut donor_cache, &mask).unwrap();
+        let a = b::attention_shared_kv(&x, &p.attn, s, &rope, &shared, &mask).unwrap();
+        let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
+        let e = b::feed_forward(&e, &p.norms, &p.mlp, None, s.eps).unwrap();
+        let want = b::finish_layer(&e, None, p.scalar.as_ref(), s.eps).unwrap();
+
+        let tables = rope.tables(offset, 1, dt).unwrap();
+        let layer = decode::Layer {
+            norms: &d.norms,
+            attn: &d.attn,
+            ffn: &ffn,
+            residual: decode::Residual::Plain,
+            ple: None,
+            layer_scalar: d.scalar.as_ref(),
+            shape: s,
+            eps: s.eps,
+        };
+        let rows = h.reshape(&[1, hidden]).unwrap();
+        let kv = decode::KvSource::Shared(&shared);
+        let (got, attended) = decode::step(&rows, &layer, kv, &tables, &mask).unwrap();
+        let got = got.reshape(&[1, 1, hidden]).unwrap();
+        assert!(same(&want, &got), "step {step}");
+        assert!(
+            same(&attended.keys, &shared.keys) && same(&attended.values, &shared.values),
+            "step {step}: the step must hand back the donor's K/V"
+        );
+    }
+    assert!(
+        decode::compiled_block_calls() > calls,
+        "the shared-K/V step took no compiled block"
+    );
+}
+
+/// The feed-forward forms no block after plain attention runs are refused
+/// with an error that says so, not run some other way: routed experts with
+/// scaled residual branches, and a shared-expert MoE (which runs beside the
+/// hybrid mixers only).
+#[test]
+fn step_refuses_feed_forwards_without_a_block() {
+    let (hidden, dt) = (64, Dtype::Float32);
+    let s = shape(2, 16, 0.25, b::ValueNorm::None);
+    let rope = Rope::base(16, 1_000_000.0);
+    let p = parts(hidden, s, false, pre_norm(true), dt);
+    let experts = FeedForward::SparseMoe(sparse_moe(hidden, 8, 4, b::TopKProbs::Renormalized, dt));
+    let (_, _, shared_expert) = delta_net_parts(
+        archgen_runtime::deltanet::DeltaNetShape {
+            hidden,
+            num_k_heads: 1,
+            num_v_heads: 1,
+            head_k_dim: 16,
+            head_v_dim: 16,
+            conv_kernel: 4,
+            eps: s.eps,
+        },
+        256,
+        true,
+        dt,
+    );
+    let factor = b::residual_scale(0.5);
+    let cases = [
+        (&experts, decode::Residual::Scaled(&factor), "depth-scaled"),
+        (&shared_expert, decode::Residual::Plain, "shared-expert"),
+    ];
+    for (ffn, residual, says) in cases {
+        let layer = decode::Layer {
+            norms: &p.norms,
+            attn: &p.attn,
+            ffn,
+            residual,
+            ple: None,
+            layer_scalar: None,
+            shape: s,
+            eps: s.eps,
+        };
+        let mut cache = LayerCache::Full(KvCache::default());
+        let tables = rope.tables(0, 1, dt).unwrap();
+        let h = lcg(500, &[1, hidden], 4.0, 0.0);
+        let kv = decode::KvSource::Own {
+            weights: &p.kv,
+            fused: None,
+            cache: &mut cache,
+        };
+        let err = decode::step(&h, &layer, kv, &tables, &Mask::None)
+            .err()
+            .unwrap_or_else(|| panic!("a {says} feed-forward must be refused"));
+        assert!(err.to_string().contains(says), "{says}: {err}");
+    }
 }
 
 /// A Gated DeltaNet layer's weights (qwen3_5's split projections), and its

@@ -189,9 +189,12 @@ impl Case {
         let w = self.rand(&[rows, dims], 1.0, dt);
         let (weight, quant) = self.weight(path, &w, q);
         Embedding {
-            weight,
-            quant,
-            weight_t: None,
+            table: Linear {
+                weight,
+                quant,
+                weight_t: None,
+                bias: None,
+            },
         }
     }
 
@@ -640,7 +643,7 @@ fn phi3_mlp(dt: Dt, q: Option<Quant>, (hidden, inter): (i32, i32)) -> R<Case> {
 /// chunk at an offset.
 fn phi3_attention(dt: Dt, q: Option<Quant>, a: &AttnShape, prefill: i32, tokens: i32) -> R<Case> {
     use archgen_runtime::blocks::{
-        attention_fused_qkv, mask_for, AttentionShape, FusedQkvAttention, Scores, ValueNorm,
+        attention_own_kv, mask_for, AttentionShape, FusedQkvAttention, OwnQkv, Scores, ValueNorm,
     };
     use archgen_runtime::cache::LayerCache;
     let (h, kvh, d) = (a.heads, a.kv_heads, a.head_dim);
@@ -675,7 +678,7 @@ fn phi3_attention(dt: Dt, q: Option<Quant>, a: &AttnShape, prefill: i32, tokens:
     let mut run = |from: i32, to: i32| -> R<Array> {
         let part = x.try_index((.., from..to, ..))?;
         let mask = mask_for(&cache, to - from, 0)?;
-        Ok(attention_fused_qkv(&part, &attn, shape, &rope, &mut cache, &mask)?.0)
+        Ok(attention_own_kv(&part, OwnQkv::Fused(&attn), shape, &rope, &mut cache, &mask)?.0)
     };
     let y0 = run(0, prefill)?;
     let y1 = run(prefill, prefill + 1)?;
@@ -792,7 +795,17 @@ fn olmo2_block(dt: Dt, q: Option<Quant>, o: &Olmo2Shape, prefill: i32, tokens: i
     ] {
         let part = x.try_index((.., from..to, ..))?;
         let mask = b::mask_for(&cache, to - from, 0)?;
-        let (a, _) = b::attention_own_kv(&part, &attn, &kv, shape, &rope, &mut cache, &mask)?;
+        let (a, _) = b::attention_own_kv(
+            &part,
+            b::OwnQkv::Separate {
+                attn: &attn,
+                kv: &kv,
+            },
+            shape,
+            &rope,
+            &mut cache,
+            &mask,
+        )?;
         let h = b::post_norm_attention_residual(&part, &a, &norms, eps)?;
         c.out(key, b::post_norm_feed_forward(&h, &norms, &mlp, eps)?);
     }

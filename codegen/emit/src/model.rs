@@ -9,13 +9,13 @@
 use archgen_ir::RopeKind;
 use archgen_ir::{
     Activation, Attention, DeltaNet, EmbedScale, FeedForward, GatedNorm, HeadWeight, InProj,
-    KvCache, KvSource, Layer, LayerInput, LayerScalar, LogitScale, Mixer, ModelIr, NormArrangement,
-    NormWeight, OutputGate, ProjectionBias, QkNorm, Residual, Router, Scores, Softcap, SoftcapForm,
-    StateCache, TopKProbs, ValueNorm, Values, Window,
+    KvCache, KvSource, Layer, LayerInput, LayerScalar, LogitScale, Mixer, ModelIr, Moe,
+    NormArrangement, NormWeight, OutputGate, ProjectionBias, QkNorm, Residual, Router, Scores,
+    Softcap, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values, Window,
 };
 use archgen_ir::{GateUpProjection, GatedMlp, QkvProjection};
 use archgen_plan::{LayerKind, Plan};
-use proc_macro2::{Literal, TokenStream};
+use proc_macro2::{Ident, Literal, TokenStream};
 use quote::quote;
 
 use crate::comments::comment;
@@ -263,18 +263,99 @@ fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
     }
 }
 
-/// The feed-forward half of a hybrid or fused-qkv layer kind, held as the
-/// runtime's one `FeedForward` (field `ffn`; a dense MLP, or routed experts
-/// with a shared expert, and nothing after it): its load and the load
-/// function's signature. The rest (the field, its pretranspose, the decode
-/// blocks' `&self.ffn`, the finish through `FeedForward::after_mixer`) reads
-/// the same for every variant.
-struct HybridFfn {
+/// The feed-forward half of a layer kind, held as the runtime's one
+/// `FeedForward` (field `ffn`): its load and the load function's signature,
+/// which takes `mlp_width` where the layer has a dense MLP (`LAYOUT` passes
+/// it then). The rest (the field, its pretranspose, the decode blocks'
+/// `&self.ffn`, the finish through `FeedForward::after_mixer`) reads the
+/// same for every variant.
+struct FfnLoad {
     load: TokenStream,
     signature: TokenStream,
 }
 
-fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
+/// [`FfnLoad`] of every IR feed-forward form a runtime block runs; the
+/// mixers' own kinds refuse the forms their decode blocks do not take.
+fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
+    let with_mlp = |load: TokenStream| FfnLoad {
+        load,
+        signature: quote! { w: &mut Weights, i: usize, mlp_width: i32 },
+    };
+    let experts_only = |load: TokenStream| FfnLoad {
+        load,
+        signature: quote! { w: &mut Weights, i: usize },
+    };
+    let probs_tokens = |probs: TopKProbs| match probs {
+        TopKProbs::Renormalized => quote! { b::TopKProbs::Renormalized },
+        TopKProbs::AsTaken => quote! { b::TopKProbs::AsTaken },
+    };
+    // The sizes routed experts load with.
+    let sizes = |m: Moe| -> Result<TokenStream, String> {
+        let (count, top_k, width) = (
+            lit_i32(m.num_experts)?,
+            lit_i32(m.top_k)?,
+            lit_i32(m.width)?,
+        );
+        Ok(quote! { b::ExpertsShape { count: #count, top_k: #top_k, width: #width } })
+    };
+    match l.ffn {
+        FeedForward::Mlp(m) => {
+            let mlp = mlp_load_tokens(m);
+            Ok(with_mlp(quote! { ffn: FeedForward::Mlp { mlp: #mlp, moe: None }, }))
+        }
+        FeedForward::MlpAndMoe { mlp, moe } => match (moe.router, moe.activation) {
+            (Router::ScaledTopKSoftmax, Activation::GeluApprox) => {
+                let (mlp, experts) = (mlp_load_tokens(mlp), sizes(moe)?);
+                Ok(with_mlp(quote! {
+                    ffn: FeedForward::Mlp { mlp: #mlp, moe: Some(b::load_moe(w, i, HIDDEN, #experts, EPS)) },
+                }))
+            }
+            (
+                Router::ScaledTopKSoftmax,
+                Activation::Silu | Activation::GeluApproxThenMultiply,
+            )
+            | (Router::SoftmaxTopK { .. }, _) => Err(format!(
+                "layer kind {kind}: experts beside the MLP run only with Gemma-4's router and GeGLU"
+            )),
+        },
+        FeedForward::Moe(m) => match (m.router, m.activation) {
+            (Router::SoftmaxTopK { probs }, Activation::Silu) => {
+                let (experts, probs) = (sizes(m)?, probs_tokens(probs));
+                Ok(experts_only(quote! {
+                    ffn: FeedForward::SparseMoe(b::load_sparse_moe(w, i, HIDDEN, #experts, #probs)),
+                }))
+            }
+            (
+                Router::SoftmaxTopK { .. },
+                Activation::GeluApprox | Activation::GeluApproxThenMultiply,
+            )
+            | (Router::ScaledTopKSoftmax, _) => Err(format!(
+                "layer kind {kind}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU"
+            )),
+        },
+        FeedForward::MoeAndSharedExpert { moe, shared } => match (moe.router, moe.activation) {
+            (Router::SoftmaxTopK { probs }, Activation::Silu) => {
+                let (experts, sw) = (sizes(moe)?, lit_i32(shared.width)?);
+                let probs = probs_tokens(probs);
+                Ok(experts_only(quote! {
+                    ffn: FeedForward::SharedExpertMoe(deltanet::load_shared_expert_moe(w, i, HIDDEN, #experts, #sw, #probs)),
+                }))
+            }
+            (
+                Router::SoftmaxTopK { .. },
+                Activation::GeluApprox | Activation::GeluApproxThenMultiply,
+            )
+            | (Router::ScaledTopKSoftmax, _) => Err(format!(
+                "layer kind {kind}: experts with a shared expert run only with the softmax-then-top-k router and SwiGLU"
+            )),
+        },
+    }
+}
+
+/// [`feed_forward_load`] of a hybrid or fused-qkv layer kind, whose blocks
+/// take a dense MLP or routed experts with a shared expert, and nothing
+/// after it.
+fn hybrid_ffn(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
     let unsupported = |what: &str| {
         Err(format!(
             "layer kind {kind}: {what} beside a Gated DeltaNet or gated attention is not supported yet"
@@ -296,40 +377,106 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
         }
     }
     match l.ffn {
-        FeedForward::Mlp(m) => {
-            let load = mlp_load_tokens(m);
-            Ok(HybridFfn {
-                load: quote! { ffn: FeedForward::Mlp { mlp: #load, moe: None }, },
-                signature: quote! { w: &mut Weights, i: usize, mlp_width: i32 },
-            })
-        }
-        FeedForward::MoeAndSharedExpert { moe, shared } => match (moe.router, moe.activation) {
-            (Router::SoftmaxTopK { probs }, Activation::Silu) => {
-                let (e, k, mw, sw) = (
-                    lit_i32(moe.num_experts)?,
-                    lit_i32(moe.top_k)?,
-                    lit_i32(moe.width)?,
-                    lit_i32(shared.width)?,
-                );
-                let probs = match probs {
-                    TopKProbs::Renormalized => quote! { b::TopKProbs::Renormalized },
-                    TopKProbs::AsTaken => quote! { b::TopKProbs::AsTaken },
-                };
-                Ok(HybridFfn {
-                    load: quote! { ffn: FeedForward::SharedExpertMoe(deltanet::load_shared_expert_moe(w, i, HIDDEN, #e, #k, #mw, #sw, #probs)), },
-                    signature: quote! { w: &mut Weights, i: usize },
-                })
-            }
-            (
-                Router::SoftmaxTopK { .. },
-                Activation::GeluApprox | Activation::GeluApproxThenMultiply,
-            )
-            | (Router::ScaledTopKSoftmax, _) => {
-                unsupported("experts other than softmax-then-top-k SwiGLU ones")
-            }
-        },
+        FeedForward::Mlp(_) | FeedForward::MoeAndSharedExpert { .. } => feed_forward_load(l, kind),
         FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {
             unsupported("routed experts without a shared expert")
+        }
+    }
+}
+
+/// What the kinds holding their mixer beside the runtime's `FeedForward`
+/// (Gated DeltaNet, gated attention, one `qkv_proj`) write alike: the
+/// struct (the layer's norms, the mixer as `field: ty`, `ffn`), `load` (the
+/// mixer by `mixer_load`, everything pretransposed) and `finish`. These
+/// kinds have no per-layer input gate, layer scalar or scaled residuals
+/// ([`hybrid_ffn`] refuses them).
+struct MixerKindParts {
+    name: Ident,
+    definition: TokenStream,
+    load: TokenStream,
+    finish: TokenStream,
+}
+
+impl MixerKindParts {
+    /// The kind's struct and impl: `shape` its `SHAPE` constant, `methods`
+    /// its forwards.
+    fn with(self, shape: TokenStream, methods: TokenStream) -> TokenStream {
+        let MixerKindParts {
+            name,
+            definition,
+            load,
+            finish,
+        } = self;
+        quote! {
+            #definition
+
+            impl #name {
+                #shape
+
+                #load
+
+                #methods
+
+                #finish
+            }
+        }
+    }
+}
+
+fn mixer_kind_parts(
+    kind: &LayerKind,
+    field: &str,
+    ty: TokenStream,
+    mixer_load: TokenStream,
+) -> Result<MixerKindParts, String> {
+    let l = &kind.key.0;
+    let (name, field) = (ident(&kind.name), ident(field));
+    let doc = kind_doc(l, &kind.layers);
+    let norms_load = norms_load_tokens(l);
+    let FfnLoad {
+        load: ffn_load,
+        signature,
+    } = hybrid_ffn(l, &kind.name)?;
+    Ok(MixerKindParts {
+        definition: quote! {
+            #[doc = #doc]
+            struct #name {
+                norms: b::LayerNorms,
+                #field: #ty,
+                ffn: FeedForward,
+            }
+        },
+        load: quote! {
+            fn load(#signature) -> Self {
+                let mut layer = Self {
+                    norms: #norms_load,
+                    #field: #mixer_load,
+                    #ffn_load
+                };
+                layer.#field.pretranspose();
+                layer.ffn.pretranspose();
+                layer
+            }
+        },
+        finish: finish_tokens(None, quote! { None }, quote! { None, None }),
+        name,
+    })
+}
+
+/// `finish`, the layer after its mixer's output `a` (batched or not): the
+/// mixer residual and the feed-forward half (`FeedForward::after_mixer`,
+/// its branches scaled by `residual` where that is `Some`), then the
+/// per-layer input gate (`ple_arg` its argument) and the layer scalar.
+fn finish_tokens(
+    ple_arg: Option<TokenStream>,
+    residual: TokenStream,
+    layer_end: TokenStream,
+) -> TokenStream {
+    quote! {
+        /// The layer after its mixer's output `a`, batched or not.
+        fn finish(&self, h: &Array, a: Array #ple_arg) -> Result<Array> {
+            let h = self.ffn.after_mixer(h, &a, &self.norms, #residual, EPS)?;
+            b::finish_layer(&h, #layer_end, EPS)
         }
     }
 }
@@ -340,13 +487,12 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<HybridFfn, String> {
 /// `decode::delta_net` for one-token steps.
 fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, String> {
     let l = &kind.key.0;
-    let name = ident(&kind.name);
-    let doc = kind_doc(l, &kind.layers);
-    let norms_load = norms_load_tokens(l);
-    let HybridFfn {
-        load: ffn_load,
-        signature,
-    } = hybrid_ffn(l, &kind.name)?;
+    let parts = mixer_kind_parts(
+        kind,
+        "mixer",
+        quote! { deltanet::GatedDeltaNet },
+        quote! { deltanet::load_gated_delta_net(w, i, Self::SHAPE) },
+    )?;
     match (d.in_proj, d.norm, d.cache) {
         (InProj::Split, GatedNorm::RmsSiluGate, StateCache::ConvAndRecurrent) => {}
     }
@@ -365,88 +511,70 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
         mixer: c_mixer,
         rest: c_rest,
     } = Composition::of(l);
-    Ok(quote! {
-        #[doc = #doc]
-        struct #name {
-            norms: b::LayerNorms,
-            mixer: deltanet::GatedDeltaNet,
-            ffn: FeedForward,
-        }
-
-        impl #name {
-            const SHAPE: deltanet::DeltaNetShape = deltanet::DeltaNetShape {
-                hidden: HIDDEN, num_k_heads: #kh, num_v_heads: #vh, head_k_dim: #kd,
-                head_v_dim: #vd, conv_kernel: #conv, eps: EPS,
-            };
-
-            fn load(#signature) -> Self {
-                let mut layer = Self {
-                    norms: #norms_load,
-                    mixer: deltanet::load_gated_delta_net(w, i, Self::SHAPE),
-                    #ffn_load
+    let shape = quote! {
+        const SHAPE: deltanet::DeltaNetShape = deltanet::DeltaNetShape {
+            hidden: HIDDEN, num_k_heads: #kh, num_v_heads: #vh, head_k_dim: #kd,
+            head_v_dim: #vd, conv_kernel: #conv, eps: EPS,
+        };
+    };
+    let methods = quote! {
+        /// One-token steps through the compiled decode block (where
+        /// `decode` is enabled), prefill through the eager blocks.
+        fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
+            #c_decode
+            if h.shape()[1] == 1 && decode::enabled() {
+                let layer = decode::DeltaNetLayer {
+                    norms: &self.norms,
+                    mixer: &self.mixer,
+                    ffn: &self.ffn,
+                    eps: EPS,
                 };
-                layer.mixer.pretranspose();
-                layer.ffn.pretranspose();
-                layer
+                return decode::delta_net(h, &layer, cache);
             }
-
-            /// One-token steps through the compiled decode block (where
-            /// `decode` is enabled), prefill through the eager blocks.
-            fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
-                #c_decode
-                if h.shape()[1] == 1 && decode::enabled() {
-                    let layer = decode::DeltaNetLayer {
-                        norms: &self.norms,
-                        mixer: &self.mixer,
-                        ffn: &self.ffn,
-                        eps: EPS,
-                    };
-                    return decode::delta_net(h, &layer, cache);
-                }
-                #c_norm
-                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                #c_mixer
-                let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
-                #c_rest
-                self.finish(h, a)
-            }
-
-            /// B sequences in one forward (mlx-lm's `BatchGenerator`): the
-            /// batched recurrence over a merged `ArraysCache`, each row's
-            /// padding masked.
-            fn forward_batch(&self, h: &Array, cache: &mut BatchArraysCache, mask: Option<&Array>) -> Result<Array> {
-                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                let a = gated_delta_net_batch(&x, &self.mixer, cache, mask)?;
-                self.finish(h, a)
-            }
-
-            /// The layer after its mixer's output `a`, batched or not.
-            fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-                let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
-                b::finish_layer(&h, None, None, EPS)
-            }
+            #c_norm
+            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            #c_mixer
+            let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
+            #c_rest
+            self.finish(h, a)
         }
-    })
+
+        /// B sequences in one forward (mlx-lm's `BatchGenerator`): the
+        /// batched recurrence over a merged `ArraysCache`, each row's
+        /// padding masked.
+        fn forward_batch(&self, h: &Array, cache: &mut BatchArraysCache, mask: Option<&Array>) -> Result<Array> {
+            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            let a = gated_delta_net_batch(&x, &self.mixer, cache, mask)?;
+            self.finish(h, a)
+        }
+    };
+    Ok(parts.with(shape, methods))
+}
+
+/// Whether the attention computes its own K/V with V projected (the only
+/// form the gated and fused-qkv kinds' blocks take).
+fn owns_projected_kv(a: &Attention) -> bool {
+    match a.kv {
+        KvSource::Own { values, .. } => match values {
+            Values::Projected => true,
+            Values::SameAsKeys => false,
+        },
+        KvSource::Shared { .. } => false,
+    }
 }
 
 /// A gated full-attention layer kind (`Qwen3NextAttention`): eager blocks
 /// for prefill, `decode::gated_attention` for one-token steps.
 fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream, String> {
     let l = &kind.key.0;
-    let name = ident(&kind.name);
-    let doc = kind_doc(l, &kind.layers);
-    let norms_load = norms_load_tokens(l);
-    let HybridFfn {
-        load: ffn_load,
-        signature,
-    } = hybrid_ffn(l, &kind.name)?;
-    let supported = matches!(
-        a.kv,
-        KvSource::Own {
-            values: Values::Projected,
-            ..
-        }
-    ) && a.window == Window::Full
+    let parts = mixer_kind_parts(
+        kind,
+        "attn",
+        quote! { deltanet::GatedAttention },
+        quote! { deltanet::load_gated_attention(w, i, HIDDEN, Self::SHAPE) },
+    )?;
+    let supported = owns_projected_kv(a)
+        && a.window == Window::Full
         && a.qk_norm == QkNorm::RmsPerHead
         && a.value_norm == ValueNorm::None
         && a.bias == ProjectionBias::None
@@ -466,67 +594,43 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         mixer: c_mixer,
         rest: c_rest,
     } = Composition::of(l);
-    Ok(quote! {
-        #[doc = #doc]
-        struct #name {
-            norms: b::LayerNorms,
-            attn: deltanet::GatedAttention,
-            ffn: FeedForward,
-        }
-
-        impl #name {
-            const SHAPE: AttentionShape = #shape;
-
-            fn load(#signature) -> Self {
-                let mut layer = Self {
-                    norms: #norms_load,
-                    attn: deltanet::load_gated_attention(w, i, HIDDEN, Self::SHAPE),
-                    #ffn_load
+    let shape = quote! {
+        const SHAPE: AttentionShape = #shape;
+    };
+    let methods = quote! {
+        /// One-token steps through the compiled decode blocks around
+        /// the cache (where `decode` is enabled; this step's RoPE
+        /// tables computed here), prefill through the eager blocks.
+        fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<Array> {
+            #c_decode
+            if h.shape()[1] == 1 && decode::enabled() {
+                let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
+                let layer = decode::GatedAttentionLayer {
+                    norms: &self.norms,
+                    attn: &self.attn,
+                    ffn: &self.ffn,
+                    shape: Self::SHAPE,
+                    eps: EPS,
                 };
-                layer.attn.pretranspose();
-                layer.ffn.pretranspose();
-                layer
+                return decode::gated_attention(h, &layer, &tables, cache, at.mask);
             }
-
-            /// One-token steps through the compiled decode blocks around
-            /// the cache (where `decode` is enabled; this step's RoPE
-            /// tables computed here), prefill through the eager blocks.
-            fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<Array> {
-                #c_decode
-                if h.shape()[1] == 1 && decode::enabled() {
-                    let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
-                    let layer = decode::GatedAttentionLayer {
-                        norms: &self.norms,
-                        attn: &self.attn,
-                        ffn: &self.ffn,
-                        shape: Self::SHAPE,
-                        eps: EPS,
-                    };
-                    return decode::gated_attention(h, &layer, &tables, cache, at.mask);
-                }
-                #c_norm
-                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                #c_mixer
-                let a = deltanet::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
-                #c_rest
-                self.finish(h, a)
-            }
-
-            /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
-            /// at each row's offset, a merged K/V cache.
-            fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<Array> {
-                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                let a = batch_blocks::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
-                self.finish(h, a)
-            }
-
-            /// The layer after its mixer's output `a`, batched or not.
-            fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-                let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
-                b::finish_layer(&h, None, None, EPS)
-            }
+            #c_norm
+            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            #c_mixer
+            let a = deltanet::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
+            #c_rest
+            self.finish(h, a)
         }
-    })
+
+        /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
+        /// at each row's offset, a merged K/V cache.
+        fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<Array> {
+            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            let a = batch_blocks::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
+            self.finish(h, a)
+        }
+    };
+    Ok(parts.with(shape, methods))
 }
 
 /// A layer kind with one `qkv_proj` (phi3.py's attention): its own K/V
@@ -534,21 +638,14 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
 /// compiled decode blocks take separate projections).
 fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream, String> {
     let l = &kind.key.0;
-    let name = ident(&kind.name);
-    let doc = kind_doc(l, &kind.layers);
-    let norms_load = norms_load_tokens(l);
-    let HybridFfn {
-        load: ffn_load,
-        signature,
-    } = hybrid_ffn(l, &kind.name)?;
-    let supported = matches!(
-        a.kv,
-        KvSource::Own {
-            values: Values::Projected,
-            ..
-        }
-    ) && a.qk_norm == QkNorm::None
-        && a.bias == ProjectionBias::None;
+    let parts = mixer_kind_parts(
+        kind,
+        "attn",
+        quote! { b::FusedQkvAttention },
+        quote! { b::load_fused_qkv_attention(w, i, HIDDEN, Self::SHAPE) },
+    )?;
+    let supported =
+        owns_projected_kv(a) && a.qk_norm == QkNorm::None && a.bias == ProjectionBias::None;
     if !supported {
         return Err(format!(
             "layer kind {}: a fused qkv_proj runs only on a layer with K/V of its own (V projected), no bias and no q/k norm",
@@ -562,67 +659,41 @@ fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
         rest: c_rest,
         ..
     } = Composition::of(l);
-    Ok(quote! {
-        #[doc = #doc]
-        struct #name {
-            norms: b::LayerNorms,
-            attn: b::FusedQkvAttention,
-            ffn: FeedForward,
+    let shape = quote! {
+        const SHAPE: AttentionShape = #shape;
+    };
+    let methods = quote! {
+        /// Eager for one token too: the compiled decode blocks take
+        /// separate q/k/v projections.
+        fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<(Array, b::SharedKv)> {
+            #c_norm
+            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            #c_mixer
+            let (a, kv) = b::attention_own_kv(&x, b::OwnQkv::Fused(&self.attn), Self::SHAPE, at.rope, cache, at.mask)?;
+            #c_rest
+            Ok((self.finish(h, a)?, kv))
         }
 
-        impl #name {
-            const SHAPE: AttentionShape = #shape;
-
-            fn load(#signature) -> Self {
-                let mut layer = Self {
-                    norms: #norms_load,
-                    attn: b::load_fused_qkv_attention(w, i, HIDDEN, Self::SHAPE),
-                    #ffn_load
-                };
-                layer.attn.pretranspose();
-                layer.ffn.pretranspose();
-                layer
-            }
-
-            /// Eager for one token too: the compiled decode blocks take
-            /// separate q/k/v projections.
-            fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<(Array, b::SharedKv)> {
-                #c_norm
-                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                #c_mixer
-                let (a, kv) = b::attention_fused_qkv(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
-                #c_rest
-                Ok((self.finish(h, a)?, kv))
-            }
-
-            /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
-            /// at each row's offset, a merged K/V cache.
-            fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<(Array, b::SharedKv)> {
-                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                let (a, kv) = batch_blocks::attention_fused_qkv(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
-                Ok((self.finish(h, a)?, kv))
-            }
-
-            /// The layer after its mixer's output `a`, batched or not.
-            fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-                let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
-                b::finish_layer(&h, None, None, EPS)
-            }
+        /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
+        /// at each row's offset, a merged K/V cache.
+        fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<(Array, b::SharedKv)> {
+            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            let (a, kv) = batch_blocks::attention_fused_qkv(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
+            Ok((self.finish(h, a)?, kv))
         }
-    })
+
+    };
+    Ok(parts.with(shape, methods))
 }
 
 /// Whether the layer's kind holds its feed-forward half as the runtime's
-/// `FeedForward` ([`hybrid_ffn`]): the kinds [`kind_tokens`] hands to
-/// [`delta_net_kind_tokens`], [`gated_attention_kind_tokens`] and
-/// [`fused_qkv_kind_tokens`].
+/// `FeedForward` ([`feed_forward_load`]): every kind with its norm before
+/// the mixer; the post-norm kind ([`post_norm_kind_tokens`]) holds its MLP
+/// beside `PostNorms`.
 fn holds_feed_forward(l: &Layer) -> bool {
-    match &l.mixer {
-        Mixer::GatedDeltaNet(_) => true,
-        Mixer::Attention(a) => match (a.output_gate, a.projection) {
-            (OutputGate::None, QkvProjection::Separate) => false,
-            (OutputGate::None, QkvProjection::Fused) | (OutputGate::SigmoidPerHead, _) => true,
-        },
+    match l.norms.arrangement {
+        NormArrangement::PreNorm | NormArrangement::Sandwich => true,
+        NormArrangement::PostNorm => false,
     }
 }
 
@@ -646,8 +717,6 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     let shape = shape_tokens(a)?;
     let norms_load = norms_load_tokens(l);
     let qk = qk_tokens(a);
-    // The dense MLP's load call, when the layer has one.
-    let act = l.mlp().map(mlp_load_tokens);
     let own = match a.kv {
         KvSource::Own { values, .. } => Some(match values {
             Values::Projected => quote! { b::Values::Projected },
@@ -655,52 +724,19 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         }),
         KvSource::Shared { .. } => None,
     };
-    let moe = match l.ffn {
-        FeedForward::Mlp(_) | FeedForward::Moe(_) => None,
+    match l.ffn {
+        FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {}
         FeedForward::MoeAndSharedExpert { .. } => {
             return Err(format!(
                 "layer kind {}: routed experts with a shared expert run only beside a Gated DeltaNet or gated attention",
                 kind.name
             ))
         }
-        FeedForward::MlpAndMoe { moe, .. } => match (moe.router, moe.activation) {
-            (Router::ScaledTopKSoftmax, Activation::GeluApprox) => Some(moe),
-            (
-                Router::ScaledTopKSoftmax,
-                Activation::Silu | Activation::GeluApproxThenMultiply,
-            )
-            | (Router::SoftmaxTopK { .. }, _) => {
-                return Err(format!(
-                    "layer kind {}: experts beside the MLP run only with Gemma-4's router and GeGLU",
-                    kind.name
-                ))
-            }
-        },
-    };
-    // Routed experts in place of the MLP: their load call.
-    let experts = match l.ffn {
-        FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::MoeAndSharedExpert { .. } => None,
-        FeedForward::Moe(m) => match (m.router, m.activation) {
-            (Router::SoftmaxTopK { probs }, Activation::Silu) => {
-                let (e, k, mw) = (lit_i32(m.num_experts)?, lit_i32(m.top_k)?, lit_i32(m.width)?);
-                let probs = match probs {
-                    TopKProbs::Renormalized => quote! { b::TopKProbs::Renormalized },
-                    TopKProbs::AsTaken => quote! { b::TopKProbs::AsTaken },
-                };
-                Some(quote! { b::load_sparse_moe(w, i, HIDDEN, #e, #k, #mw, #probs) })
-            }
-            (
-                Router::SoftmaxTopK { .. },
-                Activation::GeluApprox | Activation::GeluApproxThenMultiply,
-            )
-            | (Router::ScaledTopKSoftmax, _) => {
-                return Err(format!(
-                    "layer kind {}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU",
-                    kind.name
-                ))
-            }
-        },
-    };
+    }
+    let FfnLoad {
+        load: ffn_load,
+        signature,
+    } = feed_forward_load(l, &kind.name)?;
     let ple = match l.input {
         LayerInput::None => None,
         LayerInput::Gated { width } => Some(lit_i32(width)?),
@@ -740,23 +776,6 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             layer.kv.pretranspose();
         }
     });
-    let moe_field = moe.map(|_| quote! { moe: b::MoeBlock, });
-    let moe_load = match moe {
-        Some(m) => {
-            let (e, k, mw) = (
-                lit_i32(m.num_experts)?,
-                lit_i32(m.top_k)?,
-                lit_i32(m.width)?,
-            );
-            Some(quote! { moe: b::load_moe(w, i, HIDDEN, #e, #k, #mw, EPS), })
-        }
-        None => None,
-    };
-    let moe_pre = moe.map(|_| quote! { layer.moe.pretranspose(); });
-    let moe_ref = match moe {
-        Some(_) => quote! { Some(&self.moe) },
-        None => quote! { None },
-    };
     let ple_field = ple.as_ref().map(|_| quote! { ple: b::PleGate, });
     let ple_load = ple
         .as_ref()
@@ -766,6 +785,16 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     let ple_use = match ple {
         Some(_) => quote! { Some((&self.ple, pli)) },
         None => quote! { None },
+    };
+    let ple_pass = ple.as_ref().map(|_| quote! { , pli });
+    // The decode view borrows the PLE input for as long as the layer.
+    let decode_layer_sig = match ple {
+        Some(_) => quote! { fn decode_layer<'a>(&'a self, pli: &'a Array) -> decode::Layer<'a> },
+        None => quote! { fn decode_layer(&self) -> decode::Layer<'_> },
+    };
+    let decode_layer_call = match ple {
+        Some(_) => quote! { self.decode_layer(pli) },
+        None => quote! { self.decode_layer() },
     };
     let scalar_field = scalar.then(|| quote! { layer_scalar: Array, });
     let scalar_load = scalar.then(|| quote! { layer_scalar: b::load_layer_scalar(w, i), });
@@ -786,36 +815,32 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             Some(Literal::f64_suffixed(f))
         }
     };
+    if let (FeedForward::Moe(_), Some(_)) = (l.ffn, &residual) {
+        return Err(format!(
+            "layer kind {}: routed experts with depth-scaled residuals: no runtime block runs them",
+            kind.name
+        ));
+    }
     let residual_field = residual.as_ref().map(|_| quote! { residual: Array, });
     let residual_load = residual
         .as_ref()
         .map(|f| quote! { residual: b::residual_scale(#f), });
-    let (attention_residual, feed_forward) = match residual {
-        None => (
-            quote! { b::attention_residual(h, &a, &self.norms, EPS)? },
-            quote! { b::feed_forward(&h, &self.norms, &self.mlp, #moe_ref, EPS)? },
-        ),
+    let (residual_eager, residual_decode) = match residual {
+        None => (quote! { None }, quote! { decode::Residual::Plain }),
         Some(_) => (
-            quote! { b::attention_residual_scaled(h, &a, &self.norms, EPS, &self.residual)? },
-            quote! { b::feed_forward_scaled(&h, &self.norms, &self.mlp, #moe_ref, EPS, &self.residual)? },
+            quote! { Some(&self.residual) },
+            quote! { decode::Residual::Scaled(&self.residual) },
         ),
     };
     let (kv_arg, attn, decode_step, ret_ty, ret) = match own {
         Some(_) => (
             quote! { cache: &mut LayerCache },
             quote! {
-                let (a, kv) = b::attention_own_kv(&x, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
+                let (a, kv) = b::attention_own_kv(&x, b::OwnQkv::Separate { attn: &self.attn, kv: &self.kv }, Self::SHAPE, at.rope, cache, at.mask)?;
             },
-            match (&experts, &residual) {
-                (None, None) => {
-                    quote! { decode::own_kv(h, &layer, &self.kv, self.qkv.as_ref(), tables, cache, at.mask) }
-                }
-                (None, Some(_)) => {
-                    quote! { decode::own_kv_scaled(h, &layer, &self.residual, &self.kv, self.qkv.as_ref(), tables, cache, at.mask) }
-                }
-                (Some(_), _) => {
-                    quote! { decode::own_kv_experts(h, &layer, &self.kv, self.qkv.as_ref(), tables, cache, at.mask) }
-                }
+            quote! {
+                let kv = decode::KvSource::Own { weights: &self.kv, fused: self.qkv.as_ref(), cache };
+                return decode::step(h, &#decode_layer_call, kv, tables, at.mask);
             },
             quote! { (Array, b::SharedKv) },
             quote! { Ok((h, kv)) },
@@ -825,14 +850,9 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             quote! {
                 let a = b::attention_shared_kv(&x, &self.attn, Self::SHAPE, at.rope, shared, at.mask)?;
             },
-            match (&experts, &residual) {
-                (None, None) => quote! { decode::shared_kv(h, &layer, tables, shared, at.mask) },
-                (None, Some(_)) => {
-                    quote! { decode::shared_kv_scaled(h, &layer, &self.residual, tables, shared, at.mask) }
-                }
-                (Some(_), _) => {
-                    quote! { decode::shared_kv_experts(h, &layer, tables, shared, at.mask) }
-                }
+            quote! {
+                let kv = decode::KvSource::Shared(shared);
+                return decode::step(h, &#decode_layer_call, kv, tables, at.mask).map(|(h, _)| h);
             },
             quote! { Array },
             quote! { Ok(h) },
@@ -850,116 +870,24 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         ),
         None => (kv_arg.clone(), attn.clone()),
     };
-    let ple_pass = ple.as_ref().map(|_| quote! { , pli });
+    let finish = finish_tokens(
+        ple_arg.clone(),
+        residual_eager,
+        quote! { #ple_use, #scalar_ref },
+    );
     let Composition {
         decode: c_decode,
         norm: c_norm,
         mixer: c_mixer,
         rest: c_rest,
     } = Composition::of(l);
-    if let (Some(_), Some(_)) = (&experts, &residual) {
-        return Err(format!(
-            "layer kind {}: routed experts with depth-scaled residuals: no runtime block runs them",
-            kind.name
-        ));
-    }
-    if let (Some(load), None) = (&experts, &act) {
-        // Routed experts in place of the MLP: no dense MLP, no width argument.
-        return Ok(quote! {
-            #[doc = #doc]
-            struct #name {
-                norms: b::LayerNorms,
-                attn: b::AttentionWeights,
-                #kv_field
-                moe: b::SparseMoe,
-                #ple_field
-                #scalar_field
-            }
-
-            impl #name {
-                const SHAPE: AttentionShape = #shape;
-
-                fn load(w: &mut Weights, i: usize #donor_arg) -> Self {
-                    let mut layer = Self {
-                        norms: #norms_load,
-                        attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, #qk),
-                        #kv_load
-                        #donor_load
-                        moe: #load,
-                        #ple_load
-                        #scalar_load
-                    };
-                    #bias_load
-                    #kv_pre
-                    layer.attn.pretranspose();
-                    layer.moe.pretranspose();
-                    #ple_pre
-                    layer
-                }
-
-                fn forward(&self, h: &Array, at: &WindowStep, #kv_arg #ple_arg) -> Result<#ret_ty> {
-                    #c_decode
-                    if let Some(tables) = at.tables {
-                        let layer = decode::ExpertsLayer {
-                            norms: &self.norms,
-                            attn: &self.attn,
-                            moe: &self.moe,
-                            ple: #ple_use,
-                            layer_scalar: #scalar_ref,
-                            shape: Self::SHAPE,
-                            eps: EPS,
-                        };
-                        return #decode_step;
-                    }
-                    #c_norm
-                    let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                    #c_mixer
-                    #attn
-                    #c_rest
-                    let h = self.finish(h, a #ple_pass)?;
-                    #ret
-                }
-
-                /// B sequences in one forward (mlx-lm's `BatchGenerator`);
-                /// a step of one token per row takes the compiled blocks of
-                /// one sequence's step, B rows at once.
-                fn forward_batch(&self, h: &Array, at: &WindowStep, #batch_kv_arg #ple_arg) -> Result<#ret_ty> {
-                    if let Some(tables) = at.tables {
-                        let layer = decode::ExpertsLayer {
-                            norms: &self.norms,
-                            attn: &self.attn,
-                            moe: &self.moe,
-                            ple: #ple_use,
-                            layer_scalar: #scalar_ref,
-                            shape: Self::SHAPE,
-                            eps: EPS,
-                        };
-                        return #decode_step;
-                    }
-                    let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                    #batch_attn
-                    let h = self.finish(h, a #ple_pass)?;
-                    #ret
-                }
-
-                /// The layer after its mixer's output `a`, batched or not.
-                fn finish(&self, h: &Array, a: Array #ple_arg) -> Result<Array> {
-                    let h = b::attention_residual(h, &a, &self.norms, EPS)?;
-                    let h = b::sparse_feed_forward(&h, &self.norms, &self.moe, EPS)?;
-                    b::finish_layer(&h, #ple_use, #scalar_ref, EPS)
-                }
-            }
-        });
-    }
-    let act = act.ok_or_else(|| format!("layer kind {}: no feed-forward half", kind.name))?;
     Ok(quote! {
         #[doc = #doc]
         struct #name {
             norms: b::LayerNorms,
             attn: b::AttentionWeights,
             #kv_field
-            mlp: b::Mlp,
-            #moe_field
+            ffn: FeedForward,
             #ple_field
             #scalar_field
             #residual_field
@@ -968,14 +896,13 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         impl #name {
             const SHAPE: AttentionShape = #shape;
 
-            fn load(w: &mut Weights, i: usize, mlp_width: i32 #donor_arg) -> Self {
+            fn load(#signature #donor_arg) -> Self {
                 let mut layer = Self {
                     norms: #norms_load,
                     attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, #qk),
                     #kv_load
                     #donor_load
-                    mlp: #act,
-                    #moe_load
+                    #ffn_load
                     #ple_load
                     #scalar_load
                     #residual_load
@@ -983,26 +910,29 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                 #bias_load
                 #kv_pre
                 layer.attn.pretranspose();
-                layer.mlp.pretranspose();
-                #moe_pre
+                layer.ffn.pretranspose();
                 #ple_pre
                 layer
+            }
+
+            /// The layer as a compiled decode step reads it (`decode::step`).
+            #decode_layer_sig {
+                decode::Layer {
+                    norms: &self.norms,
+                    attn: &self.attn,
+                    ffn: &self.ffn,
+                    residual: #residual_decode,
+                    ple: #ple_use,
+                    layer_scalar: #scalar_ref,
+                    shape: Self::SHAPE,
+                    eps: EPS,
+                }
             }
 
             fn forward(&self, h: &Array, at: &WindowStep, #kv_arg #ple_arg) -> Result<#ret_ty> {
                 #c_decode
                 if let Some(tables) = at.tables {
-                    let layer = decode::Layer {
-                        norms: &self.norms,
-                        attn: &self.attn,
-                        mlp: &self.mlp,
-                        moe: #moe_ref,
-                        ple: #ple_use,
-                        layer_scalar: #scalar_ref,
-                        shape: Self::SHAPE,
-                        eps: EPS,
-                    };
-                    return #decode_step;
+                    #decode_step
                 }
                 #c_norm
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
@@ -1018,17 +948,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             /// sequence's step, B rows at once.
             fn forward_batch(&self, h: &Array, at: &WindowStep, #batch_kv_arg #ple_arg) -> Result<#ret_ty> {
                 if let Some(tables) = at.tables {
-                    let layer = decode::Layer {
-                        norms: &self.norms,
-                        attn: &self.attn,
-                        mlp: &self.mlp,
-                        moe: #moe_ref,
-                        ple: #ple_use,
-                        layer_scalar: #scalar_ref,
-                        shape: Self::SHAPE,
-                        eps: EPS,
-                    };
-                    return #decode_step;
+                    #decode_step
                 }
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                 #batch_attn
@@ -1036,12 +956,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                 #ret
             }
 
-            /// The layer after its mixer's output `a`, batched or not.
-            fn finish(&self, h: &Array, a: Array #ple_arg) -> Result<Array> {
-                let h = #attention_residual;
-                let h = #feed_forward;
-                b::finish_layer(&h, #ple_use, #scalar_ref, EPS)
-            }
+            #finish
         }
     })
 }
@@ -1119,7 +1034,7 @@ fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
             /// `out = h + post_feedforward_layernorm(mlp(h))`.
             fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<(Array, b::SharedKv)> {
                 #c_mixer
-                let (a, kv) = b::attention_own_kv(h, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
+                let (a, kv) = b::attention_own_kv(h, b::OwnQkv::Separate { attn: &self.attn, kv: &self.kv }, Self::SHAPE, at.rope, cache, at.mask)?;
                 #c_rest
                 Ok((self.finish(h, a)?, kv))
             }

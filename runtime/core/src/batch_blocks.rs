@@ -20,7 +20,7 @@ use crate::batch_quant::{BatchMixedNow, BatchQuantizedKvCache};
 use crate::blocks::{
     self as b, AttentionShape, AttentionWeights, FusedQkvAttention, KvWeights, Scores, SharedKv,
 };
-use crate::decode::{self, StepCache};
+use crate::decode::{self, StepCache, StepQkv};
 use crate::deltanet::{self, GatedAttention};
 use crate::distributed::sharded_to_all;
 use crate::layers::Linear;
@@ -101,7 +101,8 @@ pub fn attention_own_kv(
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
     let offsets = kv_offsets(cache)?;
-    let (q, k, v) = b::project_qkv(x, w, kv, s, &|t| rope.apply(t, &offsets))?;
+    let own = b::OwnQkv::Separate { attn: w, kv };
+    let (q, k, v) = own.project(x, s, &|t| rope.apply(t, &offsets))?;
     attend_own_kv(&q, &k, &v, offsets, &w.o_proj, s, cache, mask)
 }
 
@@ -116,7 +117,7 @@ pub fn attention_fused_qkv(
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
     let offsets = kv_offsets(cache)?;
-    let (q, k, v) = b::project_fused_qkv(x, w, s, &|t| rope.apply(t, &offsets))?;
+    let (q, k, v) = b::OwnQkv::Fused(w).project(x, s, &|t| rope.apply(t, &offsets))?;
     attend_own_kv(&q, &k, &v, offsets, &w.o_proj, s, cache, mask)
 }
 
@@ -234,16 +235,8 @@ impl StepCache for BatchLayerCache {
         kv_offsets(self)
     }
 
-    fn attend(
-        &mut self,
-        q: &Array,
-        k: &Array,
-        v: &Array,
-        s: AttentionShape,
-        mask: &Mask,
-        offset: Array,
-    ) -> Result<(Array, SharedKv)> {
-        attend_cached(q, k, v, offset, s, self, mask, true)
+    fn attend(&mut self, t: StepQkv, mask: &Mask) -> Result<(Array, SharedKv)> {
+        attend_cached(&t.q, &t.k, &t.v, t.offset, t.shape, self, mask, true)
     }
 }
 

@@ -22,6 +22,7 @@ use crate::attention::{
 };
 use crate::cache::{LayerCache, MixedKvNow, QuantizedKvCache};
 use crate::distributed::sharded_to_all;
+use crate::flat::Flat;
 use crate::layers::{pretranspose_all, project_head, Embedding, Linear};
 use crate::moe::{experts, softmax_topk_moe, Router, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{
@@ -32,7 +33,7 @@ use crate::rope::{Rope, RopeTables};
 use crate::weights::Weights;
 
 pub use crate::layers::{logits, Head};
-pub use crate::moe::TopKProbs;
+pub use crate::moe::{ExpertsShape, TopKProbs};
 
 fn refused(what: &str) -> mlx_rs::error::Exception {
     mlx_rs::error::Exception::custom(what.to_string())
@@ -209,11 +210,13 @@ pub fn attend_with(
 /// when the layer has q/k norms, and `kv` when the layer projects its own
 /// K/V (`None` on KV-sharing layers, and in generated models, which keep K/V
 /// weights in a field of their own).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct AttentionWeights {
     pub q_proj: Linear,
+    #[flat(elsewhere = crate::flat::unused_linear())]
     pub o_proj: Linear,
     pub q_norm: Option<QkNormWeight>,
+    #[flat(elsewhere = None)]
     pub kv: Option<KvWeights>,
 }
 
@@ -255,7 +258,7 @@ impl AttentionWeights {
 
 /// K/V projections of a layer that computes its own K/V. `v_proj` is `None`
 /// when V is the raw `k_proj` output (IR `Values::SameAsKeys`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct KvWeights {
     pub k_proj: Linear,
     pub v_proj: Option<Linear>,
@@ -280,21 +283,34 @@ pub struct SharedKv {
     pub offset: Array,
 }
 
-/// A K/V-owning layer's attention: computes K/V, updates its cache, attends,
-/// projects out.
+/// The projections of a layer that computes its own K/V, by IR
+/// `QkvProjection`.
+#[derive(Debug, Clone, Copy)]
+pub enum OwnQkv<'a> {
+    /// `q_proj` (with the output projection and q norm) and the K/V
+    /// projections, each its own matmul.
+    Separate {
+        attn: &'a AttentionWeights,
+        kv: &'a KvWeights,
+    },
+    /// One `qkv_proj` ([`FusedQkvAttention`]).
+    Fused(&'a FusedQkvAttention),
+}
+
+/// A K/V-owning layer's attention: computes Q/K/V from its projections,
+/// updates its cache, attends, projects out.
 pub fn attention_own_kv(
     x: &Array,
-    w: &AttentionWeights,
-    kv: &KvWeights,
+    qkv: OwnQkv<'_>,
     s: AttentionShape,
     rope: &Rope,
     cache: &mut LayerCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
     let offset = Array::from_int(cache.offset());
-    let (q, k, v) = project_qkv(x, w, kv, s, &|t| rope.apply(t, &offset))?;
+    let (q, k, v) = qkv.project(x, s, &|t| rope.apply(t, &offset))?;
     let (o, shared) = attend_own_kv(&q, &k, &v, s, cache, mask, offset, false)?;
-    Ok((sharded_to_all(w.o_proj.forward(&o)?)?, shared))
+    Ok((sharded_to_all(qkv.o_proj().forward(&o)?)?, shared))
 }
 
 /// The attention weights of a layer whose queries, keys and values come
@@ -328,81 +344,71 @@ pub fn load_fused_qkv_attention(
     }
 }
 
-/// A K/V-owning layer's attention with one `qkv_proj`: one matmul, split at
-/// `[q, q + kv]` along the last axis (`mx.split`), then the cache update and
-/// attention of [`attend_own_kv`] and `o_proj`.
-pub fn attention_fused_qkv(
-    x: &Array,
-    w: &FusedQkvAttention,
-    s: AttentionShape,
-    rope: &Rope,
-    cache: &mut LayerCache,
-    mask: &Mask,
-) -> Result<(Array, SharedKv)> {
-    let offset = Array::from_int(cache.offset());
-    let (q, k, v) = project_fused_qkv(x, w, s, &|t| rope.apply(t, &offset))?;
-    let (o, shared) = attend_own_kv(&q, &k, &v, s, cache, mask, offset, false)?;
-    Ok((sharded_to_all(w.o_proj.forward(&o)?)?, shared))
-}
+impl<'a> OwnQkv<'a> {
+    /// Queries, keys and values [B, heads, L, head_dim]: projected, normed
+    /// as the layer's norms say (the fused form has no q/k norms; the
+    /// shape's value norm applies to both), transposed; Q and K through
+    /// `rope`.
+    pub fn project(
+        self,
+        x: &Array,
+        s: AttentionShape,
+        rope: &dyn Fn(&Array) -> Result<Array>,
+    ) -> Result<(Array, Array, Array)> {
+        let (b, l) = batch_and_len(x);
+        match self {
+            OwnQkv::Separate { attn, kv } => {
+                let q = queries(x, attn, s)?;
+                // Heads as -1: a rank of a tensor-parallel run has n_kv_heads / N of
+                // them (the shape's counts are the model's; see `distributed`).
+                let k_proj = kv.k_proj.forward(x)?;
+                let k = k_proj.reshape(&[b, l, -1, s.head_dim])?;
+                // V = K's projection before any norm (IR `Values::SameAsKeys`).
+                let v = match &kv.v_proj {
+                    None => k.clone(),
+                    Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, -1, s.head_dim])?,
+                };
+                let k = normed_heads(&k_proj, k, kv.k_norm.as_ref(), s)?;
+                let k = rope(&k.transpose_axes(&[0, 2, 1, 3])?)?;
+                let v = match s.value_norm {
+                    ValueNorm::RmsScaleFree => rms_norm(&v, None, s.eps)?,
+                    ValueNorm::None => v,
+                };
+                let v = v.transpose_axes(&[0, 2, 1, 3])?;
+                let q = rope(&q.transpose_axes(&[0, 2, 1, 3])?)?;
+                Ok((q, k, v))
+            }
+            // One matmul, split at `[q, q + kv]` along the last axis
+            // (`mx.split`).
+            OwnQkv::Fused(w) => {
+                let (q_width, kv_width) = s.projection_widths();
+                let parts = w
+                    .qkv_proj
+                    .forward(x)?
+                    .split_at_indices(&[q_width, q_width + kv_width], -1)?;
+                let [q, k, v] = <[Array; 3]>::try_from(parts)
+                    .map_err(|_| refused("qkv_proj: split in three gave another count"))?;
+                let heads = |t: &Array| t.reshape(&[b, l, -1, s.head_dim]);
+                let v = match s.value_norm {
+                    ValueNorm::RmsScaleFree => rms_norm(&heads(&v)?, None, s.eps)?,
+                    ValueNorm::None => heads(&v)?,
+                };
+                Ok((
+                    rope(&heads(&q)?.transpose_axes(&[0, 2, 1, 3])?)?,
+                    rope(&heads(&k)?.transpose_axes(&[0, 2, 1, 3])?)?,
+                    v.transpose_axes(&[0, 2, 1, 3])?,
+                ))
+            }
+        }
+    }
 
-/// What [`project_qkv`] returns, from one `qkv_proj` (no q/k norms: the
-/// fused form has none; the shape's value norm still applies).
-pub fn project_fused_qkv(
-    x: &Array,
-    w: &FusedQkvAttention,
-    s: AttentionShape,
-    rope: &dyn Fn(&Array) -> Result<Array>,
-) -> Result<(Array, Array, Array)> {
-    let (b, l) = batch_and_len(x);
-    let (q_width, kv_width) = s.projection_widths();
-    let parts = w
-        .qkv_proj
-        .forward(x)?
-        .split_at_indices(&[q_width, q_width + kv_width], -1)?;
-    let [q, k, v] = <[Array; 3]>::try_from(parts)
-        .map_err(|_| refused("qkv_proj: split in three gave another count"))?;
-    let heads = |t: &Array| t.reshape(&[b, l, -1, s.head_dim]);
-    let v = match s.value_norm {
-        ValueNorm::RmsScaleFree => rms_norm(&heads(&v)?, None, s.eps)?,
-        ValueNorm::None => heads(&v)?,
-    };
-    Ok((
-        rope(&heads(&q)?.transpose_axes(&[0, 2, 1, 3])?)?,
-        rope(&heads(&k)?.transpose_axes(&[0, 2, 1, 3])?)?,
-        v.transpose_axes(&[0, 2, 1, 3])?,
-    ))
-}
-
-/// Queries, keys and values of a layer that computes its own K/V:
-/// projected, normed as the layer's norms say, transposed to
-/// [B, heads, L, head_dim]; Q and K through `rope`.
-pub fn project_qkv(
-    x: &Array,
-    w: &AttentionWeights,
-    kv: &KvWeights,
-    s: AttentionShape,
-    rope: &dyn Fn(&Array) -> Result<Array>,
-) -> Result<(Array, Array, Array)> {
-    let (b, l) = batch_and_len(x);
-    let q = queries(x, w, s)?;
-    // Heads as -1: a rank of a tensor-parallel run has n_kv_heads / N of
-    // them (the shape's counts are the model's; see `distributed`).
-    let k_proj = kv.k_proj.forward(x)?;
-    let k = k_proj.reshape(&[b, l, -1, s.head_dim])?;
-    // V = K's projection before any norm (IR `Values::SameAsKeys`).
-    let v = match &kv.v_proj {
-        None => k.clone(),
-        Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, -1, s.head_dim])?,
-    };
-    let k = normed_heads(&k_proj, k, kv.k_norm.as_ref(), s)?;
-    let k = rope(&k.transpose_axes(&[0, 2, 1, 3])?)?;
-    let v = match s.value_norm {
-        ValueNorm::RmsScaleFree => rms_norm(&v, None, s.eps)?,
-        ValueNorm::None => v,
-    };
-    let v = v.transpose_axes(&[0, 2, 1, 3])?;
-    let q = rope(&q.transpose_axes(&[0, 2, 1, 3])?)?;
-    Ok((q, k, v))
+    /// The output projection.
+    pub fn o_proj(self) -> &'a Linear {
+        match self {
+            OwnQkv::Separate { attn, .. } => &attn.o_proj,
+            OwnQkv::Fused(w) => &w.o_proj,
+        }
+    }
 }
 
 /// The queries [B, heads, L, head_dim] of a KV-sharing layer, through `rope`.
@@ -418,7 +424,7 @@ pub fn project_q(
 
 fn queries(x: &Array, w: &AttentionWeights, s: AttentionShape) -> Result<Array> {
     let (b, l) = batch_and_len(x);
-    // Heads as -1, as in `project_qkv`.
+    // Heads as -1, as in `OwnQkv::project`.
     let q_proj = w.q_proj.forward(x)?;
     let q = q_proj.reshape(&[b, l, -1, s.head_dim])?;
     normed_heads(&q_proj, q, w.q_norm.as_ref(), s)
@@ -580,10 +586,16 @@ pub enum Activation {
 }
 
 /// Gated MLP: `down(act(gate(x)) * up(x))`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
+#[flat(key(match self.activation {
+    Activation::GeluApprox => 0,
+    Activation::Silu => 1,
+    Activation::GeluApproxThenMultiply => 2,
+}))]
 pub struct Mlp {
     pub gate_up: GateUp,
     pub down_proj: Linear,
+    #[flat(copied)]
     pub activation: Activation,
 }
 
@@ -723,8 +735,7 @@ pub fn load_post_norms(
     hidden: i32,
     weight: NormWeight,
 ) -> PostNorms {
-    let mut norm =
-        |n: &str| load_norm_weight(w, &format!("layers.{layer}.{n}.weight"), hidden, weight);
+    let mut norm = |name: &str| layer_norm(w, layer, name, hidden, weight);
     PostNorms {
         post_attention: norm("post_attention_layernorm"),
         post_feedforward: norm("post_feedforward_layernorm"),
@@ -733,7 +744,7 @@ pub fn load_post_norms(
 
 /// Routed experts beside the dense MLP (IR `FeedForward::MlpAndMoe`): router,
 /// experts and the three norms of the two branches.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct MoeBlock {
     pub router: Router,
     pub experts: SwitchGlu,
@@ -752,7 +763,7 @@ impl MoeBlock {
 /// Routed experts in place of the dense MLP (IR `FeedForward::Moe` with the
 /// softmax-then-top-k router): Qwen3-MoE's `Qwen3MoeSparseMoeBlock`, its
 /// router `mlp.gate` and SwiGLU experts `mlp.switch_mlp`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct SparseMoe {
     pub router: SoftmaxTopKRouter,
     pub experts: SwitchGlu,
@@ -950,7 +961,7 @@ pub fn per_layer_slice(all: &Array, i: i32) -> Result<Array> {
 }
 
 /// The per-layer input gate of one layer.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct PleGate {
     pub gate: Linear,
     pub projection: Linear,
@@ -1035,8 +1046,7 @@ pub fn load_norms_weighted(
     a: NormArrangement,
     weight: NormWeight,
 ) -> LayerNorms {
-    let mut norm =
-        |n: &str| load_norm_weight(w, &format!("layers.{layer}.{n}.weight"), hidden, weight);
+    let mut norm = |name: &str| layer_norm(w, layer, name, hidden, weight);
     match a {
         NormArrangement::PreNorm => LayerNorms::PreNorm {
             input: norm("input_layernorm"),
@@ -1049,6 +1059,11 @@ pub fn load_norms_weighted(
             post_feedforward: norm("post_feedforward_layernorm"),
         },
     }
+}
+
+/// The RMSNorm weight `layers.{layer}.{name}.weight` `[hidden]`.
+fn layer_norm(w: &mut Weights, layer: usize, name: &str, hidden: i32, weight: NormWeight) -> Array {
+    load_norm_weight(w, &format!("layers.{layer}.{name}.weight"), hidden, weight)
 }
 
 /// One RMSNorm weight `[width]` as the norm applies it.
@@ -1193,16 +1208,18 @@ pub fn load_mlp_projected(
 
 /// Router (scaled top-k softmax), experts and the branch norms of an
 /// MLP-and-MoE layer.
-#[allow(clippy::too_many_arguments)]
 pub fn load_moe(
     w: &mut Weights,
     layer: usize,
     hidden: i32,
-    experts: i32,
-    top_k: i32,
-    width: i32,
+    shape: ExpertsShape,
     eps: f32,
 ) -> MoeBlock {
+    let ExpertsShape {
+        count: experts,
+        top_k,
+        width,
+    } = shape;
     let p = format!("layers.{layer}");
     let norm = |w: &mut Weights, n: &str| w.param(&format!("{p}.{n}.weight"), &[hidden]);
     MoeBlock {
@@ -1249,11 +1266,14 @@ pub fn load_sparse_moe(
     w: &mut Weights,
     layer: usize,
     hidden: i32,
-    experts: i32,
-    top_k: i32,
-    width: i32,
+    shape: ExpertsShape,
     probs: TopKProbs,
 ) -> SparseMoe {
+    let ExpertsShape {
+        count: experts,
+        top_k,
+        width,
+    } = shape;
     let p = format!("layers.{layer}.mlp");
     SparseMoe {
         router: SoftmaxTopKRouter {

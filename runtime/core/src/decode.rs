@@ -6,7 +6,7 @@
 //! shape-stable pieces, and each piece runs as an `mlx::compile`d function:
 //!
 //! * before attention: input norm, Q/K/V projections, their norms, transposes
-//!   and RoPE ([`blocks::project_qkv`] / [`blocks::project_q`]);
+//!   and RoPE ([`blocks::OwnQkv::project`] / [`blocks::project_q`]);
 //! * after attention: `o_proj`, the mixer residual, the feed-forward half,
 //!   the per-layer input gate and the layer scalar
 //!   ([`blocks::attention_residual`], [`blocks::feed_forward`],
@@ -66,6 +66,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
@@ -75,48 +76,13 @@ use crate::blocks::{
     MoeBlock, PleGate, QkNormWeight, Scores, SharedKv, SparseMoe, ValueNorm,
 };
 use crate::cache::LayerCache;
-use crate::deltanet::{
-    self, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet, InProj, SharedExpertMoe,
-};
+use crate::deltanet::{self, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet, InProj};
 use crate::device::{gpu_blocks, path, GpuBlocks, Path};
 use crate::feed_forward::FeedForward;
+use crate::flat::{hollow, next, placeholder, Flat, Packed};
 use crate::layers::{Linear, Quantized, SwitchLinear};
-use crate::moe::{Router, SoftmaxTopKRouter, SwitchGlu, TopKProbs};
 use crate::ops::{rms_norm, NormInputs, Result};
 use crate::rope::{apply_tables, Rope, RopeTables};
-
-/// [`Flat`] for a struct whose arrays are its fields listed in braces, each
-/// itself `Flat`, packed in that order: `put` appends them (after the
-/// plain values that key the block, `key(self) [...]`), `take` rebuilds the
-/// struct from the traced inputs in the same order, with the `copied`
-/// fields taken from the template and the `elsewhere` ones (weights used
-/// outside the block) as given.
-macro_rules! flat_fields {
-    (
-        $ty:ident $(key($s:ident) [$($key:expr),+ $(,)?])?
-        { $($field:ident),+ $(,)? }
-        $(copied { $($copy:ident),+ $(,)? })?
-        $(elsewhere { $($other:ident: $value:expr),+ $(,)? })?
-    ) => {
-        impl Flat for $ty {
-            fn put(&self, p: &mut Packed) {
-                $(
-                    let $s = self;
-                    p.key.extend([$($key as i64),+]);
-                )?
-                $(Flat::put(&self.$field, p);)+
-            }
-            fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-                $(let $field = Flat::take(&self.$field, it);)+
-                $ty {
-                    $($field,)+
-                    $($($copy: self.$copy,)+)?
-                    $($($other: $value,)+)?
-                }
-            }
-        }
-    };
-}
 
 /// Whether one-token steps take this module's compiled blocks.
 pub fn enabled() -> bool {
@@ -143,147 +109,98 @@ fn compiles_on_this_path(block: i64) -> bool {
 const PRE_ATTENTION: i64 = 1;
 const GATED_PRE_ATTENTION: i64 = 5;
 
-/// The parts of one decoder layer a decode step needs.
+/// The parts of one attention decoder layer a decode step needs: the facts
+/// of its IR `Layer` that shape the step (its feed-forward half, its
+/// residual form, the optional per-layer input gate and layer scalar) as
+/// typed values, so one composition ([`step`]) serves every combination.
 pub struct Layer<'a> {
     pub norms: &'a LayerNorms,
     pub attn: &'a AttentionWeights,
-    pub mlp: &'a Mlp,
-    pub moe: Option<&'a MoeBlock>,
+    /// What follows the mixer (IR `FeedForward`): a dense MLP, with
+    /// Gemma-4's routed experts beside it or not, or routed experts in its
+    /// place. A shared-expert MoE runs only beside the hybrid mixers
+    /// ([`gated_attention`], [`delta_net`]); [`step`] refuses it.
+    pub ffn: &'a FeedForward,
+    pub residual: Residual<'a>,
     pub ple: Option<(&'a PleGate, &'a Array)>,
     pub layer_scalar: Option<&'a Array>,
     pub shape: AttentionShape,
     pub eps: f32,
 }
 
-/// The parts of a decoder layer whose MLP is replaced by routed experts
-/// (IR `FeedForward::Moe`) a decode step needs.
-pub struct ExpertsLayer<'a> {
-    pub norms: &'a LayerNorms,
-    pub attn: &'a AttentionWeights,
-    pub moe: &'a SparseMoe,
-    pub ple: Option<(&'a PleGate, &'a Array)>,
-    pub layer_scalar: Option<&'a Array>,
-    pub shape: AttentionShape,
-    pub eps: f32,
+/// How the mixer's and the feed-forward's outputs join the residual stream
+/// (IR `Residual`).
+#[derive(Debug, Clone, Copy)]
+pub enum Residual<'a> {
+    /// `h + branch`.
+    Plain,
+    /// `h + branch * factor`, the factor an array
+    /// ([`blocks::residual_scale`], IR `Residual::DepthScaled` / `Scaled`)
+    /// so the compiled block takes it as an input, not as kernel source.
+    Scaled(&'a Array),
 }
 
-/// What the block before attention reads of a layer (either form).
-struct PreAttention<'a> {
-    norms: &'a LayerNorms,
-    attn: &'a AttentionWeights,
-    shape: AttentionShape,
-    eps: f32,
-}
-
-impl Layer<'_> {
-    fn pre(&self) -> PreAttention<'_> {
-        PreAttention {
-            norms: self.norms,
-            attn: self.attn,
-            shape: self.shape,
-            eps: self.eps,
+impl<'a> Residual<'a> {
+    /// The factor as the eager blocks take it.
+    fn factor(self) -> Option<&'a Array> {
+        match self {
+            Residual::Plain => None,
+            Residual::Scaled(factor) => Some(factor),
         }
     }
 }
 
-impl ExpertsLayer<'_> {
-    fn pre(&self) -> PreAttention<'_> {
-        PreAttention {
-            norms: self.norms,
-            attn: self.attn,
-            shape: self.shape,
-            eps: self.eps,
-        }
-    }
+/// Where a layer's keys and values come from in a one-token step (IR
+/// `KvSource`).
+pub enum KvSource<'a> {
+    /// The layer projects its own K/V (with its Q stacked into one matmul
+    /// when `fused` is there: [`FusedQkv`]) and writes them into `cache`:
+    /// one sequence's or a batch's ([`StepCache`]).
+    Own {
+        weights: &'a KvWeights,
+        fused: Option<&'a FusedQkv>,
+        cache: &'a mut dyn StepCache,
+    },
+    /// The layer reads the K/V a donor layer wrote this step.
+    Shared(&'a SharedKv),
 }
 
-/// [`own_kv`] for a layer with routed experts in place of the MLP.
-pub fn own_kv_experts(
+/// One decode step (one token) of an attention layer; `rope` holds this
+/// step's tables of the layer's RoPE form. `h` and the result are rows
+/// [B, hidden] (one token each): 2-D matmuls are one node, 3-D ones
+/// flatten + matmul + unflatten around the same kernel. The rows are one
+/// sequence's batch or B sequences of a batched cache, one token each
+/// ([`StepCache`]): the same blocks either way.
+///
+/// The composition, in order: the compiled block before attention (input
+/// norm, Q and, for [`KvSource::Own`], K and V with their norms and RoPE),
+/// the cache update and attention (uncompiled), then the block after it
+/// (`o_proj`, the mixer residual, the feed-forward half, the per-layer
+/// input gate, the layer scalar: [`post_attention`]). Returns the layer's
+/// output and the K/V it attended over: its own this step, or the donor's
+/// it read, which the layers after it may share.
+pub fn step(
     h: &Array,
-    layer: &ExpertsLayer<'_>,
-    kv: &KvWeights,
-    fused: Option<&FusedQkv>,
+    layer: &Layer<'_>,
+    kv: KvSource<'_>,
     rope: &RopeTables,
-    cache: &mut impl StepCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
-    let (o, shared) = attend_own_kv(h, &layer.pre(), kv, fused, rope, cache, mask)?;
-    Ok((post_attention_experts(h, &o, layer)?, shared))
-}
-
-/// [`shared_kv`] for a layer with routed experts in place of the MLP.
-pub fn shared_kv_experts(
-    h: &Array,
-    layer: &ExpertsLayer<'_>,
-    rope: &RopeTables,
-    shared: &SharedKv,
-    mask: &Mask,
-) -> Result<Array> {
-    let o = attend_shared_kv(h, &layer.pre(), rope, shared, mask)?;
-    post_attention_experts(h, &o, layer)
-}
-
-/// One decode step (one token) of a layer that computes its own K/V;
-/// `rope` holds this step's tables of the layer's RoPE form. `h` and the
-/// result are rows [B, hidden] (one token each): 2-D matmuls are one node,
-/// 3-D ones flatten + matmul + unflatten around the same kernel. The rows
-/// are one sequence's batch or B sequences of a batched cache, one token
-/// each ([`StepCache`]): the same blocks either way.
-pub fn own_kv(
-    h: &Array,
-    layer: &Layer<'_>,
-    kv: &KvWeights,
-    fused: Option<&FusedQkv>,
-    rope: &RopeTables,
-    cache: &mut impl StepCache,
-    mask: &Mask,
-) -> Result<(Array, SharedKv)> {
-    let (o, shared) = attend_own_kv(h, &layer.pre(), kv, fused, rope, cache, mask)?;
-    Ok((post_attention(h, &o, layer, None)?, shared))
-}
-
-/// [`own_kv`] of a layer whose two branches are multiplied by `residual`
-/// ([`blocks::residual_scale`], IR `Residual::DepthScaled`) before they join
-/// the residual stream; the factor is an input of the compiled block.
-#[allow(clippy::too_many_arguments)]
-pub fn own_kv_scaled(
-    h: &Array,
-    layer: &Layer<'_>,
-    residual: &Array,
-    kv: &KvWeights,
-    fused: Option<&FusedQkv>,
-    rope: &RopeTables,
-    cache: &mut impl StepCache,
-    mask: &Mask,
-) -> Result<(Array, SharedKv)> {
-    let (o, shared) = attend_own_kv(h, &layer.pre(), kv, fused, rope, cache, mask)?;
-    Ok((post_attention(h, &o, layer, Some(residual))?, shared))
-}
-
-/// One decode step (one token) of a layer that reads a donor's K/V; `h`
-/// and the result are rows [B, hidden].
-pub fn shared_kv(
-    h: &Array,
-    layer: &Layer<'_>,
-    rope: &RopeTables,
-    shared: &SharedKv,
-    mask: &Mask,
-) -> Result<Array> {
-    let o = attend_shared_kv(h, &layer.pre(), rope, shared, mask)?;
-    post_attention(h, &o, layer, None)
-}
-
-/// [`shared_kv`] of a layer with depth-scaled residuals (see [`own_kv_scaled`]).
-pub fn shared_kv_scaled(
-    h: &Array,
-    layer: &Layer<'_>,
-    residual: &Array,
-    rope: &RopeTables,
-    shared: &SharedKv,
-    mask: &Mask,
-) -> Result<Array> {
-    let o = attend_shared_kv(h, &layer.pre(), rope, shared, mask)?;
-    post_attention(h, &o, layer, Some(residual))
+    // Refused before the cache is touched: a step that cannot finish must
+    // not leave this token's K/V behind.
+    let after = AfterAttention::of(layer)?;
+    let (o, attended) = match kv {
+        KvSource::Own {
+            weights,
+            fused,
+            cache,
+        } => attend_own_kv(h, layer, weights, fused, rope, cache, mask)?,
+        KvSource::Shared(shared) => (
+            attend_shared_kv(h, layer, rope, shared, mask)?,
+            shared.clone(),
+        ),
+    };
+    Ok((post_attention(h, &o, layer, after)?, attended))
 }
 
 /// The attention half of a one-token step of a layer that computes its own
@@ -292,20 +209,39 @@ pub fn shared_kv_scaled(
 /// `o_proj`) and the K/V for the layers that share them.
 fn attend_own_kv(
     h: &Array,
-    pre: &PreAttention<'_>,
+    layer: &Layer<'_>,
     kv: &KvWeights,
     fused: Option<&FusedQkv>,
     rope: &RopeTables,
-    cache: &mut impl StepCache,
+    cache: &mut dyn StepCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
     let offset = cache.rope_offset()?;
     // The stacked projection needs one dtype throughout (see FusedQkv).
     let fused =
-        fused.filter(|f| f.norm.dtype() == h.dtype() && pre.norms.input().dtype() == h.dtype());
-    let qkv = pre_attention(h, pre, Some(kv), fused, rope)?;
+        fused.filter(|f| f.norm.dtype() == h.dtype() && layer.norms.input().dtype() == h.dtype());
+    let qkv = pre_attention(h, layer, Some(kv), fused, rope)?;
     let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
-    cache.attend(&q, &k, &v, pre.shape, mask, offset)
+    let step = StepQkv {
+        q,
+        k,
+        v,
+        offset,
+        shape: layer.shape,
+    };
+    cache.attend(step, mask)
+}
+
+/// One token's attention inputs as the block before attention leaves them:
+/// the query [B, H, 1, D], this step's key and value [B, KV, 1, D], the
+/// RoPE offset they were rotated from (carried to the layers sharing them)
+/// and the layer's attention shape.
+pub struct StepQkv {
+    pub q: Array,
+    pub k: Array,
+    pub v: Array,
+    pub offset: Array,
+    pub shape: AttentionShape,
 }
 
 /// The K/V cache a one-token step of a K/V-owning layer writes: one
@@ -320,19 +256,11 @@ pub trait StepCache {
     /// it (`mx.array(cache.offset)`: an int32 scalar, or one per row).
     fn rope_offset(&self) -> Result<Array>;
 
-    /// The cache updated with this step's `k`, `v` [B, KV, 1, D] and `q`
-    /// [B, H, 1, D] attending over it: the heads merged back to rows
-    /// [B, H * D] (the input of `o_proj`), and the K/V (with `offset`) the
-    /// layers sharing them read.
-    fn attend(
-        &mut self,
-        q: &Array,
-        k: &Array,
-        v: &Array,
-        s: AttentionShape,
-        mask: &Mask,
-        offset: Array,
-    ) -> Result<(Array, SharedKv)>;
+    /// The cache updated with the step's K and V, its query attending over
+    /// it: the heads merged back to rows [B, H * D] (the input of
+    /// `o_proj`), and the K/V (with the step's offset) the layers sharing
+    /// them read.
+    fn attend(&mut self, step: StepQkv, mask: &Mask) -> Result<(Array, SharedKv)>;
 }
 
 impl StepCache for LayerCache {
@@ -340,16 +268,8 @@ impl StepCache for LayerCache {
         Ok(Array::from_int(self.offset()))
     }
 
-    fn attend(
-        &mut self,
-        q: &Array,
-        k: &Array,
-        v: &Array,
-        s: AttentionShape,
-        mask: &Mask,
-        offset: Array,
-    ) -> Result<(Array, SharedKv)> {
-        blocks::attend_own_kv(q, k, v, s, self, mask, offset, true)
+    fn attend(&mut self, t: StepQkv, mask: &Mask) -> Result<(Array, SharedKv)> {
+        blocks::attend_own_kv(&t.q, &t.k, &t.v, t.shape, self, mask, t.offset, true)
     }
 }
 
@@ -357,14 +277,14 @@ impl StepCache for LayerCache {
 /// attending over the donor's keys and values.
 fn attend_shared_kv(
     h: &Array,
-    pre: &PreAttention<'_>,
+    layer: &Layer<'_>,
     rope: &RopeTables,
     shared: &SharedKv,
     mask: &Mask,
 ) -> Result<Array> {
-    let q = pre_attention(h, pre, None, None, rope)?;
+    let q = pre_attention(h, layer, None, None, rope)?;
     let q = q.into_iter().next().ok_or_else(bad_outputs)?;
-    blocks::attend_shared_kv(&q, pre.shape, shared, mask, true)
+    blocks::attend_shared_kv(&q, layer.shape, shared, mask, true)
 }
 
 fn bad_outputs() -> mlx_rs::error::Exception {
@@ -501,7 +421,7 @@ impl FusedQkv {
         Some(FusedQkv { proj, norm })
     }
 
-    /// What [`blocks::project_qkv`] returns, from the stacked projection.
+    /// What [`blocks::OwnQkv::project`] returns, from the stacked projection.
     fn project(
         &self,
         x: &Array,
@@ -564,26 +484,14 @@ fn reads_back(v: f32) -> bool {
 /// computes them, RoPE from this step's tables.
 fn pre_attention(
     h: &Array,
-    layer: &PreAttention<'_>,
+    layer: &Layer<'_>,
     kv: Option<&KvWeights>,
     fused: Option<&FusedQkv>,
     rope: &RopeTables,
 ) -> Result<Vec<Array>> {
-    let hidden = h.shape()[h.ndim() - 1];
-    let widths = [hidden, layer.shape.head_dim];
-    let mut p = Packed::new(PRE_ATTENTION);
-    p.key.extend([
-        layer.eps.to_bits() as i64,
-        hidden as i64,
-        rope.dims() as i64,
-    ]);
-    layer.shape.put(&mut p);
-    h.put(&mut p);
-    let norm_eps = [layer.eps, layer.shape.eps];
-    let native = matches!(rope, RopeTables::Native { .. });
-    let norm_inputs = put_norm_inputs(&mut p, native, &norm_eps, &widths);
-    rope.put(&mut p);
-    layer.norms.input().put(&mut p);
+    let (s, eps) = (layer.shape, layer.eps);
+    let (mut p, norm_inputs) =
+        pre_attention_packed(PRE_ATTENTION, h, layer.norms.input(), s, eps, rope);
     // Either Q/K/V stacked, or Q (and K, V) as three projections.
     let kv = if fused.is_some() { None } else { kv };
     p.key.push(fused.is_some() as i64);
@@ -595,38 +503,91 @@ fn pre_attention(
     if let Some(kv) = kv {
         kv.put(&mut p);
     }
-    let (s, eps) = (layer.shape, layer.eps);
-    p.run(true, |covered| {
-        // Templates for rebuilding the structures from the traced inputs.
-        let fused = fused.map(hollow);
+    let templates = || {
         let attn = match fused {
             Some(_) => None,
             None => Some(hollow(layer.attn)),
         };
-        let kv = kv.map(hollow);
-        let tables = hollow(rope);
+        (fused.map(hollow), attn, kv.map(hollow))
+    };
+    run_pre_attention(
+        p,
+        norm_inputs,
+        rope,
+        eps,
+        templates,
+        move |x, weights, rope| {
+            Ok(match weights {
+                (Some(f), _, _) => {
+                    let (q, k, v) = f.project(x, s, rope)?;
+                    vec![q, k, v]
+                }
+                (None, Some(attn), Some(kv)) => {
+                    let own = blocks::OwnQkv::Separate {
+                        attn: &attn,
+                        kv: &kv,
+                    };
+                    let (q, k, v) = own.project(x, s, rope)?;
+                    vec![q, k, v]
+                }
+                (None, Some(attn), None) => vec![blocks::project_q(x, &attn, s, rope)?],
+                (None, None, _) => return Err(bad_outputs()),
+            })
+        },
+    )
+}
+
+/// The start every block before attention shares: the key (`block`, eps,
+/// the hidden size, the rotated dims, the attention shape), the residual
+/// stream `h`, the inputs of the norms over the hidden size and the head
+/// dim ([`put_norm_inputs`]), this step's RoPE tables and the input norm's
+/// weight; the block's projection weights follow.
+fn pre_attention_packed(
+    block: i64,
+    h: &Array,
+    input_norm: &Array,
+    s: AttentionShape,
+    eps: f32,
+    rope: &RopeTables,
+) -> (Packed, Option<NormInputs>) {
+    let hidden = h.shape()[h.ndim() - 1];
+    let mut p = Packed::new(block);
+    p.key
+        .extend([eps.to_bits() as i64, hidden as i64, rope.dims() as i64]);
+    s.put(&mut p);
+    h.put(&mut p);
+    let native = matches!(rope, RopeTables::Native { .. });
+    let norm_inputs = put_norm_inputs(&mut p, native, &[eps, s.eps], &[hidden, s.head_dim]);
+    rope.put(&mut p);
+    input_norm.put(&mut p);
+    (p, norm_inputs)
+}
+
+/// Runs a block packed by [`pre_attention_packed`] and then the projection
+/// weights (whose templates `templates` makes, once, when the block is
+/// built): the input norm, then `project` of the normed rows with those
+/// weights and this step's RoPE.
+fn run_pre_attention<W: Flat + 'static>(
+    p: Packed,
+    norm_inputs: Option<NormInputs>,
+    rope: &RopeTables,
+    eps: f32,
+    templates: impl FnOnce() -> W,
+    project: impl Fn(&Array, W, &dyn Fn(&Array) -> Result<Array>) -> Result<Vec<Array>> + 'static,
+) -> Result<Vec<Array>> {
+    p.run(true, |covered| {
+        // Templates for rebuilding the structures from the traced inputs.
+        let (tables, weights) = (hollow(rope), templates());
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
             let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
             let tables = tables.take(it);
             let norm = next(it);
-            let (fused, attn, kv) = (fused.take(it), attn.take(it), kv.take(it));
+            let weights = weights.take(it);
             let rope = |t: &Array| apply_tables(t, &tables);
             let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
-                let x = rms_norm(&h, Some(&norm), eps)?;
-                Ok(match (&fused, &attn, &kv) {
-                    (Some(f), _, _) => {
-                        let (q, k, v) = f.project(&x, s, &rope)?;
-                        vec![q, k, v]
-                    }
-                    (None, Some(attn), Some(kv)) => {
-                        let (q, k, v) = blocks::project_qkv(&x, attn, kv, s, &rope)?;
-                        vec![q, k, v]
-                    }
-                    (None, Some(attn), None) => vec![blocks::project_q(&x, attn, s, &rope)?],
-                    (None, None, _) => return Err(bad_outputs()),
-                })
+                project(&rms_norm(&h, Some(&norm), eps)?, weights, &rope)
             });
             covered.set(all);
             out
@@ -635,28 +596,78 @@ fn pre_attention(
 }
 
 /// `o_proj`, the attention residual, the feed-forward half, the PLE gate and
-/// the layer scalar; with `residual`, both branches scaled by it (an input).
+/// the layer scalar, with both residual branches scaled where the layer's
+/// [`Residual`] says (the factor an input of the block).
 fn post_attention(
     h: &Array,
     o: &Array,
     layer: &Layer<'_>,
-    residual: Option<&Array>,
+    after: AfterAttention<'_>,
 ) -> Result<Array> {
-    match post_attention_form(layer, residual) {
-        PostAttentionForm::OneBlock => post_attention_block(h, o, layer, residual, true),
-        PostAttentionForm::SplitAtActivation => post_attention_split(h, o, layer),
-        PostAttentionForm::Eager => post_attention_block(h, o, layer, residual, false),
+    match post_attention_form(after) {
+        PostAttentionForm::OneBlock => post_attention_block(h, o, layer, after, true),
+        PostAttentionForm::SplitAtActivation(mlp) => post_attention_split(h, o, layer, mlp),
+        PostAttentionForm::Eager => post_attention_block(h, o, layer, after, false),
     }
 }
 
+/// What the block after attention runs after `o_proj` and before the
+/// layer's end: the forms of [`Layer::ffn`] and [`Layer::residual`] a
+/// runtime block exists for.
+#[derive(Debug, Clone, Copy)]
+enum AfterAttention<'a> {
+    /// The dense MLP, with Gemma-4's routed experts beside it or not, its
+    /// residual branches plain or scaled (block [`POST_ATTENTION`]).
+    Mlp {
+        mlp: &'a Mlp,
+        moe: &'a Option<MoeBlock>,
+        residual: Residual<'a>,
+    },
+    /// Routed experts in place of the MLP, plain residuals (block
+    /// [`POST_ATTENTION_EXPERTS`]).
+    Experts(&'a SparseMoe),
+}
+
+impl<'a> AfterAttention<'a> {
+    fn of(layer: &Layer<'a>) -> Result<Self> {
+        match (layer.ffn, layer.residual) {
+            (FeedForward::Mlp { mlp, moe }, residual) => {
+                Ok(AfterAttention::Mlp { mlp, moe, residual })
+            }
+            (FeedForward::SparseMoe(m), Residual::Plain) => Ok(AfterAttention::Experts(m)),
+            (FeedForward::SparseMoe(_), Residual::Scaled(_)) => Err(Exception::custom(
+                "decode::step: routed experts with depth-scaled residuals: no runtime block runs \
+                 them (the emitter refuses such a layer kind)",
+            )),
+            (FeedForward::SharedExpertMoe(_), _) => Err(Exception::custom(
+                "decode::step: a shared-expert MoE after plain attention has no decode block; it \
+                 runs beside a gated attention or a Gated DeltaNet (decode::gated_attention, \
+                 decode::delta_net)",
+            )),
+        }
+    }
+
+    /// The factor of scaled residual branches, as the eager blocks take it.
+    fn residual_factor(self) -> Option<&'a Array> {
+        match self {
+            AfterAttention::Mlp { residual, .. } => residual.factor(),
+            AfterAttention::Experts(_) => None,
+        }
+    }
+}
+
+/// The key ids of the blocks after attention ([`AfterAttention`]).
+const POST_ATTENTION: i64 = 2;
+const POST_ATTENTION_EXPERTS: i64 = 3;
+
 /// How the ops after attention run on this path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PostAttentionForm {
+#[derive(Debug, Clone, Copy)]
+enum PostAttentionForm<'a> {
     /// One compiled block.
     OneBlock,
-    /// Two compiled blocks with the activation between them, called as the
-    /// eager blocks call it ([`post_attention_split`]).
-    SplitAtActivation,
+    /// Two compiled blocks with the activation of this MLP between them,
+    /// called as the eager blocks call it ([`post_attention_split`]).
+    SplitAtActivation(&'a Mlp),
     /// The same ops, not compiled.
     Eager,
 }
@@ -669,20 +680,33 @@ enum PostAttentionForm {
 /// activation, not through it; its routed experts (Gemma-4's, GeGLU too,
 /// inside `gather` matmuls) keep the layer eager there. The CPU compiles no
 /// such kernel (no contraction) and keeps one block.
-fn post_attention_form(layer: &Layer<'_>, residual: Option<&Array>) -> PostAttentionForm {
-    if path() != Path::NativeFastOps {
-        return PostAttentionForm::OneBlock;
-    }
-    match (layer.mlp.activation, layer.moe, residual) {
+fn post_attention_form(after: AfterAttention<'_>) -> PostAttentionForm<'_> {
+    let on_gpu = match after {
         // MiniCPM's depth-scaled residuals, `h + branch * scale`: fused, the
         // multiply and the add become one FMA (on an H200 minicpm-2b-tiny,
         // -tiny-q4 and -l2 left the eager blocks' decode bits).
-        (_, _, Some(_)) => PostAttentionForm::Eager,
-        (Activation::GeluApprox, None, None) => PostAttentionForm::SplitAtActivation,
-        (Activation::GeluApprox, Some(_), None) => PostAttentionForm::Eager,
-        (Activation::GeluApproxThenMultiply | Activation::Silu, _, None) => {
-            PostAttentionForm::OneBlock
-        }
+        AfterAttention::Mlp {
+            residual: Residual::Scaled(_),
+            ..
+        } => PostAttentionForm::Eager,
+        AfterAttention::Mlp {
+            mlp,
+            moe,
+            residual: Residual::Plain,
+        } => match (mlp.activation, moe) {
+            (Activation::GeluApprox, None) => PostAttentionForm::SplitAtActivation(mlp),
+            (Activation::GeluApprox, Some(_)) => PostAttentionForm::Eager,
+            (Activation::GeluApproxThenMultiply | Activation::Silu, _) => {
+                PostAttentionForm::OneBlock
+            }
+        },
+        // The router's softmax, top-k and renormalization carry no float
+        // constant.
+        AfterAttention::Experts(_) => PostAttentionForm::OneBlock,
+    };
+    match path() {
+        Path::NativeFastOps => on_gpu,
+        Path::CpuFallbacks | Path::Eager => PostAttentionForm::OneBlock,
     }
 }
 
@@ -691,7 +715,7 @@ fn post_attention_form(layer: &Layer<'_>, residual: Option<&Array>) -> PostAtten
 /// projections; the activation as the eager blocks call it (mlx-lm's own
 /// compiled helper); one compiled block for `down_proj`, the feed-forward
 /// residual, the PLE gate and the layer scalar.
-fn post_attention_split(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array> {
+fn post_attention_split(h: &Array, o: &Array, layer: &Layer<'_>, mlp: &Mlp) -> Result<Array> {
     let hidden = h.shape()[h.ndim() - 1];
     let eps = layer.eps;
     let mut p = Packed::new(BEFORE_ACTIVATION);
@@ -700,13 +724,9 @@ fn post_attention_split(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array
     o.put(&mut p);
     layer.attn.o_proj.put(&mut p);
     layer.norms.put(&mut p);
-    layer.mlp.put(&mut p);
+    mlp.put(&mut p);
     let before = p.run(true, |covered| {
-        let (o_proj, norms, mlp) = (
-            hollow(&layer.attn.o_proj),
-            hollow(layer.norms),
-            hollow(layer.mlp),
-        );
+        let (o_proj, norms, mlp) = (hollow(&layer.attn.o_proj), hollow(layer.norms), hollow(mlp));
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let (h, o) = (next(it), next(it));
@@ -718,16 +738,16 @@ fn post_attention_split(h: &Array, o: &Array, layer: &Layer<'_>) -> Result<Array
         })
     })?;
     let [h, gate, up] = <[Array; 3]>::try_from(before).map_err(|_| bad_outputs())?;
-    let act = layer.mlp.activate(&gate, &up)?;
+    let act = mlp.activate(&gate, &up)?;
     let mut p = Packed::new(AFTER_ACTIVATION);
     p.key.extend([eps.to_bits() as i64, hidden as i64]);
     h.put(&mut p);
     act.put(&mut p);
-    layer.mlp.put(&mut p);
+    mlp.put(&mut p);
     layer.norms.put(&mut p);
     put_layer_end(&mut p, layer.ple, layer.layer_scalar);
     let after = p.run(true, |covered| {
-        let (mlp, norms) = (hollow(layer.mlp), hollow(layer.norms));
+        let (mlp, norms) = (hollow(mlp), hollow(layer.norms));
         let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
         let scalar = layer.layer_scalar.map(hollow);
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
@@ -806,121 +826,88 @@ fn post_attention_packed(block: i64, h: &Array, eps: f32) -> (Packed, Option<Nor
     (p, norms)
 }
 
-/// [`post_attention`] as one block, compiled when `compile` (and the norms
-/// found their inputs).
+/// The shape the residual stream takes inside the block after attention.
+#[derive(Debug, Clone, Copy)]
+enum StreamShape {
+    /// Rows [B, hidden], as the step carries them.
+    Rows,
+    /// [B, 1, hidden]: routed experts' gathers keep mlx-lm's shapes.
+    Tokens,
+}
+
+/// [`post_attention`] as one block, compiled when `compile`, the norms
+/// found their inputs and, with Gemma-4's experts beside the MLP, the
+/// router's inlined `hidden ** -0.5` reads back ([`reads_back`]).
 fn post_attention_block(
     h: &Array,
     o: &Array,
     layer: &Layer<'_>,
-    residual: Option<&Array>,
+    after: AfterAttention<'_>,
     compile: bool,
 ) -> Result<Array> {
     let hidden = h.shape()[h.ndim() - 1];
-    let (mut p, norm_inputs) = post_attention_packed(2, h, layer.eps);
+    let block = match after {
+        AfterAttention::Mlp { .. } => POST_ATTENTION,
+        AfterAttention::Experts(_) => POST_ATTENTION_EXPERTS,
+    };
+    let (mut p, norm_inputs) = post_attention_packed(block, h, layer.eps);
     o.put(&mut p);
     layer.attn.o_proj.put(&mut p);
     layer.norms.put(&mut p);
-    layer.mlp.put(&mut p);
-    p.key.push(layer.moe.is_some() as i64);
-    if let Some(moe) = layer.moe {
-        moe.put(&mut p);
-    }
-    put_layer_end(&mut p, layer.ple, layer.layer_scalar);
-    residual.cloned().put(&mut p);
+    // The feed-forward's arrays in `FeedForward::take`'s order; the dense
+    // block's key also says whether experts sit beside the MLP and whether
+    // the branches are scaled (the experts' block has neither).
+    let (stream, compile) = match after {
+        AfterAttention::Mlp { mlp, moe, residual } => {
+            mlp.put(&mut p);
+            moe.put(&mut p);
+            put_layer_end(&mut p, layer.ple, layer.layer_scalar);
+            residual.factor().cloned().put(&mut p);
+            match moe {
+                None => (StreamShape::Rows, compile),
+                Some(m) => (
+                    StreamShape::Tokens,
+                    compile && reads_back((m.router.hidden as f64).powf(-0.5) as f32),
+                ),
+            }
+        }
+        AfterAttention::Experts(m) => {
+            m.put(&mut p);
+            put_layer_end(&mut p, layer.ple, layer.layer_scalar);
+            (StreamShape::Tokens, compile)
+        }
+    };
     let eps = layer.eps;
-    let compile = compile
-        && layer
-            .moe
-            .is_none_or(|m| reads_back((m.router.hidden as f64).powf(-0.5) as f32));
     let out = p.run(compile, |covered| {
         // Templates for rebuilding the structures from the traced inputs.
-        let (o_proj, norms, mlp) = (
+        let (o_proj, norms, ffn) = (
             hollow(&layer.attn.o_proj),
             hollow(layer.norms),
-            hollow(layer.mlp),
+            hollow(layer.ffn),
         );
-        let moe = layer.moe.map(hollow);
         let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
         let scalar = layer.layer_scalar.map(hollow);
-        let residual = residual.map(hollow);
+        let residual = after.residual_factor().map(hollow);
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
             let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
             let o = next(it);
-            let (o_proj, norms, mlp) = (o_proj.take(it), norms.take(it), mlp.take(it));
-            let (moe, ple, scalar) = (moe.take(it), ple.take(it), scalar.take(it));
-            let residual = residual.take(it);
+            let (o_proj, norms, ffn) = (o_proj.take(it), norms.take(it), ffn.take(it));
+            let (ple, scalar, residual) = (ple.take(it), scalar.take(it), residual.take(it));
             let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
-                // Rows [B, features], except around the experts, whose
-                // gathers keep mlx-lm's [B, 1, features] shapes.
                 let b = h.shape()[0];
-                let (h, o) = match moe {
-                    None => (h, o),
-                    Some(_) => (h.reshape(&[b, 1, hidden])?, o.reshape(&[b, 1, -1])?),
+                let (h, o) = match stream {
+                    StreamShape::Rows => (h, o),
+                    StreamShape::Tokens => (h.reshape(&[b, 1, hidden])?, o.reshape(&[b, 1, -1])?),
                 };
                 let a = o_proj.forward(&o)?;
-                let h = match &residual {
-                    None => {
-                        let h = blocks::attention_residual(&h, &a, &norms, eps)?;
-                        blocks::feed_forward(&h, &norms, &mlp, moe.as_ref(), eps)?
-                    }
-                    Some(r) => {
-                        let h = blocks::attention_residual_scaled(&h, &a, &norms, eps, r)?;
-                        blocks::feed_forward_scaled(&h, &norms, &mlp, moe.as_ref(), eps, r)?
-                    }
-                };
+                let h = ffn.after_mixer(&h, &a, &norms, residual.as_ref(), eps)?;
                 let h = finish_layer_rows(&h, b, &ple, scalar.as_ref(), eps)?;
-                Ok(vec![match moe {
-                    None => h,
-                    Some(_) => h.reshape(&[b, hidden])?,
+                Ok(vec![match stream {
+                    StreamShape::Rows => h,
+                    StreamShape::Tokens => h.reshape(&[b, hidden])?,
                 }])
-            });
-            covered.set(all);
-            out
-        })
-    })?;
-    out.into_iter().next().ok_or_else(bad_outputs)
-}
-
-/// [`post_attention`] of a layer whose MLP is replaced by routed experts:
-/// `o_proj`, the attention residual, [`blocks::sparse_feed_forward`], the
-/// PLE gate and the layer scalar. The router's softmax, top-k and
-/// renormalization carry no float constant, so the block always compiles.
-fn post_attention_experts(h: &Array, o: &Array, layer: &ExpertsLayer<'_>) -> Result<Array> {
-    let hidden = h.shape()[h.ndim() - 1];
-    let (mut p, norm_inputs) = post_attention_packed(3, h, layer.eps);
-    o.put(&mut p);
-    layer.attn.o_proj.put(&mut p);
-    layer.norms.put(&mut p);
-    layer.moe.put(&mut p);
-    put_layer_end(&mut p, layer.ple, layer.layer_scalar);
-    let eps = layer.eps;
-    let out = p.run(true, |covered| {
-        // Templates for rebuilding the structures from the traced inputs.
-        let (o_proj, norms, moe) = (
-            hollow(&layer.attn.o_proj),
-            hollow(layer.norms),
-            hollow(layer.moe),
-        );
-        let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
-        let scalar = layer.layer_scalar.map(hollow);
-        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
-            let it = &mut inputs.iter();
-            let h = next(it);
-            let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
-            let o = next(it);
-            let (o_proj, norms, moe) = (o_proj.take(it), norms.take(it), moe.take(it));
-            let (ple, scalar) = (ple.take(it), scalar.take(it));
-            let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
-                // The experts' gathers keep mlx-lm's [B, 1, features] shapes.
-                let b = h.shape()[0];
-                let (h, o) = (h.reshape(&[b, 1, hidden])?, o.reshape(&[b, 1, -1])?);
-                let a = o_proj.forward(&o)?;
-                let h = blocks::attention_residual(&h, &a, &norms, eps)?;
-                let h = blocks::sparse_feed_forward(&h, &norms, &moe, eps)?;
-                let h = finish_layer_rows(&h, b, &ple, scalar.as_ref(), eps)?;
-                Ok(vec![h.reshape(&[b, hidden])?])
             });
             covered.set(all);
             out
@@ -1010,7 +997,7 @@ pub struct GatedAttentionLayer<'a> {
 }
 
 /// One decode step (one token, `h` [B, 1, hidden]) of a gated
-/// full-attention layer, split as [`own_kv`] splits a layer: a compiled
+/// full-attention layer, split as [`step`] splits a layer: a compiled
 /// block before the cache (input norm, Q with its gate, K, V, q/k norms,
 /// RoPE from this step's `rope` tables: [`deltanet::gated_attention_qkv`]),
 /// the eager cache update and attention (as the eager layer runs them, in
@@ -1024,39 +1011,19 @@ pub fn gated_attention(
     mask: &Mask,
 ) -> Result<Array> {
     let offset = Array::from_int(cache.offset());
-    let hidden = h.shape()[h.ndim() - 1];
     let (s, eps) = (layer.shape, layer.eps);
-    let native = matches!(rope, RopeTables::Native { .. });
-    let norm_eps = [eps, s.eps];
-    let widths = [hidden, s.head_dim];
-    let mut p = Packed::new(GATED_PRE_ATTENTION);
-    p.key
-        .extend([eps.to_bits() as i64, hidden as i64, rope.dims() as i64]);
-    s.put(&mut p);
-    h.put(&mut p);
-    let norm_inputs = put_norm_inputs(&mut p, native, &norm_eps, &widths);
-    rope.put(&mut p);
-    layer.norms.input().put(&mut p);
+    let (mut p, norm_inputs) =
+        pre_attention_packed(GATED_PRE_ATTENTION, h, layer.norms.input(), s, eps, rope);
     layer.attn.put(&mut p);
-    let qkv = p.run(true, |covered| {
-        // Templates for rebuilding the structures from the traced inputs.
-        let (attn, tables) = (hollow(layer.attn), hollow(rope));
-        Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
-            let it = &mut inputs.iter();
-            let h = next(it);
-            let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
-            let tables = tables.take(it);
-            let norm = next(it);
-            let attn = attn.take(it);
-            let rope = |t: &Array| apply_tables(t, &tables);
-            let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
-                let x = rms_norm(&h, Some(&norm), eps)?;
-                Ok(deltanet::gated_attention_qkv(&x, &attn, s, &rope)?.to_vec())
-            });
-            covered.set(all);
-            out
-        })
-    })?;
+    let templates = || hollow(layer.attn);
+    let qkv = run_pre_attention(
+        p,
+        norm_inputs,
+        rope,
+        eps,
+        templates,
+        move |x, attn, rope| Ok(deltanet::gated_attention_qkv(x, &attn, s, rope)?.to_vec()),
+    )?;
     let [q, k, v, gate] = <[Array; 4]>::try_from(qkv).map_err(|_| bad_outputs())?;
     let (o, _) = blocks::attend_own_kv(&q, &k, &v, s, cache, mask, offset, false)?;
 
@@ -1087,10 +1054,6 @@ pub fn gated_attention(
     })?;
     out.into_iter().next().ok_or_else(bad_outputs)
 }
-
-// o_proj is used after attention, not here.
-flat_fields!(GatedAttention { q_proj, k_proj, v_proj, q_norm, k_norm }
-    elsewhere { o_proj: unused_linear() });
 
 /// One decode step (one token, `h` [B, 1, hidden]) of a Gated DeltaNet
 /// layer as one compiled block: the whole layer, with the conv state and
@@ -1203,13 +1166,6 @@ impl Flat for FeedForward {
         }
     }
 }
-
-flat_fields!(SharedExpertMoe {
-    router,
-    experts,
-    shared_expert,
-    shared_expert_gate
-});
 
 impl Flat for DeltaNetShape {
     fn put(&self, p: &mut Packed) {
@@ -1325,28 +1281,7 @@ pub fn block_counts() -> (usize, usize) {
     })
 }
 
-/// A block's inputs flattened to arrays, and the key of everything else the
-/// traced function depends on (shapes and dtypes are MLX's own cache key).
-struct Packed {
-    key: Vec<i64>,
-    arrays: Vec<Array>,
-}
-
 impl Packed {
-    fn new(block: i64) -> Self {
-        Packed {
-            key: vec![block],
-            arrays: Vec::with_capacity(32),
-        }
-    }
-
-    /// Which variant of an enum follows (`tag`, into the key), then the
-    /// arrays of its one payload.
-    fn put_variant(&mut self, tag: i64, payload: &impl Flat) {
-        self.key.push(tag);
-        payload.put(self);
-    }
-
     /// Calls the compiled block of this key, building it on first use.
     /// Single-token shapes are fixed per layer kind, so MLX traces each block
     /// once per kind (and once more per new cache length only where a traced
@@ -1382,55 +1317,6 @@ impl Packed {
             }
             f(&self.arrays)
         })
-    }
-}
-
-/// The stand-in for arrays a rebuilt structure carries but the block does
-/// not read (and for templates).
-fn placeholder() -> Array {
-    Array::from_f32(0.0)
-}
-
-/// `t`'s structure with every array a placeholder: the templates kept in
-/// [`BLOCKS`] must not hold a model's weights after the model is dropped.
-fn hollow<T: Flat>(t: &T) -> T {
-    let mut p = Packed::new(0);
-    t.put(&mut p);
-    let stand_ins = vec![placeholder(); p.arrays.len()];
-    t.take(&mut stand_ins.iter())
-}
-
-fn next(it: &mut std::slice::Iter<'_, Array>) -> Array {
-    it.next()
-        .expect("compiled decode block: fewer inputs than packed")
-        .clone()
-}
-
-/// Flattening of weight structures into the compiled block's inputs:
-/// `put` appends the arrays (and the structure to the key), `take`
-/// rebuilds the structure from the traced inputs, with `self` as template.
-trait Flat: Sized {
-    fn put(&self, p: &mut Packed);
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self;
-}
-
-/// A linear layer a block does not use (`o_proj` before attention): no
-/// arrays of its own travel for it.
-fn unused_linear() -> Linear {
-    Linear {
-        weight: placeholder(),
-        quant: None,
-        weight_t: None,
-        bias: None,
-    }
-}
-
-impl Flat for Array {
-    fn put(&self, p: &mut Packed) {
-        p.arrays.push(self.clone());
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        next(it)
     }
 }
 
@@ -1486,18 +1372,7 @@ impl Flat for Rope {
 impl Flat for RopeTables {
     fn put(&self, p: &mut Packed) {
         match self {
-            RopeTables::Fallback {
-                dims,
-                cos,
-                sin,
-                cos_t,
-                sin_t,
-            } => {
-                p.key.extend([0, *dims as i64]);
-                for a in [cos, sin, cos_t, sin_t] {
-                    a.put(p);
-                }
-            }
+            RopeTables::Fallback(t) => p.put_variant(0, t),
             RopeTables::Native { rope, offset } => {
                 p.key.push(1);
                 rope.put(p);
@@ -1508,13 +1383,7 @@ impl Flat for RopeTables {
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
         match self {
-            RopeTables::Fallback { dims, .. } => RopeTables::Fallback {
-                dims: *dims,
-                cos: next(it),
-                sin: next(it),
-                cos_t: next(it),
-                sin_t: next(it),
-            },
+            RopeTables::Fallback(t) => RopeTables::Fallback(t.take(it)),
             RopeTables::Native { rope, .. } => {
                 let rope = rope.take(it);
                 RopeTables::Native {
@@ -1524,29 +1393,6 @@ impl Flat for RopeTables {
             }
             RopeTables::NoPe => RopeTables::NoPe,
         }
-    }
-}
-
-impl<T: Flat> Flat for Option<T> {
-    fn put(&self, p: &mut Packed) {
-        p.key.push(self.is_some() as i64);
-        if let Some(t) = self {
-            t.put(p);
-        }
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        self.as_ref().map(|t| t.take(it))
-    }
-}
-
-impl<A: Flat, B: Flat> Flat for (A, B) {
-    fn put(&self, p: &mut Packed) {
-        self.0.put(p);
-        self.1.put(p);
-    }
-    fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
-        let a = self.0.take(it);
-        (a, self.1.take(it))
     }
 }
 
@@ -1623,15 +1469,6 @@ impl Flat for QkNormWeight {
     }
 }
 
-// o_proj is used after attention, not here; `kv` travels separately.
-flat_fields!(AttentionWeights { q_proj, q_norm } elsewhere { o_proj: unused_linear(), kv: None });
-
-flat_fields!(KvWeights {
-    k_proj,
-    v_proj,
-    k_norm
-});
-
 impl Flat for LayerNorms {
     fn put(&self, p: &mut Packed) {
         // The input norm belongs to the block before attention.
@@ -1670,12 +1507,6 @@ impl Flat for LayerNorms {
     }
 }
 
-flat_fields!(Mlp key(s) [match s.activation {
-    Activation::GeluApprox => 0,
-    Activation::Silu => 1,
-    Activation::GeluApproxThenMultiply => 2,
-}] { gate_up, down_proj } copied { activation });
-
 impl Flat for GateUp {
     fn put(&self, p: &mut Packed) {
         match self {
@@ -1700,32 +1531,3 @@ impl Flat for GateUp {
         }
     }
 }
-
-flat_fields!(Router key(s) [s.top_k, s.hidden, s.eps.to_bits()]
-    { proj, scale, per_expert_scale } copied { top_k, hidden, eps });
-
-flat_fields!(MoeBlock {
-    router,
-    experts,
-    pre_feedforward_2,
-    post_feedforward_1,
-    post_feedforward_2,
-});
-flat_fields!(SwitchGlu {
-    gate_proj,
-    up_proj,
-    down_proj
-});
-
-flat_fields!(SoftmaxTopKRouter key(s) [s.top_k, match s.probs {
-    TopKProbs::Renormalized => 0,
-    TopKProbs::AsTaken => 1,
-}] { gate } copied { top_k, probs });
-
-flat_fields!(SparseMoe { router, experts });
-
-flat_fields!(PleGate {
-    gate,
-    projection,
-    post_norm
-});

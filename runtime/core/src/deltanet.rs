@@ -30,6 +30,7 @@ use crate::attention::{batch_and_len, Mask};
 use crate::blocks::{attend_own_kv, AttentionShape, Mlp, SparseMoe};
 use crate::cache::LayerCache;
 use crate::distributed::sharded_to_all;
+use crate::flat::Flat;
 use crate::layers::{pretranspose_all, Linear};
 use crate::moe::{softmax_topk_moe, SoftmaxTopKRouter, SwitchGlu};
 use crate::ops::{rms_norm, scalar_like, Result};
@@ -563,11 +564,12 @@ pub fn load_gated_delta_net(w: &mut Weights, layer: usize, s: DeltaNetShape) -> 
 
 /// `Qwen3NextAttention`'s weights: `q_proj` has 2 * heads * head_dim outputs
 /// (per head: the queries, then the output gate).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct GatedAttention {
     pub q_proj: Linear,
     pub k_proj: Linear,
     pub v_proj: Linear,
+    #[flat(elsewhere = crate::flat::unused_linear())]
     pub o_proj: Linear,
     pub q_norm: Array,
     pub k_norm: Array,
@@ -667,7 +669,7 @@ pub fn load_gated_attention(
 /// `Qwen3NextSparseMoeBlock`: qwen3_moe's routed experts (precise softmax
 /// over all experts, top-k, optional renormalization, SwiGLU experts) plus a
 /// shared SwiGLU expert scaled by `sigmoid(shared_expert_gate(x))`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct SharedExpertMoe {
     pub router: SoftmaxTopKRouter,
     pub experts: SwitchGlu,
@@ -706,21 +708,18 @@ impl SharedExpertMoe {
 /// `layers.{i}.mlp` of a layer with routed experts and a shared expert:
 /// router `mlp.gate`, SwiGLU experts `mlp.switch_mlp`, `mlp.shared_expert`
 /// and `mlp.shared_expert_gate` (one output).
-#[allow(clippy::too_many_arguments)]
 pub fn load_shared_expert_moe(
     w: &mut Weights,
     layer: usize,
     hidden: i32,
-    experts: i32,
-    top_k: i32,
-    width: i32,
+    shape: crate::moe::ExpertsShape,
     shared_width: i32,
     probs: crate::moe::TopKProbs,
 ) -> SharedExpertMoe {
     // The router and the routed experts are qwen3_moe's block's; then the
     // shared expert and its one-output gate.
     let SparseMoe { router, experts } =
-        crate::blocks::load_sparse_moe(w, layer, hidden, experts, top_k, width, probs);
+        crate::blocks::load_sparse_moe(w, layer, hidden, shape, probs);
     let p = format!("layers.{layer}.mlp");
     let se = format!("{p}.shared_expert");
     SharedExpertMoe {

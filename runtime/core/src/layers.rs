@@ -90,21 +90,22 @@ impl Linear {
 }
 
 /// `nn.Embedding` / `nn.QuantizedEmbedding`, also used as the tied head.
+/// Its table [rows, dims] is held as the bias-free [`Linear`] that
+/// `as_linear` is (`x @ table.T`, or the transposed `quantized_matmul`),
+/// so the tied head is that projection, pretransposed the same way.
 #[derive(Debug, Clone)]
 pub struct Embedding {
-    pub weight: Array,
-    pub quant: Option<Quantized>,
-    /// As [`Linear::weight_t`], for [`Embedding::as_linear`].
-    pub weight_t: Option<Array>,
+    pub table: Linear,
 }
 
 impl Embedding {
     /// `weight[ids]`, or `dequantize(weight[ids], scales[ids], biases[ids])`.
     pub fn lookup(&self, ids: &Array) -> Result<Array> {
-        match &self.quant {
-            None => self.weight.try_index(ids),
+        let Linear { weight, quant, .. } = &self.table;
+        match quant {
+            None => weight.try_index(ids),
             Some(q) => mlx_rs::ops::dequantize(
-                self.weight.try_index(ids)?,
+                weight.try_index(ids)?,
                 q.scales.try_index(ids)?,
                 &q.biases.try_index(ids)?,
                 q.group_size,
@@ -115,15 +116,12 @@ impl Embedding {
 
     /// `as_linear`: `x @ W.T`, or a transposed `quantized_matmul`.
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
-        match &self.weight_t {
-            Some(t) => x.matmul(t),
-            None => matmul_t(x, &self.weight, self.quant.as_ref()),
-        }
+        self.table.forward(x)
     }
 
     /// Keeps `weight.T` evaluated for [`Embedding::as_linear`].
     pub fn pretranspose(&mut self) {
-        self.weight_t = evaluated_t(&self.weight, self.quant.as_ref());
+        self.table.pretranspose();
     }
 }
 

@@ -42,6 +42,7 @@ pub mod deltanet;
 pub mod device;
 pub mod distributed;
 pub mod feed_forward;
+mod flat;
 pub mod layers;
 pub mod model;
 pub mod moe;

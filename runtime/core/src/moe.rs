@@ -7,16 +7,21 @@
 use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::Array;
 
+use crate::flat::Flat;
 use crate::layers::{Linear, SwitchLinear};
 use crate::ops::{geglu, rms_norm, scalar_like, swiglu, Result};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
+#[flat(key(self.top_k, self.hidden, self.eps.to_bits()))]
 pub struct Router {
     pub proj: Linear,
     pub scale: Array,
     pub per_expert_scale: Array,
+    #[flat(copied)]
     pub top_k: i32,
+    #[flat(copied)]
     pub hidden: i32,
+    #[flat(copied)]
     pub eps: f32,
 }
 
@@ -36,7 +41,7 @@ impl Router {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
 pub struct SwitchGlu {
     pub gate_proj: SwitchLinear,
     pub up_proj: SwitchLinear,
@@ -101,6 +106,15 @@ pub fn experts(glu: &SwitchGlu, x: &Array, idx: &Array, w: &Array) -> Result<Arr
     w.multiply(&y)?.sum_axis(-2, None)
 }
 
+/// The sizes routed experts load with (IR `Moe`): how many experts, how
+/// many of them each token takes, and each one's hidden width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertsShape {
+    pub count: i32,
+    pub top_k: i32,
+    pub width: i32,
+}
+
 /// Whether qwen3_moe's router renormalizes the chosen probabilities
 /// (`norm_topk_prob`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,10 +129,16 @@ pub enum TopKProbs {
 /// `softmax(gates, precise=True)` over every expert (in the activation
 /// dtype), `argpartition(gates, -k)[..., -k:]` on the probabilities,
 /// `take_along_axis`, then the optional renormalization.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Flat)]
+#[flat(key(self.top_k, match self.probs {
+    TopKProbs::Renormalized => 0,
+    TopKProbs::AsTaken => 1,
+}))]
 pub struct SoftmaxTopKRouter {
     pub gate: Linear,
+    #[flat(copied)]
     pub top_k: i32,
+    #[flat(copied)]
     pub probs: TopKProbs,
 }
 

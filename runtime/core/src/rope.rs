@@ -6,6 +6,7 @@
 use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::{Array, Dtype};
 
+use crate::flat::Flat;
 use crate::ops::Result;
 
 #[derive(Debug, Clone)]
@@ -156,13 +157,13 @@ impl Rope {
         };
         let theta = positions.expand_dims(-1)?.multiply(&inv_freqs)?;
         let (cos, sin) = (theta.cos()?, theta.sin()?);
-        Ok(RopeTables::Fallback {
+        Ok(RopeTables::Fallback(CosSin {
             dims: self.dims(),
             cos_t: cos.as_dtype(dtype)?,
             sin_t: sin.as_dtype(dtype)?,
             cos,
             sin,
-        })
+        }))
     }
 }
 
@@ -174,19 +175,26 @@ fn base_periods(base: f32, rotated: i32, dims: i32) -> Result<Array> {
     Array::from_f32(base).power(&exponents)
 }
 
+/// The tables of MLX's RoPE fallback for one step
+/// ([`Rope::fallback_tables`]): float32 `cos(theta)` and `sin(theta)`
+/// [L, dims / 2], and the same cast to one activation dtype (`cos_t`,
+/// `sin_t`).
+#[derive(Debug, Clone, Flat)]
+#[flat(key(self.dims))]
+pub struct CosSin {
+    #[flat(copied)]
+    pub dims: i32,
+    pub cos: Array,
+    pub sin: Array,
+    pub cos_t: Array,
+    pub sin_t: Array,
+}
+
 /// One step's RoPE for the compiled decode blocks ([`Rope::tables`]).
 #[derive(Debug, Clone)]
 pub enum RopeTables {
-    /// [`Rope::fallback_tables`]: float32 `cos(theta)` and `sin(theta)`
-    /// [L, dims / 2], and the same cast to one activation dtype (`cos_t`,
-    /// `sin_t`).
-    Fallback {
-        dims: i32,
-        cos: Array,
-        sin: Array,
-        cos_t: Array,
-        sin_t: Array,
-    },
+    /// [`Rope::fallback_tables`].
+    Fallback(CosSin),
     /// MLX's `fast.rope` of `rope` at `offset` (an int32 scalar array), one
     /// primitive with its own kernel on the GPU, as the eager blocks run it.
     Native { rope: Rope, offset: Array },
@@ -198,7 +206,7 @@ impl RopeTables {
     /// The rotation dims.
     pub fn dims(&self) -> i32 {
         match self {
-            RopeTables::Fallback { dims, .. } => *dims,
+            RopeTables::Fallback(t) => t.dims,
             RopeTables::Native { rope, .. } => rope.dims(),
             RopeTables::NoPe => 0,
         }
@@ -214,22 +222,17 @@ impl RopeTables {
 /// function without changing a bit (see `decode`). From
 /// [`RopeTables::Native`], [`Rope::apply`].
 pub fn apply_tables(x: &Array, t: &RopeTables) -> Result<Array> {
-    let (dims, cos, sin, cos_t, sin_t) = match t {
+    let t = match t {
         RopeTables::Native { rope, offset } => return rope.apply(x, offset),
         RopeTables::NoPe => return Ok(x.clone()),
-        RopeTables::Fallback {
-            dims,
-            cos,
-            sin,
-            cos_t,
-            sin_t,
-        } => (*dims, cos, sin, cos_t, sin_t),
+        RopeTables::Fallback(t) => t,
     };
+    let dims = t.dims;
     let half = dims / 2;
-    let (cos, sin) = if cos_t.dtype() == x.dtype() {
-        (cos_t.clone(), sin_t.clone())
+    let (cos, sin) = if t.cos_t.dtype() == x.dtype() {
+        (t.cos_t.clone(), t.sin_t.clone())
     } else {
-        (cos.as_dtype(x.dtype())?, sin.as_dtype(x.dtype())?)
+        (t.cos.as_dtype(x.dtype())?, t.sin.as_dtype(x.dtype())?)
     };
     let x1 = x.try_index((Ellipsis, ..half))?;
     let x2 = x.try_index((Ellipsis, half..dims))?;

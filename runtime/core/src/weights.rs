@@ -784,9 +784,12 @@ impl Weights {
     pub fn embedding(&mut self, path: &str, rows: i32, dims: i32) -> Embedding {
         let (weight, quant) = self.quantized(path, &[], rows, dims);
         Embedding {
-            weight,
-            quant,
-            weight_t: None,
+            table: Linear {
+                weight,
+                quant,
+                weight_t: None,
+                bias: None,
+            },
         }
     }
 

@@ -107,6 +107,15 @@ pub fn delta_net_shape(d: &ir::DeltaNet, hidden: usize, eps: f32) -> DeltaNetSha
     }
 }
 
+/// The sizes the runtime loads the IR's routed experts with.
+fn experts_shape(m: ir::Moe) -> b::ExpertsShape {
+    b::ExpertsShape {
+        count: m.num_experts as i32,
+        top_k: m.top_k as i32,
+        width: m.width as i32,
+    }
+}
+
 /// The runtime mirror of the IR's top-k probabilities.
 pub fn top_k_probs(p: ir::TopKProbs) -> b::TopKProbs {
     match p {
@@ -340,9 +349,7 @@ impl Monolith {
                             &mut w,
                             i,
                             hidden,
-                            moe.num_experts as i32,
-                            moe.top_k as i32,
-                            moe.width as i32,
+                            experts_shape(moe),
                             eps,
                         )),
                     },
@@ -364,9 +371,7 @@ impl Monolith {
                                 &mut w,
                                 i,
                                 hidden,
-                                moe.num_experts as i32,
-                                moe.top_k as i32,
-                                moe.width as i32,
+                                experts_shape(moe),
                                 shared.width as i32,
                                 top_k_probs(probs),
                             ))
@@ -389,9 +394,7 @@ impl Monolith {
                             &mut w,
                             i,
                             hidden,
-                            moe.num_experts as i32,
-                            moe.top_k as i32,
-                            moe.width as i32,
+                            experts_shape(moe),
                             top_k_probs(probs),
                         ))
                     }
@@ -747,7 +750,8 @@ impl CausalLm for Monolith {
                     let cache = kv_cache(caches[i].as_mut()).ok_or_else(|| {
                         Exception::custom(format!("layer {i}: a fused-QKV layer needs a K/V cache"))
                     })?;
-                    let (a, kvs) = b::attention_fused_qkv(&x, attn, *shape, rope, cache, mask)?;
+                    let (a, kvs) =
+                        b::attention_own_kv(&x, b::OwnQkv::Fused(attn), *shape, rope, cache, mask)?;
                     shared.insert(i, kvs);
                     a
                 }
@@ -759,8 +763,14 @@ impl CausalLm for Monolith {
                     ..
                 } => match (&attn.kv, kv_cache(caches[i].as_mut()), *source) {
                     (Some(kv), Some(cache), KvSource::Own { .. }) => {
-                        let (a, kvs) =
-                            b::attention_own_kv(&x, attn, kv, *shape, rope, cache, mask)?;
+                        let (a, kvs) = b::attention_own_kv(
+                            &x,
+                            b::OwnQkv::Separate { attn, kv },
+                            *shape,
+                            rope,
+                            cache,
+                            mask,
+                        )?;
                         shared.insert(i, kvs);
                         a
                     }
