@@ -563,16 +563,92 @@ fn owns_projected_kv(a: &Attention) -> bool {
     }
 }
 
+/// What the attention kinds held by [`MixerKindParts`] (gated attention,
+/// one `qkv_proj`) build alike before their forwards: the parts, the
+/// `SHAPE` constant and the forward's comments.
+struct AttentionKindParts {
+    parts: MixerKindParts,
+    shape: TokenStream,
+    /// `forward_batch`: the norm, the batched attention block, `finish`.
+    forward_batch: TokenStream,
+    composition: Composition,
+}
+
+impl AttentionKindParts {
+    /// The kind's struct and impl, `forward` its unbatched forward.
+    fn with_forward(self, forward: TokenStream) -> TokenStream {
+        let AttentionKindParts {
+            parts,
+            shape,
+            forward_batch,
+            composition: _,
+        } = self;
+        parts.with(
+            shape,
+            quote! {
+                #forward
+
+                #forward_batch
+            },
+        )
+    }
+}
+
+/// What a kind's forwards return: the hidden state, or beside it the K/V
+/// the layer computed (a model with donor layers threads it to readers).
+#[derive(Clone, Copy)]
+enum KindOutput {
+    Hidden,
+    HiddenAndKv,
+}
+
+/// [`AttentionKindParts`] of an attention kind whose blocks run only the
+/// attention forms for which `supported` holds; `unsupported` says which
+/// forms those are when it does not. `batch` is the batched block its
+/// `forward_batch` calls and what that forward returns.
+fn attention_kind_parts(
+    kind: &LayerKind,
+    a: &Attention,
+    ty: TokenStream,
+    mixer_load: TokenStream,
+    (batch_block, output): (TokenStream, KindOutput),
+    supported: bool,
+    unsupported: &str,
+) -> Result<AttentionKindParts, String> {
+    let parts = mixer_kind_parts(kind, "attn", ty, mixer_load)?;
+    if !supported {
+        return Err(format!("layer kind {}: {unsupported}", kind.name));
+    }
+    let shape = shape_tokens(a)?;
+    let (returns, binding, result) = match output {
+        KindOutput::Hidden => (quote! { Array }, quote! { a }, quote! { self.finish(h, a) }),
+        KindOutput::HiddenAndKv => (
+            quote! { (Array, b::SharedKv) },
+            quote! { (a, kv) },
+            quote! { Ok((self.finish(h, a)?, kv)) },
+        ),
+    };
+    Ok(AttentionKindParts {
+        parts,
+        shape: quote! {
+            const SHAPE: AttentionShape = #shape;
+        },
+        forward_batch: quote! {
+            /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
+            /// at each row's offset, a merged K/V cache.
+            fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<#returns> {
+                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+                let #binding = #batch_block(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
+                #result
+            }
+        },
+        composition: Composition::of(&kind.key.0),
+    })
+}
+
 /// A gated full-attention layer kind (`Qwen3NextAttention`): eager blocks
 /// for prefill, `decode::gated_attention` for one-token steps.
 fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream, String> {
-    let l = &kind.key.0;
-    let parts = mixer_kind_parts(
-        kind,
-        "attn",
-        quote! { deltanet::GatedAttention },
-        quote! { deltanet::load_gated_attention(w, i, HIDDEN, Self::SHAPE) },
-    )?;
     let supported = owns_projected_kv(a)
         && a.window == Window::Full
         && a.qk_norm == QkNorm::RmsPerHead
@@ -581,23 +657,18 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         && a.scores == Scores::FusedSdpa
         && !a.rope.traditional
         && a.projection == QkvProjection::Separate;
-    if !supported {
-        return Err(format!(
-            "layer kind {}: an output-gated attention runs only as Qwen3Next's (own projected K/V, full window, q/k RMSNorm, no bias, fused SDPA, non-traditional RoPE, separate q/k/v projections)",
-            kind.name
-        ));
-    }
-    let shape = shape_tokens(a)?;
-    let Composition {
-        decode: c_decode,
-        norm: c_norm,
-        mixer: c_mixer,
-        rest: c_rest,
-    } = Composition::of(l);
-    let shape = quote! {
-        const SHAPE: AttentionShape = #shape;
-    };
-    let methods = quote! {
+    let kind_parts = attention_kind_parts(
+        kind,
+        a,
+        quote! { deltanet::GatedAttention },
+        quote! { deltanet::load_gated_attention(w, i, HIDDEN, Self::SHAPE) },
+        (quote! { batch_blocks::gated_attention }, KindOutput::Hidden),
+        supported,
+        "an output-gated attention runs only as Qwen3Next's (own projected K/V, full window, q/k RMSNorm, no bias, fused SDPA, non-traditional RoPE, separate q/k/v projections)",
+    )?;
+    let c = &kind_parts.composition;
+    let (c_decode, c_norm, c_mixer, c_rest) = (&c.decode, &c.norm, &c.mixer, &c.rest);
+    let forward = quote! {
         /// One-token steps through the compiled decode blocks around
         /// the cache (where `decode` is enabled; this step's RoPE
         /// tables computed here), prefill through the eager blocks.
@@ -621,48 +692,31 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
             #c_rest
             self.finish(h, a)
         }
-
-        /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
-        /// at each row's offset, a merged K/V cache.
-        fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<Array> {
-            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-            let a = batch_blocks::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
-            self.finish(h, a)
-        }
     };
-    Ok(parts.with(shape, methods))
+    Ok(kind_parts.with_forward(forward))
 }
 
 /// A layer kind with one `qkv_proj` (phi3.py's attention): its own K/V
 /// split from one product, run by the eager blocks for every step (the
 /// compiled decode blocks take separate projections).
 fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream, String> {
-    let l = &kind.key.0;
-    let parts = mixer_kind_parts(
-        kind,
-        "attn",
-        quote! { b::FusedQkvAttention },
-        quote! { b::load_fused_qkv_attention(w, i, HIDDEN, Self::SHAPE) },
-    )?;
     let supported =
         owns_projected_kv(a) && a.qk_norm == QkNorm::None && a.bias == ProjectionBias::None;
-    if !supported {
-        return Err(format!(
-            "layer kind {}: a fused qkv_proj runs only on a layer with K/V of its own (V projected), no bias and no q/k norm",
-            kind.name
-        ));
-    }
-    let shape = shape_tokens(a)?;
-    let Composition {
-        norm: c_norm,
-        mixer: c_mixer,
-        rest: c_rest,
-        ..
-    } = Composition::of(l);
-    let shape = quote! {
-        const SHAPE: AttentionShape = #shape;
-    };
-    let methods = quote! {
+    let kind_parts = attention_kind_parts(
+        kind,
+        a,
+        quote! { b::FusedQkvAttention },
+        quote! { b::load_fused_qkv_attention(w, i, HIDDEN, Self::SHAPE) },
+        (
+            quote! { batch_blocks::attention_fused_qkv },
+            KindOutput::HiddenAndKv,
+        ),
+        supported,
+        "a fused qkv_proj runs only on a layer with K/V of its own (V projected), no bias and no q/k norm",
+    )?;
+    let c = &kind_parts.composition;
+    let (c_norm, c_mixer, c_rest) = (&c.norm, &c.mixer, &c.rest);
+    let forward = quote! {
         /// Eager for one token too: the compiled decode blocks take
         /// separate q/k/v projections.
         fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<(Array, b::SharedKv)> {
@@ -673,17 +727,8 @@ fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
             #c_rest
             Ok((self.finish(h, a)?, kv))
         }
-
-        /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
-        /// at each row's offset, a merged K/V cache.
-        fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<(Array, b::SharedKv)> {
-            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-            let (a, kv) = batch_blocks::attention_fused_qkv(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
-            Ok((self.finish(h, a)?, kv))
-        }
-
     };
-    Ok(parts.with(shape, methods))
+    Ok(kind_parts.with_forward(forward))
 }
 
 /// Whether the layer's kind holds its feed-forward half as the runtime's
