@@ -587,55 +587,18 @@ pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
     let slice = every_ple.then(|| {
         quote! { let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?; }
     });
-    let forward = if any_donor {
-        quote! {
-            let mut kv_caches = cache.kv.iter_mut();
-            #states_iter
-            // The K/V each layer computed, for the later layers reading it.
-            let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
-            #each {
-                #slice
-                let (out, kv) = match layer {
-                    #(#steps)*
-                };
-                h = out;
-                computed.push(kv);
-            }
-        }
-    } else {
-        quote! {
-            let mut kv_caches = cache.kv.iter_mut();
-            #states_iter
-            #each {
-                #slice
-                h = match layer {
-                    #(#steps)*
-                };
-            }
-        }
+    let layers_loop = layer_loop(any_donor, &each, &slice, &steps);
+    let forward = quote! {
+        let mut kv_caches = cache.kv.iter_mut();
+        #states_iter
+        #layers_loop
     };
-    let forward_batch = if any_donor {
-        quote! {
-            let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
-            for (i, layer) in self.layers.iter().enumerate() {
-                #slice
-                let (out, kv) = match layer {
-                    #(#batch_steps)*
-                };
-                h = out;
-                computed.push(kv);
-            }
-        }
-    } else {
-        quote! {
-            for (i, layer) in self.layers.iter().enumerate() {
-                #slice
-                h = match layer {
-                    #(#batch_steps)*
-                };
-            }
-        }
-    };
+    let forward_batch = layer_loop(
+        any_donor,
+        &quote! { for (i, layer) in self.layers.iter().enumerate() },
+        &slice,
+        &batch_steps,
+    );
     Ok(Layout {
         items,
         load,
@@ -645,4 +608,38 @@ pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
         forward_batch,
         batch_caches: quote! { LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect() },
     })
+}
+
+/// The loop over the layers of a forward (batched or not): `each` its
+/// header, `slice` what each iteration takes first, `steps` the match arms
+/// that run one layer. With donor layers each layer also yields the K/V it
+/// computed, kept in `computed` for the later layers that read it.
+fn layer_loop(
+    any_donor: bool,
+    each: &TokenStream,
+    slice: &Option<TokenStream>,
+    steps: &[TokenStream],
+) -> TokenStream {
+    if any_donor {
+        quote! {
+            let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+            #each {
+                #slice
+                let (out, kv) = match layer {
+                    #(#steps)*
+                };
+                h = out;
+                computed.push(kv);
+            }
+        }
+    } else {
+        quote! {
+            #each {
+                #slice
+                h = match layer {
+                    #(#steps)*
+                };
+            }
+        }
+    }
 }

@@ -33,15 +33,9 @@ struct Row {
 struct RowBody {
     kind: String,
     norms: String,
-    window: String,
-    kv: String,
-    heads: String,
-    head_dim: String,
-    qkv_norm: String,
-    rope: String,
-    scale: String,
+    #[serde(flatten)]
+    mixer: MixerCols,
     ffn: String,
-    kv_quant: String,
 }
 
 #[derive(Serialize)]
@@ -84,6 +78,19 @@ fn rope_text(r: RopeForm) -> String {
     }
 }
 
+/// How a MoE block picks its experts.
+fn router_text(router: Router) -> &'static str {
+    match router {
+        Router::ScaledTopKSoftmax => "scaled top-k softmax router",
+        Router::SoftmaxTopK {
+            probs: TopKProbs::Renormalized,
+        } => "softmax then top-k, renormalized",
+        Router::SoftmaxTopK {
+            probs: TopKProbs::AsTaken,
+        } => "softmax then top-k",
+    }
+}
+
 fn mlp_text(m: GatedMlp) -> String {
     let act = match m.activation {
         Activation::GeluApprox => "GeGLU",
@@ -98,6 +105,7 @@ fn mlp_text(m: GatedMlp) -> String {
 
 /// The mixer's columns of a layer row: (window, K/V, heads, head dim,
 /// q/k/v norm, rope, scale, KV quant).
+#[derive(Serialize, PartialEq)]
 struct MixerCols {
     window: String,
     kv: String,
@@ -156,7 +164,7 @@ fn row(plan: &Plan, l: &Layer) -> RowBody {
         .chain(extra)
         .collect::<Vec<_>>()
         .join(", ");
-    let m = match &l.mixer {
+    let mixer = match &l.mixer {
         Mixer::Attention(a) => attention_cols(a),
         Mixer::GatedDeltaNet(d) => MixerCols {
             window: "linear (Gated DeltaNet)".to_string(),
@@ -176,19 +184,11 @@ fn row(plan: &Plan, l: &Layer) -> RowBody {
             kv_quant: "-".to_string(),
         },
     };
-    let ffn = ffn_text(l.ffn);
     RowBody {
         kind: plan.kinds[plan.layer_kind[l.index]].name.clone(),
         norms,
-        window: m.window,
-        kv: m.kv,
-        heads: m.heads,
-        head_dim: m.head_dim,
-        qkv_norm: m.qkv_norm,
-        rope: m.rope,
-        scale: m.scale,
-        ffn,
-        kv_quant: m.kv_quant,
+        mixer,
+        ffn: ffn_text(l.ffn),
     }
 }
 
@@ -270,30 +270,14 @@ fn ffn_text(ffn: FeedForward) -> String {
             moe.num_experts,
             moe.top_k,
             moe.width,
-            match moe.router {
-                Router::ScaledTopKSoftmax => "scaled top-k softmax router",
-                Router::SoftmaxTopK {
-                    probs: TopKProbs::Renormalized,
-                } => "softmax then top-k, renormalized",
-                Router::SoftmaxTopK {
-                    probs: TopKProbs::AsTaken,
-                } => "softmax then top-k",
-            }
+            router_text(moe.router)
         ),
         FeedForward::MoeAndSharedExpert { moe, shared } => format!(
             "MoE {} experts top-{} width {} ({}) + shared expert {} (sigmoid gate), no dense MLP",
             moe.num_experts,
             moe.top_k,
             moe.width,
-            match moe.router {
-                Router::ScaledTopKSoftmax => "scaled top-k softmax router",
-                Router::SoftmaxTopK {
-                    probs: TopKProbs::Renormalized,
-                } => "softmax then top-k, renormalized",
-                Router::SoftmaxTopK {
-                    probs: TopKProbs::AsTaken,
-                } => "softmax then top-k",
-            },
+            router_text(moe.router),
             shared.width
         ),
     }
