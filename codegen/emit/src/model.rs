@@ -14,7 +14,7 @@ use archgen_ir::{
     Softcap, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values, Window,
 };
 use archgen_ir::{GateUpProjection, GatedMlp, QkvProjection};
-use archgen_plan::{LayerKind, Plan};
+use archgen_plan::{rope_parameters, LayerKind, Plan, RopeNumber};
 use proc_macro2::{Ident, Literal, TokenStream};
 use quote::quote;
 
@@ -1114,23 +1114,17 @@ fn rope_init(a: &Attention) -> Result<TokenStream, String> {
             let rotated = lit_i32(a.rope.rotated_dims)?;
             quote! { Rope::proportional(#hd, #rotated, #theta, #factor).map_err(|e| ModelError(e.to_string()))? }
         }
-        RopeKind::Llama3 {
-            theta,
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        } => {
-            let theta = lit_f32(theta);
-            let [factor, low, high, original] = [
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            ]
-            .map(Literal::f64_suffixed);
+        RopeKind::Llama3 { .. } => {
+            // `Rope::llama3` takes θ and the scaling in plan's order.
+            let numbers = rope_parameters(a.rope.kind)
+                .numbers
+                .into_iter()
+                .map(|(_, n)| match n {
+                    RopeNumber::F32(v) => lit_f32(v),
+                    RopeNumber::F64(v) => Literal::f64_suffixed(v),
+                });
             quote! {
-                Rope::llama3(#hd, #theta, #factor, #low, #high, #original)
+                Rope::llama3(#hd, #(#numbers),*)
                     .map_err(|e| ModelError(e.to_string()))?
             }
         }

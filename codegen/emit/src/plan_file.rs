@@ -14,7 +14,7 @@ use archgen_ir::{
     Scores, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values, Window,
 };
 use archgen_ir::{GateUpProjection, QkvProjection};
-use archgen_plan::{Plan, GENERATOR_VERSION};
+use archgen_plan::{rope_parameters, Plan, RopeParameters, GENERATOR_VERSION};
 use minijinja::{Environment, UndefinedBehavior};
 use serde::Serialize;
 
@@ -54,26 +54,17 @@ struct ParamRow {
     dtype: &'static str,
 }
 
+/// The RoPE column: the kind's name and its labelled numbers (plan's
+/// [`rope_parameters`], the reading the fingerprint hashes).
 fn rope_text(r: RopeForm) -> String {
+    let RopeParameters { name, numbers } = rope_parameters(r.kind);
+    let numbers: String = numbers
+        .iter()
+        .map(|(label, n)| format!(" {label}={n}"))
+        .collect();
     match r.kind {
-        RopeKind::Default { theta } => format!("default θ={theta}"),
-        RopeKind::Proportional {
-            theta,
-            partial_rotary_factor,
-            factor,
-        } => format!(
-            "proportional θ={theta} p={partial_rotary_factor} factor={factor} ({} dims)",
-            r.rotated_dims
-        ),
-        RopeKind::Llama3 {
-            theta,
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        } => format!(
-            "llama3 θ={theta} factor={factor} low={low_freq_factor} high={high_freq_factor} original={original_max_position_embeddings}"
-        ),
+        RopeKind::Default { .. } | RopeKind::Llama3 { .. } => format!("{name}{numbers}"),
+        RopeKind::Proportional { .. } => format!("{name}{numbers} ({} dims)", r.rotated_dims),
         RopeKind::NoPe => "none (NoPE)".to_string(),
     }
 }

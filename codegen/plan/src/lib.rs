@@ -43,6 +43,7 @@
 //! # Ok::<(), String>(())
 //! ```
 
+pub mod rope;
 pub mod tensor_parallel;
 
 use archgen_families::Spec;
@@ -53,6 +54,7 @@ use archgen_ir::{
 };
 use archgen_ir::{GateUpProjection, QkvProjection};
 use archgen_ir::{ModuleKind, QuantMode, RopeKind};
+pub use rope::{rope_parameters, RopeNumber, RopeParameters};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -225,35 +227,19 @@ fn f64_bits(v: f64) -> String {
     format!("{:#018x}", v.to_bits())
 }
 
+/// The RoPE kind as `[name, number bits…]`: f32 numbers by their 32 bits,
+/// f64 ones by their 64.
 fn rope_json(kind: RopeKind) -> Value {
-    match kind {
-        RopeKind::Default { theta } => json!(["default", f32_bits(theta)]),
-        RopeKind::Proportional {
-            theta,
-            partial_rotary_factor,
-            factor,
-        } => json!([
-            "proportional",
-            f32_bits(theta),
-            f32_bits(partial_rotary_factor),
-            f32_bits(factor)
-        ]),
-        RopeKind::Llama3 {
-            theta,
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        } => json!([
-            "llama3",
-            f32_bits(theta),
-            f64_bits(factor),
-            f64_bits(low_freq_factor),
-            f64_bits(high_freq_factor),
-            f64_bits(original_max_position_embeddings)
-        ]),
-        RopeKind::NoPe => json!(["none"]),
-    }
+    let RopeParameters { name, numbers } = rope_parameters(kind);
+    let bits = numbers.iter().map(|&(_, n)| match n {
+        RopeNumber::F32(v) => f32_bits(v),
+        RopeNumber::F64(v) => f64_bits(v),
+    });
+    Value::from(
+        std::iter::once(name.to_string())
+            .chain(bits)
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// A layer's IR block as JSON: every fact, floats by bits, enums by name.
