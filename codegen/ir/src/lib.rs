@@ -744,178 +744,159 @@ impl ModelIr {
     }
 }
 
-/// Top-level `model_type` values: the three that mlx-lm 0.32.2 runs through
-/// `gemma4_text`, `qwen3`, `llama`, `mistral` (run by `llama.py`: mlx-lm's
-/// `MODEL_REMAPPING`) and `qwen2`.
-// serde and the schema: `identity.source.model_type` of a spec document is this type.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum ConfigModelType {
-    Gemma4,
-    Gemma4Text,
-    Gemma4Unified,
-    Qwen3,
-    Llama,
-    /// Mistral: mlx-lm remaps it to `llama`.
-    Mistral,
-    Qwen2,
-    Gemma2,
-    Qwen3Moe,
-    #[serde(rename = "minicpm")]
-    MiniCpm,
-    /// Qwen3.5 (`qwen3_5.py`; config.json flat or under `text_config`).
-    #[serde(rename = "qwen3_5")]
-    Qwen35,
-    /// Qwen3.5 / Qwen3.6 MoE (`qwen3_5_moe.py`: qwen3_5 with the fused HF
-    /// experts split by its sanitize).
-    #[serde(rename = "qwen3_5_moe")]
-    Qwen35Moe,
-    /// SmolLM3 (`smollm3.py`: `llama.LlamaModel` with `NoPE` layers).
-    #[serde(rename = "smollm3")]
-    SmolLm3,
-    Granite,
-    Phi3,
-    Olmo2,
-}
-
-impl ConfigModelType {
-    /// Every model type, in declaration order.
-    pub const ALL: [ConfigModelType; 16] = [
-        ConfigModelType::Gemma4,
-        ConfigModelType::Gemma4Text,
-        ConfigModelType::Gemma4Unified,
-        ConfigModelType::Qwen3,
-        ConfigModelType::Llama,
-        ConfigModelType::Mistral,
-        ConfigModelType::Qwen2,
-        ConfigModelType::Gemma2,
-        ConfigModelType::Qwen3Moe,
-        ConfigModelType::MiniCpm,
-        ConfigModelType::Qwen35,
-        ConfigModelType::Qwen35Moe,
-        ConfigModelType::SmolLm3,
-        ConfigModelType::Granite,
-        ConfigModelType::Phi3,
-        ConfigModelType::Olmo2,
-    ];
-
-    /// The config.json spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ConfigModelType::Gemma4 => "gemma4",
-            ConfigModelType::Gemma4Text => "gemma4_text",
-            ConfigModelType::Gemma4Unified => "gemma4_unified",
-            ConfigModelType::Qwen3 => "qwen3",
-            ConfigModelType::Llama => "llama",
-            ConfigModelType::Mistral => "mistral",
-            ConfigModelType::Qwen2 => "qwen2",
-            ConfigModelType::Gemma2 => "gemma2",
-            ConfigModelType::Qwen3Moe => "qwen3_moe",
-            ConfigModelType::MiniCpm => "minicpm",
-            ConfigModelType::Qwen35 => "qwen3_5",
-            ConfigModelType::Qwen35Moe => "qwen3_5_moe",
-            ConfigModelType::SmolLm3 => "smollm3",
-            ConfigModelType::Granite => "granite",
-            ConfigModelType::Phi3 => "phi3",
-            ConfigModelType::Olmo2 => "olmo2",
+/// Declares [`Family`] and [`ConfigModelType`] from one table: each family
+/// with its spelling, then the `model_type`s mlx-lm runs through that family
+/// beside the one spelled as the family. From the table come both enums
+/// (declaration order = table order, which the schema and
+/// [`ConfigModelType::ALL`] follow), their `as_str` and serde spellings, and
+/// [`ConfigModelType::family`]. Adding a family is one row here.
+macro_rules! families_and_model_types {
+    (
+        $(#[doc = $model_type_enum_doc:literal])*
+        enum ConfigModelType;
+        $(#[doc = $family_enum_doc:literal])*
+        enum Family;
+        $(
+            $(#[doc = $family_doc:literal])*
+            $family:ident = $spelling:literal {
+                $(#[doc = $model_type_doc:literal])*
+                ;
+                $(
+                    $(#[doc = $alias_doc:literal])*
+                    $alias:ident = $alias_spelling:literal,
+                )*
+            }
+        )*
+    ) => {
+        $(#[doc = $model_type_enum_doc])*
+        // serde and the schema: `identity.source.model_type` of a spec document is this type.
+        #[derive(
+            Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+        )]
+        pub enum ConfigModelType {
+            $(
+                $(#[doc = $model_type_doc])*
+                #[serde(rename = $spelling)]
+                $family,
+                $(
+                    $(#[doc = $alias_doc])*
+                    #[serde(rename = $alias_spelling)]
+                    $alias,
+                )*
+            )*
         }
-    }
+
+        impl ConfigModelType {
+            /// Every model type, in declaration order.
+            pub const ALL: [ConfigModelType; [$(stringify!($family), $(stringify!($alias),)*)*].len()] = [
+                $(ConfigModelType::$family, $(ConfigModelType::$alias,)*)*
+            ];
+
+            /// The config.json spelling.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(
+                        ConfigModelType::$family => $spelling,
+                        $(ConfigModelType::$alias => $alias_spelling,)*
+                    )*
+                }
+            }
+
+            /// The family whose mlx-lm module reads this `model_type`: the one place
+            /// that maps the checkpoint's name to a spec layout.
+            pub fn family(self) -> Family {
+                match self {
+                    $(ConfigModelType::$family $(| ConfigModelType::$alias)* => Family::$family,)*
+                }
+            }
+        }
+
+        $(#[doc = $family_enum_doc])*
+        #[derive(
+            Debug,
+            Clone,
+            Copy,
+            PartialEq,
+            Eq,
+            Hash,
+            serde::Serialize,
+            serde::Deserialize,
+            schemars::JsonSchema,
+        )]
+        pub enum Family {
+            $(
+                $(#[doc = $family_doc])*
+                #[serde(rename = $spelling)]
+                $family,
+            )*
+        }
+
+        impl Family {
+            /// The spec spelling.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Family::$family => $spelling,)*
+                }
+            }
+        }
+    };
 }
 
-/// Model family: which document layout the spec has and which runtime blocks run it.
-// Beside [`ConfigModelType`] so that the two enums a family adds and the one
-// map between them ([`ConfigModelType::family`]) are in one place.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    serde::Serialize,
-    serde::Deserialize,
-    schemars::JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Family {
+families_and_model_types! {
+    /// Top-level `model_type` values: the three that mlx-lm 0.32.2 runs through
+    /// `gemma4_text`, `qwen3`, `llama`, `mistral` (run by `llama.py`: mlx-lm's
+    /// `MODEL_REMAPPING`) and `qwen2`.
+    enum ConfigModelType;
+    /// Model family: which document layout the spec has and which runtime blocks run it.
+    enum Family;
+
     /// Gemma-4 text models (`gemma4_text.py`).
-    Gemma4,
+    Gemma4 = "gemma4" {
+        ;
+        Gemma4Text = "gemma4_text",
+        Gemma4Unified = "gemma4_unified",
+    }
     /// Dense Qwen3 (`qwen3.py`): q/k RMSNorm per head, SwiGLU.
-    Qwen3,
+    Qwen3 = "qwen3" { ; }
     /// Dense Llama (`llama.py`), incl. Llama-3 RoPE scaling; also Mistral,
     /// which mlx-lm runs as llama (`MODEL_REMAPPING`).
-    Llama,
+    Llama = "llama" {
+        ;
+        /// Mistral: mlx-lm remaps it to `llama`.
+        Mistral = "mistral",
+    }
     /// Dense Qwen2 / Qwen2.5 (`qwen2.py`): a bias on the q, k and v projections.
-    Qwen2,
+    Qwen2 = "qwen2" { ; }
     /// Gemma-2 (`gemma2.py`): `1 + w` norms, softcapped written-out attention.
-    Gemma2,
+    Gemma2 = "gemma2" { ; }
     /// Qwen3-MoE (`qwen3_moe.py`): Qwen3 attention, routed SwiGLU experts.
-    Qwen3Moe,
+    Qwen3Moe = "qwen3_moe" { ; }
     /// MiniCPM (`minicpm.py`): Llama's stack with embedding, residual and logit scales.
-    #[serde(rename = "minicpm")]
-    MiniCpm,
+    MiniCpm = "minicpm" { ; }
     /// Qwen3.5 / Qwen3.6 (`qwen3_5.py`): Gated DeltaNet layers with a gated
     /// full-attention layer every `full_attention_interval`.
-    #[serde(rename = "qwen3_5")]
-    Qwen35,
+    Qwen35 = "qwen3_5" {
+        /// Qwen3.5 (`qwen3_5.py`; config.json flat or under `text_config`).
+        ;
+        /// Qwen3.5 / Qwen3.6 MoE (`qwen3_5_moe.py`: qwen3_5 with the fused HF
+        /// experts split by its sanitize).
+        Qwen35Moe = "qwen3_5_moe",
+    }
     /// SmolLM3 (`smollm3.py`): Llama's stack without RoPE on every
     /// `no_rope_layer_interval`-th layer (its `NoPE` module).
-    #[serde(rename = "smollm3")]
-    SmolLm3,
+    SmolLm3 = "smollm3" {
+        /// SmolLM3 (`smollm3.py`: `llama.LlamaModel` with `NoPE` layers).
+        ;
+    }
     /// Granite (`granite.py`): Llama's stack with embedding, attention,
     /// residual and logits multipliers.
-    Granite,
+    Granite = "granite" { ; }
     /// Phi-3 (`phi3.py`): Llama's stack with one fused `qkv_proj` and one fused
     /// `gate_up_proj`, each a matmul then split.
-    Phi3,
+    Phi3 = "phi3" { ; }
     /// OLMo-2 (`olmo2.py`): Llama's sizes with the norms after the mixer and
     /// the MLP (none before) and q/k RMSNorm over the whole projections.
-    Olmo2,
-}
-
-impl Family {
-    /// The spec spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Family::Gemma4 => "gemma4",
-            Family::Qwen3 => "qwen3",
-            Family::Llama => "llama",
-            Family::Qwen2 => "qwen2",
-            Family::Gemma2 => "gemma2",
-            Family::Qwen3Moe => "qwen3_moe",
-            Family::MiniCpm => "minicpm",
-            Family::Qwen35 => "qwen3_5",
-            Family::SmolLm3 => "smollm3",
-            Family::Granite => "granite",
-            Family::Phi3 => "phi3",
-            Family::Olmo2 => "olmo2",
-        }
-    }
-}
-
-impl ConfigModelType {
-    /// The family whose mlx-lm module reads this `model_type`: the one place
-    /// that maps the checkpoint's name to a spec layout.
-    pub fn family(self) -> Family {
-        match self {
-            ConfigModelType::Gemma4
-            | ConfigModelType::Gemma4Text
-            | ConfigModelType::Gemma4Unified => Family::Gemma4,
-            ConfigModelType::Qwen3 => Family::Qwen3,
-            ConfigModelType::Llama | ConfigModelType::Mistral => Family::Llama,
-            ConfigModelType::Qwen2 => Family::Qwen2,
-            ConfigModelType::Gemma2 => Family::Gemma2,
-            ConfigModelType::Qwen3Moe => Family::Qwen3Moe,
-            ConfigModelType::MiniCpm => Family::MiniCpm,
-            ConfigModelType::Qwen35 | ConfigModelType::Qwen35Moe => Family::Qwen35,
-            ConfigModelType::SmolLm3 => Family::SmolLm3,
-            ConfigModelType::Granite => Family::Granite,
-            ConfigModelType::Phi3 => Family::Phi3,
-            ConfigModelType::Olmo2 => Family::Olmo2,
-        }
-    }
+    Olmo2 = "olmo2" { ; }
 }
 
 /// RoPE of one layer.
