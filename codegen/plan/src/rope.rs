@@ -35,9 +35,9 @@ pub struct RopeParameters {
 /// The name and numbers of `kind`. Every field is bound by name (no `..`),
 /// so a new RoPE field does not compile until the fingerprint covers it.
 pub fn rope_parameters(kind: RopeKind) -> RopeParameters {
-    use RopeNumber::{F32, F64};
-    let (name, numbers) = match kind {
-        RopeKind::Default { theta } => ("default", vec![("θ", F32(theta))]),
+    // Only the Llama-3 scaling is f64; every other number is f32.
+    let (name, f32s, f64s): (_, Vec<(_, f32)>, Vec<(_, f64)>) = match kind {
+        RopeKind::Default { theta } => ("default", vec![("θ", theta)], Vec::new()),
         RopeKind::Proportional {
             theta,
             partial_rotary_factor,
@@ -45,10 +45,11 @@ pub fn rope_parameters(kind: RopeKind) -> RopeParameters {
         } => (
             "proportional",
             vec![
-                ("θ", F32(theta)),
-                ("p", F32(partial_rotary_factor)),
-                ("factor", F32(factor)),
+                ("θ", theta),
+                ("p", partial_rotary_factor),
+                ("factor", factor),
             ],
+            Vec::new(),
         ),
         RopeKind::Llama3 {
             theta,
@@ -58,16 +59,24 @@ pub fn rope_parameters(kind: RopeKind) -> RopeParameters {
             original_max_position_embeddings,
         } => (
             "llama3",
+            vec![("θ", theta)],
             vec![
-                ("θ", F32(theta)),
-                ("factor", F64(factor)),
-                ("low", F64(low_freq_factor)),
-                ("high", F64(high_freq_factor)),
-                ("original", F64(original_max_position_embeddings)),
+                ("factor", factor),
+                ("low", low_freq_factor),
+                ("high", high_freq_factor),
+                ("original", original_max_position_embeddings),
             ],
         ),
-        RopeKind::NoPe => ("none", Vec::new()),
+        RopeKind::NoPe => ("none", Vec::new(), Vec::new()),
     };
+    let numbers = f32s
+        .into_iter()
+        .map(|(label, v)| (label, RopeNumber::F32(v)))
+        .chain(
+            f64s.into_iter()
+                .map(|(label, v)| (label, RopeNumber::F64(v))),
+        )
+        .collect();
     RopeParameters { name, numbers }
 }
 
