@@ -9,13 +9,27 @@ use archgen_ir::{
     NormWeight, OutputGate, ProjectionBias, QkNorm, QkvProjection, Residual, Scores, Values,
 };
 use proc_macro2::TokenStream;
+use quote::quote;
+
+/// The lines of one kind's unbatched forward that differ by kind; the
+/// input norm (`x`, where the layer has one) is [`Composition::forward_body`]'s.
+pub(crate) struct ForwardLines {
+    /// The one-token branch through the compiled decode blocks, where the
+    /// kind has one (it returns from the forward).
+    pub decode: Option<TokenStream>,
+    /// The mixer call, binding `a` (and `kv` where the kind yields it).
+    pub mixer: TokenStream,
+    /// From `finish` to the forward's value.
+    pub finish: TokenStream,
+}
 
 /// The comments of one kind's forward, in the order its lines run.
 pub(crate) struct Composition {
     /// Before the one-token branch: the compiled block runs the same layer.
     pub decode: TokenStream,
-    /// Before the norm in front of the mixer (none in a post-norm layer).
-    pub norm: TokenStream,
+    /// Before the norm in front of the mixer; `None` in a post-norm layer,
+    /// which has no such norm.
+    pub norm: Option<TokenStream>,
     /// Before the mixer call.
     pub mixer: TokenStream,
     /// Before the `finish` call: the residual, feed-forward, residual and
@@ -26,13 +40,13 @@ pub(crate) struct Composition {
 impl Composition {
     pub fn of(l: &Layer) -> Self {
         let norm = match l.norms.arrangement {
-            NormArrangement::PreNorm | NormArrangement::Sandwich => match l.norms.weight {
+            NormArrangement::PreNorm | NormArrangement::Sandwich => Some(match l.norms.weight {
                 NormWeight::Direct => comment("x = self.input_layernorm(h)"),
                 NormWeight::OnePlus => {
                     comment("x = self.input_layernorm(h), its weight 1 + w folded at load")
                 }
-            },
-            NormArrangement::PostNorm => TokenStream::new(),
+            }),
+            NormArrangement::PostNorm => None,
         };
         let input = match l.norms.arrangement {
             NormArrangement::PreNorm | NormArrangement::Sandwich => "x",
@@ -55,6 +69,38 @@ impl Composition {
             norm,
             mixer: comment(&mixer),
             rest: rest.into_iter().collect(),
+        }
+    }
+
+    /// A kind's unbatched forward body, each line after the comment saying
+    /// what it is: the one-token branch, the input norm, the mixer, then
+    /// `finish` (residual, feed-forward, residual, scalar).
+    pub fn forward_body(&self, lines: ForwardLines) -> TokenStream {
+        let ForwardLines {
+            decode: decode_branch,
+            mixer: mixer_line,
+            finish,
+        } = lines;
+        let Composition {
+            decode,
+            norm,
+            mixer,
+            rest,
+        } = self;
+        let decode = decode_branch.map(|branch| quote! { #decode #branch });
+        let norm = norm.as_ref().map(|comment| {
+            quote! {
+                #comment
+                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            }
+        });
+        quote! {
+            #decode
+            #norm
+            #mixer
+            #mixer_line
+            #rest
+            #finish
         }
     }
 }

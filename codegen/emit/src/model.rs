@@ -19,7 +19,7 @@ use proc_macro2::{Ident, Literal, TokenStream};
 use quote::quote;
 
 use crate::comments::comment;
-use crate::composition::Composition;
+use crate::composition::{Composition, ForwardLines};
 use crate::layout::{layout_tokens, Layout};
 use crate::tokens::{ident, lit_f32, lit_i32, rope_context, window_name, windows};
 
@@ -505,12 +505,21 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
     ]
     .map(lit_i32);
     let (kh, vh, kd, vd, conv) = (kh?, vh?, kd?, vd?, conv?);
-    let Composition {
-        decode: c_decode,
-        norm: c_norm,
-        mixer: c_mixer,
-        rest: c_rest,
-    } = Composition::of(l);
+    let body = Composition::of(l).forward_body(ForwardLines {
+        decode: Some(quote! {
+            if h.shape()[1] == 1 && decode::enabled() {
+                let layer = decode::DeltaNetLayer {
+                    norms: &self.norms,
+                    mixer: &self.mixer,
+                    ffn: &self.ffn,
+                    eps: EPS,
+                };
+                return decode::delta_net(h, &layer, cache);
+            }
+        }),
+        mixer: quote! { let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?; },
+        finish: quote! { self.finish(h, a) },
+    });
     let shape = quote! {
         const SHAPE: deltanet::DeltaNetShape = deltanet::DeltaNetShape {
             hidden: HIDDEN, num_k_heads: #kh, num_v_heads: #vh, head_k_dim: #kd,
@@ -521,22 +530,7 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
         /// One-token steps through the compiled decode block (where
         /// `decode` is enabled), prefill through the eager blocks.
         fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
-            #c_decode
-            if h.shape()[1] == 1 && decode::enabled() {
-                let layer = decode::DeltaNetLayer {
-                    norms: &self.norms,
-                    mixer: &self.mixer,
-                    ffn: &self.ffn,
-                    eps: EPS,
-                };
-                return decode::delta_net(h, &layer, cache);
-            }
-            #c_norm
-            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-            #c_mixer
-            let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?;
-            #c_rest
-            self.finish(h, a)
+            #body
         }
 
         /// B sequences in one forward (mlx-lm's `BatchGenerator`): the
@@ -666,14 +660,8 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         supported,
         "an output-gated attention runs only as Qwen3Next's (own projected K/V, full window, q/k RMSNorm, no bias, fused SDPA, non-traditional RoPE, separate q/k/v projections)",
     )?;
-    let c = &kind_parts.composition;
-    let (c_decode, c_norm, c_mixer, c_rest) = (&c.decode, &c.norm, &c.mixer, &c.rest);
-    let forward = quote! {
-        /// One-token steps through the compiled decode blocks around
-        /// the cache (where `decode` is enabled; this step's RoPE
-        /// tables computed here), prefill through the eager blocks.
-        fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<Array> {
-            #c_decode
+    let body = kind_parts.composition.forward_body(ForwardLines {
+        decode: Some(quote! {
             if h.shape()[1] == 1 && decode::enabled() {
                 let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
                 let layer = decode::GatedAttentionLayer {
@@ -685,12 +673,18 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
                 };
                 return decode::gated_attention(h, &layer, &tables, cache, at.mask);
             }
-            #c_norm
-            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-            #c_mixer
+        }),
+        mixer: quote! {
             let a = deltanet::gated_attention(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
-            #c_rest
-            self.finish(h, a)
+        },
+        finish: quote! { self.finish(h, a) },
+    });
+    let forward = quote! {
+        /// One-token steps through the compiled decode blocks around
+        /// the cache (where `decode` is enabled; this step's RoPE
+        /// tables computed here), prefill through the eager blocks.
+        fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<Array> {
+            #body
         }
     };
     Ok(kind_parts.with_forward(forward))
@@ -714,18 +708,18 @@ fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
         supported,
         "a fused qkv_proj runs only on a layer with K/V of its own (V projected), no bias and no q/k norm",
     )?;
-    let c = &kind_parts.composition;
-    let (c_norm, c_mixer, c_rest) = (&c.norm, &c.mixer, &c.rest);
+    let body = kind_parts.composition.forward_body(ForwardLines {
+        decode: None,
+        mixer: quote! {
+            let (a, kv) = b::attention_own_kv(&x, b::OwnQkv::Fused(&self.attn), Self::SHAPE, at.rope, cache, at.mask)?;
+        },
+        finish: quote! { Ok((self.finish(h, a)?, kv)) },
+    });
     let forward = quote! {
         /// Eager for one token too: the compiled decode blocks take
         /// separate q/k/v projections.
         fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<(Array, b::SharedKv)> {
-            #c_norm
-            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-            #c_mixer
-            let (a, kv) = b::attention_own_kv(&x, b::OwnQkv::Fused(&self.attn), Self::SHAPE, at.rope, cache, at.mask)?;
-            #c_rest
-            Ok((self.finish(h, a)?, kv))
+            #body
         }
     };
     Ok(kind_parts.with_forward(forward))
@@ -920,12 +914,18 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         residual_eager,
         quote! { #ple_use, #scalar_ref },
     );
-    let Composition {
-        decode: c_decode,
-        norm: c_norm,
-        mixer: c_mixer,
-        rest: c_rest,
-    } = Composition::of(l);
+    let body = Composition::of(l).forward_body(ForwardLines {
+        decode: Some(quote! {
+            if let Some(tables) = at.tables {
+                #decode_step
+            }
+        }),
+        mixer: attn,
+        finish: quote! {
+            let h = self.finish(h, a #ple_pass)?;
+            #ret
+        },
+    });
     Ok(quote! {
         #[doc = #doc]
         struct #name {
@@ -975,17 +975,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
             }
 
             fn forward(&self, h: &Array, at: &WindowStep, #kv_arg #ple_arg) -> Result<#ret_ty> {
-                #c_decode
-                if let Some(tables) = at.tables {
-                    #decode_step
-                }
-                #c_norm
-                let x = rms_norm(h, Some(self.norms.input()), EPS)?;
-                #c_mixer
-                #attn
-                #c_rest
-                let h = self.finish(h, a #ple_pass)?;
-                #ret
+                #body
             }
 
             /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
@@ -1044,11 +1034,14 @@ fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
     let shape = shape_tokens(a)?;
     let norms_load = norms_load_tokens(l);
     let qk = qk_tokens(a);
-    let Composition {
-        mixer: c_mixer,
-        rest: c_rest,
-        ..
-    } = Composition::of(l);
+    // A post-norm layer has no input norm: its attention reads `h`.
+    let body = Composition::of(l).forward_body(ForwardLines {
+        decode: None,
+        mixer: quote! {
+            let (a, kv) = b::attention_own_kv(h, b::OwnQkv::Separate { attn: &self.attn, kv: &self.kv }, Self::SHAPE, at.rope, cache, at.mask)?;
+        },
+        finish: quote! { Ok((self.finish(h, a)?, kv)) },
+    });
     Ok(quote! {
         #[doc = #doc]
         struct #name {
@@ -1078,10 +1071,7 @@ fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
             /// `h = x + post_attention_layernorm(self_attn(x))`, then
             /// `out = h + post_feedforward_layernorm(mlp(h))`.
             fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<(Array, b::SharedKv)> {
-                #c_mixer
-                let (a, kv) = b::attention_own_kv(h, b::OwnQkv::Separate { attn: &self.attn, kv: &self.kv }, Self::SHAPE, at.rope, cache, at.mask)?;
-                #c_rest
-                Ok((self.finish(h, a)?, kv))
+                #body
             }
 
             /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
