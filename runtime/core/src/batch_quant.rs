@@ -26,7 +26,7 @@ use mlx_rs::ops::indexing::{Ellipsis, TryIndexMutOp, TryIndexOp};
 use mlx_rs::{Array, Dtype};
 
 use crate::attention::{Mask, Quantized};
-use crate::batch::{
+use crate::batch_kv::{
     check_rows, int_vector, left_padded_causal_mask, pad_keys, roll_rows, shift_to_left_padding,
     BatchKvCache, KvParts, STEP,
 };

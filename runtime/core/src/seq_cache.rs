@@ -20,9 +20,9 @@ use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::Array;
 
 use crate::attention::Quantized;
-use crate::batch::BatchRotatingKvCache;
-use crate::batch::{pad_keys, zeros_rows, BatchCache, BatchKvCache, BatchLayerCache};
+use crate::batch::{BatchCache, BatchLayerCache};
 use crate::batch_deltanet::BatchArraysCache;
+use crate::batch_kv::{pad_keys, zeros_rows, BatchKvCache, BatchRotatingKvCache};
 use crate::batch_quant::{BatchMixedKvCache, BatchQuantizedKvCache, KvQuantization, MixedRow};
 use crate::ops::Result;
 
@@ -156,7 +156,7 @@ impl SeqCache {
     /// Evaluates its arrays, so that a stored cache holds its own buffers
     /// and not the batch's it was sliced from.
     pub fn eval(&self) -> Result<()> {
-        crate::batch::eval_layers(&self.layers, SeqLayerCache::arrays)
+        crate::batch_kv::eval_layers(&self.layers, SeqLayerCache::arrays)
     }
 }
 
