@@ -206,7 +206,7 @@ fn attend_quantized(
     }
     let (b, l) = (q.shape()[0], q.shape()[2]);
     let (qk, qv) = cache.update_and_fetch(k, v)?;
-    let quant = cache.quantization;
+    let quant = cache.quantization();
     let o = quantized_sdpa(
         q,
         &qk,

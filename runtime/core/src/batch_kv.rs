@@ -222,30 +222,67 @@ pub(crate) struct KvParts {
     pub right_padding: Option<Vec<i32>>,
 }
 
-/// mlx-lm's `BatchKVCache`: one left-padded K/V buffer for B sequences of a
-/// full-attention layer.
-#[derive(Debug, Clone)]
-pub struct BatchKvCache {
-    keys: Option<Array>,
-    values: Option<Array>,
-    left_padding: Vec<i32>,
-    offset: Vec<i32>,
-    idx: i32,
-    /// Set by [`BatchKvCache::prepare`] for a right-padded prefill chunk,
-    /// consumed by [`BatchKvCache::finalize`].
-    right_padding: Option<Vec<i32>>,
+/// The form a [`BatchKv`] holds its keys and values in: plain arrays
+/// ([`BatchKvCache`]) or `mx.quantize`d triples
+/// ([`crate::batch_quant::BatchQuantizedKvCache`]). Every row move of
+/// `BatchKVCache` (take rows, cut slots, roll, pad) is one op applied to
+/// each array of the form alike, so those moves are written once, over the
+/// form; only growth and `extend` differ.
+pub trait KvForm: Clone + std::fmt::Debug {
+    /// What the buffers are made with beyond their shapes: nothing for
+    /// plain arrays, the group size and bits for quantized ones.
+    type Setting: Copy + PartialEq + std::fmt::Debug;
+    /// The cache's name in errors.
+    const CACHE: &'static str;
+    /// `f` on each array of the form alike.
+    fn map(&self, f: impl Fn(&Array) -> Result<Array>) -> Result<Self>;
+    /// Its arrays, for `mx.eval`.
+    fn arrays(&self) -> Vec<&Array>;
 }
 
-impl BatchKvCache {
+impl KvForm for Array {
+    type Setting = ();
+    const CACHE: &'static str = "BatchKvCache";
+    fn map(&self, f: impl Fn(&Array) -> Result<Array>) -> Result<Self> {
+        f(self)
+    }
+    fn arrays(&self) -> Vec<&Array> {
+        vec![self]
+    }
+}
+
+/// mlx-lm's `BatchKVCache` layout, in either [`KvForm`]: one left-padded
+/// K/V buffer for B sequences of a full-attention layer, per-row offsets
+/// and one shared write index. The fields are the crate's so that each
+/// form's growth and `extend` (in this module and in
+/// [`crate::batch_quant`]) can write them.
+#[derive(Debug, Clone)]
+pub struct BatchKv<F: KvForm> {
+    pub(crate) keys: Option<F>,
+    pub(crate) values: Option<F>,
+    pub(crate) left_padding: Vec<i32>,
+    pub(crate) offset: Vec<i32>,
+    pub(crate) idx: i32,
+    /// Set by `prepare_right_padding` for a right-padded prefill chunk,
+    /// consumed by `finalize`.
+    pub(crate) right_padding: Option<Vec<i32>>,
+    pub(crate) setting: F::Setting,
+}
+
+/// mlx-lm's `BatchKVCache`: plain keys and values.
+pub type BatchKvCache = BatchKv<Array>;
+
+impl<F: KvForm> BatchKv<F> {
     /// `BatchKVCache(left_padding)`: empty, offsets `-left_padding`.
-    pub fn new(left_padding: &[i32]) -> Self {
-        BatchKvCache {
+    pub(crate) fn empty(setting: F::Setting, left_padding: &[i32]) -> Self {
+        BatchKv {
             keys: None,
             values: None,
             left_padding: left_padding.to_vec(),
             offset: left_padding.iter().map(|l| -l).collect(),
             idx: 0,
             right_padding: None,
+            setting,
         }
     }
 
@@ -260,7 +297,7 @@ impl BatchKvCache {
         int_vector(&self.offset)
     }
 
-    /// Each sequence's position (host values of [`BatchKvCache::offsets`]).
+    /// Each sequence's position (host values of `offsets`).
     pub fn offset_values(&self) -> &[i32] {
         &self.offset
     }
@@ -273,6 +310,130 @@ impl BatchKvCache {
     /// The shared write index: every row's keys end here.
     pub fn idx(&self) -> i32 {
         self.idx
+    }
+
+    /// The arrays a step boundary evaluates (`mx.eval(c.state)`): the
+    /// buffers, none before the first write.
+    pub(crate) fn state(&self) -> Vec<&Array> {
+        [&self.keys, &self.values]
+            .into_iter()
+            .flatten()
+            .flat_map(F::arrays)
+            .collect()
+    }
+
+    /// Both buffers once written; `what` names the caller in the error.
+    fn written(&self, what: &str) -> Result<(&F, &F)> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => Ok((k, v)),
+            _ => Err(error(format!("{}::{what}: no keys written yet", F::CACHE))),
+        }
+    }
+
+    /// `f` on every array of both buffers, kept as the new buffers (nothing
+    /// before the first write).
+    fn map_buffers(&mut self, f: impl Fn(&Array) -> Result<Array>) -> Result<()> {
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            let (k, v) = (k.map(&f)?, v.map(&f)?);
+            (self.keys, self.values) = (Some(k), Some(v));
+        }
+        Ok(())
+    }
+
+    /// Moves the write index and every row's offset past `n` new slots.
+    pub(crate) fn advance(&mut self, n: i32) {
+        for o in &mut self.offset {
+            *o += n;
+        }
+        self.idx += n;
+    }
+
+    /// `keys_and_values()`: `[..., :idx, :]` of both buffers.
+    pub fn keys_and_values(&self) -> Result<(F, F)> {
+        let (k, v) = self.written("keys_and_values")?;
+        let fetch = |x: &Array| x.try_index((Ellipsis, ..self.idx, ..));
+        Ok((k.map(fetch)?, v.map(fetch)?))
+    }
+
+    /// `prepare(lengths=..., right_padding=...)` before a right-padded
+    /// prefill chunk (`PromptProcessingBatch.prompt`): remembers the padding
+    /// when any row has some.
+    pub fn prepare_right_padding(&mut self, right_padding: &[i32]) -> Result<()> {
+        if right_padding.len() != self.batch_size() {
+            return Err(error(format!(
+                "{}::prepare: {} right paddings for a batch of {}",
+                F::CACHE,
+                right_padding.len(),
+                self.batch_size()
+            )));
+        }
+        if right_padding.iter().any(|&p| p > 0) {
+            self.right_padding = Some(right_padding.to_vec());
+        }
+        Ok(())
+    }
+
+    /// `finalize()`: after a right-padded chunk, rolls each row right by its
+    /// padding over the whole buffer (every array of the form), so the
+    /// padding's keys move before the row's real keys, where `left_padding`
+    /// hides them.
+    pub fn finalize(&mut self) -> Result<()> {
+        let Some(padding) = self.right_padding.take() else {
+            return Ok(());
+        };
+        self.written("finalize")?;
+        self.map_buffers(|x| roll_rows(x, &padding))?;
+        shift_to_left_padding(&mut self.offset, &mut self.left_padding, &padding);
+        Ok(())
+    }
+
+    /// `make_mask(N)`: always an array, even for one token
+    /// ([`left_padded_causal_mask`]).
+    pub fn make_mask(&self, n: i32) -> Result<Mask> {
+        Ok(Mask::Array(left_padded_causal_mask(
+            n,
+            self.idx,
+            &self.left_padding,
+        )?))
+    }
+
+    /// `filter(batch_indices)`: keeps rows `keep` (in that order), then
+    /// drops the padding slots every kept row has (`min(left_padding)`).
+    pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
+        let what = format!("{}::filter", F::CACHE);
+        let rows = check_rows(keep, self.batch_size(), &what)?;
+        self.map_buffers(|x| x.take_axis(&rows, 0))?;
+        self.offset = keep.iter().map(|&i| self.offset[i]).collect();
+        self.left_padding = keep.iter().map(|&i| self.left_padding[i]).collect();
+        let min_left_pad = self.left_padding.iter().copied().min().unwrap_or(0);
+        if min_left_pad > 0 {
+            self.map_buffers(|x| x.try_index((Ellipsis, min_left_pad.., ..)))?;
+            self.idx -= min_left_pad;
+            for lp in &mut self.left_padding {
+                *lp -= min_left_pad;
+            }
+        }
+        Ok(())
+    }
+
+    /// `extract(idx)`: row `row`'s real slots [1, KV, len, ...] of both
+    /// buffers (what mlx-lm hands back as a single-sequence cache, without
+    /// its spare capacity).
+    pub fn extract(&self, row: usize) -> Result<(F, F)> {
+        let what = format!("{}::extract", F::CACHE);
+        check_rows(&[row], self.batch_size(), &what)?;
+        let (k, v) = self.written("extract")?;
+        let r = row as i32;
+        let lp = self.left_padding[row];
+        let cut = |x: &Array| x.try_index((r..r + 1, .., lp..self.idx))?.contiguous();
+        Ok((k.map(cut)?, v.map(cut)?))
+    }
+}
+
+impl BatchKvCache {
+    /// `BatchKVCache(left_padding)`: empty, offsets `-left_padding`.
+    pub fn new(left_padding: &[i32]) -> Self {
+        BatchKv::empty((), left_padding)
     }
 
     /// `update_and_fetch`: writes `k`, `v` [B, KV, L, D] at `idx..idx + L`
@@ -302,10 +463,7 @@ impl BatchKvCache {
                 }
             }
         }
-        for o in &mut self.offset {
-            *o += n;
-        }
-        self.idx += n;
+        self.advance(n);
         let (keys, values) = self.buffers_mut()?;
         keys.try_index_mut((Ellipsis, prev..prev + n, ..), k)?;
         values.try_index_mut((Ellipsis, prev..prev + n, ..), v)?;
@@ -317,89 +475,6 @@ impl BatchKvCache {
             (Some(k), Some(v)) => Ok((k, v)),
             _ => Err(error("BatchKvCache: no keys written yet".into())),
         }
-    }
-
-    /// `keys_and_values()`: `[..., :idx, :]` of both buffers.
-    /// The arrays a step boundary evaluates (`mx.eval(c.state)`): the
-    /// buffers, none before the first write.
-    pub(crate) fn state(&self) -> Vec<&Array> {
-        self.keys.iter().chain(self.values.iter()).collect()
-    }
-
-    pub fn keys_and_values(&self) -> Result<(Array, Array)> {
-        match (&self.keys, &self.values) {
-            (Some(k), Some(v)) => Ok((
-                k.try_index((Ellipsis, ..self.idx, ..))?,
-                v.try_index((Ellipsis, ..self.idx, ..))?,
-            )),
-            _ => Err(error("BatchKvCache: no keys written yet".into())),
-        }
-    }
-
-    /// `prepare(lengths=..., right_padding=...)` before a right-padded
-    /// prefill chunk (`PromptProcessingBatch.prompt`): remembers the padding
-    /// when any row has some.
-    pub fn prepare_right_padding(&mut self, right_padding: &[i32]) -> Result<()> {
-        if right_padding.len() != self.batch_size() {
-            return Err(error(format!(
-                "BatchKvCache::prepare: {} right paddings for a batch of {}",
-                right_padding.len(),
-                self.batch_size()
-            )));
-        }
-        if right_padding.iter().any(|&p| p > 0) {
-            self.right_padding = Some(right_padding.to_vec());
-        }
-        Ok(())
-    }
-
-    /// `finalize()`: after a right-padded chunk, rolls each row right by its
-    /// padding over the whole buffer, so the padding's keys move before the
-    /// row's real keys, where `left_padding` hides them.
-    pub fn finalize(&mut self) -> Result<()> {
-        let Some(padding) = self.right_padding.take() else {
-            return Ok(());
-        };
-        let (keys, values) = self.buffers_mut()?;
-        *keys = roll_rows(keys, &padding)?;
-        *values = roll_rows(values, &padding)?;
-        shift_to_left_padding(&mut self.offset, &mut self.left_padding, &padding);
-        Ok(())
-    }
-
-    /// `make_mask(N)`: always an array, even for one token
-    /// ([`left_padded_causal_mask`]).
-    pub fn make_mask(&self, n: i32) -> Result<Mask> {
-        Ok(Mask::Array(left_padded_causal_mask(
-            n,
-            self.idx,
-            &self.left_padding,
-        )?))
-    }
-
-    /// `filter(batch_indices)`: keeps rows `keep` (in that order), then
-    /// drops the padding slots every kept row has (`min(left_padding)`).
-    pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
-        let BatchKvCache {
-            keys,
-            values,
-            offset,
-            left_padding,
-            ..
-        } = self;
-        Rows(keys, values, offset, left_padding).keep(keep, "BatchKvCache::filter")?;
-        let min_left_pad = self.left_padding.iter().copied().min().unwrap_or(0);
-        if min_left_pad > 0 {
-            if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-                self.keys = Some(k.try_index((Ellipsis, min_left_pad.., ..))?);
-                self.values = Some(v.try_index((Ellipsis, min_left_pad.., ..))?);
-            }
-            self.idx -= min_left_pad;
-            for lp in &mut self.left_padding {
-                *lp -= min_left_pad;
-            }
-        }
-        Ok(())
     }
 
     /// `extend(other)`: appends `other`'s rows. Both buffers are padded to
@@ -425,19 +500,15 @@ impl BatchKvCache {
     /// ([`crate::seq_cache::merge`]).
     pub(crate) fn from_merged(keys: Array, values: Array, left_padding: Vec<i32>) -> Self {
         let len = keys.shape()[2];
-        BatchKvCache {
+        BatchKv {
             offset: left_padding.iter().map(|lp| len - lp).collect(),
             keys: Some(keys),
             values: Some(values),
             left_padding,
             idx: len,
             right_padding: None,
+            setting: (),
         }
-    }
-
-    /// Its key and value buffers, once written (`c.state`).
-    pub(crate) fn buffers(&self) -> Vec<&Array> {
-        self.keys.iter().chain(self.values.iter()).collect()
     }
 
     /// Its whole buffers (spare capacity included) and row bookkeeping,
@@ -455,22 +526,6 @@ impl BatchKvCache {
             }),
             _ => None,
         }
-    }
-
-    /// `extract(idx)`: row `row`'s real keys and values [1, KV, len, D]
-    /// (what mlx-lm hands back as a single-sequence `KVCache`).
-    pub fn extract(&self, row: usize) -> Result<(Array, Array)> {
-        check_rows(&[row], self.batch_size(), "BatchKvCache::extract")?;
-        let (k, v) = match (&self.keys, &self.values) {
-            (Some(k), Some(v)) => (k, v),
-            _ => return Err(error("BatchKvCache::extract: no keys written yet".into())),
-        };
-        let r = row as i32;
-        let lp = self.left_padding[row];
-        let cut = |x: &Array| -> Result<Array> {
-            x.try_index((r..r + 1, .., lp..self.idx))?.contiguous()
-        };
-        Ok((cut(k)?, cut(v)?))
     }
 }
 

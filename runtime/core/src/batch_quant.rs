@@ -26,10 +26,7 @@ use mlx_rs::ops::indexing::{Ellipsis, TryIndexMutOp, TryIndexOp};
 use mlx_rs::{Array, Dtype};
 
 use crate::attention::{Mask, Quantized};
-use crate::batch_kv::{
-    check_rows, int_vector, left_padded_causal_mask, pad_keys, roll_rows, shift_to_left_padding,
-    BatchKvCache, KvParts, STEP,
-};
+use crate::batch_kv::{pad_keys, BatchKv, BatchKvCache, KvForm, KvParts, STEP};
 use crate::ops::Result;
 
 fn error(what: String) -> mlx_rs::error::Exception {
@@ -107,38 +104,31 @@ impl KvQuantization {
     }
 }
 
-/// A `BatchKVCache` of quantized keys and values: see the module.
-#[derive(Debug, Clone)]
-pub struct BatchQuantizedKvCache {
-    keys: Option<Quantized>,
-    values: Option<Quantized>,
-    left_padding: Vec<i32>,
-    offset: Vec<i32>,
-    idx: i32,
-    /// Set by [`BatchQuantizedKvCache::prepare_right_padding`] for a
-    /// right-padded prefill chunk, consumed by `finalize`.
-    right_padding: Option<Vec<i32>>,
-    pub(crate) quantization: KvQuantization,
+/// The quantized form: `f` on each of the three arrays of a quantized
+/// tensor alike.
+impl KvForm for Quantized {
+    type Setting = KvQuantization;
+    const CACHE: &'static str = "BatchQuantizedKvCache";
+    fn map(&self, f: impl Fn(&Array) -> Result<Array>) -> Result<Self> {
+        Quantized::map(self, f)
+    }
+    fn arrays(&self) -> Vec<&Array> {
+        vec![&self.data, &self.scales, &self.biases]
+    }
 }
+
+/// A `BatchKVCache` of quantized keys and values: see the module.
+pub type BatchQuantizedKvCache = BatchKv<Quantized>;
 
 impl BatchQuantizedKvCache {
     /// Empty, offsets `-left_padding` (as `BatchKVCache(left_padding)`).
     pub fn new(quantization: KvQuantization, left_padding: &[i32]) -> Self {
-        BatchQuantizedKvCache {
-            keys: None,
-            values: None,
-            left_padding: left_padding.to_vec(),
-            offset: left_padding.iter().map(|l| -l).collect(),
-            idx: 0,
-            right_padding: None,
-            quantization,
-        }
+        BatchKv::empty(quantization, left_padding)
     }
 
     /// A quantized batch of already quantized buffers (right-aligned rows
     /// after `left_padding[b]` zero slots, every row ending at `idx`), as
-    /// the merge of single-sequence caches and the conversion of a plain
-    /// batch build it.
+    /// the merge of single-sequence caches builds it.
     pub(crate) fn from_parts(
         quantization: KvQuantization,
         keys: Quantized,
@@ -147,14 +137,14 @@ impl BatchQuantizedKvCache {
         offset: Vec<i32>,
         idx: i32,
     ) -> Self {
-        BatchQuantizedKvCache {
+        BatchKv {
             keys: Some(keys),
             values: Some(values),
             left_padding,
             offset,
             idx,
             right_padding: None,
-            quantization,
+            setting: quantization,
         }
     }
 
@@ -162,63 +152,20 @@ impl BatchQuantizedKvCache {
     /// its whole buffers (spare capacity kept), the same rows, offsets and
     /// write index, and the right padding of a chunk in flight.
     pub(crate) fn from_plain(quantization: KvQuantization, parts: KvParts) -> Result<Self> {
-        Ok(BatchQuantizedKvCache {
+        Ok(BatchKv {
             keys: Some(quantization.quantize(&parts.keys)?),
             values: Some(quantization.quantize(&parts.values)?),
             left_padding: parts.left_padding,
             offset: parts.offset,
             idx: parts.idx,
             right_padding: parts.right_padding,
-            quantization,
+            setting: quantization,
         })
-    }
-
-    /// The number of sequences.
-    pub fn batch_size(&self) -> usize {
-        self.offset.len()
     }
 
     /// The group size and bits every slot is quantized with.
     pub fn quantization(&self) -> KvQuantization {
-        self.quantization
-    }
-
-    /// Each sequence's position, as the int32 vector RoPE takes.
-    pub fn offsets(&self) -> Array {
-        int_vector(&self.offset)
-    }
-
-    /// Each sequence's position (host values of `offsets`).
-    pub fn offset_values(&self) -> &[i32] {
-        &self.offset
-    }
-
-    /// Each sequence's padding slots before its first key.
-    pub fn left_padding(&self) -> &[i32] {
-        &self.left_padding
-    }
-
-    /// The shared write index: every row's keys end here.
-    pub fn idx(&self) -> i32 {
-        self.idx
-    }
-
-    /// The arrays a step boundary evaluates (`mx.eval(c.state)`).
-    pub(crate) fn state(&self) -> Vec<&Array> {
-        [&self.keys, &self.values]
-            .into_iter()
-            .flatten()
-            .flat_map(|q| [&q.data, &q.scales, &q.biases])
-            .collect()
-    }
-
-    fn buffers(&self, what: &str) -> Result<(&Quantized, &Quantized)> {
-        match (&self.keys, &self.values) {
-            (Some(k), Some(v)) => Ok((k, v)),
-            _ => Err(error(format!(
-                "BatchQuantizedKvCache::{what}: no keys written yet"
-            ))),
-        }
+        self.setting
     }
 
     /// `QuantizedKVCache.update_and_fetch` on B rows: grows the buffers in
@@ -232,8 +179,8 @@ impl BatchQuantizedKvCache {
         if self.keys.is_none() || prev + n > capacity {
             let new_steps = (STEP + n - 1) / STEP * STEP;
             let (b, heads) = (ks[0], ks[1]);
-            let key_widths = self.quantization.widths(k);
-            let value_widths = self.quantization.widths(v);
+            let key_widths = self.setting.widths(k);
+            let value_widths = self.setting.widths(v);
             match (self.keys.take(), self.values.take()) {
                 (Some(keys), Some(values)) => {
                     let grow = |q: Quantized, widths: QuantWidths| -> Result<Quantized> {
@@ -258,12 +205,9 @@ impl BatchQuantizedKvCache {
                 }
             }
         }
-        for o in &mut self.offset {
-            *o += n;
-        }
-        self.idx += n;
-        let qk = self.quantization.quantize(k)?;
-        let qv = self.quantization.quantize(v)?;
+        self.advance(n);
+        let qk = self.setting.quantize(k)?;
+        let qv = self.setting.quantize(v)?;
         let (keys, values) = match (self.keys.as_mut(), self.values.as_mut()) {
             (Some(k), Some(v)) => (k, v),
             _ => return Err(error("BatchQuantizedKvCache: lost its buffers".into())),
@@ -280,89 +224,19 @@ impl BatchQuantizedKvCache {
         self.keys_and_values()
     }
 
-    /// `[..., :idx, :]` of every buffer.
-    pub fn keys_and_values(&self) -> Result<(Quantized, Quantized)> {
-        let (k, v) = self.buffers("keys_and_values")?;
-        both(k, v, |x| x.try_index((Ellipsis, ..self.idx, ..)))
-    }
-
-    /// `prepare(right_padding=...)`: remembers the padding of a
-    /// right-padded prefill chunk when any row has some.
-    pub fn prepare_right_padding(&mut self, right_padding: &[i32]) -> Result<()> {
-        if right_padding.len() != self.batch_size() {
-            return Err(error(format!(
-                "BatchQuantizedKvCache::prepare: {} right paddings for a batch of {}",
-                right_padding.len(),
-                self.batch_size()
-            )));
-        }
-        if right_padding.iter().any(|&p| p > 0) {
-            self.right_padding = Some(right_padding.to_vec());
-        }
-        Ok(())
-    }
-
-    /// `finalize()`: each row's right padding rolled in front of its keys
-    /// (all three arrays of both tensors, over the whole buffer), where
-    /// `left_padding` hides it.
-    pub fn finalize(&mut self) -> Result<()> {
-        let Some(padding) = self.right_padding.take() else {
-            return Ok(());
-        };
-        let (k, v) = self.buffers("finalize")?;
-        let (k, v) = both(k, v, |x| roll_rows(x, &padding))?;
-        (self.keys, self.values) = (Some(k), Some(v));
-        shift_to_left_padding(&mut self.offset, &mut self.left_padding, &padding);
-        Ok(())
-    }
-
-    /// `make_mask(N)`: the left-padded causal mask array, also for one
-    /// token.
-    pub fn make_mask(&self, n: i32) -> Result<Mask> {
-        Ok(Mask::Array(left_padded_causal_mask(
-            n,
-            self.idx,
-            &self.left_padding,
-        )?))
-    }
-
-    /// `filter(batch_indices)`: keeps rows `keep` (in that order), then
-    /// drops the padding slots every kept row has.
-    pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
-        let rows = check_rows(keep, self.batch_size(), "BatchQuantizedKvCache::filter")?;
-        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            let (k, v) = both(k, v, |x| x.take_axis(&rows, 0))?;
-            (self.keys, self.values) = (Some(k), Some(v));
-        }
-        self.offset = keep.iter().map(|&i| self.offset[i]).collect();
-        self.left_padding = keep.iter().map(|&i| self.left_padding[i]).collect();
-        let min_left_pad = self.left_padding.iter().copied().min().unwrap_or(0);
-        if min_left_pad > 0 {
-            if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-                let (k, v) = both(k, v, |x| x.try_index((Ellipsis, min_left_pad.., ..)))?;
-                (self.keys, self.values) = (Some(k), Some(v));
-            }
-            self.idx -= min_left_pad;
-            for lp in &mut self.left_padding {
-                *lp -= min_left_pad;
-            }
-        }
-        Ok(())
-    }
-
     /// `extend(other)` as `BatchKVCache` extends: both buffers padded with
     /// zero triples to the longer one, ends aligned at the larger `idx` (a
     /// row with fewer keys gets more left padding), `other`'s rows after
     /// this cache's. Two caches of different quantizations do not join.
     pub fn extend(&mut self, other: BatchQuantizedKvCache) -> Result<()> {
-        if self.quantization != other.quantization {
+        if self.setting != other.setting {
             return Err(error(format!(
                 "BatchQuantizedKvCache::extend: a {}-bit cache (group {}) and a {}-bit one \
                  (group {})",
-                self.quantization.bits,
-                self.quantization.group_size,
-                other.quantization.bits,
-                other.quantization.group_size
+                self.setting.bits,
+                self.setting.group_size,
+                other.setting.bits,
+                other.setting.group_size
             )));
         }
         let layout = match (&self.keys, &self.values, &other.keys, &other.values) {
@@ -427,19 +301,6 @@ impl BatchQuantizedKvCache {
         let (k, v) = both(&k, &v, |x| pad_keys(x, left, right))?;
         let lp = self.left_padding.iter().map(|lp| lp + left).collect();
         Ok((k, v, lp))
-    }
-
-    /// `extract(idx)`: row `row`'s real slots [1, KV, len, ...] of both
-    /// quantized tensors (what a single-sequence `QuantizedKVCache` of that
-    /// row would hold, without its spare capacity).
-    pub fn extract(&self, row: usize) -> Result<(Quantized, Quantized)> {
-        check_rows(&[row], self.batch_size(), "BatchQuantizedKvCache::extract")?;
-        let (k, v) = self.buffers("extract")?;
-        let r = row as i32;
-        let lp = self.left_padding[row];
-        both(k, v, |x| {
-            x.try_index((r..r + 1, .., lp..self.idx))?.contiguous()
-        })
     }
 }
 
@@ -651,7 +512,7 @@ impl BatchMixedKvCache {
     /// The arrays a step boundary evaluates.
     pub(crate) fn state(&self) -> Vec<&Array> {
         match &self.state {
-            MixedState::Plain(c) => c.buffers(),
+            MixedState::Plain(c) => c.state(),
             MixedState::Quantized(c) => c.state(),
         }
     }

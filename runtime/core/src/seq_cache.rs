@@ -191,7 +191,7 @@ pub fn extract(cache: &BatchCache, row: usize) -> Result<SeqCache> {
                     Some(SeqLayerCache::Quantized {
                         keys,
                         values,
-                        quantization: c.quantization,
+                        quantization: c.quantization(),
                     })
                 }
                 Some(BatchLayerCache::QuantizedAfterForward(c)) => Some(match c.extract(row)? {
@@ -256,7 +256,7 @@ pub fn merge(fresh: &BatchCache, rows: &[Option<&SeqCache>]) -> Result<BatchCach
                         Some(BatchLayerCache::Arrays(merge_arrays(l, &given, b)?))
                     }
                     Some(BatchLayerCache::Quantized(c)) => Some(BatchLayerCache::Quantized(
-                        merge_quantized(l, c.quantization, &given, b)?,
+                        merge_quantized(l, c.quantization(), &given, b)?,
                     )),
                     Some(BatchLayerCache::QuantizedAfterForward(c)) => Some(
                         BatchLayerCache::QuantizedAfterForward(merge_mixed(l, c, &given, b)?),
