@@ -238,6 +238,8 @@ pub trait KvForm: Clone + std::fmt::Debug {
     fn map(&self, f: impl Fn(&Array) -> Result<Array>) -> Result<Self>;
     /// Its arrays, for `mx.eval`.
     fn arrays(&self) -> Vec<&Array>;
+    /// Its length along the slot axis (axis 2, the same for every array).
+    fn slots(&self) -> i32;
 }
 
 impl KvForm for Array {
@@ -248,6 +250,9 @@ impl KvForm for Array {
     }
     fn arrays(&self) -> Vec<&Array> {
         vec![self]
+    }
+    fn slots(&self) -> i32 {
+        self.shape()[2]
     }
 }
 
@@ -281,6 +286,28 @@ impl<F: KvForm> BatchKv<F> {
             left_padding: left_padding.to_vec(),
             offset: left_padding.iter().map(|l| -l).collect(),
             idx: 0,
+            right_padding: None,
+            setting,
+        }
+    }
+
+    /// The cache `BatchKVCache.merge` builds from single-sequence caches:
+    /// `keys`/`values` [B, KV, len, ...] hold row b's slots right-aligned
+    /// after `left_padding[b]` zero slots; every row ends at `len`
+    /// ([`crate::seq_cache::merge`]).
+    pub(crate) fn from_merged(
+        setting: F::Setting,
+        keys: F,
+        values: F,
+        left_padding: Vec<i32>,
+    ) -> Self {
+        let len = keys.slots();
+        BatchKv {
+            offset: left_padding.iter().map(|lp| len - lp).collect(),
+            keys: Some(keys),
+            values: Some(values),
+            left_padding,
+            idx: len,
             right_padding: None,
             setting,
         }
@@ -442,7 +469,7 @@ impl BatchKvCache {
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
         let prev = self.idx;
         let n = k.shape()[2];
-        let capacity = self.keys.as_ref().map_or(0, |a| a.shape()[2]);
+        let capacity = self.keys.as_ref().map_or(0, KvForm::slots);
         if self.keys.is_none() || prev + n > capacity {
             let (ks, vs) = (k.shape(), v.shape());
             let n_steps = (STEP + n - 1) / STEP;
@@ -492,23 +519,6 @@ impl BatchKvCache {
 
     fn extend_side(&self) -> ExtendSide<'_> {
         ExtendSide::of(&self.keys, &self.values, &self.left_padding, self.idx)
-    }
-
-    /// The cache `BatchKVCache.merge` builds from single-sequence caches:
-    /// `keys`/`values` [B, KV, len, D] hold row b's keys right-aligned after
-    /// `left_padding[b]` zero slots; every row ends at `len`
-    /// ([`crate::seq_cache::merge`]).
-    pub(crate) fn from_merged(keys: Array, values: Array, left_padding: Vec<i32>) -> Self {
-        let len = keys.shape()[2];
-        BatchKv {
-            offset: left_padding.iter().map(|lp| len - lp).collect(),
-            keys: Some(keys),
-            values: Some(values),
-            left_padding,
-            idx: len,
-            right_padding: None,
-            setting: (),
-        }
     }
 
     /// Its whole buffers (spare capacity included) and row bookkeeping,
@@ -697,7 +707,7 @@ impl BatchRotatingKvCache {
         let (ks, vs) = (k.shape(), v.shape());
         let s = ks[2];
         let prev = self.written;
-        let capacity = self.keys.as_ref().map_or(0, |a| a.shape()[2]);
+        let capacity = self.keys.as_ref().map_or(0, KvForm::slots);
         if self.keys.is_none() || (prev >= capacity && capacity < self.max_size) {
             let new_size = STEP.min(self.max_size - prev);
             if new_size <= 0 {
@@ -721,7 +731,7 @@ impl BatchRotatingKvCache {
             }
             self.idx = prev;
         }
-        let capacity = self.keys.as_ref().map_or(0, |a| a.shape()[2]);
+        let capacity = self.keys.as_ref().map_or(0, KvForm::slots);
         let trim_size = capacity - self.max_size;
         if trim_size > 0 {
             if let (Some(keys), Some(values)) = (&self.keys, &self.values) {

@@ -27,6 +27,7 @@ use mlx_rs::{Array, Dtype};
 
 use crate::attention::{Mask, Quantized};
 use crate::batch_kv::{pad_keys, BatchKv, BatchKvCache, KvForm, KvParts, STEP};
+use crate::cache::Mixed;
 use crate::ops::Result;
 
 fn error(what: String) -> mlx_rs::error::Exception {
@@ -115,6 +116,9 @@ impl KvForm for Quantized {
     fn arrays(&self) -> Vec<&Array> {
         vec![&self.data, &self.scales, &self.biases]
     }
+    fn slots(&self) -> i32 {
+        self.data.shape()[2]
+    }
 }
 
 /// A `BatchKVCache` of quantized keys and values: see the module.
@@ -124,28 +128,6 @@ impl BatchQuantizedKvCache {
     /// Empty, offsets `-left_padding` (as `BatchKVCache(left_padding)`).
     pub fn new(quantization: KvQuantization, left_padding: &[i32]) -> Self {
         BatchKv::empty(quantization, left_padding)
-    }
-
-    /// A quantized batch of already quantized buffers (right-aligned rows
-    /// after `left_padding[b]` zero slots, every row ending at `idx`), as
-    /// the merge of single-sequence caches builds it.
-    pub(crate) fn from_parts(
-        quantization: KvQuantization,
-        keys: Quantized,
-        values: Quantized,
-        left_padding: Vec<i32>,
-        offset: Vec<i32>,
-        idx: i32,
-    ) -> Self {
-        BatchKv {
-            keys: Some(keys),
-            values: Some(values),
-            left_padding,
-            offset,
-            idx,
-            right_padding: None,
-            setting: quantization,
-        }
     }
 
     /// `KVCache.to_quantized` of a written plain batch: `mx.quantize` of
@@ -175,7 +157,7 @@ impl BatchQuantizedKvCache {
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Quantized, Quantized)> {
         let (ks, n) = (k.shape(), k.shape()[2]);
         let prev = self.idx;
-        let capacity = self.keys.as_ref().map_or(0, |q| q.data.shape()[2]);
+        let capacity = self.keys.as_ref().map_or(0, KvForm::slots);
         if self.keys.is_none() || prev + n > capacity {
             let new_steps = (STEP + n - 1) / STEP * STEP;
             let (b, heads) = (ks[0], ks[1]);
@@ -251,7 +233,7 @@ impl BatchQuantizedKvCache {
             }
         };
         let idx = self.idx.max(other.idx);
-        let len = |c: &BatchQuantizedKvCache| c.keys.as_ref().map_or(0, |q| q.data.shape()[2]);
+        let len = |c: &BatchQuantizedKvCache| c.keys.as_ref().map_or(0, KvForm::slots);
         let max_size = len(self).max(len(&other));
         let (k1, v1, lp1) = self.padded(layout, idx, max_size)?;
         let (k2, v2, lp2) = other.padded(layout, idx, max_size)?;
@@ -321,29 +303,20 @@ impl BatchQuantizedKvCache {
 /// A row joining a converted batch is quantized on joining.
 #[derive(Debug, Clone)]
 pub struct BatchMixedKvCache {
-    state: MixedState,
+    state: Mixed<BatchKvCache, BatchQuantizedKvCache>,
     pub(crate) quantization: KvQuantization,
     /// optiq's `quantized_kv_start`.
     pub(crate) start: i32,
 }
 
-#[derive(Debug, Clone)]
-enum MixedState {
-    Plain(BatchKvCache),
-    Quantized(BatchQuantizedKvCache),
-}
-
 /// A [`BatchMixedKvCache`] on one forward, before or after its conversion.
-pub enum BatchMixedNow<'a> {
-    Plain(&'a mut BatchKvCache),
-    Quantized(&'a mut BatchQuantizedKvCache),
-}
+pub type BatchMixedNow<'a> = Mixed<&'a mut BatchKvCache, &'a mut BatchQuantizedKvCache>;
 
 impl BatchMixedKvCache {
     /// Empty and plain, offsets `-left_padding`.
     pub fn new(quantization: KvQuantization, start: i32, left_padding: &[i32]) -> Self {
         BatchMixedKvCache {
-            state: MixedState::Plain(BatchKvCache::new(left_padding)),
+            state: Mixed::Plain(BatchKvCache::new(left_padding)),
             quantization,
             start,
         }
@@ -352,7 +325,7 @@ impl BatchMixedKvCache {
     /// A merged plain batch, still to convert.
     pub(crate) fn plain(quantization: KvQuantization, start: i32, cache: BatchKvCache) -> Self {
         BatchMixedKvCache {
-            state: MixedState::Plain(cache),
+            state: Mixed::Plain(cache),
             quantization,
             start,
         }
@@ -365,7 +338,7 @@ impl BatchMixedKvCache {
         cache: BatchQuantizedKvCache,
     ) -> Self {
         BatchMixedKvCache {
-            state: MixedState::Quantized(cache),
+            state: Mixed::Quantized(cache),
             quantization,
             start,
         }
@@ -374,52 +347,44 @@ impl BatchMixedKvCache {
     /// The number of sequences.
     pub fn batch_size(&self) -> usize {
         match &self.state {
-            MixedState::Plain(c) => c.batch_size(),
-            MixedState::Quantized(c) => c.batch_size(),
+            Mixed::Plain(c) => c.batch_size(),
+            Mixed::Quantized(c) => c.batch_size(),
         }
     }
 
     /// Each sequence's position, as the int32 vector RoPE takes.
     pub fn offsets(&self) -> Array {
         match &self.state {
-            MixedState::Plain(c) => c.offsets(),
-            MixedState::Quantized(c) => c.offsets(),
+            Mixed::Plain(c) => c.offsets(),
+            Mixed::Quantized(c) => c.offsets(),
         }
     }
 
     /// Whether the batch has been converted (attention reads quantized
     /// keys).
     pub fn is_quantized(&self) -> bool {
-        match &self.state {
-            MixedState::Plain(_) => false,
-            MixedState::Quantized(_) => true,
-        }
+        self.state.is_quantized()
     }
 
     /// The conversion when it is due (a written plain batch whose write
     /// index reached `start`), then the cache as this forward uses it.
     pub fn convert_if_due(&mut self) -> Result<BatchMixedNow<'_>> {
-        if let MixedState::Plain(c) = &self.state {
+        if let Mixed::Plain(c) = &self.state {
             // A clone of the handles: into_parts takes the cache apart.
             if let (true, Some(parts)) = (c.idx() >= self.start, c.clone().into_parts()) {
-                self.state = MixedState::Quantized(BatchQuantizedKvCache::from_plain(
-                    self.quantization,
-                    parts,
-                )?);
+                self.state =
+                    Mixed::Quantized(BatchQuantizedKvCache::from_plain(self.quantization, parts)?);
             }
         }
-        Ok(match &mut self.state {
-            MixedState::Plain(c) => BatchMixedNow::Plain(c),
-            MixedState::Quantized(c) => BatchMixedNow::Quantized(c),
-        })
+        Ok(self.state.as_mut())
     }
 
     /// The batch converted now, whatever its write index (a plain side
     /// joining a converted one).
     fn converted(self) -> Result<BatchQuantizedKvCache> {
         match self.state {
-            MixedState::Quantized(c) => Ok(c),
-            MixedState::Plain(c) => {
+            Mixed::Quantized(c) => Ok(c),
+            Mixed::Plain(c) => {
                 // Nothing written: empty, offsets still `-left_padding`.
                 let empty = BatchQuantizedKvCache::new(self.quantization, c.left_padding());
                 match c.into_parts() {
@@ -433,32 +398,32 @@ impl BatchMixedKvCache {
     /// `make_mask(N)`: the left-padded causal mask array, in either state.
     pub fn make_mask(&self, n: i32) -> Result<Mask> {
         match &self.state {
-            MixedState::Plain(c) => c.make_mask(n),
-            MixedState::Quantized(c) => c.make_mask(n),
+            Mixed::Plain(c) => c.make_mask(n),
+            Mixed::Quantized(c) => c.make_mask(n),
         }
     }
 
     /// `prepare(right_padding=...)` of the cache in its current state.
     pub fn prepare_right_padding(&mut self, right_padding: &[i32]) -> Result<()> {
         match &mut self.state {
-            MixedState::Plain(c) => c.prepare_right_padding(right_padding),
-            MixedState::Quantized(c) => c.prepare_right_padding(right_padding),
+            Mixed::Plain(c) => c.prepare_right_padding(right_padding),
+            Mixed::Quantized(c) => c.prepare_right_padding(right_padding),
         }
     }
 
     /// `finalize()` of the cache in its current state.
     pub fn finalize(&mut self) -> Result<()> {
         match &mut self.state {
-            MixedState::Plain(c) => c.finalize(),
-            MixedState::Quantized(c) => c.finalize(),
+            Mixed::Plain(c) => c.finalize(),
+            Mixed::Quantized(c) => c.finalize(),
         }
     }
 
     /// `filter(batch_indices)` of the cache in its current state.
     pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
         match &mut self.state {
-            MixedState::Plain(c) => c.filter(keep),
-            MixedState::Quantized(c) => c.filter(keep),
+            Mixed::Plain(c) => c.filter(keep),
+            Mixed::Quantized(c) => c.filter(keep),
         }
     }
 
@@ -475,9 +440,9 @@ impl BatchMixedKvCache {
             BatchMixedKvCache::new(self.quantization, self.start, &[]),
         );
         let state = match (this.state, other.state) {
-            (MixedState::Plain(mut a), MixedState::Plain(b)) => {
+            (Mixed::Plain(mut a), Mixed::Plain(b)) => {
                 a.extend(b)?;
-                MixedState::Plain(a)
+                Mixed::Plain(a)
             }
             (a, b) => {
                 let side = |state| BatchMixedKvCache {
@@ -487,7 +452,7 @@ impl BatchMixedKvCache {
                 };
                 let mut a = side(a).converted()?;
                 a.extend(side(b).converted()?)?;
-                MixedState::Quantized(a)
+                Mixed::Quantized(a)
             }
         };
         self.state = state;
@@ -497,32 +462,23 @@ impl BatchMixedKvCache {
     /// `extract(idx)`: the row's plain keys and values, or its quantized
     /// triples once converted.
     pub fn extract(&self, row: usize) -> Result<MixedRow> {
-        match &self.state {
-            MixedState::Plain(c) => {
-                let (k, v) = c.extract(row)?;
-                Ok(MixedRow::Plain(k, v))
-            }
-            MixedState::Quantized(c) => {
-                let (k, v) = c.extract(row)?;
-                Ok(MixedRow::Quantized(k, v))
-            }
-        }
+        Ok(match &self.state {
+            Mixed::Plain(c) => Mixed::Plain(c.extract(row)?),
+            Mixed::Quantized(c) => Mixed::Quantized(c.extract(row)?),
+        })
     }
 
     /// The arrays a step boundary evaluates.
     pub(crate) fn state(&self) -> Vec<&Array> {
         match &self.state {
-            MixedState::Plain(c) => c.state(),
-            MixedState::Quantized(c) => c.state(),
+            Mixed::Plain(c) => c.state(),
+            Mixed::Quantized(c) => c.state(),
         }
     }
 }
 
 /// One row of a [`BatchMixedKvCache`]: keys and values, plain or quantized.
-pub enum MixedRow {
-    Plain(Array, Array),
-    Quantized(Quantized, Quantized),
-}
+pub type MixedRow = Mixed<(Array, Array), (Quantized, Quantized)>;
 
 #[cfg(test)]
 mod tests {
@@ -617,11 +573,11 @@ mod tests {
         };
         c.update_and_fetch(&kb, &kb).unwrap();
         converted.extend(plain).unwrap();
-        let MixedRow::Quantized(row1, _) = converted.extract(1).unwrap() else {
+        let MixedRow::Quantized((row1, _)) = converted.extract(1).unwrap() else {
             panic!("the joined row is not quantized");
         };
         assert_eq!(bytes(&row1), bytes(&Q4.quantize(&kb).unwrap()));
-        let MixedRow::Quantized(row0, _) = converted.extract(0).unwrap() else {
+        let MixedRow::Quantized((row0, _)) = converted.extract(0).unwrap() else {
             panic!("the converted row is not quantized");
         };
         assert_eq!(bytes(&row0), bytes(&Q4.quantize(&ka).unwrap()));

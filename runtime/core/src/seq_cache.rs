@@ -195,8 +195,8 @@ pub fn extract(cache: &BatchCache, row: usize) -> Result<SeqCache> {
                     })
                 }
                 Some(BatchLayerCache::QuantizedAfterForward(c)) => Some(match c.extract(row)? {
-                    MixedRow::Plain(keys, values) => SeqLayerCache::Full { keys, values },
-                    MixedRow::Quantized(keys, values) => SeqLayerCache::Quantized {
+                    MixedRow::Plain((keys, values)) => SeqLayerCache::Full { keys, values },
+                    MixedRow::Quantized((keys, values)) => SeqLayerCache::Quantized {
                         keys,
                         values,
                         quantization: c.quantization,
@@ -323,7 +323,7 @@ fn merge_full(layer: usize, given: &[Option<&SeqLayerCache>], b: usize) -> Resul
         return Ok(BatchKvCache::new(&vec![0; b]));
     }
     let (keys, values, padding) = stack_right_aligned(&rows)?;
-    Ok(BatchKvCache::from_merged(keys, values, padding))
+    Ok(BatchKvCache::from_merged((), keys, values, padding))
 }
 
 /// `BatchKVCache.merge` of quantized rows: each of the three arrays of
@@ -366,9 +366,7 @@ fn merge_quantized(
     let (kd, vd, padding) = stack(&|q| &q.data)?;
     let (ks, vs, _) = stack(&|q| &q.scales)?;
     let (kb, vb, _) = stack(&|q| &q.biases)?;
-    let len = kd.shape()[2];
-    let offsets = padding.iter().map(|lp| len - lp).collect();
-    Ok(BatchQuantizedKvCache::from_parts(
+    Ok(BatchQuantizedKvCache::from_merged(
         quantization,
         Quantized {
             data: kd,
@@ -381,8 +379,6 @@ fn merge_quantized(
             biases: vb,
         },
         padding,
-        offsets,
-        len,
     ))
 }
 
