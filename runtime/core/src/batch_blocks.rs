@@ -13,17 +13,16 @@
 use mlx_rs::error::Exception;
 use mlx_rs::{Array, Dtype};
 
-use crate::attention::{merged, quantized_sdpa, Mask};
+use crate::attention::Mask;
 use crate::batch::{BatchCache, BatchLayerCache};
 use crate::batch_deltanet::BatchArraysCache;
 use crate::batch_quant::{BatchMixedNow, BatchQuantizedKvCache};
 use crate::blocks::{
-    self as b, AttentionShape, AttentionWeights, FusedQkvAttention, KvWeights, Scores, SharedKv,
+    self as b, AttentionShape, AttentionWeights, FusedQkvAttention, KvWeights, SharedKv,
 };
 use crate::decode::{self, StepCache, StepQkv};
 use crate::deltanet::{self, GatedAttention};
 use crate::distributed::sharded_to_all;
-use crate::layers::Linear;
 use crate::ops::Result;
 use crate::rope::{Rope, RopeTables};
 
@@ -87,10 +86,8 @@ fn kv_update(c: &mut BatchLayerCache, k: &Array, v: &Array) -> Result<(Array, Ar
     }
 }
 
-/// A K/V-owning layer's attention over a batch: RoPE at each row's offset
-/// (`self.rope(x, offset=cache.offset)`), the batched cache updated, SDPA
-/// over the shared key buffer, the output projection. Returns the K/V that
-/// later layers sharing it read (with the per-row offsets).
+/// A K/V-owning layer's attention over a batch, as
+/// [`crate::blocks::attention_own_kv`] with its separate projections.
 pub fn attention_own_kv(
     x: &Array,
     w: &AttentionWeights,
@@ -100,10 +97,7 @@ pub fn attention_own_kv(
     cache: &mut BatchLayerCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
-    let offsets = kv_offsets(cache)?;
-    let own = b::OwnQkv::Separate { attn: w, kv };
-    let (q, k, v) = own.project(x, s, &|t| rope.apply(t, &offsets))?;
-    attend_own_kv(&q, &k, &v, offsets, &w.o_proj, s, cache, mask)
+    attention_projected(x, b::OwnQkv::Separate { attn: w, kv }, s, rope, cache, mask)
 }
 
 /// [`attention_own_kv`] of a layer with one `qkv_proj` (phi3): the same
@@ -116,27 +110,26 @@ pub fn attention_fused_qkv(
     cache: &mut BatchLayerCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
-    let offsets = kv_offsets(cache)?;
-    let (q, k, v) = b::OwnQkv::Fused(w).project(x, s, &|t| rope.apply(t, &offsets))?;
-    attend_own_kv(&q, &k, &v, offsets, &w.o_proj, s, cache, mask)
+    attention_projected(x, b::OwnQkv::Fused(w), s, rope, cache, mask)
 }
 
-/// What follows the projections of a K/V-owning layer: the batched cache
-/// updated, SDPA over the shared key buffer ([`attend_cached`]), the output
-/// projection.
-#[allow(clippy::too_many_arguments)]
-fn attend_own_kv(
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    offsets: Array,
-    o_proj: &Linear,
+/// The attention of a K/V-owning layer over a batch, whichever its
+/// projections: RoPE at each row's offset (`self.rope(x,
+/// offset=cache.offset)`), the batched cache updated, SDPA over the shared
+/// key buffer ([`attend_cached`]), the output projection. Returns the K/V
+/// that later layers sharing it read (with the per-row offsets).
+fn attention_projected(
+    x: &Array,
+    qkv: b::OwnQkv<'_>,
     s: AttentionShape,
+    rope: &Rope,
     cache: &mut BatchLayerCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
-    let (o, shared) = attend_cached(q, k, v, offsets, s, cache, mask, false)?;
-    Ok((sharded_to_all(o_proj.forward(&o)?)?, shared))
+    let offsets = kv_offsets(cache)?;
+    let (q, k, v) = qkv.project(x, s, &|t| rope.apply(t, &offsets))?;
+    let (o, shared) = attend_cached(&q, &k, &v, offsets, s, cache, mask, false)?;
+    Ok((sharded_to_all(qkv.o_proj().forward(&o)?)?, shared))
 }
 
 /// The batched cache updated with `k`, `v`, and `q` attending over it: the
@@ -194,36 +187,11 @@ fn attend_quantized(
     mask: &Mask,
     rows: bool,
 ) -> Result<(Array, SharedKv)> {
-    match s.scores {
-        Scores::FusedSdpa => {}
-        Scores::Softcapped { .. } => {
-            return Err(error(
-                "written-out softcapped attention over a quantized KV cache: mlx-lm's gemma2 \
-                 attention cannot read quantized keys"
-                    .into(),
-            ))
-        }
-    }
-    let (b, l) = (q.shape()[0], q.shape()[2]);
+    b::refuse_softcap_over_quantized(s.scores)?;
     let (qk, qv) = cache.update_and_fetch(k, v)?;
-    let quant = cache.quantization;
-    let o = quantized_sdpa(
-        q,
-        &qk,
-        &qv,
-        f64::from(s.scale),
-        mask,
-        quant.group_size,
-        quant.bits,
-    )?
-    .transpose_axes(&[0, 2, 1, 3])?
-    .reshape(&merged(b, l, rows))?;
-    let shared = SharedKv {
-        keys: qk.data,
-        values: qv.data,
-        offset: offsets,
-    };
-    Ok((o, shared))
+    let quant = cache.quantization();
+    let groups = (quant.group_size, quant.bits);
+    b::attend_quantized_fetched(q, qk, qv, s, mask, groups, offsets, rows)
 }
 
 /// A batch's one-token step (every row at L = 1) takes the compiled decode

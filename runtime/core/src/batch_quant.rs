@@ -26,10 +26,8 @@ use mlx_rs::ops::indexing::{Ellipsis, TryIndexMutOp, TryIndexOp};
 use mlx_rs::{Array, Dtype};
 
 use crate::attention::{Mask, Quantized};
-use crate::batch::{
-    check_rows, int_vector, left_padded_causal_mask, pad_keys, roll_rows, shift_to_left_padding,
-    BatchKvCache, KvParts, STEP,
-};
+use crate::batch_kv::{pad_keys, BatchKv, BatchKvCache, KvForm, KvParts, STEP};
+use crate::cache::Mixed;
 use crate::ops::Result;
 
 fn error(what: String) -> mlx_rs::error::Exception {
@@ -107,118 +105,49 @@ impl KvQuantization {
     }
 }
 
-/// A `BatchKVCache` of quantized keys and values: see the module.
-#[derive(Debug, Clone)]
-pub struct BatchQuantizedKvCache {
-    keys: Option<Quantized>,
-    values: Option<Quantized>,
-    left_padding: Vec<i32>,
-    offset: Vec<i32>,
-    idx: i32,
-    /// Set by [`BatchQuantizedKvCache::prepare_right_padding`] for a
-    /// right-padded prefill chunk, consumed by `finalize`.
-    right_padding: Option<Vec<i32>>,
-    pub(crate) quantization: KvQuantization,
+/// The quantized form: `f` on each of the three arrays of a quantized
+/// tensor alike.
+impl KvForm for Quantized {
+    type Setting = KvQuantization;
+    const CACHE: &'static str = "BatchQuantizedKvCache";
+    fn map(&self, f: impl Fn(&Array) -> Result<Array>) -> Result<Self> {
+        Quantized::map(self, f)
+    }
+    fn arrays(&self) -> Vec<&Array> {
+        vec![&self.data, &self.scales, &self.biases]
+    }
+    fn slots(&self) -> i32 {
+        self.data.shape()[2]
+    }
 }
+
+/// A `BatchKVCache` of quantized keys and values: see the module.
+pub type BatchQuantizedKvCache = BatchKv<Quantized>;
 
 impl BatchQuantizedKvCache {
     /// Empty, offsets `-left_padding` (as `BatchKVCache(left_padding)`).
     pub fn new(quantization: KvQuantization, left_padding: &[i32]) -> Self {
-        BatchQuantizedKvCache {
-            keys: None,
-            values: None,
-            left_padding: left_padding.to_vec(),
-            offset: left_padding.iter().map(|l| -l).collect(),
-            idx: 0,
-            right_padding: None,
-            quantization,
-        }
-    }
-
-    /// A quantized batch of already quantized buffers (right-aligned rows
-    /// after `left_padding[b]` zero slots, every row ending at `idx`), as
-    /// the merge of single-sequence caches and the conversion of a plain
-    /// batch build it.
-    pub(crate) fn from_parts(
-        quantization: KvQuantization,
-        keys: Quantized,
-        values: Quantized,
-        left_padding: Vec<i32>,
-        offset: Vec<i32>,
-        idx: i32,
-    ) -> Self {
-        BatchQuantizedKvCache {
-            keys: Some(keys),
-            values: Some(values),
-            left_padding,
-            offset,
-            idx,
-            right_padding: None,
-            quantization,
-        }
+        BatchKv::empty(quantization, left_padding)
     }
 
     /// `KVCache.to_quantized` of a written plain batch: `mx.quantize` of
     /// its whole buffers (spare capacity kept), the same rows, offsets and
     /// write index, and the right padding of a chunk in flight.
     pub(crate) fn from_plain(quantization: KvQuantization, parts: KvParts) -> Result<Self> {
-        Ok(BatchQuantizedKvCache {
+        Ok(BatchKv {
             keys: Some(quantization.quantize(&parts.keys)?),
             values: Some(quantization.quantize(&parts.values)?),
             left_padding: parts.left_padding,
             offset: parts.offset,
             idx: parts.idx,
             right_padding: parts.right_padding,
-            quantization,
+            setting: quantization,
         })
-    }
-
-    /// The number of sequences.
-    pub fn batch_size(&self) -> usize {
-        self.offset.len()
     }
 
     /// The group size and bits every slot is quantized with.
     pub fn quantization(&self) -> KvQuantization {
-        self.quantization
-    }
-
-    /// Each sequence's position, as the int32 vector RoPE takes.
-    pub fn offsets(&self) -> Array {
-        int_vector(&self.offset)
-    }
-
-    /// Each sequence's position (host values of `offsets`).
-    pub fn offset_values(&self) -> &[i32] {
-        &self.offset
-    }
-
-    /// Each sequence's padding slots before its first key.
-    pub fn left_padding(&self) -> &[i32] {
-        &self.left_padding
-    }
-
-    /// The shared write index: every row's keys end here.
-    pub fn idx(&self) -> i32 {
-        self.idx
-    }
-
-    /// The arrays a step boundary evaluates (`mx.eval(c.state)`).
-    pub(crate) fn state(&self) -> Vec<&Array> {
-        [&self.keys, &self.values]
-            .into_iter()
-            .flatten()
-            .flat_map(|q| [&q.data, &q.scales, &q.biases])
-            .collect()
-    }
-
-    fn buffers(&self, what: &str) -> Result<(&Quantized, &Quantized)> {
-        match (&self.keys, &self.values) {
-            (Some(k), Some(v)) => Ok((k, v)),
-            _ => Err(error(format!(
-                "BatchQuantizedKvCache::{what}: no keys written yet"
-            ))),
-        }
+        self.setting
     }
 
     /// `QuantizedKVCache.update_and_fetch` on B rows: grows the buffers in
@@ -228,12 +157,12 @@ impl BatchQuantizedKvCache {
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Quantized, Quantized)> {
         let (ks, n) = (k.shape(), k.shape()[2]);
         let prev = self.idx;
-        let capacity = self.keys.as_ref().map_or(0, |q| q.data.shape()[2]);
+        let capacity = self.keys.as_ref().map_or(0, KvForm::slots);
         if self.keys.is_none() || prev + n > capacity {
             let new_steps = (STEP + n - 1) / STEP * STEP;
             let (b, heads) = (ks[0], ks[1]);
-            let key_widths = self.quantization.widths(k);
-            let value_widths = self.quantization.widths(v);
+            let key_widths = self.setting.widths(k);
+            let value_widths = self.setting.widths(v);
             match (self.keys.take(), self.values.take()) {
                 (Some(keys), Some(values)) => {
                     let grow = |q: Quantized, widths: QuantWidths| -> Result<Quantized> {
@@ -258,12 +187,9 @@ impl BatchQuantizedKvCache {
                 }
             }
         }
-        for o in &mut self.offset {
-            *o += n;
-        }
-        self.idx += n;
-        let qk = self.quantization.quantize(k)?;
-        let qv = self.quantization.quantize(v)?;
+        self.advance(n);
+        let qk = self.setting.quantize(k)?;
+        let qv = self.setting.quantize(v)?;
         let (keys, values) = match (self.keys.as_mut(), self.values.as_mut()) {
             (Some(k), Some(v)) => (k, v),
             _ => return Err(error("BatchQuantizedKvCache: lost its buffers".into())),
@@ -280,89 +206,19 @@ impl BatchQuantizedKvCache {
         self.keys_and_values()
     }
 
-    /// `[..., :idx, :]` of every buffer.
-    pub fn keys_and_values(&self) -> Result<(Quantized, Quantized)> {
-        let (k, v) = self.buffers("keys_and_values")?;
-        both(k, v, |x| x.try_index((Ellipsis, ..self.idx, ..)))
-    }
-
-    /// `prepare(right_padding=...)`: remembers the padding of a
-    /// right-padded prefill chunk when any row has some.
-    pub fn prepare_right_padding(&mut self, right_padding: &[i32]) -> Result<()> {
-        if right_padding.len() != self.batch_size() {
-            return Err(error(format!(
-                "BatchQuantizedKvCache::prepare: {} right paddings for a batch of {}",
-                right_padding.len(),
-                self.batch_size()
-            )));
-        }
-        if right_padding.iter().any(|&p| p > 0) {
-            self.right_padding = Some(right_padding.to_vec());
-        }
-        Ok(())
-    }
-
-    /// `finalize()`: each row's right padding rolled in front of its keys
-    /// (all three arrays of both tensors, over the whole buffer), where
-    /// `left_padding` hides it.
-    pub fn finalize(&mut self) -> Result<()> {
-        let Some(padding) = self.right_padding.take() else {
-            return Ok(());
-        };
-        let (k, v) = self.buffers("finalize")?;
-        let (k, v) = both(k, v, |x| roll_rows(x, &padding))?;
-        (self.keys, self.values) = (Some(k), Some(v));
-        shift_to_left_padding(&mut self.offset, &mut self.left_padding, &padding);
-        Ok(())
-    }
-
-    /// `make_mask(N)`: the left-padded causal mask array, also for one
-    /// token.
-    pub fn make_mask(&self, n: i32) -> Result<Mask> {
-        Ok(Mask::Array(left_padded_causal_mask(
-            n,
-            self.idx,
-            &self.left_padding,
-        )?))
-    }
-
-    /// `filter(batch_indices)`: keeps rows `keep` (in that order), then
-    /// drops the padding slots every kept row has.
-    pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
-        let rows = check_rows(keep, self.batch_size(), "BatchQuantizedKvCache::filter")?;
-        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            let (k, v) = both(k, v, |x| x.take_axis(&rows, 0))?;
-            (self.keys, self.values) = (Some(k), Some(v));
-        }
-        self.offset = keep.iter().map(|&i| self.offset[i]).collect();
-        self.left_padding = keep.iter().map(|&i| self.left_padding[i]).collect();
-        let min_left_pad = self.left_padding.iter().copied().min().unwrap_or(0);
-        if min_left_pad > 0 {
-            if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-                let (k, v) = both(k, v, |x| x.try_index((Ellipsis, min_left_pad.., ..)))?;
-                (self.keys, self.values) = (Some(k), Some(v));
-            }
-            self.idx -= min_left_pad;
-            for lp in &mut self.left_padding {
-                *lp -= min_left_pad;
-            }
-        }
-        Ok(())
-    }
-
     /// `extend(other)` as `BatchKVCache` extends: both buffers padded with
     /// zero triples to the longer one, ends aligned at the larger `idx` (a
     /// row with fewer keys gets more left padding), `other`'s rows after
     /// this cache's. Two caches of different quantizations do not join.
     pub fn extend(&mut self, other: BatchQuantizedKvCache) -> Result<()> {
-        if self.quantization != other.quantization {
+        if self.setting != other.setting {
             return Err(error(format!(
                 "BatchQuantizedKvCache::extend: a {}-bit cache (group {}) and a {}-bit one \
                  (group {})",
-                self.quantization.bits,
-                self.quantization.group_size,
-                other.quantization.bits,
-                other.quantization.group_size
+                self.setting.bits,
+                self.setting.group_size,
+                other.setting.bits,
+                other.setting.group_size
             )));
         }
         let layout = match (&self.keys, &self.values, &other.keys, &other.values) {
@@ -377,7 +233,7 @@ impl BatchQuantizedKvCache {
             }
         };
         let idx = self.idx.max(other.idx);
-        let len = |c: &BatchQuantizedKvCache| c.keys.as_ref().map_or(0, |q| q.data.shape()[2]);
+        let len = |c: &BatchQuantizedKvCache| c.keys.as_ref().map_or(0, KvForm::slots);
         let max_size = len(self).max(len(&other));
         let (k1, v1, lp1) = self.padded(layout, idx, max_size)?;
         let (k2, v2, lp2) = other.padded(layout, idx, max_size)?;
@@ -428,19 +284,6 @@ impl BatchQuantizedKvCache {
         let lp = self.left_padding.iter().map(|lp| lp + left).collect();
         Ok((k, v, lp))
     }
-
-    /// `extract(idx)`: row `row`'s real slots [1, KV, len, ...] of both
-    /// quantized tensors (what a single-sequence `QuantizedKVCache` of that
-    /// row would hold, without its spare capacity).
-    pub fn extract(&self, row: usize) -> Result<(Quantized, Quantized)> {
-        check_rows(&[row], self.batch_size(), "BatchQuantizedKvCache::extract")?;
-        let (k, v) = self.buffers("extract")?;
-        let r = row as i32;
-        let lp = self.left_padding[row];
-        both(k, v, |x| {
-            x.try_index((r..r + 1, .., lp..self.idx))?.contiguous()
-        })
-    }
 }
 
 /// mlx-optiq's per-layer mixed KV ([`crate::cache::MixedKvCache`]) over a
@@ -460,29 +303,20 @@ impl BatchQuantizedKvCache {
 /// A row joining a converted batch is quantized on joining.
 #[derive(Debug, Clone)]
 pub struct BatchMixedKvCache {
-    state: MixedState,
+    state: Mixed<BatchKvCache, BatchQuantizedKvCache>,
     pub(crate) quantization: KvQuantization,
     /// optiq's `quantized_kv_start`.
     pub(crate) start: i32,
 }
 
-#[derive(Debug, Clone)]
-enum MixedState {
-    Plain(BatchKvCache),
-    Quantized(BatchQuantizedKvCache),
-}
-
 /// A [`BatchMixedKvCache`] on one forward, before or after its conversion.
-pub enum BatchMixedNow<'a> {
-    Plain(&'a mut BatchKvCache),
-    Quantized(&'a mut BatchQuantizedKvCache),
-}
+pub type BatchMixedNow<'a> = Mixed<&'a mut BatchKvCache, &'a mut BatchQuantizedKvCache>;
 
 impl BatchMixedKvCache {
     /// Empty and plain, offsets `-left_padding`.
     pub fn new(quantization: KvQuantization, start: i32, left_padding: &[i32]) -> Self {
         BatchMixedKvCache {
-            state: MixedState::Plain(BatchKvCache::new(left_padding)),
+            state: Mixed::Plain(BatchKvCache::new(left_padding)),
             quantization,
             start,
         }
@@ -491,7 +325,7 @@ impl BatchMixedKvCache {
     /// A merged plain batch, still to convert.
     pub(crate) fn plain(quantization: KvQuantization, start: i32, cache: BatchKvCache) -> Self {
         BatchMixedKvCache {
-            state: MixedState::Plain(cache),
+            state: Mixed::Plain(cache),
             quantization,
             start,
         }
@@ -504,7 +338,7 @@ impl BatchMixedKvCache {
         cache: BatchQuantizedKvCache,
     ) -> Self {
         BatchMixedKvCache {
-            state: MixedState::Quantized(cache),
+            state: Mixed::Quantized(cache),
             quantization,
             start,
         }
@@ -513,52 +347,44 @@ impl BatchMixedKvCache {
     /// The number of sequences.
     pub fn batch_size(&self) -> usize {
         match &self.state {
-            MixedState::Plain(c) => c.batch_size(),
-            MixedState::Quantized(c) => c.batch_size(),
+            Mixed::Plain(c) => c.batch_size(),
+            Mixed::Quantized(c) => c.batch_size(),
         }
     }
 
     /// Each sequence's position, as the int32 vector RoPE takes.
     pub fn offsets(&self) -> Array {
         match &self.state {
-            MixedState::Plain(c) => c.offsets(),
-            MixedState::Quantized(c) => c.offsets(),
+            Mixed::Plain(c) => c.offsets(),
+            Mixed::Quantized(c) => c.offsets(),
         }
     }
 
     /// Whether the batch has been converted (attention reads quantized
     /// keys).
     pub fn is_quantized(&self) -> bool {
-        match &self.state {
-            MixedState::Plain(_) => false,
-            MixedState::Quantized(_) => true,
-        }
+        self.state.is_quantized()
     }
 
     /// The conversion when it is due (a written plain batch whose write
     /// index reached `start`), then the cache as this forward uses it.
     pub fn convert_if_due(&mut self) -> Result<BatchMixedNow<'_>> {
-        if let MixedState::Plain(c) = &self.state {
+        if let Mixed::Plain(c) = &self.state {
             // A clone of the handles: into_parts takes the cache apart.
             if let (true, Some(parts)) = (c.idx() >= self.start, c.clone().into_parts()) {
-                self.state = MixedState::Quantized(BatchQuantizedKvCache::from_plain(
-                    self.quantization,
-                    parts,
-                )?);
+                self.state =
+                    Mixed::Quantized(BatchQuantizedKvCache::from_plain(self.quantization, parts)?);
             }
         }
-        Ok(match &mut self.state {
-            MixedState::Plain(c) => BatchMixedNow::Plain(c),
-            MixedState::Quantized(c) => BatchMixedNow::Quantized(c),
-        })
+        Ok(self.state.as_mut())
     }
 
     /// The batch converted now, whatever its write index (a plain side
     /// joining a converted one).
     fn converted(self) -> Result<BatchQuantizedKvCache> {
         match self.state {
-            MixedState::Quantized(c) => Ok(c),
-            MixedState::Plain(c) => {
+            Mixed::Quantized(c) => Ok(c),
+            Mixed::Plain(c) => {
                 // Nothing written: empty, offsets still `-left_padding`.
                 let empty = BatchQuantizedKvCache::new(self.quantization, c.left_padding());
                 match c.into_parts() {
@@ -572,32 +398,32 @@ impl BatchMixedKvCache {
     /// `make_mask(N)`: the left-padded causal mask array, in either state.
     pub fn make_mask(&self, n: i32) -> Result<Mask> {
         match &self.state {
-            MixedState::Plain(c) => c.make_mask(n),
-            MixedState::Quantized(c) => c.make_mask(n),
+            Mixed::Plain(c) => c.make_mask(n),
+            Mixed::Quantized(c) => c.make_mask(n),
         }
     }
 
     /// `prepare(right_padding=...)` of the cache in its current state.
     pub fn prepare_right_padding(&mut self, right_padding: &[i32]) -> Result<()> {
         match &mut self.state {
-            MixedState::Plain(c) => c.prepare_right_padding(right_padding),
-            MixedState::Quantized(c) => c.prepare_right_padding(right_padding),
+            Mixed::Plain(c) => c.prepare_right_padding(right_padding),
+            Mixed::Quantized(c) => c.prepare_right_padding(right_padding),
         }
     }
 
     /// `finalize()` of the cache in its current state.
     pub fn finalize(&mut self) -> Result<()> {
         match &mut self.state {
-            MixedState::Plain(c) => c.finalize(),
-            MixedState::Quantized(c) => c.finalize(),
+            Mixed::Plain(c) => c.finalize(),
+            Mixed::Quantized(c) => c.finalize(),
         }
     }
 
     /// `filter(batch_indices)` of the cache in its current state.
     pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
         match &mut self.state {
-            MixedState::Plain(c) => c.filter(keep),
-            MixedState::Quantized(c) => c.filter(keep),
+            Mixed::Plain(c) => c.filter(keep),
+            Mixed::Quantized(c) => c.filter(keep),
         }
     }
 
@@ -614,9 +440,9 @@ impl BatchMixedKvCache {
             BatchMixedKvCache::new(self.quantization, self.start, &[]),
         );
         let state = match (this.state, other.state) {
-            (MixedState::Plain(mut a), MixedState::Plain(b)) => {
+            (Mixed::Plain(mut a), Mixed::Plain(b)) => {
                 a.extend(b)?;
-                MixedState::Plain(a)
+                Mixed::Plain(a)
             }
             (a, b) => {
                 let side = |state| BatchMixedKvCache {
@@ -626,7 +452,7 @@ impl BatchMixedKvCache {
                 };
                 let mut a = side(a).converted()?;
                 a.extend(side(b).converted()?)?;
-                MixedState::Quantized(a)
+                Mixed::Quantized(a)
             }
         };
         self.state = state;
@@ -636,32 +462,23 @@ impl BatchMixedKvCache {
     /// `extract(idx)`: the row's plain keys and values, or its quantized
     /// triples once converted.
     pub fn extract(&self, row: usize) -> Result<MixedRow> {
-        match &self.state {
-            MixedState::Plain(c) => {
-                let (k, v) = c.extract(row)?;
-                Ok(MixedRow::Plain(k, v))
-            }
-            MixedState::Quantized(c) => {
-                let (k, v) = c.extract(row)?;
-                Ok(MixedRow::Quantized(k, v))
-            }
-        }
+        Ok(match &self.state {
+            Mixed::Plain(c) => Mixed::Plain(c.extract(row)?),
+            Mixed::Quantized(c) => Mixed::Quantized(c.extract(row)?),
+        })
     }
 
     /// The arrays a step boundary evaluates.
     pub(crate) fn state(&self) -> Vec<&Array> {
         match &self.state {
-            MixedState::Plain(c) => c.buffers(),
-            MixedState::Quantized(c) => c.state(),
+            Mixed::Plain(c) => c.state(),
+            Mixed::Quantized(c) => c.state(),
         }
     }
 }
 
 /// One row of a [`BatchMixedKvCache`]: keys and values, plain or quantized.
-pub enum MixedRow {
-    Plain(Array, Array),
-    Quantized(Quantized, Quantized),
-}
+pub type MixedRow = Mixed<(Array, Array), (Quantized, Quantized)>;
 
 #[cfg(test)]
 mod tests {
@@ -756,11 +573,11 @@ mod tests {
         };
         c.update_and_fetch(&kb, &kb).unwrap();
         converted.extend(plain).unwrap();
-        let MixedRow::Quantized(row1, _) = converted.extract(1).unwrap() else {
+        let MixedRow::Quantized((row1, _)) = converted.extract(1).unwrap() else {
             panic!("the joined row is not quantized");
         };
         assert_eq!(bytes(&row1), bytes(&Q4.quantize(&kb).unwrap()));
-        let MixedRow::Quantized(row0, _) = converted.extract(0).unwrap() else {
+        let MixedRow::Quantized((row0, _)) = converted.extract(0).unwrap() else {
             panic!("the converted row is not quantized");
         };
         assert_eq!(bytes(&row0), bytes(&Q4.quantize(&ka).unwrap()));

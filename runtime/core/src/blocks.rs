@@ -19,6 +19,7 @@ use mlx_rs::Array;
 
 use crate::attention::{
     attend, batch_and_len, causal_mask, merged, quantized_sdpa, softcapped_attention, Mask,
+    Quantized,
 };
 use crate::cache::{LayerCache, MixedKvNow, QuantizedKvCache};
 use crate::distributed::sharded_to_all;
@@ -444,15 +445,11 @@ pub fn attend_own_kv(
     offset: Array,
     rows: bool,
 ) -> Result<(Array, SharedKv)> {
-    let (b, l) = (q.shape()[0], q.shape()[2]);
-    if let (
-        LayerCache::Quantized(_) | LayerCache::QuantizedAfterForward(_),
-        Scores::Softcapped { .. },
-    ) = (&*cache, s.scores)
-    {
-        return Err(refused(
-            "written-out softcapped attention over a quantized KV cache: mlx-lm's gemma2 attention cannot read quantized keys",
-        ));
+    match cache {
+        LayerCache::Quantized(_) | LayerCache::QuantizedAfterForward(_) => {
+            refuse_softcap_over_quantized(s.scores)?
+        }
+        LayerCache::Full(_) | LayerCache::Sliding(_) => {}
     }
     let quantized: Option<&mut QuantizedKvCache> = match cache {
         LayerCache::Quantized(qc) => Some(qc),
@@ -478,31 +475,8 @@ pub fn attend_own_kv(
         // base.scaled_dot_product_attention: a cache with `.bits` routes to
         // quantized_scaled_dot_product_attention.
         let (qk, qv) = qc.update_and_fetch(k, v)?;
-        // The scale meets the queries as a weak scalar of their dtype; the
-        // one form with a quantized cache (scale 1) is exact either way.
-        let o = quantized_sdpa(
-            q,
-            &qk,
-            &qv,
-            f64::from(s.scale),
-            mask,
-            qc.group_size,
-            qc.bits,
-        )?;
-        let o = o
-            .transpose_axes(&[0, 2, 1, 3])?
-            .reshape(&merged(b, l, rows))?;
-        // mlx-lm would hand the quantized tuples to sharers, whose plain SDPA
-        // then fails; the spec validator forbids that, and the packed uint32
-        // data carried here is refused by `attend_shared_kv`.
-        return Ok((
-            o,
-            SharedKv {
-                keys: qk.data,
-                values: qv.data,
-                offset,
-            },
-        ));
+        let groups = (qc.group_size, qc.bits);
+        return attend_quantized_fetched(q, qk, qv, s, mask, groups, offset, rows);
     }
     let (keys, values) = cache.update_and_fetch(k, v)?;
     let o = attend_with(q, &keys, &values, s, mask, rows)?;
@@ -514,6 +488,53 @@ pub fn attend_own_kv(
             offset,
         },
     ))
+}
+
+/// The refusal of mlx-lm's gemma2 attention (scores written out to be
+/// softcapped) over a quantized cache, whose keys it cannot read.
+pub(crate) fn refuse_softcap_over_quantized(scores: Scores) -> Result<()> {
+    match scores {
+        Scores::FusedSdpa => Ok(()),
+        Scores::Softcapped { .. } => Err(refused(
+            "written-out softcapped attention over a quantized KV cache: mlx-lm's gemma2 \
+             attention cannot read quantized keys",
+        )),
+    }
+}
+
+/// Attention over a quantized cache already updated with this step's K/V
+/// (`base.scaled_dot_product_attention` routes a cache with `.bits` to
+/// `quantized_scaled_dot_product_attention`), with `(group_size, bits)` of
+/// its quantization: the heads merged back ([B, L, H * D], or rows with
+/// `rows`), and the packed key and value data as the K/V for sharers. One
+/// sequence's attention and a batch's both end here.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_quantized_fetched(
+    q: &Array,
+    keys: Quantized,
+    values: Quantized,
+    s: AttentionShape,
+    mask: &Mask,
+    (group_size, bits): (i32, i32),
+    offset: Array,
+    rows: bool,
+) -> Result<(Array, SharedKv)> {
+    let (b, l) = (q.shape()[0], q.shape()[2]);
+    // The scale meets the queries as a weak scalar of their dtype; the
+    // one form with a quantized cache (scale 1) is exact either way.
+    let scale = f64::from(s.scale);
+    let o = quantized_sdpa(q, &keys, &values, scale, mask, group_size, bits)?
+        .transpose_axes(&[0, 2, 1, 3])?
+        .reshape(&merged(b, l, rows))?;
+    // mlx-lm would hand the quantized tuples to sharers, whose plain SDPA
+    // then fails; the spec validator forbids that, and the packed uint32
+    // data carried here is refused by `attend_shared_kv`.
+    let shared = SharedKv {
+        keys: keys.data,
+        values: values.data,
+        offset,
+    };
+    Ok((o, shared))
 }
 
 /// A KV-sharing layer's attention: its own queries over the donor's K/V.

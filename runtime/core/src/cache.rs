@@ -351,29 +351,49 @@ impl QuantizedKvCache {
 /// the next update ([`MixedKvCache::convert_if_due`]) gives the same state.
 #[derive(Debug)]
 pub struct MixedKvCache {
-    state: MixedState,
+    state: Mixed<KvCache, QuantizedKvCache>,
     pub group_size: i32,
     pub bits: i32,
     /// optiq's `quantized_kv_start`.
     pub start: i32,
 }
 
-#[derive(Debug)]
-enum MixedState {
-    Plain(KvCache),
-    Quantized(QuantizedKvCache),
+/// mlx-optiq's mixed KV in one of its two states: plain until the
+/// conversion, quantized after. One sequence's cache ([`MixedKvCache`]) and
+/// a batch's ([`crate::batch_quant::BatchMixedKvCache`]) hold their cache in
+/// it and hand it to a forward as `Mixed<&mut P, &mut Q>`; a batch hands
+/// back a row in it too.
+#[derive(Debug, Clone)]
+pub enum Mixed<P, Q> {
+    Plain(P),
+    Quantized(Q),
+}
+
+impl<P, Q> Mixed<P, Q> {
+    /// Whether the conversion has run (attention reads quantized keys).
+    pub fn is_quantized(&self) -> bool {
+        match self {
+            Mixed::Plain(_) => false,
+            Mixed::Quantized(_) => true,
+        }
+    }
+
+    /// The cache in its current state, by reference.
+    pub fn as_mut(&mut self) -> Mixed<&mut P, &mut Q> {
+        match self {
+            Mixed::Plain(p) => Mixed::Plain(p),
+            Mixed::Quantized(q) => Mixed::Quantized(q),
+        }
+    }
 }
 
 /// A [`MixedKvCache`] on one forward: before or after its conversion.
-pub enum MixedKvNow<'a> {
-    Plain(&'a mut KvCache),
-    Quantized(&'a mut QuantizedKvCache),
-}
+pub type MixedKvNow<'a> = Mixed<&'a mut KvCache, &'a mut QuantizedKvCache>;
 
 impl MixedKvCache {
     pub fn new(group_size: i32, bits: i32, start: i32) -> Self {
         MixedKvCache {
-            state: MixedState::Plain(KvCache::default()),
+            state: Mixed::Plain(KvCache::default()),
             group_size,
             bits,
             start,
@@ -382,20 +402,20 @@ impl MixedKvCache {
 
     pub fn offset(&self) -> i32 {
         match &self.state {
-            MixedState::Plain(c) => c.offset,
-            MixedState::Quantized(c) => c.offset,
+            Mixed::Plain(c) => c.offset,
+            Mixed::Quantized(c) => c.offset,
         }
     }
 
     /// Whether optiq's hook has converted the cache (so attention is quantized).
     pub fn is_quantized(&self) -> bool {
-        matches!(self.state, MixedState::Quantized(_))
+        self.state.is_quantized()
     }
 
     /// optiq's `patched_maybe_quantize` for this layer: a filled plain cache whose
     /// offset is at least `start` becomes quantized; otherwise nothing changes.
     pub fn convert_if_due(&mut self) -> Result<MixedKvNow<'_>> {
-        if let MixedState::Plain(c) = &mut self.state {
+        if let Mixed::Plain(c) = &mut self.state {
             if c.offset >= self.start {
                 if let (Some(keys), Some(values)) = (c.keys.take(), c.values.take()) {
                     let q = |x: &Array| -> Result<Quantized> {
@@ -407,7 +427,7 @@ impl MixedKvCache {
                             biases,
                         })
                     };
-                    self.state = MixedState::Quantized(QuantizedKvCache {
+                    self.state = Mixed::Quantized(QuantizedKvCache {
                         keys: Some(q(&keys)?),
                         values: Some(q(&values)?),
                         offset: c.offset,
@@ -417,10 +437,7 @@ impl MixedKvCache {
                 }
             }
         }
-        Ok(match &mut self.state {
-            MixedState::Plain(c) => MixedKvNow::Plain(c),
-            MixedState::Quantized(c) => MixedKvNow::Quantized(c),
-        })
+        Ok(self.state.as_mut())
     }
 
     /// The mask of this layer kind: the same for both states (no window).

@@ -32,6 +32,7 @@ pub mod attention;
 pub mod batch;
 pub mod batch_blocks;
 pub mod batch_deltanet;
+pub mod batch_kv;
 pub mod batch_quant;
 pub mod batch_session;
 pub mod blocks;

@@ -20,9 +20,9 @@ use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::Array;
 
 use crate::attention::Quantized;
-use crate::batch::BatchRotatingKvCache;
-use crate::batch::{pad_keys, zeros_rows, BatchCache, BatchKvCache, BatchLayerCache};
+use crate::batch::{BatchCache, BatchLayerCache};
 use crate::batch_deltanet::BatchArraysCache;
+use crate::batch_kv::{pad_keys, zeros_rows, BatchKvCache, BatchRotatingKvCache};
 use crate::batch_quant::{BatchMixedKvCache, BatchQuantizedKvCache, KvQuantization, MixedRow};
 use crate::ops::Result;
 
@@ -156,7 +156,7 @@ impl SeqCache {
     /// Evaluates its arrays, so that a stored cache holds its own buffers
     /// and not the batch's it was sliced from.
     pub fn eval(&self) -> Result<()> {
-        crate::batch::eval_layers(&self.layers, SeqLayerCache::arrays)
+        crate::batch_kv::eval_layers(&self.layers, SeqLayerCache::arrays)
     }
 }
 
@@ -191,12 +191,12 @@ pub fn extract(cache: &BatchCache, row: usize) -> Result<SeqCache> {
                     Some(SeqLayerCache::Quantized {
                         keys,
                         values,
-                        quantization: c.quantization,
+                        quantization: c.quantization(),
                     })
                 }
                 Some(BatchLayerCache::QuantizedAfterForward(c)) => Some(match c.extract(row)? {
-                    MixedRow::Plain(keys, values) => SeqLayerCache::Full { keys, values },
-                    MixedRow::Quantized(keys, values) => SeqLayerCache::Quantized {
+                    MixedRow::Plain((keys, values)) => SeqLayerCache::Full { keys, values },
+                    MixedRow::Quantized((keys, values)) => SeqLayerCache::Quantized {
                         keys,
                         values,
                         quantization: c.quantization,
@@ -256,7 +256,7 @@ pub fn merge(fresh: &BatchCache, rows: &[Option<&SeqCache>]) -> Result<BatchCach
                         Some(BatchLayerCache::Arrays(merge_arrays(l, &given, b)?))
                     }
                     Some(BatchLayerCache::Quantized(c)) => Some(BatchLayerCache::Quantized(
-                        merge_quantized(l, c.quantization, &given, b)?,
+                        merge_quantized(l, c.quantization(), &given, b)?,
                     )),
                     Some(BatchLayerCache::QuantizedAfterForward(c)) => Some(
                         BatchLayerCache::QuantizedAfterForward(merge_mixed(l, c, &given, b)?),
@@ -323,7 +323,7 @@ fn merge_full(layer: usize, given: &[Option<&SeqLayerCache>], b: usize) -> Resul
         return Ok(BatchKvCache::new(&vec![0; b]));
     }
     let (keys, values, padding) = stack_right_aligned(&rows)?;
-    Ok(BatchKvCache::from_merged(keys, values, padding))
+    Ok(BatchKvCache::from_merged((), keys, values, padding))
 }
 
 /// `BatchKVCache.merge` of quantized rows: each of the three arrays of
@@ -366,9 +366,7 @@ fn merge_quantized(
     let (kd, vd, padding) = stack(&|q| &q.data)?;
     let (ks, vs, _) = stack(&|q| &q.scales)?;
     let (kb, vb, _) = stack(&|q| &q.biases)?;
-    let len = kd.shape()[2];
-    let offsets = padding.iter().map(|lp| len - lp).collect();
-    Ok(BatchQuantizedKvCache::from_parts(
+    Ok(BatchQuantizedKvCache::from_merged(
         quantization,
         Quantized {
             data: kd,
@@ -381,8 +379,6 @@ fn merge_quantized(
             biases: vb,
         },
         padding,
-        offsets,
-        len,
     ))
 }
 
