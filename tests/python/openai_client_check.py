@@ -32,8 +32,8 @@ def check_tools(client, name, hf, messages) -> None:
     # apply_chat_template(tools=...) token for token, so longer than without),
     # a history with an assistant tool call and a tool answer renders as
     # transformers renders it, and the answer is well-formed in both modes.
-    # (A random-weight model writes no tool markup, so parsing it is the Rust
-    # unit tests' job: serve/tools.rs.)
+    # (A random-weight model writes no tool markup: the calls a model writes
+    # are checked with a model built to write one, tool_call_client.py.)
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "The weather in a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]

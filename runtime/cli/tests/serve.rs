@@ -533,6 +533,80 @@ fn serves_tools_through_gemma4s_chat_template() {
     );
 }
 
+/// A model that writes one tool call (tests/python/make_tool_call_model.py:
+/// a tiny Qwen3 whose weights chain the call's pieces, each one added token)
+/// under each markup archgen parses: Qwen3's hermes `<tool_call>` JSON with
+/// the Qwen3 template, Gemma-4's `<|tool_call>call:...` with Gemma-4's. The
+/// openai client must get it as `tool_calls`, whole and streamed.
+#[test]
+fn returns_the_tool_calls_a_model_writes_in_qwen3_and_gemma4_markup() {
+    let formats: [(&str, &[&str]); 2] = [
+        (
+            "qwen3.jinja",
+            &[
+                "<tool_call>\n",
+                r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#,
+                "\n</tool_call>",
+            ],
+        ),
+        (
+            "gemma4.jinja",
+            &[
+                "<|tool_call>",
+                r#"call:get_weather{city:<|"|>Paris<|"|>}"#,
+                "<tool_call|>",
+            ],
+        ),
+    ];
+    for (template, pieces) in formats {
+        let root = tempfile::tempdir().unwrap();
+        let model = root.path().join("tool-caller");
+        let spec = repo_root().join("specs/qwen3-0.6b-tiny.yaml");
+        let (ok, _, err) = archgen(
+            &[
+                "init",
+                "--spec",
+                spec.to_str().unwrap(),
+                "--out",
+                model.to_str().unwrap(),
+            ],
+            "",
+            Duration::from_secs(300),
+        );
+        assert!(ok, "init failed: {err}");
+        let added = root.path().join("added.json");
+        std::fs::write(&added, serde_json::to_string(pieces).unwrap()).unwrap();
+        let template = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/chat_templates")
+            .join(template);
+        let made = run_python(
+            "make_chat_tokenizer.py",
+            &[model.as_os_str(), template.as_os_str(), added.as_os_str()],
+        );
+        let ids: Vec<String> = json(&made)["added"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|id| id.to_string())
+            .collect();
+        assert_eq!(ids.len(), pieces.len(), "{made}");
+        let ids = ids.join(",");
+        run_python(
+            "make_tool_call_model.py",
+            &[model.as_os_str(), ids.as_ref()],
+        );
+        let server = start_server(&model, &["--max-batch", "4"]);
+        let base = format!("{}/v1", server.base);
+        let out = run_python("tool_call_client.py", &[base.as_ref()]);
+        assert_eq!(
+            json(out.lines().last().unwrap())["tool_calls"],
+            "checked",
+            "{}: {out}",
+            template.display()
+        );
+    }
+}
+
 fn metric(server: &Server, name: &str) -> f64 {
     let (status, body) = curl(server, "GET", "/metrics", None);
     assert_eq!(status, 200, "{body}");
