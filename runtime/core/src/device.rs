@@ -124,9 +124,9 @@ pub const BATCH_STEPS_PER_POOL_RELEASE: usize = 512;
 /// that held them are gone go back to the system. mlx-lm calls it after
 /// each prefill chunk and every few hundred decode steps; without it the
 /// pool keeps the high-water mark of every shape a server has run (on an
-/// H200 after 16 and 64 clients, archgen held 104.6 GB where mlx-lm held
-/// 55.2 GB) and a long prompt then allocates against a full device. Values
-/// are unchanged: it frees only buffers no array holds.
+/// H200 after 16 and 64 clients, archgen held 104,681 MiB of GPU memory
+/// where mlx-lm held 55,207 MiB; with it, 55,977 MiB). Values are
+/// unchanged: it frees only buffers no array holds.
 pub fn release_buffer_pool() -> Result<(), mlx_rs::error::Exception> {
     mlx_rs::memory::clear_cache()
 }
