@@ -209,6 +209,21 @@ fn tiny_chat_model_of(root: &Path, spec_name: &str, dir: &str) -> PathBuf {
 
 /// [`tiny_chat_model_of`] with another fixture chat template.
 fn tiny_chat_model_with(root: &Path, spec_name: &str, dir: &str, template: &str) -> PathBuf {
+    let (model, made) = tiny_chat_model_adding(root, spec_name, dir, template, &[]);
+    assert_eq!(made["vocab_size"], 512, "{made}");
+    model
+}
+
+/// `archgen init` of a tiny spec in `root/dir`, and a chat tokenizer with a
+/// fixture template whose vocabulary ends in `added` (each piece one added
+/// token); returns the model and what make_chat_tokenizer.py printed.
+fn tiny_chat_model_adding(
+    root: &Path,
+    spec_name: &str,
+    dir: &str,
+    template: &str,
+    added: &[&str],
+) -> (PathBuf, serde_json::Value) {
     let model = root.join(dir);
     let spec = repo_root().join(format!("specs/{spec_name}.yaml"));
     let (ok, _, err) = archgen(
@@ -226,12 +241,15 @@ fn tiny_chat_model_with(root: &Path, spec_name: &str, dir: &str, template: &str)
     let template = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/chat_templates")
         .join(template);
-    let made = run_python(
-        "make_chat_tokenizer.py",
-        &[model.as_os_str(), template.as_os_str()],
-    );
-    assert_eq!(json(&made)["vocab_size"], 512, "{made}");
-    model
+    let mut args = vec![model.clone().into_os_string(), template.into_os_string()];
+    if !added.is_empty() {
+        let file = root.join(format!("{dir}.added.json"));
+        std::fs::write(&file, serde_json::to_string(added).unwrap()).unwrap();
+        args.push(file.into_os_string());
+    }
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let made = run_python("make_chat_tokenizer.py", &args);
+    (model, json(&made))
 }
 
 /// Token ids for the comparisons with `archgen generate`.
@@ -560,30 +578,14 @@ fn returns_the_tool_calls_a_model_writes_in_qwen3_and_gemma4_markup() {
     ];
     for (template, pieces) in formats {
         let root = tempfile::tempdir().unwrap();
-        let model = root.path().join("tool-caller");
-        let spec = repo_root().join("specs/qwen3-0.6b-tiny.yaml");
-        let (ok, _, err) = archgen(
-            &[
-                "init",
-                "--spec",
-                spec.to_str().unwrap(),
-                "--out",
-                model.to_str().unwrap(),
-            ],
-            "",
-            Duration::from_secs(300),
+        let (model, made) = tiny_chat_model_adding(
+            root.path(),
+            "qwen3-0.6b-tiny",
+            "tool-caller",
+            template,
+            pieces,
         );
-        assert!(ok, "init failed: {err}");
-        let added = root.path().join("added.json");
-        std::fs::write(&added, serde_json::to_string(pieces).unwrap()).unwrap();
-        let template = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/chat_templates")
-            .join(template);
-        let made = run_python(
-            "make_chat_tokenizer.py",
-            &[model.as_os_str(), template.as_os_str(), added.as_os_str()],
-        );
-        let ids: Vec<String> = json(&made)["added"]
+        let ids: Vec<String> = made["added"]
             .as_array()
             .unwrap()
             .iter()
@@ -601,8 +603,7 @@ fn returns_the_tool_calls_a_model_writes_in_qwen3_and_gemma4_markup() {
         assert_eq!(
             json(out.lines().last().unwrap())["tool_calls"],
             "checked",
-            "{}: {out}",
-            template.display()
+            "{template}: {out}"
         );
     }
 }
