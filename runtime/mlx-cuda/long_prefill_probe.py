@@ -93,19 +93,17 @@ def main() -> None:
     results = {}
     for name in args.configs:
         port = sb.free_port()
-        env_before = dict(os.environ)
+        env = dict(os.environ)
         if name.startswith("archgen"):
             argv = [args.archgen, "serve", "--model", args.model, "--host", "127.0.0.1", "--port", str(port),
                     "--max-batch", "32", "--prefill-step", "2048"]
             if name == "archgen-eager":
-                os.environ["ARCHGEN_EAGER_DECODE"] = "1"
+                env["ARCHGEN_EAGER_DECODE"] = "1"
         else:
             argv = [sb.PYTHON, "-m", "mlx_lm.server", "--model", args.model, "--host", "127.0.0.1",
                     "--port", str(port), "--prefill-step-size", "2048"]
         t = time.perf_counter()
-        server = sb.Server(name, argv, port, out_dir / f"{name}.log")
-        os.environ.clear()
-        os.environ.update(env_before)
+        server = sb.Server(name, argv, port, out_dir / f"{name}.log", env)
         row: dict = {"start_s": time.perf_counter() - t, "gpu_mib_idle": gpu_memory_mib()}
         try:
             sb.chat(port, sb.SHORT, 4, args.timeout)

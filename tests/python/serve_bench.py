@@ -165,10 +165,11 @@ def chat(port: int, content: str, max_tokens: int, timeout: float, stream: bool 
 class Server:
     """A server process on a free loopback port, stopped when closed."""
 
-    def __init__(self, name: str, argv: list[str], port: int, log: Path) -> None:
+    def __init__(self, name: str, argv: list[str], port: int, log: Path, env: dict | None = None) -> None:
         self.name, self.port = name, port
         self.log = open(log, "w")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env)
         deadline = time.time() + 300
         while time.time() < deadline:
             if self.proc.poll() is not None:
