@@ -19,7 +19,7 @@
 # (part0 -> DIR1/mlx_cuda_13.whl.part1, part1 -> DIR2/mlx_cuda_13.whl.part2;
 # sha256 of the whole wheel 335094cc...), the wheels from `pip download` as in
 # the device README, `strip` + `xz` of target/release/{archgen,archgen-bench}.
-# STEPs: parity (every case below), fma (fma_probe.py), probe (q4_probe.py), align
+# STEPs: table (the GPU parity table: gpu_parity.py), parity (every case below), fma (fma_probe.py), probe (q4_probe.py), align
 # (align_probe.py), diagnose SPEC (kernels launched by mlx-lm and by the
 # monolith, kernel_diff.py), bench (bench.py), blocks (block_probe.py:
 # mlx-lm's post-attention half eager against mx.compile), sanitize
@@ -74,6 +74,12 @@ TINY=${PARITY_TINY-$(cd "$repo/specs" && ls *tiny*.yaml | sed 's/\.yaml$//')}
 # EXTRA_SPECS for those not in specs/), and the full small dense models.
 REAL="gemma4-12b-l6:1100:20 gemma4-12b-l6-q4:1100:20 gemma4-12b-q4:128:8 qwen3-8b-l4:40:12 qwen3-8b-l4-q4:40:12 \
 llama-3.2-3b-l4-q4:40:12 qwen3-0.6b:24:12 llama-3.2-1b:24:12"
+# The GPU parity table's real-width cases: every reduced real-width spec in
+# specs/ (each has a generated model), prompt 300 (gemma4-12b-l6: 1,100, past
+# its 1,024 window), and the full small dense models of families without one.
+TABLE_REAL="gemma4-12b-l6:1100:20 gemma-2-2b-l2:300:20 granite-3.3-2b-l2:300:20 minicpm-2b-l2:300:20 \
+mistral-7b-v0.3-l2:300:20 olmo-2-1124-7b-l2:300:20 phi-3-mini-4k-l2:300:20 qwen2.5-0.5b-l4:300:20 \
+qwen3-30b-a3b-l2-q4:300:20 qwen3.5-4b-l4:300:20 smollm3-3b-l4:300:20 qwen3-0.6b:300:20 llama-3.2-1b:300:20"
 
 while (($#)); do
   step=$1; shift
@@ -103,6 +109,24 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
       echo "== kernels: monolith (A) vs generated (B)"
       python3 "$here/kernel_diff.py" $d/dot-mono $d/dot-gen 2>&1 | head -30
       tar -C $d -czf "$OUT/dots-$spec.tgz" dot-mlxlm dot-mono dot-gen
+      ;;
+    table)
+      # gpu_parity.py: every case x {generated, monolith} x {one sequence,
+      # two batch schedules} against mlx-lm in fresh processes (TABLE_CASES:
+      # SPEC:L:N list instead of every tiny spec at 24 / 20 and the reduced
+      # real-width specs; TABLE_JOBS cases at a time).
+      # TABLE_FIRST: cases to start before the others (same SPEC:L:N form).
+      cases=${TABLE_CASES:-}
+      if [[ -z $cases ]]; then
+        all=""
+        for s in $TINY; do all="$all $s:24:20"; done
+        cases="${TABLE_FIRST:-}"
+        for c in $all $TABLE_REAL; do
+          [[ " $cases " == *" ${c%%:*}:"* ]] || cases="$cases $c"
+        done
+      fi
+      python3 "$here/gpu_parity.py" --archgen $ARCHGEN --repo "$repo" --work $work/table \
+        --jobs ${TABLE_JOBS:-6} --timeout ${TABLE_TIMEOUT:-150} --json "$OUT/gpu-parity.json" $cases 2>&1 | tee -a "$OUT/gpu-parity.log"
       ;;
     fma)
       python3 "$here/fma_probe.py" 2>&1 | tee -a "$OUT/fma.log"

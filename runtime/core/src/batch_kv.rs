@@ -9,10 +9,11 @@
 //! and the model trait ([`crate::batch`]) sit above both. It imports
 //! neither, so the batched caches have no import circle.
 
-use mlx_rs::ops::indexing::{Ellipsis, TryIndexMutOp, TryIndexOp};
+use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::{Array, Dtype};
 
 use crate::attention::Mask;
+use crate::mlx_c::write_positions;
 use crate::ops::Result;
 
 /// `BatchKVCache.step`: buffers grow in steps of 256 slots, as `KVCache`'s.
@@ -492,8 +493,8 @@ impl BatchKvCache {
         }
         self.advance(n);
         let (keys, values) = self.buffers_mut()?;
-        keys.try_index_mut((Ellipsis, prev..prev + n, ..), k)?;
-        values.try_index_mut((Ellipsis, prev..prev + n, ..), v)?;
+        write_positions(keys, prev..prev + n, k)?;
+        write_positions(values, prev..prev + n, v)?;
         self.keys_and_values()
     }
 
@@ -755,8 +756,8 @@ impl BatchRotatingKvCache {
         let at = self.idx;
         match (self.keys.as_mut(), self.values.as_mut()) {
             (Some(keys), Some(values)) => {
-                keys.try_index_mut((Ellipsis, at..at + s, ..), k)?;
-                values.try_index_mut((Ellipsis, at..at + s, ..), v)?;
+                write_positions(keys, at..at + s, k)?;
+                write_positions(values, at..at + s, v)?;
             }
             _ => return Err(error("BatchRotatingKvCache: lost its keys".into())),
         }

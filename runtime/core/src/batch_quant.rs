@@ -22,12 +22,13 @@
 //! padding and joins) have no mlx-lm oracle and are checked against the
 //! monolith only.
 
-use mlx_rs::ops::indexing::{Ellipsis, TryIndexMutOp, TryIndexOp};
+use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::{Array, Dtype};
 
 use crate::attention::{Mask, Quantized};
 use crate::batch_kv::{pad_keys, BatchKv, BatchKvCache, KvForm, KvParts, STEP};
 use crate::cache::Mixed;
+use crate::mlx_c::write_positions;
 use crate::ops::Result;
 
 fn error(what: String) -> mlx_rs::error::Exception {
@@ -200,8 +201,8 @@ impl BatchQuantizedKvCache {
             (&mut keys.scales, &qk.scales, &mut values.scales, &qv.scales),
             (&mut keys.biases, &qk.biases, &mut values.biases, &qv.biases),
         ] {
-            dst_k.try_index_mut((Ellipsis, prev..prev + n, ..), src_k)?;
-            dst_v.try_index_mut((Ellipsis, prev..prev + n, ..), src_v)?;
+            write_positions(dst_k, prev..prev + n, src_k)?;
+            write_positions(dst_v, prev..prev + n, src_v)?;
         }
         self.keys_and_values()
     }

@@ -2,10 +2,11 @@
 //! growth steps, trims, ring order and returned views, because SDPA's reduction
 //! order follows the physical key order and so decides the last bits.
 
-use mlx_rs::ops::indexing::{Ellipsis, TryIndexMutOp, TryIndexOp};
+use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::Array;
 
 use crate::attention::{Mask, Quantized};
+use crate::mlx_c::write_positions;
 use crate::ops::Result;
 
 const STEP: i32 = 256;
@@ -76,8 +77,8 @@ impl KvCache {
         }
         self.offset += n;
         let (keys, values) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
-        keys.try_index_mut((Ellipsis, prev..self.offset, ..), k)?;
-        values.try_index_mut((Ellipsis, prev..self.offset, ..), v)?;
+        write_positions(keys, prev..self.offset, k)?;
+        write_positions(values, prev..self.offset, v)?;
         filled(
             self.keys.as_ref().unwrap(),
             self.values.as_ref().unwrap(),
@@ -196,14 +197,8 @@ impl RotatingKvCache {
             self.idx = self.keep;
         }
         let (at, end) = (self.idx, self.idx + s);
-        self.keys
-            .as_mut()
-            .unwrap()
-            .try_index_mut((Ellipsis, at..end, ..), k)?;
-        self.values
-            .as_mut()
-            .unwrap()
-            .try_index_mut((Ellipsis, at..end, ..), v)?;
+        write_positions(self.keys.as_mut().unwrap(), at..end, k)?;
+        write_positions(self.values.as_mut().unwrap(), at..end, v)?;
         self.offset += s;
         self.idx += s;
         filled(
@@ -319,8 +314,8 @@ impl QuantizedKvCache {
             (&mut keys.scales, &ks, &mut values.scales, &vs),
             (&mut keys.biases, &kb, &mut values.biases, &vb),
         ] {
-            dst_k.try_index_mut((Ellipsis, at..end, ..), src_k)?;
-            dst_v.try_index_mut((Ellipsis, at..end, ..), src_v)?;
+            write_positions(dst_k, at..end, src_k)?;
+            write_positions(dst_v, at..end, src_v)?;
         }
         self.keys_and_values()
     }

@@ -13,13 +13,13 @@
 //! Errors are results, never panics: a backend that is not built into this
 //! libmlx, or that cannot connect, gives MLX's own message.
 
-use std::cell::RefCell;
-use std::ffi::{c_char, c_void, CStr, CString};
+use std::ffi::CString;
 use std::sync::{Arc, OnceLock};
 
 use mlx_rs::error::Exception;
 use mlx_rs::{Array, Stream};
 
+use crate::mlx_c::with_captured_error;
 use crate::ops::Result;
 
 /// The backends MLX 0.32 knows, by the name `mlx_distributed_init` takes.
@@ -98,54 +98,6 @@ impl std::fmt::Debug for Group {
             self.rank,
             self.size
         )
-    }
-}
-
-thread_local! {
-    static CAPTURED: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-extern "C" fn capture_error(msg: *const c_char, _data: *mut c_void) {
-    let text = if msg.is_null() {
-        String::from("(no message)")
-    } else {
-        unsafe { CStr::from_ptr(msg) }
-            .to_string_lossy()
-            .into_owned()
-    };
-    CAPTURED.with(|c| *c.borrow_mut() = Some(text));
-}
-
-unsafe extern "C" {
-    /// mlx-rs's process-wide MLX error handler (exported unmangled by
-    /// mlx-rs 0.33, `error.rs`); restored after each call of ours.
-    fn default_mlx_error_handler(msg: *const c_char, data: *mut c_void);
-}
-
-/// Runs one mlx-c call with MLX's error message captured here instead of in
-/// mlx-rs's private stash, then puts mlx-rs's handler back. (mlx-rs installs
-/// its handler lazily on its first op; one op first makes sure the handler
-/// we restore is the one it would install.) The handler is process-wide:
-/// an MLX error raised on another thread inside this window would lose its
-/// message (the calls wrapped here are group init and building a collective,
-/// which archgen makes on the one thread that runs the model).
-fn with_captured_error(what: &str, call: impl FnOnce() -> i32) -> Result<()> {
-    static MLX_RS_HANDLER: std::sync::Once = std::sync::Once::new();
-    MLX_RS_HANDLER.call_once(|| {
-        let _ = Array::from_int(0).add(Array::from_int(0));
-    });
-    unsafe { mlx_sys::mlx_set_error_handler(Some(capture_error), std::ptr::null_mut(), None) };
-    let status = call();
-    unsafe {
-        mlx_sys::mlx_set_error_handler(Some(default_mlx_error_handler), std::ptr::null_mut(), None)
-    };
-    let message = CAPTURED.with(|c| c.borrow_mut().take());
-    match status {
-        0 => Ok(()),
-        _ => Err(Exception::custom(format!(
-            "{what}: {}",
-            message.unwrap_or_else(|| format!("MLX returned status {status}"))
-        ))),
     }
 }
 
