@@ -260,7 +260,7 @@ def main() -> None:
         client.completions.create(model=name, prompt=prompt, max_tokens=4, n=2)
         check(False, "n=2 was accepted")
     except openai.BadRequestError as e:
-        check("only 1 choice" in str(e), str(e))
+        check("n: 2 is not supported" in str(e) and e.param == "n", str(e))
     again = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0)
     check(again.choices[0].text == text, "the server still answers, the same")
 

@@ -144,11 +144,25 @@ fn start_server(model: &Path, extra: &[&str]) -> Server {
 
 /// One curl request, bounded; returns (HTTP status, body).
 fn curl(server: &Server, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let (status, _, body) = curl_with(server, method, path, body, &[]);
+    (status, body)
+}
+
+/// [`curl`] with extra request headers ("Name: value"); returns (HTTP
+/// status, the response's headers with lowercase names, body).
+fn curl_with(
+    server: &Server,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[&str],
+) -> (u16, Vec<(String, String)>, String) {
     let url = format!("{}{path}", server.base);
     let mut cmd = Command::new("curl");
     cmd.args([
         "-sS",
         "-N",
+        "-i",
         "--max-time",
         "120",
         "-X",
@@ -156,6 +170,9 @@ fn curl(server: &Server, method: &str, path: &str, body: Option<&str>) -> (u16, 
         "-w",
         "\n%{http_code}",
     ]);
+    for header in headers {
+        cmd.args(["-H", header]);
+    }
     if body.is_some() {
         cmd.args([
             "-H",
@@ -181,8 +198,33 @@ fn curl(server: &Server, method: &str, path: &str, body: Option<&str>) -> (u16, 
         "curl {method} {url} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (body, status) = text.rsplit_once('\n').unwrap();
-    (status.parse().unwrap(), body.to_string())
+    let (response, status) = text.rsplit_once('\n').unwrap();
+    // A long body is sent after an interim "100 Continue" head: skip it.
+    let mut rest = response;
+    let (head, body) = loop {
+        let (head, body) = rest
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("no header block in: {response}"));
+        match head.split(' ').nth(1) {
+            Some("100") => rest = body,
+            _ => break (head, body),
+        }
+    };
+    let headers = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (status.parse().unwrap(), headers, body.to_string())
+}
+
+/// The value of response header `name` (lowercase), if given.
+fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
 }
 
 fn json(body: &str) -> serde_json::Value {
@@ -308,12 +350,9 @@ fn serves_the_openai_api_and_matches_generate_and_chat() {
         (r#"{"prompt": "x", "max_tokens": "#, "not valid JSON"),
         (
             r#"{"prompt": "x", "max_tokens": "many"}"#,
-            "does not fit the API",
+            "max_tokens: expected an unsigned integer, got a string",
         ),
-        (
-            r#"{"prompt": "x", "frobnicate": 1}"#,
-            "unknown field `frobnicate`",
-        ),
+        (r#"{"max_tokens": 3}"#, "missing field `prompt`"),
         (r#"{"prompt": "x", "top_p": 0}"#, "top_p"),
         (
             r#"{"prompt": [1, 2, 99999]}"#,
@@ -346,7 +385,7 @@ fn serves_the_openai_api_and_matches_generate_and_chat() {
         "/v1/chat/completions",
         Some(r#"{"messages": "hi"}"#),
     );
-    assert!(error_message(status, &body).contains("does not fit the API"));
+    assert!(error_message(status, &body).contains("messages: expected a list of messages"));
     let (status, _) = curl(&server, "GET", "/v2/nothing", None);
     assert_eq!(status, 404);
     // Still serving after every refusal.
@@ -459,6 +498,157 @@ fn serves_the_openai_api_and_matches_generate_and_chat() {
         stdout,
         format!("{}\n", turns[0]),
         "the next turn starts afresh"
+    );
+}
+
+/// The error `param` of a 400, and its message.
+fn error_param(status: u16, body: &str) -> (String, String) {
+    let message = error_message(status, body);
+    let param = json(body)["error"]["param"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    (param, message)
+}
+
+/// What clients send beside the fields the server serves: `null` for "not
+/// set", fields without effect (accepted), unknown fields (ignored and
+/// named back in a header and the log), fields it does not serve (refused
+/// unless they ask for the default, naming the field), wrong types (named
+/// by JSON path).
+#[test]
+fn takes_requests_as_clients_send_them() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    let server = start_server(&model, &[]);
+    let chat = |message_extra: &str, extra: &str| {
+        format!(
+            r#"{{"messages": [{{"role": "user", "content": "Hi"{message_extra}}}], "max_tokens": 2{extra}}}"#
+        )
+    };
+    let post = |path: &str, body: &str| curl_with(&server, "POST", path, Some(body), &[]);
+
+    // Nulls, fields without effect and default values: served as without them.
+    let (status, headers, body) = post(
+        "/v1/chat/completions",
+        &chat(
+            r#", "refusal": null, "tool_calls": null"#,
+            r#", "response_format": null, "tools": null, "temperature": null, "stop": null,
+               "parallel_tool_calls": true, "metadata": {}, "user": "u1", "store": false,
+               "service_tier": "auto", "n": 1, "logit_bias": {}, "top_k": -1,
+               "presence_penalty": 0, "model": "anything""#,
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        header(&headers, "x-archgen-ignored-fields"),
+        None,
+        "{headers:?}"
+    );
+
+    // Unknown fields, at the top, in a message and in stream_options: ignored
+    // and named, sorted.
+    let (status, headers, body) = post(
+        "/v1/chat/completions",
+        &chat(
+            r#", "reasoning_content": "hm""#,
+            r#", "response_format": {"type": "text"}, "frobnicate": 1,
+               "chat_template_kwargs": {"x": 1}, "stream": true,
+               "stream_options": {"include_usage": true, "continuous_usage_stats": true}"#,
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    let named = "chat_template_kwargs,frobnicate,messages[0].reasoning_content,\
+                 stream_options.continuous_usage_stats";
+    assert_eq!(
+        header(&headers, "x-archgen-ignored-fields"),
+        Some(named),
+        "{headers:?}"
+    );
+    assert!(
+        body.contains("\"usage\""),
+        "include_usage is served: {body}"
+    );
+    let (status, headers, body) = post(
+        "/v1/completions",
+        r#"{"prompt": "Hi", "max_tokens": 1, "best_of": 1, "echo": false, "zeta": [1]}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&headers, "x-archgen-ignored-fields"), Some("zeta"));
+
+    // Fields not served, given a value other than the default: refused, named.
+    for (field, value) in [
+        ("response_format", r#"{"type": "json_object"}"#),
+        ("n", "2"),
+        ("logit_bias", r#"{"5": 10}"#),
+        ("top_k", "5"),
+        ("min_p", "0.1"),
+        ("presence_penalty", "0.5"),
+        ("frequency_penalty", "-1"),
+        ("audio", r#"{"voice": "alloy"}"#),
+    ] {
+        let (status, _, body) = post(
+            "/v1/chat/completions",
+            &chat("", &format!(r#", "{field}": {value}"#)),
+        );
+        let (param, message) = error_param(status, &body);
+        assert_eq!(param, field, "{body}");
+        assert!(
+            message.starts_with(&format!("{field}: ")) && message.contains("is not supported"),
+            "{message}"
+        );
+    }
+    // A refused request still names what it ignored.
+    let (status, headers, body) = post(
+        "/v1/completions",
+        r#"{"prompt": "Hi", "echo": true, "frobnicate": 1}"#,
+    );
+    assert_eq!(error_param(status, &body).0, "echo");
+    assert_eq!(
+        header(&headers, "x-archgen-ignored-fields"),
+        Some("frobnicate")
+    );
+
+    // Wrong types: the JSON path and the expected type.
+    for (request, param, expected) in [
+        (
+            r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": "ten"}"#.to_string(),
+            "max_tokens",
+            "max_tokens: expected an unsigned integer, got a string",
+        ),
+        (
+            chat("", r#", "stream": "yes""#),
+            "stream",
+            "stream: expected a boolean (true or false), got a string",
+        ),
+        (
+            chat("", r#", "temperature": [1]"#),
+            "temperature",
+            "temperature: expected a number, got a list",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "Hi"}, {"role": 7}]}"#.to_string(),
+            "messages[1].role",
+            "messages[1].role: invalid type: integer `7`, expected a string",
+        ),
+    ] {
+        let (status, _, body) = post("/v1/chat/completions", &request);
+        let (got_param, message) = error_param(status, &body);
+        assert_eq!(
+            (got_param.as_str(), message.as_str()),
+            (param, expected),
+            "{request}"
+        );
+    }
+
+    // The log line of a request with unknown fields warns of them.
+    std::thread::sleep(Duration::from_millis(200));
+    let logs = server.request_logs();
+    assert!(
+        logs.iter().any(
+            |l| l["warning"] == format!("unknown fields ignored: {named}") && l["status"] == 200
+        ),
+        "{logs:?}"
     );
 }
 

@@ -12,8 +12,10 @@
 //! the next step. Each request ends with one JSON log line on stderr.
 
 mod batched;
+mod error;
 mod metrics;
 mod prompt_cache;
+mod request;
 mod scheduler;
 mod tools;
 mod worker;
@@ -29,12 +31,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::json;
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -43,7 +44,11 @@ use crate::args::ServeArgs;
 use crate::chat_template::ChatTemplate;
 use crate::engine::{self, Finish, ModelContext, Sampling};
 use crate::ui::Ui;
+use error::ApiError;
 use metrics::Metrics;
+use request::{
+    Body, ChatFields, CommonFields, CompletionFields, ContentField, PromptField, Route, StopField,
+};
 use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
 use tools::{Piece, ToolFormat, ToolStream};
 use worker::Worker;
@@ -77,208 +82,6 @@ struct AppState {
     draining: AtomicBool,
 }
 
-/// An OpenAI-style error response.
-struct ApiError {
-    status: StatusCode,
-    message: String,
-    param: Option<&'static str>,
-}
-
-impl ApiError {
-    fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> Self {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            param,
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let (kind, code) = match self.status {
-            StatusCode::BAD_REQUEST => ("invalid_request_error", None),
-            StatusCode::NOT_FOUND => ("not_found_error", None),
-            StatusCode::TOO_MANY_REQUESTS => ("rate_limit_error", Some("queue_full")),
-            _ => ("server_error", None),
-        };
-        let body = json!({"error": {
-            "message": self.message,
-            "type": kind,
-            "param": self.param,
-            "code": code,
-        }});
-        (self.status, Json(body)).into_response()
-    }
-}
-
-/// `stop`: one string or a list of them.
-#[derive(Deserialize)]
-#[serde(untagged, expecting = "stop: a string or a list of strings")]
-enum StopField {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StreamOptions {
-    include_usage: Option<bool>,
-}
-
-/// The fields both endpoints take (beside their own).
-const COMMON_FIELDS: [&str; 12] = [
-    "model",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "stop",
-    "stream",
-    "stream_options",
-    "n",
-    "presence_penalty",
-    "frequency_penalty",
-    "user",
-];
-
-/// The sampling fields both endpoints share.
-#[derive(Deserialize)]
-struct CommonFields {
-    max_tokens: Option<u64>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    seed: Option<u64>,
-    stop: Option<StopField>,
-    stream: Option<bool>,
-    stream_options: Option<StreamOptions>,
-    /// Only 1 is served.
-    n: Option<u64>,
-    /// Only 0 is served (no penalties are implemented).
-    presence_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    /// Accepted and not used (a client's end-user id).
-    #[allow(dead_code)]
-    user: Option<String>,
-}
-
-/// `prompt` of /v1/completions: text, or token ids (one prompt only).
-#[derive(Deserialize)]
-#[serde(untagged, expecting = "prompt: a string or a list of token ids")]
-enum PromptField {
-    Text(String),
-    Ids(Vec<i64>),
-    Texts(Vec<String>),
-    IdLists(Vec<Vec<i64>>),
-}
-
-#[derive(Deserialize)]
-struct CompletionRequest {
-    /// Any value: this server serves one model.
-    #[allow(dead_code)]
-    model: Option<String>,
-    prompt: PromptField,
-    echo: Option<bool>,
-    /// Log-probabilities of each token with this many alternatives (0-5).
-    logprobs: Option<u32>,
-    #[serde(flatten)]
-    common: CommonFields,
-}
-
-/// A message's `content`: text, or a list of parts of which only text ones
-/// are served.
-#[derive(Deserialize)]
-#[serde(
-    untagged,
-    expecting = "content: a string or a list of {\"type\": \"text\", \"text\": ...} parts"
-)]
-enum ContentField {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Deserialize)]
-struct ContentPart {
-    #[serde(rename = "type")]
-    kind: String,
-    text: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ChatMessage {
-    role: String,
-    content: Option<ContentField>,
-    /// Accepted and not passed on (a participant's name).
-    #[allow(dead_code)]
-    name: Option<String>,
-    /// An assistant turn's calls: `[{"id", "type": "function", "function":
-    /// {"name", "arguments": JSON text}}]`.
-    tool_calls: Option<Vec<serde_json::Value>>,
-    /// A `tool` turn: the call it answers.
-    tool_call_id: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct ChatRequest {
-    #[allow(dead_code)]
-    model: Option<String>,
-    messages: Vec<ChatMessage>,
-    /// The newer name of `max_tokens`.
-    max_completion_tokens: Option<u64>,
-    /// Log-probabilities of each token...
-    logprobs: Option<bool>,
-    /// ...with this many alternatives (0-20).
-    top_logprobs: Option<u32>,
-    /// Function schemas (`[{"type": "function", "function": {...}}]`), given
-    /// to the chat template as `tools`.
-    tools: Option<Vec<serde_json::Value>>,
-    /// "auto" (the default) or "none".
-    tool_choice: Option<serde_json::Value>,
-    #[serde(flatten)]
-    common: CommonFields,
-}
-
-/// Parses a request body; bad JSON, a field of the wrong type and a field
-/// this server does not know are 400s that say what and where.
-fn parse_body<T: for<'de> Deserialize<'de>>(
-    body: &[u8],
-    own_fields: &[&str],
-) -> Result<T, ApiError> {
-    let parsed: T = serde_json::from_slice(body).map_err(|e| {
-        let what = match e.classify() {
-            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
-                "the request body is not valid JSON"
-            }
-            serde_json::error::Category::Data => "the request does not fit the API",
-            serde_json::error::Category::Io => "the request body could not be read",
-        };
-        ApiError::bad_request(format!("{what}: {e}"), None)
-    })?;
-    // serde's deny_unknown_fields does not combine with flatten: check here.
-    let fields: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(body).map_err(|e| {
-            ApiError::bad_request(format!("the request must be a JSON object: {e}"), None)
-        })?;
-    let known = |k: &str| own_fields.contains(&k) || COMMON_FIELDS.contains(&k);
-    if let Some(unknown) = fields.keys().find(|k| !known(k)) {
-        let mut all: Vec<&str> = own_fields
-            .iter()
-            .chain(COMMON_FIELDS.iter())
-            .copied()
-            .collect();
-        all.sort_unstable();
-        return Err(ApiError::bad_request(
-            format!(
-                "unknown field `{unknown}`: this server takes {}",
-                all.join(", ")
-            ),
-            None,
-        ));
-    }
-    Ok(parsed)
-}
-
 /// A checked request: what to queue, and how to answer.
 struct Plan {
     prompt: Vec<i32>,
@@ -299,23 +102,6 @@ fn plan(
     max_tokens: Option<u64>,
     logprobs: Option<usize>,
 ) -> Result<Plan, ApiError> {
-    if common.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad_request(
-            "n: only 1 choice per request is served",
-            Some("n"),
-        ));
-    }
-    for (name, value) in [
-        ("presence_penalty", common.presence_penalty),
-        ("frequency_penalty", common.frequency_penalty),
-    ] {
-        if value.is_some_and(|v| v != 0.0) {
-            return Err(ApiError::bad_request(
-                format!("{name}: penalties are not implemented; leave it out or give 0"),
-                None,
-            ));
-        }
-    }
     let temp = common.temperature.unwrap_or(1.0);
     if !temp.is_finite() || temp < 0.0 {
         return Err(ApiError::bad_request(
@@ -461,6 +247,13 @@ enum Endpoint {
 }
 
 impl Endpoint {
+    fn route(self) -> Route {
+        match self {
+            Endpoint::Completions => Route::Completions,
+            Endpoint::Chat => Route::Chat,
+        }
+    }
+
     fn path(self) -> &'static str {
         match self {
             Endpoint::Completions => "/v1/completions",
@@ -657,11 +450,10 @@ impl Reply {
 }
 
 fn worker_gone() -> ApiError {
-    ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        message: "the model worker has stopped; restart the server".into(),
-        param: None,
-    }
+    ApiError::with_status(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the model worker has stopped; restart the server",
+    )
 }
 
 /// Writes one JSON line on stderr: the server's access log.
@@ -716,6 +508,8 @@ struct InFlight {
     /// Prompt tokens the prompt cache supplied, once the answer ended.
     cached_tokens: Option<usize>,
     metrics: Arc<Metrics>,
+    /// What the log line warns of (unknown fields the request gave).
+    warning: Option<String>,
 }
 
 impl InFlight {
@@ -746,12 +540,19 @@ impl Drop for InFlight {
             "ttft_s": answered.ttft.map(|t| t.as_secs_f64()),
             "duration_s": self.start.elapsed().as_secs_f64(),
             "error": answered.error,
+            "warning": self.warning,
         }));
     }
 }
 
 /// A request refused before it was queued (a 4xx): its log line.
-fn log_refusal(endpoint: Endpoint, error: &ApiError, start: Instant, metrics: &Metrics) {
+fn log_refusal(
+    endpoint: Endpoint,
+    error: &ApiError,
+    start: Instant,
+    metrics: &Metrics,
+    warning: Option<String>,
+) {
     metrics.answered(error.status.as_u16());
     log_line(json!({
         "log": "request",
@@ -760,11 +561,18 @@ fn log_refusal(endpoint: Endpoint, error: &ApiError, start: Instant, metrics: &M
         "status": error.status.as_u16(),
         "duration_s": start.elapsed().as_secs_f64(),
         "error": error.message,
+        "warning": warning,
     }));
 }
 
 /// Queues a checked request and answers it, streamed or whole.
-async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: Instant) -> Response {
+async fn respond(
+    state: Arc<AppState>,
+    endpoint: Endpoint,
+    plan: Plan,
+    start: Instant,
+    warning: Option<String>,
+) -> Response {
     let serial = state.next_id.fetch_add(1, Ordering::Relaxed);
     let reply = Reply {
         endpoint,
@@ -790,6 +598,7 @@ async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: In
         answered: None,
         cached_tokens: None,
         metrics: state.metrics.clone(),
+        warning,
     };
     let (events, rx) = unbounded_channel();
     let job = Job {
@@ -804,14 +613,13 @@ async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: In
     state.metrics.queue_depth.inc();
     let refused = match state.jobs.try_send(job) {
         Ok(()) => None,
-        Err(mpsc::TrySendError::Full(_)) => Some(ApiError {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            message: format!(
+        Err(mpsc::TrySendError::Full(_)) => Some(ApiError::with_status(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
                 "the server is busy: {} requests already wait (--max-queue); retry later",
                 state.max_queue
             ),
-            param: None,
-        }),
+        )),
         Err(mpsc::TrySendError::Disconnected(_)) => Some(worker_gone()),
     };
     if let Some(error) = refused {
@@ -877,12 +685,8 @@ async fn whole_answer(
             }
             GenEvent::Failed(message) => {
                 flight.answer(Answered::failed(500, message.clone()));
-                return ApiError {
-                    status: StatusCode::INTERNAL_SERVER_ERROR,
-                    message,
-                    param: None,
-                }
-                .into_response();
+                return ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, message)
+                    .into_response();
             }
         }
     }
@@ -1038,35 +842,51 @@ async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Respons
 async fn answer(state: Arc<AppState>, body: Bytes, endpoint: Endpoint) -> Response {
     let start = Instant::now();
     let planning = state.clone();
-    let planned = tokio::task::spawn_blocking(move || match endpoint {
-        Endpoint::Completions => plan_completion(&planning, &body),
-        Endpoint::Chat => plan_chat(&planning, &body),
+    let checked = tokio::task::spawn_blocking(move || {
+        let body = match Body::parse(endpoint.route(), &body) {
+            Ok(body) => body,
+            Err(error) => return (Vec::new(), Err(error)),
+        };
+        let plan = match endpoint {
+            Endpoint::Completions => plan_completion(&planning, &body),
+            Endpoint::Chat => plan_chat(&planning, &body),
+        };
+        (body.ignored, plan)
     })
-    .await
-    .unwrap_or_else(|e| {
-        Err(ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: format!("checking the request failed: {e}"),
-            param: None,
-        })
+    .await;
+    let (ignored, planned) = checked.unwrap_or_else(|e| {
+        let error = ApiError::with_status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("checking the request failed: {e}"),
+        );
+        (Vec::new(), Err(error))
     });
-    match planned {
-        Ok(plan) => respond(state, endpoint, plan, start).await,
+    let ignored = Body::ignored_header(&ignored);
+    let warning = ignored
+        .as_ref()
+        .map(|names| format!("unknown fields ignored: {names}"));
+    let mut response = match planned {
+        Ok(plan) => respond(state, endpoint, plan, start, warning).await,
         Err(error) => {
-            log_refusal(endpoint, &error, start, &state.metrics);
+            log_refusal(endpoint, &error, start, &state.metrics, warning);
             error.into_response()
         }
+    };
+    if let Some(names) = ignored {
+        // Escaped to visible ASCII, so always a valid header value.
+        if let Ok(value) = HeaderValue::from_str(&names) {
+            response.headers_mut().insert(IGNORED_FIELDS_HEADER, value);
+        }
     }
+    response
 }
 
-fn plan_completion(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
-    let request: CompletionRequest = parse_body(body, &["prompt", "echo", "logprobs"])?;
-    if request.echo == Some(true) {
-        return Err(ApiError::bad_request(
-            "echo: echoing the prompt is not implemented",
-            Some("echo"),
-        ));
-    }
+/// The response header naming the request's unknown fields, which were ignored.
+const IGNORED_FIELDS_HEADER: HeaderName = HeaderName::from_static("x-archgen-ignored-fields");
+
+fn plan_completion(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
+    let common: CommonFields = body.fields()?;
+    let request: CompletionFields = body.fields()?;
     let one = |n: usize| {
         ApiError::bad_request(
             format!(
@@ -1102,26 +922,55 @@ fn plan_completion(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
         }
         n => n.map(|n| n as usize),
     };
-    let max_tokens = request.common.max_tokens;
-    plan(state, prompt, request.common, max_tokens, logprobs)
+    let max_tokens = common.max_tokens;
+    plan(state, prompt, common, max_tokens, logprobs)
 }
 
 async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     answer(state, body, Endpoint::Chat).await
 }
 
-fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
-    let request: ChatRequest = parse_body(
-        body,
-        &[
-            "messages",
-            "max_completion_tokens",
-            "logprobs",
-            "top_logprobs",
-            "tools",
-            "tool_choice",
-        ],
+fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
+    let common: CommonFields = body.fields()?;
+    let request: ChatFields = body.fields()?;
+    let (prompt, tool_format) = chat_prompt(
+        state,
+        request.messages,
+        request.tools,
+        request.tool_choice.as_ref(),
+        true,
     )?;
+    let logprobs = match (request.logprobs, request.top_logprobs) {
+        (_, Some(n)) if n > MAX_CHAT_TOP_LOGPROBS => {
+            return Err(ApiError::bad_request(
+                format!("top_logprobs: {n} is more than {MAX_CHAT_TOP_LOGPROBS}"),
+                Some("top_logprobs"),
+            ))
+        }
+        (Some(true), top) => Some(top.unwrap_or(0) as usize),
+        (Some(false) | None, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "top_logprobs: needs logprobs: true",
+                Some("top_logprobs"),
+            ))
+        }
+        (Some(false) | None, None) => None,
+    };
+    let max_tokens = request.max_completion_tokens.or(common.max_tokens);
+    let mut plan = plan(state, prompt, common, max_tokens, logprobs)?;
+    plan.tool_format = tool_format;
+    Ok(plan)
+}
+
+/// A conversation rendered by the model's chat template and encoded, and
+/// the tool-call markup to read from the answer (when tools are offered).
+fn chat_prompt(
+    state: &AppState,
+    conversation: Vec<request::ChatMessage>,
+    offered_tools: Option<Vec<serde_json::Value>>,
+    tool_choice: Option<&serde_json::Value>,
+    add_generation_prompt: bool,
+) -> Result<(Vec<i32>, Option<ToolFormat>), ApiError> {
     let Some(template) = &state.template else {
         return Err(ApiError::bad_request(
             format!(
@@ -1132,14 +981,14 @@ fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
             None,
         ));
     };
-    if request.messages.is_empty() {
+    if conversation.is_empty() {
         return Err(ApiError::bad_request(
             "messages: give at least one message",
             Some("messages"),
         ));
     }
-    let mut messages = Vec::with_capacity(request.messages.len());
-    for (i, m) in request.messages.into_iter().enumerate() {
+    let mut messages = Vec::with_capacity(conversation.len());
+    for (i, m) in conversation.into_iter().enumerate() {
         let content = match m.content {
             None => String::new(),
             Some(ContentField::Text(t)) => t,
@@ -1170,7 +1019,7 @@ fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
         }
         messages.push(serde_json::Value::Object(message));
     }
-    let tool_format = match (&request.tools, request.tool_choice.as_ref()) {
+    let tool_format = match (&offered_tools, tool_choice) {
         (None, _) => None,
         // "none": the model is not told of the tools, and its answer is text.
         (Some(_), Some(choice)) if choice == "none" => None,
@@ -1183,7 +1032,7 @@ fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
             ))
         }
     };
-    let tools = match (tool_format, request.tools) {
+    let tools = match (tool_format, offered_tools) {
         (Some(_), Some(tools)) => minijinja::Value::from_serialize(&tools),
         _ => minijinja::Value::from(()),
     };
@@ -1191,32 +1040,13 @@ fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
         .render_with_tools(
             minijinja::Value::from_serialize(&messages),
             tools,
-            true,
+            add_generation_prompt,
             &[],
         )
         .map_err(|e| ApiError::bad_request(e, Some("messages")))?;
     // The template writes the special tokens (like <bos>) itself.
     let prompt = encode(&state.tokenizer, &text, false)?;
-    let logprobs = match (request.logprobs, request.top_logprobs) {
-        (_, Some(n)) if n > MAX_CHAT_TOP_LOGPROBS => {
-            return Err(ApiError::bad_request(
-                format!("top_logprobs: {n} is more than {MAX_CHAT_TOP_LOGPROBS}"),
-                Some("top_logprobs"),
-            ))
-        }
-        (Some(true), top) => Some(top.unwrap_or(0) as usize),
-        (Some(false) | None, Some(_)) => {
-            return Err(ApiError::bad_request(
-                "top_logprobs: needs logprobs: true",
-                Some("top_logprobs"),
-            ))
-        }
-        (Some(false) | None, None) => None,
-    };
-    let max_tokens = request.max_completion_tokens.or(request.common.max_tokens);
-    let mut plan = plan(state, prompt, request.common, max_tokens, logprobs)?;
-    plan.tool_format = tool_format;
-    Ok(plan)
+    Ok((prompt, tool_format))
 }
 
 /// The tool-call markup the model's chat template teaches; a request with
@@ -1304,23 +1134,20 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
             text,
         )
             .into_response(),
-        Err(e) => ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: format!("cannot encode the metrics: {e}"),
-            param: None,
-        }
+        Err(e) => ApiError::with_status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode the metrics: {e}"),
+        )
         .into_response(),
     }
 }
 
 async fn not_found() -> ApiError {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        message: "no such endpoint: this server has GET /v1/models, POST /v1/completions, \
-                  POST /v1/chat/completions, GET /health and GET /metrics"
-            .into(),
-        param: None,
-    }
+    ApiError::with_status(
+        StatusCode::NOT_FOUND,
+        "no such endpoint: this server has GET /v1/models, POST /v1/completions, \
+                  POST /v1/chat/completions, GET /health and GET /metrics",
+    )
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT).
