@@ -983,8 +983,9 @@ fn schedules_interleaves_bounds_the_queue_and_cancels_dropped_clients() {
         |v| v == 1.0,
         Duration::from_secs(60),
     );
-    let (status, body) = curl(&server, "POST", "/v1/completions", Some(short));
+    let (status, headers, body) = curl_with(&server, "POST", "/v1/completions", Some(short), &[]);
     assert_eq!(status, 429, "{body}");
+    assert_eq!(header(&headers, "retry-after"), Some("1"), "{headers:?}");
     let error = &json(&body)["error"];
     assert_eq!(
         (error["type"].as_str(), error["code"].as_str()),

@@ -1,10 +1,15 @@
 //! The server's error answers, in OpenAI's shape:
 //! `{"error": {"message", "type", "param", "code"}}`.
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
+
+/// Seconds a client told 429 (the queue is full) waits before it retries:
+/// a queued request waits at least one scheduler step, and clients back off
+/// further on their own.
+const RETRY_AFTER_SECONDS: &str = "1";
 
 /// An OpenAI-style error response.
 pub struct ApiError {
@@ -53,6 +58,26 @@ impl IntoResponse for ApiError {
             "param": self.param,
             "code": self.code.or(default_code),
         }});
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_429_says_when_to_retry_and_a_400_does_not() {
+        let busy = ApiError::with_status(StatusCode::TOO_MANY_REQUESTS, "busy").into_response();
+        assert_eq!(busy.headers()[header::RETRY_AFTER], RETRY_AFTER_SECONDS);
+        let bad = ApiError::bad_request("no", Some("n")).into_response();
+        assert!(bad.headers().get(header::RETRY_AFTER).is_none());
     }
 }
