@@ -641,6 +641,19 @@ fn takes_requests_as_clients_send_them() {
         );
     }
 
+    // One model: its object, and OpenAI's 404 for another id.
+    let (status, body) = curl(&server, "GET", "/v1/models/qwen3-tiny", None);
+    assert_eq!(status, 200, "{body}");
+    let listed = json(&curl(&server, "GET", "/v1/models", None).1);
+    assert_eq!(json(&body), listed["data"][0]);
+    for other in ["gpt-4o", "Qwen/Qwen3-0.6B"] {
+        let (status, body) = curl(&server, "GET", &format!("/v1/models/{other}"), None);
+        assert_eq!(status, 404, "{body}");
+        let error = &json(&body)["error"];
+        assert_eq!(error["code"], "model_not_found", "{body}");
+        assert!(error["message"].as_str().unwrap().contains(other), "{body}");
+    }
+
     // The log line of a request with unknown fields warns of them.
     std::thread::sleep(Duration::from_millis(200));
     let logs = server.request_logs();

@@ -30,7 +30,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -1106,11 +1106,31 @@ fn history_tool_calls(
     Ok(serde_json::Value::Array(out))
 }
 
+/// The model object of the served model (OpenAI's `Model`).
+fn model_object(state: &AppState) -> serde_json::Value {
+    json!({"id": state.model_name, "object": "model", "created": 0, "owned_by": "archgen"})
+}
+
 async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "archgen"}],
-    }))
+    Json(json!({"object": "list", "data": [model_object(&state)]}))
+}
+
+/// GET /v1/models/{id}: the served model, or OpenAI's 404 for another id
+/// (which may hold slashes, as hub ids do).
+async fn model_by_id(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if id == state.model_name {
+        return Json(model_object(&state)).into_response();
+    }
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!(
+            "the model `{id}` does not exist: this server serves `{}`",
+            state.model_name
+        ),
+        param: Some("model".into()),
+        code: Some("model_not_found"),
+    }
+    .into_response()
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
@@ -1145,8 +1165,8 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
 async fn not_found() -> ApiError {
     ApiError::with_status(
         StatusCode::NOT_FOUND,
-        "no such endpoint: this server has GET /v1/models, POST /v1/completions, \
-                  POST /v1/chat/completions, GET /health and GET /metrics",
+        "no such endpoint: this server has GET /v1/models, GET /v1/models/{id}, \
+                  POST /v1/completions, POST /v1/chat/completions, GET /health and GET /metrics",
     )
 }
 
@@ -1278,6 +1298,7 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
     });
     let app = Router::new()
         .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model_by_id))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/health", get(health))
