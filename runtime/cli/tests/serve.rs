@@ -654,6 +654,83 @@ fn takes_requests_as_clients_send_them() {
         assert!(error["message"].as_str().unwrap().contains(other), "{body}");
     }
 
+    // Tokens as vLLM's /tokenize and /detokenize give them: a text, and a
+    // conversation as /v1/chat/completions renders it.
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/tokenize",
+        Some(r#"{"prompt": "Hello there"}"#),
+    );
+    assert_eq!(status, 200, "{body}");
+    let tokenized = json(&body);
+    let count = tokenized["count"].as_u64().unwrap();
+    assert!(count >= 2, "{body}");
+    assert_eq!(tokenized["tokens"].as_array().unwrap().len() as u64, count);
+    assert_eq!(tokenized["max_model_len"], 40960, "{body}");
+    let completed = json(
+        &curl(
+            &server,
+            "POST",
+            "/v1/completions",
+            Some(r#"{"prompt": "Hello there", "max_tokens": 1}"#),
+        )
+        .1,
+    );
+    assert_eq!(completed["usage"]["prompt_tokens"].as_u64(), Some(count));
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/detokenize",
+        Some(&json!({"tokens": tokenized["tokens"]}).to_string()),
+    );
+    assert_eq!(
+        (status, json(&body)["prompt"].clone()),
+        (200, json!("Hello there"))
+    );
+    let conversation = r#"[{"role": "user", "content": "Hi"}]"#;
+    let (_, body) = curl(
+        &server,
+        "POST",
+        "/tokenize",
+        Some(&format!(r#"{{"messages": {conversation}}}"#)),
+    );
+    let chatted = json(
+        &curl(
+            &server,
+            "POST",
+            "/v1/chat/completions",
+            Some(&format!(
+                r#"{{"messages": {conversation}, "max_tokens": 1}}"#
+            )),
+        )
+        .1,
+    );
+    assert_eq!(
+        json(&body)["count"],
+        chatted["usage"]["prompt_tokens"],
+        "{body}"
+    );
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/detokenize",
+        Some(r#"{"tokens": [5, 99999]}"#),
+    );
+    assert_eq!(error_param(status, &body).0, "tokens[1]", "{body}");
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/detokenize",
+        Some(r#"{"tokens": [5, -1]}"#),
+    );
+    assert_eq!(error_param(status, &body).0, "tokens[1]", "{body}");
+    let (status, body) = curl(&server, "POST", "/tokenize", Some(r#"{}"#));
+    assert!(
+        error_message(status, &body).contains("either prompt"),
+        "{body}"
+    );
+
     // The log line of a request with unknown fields warns of them.
     std::thread::sleep(Duration::from_millis(200));
     let logs = server.request_logs();

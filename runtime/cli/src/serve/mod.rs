@@ -47,7 +47,8 @@ use crate::ui::Ui;
 use error::ApiError;
 use metrics::Metrics;
 use request::{
-    Body, ChatFields, CommonFields, CompletionFields, ContentField, PromptField, Route, StopField,
+    Body, ChatFields, CommonFields, CompletionFields, ContentField, DetokenizeFields, PromptField,
+    Route, StopField, TokenizeFields,
 };
 use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
 use tools::{Piece, ToolFormat, ToolStream};
@@ -865,13 +866,18 @@ async fn answer(state: Arc<AppState>, body: Bytes, endpoint: Endpoint) -> Respon
     let warning = ignored
         .as_ref()
         .map(|names| format!("unknown fields ignored: {names}"));
-    let mut response = match planned {
+    let response = match planned {
         Ok(plan) => respond(state, endpoint, plan, start, warning).await,
         Err(error) => {
             log_refusal(endpoint, &error, start, &state.metrics, warning);
             error.into_response()
         }
     };
+    with_ignored_header(response, ignored)
+}
+
+/// `response` with the header naming the request's ignored fields, if any.
+fn with_ignored_header(mut response: Response, ignored: Option<String>) -> Response {
     if let Some(names) = ignored {
         // Escaped to visible ASCII, so always a valid header value.
         if let Ok(value) = HeaderValue::from_str(&names) {
@@ -933,13 +939,15 @@ async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Re
 fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
     let common: CommonFields = body.fields()?;
     let request: ChatFields = body.fields()?;
-    let (prompt, tool_format) = chat_prompt(
+    let (text, tool_format) = chat_text(
         state,
         request.messages,
         request.tools,
         request.tool_choice.as_ref(),
         true,
     )?;
+    // The template writes the special tokens (like <bos>) itself.
+    let prompt = encode(&state.tokenizer, &text, false)?;
     let logprobs = match (request.logprobs, request.top_logprobs) {
         (_, Some(n)) if n > MAX_CHAT_TOP_LOGPROBS => {
             return Err(ApiError::bad_request(
@@ -962,15 +970,15 @@ fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
     Ok(plan)
 }
 
-/// A conversation rendered by the model's chat template and encoded, and
-/// the tool-call markup to read from the answer (when tools are offered).
-fn chat_prompt(
+/// A conversation rendered by the model's chat template, and the tool-call
+/// markup to read from the answer (when tools are offered).
+fn chat_text(
     state: &AppState,
     conversation: Vec<request::ChatMessage>,
     offered_tools: Option<Vec<serde_json::Value>>,
     tool_choice: Option<&serde_json::Value>,
     add_generation_prompt: bool,
-) -> Result<(Vec<i32>, Option<ToolFormat>), ApiError> {
+) -> Result<(String, Option<ToolFormat>), ApiError> {
     let Some(template) = &state.template else {
         return Err(ApiError::bad_request(
             format!(
@@ -1044,9 +1052,102 @@ fn chat_prompt(
             &[],
         )
         .map_err(|e| ApiError::bad_request(e, Some("messages")))?;
-    // The template writes the special tokens (like <bos>) itself.
-    let prompt = encode(&state.tokenizer, &text, false)?;
-    Ok((prompt, tool_format))
+    Ok((text, tool_format))
+}
+
+/// POST /tokenize and /detokenize (vLLM's names and shapes): checked and
+/// run off the async workers, as a completion's prompt is.
+async fn tokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    tokens_route(state, body, Route::Tokenize, tokenize_body).await
+}
+
+async fn detokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    tokens_route(state, body, Route::Detokenize, detokenize_body).await
+}
+
+/// How /tokenize or /detokenize answers a parsed body.
+type TokensAnswer = fn(&AppState, &Body) -> Result<serde_json::Value, ApiError>;
+
+async fn tokens_route(
+    state: Arc<AppState>,
+    body: Bytes,
+    route: Route,
+    answer: TokensAnswer,
+) -> Response {
+    let done = tokio::task::spawn_blocking(move || {
+        let body = Body::parse(route, &body)?;
+        let answer = answer(&state, &body)?;
+        Ok::<_, ApiError>((answer, Body::ignored_header(&body.ignored)))
+    })
+    .await;
+    let (answer, ignored) = match done {
+        Ok(Ok(done)) => done,
+        Ok(Err(error)) => return error.into_response(),
+        Err(e) => {
+            return ApiError::with_status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("tokenizing failed: {e}"),
+            )
+            .into_response()
+        }
+    };
+    with_ignored_header(Json(answer).into_response(), ignored)
+}
+
+/// `{"prompt": text}` (special tokens added unless `add_special_tokens`
+/// is false) or `{"messages": [...]}` (rendered by the chat template as
+/// /v1/chat/completions renders them) to `{"tokens", "count", "max_model_len"}`.
+fn tokenize_body(state: &AppState, body: &Body) -> Result<serde_json::Value, ApiError> {
+    let request: TokenizeFields = body.fields()?;
+    let tokens = match (request.prompt, request.messages) {
+        (Some(text), None) => encode(
+            &state.tokenizer,
+            &text,
+            request.add_special_tokens.unwrap_or(true),
+        )?,
+        (None, Some(messages)) => {
+            let generation_prompt = request.add_generation_prompt.unwrap_or(true);
+            let (text, _) = chat_text(state, messages, request.tools, None, generation_prompt)?;
+            encode(
+                &state.tokenizer,
+                &text,
+                request.add_special_tokens.unwrap_or(false),
+            )?
+        }
+        (Some(_), Some(_)) | (None, None) => {
+            return Err(ApiError::bad_request(
+                "give either prompt (text) or messages (a conversation), exactly one",
+                None,
+            ))
+        }
+    };
+    Ok(json!({"tokens": tokens, "count": tokens.len(), "max_model_len": state.context.tokens}))
+}
+
+/// `{"tokens": [...]}` to `{"prompt": text}` (special tokens kept); an id
+/// the tokenizer does not have is a 400 naming its index.
+fn detokenize_body(state: &AppState, body: &Body) -> Result<serde_json::Value, ApiError> {
+    let request: DetokenizeFields = body.fields()?;
+    let mut ids = Vec::with_capacity(request.tokens.len());
+    for (i, &token) in request.tokens.iter().enumerate() {
+        let known = u32::try_from(token)
+            .ok()
+            .filter(|&id| state.tokenizer.id_to_token(id).is_some());
+        let Some(id) = known else {
+            return Err(ApiError::bad_request(
+                format!(
+                    "tokens[{i}]: {token} is not a token id of this model's tokenizer \
+                     (it has {} tokens)",
+                    state.tokenizer.get_vocab_size(true)
+                ),
+                Some(&format!("tokens[{i}]")),
+            ));
+        };
+        ids.push(id);
+    }
+    let text = crate::tokens::decode(&state.tokenizer, &ids)
+        .map_err(|e| ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    Ok(json!({"prompt": text}))
 }
 
 /// The tool-call markup the model's chat template teaches; a request with
@@ -1166,7 +1267,8 @@ async fn not_found() -> ApiError {
     ApiError::with_status(
         StatusCode::NOT_FOUND,
         "no such endpoint: this server has GET /v1/models, GET /v1/models/{id}, \
-                  POST /v1/completions, POST /v1/chat/completions, GET /health and GET /metrics",
+                  POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize, \
+                  GET /health and GET /metrics",
     )
 }
 
@@ -1301,6 +1403,8 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         .route("/v1/models/{*id}", get(model_by_id))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)

@@ -438,3 +438,22 @@ pub struct ChatFields {
     /// "auto" (the default) or "none".
     pub tool_choice: Option<Value>,
 }
+
+/// POST /tokenize: text, or a conversation.
+#[derive(Deserialize)]
+pub struct TokenizeFields {
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<ChatMessage>>,
+    pub tools: Option<Vec<Value>>,
+    /// Text: true by default (as a completion's prompt); a conversation:
+    /// false (its template writes them).
+    pub add_special_tokens: Option<bool>,
+    /// A conversation: end with the assistant's turn opening (true by default).
+    pub add_generation_prompt: Option<bool>,
+}
+
+/// POST /detokenize.
+#[derive(Deserialize)]
+pub struct DetokenizeFields {
+    pub tokens: Vec<i64>,
+}
