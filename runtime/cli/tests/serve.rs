@@ -731,6 +731,66 @@ fn takes_requests_as_clients_send_them() {
         "{body}"
     );
 
+    // Log-probabilities keyed by token: the tiny vocabulary holds a token
+    // for every byte, and the random model's most likely tokens include
+    // bytes of partial characters (each decodes alone to U+FFFD), several
+    // at one position. Every entry stays, keyed by its bytes.
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt": [1, 274, 261], "max_tokens": 24, "temperature": 0, "logprobs": 5}"#),
+    );
+    assert_eq!(status, 200, "{body}");
+    let logprobs = &json(&body)["choices"][0]["logprobs"];
+    let tops = logprobs["top_logprobs"].as_array().unwrap();
+    let mut partial_pairs = 0;
+    for (i, top) in tops.iter().enumerate() {
+        let top = top.as_object().unwrap();
+        assert_eq!(top.len(), 5, "position {i}: {top:?}");
+        // Greedy: the token is the most likely one, so among the five.
+        let token = logprobs["tokens"][i].as_str().unwrap();
+        assert!(
+            top.contains_key(token),
+            "position {i}: {token} not in {top:?}"
+        );
+        assert!(!top.contains_key("\u{fffd}"), "position {i}: {top:?}");
+        if top.keys().filter(|k| k.starts_with("bytes:")).count() >= 2 {
+            partial_pairs += 1;
+        }
+    }
+    assert!(
+        partial_pairs > 0,
+        "no position had two partial-character tokens: {body}"
+    );
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/v1/chat/completions",
+        Some(
+            r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 24,
+                "temperature": 0, "logprobs": true, "top_logprobs": 5}"#,
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    let content = json(&body)["choices"][0]["logprobs"]["content"].clone();
+    let mut partial = 0;
+    for entry in content.as_array().unwrap() {
+        for one in std::iter::once(entry).chain(entry["top_logprobs"].as_array().unwrap()) {
+            let label = one["token"].as_str().unwrap();
+            let bytes: Vec<u8> = serde_json::from_value(one["bytes"].clone()).unwrap();
+            match std::str::from_utf8(&bytes) {
+                Ok(text) => assert_eq!(label, text, "{one}"),
+                Err(_) => {
+                    partial += 1;
+                    let escaped: String = bytes.iter().map(|b| format!("\\x{b:02x}")).collect();
+                    assert_eq!(label, format!("bytes:{escaped}"), "{one}");
+                }
+            }
+        }
+    }
+    assert!(partial > 0, "no partial-character token: {body}");
+
     // The log line of a request with unknown fields warns of them.
     std::thread::sleep(Duration::from_millis(200));
     let logs = server.request_logs();

@@ -17,6 +17,7 @@ mod metrics;
 mod prompt_cache;
 mod request;
 mod scheduler;
+mod token_bytes;
 mod tools;
 mod worker;
 
@@ -51,6 +52,7 @@ use request::{
     Route, StopField, TokenizeFields,
 };
 use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
+use token_bytes::TokenText;
 use tools::{Piece, ToolFormat, ToolStream};
 use worker::Worker;
 
@@ -298,21 +300,19 @@ impl Reply {
                 let mut text_offset = Vec::with_capacity(entries.len());
                 for e in entries {
                     text_offset.push(*offset);
-                    *offset += e.token.chars().count();
+                    *offset += e.token.chars();
                 }
-                let top: Vec<serde_json::Map<String, serde_json::Value>> = entries
-                    .iter()
-                    .map(|e| e.top.iter().map(|(t, lp)| (t.clone(), json!(lp))).collect())
-                    .collect();
+                let top: Vec<serde_json::Map<String, serde_json::Value>> =
+                    entries.iter().map(|e| completion_top(&e.top)).collect();
                 json!({
-                    "tokens": entries.iter().map(|e| &e.token).collect::<Vec<_>>(),
+                    "tokens": entries.iter().map(|e| e.token.label()).collect::<Vec<_>>(),
                     "token_logprobs": entries.iter().map(|e| e.logprob).collect::<Vec<_>>(),
                     "top_logprobs": top,
                     "text_offset": text_offset,
                 })
             }
             Endpoint::Chat => {
-                let one = |token: &str, logprob: f32| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()});
+                let one = |token: &TokenText, logprob: f32| json!({"token": token.label(), "logprob": logprob, "bytes": token.bytes});
                 let content: Vec<serde_json::Value> = entries
                     .iter()
                     .map(|e| {
@@ -448,6 +448,24 @@ impl Reply {
             "choices": [{"index": 0, "delta": {"tool_calls": calls}, "logprobs": logprobs, "finish_reason": null}],
         })
     }
+}
+
+/// A completions `top_logprobs` entry: token label to log-probability, one
+/// key per token. Labels are the tokens' bytes (text, or `bytes:\x..`), so
+/// they differ unless two ids have the same bytes (an added token that
+/// spells a vocabulary piece); such a later one is keyed `token_id:N`, as
+/// vLLM keys tokens by id.
+fn completion_top(top: &[(TokenText, f32)]) -> serde_json::Map<String, serde_json::Value> {
+    let mut map = serde_json::Map::with_capacity(top.len());
+    for (token, logprob) in top {
+        let label = token.label();
+        let key = match map.contains_key(&label) {
+            false => label,
+            true => format!("token_id:{}", token.id),
+        };
+        map.insert(key, json!(logprob));
+    }
+    map
 }
 
 fn worker_gone() -> ApiError {
@@ -1519,6 +1537,44 @@ mod tests {
         let kept = reply(Some(ToolFormat::Hermes)).whole(bad, Finish::Stop, 5, &[]);
         assert_eq!(kept["choices"][0]["message"]["content"], bad);
         assert_eq!(kept["choices"][0]["finish_reason"], "stop");
+    }
+
+    /// Two tokens that are parts of characters (the bytes 0xE2 and 0xE3)
+    /// both decode to U+FFFD: each keeps its own entry, keyed and given
+    /// with its bytes.
+    #[test]
+    fn logprobs_keep_every_token_apart() {
+        let byte = |id: i32, b: u8| TokenText { id, bytes: vec![b] };
+        let entry = TokenLogprob {
+            token: byte(200, 0xE2),
+            logprob: -0.5,
+            top: vec![
+                (byte(200, 0xE2), -0.5),
+                (byte(201, 0xE3), -1.0),
+                (byte(7, b'a'), -3.0),
+            ],
+        };
+        let mut completions = reply(None);
+        completions.endpoint = Endpoint::Completions;
+        completions.logprobs = true;
+        let v = completions.logprobs(std::slice::from_ref(&entry), &mut 0);
+        assert_eq!(
+            v["top_logprobs"][0],
+            json!({"bytes:\\xe2": -0.5, "bytes:\\xe3": -1.0, "a": -3.0})
+        );
+        assert_eq!(v["tokens"][0], "bytes:\\xe2");
+        let mut chat = reply(None);
+        chat.logprobs = true;
+        let v = chat.logprobs(&[entry], &mut 0);
+        let content = &v["content"][0];
+        assert_eq!(content["bytes"], json!([0xE2]));
+        assert_eq!(
+            content["top_logprobs"][1],
+            json!({"token": "bytes:\\xe3", "logprob": -1.0, "bytes": [0xE3]})
+        );
+        // Two ids with the same bytes still get two keys.
+        let same = completion_top(&[(byte(3, b'a'), -1.0), (byte(9, b'a'), -2.0)]);
+        assert_eq!(json!(same), json!({"a": -1.0, "token_id:9": -2.0}));
     }
 
     #[test]
