@@ -351,6 +351,14 @@ pub struct ServeArgs {
     /// Bytes of finished requests' KV caches kept for prompts that extend them (0: no prompt cache); least recently used evicted first
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 30)]
     pub prompt_cache_bytes: u64,
+    /// Serve only requests with `Authorization: Bearer KEY` (GET /health excepted); others get 401
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "ARCHGEN_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
     /// Sequences the prompt cache keeps at most (mlx-lm's --prompt-cache-size)
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub prompt_cache_size: u32,

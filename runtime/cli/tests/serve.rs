@@ -95,10 +95,16 @@ impl Drop for Server {
 }
 
 fn start_server(model: &Path, extra: &[&str]) -> Server {
+    start_server_with_env(model, extra, &[])
+}
+
+/// [`start_server`] with variables set in the server's environment.
+fn start_server_with_env(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(ARCHGEN)
         .args(["serve", "--model", model.to_str().unwrap()])
         .args(["--host", "127.0.0.1", "--port", "0"])
         .args(extra)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -800,6 +806,67 @@ fn takes_requests_as_clients_send_them() {
         ),
         "{logs:?}"
     );
+}
+
+/// `--api-key` (here from ARCHGEN_API_KEY, which the flag overrides): every
+/// route but /health wants the key; the official openai client, driven as
+/// frameworks drive it (tests/python/openai_framework_client.py: a wrong
+/// key, `models.retrieve`, extra and null fields, `stream_options`, the 400s
+/// it reads `param` from), works against it.
+#[test]
+fn serves_clients_with_an_api_key_as_frameworks_call_it() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    let server = start_server_with_env(
+        &model,
+        &["--api-key", "sk-flag"],
+        &[("ARCHGEN_API_KEY", "sk-env")],
+    );
+    let auth = |key: &str| format!("Authorization: Bearer {key}");
+    let (status, _, body) = curl_with(&server, "GET", "/v1/models", None, &[]);
+    assert_eq!(status, 401, "{body}");
+    let error = &json(&body)["error"];
+    assert_eq!(
+        (
+            error["type"].as_str(),
+            error["code"].as_str(),
+            &error["param"]
+        ),
+        (
+            Some("invalid_request_error"),
+            Some("invalid_api_key"),
+            &json!(null)
+        ),
+        "{body}"
+    );
+    for (method, path, body) in [
+        ("GET", "/metrics", None),
+        ("POST", "/tokenize", Some(r#"{"prompt": "Hi"}"#)),
+        (
+            "POST",
+            "/v1/completions",
+            Some(r#"{"prompt": "Hi", "max_tokens": 1}"#),
+        ),
+    ] {
+        for key in [None, Some("sk-env"), Some("sk-fla"), Some("sk-flagg")] {
+            let headers: Vec<String> = key.map(auth).into_iter().collect();
+            let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+            let (status, _, answer) = curl_with(&server, method, path, body, &headers);
+            assert_eq!(status, 401, "{path} with {key:?}: {answer}");
+        }
+        let (status, _, answer) = curl_with(&server, method, path, body, &[&auth("sk-flag")]);
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+    let (status, _, body) = curl_with(&server, "GET", "/health", None, &[]);
+    assert_eq!(status, 200, "{body}");
+
+    let base = format!("{}/v1", server.base);
+    let out = run_python(
+        "openai_framework_client.py",
+        &[base.as_ref(), "sk-flag".as_ref(), "qwen3-tiny".as_ref()],
+    );
+    let seen = json(out.lines().last().unwrap());
+    assert!(seen["text"].is_string(), "{seen}");
 }
 
 #[test]

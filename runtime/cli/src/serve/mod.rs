@@ -11,6 +11,7 @@
 //! drops its handler or its response stream, which cancels the sequence at
 //! the next step. Each request ends with one JSON log line on stderr.
 
+mod auth;
 mod batched;
 mod error;
 mod metrics;
@@ -1416,6 +1417,7 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         metrics,
         draining: AtomicBool::new(false),
     });
+    let api_key = args.api_key.clone().map(auth::ApiKey::new).transpose()?;
     let app = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model_by_id))
@@ -1427,6 +1429,14 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .with_state(state.clone());
+    let keyed = api_key.is_some();
+    let app = match api_key {
+        Some(key) => app.layer(axum::middleware::from_fn_with_state(
+            Arc::new(key),
+            auth::require_key,
+        )),
+        None => app,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -1441,6 +1451,12 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         let addr = listener
             .local_addr()
             .map_err(|e| format!("cannot read the listening address: {e}"))?;
+        if !keyed && !addr.ip().is_loopback() {
+            eprintln!(
+                "archgen: serve: warning: listening on {addr}, beyond this machine, with no \
+                 --api-key (or ARCHGEN_API_KEY): anyone who reaches it can run the model"
+            );
+        }
         eprintln!(
             "archgen: serving {model_name} at http://{addr}/v1 (OpenAI API: /v1/models, /v1/completions, \
              /v1/chat/completions; /health, /metrics; Ctrl-C or SIGTERM stops)"
