@@ -359,6 +359,9 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub api_key: Option<String>,
+    /// Browser origins allowed to call the API (CORS), e.g. http://localhost:3000; `*` allows any. Without it no CORS headers are sent
+    #[arg(long, value_name = "ORIGIN[,ORIGIN...]", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
     /// Sequences the prompt cache keeps at most (mlx-lm's --prompt-cache-size)
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub prompt_cache_size: u32,

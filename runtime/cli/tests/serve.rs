@@ -869,6 +869,80 @@ fn serves_clients_with_an_api_key_as_frameworks_call_it() {
     assert!(seen["text"].is_string(), "{seen}");
 }
 
+/// `--allowed-origins`: a browser's preflight from an allowed origin is
+/// answered (before the key check: it carries none; the key comes from
+/// ARCHGEN_API_KEY here) and its answers carry the origin; another origin
+/// gets no CORS header. Without the flag no CORS header is sent and a
+/// preflight is a plain 204.
+#[test]
+fn answers_browsers_from_the_allowed_origins_only() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    let preflight = |server: &Server, origin: &str| {
+        curl_with(
+            server,
+            "OPTIONS",
+            "/v1/chat/completions",
+            None,
+            &[
+                &format!("Origin: {origin}"),
+                "Access-Control-Request-Method: POST",
+                "Access-Control-Request-Headers: authorization, content-type",
+            ],
+        )
+    };
+    let allowed = "http://app.example:3000";
+    let server = start_server_with_env(
+        &model,
+        &[
+            "--allowed-origins",
+            &format!("http://other.example,{allowed}"),
+        ],
+        &[("ARCHGEN_API_KEY", "sk-env")],
+    );
+    let (status, headers, body) = preflight(&server, allowed);
+    assert!(status == 200 || status == 204, "{status}: {body}");
+    assert_eq!(
+        header(&headers, "access-control-allow-origin"),
+        Some(allowed)
+    );
+    let methods = header(&headers, "access-control-allow-methods").unwrap_or("");
+    assert!(methods.contains("POST"), "{headers:?}");
+    let asked = header(&headers, "access-control-allow-headers").unwrap_or("");
+    assert!(asked.contains("authorization"), "{headers:?}");
+    let (_, headers, _) = preflight(&server, "http://evil.example");
+    assert_eq!(header(&headers, "access-control-allow-origin"), None);
+    let origin = format!("Origin: {allowed}");
+    let (status, headers, body) = curl_with(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt": "Hi", "max_tokens": 1}"#),
+        &[&origin, "Authorization: Bearer sk-env"],
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        header(&headers, "access-control-allow-origin"),
+        Some(allowed)
+    );
+    let (status, headers, _) = curl_with(&server, "GET", "/v1/models", None, &[&origin]);
+    assert_eq!(status, 401, "the key is still wanted");
+    assert_eq!(
+        header(&headers, "access-control-allow-origin"),
+        Some(allowed)
+    );
+    drop(server);
+
+    let server = start_server(&model, &[]);
+    let (status, headers, body) = preflight(&server, allowed);
+    assert_eq!(status, 204, "{body}");
+    assert_eq!(header(&headers, "access-control-allow-origin"), None);
+    assert_eq!(header(&headers, "allow"), Some("GET, POST, OPTIONS"));
+    let (status, headers, _) = curl_with(&server, "GET", "/v1/models", None, &[&origin]);
+    assert_eq!(status, 200);
+    assert_eq!(header(&headers, "access-control-allow-origin"), None);
+}
+
 #[test]
 fn chat_and_serve_refuse_a_checkpoint_without_what_they_need() {
     let root = tempfile::tempdir().unwrap();

@@ -13,6 +13,7 @@
 
 mod auth;
 mod batched;
+mod cors;
 mod error;
 mod metrics;
 mod prompt_cache;
@@ -1418,6 +1419,7 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         draining: AtomicBool::new(false),
     });
     let api_key = args.api_key.clone().map(auth::ApiKey::new).transpose()?;
+    let cors = cors::Cors::new(&args.allowed_origins)?;
     let app = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model_by_id))
@@ -1437,6 +1439,8 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         )),
         None => app,
     };
+    // Outside the key check: a browser's preflight carries no key.
+    let app = cors.wrap(app);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
