@@ -1474,6 +1474,29 @@ fn refuses_past_the_context_and_the_ceilings_before_compute_and_drains_on_sigter
         .status()
         .unwrap()
         .success());
+    // While it drains the server still answers: /health and new requests 503.
+    let start = Instant::now();
+    let (status, body) = loop {
+        let (status, body) = curl(&server, "GET", "/health", None);
+        if status != 200 || start.elapsed() > Duration::from_secs(10) {
+            break (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!((status, json(&body)), (503, json!({"status": "draining"})));
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt": "Hello", "max_tokens": 1}"#),
+    );
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("shutting down"), "{body}");
+    assert_eq!(
+        metric(&server, "archgen_active_sequences"),
+        1.0,
+        "the stream was still running"
+    );
     let lines = stream.finish(Duration::from_secs(60));
     let events: Vec<&str> = lines
         .iter()

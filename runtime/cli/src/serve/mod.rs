@@ -83,8 +83,12 @@ struct AppState {
     max_tokens_ceiling: Option<usize>,
     next_id: AtomicU64,
     metrics: Arc<Metrics>,
-    /// Set on SIGTERM / Ctrl-C: /health answers 503 while in-flight requests finish.
+    /// Set on SIGTERM / Ctrl-C: /health and new completions answer 503 while
+    /// in-flight requests finish.
     draining: AtomicBool,
+    /// Requests queued or running (their [`InFlight`]s): the drain ends
+    /// when none is left.
+    live: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 /// A checked request: what to queue, and how to answer.
@@ -531,6 +535,8 @@ struct InFlight {
     metrics: Arc<Metrics>,
     /// What the log line warns of (unknown fields the request gave).
     warning: Option<String>,
+    /// The count of live requests, this one among them.
+    live: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 impl InFlight {
@@ -542,6 +548,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.cancel.cancel();
+        self.live.send_modify(|n| *n -= 1);
         // 499 (nginx's "client closed request"): nobody was left to answer.
         let answered = self
             .answered
@@ -620,7 +627,9 @@ async fn respond(
         cached_tokens: None,
         metrics: state.metrics.clone(),
         warning,
+        live: state.live.clone(),
     };
+    state.live.send_modify(|n| *n += 1);
     let (events, rx) = unbounded_channel();
     let job = Job {
         prompt: plan.prompt,
@@ -862,6 +871,15 @@ async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Respons
 /// answered meanwhile), then queues and answers it.
 async fn answer(state: Arc<AppState>, body: Bytes, endpoint: Endpoint) -> Response {
     let start = Instant::now();
+    if state.draining.load(Ordering::Relaxed) {
+        let error = ApiError::with_status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down: it finishes the requests in flight and takes no new \
+             ones; retry on another instance",
+        );
+        log_refusal(endpoint, &error, start, &state.metrics, None);
+        return error.into_response();
+    }
     let planning = state.clone();
     let checked = tokio::task::spawn_blocking(move || {
         let body = match Body::parse(endpoint.route(), &body) {
@@ -1417,6 +1435,7 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         next_id: AtomicU64::new(1),
         metrics,
         draining: AtomicBool::new(false),
+        live: Arc::new(tokio::sync::watch::Sender::new(0)),
     });
     let api_key = args.api_key.clone().map(auth::ApiKey::new).transpose()?;
     let cors = cors::Cors::new(&args.allowed_origins)?;
@@ -1467,18 +1486,24 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         );
         let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
         let draining = state.clone();
-        let signalled = async move {
+        // The listener keeps accepting while the drain runs (so /health's
+        // 503 and new requests' 503 are seen), and stops when no request is
+        // left in flight.
+        let drained = async move {
             stop_signal().await;
             draining.draining.store(true, Ordering::Relaxed);
             eprintln!(
-                "archgen: serve: stopping: no new connections; in-flight requests finish \
+                "archgen: serve: stopping: new requests get 503; in-flight requests finish \
                  (for at most {} s)",
                 drain.as_secs()
             );
             let _ = stopping_tx.send(true);
+            let mut live = draining.live.subscribe();
+            // Err: the sender is gone with the state, so nothing is in flight.
+            let _ = live.wait_for(|&n| n == 0).await;
         };
         let server = axum::serve(listener, app)
-            .with_graceful_shutdown(signalled)
+            .with_graceful_shutdown(drained)
             .into_future();
         // Past the drain bound the server stops waiting for in-flight requests.
         let bound = async move {
