@@ -102,7 +102,12 @@ fn start_server(model: &Path, extra: &[&str]) -> Server {
 fn start_server_with_env(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(ARCHGEN)
         .args(["serve", "--model", model.to_str().unwrap()])
-        .args(["--host", "127.0.0.1", "--port", "0"])
+        .args(["--port", "0"])
+        // Loopback unless the test picks the address.
+        .args(match extra.contains(&"--host") {
+            true => &[][..],
+            false => &["--host", "127.0.0.1"][..],
+        })
         .args(extra)
         .envs(env.iter().copied())
         .stdin(Stdio::null())
@@ -873,7 +878,7 @@ fn serves_clients_with_an_api_key_as_frameworks_call_it() {
 /// answered (before the key check: it carries none; the key comes from
 /// ARCHGEN_API_KEY here) and its answers carry the origin; another origin
 /// gets no CORS header. Without the flag no CORS header is sent and a
-/// preflight is a plain 204.
+/// preflight is a plain 204. A server on every address without a key warns.
 #[test]
 fn answers_browsers_from_the_allowed_origins_only() {
     let root = tempfile::tempdir().unwrap();
@@ -912,6 +917,8 @@ fn answers_browsers_from_the_allowed_origins_only() {
     assert!(asked.contains("authorization"), "{headers:?}");
     let (_, headers, _) = preflight(&server, "http://evil.example");
     assert_eq!(header(&headers, "access-control-allow-origin"), None);
+    let unkeyed = |server: &Server| server.startup.iter().any(|l| l.contains("no --api-key"));
+    assert!(!unkeyed(&server), "{:?}", server.startup);
     let origin = format!("Origin: {allowed}");
     let (status, headers, body) = curl_with(
         &server,
@@ -933,7 +940,9 @@ fn answers_browsers_from_the_allowed_origins_only() {
     );
     drop(server);
 
-    let server = start_server(&model, &[]);
+    // On every address and without a key: the server warns at start.
+    let server = start_server(&model, &["--host", "0.0.0.0"]);
+    assert!(unkeyed(&server), "{:?}", server.startup);
     let (status, headers, body) = preflight(&server, allowed);
     assert_eq!(status, 204, "{body}");
     assert_eq!(header(&headers, "access-control-allow-origin"), None);

@@ -17,7 +17,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 pub enum Cors {
     /// No origin allowed: no CORS headers.
     Off,
-    Allowed(CorsLayer),
+    Allowed(Box<CorsLayer>),
 }
 
 impl Cors {
@@ -38,18 +38,18 @@ impl Cors {
                     .collect::<Result<Vec<_>, _>>()?,
             ),
         };
-        Ok(Cors::Allowed(
+        Ok(Cors::Allowed(Box::new(
             CorsLayer::new()
                 .allow_origin(allow)
                 .allow_methods([Method::GET, Method::POST])
                 .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
                 .expose_headers([header::RETRY_AFTER]),
-        ))
+        )))
     }
 
     pub fn wrap(self, app: Router) -> Router {
         match self {
-            Cors::Allowed(layer) => app.layer(layer),
+            Cors::Allowed(layer) => app.layer(*layer),
             Cors::Off => app.layer(axum::middleware::from_fn(answer_options)),
         }
     }
