@@ -1,6 +1,8 @@
-//! `archgen serve`: an OpenAI-compatible HTTP server (GET /v1/models,
-//! POST /v1/completions, POST /v1/chat/completions, streamed as server-sent
-//! events or not; GET /health and GET /metrics for operations).
+//! `archgen serve`: an OpenAI-compatible HTTP server (GET /v1/models and
+//! /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions,
+//! streamed as server-sent events or not; POST /tokenize and /detokenize;
+//! GET /health and GET /metrics for operations). Request bodies are read by
+//! [`request`]; `--api-key` is [`auth`], `--allowed-origins` [`cors`].
 //!
 //! The model lives on one thread (MLX arrays and the model stay there) whose
 //! [`scheduler`] keeps up to `--max-batch` sequences in flight, interleaving
@@ -1482,7 +1484,7 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         }
         eprintln!(
             "archgen: serving {model_name} at http://{addr}/v1 (OpenAI API: /v1/models, /v1/completions, \
-             /v1/chat/completions; /health, /metrics; Ctrl-C or SIGTERM stops)"
+             /v1/chat/completions; /tokenize, /detokenize, /health, /metrics; Ctrl-C or SIGTERM stops)"
         );
         let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
         let draining = state.clone();
