@@ -609,6 +609,15 @@ fn takes_requests_as_clients_send_them() {
             "{message}"
         );
     }
+    // A long refused value is cut short in the message.
+    let bias: Vec<String> = (0..2000).map(|t| format!(r#""{t}": 1"#)).collect();
+    let (status, _, body) = post(
+        "/v1/chat/completions",
+        &chat("", &format!(r#", "logit_bias": {{{}}}"#, bias.join(", "))),
+    );
+    let (param, message) = error_param(status, &body);
+    assert_eq!(param, "logit_bias");
+    assert!(message.len() < 200, "{message}");
     // A refused request still names what it ignored.
     let (status, headers, body) = post(
         "/v1/completions",
@@ -932,6 +941,8 @@ fn answers_browsers_from_the_allowed_origins_only() {
         header(&headers, "access-control-allow-origin"),
         Some(allowed)
     );
+    let exposed = header(&headers, "access-control-expose-headers").unwrap_or("");
+    assert!(exposed.contains("x-archgen-ignored-fields"), "{headers:?}");
     let (status, headers, _) = curl_with(&server, "GET", "/v1/models", None, &[&origin]);
     assert_eq!(status, 401, "the key is still wanted");
     assert_eq!(

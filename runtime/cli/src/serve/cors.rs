@@ -13,6 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
+use super::request::IGNORED_FIELDS_HEADER;
+
 /// What the server answers browsers.
 pub enum Cors {
     /// No origin allowed: no CORS headers.
@@ -43,7 +45,8 @@ impl Cors {
                 .allow_origin(allow)
                 .allow_methods([Method::GET, Method::POST])
                 .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
-                .expose_headers([header::RETRY_AFTER]),
+                // Readable by a page's script: when to retry, what was ignored.
+                .expose_headers([header::RETRY_AFTER, IGNORED_FIELDS_HEADER]),
         )))
     }
 

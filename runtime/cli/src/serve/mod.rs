@@ -36,7 +36,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -53,7 +53,7 @@ use error::ApiError;
 use metrics::Metrics;
 use request::{
     Body, ChatFields, CommonFields, CompletionFields, ContentField, DetokenizeFields, PromptField,
-    Route, StopField, TokenizeFields,
+    Route, StopField, TokenizeFields, IGNORED_FIELDS_HEADER,
 };
 use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
 use token_bytes::TokenText;
@@ -926,9 +926,6 @@ fn with_ignored_header(mut response: Response, ignored: Option<String>) -> Respo
     }
     response
 }
-
-/// The response header naming the request's unknown fields, which were ignored.
-const IGNORED_FIELDS_HEADER: HeaderName = HeaderName::from_static("x-archgen-ignored-fields");
 
 fn plan_completion(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
     let common: CommonFields = body.fields()?;

@@ -10,6 +10,7 @@
 //! request's log line). The served fields are then deserialized with their
 //! JSON path kept, so a wrong type names the field and what it should be.
 
+use axum::http::HeaderName;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -43,11 +44,11 @@ enum Support {
 #[derive(Clone, Copy)]
 struct NotServed {
     is_default: fn(&Value) -> bool,
-    /// What a client may give instead, for the error message.
-    instead: &'static str,
+    /// The value a client may give instead (None: none but leaving it out).
+    instead: Option<&'static str>,
 }
 
-const fn not_served(is_default: fn(&Value) -> bool, instead: &'static str) -> Support {
+const fn not_served(is_default: fn(&Value) -> bool, instead: Option<&'static str>) -> Support {
     Support::NotServed(NotServed {
         is_default,
         instead,
@@ -98,17 +99,37 @@ fn is_repetition_penalty_off(v: &Value) -> bool {
     is_zero(v) || is_one(v)
 }
 
+/// Fields every route accepts, without effect: the model's name (one is
+/// served), an end-user id, storage and tier choices.
+fn accepted_everywhere(name: &str) -> bool {
+    matches!(
+        name,
+        "model" | "user" | "metadata" | "store" | "service_tier"
+    )
+}
+
+/// The fields both generation routes (completions, chat) share.
+fn generation_field(name: &str) -> Option<Support> {
+    match name {
+        "max_tokens" | "temperature" | "top_p" | "seed" | "stop" | "stream" | "stream_options" => {
+            Some(Support::Served)
+        }
+        "n" => Some(not_served(is_one, Some("1"))),
+        _ => unserved_sampling(name),
+    }
+}
+
 /// The sampling controls this server does not implement: refused unless
 /// they ask for plain sampling. When one is implemented it moves to the
 /// served fields (and out of this list) together with its code.
 fn unserved_sampling(name: &str) -> Option<Support> {
     Some(match name {
-        "top_k" => not_served(is_top_k_off, "0 or -1"),
-        "min_p" => not_served(is_zero, "0"),
-        "presence_penalty" => not_served(is_zero, "0"),
-        "frequency_penalty" => not_served(is_zero, "0"),
-        "repetition_penalty" => not_served(is_repetition_penalty_off, "1"),
-        "logit_bias" => not_served(is_empty_object, "{}"),
+        "top_k" => not_served(is_top_k_off, Some("0 or -1")),
+        "min_p" => not_served(is_zero, Some("0")),
+        "presence_penalty" => not_served(is_zero, Some("0")),
+        "frequency_penalty" => not_served(is_zero, Some("0")),
+        "repetition_penalty" => not_served(is_repetition_penalty_off, Some("1")),
+        "logit_bias" => not_served(is_empty_object, Some("{}")),
         _ => return None,
     })
 }
@@ -116,27 +137,14 @@ fn unserved_sampling(name: &str) -> Option<Support> {
 impl Route {
     /// The class of a field of this route's body; None: unknown to it.
     fn support(self, name: &str) -> Option<Support> {
-        let generation = matches!(self, Route::Completions | Route::Chat);
-        let common = match name {
-            "model" | "user" | "metadata" | "store" | "service_tier" => Some(Support::NoOp),
-            "max_tokens" | "temperature" | "top_p" | "seed" | "stop" | "stream"
-            | "stream_options"
-                if generation =>
-            {
-                Some(Support::Served)
-            }
-            "n" if generation => Some(not_served(is_one, "1")),
-            _ if generation => unserved_sampling(name),
-            _ => None,
-        };
-        if common.is_some() {
-            return common;
+        if accepted_everywhere(name) {
+            return Some(Support::NoOp);
         }
-        match (self, name) {
+        let own = match (self, name) {
             (Route::Completions, "prompt" | "logprobs") => Some(Support::Served),
-            (Route::Completions, "echo") => Some(not_served(is_false, "false")),
-            (Route::Completions, "suffix") => Some(not_served(is_empty_string, "\"\"")),
-            (Route::Completions, "best_of") => Some(not_served(is_one, "1")),
+            (Route::Completions, "echo") => Some(not_served(is_false, Some("false"))),
+            (Route::Completions, "suffix") => Some(not_served(is_empty_string, Some("\"\""))),
+            (Route::Completions, "best_of") => Some(not_served(is_one, Some("1"))),
             (
                 Route::Chat,
                 "messages"
@@ -148,18 +156,24 @@ impl Route {
             ) => Some(Support::Served),
             (Route::Chat, "parallel_tool_calls") => Some(Support::NoOp),
             (Route::Chat, "response_format") => {
-                Some(not_served(is_text_format, "{\"type\": \"text\"}"))
+                Some(not_served(is_text_format, Some("{\"type\": \"text\"}")))
             }
-            (Route::Chat, "modalities") => Some(not_served(is_text_modality, "[\"text\"]")),
+            (Route::Chat, "modalities") => Some(not_served(is_text_modality, Some("[\"text\"]"))),
             (
                 Route::Chat,
                 "audio" | "prediction" | "functions" | "function_call" | "reasoning_effort"
                 | "web_search_options",
-            ) => Some(not_served(never, "nothing (leave it out)")),
-            (Route::Tokenize, "prompt" | "messages" | "tools" | "add_special_tokens")
-            | (Route::Tokenize, "add_generation_prompt")
+            ) => Some(not_served(never, None)),
+            (
+                Route::Tokenize,
+                "prompt" | "messages" | "tools" | "add_special_tokens" | "add_generation_prompt",
+            )
             | (Route::Detokenize, "tokens") => Some(Support::Served),
             (Route::Completions | Route::Chat | Route::Tokenize | Route::Detokenize, _) => None,
+        };
+        match self {
+            Route::Completions | Route::Chat => own.or_else(|| generation_field(name)),
+            Route::Tokenize | Route::Detokenize => own,
         }
     }
 
@@ -185,6 +199,9 @@ impl Route {
         })
     }
 }
+
+/// The response header naming the request's unknown fields, which were ignored.
+pub const IGNORED_FIELDS_HEADER: HeaderName = HeaderName::from_static("x-archgen-ignored-fields");
 
 /// The most ignored fields a response's header names (the log line has
 /// the count of the rest too).
@@ -246,12 +263,18 @@ impl Body {
                 Some(Support::NotServed(field)) if (field.is_default)(value) => {}
                 Some(Support::NotServed(field)) => {
                     // The first by name is the one refused.
+                    let value = shown(value);
                     refused.get_or_insert_with(|| Refusal {
                         field: name.clone(),
-                        message: format!(
-                            "{name}: {value} is not supported by this server; leave it out or give {}",
-                            field.instead
-                        ),
+                        message: match field.instead {
+                            Some(instead) => format!(
+                                "{name}: {value} is not supported by this server; leave it out \
+                                 or give {instead}"
+                            ),
+                            None => format!(
+                                "{name}: {value} is not supported by this server; leave it out"
+                            ),
+                        },
                     });
                 }
                 None => ignored.push(name.clone()),
@@ -328,6 +351,18 @@ impl Body {
             names.push(format!("+{} more", ignored.len() - MAX_NAMED_IGNORED));
         }
         Some(names.join(","))
+    }
+}
+
+/// The most characters of a refused value an error message repeats.
+const MAX_SHOWN_CHARS: usize = 60;
+
+/// A value as an error message repeats it: its JSON, cut short when long.
+fn shown(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(MAX_SHOWN_CHARS) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text,
     }
 }
 
