@@ -73,19 +73,24 @@ pub enum Command {
     Chat(ChatArgs),
     /// Serve the OpenAI API (completions, chat completions) over HTTP
     #[command(
-        long_about = "Serve an OpenAI-compatible HTTP API: GET /v1/models, POST /v1/completions \
-                      and POST /v1/chat/completions, streamed (server-sent events) or not, with \
-                      max_tokens, temperature, top_p, seed, stop and usage counts; GET /health \
-                      and GET /metrics (Prometheus text). The model runs on one thread whose \
+        long_about = "Serve an OpenAI-compatible HTTP API: GET /v1/models (and /v1/models/ID), \
+                      POST /v1/completions and POST /v1/chat/completions, streamed (server-sent \
+                      events) or not, with max_tokens, temperature, top_p, seed, stop and usage \
+                      counts; POST /tokenize and /detokenize; GET /health and GET /metrics \
+                      (Prometheus text). A null field counts as absent; unknown fields are \
+                      ignored and named in the x-archgen-ignored-fields header; a field the \
+                      server does not serve (n > 1, response_format JSON, penalties, ...) is a \
+                      400 naming it. --api-key wants a bearer key on every route but /health; \
+                      --allowed-origins answers browsers (CORS). The model runs on one thread whose \
                       scheduler keeps up to --max-batch sequences in flight, interleaving \
                       prompt chunks of --prefill-step tokens with one decode step of every \
                       sequence; up to --max-queue more requests wait (past that: 429). A \
                       request the server cannot serve (past the model's context, or a \
                       --max-prompt-tokens / --max-tokens ceiling) gets a 400 with an \
                       OpenAI-style error body before any compute; a client that disconnects \
-                      has its sequence dropped at the next step. SIGTERM or Ctrl-C drains: no \
-                      new connections, in-flight requests finish (for at most --drain-seconds), \
-                      exit 0. Needs DIR/tokenizer.json; /v1/chat/completions also needs a chat \
+                      has its sequence dropped at the next step. SIGTERM or Ctrl-C drains: \
+                      /health and new requests answer 503, in-flight requests finish (for at \
+                      most --drain-seconds), then the listener closes; exit 0. Needs DIR/tokenizer.json; /v1/chat/completions also needs a chat \
                       template.",
         after_help = EXIT_CODES
     )]
@@ -351,6 +356,17 @@ pub struct ServeArgs {
     /// Bytes of finished requests' KV caches kept for prompts that extend them (0: no prompt cache); least recently used evicted first
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 30)]
     pub prompt_cache_bytes: u64,
+    /// Serve only requests with `Authorization: Bearer KEY` (GET /health excepted); others get 401
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "ARCHGEN_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
+    /// Browser origins allowed to call the API (CORS), e.g. http://localhost:3000; `*` allows any. Without it no CORS headers are sent
+    #[arg(long, value_name = "ORIGIN[,ORIGIN...]", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
     /// Sequences the prompt cache keeps at most (mlx-lm's --prompt-cache-size)
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub prompt_cache_size: u32,

@@ -95,10 +95,21 @@ impl Drop for Server {
 }
 
 fn start_server(model: &Path, extra: &[&str]) -> Server {
+    start_server_with_env(model, extra, &[])
+}
+
+/// [`start_server`] with variables set in the server's environment.
+fn start_server_with_env(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(ARCHGEN)
         .args(["serve", "--model", model.to_str().unwrap()])
-        .args(["--host", "127.0.0.1", "--port", "0"])
+        .args(["--port", "0"])
+        // Loopback unless the test picks the address.
+        .args(match extra.contains(&"--host") {
+            true => &[][..],
+            false => &["--host", "127.0.0.1"][..],
+        })
         .args(extra)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -144,11 +155,25 @@ fn start_server(model: &Path, extra: &[&str]) -> Server {
 
 /// One curl request, bounded; returns (HTTP status, body).
 fn curl(server: &Server, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let (status, _, body) = curl_with(server, method, path, body, &[]);
+    (status, body)
+}
+
+/// [`curl`] with extra request headers ("Name: value"); returns (HTTP
+/// status, the response's headers with lowercase names, body).
+fn curl_with(
+    server: &Server,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[&str],
+) -> (u16, Vec<(String, String)>, String) {
     let url = format!("{}{path}", server.base);
     let mut cmd = Command::new("curl");
     cmd.args([
         "-sS",
         "-N",
+        "-i",
         "--max-time",
         "120",
         "-X",
@@ -156,6 +181,9 @@ fn curl(server: &Server, method: &str, path: &str, body: Option<&str>) -> (u16, 
         "-w",
         "\n%{http_code}",
     ]);
+    for header in headers {
+        cmd.args(["-H", header]);
+    }
     if body.is_some() {
         cmd.args([
             "-H",
@@ -181,8 +209,33 @@ fn curl(server: &Server, method: &str, path: &str, body: Option<&str>) -> (u16, 
         "curl {method} {url} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (body, status) = text.rsplit_once('\n').unwrap();
-    (status.parse().unwrap(), body.to_string())
+    let (response, status) = text.rsplit_once('\n').unwrap();
+    // A long body is sent after an interim "100 Continue" head: skip it.
+    let mut rest = response;
+    let (head, body) = loop {
+        let (head, body) = rest
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("no header block in: {response}"));
+        match head.split(' ').nth(1) {
+            Some("100") => rest = body,
+            _ => break (head, body),
+        }
+    };
+    let headers = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (status.parse().unwrap(), headers, body.to_string())
+}
+
+/// The value of response header `name` (lowercase), if given.
+fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
 }
 
 fn json(body: &str) -> serde_json::Value {
@@ -308,12 +361,9 @@ fn serves_the_openai_api_and_matches_generate_and_chat() {
         (r#"{"prompt": "x", "max_tokens": "#, "not valid JSON"),
         (
             r#"{"prompt": "x", "max_tokens": "many"}"#,
-            "does not fit the API",
+            "max_tokens: expected an unsigned integer, got a string",
         ),
-        (
-            r#"{"prompt": "x", "frobnicate": 1}"#,
-            "unknown field `frobnicate`",
-        ),
+        (r#"{"max_tokens": 3}"#, "missing field `prompt`"),
         (r#"{"prompt": "x", "top_p": 0}"#, "top_p"),
         (
             r#"{"prompt": [1, 2, 99999]}"#,
@@ -346,7 +396,7 @@ fn serves_the_openai_api_and_matches_generate_and_chat() {
         "/v1/chat/completions",
         Some(r#"{"messages": "hi"}"#),
     );
-    assert!(error_message(status, &body).contains("does not fit the API"));
+    assert!(error_message(status, &body).contains("messages: expected a list of messages"));
     let (status, _) = curl(&server, "GET", "/v2/nothing", None);
     assert_eq!(status, 404);
     // Still serving after every refusal.
@@ -460,6 +510,457 @@ fn serves_the_openai_api_and_matches_generate_and_chat() {
         format!("{}\n", turns[0]),
         "the next turn starts afresh"
     );
+}
+
+/// The error `param` of a 400, and its message.
+fn error_param(status: u16, body: &str) -> (String, String) {
+    let message = error_message(status, body);
+    let param = json(body)["error"]["param"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    (param, message)
+}
+
+/// What clients send beside the fields the server serves: `null` for "not
+/// set", fields without effect (accepted), unknown fields (ignored and
+/// named back in a header and the log), fields it does not serve (refused
+/// unless they ask for the default, naming the field), wrong types (named
+/// by JSON path).
+#[test]
+fn takes_requests_as_clients_send_them() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    let server = start_server(&model, &[]);
+    let chat = |message_extra: &str, extra: &str| {
+        format!(
+            r#"{{"messages": [{{"role": "user", "content": "Hi"{message_extra}}}], "max_tokens": 2{extra}}}"#
+        )
+    };
+    let post = |path: &str, body: &str| curl_with(&server, "POST", path, Some(body), &[]);
+
+    // Nulls, fields without effect and default values: served as without them.
+    let (status, headers, body) = post(
+        "/v1/chat/completions",
+        &chat(
+            r#", "refusal": null, "tool_calls": null"#,
+            r#", "response_format": null, "tools": null, "temperature": null, "stop": null,
+               "parallel_tool_calls": true, "metadata": {}, "user": "u1", "store": false,
+               "service_tier": "auto", "n": 1, "logit_bias": {}, "top_k": -1,
+               "presence_penalty": 0, "model": "anything""#,
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        header(&headers, "x-archgen-ignored-fields"),
+        None,
+        "{headers:?}"
+    );
+
+    // Unknown fields, at the top, in a message and in stream_options: ignored
+    // and named, sorted.
+    let (status, headers, body) = post(
+        "/v1/chat/completions",
+        &chat(
+            r#", "reasoning_content": "hm""#,
+            r#", "response_format": {"type": "text"}, "frobnicate": 1,
+               "chat_template_kwargs": {"x": 1}, "stream": true,
+               "stream_options": {"include_usage": true, "continuous_usage_stats": true}"#,
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    let named = "chat_template_kwargs,frobnicate,messages[0].reasoning_content,\
+                 stream_options.continuous_usage_stats";
+    assert_eq!(
+        header(&headers, "x-archgen-ignored-fields"),
+        Some(named),
+        "{headers:?}"
+    );
+    assert!(
+        body.contains("\"usage\""),
+        "include_usage is served: {body}"
+    );
+    let (status, headers, body) = post(
+        "/v1/completions",
+        r#"{"prompt": "Hi", "max_tokens": 1, "best_of": 1, "echo": false, "zeta": [1]}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&headers, "x-archgen-ignored-fields"), Some("zeta"));
+
+    // Fields not served, given a value other than the default: refused, named.
+    for (field, value) in [
+        ("response_format", r#"{"type": "json_object"}"#),
+        ("n", "2"),
+        ("logit_bias", r#"{"5": 10}"#),
+        ("top_k", "5"),
+        ("min_p", "0.1"),
+        ("presence_penalty", "0.5"),
+        ("frequency_penalty", "-1"),
+        ("audio", r#"{"voice": "alloy"}"#),
+    ] {
+        let (status, _, body) = post(
+            "/v1/chat/completions",
+            &chat("", &format!(r#", "{field}": {value}"#)),
+        );
+        let (param, message) = error_param(status, &body);
+        assert_eq!(param, field, "{body}");
+        assert!(
+            message.starts_with(&format!("{field}: ")) && message.contains("is not supported"),
+            "{message}"
+        );
+    }
+    // A long refused value is cut short in the message.
+    let bias: Vec<String> = (0..2000).map(|t| format!(r#""{t}": 1"#)).collect();
+    let (status, _, body) = post(
+        "/v1/chat/completions",
+        &chat("", &format!(r#", "logit_bias": {{{}}}"#, bias.join(", "))),
+    );
+    let (param, message) = error_param(status, &body);
+    assert_eq!(param, "logit_bias");
+    assert!(message.len() < 200, "{message}");
+    // A refused request still names what it ignored.
+    let (status, headers, body) = post(
+        "/v1/completions",
+        r#"{"prompt": "Hi", "echo": true, "frobnicate": 1}"#,
+    );
+    assert_eq!(error_param(status, &body).0, "echo");
+    assert_eq!(
+        header(&headers, "x-archgen-ignored-fields"),
+        Some("frobnicate")
+    );
+
+    // Wrong types: the JSON path and the expected type.
+    for (request, param, expected) in [
+        (
+            r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": "ten"}"#.to_string(),
+            "max_tokens",
+            "max_tokens: expected an unsigned integer, got a string",
+        ),
+        (
+            chat("", r#", "stream": "yes""#),
+            "stream",
+            "stream: expected a boolean (true or false), got a string",
+        ),
+        (
+            chat("", r#", "temperature": [1]"#),
+            "temperature",
+            "temperature: expected a number, got a list",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "Hi"}, {"role": 7}]}"#.to_string(),
+            "messages[1].role",
+            "messages[1].role: invalid type: integer `7`, expected a string",
+        ),
+    ] {
+        let (status, _, body) = post("/v1/chat/completions", &request);
+        let (got_param, message) = error_param(status, &body);
+        assert_eq!(
+            (got_param.as_str(), message.as_str()),
+            (param, expected),
+            "{request}"
+        );
+    }
+
+    // One model: its object, and OpenAI's 404 for another id.
+    let (status, body) = curl(&server, "GET", "/v1/models/qwen3-tiny", None);
+    assert_eq!(status, 200, "{body}");
+    let listed = json(&curl(&server, "GET", "/v1/models", None).1);
+    assert_eq!(json(&body), listed["data"][0]);
+    for other in ["gpt-4o", "Qwen/Qwen3-0.6B"] {
+        let (status, body) = curl(&server, "GET", &format!("/v1/models/{other}"), None);
+        assert_eq!(status, 404, "{body}");
+        let error = &json(&body)["error"];
+        assert_eq!(error["code"], "model_not_found", "{body}");
+        assert!(error["message"].as_str().unwrap().contains(other), "{body}");
+    }
+
+    // Tokens as vLLM's /tokenize and /detokenize give them: a text, and a
+    // conversation as /v1/chat/completions renders it.
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/tokenize",
+        Some(r#"{"prompt": "Hello there"}"#),
+    );
+    assert_eq!(status, 200, "{body}");
+    let tokenized = json(&body);
+    let count = tokenized["count"].as_u64().unwrap();
+    assert!(count >= 2, "{body}");
+    assert_eq!(tokenized["tokens"].as_array().unwrap().len() as u64, count);
+    assert_eq!(tokenized["max_model_len"], 40960, "{body}");
+    let completed = json(
+        &curl(
+            &server,
+            "POST",
+            "/v1/completions",
+            Some(r#"{"prompt": "Hello there", "max_tokens": 1}"#),
+        )
+        .1,
+    );
+    assert_eq!(completed["usage"]["prompt_tokens"].as_u64(), Some(count));
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/detokenize",
+        Some(&json!({"tokens": tokenized["tokens"]}).to_string()),
+    );
+    assert_eq!(
+        (status, json(&body)["prompt"].clone()),
+        (200, json!("Hello there"))
+    );
+    let conversation = r#"[{"role": "user", "content": "Hi"}]"#;
+    let (_, body) = curl(
+        &server,
+        "POST",
+        "/tokenize",
+        Some(&format!(r#"{{"messages": {conversation}}}"#)),
+    );
+    let chatted = json(
+        &curl(
+            &server,
+            "POST",
+            "/v1/chat/completions",
+            Some(&format!(
+                r#"{{"messages": {conversation}, "max_tokens": 1}}"#
+            )),
+        )
+        .1,
+    );
+    assert_eq!(
+        json(&body)["count"],
+        chatted["usage"]["prompt_tokens"],
+        "{body}"
+    );
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/detokenize",
+        Some(r#"{"tokens": [5, 99999]}"#),
+    );
+    assert_eq!(error_param(status, &body).0, "tokens[1]", "{body}");
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/detokenize",
+        Some(r#"{"tokens": [5, -1]}"#),
+    );
+    assert_eq!(error_param(status, &body).0, "tokens[1]", "{body}");
+    let (status, body) = curl(&server, "POST", "/tokenize", Some(r#"{}"#));
+    assert!(
+        error_message(status, &body).contains("either prompt"),
+        "{body}"
+    );
+
+    // Log-probabilities keyed by token: the tiny vocabulary holds a token
+    // for every byte, and the random model's most likely tokens include
+    // bytes of partial characters (each decodes alone to U+FFFD), several
+    // at one position. Every entry stays, keyed by its bytes.
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt": [1, 274, 261], "max_tokens": 24, "temperature": 0, "logprobs": 5}"#),
+    );
+    assert_eq!(status, 200, "{body}");
+    let logprobs = &json(&body)["choices"][0]["logprobs"];
+    let tops = logprobs["top_logprobs"].as_array().unwrap();
+    let mut partial_pairs = 0;
+    for (i, top) in tops.iter().enumerate() {
+        let top = top.as_object().unwrap();
+        assert_eq!(top.len(), 5, "position {i}: {top:?}");
+        // Greedy: the token is the most likely one, so among the five.
+        let token = logprobs["tokens"][i].as_str().unwrap();
+        assert!(
+            top.contains_key(token),
+            "position {i}: {token} not in {top:?}"
+        );
+        assert!(!top.contains_key("\u{fffd}"), "position {i}: {top:?}");
+        if top.keys().filter(|k| k.starts_with("bytes:")).count() >= 2 {
+            partial_pairs += 1;
+        }
+    }
+    assert!(
+        partial_pairs > 0,
+        "no position had two partial-character tokens: {body}"
+    );
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/v1/chat/completions",
+        Some(
+            r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 24,
+                "temperature": 0, "logprobs": true, "top_logprobs": 5}"#,
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    let content = json(&body)["choices"][0]["logprobs"]["content"].clone();
+    let mut partial = 0;
+    for entry in content.as_array().unwrap() {
+        for one in std::iter::once(entry).chain(entry["top_logprobs"].as_array().unwrap()) {
+            let label = one["token"].as_str().unwrap();
+            let bytes: Vec<u8> = serde_json::from_value(one["bytes"].clone()).unwrap();
+            match std::str::from_utf8(&bytes) {
+                Ok(text) => assert_eq!(label, text, "{one}"),
+                Err(_) => {
+                    partial += 1;
+                    let escaped: String = bytes.iter().map(|b| format!("\\x{b:02x}")).collect();
+                    assert_eq!(label, format!("bytes:{escaped}"), "{one}");
+                }
+            }
+        }
+    }
+    assert!(partial > 0, "no partial-character token: {body}");
+
+    // The log line of a request with unknown fields warns of them.
+    std::thread::sleep(Duration::from_millis(200));
+    let logs = server.request_logs();
+    assert!(
+        logs.iter().any(
+            |l| l["warning"] == format!("unknown fields ignored: {named}") && l["status"] == 200
+        ),
+        "{logs:?}"
+    );
+}
+
+/// `--api-key` (here from ARCHGEN_API_KEY, which the flag overrides): every
+/// route but /health wants the key; the official openai client, driven as
+/// frameworks drive it (tests/python/openai_framework_client.py: a wrong
+/// key, `models.retrieve`, extra and null fields, `stream_options`, the 400s
+/// it reads `param` from), works against it.
+#[test]
+fn serves_clients_with_an_api_key_as_frameworks_call_it() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    let server = start_server_with_env(
+        &model,
+        &["--api-key", "sk-flag"],
+        &[("ARCHGEN_API_KEY", "sk-env")],
+    );
+    let auth = |key: &str| format!("Authorization: Bearer {key}");
+    let (status, _, body) = curl_with(&server, "GET", "/v1/models", None, &[]);
+    assert_eq!(status, 401, "{body}");
+    let error = &json(&body)["error"];
+    assert_eq!(
+        (
+            error["type"].as_str(),
+            error["code"].as_str(),
+            &error["param"]
+        ),
+        (
+            Some("invalid_request_error"),
+            Some("invalid_api_key"),
+            &json!(null)
+        ),
+        "{body}"
+    );
+    for (method, path, body) in [
+        ("GET", "/metrics", None),
+        ("POST", "/tokenize", Some(r#"{"prompt": "Hi"}"#)),
+        (
+            "POST",
+            "/v1/completions",
+            Some(r#"{"prompt": "Hi", "max_tokens": 1}"#),
+        ),
+    ] {
+        for key in [None, Some("sk-env"), Some("sk-fla"), Some("sk-flagg")] {
+            let headers: Vec<String> = key.map(auth).into_iter().collect();
+            let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+            let (status, _, answer) = curl_with(&server, method, path, body, &headers);
+            assert_eq!(status, 401, "{path} with {key:?}: {answer}");
+        }
+        let (status, _, answer) = curl_with(&server, method, path, body, &[&auth("sk-flag")]);
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+    let (status, _, body) = curl_with(&server, "GET", "/health", None, &[]);
+    assert_eq!(status, 200, "{body}");
+
+    let base = format!("{}/v1", server.base);
+    let out = run_python(
+        "openai_framework_client.py",
+        &[base.as_ref(), "sk-flag".as_ref(), "qwen3-tiny".as_ref()],
+    );
+    let seen = json(out.lines().last().unwrap());
+    assert!(seen["text"].is_string(), "{seen}");
+}
+
+/// `--allowed-origins`: a browser's preflight from an allowed origin is
+/// answered (before the key check: it carries none; the key comes from
+/// ARCHGEN_API_KEY here) and its answers carry the origin; another origin
+/// gets no CORS header. Without the flag no CORS header is sent and a
+/// preflight is a plain 204. A server on every address without a key warns.
+#[test]
+fn answers_browsers_from_the_allowed_origins_only() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    let preflight = |server: &Server, origin: &str| {
+        curl_with(
+            server,
+            "OPTIONS",
+            "/v1/chat/completions",
+            None,
+            &[
+                &format!("Origin: {origin}"),
+                "Access-Control-Request-Method: POST",
+                "Access-Control-Request-Headers: authorization, content-type",
+            ],
+        )
+    };
+    let allowed = "http://app.example:3000";
+    let server = start_server_with_env(
+        &model,
+        &[
+            "--allowed-origins",
+            &format!("http://other.example,{allowed}"),
+        ],
+        &[("ARCHGEN_API_KEY", "sk-env")],
+    );
+    let (status, headers, body) = preflight(&server, allowed);
+    assert!(status == 200 || status == 204, "{status}: {body}");
+    assert_eq!(
+        header(&headers, "access-control-allow-origin"),
+        Some(allowed)
+    );
+    let methods = header(&headers, "access-control-allow-methods").unwrap_or("");
+    assert!(methods.contains("POST"), "{headers:?}");
+    let asked = header(&headers, "access-control-allow-headers").unwrap_or("");
+    assert!(asked.contains("authorization"), "{headers:?}");
+    let (_, headers, _) = preflight(&server, "http://evil.example");
+    assert_eq!(header(&headers, "access-control-allow-origin"), None);
+    let unkeyed = |server: &Server| server.startup.iter().any(|l| l.contains("no --api-key"));
+    assert!(!unkeyed(&server), "{:?}", server.startup);
+    let origin = format!("Origin: {allowed}");
+    let (status, headers, body) = curl_with(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt": "Hi", "max_tokens": 1}"#),
+        &[&origin, "Authorization: Bearer sk-env"],
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        header(&headers, "access-control-allow-origin"),
+        Some(allowed)
+    );
+    let exposed = header(&headers, "access-control-expose-headers").unwrap_or("");
+    assert!(exposed.contains("x-archgen-ignored-fields"), "{headers:?}");
+    let (status, headers, _) = curl_with(&server, "GET", "/v1/models", None, &[&origin]);
+    assert_eq!(status, 401, "the key is still wanted");
+    assert_eq!(
+        header(&headers, "access-control-allow-origin"),
+        Some(allowed)
+    );
+    drop(server);
+
+    // On every address and without a key: the server warns at start.
+    let server = start_server(&model, &["--host", "0.0.0.0"]);
+    assert!(unkeyed(&server), "{:?}", server.startup);
+    let (status, headers, body) = preflight(&server, allowed);
+    assert_eq!(status, 204, "{body}");
+    assert_eq!(header(&headers, "access-control-allow-origin"), None);
+    assert_eq!(header(&headers, "allow"), Some("GET, POST, OPTIONS"));
+    let (status, headers, _) = curl_with(&server, "GET", "/v1/models", None, &[&origin]);
+    assert_eq!(status, 200);
+    assert_eq!(header(&headers, "access-control-allow-origin"), None);
 }
 
 #[test]
@@ -793,8 +1294,9 @@ fn schedules_interleaves_bounds_the_queue_and_cancels_dropped_clients() {
         |v| v == 1.0,
         Duration::from_secs(60),
     );
-    let (status, body) = curl(&server, "POST", "/v1/completions", Some(short));
+    let (status, headers, body) = curl_with(&server, "POST", "/v1/completions", Some(short), &[]);
     assert_eq!(status, 429, "{body}");
+    assert_eq!(header(&headers, "retry-after"), Some("1"), "{headers:?}");
     let error = &json(&body)["error"];
     assert_eq!(
         (error["type"].as_str(), error["code"].as_str()),
@@ -992,6 +1494,29 @@ fn refuses_past_the_context_and_the_ceilings_before_compute_and_drains_on_sigter
         .status()
         .unwrap()
         .success());
+    // While it drains the server still answers: /health and new requests 503.
+    let start = Instant::now();
+    let (status, body) = loop {
+        let (status, body) = curl(&server, "GET", "/health", None);
+        if status != 200 || start.elapsed() > Duration::from_secs(10) {
+            break (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!((status, json(&body)), (503, json!({"status": "draining"})));
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt": "Hello", "max_tokens": 1}"#),
+    );
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("shutting down"), "{body}");
+    assert_eq!(
+        metric(&server, "archgen_active_sequences"),
+        1.0,
+        "the stream was still running"
+    );
     let lines = stream.finish(Duration::from_secs(60));
     let events: Vec<&str> = lines
         .iter()

@@ -1,6 +1,8 @@
-//! `archgen serve`: an OpenAI-compatible HTTP server (GET /v1/models,
-//! POST /v1/completions, POST /v1/chat/completions, streamed as server-sent
-//! events or not; GET /health and GET /metrics for operations).
+//! `archgen serve`: an OpenAI-compatible HTTP server (GET /v1/models and
+//! /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions,
+//! streamed as server-sent events or not; POST /tokenize and /detokenize;
+//! GET /health and GET /metrics for operations). Request bodies are read by
+//! [`request`]; `--api-key` is [`auth`], `--allowed-origins` [`cors`].
 //!
 //! The model lives on one thread (MLX arrays and the model stay there) whose
 //! [`scheduler`] keeps up to `--max-batch` sequences in flight, interleaving
@@ -11,10 +13,15 @@
 //! drops its handler or its response stream, which cancels the sequence at
 //! the next step. Each request ends with one JSON log line on stderr.
 
+mod auth;
 mod batched;
+mod cors;
+mod error;
 mod metrics;
 mod prompt_cache;
+mod request;
 mod scheduler;
+mod token_bytes;
 mod tools;
 mod worker;
 
@@ -28,13 +35,12 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::json;
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -43,8 +49,14 @@ use crate::args::ServeArgs;
 use crate::chat_template::ChatTemplate;
 use crate::engine::{self, Finish, ModelContext, Sampling};
 use crate::ui::Ui;
+use error::ApiError;
 use metrics::Metrics;
+use request::{
+    Body, ChatFields, CommonFields, CompletionFields, ContentField, DetokenizeFields, PromptField,
+    Route, StopField, TokenizeFields, IGNORED_FIELDS_HEADER,
+};
 use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
+use token_bytes::TokenText;
 use tools::{Piece, ToolFormat, ToolStream};
 use worker::Worker;
 
@@ -73,210 +85,12 @@ struct AppState {
     max_tokens_ceiling: Option<usize>,
     next_id: AtomicU64,
     metrics: Arc<Metrics>,
-    /// Set on SIGTERM / Ctrl-C: /health answers 503 while in-flight requests finish.
+    /// Set on SIGTERM / Ctrl-C: /health and new completions answer 503 while
+    /// in-flight requests finish.
     draining: AtomicBool,
-}
-
-/// An OpenAI-style error response.
-struct ApiError {
-    status: StatusCode,
-    message: String,
-    param: Option<&'static str>,
-}
-
-impl ApiError {
-    fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> Self {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            param,
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let (kind, code) = match self.status {
-            StatusCode::BAD_REQUEST => ("invalid_request_error", None),
-            StatusCode::NOT_FOUND => ("not_found_error", None),
-            StatusCode::TOO_MANY_REQUESTS => ("rate_limit_error", Some("queue_full")),
-            _ => ("server_error", None),
-        };
-        let body = json!({"error": {
-            "message": self.message,
-            "type": kind,
-            "param": self.param,
-            "code": code,
-        }});
-        (self.status, Json(body)).into_response()
-    }
-}
-
-/// `stop`: one string or a list of them.
-#[derive(Deserialize)]
-#[serde(untagged, expecting = "stop: a string or a list of strings")]
-enum StopField {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StreamOptions {
-    include_usage: Option<bool>,
-}
-
-/// The fields both endpoints take (beside their own).
-const COMMON_FIELDS: [&str; 12] = [
-    "model",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "stop",
-    "stream",
-    "stream_options",
-    "n",
-    "presence_penalty",
-    "frequency_penalty",
-    "user",
-];
-
-/// The sampling fields both endpoints share.
-#[derive(Deserialize)]
-struct CommonFields {
-    max_tokens: Option<u64>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    seed: Option<u64>,
-    stop: Option<StopField>,
-    stream: Option<bool>,
-    stream_options: Option<StreamOptions>,
-    /// Only 1 is served.
-    n: Option<u64>,
-    /// Only 0 is served (no penalties are implemented).
-    presence_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    /// Accepted and not used (a client's end-user id).
-    #[allow(dead_code)]
-    user: Option<String>,
-}
-
-/// `prompt` of /v1/completions: text, or token ids (one prompt only).
-#[derive(Deserialize)]
-#[serde(untagged, expecting = "prompt: a string or a list of token ids")]
-enum PromptField {
-    Text(String),
-    Ids(Vec<i64>),
-    Texts(Vec<String>),
-    IdLists(Vec<Vec<i64>>),
-}
-
-#[derive(Deserialize)]
-struct CompletionRequest {
-    /// Any value: this server serves one model.
-    #[allow(dead_code)]
-    model: Option<String>,
-    prompt: PromptField,
-    echo: Option<bool>,
-    /// Log-probabilities of each token with this many alternatives (0-5).
-    logprobs: Option<u32>,
-    #[serde(flatten)]
-    common: CommonFields,
-}
-
-/// A message's `content`: text, or a list of parts of which only text ones
-/// are served.
-#[derive(Deserialize)]
-#[serde(
-    untagged,
-    expecting = "content: a string or a list of {\"type\": \"text\", \"text\": ...} parts"
-)]
-enum ContentField {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Deserialize)]
-struct ContentPart {
-    #[serde(rename = "type")]
-    kind: String,
-    text: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ChatMessage {
-    role: String,
-    content: Option<ContentField>,
-    /// Accepted and not passed on (a participant's name).
-    #[allow(dead_code)]
-    name: Option<String>,
-    /// An assistant turn's calls: `[{"id", "type": "function", "function":
-    /// {"name", "arguments": JSON text}}]`.
-    tool_calls: Option<Vec<serde_json::Value>>,
-    /// A `tool` turn: the call it answers.
-    tool_call_id: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct ChatRequest {
-    #[allow(dead_code)]
-    model: Option<String>,
-    messages: Vec<ChatMessage>,
-    /// The newer name of `max_tokens`.
-    max_completion_tokens: Option<u64>,
-    /// Log-probabilities of each token...
-    logprobs: Option<bool>,
-    /// ...with this many alternatives (0-20).
-    top_logprobs: Option<u32>,
-    /// Function schemas (`[{"type": "function", "function": {...}}]`), given
-    /// to the chat template as `tools`.
-    tools: Option<Vec<serde_json::Value>>,
-    /// "auto" (the default) or "none".
-    tool_choice: Option<serde_json::Value>,
-    #[serde(flatten)]
-    common: CommonFields,
-}
-
-/// Parses a request body; bad JSON, a field of the wrong type and a field
-/// this server does not know are 400s that say what and where.
-fn parse_body<T: for<'de> Deserialize<'de>>(
-    body: &[u8],
-    own_fields: &[&str],
-) -> Result<T, ApiError> {
-    let parsed: T = serde_json::from_slice(body).map_err(|e| {
-        let what = match e.classify() {
-            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
-                "the request body is not valid JSON"
-            }
-            serde_json::error::Category::Data => "the request does not fit the API",
-            serde_json::error::Category::Io => "the request body could not be read",
-        };
-        ApiError::bad_request(format!("{what}: {e}"), None)
-    })?;
-    // serde's deny_unknown_fields does not combine with flatten: check here.
-    let fields: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(body).map_err(|e| {
-            ApiError::bad_request(format!("the request must be a JSON object: {e}"), None)
-        })?;
-    let known = |k: &str| own_fields.contains(&k) || COMMON_FIELDS.contains(&k);
-    if let Some(unknown) = fields.keys().find(|k| !known(k)) {
-        let mut all: Vec<&str> = own_fields
-            .iter()
-            .chain(COMMON_FIELDS.iter())
-            .copied()
-            .collect();
-        all.sort_unstable();
-        return Err(ApiError::bad_request(
-            format!(
-                "unknown field `{unknown}`: this server takes {}",
-                all.join(", ")
-            ),
-            None,
-        ));
-    }
-    Ok(parsed)
+    /// Requests queued or running (their [`InFlight`]s): the drain ends
+    /// when none is left.
+    live: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 /// A checked request: what to queue, and how to answer.
@@ -299,23 +113,6 @@ fn plan(
     max_tokens: Option<u64>,
     logprobs: Option<usize>,
 ) -> Result<Plan, ApiError> {
-    if common.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad_request(
-            "n: only 1 choice per request is served",
-            Some("n"),
-        ));
-    }
-    for (name, value) in [
-        ("presence_penalty", common.presence_penalty),
-        ("frequency_penalty", common.frequency_penalty),
-    ] {
-        if value.is_some_and(|v| v != 0.0) {
-            return Err(ApiError::bad_request(
-                format!("{name}: penalties are not implemented; leave it out or give 0"),
-                None,
-            ));
-        }
-    }
     let temp = common.temperature.unwrap_or(1.0);
     if !temp.is_finite() || temp < 0.0 {
         return Err(ApiError::bad_request(
@@ -461,6 +258,13 @@ enum Endpoint {
 }
 
 impl Endpoint {
+    fn route(self) -> Route {
+        match self {
+            Endpoint::Completions => Route::Completions,
+            Endpoint::Chat => Route::Chat,
+        }
+    }
+
     fn path(self) -> &'static str {
         match self {
             Endpoint::Completions => "/v1/completions",
@@ -504,21 +308,19 @@ impl Reply {
                 let mut text_offset = Vec::with_capacity(entries.len());
                 for e in entries {
                     text_offset.push(*offset);
-                    *offset += e.token.chars().count();
+                    *offset += e.token.chars();
                 }
-                let top: Vec<serde_json::Map<String, serde_json::Value>> = entries
-                    .iter()
-                    .map(|e| e.top.iter().map(|(t, lp)| (t.clone(), json!(lp))).collect())
-                    .collect();
+                let top: Vec<serde_json::Map<String, serde_json::Value>> =
+                    entries.iter().map(|e| completion_top(&e.top)).collect();
                 json!({
-                    "tokens": entries.iter().map(|e| &e.token).collect::<Vec<_>>(),
+                    "tokens": entries.iter().map(|e| e.token.label()).collect::<Vec<_>>(),
                     "token_logprobs": entries.iter().map(|e| e.logprob).collect::<Vec<_>>(),
                     "top_logprobs": top,
                     "text_offset": text_offset,
                 })
             }
             Endpoint::Chat => {
-                let one = |token: &str, logprob: f32| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()});
+                let one = |token: &TokenText, logprob: f32| json!({"token": token.label(), "logprob": logprob, "bytes": token.bytes});
                 let content: Vec<serde_json::Value> = entries
                     .iter()
                     .map(|e| {
@@ -656,12 +458,29 @@ impl Reply {
     }
 }
 
-fn worker_gone() -> ApiError {
-    ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        message: "the model worker has stopped; restart the server".into(),
-        param: None,
+/// A completions `top_logprobs` entry: token label to log-probability, one
+/// key per token. Labels are the tokens' bytes (text, or `bytes:\x..`), so
+/// they differ unless two ids have the same bytes (an added token that
+/// spells a vocabulary piece); such a later one is keyed `token_id:N`, as
+/// vLLM keys tokens by id.
+fn completion_top(top: &[(TokenText, f32)]) -> serde_json::Map<String, serde_json::Value> {
+    let mut map = serde_json::Map::with_capacity(top.len());
+    for (token, logprob) in top {
+        let label = token.label();
+        let key = match map.contains_key(&label) {
+            false => label,
+            true => format!("token_id:{}", token.id),
+        };
+        map.insert(key, json!(logprob));
     }
+    map
+}
+
+fn worker_gone() -> ApiError {
+    ApiError::with_status(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the model worker has stopped; restart the server",
+    )
 }
 
 /// Writes one JSON line on stderr: the server's access log.
@@ -716,6 +535,10 @@ struct InFlight {
     /// Prompt tokens the prompt cache supplied, once the answer ended.
     cached_tokens: Option<usize>,
     metrics: Arc<Metrics>,
+    /// What the log line warns of (unknown fields the request gave).
+    warning: Option<String>,
+    /// The count of live requests, this one among them.
+    live: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 impl InFlight {
@@ -727,6 +550,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.cancel.cancel();
+        self.live.send_modify(|n| *n -= 1);
         // 499 (nginx's "client closed request"): nobody was left to answer.
         let answered = self
             .answered
@@ -746,12 +570,19 @@ impl Drop for InFlight {
             "ttft_s": answered.ttft.map(|t| t.as_secs_f64()),
             "duration_s": self.start.elapsed().as_secs_f64(),
             "error": answered.error,
+            "warning": self.warning,
         }));
     }
 }
 
 /// A request refused before it was queued (a 4xx): its log line.
-fn log_refusal(endpoint: Endpoint, error: &ApiError, start: Instant, metrics: &Metrics) {
+fn log_refusal(
+    endpoint: Endpoint,
+    error: &ApiError,
+    start: Instant,
+    metrics: &Metrics,
+    warning: Option<String>,
+) {
     metrics.answered(error.status.as_u16());
     log_line(json!({
         "log": "request",
@@ -760,11 +591,18 @@ fn log_refusal(endpoint: Endpoint, error: &ApiError, start: Instant, metrics: &M
         "status": error.status.as_u16(),
         "duration_s": start.elapsed().as_secs_f64(),
         "error": error.message,
+        "warning": warning,
     }));
 }
 
 /// Queues a checked request and answers it, streamed or whole.
-async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: Instant) -> Response {
+async fn respond(
+    state: Arc<AppState>,
+    endpoint: Endpoint,
+    plan: Plan,
+    start: Instant,
+    warning: Option<String>,
+) -> Response {
     let serial = state.next_id.fetch_add(1, Ordering::Relaxed);
     let reply = Reply {
         endpoint,
@@ -790,7 +628,10 @@ async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: In
         answered: None,
         cached_tokens: None,
         metrics: state.metrics.clone(),
+        warning,
+        live: state.live.clone(),
     };
+    state.live.send_modify(|n| *n += 1);
     let (events, rx) = unbounded_channel();
     let job = Job {
         prompt: plan.prompt,
@@ -804,14 +645,13 @@ async fn respond(state: Arc<AppState>, endpoint: Endpoint, plan: Plan, start: In
     state.metrics.queue_depth.inc();
     let refused = match state.jobs.try_send(job) {
         Ok(()) => None,
-        Err(mpsc::TrySendError::Full(_)) => Some(ApiError {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            message: format!(
+        Err(mpsc::TrySendError::Full(_)) => Some(ApiError::with_status(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
                 "the server is busy: {} requests already wait (--max-queue); retry later",
                 state.max_queue
             ),
-            param: None,
-        }),
+        )),
         Err(mpsc::TrySendError::Disconnected(_)) => Some(worker_gone()),
     };
     if let Some(error) = refused {
@@ -877,12 +717,8 @@ async fn whole_answer(
             }
             GenEvent::Failed(message) => {
                 flight.answer(Answered::failed(500, message.clone()));
-                return ApiError {
-                    status: StatusCode::INTERNAL_SERVER_ERROR,
-                    message,
-                    param: None,
-                }
-                .into_response();
+                return ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, message)
+                    .into_response();
             }
         }
     }
@@ -1037,36 +873,63 @@ async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Respons
 /// answered meanwhile), then queues and answers it.
 async fn answer(state: Arc<AppState>, body: Bytes, endpoint: Endpoint) -> Response {
     let start = Instant::now();
+    if state.draining.load(Ordering::Relaxed) {
+        let error = ApiError::with_status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down: it finishes the requests in flight and takes no new \
+             ones; retry on another instance",
+        );
+        log_refusal(endpoint, &error, start, &state.metrics, None);
+        return error.into_response();
+    }
     let planning = state.clone();
-    let planned = tokio::task::spawn_blocking(move || match endpoint {
-        Endpoint::Completions => plan_completion(&planning, &body),
-        Endpoint::Chat => plan_chat(&planning, &body),
+    let checked = tokio::task::spawn_blocking(move || {
+        let body = match Body::parse(endpoint.route(), &body) {
+            Ok(body) => body,
+            Err(error) => return (Vec::new(), Err(error)),
+        };
+        let plan = match endpoint {
+            Endpoint::Completions => plan_completion(&planning, &body),
+            Endpoint::Chat => plan_chat(&planning, &body),
+        };
+        (body.ignored, plan)
     })
-    .await
-    .unwrap_or_else(|e| {
-        Err(ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: format!("checking the request failed: {e}"),
-            param: None,
-        })
+    .await;
+    let (ignored, planned) = checked.unwrap_or_else(|e| {
+        let error = ApiError::with_status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("checking the request failed: {e}"),
+        );
+        (Vec::new(), Err(error))
     });
-    match planned {
-        Ok(plan) => respond(state, endpoint, plan, start).await,
+    let ignored = Body::ignored_header(&ignored);
+    let warning = ignored
+        .as_ref()
+        .map(|names| format!("unknown fields ignored: {names}"));
+    let response = match planned {
+        Ok(plan) => respond(state, endpoint, plan, start, warning).await,
         Err(error) => {
-            log_refusal(endpoint, &error, start, &state.metrics);
+            log_refusal(endpoint, &error, start, &state.metrics, warning);
             error.into_response()
         }
-    }
+    };
+    with_ignored_header(response, ignored)
 }
 
-fn plan_completion(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
-    let request: CompletionRequest = parse_body(body, &["prompt", "echo", "logprobs"])?;
-    if request.echo == Some(true) {
-        return Err(ApiError::bad_request(
-            "echo: echoing the prompt is not implemented",
-            Some("echo"),
-        ));
+/// `response` with the header naming the request's ignored fields, if any.
+fn with_ignored_header(mut response: Response, ignored: Option<String>) -> Response {
+    if let Some(names) = ignored {
+        // Escaped to visible ASCII, so always a valid header value.
+        if let Ok(value) = HeaderValue::from_str(&names) {
+            response.headers_mut().insert(IGNORED_FIELDS_HEADER, value);
+        }
     }
+    response
+}
+
+fn plan_completion(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
+    let common: CommonFields = body.fields()?;
+    let request: CompletionFields = body.fields()?;
     let one = |n: usize| {
         ApiError::bad_request(
             format!(
@@ -1102,26 +965,57 @@ fn plan_completion(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
         }
         n => n.map(|n| n as usize),
     };
-    let max_tokens = request.common.max_tokens;
-    plan(state, prompt, request.common, max_tokens, logprobs)
+    let max_tokens = common.max_tokens;
+    plan(state, prompt, common, max_tokens, logprobs)
 }
 
 async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     answer(state, body, Endpoint::Chat).await
 }
 
-fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
-    let request: ChatRequest = parse_body(
-        body,
-        &[
-            "messages",
-            "max_completion_tokens",
-            "logprobs",
-            "top_logprobs",
-            "tools",
-            "tool_choice",
-        ],
+fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
+    let common: CommonFields = body.fields()?;
+    let request: ChatFields = body.fields()?;
+    let (text, tool_format) = chat_text(
+        state,
+        request.messages,
+        request.tools,
+        request.tool_choice.as_ref(),
+        true,
     )?;
+    // The template writes the special tokens (like <bos>) itself.
+    let prompt = encode(&state.tokenizer, &text, false)?;
+    let logprobs = match (request.logprobs, request.top_logprobs) {
+        (_, Some(n)) if n > MAX_CHAT_TOP_LOGPROBS => {
+            return Err(ApiError::bad_request(
+                format!("top_logprobs: {n} is more than {MAX_CHAT_TOP_LOGPROBS}"),
+                Some("top_logprobs"),
+            ))
+        }
+        (Some(true), top) => Some(top.unwrap_or(0) as usize),
+        (Some(false) | None, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "top_logprobs: needs logprobs: true",
+                Some("top_logprobs"),
+            ))
+        }
+        (Some(false) | None, None) => None,
+    };
+    let max_tokens = request.max_completion_tokens.or(common.max_tokens);
+    let mut plan = plan(state, prompt, common, max_tokens, logprobs)?;
+    plan.tool_format = tool_format;
+    Ok(plan)
+}
+
+/// A conversation rendered by the model's chat template, and the tool-call
+/// markup to read from the answer (when tools are offered).
+fn chat_text(
+    state: &AppState,
+    conversation: Vec<request::ChatMessage>,
+    offered_tools: Option<Vec<serde_json::Value>>,
+    tool_choice: Option<&serde_json::Value>,
+    add_generation_prompt: bool,
+) -> Result<(String, Option<ToolFormat>), ApiError> {
     let Some(template) = &state.template else {
         return Err(ApiError::bad_request(
             format!(
@@ -1132,14 +1026,14 @@ fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
             None,
         ));
     };
-    if request.messages.is_empty() {
+    if conversation.is_empty() {
         return Err(ApiError::bad_request(
             "messages: give at least one message",
             Some("messages"),
         ));
     }
-    let mut messages = Vec::with_capacity(request.messages.len());
-    for (i, m) in request.messages.into_iter().enumerate() {
+    let mut messages = Vec::with_capacity(conversation.len());
+    for (i, m) in conversation.into_iter().enumerate() {
         let content = match m.content {
             None => String::new(),
             Some(ContentField::Text(t)) => t,
@@ -1170,7 +1064,7 @@ fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
         }
         messages.push(serde_json::Value::Object(message));
     }
-    let tool_format = match (&request.tools, request.tool_choice.as_ref()) {
+    let tool_format = match (&offered_tools, tool_choice) {
         (None, _) => None,
         // "none": the model is not told of the tools, and its answer is text.
         (Some(_), Some(choice)) if choice == "none" => None,
@@ -1183,7 +1077,7 @@ fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
             ))
         }
     };
-    let tools = match (tool_format, request.tools) {
+    let tools = match (tool_format, offered_tools) {
         (Some(_), Some(tools)) => minijinja::Value::from_serialize(&tools),
         _ => minijinja::Value::from(()),
     };
@@ -1191,32 +1085,106 @@ fn plan_chat(state: &AppState, body: &[u8]) -> Result<Plan, ApiError> {
         .render_with_tools(
             minijinja::Value::from_serialize(&messages),
             tools,
-            true,
+            add_generation_prompt,
             &[],
         )
         .map_err(|e| ApiError::bad_request(e, Some("messages")))?;
-    // The template writes the special tokens (like <bos>) itself.
-    let prompt = encode(&state.tokenizer, &text, false)?;
-    let logprobs = match (request.logprobs, request.top_logprobs) {
-        (_, Some(n)) if n > MAX_CHAT_TOP_LOGPROBS => {
-            return Err(ApiError::bad_request(
-                format!("top_logprobs: {n} is more than {MAX_CHAT_TOP_LOGPROBS}"),
-                Some("top_logprobs"),
-            ))
+    Ok((text, tool_format))
+}
+
+/// POST /tokenize and /detokenize (vLLM's names and shapes): checked and
+/// run off the async workers, as a completion's prompt is.
+async fn tokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    tokens_route(state, body, Route::Tokenize, tokenize_body).await
+}
+
+async fn detokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    tokens_route(state, body, Route::Detokenize, detokenize_body).await
+}
+
+/// How /tokenize or /detokenize answers a parsed body.
+type TokensAnswer = fn(&AppState, &Body) -> Result<serde_json::Value, ApiError>;
+
+async fn tokens_route(
+    state: Arc<AppState>,
+    body: Bytes,
+    route: Route,
+    answer: TokensAnswer,
+) -> Response {
+    let done = tokio::task::spawn_blocking(move || {
+        let body = Body::parse(route, &body)?;
+        let answer = answer(&state, &body)?;
+        Ok::<_, ApiError>((answer, Body::ignored_header(&body.ignored)))
+    })
+    .await;
+    let (answer, ignored) = match done {
+        Ok(Ok(done)) => done,
+        Ok(Err(error)) => return error.into_response(),
+        Err(e) => {
+            return ApiError::with_status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("tokenizing failed: {e}"),
+            )
+            .into_response()
         }
-        (Some(true), top) => Some(top.unwrap_or(0) as usize),
-        (Some(false) | None, Some(_)) => {
-            return Err(ApiError::bad_request(
-                "top_logprobs: needs logprobs: true",
-                Some("top_logprobs"),
-            ))
-        }
-        (Some(false) | None, None) => None,
     };
-    let max_tokens = request.max_completion_tokens.or(request.common.max_tokens);
-    let mut plan = plan(state, prompt, request.common, max_tokens, logprobs)?;
-    plan.tool_format = tool_format;
-    Ok(plan)
+    with_ignored_header(Json(answer).into_response(), ignored)
+}
+
+/// `{"prompt": text}` (special tokens added unless `add_special_tokens`
+/// is false) or `{"messages": [...]}` (rendered by the chat template as
+/// /v1/chat/completions renders them) to `{"tokens", "count", "max_model_len"}`.
+fn tokenize_body(state: &AppState, body: &Body) -> Result<serde_json::Value, ApiError> {
+    let request: TokenizeFields = body.fields()?;
+    let tokens = match (request.prompt, request.messages) {
+        (Some(text), None) => encode(
+            &state.tokenizer,
+            &text,
+            request.add_special_tokens.unwrap_or(true),
+        )?,
+        (None, Some(messages)) => {
+            let generation_prompt = request.add_generation_prompt.unwrap_or(true);
+            let (text, _) = chat_text(state, messages, request.tools, None, generation_prompt)?;
+            encode(
+                &state.tokenizer,
+                &text,
+                request.add_special_tokens.unwrap_or(false),
+            )?
+        }
+        (Some(_), Some(_)) | (None, None) => {
+            return Err(ApiError::bad_request(
+                "give either prompt (text) or messages (a conversation), exactly one",
+                None,
+            ))
+        }
+    };
+    Ok(json!({"tokens": tokens, "count": tokens.len(), "max_model_len": state.context.tokens}))
+}
+
+/// `{"tokens": [...]}` to `{"prompt": text}` (special tokens kept); an id
+/// the tokenizer does not have is a 400 naming its index.
+fn detokenize_body(state: &AppState, body: &Body) -> Result<serde_json::Value, ApiError> {
+    let request: DetokenizeFields = body.fields()?;
+    let mut ids = Vec::with_capacity(request.tokens.len());
+    for (i, &token) in request.tokens.iter().enumerate() {
+        let known = u32::try_from(token)
+            .ok()
+            .filter(|&id| state.tokenizer.id_to_token(id).is_some());
+        let Some(id) = known else {
+            return Err(ApiError::bad_request(
+                format!(
+                    "tokens[{i}]: {token} is not a token id of this model's tokenizer \
+                     (it has {} tokens)",
+                    state.tokenizer.get_vocab_size(true)
+                ),
+                Some(&format!("tokens[{i}]")),
+            ));
+        };
+        ids.push(id);
+    }
+    let text = crate::tokens::decode(&state.tokenizer, &ids)
+        .map_err(|e| ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    Ok(json!({"prompt": text}))
 }
 
 /// The tool-call markup the model's chat template teaches; a request with
@@ -1276,11 +1244,31 @@ fn history_tool_calls(
     Ok(serde_json::Value::Array(out))
 }
 
+/// The model object of the served model (OpenAI's `Model`).
+fn model_object(state: &AppState) -> serde_json::Value {
+    json!({"id": state.model_name, "object": "model", "created": 0, "owned_by": "archgen"})
+}
+
 async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "archgen"}],
-    }))
+    Json(json!({"object": "list", "data": [model_object(&state)]}))
+}
+
+/// GET /v1/models/{id}: the served model, or OpenAI's 404 for another id
+/// (which may hold slashes, as hub ids do).
+async fn model_by_id(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if id == state.model_name {
+        return Json(model_object(&state)).into_response();
+    }
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!(
+            "the model `{id}` does not exist: this server serves `{}`",
+            state.model_name
+        ),
+        param: Some("model".into()),
+        code: Some("model_not_found"),
+    }
+    .into_response()
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
@@ -1304,23 +1292,21 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
             text,
         )
             .into_response(),
-        Err(e) => ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: format!("cannot encode the metrics: {e}"),
-            param: None,
-        }
+        Err(e) => ApiError::with_status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode the metrics: {e}"),
+        )
         .into_response(),
     }
 }
 
 async fn not_found() -> ApiError {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        message: "no such endpoint: this server has GET /v1/models, POST /v1/completions, \
-                  POST /v1/chat/completions, GET /health and GET /metrics"
-            .into(),
-        param: None,
-    }
+    ApiError::with_status(
+        StatusCode::NOT_FOUND,
+        "no such endpoint: this server has GET /v1/models, GET /v1/models/{id}, \
+                  POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize, \
+                  GET /health and GET /metrics",
+    )
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT).
@@ -1448,15 +1434,31 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         next_id: AtomicU64::new(1),
         metrics,
         draining: AtomicBool::new(false),
+        live: Arc::new(tokio::sync::watch::Sender::new(0)),
     });
+    let api_key = args.api_key.clone().map(auth::ApiKey::new).transpose()?;
+    let cors = cors::Cors::new(&args.allowed_origins)?;
     let app = Router::new()
         .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model_by_id))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .with_state(state.clone());
+    let keyed = api_key.is_some();
+    let app = match api_key {
+        Some(key) => app.layer(axum::middleware::from_fn_with_state(
+            Arc::new(key),
+            auth::require_key,
+        )),
+        None => app,
+    };
+    // Outside the key check: a browser's preflight carries no key.
+    let app = cors.wrap(app);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -1471,24 +1473,36 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         let addr = listener
             .local_addr()
             .map_err(|e| format!("cannot read the listening address: {e}"))?;
+        if !keyed && !addr.ip().is_loopback() {
+            eprintln!(
+                "archgen: serve: warning: listening on {addr}, beyond this machine, with no \
+                 --api-key (or ARCHGEN_API_KEY): anyone who reaches it can run the model"
+            );
+        }
         eprintln!(
             "archgen: serving {model_name} at http://{addr}/v1 (OpenAI API: /v1/models, /v1/completions, \
-             /v1/chat/completions; /health, /metrics; Ctrl-C or SIGTERM stops)"
+             /v1/chat/completions; /tokenize, /detokenize, /health, /metrics; Ctrl-C or SIGTERM stops)"
         );
         let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
         let draining = state.clone();
-        let signalled = async move {
+        // The listener keeps accepting while the drain runs (so /health's
+        // 503 and new requests' 503 are seen), and stops when no request is
+        // left in flight.
+        let drained = async move {
             stop_signal().await;
             draining.draining.store(true, Ordering::Relaxed);
             eprintln!(
-                "archgen: serve: stopping: no new connections; in-flight requests finish \
+                "archgen: serve: stopping: new requests get 503; in-flight requests finish \
                  (for at most {} s)",
                 drain.as_secs()
             );
             let _ = stopping_tx.send(true);
+            let mut live = draining.live.subscribe();
+            // Err: the sender is gone with the state, so nothing is in flight.
+            let _ = live.wait_for(|&n| n == 0).await;
         };
         let server = axum::serve(listener, app)
-            .with_graceful_shutdown(signalled)
+            .with_graceful_shutdown(drained)
             .into_future();
         // Past the drain bound the server stops waiting for in-flight requests.
         let bound = async move {
@@ -1567,6 +1581,44 @@ mod tests {
         let kept = reply(Some(ToolFormat::Hermes)).whole(bad, Finish::Stop, 5, &[]);
         assert_eq!(kept["choices"][0]["message"]["content"], bad);
         assert_eq!(kept["choices"][0]["finish_reason"], "stop");
+    }
+
+    /// Two tokens that are parts of characters (the bytes 0xE2 and 0xE3)
+    /// both decode to U+FFFD: each keeps its own entry, keyed and given
+    /// with its bytes.
+    #[test]
+    fn logprobs_keep_every_token_apart() {
+        let byte = |id: i32, b: u8| TokenText { id, bytes: vec![b] };
+        let entry = TokenLogprob {
+            token: byte(200, 0xE2),
+            logprob: -0.5,
+            top: vec![
+                (byte(200, 0xE2), -0.5),
+                (byte(201, 0xE3), -1.0),
+                (byte(7, b'a'), -3.0),
+            ],
+        };
+        let mut completions = reply(None);
+        completions.endpoint = Endpoint::Completions;
+        completions.logprobs = true;
+        let v = completions.logprobs(std::slice::from_ref(&entry), &mut 0);
+        assert_eq!(
+            v["top_logprobs"][0],
+            json!({"bytes:\\xe2": -0.5, "bytes:\\xe3": -1.0, "a": -3.0})
+        );
+        assert_eq!(v["tokens"][0], "bytes:\\xe2");
+        let mut chat = reply(None);
+        chat.logprobs = true;
+        let v = chat.logprobs(&[entry], &mut 0);
+        let content = &v["content"][0];
+        assert_eq!(content["bytes"], json!([0xE2]));
+        assert_eq!(
+            content["top_logprobs"][1],
+            json!({"token": "bytes:\\xe3", "logprob": -1.0, "bytes": [0xE3]})
+        );
+        // Two ids with the same bytes still get two keys.
+        let same = completion_top(&[(byte(3, b'a'), -1.0), (byte(9, b'a'), -2.0)]);
+        assert_eq!(json!(same), json!({"a": -1.0, "token_id:9": -2.0}));
     }
 
     #[test]

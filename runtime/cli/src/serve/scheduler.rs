@@ -35,16 +35,17 @@ use tokenizers::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
+use super::token_bytes::{token_text, TokenText};
 use crate::engine::{Finish, Flow, Sampling, TextStream};
-use crate::tokens::{decode, mlx, sample, token_value};
+use crate::tokens::{mlx, sample, token_value};
 
 /// One generated token's log-probability, for a request that asked for
-/// them: the token as text, and the most likely tokens at its position (most
-/// likely first).
+/// them: the token with its bytes, and the most likely tokens at its
+/// position (most likely first).
 pub struct TokenLogprob {
-    pub token: String,
+    pub token: TokenText,
     pub logprob: f32,
-    pub top: Vec<(String, f32)>,
+    pub top: Vec<(TokenText, f32)>,
 }
 
 /// What the scheduler streams back for one request.
@@ -618,13 +619,14 @@ pub(super) fn deliver(
     }
 }
 
-/// A token's log-probabilities with the tokens as text.
+/// A token's log-probabilities with each token's bytes (two tokens that
+/// are parts of characters both decode to U+FFFD; their bytes differ).
 pub(super) fn describe(
     tokenizer: &Tokenizer,
     token: i32,
     logprobs: Logprobs,
 ) -> Result<TokenLogprob, String> {
-    let text = |id: i32| decode(tokenizer, &[id as u32]);
+    let text = |id: i32| token_text(tokenizer, id);
     Ok(TokenLogprob {
         token: text(token)?,
         logprob: logprobs.logprob,

@@ -1,0 +1,97 @@
+"""Drives `archgen serve` with the official openai client the way
+frameworks built on it do: an API key, `models.retrieve`, requests with
+extra and null fields, `stream_options`, and the errors a framework reads
+(status, `param`, `code`). Asserts as it goes (a failed check exits non-zero
+with its message) and prints what it saw as JSON.
+
+usage: openai_framework_client.py BASE_URL API_KEY MODEL_ID
+  BASE_URL  e.g. http://127.0.0.1:40123/v1
+  API_KEY   the key the server was started with (--api-key)
+  MODEL_ID  the id the server serves (its model directory's name)
+"""
+
+import json
+import sys
+
+import openai
+
+
+def check(cond, what):
+    if not cond:
+        raise SystemExit(f"check failed: {what}")
+
+
+def main() -> None:
+    base, key, model = sys.argv[1], sys.argv[2], sys.argv[3]
+    # No retries: every answer below is the server's first.
+    client = openai.OpenAI(base_url=base, api_key=key, max_retries=0)
+
+    # The key: a wrong one is a 401 the client raises as AuthenticationError.
+    try:
+        openai.OpenAI(base_url=base, api_key="not-the-key", max_retries=0).models.list()
+        raise SystemExit("check failed: a wrong key was served")
+    except openai.AuthenticationError as e:
+        check(e.status_code == 401 and e.code == "invalid_api_key", f"401 body: {e.body}")
+
+    # Models: the list, the served id, and another id (404).
+    check([m.id for m in client.models.list().data] == [model], "models.list")
+    retrieved = client.models.retrieve(model)
+    check(retrieved.id == model and retrieved.object == "model", f"models.retrieve: {retrieved}")
+    try:
+        client.models.retrieve("gpt-4o")
+        raise SystemExit("check failed: another model id was found")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404 and e.code == "model_not_found", f"404 body: {e.body}")
+
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello"}]
+    # What frameworks send beside the served fields: values without effect,
+    # defaults, and fields of their own (extra_body). Only the unknown ones
+    # are named back.
+    raw = client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=messages,
+        max_tokens=4,
+        temperature=0,
+        n=1,
+        user="user-1",
+        metadata={"run": "ci"},
+        store=False,
+        response_format={"type": "text"},
+        presence_penalty=0,
+        extra_body={"frobnicate": True, "top_k": None, "chat_template_kwargs": {"x": 1}},
+    )
+    check(raw.headers.get("x-archgen-ignored-fields") == "chat_template_kwargs,frobnicate",
+          f"ignored header: {raw.headers.get('x-archgen-ignored-fields')}")
+    whole = raw.parse()
+    check(whole.choices[0].message.role == "assistant" and whole.usage.completion_tokens <= 4, str(whole))
+
+    # Streamed with usage, and the same text.
+    chunks = list(client.chat.completions.create(
+        model=model, messages=messages, max_tokens=4, temperature=0, stream=True,
+        stream_options={"include_usage": True}, parallel_tool_calls=None))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    check(streamed == whole.choices[0].message.content, f"stream {streamed!r} vs {whole.choices[0].message.content!r}")
+    check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens,
+          f"usage chunk: {chunks[-1]}")
+
+    # What the server does not serve is a 400 naming the field.
+    refused = {}
+    for field, value in [("response_format", {"type": "json_object"}), ("n", 2), ("logit_bias", {"5": 3})]:
+        try:
+            client.chat.completions.create(model=model, messages=messages, max_tokens=2, **{field: value})
+            raise SystemExit(f"check failed: {field}={value} was served")
+        except openai.BadRequestError as e:
+            check(e.param == field, f"{field}: param {e.param} in {e.body}")
+            refused[field] = e.message
+    try:
+        client.completions.create(model=model, prompt="Hi", extra_body={"max_tokens": "ten"})
+        raise SystemExit("check failed: max_tokens 'ten' was served")
+    except openai.BadRequestError as e:
+        check(e.param == "max_tokens", f"param {e.param} in {e.body}")
+        check("max_tokens: expected an unsigned integer, got a string" in e.message, e.message)
+
+    print(json.dumps({"text": whole.choices[0].message.content, "refused": refused}))
+
+
+if __name__ == "__main__":
+    main()
