@@ -1534,3 +1534,81 @@ fn batches_a_quantized_kv_cache_and_one_row_matches_generate() {
 fn batches_a_mixed_kv_cache_and_one_row_matches_generate() {
     serves_batched_and_one_row_matches_generate("qwen3-0.6b-tiny-mixed-kv", "qwen3-mixed-kv");
 }
+
+/// One curl POST, bounded; returns (HTTP status, the x-archgen-seed header
+/// if any, body).
+fn post_with_seed_header(server: &Server, path: &str, body: &str) -> (u16, Option<u64>, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "120", "-D", "-", "-w", "\n%{http_code}"])
+        .args(["-H", "Content-Type: application/json", "--data-binary", body])
+        .arg(format!("{}{path}", server.base))
+        .output()
+        .expect("curl runs (setup.sh installs it)");
+    assert!(out.status.success(), "curl: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap();
+    let seed = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        match name.eq_ignore_ascii_case("x-archgen-seed") {
+            true => value.trim().parse().ok(),
+            false => None,
+        }
+    });
+    let (body, status) = rest.rsplit_once('\n').unwrap();
+    (status.parse().unwrap(), seed, body.to_string())
+}
+
+/// The sampling fields: every one reaches the sampler (a request with them
+/// is answered), a request without a seed reports the fresh one it used in
+/// the x-archgen-seed header and its log line, and that seed replays it; a
+/// value out of range is a 400 naming its field.
+#[test]
+fn sampling_fields_report_and_replay_the_seed() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    let server = start_server(&model, &[]);
+    let fields = r#""prompt": [5, 6, 7, 5, 6, 7], "max_tokens": 8, "temperature": 1.0,
+        "top_p": 0.95, "top_k": 40, "min_p": 0.02, "repetition_penalty": 1.3,
+        "repetition_context_size": 5, "presence_penalty": 0.5, "frequency_penalty": 0.25,
+        "frequency_context_size": 9, "logit_bias": {"11": 2.0, "12": -100}"#;
+    let (status, fresh, body) =
+        post_with_seed_header(&server, "/v1/completions", &format!("{{{fields}}}"));
+    assert_eq!(status, 200, "{body}");
+    let seed = fresh.expect("no x-archgen-seed header");
+    let logged = server.request_logs();
+    assert_eq!(logged.last().unwrap()["seed"], seed, "{logged:?}");
+    let (status, echoed, replay) = post_with_seed_header(
+        &server,
+        "/v1/completions",
+        &format!(r#"{{{fields}, "seed": {seed}}}"#),
+    );
+    assert_eq!((status, echoed), (200, Some(seed)), "{replay}");
+    assert_eq!(
+        whole_answer(&replay).0,
+        whole_answer(&body).0,
+        "seed {seed} did not replay the request"
+    );
+    let (_, other, _) = post_with_seed_header(&server, "/v1/completions", &format!("{{{fields}}}"));
+    assert_ne!(other, Some(seed), "two requests without a seed got the same one");
+
+    for (extra, field) in [
+        (r#""top_k": 512"#, "top_k"),
+        (r#""min_p": 1.5"#, "min_p"),
+        (r#""top_p": 1.01"#, "top_p"),
+        (r#""temperature": -0.5"#, "temperature"),
+        (r#""repetition_penalty": -1"#, "repetition_penalty"),
+        (r#""presence_penalty": 2.5"#, "presence_penalty"),
+        (r#""frequency_penalty": -3"#, "frequency_penalty"),
+        (r#""presence_context_size": 0"#, "presence_context_size"),
+        (r#""logit_bias": {"x": 1}"#, "logit_bias"),
+        (r#""logit_bias": {"600": 1}"#, "logit_bias"),
+        (r#""logit_bias": {"5": 101}"#, "logit_bias"),
+        (r#""logit_bias": {"5": "up"}"#, "logit_bias"),
+    ] {
+        let request = format!(r#"{{"prompt": [5, 6], "max_tokens": 2, {extra}}}"#);
+        let (status, body) = curl(&server, "POST", "/v1/completions", Some(&request));
+        let message = error_message(status, &body);
+        assert!(message.starts_with(field), "{extra}: {message}");
+        assert_eq!(json(&body)["error"]["param"], field, "{extra}: {body}");
+    }
+}

@@ -13,8 +13,10 @@
 //! cancellation (the session's `leave`), text streaming with stop strings,
 //! log-probabilities, metrics. Greedy requests (temperature 0) take the
 //! session's own argmax, so their tokens are `BatchGenerator`'s; the others
-//! carry their own seeded sampler, its key split once per token as
-//! `archgen generate` splits it.
+//! carry their own seeded [`TokenSampler`] (crate::sampling), its key split
+//! once per draw as `archgen generate` splits it, on the session's logprobs
+//! row (with logits processors, on the logprobs in place of the logits:
+//! docs/parity.md, "Sampling").
 //!
 //! The prompt cache (prompt_cache.rs, `--prompt-cache-bytes`) is mlx-lm's
 //! server's: a request whose prompt extends a finished one's tokens joins
@@ -33,7 +35,7 @@ use archgen_runtime::batch_session::{
     BatchConfig, BatchSession, PromptLanes, Sampler, SeqId, StepOutput,
 };
 use archgen_runtime::mlx_rs::error::Exception;
-use archgen_runtime::mlx_rs::{self, Array};
+use archgen_runtime::mlx_rs::Array;
 use archgen_runtime::Dtype;
 use tokenizers::Tokenizer;
 
@@ -44,7 +46,8 @@ use super::scheduler::{
     Stream,
 };
 use crate::engine::{Finish, Sampling};
-use crate::tokens::{mlx, sample};
+use crate::sampling::TokenSampler;
+use crate::tokens::mlx;
 
 /// `BatchGenerator`'s default number of sequences in prefill at once.
 const PREFILL_BATCH: usize = 8;
@@ -138,7 +141,7 @@ impl<'a> BatchedScheduler<'a> {
             // The client left while the request waited: nothing to compute.
             return;
         }
-        let sampler = match seeded_sampler(&job.sampling) {
+        let sampler = match seeded_sampler(&job.sampling, &job.prompt) {
             Ok(sampler) => sampler,
             Err(message) => return fail(&job, message),
         };
@@ -343,19 +346,25 @@ fn new_session<'a>(
     session
 }
 
-/// A request's sampler: `None` (the session's greedy argmax) at temperature
-/// 0; otherwise [`sample`] over the logprobs row with the request's seeded
-/// key, split once per token.
-fn seeded_sampler(sampling: &Sampling) -> Result<Option<Sampler>, String> {
-    if sampling.temp == 0.0 {
+/// A request's sampler: `None` (the session's greedy argmax) when it is
+/// greedy without logits processors; otherwise its [`TokenSampler`] over
+/// the session's logprobs row, seeded with the request's seed, fed the
+/// prompt and then each token it returned (the next step's input).
+fn seeded_sampler(sampling: &Sampling, prompt: &[i32]) -> Result<Option<Sampler>, String> {
+    if sampling.params.is_plain_greedy() {
         return Ok(None);
     }
-    let mut key = mlx(mlx_rs::random::key(sampling.seed))?;
-    let (temp, top_p) = (sampling.temp, sampling.top_p);
+    let Some((&last, head)) = prompt.split_last() else {
+        return Err("the prompt has no tokens".into());
+    };
+    let mut sampler = TokenSampler::new(&sampling.params, sampling.seed, head)?;
+    let mut input = Array::from_slice(&[last], &[1, 1]);
     Ok(Some(Box::new(move |row: &Array| {
-        let (next, sub) = mlx_rs::random::split(&key, 2)?;
-        key = next;
-        sample(row, temp, top_p, &sub).map_err(Exception::custom)
+        let token = sampler
+            .step_logprobs(row, &input)
+            .map_err(Exception::custom)?;
+        input = token.clone();
+        Ok(token)
     })))
 }
 
