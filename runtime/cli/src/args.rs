@@ -732,7 +732,10 @@ mod tests {
         };
         assert_eq!(a.system.as_deref(), Some("Be terse."));
         let s = &a.sampling;
-        assert_eq!((s.temp, s.top_p, s.seed, a.max_tokens), (0.5, 1.0, None, 256));
+        assert_eq!(
+            (s.temp, s.top_p, s.seed, a.max_tokens),
+            (0.5, 1.0, None, 256)
+        );
         let cli = parse(&["serve", "--model", "m"]).unwrap();
         let Command::Serve(a) = cli.command else {
             panic!("not serve: {cli:?}")

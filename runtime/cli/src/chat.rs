@@ -71,7 +71,9 @@ pub fn chat(ui: &Ui, args: &ChatArgs, params: SamplingParams) -> Result<(), Stri
         None => fresh_seed()?,
     };
     // Said before the first reply, so a conversation can be replayed.
-    ui.note(&format!("chat: seed {seed} (reply N samples with seed {seed} + N)"));
+    ui.note(&format!(
+        "chat: seed {seed} (reply N samples with seed {seed} + N)"
+    ));
     let task = ChatTask {
         context,
         tokenizer: &tokenizer,

@@ -121,7 +121,10 @@ impl SamplingParams {
     pub fn check(&self, vocab: usize, names: &SettingNames) -> Result<(), (String, &'static str)> {
         let fail = |name: &'static str, message: String| Err((format!("{name}: {message}"), name));
         if !(self.temp.is_finite() && self.temp >= 0.0) {
-            return fail(names.temp, format!("{} must be a finite number >= 0", self.temp));
+            return fail(
+                names.temp,
+                format!("{} must be a finite number >= 0", self.temp),
+            );
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return fail(names.top_p, format!("{} is outside (0, 1]", self.top_p));
@@ -412,7 +415,10 @@ fn apply_penalty(
         }
         // logits.at[:, tokens].subtract(penalty): once per occurrence.
         PenaltyKind::Frequency => {
-            let updates = mlx(mlx_rs::ops::broadcast_to(mlx(penalty.negative())?, &[n, 1, 1]))?;
+            let updates = mlx(mlx_rs::ops::broadcast_to(
+                mlx(penalty.negative())?,
+                &[n, 1, 1],
+            ))?;
             mlx(mlx_rs::ops::indexing::scatter_add_single(
                 logits, context, &updates, 1,
             ))
@@ -486,7 +492,11 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(top_k.1, "top_k");
-        assert!(top_k.0.contains("below the vocabulary size (512)"), "{}", top_k.0);
+        assert!(
+            top_k.0.contains("below the vocabulary size (512)"),
+            "{}",
+            top_k.0
+        );
         let bias = failure(SamplingParams {
             logit_bias: vec![(3, 1.0), (512, 1.0)],
             ..Default::default()

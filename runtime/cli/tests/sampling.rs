@@ -217,10 +217,24 @@ fn a_run_without_a_seed_reports_one_that_replays_it() {
 
     // Settings the model's vocabulary rules out: a clean error naming the flag.
     for (flags, expected) in [
-        (&["--top-k", "512"][..], "--top-k: 512 must be below the vocabulary size (512)"),
-        (&["--logit-bias", "600=1"][..], "--logit-bias: token id 600 is out of the vocabulary"),
+        (
+            &["--top-k", "512"][..],
+            "--top-k: 512 must be below the vocabulary size (512)",
+        ),
+        (
+            &["--logit-bias", "600=1"][..],
+            "--logit-bias: token id 600 is out of the vocabulary",
+        ),
     ] {
-        let mut args = vec!["generate", "--model", &model, "--prompt-ids", "1", "--temp", "1"];
+        let mut args = vec![
+            "generate",
+            "--model",
+            &model,
+            "--prompt-ids",
+            "1",
+            "--temp",
+            "1",
+        ];
         args.extend_from_slice(flags);
         let o = archgen(&args);
         assert_eq!(o.status.code(), Some(1), "{flags:?}: {}", stderr(&o));
@@ -233,15 +247,33 @@ fn a_run_without_a_seed_reports_one_that_replays_it() {
         (&["--logit-bias", "5=x"][..], "'x' is not a number"),
         (&["--logit-bias", "5=1,5=2"][..], "token 5 is given twice"),
         (&["--repetition-penalty", "-1"][..], "-1 must be >= 0"),
-        (&["--presence-context-size", "0"][..], "--presence-context-size"),
+        (
+            &["--presence-context-size", "0"][..],
+            "--presence-context-size",
+        ),
         (&["--min-tokens-to-keep", "0"][..], "--min-tokens-to-keep"),
-        (&["--frequency-penalty", "inf"][..], "must be a finite number"),
+        (
+            &["--frequency-penalty", "inf"][..],
+            "must be a finite number",
+        ),
     ] {
-        let mut args = vec!["generate", "--model", &model, "--prompt-ids", "1", "--temp", "1"];
+        let mut args = vec![
+            "generate",
+            "--model",
+            &model,
+            "--prompt-ids",
+            "1",
+            "--temp",
+            "1",
+        ];
         args.extend_from_slice(flags);
         let o = archgen(&args);
         assert_eq!(o.status.code(), Some(2), "{flags:?}: {}", stderr(&o));
         assert!(stderr(&o).contains(expected), "{flags:?}: {}", stderr(&o));
-        assert!(!stderr(&o).contains("panicked"), "{flags:?}: {}", stderr(&o));
+        assert!(
+            !stderr(&o).contains("panicked"),
+            "{flags:?}: {}",
+            stderr(&o)
+        );
     }
 }

@@ -1539,12 +1539,29 @@ fn batches_a_mixed_kv_cache_and_one_row_matches_generate() {
 /// if any, body).
 fn post_with_seed_header(server: &Server, path: &str, body: &str) -> (u16, Option<u64>, String) {
     let out = Command::new("curl")
-        .args(["-sS", "--max-time", "120", "-D", "-", "-w", "\n%{http_code}"])
-        .args(["-H", "Content-Type: application/json", "--data-binary", body])
+        .args([
+            "-sS",
+            "--max-time",
+            "120",
+            "-D",
+            "-",
+            "-w",
+            "\n%{http_code}",
+        ])
+        .args([
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            body,
+        ])
         .arg(format!("{}{path}", server.base))
         .output()
         .expect("curl runs (setup.sh installs it)");
-    assert!(out.status.success(), "curl: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     let (head, rest) = text.split_once("\r\n\r\n").unwrap();
     let seed = head.lines().find_map(|l| {
@@ -1589,7 +1606,11 @@ fn sampling_fields_report_and_replay_the_seed() {
         "seed {seed} did not replay the request"
     );
     let (_, other, _) = post_with_seed_header(&server, "/v1/completions", &format!("{{{fields}}}"));
-    assert_ne!(other, Some(seed), "two requests without a seed got the same one");
+    assert_ne!(
+        other,
+        Some(seed),
+        "two requests without a seed got the same one"
+    );
 
     for (extra, field) in [
         (r#""top_k": 512"#, "top_k"),

@@ -42,9 +42,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::args::ServeArgs;
 use crate::chat_template::ChatTemplate;
 use crate::engine::{self, Finish, ModelContext, Sampling};
-use crate::sampling::{
-    fresh_seed, Penalty, SamplingParams, DEFAULT_PENALTY_CONTEXT, FIELD_NAMES,
-};
+use crate::sampling::{fresh_seed, Penalty, SamplingParams, DEFAULT_PENALTY_CONTEXT, FIELD_NAMES};
 use crate::ui::Ui;
 use metrics::Metrics;
 use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
@@ -401,9 +399,7 @@ fn sampling_params(state: &AppState, common: &CommonFields) -> Result<SamplingPa
         Some(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
     };
     let openai_penalty = |field: &'static str, value: Option<f64>| match value {
-        Some(v) if !(-2.0..=2.0).contains(&v) => {
-            Err(bad(field, format!("{v} is outside [-2, 2]")))
-        }
+        Some(v) if !(-2.0..=2.0).contains(&v) => Err(bad(field, format!("{v} is outside [-2, 2]"))),
         v => Ok(v),
     };
     let presence = openai_penalty("presence_penalty", common.presence_penalty)?;
@@ -440,7 +436,8 @@ fn sampling_params(state: &AppState, common: &CommonFields) -> Result<SamplingPa
     let repetition_context = context("repetition_context_size", common.repetition_context_size)?;
     let presence_context = context("presence_context_size", common.presence_context_size)?;
     let frequency_context = context("frequency_context_size", common.frequency_context_size)?;
-    let penalty = |value: Option<f64>, context: usize| value.map(|value| Penalty { value, context });
+    let penalty =
+        |value: Option<f64>, context: usize| value.map(|value| Penalty { value, context });
     let params = SamplingParams {
         temp: common.temperature.unwrap_or(1.0),
         top_p: common.top_p.unwrap_or(1.0),

@@ -188,7 +188,9 @@ impl<M: CausalLm> StepAll<M> for OneByOne {
             tokens.push(step.token);
             logprob_rows.push(match seq.top_logprobs {
                 None => None,
-                Some(_) => Some(mlx(mlx(step.logprobs.reshape(&[-1]))?.as_dtype(Dtype::Float32))?),
+                Some(_) => Some(mlx(
+                    mlx(step.logprobs.reshape(&[-1]))?.as_dtype(Dtype::Float32)
+                )?),
             });
         }
         mlx(mlx_rs::transforms::eval(
