@@ -20,9 +20,10 @@
 //! - The processors' token context: `generate_step` feeds them every prompt
 //!   token and every generated token fed back, the last `context` of them.
 //!
-//! mlx-lm wraps the filters and the draw in `mx.compile`; running them
-//! uncompiled gives the same bytes (checked in tests/python/sampling_oracle.py's
-//! test, runtime/cli/tests/sampling.rs).
+//! mlx-lm wraps the filters and the draw in `mx.compile`; running the same
+//! ops uncompiled gives the same bytes (checked by hand, docs/parity.md,
+//! "Sampling"). runtime/cli/tests/sampling.rs compares `archgen generate`
+//! with `generate_step` (tests/python/sampling_oracle.py).
 
 use archgen_runtime::mlx_rs::ops::indexing::{argmax_axis, TryIndexOp};
 use archgen_runtime::mlx_rs::{self, Array};
