@@ -107,7 +107,8 @@ impl SamplingParams {
         .collect()
     }
 
-    fn has_processors(&self) -> bool {
+    /// Whether any logits processor applies (they need the logits).
+    pub fn has_processors(&self) -> bool {
         !self.logit_bias.is_empty() || !self.penalties().is_empty()
     }
 
@@ -330,19 +331,16 @@ impl TokenSampler {
         Ok(Step { token, logprobs })
     }
 
-    /// A step from a row that is already `logits - logsumexp(logits)`
-    /// ([vocab]; the batched server's rows, whose logits it never sees):
-    /// without processors the sampler runs on it as it is, as
-    /// `BatchGenerator`'s per-sequence sampler does; with processors they
-    /// run on the logprobs in place of the logits, which are normalized
-    /// again after them (not mlx-lm's arithmetic: docs/parity.md,
-    /// "Sampling"). `input` as in [`Self::step`]. Returns the token, int32
-    /// [1, 1].
-    pub fn step_logprobs(&mut self, row: &Array, input: &Array) -> Result<Array, String> {
-        let row = mlx(row.reshape(&[1, -1]))?;
+    /// A token from a row that is already `logits - logsumexp(logits)`
+    /// ([vocab]; the batched server's rows): the sampler runs on it as it
+    /// is, as `BatchGenerator`'s per-sequence sampler does. Logits
+    /// processors need the logits, so a sampler with them refuses. Returns
+    /// the token, int32 [1, 1].
+    pub fn sample_logprobs(&mut self, row: &Array) -> Result<Array, String> {
         if self.history.is_some() {
-            return Ok(self.step(&row, input)?.token);
+            return Err("a sampler with logits processors needs the logits, not logprobs".into());
         }
+        let row = mlx(row.reshape(&[1, -1]))?;
         let token = match self.params.temp == 0.0 {
             true => mlx(argmax_axis(&row, -1, false))?,
             false => self.sample(&row)?,

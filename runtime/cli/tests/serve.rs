@@ -1575,9 +1575,10 @@ fn post_with_seed_header(server: &Server, path: &str, body: &str) -> (u16, Optio
     (status.parse().unwrap(), seed, body.to_string())
 }
 
-/// The sampling fields: every one reaches the sampler (a request with them
-/// is answered), a request without a seed reports the fresh one it used in
-/// the x-archgen-seed header and its log line, and that seed replays it; a
+/// The sampling fields: a request with every one of them gives `archgen
+/// generate`'s text for the same settings, alone and beside batched
+/// requests; a request without a seed reports the fresh one it used in the
+/// x-archgen-seed header and its log line, and that seed replays it; a
 /// value out of range is a 400 naming its field.
 #[test]
 fn sampling_fields_report_and_replay_the_seed() {
@@ -1611,6 +1612,66 @@ fn sampling_fields_report_and_replay_the_seed() {
         Some(seed),
         "two requests without a seed got the same one"
     );
+
+    // With logits processors a request runs as a batch of one beside the
+    // session: its text is `archgen generate`'s for the same settings and
+    // seed (which tests/sampling.rs holds to mlx-lm's generate_step), alone
+    // and while batched requests run.
+    let seed_s = seed.to_string();
+    let (ok, generated, stderr) = archgen(
+        &[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt-ids",
+            "5,6,7,5,6,7",
+            "--max-tokens",
+            "8",
+            "--temp",
+            "1.0",
+            "--top-p",
+            "0.95",
+            "--top-k",
+            "40",
+            "--min-p",
+            "0.02",
+            "--repetition-penalty",
+            "1.3",
+            "--repetition-context-size",
+            "5",
+            "--presence-penalty",
+            "0.5",
+            "--frequency-penalty",
+            "0.25",
+            "--frequency-context-size",
+            "9",
+            "--logit-bias",
+            "11=2.0,12=-100",
+            "--seed",
+            &seed_s,
+        ],
+        "",
+        Duration::from_secs(300),
+    );
+    assert!(ok, "{stderr}");
+    let text = whole_answer(&body).0;
+    assert_eq!(generated, format!("{text}\n"), "serve != generate");
+    let seeded = format!(r#"{{{fields}, "seed": {seed}}}"#);
+    let greedy = ids_body(0, 9, 8, false);
+    let running: Vec<Background> = [&seeded, &greedy, &seeded]
+        .iter()
+        .map(|body| Background::start(&server, "/v1/completions", body))
+        .collect();
+    let answers: Vec<String> = running
+        .into_iter()
+        .map(|r| {
+            let lines = r.finish(Duration::from_secs(120));
+            let body: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+            whole_answer(&body.join("\n")).0
+        })
+        .collect();
+    assert_eq!(answers[0], text, "beside a batch");
+    assert_eq!(answers[2], text, "beside a batch");
 
     for (extra, field) in [
         (r#""top_k": 512"#, "top_k"),
