@@ -31,11 +31,11 @@ use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
-use archgen_runtime::batch::BatchCache;
-use archgen_runtime::batch::BatchLm;
+use archgen_runtime::batch::{BatchCache, BatchLm};
 use archgen_runtime::batch_session::{
     BatchConfig, BatchSession, PromptLanes, Sampler, SeqId, StepOutput,
 };
+use archgen_runtime::device::release_buffer_pool;
 use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::Array;
@@ -465,6 +465,8 @@ fn solo_step(
         let chunk = &seq.stream.job.prompt[seq.fed..end];
         let x = Array::from_slice(chunk, &[1, chunk.len() as i32]);
         mlx(mlx(model.forward_batch(&x, &mut seq.cache))?.eval())?;
+        // As after every prefill chunk of the one-by-one scheduler.
+        mlx(release_buffer_pool())?;
         seq.fed = end;
         return Ok(None);
     }
