@@ -75,12 +75,14 @@ pub enum Command {
     #[command(
         long_about = "Serve an OpenAI-compatible HTTP API: GET /v1/models (and /v1/models/ID), \
                       POST /v1/completions and POST /v1/chat/completions, streamed (server-sent \
-                      events) or not, with max_tokens, temperature, top_p, seed, stop and usage \
-                      counts; POST /tokenize and /detokenize; GET /health and GET /metrics \
+                      events) or not, with max_tokens, temperature, top_p, top_k, min_p, \
+                      repetition / presence / frequency penalties, logit_bias, seed (the one \
+                      used comes back in the x-archgen-seed header), stop and usage counts; \
+                      POST /tokenize and /detokenize; GET /health and GET /metrics \
                       (Prometheus text). A null field counts as absent; unknown fields are \
                       ignored and named in the x-archgen-ignored-fields header; a field the \
-                      server does not serve (n > 1, response_format JSON, penalties, ...) is a \
-                      400 naming it. --api-key wants a bearer key on every route but /health; \
+                      server does not serve (n > 1, response_format JSON, ...) is a 400 \
+                      naming it. --api-key wants a bearer key on every route but /health; \
                       --allowed-origins answers browsers (CORS). The model runs on one thread whose \
                       scheduler keeps up to --max-batch sequences in flight, interleaving \
                       prompt chunks of --prefill-step tokens with one decode step of every \
@@ -208,22 +210,173 @@ fn parse_ids(s: &str) -> Result<TokenIds, String> {
     Ok(TokenIds(ids?))
 }
 
+/// A number as Python reads it (f64; mlx-lm's arithmetic turns it into an
+/// array of the operand's dtype where it meets one).
+fn parse_number(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number"))?;
+    match v.is_finite() {
+        true => Ok(v),
+        false => Err(format!("{v} must be a finite number")),
+    }
+}
+
 /// `--temp`: a finite number >= 0 (0 is greedy).
-fn parse_temp(s: &str) -> Result<f32, String> {
-    let t: f32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
-    if t < 0.0 || !t.is_finite() {
+fn parse_temp(s: &str) -> Result<f64, String> {
+    let t = parse_number(s)?;
+    if t < 0.0 {
         return Err(format!("{t} must be a finite number >= 0"));
     }
     Ok(t)
 }
 
 /// `--top-p`: a number in (0, 1].
-fn parse_top_p(s: &str) -> Result<f32, String> {
-    let p: f32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+fn parse_top_p(s: &str) -> Result<f64, String> {
+    let p = parse_number(s)?;
     if !(p > 0.0 && p <= 1.0) {
         return Err(format!("{p} is outside (0, 1]"));
     }
     Ok(p)
+}
+
+/// `--min-p`: a number in [0, 1] (0 turns min-p off).
+fn parse_min_p(s: &str) -> Result<f64, String> {
+    let p = parse_number(s)?;
+    if !(0.0..=1.0).contains(&p) {
+        return Err(format!("{p} is outside [0, 1]"));
+    }
+    Ok(p)
+}
+
+/// `--repetition-penalty`: a number >= 0 (0 turns it off).
+fn parse_repetition_penalty(s: &str) -> Result<f64, String> {
+    let p = parse_number(s)?;
+    if p < 0.0 {
+        return Err(format!("{p} must be >= 0 (0 turns it off)"));
+    }
+    Ok(p)
+}
+
+/// One `--logit-bias` item: `ID=BIAS`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogitBias {
+    pub id: i32,
+    pub bias: f64,
+}
+
+fn parse_logit_bias(s: &str) -> Result<LogitBias, String> {
+    let Some((id, bias)) = s.split_once('=') else {
+        return Err(format!(
+            "'{s}' is not ID=BIAS; give e.g. --logit-bias 13=-100,7=2.5"
+        ));
+    };
+    let id = id
+        .trim()
+        .parse::<i32>()
+        .ok()
+        .filter(|v| *v >= 0)
+        .ok_or_else(|| format!("'{id}' in '{s}' is not a non-negative token id"))?;
+    let bias = parse_number(bias).map_err(|e| format!("the bias in '{s}': {e}"))?;
+    Ok(LogitBias { id, bias })
+}
+
+/// The sampler and logits processors of `generate` and `chat`: mlx-lm's
+/// `make_sampler` and `make_logits_processors` (docs/cli.md, "Sampling").
+#[derive(Debug, Clone, Args)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 is greedy
+    #[arg(long, value_name = "T", default_value_t = 0.0, value_parser = parse_temp,
+          allow_negative_numbers = true)]
+    pub temp: f64,
+    /// Nucleus sampling: keep the smallest set of tokens whose mass reaches P
+    #[arg(long, value_name = "P", default_value_t = 1.0, value_parser = parse_top_p,
+          allow_negative_numbers = true)]
+    pub top_p: f64,
+    /// Min-p sampling: drop tokens less likely than P times the most likely one (0: off)
+    #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = parse_min_p,
+          allow_negative_numbers = true)]
+    pub min_p: f64,
+    /// Tokens min-p sampling always keeps
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub min_tokens_to_keep: u32,
+    /// Top-k sampling: keep the K most likely tokens (0: off; below the vocabulary size)
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub top_k: u32,
+    /// Add BIAS to the logit of token ID (repeatable, or comma-separated: 13=-100,7=2.5)
+    #[arg(long, value_name = "ID=BIAS", value_parser = parse_logit_bias,
+          value_delimiter = ',', allow_negative_numbers = true)]
+    pub logit_bias: Vec<LogitBias>,
+    /// Repetition penalty: divide positive (multiply negative) logits of recent tokens by it (0: off)
+    #[arg(long, value_name = "F", value_parser = parse_repetition_penalty,
+          allow_negative_numbers = true)]
+    pub repetition_penalty: Option<f64>,
+    /// Recent tokens (prompt included) the repetition penalty looks at
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_CONTEXT,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub repetition_context_size: u32,
+    /// Presence penalty: subtract it from the logit of every recent token (0: off)
+    #[arg(long, value_name = "F", value_parser = parse_number, allow_negative_numbers = true)]
+    pub presence_penalty: Option<f64>,
+    /// Recent tokens (prompt included) the presence penalty looks at
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_CONTEXT,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub presence_context_size: u32,
+    /// Frequency penalty: subtract it from a recent token's logit once per occurrence (0: off)
+    #[arg(long, value_name = "F", value_parser = parse_number, allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f64>,
+    /// Recent tokens (prompt included) the frequency penalty looks at
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_CONTEXT,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub frequency_context_size: u32,
+    /// Random seed of the sampler (default: a fresh one from the OS, printed on stderr
+    /// so the run can be replayed); chat's reply N (from 0) uses S + N
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
+}
+
+/// mlx-lm's context of each penalty.
+const DEFAULT_CONTEXT: u32 = crate::sampling::DEFAULT_PENALTY_CONTEXT as u32;
+
+impl SamplingArgs {
+    /// The settings, or a usage error of `command` naming the flag (a token
+    /// id given twice to --logit-bias).
+    pub fn params(&self, command: &str) -> Result<crate::sampling::SamplingParams, clap::Error> {
+        use crate::sampling::{Penalty, SamplingParams};
+        let mut logit_bias: Vec<(i32, f64)> = Vec::with_capacity(self.logit_bias.len());
+        for b in &self.logit_bias {
+            if logit_bias.iter().any(|&(id, _)| id == b.id) {
+                return Err(usage_error(
+                    command,
+                    ErrorKind::ValueValidation,
+                    &format!(
+                        "--logit-bias: token {} is given twice; give each token once",
+                        b.id
+                    ),
+                ));
+            }
+            logit_bias.push((b.id, b.bias));
+        }
+        let penalty = |value: Option<f64>, context: u32| {
+            value.map(|value| Penalty {
+                value,
+                context: context as usize,
+            })
+        };
+        Ok(SamplingParams {
+            temp: self.temp,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            min_tokens_to_keep: self.min_tokens_to_keep as usize,
+            top_k: self.top_k as usize,
+            logit_bias,
+            repetition_penalty: penalty(self.repetition_penalty, self.repetition_context_size),
+            presence_penalty: penalty(self.presence_penalty, self.presence_context_size),
+            frequency_penalty: penalty(self.frequency_penalty, self.frequency_context_size),
+        })
+    }
 }
 
 #[derive(Debug, Args)]
@@ -269,17 +422,8 @@ pub struct GenerateArgs {
     /// Most tokens to generate
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 is greedy
-    #[arg(long, value_name = "T", default_value_t = 0.0, value_parser = parse_temp,
-          allow_negative_numbers = true)]
-    pub temp: f32,
-    /// Nucleus sampling: keep the smallest set of tokens whose mass reaches P
-    #[arg(long, value_name = "P", default_value_t = 1.0, value_parser = parse_top_p,
-          allow_negative_numbers = true)]
-    pub top_p: f32,
-    /// Random seed of the sampler
-    #[arg(long, value_name = "S", default_value_t = 0)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Do not stop at the checkpoint's EOS ids
     #[arg(long)]
     pub ignore_eos: bool,
@@ -305,17 +449,8 @@ pub struct ChatArgs {
     /// Most tokens per reply
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 is greedy
-    #[arg(long, value_name = "T", default_value_t = 0.0, value_parser = parse_temp,
-          allow_negative_numbers = true)]
-    pub temp: f32,
-    /// Nucleus sampling: keep the smallest set of tokens whose mass reaches P
-    #[arg(long, value_name = "P", default_value_t = 1.0, value_parser = parse_top_p,
-          allow_negative_numbers = true)]
-    pub top_p: f32,
-    /// Random seed of the sampler (reply N of the chat, from 0, uses S + N)
-    #[arg(long, value_name = "S", default_value_t = 0)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Which implementation runs the checkpoint
     #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
     pub implementation: Impl,
@@ -612,7 +747,11 @@ mod tests {
             panic!("not chat: {cli:?}")
         };
         assert_eq!(a.system.as_deref(), Some("Be terse."));
-        assert_eq!((a.temp, a.top_p, a.seed, a.max_tokens), (0.5, 1.0, 0, 256));
+        let s = &a.sampling;
+        assert_eq!(
+            (s.temp, s.top_p, s.seed, a.max_tokens),
+            (0.5, 1.0, None, 256)
+        );
         let cli = parse(&["serve", "--model", "m"]).unwrap();
         let Command::Serve(a) = cli.command else {
             panic!("not serve: {cli:?}")

@@ -12,6 +12,7 @@ use tokenizers::Tokenizer;
 use crate::args::ChatArgs;
 use crate::chat_template::{ChatTemplate, Message};
 use crate::engine::{self, Flow, Sampling, TextStream};
+use crate::sampling::{fresh_seed, SamplingParams, FLAG_NAMES};
 use crate::ui::Ui;
 
 /// The checkpoint's chat template, or a message that says what is missing.
@@ -60,11 +61,19 @@ pub fn one_user_turn(model: &Path, text: &str) -> Result<String, String> {
     load_template(model)?.render(&[Message::new("user", text)], true)
 }
 
-pub fn chat(ui: &Ui, args: &ChatArgs) -> Result<(), String> {
+pub fn chat(ui: &Ui, args: &ChatArgs, params: SamplingParams) -> Result<(), String> {
     let model = args.model.as_path();
     let (tokenizer, template) = load_chat_parts(model)?;
     let eos = crate::checkpoint::eos_ids(model)?;
     let context = engine::context_length(model)?;
+    let seed = match args.sampling.seed {
+        Some(seed) => seed,
+        None => fresh_seed()?,
+    };
+    // Said before the first reply, so a conversation can be replayed.
+    ui.note(&format!(
+        "chat: seed {seed} (reply N samples with seed {seed} + N)"
+    ));
     let task = ChatTask {
         context,
         tokenizer: &tokenizer,
@@ -73,9 +82,8 @@ pub fn chat(ui: &Ui, args: &ChatArgs) -> Result<(), String> {
         system: args.system.as_deref(),
         sampling: Sampling {
             max_tokens: args.max_tokens,
-            temp: args.temp,
-            top_p: args.top_p,
-            seed: args.seed,
+            params,
+            seed,
         },
         ui: *ui,
     };
@@ -105,6 +113,10 @@ impl ModelTask for ChatTask<'_> {
     type Output = Result<(), String>;
 
     fn run<M: CausalLm>(self, m: &M) -> Self::Output {
+        self.sampling
+            .params
+            .check(m.vocab_size() as usize, &FLAG_NAMES)
+            .map_err(|(message, _)| message)?;
         let interactive = std::io::stdin().is_terminal();
         if interactive {
             self.ui.note(
@@ -158,7 +170,7 @@ impl ModelTask for ChatTask<'_> {
             let sampling = Sampling {
                 seed: self.sampling.seed.wrapping_add(replies),
                 max_tokens: self.sampling.max_tokens.min(room),
-                ..self.sampling
+                params: self.sampling.params.clone(),
             };
             let reply = stream_reply(m, self.tokenizer, self.eos, &prompt, &sampling)?;
             history.push(Message::new("assistant", &reply));

@@ -13,16 +13,16 @@ use archgen_runtime::mlx_rs::{self, Array};
 use archgen_runtime::model::CausalLm;
 use tokenizers::Tokenizer;
 
-use crate::tokens::{check_ids, decode, mlx, sample, token_value};
+use crate::sampling::{SamplingParams, TokenSampler};
+use crate::tokens::{check_ids, decode, mlx, token_value};
 
 /// How tokens are drawn.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sampling {
     pub max_tokens: usize,
-    /// 0 is greedy (argmax).
-    pub temp: f32,
-    /// The nucleus mass kept, in (0, 1].
-    pub top_p: f32,
+    /// mlx-lm's sampler and logits processors ([`crate::sampling`]).
+    pub params: SamplingParams,
+    /// The seed of `mx.random.seed(seed)`: the sampler's first key.
     pub seed: u64,
 }
 
@@ -71,7 +71,8 @@ pub struct Generated {
 /// The one decode loop of `archgen generate`, `chat` and `serve`: tokens are
 /// passed to `on_token` as they come. mlx-lm's `generate_step`: prefill all
 /// but the last prompt token in chunks of 2048, then feed the last as the
-/// first step; a fresh `random::key(seed)` split once per step. The token
+/// first step; the sampler and processors of [`TokenSampler`], whose key
+/// starts as `mx.random.seed(seed)` sets it and is split once per draw. The token
 /// stays a lazy array fed to the next forward, and step n+1 is built and
 /// queued (`async_eval`) before step n's token is read, so building the graph
 /// on the host overlaps the device running the previous step. The values are
@@ -97,16 +98,14 @@ pub fn generate<M: CausalLm>(
         mlx(release_buffer_pool())?;
     }
     let prefill_seconds = start.elapsed().as_secs_f64();
-    let mut key = mlx(mlx_rs::random::key(sampling.seed))?;
+    let mut sampler = TokenSampler::new(&sampling.params, sampling.seed, head)?;
     let max_tokens = sampling.max_tokens;
     let decode_start = Instant::now();
     // One step: forward of `input` (a lazy [1, 1] token), sampled lazily,
     // queued with async_eval. Nothing here waits for the device.
     let mut step = |input: &Array| -> Result<Array, String> {
-        let row = mlx(mlx(m.forward(input, &mut cache))?.try_index((0, -1)))?;
-        let (k, sub) = mlx(mlx_rs::random::split(&key, 2))?;
-        key = k;
-        let token = sample(&row, sampling.temp, sampling.top_p, &sub)?;
+        let logits = mlx(mlx(m.forward(input, &mut cache))?.try_index((.., -1, ..)))?;
+        let token = sampler.step(&logits, input)?.token;
         mlx(mlx_rs::transforms::async_eval([&token]))?;
         Ok(token)
     };

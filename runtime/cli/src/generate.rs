@@ -9,6 +9,7 @@ use tokenizers::Tokenizer;
 use crate::args::{GenerateArgs, Prompt};
 use crate::checkpoint::{eos_ids, load_tokenizer, with_model};
 use crate::engine::{Flow, Sampling, TextStream};
+use crate::sampling::{fresh_seed, SamplingParams, FLAG_NAMES};
 use crate::tokens::check_ids;
 use crate::ui::Ui;
 
@@ -47,13 +48,35 @@ impl Streamer<'_> {
     }
 }
 
+/// Where a run's tokens go.
+pub(crate) struct Destination {
+    /// False on tensor-parallel ranks other than 0.
+    pub prints: bool,
+    /// The tensor-parallel group's size (1 alone).
+    pub ranks: usize,
+}
+
 pub(crate) fn generate(
     ui: &Ui,
     args: &GenerateArgs,
     prompt: &Prompt,
-    prints: bool,
+    params: SamplingParams,
+    to: Destination,
 ) -> Result<(), String> {
+    let Destination { prints, ranks } = to;
     let model = args.model.as_path();
+    let seed = match (args.sampling.seed, ranks > 1 && params.temp > 0.0) {
+        (Some(seed), _) => seed,
+        // Every rank must draw the same tokens, and each would pick its own.
+        (None, true) => {
+            return Err(
+                "a tensor-parallel run at --temp above 0 needs --seed S (every rank must draw \
+                 the same tokens)"
+                    .into(),
+            )
+        }
+        (None, false) => fresh_seed()?,
+    };
     let tokenizer = load_tokenizer(model)?;
     let ids: Vec<i32> = match prompt {
         Prompt::Ids(ids) => ids.clone(),
@@ -104,10 +127,11 @@ pub(crate) fn generate(
         what,
         eos: &eos,
         tokenizer: tokenizer.as_ref(),
-        max_tokens: args.max_tokens,
-        temp: args.temp,
-        top_p: args.top_p,
-        seed: args.seed,
+        sampling: Sampling {
+            max_tokens: args.max_tokens,
+            params,
+            seed,
+        },
         ui,
         prints,
     };
@@ -119,10 +143,7 @@ struct GenerateTask<'a> {
     what: &'a str,
     eos: &'a [i32],
     tokenizer: Option<&'a Tokenizer>,
-    max_tokens: usize,
-    temp: f32,
-    top_p: f32,
-    seed: u64,
+    sampling: Sampling,
     ui: &'a Ui,
     /// False on tensor-parallel ranks other than 0: they generate the same
     /// tokens (the collectives need every step) and print nothing.
@@ -138,23 +159,18 @@ impl ModelTask for GenerateTask<'_> {
             what,
             eos,
             tokenizer,
-            max_tokens,
-            temp,
-            top_p,
-            seed,
+            sampling,
             ui,
             prints,
         } = self;
         check_ids(what, ids, m.vocab_size())?;
+        sampling
+            .params
+            .check(m.vocab_size() as usize, &FLAG_NAMES)
+            .map_err(|(message, _)| message)?;
         let mut streamer = match tokenizer {
             None => Streamer::Ids,
             Some(tokenizer) => Streamer::Text(TextStream::new(tokenizer, &[])),
-        };
-        let sampling = Sampling {
-            max_tokens,
-            temp,
-            top_p,
-            seed,
         };
         let done = crate::engine::generate(m, ids, &sampling, eos, |token| {
             if prints {
@@ -171,13 +187,14 @@ impl ModelTask for GenerateTask<'_> {
         };
         let median = done.median_step_seconds;
         ui.note(&format!(
-            "prompt {} tokens in {:.3} s; generated {} tokens at {:.1} tokens/s{stop}; median step {:.3} ms ({:.1} tokens/s)",
+            "prompt {} tokens in {:.3} s; generated {} tokens at {:.1} tokens/s{stop}; median step {:.3} ms ({:.1} tokens/s); seed {}",
             ids.len(),
             done.prefill_seconds,
             done.produced,
             done.produced as f64 / done.decode_seconds.max(1e-9),
             median * 1e3,
-            1.0 / median.max(1e-12)
+            1.0 / median.max(1e-12),
+            sampling.seed
         ));
         Ok(())
     }

@@ -15,6 +15,7 @@ mod init;
 mod launch;
 mod logits;
 mod run;
+mod sampling;
 mod serve;
 mod tokens;
 mod ui;

@@ -49,9 +49,18 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         },
         Command::Generate(args) => {
             let prompt = args.prompt().map_err(Failure::Usage)?;
-            Ok(crate::generate::generate(&ui, &args, &prompt, rank == 0)?)
+            let params = args.sampling.params("generate").map_err(Failure::Usage)?;
+            let ranks = group.map_or(1, |g| g.size() as usize);
+            let to = crate::generate::Destination {
+                prints: rank == 0,
+                ranks,
+            };
+            Ok(crate::generate::generate(&ui, &args, &prompt, params, to)?)
         }
-        Command::Chat(args) => Ok(crate::chat::chat(&ui, &args)?),
+        Command::Chat(args) => {
+            let params = args.sampling.params("chat").map_err(Failure::Usage)?;
+            Ok(crate::chat::chat(&ui, &args, params)?)
+        }
         Command::Serve(args) => Ok(crate::serve::serve(ui, &args)?),
         Command::Completions(args) => {
             use clap::CommandFactory;

@@ -524,9 +524,9 @@ fn error_param(status: u16, body: &str) -> (String, String) {
 
 /// What clients send beside the fields the server serves: `null` for "not
 /// set", fields without effect (accepted), unknown fields (ignored and
-/// named back in a header and the log), fields it does not serve (refused
-/// unless they ask for the default, naming the field), wrong types (named
-/// by JSON path).
+/// named back in a header and the log), the sampling fields (served),
+/// fields it does not serve (refused unless they ask for the default, naming
+/// the field), wrong types (named by JSON path).
 #[test]
 fn takes_requests_as_clients_send_them() {
     let root = tempfile::tempdir().unwrap();
@@ -587,15 +587,36 @@ fn takes_requests_as_clients_send_them() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(header(&headers, "x-archgen-ignored-fields"), Some("zeta"));
 
-    // Fields not served, given a value other than the default: refused, named.
+    // The sampling fields are served: answered, not ignored, with the seed
+    // the answer was sampled with.
     for (field, value) in [
-        ("response_format", r#"{"type": "json_object"}"#),
-        ("n", "2"),
         ("logit_bias", r#"{"5": 10}"#),
         ("top_k", "5"),
         ("min_p", "0.1"),
         ("presence_penalty", "0.5"),
         ("frequency_penalty", "-1"),
+        ("repetition_penalty", "1.3"),
+    ] {
+        let (status, headers, body) = post(
+            "/v1/chat/completions",
+            &chat("", &format!(r#", "{field}": {value}"#)),
+        );
+        assert_eq!(status, 200, "{field}: {body}");
+        assert_eq!(
+            header(&headers, "x-archgen-ignored-fields"),
+            None,
+            "{field}: {headers:?}"
+        );
+        assert!(
+            header(&headers, "x-archgen-seed").is_some_and(|s| s.parse::<u64>().is_ok()),
+            "{field}: {headers:?}"
+        );
+    }
+
+    // Fields not served, given a value other than the default: refused, named.
+    for (field, value) in [
+        ("response_format", r#"{"type": "json_object"}"#),
+        ("n", "2"),
         ("audio", r#"{"voice": "alloy"}"#),
     ] {
         let (status, _, body) = post(
@@ -610,13 +631,13 @@ fn takes_requests_as_clients_send_them() {
         );
     }
     // A long refused value is cut short in the message.
-    let bias: Vec<String> = (0..2000).map(|t| format!(r#""{t}": 1"#)).collect();
+    let voice = "a".repeat(2000);
     let (status, _, body) = post(
         "/v1/chat/completions",
-        &chat("", &format!(r#", "logit_bias": {{{}}}"#, bias.join(", "))),
+        &chat("", &format!(r#", "audio": {{"voice": "{voice}"}}"#)),
     );
     let (param, message) = error_param(status, &body);
-    assert_eq!(param, "logit_bias");
+    assert_eq!(param, "audio");
     assert!(message.len() < 200, "{message}");
     // A refused request still names what it ignored.
     let (status, headers, body) = post(
@@ -943,6 +964,7 @@ fn answers_browsers_from_the_allowed_origins_only() {
     );
     let exposed = header(&headers, "access-control-expose-headers").unwrap_or("");
     assert!(exposed.contains("x-archgen-ignored-fields"), "{headers:?}");
+    assert!(exposed.contains("x-archgen-seed"), "{headers:?}");
     let (status, headers, _) = curl_with(&server, "GET", "/v1/models", None, &[&origin]);
     assert_eq!(status, 401, "the key is still wanted");
     assert_eq!(
@@ -2058,4 +2080,165 @@ fn batches_a_quantized_kv_cache_and_one_row_matches_generate() {
 #[test]
 fn batches_a_mixed_kv_cache_and_one_row_matches_generate() {
     serves_batched_and_one_row_matches_generate("qwen3-0.6b-tiny-mixed-kv", "qwen3-mixed-kv");
+}
+
+/// One curl POST, bounded; returns (HTTP status, the x-archgen-seed header
+/// if any, body).
+fn post_with_seed_header(server: &Server, path: &str, body: &str) -> (u16, Option<u64>, String) {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "120",
+            "-D",
+            "-",
+            "-w",
+            "\n%{http_code}",
+        ])
+        .args([
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            body,
+        ])
+        .arg(format!("{}{path}", server.base))
+        .output()
+        .expect("curl runs (setup.sh installs it)");
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap();
+    let seed = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        match name.eq_ignore_ascii_case("x-archgen-seed") {
+            true => value.trim().parse().ok(),
+            false => None,
+        }
+    });
+    let (body, status) = rest.rsplit_once('\n').unwrap();
+    (status.parse().unwrap(), seed, body.to_string())
+}
+
+/// The sampling fields: a request with every one of them gives `archgen
+/// generate`'s text for the same settings, alone and beside batched
+/// requests; a request without a seed reports the fresh one it used in the
+/// x-archgen-seed header and its log line, and that seed replays it; a
+/// value out of range is a 400 naming its field.
+#[test]
+fn sampling_fields_report_and_replay_the_seed() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    let server = start_server(&model, &[]);
+    let fields = r#""prompt": [5, 6, 7, 5, 6, 7], "max_tokens": 8, "temperature": 1.0,
+        "top_p": 0.95, "top_k": 40, "min_p": 0.02, "repetition_penalty": 1.3,
+        "repetition_context_size": 5, "presence_penalty": 0.5, "frequency_penalty": 0.25,
+        "frequency_context_size": 9, "logit_bias": {"11": 2.0, "12": -100}"#;
+    let (status, fresh, body) =
+        post_with_seed_header(&server, "/v1/completions", &format!("{{{fields}}}"));
+    assert_eq!(status, 200, "{body}");
+    let seed = fresh.expect("no x-archgen-seed header");
+    let logged = server.request_logs();
+    assert_eq!(logged.last().unwrap()["seed"], seed, "{logged:?}");
+    let (status, echoed, replay) = post_with_seed_header(
+        &server,
+        "/v1/completions",
+        &format!(r#"{{{fields}, "seed": {seed}}}"#),
+    );
+    assert_eq!((status, echoed), (200, Some(seed)), "{replay}");
+    assert_eq!(
+        whole_answer(&replay).0,
+        whole_answer(&body).0,
+        "seed {seed} did not replay the request"
+    );
+    let (_, other, _) = post_with_seed_header(&server, "/v1/completions", &format!("{{{fields}}}"));
+    assert_ne!(
+        other,
+        Some(seed),
+        "two requests without a seed got the same one"
+    );
+
+    // With logits processors a request runs as a batch of one beside the
+    // session: its text is `archgen generate`'s for the same settings and
+    // seed (which tests/sampling.rs holds to mlx-lm's generate_step), alone
+    // and while batched requests run.
+    let seed_s = seed.to_string();
+    let (ok, generated, stderr) = archgen(
+        &[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt-ids",
+            "5,6,7,5,6,7",
+            "--max-tokens",
+            "8",
+            "--temp",
+            "1.0",
+            "--top-p",
+            "0.95",
+            "--top-k",
+            "40",
+            "--min-p",
+            "0.02",
+            "--repetition-penalty",
+            "1.3",
+            "--repetition-context-size",
+            "5",
+            "--presence-penalty",
+            "0.5",
+            "--frequency-penalty",
+            "0.25",
+            "--frequency-context-size",
+            "9",
+            "--logit-bias",
+            "11=2.0,12=-100",
+            "--seed",
+            &seed_s,
+        ],
+        "",
+        Duration::from_secs(300),
+    );
+    assert!(ok, "{stderr}");
+    let text = whole_answer(&body).0;
+    assert_eq!(generated, format!("{text}\n"), "serve != generate");
+    let seeded = format!(r#"{{{fields}, "seed": {seed}}}"#);
+    let greedy = ids_body(0, 9, 8, false);
+    let running: Vec<Background> = [&seeded, &greedy, &seeded]
+        .iter()
+        .map(|body| Background::start(&server, "/v1/completions", body))
+        .collect();
+    let answers: Vec<String> = running
+        .into_iter()
+        .map(|r| {
+            let lines = r.finish(Duration::from_secs(120));
+            let body: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+            whole_answer(&body.join("\n")).0
+        })
+        .collect();
+    assert_eq!(answers[0], text, "beside a batch");
+    assert_eq!(answers[2], text, "beside a batch");
+
+    for (extra, field) in [
+        (r#""top_k": 512"#, "top_k"),
+        (r#""top_k": -2"#, "top_k"),
+        (r#""min_p": 1.5"#, "min_p"),
+        (r#""top_p": 1.01"#, "top_p"),
+        (r#""temperature": -0.5"#, "temperature"),
+        (r#""repetition_penalty": -1"#, "repetition_penalty"),
+        (r#""presence_penalty": 2.5"#, "presence_penalty"),
+        (r#""frequency_penalty": -3"#, "frequency_penalty"),
+        (r#""presence_context_size": 0"#, "presence_context_size"),
+        (r#""logit_bias": {"x": 1}"#, "logit_bias"),
+        (r#""logit_bias": {"600": 1}"#, "logit_bias"),
+        (r#""logit_bias": {"5": 101}"#, "logit_bias"),
+        (r#""logit_bias": {"5": "up"}"#, "logit_bias"),
+    ] {
+        let request = format!(r#"{{"prompt": [5, 6], "max_tokens": 2, {extra}}}"#);
+        let (status, body) = curl(&server, "POST", "/v1/completions", Some(&request));
+        let message = error_message(status, &body);
+        assert!(message.starts_with(field), "{extra}: {message}");
+        assert_eq!(json(&body)["error"]["param"], field, "{extra}: {body}");
+    }
 }

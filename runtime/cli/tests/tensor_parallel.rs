@@ -10,7 +10,8 @@
 //! For Gemma-4 and Gemma-2 (no shard() in mlx-lm, tier L3 sharded) the
 //! sharded generated model == the sharded monolith, and the difference from
 //! the unsharded model is printed. And the launcher's failures: a world size the heads do not divide, and a
-//! rank killed mid-run, end with a clear error in bounded time.
+//! rank killed mid-run, end with a clear error in bounded time; a sampled
+//! `generate` without `--seed` is refused (each rank would pick its own).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -453,4 +454,33 @@ fn launch_refuses_bad_settings_before_starting_anything() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).contains("a launched rank runs `logits` or `generate` only"));
+}
+
+/// Every rank must draw the same tokens, and a rank without `--seed` would
+/// pick a fresh seed of its own: a sampled run without one is refused; with
+/// one it runs.
+#[test]
+fn a_sampled_tensor_parallel_run_needs_a_seed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("q");
+    init("qwen3-0.6b-tiny", &dir);
+    let launch = |extra: &[&str]| {
+        let port = free_ports(2).to_string();
+        Command::new(ARCHGEN)
+            .args(["launch", "-n", "2", "-p", &port, "--timeout", "100"])
+            .args(["--", "generate", "--model"])
+            .arg(&dir)
+            .args(["--prompt-ids", "1,2,3", "--max-tokens", "6", "--ignore-eos"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let o = launch(&["--temp", "1.5"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("needs --seed S"), "{}", text(&o));
+    let o = launch(&["--temp", "1.5", "--seed", "5"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let tokens = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(tokens.split_whitespace().count(), 6, "{}", text(&o));
 }

@@ -13,8 +13,11 @@
 //! cancellation (the session's `leave`), text streaming with stop strings,
 //! log-probabilities, metrics. Greedy requests (temperature 0) take the
 //! session's own argmax, so their tokens are `BatchGenerator`'s; the others
-//! carry their own seeded sampler, its key split once per token as
-//! `archgen generate` splits it.
+//! carry their own seeded [`TokenSampler`] (crate::sampling), its key split
+//! once per draw as `archgen generate` splits it, on the session's logprobs
+//! row. A request with logits processors, which need the logits the session
+//! does not hand out, runs beside the session as a batch of one of its own
+//! ([`Solo`]), computed as `generate_step` computes it.
 //!
 //! The prompt cache (prompt_cache.rs, `--prompt-cache-bytes`) is mlx-lm's
 //! server's: a request whose prompt extends a finished one's tokens joins
@@ -28,12 +31,14 @@ use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
-use archgen_runtime::batch::BatchLm;
+use archgen_runtime::batch::{BatchCache, BatchLm};
 use archgen_runtime::batch_session::{
     BatchConfig, BatchSession, PromptLanes, Sampler, SeqId, StepOutput,
 };
+use archgen_runtime::device::release_buffer_pool;
 use archgen_runtime::mlx_rs::error::Exception;
-use archgen_runtime::mlx_rs::{self, Array};
+use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
+use archgen_runtime::mlx_rs::Array;
 use archgen_runtime::Dtype;
 use tokenizers::Tokenizer;
 
@@ -44,7 +49,8 @@ use super::scheduler::{
     Stream,
 };
 use crate::engine::{Finish, Sampling};
-use crate::tokens::{mlx, sample};
+use crate::sampling::TokenSampler;
+use crate::tokens::{mlx, token_value};
 
 /// `BatchGenerator`'s default number of sequences in prefill at once.
 const PREFILL_BATCH: usize = 8;
@@ -59,6 +65,9 @@ pub(super) struct BatchedScheduler<'a> {
     /// Every admitted request, whether waiting in the session, in prefill
     /// or generating.
     active: Vec<(SeqId, Stream<'a>)>,
+    /// Requests with logits processors, each run as a batch of one beside
+    /// the session ([`Solo`]).
+    solo: Vec<Solo<'a>>,
     /// `None` when `--prompt-cache-bytes` is 0.
     prompt_cache: Option<PromptCache>,
     /// Each admitted sequence's tokens as its cache will hold them: its
@@ -83,7 +92,7 @@ enum StepKind {
 
 impl Steps for BatchedScheduler<'_> {
     fn in_flight(&self) -> usize {
-        self.active.len()
+        self.active.len() + self.solo.len()
     }
     fn admit(&mut self, job: Job) {
         BatchedScheduler::admit(self, job)
@@ -93,7 +102,25 @@ impl Steps for BatchedScheduler<'_> {
         if !self.active.is_empty() {
             self.step();
         }
+        self.step_solo();
     }
+}
+
+/// A request with logits processors. The session hands a sampler the
+/// batch's logprobs row, and mlx-lm's processors need the logits, so such a
+/// request runs as a batch of one of its own (`make_batch_cache(1)`, no
+/// padding: the single-sequence computation): one prefill chunk per step,
+/// then one forward per step whose logits go through its [`TokenSampler`],
+/// as `generate_step` runs it. It does not use the prompt cache.
+struct Solo<'a> {
+    stream: Stream<'a>,
+    cache: BatchCache,
+    sampler: TokenSampler,
+    /// Prompt tokens in the cache; all but the last are fed by prefill
+    /// chunks (the last is the first decode step's input).
+    fed: usize,
+    /// The token the next decode step feeds.
+    input: i32,
 }
 
 impl<'a> BatchedScheduler<'a> {
@@ -125,6 +152,7 @@ impl<'a> BatchedScheduler<'a> {
             eos,
             metrics,
             active: Vec::new(),
+            solo: Vec::new(),
             prompt_cache,
             tokens: HashMap::new(),
             last_full_step: Duration::ZERO,
@@ -137,6 +165,9 @@ impl<'a> BatchedScheduler<'a> {
         if job.cancel.is_cancelled() {
             // The client left while the request waited: nothing to compute.
             return;
+        }
+        if job.sampling.params.has_processors() {
+            return self.admit_solo(job);
         }
         let sampler = match seeded_sampler(&job.sampling) {
             Ok(sampler) => sampler,
@@ -172,6 +203,74 @@ impl<'a> BatchedScheduler<'a> {
         self.metrics.active_sequences.set(self.active.len() as i64);
     }
 
+    /// Admits a request with logits processors as a [`Solo`] sequence.
+    fn admit_solo(&mut self, job: Job) {
+        let Some((&last, head)) = job.prompt.split_last() else {
+            return fail(&job, "the prompt has no tokens".into());
+        };
+        let sampler = match TokenSampler::new(&job.sampling.params, job.sampling.seed, head) {
+            Ok(sampler) => sampler,
+            Err(message) => return fail(&job, message),
+        };
+        let cache = match self.model.make_batch_cache(1) {
+            Ok(cache) => cache,
+            Err(e) => return fail(&job, e.to_string()),
+        };
+        self.solo.push(Solo {
+            stream: Stream::new(job, self.tokenizer),
+            cache,
+            sampler,
+            fed: 0,
+            input: last,
+        });
+        self.metrics
+            .active_sequences
+            .set((self.active.len() + self.solo.len()) as i64);
+    }
+
+    /// One step of every [`Solo`] sequence: a prefill chunk, or a decode
+    /// forward and its token handed to the client.
+    fn step_solo(&mut self) {
+        let model = self.model;
+        let prefill_step = self.config.prefill_step_size;
+        let mut at = 0;
+        while at < self.solo.len() {
+            let seq = &mut self.solo[at];
+            let ran =
+                std::panic::catch_unwind(AssertUnwindSafe(|| solo_step(model, seq, prefill_step)));
+            let outcome = match ran {
+                Ok(Ok(None)) => Outcome::Running,
+                Ok(Ok(Some((token, logprob)))) => {
+                    self.metrics.decode_batch_size.observe(1.0);
+                    let logprob = logprob.map(|l| describe(self.tokenizer, token, l));
+                    let now = Instant::now();
+                    let seq = &mut self.solo[at];
+                    match deliver(&mut seq.stream, token, logprob, now, self.eos, self.metrics) {
+                        Outcome::Running => {
+                            seq.input = token;
+                            Outcome::Running
+                        }
+                        Outcome::Finished => Outcome::Finished,
+                    }
+                }
+                Ok(Err(message)) => {
+                    fail(&self.solo[at].stream.job, message);
+                    Outcome::Finished
+                }
+                Err(panic) => {
+                    fail(&self.solo[at].stream.job, panic_message(&*panic));
+                    Outcome::Finished
+                }
+            };
+            match outcome {
+                Outcome::Running => at += 1,
+                Outcome::Finished => {
+                    self.solo.remove(at);
+                }
+            }
+        }
+    }
+
     /// The prompt cache's entry to start `prompt` from, counted as a hit or
     /// a miss. A failure to copy it is a miss (and said on stderr).
     fn fetch_cached(&mut self, prompt: &[i32]) -> Option<Hit> {
@@ -204,8 +303,13 @@ impl<'a> BatchedScheduler<'a> {
         }
     }
 
-    /// Sequences whose client left leave the batch.
+    /// Sequences whose client left leave the batch (and the solo ones).
     fn drop_cancelled(&mut self) {
+        let before = self.solo.len();
+        self.solo.retain(|s| !s.stream.job.cancel.is_cancelled());
+        self.metrics
+            .cancelled
+            .inc_by((before - self.solo.len()) as u64);
         let mut at = 0;
         while at < self.active.len() {
             let (seq, stream) = &self.active[at];
@@ -326,6 +430,9 @@ impl<'a> BatchedScheduler<'a> {
         for (_, stream) in self.active.drain(..) {
             fail(&stream.job, message.clone());
         }
+        for solo in self.solo.drain(..) {
+            fail(&solo.stream.job, message.clone());
+        }
         self.tokens.clear();
         self.session = new_session(self.model, self.config, self.prompt_cache.is_some());
     }
@@ -343,19 +450,57 @@ fn new_session<'a>(
     session
 }
 
-/// A request's sampler: `None` (the session's greedy argmax) at temperature
-/// 0; otherwise [`sample`] over the logprobs row with the request's seeded
-/// key, split once per token.
-fn seeded_sampler(sampling: &Sampling) -> Result<Option<Sampler>, String> {
-    if sampling.temp == 0.0 {
+/// One step of a [`Solo`] sequence: a prefill chunk (`None`), or a decode
+/// forward of its input, sampled and evaluated: the token and, when asked
+/// for, its log-probabilities (after the processors, as `generate_step`
+/// yields them).
+fn solo_step(
+    model: &dyn BatchLm,
+    seq: &mut Solo<'_>,
+    prefill_step: usize,
+) -> Result<Option<(i32, Option<super::scheduler::Logprobs>)>, String> {
+    let head = seq.stream.job.prompt.len() - 1;
+    if seq.fed < head {
+        let end = (seq.fed + prefill_step).min(head);
+        let chunk = &seq.stream.job.prompt[seq.fed..end];
+        let x = Array::from_slice(chunk, &[1, chunk.len() as i32]);
+        mlx(mlx(model.forward_batch(&x, &mut seq.cache))?.eval())?;
+        // As after every prefill chunk of the one-by-one scheduler.
+        mlx(release_buffer_pool())?;
+        seq.fed = end;
         return Ok(None);
     }
-    let mut key = mlx(mlx_rs::random::key(sampling.seed))?;
-    let (temp, top_p) = (sampling.temp, sampling.top_p);
+    let x = Array::from_slice(&[seq.input], &[1, 1]);
+    let logits = mlx(mlx(model.forward_batch(&x, &mut seq.cache))?.try_index((.., -1, ..)))?;
+    let step = seq.sampler.step(&logits, &x)?;
+    let row = match seq.stream.job.logprobs {
+        None => None,
+        Some(_) => Some(mlx(
+            mlx(step.logprobs.reshape(&[-1]))?.as_dtype(Dtype::Float32)
+        )?),
+    };
+    mlx(archgen_runtime::mlx_rs::transforms::eval(
+        std::iter::once(&step.token).chain(row.iter()),
+    ))?;
+    let token = token_value(&step.token)?;
+    let logprobs = match (row, seq.stream.job.logprobs) {
+        (Some(row), Some(top)) => Some(most_likely(row.as_slice::<f32>(), token, top)?),
+        (None, _) | (_, None) => None,
+    };
+    Ok(Some((token, logprobs)))
+}
+
+/// A request's sampler (one without logits processors: those run as
+/// [`Solo`] sequences): `None` (the session's greedy argmax) at temperature
+/// 0; otherwise its [`TokenSampler`] over the session's logprobs row,
+/// seeded with the request's seed.
+fn seeded_sampler(sampling: &Sampling) -> Result<Option<Sampler>, String> {
+    if sampling.params.is_plain_greedy() {
+        return Ok(None);
+    }
+    let mut sampler = TokenSampler::new(&sampling.params, sampling.seed, &[])?;
     Ok(Some(Box::new(move |row: &Array| {
-        let (next, sub) = mlx_rs::random::split(&key, 2)?;
-        key = next;
-        sample(row, temp, top_p, &sub).map_err(Exception::custom)
+        sampler.sample_logprobs(row).map_err(Exception::custom)
     })))
 }
 

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use super::request::IGNORED_FIELDS_HEADER;
+use super::request::{IGNORED_FIELDS_HEADER, SEED_HEADER};
 
 /// What the server answers browsers.
 pub enum Cors {
@@ -45,8 +45,9 @@ impl Cors {
                 .allow_origin(allow)
                 .allow_methods([Method::GET, Method::POST])
                 .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
-                // Readable by a page's script: when to retry, what was ignored.
-                .expose_headers([header::RETRY_AFTER, IGNORED_FIELDS_HEADER]),
+                // Readable by a page's script: when to retry, what was
+                // ignored, the seed that replays the answer.
+                .expose_headers([header::RETRY_AFTER, IGNORED_FIELDS_HEADER, SEED_HEADER]),
         )))
     }
 

@@ -48,12 +48,13 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::args::ServeArgs;
 use crate::chat_template::ChatTemplate;
 use crate::engine::{self, Finish, ModelContext, Sampling};
+use crate::sampling::{fresh_seed, Penalty, SamplingParams, DEFAULT_PENALTY_CONTEXT, FIELD_NAMES};
 use crate::ui::Ui;
 use error::ApiError;
 use metrics::Metrics;
 use request::{
     Body, ChatFields, CommonFields, CompletionFields, ContentField, DetokenizeFields, PromptField,
-    Route, StopField, TokenizeFields, IGNORED_FIELDS_HEADER,
+    Route, StopField, TokenizeFields, IGNORED_FIELDS_HEADER, SEED_HEADER,
 };
 use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
 use token_bytes::TokenText;
@@ -113,20 +114,7 @@ fn plan(
     max_tokens: Option<u64>,
     logprobs: Option<usize>,
 ) -> Result<Plan, ApiError> {
-    let temp = common.temperature.unwrap_or(1.0);
-    if !temp.is_finite() || temp < 0.0 {
-        return Err(ApiError::bad_request(
-            format!("temperature: {temp} must be a finite number >= 0"),
-            Some("temperature"),
-        ));
-    }
-    let top_p = common.top_p.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::bad_request(
-            format!("top_p: {top_p} is outside (0, 1]"),
-            Some("top_p"),
-        ));
-    }
+    let params = sampling_params(state, &common)?;
     let stops = match common.stop {
         None => Vec::new(),
         Some(StopField::One(s)) => vec![s],
@@ -172,9 +160,13 @@ fn plan(
         prompt,
         sampling: Sampling {
             max_tokens,
-            temp,
-            top_p,
-            seed: common.seed.unwrap_or(0),
+            params,
+            seed: match common.seed {
+                Some(seed) => seed,
+                None => fresh_seed().map_err(|message| {
+                    ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, message)
+                })?,
+            },
         },
         stops,
         logprobs,
@@ -182,6 +174,81 @@ fn plan(
         include_usage,
         tool_format: None,
     })
+}
+
+/// The request's sampler and logits processors, each field checked (a 400
+/// naming it): mlx-lm server's defaults and ranges, and OpenAI's ranges of
+/// the penalties (-2 to 2) and of logit_bias (-100 to 100).
+fn sampling_params(state: &AppState, common: &CommonFields) -> Result<SamplingParams, ApiError> {
+    let bad = |field: &'static str, message: String| {
+        ApiError::bad_request(format!("{field}: {message}"), Some(field))
+    };
+    let context = |field: &'static str, value: Option<u64>| match value {
+        None => Ok(DEFAULT_PENALTY_CONTEXT),
+        Some(0) => Err(bad(field, "must be at least 1".into())),
+        Some(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+    };
+    let openai_penalty = |field: &'static str, value: Option<f64>| match value {
+        Some(v) if !(-2.0..=2.0).contains(&v) => Err(bad(field, format!("{v} is outside [-2, 2]"))),
+        v => Ok(v),
+    };
+    // vLLM's clients send -1 for "no top-k", mlx-lm's 0.
+    let top_k = match common.top_k {
+        None | Some(-1) => 0,
+        Some(k) => usize::try_from(k)
+            .map_err(|_| bad("top_k", format!("{k} must be >= 0 (0 or -1 turns it off)")))?,
+    };
+    let presence = openai_penalty("presence_penalty", common.presence_penalty)?;
+    let frequency = openai_penalty("frequency_penalty", common.frequency_penalty)?;
+    let mut logit_bias = Vec::new();
+    for (key, value) in common.logit_bias.iter().flatten() {
+        let id = key.trim().parse::<i32>().map_err(|_| {
+            bad(
+                "logit_bias",
+                format!("key \"{key}\" is not a token id; give {{\"token id\": bias}}"),
+            )
+        })?;
+        let bias = value.as_f64().ok_or_else(|| {
+            bad(
+                "logit_bias",
+                format!("the bias of token {key} is {value}, not a number"),
+            )
+        })?;
+        if !(-100.0..=100.0).contains(&bias) {
+            return Err(bad(
+                "logit_bias",
+                format!("the bias of token {key} is {bias}, outside [-100, 100]"),
+            ));
+        }
+        // Two keys naming one token ("5", "05"): the later one counts, as
+        // in mlx-lm server's dict.
+        match logit_bias.iter_mut().find(|(seen, _)| *seen == id) {
+            Some(entry) => entry.1 = bias,
+            None => logit_bias.push((id, bias)),
+        }
+    }
+    // The context sizes are checked whether or not their penalty is given,
+    // as mlx-lm server checks them.
+    let repetition_context = context("repetition_context_size", common.repetition_context_size)?;
+    let presence_context = context("presence_context_size", common.presence_context_size)?;
+    let frequency_context = context("frequency_context_size", common.frequency_context_size)?;
+    let penalty =
+        |value: Option<f64>, context: usize| value.map(|value| Penalty { value, context });
+    let params = SamplingParams {
+        temp: common.temperature.unwrap_or(1.0),
+        top_p: common.top_p.unwrap_or(1.0),
+        min_p: common.min_p.unwrap_or(0.0),
+        min_tokens_to_keep: 1,
+        top_k,
+        logit_bias,
+        repetition_penalty: penalty(common.repetition_penalty, repetition_context),
+        presence_penalty: penalty(presence, presence_context),
+        frequency_penalty: penalty(frequency, frequency_context),
+    };
+    params
+        .check(state.vocab_size as usize, &FIELD_NAMES)
+        .map_err(|(message, field)| ApiError::bad_request(message, Some(field)))?;
+    Ok(params)
 }
 
 /// The request's `max_tokens` checked against the server's ceilings and the
@@ -529,6 +596,8 @@ struct InFlight {
     endpoint: Endpoint,
     stream: bool,
     prompt_tokens: usize,
+    /// The seed the request samples with (also in the response's header).
+    seed: u64,
     start: Instant,
     cancel: Cancel,
     answered: Option<Answered>,
@@ -564,6 +633,7 @@ impl Drop for InFlight {
             "stream": self.stream,
             "status": answered.status,
             "prompt_tokens": self.prompt_tokens,
+            "seed": self.seed,
             "cached_tokens": self.cached_tokens,
             "completion_tokens": answered.completion_tokens,
             "finish_reason": answered.finish.map(Finish::as_str),
@@ -595,8 +665,24 @@ fn log_refusal(
     }));
 }
 
-/// Queues a checked request and answers it, streamed or whole.
+/// Queues a checked request and answers it, streamed or whole, with the
+/// seed it used in [`SEED_HEADER`].
 async fn respond(
+    state: Arc<AppState>,
+    endpoint: Endpoint,
+    plan: Plan,
+    start: Instant,
+    warning: Option<String>,
+) -> Response {
+    let seed = plan.sampling.seed;
+    let mut response = queue_and_answer(state, endpoint, plan, start, warning).await;
+    response
+        .headers_mut()
+        .insert(SEED_HEADER, header::HeaderValue::from(seed));
+    response
+}
+
+async fn queue_and_answer(
     state: Arc<AppState>,
     endpoint: Endpoint,
     plan: Plan,
@@ -623,6 +709,7 @@ async fn respond(
         endpoint,
         stream: plan.stream,
         prompt_tokens: plan.prompt.len(),
+        seed: plan.sampling.seed,
         start,
         cancel: cancel.clone(),
         answered: None,

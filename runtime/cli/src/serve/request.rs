@@ -55,10 +55,6 @@ const fn not_served(is_default: fn(&Value) -> bool, instead: Option<&'static str
     })
 }
 
-fn is_zero(v: &Value) -> bool {
-    v.as_f64() == Some(0.0)
-}
-
 fn is_one(v: &Value) -> bool {
     v.as_f64() == Some(1.0)
 }
@@ -69,10 +65,6 @@ fn is_false(v: &Value) -> bool {
 
 fn is_empty_string(v: &Value) -> bool {
     v.as_str() == Some("")
-}
-
-fn is_empty_object(v: &Value) -> bool {
-    v.as_object().is_some_and(Map::is_empty)
 }
 
 fn is_text_format(v: &Value) -> bool {
@@ -89,16 +81,6 @@ fn never(_: &Value) -> bool {
     false
 }
 
-/// `top_k`: 0 (mlx-lm) and -1 (vLLM) both mean "no top-k".
-fn is_top_k_off(v: &Value) -> bool {
-    matches!(v.as_f64(), Some(k) if k == 0.0 || k == -1.0)
-}
-
-/// `repetition_penalty`: 1 (vLLM, transformers) and 0 (mlx-lm) both mean "none".
-fn is_repetition_penalty_off(v: &Value) -> bool {
-    is_zero(v) || is_one(v)
-}
-
 /// Fields every route accepts, without effect: the model's name (one is
 /// served), an end-user id, storage and tier choices.
 fn accepted_everywhere(name: &str) -> bool {
@@ -108,30 +90,31 @@ fn accepted_everywhere(name: &str) -> bool {
     )
 }
 
-/// The fields both generation routes (completions, chat) share.
+/// The fields both generation routes (completions, chat) share: OpenAI's
+/// sampling fields and mlx-lm server's extensions (top-k, min-p, the
+/// repetition penalty and each penalty's context size), all served by
+/// [`crate::sampling`].
 fn generation_field(name: &str) -> Option<Support> {
     match name {
-        "max_tokens" | "temperature" | "top_p" | "seed" | "stop" | "stream" | "stream_options" => {
-            Some(Support::Served)
-        }
+        "max_tokens"
+        | "temperature"
+        | "top_p"
+        | "top_k"
+        | "min_p"
+        | "repetition_penalty"
+        | "repetition_context_size"
+        | "presence_penalty"
+        | "presence_context_size"
+        | "frequency_penalty"
+        | "frequency_context_size"
+        | "logit_bias"
+        | "seed"
+        | "stop"
+        | "stream"
+        | "stream_options" => Some(Support::Served),
         "n" => Some(not_served(is_one, Some("1"))),
-        _ => unserved_sampling(name),
+        _ => None,
     }
-}
-
-/// The sampling controls this server does not implement: refused unless
-/// they ask for plain sampling. When one is implemented it moves to the
-/// served fields (and out of this list) together with its code.
-fn unserved_sampling(name: &str) -> Option<Support> {
-    Some(match name {
-        "top_k" => not_served(is_top_k_off, Some("0 or -1")),
-        "min_p" => not_served(is_zero, Some("0")),
-        "presence_penalty" => not_served(is_zero, Some("0")),
-        "frequency_penalty" => not_served(is_zero, Some("0")),
-        "repetition_penalty" => not_served(is_repetition_penalty_off, Some("1")),
-        "logit_bias" => not_served(is_empty_object, Some("{}")),
-        _ => return None,
-    })
 }
 
 impl Route {
@@ -180,8 +163,22 @@ impl Route {
     /// What a served top-level field must be, for a type error's message.
     fn expected(self, name: &str) -> Option<&'static str> {
         Some(match (self, name) {
-            (_, "max_tokens" | "max_completion_tokens" | "seed") => "an unsigned integer",
-            (_, "temperature" | "top_p") => "a number",
+            (
+                _,
+                "max_tokens"
+                | "max_completion_tokens"
+                | "seed"
+                | "repetition_context_size"
+                | "presence_context_size"
+                | "frequency_context_size",
+            ) => "an unsigned integer",
+            (_, "top_k") => "an integer (0 or -1: off)",
+            (
+                _,
+                "temperature" | "top_p" | "min_p" | "repetition_penalty" | "presence_penalty"
+                | "frequency_penalty",
+            ) => "a number",
+            (_, "logit_bias") => "an object like {\"token id\": bias}",
             (_, "stop") => "a string or a list of strings",
             (_, "stream" | "add_special_tokens" | "add_generation_prompt") => {
                 "a boolean (true or false)"
@@ -202,6 +199,10 @@ impl Route {
 
 /// The response header naming the request's unknown fields, which were ignored.
 pub const IGNORED_FIELDS_HEADER: HeaderName = HeaderName::from_static("x-archgen-ignored-fields");
+
+/// The response header that gives the seed a request was sampled with (its
+/// `seed`, or a fresh one): the same request with that `seed` replays it.
+pub const SEED_HEADER: HeaderName = HeaderName::from_static("x-archgen-seed");
 
 /// The most ignored fields a response's header names (the log line has
 /// the count of the rest too).
@@ -395,8 +396,21 @@ pub struct StreamOptions {
 #[derive(Deserialize)]
 pub struct CommonFields {
     pub max_tokens: Option<u64>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    /// Top-k: 0 (mlx-lm) and -1 (vLLM) both turn it off.
+    pub top_k: Option<i64>,
+    /// Min-p (0: off).
+    pub min_p: Option<f64>,
+    /// The repetition penalty (0: off) and each penalty's context size.
+    pub repetition_penalty: Option<f64>,
+    pub repetition_context_size: Option<u64>,
+    pub presence_penalty: Option<f64>,
+    pub presence_context_size: Option<u64>,
+    pub frequency_penalty: Option<f64>,
+    pub frequency_context_size: Option<u64>,
+    /// `{"token id": bias}`, checked where the sampler is built.
+    pub logit_bias: Option<Map<String, Value>>,
     pub seed: Option<u64>,
     pub stop: Option<StopField>,
     pub stream: Option<bool>,

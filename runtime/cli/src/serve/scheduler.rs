@@ -18,7 +18,7 @@
 //! its own cache and [`OneByOne`] runs one single-sequence forward per
 //! sequence, so every request computes exactly what `archgen generate`
 //! computes for it alone (prefill in chunks of `prefill_step`, the default
-//! 2048 being generate's; the same sampler and key schedule).
+//! 2048 being generate's; the same sampler, processors and key schedule).
 
 use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;
@@ -37,7 +37,8 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::metrics::Metrics;
 use super::token_bytes::{token_text, TokenText};
 use crate::engine::{Finish, Flow, Sampling, TextStream};
-use crate::tokens::{mlx, sample, token_value};
+use crate::sampling::TokenSampler;
+use crate::tokens::{mlx, token_value};
 
 /// One generated token's log-probability, for a request that asked for
 /// them: the token with its bytes, and the most likely tokens at its
@@ -110,20 +111,19 @@ pub struct Limits {
 }
 
 /// One sequence's model state: its cache, the token it feeds next and its
-/// sampler's key (split once per decode step, as `archgen generate` does).
+/// sampler (seeded, its processors fed every token, as `archgen generate`'s).
 pub struct SeqState<C> {
     pub cache: C,
     pub input: i32,
-    pub key: Array,
-    pub temp: f32,
-    pub top_p: f32,
+    pub sampler: TokenSampler,
     /// Whether to return the token's log-probability, and how many of the
     /// most likely alternatives with it.
     pub top_logprobs: Option<usize>,
 }
 
-/// A sampled token's log-probability under the model (before temperature:
-/// mlx-lm's `logits - logsumexp(logits)`, in the logits' dtype) and the most
+/// A sampled token's log-probability under the model (before temperature,
+/// after the logits processors: mlx-lm's `logits - logsumexp(logits)`, in
+/// the logits' dtype) and the most
 /// likely token ids with theirs, most likely first.
 pub struct Logprobs {
     pub logprob: f32,
@@ -184,16 +184,14 @@ impl<M: CausalLm> StepAll<M> for OneByOne {
         let mut logprob_rows = Vec::with_capacity(seqs.len());
         for seq in seqs.iter_mut() {
             let x = Array::from_slice(&[seq.input], &[1, 1]);
-            let row = mlx(mlx(m.forward(&x, &mut seq.cache))?.try_index((0, -1)))?;
-            let (key, sub) = mlx(mlx_rs::random::split(&seq.key, 2))?;
-            seq.key = key;
-            tokens.push(sample(&row, seq.temp, seq.top_p, &sub)?);
+            let logits = mlx(mlx(m.forward(&x, &mut seq.cache))?.try_index((.., -1, ..)))?;
+            let step = seq.sampler.step(&logits, &x)?;
+            tokens.push(step.token);
             logprob_rows.push(match seq.top_logprobs {
                 None => None,
-                Some(_) => {
-                    let norm = mlx(row.logsumexp_axis(-1, true))?;
-                    Some(mlx(mlx(row.subtract(&norm))?.as_dtype(Dtype::Float32))?)
-                }
+                Some(_) => Some(mlx(
+                    mlx(step.logprobs.reshape(&[-1]))?.as_dtype(Dtype::Float32)
+                )?),
             });
         }
         mlx(mlx_rs::transforms::eval(
@@ -405,8 +403,9 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
                 .send(GenEvent::Failed("the prompt has no tokens".into()));
             return;
         };
-        let key = match mlx(mlx_rs::random::key(job.sampling.seed)) {
-            Ok(key) => key,
+        let head = &job.prompt[..job.prompt.len() - 1];
+        let sampler = match TokenSampler::new(&job.sampling.params, job.sampling.seed, head) {
+            Ok(sampler) => sampler,
             Err(message) => {
                 let _ = job.events.send(GenEvent::Failed(message));
                 return;
@@ -415,9 +414,7 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
         let state = SeqState {
             cache: self.model.make_cache(),
             input: last,
-            key,
-            temp: job.sampling.temp,
-            top_p: job.sampling.top_p,
+            sampler,
             top_logprobs: job.logprobs,
         };
         let phase = match job.prompt.len() {
