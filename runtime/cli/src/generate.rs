@@ -54,6 +54,7 @@ pub(crate) fn generate(
     prints: bool,
 ) -> Result<(), String> {
     let model = args.model.as_path();
+    let levers = crate::checkpoint::run_levers(&args.levers, model, args.require_tier)?;
     let tokenizer = load_tokenizer(model)?;
     let ids: Vec<i32> = match prompt {
         Prompt::Ids(ids) => ids.clone(),
@@ -111,7 +112,14 @@ pub(crate) fn generate(
         ui,
         prints,
     };
-    with_model(ui, model, args.implementation, args.require_tier, task)
+    with_model(
+        ui,
+        model,
+        args.implementation,
+        args.require_tier,
+        &levers,
+        task,
+    )
 }
 
 struct GenerateTask<'a> {
