@@ -271,7 +271,7 @@ impl Lever {
 
     /// The value the environment variable's `raw` text gives this lever
     /// (`None`: it says nothing about this lever).
-    fn from_env(self, raw: &str) -> Result<Option<Value>, String> {
+    fn read_env(self, raw: &str) -> Result<Option<Value>, String> {
         let var = self.env_var().unwrap_or_default();
         let switch = |raw: &str, accepted: &str| match raw {
             "1" | "on" | "true" => Ok(true),
@@ -580,7 +580,7 @@ impl<S: CommandScope> LeverFlags<S> {
                 .env_var()
                 .and_then(|var| env(var).map(|raw| (var, raw)))
             {
-                Some((var, raw)) => lever.from_env(&raw)?.map(|v| (var, v)),
+                Some((var, raw)) => lever.read_env(&raw)?.map(|v| (var, v)),
                 None => None,
             };
             let (value, source) = match (given, from_alias, from_env) {
