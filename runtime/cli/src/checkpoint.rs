@@ -4,11 +4,10 @@
 
 use std::path::Path;
 
+use archgen_runtime::device::{self, Path as DecodePath};
 use archgen_runtime::distributed::Split;
 use archgen_runtime::model::ModelTask;
 use tokenizers::Tokenizer;
-
-use archgen_runtime::device::{self, Path as DecodePath};
 
 use crate::args::{Impl, RequiredTier};
 use crate::levers::{CommandScope, LeverFlags, RunLevers};

@@ -621,9 +621,14 @@ impl<S: CommandScope> clap::Args for LeverFlags<S> {
                 .value_parser(move |text: &str| lever.parse(text))
                 .action(ArgAction::Set)
                 .help(format!(
-                    "{} [{} when on; default {}{env}]",
+                    "{} [{} {}; default {}{env}]",
                     capitalized(lever.description()),
                     lever.tier_when_on(),
+                    match lever.kind() {
+                        Kind::Switch | Kind::Blocks => "when on",
+                        // A count is always on.
+                        Kind::Count { .. } => "at any value",
+                    },
                     lever.default_value()
                 ));
             if let Kind::Switch = lever.kind() {
