@@ -149,8 +149,8 @@ impl Lever {
                  native fast ops (measured bit-exact on CUDA; never run on Metal)"
             }
             Lever::GpuDecodeOnCpu => {
-                "the GPU's compiled blocks run on the CPU too: a wiring check without a GPU \
-                 (equal bits not promised)"
+                "the GPU's compiled blocks run on the CPU too (ARCHGEN_GPU_DECODE=cpu-too): a \
+                 wiring check without a GPU (equal bits not promised)"
             }
             Lever::GpuDecodeBlocks => {
                 "which blocks the GPU path compiles (all, pre, post, none): a bisection aid; \

@@ -4,8 +4,9 @@
 //! overrides; the environment variables stay a lower-priority source; and
 //! `--require-tier` refuses an L3 lever by name, before reading anything.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 /// The environment variables that set levers: removed from every run here
 /// unless a test sets one, so the caller's environment cannot decide a test.
@@ -316,5 +317,77 @@ fn a_run_states_its_levers_and_the_tier_they_give_it() {
     assert!(
         !e.contains("levers on") && !e.contains("parity tier"),
         "{e}"
+    );
+}
+
+#[test]
+fn chat_and_serve_state_their_levers_serves_with_its_own() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("m");
+    init("qwen3-0.6b-tiny", &dir);
+    let template =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates/qwen3.jinja");
+    archgen_tests::run_python(
+        "make_chat_tokenizer.py",
+        &[dir.as_os_str(), template.as_os_str()],
+    );
+    let gpu = if cfg!(target_os = "macos") {
+        ""
+    } else {
+        "gpu-decode (default), "
+    };
+
+    // chat with nothing on stdin: the notes, then the end of the conversation.
+    let o = Command::new(env!("CARGO_BIN_EXE_archgen"))
+        .args(["chat", "--model", dir.to_str().unwrap(), "--l3"])
+        .env_remove("ARCHGEN_GPU_ONE_TOKEN_SDPA")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains("archgen: parity tier L3: lever gpu-one-token-sdpa=on (no oracle)\n"),
+        "{e}"
+    );
+    assert!(
+        e.contains(&format!(
+            "archgen: levers on: {gpu}gpu-one-token-sdpa (from --l3)\n"
+        )),
+        "{e}"
+    );
+
+    // serve states its own levers too, before it listens.
+    let mut server = Command::new(env!("CARGO_BIN_EXE_archgen"))
+        .args(["serve", "--model", dir.to_str().unwrap(), "--port", "0"])
+        .args(["--max-batch", "4", "--l1"])
+        .env("MLX_CUDA_GRAPH_CACHE_SIZE", "500")
+        .env("ARCHGEN_GPU_ONE_TOKEN_SDPA", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut startup = String::new();
+    for line in BufReader::new(server.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        startup.push_str(&line);
+        startup.push('\n');
+        if line.contains("http://") {
+            break;
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        startup.contains("archgen: parity tier L1 (bit-exact with mlx-lm 0.32.2)\n"),
+        "{startup}"
+    );
+    assert!(
+        startup.contains(&format!(
+            "archgen: levers on: {gpu}max-batch=4 (from its flag), prefill-step=2048 (default), \
+             cuda-graph-cache=500 (from MLX_CUDA_GRAPH_CACHE_SIZE)\n"
+        )),
+        "{startup}"
     );
 }
