@@ -6,7 +6,8 @@
 //!   lacks (per-layer mixed-precision KV applied as `install_mixed_kv` applies it).
 //! * **L3**: no oracle. No IR fact leads there yet; run-time choices that do add
 //!   their reasons here: a model split over ranks without a sharded oracle
-//!   ([`sharded_tier`]).
+//!   ([`sharded_tier`]), and a speed lever whose bits no oracle reproduces
+//!   ([`Reason::Lever`], [`TierReport::with_reason`]).
 
 use std::fmt;
 
@@ -69,6 +70,13 @@ pub enum Reason {
     /// model type mlx-lm has no `shard()` for, or a feature whose oracle is
     /// not run sharded.
     ShardedWithoutOracle { ranks: usize, why: &'static str },
+    /// A run-time speed lever set so that the run leaves L1 (archgen's
+    /// levers, docs/cli.md): its name, its setting and the tier it gives.
+    Lever {
+        name: &'static str,
+        setting: String,
+        tier: Tier,
+    },
 }
 
 impl Reason {
@@ -76,6 +84,7 @@ impl Reason {
         match self {
             Reason::MixedKv { .. } => Tier::L2,
             Reason::ShardedWithoutOracle { .. } => Tier::L3,
+            Reason::Lever { tier, .. } => *tier,
         }
     }
 }
@@ -100,6 +109,7 @@ impl fmt::Display for Reason {
                     "tensor parallel over {ranks} ranks without a sharded oracle ({why})"
                 )
             }
+            Reason::Lever { name, setting, .. } => write!(f, "lever {name}={setting}"),
         }
     }
 }
@@ -109,6 +119,16 @@ impl fmt::Display for Reason {
 pub struct TierReport {
     pub tier: Tier,
     pub reasons: Vec<Reason>,
+}
+
+impl TierReport {
+    /// The report with one more reason; the tier becomes the higher of the
+    /// two (a run's tier is the highest among the model's and its levers').
+    pub fn with_reason(mut self, reason: Reason) -> TierReport {
+        self.tier = self.tier.max(reason.tier());
+        self.reasons.push(reason);
+        self
+    }
 }
 
 impl fmt::Display for TierReport {

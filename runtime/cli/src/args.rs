@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
+use crate::levers::{LeverFlags, ModelCommand, ServeCommand};
+
 /// What the exit status means (shown under `archgen --help`, docs/cli.md).
 pub const EXIT_CODES: &str = "\
 Exit status:
@@ -112,12 +114,40 @@ pub enum Command {
                       --prompt-ids 1,2,3 --decode-steps 4 --out out.safetensors"
     )]
     Launch(LaunchArgs),
+    /// List the speed levers, their tiers and defaults, and what --l1, --l2, --l3 set
+    #[command(
+        long_about = "List the speed levers: every run-time choice that can change a run's bits \
+                      or its speed. Each is a flag (--NAME VALUE) of the commands that read it; \
+                      its tier is the parity tier of a run with it on (L1: mlx-lm's bits kept, \
+                      L3: no oracle), and a run's tier is the highest of its model's and its \
+                      levers'. --l1, --l2 and --l3 are aliases for fixed lever settings; a \
+                      lever's own flag overrides them, and each lever's environment variable \
+                      applies when neither is given (docs/cli.md, \"Levers\").",
+        after_help = EXIT_CODES
+    )]
+    Levers(LeversArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
     #[command(after_help = "Examples:\n  \
         archgen completions bash > ~/.local/share/bash-completion/completions/archgen\n  \
         archgen completions zsh > ~/.zfunc/_archgen\n  \
         archgen completions fish > ~/.config/fish/completions/archgen.fish")]
     Completions(CompletionsArgs),
+}
+
+/// How `archgen levers` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ListFormat {
+    /// An aligned table
+    Table,
+    /// One JSON object: {"levers": [...], "aliases": [...]}
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct LeversArgs {
+    /// Output format
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = ListFormat::Table)]
+    pub format: ListFormat,
 }
 
 /// The distributed backend `archgen launch` sets its ranks up for.
@@ -406,6 +436,8 @@ pub struct LogitsArgs {
     /// Output file (.safetensors), written atomically
     #[arg(long, value_name = "FILE.safetensors")]
     pub out: PathBuf,
+    #[command(flatten)]
+    pub levers: LeverFlags<ModelCommand>,
 }
 
 #[derive(Debug, Args)]
@@ -436,6 +468,8 @@ pub struct GenerateArgs {
     /// Refuse to run (exit status 1) when the run's parity tier is below this one
     #[arg(long, value_name = "TIER", value_enum)]
     pub require_tier: Option<RequiredTier>,
+    #[command(flatten)]
+    pub levers: LeverFlags<ModelCommand>,
 }
 
 #[derive(Debug, Args)]
@@ -454,6 +488,11 @@ pub struct ChatArgs {
     /// Which implementation runs the checkpoint
     #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
     pub implementation: Impl,
+    /// Refuse to run (exit status 1) when the run's parity tier is below this one
+    #[arg(long, value_name = "TIER", value_enum)]
+    pub require_tier: Option<RequiredTier>,
+    #[command(flatten)]
+    pub levers: LeverFlags<ModelCommand>,
 }
 
 #[derive(Debug, Args)]
@@ -470,15 +509,9 @@ pub struct ServeArgs {
     /// Which implementation runs the checkpoint
     #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
     pub implementation: Impl,
-    /// Sequences in flight at once (prefilling or decoding); more requests wait in the queue
-    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub max_batch: u32,
     /// Requests waiting for a place in the batch; one more is answered 429
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_queue: u32,
-    /// Prompt tokens per prefill chunk (one chunk per scheduler step, between decode steps)
-    #[arg(long, value_name = "TOKENS", default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
-    pub prefill_step: u32,
     /// Longest prompt served, in tokens (default: the model's context); longer ones get a 400
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_prompt_tokens: Option<u64>,
@@ -505,6 +538,12 @@ pub struct ServeArgs {
     /// Sequences the prompt cache keeps at most (mlx-lm's --prompt-cache-size)
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub prompt_cache_size: u32,
+    /// Refuse to start (exit status 1) when the run's parity tier is below this one
+    #[arg(long, value_name = "TIER", value_enum)]
+    pub require_tier: Option<RequiredTier>,
+    // --max-batch, --prefill-step and --cuda-graph-cache are levers (levers.rs).
+    #[command(flatten)]
+    pub levers: LeverFlags<ServeCommand>,
 }
 
 /// What `generate` starts from.
@@ -757,10 +796,10 @@ mod tests {
             panic!("not serve: {cli:?}")
         };
         assert_eq!((a.host.as_str(), a.port), ("127.0.0.1", 8080));
-        assert_eq!(
-            (a.max_batch, a.max_queue, a.prefill_step, a.drain_seconds),
-            (16, 256, 2048, 30)
-        );
+        assert_eq!((a.max_queue, a.drain_seconds), (256, 30));
+        // The batch and chunk sizes are levers, at the flags' former defaults.
+        let levers = a.levers.resolve_with(|_| None).unwrap().values;
+        assert_eq!((levers.max_batch, levers.prefill_step), (16, 2048));
         assert_eq!((a.max_prompt_tokens, a.max_tokens), (None, None));
         // mlx-lm's 10 sequences, and a 1 GiB byte bound (mlx-lm has none).
         assert_eq!((a.prompt_cache_bytes, a.prompt_cache_size), (1 << 30, 10));
@@ -822,5 +861,84 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("give --prompt TEXT or --prompt-ids"));
+    }
+
+    fn levers_of(args: &[&str]) -> crate::levers::RunLevers {
+        match parse(args).unwrap().command {
+            Command::Logits(a) => a.levers.resolve_with(|_| None).unwrap(),
+            Command::Generate(a) => a.levers.resolve_with(|_| None).unwrap(),
+            Command::Chat(a) => a.levers.resolve_with(|_| None).unwrap(),
+            Command::Serve(a) => a.levers.resolve_with(|_| None).unwrap(),
+            other => panic!("no levers: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn levers_are_flags_of_every_command_that_runs_a_model() {
+        let logits = ["logits", "--model", "m", "--prompt-ids", "1", "--out", "o"];
+        let generate = ["generate", "--model", "m", "--prompt-ids", "1"];
+        let chat = ["chat", "--model", "m"];
+        let serve = ["serve", "--model", "m"];
+        for base in [&logits[..], &generate, &chat, &serve] {
+            let with = |extra: &[&str]| {
+                let mut v = base.to_vec();
+                v.extend_from_slice(extra);
+                levers_of(&v).values
+            };
+            // A bare switch is on; `off` turns it off; the last one given wins.
+            assert!(with(&["--eager-decode"]).eager_decode, "{base:?}");
+            assert!(!with(&["--eager-decode", "--eager-decode", "off"]).eager_decode);
+            assert!(!with(&["--gpu-decode", "off"]).gpu_decode);
+            assert_eq!(
+                with(&["--gpu-decode-blocks", "post"]).gpu_decode_blocks,
+                archgen_runtime::device::GpuBlocks::PostAttention
+            );
+            // The alias, and a lever's own flag over it, in either order.
+            assert!(with(&["--l3"]).gpu_one_token_sdpa);
+            assert!(!with(&["--l3", "--gpu-one-token-sdpa", "off"]).gpu_one_token_sdpa);
+            assert!(with(&["--gpu-one-token-sdpa", "--l1"]).gpu_one_token_sdpa);
+            assert!(!with(&["--l1"]).gpu_one_token_sdpa);
+        }
+        let serve = levers_of(&[
+            "serve",
+            "--model",
+            "m",
+            "--max-batch",
+            "32",
+            "--prefill-step",
+            "512",
+            "--cuda-graph-cache",
+            "900",
+        ])
+        .values;
+        assert_eq!(
+            (serve.max_batch, serve.prefill_step, serve.cuda_graph_cache),
+            (32, 512, 900)
+        );
+    }
+
+    #[test]
+    fn bad_lever_flags_are_usage_errors_naming_the_flag() {
+        for (args, expected) in [
+            (
+                &["chat", "--model", "m", "--eager-decode", "yes"][..],
+                "`yes` is not on or off",
+            ),
+            (
+                &["chat", "--model", "m", "--gpu-decode-blocks", "mid"],
+                "not one of all, pre",
+            ),
+            (
+                &["serve", "--model", "m", "--max-batch", "4097"],
+                "1..=4096",
+            ),
+            (&["chat", "--model", "m", "--l1", "--l3"], "--l3"),
+            // serve's levers are not flags of the other commands.
+            (&["chat", "--model", "m", "--max-batch", "4"], "--max-batch"),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{args:?}");
+            assert!(e.to_string().contains(expected), "{args:?}: {e}");
+        }
     }
 }

@@ -21,6 +21,7 @@ use crate::ui::Ui;
 /// dtype), `seq{i}.tokens` [N] int32 and `seq{i}.steps` [N] int32 (the step
 /// that returned each token).
 pub(crate) fn logits(ui: &Ui, args: &LogitsArgs) -> Result<(), String> {
+    let levers = crate::checkpoint::run_levers(&args.levers, &args.model, args.require_tier)?;
     let path = args
         .batch
         .as_ref()
@@ -46,6 +47,7 @@ pub(crate) fn logits(ui: &Ui, args: &LogitsArgs) -> Result<(), String> {
         &args.model,
         args.implementation,
         args.require_tier,
+        &levers,
         task,
     )
 }

@@ -63,6 +63,7 @@ pub fn one_user_turn(model: &Path, text: &str) -> Result<String, String> {
 
 pub fn chat(ui: &Ui, args: &ChatArgs, params: SamplingParams) -> Result<(), String> {
     let model = args.model.as_path();
+    let levers = crate::checkpoint::run_levers(&args.levers, model, args.require_tier)?;
     let (tokenizer, template) = load_chat_parts(model)?;
     let eos = crate::checkpoint::eos_ids(model)?;
     let context = engine::context_length(model)?;
@@ -87,7 +88,14 @@ pub fn chat(ui: &Ui, args: &ChatArgs, params: SamplingParams) -> Result<(), Stri
         },
         ui: *ui,
     };
-    crate::checkpoint::with_model(ui, model, args.implementation, None, task)
+    crate::checkpoint::with_model(
+        ui,
+        model,
+        args.implementation,
+        args.require_tier,
+        &levers,
+        task,
+    )
 }
 
 struct ChatTask<'a> {

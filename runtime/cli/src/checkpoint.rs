@@ -4,24 +4,60 @@
 
 use std::path::Path;
 
+use archgen_runtime::device::{self, Path as DecodePath};
 use archgen_runtime::distributed::Split;
 use archgen_runtime::model::ModelTask;
 use tokenizers::Tokenizer;
 
 use crate::args::{Impl, RequiredTier};
+use crate::levers::{CommandScope, LeverFlags, RunLevers};
 use crate::ui::Ui;
+
+/// The run's levers (flags over the alias over the environment over the
+/// defaults), refused before anything is read when one of them is above
+/// `require_tier`.
+pub(crate) fn run_levers<S: CommandScope>(
+    flags: &LeverFlags<S>,
+    model: &Path,
+    require_tier: Option<RequiredTier>,
+) -> Result<RunLevers, String> {
+    let levers = flags.resolve()?;
+    if let Some(required) = require_tier {
+        if let Some(why) = levers.refusal(required.tier()) {
+            return Err(format!(
+                "--require-tier {}: refusing to run {}: {why}",
+                required.tier(),
+                model.display()
+            ));
+        }
+    }
+    Ok(levers)
+}
 
 /// Loads the checkpoint at `model` and runs `task` on the implementation that
 /// `--impl` selects: the generated model whose fingerprint matches the
-/// checkpoint, or the monolith. States the run's parity tier, and refuses the
-/// run when it is below `require_tier`.
+/// checkpoint, or the monolith, with the run's `levers` (from [`run_levers`]).
+/// States the run's parity tier (the highest of the model's and the
+/// levers') and the levers on, and refuses the run when its tier is below
+/// `require_tier`.
 pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
     ui: &Ui,
     model: &Path,
     implementation: Impl,
     require_tier: Option<RequiredTier>,
+    levers: &RunLevers,
     task: T,
 ) -> Result<(), String> {
+    // Before any step, which fixes the choices for the process.
+    let wanted = levers.values.decode_choices();
+    if let Err(in_force) = device::set_decode_choices(wanted) {
+        if in_force != wanted {
+            return Err(format!(
+                "the decode choices were fixed before the levers were applied \
+                 ({in_force:?}, not {wanted:?})"
+            ));
+        }
+    }
     let bar = ui.bytes_bar(&format!("loading {}", model.display()), 0);
     let loaded = match &bar {
         Some(bar) => {
@@ -76,7 +112,10 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
     // Both implementations reproduce the same oracle, so the tier is the
     // model's (split over ranks, that of its sharded oracle).
     let ranks = crate::launch::group().map_or(1, |g| g.size() as usize);
-    let tier = archgen_ir::tier::sharded_tier(&arch, ranks);
+    let tier = levers.reasons().into_iter().fold(
+        archgen_ir::tier::sharded_tier(&arch, ranks),
+        archgen_ir::tier::TierReport::with_reason,
+    );
     if let Some(required) = require_tier {
         if tier.tier > required.tier() {
             return Err(format!(
@@ -90,12 +129,15 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
         }
     }
     ui.note(&format!("parity tier {tier} ({})", tier.tier.oracle()));
+    ui.note(&levers.note());
     let fingerprint = archgen_plan::fingerprint(&arch);
     if implementation != Impl::Monolith {
         if let Some(found) = archgen_generated::find(&fingerprint) {
             ui.note(&format!(
-                "running generated model {} (fingerprint {fingerprint}, {})",
-                found.name, found.spec
+                "running generated model {} (fingerprint {fingerprint}, {}); one-token steps: {}",
+                found.name,
+                found.spec,
+                one_token_steps()
             ));
             return archgen_generated::run(&fingerprint, weights, task)
                 .expect("find() and run() cover the same fingerprints")
@@ -115,6 +157,19 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
     let m = archgen_monolith::Monolith::new(arch, weights)
         .map_err(|e| format!("{}: {e}", model.display()))?;
     task.run(&m)
+}
+
+/// Which blocks a generated model's one-token steps run, as the levers and
+/// the device make them (runtime/core/src/decode.rs).
+fn one_token_steps() -> &'static str {
+    match (archgen_runtime::decode::enabled(), device::path()) {
+        (false, DecodePath::Eager | DecodePath::CpuFallbacks | DecodePath::NativeFastOps) => {
+            "eager blocks"
+        }
+        (true, DecodePath::Eager) => "eager blocks",
+        (true, DecodePath::CpuFallbacks) => "compiled blocks of the CPU's fallback ops",
+        (true, DecodePath::NativeFastOps) => "compiled blocks with native fast ops (the GPU path)",
+    }
 }
 
 /// Loads `DIR/tokenizer.json`; `Ok(None)` when the file is absent.

@@ -65,6 +65,7 @@ pub(crate) fn generate(
 ) -> Result<(), String> {
     let Destination { prints, ranks } = to;
     let model = args.model.as_path();
+    let levers = crate::checkpoint::run_levers(&args.levers, model, args.require_tier)?;
     let seed = match (args.sampling.seed, ranks > 1 && params.temp > 0.0) {
         (Some(seed), _) => seed,
         // Every rank must draw the same tokens, and each would pick its own.
@@ -135,7 +136,14 @@ pub(crate) fn generate(
         ui,
         prints,
     };
-    with_model(ui, model, args.implementation, args.require_tier, task)
+    with_model(
+        ui,
+        model,
+        args.implementation,
+        args.require_tier,
+        &levers,
+        task,
+    )
 }
 
 struct GenerateTask<'a> {

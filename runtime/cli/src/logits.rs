@@ -55,6 +55,7 @@ pub(crate) fn logits(
         &args.model,
         args.implementation,
         args.require_tier,
+        &crate::checkpoint::run_levers(&args.levers, &args.model, args.require_tier)?,
         task,
     )
 }

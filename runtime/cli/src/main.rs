@@ -1,6 +1,6 @@
 //! `archgen`: run a checkpoint (logits for the parity protocol, generate,
 //! chat, an OpenAI-compatible server), write a random-weight one from a spec
-//! (init), or print shell completions.
+//! (init), list the speed levers, or print shell completions.
 //! `archgen --help` and `archgen SUBCOMMAND --help` list every flag;
 //! docs/cli.md has the exit codes.
 
@@ -13,6 +13,7 @@ mod engine;
 mod generate;
 mod init;
 mod launch;
+mod levers;
 mod logits;
 mod run;
 mod sampling;

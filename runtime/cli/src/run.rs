@@ -36,6 +36,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         | Command::Serve(_)
         | Command::Init(_)
         | Command::Launch(_)
+        | Command::Levers(_)
         | Command::Completions(_) => None,
     };
     let rank = group.map_or(0, |g| g.rank());
@@ -62,6 +63,10 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Ok(crate::chat::chat(&ui, &args, params)?)
         }
         Command::Serve(args) => Ok(crate::serve::serve(ui, &args)?),
+        Command::Levers(args) => {
+            print!("{}", crate::levers::list(args.format));
+            Ok(())
+        }
         Command::Completions(args) => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();

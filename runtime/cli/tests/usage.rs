@@ -20,7 +20,14 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-const SUBCOMMANDS: [&str; 5] = ["logits", "generate", "init", "launch", "completions"];
+const SUBCOMMANDS: [&str; 6] = [
+    "logits",
+    "generate",
+    "init",
+    "launch",
+    "levers",
+    "completions",
+];
 
 #[test]
 fn every_subcommand_has_help() {
@@ -173,7 +180,16 @@ fn completion_scripts_name_every_subcommand_and_flag() {
         let script = stdout(&o);
         assert_eq!(o.status.code(), Some(0), "{shell}: {}", stderr(&o));
         assert!(script.contains(marker), "{shell}: lacks {marker}");
-        for word in ["logits", "generate", "init", "prompt-ids", "decode-steps"] {
+        for word in [
+            "logits",
+            "generate",
+            "init",
+            "levers",
+            "prompt-ids",
+            "decode-steps",
+            "gpu-one-token-sdpa",
+            "cuda-graph-cache",
+        ] {
             assert!(script.contains(word), "{shell} script lacks {word}");
         }
     }

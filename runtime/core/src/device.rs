@@ -7,9 +7,9 @@
 /// How one-token steps of generated models run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
-    /// The eager blocks, as prefill runs them: with `ARCHGEN_GPU_DECODE=0`
-    /// on a GPU, on Metal unless `ARCHGEN_GPU_DECODE=1`, and everywhere
-    /// with `ARCHGEN_EAGER_DECODE=1`.
+    /// The eager blocks, as prefill runs them: with `gpu_decode` off
+    /// (`ARCHGEN_GPU_DECODE=0`) on a GPU, on Metal unless it is on, and
+    /// everywhere with `eager_decode` (`ARCHGEN_EAGER_DECODE=1`).
     Eager,
     /// The CPU: compiled blocks that reproduce MLX's CPU fallbacks of
     /// `fast.rms_norm` and `fast.rope` op for op (there the fast ops *are*
@@ -28,43 +28,109 @@ pub enum Path {
     NativeFastOps,
 }
 
-/// The path of one-token steps on MLX's default device (the switches are
-/// read once):
+/// The choices behind [`path`], [`gpu_blocks`] and [`one_token_sdpa`],
+/// fixed for the process at the first one-token step. A front end sets them
+/// once with [`set_decode_choices`] before it runs a model (archgen's
+/// levers, runtime/cli/src/levers.rs); without that they are read from the
+/// environment variables named here ([`DecodeChoices::from_env`]), so a
+/// library user or a benchmark worker keeps them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeChoices {
+    /// [`Path::Eager`] everywhere (`ARCHGEN_EAGER_DECODE=1`).
+    pub eager_decode: bool,
+    /// [`Path::NativeFastOps`] on a GPU (`ARCHGEN_GPU_DECODE=1`, `=0` off).
+    pub gpu_decode: bool,
+    /// [`Path::NativeFastOps`] on the CPU too (`ARCHGEN_GPU_DECODE=cpu-too`).
+    pub gpu_decode_on_cpu: bool,
+    /// Which blocks [`Path::NativeFastOps`] compiles (`ARCHGEN_GPU_DECODE_BLOCKS`).
+    pub gpu_blocks: GpuBlocks,
+    /// Grouped one-token attention on a GPU too (`ARCHGEN_GPU_ONE_TOKEN_SDPA=1`).
+    pub gpu_one_token_sdpa: bool,
+}
+
+pub const EAGER_DECODE_VAR: &str = "ARCHGEN_EAGER_DECODE";
+pub const GPU_DECODE_VAR: &str = "ARCHGEN_GPU_DECODE";
+pub const GPU_DECODE_BLOCKS_VAR: &str = "ARCHGEN_GPU_DECODE_BLOCKS";
+pub const GPU_ONE_TOKEN_SDPA_VAR: &str = "ARCHGEN_GPU_ONE_TOKEN_SDPA";
+
+impl DecodeChoices {
+    /// What runs when nothing is set: the compiled blocks of the device, the
+    /// GPU path on CUDA only ([`MEASURED_GPU`]), every block compiled, fused
+    /// SDPA on a GPU.
+    pub const DEFAULT: DecodeChoices = DecodeChoices {
+        eager_decode: false,
+        gpu_decode: MEASURED_GPU,
+        gpu_decode_on_cpu: false,
+        gpu_blocks: GpuBlocks::All,
+        gpu_one_token_sdpa: false,
+    };
+
+    /// The choices the environment variables make, read as they always
+    /// were: `ARCHGEN_EAGER_DECODE` and `ARCHGEN_GPU_DECODE` are on when set
+    /// to anything but empty or `0` (`cpu-too` also sets
+    /// [`DecodeChoices::gpu_decode_on_cpu`]), `ARCHGEN_GPU_DECODE_BLOCKS` is
+    /// `pre`, `post` or `none` (anything else: every block), and
+    /// `ARCHGEN_GPU_ONE_TOKEN_SDPA` is on at `1`.
+    pub fn from_env() -> DecodeChoices {
+        let set = |name: &str| std::env::var_os(name).map(|v| !v.is_empty() && v != "0");
+        let gpu_decode_on_cpu = std::env::var_os(GPU_DECODE_VAR).is_some_and(|v| v == "cpu-too");
+        DecodeChoices {
+            eager_decode: set(EAGER_DECODE_VAR).unwrap_or(false),
+            gpu_decode: set(GPU_DECODE_VAR).unwrap_or(MEASURED_GPU),
+            gpu_decode_on_cpu,
+            gpu_blocks: match std::env::var(GPU_DECODE_BLOCKS_VAR).as_deref() {
+                Ok("pre") => GpuBlocks::PreAttention,
+                Ok("post") => GpuBlocks::PostAttention,
+                Ok("none") => GpuBlocks::None,
+                _ => GpuBlocks::All,
+            },
+            gpu_one_token_sdpa: std::env::var_os(GPU_ONE_TOKEN_SDPA_VAR).is_some_and(|v| v == "1"),
+        }
+    }
+}
+
+static CHOICES: std::sync::OnceLock<DecodeChoices> = std::sync::OnceLock::new();
+
+/// Fixes this process's decode choices. `Err` with the choices in force when
+/// they were already fixed (set before, or read by a step that ran): a model
+/// that has stepped keeps the blocks it compiled.
+pub fn set_decode_choices(choices: DecodeChoices) -> Result<(), DecodeChoices> {
+    CHOICES.set(choices)?;
+    Ok(())
+}
+
+/// This process's decode choices: those set by [`set_decode_choices`], else
+/// the environment's.
+pub fn decode_choices() -> DecodeChoices {
+    *CHOICES.get_or_init(DecodeChoices::from_env)
+}
+
+/// The path of one-token steps on MLX's default device, from
+/// [`decode_choices`]:
 /// [`Path::CpuFallbacks`] on the CPU; on a GPU [`Path::NativeFastOps`]
-/// (on Metal only with `ARCHGEN_GPU_DECODE=1`), or [`Path::Eager`] with
-/// `ARCHGEN_GPU_DECODE=0`; [`Path::Eager`] everywhere when
-/// `ARCHGEN_EAGER_DECODE=1` (paired A/B of the same binary).
+/// (by default on CUDA only), or [`Path::Eager`] with `gpu_decode` off;
+/// [`Path::Eager`] everywhere with `eager_decode` (paired A/B of the same
+/// binary).
 ///
-/// `ARCHGEN_GPU_DECODE=cpu-too` takes [`Path::NativeFastOps`] on the CPU as
+/// `gpu_decode_on_cpu` takes [`Path::NativeFastOps`] on the CPU as
 /// well: a wiring check of the GPU blocks on a machine without one (the CPU
 /// then runs MLX's op graphs for the fast ops, compiled with their float
 /// constants inlined, so equal bits there are not promised).
 pub fn path() -> Path {
-    static SWITCHES: std::sync::OnceLock<(Option<bool>, Option<bool>, bool)> =
-        std::sync::OnceLock::new();
-    let (eager, gpu, cpu_too) = *SWITCHES.get_or_init(|| {
-        let set = |name: &str| std::env::var_os(name).map(|v| !v.is_empty() && v != "0");
-        let cpu_too = std::env::var_os("ARCHGEN_GPU_DECODE").is_some_and(|v| v == "cpu-too");
-        (
-            set("ARCHGEN_EAGER_DECODE"),
-            set("ARCHGEN_GPU_DECODE"),
-            cpu_too,
-        )
-    });
-    match (eager, on_cpu(), gpu) {
-        (Some(true), _, _) => Path::Eager,
-        (_, true, _) if cpu_too => Path::NativeFastOps,
-        (_, true, _) => Path::CpuFallbacks,
-        (_, false, Some(true)) => Path::NativeFastOps,
-        (_, false, None) if MEASURED_GPU => Path::NativeFastOps,
-        (_, false, None | Some(false)) => Path::Eager,
+    let choices = decode_choices();
+    match (choices.eager_decode, on_cpu(), choices.gpu_decode) {
+        (true, _, _) => Path::Eager,
+        (false, true, _) if choices.gpu_decode_on_cpu => Path::NativeFastOps,
+        (false, true, _) => Path::CpuFallbacks,
+        (false, false, true) => Path::NativeFastOps,
+        (false, false, false) => Path::Eager,
     }
 }
 
 /// Whether this build's GPU backend is the one the GPU path was measured on
 /// (CUDA, on Linux); on macOS the GPU is Metal, whose compiler was never
 /// checked against the eager kernels, so the path stays opt-in there.
-const MEASURED_GPU: bool = !cfg!(target_os = "macos");
+pub const MEASURED_GPU: bool = !cfg!(target_os = "macos");
 
 /// Whether MLX's default device is the CPU.
 fn on_cpu() -> bool {
@@ -87,15 +153,7 @@ pub enum GpuBlocks {
 }
 
 pub fn gpu_blocks() -> GpuBlocks {
-    static BLOCKS: std::sync::OnceLock<GpuBlocks> = std::sync::OnceLock::new();
-    *BLOCKS.get_or_init(
-        || match std::env::var("ARCHGEN_GPU_DECODE_BLOCKS").as_deref() {
-            Ok("pre") => GpuBlocks::PreAttention,
-            Ok("post") => GpuBlocks::PostAttention,
-            Ok("none") => GpuBlocks::None,
-            _ => GpuBlocks::All,
-        },
-    )
+    decode_choices().gpu_blocks
 }
 
 /// Whether one unmasked query token attends through
@@ -103,14 +161,10 @@ pub fn gpu_blocks() -> GpuBlocks {
 /// matmul) rather than `fast.scaled_dot_product_attention`: on the CPU,
 /// whose SDPA fallback it reproduces. On a GPU the fused SDPA kernel or the
 /// fallback's broadcast matmuls may pick other kernels than the grouped
-/// matmul, so it stays off there unless `ARCHGEN_GPU_ONE_TOKEN_SDPA=1`
-/// (an experiment, see docs/benchmarks.md).
+/// matmul, so it stays off there unless `gpu_one_token_sdpa` is chosen
+/// (an experiment that changes bits there, see docs/parity.md).
 pub fn one_token_sdpa() -> bool {
-    static GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    on_cpu()
-        || *GPU.get_or_init(|| {
-            std::env::var_os("ARCHGEN_GPU_ONE_TOKEN_SDPA").is_some_and(|v| v == "1")
-        })
+    on_cpu() || decode_choices().gpu_one_token_sdpa
 }
 
 /// How often mlx-lm returns MLX's buffer pool to the system while

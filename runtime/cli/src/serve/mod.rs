@@ -1419,23 +1419,19 @@ async fn stop_signal() {
     let _ = interrupt.await;
 }
 
-/// MLX's CUDA graph cache size for a server, unless the operator set one.
-/// Continuous batching runs a new graph shape for every batch size and
-/// prefill length; past MLX 0.32.2's default of 400 graphs its CUDA backend
-/// throws "Cache thrashing is happening" and fails the step (seen on an
-/// H200: 63 of 64 requests at 32 clients). At 4,000 the compiled one-token
-/// blocks (more graphs per batch size than the eager ones) filled it in a
-/// serve benchmark's four load levels, and a 12k-token prompt after them
-/// took 10.1 s to its first token where 40,000 gave 1.8 s, as did the
-/// eager blocks at 4,000 (docs/benchmarks.md, "The long prompt's first
-/// token on the H200"). Other backends do not read it.
-const CUDA_GRAPH_CACHE_SIZE: &str = "40000";
-
 pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
-    // Before the model loads, so before MLX's CUDA backend reads it.
-    if std::env::var_os("MLX_CUDA_GRAPH_CACHE_SIZE").is_none() {
-        std::env::set_var("MLX_CUDA_GRAPH_CACHE_SIZE", CUDA_GRAPH_CACHE_SIZE);
-    }
+    let levers = crate::checkpoint::run_levers(&args.levers, &args.model, args.require_tier)?;
+    // MLX's CUDA graph cache size (the cuda-graph-cache lever, whose
+    // environment source is this variable): before the model loads, so
+    // before MLX's CUDA backend reads it. Continuous batching runs a new
+    // graph shape for every batch size and prefill length; past MLX
+    // 0.32.2's default of 400 graphs its CUDA backend throws "Cache
+    // thrashing is happening" and fails the step (seen on an H200: 63 of 64
+    // requests at 32 clients), hence the lever's default (levers.rs).
+    std::env::set_var(
+        crate::levers::CUDA_GRAPH_CACHE_VAR,
+        levers.values.cuda_graph_cache.to_string(),
+    );
     let model = args.model.as_path();
     if !model.is_dir() {
         return Err(format!("{}: not a directory", model.display()));
@@ -1463,8 +1459,8 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
     ));
     let to_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
     let limits = Limits {
-        max_batch: args.max_batch as usize,
-        prefill_step: args.prefill_step as usize,
+        max_batch: to_usize(levers.values.max_batch),
+        prefill_step: to_usize(levers.values.prefill_step),
         prompt_cache_bytes: usize::try_from(args.prompt_cache_bytes).unwrap_or(usize::MAX),
         prompt_cache_size: args.prompt_cache_size as usize,
     };
@@ -1485,10 +1481,18 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
     // Every implementation batches (the generated models and the monolith
     // share the batched blocks), so `--impl` picks as in every command.
     let implementation = args.implementation;
+    let require_tier = args.require_tier;
     let worker_thread = std::thread::Builder::new()
         .name("archgen-model".into())
         .spawn(move || {
-            crate::checkpoint::with_model(&ui, &model_path, implementation, None, worker)
+            crate::checkpoint::with_model(
+                &ui,
+                &model_path,
+                implementation,
+                require_tier,
+                &levers,
+                worker,
+            )
         })
         .map_err(|e| format!("cannot start the model thread: {e}"))?;
     let vocab_size = match ready_rx.recv() {

@@ -1,0 +1,393 @@
+//! Speed levers on the command line (docs/cli.md, "Levers"): `archgen
+//! levers` lists them; a run states the levers it has on and the tier they
+//! give it; `--l1`/`--l3` expand to lever settings that a lever's own flag
+//! overrides; the environment variables stay a lower-priority source; and
+//! `--require-tier` refuses an L3 lever by name, before reading anything.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+/// The environment variables that set levers: removed from every run here
+/// unless a test sets one, so the caller's environment cannot decide a test.
+const LEVER_VARS: [&str; 5] = [
+    "ARCHGEN_EAGER_DECODE",
+    "ARCHGEN_GPU_DECODE",
+    "ARCHGEN_GPU_DECODE_BLOCKS",
+    "ARCHGEN_GPU_ONE_TOKEN_SDPA",
+    "MLX_CUDA_GRAPH_CACHE_SIZE",
+];
+
+fn archgen_with(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_archgen"));
+    cmd.args(args);
+    for var in LEVER_VARS {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn archgen(args: &[&str]) -> Output {
+    archgen_with(args, &[])
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
+    let o = archgen(&["levers"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8(o.stdout).unwrap();
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no row for {name}:\n{table}"))
+            .split_whitespace()
+            .take(5)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        row("gpu-one-token-sdpa"),
+        [
+            "gpu-one-token-sdpa",
+            "L3",
+            "off",
+            "on|off",
+            "ARCHGEN_GPU_ONE_TOKEN_SDPA"
+        ]
+    );
+    assert_eq!(
+        row("eager-decode"),
+        [
+            "eager-decode",
+            "L1",
+            "off",
+            "on|off",
+            "ARCHGEN_EAGER_DECODE"
+        ]
+    );
+    assert_eq!(row("max-batch"), ["max-batch", "L1", "16", "1..=4096", "-"]);
+    assert!(table.contains("--l3   gpu-one-token-sdpa=on\n"), "{table}");
+    assert!(
+        table.contains(
+            "--l1   gpu-decode-on-cpu=off, gpu-decode-blocks=all, gpu-one-token-sdpa=off\n"
+        ),
+        "{table}"
+    );
+
+    let o = archgen(&["levers", "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let levers = json["levers"].as_array().unwrap();
+    let names: Vec<&str> = levers.iter().map(|l| l["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "eager-decode",
+            "gpu-decode",
+            "gpu-decode-on-cpu",
+            "gpu-decode-blocks",
+            "gpu-one-token-sdpa",
+            "max-batch",
+            "prefill-step",
+            "cuda-graph-cache"
+        ]
+    );
+    let sdpa = &levers[4];
+    assert_eq!(sdpa["tier_when_on"], "L3");
+    assert_eq!(sdpa["default"], "off");
+    assert_eq!(sdpa["kind"], "switch");
+    assert_eq!(sdpa["environment"], "ARCHGEN_GPU_ONE_TOKEN_SDPA");
+    assert_eq!(
+        sdpa["commands"],
+        serde_json::json!(["logits", "generate", "chat", "serve"])
+    );
+    assert_eq!(levers[7]["commands"], serde_json::json!(["serve"]));
+    let aliases = json["aliases"].as_array().unwrap();
+    assert_eq!(aliases[0]["flag"], "--l1");
+    assert_eq!(aliases[0]["sets"]["gpu-one-token-sdpa"], "off");
+    assert_eq!(aliases[2]["flag"], "--l3");
+    assert_eq!(
+        aliases[2]["sets"],
+        serde_json::json!({"gpu-one-token-sdpa": "on"})
+    );
+
+    let o = archgen(&["levers", "--format", "yaml"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+#[test]
+fn require_tier_refuses_an_l3_lever_by_name_before_reading_anything() {
+    let root = tempfile::tempdir().unwrap();
+    let missing = root.path().join("no-such-model");
+    let model = missing.to_str().unwrap();
+    let out = root.path().join("o.safetensors");
+    let out = out.to_str().unwrap();
+    let logits = [
+        "logits",
+        "--model",
+        model,
+        "--prompt-ids",
+        "1",
+        "--out",
+        out,
+    ];
+    let generate = ["generate", "--model", model, "--prompt-ids", "1"];
+    let chat = ["chat", "--model", model];
+    let serve = ["serve", "--model", model, "--port", "0"];
+    for base in [&logits[..], &generate, &chat, &serve] {
+        let run = |extra: &[&str], env: &[(&str, &str)]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            archgen_with(&v, env)
+        };
+        // The lever's flag, the alias and the environment each turn it on.
+        for (extra, env, source) in [
+            (
+                &["--gpu-one-token-sdpa", "--require-tier", "L1"][..],
+                &[][..],
+                "from its flag",
+            ),
+            (&["--l3", "--require-tier", "L2"], &[], "from --l3"),
+            (
+                &["--require-tier", "L1"],
+                &[("ARCHGEN_GPU_ONE_TOKEN_SDPA", "1")],
+                "from ARCHGEN_GPU_ONE_TOKEN_SDPA",
+            ),
+        ] {
+            let o = run(extra, env);
+            let e = stderr(&o);
+            assert_eq!(o.status.code(), Some(1), "{base:?} {extra:?}: {e}");
+            let required = extra.last().unwrap();
+            assert!(
+                e.contains(&format!(
+                    "archgen: error: --require-tier {required}: refusing to run {model}: \
+                     lever gpu-one-token-sdpa=on ({source}) is L3; turn it off \
+                     (--gpu-one-token-sdpa off;"
+                )),
+                "{base:?} {extra:?}: {e}"
+            );
+        }
+        // Turned off again (by --l1 over the environment), the levers pass and
+        // the run goes on to fail on the missing model instead.
+        let o = run(
+            &["--l1", "--require-tier", "L1"],
+            &[("ARCHGEN_GPU_ONE_TOKEN_SDPA", "1")],
+        );
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{base:?}: {e}");
+        assert!(!e.contains("refusing"), "{base:?}: {e}");
+        assert!(e.contains("no-such-model"), "{base:?}: {e}");
+    }
+    assert!(!Path::new(out).exists());
+
+    // `launch` passes the levers to its ranks, which refuse the same way.
+    let mut launched = vec!["launch", "-n", "1", "--timeout", "60", "--"];
+    launched.extend_from_slice(&logits);
+    launched.extend_from_slice(&["--gpu-decode-on-cpu", "--require-tier", "L1"]);
+    let o = archgen(&launched);
+    let e = stderr(&o);
+    assert_ne!(o.status.code(), Some(0), "{e}");
+    assert!(
+        e.contains("lever gpu-decode-on-cpu=on (from its flag) is L3"),
+        "{e}"
+    );
+
+    // A bad value in a lever's environment variable is named.
+    let o = archgen_with(&logits, &[("ARCHGEN_GPU_DECODE_BLOCKS", "middle")]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains(
+            "archgen: error: ARCHGEN_GPU_DECODE_BLOCKS=middle: `middle` is not one of all, pre, post, none"
+        ),
+        "{e}"
+    );
+}
+
+fn init(spec: &str, dir: &Path) {
+    let repo = archgen_tests::repo_root();
+    let o = archgen(&[
+        "init",
+        "--spec",
+        repo.join(format!("specs/{spec}.yaml")).to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+        "--seed",
+        "7",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn a_run_states_its_levers_and_the_tier_they_give_it() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("m");
+    init("qwen3-0.6b-tiny", &dir);
+    let logits = |name: &str, extra: &[&str], env: &[(&str, &str)]| {
+        let out = root.path().join(format!("{name}.safetensors"));
+        let mut args = vec![
+            "logits",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2,3,4,5,6,7,8,9",
+            "--decode-steps",
+            "4",
+            "--impl",
+            "generated",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = archgen_with(&args, env);
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+        (stderr(&o), std::fs::read(&out).unwrap())
+    };
+    let l1 = "archgen: parity tier L1 (bit-exact with mlx-lm 0.32.2)\n";
+    let sdpa_l3 = "archgen: parity tier L3: lever gpu-one-token-sdpa=on (no oracle)\n";
+    // gpu-decode is on by default in every build but macOS's.
+    let gpu = if cfg!(target_os = "macos") {
+        ""
+    } else {
+        "gpu-decode (default), "
+    };
+
+    let (e, default_bytes) = logits("default", &[], &[]);
+    assert!(e.contains(l1), "{e}");
+    let none_on = match gpu {
+        "" => "archgen: levers on: none\n",
+        _ => "archgen: levers on: gpu-decode (default)\n",
+    };
+    assert!(e.contains(none_on), "{e}");
+    assert!(
+        e.contains("; one-token steps: compiled blocks of the CPU's fallback ops\n"),
+        "{e}"
+    );
+
+    let (e, _) = logits("l3", &["--l3"], &[]);
+    assert!(e.contains(sdpa_l3), "{e}");
+    assert!(
+        e.contains(&format!(
+            "archgen: levers on: {gpu}gpu-one-token-sdpa (from --l3)\n"
+        )),
+        "{e}"
+    );
+
+    let (e, _) = logits("l3-off", &["--l3", "--gpu-one-token-sdpa", "off"], &[]);
+    assert!(e.contains(l1), "{e}");
+
+    let (e, _) = logits("env", &[], &[("ARCHGEN_GPU_ONE_TOKEN_SDPA", "1")]);
+    assert!(e.contains(sdpa_l3), "{e}");
+    assert!(
+        e.contains("gpu-one-token-sdpa (from ARCHGEN_GPU_ONE_TOKEN_SDPA)"),
+        "{e}"
+    );
+    let (e, _) = logits("env-l1", &["--l1"], &[("ARCHGEN_GPU_ONE_TOKEN_SDPA", "1")]);
+    assert!(e.contains(l1), "{e}");
+
+    // The decode levers reach the runtime: the blocks the steps run change,
+    // and an L1 lever keeps the bytes.
+    let (e, eager_bytes) = logits("eager", &["--eager-decode"], &[]);
+    assert!(e.contains(l1), "{e}");
+    assert!(e.contains("; one-token steps: eager blocks\n"), "{e}");
+    assert!(e.contains("eager-decode (from its flag)"), "{e}");
+    assert!(
+        eager_bytes == default_bytes,
+        "--eager-decode changed the logits"
+    );
+    let (e, _) = logits("wiring", &["--gpu-decode-on-cpu"], &[]);
+    assert!(
+        e.contains("archgen: parity tier L3: lever gpu-decode-on-cpu=on (no oracle)\n"),
+        "{e}"
+    );
+    assert!(
+        e.contains("; one-token steps: compiled blocks with native fast ops (the GPU path)\n"),
+        "{e}"
+    );
+
+    // --quiet: no status notes at all.
+    let (e, _) = logits("quiet", &["--l3", "--quiet"], &[]);
+    assert!(
+        !e.contains("levers on") && !e.contains("parity tier"),
+        "{e}"
+    );
+}
+
+#[test]
+fn chat_and_serve_state_their_levers_serves_with_its_own() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("m");
+    init("qwen3-0.6b-tiny", &dir);
+    let template =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates/qwen3.jinja");
+    archgen_tests::run_python(
+        "make_chat_tokenizer.py",
+        &[dir.as_os_str(), template.as_os_str()],
+    );
+    let gpu = if cfg!(target_os = "macos") {
+        ""
+    } else {
+        "gpu-decode (default), "
+    };
+
+    // chat with nothing on stdin: the notes, then the end of the conversation.
+    let o = Command::new(env!("CARGO_BIN_EXE_archgen"))
+        .args(["chat", "--model", dir.to_str().unwrap(), "--l3"])
+        .env_remove("ARCHGEN_GPU_ONE_TOKEN_SDPA")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains("archgen: parity tier L3: lever gpu-one-token-sdpa=on (no oracle)\n"),
+        "{e}"
+    );
+    assert!(
+        e.contains(&format!(
+            "archgen: levers on: {gpu}gpu-one-token-sdpa (from --l3)\n"
+        )),
+        "{e}"
+    );
+
+    // serve states its own levers too, before it listens.
+    let mut server = Command::new(env!("CARGO_BIN_EXE_archgen"))
+        .args(["serve", "--model", dir.to_str().unwrap(), "--port", "0"])
+        .args(["--max-batch", "4", "--l1"])
+        .env("MLX_CUDA_GRAPH_CACHE_SIZE", "500")
+        .env("ARCHGEN_GPU_ONE_TOKEN_SDPA", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut startup = String::new();
+    for line in BufReader::new(server.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        startup.push_str(&line);
+        startup.push('\n');
+        if line.contains("http://") {
+            break;
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        startup.contains("archgen: parity tier L1 (bit-exact with mlx-lm 0.32.2)\n"),
+        "{startup}"
+    );
+    assert!(
+        startup.contains(&format!(
+            "archgen: levers on: {gpu}max-batch=4 (from its flag), prefill-step=2048 (default), \
+             cuda-graph-cache=500 (from MLX_CUDA_GRAPH_CACHE_SIZE)\n"
+        )),
+        "{startup}"
+    );
+}
