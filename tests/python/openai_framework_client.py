@@ -1,6 +1,7 @@
 """Drives `archgen serve` with the official openai client the way
 frameworks built on it do: an API key, `models.retrieve`, requests with
-extra and null fields, `stream_options`, and the errors a framework reads
+extra and null fields, `stream_options`, the sampling fields with the seed
+that replays them, and the errors a framework reads
 (status, `param`, `code`). Asserts as it goes (a failed check exits non-zero
 with its message) and prints what it saw as JSON.
 
@@ -74,9 +75,22 @@ def main() -> None:
     check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens,
           f"usage chunk: {chunks[-1]}")
 
-    # What the server does not serve is a 400 naming the field.
+    # The sampling fields are served: the seed a request used comes back in
+    # x-archgen-seed, and sending it as `seed` replays the answer.
+    sampling = dict(model=model, messages=messages, max_tokens=4, temperature=1.0,
+                    logit_bias={"5": 3}, presence_penalty=0.5,
+                    extra_body={"top_k": 20, "min_p": 0.05})
+    sampled = client.chat.completions.with_raw_response.create(**sampling)
+    seed = sampled.headers.get("x-archgen-seed")
+    check(seed is not None and seed.isdigit(), f"seed header: {sampled.headers}")
+    first = sampled.parse().choices[0].message.content
+    replayed = client.chat.completions.create(seed=int(seed), **sampling).choices[0].message.content
+    check(replayed == first, f"seed {seed} replayed {replayed!r}, first {first!r}")
+
+    # What the server does not serve, or a value out of a field's range, is a
+    # 400 naming the field.
     refused = {}
-    for field, value in [("response_format", {"type": "json_object"}), ("n", 2), ("logit_bias", {"5": 3})]:
+    for field, value in [("response_format", {"type": "json_object"}), ("n", 2), ("logit_bias", {"5": 101})]:
         try:
             client.chat.completions.create(model=model, messages=messages, max_tokens=2, **{field: value})
             raise SystemExit(f"check failed: {field}={value} was served")
