@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use archgen_runtime::distributed::Split;
-use archgen_runtime::model::ModelTask;
+use archgen_runtime::model::{ModelTask, Runs};
 use tokenizers::Tokenizer;
 
 use crate::args::{Impl, RequiredTier};
@@ -77,6 +77,10 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
     // model's (split over ranks, that of its sharded oracle).
     let ranks = crate::launch::group().map_or(1, |g| g.size() as usize);
     let tier = archgen_ir::tier::sharded_tier(&arch, ranks);
+    let tier = match task.runs() {
+        Runs::OneSequence => tier,
+        Runs::Batches => archgen_ir::tier::batch_tier(&arch, tier),
+    };
     if let Some(required) = require_tier {
         if tier.tier > required.tier() {
             return Err(format!(
