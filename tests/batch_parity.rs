@@ -802,3 +802,93 @@ fn a_short_prompt_overtakes_a_long_one_in_prefill_and_computes_as_alone() {
     );
     assert_eq!(one[1].1.len(), 8);
 }
+
+/// Gemma-2 with grouped-query attention (gemma-2-2b-tiny: 4 heads, 2 K/V
+/// heads) in a batch. mlx-lm 0.32.2's gemma2 adds the batch's mask
+/// [B, 1, L, S] to scores [B, 2, 2, L, S]: stock `BatchGenerator` fails on
+/// the schedule (checked here, so the test notices if mlx-lm changes), and
+/// at B = 2 it would mask each K/V head with another row's mask. archgen
+/// masks each row with its own (`attention::mask_each_row`, tier L3 for
+/// batches): checked byte for byte against mlx-lm's own attention with the
+/// mask's one missing axis added (`batch_oracle.py --gemma2-mask-each-row`),
+/// generated and monolith.
+#[test]
+fn gemma2_grouped_query_batches_mask_each_row() {
+    let name = "gemma-2-2b-tiny";
+    let root = tempfile::tempdir().unwrap();
+    let spec = archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml")))
+        .unwrap_or_else(|d| panic!("{d}"));
+    let ir = spec.lower();
+    assert!(
+        archgen_ir::tier::batch_tier(&ir, archgen_ir::tier::tier(&ir)).tier
+            == archgen_ir::tier::Tier::L3,
+        "{name}: batches of grouped softcapped attention are L3"
+    );
+    let jobs = json!([{
+        "config": config_for(&spec),
+        "out": root.path().join(name),
+        "seed": 4301,
+        "dtype": "bfloat16",
+        "bits": null,
+        "group_size": null,
+        "kv_quant": null,
+        "mixed_kv": null,
+        "prompt_ids": [1, 2, 3],
+        "decode_steps": 1,
+    }]);
+    let jobs_path = root.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+
+    let model_dir = root.path().join(name).join("model");
+    let model = archgen_monolith::load_dir(&model_dir).unwrap();
+    let json = schedule(BatchLm::vocab_size(&model));
+    let schedule_path = root.path().join("schedule.json");
+    std::fs::write(&schedule_path, serde_json::to_vec(&json).unwrap()).unwrap();
+    let oracle_path = root.path().join("oracle.safetensors");
+
+    let stock = std::process::Command::new(archgen_tests::venv_python())
+        .arg(repo_root().join("tests/python/batch_oracle.py"))
+        .args([&model_dir, &schedule_path, &oracle_path])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&stock.stderr);
+    assert!(
+        !stock.status.success() && said.contains("broadcast_shapes"),
+        "stock mlx-lm was expected to fail on a Gemma-2 GQA batch: {}\n{said}",
+        stock.status
+    );
+
+    run_python(
+        "batch_oracle.py",
+        &[
+            model_dir.as_os_str(),
+            schedule_path.as_os_str(),
+            oracle_path.as_os_str(),
+            std::ffi::OsStr::new("--gemma2-mask-each-row"),
+        ],
+    );
+    let oracle = Array::load_safetensors(&oracle_path).unwrap();
+    let schedule = Schedule::from_json(&json, BatchLm::vocab_size(&model)).unwrap();
+    let runs = run_schedule(&model, &schedule).unwrap();
+    let generated = run_generated_once(&model_dir, name, &schedule).unwrap();
+    let mut failures = Vec::new();
+    for (which, seqs) in [("monolith", &runs), ("generated", &generated)] {
+        assert_eq!(seqs.len(), schedule.sequences.len(), "{which}");
+        for (i, run) in seqs.iter().enumerate() {
+            let n = run.tokens.len() as i32;
+            let tokens = Array::from_slice(&run.tokens, &[n]);
+            let steps = Array::from_slice(&run.steps, &[n]);
+            for (key, ours) in [
+                ("logprobs", &run.logprobs),
+                ("tokens", &tokens),
+                ("steps", &steps),
+            ] {
+                if !same(ours, &oracle[&format!("seq{i}.{key}")]) {
+                    failures.push(format!("{name}: seq{i}.{key}: {which} != mlx-lm, rows masked"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -2,7 +2,14 @@
 run over a fixed schedule: the reference that `archgen logits --batch` and
 tests/batch_parity.rs compare with, byte for byte (docs/parity.md, "Batches").
 
-Usage: batch_oracle.py MODEL_DIR SCHEDULE.json OUT.safetensors
+Usage: batch_oracle.py MODEL_DIR SCHEDULE.json OUT.safetensors [--gemma2-mask-each-row]
+
+--gemma2-mask-each-row: mlx-lm's gemma2 attention with grouped K/V heads
+adds a batch's mask [B, 1, L, S] to scores [B, kv_heads, repeats, L, S]
+(a broadcast error unless B is 1 or kv_heads, and then the wrong rows);
+with this flag the mask gets the one axis it lacks ([B, 1, 1, L, S]) before
+the unchanged attention runs: the oracle of archgen's row-by-row masked
+Gemma-2 batches (docs/parity.md, "Batches", Gemma-2).
 
 SCHEDULE.json:
     {"prefill_step_size": 2048,       # optional, mlx-lm's default
@@ -98,10 +105,28 @@ def run_schedule(model, schedule: dict) -> dict[str, mx.array]:
     return out
 
 
+def mask_gemma2_batches_each_row() -> None:
+    """Gives gemma2's attention a batch mask with the repeats' axis."""
+    from mlx_lm.models import gemma2
+
+    unchanged = gemma2.Attention.__call__
+
+    def call(self, x, mask=None, cache=None):
+        if mask is not None and self.repeats > 1 and mask.ndim == 4 and mask.shape[0] > 1:
+            mask = mx.expand_dims(mask, 2)
+        return unchanged(self, x, mask, cache)
+
+    gemma2.Attention.__call__ = call
+
+
 def main() -> None:
-    if len(sys.argv) != 4:
+    args = sys.argv[1:]
+    if args[3:] == ["--gemma2-mask-each-row"]:
+        mask_gemma2_batches_each_row()
+        args = args[:3]
+    if len(args) != 3:
         raise SystemExit(__doc__)
-    model_dir, schedule_path, out_path = map(Path, sys.argv[1:])
+    model_dir, schedule_path, out_path = map(Path, args)
     schedule = json.loads(schedule_path.read_text())
     tensors = run_schedule(load(model_dir), schedule)
     meta = {"schedule": json.dumps(schedule), "mlx": mx.__version__}

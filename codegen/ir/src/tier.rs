@@ -11,7 +11,7 @@
 
 use std::fmt;
 
-use crate::{KvCache, KvSource, Mixer, ModelIr, ShardOracle};
+use crate::{KvCache, KvSource, Mixer, ModelIr, Scores, ShardOracle};
 
 /// A parity tier; a lower tier is a stronger claim (`L1 < L2 < L3`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -70,6 +70,7 @@ pub enum Reason {
     /// model type mlx-lm has no `shard()` for, or a feature whose oracle is
     /// not run sharded.
     ShardedWithoutOracle { ranks: usize, why: &'static str },
+<<<<<<< HEAD
     /// A run-time speed lever set so that the run leaves L1 (archgen's
     /// levers, docs/cli.md): its name, its setting and the tier it gives.
     Lever {
@@ -77,14 +78,26 @@ pub enum Reason {
         setting: String,
         tier: Tier,
     },
+=======
+    /// Batches of several sequences that mlx-lm cannot run as archgen runs
+    /// them: its gemma2 attention with grouped K/V heads adds a batch's 4-D
+    /// mask to 5-D scores (a broadcast error, or at B = `n_kv_heads` each
+    /// head masked with another row's mask); archgen masks each row with
+    /// its own ([`batch_tier`]).
+    BatchWithoutOracle { why: &'static str },
+>>>>>>> main
 }
 
 impl Reason {
     pub fn tier(&self) -> Tier {
         match self {
             Reason::MixedKv { .. } => Tier::L2,
+<<<<<<< HEAD
             Reason::ShardedWithoutOracle { .. } => Tier::L3,
             Reason::Lever { tier, .. } => *tier,
+=======
+            Reason::ShardedWithoutOracle { .. } | Reason::BatchWithoutOracle { .. } => Tier::L3,
+>>>>>>> main
         }
     }
 }
@@ -109,7 +122,13 @@ impl fmt::Display for Reason {
                     "tensor parallel over {ranks} ranks without a sharded oracle ({why})"
                 )
             }
+<<<<<<< HEAD
             Reason::Lever { name, setting, .. } => write!(f, "lever {name}={setting}"),
+=======
+            Reason::BatchWithoutOracle { why } => {
+                write!(f, "batches of several sequences without an oracle ({why})")
+            }
+>>>>>>> main
         }
     }
 }
@@ -200,6 +219,31 @@ pub fn sharded_tier(ir: &ModelIr, ranks: usize) -> TierReport {
         report
             .reasons
             .push(Reason::ShardedWithoutOracle { ranks, why });
+        report.tier = Tier::L3;
+    }
+    report
+}
+
+/// The tier of batches of several sequences of `ir` (`archgen logits
+/// --batch`, `archgen serve` with `--max-batch` above 1), given `report`, the
+/// tier of one sequence. mlx-lm's `BatchGenerator` is the oracle of a batch,
+/// except where its batched forward fails or masks rows with each other's
+/// masks: attention with written-out softcapped scores over grouped K/V heads
+/// (gemma2 with `n_kv_heads < n_heads`), which archgen masks row by row (L3).
+/// A batch of one row keeps mlx-lm's graph and its tier.
+pub fn batch_tier(ir: &ModelIr, mut report: TierReport) -> TierReport {
+    let grouped_softcap = ir.layers.iter().any(|layer| match &layer.mixer {
+        Mixer::Attention(a) => match a.scores {
+            Scores::Softcapped { .. } => a.n_kv_heads < a.n_heads,
+            Scores::FusedSdpa => false,
+        },
+        Mixer::GatedDeltaNet(_) => false,
+    });
+    if grouped_softcap {
+        report.reasons.push(Reason::BatchWithoutOracle {
+            why: "mlx-lm's gemma2 masks a batch of grouped-query attention with a 4-D mask over \
+                  5-D scores; archgen gives each row its own mask",
+        });
         report.tier = Tier::L3;
     }
     report

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use archgen_runtime::batch_session::{run_schedule, Schedule};
-use archgen_runtime::model::{CausalLm, ModelTask};
+use archgen_runtime::model::{CausalLm, ModelTask, Runs};
 use archgen_runtime::Array;
 
 use crate::args::LogitsArgs;
@@ -61,6 +61,10 @@ struct BatchTask<'a> {
 
 impl ModelTask for BatchTask<'_> {
     type Output = Result<(), String>;
+
+    fn runs(&self) -> Runs {
+        Runs::Batches
+    }
 
     fn run<M: CausalLm>(self, m: &M) -> Self::Output {
         let schedule = Schedule::from_json(self.json, m.vocab_size())

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use archgen_runtime::device::{self, Path as DecodePath};
 use archgen_runtime::distributed::Split;
-use archgen_runtime::model::ModelTask;
+use archgen_runtime::model::{ModelTask, Runs};
 use tokenizers::Tokenizer;
 
 use crate::args::{Impl, RequiredTier};
@@ -112,10 +112,15 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
     // Both implementations reproduce the same oracle, so the tier is the
     // model's (split over ranks, that of its sharded oracle).
     let ranks = crate::launch::group().map_or(1, |g| g.size() as usize);
-    let tier = levers.reasons().into_iter().fold(
-        archgen_ir::tier::sharded_tier(&arch, ranks),
-        archgen_ir::tier::TierReport::with_reason,
-    );
+    let tier = archgen_ir::tier::sharded_tier(&arch, ranks);
+    let tier = match task.runs() {
+        Runs::OneSequence => tier,
+        Runs::Batches => archgen_ir::tier::batch_tier(&arch, tier),
+    };
+    let tier = levers
+        .reasons()
+        .into_iter()
+        .fold(tier, archgen_ir::tier::TierReport::with_reason);
     if let Some(required) = require_tier {
         if tier.tier > required.tier() {
             return Err(format!(

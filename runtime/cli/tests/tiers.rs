@@ -167,3 +167,57 @@ fn an_initialised_l2_checkpoint_gives_mlx_optiqs_bytes() {
         assert_eq!(bytes(&m), bytes(&r), "{k}: monolith != mlx-optiq");
     }
 }
+
+/// A Gemma-2 with grouped-query attention: one sequence is L1; a batch of
+/// several (`logits --batch`) is L3 with the reason stated (mlx-lm's gemma2
+/// cannot mask such a batch row by row; archgen does), runs, and is refused
+/// under `--require-tier L1`.
+#[test]
+fn gemma2_grouped_query_batches_state_tier_l3() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("g2");
+    init("gemma-2-2b-tiny", &dir);
+    let out = root.path().join("o.safetensors");
+    let o = logits(&dir, "auto", &out, &["--require-tier", "L1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("parity tier L1"), "{}", stderr(&o));
+
+    let schedule = root.path().join("s.json");
+    std::fs::write(
+        &schedule,
+        r#"{"prefill_step_size": 4, "sequences": [
+            {"prompt": [1, 2, 3, 4, 5], "arrival": 0, "decode": 3},
+            {"prompt": [6, 7], "arrival": 0, "decode": 4},
+            {"prompt": [8, 9, 10], "arrival": 1, "decode": 2}]}"#,
+    )
+    .unwrap();
+    let batch = |extra: &[&str]| {
+        let mut args = vec![
+            "logits",
+            "--model",
+            dir.to_str().unwrap(),
+            "--batch",
+            schedule.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        archgen(&args)
+    };
+    std::fs::remove_file(&out).unwrap();
+    let o = batch(&[]);
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains("parity tier L3: batches of several sequences without an oracle")
+            && e.contains("gemma2"),
+        "{e}"
+    );
+    assert!(out.exists());
+    std::fs::remove_file(&out).unwrap();
+    let o = batch(&["--require-tier", "L1"]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("--require-tier L1: refusing"), "{e}");
+    assert!(!out.exists());
+}

@@ -247,7 +247,8 @@ pub fn softcapped_attention(
     let scores = queries.matmul(keys.swap_axes(-1, -2)?)?;
     let cap = scalar_like(softcap, &scores);
     let mut scores = mlx_rs::ops::tanh(scores.divide(&cap)?)?.multiply(&cap)?;
-    match mask {
+    let mask = mask_each_row(mask, b, repeats)?;
+    match &mask {
         Mask::None => {}
         Mask::Causal => {
             return Err(mlx_rs::error::Exception::custom(
@@ -267,5 +268,25 @@ pub fn softcapped_attention(
         out.reshape(&[b, n_heads, l, d])
     } else {
         Ok(out)
+    }
+}
+
+/// A batch's mask [B, 1, L, S] with an axis for the grouped heads'
+/// repeats: [B, 1, 1, L, S], so that it lines up with the scores
+/// [B, kv_heads, repeats, L, S] row by row.
+///
+/// mlx-lm's gemma2 adds the 4-D mask to the 5-D scores as they are, which
+/// aligns the mask's batch axis with the K/V heads: a broadcast error for
+/// any batch of more than one row (and of other than `kv_heads` rows), and
+/// at B = `kv_heads` each head masked with another sequence's mask. archgen
+/// masks each row with its own mask instead (docs/parity.md, "Batches",
+/// Gemma-2: tier L3, checked against mlx-lm with this one axis added). One
+/// sequence, a batch of one and ungrouped heads keep mlx-lm's graph.
+fn mask_each_row(mask: &Mask, batch: i32, repeats: i32) -> Result<Mask> {
+    match mask {
+        Mask::Array(m) if repeats > 1 && batch > 1 && m.ndim() == 4 && m.shape()[0] > 1 => {
+            Ok(Mask::Array(m.expand_dims(2)?))
+        }
+        Mask::None | Mask::Causal | Mask::Array(_) => Ok(mask.clone()),
     }
 }

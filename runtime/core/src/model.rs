@@ -28,7 +28,20 @@ pub trait CausalLm {
 /// the forward pass.
 pub trait ModelTask {
     type Output;
+    /// Whether the task runs one sequence at a time or batches of several
+    /// (whose parity tier can be another: `archgen_ir::tier::batch_tier`).
+    fn runs(&self) -> Runs {
+        Runs::OneSequence
+    }
     fn run<M: CausalLm>(self, model: &M) -> Self::Output;
+}
+
+/// What a [`ModelTask`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runs {
+    OneSequence,
+    /// Batches of several sequences through `CausalLm::batched`.
+    Batches,
 }
 
 /// A model that could not be built: names the tensor or field.

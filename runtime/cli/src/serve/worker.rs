@@ -5,7 +5,7 @@
 
 use std::sync::{mpsc, Arc};
 
-use archgen_runtime::model::{CausalLm, ModelTask};
+use archgen_runtime::model::{CausalLm, ModelTask, Runs};
 use tokenizers::Tokenizer;
 
 use super::batched::BatchedScheduler;
@@ -27,6 +27,15 @@ pub struct Worker {
 
 impl ModelTask for Worker {
     type Output = Result<(), String>;
+
+    /// Up to `max_batch` sequences share a forward (a batch of one row is
+    /// one sequence's graph).
+    fn runs(&self) -> Runs {
+        match self.limits.max_batch {
+            0 | 1 => Runs::OneSequence,
+            _ => Runs::Batches,
+        }
+    }
 
     fn run<M: CausalLm>(self, m: &M) -> Self::Output {
         // The notes come before `ready`, so they precede the address line.
