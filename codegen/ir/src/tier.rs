@@ -231,7 +231,7 @@ pub fn sharded_tier(ir: &ModelIr, ranks: usize) -> TierReport {
 /// masks: attention with written-out softcapped scores over grouped K/V heads
 /// (gemma2 with `n_kv_heads < n_heads`), which archgen masks row by row (L3).
 /// A batch of one row keeps mlx-lm's graph and its tier.
-pub fn batch_tier(ir: &ModelIr, mut report: TierReport) -> TierReport {
+pub fn batch_tier(ir: &ModelIr, report: TierReport) -> TierReport {
     let grouped_softcap = ir.layers.iter().any(|layer| match &layer.mixer {
         Mixer::Attention(a) => match a.scores {
             Scores::Softcapped { .. } => a.n_kv_heads < a.n_heads,
@@ -239,12 +239,11 @@ pub fn batch_tier(ir: &ModelIr, mut report: TierReport) -> TierReport {
         },
         Mixer::GatedDeltaNet(_) => false,
     });
-    if grouped_softcap {
-        report.reasons.push(Reason::BatchWithoutOracle {
+    match grouped_softcap {
+        true => report.with_reason(Reason::BatchWithoutOracle {
             why: "mlx-lm's gemma2 masks a batch of grouped-query attention with a 4-D mask over \
                   5-D scores; archgen gives each row its own mask",
-        });
-        report.tier = Tier::L3;
+        }),
+        false => report,
     }
-    report
 }

@@ -2242,3 +2242,50 @@ fn sampling_fields_report_and_replay_the_seed() {
         assert_eq!(json(&body)["error"]["param"], field, "{extra}: {body}");
     }
 }
+
+/// Gemma-2 with grouped-query attention (gemma-2-2b-tiny: 4 heads, 2 K/V
+/// heads), three concurrent chat requests: mlx-lm 0.32.2's gemma2 cannot
+/// mask such a batch (a broadcast error, 500s in a server that passes it
+/// through); archgen masks each row with its own mask and states the
+/// batches' tier (L3, docs/parity.md "Batches", Gemma-2).
+#[test]
+fn serves_concurrent_gemma2_grouped_query_requests_in_one_batch() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model_of(root.path(), "gemma-2-2b-tiny", "gemma2-tiny");
+    let server = start_server(&model, &["--max-batch", "4"]);
+    assert!(
+        server.startup.iter().any(|l| l.contains("parity tier L3")
+            && l.contains("batches of several sequences without an oracle")),
+        "{:?}",
+        server.startup
+    );
+    let questions = ["Hi", "Why is the sky blue?", "Name three colours."];
+    let running: Vec<Background> = questions
+        .iter()
+        .map(|q| {
+            let body = serde_json::json!({
+                "messages": [{"role": "user", "content": q}],
+                "max_tokens": 12,
+                "temperature": 0,
+            });
+            Background::start(&server, "/v1/chat/completions", &body.to_string())
+        })
+        .collect();
+    for request in running {
+        let lines = request.finish(Duration::from_secs(120));
+        let body: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+        let body = body.join("\n");
+        let reply = json(&body);
+        assert!(
+            reply["choices"][0]["message"]["content"].is_string(),
+            "{body}"
+        );
+        let finish = reply["choices"][0]["finish_reason"].as_str();
+        assert!(matches!(finish, Some("length" | "stop")), "{body}");
+    }
+    assert!(
+        metric(&server, "archgen_decode_batch_size_sum")
+            > metric(&server, "archgen_decode_batch_size_count"),
+        "no decode forward computed more than one sequence"
+    );
+}
