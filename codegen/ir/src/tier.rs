@@ -70,7 +70,6 @@ pub enum Reason {
     /// model type mlx-lm has no `shard()` for, or a feature whose oracle is
     /// not run sharded.
     ShardedWithoutOracle { ranks: usize, why: &'static str },
-<<<<<<< HEAD
     /// A run-time speed lever set so that the run leaves L1 (archgen's
     /// levers, docs/cli.md): its name, its setting and the tier it gives.
     Lever {
@@ -78,26 +77,20 @@ pub enum Reason {
         setting: String,
         tier: Tier,
     },
-=======
     /// Batches of several sequences that mlx-lm cannot run as archgen runs
     /// them: its gemma2 attention with grouped K/V heads adds a batch's 4-D
     /// mask to 5-D scores (a broadcast error, or at B = `n_kv_heads` each
     /// head masked with another row's mask); archgen masks each row with
     /// its own ([`batch_tier`]).
     BatchWithoutOracle { why: &'static str },
->>>>>>> main
 }
 
 impl Reason {
     pub fn tier(&self) -> Tier {
         match self {
             Reason::MixedKv { .. } => Tier::L2,
-<<<<<<< HEAD
-            Reason::ShardedWithoutOracle { .. } => Tier::L3,
-            Reason::Lever { tier, .. } => *tier,
-=======
             Reason::ShardedWithoutOracle { .. } | Reason::BatchWithoutOracle { .. } => Tier::L3,
->>>>>>> main
+            Reason::Lever { tier, .. } => *tier,
         }
     }
 }
@@ -122,13 +115,10 @@ impl fmt::Display for Reason {
                     "tensor parallel over {ranks} ranks without a sharded oracle ({why})"
                 )
             }
-<<<<<<< HEAD
             Reason::Lever { name, setting, .. } => write!(f, "lever {name}={setting}"),
-=======
             Reason::BatchWithoutOracle { why } => {
                 write!(f, "batches of several sequences without an oracle ({why})")
             }
->>>>>>> main
         }
     }
 }
