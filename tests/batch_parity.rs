@@ -885,7 +885,9 @@ fn gemma2_grouped_query_batches_mask_each_row() {
                 ("steps", &steps),
             ] {
                 if !same(ours, &oracle[&format!("seq{i}.{key}")]) {
-                    failures.push(format!("{name}: seq{i}.{key}: {which} != mlx-lm, rows masked"));
+                    failures.push(format!(
+                        "{name}: seq{i}.{key}: {which} != mlx-lm, rows masked"
+                    ));
                 }
             }
         }
