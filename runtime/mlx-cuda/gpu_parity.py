@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import threading
@@ -42,6 +41,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from parity import tensors  # noqa: E402  (name -> (dtype, shape, raw bytes))
 
 # Two schedules over prompt ids below `vocab` (ids (i*37+seed) % vocab).
 # "stagger": tests/batch_parity.rs's schedule (arrivals over 10 steps, one
@@ -77,20 +79,6 @@ def schedules(vocab: int) -> dict[str, dict]:
             ],
         },
     }
-
-
-def tensors(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
-    """name -> (dtype, shape, raw data bytes) of a safetensors file."""
-    data = path.read_bytes()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    out = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = meta["data_offsets"]
-        out[name] = (meta["dtype"], meta["shape"], data[8 + n + a:8 + n + b])
-    return out
 
 
 WIDTH = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "U32": 4, "I64": 8}

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
-use crate::levers::{LeverFlags, ModelCommand, ServeCommand};
+use crate::levers::{LeverFlags, ListFormat, ModelCommand, ServeCommand};
 
 /// What the exit status means (shown under `archgen --help`, docs/cli.md).
 pub const EXIT_CODES: &str = "\
@@ -132,15 +132,6 @@ pub enum Command {
         archgen completions zsh > ~/.zfunc/_archgen\n  \
         archgen completions fish > ~/.config/fish/completions/archgen.fish")]
     Completions(CompletionsArgs),
-}
-
-/// How `archgen levers` prints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ListFormat {
-    /// An aligned table
-    Table,
-    /// One JSON object: {"levers": [...], "aliases": [...]}
-    Json,
 }
 
 #[derive(Debug, Args)]

@@ -15,9 +15,8 @@ use std::marker::PhantomData;
 
 use archgen_ir::tier::{Reason, Tier};
 use archgen_runtime::device::{self, DecodeChoices, GpuBlocks};
-use clap::{Arg, ArgAction, ArgGroup, ArgMatches};
+use clap::{Arg, ArgAction, ArgGroup, ArgMatches, ValueEnum};
 
-use crate::args::ListFormat;
 
 /// One speed lever.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -765,6 +764,16 @@ impl RunLevers {
             false => format!("levers on: {}", on.join(", ")),
         }
     }
+}
+
+/// How `archgen levers` prints (the args' `--format`; here, below the
+/// args, so that the args can name it without an import circle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ListFormat {
+    /// An aligned table
+    Table,
+    /// One JSON object: {"levers": [...], "aliases": [...]}
+    Json,
 }
 
 /// `archgen levers`: the registry and the aliases as a table, or as one
