@@ -17,7 +17,6 @@ use archgen_ir::tier::{Reason, Tier};
 use archgen_runtime::device::{self, DecodeChoices, GpuBlocks};
 use clap::{Arg, ArgAction, ArgGroup, ArgMatches, ValueEnum};
 
-
 /// One speed lever.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lever {
