@@ -732,16 +732,20 @@ fn run_lanes(
 /// computes alone (in a batch of one, as `BatchGenerator` with that prompt
 /// alone), byte for byte. mlx-lm's one prompt batch (`PromptLanes::One`)
 /// pads the short prompt into the long one's chunks instead.
-#[test]
-fn a_short_prompt_overtakes_a_long_one_in_prefill_and_computes_as_alone() {
-    let root = tempfile::tempdir().unwrap();
-    let name = "qwen3-0.6b-tiny";
+/// A bf16 checkpoint of the tiny spec `name` with random weights from
+/// `seed`, made by spec_cases.py in `root/name/model`; the spec and that
+/// directory.
+fn bf16_checkpoint(
+    root: &std::path::Path,
+    name: &str,
+    seed: u64,
+) -> (archgen_families::Spec, std::path::PathBuf) {
     let spec = archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml")))
         .unwrap_or_else(|d| panic!("{d}"));
     let jobs = json!([{
         "config": config_for(&spec),
-        "out": root.path().join(name),
-        "seed": 4500,
+        "out": root.join(name),
+        "seed": seed,
         "dtype": "bfloat16",
         "bits": null,
         "group_size": null,
@@ -750,10 +754,18 @@ fn a_short_prompt_overtakes_a_long_one_in_prefill_and_computes_as_alone() {
         "prompt_ids": [1, 2, 3],
         "decode_steps": 1,
     }]);
-    let jobs_path = root.path().join("jobs.json");
+    let jobs_path = root.join(format!("{name}.jobs.json"));
     std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
     run_python("spec_cases.py", &[jobs_path.as_os_str()]);
-    let model = archgen_monolith::load_dir(&root.path().join(name).join("model")).unwrap();
+    (spec, root.join(name).join("model"))
+}
+
+#[test]
+fn a_short_prompt_overtakes_a_long_one_in_prefill_and_computes_as_alone() {
+    let root = tempfile::tempdir().unwrap();
+    let name = "qwen3-0.6b-tiny";
+    let (_, model_dir) = bf16_checkpoint(root.path(), name, 4500);
+    let model = archgen_monolith::load_dir(&model_dir).unwrap();
     let vocab = BatchLm::vocab_size(&model);
     let ids = |n: i32, seed: i32| -> Vec<i32> { (0..n).map(|i| (i * 37 + seed) % vocab).collect() };
     // The long prompt: 41 tokens, 10 chunks of 4 then its last token. The
@@ -816,31 +828,13 @@ fn a_short_prompt_overtakes_a_long_one_in_prefill_and_computes_as_alone() {
 fn gemma2_grouped_query_batches_mask_each_row() {
     let name = "gemma-2-2b-tiny";
     let root = tempfile::tempdir().unwrap();
-    let spec = archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml")))
-        .unwrap_or_else(|d| panic!("{d}"));
+    let (spec, model_dir) = bf16_checkpoint(root.path(), name, 4301);
     let ir = spec.lower();
     assert!(
         archgen_ir::tier::batch_tier(&ir, archgen_ir::tier::tier(&ir)).tier
             == archgen_ir::tier::Tier::L3,
         "{name}: batches of grouped softcapped attention are L3"
     );
-    let jobs = json!([{
-        "config": config_for(&spec),
-        "out": root.path().join(name),
-        "seed": 4301,
-        "dtype": "bfloat16",
-        "bits": null,
-        "group_size": null,
-        "kv_quant": null,
-        "mixed_kv": null,
-        "prompt_ids": [1, 2, 3],
-        "decode_steps": 1,
-    }]);
-    let jobs_path = root.path().join("jobs.json");
-    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
-    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
-
-    let model_dir = root.path().join(name).join("model");
     let model = archgen_monolith::load_dir(&model_dir).unwrap();
     let json = schedule(BatchLm::vocab_size(&model));
     let schedule_path = root.path().join("schedule.json");
