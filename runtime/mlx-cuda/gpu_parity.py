@@ -13,8 +13,11 @@ Per case SPEC:L:N:
     prefill and one while generating, chunked prefill), both implementations;
   * mlx-lm: runtime/mlx-cuda/gpu_oracle.py in a fresh process (the same
     protocol and tests/python/batch_oracle.py). Where archgen differs from
-    it, mlx-lm runs once more in another fresh process: if its two runs
-    differ, the cell says "mlx-lm not reproducible" and what differed.
+    it, mlx-lm runs again in fresh processes (--oracle-runs in all; the
+    one-sequence protocol runs twice in each process) until two of its
+    outputs differ or archgen equals one of them: if two differ, the cell
+    says "mlx-lm not reproducible" and what differed; and archgen runs that
+    cell once more, in a fresh process, to say whether it reproduces itself.
 Each cell: `identical`, `differs (n of m values: tensor, ...)`,
 `mlx-lm not reproducible (...)`, `n/a (why)` or `error (...)`.
 
@@ -167,26 +170,65 @@ class Case:
             out.mkdir(parents=True, exist_ok=True)
             (out / "process.error").write_text(said[-2000:])
 
-    def cell(self, ours: Path, failed: str | None, name: str, first: Path, second) -> str:
-        """One cell: archgen's file `ours` against mlx-lm's part `name`."""
+    def cell(self, impl: str, part: str, failed: str | None, oracle_run) -> str:
+        """One cell: archgen's `impl` output for `part` (`single` or
+        `batch-NAME`) against mlx-lm's. Where they differ, mlx-lm runs again
+        in fresh processes (up to --oracle-runs in all; the one-sequence
+        protocol also runs twice inside each) until two of its outputs differ
+        or archgen equals one of them, and archgen runs once more, in a fresh
+        process, to say whether it reproduces itself."""
+        first = oracle_run(0)
         oracle_error = next((f"mlx-lm error ({last_line(e.read_text())})"
-                             for e in (first / f"{name}.error", first / "process.error")
+                             for e in (first / f"{part}.error", first / "process.error")
                              if e.exists()), None)
         if failed:
             return f"{failed}; {oracle_error}" if oracle_error else failed
         if oracle_error:
             return oracle_error
-        same, text = describe(ours, first / f"{name}.safetensors")
+        ours = self.dir / f"{impl}-{part}.safetensors"
+        same, text = describe(ours, first / f"{part}.safetensors")
         if same:
             return text
-        again = second()
-        other = again / f"{name}.safetensors"
-        if not other.exists():
-            return f"{text}; mlx-lm's second run wrote nothing"
-        oracle_same, oracle_text = describe(first / f"{name}.safetensors", other)
-        if not oracle_same:
-            return f"mlx-lm not reproducible (its two runs: {oracle_text[8:-1]}); archgen {text}"
-        return text
+        theirs = [first / f"{part}.safetensors"]
+        if part == "single" and (first / "single-again.safetensors").exists():
+            theirs.append(first / "single-again.safetensors")
+        unstable = None
+        equal_to = None
+        k = 1
+        while True:
+            for i, a in enumerate(theirs):
+                for b in theirs[i + 1:]:
+                    if unstable is None and not describe(a, b)[0]:
+                        unstable = f"{a.parent.name}/{a.stem} vs {b.parent.name}/{b.stem}: {describe(a, b)[1][8:-1]}"
+            for t in theirs:
+                if equal_to is None and describe(ours, t)[0]:
+                    equal_to = f"{t.parent.name}/{t.stem}"
+            if unstable or equal_to or k >= self.a.oracle_runs:
+                break
+            again = oracle_run(k)
+            k += 1
+            for name in (part, "single-again") if part == "single" else (part,):
+                if (again / f"{name}.safetensors").exists():
+                    theirs.append(again / f"{name}.safetensors")
+        ours_again = self.archgen_again(impl, part)
+        tail = f"; mlx-lm's outputs compared: {len(theirs)}; {ours_again}"
+        if unstable:
+            match = f"archgen equals {equal_to}" if equal_to else f"archgen {text}"
+            return f"mlx-lm not reproducible ({unstable}); {match}{tail}"
+        if equal_to:
+            return f"identical to {equal_to}, not to mlx-lm's first run{tail}"
+        return f"{text}{tail}"
+
+    def archgen_again(self, impl: str, part: str) -> str:
+        """archgen's `impl`/`part` run once more in a fresh process, compared
+        with its first run."""
+        args = self.commands[(impl, part)]
+        again = self.dir / f"{impl}-{part}-again.safetensors"
+        failed = self.archgen(args, again)
+        if failed:
+            return f"archgen's second run: {failed}"
+        same, text = describe(self.dir / f"{impl}-{part}.safetensors", again)
+        return "archgen's two runs identical" if same else f"archgen's two runs: {text}"
 
     def go(self) -> dict:
         t0 = time.time()
@@ -210,34 +252,32 @@ class Case:
             p = self.dir / f"{name}.json"
             p.write_text(json.dumps(s))
             sched.append(p)
-        first, second_dir = self.dir / "mlx-lm-1", self.dir / "mlx-lm-2"
-        oracle_thread = threading.Thread(target=self.oracle, args=(first, sched))
+        oracle_dirs = [self.dir / f"mlx-lm-{k + 1}" for k in range(self.a.oracle_runs)]
+        oracle_thread = threading.Thread(target=self.oracle, args=(oracle_dirs[0], sched))
         oracle_thread.start()
         failed = {}
+        self.commands = {}
         for impl in ("generated", "monolith"):
-            failed[(impl, "single")] = self.archgen(
-                ["logits", "--model", str(self.model), "--prompt-ids", ids,
-                 "--decode-steps", str(self.N), "--impl", impl], self.dir / f"{impl}-single.safetensors")
+            self.commands[(impl, "single")] = [
+                "logits", "--model", str(self.model), "--prompt-ids", ids,
+                "--decode-steps", str(self.N), "--impl", impl]
             for p in sched:
-                failed[(impl, p.stem)] = self.archgen(
-                    ["logits", "--model", str(self.model), "--batch", str(p), "--impl", impl],
-                    self.dir / f"{impl}-batch-{p.stem}.safetensors")
+                self.commands[(impl, f"batch-{p.stem}")] = [
+                    "logits", "--model", str(self.model), "--batch", str(p), "--impl", impl]
+        for (impl, part), args in self.commands.items():
+            failed[(impl, part)] = self.archgen(args, self.dir / f"{impl}-{part}.safetensors")
         oracle_thread.join()
-        ran_again = []
+        ran = {0}
 
-        def second() -> Path:
-            if not ran_again:
-                self.oracle(second_dir, sched)
-                ran_again.append(True)
-            return second_dir
+        def oracle_run(k: int) -> Path:
+            if k not in ran:
+                self.oracle(oracle_dirs[k], sched)
+                ran.add(k)
+            return oracle_dirs[k]
 
-        for impl in ("generated", "monolith"):
-            row[f"{impl}/single"] = self.cell(self.dir / f"{impl}-single.safetensors",
-                                              failed[(impl, "single")], "single", first, second)
-            for p in sched:
-                row[f"{impl}/batch-{p.stem}"] = self.cell(
-                    self.dir / f"{impl}-batch-{p.stem}.safetensors", failed[(impl, p.stem)],
-                    f"batch-{p.stem}", first, second)
+        for (impl, part) in self.commands:
+            row[f"{impl}/{part}"] = self.cell(impl, part, failed[(impl, part)], oracle_run)
+        row["mlx-lm runs"] = len(ran)
         row["seconds"] = round(time.time() - t0)
         if not self.a.keep:
             shutil.rmtree(self.model, ignore_errors=True)
@@ -253,6 +293,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--oracle-runs", type=int, default=3,
+                    help="fresh mlx-lm processes at most, where archgen differs from the first")
     ap.add_argument("--timeout", type=int, default=150,
                     help="seconds one archgen or mlx-lm process may run")
     ap.add_argument("cases", nargs="+")
