@@ -184,3 +184,24 @@ pub const BATCH_STEPS_PER_POOL_RELEASE: usize = 512;
 pub fn release_buffer_pool() -> Result<(), mlx_rs::error::Exception> {
     mlx_rs::memory::clear_cache()
 }
+
+/// What MLX's allocator holds, in bytes: arrays alive now (`active`), the
+/// buffer pool kept for reuse (`pool`, what [`release_buffer_pool`] returns)
+/// and the most arrays held at once so far (`peak`). A server reports them
+/// so that a long run can be watched for growth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlxMemory {
+    pub active: usize,
+    pub pool: usize,
+    pub peak: usize,
+}
+
+/// MLX's memory counters now (`mx.get_active_memory()`,
+/// `mx.get_cache_memory()`, `mx.get_peak_memory()`).
+pub fn mlx_memory() -> Result<MlxMemory, mlx_rs::error::Exception> {
+    Ok(MlxMemory {
+        active: mlx_rs::memory::active_memory()?,
+        pool: mlx_rs::memory::cache_memory()?,
+        peak: mlx_rs::memory::peak_memory()?,
+    })
+}

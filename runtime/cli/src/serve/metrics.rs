@@ -43,6 +43,77 @@ pub struct Metrics {
     pub prompt_cache_bytes: Gauge,
     /// Sequences the prompt cache holds.
     pub prompt_cache_entries: Gauge,
+    /// The memory gauges, read when the metrics are rendered.
+    memory: MemoryGauges,
+}
+
+/// What the process and MLX hold, read at each scrape: the numbers a long
+/// run is watched with (a leak shows as resident or active bytes that keep
+/// rising after the load levels off).
+struct MemoryGauges {
+    /// The process's resident set (physical memory), in bytes.
+    resident: Gauge,
+    /// Bytes of MLX arrays alive now.
+    mlx_active: Gauge,
+    /// Bytes MLX keeps in its buffer pool for reuse (returned to the system
+    /// after each prefill chunk and every few hundred decode steps).
+    mlx_cache: Gauge,
+    /// The most MLX arrays have held at once since the server started.
+    mlx_peak: Gauge,
+}
+
+impl MemoryGauges {
+    fn register(registry: &mut Registry) -> Self {
+        let gauges = MemoryGauges {
+            resident: Gauge::default(),
+            mlx_active: Gauge::default(),
+            mlx_cache: Gauge::default(),
+            mlx_peak: Gauge::default(),
+        };
+        for (name, help, gauge) in [
+            (
+                "process_resident_bytes",
+                "Physical memory the server process holds",
+                &gauges.resident,
+            ),
+            (
+                "mlx_active_bytes",
+                "Bytes of MLX arrays alive now",
+                &gauges.mlx_active,
+            ),
+            (
+                "mlx_cache_bytes",
+                "Bytes in MLX's buffer pool, kept for reuse",
+                &gauges.mlx_cache,
+            ),
+            (
+                "mlx_peak_bytes",
+                "Most bytes MLX arrays held at once since the start",
+                &gauges.mlx_peak,
+            ),
+        ] {
+            registry.register(name, help, gauge.clone());
+        }
+        gauges
+    }
+
+    /// Reads the numbers now. A number that cannot be read keeps its last
+    /// value rather than failing the scrape.
+    fn refresh(&self) {
+        fn set(gauge: &Gauge, bytes: Option<usize>) {
+            if let Some(bytes) = bytes {
+                gauge.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
+        }
+        set(
+            &self.resident,
+            memory_stats::memory_stats().map(|m| m.physical_mem),
+        );
+        let mlx = archgen_runtime::device::mlx_memory().ok();
+        set(&self.mlx_active, mlx.map(|m| m.active));
+        set(&self.mlx_cache, mlx.map(|m| m.pool));
+        set(&self.mlx_peak, mlx.map(|m| m.peak));
+    }
 }
 
 impl Metrics {
@@ -135,8 +206,10 @@ impl Metrics {
             "Sequences the prompt cache holds",
             prompt_cache_entries.clone(),
         );
+        let memory = MemoryGauges::register(&mut registry);
         Metrics {
             registry,
+            memory,
             prompt_cache_hits,
             prompt_cache_misses,
             prompt_cache_tokens,
@@ -163,6 +236,7 @@ impl Metrics {
 
     /// The metrics in the text exposition format.
     pub fn render(&self) -> Result<String, std::fmt::Error> {
+        self.memory.refresh();
         let mut text = String::new();
         encode(&mut text, &self.registry)?;
         Ok(text)
