@@ -273,10 +273,14 @@ def main() -> None:
     except openai.BadRequestError as e:
         check(e.status_code == 400 and "maximum context length" in str(e), str(e))
     try:
-        client.completions.create(model=name, prompt=prompt, max_tokens=4, n=2)
-        check(False, "n=2 was accepted")
+        client.completions.create(model=name, prompt=prompt, max_tokens=4, n=17)
+        check(False, "n=17 was accepted")
     except openai.BadRequestError as e:
-        check("n: 2 is not supported" in str(e) and e.param == "n", str(e))
+        check("n: 17 choices asked" in str(e) and e.param == "n", str(e))
+    # n choices: greedy, so every choice is the one answer.
+    several = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0, n=2)
+    check([c.index for c in several.choices] == [0, 1], f"n=2: {several.choices}")
+    check(all(c.text == text for c in several.choices), f"n=2 greedy: {several.choices}")
     again = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0)
     check(again.choices[0].text == text, "the server still answers, the same")
 

@@ -90,7 +90,11 @@ def main() -> None:
     # What the server does not serve, or a value out of a field's range, is a
     # 400 naming the field.
     refused = {}
-    for field, value in [("response_format", {"type": "json_object"}), ("n", 2), ("logit_bias", {"5": 101})]:
+    # n choices: each its own sequence, choice i seeded with seed + i.
+    several = client.chat.completions.create(n=2, seed=int(seed), **sampling)
+    check([c.index for c in several.choices] == [0, 1], f"n=2 choices: {several.choices}")
+    check(several.choices[0].message.content == first, "choice 0 of n=2 is not the n=1 answer")
+    for field, value in [("response_format", {"type": "json_object"}), ("n", 17), ("logit_bias", {"5": 101})]:
         try:
             client.chat.completions.create(model=model, messages=messages, max_tokens=2, **{field: value})
             raise SystemExit(f"check failed: {field}={value} was served")

@@ -616,7 +616,6 @@ fn takes_requests_as_clients_send_them() {
     // Fields not served, given a value other than the default: refused, named.
     for (field, value) in [
         ("response_format", r#"{"type": "json_object"}"#),
-        ("n", "2"),
         ("audio", r#"{"voice": "alloy"}"#),
     ] {
         let (status, _, body) = post(
@@ -1367,6 +1366,13 @@ fn schedules_interleaves_bounds_the_queue_and_cancels_dropped_clients() {
         assert!(text.contains(name), "{name} not in:\n{text}");
     }
     assert!(metric(&server, "archgen_generated_tokens_total") >= 18.0);
+    // The memory a long run is watched with: the model's weights are MLX
+    // arrays, and the process holds at least them.
+    let active = metric(&server, "archgen_mlx_active_bytes");
+    assert!(active > 0.0, "{text}");
+    assert!(metric(&server, "archgen_mlx_peak_bytes") >= active);
+    assert!(metric(&server, "archgen_process_resident_bytes") > active);
+    assert!(metric(&server, "archgen_mlx_cache_bytes") >= 0.0);
     // The generated qwen3 model batches (its `impl BatchLm`): the server
     // said so.
     assert!(
@@ -2159,6 +2165,70 @@ fn sampling_fields_report_and_replay_the_seed() {
         Some(seed),
         "two requests without a seed got the same one"
     );
+
+    // `n` choices: choice i is the request with seed + i, whole and
+    // streamed, and the usage counts the prompt once.
+    let with_n = |n: i64, seed: u64, stream: bool| {
+        format!(r#"{{{fields}, "seed": {seed}, "n": {n}, "stream": {stream}}}"#)
+    };
+    let (status, several) = curl(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(&with_n(3, seed, false)),
+    );
+    assert_eq!(status, 200, "{several}");
+    let whole = json(&several);
+    let choices = whole["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3, "{several}");
+    let mut texts = Vec::new();
+    for (i, choice) in choices.iter().enumerate() {
+        assert_eq!(choice["index"], i, "{several}");
+        let alone_body = with_n(1, seed.wrapping_add(i as u64), false);
+        let (status, alone) = curl(&server, "POST", "/v1/completions", Some(&alone_body));
+        assert_eq!(status, 200, "{alone}");
+        assert_eq!(
+            choice["text"],
+            json(&alone)["choices"][0]["text"],
+            "choice {i}"
+        );
+        texts.push(choice["text"].as_str().unwrap().to_string());
+    }
+    assert_eq!(whole["usage"]["prompt_tokens"], 6, "{several}");
+    let (status, events) = curl(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(&with_n(3, seed, true)),
+    );
+    assert_eq!(status, 200, "{events}");
+    let data: Vec<&str> = events
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{events}");
+    let mut streamed = vec![String::new(); 3];
+    let mut finished = [0; 3];
+    for chunk in &data[..data.len() - 1] {
+        for choice in json(chunk)["choices"].as_array().unwrap() {
+            let i = choice["index"].as_u64().unwrap() as usize;
+            streamed[i].push_str(choice["text"].as_str().unwrap_or(""));
+            finished[i] += usize::from(choice["finish_reason"].is_string());
+        }
+    }
+    assert_eq!(streamed, texts, "streamed choices");
+    assert_eq!(finished, [1, 1, 1], "{events}");
+    for n in [0, 17] {
+        let (status, refused) = curl(
+            &server,
+            "POST",
+            "/v1/completions",
+            Some(&with_n(n, seed, false)),
+        );
+        let (param, message) = error_param(status, &refused);
+        assert_eq!(param, "n", "{refused}");
+        assert!(message.starts_with("n: "), "{message}");
+    }
 
     // With logits processors a request runs as a batch of one beside the
     // session: its text is `archgen generate`'s for the same settings and

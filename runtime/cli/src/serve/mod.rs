@@ -43,7 +43,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 use tokenizers::Tokenizer;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::unbounded_channel;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::{StreamExt, StreamMap};
 
 use crate::args::ServeArgs;
 use crate::chat_template::ChatTemplate;
@@ -67,6 +69,9 @@ const DEFAULT_MAX_TOKENS: usize = 512;
 /// /v1/completions, `top_logprobs` of /v1/chat/completions.
 const MAX_COMPLETION_LOGPROBS: u32 = 5;
 const MAX_CHAT_TOP_LOGPROBS: u32 = 20;
+/// The most choices (`n`) one request may ask for: each is a sequence in the
+/// batch, so a request's share of the batch stays bounded.
+const MAX_CHOICES: u64 = 16;
 
 /// What every handler shares.
 struct AppState {
@@ -105,6 +110,9 @@ struct Plan {
     include_usage: bool,
     /// The tool-call markup to read from the answer (chat with tools only).
     tool_format: Option<ToolFormat>,
+    /// Choices (`n`): sequences of the one prompt, choice i sampling with
+    /// seed + i.
+    choices: usize,
 }
 
 fn plan(
@@ -149,6 +157,16 @@ fn plan(
             Some("max_tokens"),
         ));
     }
+    let choices = match common.n {
+        None => 1,
+        Some(n @ 1..=MAX_CHOICES) => n as usize,
+        Some(n) => {
+            return Err(ApiError::bad_request(
+                format!("n: {n} choices asked; give 1 to {MAX_CHOICES}"),
+                Some("n"),
+            ))
+        }
+    };
     let asked = max_tokens.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     let max_tokens = bounded_max_tokens(state, prompt.len(), asked)?;
     let stream = common.stream.unwrap_or(false);
@@ -173,6 +191,7 @@ fn plan(
         stream,
         include_usage,
         tool_format: None,
+        choices,
     })
 }
 
@@ -410,9 +429,11 @@ impl Reply {
         })
     }
 
-    /// A streamed chunk carrying `text` (and the finish reason at the end).
+    /// A streamed chunk of choice `index` carrying `text` (and the finish
+    /// reason at the end).
     fn chunk(
         &self,
+        index: usize,
         text: Option<&str>,
         finish: Option<&'static str>,
         first: bool,
@@ -421,7 +442,7 @@ impl Reply {
         match self.endpoint {
             Endpoint::Completions => json!({
                 "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}],
+                "choices": [{"index": index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}],
             }),
             Endpoint::Chat => {
                 let delta = match (first, text) {
@@ -431,7 +452,7 @@ impl Reply {
                 };
                 json!({
                     "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+                    "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
                 })
             }
         }
@@ -448,21 +469,15 @@ impl Reply {
         })
     }
 
-    fn whole(
-        &self,
-        text: &str,
-        finish: Finish,
-        completion_tokens: usize,
-        entries: &[TokenLogprob],
-    ) -> serde_json::Value {
-        let finish = finish.as_str();
-        let logprobs = self.logprobs(entries, &mut 0);
+    /// Choice `index` of a non-streamed answer.
+    fn choice(&self, index: usize, answer: &ChoiceAnswer) -> serde_json::Value {
+        let finish = answer.finish.as_str();
+        let logprobs = self.logprobs(&answer.entries, &mut 0);
+        let text = answer.text.as_str();
         match self.endpoint {
-            Endpoint::Completions => json!({
-                "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
-                "usage": self.usage(completion_tokens),
-            }),
+            Endpoint::Completions => {
+                json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
+            }
             Endpoint::Chat => {
                 let message = match self.tool_format {
                     None => json!({"role": "assistant", "content": text}),
@@ -476,25 +491,45 @@ impl Reply {
                             message["tool_calls"] = calls
                                 .iter()
                                 .enumerate()
-                                .map(|(i, call)| call.to_openai(&self.call_id(i), None))
+                                .map(|(i, call)| call.to_openai(&self.call_id(index, i), None))
                                 .collect();
                         }
                         message
                     }
                 };
                 let finish = self.chat_finish(finish, message.get("tool_calls").is_some());
-                json!({
-                    "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                    "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
-                    "usage": self.usage(completion_tokens),
-                })
+                json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
             }
         }
     }
 
-    /// The id of the answer's `index`-th tool call.
-    fn call_id(&self, index: usize) -> String {
-        format!("call-{}-{index}", self.id)
+    /// A non-streamed answer of every choice; usage counts the prompt once,
+    /// as OpenAI's does for `n` choices.
+    fn whole(&self, answers: &[ChoiceAnswer]) -> serde_json::Value {
+        let object = match self.endpoint {
+            Endpoint::Completions => "text_completion",
+            Endpoint::Chat => "chat.completion",
+        };
+        let choices: Vec<serde_json::Value> = answers
+            .iter()
+            .enumerate()
+            .map(|(index, answer)| self.choice(index, answer))
+            .collect();
+        let completion_tokens = answers.iter().map(|a| a.completion_tokens).sum();
+        json!({
+            "id": self.id, "object": object, "created": self.created, "model": self.model,
+            "choices": choices,
+            "usage": self.usage(completion_tokens),
+        })
+    }
+
+    /// The id of choice `choice`'s `index`-th tool call (choice 0's keep
+    /// the form they had before `n`).
+    fn call_id(&self, choice: usize, index: usize) -> String {
+        match choice {
+            0 => format!("call-{}-{index}", self.id),
+            _ => format!("call-{}-{choice}-{index}", self.id),
+        }
     }
 
     /// `finish_reason`: "tool_calls" when the model stopped after calling
@@ -506,9 +541,11 @@ impl Reply {
         }
     }
 
-    /// A streamed chunk carrying complete tool calls, numbered from `first_index`.
+    /// A streamed chunk of choice `choice` carrying complete tool calls,
+    /// numbered from `first_index`.
     fn tool_chunk(
         &self,
+        choice: usize,
         calls: &[tools::ToolCall],
         first_index: usize,
         logprobs: serde_json::Value,
@@ -516,11 +553,16 @@ impl Reply {
         let calls: Vec<serde_json::Value> = calls
             .iter()
             .enumerate()
-            .map(|(i, call)| call.to_openai(&self.call_id(first_index + i), Some(first_index + i)))
+            .map(|(i, call)| {
+                call.to_openai(
+                    &self.call_id(choice, first_index + i),
+                    Some(first_index + i),
+                )
+            })
             .collect();
         json!({
             "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-            "choices": [{"index": 0, "delta": {"tool_calls": calls}, "logprobs": logprobs, "finish_reason": null}],
+            "choices": [{"index": choice, "delta": {"tool_calls": calls}, "logprobs": logprobs, "finish_reason": null}],
         })
     }
 }
@@ -719,30 +761,47 @@ async fn queue_and_answer(
         live: state.live.clone(),
     };
     state.live.send_modify(|n| *n += 1);
-    let (events, rx) = unbounded_channel();
-    let job = Job {
-        prompt: plan.prompt,
-        sampling: plan.sampling,
-        stops: plan.stops,
-        logprobs: plan.logprobs,
-        events,
-        cancel,
-        queued_at: Instant::now(),
-    };
-    state.metrics.queue_depth.inc();
-    let refused = match state.jobs.try_send(job) {
-        Ok(()) => None,
-        Err(mpsc::TrySendError::Full(_)) => Some(ApiError::with_status(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!(
-                "the server is busy: {} requests already wait (--max-queue); retry later",
-                state.max_queue
-            ),
-        )),
-        Err(mpsc::TrySendError::Disconnected(_)) => Some(worker_gone()),
-    };
+    // One sequence per choice, all cancelled together; choice i samples
+    // with seed + i, so choice 0 is what the request gives with n = 1.
+    let mut events = StreamMap::new();
+    let mut jobs = Vec::with_capacity(plan.choices);
+    for index in 0..plan.choices {
+        let (sender, receiver) = unbounded_channel();
+        events.insert(index, UnboundedReceiverStream::new(receiver));
+        jobs.push(Job {
+            prompt: plan.prompt.clone(),
+            sampling: Sampling {
+                seed: plan.sampling.seed.wrapping_add(index as u64),
+                ..plan.sampling.clone()
+            },
+            stops: plan.stops.clone(),
+            logprobs: plan.logprobs,
+            events: sender,
+            cancel: cancel.clone(),
+            queued_at: Instant::now(),
+        });
+    }
+    let mut refused = None;
+    for job in jobs {
+        state.metrics.queue_depth.inc();
+        refused = match state.jobs.try_send(job) {
+            Ok(()) => None,
+            Err(mpsc::TrySendError::Full(_)) => Some(ApiError::with_status(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "the server is busy: {} requests already wait (--max-queue); retry later",
+                    state.max_queue
+                ),
+            )),
+            Err(mpsc::TrySendError::Disconnected(_)) => Some(worker_gone()),
+        };
+        if refused.is_some() {
+            // The choices already queued are cancelled with `flight`.
+            state.metrics.queue_depth.dec();
+            break;
+        }
+    }
     if let Some(error) = refused {
-        state.metrics.queue_depth.dec();
         flight.answer(Answered::failed(
             error.status.as_u16(),
             error.message.clone(),
@@ -755,40 +814,85 @@ async fn queue_and_answer(
         .inc_by(flight.prompt_tokens as u64);
     if plan.stream {
         let body = SseBody {
-            events: rx,
+            events,
             reply,
             include_usage: plan.include_usage,
-            first: true,
+            choices: (0..plan.choices)
+                .map(|_| ChoiceStream::new(plan.tool_format))
+                .collect(),
+            ended_choices: Vec::new(),
             pending: VecDeque::new(),
             ended: false,
             flight,
-            text_offset: 0,
-            tools: plan.tool_format.map(ToolStream::new),
-            calls_sent: 0,
-            held_logprobs: Vec::new(),
         };
         // Comment lines while nothing else is sent (a long prefill): writing
         // them is how a client that left is noticed.
         let keep_alive = KeepAlive::new().interval(Duration::from_millis(500));
         return Sse::new(body).keep_alive(keep_alive).into_response();
     }
-    whole_answer(rx, reply, flight).await
+    whole_answer(events, plan.choices, reply, flight).await
 }
 
-/// Collects a non-streamed answer. Dropped when the client disconnects,
-/// which drops `flight` and so cancels the sequence.
+/// The scheduler's events of each choice, keyed by the choice's index.
+type ChoiceEvents = StreamMap<usize, UnboundedReceiverStream<GenEvent>>;
+
+/// One choice of a non-streamed answer, once its sequence ended.
+struct ChoiceAnswer {
+    text: String,
+    entries: Vec<TokenLogprob>,
+    finish: Finish,
+    completion_tokens: usize,
+}
+
+/// How one choice's sequence ended.
+#[derive(Clone, Copy)]
+struct ChoiceEnd {
+    completion_tokens: usize,
+    finish: Finish,
+    ttft: Option<Duration>,
+    cached_tokens: usize,
+}
+
+/// How a request's choices ended: what its log line and usage report.
+struct Ended {
+    completion_tokens: usize,
+    /// Choice 0's finish (the log line names one).
+    finish: Finish,
+    /// The first token of any choice.
+    ttft: Option<Duration>,
+    /// Prompt tokens the prompt cache supplied, most over the choices.
+    cached_tokens: usize,
+}
+
+impl Ended {
+    /// `ends` in choice order.
+    fn of(ends: &[ChoiceEnd]) -> Self {
+        Ended {
+            completion_tokens: ends.iter().map(|e| e.completion_tokens).sum(),
+            finish: ends.first().map_or(Finish::Length, |e| e.finish),
+            ttft: ends.iter().filter_map(|e| e.ttft).min(),
+            cached_tokens: ends.iter().map(|e| e.cached_tokens).max().unwrap_or(0),
+        }
+    }
+}
+
+/// Collects a non-streamed answer of `choices` choices. Dropped when the
+/// client disconnects, which drops `flight` and so cancels the sequences.
 async fn whole_answer(
-    mut rx: UnboundedReceiver<GenEvent>,
+    mut events: ChoiceEvents,
+    choices: usize,
     mut reply: Reply,
     mut flight: InFlight,
 ) -> Response {
-    let mut text = String::new();
-    let mut entries = Vec::new();
-    while let Some(event) = rx.recv().await {
+    let mut partial: Vec<(String, Vec<TokenLogprob>)> =
+        (0..choices).map(|_| Default::default()).collect();
+    let mut answers: Vec<Option<ChoiceAnswer>> = (0..choices).map(|_| None).collect();
+    let mut ends = vec![None; choices];
+    while let Some((index, event)) = events.next().await {
         match event {
-            GenEvent::Text { text: t, logprobs } => {
-                text.push_str(&t);
-                entries.extend(logprobs);
+            GenEvent::Text { text, logprobs } => {
+                partial[index].0.push_str(&text);
+                partial[index].1.extend(logprobs);
             }
             GenEvent::Done {
                 completion_tokens,
@@ -796,11 +900,31 @@ async fn whole_answer(
                 ttft,
                 cached_tokens,
             } => {
-                reply.cached_tokens = cached_tokens;
-                flight.cached_tokens = Some(cached_tokens);
-                flight.answer(Answered::completed(completion_tokens, finish, ttft));
-                let whole = reply.whole(&text, finish, completion_tokens, &entries);
-                return Json(whole).into_response();
+                let (text, entries) = std::mem::take(&mut partial[index]);
+                answers[index] = Some(ChoiceAnswer {
+                    text,
+                    entries,
+                    finish,
+                    completion_tokens,
+                });
+                ends[index] = Some(ChoiceEnd {
+                    completion_tokens,
+                    finish,
+                    ttft,
+                    cached_tokens,
+                });
+                if ends.iter().all(Option::is_some) {
+                    let ended = Ended::of(&ends.into_iter().flatten().collect::<Vec<_>>());
+                    reply.cached_tokens = ended.cached_tokens;
+                    flight.cached_tokens = Some(ended.cached_tokens);
+                    flight.answer(Answered::completed(
+                        ended.completion_tokens,
+                        ended.finish,
+                        ended.ttft,
+                    ));
+                    let answers: Vec<ChoiceAnswer> = answers.into_iter().flatten().collect();
+                    return Json(reply.whole(&answers)).into_response();
+                }
             }
             GenEvent::Failed(message) => {
                 flight.answer(Answered::failed(500, message.clone()));
@@ -817,18 +941,10 @@ async fn whole_answer(
     error.into_response()
 }
 
-/// A streamed answer: server-sent events made from the scheduler's events
-/// as they come. Dropping it (the client left) drops `flight`, which
-/// cancels the sequence.
-struct SseBody {
-    events: UnboundedReceiver<GenEvent>,
-    reply: Reply,
-    include_usage: bool,
+/// What a streamed answer keeps per choice.
+struct ChoiceStream {
     /// No chunk was sent yet (the first carries the assistant role).
     first: bool,
-    pending: VecDeque<Event>,
-    ended: bool,
-    flight: InFlight,
     /// Characters of completion text sent so far (completions' `text_offset`).
     text_offset: usize,
     /// Reads tool calls out of the text (chat with tools only); text from a
@@ -840,88 +956,170 @@ struct SseBody {
     held_logprobs: Vec<TokenLogprob>,
 }
 
-impl SseBody {
-    fn push(&mut self, value: serde_json::Value) {
-        self.pending
-            .push_back(Event::default().data(value.to_string()));
-    }
-
-    /// Sends text as content and each complete tool call as
-    /// `delta.tool_calls`; held log-probabilities go with the first chunk.
-    fn send_pieces(&mut self, pieces: Vec<Piece>) {
-        for piece in pieces {
-            let held = std::mem::take(&mut self.held_logprobs);
-            let logprobs = self.reply.logprobs(&held, &mut self.text_offset);
-            match piece {
-                Piece::Text(text) => {
-                    let chunk = self.reply.chunk(Some(&text), None, self.first, logprobs);
-                    self.first = false;
-                    self.push(chunk);
-                }
-                Piece::Calls(calls) => {
-                    if self.first {
-                        self.push(self.reply.chunk(None, None, true, serde_json::Value::Null));
-                        self.first = false;
-                    }
-                    let chunk = self.reply.tool_chunk(&calls, self.calls_sent, logprobs);
-                    self.calls_sent += calls.len();
-                    self.push(chunk);
-                }
-            }
+impl ChoiceStream {
+    fn new(tool_format: Option<ToolFormat>) -> Self {
+        ChoiceStream {
+            first: true,
+            text_offset: 0,
+            tools: tool_format.map(ToolStream::new),
+            calls_sent: 0,
+            held_logprobs: Vec::new(),
         }
     }
 
-    fn on_event(&mut self, event: Option<GenEvent>) {
-        match event {
-            Some(GenEvent::Text { text, logprobs }) => {
-                let Some(splitter) = self.tools.as_mut() else {
-                    let logprobs = self.reply.logprobs(&logprobs, &mut self.text_offset);
-                    let chunk = self.reply.chunk(Some(&text), None, self.first, logprobs);
+    /// The chunks of choice `index` for `pieces`: text as content and each
+    /// complete tool call as `delta.tool_calls`; held log-probabilities go
+    /// with the first chunk.
+    fn chunks(
+        &mut self,
+        reply: &Reply,
+        index: usize,
+        pieces: Vec<Piece>,
+    ) -> Vec<serde_json::Value> {
+        let mut out = Vec::new();
+        for piece in pieces {
+            let held = std::mem::take(&mut self.held_logprobs);
+            let logprobs = reply.logprobs(&held, &mut self.text_offset);
+            match piece {
+                Piece::Text(text) => {
+                    out.push(reply.chunk(index, Some(&text), None, self.first, logprobs));
                     self.first = false;
-                    self.push(chunk);
-                    return;
-                };
-                let pieces = splitter.push(&text);
-                self.held_logprobs.extend(logprobs);
-                self.send_pieces(pieces);
+                }
+                Piece::Calls(calls) => {
+                    if self.first {
+                        out.push(reply.chunk(index, None, None, true, serde_json::Value::Null));
+                        self.first = false;
+                    }
+                    out.push(reply.tool_chunk(index, &calls, self.calls_sent, logprobs));
+                    self.calls_sent += calls.len();
+                }
+            }
+        }
+        out
+    }
+
+    /// The chunks of new text of choice `index`.
+    fn text(
+        &mut self,
+        reply: &Reply,
+        index: usize,
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    ) -> Vec<serde_json::Value> {
+        let Some(splitter) = self.tools.as_mut() else {
+            let logprobs = reply.logprobs(&logprobs, &mut self.text_offset);
+            let chunk = reply.chunk(index, Some(&text), None, self.first, logprobs);
+            self.first = false;
+            return vec![chunk];
+        };
+        let pieces = splitter.push(&text);
+        self.held_logprobs.extend(logprobs);
+        self.chunks(reply, index, pieces)
+    }
+
+    /// The last chunks of choice `index`: what the tool reader held, and the
+    /// finish reason.
+    fn finish(&mut self, reply: &Reply, index: usize, finish: Finish) -> Vec<serde_json::Value> {
+        let mut out = match self.tools.as_mut() {
+            Some(splitter) => {
+                let pieces = splitter.finish();
+                self.chunks(reply, index, pieces)
+            }
+            None => Vec::new(),
+        };
+        if self.first {
+            out.push(reply.chunk(index, None, None, true, serde_json::Value::Null));
+            self.first = false;
+        }
+        let finish_reason = match reply.endpoint {
+            Endpoint::Chat => reply.chat_finish(finish.as_str(), self.calls_sent > 0),
+            Endpoint::Completions => finish.as_str(),
+        };
+        out.push(reply.chunk(
+            index,
+            None,
+            Some(finish_reason),
+            false,
+            serde_json::Value::Null,
+        ));
+        out
+    }
+}
+
+/// A streamed answer: server-sent events made from the scheduler's events
+/// as they come, each choice's chunks with its index. Dropping it (the
+/// client left) drops `flight`, which cancels the sequences.
+struct SseBody {
+    events: ChoiceEvents,
+    reply: Reply,
+    include_usage: bool,
+    choices: Vec<ChoiceStream>,
+    /// How each choice ended, by index, once it did.
+    ended_choices: Vec<Option<ChoiceEnd>>,
+    pending: VecDeque<Event>,
+    ended: bool,
+    flight: InFlight,
+}
+
+impl SseBody {
+    fn push(&mut self, values: Vec<serde_json::Value>) {
+        for value in values {
+            self.pending
+                .push_back(Event::default().data(value.to_string()));
+        }
+    }
+
+    fn on_event(&mut self, event: Option<(usize, GenEvent)>) {
+        match event {
+            Some((index, GenEvent::Text { text, logprobs })) => {
+                let chunks = self.choices[index].text(&self.reply, index, text, logprobs);
+                self.push(chunks);
                 return;
             }
-            Some(GenEvent::Done {
-                completion_tokens,
-                finish,
-                ttft,
-                cached_tokens,
-            }) => {
-                self.reply.cached_tokens = cached_tokens;
-                self.flight.cached_tokens = Some(cached_tokens);
-                if let Some(splitter) = self.tools.as_mut() {
-                    let pieces = splitter.finish();
-                    self.send_pieces(pieces);
+            Some((
+                index,
+                GenEvent::Done {
+                    completion_tokens,
+                    finish,
+                    ttft,
+                    cached_tokens,
+                },
+            )) => {
+                let chunks = self.choices[index].finish(&self.reply, index, finish);
+                self.push(chunks);
+                if self.ended_choices.is_empty() {
+                    self.ended_choices = vec![None; self.choices.len()];
                 }
-                if self.first {
-                    self.push(self.reply.chunk(None, None, true, serde_json::Value::Null));
+                self.ended_choices[index] = Some(ChoiceEnd {
+                    completion_tokens,
+                    finish,
+                    ttft,
+                    cached_tokens,
+                });
+                if !self.ended_choices.iter().all(Option::is_some) {
+                    return;
                 }
-                let finish_reason = match self.reply.endpoint {
-                    Endpoint::Chat => self.reply.chat_finish(finish.as_str(), self.calls_sent > 0),
-                    Endpoint::Completions => finish.as_str(),
-                };
-                let last =
-                    self.reply
-                        .chunk(None, Some(finish_reason), false, serde_json::Value::Null);
-                self.push(last);
+                let ends: Vec<_> = self.ended_choices.iter().flatten().copied().collect();
+                let ended = Ended::of(&ends);
+                self.reply.cached_tokens = ended.cached_tokens;
+                self.flight.cached_tokens = Some(ended.cached_tokens);
                 if self.include_usage {
-                    self.push(self.reply.usage_chunk(completion_tokens));
+                    let usage = self.reply.usage_chunk(ended.completion_tokens);
+                    self.push(vec![usage]);
                 }
-                self.flight
-                    .answer(Answered::completed(completion_tokens, finish, ttft));
+                self.flight.answer(Answered::completed(
+                    ended.completion_tokens,
+                    ended.finish,
+                    ended.ttft,
+                ));
             }
-            Some(GenEvent::Failed(message)) => {
-                self.push(json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}}));
+            Some((_, GenEvent::Failed(message))) => {
+                self.push(vec![json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}})]);
                 self.flight.answer(Answered::failed(500, message));
             }
             None => {
                 let error = worker_gone();
-                self.push(json!({"error": {"message": error.message, "type": "server_error", "param": null, "code": null}}));
+                self.push(vec![json!({"error": {"message": error.message, "type": "server_error", "param": null, "code": null}})]);
                 self.flight
                     .answer(Answered::failed(error.status.as_u16(), error.message));
             }
@@ -943,7 +1141,7 @@ impl tokio_stream::Stream for SseBody {
             if this.ended {
                 return Poll::Ready(None);
             }
-            match this.events.poll_recv(cx) {
+            match tokio_stream::Stream::poll_next(Pin::new(&mut this.events), cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(event) => this.on_event(event),
             }
@@ -1646,11 +1844,21 @@ mod tests {
         }
     }
 
+    /// A whole answer of one choice.
+    fn one_choice(reply: &Reply, text: &str, finish: Finish) -> serde_json::Value {
+        reply.whole(&[ChoiceAnswer {
+            text: text.to_string(),
+            entries: Vec::new(),
+            finish,
+            completion_tokens: 5,
+        }])
+    }
+
     const TEXT: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
 
     #[test]
     fn a_whole_answer_returns_the_calls() {
-        let whole = reply(Some(ToolFormat::Hermes)).whole(TEXT, Finish::Stop, 5, &[]);
+        let whole = one_choice(&reply(Some(ToolFormat::Hermes)), TEXT, Finish::Stop);
         let choice = &whole["choices"][0];
         assert_eq!(choice["finish_reason"], "tool_calls");
         assert_eq!(
@@ -1660,16 +1868,16 @@ mod tests {
                 "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]})
         );
         // Cut by max_tokens: the reason stays "length".
-        let cut = reply(Some(ToolFormat::Hermes)).whole(TEXT, Finish::Length, 5, &[]);
+        let cut = one_choice(&reply(Some(ToolFormat::Hermes)), TEXT, Finish::Length);
         assert_eq!(cut["choices"][0]["finish_reason"], "length");
         // Without tools in the request the markup is text.
-        let plain = reply(None).whole(TEXT, Finish::Stop, 5, &[]);
+        let plain = one_choice(&reply(None), TEXT, Finish::Stop);
         assert_eq!(plain["choices"][0]["message"]["content"], TEXT);
         assert_eq!(plain["choices"][0]["finish_reason"], "stop");
         assert!(plain["choices"][0]["message"].get("tool_calls").is_none());
         // Malformed markup stays text, and the reason stays "stop".
         let bad = "Hi <tool_call>{\"name\": }</tool_call>";
-        let kept = reply(Some(ToolFormat::Hermes)).whole(bad, Finish::Stop, 5, &[]);
+        let kept = one_choice(&reply(Some(ToolFormat::Hermes)), bad, Finish::Stop);
         assert_eq!(kept["choices"][0]["message"]["content"], bad);
         assert_eq!(kept["choices"][0]["finish_reason"], "stop");
     }
@@ -1715,7 +1923,8 @@ mod tests {
     #[test]
     fn a_streamed_call_is_one_delta() {
         let (_, calls) = tools::split_answer(TEXT, ToolFormat::Hermes);
-        let chunk = reply(Some(ToolFormat::Hermes)).tool_chunk(&calls, 2, serde_json::Value::Null);
+        let chunk =
+            reply(Some(ToolFormat::Hermes)).tool_chunk(0, &calls, 2, serde_json::Value::Null);
         assert_eq!(
             chunk["choices"][0]["delta"],
             json!({"tool_calls": [{"index": 2, "id": "call-chatcmpl-7-2", "type": "function",

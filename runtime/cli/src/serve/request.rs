@@ -111,8 +111,8 @@ fn generation_field(name: &str) -> Option<Support> {
         | "seed"
         | "stop"
         | "stream"
-        | "stream_options" => Some(Support::Served),
-        "n" => Some(not_served(is_one, Some("1"))),
+        | "stream_options"
+        | "n" => Some(Support::Served),
         _ => None,
     }
 }
@@ -415,6 +415,9 @@ pub struct CommonFields {
     pub stop: Option<StopField>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    /// Choices to generate for the one prompt, each its own sequence in the
+    /// batch with its own seed.
+    pub n: Option<u64>,
 }
 
 /// `prompt` of /v1/completions: text, or token ids (one prompt only).
