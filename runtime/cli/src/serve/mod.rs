@@ -21,6 +21,7 @@ mod metrics;
 mod prompt_cache;
 mod request;
 mod scheduler;
+mod structured;
 mod token_bytes;
 mod tools;
 mod worker;
@@ -30,7 +31,7 @@ use std::convert::Infallible;
 use std::future::IntoFuture;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -47,6 +48,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::args::ServeArgs;
 use crate::chat_template::ChatTemplate;
+use crate::constrained::{GrammarCompiler, TokenConstraint};
 use crate::engine::{self, Finish, ModelContext, Sampling};
 use crate::sampling::{fresh_seed, Penalty, SamplingParams, DEFAULT_PENALTY_CONTEXT, FIELD_NAMES};
 use crate::ui::Ui;
@@ -57,6 +59,7 @@ use request::{
     Route, StopField, TokenizeFields, IGNORED_FIELDS_HEADER, SEED_HEADER,
 };
 use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
+use structured::{output_shape, OutputShape, ToolChoice};
 use token_bytes::TokenText;
 use tools::{Piece, ToolFormat, ToolStream};
 use worker::Worker;
@@ -79,6 +82,12 @@ struct AppState {
     model_name: String,
     model_dir: String,
     vocab_size: i32,
+    /// The model's end-of-sequence ids (an output grammar allows them where
+    /// it accepts).
+    eos: Vec<i32>,
+    /// The output grammars' compiler, built on the first request that
+    /// needs one; its error when the tokenizer cannot drive one.
+    grammars: OnceLock<Result<GrammarCompiler, String>>,
     context: ModelContext,
     /// `--max-prompt-tokens`, when given.
     max_prompt_tokens: Option<usize>,
@@ -105,6 +114,8 @@ struct Plan {
     include_usage: bool,
     /// The tool-call markup to read from the answer (chat with tools only).
     tool_format: Option<ToolFormat>,
+    /// The output grammar (`response_format`, a required tool call).
+    constraint: Option<TokenConstraint>,
 }
 
 fn plan(
@@ -173,6 +184,7 @@ fn plan(
         stream,
         include_usage,
         tool_format: None,
+        constraint: None,
     })
 }
 
@@ -725,6 +737,7 @@ async fn queue_and_answer(
         sampling: plan.sampling,
         stops: plan.stops,
         logprobs: plan.logprobs,
+        constraint: plan.constraint,
         events,
         cancel,
         queued_at: Instant::now(),
@@ -1063,12 +1076,19 @@ async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Re
 fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
     let common: CommonFields = body.fields()?;
     let request: ChatFields = body.fields()?;
+    let choice = ToolChoice::of_request(request.tool_choice.as_ref(), request.tools.as_deref())?;
     let (text, tool_format) = chat_text(
         state,
         request.messages,
-        request.tools,
-        request.tool_choice.as_ref(),
+        request.tools.clone(),
+        &choice,
         true,
+    )?;
+    let shape = output_shape(
+        request.response_format,
+        &choice,
+        request.tools.as_deref(),
+        tool_format,
     )?;
     // The template writes the special tokens (like <bos>) itself.
     let prompt = encode(&state.tokenizer, &text, false)?;
@@ -1091,7 +1111,35 @@ fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
     let max_tokens = request.max_completion_tokens.or(common.max_tokens);
     let mut plan = plan(state, prompt, common, max_tokens, logprobs)?;
     plan.tool_format = tool_format;
+    // Compiled last, once everything cheaper to check has passed (this
+    // runs off the async executor, as every request's check does).
+    plan.constraint = shape
+        .map(|shape| shape.compile(grammar_compiler(state, &shape)?))
+        .transpose()?;
     Ok(plan)
+}
+
+/// The server's grammar compiler, built on first use; a tokenizer
+/// llguidance cannot read is a 400 naming the field that asked for a
+/// grammar.
+fn grammar_compiler<'s>(
+    state: &'s AppState,
+    shape: &OutputShape,
+) -> Result<&'s GrammarCompiler, ApiError> {
+    let built = state.grammars.get_or_init(|| {
+        GrammarCompiler::new(
+            &std::path::Path::new(&state.model_dir).join("tokenizer.json"),
+            state.vocab_size as usize,
+            &state.eos,
+        )
+    });
+    built.as_ref().map_err(|message| {
+        let field = shape.field();
+        ApiError::bad_request(
+            format!("{field}: this model's tokenizer cannot drive a constrained answer: {message}"),
+            Some(field),
+        )
+    })
 }
 
 /// A conversation rendered by the model's chat template, and the tool-call
@@ -1100,7 +1148,7 @@ fn chat_text(
     state: &AppState,
     conversation: Vec<request::ChatMessage>,
     offered_tools: Option<Vec<serde_json::Value>>,
-    tool_choice: Option<&serde_json::Value>,
+    tool_choice: &ToolChoice,
     add_generation_prompt: bool,
 ) -> Result<(String, Option<ToolFormat>), ApiError> {
     let Some(template) = &state.template else {
@@ -1154,14 +1202,9 @@ fn chat_text(
     let tool_format = match (&offered_tools, tool_choice) {
         (None, _) => None,
         // "none": the model is not told of the tools, and its answer is text.
-        (Some(_), Some(choice)) if choice == "none" => None,
-        (Some(_), None) => tool_format_of(state, template)?,
-        (Some(_), Some(choice)) if choice == "auto" => tool_format_of(state, template)?,
-        (Some(_), Some(choice)) => {
-            return Err(ApiError::bad_request(
-                format!("tool_choice: {choice} is not served; give \"auto\" or \"none\""),
-                Some("tool_choice"),
-            ))
+        (Some(_), ToolChoice::None) => None,
+        (Some(_), ToolChoice::Auto | ToolChoice::Required | ToolChoice::Function(_)) => {
+            tool_format_of(state, template)?
         }
     };
     let tools = match (tool_format, offered_tools) {
@@ -1231,7 +1274,13 @@ fn tokenize_body(state: &AppState, body: &Body) -> Result<serde_json::Value, Api
         )?,
         (None, Some(messages)) => {
             let generation_prompt = request.add_generation_prompt.unwrap_or(true);
-            let (text, _) = chat_text(state, messages, request.tools, None, generation_prompt)?;
+            let (text, _) = chat_text(
+                state,
+                messages,
+                request.tools,
+                &ToolChoice::Auto,
+                generation_prompt,
+            )?;
             encode(
                 &state.tokenizer,
                 &text,
@@ -1473,7 +1522,7 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         jobs: jobs_rx,
         ready: ready_tx,
         tokenizer: tokenizer.clone(),
-        eos,
+        eos: eos.clone(),
         limits,
         metrics: metrics.clone(),
     };
@@ -1519,6 +1568,8 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         model_name: model_name.clone(),
         model_dir: model.display().to_string(),
         vocab_size,
+        eos,
+        grammars: OnceLock::new(),
         context,
         max_prompt_tokens: args.max_prompt_tokens.map(to_usize),
         max_tokens_ceiling: args.max_tokens.map(to_usize),

@@ -67,11 +67,6 @@ fn is_empty_string(v: &Value) -> bool {
     v.as_str() == Some("")
 }
 
-fn is_text_format(v: &Value) -> bool {
-    v.as_object()
-        .is_some_and(|o| o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("text"))
-}
-
 fn is_text_modality(v: &Value) -> bool {
     v.as_array()
         .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text")) && !a.is_empty())
@@ -135,12 +130,10 @@ impl Route {
                 | "logprobs"
                 | "top_logprobs"
                 | "tools"
-                | "tool_choice",
+                | "tool_choice"
+                | "response_format",
             ) => Some(Support::Served),
             (Route::Chat, "parallel_tool_calls") => Some(Support::NoOp),
-            (Route::Chat, "response_format") => {
-                Some(not_served(is_text_format, Some("{\"type\": \"text\"}")))
-            }
             (Route::Chat, "modalities") => Some(not_served(is_text_modality, Some("[\"text\"]"))),
             (
                 Route::Chat,
@@ -484,8 +477,38 @@ pub struct ChatFields {
     /// Function schemas (`[{"type": "function", "function": {...}}]`), given
     /// to the chat template as `tools`.
     pub tools: Option<Vec<Value>>,
-    /// "auto" (the default) or "none".
+    /// "auto" (the default), "none", "required" or `{"type": "function",
+    /// "function": {"name": ...}}` (serve/structured.rs reads it).
     pub tool_choice: Option<Value>,
+    /// The answer's shape: text (the default), one JSON object, or JSON
+    /// valid against a schema.
+    pub response_format: Option<ResponseFormat>,
+}
+
+/// `response_format`: OpenAI's three kinds.
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+/// `response_format.json_schema`.
+#[derive(Deserialize)]
+pub struct JsonSchemaFormat {
+    /// Accepted (the schema's name, for the client's own use).
+    #[allow(dead_code)]
+    pub name: String,
+    /// Accepted (a description of the format, for the model in OpenAI's
+    /// service; the grammar is what holds the answer to the schema here).
+    #[allow(dead_code)]
+    pub description: Option<String>,
+    /// The schema the answer follows.
+    pub schema: Option<Value>,
+    /// Accepted: the schema is always enforced, strict or not.
+    #[allow(dead_code)]
+    pub strict: Option<bool>,
 }
 
 /// POST /tokenize: text, or a conversation.

@@ -36,6 +36,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
 use super::token_bytes::{token_text, TokenText};
+use crate::constrained::{GrammarState, TokenConstraint};
 use crate::engine::{Finish, Flow, Sampling, TextStream};
 use crate::sampling::TokenSampler;
 use crate::tokens::{mlx, token_value};
@@ -92,6 +93,8 @@ pub struct Job {
     pub stops: Vec<String>,
     /// Log-probabilities wanted, with this many alternatives per token.
     pub logprobs: Option<usize>,
+    /// The output grammar (`response_format`, a required tool call).
+    pub constraint: Option<TokenConstraint>,
     pub events: UnboundedSender<GenEvent>,
     pub cancel: Cancel,
     pub queued_at: Instant,
@@ -135,6 +138,9 @@ pub struct Sampled {
     pub token: i32,
     /// Present when the sequence asked for log-probabilities.
     pub logprobs: Option<Logprobs>,
+    /// Where its output grammar stands after the token (always open
+    /// without one).
+    pub grammar: GrammarState,
 }
 
 /// The model math of a scheduler step: the one seam a batched forward
@@ -198,13 +204,18 @@ impl<M: CausalLm> StepAll<M> for OneByOne {
             tokens.iter().chain(logprob_rows.iter().flatten()),
         ))?;
         let mut sampled = Vec::with_capacity(seqs.len());
-        for ((token, row), seq) in tokens.iter().zip(&logprob_rows).zip(seqs.iter()) {
+        for ((token, row), seq) in tokens.iter().zip(&logprob_rows).zip(seqs.iter_mut()) {
             let token = token_value(token)?;
             let logprobs = match (row, seq.top_logprobs) {
                 (Some(row), Some(top)) => Some(most_likely(row.as_slice::<f32>(), token, top)?),
                 (None, _) | (_, None) => None,
             };
-            sampled.push(Sampled { token, logprobs });
+            let grammar = seq.sampler.accept(token)?;
+            sampled.push(Sampled {
+                token,
+                logprobs,
+                grammar,
+            });
         }
         self.steps += 1;
         if self.steps % SEQUENCE_TOKENS_PER_POOL_RELEASE == 0 {
@@ -391,7 +402,7 @@ impl<M: CausalLm, S: StepAll<M>> Steps for Scheduler<'_, M, S> {
 }
 
 impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
-    fn admit(&mut self, job: Job) {
+    fn admit(&mut self, mut job: Job) {
         self.metrics.queue_depth.dec();
         if job.cancel.is_cancelled() {
             // The client left while the request waited: nothing to compute.
@@ -410,6 +421,10 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
                 let _ = job.events.send(GenEvent::Failed(message));
                 return;
             }
+        };
+        let sampler = match job.constraint.take() {
+            Some(constraint) => sampler.constrained(constraint),
+            None => sampler,
         };
         let state = SeqState {
             cache: self.model.make_cache(),
@@ -527,14 +542,15 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
             let logprob = sampled
                 .logprobs
                 .map(|l| describe(self.tokenizer, sampled.token, l));
-            match deliver(
-                &mut self.active[i].stream,
-                token,
-                logprob,
-                now,
-                self.eos,
-                self.metrics,
-            ) {
+            let stream = &mut self.active[i].stream;
+            let outcome = match deliver(stream, token, logprob, now, self.eos, self.metrics) {
+                // The output grammar is complete: nothing more may follow.
+                Outcome::Running if sampled.grammar == GrammarState::Complete => {
+                    finish(stream, Finish::Stop)
+                }
+                outcome => outcome,
+            };
+            match outcome {
                 Outcome::Running => self.active[i].state.input = token,
                 Outcome::Finished => finished.push(i),
             }
