@@ -2448,9 +2448,9 @@ fn constrains_answers_to_json_schemas_and_required_tool_calls() {
         }
     }
     // A grammar that cannot close within max_tokens: cut, finish "length".
-    let (status, body) = post(&format!(
-        r#"{{"messages": [{{"role": "user", "content": "Hi"}}], "max_tokens": 3, "temperature": 0, "response_format": {{"type": "json_schema", "json_schema": {{"name": "long", "schema": {{"type": "string", "minLength": 20}}}}}}}}"#
-    ));
+    let (status, body) = post(
+        r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "long", "schema": {"type": "string", "minLength": 20}}}}"#,
+    );
     assert_eq!(status, 200, "{body}");
     let (content, _, finish) = chat_answer(&body, false);
     assert_eq!(finish, "length", "{body}");
@@ -2458,9 +2458,7 @@ fn constrains_answers_to_json_schemas_and_required_tool_calls() {
     // What is refused, and where.
     let refused = [
         (
-            format!(
-                r#", "response_format": {{"type": "json_schema", "json_schema": {{"name": "bad", "schema": {{"type": "string", "minLength": 5, "maxLength": 2}}}}}}"#
-            ),
+            r#", "response_format": {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "string", "minLength": 5, "maxLength": 2}}}"#.to_string(),
             "response_format.json_schema.schema",
             "minLength (5) is greater than maxLength (2)",
         ),
@@ -2482,9 +2480,7 @@ fn constrains_answers_to_json_schemas_and_required_tool_calls() {
             "gives no tools",
         ),
         (
-            format!(
-                r#", "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {{"type": "object", "properties": {{"x": {{"type": "string", "pattern": "(a|b"}}}}}}}}}}], "tool_choice": "required""#
-            ),
+            r#", "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": "(a|b"}}}}}], "tool_choice": "required""#.to_string(),
             "tools[0].function.parameters",
             "unclosed group",
         ),

@@ -306,12 +306,12 @@ mod tests {
     fn tool_choice_is_read_and_checked_against_the_tools() {
         let tools = tools();
         let read = |v: Value| ToolChoice::of_request(Some(&v), Some(&tools));
-        assert_eq!(read(json!("auto")).unwrap(), ToolChoice::Auto);
-        assert_eq!(read(json!("none")).unwrap(), ToolChoice::None);
-        assert_eq!(read(json!("required")).unwrap(), ToolChoice::Required);
+        assert_eq!(read(json!("auto")).ok(), Some(ToolChoice::Auto));
+        assert_eq!(read(json!("none")).ok(), Some(ToolChoice::None));
+        assert_eq!(read(json!("required")).ok(), Some(ToolChoice::Required));
         assert_eq!(
-            read(json!({"type": "function", "function": {"name": "now"}})).unwrap(),
-            ToolChoice::Function("now".into())
+            read(json!({"type": "function", "function": {"name": "now"}})).ok(),
+            Some(ToolChoice::Function("now".into()))
         );
         let unknown = read(json!({"type": "function", "function": {"name": "later"}}))
             .err()
@@ -336,7 +336,9 @@ mod tests {
     #[test]
     fn a_named_call_offers_that_tool_only_and_a_tool_without_parameters_takes_none() {
         let tools = tools();
-        let named = callable_tools(&tools, &ToolChoice::Function("now".into())).unwrap();
+        let named = callable_tools(&tools, &ToolChoice::Function("now".into()))
+            .ok()
+            .unwrap();
         assert_eq!(named.len(), 1);
         assert_eq!(named[0].0, 1);
         assert_eq!(
@@ -344,8 +346,10 @@ mod tests {
             json!({"type": "object", "properties": {}, "additionalProperties": false})
         );
         assert_eq!(
-            callable_tools(&tools, &ToolChoice::Required).unwrap().len(),
-            2
+            callable_tools(&tools, &ToolChoice::Required)
+                .ok()
+                .map(|t| t.len()),
+            Some(2)
         );
     }
 
