@@ -455,6 +455,14 @@ pub struct GenerateArgs {
     /// Wrap --prompt in the checkpoint's chat template as one user turn
     #[arg(long, conflicts_with = "prompt_ids")]
     pub chat: bool,
+    /// Hold the output to JSON valid against the JSON schema in FILE
+    /// (constrained decoding; needs DIR/tokenizer.json)
+    #[arg(long, value_name = "FILE", conflicts_with = "json_object")]
+    pub json_schema: Option<PathBuf>,
+    /// Hold the output to one JSON object (constrained decoding; needs
+    /// DIR/tokenizer.json)
+    #[arg(long)]
+    pub json_object: bool,
     /// Which implementation runs the checkpoint
     #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
     pub implementation: Impl,

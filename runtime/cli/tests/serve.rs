@@ -2520,3 +2520,60 @@ fn constrains_answers_to_json_schemas_and_required_tool_calls() {
     let (status, body) = post(&chat(1, false, r#", "response_format": {"type": "text"}"#));
     assert_eq!(status, 200, "{body}");
 }
+
+/// `archgen generate --json-schema FILE` and `--json-object`: the printed
+/// text is JSON valid against the schema (greedy and sampled); a schema
+/// llguidance refuses, or a file that is not JSON, is an error naming the
+/// flag and the file.
+#[test]
+fn generate_holds_its_output_to_a_json_schema() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    let schema = root.path().join("pick.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "digit": {"type": "integer", "minimum": 0, "maximum": 9}, "color": {"enum": ["red", "green", "blue"]}}, "required": ["name", "digit", "color"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let (model_s, schema_s) = (model.to_str().unwrap(), schema.to_str().unwrap());
+    let generate = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            model_s,
+            "--prompt",
+            "Hello",
+            "--max-tokens",
+            "100",
+        ];
+        args.extend_from_slice(extra);
+        archgen(&args, "", Duration::from_secs(300))
+    };
+    for sampling in [&["--temp", "0"][..], &["--temp", "1", "--seed", "7"][..]] {
+        let (ok, out, err) = generate(&[&["--json-schema", schema_s][..], sampling].concat());
+        assert!(ok, "{sampling:?}: {err}");
+        check_bounded(&json(out.trim()), &format!("generate {sampling:?}"));
+        let (ok, out, err) = generate(&[&["--json-object"][..], sampling].concat());
+        assert!(ok, "{sampling:?}: {err}");
+        assert!(json(out.trim()).is_object(), "{sampling:?}: {out}");
+    }
+    let bad = root.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"type": "string", "minLength": 5, "maxLength": 2}"#,
+    )
+    .unwrap();
+    let (ok, _, err) = generate(&["--json-schema", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "--json-schema {}: the schema cannot be compiled",
+            bad.display()
+        )) && err.contains("minLength (5) is greater than maxLength (2)"),
+        "{err}"
+    );
+    std::fs::write(&bad, "[1,").unwrap();
+    let (ok, _, err) = generate(&["--json-schema", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("the schema is not JSON"), "{err}");
+}
