@@ -2447,6 +2447,26 @@ fn constrains_answers_to_json_schemas_and_required_tool_calls() {
             assert!((1..=3).contains(&arguments["days"].as_i64().unwrap()));
         }
     }
+    // Log-probabilities of a constrained answer are those of the masked
+    // distribution: every alternative listed is a possible token (a number,
+    // never the -inf of a token the grammar rules out).
+    let (status, body) = post(&chat(
+        1,
+        false,
+        &format!(
+            r#", "logprobs": true, "top_logprobs": 3, "response_format": {{"type": "json_schema", "json_schema": {{"name": "pick", "schema": {bounded}}}}}"#
+        ),
+    ));
+    assert_eq!(status, 200, "{body}");
+    let v = json(&body);
+    let entries = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert!(!entries.is_empty(), "{body}");
+    for entry in entries {
+        assert!(entry["logprob"].is_number(), "{entry}");
+        let top = entry["top_logprobs"].as_array().unwrap();
+        assert!(!top.is_empty() && top.len() <= 3, "{entry}");
+        assert!(top.iter().all(|t| t["logprob"].is_number()), "{entry}");
+    }
     // A grammar that cannot close within max_tokens: cut, finish "length".
     let (status, body) = post(
         r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "long", "schema": {"type": "string", "minLength": 20}}}}"#,

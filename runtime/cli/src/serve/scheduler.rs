@@ -225,14 +225,18 @@ impl<M: CausalLm> StepAll<M> for OneByOne {
     }
 }
 
-/// `token`'s log-probability in `row` and the `top` most likely ids.
+/// `token`'s log-probability in `row` and the `top` most likely ids among
+/// the possible ones (an output grammar's mask gives the tokens it rules
+/// out -inf: they are not alternatives, and JSON has no -inf).
 pub(super) fn most_likely(row: &[f32], token: i32, top: usize) -> Result<Logprobs, String> {
     let logprob = usize::try_from(token)
         .ok()
         .and_then(|t| row.get(t))
         .copied()
         .ok_or_else(|| format!("token {token} is outside the logits row ({})", row.len()))?;
-    let mut ids: Vec<usize> = (0..row.len()).collect();
+    let mut ids: Vec<usize> = (0..row.len())
+        .filter(|&i| row[i] != f32::NEG_INFINITY)
+        .collect();
     let top = top.min(ids.len());
     let by_logprob = |a: &usize, b: &usize| row[*b].total_cmp(&row[*a]).then(a.cmp(b));
     if top > 0 && top < ids.len() {
@@ -694,5 +698,9 @@ mod tests {
         assert_eq!(most_likely(&row, 0, 9).unwrap().top.len(), 5);
         let outside = most_likely(&row, 5, 1).err().unwrap();
         assert!(outside.contains("outside the logits row (5)"), "{outside}");
+        // Tokens a grammar ruled out (-inf) are no alternatives.
+        let masked = [f32::NEG_INFINITY, -0.1, f32::NEG_INFINITY, -2.5];
+        let got = most_likely(&masked, 1, 3).unwrap();
+        assert_eq!(got.top, vec![(1, -0.1), (3, -2.5)]);
     }
 }
