@@ -218,7 +218,7 @@ impl<M: CausalLm> StepAll<M> for OneByOne {
             });
         }
         self.steps += 1;
-        if self.steps % SEQUENCE_TOKENS_PER_POOL_RELEASE == 0 {
+        if self.steps.is_multiple_of(SEQUENCE_TOKENS_PER_POOL_RELEASE) {
             mlx(release_buffer_pool())?;
         }
         Ok(sampled)
