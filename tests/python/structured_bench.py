@@ -7,8 +7,9 @@ usage: structured_bench.py [--archgen target/debug/archgen] [--spec specs/qwen3-
 It makes the checkpoint (`archgen init --spec SPEC`, plus
 tests/python/make_chat_tokenizer.py for a tokenizer and the Qwen3 chat
 template), starts the server on a free loopback port, and times each kind of
-request --repeats times (after one warm-up each), each producing exactly
---max-tokens tokens (finish_reason "length" is checked):
+request --repeats times, round robin (one of each kind per round, after one
+warm-up round), each producing exactly --max-tokens tokens (finish_reason
+"length" is checked):
 
   batched       no processor: the batched session's path
   solo          `logit_bias {"0": 0}` (a processor that changes nothing): the
@@ -100,10 +101,11 @@ def main() -> None:
             "constrained": {"response_format": {"type": "json_schema", "json_schema": {
                 "name": "long", "schema": {"type": "string", "minLength": 1000000}}}},
         }
-        per_token: dict[str, list[float]] = {}
-        for kind, extra in kinds.items():
-            times = []
-            for i in range(args.repeats + 1):
+        per_token: dict[str, list[float]] = {kind: [] for kind in kinds}
+        # Round robin (one request of each kind per round), so that the drift
+        # of a shared machine falls on every kind alike; round 0 warms up.
+        for i in range(args.repeats + 1):
+            for kind, extra in kinds.items():
                 answer = post(base, {**common, **extra})
                 finish = answer["choices"][0]["finish_reason"]
                 tokens = answer["usage"]["completion_tokens"]
@@ -113,9 +115,8 @@ def main() -> None:
                 while answer["id"] not in logs and time.time() < deadline:
                     time.sleep(0.01)
                 entry = logs[answer["id"]]
-                if i > 0:  # the first is the warm-up
-                    times.append((entry["duration_s"] - entry["ttft_s"]) / (tokens - 1))
-            per_token[kind] = times
+                if i > 0:
+                    per_token[kind].append((entry["duration_s"] - entry["ttft_s"]) / (tokens - 1))
         medians = {k: statistics.median(v) for k, v in per_token.items()}
         print(f"| path | ms / token (median of {args.repeats}, {args.max_tokens} tokens each) |")
         print("|---|---|")
