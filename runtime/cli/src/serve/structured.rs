@@ -92,6 +92,12 @@ impl ToolChoice {
                  tool_choice out"
                     .into(),
             )),
+            (ToolChoice::Required | ToolChoice::Function(_), Some([])) => Err(bad(
+                "tool_choice",
+                "asks for a tool call, and tools is an empty list; give tools or leave \
+                 tool_choice out"
+                    .into(),
+            )),
             (ToolChoice::Required, Some(_)) => Ok(choice),
             (ToolChoice::Function(name), Some(tools)) => {
                 let names: Vec<&str> = tools.iter().filter_map(function_name).collect();
@@ -329,6 +335,14 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(no_tools.param.as_deref(), Some("tool_choice"));
+        let empty = ToolChoice::of_request(Some(&json!("required")), Some(&[]))
+            .err()
+            .unwrap();
+        assert!(
+            empty.message.contains("tools is an empty list"),
+            "{}",
+            empty.message
+        );
         assert!(read(json!("always")).is_err());
         assert!(read(json!({"type": "code"})).is_err());
     }
