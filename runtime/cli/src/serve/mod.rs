@@ -59,7 +59,7 @@ use request::{
     Route, StopField, TokenizeFields, IGNORED_FIELDS_HEADER, SEED_HEADER,
 };
 use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
-use structured::{output_shape, OutputShape, ToolChoice};
+use structured::{output_shape, OutputShape, ResponseFormat, ToolChoice};
 use token_bytes::TokenText;
 use tools::{Piece, ToolFormat, ToolStream};
 use worker::Worker;
@@ -1084,8 +1084,9 @@ fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
         &choice,
         true,
     )?;
+    let response_format = ResponseFormat::of_request(request.response_format.as_ref())?;
     let shape = output_shape(
-        request.response_format,
+        response_format,
         &choice,
         request.tools.as_deref(),
         tool_format,

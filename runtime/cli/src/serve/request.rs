@@ -481,34 +481,8 @@ pub struct ChatFields {
     /// "function": {"name": ...}}` (serve/structured.rs reads it).
     pub tool_choice: Option<Value>,
     /// The answer's shape: text (the default), one JSON object, or JSON
-    /// valid against a schema.
-    pub response_format: Option<ResponseFormat>,
-}
-
-/// `response_format`: OpenAI's three kinds.
-#[derive(Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ResponseFormat {
-    Text,
-    JsonObject,
-    JsonSchema { json_schema: JsonSchemaFormat },
-}
-
-/// `response_format.json_schema`.
-#[derive(Deserialize)]
-pub struct JsonSchemaFormat {
-    /// Accepted (the schema's name, for the client's own use).
-    #[allow(dead_code)]
-    pub name: String,
-    /// Accepted (a description of the format, for the model in OpenAI's
-    /// service; the grammar is what holds the answer to the schema here).
-    #[allow(dead_code)]
-    pub description: Option<String>,
-    /// The schema the answer follows.
-    pub schema: Option<Value>,
-    /// Accepted: the schema is always enforced, strict or not.
-    #[allow(dead_code)]
-    pub strict: Option<bool>,
+    /// valid against a schema (serve/structured.rs reads it).
+    pub response_format: Option<Value>,
 }
 
 /// POST /tokenize: text, or a conversation.

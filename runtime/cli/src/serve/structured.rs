@@ -12,12 +12,83 @@
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::request::ResponseFormat;
 use super::tools::ToolFormat;
 use crate::constrained::{
     hermes_call_grammar, json_grammar, json_object_grammar, CallableTool, GrammarCompiler,
     TokenConstraint,
 };
+
+/// What `response_format` asks of the answer.
+pub enum ResponseFormat {
+    /// Free text (the default).
+    Text,
+    /// One JSON object.
+    JsonObject,
+    /// One JSON value valid against this schema (`json_schema.schema`).
+    JsonSchema(Value),
+}
+
+const RESPONSE_FORMAT_VALUES: &str = "give {\"type\": \"text\"}, {\"type\": \"json_object\"} or \
+     {\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}";
+
+impl ResponseFormat {
+    /// The request's `response_format` (absent: text). `json_schema`'s
+    /// `name` is required (as OpenAI requires it), `description` and
+    /// `strict` are accepted (the schema is enforced either way).
+    pub fn of_request(format: Option<&Value>) -> Result<Self, ApiError> {
+        let bad = |path: &str, message: String| {
+            ApiError::bad_request(format!("{path}: {message}"), Some(path))
+        };
+        let Some(format) = format else {
+            return Ok(ResponseFormat::Text);
+        };
+        let Some(object) = format.as_object() else {
+            return Err(bad(
+                "response_format",
+                format!("expected an object; {RESPONSE_FORMAT_VALUES}"),
+            ));
+        };
+        match object.get("type").and_then(Value::as_str) {
+            Some("text") => Ok(ResponseFormat::Text),
+            Some("json_object") => Ok(ResponseFormat::JsonObject),
+            Some("json_schema") => {
+                let Some(spec) = object.get("json_schema").and_then(Value::as_object) else {
+                    return Err(bad(
+                        "response_format.json_schema",
+                        "expected an object like {\"name\": ..., \"schema\": {...}}".into(),
+                    ));
+                };
+                if !spec.get("name").is_some_and(Value::is_string) {
+                    return Err(bad(
+                        "response_format.json_schema.name",
+                        "expected the schema's name (a string)".into(),
+                    ));
+                }
+                match spec.get("schema") {
+                    Some(schema @ Value::Object(_)) => {
+                        Ok(ResponseFormat::JsonSchema(schema.clone()))
+                    }
+                    Some(_) => Err(bad(
+                        "response_format.json_schema.schema",
+                        "expected a JSON schema object".into(),
+                    )),
+                    None => Err(bad(
+                        "response_format.json_schema.schema",
+                        "give the JSON schema the answer must follow".into(),
+                    )),
+                }
+            }
+            Some(other) => Err(bad(
+                "response_format.type",
+                format!("\"{other}\" is not a response format; {RESPONSE_FORMAT_VALUES}"),
+            )),
+            None => Err(bad(
+                "response_format.type",
+                format!("expected a string; {RESPONSE_FORMAT_VALUES}"),
+            )),
+        }
+    }
+}
 
 /// What `tool_choice` asks of the answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,32 +259,15 @@ pub enum OutputShape {
 /// The shape `response_format` and `tool_choice` ask for: at most one of
 /// them may constrain the answer.
 pub fn output_shape(
-    response_format: Option<ResponseFormat>,
+    response_format: ResponseFormat,
     choice: &ToolChoice,
     tools: Option<&[Value]>,
     tool_format: Option<ToolFormat>,
 ) -> Result<Option<OutputShape>, ApiError> {
     let from_format = match response_format {
-        None | Some(ResponseFormat::Text) => None,
-        Some(ResponseFormat::JsonObject) => Some(OutputShape::JsonObject),
-        Some(ResponseFormat::JsonSchema { json_schema }) => {
-            const PATH: &str = "response_format.json_schema.schema";
-            match json_schema.schema {
-                Some(schema @ Value::Object(_)) => Some(OutputShape::JsonSchema(schema)),
-                Some(_) => {
-                    return Err(ApiError::bad_request(
-                        format!("{PATH}: expected a JSON schema object"),
-                        Some(PATH),
-                    ))
-                }
-                None => {
-                    return Err(ApiError::bad_request(
-                        format!("{PATH}: give the JSON schema the answer must follow"),
-                        Some(PATH),
-                    ))
-                }
-            }
-        }
+        ResponseFormat::Text => None,
+        ResponseFormat::JsonObject => Some(OutputShape::JsonObject),
+        ResponseFormat::JsonSchema(schema) => Some(OutputShape::JsonSchema(schema)),
     };
     let calls = match (choice, tools) {
         (ToolChoice::Auto | ToolChoice::None, _) | (_, None) => None,
@@ -368,10 +422,45 @@ mod tests {
     }
 
     #[test]
+    fn response_format_errors_name_the_field() {
+        let param = |v: Value| {
+            ResponseFormat::of_request(Some(&v))
+                .err()
+                .and_then(|e| e.param)
+        };
+        assert!(matches!(
+            ResponseFormat::of_request(Some(&json!({"type": "json_object"}))),
+            Ok(ResponseFormat::JsonObject)
+        ));
+        assert!(matches!(
+            ResponseFormat::of_request(None),
+            Ok(ResponseFormat::Text)
+        ));
+        assert_eq!(param(json!("json")).as_deref(), Some("response_format"));
+        assert_eq!(
+            param(json!({"type": "xml"})).as_deref(),
+            Some("response_format.type")
+        );
+        assert_eq!(
+            param(json!({"type": "json_schema"})).as_deref(),
+            Some("response_format.json_schema")
+        );
+        assert_eq!(
+            param(json!({"type": "json_schema", "json_schema": {"schema": {}}})).as_deref(),
+            Some("response_format.json_schema.name")
+        );
+        assert_eq!(
+            param(json!({"type": "json_schema", "json_schema": {"name": "x", "schema": true}}))
+                .as_deref(),
+            Some("response_format.json_schema.schema")
+        );
+    }
+
+    #[test]
     fn one_shape_at_a_time() {
         let tools = tools();
         let both = output_shape(
-            Some(ResponseFormat::JsonObject),
+            ResponseFormat::JsonObject,
             &ToolChoice::Required,
             Some(&tools),
             Some(ToolFormat::Hermes),
@@ -380,7 +469,7 @@ mod tests {
         .unwrap();
         assert_eq!(both.param.as_deref(), Some("response_format"));
         let gemma = output_shape(
-            None,
+            ResponseFormat::Text,
             &ToolChoice::Required,
             Some(&tools),
             Some(ToolFormat::Gemma4),
@@ -389,7 +478,7 @@ mod tests {
         .unwrap();
         assert_eq!(gemma.param.as_deref(), Some("tool_choice"));
         assert!(matches!(
-            output_shape(Some(ResponseFormat::Text), &ToolChoice::Auto, None, None),
+            output_shape(ResponseFormat::Text, &ToolChoice::Auto, None, None),
             Ok(None)
         ));
     }
