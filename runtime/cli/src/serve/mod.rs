@@ -2,7 +2,9 @@
 //! /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions,
 //! streamed as server-sent events or not; POST /tokenize and /detokenize;
 //! GET /health and GET /metrics for operations). Request bodies are read by
-//! [`request`]; `--api-key` is [`auth`], `--allowed-origins` [`cors`].
+//! [`request`]; `--api-key` is [`auth`], `--allowed-origins` [`cors`];
+//! `response_format` and a required tool call become an output grammar in
+//! [`structured`].
 //!
 //! The model lives on one thread (MLX arrays and the model stay there) whose
 //! [`scheduler`] keeps up to `--max-batch` sequences in flight, interleaving
