@@ -76,12 +76,30 @@ def check_tools(client, name, hf, messages) -> None:
         {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
     check(hist.usage.prompt_tokens == hf_count(hf_history, tools=tools),
           f"history prompt_tokens {hist.usage.prompt_tokens} vs {hf_count(hf_history, tools=tools)}")
-    try:
-        client.chat.completions.create(model=name, messages=messages, max_tokens=2, tools=tools,
-                                       tool_choice="required")
-        check(False, "tool_choice required was accepted")
-    except openai.BadRequestError as e:
-        check("tool_choice" in str(e), str(e))
+    # tool_choice "required": a grammar holds the answer to one call in the
+    # template's markup (Qwen's <tool_call> JSON); Gemma 4's markup is not
+    # constrained, so there it is a 400 naming tool_choice. The city is
+    # bounded so that a random-weight model's call closes within max_tokens.
+    bounded = [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+            "required": ["city"], "additionalProperties": False}}}]
+    if "<|tool_call>" in (hf.chat_template or ""):
+        try:
+            client.chat.completions.create(model=name, messages=messages, max_tokens=2, tools=bounded,
+                                           tool_choice="required")
+            check(False, "tool_choice required was accepted for Gemma 4's markup")
+        except openai.BadRequestError as e:
+            check(e.param == "tool_choice", str(e))
+    else:
+        required = client.chat.completions.create(model=name, messages=messages, max_tokens=160, seed=3,
+                                                  tools=bounded, tool_choice="required")
+        choice = required.choices[0]
+        check(choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1, str(required))
+        call = choice.message.tool_calls[0]
+        arguments = json.loads(call.function.arguments)
+        check(call.function.name == "get_weather" and isinstance(arguments.get("city"), str)
+              and len(arguments["city"]) <= 8, str(call))
 
 
 def main() -> None:

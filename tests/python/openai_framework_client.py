@@ -87,6 +87,19 @@ def main() -> None:
     replayed = client.chat.completions.create(seed=int(seed), **sampling).choices[0].message.content
     check(replayed == first, f"seed {seed} replayed {replayed!r}, first {first!r}")
 
+    # Structured output as frameworks ask for it: a JSON schema (strict), the
+    # answer parsed and checked against it.
+    schema = {"type": "object", "properties": {"mood": {"enum": ["calm", "busy"]},
+                                               "level": {"type": "integer", "minimum": 1, "maximum": 5}},
+              "required": ["mood", "level"], "additionalProperties": False}
+    structured = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=64, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "state", "schema": schema, "strict": True}})
+    check(structured.choices[0].finish_reason == "stop", str(structured))
+    answer = json.loads(structured.choices[0].message.content)
+    check(set(answer) == {"mood", "level"} and answer["mood"] in ("calm", "busy")
+          and isinstance(answer["level"], int) and 1 <= answer["level"] <= 5, str(answer))
+
     # What the server does not serve, or a value out of a field's range, is a
     # 400 naming the field.
     refused = {}
@@ -94,7 +107,7 @@ def main() -> None:
     several = client.chat.completions.create(n=2, seed=int(seed), **sampling)
     check([c.index for c in several.choices] == [0, 1], f"n=2 choices: {several.choices}")
     check(several.choices[0].message.content == first, "choice 0 of n=2 is not the n=1 answer")
-    for field, value in [("response_format", {"type": "json_object"}), ("n", 17), ("logit_bias", {"5": 101})]:
+    for field, value in [("modalities", ["text", "audio"]), ("n", 17), ("logit_bias", {"5": 101})]:
         try:
             client.chat.completions.create(model=model, messages=messages, max_tokens=2, **{field: value})
             raise SystemExit(f"check failed: {field}={value} was served")

@@ -508,9 +508,31 @@ fn head_json(head: &archgen_ir::Head) -> Value {
     v
 }
 
-/// sha256 of the canonical fingerprint input, first 16 hex digits.
+/// `value` with every object's keys in sorted order, whatever order
+/// serde_json's maps keep (insertion order once a crate in the build turns
+/// on its `preserve_order` feature, sorted without it).
+fn sorted_keys(value: Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, sorted_keys(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted_keys).collect()),
+        other => other,
+    }
+}
+
+/// sha256 of the canonical fingerprint input (sorted keys, no whitespace),
+/// first 16 hex digits.
 pub fn fingerprint(ir: &ModelIr) -> String {
-    let bytes = serde_json::to_vec(&fingerprint_input(ir)).expect("JSON of plain values");
+    let canonical = sorted_keys(fingerprint_input(ir));
+    let bytes = serde_json::to_vec(&canonical).expect("JSON of plain values");
     let digest = Sha256::digest(&bytes);
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }

@@ -83,8 +83,10 @@ pub enum Command {
                       POST /tokenize and /detokenize; GET /health and GET /metrics \
                       (Prometheus text). A null field counts as absent; unknown fields are \
                       ignored and named in the x-archgen-ignored-fields header; a field the \
-                      server does not serve (n > 1, response_format JSON, ...) is a 400 \
-                      naming it. --api-key wants a bearer key on every route but /health; \
+                      server does not serve (n > 1, ...) is a 400 \
+                      naming it. response_format json_object / json_schema and tool_choice \
+                      required / a named function are held by a grammar (constrained \
+                      decoding). --api-key wants a bearer key on every route but /health; \
                       --allowed-origins answers browsers (CORS). The model runs on one thread whose \
                       scheduler keeps up to --max-batch sequences in flight, interleaving \
                       prompt chunks of --prefill-step tokens with one decode step of every \
@@ -453,6 +455,14 @@ pub struct GenerateArgs {
     /// Wrap --prompt in the checkpoint's chat template as one user turn
     #[arg(long, conflicts_with = "prompt_ids")]
     pub chat: bool,
+    /// Hold the output to JSON valid against the JSON schema in FILE
+    /// (constrained decoding; needs DIR/tokenizer.json)
+    #[arg(long, value_name = "FILE", conflicts_with = "json_object")]
+    pub json_schema: Option<PathBuf>,
+    /// Hold the output to one JSON object (constrained decoding; needs
+    /// DIR/tokenizer.json)
+    #[arg(long)]
+    pub json_object: bool,
     /// Which implementation runs the checkpoint
     #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
     pub implementation: Impl,

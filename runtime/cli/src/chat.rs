@@ -204,7 +204,7 @@ fn stream_reply<M: CausalLm>(
         let _ = out.flush();
         reply.push_str(text);
     };
-    engine::generate(m, prompt, sampling, eos, |token| {
+    engine::generate(m, prompt, sampling, None, eos, |token| {
         let (text, _) = stream.push(token)?;
         print(&text, &mut reply);
         Ok(Flow::Continue)

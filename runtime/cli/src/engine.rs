@@ -13,6 +13,7 @@ use archgen_runtime::mlx_rs::{self, Array};
 use archgen_runtime::model::CausalLm;
 use tokenizers::Tokenizer;
 
+use crate::constrained::{GrammarState, TokenConstraint};
 use crate::sampling::{SamplingParams, TokenSampler};
 use crate::tokens::{check_ids, decode, mlx, token_value};
 
@@ -79,10 +80,15 @@ pub struct Generated {
 /// those of the one-step-at-a-time loop; after an EOS or a `Flow::Stop` the
 /// step already queued behind it runs too, and its result is dropped. An EOS
 /// token ends generation and is not passed on.
+///
+/// With an output grammar (`constraint`) a step's mask needs the token
+/// before it, so each step is built once the previous token is read (no
+/// step is queued ahead), and generation ends when the grammar is complete.
 pub fn generate<M: CausalLm>(
     m: &M,
     prompt: &[i32],
     sampling: &Sampling,
+    constraint: Option<TokenConstraint>,
     eos: &[i32],
     mut on_token: impl FnMut(i32) -> Result<Flow, String>,
 ) -> Result<Generated, String> {
@@ -99,11 +105,19 @@ pub fn generate<M: CausalLm>(
     }
     let prefill_seconds = start.elapsed().as_secs_f64();
     let mut sampler = TokenSampler::new(&sampling.params, sampling.seed, head)?;
+    // Whether step n+1 is queued before token n is read.
+    let ahead = match constraint {
+        None => true,
+        Some(constraint) => {
+            sampler = sampler.constrained(constraint);
+            false
+        }
+    };
     let max_tokens = sampling.max_tokens;
     let decode_start = Instant::now();
     // One step: forward of `input` (a lazy [1, 1] token), sampled lazily,
     // queued with async_eval. Nothing here waits for the device.
-    let mut step = |input: &Array| -> Result<Array, String> {
+    let mut step = |sampler: &mut TokenSampler, input: &Array| -> Result<Array, String> {
         let logits = mlx(mlx(m.forward(input, &mut cache))?.try_index((.., -1, ..)))?;
         let token = sampler.step(&logits, input)?.token;
         mlx(mlx_rs::transforms::async_eval([&token]))?;
@@ -111,7 +125,7 @@ pub fn generate<M: CausalLm>(
     };
     let mut pending = match max_tokens {
         0 => None,
-        _ => Some(step(&Array::from_slice(&[last], &[1, 1]))?),
+        _ => Some(step(&mut sampler, &Array::from_slice(&[last], &[1, 1]))?),
     };
     let mut step_times = Vec::with_capacity(max_tokens);
     let mut since = Instant::now();
@@ -119,8 +133,8 @@ pub fn generate<M: CausalLm>(
     let mut ended = (Finish::Length, None);
     for n in 0..max_tokens {
         let Some(current) = pending.take() else { break };
-        if n + 1 < max_tokens {
-            pending = Some(step(&current)?);
+        if ahead && n + 1 < max_tokens {
+            pending = Some(step(&mut sampler, &current)?);
         }
         let token = token_value(&current)?;
         if eos.contains(&token) {
@@ -133,6 +147,17 @@ pub fn generate<M: CausalLm>(
         if on_token(token)? == Flow::Stop {
             ended = (Finish::Stop, None);
             break;
+        }
+        match sampler.accept(token)? {
+            // The output grammar is complete: nothing more may follow.
+            GrammarState::Complete => {
+                ended = (Finish::Stop, None);
+                break;
+            }
+            GrammarState::Open if !ahead && n + 1 < max_tokens => {
+                pending = Some(step(&mut sampler, &current)?);
+            }
+            GrammarState::Open => {}
         }
         if n % SEQUENCE_TOKENS_PER_POOL_RELEASE == 0 {
             mlx(release_buffer_pool())?;

@@ -2,12 +2,15 @@
 //! with the timings at the end.
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use archgen_runtime::model::{CausalLm, ModelTask};
+use llguidance::api::TopLevelGrammar;
 use tokenizers::Tokenizer;
 
 use crate::args::{GenerateArgs, Prompt};
 use crate::checkpoint::{eos_ids, load_tokenizer, with_model};
+use crate::constrained::{json_grammar, json_object_grammar, GrammarCompiler};
 use crate::engine::{Flow, Sampling, TextStream};
 use crate::sampling::{fresh_seed, SamplingParams, FLAG_NAMES};
 use crate::tokens::check_ids;
@@ -123,10 +126,12 @@ pub(crate) fn generate(
     } else {
         eos_ids(model)?
     };
+    let output = output_grammar(args, model)?;
     let task = GenerateTask {
         ids: &ids,
         what,
         eos: &eos,
+        output,
         tokenizer: tokenizer.as_ref(),
         sampling: Sampling {
             max_tokens: args.max_tokens,
@@ -146,10 +151,53 @@ pub(crate) fn generate(
     )
 }
 
+/// `--json-schema FILE` or `--json-object`: the grammar the output follows,
+/// the flag that asked for it, and the tokenizer it is compiled against.
+struct OutputGrammar {
+    grammar: TopLevelGrammar,
+    flag: String,
+    tokenizer_json: PathBuf,
+}
+
+/// The output grammar the flags ask for, the schema file read and parsed
+/// before the model loads (its errors name the file).
+fn output_grammar(args: &GenerateArgs, model: &Path) -> Result<Option<OutputGrammar>, String> {
+    let (grammar, flag) = match (&args.json_schema, args.json_object) {
+        (None, false) => return Ok(None),
+        (None, true) => (json_object_grammar(), "--json-object".to_string()),
+        (Some(file), _) => {
+            let flag = format!("--json-schema {}", file.display());
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| format!("{flag}: cannot read the schema: {e}"))?;
+            let schema: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| format!("{flag}: the schema is not JSON: {e}"))?;
+            if !schema.is_object() {
+                return Err(format!(
+                    "{flag}: expected a JSON schema object ({{\"type\": ...}}), got {schema}"
+                ));
+            }
+            (json_grammar(&schema), flag)
+        }
+    };
+    let tokenizer_json = model.join("tokenizer.json");
+    if !tokenizer_json.is_file() {
+        return Err(format!(
+            "{flag} needs {} (not found) to constrain the output",
+            tokenizer_json.display()
+        ));
+    }
+    Ok(Some(OutputGrammar {
+        grammar,
+        flag,
+        tokenizer_json,
+    }))
+}
+
 struct GenerateTask<'a> {
     ids: &'a [i32],
     what: &'a str,
     eos: &'a [i32],
+    output: Option<OutputGrammar>,
     tokenizer: Option<&'a Tokenizer>,
     sampling: Sampling,
     ui: &'a Ui,
@@ -166,6 +214,7 @@ impl ModelTask for GenerateTask<'_> {
             ids,
             what,
             eos,
+            output,
             tokenizer,
             sampling,
             ui,
@@ -180,7 +229,20 @@ impl ModelTask for GenerateTask<'_> {
             None => Streamer::Ids,
             Some(tokenizer) => Streamer::Text(TextStream::new(tokenizer, &[])),
         };
-        let done = crate::engine::generate(m, ids, &sampling, eos, |token| {
+        let constraint = match output {
+            None => None,
+            Some(OutputGrammar {
+                grammar,
+                flag,
+                tokenizer_json,
+            }) => {
+                let compiler = GrammarCompiler::new(&tokenizer_json, m.vocab_size() as usize, eos)?;
+                Some(compiler.compile(grammar).map_err(|e| {
+                    format!("{flag}: the schema cannot be compiled into a grammar: {e}")
+                })?)
+            }
+        };
+        let done = crate::engine::generate(m, ids, &sampling, constraint, eos, |token| {
             if prints {
                 streamer.push(token)?;
             }

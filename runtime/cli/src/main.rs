@@ -9,6 +9,7 @@ mod batch;
 mod chat;
 mod chat_template;
 mod checkpoint;
+mod constrained;
 mod engine;
 mod generate;
 mod init;

@@ -20,6 +20,10 @@
 //! - The processors' token context: `generate_step` feeds them every prompt
 //!   token and every generated token fed back, the last `context` of them.
 //!
+//! A constrained request ([`crate::constrained`]) adds one processor after
+//! mlx-lm's: its grammar's mask, every token it does not allow next set to
+//! -inf, so the logprobs and the sampler see only the allowed tokens.
+//!
 //! mlx-lm wraps the filters and the draw in `mx.compile`; running the same
 //! ops uncompiled gives the same bytes (checked by hand, docs/parity.md,
 //! "Sampling"). runtime/cli/tests/sampling.rs compares `archgen generate`
@@ -29,6 +33,7 @@ use archgen_runtime::mlx_rs::ops::indexing::{argmax_axis, TryIndexOp};
 use archgen_runtime::mlx_rs::{self, Array};
 use archgen_runtime::Dtype;
 
+use crate::constrained::{GrammarState, TokenConstraint};
 use crate::tokens::mlx;
 
 /// A penalty of `make_logits_processors` and how many of the latest tokens
@@ -261,6 +266,8 @@ pub struct TokenSampler {
     /// The logit bias as `make_logits_processors` builds it: ids (int32)
     /// and values (float32), [1, n] each.
     bias: Option<(Array, Array)>,
+    /// The output grammar, whose mask is the last processor.
+    constraint: Option<TokenConstraint>,
 }
 
 /// One step's results, both lazy.
@@ -300,7 +307,30 @@ impl TokenSampler {
             key: mlx(mlx_rs::random::key(seed))?,
             history,
             bias,
+            constraint: None,
         })
+    }
+
+    /// The sampler with an output grammar: its mask applies after the
+    /// other processors, and [`Self::accept`] moves it past each token.
+    pub fn constrained(mut self, constraint: TokenConstraint) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// Whether the sampler needs the logits ([`Self::step`]), not a logprobs
+    /// row: it has logits processors or an output grammar.
+    pub fn needs_logits(&self) -> bool {
+        self.history.is_some() || self.constraint.is_some()
+    }
+
+    /// Feeds the token just sampled (evaluated) to the output grammar, if
+    /// any: whether the answer may go on.
+    pub fn accept(&mut self, token: i32) -> Result<GrammarState, String> {
+        match &mut self.constraint {
+            None => Ok(GrammarState::Open),
+            Some(constraint) => constraint.accept(token),
+        }
     }
 
     /// One step of `generate_step._step`: `logits` [1, vocab] are the model's
@@ -321,6 +351,9 @@ impl TokenSampler {
                 logits = apply_penalty(&logits, &context, kind, penalty.value)?;
             }
         }
+        if let Some(constraint) = self.constraint.as_mut() {
+            logits = apply_mask(&logits, &constraint.allowed()?)?;
+        }
         let norm = mlx(logits.logsumexp(true))?;
         let logprobs = mlx(logits.subtract(&norm))?;
         let token = match self.params.temp == 0.0 {
@@ -337,8 +370,12 @@ impl TokenSampler {
     /// processors need the logits, so a sampler with them refuses. Returns
     /// the token, int32 [1, 1].
     pub fn sample_logprobs(&mut self, row: &Array) -> Result<Array, String> {
-        if self.history.is_some() {
-            return Err("a sampler with logits processors needs the logits, not logprobs".into());
+        if self.needs_logits() {
+            return Err(
+                "a sampler with logits processors or an output grammar needs the logits, \
+                 not logprobs"
+                    .into(),
+            );
         }
         let row = mlx(row.reshape(&[1, -1]))?;
         let token = match self.params.temp == 0.0 {
@@ -367,6 +404,24 @@ impl TokenSampler {
         self.key = next;
         mlx(mlx_rs::random::categorical(&scaled, -1, None, &draw))
     }
+}
+
+/// The grammar's processor: every token not `allowed` gets -inf (the
+/// allowed ones keep their logits, so their relative odds are the model's).
+fn apply_mask(logits: &Array, allowed: &[bool]) -> Result<Array, String> {
+    let vocab = logits.shape().last().copied().unwrap_or(0);
+    if allowed.len() != vocab as usize {
+        return Err(format!(
+            "the output grammar's mask has {} tokens, the logits {vocab}",
+            allowed.len()
+        ));
+    }
+    let allowed = Array::from_slice(allowed, &[1, vocab]);
+    mlx(mlx_rs::ops::select(
+        &allowed,
+        logits,
+        weak(f64::NEG_INFINITY, logits.dtype())?,
+    ))
 }
 
 /// `logits.at[:, indices].add(values)`: the values take the logits' dtype,

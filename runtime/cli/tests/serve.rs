@@ -615,7 +615,7 @@ fn takes_requests_as_clients_send_them() {
 
     // Fields not served, given a value other than the default: refused, named.
     for (field, value) in [
-        ("response_format", r#"{"type": "json_object"}"#),
+        ("modalities", r#"["text", "audio"]"#),
         ("audio", r#"{"voice": "alloy"}"#),
     ] {
         let (status, _, body) = post(
@@ -2146,7 +2146,14 @@ fn sampling_fields_report_and_replay_the_seed() {
         post_with_seed_header(&server, "/v1/completions", &format!("{{{fields}}}"));
     assert_eq!(status, 200, "{body}");
     let seed = fresh.expect("no x-archgen-seed header");
-    let logged = server.request_logs();
+    // The log line is written when the request's state is dropped, which
+    // can be just after the client has its answer.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut logged = server.request_logs();
+    while logged.last().is_none_or(|l| l["seed"] != seed) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        logged = server.request_logs();
+    }
     assert_eq!(logged.last().unwrap()["seed"], seed, "{logged:?}");
     let (status, echoed, replay) = post_with_seed_header(
         &server,
@@ -2358,4 +2365,312 @@ fn serves_concurrent_gemma2_grouped_query_requests_in_one_batch() {
             > metric(&server, "archgen_decode_batch_size_count"),
         "no decode forward computed more than one sequence"
     );
+}
+
+/// A chat answer, whole or streamed (SSE chunks put together): its content,
+/// its tool calls as (name, arguments JSON text), and its finish reason.
+fn chat_answer(body: &str, streamed: bool) -> (String, Vec<(String, String)>, String) {
+    let calls_of = |calls: &serde_json::Value| -> Vec<(String, String)> {
+        calls
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let f = &c["function"];
+                (
+                    f["name"].as_str().unwrap_or_else(|| panic!("{c}")).into(),
+                    f["arguments"]
+                        .as_str()
+                        .unwrap_or_else(|| panic!("{c}"))
+                        .into(),
+                )
+            })
+            .collect()
+    };
+    if !streamed {
+        let v = json(body);
+        let choice = &v["choices"][0];
+        let content = choice["message"]["content"].as_str().unwrap_or("");
+        let finish = choice["finish_reason"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{body}"));
+        return (
+            content.into(),
+            calls_of(&choice["message"]["tool_calls"]),
+            finish.into(),
+        );
+    }
+    let data: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{body}");
+    let (mut content, mut calls, mut finish) = (String::new(), Vec::new(), String::new());
+    for chunk in &data[..data.len() - 1] {
+        let delta = &json(chunk)["choices"][0];
+        content.push_str(delta["delta"]["content"].as_str().unwrap_or(""));
+        calls.extend(calls_of(&delta["delta"]["tool_calls"]));
+        if let Some(f) = delta["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    (content, calls, finish)
+}
+
+/// The bounded schema of the structured-output test: a required string of
+/// at most 8 characters, an integer in [0, 9] and an enum. Checks `value`
+/// against it field by field.
+fn check_bounded(value: &serde_json::Value, what: &str) {
+    let object = value
+        .as_object()
+        .unwrap_or_else(|| panic!("{what}: not an object: {value}"));
+    let mut keys: Vec<&str> = object.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["color", "digit", "name"], "{what}: {value}");
+    let name = value["name"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: {value}"));
+    assert!(name.chars().count() <= 8, "{what}: name too long: {value}");
+    let digit = value["digit"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{what}: {value}"));
+    assert!((0..=9).contains(&digit), "{what}: {value}");
+    assert!(
+        ["red", "green", "blue"].contains(&value["color"].as_str().unwrap_or("")),
+        "{what}: {value}"
+    );
+}
+
+/// Structured output on a random-weight model: `response_format`
+/// json_object and a bounded json_schema give JSON that parses and
+/// validates, `tool_choice` "required" and a named function give one
+/// parseable call of the right function with valid arguments, whole and
+/// streamed, each closing well within `max_tokens` (finish "stop" or
+/// "tool_calls"); a schema llguidance refuses, and a function not among the
+/// tools, are 400s naming the field's path.
+#[test]
+fn constrains_answers_to_json_schemas_and_required_tool_calls() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    let server = start_server(&model, &["--max-batch", "4"]);
+    let chat = |seed: u64, stream: bool, extra: &str| {
+        format!(
+            r#"{{"messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 200, "seed": {seed}, "stream": {stream}{extra}}}"#
+        )
+    };
+    let post = |body: &str| curl(&server, "POST", "/v1/chat/completions", Some(body));
+    let bounded = r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "digit": {"type": "integer", "minimum": 0, "maximum": 9}, "color": {"enum": ["red", "green", "blue"]}}, "required": ["name", "digit", "color"], "additionalProperties": false}"#;
+    let tools = r#"[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "days": {"type": "integer", "minimum": 1, "maximum": 3}}, "required": ["city", "days"], "additionalProperties": false}}}, {"type": "function", "function": {"name": "now"}}]"#;
+    for stream in [false, true] {
+        for seed in [1, 2] {
+            let what = format!("seed {seed}, stream {stream}");
+            // One JSON object.
+            let (status, body) = post(&chat(
+                seed,
+                stream,
+                r#", "response_format": {"type": "json_object"}"#,
+            ));
+            assert_eq!(status, 200, "{body}");
+            let (content, _, finish) = chat_answer(&body, stream);
+            assert_eq!(finish, "stop", "json_object, {what}: {body}");
+            assert!(json(&content).is_object(), "json_object, {what}: {content}");
+            // JSON valid against a bounded schema.
+            let (status, body) = post(&chat(
+                seed,
+                stream,
+                &format!(
+                    r#", "response_format": {{"type": "json_schema", "json_schema": {{"name": "pick", "schema": {bounded}, "strict": true}}}}"#
+                ),
+            ));
+            assert_eq!(status, 200, "{body}");
+            let (content, _, finish) = chat_answer(&body, stream);
+            assert_eq!(finish, "stop", "json_schema, {what}: {body}");
+            check_bounded(&json(&content), &format!("json_schema, {what}"));
+            // A call of one of the tools.
+            let (status, body) = post(&chat(
+                seed,
+                stream,
+                &format!(r#", "tools": {tools}, "tool_choice": "required""#),
+            ));
+            assert_eq!(status, 200, "{body}");
+            let (content, calls, finish) = chat_answer(&body, stream);
+            assert_eq!(finish, "tool_calls", "required, {what}: {body}");
+            assert_eq!(content, "", "required, {what}: {body}");
+            assert_eq!(calls.len(), 1, "required, {what}: {body}");
+            let arguments = json(&calls[0].1);
+            match calls[0].0.as_str() {
+                "now" => assert_eq!(arguments, json!({}), "{what}"),
+                "get_weather" => {
+                    assert!(arguments["city"].as_str().unwrap().chars().count() <= 8);
+                    assert!((1..=3).contains(&arguments["days"].as_i64().unwrap()));
+                }
+                other => panic!("required, {what}: called {other}: {body}"),
+            }
+            // A call of the named function.
+            let (status, body) = post(&chat(
+                seed,
+                stream,
+                &format!(
+                    r#", "tools": {tools}, "tool_choice": {{"type": "function", "function": {{"name": "get_weather"}}}}"#
+                ),
+            ));
+            assert_eq!(status, 200, "{body}");
+            let (_, calls, finish) = chat_answer(&body, stream);
+            assert_eq!(finish, "tool_calls", "named, {what}: {body}");
+            assert_eq!(calls.len(), 1, "named, {what}: {body}");
+            assert_eq!(calls[0].0, "get_weather", "named, {what}: {body}");
+            let arguments = json(&calls[0].1);
+            assert!(arguments["city"].as_str().unwrap().chars().count() <= 8);
+            assert!((1..=3).contains(&arguments["days"].as_i64().unwrap()));
+        }
+    }
+    // Log-probabilities of a constrained answer are those of the masked
+    // distribution: every alternative listed is a possible token (a number,
+    // never the -inf of a token the grammar rules out).
+    let (status, body) = post(&chat(
+        1,
+        false,
+        &format!(
+            r#", "logprobs": true, "top_logprobs": 3, "response_format": {{"type": "json_schema", "json_schema": {{"name": "pick", "schema": {bounded}}}}}"#
+        ),
+    ));
+    assert_eq!(status, 200, "{body}");
+    let v = json(&body);
+    let entries = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert!(!entries.is_empty(), "{body}");
+    for entry in entries {
+        assert!(entry["logprob"].is_number(), "{entry}");
+        let top = entry["top_logprobs"].as_array().unwrap();
+        assert!(!top.is_empty() && top.len() <= 3, "{entry}");
+        assert!(top.iter().all(|t| t["logprob"].is_number()), "{entry}");
+    }
+    // A grammar that cannot close within max_tokens: cut, finish "length".
+    let (status, body) = post(
+        r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "long", "schema": {"type": "string", "minLength": 20}}}}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let (content, _, finish) = chat_answer(&body, false);
+    assert_eq!(finish, "length", "{body}");
+    assert!(content.starts_with('"'), "{body}");
+    // What is refused, and where.
+    let refused = [
+        (
+            r#", "response_format": {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "string", "minLength": 5, "maxLength": 2}}}"#.to_string(),
+            "response_format.json_schema.schema",
+            "minLength (5) is greater than maxLength (2)",
+        ),
+        (
+            r#", "response_format": {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "strin"}}}"#.to_string(),
+            "response_format.json_schema.schema",
+            "strin",
+        ),
+        (
+            format!(
+                r#", "tools": {tools}, "tool_choice": {{"type": "function", "function": {{"name": "later"}}}}"#
+            ),
+            "tool_choice.function.name",
+            "\"later\" is not a function of tools (\"get_weather\", \"now\")",
+        ),
+        (
+            r#", "tool_choice": "required""#.to_string(),
+            "tool_choice",
+            "gives no tools",
+        ),
+        (
+            r#", "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": "(a|b"}}}}}], "tool_choice": "required""#.to_string(),
+            "tools[0].function.parameters",
+            "unclosed group",
+        ),
+        (
+            format!(
+                r#", "tools": {tools}, "tool_choice": "required", "response_format": {{"type": "json_object"}}"#
+            ),
+            "response_format",
+            "give one of response_format and tool_choice",
+        ),
+    ];
+    for (extra, param, expected) in refused {
+        let (status, body) = post(&chat(1, false, &extra));
+        let (got, message) = error_param(status, &body);
+        assert_eq!(got, param, "{extra}: {body}");
+        assert!(
+            message.starts_with(&format!("{param}: ")) && message.contains(expected),
+            "{extra}: '{expected}' not in: {message}"
+        );
+    }
+    // A hostile schema (hundreds of kB of enums) is refused by the compile
+    // bounds, and the server still answers.
+    let properties: Vec<String> = (0..300)
+        .map(|i| {
+            let values: Vec<String> = (0..200).map(|j| format!("\"v{i}_{j}\"")).collect();
+            format!(r#""k{i}": {{"enum": [{}]}}"#, values.join(","))
+        })
+        .collect();
+    let hostile = format!(
+        r#", "response_format": {{"type": "json_schema", "json_schema": {{"name": "big", "schema": {{"type": "object", "properties": {{{}}}}}}}}}"#,
+        properties.join(",")
+    );
+    let (status, body) = post(&chat(1, false, &hostile));
+    let (param, message) = error_param(status, &body);
+    assert_eq!(param, "response_format.json_schema.schema", "{message}");
+    assert!(message.contains("too big"), "{message}");
+    let (status, body) = post(&chat(1, false, r#", "response_format": {"type": "text"}"#));
+    assert_eq!(status, 200, "{body}");
+}
+
+/// `archgen generate --json-schema FILE` and `--json-object`: the printed
+/// text is JSON valid against the schema (greedy and sampled); a schema
+/// llguidance refuses, or a file that is not JSON, is an error naming the
+/// flag and the file.
+#[test]
+fn generate_holds_its_output_to_a_json_schema() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    let schema = root.path().join("pick.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "digit": {"type": "integer", "minimum": 0, "maximum": 9}, "color": {"enum": ["red", "green", "blue"]}}, "required": ["name", "digit", "color"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let (model_s, schema_s) = (model.to_str().unwrap(), schema.to_str().unwrap());
+    let generate = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            model_s,
+            "--prompt",
+            "Hello",
+            "--max-tokens",
+            "100",
+        ];
+        args.extend_from_slice(extra);
+        archgen(&args, "", Duration::from_secs(300))
+    };
+    for sampling in [&["--temp", "0"][..], &["--temp", "1", "--seed", "7"][..]] {
+        let (ok, out, err) = generate(&[&["--json-schema", schema_s][..], sampling].concat());
+        assert!(ok, "{sampling:?}: {err}");
+        check_bounded(&json(out.trim()), &format!("generate {sampling:?}"));
+        let (ok, out, err) = generate(&[&["--json-object"][..], sampling].concat());
+        assert!(ok, "{sampling:?}: {err}");
+        assert!(json(out.trim()).is_object(), "{sampling:?}: {out}");
+    }
+    let bad = root.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"type": "string", "minLength": 5, "maxLength": 2}"#,
+    )
+    .unwrap();
+    let (ok, _, err) = generate(&["--json-schema", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "--json-schema {}: the schema cannot be compiled",
+            bad.display()
+        )) && err.contains("minLength (5) is greater than maxLength (2)"),
+        "{err}"
+    );
+    std::fs::write(&bad, "[1,").unwrap();
+    let (ok, _, err) = generate(&["--json-schema", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("the schema is not JSON"), "{err}");
 }

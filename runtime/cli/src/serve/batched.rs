@@ -17,7 +17,9 @@
 //! once per draw as `archgen generate` splits it, on the session's logprobs
 //! row. A request with logits processors, which need the logits the session
 //! does not hand out, runs beside the session as a batch of one of its own
-//! ([`Solo`]), computed as `generate_step` computes it.
+//! ([`Solo`]), computed as `generate_step` computes it; so does a request
+//! with an output grammar (`response_format`, a required tool call), whose
+//! mask is its last processor.
 //!
 //! The prompt cache (prompt_cache.rs, `--prompt-cache-bytes`) is mlx-lm's
 //! server's: a request whose prompt extends a finished one's tokens joins
@@ -48,6 +50,7 @@ use super::scheduler::{
     deliver, describe, fail, finish, most_likely, panic_message, Job, Limits, Outcome, Steps,
     Stream,
 };
+use crate::constrained::GrammarState;
 use crate::engine::{Finish, Sampling};
 use crate::sampling::TokenSampler;
 use crate::tokens::{mlx, token_value};
@@ -65,8 +68,8 @@ pub(super) struct BatchedScheduler<'a> {
     /// Every admitted request, whether waiting in the session, in prefill
     /// or generating.
     active: Vec<(SeqId, Stream<'a>)>,
-    /// Requests with logits processors, each run as a batch of one beside
-    /// the session ([`Solo`]).
+    /// Requests with logits processors or an output grammar, each run as a
+    /// batch of one beside the session ([`Solo`]).
     solo: Vec<Solo<'a>>,
     /// `None` when `--prompt-cache-bytes` is 0.
     prompt_cache: Option<PromptCache>,
@@ -106,8 +109,9 @@ impl Steps for BatchedScheduler<'_> {
     }
 }
 
-/// A request with logits processors. The session hands a sampler the
-/// batch's logprobs row, and mlx-lm's processors need the logits, so such a
+/// A request with logits processors or an output grammar. The session
+/// hands a sampler the batch's logprobs row, and mlx-lm's processors (and
+/// the grammar's mask, the last processor) need the logits, so such a
 /// request runs as a batch of one of its own (`make_batch_cache(1)`, no
 /// padding: the single-sequence computation): one prefill chunk per step,
 /// then one forward per step whose logits go through its [`TokenSampler`],
@@ -166,7 +170,7 @@ impl<'a> BatchedScheduler<'a> {
             // The client left while the request waited: nothing to compute.
             return;
         }
-        if job.sampling.params.has_processors() {
+        if job.sampling.params.has_processors() || job.constraint.is_some() {
             return self.admit_solo(job);
         }
         let sampler = match seeded_sampler(&job.sampling) {
@@ -203,14 +207,19 @@ impl<'a> BatchedScheduler<'a> {
         self.metrics.active_sequences.set(self.active.len() as i64);
     }
 
-    /// Admits a request with logits processors as a [`Solo`] sequence.
-    fn admit_solo(&mut self, job: Job) {
+    /// Admits a request with logits processors or an output grammar as a
+    /// [`Solo`] sequence.
+    fn admit_solo(&mut self, mut job: Job) {
         let Some((&last, head)) = job.prompt.split_last() else {
             return fail(&job, "the prompt has no tokens".into());
         };
         let sampler = match TokenSampler::new(&job.sampling.params, job.sampling.seed, head) {
             Ok(sampler) => sampler,
             Err(message) => return fail(&job, message),
+        };
+        let sampler = match job.constraint.take() {
+            Some(constraint) => sampler.constrained(constraint),
+            None => sampler,
         };
         let cache = match self.model.make_batch_cache(1) {
             Ok(cache) => cache,
@@ -240,12 +249,17 @@ impl<'a> BatchedScheduler<'a> {
                 std::panic::catch_unwind(AssertUnwindSafe(|| solo_step(model, seq, prefill_step)));
             let outcome = match ran {
                 Ok(Ok(None)) => Outcome::Running,
-                Ok(Ok(Some((token, logprob)))) => {
+                Ok(Ok(Some((token, logprob, grammar)))) => {
                     self.metrics.decode_batch_size.observe(1.0);
                     let logprob = logprob.map(|l| describe(self.tokenizer, token, l));
                     let now = Instant::now();
                     let seq = &mut self.solo[at];
                     match deliver(&mut seq.stream, token, logprob, now, self.eos, self.metrics) {
+                        // The output grammar is complete: nothing more may
+                        // follow.
+                        Outcome::Running if grammar == GrammarState::Complete => {
+                            finish(&mut seq.stream, Finish::Stop)
+                        }
                         Outcome::Running => {
                             seq.input = token;
                             Outcome::Running
@@ -450,6 +464,10 @@ fn new_session<'a>(
     session
 }
 
+/// A [`Solo`] decode step's token, its log-probabilities when asked for,
+/// and where its output grammar stands after it.
+type SoloToken = (i32, Option<super::scheduler::Logprobs>, GrammarState);
+
 /// One step of a [`Solo`] sequence: a prefill chunk (`None`), or a decode
 /// forward of its input, sampled and evaluated: the token and, when asked
 /// for, its log-probabilities (after the processors, as `generate_step`
@@ -458,7 +476,7 @@ fn solo_step(
     model: &dyn BatchLm,
     seq: &mut Solo<'_>,
     prefill_step: usize,
-) -> Result<Option<(i32, Option<super::scheduler::Logprobs>)>, String> {
+) -> Result<Option<SoloToken>, String> {
     let head = seq.stream.job.prompt.len() - 1;
     if seq.fed < head {
         let end = (seq.fed + prefill_step).min(head);
@@ -487,7 +505,8 @@ fn solo_step(
         (Some(row), Some(top)) => Some(most_likely(row.as_slice::<f32>(), token, top)?),
         (None, _) | (_, None) => None,
     };
-    Ok(Some((token, logprobs)))
+    let grammar = seq.sampler.accept(token)?;
+    Ok(Some((token, logprobs, grammar)))
 }
 
 /// A request's sampler (one without logits processors: those run as

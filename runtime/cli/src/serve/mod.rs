@@ -2,7 +2,9 @@
 //! /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions,
 //! streamed as server-sent events or not; POST /tokenize and /detokenize;
 //! GET /health and GET /metrics for operations). Request bodies are read by
-//! [`request`]; `--api-key` is [`auth`], `--allowed-origins` [`cors`].
+//! [`request`]; `--api-key` is [`auth`], `--allowed-origins` [`cors`];
+//! `response_format` and a required tool call become an output grammar in
+//! [`structured`].
 //!
 //! The model lives on one thread (MLX arrays and the model stay there) whose
 //! [`scheduler`] keeps up to `--max-batch` sequences in flight, interleaving
@@ -21,6 +23,7 @@ mod metrics;
 mod prompt_cache;
 mod request;
 mod scheduler;
+mod structured;
 mod token_bytes;
 mod tools;
 mod worker;
@@ -30,7 +33,7 @@ use std::convert::Infallible;
 use std::future::IntoFuture;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -49,6 +52,7 @@ use tokio_stream::{StreamExt, StreamMap};
 
 use crate::args::ServeArgs;
 use crate::chat_template::ChatTemplate;
+use crate::constrained::{GrammarCompiler, TokenConstraint};
 use crate::engine::{self, Finish, ModelContext, Sampling};
 use crate::sampling::{fresh_seed, Penalty, SamplingParams, DEFAULT_PENALTY_CONTEXT, FIELD_NAMES};
 use crate::ui::Ui;
@@ -59,6 +63,7 @@ use request::{
     Route, StopField, TokenizeFields, IGNORED_FIELDS_HEADER, SEED_HEADER,
 };
 use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
+use structured::{output_shape, OutputShape, ResponseFormat, ToolChoice};
 use token_bytes::TokenText;
 use tools::{Piece, ToolFormat, ToolStream};
 use worker::Worker;
@@ -84,6 +89,12 @@ struct AppState {
     model_name: String,
     model_dir: String,
     vocab_size: i32,
+    /// The model's end-of-sequence ids (an output grammar allows them where
+    /// it accepts).
+    eos: Vec<i32>,
+    /// The output grammars' compiler, built on the first request that
+    /// needs one; its error when the tokenizer cannot drive one.
+    grammars: OnceLock<Result<GrammarCompiler, String>>,
     context: ModelContext,
     /// `--max-prompt-tokens`, when given.
     max_prompt_tokens: Option<usize>,
@@ -113,6 +124,8 @@ struct Plan {
     /// Choices (`n`): sequences of the one prompt, choice i sampling with
     /// seed + i.
     choices: usize,
+    /// The output grammar (`response_format`, a required tool call).
+    constraint: Option<TokenConstraint>,
 }
 
 fn plan(
@@ -192,6 +205,7 @@ fn plan(
         include_usage,
         tool_format: None,
         choices,
+        constraint: None,
     })
 }
 
@@ -776,6 +790,8 @@ async fn queue_and_answer(
             },
             stops: plan.stops.clone(),
             logprobs: plan.logprobs,
+            // Each choice follows the grammar on its own.
+            constraint: plan.constraint.as_ref().map(TokenConstraint::fork),
             events: sender,
             cancel: cancel.clone(),
             queued_at: Instant::now(),
@@ -1261,12 +1277,20 @@ async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Re
 fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
     let common: CommonFields = body.fields()?;
     let request: ChatFields = body.fields()?;
+    let choice = ToolChoice::of_request(request.tool_choice.as_ref(), request.tools.as_deref())?;
     let (text, tool_format) = chat_text(
         state,
         request.messages,
-        request.tools,
-        request.tool_choice.as_ref(),
+        request.tools.clone(),
+        &choice,
         true,
+    )?;
+    let response_format = ResponseFormat::of_request(request.response_format.as_ref())?;
+    let shape = output_shape(
+        response_format,
+        &choice,
+        request.tools.as_deref(),
+        tool_format,
     )?;
     // The template writes the special tokens (like <bos>) itself.
     let prompt = encode(&state.tokenizer, &text, false)?;
@@ -1289,7 +1313,35 @@ fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
     let max_tokens = request.max_completion_tokens.or(common.max_tokens);
     let mut plan = plan(state, prompt, common, max_tokens, logprobs)?;
     plan.tool_format = tool_format;
+    // Compiled last, once everything cheaper to check has passed (this
+    // runs off the async executor, as every request's check does).
+    plan.constraint = shape
+        .map(|shape| shape.compile(grammar_compiler(state, &shape)?))
+        .transpose()?;
     Ok(plan)
+}
+
+/// The server's grammar compiler, built on first use; a tokenizer
+/// llguidance cannot read is a 400 naming the field that asked for a
+/// grammar.
+fn grammar_compiler<'s>(
+    state: &'s AppState,
+    shape: &OutputShape,
+) -> Result<&'s GrammarCompiler, ApiError> {
+    let built = state.grammars.get_or_init(|| {
+        GrammarCompiler::new(
+            &std::path::Path::new(&state.model_dir).join("tokenizer.json"),
+            state.vocab_size as usize,
+            &state.eos,
+        )
+    });
+    built.as_ref().map_err(|message| {
+        let field = shape.field();
+        ApiError::bad_request(
+            format!("{field}: this model's tokenizer cannot drive a constrained answer: {message}"),
+            Some(field),
+        )
+    })
 }
 
 /// A conversation rendered by the model's chat template, and the tool-call
@@ -1298,7 +1350,7 @@ fn chat_text(
     state: &AppState,
     conversation: Vec<request::ChatMessage>,
     offered_tools: Option<Vec<serde_json::Value>>,
-    tool_choice: Option<&serde_json::Value>,
+    tool_choice: &ToolChoice,
     add_generation_prompt: bool,
 ) -> Result<(String, Option<ToolFormat>), ApiError> {
     let Some(template) = &state.template else {
@@ -1352,14 +1404,9 @@ fn chat_text(
     let tool_format = match (&offered_tools, tool_choice) {
         (None, _) => None,
         // "none": the model is not told of the tools, and its answer is text.
-        (Some(_), Some(choice)) if choice == "none" => None,
-        (Some(_), None) => tool_format_of(state, template)?,
-        (Some(_), Some(choice)) if choice == "auto" => tool_format_of(state, template)?,
-        (Some(_), Some(choice)) => {
-            return Err(ApiError::bad_request(
-                format!("tool_choice: {choice} is not served; give \"auto\" or \"none\""),
-                Some("tool_choice"),
-            ))
+        (Some(_), ToolChoice::None) => None,
+        (Some(_), ToolChoice::Auto | ToolChoice::Required | ToolChoice::Function(_)) => {
+            tool_format_of(state, template)?
         }
     };
     let tools = match (tool_format, offered_tools) {
@@ -1429,7 +1476,13 @@ fn tokenize_body(state: &AppState, body: &Body) -> Result<serde_json::Value, Api
         )?,
         (None, Some(messages)) => {
             let generation_prompt = request.add_generation_prompt.unwrap_or(true);
-            let (text, _) = chat_text(state, messages, request.tools, None, generation_prompt)?;
+            let (text, _) = chat_text(
+                state,
+                messages,
+                request.tools,
+                &ToolChoice::Auto,
+                generation_prompt,
+            )?;
             encode(
                 &state.tokenizer,
                 &text,
@@ -1671,7 +1724,7 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         jobs: jobs_rx,
         ready: ready_tx,
         tokenizer: tokenizer.clone(),
-        eos,
+        eos: eos.clone(),
         limits,
         metrics: metrics.clone(),
     };
@@ -1717,6 +1770,8 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         model_name: model_name.clone(),
         model_dir: model.display().to_string(),
         vocab_size,
+        eos,
+        grammars: OnceLock::new(),
         context,
         max_prompt_tokens: args.max_prompt_tokens.map(to_usize),
         max_tokens_ceiling: args.max_tokens.map(to_usize),

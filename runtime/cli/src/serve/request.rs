@@ -67,11 +67,6 @@ fn is_empty_string(v: &Value) -> bool {
     v.as_str() == Some("")
 }
 
-fn is_text_format(v: &Value) -> bool {
-    v.as_object()
-        .is_some_and(|o| o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("text"))
-}
-
 fn is_text_modality(v: &Value) -> bool {
     v.as_array()
         .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text")) && !a.is_empty())
@@ -135,12 +130,10 @@ impl Route {
                 | "logprobs"
                 | "top_logprobs"
                 | "tools"
-                | "tool_choice",
+                | "tool_choice"
+                | "response_format",
             ) => Some(Support::Served),
             (Route::Chat, "parallel_tool_calls") => Some(Support::NoOp),
-            (Route::Chat, "response_format") => {
-                Some(not_served(is_text_format, Some("{\"type\": \"text\"}")))
-            }
             (Route::Chat, "modalities") => Some(not_served(is_text_modality, Some("[\"text\"]"))),
             (
                 Route::Chat,
@@ -487,8 +480,12 @@ pub struct ChatFields {
     /// Function schemas (`[{"type": "function", "function": {...}}]`), given
     /// to the chat template as `tools`.
     pub tools: Option<Vec<Value>>,
-    /// "auto" (the default) or "none".
+    /// "auto" (the default), "none", "required" or `{"type": "function",
+    /// "function": {"name": ...}}` (serve/structured.rs reads it).
     pub tool_choice: Option<Value>,
+    /// The answer's shape: text (the default), one JSON object, or JSON
+    /// valid against a schema (serve/structured.rs reads it).
+    pub response_format: Option<Value>,
 }
 
 /// POST /tokenize: text, or a conversation.

@@ -36,6 +36,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
 use super::token_bytes::{token_text, TokenText};
+use crate::constrained::{GrammarState, TokenConstraint};
 use crate::engine::{Finish, Flow, Sampling, TextStream};
 use crate::sampling::TokenSampler;
 use crate::tokens::{mlx, token_value};
@@ -92,6 +93,8 @@ pub struct Job {
     pub stops: Vec<String>,
     /// Log-probabilities wanted, with this many alternatives per token.
     pub logprobs: Option<usize>,
+    /// The output grammar (`response_format`, a required tool call).
+    pub constraint: Option<TokenConstraint>,
     pub events: UnboundedSender<GenEvent>,
     pub cancel: Cancel,
     pub queued_at: Instant,
@@ -135,6 +138,9 @@ pub struct Sampled {
     pub token: i32,
     /// Present when the sequence asked for log-probabilities.
     pub logprobs: Option<Logprobs>,
+    /// Where its output grammar stands after the token (always open
+    /// without one).
+    pub grammar: GrammarState,
 }
 
 /// The model math of a scheduler step: the one seam a batched forward
@@ -198,30 +204,39 @@ impl<M: CausalLm> StepAll<M> for OneByOne {
             tokens.iter().chain(logprob_rows.iter().flatten()),
         ))?;
         let mut sampled = Vec::with_capacity(seqs.len());
-        for ((token, row), seq) in tokens.iter().zip(&logprob_rows).zip(seqs.iter()) {
+        for ((token, row), seq) in tokens.iter().zip(&logprob_rows).zip(seqs.iter_mut()) {
             let token = token_value(token)?;
             let logprobs = match (row, seq.top_logprobs) {
                 (Some(row), Some(top)) => Some(most_likely(row.as_slice::<f32>(), token, top)?),
                 (None, _) | (_, None) => None,
             };
-            sampled.push(Sampled { token, logprobs });
+            let grammar = seq.sampler.accept(token)?;
+            sampled.push(Sampled {
+                token,
+                logprobs,
+                grammar,
+            });
         }
         self.steps += 1;
-        if self.steps % SEQUENCE_TOKENS_PER_POOL_RELEASE == 0 {
+        if self.steps.is_multiple_of(SEQUENCE_TOKENS_PER_POOL_RELEASE) {
             mlx(release_buffer_pool())?;
         }
         Ok(sampled)
     }
 }
 
-/// `token`'s log-probability in `row` and the `top` most likely ids.
+/// `token`'s log-probability in `row` and the `top` most likely ids among
+/// the possible ones (an output grammar's mask gives the tokens it rules
+/// out -inf: they are not alternatives, and JSON has no -inf).
 pub(super) fn most_likely(row: &[f32], token: i32, top: usize) -> Result<Logprobs, String> {
     let logprob = usize::try_from(token)
         .ok()
         .and_then(|t| row.get(t))
         .copied()
         .ok_or_else(|| format!("token {token} is outside the logits row ({})", row.len()))?;
-    let mut ids: Vec<usize> = (0..row.len()).collect();
+    let mut ids: Vec<usize> = (0..row.len())
+        .filter(|&i| row[i] != f32::NEG_INFINITY)
+        .collect();
     let top = top.min(ids.len());
     let by_logprob = |a: &usize, b: &usize| row[*b].total_cmp(&row[*a]).then(a.cmp(b));
     if top > 0 && top < ids.len() {
@@ -391,7 +406,7 @@ impl<M: CausalLm, S: StepAll<M>> Steps for Scheduler<'_, M, S> {
 }
 
 impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
-    fn admit(&mut self, job: Job) {
+    fn admit(&mut self, mut job: Job) {
         self.metrics.queue_depth.dec();
         if job.cancel.is_cancelled() {
             // The client left while the request waited: nothing to compute.
@@ -410,6 +425,10 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
                 let _ = job.events.send(GenEvent::Failed(message));
                 return;
             }
+        };
+        let sampler = match job.constraint.take() {
+            Some(constraint) => sampler.constrained(constraint),
+            None => sampler,
         };
         let state = SeqState {
             cache: self.model.make_cache(),
@@ -527,14 +546,15 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
             let logprob = sampled
                 .logprobs
                 .map(|l| describe(self.tokenizer, sampled.token, l));
-            match deliver(
-                &mut self.active[i].stream,
-                token,
-                logprob,
-                now,
-                self.eos,
-                self.metrics,
-            ) {
+            let stream = &mut self.active[i].stream;
+            let outcome = match deliver(stream, token, logprob, now, self.eos, self.metrics) {
+                // The output grammar is complete: nothing more may follow.
+                Outcome::Running if sampled.grammar == GrammarState::Complete => {
+                    finish(stream, Finish::Stop)
+                }
+                outcome => outcome,
+            };
+            match outcome {
                 Outcome::Running => self.active[i].state.input = token,
                 Outcome::Finished => finished.push(i),
             }
@@ -678,5 +698,9 @@ mod tests {
         assert_eq!(most_likely(&row, 0, 9).unwrap().top.len(), 5);
         let outside = most_likely(&row, 5, 1).err().unwrap();
         assert!(outside.contains("outside the logits row (5)"), "{outside}");
+        // Tokens a grammar ruled out (-inf) are no alternatives.
+        let masked = [f32::NEG_INFINITY, -0.1, f32::NEG_INFINITY, -2.5];
+        let got = most_likely(&masked, 1, 3).unwrap();
+        assert_eq!(got.top, vec![(1, -0.1), (3, -2.5)]);
     }
 }
