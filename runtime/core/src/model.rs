@@ -20,8 +20,7 @@ pub trait CausalLm {
     /// The forward of `ids` [B, L] (int32), appending to `cache`, read out
     /// as `readout` says: the one trunk behind both readouts, so an
     /// embedding is the very hidden state the head would have projected.
-    fn forward_to(&self, ids: &Array, cache: &mut Self::Cache, readout: Readout)
-        -> Result<Array>;
+    fn forward_to(&self, ids: &Array, cache: &mut Self::Cache, readout: Readout) -> Result<Array>;
     /// The same model's batched forward (B sequences of different lengths
     /// in one forward, as mlx-lm's `BatchGenerator` runs them), when it has
     /// one; a server batches concurrent requests through it.

@@ -682,12 +682,7 @@ impl CausalLm for Monolith {
             .collect()
     }
 
-    fn forward_to(
-        &self,
-        ids: &Array,
-        caches: &mut Self::Cache,
-        readout: Readout,
-    ) -> Result<Array> {
+    fn forward_to(&self, ids: &Array, caches: &mut Self::Cache, readout: Readout) -> Result<Array> {
         let eps = self.ir.norm_eps;
         let (h0, per_layer) = self.inputs(ids)?;
         // One mask per window, from the cache of the first layer with that
