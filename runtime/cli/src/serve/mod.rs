@@ -752,7 +752,7 @@ async fn queue_and_answer(
         queued_at: Instant::now(),
     };
     state.metrics.queue_depth.inc();
-    let refused = match state.jobs.try_send(Work::Generate(job)) {
+    let refused = match state.jobs.try_send(Work::Generate(Box::new(job))) {
         Ok(()) => None,
         Err(mpsc::TrySendError::Full(_)) => Some(ApiError::with_status(
             StatusCode::TOO_MANY_REQUESTS,

@@ -16,9 +16,10 @@ use super::metrics::Metrics;
 use super::scheduler::{Job, Limits, Scheduler, Steps};
 use crate::embed::EmbeddingHead;
 
-/// What the server queues for the model thread.
+/// What the server queues for the model thread (a generation's job is
+/// boxed: it is many times an embedding job's size).
 pub enum Work {
-    Generate(Job),
+    Generate(Box<Job>),
     Embed(EmbedJob),
 }
 
@@ -151,7 +152,7 @@ fn admit<M: CausalLm>(
     metrics: &Metrics,
 ) {
     match work {
-        Work::Generate(job) => scheduler.admit(job),
+        Work::Generate(job) => scheduler.admit(*job),
         Work::Embed(job) => {
             metrics.queue_depth.dec();
             embedder.admit(job)
