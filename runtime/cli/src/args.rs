@@ -73,13 +73,14 @@ pub enum Command {
         after_help = EXIT_CODES
     )]
     Chat(ChatArgs),
-    /// Serve the OpenAI API (completions, chat completions) over HTTP
+    /// Serve the OpenAI API (completions, chat completions, embeddings) over HTTP
     #[command(
         long_about = "Serve an OpenAI-compatible HTTP API: GET /v1/models (and /v1/models/ID), \
                       POST /v1/completions and POST /v1/chat/completions, streamed (server-sent \
                       events) or not, with max_tokens, temperature, top_p, top_k, min_p, \
                       repetition / presence / frequency penalties, logit_bias, seed (the one \
                       used comes back in the x-archgen-seed header), stop and usage counts; \
+                      POST /v1/embeddings (last-token pooling; docs/cli.md, Embeddings); \
                       POST /tokenize and /detokenize; GET /health and GET /metrics \
                       (Prometheus text). A null field counts as absent; unknown fields are \
                       ignored and named in the x-archgen-ignored-fields header; a field the \

@@ -2393,9 +2393,10 @@ fn serves_embeddings_as_mlx_lm_computes_them() {
     assert_eq!(floats(&data[0]), expected[2]);
     assert_eq!(floats(&data[1]), expected[3]);
 
-    // A completion sent while a long embedding request (256 inputs of 40
-    // tokens: 256 forwards) runs is answered first: the model thread runs
-    // one embedding input between two generation steps, not the whole list.
+    // A completion and a one-input embedding request sent while a long
+    // embedding request (256 inputs of 40 tokens: 256 forwards) runs are
+    // answered first: the model thread runs one embedding input between two
+    // generation steps, round robin among the embedding requests.
     // Every answered request has its log line (written as its answer
     // leaves); embeddings have no seed.
     std::thread::sleep(Duration::from_millis(300));
@@ -2453,18 +2454,31 @@ fn serves_embeddings_as_mlx_lm_computes_them() {
     );
     let completed_after = started.elapsed();
     assert_eq!(status, 200, "{body}");
+    let (status, body) = post(json!({"input": [5, 6, 7]}));
+    assert_eq!(status, 200, "{body}");
+    let short_after = started.elapsed();
     let (embedding_status, embedded_after) = embedding.join().unwrap();
     assert_eq!(embedding_status, "200");
     eprintln!(
-        "completion answered after {completed_after:?}, the embeddings after {embedded_after:?}"
+        "completion answered after {completed_after:?}, the short embedding after \
+         {short_after:?}, the long one after {embedded_after:?}"
     );
     std::thread::sleep(Duration::from_millis(300));
-    let order: Vec<String> = server
+    let order: Vec<(String, u64)> = server
         .request_logs()
         .iter()
-        .map(|l| l["endpoint"].as_str().unwrap().to_string())
+        .map(|l| {
+            let endpoint = l["endpoint"].as_str().unwrap().to_string();
+            (endpoint, l["prompt_tokens"].as_u64().unwrap())
+        })
         .collect();
-    assert_eq!(order, ["/v1/completions", "/v1/embeddings"], "answer order");
+    let completion_tokens = order.first().map_or(0, |(_, n)| *n);
+    let expected = [
+        ("/v1/completions".to_string(), completion_tokens),
+        ("/v1/embeddings".to_string(), 3),
+        ("/v1/embeddings".to_string(), 256 * 40),
+    ];
+    assert_eq!(order, expected, "answer order");
 
     // Bad input: a 400 naming the path, before any compute.
     let too_many: Vec<&str> = vec!["a"; 257];

@@ -195,10 +195,10 @@ struct Embedding {
     done: Vec<Vec<f32>>,
 }
 
-/// The model thread's embedding queue: each step embeds one input of the
-/// oldest request (one forward of at most the prompt limit's tokens), so
-/// generation steps run between any two inputs, and requests are answered
-/// in arrival order.
+/// The model thread's embedding queue: each step embeds one input of one
+/// request (one forward of at most the prompt limit's tokens), round robin
+/// among the requests, so generation steps run between any two inputs and
+/// a short request is not held behind a long one's inputs.
 pub struct Embedder<'m, M: CausalLm> {
     model: &'m M,
     /// None: the checkpoint's embedding head cannot run (the server then
@@ -237,8 +237,9 @@ impl<'m, M: CausalLm> Embedder<'m, M> {
         }
     }
 
-    /// Embeds the next input of the oldest request (requests whose client
-    /// left are dropped first); answers the request when it was its last.
+    /// Embeds the next input of the request at the front (requests whose
+    /// client left are dropped first) and answers it when that was its last
+    /// input, else moves it to the back.
     pub fn step_once(&mut self) {
         self.queue.retain(|e| !e.job.cancel.is_cancelled());
         let Some(current) = self.queue.front_mut() else {
@@ -266,10 +267,15 @@ impl<'m, M: CausalLm> Embedder<'m, M> {
                 return;
             }
         }
-        if current.done.len() == current.job.inputs.len() {
-            if let Some(finished) = self.queue.pop_front() {
-                let _ = finished.job.reply.send(Ok(finished.done));
+        let finished = current.done.len() == current.job.inputs.len();
+        let Some(served) = self.queue.pop_front() else {
+            return;
+        };
+        match finished {
+            true => {
+                let _ = served.job.reply.send(Ok(served.done));
             }
+            false => self.queue.push_back(served),
         }
     }
 }
