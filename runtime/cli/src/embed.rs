@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
+use archgen_runtime::device::release_buffer_pool;
 use archgen_runtime::mlx_rs::linalg::{norm_l2, NormOptions};
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{Array, Axes, Dtype};
@@ -221,6 +222,9 @@ pub fn embed_one<M: CausalLm>(m: &M, ids: &[i32], head: &EmbeddingHead) -> Resul
         Normalization::None => pooled,
     };
     mlx(embedding.eval())?;
+    // As after a prefill chunk: the forward's buffers go back to the system,
+    // so a server does not keep the high-water mark of every input length.
+    mlx(release_buffer_pool())?;
     Ok(embedding)
 }
 
