@@ -2302,7 +2302,8 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
 /// and base64, each embedding mlx-lm's (tests/python/embedding_oracle.py)
 /// value for value, a list's the same as each input's alone; bad input gets
 /// a 400 naming the JSON path before any compute; generation still runs
-/// beside it.
+/// beside it; a head the runtime does not run gets a 501, generation still
+/// served.
 #[test]
 fn serves_embeddings_as_mlx_lm_computes_them() {
     let root = tempfile::tempdir().unwrap();
@@ -2531,4 +2532,46 @@ fn serves_embeddings_as_mlx_lm_computes_them() {
         .iter()
         .filter(|l| l["endpoint"] == "/v1/embeddings" && l["status"] == 400);
     assert_eq!(refused.count(), refusals, "{logs:?}");
+    drop(server);
+
+    // A checkpoint whose sentence-transformers head the runtime does not run
+    // (mean pooling) is still served; /v1/embeddings answers 501 with why.
+    std::fs::write(
+        model.join("modules.json"),
+        r#"[{"path": "", "type": "sentence_transformers.models.Transformer"},
+            {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]"#,
+    )
+    .unwrap();
+    std::fs::create_dir(model.join("1_Pooling")).unwrap();
+    std::fs::write(
+        model.join("1_Pooling/config.json"),
+        r#"{"pooling_mode_mean_tokens": true}"#,
+    )
+    .unwrap();
+    let server = start_server(&model, &[]);
+    assert!(
+        server
+            .startup
+            .iter()
+            .any(|l| l.contains("/v1/embeddings will answer 501")),
+        "{:?}",
+        server.startup
+    );
+    let (status, body) = curl(&server, "POST", "/v1/embeddings", Some(r#"{"input": "a"}"#));
+    assert_eq!(status, 501, "{body}");
+    let message = json(&body)["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        message.contains("pooling_mode_mean_tokens is not implemented"),
+        "{message}"
+    );
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(&json!({"prompt": "hello", "max_tokens": 2}).to_string()),
+    );
+    assert_eq!(status, 200, "{body}");
 }
