@@ -13,7 +13,7 @@ use archgen_runtime::decode;
 use archgen_runtime::deltanet;
 use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::Embedding;
-use archgen_runtime::model::{CausalLm, ModelError};
+use archgen_runtime::model::{CausalLm, ModelError, Readout};
 use archgen_runtime::ops::{rms_norm, Result};
 use archgen_runtime::rope::Rope;
 use archgen_runtime::weights::Weights;
@@ -338,7 +338,12 @@ impl CausalLm for Model {
             states: LAYOUT.iter().filter_map(|row| row.state()).collect(),
         }
     }
-    fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
+    fn forward_to(
+        &self,
+        ids: &Array,
+        cache: &mut Cache,
+        readout: Readout,
+    ) -> Result<Array> {
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 0)?;
@@ -357,8 +362,19 @@ impl CausalLm for Model {
                 }
             };
         }
-        let logits = b::logits(&h, &self.norm, b::Head::Tied(&self.embed), None, EPS)?;
-        Ok(logits)
+        match readout {
+            Readout::Logits => {
+                let logits = b::logits(
+                    &h,
+                    &self.norm,
+                    b::Head::Tied(&self.embed),
+                    None,
+                    EPS,
+                )?;
+                Ok(logits)
+            }
+            Readout::NormedHidden => b::final_norm(&h, &self.norm, EPS),
+        }
     }
 }
 impl BatchLm for Model {

@@ -1,5 +1,5 @@
 """Checks `archgen serve` with the official openai client, as a user would
-call it. Asserts as it goes (a failed check exits non-zero with its message)
+call it (completions, chat, embeddings). Asserts as it goes (a failed check exits non-zero with its message)
 and prints the texts the Rust test compares with `archgen generate` and
 `archgen chat` as JSON.
 
@@ -299,6 +299,26 @@ def main() -> None:
     several = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0, n=2)
     check([c.index for c in several.choices] == [0, 1], f"n=2: {several.choices}")
     check(all(c.text == text for c in several.choices), f"n=2 greedy: {several.choices}")
+    # Embeddings: the client asks for base64 unless told otherwise and decodes
+    # it; the values are the same as floats, and a list gives each input's
+    # own embedding.
+    texts = ["The quick brown fox", "Hello there"]
+    by_default = client.embeddings.create(model=name, input=texts)
+    as_float = client.embeddings.create(model=name, input=texts, encoding_format="float")
+    alone = client.embeddings.create(model=name, input=texts[1], encoding_format="float")
+    check(len(by_default.data) == 2 and [d.index for d in by_default.data] == [0, 1], str(by_default.data))
+    check([d.embedding for d in by_default.data] == [d.embedding for d in as_float.data],
+          "base64 and float embeddings differ")
+    check(alone.data[0].embedding == as_float.data[1].embedding, "a list's embedding differs from its own")
+    norm = sum(v * v for v in alone.data[0].embedding) ** 0.5
+    check(abs(norm - 1) < 0.02, f"an L2-normalised embedding, norm {norm}")
+    n_tokens = sum(len(tok.encode(t).ids) for t in texts)
+    check(by_default.usage.prompt_tokens == n_tokens == by_default.usage.total_tokens, str(by_default.usage))
+    try:
+        client.embeddings.create(model=name, input="fox", dimensions=8)
+        check(False, "dimensions=8 was accepted")
+    except openai.BadRequestError as e:
+        check(e.param == "dimensions" and "no truncation" in str(e), str(e))
     again = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0)
     check(again.choices[0].text == text, "the server still answers, the same")
 

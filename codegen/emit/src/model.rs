@@ -1533,7 +1533,13 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 #(#steps_ctx)*
                 let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
             },
-            quote! { if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) } },
+            quote! {
+                let (out, width) = match readout {
+                    Readout::Logits => (#logits, VOCAB),
+                    Readout::NormedHidden => (b::final_norm(&h, &self.norm, EPS)?, HIDDEN),
+                };
+                if step { out.reshape(&[-1, 1, width]) } else { Ok(out) }
+            },
         )
     } else {
         // Plain attention kinds reach `decode` in their forward (never
@@ -1544,7 +1550,15 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             plain.then(|| quote! { use archgen_runtime::decode; }),
             quote! { mut h },
             quote! { #(#steps_ctx)* },
-            quote! { Ok(logits) },
+            quote! {
+                match readout {
+                    Readout::Logits => {
+                        let logits = #logits;
+                        Ok(logits)
+                    }
+                    Readout::NormedHidden => b::final_norm(&h, &self.norm, EPS),
+                }
+            },
         )
     };
     let Batched {
@@ -1594,7 +1608,7 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         #feed_forward_import
         use archgen_runtime::layers::Embedding;
         #linear_import
-        use archgen_runtime::model::{CausalLm, ModelError};
+        use archgen_runtime::model::{CausalLm, ModelError, Readout};
         #ops_import
         use archgen_runtime::rope::Rope;
         use archgen_runtime::weights::Weights;
@@ -1661,14 +1675,13 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
                 #make_cache
             }
 
-            fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
+            fn forward_to(&self, ids: &Array, cache: &mut Cache, readout: Readout) -> Result<Array> {
                 let n = ids.shape()[1];
                 let #embedded = b::embed(&self.embed, ids, #embed_scale, HIDDEN)?;
                 #ple_inputs
                 #(#masks)*
                 #step_begin
                 #layers_forward
-                let logits = #logits;
                 #step_end
             }
         }

@@ -73,13 +73,14 @@ pub enum Command {
         after_help = EXIT_CODES
     )]
     Chat(ChatArgs),
-    /// Serve the OpenAI API (completions, chat completions) over HTTP
+    /// Serve the OpenAI API (completions, chat completions, embeddings) over HTTP
     #[command(
         long_about = "Serve an OpenAI-compatible HTTP API: GET /v1/models (and /v1/models/ID), \
                       POST /v1/completions and POST /v1/chat/completions, streamed (server-sent \
                       events) or not, with max_tokens, temperature, top_p, top_k, min_p, \
                       repetition / presence / frequency penalties, logit_bias, seed (the one \
                       used comes back in the x-archgen-seed header), stop and usage counts; \
+                      POST /v1/embeddings (last-token pooling; docs/cli.md, Embeddings); \
                       POST /tokenize and /detokenize; GET /health and GET /metrics \
                       (Prometheus text). A null field counts as absent; unknown fields are \
                       ignored and named in the x-archgen-ignored-fields header; a field the \
@@ -101,6 +102,21 @@ pub enum Command {
         after_help = EXIT_CODES
     )]
     Serve(ServeArgs),
+    /// Embed texts with an embedding checkpoint (e.g. Qwen3-Embedding)
+    #[command(
+        long_about = "Embed texts with an embedding checkpoint (e.g. Qwen3-Embedding): each \
+                      text is encoded with DIR/tokenizer.json (special tokens added as its \
+                      post-processor says) and run as one forward; its embedding is the final \
+                      norm's output (the LM head's input) pooled and normalised as the \
+                      checkpoint's sentence-transformers files say (modules.json, \
+                      1_Pooling/config.json, a Normalize module), or last-token pooling and L2 \
+                      normalisation when it has none (a note on stderr says which), in the \
+                      model's compute dtype. --format json prints OpenAI's embeddings list \
+                      (float values); --format safetensors writes `embeddings` [N, hidden] in \
+                      the compute dtype to --out.",
+        after_help = EXIT_CODES
+    )]
+    Embed(EmbedArgs),
     /// Write a random-weight checkpoint with a spec's exact structure
     #[command(
         long_about = "Write a random-weight checkpoint (config.json + model.safetensors, the \
@@ -486,6 +502,47 @@ pub struct ChatArgs {
     pub max_tokens: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// Which implementation runs the checkpoint
+    #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
+    pub implementation: Impl,
+    /// Refuse to run (exit status 1) when the run's parity tier is below this one
+    #[arg(long, value_name = "TIER", value_enum)]
+    pub require_tier: Option<RequiredTier>,
+    #[command(flatten)]
+    pub levers: LeverFlags<ModelCommand>,
+}
+
+/// What `archgen embed` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EmbedFormat {
+    /// OpenAI's embeddings list (float values), to stdout or --out
+    Json,
+    /// `embeddings` [N, hidden] in the model's compute dtype, to --out
+    Safetensors,
+}
+
+#[derive(Debug, Args)]
+pub struct EmbedArgs {
+    /// Model directory (config.json, model*.safetensors, tokenizer.json)
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// A text to embed (repeat for several)
+    #[arg(
+        long,
+        value_name = "TEXT",
+        required_unless_present = "file",
+        conflicts_with = "file"
+    )]
+    pub text: Vec<String>,
+    /// A file of texts to embed, one per line
+    #[arg(long, value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// Output format
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = EmbedFormat::Json)]
+    pub format: EmbedFormat,
+    /// Output file (JSON: default stdout; safetensors: required), written whole
+    #[arg(long, value_name = "FILE", required_if_eq("format", "safetensors"))]
+    pub out: Option<PathBuf>,
     /// Which implementation runs the checkpoint
     #[arg(long = "impl", value_name = "IMPL", value_enum, default_value_t = Impl::Auto)]
     pub implementation: Impl,

@@ -225,6 +225,16 @@ pub fn model_context(model: &Path) -> Result<ModelContext, String> {
     Ok(ModelContext { tokens, origin })
 }
 
+/// The model's hidden size (the length of its embeddings), from config.json
+/// through the spec importer.
+pub fn hidden_size(model: &Path) -> Result<usize, String> {
+    let file = model.join("config.json");
+    let json = crate::chat_template::read_json(&file)?;
+    let (spec, _) = archgen_families::import::from_config_json(&json, None, "checkpoint")
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    Ok(spec.lower().hidden_size)
+}
+
 /// The model's context length (see [`model_context`]).
 pub fn context_length(model: &Path) -> Result<Option<usize>, String> {
     model_context(model).map(|c| Some(c.tokens))

@@ -52,7 +52,7 @@ pub enum Value {
 /// The commands that read a lever.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
-    /// Every command that runs a model: logits, generate, chat, serve.
+    /// Every command that runs a model: logits, generate, chat, serve, embed.
     Model,
     /// `serve` alone.
     Serve,
@@ -61,7 +61,7 @@ pub enum Scope {
 impl Scope {
     fn commands(self) -> &'static [&'static str] {
         match self {
-            Scope::Model => &["logits", "generate", "chat", "serve"],
+            Scope::Model => &["logits", "generate", "chat", "serve", "embed"],
             Scope::Serve => &["serve"],
         }
     }
@@ -537,7 +537,7 @@ pub trait CommandScope {
     const SCOPE: Scope;
 }
 
-/// logits, generate, chat.
+/// logits, generate, chat, embed.
 #[derive(Debug, Clone, Copy)]
 pub struct ModelCommand;
 impl CommandScope for ModelCommand {

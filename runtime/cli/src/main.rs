@@ -1,5 +1,5 @@
 //! `archgen`: run a checkpoint (logits for the parity protocol, generate,
-//! chat, an OpenAI-compatible server), write a random-weight one from a spec
+//! chat, an OpenAI-compatible server, embeddings), write a random-weight one from a spec
 //! (init), list the speed levers, or print shell completions.
 //! `archgen --help` and `archgen SUBCOMMAND --help` list every flag;
 //! docs/cli.md has the exit codes.
@@ -10,6 +10,7 @@ mod chat;
 mod chat_template;
 mod checkpoint;
 mod constrained;
+mod embed;
 mod engine;
 mod generate;
 mod init;

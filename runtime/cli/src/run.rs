@@ -23,17 +23,22 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
     // mlx.launch) joins its group first; ranks other than 0 stay quiet.
     let group = match &cli.command {
         Command::Logits(_) | Command::Generate(_) => crate::launch::join_from_env()?,
-        Command::Chat(_) | Command::Serve(_) | Command::Init(_) | Command::Launch(_)
+        Command::Chat(_)
+        | Command::Serve(_)
+        | Command::Embed(_)
+        | Command::Init(_)
+        | Command::Launch(_)
             if std::env::var_os("MLX_RANK").is_some() =>
         {
             return Err(Failure::Runtime(
                 "MLX_RANK is set: a launched rank runs `logits` or `generate` only \
-                 (chat, serve, init and launch run as one process)"
+                 (chat, serve, embed, init and launch run as one process)"
                     .into(),
             ));
         }
         Command::Chat(_)
         | Command::Serve(_)
+        | Command::Embed(_)
         | Command::Init(_)
         | Command::Launch(_)
         | Command::Levers(_)
@@ -63,6 +68,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Ok(crate::chat::chat(&ui, &args, params)?)
         }
         Command::Serve(args) => Ok(crate::serve::serve(ui, &args)?),
+        Command::Embed(args) => Ok(crate::embed::embed(&ui, &args)?),
         Command::Levers(args) => {
             print!("{}", crate::levers::list(args.format));
             Ok(())

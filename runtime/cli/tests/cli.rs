@@ -552,3 +552,165 @@ fn logits_batch_runs_the_schedule_on_each_implementation() {
         }
     }
 }
+
+/// `archgen embed` on a tiny Qwen3 checkpoint: the embeddings of each
+/// implementation are mlx-lm's (tests/python/embedding_oracle.py: the final
+/// norm's output, the last token's row, L2-normalised) byte for byte, a
+/// one-token input (the compiled decode step's path) among them; the JSON
+/// holds the same values; bad input is refused cleanly.
+#[test]
+fn embed_matches_mlx_lm_byte_for_byte_on_each_implementation() {
+    let root = tempfile::tempdir().unwrap();
+    let repo = archgen_tests::repo_root();
+    let dir = root.path().join("qwen3-embed");
+    let o = archgen(&[
+        "init",
+        "--spec",
+        repo.join("specs/qwen3-0.6b-tiny.yaml").to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+        "--seed",
+        "5",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    write_tokenizer(&dir);
+    let model = dir.to_str().unwrap();
+    // The tokenizer prepends <bos> (2): "" is the one-token input [2].
+    let texts = [
+        "w5 w6 w7",
+        "",
+        "w300 w301 w302 w303 w304 w305 w306 w307 w308 w309",
+    ];
+    let inputs: Vec<Vec<u32>> = vec![
+        vec![2, 5, 6, 7],
+        vec![2],
+        std::iter::once(2).chain(300..310).collect(),
+    ];
+    let text_args: Vec<&str> = texts.iter().flat_map(|t| ["--text", *t]).collect();
+    let load = |p: &Path| {
+        let tensors = archgen_runtime::Array::load_safetensors(p).unwrap();
+        archgen_runtime::bytes::array_bytes(&tensors["embeddings"]).unwrap()
+    };
+    let job = root.path().join("embed.json");
+    std::fs::write(&job, serde_json::json!({ "inputs": inputs }).to_string()).unwrap();
+    let oracle = root.path().join("oracle.safetensors");
+    run_python(
+        "embedding_oracle.py",
+        &[dir.as_os_str(), job.as_os_str(), oracle.as_os_str()],
+    );
+    let oracle = load(&oracle);
+    for imp in ["generated", "monolith"] {
+        let out = root.path().join(format!("{imp}.safetensors"));
+        let mut args = vec!["embed", "--model", model, "--impl", imp];
+        args.extend(&text_args);
+        args.extend(["--format", "safetensors", "--out", out.to_str().unwrap()]);
+        let o = archgen(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        // No sentence-transformers files: the default head, and it says so.
+        assert!(
+            stderr(&o).contains("last-token pooling, L2 normalisation (the default"),
+            "{}",
+            stderr(&o)
+        );
+        assert_eq!(load(&out), oracle, "{imp}: embeddings != mlx-lm's");
+    }
+    // JSON: OpenAI's list, the same values as f32; one text at a time gives
+    // the same values as several in one run.
+    let mut args = vec!["embed", "--model", model, "--impl", "monolith", "--quiet"];
+    args.extend(&text_args);
+    let o = archgen(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let list: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(list["object"], "list");
+    assert_eq!(list["model"], "qwen3-embed");
+    assert_eq!(list["usage"]["prompt_tokens"], 4 + 1 + 11);
+    let rows = list["data"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    let oracle_bf16: Vec<f32> = oracle
+        .chunks(2)
+        .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+        .collect();
+    let json_values: Vec<f32> = rows
+        .iter()
+        .enumerate()
+        .flat_map(|(i, row)| {
+            assert_eq!(row["index"], i);
+            assert_eq!(row["object"], "embedding");
+            row["embedding"].as_array().unwrap().clone()
+        })
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(json_values, oracle_bf16);
+    let o = archgen(&["embed", "--model", model, "--text", texts[2], "--quiet"]);
+    let alone: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(alone["data"][0]["embedding"], rows[2]["embedding"]);
+    // --file: one text per line.
+    let file = root.path().join("texts.txt");
+    std::fs::write(&file, "w5 w6 w7\n").unwrap();
+    let o = archgen(&["embed", "--model", model, "--file", file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let from_file: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(from_file["data"][0]["embedding"], rows[0]["embedding"]);
+
+    // Usage errors: nothing to embed, both sources, safetensors without --out.
+    assert_usage_error(&archgen(&["embed", "--model", model]), "--text");
+    let both = ["embed", "--model", model, "--text", "a", "--file", "f"];
+    assert_usage_error(&archgen(&both), "cannot be used with");
+    let no_out = [
+        "embed",
+        "--model",
+        model,
+        "--text",
+        "a",
+        "--format",
+        "safetensors",
+    ];
+    assert_usage_error(&archgen(&no_out), "--out");
+    // A pooling mode the runtime does not run is refused, naming it.
+    let modules = r#"[{"path": "", "type": "sentence_transformers.models.Transformer"},
+                      {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]"#;
+    std::fs::write(dir.join("modules.json"), modules).unwrap();
+    std::fs::create_dir(dir.join("1_Pooling")).unwrap();
+    std::fs::write(
+        dir.join("1_Pooling/config.json"),
+        r#"{"pooling_mode_mean_tokens": true, "pooling_mode_lasttoken": false}"#,
+    )
+    .unwrap();
+    let o = archgen(&["embed", "--model", model, "--text", "w5"]);
+    assert_clean_error(&o, "pooling_mode_mean_tokens is not implemented");
+    // Last-token pooling without a Normalize module: the pooled row as it is.
+    std::fs::write(
+        dir.join("1_Pooling/config.json"),
+        r#"{"pooling_mode_mean_tokens": false, "pooling_mode_lasttoken": true}"#,
+    )
+    .unwrap();
+    let raw = root.path().join("raw.safetensors");
+    let o = archgen(&[
+        "embed",
+        "--model",
+        model,
+        "--text",
+        "w5 w6 w7",
+        "--format",
+        "safetensors",
+        "--out",
+        raw.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no normalisation (from modules.json"),
+        "{}",
+        stderr(&o)
+    );
+    let job = root.path().join("raw.json");
+    let raw_job = serde_json::json!({ "inputs": [[2, 5, 6, 7]], "normalize": false });
+    std::fs::write(&job, raw_job.to_string()).unwrap();
+    let oracle_raw = root.path().join("oracle-raw.safetensors");
+    run_python(
+        "embedding_oracle.py",
+        &[dir.as_os_str(), job.as_os_str(), oracle_raw.as_os_str()],
+    );
+    let raw = load(&raw);
+    assert_eq!(raw, load(&oracle_raw), "unnormalised != mlx-lm's");
+    assert_ne!(raw[..], oracle[..raw.len()], "the L2 step changed nothing");
+}

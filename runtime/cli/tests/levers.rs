@@ -106,7 +106,7 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
     assert_eq!(sdpa["environment"], "ARCHGEN_GPU_ONE_TOKEN_SDPA");
     assert_eq!(
         sdpa["commands"],
-        serde_json::json!(["logits", "generate", "chat", "serve"])
+        serde_json::json!(["logits", "generate", "chat", "serve", "embed"])
     );
     assert_eq!(levers[7]["commands"], serde_json::json!(["serve"]));
     let aliases = json["aliases"].as_array().unwrap();

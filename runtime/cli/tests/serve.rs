@@ -2674,3 +2674,289 @@ fn generate_holds_its_output_to_a_json_schema() {
     assert!(!ok);
     assert!(err.contains("the schema is not JSON"), "{err}");
 }
+
+/// The f32 values of little-endian bytes.
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// POST /v1/embeddings: text and token-id inputs, one or a list, as float
+/// and base64, each embedding mlx-lm's (tests/python/embedding_oracle.py)
+/// value for value, a list's the same as each input's alone; bad input gets
+/// a 400 naming the JSON path before any compute; generation still runs
+/// beside it; a head the runtime does not run gets a 501, generation still
+/// served.
+#[test]
+fn serves_embeddings_as_mlx_lm_computes_them() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    let server = start_server(&model, &["--max-prompt-tokens", "40"]);
+    assert!(
+        server
+            .startup
+            .iter()
+            .any(|l| l.contains("/v1/embeddings: last-token pooling, L2 normalisation")),
+        "{:?}",
+        server.startup
+    );
+    let post =
+        |body: serde_json::Value| curl(&server, "POST", "/v1/embeddings", Some(&body.to_string()));
+    let texts = ["hello world", "the quick brown fox"];
+    let tokens: Vec<Vec<u64>> = texts
+        .iter()
+        .map(|t| {
+            let (status, body) = curl(
+                &server,
+                "POST",
+                "/tokenize",
+                Some(&json!({ "prompt": t }).to_string()),
+            );
+            assert_eq!(status, 200, "{body}");
+            serde_json::from_value(json(&body)["tokens"].clone()).unwrap()
+        })
+        .collect();
+    let ids = vec![7u64, 300, 41, 9];
+    let inputs = vec![tokens[0].clone(), tokens[1].clone(), ids.clone(), vec![5]];
+    let job = root.path().join("embed.json");
+    std::fs::write(&job, json!({ "inputs": inputs }).to_string()).unwrap();
+    let oracle = root.path().join("oracle.safetensors");
+    run_python(
+        "embedding_oracle.py",
+        &[model.as_os_str(), job.as_os_str(), oracle.as_os_str()],
+    );
+    let oracle = archgen_runtime::Array::load_safetensors(&oracle).unwrap();
+    let oracle = oracle["embeddings"]
+        .as_dtype(archgen_runtime::Dtype::Float32)
+        .unwrap();
+    let oracle: Vec<f32> = oracle.as_slice::<f32>().to_vec();
+    let hidden = oracle.len() / inputs.len();
+    let expected: Vec<&[f32]> = oracle.chunks(hidden).collect();
+    let floats = |row: &serde_json::Value| -> Vec<f32> {
+        row["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect()
+    };
+
+    // One string, float (the default); `model` and `user` accepted.
+    let (status, body) = post(json!({"input": texts[0], "model": "qwen3-tiny", "user": "u1"}));
+    assert_eq!(status, 200, "{body}");
+    let one = json(&body);
+    assert_eq!(one["object"], "list");
+    assert_eq!(one["model"], "qwen3-tiny");
+    assert_eq!(one["data"][0]["object"], "embedding");
+    assert_eq!(one["data"][0]["index"], 0);
+    assert_eq!(floats(&one["data"][0]), expected[0]);
+    assert_eq!(one["usage"]["prompt_tokens"], tokens[0].len());
+    assert_eq!(one["usage"]["total_tokens"], tokens[0].len());
+
+    // A list of strings, as base64 (little-endian f32 bytes).
+    let (status, body) = post(json!({"input": texts, "encoding_format": "base64"}));
+    assert_eq!(status, 200, "{body}");
+    let listed = json(&body);
+    for (i, row) in listed["data"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(row["index"], i);
+        let bytes = base64::decode(row["embedding"].as_str().unwrap()).unwrap();
+        assert_eq!(f32s(&bytes), expected[i], "input[{i}]");
+    }
+    assert_eq!(
+        listed["usage"]["prompt_tokens"],
+        tokens[0].len() + tokens[1].len()
+    );
+
+    // Token ids: one list, and a list of lists (a one-token input among them).
+    let (status, body) = post(json!({"input": ids, "dimensions": hidden}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(floats(&json(&body)["data"][0]), expected[2]);
+    let (status, body) = post(json!({"input": [ids, [5]]}));
+    assert_eq!(status, 200, "{body}");
+    let data = json(&body)["data"].clone();
+    assert_eq!(floats(&data[0]), expected[2]);
+    assert_eq!(floats(&data[1]), expected[3]);
+
+    // A completion and a one-input embedding request sent while a long
+    // embedding request (256 inputs of 40 tokens: 256 forwards) runs are
+    // answered first: the model thread runs one embedding input between two
+    // generation steps, round robin among the embedding requests.
+    // Every answered request has its log line (written as its answer
+    // leaves); embeddings have no seed.
+    std::thread::sleep(Duration::from_millis(300));
+    let logs = server.request_logs();
+    assert_eq!(logs.len(), 4, "{logs:?}");
+    let embedded = logs
+        .iter()
+        .filter(|l| l["endpoint"] == "/v1/embeddings" && l["status"] == 200);
+    assert!(embedded.clone().all(|l| l["seed"].is_null()), "{logs:?}");
+    assert_eq!(embedded.count(), 4, "{logs:?}");
+    let heavy: Vec<Vec<u64>> = (0..256u64)
+        .map(|i| (0..40).map(|j| 10 + (i * 7 + j) % 400).collect())
+        .collect();
+    let heavy_body = json!({ "input": heavy }).to_string();
+    let base = server.base.clone();
+    let started = Instant::now();
+    let embedding = std::thread::spawn(move || {
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "120",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .args([
+                "-H",
+                "Content-Type: application/json",
+                "--data-binary",
+                "@-",
+            ])
+            .arg(format!("{base}/v1/embeddings"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(heavy_body.as_bytes())?;
+                child.wait_with_output()
+            })
+            .unwrap();
+        (String::from_utf8(out.stdout).unwrap(), started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(&json!({"prompt": "hello", "max_tokens": 3}).to_string()),
+    );
+    let completed_after = started.elapsed();
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post(json!({"input": [5, 6, 7]}));
+    assert_eq!(status, 200, "{body}");
+    let short_after = started.elapsed();
+    let (embedding_status, embedded_after) = embedding.join().unwrap();
+    assert_eq!(embedding_status, "200");
+    eprintln!(
+        "completion answered after {completed_after:?}, the short embedding after \
+         {short_after:?}, the long one after {embedded_after:?}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let order: Vec<(String, u64)> = server
+        .request_logs()
+        .iter()
+        .map(|l| {
+            let endpoint = l["endpoint"].as_str().unwrap().to_string();
+            (endpoint, l["prompt_tokens"].as_u64().unwrap())
+        })
+        .collect();
+    let completion_tokens = order.first().map_or(0, |(_, n)| *n);
+    let expected = [
+        ("/v1/completions".to_string(), completion_tokens),
+        ("/v1/embeddings".to_string(), 3),
+        ("/v1/embeddings".to_string(), 256 * 40),
+    ];
+    assert_eq!(order, expected, "answer order");
+
+    // Bad input: a 400 naming the path, before any compute.
+    let too_many: Vec<&str> = vec!["a"; 257];
+    let long: Vec<u64> = (10..51).collect();
+    let cases = [
+        (json!({"input": []}), "input", "an empty list"),
+        (json!({"input": {"text": "a"}}), "input", "got an object"),
+        (json!({"input": too_many}), "input", "more than the 256"),
+        (json!({"input": ["a", 3]}), "input[1]", "got the number 3"),
+        (
+            json!({"input": [[1, 2], [3, "x"]]}),
+            "input[1][1]",
+            "got a string",
+        ),
+        (json!({"input": [1, 512]}), "input[1]", "from 0 to 511"),
+        (json!({"input": [[1], []]}), "input[1]", "no tokens"),
+        (
+            json!({"input": [long]}),
+            "input[0]",
+            "41 tokens, more than the 40",
+        ),
+        (
+            json!({"input": "a", "dimensions": 8}),
+            "dimensions",
+            "full 64 dimensions",
+        ),
+        (
+            json!({"input": "a", "encoding_format": "int8"}),
+            "encoding_format",
+            "unknown variant",
+        ),
+        (
+            json!({"input": "a", "dimensions": "x"}),
+            "dimensions",
+            "an unsigned integer",
+        ),
+        (json!({"model": "qwen3-tiny"}), "", "missing field `input`"),
+    ];
+    let refusals = cases.len();
+    for (body, param, expected) in cases {
+        let (status, answer) = post(body.clone());
+        let (got_param, message) = error_param(status, &answer);
+        assert_eq!(got_param, param, "{body}: {answer}");
+        assert!(message.contains(expected), "{body}: {message}");
+    }
+    // Each refusal has its log line.
+    std::thread::sleep(Duration::from_millis(300));
+    let logs = server.request_logs();
+    let refused = logs
+        .iter()
+        .filter(|l| l["endpoint"] == "/v1/embeddings" && l["status"] == 400);
+    assert_eq!(refused.count(), refusals, "{logs:?}");
+    drop(server);
+
+    // A checkpoint whose sentence-transformers head the runtime does not run
+    // (mean pooling) is still served; /v1/embeddings answers 501 with why.
+    std::fs::write(
+        model.join("modules.json"),
+        r#"[{"path": "", "type": "sentence_transformers.models.Transformer"},
+            {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]"#,
+    )
+    .unwrap();
+    std::fs::create_dir(model.join("1_Pooling")).unwrap();
+    std::fs::write(
+        model.join("1_Pooling/config.json"),
+        r#"{"pooling_mode_mean_tokens": true}"#,
+    )
+    .unwrap();
+    let server = start_server(&model, &[]);
+    assert!(
+        server
+            .startup
+            .iter()
+            .any(|l| l.contains("/v1/embeddings will answer 501")),
+        "{:?}",
+        server.startup
+    );
+    let (status, body) = curl(&server, "POST", "/v1/embeddings", Some(r#"{"input": "a"}"#));
+    assert_eq!(status, 501, "{body}");
+    let message = json(&body)["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        message.contains("pooling_mode_mean_tokens is not implemented"),
+        "{message}"
+    );
+    let (status, body) = curl(
+        &server,
+        "POST",
+        "/v1/completions",
+        Some(&json!({"prompt": "hello", "max_tokens": 2}).to_string()),
+    );
+    assert_eq!(status, 200, "{body}");
+}

@@ -20,9 +20,10 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-const SUBCOMMANDS: [&str; 6] = [
+const SUBCOMMANDS: [&str; 7] = [
     "logits",
     "generate",
+    "embed",
     "init",
     "launch",
     "levers",

@@ -33,7 +33,7 @@ use crate::ops::{
 use crate::rope::{Rope, RopeTables};
 use crate::weights::Weights;
 
-pub use crate::layers::{logits, Head};
+pub use crate::layers::{final_norm, logits, Head};
 pub use crate::moe::{ExpertsShape, TopKProbs};
 
 fn refused(what: &str) -> mlx_rs::error::Exception {
@@ -97,7 +97,7 @@ pub fn logits_scaled(
         }
         LogitScale::DivideBy(d) => d,
     };
-    let h = divide_weak(&rms_norm(h, Some(norm), eps)?, d)?;
+    let h = divide_weak(&final_norm(h, norm, eps)?, d)?;
     project_head(&h, head, softcap)
 }
 

@@ -164,7 +164,13 @@ pub fn logits(
     softcap: Option<f32>,
     eps: f32,
 ) -> Result<Array> {
-    project_head(&crate::ops::rms_norm(h, Some(norm), eps)?, head, softcap)
+    project_head(&final_norm(h, norm, eps)?, head, softcap)
+}
+
+/// The final norm of the last layer's output (every family's `self.norm(h)`
+/// at the end of its trunk): the head's input, and an embedding's hidden state.
+pub fn final_norm(h: &Array, norm: &Array, eps: f32) -> Result<Array> {
+    crate::ops::rms_norm(h, Some(norm), eps)
 }
 
 /// The head over the normed final hidden state `h`, then the optional

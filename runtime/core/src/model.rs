@@ -14,13 +14,29 @@ pub trait CausalLm {
     /// A fresh cache, as mlx-lm's `make_cache`.
     fn make_cache(&self) -> Self::Cache;
     /// Logits [B, L, vocab] for `ids` [B, L] (int32), appending to `cache`.
-    fn forward(&self, ids: &Array, cache: &mut Self::Cache) -> Result<Array>;
+    fn forward(&self, ids: &Array, cache: &mut Self::Cache) -> Result<Array> {
+        self.forward_to(ids, cache, Readout::Logits)
+    }
+    /// The forward of `ids` [B, L] (int32), appending to `cache`, read out
+    /// as `readout` says: the one trunk behind both readouts, so an
+    /// embedding is the very hidden state the head would have projected.
+    fn forward_to(&self, ids: &Array, cache: &mut Self::Cache, readout: Readout) -> Result<Array>;
     /// The same model's batched forward (B sequences of different lengths
     /// in one forward, as mlx-lm's `BatchGenerator` runs them), when it has
     /// one; a server batches concurrent requests through it.
     fn batched(&self) -> Option<&dyn BatchLm> {
         None
     }
+}
+
+/// What a forward returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readout {
+    /// The head's logits [B, L, vocab] (final norm, scale, head, softcap).
+    Logits,
+    /// The final norm's output [B, L, hidden], the head's input (mlx-lm's
+    /// `model.model(inputs)`): what an embedding pools.
+    NormedHidden,
 }
 
 /// Something to do with a model whose concrete type is chosen at run time

@@ -19,7 +19,7 @@ use archgen_runtime::deltanet::{self, ArraysCache, DeltaNetShape, MixerCache};
 use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::{Embedding, Linear};
 use archgen_runtime::mlx_rs::error::Exception;
-use archgen_runtime::model::{CausalLm, ModelError};
+use archgen_runtime::model::{CausalLm, ModelError, Readout};
 use archgen_runtime::ops::Result;
 use archgen_runtime::rope::Rope;
 use archgen_runtime::weights::Weights;
@@ -682,7 +682,7 @@ impl CausalLm for Monolith {
             .collect()
     }
 
-    fn forward(&self, ids: &Array, caches: &mut Self::Cache) -> Result<Array> {
+    fn forward_to(&self, ids: &Array, caches: &mut Self::Cache, readout: Readout) -> Result<Array> {
         let eps = self.ir.norm_eps;
         let (h0, per_layer) = self.inputs(ids)?;
         // One mask per window, from the cache of the first layer with that
@@ -791,7 +791,10 @@ impl CausalLm for Monolith {
             };
             h = self.finish_layer(i, layer, &h, &a, per_layer.as_ref())?;
         }
-        self.head(&h)
+        match readout {
+            Readout::Logits => self.head(&h),
+            Readout::NormedHidden => b::final_norm(&h, &self.norm, eps),
+        }
     }
 }
 

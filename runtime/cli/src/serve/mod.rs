@@ -1,6 +1,7 @@
 //! `archgen serve`: an OpenAI-compatible HTTP server (GET /v1/models and
 //! /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions,
-//! streamed as server-sent events or not; POST /tokenize and /detokenize;
+//! streamed as server-sent events or not; POST /v1/embeddings
+//! ([`embeddings`]); POST /tokenize and /detokenize;
 //! GET /health and GET /metrics for operations). Request bodies are read by
 //! [`request`]; `--api-key` is [`auth`], `--allowed-origins` [`cors`];
 //! `response_format` and a required tool call become an output grammar in
@@ -18,6 +19,7 @@
 mod auth;
 mod batched;
 mod cors;
+mod embeddings;
 mod error;
 mod metrics;
 mod prompt_cache;
@@ -53,9 +55,11 @@ use tokio_stream::{StreamExt, StreamMap};
 use crate::args::ServeArgs;
 use crate::chat_template::ChatTemplate;
 use crate::constrained::{GrammarCompiler, TokenConstraint};
+use crate::embed::{EmbeddingHead, EmbeddingList};
 use crate::engine::{self, Finish, ModelContext, Sampling};
 use crate::sampling::{fresh_seed, Penalty, SamplingParams, DEFAULT_PENALTY_CONTEXT, FIELD_NAMES};
 use crate::ui::Ui;
+use embeddings::{EmbedJob, EmbeddingFields, EncodingFormat, InputLimits};
 use error::ApiError;
 use metrics::Metrics;
 use request::{
@@ -66,7 +70,7 @@ use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
 use structured::{output_shape, OutputShape, ResponseFormat, ToolChoice};
 use token_bytes::TokenText;
 use tools::{Piece, ToolFormat, ToolStream};
-use worker::Worker;
+use worker::{Work, Worker};
 
 /// `max_tokens` when a request gives none (mlx-lm's server default).
 const DEFAULT_MAX_TOKENS: usize = 512;
@@ -80,7 +84,7 @@ const MAX_CHOICES: u64 = 16;
 
 /// What every handler shares.
 struct AppState {
-    jobs: mpsc::SyncSender<Job>,
+    jobs: mpsc::SyncSender<Work>,
     /// The queue's capacity (`--max-queue`), for the 429's message.
     max_queue: usize,
     tokenizer: Arc<Tokenizer>,
@@ -96,6 +100,11 @@ struct AppState {
     /// needs one; its error when the tokenizer cannot drive one.
     grammars: OnceLock<Result<GrammarCompiler, String>>,
     context: ModelContext,
+    /// The model's hidden size: an embedding's length.
+    hidden_size: usize,
+    /// Why /v1/embeddings cannot run on this checkpoint (its
+    /// sentence-transformers files ask for what the runtime does not do).
+    embeddings_refused: Option<String>,
     /// `--max-prompt-tokens`, when given.
     max_prompt_tokens: Option<usize>,
     /// `--max-tokens`, when given.
@@ -632,6 +641,17 @@ impl Answered {
         }
     }
 
+    /// Embeddings answered (200): no tokens generated, no finish reason.
+    fn embedded() -> Self {
+        Self {
+            status: 200,
+            completion_tokens: 0,
+            finish: None,
+            ttft: None,
+            error: None,
+        }
+    }
+
     /// No answer: the request failed with this status and message.
     fn failed(status: u16, message: String) -> Self {
         Self {
@@ -649,11 +669,13 @@ impl Answered {
 /// sequence (a no-op once it finished) and writes the request's log line.
 struct InFlight {
     id: String,
-    endpoint: Endpoint,
+    /// The route's path, for the log line.
+    path: &'static str,
     stream: bool,
     prompt_tokens: usize,
-    /// The seed the request samples with (also in the response's header).
-    seed: u64,
+    /// The seed the request samples with (also in the response's header);
+    /// None for an embedding request, which samples nothing.
+    seed: Option<u64>,
     start: Instant,
     cancel: Cancel,
     answered: Option<Answered>,
@@ -685,7 +707,7 @@ impl Drop for InFlight {
         log_line(json!({
             "log": "request",
             "id": self.id,
-            "endpoint": self.endpoint.path(),
+            "endpoint": self.path,
             "stream": self.stream,
             "status": answered.status,
             "prompt_tokens": self.prompt_tokens,
@@ -703,7 +725,7 @@ impl Drop for InFlight {
 
 /// A request refused before it was queued (a 4xx): its log line.
 fn log_refusal(
-    endpoint: Endpoint,
+    path: &'static str,
     error: &ApiError,
     start: Instant,
     metrics: &Metrics,
@@ -713,7 +735,7 @@ fn log_refusal(
     log_line(json!({
         "log": "request",
         "id": null,
-        "endpoint": endpoint.path(),
+        "endpoint": path,
         "status": error.status.as_u16(),
         "duration_s": start.elapsed().as_secs_f64(),
         "error": error.message,
@@ -762,10 +784,10 @@ async fn queue_and_answer(
     let cancel = Cancel::default();
     let mut flight = InFlight {
         id: reply.id.clone(),
-        endpoint,
+        path: endpoint.path(),
         stream: plan.stream,
         prompt_tokens: plan.prompt.len(),
-        seed: plan.sampling.seed,
+        seed: Some(plan.sampling.seed),
         start,
         cancel: cancel.clone(),
         answered: None,
@@ -800,7 +822,7 @@ async fn queue_and_answer(
     let mut refused = None;
     for job in jobs {
         state.metrics.queue_depth.inc();
-        refused = match state.jobs.try_send(job) {
+        refused = match state.jobs.try_send(Work::Generate(Box::new(job))) {
             Ok(()) => None,
             Err(mpsc::TrySendError::Full(_)) => Some(ApiError::with_status(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -1180,7 +1202,7 @@ async fn answer(state: Arc<AppState>, body: Bytes, endpoint: Endpoint) -> Respon
             "the server is shutting down: it finishes the requests in flight and takes no new \
              ones; retry on another instance",
         );
-        log_refusal(endpoint, &error, start, &state.metrics, None);
+        log_refusal(endpoint.path(), &error, start, &state.metrics, None);
         return error.into_response();
     }
     let planning = state.clone();
@@ -1210,7 +1232,7 @@ async fn answer(state: Arc<AppState>, body: Bytes, endpoint: Endpoint) -> Respon
     let response = match planned {
         Ok(plan) => respond(state, endpoint, plan, start, warning).await,
         Err(error) => {
-            log_refusal(endpoint, &error, start, &state.metrics, warning);
+            log_refusal(endpoint.path(), &error, start, &state.metrics, warning);
             error.into_response()
         }
     };
@@ -1583,6 +1605,192 @@ fn history_tool_calls(
 }
 
 /// The model object of the served model (OpenAI's `Model`).
+/// The path of the embeddings route, for log lines.
+const EMBEDDINGS_PATH: &str = "/v1/embeddings";
+
+/// A checked embedding request.
+struct EmbedPlan {
+    inputs: Vec<Vec<i32>>,
+    format: EncodingFormat,
+}
+
+/// POST /v1/embeddings: checked and tokenized off the async workers (as a
+/// completion is), queued for the model thread, which embeds one input per
+/// scheduler step between generation steps (worker.rs), and answered as
+/// OpenAI's embeddings list.
+async fn embeddings(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let start = Instant::now();
+    if state.draining.load(Ordering::Relaxed) {
+        let error = ApiError::with_status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down: it finishes the requests in flight and takes no new \
+             ones; retry on another instance",
+        );
+        log_refusal(EMBEDDINGS_PATH, &error, start, &state.metrics, None);
+        return error.into_response();
+    }
+    let planning = state.clone();
+    let checked = tokio::task::spawn_blocking(move || {
+        let body = match Body::parse(Route::Embeddings, &body) {
+            Ok(body) => body,
+            Err(error) => return (Vec::new(), Err(error)),
+        };
+        let plan = plan_embeddings(&planning, &body);
+        (body.ignored, plan)
+    })
+    .await;
+    let (ignored, planned) = checked.unwrap_or_else(|e| {
+        let error = ApiError::with_status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("checking the request failed: {e}"),
+        );
+        (Vec::new(), Err(error))
+    });
+    let ignored = Body::ignored_header(&ignored);
+    let warning = ignored
+        .as_ref()
+        .map(|names| format!("unknown fields ignored: {names}"));
+    let response = match planned {
+        Ok(plan) => embed_and_answer(state, plan, start, warning).await,
+        Err(error) => {
+            log_refusal(EMBEDDINGS_PATH, &error, start, &state.metrics, warning);
+            error.into_response()
+        }
+    };
+    with_ignored_header(response, ignored)
+}
+
+fn plan_embeddings(state: &AppState, body: &Body) -> Result<EmbedPlan, ApiError> {
+    if let Some(reason) = &state.embeddings_refused {
+        return Err(ApiError::with_status(
+            StatusCode::NOT_IMPLEMENTED,
+            format!("/v1/embeddings cannot run on this checkpoint: {reason}"),
+        ));
+    }
+    let fields: EmbeddingFields = body.fields()?;
+    let hidden = state.hidden_size;
+    match fields.dimensions {
+        Some(d) if d != hidden as u64 => {
+            return Err(ApiError::bad_request(
+                format!(
+                    "dimensions: {d} is not served: this server returns the model's full \
+                     {hidden} dimensions (no truncation); leave it out or give {hidden}"
+                ),
+                Some("dimensions"),
+            ))
+        }
+        Some(_) | None => {}
+    }
+    let (max_tokens, max_tokens_origin) = match state.max_prompt_tokens {
+        Some(n) if n < state.context.tokens => (n, "--max-prompt-tokens".to_string()),
+        Some(_) | None => (
+            state.context.tokens,
+            format!("the model's context: {}", state.context.describe()),
+        ),
+    };
+    let limits = InputLimits {
+        tokenizer: &state.tokenizer,
+        vocab_size: state.vocab_size,
+        max_tokens,
+        max_tokens_origin,
+    };
+    Ok(EmbedPlan {
+        inputs: embeddings::inputs_of(&fields.input, &limits)?,
+        format: fields.encoding_format.unwrap_or(EncodingFormat::Float),
+    })
+}
+
+/// Queues a checked embedding request and answers it whole. Dropped when
+/// the client disconnects, which drops `flight` and so cancels the request
+/// before its next input.
+async fn embed_and_answer(
+    state: Arc<AppState>,
+    plan: EmbedPlan,
+    start: Instant,
+    warning: Option<String>,
+) -> Response {
+    let serial = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let prompt_tokens = plan.inputs.iter().map(Vec::len).sum();
+    let cancel = Cancel::default();
+    let mut flight = InFlight {
+        id: format!("embd-{serial}"),
+        path: EMBEDDINGS_PATH,
+        stream: false,
+        prompt_tokens,
+        seed: None,
+        start,
+        cancel: cancel.clone(),
+        answered: None,
+        cached_tokens: None,
+        metrics: state.metrics.clone(),
+        warning,
+        live: state.live.clone(),
+    };
+    state.live.send_modify(|n| *n += 1);
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let job = EmbedJob {
+        inputs: plan.inputs,
+        reply,
+        cancel,
+    };
+    state.metrics.queue_depth.inc();
+    let refused = match state.jobs.try_send(Work::Embed(job)) {
+        Ok(()) => None,
+        Err(mpsc::TrySendError::Full(_)) => Some(ApiError::with_status(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "the server is busy: {} requests already wait (--max-queue); retry later",
+                state.max_queue
+            ),
+        )),
+        Err(mpsc::TrySendError::Disconnected(_)) => Some(worker_gone()),
+    };
+    if let Some(error) = refused {
+        state.metrics.queue_depth.dec();
+        flight.answer(Answered::failed(
+            error.status.as_u16(),
+            error.message.clone(),
+        ));
+        return error.into_response();
+    }
+    state.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
+    let rows = match answer.await {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(message)) => {
+            flight.answer(Answered::failed(500, message.clone()));
+            return ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, message)
+                .into_response();
+        }
+        Err(_) => {
+            let error = worker_gone();
+            flight.answer(Answered::failed(
+                error.status.as_u16(),
+                error.message.clone(),
+            ));
+            return error.into_response();
+        }
+    };
+    flight.answer(Answered::embedded());
+    let model = state.model_name.clone();
+    let body = match plan.format {
+        EncodingFormat::Float => {
+            serde_json::to_value(EmbeddingList::new(model, rows, prompt_tokens))
+        }
+        EncodingFormat::Base64 => {
+            let encoded = rows.iter().map(|r| embeddings::base64_f32(r)).collect();
+            serde_json::to_value(EmbeddingList::new(model, encoded, prompt_tokens))
+        }
+    };
+    match body {
+        Ok(body) => Json(body).into_response(),
+        Err(e) => ApiError::with_status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot write the embeddings as JSON: {e}"),
+        )
+        .into_response(),
+    }
+}
+
 fn model_object(state: &AppState) -> serde_json::Value {
     json!({"id": state.model_name, "object": "model", "created": 0, "owned_by": "archgen"})
 }
@@ -1642,7 +1850,8 @@ async fn not_found() -> ApiError {
     ApiError::with_status(
         StatusCode::NOT_FOUND,
         "no such endpoint: this server has GET /v1/models, GET /v1/models/{id}, \
-                  POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize, \
+                  POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings, \
+                  POST /tokenize, POST /detokenize, \
                   GET /health and GET /metrics",
     )
 }
@@ -1703,6 +1912,18 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
     }
     let eos = crate::checkpoint::eos_ids(model)?;
     let context = engine::model_context(model)?;
+    let hidden_size = engine::hidden_size(model)?;
+    // A checkpoint whose embedding head cannot run still serves generation.
+    let (embedding_head, embeddings_refused) = match EmbeddingHead::read(model) {
+        Ok(head) => {
+            ui.note(&format!("serve: /v1/embeddings: {}", head.describe()));
+            (Some(head), None)
+        }
+        Err(reason) => {
+            ui.note(&format!("serve: /v1/embeddings will answer 501: {reason}"));
+            (None, Some(reason))
+        }
+    };
     ui.note(&format!(
         "serve: context {} tokens ({})",
         context.tokens,
@@ -1727,6 +1948,7 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         eos: eos.clone(),
         limits,
         metrics: metrics.clone(),
+        embedding_head,
     };
     let model_path = model.to_path_buf();
     // Every implementation batches (the generated models and the monolith
@@ -1773,6 +1995,8 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         eos,
         grammars: OnceLock::new(),
         context,
+        hidden_size,
+        embeddings_refused,
         max_prompt_tokens: args.max_prompt_tokens.map(to_usize),
         max_tokens_ceiling: args.max_tokens.map(to_usize),
         next_id: AtomicU64::new(1),
@@ -1787,6 +2011,7 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         .route("/v1/models/{*id}", get(model_by_id))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))
@@ -1825,7 +2050,7 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         }
         eprintln!(
             "archgen: serving {model_name} at http://{addr}/v1 (OpenAI API: /v1/models, /v1/completions, \
-             /v1/chat/completions; /tokenize, /detokenize, /health, /metrics; Ctrl-C or SIGTERM stops)"
+             /v1/chat/completions, /v1/embeddings; /tokenize, /detokenize, /health, /metrics; Ctrl-C or SIGTERM stops)"
         );
         let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
         let draining = state.clone();

@@ -24,6 +24,7 @@ pub enum Route {
     Chat,
     Tokenize,
     Detokenize,
+    Embeddings,
 }
 
 /// What this server does with a request field.
@@ -144,12 +145,22 @@ impl Route {
                 Route::Tokenize,
                 "prompt" | "messages" | "tools" | "add_special_tokens" | "add_generation_prompt",
             )
-            | (Route::Detokenize, "tokens") => Some(Support::Served),
-            (Route::Completions | Route::Chat | Route::Tokenize | Route::Detokenize, _) => None,
+            | (Route::Detokenize, "tokens")
+            | (Route::Embeddings, "input" | "encoding_format" | "dimensions") => {
+                Some(Support::Served)
+            }
+            (
+                Route::Completions
+                | Route::Chat
+                | Route::Tokenize
+                | Route::Detokenize
+                | Route::Embeddings,
+                _,
+            ) => None,
         };
         match self {
             Route::Completions | Route::Chat => own.or_else(|| generation_field(name)),
-            Route::Tokenize | Route::Detokenize => own,
+            Route::Tokenize | Route::Detokenize | Route::Embeddings => own,
         }
     }
 
@@ -163,7 +174,8 @@ impl Route {
                 | "seed"
                 | "repetition_context_size"
                 | "presence_context_size"
-                | "frequency_context_size",
+                | "frequency_context_size"
+                | "dimensions",
             ) => "an unsigned integer",
             (_, "top_k") => "an integer (0 or -1: off)",
             (

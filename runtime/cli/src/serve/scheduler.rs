@@ -23,7 +23,7 @@
 use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use archgen_runtime::device::{release_buffer_pool, SEQUENCE_TOKENS_PER_POOL_RELEASE};
@@ -348,7 +348,7 @@ impl<'a, M: CausalLm> Scheduler<'a, M, OneByOne> {
     }
 }
 
-/// What the model thread's loop ([`serve`]) drives: either scheduler.
+/// What the model thread's loop (`worker::serve`) drives: either scheduler.
 pub(super) trait Steps {
     /// Requests admitted and not yet answered.
     fn in_flight(&self) -> usize;
@@ -358,39 +358,6 @@ pub(super) trait Steps {
     /// One step of the requests in flight, those whose client left dropped
     /// first.
     fn step_once(&mut self);
-}
-
-/// The model thread's loop: idle, wait for a request; then admit queued
-/// requests while fewer than `max_batch` are in flight, run one step, and
-/// again, until the queue's senders are gone and nothing is in flight.
-pub(super) fn serve(
-    scheduler: &mut impl Steps,
-    jobs: &mpsc::Receiver<Job>,
-    max_batch: usize,
-    metrics: &Metrics,
-) {
-    let mut open = true;
-    loop {
-        if scheduler.in_flight() == 0 {
-            if !open {
-                return;
-            }
-            // Idle: wait for work.
-            match jobs.recv() {
-                Ok(job) => scheduler.admit(job),
-                Err(mpsc::RecvError) => return,
-            }
-        }
-        while open && scheduler.in_flight() < max_batch {
-            match jobs.try_recv() {
-                Ok(job) => scheduler.admit(job),
-                Err(mpsc::TryRecvError::Empty) => break,
-                Err(mpsc::TryRecvError::Disconnected) => open = false,
-            }
-        }
-        scheduler.step_once();
-        metrics.active_sequences.set(scheduler.in_flight() as i64);
-    }
 }
 
 impl<M: CausalLm, S: StepAll<M>> Steps for Scheduler<'_, M, S> {

@@ -2,6 +2,8 @@
 //! model with a batched forward runs them through one `BatchSession`
 //! (batched.rs); any other runs them one by one (scheduler.rs). Both
 //! schedulers sit below this file, so neither reaches into the other.
+//! Its loop ([`serve`]) also runs the embedding requests (embeddings.rs):
+//! one input's forward after each generation step.
 
 use std::sync::{mpsc, Arc};
 
@@ -9,20 +11,32 @@ use archgen_runtime::model::{CausalLm, ModelTask, Runs};
 use tokenizers::Tokenizer;
 
 use super::batched::BatchedScheduler;
+use super::embeddings::{EmbedJob, Embedder};
 use super::metrics::Metrics;
-use super::scheduler::{serve, Job, Limits, Scheduler};
+use super::scheduler::{Job, Limits, Scheduler, Steps};
+use crate::embed::EmbeddingHead;
+
+/// What the server queues for the model thread (a generation's job is
+/// boxed: it is many times an embedding job's size).
+pub enum Work {
+    Generate(Box<Job>),
+    Embed(EmbedJob),
+}
 
 /// Runs the scheduler on the model thread until the queue's senders are
 /// gone and no sequence is left.
 pub struct Worker {
     /// The model as the operator named it, for notes.
     pub model_label: String,
-    pub jobs: mpsc::Receiver<Job>,
+    pub jobs: mpsc::Receiver<Work>,
     pub ready: mpsc::Sender<i32>,
     pub tokenizer: Arc<Tokenizer>,
     pub eos: Vec<i32>,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
+    /// How /v1/embeddings pools and normalises (the server refuses the
+    /// route, queueing nothing, when the checkpoint's head cannot run).
+    pub embedding_head: Option<EmbeddingHead>,
 }
 
 impl ModelTask for Worker {
@@ -55,8 +69,10 @@ impl ModelTask for Worker {
                         self.limits,
                         &self.metrics,
                     );
+                    let mut embedder = Embedder::new(m, self.embedding_head.clone());
                     serve(
                         &mut scheduler,
+                        &mut embedder,
                         &self.jobs,
                         self.limits.max_batch,
                         &self.metrics,
@@ -75,12 +91,71 @@ impl ModelTask for Worker {
         let _ = self.ready.send(m.vocab_size());
         let mut scheduler =
             Scheduler::one_by_one(m, &self.tokenizer, &self.eos, self.limits, &self.metrics);
+        let mut embedder = Embedder::new(m, self.embedding_head.clone());
         serve(
             &mut scheduler,
+            &mut embedder,
             &self.jobs,
             self.limits.max_batch,
             &self.metrics,
         );
         Ok(())
+    }
+}
+
+/// The model thread's loop: idle, wait for a request; then admit queued
+/// requests while fewer than `max_batch` generations are in flight and
+/// fewer than `max_batch` embedding requests wait, run one generation step
+/// and one embedding input, and again, until the queue's senders are gone
+/// and nothing is in flight. An embedding input is one whole forward of at
+/// most the prompt limit's tokens (not cut into prefill chunks: that would
+/// change its bytes against mlx-lm's single forward), so generation waits
+/// for at most one input between two of its steps, and an embedding request
+/// advances while generations run.
+fn serve<M: CausalLm>(
+    scheduler: &mut impl Steps,
+    embedder: &mut Embedder<'_, M>,
+    work: &mpsc::Receiver<Work>,
+    max_batch: usize,
+    metrics: &Metrics,
+) {
+    let mut open = true;
+    loop {
+        if scheduler.in_flight() == 0 && embedder.queued() == 0 {
+            if !open {
+                return;
+            }
+            // Idle: wait for work.
+            match work.recv() {
+                Ok(w) => admit(w, scheduler, embedder, metrics),
+                Err(mpsc::RecvError) => return,
+            }
+        }
+        while open && scheduler.in_flight() < max_batch && embedder.queued() < max_batch {
+            match work.try_recv() {
+                Ok(w) => admit(w, scheduler, embedder, metrics),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => open = false,
+            }
+        }
+        scheduler.step_once();
+        embedder.step_once();
+        metrics.active_sequences.set(scheduler.in_flight() as i64);
+    }
+}
+
+/// Hands a queued request to the scheduler or the embedder.
+fn admit<M: CausalLm>(
+    work: Work,
+    scheduler: &mut impl Steps,
+    embedder: &mut Embedder<'_, M>,
+    metrics: &Metrics,
+) {
+    match work {
+        Work::Generate(job) => scheduler.admit(*job),
+        Work::Embed(job) => {
+            metrics.queue_depth.dec();
+            embedder.admit(job)
+        }
     }
 }
