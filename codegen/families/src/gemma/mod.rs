@@ -1,7 +1,8 @@
-//! Gemma-2 (`gemma2.py`) as mlx-lm 0.32.2 runs it: everything family-specific on the
-//! spec side (the document, its validation, the lowering
+//! The Gemma-2 layout (`gemma2.py`) as mlx-lm 0.32.2 runs it, and the families
+//! written as a difference from it: the document, its validation, the lowering
 //! to the block IR, the config.json view, the YAML writer, the reduction to tiny
-//! variants and the config.json importer).
+//! variants and the config.json importer, each reading the family's
+//! [`GemmaVariant`] (Gemma-2's, [`gemma2::GEMMA2`], is the parent).
 //!
 //! mlx-lm's gemma2 is a stack of sandwich-normed layers with `(1 + w)` RMSNorm weights,
 //! written-out attention (queries pre-scaled by `query_pre_attn_scalar ** -0.5`, scores
@@ -10,20 +11,71 @@
 //! logits. It has no sliding window: every layer attends over the full causal context
 //! with a plain `KVCache` (the Hugging Face config's `sliding_window` is not read).
 
+mod gemma2;
+
 use crate::dense::{DenseDerivedSpecFile, DenseReduce};
 use crate::diag::{FieldPath, Issue};
-use crate::layout::{Layout, Text};
+use crate::ir::{AttentionScale, EmbedScale, QkNorm};
+use crate::layout::Layout;
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
 use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
 use crate::reduce::{last_key, mlp_width, reduce_key, DerivedForm, Reducible, Size, StackSections};
-use crate::{validate, Sections};
+use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 fn p(s: &str) -> FieldPath {
     FieldPath::parse(s)
+}
+
+/// A family of the Gemma-2 layout: what its mlx-lm module does, as facts and
+/// hooks the shared code reads. Gemma-2's ([`gemma2::GEMMA2`]) is the parent;
+/// another family is written as `GemmaVariant { .., ..GEMMA2 }`.
+pub(crate) struct GemmaVariant {
+    pub(crate) family: Family,
+    /// The config.json `model_type`s its module reads.
+    pub(crate) model_types: &'static [ConfigModelType],
+    /// How its document is read (the texts name its fields).
+    pub(crate) layout: Layout,
+    // The lowering's facts.
+    pub(crate) qk_norm: QkNorm,
+    /// SDPA's scale from `query_pre_attn_scalar`, as the module computes it.
+    pub(crate) attention_scale: fn(f64) -> AttentionScale,
+    /// What the embedding is multiplied by, from `hidden_size`.
+    pub(crate) embed_scale: fn(u32) -> EmbedScale,
+    /// The module's `ModelArgs` defaults.
+    pub(crate) defaults: ConfigDefaults,
+}
+
+/// `ModelArgs` defaults of the fields a Gemma module reads.
+pub(crate) struct ConfigDefaults {
+    pub(crate) rope_theta: f64,
+    pub(crate) query_pre_attn_scalar: f64,
+    /// `max_position_embeddings` when config.json has none, and why.
+    pub(crate) max_position_embeddings: (u32, &'static str),
+}
+
+/// Every family of the layout, in the order their model types were added.
+const VARIANTS: [&GemmaVariant; 1] = [&gemma2::GEMMA2];
+
+/// The variant of `family`, if it has the Gemma-2 layout.
+fn variant_of(family: Family) -> Option<&'static GemmaVariant> {
+    VARIANTS.into_iter().find(|v| v.family == family)
+}
+
+/// The layout a document declaring `family` is read with, if it is one of these.
+pub(crate) fn layout_of(family: Family) -> Option<&'static Layout> {
+    variant_of(family).map(|v| &v.layout)
+}
+
+impl Gemma2Spec {
+    /// The family the document is read as: `check` refuses a family without a
+    /// variant, so a loaded spec has one; one built in code reads as Gemma-2.
+    pub(crate) fn variant(&self) -> &'static GemmaVariant {
+        variant_of(self.identity.family).unwrap_or(&gemma2::GEMMA2)
+    }
 }
 
 /// A full Gemma-2 spec (`identity.family: gemma2`).
@@ -110,21 +162,23 @@ pub struct Gemma2Mlp {
 pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
-    if spec.identity.family != Family::Gemma2 {
+    let variant = spec.variant();
+    let family = variant.family.as_str();
+    if spec.identity.family != variant.family {
         c.err(
             p("identity.family"),
-            format!("`{}` in a gemma2 document", spec.identity.family.as_str()),
-            "gemma2",
+            format!("`{}` in a {family} document", spec.identity.family.as_str()),
+            family,
             "each family has its own layout (docs/spec-format.md)",
         );
     }
     let mt = spec.identity.source.model_type;
-    if mt != ConfigModelType::Gemma2 {
+    if !variant.model_types.contains(&mt) {
         c.foreign_model_type(
             mt,
-            "gemma2",
-            "gemma2",
-            "a gemma2 spec describes a `model_type: gemma2` checkpoint",
+            family,
+            family,
+            &format!("a {family} spec describes a `model_type: {family}` checkpoint"),
         );
     }
     let (m, a) = (&spec.model, &spec.attention);
@@ -188,7 +242,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
     use crate::ir_parts::{
         full_attention, model_ir, plain_rope, scaled_embedding, whole_head_sharding, ModelParts,
     };
-    let a = &spec.attention;
+    let (a, variant) = (&spec.attention, spec.variant());
     let head_dim = a.head_dim as usize;
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| Layer {
@@ -198,7 +252,8 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
                 weight: NormWeight::OnePlus,
             },
             mixer: Mixer::Attention(Attention {
-                scale: AttentionScale::InvSqrtQueryPreAttnScalar(a.query_pre_attn_scalar),
+                scale: (variant.attention_scale)(a.query_pre_attn_scalar),
+                qk_norm: variant.qk_norm,
                 scores: Scores::Softcapped {
                     cap: a.attn_logit_softcapping as f32,
                 },
@@ -226,7 +281,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
             sanitize: Vec::new(),
             // gemma2.py has no shard().
             sharding: whole_head_sharding(ShardOracle::Absent),
-            embedding: scaled_embedding(EmbedScale::SqrtHidden),
+            embedding: scaled_embedding((variant.embed_scale)(spec.model.hidden_size)),
             layers,
             head: Head {
                 weight: HeadWeight::TiedEmbedding,
@@ -267,31 +322,6 @@ pub(crate) fn config_fields(spec: &Gemma2Spec) -> Value {
 }
 
 // ---------------------------------------------------------------- parsing
-
-/// How a gemma2 document is read (see [`crate::layout`]).
-pub(crate) const LAYOUT: Layout = Layout {
-    family: "gemma2",
-    anchor: "gemma-2",
-    head: crate::layout::HEAD,
-    sections: &[
-        ("model", Sections::check::<Gemma2Model>),
-        ("layers", Sections::check::<Gemma2Layers>),
-        ("attention", Sections::check::<Gemma2Attention>),
-        ("rope", Sections::check::<Gemma2Rope>),
-        ("mlp", Sections::check::<Gemma2Mlp>),
-        ("quantization", Sections::check::<Option<Quantization>>),
-    ],
-    texts: &[
-        Text::Field("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, final_logit_softcapping, max_position_embeddings}", "model-wide sizes; the head is always tied; see docs/spec-format.md#gemma-2"),
-        Text::Field("layers", "a mapping {num_hidden_layers}", "every Gemma-2 layer is full attention (mlx-lm has no sliding window for it); see docs/spec-format.md#gemma-2"),
-        Text::Field("attention", "a mapping {num_attention_heads, num_key_value_heads, head_dim, query_pre_attn_scalar, attn_logit_softcapping}", "attention geometry and its scale and softcap; see docs/spec-format.md#gemma-2"),
-        Text::Field("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta`; see docs/spec-format.md#gemma-2"),
-        Text::Field("mlp", "a mapping {intermediate_size}", "GeLU-approx MLP width; see docs/spec-format.md#gemma-2"),
-        Text::Refused("sliding_window", "mlx-lm's gemma2 has no sliding window: every layer is full attention with a plain KV cache (docs/spec-format.md#gemma-2)"),
-        Text::Refused("tie_word_embeddings", "mlx-lm's gemma2 always uses the embedding as the head; there is nothing to write (docs/spec-format.md#gemma-2)"),
-        Text::Refused("kv_quantization", "mlx-lm's gemma2 attention cannot read a quantized KV cache (docs/spec-format.md#gemma-2)"),
-    ],
-};
 
 /// The derived Gemma-2 form is the dense one (`reduce` of the seven sizes; see
 /// [`crate::reduce`]).
@@ -357,7 +387,9 @@ crate::document::impl_model_sizes!(Gemma2Model);
 pub(crate) fn import(
     top: &Map<String, Value>,
     name: &str,
+    variant: &GemmaVariant,
 ) -> Result<(Gemma2Spec, Vec<AppliedDefault>), ImportError> {
+    let defaults = &variant.defaults;
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
     let hidden_size = r.required_uint("hidden_size");
@@ -368,7 +400,7 @@ pub(crate) fn import(
     let rms_norm_eps = r.required_float("rms_norm_eps");
     let vocab_size = r.required_uint("vocab_size");
     let num_kv = r.required_uint("num_key_value_heads");
-    let rope_theta = r.float("rope_theta", 10000.0);
+    let rope_theta = r.float("rope_theta", defaults.rope_theta);
     let traditional = r.boolean("rope_traditional", false);
     let softcap = |r: &mut Reader, k: &str, default: f64| -> f64 {
         if top.get(k).is_some_and(Value::is_null) {
@@ -382,16 +414,13 @@ pub(crate) fn import(
     };
     let attn_softcap = softcap(&mut r, "attn_logit_softcapping", 50.0);
     let final_softcap = softcap(&mut r, "final_logit_softcapping", 30.0);
-    let query_pre_attn_scalar = r.float("query_pre_attn_scalar", 144.0);
+    let query_pre_attn_scalar = r.float("query_pre_attn_scalar", defaults.query_pre_attn_scalar);
     let max_pos = match r.get("max_position_embeddings").cloned() {
         Some(v) => r.uint_of("max_position_embeddings", &v),
         None => {
-            r.note(
-                "max_position_embeddings",
-                json!(8192),
-                "absent: not read by mlx-lm's gemma2 (informational); transformers' Gemma2Config default",
-            );
-            8192
+            let (value, why) = defaults.max_position_embeddings;
+            r.note("max_position_embeddings", json!(value), why);
+            value
         }
     };
     if top.get("tie_word_embeddings") == Some(&Value::Bool(false)) {
@@ -424,7 +453,7 @@ pub(crate) fn import(
     let applied = r.finish_ok()?;
     let spec = Gemma2Spec {
         format_version: FORMAT_VERSION,
-        identity: imported_identity(top, name, Family::Gemma2, ConfigModelType::Gemma2),
+        identity: imported_identity(top, name, variant.family, variant.model_types[0]),
         model: Gemma2Model {
             hidden_size,
             vocab_size,
@@ -453,9 +482,12 @@ pub(crate) fn import(
     crate::reader::checked(spec, issues, applied)
 }
 
-/// Gemma-2 in the family registry.
+/// The families of the Gemma-2 layout in the family registry.
 pub(crate) const FAMILY: ModelFamily = ModelFamily {
-    reads: |t| t.family() == crate::Family::Gemma2,
+    reads: |t| variant_of(t.family()).is_some(),
     kv_config: KvConfig::Refused("KV-cache quantization is supported for Gemma-4 only (mlx-lm's gemma2 attention cannot read a quantized cache)"),
-    import: |c| import(c.top, c.name).map(|(s, applied)| (crate::Spec::Gemma2(s), applied)),
+    import: |c| {
+        let variant = variant_of(c.model_type.family()).unwrap_or(&gemma2::GEMMA2);
+        import(c.top, c.name, variant).map(|(s, applied)| (crate::Spec::Gemma2(s), applied))
+    },
 };
