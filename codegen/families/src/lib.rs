@@ -94,7 +94,9 @@ pub use dense::{
     DenseReduce, DenseRope, DenseSpec, RopeScaling,
 };
 pub use diag::{Diagnostic, Diagnostics, FieldPath, Seg};
-pub use gemma::{Gemma2Attention, Gemma2Layers, Gemma2Mlp, Gemma2Model, Gemma2Rope, Gemma2Spec};
+pub use gemma::{
+    Gemma2Attention, Gemma2Layers, Gemma2Mlp, Gemma2Model, Gemma2Rope, Gemma2Spec, GemmaRopeScaling,
+};
 pub use hf::spec_hash;
 pub use minicpm::{
     MiniCpmDerive, MiniCpmDerivedSpecFile, MiniCpmReduce, MiniCpmRope, MiniCpmScales, MiniCpmSpec,

@@ -750,7 +750,7 @@ fn gemma2_configs_take_mlx_lm_defaults_and_refuse_what_mlx_lm_cannot_run() {
             g.attention.query_pre_attn_scalar,
             g.model.max_position_embeddings
         ),
-        (10000.0, false, 50.0, 30.0, 144.0, 8192)
+        (10000.0, false, Some(50.0), Some(30.0), 144.0, 8192)
     );
     let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
     for f in [

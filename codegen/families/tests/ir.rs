@@ -412,7 +412,7 @@ fn families_lower_to_their_blocks() {
                     assert_eq!(
                         a.scores,
                         Scores::Softcapped {
-                            cap: g.attention.attn_logit_softcapping as f32
+                            cap: g.attention.attn_logit_softcapping.unwrap() as f32
                         },
                         "{path}"
                     );
@@ -429,7 +429,7 @@ fn families_lower_to_their_blocks() {
                 assert_eq!(
                     ir.head.logit_softcap,
                     Some(Softcap {
-                        cap: g.model.final_logit_softcapping as f32,
+                        cap: g.model.final_logit_softcapping.unwrap() as f32,
                         form: SoftcapForm::Eager
                     }),
                     "{path}"

@@ -1,7 +1,7 @@
 //! Gemma-2 (`gemma2.py`): the parent every other family of the layout is
 //! written as a difference from.
 
-use super::{ConfigDefaults, GemmaVariant};
+use super::{ConfigDefaults, GemmaVariant, Layering, RopeBases, Softcaps};
 use crate::ir::{AttentionScale, EmbedScale, QkNorm};
 use crate::layout::{Layout, Text};
 use crate::model::{ConfigModelType, Family};
@@ -16,6 +16,8 @@ pub(crate) const GEMMA2: GemmaVariant = GemmaVariant {
     attention_scale: AttentionScale::InvSqrtQueryPreAttnScalar,
     // `h * (hidden_size**0.5)`: a weak Python float.
     embed_scale: |_| EmbedScale::SqrtHidden,
+    // gemma2.py has no `sanitize`: mlx-lm loads its checkpoints strictly.
+    sanitize: &[],
     defaults: ConfigDefaults {
         rope_theta: 10000.0,
         query_pre_attn_scalar: 144.0,
@@ -24,6 +26,13 @@ pub(crate) const GEMMA2: GemmaVariant = GemmaVariant {
             "absent: not read by mlx-lm's gemma2 (informational); transformers' Gemma2Config default",
         ),
     },
+    softcaps: Softcaps::Applied {
+        attention: 50.0,
+        logits: 30.0,
+    },
+    layering: Layering::AllFull,
+    rope: RopeBases::One,
+    untied_head: "false, but mlx-lm's gemma2 always uses the embedding as the head (it has no lm_head)",
 };
 
 /// How a gemma2 document is read (see [`crate::layout`]).

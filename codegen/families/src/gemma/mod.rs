@@ -15,7 +15,7 @@ mod gemma2;
 
 use crate::dense::{DenseDerivedSpecFile, DenseReduce};
 use crate::diag::{FieldPath, Issue};
-use crate::ir::{AttentionScale, EmbedScale, QkNorm};
+use crate::ir::{AttentionScale, EmbedScale, QkNorm, SanitizeRule};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
@@ -45,8 +45,48 @@ pub(crate) struct GemmaVariant {
     pub(crate) attention_scale: fn(f64) -> AttentionScale,
     /// What the embedding is multiplied by, from `hidden_size`.
     pub(crate) embed_scale: fn(u32) -> EmbedScale,
+    /// The module's `sanitize`, as rules.
+    pub(crate) sanitize: &'static [SanitizeRule],
     /// The module's `ModelArgs` defaults.
     pub(crate) defaults: ConfigDefaults,
+    // What the module reads beyond Gemma-2's fields, and what it drops.
+    pub(crate) softcaps: Softcaps,
+    pub(crate) layering: Layering,
+    pub(crate) rope: RopeBases,
+    /// Why `tie_word_embeddings: false` is refused at import.
+    pub(crate) untied_head: &'static str,
+}
+
+/// Whether the module soft-caps the scores and the logits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Softcaps {
+    /// `tanh(x / c) * c` on both, unconditionally: both required and
+    /// positive, with these `ModelArgs` defaults (attention, logits).
+    Applied { attention: f64, logits: f64 },
+    /// Neither: both null in a spec, ignored in config.json.
+    Absent,
+}
+
+/// Which layers attend over a sliding window.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Layering {
+    /// Every layer full attention with a `KVCache`; `sliding_window` and
+    /// `sliding_window_pattern` are not read.
+    AllFull,
+    /// Layer `i` is full when `i % pattern == pattern - 1` (a `KVCache`), else
+    /// it attends over the last `sliding_window` positions (a
+    /// `RotatingKVCache`): the `ModelArgs` defaults of the two.
+    SlidingPattern { window: u32, pattern: u32 },
+}
+
+/// Which RoPE bases the module reads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RopeBases {
+    /// `rope_theta` on every layer; `rope_traditional` read.
+    One,
+    /// `rope_local_base_freq` (this default) on sliding layers, `rope_theta`
+    /// and `rope_scaling` on full ones; `traditional=False` always.
+    LocalAndGlobal { local_base_default: f64 },
 }
 
 /// `ModelArgs` defaults of the fields a Gemma module reads.
@@ -107,8 +147,10 @@ pub struct Gemma2Model {
     pub vocab_size: u32,
     /// `rms_norm_eps` of every RMSNorm (each applies `1 + weight`).
     pub rms_norm_eps: f64,
-    /// `final_logit_softcapping`: `tanh(logits / c) * c`, eager (mlx-lm default 30.0).
-    pub final_logit_softcapping: f64,
+    /// `final_logit_softcapping`: `tanh(logits / c) * c`, eager (mlx-lm default 30.0);
+    /// null where the module has no softcap (gemma3_text).
+    #[serde(deserialize_with = "explicit")]
+    pub final_logit_softcapping: Option<f64>,
     /// `max_position_embeddings` (informational: mlx-lm's gemma2 does not read it).
     pub max_position_embeddings: u32,
 }
@@ -119,6 +161,14 @@ pub struct Gemma2Model {
 pub struct Gemma2Layers {
     /// `num_hidden_layers`.
     pub num_hidden_layers: u32,
+    /// gemma3_text only (required there): `sliding_window`, the positions a
+    /// sliding layer sees (its `RotatingKVCache`'s size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<u32>,
+    /// gemma3_text only (required there): layer `i` is full attention when
+    /// `i % sliding_window_pattern == sliding_window_pattern - 1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window_pattern: Option<u32>,
 }
 
 /// Grouped-query attention, written out with a softcap of the scores.
@@ -134,8 +184,10 @@ pub struct Gemma2Attention {
     /// `query_pre_attn_scalar`: queries are multiplied by `1.0 / query_pre_attn_scalar ** 0.5`
     /// (mlx-lm default 144.0).
     pub query_pre_attn_scalar: f64,
-    /// `attn_logit_softcapping`: scores become `tanh(s / c) * c` (mlx-lm default 50.0).
-    pub attn_logit_softcapping: f64,
+    /// `attn_logit_softcapping`: scores become `tanh(s / c) * c` (mlx-lm default 50.0);
+    /// null where the module has no softcap (gemma3_text: fused SDPA).
+    #[serde(deserialize_with = "explicit")]
+    pub attn_logit_softcapping: Option<f64>,
 }
 
 /// RoPE: `nn.RoPE(head_dim, traditional, base=rope_theta)`.
@@ -144,8 +196,26 @@ pub struct Gemma2Attention {
 pub struct Gemma2Rope {
     /// `rope_traditional` (mlx-lm default false).
     pub traditional: bool,
-    /// `rope_theta` (mlx-lm default 10000).
+    /// `rope_theta` (mlx-lm default 10000), of the full layers.
     pub rope_theta: f64,
+    /// gemma3_text only (required there): `rope_local_base_freq`, the base of
+    /// the sliding layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_local_base_freq: Option<f64>,
+    /// gemma3_text only: `rope_scaling` of the full layers; absent for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<GemmaRopeScaling>,
+}
+
+/// A `rope_scaling` entry a Gemma module applies, by `rope_type`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "rope_type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum GemmaRopeScaling {
+    /// `nn.RoPE(..., scale=1 / factor)` (rope_utils' `linear`).
+    Linear {
+        /// `factor`: positions are divided by it.
+        factor: f64,
+    },
 }
 
 /// The MLP: `down(gelu_approx(gate(x)) * up(x))`.
@@ -203,17 +273,148 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
         a.query_pre_attn_scalar,
         "queries are multiplied by 1 / sqrt of it; Gemma-2 2b and 9b use 256.0",
     );
-    c.positive_finite(
+    check_softcap(
+        &mut c,
+        variant,
         "attention.attn_logit_softcapping",
         a.attn_logit_softcapping,
         "mlx-lm divides the scores by it unconditionally; Gemma-2 uses 50.0",
     );
-    c.positive_finite(
+    check_softcap(
+        &mut c,
+        variant,
         "model.final_logit_softcapping",
         m.final_logit_softcapping,
         "mlx-lm divides the logits by it unconditionally; Gemma-2 uses 30.0",
     );
+    ok &= check_layering(&mut c, spec);
+    check_rope_bases(&mut c, spec);
     c.finish(ok, spec.quantization.as_ref(), || lower(spec))
+}
+
+/// A softcap as the family's module applies it: a positive number, or null.
+fn check_softcap(
+    c: &mut validate::Checker,
+    v: &GemmaVariant,
+    path: &str,
+    cap: Option<f64>,
+    hint: &str,
+) {
+    let family = v.family.as_str();
+    match (v.softcaps, cap) {
+        (Softcaps::Applied { .. }, Some(cap)) => {
+            c.positive_finite(path, cap, hint);
+        }
+        (Softcaps::Applied { .. }, None) => c.err(
+            p(path),
+            format!("null, but mlx-lm's {family} applies this softcap unconditionally"),
+            "a positive number",
+            hint,
+        ),
+        (Softcaps::Absent, None) => {}
+        (Softcaps::Absent, Some(_)) => c.err(
+            p(path),
+            format!("a softcap, but mlx-lm's {family} applies none"),
+            "null",
+            "write null: the module would not apply it (docs/spec-format.md#gemma-3)",
+        ),
+    }
+}
+
+/// The sliding-window fields: none, or both with the pattern's rules.
+fn check_layering(c: &mut validate::Checker, spec: &Gemma2Spec) -> bool {
+    let l = &spec.layers;
+    let family = spec.variant().family.as_str();
+    let fields = [
+        ("layers.sliding_window", l.sliding_window),
+        ("layers.sliding_window_pattern", l.sliding_window_pattern),
+    ];
+    let mut ok = true;
+    for (path, value) in fields {
+        match (spec.variant().layering, value) {
+            (Layering::AllFull, None) => {}
+            (Layering::AllFull, Some(_)) => c.err(
+                p(path),
+                format!("mlx-lm's {family} has no sliding window"),
+                "no such field",
+                "every layer is full attention with a plain KV cache (docs/spec-format.md#gemma-2)",
+            ),
+            (Layering::SlidingPattern { .. }, Some(n)) if n > 0 => {}
+            (Layering::SlidingPattern { .. }, _) => {
+                ok = false;
+                c.err(
+                    p(path),
+                    format!("missing or 0, but every {family} spec states its sliding layers"),
+                    "a positive integer (Gemma 3: sliding_window 512, sliding_window_pattern 6)",
+                    "write it under `layers` (docs/spec-format.md#gemma-3)",
+                );
+            }
+        }
+    }
+    if let (true, Some(pattern)) = (ok, l.sliding_window_pattern) {
+        if l.num_hidden_layers < pattern {
+            ok = false;
+            c.err(
+                p("layers.num_hidden_layers"),
+                format!("{} layers with sliding_window_pattern {pattern}, but mlx-lm's {family} takes the full layers' mask from layer {} (an IndexError below it)", l.num_hidden_layers, pattern - 1),
+                format!("at least {pattern} layers"),
+                "keep at least one full pattern of layers, or make the pattern shorter",
+            );
+        }
+    }
+    ok
+}
+
+/// The RoPE fields only some families read.
+fn check_rope_bases(c: &mut validate::Checker, spec: &Gemma2Spec) {
+    let (r, family) = (&spec.rope, spec.variant().family.as_str());
+    match spec.variant().rope {
+        RopeBases::One => {
+            let own = [
+                (
+                    "rope.rope_local_base_freq",
+                    r.rope_local_base_freq.is_some(),
+                ),
+                ("rope.scaling", r.scaling.is_some()),
+            ];
+            for (path, _) in own.into_iter().filter(|(_, present)| *present) {
+                c.err(
+                    p(path),
+                    format!("mlx-lm's {family} does not read it"),
+                    "no such field",
+                    "every layer has one plain RoPE of base rope_theta (docs/spec-format.md#gemma-2)",
+                );
+            }
+        }
+        RopeBases::LocalAndGlobal { .. } => {
+            match r.rope_local_base_freq {
+                Some(base) => {
+                    c.positive_finite("rope.rope_local_base_freq", base, "the sliding layers' RoPE base; Gemma 3 uses 10000.0");
+                }
+                None => c.err(
+                    p("rope.rope_local_base_freq"),
+                    format!("missing, but the sliding layers of a {family} spec take their own RoPE base"),
+                    "a positive number (Gemma 3: 10000.0)",
+                    "write it under `rope` (docs/spec-format.md#gemma-3)",
+                ),
+            }
+            if r.traditional {
+                c.err(
+                    p("rope.traditional"),
+                    format!("true, but mlx-lm's {family} always uses traditional=False"),
+                    "false",
+                    "the module does not read rope_traditional (docs/spec-format.md#gemma-3)",
+                );
+            }
+            if let Some(GemmaRopeScaling::Linear { factor }) = r.scaling {
+                c.positive_finite(
+                    "rope.scaling.factor",
+                    factor,
+                    "positions are divided by it; Gemma 3 4b/12b/27b use 8.0",
+                );
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------- lowering
@@ -242,8 +443,28 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
     use crate::ir_parts::{
         full_attention, model_ir, plain_rope, scaled_embedding, whole_head_sharding, ModelParts,
     };
-    let (a, variant) = (&spec.attention, spec.variant());
+    let (a, r, variant) = (&spec.attention, &spec.rope, spec.variant());
     let head_dim = a.head_dim as usize;
+    // The sliding layers and their window, when the spec has them.
+    let sliding = |i: usize| match (
+        spec.layers.sliding_window,
+        spec.layers.sliding_window_pattern,
+    ) {
+        (Some(window), Some(pattern)) if (i + 1) % pattern as usize != 0 => Some(window as usize),
+        _ => None,
+    };
+    let rope = |i: usize| match (sliding(i), r.rope_local_base_freq, &r.scaling) {
+        (Some(_), Some(local), _) => plain_rope(local, r.traditional, head_dim),
+        (_, _, Some(GemmaRopeScaling::Linear { factor })) => RopeForm {
+            kind: RopeKind::Linear {
+                theta: r.rope_theta as f32,
+                factor: *factor,
+            },
+            traditional: r.traditional,
+            rotated_dims: head_dim,
+        },
+        _ => plain_rope(r.rope_theta, r.traditional, head_dim),
+    };
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| Layer {
             index: i,
@@ -254,14 +475,19 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
             mixer: Mixer::Attention(Attention {
                 scale: (variant.attention_scale)(a.query_pre_attn_scalar),
                 qk_norm: variant.qk_norm,
-                scores: Scores::Softcapped {
-                    cap: a.attn_logit_softcapping as f32,
+                scores: match a.attn_logit_softcapping {
+                    Some(cap) => Scores::Softcapped { cap: cap as f32 },
+                    None => Scores::FusedSdpa,
+                },
+                window: match sliding(i) {
+                    Some(window) => Window::Sliding(window),
+                    None => Window::Full,
                 },
                 ..full_attention(
                     a.num_attention_heads,
                     a.num_key_value_heads,
                     a.head_dim,
-                    plain_rope(spec.rope.rope_theta, spec.rope.traditional, head_dim),
+                    rope(i),
                 )
             }),
             ffn: FeedForward::Mlp(GatedMlp {
@@ -278,15 +504,15 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
         spec,
         ModelParts {
             prefix: ModulePrefix::Model,
-            sanitize: Vec::new(),
-            // gemma2.py has no shard().
+            sanitize: variant.sanitize.to_vec(),
+            // gemma2.py and gemma3_text.py have no shard().
             sharding: whole_head_sharding(ShardOracle::Absent),
             embedding: scaled_embedding((variant.embed_scale)(spec.model.hidden_size)),
             layers,
             head: Head {
                 weight: HeadWeight::TiedEmbedding,
-                logit_softcap: Some(Softcap {
-                    cap: spec.model.final_logit_softcapping as f32,
+                logit_softcap: spec.model.final_logit_softcapping.map(|cap| Softcap {
+                    cap: cap as f32,
                     form: SoftcapForm::Eager,
                 }),
                 norm: NormWeight::OnePlus,
@@ -301,7 +527,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
 /// The spec with config.json field names (flat, as `gemma2` configs are)
 /// (impl_document! adds `quantization` and sorts the keys).
 pub(crate) fn config_fields(spec: &Gemma2Spec) -> Value {
-    let v = json!({
+    let mut v = json!({
         "model_type": spec.identity.source.model_type.as_str(),
         "hidden_size": spec.model.hidden_size,
         "num_hidden_layers": spec.layers.num_hidden_layers,
@@ -318,6 +544,20 @@ pub(crate) fn config_fields(spec: &Gemma2Spec) -> Value {
         "attn_logit_softcapping": spec.attention.attn_logit_softcapping,
         "final_logit_softcapping": spec.model.final_logit_softcapping,
     });
+    let (l, r) = (&spec.layers, &spec.rope);
+    let own = [
+        ("sliding_window", l.sliding_window.map(|w| json!(w))),
+        ("sliding_window_pattern", l.sliding_window_pattern.map(|n| json!(n))),
+        ("rope_local_base_freq", r.rope_local_base_freq.map(|b| json!(b))),
+        ("rope_scaling", r.scaling.as_ref().map(|GemmaRopeScaling::Linear { factor }| {
+            json!({"rope_type": "linear", "factor": factor})
+        })),
+    ];
+    for (key, value) in own {
+        if let Some(value) = value {
+            v[key] = value;
+        }
+    }
     v
 }
 
@@ -401,19 +641,47 @@ pub(crate) fn import(
     let vocab_size = r.required_uint("vocab_size");
     let num_kv = r.required_uint("num_key_value_heads");
     let rope_theta = r.float("rope_theta", defaults.rope_theta);
-    let traditional = r.boolean("rope_traditional", false);
-    let softcap = |r: &mut Reader, k: &str, default: f64| -> f64 {
+    let family = variant.family.as_str();
+    let (traditional, rope_local_base_freq, scaling) = match variant.rope {
+        RopeBases::One => (r.boolean("rope_traditional", false), None, None),
+        RopeBases::LocalAndGlobal { local_base_default } => {
+            if let Some(v) = r.get("rope_traditional").cloned() {
+                r.note(
+                    "rope_traditional",
+                    v,
+                    &format!("ignored: mlx-lm's {family} always uses traditional=False"),
+                );
+            }
+            let local = r.float("rope_local_base_freq", local_base_default);
+            (false, Some(local), read_linear_scaling(&mut r, family))
+        }
+    };
+    let softcap = |r: &mut Reader, k: &str, default: Option<f64>| -> Option<f64> {
+        let Some(default) = default else {
+            if let Some(v) = r.get(k).cloned() {
+                r.note(
+                    k,
+                    v,
+                    &format!("ignored: mlx-lm's {family} applies no softcap"),
+                );
+            }
+            return None;
+        };
         if top.get(k).is_some_and(Value::is_null) {
             r.problem(
                 k,
-                "null: mlx-lm's gemma2 always applies tanh(x / cap) * cap, so a checkpoint without this softcap cannot run in mlx-lm",
+                &format!("null: mlx-lm's {family} always applies tanh(x / cap) * cap, so a checkpoint without this softcap cannot run in mlx-lm"),
             );
-            return default;
+            return Some(default);
         }
-        r.float(k, default)
+        Some(r.float(k, default))
     };
-    let attn_softcap = softcap(&mut r, "attn_logit_softcapping", 50.0);
-    let final_softcap = softcap(&mut r, "final_logit_softcapping", 30.0);
+    let (attn_default, final_default) = match variant.softcaps {
+        Softcaps::Applied { attention, logits } => (Some(attention), Some(logits)),
+        Softcaps::Absent => (None, None),
+    };
+    let attn_softcap = softcap(&mut r, "attn_logit_softcapping", attn_default);
+    let final_softcap = softcap(&mut r, "final_logit_softcapping", final_default);
     let query_pre_attn_scalar = r.float("query_pre_attn_scalar", defaults.query_pre_attn_scalar);
     let max_pos = match r.get("max_position_embeddings").cloned() {
         Some(v) => r.uint_of("max_position_embeddings", &v),
@@ -424,29 +692,39 @@ pub(crate) fn import(
         }
     };
     if top.get("tie_word_embeddings") == Some(&Value::Bool(false)) {
-        r.problem(
-            "tie_word_embeddings",
-            "false, but mlx-lm's gemma2 always uses the embedding as the head (it has no lm_head)",
-        );
+        r.problem("tie_word_embeddings", variant.untied_head);
     }
     if top.get("attention_bias") == Some(&Value::Bool(true)) {
         r.problem(
             "attention_bias",
-            "true, but mlx-lm's gemma2 projections have no bias (it would not load the bias tensors)",
+            &format!("true, but mlx-lm's {family} projections have no bias (it would not load the bias tensors)"),
         );
     }
-    for field in [
-        "sliding_window",
-        "sliding_window_size",
-        "cache_implementation",
-        "layer_types",
-    ] {
+    let (sliding_window, sliding_window_pattern, ignored): (_, _, &[&str]) = match variant.layering
+    {
+        Layering::AllFull => (
+            None,
+            None,
+            &[
+                "sliding_window",
+                "sliding_window_size",
+                "cache_implementation",
+                "layer_types",
+            ],
+        ),
+        Layering::SlidingPattern { window, pattern } => (
+            Some(r.uint("sliding_window", window)),
+            Some(r.uint("sliding_window_pattern", pattern)),
+            &["cache_implementation", "layer_types"],
+        ),
+    };
+    for field in ignored {
         if let Some(v) = r.get(field).cloned() {
-            r.note(
-                field,
-                v,
-                "ignored: mlx-lm's gemma2 has no sliding window; every layer is full attention with a KVCache",
-            );
+            let why = match variant.layering {
+                Layering::AllFull => format!("ignored: mlx-lm's {family} has no sliding window; every layer is full attention with a KVCache"),
+                Layering::SlidingPattern { .. } => format!("ignored: mlx-lm's {family} makes layer i full when i % sliding_window_pattern == sliding_window_pattern - 1"),
+            };
+            r.note(field, v, &why);
         }
     }
     let quantization = top_quantization(top, &mut r);
@@ -463,6 +741,8 @@ pub(crate) fn import(
         },
         layers: Gemma2Layers {
             num_hidden_layers: num_layers,
+            sliding_window,
+            sliding_window_pattern,
         },
         attention: Gemma2Attention {
             num_attention_heads: num_heads,
@@ -474,12 +754,52 @@ pub(crate) fn import(
         rope: Gemma2Rope {
             traditional,
             rope_theta,
+            rope_local_base_freq,
+            scaling,
         },
         mlp: Gemma2Mlp { intermediate_size },
         quantization,
     };
     let issues = check(&spec);
     crate::reader::checked(spec, issues, applied)
+}
+
+/// `rope_scaling` as rope_utils' `initialize_rope` reads it: its `type`, else
+/// `rope_type` (`default` when neither); `default` is unscaled, `linear`
+/// takes `factor`, any other is refused (archgen has only those here).
+fn read_linear_scaling(r: &mut Reader, family: &str) -> Option<GemmaRopeScaling> {
+    let scaling = r.get("rope_scaling")?.clone();
+    let kind = ["type", "rope_type"]
+        .iter()
+        .find_map(|k| {
+            scaling
+                .get(k)
+                .and_then(Value::as_str)
+                .filter(|t| !t.is_empty())
+        })
+        .unwrap_or("default");
+    match (kind, scaling.get("factor").and_then(Value::as_f64)) {
+        ("default", _) => {
+            r.note(
+                "rope_scaling",
+                scaling,
+                "rope_type default: unscaled RoPE, as mlx-lm's initialize_rope makes it",
+            );
+            None
+        }
+        ("linear", Some(factor)) => Some(GemmaRopeScaling::Linear { factor }),
+        ("linear", None) => {
+            r.problem(
+                "rope_scaling.factor",
+                "missing or not a number, but linear scaling divides the positions by it",
+            );
+            None
+        }
+        (other, _) => {
+            r.problem("rope_scaling", &format!("rope_type `{other}` is not supported for {family} (archgen reads linear scaling only)"));
+            None
+        }
+    }
 }
 
 /// The families of the Gemma-2 layout in the family registry.
