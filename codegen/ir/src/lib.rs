@@ -906,6 +906,9 @@ families_and_model_types! {
     /// OLMo-2 (`olmo2.py`): Llama's sizes with the norms after the mixer and
     /// the MLP (none before) and q/k RMSNorm over the whole projections.
     Olmo2 = "olmo2" { ; }
+    /// Gemma 3 text models (`gemma3_text.py`): Gemma-2's layers with q/k
+    /// norms, a sliding-window pattern and no softcaps.
+    Gemma3Text = "gemma3_text" { ; }
 }
 
 /// RoPE of one layer.

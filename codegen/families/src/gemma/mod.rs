@@ -12,6 +12,7 @@
 //! with a plain `KVCache` (the Hugging Face config's `sliding_window` is not read).
 
 mod gemma2;
+mod gemma3_text;
 
 use crate::dense::{DenseDerivedSpecFile, DenseReduce};
 use crate::diag::{FieldPath, Issue};
@@ -98,7 +99,7 @@ pub(crate) struct ConfigDefaults {
 }
 
 /// Every family of the layout, in the order their model types were added.
-const VARIANTS: [&GemmaVariant; 1] = [&gemma2::GEMMA2];
+const VARIANTS: [&GemmaVariant; 2] = [&gemma2::GEMMA2, &gemma3_text::GEMMA3_TEXT];
 
 /// The variant of `family`, if it has the Gemma-2 layout.
 fn variant_of(family: Family) -> Option<&'static GemmaVariant> {
