@@ -420,7 +420,8 @@ fn check_rope_bases(c: &mut validate::Checker, spec: &Gemma2Spec) {
 
 // ---------------------------------------------------------------- lowering
 
-/// The IR of a valid Gemma-2 spec, fact for fact from `gemma2.py`:
+/// The IR of a valid spec of the layout, fact for fact from `gemma2.py` (a
+/// variant's own facts, for gemma3_text, after the list):
 ///
 /// * every RMSNorm (the four of a layer's sandwich and the final one) applies
 ///   `1.0 + weight` (`NormWeight::OnePlus`);
@@ -439,6 +440,12 @@ fn check_rope_bases(c: &mut validate::Checker, spec: &Gemma2Spec) {
 ///   (`SoftcapForm::Eager`, not Gemma-4's compiled `logit_softcap`).
 ///
 /// There is no `sanitize`: mlx-lm loads gemma2 checkpoints strictly, so no rule applies.
+///
+/// A variant changes what its module does differently: the q/k norm, the attention
+/// and embedding scales and the sanitize rules from its [`GemmaVariant`]; without
+/// softcaps the scores go through fused SDPA and the logits are not capped; with a
+/// sliding-window pattern the sliding layers attend over `sliding_window` with
+/// `rope_local_base_freq`, the full ones take `rope_theta` and the linear scaling.
 pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
@@ -614,7 +621,9 @@ crate::document::impl_model_sizes!(Gemma2Model);
 
 // ---------------------------------------------------------------- import
 
-/// Imports a flat `gemma2` config.json with mlx-lm 0.32.2's `ModelArgs` defaults
+/// Imports a flat config.json of a variant's model type with its module's
+/// defaults ([`GemmaVariant::defaults`], the softcaps, the layering and the RoPE
+/// bases it reads; below, Gemma-2's). For `gemma2`, mlx-lm 0.32.2's `ModelArgs` defaults
 /// (`gemma2.py`): `rope_theta` 10000, `rope_traditional` false,
 /// `attn_logit_softcapping` 50.0, `final_logit_softcapping` 30.0,
 /// `query_pre_attn_scalar` 144.0. `max_position_embeddings` is not a `ModelArgs`
