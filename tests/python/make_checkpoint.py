@@ -54,9 +54,10 @@ def build_model(config: dict) -> nn.Module:
     refuse_unloadable(config)
     model_class, args_class = mlx_utils._get_classes(config=config)
     model = model_class(args_class.from_dict(config))
-    if config.get("model_type") == "gemma3_text":
+    if config.get("model_type") == "gemma3_text" and config.get("tie_word_embeddings", True):
         # gemma3_text.sanitize ties the head when the checkpoint has no
-        # lm_head.weight, as the published ones have none: write it so.
+        # lm_head.weight, as the published ones have none: write it so
+        # (an explicit tie_word_embeddings: false keeps lm_head).
         model.tie_word_embeddings = True
         model.pop("lm_head")
     model.eval()
