@@ -29,9 +29,10 @@ use serde_json::{json, Value};
 /// layers (`BatchRotatingKVCache`, window 8: the schedule's prompts and
 /// decodes pass it) and shared K/V, Gemma-4 MoE, Qwen3.5 (Gated DeltaNet's
 /// batched `ArraysCache` beside gated attention), Qwen3.6's shared-expert
-/// MoE and Phi-3 (one fused `qkv_proj` and `gate_up_proj`; last, so the
-/// others keep their seeds).
-const BATCHED: [&str; 9] = [
+/// MoE, Phi-3 (one fused `qkv_proj` and `gate_up_proj`), OLMo-2 and Gemma 3
+/// (sliding layers with their own RoPE base beside linearly scaled full
+/// ones; each appended last, so the others keep their seeds).
+const BATCHED: [&str; 10] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
@@ -41,6 +42,7 @@ const BATCHED: [&str; 9] = [
     "qwen3.6-35b-a3b-tiny",
     "phi-3-mini-4k-tiny",
     "olmo-2-1124-7b-tiny",
+    "gemma-3-1b-tiny",
 ];
 
 fn schedule(vocab: i32) -> Value {
@@ -65,7 +67,7 @@ fn schedule(vocab: i32) -> Value {
 /// (every layer a plain attention kind; `decode::enabled` on the CPU). The
 /// others (Gated DeltaNet, fused `qkv_proj`, post-norm layers) run them
 /// eagerly, as their single-sequence steps do.
-const COMPILED_BATCH_STEPS: [&str; 8] = [
+const COMPILED_BATCH_STEPS: [&str; 9] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
@@ -74,6 +76,7 @@ const COMPILED_BATCH_STEPS: [&str; 8] = [
     KV_QUANT,
     MIXED_KV[0],
     MIXED_KV[1],
+    "gemma-3-1b-tiny",
 ];
 
 /// The spec with a quantized KV cache (layer 5 of a Gemma-4 with sliding

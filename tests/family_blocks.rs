@@ -1,5 +1,5 @@
 //! The runtime blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite /
-//! phi3 / olmo2 families
+//! phi3 / olmo2 / gemma3_text families
 //! against mlx-lm 0.32.2's own modules (tests/python/family_blocks.py), byte
 //! for byte, in bf16 and f32, unquantized and 4-bit (group 64 and 32) where
 //! the block has weights, at a tiny width and at one real model's width.
@@ -504,6 +504,68 @@ fn gemma2_embed(dt: Dt, q: Option<Quant>, hidden: i32) -> R<Case> {
     Ok(c)
 }
 
+/// gemma3_text's `h *= mx.array(hidden_size**0.5, mx.bfloat16).astype(h.dtype)`,
+/// with the scale the lowering of `spec` gives (gemma-3-1b: sqrt(1152) =
+/// 33.94 in bf16 is 34.0, which f32 activations tell from a weak sqrt).
+fn gemma3_embed(dt: Dt, spec: &str) -> R<Case> {
+    let ir = archgen_families::load(archgen_tests::repo_root().join("specs").join(spec))
+        .map_err(|d| mlx_rs::error::Exception::custom(d.to_string()))?
+        .lower();
+    let hidden = ir.hidden_size as i32;
+    let archgen_ir::EmbedScale::Constant(scale) = ir.embedding.scale else {
+        return Err(mlx_rs::error::Exception::custom(format!(
+            "{spec}: not a constant embedding scale"
+        )));
+    };
+    let name = format!("gemma3_embed_{}_{hidden}", dt.tag());
+    let vocab = 96;
+    let mut c = Case::new(
+        "gemma3_embed",
+        name,
+        json!({"hidden": hidden, "vocab": vocab}),
+    );
+    let e = c.embedding("embed_tokens", vocab, hidden, dt, None);
+    let ids = ids(&mut c, 6, vocab);
+    c.input("ids", &ids);
+    c.out("h", multiply_weak(&e.lookup(&ids)?, scale)?);
+    Ok(c)
+}
+
+/// rope_utils' `linear` scaling, `nn.RoPE(dims, base=theta, scale=1 / factor)`,
+/// at a position past the start, as the runtime builds it from the IR.
+fn gemma3_linear_rope(dt: Dt, dims: i32, theta: f32, factor: f64) -> R<Case> {
+    let name = format!("gemma3_linear_rope_{}_{dims}_f{factor}", dt.tag());
+    let offset = 37;
+    let spec = json!({"dims": dims, "theta": theta, "factor": factor, "offset": offset});
+    let mut c = Case::new("gemma3_linear_rope", name, spec);
+    let x = c.rand(&[1, 4, 7, dims], 2.0, dt);
+    c.input("x", &x);
+    let attention = archgen_ir::Attention {
+        rope: archgen_ir::RopeForm {
+            kind: archgen_ir::RopeKind::Linear { theta, factor },
+            traditional: false,
+            rotated_dims: dims as usize,
+        },
+        ..one_attention_of("gemma-3-1b-tiny.yaml", dims)?
+    };
+    let rope = archgen_monolith::rope_for(&attention)?;
+    c.out("y", rope.apply(&x, &Array::from_int(offset))?);
+    Ok(c)
+}
+
+/// The first layer's attention of a spec, with `head_dim` set to `dims`.
+fn one_attention_of(spec: &str, dims: i32) -> R<archgen_ir::Attention> {
+    let ir = archgen_families::load(archgen_tests::repo_root().join("specs").join(spec))
+        .map_err(|d| mlx_rs::error::Exception::custom(d.to_string()))?
+        .lower();
+    let mut a = ir.layers[0]
+        .attention()
+        .ok_or_else(|| mlx_rs::error::Exception::custom(format!("{spec}: no attention")))?
+        .clone();
+    a.head_dim = dims as usize;
+    Ok(a)
+}
+
 /// gemma2's head: `embed_tokens.as_linear(h)`, then eager `tanh(x / c) * c`.
 fn gemma2_final(dt: Dt, q: Option<Quant>, hidden: i32, softcap: f64) -> R<Case> {
     let name = format!("gemma2_final_{}_{}_{hidden}", dt.tag(), quant_tag(q));
@@ -846,6 +908,11 @@ fn all_cases() -> R<Vec<Case>> {
             cases.push(gemma2_norm(dt, hidden)?);
         }
         cases.push(gemma2_norm(dt, 64)?);
+        // Gemma 3: the bf16-rounded embedding scale at gemma-3-1b's width,
+        // and linear RoPE (factor 8, as 4b/12b/27b) at head_dim 256 and 16.
+        cases.push(gemma3_embed(dt, "gemma-3-1b.yaml")?);
+        cases.push(gemma3_linear_rope(dt, 256, 1e6, 8.0)?);
+        cases.push(gemma3_linear_rope(dt, 16, 1e6, 8.0)?);
         cases.push(gemma2_final(dt, None, 2304, 30.0)?);
         // MiniCPM-2B: scale_emb 12, scale_depth 1.4, 40 layers, dim_model_base 256.
         cases.push(minicpm_embed(dt, None, 2304, 12.0)?);

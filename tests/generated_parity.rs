@@ -296,6 +296,87 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
     );
 }
 
+/// mlx-lm's gemma3_text adds residuals through `clip_residual`, which for
+/// float16 adds in float32 and clips; archgen does not reproduce that, so a
+/// float16 checkpoint is refused at load, by both paths, naming a tensor.
+#[test]
+fn gemma3_text_refuses_a_float16_checkpoint() {
+    let root = tempfile::tempdir().unwrap();
+    let name = "gemma-3-1b-tiny";
+    let spec =
+        archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml"))).unwrap();
+    let jobs = json!([{
+        "config": config_for(&spec),
+        "out": root.path().join(name),
+        "seed": seed(name),
+        "dtype": "float16",
+        "bits": null,
+        "group_size": null,
+        "kv_quant": null,
+        "mixed_kv": null,
+        "prompt_ids": [1, 2, 3],
+        "decode_steps": 1,
+    }]);
+    let jobs_path = root.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+    let dir = root.path().join(name).join("model");
+    let checkpoint = archgen_checkpoint::read_dir(&dir)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    let monolith = archgen_monolith::load_dir(&dir)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    for e in [checkpoint, monolith] {
+        assert!(
+            e.contains("is float16")
+                && e.contains("clip_residual")
+                && e.contains("bfloat16 or float32"),
+            "{e}"
+        );
+    }
+}
+
+/// A gemma3_text checkpoint with its own `lm_head` (config.json
+/// `tie_word_embeddings: false`; mlx-lm then runs the untied head) is refused
+/// at load with the field named: archgen's gemma3_text head is the tied one.
+#[test]
+fn gemma3_text_refuses_an_untied_head() {
+    let root = tempfile::tempdir().unwrap();
+    let name = "gemma-3-1b-tiny";
+    let spec =
+        archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml"))).unwrap();
+    let mut config = config_for(&spec);
+    config["tie_word_embeddings"] = json!(false);
+    let jobs = json!([{
+        "config": config,
+        "out": root.path().join(name),
+        "seed": seed(name),
+        "dtype": "bfloat16",
+        "bits": null,
+        "group_size": null,
+        "kv_quant": null,
+        "mixed_kv": null,
+        "prompt_ids": [1, 2, 3],
+        "decode_steps": 1,
+    }]);
+    let jobs_path = root.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+    let dir = root.path().join(name).join("model");
+    let (names, _) = archgen_runtime::weights::read_checkpoint(&dir)
+        .map(|c| (c.tensors.keys().cloned().collect::<Vec<_>>(), ()))
+        .unwrap();
+    assert!(names.iter().any(|n| n == "lm_head.weight"), "{names:?}");
+    let e = archgen_checkpoint::read_dir(&dir)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tie_word_embeddings: false"), "{e}");
+}
+
 /// The real-width check, run by hand (it needs a few GB and minutes):
 /// `ARCHGEN_REAL_WIDTH_SPEC=qwen3-30b-a3b-l2-q4 cargo test --workspace --test
 /// generated_parity -- --ignored real_width`. One spec from specs/ at its

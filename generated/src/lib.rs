@@ -14,6 +14,14 @@ pub mod gemma_2_2b;
 #[rustfmt::skip]
 pub mod gemma_2_9b;
 #[rustfmt::skip]
+pub mod gemma_3_1b_l6;
+#[rustfmt::skip]
+pub mod gemma_3_1b_tiny_q4;
+#[rustfmt::skip]
+pub mod gemma_3_1b_tiny;
+#[rustfmt::skip]
+pub mod gemma_3_1b;
+#[rustfmt::skip]
 pub mod gemma4_12b_bench;
 #[rustfmt::skip]
 pub mod gemma4_12b_l6;
@@ -201,6 +209,26 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "gemma-2-9b",
         spec: "specs/gemma-2-9b.yaml",
         fingerprint: gemma_2_9b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma-3-1b-l6",
+        spec: "specs/gemma-3-1b-l6.yaml",
+        fingerprint: gemma_3_1b_l6::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma-3-1b-tiny-q4",
+        spec: "specs/gemma-3-1b-tiny-q4.yaml",
+        fingerprint: gemma_3_1b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma-3-1b-tiny",
+        spec: "specs/gemma-3-1b-tiny.yaml",
+        fingerprint: gemma_3_1b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma-3-1b",
+        spec: "specs/gemma-3-1b.yaml",
+        fingerprint: gemma_3_1b::FINGERPRINT,
     },
     GeneratedModel {
         name: "gemma4-12b-bench",
@@ -606,6 +634,16 @@ pub fn run<T: ModelTask>(
         }
         gemma_2_2b::FINGERPRINT => Some(gemma_2_2b::load(weights).map(|m| task.run(&m))),
         gemma_2_9b::FINGERPRINT => Some(gemma_2_9b::load(weights).map(|m| task.run(&m))),
+        gemma_3_1b_l6::FINGERPRINT => {
+            Some(gemma_3_1b_l6::load(weights).map(|m| task.run(&m)))
+        }
+        gemma_3_1b_tiny_q4::FINGERPRINT => {
+            Some(gemma_3_1b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        gemma_3_1b_tiny::FINGERPRINT => {
+            Some(gemma_3_1b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        gemma_3_1b::FINGERPRINT => Some(gemma_3_1b::load(weights).map(|m| task.run(&m))),
         gemma4_12b_bench::FINGERPRINT => {
             Some(gemma4_12b_bench::load(weights).map(|m| task.run(&m)))
         }

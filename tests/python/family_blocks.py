@@ -20,9 +20,10 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import gemma2, granite, minicpm, olmo2, phi3, qwen3_moe
+from mlx_lm.models import gemma2, gemma3_text, granite, minicpm, olmo2, phi3, qwen3_moe
 from mlx_lm.models.base import create_attention_mask, create_causal_mask
 from mlx_lm.models.cache import KVCache
+from mlx_lm.models.rope_utils import initialize_rope
 
 import compat
 
@@ -187,6 +188,20 @@ def run(case):
         loaded(m, case, params)
         # No layers, so no cache list of its own: hand it one entry.
         return {"h": m(x["ids"], cache=[None])}
+    if block == "gemma3_embed":
+        # No layers: a pattern of 1 makes no sliding mask, and the full
+        # layers' mask reads cache[0] of the one-entry list handed in.
+        m = gemma3_text.Gemma3Model(gemma3_text.ModelArgs(
+            model_type="gemma3_text", hidden_size=case["hidden"], num_hidden_layers=0,
+            vocab_size=case["vocab"], sliding_window_pattern=1))
+        m.norm = identity
+        loaded(m, case, params)
+        return {"h": m(x["ids"], cache=[None])}
+    if block == "gemma3_linear_rope":
+        # gemma3_text's full layers: initialize_rope with the linear scaling.
+        rope = initialize_rope(case["dims"], base=case["theta"], traditional=False,
+                               scaling_config={"rope_type": "linear", "factor": case["factor"]})
+        return {"y": rope(x["x"], offset=case["offset"])}
     if block == "gemma2_final":
         m = gemma2.Model(gemma2_args(case, layers=0))
         embed = loaded(nn.Embedding(case["vocab"], case["hidden"]), case, params)

@@ -1,6 +1,6 @@
 """Build a tiny random-weight checkpoint in the mlx-community layout, for any
-model_type mlx-lm has (Gemma-4, qwen3, llama, and qwen2, gemma2, qwen3_moe,
-minicpm, mistral: mlx-lm's own Model class is instantiated from config.json).
+model_type mlx-lm has (Gemma-4, qwen3, llama, and qwen2, gemma2, gemma3_text,
+qwen3_moe, minicpm, mistral: mlx-lm's own Model class is instantiated from config.json).
 
 The checkpoint is written by mlx-lm's own convert-path functions
 (`quantize_model`, `save_model`, `save_config`), so the tensor names, dtypes,
@@ -54,6 +54,12 @@ def build_model(config: dict) -> nn.Module:
     refuse_unloadable(config)
     model_class, args_class = mlx_utils._get_classes(config=config)
     model = model_class(args_class.from_dict(config))
+    if config.get("model_type") == "gemma3_text" and config.get("tie_word_embeddings", True):
+        # gemma3_text.sanitize ties the head when the checkpoint has no
+        # lm_head.weight, as the published ones have none: write it so
+        # (an explicit tie_word_embeddings: false keeps lm_head).
+        model.tie_word_embeddings = True
+        model.pop("lm_head")
     model.eval()
     return model
 

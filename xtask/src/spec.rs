@@ -216,6 +216,7 @@ fn summary(spec: &Spec) -> String {
         };
         let rope = match a.rope.kind {
             RopeKind::Default { theta } => format!("default θ={theta}"),
+            RopeKind::Linear { theta, factor } => format!("linear θ={theta} f={factor}"),
             RopeKind::Proportional {
                 theta,
                 partial_rotary_factor,

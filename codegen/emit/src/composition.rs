@@ -131,13 +131,15 @@ fn attention_line(a: &Attention, input: &str) -> String {
     match a.qk_norm {
         QkNorm::None => {}
         QkNorm::RmsPerHead => steps.push("q/k RMSNorm per head".to_string()),
+        QkNorm::RmsPerHeadOnePlus => steps.push("q/k RMSNorm (1 + w) per head".to_string()),
         QkNorm::RmsWholeProjection => steps.push("q/k RMSNorm over the projections".to_string()),
     }
     match a.rope.kind {
         RopeKind::NoPe => steps.push("no RoPE".to_string()),
-        RopeKind::Default { .. } | RopeKind::Proportional { .. } | RopeKind::Llama3 { .. } => {
-            steps.push("RoPE".to_string())
-        }
+        RopeKind::Default { .. }
+        | RopeKind::Linear { .. }
+        | RopeKind::Proportional { .. }
+        | RopeKind::Llama3 { .. } => steps.push("RoPE".to_string()),
     }
     steps.push(match a.kv {
         KvSource::Own { .. } => "cache update".to_string(),

@@ -106,6 +106,7 @@ fn qk_tokens(a: &Attention) -> TokenStream {
     match a.qk_norm {
         QkNorm::None => quote! { b::QkNorm::None },
         QkNorm::RmsPerHead => quote! { b::QkNorm::RmsPerHead },
+        QkNorm::RmsPerHeadOnePlus => quote! { b::QkNorm::RmsPerHeadOnePlus },
         QkNorm::RmsWholeProjection => quote! { b::QkNorm::RmsWholeProjection },
     }
 }
@@ -220,7 +221,10 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
 fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
     match a.rope.kind {
         RopeKind::NoPe => parts.push("no RoPE (NoPE)".to_string()),
-        RopeKind::Default { .. } | RopeKind::Proportional { .. } | RopeKind::Llama3 { .. } => {}
+        RopeKind::Default { .. }
+        | RopeKind::Linear { .. }
+        | RopeKind::Proportional { .. }
+        | RopeKind::Llama3 { .. } => {}
     }
     match a.scores {
         Scores::FusedSdpa => {}
@@ -250,6 +254,7 @@ fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
     match a.qk_norm {
         QkNorm::None => {}
         QkNorm::RmsPerHead => parts.push("per-head q/k RMSNorm".to_string()),
+        QkNorm::RmsPerHeadOnePlus => parts.push("per-head q/k RMSNorm, weights 1 + w".to_string()),
         QkNorm::RmsWholeProjection => {
             parts.push("q/k RMSNorm over the whole projections".to_string())
         }
@@ -1098,6 +1103,12 @@ fn rope_init(a: &Attention) -> Result<TokenStream, String> {
             let dims = lit_i32(a.rope.rotated_dims)?;
             let theta = lit_f32(theta);
             quote! { Rope::base(#dims, #theta) }
+        }
+        RopeKind::Linear { theta, factor } => {
+            // `nn.RoPE(dims, base=theta, scale=1 / factor)`: the Python division in f64.
+            let dims = lit_i32(a.rope.rotated_dims)?;
+            let (theta, scale) = (lit_f32(theta), lit_f32((1.0 / factor) as f32));
+            quote! { Rope::base_scaled(#dims, #theta, #scale) }
         }
         RopeKind::Proportional { theta, factor, .. } => {
             let (theta, factor) = (lit_f32(theta), lit_f32(factor));

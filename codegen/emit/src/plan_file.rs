@@ -63,7 +63,9 @@ fn rope_text(r: RopeForm) -> String {
         .map(|(label, n)| format!(" {label}={n}"))
         .collect();
     match r.kind {
-        RopeKind::Default { .. } | RopeKind::Llama3 { .. } => format!("{name}{numbers}"),
+        RopeKind::Default { .. } | RopeKind::Linear { .. } | RopeKind::Llama3 { .. } => {
+            format!("{name}{numbers}")
+        }
         RopeKind::Proportional { .. } => format!("{name}{numbers} ({} dims)", r.rotated_dims),
         RopeKind::NoPe => "none (NoPE)".to_string(),
     }
@@ -206,6 +208,7 @@ fn attention_cols(a: &Attention) -> MixerCols {
         match a.qk_norm {
             QkNorm::None => "-",
             QkNorm::RmsPerHead => "q, k",
+            QkNorm::RmsPerHeadOnePlus => "q, k (1 + w)",
             QkNorm::RmsWholeProjection => "q, k (whole projection)",
         },
         match a.value_norm {

@@ -46,7 +46,10 @@ pub(crate) fn rope_context(ir: &ModelIr, a: &Attention) -> String {
     let wn = window_name(ir, a.window);
     match a.rope.kind {
         RopeKind::NoPe => format!("{wn}_nope"),
-        RopeKind::Default { .. } | RopeKind::Proportional { .. } | RopeKind::Llama3 { .. } => wn,
+        RopeKind::Default { .. }
+        | RopeKind::Linear { .. }
+        | RopeKind::Proportional { .. }
+        | RopeKind::Llama3 { .. } => wn,
     }
 }
 

@@ -64,7 +64,7 @@ mod derive;
 mod diag;
 mod document;
 mod emit;
-mod gemma2;
+mod gemma;
 mod gemma4;
 mod hf;
 mod hints;
@@ -94,7 +94,9 @@ pub use dense::{
     DenseReduce, DenseRope, DenseSpec, RopeScaling,
 };
 pub use diag::{Diagnostic, Diagnostics, FieldPath, Seg};
-pub use gemma2::{Gemma2Attention, Gemma2Layers, Gemma2Mlp, Gemma2Model, Gemma2Rope, Gemma2Spec};
+pub use gemma::{
+    Gemma2Attention, Gemma2Layers, Gemma2Mlp, Gemma2Model, Gemma2Rope, Gemma2Spec, GemmaRopeScaling,
+};
 pub use hf::spec_hash;
 pub use minicpm::{
     MiniCpmDerive, MiniCpmDerivedSpecFile, MiniCpmReduce, MiniCpmRope, MiniCpmScales, MiniCpmSpec,
@@ -289,7 +291,7 @@ enum SpecDocument {
     Dense(dense::DenseSpec),
     Derived(DerivedSpecFile),
     DerivedDense(dense::DenseDerivedSpecFile),
-    Gemma2(gemma2::Gemma2Spec),
+    Gemma2(gemma::Gemma2Spec),
     Qwen3Moe(qwen3_moe::Qwen3MoeSpec),
     DerivedQwen3Moe(qwen3_moe::Qwen3MoeDerivedSpecFile),
     MiniCpm(minicpm::MiniCpmSpec),
@@ -446,8 +448,8 @@ fn parse_inner(
         derive::parse_derived(value, &tree, origin, dir, stack)
     } else if declared_family(&value).is_some_and(dense::is_dense) {
         dense::LAYOUT.parse(value, &tree, origin).map(Spec::Dense)
-    } else if declared_family(&value) == Some(Family::Gemma2) {
-        gemma2::LAYOUT.parse(value, &tree, origin).map(Spec::Gemma2)
+    } else if let Some(layout) = declared_family(&value).and_then(gemma::layout_of) {
+        layout.parse(value, &tree, origin).map(Spec::Gemma2)
     } else if declared_family(&value) == Some(Family::Qwen3Moe) {
         qwen3_moe::LAYOUT
             .parse(value, &tree, origin)

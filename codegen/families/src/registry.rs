@@ -14,7 +14,7 @@ use crate::Spec;
 static FAMILIES: [&ModelFamily; 6] = [
     &crate::gemma4::FAMILY,
     &crate::dense::FAMILY,
-    &crate::gemma2::FAMILY,
+    &crate::gemma::FAMILY,
     &crate::qwen3_moe::FAMILY,
     &crate::minicpm::FAMILY,
     &crate::qwen3_5::FAMILY,

@@ -26,13 +26,17 @@ fn specs() -> Vec<(String, Spec)> {
 /// independent module list and parameter count these equalled for every
 /// family it covered (the IR's alone for Qwen3-MoE, Qwen3.5 and Phi-3's fused
 /// projections). The real-size counts are the published ones (gemma-2-2b:
-/// 2,614,341,888).
-const MODULE_COUNTS: [(&str, u64, usize, usize); 81] = [
+/// 2,614,341,888; gemma-3-1b: 999,885,952).
+const MODULE_COUNTS: [(&str, u64, usize, usize); 85] = [
     ("gemma-2-2b", 2614341888, 183, 0),
     ("gemma-2-2b-l2", 745558272, 15, 0),
     ("gemma-2-2b-tiny", 181312, 29, 0),
     ("gemma-2-2b-tiny-q4", 181312, 29, 29),
     ("gemma-2-9b", 9241705984, 295, 0),
+    ("gemma-3-1b", 999885952, 183, 0),
+    ("gemma-3-1b-l6", 463043712, 43, 0),
+    ("gemma-3-1b-tiny", 255744, 43, 0),
+    ("gemma-3-1b-tiny-q4", 255744, 43, 43),
     ("gemma4-12b", 11907350320, 329, 0),
     ("gemma4-12b-bench", 40711558, 42, 0),
     ("gemma4-12b-l6", 2369225990, 42, 0),
@@ -194,6 +198,20 @@ fn every_layer(path: &str, spec: &Spec) -> Option<LayerFacts> {
             Residual::Plain,
         )),
         Family::SmolLm3 | Family::Phi3 => Some(pre_norm(InvSqrtHeadDim, Residual::Plain)),
+        Family::Gemma3Text => {
+            let g = match spec {
+                Spec::Gemma2(g) => g,
+                other => panic!("{path}: family gemma3_text in a {other:?}"),
+            };
+            Some(LayerFacts(
+                NormArrangement::Sandwich,
+                QkNorm::RmsPerHeadOnePlus,
+                // `query_pre_attn_scalar**-0.5`, one pow.
+                AttentionScale::Constant(g.attention.query_pre_attn_scalar.powf(-0.5)),
+                unbiased,
+                Residual::Plain,
+            ))
+        }
         Family::Granite => {
             let g = dense().scales.as_ref().expect("checked");
             let scaled = Residual::Scaled {
@@ -412,7 +430,7 @@ fn families_lower_to_their_blocks() {
                     assert_eq!(
                         a.scores,
                         Scores::Softcapped {
-                            cap: g.attention.attn_logit_softcapping as f32
+                            cap: g.attention.attn_logit_softcapping.unwrap() as f32
                         },
                         "{path}"
                     );
@@ -429,12 +447,74 @@ fn families_lower_to_their_blocks() {
                 assert_eq!(
                     ir.head.logit_softcap,
                     Some(Softcap {
-                        cap: g.model.final_logit_softcapping as f32,
+                        cap: g.model.final_logit_softcapping.unwrap() as f32,
                         form: SoftcapForm::Eager
                     }),
                     "{path}"
                 );
                 assert!(ir.checkpoint.sanitize.is_empty(), "{path}");
+            }
+            Family::Gemma3Text => {
+                let g = match &spec {
+                    Spec::Gemma2(g) => g,
+                    other => panic!("{path}: family gemma3_text in a {other:?}"),
+                };
+                let pattern = g.layers.sliding_window_pattern.expect("checked") as usize;
+                let window = g.layers.sliding_window.expect("checked") as usize;
+                for l in &ir.layers {
+                    let a = l.attention().unwrap();
+                    let full = l.index % pattern == pattern - 1;
+                    let (want_window, want_rope) = match (full, &g.rope.scaling) {
+                        (false, _) => (
+                            Window::Sliding(window),
+                            RopeKind::Default {
+                                theta: g.rope.rope_local_base_freq.expect("checked") as f32,
+                            },
+                        ),
+                        (true, None) => (
+                            Window::Full,
+                            RopeKind::Default {
+                                theta: g.rope.rope_theta as f32,
+                            },
+                        ),
+                        (true, Some(GemmaRopeScaling::Linear { factor })) => (
+                            Window::Full,
+                            RopeKind::Linear {
+                                theta: g.rope.rope_theta as f32,
+                                factor: *factor,
+                            },
+                        ),
+                    };
+                    assert_eq!(
+                        (a.window, a.rope.kind),
+                        (want_window, want_rope),
+                        "{path} layer {}",
+                        l.index
+                    );
+                    assert_eq!(a.scores, Scores::FusedSdpa, "{path}");
+                    assert_eq!(l.norms.weight, NormWeight::OnePlus, "{path}");
+                    assert_eq!(
+                        l.mlp().map(|m| m.activation),
+                        Some(Activation::GeluApproxThenMultiply),
+                        "{path}"
+                    );
+                }
+                // `mx.array(hidden_size**0.5, mx.bfloat16)`: sqrt(64) = 8 and
+                // sqrt(1152) = 33.94... rounded to bfloat16's 34.0.
+                let embed = match ir.hidden_size {
+                    64 => 8.0,
+                    1152 => 34.0,
+                    other => panic!("{path}: no pinned embedding scale for hidden {other}"),
+                };
+                assert_eq!(ir.embedding.scale, EmbedScale::Constant(embed), "{path}");
+                assert_eq!(ir.head.weight, HeadWeight::TiedEmbedding, "{path}");
+                assert_eq!(ir.head.norm, NormWeight::OnePlus, "{path}");
+                assert_eq!(ir.head.logit_softcap, None, "{path}");
+                assert_eq!(
+                    ir.checkpoint.sanitize,
+                    [SanitizeRule::RefuseFloat16],
+                    "{path}"
+                );
             }
             Family::Qwen3Moe => {
                 assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
@@ -548,13 +628,19 @@ fn families_lower_to_their_blocks() {
                 assert!(convs.iter().all(|p| p.shape[2] == 1), "{path}");
             }
         }
-        // The scales are MiniCPM's and Granite's alone.
+        // The residual and logit scales are MiniCPM's and Granite's alone; a
+        // constant embedding scale theirs and Gemma 3's (checked in its arm).
         if !matches!(spec.family(), Family::MiniCpm | Family::Granite) {
             assert!(
                 ir.layers.iter().all(|l| l.residual == Residual::Plain),
                 "{path}"
             );
             assert_eq!(ir.head.logit_scale, LogitScale::None, "{path}");
+        }
+        if !matches!(
+            spec.family(),
+            Family::MiniCpm | Family::Granite | Family::Gemma3Text
+        ) {
             assert!(
                 !matches!(ir.embedding.scale, EmbedScale::Constant(_)),
                 "{path}"

@@ -171,6 +171,11 @@ pub enum SanitizeRule {
     /// post-attention, final, q and k norms (a weak scalar: the sum is in the
     /// weight's dtype). Qwen3.5 stores them as offsets around 0.
     OffsetNormsOfRawCheckpoint,
+    /// Refuse a checkpoint with float16 floating tensors: gemma3_text adds its
+    /// residuals through `clip_residual`, which for float16 adds in float32
+    /// and clips to float16's range; archgen's residual add is the plain one
+    /// of the other dtypes, so it does not run such a checkpoint.
+    RefuseFloat16,
 }
 
 /// Token embedding.
@@ -417,6 +422,10 @@ pub enum QkNorm {
     None,
     /// RMSNorm per head with weights `q_norm`, `k_norm` of `[head_dim]`.
     RmsPerHead,
+    /// RMSNorm per head applying `1.0 + weight` (Gemma's `RMSNorm`, a weak
+    /// scalar: the sum is in the weight's dtype), weights of `[head_dim]`
+    /// (gemma3_text).
+    RmsPerHeadOnePlus,
     /// RMSNorm over the whole projection before the head split, weights
     /// `q_norm` of `[heads * head_dim]` and `k_norm` of
     /// `[kv_heads * head_dim]` (olmo2): one mean over every head.
@@ -897,6 +906,9 @@ families_and_model_types! {
     /// OLMo-2 (`olmo2.py`): Llama's sizes with the norms after the mixer and
     /// the MLP (none before) and q/k RMSNorm over the whole projections.
     Olmo2 = "olmo2" { ; }
+    /// Gemma 3 text models (`gemma3_text.py`): Gemma-2's layers with q/k
+    /// norms, a sliding-window pattern and no softcaps.
+    Gemma3Text = "gemma3_text" { ; }
 }
 
 /// RoPE of one layer.
@@ -922,6 +934,10 @@ pub enum RopeKind {
         high_freq_factor: f64,
         original_max_position_embeddings: f64,
     },
+    /// `nn.RoPE(head_dim, traditional, base=theta, scale=1 / factor)`: rope_utils'
+    /// `linear` scaling, the positions multiplied by `scale` (the Python float
+    /// `1 / factor`, passed to `mx.fast.rope` as f32).
+    Linear { theta: f32, factor: f64 },
     /// No rotation: smollm3.py's `NoPE` module, `rope(x, offset)` returns `x`
     /// (SmolLM3's every `no_rope_layer_interval`-th layer).
     NoPe,

@@ -335,7 +335,7 @@ impl ModelIr {
                     }
                     match a.qk_norm {
                         QkNorm::None => {}
-                        QkNorm::RmsPerHead => {
+                        QkNorm::RmsPerHead | QkNorm::RmsPerHeadOnePlus => {
                             let d = a.head_dim as u64;
                             push(format!("{lp}self_attn.q_norm.weight"), d);
                             if a.owns_kv() {

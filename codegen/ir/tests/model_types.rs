@@ -42,7 +42,7 @@ fn aliases_map_to_their_family() {
     ] {
         assert_eq!(t.family(), f, "{t:?}");
     }
-    assert_eq!(ConfigModelType::ALL.len(), 16);
+    // Declaration order: the table's first row first (the count and the last
+    // row are the table's, not pinned here, so a new family edits one place).
     assert_eq!(ConfigModelType::ALL[0], ConfigModelType::Gemma4);
-    assert_eq!(ConfigModelType::ALL[15], ConfigModelType::Olmo2);
 }

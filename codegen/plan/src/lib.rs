@@ -102,6 +102,7 @@ impl KindKey {
                 match a.rope.kind {
                     RopeKind::NoPe => n.push_str("NoRope"),
                     RopeKind::Default { .. }
+                    | RopeKind::Linear { .. }
                     | RopeKind::Proportional { .. }
                     | RopeKind::Llama3 { .. } => {}
                 }

@@ -35,7 +35,7 @@ pub struct RopeParameters {
 /// The name and numbers of `kind`. Every field is bound by name (no `..`),
 /// so a new RoPE field does not compile until the fingerprint covers it.
 pub fn rope_parameters(kind: RopeKind) -> RopeParameters {
-    // Only the Llama-3 scaling is f64; every other number is f32.
+    // Only the Llama-3 and linear scalings are f64; every other number is f32.
     let (name, f32s, f64s): (_, Vec<(_, f32)>, Vec<(_, f64)>) = match kind {
         RopeKind::Default { theta } => ("default", vec![("θ", theta)], Vec::new()),
         RopeKind::Proportional {
@@ -67,6 +67,9 @@ pub fn rope_parameters(kind: RopeKind) -> RopeParameters {
                 ("original", original_max_position_embeddings),
             ],
         ),
+        RopeKind::Linear { theta, factor } => {
+            ("linear", vec![("θ", theta)], vec![("factor", factor)])
+        }
         RopeKind::NoPe => ("none", Vec::new(), Vec::new()),
     };
     let numbers = f32s

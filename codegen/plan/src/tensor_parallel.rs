@@ -334,7 +334,8 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                             ir.name
                         ))
                     }
-                    (QkNorm::RmsWholeProjection, _) | (QkNorm::None | QkNorm::RmsPerHead, _) => {}
+                    (QkNorm::RmsWholeProjection, _)
+                    | (QkNorm::None | QkNorm::RmsPerHead | QkNorm::RmsPerHeadOnePlus, _) => {}
                 }
                 let p = format!("layers.{i}.self_attn");
                 let heads = divide("the number of attention heads", i, a.n_heads)?;

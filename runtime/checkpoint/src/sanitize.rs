@@ -79,6 +79,20 @@ pub(crate) fn sanitize(
         HeadWeight::TiedEmbedding => true,
         HeadWeight::Untied => false,
     };
+    if has(SanitizeRule::RefuseFloat16) {
+        if let Some(name) = tensors
+            .iter()
+            .find(|(_, v)| v.dtype() == mlx_rs::Dtype::Float16)
+            .map(|(k, _)| k)
+        {
+            return Err(refused(format!(
+                "tensor '{name}' is float16: mlx-lm's {} adds residuals through clip_residual, \
+                 which for float16 adds in float32 and clips to float16's range, and archgen \
+                 does not reproduce that; convert the checkpoint to bfloat16 or float32",
+                ir.checkpoint.model_type.as_str()
+            )));
+        }
+    }
     let mut out = HashMap::new();
     // StackExperts: (layer prefix, projection) -> expert index -> weight.
     let mut per_expert: BTreeMap<(String, String), BTreeMap<usize, Array>> = BTreeMap::new();

@@ -1043,6 +1043,8 @@ pub fn finish_layer(
 pub enum QkNorm {
     None,
     RmsPerHead,
+    /// Per head, weights `1 + w` (Gemma's RMSNorm).
+    RmsPerHeadOnePlus,
     RmsWholeProjection,
 }
 
@@ -1149,6 +1151,9 @@ fn load_qk_norm(
     match qk {
         QkNorm::None => None,
         QkNorm::RmsPerHead => Some(QkNormWeight::PerHead(w.param(name, &[head_dim]))),
+        QkNorm::RmsPerHeadOnePlus => {
+            Some(QkNormWeight::PerHead(w.param_one_plus(name, &[head_dim])))
+        }
         QkNorm::RmsWholeProjection => Some(QkNormWeight::WholeProjection(
             w.param(name, &[heads * head_dim]),
         )),

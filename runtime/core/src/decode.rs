@@ -1346,7 +1346,12 @@ impl Flat for AttentionShape {
 impl Flat for Rope {
     fn put(&self, p: &mut Packed) {
         match self {
-            Rope::Base { dims, base } => p.key.extend([0, *dims as i64, base.to_bits() as i64]),
+            Rope::Base { dims, base, scale } => p.key.extend([
+                0,
+                *dims as i64,
+                base.to_bits() as i64,
+                scale.to_bits() as i64,
+            ]),
             Rope::Freqs { dims, freqs } => {
                 p.key.extend([1, *dims as i64]);
                 freqs.put(p);
@@ -1356,9 +1361,10 @@ impl Flat for Rope {
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
         match self {
-            Rope::Base { dims, base } => Rope::Base {
+            Rope::Base { dims, base, scale } => Rope::Base {
                 dims: *dims,
                 base: *base,
+                scale: *scale,
             },
             Rope::Freqs { dims, .. } => Rope::Freqs {
                 dims: *dims,

@@ -11,8 +11,9 @@ use crate::ops::Result;
 
 #[derive(Debug, Clone)]
 pub enum Rope {
-    /// `nn.RoPE(dims, traditional=False, base, scale=1.0)`.
-    Base { dims: i32, base: f32 },
+    /// `nn.RoPE(dims, traditional=False, base, scale)`: `scale` 1.0, or
+    /// `1 / factor` for rope_utils' `linear` scaling (the positions times it).
+    Base { dims: i32, base: f32, scale: f32 },
     /// `ProportionalRoPE`: periods `factor * base**(arange(0, rotated, 2)/dims)`
     /// for the rotated pairs and `inf` (identity) for the rest.
     Freqs { dims: i32, freqs: Array },
@@ -23,7 +24,13 @@ pub enum Rope {
 
 impl Rope {
     pub fn base(dims: i32, base: f32) -> Self {
-        Rope::Base { dims, base }
+        Rope::base_scaled(dims, base, 1.0)
+    }
+
+    /// `nn.RoPE(dims, base=base, scale=scale)` (`scale` the f32 of mlx-lm's
+    /// Python float `1 / factor`).
+    pub fn base_scaled(dims: i32, base: f32, scale: f32) -> Self {
+        Rope::Base { dims, base, scale }
     }
 
     /// Builds the periods with the same MLX ops, in f32, as mlx-lm does.
@@ -82,13 +89,21 @@ impl Rope {
     /// array: mlx-lm passes `mx.array(cache.offset)`).
     pub fn apply(&self, x: &Array, offset: &Array) -> Result<Array> {
         match self {
-            Rope::Base { dims, base } => {
-                mlx_rs::fast::rope_dynamic(x, *dims, false, *base, 1.0, offset, None)
+            Rope::Base { dims, base, scale } => {
+                mlx_rs::fast::rope_dynamic(x, *dims, false, *base, *scale, offset, None)
             }
             Rope::Freqs { dims, freqs } => {
                 mlx_rs::fast::rope_dynamic(x, *dims, false, None, 1.0, offset, freqs)
             }
             Rope::NoPe => Ok(x.clone()),
+        }
+    }
+
+    /// The positions' scale (`scale` of `mx.fast.rope`).
+    fn scale(&self) -> f32 {
+        match self {
+            Rope::Base { scale, .. } => *scale,
+            Rope::Freqs { .. } | Rope::NoPe => 1.0,
         }
     }
 
@@ -147,7 +162,7 @@ impl Rope {
         };
         let positions = mlx_rs::ops::arange::<i32, f32>(0, l, 1)?
             .add(&offset)?
-            .multiply(Array::from_f32(1.0))?;
+            .multiply(Array::from_f32(self.scale()))?;
         let inv_freqs = match self {
             Rope::Base { base, .. } => mlx_rs::ops::arange::<i32, f32>(0, -half, -1)?
                 .multiply(Array::from_f32(base.ln() / half as f32))?

@@ -140,6 +140,12 @@ pub fn rope_for(a: &ir::Attention) -> Result<Rope> {
     match a.rope.kind {
         // `nn.RoPE(dims)`: a partial RoPE rotates fewer dims than head_dim.
         RopeKind::Default { theta } => Ok(Rope::base(a.rope.rotated_dims as i32, theta)),
+        // `scale=1 / factor`: the Python division in f64, passed as f32.
+        RopeKind::Linear { theta, factor } => Ok(Rope::base_scaled(
+            a.rope.rotated_dims as i32,
+            theta,
+            (1.0 / factor) as f32,
+        )),
         RopeKind::Proportional { theta, factor, .. } => {
             Rope::proportional(hd, a.rope.rotated_dims as i32, theta, factor)
         }
@@ -202,6 +208,7 @@ pub fn qk_norm(q: ir::QkNorm) -> b::QkNorm {
     match q {
         ir::QkNorm::None => b::QkNorm::None,
         ir::QkNorm::RmsPerHead => b::QkNorm::RmsPerHead,
+        ir::QkNorm::RmsPerHeadOnePlus => b::QkNorm::RmsPerHeadOnePlus,
         ir::QkNorm::RmsWholeProjection => b::QkNorm::RmsWholeProjection,
     }
 }
