@@ -13,7 +13,7 @@ use archgen_runtime::cache::{LayerCache, KvCache, RotatingKvCache};
 use archgen_runtime::decode;
 use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::Embedding;
-use archgen_runtime::model::{CausalLm, ModelError};
+use archgen_runtime::model::{CausalLm, ModelError, Readout};
 use archgen_runtime::ops::{rms_norm, Result};
 use archgen_runtime::rope::Rope;
 use archgen_runtime::weights::Weights;
@@ -431,7 +431,12 @@ impl CausalLm for Model {
             kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
         }
     }
-    fn forward(&self, ids: &Array, cache: &mut Cache) -> Result<Array> {
+    fn forward_to(
+        &self,
+        ids: &Array,
+        cache: &mut Cache,
+        readout: Readout,
+    ) -> Result<Array> {
         let n = ids.shape()[1];
         let h = b::embed(&self.embed, ids, b::EmbedScale::Constant(8f64), HIDDEN)?;
         let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 8)?;
@@ -471,8 +476,16 @@ impl CausalLm for Model {
                 }
             };
         }
-        let logits = b::logits(&h, &self.norm, b::Head::Tied(&self.embed), None, EPS)?;
-        if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
+        let (out, width) = match readout {
+            Readout::Logits => {
+                (
+                    b::logits(&h, &self.norm, b::Head::Tied(&self.embed), None, EPS)?,
+                    VOCAB,
+                )
+            }
+            Readout::NormedHidden => (b::final_norm(&h, &self.norm, EPS)?, HIDDEN),
+        };
+        if step { out.reshape(&[-1, 1, width]) } else { Ok(out) }
     }
 }
 impl BatchLm for Model {
