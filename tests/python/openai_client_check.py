@@ -76,31 +76,41 @@ def check_tools(client, name, hf, messages) -> None:
         {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
     check(hist.usage.prompt_tokens == hf_count(hf_history, tools=tools),
           f"history prompt_tokens {hist.usage.prompt_tokens} vs {hf_count(hf_history, tools=tools)}")
-    # tool_choice "required": a grammar holds the answer to one call in the
-    # template's markup (Qwen's <tool_call> JSON); Gemma 4's markup is not
-    # constrained, so there it is a 400 naming tool_choice. The city is
-    # bounded so that a random-weight model's call closes within max_tokens.
+    # tool_choice "required" and a named function: a grammar holds the
+    # answer to one call in the template's markup (Qwen's <tool_call> JSON,
+    # Gemma 4's <|tool_call>call:NAME{...}), arguments valid against the
+    # tool's parameters. The strings are bounded so that a random-weight
+    # model's call closes within max_tokens.
     bounded = [{"type": "function", "function": {
         "name": "get_weather", "parameters": {
-            "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
-            "required": ["city"], "additionalProperties": False}}}]
-    if "<|tool_call>" in (hf.chat_template or ""):
-        try:
-            client.chat.completions.create(model=name, messages=messages, max_tokens=2, tools=bounded,
-                                           tool_choice="required")
-            check(False, "tool_choice required was accepted for Gemma 4's markup")
-        except openai.BadRequestError as e:
-            check(e.param == "tool_choice", str(e))
-    else:
-        required = client.chat.completions.create(model=name, messages=messages, max_tokens=160, seed=3,
-                                                  tools=bounded, tool_choice="required")
-        choice = required.choices[0]
-        check(choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1, str(required))
-        call = choice.message.tool_calls[0]
-        arguments = json.loads(call.function.arguments)
-        check(call.function.name == "get_weather" and isinstance(arguments.get("city"), str)
-              and len(arguments["city"]) <= 8, str(call))
-
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                             "days": {"type": "integer", "minimum": 1, "maximum": 3},
+                                             "unit": {"type": "string", "enum": ["c", "f"]}},
+            "required": ["city", "days", "unit"], "additionalProperties": False}}},
+               {"type": "function", "function": {"name": "now"}}]
+    for seed, tool_choice in [(3, "required"), (4, {"type": "function", "function": {"name": "get_weather"}})]:
+        for stream in (False, True):
+            asked = dict(model=name, messages=messages, max_tokens=160, seed=seed, tools=bounded,
+                         tool_choice=tool_choice)
+            if stream:
+                chunks = list(client.chat.completions.create(stream=True, **asked))
+                calls = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+                finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+                what = f"{tool_choice}, streamed: {chunks}"
+            else:
+                answer = client.chat.completions.create(**asked)
+                calls = answer.choices[0].message.tool_calls or []
+                finish = [answer.choices[0].finish_reason]
+                what = f"{tool_choice}: {answer}"
+            check(finish == ["tool_calls"] and len(calls) == 1, what)
+            call = calls[0]
+            arguments = json.loads(call.function.arguments)
+            if call.function.name == "now":
+                check(tool_choice == "required" and arguments == {}, what)
+                continue
+            check(call.function.name == "get_weather" and isinstance(arguments.get("city"), str)
+                  and len(arguments["city"]) <= 8 and arguments.get("days") in (1, 2, 3)
+                  and arguments.get("unit") in ("c", "f"), what)
 
 def main() -> None:
     base_url, model_dir = sys.argv[1], sys.argv[2]

@@ -17,6 +17,7 @@ use crate::constrained::{
     hermes_call_grammar, json_grammar, json_object_grammar, CallableTool, GrammarCompiler,
     TokenConstraint,
 };
+use crate::gemma4_call_grammar::gemma4_call_grammar;
 
 /// What `response_format` asks of the answer.
 pub enum ResponseFormat {
@@ -251,9 +252,9 @@ pub enum OutputShape {
     JsonObject,
     /// One JSON value valid against the schema (`json_schema`).
     JsonSchema(Value),
-    /// One tool call in hermes markup, of one of these tools (with their
-    /// indices in `tools`).
-    HermesCall(Vec<(usize, CallableTool)>),
+    /// One tool call in the chat template's markup, of one of these tools
+    /// (with their indices in `tools`).
+    ToolCall(ToolFormat, Vec<(usize, CallableTool)>),
 }
 
 /// The shape `response_format` and `tool_choice` ask for: at most one of
@@ -272,18 +273,18 @@ pub fn output_shape(
     let calls = match (choice, tools) {
         (ToolChoice::Auto | ToolChoice::None, _) | (_, None) => None,
         (ToolChoice::Required | ToolChoice::Function(_), Some(tools)) => {
-            match tool_format {
-                Some(ToolFormat::Hermes) => {}
-                Some(ToolFormat::Gemma4) | None => {
-                    return Err(ApiError::bad_request(
-                        "tool_choice: a required or named tool call is served for chat \
-                         templates that write Qwen's <tool_call> JSON markup; this model's \
-                         template writes another; give \"auto\"",
-                        Some("tool_choice"),
-                    ))
-                }
-            }
-            Some(OutputShape::HermesCall(callable_tools(tools, choice)?))
+            let Some(format) = tool_format else {
+                return Err(ApiError::bad_request(
+                    "tool_choice: a required or named tool call is served for chat \
+                     templates that write Qwen's <tool_call> JSON or Gemma 4's \
+                     <|tool_call> markup; this model's template writes neither; give \"auto\"",
+                    Some("tool_choice"),
+                ));
+            };
+            Some(OutputShape::ToolCall(
+                format,
+                callable_tools(tools, choice)?,
+            ))
         }
     };
     match (from_format, calls) {
@@ -313,7 +314,7 @@ impl OutputShape {
             OutputShape::JsonSchema(schema) => compiler
                 .compile(json_grammar(schema))
                 .map_err(|e| refused("response_format.json_schema.schema", e)),
-            OutputShape::HermesCall(tools) => {
+            OutputShape::ToolCall(format, tools) => {
                 let callable: Vec<CallableTool> = tools
                     .iter()
                     .map(|(_, t)| CallableTool {
@@ -321,23 +322,37 @@ impl OutputShape {
                         parameters: t.parameters.clone(),
                     })
                     .collect();
-                let start = ToolFormat::Hermes.start();
-                let end = ToolFormat::Hermes.end();
-                compiler
-                    .compile(hermes_call_grammar(start, end, &callable))
-                    .map_err(|whole| {
-                        // Blame the first tool whose parameters fail alone.
-                        tools
-                            .iter()
-                            .find_map(|(i, tool)| {
-                                compiler.compile(json_grammar(&tool.parameters)).err().map(
-                                    |message| {
-                                        refused(&format!("tools[{i}].function.parameters"), message)
-                                    },
-                                )
-                            })
-                            .unwrap_or_else(|| refused("tools", whole))
-                    })
+                let (start, end) = (format.start(), format.end());
+                let grammar = match format {
+                    ToolFormat::Hermes => hermes_call_grammar(start, end, &callable),
+                    ToolFormat::Gemma4 => {
+                        gemma4_call_grammar(start, end, &callable).map_err(|untranslatable| {
+                            let (index, _) = &tools[untranslatable.tool];
+                            let path = format!(
+                                "tools[{index}].function.parameters{}",
+                                untranslatable.path
+                            );
+                            ApiError::bad_request(
+                                format!("{path}: {}", untranslatable.message),
+                                Some(&path),
+                            )
+                        })?
+                    }
+                };
+                compiler.compile(grammar).map_err(|whole| {
+                    // Blame the first tool whose parameters fail alone.
+                    tools
+                        .iter()
+                        .find_map(|(i, tool)| {
+                            compiler
+                                .compile(json_grammar(&tool.parameters))
+                                .err()
+                                .map(|message| {
+                                    refused(&format!("tools[{i}].function.parameters"), message)
+                                })
+                        })
+                        .unwrap_or_else(|| refused("tools", whole))
+                })
             }
         }
     }
@@ -346,7 +361,7 @@ impl OutputShape {
     pub fn field(&self) -> &'static str {
         match self {
             OutputShape::JsonObject | OutputShape::JsonSchema(_) => "response_format",
-            OutputShape::HermesCall(_) => "tool_choice",
+            OutputShape::ToolCall(..) => "tool_choice",
         }
     }
 }
