@@ -111,6 +111,18 @@ def check_tools(client, name, hf, messages) -> None:
             check(call.function.name == "get_weather" and isinstance(arguments.get("city"), str)
                   and len(arguments["city"]) <= 8 and arguments.get("days") in (1, 2, 3)
                   and arguments.get("unit") in ("c", "f"), what)
+    if "<|tool_call>" in (hf.chat_template or ""):
+        # Gemma 4's grammar is translated from the schema: a keyword it does
+        # not serve is a 400 naming its path.
+        patterned = [{"type": "function", "function": {"name": "lookup", "parameters": {
+            "type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}},
+            "required": ["code"]}}}]
+        try:
+            client.chat.completions.create(model=name, messages=messages, max_tokens=8, tools=patterned,
+                                           tool_choice="required")
+            check(False, "a pattern was accepted for Gemma 4's tool-call grammar")
+        except openai.BadRequestError as e:
+            check(e.param == "tools[0].function.parameters.properties.code.pattern", str(e))
 
 def main() -> None:
     base_url, model_dir = sys.argv[1], sys.argv[2]
