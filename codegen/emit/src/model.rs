@@ -751,237 +751,445 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         NormArrangement::PreNorm | NormArrangement::Sandwich => {}
         NormArrangement::PostNorm => return post_norm_kind_tokens(kind, a),
     }
-    let name = ident(&kind.name);
-    let doc = kind_doc(l, &kind.layers);
-    let shape = shape_tokens(a)?;
-    let norms_load = norms_load_tokens(l);
-    let qk = qk_tokens(a);
-    let own = match a.kv {
-        KvSource::Own { values, .. } => Some(match values {
-            Values::Projected => quote! { b::Values::Projected },
-            Values::SameAsKeys => quote! { b::Values::SameAsKeys },
-        }),
-        KvSource::Shared { .. } => None,
-    };
-    match l.ffn {
-        FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {}
-        FeedForward::MoeAndSharedExpert { .. } => {
-            return Err(format!(
-                "layer kind {}: routed experts with a shared expert run only beside a Gated DeltaNet or gated attention",
-                kind.name
-            ))
-        }
-    }
-    let FfnLoad {
-        load: ffn_load,
-        signature,
-    } = feed_forward_load(l, &kind.name)?;
-    let ple = match l.input {
-        LayerInput::None => None,
-        LayerInput::Gated { width } => Some(lit_i32(width)?),
-    };
-    let scalar = match l.scalar {
-        LayerScalar::None => false,
-        LayerScalar::Learned => true,
-    };
+    Ok(PlainAttentionKind::of(kind, a)?.tokens())
+}
 
-    let kv_field = match own {
-        Some(_) => quote! { kv: b::KvWeights, qkv: Option<decode::FusedQkv>, },
-        // The layer whose K/V it reads (a per-layer fact: `LAYOUT` gives it).
-        None => quote! { donor: usize, },
-    };
-    let donor_arg = own.is_none().then(|| quote! { , donor: usize });
-    let donor_load = own.is_none().then(|| quote! { donor, });
-    let kv_load = own
-        .as_ref()
-        .map(|v| quote! { kv: b::load_kv(w, i, HIDDEN, Self::SHAPE, #qk, #v), qkv: None, });
-    // Biases go onto the loaded projections (before Q/K/V are stacked: a
-    // biased layer keeps them separate).
-    let bias_load = match a.bias {
-        ProjectionBias::None => None,
-        ProjectionBias::QueryKeyValue => Some(match own {
-            Some(_) => quote! {
-                b::load_biases(w, i, b::ProjectionBias::QueryKeyValue, &mut layer.attn, Some(&mut layer.kv), Self::SHAPE);
-            },
-            None => quote! {
-                b::load_biases(w, i, b::ProjectionBias::QueryKeyValue, &mut layer.attn, None, Self::SHAPE);
-            },
-        }),
-    };
-    let kv_pre = own.as_ref().map(|_| {
-        quote! {
-            layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, Self::SHAPE);
-            w.release(&format!("layers.{i}."));
-            layer.kv.pretranspose();
-        }
-    });
-    let ple_field = ple.as_ref().map(|_| quote! { ple: b::PleGate, });
-    let ple_load = ple
-        .as_ref()
-        .map(|pw| quote! { ple: b::load_ple_gate(w, i, HIDDEN, #pw), });
-    let ple_pre = ple.as_ref().map(|_| quote! { layer.ple.pretranspose(); });
-    let ple_arg = ple.as_ref().map(|_| quote! { , pli: &Array });
-    let ple_use = match ple {
-        Some(_) => quote! { Some((&self.ple, pli)) },
-        None => quote! { None },
-    };
-    let ple_pass = ple.as_ref().map(|_| quote! { , pli });
-    // The decode view borrows the PLE input for as long as the layer.
-    let decode_layer_sig = match ple {
-        Some(_) => quote! { fn decode_layer<'a>(&'a self, pli: &'a Array) -> decode::Layer<'a> },
-        None => quote! { fn decode_layer(&self) -> decode::Layer<'_> },
-    };
-    let decode_layer_call = match ple {
-        Some(_) => quote! { self.decode_layer(pli) },
-        None => quote! { self.decode_layer() },
-    };
-    let scalar_field = scalar.then(|| quote! { layer_scalar: Array, });
-    let scalar_load = scalar.then(|| quote! { layer_scalar: b::load_layer_scalar(w, i), });
-    let scalar_ref = if scalar {
-        quote! { Some(&self.layer_scalar) }
-    } else {
-        quote! { None }
-    };
-    // Scaled residual branches: the factor as a field (an array, so the
-    // compiled decode block takes it as an input).
-    let residual = match l.residual {
-        Residual::Plain => None,
-        Residual::DepthScaled { .. } | Residual::Scaled { .. } => {
-            let f = l
-                .residual
-                .factor()
-                .ok_or_else(|| format!("layer kind {}: no residual factor", kind.name))?;
-            Some(Literal::f64_suffixed(f))
-        }
-    };
-    if let (FeedForward::Moe(_), Some(_)) = (l.ffn, &residual) {
-        return Err(format!(
-            "layer kind {}: routed experts with depth-scaled residuals: no runtime block runs them",
-            kind.name
-        ));
-    }
-    let residual_field = residual.as_ref().map(|_| quote! { residual: Array, });
-    let residual_load = residual
-        .as_ref()
-        .map(|f| quote! { residual: b::residual_scale(#f), });
-    let (residual_eager, residual_decode) = match residual {
-        None => (quote! { None }, quote! { decode::Residual::Plain }),
-        Some(_) => (
-            quote! { Some(&self.residual) },
-            quote! { decode::Residual::Scaled(&self.residual) },
-        ),
-    };
-    let (kv_arg, attn, decode_step, ret_ty, ret) = match own {
-        Some(_) => (
-            quote! { cache: &mut LayerCache },
-            quote! {
-                let (a, kv) = b::attention_own_kv(&x, b::OwnQkv::Separate { attn: &self.attn, kv: &self.kv }, Self::SHAPE, at.rope, cache, at.mask)?;
-            },
-            quote! {
-                let kv = decode::KvSource::Own { weights: &self.kv, fused: self.qkv.as_ref(), cache };
-                return decode::step(h, &#decode_layer_call, kv, tables, at.mask);
-            },
-            quote! { (Array, b::SharedKv) },
-            quote! { Ok((h, kv)) },
-        ),
-        None => (
-            quote! { shared: &b::SharedKv },
-            quote! {
-                let a = b::attention_shared_kv(&x, &self.attn, Self::SHAPE, at.rope, shared, at.mask)?;
-            },
-            quote! {
-                let kv = decode::KvSource::Shared(shared);
-                return decode::step(h, &#decode_layer_call, kv, tables, at.mask).map(|(h, _)| h);
-            },
-            quote! { Array },
-            quote! { Ok(h) },
-        ),
-    };
-    // The batched forward's cache argument and mixer (`batch_blocks`; a
-    // layer reading a donor's K/V attends as in one sequence, the donor's
-    // K/V carrying the rows' offsets).
-    let (batch_kv_arg, batch_attn) = match own {
-        Some(_) => (
-            quote! { cache: &mut BatchLayerCache },
-            quote! {
-                let (a, kv) = batch_blocks::attention_own_kv(&x, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
-            },
-        ),
-        None => (kv_arg.clone(), attn.clone()),
-    };
-    let finish = finish_tokens(
-        ple_arg.clone(),
-        residual_eager,
-        quote! { #ple_use, #scalar_ref },
-    );
-    let body = Composition::of(l).forward_body(ForwardLines {
-        decode: Some(quote! {
-            if let Some(tables) = at.tables {
-                #decode_step
+/// The optional parts of a plain attention layer beyond its mixer and
+/// feed-forward half: each is a field, its load, and what the forwards and
+/// the decode view pass for it.
+struct LayerExtras {
+    /// The per-layer input gate's width, when the layer takes one.
+    ple: Option<Literal>,
+    /// Whether the layer ends with a learned scalar.
+    scalar: bool,
+    /// The factor of scaled residual branches.
+    residual: Option<Literal>,
+}
+
+impl LayerExtras {
+    fn of(kind: &LayerKind) -> Result<Self, String> {
+        let l = &kind.key.0;
+        let ple = match l.input {
+            LayerInput::None => None,
+            LayerInput::Gated { width } => Some(lit_i32(width)?),
+        };
+        let scalar = match l.scalar {
+            LayerScalar::None => false,
+            LayerScalar::Learned => true,
+        };
+        // Scaled residual branches: the factor as a field (an array, so the
+        // compiled decode block takes it as an input).
+        let residual = match l.residual {
+            Residual::Plain => None,
+            Residual::DepthScaled { .. } | Residual::Scaled { .. } => {
+                let f = l
+                    .residual
+                    .factor()
+                    .ok_or_else(|| format!("layer kind {}: no residual factor", kind.name))?;
+                Some(Literal::f64_suffixed(f))
             }
-        }),
-        mixer: attn,
-        finish: quote! {
-            let h = self.finish(h, a #ple_pass)?;
-            #ret
-        },
-    });
-    Ok(quote! {
-        #[doc = #doc]
-        struct #name {
-            norms: b::LayerNorms,
-            attn: b::AttentionWeights,
-            #kv_field
-            ffn: FeedForward,
-            #ple_field
-            #scalar_field
-            #residual_field
+        };
+        if let (FeedForward::Moe(_), Some(_)) = (l.ffn, &residual) {
+            return Err(format!(
+                "layer kind {}: routed experts with depth-scaled residuals: no runtime block runs them",
+                kind.name
+            ));
         }
+        Ok(LayerExtras {
+            ple,
+            scalar,
+            residual,
+        })
+    }
 
-        impl #name {
-            const SHAPE: AttentionShape = #shape;
+    /// The struct's fields, after the feed-forward half.
+    fn fields(&self) -> TokenStream {
+        let ple = self.ple.as_ref().map(|_| quote! { ple: b::PleGate, });
+        let scalar = self.scalar.then(|| quote! { layer_scalar: Array, });
+        let residual = self.residual.as_ref().map(|_| quote! { residual: Array, });
+        quote! { #ple #scalar #residual }
+    }
 
-            fn load(#signature #donor_arg) -> Self {
+    /// `load`'s initializers of those fields.
+    fn loads(&self) -> TokenStream {
+        let ple = self
+            .ple
+            .as_ref()
+            .map(|pw| quote! { ple: b::load_ple_gate(w, i, HIDDEN, #pw), });
+        let scalar = self
+            .scalar
+            .then(|| quote! { layer_scalar: b::load_layer_scalar(w, i), });
+        let residual = self
+            .residual
+            .as_ref()
+            .map(|f| quote! { residual: b::residual_scale(#f), });
+        quote! { #ple #scalar #residual }
+    }
+
+    fn ple_pretranspose(&self) -> Option<TokenStream> {
+        self.ple
+            .as_ref()
+            .map(|_| quote! { layer.ple.pretranspose(); })
+    }
+
+    /// The forwards' per-layer input parameter.
+    fn ple_param(&self) -> Option<TokenStream> {
+        self.ple.as_ref().map(|_| quote! { , pli: &Array })
+    }
+
+    /// The per-layer input passed on to `finish`.
+    fn ple_pass(&self) -> Option<TokenStream> {
+        self.ple.as_ref().map(|_| quote! { , pli })
+    }
+
+    /// The gate and its input, as `finish_layer` and the decode view take them.
+    fn ple_use(&self) -> TokenStream {
+        match self.ple {
+            Some(_) => quote! { Some((&self.ple, pli)) },
+            None => quote! { None },
+        }
+    }
+
+    fn scalar_ref(&self) -> TokenStream {
+        if self.scalar {
+            quote! { Some(&self.layer_scalar) }
+        } else {
+            quote! { None }
+        }
+    }
+
+    /// The residual factor as `FeedForward::after_mixer` takes it.
+    fn residual_eager(&self) -> TokenStream {
+        match self.residual {
+            None => quote! { None },
+            Some(_) => quote! { Some(&self.residual) },
+        }
+    }
+
+    /// The residual as the decode view takes it.
+    fn residual_decode(&self) -> TokenStream {
+        match self.residual {
+            None => quote! { decode::Residual::Plain },
+            Some(_) => quote! { decode::Residual::Scaled(&self.residual) },
+        }
+    }
+
+    /// `decode_layer`'s signature: the decode view borrows the PLE input for
+    /// as long as the layer.
+    fn decode_layer_sig(&self) -> TokenStream {
+        match self.ple {
+            Some(_) => {
+                quote! { fn decode_layer<'a>(&'a self, pli: &'a Array) -> decode::Layer<'a> }
+            }
+            None => quote! { fn decode_layer(&self) -> decode::Layer<'_> },
+        }
+    }
+
+    fn decode_layer_call(&self) -> TokenStream {
+        match self.ple {
+            Some(_) => quote! { self.decode_layer(pli) },
+            None => quote! { self.decode_layer() },
+        }
+    }
+}
+
+/// The parts of a plain attention kind's struct and load that depend on
+/// where its K/V come from: its own projections, or a donor layer's.
+struct KvParts {
+    /// The struct's K/V fields.
+    field: TokenStream,
+    /// `load`'s extra parameter (the donor of a reading layer).
+    load_param: Option<TokenStream>,
+    /// `load`'s initializers of the K/V fields.
+    load: TokenStream,
+    /// Biases onto the loaded projections.
+    bias_load: Option<TokenStream>,
+    /// Q/K/V stacked for the decode step, the K/V pretransposed.
+    prepare: Option<TokenStream>,
+}
+
+impl KvParts {
+    /// `own`: the kind's values when it computes its own K/V.
+    fn of(a: &Attention, own: Option<&TokenStream>, qk: &TokenStream) -> Self {
+        // Biases go onto the loaded projections (before Q/K/V are stacked: a
+        // biased layer keeps them separate).
+        let bias_load = match a.bias {
+            ProjectionBias::None => None,
+            ProjectionBias::QueryKeyValue => Some(match own {
+                Some(_) => quote! {
+                    b::load_biases(w, i, b::ProjectionBias::QueryKeyValue, &mut layer.attn, Some(&mut layer.kv), Self::SHAPE);
+                },
+                None => quote! {
+                    b::load_biases(w, i, b::ProjectionBias::QueryKeyValue, &mut layer.attn, None, Self::SHAPE);
+                },
+            }),
+        };
+        match own {
+            Some(v) => KvParts {
+                field: quote! { kv: b::KvWeights, qkv: Option<decode::FusedQkv>, },
+                load_param: None,
+                load: quote! { kv: b::load_kv(w, i, HIDDEN, Self::SHAPE, #qk, #v), qkv: None, },
+                bias_load,
+                prepare: Some(quote! {
+                    layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, Self::SHAPE);
+                    w.release(&format!("layers.{i}."));
+                    layer.kv.pretranspose();
+                }),
+            },
+            None => KvParts {
+                // The layer whose K/V it reads (a per-layer fact: `LAYOUT` gives it).
+                field: quote! { donor: usize, },
+                load_param: Some(quote! { , donor: usize }),
+                load: quote! { donor, },
+                bias_load,
+                prepare: None,
+            },
+        }
+    }
+}
+
+/// The parts of a plain attention kind's forwards that depend on where its
+/// K/V come from.
+struct KvForward {
+    /// `forward`'s cache (or donor K/V) parameter.
+    kv_param: TokenStream,
+    /// The attention block of `forward`.
+    attn: TokenStream,
+    /// A one-token step through the compiled decode blocks.
+    decode_step: TokenStream,
+    /// What the forwards return, and how.
+    ret_ty: TokenStream,
+    ret: TokenStream,
+    /// `forward_batch`'s cache parameter and attention block.
+    batch_kv_param: TokenStream,
+    batch_attn: TokenStream,
+}
+
+impl KvForward {
+    fn of(owns_kv: bool, decode_layer_call: &TokenStream) -> Self {
+        if owns_kv {
+            KvForward {
+                kv_param: quote! { cache: &mut LayerCache },
+                attn: quote! {
+                    let (a, kv) = b::attention_own_kv(&x, b::OwnQkv::Separate { attn: &self.attn, kv: &self.kv }, Self::SHAPE, at.rope, cache, at.mask)?;
+                },
+                decode_step: quote! {
+                    let kv = decode::KvSource::Own { weights: &self.kv, fused: self.qkv.as_ref(), cache };
+                    return decode::step(h, &#decode_layer_call, kv, tables, at.mask);
+                },
+                ret_ty: quote! { (Array, b::SharedKv) },
+                ret: quote! { Ok((h, kv)) },
+                // The batched forward's cache argument and mixer (`batch_blocks`).
+                batch_kv_param: quote! { cache: &mut BatchLayerCache },
+                batch_attn: quote! {
+                    let (a, kv) = batch_blocks::attention_own_kv(&x, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
+                },
+            }
+        } else {
+            let kv_param = quote! { shared: &b::SharedKv };
+            let attn = quote! {
+                let a = b::attention_shared_kv(&x, &self.attn, Self::SHAPE, at.rope, shared, at.mask)?;
+            };
+            KvForward {
+                decode_step: quote! {
+                    let kv = decode::KvSource::Shared(shared);
+                    return decode::step(h, &#decode_layer_call, kv, tables, at.mask).map(|(h, _)| h);
+                },
+                ret_ty: quote! { Array },
+                ret: quote! { Ok(h) },
+                // A layer reading a donor's K/V attends as in one sequence
+                // when batched too, the donor's K/V carrying the rows' offsets.
+                batch_kv_param: kv_param.clone(),
+                batch_attn: attn.clone(),
+                kv_param,
+                attn,
+            }
+        }
+    }
+}
+
+/// A plain attention layer kind (separate q/k/v projections, no output
+/// gate, its norm before the mixer): the kind whose one-token steps run
+/// through the compiled decode blocks.
+struct PlainAttentionKind<'a> {
+    kind: &'a LayerKind,
+    name: Ident,
+    shape: TokenStream,
+    qk: TokenStream,
+    ffn: FfnLoad,
+    extras: LayerExtras,
+    kv: KvParts,
+    forward: KvForward,
+}
+
+impl<'a> PlainAttentionKind<'a> {
+    fn of(kind: &'a LayerKind, a: &Attention) -> Result<Self, String> {
+        let l = &kind.key.0;
+        let shape = shape_tokens(a)?;
+        let qk = qk_tokens(a);
+        let own = match a.kv {
+            KvSource::Own { values, .. } => Some(match values {
+                Values::Projected => quote! { b::Values::Projected },
+                Values::SameAsKeys => quote! { b::Values::SameAsKeys },
+            }),
+            KvSource::Shared { .. } => None,
+        };
+        match l.ffn {
+            FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {}
+            FeedForward::MoeAndSharedExpert { .. } => {
+                return Err(format!(
+                    "layer kind {}: routed experts with a shared expert run only beside a Gated DeltaNet or gated attention",
+                    kind.name
+                ))
+            }
+        }
+        let ffn = feed_forward_load(l, &kind.name)?;
+        let extras = LayerExtras::of(kind)?;
+        let kv = KvParts::of(a, own.as_ref(), &qk);
+        let forward = KvForward::of(own.is_some(), &extras.decode_layer_call());
+        Ok(PlainAttentionKind {
+            kind,
+            name: ident(&kind.name),
+            shape,
+            qk,
+            ffn,
+            extras,
+            kv,
+            forward,
+        })
+    }
+
+    /// The kind's struct and impl.
+    fn tokens(&self) -> TokenStream {
+        let name = &self.name;
+        let doc = kind_doc(&self.kind.key.0, &self.kind.layers);
+        let (kv_field, extra_fields) = (&self.kv.field, self.extras.fields());
+        let shape = &self.shape;
+        let load = self.load();
+        let decode_layer = self.decode_layer();
+        let forwards = self.forwards();
+        let finish = finish_tokens(self.extras.ple_param(), self.extras.residual_eager(), {
+            let (ple_use, scalar_ref) = (self.extras.ple_use(), self.extras.scalar_ref());
+            quote! { #ple_use, #scalar_ref }
+        });
+        quote! {
+            #[doc = #doc]
+            struct #name {
+                norms: b::LayerNorms,
+                attn: b::AttentionWeights,
+                #kv_field
+                ffn: FeedForward,
+                #extra_fields
+            }
+
+            impl #name {
+                const SHAPE: AttentionShape = #shape;
+
+                #load
+
+                #decode_layer
+
+                #forwards
+
+                #finish
+            }
+        }
+    }
+
+    /// `load`: the weights, then each pretransposed for the steps.
+    fn load(&self) -> TokenStream {
+        let l = &self.kind.key.0;
+        let norms_load = norms_load_tokens(l);
+        let qk = &self.qk;
+        let FfnLoad {
+            load: ffn_load,
+            signature,
+        } = &self.ffn;
+        let KvParts {
+            load_param,
+            load: kv_load,
+            bias_load,
+            prepare,
+            ..
+        } = &self.kv;
+        let extra_loads = self.extras.loads();
+        let ple_pre = self.extras.ple_pretranspose();
+        quote! {
+            fn load(#signature #load_param) -> Self {
                 let mut layer = Self {
                     norms: #norms_load,
                     attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, #qk),
                     #kv_load
-                    #donor_load
                     #ffn_load
-                    #ple_load
-                    #scalar_load
-                    #residual_load
+                    #extra_loads
                 };
                 #bias_load
-                #kv_pre
+                #prepare
                 layer.attn.pretranspose();
                 layer.ffn.pretranspose();
                 #ple_pre
                 layer
             }
+        }
+    }
 
+    /// `decode_layer`: the layer as a compiled decode step reads it.
+    fn decode_layer(&self) -> TokenStream {
+        let sig = self.extras.decode_layer_sig();
+        let residual = self.extras.residual_decode();
+        let ple = self.extras.ple_use();
+        let scalar = self.extras.scalar_ref();
+        quote! {
             /// The layer as a compiled decode step reads it (`decode::step`).
-            #decode_layer_sig {
+            #sig {
                 decode::Layer {
                     norms: &self.norms,
                     attn: &self.attn,
                     ffn: &self.ffn,
-                    residual: #residual_decode,
-                    ple: #ple_use,
-                    layer_scalar: #scalar_ref,
+                    residual: #residual,
+                    ple: #ple,
+                    layer_scalar: #scalar,
                     shape: Self::SHAPE,
                     eps: EPS,
                 }
             }
+        }
+    }
 
-            fn forward(&self, h: &Array, at: &WindowStep, #kv_arg #ple_arg) -> Result<#ret_ty> {
+    /// `forward` (its lines in the layer's composition) and `forward_batch`.
+    fn forwards(&self) -> TokenStream {
+        let KvForward {
+            kv_param,
+            attn,
+            decode_step,
+            ret_ty,
+            ret,
+            batch_kv_param,
+            batch_attn,
+        } = &self.forward;
+        let ple_param = self.extras.ple_param();
+        let ple_pass = self.extras.ple_pass();
+        let body = Composition::of(&self.kind.key.0).forward_body(ForwardLines {
+            decode: Some(quote! {
+                if let Some(tables) = at.tables {
+                    #decode_step
+                }
+            }),
+            mixer: attn.clone(),
+            finish: quote! {
+                let h = self.finish(h, a #ple_pass)?;
+                #ret
+            },
+        });
+        quote! {
+            fn forward(&self, h: &Array, at: &WindowStep, #kv_param #ple_param) -> Result<#ret_ty> {
                 #body
             }
 
             /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
             /// step of one token per row takes the compiled blocks of one
             /// sequence's step, B rows at once.
-            fn forward_batch(&self, h: &Array, at: &WindowStep, #batch_kv_arg #ple_arg) -> Result<#ret_ty> {
+            fn forward_batch(&self, h: &Array, at: &WindowStep, #batch_kv_param #ple_param) -> Result<#ret_ty> {
                 if let Some(tables) = at.tables {
                     #decode_step
                 }
@@ -990,10 +1198,8 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                 let h = self.finish(h, a #ple_pass)?;
                 #ret
             }
-
-            #finish
         }
-    })
+    }
 }
 
 /// A post-norm attention layer kind (olmo2's `TransformerBlock`): the mixer
