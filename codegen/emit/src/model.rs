@@ -1503,158 +1503,228 @@ fn batch_tokens(
     })
 }
 
-/// The whole model module (without the file header).
-pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
+/// The model's constants: its identity, then the shapes every block reads.
+fn constants_tokens(plan: &Plan) -> Result<TokenStream, String> {
     let ir = &plan.ir;
-    let name = &plan.name;
-    let fingerprint = &plan.fingerprint;
-    let spec_hash = &plan.spec_hash;
+    let (name, fingerprint, spec_hash) = (&plan.name, &plan.fingerprint, &plan.spec_hash);
     let hidden = lit_i32(ir.hidden_size)?;
     let vocab = lit_i32(ir.vocab_size)?;
     let n_layers = lit_i32(ir.layers.len())?;
     let eps = lit_f32(ir.norm_eps);
-    if ir.layers.is_empty() {
-        return Err(format!("{name}: a model without layers"));
-    }
+    Ok(quote! {
+        pub const NAME: &str = #name;
+        pub const FINGERPRINT: &str = #fingerprint;
+        pub const SPEC_SHA256: &str = #spec_hash;
 
+        const HIDDEN: i32 = #hidden;
+        const VOCAB: i32 = #vocab;
+        #[allow(dead_code)]
+        const LAYERS: i32 = #n_layers;
+        const EPS: f32 = #eps;
+    })
+}
+
+/// A window's attention layers as its masks and RoPEs read them.
+struct WindowRopes<'a> {
+    /// The window's first attention layer: its mask reads this layer's cache.
+    first: usize,
+    first_attention: &'a Attention,
+    /// One per rotation: its context's name, the first layer with it and
+    /// that layer's attention.
+    contexts: Vec<(String, usize, &'a Attention)>,
+}
+
+/// The RoPE contexts of window `w`, each rotation once.
+fn window_ropes(plan: &Plan, w: Window) -> Result<WindowRopes<'_>, String> {
+    let (ir, name) = (&plan.ir, &plan.name);
+    let in_window = || {
+        ir.layers
+            .iter()
+            .filter_map(|l| l.attention().map(|a| (l.index, a)))
+            .filter(move |(_, a)| a.window == w)
+    };
+    let (first, a) = in_window()
+        .next()
+        .ok_or_else(|| format!("{name}: window {w:?} has no layer"))?;
+    let mut contexts: Vec<(String, usize, &Attention)> = Vec::new();
+    for (i, b) in in_window() {
+        let cn = rope_context(ir, b);
+        match contexts.iter().find(|(n, _, _)| *n == cn) {
+            Some((_, j, a)) if (a.rope, a.head_dim) != (b.rope, b.head_dim) => {
+                return Err(format!(
+                    "{name}: layers {j} and {i} share a window but not a RoPE; the emitter keeps one RoPE per window"
+                ));
+            }
+            Some(_) => {}
+            None => contexts.push((cn, i, b)),
+        }
+    }
+    Ok(WindowRopes {
+        first,
+        first_attention: a,
+        contexts,
+    })
+}
+
+/// The model's windows and RoPEs as the unbatched forward reads them.
+struct WindowSetup {
+    /// The model's RoPE fields.
+    ropes_struct: Vec<TokenStream>,
+    /// `load`'s RoPE initializers.
+    ropes_init: Vec<TokenStream>,
+    /// `forward_to`'s masks, one per window.
+    masks: Vec<TokenStream>,
+    /// `forward_to`'s step context per window and rotation.
+    steps_ctx: Vec<TokenStream>,
+}
+
+impl WindowSetup {
     // One mask per window, one RoPE per window and rotation (every rotating
     // layer of a window rotates the same way, so a step's tables are computed
     // once per window; smollm3's NoPE layers share the window's mask only).
-    let mut ropes_struct = Vec::new();
-    let mut ropes_init = Vec::new();
-    let mut masks = Vec::new();
-    let mut steps_ctx = Vec::new();
-    for w in windows(ir) {
-        let wn = window_name(ir, w);
-        let in_window = || {
-            ir.layers
-                .iter()
-                .filter_map(|l| l.attention().map(|a| (l.index, a)))
-                .filter(move |(_, a)| a.window == w)
+    fn of(plan: &Plan) -> Result<Self, String> {
+        let (ir, name) = (&plan.ir, &plan.name);
+        let mut setup = WindowSetup {
+            ropes_struct: Vec::new(),
+            ropes_init: Vec::new(),
+            masks: Vec::new(),
+            steps_ctx: Vec::new(),
         };
-        let (first, a) = in_window()
-            .next()
-            .ok_or_else(|| format!("{name}: window {w:?} has no layer"))?;
-        let mut contexts: Vec<(String, usize, &Attention)> = Vec::new();
-        for (i, b) in in_window() {
-            let cn = rope_context(ir, b);
-            match contexts.iter().find(|(n, _, _)| *n == cn) {
-                Some((_, j, a)) if (a.rope, a.head_dim) != (b.rope, b.head_dim) => {
-                    return Err(format!(
-                        "{name}: layers {j} and {i} share a window but not a RoPE; the emitter keeps one RoPE per window"
-                    ));
+        for w in windows(ir) {
+            let wn = window_name(ir, w);
+            let WindowRopes {
+                first,
+                first_attention: a,
+                contexts,
+            } = window_ropes(plan, w)?;
+            let mask = ident(&format!("{wn}_mask"));
+            // The window's mask comes from its first layer's cache, before any
+            // update (`_make_masks`, `create_attention_mask(h, cache[0])`).
+            if !a.owns_kv() {
+                return Err(format!(
+                    "{name}: layer {first}, the first of its window, has no cache to build the mask from"
+                ));
+            }
+            let first_kv = Literal::usize_unsuffixed(crate::layout::kv_ordinal(plan, first));
+            let size = lit_i32(match w {
+                Window::Full => 0,
+                Window::Sliding(n) => n,
+            })?;
+            let mask_line =
+                quote! { let #mask = b::mask_for(kv_at(&cache.kv, #first_kv)?, n, #size)?; };
+            for (cn, _, a) in &contexts {
+                let rope = ident(&format!("rope_{cn}"));
+                setup.ropes_struct.push(quote! { #rope: Rope, });
+                let init = rope_init(a)?;
+                setup.ropes_init.push(quote! { #rope: #init, });
+                if cn == &wn {
+                    setup.masks.push(mask_line.clone());
                 }
-                Some(_) => {}
-                None => contexts.push((cn, i, b)),
+                setup
+                    .steps_ctx
+                    .push(step_context(compiled_decode(ir), cn, &rope, &mask));
+            }
+            if !contexts.iter().any(|(cn, _, _)| cn == &wn) {
+                // A window of NoPE layers only: its mask still comes first.
+                setup.masks.push(mask_line);
             }
         }
-        let mask = ident(&format!("{wn}_mask"));
-        // The window's mask comes from its first layer's cache, before any
-        // update (`_make_masks`, `create_attention_mask(h, cache[0])`).
-        if !a.owns_kv() {
-            return Err(format!(
-                "{name}: layer {first}, the first of its window, has no cache to build the mask from"
-            ));
+        Ok(setup)
+    }
+}
+
+/// One window and rotation's `WindowStep` in `forward_to`: with the step's
+/// RoPE tables when the model runs the compiled decode blocks.
+fn step_context(compiled: bool, cn: &str, rope: &Ident, mask: &Ident) -> TokenStream {
+    let tables = ident(&format!("{cn}_tables"));
+    let ctx = ident(cn);
+    if compiled {
+        quote! {
+            let #tables = if step { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
+            let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
         }
-        let first_kv = Literal::usize_unsuffixed(crate::layout::kv_ordinal(plan, first));
-        let size = lit_i32(match w {
-            Window::Full => 0,
-            Window::Sliding(n) => n,
-        })?;
-        for (cn, _, a) in &contexts {
-            let rope = ident(&format!("rope_{cn}"));
-            ropes_struct.push(quote! { #rope: Rope, });
-            let init = rope_init(a)?;
-            ropes_init.push(quote! { #rope: #init, });
-            if cn == &wn {
-                masks.push(
-                    quote! { let #mask = b::mask_for(kv_at(&cache.kv, #first_kv)?, n, #size)?; },
-                );
-            }
-            let tables = ident(&format!("{cn}_tables"));
-            let ctx = ident(cn);
-            steps_ctx.push(if compiled_decode(ir) {
-                quote! {
-                    let #tables = if step { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
-                    let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
-                }
-            } else {
-                quote! {
-                    let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
-                }
-            });
-        }
-        if !contexts.iter().any(|(cn, _, _)| cn == &wn) {
-            // A window of NoPE layers only: its mask still comes first.
-            masks
-                .push(quote! { let #mask = b::mask_for(kv_at(&cache.kv, #first_kv)?, n, #size)?; });
+    } else {
+        quote! {
+            let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
         }
     }
+}
 
-    let kinds: Vec<TokenStream> = plan
-        .kinds
-        .iter()
-        .map(kind_tokens)
-        .collect::<Result<_, _>>()?;
-    let layout = layout_tokens(plan)?;
-    let Layout {
-        items: layout_items,
-        load: layers_load,
-        make_cache,
-        cache_fields,
-        forward: layers_forward,
-        ..
-    } = &layout;
+/// The model's per-layer inputs (a table of per-layer embeddings and their
+/// projection), when it has them.
+#[derive(Default)]
+struct PerLayerInputTokens {
+    field: Option<TokenStream>,
+    load: Option<TokenStream>,
+    pretranspose: Option<TokenStream>,
+    /// The forwards' computation of every layer's input from the ids.
+    inputs: Option<TokenStream>,
+}
 
-    let ple = ir.embedding.per_layer_input;
-    if !ir
-        .layers
-        .iter()
-        .any(|l| l.attention().is_some_and(Attention::owns_kv))
-    {
-        return Err(format!("{name}: no layer owns K/V"));
+impl PerLayerInputTokens {
+    fn of(ir: &ModelIr) -> Result<Self, String> {
+        let Some(p) = ir.embedding.per_layer_input else {
+            return Ok(Self::default());
+        };
+        let (pw, pv) = (lit_i32(p.width)?, lit_i32(p.vocab)?);
+        Ok(PerLayerInputTokens {
+            field: Some(quote! { per_layer: b::PerLayerInputs, }),
+            load: Some(quote! {
+                per_layer: b::load_per_layer_inputs(&mut w, LAYERS, #pw, #pv, HIDDEN),
+            }),
+            pretranspose: Some(quote! { model.per_layer.pretranspose(); }),
+            inputs: Some(quote! {
+                let per_layer = b::per_layer_inputs(ids, &h, &self.per_layer, LAYERS, #pw, HIDDEN, EPS)?;
+            }),
+        })
     }
+}
 
-    let (ple_field, ple_load, ple_pre, ple_inputs) = match ple {
-        None => (None, None, None, None),
-        Some(p) => {
-            let (pw, pv) = (lit_i32(p.width)?, lit_i32(p.vocab)?);
-            (
-                Some(quote! { per_layer: b::PerLayerInputs, }),
-                Some(quote! {
-                    per_layer: b::load_per_layer_inputs(&mut w, LAYERS, #pw, #pv, HIDDEN),
-                }),
-                Some(quote! { model.per_layer.pretranspose(); }),
-                Some(quote! {
-                    let per_layer = b::per_layer_inputs(ids, &h, &self.per_layer, LAYERS, #pw, HIDDEN, EPS)?;
-                }),
-            )
-        }
-    };
-    let embed_scale = match ir.embedding.scale {
+fn embed_scale_tokens(ir: &ModelIr) -> TokenStream {
+    match ir.embedding.scale {
         EmbedScale::None => quote! { b::EmbedScale::None },
         EmbedScale::SqrtHidden => quote! { b::EmbedScale::SqrtHidden },
         EmbedScale::Constant(c) => {
             let c = Literal::f64_suffixed(c);
             quote! { b::EmbedScale::Constant(#c) }
         }
-    };
-    let (head_field, head_load, head_pre, head, linear_import) = match ir.head.weight {
-        HeadWeight::TiedEmbedding => (
-            None,
-            None,
-            quote! { model.embed.pretranspose(); },
-            quote! { b::Head::Tied(&self.embed) },
-            None,
-        ),
-        HeadWeight::Untied => (
-            Some(quote! { lm_head: Linear, }),
-            Some(quote! { lm_head: w.linear("lm_head", VOCAB, HIDDEN), }),
-            quote! { model.lm_head.pretranspose(); },
-            quote! { b::Head::Untied(&self.lm_head) },
-            Some(quote! { use archgen_runtime::layers::Linear; }),
-        ),
-    };
+    }
+}
+
+/// The output head: the embedding read back (tied) or its own `lm_head`.
+struct HeadTokens {
+    field: Option<TokenStream>,
+    load: Option<TokenStream>,
+    pretranspose: TokenStream,
+    /// The head as `b::logits` takes it.
+    head: TokenStream,
+    import: Option<TokenStream>,
+}
+
+impl HeadTokens {
+    fn of(ir: &ModelIr) -> Self {
+        match ir.head.weight {
+            HeadWeight::TiedEmbedding => HeadTokens {
+                field: None,
+                load: None,
+                pretranspose: quote! { model.embed.pretranspose(); },
+                head: quote! { b::Head::Tied(&self.embed) },
+                import: None,
+            },
+            HeadWeight::Untied => HeadTokens {
+                field: Some(quote! { lm_head: Linear, }),
+                load: Some(quote! { lm_head: w.linear("lm_head", VOCAB, HIDDEN), }),
+                pretranspose: quote! { model.lm_head.pretranspose(); },
+                head: quote! { b::Head::Untied(&self.lm_head) },
+                import: Some(quote! { use archgen_runtime::layers::Linear; }),
+            },
+        }
+    }
+}
+
+/// The logits from the last hidden state: final norm, head, then the
+/// model's logit scale and softcap.
+fn logits_tokens(ir: &ModelIr, head: &TokenStream) -> TokenStream {
     // The head with a scale before or after it: `logits_scaled` (models
     // without one keep the plain `logits` call they had).
     let head_call = |softcap: TokenStream| match ir.head.logit_scale {
@@ -1668,7 +1738,7 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             quote! { b::logits_scaled(&h, &self.norm, #head, b::LogitScale::DivideLogitsBy(#d), #softcap, EPS)? }
         }
     };
-    let logits = match ir.head.logit_softcap {
+    match ir.head.logit_softcap {
         None => head_call(quote! { None }),
         Some(Softcap {
             cap,
@@ -1685,13 +1755,21 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             let logits = head_call(quote! { None });
             quote! { archgen_runtime::ops::softcap_eager(&#logits, #c)? }
         }
-    };
-    let norm_load = match ir.head.norm {
+    }
+}
+
+fn final_norm_load(ir: &ModelIr) -> TokenStream {
+    match ir.head.norm {
         NormWeight::Direct => quote! { w.param("norm.weight", &[HIDDEN]) },
         NormWeight::OnePlus => {
             quote! { b::load_norm_weight(&mut w, "norm.weight", HIDDEN, b::NormWeight::OnePlus) }
         }
-    };
+    }
+}
+
+/// The caches of one sequence the model's K/V layers use, for its
+/// `use archgen_runtime::cache::{...}`.
+fn cache_imports(ir: &ModelIr) -> Vec<TokenStream> {
     let caches = ir
         .layers
         .iter()
@@ -1710,187 +1788,309 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             (Window::Full, KvCache::QuantizedAfterForward { .. }) => any_mixed = true,
         }
     }
-    let cache_imports = [
+    [
         any_plain_full.then(|| quote! { KvCache }),
         any_mixed.then(|| quote! { MixedKvCache }),
         any_quantized.then(|| quote! { QuantizedKvCache }),
         any_sliding.then(|| quote! { RotatingKvCache }),
     ]
     .into_iter()
-    .flatten();
-    let doc_model = format!(
-        " The `{name}` model: {} layers, hidden size {}.",
-        ir.layers.len(),
-        ir.hidden_size
-    );
-    // The one-token step: through the compiled decode blocks when every
-    // layer has them, else the eager blocks as in prefill.
-    let tables_note = comment(
-        "One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).",
-    );
-    let (decode_import, embedded, step_begin, step_end) = if compiled_decode(ir) {
-        (
-            Some(quote! { use archgen_runtime::decode; }),
-            quote! { h },
-            quote! {
-                let offset = kv_at(&cache.kv, 0)?.offset();
-                let step = n == 1 && decode::enabled();
-                #tables_note
-                #(#steps_ctx)*
-                let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-            },
-            quote! {
-                let (out, width) = match readout {
-                    Readout::Logits => (#logits, VOCAB),
-                    Readout::NormedHidden => (b::final_norm(&h, &self.norm, EPS)?, HIDDEN),
-                };
-                if step { out.reshape(&[-1, 1, width]) } else { Ok(out) }
-            },
-        )
-    } else {
-        // Plain attention kinds reach `decode` in their forward (never
-        // taken here: their windows get no tables); Gated DeltaNet kinds
-        // take its block for their one-token steps.
-        let plain = ir.layers.iter().any(reaches_decode);
-        (
-            plain.then(|| quote! { use archgen_runtime::decode; }),
-            quote! { mut h },
-            quote! { #(#steps_ctx)* },
-            quote! {
-                match readout {
-                    Readout::Logits => {
-                        let logits = #logits;
-                        Ok(logits)
-                    }
-                    Readout::NormedHidden => b::final_norm(&h, &self.norm, EPS),
-                }
-            },
-        )
-    };
-    let Batched {
-        imports: batch_imports,
-        item: batch_impl,
-    } = batch_tokens(
-        plan,
-        &layout,
-        &quote! { b::embed(&self.embed, ids, #embed_scale, HIDDEN)? },
-        ple_inputs.as_ref(),
-        &logits,
-    )?;
-    let hybrid = ir.layers.iter().any(|l| match &l.mixer {
+    .flatten()
+    .collect()
+}
+
+/// Whether some layer runs a `deltanet` block (a Gated DeltaNet, or gated
+/// attention).
+fn hybrid(ir: &ModelIr) -> bool {
+    ir.layers.iter().any(|l| match &l.mixer {
         Mixer::Attention(a) => match a.output_gate {
             OutputGate::None => false,
             OutputGate::SigmoidPerHead => true,
         },
         Mixer::GatedDeltaNet(_) => true,
-    });
-    let deltanet_import = hybrid.then(|| quote! { use archgen_runtime::deltanet; });
-    let feed_forward_import = ir
+    })
+}
+
+/// `forward_to` around its layers: how the embedding is bound, what runs
+/// before the layers, the readout after them, and the `decode` import
+/// these need.
+struct StepTokens {
+    decode_import: Option<TokenStream>,
+    embedded: TokenStream,
+    begin: TokenStream,
+    end: TokenStream,
+}
+
+impl StepTokens {
+    // The one-token step: through the compiled decode blocks when every
+    // layer has them, else the eager blocks as in prefill.
+    fn of(ir: &ModelIr, steps_ctx: &[TokenStream], logits: &TokenStream) -> Self {
+        if compiled_decode(ir) {
+            let tables_note = comment(
+                "One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).",
+            );
+            StepTokens {
+                decode_import: Some(quote! { use archgen_runtime::decode; }),
+                embedded: quote! { h },
+                begin: quote! {
+                    let offset = kv_at(&cache.kv, 0)?.offset();
+                    let step = n == 1 && decode::enabled();
+                    #tables_note
+                    #(#steps_ctx)*
+                    let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
+                },
+                end: quote! {
+                    let (out, width) = match readout {
+                        Readout::Logits => (#logits, VOCAB),
+                        Readout::NormedHidden => (b::final_norm(&h, &self.norm, EPS)?, HIDDEN),
+                    };
+                    if step { out.reshape(&[-1, 1, width]) } else { Ok(out) }
+                },
+            }
+        } else {
+            // Plain attention kinds reach `decode` in their forward (never
+            // taken here: their windows get no tables); Gated DeltaNet kinds
+            // take its block for their one-token steps.
+            let plain = ir.layers.iter().any(reaches_decode);
+            StepTokens {
+                decode_import: plain.then(|| quote! { use archgen_runtime::decode; }),
+                embedded: quote! { mut h },
+                begin: quote! { #(#steps_ctx)* },
+                end: quote! {
+                    match readout {
+                        Readout::Logits => {
+                            let logits = #logits;
+                            Ok(logits)
+                        }
+                        Readout::NormedHidden => b::final_norm(&h, &self.norm, EPS),
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// What the model-level items of the file (`Model`, `Cache`, `load`,
+/// `impl CausalLm`) are made of.
+struct ModelParts<'a> {
+    plan: &'a Plan,
+    layout: &'a Layout,
+    windows: WindowSetup,
+    ple: PerLayerInputTokens,
+    head: HeadTokens,
+    /// The embedding of the ids, as both forwards compute it.
+    embed: TokenStream,
+    step: StepTokens,
+}
+
+impl ModelParts<'_> {
+    /// The file's imports: the runtime items the model uses.
+    fn imports(&self, batch_imports: &TokenStream) -> TokenStream {
+        let ir = &self.plan.ir;
+        let cache_imports = cache_imports(ir);
+        let decode_import = &self.step.decode_import;
+        let deltanet_import = hybrid(ir).then(|| quote! { use archgen_runtime::deltanet; });
+        let feed_forward_import = ir
+            .layers
+            .iter()
+            .any(holds_feed_forward)
+            .then(|| quote! { use archgen_runtime::feed_forward::FeedForward; });
+        let linear_import = &self.head.import;
+        // `rms_norm` is the norm before the mixer, which post-norm kinds lack.
+        let norm_before_mixer = ir.layers.iter().any(|l| match l.norms.arrangement {
+            NormArrangement::PreNorm | NormArrangement::Sandwich => true,
+            NormArrangement::PostNorm => false,
+        });
+        let ops_import = if norm_before_mixer {
+            quote! { use archgen_runtime::ops::{rms_norm, Result}; }
+        } else {
+            quote! { use archgen_runtime::ops::Result; }
+        };
+        quote! {
+            use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
+            #batch_imports
+            use archgen_runtime::cache::{LayerCache, #(#cache_imports),*};
+            #decode_import
+            #deltanet_import
+            #feed_forward_import
+            use archgen_runtime::layers::Embedding;
+            #linear_import
+            use archgen_runtime::model::{CausalLm, ModelError, Readout};
+            #ops_import
+            use archgen_runtime::rope::Rope;
+            use archgen_runtime::weights::Weights;
+            use archgen_runtime::Array;
+        }
+    }
+
+    /// `Model` and `Cache`.
+    fn structs(&self) -> TokenStream {
+        let ir = &self.plan.ir;
+        let doc_model = format!(
+            " The `{}` model: {} layers, hidden size {}.",
+            self.plan.name,
+            ir.layers.len(),
+            ir.hidden_size
+        );
+        let cache_doc = if hybrid(ir) {
+            " The caches of one sequence: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer."
+        } else {
+            " The caches of one sequence: one per layer that computes its own K/V."
+        };
+        let ple_field = &self.ple.field;
+        let ropes_struct = &self.windows.ropes_struct;
+        let head_field = &self.head.field;
+        let cache_fields = &self.layout.cache_fields;
+        quote! {
+            #[doc = #doc_model]
+            pub struct Model {
+                embed: Embedding,
+                #ple_field
+                #(#ropes_struct)*
+                layers: Vec<Layer>,
+                norm: Array,
+                #head_field
+            }
+
+            #[doc = #cache_doc]
+            pub struct Cache {
+                #cache_fields
+            }
+        }
+    }
+
+    /// `load`: every tensor read and checked, then pretransposed.
+    fn load_fn(&self) -> TokenStream {
+        let ple_load = &self.ple.load;
+        let ropes_init = &self.windows.ropes_init;
+        let layers_load = &self.layout.load;
+        let norm_load = final_norm_load(&self.plan.ir);
+        let head_load = &self.head.load;
+        let head_pre = &self.head.pretranspose;
+        let ple_pre = &self.ple.pretranspose;
+        quote! {
+            /// Loads the model from sanitized weights; every tensor is checked.
+            pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
+                let mut model = Model {
+                    embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
+                    #ple_load
+                    #(#ropes_init)*
+                    #layers_load
+                    norm: #norm_load,
+                    #head_load
+                };
+                w.finish().map_err(|e| ModelError(e.to_string()))?;
+                #head_pre
+                #ple_pre
+                Ok(model)
+            }
+        }
+    }
+
+    /// `impl CausalLm for Model`: its caches and its unbatched forward.
+    fn causal_lm_impl(&self) -> TokenStream {
+        let make_cache = &self.layout.make_cache;
+        let StepTokens {
+            embedded,
+            begin,
+            end,
+            ..
+        } = &self.step;
+        let embed = &self.embed;
+        let ple_inputs = &self.ple.inputs;
+        let masks = &self.windows.masks;
+        let layers_forward = &self.layout.forward;
+        quote! {
+            impl CausalLm for Model {
+                type Cache = Cache;
+
+                fn vocab_size(&self) -> i32 {
+                    VOCAB
+                }
+
+                /// Its batched forward (`impl BatchLm` below).
+                fn batched(&self) -> Option<&dyn BatchLm> {
+                    Some(self)
+                }
+
+                fn make_cache(&self) -> Cache {
+                    #make_cache
+                }
+
+                fn forward_to(&self, ids: &Array, cache: &mut Cache, readout: Readout) -> Result<Array> {
+                    let n = ids.shape()[1];
+                    let #embedded = #embed;
+                    #ple_inputs
+                    #(#masks)*
+                    #begin
+                    #layers_forward
+                    #end
+                }
+            }
+        }
+    }
+}
+
+/// The whole model module (without the file header).
+pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
+    let ir = &plan.ir;
+    let name = &plan.name;
+    let constants = constants_tokens(plan)?;
+    if ir.layers.is_empty() {
+        return Err(format!("{name}: a model without layers"));
+    }
+    let windows = WindowSetup::of(plan)?;
+    let kinds: Vec<TokenStream> = plan
+        .kinds
+        .iter()
+        .map(kind_tokens)
+        .collect::<Result<_, _>>()?;
+    let layout = layout_tokens(plan)?;
+    if !ir
         .layers
         .iter()
-        .any(holds_feed_forward)
-        .then(|| quote! { use archgen_runtime::feed_forward::FeedForward; });
-    // `rms_norm` is the norm before the mixer, which post-norm kinds lack.
-    let norm_before_mixer = ir.layers.iter().any(|l| match l.norms.arrangement {
-        NormArrangement::PreNorm | NormArrangement::Sandwich => true,
-        NormArrangement::PostNorm => false,
-    });
-    let ops_import = if norm_before_mixer {
-        quote! { use archgen_runtime::ops::{rms_norm, Result}; }
-    } else {
-        quote! { use archgen_runtime::ops::Result; }
+        .any(|l| l.attention().is_some_and(Attention::owns_kv))
+    {
+        return Err(format!("{name}: no layer owns K/V"));
+    }
+    let ple = PerLayerInputTokens::of(ir)?;
+    let embed_scale = embed_scale_tokens(ir);
+    let head = HeadTokens::of(ir);
+    let logits = logits_tokens(ir, &head.head);
+    let step = StepTokens::of(ir, &windows.steps_ctx, &logits);
+    let embed = quote! { b::embed(&self.embed, ids, #embed_scale, HIDDEN)? };
+    let Batched {
+        imports: batch_imports,
+        item: batch_impl,
+    } = batch_tokens(plan, &layout, &embed, ple.inputs.as_ref(), &logits)?;
+    let parts = ModelParts {
+        plan,
+        layout: &layout,
+        windows,
+        ple,
+        head,
+        embed,
+        step,
     };
-    let cache_doc = if hybrid {
-        " The caches of one sequence: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer."
-    } else {
-        " The caches of one sequence: one per layer that computes its own K/V."
-    };
+    let imports = parts.imports(&batch_imports);
+    let layout_items = &layout.items;
+    let structs = parts.structs();
+    let load = parts.load_fn();
+    let causal_lm = parts.causal_lm_impl();
     Ok(quote! {
-        use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
-        #batch_imports
-        use archgen_runtime::cache::{LayerCache, #(#cache_imports),*};
-        #decode_import
-        #deltanet_import
-        #feed_forward_import
-        use archgen_runtime::layers::Embedding;
-        #linear_import
-        use archgen_runtime::model::{CausalLm, ModelError, Readout};
-        #ops_import
-        use archgen_runtime::rope::Rope;
-        use archgen_runtime::weights::Weights;
-        use archgen_runtime::Array;
+        #imports
 
-        pub const NAME: &str = #name;
-        pub const FINGERPRINT: &str = #fingerprint;
-        pub const SPEC_SHA256: &str = #spec_hash;
-
-        const HIDDEN: i32 = #hidden;
-        const VOCAB: i32 = #vocab;
-        #[allow(dead_code)]
-        const LAYERS: i32 = #n_layers;
-        const EPS: f32 = #eps;
+        #constants
 
         #(#kinds)*
 
         #layout_items
 
-        #[doc = #doc_model]
-        pub struct Model {
-            embed: Embedding,
-            #ple_field
-            #(#ropes_struct)*
-            layers: Vec<Layer>,
-            norm: Array,
-            #head_field
-        }
+        #structs
 
-        #[doc = #cache_doc]
-        pub struct Cache {
-            #cache_fields
-        }
+        #load
 
-        /// Loads the model from sanitized weights; every tensor is checked.
-        pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
-            let mut model = Model {
-                embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
-                #ple_load
-                #(#ropes_init)*
-                #layers_load
-                norm: #norm_load,
-                #head_load
-            };
-            w.finish().map_err(|e| ModelError(e.to_string()))?;
-            #head_pre
-            #ple_pre
-            Ok(model)
-        }
-
-        impl CausalLm for Model {
-            type Cache = Cache;
-
-            fn vocab_size(&self) -> i32 {
-                VOCAB
-            }
-
-            /// Its batched forward (`impl BatchLm` below).
-            fn batched(&self) -> Option<&dyn BatchLm> {
-                Some(self)
-            }
-
-            fn make_cache(&self) -> Cache {
-                #make_cache
-            }
-
-            fn forward_to(&self, ids: &Array, cache: &mut Cache, readout: Readout) -> Result<Array> {
-                let n = ids.shape()[1];
-                let #embedded = b::embed(&self.embed, ids, #embed_scale, HIDDEN)?;
-                #ple_inputs
-                #(#masks)*
-                #step_begin
-                #layers_forward
-                #step_end
-            }
-        }
+        #causal_lm
 
         #batch_impl
     })
