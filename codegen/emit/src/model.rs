@@ -1334,6 +1334,160 @@ struct Batched {
     item: TokenStream,
 }
 
+/// Which batched caches the model's layers make.
+struct BatchCacheKinds {
+    full: bool,
+    sliding: bool,
+    delta_net: bool,
+    quantized: bool,
+    mixed: bool,
+}
+
+impl BatchCacheKinds {
+    fn of(ir: &ModelIr) -> Self {
+        let mut kinds = BatchCacheKinds {
+            full: false,
+            sliding: false,
+            delta_net: false,
+            quantized: false,
+            mixed: false,
+        };
+        for l in &ir.layers {
+            match &l.mixer {
+                Mixer::GatedDeltaNet(_) => kinds.delta_net = true,
+                Mixer::Attention(a) => match (a.kv, a.window) {
+                    (KvSource::Own { .. }, Window::Sliding(_)) => kinds.sliding = true,
+                    (
+                        KvSource::Own {
+                            cache: KvCache::Quantized(_),
+                            ..
+                        },
+                        Window::Full,
+                    ) => kinds.quantized = true,
+                    (
+                        KvSource::Own {
+                            cache: KvCache::QuantizedAfterForward { .. },
+                            ..
+                        },
+                        Window::Full,
+                    ) => kinds.mixed = true,
+                    (
+                        KvSource::Own {
+                            cache: KvCache::Plain,
+                            ..
+                        },
+                        Window::Full,
+                    ) => kinds.full = true,
+                    (KvSource::Shared { .. }, _) => {}
+                },
+            }
+        }
+        kinds
+    }
+
+    /// The batched forward's imports: the batch caches, the batched blocks,
+    /// and the batched quantized and Gated DeltaNet pieces where used.
+    fn imports(&self) -> TokenStream {
+        let cache_imports = [
+            self.full.then(|| quote! { BatchKvCache }),
+            self.sliding.then(|| quote! { BatchRotatingKvCache }),
+        ]
+        .into_iter()
+        .flatten();
+        let quantized_caches = [
+            self.quantized.then(|| quote! { BatchQuantizedKvCache }),
+            self.mixed.then(|| quote! { BatchMixedKvCache }),
+        ]
+        .into_iter()
+        .flatten();
+        let quantized_import = (self.quantized || self.mixed).then(|| {
+            quote! { use archgen_runtime::batch_quant::{#(#quantized_caches,)* KvQuantization}; }
+        });
+        let delta_net_import = self.delta_net.then(|| {
+            quote! { use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache}; }
+        });
+        quote! {
+            use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, #(#cache_imports),*};
+            use archgen_runtime::batch_blocks;
+            #quantized_import
+            #delta_net_import
+        }
+    }
+}
+
+/// The batched forward's masks and step contexts, before its layers.
+struct BatchWindows {
+    /// One mask per window.
+    masks: Vec<TokenStream>,
+    /// One step context per window and rotation.
+    steps_ctx: Vec<TokenStream>,
+    /// The contexts' names, in order.
+    contexts: Vec<String>,
+}
+
+impl BatchWindows {
+    // One mask per window from its first layer's cache; one step context
+    // per window and rotation. When every layer has the compiled decode
+    // blocks, a step of one token per row takes them as one sequence's step
+    // does (rows [B, hidden], RoPE tables at the rows' offsets, read from
+    // the window's first cache as its mask is); otherwise no tables.
+    fn of(plan: &Plan) -> Result<Self, String> {
+        let (ir, name) = (&plan.ir, &plan.name);
+        let compiled = compiled_decode(ir);
+        let mut windows_setup = BatchWindows {
+            masks: Vec::new(),
+            steps_ctx: Vec::new(),
+            contexts: Vec::new(),
+        };
+        for w in windows(ir) {
+            let wn = window_name(ir, w);
+            let mask = ident(&format!("{wn}_mask"));
+            let first = ir
+                .layers
+                .iter()
+                .find(|l| l.attention().is_some_and(|a| a.window == w))
+                .map(|l| Literal::usize_unsuffixed(l.index))
+                .ok_or_else(|| format!("{name}: window {w:?} has no layer"))?;
+            let size = lit_i32(match w {
+                Window::Full => 0,
+                Window::Sliding(n) => n,
+            })?;
+            windows_setup.masks.push(
+                quote! { let #mask = batch_blocks::window_mask(cache.layer(#first)?, n, #size)?; },
+            );
+            for a in ir.layers.iter().filter_map(Layer::attention) {
+                let cn = rope_context(ir, a);
+                if a.window != w || windows_setup.contexts.contains(&cn) {
+                    continue;
+                }
+                windows_setup
+                    .steps_ctx
+                    .push(batch_step_context(compiled, &cn, &first, &mask));
+                windows_setup.contexts.push(cn);
+            }
+        }
+        Ok(windows_setup)
+    }
+}
+
+/// One window and rotation's `WindowStep` in `forward_batch`: with RoPE
+/// tables at the rows' offsets (from the window's first cache `first`)
+/// when the model runs the compiled decode blocks.
+fn batch_step_context(compiled: bool, cn: &str, first: &Literal, mask: &Ident) -> TokenStream {
+    let (rope, ctx) = (ident(&format!("rope_{cn}")), ident(cn));
+    if compiled {
+        let tables = ident(&format!("{cn}_tables"));
+        quote! {
+            let #tables = batch_blocks::step_tables(&self.#rope, cache.layer(#first)?, n, h.dtype())?;
+            let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
+        }
+    } else {
+        quote! {
+            let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
+        }
+    }
+}
+
 /// `impl BatchLm for Model`, as mlx-lm runs the model under
 /// `BatchGenerator`: a merged cache per layer that owns K/V (full or
 /// sliding) or a Gated DeltaNet state, none for layers reading a donor's
@@ -1350,88 +1504,18 @@ fn batch_tokens(
     logits: &TokenStream,
 ) -> Result<Batched, String> {
     let ir = &plan.ir;
-    let name = &plan.name;
-    let (mut any_full, mut any_sliding, mut any_delta_net) = (false, false, false);
-    let (mut any_quantized, mut any_mixed) = (false, false);
-    for l in &ir.layers {
-        match &l.mixer {
-            Mixer::GatedDeltaNet(_) => any_delta_net = true,
-            Mixer::Attention(a) => match (a.kv, a.window) {
-                (KvSource::Own { .. }, Window::Sliding(_)) => any_sliding = true,
-                (
-                    KvSource::Own {
-                        cache: KvCache::Quantized(_),
-                        ..
-                    },
-                    Window::Full,
-                ) => any_quantized = true,
-                (
-                    KvSource::Own {
-                        cache: KvCache::QuantizedAfterForward { .. },
-                        ..
-                    },
-                    Window::Full,
-                ) => any_mixed = true,
-                (
-                    KvSource::Own {
-                        cache: KvCache::Plain,
-                        ..
-                    },
-                    Window::Full,
-                ) => any_full = true,
-                (KvSource::Shared { .. }, _) => {}
-            },
-        }
-    }
-    // One mask per window from its first layer's cache; one step context
-    // per window and rotation. When every layer has the compiled decode
-    // blocks, a step of one token per row takes them as one sequence's step
-    // does (rows [B, hidden], RoPE tables at the rows' offsets, read from
-    // the window's first cache as its mask is); otherwise no tables.
-    let compiled = compiled_decode(ir);
-    let mut masks = Vec::new();
-    let mut contexts: Vec<String> = Vec::new();
-    let mut steps_ctx = Vec::new();
-    for w in windows(ir) {
-        let wn = window_name(ir, w);
-        let mask = ident(&format!("{wn}_mask"));
-        let first = ir
-            .layers
-            .iter()
-            .find(|l| l.attention().is_some_and(|a| a.window == w))
-            .map(|l| Literal::usize_unsuffixed(l.index))
-            .ok_or_else(|| format!("{name}: window {w:?} has no layer"))?;
-        let size = lit_i32(match w {
-            Window::Full => 0,
-            Window::Sliding(n) => n,
-        })?;
-        masks.push(
-            quote! { let #mask = batch_blocks::window_mask(cache.layer(#first)?, n, #size)?; },
-        );
-        for a in ir.layers.iter().filter_map(Layer::attention) {
-            let cn = rope_context(ir, a);
-            if a.window != w || contexts.contains(&cn) {
-                continue;
-            }
-            let (rope, ctx) = (ident(&format!("rope_{cn}")), ident(&cn));
-            steps_ctx.push(if compiled {
-                let tables = ident(&format!("{cn}_tables"));
-                quote! {
-                    let #tables = batch_blocks::step_tables(&self.#rope, cache.layer(#first)?, n, h.dtype())?;
-                    let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
-                }
-            } else {
-                quote! {
-                    let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
-                }
-            });
-            contexts.push(cn);
-        }
-    }
-    let ssm_mask = any_delta_net.then(|| quote! { let ssm_mask = cache.ssm_mask(n)?; });
+    let caches = BatchCacheKinds::of(ir);
+    let BatchWindows {
+        masks,
+        steps_ctx,
+        contexts,
+    } = BatchWindows::of(plan)?;
+    let ssm_mask = caches
+        .delta_net
+        .then(|| quote! { let ssm_mask = cache.ssm_mask(n)?; });
     // The compiled blocks take rows [B, hidden]; a step has tables in
     // every window or in none (all from `step_tables` on the same `n`).
-    let (rows_begin, rows_end) = match (compiled, contexts.first()) {
+    let (rows_begin, rows_end) = match (compiled_decode(ir), contexts.first()) {
         (true, Some(cn)) => {
             let tables = ident(&format!("{cn}_tables"));
             (
@@ -1446,44 +1530,18 @@ fn batch_tokens(
     };
     let batch_caches = &layout.batch_caches;
     let batch_loop = &layout.forward_batch;
-    let make = quote! {
-        fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
-            let no_padding = vec![0; n];
-            Ok(BatchCache { layers: #batch_caches })
-        }
-    };
-    let cache_imports = [
-        any_full.then(|| quote! { BatchKvCache }),
-        any_sliding.then(|| quote! { BatchRotatingKvCache }),
-    ]
-    .into_iter()
-    .flatten();
-    let quantized_caches = [
-        any_quantized.then(|| quote! { BatchQuantizedKvCache }),
-        any_mixed.then(|| quote! { BatchMixedKvCache }),
-    ]
-    .into_iter()
-    .flatten();
-    let quantized_import = (any_quantized || any_mixed).then(|| {
-        quote! { use archgen_runtime::batch_quant::{#(#quantized_caches,)* KvQuantization}; }
-    });
-    let delta_net_import = any_delta_net.then(|| {
-        quote! { use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache}; }
-    });
     Ok(Batched {
-        imports: quote! {
-            use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, #(#cache_imports),*};
-            use archgen_runtime::batch_blocks;
-            #quantized_import
-            #delta_net_import
-        },
+        imports: caches.imports(),
         item: quote! {
             impl BatchLm for Model {
                 fn vocab_size(&self) -> i32 {
                     VOCAB
                 }
 
-                #make
+                fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
+                    let no_padding = vec![0; n];
+                    Ok(BatchCache { layers: #batch_caches })
+                }
 
                 fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
                     cache.check_layers(LAYOUT.len())?;
