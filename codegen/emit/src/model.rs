@@ -858,6 +858,13 @@ impl LayerExtras {
         }
     }
 
+    /// The per-layer input gate and the layer scalar, as `finish_layer`
+    /// takes them.
+    fn layer_end(&self) -> TokenStream {
+        let (ple_use, scalar_ref) = (self.ple_use(), self.scalar_ref());
+        quote! { #ple_use, #scalar_ref }
+    }
+
     /// The residual factor as `FeedForward::after_mixer` takes it.
     fn residual_eager(&self) -> TokenStream {
         match self.residual {
@@ -1068,10 +1075,11 @@ impl<'a> PlainAttentionKind<'a> {
         let load = self.load();
         let decode_layer = self.decode_layer();
         let forwards = self.forwards();
-        let finish = finish_tokens(self.extras.ple_param(), self.extras.residual_eager(), {
-            let (ple_use, scalar_ref) = (self.extras.ple_use(), self.extras.scalar_ref());
-            quote! { #ple_use, #scalar_ref }
-        });
+        let finish = finish_tokens(
+            self.extras.ple_param(),
+            self.extras.residual_eager(),
+            self.extras.layer_end(),
+        );
         quote! {
             #[doc = #doc]
             struct #name {
