@@ -203,221 +203,324 @@ fn mlp_widths(plan: &Plan) -> Vec<MlpWidth> {
     out
 }
 
-pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
-    let ir = &plan.ir;
-    let forms = per_layer_cache_forms(plan);
-    let kinds = kind_facts(plan, forms)?;
-    let any_donor = kinds.iter().any(|k| matches!(k.state, State::Donor));
-    let any_arrays = kinds.iter().any(|k| matches!(k.state, State::Arrays));
-    let any_ple = kinds.iter().any(|k| k.per_layer_input);
-    // Every layer takes its per-layer input: one slice per layer before its
-    // kind is matched (else each kind that takes one slices it).
-    let every_ple = kinds.iter().all(|k| k.per_layer_input);
+/// What the model-level loops ask of the model as a whole.
+#[derive(Clone, Copy)]
+struct ModelFacts {
+    /// Some layer reads the K/V a donor computed this forward.
+    any_donor: bool,
+    /// Some layer is a Gated DeltaNet (it keeps conv and recurrent state).
+    any_arrays: bool,
+    /// Some layer takes its per-layer input.
+    any_ple: bool,
+    /// Every layer takes its per-layer input: one slice per layer before its
+    /// kind is matched (else each kind that takes one slices it).
+    every_ple: bool,
+}
 
-    let widths = mlp_widths(plan);
-    let width_consts = widths
-        .iter()
-        .map(|w| {
-            let (name, width) = (&w.name, lit_i32(w.width)?);
-            Ok(quote! {
-                /// The width of a dense MLP (`intermediate_size`).
-                const #name: i32 = #width;
-            })
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    let rows = ir
-        .layers
-        .iter()
-        .map(|l| row_tokens(&kinds[plan.layer_kind[l.index]], l, &widths))
-        .collect::<Result<Vec<_>, _>>()?;
-    let n = Literal::usize_unsuffixed(ir.layers.len());
+impl ModelFacts {
+    fn of(kinds: &[KindFacts]) -> Self {
+        ModelFacts {
+            any_donor: kinds.iter().any(|k| matches!(k.state, State::Donor)),
+            any_arrays: kinds.iter().any(|k| matches!(k.state, State::Arrays)),
+            any_ple: kinds.iter().any(|k| k.per_layer_input),
+            every_ple: kinds.iter().all(|k| k.per_layer_input),
+        }
+    }
+}
 
-    let mut variants = Vec::new();
-    let mut layer_variants = Vec::new();
-    let mut loads = Vec::new();
-    let mut kv_caches = Vec::new();
-    let mut states = Vec::new();
-    let mut batch_caches = Vec::new();
-    let mut steps = Vec::new();
-    let mut batch_steps = Vec::new();
-    for k in &kinds {
-        let name = &k.name;
-        // The row's fields in order: (type, what it is, binding in load,
-        // binding in kv_cache).
-        let mut fields: Vec<(TokenStream, &str, TokenStream, TokenStream)> = Vec::new();
-        let mut args = Vec::new();
-        if k.mlp_width {
-            fields.push((
-                quote! { i32 },
-                "MLP width",
-                quote! { mlp_width },
-                quote! { _ },
-            ));
-            args.push(quote! { , mlp_width });
-        }
-        if k.cache_form {
-            fields.push((
-                quote! { KvForm },
-                "K/V cache",
-                quote! { _ },
-                quote! { cache },
-            ));
-        }
-        if let State::Donor = k.state {
-            fields.push((
-                quote! { usize },
-                "the layer whose K/V it reads",
-                quote! { donor },
-                quote! { _ },
-            ));
-            args.push(quote! { , donor });
-        }
-        // The kind's row whatever its fields.
-        let any_row = if fields.is_empty() {
-            quote! { Row::#name }
-        } else {
-            quote! { Row::#name(..) }
-        };
-        let types = fields.iter().map(|f| &f.0);
-        let what = fields.iter().map(|f| f.1).collect::<Vec<_>>().join(", ");
-        let load_binds = fields.iter().map(|f| &f.2);
-        variants.push(if fields.is_empty() {
-            quote! { #name, }
-        } else {
-            let doc = format!(" ({what})");
-            quote! { #[doc = #doc] #name(#(#types),*), }
+/// A field of a kind's `Row` variant.
+struct RowField {
+    ty: TokenStream,
+    /// What it is, for the variant's doc.
+    what: &'static str,
+    /// Its binding in `Row::load`.
+    load_bind: TokenStream,
+    /// Its binding in `Row::kv_cache` (and `Row::batch_cache`).
+    cache_bind: TokenStream,
+    /// The argument `load` passes on to the kind's own `load`.
+    load_arg: Option<TokenStream>,
+}
+
+/// The fields a kind's row carries, in order.
+fn row_fields(k: &KindFacts) -> Vec<RowField> {
+    let mut fields = Vec::new();
+    if k.mlp_width {
+        fields.push(RowField {
+            ty: quote! { i32 },
+            what: "MLP width",
+            load_bind: quote! { mlp_width },
+            cache_bind: quote! { _ },
+            load_arg: Some(quote! { , mlp_width }),
         });
-        layer_variants.push(quote! { #name(#name), });
-        loads.push(if fields.is_empty() {
-            quote! { Row::#name => Layer::#name(#name::load(w, i #(#args)*)), }
-        } else {
-            quote! { Row::#name(#(#load_binds),*) => Layer::#name(#name::load(w, i #(#args)*)), }
+    }
+    if k.cache_form {
+        fields.push(RowField {
+            ty: quote! { KvForm },
+            what: "K/V cache",
+            load_bind: quote! { _ },
+            cache_bind: quote! { cache },
+            load_arg: None,
         });
-        let ctx = k.layer.attention().map(|a| ident(&rope_context(ir, a)));
-        let pli = match (k.per_layer_input, every_ple) {
+    }
+    if let State::Donor = k.state {
+        fields.push(RowField {
+            ty: quote! { usize },
+            what: "the layer whose K/V it reads",
+            load_bind: quote! { donor },
+            cache_bind: quote! { _ },
+            load_arg: Some(quote! { , donor }),
+        });
+    }
+    fields
+}
+
+/// One kind's arm in each generated match over rows or layers.
+struct KindArms {
+    /// Its variant of `Row`.
+    row_variant: TokenStream,
+    /// Its variant of `Layer`.
+    layer_variant: TokenStream,
+    /// Its arm of `Row::load`.
+    load: TokenStream,
+    /// Its arms of the cache makers and of the forward loops.
+    state: StateArms,
+}
+
+/// A kind's arms that depend on what it keeps between steps.
+struct StateArms {
+    /// `Row::kv_cache`.
+    kv_cache: TokenStream,
+    /// `Row::state`.
+    state: TokenStream,
+    /// `Row::batch_cache`.
+    batch_cache: TokenStream,
+    /// `forward`'s match over the layer.
+    step: TokenStream,
+    /// `forward_batch`'s match over the layer.
+    batch_step: TokenStream,
+}
+
+/// What a kind's state arms share: its names and the arguments every call
+/// of its forward passes.
+struct KindCall<'a> {
+    name: &'a proc_macro2::Ident,
+    /// The kind's row whatever its fields.
+    any_row: TokenStream,
+    /// The kind's row binding what the cache makers read.
+    cache_row: TokenStream,
+    /// The rope context the kind attends with, when it attends.
+    ctx: Option<proc_macro2::Ident>,
+    /// The per-layer input argument, when the kind takes one.
+    pli: Option<TokenStream>,
+}
+
+fn kind_arms(plan: &Plan, facts: ModelFacts, k: &KindFacts) -> Result<KindArms, String> {
+    let name = &k.name;
+    let fields = row_fields(k);
+    let any_row = if fields.is_empty() {
+        quote! { Row::#name }
+    } else {
+        quote! { Row::#name(..) }
+    };
+    let row_variant = if fields.is_empty() {
+        quote! { #name, }
+    } else {
+        let types = fields.iter().map(|f| &f.ty);
+        let what = fields.iter().map(|f| f.what).collect::<Vec<_>>().join(", ");
+        let doc = format!(" ({what})");
+        quote! { #[doc = #doc] #name(#(#types),*), }
+    };
+    let args = fields.iter().filter_map(|f| f.load_arg.as_ref());
+    let load = if fields.is_empty() {
+        quote! { Row::#name => Layer::#name(#name::load(w, i #(#args)*)), }
+    } else {
+        let load_binds = fields.iter().map(|f| &f.load_bind);
+        quote! { Row::#name(#(#load_binds),*) => Layer::#name(#name::load(w, i #(#args)*)), }
+    };
+    let cache_row = if k.cache_form {
+        let binds = fields.iter().map(|f| &f.cache_bind);
+        quote! { Row::#name(#(#binds),*) }
+    } else {
+        any_row.clone()
+    };
+    let call = KindCall {
+        name,
+        any_row,
+        cache_row,
+        ctx: k
+            .layer
+            .attention()
+            .map(|a| ident(&rope_context(&plan.ir, a))),
+        pli: match (k.per_layer_input, facts.every_ple) {
             (true, true) => Some(quote! { , &per_layer_input }),
             (true, false) => Some(quote! { , &b::per_layer_slice(&per_layer, i as i32)? }),
             (false, _) => None,
-        };
-        match k.state {
-            State::Kv(window) => {
-                let cache = match (window, k.cache_form) {
-                    (Window::Sliding(w), _) => {
-                        let w = lit_i32(w)?;
-                        quote! { LayerCache::Sliding(RotatingKvCache::new(#w, 0)) }
-                    }
-                    (Window::Full, true) => quote! { cache.make() },
-                    (Window::Full, false) => quote! { LayerCache::Full(KvCache::default()) },
-                };
-                let pattern = if k.cache_form {
-                    let binds = fields.iter().map(|f| &f.3);
-                    quote! { Row::#name(#(#binds),*) }
-                } else {
-                    quote! { #any_row }
-                };
-                kv_caches.push(quote! { #pattern => Some(#cache), });
-                states.push(quote! { #any_row => None, });
-                batch_caches.push(match window {
-                    Window::Sliding(w) => {
-                        let w = lit_i32(w)?;
-                        quote! { #any_row => Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(#w, no_padding))), }
-                    }
-                    // A row with a cache form makes the batched cache of
-                    // its form (`KvForm::make_batch`).
-                    Window::Full if k.cache_form => {
-                        quote! { #pattern => Some(cache.make_batch(no_padding)), }
-                    }
-                    Window::Full => {
-                        quote! { #any_row => Some(BatchLayerCache::Full(BatchKvCache::new(no_padding))), }
-                    }
-                });
-                let call = quote! { l.forward(&h, &#ctx, next_cache(&mut kv_caches)? #pli)? };
-                let batch_call = quote! { l.forward_batch(&h, &#ctx, cache.layer_mut(i)? #pli)? };
-                let (step, batch_step) = match (k.returns_kv, any_donor) {
-                    (true, true) => (
-                        quote! { { let (h, kv) = #call; (h, Some(kv)) } },
-                        quote! { { let (h, kv) = #batch_call; (h, Some(kv)) } },
-                    ),
-                    (true, false) => (quote! { #call.0 }, quote! { #batch_call.0 }),
-                    (false, true) => (quote! { (#call, None) }, quote! { (#batch_call, None) }),
-                    (false, false) => (call, batch_call),
-                };
-                steps.push(quote! { Layer::#name(l) => #step, });
-                batch_steps.push(quote! { Layer::#name(l) => #batch_step, });
-            }
-            State::Donor => {
-                kv_caches.push(quote! { #any_row => None, });
-                states.push(quote! { #any_row => None, });
-                batch_caches.push(quote! { #any_row => None, });
-                // A layer reading a donor's K/V attends as in one sequence,
-                // batched or not (the donor's K/V carry the rows' offsets).
-                steps.push(quote! {
-                    Layer::#name(l) => (l.forward(&h, &#ctx, donor_kv(&computed, l.donor)? #pli)?, None),
-                });
-                batch_steps.push(quote! {
-                    Layer::#name(l) => (l.forward_batch(&h, &#ctx, donor_kv(&computed, l.donor)? #pli)?, None),
-                });
-            }
-            State::Arrays => {
-                kv_caches.push(quote! { #any_row => None, });
-                states.push(quote! { #any_row => Some(deltanet::ArraysCache::default()), });
-                batch_caches.push(quote! {
-                    #any_row => Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(no_padding.len()))),
-                });
-                // No window, no mask (`create_ssm_mask` is None for one
-                // unpadded sequence).
-                let call = quote! { l.forward(&h, next_cache(&mut states)?)? };
-                let batch_call =
-                    quote! { l.forward_batch(&h, cache.arrays_mut(i)?, ssm_mask.as_ref())? };
-                let (step, batch_step) = if any_donor {
-                    (quote! { (#call, None) }, quote! { (#batch_call, None) })
-                } else {
-                    (call, batch_call)
-                };
-                steps.push(quote! { Layer::#name(l) => #step, });
-                batch_steps.push(quote! { Layer::#name(l) => #batch_step, });
-            }
-        }
-    }
+        },
+    };
+    let state = match k.state {
+        State::Kv(window) => kv_state_arms(&call, k, window, facts.any_donor)?,
+        State::Donor => donor_state_arms(&call),
+        State::Arrays => arrays_state_arms(&call, facts.any_donor),
+    };
+    Ok(KindArms {
+        row_variant,
+        layer_variant: quote! { #name(#name), },
+        load,
+        state,
+    })
+}
 
-    let kv_form = forms.then(|| {
-        let used = |pick: fn(&KvCache) -> bool| {
-            ir.layers.iter().any(|l| match l.attention().map(|a| (a.window, a.kv)) {
+/// The arms of a kind that keeps its own K/V in a cache of `window`.
+fn kv_state_arms(
+    call: &KindCall,
+    k: &KindFacts,
+    window: Window,
+    any_donor: bool,
+) -> Result<StateArms, String> {
+    let KindCall {
+        name,
+        any_row,
+        cache_row,
+        ctx,
+        pli,
+    } = call;
+    let cache = match (window, k.cache_form) {
+        (Window::Sliding(w), _) => {
+            let w = lit_i32(w)?;
+            quote! { LayerCache::Sliding(RotatingKvCache::new(#w, 0)) }
+        }
+        (Window::Full, true) => quote! { cache.make() },
+        (Window::Full, false) => quote! { LayerCache::Full(KvCache::default()) },
+    };
+    let batch_cache = match window {
+        Window::Sliding(w) => {
+            let w = lit_i32(w)?;
+            quote! { #any_row => Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(#w, no_padding))), }
+        }
+        // A row with a cache form makes the batched cache of
+        // its form (`KvForm::make_batch`).
+        Window::Full if k.cache_form => {
+            quote! { #cache_row => Some(cache.make_batch(no_padding)), }
+        }
+        Window::Full => {
+            quote! { #any_row => Some(BatchLayerCache::Full(BatchKvCache::new(no_padding))), }
+        }
+    };
+    let call = quote! { l.forward(&h, &#ctx, next_cache(&mut kv_caches)? #pli)? };
+    let batch_call = quote! { l.forward_batch(&h, &#ctx, cache.layer_mut(i)? #pli)? };
+    let (step, batch_step) = match (k.returns_kv, any_donor) {
+        (true, true) => (
+            quote! { { let (h, kv) = #call; (h, Some(kv)) } },
+            quote! { { let (h, kv) = #batch_call; (h, Some(kv)) } },
+        ),
+        (true, false) => (quote! { #call.0 }, quote! { #batch_call.0 }),
+        (false, true) => (quote! { (#call, None) }, quote! { (#batch_call, None) }),
+        (false, false) => (call, batch_call),
+    };
+    Ok(StateArms {
+        kv_cache: quote! { #cache_row => Some(#cache), },
+        state: quote! { #any_row => None, },
+        batch_cache,
+        step: quote! { Layer::#name(l) => #step, },
+        batch_step: quote! { Layer::#name(l) => #batch_step, },
+    })
+}
+
+/// The arms of a kind that reads the K/V its donor computed.
+fn donor_state_arms(call: &KindCall) -> StateArms {
+    let KindCall {
+        name,
+        any_row,
+        ctx,
+        pli,
+        ..
+    } = call;
+    StateArms {
+        kv_cache: quote! { #any_row => None, },
+        state: quote! { #any_row => None, },
+        batch_cache: quote! { #any_row => None, },
+        // A layer reading a donor's K/V attends as in one sequence,
+        // batched or not (the donor's K/V carry the rows' offsets).
+        step: quote! {
+            Layer::#name(l) => (l.forward(&h, &#ctx, donor_kv(&computed, l.donor)? #pli)?, None),
+        },
+        batch_step: quote! {
+            Layer::#name(l) => (l.forward_batch(&h, &#ctx, donor_kv(&computed, l.donor)? #pli)?, None),
+        },
+    }
+}
+
+/// The arms of a Gated DeltaNet kind (conv and recurrent state).
+fn arrays_state_arms(call: &KindCall, any_donor: bool) -> StateArms {
+    let KindCall { name, any_row, .. } = call;
+    // No window, no mask (`create_ssm_mask` is None for one
+    // unpadded sequence).
+    let call = quote! { l.forward(&h, next_cache(&mut states)?)? };
+    let batch_call = quote! { l.forward_batch(&h, cache.arrays_mut(i)?, ssm_mask.as_ref())? };
+    let (step, batch_step) = if any_donor {
+        (quote! { (#call, None) }, quote! { (#batch_call, None) })
+    } else {
+        (call, batch_call)
+    };
+    StateArms {
+        kv_cache: quote! { #any_row => None, },
+        state: quote! { #any_row => Some(deltanet::ArraysCache::default()), },
+        batch_cache: quote! {
+            #any_row => Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(no_padding.len()))),
+        },
+        step: quote! { Layer::#name(l) => #step, },
+        batch_step: quote! { Layer::#name(l) => #batch_step, },
+    }
+}
+
+/// `KvForm`: the cache forms the model's full layers use, and how each
+/// makes its cache for one sequence and for a batch.
+fn kv_form_tokens(plan: &Plan) -> TokenStream {
+    let used = |pick: fn(&KvCache) -> bool| {
+        plan.ir
+            .layers
+            .iter()
+            .any(|l| match l.attention().map(|a| (a.window, a.kv)) {
                 Some((Window::Full, KvSource::Own { cache, .. })) => pick(&cache),
                 Some(_) | None => false,
             })
-        };
-        let plain = used(|c| matches!(c, KvCache::Plain));
-        let quantized = used(|c| matches!(c, KvCache::Quantized(_)));
-        let mixed = used(|c| matches!(c, KvCache::QuantizedAfterForward { .. }));
-        let variants = [
-            plain.then(|| quote! { Plain, }),
-            quantized.then(|| quote! { Quantized { group_size: i32, bits: i32 }, }),
-            mixed.then(|| quote! { QuantizedAfterForward { group_size: i32, bits: i32, start: i32 }, }),
-        ]
-        .into_iter()
-        .flatten();
-        let arms = [
-            plain.then(|| quote! { KvForm::Plain => LayerCache::Full(KvCache::default()), }),
-            quantized.then(|| quote! {
-                KvForm::Quantized { group_size, bits } => LayerCache::Quantized(QuantizedKvCache::new(group_size, bits)),
-            }),
-            mixed.then(|| quote! {
-                KvForm::QuantizedAfterForward { group_size, bits, start } => {
-                    LayerCache::QuantizedAfterForward(MixedKvCache::new(group_size, bits, start))
-                }
-            }),
-        ]
-        .into_iter()
-        .flatten();
-        let batch_arms = [
-            plain.then(|| quote! { KvForm::Plain => BatchLayerCache::Full(BatchKvCache::new(no_padding)), }),
-            quantized.then(|| quote! {
+    };
+    let plain = used(|c| matches!(c, KvCache::Plain));
+    let quantized = used(|c| matches!(c, KvCache::Quantized(_)));
+    let mixed = used(|c| matches!(c, KvCache::QuantizedAfterForward { .. }));
+    let variants = [
+        plain.then(|| quote! { Plain, }),
+        quantized.then(|| quote! { Quantized { group_size: i32, bits: i32 }, }),
+        mixed.then(|| quote! { QuantizedAfterForward { group_size: i32, bits: i32, start: i32 }, }),
+    ]
+    .into_iter()
+    .flatten();
+    let arms = [
+        plain.then(|| quote! { KvForm::Plain => LayerCache::Full(KvCache::default()), }),
+        quantized.then(|| quote! {
+            KvForm::Quantized { group_size, bits } => LayerCache::Quantized(QuantizedKvCache::new(group_size, bits)),
+        }),
+        mixed.then(|| quote! {
+            KvForm::QuantizedAfterForward { group_size, bits, start } => {
+                LayerCache::QuantizedAfterForward(MixedKvCache::new(group_size, bits, start))
+            }
+        }),
+    ]
+    .into_iter()
+    .flatten();
+    let batch_arms = [
+        plain.then(
+            || quote! { KvForm::Plain => BatchLayerCache::Full(BatchKvCache::new(no_padding)), },
+        ),
+        quantized.then(|| {
+            quote! {
                 KvForm::Quantized { group_size, bits } => BatchLayerCache::Quantized(
                     BatchQuantizedKvCache::new(KvQuantization { group_size, bits }, no_padding),
                 ),
-            }),
-            mixed.then(|| quote! {
+            }
+        }),
+        mixed.then(|| {
+            quote! {
                 KvForm::QuantizedAfterForward { group_size, bits, start } => {
                     BatchLayerCache::QuantizedAfterForward(BatchMixedKvCache::new(
                         KvQuantization { group_size, bits },
@@ -425,39 +528,44 @@ pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
                         no_padding,
                     ))
                 }
-            }),
-        ]
-        .into_iter()
-        .flatten();
-        let make_batch = quote! {
+            }
+        }),
+    ]
+    .into_iter()
+    .flatten();
+    quote! {
+        /// The K/V cache of a full-attention layer: mlx-lm's `KVCache`,
+        /// or a quantized one.
+        #[derive(Clone, Copy)]
+        enum KvForm {
+            #(#variants)*
+        }
+
+        impl KvForm {
+            fn make(self) -> LayerCache {
+                match self {
+                    #(#arms)*
+                }
+            }
+
             /// The batched cache of this form for fresh sequences.
             fn make_batch(self, no_padding: &[i32]) -> BatchLayerCache {
                 match self {
                     #(#batch_arms)*
                 }
             }
-        };
-        quote! {
-            /// The K/V cache of a full-attention layer: mlx-lm's `KVCache`,
-            /// or a quantized one.
-            #[derive(Clone, Copy)]
-            enum KvForm {
-                #(#variants)*
-            }
-
-            impl KvForm {
-                fn make(self) -> LayerCache {
-                    match self {
-                        #(#arms)*
-                    }
-                }
-
-                #make_batch
-            }
         }
-    });
+    }
+}
 
-    let states_fn = any_arrays.then(|| {
+/// `impl Row`: load a layer, and make its caches for one sequence and for
+/// a batch.
+fn row_impl(facts: ModelFacts, arms: &[KindArms]) -> TokenStream {
+    let loads = arms.iter().map(|a| &a.load);
+    let kv_caches = arms.iter().map(|a| &a.state.kv_cache);
+    let batch_caches = arms.iter().map(|a| &a.state.batch_cache);
+    let states_fn = facts.any_arrays.then(|| {
+        let states = arms.iter().map(|a| &a.state.state);
         quote! {
             /// The layer's conv and recurrent state, for a Gated DeltaNet layer.
             fn state(self) -> Option<deltanet::ArraysCache> {
@@ -467,54 +575,7 @@ pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
             }
         }
     });
-    let batch_cache_fn = quote! {
-        /// The layer's merged cache for a batch of fresh sequences
-        /// (`BatchGenerator`), none for a layer reading a donor's K/V.
-        fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
-            match self {
-                #(#batch_caches)*
-            }
-        }
-    };
-    let donor_fn = any_donor.then(|| {
-        quote! {
-            /// The K/V layer `donor` computed in this forward, for a later
-            /// layer that reads it (`shared_kv`).
-            fn donor_kv(computed: &[Option<b::SharedKv>], donor: usize) -> Result<&b::SharedKv> {
-                computed.get(donor).and_then(Option::as_ref).ok_or_else(|| {
-                    archgen_runtime::mlx_rs::error::Exception::custom(format!(
-                        "{NAME}: layer {donor} computed no K/V to share"
-                    ))
-                })
-            }
-        }
-    });
-    let doc_row = " A layer's kind and the facts its kind leaves open (each variant names them).";
-    // The variants are the kinds' names, which share a suffix when every
-    // kind has the same trait (`...Ple`): clippy's naming lint is allowed.
-    let items = quote! {
-        #[doc = #doc_row]
-        #[derive(Clone, Copy)]
-        #[allow(clippy::enum_variant_names)]
-        enum Row {
-            #(#variants)*
-        }
-
-        #kv_form
-
-        #(#width_consts)*
-
-        /// Every layer in order: layer `i` is row `i`.
-        const LAYOUT: [Row; #n] = [
-            #(#rows),*
-        ];
-
-        /// One loaded layer, by kind.
-        #[allow(clippy::enum_variant_names)]
-        enum Layer {
-            #(#layer_variants)*
-        }
-
+    quote! {
         impl Row {
             /// Loads layer `i`, whose row this is.
             fn load(self, w: &mut Weights, i: usize) -> Layer {
@@ -533,9 +594,33 @@ pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
 
             #states_fn
 
-            #batch_cache_fn
+            /// The layer's merged cache for a batch of fresh sequences
+            /// (`BatchGenerator`), none for a layer reading a donor's K/V.
+            fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
+                match self {
+                    #(#batch_caches)*
+                }
+            }
         }
+    }
+}
 
+/// The forward loops' lookups of a layer's cache (and of a donor's K/V).
+fn cache_lookups(any_donor: bool) -> TokenStream {
+    let donor_fn = any_donor.then(|| {
+        quote! {
+            /// The K/V layer `donor` computed in this forward, for a later
+            /// layer that reads it (`shared_kv`).
+            fn donor_kv(computed: &[Option<b::SharedKv>], donor: usize) -> Result<&b::SharedKv> {
+                computed.get(donor).and_then(Option::as_ref).ok_or_else(|| {
+                    archgen_runtime::mlx_rs::error::Exception::custom(format!(
+                        "{NAME}: layer {donor} computed no K/V to share"
+                    ))
+                })
+            }
+        }
+    });
+    quote! {
         /// Cache `k` of those `make_cache` made.
         fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
             caches.get(k).ok_or_else(missing_cache)
@@ -554,11 +639,74 @@ pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
         }
 
         #donor_fn
-    };
+    }
+}
 
-    let load = quote! {
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
-    };
+/// `Row`, `KvForm`, the MLP widths, `LAYOUT`, `Layer`, `impl Row` and the
+/// cache lookups: the items of the layout.
+fn layout_items(
+    plan: &Plan,
+    kinds: &[KindFacts],
+    facts: ModelFacts,
+    arms: &[KindArms],
+) -> Result<TokenStream, String> {
+    let widths = mlp_widths(plan);
+    let width_consts = widths
+        .iter()
+        .map(|w| {
+            let (name, width) = (&w.name, lit_i32(w.width)?);
+            Ok(quote! {
+                /// The width of a dense MLP (`intermediate_size`).
+                const #name: i32 = #width;
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let rows = plan
+        .ir
+        .layers
+        .iter()
+        .map(|l| row_tokens(&kinds[plan.layer_kind[l.index]], l, &widths))
+        .collect::<Result<Vec<_>, _>>()?;
+    let n = Literal::usize_unsuffixed(plan.ir.layers.len());
+    let row_variants = arms.iter().map(|a| &a.row_variant);
+    let layer_variants = arms.iter().map(|a| &a.layer_variant);
+    let kv_form = per_layer_cache_forms(plan).then(|| kv_form_tokens(plan));
+    let row_impl = row_impl(facts, arms);
+    let lookups = cache_lookups(facts.any_donor);
+    let doc_row = " A layer's kind and the facts its kind leaves open (each variant names them).";
+    // The variants are the kinds' names, which share a suffix when every
+    // kind has the same trait (`...Ple`): clippy's naming lint is allowed.
+    Ok(quote! {
+        #[doc = #doc_row]
+        #[derive(Clone, Copy)]
+        #[allow(clippy::enum_variant_names)]
+        enum Row {
+            #(#row_variants)*
+        }
+
+        #kv_form
+
+        #(#width_consts)*
+
+        /// Every layer in order: layer `i` is row `i`.
+        const LAYOUT: [Row; #n] = [
+            #(#rows),*
+        ];
+
+        /// One loaded layer, by kind.
+        #[allow(clippy::enum_variant_names)]
+        enum Layer {
+            #(#layer_variants)*
+        }
+
+        #row_impl
+
+        #lookups
+    })
+}
+
+/// The `Cache` struct's fields and `make_cache`'s body.
+fn cache_tokens(any_arrays: bool) -> (TokenStream, TokenStream) {
     let states_field = any_arrays.then(|| {
         quote! {
             /// One per Gated DeltaNet layer, in layer order.
@@ -578,30 +726,54 @@ pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
             #states_init
         }
     };
-    let states_iter = any_arrays.then(|| quote! { let mut states = cache.states.iter_mut(); });
-    let each = if any_ple {
+    (cache_fields, make_cache)
+}
+
+/// `forward`'s and `forward_batch`'s loops over the layers.
+fn forward_loops(facts: ModelFacts, arms: &[KindArms]) -> (TokenStream, TokenStream) {
+    let steps = arms.iter().map(|a| &a.state.step).collect::<Vec<_>>();
+    let batch_steps = arms.iter().map(|a| &a.state.batch_step).collect::<Vec<_>>();
+    let states_iter = facts
+        .any_arrays
+        .then(|| quote! { let mut states = cache.states.iter_mut(); });
+    let each = if facts.any_ple {
         quote! { for (i, layer) in self.layers.iter().enumerate() }
     } else {
         quote! { for layer in &self.layers }
     };
-    let slice = every_ple.then(|| {
+    let slice = facts.every_ple.then(|| {
         quote! { let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?; }
     });
-    let layers_loop = layer_loop(any_donor, &each, &slice, &steps);
+    let layers_loop = layer_loop(facts.any_donor, &each, &slice, &steps);
     let forward = quote! {
         let mut kv_caches = cache.kv.iter_mut();
         #states_iter
         #layers_loop
     };
     let forward_batch = layer_loop(
-        any_donor,
+        facts.any_donor,
         &quote! { for (i, layer) in self.layers.iter().enumerate() },
         &slice,
         &batch_steps,
     );
+    (forward, forward_batch)
+}
+
+pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
+    let kinds = kind_facts(plan, per_layer_cache_forms(plan))?;
+    let facts = ModelFacts::of(&kinds);
+    let arms = kinds
+        .iter()
+        .map(|k| kind_arms(plan, facts, k))
+        .collect::<Result<Vec<_>, _>>()?;
+    let items = layout_items(plan, &kinds, facts, &arms)?;
+    let (cache_fields, make_cache) = cache_tokens(facts.any_arrays);
+    let (forward, forward_batch) = forward_loops(facts, &arms);
     Ok(Layout {
         items,
-        load,
+        load: quote! {
+            layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        },
         make_cache,
         cache_fields,
         forward,
@@ -618,7 +790,7 @@ fn layer_loop(
     any_donor: bool,
     each: &TokenStream,
     slice: &Option<TokenStream>,
-    steps: &[TokenStream],
+    steps: &[&TokenStream],
 ) -> TokenStream {
     if any_donor {
         quote! {

@@ -756,237 +756,453 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
         NormArrangement::PreNorm | NormArrangement::Sandwich => {}
         NormArrangement::PostNorm => return post_norm_kind_tokens(kind, a),
     }
-    let name = ident(&kind.name);
-    let doc = kind_doc(l, &kind.layers);
-    let shape = shape_tokens(a)?;
-    let norms_load = norms_load_tokens(l);
-    let qk = qk_tokens(a);
-    let own = match a.kv {
-        KvSource::Own { values, .. } => Some(match values {
-            Values::Projected => quote! { b::Values::Projected },
-            Values::SameAsKeys => quote! { b::Values::SameAsKeys },
-        }),
-        KvSource::Shared { .. } => None,
-    };
-    match l.ffn {
-        FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {}
-        FeedForward::MoeAndSharedExpert { .. } => {
-            return Err(format!(
-                "layer kind {}: routed experts with a shared expert run only beside a Gated DeltaNet or gated attention",
-                kind.name
-            ))
-        }
-    }
-    let FfnLoad {
-        load: ffn_load,
-        signature,
-    } = feed_forward_load(l, &kind.name)?;
-    let ple = match l.input {
-        LayerInput::None => None,
-        LayerInput::Gated { width } => Some(lit_i32(width)?),
-    };
-    let scalar = match l.scalar {
-        LayerScalar::None => false,
-        LayerScalar::Learned => true,
-    };
+    Ok(PlainAttentionKind::of(kind, a)?.tokens())
+}
 
-    let kv_field = match own {
-        Some(_) => quote! { kv: b::KvWeights, qkv: Option<decode::FusedQkv>, },
-        // The layer whose K/V it reads (a per-layer fact: `LAYOUT` gives it).
-        None => quote! { donor: usize, },
-    };
-    let donor_arg = own.is_none().then(|| quote! { , donor: usize });
-    let donor_load = own.is_none().then(|| quote! { donor, });
-    let kv_load = own
-        .as_ref()
-        .map(|v| quote! { kv: b::load_kv(w, i, HIDDEN, Self::SHAPE, #qk, #v), qkv: None, });
-    // Biases go onto the loaded projections (before Q/K/V are stacked: a
-    // biased layer keeps them separate).
-    let bias_load = match a.bias {
-        ProjectionBias::None => None,
-        ProjectionBias::QueryKeyValue => Some(match own {
-            Some(_) => quote! {
-                b::load_biases(w, i, b::ProjectionBias::QueryKeyValue, &mut layer.attn, Some(&mut layer.kv), Self::SHAPE);
-            },
-            None => quote! {
-                b::load_biases(w, i, b::ProjectionBias::QueryKeyValue, &mut layer.attn, None, Self::SHAPE);
-            },
-        }),
-    };
-    let kv_pre = own.as_ref().map(|_| {
-        quote! {
-            layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, Self::SHAPE);
-            w.release(&format!("layers.{i}."));
-            layer.kv.pretranspose();
-        }
-    });
-    let ple_field = ple.as_ref().map(|_| quote! { ple: b::PleGate, });
-    let ple_load = ple
-        .as_ref()
-        .map(|pw| quote! { ple: b::load_ple_gate(w, i, HIDDEN, #pw), });
-    let ple_pre = ple.as_ref().map(|_| quote! { layer.ple.pretranspose(); });
-    let ple_arg = ple.as_ref().map(|_| quote! { , pli: &Array });
-    let ple_use = match ple {
-        Some(_) => quote! { Some((&self.ple, pli)) },
-        None => quote! { None },
-    };
-    let ple_pass = ple.as_ref().map(|_| quote! { , pli });
-    // The decode view borrows the PLE input for as long as the layer.
-    let decode_layer_sig = match ple {
-        Some(_) => quote! { fn decode_layer<'a>(&'a self, pli: &'a Array) -> decode::Layer<'a> },
-        None => quote! { fn decode_layer(&self) -> decode::Layer<'_> },
-    };
-    let decode_layer_call = match ple {
-        Some(_) => quote! { self.decode_layer(pli) },
-        None => quote! { self.decode_layer() },
-    };
-    let scalar_field = scalar.then(|| quote! { layer_scalar: Array, });
-    let scalar_load = scalar.then(|| quote! { layer_scalar: b::load_layer_scalar(w, i), });
-    let scalar_ref = if scalar {
-        quote! { Some(&self.layer_scalar) }
-    } else {
-        quote! { None }
-    };
-    // Scaled residual branches: the factor as a field (an array, so the
-    // compiled decode block takes it as an input).
-    let residual = match l.residual {
-        Residual::Plain => None,
-        Residual::DepthScaled { .. } | Residual::Scaled { .. } => {
-            let f = l
-                .residual
-                .factor()
-                .ok_or_else(|| format!("layer kind {}: no residual factor", kind.name))?;
-            Some(Literal::f64_suffixed(f))
-        }
-    };
-    if let (FeedForward::Moe(_), Some(_)) = (l.ffn, &residual) {
-        return Err(format!(
-            "layer kind {}: routed experts with depth-scaled residuals: no runtime block runs them",
-            kind.name
-        ));
-    }
-    let residual_field = residual.as_ref().map(|_| quote! { residual: Array, });
-    let residual_load = residual
-        .as_ref()
-        .map(|f| quote! { residual: b::residual_scale(#f), });
-    let (residual_eager, residual_decode) = match residual {
-        None => (quote! { None }, quote! { decode::Residual::Plain }),
-        Some(_) => (
-            quote! { Some(&self.residual) },
-            quote! { decode::Residual::Scaled(&self.residual) },
-        ),
-    };
-    let (kv_arg, attn, decode_step, ret_ty, ret) = match own {
-        Some(_) => (
-            quote! { cache: &mut LayerCache },
-            quote! {
-                let (a, kv) = b::attention_own_kv(&x, b::OwnQkv::Separate { attn: &self.attn, kv: &self.kv }, Self::SHAPE, at.rope, cache, at.mask)?;
-            },
-            quote! {
-                let kv = decode::KvSource::Own { weights: &self.kv, fused: self.qkv.as_ref(), cache };
-                return decode::step(h, &#decode_layer_call, kv, tables, at.mask);
-            },
-            quote! { (Array, b::SharedKv) },
-            quote! { Ok((h, kv)) },
-        ),
-        None => (
-            quote! { shared: &b::SharedKv },
-            quote! {
-                let a = b::attention_shared_kv(&x, &self.attn, Self::SHAPE, at.rope, shared, at.mask)?;
-            },
-            quote! {
-                let kv = decode::KvSource::Shared(shared);
-                return decode::step(h, &#decode_layer_call, kv, tables, at.mask).map(|(h, _)| h);
-            },
-            quote! { Array },
-            quote! { Ok(h) },
-        ),
-    };
-    // The batched forward's cache argument and mixer (`batch_blocks`; a
-    // layer reading a donor's K/V attends as in one sequence, the donor's
-    // K/V carrying the rows' offsets).
-    let (batch_kv_arg, batch_attn) = match own {
-        Some(_) => (
-            quote! { cache: &mut BatchLayerCache },
-            quote! {
-                let (a, kv) = batch_blocks::attention_own_kv(&x, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
-            },
-        ),
-        None => (kv_arg.clone(), attn.clone()),
-    };
-    let finish = finish_tokens(
-        ple_arg.clone(),
-        residual_eager,
-        quote! { #ple_use, #scalar_ref },
-    );
-    let body = Composition::of(l).forward_body(ForwardLines {
-        decode: Some(quote! {
-            if let Some(tables) = at.tables {
-                #decode_step
+/// The optional parts of a plain attention layer beyond its mixer and
+/// feed-forward half: each is a field, its load, and what the forwards and
+/// the decode view pass for it.
+struct LayerExtras {
+    /// The per-layer input gate's width, when the layer takes one.
+    ple: Option<Literal>,
+    /// Whether the layer ends with a learned scalar.
+    scalar: bool,
+    /// The factor of scaled residual branches.
+    residual: Option<Literal>,
+}
+
+impl LayerExtras {
+    fn of(kind: &LayerKind) -> Result<Self, String> {
+        let l = &kind.key.0;
+        let ple = match l.input {
+            LayerInput::None => None,
+            LayerInput::Gated { width } => Some(lit_i32(width)?),
+        };
+        let scalar = match l.scalar {
+            LayerScalar::None => false,
+            LayerScalar::Learned => true,
+        };
+        // Scaled residual branches: the factor as a field (an array, so the
+        // compiled decode block takes it as an input).
+        let residual = match l.residual {
+            Residual::Plain => None,
+            Residual::DepthScaled { .. } | Residual::Scaled { .. } => {
+                let f = l
+                    .residual
+                    .factor()
+                    .ok_or_else(|| format!("layer kind {}: no residual factor", kind.name))?;
+                Some(Literal::f64_suffixed(f))
             }
-        }),
-        mixer: attn,
-        finish: quote! {
-            let h = self.finish(h, a #ple_pass)?;
-            #ret
-        },
-    });
-    Ok(quote! {
-        #[doc = #doc]
-        struct #name {
-            norms: b::LayerNorms,
-            attn: b::AttentionWeights,
-            #kv_field
-            ffn: FeedForward,
-            #ple_field
-            #scalar_field
-            #residual_field
+        };
+        if let (FeedForward::Moe(_), Some(_)) = (l.ffn, &residual) {
+            return Err(format!(
+                "layer kind {}: routed experts with depth-scaled residuals: no runtime block runs them",
+                kind.name
+            ));
         }
+        Ok(LayerExtras {
+            ple,
+            scalar,
+            residual,
+        })
+    }
 
-        impl #name {
-            const SHAPE: AttentionShape = #shape;
+    /// The struct's fields, after the feed-forward half.
+    fn fields(&self) -> TokenStream {
+        let ple = self.ple.as_ref().map(|_| quote! { ple: b::PleGate, });
+        let scalar = self.scalar.then(|| quote! { layer_scalar: Array, });
+        let residual = self.residual.as_ref().map(|_| quote! { residual: Array, });
+        quote! { #ple #scalar #residual }
+    }
 
-            fn load(#signature #donor_arg) -> Self {
+    /// `load`'s initializers of those fields.
+    fn loads(&self) -> TokenStream {
+        let ple = self
+            .ple
+            .as_ref()
+            .map(|pw| quote! { ple: b::load_ple_gate(w, i, HIDDEN, #pw), });
+        let scalar = self
+            .scalar
+            .then(|| quote! { layer_scalar: b::load_layer_scalar(w, i), });
+        let residual = self
+            .residual
+            .as_ref()
+            .map(|f| quote! { residual: b::residual_scale(#f), });
+        quote! { #ple #scalar #residual }
+    }
+
+    fn ple_pretranspose(&self) -> Option<TokenStream> {
+        self.ple
+            .as_ref()
+            .map(|_| quote! { layer.ple.pretranspose(); })
+    }
+
+    /// The forwards' per-layer input parameter.
+    fn ple_param(&self) -> Option<TokenStream> {
+        self.ple.as_ref().map(|_| quote! { , pli: &Array })
+    }
+
+    /// The per-layer input passed on to `finish`.
+    fn ple_pass(&self) -> Option<TokenStream> {
+        self.ple.as_ref().map(|_| quote! { , pli })
+    }
+
+    /// The gate and its input, as `finish_layer` and the decode view take them.
+    fn ple_use(&self) -> TokenStream {
+        match self.ple {
+            Some(_) => quote! { Some((&self.ple, pli)) },
+            None => quote! { None },
+        }
+    }
+
+    fn scalar_ref(&self) -> TokenStream {
+        if self.scalar {
+            quote! { Some(&self.layer_scalar) }
+        } else {
+            quote! { None }
+        }
+    }
+
+    /// The per-layer input gate and the layer scalar, as `finish_layer`
+    /// takes them.
+    fn layer_end(&self) -> TokenStream {
+        let (ple_use, scalar_ref) = (self.ple_use(), self.scalar_ref());
+        quote! { #ple_use, #scalar_ref }
+    }
+
+    /// The residual factor as `FeedForward::after_mixer` takes it.
+    fn residual_eager(&self) -> TokenStream {
+        match self.residual {
+            None => quote! { None },
+            Some(_) => quote! { Some(&self.residual) },
+        }
+    }
+
+    /// The residual as the decode view takes it.
+    fn residual_decode(&self) -> TokenStream {
+        match self.residual {
+            None => quote! { decode::Residual::Plain },
+            Some(_) => quote! { decode::Residual::Scaled(&self.residual) },
+        }
+    }
+
+    /// `decode_layer`'s signature: the decode view borrows the PLE input for
+    /// as long as the layer.
+    fn decode_layer_sig(&self) -> TokenStream {
+        match self.ple {
+            Some(_) => {
+                quote! { fn decode_layer<'a>(&'a self, pli: &'a Array) -> decode::Layer<'a> }
+            }
+            None => quote! { fn decode_layer(&self) -> decode::Layer<'_> },
+        }
+    }
+
+    fn decode_layer_call(&self) -> TokenStream {
+        match self.ple {
+            Some(_) => quote! { self.decode_layer(pli) },
+            None => quote! { self.decode_layer() },
+        }
+    }
+}
+
+/// The parts of a plain attention kind's struct and load that depend on
+/// where its K/V come from: its own projections, or a donor layer's.
+struct KvParts {
+    /// The struct's K/V fields.
+    field: TokenStream,
+    /// `load`'s extra parameter (the donor of a reading layer).
+    load_param: Option<TokenStream>,
+    /// `load`'s initializers of the K/V fields.
+    load: TokenStream,
+    /// Biases onto the loaded projections.
+    bias_load: Option<TokenStream>,
+    /// Q/K/V stacked for the decode step, the K/V pretransposed.
+    prepare: Option<TokenStream>,
+}
+
+impl KvParts {
+    /// `own`: the kind's values when it computes its own K/V.
+    fn of(a: &Attention, own: Option<&TokenStream>, qk: &TokenStream) -> Self {
+        // Biases go onto the loaded projections (before Q/K/V are stacked: a
+        // biased layer keeps them separate).
+        let bias_load = match a.bias {
+            ProjectionBias::None => None,
+            ProjectionBias::QueryKeyValue => Some(match own {
+                Some(_) => quote! {
+                    b::load_biases(w, i, b::ProjectionBias::QueryKeyValue, &mut layer.attn, Some(&mut layer.kv), Self::SHAPE);
+                },
+                None => quote! {
+                    b::load_biases(w, i, b::ProjectionBias::QueryKeyValue, &mut layer.attn, None, Self::SHAPE);
+                },
+            }),
+        };
+        match own {
+            Some(v) => KvParts {
+                field: quote! { kv: b::KvWeights, qkv: Option<decode::FusedQkv>, },
+                load_param: None,
+                load: quote! { kv: b::load_kv(w, i, HIDDEN, Self::SHAPE, #qk, #v), qkv: None, },
+                bias_load,
+                prepare: Some(quote! {
+                    layer.qkv = decode::FusedQkv::new(&mut layer.attn, &mut layer.kv, Self::SHAPE);
+                    w.release(&format!("layers.{i}."));
+                    layer.kv.pretranspose();
+                }),
+            },
+            None => KvParts {
+                // The layer whose K/V it reads (a per-layer fact: `LAYOUT` gives it).
+                field: quote! { donor: usize, },
+                load_param: Some(quote! { , donor: usize }),
+                load: quote! { donor, },
+                bias_load,
+                prepare: None,
+            },
+        }
+    }
+}
+
+/// The parts of a plain attention kind's forwards that depend on where its
+/// K/V come from.
+struct KvForward {
+    /// `forward`'s cache (or donor K/V) parameter.
+    kv_param: TokenStream,
+    /// The attention block of `forward`.
+    attn: TokenStream,
+    /// A one-token step through the compiled decode blocks.
+    decode_step: TokenStream,
+    /// What the forwards return, and how.
+    ret_ty: TokenStream,
+    ret: TokenStream,
+    /// `forward_batch`'s cache parameter and attention block.
+    batch_kv_param: TokenStream,
+    batch_attn: TokenStream,
+}
+
+impl KvForward {
+    fn of(owns_kv: bool, decode_layer_call: &TokenStream) -> Self {
+        if owns_kv {
+            KvForward {
+                kv_param: quote! { cache: &mut LayerCache },
+                attn: quote! {
+                    let (a, kv) = b::attention_own_kv(&x, b::OwnQkv::Separate { attn: &self.attn, kv: &self.kv }, Self::SHAPE, at.rope, cache, at.mask)?;
+                },
+                decode_step: quote! {
+                    let kv = decode::KvSource::Own { weights: &self.kv, fused: self.qkv.as_ref(), cache };
+                    return decode::step(h, &#decode_layer_call, kv, tables, at.mask);
+                },
+                ret_ty: quote! { (Array, b::SharedKv) },
+                ret: quote! { Ok((h, kv)) },
+                // The batched forward's cache argument and mixer (`batch_blocks`).
+                batch_kv_param: quote! { cache: &mut BatchLayerCache },
+                batch_attn: quote! {
+                    let (a, kv) = batch_blocks::attention_own_kv(&x, &self.attn, &self.kv, Self::SHAPE, at.rope, cache, at.mask)?;
+                },
+            }
+        } else {
+            let kv_param = quote! { shared: &b::SharedKv };
+            let attn = quote! {
+                let a = b::attention_shared_kv(&x, &self.attn, Self::SHAPE, at.rope, shared, at.mask)?;
+            };
+            KvForward {
+                decode_step: quote! {
+                    let kv = decode::KvSource::Shared(shared);
+                    return decode::step(h, &#decode_layer_call, kv, tables, at.mask).map(|(h, _)| h);
+                },
+                ret_ty: quote! { Array },
+                ret: quote! { Ok(h) },
+                // A layer reading a donor's K/V attends as in one sequence
+                // when batched too, the donor's K/V carrying the rows' offsets.
+                batch_kv_param: kv_param.clone(),
+                batch_attn: attn.clone(),
+                kv_param,
+                attn,
+            }
+        }
+    }
+}
+
+/// A plain attention layer kind (separate q/k/v projections, no output
+/// gate, its norm before the mixer): the kind whose one-token steps run
+/// through the compiled decode blocks.
+struct PlainAttentionKind<'a> {
+    kind: &'a LayerKind,
+    name: Ident,
+    shape: TokenStream,
+    qk: TokenStream,
+    ffn: FfnLoad,
+    extras: LayerExtras,
+    kv: KvParts,
+    forward: KvForward,
+}
+
+impl<'a> PlainAttentionKind<'a> {
+    fn of(kind: &'a LayerKind, a: &Attention) -> Result<Self, String> {
+        let l = &kind.key.0;
+        let shape = shape_tokens(a)?;
+        let qk = qk_tokens(a);
+        let own = match a.kv {
+            KvSource::Own { values, .. } => Some(match values {
+                Values::Projected => quote! { b::Values::Projected },
+                Values::SameAsKeys => quote! { b::Values::SameAsKeys },
+            }),
+            KvSource::Shared { .. } => None,
+        };
+        match l.ffn {
+            FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {}
+            FeedForward::MoeAndSharedExpert { .. } => {
+                return Err(format!(
+                    "layer kind {}: routed experts with a shared expert run only beside a Gated DeltaNet or gated attention",
+                    kind.name
+                ))
+            }
+        }
+        let ffn = feed_forward_load(l, &kind.name)?;
+        let extras = LayerExtras::of(kind)?;
+        let kv = KvParts::of(a, own.as_ref(), &qk);
+        let forward = KvForward::of(own.is_some(), &extras.decode_layer_call());
+        Ok(PlainAttentionKind {
+            kind,
+            name: ident(&kind.name),
+            shape,
+            qk,
+            ffn,
+            extras,
+            kv,
+            forward,
+        })
+    }
+
+    /// The kind's struct and impl.
+    fn tokens(&self) -> TokenStream {
+        let name = &self.name;
+        let doc = kind_doc(&self.kind.key.0, &self.kind.layers);
+        let (kv_field, extra_fields) = (&self.kv.field, self.extras.fields());
+        let shape = &self.shape;
+        let load = self.load();
+        let decode_layer = self.decode_layer();
+        let forwards = self.forwards();
+        let finish = finish_tokens(
+            self.extras.ple_param(),
+            self.extras.residual_eager(),
+            self.extras.layer_end(),
+        );
+        quote! {
+            #[doc = #doc]
+            struct #name {
+                norms: b::LayerNorms,
+                attn: b::AttentionWeights,
+                #kv_field
+                ffn: FeedForward,
+                #extra_fields
+            }
+
+            impl #name {
+                const SHAPE: AttentionShape = #shape;
+
+                #load
+
+                #decode_layer
+
+                #forwards
+
+                #finish
+            }
+        }
+    }
+
+    /// `load`: the weights, then each pretransposed for the steps.
+    fn load(&self) -> TokenStream {
+        let l = &self.kind.key.0;
+        let norms_load = norms_load_tokens(l);
+        let qk = &self.qk;
+        let FfnLoad {
+            load: ffn_load,
+            signature,
+        } = &self.ffn;
+        let KvParts {
+            load_param,
+            load: kv_load,
+            bias_load,
+            prepare,
+            ..
+        } = &self.kv;
+        let extra_loads = self.extras.loads();
+        let ple_pre = self.extras.ple_pretranspose();
+        quote! {
+            fn load(#signature #load_param) -> Self {
                 let mut layer = Self {
                     norms: #norms_load,
                     attn: b::load_attention(w, i, HIDDEN, Self::SHAPE, #qk),
                     #kv_load
-                    #donor_load
                     #ffn_load
-                    #ple_load
-                    #scalar_load
-                    #residual_load
+                    #extra_loads
                 };
                 #bias_load
-                #kv_pre
+                #prepare
                 layer.attn.pretranspose();
                 layer.ffn.pretranspose();
                 #ple_pre
                 layer
             }
+        }
+    }
 
+    /// `decode_layer`: the layer as a compiled decode step reads it.
+    fn decode_layer(&self) -> TokenStream {
+        let sig = self.extras.decode_layer_sig();
+        let residual = self.extras.residual_decode();
+        let ple = self.extras.ple_use();
+        let scalar = self.extras.scalar_ref();
+        quote! {
             /// The layer as a compiled decode step reads it (`decode::step`).
-            #decode_layer_sig {
+            #sig {
                 decode::Layer {
                     norms: &self.norms,
                     attn: &self.attn,
                     ffn: &self.ffn,
-                    residual: #residual_decode,
-                    ple: #ple_use,
-                    layer_scalar: #scalar_ref,
+                    residual: #residual,
+                    ple: #ple,
+                    layer_scalar: #scalar,
                     shape: Self::SHAPE,
                     eps: EPS,
                 }
             }
+        }
+    }
 
-            fn forward(&self, h: &Array, at: &WindowStep, #kv_arg #ple_arg) -> Result<#ret_ty> {
+    /// `forward` (its lines in the layer's composition) and `forward_batch`.
+    fn forwards(&self) -> TokenStream {
+        let KvForward {
+            kv_param,
+            attn,
+            decode_step,
+            ret_ty,
+            ret,
+            batch_kv_param,
+            batch_attn,
+        } = &self.forward;
+        let ple_param = self.extras.ple_param();
+        let ple_pass = self.extras.ple_pass();
+        let body = Composition::of(&self.kind.key.0).forward_body(ForwardLines {
+            decode: Some(quote! {
+                if let Some(tables) = at.tables {
+                    #decode_step
+                }
+            }),
+            mixer: attn.clone(),
+            finish: quote! {
+                let h = self.finish(h, a #ple_pass)?;
+                #ret
+            },
+        });
+        quote! {
+            fn forward(&self, h: &Array, at: &WindowStep, #kv_param #ple_param) -> Result<#ret_ty> {
                 #body
             }
 
             /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
             /// step of one token per row takes the compiled blocks of one
             /// sequence's step, B rows at once.
-            fn forward_batch(&self, h: &Array, at: &WindowStep, #batch_kv_arg #ple_arg) -> Result<#ret_ty> {
+            fn forward_batch(&self, h: &Array, at: &WindowStep, #batch_kv_param #ple_param) -> Result<#ret_ty> {
                 if let Some(tables) = at.tables {
                     #decode_step
                 }
@@ -995,10 +1211,8 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
                 let h = self.finish(h, a #ple_pass)?;
                 #ret
             }
-
-            #finish
         }
-    })
+    }
 }
 
 /// A post-norm attention layer kind (olmo2's `TransformerBlock`): the mixer
@@ -1139,6 +1353,160 @@ struct Batched {
     item: TokenStream,
 }
 
+/// Which batched caches the model's layers make.
+struct BatchCacheKinds {
+    full: bool,
+    sliding: bool,
+    delta_net: bool,
+    quantized: bool,
+    mixed: bool,
+}
+
+impl BatchCacheKinds {
+    fn of(ir: &ModelIr) -> Self {
+        let mut kinds = BatchCacheKinds {
+            full: false,
+            sliding: false,
+            delta_net: false,
+            quantized: false,
+            mixed: false,
+        };
+        for l in &ir.layers {
+            match &l.mixer {
+                Mixer::GatedDeltaNet(_) => kinds.delta_net = true,
+                Mixer::Attention(a) => match (a.kv, a.window) {
+                    (KvSource::Own { .. }, Window::Sliding(_)) => kinds.sliding = true,
+                    (
+                        KvSource::Own {
+                            cache: KvCache::Quantized(_),
+                            ..
+                        },
+                        Window::Full,
+                    ) => kinds.quantized = true,
+                    (
+                        KvSource::Own {
+                            cache: KvCache::QuantizedAfterForward { .. },
+                            ..
+                        },
+                        Window::Full,
+                    ) => kinds.mixed = true,
+                    (
+                        KvSource::Own {
+                            cache: KvCache::Plain,
+                            ..
+                        },
+                        Window::Full,
+                    ) => kinds.full = true,
+                    (KvSource::Shared { .. }, _) => {}
+                },
+            }
+        }
+        kinds
+    }
+
+    /// The batched forward's imports: the batch caches, the batched blocks,
+    /// and the batched quantized and Gated DeltaNet pieces where used.
+    fn imports(&self) -> TokenStream {
+        let cache_imports = [
+            self.full.then(|| quote! { BatchKvCache }),
+            self.sliding.then(|| quote! { BatchRotatingKvCache }),
+        ]
+        .into_iter()
+        .flatten();
+        let quantized_caches = [
+            self.quantized.then(|| quote! { BatchQuantizedKvCache }),
+            self.mixed.then(|| quote! { BatchMixedKvCache }),
+        ]
+        .into_iter()
+        .flatten();
+        let quantized_import = (self.quantized || self.mixed).then(|| {
+            quote! { use archgen_runtime::batch_quant::{#(#quantized_caches,)* KvQuantization}; }
+        });
+        let delta_net_import = self.delta_net.then(|| {
+            quote! { use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache}; }
+        });
+        quote! {
+            use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, #(#cache_imports),*};
+            use archgen_runtime::batch_blocks;
+            #quantized_import
+            #delta_net_import
+        }
+    }
+}
+
+/// The batched forward's masks and step contexts, before its layers.
+struct BatchWindows {
+    /// One mask per window.
+    masks: Vec<TokenStream>,
+    /// One step context per window and rotation.
+    steps_ctx: Vec<TokenStream>,
+    /// The contexts' names, in order.
+    contexts: Vec<String>,
+}
+
+impl BatchWindows {
+    // One mask per window from its first layer's cache; one step context
+    // per window and rotation. When every layer has the compiled decode
+    // blocks, a step of one token per row takes them as one sequence's step
+    // does (rows [B, hidden], RoPE tables at the rows' offsets, read from
+    // the window's first cache as its mask is); otherwise no tables.
+    fn of(plan: &Plan) -> Result<Self, String> {
+        let (ir, name) = (&plan.ir, &plan.name);
+        let compiled = compiled_decode(ir);
+        let mut windows_setup = BatchWindows {
+            masks: Vec::new(),
+            steps_ctx: Vec::new(),
+            contexts: Vec::new(),
+        };
+        for w in windows(ir) {
+            let wn = window_name(ir, w);
+            let mask = ident(&format!("{wn}_mask"));
+            let first = ir
+                .layers
+                .iter()
+                .find(|l| l.attention().is_some_and(|a| a.window == w))
+                .map(|l| Literal::usize_unsuffixed(l.index))
+                .ok_or_else(|| format!("{name}: window {w:?} has no layer"))?;
+            let size = lit_i32(match w {
+                Window::Full => 0,
+                Window::Sliding(n) => n,
+            })?;
+            windows_setup.masks.push(
+                quote! { let #mask = batch_blocks::window_mask(cache.layer(#first)?, n, #size)?; },
+            );
+            for a in ir.layers.iter().filter_map(Layer::attention) {
+                let cn = rope_context(ir, a);
+                if a.window != w || windows_setup.contexts.contains(&cn) {
+                    continue;
+                }
+                windows_setup
+                    .steps_ctx
+                    .push(batch_step_context(compiled, &cn, &first, &mask));
+                windows_setup.contexts.push(cn);
+            }
+        }
+        Ok(windows_setup)
+    }
+}
+
+/// One window and rotation's `WindowStep` in `forward_batch`: with RoPE
+/// tables at the rows' offsets (from the window's first cache `first`)
+/// when the model runs the compiled decode blocks.
+fn batch_step_context(compiled: bool, cn: &str, first: &Literal, mask: &Ident) -> TokenStream {
+    let (rope, ctx) = (ident(&format!("rope_{cn}")), ident(cn));
+    if compiled {
+        let tables = ident(&format!("{cn}_tables"));
+        quote! {
+            let #tables = batch_blocks::step_tables(&self.#rope, cache.layer(#first)?, n, h.dtype())?;
+            let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
+        }
+    } else {
+        quote! {
+            let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
+        }
+    }
+}
+
 /// `impl BatchLm for Model`, as mlx-lm runs the model under
 /// `BatchGenerator`: a merged cache per layer that owns K/V (full or
 /// sliding) or a Gated DeltaNet state, none for layers reading a donor's
@@ -1155,88 +1523,18 @@ fn batch_tokens(
     logits: &TokenStream,
 ) -> Result<Batched, String> {
     let ir = &plan.ir;
-    let name = &plan.name;
-    let (mut any_full, mut any_sliding, mut any_delta_net) = (false, false, false);
-    let (mut any_quantized, mut any_mixed) = (false, false);
-    for l in &ir.layers {
-        match &l.mixer {
-            Mixer::GatedDeltaNet(_) => any_delta_net = true,
-            Mixer::Attention(a) => match (a.kv, a.window) {
-                (KvSource::Own { .. }, Window::Sliding(_)) => any_sliding = true,
-                (
-                    KvSource::Own {
-                        cache: KvCache::Quantized(_),
-                        ..
-                    },
-                    Window::Full,
-                ) => any_quantized = true,
-                (
-                    KvSource::Own {
-                        cache: KvCache::QuantizedAfterForward { .. },
-                        ..
-                    },
-                    Window::Full,
-                ) => any_mixed = true,
-                (
-                    KvSource::Own {
-                        cache: KvCache::Plain,
-                        ..
-                    },
-                    Window::Full,
-                ) => any_full = true,
-                (KvSource::Shared { .. }, _) => {}
-            },
-        }
-    }
-    // One mask per window from its first layer's cache; one step context
-    // per window and rotation. When every layer has the compiled decode
-    // blocks, a step of one token per row takes them as one sequence's step
-    // does (rows [B, hidden], RoPE tables at the rows' offsets, read from
-    // the window's first cache as its mask is); otherwise no tables.
-    let compiled = compiled_decode(ir);
-    let mut masks = Vec::new();
-    let mut contexts: Vec<String> = Vec::new();
-    let mut steps_ctx = Vec::new();
-    for w in windows(ir) {
-        let wn = window_name(ir, w);
-        let mask = ident(&format!("{wn}_mask"));
-        let first = ir
-            .layers
-            .iter()
-            .find(|l| l.attention().is_some_and(|a| a.window == w))
-            .map(|l| Literal::usize_unsuffixed(l.index))
-            .ok_or_else(|| format!("{name}: window {w:?} has no layer"))?;
-        let size = lit_i32(match w {
-            Window::Full => 0,
-            Window::Sliding(n) => n,
-        })?;
-        masks.push(
-            quote! { let #mask = batch_blocks::window_mask(cache.layer(#first)?, n, #size)?; },
-        );
-        for a in ir.layers.iter().filter_map(Layer::attention) {
-            let cn = rope_context(ir, a);
-            if a.window != w || contexts.contains(&cn) {
-                continue;
-            }
-            let (rope, ctx) = (ident(&format!("rope_{cn}")), ident(&cn));
-            steps_ctx.push(if compiled {
-                let tables = ident(&format!("{cn}_tables"));
-                quote! {
-                    let #tables = batch_blocks::step_tables(&self.#rope, cache.layer(#first)?, n, h.dtype())?;
-                    let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
-                }
-            } else {
-                quote! {
-                    let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
-                }
-            });
-            contexts.push(cn);
-        }
-    }
-    let ssm_mask = any_delta_net.then(|| quote! { let ssm_mask = cache.ssm_mask(n)?; });
+    let caches = BatchCacheKinds::of(ir);
+    let BatchWindows {
+        masks,
+        steps_ctx,
+        contexts,
+    } = BatchWindows::of(plan)?;
+    let ssm_mask = caches
+        .delta_net
+        .then(|| quote! { let ssm_mask = cache.ssm_mask(n)?; });
     // The compiled blocks take rows [B, hidden]; a step has tables in
     // every window or in none (all from `step_tables` on the same `n`).
-    let (rows_begin, rows_end) = match (compiled, contexts.first()) {
+    let (rows_begin, rows_end) = match (compiled_decode(ir), contexts.first()) {
         (true, Some(cn)) => {
             let tables = ident(&format!("{cn}_tables"));
             (
@@ -1251,44 +1549,18 @@ fn batch_tokens(
     };
     let batch_caches = &layout.batch_caches;
     let batch_loop = &layout.forward_batch;
-    let make = quote! {
-        fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
-            let no_padding = vec![0; n];
-            Ok(BatchCache { layers: #batch_caches })
-        }
-    };
-    let cache_imports = [
-        any_full.then(|| quote! { BatchKvCache }),
-        any_sliding.then(|| quote! { BatchRotatingKvCache }),
-    ]
-    .into_iter()
-    .flatten();
-    let quantized_caches = [
-        any_quantized.then(|| quote! { BatchQuantizedKvCache }),
-        any_mixed.then(|| quote! { BatchMixedKvCache }),
-    ]
-    .into_iter()
-    .flatten();
-    let quantized_import = (any_quantized || any_mixed).then(|| {
-        quote! { use archgen_runtime::batch_quant::{#(#quantized_caches,)* KvQuantization}; }
-    });
-    let delta_net_import = any_delta_net.then(|| {
-        quote! { use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache}; }
-    });
     Ok(Batched {
-        imports: quote! {
-            use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, #(#cache_imports),*};
-            use archgen_runtime::batch_blocks;
-            #quantized_import
-            #delta_net_import
-        },
+        imports: caches.imports(),
         item: quote! {
             impl BatchLm for Model {
                 fn vocab_size(&self) -> i32 {
                     VOCAB
                 }
 
-                #make
+                fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
+                    let no_padding = vec![0; n];
+                    Ok(BatchCache { layers: #batch_caches })
+                }
 
                 fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
                     cache.check_layers(LAYOUT.len())?;
@@ -1308,158 +1580,228 @@ fn batch_tokens(
     })
 }
 
-/// The whole model module (without the file header).
-pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
+/// The model's constants: its identity, then the shapes every block reads.
+fn constants_tokens(plan: &Plan) -> Result<TokenStream, String> {
     let ir = &plan.ir;
-    let name = &plan.name;
-    let fingerprint = &plan.fingerprint;
-    let spec_hash = &plan.spec_hash;
+    let (name, fingerprint, spec_hash) = (&plan.name, &plan.fingerprint, &plan.spec_hash);
     let hidden = lit_i32(ir.hidden_size)?;
     let vocab = lit_i32(ir.vocab_size)?;
     let n_layers = lit_i32(ir.layers.len())?;
     let eps = lit_f32(ir.norm_eps);
-    if ir.layers.is_empty() {
-        return Err(format!("{name}: a model without layers"));
-    }
+    Ok(quote! {
+        pub const NAME: &str = #name;
+        pub const FINGERPRINT: &str = #fingerprint;
+        pub const SPEC_SHA256: &str = #spec_hash;
 
+        const HIDDEN: i32 = #hidden;
+        const VOCAB: i32 = #vocab;
+        #[allow(dead_code)]
+        const LAYERS: i32 = #n_layers;
+        const EPS: f32 = #eps;
+    })
+}
+
+/// A window's attention layers as its masks and RoPEs read them.
+struct WindowRopes<'a> {
+    /// The window's first attention layer: its mask reads this layer's cache.
+    first: usize,
+    first_attention: &'a Attention,
+    /// One per rotation: its context's name, the first layer with it and
+    /// that layer's attention.
+    contexts: Vec<(String, usize, &'a Attention)>,
+}
+
+/// The RoPE contexts of window `w`, each rotation once.
+fn window_ropes(plan: &Plan, w: Window) -> Result<WindowRopes<'_>, String> {
+    let (ir, name) = (&plan.ir, &plan.name);
+    let in_window = || {
+        ir.layers
+            .iter()
+            .filter_map(|l| l.attention().map(|a| (l.index, a)))
+            .filter(move |(_, a)| a.window == w)
+    };
+    let (first, a) = in_window()
+        .next()
+        .ok_or_else(|| format!("{name}: window {w:?} has no layer"))?;
+    let mut contexts: Vec<(String, usize, &Attention)> = Vec::new();
+    for (i, b) in in_window() {
+        let cn = rope_context(ir, b);
+        match contexts.iter().find(|(n, _, _)| *n == cn) {
+            Some((_, j, a)) if (a.rope, a.head_dim) != (b.rope, b.head_dim) => {
+                return Err(format!(
+                    "{name}: layers {j} and {i} share a window but not a RoPE; the emitter keeps one RoPE per window"
+                ));
+            }
+            Some(_) => {}
+            None => contexts.push((cn, i, b)),
+        }
+    }
+    Ok(WindowRopes {
+        first,
+        first_attention: a,
+        contexts,
+    })
+}
+
+/// The model's windows and RoPEs as the unbatched forward reads them.
+struct WindowSetup {
+    /// The model's RoPE fields.
+    ropes_struct: Vec<TokenStream>,
+    /// `load`'s RoPE initializers.
+    ropes_init: Vec<TokenStream>,
+    /// `forward_to`'s masks, one per window.
+    masks: Vec<TokenStream>,
+    /// `forward_to`'s step context per window and rotation.
+    steps_ctx: Vec<TokenStream>,
+}
+
+impl WindowSetup {
     // One mask per window, one RoPE per window and rotation (every rotating
     // layer of a window rotates the same way, so a step's tables are computed
     // once per window; smollm3's NoPE layers share the window's mask only).
-    let mut ropes_struct = Vec::new();
-    let mut ropes_init = Vec::new();
-    let mut masks = Vec::new();
-    let mut steps_ctx = Vec::new();
-    for w in windows(ir) {
-        let wn = window_name(ir, w);
-        let in_window = || {
-            ir.layers
-                .iter()
-                .filter_map(|l| l.attention().map(|a| (l.index, a)))
-                .filter(move |(_, a)| a.window == w)
+    fn of(plan: &Plan) -> Result<Self, String> {
+        let (ir, name) = (&plan.ir, &plan.name);
+        let mut setup = WindowSetup {
+            ropes_struct: Vec::new(),
+            ropes_init: Vec::new(),
+            masks: Vec::new(),
+            steps_ctx: Vec::new(),
         };
-        let (first, a) = in_window()
-            .next()
-            .ok_or_else(|| format!("{name}: window {w:?} has no layer"))?;
-        let mut contexts: Vec<(String, usize, &Attention)> = Vec::new();
-        for (i, b) in in_window() {
-            let cn = rope_context(ir, b);
-            match contexts.iter().find(|(n, _, _)| *n == cn) {
-                Some((_, j, a)) if (a.rope, a.head_dim) != (b.rope, b.head_dim) => {
-                    return Err(format!(
-                        "{name}: layers {j} and {i} share a window but not a RoPE; the emitter keeps one RoPE per window"
-                    ));
+        for w in windows(ir) {
+            let wn = window_name(ir, w);
+            let WindowRopes {
+                first,
+                first_attention: a,
+                contexts,
+            } = window_ropes(plan, w)?;
+            let mask = ident(&format!("{wn}_mask"));
+            // The window's mask comes from its first layer's cache, before any
+            // update (`_make_masks`, `create_attention_mask(h, cache[0])`).
+            if !a.owns_kv() {
+                return Err(format!(
+                    "{name}: layer {first}, the first of its window, has no cache to build the mask from"
+                ));
+            }
+            let first_kv = Literal::usize_unsuffixed(crate::layout::kv_ordinal(plan, first));
+            let size = lit_i32(match w {
+                Window::Full => 0,
+                Window::Sliding(n) => n,
+            })?;
+            let mask_line =
+                quote! { let #mask = b::mask_for(kv_at(&cache.kv, #first_kv)?, n, #size)?; };
+            for (cn, _, a) in &contexts {
+                let rope = ident(&format!("rope_{cn}"));
+                setup.ropes_struct.push(quote! { #rope: Rope, });
+                let init = rope_init(a)?;
+                setup.ropes_init.push(quote! { #rope: #init, });
+                if cn == &wn {
+                    setup.masks.push(mask_line.clone());
                 }
-                Some(_) => {}
-                None => contexts.push((cn, i, b)),
+                setup
+                    .steps_ctx
+                    .push(step_context(compiled_decode(ir), cn, &rope, &mask));
+            }
+            if !contexts.iter().any(|(cn, _, _)| cn == &wn) {
+                // A window of NoPE layers only: its mask still comes first.
+                setup.masks.push(mask_line);
             }
         }
-        let mask = ident(&format!("{wn}_mask"));
-        // The window's mask comes from its first layer's cache, before any
-        // update (`_make_masks`, `create_attention_mask(h, cache[0])`).
-        if !a.owns_kv() {
-            return Err(format!(
-                "{name}: layer {first}, the first of its window, has no cache to build the mask from"
-            ));
+        Ok(setup)
+    }
+}
+
+/// One window and rotation's `WindowStep` in `forward_to`: with the step's
+/// RoPE tables when the model runs the compiled decode blocks.
+fn step_context(compiled: bool, cn: &str, rope: &Ident, mask: &Ident) -> TokenStream {
+    let tables = ident(&format!("{cn}_tables"));
+    let ctx = ident(cn);
+    if compiled {
+        quote! {
+            let #tables = if step { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
+            let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
         }
-        let first_kv = Literal::usize_unsuffixed(crate::layout::kv_ordinal(plan, first));
-        let size = lit_i32(match w {
-            Window::Full => 0,
-            Window::Sliding(n) => n,
-        })?;
-        for (cn, _, a) in &contexts {
-            let rope = ident(&format!("rope_{cn}"));
-            ropes_struct.push(quote! { #rope: Rope, });
-            let init = rope_init(a)?;
-            ropes_init.push(quote! { #rope: #init, });
-            if cn == &wn {
-                masks.push(
-                    quote! { let #mask = b::mask_for(kv_at(&cache.kv, #first_kv)?, n, #size)?; },
-                );
-            }
-            let tables = ident(&format!("{cn}_tables"));
-            let ctx = ident(cn);
-            steps_ctx.push(if compiled_decode(ir) {
-                quote! {
-                    let #tables = if step { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
-                    let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
-                }
-            } else {
-                quote! {
-                    let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
-                }
-            });
-        }
-        if !contexts.iter().any(|(cn, _, _)| cn == &wn) {
-            // A window of NoPE layers only: its mask still comes first.
-            masks
-                .push(quote! { let #mask = b::mask_for(kv_at(&cache.kv, #first_kv)?, n, #size)?; });
+    } else {
+        quote! {
+            let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
         }
     }
+}
 
-    let kinds: Vec<TokenStream> = plan
-        .kinds
-        .iter()
-        .map(kind_tokens)
-        .collect::<Result<_, _>>()?;
-    let layout = layout_tokens(plan)?;
-    let Layout {
-        items: layout_items,
-        load: layers_load,
-        make_cache,
-        cache_fields,
-        forward: layers_forward,
-        ..
-    } = &layout;
+/// The model's per-layer inputs (a table of per-layer embeddings and their
+/// projection), when it has them.
+#[derive(Default)]
+struct PerLayerInputTokens {
+    field: Option<TokenStream>,
+    load: Option<TokenStream>,
+    pretranspose: Option<TokenStream>,
+    /// The forwards' computation of every layer's input from the ids.
+    inputs: Option<TokenStream>,
+}
 
-    let ple = ir.embedding.per_layer_input;
-    if !ir
-        .layers
-        .iter()
-        .any(|l| l.attention().is_some_and(Attention::owns_kv))
-    {
-        return Err(format!("{name}: no layer owns K/V"));
+impl PerLayerInputTokens {
+    fn of(ir: &ModelIr) -> Result<Self, String> {
+        let Some(p) = ir.embedding.per_layer_input else {
+            return Ok(Self::default());
+        };
+        let (pw, pv) = (lit_i32(p.width)?, lit_i32(p.vocab)?);
+        Ok(PerLayerInputTokens {
+            field: Some(quote! { per_layer: b::PerLayerInputs, }),
+            load: Some(quote! {
+                per_layer: b::load_per_layer_inputs(&mut w, LAYERS, #pw, #pv, HIDDEN),
+            }),
+            pretranspose: Some(quote! { model.per_layer.pretranspose(); }),
+            inputs: Some(quote! {
+                let per_layer = b::per_layer_inputs(ids, &h, &self.per_layer, LAYERS, #pw, HIDDEN, EPS)?;
+            }),
+        })
     }
+}
 
-    let (ple_field, ple_load, ple_pre, ple_inputs) = match ple {
-        None => (None, None, None, None),
-        Some(p) => {
-            let (pw, pv) = (lit_i32(p.width)?, lit_i32(p.vocab)?);
-            (
-                Some(quote! { per_layer: b::PerLayerInputs, }),
-                Some(quote! {
-                    per_layer: b::load_per_layer_inputs(&mut w, LAYERS, #pw, #pv, HIDDEN),
-                }),
-                Some(quote! { model.per_layer.pretranspose(); }),
-                Some(quote! {
-                    let per_layer = b::per_layer_inputs(ids, &h, &self.per_layer, LAYERS, #pw, HIDDEN, EPS)?;
-                }),
-            )
-        }
-    };
-    let embed_scale = match ir.embedding.scale {
+fn embed_scale_tokens(ir: &ModelIr) -> TokenStream {
+    match ir.embedding.scale {
         EmbedScale::None => quote! { b::EmbedScale::None },
         EmbedScale::SqrtHidden => quote! { b::EmbedScale::SqrtHidden },
         EmbedScale::Constant(c) => {
             let c = Literal::f64_suffixed(c);
             quote! { b::EmbedScale::Constant(#c) }
         }
-    };
-    let (head_field, head_load, head_pre, head, linear_import) = match ir.head.weight {
-        HeadWeight::TiedEmbedding => (
-            None,
-            None,
-            quote! { model.embed.pretranspose(); },
-            quote! { b::Head::Tied(&self.embed) },
-            None,
-        ),
-        HeadWeight::Untied => (
-            Some(quote! { lm_head: Linear, }),
-            Some(quote! { lm_head: w.linear("lm_head", VOCAB, HIDDEN), }),
-            quote! { model.lm_head.pretranspose(); },
-            quote! { b::Head::Untied(&self.lm_head) },
-            Some(quote! { use archgen_runtime::layers::Linear; }),
-        ),
-    };
+    }
+}
+
+/// The output head: the embedding read back (tied) or its own `lm_head`.
+struct HeadTokens {
+    field: Option<TokenStream>,
+    load: Option<TokenStream>,
+    pretranspose: TokenStream,
+    /// The head as `b::logits` takes it.
+    head: TokenStream,
+    import: Option<TokenStream>,
+}
+
+impl HeadTokens {
+    fn of(ir: &ModelIr) -> Self {
+        match ir.head.weight {
+            HeadWeight::TiedEmbedding => HeadTokens {
+                field: None,
+                load: None,
+                pretranspose: quote! { model.embed.pretranspose(); },
+                head: quote! { b::Head::Tied(&self.embed) },
+                import: None,
+            },
+            HeadWeight::Untied => HeadTokens {
+                field: Some(quote! { lm_head: Linear, }),
+                load: Some(quote! { lm_head: w.linear("lm_head", VOCAB, HIDDEN), }),
+                pretranspose: quote! { model.lm_head.pretranspose(); },
+                head: quote! { b::Head::Untied(&self.lm_head) },
+                import: Some(quote! { use archgen_runtime::layers::Linear; }),
+            },
+        }
+    }
+}
+
+/// The logits from the last hidden state: final norm, head, then the
+/// model's logit scale and softcap.
+fn logits_tokens(ir: &ModelIr, head: &TokenStream) -> TokenStream {
     // The head with a scale before or after it: `logits_scaled` (models
     // without one keep the plain `logits` call they had).
     let head_call = |softcap: TokenStream| match ir.head.logit_scale {
@@ -1473,7 +1815,7 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             quote! { b::logits_scaled(&h, &self.norm, #head, b::LogitScale::DivideLogitsBy(#d), #softcap, EPS)? }
         }
     };
-    let logits = match ir.head.logit_softcap {
+    match ir.head.logit_softcap {
         None => head_call(quote! { None }),
         Some(Softcap {
             cap,
@@ -1490,13 +1832,21 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             let logits = head_call(quote! { None });
             quote! { archgen_runtime::ops::softcap_eager(&#logits, #c)? }
         }
-    };
-    let norm_load = match ir.head.norm {
+    }
+}
+
+fn final_norm_load(ir: &ModelIr) -> TokenStream {
+    match ir.head.norm {
         NormWeight::Direct => quote! { w.param("norm.weight", &[HIDDEN]) },
         NormWeight::OnePlus => {
             quote! { b::load_norm_weight(&mut w, "norm.weight", HIDDEN, b::NormWeight::OnePlus) }
         }
-    };
+    }
+}
+
+/// The caches of one sequence the model's K/V layers use, for its
+/// `use archgen_runtime::cache::{...}`.
+fn cache_imports(ir: &ModelIr) -> Vec<TokenStream> {
     let caches = ir
         .layers
         .iter()
@@ -1515,187 +1865,309 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
             (Window::Full, KvCache::QuantizedAfterForward { .. }) => any_mixed = true,
         }
     }
-    let cache_imports = [
+    [
         any_plain_full.then(|| quote! { KvCache }),
         any_mixed.then(|| quote! { MixedKvCache }),
         any_quantized.then(|| quote! { QuantizedKvCache }),
         any_sliding.then(|| quote! { RotatingKvCache }),
     ]
     .into_iter()
-    .flatten();
-    let doc_model = format!(
-        " The `{name}` model: {} layers, hidden size {}.",
-        ir.layers.len(),
-        ir.hidden_size
-    );
-    // The one-token step: through the compiled decode blocks when every
-    // layer has them, else the eager blocks as in prefill.
-    let tables_note = comment(
-        "One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).",
-    );
-    let (decode_import, embedded, step_begin, step_end) = if compiled_decode(ir) {
-        (
-            Some(quote! { use archgen_runtime::decode; }),
-            quote! { h },
-            quote! {
-                let offset = kv_at(&cache.kv, 0)?.offset();
-                let step = n == 1 && decode::enabled();
-                #tables_note
-                #(#steps_ctx)*
-                let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-            },
-            quote! {
-                let (out, width) = match readout {
-                    Readout::Logits => (#logits, VOCAB),
-                    Readout::NormedHidden => (b::final_norm(&h, &self.norm, EPS)?, HIDDEN),
-                };
-                if step { out.reshape(&[-1, 1, width]) } else { Ok(out) }
-            },
-        )
-    } else {
-        // Plain attention kinds reach `decode` in their forward (never
-        // taken here: their windows get no tables); Gated DeltaNet kinds
-        // take its block for their one-token steps.
-        let plain = ir.layers.iter().any(reaches_decode);
-        (
-            plain.then(|| quote! { use archgen_runtime::decode; }),
-            quote! { mut h },
-            quote! { #(#steps_ctx)* },
-            quote! {
-                match readout {
-                    Readout::Logits => {
-                        let logits = #logits;
-                        Ok(logits)
-                    }
-                    Readout::NormedHidden => b::final_norm(&h, &self.norm, EPS),
-                }
-            },
-        )
-    };
-    let Batched {
-        imports: batch_imports,
-        item: batch_impl,
-    } = batch_tokens(
-        plan,
-        &layout,
-        &quote! { b::embed(&self.embed, ids, #embed_scale, HIDDEN)? },
-        ple_inputs.as_ref(),
-        &logits,
-    )?;
-    let hybrid = ir.layers.iter().any(|l| match &l.mixer {
+    .flatten()
+    .collect()
+}
+
+/// Whether some layer runs a `deltanet` block (a Gated DeltaNet, or gated
+/// attention).
+fn hybrid(ir: &ModelIr) -> bool {
+    ir.layers.iter().any(|l| match &l.mixer {
         Mixer::Attention(a) => match a.output_gate {
             OutputGate::None => false,
             OutputGate::SigmoidPerHead => true,
         },
         Mixer::GatedDeltaNet(_) => true,
-    });
-    let deltanet_import = hybrid.then(|| quote! { use archgen_runtime::deltanet; });
-    let feed_forward_import = ir
+    })
+}
+
+/// `forward_to` around its layers: how the embedding is bound, what runs
+/// before the layers, the readout after them, and the `decode` import
+/// these need.
+struct StepTokens {
+    decode_import: Option<TokenStream>,
+    embedded: TokenStream,
+    begin: TokenStream,
+    end: TokenStream,
+}
+
+impl StepTokens {
+    // The one-token step: through the compiled decode blocks when every
+    // layer has them, else the eager blocks as in prefill.
+    fn of(ir: &ModelIr, steps_ctx: &[TokenStream], logits: &TokenStream) -> Self {
+        if compiled_decode(ir) {
+            let tables_note = comment(
+                "One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).",
+            );
+            StepTokens {
+                decode_import: Some(quote! { use archgen_runtime::decode; }),
+                embedded: quote! { h },
+                begin: quote! {
+                    let offset = kv_at(&cache.kv, 0)?.offset();
+                    let step = n == 1 && decode::enabled();
+                    #tables_note
+                    #(#steps_ctx)*
+                    let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
+                },
+                end: quote! {
+                    let (out, width) = match readout {
+                        Readout::Logits => (#logits, VOCAB),
+                        Readout::NormedHidden => (b::final_norm(&h, &self.norm, EPS)?, HIDDEN),
+                    };
+                    if step { out.reshape(&[-1, 1, width]) } else { Ok(out) }
+                },
+            }
+        } else {
+            // Plain attention kinds reach `decode` in their forward (never
+            // taken here: their windows get no tables); Gated DeltaNet kinds
+            // take its block for their one-token steps.
+            let plain = ir.layers.iter().any(reaches_decode);
+            StepTokens {
+                decode_import: plain.then(|| quote! { use archgen_runtime::decode; }),
+                embedded: quote! { mut h },
+                begin: quote! { #(#steps_ctx)* },
+                end: quote! {
+                    match readout {
+                        Readout::Logits => {
+                            let logits = #logits;
+                            Ok(logits)
+                        }
+                        Readout::NormedHidden => b::final_norm(&h, &self.norm, EPS),
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// What the model-level items of the file (`Model`, `Cache`, `load`,
+/// `impl CausalLm`) are made of.
+struct ModelParts<'a> {
+    plan: &'a Plan,
+    layout: &'a Layout,
+    windows: WindowSetup,
+    ple: PerLayerInputTokens,
+    head: HeadTokens,
+    /// The embedding of the ids, as both forwards compute it.
+    embed: TokenStream,
+    step: StepTokens,
+}
+
+impl ModelParts<'_> {
+    /// The file's imports: the runtime items the model uses.
+    fn imports(&self, batch_imports: &TokenStream) -> TokenStream {
+        let ir = &self.plan.ir;
+        let cache_imports = cache_imports(ir);
+        let decode_import = &self.step.decode_import;
+        let deltanet_import = hybrid(ir).then(|| quote! { use archgen_runtime::deltanet; });
+        let feed_forward_import = ir
+            .layers
+            .iter()
+            .any(holds_feed_forward)
+            .then(|| quote! { use archgen_runtime::feed_forward::FeedForward; });
+        let linear_import = &self.head.import;
+        // `rms_norm` is the norm before the mixer, which post-norm kinds lack.
+        let norm_before_mixer = ir.layers.iter().any(|l| match l.norms.arrangement {
+            NormArrangement::PreNorm | NormArrangement::Sandwich => true,
+            NormArrangement::PostNorm => false,
+        });
+        let ops_import = if norm_before_mixer {
+            quote! { use archgen_runtime::ops::{rms_norm, Result}; }
+        } else {
+            quote! { use archgen_runtime::ops::Result; }
+        };
+        quote! {
+            use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
+            #batch_imports
+            use archgen_runtime::cache::{LayerCache, #(#cache_imports),*};
+            #decode_import
+            #deltanet_import
+            #feed_forward_import
+            use archgen_runtime::layers::Embedding;
+            #linear_import
+            use archgen_runtime::model::{CausalLm, ModelError, Readout};
+            #ops_import
+            use archgen_runtime::rope::Rope;
+            use archgen_runtime::weights::Weights;
+            use archgen_runtime::Array;
+        }
+    }
+
+    /// `Model` and `Cache`.
+    fn structs(&self) -> TokenStream {
+        let ir = &self.plan.ir;
+        let doc_model = format!(
+            " The `{}` model: {} layers, hidden size {}.",
+            self.plan.name,
+            ir.layers.len(),
+            ir.hidden_size
+        );
+        let cache_doc = if hybrid(ir) {
+            " The caches of one sequence: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer."
+        } else {
+            " The caches of one sequence: one per layer that computes its own K/V."
+        };
+        let ple_field = &self.ple.field;
+        let ropes_struct = &self.windows.ropes_struct;
+        let head_field = &self.head.field;
+        let cache_fields = &self.layout.cache_fields;
+        quote! {
+            #[doc = #doc_model]
+            pub struct Model {
+                embed: Embedding,
+                #ple_field
+                #(#ropes_struct)*
+                layers: Vec<Layer>,
+                norm: Array,
+                #head_field
+            }
+
+            #[doc = #cache_doc]
+            pub struct Cache {
+                #cache_fields
+            }
+        }
+    }
+
+    /// `load`: every tensor read and checked, then pretransposed.
+    fn load_fn(&self) -> TokenStream {
+        let ple_load = &self.ple.load;
+        let ropes_init = &self.windows.ropes_init;
+        let layers_load = &self.layout.load;
+        let norm_load = final_norm_load(&self.plan.ir);
+        let head_load = &self.head.load;
+        let head_pre = &self.head.pretranspose;
+        let ple_pre = &self.ple.pretranspose;
+        quote! {
+            /// Loads the model from sanitized weights; every tensor is checked.
+            pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
+                let mut model = Model {
+                    embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
+                    #ple_load
+                    #(#ropes_init)*
+                    #layers_load
+                    norm: #norm_load,
+                    #head_load
+                };
+                w.finish().map_err(|e| ModelError(e.to_string()))?;
+                #head_pre
+                #ple_pre
+                Ok(model)
+            }
+        }
+    }
+
+    /// `impl CausalLm for Model`: its caches and its unbatched forward.
+    fn causal_lm_impl(&self) -> TokenStream {
+        let make_cache = &self.layout.make_cache;
+        let StepTokens {
+            embedded,
+            begin,
+            end,
+            ..
+        } = &self.step;
+        let embed = &self.embed;
+        let ple_inputs = &self.ple.inputs;
+        let masks = &self.windows.masks;
+        let layers_forward = &self.layout.forward;
+        quote! {
+            impl CausalLm for Model {
+                type Cache = Cache;
+
+                fn vocab_size(&self) -> i32 {
+                    VOCAB
+                }
+
+                /// Its batched forward (`impl BatchLm` below).
+                fn batched(&self) -> Option<&dyn BatchLm> {
+                    Some(self)
+                }
+
+                fn make_cache(&self) -> Cache {
+                    #make_cache
+                }
+
+                fn forward_to(&self, ids: &Array, cache: &mut Cache, readout: Readout) -> Result<Array> {
+                    let n = ids.shape()[1];
+                    let #embedded = #embed;
+                    #ple_inputs
+                    #(#masks)*
+                    #begin
+                    #layers_forward
+                    #end
+                }
+            }
+        }
+    }
+}
+
+/// The whole model module (without the file header).
+pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
+    let ir = &plan.ir;
+    let name = &plan.name;
+    let constants = constants_tokens(plan)?;
+    if ir.layers.is_empty() {
+        return Err(format!("{name}: a model without layers"));
+    }
+    let windows = WindowSetup::of(plan)?;
+    let kinds: Vec<TokenStream> = plan
+        .kinds
+        .iter()
+        .map(kind_tokens)
+        .collect::<Result<_, _>>()?;
+    let layout = layout_tokens(plan)?;
+    if !ir
         .layers
         .iter()
-        .any(holds_feed_forward)
-        .then(|| quote! { use archgen_runtime::feed_forward::FeedForward; });
-    // `rms_norm` is the norm before the mixer, which post-norm kinds lack.
-    let norm_before_mixer = ir.layers.iter().any(|l| match l.norms.arrangement {
-        NormArrangement::PreNorm | NormArrangement::Sandwich => true,
-        NormArrangement::PostNorm => false,
-    });
-    let ops_import = if norm_before_mixer {
-        quote! { use archgen_runtime::ops::{rms_norm, Result}; }
-    } else {
-        quote! { use archgen_runtime::ops::Result; }
+        .any(|l| l.attention().is_some_and(Attention::owns_kv))
+    {
+        return Err(format!("{name}: no layer owns K/V"));
+    }
+    let ple = PerLayerInputTokens::of(ir)?;
+    let embed_scale = embed_scale_tokens(ir);
+    let head = HeadTokens::of(ir);
+    let logits = logits_tokens(ir, &head.head);
+    let step = StepTokens::of(ir, &windows.steps_ctx, &logits);
+    let embed = quote! { b::embed(&self.embed, ids, #embed_scale, HIDDEN)? };
+    let Batched {
+        imports: batch_imports,
+        item: batch_impl,
+    } = batch_tokens(plan, &layout, &embed, ple.inputs.as_ref(), &logits)?;
+    let parts = ModelParts {
+        plan,
+        layout: &layout,
+        windows,
+        ple,
+        head,
+        embed,
+        step,
     };
-    let cache_doc = if hybrid {
-        " The caches of one sequence: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer."
-    } else {
-        " The caches of one sequence: one per layer that computes its own K/V."
-    };
+    let imports = parts.imports(&batch_imports);
+    let layout_items = &layout.items;
+    let structs = parts.structs();
+    let load = parts.load_fn();
+    let causal_lm = parts.causal_lm_impl();
     Ok(quote! {
-        use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
-        #batch_imports
-        use archgen_runtime::cache::{LayerCache, #(#cache_imports),*};
-        #decode_import
-        #deltanet_import
-        #feed_forward_import
-        use archgen_runtime::layers::Embedding;
-        #linear_import
-        use archgen_runtime::model::{CausalLm, ModelError, Readout};
-        #ops_import
-        use archgen_runtime::rope::Rope;
-        use archgen_runtime::weights::Weights;
-        use archgen_runtime::Array;
+        #imports
 
-        pub const NAME: &str = #name;
-        pub const FINGERPRINT: &str = #fingerprint;
-        pub const SPEC_SHA256: &str = #spec_hash;
-
-        const HIDDEN: i32 = #hidden;
-        const VOCAB: i32 = #vocab;
-        #[allow(dead_code)]
-        const LAYERS: i32 = #n_layers;
-        const EPS: f32 = #eps;
+        #constants
 
         #(#kinds)*
 
         #layout_items
 
-        #[doc = #doc_model]
-        pub struct Model {
-            embed: Embedding,
-            #ple_field
-            #(#ropes_struct)*
-            layers: Vec<Layer>,
-            norm: Array,
-            #head_field
-        }
+        #structs
 
-        #[doc = #cache_doc]
-        pub struct Cache {
-            #cache_fields
-        }
+        #load
 
-        /// Loads the model from sanitized weights; every tensor is checked.
-        pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
-            let mut model = Model {
-                embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
-                #ple_load
-                #(#ropes_init)*
-                #layers_load
-                norm: #norm_load,
-                #head_load
-            };
-            w.finish().map_err(|e| ModelError(e.to_string()))?;
-            #head_pre
-            #ple_pre
-            Ok(model)
-        }
-
-        impl CausalLm for Model {
-            type Cache = Cache;
-
-            fn vocab_size(&self) -> i32 {
-                VOCAB
-            }
-
-            /// Its batched forward (`impl BatchLm` below).
-            fn batched(&self) -> Option<&dyn BatchLm> {
-                Some(self)
-            }
-
-            fn make_cache(&self) -> Cache {
-                #make_cache
-            }
-
-            fn forward_to(&self, ids: &Array, cache: &mut Cache, readout: Readout) -> Result<Array> {
-                let n = ids.shape()[1];
-                let #embedded = b::embed(&self.embed, ids, #embed_scale, HIDDEN)?;
-                #ple_inputs
-                #(#masks)*
-                #step_begin
-                #layers_forward
-                #step_end
-            }
-        }
+        #causal_lm
 
         #batch_impl
     })
