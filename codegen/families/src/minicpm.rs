@@ -128,16 +128,8 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
     }
     c.eps(m.rms_norm_eps, "MiniCPM-2B uses 1.0e-5");
     ok &= c.even_head_dim("attention.head_dim", a.head_dim);
-    if ok && u64::from(a.head_dim) * u64::from(a.num_attention_heads) != u64::from(m.hidden_size) {
-        c.err(
-            p("attention.head_dim"),
-            format!(
-                "{} with hidden_size {} and {} heads, but mlx-lm's minicpm.py always uses hidden_size // num_attention_heads",
-                a.head_dim, m.hidden_size, a.num_attention_heads
-            ),
-            "hidden_size == head_dim * num_attention_heads",
-            "minicpm has no head_dim field: make hidden_size a multiple of the heads and head_dim the quotient",
-        );
+    if ok {
+        crate::dense::check_quotient_head_dim(&mut c, m, a, Family::MiniCpm.as_str());
     }
     ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
     c.positive_finite(
@@ -328,14 +320,8 @@ pub(crate) fn import(
             "true: mlx-lm 0.32.2 cannot load a tied MiniCPM (its sanitize always adds lm_head.weight, which a tied model lacks, and the strict load fails); set it to false, the head is then lm_head (taken from embed_tokens when the checkpoint has none)",
         );
     }
-    let head_dim = hidden_size.checked_div(num_heads).unwrap_or(0);
-    let reason = match r.get("head_dim") {
-        Some(_) => {
-            "ignored as written: mlx-lm's minicpm.py always uses hidden_size // num_attention_heads"
-        }
-        None => "minicpm.py has no head_dim field: hidden_size // num_attention_heads",
-    };
-    r.note("head_dim", json!(head_dim), reason);
+    let head_dim =
+        r.head_dim_of_module_without_it(hidden_size, num_heads, Family::MiniCpm.as_str());
     if let Some(s) = r.get("rope_scaling").cloned() {
         let kind = s
             .get("type")

@@ -743,18 +743,11 @@ pub(crate) fn import(
             "true is not supported (archgen's gated attention has no projection biases)",
         );
     }
-    let head_dim = match r.get("head_dim").cloned() {
-        Some(v) => r.uint_of("head_dim", &v),
-        None => {
-            let hd = hidden_size.checked_div(num_heads).unwrap_or(0);
-            r.note(
-                "head_dim",
-                json!(hd),
-                "absent or null: mlx-lm uses hidden_size // num_attention_heads",
-            );
-            hd
-        }
-    };
+    let head_dim = r.head_dim_or_quotient(
+        hidden_size,
+        num_heads,
+        "absent or null: mlx-lm uses hidden_size // num_attention_heads",
+    );
     let interval = r.uint("full_attention_interval", 4);
     // `num_experts > 0` puts the MoE block on every layer, and no dense MLP.
     let num_experts = r.uint("num_experts", 0);

@@ -192,6 +192,43 @@ impl<'a> Reader<'a> {
             },
         }
     }
+    /// `head_dim` as written, else `hidden_size // num_attention_heads` (0
+    /// without heads), noted with `absent_reason`.
+    pub(crate) fn head_dim_or_quotient(
+        &mut self,
+        hidden_size: u32,
+        num_heads: u32,
+        absent_reason: &str,
+    ) -> u32 {
+        match self.get("head_dim").cloned() {
+            Some(v) => self.uint_of("head_dim", &v),
+            None => self.quotient_head_dim(hidden_size, num_heads, absent_reason),
+        }
+    }
+    /// The `head_dim` of a module without such a field (`module.py` always
+    /// uses `hidden_size // num_attention_heads`), noted with why: a written
+    /// one is ignored.
+    pub(crate) fn head_dim_of_module_without_it(
+        &mut self,
+        hidden_size: u32,
+        num_heads: u32,
+        module: &str,
+    ) -> u32 {
+        let reason = match self.get("head_dim") {
+            Some(_) => format!(
+                "ignored as written: mlx-lm's {module}.py always uses hidden_size // num_attention_heads"
+            ),
+            None => format!("{module}.py has no head_dim field: hidden_size // num_attention_heads"),
+        };
+        self.quotient_head_dim(hidden_size, num_heads, &reason)
+    }
+    /// `hidden_size // num_attention_heads` (0 without heads), noted as the
+    /// `head_dim` used, with `reason`.
+    fn quotient_head_dim(&mut self, hidden_size: u32, num_heads: u32, reason: &str) -> u32 {
+        let head_dim = hidden_size.checked_div(num_heads).unwrap_or(0);
+        self.note("head_dim", json!(head_dim), reason);
+        head_dim
+    }
     pub(crate) fn boolean(&mut self, k: &str, default: bool) -> bool {
         match self.obj.get(k) {
             None => {

@@ -303,19 +303,8 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
         HeadDim::HiddenOverHeads => true,
         HeadDim::Required | HeadDim::Optional => false,
     };
-    if ok
-        && head_dim_derived
-        && u64::from(a.head_dim) * u64::from(a.num_attention_heads) != u64::from(m.hidden_size)
-    {
-        c.err(
-            p("attention.head_dim"),
-            format!(
-                "{} with hidden_size {} and {} heads, but mlx-lm's {}.py always uses hidden_size // num_attention_heads",
-                a.head_dim, m.hidden_size, a.num_attention_heads, family.as_str()
-            ),
-            "hidden_size == head_dim * num_attention_heads",
-            format!("{} has no head_dim field: make hidden_size a multiple of the heads and head_dim the quotient", family.as_str()),
-        );
+    if ok && head_dim_derived {
+        check_quotient_head_dim(&mut c, m, a, family.as_str());
     }
     ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
     match (variant.rope_traditional, spec.rope.traditional) {
@@ -400,6 +389,27 @@ pub(crate) fn check_dense_sizes(
         ),
         (mlp.intermediate_size, mlp_meaning),
     )
+}
+
+/// `attention.head_dim` of a module without a `head_dim` field (`module.py`
+/// always uses `hidden_size // num_attention_heads`): it must be that quotient.
+pub(crate) fn check_quotient_head_dim(
+    c: &mut validate::Checker,
+    m: &DenseModel,
+    a: &DenseAttention,
+    module: &str,
+) {
+    if u64::from(a.head_dim) * u64::from(a.num_attention_heads) != u64::from(m.hidden_size) {
+        c.err(
+            p("attention.head_dim"),
+            format!(
+                "{} with hidden_size {} and {} heads, but mlx-lm's {module}.py always uses hidden_size // num_attention_heads",
+                a.head_dim, m.hidden_size, a.num_attention_heads
+            ),
+            "hidden_size == head_dim * num_attention_heads",
+            format!("{module} has no head_dim field: make hidden_size a multiple of the heads and head_dim the quotient"),
+        );
+    }
 }
 
 // The dense sections' sizes as the reduction reads and writes them (the
@@ -683,26 +693,14 @@ pub(crate) fn import(
         KvHeads::Required => r.required_uint("num_key_value_heads"),
         KvHeads::SameAsHeads => r.uint("num_key_value_heads", num_heads),
     };
-    let derived_head_dim = |r: &mut Reader, reason: &str| {
-        let d = hidden_size.checked_div(num_heads).unwrap_or(0);
-        r.note("head_dim", json!(d), reason);
-        d
-    };
-    let head_dim = match (variant.head_dim, r.get("head_dim").cloned()) {
-        (HeadDim::Required, _) => r.required_uint("head_dim"),
-        (HeadDim::Optional, Some(v)) => r.uint_of("head_dim", &v),
-        (HeadDim::Optional, None) => derived_head_dim(
-            &mut r,
+    let head_dim = match variant.head_dim {
+        HeadDim::Required => r.required_uint("head_dim"),
+        HeadDim::Optional => r.head_dim_or_quotient(
+            hidden_size,
+            num_heads,
             "absent: mlx-lm uses hidden_size // num_attention_heads",
         ),
-        (HeadDim::HiddenOverHeads, Some(_)) => derived_head_dim(
-            &mut r,
-            &format!("ignored as written: mlx-lm's {module}.py always uses hidden_size // num_attention_heads"),
-        ),
-        (HeadDim::HiddenOverHeads, None) => derived_head_dim(
-            &mut r,
-            &format!("{module}.py has no head_dim field: hidden_size // num_attention_heads"),
-        ),
+        HeadDim::HiddenOverHeads => r.head_dim_of_module_without_it(hidden_size, num_heads, module),
     };
     let max_pos = match config.max_position_embeddings {
         ConfigDefault::Required => r.required_uint("max_position_embeddings"),
