@@ -56,6 +56,29 @@ pub(crate) fn swiglu(width: u32) -> GatedMlp {
     }
 }
 
+/// Routed SwiGLU experts behind a softmax-then-top-k router (qwen3_moe.py's
+/// and qwen3_next's): the k chosen probabilities renormalized to sum to 1 when
+/// `norm_topk_prob`, else taken as they are.
+pub(crate) fn softmax_topk_experts(
+    num_experts: u32,
+    top_k: u32,
+    width: u32,
+    norm_topk_prob: bool,
+) -> Moe {
+    let probs = if norm_topk_prob {
+        TopKProbs::Renormalized
+    } else {
+        TopKProbs::AsTaken
+    };
+    Moe {
+        num_experts: num_experts as usize,
+        top_k: top_k as usize,
+        width: width as usize,
+        router: Router::SoftmaxTopK { probs },
+        activation: Activation::Silu,
+    }
+}
+
 /// How the model splits over tensor-parallel ranks where its attention heads
 /// divide evenly (every family's but Qwen3.5's): the head whole on each rank,
 /// the K/V heads divided. `oracle` says whether mlx-lm's module has a

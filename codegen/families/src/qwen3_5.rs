@@ -272,14 +272,8 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
             ] {
                 ok &= c.range(&format!("moe.{field}"), v, max, hint);
             }
-            if ok && e.num_experts_per_tok > e.num_experts {
-                ok = false;
-                c.err(
-                    p("moe.num_experts_per_tok"),
-                    format!("top-{} of {} experts", e.num_experts_per_tok, e.num_experts),
-                    format!("at most num_experts ({})", e.num_experts),
-                    "argpartition picks k of the experts: k cannot exceed their number",
-                );
+            if ok {
+                ok = c.top_k_of_experts(e.num_experts_per_tok, e.num_experts);
             }
         }
         (Some(_), Some(_)) => {
@@ -420,25 +414,19 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
 pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_head, plain_rope, scaled_embedding, swiglu, ModelParts,
+        full_attention, model_ir, plain_head, plain_rope, scaled_embedding, softmax_topk_experts,
+        swiglu, ModelParts,
     };
     let a = &spec.attention;
     let la = &spec.linear_attention;
     let ffn = match (&spec.mlp, &spec.moe) {
         (_, Some(e)) => FeedForward::MoeAndSharedExpert {
-            moe: Moe {
-                num_experts: e.num_experts as usize,
-                top_k: e.num_experts_per_tok as usize,
-                width: e.moe_intermediate_size as usize,
-                router: Router::SoftmaxTopK {
-                    probs: if e.norm_topk_prob {
-                        TopKProbs::Renormalized
-                    } else {
-                        TopKProbs::AsTaken
-                    },
-                },
-                activation: Activation::Silu,
-            },
+            moe: softmax_topk_experts(
+                e.num_experts,
+                e.num_experts_per_tok,
+                e.moe_intermediate_size,
+                e.norm_topk_prob,
+            ),
             shared: SharedExpert {
                 width: e.shared_expert_intermediate_size as usize,
             },

@@ -151,14 +151,8 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
         MAX_LAYERS,
         "every step-th layer is MoE (1: every layer)",
     );
-    if ok && e.num_experts_per_tok > e.num_experts {
-        ok = false;
-        c.err(
-            p("moe.num_experts_per_tok"),
-            format!("top-{} of {} experts", e.num_experts_per_tok, e.num_experts),
-            format!("at most num_experts ({})", e.num_experts),
-            "argpartition picks k of the experts: k cannot exceed their number",
-        );
+    if ok {
+        ok = c.top_k_of_experts(e.num_experts_per_tok, e.num_experts);
     }
     let n = spec.layers.num_hidden_layers;
     let mut seen = std::collections::BTreeSet::new();
@@ -210,17 +204,12 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_head, plain_rope, scaled_embedding, swiglu,
-        whole_head_sharding, ModelParts,
+        full_attention, model_ir, plain_head, plain_rope, scaled_embedding, softmax_topk_experts,
+        swiglu, whole_head_sharding, ModelParts,
     };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let e = &spec.moe;
-    let probs = if e.norm_topk_prob {
-        TopKProbs::Renormalized
-    } else {
-        TopKProbs::AsTaken
-    };
     let layers = (0..spec.layers.num_hidden_layers)
         .map(|i| Layer {
             index: i as usize,
@@ -238,13 +227,12 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
                 )
             }),
             ffn: if is_moe_layer(spec, i) {
-                FeedForward::Moe(Moe {
-                    num_experts: e.num_experts as usize,
-                    top_k: e.num_experts_per_tok as usize,
-                    width: e.moe_intermediate_size as usize,
-                    router: Router::SoftmaxTopK { probs },
-                    activation: Activation::Silu,
-                })
+                FeedForward::Moe(softmax_topk_experts(
+                    e.num_experts,
+                    e.num_experts_per_tok,
+                    e.moe_intermediate_size,
+                    e.norm_topk_prob,
+                ))
             } else {
                 FeedForward::Mlp(swiglu(spec.mlp.intermediate_size))
             },

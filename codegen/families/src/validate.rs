@@ -230,6 +230,20 @@ impl Checker {
             true
         }
     }
+    /// `moe.num_experts_per_tok` against `moe.num_experts`: the router's
+    /// argpartition picks k of the experts, so k cannot exceed their number.
+    pub(crate) fn top_k_of_experts(&mut self, top_k: u32, num_experts: u32) -> bool {
+        if top_k <= num_experts {
+            return true;
+        }
+        self.err(
+            FieldPath::parse("moe.num_experts_per_tok"),
+            format!("top-{top_k} of {num_experts} experts"),
+            format!("at most num_experts ({num_experts})"),
+            "argpartition picks k of the experts: k cannot exceed their number",
+        );
+        false
+    }
     /// `attention.num_key_value_heads` divides the query heads; returns whether it does.
     pub(crate) fn grouped(&mut self, heads: u32, kv_heads: u32) -> bool {
         if heads > 0 && kv_heads > 0 && heads % kv_heads != 0 {
