@@ -47,6 +47,34 @@ pub(crate) fn plain_rope(theta: f64, traditional: bool, rotated_dims: usize) -> 
     }
 }
 
+/// A decoder layer as every lowering but Gemma-4's builds it: no per-layer
+/// input, no layer scalar.
+pub(crate) fn layer(
+    index: usize,
+    norms: Norms,
+    mixer: Mixer,
+    ffn: FeedForward,
+    residual: Residual,
+) -> Layer {
+    Layer {
+        index,
+        norms,
+        mixer,
+        ffn,
+        input: LayerInput::None,
+        scalar: LayerScalar::None,
+        residual,
+    }
+}
+
+/// The norms of a layer whose RMSNorm weights are used as they are (no `1 + w`).
+pub(crate) fn direct_norms(arrangement: NormArrangement) -> Norms {
+    Norms {
+        arrangement,
+        weight: NormWeight::Direct,
+    }
+}
+
 /// The SwiGLU MLP, `down(silu(gate(x)) * up(x))`, with separate projections.
 pub(crate) fn swiglu(width: u32) -> GatedMlp {
     GatedMlp {

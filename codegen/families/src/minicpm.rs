@@ -161,32 +161,29 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
 pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_rope, scaled_embedding, swiglu, whole_head_sharding,
-        ModelParts,
+        direct_norms, full_attention, layer, model_ir, plain_rope, scaled_embedding, swiglu,
+        whole_head_sharding, ModelParts,
     };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let n_layers = spec.layers.num_hidden_layers as usize;
     let layers = (0..n_layers)
-        .map(|i| Layer {
-            index: i,
-            norms: Norms {
-                arrangement: NormArrangement::PreNorm,
-                weight: NormWeight::Direct,
-            },
-            mixer: Mixer::Attention(full_attention(
-                a.num_attention_heads,
-                a.num_key_value_heads,
-                a.head_dim,
-                plain_rope(spec.rope.rope_theta, spec.rope.traditional, head_dim),
-            )),
-            ffn: FeedForward::Mlp(swiglu(spec.mlp.intermediate_size)),
-            input: LayerInput::None,
-            scalar: LayerScalar::None,
-            residual: Residual::DepthScaled {
-                scale_depth: spec.scales.scale_depth,
-                num_hidden_layers: n_layers,
-            },
+        .map(|i| {
+            layer(
+                i,
+                direct_norms(NormArrangement::PreNorm),
+                Mixer::Attention(full_attention(
+                    a.num_attention_heads,
+                    a.num_key_value_heads,
+                    a.head_dim,
+                    plain_rope(spec.rope.rope_theta, spec.rope.traditional, head_dim),
+                )),
+                FeedForward::Mlp(swiglu(spec.mlp.intermediate_size)),
+                Residual::DepthScaled {
+                    scale_depth: spec.scales.scale_depth,
+                    num_hidden_layers: n_layers,
+                },
+            )
         })
         .collect();
     model_ir(

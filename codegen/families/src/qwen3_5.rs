@@ -414,8 +414,8 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
 pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_head, plain_rope, scaled_embedding, softmax_topk_experts,
-        swiglu, ModelParts,
+        direct_norms, full_attention, layer, model_ir, plain_head, plain_rope, scaled_embedding,
+        softmax_topk_experts, swiglu, ModelParts,
     };
     let a = &spec.attention;
     let la = &spec.linear_attention;
@@ -444,39 +444,36 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
         SanitizeRule::OffsetNormsOfRawCheckpoint,
     ]);
     let layers = (0..spec.layers.num_hidden_layers)
-        .map(|i| Layer {
-            index: i as usize,
-            norms: Norms {
-                arrangement: NormArrangement::PreNorm,
-                weight: NormWeight::Direct,
-            },
-            mixer: if is_linear_layer(spec, i) {
-                Mixer::GatedDeltaNet(DeltaNet {
-                    k_heads: la.linear_num_key_heads as usize,
-                    v_heads: la.linear_num_value_heads as usize,
-                    k_head_dim: la.linear_key_head_dim as usize,
-                    v_head_dim: la.linear_value_head_dim as usize,
-                    conv_kernel: la.linear_conv_kernel_dim as usize,
-                    in_proj: InProj::Split,
-                    norm: GatedNorm::RmsSiluGate,
-                    cache: StateCache::ConvAndRecurrent,
-                })
-            } else {
-                Mixer::Attention(Attention {
-                    qk_norm: QkNorm::RmsPerHead,
-                    output_gate: OutputGate::SigmoidPerHead,
-                    ..full_attention(
-                        a.num_attention_heads,
-                        a.num_key_value_heads,
-                        a.head_dim,
-                        plain_rope(spec.rope.rope_theta, false, rotated_dims(spec) as usize),
-                    )
-                })
-            },
-            ffn,
-            input: LayerInput::None,
-            scalar: LayerScalar::None,
-            residual: Residual::Plain,
+        .map(|i| {
+            layer(
+                i as usize,
+                direct_norms(NormArrangement::PreNorm),
+                if is_linear_layer(spec, i) {
+                    Mixer::GatedDeltaNet(DeltaNet {
+                        k_heads: la.linear_num_key_heads as usize,
+                        v_heads: la.linear_num_value_heads as usize,
+                        k_head_dim: la.linear_key_head_dim as usize,
+                        v_head_dim: la.linear_value_head_dim as usize,
+                        conv_kernel: la.linear_conv_kernel_dim as usize,
+                        in_proj: InProj::Split,
+                        norm: GatedNorm::RmsSiluGate,
+                        cache: StateCache::ConvAndRecurrent,
+                    })
+                } else {
+                    Mixer::Attention(Attention {
+                        qk_norm: QkNorm::RmsPerHead,
+                        output_gate: OutputGate::SigmoidPerHead,
+                        ..full_attention(
+                            a.num_attention_heads,
+                            a.num_key_value_heads,
+                            a.head_dim,
+                            plain_rope(spec.rope.rope_theta, false, rotated_dims(spec) as usize),
+                        )
+                    })
+                },
+                ffn,
+                Residual::Plain,
+            )
         })
         .collect();
     model_ir(

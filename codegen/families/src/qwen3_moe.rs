@@ -204,41 +204,38 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_head, plain_rope, scaled_embedding, softmax_topk_experts,
-        swiglu, whole_head_sharding, ModelParts,
+        direct_norms, full_attention, layer, model_ir, plain_head, plain_rope, scaled_embedding,
+        softmax_topk_experts, swiglu, whole_head_sharding, ModelParts,
     };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let e = &spec.moe;
     let layers = (0..spec.layers.num_hidden_layers)
-        .map(|i| Layer {
-            index: i as usize,
-            norms: Norms {
-                arrangement: NormArrangement::PreNorm,
-                weight: NormWeight::Direct,
-            },
-            mixer: Mixer::Attention(Attention {
-                qk_norm: QkNorm::RmsPerHead,
-                ..full_attention(
-                    a.num_attention_heads,
-                    a.num_key_value_heads,
-                    a.head_dim,
-                    plain_rope(spec.rope.rope_theta, false, head_dim),
-                )
-            }),
-            ffn: if is_moe_layer(spec, i) {
-                FeedForward::Moe(softmax_topk_experts(
-                    e.num_experts,
-                    e.num_experts_per_tok,
-                    e.moe_intermediate_size,
-                    e.norm_topk_prob,
-                ))
-            } else {
-                FeedForward::Mlp(swiglu(spec.mlp.intermediate_size))
-            },
-            input: LayerInput::None,
-            scalar: LayerScalar::None,
-            residual: Residual::Plain,
+        .map(|i| {
+            layer(
+                i as usize,
+                direct_norms(NormArrangement::PreNorm),
+                Mixer::Attention(Attention {
+                    qk_norm: QkNorm::RmsPerHead,
+                    ..full_attention(
+                        a.num_attention_heads,
+                        a.num_key_value_heads,
+                        a.head_dim,
+                        plain_rope(spec.rope.rope_theta, false, head_dim),
+                    )
+                }),
+                if is_moe_layer(spec, i) {
+                    FeedForward::Moe(softmax_topk_experts(
+                        e.num_experts,
+                        e.num_experts_per_tok,
+                        e.moe_intermediate_size,
+                        e.norm_topk_prob,
+                    ))
+                } else {
+                    FeedForward::Mlp(swiglu(spec.mlp.intermediate_size))
+                },
+                Residual::Plain,
+            )
         })
         .collect();
     model_ir(

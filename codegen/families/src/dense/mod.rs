@@ -469,8 +469,8 @@ fn refuse_scales(spec: &DenseSpec, c: &mut validate::Checker) {
 pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_head, scaled_embedding, swiglu, whole_head_sharding,
-        ModelParts,
+        direct_norms, full_attention, layer, model_ir, plain_head, scaled_embedding, swiglu,
+        whole_head_sharding, ModelParts,
     };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
@@ -510,40 +510,37 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         ),
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
-        .map(|i| Layer {
-            index: i,
-            norms: Norms {
-                arrangement: variant.arrangement,
-                weight: NormWeight::Direct,
-            },
-            mixer: Mixer::Attention(Attention {
-                bias: variant.bias,
-                qk_norm: variant.qk_norm,
-                scale,
-                projection: variant.qkv,
-                ..full_attention(
-                    a.num_attention_heads,
-                    a.num_key_value_heads,
-                    a.head_dim,
-                    // smollm3's `NoPE` layers: the rope module returns its input.
-                    RopeForm {
-                        kind: if spec.rope.rotates(i) {
-                            kind
-                        } else {
-                            RopeKind::NoPe
+        .map(|i| {
+            layer(
+                i,
+                direct_norms(variant.arrangement),
+                Mixer::Attention(Attention {
+                    bias: variant.bias,
+                    qk_norm: variant.qk_norm,
+                    scale,
+                    projection: variant.qkv,
+                    ..full_attention(
+                        a.num_attention_heads,
+                        a.num_key_value_heads,
+                        a.head_dim,
+                        // smollm3's `NoPE` layers: the rope module returns its input.
+                        RopeForm {
+                            kind: if spec.rope.rotates(i) {
+                                kind
+                            } else {
+                                RopeKind::NoPe
+                            },
+                            traditional: spec.rope.traditional,
+                            rotated_dims: head_dim,
                         },
-                        traditional: spec.rope.traditional,
-                        rotated_dims: head_dim,
-                    },
-                )
-            }),
-            ffn: FeedForward::Mlp(GatedMlp {
-                projection: variant.gate_up,
-                ..swiglu(spec.mlp.intermediate_size)
-            }),
-            input: LayerInput::None,
-            scalar: LayerScalar::None,
-            residual,
+                    )
+                }),
+                FeedForward::Mlp(GatedMlp {
+                    projection: variant.gate_up,
+                    ..swiglu(spec.mlp.intermediate_size)
+                }),
+                residual,
+            )
         })
         .collect();
     model_ir(

@@ -449,7 +449,8 @@ fn check_rope_bases(c: &mut validate::Checker, spec: &Gemma2Spec) {
 pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_rope, scaled_embedding, whole_head_sharding, ModelParts,
+        full_attention, layer, model_ir, plain_rope, scaled_embedding, whole_head_sharding,
+        ModelParts,
     };
     let (a, r, variant) = (&spec.attention, &spec.rope, spec.variant());
     let head_dim = a.head_dim as usize;
@@ -474,38 +475,38 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
         _ => plain_rope(r.rope_theta, r.traditional, head_dim),
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
-        .map(|i| Layer {
-            index: i,
-            norms: Norms {
-                arrangement: NormArrangement::Sandwich,
-                weight: NormWeight::OnePlus,
-            },
-            mixer: Mixer::Attention(Attention {
-                scale: (variant.attention_scale)(a.query_pre_attn_scalar),
-                qk_norm: variant.qk_norm,
-                scores: match a.attn_logit_softcapping {
-                    Some(cap) => Scores::Softcapped { cap: cap as f32 },
-                    None => Scores::FusedSdpa,
+        .map(|i| {
+            layer(
+                i,
+                Norms {
+                    arrangement: NormArrangement::Sandwich,
+                    weight: NormWeight::OnePlus,
                 },
-                window: match sliding(i) {
-                    Some(window) => Window::Sliding(window),
-                    None => Window::Full,
-                },
-                ..full_attention(
-                    a.num_attention_heads,
-                    a.num_key_value_heads,
-                    a.head_dim,
-                    rope(i),
-                )
-            }),
-            ffn: FeedForward::Mlp(GatedMlp {
-                width: spec.mlp.intermediate_size as usize,
-                activation: Activation::GeluApproxThenMultiply,
-                projection: GateUpProjection::Separate,
-            }),
-            input: LayerInput::None,
-            scalar: LayerScalar::None,
-            residual: Residual::Plain,
+                Mixer::Attention(Attention {
+                    scale: (variant.attention_scale)(a.query_pre_attn_scalar),
+                    qk_norm: variant.qk_norm,
+                    scores: match a.attn_logit_softcapping {
+                        Some(cap) => Scores::Softcapped { cap: cap as f32 },
+                        None => Scores::FusedSdpa,
+                    },
+                    window: match sliding(i) {
+                        Some(window) => Window::Sliding(window),
+                        None => Window::Full,
+                    },
+                    ..full_attention(
+                        a.num_attention_heads,
+                        a.num_key_value_heads,
+                        a.head_dim,
+                        rope(i),
+                    )
+                }),
+                FeedForward::Mlp(GatedMlp {
+                    width: spec.mlp.intermediate_size as usize,
+                    activation: Activation::GeluApproxThenMultiply,
+                    projection: GateUpProjection::Separate,
+                }),
+                Residual::Plain,
+            )
         })
         .collect();
     model_ir(
