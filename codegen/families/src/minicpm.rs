@@ -217,14 +217,8 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
 pub(crate) fn config_fields(spec: &MiniCpmSpec) -> Value {
     let s = &spec.scales;
     // minicpm.py has no head_dim field (hidden_size // heads, checked).
-    let mut v = crate::hf::dense_stack_json(
-        spec.identity.source.model_type,
-        spec.layers.num_hidden_layers,
-        &spec.model,
-        &spec.attention,
-    );
-    crate::hf::extend(
-        &mut v,
+    crate::hf::dense_stack_json(
+        spec,
         json!({
             "intermediate_size": spec.mlp.intermediate_size,
             "rope_theta": spec.rope.rope_theta,
@@ -234,8 +228,7 @@ pub(crate) fn config_fields(spec: &MiniCpmSpec) -> Value {
             "scale_depth": s.scale_depth,
             "dim_model_base": s.dim_model_base,
         }),
-    );
-    v
+    )
 }
 
 // ---------------------------------------------------------------- parsing
@@ -268,6 +261,7 @@ impl Reducible for MiniCpmSpec {
     }
 }
 
+crate::hf::impl_dense_view!(MiniCpmSpec);
 crate::reduce::impl_stack_sections!(MiniCpmSpec);
 
 crate::document::impl_document!(MiniCpmSpec, check);

@@ -506,13 +506,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
 pub(crate) fn config_fields(spec: &Qwen35Spec) -> Value {
     let la = &spec.linear_attention;
     let mut v = crate::hf::dense_stack_json(
-        spec.identity.source.model_type,
-        spec.layers.num_hidden_layers,
-        &spec.model,
-        &spec.attention,
-    );
-    crate::hf::extend(
-        &mut v,
+        spec,
         json!({
             "full_attention_interval": spec.layers.full_attention_interval,
             "head_dim": spec.attention.head_dim,
@@ -687,6 +681,7 @@ impl Reducible for Qwen35Spec {
     }
 }
 
+crate::hf::impl_dense_view!(Qwen35Spec);
 crate::reduce::impl_stack_sections!(Qwen35Spec);
 
 crate::document::impl_document!(Qwen35Spec, check);

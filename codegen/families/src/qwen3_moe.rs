@@ -259,14 +259,8 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
 /// (impl_document! adds `quantization` and sorts the keys).
 pub(crate) fn config_fields(spec: &Qwen3MoeSpec) -> Value {
     let e = &spec.moe;
-    let mut v = crate::hf::dense_stack_json(
-        spec.identity.source.model_type,
-        spec.layers.num_hidden_layers,
-        &spec.model,
-        &spec.attention,
-    );
-    crate::hf::extend(
-        &mut v,
+    crate::hf::dense_stack_json(
+        spec,
         json!({
             "intermediate_size": spec.mlp.intermediate_size,
             "head_dim": spec.attention.head_dim,
@@ -279,8 +273,7 @@ pub(crate) fn config_fields(spec: &Qwen3MoeSpec) -> Value {
             "decoder_sparse_step": e.decoder_sparse_step,
             "mlp_only_layers": e.mlp_only_layers,
         }),
-    );
-    v
+    )
 }
 
 // ---------------------------------------------------------------- parsing
@@ -346,6 +339,7 @@ impl Reducible for Qwen3MoeSpec {
     }
 }
 
+crate::hf::impl_dense_view!(Qwen3MoeSpec);
 crate::reduce::impl_stack_sections!(Qwen3MoeSpec);
 
 crate::document::impl_document!(Qwen3MoeSpec, check);

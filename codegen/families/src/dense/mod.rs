@@ -583,13 +583,7 @@ fn scaling_json(s: &Option<RopeScaling>) -> Value {
 /// the family's module names them (impl_document! adds `quantization` and sorts the keys).
 pub(crate) fn config_fields(spec: &DenseSpec) -> Value {
     let mut v = crate::hf::dense_stack_json(
-        spec.identity.source.model_type,
-        spec.layers.num_hidden_layers,
-        &spec.model,
-        &spec.attention,
-    );
-    crate::hf::extend(
-        &mut v,
+        spec,
         json!({
             "intermediate_size": spec.mlp.intermediate_size,
             "head_dim": spec.attention.head_dim,
@@ -661,6 +655,7 @@ impl Reducible for DenseSpec {
     }
 }
 
+crate::hf::impl_dense_view!(DenseSpec);
 crate::reduce::impl_stack_sections!(DenseSpec);
 
 crate::document::impl_document!(DenseSpec, check, with mixed_kv);
