@@ -132,11 +132,7 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
         crate::dense::check_quotient_head_dim(&mut c, m, a, Family::MiniCpm.as_str());
     }
     ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
-    c.positive_finite(
-        "rope.rope_theta",
-        spec.rope.rope_theta,
-        "the RoPE base, e.g. 10000.0",
-    );
+    c.rope_theta(spec.rope.rope_theta, "the RoPE base, e.g. 10000.0");
     c.positive_finite(
         "scales.scale_emb",
         s.scale_emb,

@@ -371,8 +371,7 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
         );
     }
     c.eps(m.rms_norm_eps, "Qwen3.5 uses 1.0e-6");
-    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
-    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
+    ok &= c.head_geometry(a.head_dim, a.num_attention_heads, a.num_key_value_heads);
     let factor_ok = c.positive_finite(
         "rope.partial_rotary_factor",
         spec.rope.partial_rotary_factor,
@@ -395,11 +394,7 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
     } else {
         ok = false;
     }
-    c.positive_finite(
-        "rope.rope_theta",
-        spec.rope.rope_theta,
-        "the RoPE base, e.g. 10000000.0",
-    );
+    c.rope_theta(spec.rope.rope_theta, "the RoPE base, e.g. 10000000.0");
     c.finish(ok, spec.quantization.as_ref(), || lower(spec))
 }
 

@@ -185,13 +185,8 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
         );
     }
     c.eps(m.rms_norm_eps, "Qwen3-MoE uses 1.0e-6");
-    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
-    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
-    c.positive_finite(
-        "rope.rope_theta",
-        spec.rope.rope_theta,
-        "the RoPE base, e.g. 1000000.0",
-    );
+    ok &= c.head_geometry(a.head_dim, a.num_attention_heads, a.num_key_value_heads);
+    c.rope_theta(spec.rope.rope_theta, "the RoPE base, e.g. 1000000.0");
     c.finish(ok, spec.quantization.as_ref(), || lower(spec))
 }
 

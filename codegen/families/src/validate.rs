@@ -230,6 +230,16 @@ impl Checker {
             true
         }
     }
+    /// `attention.head_dim` even (RoPE rotates pairs) and the KV heads dividing
+    /// the query heads, both checked; returns whether both hold.
+    pub(crate) fn head_geometry(&mut self, head_dim: u32, heads: u32, kv_heads: u32) -> bool {
+        let even = self.even_head_dim("attention.head_dim", head_dim);
+        even & self.grouped(heads, kv_heads)
+    }
+    /// `rope.rope_theta`, the RoPE base every layout names alike: positive and finite.
+    pub(crate) fn rope_theta(&mut self, theta: f64, hint: &str) {
+        self.positive_finite("rope.rope_theta", theta, hint);
+    }
     /// `moe.num_experts_per_tok` against `moe.num_experts`: the router's
     /// argpartition picks k of the experts, so k cannot exceed their number.
     pub(crate) fn top_k_of_experts(&mut self, top_k: u32, num_experts: u32) -> bool {

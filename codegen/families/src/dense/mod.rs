@@ -319,11 +319,7 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
         ),
         (RopeTraditional::AlwaysFalse { .. }, false) | (RopeTraditional::Read, _) => {}
     }
-    c.positive_finite(
-        "rope.rope_theta",
-        spec.rope.rope_theta,
-        "the RoPE base, e.g. 500000.0",
-    );
+    c.rope_theta(spec.rope.rope_theta, "the RoPE base, e.g. 500000.0");
     (variant.check_rope_scaling)(spec, &mut c);
     if let Some(RopeScaling::Llama3 {
         factor,

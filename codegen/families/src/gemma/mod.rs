@@ -262,13 +262,8 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
         (spec.mlp.intermediate_size, "GeLU-approx MLP width"),
     );
     c.eps(m.rms_norm_eps, "Gemma-2 uses 1.0e-6");
-    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
-    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
-    c.positive_finite(
-        "rope.rope_theta",
-        spec.rope.rope_theta,
-        "the RoPE base; Gemma-2 uses 10000.0",
-    );
+    ok &= c.head_geometry(a.head_dim, a.num_attention_heads, a.num_key_value_heads);
+    c.rope_theta(spec.rope.rope_theta, "the RoPE base; Gemma-2 uses 10000.0");
     c.positive_finite(
         "attention.query_pre_attn_scalar",
         a.query_pre_attn_scalar,
