@@ -19,7 +19,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::ModelFamily;
-use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
+use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
 use crate::reduce::{mlp_width, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
@@ -271,10 +271,7 @@ crate::document::impl_document!(MiniCpmSpec, check);
 /// `rope_theta` (1000000.0), `rope_traditional` (false) and `tie_word_embeddings`
 /// (false) take its defaults and are listed. `rope_scaling` must be null (or of type
 /// `default`), `tie_word_embeddings` false.
-pub(crate) fn import(
-    top: &Map<String, Value>,
-    name: &str,
-) -> Result<(MiniCpmSpec, Vec<AppliedDefault>), ImportError> {
+pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<MiniCpmSpec> {
     let mut r = Reader::new(top, "");
     let hidden_size = r.required_uint("hidden_size");
     let dim_model_base = r.required_uint("dim_model_base");
@@ -323,8 +320,7 @@ pub(crate) fn import(
         }
     }
     let quantization = top_quantization(top, &mut r);
-    let applied = r.finish_ok()?;
-    let spec = MiniCpmSpec {
+    r.build_checked(check, || MiniCpmSpec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, Family::MiniCpm, ConfigModelType::MiniCpm),
         model: DenseModel {
@@ -353,9 +349,7 @@ pub(crate) fn import(
             dim_model_base,
         },
         quantization,
-    };
-    let issues = check(&spec);
-    crate::reader::checked(spec, issues, applied)
+    })
 }
 
 /// MiniCPM in the family registry.

@@ -17,7 +17,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
-use crate::reader::{first_quantization, imported_identity, AppliedDefault, ImportError, Reader};
+use crate::reader::{first_quantization, imported_identity, ImportedSpec, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
@@ -693,7 +693,7 @@ pub(crate) fn import(
     top: &Map<String, Value>,
     model_type: ConfigModelType,
     name: &str,
-) -> Result<(Qwen35Spec, Vec<AppliedDefault>), ImportError> {
+) -> ImportedSpec<Qwen35Spec> {
     let (text, prefix) = match top.get("text_config") {
         Some(Value::Object(t)) => (t, "text_config."),
         _ => (top, ""),
@@ -813,8 +813,7 @@ pub(crate) fn import(
         ],
         &mut r,
     );
-    let applied = r.finish_ok()?;
-    let spec = Qwen35Spec {
+    r.build_checked(check, || Qwen35Spec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, Family::Qwen35, model_type),
         model: DenseModel {
@@ -847,9 +846,7 @@ pub(crate) fn import(
         mlp,
         moe,
         quantization,
-    };
-    let issues = check(&spec);
-    crate::reader::checked(spec, issues, applied)
+    })
 }
 
 /// Qwen3.5 / Qwen3.6 (dense and MoE) in the family registry.

@@ -13,7 +13,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::ModelFamily;
-use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
+use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
@@ -344,10 +344,7 @@ crate::document::impl_document!(Qwen3MoeSpec, check);
 /// Imports a flat `qwen3_moe` config.json as mlx-lm 0.32.2's `ModelArgs` reads it
 /// (`qwen3_moe.py`): every field it reads is required (the dataclass has no defaults
 /// but `rope_scaling`, which it accepts and never reads).
-pub(crate) fn import(
-    top: &Map<String, Value>,
-    name: &str,
-) -> Result<(Qwen3MoeSpec, Vec<AppliedDefault>), ImportError> {
+pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Qwen3MoeSpec> {
     let mut r = Reader::new(top, "");
     let hidden_size = r.required_uint("hidden_size");
     let num_layers = r.required_uint("num_hidden_layers");
@@ -393,8 +390,7 @@ pub(crate) fn import(
         );
     }
     let quantization = top_quantization(top, &mut r);
-    let applied = r.finish_ok()?;
-    let spec = Qwen3MoeSpec {
+    r.build_checked(check, || Qwen3MoeSpec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, Family::Qwen3Moe, ConfigModelType::Qwen3Moe),
         model: DenseModel {
@@ -423,9 +419,7 @@ pub(crate) fn import(
             mlp_only_layers,
         },
         quantization,
-    };
-    let issues = check(&spec);
-    crate::reader::checked(spec, issues, applied)
+    })
 }
 
 /// Qwen3-MoE in the family registry.

@@ -529,13 +529,33 @@ pub(crate) fn read_kv_config(kv: &Value, r: &mut Reader) -> Option<Vec<KvQuantEn
     Some(out)
 }
 
+/// What a family's importer gives: its spec and the defaults it applied, or
+/// its problems.
+pub(crate) type ImportedSpec<S> = Result<(S, Vec<AppliedDefault>), ImportError>;
+
+impl Reader<'_> {
+    /// An importer's last step: the problems read so far are the error; else
+    /// the spec `build` makes, refused with every issue its family's `check`
+    /// finds.
+    pub(crate) fn build_checked<S>(
+        self,
+        check: impl FnOnce(&S) -> Vec<crate::diag::Issue>,
+        build: impl FnOnce() -> S,
+    ) -> ImportedSpec<S> {
+        let applied = self.finish_ok()?;
+        let spec = build();
+        let issues = check(&spec);
+        checked(spec, issues, applied)
+    }
+}
+
 /// An importer's result: the spec when its family's checks found nothing, else
 /// every issue as one problem line (path, what, what was expected, the hint).
-pub(crate) fn checked<S>(
+fn checked<S>(
     spec: S,
     issues: Vec<crate::diag::Issue>,
     applied: Vec<AppliedDefault>,
-) -> Result<(S, Vec<AppliedDefault>), ImportError> {
+) -> ImportedSpec<S> {
     if issues.is_empty() {
         return Ok((spec, applied));
     }

@@ -34,7 +34,7 @@ use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::{ConfigJson, ModelFamily};
 use crate::reader::{
-    imported_identity, top_quantization, AppliedDefault, ImportError, Reader, ABSENT,
+    imported_identity, top_quantization, ImportError, ImportedSpec, Reader, ABSENT,
 };
 use crate::reduce::{mlp_width, DerivedFile, Reducible, Size, Stack};
 use crate::{validate, Sections};
@@ -666,7 +666,7 @@ pub(crate) fn import(
     model_type: ConfigModelType,
     variant: &DenseVariant,
     name: &str,
-) -> Result<(DenseSpec, Vec<AppliedDefault>), ImportError> {
+) -> ImportedSpec<DenseSpec> {
     let module = variant.family.as_str();
     let config = &variant.config;
     let mut r = Reader::new(top, "");
@@ -778,8 +778,7 @@ pub(crate) fn import(
     };
     let own = (config.read_own_sections)(&mut r, num_layers);
     let quantization = top_quantization(top, &mut r);
-    let applied = r.finish_ok()?;
-    let spec = DenseSpec {
+    r.build_checked(check, || DenseSpec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, variant.family, model_type),
         model: DenseModel {
@@ -807,9 +806,7 @@ pub(crate) fn import(
         scales: own.scales,
         quantization,
         mixed_kv: None,
-    };
-    let issues = check(&spec);
-    crate::reader::checked(spec, issues, applied)
+    })
 }
 
 /// `rope_scaling` as `initialize_rope` reads it: `type` or `rope_type`.

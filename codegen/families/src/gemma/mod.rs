@@ -20,7 +20,7 @@ use crate::ir::{AttentionScale, EmbedScale, QkNorm, SanitizeRule};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
-use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
+use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
 use crate::reduce::{last_key, mlp_width, reduce_key, DerivedForm, Reducible, Size, StackSections};
 use crate::validate;
 use schemars::JsonSchema;
@@ -634,7 +634,7 @@ pub(crate) fn import(
     top: &Map<String, Value>,
     name: &str,
     variant: &GemmaVariant,
-) -> Result<(Gemma2Spec, Vec<AppliedDefault>), ImportError> {
+) -> ImportedSpec<Gemma2Spec> {
     let defaults = &variant.defaults;
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
@@ -734,8 +734,7 @@ pub(crate) fn import(
         }
     }
     let quantization = top_quantization(top, &mut r);
-    let applied = r.finish_ok()?;
-    let spec = Gemma2Spec {
+    r.build_checked(check, || Gemma2Spec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, variant.family, variant.model_types[0]),
         model: Gemma2Model {
@@ -765,9 +764,7 @@ pub(crate) fn import(
         },
         mlp: Gemma2Mlp { intermediate_size },
         quantization,
-    };
-    let issues = check(&spec);
-    crate::reader::checked(spec, issues, applied)
+    })
 }
 
 /// `rope_scaling` as rope_utils' `initialize_rope` reads it: its `type`, else
