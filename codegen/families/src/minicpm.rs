@@ -19,7 +19,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::ModelFamily;
-use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
+use crate::reader::{imported_identity, rope_type, top_quantization, ImportedSpec, Reader};
 use crate::reduce::{mlp_width, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
@@ -307,11 +307,7 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<MiniC
     let head_dim =
         r.head_dim_of_module_without_it(hidden_size, num_heads, Family::MiniCpm.as_str());
     if let Some(s) = r.get("rope_scaling").cloned() {
-        let kind = s
-            .get("type")
-            .or_else(|| s.get("rope_type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
+        let kind = s.as_object().map_or("default", rope_type);
         if kind != "default" {
             r.problem(
                 "rope_scaling",

@@ -17,7 +17,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
-use crate::reader::{first_quantization, imported_identity, ImportedSpec, Reader};
+use crate::reader::{first_quantization, imported_identity, rope_type, ImportedSpec, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
@@ -772,11 +772,7 @@ pub(crate) fn import(
             )
         }
         Some(Value::Object(rp)) => {
-            let kind = rp
-                .get("type")
-                .or_else(|| rp.get("rope_type"))
-                .and_then(Value::as_str)
-                .unwrap_or("default");
+            let kind = rope_type(rp);
             if kind != "default" {
                 r.problem(
                     "rope_parameters.rope_type",

@@ -315,6 +315,17 @@ pub(crate) fn top_quantization(top: &Map<String, Value>, r: &mut Reader) -> Opti
     )
 }
 
+/// The RoPE kind of a `rope_scaling` or `rope_parameters` entry as
+/// rope_utils' `initialize_rope` reads it: `type`, else `rope_type`, else
+/// `default`.
+pub(crate) fn rope_type(entry: &Map<String, Value>) -> &str {
+    entry
+        .get("type")
+        .or_else(|| entry.get("rope_type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default")
+}
+
 /// The identity of an imported spec: its source repository is config.json's
 /// `_name_or_path` when that reads as a Hub id (`owner/name`, not a local path).
 pub(crate) fn imported_identity(

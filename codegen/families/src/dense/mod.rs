@@ -34,7 +34,7 @@ use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::{ConfigJson, ModelFamily};
 use crate::reader::{
-    imported_identity, top_quantization, ImportError, ImportedSpec, Reader, ABSENT,
+    imported_identity, rope_type, top_quantization, ImportError, ImportedSpec, Reader, ABSENT,
 };
 use crate::reduce::{mlp_width, DerivedFile, Reducible, Size, Stack};
 use crate::{validate, Sections};
@@ -811,12 +811,7 @@ pub(crate) fn import(
 
 /// `rope_scaling` as `initialize_rope` reads it: `type` or `rope_type`.
 fn read_scaling(obj: &Map<String, Value>, r: &mut Reader) -> Option<RopeScaling> {
-    let kind = obj
-        .get("type")
-        .or_else(|| obj.get("rope_type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    match kind {
+    match rope_type(obj) {
         "default" => None,
         "llama3" => {
             let mut sr = Reader::new(obj, "rope_scaling.");

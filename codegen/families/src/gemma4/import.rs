@@ -4,8 +4,8 @@
 
 use crate::model::*;
 use crate::reader::{
-    first_quantization, imported_identity, read_kv_config, ImportError, ImportedSpec, Reader,
-    ABSENT,
+    first_quantization, imported_identity, read_kv_config, rope_type, ImportError, ImportedSpec,
+    Reader, ABSENT,
 };
 use serde_json::{json, Map, Value};
 
@@ -210,12 +210,7 @@ pub(crate) fn import(
         };
         let base = format!("{}rope_parameters.{key}.", r.prefix);
         sub.prefix = &base;
-        let rope_type = rp
-            .get("type")
-            .or_else(|| rp.get("rope_type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default")
-            .to_string();
+        let rope_type = rope_type(&rp).to_string();
         let theta = sub.float("rope_theta", 10000.0);
         let out = match rope_type.as_str() {
             "default" => RopeParams::Default { rope_theta: theta },
