@@ -26,17 +26,46 @@ pub(crate) fn quantization_json(q: &Quantization) -> Value {
     Value::Object(m)
 }
 
+/// A document built on the dense `model`, `layers` and `attention` sections;
+/// each implements it with [`impl_dense_view`].
+pub(crate) trait DenseView {
+    /// The identity, `layers.num_hidden_layers`, `model` and `attention`.
+    fn dense_sections(&self) -> (&Identity, u32, &DenseModel, &DenseAttention);
+}
+
+/// Implements [`DenseView`] for documents whose `model` is a [`DenseModel`],
+/// `attention` a [`DenseAttention`] and `layers` has `num_hidden_layers`.
+macro_rules! impl_dense_view {
+    ($($spec:ty),+) => {$(
+        impl $crate::hf::DenseView for $spec {
+            fn dense_sections(
+                &self,
+            ) -> (
+                &$crate::model::Identity,
+                u32,
+                &$crate::dense_sections::DenseModel,
+                &$crate::dense_sections::DenseAttention,
+            ) {
+                (
+                    &self.identity,
+                    self.layers.num_hidden_layers,
+                    &self.model,
+                    &self.attention,
+                )
+            }
+        }
+    )+};
+}
+pub(crate) use impl_dense_view;
+
 /// The config.json fields of the sections the dense-built layouts share, as every
-/// such mlx-lm module reads them. `head_dim` is left to the family: several
-/// modules have no such field (it is `hidden_size // num_attention_heads`).
-pub(crate) fn dense_stack_json(
-    model_type: ConfigModelType,
-    num_hidden_layers: u32,
-    m: &DenseModel,
-    a: &DenseAttention,
-) -> Value {
-    json!({
-        "model_type": model_type.as_str(),
+/// such mlx-lm module reads them, and the family's `own` fields. `head_dim` is
+/// left to the family: several modules have no such field (it is
+/// `hidden_size // num_attention_heads`).
+pub(crate) fn dense_stack_json(spec: &impl DenseView, own: Value) -> Value {
+    let (identity, num_hidden_layers, m, a) = spec.dense_sections();
+    let mut v = json!({
+        "model_type": identity.source.model_type.as_str(),
         "hidden_size": m.hidden_size,
         "num_hidden_layers": num_hidden_layers,
         "num_attention_heads": a.num_attention_heads,
@@ -45,15 +74,11 @@ pub(crate) fn dense_stack_json(
         "vocab_size": m.vocab_size,
         "max_position_embeddings": m.max_position_embeddings,
         "tie_word_embeddings": m.tie_word_embeddings,
-    })
-}
-
-/// Adds the fields of the object `more` to the object `v` (a family's own fields
-/// to the shared ones).
-pub(crate) fn extend(v: &mut Value, more: Value) {
-    if let (Value::Object(v), Value::Object(more)) = (v, more) {
-        v.extend(more);
+    });
+    if let (Value::Object(v), Value::Object(own)) = (&mut v, own) {
+        v.extend(own);
     }
+    v
 }
 
 /// A family's config.json view, finished the same way for every family: the

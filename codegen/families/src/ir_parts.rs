@@ -47,12 +47,63 @@ pub(crate) fn plain_rope(theta: f64, traditional: bool, rotated_dims: usize) -> 
     }
 }
 
+/// A decoder layer as every lowering but Gemma-4's builds it: no per-layer
+/// input, no layer scalar.
+pub(crate) fn layer(
+    index: usize,
+    norms: Norms,
+    mixer: Mixer,
+    ffn: FeedForward,
+    residual: Residual,
+) -> Layer {
+    Layer {
+        index,
+        norms,
+        mixer,
+        ffn,
+        input: LayerInput::None,
+        scalar: LayerScalar::None,
+        residual,
+    }
+}
+
+/// The norms of a layer whose RMSNorm weights are used as they are (no `1 + w`).
+pub(crate) fn direct_norms(arrangement: NormArrangement) -> Norms {
+    Norms {
+        arrangement,
+        weight: NormWeight::Direct,
+    }
+}
+
 /// The SwiGLU MLP, `down(silu(gate(x)) * up(x))`, with separate projections.
 pub(crate) fn swiglu(width: u32) -> GatedMlp {
     GatedMlp {
         width: width as usize,
         activation: Activation::Silu,
         projection: GateUpProjection::Separate,
+    }
+}
+
+/// Routed SwiGLU experts behind a softmax-then-top-k router (qwen3_moe.py's
+/// and qwen3_next's): the k chosen probabilities renormalized to sum to 1 when
+/// `norm_topk_prob`, else taken as they are.
+pub(crate) fn softmax_topk_experts(
+    num_experts: u32,
+    top_k: u32,
+    width: u32,
+    norm_topk_prob: bool,
+) -> Moe {
+    let probs = if norm_topk_prob {
+        TopKProbs::Renormalized
+    } else {
+        TopKProbs::AsTaken
+    };
+    Moe {
+        num_experts: num_experts as usize,
+        top_k: top_k as usize,
+        width: width as usize,
+        router: Router::SoftmaxTopK { probs },
+        activation: Activation::Silu,
     }
 }
 

@@ -19,7 +19,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::ModelFamily;
-use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
+use crate::reader::{imported_identity, rope_type, top_quantization, ImportedSpec, Reader};
 use crate::reduce::{mlp_width, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
@@ -128,23 +128,11 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
     }
     c.eps(m.rms_norm_eps, "MiniCPM-2B uses 1.0e-5");
     ok &= c.even_head_dim("attention.head_dim", a.head_dim);
-    if ok && u64::from(a.head_dim) * u64::from(a.num_attention_heads) != u64::from(m.hidden_size) {
-        c.err(
-            p("attention.head_dim"),
-            format!(
-                "{} with hidden_size {} and {} heads, but mlx-lm's minicpm.py always uses hidden_size // num_attention_heads",
-                a.head_dim, m.hidden_size, a.num_attention_heads
-            ),
-            "hidden_size == head_dim * num_attention_heads",
-            "minicpm has no head_dim field: make hidden_size a multiple of the heads and head_dim the quotient",
-        );
+    if ok {
+        crate::dense::check_quotient_head_dim(&mut c, m, a, Family::MiniCpm.as_str());
     }
     ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
-    c.positive_finite(
-        "rope.rope_theta",
-        spec.rope.rope_theta,
-        "the RoPE base, e.g. 10000.0",
-    );
+    c.rope_theta(spec.rope.rope_theta, "the RoPE base, e.g. 10000.0");
     c.positive_finite(
         "scales.scale_emb",
         s.scale_emb,
@@ -169,32 +157,29 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
 pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_rope, scaled_embedding, swiglu, whole_head_sharding,
-        ModelParts,
+        direct_norms, full_attention, layer, model_ir, plain_rope, scaled_embedding, swiglu,
+        whole_head_sharding, ModelParts,
     };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let n_layers = spec.layers.num_hidden_layers as usize;
     let layers = (0..n_layers)
-        .map(|i| Layer {
-            index: i,
-            norms: Norms {
-                arrangement: NormArrangement::PreNorm,
-                weight: NormWeight::Direct,
-            },
-            mixer: Mixer::Attention(full_attention(
-                a.num_attention_heads,
-                a.num_key_value_heads,
-                a.head_dim,
-                plain_rope(spec.rope.rope_theta, spec.rope.traditional, head_dim),
-            )),
-            ffn: FeedForward::Mlp(swiglu(spec.mlp.intermediate_size)),
-            input: LayerInput::None,
-            scalar: LayerScalar::None,
-            residual: Residual::DepthScaled {
-                scale_depth: spec.scales.scale_depth,
-                num_hidden_layers: n_layers,
-            },
+        .map(|i| {
+            layer(
+                i,
+                direct_norms(NormArrangement::PreNorm),
+                Mixer::Attention(full_attention(
+                    a.num_attention_heads,
+                    a.num_key_value_heads,
+                    a.head_dim,
+                    plain_rope(spec.rope.rope_theta, spec.rope.traditional, head_dim),
+                )),
+                FeedForward::Mlp(swiglu(spec.mlp.intermediate_size)),
+                Residual::DepthScaled {
+                    scale_depth: spec.scales.scale_depth,
+                    num_hidden_layers: n_layers,
+                },
+            )
         })
         .collect();
     model_ir(
@@ -228,14 +213,8 @@ pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
 pub(crate) fn config_fields(spec: &MiniCpmSpec) -> Value {
     let s = &spec.scales;
     // minicpm.py has no head_dim field (hidden_size // heads, checked).
-    let mut v = crate::hf::dense_stack_json(
-        spec.identity.source.model_type,
-        spec.layers.num_hidden_layers,
-        &spec.model,
-        &spec.attention,
-    );
-    crate::hf::extend(
-        &mut v,
+    crate::hf::dense_stack_json(
+        spec,
         json!({
             "intermediate_size": spec.mlp.intermediate_size,
             "rope_theta": spec.rope.rope_theta,
@@ -245,8 +224,7 @@ pub(crate) fn config_fields(spec: &MiniCpmSpec) -> Value {
             "scale_depth": s.scale_depth,
             "dim_model_base": s.dim_model_base,
         }),
-    );
-    v
+    )
 }
 
 // ---------------------------------------------------------------- parsing
@@ -279,6 +257,7 @@ impl Reducible for MiniCpmSpec {
     }
 }
 
+crate::hf::impl_dense_view!(MiniCpmSpec);
 crate::reduce::impl_stack_sections!(MiniCpmSpec);
 
 crate::document::impl_document!(MiniCpmSpec, check);
@@ -292,10 +271,7 @@ crate::document::impl_document!(MiniCpmSpec, check);
 /// `rope_theta` (1000000.0), `rope_traditional` (false) and `tie_word_embeddings`
 /// (false) take its defaults and are listed. `rope_scaling` must be null (or of type
 /// `default`), `tie_word_embeddings` false.
-pub(crate) fn import(
-    top: &Map<String, Value>,
-    name: &str,
-) -> Result<(MiniCpmSpec, Vec<AppliedDefault>), ImportError> {
+pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<MiniCpmSpec> {
     let mut r = Reader::new(top, "");
     let hidden_size = r.required_uint("hidden_size");
     let dim_model_base = r.required_uint("dim_model_base");
@@ -328,20 +304,10 @@ pub(crate) fn import(
             "true: mlx-lm 0.32.2 cannot load a tied MiniCPM (its sanitize always adds lm_head.weight, which a tied model lacks, and the strict load fails); set it to false, the head is then lm_head (taken from embed_tokens when the checkpoint has none)",
         );
     }
-    let head_dim = hidden_size.checked_div(num_heads).unwrap_or(0);
-    let reason = match r.get("head_dim") {
-        Some(_) => {
-            "ignored as written: mlx-lm's minicpm.py always uses hidden_size // num_attention_heads"
-        }
-        None => "minicpm.py has no head_dim field: hidden_size // num_attention_heads",
-    };
-    r.note("head_dim", json!(head_dim), reason);
+    let head_dim =
+        r.head_dim_of_module_without_it(hidden_size, num_heads, Family::MiniCpm.as_str());
     if let Some(s) = r.get("rope_scaling").cloned() {
-        let kind = s
-            .get("type")
-            .or_else(|| s.get("rope_type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
+        let kind = s.as_object().map_or("default", rope_type);
         if kind != "default" {
             r.problem(
                 "rope_scaling",
@@ -350,8 +316,7 @@ pub(crate) fn import(
         }
     }
     let quantization = top_quantization(top, &mut r);
-    let applied = r.finish_ok()?;
-    let spec = MiniCpmSpec {
+    r.build_checked(check, || MiniCpmSpec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, Family::MiniCpm, ConfigModelType::MiniCpm),
         model: DenseModel {
@@ -380,9 +345,7 @@ pub(crate) fn import(
             dim_model_base,
         },
         quantization,
-    };
-    let issues = check(&spec);
-    crate::reader::checked(spec, issues, applied)
+    })
 }
 
 /// MiniCPM in the family registry.

@@ -3,7 +3,7 @@
 //! family implements [`ModelFamily`] beside its importer.
 
 use crate::model::ConfigModelType;
-use crate::reader::{AppliedDefault, ImportError};
+use crate::reader::ImportedSpec;
 use crate::Spec;
 use serde_json::{Map, Value};
 
@@ -19,7 +19,7 @@ pub(crate) struct ConfigJson<'a> {
 }
 
 /// What an importer gives: the spec and the defaults it applied, or its problems.
-pub(crate) type Imported = Result<(Spec, Vec<AppliedDefault>), ImportError>;
+pub(crate) type Imported = ImportedSpec<Spec>;
 
 /// One family (for the dense layout, the families sharing it): what it
 /// imports and how. Each family states its entry beside its importer, as a

@@ -17,7 +17,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
-use crate::reader::{first_quantization, imported_identity, AppliedDefault, ImportError, Reader};
+use crate::reader::{first_quantization, imported_identity, rope_type, ImportedSpec, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
@@ -272,14 +272,8 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
             ] {
                 ok &= c.range(&format!("moe.{field}"), v, max, hint);
             }
-            if ok && e.num_experts_per_tok > e.num_experts {
-                ok = false;
-                c.err(
-                    p("moe.num_experts_per_tok"),
-                    format!("top-{} of {} experts", e.num_experts_per_tok, e.num_experts),
-                    format!("at most num_experts ({})", e.num_experts),
-                    "argpartition picks k of the experts: k cannot exceed their number",
-                );
+            if ok {
+                ok = c.top_k_of_experts(e.num_experts_per_tok, e.num_experts);
             }
         }
         (Some(_), Some(_)) => {
@@ -377,8 +371,7 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
         );
     }
     c.eps(m.rms_norm_eps, "Qwen3.5 uses 1.0e-6");
-    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
-    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
+    ok &= c.head_geometry(a.head_dim, a.num_attention_heads, a.num_key_value_heads);
     let factor_ok = c.positive_finite(
         "rope.partial_rotary_factor",
         spec.rope.partial_rotary_factor,
@@ -401,11 +394,7 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
     } else {
         ok = false;
     }
-    c.positive_finite(
-        "rope.rope_theta",
-        spec.rope.rope_theta,
-        "the RoPE base, e.g. 10000000.0",
-    );
+    c.rope_theta(spec.rope.rope_theta, "the RoPE base, e.g. 10000000.0");
     c.finish(ok, spec.quantization.as_ref(), || lower(spec))
 }
 
@@ -420,25 +409,19 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
 pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_head, plain_rope, scaled_embedding, swiglu, ModelParts,
+        direct_norms, full_attention, layer, model_ir, plain_head, plain_rope, scaled_embedding,
+        softmax_topk_experts, swiglu, ModelParts,
     };
     let a = &spec.attention;
     let la = &spec.linear_attention;
     let ffn = match (&spec.mlp, &spec.moe) {
         (_, Some(e)) => FeedForward::MoeAndSharedExpert {
-            moe: Moe {
-                num_experts: e.num_experts as usize,
-                top_k: e.num_experts_per_tok as usize,
-                width: e.moe_intermediate_size as usize,
-                router: Router::SoftmaxTopK {
-                    probs: if e.norm_topk_prob {
-                        TopKProbs::Renormalized
-                    } else {
-                        TopKProbs::AsTaken
-                    },
-                },
-                activation: Activation::Silu,
-            },
+            moe: softmax_topk_experts(
+                e.num_experts,
+                e.num_experts_per_tok,
+                e.moe_intermediate_size,
+                e.norm_topk_prob,
+            ),
             shared: SharedExpert {
                 width: e.shared_expert_intermediate_size as usize,
             },
@@ -456,39 +439,36 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
         SanitizeRule::OffsetNormsOfRawCheckpoint,
     ]);
     let layers = (0..spec.layers.num_hidden_layers)
-        .map(|i| Layer {
-            index: i as usize,
-            norms: Norms {
-                arrangement: NormArrangement::PreNorm,
-                weight: NormWeight::Direct,
-            },
-            mixer: if is_linear_layer(spec, i) {
-                Mixer::GatedDeltaNet(DeltaNet {
-                    k_heads: la.linear_num_key_heads as usize,
-                    v_heads: la.linear_num_value_heads as usize,
-                    k_head_dim: la.linear_key_head_dim as usize,
-                    v_head_dim: la.linear_value_head_dim as usize,
-                    conv_kernel: la.linear_conv_kernel_dim as usize,
-                    in_proj: InProj::Split,
-                    norm: GatedNorm::RmsSiluGate,
-                    cache: StateCache::ConvAndRecurrent,
-                })
-            } else {
-                Mixer::Attention(Attention {
-                    qk_norm: QkNorm::RmsPerHead,
-                    output_gate: OutputGate::SigmoidPerHead,
-                    ..full_attention(
-                        a.num_attention_heads,
-                        a.num_key_value_heads,
-                        a.head_dim,
-                        plain_rope(spec.rope.rope_theta, false, rotated_dims(spec) as usize),
-                    )
-                })
-            },
-            ffn,
-            input: LayerInput::None,
-            scalar: LayerScalar::None,
-            residual: Residual::Plain,
+        .map(|i| {
+            layer(
+                i as usize,
+                direct_norms(NormArrangement::PreNorm),
+                if is_linear_layer(spec, i) {
+                    Mixer::GatedDeltaNet(DeltaNet {
+                        k_heads: la.linear_num_key_heads as usize,
+                        v_heads: la.linear_num_value_heads as usize,
+                        k_head_dim: la.linear_key_head_dim as usize,
+                        v_head_dim: la.linear_value_head_dim as usize,
+                        conv_kernel: la.linear_conv_kernel_dim as usize,
+                        in_proj: InProj::Split,
+                        norm: GatedNorm::RmsSiluGate,
+                        cache: StateCache::ConvAndRecurrent,
+                    })
+                } else {
+                    Mixer::Attention(Attention {
+                        qk_norm: QkNorm::RmsPerHead,
+                        output_gate: OutputGate::SigmoidPerHead,
+                        ..full_attention(
+                            a.num_attention_heads,
+                            a.num_key_value_heads,
+                            a.head_dim,
+                            plain_rope(spec.rope.rope_theta, false, rotated_dims(spec) as usize),
+                        )
+                    })
+                },
+                ffn,
+                Residual::Plain,
+            )
         })
         .collect();
     model_ir(
@@ -521,13 +501,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
 pub(crate) fn config_fields(spec: &Qwen35Spec) -> Value {
     let la = &spec.linear_attention;
     let mut v = crate::hf::dense_stack_json(
-        spec.identity.source.model_type,
-        spec.layers.num_hidden_layers,
-        &spec.model,
-        &spec.attention,
-    );
-    crate::hf::extend(
-        &mut v,
+        spec,
         json!({
             "full_attention_interval": spec.layers.full_attention_interval,
             "head_dim": spec.attention.head_dim,
@@ -702,6 +676,7 @@ impl Reducible for Qwen35Spec {
     }
 }
 
+crate::hf::impl_dense_view!(Qwen35Spec);
 crate::reduce::impl_stack_sections!(Qwen35Spec);
 
 crate::document::impl_document!(Qwen35Spec, check);
@@ -718,7 +693,7 @@ pub(crate) fn import(
     top: &Map<String, Value>,
     model_type: ConfigModelType,
     name: &str,
-) -> Result<(Qwen35Spec, Vec<AppliedDefault>), ImportError> {
+) -> ImportedSpec<Qwen35Spec> {
     let (text, prefix) = match top.get("text_config") {
         Some(Value::Object(t)) => (t, "text_config."),
         _ => (top, ""),
@@ -743,18 +718,11 @@ pub(crate) fn import(
             "true is not supported (archgen's gated attention has no projection biases)",
         );
     }
-    let head_dim = match r.get("head_dim").cloned() {
-        Some(v) => r.uint_of("head_dim", &v),
-        None => {
-            let hd = hidden_size.checked_div(num_heads).unwrap_or(0);
-            r.note(
-                "head_dim",
-                json!(hd),
-                "absent or null: mlx-lm uses hidden_size // num_attention_heads",
-            );
-            hd
-        }
-    };
+    let head_dim = r.head_dim_or_quotient(
+        hidden_size,
+        num_heads,
+        "absent or null: mlx-lm uses hidden_size // num_attention_heads",
+    );
     let interval = r.uint("full_attention_interval", 4);
     // `num_experts > 0` puts the MoE block on every layer, and no dense MLP.
     let num_experts = r.uint("num_experts", 0);
@@ -804,11 +772,7 @@ pub(crate) fn import(
             )
         }
         Some(Value::Object(rp)) => {
-            let kind = rp
-                .get("type")
-                .or_else(|| rp.get("rope_type"))
-                .and_then(Value::as_str)
-                .unwrap_or("default");
+            let kind = rope_type(rp);
             if kind != "default" {
                 r.problem(
                     "rope_parameters.rope_type",
@@ -845,8 +809,7 @@ pub(crate) fn import(
         ],
         &mut r,
     );
-    let applied = r.finish_ok()?;
-    let spec = Qwen35Spec {
+    r.build_checked(check, || Qwen35Spec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, Family::Qwen35, model_type),
         model: DenseModel {
@@ -879,9 +842,7 @@ pub(crate) fn import(
         mlp,
         moe,
         quantization,
-    };
-    let issues = check(&spec);
-    crate::reader::checked(spec, issues, applied)
+    })
 }
 
 /// Qwen3.5 / Qwen3.6 (dense and MoE) in the family registry.

@@ -13,7 +13,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::ModelFamily;
-use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
+use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
@@ -151,14 +151,8 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
         MAX_LAYERS,
         "every step-th layer is MoE (1: every layer)",
     );
-    if ok && e.num_experts_per_tok > e.num_experts {
-        ok = false;
-        c.err(
-            p("moe.num_experts_per_tok"),
-            format!("top-{} of {} experts", e.num_experts_per_tok, e.num_experts),
-            format!("at most num_experts ({})", e.num_experts),
-            "argpartition picks k of the experts: k cannot exceed their number",
-        );
+    if ok {
+        ok = c.top_k_of_experts(e.num_experts_per_tok, e.num_experts);
     }
     let n = spec.layers.num_hidden_layers;
     let mut seen = std::collections::BTreeSet::new();
@@ -191,13 +185,8 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
         );
     }
     c.eps(m.rms_norm_eps, "Qwen3-MoE uses 1.0e-6");
-    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
-    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
-    c.positive_finite(
-        "rope.rope_theta",
-        spec.rope.rope_theta,
-        "the RoPE base, e.g. 1000000.0",
-    );
+    ok &= c.head_geometry(a.head_dim, a.num_attention_heads, a.num_key_value_heads);
+    c.rope_theta(spec.rope.rope_theta, "the RoPE base, e.g. 1000000.0");
     c.finish(ok, spec.quantization.as_ref(), || lower(spec))
 }
 
@@ -210,47 +199,38 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_head, plain_rope, scaled_embedding, swiglu,
-        whole_head_sharding, ModelParts,
+        direct_norms, full_attention, layer, model_ir, plain_head, plain_rope, scaled_embedding,
+        softmax_topk_experts, swiglu, whole_head_sharding, ModelParts,
     };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let e = &spec.moe;
-    let probs = if e.norm_topk_prob {
-        TopKProbs::Renormalized
-    } else {
-        TopKProbs::AsTaken
-    };
     let layers = (0..spec.layers.num_hidden_layers)
-        .map(|i| Layer {
-            index: i as usize,
-            norms: Norms {
-                arrangement: NormArrangement::PreNorm,
-                weight: NormWeight::Direct,
-            },
-            mixer: Mixer::Attention(Attention {
-                qk_norm: QkNorm::RmsPerHead,
-                ..full_attention(
-                    a.num_attention_heads,
-                    a.num_key_value_heads,
-                    a.head_dim,
-                    plain_rope(spec.rope.rope_theta, false, head_dim),
-                )
-            }),
-            ffn: if is_moe_layer(spec, i) {
-                FeedForward::Moe(Moe {
-                    num_experts: e.num_experts as usize,
-                    top_k: e.num_experts_per_tok as usize,
-                    width: e.moe_intermediate_size as usize,
-                    router: Router::SoftmaxTopK { probs },
-                    activation: Activation::Silu,
-                })
-            } else {
-                FeedForward::Mlp(swiglu(spec.mlp.intermediate_size))
-            },
-            input: LayerInput::None,
-            scalar: LayerScalar::None,
-            residual: Residual::Plain,
+        .map(|i| {
+            layer(
+                i as usize,
+                direct_norms(NormArrangement::PreNorm),
+                Mixer::Attention(Attention {
+                    qk_norm: QkNorm::RmsPerHead,
+                    ..full_attention(
+                        a.num_attention_heads,
+                        a.num_key_value_heads,
+                        a.head_dim,
+                        plain_rope(spec.rope.rope_theta, false, head_dim),
+                    )
+                }),
+                if is_moe_layer(spec, i) {
+                    FeedForward::Moe(softmax_topk_experts(
+                        e.num_experts,
+                        e.num_experts_per_tok,
+                        e.moe_intermediate_size,
+                        e.norm_topk_prob,
+                    ))
+                } else {
+                    FeedForward::Mlp(swiglu(spec.mlp.intermediate_size))
+                },
+                Residual::Plain,
+            )
         })
         .collect();
     model_ir(
@@ -274,14 +254,8 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
 /// (impl_document! adds `quantization` and sorts the keys).
 pub(crate) fn config_fields(spec: &Qwen3MoeSpec) -> Value {
     let e = &spec.moe;
-    let mut v = crate::hf::dense_stack_json(
-        spec.identity.source.model_type,
-        spec.layers.num_hidden_layers,
-        &spec.model,
-        &spec.attention,
-    );
-    crate::hf::extend(
-        &mut v,
+    crate::hf::dense_stack_json(
+        spec,
         json!({
             "intermediate_size": spec.mlp.intermediate_size,
             "head_dim": spec.attention.head_dim,
@@ -294,8 +268,7 @@ pub(crate) fn config_fields(spec: &Qwen3MoeSpec) -> Value {
             "decoder_sparse_step": e.decoder_sparse_step,
             "mlp_only_layers": e.mlp_only_layers,
         }),
-    );
-    v
+    )
 }
 
 // ---------------------------------------------------------------- parsing
@@ -361,6 +334,7 @@ impl Reducible for Qwen3MoeSpec {
     }
 }
 
+crate::hf::impl_dense_view!(Qwen3MoeSpec);
 crate::reduce::impl_stack_sections!(Qwen3MoeSpec);
 
 crate::document::impl_document!(Qwen3MoeSpec, check);
@@ -370,10 +344,7 @@ crate::document::impl_document!(Qwen3MoeSpec, check);
 /// Imports a flat `qwen3_moe` config.json as mlx-lm 0.32.2's `ModelArgs` reads it
 /// (`qwen3_moe.py`): every field it reads is required (the dataclass has no defaults
 /// but `rope_scaling`, which it accepts and never reads).
-pub(crate) fn import(
-    top: &Map<String, Value>,
-    name: &str,
-) -> Result<(Qwen3MoeSpec, Vec<AppliedDefault>), ImportError> {
+pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Qwen3MoeSpec> {
     let mut r = Reader::new(top, "");
     let hidden_size = r.required_uint("hidden_size");
     let num_layers = r.required_uint("num_hidden_layers");
@@ -419,8 +390,7 @@ pub(crate) fn import(
         );
     }
     let quantization = top_quantization(top, &mut r);
-    let applied = r.finish_ok()?;
-    let spec = Qwen3MoeSpec {
+    r.build_checked(check, || Qwen3MoeSpec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, Family::Qwen3Moe, ConfigModelType::Qwen3Moe),
         model: DenseModel {
@@ -449,9 +419,7 @@ pub(crate) fn import(
             mlp_only_layers,
         },
         quantization,
-    };
-    let issues = check(&spec);
-    crate::reader::checked(spec, issues, applied)
+    })
 }
 
 /// Qwen3-MoE in the family registry.

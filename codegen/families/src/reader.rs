@@ -192,6 +192,43 @@ impl<'a> Reader<'a> {
             },
         }
     }
+    /// `head_dim` as written, else `hidden_size // num_attention_heads` (0
+    /// without heads), noted with `absent_reason`.
+    pub(crate) fn head_dim_or_quotient(
+        &mut self,
+        hidden_size: u32,
+        num_heads: u32,
+        absent_reason: &str,
+    ) -> u32 {
+        match self.get("head_dim").cloned() {
+            Some(v) => self.uint_of("head_dim", &v),
+            None => self.quotient_head_dim(hidden_size, num_heads, absent_reason),
+        }
+    }
+    /// The `head_dim` of a module without such a field (`module.py` always
+    /// uses `hidden_size // num_attention_heads`), noted with why: a written
+    /// one is ignored.
+    pub(crate) fn head_dim_of_module_without_it(
+        &mut self,
+        hidden_size: u32,
+        num_heads: u32,
+        module: &str,
+    ) -> u32 {
+        let reason = match self.get("head_dim") {
+            Some(_) => format!(
+                "ignored as written: mlx-lm's {module}.py always uses hidden_size // num_attention_heads"
+            ),
+            None => format!("{module}.py has no head_dim field: hidden_size // num_attention_heads"),
+        };
+        self.quotient_head_dim(hidden_size, num_heads, &reason)
+    }
+    /// `hidden_size // num_attention_heads` (0 without heads), noted as the
+    /// `head_dim` used, with `reason`.
+    fn quotient_head_dim(&mut self, hidden_size: u32, num_heads: u32, reason: &str) -> u32 {
+        let head_dim = hidden_size.checked_div(num_heads).unwrap_or(0);
+        self.note("head_dim", json!(head_dim), reason);
+        head_dim
+    }
     pub(crate) fn boolean(&mut self, k: &str, default: bool) -> bool {
         match self.obj.get(k) {
             None => {
@@ -276,6 +313,17 @@ pub(crate) fn top_quantization(top: &Map<String, Value>, r: &mut Reader) -> Opti
         ],
         r,
     )
+}
+
+/// The RoPE kind of a `rope_scaling` or `rope_parameters` entry as
+/// rope_utils' `initialize_rope` reads it: `type`, else `rope_type`, else
+/// `default`.
+pub(crate) fn rope_type(entry: &Map<String, Value>) -> &str {
+    entry
+        .get("type")
+        .or_else(|| entry.get("rope_type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default")
 }
 
 /// The identity of an imported spec: its source repository is config.json's
@@ -492,13 +540,33 @@ pub(crate) fn read_kv_config(kv: &Value, r: &mut Reader) -> Option<Vec<KvQuantEn
     Some(out)
 }
 
+/// What a family's importer gives: its spec and the defaults it applied, or
+/// its problems.
+pub(crate) type ImportedSpec<S> = Result<(S, Vec<AppliedDefault>), ImportError>;
+
+impl Reader<'_> {
+    /// An importer's last step: the problems read so far are the error; else
+    /// the spec `build` makes, refused with every issue its family's `check`
+    /// finds.
+    pub(crate) fn build_checked<S>(
+        self,
+        check: impl FnOnce(&S) -> Vec<crate::diag::Issue>,
+        build: impl FnOnce() -> S,
+    ) -> ImportedSpec<S> {
+        let applied = self.finish_ok()?;
+        let spec = build();
+        let issues = check(&spec);
+        checked(spec, issues, applied)
+    }
+}
+
 /// An importer's result: the spec when its family's checks found nothing, else
 /// every issue as one problem line (path, what, what was expected, the hint).
-pub(crate) fn checked<S>(
+fn checked<S>(
     spec: S,
     issues: Vec<crate::diag::Issue>,
     applied: Vec<AppliedDefault>,
-) -> Result<(S, Vec<AppliedDefault>), ImportError> {
+) -> ImportedSpec<S> {
     if issues.is_empty() {
         return Ok((spec, applied));
     }

@@ -230,6 +230,30 @@ impl Checker {
             true
         }
     }
+    /// `attention.head_dim` even (RoPE rotates pairs) and the KV heads dividing
+    /// the query heads, both checked; returns whether both hold.
+    pub(crate) fn head_geometry(&mut self, head_dim: u32, heads: u32, kv_heads: u32) -> bool {
+        let even = self.even_head_dim("attention.head_dim", head_dim);
+        even & self.grouped(heads, kv_heads)
+    }
+    /// `rope.rope_theta`, the RoPE base every layout names alike: positive and finite.
+    pub(crate) fn rope_theta(&mut self, theta: f64, hint: &str) {
+        self.positive_finite("rope.rope_theta", theta, hint);
+    }
+    /// `moe.num_experts_per_tok` against `moe.num_experts`: the router's
+    /// argpartition picks k of the experts, so k cannot exceed their number.
+    pub(crate) fn top_k_of_experts(&mut self, top_k: u32, num_experts: u32) -> bool {
+        if top_k <= num_experts {
+            return true;
+        }
+        self.err(
+            FieldPath::parse("moe.num_experts_per_tok"),
+            format!("top-{top_k} of {num_experts} experts"),
+            format!("at most num_experts ({num_experts})"),
+            "argpartition picks k of the experts: k cannot exceed their number",
+        );
+        false
+    }
     /// `attention.num_key_value_heads` divides the query heads; returns whether it does.
     pub(crate) fn grouped(&mut self, heads: u32, kv_heads: u32) -> bool {
         if heads > 0 && kv_heads > 0 && heads % kv_heads != 0 {

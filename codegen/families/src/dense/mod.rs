@@ -34,7 +34,7 @@ use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::{ConfigJson, ModelFamily};
 use crate::reader::{
-    imported_identity, top_quantization, AppliedDefault, ImportError, Reader, ABSENT,
+    imported_identity, rope_type, top_quantization, ImportError, ImportedSpec, Reader, ABSENT,
 };
 use crate::reduce::{mlp_width, DerivedFile, Reducible, Size, Stack};
 use crate::{validate, Sections};
@@ -303,19 +303,8 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
         HeadDim::HiddenOverHeads => true,
         HeadDim::Required | HeadDim::Optional => false,
     };
-    if ok
-        && head_dim_derived
-        && u64::from(a.head_dim) * u64::from(a.num_attention_heads) != u64::from(m.hidden_size)
-    {
-        c.err(
-            p("attention.head_dim"),
-            format!(
-                "{} with hidden_size {} and {} heads, but mlx-lm's {}.py always uses hidden_size // num_attention_heads",
-                a.head_dim, m.hidden_size, a.num_attention_heads, family.as_str()
-            ),
-            "hidden_size == head_dim * num_attention_heads",
-            format!("{} has no head_dim field: make hidden_size a multiple of the heads and head_dim the quotient", family.as_str()),
-        );
+    if ok && head_dim_derived {
+        check_quotient_head_dim(&mut c, m, a, family.as_str());
     }
     ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
     match (variant.rope_traditional, spec.rope.traditional) {
@@ -330,11 +319,7 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
         ),
         (RopeTraditional::AlwaysFalse { .. }, false) | (RopeTraditional::Read, _) => {}
     }
-    c.positive_finite(
-        "rope.rope_theta",
-        spec.rope.rope_theta,
-        "the RoPE base, e.g. 500000.0",
-    );
+    c.rope_theta(spec.rope.rope_theta, "the RoPE base, e.g. 500000.0");
     (variant.check_rope_scaling)(spec, &mut c);
     if let Some(RopeScaling::Llama3 {
         factor,
@@ -402,6 +387,27 @@ pub(crate) fn check_dense_sizes(
     )
 }
 
+/// `attention.head_dim` of a module without a `head_dim` field (`module.py`
+/// always uses `hidden_size // num_attention_heads`): it must be that quotient.
+pub(crate) fn check_quotient_head_dim(
+    c: &mut validate::Checker,
+    m: &DenseModel,
+    a: &DenseAttention,
+    module: &str,
+) {
+    if u64::from(a.head_dim) * u64::from(a.num_attention_heads) != u64::from(m.hidden_size) {
+        c.err(
+            p("attention.head_dim"),
+            format!(
+                "{} with hidden_size {} and {} heads, but mlx-lm's {module}.py always uses hidden_size // num_attention_heads",
+                a.head_dim, m.hidden_size, a.num_attention_heads
+            ),
+            "hidden_size == head_dim * num_attention_heads",
+            format!("{module} has no head_dim field: make hidden_size a multiple of the heads and head_dim the quotient"),
+        );
+    }
+}
+
 // The dense sections' sizes as the reduction reads and writes them (the
 // layouts built from dense sections share them).
 impl Stack {
@@ -459,8 +465,8 @@ fn refuse_scales(spec: &DenseSpec, c: &mut validate::Checker) {
 pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_head, scaled_embedding, swiglu, whole_head_sharding,
-        ModelParts,
+        direct_norms, full_attention, layer, model_ir, plain_head, scaled_embedding, swiglu,
+        whole_head_sharding, ModelParts,
     };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
@@ -500,40 +506,37 @@ pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
         ),
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
-        .map(|i| Layer {
-            index: i,
-            norms: Norms {
-                arrangement: variant.arrangement,
-                weight: NormWeight::Direct,
-            },
-            mixer: Mixer::Attention(Attention {
-                bias: variant.bias,
-                qk_norm: variant.qk_norm,
-                scale,
-                projection: variant.qkv,
-                ..full_attention(
-                    a.num_attention_heads,
-                    a.num_key_value_heads,
-                    a.head_dim,
-                    // smollm3's `NoPE` layers: the rope module returns its input.
-                    RopeForm {
-                        kind: if spec.rope.rotates(i) {
-                            kind
-                        } else {
-                            RopeKind::NoPe
+        .map(|i| {
+            layer(
+                i,
+                direct_norms(variant.arrangement),
+                Mixer::Attention(Attention {
+                    bias: variant.bias,
+                    qk_norm: variant.qk_norm,
+                    scale,
+                    projection: variant.qkv,
+                    ..full_attention(
+                        a.num_attention_heads,
+                        a.num_key_value_heads,
+                        a.head_dim,
+                        // smollm3's `NoPE` layers: the rope module returns its input.
+                        RopeForm {
+                            kind: if spec.rope.rotates(i) {
+                                kind
+                            } else {
+                                RopeKind::NoPe
+                            },
+                            traditional: spec.rope.traditional,
+                            rotated_dims: head_dim,
                         },
-                        traditional: spec.rope.traditional,
-                        rotated_dims: head_dim,
-                    },
-                )
-            }),
-            ffn: FeedForward::Mlp(GatedMlp {
-                projection: variant.gate_up,
-                ..swiglu(spec.mlp.intermediate_size)
-            }),
-            input: LayerInput::None,
-            scalar: LayerScalar::None,
-            residual,
+                    )
+                }),
+                FeedForward::Mlp(GatedMlp {
+                    projection: variant.gate_up,
+                    ..swiglu(spec.mlp.intermediate_size)
+                }),
+                residual,
+            )
         })
         .collect();
     model_ir(
@@ -576,13 +579,7 @@ fn scaling_json(s: &Option<RopeScaling>) -> Value {
 /// the family's module names them (impl_document! adds `quantization` and sorts the keys).
 pub(crate) fn config_fields(spec: &DenseSpec) -> Value {
     let mut v = crate::hf::dense_stack_json(
-        spec.identity.source.model_type,
-        spec.layers.num_hidden_layers,
-        &spec.model,
-        &spec.attention,
-    );
-    crate::hf::extend(
-        &mut v,
+        spec,
         json!({
             "intermediate_size": spec.mlp.intermediate_size,
             "head_dim": spec.attention.head_dim,
@@ -654,6 +651,7 @@ impl Reducible for DenseSpec {
     }
 }
 
+crate::hf::impl_dense_view!(DenseSpec);
 crate::reduce::impl_stack_sections!(DenseSpec);
 
 crate::document::impl_document!(DenseSpec, check, with mixed_kv);
@@ -668,7 +666,7 @@ pub(crate) fn import(
     model_type: ConfigModelType,
     variant: &DenseVariant,
     name: &str,
-) -> Result<(DenseSpec, Vec<AppliedDefault>), ImportError> {
+) -> ImportedSpec<DenseSpec> {
     let module = variant.family.as_str();
     let config = &variant.config;
     let mut r = Reader::new(top, "");
@@ -683,26 +681,14 @@ pub(crate) fn import(
         KvHeads::Required => r.required_uint("num_key_value_heads"),
         KvHeads::SameAsHeads => r.uint("num_key_value_heads", num_heads),
     };
-    let derived_head_dim = |r: &mut Reader, reason: &str| {
-        let d = hidden_size.checked_div(num_heads).unwrap_or(0);
-        r.note("head_dim", json!(d), reason);
-        d
-    };
-    let head_dim = match (variant.head_dim, r.get("head_dim").cloned()) {
-        (HeadDim::Required, _) => r.required_uint("head_dim"),
-        (HeadDim::Optional, Some(v)) => r.uint_of("head_dim", &v),
-        (HeadDim::Optional, None) => derived_head_dim(
-            &mut r,
+    let head_dim = match variant.head_dim {
+        HeadDim::Required => r.required_uint("head_dim"),
+        HeadDim::Optional => r.head_dim_or_quotient(
+            hidden_size,
+            num_heads,
             "absent: mlx-lm uses hidden_size // num_attention_heads",
         ),
-        (HeadDim::HiddenOverHeads, Some(_)) => derived_head_dim(
-            &mut r,
-            &format!("ignored as written: mlx-lm's {module}.py always uses hidden_size // num_attention_heads"),
-        ),
-        (HeadDim::HiddenOverHeads, None) => derived_head_dim(
-            &mut r,
-            &format!("{module}.py has no head_dim field: hidden_size // num_attention_heads"),
-        ),
+        HeadDim::HiddenOverHeads => r.head_dim_of_module_without_it(hidden_size, num_heads, module),
     };
     let max_pos = match config.max_position_embeddings {
         ConfigDefault::Required => r.required_uint("max_position_embeddings"),
@@ -792,8 +778,7 @@ pub(crate) fn import(
     };
     let own = (config.read_own_sections)(&mut r, num_layers);
     let quantization = top_quantization(top, &mut r);
-    let applied = r.finish_ok()?;
-    let spec = DenseSpec {
+    r.build_checked(check, || DenseSpec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, variant.family, model_type),
         model: DenseModel {
@@ -821,19 +806,12 @@ pub(crate) fn import(
         scales: own.scales,
         quantization,
         mixed_kv: None,
-    };
-    let issues = check(&spec);
-    crate::reader::checked(spec, issues, applied)
+    })
 }
 
 /// `rope_scaling` as `initialize_rope` reads it: `type` or `rope_type`.
 fn read_scaling(obj: &Map<String, Value>, r: &mut Reader) -> Option<RopeScaling> {
-    let kind = obj
-        .get("type")
-        .or_else(|| obj.get("rope_type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    match kind {
+    match rope_type(obj) {
         "default" => None,
         "llama3" => {
             let mut sr = Reader::new(obj, "rope_scaling.");

@@ -20,7 +20,7 @@ use crate::ir::{AttentionScale, EmbedScale, QkNorm, SanitizeRule};
 use crate::layout::Layout;
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
-use crate::reader::{imported_identity, top_quantization, AppliedDefault, ImportError, Reader};
+use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
 use crate::reduce::{last_key, mlp_width, reduce_key, DerivedForm, Reducible, Size, StackSections};
 use crate::validate;
 use schemars::JsonSchema;
@@ -262,13 +262,8 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
         (spec.mlp.intermediate_size, "GeLU-approx MLP width"),
     );
     c.eps(m.rms_norm_eps, "Gemma-2 uses 1.0e-6");
-    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
-    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
-    c.positive_finite(
-        "rope.rope_theta",
-        spec.rope.rope_theta,
-        "the RoPE base; Gemma-2 uses 10000.0",
-    );
+    ok &= c.head_geometry(a.head_dim, a.num_attention_heads, a.num_key_value_heads);
+    c.rope_theta(spec.rope.rope_theta, "the RoPE base; Gemma-2 uses 10000.0");
     c.positive_finite(
         "attention.query_pre_attn_scalar",
         a.query_pre_attn_scalar,
@@ -449,7 +444,8 @@ fn check_rope_bases(c: &mut validate::Checker, spec: &Gemma2Spec) {
 pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, model_ir, plain_rope, scaled_embedding, whole_head_sharding, ModelParts,
+        full_attention, layer, model_ir, plain_rope, scaled_embedding, whole_head_sharding,
+        ModelParts,
     };
     let (a, r, variant) = (&spec.attention, &spec.rope, spec.variant());
     let head_dim = a.head_dim as usize;
@@ -474,38 +470,38 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
         _ => plain_rope(r.rope_theta, r.traditional, head_dim),
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
-        .map(|i| Layer {
-            index: i,
-            norms: Norms {
-                arrangement: NormArrangement::Sandwich,
-                weight: NormWeight::OnePlus,
-            },
-            mixer: Mixer::Attention(Attention {
-                scale: (variant.attention_scale)(a.query_pre_attn_scalar),
-                qk_norm: variant.qk_norm,
-                scores: match a.attn_logit_softcapping {
-                    Some(cap) => Scores::Softcapped { cap: cap as f32 },
-                    None => Scores::FusedSdpa,
+        .map(|i| {
+            layer(
+                i,
+                Norms {
+                    arrangement: NormArrangement::Sandwich,
+                    weight: NormWeight::OnePlus,
                 },
-                window: match sliding(i) {
-                    Some(window) => Window::Sliding(window),
-                    None => Window::Full,
-                },
-                ..full_attention(
-                    a.num_attention_heads,
-                    a.num_key_value_heads,
-                    a.head_dim,
-                    rope(i),
-                )
-            }),
-            ffn: FeedForward::Mlp(GatedMlp {
-                width: spec.mlp.intermediate_size as usize,
-                activation: Activation::GeluApproxThenMultiply,
-                projection: GateUpProjection::Separate,
-            }),
-            input: LayerInput::None,
-            scalar: LayerScalar::None,
-            residual: Residual::Plain,
+                Mixer::Attention(Attention {
+                    scale: (variant.attention_scale)(a.query_pre_attn_scalar),
+                    qk_norm: variant.qk_norm,
+                    scores: match a.attn_logit_softcapping {
+                        Some(cap) => Scores::Softcapped { cap: cap as f32 },
+                        None => Scores::FusedSdpa,
+                    },
+                    window: match sliding(i) {
+                        Some(window) => Window::Sliding(window),
+                        None => Window::Full,
+                    },
+                    ..full_attention(
+                        a.num_attention_heads,
+                        a.num_key_value_heads,
+                        a.head_dim,
+                        rope(i),
+                    )
+                }),
+                FeedForward::Mlp(GatedMlp {
+                    width: spec.mlp.intermediate_size as usize,
+                    activation: Activation::GeluApproxThenMultiply,
+                    projection: GateUpProjection::Separate,
+                }),
+                Residual::Plain,
+            )
         })
         .collect();
     model_ir(
@@ -638,7 +634,7 @@ pub(crate) fn import(
     top: &Map<String, Value>,
     name: &str,
     variant: &GemmaVariant,
-) -> Result<(Gemma2Spec, Vec<AppliedDefault>), ImportError> {
+) -> ImportedSpec<Gemma2Spec> {
     let defaults = &variant.defaults;
     let mut r = Reader::new(top, "");
     // Fields without a default in ModelArgs: mlx-lm fails without them.
@@ -738,8 +734,7 @@ pub(crate) fn import(
         }
     }
     let quantization = top_quantization(top, &mut r);
-    let applied = r.finish_ok()?;
-    let spec = Gemma2Spec {
+    r.build_checked(check, || Gemma2Spec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, variant.family, variant.model_types[0]),
         model: Gemma2Model {
@@ -769,9 +764,7 @@ pub(crate) fn import(
         },
         mlp: Gemma2Mlp { intermediate_size },
         quantization,
-    };
-    let issues = check(&spec);
-    crate::reader::checked(spec, issues, applied)
+    })
 }
 
 /// `rope_scaling` as rope_utils' `initialize_rope` reads it: its `type`, else

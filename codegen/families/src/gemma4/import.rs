@@ -4,8 +4,8 @@
 
 use crate::model::*;
 use crate::reader::{
-    first_quantization, imported_identity, read_kv_config, AppliedDefault, ImportError, Reader,
-    ABSENT,
+    first_quantization, imported_identity, read_kv_config, rope_type, ImportError, ImportedSpec,
+    Reader, ABSENT,
 };
 use serde_json::{json, Map, Value};
 
@@ -22,7 +22,7 @@ pub(crate) fn import(
     model_type: ConfigModelType,
     kv_config: Option<&Value>,
     name: &str,
-) -> Result<(Gemma4Spec, Vec<AppliedDefault>), ImportError> {
+) -> ImportedSpec<Gemma4Spec> {
     let fail = |m: String| ImportError { problems: vec![m] };
     let empty = Map::new();
     let wrapped = model_type != ConfigModelType::Gemma4Text;
@@ -210,12 +210,7 @@ pub(crate) fn import(
         };
         let base = format!("{}rope_parameters.{key}.", r.prefix);
         sub.prefix = &base;
-        let rope_type = rp
-            .get("type")
-            .or_else(|| rp.get("rope_type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default")
-            .to_string();
+        let rope_type = rope_type(&rp).to_string();
         let theta = sub.float("rope_theta", 10000.0);
         let out = match rope_type.as_str() {
             "default" => RopeParams::Default { rope_theta: theta },
@@ -313,49 +308,48 @@ pub(crate) fn import(
     );
     let kv_quantization = kv_config.and_then(|kv| read_kv_config(kv, &mut r));
 
-    let applied = r.finish_ok()?;
-    let period = minimal_period(&types);
-    let spec = Gemma4Spec {
-        format_version: FORMAT_VERSION,
-        identity: imported_identity(top, name, Family::Gemma4, model_type),
-        model: ModelDims {
-            hidden_size,
-            vocab_size,
-            rms_norm_eps,
-            tie_word_embeddings: tie,
-            final_logit_softcapping: softcap,
-            max_position_embeddings: max_pos,
-        },
-        layers: Layers {
-            num_hidden_layers: num_layers,
-            pattern: types[..period.min(types.len())].to_vec(),
-            repeat: (types.len() / period.max(1)) as u32,
-            num_kv_shared_layers: shared,
-        },
-        attention: Attention {
-            num_attention_heads: num_heads,
-            num_key_value_heads: num_kv,
-            num_global_key_value_heads: global_kv,
-            attention_k_eq_v: k_eq_v,
-            head_dim,
-            global_head_dim,
-            sliding_window,
-        },
-        rope: Rope {
-            traditional,
-            sliding: rope_sliding,
-            full: rope_full,
-        },
-        mlp: Mlp {
-            intermediate_size,
-            use_double_wide_mlp: double_wide,
-        },
-        moe,
-        per_layer_input,
-        quantization,
-        kv_quantization,
-        mixed_kv: None,
-    };
-    let issues = super::check(&spec);
-    crate::reader::checked(spec, issues, applied)
+    r.build_checked(super::check, || {
+        let period = minimal_period(&types);
+        Gemma4Spec {
+            format_version: FORMAT_VERSION,
+            identity: imported_identity(top, name, Family::Gemma4, model_type),
+            model: ModelDims {
+                hidden_size,
+                vocab_size,
+                rms_norm_eps,
+                tie_word_embeddings: tie,
+                final_logit_softcapping: softcap,
+                max_position_embeddings: max_pos,
+            },
+            layers: Layers {
+                num_hidden_layers: num_layers,
+                pattern: types[..period.min(types.len())].to_vec(),
+                repeat: (types.len() / period.max(1)) as u32,
+                num_kv_shared_layers: shared,
+            },
+            attention: Attention {
+                num_attention_heads: num_heads,
+                num_key_value_heads: num_kv,
+                num_global_key_value_heads: global_kv,
+                attention_k_eq_v: k_eq_v,
+                head_dim,
+                global_head_dim,
+                sliding_window,
+            },
+            rope: Rope {
+                traditional,
+                sliding: rope_sliding,
+                full: rope_full,
+            },
+            mlp: Mlp {
+                intermediate_size,
+                use_double_wide_mlp: double_wide,
+            },
+            moe,
+            per_layer_input,
+            quantization,
+            kv_quantization,
+            mixed_kv: None,
+        }
+    })
 }
