@@ -1,7 +1,8 @@
 """Drives `archgen serve` with the official openai client the way
 frameworks built on it do: an API key, `models.retrieve`, requests with
 extra and null fields, `stream_options`, the sampling fields with the seed
-that replays them, and the errors a framework reads
+that replays them, structured output, `n`, a forced function call,
+log-probabilities, embeddings, and the errors a framework reads
 (status, `param`, `code`). Asserts as it goes (a failed check exits non-zero
 with its message) and prints what it saw as JSON.
 
@@ -99,6 +100,36 @@ def main() -> None:
     answer = json.loads(structured.choices[0].message.content)
     check(set(answer) == {"mood", "level"} and answer["mood"] in ("calm", "busy")
           and isinstance(answer["level"], int) and 1 <= answer["level"] <= 5, str(answer))
+
+    # Function calling as agent frameworks drive it: a named function forced,
+    # the call read back from tool_calls with JSON arguments.
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "city": {"type": "string", "maxLength": 8}},
+                                                   "required": ["city"]}}}]
+    forced = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=160, seed=5, tools=tools,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False)
+    calls = forced.choices[0].message.tool_calls or []
+    check(forced.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+          and calls[0].function.name == "get_weather", str(forced))
+    check(isinstance(json.loads(calls[0].function.arguments).get("city"), str), str(calls[0]))
+
+    # Log-probabilities as evaluation harnesses ask for them.
+    scored = client.chat.completions.create(model=model, messages=messages, max_tokens=3, temperature=0,
+                                            logprobs=True, top_logprobs=2)
+    entries = scored.choices[0].logprobs.content
+    check(len(entries) == scored.usage.completion_tokens and all(len(e.top_logprobs) == 2 for e in entries),
+          str(scored.choices[0].logprobs))
+
+    # Embeddings as retrieval frameworks call them: a list of texts, the
+    # client's default base64 encoding, one vector per text in order.
+    texts = ["first document", "second document", "a query"]
+    embedded = client.embeddings.create(model=model, input=texts)
+    check([d.index for d in embedded.data] == [0, 1, 2], str(embedded.data))
+    check(len({len(d.embedding) for d in embedded.data}) == 1, "embeddings of different sizes")
+    alone = client.embeddings.create(model=model, input=texts[2], encoding_format="float")
+    check(alone.data[0].embedding == embedded.data[2].embedding, "a text's embedding depends on its batch")
 
     # What the server does not serve, or a value out of a field's range, is a
     # 400 naming the field.
