@@ -483,15 +483,26 @@ mod tests {
         .err()
         .unwrap();
         assert_eq!(both.param.as_deref(), Some("response_format"));
-        let gemma = output_shape(
+        // Gemma 4's markup has its own call grammar; a template with no
+        // markup archgen reads cannot be held to a call.
+        assert!(matches!(
+            output_shape(
+                ResponseFormat::Text,
+                &ToolChoice::Required,
+                Some(&tools),
+                Some(ToolFormat::Gemma4),
+            ),
+            Ok(Some(OutputShape::ToolCall(ToolFormat::Gemma4, _)))
+        ));
+        let unread = output_shape(
             ResponseFormat::Text,
             &ToolChoice::Required,
             Some(&tools),
-            Some(ToolFormat::Gemma4),
+            None,
         )
         .err()
         .unwrap();
-        assert_eq!(gemma.param.as_deref(), Some("tool_choice"));
+        assert_eq!(unread.param.as_deref(), Some("tool_choice"));
         assert!(matches!(
             output_shape(ResponseFormat::Text, &ToolChoice::Auto, None, None),
             Ok(None)
