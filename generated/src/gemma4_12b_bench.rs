@@ -23,10 +23,9 @@ pub const FINGERPRINT: &str = "436e6f98d3a09021";
 pub const SPEC_SHA256: &str = "c88c209b858bd910417f2a6fae0d45d18266ee5e2a302b36aa1847b7515da851";
 const HIDDEN: i32 = 512;
 const VOCAB: i32 = 32768;
-#[allow(dead_code)]
-const LAYERS: i32 = 6;
+const LAYERS: usize = 6;
 const EPS: f32 = 0.000001f32;
-/// Layers 0, 1, 2, 3, 4: sliding-window attention (512), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, layer scalar.
+/// Layers 0 to 4: sliding-window attention (512), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, layer scalar.
 struct SlidingOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -298,7 +297,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 2048;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 6] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
@@ -478,7 +477,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 512)?;

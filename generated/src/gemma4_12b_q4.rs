@@ -23,8 +23,7 @@ pub const FINGERPRINT: &str = "c29f880258999391";
 pub const SPEC_SHA256: &str = "7d210ef99b343dd34d705baacd2eac4e98d95bd198ff83ddfbed199ceb72787c";
 const HIDDEN: i32 = 3840;
 const VOCAB: i32 = 262144;
-#[allow(dead_code)]
-const LAYERS: i32 = 48;
+const LAYERS: usize = 48;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22, 24, 25, 26, 27, 28, 30, 31, 32, 33, 34, 36, 37, 38, 39, 40, 42, 43, 44, 45, 46: sliding-window attention (1024), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, layer scalar.
 struct SlidingOwnKv {
@@ -298,7 +297,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 15360;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 48] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
@@ -520,7 +519,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 1024)?;

@@ -23,8 +23,7 @@ pub const FINGERPRINT: &str = "4bf618060cee1b0c";
 pub const SPEC_SHA256: &str = "b7ce20c07ba7d5ef5682535f73c8332301af7b7f9447ff1b1938ed8f7839c240";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 12;
+const LAYERS: usize = 12;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10: sliding-window attention (8), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, layer scalar.
 struct SlidingOwnKv {
@@ -298,7 +297,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 12] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
@@ -482,7 +481,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 8)?;

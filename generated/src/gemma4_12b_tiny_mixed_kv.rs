@@ -22,8 +22,7 @@ pub const FINGERPRINT: &str = "f86dad902e9b2187";
 pub const SPEC_SHA256: &str = "87e075e20d819a9f3a9d188839374e626ce512f7b2c6543b7a8c824efa92ddd0";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 12;
+const LAYERS: usize = 12;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10: sliding-window attention (8), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, layer scalar.
 struct SlidingOwnKv {
@@ -328,7 +327,7 @@ impl KvForm {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 12] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
@@ -524,7 +523,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 8)?;

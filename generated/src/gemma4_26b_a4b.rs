@@ -23,8 +23,7 @@ pub const FINGERPRINT: &str = "21fd9e7ce897e61d";
 pub const SPEC_SHA256: &str = "8362a758f5350499166167d2beb8976922050fc7086d387cacaada5c5fd88f02";
 const HIDDEN: i32 = 2816;
 const VOCAB: i32 = 262144;
-#[allow(dead_code)]
-const LAYERS: i32 = 30;
+const LAYERS: usize = 30;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22, 24, 25, 26, 27, 28: sliding-window attention (1024), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP + routed experts, layer scalar.
 struct SlidingOwnKvMoe {
@@ -326,7 +325,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 2112;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 30] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKvMoe(MLP_WIDTH),
     Row::SlidingOwnKvMoe(MLP_WIDTH),
     Row::SlidingOwnKvMoe(MLP_WIDTH),
@@ -530,7 +529,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 1024)?;

@@ -23,10 +23,9 @@ pub const FINGERPRINT: &str = "c54741e181ad450c";
 pub const SPEC_SHA256: &str = "68878d7e88a371d31a5224e6a8314d0920f071f7ada8f7a42bce82c30fa452ee";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 10;
+const LAYERS: usize = 10;
 const EPS: f32 = 0.000001f32;
-/// Layers 0, 1, 2, 3: sliding-window attention (8), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 0 to 3: sliding-window attention (8), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
 struct SlidingOwnKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -298,7 +297,7 @@ impl FullOwnKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 5, 6, 7, 8: sliding-window attention (8), sandwich norms, reads a donor's K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 5 to 8: sliding-window attention (8), sandwich norms, reads a donor's K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
 struct SlidingSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -544,7 +543,7 @@ const MLP_WIDTH: i32 = 128;
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH_2: i32 = 256;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 10] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKvPle(MLP_WIDTH),
     Row::SlidingOwnKvPle(MLP_WIDTH),
     Row::SlidingOwnKvPle(MLP_WIDTH),
@@ -655,7 +654,7 @@ pub struct Cache {
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
-        per_layer: b::load_per_layer_inputs(&mut w, LAYERS, 16, 512, HIDDEN),
+        per_layer: b::load_per_layer_inputs(&mut w, LAYERS as i32, 16, 512, HIDDEN),
         rope_sliding: Rope::base(16, 10000f32),
         rope_full: Rope::proportional(32, 8, 1000000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
@@ -693,7 +692,7 @@ impl CausalLm for Model {
             ids,
             &h,
             &self.per_layer,
-            LAYERS,
+            LAYERS as i32,
             16,
             HIDDEN,
             EPS,
@@ -725,7 +724,7 @@ impl CausalLm for Model {
         };
         let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut kv_caches = cache.kv.iter_mut();
-        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {
@@ -806,14 +805,14 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let per_layer = b::per_layer_inputs(
             ids,
             &h,
             &self.per_layer,
-            LAYERS,
+            LAYERS as i32,
             16,
             HIDDEN,
             EPS,
@@ -844,7 +843,7 @@ impl BatchLm for Model {
         };
         let step = sliding_tables.is_some();
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {

@@ -23,8 +23,7 @@ pub const FINGERPRINT: &str = "3be42de5f40b3e39";
 pub const SPEC_SHA256: &str = "988549da2c170aaba86cc7c49da48b6e28d4bd04680c15487bc15d65c034faab";
 const HIDDEN: i32 = 2560;
 const VOCAB: i32 = 262144;
-#[allow(dead_code)]
-const LAYERS: i32 = 42;
+const LAYERS: usize = 42;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22: sliding-window attention (512), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
 struct SlidingOwnKvPle {
@@ -542,7 +541,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 10240;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 42] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKvPle(MLP_WIDTH),
     Row::SlidingOwnKvPle(MLP_WIDTH),
     Row::SlidingOwnKvPle(MLP_WIDTH),
@@ -687,7 +686,7 @@ pub struct Cache {
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
-        per_layer: b::load_per_layer_inputs(&mut w, LAYERS, 256, 262144, HIDDEN),
+        per_layer: b::load_per_layer_inputs(&mut w, LAYERS as i32, 256, 262144, HIDDEN),
         rope_sliding: Rope::base(256, 10000f32),
         rope_full: Rope::proportional(512, 128, 1000000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
@@ -725,7 +724,7 @@ impl CausalLm for Model {
             ids,
             &h,
             &self.per_layer,
-            LAYERS,
+            LAYERS as i32,
             256,
             HIDDEN,
             EPS,
@@ -757,7 +756,7 @@ impl CausalLm for Model {
         };
         let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut kv_caches = cache.kv.iter_mut();
-        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {
@@ -838,14 +837,14 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let per_layer = b::per_layer_inputs(
             ids,
             &h,
             &self.per_layer,
-            LAYERS,
+            LAYERS as i32,
             256,
             HIDDEN,
             EPS,
@@ -876,7 +875,7 @@ impl BatchLm for Model {
         };
         let step = sliding_tables.is_some();
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {

@@ -24,8 +24,7 @@ pub const FINGERPRINT: &str = "423fb582d45b35e4";
 pub const SPEC_SHA256: &str = "d2cb33199b76db699e59f6cca59471008524d53702caf81e663889fbcec900f6";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 18;
+const LAYERS: usize = 18;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10: sliding-window attention (8), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
 struct SlidingOwnKvPle {
@@ -299,7 +298,7 @@ impl FullOwnKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 12, 13, 14, 15, 16: sliding-window attention (8), sandwich norms, reads a donor's K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 12 to 16: sliding-window attention (8), sandwich norms, reads a donor's K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
 struct SlidingSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -574,7 +573,7 @@ impl KvForm {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 18] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKvPle(MLP_WIDTH),
     Row::SlidingOwnKvPle(MLP_WIDTH),
     Row::SlidingOwnKvPle(MLP_WIDTH),
@@ -697,7 +696,7 @@ pub struct Cache {
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
-        per_layer: b::load_per_layer_inputs(&mut w, LAYERS, 16, 512, HIDDEN),
+        per_layer: b::load_per_layer_inputs(&mut w, LAYERS as i32, 16, 512, HIDDEN),
         rope_sliding: Rope::base(32, 10000f32),
         rope_full: Rope::proportional(64, 16, 1000000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
@@ -735,7 +734,7 @@ impl CausalLm for Model {
             ids,
             &h,
             &self.per_layer,
-            LAYERS,
+            LAYERS as i32,
             16,
             HIDDEN,
             EPS,
@@ -767,7 +766,7 @@ impl CausalLm for Model {
         };
         let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut kv_caches = cache.kv.iter_mut();
-        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {
@@ -848,14 +847,14 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let per_layer = b::per_layer_inputs(
             ids,
             &h,
             &self.per_layer,
-            LAYERS,
+            LAYERS as i32,
             16,
             HIDDEN,
             EPS,
@@ -886,7 +885,7 @@ impl BatchLm for Model {
         };
         let step = sliding_tables.is_some();
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {

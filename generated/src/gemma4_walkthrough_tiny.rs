@@ -25,8 +25,7 @@ pub const FINGERPRINT: &str = "64d825a8815735ef";
 pub const SPEC_SHA256: &str = "a93ffbfb033a9d323b241db3780c8ad60e54b3e27fdc80d0dd5611d532759efe";
 const HIDDEN: i32 = 48;
 const VOCAB: i32 = 384;
-#[allow(dead_code)]
-const LAYERS: i32 = 7;
+const LAYERS: usize = 7;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 3: sliding-window attention (5), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
 struct SlidingOwnKvPle {
@@ -577,7 +576,7 @@ const MLP_WIDTH: i32 = 96;
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH_2: i32 = 192;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 7] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKvPle(MLP_WIDTH),
     Row::SlidingOwnKvPle(MLP_WIDTH),
     Row::FullOwnKvKeqVPle(
@@ -690,7 +689,7 @@ pub struct Cache {
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
-        per_layer: b::load_per_layer_inputs(&mut w, LAYERS, 8, 384, HIDDEN),
+        per_layer: b::load_per_layer_inputs(&mut w, LAYERS as i32, 8, 384, HIDDEN),
         rope_sliding: Rope::base(16, 20000f32),
         rope_full: Rope::proportional(32, 16, 500000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
@@ -729,7 +728,7 @@ impl CausalLm for Model {
             ids,
             &h,
             &self.per_layer,
-            LAYERS,
+            LAYERS as i32,
             8,
             HIDDEN,
             EPS,
@@ -761,7 +760,7 @@ impl CausalLm for Model {
         };
         let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut kv_caches = cache.kv.iter_mut();
-        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {
@@ -842,14 +841,14 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let per_layer = b::per_layer_inputs(
             ids,
             &h,
             &self.per_layer,
-            LAYERS,
+            LAYERS as i32,
             8,
             HIDDEN,
             EPS,
@@ -880,7 +879,7 @@ impl BatchLm for Model {
         };
         let step = sliding_tables.is_some();
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {

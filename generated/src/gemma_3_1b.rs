@@ -23,8 +23,7 @@ pub const FINGERPRINT: &str = "af7b7769f2378cf9";
 pub const SPEC_SHA256: &str = "2d5c4bf9ac7f2368106128caeec46f8a7aa5874589b91e1d718332a56ec4cb30";
 const HIDDEN: i32 = 1152;
 const VOCAB: i32 = 262144;
-#[allow(dead_code)]
-const LAYERS: i32 = 26;
+const LAYERS: usize = 26;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22, 24, 25: sliding-window attention (512), sandwich norms, norm weights 1 + w, computes its own K/V, per-head q/k RMSNorm, weights 1 + w, GELU-then-multiply MLP.
 struct SlidingOwnKv {
@@ -328,7 +327,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 6912;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 26] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
@@ -521,7 +520,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::Constant(34f64), HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 512)?;

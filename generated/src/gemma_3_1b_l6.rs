@@ -23,10 +23,9 @@ pub const FINGERPRINT: &str = "ee65d3b8ca1dbca4";
 pub const SPEC_SHA256: &str = "09e8bf9041f43bdb4ff14a33e9524d50c9c9b62ae2218a305d7226f85871b11e";
 const HIDDEN: i32 = 1152;
 const VOCAB: i32 = 262144;
-#[allow(dead_code)]
-const LAYERS: i32 = 6;
+const LAYERS: usize = 6;
 const EPS: f32 = 0.000001f32;
-/// Layers 0, 1, 2, 3, 4: sliding-window attention (512), sandwich norms, norm weights 1 + w, computes its own K/V, per-head q/k RMSNorm, weights 1 + w, GELU-then-multiply MLP.
+/// Layers 0 to 4: sliding-window attention (512), sandwich norms, norm weights 1 + w, computes its own K/V, per-head q/k RMSNorm, weights 1 + w, GELU-then-multiply MLP.
 struct SlidingOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -328,7 +327,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 6912;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 6] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
@@ -501,7 +500,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::Constant(34f64), HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 512)?;

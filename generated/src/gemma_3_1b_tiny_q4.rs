@@ -23,8 +23,7 @@ pub const FINGERPRINT: &str = "348fb3c94621f14f";
 pub const SPEC_SHA256: &str = "62df495d4811979e5cff87012630a862be4241c3532a33031395384ecdc9e73e";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 6;
+const LAYERS: usize = 6;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 3, 4: sliding-window attention (8), sandwich norms, norm weights 1 + w, computes its own K/V, per-head q/k RMSNorm, weights 1 + w, GELU-then-multiply MLP.
 struct SlidingOwnKv {
@@ -328,7 +327,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 6] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::FullOwnKv(MLP_WIDTH),
@@ -499,7 +498,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::Constant(8f64), HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 8)?;

@@ -22,10 +22,9 @@ pub const FINGERPRINT: &str = "597b78cec06d5014";
 pub const SPEC_SHA256: &str = "3c055d63d600e1b109bac747526642c778efb1c9441544e4235e527baf50b95b";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 4;
+const LAYERS: usize = 4;
 const EPS: f32 = 0.000001f32;
-/// Layers 0, 1, 2, 3: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, SwiGLU MLP.
+/// Layers 0 to 3: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, SwiGLU MLP.
 struct FullOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -196,7 +195,7 @@ impl KvForm {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 4] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::FullOwnKv(
         MLP_WIDTH,
         KvForm::QuantizedAfterForward {
@@ -351,7 +350,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;

@@ -23,8 +23,7 @@ pub const FINGERPRINT: &str = "5c35a6181bd45ff5";
 pub const SPEC_SHA256: &str = "eee27ecdba84a912004509d69db73c6901ad2d877926b46d1d896390f2f40182";
 const HIDDEN: i32 = 2560;
 const VOCAB: i32 = 248320;
-#[allow(dead_code)]
-const LAYERS: i32 = 32;
+const LAYERS: usize = 32;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25, 26, 28, 29, 30: Gated DeltaNet linear attention (16 key / 32 value heads, conv kernel 4; conv and recurrent state), pre-norm, SwiGLU MLP.
 struct LinearDeltaNet {
@@ -199,7 +198,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 9216;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 32] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::LinearDeltaNet(MLP_WIDTH),
@@ -388,7 +387,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;

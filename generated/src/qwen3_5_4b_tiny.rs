@@ -23,8 +23,7 @@ pub const FINGERPRINT: &str = "8d56be4bffdcf78f";
 pub const SPEC_SHA256: &str = "6d0c77f4b3bf462851fc4cb81b9dca433c8152f18683c3326bbd0bd55c4b42da";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 8;
+const LAYERS: usize = 8;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 4, 5, 6: Gated DeltaNet linear attention (2 key / 4 value heads, conv kernel 4; conv and recurrent state), pre-norm, SwiGLU MLP.
 struct LinearDeltaNet {
@@ -199,7 +198,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 8] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::LinearDeltaNet(MLP_WIDTH),
@@ -364,7 +363,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;

@@ -23,10 +23,9 @@ pub const FINGERPRINT: &str = "950c00d0b62ccfbf";
 pub const SPEC_SHA256: &str = "57a8eb586630709f75f44a6ab00a85306a270b6c8ed399a2abccc29699061d47";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 4;
+const LAYERS: usize = 4;
 const EPS: f32 = 0.000001f32;
-/// Layers 0, 1, 2: Gated DeltaNet linear attention (2 key / 4 value heads, conv kernel 4; conv and recurrent state), pre-norm, SwiGLU MLP.
+/// Layers 0 to 2: Gated DeltaNet linear attention (2 key / 4 value heads, conv kernel 4; conv and recurrent state), pre-norm, SwiGLU MLP.
 struct LinearDeltaNet {
     norms: b::LayerNorms,
     mixer: deltanet::GatedDeltaNet,
@@ -199,7 +198,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 4] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::LinearDeltaNet(MLP_WIDTH),
@@ -360,7 +359,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;

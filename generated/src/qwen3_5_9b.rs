@@ -24,8 +24,7 @@ pub const FINGERPRINT: &str = "725f1e9108173385";
 pub const SPEC_SHA256: &str = "49fd8ec7b9fcb10352b3f38e7b7ed7bf97e34cd9eabc5143e6be1a0a401c5acc";
 const HIDDEN: i32 = 4096;
 const VOCAB: i32 = 248320;
-#[allow(dead_code)]
-const LAYERS: i32 = 32;
+const LAYERS: usize = 32;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25, 26, 28, 29, 30: Gated DeltaNet linear attention (16 key / 32 value heads, conv kernel 4; conv and recurrent state), pre-norm, SwiGLU MLP.
 struct LinearDeltaNet {
@@ -200,7 +199,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 12288;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 32] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::LinearDeltaNet(MLP_WIDTH),
@@ -391,7 +390,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;

@@ -24,8 +24,7 @@ pub const FINGERPRINT: &str = "1be86d97d9a62725";
 pub const SPEC_SHA256: &str = "7edeb44933c7b265669950bd207b446482c09239f4dfa362edbf8fbcf6081f19";
 const HIDDEN: i32 = 5120;
 const VOCAB: i32 = 248320;
-#[allow(dead_code)]
-const LAYERS: i32 = 64;
+const LAYERS: usize = 64;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25, 26, 28, 29, 30, 32, 33, 34, 36, 37, 38, 40, 41, 42, 44, 45, 46, 48, 49, 50, 52, 53, 54, 56, 57, 58, 60, 61, 62: Gated DeltaNet linear attention (16 key / 48 value heads, conv kernel 4; conv and recurrent state), pre-norm, SwiGLU MLP.
 struct LinearDeltaNet {
@@ -200,7 +199,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 17408;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 64] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::LinearDeltaNet(MLP_WIDTH),
@@ -423,7 +422,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;

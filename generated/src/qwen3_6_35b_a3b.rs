@@ -24,8 +24,7 @@ pub const FINGERPRINT: &str = "292df062c34252b9";
 pub const SPEC_SHA256: &str = "72ffce225070ee28e03b197d4f3a1fd000407b6211d513164aa3d560610c7b85";
 const HIDDEN: i32 = 2048;
 const VOCAB: i32 = 248320;
-#[allow(dead_code)]
-const LAYERS: i32 = 40;
+const LAYERS: usize = 40;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25, 26, 28, 29, 30, 32, 33, 34, 36, 37, 38: Gated DeltaNet linear attention (16 key / 32 value heads, conv kernel 4; conv and recurrent state), pre-norm, 256 routed experts (top-8) and a shared expert of width 512 in place of the MLP.
 struct LinearDeltaNetSharedExperts {
@@ -216,7 +215,7 @@ enum Row {
     FullGatedOwnKvSharedExperts,
 }
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 40] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::LinearDeltaNetSharedExperts,
     Row::LinearDeltaNetSharedExperts,
     Row::LinearDeltaNetSharedExperts,
@@ -423,7 +422,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;

@@ -24,8 +24,7 @@ pub const FINGERPRINT: &str = "070be3b561df7881";
 pub const SPEC_SHA256: &str = "df12db3615d2e4d473f76f0832feafe7aa09ffc51854a14ef0eec74f095fc951";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 8;
+const LAYERS: usize = 8;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 4, 5, 6: Gated DeltaNet linear attention (2 key / 4 value heads, conv kernel 4; conv and recurrent state), pre-norm, 8 routed experts (top-4) and a shared expert of width 32 in place of the MLP.
 struct LinearDeltaNetSharedExperts {
@@ -216,7 +215,7 @@ enum Row {
     FullGatedOwnKvSharedExperts,
 }
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 8] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::LinearDeltaNetSharedExperts,
     Row::LinearDeltaNetSharedExperts,
     Row::LinearDeltaNetSharedExperts,
@@ -391,7 +390,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;

@@ -21,8 +21,7 @@ pub const FINGERPRINT: &str = "6b87fd623288d2b9";
 pub const SPEC_SHA256: &str = "8cf6a522d9b8cc6cf5440e6b4cc80a2f6b3de9e41230b27e828f5966e60f5eed";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 4;
+const LAYERS: usize = 4;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 2: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, SwiGLU MLP.
 struct FullOwnKv {
@@ -298,7 +297,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 96;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 4] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::FullOwnKv(MLP_WIDTH),
     Row::FullOwnKvExperts,
     Row::FullOwnKv(MLP_WIDTH),
@@ -452,7 +451,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;

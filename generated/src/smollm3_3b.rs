@@ -21,8 +21,7 @@ pub const FINGERPRINT: &str = "054b2bddca8c4b22";
 pub const SPEC_SHA256: &str = "5ca2b00e4caa7cc5876d40444a7ba366fe198191a08f52c967e1a615264c6b0b";
 const HIDDEN: i32 = 2048;
 const VOCAB: i32 = 128256;
-#[allow(dead_code)]
-const LAYERS: i32 = 36;
+const LAYERS: usize = 36;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25, 26, 28, 29, 30, 32, 33, 34: full attention, pre-norm, computes its own K/V, SwiGLU MLP.
 struct FullOwnKv {
@@ -290,7 +289,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 11008;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 36] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::FullOwnKv(MLP_WIDTH),
     Row::FullOwnKv(MLP_WIDTH),
     Row::FullOwnKv(MLP_WIDTH),
@@ -488,7 +487,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;

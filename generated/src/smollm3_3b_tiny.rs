@@ -21,10 +21,9 @@ pub const FINGERPRINT: &str = "84c1ff78dfbd6856";
 pub const SPEC_SHA256: &str = "61852a26f360be893d3e631f0f9703f820867cc51ea108cbfafad46e0cf2d53c";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 4;
+const LAYERS: usize = 4;
 const EPS: f32 = 0.000001f32;
-/// Layers 0, 1, 2: full attention, pre-norm, computes its own K/V, SwiGLU MLP.
+/// Layers 0 to 2: full attention, pre-norm, computes its own K/V, SwiGLU MLP.
 struct FullOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -290,7 +289,7 @@ enum Row {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 4] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::FullOwnKv(MLP_WIDTH),
     Row::FullOwnKv(MLP_WIDTH),
     Row::FullOwnKv(MLP_WIDTH),
@@ -456,7 +455,7 @@ impl BatchLm for Model {
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;

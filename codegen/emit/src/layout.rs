@@ -3,7 +3,9 @@
 //! layer's K/V cache form, the donor a shared layer reads); `Layer`, one
 //! variant per kind; and the loops of load, `make_cache`,
 //! `make_batch_cache`, `forward` and `forward_batch` over them. A change
-//! to one layer of a spec is a change to its row.
+//! to one layer of a spec is a change to its row. A model whose layers are
+//! all alike (one kind, one MLP width, a plain K/V cache) has neither: its
+//! loops run the kind's struct over `0..LAYERS`.
 
 use archgen_ir::{KvCache, KvSource, Layer, LayerInput, Mixer, OutputGate, Window};
 use archgen_plan::Plan;
@@ -56,6 +58,8 @@ pub(crate) struct Layout {
     pub forward_batch: TokenStream,
     /// `make_batch_cache`'s layers, when the model batches.
     pub batch_caches: TokenStream,
+    /// The type of a loaded layer: `Layer`, or the one kind's struct.
+    pub layer_type: TokenStream,
 }
 
 /// Whether any full-attention layer keeps a cache other than plain K/V;
@@ -385,25 +389,18 @@ fn kv_state_arms(
         pli,
     } = call;
     let cache = match (window, k.cache_form) {
-        (Window::Sliding(w), _) => {
-            let w = lit_i32(w)?;
-            quote! { LayerCache::Sliding(RotatingKvCache::new(#w, 0)) }
-        }
         (Window::Full, true) => quote! { cache.make() },
-        (Window::Full, false) => quote! { LayerCache::Full(KvCache::default()) },
+        (Window::Full, false) | (Window::Sliding(_), _) => own_kv_cache(window)?,
     };
     let batch_cache = match window {
-        Window::Sliding(w) => {
-            let w = lit_i32(w)?;
-            quote! { #any_row => Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(#w, no_padding))), }
-        }
         // A row with a cache form makes the batched cache of
         // its form (`KvForm::make_batch`).
         Window::Full if k.cache_form => {
             quote! { #cache_row => Some(cache.make_batch(no_padding)), }
         }
-        Window::Full => {
-            quote! { #any_row => Some(BatchLayerCache::Full(BatchKvCache::new(no_padding))), }
+        Window::Full | Window::Sliding(_) => {
+            let made = own_batch_kv_cache(window, &quote! { no_padding })?;
+            quote! { #any_row => Some(#made), }
         }
     };
     let call = quote! { l.forward(&h, &#ctx, next_cache(&mut kv_caches)? #pli)? };
@@ -423,6 +420,29 @@ fn kv_state_arms(
         batch_cache,
         step: quote! { Layer::#name(l) => #step, },
         batch_step: quote! { Layer::#name(l) => #batch_step, },
+    })
+}
+
+/// The plain K/V cache of one sequence for a layer attending in `window`.
+fn own_kv_cache(window: Window) -> Result<TokenStream, String> {
+    Ok(match window {
+        Window::Sliding(w) => {
+            let w = lit_i32(w)?;
+            quote! { LayerCache::Sliding(RotatingKvCache::new(#w, 0)) }
+        }
+        Window::Full => quote! { LayerCache::Full(KvCache::default()) },
+    })
+}
+
+/// The plain merged K/V cache of fresh sequences for a layer attending in
+/// `window`; `no_padding` is the expression of their (zero) left paddings.
+fn own_batch_kv_cache(window: Window, no_padding: &TokenStream) -> Result<TokenStream, String> {
+    Ok(match window {
+        Window::Sliding(w) => {
+            let w = lit_i32(w)?;
+            quote! { BatchLayerCache::Sliding(BatchRotatingKvCache::new(#w, #no_padding)) }
+        }
+        Window::Full => quote! { BatchLayerCache::Full(BatchKvCache::new(#no_padding)) },
     })
 }
 
@@ -642,16 +662,9 @@ fn cache_lookups(any_donor: bool) -> TokenStream {
     }
 }
 
-/// `Row`, `KvForm`, the MLP widths, `LAYOUT`, `Layer`, `impl Row` and the
-/// cache lookups: the items of the layout.
-fn layout_items(
-    plan: &Plan,
-    kinds: &[KindFacts],
-    facts: ModelFacts,
-    arms: &[KindArms],
-) -> Result<TokenStream, String> {
-    let widths = mlp_widths(plan);
-    let width_consts = widths
+/// A constant per distinct MLP width.
+fn width_consts(widths: &[MlpWidth]) -> Result<TokenStream, String> {
+    let consts = widths
         .iter()
         .map(|w| {
             let (name, width) = (&w.name, lit_i32(w.width)?);
@@ -661,13 +674,25 @@ fn layout_items(
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
+    Ok(quote! { #(#consts)* })
+}
+
+/// `Row`, `KvForm`, the MLP widths, `LAYOUT`, `Layer`, `impl Row` and the
+/// cache lookups: the items of the layout.
+fn layout_items(
+    plan: &Plan,
+    kinds: &[KindFacts],
+    facts: ModelFacts,
+    arms: &[KindArms],
+) -> Result<TokenStream, String> {
+    let widths = mlp_widths(plan);
+    let width_consts = width_consts(&widths)?;
     let rows = plan
         .ir
         .layers
         .iter()
         .map(|l| row_tokens(&kinds[plan.layer_kind[l.index]], l, &widths))
         .collect::<Result<Vec<_>, _>>()?;
-    let n = Literal::usize_unsuffixed(plan.ir.layers.len());
     let row_variants = arms.iter().map(|a| &a.row_variant);
     let layer_variants = arms.iter().map(|a| &a.layer_variant);
     let kv_form = per_layer_cache_forms(plan).then(|| kv_form_tokens(plan));
@@ -686,10 +711,10 @@ fn layout_items(
 
         #kv_form
 
-        #(#width_consts)*
+        #width_consts
 
         /// Every layer in order: layer `i` is row `i`.
-        const LAYOUT: [Row; #n] = [
+        const LAYOUT: [Row; LAYERS] = [
             #(#rows),*
         ];
 
@@ -759,8 +784,76 @@ fn forward_loops(facts: ModelFacts, arms: &[KindArms]) -> (TokenStream, TokenStr
     (forward, forward_batch)
 }
 
+/// The layout of a model whose layers are all of one kind that keeps a
+/// plain K/V cache, with one MLP width: the kind's struct itself, loaded,
+/// cached and run in loops over `0..LAYERS`, with no table of rows and no
+/// enum of kinds. None for any other model.
+fn uniform_layout(plan: &Plan, kinds: &[KindFacts]) -> Result<Option<Layout>, String> {
+    let [kind] = kinds else {
+        return Ok(None);
+    };
+    let window = match kind.state {
+        State::Kv(window) => window,
+        State::Donor | State::Arrays => return Ok(None),
+    };
+    let widths = mlp_widths(plan);
+    if kind.cache_form || kind.per_layer_input || widths.len() > 1 {
+        return Ok(None);
+    }
+    let name = &kind.name;
+    let width_arg = match (kind.mlp_width, widths.first()) {
+        (true, Some(w)) => {
+            let w = &w.name;
+            Some(quote! { , #w })
+        }
+        (true, None) => return Err(format!("layer kind {name}: an MLP without a width")),
+        (false, _) => None,
+    };
+    let ctx = kind
+        .layer
+        .attention()
+        .map(|a| ident(&rope_context(&plan.ir, a)));
+    let output = kind.returns_kv.then(|| quote! { .0 });
+    let cache = own_kv_cache(window)?;
+    let batch_cache = own_batch_kv_cache(window, &quote! { &no_padding })?;
+    let width_consts = width_consts(&widths)?;
+    let lookups = cache_lookups(false);
+    let (cache_fields, _) = cache_tokens(false);
+    Ok(Some(Layout {
+        items: quote! {
+            #width_consts
+            #lookups
+        },
+        load: quote! {
+            layers: (0..LAYERS).map(|i| #name::load(&mut w, i #width_arg)).collect(),
+        },
+        make_cache: quote! {
+            Cache {
+                kv: (0..LAYERS).map(|_| #cache).collect(),
+            }
+        },
+        cache_fields,
+        forward: quote! {
+            let mut kv_caches = cache.kv.iter_mut();
+            for layer in &self.layers {
+                h = layer.forward(&h, &#ctx, next_cache(&mut kv_caches)?)?#output;
+            }
+        },
+        forward_batch: quote! {
+            for (i, layer) in self.layers.iter().enumerate() {
+                h = layer.forward_batch(&h, &#ctx, cache.layer_mut(i)?)?#output;
+            }
+        },
+        batch_caches: quote! { (0..LAYERS).map(|_| Some(#batch_cache)).collect() },
+        layer_type: quote! { #name },
+    }))
+}
+
 pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
     let kinds = kind_facts(plan, per_layer_cache_forms(plan))?;
+    if let Some(layout) = uniform_layout(plan, &kinds)? {
+        return Ok(layout);
+    }
     let facts = ModelFacts::of(&kinds);
     let arms = kinds
         .iter()
@@ -779,6 +872,7 @@ pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
         forward,
         forward_batch,
         batch_caches: quote! { LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect() },
+        layer_type: quote! { Layer },
     })
 }
 
@@ -794,7 +888,7 @@ fn layer_loop(
 ) -> TokenStream {
     if any_donor {
         quote! {
-            let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+            let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
             #each {
                 #slice
                 let (out, kv) = match layer {

@@ -145,11 +145,18 @@ fn shape_tokens(a: &Attention) -> Result<TokenStream, String> {
 
 /// What a kind's doc comment says about it.
 fn kind_doc(l: &Layer, layers: &[usize]) -> String {
-    let list = layers
-        .iter()
-        .map(|l| l.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+    // A run of consecutive layers reads as its ends.
+    let consecutive = layers.windows(2).all(|p| p[1] == p[0] + 1);
+    let list = match (layers.first(), layers.last()) {
+        (Some(first), Some(last)) if consecutive && layers.len() > 2 => {
+            format!("{first} to {last}")
+        }
+        _ => layers
+            .iter()
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
     let mut parts = vec![match &l.mixer {
         Mixer::Attention(a) => window_words(a.window),
         Mixer::GatedDeltaNet(d) => format!(
@@ -1563,7 +1570,7 @@ fn batch_tokens(
                 }
 
                 fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-                    cache.check_layers(LAYOUT.len())?;
+                    cache.check_layers(LAYERS)?;
                     let n = ids.shape()[1];
                     let mut h = #embed;
                     #ple_inputs
@@ -1586,7 +1593,7 @@ fn constants_tokens(plan: &Plan) -> Result<TokenStream, String> {
     let (name, fingerprint, spec_hash) = (&plan.name, &plan.fingerprint, &plan.spec_hash);
     let hidden = lit_i32(ir.hidden_size)?;
     let vocab = lit_i32(ir.vocab_size)?;
-    let n_layers = lit_i32(ir.layers.len())?;
+    let n_layers = Literal::usize_unsuffixed(ir.layers.len());
     let eps = lit_f32(ir.norm_eps);
     Ok(quote! {
         pub const NAME: &str = #name;
@@ -1595,8 +1602,7 @@ fn constants_tokens(plan: &Plan) -> Result<TokenStream, String> {
 
         const HIDDEN: i32 = #hidden;
         const VOCAB: i32 = #vocab;
-        #[allow(dead_code)]
-        const LAYERS: i32 = #n_layers;
+        const LAYERS: usize = #n_layers;
         const EPS: f32 = #eps;
     })
 }
@@ -1747,11 +1753,11 @@ impl PerLayerInputTokens {
         Ok(PerLayerInputTokens {
             field: Some(quote! { per_layer: b::PerLayerInputs, }),
             load: Some(quote! {
-                per_layer: b::load_per_layer_inputs(&mut w, LAYERS, #pw, #pv, HIDDEN),
+                per_layer: b::load_per_layer_inputs(&mut w, LAYERS as i32, #pw, #pv, HIDDEN),
             }),
             pretranspose: Some(quote! { model.per_layer.pretranspose(); }),
             inputs: Some(quote! {
-                let per_layer = b::per_layer_inputs(ids, &h, &self.per_layer, LAYERS, #pw, HIDDEN, EPS)?;
+                let per_layer = b::per_layer_inputs(ids, &h, &self.per_layer, LAYERS as i32, #pw, HIDDEN, EPS)?;
             }),
         })
     }
@@ -2018,13 +2024,14 @@ impl ModelParts<'_> {
         let ropes_struct = &self.windows.ropes_struct;
         let head_field = &self.head.field;
         let cache_fields = &self.layout.cache_fields;
+        let layer_type = &self.layout.layer_type;
         quote! {
             #[doc = #doc_model]
             pub struct Model {
                 embed: Embedding,
                 #ple_field
                 #(#ropes_struct)*
-                layers: Vec<Layer>,
+                layers: Vec<#layer_type>,
                 norm: Array,
                 #head_field
             }
