@@ -25,6 +25,10 @@ const HIDDEN: i32 = 1536;
 const VOCAB: i32 = 262144;
 const LAYERS: usize = 35;
 const EPS: f32 = 0.000001f32;
+/// Layer 4, the first with full attention: the window's mask is built from its cache.
+const FIRST_FULL_LAYER: usize = 4;
+/// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
+const LOGIT_SOFTCAP: f32 = 30f32;
 /// Layers 0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13: sliding-window attention (512), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
 struct SlidingOwnKvPle {
     norms: b::LayerNorms,
@@ -725,7 +729,7 @@ impl CausalLm for Model {
             EPS,
         )?;
         let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 512)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, 4)?, n, 0)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER)?, n, 0)?;
         let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
         // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
@@ -810,7 +814,7 @@ impl CausalLm for Model {
                         &h,
                         &self.norm,
                         b::Head::Tied(&self.embed),
-                        Some(30f32),
+                        Some(LOGIT_SOFTCAP),
                         EPS,
                     )?,
                     VOCAB,
@@ -845,7 +849,7 @@ impl BatchLm for Model {
             EPS,
         )?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 512)?;
-        let full_mask = batch_blocks::window_mask(cache.layer(4)?, n, 0)?;
+        let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let sliding_tables = batch_blocks::step_tables(
             &self.rope_sliding,
             cache.layer(0)?,
@@ -859,7 +863,7 @@ impl BatchLm for Model {
         };
         let full_tables = batch_blocks::step_tables(
             &self.rope_full,
-            cache.layer(4)?,
+            cache.layer(FIRST_FULL_LAYER)?,
             n,
             h.dtype(),
         )?;
@@ -926,7 +930,7 @@ impl BatchLm for Model {
             &h,
             &self.norm,
             b::Head::Tied(&self.embed),
-            Some(30f32),
+            Some(LOGIT_SOFTCAP),
             EPS,
         )?;
         if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }

@@ -27,6 +27,10 @@ const HIDDEN: i32 = 48;
 const VOCAB: i32 = 384;
 const LAYERS: usize = 7;
 const EPS: f32 = 0.000001f32;
+/// Layer 2, the first with full attention: the window's mask is built from its cache.
+const FIRST_FULL_LAYER: usize = 2;
+/// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
+const LOGIT_SOFTCAP: f32 = 20f32;
 /// Layers 0, 1, 3: sliding-window attention (5), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
 struct SlidingOwnKvPle {
     norms: b::LayerNorms,
@@ -734,7 +738,7 @@ impl CausalLm for Model {
             EPS,
         )?;
         let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 5)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, 2)?, n, 0)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER)?, n, 0)?;
         let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
         // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
@@ -819,7 +823,7 @@ impl CausalLm for Model {
                         &h,
                         &self.norm,
                         b::Head::Untied(&self.lm_head),
-                        Some(20f32),
+                        Some(LOGIT_SOFTCAP),
                         EPS,
                     )?,
                     VOCAB,
@@ -854,7 +858,7 @@ impl BatchLm for Model {
             EPS,
         )?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 5)?;
-        let full_mask = batch_blocks::window_mask(cache.layer(2)?, n, 0)?;
+        let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let sliding_tables = batch_blocks::step_tables(
             &self.rope_sliding,
             cache.layer(0)?,
@@ -868,7 +872,7 @@ impl BatchLm for Model {
         };
         let full_tables = batch_blocks::step_tables(
             &self.rope_full,
-            cache.layer(2)?,
+            cache.layer(FIRST_FULL_LAYER)?,
             n,
             h.dtype(),
         )?;
@@ -935,7 +939,7 @@ impl BatchLm for Model {
             &h,
             &self.norm,
             b::Head::Untied(&self.lm_head),
-            Some(20f32),
+            Some(LOGIT_SOFTCAP),
             EPS,
         )?;
         if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }

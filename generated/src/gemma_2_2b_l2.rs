@@ -23,6 +23,8 @@ const HIDDEN: i32 = 2304;
 const VOCAB: i32 = 256000;
 const LAYERS: usize = 2;
 const EPS: f32 = 0.000001f32;
+/// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
+const LOGIT_SOFTCAP: f64 = 30f64;
 /// Layers 0, 1: full attention, sandwich norms, norm weights 1 + w, written-out attention, scores softcapped at 50, computes its own K/V, GELU-then-multiply MLP.
 struct FullOwnKv {
     norms: b::LayerNorms,
@@ -256,7 +258,7 @@ impl CausalLm for Model {
                             None,
                             EPS,
                         )?,
-                        30f64,
+                        LOGIT_SOFTCAP,
                     )?,
                     VOCAB,
                 )
@@ -301,7 +303,7 @@ impl BatchLm for Model {
         }
         let logits = archgen_runtime::ops::softcap_eager(
             &b::logits(&h, &self.norm, b::Head::Tied(&self.embed), None, EPS)?,
-            30f64,
+            LOGIT_SOFTCAP,
         )?;
         if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }
     }

@@ -25,6 +25,8 @@ const HIDDEN: i32 = 2560;
 const VOCAB: i32 = 248320;
 const LAYERS: usize = 32;
 const EPS: f32 = 0.000001f32;
+/// Layer 3, the first with full attention: the window's mask is built from its cache.
+const FIRST_FULL_LAYER: usize = 3;
 /// Layers 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25, 26, 28, 29, 30: Gated DeltaNet linear attention (16 key / 32 value heads, conv kernel 4; conv and recurrent state), pre-norm, SwiGLU MLP.
 struct LinearDeltaNet {
     norms: b::LayerNorms,
@@ -390,7 +392,7 @@ impl BatchLm for Model {
         cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;
+        let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let ssm_mask = cache.ssm_mask(n)?;
         let full = WindowStep {
             rope: &self.rope_full,

@@ -26,6 +26,8 @@ const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
 const LAYERS: usize = 8;
 const EPS: f32 = 0.000001f32;
+/// Layer 3, the first with full attention: the window's mask is built from its cache.
+const FIRST_FULL_LAYER: usize = 3;
 /// Layers 0, 1, 2, 4, 5, 6: Gated DeltaNet linear attention (2 key / 4 value heads, conv kernel 4; conv and recurrent state), pre-norm, 8 routed experts (top-4) and a shared expert of width 32 in place of the MLP.
 struct LinearDeltaNetSharedExperts {
     norms: b::LayerNorms,
@@ -393,7 +395,7 @@ impl BatchLm for Model {
         cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;
+        let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let ssm_mask = cache.ssm_mask(n)?;
         let full = WindowStep {
             rope: &self.rope_full,
