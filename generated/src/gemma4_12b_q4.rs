@@ -291,11 +291,10 @@ impl FullOwnKvKeqV {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
+    /// A `SlidingOwnKv` layer (MLP width).
     SlidingOwnKv(i32),
-    /// (MLP width)
+    /// A `FullOwnKvKeqV` layer (MLP width).
     FullOwnKvKeqV(i32),
 }
 /// The width of a dense MLP (`intermediate_size`).
@@ -352,7 +351,6 @@ const LAYOUT: [Row; LAYERS] = [
     Row::FullOwnKvKeqV(MLP_WIDTH),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     SlidingOwnKv(SlidingOwnKv),
     FullOwnKvKeqV(FullOwnKvKeqV),

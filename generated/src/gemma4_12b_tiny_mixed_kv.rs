@@ -290,11 +290,10 @@ impl FullOwnKvKeqV {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
+    /// A `SlidingOwnKv` layer (MLP width).
     SlidingOwnKv(i32),
-    /// (MLP width, K/V cache)
+    /// A `FullOwnKvKeqV` layer (MLP width, K/V cache).
     FullOwnKvKeqV(i32, KvForm),
 }
 /// The K/V cache of a full-attention layer: mlx-lm's `KVCache`,
@@ -360,7 +359,6 @@ const LAYOUT: [Row; LAYERS] = [
     ),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     SlidingOwnKv(SlidingOwnKv),
     FullOwnKvKeqV(FullOwnKvKeqV),

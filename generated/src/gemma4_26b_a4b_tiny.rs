@@ -319,45 +319,43 @@ impl FullOwnKvKeqVMoe {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
-    SlidingOwnKvMoe(i32),
-    /// (MLP width)
-    FullOwnKvKeqVMoe(i32),
+    /// A `SlidingOwnKvMoe` layer (MLP width).
+    SlidingOwnKv(i32),
+    /// A `FullOwnKvKeqVMoe` layer (MLP width).
+    FullOwnKvKeqV(i32),
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 64;
 /// Every layer in order: layer `i` is row `i`.
 const LAYOUT: [Row; LAYERS] = [
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::FullOwnKvKeqVMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::FullOwnKvKeqVMoe(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
-    SlidingOwnKvMoe(SlidingOwnKvMoe),
-    FullOwnKvKeqVMoe(FullOwnKvKeqVMoe),
+    SlidingOwnKv(SlidingOwnKvMoe),
+    FullOwnKvKeqV(FullOwnKvKeqVMoe),
 }
 impl Row {
     /// Loads layer `i`, whose row this is.
     fn load(self, w: &mut Weights, i: usize) -> Layer {
         match self {
-            Row::SlidingOwnKvMoe(mlp_width) => {
-                Layer::SlidingOwnKvMoe(SlidingOwnKvMoe::load(w, i, mlp_width))
+            Row::SlidingOwnKv(mlp_width) => {
+                Layer::SlidingOwnKv(SlidingOwnKvMoe::load(w, i, mlp_width))
             }
-            Row::FullOwnKvKeqVMoe(mlp_width) => {
-                Layer::FullOwnKvKeqVMoe(FullOwnKvKeqVMoe::load(w, i, mlp_width))
+            Row::FullOwnKvKeqV(mlp_width) => {
+                Layer::FullOwnKvKeqV(FullOwnKvKeqVMoe::load(w, i, mlp_width))
             }
         }
     }
@@ -365,20 +363,20 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::SlidingOwnKvMoe(..) => {
+            Row::SlidingOwnKv(..) => {
                 Some(LayerCache::Sliding(RotatingKvCache::new(8, 0)))
             }
-            Row::FullOwnKvKeqVMoe(..) => Some(LayerCache::Full(KvCache::default())),
+            Row::FullOwnKvKeqV(..) => Some(LayerCache::Full(KvCache::default())),
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::SlidingOwnKvMoe(..) => {
+            Row::SlidingOwnKv(..) => {
                 Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, no_padding)))
             }
-            Row::FullOwnKvKeqVMoe(..) => {
+            Row::FullOwnKvKeqV(..) => {
                 Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
             }
         }
@@ -476,10 +474,10 @@ impl CausalLm for Model {
         let mut kv_caches = cache.kv.iter_mut();
         for layer in &self.layers {
             h = match layer {
-                Layer::SlidingOwnKvMoe(l) => {
+                Layer::SlidingOwnKv(l) => {
                     l.forward(&h, &sliding, next_cache(&mut kv_caches)?)?.0
                 }
-                Layer::FullOwnKvKeqVMoe(l) => {
+                Layer::FullOwnKvKeqV(l) => {
                     l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
                 }
             };
@@ -544,10 +542,10 @@ impl BatchLm for Model {
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         for (i, layer) in self.layers.iter().enumerate() {
             h = match layer {
-                Layer::SlidingOwnKvMoe(l) => {
+                Layer::SlidingOwnKv(l) => {
                     l.forward_batch(&h, &sliding, cache.layer_mut(i)?)?.0
                 }
-                Layer::FullOwnKvKeqVMoe(l) => {
+                Layer::FullOwnKvKeqV(l) => {
                     l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0
                 }
             };

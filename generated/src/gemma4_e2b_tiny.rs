@@ -531,16 +531,15 @@ impl FullSharedKvPle {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
-    SlidingOwnKvPle(i32),
-    /// (MLP width)
-    FullOwnKvPle(i32),
-    /// (MLP width, the layer whose K/V it reads)
-    SlidingSharedKvPle(i32, usize),
-    /// (MLP width, the layer whose K/V it reads)
-    FullSharedKvPle(i32, usize),
+    /// A `SlidingOwnKvPle` layer (MLP width).
+    SlidingOwn(i32),
+    /// A `FullOwnKvPle` layer (MLP width).
+    FullOwn(i32),
+    /// A `SlidingSharedKvPle` layer (MLP width, the layer whose K/V it reads).
+    SlidingShared(i32, usize),
+    /// A `FullSharedKvPle` layer (MLP width, the layer whose K/V it reads).
+    FullShared(i32, usize),
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
@@ -548,42 +547,39 @@ const MLP_WIDTH: i32 = 128;
 const MLP_WIDTH_2: i32 = 256;
 /// Every layer in order: layer `i` is row `i`.
 const LAYOUT: [Row; LAYERS] = [
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::FullOwnKvPle(MLP_WIDTH),
-    Row::SlidingSharedKvPle(MLP_WIDTH_2, 3),
-    Row::SlidingSharedKvPle(MLP_WIDTH_2, 3),
-    Row::SlidingSharedKvPle(MLP_WIDTH_2, 3),
-    Row::SlidingSharedKvPle(MLP_WIDTH_2, 3),
-    Row::FullSharedKvPle(MLP_WIDTH_2, 4),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::FullOwn(MLP_WIDTH),
+    Row::SlidingShared(MLP_WIDTH_2, 3),
+    Row::SlidingShared(MLP_WIDTH_2, 3),
+    Row::SlidingShared(MLP_WIDTH_2, 3),
+    Row::SlidingShared(MLP_WIDTH_2, 3),
+    Row::FullShared(MLP_WIDTH_2, 4),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
-    SlidingOwnKvPle(SlidingOwnKvPle),
-    FullOwnKvPle(FullOwnKvPle),
-    SlidingSharedKvPle(SlidingSharedKvPle),
-    FullSharedKvPle(FullSharedKvPle),
+    SlidingOwn(SlidingOwnKvPle),
+    FullOwn(FullOwnKvPle),
+    SlidingShared(SlidingSharedKvPle),
+    FullShared(FullSharedKvPle),
 }
 impl Row {
     /// Loads layer `i`, whose row this is.
     fn load(self, w: &mut Weights, i: usize) -> Layer {
         match self {
-            Row::SlidingOwnKvPle(mlp_width) => {
-                Layer::SlidingOwnKvPle(SlidingOwnKvPle::load(w, i, mlp_width))
+            Row::SlidingOwn(mlp_width) => {
+                Layer::SlidingOwn(SlidingOwnKvPle::load(w, i, mlp_width))
             }
-            Row::FullOwnKvPle(mlp_width) => {
-                Layer::FullOwnKvPle(FullOwnKvPle::load(w, i, mlp_width))
+            Row::FullOwn(mlp_width) => {
+                Layer::FullOwn(FullOwnKvPle::load(w, i, mlp_width))
             }
-            Row::SlidingSharedKvPle(mlp_width, donor) => {
-                Layer::SlidingSharedKvPle(
-                    SlidingSharedKvPle::load(w, i, mlp_width, donor),
-                )
+            Row::SlidingShared(mlp_width, donor) => {
+                Layer::SlidingShared(SlidingSharedKvPle::load(w, i, mlp_width, donor))
             }
-            Row::FullSharedKvPle(mlp_width, donor) => {
-                Layer::FullSharedKvPle(FullSharedKvPle::load(w, i, mlp_width, donor))
+            Row::FullShared(mlp_width, donor) => {
+                Layer::FullShared(FullSharedKvPle::load(w, i, mlp_width, donor))
             }
         }
     }
@@ -591,26 +587,24 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::SlidingOwnKvPle(..) => {
-                Some(LayerCache::Sliding(RotatingKvCache::new(8, 0)))
-            }
-            Row::FullOwnKvPle(..) => Some(LayerCache::Full(KvCache::default())),
-            Row::SlidingSharedKvPle(..) => None,
-            Row::FullSharedKvPle(..) => None,
+            Row::SlidingOwn(..) => Some(LayerCache::Sliding(RotatingKvCache::new(8, 0))),
+            Row::FullOwn(..) => Some(LayerCache::Full(KvCache::default())),
+            Row::SlidingShared(..) => None,
+            Row::FullShared(..) => None,
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::SlidingOwnKvPle(..) => {
+            Row::SlidingOwn(..) => {
                 Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, no_padding)))
             }
-            Row::FullOwnKvPle(..) => {
+            Row::FullOwn(..) => {
                 Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
             }
-            Row::SlidingSharedKvPle(..) => None,
-            Row::FullSharedKvPle(..) => None,
+            Row::SlidingShared(..) => None,
+            Row::FullShared(..) => None,
         }
     }
 }
@@ -732,7 +726,7 @@ impl CausalLm for Model {
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {
-                Layer::SlidingOwnKvPle(l) => {
+                Layer::SlidingOwn(l) => {
                     let (h, kv) = l
                         .forward(
                             &h,
@@ -742,7 +736,7 @@ impl CausalLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::FullOwnKvPle(l) => {
+                Layer::FullOwn(l) => {
                     let (h, kv) = l
                         .forward(
                             &h,
@@ -752,7 +746,7 @@ impl CausalLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::SlidingSharedKvPle(l) => {
+                Layer::SlidingShared(l) => {
                     (
                         l
                             .forward(
@@ -764,7 +758,7 @@ impl CausalLm for Model {
                         None,
                     )
                 }
-                Layer::FullSharedKvPle(l) => {
+                Layer::FullShared(l) => {
                     (
                         l
                             .forward(
@@ -851,7 +845,7 @@ impl BatchLm for Model {
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {
-                Layer::SlidingOwnKvPle(l) => {
+                Layer::SlidingOwn(l) => {
                     let (h, kv) = l
                         .forward_batch(
                             &h,
@@ -861,7 +855,7 @@ impl BatchLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::FullOwnKvPle(l) => {
+                Layer::FullOwn(l) => {
                     let (h, kv) = l
                         .forward_batch(
                             &h,
@@ -871,7 +865,7 @@ impl BatchLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::SlidingSharedKvPle(l) => {
+                Layer::SlidingShared(l) => {
                     (
                         l
                             .forward_batch(
@@ -883,7 +877,7 @@ impl BatchLm for Model {
                         None,
                     )
                 }
-                Layer::FullSharedKvPle(l) => {
+                Layer::FullShared(l) => {
                     (
                         l
                             .forward_batch(

@@ -532,16 +532,15 @@ impl FullSharedKvPle {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
-    SlidingOwnKvPle(i32),
-    /// (MLP width, K/V cache)
-    FullOwnKvPle(i32, KvForm),
-    /// (MLP width, the layer whose K/V it reads)
-    SlidingSharedKvPle(i32, usize),
-    /// (MLP width, the layer whose K/V it reads)
-    FullSharedKvPle(i32, usize),
+    /// A `SlidingOwnKvPle` layer (MLP width).
+    SlidingOwn(i32),
+    /// A `FullOwnKvPle` layer (MLP width, K/V cache).
+    FullOwn(i32, KvForm),
+    /// A `SlidingSharedKvPle` layer (MLP width, the layer whose K/V it reads).
+    SlidingShared(i32, usize),
+    /// A `FullSharedKvPle` layer (MLP width, the layer whose K/V it reads).
+    FullShared(i32, usize),
 }
 /// The K/V cache of a full-attention layer: mlx-lm's `KVCache`,
 /// or a quantized one.
@@ -578,56 +577,53 @@ impl KvForm {
 const MLP_WIDTH: i32 = 128;
 /// Every layer in order: layer `i` is row `i`.
 const LAYOUT: [Row; LAYERS] = [
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::FullOwnKvPle(
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::FullOwn(
         MLP_WIDTH,
         KvForm::Quantized {
             group_size: 64,
             bits: 4,
         },
     ),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::FullOwnKvPle(MLP_WIDTH, KvForm::Plain),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 10),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 10),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 10),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 10),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 10),
-    Row::FullSharedKvPle(MLP_WIDTH, 11),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::FullOwn(MLP_WIDTH, KvForm::Plain),
+    Row::SlidingShared(MLP_WIDTH, 10),
+    Row::SlidingShared(MLP_WIDTH, 10),
+    Row::SlidingShared(MLP_WIDTH, 10),
+    Row::SlidingShared(MLP_WIDTH, 10),
+    Row::SlidingShared(MLP_WIDTH, 10),
+    Row::FullShared(MLP_WIDTH, 11),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
-    SlidingOwnKvPle(SlidingOwnKvPle),
-    FullOwnKvPle(FullOwnKvPle),
-    SlidingSharedKvPle(SlidingSharedKvPle),
-    FullSharedKvPle(FullSharedKvPle),
+    SlidingOwn(SlidingOwnKvPle),
+    FullOwn(FullOwnKvPle),
+    SlidingShared(SlidingSharedKvPle),
+    FullShared(FullSharedKvPle),
 }
 impl Row {
     /// Loads layer `i`, whose row this is.
     fn load(self, w: &mut Weights, i: usize) -> Layer {
         match self {
-            Row::SlidingOwnKvPle(mlp_width) => {
-                Layer::SlidingOwnKvPle(SlidingOwnKvPle::load(w, i, mlp_width))
+            Row::SlidingOwn(mlp_width) => {
+                Layer::SlidingOwn(SlidingOwnKvPle::load(w, i, mlp_width))
             }
-            Row::FullOwnKvPle(mlp_width, _) => {
-                Layer::FullOwnKvPle(FullOwnKvPle::load(w, i, mlp_width))
+            Row::FullOwn(mlp_width, _) => {
+                Layer::FullOwn(FullOwnKvPle::load(w, i, mlp_width))
             }
-            Row::SlidingSharedKvPle(mlp_width, donor) => {
-                Layer::SlidingSharedKvPle(
-                    SlidingSharedKvPle::load(w, i, mlp_width, donor),
-                )
+            Row::SlidingShared(mlp_width, donor) => {
+                Layer::SlidingShared(SlidingSharedKvPle::load(w, i, mlp_width, donor))
             }
-            Row::FullSharedKvPle(mlp_width, donor) => {
-                Layer::FullSharedKvPle(FullSharedKvPle::load(w, i, mlp_width, donor))
+            Row::FullShared(mlp_width, donor) => {
+                Layer::FullShared(FullSharedKvPle::load(w, i, mlp_width, donor))
             }
         }
     }
@@ -635,24 +631,22 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::SlidingOwnKvPle(..) => {
-                Some(LayerCache::Sliding(RotatingKvCache::new(8, 0)))
-            }
-            Row::FullOwnKvPle(_, cache) => Some(cache.make()),
-            Row::SlidingSharedKvPle(..) => None,
-            Row::FullSharedKvPle(..) => None,
+            Row::SlidingOwn(..) => Some(LayerCache::Sliding(RotatingKvCache::new(8, 0))),
+            Row::FullOwn(_, cache) => Some(cache.make()),
+            Row::SlidingShared(..) => None,
+            Row::FullShared(..) => None,
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::SlidingOwnKvPle(..) => {
+            Row::SlidingOwn(..) => {
                 Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, no_padding)))
             }
-            Row::FullOwnKvPle(_, cache) => Some(cache.make_batch(no_padding)),
-            Row::SlidingSharedKvPle(..) => None,
-            Row::FullSharedKvPle(..) => None,
+            Row::FullOwn(_, cache) => Some(cache.make_batch(no_padding)),
+            Row::SlidingShared(..) => None,
+            Row::FullShared(..) => None,
         }
     }
 }
@@ -774,7 +768,7 @@ impl CausalLm for Model {
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {
-                Layer::SlidingOwnKvPle(l) => {
+                Layer::SlidingOwn(l) => {
                     let (h, kv) = l
                         .forward(
                             &h,
@@ -784,7 +778,7 @@ impl CausalLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::FullOwnKvPle(l) => {
+                Layer::FullOwn(l) => {
                     let (h, kv) = l
                         .forward(
                             &h,
@@ -794,7 +788,7 @@ impl CausalLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::SlidingSharedKvPle(l) => {
+                Layer::SlidingShared(l) => {
                     (
                         l
                             .forward(
@@ -806,7 +800,7 @@ impl CausalLm for Model {
                         None,
                     )
                 }
-                Layer::FullSharedKvPle(l) => {
+                Layer::FullShared(l) => {
                     (
                         l
                             .forward(
@@ -893,7 +887,7 @@ impl BatchLm for Model {
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {
-                Layer::SlidingOwnKvPle(l) => {
+                Layer::SlidingOwn(l) => {
                     let (h, kv) = l
                         .forward_batch(
                             &h,
@@ -903,7 +897,7 @@ impl BatchLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::FullOwnKvPle(l) => {
+                Layer::FullOwn(l) => {
                     let (h, kv) = l
                         .forward_batch(
                             &h,
@@ -913,7 +907,7 @@ impl BatchLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::SlidingSharedKvPle(l) => {
+                Layer::SlidingShared(l) => {
                     (
                         l
                             .forward_batch(
@@ -925,7 +919,7 @@ impl BatchLm for Model {
                         None,
                     )
                 }
-                Layer::FullSharedKvPle(l) => {
+                Layer::FullShared(l) => {
                     (
                         l
                             .forward_batch(

@@ -533,16 +533,15 @@ impl FullSharedKvPle {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
-    SlidingOwnKvPle(i32),
-    /// (MLP width, K/V cache)
-    FullOwnKvKeqVPle(i32, KvForm),
-    /// (MLP width, the layer whose K/V it reads)
-    SlidingSharedKvPle(i32, usize),
-    /// (MLP width, the layer whose K/V it reads)
-    FullSharedKvPle(i32, usize),
+    /// A `SlidingOwnKvPle` layer (MLP width).
+    SlidingOwnKv(i32),
+    /// A `FullOwnKvKeqVPle` layer (MLP width, K/V cache).
+    FullOwnKvKeqV(i32, KvForm),
+    /// A `SlidingSharedKvPle` layer (MLP width, the layer whose K/V it reads).
+    SlidingSharedKv(i32, usize),
+    /// A `FullSharedKvPle` layer (MLP width, the layer whose K/V it reads).
+    FullSharedKv(i32, usize),
 }
 /// The K/V cache of a full-attention layer: mlx-lm's `KVCache`,
 /// or a quantized one.
@@ -581,45 +580,42 @@ const MLP_WIDTH: i32 = 96;
 const MLP_WIDTH_2: i32 = 192;
 /// Every layer in order: layer `i` is row `i`.
 const LAYOUT: [Row; LAYERS] = [
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::FullOwnKvKeqVPle(
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(
         MLP_WIDTH,
         KvForm::Quantized {
             group_size: 32,
             bits: 8,
         },
     ),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::FullOwnKvKeqVPle(MLP_WIDTH, KvForm::Plain),
-    Row::SlidingSharedKvPle(MLP_WIDTH_2, 3),
-    Row::FullSharedKvPle(MLP_WIDTH_2, 4),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH, KvForm::Plain),
+    Row::SlidingSharedKv(MLP_WIDTH_2, 3),
+    Row::FullSharedKv(MLP_WIDTH_2, 4),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
-    SlidingOwnKvPle(SlidingOwnKvPle),
-    FullOwnKvKeqVPle(FullOwnKvKeqVPle),
-    SlidingSharedKvPle(SlidingSharedKvPle),
-    FullSharedKvPle(FullSharedKvPle),
+    SlidingOwnKv(SlidingOwnKvPle),
+    FullOwnKvKeqV(FullOwnKvKeqVPle),
+    SlidingSharedKv(SlidingSharedKvPle),
+    FullSharedKv(FullSharedKvPle),
 }
 impl Row {
     /// Loads layer `i`, whose row this is.
     fn load(self, w: &mut Weights, i: usize) -> Layer {
         match self {
-            Row::SlidingOwnKvPle(mlp_width) => {
-                Layer::SlidingOwnKvPle(SlidingOwnKvPle::load(w, i, mlp_width))
+            Row::SlidingOwnKv(mlp_width) => {
+                Layer::SlidingOwnKv(SlidingOwnKvPle::load(w, i, mlp_width))
             }
-            Row::FullOwnKvKeqVPle(mlp_width, _) => {
-                Layer::FullOwnKvKeqVPle(FullOwnKvKeqVPle::load(w, i, mlp_width))
+            Row::FullOwnKvKeqV(mlp_width, _) => {
+                Layer::FullOwnKvKeqV(FullOwnKvKeqVPle::load(w, i, mlp_width))
             }
-            Row::SlidingSharedKvPle(mlp_width, donor) => {
-                Layer::SlidingSharedKvPle(
-                    SlidingSharedKvPle::load(w, i, mlp_width, donor),
-                )
+            Row::SlidingSharedKv(mlp_width, donor) => {
+                Layer::SlidingSharedKv(SlidingSharedKvPle::load(w, i, mlp_width, donor))
             }
-            Row::FullSharedKvPle(mlp_width, donor) => {
-                Layer::FullSharedKvPle(FullSharedKvPle::load(w, i, mlp_width, donor))
+            Row::FullSharedKv(mlp_width, donor) => {
+                Layer::FullSharedKv(FullSharedKvPle::load(w, i, mlp_width, donor))
             }
         }
     }
@@ -627,24 +623,24 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::SlidingOwnKvPle(..) => {
+            Row::SlidingOwnKv(..) => {
                 Some(LayerCache::Sliding(RotatingKvCache::new(5, 0)))
             }
-            Row::FullOwnKvKeqVPle(_, cache) => Some(cache.make()),
-            Row::SlidingSharedKvPle(..) => None,
-            Row::FullSharedKvPle(..) => None,
+            Row::FullOwnKvKeqV(_, cache) => Some(cache.make()),
+            Row::SlidingSharedKv(..) => None,
+            Row::FullSharedKv(..) => None,
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::SlidingOwnKvPle(..) => {
+            Row::SlidingOwnKv(..) => {
                 Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(5, no_padding)))
             }
-            Row::FullOwnKvKeqVPle(_, cache) => Some(cache.make_batch(no_padding)),
-            Row::SlidingSharedKvPle(..) => None,
-            Row::FullSharedKvPle(..) => None,
+            Row::FullOwnKvKeqV(_, cache) => Some(cache.make_batch(no_padding)),
+            Row::SlidingSharedKv(..) => None,
+            Row::FullSharedKv(..) => None,
         }
     }
 }
@@ -768,7 +764,7 @@ impl CausalLm for Model {
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {
-                Layer::SlidingOwnKvPle(l) => {
+                Layer::SlidingOwnKv(l) => {
                     let (h, kv) = l
                         .forward(
                             &h,
@@ -778,7 +774,7 @@ impl CausalLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::FullOwnKvKeqVPle(l) => {
+                Layer::FullOwnKvKeqV(l) => {
                     let (h, kv) = l
                         .forward(
                             &h,
@@ -788,7 +784,7 @@ impl CausalLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::SlidingSharedKvPle(l) => {
+                Layer::SlidingSharedKv(l) => {
                     (
                         l
                             .forward(
@@ -800,7 +796,7 @@ impl CausalLm for Model {
                         None,
                     )
                 }
-                Layer::FullSharedKvPle(l) => {
+                Layer::FullSharedKv(l) => {
                     (
                         l
                             .forward(
@@ -887,7 +883,7 @@ impl BatchLm for Model {
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {
-                Layer::SlidingOwnKvPle(l) => {
+                Layer::SlidingOwnKv(l) => {
                     let (h, kv) = l
                         .forward_batch(
                             &h,
@@ -897,7 +893,7 @@ impl BatchLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::FullOwnKvKeqVPle(l) => {
+                Layer::FullOwnKvKeqV(l) => {
                     let (h, kv) = l
                         .forward_batch(
                             &h,
@@ -907,7 +903,7 @@ impl BatchLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::SlidingSharedKvPle(l) => {
+                Layer::SlidingSharedKv(l) => {
                     (
                         l
                             .forward_batch(
@@ -919,7 +915,7 @@ impl BatchLm for Model {
                         None,
                     )
                 }
-                Layer::FullSharedKvPle(l) => {
+                Layer::FullSharedKv(l) => {
                     (
                         l
                             .forward_batch(

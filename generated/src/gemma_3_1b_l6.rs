@@ -319,64 +319,56 @@ impl FullOwnKv {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
-    SlidingOwnKv(i32),
-    /// (MLP width)
-    FullOwnKv(i32),
+    /// A `SlidingOwnKv` layer (MLP width).
+    Sliding(i32),
+    /// A `FullOwnKv` layer (MLP width).
+    Full(i32),
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 6912;
 /// Every layer in order: layer `i` is row `i`.
 const LAYOUT: [Row; LAYERS] = [
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
+    Row::Sliding(MLP_WIDTH),
+    Row::Sliding(MLP_WIDTH),
+    Row::Sliding(MLP_WIDTH),
+    Row::Sliding(MLP_WIDTH),
+    Row::Sliding(MLP_WIDTH),
+    Row::Full(MLP_WIDTH),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
-    SlidingOwnKv(SlidingOwnKv),
-    FullOwnKv(FullOwnKv),
+    Sliding(SlidingOwnKv),
+    Full(FullOwnKv),
 }
 impl Row {
     /// Loads layer `i`, whose row this is.
     fn load(self, w: &mut Weights, i: usize) -> Layer {
         match self {
-            Row::SlidingOwnKv(mlp_width) => {
-                Layer::SlidingOwnKv(SlidingOwnKv::load(w, i, mlp_width))
+            Row::Sliding(mlp_width) => {
+                Layer::Sliding(SlidingOwnKv::load(w, i, mlp_width))
             }
-            Row::FullOwnKv(mlp_width) => {
-                Layer::FullOwnKv(FullOwnKv::load(w, i, mlp_width))
-            }
+            Row::Full(mlp_width) => Layer::Full(FullOwnKv::load(w, i, mlp_width)),
         }
     }
     /// The layer's K/V cache for one sequence (`make_prompt_cache`),
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::SlidingOwnKv(..) => {
-                Some(LayerCache::Sliding(RotatingKvCache::new(512, 0)))
-            }
-            Row::FullOwnKv(..) => Some(LayerCache::Full(KvCache::default())),
+            Row::Sliding(..) => Some(LayerCache::Sliding(RotatingKvCache::new(512, 0))),
+            Row::Full(..) => Some(LayerCache::Full(KvCache::default())),
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::SlidingOwnKv(..) => {
+            Row::Sliding(..) => {
                 Some(
                     BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, no_padding)),
                 )
             }
-            Row::FullOwnKv(..) => {
-                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
-            }
+            Row::Full(..) => Some(BatchLayerCache::Full(BatchKvCache::new(no_padding))),
         }
     }
 }
@@ -471,12 +463,10 @@ impl CausalLm for Model {
         let mut kv_caches = cache.kv.iter_mut();
         for layer in &self.layers {
             h = match layer {
-                Layer::SlidingOwnKv(l) => {
+                Layer::Sliding(l) => {
                     l.forward(&h, &sliding, next_cache(&mut kv_caches)?)?.0
                 }
-                Layer::FullOwnKv(l) => {
-                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
-                }
+                Layer::Full(l) => l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0,
             };
         }
         let (out, width) = match readout {
@@ -533,10 +523,10 @@ impl BatchLm for Model {
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         for (i, layer) in self.layers.iter().enumerate() {
             h = match layer {
-                Layer::SlidingOwnKv(l) => {
+                Layer::Sliding(l) => {
                     l.forward_batch(&h, &sliding, cache.layer_mut(i)?)?.0
                 }
-                Layer::FullOwnKv(l) => l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0,
+                Layer::Full(l) => l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0,
             };
         }
         let logits = b::logits(&h, &self.norm, b::Head::Tied(&self.embed), None, EPS)?;

@@ -153,9 +153,8 @@ impl FullOwnKv {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width, K/V cache)
+    /// A `FullOwnKv` layer (MLP width, K/V cache).
     FullOwnKv(i32, KvForm),
 }
 /// The K/V cache of a full-attention layer: mlx-lm's `KVCache`,
@@ -216,7 +215,6 @@ const LAYOUT: [Row; LAYERS] = [
     Row::FullOwnKv(MLP_WIDTH, KvForm::Plain),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     FullOwnKv(FullOwnKv),
 }

@@ -190,11 +190,10 @@ impl FullGatedOwnKv {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
+    /// A `LinearDeltaNet` layer (MLP width).
     LinearDeltaNet(i32),
-    /// (MLP width)
+    /// A `FullGatedOwnKv` layer (MLP width).
     FullGatedOwnKv(i32),
 }
 /// The width of a dense MLP (`intermediate_size`).
@@ -207,7 +206,6 @@ const LAYOUT: [Row; LAYERS] = [
     Row::FullGatedOwnKv(MLP_WIDTH),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     LinearDeltaNet(LinearDeltaNet),
     FullGatedOwnKv(FullGatedOwnKv),

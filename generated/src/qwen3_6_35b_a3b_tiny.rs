@@ -211,41 +211,37 @@ impl FullGatedOwnKvSharedExperts {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    LinearDeltaNetSharedExperts,
-    FullGatedOwnKvSharedExperts,
+    /// A `LinearDeltaNetSharedExperts` layer.
+    LinearDeltaNet,
+    /// A `FullGatedOwnKvSharedExperts` layer.
+    FullGatedOwnKv,
 }
 /// Every layer in order: layer `i` is row `i`.
 const LAYOUT: [Row; LAYERS] = [
-    Row::LinearDeltaNetSharedExperts,
-    Row::LinearDeltaNetSharedExperts,
-    Row::LinearDeltaNetSharedExperts,
-    Row::FullGatedOwnKvSharedExperts,
-    Row::LinearDeltaNetSharedExperts,
-    Row::LinearDeltaNetSharedExperts,
-    Row::LinearDeltaNetSharedExperts,
-    Row::FullGatedOwnKvSharedExperts,
+    Row::LinearDeltaNet,
+    Row::LinearDeltaNet,
+    Row::LinearDeltaNet,
+    Row::FullGatedOwnKv,
+    Row::LinearDeltaNet,
+    Row::LinearDeltaNet,
+    Row::LinearDeltaNet,
+    Row::FullGatedOwnKv,
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
-    LinearDeltaNetSharedExperts(LinearDeltaNetSharedExperts),
-    FullGatedOwnKvSharedExperts(FullGatedOwnKvSharedExperts),
+    LinearDeltaNet(LinearDeltaNetSharedExperts),
+    FullGatedOwnKv(FullGatedOwnKvSharedExperts),
 }
 impl Row {
     /// Loads layer `i`, whose row this is.
     fn load(self, w: &mut Weights, i: usize) -> Layer {
         match self {
-            Row::LinearDeltaNetSharedExperts => {
-                Layer::LinearDeltaNetSharedExperts(
-                    LinearDeltaNetSharedExperts::load(w, i),
-                )
+            Row::LinearDeltaNet => {
+                Layer::LinearDeltaNet(LinearDeltaNetSharedExperts::load(w, i))
             }
-            Row::FullGatedOwnKvSharedExperts => {
-                Layer::FullGatedOwnKvSharedExperts(
-                    FullGatedOwnKvSharedExperts::load(w, i),
-                )
+            Row::FullGatedOwnKv => {
+                Layer::FullGatedOwnKv(FullGatedOwnKvSharedExperts::load(w, i))
             }
         }
     }
@@ -253,31 +249,29 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::LinearDeltaNetSharedExperts => None,
-            Row::FullGatedOwnKvSharedExperts => {
-                Some(LayerCache::Full(KvCache::default()))
-            }
+            Row::LinearDeltaNet => None,
+            Row::FullGatedOwnKv => Some(LayerCache::Full(KvCache::default())),
         }
     }
     /// The layer's conv and recurrent state, for a Gated DeltaNet layer.
     fn state(self) -> Option<deltanet::ArraysCache> {
         match self {
-            Row::LinearDeltaNetSharedExperts => Some(deltanet::ArraysCache::default()),
-            Row::FullGatedOwnKvSharedExperts => None,
+            Row::LinearDeltaNet => Some(deltanet::ArraysCache::default()),
+            Row::FullGatedOwnKv => None,
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::LinearDeltaNetSharedExperts => {
+            Row::LinearDeltaNet => {
                 Some(
                     BatchLayerCache::Arrays(
                         BatchArraysCache::merged_empty(no_padding.len()),
                     ),
                 )
             }
-            Row::FullGatedOwnKvSharedExperts => {
+            Row::FullGatedOwnKv => {
                 Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
             }
         }
@@ -358,10 +352,8 @@ impl CausalLm for Model {
         let mut states = cache.states.iter_mut();
         for layer in &self.layers {
             h = match layer {
-                Layer::LinearDeltaNetSharedExperts(l) => {
-                    l.forward(&h, next_cache(&mut states)?)?
-                }
-                Layer::FullGatedOwnKvSharedExperts(l) => {
+                Layer::LinearDeltaNet(l) => l.forward(&h, next_cache(&mut states)?)?,
+                Layer::FullGatedOwnKv(l) => {
                     l.forward(&h, &full, next_cache(&mut kv_caches)?)?
                 }
             };
@@ -404,10 +396,10 @@ impl BatchLm for Model {
         };
         for (i, layer) in self.layers.iter().enumerate() {
             h = match layer {
-                Layer::LinearDeltaNetSharedExperts(l) => {
+                Layer::LinearDeltaNet(l) => {
                     l.forward_batch(&h, cache.arrays_mut(i)?, ssm_mask.as_ref())?
                 }
-                Layer::FullGatedOwnKvSharedExperts(l) => {
+                Layer::FullGatedOwnKv(l) => {
                     l.forward_batch(&h, &full, cache.layer_mut(i)?)?
                 }
             };

@@ -288,10 +288,10 @@ impl FullOwnKvExperts {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
+    /// A `FullOwnKv` layer (MLP width).
     FullOwnKv(i32),
+    /// A `FullOwnKvExperts` layer.
     FullOwnKvExperts,
 }
 /// The width of a dense MLP (`intermediate_size`).
@@ -304,7 +304,6 @@ const LAYOUT: [Row; LAYERS] = [
     Row::FullOwnKvExperts,
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     FullOwnKv(FullOwnKv),
     FullOwnKvExperts(FullOwnKvExperts),

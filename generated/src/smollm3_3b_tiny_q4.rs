@@ -279,11 +279,10 @@ impl FullNoRopeOwnKv {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
+    /// A `FullOwnKv` layer (MLP width).
     FullOwnKv(i32),
-    /// (MLP width)
+    /// A `FullNoRopeOwnKv` layer (MLP width).
     FullNoRopeOwnKv(i32),
 }
 /// The width of a dense MLP (`intermediate_size`).
@@ -296,7 +295,6 @@ const LAYOUT: [Row; LAYERS] = [
     Row::FullNoRopeOwnKv(MLP_WIDTH),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     FullOwnKv(FullOwnKv),
     FullNoRopeOwnKv(FullNoRopeOwnKv),

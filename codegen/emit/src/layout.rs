@@ -27,7 +27,10 @@ enum State {
 
 /// One kind as the model-level loops see it.
 struct KindFacts<'a> {
+    /// The kind's struct.
     name: proc_macro2::Ident,
+    /// Its variant of `Row` and `Layer` (`variant_names`).
+    variant: proc_macro2::Ident,
     /// A layer of the kind (all agree on what is read here).
     layer: &'a Layer,
     state: State,
@@ -86,10 +89,57 @@ pub(crate) fn kv_ordinal(plan: &Plan, index: usize) -> usize {
         .count()
 }
 
+/// The words of a camel-case name (`FullOwnKv`: `Full`, `Own`, `Kv`).
+fn camel_words(name: &str) -> Vec<&str> {
+    let mut words = Vec::new();
+    let mut start = 0;
+    for (i, c) in name.char_indices().skip(1) {
+        if c.is_ascii_uppercase() {
+            words.push(&name[start..i]);
+            start = i;
+        }
+    }
+    words.push(&name[start..]);
+    words
+}
+
+/// The variants of `Row` and `Layer`: each kind's name less the words at
+/// its start and end that every kind's name has (`SlidingOwnKvPle` and
+/// `FullOwnKvPle` are `Sliding` and `Full`), so that a variant says what
+/// sets its kind apart and no two read alike (clippy's
+/// `enum_variant_names`). Where that would leave a name empty (one kind's
+/// name is all shared words), or with a single kind, the kinds' names.
+fn variant_names(kinds: &[&str]) -> Vec<String> {
+    let words: Vec<Vec<&str>> = kinds.iter().map(|k| camel_words(k)).collect();
+    let shortest = words.iter().map(Vec::len).min().unwrap_or(0);
+    let shared = |at: &dyn Fn(&Vec<&str>, usize) -> String| {
+        (0..shortest)
+            .take_while(|&i| words.iter().all(|w| at(w, i) == at(&words[0], i)))
+            .count()
+    };
+    let prefix = shared(&|w, i| w[i].to_string());
+    let suffix = shared(&|w, i| w[w.len() - 1 - i].to_string());
+    if kinds.len() < 2 || prefix + suffix >= shortest {
+        return kinds.iter().map(|k| k.to_string()).collect();
+    }
+    words
+        .iter()
+        .map(|w| w[prefix..w.len() - suffix].concat())
+        .collect()
+}
+
 fn kind_facts(plan: &Plan, forms: bool) -> Result<Vec<KindFacts<'_>>, String> {
+    let variants = variant_names(
+        &plan
+            .kinds
+            .iter()
+            .map(|k| k.name.as_str())
+            .collect::<Vec<_>>(),
+    );
     plan.kinds
         .iter()
-        .map(|k| {
+        .zip(variants)
+        .map(|(k, variant)| {
             let first = *k
                 .layers
                 .first()
@@ -112,6 +162,7 @@ fn kind_facts(plan: &Plan, forms: bool) -> Result<Vec<KindFacts<'_>>, String> {
             let cache_form = forms && matches!(state, State::Kv(Window::Full));
             Ok(KindFacts {
                 name: ident(&k.name),
+                variant: ident(&variant),
                 layer,
                 state,
                 mlp_width: layer.mlp().is_some(),
@@ -129,7 +180,7 @@ fn kind_facts(plan: &Plan, forms: bool) -> Result<Vec<KindFacts<'_>>, String> {
 /// A row of `LAYOUT`: `Kind(mlp_width, cache, donor)`, each where the
 /// kind has it.
 fn row_tokens(kind: &KindFacts, l: &Layer, widths: &[MlpWidth]) -> Result<TokenStream, String> {
-    let name = &kind.name;
+    let name = &kind.variant;
     let mut fields = Vec::new();
     if kind.mlp_width {
         let width = l
@@ -307,7 +358,8 @@ struct StateArms {
 /// What a kind's state arms share: its names and the arguments every call
 /// of its forward passes.
 struct KindCall<'a> {
-    name: &'a proc_macro2::Ident,
+    /// The kind's variant of `Row` and `Layer`.
+    variant: &'a proc_macro2::Ident,
     /// The kind's row whatever its fields.
     any_row: TokenStream,
     /// The kind's row binding what the cache makers read.
@@ -319,36 +371,37 @@ struct KindCall<'a> {
 }
 
 fn kind_arms(plan: &Plan, facts: ModelFacts, k: &KindFacts) -> Result<KindArms, String> {
-    let name = &k.name;
+    let (name, variant) = (&k.name, &k.variant);
     let fields = row_fields(k);
     let any_row = if fields.is_empty() {
-        quote! { Row::#name }
+        quote! { Row::#variant }
     } else {
-        quote! { Row::#name(..) }
+        quote! { Row::#variant(..) }
     };
     let row_variant = if fields.is_empty() {
-        quote! { #name, }
+        let doc = format!(" A `{name}` layer.");
+        quote! { #[doc = #doc] #variant, }
     } else {
         let types = fields.iter().map(|f| &f.ty);
         let what = fields.iter().map(|f| f.what).collect::<Vec<_>>().join(", ");
-        let doc = format!(" ({what})");
-        quote! { #[doc = #doc] #name(#(#types),*), }
+        let doc = format!(" A `{name}` layer ({what}).");
+        quote! { #[doc = #doc] #variant(#(#types),*), }
     };
     let args = fields.iter().filter_map(|f| f.load_arg.as_ref());
     let load = if fields.is_empty() {
-        quote! { Row::#name => Layer::#name(#name::load(w, i #(#args)*)), }
+        quote! { Row::#variant => Layer::#variant(#name::load(w, i #(#args)*)), }
     } else {
         let load_binds = fields.iter().map(|f| &f.load_bind);
-        quote! { Row::#name(#(#load_binds),*) => Layer::#name(#name::load(w, i #(#args)*)), }
+        quote! { Row::#variant(#(#load_binds),*) => Layer::#variant(#name::load(w, i #(#args)*)), }
     };
     let cache_row = if k.cache_form {
         let binds = fields.iter().map(|f| &f.cache_bind);
-        quote! { Row::#name(#(#binds),*) }
+        quote! { Row::#variant(#(#binds),*) }
     } else {
         any_row.clone()
     };
     let call = KindCall {
-        name,
+        variant,
         any_row,
         cache_row,
         ctx: k
@@ -368,7 +421,7 @@ fn kind_arms(plan: &Plan, facts: ModelFacts, k: &KindFacts) -> Result<KindArms, 
     };
     Ok(KindArms {
         row_variant,
-        layer_variant: quote! { #name(#name), },
+        layer_variant: quote! { #variant(#name), },
         load,
         state,
     })
@@ -382,7 +435,7 @@ fn kv_state_arms(
     any_donor: bool,
 ) -> Result<StateArms, String> {
     let KindCall {
-        name,
+        variant,
         any_row,
         cache_row,
         ctx,
@@ -418,8 +471,8 @@ fn kv_state_arms(
         kv_cache: quote! { #cache_row => Some(#cache), },
         state: quote! { #any_row => None, },
         batch_cache,
-        step: quote! { Layer::#name(l) => #step, },
-        batch_step: quote! { Layer::#name(l) => #batch_step, },
+        step: quote! { Layer::#variant(l) => #step, },
+        batch_step: quote! { Layer::#variant(l) => #batch_step, },
     })
 }
 
@@ -449,7 +502,7 @@ fn own_batch_kv_cache(window: Window, no_padding: &TokenStream) -> Result<TokenS
 /// The arms of a kind that reads the K/V its donor computed.
 fn donor_state_arms(call: &KindCall) -> StateArms {
     let KindCall {
-        name,
+        variant,
         any_row,
         ctx,
         pli,
@@ -462,17 +515,19 @@ fn donor_state_arms(call: &KindCall) -> StateArms {
         // A layer reading a donor's K/V attends as in one sequence,
         // batched or not (the donor's K/V carry the rows' offsets).
         step: quote! {
-            Layer::#name(l) => (l.forward(&h, &#ctx, donor_kv(&computed, l.donor)? #pli)?, None),
+            Layer::#variant(l) => (l.forward(&h, &#ctx, donor_kv(&computed, l.donor)? #pli)?, None),
         },
         batch_step: quote! {
-            Layer::#name(l) => (l.forward_batch(&h, &#ctx, donor_kv(&computed, l.donor)? #pli)?, None),
+            Layer::#variant(l) => (l.forward_batch(&h, &#ctx, donor_kv(&computed, l.donor)? #pli)?, None),
         },
     }
 }
 
 /// The arms of a Gated DeltaNet kind (conv and recurrent state).
 fn arrays_state_arms(call: &KindCall, any_donor: bool) -> StateArms {
-    let KindCall { name, any_row, .. } = call;
+    let KindCall {
+        variant, any_row, ..
+    } = call;
     // No window, no mask (`create_ssm_mask` is None for one
     // unpadded sequence).
     let call = quote! { l.forward(&h, next_cache(&mut states)?)? };
@@ -488,8 +543,8 @@ fn arrays_state_arms(call: &KindCall, any_donor: bool) -> StateArms {
         batch_cache: quote! {
             #any_row => Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(no_padding.len()))),
         },
-        step: quote! { Layer::#name(l) => #step, },
-        batch_step: quote! { Layer::#name(l) => #batch_step, },
+        step: quote! { Layer::#variant(l) => #step, },
+        batch_step: quote! { Layer::#variant(l) => #batch_step, },
     }
 }
 
@@ -699,12 +754,9 @@ fn layout_items(
     let row_impl = row_impl(facts, arms);
     let lookups = cache_lookups(facts.any_donor);
     let doc_row = " A layer's kind and the facts its kind leaves open (each variant names them).";
-    // The variants are the kinds' names, which share a suffix when every
-    // kind has the same trait (`...Ple`): clippy's naming lint is allowed.
     Ok(quote! {
         #[doc = #doc_row]
         #[derive(Clone, Copy)]
-        #[allow(clippy::enum_variant_names)]
         enum Row {
             #(#row_variants)*
         }
@@ -719,7 +771,6 @@ fn layout_items(
         ];
 
         /// One loaded layer, by kind.
-        #[allow(clippy::enum_variant_names)]
         enum Layer {
             #(#layer_variants)*
         }
