@@ -545,6 +545,10 @@ enum Row {
 const MLP_WIDTH: i32 = 6144;
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH_2: i32 = 12288;
+/// Layer 13: the sliding-window (512) layers that share K/V read the K/V it computes (`shared_kv`).
+const SLIDING_DONOR: usize = 13;
+/// Layer 14: the full-attention layers that share K/V read the K/V it computes (`shared_kv`).
+const FULL_DONOR: usize = 14;
 /// Every layer in order: layer `i` is row `i`.
 const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwn(MLP_WIDTH),
@@ -562,26 +566,26 @@ const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwn(MLP_WIDTH),
     Row::SlidingOwn(MLP_WIDTH),
     Row::FullOwn(MLP_WIDTH),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::FullShared(MLP_WIDTH_2, 14),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::FullShared(MLP_WIDTH_2, 14),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::FullShared(MLP_WIDTH_2, 14),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::SlidingShared(MLP_WIDTH_2, 13),
-    Row::FullShared(MLP_WIDTH_2, 14),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::FullShared(MLP_WIDTH_2, FULL_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::FullShared(MLP_WIDTH_2, FULL_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::FullShared(MLP_WIDTH_2, FULL_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::FullShared(MLP_WIDTH_2, FULL_DONOR),
 ];
 /// One loaded layer, by kind.
 enum Layer {

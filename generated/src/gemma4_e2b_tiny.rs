@@ -545,6 +545,10 @@ enum Row {
 const MLP_WIDTH: i32 = 128;
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH_2: i32 = 256;
+/// Layer 3: the sliding-window (8) layers that share K/V read the K/V it computes (`shared_kv`).
+const SLIDING_DONOR: usize = 3;
+/// Layer 4: the full-attention layers that share K/V read the K/V it computes (`shared_kv`).
+const FULL_DONOR: usize = 4;
 /// Every layer in order: layer `i` is row `i`.
 const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwn(MLP_WIDTH),
@@ -552,11 +556,11 @@ const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwn(MLP_WIDTH),
     Row::SlidingOwn(MLP_WIDTH),
     Row::FullOwn(MLP_WIDTH),
-    Row::SlidingShared(MLP_WIDTH_2, 3),
-    Row::SlidingShared(MLP_WIDTH_2, 3),
-    Row::SlidingShared(MLP_WIDTH_2, 3),
-    Row::SlidingShared(MLP_WIDTH_2, 3),
-    Row::FullShared(MLP_WIDTH_2, 4),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::FullShared(MLP_WIDTH_2, FULL_DONOR),
 ];
 /// One loaded layer, by kind.
 enum Layer {

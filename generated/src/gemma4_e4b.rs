@@ -543,6 +543,10 @@ enum Row {
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 10240;
+/// Layer 22: the sliding-window (512) layers that share K/V read the K/V it computes (`shared_kv`).
+const SLIDING_DONOR: usize = 22;
+/// Layer 23: the full-attention layers that share K/V read the K/V it computes (`shared_kv`).
+const FULL_DONOR: usize = 23;
 /// Every layer in order: layer `i` is row `i`.
 const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwn(MLP_WIDTH),
@@ -569,24 +573,24 @@ const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwn(MLP_WIDTH),
     Row::SlidingOwn(MLP_WIDTH),
     Row::FullOwn(MLP_WIDTH),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::FullShared(MLP_WIDTH, 23),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::FullShared(MLP_WIDTH, 23),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::SlidingShared(MLP_WIDTH, 22),
-    Row::FullShared(MLP_WIDTH, 23),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::FullShared(MLP_WIDTH, FULL_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::FullShared(MLP_WIDTH, FULL_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::FullShared(MLP_WIDTH, FULL_DONOR),
 ];
 /// One loaded layer, by kind.
 enum Layer {

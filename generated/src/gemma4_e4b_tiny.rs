@@ -543,6 +543,10 @@ enum Row {
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
+/// Layer 4: the sliding-window (8) layers that share K/V read the K/V it computes (`shared_kv`).
+const SLIDING_DONOR: usize = 4;
+/// Layer 5: the full-attention layers that share K/V read the K/V it computes (`shared_kv`).
+const FULL_DONOR: usize = 5;
 /// Every layer in order: layer `i` is row `i`.
 const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwn(MLP_WIDTH),
@@ -551,12 +555,12 @@ const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwn(MLP_WIDTH),
     Row::SlidingOwn(MLP_WIDTH),
     Row::FullOwn(MLP_WIDTH),
-    Row::SlidingShared(MLP_WIDTH, 4),
-    Row::SlidingShared(MLP_WIDTH, 4),
-    Row::SlidingShared(MLP_WIDTH, 4),
-    Row::SlidingShared(MLP_WIDTH, 4),
-    Row::SlidingShared(MLP_WIDTH, 4),
-    Row::FullShared(MLP_WIDTH, 5),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::FullShared(MLP_WIDTH, FULL_DONOR),
 ];
 /// One loaded layer, by kind.
 enum Layer {

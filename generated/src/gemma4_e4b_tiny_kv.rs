@@ -575,6 +575,10 @@ impl KvForm {
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
+/// Layer 10: the sliding-window (8) layers that share K/V read the K/V it computes (`shared_kv`).
+const SLIDING_DONOR: usize = 10;
+/// Layer 11: the full-attention layers that share K/V read the K/V it computes (`shared_kv`).
+const FULL_DONOR: usize = 11;
 /// Every layer in order: layer `i` is row `i`.
 const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwn(MLP_WIDTH),
@@ -595,12 +599,12 @@ const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwn(MLP_WIDTH),
     Row::SlidingOwn(MLP_WIDTH),
     Row::FullOwn(MLP_WIDTH, KvForm::Plain),
-    Row::SlidingShared(MLP_WIDTH, 10),
-    Row::SlidingShared(MLP_WIDTH, 10),
-    Row::SlidingShared(MLP_WIDTH, 10),
-    Row::SlidingShared(MLP_WIDTH, 10),
-    Row::SlidingShared(MLP_WIDTH, 10),
-    Row::FullShared(MLP_WIDTH, 11),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::FullShared(MLP_WIDTH, FULL_DONOR),
 ];
 /// One loaded layer, by kind.
 enum Layer {

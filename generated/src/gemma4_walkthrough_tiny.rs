@@ -578,6 +578,10 @@ impl KvForm {
 const MLP_WIDTH: i32 = 96;
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH_2: i32 = 192;
+/// Layer 3: the sliding-window (5) layers that share K/V read the K/V it computes (`shared_kv`).
+const SLIDING_DONOR: usize = 3;
+/// Layer 4: the full-attention layers that share K/V read the K/V it computes (`shared_kv`).
+const FULL_DONOR: usize = 4;
 /// Every layer in order: layer `i` is row `i`.
 const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKv(MLP_WIDTH),
@@ -591,8 +595,8 @@ const LAYOUT: [Row; LAYERS] = [
     ),
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::FullOwnKvKeqV(MLP_WIDTH, KvForm::Plain),
-    Row::SlidingSharedKv(MLP_WIDTH_2, 3),
-    Row::FullSharedKv(MLP_WIDTH_2, 4),
+    Row::SlidingSharedKv(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::FullSharedKv(MLP_WIDTH_2, FULL_DONOR),
 ];
 /// One loaded layer, by kind.
 enum Layer {

@@ -12,7 +12,7 @@ use archgen_plan::Plan;
 use proc_macro2::{Literal, TokenStream};
 use quote::quote;
 
-use crate::tokens::{ident, lit_i32, rope_context};
+use crate::tokens::{ident, lit_i32, rope_context, window_name};
 
 /// What a kind keeps between steps.
 #[derive(Clone, Copy)]
@@ -179,7 +179,12 @@ fn kind_facts(plan: &Plan, forms: bool) -> Result<Vec<KindFacts<'_>>, String> {
 
 /// A row of `LAYOUT`: `Kind(mlp_width, cache, donor)`, each where the
 /// kind has it.
-fn row_tokens(kind: &KindFacts, l: &Layer, widths: &[MlpWidth]) -> Result<TokenStream, String> {
+fn row_tokens(
+    kind: &KindFacts,
+    l: &Layer,
+    widths: &[MlpWidth],
+    donors: &[Donor],
+) -> Result<TokenStream, String> {
     let name = &kind.variant;
     let mut fields = Vec::new();
     if kind.mlp_width {
@@ -218,8 +223,12 @@ fn row_tokens(kind: &KindFacts, l: &Layer, widths: &[MlpWidth]) -> Result<TokenS
     }
     match (kind.state, l.attention().map(|a| a.kv)) {
         (State::Donor, Some(KvSource::Shared { donor })) => {
-            let donor = Literal::usize_unsuffixed(donor);
-            fields.push(quote! { #donor });
+            let name = donors
+                .iter()
+                .find(|d| d.layer == donor)
+                .map(|d| &d.name)
+                .ok_or_else(|| format!("layer {}: donor layer {donor} is not named", l.index))?;
+            fields.push(quote! { #name });
         }
         (State::Donor, _) => {
             return Err(format!("layer {}: a shared kind without a donor", l.index))
@@ -256,6 +265,67 @@ fn mlp_widths(plan: &Plan) -> Vec<MlpWidth> {
         }
     }
     out
+}
+
+/// A layer whose K/V later layers read, and the constant naming it.
+struct Donor {
+    layer: usize,
+    /// `<WINDOW>_DONOR` (then `_2`, ... for a window's further donors).
+    name: proc_macro2::Ident,
+    /// The window the donor and its readers attend in.
+    window: Window,
+}
+
+/// The model's donors, in order of first use.
+fn donors(plan: &Plan) -> Result<Vec<Donor>, String> {
+    let ir = &plan.ir;
+    let mut out: Vec<Donor> = Vec::new();
+    for a in ir.layers.iter().filter_map(Layer::attention) {
+        let donor = match a.kv {
+            KvSource::Shared { donor } => donor,
+            KvSource::Own { .. } => continue,
+        };
+        if out.iter().any(|d| d.layer == donor) {
+            continue;
+        }
+        let window = ir
+            .layers
+            .get(donor)
+            .and_then(Layer::attention)
+            .map(|d| d.window)
+            .ok_or_else(|| format!("donor layer {donor}: not an attention layer"))?;
+        let base = format!("{}_DONOR", window_name(ir, window).to_uppercase());
+        let name = match out.iter().filter(|d| d.window == window).count() {
+            0 => ident(&base),
+            n => ident(&format!("{base}_{}", n + 1)),
+        };
+        out.push(Donor {
+            layer: donor,
+            name,
+            window,
+        });
+    }
+    Ok(out)
+}
+
+/// A constant per donor, with its doc.
+fn donor_consts(donors: &[Donor]) -> TokenStream {
+    let consts = donors.iter().map(|d| {
+        let (name, layer) = (&d.name, Literal::usize_unsuffixed(d.layer));
+        let window = match d.window {
+            Window::Full => "full-attention".to_string(),
+            Window::Sliding(n) => format!("sliding-window ({n})"),
+        };
+        let doc = format!(
+            " Layer {}: the {window} layers that share K/V read the K/V it computes (`shared_kv`).",
+            d.layer
+        );
+        quote! {
+            #[doc = #doc]
+            const #name: usize = #layer;
+        }
+    });
+    quote! { #(#consts)* }
 }
 
 /// What the model-level loops ask of the model as a whole.
@@ -742,11 +812,13 @@ fn layout_items(
 ) -> Result<TokenStream, String> {
     let widths = mlp_widths(plan);
     let width_consts = width_consts(&widths)?;
+    let donors = donors(plan)?;
+    let donor_consts = donor_consts(&donors);
     let rows = plan
         .ir
         .layers
         .iter()
-        .map(|l| row_tokens(&kinds[plan.layer_kind[l.index]], l, &widths))
+        .map(|l| row_tokens(&kinds[plan.layer_kind[l.index]], l, &widths, &donors))
         .collect::<Result<Vec<_>, _>>()?;
     let row_variants = arms.iter().map(|a| &a.row_variant);
     let layer_variants = arms.iter().map(|a| &a.layer_variant);
@@ -764,6 +836,8 @@ fn layout_items(
         #kv_form
 
         #width_consts
+
+        #donor_consts
 
         /// Every layer in order: layer `i` is row `i`.
         const LAYOUT: [Row; LAYERS] = [
