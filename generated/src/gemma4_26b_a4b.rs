@@ -327,32 +327,8 @@ enum Row {
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 2112;
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; LAYERS] = [
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::FullOwnKvKeqV(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::FullOwnKvKeqV(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::FullOwnKvKeqV(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::FullOwnKvKeqV(MLP_WIDTH),
+/// The layers repeat these 6 rows: layer `i` is row `i % 6`.
+const PATTERN: [Row; 6] = [
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
@@ -360,6 +336,10 @@ const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::FullOwnKvKeqV(MLP_WIDTH),
 ];
+/// Layer `i`'s row.
+fn row(i: usize) -> Row {
+    PATTERN[i % PATTERN.len()]
+}
 /// One loaded layer, by kind.
 enum Layer {
     SlidingOwnKv(SlidingOwnKvMoe),
@@ -436,7 +416,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         rope_sliding: Rope::base(256, 10000f32),
         rope_full: Rope::proportional(512, 128, 1000000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| row(i).load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -454,7 +434,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| row(i).kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -527,7 +507,7 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| row(i).batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {

@@ -327,35 +327,19 @@ enum Row {
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 6912;
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; LAYERS] = [
+/// The layers repeat these 6 rows: layer `i` is row `i % 6`.
+const PATTERN: [Row; 6] = [
     Row::Sliding(MLP_WIDTH),
     Row::Sliding(MLP_WIDTH),
     Row::Sliding(MLP_WIDTH),
     Row::Sliding(MLP_WIDTH),
     Row::Sliding(MLP_WIDTH),
     Row::Full(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Full(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Full(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Full(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
 ];
+/// Layer `i`'s row.
+fn row(i: usize) -> Row {
+    PATTERN[i % PATTERN.len()]
+}
 /// One loaded layer, by kind.
 enum Layer {
     Sliding(SlidingOwnKv),
@@ -425,7 +409,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_sliding: Rope::base(256, 10000f32),
         rope_full: Rope::base(256, 1000000f32),
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| row(i).load(&mut w, i)).collect(),
         norm: b::load_norm_weight(&mut w, "norm.weight", HIDDEN, b::NormWeight::OnePlus),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -443,7 +427,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| row(i).kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -508,7 +492,7 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| row(i).batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {

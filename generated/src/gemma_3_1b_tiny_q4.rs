@@ -327,15 +327,16 @@ enum Row {
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; LAYERS] = [
-    Row::Sliding(MLP_WIDTH),
-    Row::Sliding(MLP_WIDTH),
-    Row::Full(MLP_WIDTH),
+/// The layers repeat these 3 rows: layer `i` is row `i % 3`.
+const PATTERN: [Row; 3] = [
     Row::Sliding(MLP_WIDTH),
     Row::Sliding(MLP_WIDTH),
     Row::Full(MLP_WIDTH),
 ];
+/// Layer `i`'s row.
+fn row(i: usize) -> Row {
+    PATTERN[i % PATTERN.len()]
+}
 /// One loaded layer, by kind.
 enum Layer {
     Sliding(SlidingOwnKv),
@@ -403,7 +404,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_sliding: Rope::base(16, 10000f32),
         rope_full: Rope::base_scaled(16, 1000000f32, 0.125f32),
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| row(i).load(&mut w, i)).collect(),
         norm: b::load_norm_weight(&mut w, "norm.weight", HIDDEN, b::NormWeight::OnePlus),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -421,7 +422,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| row(i).kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -486,7 +487,7 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| row(i).batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {

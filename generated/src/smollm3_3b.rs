@@ -287,45 +287,17 @@ enum Row {
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 11008;
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; LAYERS] = [
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
+/// The layers repeat these 4 rows: layer `i` is row `i % 4`.
+const PATTERN: [Row; 4] = [
     Row::FullOwnKv(MLP_WIDTH),
     Row::FullOwnKv(MLP_WIDTH),
     Row::FullOwnKv(MLP_WIDTH),
     Row::FullNoRopeOwnKv(MLP_WIDTH),
 ];
+/// Layer `i`'s row.
+fn row(i: usize) -> Row {
+    PATTERN[i % PATTERN.len()]
+}
 /// One loaded layer, by kind.
 enum Layer {
     FullOwnKv(FullOwnKv),
@@ -397,7 +369,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(128, 5000000f32),
         rope_full_nope: Rope::NoPe,
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| row(i).load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -415,7 +387,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| row(i).kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -481,7 +453,7 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| row(i).batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {

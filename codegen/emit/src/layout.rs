@@ -3,7 +3,9 @@
 //! layer's K/V cache form, the donor a shared layer reads); `Layer`, one
 //! variant per kind; and the loops of load, `make_cache`,
 //! `make_batch_cache`, `forward` and `forward_batch` over them. A change
-//! to one layer of a spec is a change to its row. A model whose layers are
+//! to one layer of a spec is a change to its row. Layers that repeat a run
+//! of rows (five sliding layers then a full one) list the run once,
+//! `PATTERN`, in place of `LAYOUT`. A model whose layers are
 //! all alike (one kind, one MLP width, a plain K/V cache) has neither: its
 //! loops run the kind's struct over `0..LAYERS`.
 
@@ -802,14 +804,59 @@ fn width_consts(widths: &[MlpWidth]) -> Result<TokenStream, String> {
     Ok(quote! { #(#consts)* })
 }
 
-/// `Row`, `KvForm`, the MLP widths, `LAYOUT`, `Layer`, `impl Row` and the
-/// cache lookups: the items of the layout.
+/// The shortest run of rows the layers repeat at least twice (the last
+/// repetition may stop early: 26 layers of a 6-row pattern), if any.
+fn repeating_pattern(rows: &[TokenStream]) -> Option<usize> {
+    let texts: Vec<String> = rows.iter().map(ToString::to_string).collect();
+    (1..=texts.len() / 2).find(|&p| texts.iter().enumerate().all(|(i, t)| *t == texts[i % p]))
+}
+
+/// The table of rows: `PATTERN` (and `row`, which reads it) where the
+/// layers repeat a run of rows, else `LAYOUT`, one row per layer; and the
+/// expression of layer `i`'s row.
+fn rows_table(rows: &[TokenStream]) -> Result<(TokenStream, TokenStream), String> {
+    Ok(match repeating_pattern(rows) {
+        Some(period) => {
+            let pattern = &rows[..period];
+            let p = Literal::usize_unsuffixed(period);
+            let doc =
+                format!(" The layers repeat these {period} rows: layer `i` is row `i % {period}`.");
+            (
+                quote! {
+                    #[doc = #doc]
+                    const PATTERN: [Row; #p] = [
+                        #(#pattern),*
+                    ];
+
+                    /// Layer `i`'s row.
+                    fn row(i: usize) -> Row {
+                        PATTERN[i % PATTERN.len()]
+                    }
+                },
+                quote! { row(i) },
+            )
+        }
+        None => (
+            quote! {
+                /// Every layer in order: layer `i` is row `i`.
+                const LAYOUT: [Row; LAYERS] = [
+                    #(#rows),*
+                ];
+            },
+            quote! { LAYOUT[i] },
+        ),
+    })
+}
+
+/// `Row`, `KvForm`, the MLP widths, `LAYOUT` (or `PATTERN`), `Layer`,
+/// `impl Row` and the cache lookups: the items of the layout; and the
+/// expression of layer `i`'s row.
 fn layout_items(
     plan: &Plan,
     kinds: &[KindFacts],
     facts: ModelFacts,
     arms: &[KindArms],
-) -> Result<TokenStream, String> {
+) -> Result<(TokenStream, TokenStream), String> {
     let widths = mlp_widths(plan);
     let width_consts = width_consts(&widths)?;
     let donors = donors(plan)?;
@@ -820,13 +867,14 @@ fn layout_items(
         .iter()
         .map(|l| row_tokens(&kinds[plan.layer_kind[l.index]], l, &widths, &donors))
         .collect::<Result<Vec<_>, _>>()?;
+    let (table, row_of) = rows_table(&rows)?;
     let row_variants = arms.iter().map(|a| &a.row_variant);
     let layer_variants = arms.iter().map(|a| &a.layer_variant);
     let kv_form = per_layer_cache_forms(plan).then(|| kv_form_tokens(plan));
     let row_impl = row_impl(facts, arms);
     let lookups = cache_lookups(facts.any_donor);
     let doc_row = " A layer's kind and the facts its kind leaves open (each variant names them).";
-    Ok(quote! {
+    let items = quote! {
         #[doc = #doc_row]
         #[derive(Clone, Copy)]
         enum Row {
@@ -839,10 +887,7 @@ fn layout_items(
 
         #donor_consts
 
-        /// Every layer in order: layer `i` is row `i`.
-        const LAYOUT: [Row; LAYERS] = [
-            #(#rows),*
-        ];
+        #table
 
         /// One loaded layer, by kind.
         enum Layer {
@@ -852,11 +897,12 @@ fn layout_items(
         #row_impl
 
         #lookups
-    })
+    };
+    Ok((items, row_of))
 }
 
 /// The `Cache` struct's fields and `make_cache`'s body.
-fn cache_tokens(any_arrays: bool) -> (TokenStream, TokenStream) {
+fn cache_tokens(any_arrays: bool, row_of: &TokenStream) -> (TokenStream, TokenStream) {
     let states_field = any_arrays.then(|| {
         quote! {
             /// One per Gated DeltaNet layer, in layer order.
@@ -869,10 +915,10 @@ fn cache_tokens(any_arrays: bool) -> (TokenStream, TokenStream) {
         #states_field
     };
     let states_init = any_arrays
-        .then(|| quote! { states: LAYOUT.iter().filter_map(|row| row.state()).collect(), });
+        .then(|| quote! { states: (0..LAYERS).filter_map(|i| #row_of.state()).collect(), });
     let make_cache = quote! {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| #row_of.kv_cache()).collect(),
             #states_init
         }
     };
@@ -943,7 +989,7 @@ fn uniform_layout(plan: &Plan, kinds: &[KindFacts]) -> Result<Option<Layout>, St
     let batch_cache = own_batch_kv_cache(window, &quote! { &no_padding })?;
     let width_consts = width_consts(&widths)?;
     let lookups = cache_lookups(false);
-    let (cache_fields, _) = cache_tokens(false);
+    let (cache_fields, _) = cache_tokens(false, &TokenStream::new());
     Ok(Some(Layout {
         items: quote! {
             #width_consts
@@ -984,19 +1030,19 @@ pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
         .iter()
         .map(|k| kind_arms(plan, facts, k))
         .collect::<Result<Vec<_>, _>>()?;
-    let items = layout_items(plan, &kinds, facts, &arms)?;
-    let (cache_fields, make_cache) = cache_tokens(facts.any_arrays);
+    let (items, row_of) = layout_items(plan, &kinds, facts, &arms)?;
+    let (cache_fields, make_cache) = cache_tokens(facts.any_arrays, &row_of);
     let (forward, forward_batch) = forward_loops(facts, &arms);
     Ok(Layout {
         items,
         load: quote! {
-            layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+            layers: (0..LAYERS).map(|i| #row_of.load(&mut w, i)).collect(),
         },
         make_cache,
         cache_fields,
         forward,
         forward_batch,
-        batch_caches: quote! { LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect() },
+        batch_caches: quote! { (0..LAYERS).map(|i| #row_of.batch_cache(&no_padding)).collect() },
         layer_type: quote! { Layer },
     })
 }
