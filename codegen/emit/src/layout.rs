@@ -1080,3 +1080,54 @@ fn layer_loop(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn camel_words_split_before_each_capital() {
+        assert_eq!(
+            camel_words("FullOwnKvKeqV"),
+            ["Full", "Own", "Kv", "Keq", "V"]
+        );
+        assert_eq!(camel_words("Plain"), ["Plain"]);
+    }
+
+    #[test]
+    fn variants_drop_the_words_every_kind_shares() {
+        assert_eq!(
+            variant_names(&[
+                "SlidingOwnKvPle",
+                "FullOwnKvPle",
+                "SlidingSharedKvPle",
+                "FullSharedKvPle"
+            ]),
+            ["SlidingOwn", "FullOwn", "SlidingShared", "FullShared"]
+        );
+        assert_eq!(
+            variant_names(&["SlidingOwnKv", "FullOwnKv"]),
+            ["Sliding", "Full"]
+        );
+    }
+
+    #[test]
+    fn variants_keep_the_kind_names_where_one_would_be_empty() {
+        let kinds = ["FullOwnKv", "FullOwnKvExperts"];
+        assert_eq!(variant_names(&kinds), kinds);
+        assert_eq!(variant_names(&["FullOwnKv"]), ["FullOwnKv"]);
+    }
+
+    #[test]
+    fn a_pattern_repeats_at_least_twice() {
+        let (s, f) = (quote! { Row::Sliding }, quote! { Row::Full });
+        let gemma3: Vec<TokenStream> = (0..26)
+            .map(|i| if i % 6 == 5 { f.clone() } else { s.clone() })
+            .collect();
+        assert_eq!(repeating_pattern(&gemma3), Some(6));
+        let once = [s.clone(), s.clone(), f.clone()];
+        assert_eq!(repeating_pattern(&once), None);
+        let donors = [s.clone(), f.clone(), s.clone(), s];
+        assert_eq!(repeating_pattern(&donors), None);
+    }
+}
