@@ -23,10 +23,13 @@ pub const FINGERPRINT: &str = "436e6f98d3a09021";
 pub const SPEC_SHA256: &str = "c88c209b858bd910417f2a6fae0d45d18266ee5e2a302b36aa1847b7515da851";
 const HIDDEN: i32 = 512;
 const VOCAB: i32 = 32768;
-#[allow(dead_code)]
-const LAYERS: i32 = 6;
+const LAYERS: usize = 6;
 const EPS: f32 = 0.000001f32;
-/// Layers 0, 1, 2, 3, 4: sliding-window attention (512), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, layer scalar.
+/// Layer 5, the first with full attention: the window's mask is built from its cache.
+const FIRST_FULL_LAYER: usize = 5;
+/// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
+const LOGIT_SOFTCAP: f32 = 30f32;
+/// Layers 0 to 4: sliding-window attention (512), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, layer scalar.
 struct SlidingOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -288,17 +291,16 @@ impl FullOwnKvKeqV {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
+    /// A `SlidingOwnKv` layer (MLP width).
     SlidingOwnKv(i32),
-    /// (MLP width)
+    /// A `FullOwnKvKeqV` layer (MLP width).
     FullOwnKvKeqV(i32),
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 2048;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 6] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
@@ -307,7 +309,6 @@ const LAYOUT: [Row; 6] = [
     Row::FullOwnKvKeqV(MLP_WIDTH),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     SlidingOwnKv(SlidingOwnKv),
     FullOwnKvKeqV(FullOwnKvKeqV),
@@ -383,7 +384,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         rope_sliding: Rope::base(64, 10000f32),
         rope_full: Rope::proportional(128, 32, 1000000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| LAYOUT[i].load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -401,7 +402,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| LAYOUT[i].kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -413,7 +414,7 @@ impl CausalLm for Model {
         let n = ids.shape()[1];
         let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 512)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, 5)?, n, 0)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER)?, n, 0)?;
         let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
         // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
@@ -456,7 +457,7 @@ impl CausalLm for Model {
                         &h,
                         &self.norm,
                         b::Head::Tied(&self.embed),
-                        Some(30f32),
+                        Some(LOGIT_SOFTCAP),
                         EPS,
                     )?,
                     VOCAB,
@@ -474,15 +475,15 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| LAYOUT[i].batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 512)?;
-        let full_mask = batch_blocks::window_mask(cache.layer(5)?, n, 0)?;
+        let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let sliding_tables = batch_blocks::step_tables(
             &self.rope_sliding,
             cache.layer(0)?,
@@ -496,7 +497,7 @@ impl BatchLm for Model {
         };
         let full_tables = batch_blocks::step_tables(
             &self.rope_full,
-            cache.layer(5)?,
+            cache.layer(FIRST_FULL_LAYER)?,
             n,
             h.dtype(),
         )?;
@@ -521,7 +522,7 @@ impl BatchLm for Model {
             &h,
             &self.norm,
             b::Head::Tied(&self.embed),
-            Some(30f32),
+            Some(LOGIT_SOFTCAP),
             EPS,
         )?;
         if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }

@@ -23,9 +23,12 @@ pub const FINGERPRINT: &str = "4bf618060cee1b0c";
 pub const SPEC_SHA256: &str = "b7ce20c07ba7d5ef5682535f73c8332301af7b7f9447ff1b1938ed8f7839c240";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 12;
+const LAYERS: usize = 12;
 const EPS: f32 = 0.000001f32;
+/// Layer 5, the first with full attention: the window's mask is built from its cache.
+const FIRST_FULL_LAYER: usize = 5;
+/// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
+const LOGIT_SOFTCAP: f32 = 30f32;
 /// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10: sliding-window attention (8), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, layer scalar.
 struct SlidingOwnKv {
     norms: b::LayerNorms,
@@ -288,23 +291,16 @@ impl FullOwnKvKeqV {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
+    /// A `SlidingOwnKv` layer (MLP width).
     SlidingOwnKv(i32),
-    /// (MLP width)
+    /// A `FullOwnKvKeqV` layer (MLP width).
     FullOwnKvKeqV(i32),
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 12] = [
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::FullOwnKvKeqV(MLP_WIDTH),
+/// The layers repeat these 6 rows: layer `i` is row `i % 6`.
+const PATTERN: [Row; 6] = [
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
@@ -312,8 +308,11 @@ const LAYOUT: [Row; 12] = [
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::FullOwnKvKeqV(MLP_WIDTH),
 ];
+/// Layer `i`'s row.
+fn row(i: usize) -> Row {
+    PATTERN[i % PATTERN.len()]
+}
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     SlidingOwnKv(SlidingOwnKv),
     FullOwnKvKeqV(FullOwnKvKeqV),
@@ -387,7 +386,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         rope_sliding: Rope::base(16, 10000f32),
         rope_full: Rope::proportional(32, 8, 1000000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| row(i).load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -405,7 +404,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| row(i).kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -417,7 +416,7 @@ impl CausalLm for Model {
         let n = ids.shape()[1];
         let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 8)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, 5)?, n, 0)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER)?, n, 0)?;
         let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
         // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
@@ -460,7 +459,7 @@ impl CausalLm for Model {
                         &h,
                         &self.norm,
                         b::Head::Tied(&self.embed),
-                        Some(30f32),
+                        Some(LOGIT_SOFTCAP),
                         EPS,
                     )?,
                     VOCAB,
@@ -478,15 +477,15 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| row(i).batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 8)?;
-        let full_mask = batch_blocks::window_mask(cache.layer(5)?, n, 0)?;
+        let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let sliding_tables = batch_blocks::step_tables(
             &self.rope_sliding,
             cache.layer(0)?,
@@ -500,7 +499,7 @@ impl BatchLm for Model {
         };
         let full_tables = batch_blocks::step_tables(
             &self.rope_full,
-            cache.layer(5)?,
+            cache.layer(FIRST_FULL_LAYER)?,
             n,
             h.dtype(),
         )?;
@@ -525,7 +524,7 @@ impl BatchLm for Model {
             &h,
             &self.norm,
             b::Head::Tied(&self.embed),
-            Some(30f32),
+            Some(LOGIT_SOFTCAP),
             EPS,
         )?;
         if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }

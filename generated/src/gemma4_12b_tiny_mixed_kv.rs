@@ -22,9 +22,12 @@ pub const FINGERPRINT: &str = "f86dad902e9b2187";
 pub const SPEC_SHA256: &str = "87e075e20d819a9f3a9d188839374e626ce512f7b2c6543b7a8c824efa92ddd0";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 12;
+const LAYERS: usize = 12;
 const EPS: f32 = 0.000001f32;
+/// Layer 5, the first with full attention: the window's mask is built from its cache.
+const FIRST_FULL_LAYER: usize = 5;
+/// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
+const LOGIT_SOFTCAP: f32 = 30f32;
 /// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10: sliding-window attention (8), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, layer scalar.
 struct SlidingOwnKv {
     norms: b::LayerNorms,
@@ -287,11 +290,10 @@ impl FullOwnKvKeqV {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
+    /// A `SlidingOwnKv` layer (MLP width).
     SlidingOwnKv(i32),
-    /// (MLP width, K/V cache)
+    /// A `FullOwnKvKeqV` layer (MLP width, K/V cache).
     FullOwnKvKeqV(i32, KvForm),
 }
 /// The K/V cache of a full-attention layer: mlx-lm's `KVCache`,
@@ -328,7 +330,7 @@ impl KvForm {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 12] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
     Row::SlidingOwnKv(MLP_WIDTH),
@@ -357,7 +359,6 @@ const LAYOUT: [Row; 12] = [
     ),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     SlidingOwnKv(SlidingOwnKv),
     FullOwnKvKeqV(FullOwnKvKeqV),
@@ -429,7 +430,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         rope_sliding: Rope::base(16, 10000f32),
         rope_full: Rope::proportional(32, 8, 1000000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| LAYOUT[i].load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -447,7 +448,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| LAYOUT[i].kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -459,7 +460,7 @@ impl CausalLm for Model {
         let n = ids.shape()[1];
         let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 8)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, 5)?, n, 0)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER)?, n, 0)?;
         let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
         // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
@@ -502,7 +503,7 @@ impl CausalLm for Model {
                         &h,
                         &self.norm,
                         b::Head::Tied(&self.embed),
-                        Some(30f32),
+                        Some(LOGIT_SOFTCAP),
                         EPS,
                     )?,
                     VOCAB,
@@ -520,15 +521,15 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| LAYOUT[i].batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 8)?;
-        let full_mask = batch_blocks::window_mask(cache.layer(5)?, n, 0)?;
+        let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let sliding_tables = batch_blocks::step_tables(
             &self.rope_sliding,
             cache.layer(0)?,
@@ -542,7 +543,7 @@ impl BatchLm for Model {
         };
         let full_tables = batch_blocks::step_tables(
             &self.rope_full,
-            cache.layer(5)?,
+            cache.layer(FIRST_FULL_LAYER)?,
             n,
             h.dtype(),
         )?;
@@ -567,7 +568,7 @@ impl BatchLm for Model {
             &h,
             &self.norm,
             b::Head::Tied(&self.embed),
-            Some(30f32),
+            Some(LOGIT_SOFTCAP),
             EPS,
         )?;
         if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }

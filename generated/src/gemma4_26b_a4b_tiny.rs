@@ -23,9 +23,12 @@ pub const FINGERPRINT: &str = "84b46450d33830fd";
 pub const SPEC_SHA256: &str = "71a1a914864bfca1854348411638b944b0f6f9dbcbe95d7072b004c4e2a2e19f";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 12;
+const LAYERS: usize = 12;
 const EPS: f32 = 0.000001f32;
+/// Layer 5, the first with full attention: the window's mask is built from its cache.
+const FIRST_FULL_LAYER: usize = 5;
+/// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
+const LOGIT_SOFTCAP: f32 = 30f32;
 /// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10: sliding-window attention (8), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP + routed experts, layer scalar.
 struct SlidingOwnKvMoe {
     norms: b::LayerNorms,
@@ -316,45 +319,41 @@ impl FullOwnKvKeqVMoe {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
-    SlidingOwnKvMoe(i32),
-    /// (MLP width)
-    FullOwnKvKeqVMoe(i32),
+    /// A `SlidingOwnKvMoe` layer (MLP width).
+    SlidingOwnKv(i32),
+    /// A `FullOwnKvKeqVMoe` layer (MLP width).
+    FullOwnKvKeqV(i32),
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 64;
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 12] = [
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::FullOwnKvKeqVMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::SlidingOwnKvMoe(MLP_WIDTH),
-    Row::FullOwnKvKeqVMoe(MLP_WIDTH),
+/// The layers repeat these 6 rows: layer `i` is row `i % 6`.
+const PATTERN: [Row; 6] = [
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH),
 ];
+/// Layer `i`'s row.
+fn row(i: usize) -> Row {
+    PATTERN[i % PATTERN.len()]
+}
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
-    SlidingOwnKvMoe(SlidingOwnKvMoe),
-    FullOwnKvKeqVMoe(FullOwnKvKeqVMoe),
+    SlidingOwnKv(SlidingOwnKvMoe),
+    FullOwnKvKeqV(FullOwnKvKeqVMoe),
 }
 impl Row {
     /// Loads layer `i`, whose row this is.
     fn load(self, w: &mut Weights, i: usize) -> Layer {
         match self {
-            Row::SlidingOwnKvMoe(mlp_width) => {
-                Layer::SlidingOwnKvMoe(SlidingOwnKvMoe::load(w, i, mlp_width))
+            Row::SlidingOwnKv(mlp_width) => {
+                Layer::SlidingOwnKv(SlidingOwnKvMoe::load(w, i, mlp_width))
             }
-            Row::FullOwnKvKeqVMoe(mlp_width) => {
-                Layer::FullOwnKvKeqVMoe(FullOwnKvKeqVMoe::load(w, i, mlp_width))
+            Row::FullOwnKvKeqV(mlp_width) => {
+                Layer::FullOwnKvKeqV(FullOwnKvKeqVMoe::load(w, i, mlp_width))
             }
         }
     }
@@ -362,20 +361,20 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::SlidingOwnKvMoe(..) => {
+            Row::SlidingOwnKv(..) => {
                 Some(LayerCache::Sliding(RotatingKvCache::new(8, 0)))
             }
-            Row::FullOwnKvKeqVMoe(..) => Some(LayerCache::Full(KvCache::default())),
+            Row::FullOwnKvKeqV(..) => Some(LayerCache::Full(KvCache::default())),
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::SlidingOwnKvMoe(..) => {
+            Row::SlidingOwnKv(..) => {
                 Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(8, no_padding)))
             }
-            Row::FullOwnKvKeqVMoe(..) => {
+            Row::FullOwnKvKeqV(..) => {
                 Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
             }
         }
@@ -415,7 +414,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         rope_sliding: Rope::base(16, 10000f32),
         rope_full: Rope::proportional(32, 8, 1000000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| row(i).load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -433,7 +432,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| row(i).kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -445,7 +444,7 @@ impl CausalLm for Model {
         let n = ids.shape()[1];
         let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 8)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, 5)?, n, 0)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER)?, n, 0)?;
         let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
         // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
@@ -473,10 +472,10 @@ impl CausalLm for Model {
         let mut kv_caches = cache.kv.iter_mut();
         for layer in &self.layers {
             h = match layer {
-                Layer::SlidingOwnKvMoe(l) => {
+                Layer::SlidingOwnKv(l) => {
                     l.forward(&h, &sliding, next_cache(&mut kv_caches)?)?.0
                 }
-                Layer::FullOwnKvKeqVMoe(l) => {
+                Layer::FullOwnKvKeqV(l) => {
                     l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
                 }
             };
@@ -488,7 +487,7 @@ impl CausalLm for Model {
                         &h,
                         &self.norm,
                         b::Head::Tied(&self.embed),
-                        Some(30f32),
+                        Some(LOGIT_SOFTCAP),
                         EPS,
                     )?,
                     VOCAB,
@@ -506,15 +505,15 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| row(i).batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 8)?;
-        let full_mask = batch_blocks::window_mask(cache.layer(5)?, n, 0)?;
+        let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let sliding_tables = batch_blocks::step_tables(
             &self.rope_sliding,
             cache.layer(0)?,
@@ -528,7 +527,7 @@ impl BatchLm for Model {
         };
         let full_tables = batch_blocks::step_tables(
             &self.rope_full,
-            cache.layer(5)?,
+            cache.layer(FIRST_FULL_LAYER)?,
             n,
             h.dtype(),
         )?;
@@ -541,10 +540,10 @@ impl BatchLm for Model {
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         for (i, layer) in self.layers.iter().enumerate() {
             h = match layer {
-                Layer::SlidingOwnKvMoe(l) => {
+                Layer::SlidingOwnKv(l) => {
                     l.forward_batch(&h, &sliding, cache.layer_mut(i)?)?.0
                 }
-                Layer::FullOwnKvKeqVMoe(l) => {
+                Layer::FullOwnKvKeqV(l) => {
                     l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0
                 }
             };
@@ -553,7 +552,7 @@ impl BatchLm for Model {
             &h,
             &self.norm,
             b::Head::Tied(&self.embed),
-            Some(30f32),
+            Some(LOGIT_SOFTCAP),
             EPS,
         )?;
         if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }

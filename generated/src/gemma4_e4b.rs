@@ -23,9 +23,12 @@ pub const FINGERPRINT: &str = "3be42de5f40b3e39";
 pub const SPEC_SHA256: &str = "988549da2c170aaba86cc7c49da48b6e28d4bd04680c15487bc15d65c034faab";
 const HIDDEN: i32 = 2560;
 const VOCAB: i32 = 262144;
-#[allow(dead_code)]
-const LAYERS: i32 = 42;
+const LAYERS: usize = 42;
 const EPS: f32 = 0.000001f32;
+/// Layer 5, the first with full attention: the window's mask is built from its cache.
+const FIRST_FULL_LAYER: usize = 5;
+/// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
+const LOGIT_SOFTCAP: f32 = 30f32;
 /// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22: sliding-window attention (512), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
 struct SlidingOwnKvPle {
     norms: b::LayerNorms,
@@ -528,89 +531,89 @@ impl FullSharedKvPle {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
-    SlidingOwnKvPle(i32),
-    /// (MLP width)
-    FullOwnKvPle(i32),
-    /// (MLP width, the layer whose K/V it reads)
-    SlidingSharedKvPle(i32, usize),
-    /// (MLP width, the layer whose K/V it reads)
-    FullSharedKvPle(i32, usize),
+    /// A `SlidingOwnKvPle` layer (MLP width).
+    SlidingOwn(i32),
+    /// A `FullOwnKvPle` layer (MLP width).
+    FullOwn(i32),
+    /// A `SlidingSharedKvPle` layer (MLP width, the layer whose K/V it reads).
+    SlidingShared(i32, usize),
+    /// A `FullSharedKvPle` layer (MLP width, the layer whose K/V it reads).
+    FullShared(i32, usize),
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 10240;
+/// Layer 22: the sliding-window (512) layers that share K/V read the K/V it computes (`shared_kv`).
+const SLIDING_DONOR: usize = 22;
+/// Layer 23: the full-attention layers that share K/V read the K/V it computes (`shared_kv`).
+const FULL_DONOR: usize = 23;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 42] = [
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::FullOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::FullOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::FullOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::FullOwnKvPle(MLP_WIDTH),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::FullSharedKvPle(MLP_WIDTH, 23),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::FullSharedKvPle(MLP_WIDTH, 23),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::SlidingSharedKvPle(MLP_WIDTH, 22),
-    Row::FullSharedKvPle(MLP_WIDTH, 23),
+const LAYOUT: [Row; LAYERS] = [
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::FullOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::FullOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::FullOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::SlidingOwn(MLP_WIDTH),
+    Row::FullOwn(MLP_WIDTH),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::FullShared(MLP_WIDTH, FULL_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::FullShared(MLP_WIDTH, FULL_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::SlidingShared(MLP_WIDTH, SLIDING_DONOR),
+    Row::FullShared(MLP_WIDTH, FULL_DONOR),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
-    SlidingOwnKvPle(SlidingOwnKvPle),
-    FullOwnKvPle(FullOwnKvPle),
-    SlidingSharedKvPle(SlidingSharedKvPle),
-    FullSharedKvPle(FullSharedKvPle),
+    SlidingOwn(SlidingOwnKvPle),
+    FullOwn(FullOwnKvPle),
+    SlidingShared(SlidingSharedKvPle),
+    FullShared(FullSharedKvPle),
 }
 impl Row {
     /// Loads layer `i`, whose row this is.
     fn load(self, w: &mut Weights, i: usize) -> Layer {
         match self {
-            Row::SlidingOwnKvPle(mlp_width) => {
-                Layer::SlidingOwnKvPle(SlidingOwnKvPle::load(w, i, mlp_width))
+            Row::SlidingOwn(mlp_width) => {
+                Layer::SlidingOwn(SlidingOwnKvPle::load(w, i, mlp_width))
             }
-            Row::FullOwnKvPle(mlp_width) => {
-                Layer::FullOwnKvPle(FullOwnKvPle::load(w, i, mlp_width))
+            Row::FullOwn(mlp_width) => {
+                Layer::FullOwn(FullOwnKvPle::load(w, i, mlp_width))
             }
-            Row::SlidingSharedKvPle(mlp_width, donor) => {
-                Layer::SlidingSharedKvPle(
-                    SlidingSharedKvPle::load(w, i, mlp_width, donor),
-                )
+            Row::SlidingShared(mlp_width, donor) => {
+                Layer::SlidingShared(SlidingSharedKvPle::load(w, i, mlp_width, donor))
             }
-            Row::FullSharedKvPle(mlp_width, donor) => {
-                Layer::FullSharedKvPle(FullSharedKvPle::load(w, i, mlp_width, donor))
+            Row::FullShared(mlp_width, donor) => {
+                Layer::FullShared(FullSharedKvPle::load(w, i, mlp_width, donor))
             }
         }
     }
@@ -618,28 +621,28 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::SlidingOwnKvPle(..) => {
+            Row::SlidingOwn(..) => {
                 Some(LayerCache::Sliding(RotatingKvCache::new(512, 0)))
             }
-            Row::FullOwnKvPle(..) => Some(LayerCache::Full(KvCache::default())),
-            Row::SlidingSharedKvPle(..) => None,
-            Row::FullSharedKvPle(..) => None,
+            Row::FullOwn(..) => Some(LayerCache::Full(KvCache::default())),
+            Row::SlidingShared(..) => None,
+            Row::FullShared(..) => None,
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::SlidingOwnKvPle(..) => {
+            Row::SlidingOwn(..) => {
                 Some(
                     BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, no_padding)),
                 )
             }
-            Row::FullOwnKvPle(..) => {
+            Row::FullOwn(..) => {
                 Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
             }
-            Row::SlidingSharedKvPle(..) => None,
-            Row::FullSharedKvPle(..) => None,
+            Row::SlidingShared(..) => None,
+            Row::FullShared(..) => None,
         }
     }
 }
@@ -687,11 +690,11 @@ pub struct Cache {
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
-        per_layer: b::load_per_layer_inputs(&mut w, LAYERS, 256, 262144, HIDDEN),
+        per_layer: b::load_per_layer_inputs(&mut w, LAYERS as i32, 256, 262144, HIDDEN),
         rope_sliding: Rope::base(256, 10000f32),
         rope_full: Rope::proportional(512, 128, 1000000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| LAYOUT[i].load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -710,7 +713,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| LAYOUT[i].kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -725,13 +728,13 @@ impl CausalLm for Model {
             ids,
             &h,
             &self.per_layer,
-            LAYERS,
+            LAYERS as i32,
             256,
             HIDDEN,
             EPS,
         )?;
         let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 512)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, 5)?, n, 0)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER)?, n, 0)?;
         let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
         // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
@@ -757,11 +760,11 @@ impl CausalLm for Model {
         };
         let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut kv_caches = cache.kv.iter_mut();
-        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {
-                Layer::SlidingOwnKvPle(l) => {
+                Layer::SlidingOwn(l) => {
                     let (h, kv) = l
                         .forward(
                             &h,
@@ -771,7 +774,7 @@ impl CausalLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::FullOwnKvPle(l) => {
+                Layer::FullOwn(l) => {
                     let (h, kv) = l
                         .forward(
                             &h,
@@ -781,7 +784,7 @@ impl CausalLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::SlidingSharedKvPle(l) => {
+                Layer::SlidingShared(l) => {
                     (
                         l
                             .forward(
@@ -793,7 +796,7 @@ impl CausalLm for Model {
                         None,
                     )
                 }
-                Layer::FullSharedKvPle(l) => {
+                Layer::FullShared(l) => {
                     (
                         l
                             .forward(
@@ -816,7 +819,7 @@ impl CausalLm for Model {
                         &h,
                         &self.norm,
                         b::Head::Tied(&self.embed),
-                        Some(30f32),
+                        Some(LOGIT_SOFTCAP),
                         EPS,
                     )?,
                     VOCAB,
@@ -834,24 +837,24 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| LAYOUT[i].batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let per_layer = b::per_layer_inputs(
             ids,
             &h,
             &self.per_layer,
-            LAYERS,
+            LAYERS as i32,
             256,
             HIDDEN,
             EPS,
         )?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 512)?;
-        let full_mask = batch_blocks::window_mask(cache.layer(5)?, n, 0)?;
+        let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let sliding_tables = batch_blocks::step_tables(
             &self.rope_sliding,
             cache.layer(0)?,
@@ -865,7 +868,7 @@ impl BatchLm for Model {
         };
         let full_tables = batch_blocks::step_tables(
             &self.rope_full,
-            cache.layer(5)?,
+            cache.layer(FIRST_FULL_LAYER)?,
             n,
             h.dtype(),
         )?;
@@ -876,11 +879,11 @@ impl BatchLm for Model {
         };
         let step = sliding_tables.is_some();
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {
-                Layer::SlidingOwnKvPle(l) => {
+                Layer::SlidingOwn(l) => {
                     let (h, kv) = l
                         .forward_batch(
                             &h,
@@ -890,7 +893,7 @@ impl BatchLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::FullOwnKvPle(l) => {
+                Layer::FullOwn(l) => {
                     let (h, kv) = l
                         .forward_batch(
                             &h,
@@ -900,7 +903,7 @@ impl BatchLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::SlidingSharedKvPle(l) => {
+                Layer::SlidingShared(l) => {
                     (
                         l
                             .forward_batch(
@@ -912,7 +915,7 @@ impl BatchLm for Model {
                         None,
                     )
                 }
-                Layer::FullSharedKvPle(l) => {
+                Layer::FullShared(l) => {
                     (
                         l
                             .forward_batch(
@@ -932,7 +935,7 @@ impl BatchLm for Model {
             &h,
             &self.norm,
             b::Head::Tied(&self.embed),
-            Some(30f32),
+            Some(LOGIT_SOFTCAP),
             EPS,
         )?;
         if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }

@@ -25,9 +25,12 @@ pub const FINGERPRINT: &str = "64d825a8815735ef";
 pub const SPEC_SHA256: &str = "a93ffbfb033a9d323b241db3780c8ad60e54b3e27fdc80d0dd5611d532759efe";
 const HIDDEN: i32 = 48;
 const VOCAB: i32 = 384;
-#[allow(dead_code)]
-const LAYERS: i32 = 7;
+const LAYERS: usize = 7;
 const EPS: f32 = 0.000001f32;
+/// Layer 2, the first with full attention: the window's mask is built from its cache.
+const FIRST_FULL_LAYER: usize = 2;
+/// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
+const LOGIT_SOFTCAP: f32 = 20f32;
 /// Layers 0, 1, 3: sliding-window attention (5), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
 struct SlidingOwnKvPle {
     norms: b::LayerNorms,
@@ -530,16 +533,15 @@ impl FullSharedKvPle {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
-    SlidingOwnKvPle(i32),
-    /// (MLP width, K/V cache)
-    FullOwnKvKeqVPle(i32, KvForm),
-    /// (MLP width, the layer whose K/V it reads)
-    SlidingSharedKvPle(i32, usize),
-    /// (MLP width, the layer whose K/V it reads)
-    FullSharedKvPle(i32, usize),
+    /// A `SlidingOwnKvPle` layer (MLP width).
+    SlidingOwnKv(i32),
+    /// A `FullOwnKvKeqVPle` layer (MLP width, K/V cache).
+    FullOwnKvKeqV(i32, KvForm),
+    /// A `SlidingSharedKvPle` layer (MLP width, the layer whose K/V it reads).
+    SlidingSharedKv(i32, usize),
+    /// A `FullSharedKvPle` layer (MLP width, the layer whose K/V it reads).
+    FullSharedKv(i32, usize),
 }
 /// The K/V cache of a full-attention layer: mlx-lm's `KVCache`,
 /// or a quantized one.
@@ -576,47 +578,48 @@ impl KvForm {
 const MLP_WIDTH: i32 = 96;
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH_2: i32 = 192;
+/// Layer 3: the sliding-window (5) layers that share K/V read the K/V it computes (`shared_kv`).
+const SLIDING_DONOR: usize = 3;
+/// Layer 4: the full-attention layers that share K/V read the K/V it computes (`shared_kv`).
+const FULL_DONOR: usize = 4;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 7] = [
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::FullOwnKvKeqVPle(
+const LAYOUT: [Row; LAYERS] = [
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(
         MLP_WIDTH,
         KvForm::Quantized {
             group_size: 32,
             bits: 8,
         },
     ),
-    Row::SlidingOwnKvPle(MLP_WIDTH),
-    Row::FullOwnKvKeqVPle(MLP_WIDTH, KvForm::Plain),
-    Row::SlidingSharedKvPle(MLP_WIDTH_2, 3),
-    Row::FullSharedKvPle(MLP_WIDTH_2, 4),
+    Row::SlidingOwnKv(MLP_WIDTH),
+    Row::FullOwnKvKeqV(MLP_WIDTH, KvForm::Plain),
+    Row::SlidingSharedKv(MLP_WIDTH_2, SLIDING_DONOR),
+    Row::FullSharedKv(MLP_WIDTH_2, FULL_DONOR),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
-    SlidingOwnKvPle(SlidingOwnKvPle),
-    FullOwnKvKeqVPle(FullOwnKvKeqVPle),
-    SlidingSharedKvPle(SlidingSharedKvPle),
-    FullSharedKvPle(FullSharedKvPle),
+    SlidingOwnKv(SlidingOwnKvPle),
+    FullOwnKvKeqV(FullOwnKvKeqVPle),
+    SlidingSharedKv(SlidingSharedKvPle),
+    FullSharedKv(FullSharedKvPle),
 }
 impl Row {
     /// Loads layer `i`, whose row this is.
     fn load(self, w: &mut Weights, i: usize) -> Layer {
         match self {
-            Row::SlidingOwnKvPle(mlp_width) => {
-                Layer::SlidingOwnKvPle(SlidingOwnKvPle::load(w, i, mlp_width))
+            Row::SlidingOwnKv(mlp_width) => {
+                Layer::SlidingOwnKv(SlidingOwnKvPle::load(w, i, mlp_width))
             }
-            Row::FullOwnKvKeqVPle(mlp_width, _) => {
-                Layer::FullOwnKvKeqVPle(FullOwnKvKeqVPle::load(w, i, mlp_width))
+            Row::FullOwnKvKeqV(mlp_width, _) => {
+                Layer::FullOwnKvKeqV(FullOwnKvKeqVPle::load(w, i, mlp_width))
             }
-            Row::SlidingSharedKvPle(mlp_width, donor) => {
-                Layer::SlidingSharedKvPle(
-                    SlidingSharedKvPle::load(w, i, mlp_width, donor),
-                )
+            Row::SlidingSharedKv(mlp_width, donor) => {
+                Layer::SlidingSharedKv(SlidingSharedKvPle::load(w, i, mlp_width, donor))
             }
-            Row::FullSharedKvPle(mlp_width, donor) => {
-                Layer::FullSharedKvPle(FullSharedKvPle::load(w, i, mlp_width, donor))
+            Row::FullSharedKv(mlp_width, donor) => {
+                Layer::FullSharedKv(FullSharedKvPle::load(w, i, mlp_width, donor))
             }
         }
     }
@@ -624,24 +627,24 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::SlidingOwnKvPle(..) => {
+            Row::SlidingOwnKv(..) => {
                 Some(LayerCache::Sliding(RotatingKvCache::new(5, 0)))
             }
-            Row::FullOwnKvKeqVPle(_, cache) => Some(cache.make()),
-            Row::SlidingSharedKvPle(..) => None,
-            Row::FullSharedKvPle(..) => None,
+            Row::FullOwnKvKeqV(_, cache) => Some(cache.make()),
+            Row::SlidingSharedKv(..) => None,
+            Row::FullSharedKv(..) => None,
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::SlidingOwnKvPle(..) => {
+            Row::SlidingOwnKv(..) => {
                 Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(5, no_padding)))
             }
-            Row::FullOwnKvKeqVPle(_, cache) => Some(cache.make_batch(no_padding)),
-            Row::SlidingSharedKvPle(..) => None,
-            Row::FullSharedKvPle(..) => None,
+            Row::FullOwnKvKeqV(_, cache) => Some(cache.make_batch(no_padding)),
+            Row::SlidingSharedKv(..) => None,
+            Row::FullSharedKv(..) => None,
         }
     }
 }
@@ -690,11 +693,11 @@ pub struct Cache {
 pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
-        per_layer: b::load_per_layer_inputs(&mut w, LAYERS, 8, 384, HIDDEN),
+        per_layer: b::load_per_layer_inputs(&mut w, LAYERS as i32, 8, 384, HIDDEN),
         rope_sliding: Rope::base(16, 20000f32),
         rope_full: Rope::proportional(32, 16, 500000f32, 1f32)
             .map_err(|e| ModelError(e.to_string()))?,
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| LAYOUT[i].load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
         lm_head: w.linear("lm_head", VOCAB, HIDDEN),
     };
@@ -714,7 +717,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| LAYOUT[i].kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -729,13 +732,13 @@ impl CausalLm for Model {
             ids,
             &h,
             &self.per_layer,
-            LAYERS,
+            LAYERS as i32,
             8,
             HIDDEN,
             EPS,
         )?;
         let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 5)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, 2)?, n, 0)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER)?, n, 0)?;
         let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
         // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
@@ -761,11 +764,11 @@ impl CausalLm for Model {
         };
         let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut kv_caches = cache.kv.iter_mut();
-        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {
-                Layer::SlidingOwnKvPle(l) => {
+                Layer::SlidingOwnKv(l) => {
                     let (h, kv) = l
                         .forward(
                             &h,
@@ -775,7 +778,7 @@ impl CausalLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::FullOwnKvKeqVPle(l) => {
+                Layer::FullOwnKvKeqV(l) => {
                     let (h, kv) = l
                         .forward(
                             &h,
@@ -785,7 +788,7 @@ impl CausalLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::SlidingSharedKvPle(l) => {
+                Layer::SlidingSharedKv(l) => {
                     (
                         l
                             .forward(
@@ -797,7 +800,7 @@ impl CausalLm for Model {
                         None,
                     )
                 }
-                Layer::FullSharedKvPle(l) => {
+                Layer::FullSharedKv(l) => {
                     (
                         l
                             .forward(
@@ -820,7 +823,7 @@ impl CausalLm for Model {
                         &h,
                         &self.norm,
                         b::Head::Untied(&self.lm_head),
-                        Some(20f32),
+                        Some(LOGIT_SOFTCAP),
                         EPS,
                     )?,
                     VOCAB,
@@ -838,24 +841,24 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| LAYOUT[i].batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
         let per_layer = b::per_layer_inputs(
             ids,
             &h,
             &self.per_layer,
-            LAYERS,
+            LAYERS as i32,
             8,
             HIDDEN,
             EPS,
         )?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 5)?;
-        let full_mask = batch_blocks::window_mask(cache.layer(2)?, n, 0)?;
+        let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let sliding_tables = batch_blocks::step_tables(
             &self.rope_sliding,
             cache.layer(0)?,
@@ -869,7 +872,7 @@ impl BatchLm for Model {
         };
         let full_tables = batch_blocks::step_tables(
             &self.rope_full,
-            cache.layer(2)?,
+            cache.layer(FIRST_FULL_LAYER)?,
             n,
             h.dtype(),
         )?;
@@ -880,11 +883,11 @@ impl BatchLm for Model {
         };
         let step = sliding_tables.is_some();
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
-        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+        let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
         for (i, layer) in self.layers.iter().enumerate() {
             let per_layer_input = b::per_layer_slice(&per_layer, i as i32)?;
             let (out, kv) = match layer {
-                Layer::SlidingOwnKvPle(l) => {
+                Layer::SlidingOwnKv(l) => {
                     let (h, kv) = l
                         .forward_batch(
                             &h,
@@ -894,7 +897,7 @@ impl BatchLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::FullOwnKvKeqVPle(l) => {
+                Layer::FullOwnKvKeqV(l) => {
                     let (h, kv) = l
                         .forward_batch(
                             &h,
@@ -904,7 +907,7 @@ impl BatchLm for Model {
                         )?;
                     (h, Some(kv))
                 }
-                Layer::SlidingSharedKvPle(l) => {
+                Layer::SlidingSharedKv(l) => {
                     (
                         l
                             .forward_batch(
@@ -916,7 +919,7 @@ impl BatchLm for Model {
                         None,
                     )
                 }
-                Layer::FullSharedKvPle(l) => {
+                Layer::FullSharedKv(l) => {
                     (
                         l
                             .forward_batch(
@@ -936,7 +939,7 @@ impl BatchLm for Model {
             &h,
             &self.norm,
             b::Head::Untied(&self.lm_head),
-            Some(20f32),
+            Some(LOGIT_SOFTCAP),
             EPS,
         )?;
         if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }

@@ -23,10 +23,11 @@ pub const FINGERPRINT: &str = "ee65d3b8ca1dbca4";
 pub const SPEC_SHA256: &str = "09e8bf9041f43bdb4ff14a33e9524d50c9c9b62ae2218a305d7226f85871b11e";
 const HIDDEN: i32 = 1152;
 const VOCAB: i32 = 262144;
-#[allow(dead_code)]
-const LAYERS: i32 = 6;
+const LAYERS: usize = 6;
 const EPS: f32 = 0.000001f32;
-/// Layers 0, 1, 2, 3, 4: sliding-window attention (512), sandwich norms, norm weights 1 + w, computes its own K/V, per-head q/k RMSNorm, weights 1 + w, GELU-then-multiply MLP.
+/// Layer 5, the first with full attention: the window's mask is built from its cache.
+const FIRST_FULL_LAYER: usize = 5;
+/// Layers 0 to 4: sliding-window attention (512), sandwich norms, norm weights 1 + w, computes its own K/V, per-head q/k RMSNorm, weights 1 + w, GELU-then-multiply MLP.
 struct SlidingOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -318,64 +319,56 @@ impl FullOwnKv {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
-    SlidingOwnKv(i32),
-    /// (MLP width)
-    FullOwnKv(i32),
+    /// A `SlidingOwnKv` layer (MLP width).
+    Sliding(i32),
+    /// A `FullOwnKv` layer (MLP width).
+    Full(i32),
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 6912;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 6] = [
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::SlidingOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
+const LAYOUT: [Row; LAYERS] = [
+    Row::Sliding(MLP_WIDTH),
+    Row::Sliding(MLP_WIDTH),
+    Row::Sliding(MLP_WIDTH),
+    Row::Sliding(MLP_WIDTH),
+    Row::Sliding(MLP_WIDTH),
+    Row::Full(MLP_WIDTH),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
-    SlidingOwnKv(SlidingOwnKv),
-    FullOwnKv(FullOwnKv),
+    Sliding(SlidingOwnKv),
+    Full(FullOwnKv),
 }
 impl Row {
     /// Loads layer `i`, whose row this is.
     fn load(self, w: &mut Weights, i: usize) -> Layer {
         match self {
-            Row::SlidingOwnKv(mlp_width) => {
-                Layer::SlidingOwnKv(SlidingOwnKv::load(w, i, mlp_width))
+            Row::Sliding(mlp_width) => {
+                Layer::Sliding(SlidingOwnKv::load(w, i, mlp_width))
             }
-            Row::FullOwnKv(mlp_width) => {
-                Layer::FullOwnKv(FullOwnKv::load(w, i, mlp_width))
-            }
+            Row::Full(mlp_width) => Layer::Full(FullOwnKv::load(w, i, mlp_width)),
         }
     }
     /// The layer's K/V cache for one sequence (`make_prompt_cache`),
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::SlidingOwnKv(..) => {
-                Some(LayerCache::Sliding(RotatingKvCache::new(512, 0)))
-            }
-            Row::FullOwnKv(..) => Some(LayerCache::Full(KvCache::default())),
+            Row::Sliding(..) => Some(LayerCache::Sliding(RotatingKvCache::new(512, 0))),
+            Row::Full(..) => Some(LayerCache::Full(KvCache::default())),
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::SlidingOwnKv(..) => {
+            Row::Sliding(..) => {
                 Some(
                     BatchLayerCache::Sliding(BatchRotatingKvCache::new(512, no_padding)),
                 )
             }
-            Row::FullOwnKv(..) => {
-                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
-            }
+            Row::Full(..) => Some(BatchLayerCache::Full(BatchKvCache::new(no_padding))),
         }
     }
 }
@@ -412,7 +405,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_sliding: Rope::base(256, 10000f32),
         rope_full: Rope::base(256, 1000000f32),
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| LAYOUT[i].load(&mut w, i)).collect(),
         norm: b::load_norm_weight(&mut w, "norm.weight", HIDDEN, b::NormWeight::OnePlus),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -430,7 +423,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| LAYOUT[i].kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -442,7 +435,7 @@ impl CausalLm for Model {
         let n = ids.shape()[1];
         let h = b::embed(&self.embed, ids, b::EmbedScale::Constant(34f64), HIDDEN)?;
         let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 512)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, 5)?, n, 0)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER)?, n, 0)?;
         let offset = kv_at(&cache.kv, 0)?.offset();
         let step = n == 1 && decode::enabled();
         // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
@@ -470,12 +463,10 @@ impl CausalLm for Model {
         let mut kv_caches = cache.kv.iter_mut();
         for layer in &self.layers {
             h = match layer {
-                Layer::SlidingOwnKv(l) => {
+                Layer::Sliding(l) => {
                     l.forward(&h, &sliding, next_cache(&mut kv_caches)?)?.0
                 }
-                Layer::FullOwnKv(l) => {
-                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
-                }
+                Layer::Full(l) => l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0,
             };
         }
         let (out, width) = match readout {
@@ -497,15 +488,15 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| LAYOUT[i].batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::Constant(34f64), HIDDEN)?;
         let sliding_mask = batch_blocks::window_mask(cache.layer(0)?, n, 512)?;
-        let full_mask = batch_blocks::window_mask(cache.layer(5)?, n, 0)?;
+        let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let sliding_tables = batch_blocks::step_tables(
             &self.rope_sliding,
             cache.layer(0)?,
@@ -519,7 +510,7 @@ impl BatchLm for Model {
         };
         let full_tables = batch_blocks::step_tables(
             &self.rope_full,
-            cache.layer(5)?,
+            cache.layer(FIRST_FULL_LAYER)?,
             n,
             h.dtype(),
         )?;
@@ -532,10 +523,10 @@ impl BatchLm for Model {
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         for (i, layer) in self.layers.iter().enumerate() {
             h = match layer {
-                Layer::SlidingOwnKv(l) => {
+                Layer::Sliding(l) => {
                     l.forward_batch(&h, &sliding, cache.layer_mut(i)?)?.0
                 }
-                Layer::FullOwnKv(l) => l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0,
+                Layer::Full(l) => l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0,
             };
         }
         let logits = b::logits(&h, &self.norm, b::Head::Tied(&self.embed), None, EPS)?;

@@ -22,10 +22,9 @@ pub const FINGERPRINT: &str = "d421dc6e724c589e";
 pub const SPEC_SHA256: &str = "17e7f2c8c366b74fe690fc899cb40e4bb4c6773df6c26bcd0e0b54fb5fdcef4a";
 const HIDDEN: i32 = 96;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 4;
+const LAYERS: usize = 4;
 const EPS: f32 = 0.00001f32;
-/// Layers 0, 1, 2, 3: full attention, pre-norm, computes its own K/V, SwiGLU MLP, residual branches × 1.4 / sqrt(4).
+/// Layers 0 to 3: full attention, pre-norm, computes its own K/V, SwiGLU MLP, residual branches × 1.4 / sqrt(4).
 struct FullOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -154,53 +153,8 @@ impl FullOwnKv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// A layer's kind and the facts its kind leaves open (each variant names them).
-#[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
-enum Row {
-    /// (MLP width)
-    FullOwnKv(i32),
-}
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 192;
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 4] = [
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-];
-/// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
-enum Layer {
-    FullOwnKv(FullOwnKv),
-}
-impl Row {
-    /// Loads layer `i`, whose row this is.
-    fn load(self, w: &mut Weights, i: usize) -> Layer {
-        match self {
-            Row::FullOwnKv(mlp_width) => {
-                Layer::FullOwnKv(FullOwnKv::load(w, i, mlp_width))
-            }
-        }
-    }
-    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
-    /// for a layer that computes its own K/V.
-    fn kv_cache(self) -> Option<LayerCache> {
-        match self {
-            Row::FullOwnKv(..) => Some(LayerCache::Full(KvCache::default())),
-        }
-    }
-    /// The layer's merged cache for a batch of fresh sequences
-    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
-    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
-        match self {
-            Row::FullOwnKv(..) => {
-                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
-            }
-        }
-    }
-}
 /// Cache `k` of those `make_cache` made.
 fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
     caches.get(k).ok_or_else(missing_cache)
@@ -219,7 +173,7 @@ fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
 pub struct Model {
     embed: Embedding,
     rope_full: Rope,
-    layers: Vec<Layer>,
+    layers: Vec<FullOwnKv>,
     norm: Array,
     lm_head: Linear,
 }
@@ -233,7 +187,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(16, 1000000f32),
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| FullOwnKv::load(&mut w, i, MLP_WIDTH)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
         lm_head: w.linear("lm_head", VOCAB, HIDDEN),
     };
@@ -252,7 +206,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).map(|_| LayerCache::Full(KvCache::default())).collect(),
         }
     }
     fn forward_to(
@@ -280,11 +234,7 @@ impl CausalLm for Model {
         let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut kv_caches = cache.kv.iter_mut();
         for layer in &self.layers {
-            h = match layer {
-                Layer::FullOwnKv(l) => {
-                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
-                }
-            };
+            h = layer.forward(&h, &full, next_cache(&mut kv_caches)?)?.0;
         }
         let (out, width) = match readout {
             Readout::Logits => {
@@ -312,11 +262,13 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS)
+                .map(|_| Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))))
+                .collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::Constant(12f64), HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;
@@ -334,9 +286,7 @@ impl BatchLm for Model {
         let step = full_tables.is_some();
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         for (i, layer) in self.layers.iter().enumerate() {
-            h = match layer {
-                Layer::FullOwnKv(l) => l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0,
-            };
+            h = layer.forward_batch(&h, &full, cache.layer_mut(i)?)?.0;
         }
         let logits = b::logits_scaled(
             &h,

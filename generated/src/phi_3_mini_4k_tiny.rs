@@ -21,10 +21,9 @@ pub const FINGERPRINT: &str = "710c17eeca2c9220";
 pub const SPEC_SHA256: &str = "34b25a849f3fee9c300829af5782263543c950d4c499b7dbead39b7c885911cd";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 4;
+const LAYERS: usize = 4;
 const EPS: f32 = 0.00001f32;
-/// Layers 0, 1, 2, 3: full attention, pre-norm, computes its own K/V, one fused qkv_proj, split, SwiGLU MLP (one fused gate_up_proj, split).
+/// Layers 0 to 3: full attention, pre-norm, computes its own K/V, one fused qkv_proj, split, SwiGLU MLP (one fused gate_up_proj, split).
 struct FullFusedQkvOwnKv {
     norms: b::LayerNorms,
     attn: b::FusedQkvAttention,
@@ -109,53 +108,8 @@ impl FullFusedQkvOwnKv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// A layer's kind and the facts its kind leaves open (each variant names them).
-#[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
-enum Row {
-    /// (MLP width)
-    FullFusedQkvOwnKv(i32),
-}
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 4] = [
-    Row::FullFusedQkvOwnKv(MLP_WIDTH),
-    Row::FullFusedQkvOwnKv(MLP_WIDTH),
-    Row::FullFusedQkvOwnKv(MLP_WIDTH),
-    Row::FullFusedQkvOwnKv(MLP_WIDTH),
-];
-/// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
-enum Layer {
-    FullFusedQkvOwnKv(FullFusedQkvOwnKv),
-}
-impl Row {
-    /// Loads layer `i`, whose row this is.
-    fn load(self, w: &mut Weights, i: usize) -> Layer {
-        match self {
-            Row::FullFusedQkvOwnKv(mlp_width) => {
-                Layer::FullFusedQkvOwnKv(FullFusedQkvOwnKv::load(w, i, mlp_width))
-            }
-        }
-    }
-    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
-    /// for a layer that computes its own K/V.
-    fn kv_cache(self) -> Option<LayerCache> {
-        match self {
-            Row::FullFusedQkvOwnKv(..) => Some(LayerCache::Full(KvCache::default())),
-        }
-    }
-    /// The layer's merged cache for a batch of fresh sequences
-    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
-    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
-        match self {
-            Row::FullFusedQkvOwnKv(..) => {
-                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
-            }
-        }
-    }
-}
 /// Cache `k` of those `make_cache` made.
 fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
     caches.get(k).ok_or_else(missing_cache)
@@ -174,7 +128,7 @@ fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
 pub struct Model {
     embed: Embedding,
     rope_full: Rope,
-    layers: Vec<Layer>,
+    layers: Vec<FullFusedQkvOwnKv>,
     norm: Array,
     lm_head: Linear,
 }
@@ -188,7 +142,9 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(16, 10000f32),
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS)
+            .map(|i| FullFusedQkvOwnKv::load(&mut w, i, MLP_WIDTH))
+            .collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
         lm_head: w.linear("lm_head", VOCAB, HIDDEN),
     };
@@ -207,7 +163,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).map(|_| LayerCache::Full(KvCache::default())).collect(),
         }
     }
     fn forward_to(
@@ -226,11 +182,7 @@ impl CausalLm for Model {
         };
         let mut kv_caches = cache.kv.iter_mut();
         for layer in &self.layers {
-            h = match layer {
-                Layer::FullFusedQkvOwnKv(l) => {
-                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
-                }
-            };
+            h = layer.forward(&h, &full, next_cache(&mut kv_caches)?)?.0;
         }
         match readout {
             Readout::Logits => {
@@ -254,11 +206,13 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS)
+                .map(|_| Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))))
+                .collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;
@@ -268,11 +222,7 @@ impl BatchLm for Model {
             mask: &full_mask,
         };
         for (i, layer) in self.layers.iter().enumerate() {
-            h = match layer {
-                Layer::FullFusedQkvOwnKv(l) => {
-                    l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0
-                }
-            };
+            h = layer.forward_batch(&h, &full, cache.layer_mut(i)?)?.0;
         }
         let logits = b::logits(
             &h,

@@ -21,10 +21,9 @@ pub const FINGERPRINT: &str = "b8c67345c3c36c95";
 pub const SPEC_SHA256: &str = "0c25c78368747cb91a8c487fbc6f2e62ec255e8c341f505e49c6df01d2237bc8";
 const HIDDEN: i32 = 896;
 const VOCAB: i32 = 151936;
-#[allow(dead_code)]
-const LAYERS: i32 = 4;
+const LAYERS: usize = 4;
 const EPS: f32 = 0.000001f32;
-/// Layers 0, 1, 2, 3: full attention, pre-norm, computes its own K/V, q/k/v bias, SwiGLU MLP.
+/// Layers 0 to 3: full attention, pre-norm, computes its own K/V, q/k/v bias, SwiGLU MLP.
 struct FullOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -159,53 +158,8 @@ impl FullOwnKv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// A layer's kind and the facts its kind leaves open (each variant names them).
-#[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
-enum Row {
-    /// (MLP width)
-    FullOwnKv(i32),
-}
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 4864;
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 4] = [
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-];
-/// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
-enum Layer {
-    FullOwnKv(FullOwnKv),
-}
-impl Row {
-    /// Loads layer `i`, whose row this is.
-    fn load(self, w: &mut Weights, i: usize) -> Layer {
-        match self {
-            Row::FullOwnKv(mlp_width) => {
-                Layer::FullOwnKv(FullOwnKv::load(w, i, mlp_width))
-            }
-        }
-    }
-    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
-    /// for a layer that computes its own K/V.
-    fn kv_cache(self) -> Option<LayerCache> {
-        match self {
-            Row::FullOwnKv(..) => Some(LayerCache::Full(KvCache::default())),
-        }
-    }
-    /// The layer's merged cache for a batch of fresh sequences
-    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
-    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
-        match self {
-            Row::FullOwnKv(..) => {
-                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
-            }
-        }
-    }
-}
 /// Cache `k` of those `make_cache` made.
 fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
     caches.get(k).ok_or_else(missing_cache)
@@ -224,7 +178,7 @@ fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
 pub struct Model {
     embed: Embedding,
     rope_full: Rope,
-    layers: Vec<Layer>,
+    layers: Vec<FullOwnKv>,
     norm: Array,
 }
 /// The caches of one sequence: one per layer that computes its own K/V.
@@ -237,7 +191,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(64, 1000000f32),
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| FullOwnKv::load(&mut w, i, MLP_WIDTH)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -255,7 +209,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).map(|_| LayerCache::Full(KvCache::default())).collect(),
         }
     }
     fn forward_to(
@@ -283,11 +237,7 @@ impl CausalLm for Model {
         let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut kv_caches = cache.kv.iter_mut();
         for layer in &self.layers {
-            h = match layer {
-                Layer::FullOwnKv(l) => {
-                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
-                }
-            };
+            h = layer.forward(&h, &full, next_cache(&mut kv_caches)?)?.0;
         }
         let (out, width) = match readout {
             Readout::Logits => {
@@ -308,11 +258,13 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS)
+                .map(|_| Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))))
+                .collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;
@@ -330,9 +282,7 @@ impl BatchLm for Model {
         let step = full_tables.is_some();
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         for (i, layer) in self.layers.iter().enumerate() {
-            h = match layer {
-                Layer::FullOwnKv(l) => l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0,
-            };
+            h = layer.forward_batch(&h, &full, cache.layer_mut(i)?)?.0;
         }
         let logits = b::logits(&h, &self.norm, b::Head::Tied(&self.embed), None, EPS)?;
         if step { logits.reshape(&[-1, 1, VOCAB]) } else { Ok(logits) }

@@ -22,10 +22,9 @@ pub const FINGERPRINT: &str = "597b78cec06d5014";
 pub const SPEC_SHA256: &str = "3c055d63d600e1b109bac747526642c778efb1c9441544e4235e527baf50b95b";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 4;
+const LAYERS: usize = 4;
 const EPS: f32 = 0.000001f32;
-/// Layers 0, 1, 2, 3: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, SwiGLU MLP.
+/// Layers 0 to 3: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, SwiGLU MLP.
 struct FullOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -154,9 +153,8 @@ impl FullOwnKv {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width, K/V cache)
+    /// A `FullOwnKv` layer (MLP width, K/V cache).
     FullOwnKv(i32, KvForm),
 }
 /// The K/V cache of a full-attention layer: mlx-lm's `KVCache`,
@@ -196,7 +194,7 @@ impl KvForm {
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 4] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::FullOwnKv(
         MLP_WIDTH,
         KvForm::QuantizedAfterForward {
@@ -217,7 +215,6 @@ const LAYOUT: [Row; 4] = [
     Row::FullOwnKv(MLP_WIDTH, KvForm::Plain),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     FullOwnKv(FullOwnKv),
 }
@@ -276,7 +273,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(32, 1000000f32),
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| LAYOUT[i].load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -294,7 +291,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| LAYOUT[i].kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -347,11 +344,11 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| LAYOUT[i].batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;

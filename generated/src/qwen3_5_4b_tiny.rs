@@ -23,9 +23,10 @@ pub const FINGERPRINT: &str = "8d56be4bffdcf78f";
 pub const SPEC_SHA256: &str = "6d0c77f4b3bf462851fc4cb81b9dca433c8152f18683c3326bbd0bd55c4b42da";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 8;
+const LAYERS: usize = 8;
 const EPS: f32 = 0.000001f32;
+/// Layer 3, the first with full attention: the window's mask is built from its cache.
+const FIRST_FULL_LAYER: usize = 3;
 /// Layers 0, 1, 2, 4, 5, 6: Gated DeltaNet linear attention (2 key / 4 value heads, conv kernel 4; conv and recurrent state), pre-norm, SwiGLU MLP.
 struct LinearDeltaNet {
     norms: b::LayerNorms,
@@ -189,28 +190,26 @@ impl FullGatedOwnKv {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
+    /// A `LinearDeltaNet` layer (MLP width).
     LinearDeltaNet(i32),
-    /// (MLP width)
+    /// A `FullGatedOwnKv` layer (MLP width).
     FullGatedOwnKv(i32),
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 8] = [
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::FullGatedOwnKv(MLP_WIDTH),
+/// The layers repeat these 4 rows: layer `i` is row `i % 4`.
+const PATTERN: [Row; 4] = [
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::FullGatedOwnKv(MLP_WIDTH),
 ];
+/// Layer `i`'s row.
+fn row(i: usize) -> Row {
+    PATTERN[i % PATTERN.len()]
+}
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     LinearDeltaNet(LinearDeltaNet),
     FullGatedOwnKv(FullGatedOwnKv),
@@ -292,7 +291,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(4, 10000000f32),
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| row(i).load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -310,8 +309,8 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
-            states: LAYOUT.iter().filter_map(|row| row.state()).collect(),
+            kv: (0..LAYERS).filter_map(|i| row(i).kv_cache()).collect(),
+            states: (0..LAYERS).filter_map(|i| row(i).state()).collect(),
         }
     }
     fn forward_to(
@@ -360,14 +359,14 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| row(i).batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;
+        let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let ssm_mask = cache.ssm_mask(n)?;
         let full = WindowStep {
             rope: &self.rope_full,

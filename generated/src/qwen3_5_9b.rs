@@ -24,9 +24,10 @@ pub const FINGERPRINT: &str = "725f1e9108173385";
 pub const SPEC_SHA256: &str = "49fd8ec7b9fcb10352b3f38e7b7ed7bf97e34cd9eabc5143e6be1a0a401c5acc";
 const HIDDEN: i32 = 4096;
 const VOCAB: i32 = 248320;
-#[allow(dead_code)]
-const LAYERS: i32 = 32;
+const LAYERS: usize = 32;
 const EPS: f32 = 0.000001f32;
+/// Layer 3, the first with full attention: the window's mask is built from its cache.
+const FIRST_FULL_LAYER: usize = 3;
 /// Layers 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25, 26, 28, 29, 30: Gated DeltaNet linear attention (16 key / 32 value heads, conv kernel 4; conv and recurrent state), pre-norm, SwiGLU MLP.
 struct LinearDeltaNet {
     norms: b::LayerNorms,
@@ -190,52 +191,26 @@ impl FullGatedOwnKv {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
+    /// A `LinearDeltaNet` layer (MLP width).
     LinearDeltaNet(i32),
-    /// (MLP width)
+    /// A `FullGatedOwnKv` layer (MLP width).
     FullGatedOwnKv(i32),
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 12288;
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 32] = [
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::FullGatedOwnKv(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::FullGatedOwnKv(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::FullGatedOwnKv(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::FullGatedOwnKv(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::FullGatedOwnKv(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::FullGatedOwnKv(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::LinearDeltaNet(MLP_WIDTH),
-    Row::FullGatedOwnKv(MLP_WIDTH),
+/// The layers repeat these 4 rows: layer `i` is row `i % 4`.
+const PATTERN: [Row; 4] = [
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::LinearDeltaNet(MLP_WIDTH),
     Row::FullGatedOwnKv(MLP_WIDTH),
 ];
+/// Layer `i`'s row.
+fn row(i: usize) -> Row {
+    PATTERN[i % PATTERN.len()]
+}
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     LinearDeltaNet(LinearDeltaNet),
     FullGatedOwnKv(FullGatedOwnKv),
@@ -318,7 +293,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(64, 10000000f32),
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| row(i).load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
         lm_head: w.linear("lm_head", VOCAB, HIDDEN),
     };
@@ -337,8 +312,8 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
-            states: LAYOUT.iter().filter_map(|row| row.state()).collect(),
+            kv: (0..LAYERS).filter_map(|i| row(i).kv_cache()).collect(),
+            states: (0..LAYERS).filter_map(|i| row(i).state()).collect(),
         }
     }
     fn forward_to(
@@ -387,14 +362,14 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| row(i).batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;
+        let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let ssm_mask = cache.ssm_mask(n)?;
         let full = WindowStep {
             rope: &self.rope_full,

@@ -24,9 +24,10 @@ pub const FINGERPRINT: &str = "070be3b561df7881";
 pub const SPEC_SHA256: &str = "df12db3615d2e4d473f76f0832feafe7aa09ffc51854a14ef0eec74f095fc951";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 8;
+const LAYERS: usize = 8;
 const EPS: f32 = 0.000001f32;
+/// Layer 3, the first with full attention: the window's mask is built from its cache.
+const FIRST_FULL_LAYER: usize = 3;
 /// Layers 0, 1, 2, 4, 5, 6: Gated DeltaNet linear attention (2 key / 4 value heads, conv kernel 4; conv and recurrent state), pre-norm, 8 routed experts (top-4) and a shared expert of width 32 in place of the MLP.
 struct LinearDeltaNetSharedExperts {
     norms: b::LayerNorms,
@@ -210,41 +211,37 @@ impl FullGatedOwnKvSharedExperts {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    LinearDeltaNetSharedExperts,
-    FullGatedOwnKvSharedExperts,
+    /// A `LinearDeltaNetSharedExperts` layer.
+    LinearDeltaNet,
+    /// A `FullGatedOwnKvSharedExperts` layer.
+    FullGatedOwnKv,
 }
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 8] = [
-    Row::LinearDeltaNetSharedExperts,
-    Row::LinearDeltaNetSharedExperts,
-    Row::LinearDeltaNetSharedExperts,
-    Row::FullGatedOwnKvSharedExperts,
-    Row::LinearDeltaNetSharedExperts,
-    Row::LinearDeltaNetSharedExperts,
-    Row::LinearDeltaNetSharedExperts,
-    Row::FullGatedOwnKvSharedExperts,
+/// The layers repeat these 4 rows: layer `i` is row `i % 4`.
+const PATTERN: [Row; 4] = [
+    Row::LinearDeltaNet,
+    Row::LinearDeltaNet,
+    Row::LinearDeltaNet,
+    Row::FullGatedOwnKv,
 ];
+/// Layer `i`'s row.
+fn row(i: usize) -> Row {
+    PATTERN[i % PATTERN.len()]
+}
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
-    LinearDeltaNetSharedExperts(LinearDeltaNetSharedExperts),
-    FullGatedOwnKvSharedExperts(FullGatedOwnKvSharedExperts),
+    LinearDeltaNet(LinearDeltaNetSharedExperts),
+    FullGatedOwnKv(FullGatedOwnKvSharedExperts),
 }
 impl Row {
     /// Loads layer `i`, whose row this is.
     fn load(self, w: &mut Weights, i: usize) -> Layer {
         match self {
-            Row::LinearDeltaNetSharedExperts => {
-                Layer::LinearDeltaNetSharedExperts(
-                    LinearDeltaNetSharedExperts::load(w, i),
-                )
+            Row::LinearDeltaNet => {
+                Layer::LinearDeltaNet(LinearDeltaNetSharedExperts::load(w, i))
             }
-            Row::FullGatedOwnKvSharedExperts => {
-                Layer::FullGatedOwnKvSharedExperts(
-                    FullGatedOwnKvSharedExperts::load(w, i),
-                )
+            Row::FullGatedOwnKv => {
+                Layer::FullGatedOwnKv(FullGatedOwnKvSharedExperts::load(w, i))
             }
         }
     }
@@ -252,31 +249,29 @@ impl Row {
     /// for a layer that computes its own K/V.
     fn kv_cache(self) -> Option<LayerCache> {
         match self {
-            Row::LinearDeltaNetSharedExperts => None,
-            Row::FullGatedOwnKvSharedExperts => {
-                Some(LayerCache::Full(KvCache::default()))
-            }
+            Row::LinearDeltaNet => None,
+            Row::FullGatedOwnKv => Some(LayerCache::Full(KvCache::default())),
         }
     }
     /// The layer's conv and recurrent state, for a Gated DeltaNet layer.
     fn state(self) -> Option<deltanet::ArraysCache> {
         match self {
-            Row::LinearDeltaNetSharedExperts => Some(deltanet::ArraysCache::default()),
-            Row::FullGatedOwnKvSharedExperts => None,
+            Row::LinearDeltaNet => Some(deltanet::ArraysCache::default()),
+            Row::FullGatedOwnKv => None,
         }
     }
     /// The layer's merged cache for a batch of fresh sequences
     /// (`BatchGenerator`), none for a layer reading a donor's K/V.
     fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
         match self {
-            Row::LinearDeltaNetSharedExperts => {
+            Row::LinearDeltaNet => {
                 Some(
                     BatchLayerCache::Arrays(
                         BatchArraysCache::merged_empty(no_padding.len()),
                     ),
                 )
             }
-            Row::FullGatedOwnKvSharedExperts => {
+            Row::FullGatedOwnKv => {
                 Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
             }
         }
@@ -316,7 +311,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(4, 10000000f32),
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| row(i).load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
         lm_head: w.linear("lm_head", VOCAB, HIDDEN),
     };
@@ -335,8 +330,8 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
-            states: LAYOUT.iter().filter_map(|row| row.state()).collect(),
+            kv: (0..LAYERS).filter_map(|i| row(i).kv_cache()).collect(),
+            states: (0..LAYERS).filter_map(|i| row(i).state()).collect(),
         }
     }
     fn forward_to(
@@ -357,10 +352,8 @@ impl CausalLm for Model {
         let mut states = cache.states.iter_mut();
         for layer in &self.layers {
             h = match layer {
-                Layer::LinearDeltaNetSharedExperts(l) => {
-                    l.forward(&h, next_cache(&mut states)?)?
-                }
-                Layer::FullGatedOwnKvSharedExperts(l) => {
+                Layer::LinearDeltaNet(l) => l.forward(&h, next_cache(&mut states)?)?,
+                Layer::FullGatedOwnKv(l) => {
                     l.forward(&h, &full, next_cache(&mut kv_caches)?)?
                 }
             };
@@ -387,14 +380,14 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| row(i).batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = batch_blocks::window_mask(cache.layer(3)?, n, 0)?;
+        let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let ssm_mask = cache.ssm_mask(n)?;
         let full = WindowStep {
             rope: &self.rope_full,
@@ -403,10 +396,10 @@ impl BatchLm for Model {
         };
         for (i, layer) in self.layers.iter().enumerate() {
             h = match layer {
-                Layer::LinearDeltaNetSharedExperts(l) => {
+                Layer::LinearDeltaNet(l) => {
                     l.forward_batch(&h, cache.arrays_mut(i)?, ssm_mask.as_ref())?
                 }
-                Layer::FullGatedOwnKvSharedExperts(l) => {
+                Layer::FullGatedOwnKv(l) => {
                     l.forward_batch(&h, &full, cache.layer_mut(i)?)?
                 }
             };

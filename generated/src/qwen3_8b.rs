@@ -22,10 +22,9 @@ pub const FINGERPRINT: &str = "3dfdebe7dc6100cc";
 pub const SPEC_SHA256: &str = "50beb3255478bead80a97b10036d3eb6199a90c961d2c28b6c0a23d3b47baeb6";
 const HIDDEN: i32 = 4096;
 const VOCAB: i32 = 151936;
-#[allow(dead_code)]
-const LAYERS: i32 = 36;
+const LAYERS: usize = 36;
 const EPS: f32 = 0.000001f32;
-/// Layers 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, SwiGLU MLP.
+/// Layers 0 to 35: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, SwiGLU MLP.
 struct FullOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -152,85 +151,8 @@ impl FullOwnKv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// A layer's kind and the facts its kind leaves open (each variant names them).
-#[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
-enum Row {
-    /// (MLP width)
-    FullOwnKv(i32),
-}
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 12288;
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 36] = [
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-];
-/// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
-enum Layer {
-    FullOwnKv(FullOwnKv),
-}
-impl Row {
-    /// Loads layer `i`, whose row this is.
-    fn load(self, w: &mut Weights, i: usize) -> Layer {
-        match self {
-            Row::FullOwnKv(mlp_width) => {
-                Layer::FullOwnKv(FullOwnKv::load(w, i, mlp_width))
-            }
-        }
-    }
-    /// The layer's K/V cache for one sequence (`make_prompt_cache`),
-    /// for a layer that computes its own K/V.
-    fn kv_cache(self) -> Option<LayerCache> {
-        match self {
-            Row::FullOwnKv(..) => Some(LayerCache::Full(KvCache::default())),
-        }
-    }
-    /// The layer's merged cache for a batch of fresh sequences
-    /// (`BatchGenerator`), none for a layer reading a donor's K/V.
-    fn batch_cache(self, no_padding: &[i32]) -> Option<BatchLayerCache> {
-        match self {
-            Row::FullOwnKv(..) => {
-                Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
-            }
-        }
-    }
-}
 /// Cache `k` of those `make_cache` made.
 fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
     caches.get(k).ok_or_else(missing_cache)
@@ -249,7 +171,7 @@ fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
 pub struct Model {
     embed: Embedding,
     rope_full: Rope,
-    layers: Vec<Layer>,
+    layers: Vec<FullOwnKv>,
     norm: Array,
     lm_head: Linear,
 }
@@ -263,7 +185,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(128, 1000000f32),
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| FullOwnKv::load(&mut w, i, MLP_WIDTH)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
         lm_head: w.linear("lm_head", VOCAB, HIDDEN),
     };
@@ -282,7 +204,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).map(|_| LayerCache::Full(KvCache::default())).collect(),
         }
     }
     fn forward_to(
@@ -310,11 +232,7 @@ impl CausalLm for Model {
         let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut kv_caches = cache.kv.iter_mut();
         for layer in &self.layers {
-            h = match layer {
-                Layer::FullOwnKv(l) => {
-                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
-                }
-            };
+            h = layer.forward(&h, &full, next_cache(&mut kv_caches)?)?.0;
         }
         let (out, width) = match readout {
             Readout::Logits => {
@@ -341,11 +259,13 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS)
+                .map(|_| Some(BatchLayerCache::Full(BatchKvCache::new(&no_padding))))
+                .collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;
@@ -363,9 +283,7 @@ impl BatchLm for Model {
         let step = full_tables.is_some();
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         for (i, layer) in self.layers.iter().enumerate() {
-            h = match layer {
-                Layer::FullOwnKv(l) => l.forward_batch(&h, &full, cache.layer_mut(i)?)?.0,
-            };
+            h = layer.forward_batch(&h, &full, cache.layer_mut(i)?)?.0;
         }
         let logits = b::logits(
             &h,

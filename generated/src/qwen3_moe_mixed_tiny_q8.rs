@@ -21,8 +21,7 @@ pub const FINGERPRINT: &str = "6b87fd623288d2b9";
 pub const SPEC_SHA256: &str = "8cf6a522d9b8cc6cf5440e6b4cc80a2f6b3de9e41230b27e828f5966e60f5eed";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 4;
+const LAYERS: usize = 4;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 2: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, SwiGLU MLP.
 struct FullOwnKv {
@@ -289,23 +288,21 @@ impl FullOwnKvExperts {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
+    /// A `FullOwnKv` layer (MLP width).
     FullOwnKv(i32),
+    /// A `FullOwnKvExperts` layer.
     FullOwnKvExperts,
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 96;
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 4] = [
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKvExperts,
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKvExperts,
-];
+/// The layers repeat these 2 rows: layer `i` is row `i % 2`.
+const PATTERN: [Row; 2] = [Row::FullOwnKv(MLP_WIDTH), Row::FullOwnKvExperts];
+/// Layer `i`'s row.
+fn row(i: usize) -> Row {
+    PATTERN[i % PATTERN.len()]
+}
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     FullOwnKv(FullOwnKv),
     FullOwnKvExperts(FullOwnKvExperts),
@@ -374,7 +371,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
     let mut model = Model {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(16, 1000000f32),
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| row(i).load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -392,7 +389,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| row(i).kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -448,11 +445,11 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| row(i).batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;

@@ -21,8 +21,7 @@ pub const FINGERPRINT: &str = "054b2bddca8c4b22";
 pub const SPEC_SHA256: &str = "5ca2b00e4caa7cc5876d40444a7ba366fe198191a08f52c967e1a615264c6b0b";
 const HIDDEN: i32 = 2048;
 const VOCAB: i32 = 128256;
-#[allow(dead_code)]
-const LAYERS: i32 = 36;
+const LAYERS: usize = 36;
 const EPS: f32 = 0.000001f32;
 /// Layers 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25, 26, 28, 29, 30, 32, 33, 34: full attention, pre-norm, computes its own K/V, SwiGLU MLP.
 struct FullOwnKv {
@@ -280,56 +279,26 @@ impl FullNoRopeOwnKv {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
+    /// A `FullOwnKv` layer (MLP width).
     FullOwnKv(i32),
-    /// (MLP width)
+    /// A `FullNoRopeOwnKv` layer (MLP width).
     FullNoRopeOwnKv(i32),
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 11008;
-/// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 36] = [
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullOwnKv(MLP_WIDTH),
-    Row::FullNoRopeOwnKv(MLP_WIDTH),
+/// The layers repeat these 4 rows: layer `i` is row `i % 4`.
+const PATTERN: [Row; 4] = [
     Row::FullOwnKv(MLP_WIDTH),
     Row::FullOwnKv(MLP_WIDTH),
     Row::FullOwnKv(MLP_WIDTH),
     Row::FullNoRopeOwnKv(MLP_WIDTH),
 ];
+/// Layer `i`'s row.
+fn row(i: usize) -> Row {
+    PATTERN[i % PATTERN.len()]
+}
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     FullOwnKv(FullOwnKv),
     FullNoRopeOwnKv(FullNoRopeOwnKv),
@@ -400,7 +369,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(128, 5000000f32),
         rope_full_nope: Rope::NoPe,
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| row(i).load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -418,7 +387,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| row(i).kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -484,11 +453,11 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| row(i).batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;

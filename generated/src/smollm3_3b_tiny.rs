@@ -21,10 +21,9 @@ pub const FINGERPRINT: &str = "84c1ff78dfbd6856";
 pub const SPEC_SHA256: &str = "61852a26f360be893d3e631f0f9703f820867cc51ea108cbfafad46e0cf2d53c";
 const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
-#[allow(dead_code)]
-const LAYERS: i32 = 4;
+const LAYERS: usize = 4;
 const EPS: f32 = 0.000001f32;
-/// Layers 0, 1, 2: full attention, pre-norm, computes its own K/V, SwiGLU MLP.
+/// Layers 0 to 2: full attention, pre-norm, computes its own K/V, SwiGLU MLP.
 struct FullOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -280,24 +279,22 @@ impl FullNoRopeOwnKv {
 }
 /// A layer's kind and the facts its kind leaves open (each variant names them).
 #[derive(Clone, Copy)]
-#[allow(clippy::enum_variant_names)]
 enum Row {
-    /// (MLP width)
+    /// A `FullOwnKv` layer (MLP width).
     FullOwnKv(i32),
-    /// (MLP width)
+    /// A `FullNoRopeOwnKv` layer (MLP width).
     FullNoRopeOwnKv(i32),
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
 /// Every layer in order: layer `i` is row `i`.
-const LAYOUT: [Row; 4] = [
+const LAYOUT: [Row; LAYERS] = [
     Row::FullOwnKv(MLP_WIDTH),
     Row::FullOwnKv(MLP_WIDTH),
     Row::FullOwnKv(MLP_WIDTH),
     Row::FullNoRopeOwnKv(MLP_WIDTH),
 ];
 /// One loaded layer, by kind.
-#[allow(clippy::enum_variant_names)]
 enum Layer {
     FullOwnKv(FullOwnKv),
     FullNoRopeOwnKv(FullNoRopeOwnKv),
@@ -368,7 +365,7 @@ pub fn load(mut w: Weights) -> std::result::Result<Model, ModelError> {
         embed: w.embedding("embed_tokens", VOCAB, HIDDEN),
         rope_full: Rope::base(16, 5000000f32),
         rope_full_nope: Rope::NoPe,
-        layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+        layers: (0..LAYERS).map(|i| LAYOUT[i].load(&mut w, i)).collect(),
         norm: w.param("norm.weight", &[HIDDEN]),
     };
     w.finish().map_err(|e| ModelError(e.to_string()))?;
@@ -386,7 +383,7 @@ impl CausalLm for Model {
     }
     fn make_cache(&self) -> Cache {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| LAYOUT[i].kv_cache()).collect(),
         }
     }
     fn forward_to(
@@ -452,11 +449,11 @@ impl BatchLm for Model {
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
         Ok(BatchCache {
-            layers: LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect(),
+            layers: (0..LAYERS).map(|i| LAYOUT[i].batch_cache(&no_padding)).collect(),
         })
     }
     fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-        cache.check_layers(LAYOUT.len())?;
+        cache.check_layers(LAYERS)?;
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;

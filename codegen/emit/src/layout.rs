@@ -3,14 +3,18 @@
 //! layer's K/V cache form, the donor a shared layer reads); `Layer`, one
 //! variant per kind; and the loops of load, `make_cache`,
 //! `make_batch_cache`, `forward` and `forward_batch` over them. A change
-//! to one layer of a spec is a change to its row.
+//! to one layer of a spec is a change to its row. Layers that repeat a run
+//! of rows (five sliding layers then a full one) list the run once,
+//! `PATTERN`, in place of `LAYOUT`. A model whose layers are
+//! all alike (one kind, one MLP width, a plain K/V cache) has neither: its
+//! loops run the kind's struct over `0..LAYERS`.
 
 use archgen_ir::{KvCache, KvSource, Layer, LayerInput, Mixer, OutputGate, Window};
 use archgen_plan::Plan;
 use proc_macro2::{Literal, TokenStream};
 use quote::quote;
 
-use crate::tokens::{ident, lit_i32, rope_context};
+use crate::tokens::{ident, lit_i32, rope_context, window_name};
 
 /// What a kind keeps between steps.
 #[derive(Clone, Copy)]
@@ -25,7 +29,10 @@ enum State {
 
 /// One kind as the model-level loops see it.
 struct KindFacts<'a> {
+    /// The kind's struct.
     name: proc_macro2::Ident,
+    /// Its variant of `Row` and `Layer` (`variant_names`).
+    variant: proc_macro2::Ident,
     /// A layer of the kind (all agree on what is read here).
     layer: &'a Layer,
     state: State,
@@ -56,6 +63,8 @@ pub(crate) struct Layout {
     pub forward_batch: TokenStream,
     /// `make_batch_cache`'s layers, when the model batches.
     pub batch_caches: TokenStream,
+    /// The type of a loaded layer: `Layer`, or the one kind's struct.
+    pub layer_type: TokenStream,
 }
 
 /// Whether any full-attention layer keeps a cache other than plain K/V;
@@ -82,10 +91,57 @@ pub(crate) fn kv_ordinal(plan: &Plan, index: usize) -> usize {
         .count()
 }
 
+/// The words of a camel-case name (`FullOwnKv`: `Full`, `Own`, `Kv`).
+fn camel_words(name: &str) -> Vec<&str> {
+    let mut words = Vec::new();
+    let mut start = 0;
+    for (i, c) in name.char_indices().skip(1) {
+        if c.is_ascii_uppercase() {
+            words.push(&name[start..i]);
+            start = i;
+        }
+    }
+    words.push(&name[start..]);
+    words
+}
+
+/// The variants of `Row` and `Layer`: each kind's name less the words at
+/// its start and end that every kind's name has (`SlidingOwnKvPle` and
+/// `FullOwnKvPle` are `Sliding` and `Full`), so that a variant says what
+/// sets its kind apart and no two read alike (clippy's
+/// `enum_variant_names`). Where that would leave a name empty (one kind's
+/// name is all shared words), or with a single kind, the kinds' names.
+fn variant_names(kinds: &[&str]) -> Vec<String> {
+    let words: Vec<Vec<&str>> = kinds.iter().map(|k| camel_words(k)).collect();
+    let shortest = words.iter().map(Vec::len).min().unwrap_or(0);
+    let shared = |at: &dyn Fn(&Vec<&str>, usize) -> String| {
+        (0..shortest)
+            .take_while(|&i| words.iter().all(|w| at(w, i) == at(&words[0], i)))
+            .count()
+    };
+    let prefix = shared(&|w, i| w[i].to_string());
+    let suffix = shared(&|w, i| w[w.len() - 1 - i].to_string());
+    if kinds.len() < 2 || prefix + suffix >= shortest {
+        return kinds.iter().map(|k| k.to_string()).collect();
+    }
+    words
+        .iter()
+        .map(|w| w[prefix..w.len() - suffix].concat())
+        .collect()
+}
+
 fn kind_facts(plan: &Plan, forms: bool) -> Result<Vec<KindFacts<'_>>, String> {
+    let variants = variant_names(
+        &plan
+            .kinds
+            .iter()
+            .map(|k| k.name.as_str())
+            .collect::<Vec<_>>(),
+    );
     plan.kinds
         .iter()
-        .map(|k| {
+        .zip(variants)
+        .map(|(k, variant)| {
             let first = *k
                 .layers
                 .first()
@@ -108,6 +164,7 @@ fn kind_facts(plan: &Plan, forms: bool) -> Result<Vec<KindFacts<'_>>, String> {
             let cache_form = forms && matches!(state, State::Kv(Window::Full));
             Ok(KindFacts {
                 name: ident(&k.name),
+                variant: ident(&variant),
                 layer,
                 state,
                 mlp_width: layer.mlp().is_some(),
@@ -124,8 +181,13 @@ fn kind_facts(plan: &Plan, forms: bool) -> Result<Vec<KindFacts<'_>>, String> {
 
 /// A row of `LAYOUT`: `Kind(mlp_width, cache, donor)`, each where the
 /// kind has it.
-fn row_tokens(kind: &KindFacts, l: &Layer, widths: &[MlpWidth]) -> Result<TokenStream, String> {
-    let name = &kind.name;
+fn row_tokens(
+    kind: &KindFacts,
+    l: &Layer,
+    widths: &[MlpWidth],
+    donors: &[Donor],
+) -> Result<TokenStream, String> {
+    let name = &kind.variant;
     let mut fields = Vec::new();
     if kind.mlp_width {
         let width = l
@@ -163,8 +225,12 @@ fn row_tokens(kind: &KindFacts, l: &Layer, widths: &[MlpWidth]) -> Result<TokenS
     }
     match (kind.state, l.attention().map(|a| a.kv)) {
         (State::Donor, Some(KvSource::Shared { donor })) => {
-            let donor = Literal::usize_unsuffixed(donor);
-            fields.push(quote! { #donor });
+            let name = donors
+                .iter()
+                .find(|d| d.layer == donor)
+                .map(|d| &d.name)
+                .ok_or_else(|| format!("layer {}: donor layer {donor} is not named", l.index))?;
+            fields.push(quote! { #name });
         }
         (State::Donor, _) => {
             return Err(format!("layer {}: a shared kind without a donor", l.index))
@@ -201,6 +267,67 @@ fn mlp_widths(plan: &Plan) -> Vec<MlpWidth> {
         }
     }
     out
+}
+
+/// A layer whose K/V later layers read, and the constant naming it.
+struct Donor {
+    layer: usize,
+    /// `<WINDOW>_DONOR` (then `_2`, ... for a window's further donors).
+    name: proc_macro2::Ident,
+    /// The window the donor and its readers attend in.
+    window: Window,
+}
+
+/// The model's donors, in order of first use.
+fn donors(plan: &Plan) -> Result<Vec<Donor>, String> {
+    let ir = &plan.ir;
+    let mut out: Vec<Donor> = Vec::new();
+    for a in ir.layers.iter().filter_map(Layer::attention) {
+        let donor = match a.kv {
+            KvSource::Shared { donor } => donor,
+            KvSource::Own { .. } => continue,
+        };
+        if out.iter().any(|d| d.layer == donor) {
+            continue;
+        }
+        let window = ir
+            .layers
+            .get(donor)
+            .and_then(Layer::attention)
+            .map(|d| d.window)
+            .ok_or_else(|| format!("donor layer {donor}: not an attention layer"))?;
+        let base = format!("{}_DONOR", window_name(ir, window).to_uppercase());
+        let name = match out.iter().filter(|d| d.window == window).count() {
+            0 => ident(&base),
+            n => ident(&format!("{base}_{}", n + 1)),
+        };
+        out.push(Donor {
+            layer: donor,
+            name,
+            window,
+        });
+    }
+    Ok(out)
+}
+
+/// A constant per donor, with its doc.
+fn donor_consts(donors: &[Donor]) -> TokenStream {
+    let consts = donors.iter().map(|d| {
+        let (name, layer) = (&d.name, Literal::usize_unsuffixed(d.layer));
+        let window = match d.window {
+            Window::Full => "full-attention".to_string(),
+            Window::Sliding(n) => format!("sliding-window ({n})"),
+        };
+        let doc = format!(
+            " Layer {}: the {window} layers that share K/V read the K/V it computes (`shared_kv`).",
+            d.layer
+        );
+        quote! {
+            #[doc = #doc]
+            const #name: usize = #layer;
+        }
+    });
+    quote! { #(#consts)* }
 }
 
 /// What the model-level loops ask of the model as a whole.
@@ -303,7 +430,8 @@ struct StateArms {
 /// What a kind's state arms share: its names and the arguments every call
 /// of its forward passes.
 struct KindCall<'a> {
-    name: &'a proc_macro2::Ident,
+    /// The kind's variant of `Row` and `Layer`.
+    variant: &'a proc_macro2::Ident,
     /// The kind's row whatever its fields.
     any_row: TokenStream,
     /// The kind's row binding what the cache makers read.
@@ -315,36 +443,37 @@ struct KindCall<'a> {
 }
 
 fn kind_arms(plan: &Plan, facts: ModelFacts, k: &KindFacts) -> Result<KindArms, String> {
-    let name = &k.name;
+    let (name, variant) = (&k.name, &k.variant);
     let fields = row_fields(k);
     let any_row = if fields.is_empty() {
-        quote! { Row::#name }
+        quote! { Row::#variant }
     } else {
-        quote! { Row::#name(..) }
+        quote! { Row::#variant(..) }
     };
     let row_variant = if fields.is_empty() {
-        quote! { #name, }
+        let doc = format!(" A `{name}` layer.");
+        quote! { #[doc = #doc] #variant, }
     } else {
         let types = fields.iter().map(|f| &f.ty);
         let what = fields.iter().map(|f| f.what).collect::<Vec<_>>().join(", ");
-        let doc = format!(" ({what})");
-        quote! { #[doc = #doc] #name(#(#types),*), }
+        let doc = format!(" A `{name}` layer ({what}).");
+        quote! { #[doc = #doc] #variant(#(#types),*), }
     };
     let args = fields.iter().filter_map(|f| f.load_arg.as_ref());
     let load = if fields.is_empty() {
-        quote! { Row::#name => Layer::#name(#name::load(w, i #(#args)*)), }
+        quote! { Row::#variant => Layer::#variant(#name::load(w, i #(#args)*)), }
     } else {
         let load_binds = fields.iter().map(|f| &f.load_bind);
-        quote! { Row::#name(#(#load_binds),*) => Layer::#name(#name::load(w, i #(#args)*)), }
+        quote! { Row::#variant(#(#load_binds),*) => Layer::#variant(#name::load(w, i #(#args)*)), }
     };
     let cache_row = if k.cache_form {
         let binds = fields.iter().map(|f| &f.cache_bind);
-        quote! { Row::#name(#(#binds),*) }
+        quote! { Row::#variant(#(#binds),*) }
     } else {
         any_row.clone()
     };
     let call = KindCall {
-        name,
+        variant,
         any_row,
         cache_row,
         ctx: k
@@ -364,7 +493,7 @@ fn kind_arms(plan: &Plan, facts: ModelFacts, k: &KindFacts) -> Result<KindArms, 
     };
     Ok(KindArms {
         row_variant,
-        layer_variant: quote! { #name(#name), },
+        layer_variant: quote! { #variant(#name), },
         load,
         state,
     })
@@ -378,32 +507,25 @@ fn kv_state_arms(
     any_donor: bool,
 ) -> Result<StateArms, String> {
     let KindCall {
-        name,
+        variant,
         any_row,
         cache_row,
         ctx,
         pli,
     } = call;
     let cache = match (window, k.cache_form) {
-        (Window::Sliding(w), _) => {
-            let w = lit_i32(w)?;
-            quote! { LayerCache::Sliding(RotatingKvCache::new(#w, 0)) }
-        }
         (Window::Full, true) => quote! { cache.make() },
-        (Window::Full, false) => quote! { LayerCache::Full(KvCache::default()) },
+        (Window::Full, false) | (Window::Sliding(_), _) => own_kv_cache(window)?,
     };
     let batch_cache = match window {
-        Window::Sliding(w) => {
-            let w = lit_i32(w)?;
-            quote! { #any_row => Some(BatchLayerCache::Sliding(BatchRotatingKvCache::new(#w, no_padding))), }
-        }
         // A row with a cache form makes the batched cache of
         // its form (`KvForm::make_batch`).
         Window::Full if k.cache_form => {
             quote! { #cache_row => Some(cache.make_batch(no_padding)), }
         }
-        Window::Full => {
-            quote! { #any_row => Some(BatchLayerCache::Full(BatchKvCache::new(no_padding))), }
+        Window::Full | Window::Sliding(_) => {
+            let made = own_batch_kv_cache(window, &quote! { no_padding })?;
+            quote! { #any_row => Some(#made), }
         }
     };
     let call = quote! { l.forward(&h, &#ctx, next_cache(&mut kv_caches)? #pli)? };
@@ -421,15 +543,38 @@ fn kv_state_arms(
         kv_cache: quote! { #cache_row => Some(#cache), },
         state: quote! { #any_row => None, },
         batch_cache,
-        step: quote! { Layer::#name(l) => #step, },
-        batch_step: quote! { Layer::#name(l) => #batch_step, },
+        step: quote! { Layer::#variant(l) => #step, },
+        batch_step: quote! { Layer::#variant(l) => #batch_step, },
+    })
+}
+
+/// The plain K/V cache of one sequence for a layer attending in `window`.
+fn own_kv_cache(window: Window) -> Result<TokenStream, String> {
+    Ok(match window {
+        Window::Sliding(w) => {
+            let w = lit_i32(w)?;
+            quote! { LayerCache::Sliding(RotatingKvCache::new(#w, 0)) }
+        }
+        Window::Full => quote! { LayerCache::Full(KvCache::default()) },
+    })
+}
+
+/// The plain merged K/V cache of fresh sequences for a layer attending in
+/// `window`; `no_padding` is the expression of their (zero) left paddings.
+fn own_batch_kv_cache(window: Window, no_padding: &TokenStream) -> Result<TokenStream, String> {
+    Ok(match window {
+        Window::Sliding(w) => {
+            let w = lit_i32(w)?;
+            quote! { BatchLayerCache::Sliding(BatchRotatingKvCache::new(#w, #no_padding)) }
+        }
+        Window::Full => quote! { BatchLayerCache::Full(BatchKvCache::new(#no_padding)) },
     })
 }
 
 /// The arms of a kind that reads the K/V its donor computed.
 fn donor_state_arms(call: &KindCall) -> StateArms {
     let KindCall {
-        name,
+        variant,
         any_row,
         ctx,
         pli,
@@ -442,17 +587,19 @@ fn donor_state_arms(call: &KindCall) -> StateArms {
         // A layer reading a donor's K/V attends as in one sequence,
         // batched or not (the donor's K/V carry the rows' offsets).
         step: quote! {
-            Layer::#name(l) => (l.forward(&h, &#ctx, donor_kv(&computed, l.donor)? #pli)?, None),
+            Layer::#variant(l) => (l.forward(&h, &#ctx, donor_kv(&computed, l.donor)? #pli)?, None),
         },
         batch_step: quote! {
-            Layer::#name(l) => (l.forward_batch(&h, &#ctx, donor_kv(&computed, l.donor)? #pli)?, None),
+            Layer::#variant(l) => (l.forward_batch(&h, &#ctx, donor_kv(&computed, l.donor)? #pli)?, None),
         },
     }
 }
 
 /// The arms of a Gated DeltaNet kind (conv and recurrent state).
 fn arrays_state_arms(call: &KindCall, any_donor: bool) -> StateArms {
-    let KindCall { name, any_row, .. } = call;
+    let KindCall {
+        variant, any_row, ..
+    } = call;
     // No window, no mask (`create_ssm_mask` is None for one
     // unpadded sequence).
     let call = quote! { l.forward(&h, next_cache(&mut states)?)? };
@@ -468,8 +615,8 @@ fn arrays_state_arms(call: &KindCall, any_donor: bool) -> StateArms {
         batch_cache: quote! {
             #any_row => Some(BatchLayerCache::Arrays(BatchArraysCache::merged_empty(no_padding.len()))),
         },
-        step: quote! { Layer::#name(l) => #step, },
-        batch_step: quote! { Layer::#name(l) => #batch_step, },
+        step: quote! { Layer::#variant(l) => #step, },
+        batch_step: quote! { Layer::#variant(l) => #batch_step, },
     }
 }
 
@@ -642,16 +789,9 @@ fn cache_lookups(any_donor: bool) -> TokenStream {
     }
 }
 
-/// `Row`, `KvForm`, the MLP widths, `LAYOUT`, `Layer`, `impl Row` and the
-/// cache lookups: the items of the layout.
-fn layout_items(
-    plan: &Plan,
-    kinds: &[KindFacts],
-    facts: ModelFacts,
-    arms: &[KindArms],
-) -> Result<TokenStream, String> {
-    let widths = mlp_widths(plan);
-    let width_consts = widths
+/// A constant per distinct MLP width.
+fn width_consts(widths: &[MlpWidth]) -> Result<TokenStream, String> {
+    let consts = widths
         .iter()
         .map(|w| {
             let (name, width) = (&w.name, lit_i32(w.width)?);
@@ -661,40 +801,95 @@ fn layout_items(
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
+    Ok(quote! { #(#consts)* })
+}
+
+/// The shortest run of rows the layers repeat at least twice (the last
+/// repetition may stop early: 26 layers of a 6-row pattern), if any.
+fn repeating_pattern(rows: &[TokenStream]) -> Option<usize> {
+    let texts: Vec<String> = rows.iter().map(ToString::to_string).collect();
+    (1..=texts.len() / 2).find(|&p| texts.iter().enumerate().all(|(i, t)| *t == texts[i % p]))
+}
+
+/// The table of rows: `PATTERN` (and `row`, which reads it) where the
+/// layers repeat a run of rows, else `LAYOUT`, one row per layer; and the
+/// expression of layer `i`'s row.
+fn rows_table(rows: &[TokenStream]) -> Result<(TokenStream, TokenStream), String> {
+    Ok(match repeating_pattern(rows) {
+        Some(period) => {
+            let pattern = &rows[..period];
+            let p = Literal::usize_unsuffixed(period);
+            let doc =
+                format!(" The layers repeat these {period} rows: layer `i` is row `i % {period}`.");
+            (
+                quote! {
+                    #[doc = #doc]
+                    const PATTERN: [Row; #p] = [
+                        #(#pattern),*
+                    ];
+
+                    /// Layer `i`'s row.
+                    fn row(i: usize) -> Row {
+                        PATTERN[i % PATTERN.len()]
+                    }
+                },
+                quote! { row(i) },
+            )
+        }
+        None => (
+            quote! {
+                /// Every layer in order: layer `i` is row `i`.
+                const LAYOUT: [Row; LAYERS] = [
+                    #(#rows),*
+                ];
+            },
+            quote! { LAYOUT[i] },
+        ),
+    })
+}
+
+/// `Row`, `KvForm`, the MLP widths, `LAYOUT` (or `PATTERN`), `Layer`,
+/// `impl Row` and the cache lookups: the items of the layout; and the
+/// expression of layer `i`'s row.
+fn layout_items(
+    plan: &Plan,
+    kinds: &[KindFacts],
+    facts: ModelFacts,
+    arms: &[KindArms],
+) -> Result<(TokenStream, TokenStream), String> {
+    let widths = mlp_widths(plan);
+    let width_consts = width_consts(&widths)?;
+    let donors = donors(plan)?;
+    let donor_consts = donor_consts(&donors);
     let rows = plan
         .ir
         .layers
         .iter()
-        .map(|l| row_tokens(&kinds[plan.layer_kind[l.index]], l, &widths))
+        .map(|l| row_tokens(&kinds[plan.layer_kind[l.index]], l, &widths, &donors))
         .collect::<Result<Vec<_>, _>>()?;
-    let n = Literal::usize_unsuffixed(plan.ir.layers.len());
+    let (table, row_of) = rows_table(&rows)?;
     let row_variants = arms.iter().map(|a| &a.row_variant);
     let layer_variants = arms.iter().map(|a| &a.layer_variant);
     let kv_form = per_layer_cache_forms(plan).then(|| kv_form_tokens(plan));
     let row_impl = row_impl(facts, arms);
     let lookups = cache_lookups(facts.any_donor);
     let doc_row = " A layer's kind and the facts its kind leaves open (each variant names them).";
-    // The variants are the kinds' names, which share a suffix when every
-    // kind has the same trait (`...Ple`): clippy's naming lint is allowed.
-    Ok(quote! {
+    let items = quote! {
         #[doc = #doc_row]
         #[derive(Clone, Copy)]
-        #[allow(clippy::enum_variant_names)]
         enum Row {
             #(#row_variants)*
         }
 
         #kv_form
 
-        #(#width_consts)*
+        #width_consts
 
-        /// Every layer in order: layer `i` is row `i`.
-        const LAYOUT: [Row; #n] = [
-            #(#rows),*
-        ];
+        #donor_consts
+
+        #table
 
         /// One loaded layer, by kind.
-        #[allow(clippy::enum_variant_names)]
         enum Layer {
             #(#layer_variants)*
         }
@@ -702,11 +897,12 @@ fn layout_items(
         #row_impl
 
         #lookups
-    })
+    };
+    Ok((items, row_of))
 }
 
 /// The `Cache` struct's fields and `make_cache`'s body.
-fn cache_tokens(any_arrays: bool) -> (TokenStream, TokenStream) {
+fn cache_tokens(any_arrays: bool, row_of: &TokenStream) -> (TokenStream, TokenStream) {
     let states_field = any_arrays.then(|| {
         quote! {
             /// One per Gated DeltaNet layer, in layer order.
@@ -719,10 +915,10 @@ fn cache_tokens(any_arrays: bool) -> (TokenStream, TokenStream) {
         #states_field
     };
     let states_init = any_arrays
-        .then(|| quote! { states: LAYOUT.iter().filter_map(|row| row.state()).collect(), });
+        .then(|| quote! { states: (0..LAYERS).filter_map(|i| #row_of.state()).collect(), });
     let make_cache = quote! {
         Cache {
-            kv: LAYOUT.iter().filter_map(|row| row.kv_cache()).collect(),
+            kv: (0..LAYERS).filter_map(|i| #row_of.kv_cache()).collect(),
             #states_init
         }
     };
@@ -759,26 +955,95 @@ fn forward_loops(facts: ModelFacts, arms: &[KindArms]) -> (TokenStream, TokenStr
     (forward, forward_batch)
 }
 
+/// The layout of a model whose layers are all of one kind that keeps a
+/// plain K/V cache, with one MLP width: the kind's struct itself, loaded,
+/// cached and run in loops over `0..LAYERS`, with no table of rows and no
+/// enum of kinds. None for any other model.
+fn uniform_layout(plan: &Plan, kinds: &[KindFacts]) -> Result<Option<Layout>, String> {
+    let [kind] = kinds else {
+        return Ok(None);
+    };
+    let window = match kind.state {
+        State::Kv(window) => window,
+        State::Donor | State::Arrays => return Ok(None),
+    };
+    let widths = mlp_widths(plan);
+    if kind.cache_form || kind.per_layer_input || widths.len() > 1 {
+        return Ok(None);
+    }
+    let name = &kind.name;
+    let width_arg = match (kind.mlp_width, widths.first()) {
+        (true, Some(w)) => {
+            let w = &w.name;
+            Some(quote! { , #w })
+        }
+        (true, None) => return Err(format!("layer kind {name}: an MLP without a width")),
+        (false, _) => None,
+    };
+    let ctx = kind
+        .layer
+        .attention()
+        .map(|a| ident(&rope_context(&plan.ir, a)));
+    let output = kind.returns_kv.then(|| quote! { .0 });
+    let cache = own_kv_cache(window)?;
+    let batch_cache = own_batch_kv_cache(window, &quote! { &no_padding })?;
+    let width_consts = width_consts(&widths)?;
+    let lookups = cache_lookups(false);
+    let (cache_fields, _) = cache_tokens(false, &TokenStream::new());
+    Ok(Some(Layout {
+        items: quote! {
+            #width_consts
+            #lookups
+        },
+        load: quote! {
+            layers: (0..LAYERS).map(|i| #name::load(&mut w, i #width_arg)).collect(),
+        },
+        make_cache: quote! {
+            Cache {
+                kv: (0..LAYERS).map(|_| #cache).collect(),
+            }
+        },
+        cache_fields,
+        forward: quote! {
+            let mut kv_caches = cache.kv.iter_mut();
+            for layer in &self.layers {
+                h = layer.forward(&h, &#ctx, next_cache(&mut kv_caches)?)?#output;
+            }
+        },
+        forward_batch: quote! {
+            for (i, layer) in self.layers.iter().enumerate() {
+                h = layer.forward_batch(&h, &#ctx, cache.layer_mut(i)?)?#output;
+            }
+        },
+        batch_caches: quote! { (0..LAYERS).map(|_| Some(#batch_cache)).collect() },
+        layer_type: quote! { #name },
+    }))
+}
+
 pub(crate) fn layout_tokens(plan: &Plan) -> Result<Layout, String> {
     let kinds = kind_facts(plan, per_layer_cache_forms(plan))?;
+    if let Some(layout) = uniform_layout(plan, &kinds)? {
+        return Ok(layout);
+    }
     let facts = ModelFacts::of(&kinds);
     let arms = kinds
         .iter()
         .map(|k| kind_arms(plan, facts, k))
         .collect::<Result<Vec<_>, _>>()?;
-    let items = layout_items(plan, &kinds, facts, &arms)?;
-    let (cache_fields, make_cache) = cache_tokens(facts.any_arrays);
+    let (items, row_of) = layout_items(plan, &kinds, facts, &arms)?;
+    let (cache_fields, make_cache) = cache_tokens(facts.any_arrays, &row_of);
     let (forward, forward_batch) = forward_loops(facts, &arms);
     Ok(Layout {
         items,
         load: quote! {
-            layers: LAYOUT.iter().enumerate().map(|(i, row)| row.load(&mut w, i)).collect(),
+            layers: (0..LAYERS).map(|i| #row_of.load(&mut w, i)).collect(),
         },
         make_cache,
         cache_fields,
         forward,
         forward_batch,
-        batch_caches: quote! { LAYOUT.iter().map(|row| row.batch_cache(&no_padding)).collect() },
+        batch_caches: quote! { (0..LAYERS).map(|i| #row_of.batch_cache(&no_padding)).collect() },
+        layer_type: quote! { Layer },
     })
 }
 
@@ -794,7 +1059,7 @@ fn layer_loop(
 ) -> TokenStream {
     if any_donor {
         quote! {
-            let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYOUT.len());
+            let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
             #each {
                 #slice
                 let (out, kv) = match layer {
@@ -813,5 +1078,56 @@ fn layer_loop(
                 };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn camel_words_split_before_each_capital() {
+        assert_eq!(
+            camel_words("FullOwnKvKeqV"),
+            ["Full", "Own", "Kv", "Keq", "V"]
+        );
+        assert_eq!(camel_words("Plain"), ["Plain"]);
+    }
+
+    #[test]
+    fn variants_drop_the_words_every_kind_shares() {
+        assert_eq!(
+            variant_names(&[
+                "SlidingOwnKvPle",
+                "FullOwnKvPle",
+                "SlidingSharedKvPle",
+                "FullSharedKvPle"
+            ]),
+            ["SlidingOwn", "FullOwn", "SlidingShared", "FullShared"]
+        );
+        assert_eq!(
+            variant_names(&["SlidingOwnKv", "FullOwnKv"]),
+            ["Sliding", "Full"]
+        );
+    }
+
+    #[test]
+    fn variants_keep_the_kind_names_where_one_would_be_empty() {
+        let kinds = ["FullOwnKv", "FullOwnKvExperts"];
+        assert_eq!(variant_names(&kinds), kinds);
+        assert_eq!(variant_names(&["FullOwnKv"]), ["FullOwnKv"]);
+    }
+
+    #[test]
+    fn a_pattern_repeats_at_least_twice() {
+        let (s, f) = (quote! { Row::Sliding }, quote! { Row::Full });
+        let gemma3: Vec<TokenStream> = (0..26)
+            .map(|i| if i % 6 == 5 { f.clone() } else { s.clone() })
+            .collect();
+        assert_eq!(repeating_pattern(&gemma3), Some(6));
+        let once = [s.clone(), s.clone(), f.clone()];
+        assert_eq!(repeating_pattern(&once), None);
+        let donors = [s.clone(), f.clone(), s.clone(), s];
+        assert_eq!(repeating_pattern(&donors), None);
     }
 }

@@ -145,11 +145,18 @@ fn shape_tokens(a: &Attention) -> Result<TokenStream, String> {
 
 /// What a kind's doc comment says about it.
 fn kind_doc(l: &Layer, layers: &[usize]) -> String {
-    let list = layers
-        .iter()
-        .map(|l| l.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+    // A run of consecutive layers reads as its ends.
+    let consecutive = layers.windows(2).all(|p| p[1] == p[0] + 1);
+    let list = match (layers.first(), layers.last()) {
+        (Some(first), Some(last)) if consecutive && layers.len() > 2 => {
+            format!("{first} to {last}")
+        }
+        _ => layers
+            .iter()
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
     let mut parts = vec![match &l.mixer {
         Mixer::Attention(a) => window_words(a.window),
         Mixer::GatedDeltaNet(d) => format!(
@@ -1451,7 +1458,7 @@ impl BatchWindows {
     // does (rows [B, hidden], RoPE tables at the rows' offsets, read from
     // the window's first cache as its mask is); otherwise no tables.
     fn of(plan: &Plan) -> Result<Self, String> {
-        let (ir, name) = (&plan.ir, &plan.name);
+        let ir = &plan.ir;
         let compiled = compiled_decode(ir);
         let mut windows_setup = BatchWindows {
             masks: Vec::new(),
@@ -1461,12 +1468,7 @@ impl BatchWindows {
         for w in windows(ir) {
             let wn = window_name(ir, w);
             let mask = ident(&format!("{wn}_mask"));
-            let first = ir
-                .layers
-                .iter()
-                .find(|l| l.attention().is_some_and(|a| a.window == w))
-                .map(|l| Literal::usize_unsuffixed(l.index))
-                .ok_or_else(|| format!("{name}: window {w:?} has no layer"))?;
+            let first = first_layer(plan, w)?.layer;
             let size = lit_i32(match w {
                 Window::Full => 0,
                 Window::Sliding(n) => n,
@@ -1492,7 +1494,7 @@ impl BatchWindows {
 /// One window and rotation's `WindowStep` in `forward_batch`: with RoPE
 /// tables at the rows' offsets (from the window's first cache `first`)
 /// when the model runs the compiled decode blocks.
-fn batch_step_context(compiled: bool, cn: &str, first: &Literal, mask: &Ident) -> TokenStream {
+fn batch_step_context(compiled: bool, cn: &str, first: &TokenStream, mask: &Ident) -> TokenStream {
     let (rope, ctx) = (ident(&format!("rope_{cn}")), ident(cn));
     if compiled {
         let tables = ident(&format!("{cn}_tables"));
@@ -1563,7 +1565,7 @@ fn batch_tokens(
                 }
 
                 fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
-                    cache.check_layers(LAYOUT.len())?;
+                    cache.check_layers(LAYERS)?;
                     let n = ids.shape()[1];
                     let mut h = #embed;
                     #ple_inputs
@@ -1586,8 +1588,13 @@ fn constants_tokens(plan: &Plan) -> Result<TokenStream, String> {
     let (name, fingerprint, spec_hash) = (&plan.name, &plan.fingerprint, &plan.spec_hash);
     let hidden = lit_i32(ir.hidden_size)?;
     let vocab = lit_i32(ir.vocab_size)?;
-    let n_layers = lit_i32(ir.layers.len())?;
+    let n_layers = Literal::usize_unsuffixed(ir.layers.len());
     let eps = lit_f32(ir.norm_eps);
+    let firsts = windows(ir)
+        .into_iter()
+        .map(|w| first_layer(plan, w).map(|f| f.consts))
+        .collect::<Result<Vec<_>, _>>()?;
+    let softcap = logit_softcap_const(ir);
     Ok(quote! {
         pub const NAME: &str = #name;
         pub const FINGERPRINT: &str = #fingerprint;
@@ -1595,9 +1602,93 @@ fn constants_tokens(plan: &Plan) -> Result<TokenStream, String> {
 
         const HIDDEN: i32 = #hidden;
         const VOCAB: i32 = #vocab;
-        #[allow(dead_code)]
-        const LAYERS: i32 = #n_layers;
+        const LAYERS: usize = #n_layers;
         const EPS: f32 = #eps;
+        #(#firsts)*
+        #softcap
+    })
+}
+
+/// The first layer of a window, whose cache its mask (and a batched
+/// step's RoPE offsets) are read from, as the forwards name it.
+struct FirstLayer {
+    /// Its index: `FIRST_<WINDOW>_LAYER`, or `0`.
+    layer: TokenStream,
+    /// Its cache's position among the K/V caches: `FIRST_<WINDOW>_KV`,
+    /// `FIRST_<WINDOW>_LAYER` where the two agree, or `0`.
+    kv: TokenStream,
+    /// The constants naming what is not 0, each with its doc.
+    consts: TokenStream,
+}
+
+/// Window `w`'s first layer: a constant names its index, and its cache's
+/// position among the K/V caches where that differs, so that no forward
+/// reads a bare cache number (layer 0 and the first K/V cache need none).
+fn first_layer(plan: &Plan, w: Window) -> Result<FirstLayer, String> {
+    let ir = &plan.ir;
+    let first = ir
+        .layers
+        .iter()
+        .find(|l| l.attention().is_some_and(|a| a.window == w))
+        .map(|l| l.index)
+        .ok_or_else(|| format!("{}: window {w:?} has no layer", plan.name))?;
+    let kv = crate::layout::kv_ordinal(plan, first);
+    let upper = window_name(ir, w).to_uppercase();
+    let (layer_name, kv_name) = (
+        ident(&format!("FIRST_{upper}_LAYER")),
+        ident(&format!("FIRST_{upper}_KV")),
+    );
+    let words = window_words(w);
+    let layer_doc = format!(
+        " Layer {first}, the first with {words}: the window's mask is built from its cache."
+    );
+    let kv_doc = format!(
+        " The position of layer {first}'s cache among the K/V caches (one per layer that computes its own K/V)."
+    );
+    let (layer_lit, kv_lit) = (
+        Literal::usize_unsuffixed(first),
+        Literal::usize_unsuffixed(kv),
+    );
+    let layer_const = quote! { #[doc = #layer_doc] const #layer_name: usize = #layer_lit; };
+    let kv_const = quote! { #[doc = #kv_doc] const #kv_name: usize = #kv_lit; };
+    Ok(match (first, kv) {
+        (0, 0) => FirstLayer {
+            layer: quote! { 0 },
+            kv: quote! { 0 },
+            consts: TokenStream::new(),
+        },
+        (_, 0) => FirstLayer {
+            layer: quote! { #layer_name },
+            kv: quote! { 0 },
+            consts: layer_const,
+        },
+        (_, _) if first == kv => FirstLayer {
+            layer: quote! { #layer_name },
+            kv: quote! { #layer_name },
+            consts: layer_const,
+        },
+        (_, _) => FirstLayer {
+            layer: quote! { #layer_name },
+            kv: quote! { #kv_name },
+            consts: quote! { #layer_const #kv_const },
+        },
+    })
+}
+
+/// `LOGIT_SOFTCAP`, the cap of the final logits' softcap, where the model
+/// has one (in the type its call takes).
+fn logit_softcap_const(ir: &ModelIr) -> Option<TokenStream> {
+    let Softcap { cap, form } = ir.head.logit_softcap?;
+    let doc = " The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).";
+    Some(match form {
+        SoftcapForm::Compiled => {
+            let c = lit_f32(cap);
+            quote! { #[doc = #doc] const LOGIT_SOFTCAP: f32 = #c; }
+        }
+        SoftcapForm::Eager => {
+            let c = Literal::f64_suffixed(f64::from(cap));
+            quote! { #[doc = #doc] const LOGIT_SOFTCAP: f64 = #c; }
+        }
     })
 }
 
@@ -1682,7 +1773,7 @@ impl WindowSetup {
                     "{name}: layer {first}, the first of its window, has no cache to build the mask from"
                 ));
             }
-            let first_kv = Literal::usize_unsuffixed(crate::layout::kv_ordinal(plan, first));
+            let first_kv = first_layer(plan, w)?.kv;
             let size = lit_i32(match w {
                 Window::Full => 0,
                 Window::Sliding(n) => n,
@@ -1747,11 +1838,11 @@ impl PerLayerInputTokens {
         Ok(PerLayerInputTokens {
             field: Some(quote! { per_layer: b::PerLayerInputs, }),
             load: Some(quote! {
-                per_layer: b::load_per_layer_inputs(&mut w, LAYERS, #pw, #pv, HIDDEN),
+                per_layer: b::load_per_layer_inputs(&mut w, LAYERS as i32, #pw, #pv, HIDDEN),
             }),
             pretranspose: Some(quote! { model.per_layer.pretranspose(); }),
             inputs: Some(quote! {
-                let per_layer = b::per_layer_inputs(ids, &h, &self.per_layer, LAYERS, #pw, HIDDEN, EPS)?;
+                let per_layer = b::per_layer_inputs(ids, &h, &self.per_layer, LAYERS as i32, #pw, HIDDEN, EPS)?;
             }),
         })
     }
@@ -1817,20 +1908,17 @@ fn logits_tokens(ir: &ModelIr, head: &TokenStream) -> TokenStream {
     };
     match ir.head.logit_softcap {
         None => head_call(quote! { None }),
+        // `LOGIT_SOFTCAP` (`logit_softcap_const`) holds the cap.
         Some(Softcap {
-            cap,
             form: SoftcapForm::Compiled,
-        }) => {
-            let c = lit_f32(cap);
-            head_call(quote! { Some(#c) })
-        }
+            ..
+        }) => head_call(quote! { Some(LOGIT_SOFTCAP) }),
         Some(Softcap {
-            cap,
             form: SoftcapForm::Eager,
+            ..
         }) => {
-            let c = Literal::f64_suffixed(f64::from(cap));
             let logits = head_call(quote! { None });
-            quote! { archgen_runtime::ops::softcap_eager(&#logits, #c)? }
+            quote! { archgen_runtime::ops::softcap_eager(&#logits, LOGIT_SOFTCAP)? }
         }
     }
 }
@@ -2018,13 +2106,14 @@ impl ModelParts<'_> {
         let ropes_struct = &self.windows.ropes_struct;
         let head_field = &self.head.field;
         let cache_fields = &self.layout.cache_fields;
+        let layer_type = &self.layout.layer_type;
         quote! {
             #[doc = #doc_model]
             pub struct Model {
                 embed: Embedding,
                 #ple_field
                 #(#ropes_struct)*
-                layers: Vec<Layer>,
+                layers: Vec<#layer_type>,
                 norm: Array,
                 #head_field
             }
