@@ -494,7 +494,7 @@ impl Reply {
 
     /// Choice `index` of a non-streamed answer.
     fn choice(&self, index: usize, answer: &ChoiceAnswer) -> serde_json::Value {
-        let finish = answer.finish.as_str();
+        let finish = answer.end.finish.as_str();
         let logprobs = self.logprobs(&answer.entries, &mut 0);
         let text = answer.text.as_str();
         match self.endpoint {
@@ -538,7 +538,7 @@ impl Reply {
             .enumerate()
             .map(|(index, answer)| self.choice(index, answer))
             .collect();
-        let completion_tokens = answers.iter().map(|a| a.completion_tokens).sum();
+        let completion_tokens = answers.iter().map(|a| a.end.completion_tokens).sum();
         json!({
             "id": self.id, "object": object, "created": self.created, "model": self.model,
             "choices": choices,
@@ -858,7 +858,7 @@ async fn queue_and_answer(
             choices: (0..plan.choices)
                 .map(|_| ChoiceStream::new(plan.tool_format))
                 .collect(),
-            ended_choices: Vec::new(),
+            ends: ChoiceEnds::new(plan.choices),
             pending: VecDeque::new(),
             ended: false,
             flight,
@@ -878,8 +878,7 @@ type ChoiceEvents = StreamMap<usize, UnboundedReceiverStream<GenEvent>>;
 struct ChoiceAnswer {
     text: String,
     entries: Vec<TokenLogprob>,
-    finish: Finish,
-    completion_tokens: usize,
+    end: ChoiceEnd,
 }
 
 /// How one choice's sequence ended.
@@ -889,6 +888,23 @@ struct ChoiceEnd {
     finish: Finish,
     ttft: Option<Duration>,
     cached_tokens: usize,
+}
+
+/// How each choice of a request ended, by index, once it did.
+struct ChoiceEnds(Vec<Option<ChoiceEnd>>);
+
+impl ChoiceEnds {
+    fn new(choices: usize) -> Self {
+        ChoiceEnds(vec![None; choices])
+    }
+
+    /// Records how choice `index` ended; how the request ended, once every
+    /// choice has.
+    fn record(&mut self, index: usize, end: ChoiceEnd) -> Option<Ended> {
+        self.0[index] = Some(end);
+        let ends: Option<Vec<ChoiceEnd>> = self.0.iter().copied().collect();
+        ends.map(|ends| Ended::of(&ends))
+    }
 }
 
 /// How a request's choices ended: what its log line and usage report.
@@ -912,6 +928,17 @@ impl Ended {
             cached_tokens: ends.iter().map(|e| e.cached_tokens).max().unwrap_or(0),
         }
     }
+
+    /// The request answered: its usage's cached tokens, and its log line.
+    fn settle(&self, reply: &mut Reply, flight: &mut InFlight) {
+        reply.cached_tokens = self.cached_tokens;
+        flight.cached_tokens = Some(self.cached_tokens);
+        flight.answer(Answered::completed(
+            self.completion_tokens,
+            self.finish,
+            self.ttft,
+        ));
+    }
 }
 
 /// Collects a non-streamed answer of `choices` choices. Dropped when the
@@ -925,7 +952,7 @@ async fn whole_answer(
     let mut partial: Vec<(String, Vec<TokenLogprob>)> =
         (0..choices).map(|_| Default::default()).collect();
     let mut answers: Vec<Option<ChoiceAnswer>> = (0..choices).map(|_| None).collect();
-    let mut ends = vec![None; choices];
+    let mut ends = ChoiceEnds::new(choices);
     while let Some((index, event)) = events.next().await {
         match event {
             GenEvent::Text { text, logprobs } => {
@@ -938,28 +965,16 @@ async fn whole_answer(
                 ttft,
                 cached_tokens,
             } => {
-                let (text, entries) = std::mem::take(&mut partial[index]);
-                answers[index] = Some(ChoiceAnswer {
-                    text,
-                    entries,
-                    finish,
-                    completion_tokens,
-                });
-                ends[index] = Some(ChoiceEnd {
+                let end = ChoiceEnd {
                     completion_tokens,
                     finish,
                     ttft,
                     cached_tokens,
-                });
-                if ends.iter().all(Option::is_some) {
-                    let ended = Ended::of(&ends.into_iter().flatten().collect::<Vec<_>>());
-                    reply.cached_tokens = ended.cached_tokens;
-                    flight.cached_tokens = Some(ended.cached_tokens);
-                    flight.answer(Answered::completed(
-                        ended.completion_tokens,
-                        ended.finish,
-                        ended.ttft,
-                    ));
+                };
+                let (text, entries) = std::mem::take(&mut partial[index]);
+                answers[index] = Some(ChoiceAnswer { text, entries, end });
+                if let Some(ended) = ends.record(index, end) {
+                    ended.settle(&mut reply, &mut flight);
                     let answers: Vec<ChoiceAnswer> = answers.into_iter().flatten().collect();
                     return Json(reply.whole(&answers)).into_response();
                 }
@@ -1092,8 +1107,7 @@ struct SseBody {
     reply: Reply,
     include_usage: bool,
     choices: Vec<ChoiceStream>,
-    /// How each choice ended, by index, once it did.
-    ended_choices: Vec<Option<ChoiceEnd>>,
+    ends: ChoiceEnds,
     pending: VecDeque<Event>,
     ended: bool,
     flight: InFlight,
@@ -1125,31 +1139,21 @@ impl SseBody {
             )) => {
                 let chunks = self.choices[index].finish(&self.reply, index, finish);
                 self.push(chunks);
-                if self.ended_choices.is_empty() {
-                    self.ended_choices = vec![None; self.choices.len()];
-                }
-                self.ended_choices[index] = Some(ChoiceEnd {
+                let end = ChoiceEnd {
                     completion_tokens,
                     finish,
                     ttft,
                     cached_tokens,
-                });
-                if !self.ended_choices.iter().all(Option::is_some) {
+                };
+                let Some(ended) = self.ends.record(index, end) else {
                     return;
-                }
-                let ends: Vec<_> = self.ended_choices.iter().flatten().copied().collect();
-                let ended = Ended::of(&ends);
-                self.reply.cached_tokens = ended.cached_tokens;
-                self.flight.cached_tokens = Some(ended.cached_tokens);
+                };
+                // Settled first: the usage chunk reports the cached tokens.
+                ended.settle(&mut self.reply, &mut self.flight);
                 if self.include_usage {
                     let usage = self.reply.usage_chunk(ended.completion_tokens);
                     self.push(vec![usage]);
                 }
-                self.flight.answer(Answered::completed(
-                    ended.completion_tokens,
-                    ended.finish,
-                    ended.ttft,
-                ));
             }
             Some((_, GenEvent::Failed(message))) => {
                 self.push(vec![json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}})]);
@@ -2129,8 +2133,12 @@ mod tests {
         reply.whole(&[ChoiceAnswer {
             text: text.to_string(),
             entries: Vec::new(),
-            finish,
-            completion_tokens: 5,
+            end: ChoiceEnd {
+                completion_tokens: 5,
+                finish,
+                ttft: None,
+                cached_tokens: 0,
+            },
         }])
     }
 
