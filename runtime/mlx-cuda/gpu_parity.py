@@ -189,27 +189,33 @@ class Case:
         same, text = describe(ours, first / f"{part}.safetensors")
         if same:
             return text
+        # mlx-lm's outputs so far; each new one is compared with those
+        # before it and with archgen's (the first one already was).
         theirs = [first / f"{part}.safetensors"]
-        if part == "single" and (first / "single-again.safetensors").exists():
-            theirs.append(first / "single-again.safetensors")
         unstable = None
         equal_to = None
+
+        def add(path: Path) -> None:
+            nonlocal unstable, equal_to
+            name = f"{path.parent.name}/{path.stem}"
+            for earlier in theirs:
+                if unstable is None:
+                    same_output, text_of = describe(earlier, path)
+                    if not same_output:
+                        unstable = f"{earlier.parent.name}/{earlier.stem} vs {name}: {text_of[8:-1]}"
+            if equal_to is None and describe(ours, path)[0]:
+                equal_to = name
+            theirs.append(path)
+
+        if part == "single" and (first / "single-again.safetensors").exists():
+            add(first / "single-again.safetensors")
         k = 1
-        while True:
-            for i, a in enumerate(theirs):
-                for b in theirs[i + 1:]:
-                    if unstable is None and not describe(a, b)[0]:
-                        unstable = f"{a.parent.name}/{a.stem} vs {b.parent.name}/{b.stem}: {describe(a, b)[1][8:-1]}"
-            for t in theirs:
-                if equal_to is None and describe(ours, t)[0]:
-                    equal_to = f"{t.parent.name}/{t.stem}"
-            if unstable or equal_to or k >= self.a.oracle_runs:
-                break
+        while not (unstable or equal_to) and k < self.a.oracle_runs:
             again = oracle_run(k)
             k += 1
             for name in (part, "single-again") if part == "single" else (part,):
                 if (again / f"{name}.safetensors").exists():
-                    theirs.append(again / f"{name}.safetensors")
+                    add(again / f"{name}.safetensors")
         ours_again = self.archgen_again(impl, part)
         tail = f"; mlx-lm's outputs compared: {len(theirs)}; {ours_again}"
         if unstable:
