@@ -109,13 +109,17 @@ pub fn hermes_call_grammar(start: &str, end: &str, tools: &[CallableTool]) -> To
         Err(calls) => json!({"anyOf": calls}),
     };
     let schema = with_layout(&schema, ", ", ": ");
-    let quote = |text: &str| Value::from(text).to_string();
     TopLevelGrammar::from_lark(format!(
         "start: {} call {}\ncall: %json {}\n",
-        quote(&format!("{start}\n")),
-        quote(&format!("\n{end}")),
+        lark_literal(&format!("{start}\n")),
+        lark_literal(&format!("\n{end}")),
         schema
     ))
+}
+
+/// A Lark string literal of `text` (JSON's escapes, which Lark reads).
+pub fn lark_literal(text: &str) -> String {
+    Value::from(text).to_string()
 }
 
 /// Compiles grammars against one checkpoint's tokenizer (built once, on

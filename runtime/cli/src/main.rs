@@ -12,7 +12,6 @@ mod checkpoint;
 mod constrained;
 mod embed;
 mod engine;
-mod gemma4_call_grammar;
 mod generate;
 mod init;
 mod launch;

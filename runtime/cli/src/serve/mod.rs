@@ -21,6 +21,7 @@ mod batched;
 mod cors;
 mod embeddings;
 mod error;
+mod gemma4_call_grammar;
 mod metrics;
 mod prompt_cache;
 mod request;

@@ -12,12 +12,12 @@
 use serde_json::{json, Value};
 
 use super::error::ApiError;
+use super::gemma4_call_grammar::gemma4_call_grammar;
 use super::tools::ToolFormat;
 use crate::constrained::{
     hermes_call_grammar, json_grammar, json_object_grammar, CallableTool, GrammarCompiler,
     TokenConstraint,
 };
-use crate::gemma4_call_grammar::gemma4_call_grammar;
 
 /// What `response_format` asks of the answer.
 pub enum ResponseFormat {

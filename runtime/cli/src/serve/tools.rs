@@ -119,7 +119,7 @@ fn parse_hermes(inner: &str) -> Option<ToolCall> {
 }
 
 /// Gemma 4's string delimiter.
-const GEMMA4_QUOTE: &str = "<|\"|>";
+pub(super) const GEMMA4_QUOTE: &str = "<|\"|>";
 
 /// Every `call:NAME{ARGS}` in `inner` (NAME of word characters and `-`, ARGS
 /// with balanced braces outside `<|"|>` strings), as gemma4.py's regex finds

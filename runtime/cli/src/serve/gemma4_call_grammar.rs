@@ -4,7 +4,7 @@
 //! answer to.
 //!
 //! Gemma 4 writes arguments in its own syntax, not JSON (gemma4.py's
-//! `_gemma4_args_to_json` reads it, and so does serve/tools.rs): keys are
+//! `_gemma4_args_to_json` reads it, and so does tools.rs): keys are
 //! bare words, strings sit between `<|"|>` delimiters, numbers, `true`,
 //! `false`, `null`, arrays and objects are written as in JSON, with no
 //! whitespace. llguidance's JSON-schema compiler writes JSON, so this module
@@ -25,10 +25,8 @@
 use llguidance::api::TopLevelGrammar;
 use serde_json::{Map, Value};
 
-use crate::constrained::CallableTool;
-
-/// Gemma 4's string delimiter.
-const QUOTE: &str = "<|\"|>";
+use super::tools::GEMMA4_QUOTE;
+use crate::constrained::{lark_literal, CallableTool};
 /// The longest string the grammar writes when the schema gives no
 /// `maxLength`.
 const DEFAULT_MAX_LENGTH: u64 = 256;
@@ -76,13 +74,13 @@ pub fn gemma4_call_grammar(
             })?;
         calls.push(format!(
             "{} {args}",
-            literal(&format!("call:{}", callable.name))
+            lark_literal(&format!("call:{}", callable.name))
         ));
     }
     let mut lark = format!(
         "start: {} call {}\ncall: {}\n",
-        literal(start),
-        literal(end),
+        lark_literal(start),
+        lark_literal(end),
         calls.join(" | ")
     );
     for rule in &rules.written {
@@ -92,19 +90,14 @@ pub fn gemma4_call_grammar(
     Ok(TopLevelGrammar::from_lark(lark))
 }
 
-/// A Lark string literal of `text` (JSON's escapes, which Lark reads).
-fn literal(text: &str) -> String {
-    Value::from(text).to_string()
-}
-
 /// `value` as Gemma writes it, as a Lark literal.
 fn value_literal(value: &Value) -> Result<String, String> {
     match value {
         Value::String(text) if text.contains('<') => Err(format!(
             "the value {value} holds '<', which Gemma 4's strings cannot be written with here"
         )),
-        Value::String(text) => Ok(literal(&format!("{QUOTE}{text}{QUOTE}"))),
-        Value::Number(_) | Value::Bool(_) | Value::Null => Ok(literal(&value.to_string())),
+        Value::String(text) => Ok(lark_literal(&format!("{GEMMA4_QUOTE}{text}{GEMMA4_QUOTE}"))),
+        Value::Number(_) | Value::Bool(_) | Value::Null => Ok(lark_literal(&value.to_string())),
         Value::Array(_) | Value::Object(_) => Err(format!(
             "an enum or const value {value} that is not a scalar"
         )),
@@ -148,7 +141,10 @@ impl Rules {
     }
 
     fn string(&mut self, min: u64, max: u64) -> String {
-        self.rule(format!("{q} /[^<]{{{min},{max}}}/ {q}", q = literal(QUOTE)))
+        self.rule(format!(
+            "{q} /[^<]{{{min},{max}}}/ {q}",
+            q = lark_literal(GEMMA4_QUOTE)
+        ))
     }
 
     fn number(&mut self, integer: bool) -> String {
@@ -266,7 +262,7 @@ impl Rules {
                     )),
                     (Some(low), Some(high)) if high - low < LISTED_INTEGERS => Ok(self.rule(
                         (low..=high)
-                            .map(|n| literal(&n.to_string()))
+                            .map(|n| lark_literal(&n.to_string()))
                             .collect::<Vec<_>>()
                             .join(" | "),
                     )),
@@ -336,7 +332,7 @@ impl Rules {
                 ));
             }
             let value = self.value(schema, &format!("{path}.properties.{name}"))?;
-            fields.push(format!("{} {value}", literal(&format!("{name}:"))));
+            fields.push(format!("{} {value}", lark_literal(&format!("{name}:"))));
         }
         Ok(self.rule(format!("\"{{\" {} \"}}\"", fields.join(" \",\" "))))
     }
