@@ -956,6 +956,10 @@ mod tests {
             assert!(!with(&["--l3", "--gpu-one-token-sdpa", "off"]).gpu_one_token_sdpa);
             assert!(with(&["--gpu-one-token-sdpa", "--l1"]).gpu_one_token_sdpa);
             assert!(!with(&["--l1"]).gpu_one_token_sdpa);
+            assert!(with(&["--l3"]).gpu_stacked_projections);
+            assert!(!with(&["--l3", "--gpu-stacked-projections", "off"]).gpu_stacked_projections);
+            assert!(with(&["--gpu-stacked-projections"]).gpu_stacked_projections);
+            assert!(!with(&[]).gpu_stacked_projections);
         }
         let serve = levers_of(&[
             "serve",

@@ -144,9 +144,17 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
                 found.spec,
                 one_token_steps()
             ));
-            return archgen_generated::run(&fingerprint, weights, task)
+            let output = archgen_generated::run(&fingerprint, weights, task)
                 .expect("find() and run() cover the same fingerprints")
                 .map_err(|e| format!("{}: {e}", model.display()))?;
+            if device::stacked_projections() {
+                let n = device::stacked_counts();
+                ui.note(&format!(
+                    "gpu-stacked-projections: {} layers ran Q/K/V as one matmul, {} gate/up",
+                    n.query_key_value, n.gate_up
+                ));
+            }
+            return output;
         }
         let why = format!(
             "no generated model has this checkpoint's fingerprint {fingerprint} \

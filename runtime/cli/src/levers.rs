@@ -25,6 +25,7 @@ pub enum Lever {
     GpuDecodeOnCpu,
     GpuDecodeBlocks,
     GpuOneTokenSdpa,
+    GpuStackedProjections,
     MaxBatch,
     PrefillStep,
     CudaGraphCache,
@@ -97,12 +98,13 @@ impl fmt::Display for Value {
 
 impl Lever {
     /// Every lever, in the order `archgen levers` lists them.
-    pub const ALL: [Lever; 8] = [
+    pub const ALL: [Lever; 9] = [
         Lever::EagerDecode,
         Lever::GpuDecode,
         Lever::GpuDecodeOnCpu,
         Lever::GpuDecodeBlocks,
         Lever::GpuOneTokenSdpa,
+        Lever::GpuStackedProjections,
         Lever::MaxBatch,
         Lever::PrefillStep,
         Lever::CudaGraphCache,
@@ -116,9 +118,10 @@ impl Lever {
             Lever::GpuDecodeOnCpu => 2,
             Lever::GpuDecodeBlocks => 3,
             Lever::GpuOneTokenSdpa => 4,
-            Lever::MaxBatch => 5,
-            Lever::PrefillStep => 6,
-            Lever::CudaGraphCache => 7,
+            Lever::GpuStackedProjections => 5,
+            Lever::MaxBatch => 6,
+            Lever::PrefillStep => 7,
+            Lever::CudaGraphCache => 8,
         }
     }
 
@@ -130,6 +133,7 @@ impl Lever {
             Lever::GpuDecodeOnCpu => "gpu-decode-on-cpu",
             Lever::GpuDecodeBlocks => "gpu-decode-blocks",
             Lever::GpuOneTokenSdpa => "gpu-one-token-sdpa",
+            Lever::GpuStackedProjections => "gpu-stacked-projections",
             Lever::MaxBatch => "max-batch",
             Lever::PrefillStep => "prefill-step",
             Lever::CudaGraphCache => "cuda-graph-cache",
@@ -159,6 +163,11 @@ impl Lever {
                  SDPA (changes real-width decode bits on CUDA; the CPU always runs it, \
                  reproducing its SDPA fallback)"
             }
+            Lever::GpuStackedProjections => {
+                "on the GPU path, a generated model's separate Q/K/V projections run as one \
+                 stacked matmul in one-token steps, and so do gate and up (prefill reads the \
+                 same weights as before; the stacked matmul may change decode bits)"
+            }
             Lever::MaxBatch => {
                 "serve: sequences in flight at once (prefilling or decoding); more requests \
                  wait in the queue"
@@ -180,7 +189,8 @@ impl Lever {
             Lever::EagerDecode
             | Lever::GpuDecode
             | Lever::GpuDecodeOnCpu
-            | Lever::GpuOneTokenSdpa => Kind::Switch,
+            | Lever::GpuOneTokenSdpa
+            | Lever::GpuStackedProjections => Kind::Switch,
             Lever::GpuDecodeBlocks => Kind::Blocks,
             Lever::MaxBatch => Kind::Count { min: 1, max: 4096 },
             Lever::PrefillStep => Kind::Count {
@@ -200,7 +210,8 @@ impl Lever {
             | Lever::GpuDecode
             | Lever::GpuDecodeOnCpu
             | Lever::GpuDecodeBlocks
-            | Lever::GpuOneTokenSdpa => Scope::Model,
+            | Lever::GpuOneTokenSdpa
+            | Lever::GpuStackedProjections => Scope::Model,
             Lever::MaxBatch | Lever::PrefillStep | Lever::CudaGraphCache => Scope::Serve,
         }
     }
@@ -226,6 +237,9 @@ impl Lever {
             Lever::GpuDecodeBlocks => Tier::L3,
             // Differs from mlx-lm on real-width Qwen3 and Llama on CUDA.
             Lever::GpuOneTokenSdpa => Tier::L3,
+            // The stacked matmul's kernel is chosen by its width: no
+            // oracle runs it.
+            Lever::GpuStackedProjections => Tier::L3,
             // mlx-lm's BatchGenerator with the same sizes is the oracle;
             // the graph cache replays the same kernels.
             Lever::MaxBatch | Lever::PrefillStep | Lever::CudaGraphCache => Tier::L1,
@@ -262,6 +276,7 @@ impl Lever {
             Lever::GpuDecode | Lever::GpuDecodeOnCpu => Some(device::GPU_DECODE_VAR),
             Lever::GpuDecodeBlocks => Some(device::GPU_DECODE_BLOCKS_VAR),
             Lever::GpuOneTokenSdpa => Some(device::GPU_ONE_TOKEN_SDPA_VAR),
+            Lever::GpuStackedProjections => Some(device::GPU_STACKED_PROJECTIONS_VAR),
             Lever::MaxBatch | Lever::PrefillStep => None,
             Lever::CudaGraphCache => Some(CUDA_GRAPH_CACHE_VAR),
         }
@@ -280,7 +295,7 @@ impl Lever {
             )),
         };
         match self {
-            Lever::EagerDecode | Lever::GpuOneTokenSdpa => {
+            Lever::EagerDecode | Lever::GpuOneTokenSdpa | Lever::GpuStackedProjections => {
                 switch(raw, "1 or 0").map(|on| Some(Value::Switch(on)))
             }
             Lever::GpuDecode => match raw {
@@ -339,7 +354,8 @@ impl Lever {
             Lever::EagerDecode
             | Lever::GpuDecode
             | Lever::GpuDecodeOnCpu
-            | Lever::GpuOneTokenSdpa => "on|off",
+            | Lever::GpuOneTokenSdpa
+            | Lever::GpuStackedProjections => "on|off",
             Lever::GpuDecodeBlocks => "all|pre|post|none",
             Lever::MaxBatch => "N",
             Lever::PrefillStep => "TOKENS",
@@ -369,6 +385,7 @@ pub struct LeverValues {
     pub gpu_decode_on_cpu: bool,
     pub gpu_decode_blocks: GpuBlocks,
     pub gpu_one_token_sdpa: bool,
+    pub gpu_stacked_projections: bool,
     pub max_batch: u64,
     pub prefill_step: u64,
     pub cuda_graph_cache: u64,
@@ -387,6 +404,7 @@ impl LeverValues {
         gpu_decode_on_cpu: DecodeChoices::DEFAULT.gpu_decode_on_cpu,
         gpu_decode_blocks: DecodeChoices::DEFAULT.gpu_blocks,
         gpu_one_token_sdpa: DecodeChoices::DEFAULT.gpu_one_token_sdpa,
+        gpu_stacked_projections: DecodeChoices::DEFAULT.gpu_stacked_projections,
         max_batch: 16,
         prefill_step: 2048,
         cuda_graph_cache: 40_000,
@@ -399,6 +417,7 @@ impl LeverValues {
             Lever::GpuDecodeOnCpu => Value::Switch(self.gpu_decode_on_cpu),
             Lever::GpuDecodeBlocks => Value::Blocks(self.gpu_decode_blocks),
             Lever::GpuOneTokenSdpa => Value::Switch(self.gpu_one_token_sdpa),
+            Lever::GpuStackedProjections => Value::Switch(self.gpu_stacked_projections),
             Lever::MaxBatch => Value::Count(self.max_batch),
             Lever::PrefillStep => Value::Count(self.prefill_step),
             Lever::CudaGraphCache => Value::Count(self.cuda_graph_cache),
@@ -413,6 +432,7 @@ impl LeverValues {
             (Lever::GpuDecodeOnCpu, Value::Switch(on)) => self.gpu_decode_on_cpu = on,
             (Lever::GpuDecodeBlocks, Value::Blocks(b)) => self.gpu_decode_blocks = b,
             (Lever::GpuOneTokenSdpa, Value::Switch(on)) => self.gpu_one_token_sdpa = on,
+            (Lever::GpuStackedProjections, Value::Switch(on)) => self.gpu_stacked_projections = on,
             (Lever::MaxBatch, Value::Count(n)) => self.max_batch = n,
             (Lever::PrefillStep, Value::Count(n)) => self.prefill_step = n,
             (Lever::CudaGraphCache, Value::Count(n)) => self.cuda_graph_cache = n,
@@ -422,6 +442,7 @@ impl LeverValues {
                 | Lever::GpuDecodeOnCpu
                 | Lever::GpuDecodeBlocks
                 | Lever::GpuOneTokenSdpa
+                | Lever::GpuStackedProjections
                 | Lever::MaxBatch
                 | Lever::PrefillStep
                 | Lever::CudaGraphCache,
@@ -445,6 +466,7 @@ impl LeverValues {
             gpu_decode_on_cpu: self.gpu_decode_on_cpu,
             gpu_blocks: self.gpu_decode_blocks,
             gpu_one_token_sdpa: self.gpu_one_token_sdpa,
+            gpu_stacked_projections: self.gpu_stacked_projections,
         }
     }
 }
@@ -487,9 +509,14 @@ impl Alias {
         match (self, lever) {
             (
                 Alias::L1 | Alias::L2,
-                Lever::GpuDecodeOnCpu | Lever::GpuDecodeBlocks | Lever::GpuOneTokenSdpa,
+                Lever::GpuDecodeOnCpu
+                | Lever::GpuDecodeBlocks
+                | Lever::GpuOneTokenSdpa
+                | Lever::GpuStackedProjections,
             ) => lever.off_value(),
-            (Alias::L3, Lever::GpuOneTokenSdpa) => Some(Value::Switch(true)),
+            (Alias::L3, Lever::GpuOneTokenSdpa | Lever::GpuStackedProjections) => {
+                Some(Value::Switch(true))
+            }
             (Alias::L3, Lever::GpuDecodeOnCpu | Lever::GpuDecodeBlocks)
             | (
                 Alias::L1 | Alias::L2 | Alias::L3,
@@ -725,24 +752,34 @@ impl RunLevers {
             .settings()
             .filter(|(l, v, _)| l.tier(*v) > required)
             .collect();
-        let (first, _, _) = *above.first()?;
+        if above.is_empty() {
+            return None;
+        }
         let list: Vec<String> = above
             .iter()
             .map(|(l, v, s)| format!("lever {}={v} ({s}) is {}", l.name(), l.tier(*v)))
             .collect();
-        let off = first
-            .off_value()
-            .map_or_else(String::new, |v| format!(" {v}"));
+        let flags: Vec<String> = above
+            .iter()
+            .map(|(l, _, _)| {
+                let off = l.off_value().map_or_else(String::new, |v| format!(" {v}"));
+                format!("--{}{off}", l.name())
+            })
+            .collect();
         let alias = match required {
             Tier::L1 => Alias::L1,
             Tier::L2 => Alias::L2,
             Tier::L3 => Alias::L3,
         };
+        let it = match above.len() {
+            1 => "it",
+            _ => "them",
+        };
         Some(format!(
-            "{}; turn it off (--{}{off}; --{} turns off every lever above {required} that \
+            "{}; turn {it} off ({}; --{} turns off every lever above {required} that \
              no flag sets) or run without --require-tier {required}",
             list.join(", "),
-            first.name(),
+            flags.join(", "),
             alias.name(),
         ))
     }
@@ -951,9 +988,13 @@ mod tests {
         }
         assert_eq!(
             Alias::L1.expansion(),
-            "gpu-decode-on-cpu=off, gpu-decode-blocks=all, gpu-one-token-sdpa=off"
+            "gpu-decode-on-cpu=off, gpu-decode-blocks=all, gpu-one-token-sdpa=off, \
+             gpu-stacked-projections=off"
         );
-        assert_eq!(Alias::L3.expansion(), "gpu-one-token-sdpa=on");
+        assert_eq!(
+            Alias::L3.expansion(),
+            "gpu-one-token-sdpa=on, gpu-stacked-projections=on"
+        );
     }
 
     #[test]
@@ -999,6 +1040,20 @@ mod tests {
         )
         .resolve_with(no_env)
         .unwrap();
+        let e = run.refusal(Tier::L1).unwrap();
+        assert!(
+            e.starts_with("lever gpu-stacked-projections=on (from --l3) is L3"),
+            "{e}"
+        );
+        let run = flags::<ModelCommand>(
+            Some(Alias::L3),
+            &[
+                (Lever::GpuOneTokenSdpa, Value::Switch(false)),
+                (Lever::GpuStackedProjections, Value::Switch(false)),
+            ],
+        )
+        .resolve_with(no_env)
+        .unwrap();
         assert!(run.refusal(Tier::L1).is_none());
     }
 
@@ -1011,6 +1066,10 @@ mod tests {
             .resolve_with(with("ARCHGEN_GPU_DECODE", "cpu-too"))
             .unwrap();
         assert!(run.values.gpu_decode && run.values.gpu_decode_on_cpu);
+        let run = flags::<ModelCommand>(None, &[])
+            .resolve_with(with("ARCHGEN_GPU_STACKED_PROJECTIONS", "1"))
+            .unwrap();
+        assert!(run.values.gpu_stacked_projections);
         let run = flags::<ModelCommand>(None, &[])
             .resolve_with(with("ARCHGEN_GPU_DECODE", "0"))
             .unwrap();
@@ -1038,6 +1097,11 @@ mod tests {
                 "ARCHGEN_GPU_DECODE",
                 "gpu",
                 "ARCHGEN_GPU_DECODE=gpu: expected 1, 0 or cpu-too",
+            ),
+            (
+                "ARCHGEN_GPU_STACKED_PROJECTIONS",
+                "2",
+                "ARCHGEN_GPU_STACKED_PROJECTIONS=2: expected 1 or 0",
             ),
             (
                 "ARCHGEN_GPU_DECODE_BLOCKS",
@@ -1068,7 +1132,8 @@ mod tests {
         .unwrap();
         assert_eq!(
             run.note(),
-            "levers on: gpu-decode-blocks=pre (from its flag), gpu-one-token-sdpa (from --l3)"
+            "levers on: gpu-decode-blocks=pre (from its flag), gpu-one-token-sdpa (from --l3), \
+             gpu-stacked-projections (from --l3)"
         );
         let run = flags::<ModelCommand>(None, &[(Lever::GpuDecode, Value::Switch(false))])
             .resolve_with(no_env)

@@ -73,10 +73,24 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
         ]
     );
     assert_eq!(row("max-batch"), ["max-batch", "L1", "16", "1..=4096", "-"]);
-    assert!(table.contains("--l3   gpu-one-token-sdpa=on\n"), "{table}");
+    assert_eq!(
+        row("gpu-stacked-projections"),
+        [
+            "gpu-stacked-projections",
+            "L3",
+            "off",
+            "on|off",
+            "ARCHGEN_GPU_STACKED_PROJECTIONS"
+        ]
+    );
+    assert!(
+        table.contains("--l3   gpu-one-token-sdpa=on, gpu-stacked-projections=on\n"),
+        "{table}"
+    );
     assert!(
         table.contains(
-            "--l1   gpu-decode-on-cpu=off, gpu-decode-blocks=all, gpu-one-token-sdpa=off\n"
+            "--l1   gpu-decode-on-cpu=off, gpu-decode-blocks=all, gpu-one-token-sdpa=off, \
+             gpu-stacked-projections=off\n"
         ),
         "{table}"
     );
@@ -94,6 +108,7 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
             "gpu-decode-on-cpu",
             "gpu-decode-blocks",
             "gpu-one-token-sdpa",
+            "gpu-stacked-projections",
             "max-batch",
             "prefill-step",
             "cuda-graph-cache"
@@ -115,7 +130,7 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
     assert_eq!(aliases[2]["flag"], "--l3");
     assert_eq!(
         aliases[2]["sets"],
-        serde_json::json!({"gpu-one-token-sdpa": "on"})
+        serde_json::json!({"gpu-one-token-sdpa": "on", "gpu-stacked-projections": "on"})
     );
 
     let o = archgen(&["levers", "--format", "yaml"]);
@@ -165,11 +180,21 @@ fn require_tier_refuses_an_l3_lever_by_name_before_reading_anything() {
             let e = stderr(&o);
             assert_eq!(o.status.code(), Some(1), "{base:?} {extra:?}: {e}");
             let required = extra.last().unwrap();
+            // --l3 turns on both of its levers; the refusal names each.
+            let levers = match source {
+                "from --l3" => format!(
+                    "lever gpu-one-token-sdpa=on ({source}) is L3, lever \
+                     gpu-stacked-projections=on ({source}) is L3; turn them off \
+                     (--gpu-one-token-sdpa off, --gpu-stacked-projections off;"
+                ),
+                _ => format!(
+                    "lever gpu-one-token-sdpa=on ({source}) is L3; turn it off \
+                     (--gpu-one-token-sdpa off;"
+                ),
+            };
             assert!(
                 e.contains(&format!(
-                    "archgen: error: --require-tier {required}: refusing to run {model}: \
-                     lever gpu-one-token-sdpa=on ({source}) is L3; turn it off \
-                     (--gpu-one-token-sdpa off;"
+                    "archgen: error: --require-tier {required}: refusing to run {model}: {levers}"
                 )),
                 "{base:?} {extra:?}: {e}"
             );
@@ -252,6 +277,8 @@ fn a_run_states_its_levers_and_the_tier_they_give_it() {
     };
     let l1 = "archgen: parity tier L1 (bit-exact with mlx-lm 0.32.2)\n";
     let sdpa_l3 = "archgen: parity tier L3: lever gpu-one-token-sdpa=on (no oracle)\n";
+    let alias_l3 = "archgen: parity tier L3: lever gpu-one-token-sdpa=on; \
+                    lever gpu-stacked-projections=on (no oracle)\n";
     // gpu-decode is on by default in every build but macOS's.
     let gpu = if cfg!(target_os = "macos") {
         ""
@@ -272,15 +299,26 @@ fn a_run_states_its_levers_and_the_tier_they_give_it() {
     );
 
     let (e, _) = logits("l3", &["--l3"], &[]);
-    assert!(e.contains(sdpa_l3), "{e}");
+    assert!(e.contains(alias_l3), "{e}");
     assert!(
         e.contains(&format!(
-            "archgen: levers on: {gpu}gpu-one-token-sdpa (from --l3)\n"
+            "archgen: levers on: {gpu}gpu-one-token-sdpa (from --l3), \
+             gpu-stacked-projections (from --l3)\n"
         )),
         "{e}"
     );
 
-    let (e, _) = logits("l3-off", &["--l3", "--gpu-one-token-sdpa", "off"], &[]);
+    let (e, _) = logits(
+        "l3-off",
+        &[
+            "--l3",
+            "--gpu-one-token-sdpa",
+            "off",
+            "--gpu-stacked-projections",
+            "off",
+        ],
+        &[],
+    );
     assert!(e.contains(l1), "{e}");
 
     let (e, _) = logits("env", &[], &[("ARCHGEN_GPU_ONE_TOKEN_SDPA", "1")]);
@@ -347,12 +385,16 @@ fn chat_and_serve_state_their_levers_serves_with_its_own() {
     let e = stderr(&o);
     assert!(o.status.success(), "{e}");
     assert!(
-        e.contains("archgen: parity tier L3: lever gpu-one-token-sdpa=on (no oracle)\n"),
+        e.contains(
+            "archgen: parity tier L3: lever gpu-one-token-sdpa=on; \
+             lever gpu-stacked-projections=on (no oracle)\n"
+        ),
         "{e}"
     );
     assert!(
         e.contains(&format!(
-            "archgen: levers on: {gpu}gpu-one-token-sdpa (from --l3)\n"
+            "archgen: levers on: {gpu}gpu-one-token-sdpa (from --l3), \
+             gpu-stacked-projections (from --l3)\n"
         )),
         "{e}"
     );

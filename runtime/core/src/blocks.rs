@@ -359,25 +359,12 @@ impl<'a> OwnQkv<'a> {
         let (b, l) = batch_and_len(x);
         match self {
             OwnQkv::Separate { attn, kv } => {
-                let q = queries(x, attn, s)?;
-                // Heads as -1: a rank of a tensor-parallel run has n_kv_heads / N of
-                // them (the shape's counts are the model's; see `distributed`).
-                let k_proj = kv.k_proj.forward(x)?;
-                let k = k_proj.reshape(&[b, l, -1, s.head_dim])?;
-                // V = K's projection before any norm (IR `Values::SameAsKeys`).
-                let v = match &kv.v_proj {
-                    None => k.clone(),
-                    Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, -1, s.head_dim])?,
+                let projected = Projected {
+                    q: attn.q_proj.forward(x)?,
+                    k: kv.k_proj.forward(x)?,
+                    v: kv.v_proj.as_ref().map(|p| p.forward(x)).transpose()?,
                 };
-                let k = normed_heads(&k_proj, k, kv.k_norm.as_ref(), s)?;
-                let k = rope(&k.transpose_axes(&[0, 2, 1, 3])?)?;
-                let v = match s.value_norm {
-                    ValueNorm::RmsScaleFree => rms_norm(&v, None, s.eps)?,
-                    ValueNorm::None => v,
-                };
-                let v = v.transpose_axes(&[0, 2, 1, 3])?;
-                let q = rope(&q.transpose_axes(&[0, 2, 1, 3])?)?;
-                Ok((q, k, v))
+                projected.heads((b, l), attn.q_norm.as_ref(), kv.k_norm.as_ref(), s, rope)
             }
             // One matmul, split at `[q, q + kv]` along the last axis
             // (`mx.split`).
@@ -409,6 +396,50 @@ impl<'a> OwnQkv<'a> {
             OwnQkv::Separate { attn, .. } => &attn.o_proj,
             OwnQkv::Fused(w) => &w.o_proj,
         }
+    }
+}
+
+/// The outputs of a K/V-owning layer's separate projections (or the parts
+/// of one stacked product that computes them: `decode::FusedQkv`), before
+/// their heads are split. `v` is `None` when V is K's projection (IR
+/// `Values::SameAsKeys`).
+pub struct Projected {
+    pub q: Array,
+    pub k: Array,
+    pub v: Option<Array>,
+}
+
+impl Projected {
+    /// Queries, keys and values [B, heads, L, head_dim] of the projections
+    /// of `(B, L)` tokens: split into heads, normed as the layer's norms say,
+    /// transposed; Q and K through `rope`.
+    pub fn heads(
+        self,
+        (b, l): (i32, i32),
+        q_norm: Option<&QkNormWeight>,
+        k_norm: Option<&QkNormWeight>,
+        s: AttentionShape,
+        rope: &dyn Fn(&Array) -> Result<Array>,
+    ) -> Result<(Array, Array, Array)> {
+        // Heads as -1: a rank of a tensor-parallel run has n_kv_heads / N of
+        // them (the shape's counts are the model's; see `distributed`).
+        let split = |t: &Array| t.reshape(&[b, l, -1, s.head_dim]);
+        let q = normed_heads(&self.q, split(&self.q)?, q_norm, s)?;
+        let k = split(&self.k)?;
+        // V = K's projection before any norm (IR `Values::SameAsKeys`).
+        let v = match &self.v {
+            None => k.clone(),
+            Some(v) => split(v)?,
+        };
+        let k = normed_heads(&self.k, k, k_norm, s)?;
+        let k = rope(&k.transpose_axes(&[0, 2, 1, 3])?)?;
+        let v = match s.value_norm {
+            ValueNorm::RmsScaleFree => rms_norm(&v, None, s.eps)?,
+            ValueNorm::None => v,
+        };
+        let v = v.transpose_axes(&[0, 2, 1, 3])?;
+        let q = rope(&q.transpose_axes(&[0, 2, 1, 3])?)?;
+        Ok((q, k, v))
     }
 }
 
@@ -628,16 +659,51 @@ pub enum GateUp {
     /// `gate_up_proj` `[2 * width, hidden]`: one matmul, split in halves
     /// along the last axis, the gate first (`mx.split(x, 2, axis=-1)`).
     Fused { gate_up_proj: Linear },
+    /// A checkpoint's separate `gate_proj` and `up_proj` stacked for the
+    /// GPU path's one-token steps (lever `gpu-stacked-projections`,
+    /// [`crate::device::stacked_projections`]): the compiled decode blocks
+    /// read `gate_up_proj` as [`GateUp::Fused`]; everything else (prefill)
+    /// reads `gate_proj` and `up_proj`, row views of the same buffer.
+    Stacked {
+        gate_up_proj: Linear,
+        gate_proj: Linear,
+        up_proj: Linear,
+    },
 }
 
 impl Mlp {
-    /// [`Linear::pretranspose`] on the projections (generated models).
+    /// [`Linear::pretranspose`] on the projections (generated models);
+    /// with the `gpu-stacked-projections` lever, separate gate and up
+    /// projections become [`GateUp::Stacked`] first.
     pub fn pretranspose(&mut self) {
+        if crate::device::stacked_projections() {
+            self.stack_gate_up();
+        }
         match &mut self.gate_up {
             GateUp::Separate { gate_proj, up_proj } => pretranspose_all([gate_proj, up_proj]),
             GateUp::Fused { gate_up_proj } => gate_up_proj.pretranspose(),
+            // Pretransposed when stacked.
+            GateUp::Stacked { .. } => {}
         }
         self.down_proj.pretranspose();
+    }
+
+    /// Separate gate and up projections as [`GateUp::Stacked`]; left as they
+    /// are where they cannot stack ([`crate::layers::stack_rows`]).
+    fn stack_gate_up(&mut self) {
+        let GateUp::Separate { gate_proj, up_proj } = &self.gate_up else {
+            return;
+        };
+        if let Some((gate_up_proj, views)) = crate::layers::stack_rows(&[gate_proj, up_proj]) {
+            if let Ok([gate_proj, up_proj]) = <[Linear; 2]>::try_from(views) {
+                self.gate_up = GateUp::Stacked {
+                    gate_up_proj,
+                    gate_proj,
+                    up_proj,
+                };
+                crate::device::count_stacked(crate::device::StackedProjection::GateUp);
+            }
+        }
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
@@ -648,9 +714,10 @@ impl Mlp {
     /// `gate(x)` and `up(x)`: two matmuls, or the halves of one.
     pub fn gate_and_up(&self, x: &Array) -> Result<(Array, Array)> {
         match &self.gate_up {
-            GateUp::Separate { gate_proj, up_proj } => {
-                Ok((gate_proj.forward(x)?, up_proj.forward(x)?))
-            }
+            GateUp::Separate { gate_proj, up_proj }
+            | GateUp::Stacked {
+                gate_proj, up_proj, ..
+            } => Ok((gate_proj.forward(x)?, up_proj.forward(x)?)),
             GateUp::Fused { gate_up_proj } => {
                 let halves = gate_up_proj.forward(x)?.split_equal(2, -1)?;
                 let [gate, up] = <[Array; 2]>::try_from(halves)

@@ -218,8 +218,7 @@ fn attend_own_kv(
 ) -> Result<(Array, SharedKv)> {
     let offset = cache.rope_offset()?;
     // The stacked projection needs one dtype throughout (see FusedQkv).
-    let fused =
-        fused.filter(|f| f.norm.dtype() == h.dtype() && layer.norms.input().dtype() == h.dtype());
+    let fused = fused.filter(|f| f.usable(h.dtype(), layer.norms.input().dtype()));
     let qkv = pre_attention(h, layer, Some(kv), fused, rope)?;
     let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
     let step = StepQkv {
@@ -293,132 +292,132 @@ fn bad_outputs() -> mlx_rs::error::Exception {
 
 /// Q, K and V projections of a layer that computes its own K/V as one
 /// matmul, for one-token steps: the three weights stacked on the output axis
-/// (when V is the keys' projection, V's rows are K's again), and the three
-/// head norms as one per-head weight [H + 2 KV, head_dim] (q_norm, k_norm,
-/// and ones for V's scale-free norm, whose `* 1` changes no bit). Only for
-/// layers that norm all three (q/k RMSNorm and a scale-free V norm). A matmul's output
+/// (when V is the keys' projection, V's rows are K's again), with the
+/// norms in the form the path can run ([`StackedNorms`]). A matmul's output
 /// column does not depend on the other columns, nor an RMSNorm's row on the
-/// other rows, so Q, K and V keep their bits (checked by
+/// other rows, so on the CPU Q, K and V keep their bits (checked by
 /// `tests/decode_blocks.rs` and the parity tests); 3 matmuls, 3 reshapes,
-/// 3 norms, 3 transposes and 2 RoPEs become one of each (and 3 slices).
+/// 3 norms, 3 transposes and 2 RoPEs become one of each (and 3 slices). On
+/// the GPU path it is the lever `gpu-stacked-projections` (L3): 3 matmuls
+/// become one, each part then normed and rotated as the separate ones are.
 #[derive(Debug, Clone)]
 pub struct FusedQkv {
     pub proj: Linear,
-    pub norm: Array,
+    pub norms: StackedNorms,
+}
+
+/// The q/k/v norms of a [`FusedQkv`], by path.
+#[derive(Debug, Clone)]
+pub enum StackedNorms {
+    /// The CPU path: one per-head weight [H + 2 KV, head_dim] (q_norm,
+    /// k_norm, and ones for V's scale-free norm, whose `* 1` changes no
+    /// bit), so the three norms are one. Only for layers that norm all three
+    /// (q/k RMSNorm per head and a scale-free V norm) in one dtype.
+    OneWeight(Array),
+    /// The GPU path: `fast.rms_norm` takes a weight of the last axis only,
+    /// so each part keeps its own norm (any form), as the separate
+    /// projections run it ([`blocks::Projected::heads`]).
+    PerPart {
+        q: Option<QkNormWeight>,
+        k: Option<QkNormWeight>,
+        /// Whether V has rows of its own in the stacked projection (a
+        /// layer whose V is K's projection stacks Q and K only).
+        own_values: bool,
+    },
 }
 
 impl FusedQkv {
     /// Stacks the layer's projections and points `attn.q_proj`,
-    /// `kv.k_proj` and `kv.v_proj` at views of the stacked buffer, so the
-    /// weights are not held twice (the eager path reads the same numbers
+    /// `kv.k_proj` and `kv.v_proj` at row views of the stacked buffer, so
+    /// the weights are not held twice (the eager path reads the same numbers
     /// from the views). `None` when a projection has a bias, when the
-    /// projections' quantization or the dtypes of weights and norms differ,
-    /// and off the CPU: on a GPU a matmul's kernel (and so its reduction
-    /// order) is chosen by the output width, so the stacked product is not
-    /// known to keep Q, K and V's bits, and `fast.rms_norm` takes a weight
-    /// of the last axis only; there the weights stay as loaded.
+    /// projections' quantization or dtypes differ, on the CPU for layers
+    /// whose norms cannot be one weight ([`StackedNorms::OneWeight`]), and
+    /// on a GPU unless the lever is on ([`crate::device::stacked_projections`]):
+    /// there a matmul's kernel (and so its reduction order) is chosen by the
+    /// output width, so the stacked product is not known to keep Q, K and
+    /// V's bits.
     pub fn new(attn: &mut AttentionWeights, kv: &mut KvWeights, s: AttentionShape) -> Option<Self> {
         // Sharded weights hold a rank's heads, not `s`'s; the decode path is
         // off under tensor parallelism anyway (`enabled`).
-        if path() != Path::CpuFallbacks || crate::distributed::tensor_parallel() {
-            return None;
+        let norms = match path() {
+            Path::CpuFallbacks if !crate::distributed::tensor_parallel() => {
+                StackedNorms::OneWeight(Self::one_norm_weight(attn, kv, s)?)
+            }
+            Path::NativeFastOps if crate::device::stacked_projections() => StackedNorms::PerPart {
+                q: attn.q_norm.clone(),
+                k: kv.k_norm.clone(),
+                own_values: kv.v_proj.is_some(),
+            },
+            Path::CpuFallbacks | Path::NativeFastOps | Path::Eager => return None,
+        };
+        // The one per-head norm weight spans V's rows, so there V's rows are
+        // K's again when V is K's projection.
+        let parts = match (&norms, &kv.v_proj) {
+            (_, Some(v)) => vec![&attn.q_proj, &kv.k_proj, v],
+            (StackedNorms::OneWeight(_), None) => vec![&attn.q_proj, &kv.k_proj, &kv.k_proj],
+            (StackedNorms::PerPart { .. }, None) => vec![&attn.q_proj, &kv.k_proj],
+        };
+        let (proj, views) = crate::layers::stack_rows(&parts)?;
+        let mut views = views.into_iter();
+        attn.q_proj = views.next()?;
+        kv.k_proj = views.next()?;
+        if kv.v_proj.is_some() {
+            kv.v_proj = views.next();
         }
+        if let StackedNorms::PerPart { .. } = norms {
+            crate::device::count_stacked(crate::device::StackedProjection::QueryKeyValue);
+        }
+        Some(FusedQkv { proj, norms })
+    }
+
+    /// The CPU path's one per-head norm weight ([`StackedNorms::OneWeight`]),
+    /// `None` where the layer's norms are not that form.
+    fn one_norm_weight(
+        attn: &AttentionWeights,
+        kv: &KvWeights,
+        s: AttentionShape,
+    ) -> Option<Array> {
         // Per-head norms only: a whole-projection norm's mean spans Q's (or
         // K's) heads, which the stacked per-head norm would not.
         let (
             Some(QkNormWeight::PerHead(q_norm)),
             Some(QkNormWeight::PerHead(k_norm)),
             ValueNorm::RmsScaleFree,
-        ) = (attn.q_norm.clone(), kv.k_norm.clone(), s.value_norm)
+        ) = (&attn.q_norm, &kv.k_norm, s.value_norm)
         else {
             return None;
         };
         let dtype = q_norm.dtype();
-        let v = kv.v_proj.as_ref().unwrap_or(&kv.k_proj);
-        let parts = [&attn.q_proj, &kv.k_proj, v];
-        let quant = |l: &Linear| l.quant.as_ref().map(|q| (q.group_size, q.bits));
         let value_dtype = |l: &Linear| {
             l.quant
                 .as_ref()
                 .map_or(l.weight.dtype(), |q| q.scales.dtype())
         };
-        if parts
-            .iter()
-            .any(|l| quant(l) != quant(parts[0]) || value_dtype(l) != dtype)
-            || k_norm.dtype() != dtype
-            // The stacked buffer carries no biases (qwen2's q/k/v have them).
-            || parts.iter().any(|l| l.bias.is_some())
-        {
+        if value_dtype(&attn.q_proj) != dtype || k_norm.dtype() != dtype {
             return None;
         }
-        let stack = |f: &dyn Fn(&Linear) -> &Array| -> Option<Array> {
-            let a = mlx_rs::ops::concatenate(&[f(parts[0]), f(parts[1]), f(parts[2])], 0).ok()?;
-            a.eval().ok()?;
-            Some(a)
-        };
-        let weight = stack(&|l| &l.weight)?;
-        let q = match parts[0].quant.as_ref() {
-            None => None,
-            Some(q) => Some(Quantized {
-                scales: stack(&|l| &l.quant.as_ref().expect("same quantization").scales)?,
-                biases: stack(&|l| &l.quant.as_ref().expect("same quantization").biases)?,
-                group_size: q.group_size,
-                bits: q.bits,
-            }),
-        };
         let (h, kvh, d) = (s.n_heads, s.n_kv_heads, s.head_dim);
         let norm = mlx_rs::ops::concatenate(
             &[
-                mlx_rs::ops::broadcast_to(&q_norm, &[h, d]).ok()?,
-                mlx_rs::ops::broadcast_to(&k_norm, &[kvh, d]).ok()?,
+                mlx_rs::ops::broadcast_to(q_norm, &[h, d]).ok()?,
+                mlx_rs::ops::broadcast_to(k_norm, &[kvh, d]).ok()?,
                 mlx_rs::ops::ones_dtype(&[kvh, d], dtype).ok()?,
             ],
             0,
         )
         .ok()?;
         norm.eval().ok()?;
-        let mut proj = Linear {
-            weight,
-            quant: q,
-            weight_t: None,
-            bias: None,
-        };
-        // The separate projections become row views of the stacked buffers.
-        let view = |from: i32, to: i32| -> Option<Linear> {
-            let rows = |a: &Array| -> Option<Array> {
-                let v = a.try_index(from..to).ok()?;
-                v.eval().ok()?;
-                Some(v)
-            };
-            let mut l = Linear {
-                weight: rows(&proj.weight)?,
-                quant: match &proj.quant {
-                    None => None,
-                    Some(q) => Some(Quantized {
-                        scales: rows(&q.scales)?,
-                        biases: rows(&q.biases)?,
-                        group_size: q.group_size,
-                        bits: q.bits,
-                    }),
-                },
-                weight_t: None,
-                bias: None,
-            };
-            l.pretranspose();
-            Some(l)
-        };
-        let (q_rows, k_rows) = (h * d, kvh * d);
-        let q_proj = view(0, q_rows)?;
-        let k_proj = view(q_rows, q_rows + k_rows)?;
-        let v_proj = match kv.v_proj {
-            Some(_) => Some(view(q_rows + k_rows, q_rows + 2 * k_rows)?),
-            None => None,
-        };
-        attn.q_proj = q_proj;
-        kv.k_proj = k_proj;
-        kv.v_proj = v_proj;
-        proj.pretranspose();
-        Some(FusedQkv { proj, norm })
+        Some(norm)
+    }
+
+    /// Whether a step of this dtype can take it: the CPU path's one norm
+    /// needs one dtype throughout (its norm inputs are found by dtype).
+    fn usable(&self, h: mlx_rs::Dtype, input_norm: mlx_rs::Dtype) -> bool {
+        match &self.norms {
+            StackedNorms::OneWeight(norm) => norm.dtype() == h && input_norm == h,
+            StackedNorms::PerPart { .. } => true,
+        }
     }
 
     /// What [`blocks::OwnQkv::project`] returns, from the stacked projection.
@@ -430,31 +429,59 @@ impl FusedQkv {
     ) -> Result<(Array, Array, Array)> {
         let (h, kvh) = (s.n_heads, s.n_kv_heads);
         let b = x.shape()[0];
-        let f = self
-            .proj
-            .forward(x)?
-            .reshape(&[b, 1, h + 2 * kvh, s.head_dim])?;
-        let y = rms_norm(&f, Some(&self.norm), s.eps)?.transpose_axes(&[0, 2, 1, 3])?;
-        let qk = rope(&y.try_index((.., ..h + kvh))?)?;
-        Ok((
-            qk.try_index((.., ..h))?,
-            qk.try_index((.., h..))?,
-            y.try_index((.., h + kvh..))?,
-        ))
+        let stacked = self.proj.forward(x)?;
+        match &self.norms {
+            StackedNorms::OneWeight(norm) => {
+                let f = stacked.reshape(&[b, 1, h + 2 * kvh, s.head_dim])?;
+                let y = rms_norm(&f, Some(norm), s.eps)?.transpose_axes(&[0, 2, 1, 3])?;
+                let qk = rope(&y.try_index((.., ..h + kvh))?)?;
+                Ok((
+                    qk.try_index((.., ..h))?,
+                    qk.try_index((.., h..))?,
+                    y.try_index((.., h + kvh..))?,
+                ))
+            }
+            StackedNorms::PerPart { q, k, own_values } => {
+                let (q_width, kv_width) = s.projection_widths();
+                let parts = match own_values {
+                    true => stacked.split_at_indices(&[q_width, q_width + kv_width], -1)?,
+                    false => stacked.split_at_indices(&[q_width], -1)?,
+                };
+                let mut parts = parts.into_iter();
+                let projected = blocks::Projected {
+                    q: parts.next().ok_or_else(bad_outputs)?,
+                    k: parts.next().ok_or_else(bad_outputs)?,
+                    v: parts.next(),
+                };
+                projected.heads((b, 1), q.as_ref(), k.as_ref(), s, rope)
+            }
+        }
     }
 }
 
 impl Flat for FusedQkv {
     fn put(&self, p: &mut Packed) {
         self.proj.put(p);
-        self.norm.put(p);
+        match &self.norms {
+            StackedNorms::OneWeight(norm) => p.put_variant(0, norm),
+            StackedNorms::PerPart { q, k, own_values } => {
+                p.key.extend([1, *own_values as i64]);
+                q.put(p);
+                k.put(p);
+            }
+        }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
         let proj = self.proj.take(it);
-        FusedQkv {
-            proj,
-            norm: next(it),
-        }
+        let norms = match &self.norms {
+            StackedNorms::OneWeight(_) => StackedNorms::OneWeight(next(it)),
+            StackedNorms::PerPart { q, k, own_values } => StackedNorms::PerPart {
+                q: q.take(it),
+                k: k.take(it),
+                own_values: *own_values,
+            },
+        };
+        FusedQkv { proj, norms }
     }
 }
 
@@ -1523,6 +1550,8 @@ impl Flat for GateUp {
             // Its own key (a `Linear`'s starts with 0 or 1, so 2 tells the
             // forms apart): the compiled block splits one product.
             GateUp::Fused { gate_up_proj } => p.put_variant(2, gate_up_proj),
+            // The block reads the stacked product, as for a fused projection.
+            GateUp::Stacked { gate_up_proj, .. } => p.put_variant(2, gate_up_proj),
         }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
@@ -1531,9 +1560,11 @@ impl Flat for GateUp {
                 gate_proj: gate_proj.take(it),
                 up_proj: up_proj.take(it),
             },
-            GateUp::Fused { gate_up_proj } => GateUp::Fused {
-                gate_up_proj: gate_up_proj.take(it),
-            },
+            GateUp::Fused { gate_up_proj } | GateUp::Stacked { gate_up_proj, .. } => {
+                GateUp::Fused {
+                    gate_up_proj: gate_up_proj.take(it),
+                }
+            }
         }
     }
 }

@@ -46,12 +46,17 @@ pub struct DecodeChoices {
     pub gpu_blocks: GpuBlocks,
     /// Grouped one-token attention on a GPU too (`ARCHGEN_GPU_ONE_TOKEN_SDPA=1`).
     pub gpu_one_token_sdpa: bool,
+    /// On the GPU path, a layer's separate projections read as one stacked
+    /// matmul: Q/K/V, and gate/up (`ARCHGEN_GPU_STACKED_PROJECTIONS=1`;
+    /// [`stacked_projections`]).
+    pub gpu_stacked_projections: bool,
 }
 
 pub const EAGER_DECODE_VAR: &str = "ARCHGEN_EAGER_DECODE";
 pub const GPU_DECODE_VAR: &str = "ARCHGEN_GPU_DECODE";
 pub const GPU_DECODE_BLOCKS_VAR: &str = "ARCHGEN_GPU_DECODE_BLOCKS";
 pub const GPU_ONE_TOKEN_SDPA_VAR: &str = "ARCHGEN_GPU_ONE_TOKEN_SDPA";
+pub const GPU_STACKED_PROJECTIONS_VAR: &str = "ARCHGEN_GPU_STACKED_PROJECTIONS";
 
 impl DecodeChoices {
     /// What runs when nothing is set: the compiled blocks of the device, the
@@ -63,6 +68,7 @@ impl DecodeChoices {
         gpu_decode_on_cpu: false,
         gpu_blocks: GpuBlocks::All,
         gpu_one_token_sdpa: false,
+        gpu_stacked_projections: false,
     };
 
     /// The choices the environment variables make, read as they always
@@ -70,7 +76,8 @@ impl DecodeChoices {
     /// to anything but empty or `0` (`cpu-too` also sets
     /// [`DecodeChoices::gpu_decode_on_cpu`]), `ARCHGEN_GPU_DECODE_BLOCKS` is
     /// `pre`, `post` or `none` (anything else: every block), and
-    /// `ARCHGEN_GPU_ONE_TOKEN_SDPA` is on at `1`.
+    /// `ARCHGEN_GPU_ONE_TOKEN_SDPA` and `ARCHGEN_GPU_STACKED_PROJECTIONS` are
+    /// on at `1`.
     pub fn from_env() -> DecodeChoices {
         let set = |name: &str| std::env::var_os(name).map(|v| !v.is_empty() && v != "0");
         let gpu_decode_on_cpu = std::env::var_os(GPU_DECODE_VAR).is_some_and(|v| v == "cpu-too");
@@ -85,6 +92,8 @@ impl DecodeChoices {
                 _ => GpuBlocks::All,
             },
             gpu_one_token_sdpa: std::env::var_os(GPU_ONE_TOKEN_SDPA_VAR).is_some_and(|v| v == "1"),
+            gpu_stacked_projections: std::env::var_os(GPU_STACKED_PROJECTIONS_VAR)
+                .is_some_and(|v| v == "1"),
         }
     }
 }
@@ -165,6 +174,54 @@ pub fn gpu_blocks() -> GpuBlocks {
 /// (an experiment that changes bits there, see docs/parity.md).
 pub fn one_token_sdpa() -> bool {
     on_cpu() || decode_choices().gpu_one_token_sdpa
+}
+
+/// Whether a generated model's layers stack their separate projections for
+/// the GPU path's one-token steps: Q, K and V into one matmul
+/// ([`crate::decode::FusedQkv`]) and gate and up into one
+/// ([`crate::blocks::GateUp::Stacked`]). A lever (`gpu-stacked-projections`,
+/// L3): on a GPU a matmul's kernel, and so its reduction order, is chosen by
+/// the output width, so the stacked product is not known to keep each
+/// part's bits there. Only where one-token steps take the GPU path and no
+/// rank holds a shard (a shard's rows are not the model's heads).
+pub fn stacked_projections() -> bool {
+    decode_choices().gpu_stacked_projections
+        && path() == Path::NativeFastOps
+        && !crate::distributed::tensor_parallel()
+}
+
+/// How many layers of the models loaded in this process stacked their
+/// projections ([`stacked_projections`]), so a run can say what the lever
+/// did: some layers cannot stack (a bias, mixed quantization).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StackedCounts {
+    pub query_key_value: usize,
+    pub gate_up: usize,
+}
+
+static STACKED_QKV: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static STACKED_GATE_UP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The projections that stacked.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StackedProjection {
+    QueryKeyValue,
+    GateUp,
+}
+
+pub(crate) fn count_stacked(which: StackedProjection) {
+    let counter = match which {
+        StackedProjection::QueryKeyValue => &STACKED_QKV,
+        StackedProjection::GateUp => &STACKED_GATE_UP,
+    };
+    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn stacked_counts() -> StackedCounts {
+    StackedCounts {
+        query_key_value: STACKED_QKV.load(std::sync::atomic::Ordering::Relaxed),
+        gate_up: STACKED_GATE_UP.load(std::sync::atomic::Ordering::Relaxed),
+    }
 }
 
 /// How often mlx-lm returns MLX's buffer pool to the system while

@@ -59,6 +59,74 @@ fn evaluated_t(weight: &Array, quant: Option<&Quantized>) -> Option<Array> {
     t.eval().ok().map(|()| t)
 }
 
+/// Bias-free projections of one input stacked on the output axis: the
+/// stacked layer (one matmul for all of them) and each part again as a row
+/// view of the stacked buffers, so the weights are held once and a part
+/// reads the same numbers it was loaded with. Both pretransposed. `None`
+/// when a part has a bias or their quantizations or dtypes differ (the
+/// stacked buffer has one of each), or MLX refuses an op.
+pub fn stack_rows(parts: &[&Linear]) -> Option<(Linear, Vec<Linear>)> {
+    let first = parts.first()?;
+    let form = |l: &Linear| {
+        (
+            l.weight.dtype(),
+            l.quant
+                .as_ref()
+                .map(|q| (q.group_size, q.bits, q.scales.dtype())),
+        )
+    };
+    if parts
+        .iter()
+        .any(|l| l.bias.is_some() || form(l) != form(first))
+    {
+        return None;
+    }
+    let evaluated = |a: Array| a.eval().ok().map(|()| a);
+    let stack = |f: &dyn Fn(&Linear) -> &Array| -> Option<Array> {
+        let arrays: Vec<&Array> = parts.iter().map(|l| f(l)).collect();
+        evaluated(mlx_rs::ops::concatenate(&arrays, 0).ok()?)
+    };
+    let mut stacked = Linear {
+        weight: stack(&|l| &l.weight)?,
+        quant: match &first.quant {
+            None => None,
+            Some(q) => Some(Quantized {
+                scales: stack(&|l| &l.quant.as_ref().expect("same quantization").scales)?,
+                biases: stack(&|l| &l.quant.as_ref().expect("same quantization").biases)?,
+                group_size: q.group_size,
+                bits: q.bits,
+            }),
+        },
+        weight_t: None,
+        bias: None,
+    };
+    let mut views = Vec::with_capacity(parts.len());
+    let mut from = 0;
+    for part in parts {
+        let to = from + part.weight.shape()[0];
+        let rows = |a: &Array| evaluated(a.try_index(from..to).ok()?);
+        let mut view = Linear {
+            weight: rows(&stacked.weight)?,
+            quant: match &stacked.quant {
+                None => None,
+                Some(q) => Some(Quantized {
+                    scales: rows(&q.scales)?,
+                    biases: rows(&q.biases)?,
+                    group_size: q.group_size,
+                    bits: q.bits,
+                }),
+            },
+            weight_t: None,
+            bias: None,
+        };
+        view.pretranspose();
+        views.push(view);
+        from = to;
+    }
+    stacked.pretranspose();
+    Some((stacked, views))
+}
+
 impl Linear {
     /// `x @ W.T` (or the quantized matmul); with a bias, see [`Linear::forward_biased`].
     pub fn forward(&self, x: &Array) -> Result<Array> {
