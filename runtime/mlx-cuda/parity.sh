@@ -23,7 +23,10 @@
 # (align_probe.py), diagnose SPEC (kernels launched by mlx-lm and by the
 # monolith, kernel_diff.py), bench (bench.py), blocks (block_probe.py:
 # mlx-lm's post-attention half eager against mx.compile), sanitize
-# (compute-sanitizer's initcheck, memcheck and racecheck on the monolith).
+# (compute-sanitizer's initcheck, memcheck and racecheck on the monolith), profile
+# (step_profile.py: one decode step's kernels, archgen and mlx-lm, through ncu), repeat
+# (whether archgen and mlx-lm repeat their own bytes on one spec, fresh processes),
+# closeness (an L3 lever's logits against L1's: lever_closeness.py).
 # Graph diff on the CPU (no device needed): runtime/mlx-cuda/graphdiff.sh SPEC [N]
 # writes mlx-lm's, the generated model's and the monolith's logits graphs
 # (prefill over N ids, one decode step) as DOT and compares them with
@@ -160,6 +163,70 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
         echo "rc=$? $(grep -c "^=========" "$OUT/sanitize-$tool.log") sanitizer lines"
         grep -E "ERROR SUMMARY|Uninitialized|Invalid|Race|hazard|in .*kernel|at 0x" "$OUT/sanitize-$tool.log" | sort | uniq -c | sort -rn | head -12
       done
+      ;;
+    closeness)
+      # An L3 lever against L1 on one checkpoint (lever_closeness.py):
+      # `archgen logits` over a CLOSE_L-token prompt and CLOSE_N greedy steps,
+      # once at L1 and once with CLOSE_LEVER, on the bench's checkpoint of
+      # each CLOSE_SPECS (bench-SPEC, made here when the bench did not keep it).
+      lever=${CLOSE_LEVER:-gpu-stacked-projections}
+      for spec in ${CLOSE_SPECS:-gemma4-12b qwen3-8b}; do
+        d=$work/bench-$spec
+        [[ -f $d/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d --seed 2 2>&1 | tail -1
+        ids=$(python3 -c "import json; c=json.load(open('$d/config.json')); v=c.get('text_config',c)['vocab_size']; print(','.join(str((i*37+11)%v) for i in range(${CLOSE_L:-128})))")
+        for run in l1 lever; do
+          extra=$([[ $run == lever ]] && echo "--$lever" || echo "--l1")
+          $ARCHGEN logits --model $d --prompt-ids $ids --decode-steps ${CLOSE_N:-128} --impl generated $extra \
+            --out $work/close-$spec-$run.safetensors 2>&1 | grep -E "levers on|stacked|error" || true
+        done
+        python3 "$here/lever_closeness.py" $work/close-$spec-l1.safetensors $work/close-$spec-lever.safetensors \
+          "$spec $lever" 2>&1 | tee -a "$OUT/closeness.log"
+        rm -rf $d
+      done
+      ;;
+    profile)
+      # step_profile.py: one decode step's kernels (count, ncu-timed busy
+      # time) and its wall time, archgen's default path against mlx-lm, on a
+      # random checkpoint of each PROFILE_SPECS (deleted after).
+      ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      echo "== ncu: ${ncu:-not found}"
+      for spec in ${PROFILE_SPECS:-gemma4-12b qwen3-8b}; do
+        d=$work/prof-$spec
+        [[ -f $d/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d --seed 2 2>&1 | tail -1
+        vocab=$(python3 -c "import json;c=json.load(open('$d/config.json'));print(c.get('text_config',c)['vocab_size'])")
+        NCU=$ncu python3 "$here/step_profile.py" --archgen $ARCHGEN --model $d --vocab $vocab \
+          --logs "$OUT/profile" ${PROFILE_ARGS:-} 2>&1 | tee -a "$OUT/profile.log"
+        rm -rf $d
+      done
+      ;;
+    repeat)
+      # Does archgen repeat its own bytes? REPEAT_SPEC's one-sequence protocol
+      # (prompt REPEAT_L, REPEAT_N steps) in fresh processes: the generated
+      # model three times, with MLX's CUDA graphs off twice, the monolith
+      # twice, and mlx-lm twice; each compared with the generated model's first.
+      spec=${REPEAT_SPEC:-qwen3-30b-a3b-l2-q4}; L=${REPEAT_L:-300}; N=${REPEAT_N:-20}
+      d=$work/repeat-$spec; mkdir -p $d
+      [[ -f $d/model/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d/model --seed 1 2>&1 | tail -1
+      ids=$(python3 -c "import json; c=json.load(open('$d/model/config.json')); v=c.get('text_config',c)['vocab_size']; print(','.join(str((i*37+11)%v) for i in range($L)))")
+      run() {  # name, env..., then archgen args
+        local name=$1; shift
+        env "$@" --out $d/$name.safetensors 2>&1 | grep -v "^archgen: " | tail -2
+      }
+      for i in 1 2 3; do run gen$i $ARCHGEN logits --model $d/model --prompt-ids $ids --decode-steps $N --impl generated; done
+      for i in 1 2; do run nograph$i MLX_USE_CUDA_GRAPHS=0 $ARCHGEN logits --model $d/model --prompt-ids $ids --decode-steps $N --impl generated; done
+      for i in 1 2; do run mono$i $ARCHGEN logits --model $d/model --prompt-ids $ids --decode-steps $N --impl monolith; done
+      for i in 1 2; do
+        (cd "$repo/tests/python" && python3 oracle_logits.py --model $d/model --prompt-ids $ids --decode-steps $N \
+          --out $d/mlxlm$i.safetensors 2>&1 | tail -2)
+      done
+      {
+        for f in gen2 gen3 nograph1 nograph2 mono1 mono2 mlxlm1 mlxlm2; do
+          echo "repeat $spec gen1 vs $f: $(python3 "$here/compare.py" $d/gen1.safetensors $d/$f.safetensors)"
+        done
+        for f in nograph2 mono2 mlxlm2; do
+          a=${f%2}1; echo "repeat $spec $a vs $f: $(python3 "$here/compare.py" $d/$a.safetensors $d/$f.safetensors)"
+        done
+      } 2>&1 | tee -a "$OUT/repeat.log"
       ;;
     probe)
       d=$work/probe; mkdir -p $d
