@@ -1,29 +1,28 @@
 """Kernels of one decode step on the GPU, archgen against mlx-lm, through
 Nsight Compute (`ncu`) on the GPU machine (parity.sh step `profile`).
 
-A decode step cannot be cut out of a run by kernel index reliably (loading and
-prefill launch a number of kernels that depends on the checkpoint), so each
-side runs twice on the same checkpoint and prompt: once with SHORT greedy
-steps and once with LONG. Every kernel of both runs is timed by ncu
-(`gpu__time_duration.sum`, clocks left alone); the difference of the two
-runs, per kernel name, divided by LONG - SHORT, is one step's kernels: how
-many launch, and how long the GPU is busy with them. Without ncu, the same
-runs give the step's wall time (the median interval between two tokens over
-the last steps), so
+Each side runs a few greedy steps (--steps) on a checkpoint under ncu, every
+kernel timed (`gpu__time_duration.sum`, clocks left alone). Greedy sampling
+ends each step with one argmax kernel, so the kernels between two argmaxes
+after the prefill are one decode step: how many launch, and how long the
+GPU is busy with them (the median step). Without ncu, a longer run gives the
+step's wall time (the median interval between two tokens), so
 
     idle share = 1 - busy / wall
 
 is the part of a step in which the GPU runs no kernel of it: launch gaps,
 host work the pipelining does not hide, synchronisation.
 
-Each kernel runs alone under ncu (it serialises launches), so `busy` is the
-sum of isolated kernel times: close to what a memory-bound kernel takes in
-the stream, and an upper bound for kernels that would overlap.
+ncu runs each kernel alone and flushes the caches before it, so `busy` is
+the sum of isolated, cold kernel times: an upper bound of what the kernels
+take in the stream (a small kernel's fixed cost counts in full), not a
+measurement of it. Loading a 24 GB checkpoint under ncu takes minutes: keep
+--steps small.
 
 Usage (on the GPU machine, LD_LIBRARY_PATH/PYTHONPATH as parity.sh sets):
-  step_profile.py --archgen BIN --model DIR [--short 2 --long 6] [--csv-dir D]
+  step_profile.py --archgen BIN --model DIR --vocab V [--steps 3]
 Prints per side: kernels per step, busy ms per step, wall ms per step, idle
-share, and the kernel names that take the most time per step.
+share, and the kernels that take the most time per step.
 """
 
 from __future__ import annotations
@@ -67,20 +66,22 @@ def command(side: str, archgen: str, model: Path, prompt: str, steps: int) -> li
     return [sys.executable, "-c", MLX_LM_RUNNER, str(model), prompt, str(steps)]
 
 
-def kernels(cmd: list[str], ncu: str, log: Path) -> dict[str, list[float]]:
-    """Kernel name -> durations (ns) of every kernel the command launched."""
+def kernels(cmd: list[str], ncu: str, log: Path) -> list[tuple[str, float]]:
+    """(kernel name, duration ns) of every kernel the command launched, in order."""
     full = [ncu, "--clock-control", "none", "--metrics", "gpu__time_duration.sum",
             "--csv", "--print-units", "base", "--target-processes", "all"] + cmd
     out = subprocess.run(full, capture_output=True, text=True)
     log.write_text(out.stdout + "\n--- stderr ---\n" + out.stderr)
     rows = [line for line in out.stdout.splitlines() if line.startswith('"')]
-    by_name: dict[str, list[float]] = defaultdict(list)
-    for row in csv.DictReader(io.StringIO("\n".join(rows))):
-        if row.get("Metric Name") != "gpu__time_duration.sum":
-            continue
-        value = row["Metric Value"].replace(",", "")
-        by_name[row["Kernel Name"]].append(float(value))
-    return by_name
+    return [(row["Kernel Name"], float(row["Metric Value"].replace(",", "")))
+            for row in csv.DictReader(io.StringIO("\n".join(rows)))
+            if row.get("Metric Name") == "gpu__time_duration.sum"]
+
+
+def steps_of(launched: list[tuple[str, float]]) -> list[list[tuple[str, float]]]:
+    """The kernels between consecutive argmax kernels: one decode step each."""
+    ends = [i for i, (name, _) in enumerate(launched) if "ArgMax" in name]
+    return [launched[a + 1:b + 1] for a, b in zip(ends, ends[1:])]
 
 
 def wall_ms(cmd: list[str], steps: int) -> float | None:
@@ -104,8 +105,7 @@ def main() -> None:
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--vocab", type=int, required=True)
     p.add_argument("--prompt", type=int, default=128)
-    p.add_argument("--short", type=int, default=2)
-    p.add_argument("--long", type=int, default=6)
+    p.add_argument("--steps", type=int, default=3)
     p.add_argument("--wall-steps", type=int, default=64)
     p.add_argument("--sides", default="archgen,mlx-lm")
     p.add_argument("--logs", type=Path, default=Path("/tmp/out"))
@@ -117,30 +117,25 @@ def main() -> None:
     name = a.model.name
     for side in a.sides.split(","):
         t = time.time()
-        short = kernels(command(side, a.archgen, a.model, prompt, a.short), ncu,
-                        a.logs / f"ncu-{name}-{side}-{a.short}.log")
-        long = kernels(command(side, a.archgen, a.model, prompt, a.long), ncu,
-                       a.logs / f"ncu-{name}-{side}-{a.long}.log")
-        steps = a.long - a.short
-        per_step = {}
-        for k in set(short) | set(long):
-            n = len(long.get(k, [])) - len(short.get(k, []))
-            ns = sum(long.get(k, [])) - sum(short.get(k, []))
-            if n or abs(ns) > 1:
-                per_step[k] = (n / steps, ns / steps / 1e6)
-        count = sum(n for n, _ in per_step.values())
-        busy = sum(ms for _, ms in per_step.values())
+        launched = kernels(command(side, a.archgen, a.model, prompt, a.steps), ncu,
+                           a.logs / f"ncu-{name}-{side}.log")
+        steps = steps_of(launched)
+        if not steps:
+            print(f"profile {name} {side}: no two argmax kernels among {len(launched)} kernels")
+            continue
+        busy_of = lambda step: sum(ns for _, ns in step) / 1e6
+        step = sorted(steps, key=busy_of)[len(steps) // 2]
+        busy = busy_of(step)
         wall = wall_ms(command(side, a.archgen, a.model, prompt, a.wall_steps), a.wall_steps)
         idle = f"{1 - busy / wall:.1%}" if wall else "?"
-        print(f"profile {name} {side}: {count:.0f} kernels/step, busy {busy:.2f} ms/step, "
-              f"wall {wall if wall is None else round(wall, 2)} ms/step, idle share {idle}, "
-              f"runs of {a.short} and {a.long} steps ({sum(map(len, long.values()))} kernels in the "
-              f"longer; {time.time() - t:.0f} s)")
+        print(f"profile {name} {side}: {len(step)} kernels/step, busy {busy:.2f} ms/step "
+              f"(ncu, isolated kernels), wall {wall if wall is None else round(wall, 2)} ms/step, "
+              f"idle share {idle}; {len(steps)} steps of {len(launched)} kernels ({time.time() - t:.0f} s)")
         groups: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        for k, (n, ms) in per_step.items():
-            g = k.split("<")[0].split("(")[0][:60]
-            groups[g][0] += n
-            groups[g][1] += ms
+        for k, ns in step:
+            g = k.replace("void ", "").split("<")[0].split("(")[0][:60]
+            groups[g][0] += 1
+            groups[g][1] += ns / 1e6
         for g, (n, ms) in sorted(groups.items(), key=lambda kv: -kv[1][1])[: a.top]:
             print(f"  {ms:7.3f} ms  {n:6.0f}x  {g}")
 
