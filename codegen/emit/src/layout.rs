@@ -368,37 +368,63 @@ struct RowField {
     load_arg: Option<TokenStream>,
 }
 
+/// Who reads a row field: the kind's own `load`, or the cache makers.
+enum ReadBy {
+    Load,
+    Caches,
+}
+
+impl RowField {
+    /// The field `name`, bound where `read_by` reads it and `_` elsewhere.
+    fn new(ty: TokenStream, what: &'static str, name: &str, read_by: ReadBy) -> Self {
+        let name = ident(name);
+        let (load_bind, cache_bind, load_arg) = match read_by {
+            ReadBy::Load => (quote! { #name }, quote! { _ }, Some(quote! { , #name })),
+            ReadBy::Caches => (quote! { _ }, quote! { #name }, None),
+        };
+        RowField {
+            ty,
+            what,
+            load_bind,
+            cache_bind,
+            load_arg,
+        }
+    }
+}
+
 /// The fields a kind's row carries, in order.
 fn row_fields(k: &KindFacts) -> Vec<RowField> {
-    let mut fields = Vec::new();
-    if k.mlp_width {
-        fields.push(RowField {
-            ty: quote! { i32 },
-            what: "MLP width",
-            load_bind: quote! { mlp_width },
-            cache_bind: quote! { _ },
-            load_arg: Some(quote! { , mlp_width }),
-        });
-    }
-    if k.cache_form {
-        fields.push(RowField {
-            ty: quote! { KvForm },
-            what: "K/V cache",
-            load_bind: quote! { _ },
-            cache_bind: quote! { cache },
-            load_arg: None,
-        });
-    }
-    if let State::Donor = k.state {
-        fields.push(RowField {
-            ty: quote! { usize },
-            what: "the layer whose K/V it reads",
-            load_bind: quote! { donor },
-            cache_bind: quote! { _ },
-            load_arg: Some(quote! { , donor }),
-        });
-    }
-    fields
+    let donor = match k.state {
+        State::Donor => true,
+        State::Kv(_) | State::Arrays => false,
+    };
+    [
+        (
+            k.mlp_width,
+            quote! { i32 },
+            "MLP width",
+            "mlp_width",
+            ReadBy::Load,
+        ),
+        (
+            k.cache_form,
+            quote! { KvForm },
+            "K/V cache",
+            "cache",
+            ReadBy::Caches,
+        ),
+        (
+            donor,
+            quote! { usize },
+            "the layer whose K/V it reads",
+            "donor",
+            ReadBy::Load,
+        ),
+    ]
+    .into_iter()
+    .filter(|(carried, ..)| *carried)
+    .map(|(_, ty, what, name, read_by)| RowField::new(ty, what, name, read_by))
+    .collect()
 }
 
 /// One kind's arm in each generated match over rows or layers.
