@@ -29,7 +29,7 @@ const EPS: f32 = 0.000001f32;
 const FIRST_FULL_LAYER: usize = 5;
 /// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
 const LOGIT_SOFTCAP: f32 = 30f32;
-/// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22, 24, 25, 26, 27, 28, 30, 31, 32, 33, 34, 36, 37, 38, 39, 40, 42, 43, 44, 45, 46: sliding-window attention (1024), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, layer scalar.
+/// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22, 24, 25, 26, 27, 28, 30, 31, 32, 33, 34, 36, 37, 38, 39, 40, 42, 43, 44, 45, 46: sliding-window attention (1024), sandwich norms, computes its own K/V, q/k RMSNorm per head, GeGLU MLP, layer scalar.
 struct SlidingOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -147,7 +147,7 @@ impl SlidingOwnKv {
         b::finish_layer(&h, None, Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 5, 11, 17, 23, 29, 35, 41, 47: full attention, sandwich norms, computes its own K/V (V = K projection, no v_proj), per-head q/k RMSNorm, GeGLU MLP, layer scalar.
+/// Layers 5, 11, 17, 23, 29, 35, 41, 47: full attention, sandwich norms, computes its own K/V (V = K projection, no v_proj), q/k RMSNorm per head, GeGLU MLP, layer scalar.
 struct FullOwnKvKeqV {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

@@ -29,7 +29,7 @@ const EPS: f32 = 0.000001f32;
 const FIRST_FULL_LAYER: usize = 5;
 /// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
 const LOGIT_SOFTCAP: f32 = 30f32;
-/// Layers 0 to 4: sliding-window attention (512), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, layer scalar.
+/// Layers 0 to 4: sliding-window attention (512), sandwich norms, computes its own K/V, q/k RMSNorm per head, GeGLU MLP, layer scalar.
 struct SlidingOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -147,7 +147,7 @@ impl SlidingOwnKv {
         b::finish_layer(&h, None, Some(&self.layer_scalar), EPS)
     }
 }
-/// Layer 5: full attention, sandwich norms, computes its own K/V (V = K projection, no v_proj), per-head q/k RMSNorm, GeGLU MLP, layer scalar.
+/// Layer 5: full attention, sandwich norms, computes its own K/V (V = K projection, no v_proj), q/k RMSNorm per head, GeGLU MLP, layer scalar.
 struct FullOwnKvKeqV {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

@@ -29,7 +29,7 @@ const EPS: f32 = 0.000001f32;
 const FIRST_FULL_LAYER: usize = 5;
 /// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
 const LOGIT_SOFTCAP: f32 = 30f32;
-/// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10: sliding-window attention (8), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP + routed experts, layer scalar.
+/// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10: sliding-window attention (8), sandwich norms, computes its own K/V, q/k RMSNorm per head, GeGLU MLP + routed experts, layer scalar.
 struct SlidingOwnKvMoe {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -161,7 +161,7 @@ impl SlidingOwnKvMoe {
         b::finish_layer(&h, None, Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 5, 11: full attention, sandwich norms, computes its own K/V (V = K projection, no v_proj), per-head q/k RMSNorm, GeGLU MLP + routed experts, layer scalar.
+/// Layers 5, 11: full attention, sandwich norms, computes its own K/V (V = K projection, no v_proj), q/k RMSNorm per head, GeGLU MLP + routed experts, layer scalar.
 struct FullOwnKvKeqVMoe {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

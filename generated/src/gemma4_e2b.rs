@@ -29,7 +29,7 @@ const EPS: f32 = 0.000001f32;
 const FIRST_FULL_LAYER: usize = 4;
 /// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
 const LOGIT_SOFTCAP: f32 = 30f32;
-/// Layers 0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13: sliding-window attention (512), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13: sliding-window attention (512), sandwich norms, computes its own K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 256, layer scalar.
 struct SlidingOwnKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -153,7 +153,7 @@ impl SlidingOwnKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 4, 9, 14: full attention, sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 4, 9, 14: full attention, sandwich norms, computes its own K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 256, layer scalar.
 struct FullOwnKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -277,7 +277,7 @@ impl FullOwnKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 15, 16, 17, 18, 20, 21, 22, 23, 25, 26, 27, 28, 30, 31, 32, 33: sliding-window attention (512), sandwich norms, reads a donor's K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 15, 16, 17, 18, 20, 21, 22, 23, 25, 26, 27, 28, 30, 31, 32, 33: sliding-window attention (512), sandwich norms, reads a donor's K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 256, layer scalar.
 struct SlidingSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -390,7 +390,7 @@ impl SlidingSharedKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 19, 24, 29, 34: full attention, sandwich norms, reads a donor's K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 19, 24, 29, 34: full attention, sandwich norms, reads a donor's K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 256, layer scalar.
 struct FullSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

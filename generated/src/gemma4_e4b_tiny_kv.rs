@@ -32,7 +32,7 @@ const EPS: f32 = 0.000001f32;
 const FIRST_FULL_LAYER: usize = 5;
 /// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
 const LOGIT_SOFTCAP: f32 = 30f32;
-/// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10: sliding-window attention (8), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10: sliding-window attention (8), sandwich norms, computes its own K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 16, layer scalar.
 struct SlidingOwnKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -156,7 +156,7 @@ impl SlidingOwnKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 5, 11: full attention, sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 5, 11: full attention, sandwich norms, computes its own K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 16, layer scalar.
 struct FullOwnKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -280,7 +280,7 @@ impl FullOwnKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 12 to 16: sliding-window attention (8), sandwich norms, reads a donor's K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 12 to 16: sliding-window attention (8), sandwich norms, reads a donor's K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 16, layer scalar.
 struct SlidingSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -393,7 +393,7 @@ impl SlidingSharedKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layer 17: full attention, sandwich norms, reads a donor's K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layer 17: full attention, sandwich norms, reads a donor's K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 16, layer scalar.
 struct FullSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

@@ -33,7 +33,7 @@ const EPS: f32 = 0.000001f32;
 const FIRST_FULL_LAYER: usize = 2;
 /// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
 const LOGIT_SOFTCAP: f32 = 20f32;
-/// Layers 0, 1, 3: sliding-window attention (5), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 0, 1, 3: sliding-window attention (5), sandwich norms, computes its own K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 8, layer scalar.
 struct SlidingOwnKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -157,7 +157,7 @@ impl SlidingOwnKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 2, 4: full attention, sandwich norms, computes its own K/V (V = K projection, no v_proj), per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 2, 4: full attention, sandwich norms, computes its own K/V (V = K projection, no v_proj), q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 8, layer scalar.
 struct FullOwnKvKeqVPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -281,7 +281,7 @@ impl FullOwnKvKeqVPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layer 5: sliding-window attention (5), sandwich norms, reads a donor's K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layer 5: sliding-window attention (5), sandwich norms, reads a donor's K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 8, layer scalar.
 struct SlidingSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -394,7 +394,7 @@ impl SlidingSharedKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layer 6: full attention, sandwich norms, reads a donor's K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layer 6: full attention, sandwich norms, reads a donor's K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 8, layer scalar.
 struct FullSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

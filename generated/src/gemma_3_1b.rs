@@ -27,7 +27,7 @@ const LAYERS: usize = 26;
 const EPS: f32 = 0.000001f32;
 /// Layer 5, the first with full attention: the window's mask is built from its cache.
 const FIRST_FULL_LAYER: usize = 5;
-/// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22, 24, 25: sliding-window attention (512), sandwich norms, norm weights 1 + w, computes its own K/V, per-head q/k RMSNorm, weights 1 + w, GELU-then-multiply MLP.
+/// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22, 24, 25: sliding-window attention (512), sandwich norms, norm weights 1 + w, computes its own K/V, q/k RMSNorm (1 + w) per head, GELU-then-multiply MLP.
 struct SlidingOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -160,7 +160,7 @@ impl SlidingOwnKv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// Layers 5, 11, 17, 23: full attention, sandwich norms, norm weights 1 + w, computes its own K/V, per-head q/k RMSNorm, weights 1 + w, GELU-then-multiply MLP.
+/// Layers 5, 11, 17, 23: full attention, sandwich norms, norm weights 1 + w, computes its own K/V, q/k RMSNorm (1 + w) per head, GELU-then-multiply MLP.
 struct FullOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

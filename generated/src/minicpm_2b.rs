@@ -24,7 +24,7 @@ const HIDDEN: i32 = 2304;
 const VOCAB: i32 = 122753;
 const LAYERS: usize = 40;
 const EPS: f32 = 0.00001f32;
-/// Layers 0 to 39: full attention, pre-norm, computes its own K/V, SwiGLU MLP, residual branches × 1.4 / sqrt(40).
+/// Layers 0 to 39: full attention, pre-norm, computes its own K/V, SwiGLU MLP, residual branches × 1.4 / sqrt(40) = 0.22135943621178653.
 struct FullOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

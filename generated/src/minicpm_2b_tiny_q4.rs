@@ -24,7 +24,7 @@ const HIDDEN: i32 = 96;
 const VOCAB: i32 = 512;
 const LAYERS: usize = 4;
 const EPS: f32 = 0.00001f32;
-/// Layers 0 to 3: full attention, pre-norm, computes its own K/V, SwiGLU MLP, residual branches × 1.4 / sqrt(4).
+/// Layers 0 to 3: full attention, pre-norm, computes its own K/V, SwiGLU MLP, residual branches × 1.4 / sqrt(4) = 0.7.
 struct FullOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

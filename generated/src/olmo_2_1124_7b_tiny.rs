@@ -22,7 +22,7 @@ const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
 const LAYERS: usize = 4;
 const EPS: f32 = 0.000001f32;
-/// Layers 0 to 3: full attention, post-norm (after attention and MLP only), computes its own K/V, q/k RMSNorm over the whole projections, SwiGLU MLP.
+/// Layers 0 to 3: full attention, post-norm (after attention and MLP only), computes its own K/V, q/k RMSNorm over the projections, SwiGLU MLP.
 struct FullOwnKv {
     norms: b::PostNorms,
     attn: b::AttentionWeights,

@@ -23,7 +23,7 @@ const HIDDEN: i32 = 2048;
 const VOCAB: i32 = 151936;
 const LAYERS: usize = 28;
 const EPS: f32 = 0.000001f32;
-/// Layers 0 to 27: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, SwiGLU MLP.
+/// Layers 0 to 27: full attention, pre-norm, computes its own K/V, q/k RMSNorm per head, SwiGLU MLP.
 struct FullOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

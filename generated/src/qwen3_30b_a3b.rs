@@ -24,7 +24,7 @@ const HIDDEN: i32 = 2048;
 const VOCAB: i32 = 151936;
 const LAYERS: usize = 48;
 const EPS: f32 = 0.000001f32;
-/// Layers 0 to 47: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, 128 routed experts (top-8) in place of the MLP.
+/// Layers 0 to 47: full attention, pre-norm, computes its own K/V, q/k RMSNorm per head, 128 routed experts (top-8) in place of the MLP.
 struct FullOwnKvExperts {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

@@ -24,7 +24,7 @@ const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
 const LAYERS: usize = 4;
 const EPS: f32 = 0.000001f32;
-/// Layers 0 to 3: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, 8 routed experts (top-4) in place of the MLP.
+/// Layers 0 to 3: full attention, pre-norm, computes its own K/V, q/k RMSNorm per head, 8 routed experts (top-4) in place of the MLP.
 struct FullOwnKvExperts {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

@@ -98,7 +98,7 @@ impl LinearDeltaNet {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// Layers 3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47, 51, 55, 59, 63: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, RoPE on 64 of 256 dims, output gated by sigmoid(gate), SwiGLU MLP.
+/// Layers 3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47, 51, 55, 59, 63: full attention, pre-norm, computes its own K/V, output gated by sigmoid(gate), q/k RMSNorm per head, RoPE on 64 of 256 dims, SwiGLU MLP.
 struct FullGatedOwnKv {
     norms: b::LayerNorms,
     attn: deltanet::GatedAttention,

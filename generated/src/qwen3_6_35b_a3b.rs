@@ -108,7 +108,7 @@ impl LinearDeltaNetSharedExperts {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// Layers 3, 7, 11, 15, 19, 23, 27, 31, 35, 39: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, RoPE on 64 of 256 dims, output gated by sigmoid(gate), 256 routed experts (top-8) and a shared expert of width 512 in place of the MLP.
+/// Layers 3, 7, 11, 15, 19, 23, 27, 31, 35, 39: full attention, pre-norm, computes its own K/V, output gated by sigmoid(gate), q/k RMSNorm per head, RoPE on 64 of 256 dims, 256 routed experts (top-8) and a shared expert of width 512 in place of the MLP.
 struct FullGatedOwnKvSharedExperts {
     norms: b::LayerNorms,
     attn: deltanet::GatedAttention,

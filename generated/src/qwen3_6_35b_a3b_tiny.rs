@@ -108,7 +108,7 @@ impl LinearDeltaNetSharedExperts {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// Layers 3, 7: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, RoPE on 4 of 16 dims, output gated by sigmoid(gate), 8 routed experts (top-4) and a shared expert of width 32 in place of the MLP.
+/// Layers 3, 7: full attention, pre-norm, computes its own K/V, output gated by sigmoid(gate), q/k RMSNorm per head, RoPE on 4 of 16 dims, 8 routed experts (top-4) and a shared expert of width 32 in place of the MLP.
 struct FullGatedOwnKvSharedExperts {
     norms: b::LayerNorms,
     attn: deltanet::GatedAttention,

@@ -23,7 +23,7 @@ const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
 const LAYERS: usize = 4;
 const EPS: f32 = 0.000001f32;
-/// Layers 0, 2: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, SwiGLU MLP.
+/// Layers 0, 2: full attention, pre-norm, computes its own K/V, q/k RMSNorm per head, SwiGLU MLP.
 struct FullOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -138,7 +138,7 @@ impl FullOwnKv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// Layers 1, 3: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, 8 routed experts (top-4) in place of the MLP.
+/// Layers 1, 3: full attention, pre-norm, computes its own K/V, q/k RMSNorm per head, 8 routed experts (top-4) in place of the MLP.
 struct FullOwnKvExperts {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

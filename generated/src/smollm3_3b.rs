@@ -138,7 +138,7 @@ impl FullOwnKv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// Layers 3, 7, 11, 15, 19, 23, 27, 31, 35: full attention, pre-norm, no RoPE (NoPE), computes its own K/V, SwiGLU MLP.
+/// Layers 3, 7, 11, 15, 19, 23, 27, 31, 35: full attention, pre-norm, no RoPE, computes its own K/V, SwiGLU MLP.
 struct FullNoRopeOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

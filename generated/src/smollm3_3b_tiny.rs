@@ -138,7 +138,7 @@ impl FullOwnKv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// Layer 3: full attention, pre-norm, no RoPE (NoPE), computes its own K/V, SwiGLU MLP.
+/// Layer 3: full attention, pre-norm, no RoPE, computes its own K/V, SwiGLU MLP.
 struct FullNoRopeOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,

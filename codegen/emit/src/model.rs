@@ -22,6 +22,7 @@ use crate::comments::comment;
 use crate::composition::{Composition, ForwardLines};
 use crate::layout::{layout_tokens, Layout};
 use crate::tokens::{ident, lit_f32, lit_i32, rope_context, window_name, windows};
+use crate::words;
 
 /// Whether every layer runs through the compiled decode blocks
 /// (`decode.rs`): plain attention layers do; Gated DeltaNet and gated
@@ -199,24 +200,7 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
             moe.num_experts, moe.top_k, shared.width
         ),
     });
-    match l.input {
-        LayerInput::None => {}
-        LayerInput::Gated { .. } => parts.push("per-layer input gate".to_string()),
-    }
-    match l.scalar {
-        LayerScalar::None => {}
-        LayerScalar::Learned => parts.push("layer scalar".to_string()),
-    }
-    match l.residual {
-        Residual::Plain => {}
-        Residual::DepthScaled {
-            scale_depth,
-            num_hidden_layers,
-        } => parts.push(format!(
-            "residual branches × {scale_depth} / sqrt({num_hidden_layers})"
-        )),
-        Residual::Scaled { multiplier } => parts.push(format!("residual branches × {multiplier}")),
-    }
+    parts.extend(words::layer_extras(l));
     format!(
         " {} {list}: {}.",
         if layers.len() == 1 { "Layer" } else { "Layers" },
@@ -226,13 +210,7 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
 
 /// The attention facts of a kind's doc comment.
 fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
-    match a.rope.kind {
-        RopeKind::NoPe => parts.push("no RoPE (NoPE)".to_string()),
-        RopeKind::Default { .. }
-        | RopeKind::Linear { .. }
-        | RopeKind::Proportional { .. }
-        | RopeKind::Llama3 { .. } => {}
-    }
+    parts.extend(words::no_rope(a.rope.kind).map(String::from));
     match a.scores {
         Scores::FusedSdpa => {}
         Scores::Softcapped { cap } => {
@@ -250,26 +228,13 @@ fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
         } => "computes its own K/V (V = K projection, no v_proj)".to_string(),
         KvSource::Shared { .. } => "reads a donor's K/V".to_string(),
     });
-    match a.bias {
-        ProjectionBias::None => {}
-        ProjectionBias::QueryKeyValue => parts.push("q/k/v bias".to_string()),
-    }
-    match a.projection {
-        QkvProjection::Separate => {}
-        QkvProjection::Fused => parts.push("one fused qkv_proj, split".to_string()),
-    }
-    match a.qk_norm {
-        QkNorm::None => {}
-        QkNorm::RmsPerHead => parts.push("per-head q/k RMSNorm".to_string()),
-        QkNorm::RmsPerHeadOnePlus => parts.push("per-head q/k RMSNorm, weights 1 + w".to_string()),
-        QkNorm::RmsWholeProjection => {
-            parts.push("q/k RMSNorm over the whole projections".to_string())
-        }
-    }
+    parts.extend(words::projection_extras(a).into_iter().map(String::from));
+    parts.extend(words::qk_norm(a.qk_norm).map(String::from));
+    // Qwen3.5's gated attention rotates part of each head.
     match a.output_gate {
         OutputGate::None => {}
         OutputGate::SigmoidPerHead => parts.push(format!(
-            "RoPE on {} of {} dims, output gated by sigmoid(gate)",
+            "RoPE on {} of {} dims",
             a.rope.rotated_dims, a.head_dim
         )),
     }
