@@ -15,7 +15,7 @@ use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
-use crate::reduce::{last_key, reduce_key, Reducible, Size};
+use crate::reduce::{last_key, mlp_width, reduce_key, sizes_named, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -296,25 +296,13 @@ pub(crate) const LAYOUT: Layout = Layout {
 /// the experts'.
 impl Reducible for Qwen3MoeSpec {
     fn other_sizes(r: &Qwen3MoeReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
-        let pm = &parent.moe;
-        vec![
-            (
-                "intermediate_size",
-                r.intermediate_size,
-                parent.mlp.intermediate_size,
-            ),
-            ("num_experts", r.num_experts, pm.num_experts),
-            (
-                "num_experts_per_tok",
-                r.num_experts_per_tok,
-                pm.num_experts_per_tok,
-            ),
-            (
-                "moe_intermediate_size",
-                r.moe_intermediate_size,
-                pm.moe_intermediate_size,
-            ),
-        ]
+        let mut sizes = mlp_width(r.intermediate_size, parent.mlp.intermediate_size);
+        sizes.extend(sizes_named!(r, parent.moe;
+            num_experts,
+            num_experts_per_tok,
+            moe_intermediate_size,
+        ));
+        sizes
     }
     fn apply(&mut self, r: &Qwen3MoeReduce) {
         self.mlp.intermediate_size = r.intermediate_size;
