@@ -9,7 +9,7 @@ use archgen_runtime::batch::{
     BatchCache, BatchLayerCache, BatchLm, BatchKvCache, BatchRotatingKvCache,
 };
 use archgen_runtime::batch_blocks;
-use archgen_runtime::cache::{LayerCache, KvCache, RotatingKvCache};
+use archgen_runtime::cache::{kv_at, next_cache, LayerCache, KvCache, RotatingKvCache};
 use archgen_runtime::decode;
 use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::Embedding;
@@ -29,7 +29,7 @@ const EPS: f32 = 0.000001f32;
 const FIRST_FULL_LAYER: usize = 5;
 /// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
 const LOGIT_SOFTCAP: f32 = 30f32;
-/// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22, 24, 25, 26, 27, 28: sliding-window attention (1024), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP + routed experts, layer scalar.
+/// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22, 24, 25, 26, 27, 28: sliding-window attention (1024), sandwich norms, computes its own K/V, q/k RMSNorm per head, GeGLU MLP + routed experts, layer scalar.
 struct SlidingOwnKvMoe {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -107,11 +107,7 @@ impl SlidingOwnKvMoe {
     ) -> Result<(Array, b::SharedKv)> {
         // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(), kv, tables, at.mask);
         }
         // x = self.input_layernorm(h)
@@ -119,10 +115,7 @@ impl SlidingOwnKvMoe {
         // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            b::OwnQkv::Separate {
-                attn: &self.attn,
-                kv: &self.kv,
-            },
+            b::OwnQkv::separate(&self.attn, &self.kv),
             Self::SHAPE,
             at.rope,
             cache,
@@ -137,9 +130,8 @@ impl SlidingOwnKvMoe {
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
-    /// step of one token per row takes the compiled blocks of one
-    /// sequence's step, B rows at once.
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a step of
+    /// one token per row takes one sequence's compiled blocks, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -147,11 +139,7 @@ impl SlidingOwnKvMoe {
         cache: &mut BatchLayerCache,
     ) -> Result<(Array, b::SharedKv)> {
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(), kv, tables, at.mask);
         }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
@@ -173,7 +161,7 @@ impl SlidingOwnKvMoe {
         b::finish_layer(&h, None, Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 5, 11, 17, 23, 29: full attention, sandwich norms, computes its own K/V (V = K projection, no v_proj), per-head q/k RMSNorm, GeGLU MLP + routed experts, layer scalar.
+/// Layers 5, 11, 17, 23, 29: full attention, sandwich norms, computes its own K/V (V = K projection, no v_proj), q/k RMSNorm per head, GeGLU MLP + routed experts, layer scalar.
 struct FullOwnKvKeqVMoe {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -251,11 +239,7 @@ impl FullOwnKvKeqVMoe {
     ) -> Result<(Array, b::SharedKv)> {
         // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(), kv, tables, at.mask);
         }
         // x = self.input_layernorm(h)
@@ -263,10 +247,7 @@ impl FullOwnKvKeqVMoe {
         // a = self.self_attn(x, mask, cache): q/k projections, values = keys (no v_proj), q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            b::OwnQkv::Separate {
-                attn: &self.attn,
-                kv: &self.kv,
-            },
+            b::OwnQkv::separate(&self.attn, &self.kv),
             Self::SHAPE,
             at.rope,
             cache,
@@ -281,9 +262,8 @@ impl FullOwnKvKeqVMoe {
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
-    /// step of one token per row takes the compiled blocks of one
-    /// sequence's step, B rows at once.
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a step of
+    /// one token per row takes one sequence's compiled blocks, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -291,11 +271,7 @@ impl FullOwnKvKeqVMoe {
         cache: &mut BatchLayerCache,
     ) -> Result<(Array, b::SharedKv)> {
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(), kv, tables, at.mask);
         }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
@@ -382,20 +358,6 @@ impl Row {
         }
     }
 }
-/// Cache `k` of those `make_cache` made.
-fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
-    caches.get(k).ok_or_else(missing_cache)
-}
-/// The next layer's cache, in the order `make_cache` made them.
-fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
-    caches.next().ok_or_else(missing_cache)
-}
-/// A cache that does not match the model (not one `make_cache` made).
-fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
-    archgen_runtime::mlx_rs::error::Exception::custom(
-        format!("{NAME}: the cache holds fewer layers than the model"),
-    )
-}
 /// The `gemma4-26b-a4b` model: 30 layers, hidden size 2816.
 pub struct Model {
     embed: Embedding,
@@ -445,40 +407,28 @@ impl CausalLm for Model {
     ) -> Result<Array> {
         let n = ids.shape()[1];
         let h = b::embed(&self.embed, ids, b::EmbedScale::SqrtHidden, HIDDEN)?;
-        let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 1024)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER)?, n, 0)?;
-        let offset = kv_at(&cache.kv, 0)?.offset();
+        let sliding_mask = b::mask_for(kv_at(&cache.kv, 0, NAME)?, n, 1024)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER, NAME)?, n, 0)?;
+        let offset = kv_at(&cache.kv, 0, NAME)?.offset();
         let step = n == 1 && decode::enabled();
         // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
-        let sliding_tables = if step {
-            Some(self.rope_sliding.tables(offset, n, h.dtype())?)
-        } else {
-            None
-        };
-        let sliding = WindowStep {
-            rope: &self.rope_sliding,
-            tables: sliding_tables.as_ref(),
-            mask: &sliding_mask,
-        };
-        let full_tables = if step {
-            Some(self.rope_full.tables(offset, n, h.dtype())?)
-        } else {
-            None
-        };
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: full_tables.as_ref(),
-            mask: &full_mask,
-        };
+        let sliding_tables = self.rope_sliding.step_tables(step, offset, n, h.dtype())?;
+        let sliding = WindowStep::new(
+            &self.rope_sliding,
+            sliding_tables.as_ref(),
+            &sliding_mask,
+        );
+        let full_tables = self.rope_full.step_tables(step, offset, n, h.dtype())?;
+        let full = WindowStep::new(&self.rope_full, full_tables.as_ref(), &full_mask);
         let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut kv_caches = cache.kv.iter_mut();
         for layer in &self.layers {
             h = match layer {
                 Layer::SlidingOwnKv(l) => {
-                    l.forward(&h, &sliding, next_cache(&mut kv_caches)?)?.0
+                    l.forward(&h, &sliding, next_cache(&mut kv_caches, NAME)?)?.0
                 }
                 Layer::FullOwnKvKeqV(l) => {
-                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
+                    l.forward(&h, &full, next_cache(&mut kv_caches, NAME)?)?.0
                 }
             };
         }
@@ -522,22 +472,18 @@ impl BatchLm for Model {
             n,
             h.dtype(),
         )?;
-        let sliding = WindowStep {
-            rope: &self.rope_sliding,
-            tables: sliding_tables.as_ref(),
-            mask: &sliding_mask,
-        };
+        let sliding = WindowStep::new(
+            &self.rope_sliding,
+            sliding_tables.as_ref(),
+            &sliding_mask,
+        );
         let full_tables = batch_blocks::step_tables(
             &self.rope_full,
             cache.layer(FIRST_FULL_LAYER)?,
             n,
             h.dtype(),
         )?;
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: full_tables.as_ref(),
-            mask: &full_mask,
-        };
+        let full = WindowStep::new(&self.rope_full, full_tables.as_ref(), &full_mask);
         let step = sliding_tables.is_some();
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         for (i, layer) in self.layers.iter().enumerate() {

@@ -9,7 +9,7 @@ use archgen_runtime::batch::{
     BatchCache, BatchLayerCache, BatchLm, BatchKvCache, BatchRotatingKvCache,
 };
 use archgen_runtime::batch_blocks;
-use archgen_runtime::cache::{LayerCache, KvCache, RotatingKvCache};
+use archgen_runtime::cache::{kv_at, next_cache, LayerCache, KvCache, RotatingKvCache};
 use archgen_runtime::decode;
 use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::Embedding;
@@ -29,7 +29,7 @@ const EPS: f32 = 0.000001f32;
 const FIRST_FULL_LAYER: usize = 4;
 /// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
 const LOGIT_SOFTCAP: f32 = 30f32;
-/// Layers 0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13: sliding-window attention (512), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13: sliding-window attention (512), sandwich norms, computes its own K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 256, layer scalar.
 struct SlidingOwnKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -99,11 +99,7 @@ impl SlidingOwnKvPle {
     ) -> Result<(Array, b::SharedKv)> {
         // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(pli), kv, tables, at.mask);
         }
         // x = self.input_layernorm(h)
@@ -111,10 +107,7 @@ impl SlidingOwnKvPle {
         // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            b::OwnQkv::Separate {
-                attn: &self.attn,
-                kv: &self.kv,
-            },
+            b::OwnQkv::separate(&self.attn, &self.kv),
             Self::SHAPE,
             at.rope,
             cache,
@@ -128,9 +121,8 @@ impl SlidingOwnKvPle {
         let h = self.finish(h, a, pli)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
-    /// step of one token per row takes the compiled blocks of one
-    /// sequence's step, B rows at once.
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a step of
+    /// one token per row takes one sequence's compiled blocks, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -139,11 +131,7 @@ impl SlidingOwnKvPle {
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(pli), kv, tables, at.mask);
         }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
@@ -165,7 +153,7 @@ impl SlidingOwnKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 4, 9, 14: full attention, sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 4, 9, 14: full attention, sandwich norms, computes its own K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 256, layer scalar.
 struct FullOwnKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -235,11 +223,7 @@ impl FullOwnKvPle {
     ) -> Result<(Array, b::SharedKv)> {
         // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(pli), kv, tables, at.mask);
         }
         // x = self.input_layernorm(h)
@@ -247,10 +231,7 @@ impl FullOwnKvPle {
         // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            b::OwnQkv::Separate {
-                attn: &self.attn,
-                kv: &self.kv,
-            },
+            b::OwnQkv::separate(&self.attn, &self.kv),
             Self::SHAPE,
             at.rope,
             cache,
@@ -264,9 +245,8 @@ impl FullOwnKvPle {
         let h = self.finish(h, a, pli)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
-    /// step of one token per row takes the compiled blocks of one
-    /// sequence's step, B rows at once.
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a step of
+    /// one token per row takes one sequence's compiled blocks, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -275,11 +255,7 @@ impl FullOwnKvPle {
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(pli), kv, tables, at.mask);
         }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
@@ -301,7 +277,7 @@ impl FullOwnKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 15, 16, 17, 18, 20, 21, 22, 23, 25, 26, 27, 28, 30, 31, 32, 33: sliding-window attention (512), sandwich norms, reads a donor's K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 15, 16, 17, 18, 20, 21, 22, 23, 25, 26, 27, 28, 30, 31, 32, 33: sliding-window attention (512), sandwich norms, reads a donor's K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 256, layer scalar.
 struct SlidingSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -382,9 +358,8 @@ impl SlidingSharedKvPle {
         let h = self.finish(h, a, pli)?;
         Ok(h)
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
-    /// step of one token per row takes the compiled blocks of one
-    /// sequence's step, B rows at once.
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a step of
+    /// one token per row takes one sequence's compiled blocks, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -415,7 +390,7 @@ impl SlidingSharedKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 19, 24, 29, 34: full attention, sandwich norms, reads a donor's K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 19, 24, 29, 34: full attention, sandwich norms, reads a donor's K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 256, layer scalar.
 struct FullSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -496,9 +471,8 @@ impl FullSharedKvPle {
         let h = self.finish(h, a, pli)?;
         Ok(h)
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
-    /// step of one token per row takes the compiled blocks of one
-    /// sequence's step, B rows at once.
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a step of
+    /// one token per row takes one sequence's compiled blocks, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -641,32 +615,6 @@ impl Row {
         }
     }
 }
-/// Cache `k` of those `make_cache` made.
-fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
-    caches.get(k).ok_or_else(missing_cache)
-}
-/// The next layer's cache, in the order `make_cache` made them.
-fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
-    caches.next().ok_or_else(missing_cache)
-}
-/// A cache that does not match the model (not one `make_cache` made).
-fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
-    archgen_runtime::mlx_rs::error::Exception::custom(
-        format!("{NAME}: the cache holds fewer layers than the model"),
-    )
-}
-/// The K/V layer `donor` computed in this forward, for a later
-/// layer that reads it (`shared_kv`).
-fn donor_kv(computed: &[Option<b::SharedKv>], donor: usize) -> Result<&b::SharedKv> {
-    computed
-        .get(donor)
-        .and_then(Option::as_ref)
-        .ok_or_else(|| {
-            archgen_runtime::mlx_rs::error::Exception::custom(
-                format!("{NAME}: layer {donor} computed no K/V to share"),
-            )
-        })
-}
 /// The `gemma4-e2b` model: 35 layers, hidden size 1536.
 pub struct Model {
     embed: Embedding,
@@ -728,31 +676,19 @@ impl CausalLm for Model {
             HIDDEN,
             EPS,
         )?;
-        let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 512)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER)?, n, 0)?;
-        let offset = kv_at(&cache.kv, 0)?.offset();
+        let sliding_mask = b::mask_for(kv_at(&cache.kv, 0, NAME)?, n, 512)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER, NAME)?, n, 0)?;
+        let offset = kv_at(&cache.kv, 0, NAME)?.offset();
         let step = n == 1 && decode::enabled();
         // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
-        let sliding_tables = if step {
-            Some(self.rope_sliding.tables(offset, n, h.dtype())?)
-        } else {
-            None
-        };
-        let sliding = WindowStep {
-            rope: &self.rope_sliding,
-            tables: sliding_tables.as_ref(),
-            mask: &sliding_mask,
-        };
-        let full_tables = if step {
-            Some(self.rope_full.tables(offset, n, h.dtype())?)
-        } else {
-            None
-        };
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: full_tables.as_ref(),
-            mask: &full_mask,
-        };
+        let sliding_tables = self.rope_sliding.step_tables(step, offset, n, h.dtype())?;
+        let sliding = WindowStep::new(
+            &self.rope_sliding,
+            sliding_tables.as_ref(),
+            &sliding_mask,
+        );
+        let full_tables = self.rope_full.step_tables(step, offset, n, h.dtype())?;
+        let full = WindowStep::new(&self.rope_full, full_tables.as_ref(), &full_mask);
         let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut kv_caches = cache.kv.iter_mut();
         let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
@@ -764,7 +700,7 @@ impl CausalLm for Model {
                         .forward(
                             &h,
                             &sliding,
-                            next_cache(&mut kv_caches)?,
+                            next_cache(&mut kv_caches, NAME)?,
                             &per_layer_input,
                         )?;
                     (h, Some(kv))
@@ -774,7 +710,7 @@ impl CausalLm for Model {
                         .forward(
                             &h,
                             &full,
-                            next_cache(&mut kv_caches)?,
+                            next_cache(&mut kv_caches, NAME)?,
                             &per_layer_input,
                         )?;
                     (h, Some(kv))
@@ -785,7 +721,7 @@ impl CausalLm for Model {
                             .forward(
                                 &h,
                                 &sliding,
-                                donor_kv(&computed, l.donor)?,
+                                b::donor_kv(&computed, l.donor, NAME)?,
                                 &per_layer_input,
                             )?,
                         None,
@@ -797,7 +733,7 @@ impl CausalLm for Model {
                             .forward(
                                 &h,
                                 &full,
-                                donor_kv(&computed, l.donor)?,
+                                b::donor_kv(&computed, l.donor, NAME)?,
                                 &per_layer_input,
                             )?,
                         None,
@@ -856,22 +792,18 @@ impl BatchLm for Model {
             n,
             h.dtype(),
         )?;
-        let sliding = WindowStep {
-            rope: &self.rope_sliding,
-            tables: sliding_tables.as_ref(),
-            mask: &sliding_mask,
-        };
+        let sliding = WindowStep::new(
+            &self.rope_sliding,
+            sliding_tables.as_ref(),
+            &sliding_mask,
+        );
         let full_tables = batch_blocks::step_tables(
             &self.rope_full,
             cache.layer(FIRST_FULL_LAYER)?,
             n,
             h.dtype(),
         )?;
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: full_tables.as_ref(),
-            mask: &full_mask,
-        };
+        let full = WindowStep::new(&self.rope_full, full_tables.as_ref(), &full_mask);
         let step = sliding_tables.is_some();
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
@@ -904,7 +836,7 @@ impl BatchLm for Model {
                             .forward_batch(
                                 &h,
                                 &sliding,
-                                donor_kv(&computed, l.donor)?,
+                                b::donor_kv(&computed, l.donor, NAME)?,
                                 &per_layer_input,
                             )?,
                         None,
@@ -916,7 +848,7 @@ impl BatchLm for Model {
                             .forward_batch(
                                 &h,
                                 &full,
-                                donor_kv(&computed, l.donor)?,
+                                b::donor_kv(&computed, l.donor, NAME)?,
                                 &per_layer_input,
                             )?,
                         None,

@@ -10,7 +10,9 @@ use archgen_runtime::batch::{
 };
 use archgen_runtime::batch_blocks;
 use archgen_runtime::batch_quant::{BatchQuantizedKvCache, KvQuantization};
-use archgen_runtime::cache::{LayerCache, KvCache, QuantizedKvCache, RotatingKvCache};
+use archgen_runtime::cache::{
+    kv_at, next_cache, LayerCache, KvCache, QuantizedKvCache, RotatingKvCache,
+};
 use archgen_runtime::decode;
 use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::Embedding;
@@ -30,7 +32,7 @@ const EPS: f32 = 0.000001f32;
 const FIRST_FULL_LAYER: usize = 5;
 /// The final logits' softcap, `tanh(logits / cap) * cap` (`final_logit_softcapping`).
 const LOGIT_SOFTCAP: f32 = 30f32;
-/// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10: sliding-window attention (8), sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 0, 1, 2, 3, 4, 6, 7, 8, 9, 10: sliding-window attention (8), sandwich norms, computes its own K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 16, layer scalar.
 struct SlidingOwnKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -100,11 +102,7 @@ impl SlidingOwnKvPle {
     ) -> Result<(Array, b::SharedKv)> {
         // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(pli), kv, tables, at.mask);
         }
         // x = self.input_layernorm(h)
@@ -112,10 +110,7 @@ impl SlidingOwnKvPle {
         // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            b::OwnQkv::Separate {
-                attn: &self.attn,
-                kv: &self.kv,
-            },
+            b::OwnQkv::separate(&self.attn, &self.kv),
             Self::SHAPE,
             at.rope,
             cache,
@@ -129,9 +124,8 @@ impl SlidingOwnKvPle {
         let h = self.finish(h, a, pli)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
-    /// step of one token per row takes the compiled blocks of one
-    /// sequence's step, B rows at once.
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a step of
+    /// one token per row takes one sequence's compiled blocks, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -140,11 +134,7 @@ impl SlidingOwnKvPle {
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(pli), kv, tables, at.mask);
         }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
@@ -166,7 +156,7 @@ impl SlidingOwnKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 5, 11: full attention, sandwich norms, computes its own K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 5, 11: full attention, sandwich norms, computes its own K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 16, layer scalar.
 struct FullOwnKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -236,11 +226,7 @@ impl FullOwnKvPle {
     ) -> Result<(Array, b::SharedKv)> {
         // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(pli), kv, tables, at.mask);
         }
         // x = self.input_layernorm(h)
@@ -248,10 +234,7 @@ impl FullOwnKvPle {
         // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            b::OwnQkv::Separate {
-                attn: &self.attn,
-                kv: &self.kv,
-            },
+            b::OwnQkv::separate(&self.attn, &self.kv),
             Self::SHAPE,
             at.rope,
             cache,
@@ -265,9 +248,8 @@ impl FullOwnKvPle {
         let h = self.finish(h, a, pli)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
-    /// step of one token per row takes the compiled blocks of one
-    /// sequence's step, B rows at once.
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a step of
+    /// one token per row takes one sequence's compiled blocks, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -276,11 +258,7 @@ impl FullOwnKvPle {
         pli: &Array,
     ) -> Result<(Array, b::SharedKv)> {
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(pli), kv, tables, at.mask);
         }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
@@ -302,7 +280,7 @@ impl FullOwnKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layers 12 to 16: sliding-window attention (8), sandwich norms, reads a donor's K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layers 12 to 16: sliding-window attention (8), sandwich norms, reads a donor's K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 16, layer scalar.
 struct SlidingSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -383,9 +361,8 @@ impl SlidingSharedKvPle {
         let h = self.finish(h, a, pli)?;
         Ok(h)
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
-    /// step of one token per row takes the compiled blocks of one
-    /// sequence's step, B rows at once.
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a step of
+    /// one token per row takes one sequence's compiled blocks, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -416,7 +393,7 @@ impl SlidingSharedKvPle {
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
-/// Layer 17: full attention, sandwich norms, reads a donor's K/V, per-head q/k RMSNorm, GeGLU MLP, per-layer input gate, layer scalar.
+/// Layer 17: full attention, sandwich norms, reads a donor's K/V, q/k RMSNorm per head, GeGLU MLP, per-layer input gate of width 16, layer scalar.
 struct FullSharedKvPle {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -497,9 +474,8 @@ impl FullSharedKvPle {
         let h = self.finish(h, a, pli)?;
         Ok(h)
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
-    /// step of one token per row takes the compiled blocks of one
-    /// sequence's step, B rows at once.
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a step of
+    /// one token per row takes one sequence's compiled blocks, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -654,32 +630,6 @@ impl Row {
         }
     }
 }
-/// Cache `k` of those `make_cache` made.
-fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
-    caches.get(k).ok_or_else(missing_cache)
-}
-/// The next layer's cache, in the order `make_cache` made them.
-fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
-    caches.next().ok_or_else(missing_cache)
-}
-/// A cache that does not match the model (not one `make_cache` made).
-fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
-    archgen_runtime::mlx_rs::error::Exception::custom(
-        format!("{NAME}: the cache holds fewer layers than the model"),
-    )
-}
-/// The K/V layer `donor` computed in this forward, for a later
-/// layer that reads it (`shared_kv`).
-fn donor_kv(computed: &[Option<b::SharedKv>], donor: usize) -> Result<&b::SharedKv> {
-    computed
-        .get(donor)
-        .and_then(Option::as_ref)
-        .ok_or_else(|| {
-            archgen_runtime::mlx_rs::error::Exception::custom(
-                format!("{NAME}: layer {donor} computed no K/V to share"),
-            )
-        })
-}
 /// The `gemma4-e4b-tiny-kv` model: 18 layers, hidden size 64.
 pub struct Model {
     embed: Embedding,
@@ -741,31 +691,19 @@ impl CausalLm for Model {
             HIDDEN,
             EPS,
         )?;
-        let sliding_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 8)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER)?, n, 0)?;
-        let offset = kv_at(&cache.kv, 0)?.offset();
+        let sliding_mask = b::mask_for(kv_at(&cache.kv, 0, NAME)?, n, 8)?;
+        let full_mask = b::mask_for(kv_at(&cache.kv, FIRST_FULL_LAYER, NAME)?, n, 0)?;
+        let offset = kv_at(&cache.kv, 0, NAME)?.offset();
         let step = n == 1 && decode::enabled();
         // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
-        let sliding_tables = if step {
-            Some(self.rope_sliding.tables(offset, n, h.dtype())?)
-        } else {
-            None
-        };
-        let sliding = WindowStep {
-            rope: &self.rope_sliding,
-            tables: sliding_tables.as_ref(),
-            mask: &sliding_mask,
-        };
-        let full_tables = if step {
-            Some(self.rope_full.tables(offset, n, h.dtype())?)
-        } else {
-            None
-        };
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: full_tables.as_ref(),
-            mask: &full_mask,
-        };
+        let sliding_tables = self.rope_sliding.step_tables(step, offset, n, h.dtype())?;
+        let sliding = WindowStep::new(
+            &self.rope_sliding,
+            sliding_tables.as_ref(),
+            &sliding_mask,
+        );
+        let full_tables = self.rope_full.step_tables(step, offset, n, h.dtype())?;
+        let full = WindowStep::new(&self.rope_full, full_tables.as_ref(), &full_mask);
         let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut kv_caches = cache.kv.iter_mut();
         let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
@@ -777,7 +715,7 @@ impl CausalLm for Model {
                         .forward(
                             &h,
                             &sliding,
-                            next_cache(&mut kv_caches)?,
+                            next_cache(&mut kv_caches, NAME)?,
                             &per_layer_input,
                         )?;
                     (h, Some(kv))
@@ -787,7 +725,7 @@ impl CausalLm for Model {
                         .forward(
                             &h,
                             &full,
-                            next_cache(&mut kv_caches)?,
+                            next_cache(&mut kv_caches, NAME)?,
                             &per_layer_input,
                         )?;
                     (h, Some(kv))
@@ -798,7 +736,7 @@ impl CausalLm for Model {
                             .forward(
                                 &h,
                                 &sliding,
-                                donor_kv(&computed, l.donor)?,
+                                b::donor_kv(&computed, l.donor, NAME)?,
                                 &per_layer_input,
                             )?,
                         None,
@@ -810,7 +748,7 @@ impl CausalLm for Model {
                             .forward(
                                 &h,
                                 &full,
-                                donor_kv(&computed, l.donor)?,
+                                b::donor_kv(&computed, l.donor, NAME)?,
                                 &per_layer_input,
                             )?,
                         None,
@@ -869,22 +807,18 @@ impl BatchLm for Model {
             n,
             h.dtype(),
         )?;
-        let sliding = WindowStep {
-            rope: &self.rope_sliding,
-            tables: sliding_tables.as_ref(),
-            mask: &sliding_mask,
-        };
+        let sliding = WindowStep::new(
+            &self.rope_sliding,
+            sliding_tables.as_ref(),
+            &sliding_mask,
+        );
         let full_tables = batch_blocks::step_tables(
             &self.rope_full,
             cache.layer(FIRST_FULL_LAYER)?,
             n,
             h.dtype(),
         )?;
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: full_tables.as_ref(),
-            mask: &full_mask,
-        };
+        let full = WindowStep::new(&self.rope_full, full_tables.as_ref(), &full_mask);
         let step = sliding_tables.is_some();
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut computed: Vec<Option<b::SharedKv>> = Vec::with_capacity(LAYERS);
@@ -917,7 +851,7 @@ impl BatchLm for Model {
                             .forward_batch(
                                 &h,
                                 &sliding,
-                                donor_kv(&computed, l.donor)?,
+                                b::donor_kv(&computed, l.donor, NAME)?,
                                 &per_layer_input,
                             )?,
                         None,
@@ -929,7 +863,7 @@ impl BatchLm for Model {
                             .forward_batch(
                                 &h,
                                 &full,
-                                donor_kv(&computed, l.donor)?,
+                                b::donor_kv(&computed, l.donor, NAME)?,
                                 &per_layer_input,
                             )?,
                         None,

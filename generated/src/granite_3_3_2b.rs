@@ -7,7 +7,7 @@
 use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
 use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, BatchKvCache};
 use archgen_runtime::batch_blocks;
-use archgen_runtime::cache::{LayerCache, KvCache};
+use archgen_runtime::cache::{kv_at, next_cache, LayerCache, KvCache};
 use archgen_runtime::decode;
 use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::Embedding;
@@ -89,11 +89,7 @@ impl FullOwnKv {
     ) -> Result<(Array, b::SharedKv)> {
         // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(), kv, tables, at.mask);
         }
         // x = self.input_layernorm(h)
@@ -101,10 +97,7 @@ impl FullOwnKv {
         // a = self.self_attn(x, mask, cache): q/k/v projections, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            b::OwnQkv::Separate {
-                attn: &self.attn,
-                kv: &self.kv,
-            },
+            b::OwnQkv::separate(&self.attn, &self.kv),
             Self::SHAPE,
             at.rope,
             cache,
@@ -116,9 +109,8 @@ impl FullOwnKv {
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
-    /// step of one token per row takes the compiled blocks of one
-    /// sequence's step, B rows at once.
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a step of
+    /// one token per row takes one sequence's compiled blocks, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -126,11 +118,7 @@ impl FullOwnKv {
         cache: &mut BatchLayerCache,
     ) -> Result<(Array, b::SharedKv)> {
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(), kv, tables, at.mask);
         }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
@@ -154,20 +142,6 @@ impl FullOwnKv {
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 8192;
-/// Cache `k` of those `make_cache` made.
-fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
-    caches.get(k).ok_or_else(missing_cache)
-}
-/// The next layer's cache, in the order `make_cache` made them.
-fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
-    caches.next().ok_or_else(missing_cache)
-}
-/// A cache that does not match the model (not one `make_cache` made).
-fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
-    archgen_runtime::mlx_rs::error::Exception::custom(
-        format!("{NAME}: the cache holds fewer layers than the model"),
-    )
-}
 /// The `granite-3.3-2b` model: 40 layers, hidden size 2048.
 pub struct Model {
     embed: Embedding,
@@ -214,24 +188,16 @@ impl CausalLm for Model {
     ) -> Result<Array> {
         let n = ids.shape()[1];
         let h = b::embed(&self.embed, ids, b::EmbedScale::Constant(12f64), HIDDEN)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 0)?;
-        let offset = kv_at(&cache.kv, 0)?.offset();
+        let full_mask = b::mask_for(kv_at(&cache.kv, 0, NAME)?, n, 0)?;
+        let offset = kv_at(&cache.kv, 0, NAME)?.offset();
         let step = n == 1 && decode::enabled();
         // One token: this step's RoPE tables, one per window, shared by all its layers (Q and K alike).
-        let full_tables = if step {
-            Some(self.rope_full.tables(offset, n, h.dtype())?)
-        } else {
-            None
-        };
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: full_tables.as_ref(),
-            mask: &full_mask,
-        };
+        let full_tables = self.rope_full.step_tables(step, offset, n, h.dtype())?;
+        let full = WindowStep::new(&self.rope_full, full_tables.as_ref(), &full_mask);
         let mut h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         let mut kv_caches = cache.kv.iter_mut();
         for layer in &self.layers {
-            h = layer.forward(&h, &full, next_cache(&mut kv_caches)?)?.0;
+            h = layer.forward(&h, &full, next_cache(&mut kv_caches, NAME)?)?.0;
         }
         let (out, width) = match readout {
             Readout::Logits => {
@@ -275,11 +241,7 @@ impl BatchLm for Model {
             n,
             h.dtype(),
         )?;
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: full_tables.as_ref(),
-            mask: &full_mask,
-        };
+        let full = WindowStep::new(&self.rope_full, full_tables.as_ref(), &full_mask);
         let step = full_tables.is_some();
         h = if step { h.reshape(&[-1, HIDDEN])? } else { h };
         for (i, layer) in self.layers.iter().enumerate() {

@@ -7,7 +7,7 @@
 use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
 use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, BatchKvCache};
 use archgen_runtime::batch_blocks;
-use archgen_runtime::cache::{LayerCache, KvCache};
+use archgen_runtime::cache::{kv_at, next_cache, LayerCache, KvCache};
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::layers::Linear;
 use archgen_runtime::model::{CausalLm, ModelError, Readout};
@@ -22,7 +22,7 @@ const HIDDEN: i32 = 64;
 const VOCAB: i32 = 512;
 const LAYERS: usize = 4;
 const EPS: f32 = 0.000001f32;
-/// Layers 0 to 3: full attention, post-norm (after attention and MLP only), computes its own K/V, q/k RMSNorm over the whole projections, SwiGLU MLP.
+/// Layers 0 to 3: full attention, post-norm (after attention and MLP only), computes its own K/V, q/k RMSNorm over the projections, SwiGLU MLP.
 struct FullOwnKv {
     norms: b::PostNorms,
     attn: b::AttentionWeights,
@@ -76,10 +76,7 @@ impl FullOwnKv {
         // a = self.self_attn(h, mask, cache): q/k/v projections, q/k RMSNorm over the projections, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             h,
-            b::OwnQkv::Separate {
-                attn: &self.attn,
-                kv: &self.kv,
-            },
+            b::OwnQkv::separate(&self.attn, &self.kv),
             Self::SHAPE,
             at.rope,
             cache,
@@ -117,20 +114,6 @@ impl FullOwnKv {
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 128;
-/// Cache `k` of those `make_cache` made.
-fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
-    caches.get(k).ok_or_else(missing_cache)
-}
-/// The next layer's cache, in the order `make_cache` made them.
-fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
-    caches.next().ok_or_else(missing_cache)
-}
-/// A cache that does not match the model (not one `make_cache` made).
-fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
-    archgen_runtime::mlx_rs::error::Exception::custom(
-        format!("{NAME}: the cache holds fewer layers than the model"),
-    )
-}
 /// The `olmo-2-1124-7b-tiny` model: 4 layers, hidden size 64.
 pub struct Model {
     embed: Embedding,
@@ -179,15 +162,11 @@ impl CausalLm for Model {
     ) -> Result<Array> {
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 0)?;
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: None,
-            mask: &full_mask,
-        };
+        let full_mask = b::mask_for(kv_at(&cache.kv, 0, NAME)?, n, 0)?;
+        let full = WindowStep::new(&self.rope_full, None, &full_mask);
         let mut kv_caches = cache.kv.iter_mut();
         for layer in &self.layers {
-            h = layer.forward(&h, &full, next_cache(&mut kv_caches)?)?.0;
+            h = layer.forward(&h, &full, next_cache(&mut kv_caches, NAME)?)?.0;
         }
         match readout {
             Readout::Logits => {
@@ -221,11 +200,7 @@ impl BatchLm for Model {
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: None,
-            mask: &full_mask,
-        };
+        let full = WindowStep::new(&self.rope_full, None, &full_mask);
         for (i, layer) in self.layers.iter().enumerate() {
             h = layer.forward_batch(&h, &full, cache.layer_mut(i)?)?.0;
         }

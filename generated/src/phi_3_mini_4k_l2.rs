@@ -7,7 +7,7 @@
 use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
 use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, BatchKvCache};
 use archgen_runtime::batch_blocks;
-use archgen_runtime::cache::{LayerCache, KvCache};
+use archgen_runtime::cache::{kv_at, next_cache, LayerCache, KvCache};
 use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::Embedding;
 use archgen_runtime::layers::Linear;
@@ -110,20 +110,6 @@ impl FullFusedQkvOwnKv {
 }
 /// The width of a dense MLP (`intermediate_size`).
 const MLP_WIDTH: i32 = 8192;
-/// Cache `k` of those `make_cache` made.
-fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
-    caches.get(k).ok_or_else(missing_cache)
-}
-/// The next layer's cache, in the order `make_cache` made them.
-fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
-    caches.next().ok_or_else(missing_cache)
-}
-/// A cache that does not match the model (not one `make_cache` made).
-fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
-    archgen_runtime::mlx_rs::error::Exception::custom(
-        format!("{NAME}: the cache holds fewer layers than the model"),
-    )
-}
 /// The `phi-3-mini-4k-l2` model: 2 layers, hidden size 3072.
 pub struct Model {
     embed: Embedding,
@@ -174,15 +160,11 @@ impl CausalLm for Model {
     ) -> Result<Array> {
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 0)?;
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: None,
-            mask: &full_mask,
-        };
+        let full_mask = b::mask_for(kv_at(&cache.kv, 0, NAME)?, n, 0)?;
+        let full = WindowStep::new(&self.rope_full, None, &full_mask);
         let mut kv_caches = cache.kv.iter_mut();
         for layer in &self.layers {
-            h = layer.forward(&h, &full, next_cache(&mut kv_caches)?)?.0;
+            h = layer.forward(&h, &full, next_cache(&mut kv_caches, NAME)?)?.0;
         }
         match readout {
             Readout::Logits => {
@@ -216,11 +198,7 @@ impl BatchLm for Model {
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(0)?, n, 0)?;
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: None,
-            mask: &full_mask,
-        };
+        let full = WindowStep::new(&self.rope_full, None, &full_mask);
         for (i, layer) in self.layers.iter().enumerate() {
             h = layer.forward_batch(&h, &full, cache.layer_mut(i)?)?.0;
         }

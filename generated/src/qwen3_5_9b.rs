@@ -8,7 +8,7 @@ use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
 use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, BatchKvCache};
 use archgen_runtime::batch_blocks;
 use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache};
-use archgen_runtime::cache::{LayerCache, KvCache};
+use archgen_runtime::cache::{kv_at, next_cache, LayerCache, KvCache};
 use archgen_runtime::decode;
 use archgen_runtime::deltanet;
 use archgen_runtime::feed_forward::FeedForward;
@@ -98,7 +98,7 @@ impl LinearDeltaNet {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// Layers 3, 7, 11, 15, 19, 23, 27, 31: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, RoPE on 64 of 256 dims, output gated by sigmoid(gate), SwiGLU MLP.
+/// Layers 3, 7, 11, 15, 19, 23, 27, 31: full attention, pre-norm, computes its own K/V, output gated by sigmoid(gate), q/k RMSNorm per head, RoPE on 64 of 256 dims, SwiGLU MLP.
 struct FullGatedOwnKv {
     norms: b::LayerNorms,
     attn: deltanet::GatedAttention,
@@ -259,20 +259,6 @@ impl Row {
         }
     }
 }
-/// Cache `k` of those `make_cache` made.
-fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
-    caches.get(k).ok_or_else(missing_cache)
-}
-/// The next layer's cache, in the order `make_cache` made them.
-fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
-    caches.next().ok_or_else(missing_cache)
-}
-/// A cache that does not match the model (not one `make_cache` made).
-fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
-    archgen_runtime::mlx_rs::error::Exception::custom(
-        format!("{NAME}: the cache holds fewer layers than the model"),
-    )
-}
 /// The `qwen3.5-9b` model: 32 layers, hidden size 4096.
 pub struct Model {
     embed: Embedding,
@@ -324,19 +310,17 @@ impl CausalLm for Model {
     ) -> Result<Array> {
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 0)?;
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: None,
-            mask: &full_mask,
-        };
+        let full_mask = b::mask_for(kv_at(&cache.kv, 0, NAME)?, n, 0)?;
+        let full = WindowStep::new(&self.rope_full, None, &full_mask);
         let mut kv_caches = cache.kv.iter_mut();
         let mut states = cache.states.iter_mut();
         for layer in &self.layers {
             h = match layer {
-                Layer::LinearDeltaNet(l) => l.forward(&h, next_cache(&mut states)?)?,
+                Layer::LinearDeltaNet(l) => {
+                    l.forward(&h, next_cache(&mut states, NAME)?)?
+                }
                 Layer::FullGatedOwnKv(l) => {
-                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?
+                    l.forward(&h, &full, next_cache(&mut kv_caches, NAME)?)?
                 }
             };
         }
@@ -371,11 +355,7 @@ impl BatchLm for Model {
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let ssm_mask = cache.ssm_mask(n)?;
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: None,
-            mask: &full_mask,
-        };
+        let full = WindowStep::new(&self.rope_full, None, &full_mask);
         for (i, layer) in self.layers.iter().enumerate() {
             h = match layer {
                 Layer::LinearDeltaNet(l) => {

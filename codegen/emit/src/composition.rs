@@ -3,10 +3,10 @@
 //! output, `h` the residual stream), read from the layer's IR facts.
 
 use crate::comments::comment;
-use archgen_ir::RopeKind;
+use crate::words;
 use archgen_ir::{
     Attention, FeedForward, KvSource, Layer, LayerInput, LayerScalar, Mixer, NormArrangement,
-    NormWeight, OutputGate, ProjectionBias, QkNorm, QkvProjection, Residual, Scores, Values,
+    NormWeight, OutputGate, ProjectionBias, QkvProjection, Residual, Scores, Values,
 };
 use proc_macro2::TokenStream;
 use quote::quote;
@@ -128,19 +128,8 @@ fn attention_line(a: &Attention, input: &str) -> String {
         ProjectionBias::None => {}
         ProjectionBias::QueryKeyValue => steps.push("with bias".to_string()),
     }
-    match a.qk_norm {
-        QkNorm::None => {}
-        QkNorm::RmsPerHead => steps.push("q/k RMSNorm per head".to_string()),
-        QkNorm::RmsPerHeadOnePlus => steps.push("q/k RMSNorm (1 + w) per head".to_string()),
-        QkNorm::RmsWholeProjection => steps.push("q/k RMSNorm over the projections".to_string()),
-    }
-    match a.rope.kind {
-        RopeKind::NoPe => steps.push("no RoPE".to_string()),
-        RopeKind::Default { .. }
-        | RopeKind::Linear { .. }
-        | RopeKind::Proportional { .. }
-        | RopeKind::Llama3 { .. } => steps.push("RoPE".to_string()),
-    }
+    steps.extend(words::qk_norm(a.qk_norm).map(String::from));
+    steps.push(words::no_rope(a.rope.kind).unwrap_or("RoPE").to_string());
     steps.push(match a.kv {
         KvSource::Own { .. } => "cache update".to_string(),
         KvSource::Shared { .. } => "the keys and values its donor layer computed".to_string(),

@@ -368,37 +368,63 @@ struct RowField {
     load_arg: Option<TokenStream>,
 }
 
+/// Who reads a row field: the kind's own `load`, or the cache makers.
+enum ReadBy {
+    Load,
+    Caches,
+}
+
+impl RowField {
+    /// The field `name`, bound where `read_by` reads it and `_` elsewhere.
+    fn new(ty: TokenStream, what: &'static str, name: &str, read_by: ReadBy) -> Self {
+        let name = ident(name);
+        let (load_bind, cache_bind, load_arg) = match read_by {
+            ReadBy::Load => (quote! { #name }, quote! { _ }, Some(quote! { , #name })),
+            ReadBy::Caches => (quote! { _ }, quote! { #name }, None),
+        };
+        RowField {
+            ty,
+            what,
+            load_bind,
+            cache_bind,
+            load_arg,
+        }
+    }
+}
+
 /// The fields a kind's row carries, in order.
 fn row_fields(k: &KindFacts) -> Vec<RowField> {
-    let mut fields = Vec::new();
-    if k.mlp_width {
-        fields.push(RowField {
-            ty: quote! { i32 },
-            what: "MLP width",
-            load_bind: quote! { mlp_width },
-            cache_bind: quote! { _ },
-            load_arg: Some(quote! { , mlp_width }),
-        });
-    }
-    if k.cache_form {
-        fields.push(RowField {
-            ty: quote! { KvForm },
-            what: "K/V cache",
-            load_bind: quote! { _ },
-            cache_bind: quote! { cache },
-            load_arg: None,
-        });
-    }
-    if let State::Donor = k.state {
-        fields.push(RowField {
-            ty: quote! { usize },
-            what: "the layer whose K/V it reads",
-            load_bind: quote! { donor },
-            cache_bind: quote! { _ },
-            load_arg: Some(quote! { , donor }),
-        });
-    }
-    fields
+    let donor = match k.state {
+        State::Donor => true,
+        State::Kv(_) | State::Arrays => false,
+    };
+    [
+        (
+            k.mlp_width,
+            quote! { i32 },
+            "MLP width",
+            "mlp_width",
+            ReadBy::Load,
+        ),
+        (
+            k.cache_form,
+            quote! { KvForm },
+            "K/V cache",
+            "cache",
+            ReadBy::Caches,
+        ),
+        (
+            donor,
+            quote! { usize },
+            "the layer whose K/V it reads",
+            "donor",
+            ReadBy::Load,
+        ),
+    ]
+    .into_iter()
+    .filter(|(carried, ..)| *carried)
+    .map(|(_, ty, what, name, read_by)| RowField::new(ty, what, name, read_by))
+    .collect()
 }
 
 /// One kind's arm in each generated match over rows or layers.
@@ -528,7 +554,7 @@ fn kv_state_arms(
             quote! { #any_row => Some(#made), }
         }
     };
-    let call = quote! { l.forward(&h, &#ctx, next_cache(&mut kv_caches)? #pli)? };
+    let call = quote! { l.forward(&h, &#ctx, next_cache(&mut kv_caches, NAME)? #pli)? };
     let batch_call = quote! { l.forward_batch(&h, &#ctx, cache.layer_mut(i)? #pli)? };
     let (step, batch_step) = match (k.returns_kv, any_donor) {
         (true, true) => (
@@ -587,10 +613,10 @@ fn donor_state_arms(call: &KindCall) -> StateArms {
         // A layer reading a donor's K/V attends as in one sequence,
         // batched or not (the donor's K/V carry the rows' offsets).
         step: quote! {
-            Layer::#variant(l) => (l.forward(&h, &#ctx, donor_kv(&computed, l.donor)? #pli)?, None),
+            Layer::#variant(l) => (l.forward(&h, &#ctx, b::donor_kv(&computed, l.donor, NAME)? #pli)?, None),
         },
         batch_step: quote! {
-            Layer::#variant(l) => (l.forward_batch(&h, &#ctx, donor_kv(&computed, l.donor)? #pli)?, None),
+            Layer::#variant(l) => (l.forward_batch(&h, &#ctx, b::donor_kv(&computed, l.donor, NAME)? #pli)?, None),
         },
     }
 }
@@ -602,7 +628,7 @@ fn arrays_state_arms(call: &KindCall, any_donor: bool) -> StateArms {
     } = call;
     // No window, no mask (`create_ssm_mask` is None for one
     // unpadded sequence).
-    let call = quote! { l.forward(&h, next_cache(&mut states)?)? };
+    let call = quote! { l.forward(&h, next_cache(&mut states, NAME)?)? };
     let batch_call = quote! { l.forward_batch(&h, cache.arrays_mut(i)?, ssm_mask.as_ref())? };
     let (step, batch_step) = if any_donor {
         (quote! { (#call, None) }, quote! { (#batch_call, None) })
@@ -752,43 +778,6 @@ fn row_impl(facts: ModelFacts, arms: &[KindArms]) -> TokenStream {
     }
 }
 
-/// The forward loops' lookups of a layer's cache (and of a donor's K/V).
-fn cache_lookups(any_donor: bool) -> TokenStream {
-    let donor_fn = any_donor.then(|| {
-        quote! {
-            /// The K/V layer `donor` computed in this forward, for a later
-            /// layer that reads it (`shared_kv`).
-            fn donor_kv(computed: &[Option<b::SharedKv>], donor: usize) -> Result<&b::SharedKv> {
-                computed.get(donor).and_then(Option::as_ref).ok_or_else(|| {
-                    archgen_runtime::mlx_rs::error::Exception::custom(format!(
-                        "{NAME}: layer {donor} computed no K/V to share"
-                    ))
-                })
-            }
-        }
-    });
-    quote! {
-        /// Cache `k` of those `make_cache` made.
-        fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
-            caches.get(k).ok_or_else(missing_cache)
-        }
-
-        /// The next layer's cache, in the order `make_cache` made them.
-        fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
-            caches.next().ok_or_else(missing_cache)
-        }
-
-        /// A cache that does not match the model (not one `make_cache` made).
-        fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
-            archgen_runtime::mlx_rs::error::Exception::custom(format!(
-                "{NAME}: the cache holds fewer layers than the model"
-            ))
-        }
-
-        #donor_fn
-    }
-}
-
 /// A constant per distinct MLP width.
 fn width_consts(widths: &[MlpWidth]) -> Result<TokenStream, String> {
     let consts = widths
@@ -849,7 +838,7 @@ fn rows_table(rows: &[TokenStream]) -> Result<(TokenStream, TokenStream), String
 }
 
 /// `Row`, `KvForm`, the MLP widths, `LAYOUT` (or `PATTERN`), `Layer`,
-/// `impl Row` and the cache lookups: the items of the layout; and the
+/// and `impl Row`: the items of the layout; and the
 /// expression of layer `i`'s row.
 fn layout_items(
     plan: &Plan,
@@ -872,7 +861,6 @@ fn layout_items(
     let layer_variants = arms.iter().map(|a| &a.layer_variant);
     let kv_form = per_layer_cache_forms(plan).then(|| kv_form_tokens(plan));
     let row_impl = row_impl(facts, arms);
-    let lookups = cache_lookups(facts.any_donor);
     let doc_row = " A layer's kind and the facts its kind leaves open (each variant names them).";
     let items = quote! {
         #[doc = #doc_row]
@@ -895,8 +883,6 @@ fn layout_items(
         }
 
         #row_impl
-
-        #lookups
     };
     Ok((items, row_of))
 }
@@ -988,12 +974,10 @@ fn uniform_layout(plan: &Plan, kinds: &[KindFacts]) -> Result<Option<Layout>, St
     let cache = own_kv_cache(window)?;
     let batch_cache = own_batch_kv_cache(window, &quote! { &no_padding })?;
     let width_consts = width_consts(&widths)?;
-    let lookups = cache_lookups(false);
     let (cache_fields, _) = cache_tokens(false, &TokenStream::new());
     Ok(Some(Layout {
         items: quote! {
             #width_consts
-            #lookups
         },
         load: quote! {
             layers: (0..LAYERS).map(|i| #name::load(&mut w, i #width_arg)).collect(),
@@ -1007,7 +991,7 @@ fn uniform_layout(plan: &Plan, kinds: &[KindFacts]) -> Result<Option<Layout>, St
         forward: quote! {
             let mut kv_caches = cache.kv.iter_mut();
             for layer in &self.layers {
-                h = layer.forward(&h, &#ctx, next_cache(&mut kv_caches)?)?#output;
+                h = layer.forward(&h, &#ctx, next_cache(&mut kv_caches, NAME)?)?#output;
             }
         },
         forward_batch: quote! {

@@ -49,6 +49,7 @@ mod model;
 mod plan_file;
 mod registry;
 mod tokens;
+mod words;
 
 pub use plan_file::plan_file;
 pub use registry::registry_file;

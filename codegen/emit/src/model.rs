@@ -22,6 +22,7 @@ use crate::comments::comment;
 use crate::composition::{Composition, ForwardLines};
 use crate::layout::{layout_tokens, Layout};
 use crate::tokens::{ident, lit_f32, lit_i32, rope_context, window_name, windows};
+use crate::words;
 
 /// Whether every layer runs through the compiled decode blocks
 /// (`decode.rs`): plain attention layers do; Gated DeltaNet and gated
@@ -199,24 +200,7 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
             moe.num_experts, moe.top_k, shared.width
         ),
     });
-    match l.input {
-        LayerInput::None => {}
-        LayerInput::Gated { .. } => parts.push("per-layer input gate".to_string()),
-    }
-    match l.scalar {
-        LayerScalar::None => {}
-        LayerScalar::Learned => parts.push("layer scalar".to_string()),
-    }
-    match l.residual {
-        Residual::Plain => {}
-        Residual::DepthScaled {
-            scale_depth,
-            num_hidden_layers,
-        } => parts.push(format!(
-            "residual branches × {scale_depth} / sqrt({num_hidden_layers})"
-        )),
-        Residual::Scaled { multiplier } => parts.push(format!("residual branches × {multiplier}")),
-    }
+    parts.extend(words::layer_extras(l));
     format!(
         " {} {list}: {}.",
         if layers.len() == 1 { "Layer" } else { "Layers" },
@@ -226,13 +210,7 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
 
 /// The attention facts of a kind's doc comment.
 fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
-    match a.rope.kind {
-        RopeKind::NoPe => parts.push("no RoPE (NoPE)".to_string()),
-        RopeKind::Default { .. }
-        | RopeKind::Linear { .. }
-        | RopeKind::Proportional { .. }
-        | RopeKind::Llama3 { .. } => {}
-    }
+    parts.extend(words::no_rope(a.rope.kind).map(String::from));
     match a.scores {
         Scores::FusedSdpa => {}
         Scores::Softcapped { cap } => {
@@ -250,26 +228,13 @@ fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
         } => "computes its own K/V (V = K projection, no v_proj)".to_string(),
         KvSource::Shared { .. } => "reads a donor's K/V".to_string(),
     });
-    match a.bias {
-        ProjectionBias::None => {}
-        ProjectionBias::QueryKeyValue => parts.push("q/k/v bias".to_string()),
-    }
-    match a.projection {
-        QkvProjection::Separate => {}
-        QkvProjection::Fused => parts.push("one fused qkv_proj, split".to_string()),
-    }
-    match a.qk_norm {
-        QkNorm::None => {}
-        QkNorm::RmsPerHead => parts.push("per-head q/k RMSNorm".to_string()),
-        QkNorm::RmsPerHeadOnePlus => parts.push("per-head q/k RMSNorm, weights 1 + w".to_string()),
-        QkNorm::RmsWholeProjection => {
-            parts.push("q/k RMSNorm over the whole projections".to_string())
-        }
-    }
+    parts.extend(words::projection_extras(a).into_iter().map(String::from));
+    parts.extend(words::qk_norm(a.qk_norm).map(String::from));
+    // Qwen3.5's gated attention rotates part of each head.
     match a.output_gate {
         OutputGate::None => {}
         OutputGate::SigmoidPerHead => parts.push(format!(
-            "RoPE on {} of {} dims, output gated by sigmoid(gate)",
+            "RoPE on {} of {} dims",
             a.rope.rotated_dims, a.head_dim
         )),
     }
@@ -990,10 +955,10 @@ impl KvForward {
             KvForward {
                 kv_param: quote! { cache: &mut LayerCache },
                 attn: quote! {
-                    let (a, kv) = b::attention_own_kv(&x, b::OwnQkv::Separate { attn: &self.attn, kv: &self.kv }, Self::SHAPE, at.rope, cache, at.mask)?;
+                    let (a, kv) = b::attention_own_kv(&x, b::OwnQkv::separate(&self.attn, &self.kv), Self::SHAPE, at.rope, cache, at.mask)?;
                 },
                 decode_step: quote! {
-                    let kv = decode::KvSource::Own { weights: &self.kv, fused: self.qkv.as_ref(), cache };
+                    let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
                     return decode::step(h, &#decode_layer_call, kv, tables, at.mask);
                 },
                 ret_ty: quote! { (Array, b::SharedKv) },
@@ -1206,9 +1171,8 @@ impl<'a> PlainAttentionKind<'a> {
                 #body
             }
 
-            /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
-            /// step of one token per row takes the compiled blocks of one
-            /// sequence's step, B rows at once.
+            /// B sequences in one forward (mlx-lm's `BatchGenerator`); a step of
+            /// one token per row takes one sequence's compiled blocks, B rows at once.
             fn forward_batch(&self, h: &Array, at: &WindowStep, #batch_kv_param #ple_param) -> Result<#ret_ty> {
                 if let Some(tables) = at.tables {
                     #decode_step
@@ -1264,7 +1228,7 @@ fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
     let body = Composition::of(l).forward_body(ForwardLines {
         decode: None,
         mixer: quote! {
-            let (a, kv) = b::attention_own_kv(h, b::OwnQkv::Separate { attn: &self.attn, kv: &self.kv }, Self::SHAPE, at.rope, cache, at.mask)?;
+            let (a, kv) = b::attention_own_kv(h, b::OwnQkv::separate(&self.attn, &self.kv), Self::SHAPE, at.rope, cache, at.mask)?;
         },
         finish: quote! { Ok((self.finish(h, a)?, kv)) },
     });
@@ -1500,11 +1464,11 @@ fn batch_step_context(compiled: bool, cn: &str, first: &TokenStream, mask: &Iden
         let tables = ident(&format!("{cn}_tables"));
         quote! {
             let #tables = batch_blocks::step_tables(&self.#rope, cache.layer(#first)?, n, h.dtype())?;
-            let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
+            let #ctx = WindowStep::new(&self.#rope, #tables.as_ref(), &#mask);
         }
     } else {
         quote! {
-            let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
+            let #ctx = WindowStep::new(&self.#rope, None, &#mask);
         }
     }
 }
@@ -1779,7 +1743,7 @@ impl WindowSetup {
                 Window::Sliding(n) => n,
             })?;
             let mask_line =
-                quote! { let #mask = b::mask_for(kv_at(&cache.kv, #first_kv)?, n, #size)?; };
+                quote! { let #mask = b::mask_for(kv_at(&cache.kv, #first_kv, NAME)?, n, #size)?; };
             for (cn, _, a) in &contexts {
                 let rope = ident(&format!("rope_{cn}"));
                 setup.ropes_struct.push(quote! { #rope: Rope, });
@@ -1808,12 +1772,12 @@ fn step_context(compiled: bool, cn: &str, rope: &Ident, mask: &Ident) -> TokenSt
     let ctx = ident(cn);
     if compiled {
         quote! {
-            let #tables = if step { Some(self.#rope.tables(offset, n, h.dtype())?) } else { None };
-            let #ctx = WindowStep { rope: &self.#rope, tables: #tables.as_ref(), mask: &#mask };
+            let #tables = self.#rope.step_tables(step, offset, n, h.dtype())?;
+            let #ctx = WindowStep::new(&self.#rope, #tables.as_ref(), &#mask);
         }
     } else {
         quote! {
-            let #ctx = WindowStep { rope: &self.#rope, tables: None, mask: &#mask };
+            let #ctx = WindowStep::new(&self.#rope, None, &#mask);
         }
     }
 }
@@ -1998,7 +1962,7 @@ impl StepTokens {
                 decode_import: Some(quote! { use archgen_runtime::decode; }),
                 embedded: quote! { h },
                 begin: quote! {
-                    let offset = kv_at(&cache.kv, 0)?.offset();
+                    let offset = kv_at(&cache.kv, 0, NAME)?.offset();
                     let step = n == 1 && decode::enabled();
                     #tables_note
                     #(#steps_ctx)*
@@ -2074,7 +2038,7 @@ impl ModelParts<'_> {
         quote! {
             use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
             #batch_imports
-            use archgen_runtime::cache::{LayerCache, #(#cache_imports),*};
+            use archgen_runtime::cache::{kv_at, next_cache, LayerCache, #(#cache_imports),*};
             #decode_import
             #deltanet_import
             #feed_forward_import

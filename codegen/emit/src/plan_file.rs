@@ -6,14 +6,13 @@
 //! rows share one row (`0-4`), and a per-layer tensor that has the same shape
 //! and dtype in several layers is one row naming those layers.
 
+use archgen_ir::GateUpProjection;
 use archgen_ir::RopeKind;
 use archgen_ir::{
     Activation, Attention, AttentionScale, EmbedScale, FeedForward, GatedMlp, GatedNorm,
-    HeadWeight, KvCache, KvSource, Layer, LayerInput, LayerScalar, LogitScale, Mixer,
-    NormArrangement, NormWeight, OutputGate, ProjectionBias, QkNorm, Residual, RopeForm, Router,
-    Scores, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values, Window,
+    HeadWeight, KvCache, KvSource, Layer, LogitScale, Mixer, NormArrangement, NormWeight, QkNorm,
+    RopeForm, Router, Scores, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values, Window,
 };
-use archgen_ir::{GateUpProjection, QkvProjection};
 use archgen_plan::{rope_parameters, Plan, RopeParameters, GENERATOR_VERSION};
 use minijinja::{Environment, UndefinedBehavior};
 use serde::Serialize;
@@ -121,38 +120,13 @@ fn row(plan: &Plan, l: &Layer) -> RowBody {
     };
     let mut extra = Vec::new();
     if let Some(a) = l.attention() {
-        match a.bias {
-            ProjectionBias::None => {}
-            ProjectionBias::QueryKeyValue => extra.push("q/k/v bias".to_string()),
-        }
-        match a.output_gate {
-            OutputGate::None => {}
-            OutputGate::SigmoidPerHead => extra.push("sigmoid output gate".to_string()),
-        }
-        match a.projection {
-            QkvProjection::Separate => {}
-            QkvProjection::Fused => extra.push("fused qkv_proj".to_string()),
-        }
+        extra.extend(
+            crate::words::projection_extras(a)
+                .into_iter()
+                .map(String::from),
+        );
     }
-    match l.input {
-        LayerInput::None => {}
-        LayerInput::Gated { width } => extra.push(format!("PLE gate {width}")),
-    }
-    match l.scalar {
-        LayerScalar::None => {}
-        LayerScalar::Learned => extra.push("layer scalar".to_string()),
-    }
-    match l.residual {
-        Residual::Plain => {}
-        Residual::DepthScaled {
-            scale_depth,
-            num_hidden_layers,
-        } => extra.push(format!(
-            "branches × {scale_depth}/√{num_hidden_layers} = {}",
-            l.residual.factor().unwrap_or(f64::NAN)
-        )),
-        Residual::Scaled { multiplier } => extra.push(format!("branches × {multiplier}")),
-    }
+    extra.extend(crate::words::layer_extras(l));
     let norms = std::iter::once(norms.to_string())
         .chain(extra)
         .collect::<Vec<_>>()

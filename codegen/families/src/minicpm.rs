@@ -15,6 +15,7 @@
 //! the reduction to tiny variants and the config.json importer.
 
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
+use crate::dense_sections::RequiredSizes;
 use crate::diag::{FieldPath, Issue};
 use crate::layout::{Layout, Text};
 use crate::model::*;
@@ -273,13 +274,8 @@ crate::document::impl_document!(MiniCpmSpec, check);
 /// `default`), `tie_word_embeddings` false.
 pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<MiniCpmSpec> {
     let mut r = Reader::new(top, "");
-    let hidden_size = r.required_uint("hidden_size");
+    let sizes = RequiredSizes::read(&mut r);
     let dim_model_base = r.required_uint("dim_model_base");
-    let num_layers = r.required_uint("num_hidden_layers");
-    let intermediate_size = r.required_uint("intermediate_size");
-    let num_heads = r.required_uint("num_attention_heads");
-    let rms_norm_eps = r.required_float("rms_norm_eps");
-    let vocab_size = r.required_uint("vocab_size");
     let num_kv = r.required_uint("num_key_value_heads");
     let scale_depth = r.required_float("scale_depth");
     let scale_emb = r.required_float("scale_emb");
@@ -304,8 +300,11 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<MiniC
             "true: mlx-lm 0.32.2 cannot load a tied MiniCPM (its sanitize always adds lm_head.weight, which a tied model lacks, and the strict load fails); set it to false, the head is then lm_head (taken from embed_tokens when the checkpoint has none)",
         );
     }
-    let head_dim =
-        r.head_dim_of_module_without_it(hidden_size, num_heads, Family::MiniCpm.as_str());
+    let head_dim = r.head_dim_of_module_without_it(
+        sizes.hidden_size,
+        sizes.num_heads,
+        Family::MiniCpm.as_str(),
+    );
     if let Some(s) = r.get("rope_scaling").cloned() {
         let kind = s.as_object().map_or("default", rope_type);
         if kind != "default" {
@@ -319,26 +318,16 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<MiniC
     r.build_checked(check, || MiniCpmSpec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, Family::MiniCpm, ConfigModelType::MiniCpm),
-        model: DenseModel {
-            hidden_size,
-            vocab_size,
-            rms_norm_eps,
-            tie_word_embeddings: tie,
-            max_position_embeddings: max_pos,
-        },
-        layers: DenseLayers {
-            num_hidden_layers: num_layers,
-        },
-        attention: DenseAttention {
-            num_attention_heads: num_heads,
-            num_key_value_heads: num_kv,
-            head_dim,
-        },
+        model: sizes.model(tie, max_pos),
+        layers: sizes.layers(),
+        attention: sizes.attention(num_kv, head_dim),
         rope: MiniCpmRope {
             traditional,
             rope_theta,
         },
-        mlp: DenseMlp { intermediate_size },
+        mlp: DenseMlp {
+            intermediate_size: sizes.intermediate_size,
+        },
         scales: MiniCpmScales {
             scale_emb,
             scale_depth,

@@ -18,7 +18,7 @@ use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
 use crate::reader::{first_quantization, imported_identity, rope_type, ImportedSpec, Reader};
-use crate::reduce::{last_key, reduce_key, Reducible, Size};
+use crate::reduce::{last_key, reduce_key, sizes_named, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -567,50 +567,23 @@ pub(crate) const LAYOUT: Layout = Layout {
 impl Reducible for Qwen35Spec {
     fn other_sizes(r: &Qwen35Reduce, parent: &Self, issues: &mut Vec<Issue>) -> Vec<Size> {
         let pl = &parent.linear_attention;
-        let mut sizes = vec![
-            (
-                "linear_num_key_heads",
-                r.linear_num_key_heads,
-                pl.linear_num_key_heads,
-            ),
-            (
-                "linear_num_value_heads",
-                r.linear_num_value_heads,
-                pl.linear_num_value_heads,
-            ),
-            (
-                "linear_key_head_dim",
-                r.linear_key_head_dim,
-                pl.linear_key_head_dim,
-            ),
-            (
-                "linear_value_head_dim",
-                r.linear_value_head_dim,
-                pl.linear_value_head_dim,
-            ),
-        ];
+        let mut sizes = sizes_named!(r, pl;
+            linear_num_key_heads,
+            linear_num_value_heads,
+            linear_key_head_dim,
+            linear_value_head_dim,
+        )
+        .to_vec();
         match (r.intermediate_size, &parent.mlp, &r.moe, &parent.moe) {
             (Some(w), Some(pm), None, None) => {
                 sizes.push(("intermediate_size", w, pm.intermediate_size));
             }
-            (None, None, Some(rm), Some(pe)) => sizes.extend([
-                ("moe.num_experts", rm.num_experts, pe.num_experts),
-                (
-                    "moe.num_experts_per_tok",
-                    rm.num_experts_per_tok,
-                    pe.num_experts_per_tok,
-                ),
-                (
-                    "moe.moe_intermediate_size",
-                    rm.moe_intermediate_size,
-                    pe.moe_intermediate_size,
-                ),
-                (
-                    "moe.shared_expert_intermediate_size",
-                    rm.shared_expert_intermediate_size,
-                    pe.shared_expert_intermediate_size,
-                ),
-            ]),
+            (None, None, Some(rm), Some(pe)) => sizes.extend(sizes_named!("moe.", rm, pe;
+                num_experts,
+                num_experts_per_tok,
+                moe_intermediate_size,
+                shared_expert_intermediate_size,
+            )),
             (_, _, _, Some(_)) => issues.push(Issue::new(
                 p("derive.reduce.moe"),
                 "the parent is the MoE form",

@@ -9,12 +9,13 @@
 //! the reduction to tiny variants and the config.json importer.
 
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
+use crate::dense_sections::RequiredSizes;
 use crate::diag::{FieldPath, Issue};
 use crate::layout::{Layout, Text};
 use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
-use crate::reduce::{last_key, reduce_key, Reducible, Size};
+use crate::reduce::{last_key, mlp_width, reduce_key, sizes_named, Reducible, Size};
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -295,25 +296,13 @@ pub(crate) const LAYOUT: Layout = Layout {
 /// the experts'.
 impl Reducible for Qwen3MoeSpec {
     fn other_sizes(r: &Qwen3MoeReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
-        let pm = &parent.moe;
-        vec![
-            (
-                "intermediate_size",
-                r.intermediate_size,
-                parent.mlp.intermediate_size,
-            ),
-            ("num_experts", r.num_experts, pm.num_experts),
-            (
-                "num_experts_per_tok",
-                r.num_experts_per_tok,
-                pm.num_experts_per_tok,
-            ),
-            (
-                "moe_intermediate_size",
-                r.moe_intermediate_size,
-                pm.moe_intermediate_size,
-            ),
-        ]
+        let mut sizes = mlp_width(r.intermediate_size, parent.mlp.intermediate_size);
+        sizes.extend(sizes_named!(r, parent.moe;
+            num_experts,
+            num_experts_per_tok,
+            moe_intermediate_size,
+        ));
+        sizes
     }
     fn apply(&mut self, r: &Qwen3MoeReduce) {
         self.mlp.intermediate_size = r.intermediate_size;
@@ -346,10 +335,7 @@ crate::document::impl_document!(Qwen3MoeSpec, check);
 /// but `rope_scaling`, which it accepts and never reads).
 pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Qwen3MoeSpec> {
     let mut r = Reader::new(top, "");
-    let hidden_size = r.required_uint("hidden_size");
-    let num_layers = r.required_uint("num_hidden_layers");
-    let intermediate_size = r.required_uint("intermediate_size");
-    let num_heads = r.required_uint("num_attention_heads");
+    let sizes = RequiredSizes::read(&mut r);
     let num_experts = r.required_uint("num_experts");
     let top_k = r.required_uint("num_experts_per_tok");
     let sparse_step = r.required_uint("decoder_sparse_step");
@@ -374,8 +360,6 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Qwen3
         }
     };
     let moe_width = r.required_uint("moe_intermediate_size");
-    let rms_norm_eps = r.required_float("rms_norm_eps");
-    let vocab_size = r.required_uint("vocab_size");
     let num_kv = r.required_uint("num_key_value_heads");
     let head_dim = r.required_uint("head_dim");
     let rope_theta = r.required_float("rope_theta");
@@ -393,23 +377,13 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Qwen3
     r.build_checked(check, || Qwen3MoeSpec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, Family::Qwen3Moe, ConfigModelType::Qwen3Moe),
-        model: DenseModel {
-            hidden_size,
-            vocab_size,
-            rms_norm_eps,
-            tie_word_embeddings: tie,
-            max_position_embeddings: max_pos,
-        },
-        layers: DenseLayers {
-            num_hidden_layers: num_layers,
-        },
-        attention: DenseAttention {
-            num_attention_heads: num_heads,
-            num_key_value_heads: num_kv,
-            head_dim,
-        },
+        model: sizes.model(tie, max_pos),
+        layers: sizes.layers(),
+        attention: sizes.attention(num_kv, head_dim),
         rope: Qwen3MoeRope { rope_theta },
-        mlp: DenseMlp { intermediate_size },
+        mlp: DenseMlp {
+            intermediate_size: sizes.intermediate_size,
+        },
         moe: Qwen3MoeExperts {
             num_experts,
             num_experts_per_tok: top_k,

@@ -242,6 +242,19 @@ macro_rules! impl_stack_sections {
 }
 pub(crate) use impl_stack_sections;
 
+/// The sizes of fields a reduction and its parent's section share by name,
+/// each named as the field (after `prefix`, the section's path, where given):
+/// `sizes_named!(r, parent; a, b)` is `[("a", r.a, parent.a), ("b", r.b, parent.b)]`.
+macro_rules! sizes_named {
+    ($prefix:literal, $reduced:expr, $parent:expr; $($field:ident),+ $(,)?) => {
+        [$((concat!($prefix, stringify!($field)), $reduced.$field, $parent.$field)),+]
+    };
+    ($reduced:expr, $parent:expr; $($field:ident),+ $(,)?) => {
+        $crate::reduce::sizes_named!("", $reduced, $parent; $($field),+)
+    };
+}
+pub(crate) use sizes_named;
+
 /// The MLP width as the one size a form reduces beside the stack's.
 pub(crate) fn mlp_width(reduced: u32, parent: u32) -> Vec<Size> {
     vec![("intermediate_size", reduced, parent)]
@@ -426,5 +439,35 @@ pub(crate) fn check_shrinks(sizes: &[Size], issues: &mut Vec<Issue>) {
                 "a reduction only shrinks sizes",
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    struct Experts {
+        num_experts: u32,
+        top_k: u32,
+    }
+
+    #[test]
+    fn sizes_are_named_after_their_fields_under_the_prefix() {
+        let (reduced, parent) = (
+            Experts {
+                num_experts: 4,
+                top_k: 2,
+            },
+            Experts {
+                num_experts: 128,
+                top_k: 8,
+            },
+        );
+        assert_eq!(
+            sizes_named!(reduced, parent; num_experts, top_k),
+            [("num_experts", 4, 128), ("top_k", 2, 8)]
+        );
+        assert_eq!(
+            sizes_named!("moe.", reduced, parent; top_k),
+            [("moe.top_k", 2, 8)]
+        );
     }
 }

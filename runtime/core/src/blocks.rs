@@ -298,6 +298,12 @@ pub enum OwnQkv<'a> {
     Fused(&'a FusedQkvAttention),
 }
 
+impl<'a> OwnQkv<'a> {
+    pub fn separate(attn: &'a AttentionWeights, kv: &'a KvWeights) -> Self {
+        OwnQkv::Separate { attn, kv }
+    }
+}
+
 /// A K/V-owning layer's attention: computes Q/K/V from its projections,
 /// updates its cache, attends, projects out.
 pub fn attention_own_kv(
@@ -609,6 +615,25 @@ pub struct WindowStep<'a> {
     pub rope: &'a Rope,
     pub tables: Option<&'a RopeTables>,
     pub mask: &'a Mask,
+}
+
+impl<'a> WindowStep<'a> {
+    pub fn new(rope: &'a Rope, tables: Option<&'a RopeTables>, mask: &'a Mask) -> Self {
+        WindowStep { rope, tables, mask }
+    }
+}
+
+/// The K/V layer `donor` of model `model` computed in this forward, for a
+/// later layer that reads it (`shared_kv`).
+pub fn donor_kv<'a>(
+    computed: &'a [Option<SharedKv>],
+    donor: usize,
+    model: &str,
+) -> Result<&'a SharedKv> {
+    computed
+        .get(donor)
+        .and_then(Option::as_ref)
+        .ok_or_else(|| refused(&format!("{model}: layer {donor} computed no K/V to share")))
 }
 
 /// The mask of one window kind, from the cache of the first layer of that

@@ -478,3 +478,25 @@ impl LayerCache {
         }
     }
 }
+
+/// A cache that does not match model `model` (not one its `make_cache` made).
+fn missing_cache(model: &str) -> mlx_rs::error::Exception {
+    mlx_rs::error::Exception::custom(format!(
+        "{model}: the cache holds fewer layers than the model"
+    ))
+}
+
+/// Cache `k` of a sequence's K/V caches, in the order model `model`'s
+/// `make_cache` made them.
+pub fn kv_at<'a>(caches: &'a [LayerCache], k: usize, model: &str) -> Result<&'a LayerCache> {
+    caches.get(k).ok_or_else(|| missing_cache(model))
+}
+
+/// The next layer's cache, in the order model `model`'s `make_cache` made
+/// them (K/V caches or Gated DeltaNet states alike).
+pub fn next_cache<'a, T>(
+    caches: &mut std::slice::IterMut<'a, T>,
+    model: &str,
+) -> Result<&'a mut T> {
+    caches.next().ok_or_else(|| missing_cache(model))
+}

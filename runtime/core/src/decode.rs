@@ -165,6 +165,20 @@ pub enum KvSource<'a> {
     Shared(&'a SharedKv),
 }
 
+impl<'a> KvSource<'a> {
+    pub fn own(
+        weights: &'a KvWeights,
+        fused: Option<&'a FusedQkv>,
+        cache: &'a mut dyn StepCache,
+    ) -> Self {
+        KvSource::Own {
+            weights,
+            fused,
+            cache,
+        }
+    }
+}
+
 /// One decode step (one token) of an attention layer; `rope` holds this
 /// step's tables of the layer's RoPE form. `h` and the result are rows
 /// [B, hidden] (one token each): 2-D matmuls are one node, 3-D ones

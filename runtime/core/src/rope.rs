@@ -123,6 +123,18 @@ impl Rope {
         self.tables_at(&Array::from_int(offset), l, dtype)
     }
 
+    /// [`Rope::tables`] when `step` (a one-token step on the compiled decode
+    /// path), else none: the tables a window's layers share in this forward.
+    pub fn step_tables(
+        &self,
+        step: bool,
+        offset: i32,
+        l: i32,
+        dtype: Dtype,
+    ) -> Result<Option<RopeTables>> {
+        step.then(|| self.tables(offset, l, dtype)).transpose()
+    }
+
     /// [`Rope::tables`] at `offset`, an int32 scalar (one sequence) or a
     /// vector [B] (a batch, one offset per row, as mlx-lm's `BatchKVCache`
     /// passes `cache.offset` to `mx.fast.rope`).

@@ -23,8 +23,10 @@ mod qwen3;
 mod smollm3;
 
 pub use crate::dense_sections::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
+
 pub use granite::GraniteScales;
 
+use crate::dense_sections::RequiredSizes;
 use crate::diag::{FieldPath, Issue};
 use crate::ir::{
     GateUpProjection, NormArrangement, ProjectionBias, QkNorm, QkvProjection, SanitizeRule,
@@ -670,13 +672,8 @@ pub(crate) fn import(
     let module = variant.family.as_str();
     let config = &variant.config;
     let mut r = Reader::new(top, "");
-    // Fields without a default in ModelArgs: mlx-lm fails without them.
-    let hidden_size = r.required_uint("hidden_size");
-    let num_layers = r.required_uint("num_hidden_layers");
-    let intermediate_size = r.required_uint("intermediate_size");
-    let num_heads = r.required_uint("num_attention_heads");
-    let rms_norm_eps = r.required_float("rms_norm_eps");
-    let vocab_size = r.required_uint("vocab_size");
+    let sizes = RequiredSizes::read(&mut r);
+    let (hidden_size, num_heads) = (sizes.hidden_size, sizes.num_heads);
     let num_kv = match config.kv_heads {
         KvHeads::Required => r.required_uint("num_key_value_heads"),
         KvHeads::SameAsHeads => r.uint("num_key_value_heads", num_heads),
@@ -776,33 +773,23 @@ pub(crate) fn import(
             None
         }
     };
-    let own = (config.read_own_sections)(&mut r, num_layers);
+    let own = (config.read_own_sections)(&mut r, sizes.num_layers);
     let quantization = top_quantization(top, &mut r);
     r.build_checked(check, || DenseSpec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, variant.family, model_type),
-        model: DenseModel {
-            hidden_size,
-            vocab_size,
-            rms_norm_eps,
-            tie_word_embeddings: tie,
-            max_position_embeddings: max_pos,
-        },
-        layers: DenseLayers {
-            num_hidden_layers: num_layers,
-        },
-        attention: DenseAttention {
-            num_attention_heads: num_heads,
-            num_key_value_heads: num_kv,
-            head_dim,
-        },
+        model: sizes.model(tie, max_pos),
+        layers: sizes.layers(),
+        attention: sizes.attention(num_kv, head_dim),
         rope: DenseRope {
             traditional,
             rope_theta: theta,
             scaling,
             no_rope_layer_interval: own.no_rope_layer_interval,
         },
-        mlp: DenseMlp { intermediate_size },
+        mlp: DenseMlp {
+            intermediate_size: sizes.intermediate_size,
+        },
         scales: own.scales,
         quantization,
         mixed_kv: None,

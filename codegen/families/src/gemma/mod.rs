@@ -15,6 +15,7 @@ mod gemma2;
 mod gemma3_text;
 
 use crate::dense::{DenseDerivedSpecFile, DenseReduce};
+use crate::dense_sections::RequiredSizes;
 use crate::diag::{FieldPath, Issue};
 use crate::ir::{AttentionScale, EmbedScale, QkNorm, SanitizeRule};
 use crate::layout::Layout;
@@ -637,14 +638,8 @@ pub(crate) fn import(
 ) -> ImportedSpec<Gemma2Spec> {
     let defaults = &variant.defaults;
     let mut r = Reader::new(top, "");
-    // Fields without a default in ModelArgs: mlx-lm fails without them.
-    let hidden_size = r.required_uint("hidden_size");
-    let num_layers = r.required_uint("num_hidden_layers");
-    let intermediate_size = r.required_uint("intermediate_size");
-    let num_heads = r.required_uint("num_attention_heads");
+    let sizes = RequiredSizes::read(&mut r);
     let head_dim = r.required_uint("head_dim");
-    let rms_norm_eps = r.required_float("rms_norm_eps");
-    let vocab_size = r.required_uint("vocab_size");
     let num_kv = r.required_uint("num_key_value_heads");
     let rope_theta = r.float("rope_theta", defaults.rope_theta);
     let family = variant.family.as_str();
@@ -738,19 +733,19 @@ pub(crate) fn import(
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, variant.family, variant.model_types[0]),
         model: Gemma2Model {
-            hidden_size,
-            vocab_size,
-            rms_norm_eps,
+            hidden_size: sizes.hidden_size,
+            vocab_size: sizes.vocab_size,
+            rms_norm_eps: sizes.rms_norm_eps,
             final_logit_softcapping: final_softcap,
             max_position_embeddings: max_pos,
         },
         layers: Gemma2Layers {
-            num_hidden_layers: num_layers,
+            num_hidden_layers: sizes.num_layers,
             sliding_window,
             sliding_window_pattern,
         },
         attention: Gemma2Attention {
-            num_attention_heads: num_heads,
+            num_attention_heads: sizes.num_heads,
             num_key_value_heads: num_kv,
             head_dim,
             query_pre_attn_scalar,
@@ -762,7 +757,9 @@ pub(crate) fn import(
             rope_local_base_freq,
             scaling,
         },
-        mlp: Gemma2Mlp { intermediate_size },
+        mlp: Gemma2Mlp {
+            intermediate_size: sizes.intermediate_size,
+        },
         quantization,
     })
 }
