@@ -26,13 +26,13 @@ fn error(what: String) -> mlx_rs::error::Exception {
 /// the padding facts its mask is made from.
 #[derive(Debug, Clone, Default)]
 pub struct BatchArraysCache {
-    conv: Option<Array>,
+    pub(crate) conv: Option<Array>,
     state: Option<Array>,
     /// `left_padding`: set by `merge` (zeros), cleared by `finalize`,
     /// lowered by every layer call (`advance`).
     left_padding: Option<Vec<i32>>,
     /// `lengths`: each row's real tokens in the chunk being prefilled.
-    lengths: Option<Vec<i32>>,
+    pub(crate) lengths: Option<Vec<i32>>,
 }
 
 impl BatchArraysCache {
@@ -96,7 +96,7 @@ impl BatchArraysCache {
     }
 
     /// `advance(N)`, after each layer call.
-    fn advance(&mut self, n: i32) {
+    pub(crate) fn advance(&mut self, n: i32) {
         for v in self.lengths.iter_mut().chain(self.left_padding.iter_mut()) {
             v.iter_mut().for_each(|x| *x -= n);
         }
