@@ -148,7 +148,7 @@ fn kind_facts(plan: &Plan, forms: bool) -> Result<Vec<KindFacts<'_>>, String> {
                 .ok_or_else(|| format!("layer kind {}: no layers", k.name))?;
             let layer = &plan.ir.layers[first];
             let (state, returns_kv) = match &layer.mixer {
-                Mixer::GatedDeltaNet(_) => (State::Arrays, false),
+                Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => (State::Arrays, false),
                 Mixer::Attention(a) => match a.kv {
                     KvSource::Own { .. } => (
                         State::Kv(a.window),

@@ -217,6 +217,12 @@ impl ModelIr {
                         push(format!("{la}.out_proj"), ModuleKind::Linear, vd, h, 1);
                     }
                 },
+                // `in_proj` gives B, C and x side by side; the conv itself
+                // is an `nn.Conv1d`, which `nn.quantize` leaves alone.
+                Mixer::ShortConv(_) => {
+                    push(format!("{lp}conv.in_proj"), ModuleKind::Linear, h, 3 * h, 1);
+                    push(format!("{lp}conv.out_proj"), ModuleKind::Linear, h, h, 1);
+                }
             }
             if let Some(m) = l.mlp() {
                 let w = m.width as u64;
@@ -364,6 +370,7 @@ impl ModelIr {
                         }
                     }
                 }
+                Mixer::ShortConv(_) => {}
             }
             if let Some(m) = l.moe() {
                 match m.router {
@@ -432,17 +439,22 @@ impl ModelIr {
     }
 
     /// Parameters of more than one dimension that no `nn.quantize` visits
-    /// (the depthwise conv weights of Gated DeltaNet layers, `[C, K, 1]`).
+    /// (the depthwise conv weights of Gated DeltaNet and short-conv layers,
+    /// `[C, K, 1]`).
     pub fn shaped_params(&self) -> Vec<ShapedParam> {
         let pre = self.module_prefix();
         self.layers
             .iter()
-            .filter_map(|l| {
-                let d = l.delta_net()?;
-                Some(ShapedParam {
+            .filter_map(|l| match &l.mixer {
+                Mixer::Attention(_) => None,
+                Mixer::GatedDeltaNet(d) => Some(ShapedParam {
                     name: format!("{pre}layers.{}.linear_attn.conv1d.weight", l.index),
                     shape: vec![d.conv_dim() as u64, d.conv_kernel as u64, 1],
-                })
+                }),
+                Mixer::ShortConv(c) => Some(ShapedParam {
+                    name: format!("{pre}layers.{}.conv.conv.weight", l.index),
+                    shape: vec![self.hidden_size as u64, c.kernel as u64, 1],
+                }),
             })
             .collect()
     }
