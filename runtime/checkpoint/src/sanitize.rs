@@ -159,7 +159,7 @@ pub(crate) fn sanitize(
             v
         };
         let k = if has(SanitizeRule::RenameLfm2Modules) {
-            lfm2_module_name(k)
+            archgen_ir::names::lfm2_shared_name(&k)
         } else {
             k
         };
@@ -282,32 +282,6 @@ fn is_offset_norm(k: &str) -> bool {
         ]
         .iter()
         .any(|s| k.ends_with(s))
-}
-
-/// LFM2's module names and the names the shared blocks load them by
-/// ([`SanitizeRule::RenameLfm2Modules`]), as `.name.` segments of a name
-/// relative to the text model.
-const LFM2_MODULES: [(&str, &str); 8] = [
-    (".operator_norm.", ".input_layernorm."),
-    (".ffn_norm.", ".post_attention_layernorm."),
-    (".feed_forward.w1.", ".mlp.gate_proj."),
-    (".feed_forward.w3.", ".mlp.up_proj."),
-    (".feed_forward.w2.", ".mlp.down_proj."),
-    (".self_attn.out_proj.", ".self_attn.o_proj."),
-    (".self_attn.q_layernorm.", ".self_attn.q_norm."),
-    (".self_attn.k_layernorm.", ".self_attn.k_norm."),
-];
-
-/// `k` with LFM2's module names read as the shared blocks' (the final norm
-/// `embedding_norm` is `norm`); other names unchanged.
-fn lfm2_module_name(k: String) -> String {
-    if let Some(rest) = k.strip_prefix("embedding_norm.") {
-        return format!("norm.{rest}");
-    }
-    match LFM2_MODULES.iter().find(|(from, _)| k.contains(from)) {
-        Some((from, to)) => k.replacen(from, to, 1),
-        None => k,
-    }
 }
 
 fn refused(what: String) -> archgen_runtime::mlx_rs::error::Exception {
