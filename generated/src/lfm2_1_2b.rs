@@ -236,18 +236,18 @@ const LAYOUT: [Row; LAYERS] = [
 ];
 /// One loaded layer, by kind.
 enum Layer {
-    ShortConv(ShortConv),
-    FullOwnKv(FullOwnKv),
+    ShortConv(Box<ShortConv>),
+    FullOwnKv(Box<FullOwnKv>),
 }
 impl Row {
     /// Loads layer `i`, whose row this is.
     fn load(self, w: &mut Weights, i: usize) -> Layer {
         match self {
             Row::ShortConv(mlp_width) => {
-                Layer::ShortConv(ShortConv::load(w, i, mlp_width))
+                Layer::ShortConv(Box::new(ShortConv::load(w, i, mlp_width)))
             }
             Row::FullOwnKv(mlp_width) => {
-                Layer::FullOwnKv(FullOwnKv::load(w, i, mlp_width))
+                Layer::FullOwnKv(Box::new(FullOwnKv::load(w, i, mlp_width)))
             }
         }
     }

@@ -473,6 +473,10 @@ fn merge_sliding(
     ))
 }
 
+/// A given row of an `ArraysCache`: its conv state and its recurrent state
+/// (none for a short conv).
+type ArraysRow<'a> = (&'a Array, Option<&'a Array>);
+
 /// `ArraysCache.merge`: all fresh gives the empty batched cache (with its
 /// zero `left_padding`); otherwise the states stacked, a fresh row's zeros.
 fn merge_arrays(
@@ -492,7 +496,7 @@ fn merge_arrays(
         return Ok(BatchArraysCache::merged_empty(b));
     };
     // A given row's array, or a fresh row's zeros shaped like `first`.
-    let stack = |first: &Array, pick: &dyn Fn(&(&Array, Option<&Array>)) -> Option<Array>| {
+    let stack = |first: &Array, pick: &dyn Fn(&ArraysRow) -> Option<Array>| {
         let parts = rows
             .iter()
             .map(|r| match r.as_ref().map(pick) {
