@@ -1236,6 +1236,28 @@ fn lfm2_configs_take_mlx_lm_fields_and_width_rule() {
         let text = refusal(&with(&lfm2, &[(field, value)]));
         assert!(text.contains(needle), "{field}: {text}");
     }
+    // Quantization overrides name lfm2.py's modules; the spec names them as
+    // the loader reads them.
+    let quantized = with(
+        &lfm2,
+        &[(
+            "quantization",
+            json!({
+                "group_size": 32, "bits": 4, "mode": "affine",
+                "model.layers.0.feed_forward.w2": {"group_size": 32, "bits": 8, "mode": "affine"},
+                "model.layers.1.self_attn.out_proj": false,
+            }),
+        )],
+    );
+    let (spec, _, _) = import_and_round_trip(&quantized, None, "lfm2-q");
+    let paths: Vec<&String> = spec.quantization().unwrap().overrides.keys().collect();
+    assert_eq!(
+        paths,
+        [
+            "model.layers.0.mlp.down_proj",
+            "model.layers.1.self_attn.o_proj"
+        ]
+    );
     let text = refusal(&without(&lfm2, &["full_attn_idxs"]));
     assert!(text.contains("full_attn_idxs: missing"), "{text}");
 }

@@ -55,13 +55,17 @@ pub const LFM2_MODULES: [(&str, &str); 9] = [
 ];
 
 /// `name` with its first `from` segment of `pairs` replaced by the paired
-/// `to` (a name relative to the text model, `embedding_norm.weight`, matches
-/// as `.embedding_norm.weight`).
+/// `to`. Tensor and module names alike: `name` is matched as `.{name}.`, so
+/// `embedding_norm.weight` and the module path `model.layers.0.feed_forward.w2`
+/// match too.
 fn renamed(name: &str, pairs: impl Iterator<Item = (&'static str, &'static str)>) -> String {
-    let dotted = format!(".{name}");
+    let dotted = format!(".{name}.");
     let mut pairs = pairs;
     match pairs.find(|(from, _)| dotted.contains(from)) {
-        Some((from, to)) => dotted.replacen(from, to, 1)[1..].to_string(),
+        Some((from, to)) => {
+            let out = dotted.replacen(from, to, 1);
+            out[1..out.len() - 1].to_string()
+        }
         None => name.to_string(),
     }
 }
@@ -554,6 +558,14 @@ mod tests {
             ),
             ("embedding_norm.weight", "norm.weight"),
             ("model.embedding_norm.weight", "model.norm.weight"),
+            (
+                "model.layers.0.feed_forward.w2",
+                "model.layers.0.mlp.down_proj",
+            ),
+            (
+                "model.layers.2.self_attn.out_proj",
+                "model.layers.2.self_attn.o_proj",
+            ),
         ] {
             assert_eq!(lfm2_shared_name(lfm2), shared);
             assert_eq!(lfm2_checkpoint_name(shared), lfm2);

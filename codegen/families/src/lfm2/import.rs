@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 /// `block_ff_dim` falls back to `intermediate_size`, `rope_theta` (1000000.0) to
 /// `rope_parameters.rope_theta`, `full_attn_idxs` to the `full_attention` entries
 /// of `layer_types`. `conv_bias` must be false, `block_dim` the hidden size.
+/// Quantization override paths are read as the shared blocks' module names.
 pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Lfm2Spec> {
     let mut r = Reader::new(top, "");
     let hidden_size = r.required_uint("hidden_size");
@@ -83,7 +84,14 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Lfm2S
         block_ffn_dim_multiplier,
         block_auto_adjust_ff_dim: r.required_bool("block_auto_adjust_ff_dim"),
     };
-    let quantization = top_quantization(top, &mut r);
+    // Override paths name the modules as the loader reads them.
+    let quantization = top_quantization(top, &mut r).map(|mut q| {
+        let paths = std::mem::take(&mut q.overrides).into_iter();
+        q.overrides = paths
+            .map(|(path, o)| (archgen_ir::names::lfm2_shared_name(&path), o))
+            .collect();
+        q
+    });
     r.build_checked(check, || Lfm2Spec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, Family::Lfm2, ConfigModelType::Lfm2),
