@@ -1476,7 +1476,7 @@ impl BatchCacheKinds {
         let quantized_import = (self.quantized || self.mixed).then(|| {
             quote! { use archgen_runtime::batch_quant::{#(#quantized_caches,)* KvQuantization}; }
         });
-        let delta_net_import = match (self.delta_net, self.short_conv) {
+        let arrays_import = match (self.delta_net, self.short_conv) {
             (true, _) => Some(
                 quote! { use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache}; },
             ),
@@ -1489,7 +1489,7 @@ impl BatchCacheKinds {
             use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, #(#cache_imports),*};
             use archgen_runtime::batch_blocks;
             #quantized_import
-            #delta_net_import
+            #arrays_import
         }
     }
 }
