@@ -1232,6 +1232,11 @@ fn lfm2_configs_take_mlx_lm_fields_and_width_rule() {
             "tie_word_embeddings: false",
         ),
         ("full_attn_idxs", json!([4]), "layers.full_attn_idxs"),
+        (
+            "full_attn_idxs",
+            json!("2,5"),
+            "expected a list of layer indices",
+        ),
     ] {
         let text = refusal(&with(&lfm2, &[(field, value)]));
         assert!(text.contains(needle), "{field}: {text}");

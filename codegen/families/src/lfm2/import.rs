@@ -39,10 +39,15 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Lfm2S
     let types = r.get("layer_types").and_then(Value::as_array).cloned();
     let full_attn_idxs = match (r.get("full_attn_idxs").cloned(), types) {
         (Some(Value::Array(v)), _) => v.iter().map(|i| r.uint_of("full_attn_idxs", i)).collect(),
-        (_, Some(t)) => (0..t.len() as u32)
+        (Some(other), _) => {
+            let found = format!("expected a list of layer indices, found {other}");
+            r.problem("full_attn_idxs", &found);
+            Vec::new()
+        }
+        (None, Some(t)) => (0..t.len() as u32)
             .filter(|&i| t[i as usize] == "full_attention")
             .collect(),
-        (_, None) => {
+        (None, None) => {
             r.problem(
                 "full_attn_idxs",
                 "missing, and no layer_types (mlx-lm needs one)",

@@ -2,7 +2,7 @@
 //! conv except at `full_attn_idxs` (Qwen3's attention, never traditional RoPE); the
 //! head is always tied. The dense `model` and `attention` sections, plus the layer
 //! pattern, the conv's taps and mlx-lm's `MLP` width rule. No `conv_bias` (false in
-//! every LFM2) or `block_dim` (= hidden_size): the importer requires both so.
+//! every LFM2) or `block_dim` (= hidden_size): the importer refuses other values.
 
 use crate::dense::{DenseAttention, DenseModel};
 use crate::diag::{FieldPath, Issue};
