@@ -29,10 +29,11 @@ use serde_json::{json, Value};
 /// layers (`BatchRotatingKVCache`, window 8: the schedule's prompts and
 /// decodes pass it) and shared K/V, Gemma-4 MoE, Qwen3.5 (Gated DeltaNet's
 /// batched `ArraysCache` beside gated attention), Qwen3.6's shared-expert
-/// MoE, Phi-3 (one fused `qkv_proj` and `gate_up_proj`), OLMo-2 and Gemma 3
+/// MoE, Phi-3 (one fused `qkv_proj` and `gate_up_proj`), OLMo-2, Gemma 3
 /// (sliding layers with their own RoPE base beside linearly scaled full
-/// ones; each appended last, so the others keep their seeds).
-const BATCHED: [&str; 10] = [
+/// ones) and LFM2 (short convs' batched `ArraysCache` beside attention;
+/// each appended last, so the others keep their seeds).
+const BATCHED: [&str; 11] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
@@ -43,6 +44,7 @@ const BATCHED: [&str; 10] = [
     "phi-3-mini-4k-tiny",
     "olmo-2-1124-7b-tiny",
     "gemma-3-1b-tiny",
+    "lfm2-1.2b-tiny",
 ];
 
 fn schedule(vocab: i32) -> Value {

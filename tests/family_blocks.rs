@@ -1,5 +1,5 @@
 //! The runtime blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite /
-//! phi3 / olmo2 / gemma3_text families
+//! phi3 / olmo2 / gemma3_text / lfm2 families
 //! against mlx-lm 0.32.2's own modules (tests/python/family_blocks.py), byte
 //! for byte, in bf16 and f32, unquantized and 4-bit (group 64 and 32) where
 //! the block has weights, at a tiny width and at one real model's width.
@@ -874,6 +874,73 @@ fn olmo2_block(dt: Dt, q: Option<Quant>, o: &Olmo2Shape, prefill: i32, tokens: i
     Ok(c)
 }
 
+/// lfm2's `ShortConv` (`runtime/core/src/short_conv.rs`) with its
+/// `ArraysCache(size=1)`: one sequence (a prefill, one token, then a chunk),
+/// then a batch of two right-padded rows as `BatchGenerator` prefills them
+/// (`merge` of empty caches, `prepare(lengths)`, the mask of `make_mask`,
+/// `finalize`) and one step after it.
+fn lfm2_short_conv(dt: Dt, q: Option<Quant>, hidden: i32, kernel: i32) -> R<Case> {
+    use archgen_runtime::batch_deltanet::BatchArraysCache;
+    use archgen_runtime::deltanet::ArraysCache;
+    use archgen_runtime::short_conv::{load_short_conv, short_conv, short_conv_batch};
+    let name = format!(
+        "lfm2_short_conv_{}_{}_{hidden}k{kernel}",
+        dt.tag(),
+        quant_tag(q)
+    );
+    let (prefill, tokens, batch_tokens) = (5, 9, 6);
+    let lengths = [batch_tokens, batch_tokens - 3];
+    let spec = json!({
+        "hidden": hidden, "kernel": kernel, "quant": quant_json(q), "prefill": prefill,
+        "batch_tokens": batch_tokens, "lengths": lengths,
+    });
+    let mut c = Case::new("lfm2_short_conv", name, spec);
+    c.linear("in_proj", 3 * hidden, hidden, dt, q);
+    c.linear("out_proj", hidden, hidden, dt, q);
+    let conv = c.rand(&[hidden, kernel, 1], 1.0 / (kernel as f32).sqrt(), dt);
+    c.param("conv.weight", &conv);
+    let tensors: HashMap<String, Array> = c
+        .tensors
+        .iter()
+        .map(|(k, a)| (format!("layers.0.conv.{k}"), a.clone()))
+        .collect();
+    let quantization = quant_json(q);
+    let mut w = Weights::new(tensors, Some(&quantization).filter(|v| !v.is_null()));
+    let mut layer = load_short_conv(&mut w, 0, hidden, kernel);
+    w.finish()
+        .unwrap_or_else(|e| panic!("loading {}: {e}", c.name));
+    layer.pretranspose();
+    let x = c.rand(&[1, tokens, hidden], 1.0, dt);
+    c.input("x", &x);
+    let mut cache = ArraysCache::default();
+    for (key, from, to) in [
+        ("prefill", 0, prefill),
+        ("step", prefill, prefill + 1),
+        ("chunk", prefill + 1, tokens),
+    ] {
+        let part = x.try_index((.., from..to, ..))?;
+        c.out(key, short_conv(&part, &layer, &mut cache)?);
+    }
+    let xb = c.rand(&[2, batch_tokens + 1, hidden], 1.0, dt);
+    c.input("xb", &xb);
+    let mut batch = BatchArraysCache::merged_empty(2);
+    batch.prepare(&lengths);
+    let mask = batch.make_mask(batch_tokens)?;
+    let part = xb.try_index((.., 0..batch_tokens, ..))?;
+    c.out(
+        "batch_prefill",
+        short_conv_batch(&part, &layer, &mut batch, mask.as_ref())?,
+    );
+    batch.finalize();
+    let mask = batch.make_mask(1)?;
+    let part = xb.try_index((.., batch_tokens.., ..))?;
+    c.out(
+        "batch_step",
+        short_conv_batch(&part, &layer, &mut batch, mask.as_ref())?,
+    );
+    Ok(c)
+}
+
 // ---------------------------------------------------------------- the test
 
 fn all_cases() -> R<Vec<Case>> {
@@ -1068,6 +1135,15 @@ fn all_cases() -> R<Vec<Case>> {
         inter: 8192,
     };
     cases.push(olmo2_block(Dt::Bf16, None, &olmo2_1b, 6, 9)?);
+
+    // lfm2's short conv: a tiny width in every dtype and quantization, and
+    // LFM2-1.2B's (2048 channels, kernel 3) in bf16.
+    for dt in dts {
+        for q in quants {
+            cases.push(lfm2_short_conv(dt, q, 64, 3)?);
+        }
+    }
+    cases.push(lfm2_short_conv(Dt::Bf16, None, 2048, 3)?);
     Ok(cases)
 }
 

@@ -12,13 +12,14 @@
 //! with one from a shorter stored cache (the merge left-pads the shorter
 //! cached row; chunks are right-padded), as under load. Mutation check:
 //! padding a merged row on the right instead makes `mixed.other` differ on
-//! all three specs.
+//! the first three specs (qwen3, gemma4, qwen3.5).
 //!
 //! One spec per cache kind: full attention (`KVCache`, also trimmed to a
 //! shorter prefix as `trim_prompt_cache`), Gemma-4's sliding window
 //! (`RotatingKVCache`, window 8: the stored ring has wrapped, so it is only
-//! extended, never trimmed) with shared K/V, and Qwen3.5's Gated DeltaNet
-//! (`ArraysCache`, extended only).
+//! extended, never trimmed) with shared K/V, Qwen3.5's Gated DeltaNet
+//! (`ArraysCache`, extended only) and LFM2's short convs (an `ArraysCache`
+//! with the conv state alone, beside attention; extended only).
 
 use archgen_runtime::batch::BatchLm;
 use archgen_runtime::batch_session::{BatchConfig, BatchSession};
@@ -29,10 +30,11 @@ use archgen_tests::{config_for, repo_root, run_python};
 use serde_json::json;
 
 /// (spec, whether its stored cache can be trimmed).
-const SPECS: [(&str, bool); 3] = [
+const SPECS: [(&str, bool); 4] = [
     ("qwen3-0.6b-tiny", true),
     ("gemma4-e2b-tiny", false),
     ("qwen3.5-4b-tiny", false),
+    ("lfm2-1.2b-tiny", false),
 ];
 
 const PREFILL_STEP: usize = 4;

@@ -70,6 +70,14 @@ pub mod granite_3_3_2b_tiny;
 #[rustfmt::skip]
 pub mod granite_3_3_2b;
 #[rustfmt::skip]
+pub mod lfm2_1_2b_l4;
+#[rustfmt::skip]
+pub mod lfm2_1_2b_tiny_q4;
+#[rustfmt::skip]
+pub mod lfm2_1_2b_tiny;
+#[rustfmt::skip]
+pub mod lfm2_1_2b;
+#[rustfmt::skip]
 pub mod llama_3_2_1b_tiny_q4;
 #[rustfmt::skip]
 pub mod llama_3_2_1b_tiny;
@@ -349,6 +357,26 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "granite-3.3-2b",
         spec: "specs/granite-3.3-2b.yaml",
         fingerprint: granite_3_3_2b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "lfm2-1.2b-l4",
+        spec: "specs/lfm2-1.2b-l4.yaml",
+        fingerprint: lfm2_1_2b_l4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "lfm2-1.2b-tiny-q4",
+        spec: "specs/lfm2-1.2b-tiny-q4.yaml",
+        fingerprint: lfm2_1_2b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "lfm2-1.2b-tiny",
+        spec: "specs/lfm2-1.2b-tiny.yaml",
+        fingerprint: lfm2_1_2b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "lfm2-1.2b",
+        spec: "specs/lfm2-1.2b.yaml",
+        fingerprint: lfm2_1_2b::FINGERPRINT,
     },
     GeneratedModel {
         name: "llama-3.2-1b-tiny-q4",
@@ -708,6 +736,16 @@ pub fn run<T: ModelTask>(
         granite_3_3_2b::FINGERPRINT => {
             Some(granite_3_3_2b::load(weights).map(|m| task.run(&m)))
         }
+        lfm2_1_2b_l4::FINGERPRINT => {
+            Some(lfm2_1_2b_l4::load(weights).map(|m| task.run(&m)))
+        }
+        lfm2_1_2b_tiny_q4::FINGERPRINT => {
+            Some(lfm2_1_2b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        lfm2_1_2b_tiny::FINGERPRINT => {
+            Some(lfm2_1_2b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        lfm2_1_2b::FINGERPRINT => Some(lfm2_1_2b::load(weights).map(|m| task.run(&m))),
         llama_3_2_1b_tiny_q4::FINGERPRINT => {
             Some(llama_3_2_1b_tiny_q4::load(weights).map(|m| task.run(&m)))
         }

@@ -1,4 +1,4 @@
-"""Run the blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite / phi3 / olmo2 families with
+"""Run the blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite / phi3 / olmo2 / lfm2 families with
 mlx-lm 0.32.2's own modules, on the inputs and weights that
 tests/family_blocks.rs wrote, so the Rust test can compare raw bytes.
 
@@ -20,9 +20,9 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import gemma2, gemma3_text, granite, minicpm, olmo2, phi3, qwen3_moe
-from mlx_lm.models.base import create_attention_mask, create_causal_mask
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models import gemma2, gemma3_text, granite, lfm2, minicpm, olmo2, phi3, qwen3_moe
+from mlx_lm.models.base import create_attention_mask, create_causal_mask, create_ssm_mask
+from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 import compat
@@ -118,6 +118,15 @@ def olmo2_args(c):
         intermediate_size=c["intermediate"], num_attention_heads=c["heads"],
         rms_norm_eps=c["eps"], vocab_size=1, head_dim=c["head_dim"],
         num_key_value_heads=c["kv_heads"], rope_theta=c["rope_theta"])
+
+
+def lfm2_args(c):
+    return lfm2.ModelArgs(
+        model_type="lfm2", vocab_size=1, hidden_size=c["hidden"], num_hidden_layers=1,
+        num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=1,
+        norm_eps=1e-5, conv_bias=False, conv_L_cache=c["kernel"], block_dim=c["hidden"],
+        block_multiple_of=1, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False,
+        block_ff_dim=1, full_attn_idxs=[])
 
 
 def identity(x, *args, **kwargs):
@@ -261,6 +270,24 @@ def run(case):
         outs = {}
         for key, part in [("prefill", h[:, :p]), ("step", h[:, p:p + 1]), ("chunk", h[:, p + 1:])]:
             outs[key] = m(part, create_attention_mask(part, cache), cache)
+        return outs
+    if block == "lfm2_short_conv":
+        # lfm2.ShortConv with its ArraysCache(size=1), the mask as
+        # Lfm2Model makes it (create_ssm_mask): one sequence (prefill, one
+        # token, chunk), then a batch as BatchGenerator prefills it (merge of
+        # empty caches, prepare(lengths) for right padding, finalize) and a step.
+        m = loaded(lfm2.ShortConv(lfm2_args(case), 0), case, params)
+        h, p = x["x"], case["prefill"]
+        cache = ArraysCache(1)
+        outs = {}
+        for key, part in [("prefill", h[:, :p]), ("step", h[:, p:p + 1]), ("chunk", h[:, p + 1:])]:
+            outs[key] = m(part, mask=create_ssm_mask(part, cache), cache=cache)
+        hb, t = x["xb"], case["batch_tokens"]
+        batch = ArraysCache.merge([ArraysCache(1), ArraysCache(1)])
+        batch.prepare(lengths=case["lengths"])
+        outs["batch_prefill"] = m(hb[:, :t], mask=batch.make_mask(t), cache=batch)
+        batch.finalize()
+        outs["batch_step"] = m(hb[:, t:], mask=batch.make_mask(1), cache=batch)
         return outs
     raise SystemExit(f"family_blocks.py: unknown block {block!r} in case {name!r}")
 

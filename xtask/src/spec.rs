@@ -206,11 +206,16 @@ fn summary(spec: &Spec) -> String {
     for l in &ir.layers {
         let mlp = width_or_dash(l.mlp().map(|m| m.width));
         let Some(a) = l.attention() else {
-            // A Gated DeltaNet layer: no heads of attention, no K/V, no RoPE.
+            // A Gated DeltaNet or short-conv layer: no heads of attention, no
+            // K/V, no RoPE.
+            let kind = match &l.mixer {
+                archgen_ir::Mixer::ShortConv(_) => "conv",
+                archgen_ir::Mixer::GatedDeltaNet(_) | archgen_ir::Mixer::Attention(_) => "linear",
+            };
             let _ = writeln!(
                 o,
                 "{:>5} {:<8} {:>4} {:>5} {:>3}  {:<4} {:>6}  {:<7} {:<27} -",
-                l.index, "linear", "-", "-", "-", "-", "-", mlp, "-"
+                l.index, kind, "-", "-", "-", "-", "-", mlp, "-"
             );
             continue;
         };

@@ -57,6 +57,9 @@ impl Composition {
             Mixer::GatedDeltaNet(_) => format!(
                 "a = self.linear_attn({input}, mask, cache): Gated DeltaNet (in projections, conv1d, gated delta rule, gated RMSNorm, out_proj)"
             ),
+            Mixer::ShortConv(_) => format!(
+                "a = self.conv({input}, mask, cache): short conv (in_proj split in B, C, x; B * x through the depthwise conv1d; out_proj(C * conv))"
+            ),
         };
         let mut rest = vec![comment("finish (shared with the batched forward):")];
         for line in rest_lines(l) {

@@ -148,7 +148,7 @@ fn kind_facts(plan: &Plan, forms: bool) -> Result<Vec<KindFacts<'_>>, String> {
                 .ok_or_else(|| format!("layer kind {}: no layers", k.name))?;
             let layer = &plan.ir.layers[first];
             let (state, returns_kv) = match &layer.mixer {
-                Mixer::GatedDeltaNet(_) => (State::Arrays, false),
+                Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => (State::Arrays, false),
                 Mixer::Attention(a) => match a.kv {
                     KvSource::Own { .. } => (
                         State::Kv(a.window),
@@ -337,6 +337,9 @@ struct ModelFacts {
     any_donor: bool,
     /// Some layer is a Gated DeltaNet (it keeps conv and recurrent state).
     any_arrays: bool,
+    /// Some layer is a short conv, whose struct is far smaller than an
+    /// attention kind's: every kind is boxed in `Layer`.
+    any_short_conv: bool,
     /// Some layer takes its per-layer input.
     any_ple: bool,
     /// Every layer takes its per-layer input: one slice per layer before its
@@ -349,6 +352,9 @@ impl ModelFacts {
         ModelFacts {
             any_donor: kinds.iter().any(|k| matches!(k.state, State::Donor)),
             any_arrays: kinds.iter().any(|k| matches!(k.state, State::Arrays)),
+            any_short_conv: kinds
+                .iter()
+                .any(|k| matches!(k.layer.mixer, Mixer::ShortConv(_))),
             any_ple: kinds.iter().any(|k| k.per_layer_input),
             every_ple: kinds.iter().all(|k| k.per_layer_input),
         }
@@ -486,11 +492,23 @@ fn kind_arms(plan: &Plan, facts: ModelFacts, k: &KindFacts) -> Result<KindArms, 
         quote! { #[doc = #doc] #variant(#(#types),*), }
     };
     let args = fields.iter().filter_map(|f| f.load_arg.as_ref());
+    // A short conv's struct is hundreds of bytes smaller than an attention
+    // kind's: a model with both holds every kind boxed in `Layer`, so its
+    // variants have one size (clippy's large_enum_variant); every other
+    // model's `Layer` holds its kinds as they are.
+    let boxed = facts.any_short_conv;
+    let (held, loaded) = match boxed {
+        true => (
+            quote! { Box<#name> },
+            quote! { Box::new(#name::load(w, i #(#args)*)) },
+        ),
+        false => (quote! { #name }, quote! { #name::load(w, i #(#args)*) }),
+    };
     let load = if fields.is_empty() {
-        quote! { Row::#variant => Layer::#variant(#name::load(w, i #(#args)*)), }
+        quote! { Row::#variant => Layer::#variant(#loaded), }
     } else {
         let load_binds = fields.iter().map(|f| &f.load_bind);
-        quote! { Row::#variant(#(#load_binds),*) => Layer::#variant(#name::load(w, i #(#args)*)), }
+        quote! { Row::#variant(#(#load_binds),*) => Layer::#variant(#loaded), }
     };
     let cache_row = if k.cache_form {
         let binds = fields.iter().map(|f| &f.cache_bind);
@@ -519,7 +537,7 @@ fn kind_arms(plan: &Plan, facts: ModelFacts, k: &KindFacts) -> Result<KindArms, 
     };
     Ok(KindArms {
         row_variant,
-        layer_variant: quote! { #variant(#name), },
+        layer_variant: quote! { #variant(#held), },
         load,
         state,
     })

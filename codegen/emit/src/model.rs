@@ -11,7 +11,7 @@ use archgen_ir::{
     Activation, Attention, DeltaNet, EmbedScale, FeedForward, GatedNorm, HeadWeight, InProj,
     KvCache, KvSource, Layer, LayerInput, LayerScalar, LogitScale, Mixer, ModelIr, Moe,
     NormArrangement, NormWeight, OutputGate, ProjectionBias, QkNorm, Residual, Router, Scores,
-    Softcap, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values, Window,
+    ShortConv, Softcap, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values, Window,
 };
 use archgen_ir::{GateUpProjection, GatedMlp, QkvProjection};
 use archgen_plan::{rope_parameters, LayerKind, Plan, RopeNumber};
@@ -48,6 +48,8 @@ fn reaches_decode(l: &Layer) -> bool {
         && match &l.mixer {
             Mixer::Attention(a) => plain_attention(a),
             Mixer::GatedDeltaNet(_) => true,
+            // No compiled block for a short conv: its steps run eagerly.
+            Mixer::ShortConv(_) => false,
         }
 }
 
@@ -163,6 +165,10 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
         Mixer::GatedDeltaNet(d) => format!(
             "Gated DeltaNet linear attention ({} key / {} value heads, conv kernel {}; conv and recurrent state)",
             d.k_heads, d.v_heads, d.conv_kernel
+        ),
+        Mixer::ShortConv(c) => format!(
+            "gated short convolution (conv kernel {}; conv state)",
+            c.kernel
         ),
     }];
     parts.push(match l.norms.arrangement {
@@ -522,6 +528,43 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
     Ok(parts.with(shape, methods))
 }
 
+/// A short-conv layer kind (lfm2's `ShortConv`): its weights, and forwards
+/// that run the eager blocks for every step (no compiled decode block).
+fn short_conv_kind_tokens(kind: &LayerKind, c: &ShortConv) -> Result<TokenStream, String> {
+    let l = &kind.key.0;
+    let parts = mixer_kind_parts(
+        kind,
+        "mixer",
+        quote! { short_conv::ShortConv },
+        quote! { short_conv::load_short_conv(w, i, HIDDEN, Self::KERNEL) },
+    )?;
+    let kernel = lit_i32(c.kernel)?;
+    let body = Composition::of(l).forward_body(ForwardLines {
+        decode: None,
+        mixer: quote! { let a = short_conv::short_conv(&x, &self.mixer, cache)?; },
+        finish: quote! { self.finish(h, a) },
+    });
+    let shape = quote! {
+        /// `conv_L_cache`: the conv's taps.
+        const KERNEL: i32 = #kernel;
+    };
+    let methods = quote! {
+        /// Prefill and one-token steps alike, through the eager blocks.
+        fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
+            #body
+        }
+
+        /// B sequences in one forward (mlx-lm's `BatchGenerator`): the conv
+        /// over a merged `ArraysCache`, each row's padding masked.
+        fn forward_batch(&self, h: &Array, cache: &mut BatchArraysCache, mask: Option<&Array>) -> Result<Array> {
+            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            let a = short_conv::short_conv_batch(&x, &self.mixer, cache, mask)?;
+            self.finish(h, a)
+        }
+    };
+    Ok(parts.with(shape, methods))
+}
+
 /// Whether the attention computes its own K/V with V projected (the only
 /// form the gated and fused-qkv kinds' blocks take).
 fn owns_projected_kv(a: &Attention) -> bool {
@@ -718,6 +761,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     let l = &kind.key.0;
     let a = match &l.mixer {
         Mixer::GatedDeltaNet(d) => return delta_net_kind_tokens(kind, d),
+        Mixer::ShortConv(c) => return short_conv_kind_tokens(kind, c),
         Mixer::Attention(a) => match (a.output_gate, a.projection) {
             (OutputGate::None, QkvProjection::Separate) => a,
             (OutputGate::None, QkvProjection::Fused) => return fused_qkv_kind_tokens(kind, a),
@@ -1329,6 +1373,7 @@ struct BatchCacheKinds {
     full: bool,
     sliding: bool,
     delta_net: bool,
+    short_conv: bool,
     quantized: bool,
     mixed: bool,
 }
@@ -1339,12 +1384,14 @@ impl BatchCacheKinds {
             full: false,
             sliding: false,
             delta_net: false,
+            short_conv: false,
             quantized: false,
             mixed: false,
         };
         for l in &ir.layers {
             match &l.mixer {
                 Mixer::GatedDeltaNet(_) => kinds.delta_net = true,
+                Mixer::ShortConv(_) => kinds.short_conv = true,
                 Mixer::Attention(a) => match (a.kv, a.window) {
                     (KvSource::Own { .. }, Window::Sliding(_)) => kinds.sliding = true,
                     (
@@ -1393,14 +1440,20 @@ impl BatchCacheKinds {
         let quantized_import = (self.quantized || self.mixed).then(|| {
             quote! { use archgen_runtime::batch_quant::{#(#quantized_caches,)* KvQuantization}; }
         });
-        let delta_net_import = self.delta_net.then(|| {
-            quote! { use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache}; }
-        });
+        let arrays_import = match (self.delta_net, self.short_conv) {
+            (true, _) => Some(
+                quote! { use archgen_runtime::batch_deltanet::{gated_delta_net_batch, BatchArraysCache}; },
+            ),
+            (false, true) => {
+                Some(quote! { use archgen_runtime::batch_deltanet::BatchArraysCache; })
+            }
+            (false, false) => None,
+        };
         quote! {
             use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, #(#cache_imports),*};
             use archgen_runtime::batch_blocks;
             #quantized_import
-            #delta_net_import
+            #arrays_import
         }
     }
 }
@@ -1495,8 +1548,7 @@ fn batch_tokens(
         steps_ctx,
         contexts,
     } = BatchWindows::of(plan)?;
-    let ssm_mask = caches
-        .delta_net
+    let ssm_mask = (caches.delta_net || caches.short_conv)
         .then(|| quote! { let ssm_mask = cache.ssm_mask(n)?; });
     // The compiled blocks take rows [B, hidden]; a step has tables in
     // every window or in none (all from `step_tables` on the same `n`).
@@ -1937,6 +1989,16 @@ fn hybrid(ir: &ModelIr) -> bool {
             OutputGate::SigmoidPerHead => true,
         },
         Mixer::GatedDeltaNet(_) => true,
+        Mixer::ShortConv(_) => false,
+    })
+}
+
+/// Whether some layer is a short conv (it keeps its state in a
+/// `deltanet::ArraysCache` and runs the `short_conv` blocks).
+fn any_short_conv(ir: &ModelIr) -> bool {
+    ir.layers.iter().any(|l| match &l.mixer {
+        Mixer::ShortConv(_) => true,
+        Mixer::Attention(_) | Mixer::GatedDeltaNet(_) => false,
     })
 }
 
@@ -2018,7 +2080,11 @@ impl ModelParts<'_> {
         let ir = &self.plan.ir;
         let cache_imports = cache_imports(ir);
         let decode_import = &self.step.decode_import;
-        let deltanet_import = hybrid(ir).then(|| quote! { use archgen_runtime::deltanet; });
+        let deltanet_import = match (hybrid(ir), any_short_conv(ir)) {
+            (true, _) => Some(quote! { use archgen_runtime::deltanet; }),
+            (false, true) => Some(quote! { use archgen_runtime::{deltanet, short_conv}; }),
+            (false, false) => None,
+        };
         let feed_forward_import = ir
             .layers
             .iter()
@@ -2063,6 +2129,8 @@ impl ModelParts<'_> {
         );
         let cache_doc = if hybrid(ir) {
             " The caches of one sequence: a K/V cache per attention layer, an `ArraysCache` (conv and recurrent state) per Gated DeltaNet layer."
+        } else if any_short_conv(ir) {
+            " The caches of one sequence: a K/V cache per attention layer, an `ArraysCache` (conv state) per short-conv layer."
         } else {
             " The caches of one sequence: one per layer that computes its own K/V."
         };

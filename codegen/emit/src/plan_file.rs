@@ -150,6 +150,16 @@ fn row(plan: &Plan, l: &Layer) -> RowBody {
             scale: "k_head_dim^-0.5 on q".to_string(),
             kv_quant: "-".to_string(),
         },
+        Mixer::ShortConv(c) => MixerCols {
+            window: "short conv (B * x, depthwise conv1d, C *)".to_string(),
+            kv: "conv state".to_string(),
+            heads: "-".to_string(),
+            head_dim: "-".to_string(),
+            qkv_norm: "-".to_string(),
+            rope: format!("- (conv kernel {})", c.kernel),
+            scale: "-".to_string(),
+            kv_quant: "-".to_string(),
+        },
     };
     RowBody {
         kind: plan.kinds[plan.layer_kind[l.index]].name.clone(),

@@ -71,6 +71,7 @@ mod hints;
 pub mod import;
 mod ir_parts;
 mod layout;
+mod lfm2;
 mod minicpm;
 mod mixed_kv;
 mod model;
@@ -98,6 +99,9 @@ pub use gemma::{
     Gemma2Attention, Gemma2Layers, Gemma2Mlp, Gemma2Model, Gemma2Rope, Gemma2Spec, GemmaRopeScaling,
 };
 pub use hf::spec_hash;
+pub use lfm2::{
+    Lfm2Derive, Lfm2DerivedSpecFile, Lfm2FeedForward, Lfm2Layers, Lfm2Reduce, Lfm2Rope, Lfm2Spec,
+};
 pub use minicpm::{
     MiniCpmDerive, MiniCpmDerivedSpecFile, MiniCpmReduce, MiniCpmRope, MiniCpmScales, MiniCpmSpec,
 };
@@ -139,6 +143,8 @@ pub enum Spec {
     MiniCpm(MiniCpmSpec),
     /// Qwen3.5 / Qwen3.6 (hybrid Gated DeltaNet and gated attention).
     Qwen35(Qwen35Spec),
+    /// LFM2 (short convolutions and attention).
+    Lfm2(Lfm2Spec),
 }
 
 /// `$body` with `$s` bound to the family's document in `$spec`, whichever
@@ -152,6 +158,7 @@ macro_rules! with_document {
             Spec::Qwen3Moe($s) => $body,
             Spec::MiniCpm($s) => $body,
             Spec::Qwen35($s) => $body,
+            Spec::Lfm2($s) => $body,
         }
     };
 }
@@ -231,7 +238,8 @@ pub fn to_config_json(spec: &Spec) -> serde_json::Value {
         | Spec::Gemma2(_)
         | Spec::Qwen3Moe(_)
         | Spec::MiniCpm(_)
-        | Spec::Qwen35(_) => hf::without_quantization(to_hf_json(spec)),
+        | Spec::Qwen35(_)
+        | Spec::Lfm2(_) => hf::without_quantization(to_hf_json(spec)),
     }
 }
 
@@ -298,6 +306,8 @@ enum SpecDocument {
     DerivedMiniCpm(minicpm::MiniCpmDerivedSpecFile),
     Qwen35(qwen3_5::Qwen35Spec),
     DerivedQwen35(qwen3_5::Qwen35DerivedSpecFile),
+    Lfm2(lfm2::Lfm2Spec),
+    DerivedLfm2(lfm2::Lfm2DerivedSpecFile),
 }
 
 /// The JSON Schema of spec files (both forms), pretty-printed with a final newline.
@@ -462,6 +472,8 @@ fn parse_inner(
         qwen3_5::LAYOUT
             .parse(value, &tree, origin)
             .map(Spec::Qwen35)
+    } else if declared_family(&value) == Some(Family::Lfm2) {
+        lfm2::LAYOUT.parse(value, &tree, origin).map(Spec::Lfm2)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
         let issues = gemma4::check(&spec);

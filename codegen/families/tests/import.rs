@@ -349,7 +349,8 @@ fn import_errors_are_collected() {
 }
 
 /// Every dense (and qwen3_moe) spec in specs/ is exactly what `spec import`
-/// makes of the config.json kept beside it in specs/configs/, and round-trips.
+/// makes of the config.json kept beside it in specs/configs/, and round-trips;
+/// so are the hybrid ones (qwen3_5, lfm2).
 /// Configs without a spec in specs/ are not read here.
 #[test]
 fn dense_specs_are_their_imported_configs() {
@@ -372,7 +373,7 @@ fn dense_specs_are_their_imported_configs() {
         if let Spec::Gemma2(_) = spec {
             continue; // the Gemma-2 layout's own tests, below
         }
-        if spec.family() == Family::Qwen35 {
+        if matches!(spec.family(), Family::Qwen35 | Family::Lfm2) {
             hybrid.push(name.to_string());
             continue;
         }
@@ -391,7 +392,13 @@ fn dense_specs_are_their_imported_configs() {
     hybrid.sort();
     assert_eq!(
         hybrid,
-        ["qwen3.5-4b", "qwen3.5-9b", "qwen3.6-27b", "qwen3.6-35b-a3b"]
+        [
+            "lfm2-1.2b",
+            "qwen3.5-4b",
+            "qwen3.5-9b",
+            "qwen3.6-27b",
+            "qwen3.6-35b-a3b"
+        ]
     );
 }
 
@@ -942,7 +949,7 @@ fn smollm3_configs_read_the_no_rope_interval() {
                     ..
                 }
             ),
-            Mixer::GatedDeltaNet(_) => panic!("smollm3 has attention only"),
+            Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => panic!("smollm3 has attention only"),
         })
         .collect();
     assert_eq!(
@@ -1147,6 +1154,117 @@ fn olmo2_configs_take_mlx_lm_defaults() {
         let text = refusal(&with(&olmo2, &[(flag, json!(true))]));
         assert!(text.contains(&format!("{flag}: true")), "{text}");
     }
+}
+
+/// lfm2: `ModelArgs`' required fields (`block_ffn_dim_multiplier` may be
+/// null), `block_ff_dim` from `intermediate_size` and `full_attn_idxs` from
+/// `layer_types` when absent, `rope_parameters.rope_theta` over the default;
+/// mlx-lm's MLP width rule; a conv bias, another `block_dim` and an untied
+/// head refused.
+#[test]
+fn lfm2_configs_take_mlx_lm_fields_and_width_rule() {
+    use archgen_ir::Mixer;
+    let lfm2 = json!({
+        "model_type": "lfm2", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096,
+        "norm_eps": 1e-5, "conv_bias": false, "conv_L_cache": 3, "block_dim": 64,
+        "block_multiple_of": 32, "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": true, "block_ff_dim": 200, "full_attn_idxs": [1, 3]
+    });
+    let (spec, applied, hf) = import_and_round_trip(&lfm2, None, "lfm2");
+    assert_eq!(spec.family(), Family::Lfm2);
+    let fields: Vec<(&str, &Value)> = applied
+        .iter()
+        .map(|d| (d.field.as_str(), &d.value))
+        .collect();
+    assert!(
+        fields.contains(&("rope_theta", &json!(1000000.0))),
+        "{fields:?}"
+    );
+    assert_eq!(hf["norm_eps"], json!(1e-5));
+    assert!(hf.get("rms_norm_eps").is_none() && hf.get("tie_word_embeddings").is_none());
+    let ir = spec.lower();
+    // int(2 * 200 / 3) = 133, rounded up to a multiple of 32.
+    assert!(ir.layers.iter().all(|l| l.mlp().unwrap().width == 160));
+    let attention: Vec<bool> = ir
+        .layers
+        .iter()
+        .map(|l| match &l.mixer {
+            Mixer::Attention(_) => true,
+            Mixer::ShortConv(c) => {
+                assert_eq!(c.kernel, 3);
+                false
+            }
+            Mixer::GatedDeltaNet(_) => panic!("lfm2 has no Gated DeltaNet"),
+        })
+        .collect();
+    assert_eq!(attention, [false, true, false, true]);
+
+    // The other spellings ModelArgs reads.
+    let mut other = lfm2.clone();
+    let o = other.as_object_mut().unwrap();
+    o.remove("full_attn_idxs");
+    o.remove("block_ff_dim");
+    o.insert(
+        "layer_types".into(),
+        json!(["conv", "full_attention", "conv", "conv"]),
+    );
+    o.insert("intermediate_size".into(), json!(96));
+    o.insert("block_auto_adjust_ff_dim".into(), json!(false));
+    o.insert("block_ffn_dim_multiplier".into(), Value::Null);
+    o.insert("rope_parameters".into(), json!({"rope_theta": 5000000.0}));
+    let (spec, _, hf) = import_and_round_trip(&other, None, "lfm2-layer-types");
+    assert_eq!(hf["full_attn_idxs"], json!([1]));
+    assert_eq!(hf["rope_theta"], json!(5000000.0));
+    assert_eq!(hf["block_ffn_dim_multiplier"], Value::Null);
+    assert!(spec
+        .lower()
+        .layers
+        .iter()
+        .all(|l| l.mlp().unwrap().width == 96));
+
+    for (field, value, needle) in [
+        ("conv_bias", json!(true), "conv_bias: true"),
+        ("block_dim", json!(32), "block_dim: not hidden_size"),
+        (
+            "tie_word_embeddings",
+            json!(false),
+            "tie_word_embeddings: false",
+        ),
+        ("full_attn_idxs", json!([4]), "layers.full_attn_idxs"),
+        (
+            "full_attn_idxs",
+            json!("2,5"),
+            "expected a list of layer indices",
+        ),
+    ] {
+        let text = refusal(&with(&lfm2, &[(field, value)]));
+        assert!(text.contains(needle), "{field}: {text}");
+    }
+    // Quantization overrides name lfm2.py's modules; the spec names them as
+    // the loader reads them.
+    let quantized = with(
+        &lfm2,
+        &[(
+            "quantization",
+            json!({
+                "group_size": 32, "bits": 4, "mode": "affine",
+                "model.layers.0.feed_forward.w2": {"group_size": 32, "bits": 8, "mode": "affine"},
+                "model.layers.1.self_attn.out_proj": false,
+            }),
+        )],
+    );
+    let (spec, _, _) = import_and_round_trip(&quantized, None, "lfm2-q");
+    let paths: Vec<&String> = spec.quantization().unwrap().overrides.keys().collect();
+    assert_eq!(
+        paths,
+        [
+            "model.layers.0.mlp.down_proj",
+            "model.layers.1.self_attn.o_proj"
+        ]
+    );
+    let text = refusal(&without(&lfm2, &["full_attn_idxs"]));
+    assert!(text.contains("full_attn_idxs: missing"), "{text}");
 }
 
 #[test]

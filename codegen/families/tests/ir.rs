@@ -27,7 +27,7 @@ fn specs() -> Vec<(String, Spec)> {
 /// family it covered (the IR's alone for Qwen3-MoE, Qwen3.5 and Phi-3's fused
 /// projections). The real-size counts are the published ones (gemma-2-2b:
 /// 2,614,341,888; gemma-3-1b: 999,885,952).
-const MODULE_COUNTS: [(&str, u64, usize, usize); 85] = [
+const MODULE_COUNTS: [(&str, u64, usize, usize); 89] = [
     ("gemma-2-2b", 2614341888, 183, 0),
     ("gemma-2-2b-l2", 745558272, 15, 0),
     ("gemma-2-2b-tiny", 181312, 29, 0),
@@ -61,6 +61,10 @@ const MODULE_COUNTS: [(&str, u64, usize, usize); 85] = [
     ("granite-3.3-2b-l2", 222322688, 15, 0),
     ("granite-3.3-2b-tiny", 180800, 29, 0),
     ("granite-3.3-2b-tiny-q4", 180800, 29, 29),
+    ("lfm2-1.2b", 1170340608, 93, 0),
+    ("lfm2-1.2b-l4", 396398720, 23, 0),
+    ("lfm2-1.2b-tiny", 308864, 35, 0),
+    ("lfm2-1.2b-tiny-q4", 308864, 35, 35),
     ("llama-3.2-1b", 1235814400, 113, 0),
     ("llama-3.2-1b-tiny", 180800, 29, 0),
     ("llama-3.2-1b-tiny-q4", 180800, 29, 29),
@@ -239,7 +243,8 @@ fn every_layer(path: &str, spec: &Spec) -> Option<LayerFacts> {
         | Family::Qwen2
         | Family::Gemma2
         | Family::Qwen3Moe
-        | Family::Qwen35 => None,
+        | Family::Qwen35
+        | Family::Lfm2 => None,
     }
 }
 
@@ -607,6 +612,7 @@ fn families_lower_to_their_blocks() {
                             assert_eq!(d.v_heads as u32, s.linear_attention.linear_num_value_heads);
                             assert_eq!(d.cache, StateCache::ConvAndRecurrent, "{path}");
                         }
+                        Mixer::ShortConv(_) => panic!("{path}: a short-conv layer"),
                     }
                 }
                 assert_eq!(ir.checkpoint.prefix, ModulePrefix::LanguageModel, "{path}");
@@ -626,6 +632,50 @@ fn families_lower_to_their_blocks() {
                 let linear = ir.layers.iter().filter(|l| l.delta_net().is_some()).count();
                 assert_eq!(convs.len(), linear, "{path}");
                 assert!(convs.iter().all(|p| p.shape[2] == 1), "{path}");
+            }
+            Family::Lfm2 => {
+                let c = |s: &Lfm2Spec| u64::from(s.layers.conv_l_cache);
+                let s = match &spec {
+                    Spec::Lfm2(s) => s,
+                    other => panic!("{path}: family lfm2 in a {other:?}"),
+                };
+                let width = s.feed_forward.width() as usize;
+                for l in &ir.layers {
+                    let attention = s.layers.full_attn_idxs.contains(&(l.index as u32));
+                    assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
+                    assert_eq!(l.mlp().map(|m| m.width), Some(width), "{path}");
+                    match &l.mixer {
+                        Mixer::Attention(a) => {
+                            assert!(attention, "{path} layer {}", l.index);
+                            assert_eq!(a.qk_norm, QkNorm::RmsPerHead, "{path}");
+                            assert_eq!(a.scale, AttentionScale::InvSqrtHeadDim, "{path}");
+                            assert!(!a.rope.traditional, "{path}");
+                        }
+                        Mixer::ShortConv(c) => {
+                            assert!(!attention, "{path} layer {}", l.index);
+                            assert_eq!(c.kernel as u32, s.layers.conv_l_cache, "{path}");
+                        }
+                        Mixer::GatedDeltaNet(_) => panic!("{path}: a Gated DeltaNet layer"),
+                    }
+                }
+                assert_eq!(ir.head.weight, HeadWeight::TiedEmbedding, "{path}");
+                assert_eq!(
+                    ir.checkpoint.sanitize,
+                    [
+                        SanitizeRule::TransposeShortConvWeight,
+                        SanitizeRule::RenameLfm2Modules
+                    ],
+                    "{path}"
+                );
+                // The conv weights are in the contract, [hidden, K, 1].
+                let convs = ir.shaped_params();
+                assert_eq!(convs.len(), ir.layers.len() - s.layers.full_attn_idxs.len());
+                assert!(
+                    convs
+                        .iter()
+                        .all(|p| p.shape == [ir.hidden_size as u64, c(s), 1]),
+                    "{path}"
+                );
             }
         }
         // The residual and logit scales are MiniCPM's and Granite's alone; a

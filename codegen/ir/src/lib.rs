@@ -29,6 +29,7 @@
 //! │                    scores: fused SDPA or written out with a softcap, output gate,
 //! │                    projection: q/k/v separate or one fused qkv_proj)
 //! │                Mixer::GatedDeltaNet (heads, conv kernel, gated norm, conv + recurrent state)
+//! │                Mixer::ShortConv (conv kernel, conv state)
 //! │                FeedForward::{Mlp, MlpAndMoe, Moe} (gate/up separate or one gate_up_proj)
 //! │                LayerInput (per-layer input gate), LayerScalar, Residual (plain or scaled)
 //! └── head         tied or not, logit softcap (compiled or eager), final norm weight form,
@@ -171,6 +172,18 @@ pub enum SanitizeRule {
     /// post-attention, final, q and k norms (a weak scalar: the sum is in the
     /// weight's dtype). Qwen3.5 stores them as offsets around 0.
     OffsetNormsOfRawCheckpoint,
+    /// LFM2's module names read as the names the shared blocks load
+    /// (`operator_norm` → `input_layernorm`, `ffn_norm` →
+    /// `post_attention_layernorm`, `feed_forward.w1` / `w3` / `w2` →
+    /// `mlp.gate_proj` / `up_proj` / `down_proj`, `self_attn.out_proj` →
+    /// `o_proj`, `q_layernorm` / `k_layernorm` → `q_norm` / `k_norm`, the
+    /// final `embedding_norm` → `norm`), with their quantization tensors.
+    /// Not one of mlx-lm's rules: the blocks' loaders name these modules
+    /// the Llama way, and this rule is where LFM2's checkpoint meets them.
+    RenameLfm2Modules,
+    /// lfm2's `sanitize`: a `conv.weight` whose last axis is longer than its
+    /// second (Hugging Face's `[C, 1, K]`) is transposed to mlx's `[C, K, 1]`.
+    TransposeShortConvWeight,
     /// Refuse a checkpoint with float16 floating tensors: gemma3_text adds its
     /// residuals through `clip_residual`, which for float16 adds in float32
     /// and clips to float16's range; archgen's residual add is the plain one
@@ -294,6 +307,21 @@ pub enum Mixer {
     /// Gated DeltaNet linear attention (Qwen3.5's `linear_attn`): no K/V
     /// cache, a recurrent state instead.
     GatedDeltaNet(DeltaNet),
+    /// A gated short convolution (LFM2's `conv`): no K/V cache, a conv
+    /// state instead.
+    ShortConv(ShortConv),
+}
+
+/// A gated short convolution (mlx-lm `lfm2.ShortConv`): `in_proj` to
+/// `[3 * hidden]` split in B, C and x; `B * x` through a depthwise causal
+/// conv1d of `kernel` taps without bias (`conv.conv`, weight
+/// `[hidden, kernel, 1]`); `out_proj(C * conv_out)`. Its cache is mlx-lm's
+/// `ArraysCache(size=1)`: the last `kernel - 1` rows of `B * x` in the
+/// activation dtype. No bias on any projection (`conv_bias: false`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShortConv {
+    /// `conv_L_cache`: the conv's taps.
+    pub kernel: usize,
 }
 
 /// A Gated DeltaNet layer (mlx-lm `qwen3_5.GatedDeltaNet`): input
@@ -708,13 +736,13 @@ impl Layer {
     pub fn attention(&self) -> Option<&Attention> {
         match &self.mixer {
             Mixer::Attention(a) => Some(a),
-            Mixer::GatedDeltaNet(_) => None,
+            Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => None,
         }
     }
     /// The layer's Gated DeltaNet, when its mixer is one.
     pub fn delta_net(&self) -> Option<&DeltaNet> {
         match &self.mixer {
-            Mixer::Attention(_) => None,
+            Mixer::Attention(_) | Mixer::ShortConv(_) => None,
             Mixer::GatedDeltaNet(d) => Some(d),
         }
     }
@@ -909,6 +937,9 @@ families_and_model_types! {
     /// Gemma 3 text models (`gemma3_text.py`): Gemma-2's layers with q/k
     /// norms, a sliding-window pattern and no softcaps.
     Gemma3Text = "gemma3_text" { ; }
+    /// LFM2 (`lfm2.py`): gated short-convolution layers with attention layers
+    /// (q/k norms per head) at `full_attn_idxs`.
+    Lfm2 = "lfm2" { ; }
 }
 
 /// RoPE of one layer.

@@ -40,6 +40,46 @@ pub fn layer_norm_names(a: NormArrangement) -> &'static [&'static str] {
     }
 }
 
+/// LFM2's module names (lfm2.py) and the names the shared blocks load them
+/// by, as `.name.` segments of a tensor name ([`SanitizeRule::RenameLfm2Modules`]).
+pub const LFM2_MODULES: [(&str, &str); 9] = [
+    (".operator_norm.", ".input_layernorm."),
+    (".ffn_norm.", ".post_attention_layernorm."),
+    (".feed_forward.w1.", ".mlp.gate_proj."),
+    (".feed_forward.w3.", ".mlp.up_proj."),
+    (".feed_forward.w2.", ".mlp.down_proj."),
+    (".self_attn.out_proj.", ".self_attn.o_proj."),
+    (".self_attn.q_layernorm.", ".self_attn.q_norm."),
+    (".self_attn.k_layernorm.", ".self_attn.k_norm."),
+    (".embedding_norm.", ".norm."),
+];
+
+/// `name` with its first `from` segment of `pairs` replaced by the paired
+/// `to`. Tensor and module names alike: `name` is matched as `.{name}.`, so
+/// `embedding_norm.weight` and the module path `model.layers.0.feed_forward.w2`
+/// match too.
+fn renamed(name: &str, pairs: impl Iterator<Item = (&'static str, &'static str)>) -> String {
+    let dotted = format!(".{name}.");
+    let mut pairs = pairs;
+    match pairs.find(|(from, _)| dotted.contains(from)) {
+        Some((from, to)) => {
+            let out = dotted.replacen(from, to, 1);
+            out[1..out.len() - 1].to_string()
+        }
+        None => name.to_string(),
+    }
+}
+
+/// An LFM2 checkpoint's tensor name read as the shared blocks' name.
+pub fn lfm2_shared_name(name: &str) -> String {
+    renamed(name, LFM2_MODULES.into_iter())
+}
+
+/// A contract name of an LFM2 model as mlx-lm's checkpoint spells it.
+pub fn lfm2_checkpoint_name(name: &str) -> String {
+    renamed(name, LFM2_MODULES.into_iter().map(|(a, b)| (b, a)))
+}
+
 /// The extra norms of the MoE branch of [`FeedForward::MlpAndMoe`].
 pub const MOE_BRANCH_NORMS: [&str; 3] = [
     "pre_feedforward_layernorm_2",
@@ -217,6 +257,12 @@ impl ModelIr {
                         push(format!("{la}.out_proj"), ModuleKind::Linear, vd, h, 1);
                     }
                 },
+                // `in_proj` gives B, C and x side by side; the conv itself
+                // is an `nn.Conv1d`, which `nn.quantize` leaves alone.
+                Mixer::ShortConv(_) => {
+                    push(format!("{lp}conv.in_proj"), ModuleKind::Linear, h, 3 * h, 1);
+                    push(format!("{lp}conv.out_proj"), ModuleKind::Linear, h, h, 1);
+                }
             }
             if let Some(m) = l.mlp() {
                 let w = m.width as u64;
@@ -364,6 +410,7 @@ impl ModelIr {
                         }
                     }
                 }
+                Mixer::ShortConv(_) => {}
             }
             if let Some(m) = l.moe() {
                 match m.router {
@@ -432,17 +479,22 @@ impl ModelIr {
     }
 
     /// Parameters of more than one dimension that no `nn.quantize` visits
-    /// (the depthwise conv weights of Gated DeltaNet layers, `[C, K, 1]`).
+    /// (the depthwise conv weights of Gated DeltaNet and short-conv layers,
+    /// `[C, K, 1]`).
     pub fn shaped_params(&self) -> Vec<ShapedParam> {
         let pre = self.module_prefix();
         self.layers
             .iter()
-            .filter_map(|l| {
-                let d = l.delta_net()?;
-                Some(ShapedParam {
+            .filter_map(|l| match &l.mixer {
+                Mixer::Attention(_) => None,
+                Mixer::GatedDeltaNet(d) => Some(ShapedParam {
                     name: format!("{pre}layers.{}.linear_attn.conv1d.weight", l.index),
                     shape: vec![d.conv_dim() as u64, d.conv_kernel as u64, 1],
-                })
+                }),
+                Mixer::ShortConv(c) => Some(ShapedParam {
+                    name: format!("{pre}layers.{}.conv.conv.weight", l.index),
+                    shape: vec![self.hidden_size as u64, c.kernel as u64, 1],
+                }),
             })
             .collect()
     }
@@ -460,5 +512,73 @@ impl ModelIr {
             .map(|p| p.shape.iter().product::<u64>())
             .sum();
         modules + shaped + self.vector_params().iter().map(|p| p.len).sum::<u64>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every LFM2 module name reads as the shared name and back; other
+    /// names, and names that only contain a shared segment's words, pass.
+    #[test]
+    fn lfm2_names_map_both_ways() {
+        for (lfm2, shared) in [
+            (
+                "model.layers.3.operator_norm.weight",
+                "model.layers.3.input_layernorm.weight",
+            ),
+            (
+                "layers.0.ffn_norm.weight",
+                "layers.0.post_attention_layernorm.weight",
+            ),
+            (
+                "layers.1.feed_forward.w1.scales",
+                "layers.1.mlp.gate_proj.scales",
+            ),
+            (
+                "layers.1.feed_forward.w3.weight",
+                "layers.1.mlp.up_proj.weight",
+            ),
+            (
+                "layers.1.feed_forward.w2.biases",
+                "layers.1.mlp.down_proj.biases",
+            ),
+            (
+                "layers.2.self_attn.out_proj.weight",
+                "layers.2.self_attn.o_proj.weight",
+            ),
+            (
+                "layers.2.self_attn.q_layernorm.weight",
+                "layers.2.self_attn.q_norm.weight",
+            ),
+            (
+                "layers.2.self_attn.k_layernorm.weight",
+                "layers.2.self_attn.k_norm.weight",
+            ),
+            ("embedding_norm.weight", "norm.weight"),
+            ("model.embedding_norm.weight", "model.norm.weight"),
+            (
+                "model.layers.0.feed_forward.w2",
+                "model.layers.0.mlp.down_proj",
+            ),
+            (
+                "model.layers.2.self_attn.out_proj",
+                "model.layers.2.self_attn.o_proj",
+            ),
+        ] {
+            assert_eq!(lfm2_shared_name(lfm2), shared);
+            assert_eq!(lfm2_checkpoint_name(shared), lfm2);
+        }
+        for same in [
+            "model.embed_tokens.weight",
+            "layers.0.conv.in_proj.weight",
+            "layers.0.conv.out_proj.weight",
+            "layers.0.conv.conv.weight",
+            "layers.2.self_attn.q_proj.weight",
+        ] {
+            assert_eq!(lfm2_shared_name(same), same);
+            assert_eq!(lfm2_checkpoint_name(same), same);
+        }
     }
 }

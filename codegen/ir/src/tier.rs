@@ -170,8 +170,9 @@ pub fn tier(ir: &ModelIr) -> TierReport {
                 },
             },
             // The CPU path of mlx-lm's gated delta rule (`gated_delta_ops`)
-            // is what the runtime reproduces: L1 on the CPU.
-            Mixer::GatedDeltaNet(_) => {}
+            // is what the runtime reproduces: L1 on the CPU. A short conv is
+            // mlx's own conv1d, as lfm2.py calls it.
+            Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => {}
         }
     }
     let mut reasons = Vec::new();
@@ -227,7 +228,7 @@ pub fn batch_tier(ir: &ModelIr, report: TierReport) -> TierReport {
             Scores::Softcapped { .. } => a.n_kv_heads < a.n_heads,
             Scores::FusedSdpa => false,
         },
-        Mixer::GatedDeltaNet(_) => false,
+        Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => false,
     });
     match grouped_softcap {
         true => report.with_reason(Reason::BatchWithoutOracle {

@@ -50,7 +50,7 @@ use archgen_families::Spec;
 use archgen_ir::{
     Attention, AttentionScale, DeltaNet, EmbedScale, FeedForward, GatedNorm, InProj, KvCache,
     KvSource, Layer, LayerInput, LogitScale, Mixer, ModelIr, NormWeight, OutputGate,
-    ProjectionBias, Residual, RopeForm, Scores, SoftcapForm, StateCache, Values, Window,
+    ProjectionBias, Residual, RopeForm, Scores, ShortConv, SoftcapForm, StateCache, Values, Window,
 };
 use archgen_ir::{GateUpProjection, QkvProjection};
 use archgen_ir::{ModuleKind, QuantMode, RopeKind};
@@ -78,8 +78,8 @@ impl KindKey {
                 KvSource::Own { cache, .. } => *cache = KvCache::Plain,
                 KvSource::Shared { donor } => *donor = 0,
             },
-            // Every linear layer of a model has the same sizes.
-            Mixer::GatedDeltaNet(_) => {}
+            // Every linear (or short-conv) layer of a model has the same sizes.
+            Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => {}
         }
         match &mut k.ffn {
             FeedForward::Mlp(m) | FeedForward::MlpAndMoe { mlp: m, .. } => m.width = 0,
@@ -126,6 +126,7 @@ impl KindKey {
                 }
             }
             Mixer::GatedDeltaNet(_) => n.push_str("LinearDeltaNet"),
+            Mixer::ShortConv(_) => n.push_str("ShortConv"),
         }
         match l.ffn {
             FeedForward::Mlp(_) => {}
@@ -378,6 +379,9 @@ fn layer_json(l: &Layer) -> Value {
                 "norm": norm,
                 "cache": cache,
             }})
+        }
+        Mixer::ShortConv(ShortConv { kernel }) => {
+            json!({ "short_conv": { "kernel": kernel, "cache": "conv" } })
         }
     };
     let mlp = |m: archgen_ir::GatedMlp| json!([m.width, format!("{:?}", m.activation)]);

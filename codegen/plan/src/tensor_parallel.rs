@@ -282,6 +282,15 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
         let i = l.index;
         let mut modules = Vec::new();
         let (mixer, heads, kv_heads, kv_repeat) = match &l.mixer {
+            // lfm2.py has no shard(), and a depthwise conv over B * x has no
+            // head structure to split by.
+            Mixer::ShortConv(_) => {
+                return Err(format!(
+                    "{}: layer {i}: a short-conv layer is not split (mlx-lm's lfm2 has no \
+                     shard()); run it on one rank",
+                    ir.name
+                ))
+            }
             // qwen3_5's GatedDeltaNet: q, k and v side by side in
             // `in_proj_qkv` and the conv's channels, so both are split by
             // segments [key_dim, 2 * key_dim]; z, b, a by rows; the per-head

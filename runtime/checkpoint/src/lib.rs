@@ -19,7 +19,7 @@ pub fn read_dir(dir: &std::path::Path) -> std::result::Result<(ModelIr, Weights)
     let ir = architecture_of(&ckpt.config, dir)?;
     let tensors = sanitize::sanitize(ckpt.tensors, &ir)
         .map_err(|e| ModelError(format!("{}: {e}", dir.display())))?;
-    let quant = quantization_of(&ckpt.config);
+    let quant = quantization_of(&ckpt.config, &ir);
     Ok((ir, Weights::new(tensors, quant.as_ref())))
 }
 
@@ -100,8 +100,12 @@ pub fn architecture_of(
 
 /// config.json's `quantization` (or `quantization_config`, also inside
 /// `text_config`), with module paths made relative to the text model like the
-/// sanitized tensor names.
-fn quantization_of(config: &serde_json::Value) -> Option<serde_json::Value> {
+/// sanitized tensor names (and LFM2's module names read as theirs).
+fn quantization_of(config: &serde_json::Value, ir: &ModelIr) -> Option<serde_json::Value> {
+    let lfm2_names = ir
+        .checkpoint
+        .sanitize
+        .contains(&archgen_ir::SanitizeRule::RenameLfm2Modules);
     let q = config
         .get("quantization")
         .or_else(|| config.get("quantization_config"))
@@ -117,7 +121,11 @@ fn quantization_of(config: &serde_json::Value) -> Option<serde_json::Value> {
             .iter()
             .find_map(|p| k.strip_prefix(p))
             .unwrap_or(k);
-        out.insert(k.to_string(), v.clone());
+        let k = match lfm2_names {
+            true => archgen_ir::names::lfm2_shared_name(k),
+            false => k.to_string(),
+        };
+        out.insert(k, v.clone());
     }
     Some(serde_json::Value::Object(out))
 }

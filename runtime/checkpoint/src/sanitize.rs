@@ -143,6 +143,26 @@ pub(crate) fn sanitize(
         } else {
             v
         };
+        let v = if has(SanitizeRule::TransposeShortConvWeight) && k.contains("conv.weight") {
+            // lfm2.sanitize: `if param.shape[-1] > param.shape[1]: transpose(0, 2, 1)`.
+            if v.ndim() != 3 {
+                return Err(refused(format!(
+                    "`{k}`: a short-conv weight [C, K, 1] (or Hugging Face's [C, 1, K]) expected, got shape {:?}",
+                    v.shape()
+                )));
+            }
+            match v.shape()[2] > v.shape()[1] {
+                true => v.transpose_axes(&[0, 2, 1])?,
+                false => v,
+            }
+        } else {
+            v
+        };
+        let k = if has(SanitizeRule::RenameLfm2Modules) {
+            archgen_ir::names::lfm2_shared_name(&k)
+        } else {
+            k
+        };
         if has(SanitizeRule::SplitExpertsGateUp) {
             if let Some(base) = k.strip_suffix(".experts.gate_up_proj") {
                 let parts = v.split_equal(2, -2)?;

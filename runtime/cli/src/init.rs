@@ -176,6 +176,18 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
         std::fs::write(out.join("kv_config.json"), text + "\n")
             .map_err(|e| format!("cannot write {}: {e}", out.join("kv_config.json").display()))?;
     }
+    // LFM2's checkpoint spells its modules as lfm2.py names them (the
+    // contract has the names the loader reads them as).
+    if ir
+        .checkpoint
+        .sanitize
+        .contains(&archgen_ir::SanitizeRule::RenameLfm2Modules)
+    {
+        tensors = tensors
+            .into_iter()
+            .map(|(k, v)| (archgen_ir::names::lfm2_checkpoint_name(&k), v))
+            .collect();
+    }
     let path = out.join("model.safetensors");
     let spinner = ui.spinner(&format!("writing {}", path.display()));
     let saved = Array::save_safetensors(tensors.iter(), None, &path);

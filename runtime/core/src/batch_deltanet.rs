@@ -26,13 +26,13 @@ fn error(what: String) -> mlx_rs::error::Exception {
 /// the padding facts its mask is made from.
 #[derive(Debug, Clone, Default)]
 pub struct BatchArraysCache {
-    conv: Option<Array>,
+    pub(crate) conv: Option<Array>,
     state: Option<Array>,
     /// `left_padding`: set by `merge` (zeros), cleared by `finalize`,
     /// lowered by every layer call (`advance`).
     left_padding: Option<Vec<i32>>,
     /// `lengths`: each row's real tokens in the chunk being prefilled.
-    lengths: Option<Vec<i32>>,
+    pub(crate) lengths: Option<Vec<i32>>,
 }
 
 impl BatchArraysCache {
@@ -46,19 +46,21 @@ impl BatchArraysCache {
     }
 
     /// `ArraysCache.merge` of caches of which at least one holds states:
-    /// the stacked states, and no padding facts (so no mask).
-    pub(crate) fn from_merged(conv: Array, state: Array) -> Self {
+    /// the stacked states (no recurrent one for a short conv), and no
+    /// padding facts (so no mask).
+    pub(crate) fn from_merged(conv: Array, state: Option<Array>) -> Self {
         BatchArraysCache {
             conv: Some(conv),
-            state: Some(state),
+            state,
             left_padding: None,
             lengths: None,
         }
     }
 
     /// `extract(idx)`: row `row`'s conv and recurrent states (what mlx-lm
-    /// hands back as a single-sequence `ArraysCache`).
-    pub fn extract(&self, row: usize) -> Result<(Array, Array)> {
+    /// hands back as a single-sequence `ArraysCache`); a short conv's cache
+    /// has no recurrent state.
+    pub fn extract(&self, row: usize) -> Result<(Array, Option<Array>)> {
         if row >= self.batch_size() {
             return Err(error(format!(
                 "BatchArraysCache::extract: row {row} of a batch of {}",
@@ -66,9 +68,13 @@ impl BatchArraysCache {
             )));
         }
         let r = row as i32;
-        match (&self.conv, &self.state) {
-            (Some(c), Some(s)) => Ok((c.try_index(r..r + 1)?, s.try_index(r..r + 1)?)),
-            _ => Err(error(
+        let state = match &self.state {
+            Some(s) => Some(s.try_index(r..r + 1)?),
+            None => None,
+        };
+        match &self.conv {
+            Some(c) => Ok((c.try_index(r..r + 1)?, state)),
+            None => Err(error(
                 "BatchArraysCache::extract: no states written yet".into(),
             )),
         }
@@ -96,7 +102,7 @@ impl BatchArraysCache {
     }
 
     /// `advance(N)`, after each layer call.
-    fn advance(&mut self, n: i32) {
+    pub(crate) fn advance(&mut self, n: i32) {
         for v in self.lengths.iter_mut().chain(self.left_padding.iter_mut()) {
             v.iter_mut().for_each(|x| *x -= n);
         }

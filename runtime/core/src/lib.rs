@@ -52,6 +52,7 @@ pub mod ops;
 pub mod protocol;
 pub mod rope;
 pub mod seq_cache;
+pub mod short_conv;
 pub mod weights;
 
 pub use mlx_rs;

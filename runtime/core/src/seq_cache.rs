@@ -44,8 +44,9 @@ pub enum SeqLayerCache {
         max_size: i32,
     },
     /// `ArraysCache` of a Gated DeltaNet layer: conv state [1, K-1, C] and
-    /// recurrent state [1, Hv, Dv, Dk].
-    Arrays { conv: Array, state: Array },
+    /// recurrent state [1, Hv, Dv, Dk]; of a short-conv layer: the conv
+    /// state alone.
+    Arrays { conv: Array, state: Option<Array> },
     /// `QuantizedKVCache`: quantized keys and values [1, KV, len, ...], one
     /// slot per token, in `quantization`.
     Quantized {
@@ -61,7 +62,7 @@ impl SeqLayerCache {
             SeqLayerCache::Full { keys, values } | SeqLayerCache::Sliding { keys, values, .. } => {
                 vec![keys, values]
             }
-            SeqLayerCache::Arrays { conv, state } => vec![conv, state],
+            SeqLayerCache::Arrays { conv, state } => std::iter::once(conv).chain(state).collect(),
             SeqLayerCache::Quantized { keys, values, .. } => [keys, values]
                 .into_iter()
                 .flat_map(|q| [&q.data, &q.scales, &q.biases])
@@ -472,6 +473,10 @@ fn merge_sliding(
     ))
 }
 
+/// A given row of an `ArraysCache`: its conv state and its recurrent state
+/// (none for a short conv).
+type ArraysRow<'a> = (&'a Array, Option<&'a Array>);
+
 /// `ArraysCache.merge`: all fresh gives the empty batched cache (with its
 /// zero `left_padding`); otherwise the states stacked, a fresh row's zeros.
 fn merge_arrays(
@@ -483,18 +488,20 @@ fn merge_arrays(
         .iter()
         .map(|g| match g {
             None => Ok(None),
-            Some(SeqLayerCache::Arrays { conv, state }) => Ok(Some((conv, state))),
+            Some(SeqLayerCache::Arrays { conv, state }) => Ok(Some((conv, state.as_ref()))),
             Some(_) => Err(kind_error(layer, "a recurrent (ArraysCache) state")),
         })
         .collect::<Result<Vec<_>>>()?;
     let Some((conv0, state0)) = rows.iter().flatten().next().copied() else {
         return Ok(BatchArraysCache::merged_empty(b));
     };
-    let stack = |first: &Array, pick: &dyn Fn(&(&Array, &Array)) -> Array| -> Result<Array> {
+    // A given row's array, or a fresh row's zeros shaped like `first`.
+    let stack = |first: &Array, pick: &dyn Fn(&ArraysRow) -> Option<Array>| {
         let parts = rows
             .iter()
-            .map(|r| match r {
-                Some(r) => Ok(pick(r)),
+            .map(|r| match r.as_ref().map(pick) {
+                Some(Some(a)) => Ok(a),
+                Some(None) => Err(kind_error(layer, "an ArraysCache with a recurrent state")),
                 None => {
                     let mut shape = first.shape().to_vec();
                     shape[0] = 1;
@@ -504,7 +511,10 @@ fn merge_arrays(
             .collect::<Result<Vec<_>>>()?;
         mlx_rs::ops::concatenate(&parts, 0)
     };
-    let conv = stack(conv0, &|r| r.0.clone())?;
-    let state = stack(state0, &|r| r.1.clone())?;
+    let conv = stack(conv0, &|r| Some(r.0.clone()))?;
+    let state = match state0 {
+        Some(first) => Some(stack(first, &|r| r.1.cloned())?),
+        None => None,
+    };
     Ok(BatchArraysCache::from_merged(conv, state))
 }

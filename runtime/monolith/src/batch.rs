@@ -29,6 +29,7 @@ use archgen_runtime::batch_quant::{BatchMixedKvCache, BatchQuantizedKvCache, KvQ
 use archgen_runtime::blocks::{self as b, SharedKv};
 use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::ops::Result;
+use archgen_runtime::short_conv;
 use archgen_runtime::Array;
 
 use crate::{LayerMixer, Monolith};
@@ -79,7 +80,7 @@ fn batch_cache(mixer: &LayerMixer, no_padding: &[i32]) -> Option<BatchLayerCache
         LayerMixer::GatedAttention { .. } => {
             Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
         }
-        LayerMixer::GatedDeltaNet(_) => Some(BatchLayerCache::Arrays(
+        LayerMixer::GatedDeltaNet(_) | LayerMixer::ShortConv(_) => Some(BatchLayerCache::Arrays(
             BatchArraysCache::merged_empty(no_padding.len()),
         )),
     }
@@ -93,7 +94,7 @@ impl BatchLm for Monolith {
     /// `_merge_caches` of fresh `make_cache()`s: a `BatchKVCache` per full
     /// layer that owns K/V (its quantized or mixed counterpart where the
     /// layer's cache is one), a `BatchRotatingKVCache(window)` per sliding
-    /// one, a batched `ArraysCache` per Gated DeltaNet, nothing for layers
+    /// one, a batched `ArraysCache` per Gated DeltaNet or short conv, nothing for layers
     /// that share K/V.
     fn make_batch_cache(&self, n: usize) -> Result<BatchCache> {
         let no_padding = vec![0; n];
@@ -204,6 +205,9 @@ impl BatchLm for Monolith {
                 )?,
                 LayerMixer::GatedDeltaNet(w) => {
                     gated_delta_net_batch(&x, w, cache.arrays_mut(i)?, ssm_mask.as_ref())?
+                }
+                LayerMixer::ShortConv(w) => {
+                    short_conv::short_conv_batch(&x, w, cache.arrays_mut(i)?, ssm_mask.as_ref())?
                 }
             };
             h = self.finish_layer(i, layer, &h, &a, per_layer.as_ref())?;

@@ -22,6 +22,7 @@ use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::model::{CausalLm, ModelError, Readout};
 use archgen_runtime::ops::Result;
 use archgen_runtime::rope::Rope;
+use archgen_runtime::short_conv;
 use archgen_runtime::weights::Weights;
 use archgen_runtime::Array;
 
@@ -71,6 +72,8 @@ enum LayerMixer {
         rope: Rope,
     },
     GatedDeltaNet(deltanet::GatedDeltaNet),
+    /// A gated short convolution (lfm2's `ShortConv`).
+    ShortConv(short_conv::ShortConv),
     /// Attention with one `qkv_proj` (IR `QkvProjection::Fused`): K/V of its
     /// own, no bias, no q/k norm.
     FusedQkvAttention {
@@ -88,7 +91,7 @@ impl LayerMixer {
         match self {
             LayerMixer::Attention { window, .. } => Some(*window),
             LayerMixer::GatedAttention { .. } => Some(Window::Full),
-            LayerMixer::GatedDeltaNet(_) => None,
+            LayerMixer::GatedDeltaNet(_) | LayerMixer::ShortConv(_) => None,
             LayerMixer::FusedQkvAttention { window, .. } => Some(*window),
         }
     }
@@ -335,6 +338,12 @@ impl Monolith {
                         delta_net_shape(d, ir.hidden_size, eps),
                     )),
                 },
+                ir::Mixer::ShortConv(c) => LayerMixer::ShortConv(short_conv::load_short_conv(
+                    &mut w,
+                    i,
+                    hidden,
+                    c.kernel as i32,
+                )),
             };
             let load_mlp = |m: ir::GatedMlp, w: &mut Weights| {
                 let projection = match m.projection {
@@ -646,12 +655,14 @@ impl CausalLm for Monolith {
     }
 
     /// mlx-lm's `make_cache`: a cache per layer that owns K/V, an
-    /// `ArraysCache` per Gated DeltaNet layer.
+    /// `ArraysCache` per Gated DeltaNet or short-conv layer.
     fn make_cache(&self) -> Self::Cache {
         self.layers
             .iter()
             .map(|l| match &l.mixer {
-                LayerMixer::GatedDeltaNet(_) => Some(MixerCache::Arrays(ArraysCache::default())),
+                LayerMixer::GatedDeltaNet(_) | LayerMixer::ShortConv(_) => {
+                    Some(MixerCache::Arrays(ArraysCache::default()))
+                }
                 LayerMixer::GatedAttention { .. } => {
                     Some(MixerCache::Kv(LayerCache::Full(KvCache::default())))
                 }
@@ -740,6 +751,14 @@ impl CausalLm for Monolith {
                     Some(MixerCache::Kv(_)) | None => {
                         return Err(Exception::custom(format!(
                             "layer {i}: a Gated DeltaNet layer needs an ArraysCache"
+                        )))
+                    }
+                },
+                LayerMixer::ShortConv(w) => match caches[i].as_mut() {
+                    Some(MixerCache::Arrays(c)) => short_conv::short_conv(&x, w, c)?,
+                    Some(MixerCache::Kv(_)) | None => {
+                        return Err(Exception::custom(format!(
+                            "layer {i}: a short-conv layer needs an ArraysCache"
                         )))
                     }
                 },

@@ -179,7 +179,7 @@ mod tests {
         let mut cache = full(len);
         cache.layers.push(Some(SeqLayerCache::Arrays {
             conv: Array::from_slice(&[0f32; 4], &[1, 2, 2]),
-            state: Array::from_slice(&[0f32; 4], &[1, 1, 2, 2]),
+            state: Some(Array::from_slice(&[0f32; 4], &[1, 1, 2, 2])),
         }));
         cache
     }
