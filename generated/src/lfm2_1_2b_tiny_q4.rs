@@ -8,7 +8,7 @@ use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
 use archgen_runtime::batch::{BatchCache, BatchLayerCache, BatchLm, BatchKvCache};
 use archgen_runtime::batch_blocks;
 use archgen_runtime::batch_deltanet::BatchArraysCache;
-use archgen_runtime::cache::{LayerCache, KvCache};
+use archgen_runtime::cache::{kv_at, next_cache, LayerCache, KvCache};
 use archgen_runtime::decode;
 use archgen_runtime::{deltanet, short_conv};
 use archgen_runtime::feed_forward::FeedForward;
@@ -78,7 +78,7 @@ impl ShortConv {
         b::finish_layer(&h, None, None, EPS)
     }
 }
-/// Layers 2, 5: full attention, pre-norm, computes its own K/V, per-head q/k RMSNorm, SwiGLU MLP.
+/// Layers 2, 5: full attention, pre-norm, computes its own K/V, q/k RMSNorm per head, SwiGLU MLP.
 struct FullOwnKv {
     norms: b::LayerNorms,
     attn: b::AttentionWeights,
@@ -142,11 +142,7 @@ impl FullOwnKv {
     ) -> Result<(Array, b::SharedKv)> {
         // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(), kv, tables, at.mask);
         }
         // x = self.input_layernorm(h)
@@ -154,10 +150,7 @@ impl FullOwnKv {
         // a = self.self_attn(x, mask, cache): q/k/v projections, q/k RMSNorm per head, RoPE, cache update, scaled_dot_product_attention, o_proj
         let (a, kv) = b::attention_own_kv(
             &x,
-            b::OwnQkv::Separate {
-                attn: &self.attn,
-                kv: &self.kv,
-            },
+            b::OwnQkv::separate(&self.attn, &self.kv),
             Self::SHAPE,
             at.rope,
             cache,
@@ -169,9 +162,8 @@ impl FullOwnKv {
         let h = self.finish(h, a)?;
         Ok((h, kv))
     }
-    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a
-    /// step of one token per row takes the compiled blocks of one
-    /// sequence's step, B rows at once.
+    /// B sequences in one forward (mlx-lm's `BatchGenerator`); a step of
+    /// one token per row takes one sequence's compiled blocks, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
@@ -179,11 +171,7 @@ impl FullOwnKv {
         cache: &mut BatchLayerCache,
     ) -> Result<(Array, b::SharedKv)> {
         if let Some(tables) = at.tables {
-            let kv = decode::KvSource::Own {
-                weights: &self.kv,
-                fused: self.qkv.as_ref(),
-                cache,
-            };
+            let kv = decode::KvSource::own(&self.kv, self.qkv.as_ref(), cache);
             return decode::step(h, &self.decode_layer(), kv, tables, at.mask);
         }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
@@ -274,20 +262,6 @@ impl Row {
         }
     }
 }
-/// Cache `k` of those `make_cache` made.
-fn kv_at(caches: &[LayerCache], k: usize) -> Result<&LayerCache> {
-    caches.get(k).ok_or_else(missing_cache)
-}
-/// The next layer's cache, in the order `make_cache` made them.
-fn next_cache<'a, T>(caches: &mut std::slice::IterMut<'a, T>) -> Result<&'a mut T> {
-    caches.next().ok_or_else(missing_cache)
-}
-/// A cache that does not match the model (not one `make_cache` made).
-fn missing_cache() -> archgen_runtime::mlx_rs::error::Exception {
-    archgen_runtime::mlx_rs::error::Exception::custom(
-        format!("{NAME}: the cache holds fewer layers than the model"),
-    )
-}
 /// The `lfm2-1.2b-tiny-q4` model: 6 layers, hidden size 64.
 pub struct Model {
     embed: Embedding,
@@ -337,19 +311,15 @@ impl CausalLm for Model {
     ) -> Result<Array> {
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
-        let full_mask = b::mask_for(kv_at(&cache.kv, 0)?, n, 0)?;
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: None,
-            mask: &full_mask,
-        };
+        let full_mask = b::mask_for(kv_at(&cache.kv, 0, NAME)?, n, 0)?;
+        let full = WindowStep::new(&self.rope_full, None, &full_mask);
         let mut kv_caches = cache.kv.iter_mut();
         let mut states = cache.states.iter_mut();
         for layer in &self.layers {
             h = match layer {
-                Layer::ShortConv(l) => l.forward(&h, next_cache(&mut states)?)?,
+                Layer::ShortConv(l) => l.forward(&h, next_cache(&mut states, NAME)?)?,
                 Layer::FullOwnKv(l) => {
-                    l.forward(&h, &full, next_cache(&mut kv_caches)?)?.0
+                    l.forward(&h, &full, next_cache(&mut kv_caches, NAME)?)?.0
                 }
             };
         }
@@ -384,11 +354,7 @@ impl BatchLm for Model {
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let ssm_mask = cache.ssm_mask(n)?;
-        let full = WindowStep {
-            rope: &self.rope_full,
-            tables: None,
-            mask: &full_mask,
-        };
+        let full = WindowStep::new(&self.rope_full, None, &full_mask);
         for (i, layer) in self.layers.iter().enumerate() {
             h = match layer {
                 Layer::ShortConv(l) => {
