@@ -66,6 +66,7 @@ mod document;
 mod emit;
 mod gemma;
 mod gemma4;
+mod glm4_moe;
 mod hf;
 mod hints;
 pub mod import;
@@ -75,6 +76,7 @@ mod minicpm;
 mod mixed_kv;
 mod model;
 mod model_family;
+mod noaux_tc;
 mod qwen3_5;
 mod qwen3_moe;
 mod reader;
@@ -97,12 +99,17 @@ pub use diag::{Diagnostic, Diagnostics, FieldPath, Seg};
 pub use gemma::{
     Gemma2Attention, Gemma2Layers, Gemma2Mlp, Gemma2Model, Gemma2Rope, Gemma2Spec, GemmaRopeScaling,
 };
+pub use glm4_moe::{
+    Glm4MoeAttentionOptions, Glm4MoeDerive, Glm4MoeDerivedSpecFile, Glm4MoeReduce, Glm4MoeRope,
+    Glm4MoeSpec,
+};
 pub use hf::spec_hash;
 pub use minicpm::{
     MiniCpmDerive, MiniCpmDerivedSpecFile, MiniCpmReduce, MiniCpmRope, MiniCpmScales, MiniCpmSpec,
 };
 pub use mixed_kv::{KvBits, MixedKv};
 pub use model::*;
+pub use noaux_tc::NoauxTcExperts;
 pub use qwen3_5::{
     Qwen35Derive, Qwen35DerivedSpecFile, Qwen35Layers, Qwen35LinearAttention, Qwen35Reduce,
     Qwen35Rope, Qwen35Spec,
@@ -139,6 +146,8 @@ pub enum Spec {
     MiniCpm(MiniCpmSpec),
     /// Qwen3.5 / Qwen3.6 (hybrid Gated DeltaNet and gated attention).
     Qwen35(Qwen35Spec),
+    /// GLM-4.5 MoE.
+    Glm4Moe(Glm4MoeSpec),
 }
 
 /// `$body` with `$s` bound to the family's document in `$spec`, whichever
@@ -152,6 +161,7 @@ macro_rules! with_document {
             Spec::Qwen3Moe($s) => $body,
             Spec::MiniCpm($s) => $body,
             Spec::Qwen35($s) => $body,
+            Spec::Glm4Moe($s) => $body,
         }
     };
 }
@@ -231,7 +241,8 @@ pub fn to_config_json(spec: &Spec) -> serde_json::Value {
         | Spec::Gemma2(_)
         | Spec::Qwen3Moe(_)
         | Spec::MiniCpm(_)
-        | Spec::Qwen35(_) => hf::without_quantization(to_hf_json(spec)),
+        | Spec::Qwen35(_)
+        | Spec::Glm4Moe(_) => hf::without_quantization(to_hf_json(spec)),
     }
 }
 
@@ -298,6 +309,8 @@ enum SpecDocument {
     DerivedMiniCpm(minicpm::MiniCpmDerivedSpecFile),
     Qwen35(qwen3_5::Qwen35Spec),
     DerivedQwen35(qwen3_5::Qwen35DerivedSpecFile),
+    Glm4Moe(glm4_moe::Glm4MoeSpec),
+    DerivedGlm4Moe(glm4_moe::Glm4MoeDerivedSpecFile),
 }
 
 /// The JSON Schema of spec files (both forms), pretty-printed with a final newline.
@@ -462,6 +475,10 @@ fn parse_inner(
         qwen3_5::LAYOUT
             .parse(value, &tree, origin)
             .map(Spec::Qwen35)
+    } else if declared_family(&value) == Some(Family::Glm4Moe) {
+        glm4_moe::LAYOUT
+            .parse(value, &tree, origin)
+            .map(Spec::Glm4Moe)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
         let issues = gemma4::check(&spec);

@@ -11,13 +11,14 @@ use crate::reader::{AppliedDefault, ImportError};
 use crate::Spec;
 
 /// Every family, in the order their model types were added.
-static FAMILIES: [&ModelFamily; 6] = [
+static FAMILIES: [&ModelFamily; 7] = [
     &crate::gemma4::FAMILY,
     &crate::dense::FAMILY,
     &crate::gemma::FAMILY,
     &crate::qwen3_moe::FAMILY,
     &crate::minicpm::FAMILY,
     &crate::qwen3_5::FAMILY,
+    &crate::glm4_moe::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any does.

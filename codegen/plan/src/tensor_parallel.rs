@@ -420,6 +420,13 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                     Some(divide("the shared expert's width", i, shared.width)?),
                 )
             }
+            FeedForward::MoeAndSharedExperts { .. } => {
+                return Err(format!(
+                    "{}: layer {i}: routed experts with shared experts (glm4_moe's MoE) are not \
+                     split yet; run it on one rank",
+                    ir.name
+                ));
+            }
             FeedForward::MlpAndMoe { .. } => {
                 return Err(format!(
                     "{}: layer {i}: routed experts beside the MLP (Gemma-4's MoE) are not split \
