@@ -253,7 +253,7 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Glm4M
         rope_theta: r.required_float("rope_theta"),
         partial_rotary_factor: r.required_float("partial_rotary_factor"),
     };
-    match r.get("rope_scaling") {
+    match top.get("rope_scaling") {
         None => r.problem(
             "rope_scaling",
             "missing (ModelArgs requires it; null for none)",
@@ -268,7 +268,7 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Glm4M
     let mlp = DenseMlp {
         intermediate_size: r.required_uint("intermediate_size"),
     };
-    let moe = NoauxTcExperts::read(&mut r);
+    let moe = NoauxTcExperts::read(top, &mut r);
     let quantization = top_quantization(top, &mut r);
     r.build_checked(check, || Glm4MoeSpec {
         format_version: FORMAT_VERSION,

@@ -14,7 +14,7 @@ use crate::reduce::Size;
 use crate::validate::{limits::*, Checker};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 /// The routed and shared experts and which layers have them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -202,8 +202,8 @@ impl NoauxTcExperts {
     /// `ModelArgs` dataclass requires it. `topk_method` must be `noaux_tc`
     /// (`MoEGate` asserts it); `scoring_func` is never read (the gate is a
     /// sigmoid); a null `n_shared_experts` (no shared experts) is refused.
-    pub(crate) fn read(r: &mut Reader) -> Self {
-        if r.get("n_shared_experts").is_some_and(Value::is_null) {
+    pub(crate) fn read(top: &Map<String, Value>, r: &mut Reader) -> Self {
+        if top.get("n_shared_experts").is_some_and(Value::is_null) {
             r.problem(
                 "n_shared_experts",
                 "null (no shared experts) is a form archgen does not run; expected a count >= 1",
