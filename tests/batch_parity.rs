@@ -29,10 +29,12 @@ use serde_json::{json, Value};
 /// layers (`BatchRotatingKVCache`, window 8: the schedule's prompts and
 /// decodes pass it) and shared K/V, Gemma-4 MoE, Qwen3.5 (Gated DeltaNet's
 /// batched `ArraysCache` beside gated attention), Qwen3.6's shared-expert
-/// MoE, Phi-3 (one fused `qkv_proj` and `gate_up_proj`), OLMo-2 and Gemma 3
+/// MoE, Phi-3 (one fused `qkv_proj` and `gate_up_proj`), OLMo-2, Gemma 3
 /// (sliding layers with their own RoPE base beside linearly scaled full
-/// ones; each appended last, so the others keep their seeds).
-const BATCHED: [&str; 10] = [
+/// ones) and GLM-4.5 MoE (`noaux_tc` routing with shared experts, partial
+/// RoPE, q/k/v biases; then group-limited routing and q/k norms); each
+/// appended last, so the others keep their seeds.
+const BATCHED: [&str; 12] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
@@ -43,6 +45,8 @@ const BATCHED: [&str; 10] = [
     "phi-3-mini-4k-tiny",
     "olmo-2-1124-7b-tiny",
     "gemma-3-1b-tiny",
+    "glm-4.5-air-tiny",
+    "glm4-moe-grouped-tiny",
 ];
 
 fn schedule(vocab: i32) -> Value {
@@ -64,10 +68,11 @@ fn schedule(vocab: i32) -> Value {
 }
 
 /// The specs whose batched one-token steps take the compiled decode blocks
-/// (every layer a plain attention kind; `decode::enabled` on the CPU). The
+/// (every layer a plain attention kind; `decode::enabled` on the CPU; GLM-4.5
+/// MoE's layers compile up to attention and run their experts eagerly). The
 /// others (Gated DeltaNet, fused `qkv_proj`, post-norm layers) run them
 /// eagerly, as their single-sequence steps do.
-const COMPILED_BATCH_STEPS: [&str; 9] = [
+const COMPILED_BATCH_STEPS: [&str; 11] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
@@ -77,6 +82,8 @@ const COMPILED_BATCH_STEPS: [&str; 9] = [
     MIXED_KV[0],
     MIXED_KV[1],
     "gemma-3-1b-tiny",
+    "glm-4.5-air-tiny",
+    "glm4-moe-grouped-tiny",
 ];
 
 /// The spec with a quantized KV cache (layer 5 of a Gemma-4 with sliding

@@ -72,6 +72,8 @@ pub mod glm_4_5_air;
 #[rustfmt::skip]
 pub mod glm4_moe_grouped_tiny_q8;
 #[rustfmt::skip]
+pub mod glm4_moe_grouped_tiny;
+#[rustfmt::skip]
 pub mod granite_3_3_2b_l2;
 #[rustfmt::skip]
 pub mod granite_3_3_2b_tiny_q4;
@@ -364,6 +366,11 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "glm4-moe-grouped-tiny-q8",
         spec: "specs/glm4-moe-grouped-tiny-q8.yaml",
         fingerprint: glm4_moe_grouped_tiny_q8::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "glm4-moe-grouped-tiny",
+        spec: "specs/glm4-moe-grouped-tiny.yaml",
+        fingerprint: glm4_moe_grouped_tiny::FINGERPRINT,
     },
     GeneratedModel {
         name: "granite-3.3-2b-l2",
@@ -745,6 +752,9 @@ pub fn run<T: ModelTask>(
         }
         glm4_moe_grouped_tiny_q8::FINGERPRINT => {
             Some(glm4_moe_grouped_tiny_q8::load(weights).map(|m| task.run(&m)))
+        }
+        glm4_moe_grouped_tiny::FINGERPRINT => {
+            Some(glm4_moe_grouped_tiny::load(weights).map(|m| task.run(&m)))
         }
         granite_3_3_2b_l2::FINGERPRINT => {
             Some(granite_3_3_2b_l2::load(weights).map(|m| task.run(&m)))
