@@ -362,6 +362,7 @@ fn init_writes_a_checkpoint_every_implementation_runs() {
         "llama-3.2-1b-tiny-q4",
         "qwen3.5-4b-tiny",
         "qwen3.6-35b-a3b-tiny-q4",
+        "glm4-moe-grouped-tiny-q8",
     ] {
         let dir = root.path().join(spec);
         let o = archgen(&[
