@@ -8,12 +8,12 @@
 use std::collections::HashMap;
 
 use archgen_runtime::attention::{causal_mask, softcapped_attention, Mask};
+use archgen_runtime::blocks::{Activation, GateUp, GroupRoutedMoe, Mlp};
 use archgen_runtime::bytes::array_bytes;
 use archgen_runtime::cache::{KvCache, LayerCache};
 use archgen_runtime::layers::{Embedding, Linear, Quantized, SwitchLinear};
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
-use archgen_runtime::blocks::{Activation, GateUp, GroupRoutedMoe, Mlp};
 use archgen_runtime::moe::{
     softmax_topk_moe, GroupTopK, SigmoidGroupRouter, SoftmaxTopKRouter, SwitchGlu, TopKProbs,
 };
@@ -1148,7 +1148,10 @@ fn all_cases() -> R<Vec<Case>> {
     // (4 groups, the 2 best eligible), renormalized or as taken times 2.5;
     // 5 tokens x 4 = 20 < 64 indices (unsorted), 20 x 4 = 80 (sorted).
     // Unquantized experts run in f32 only on the CPU; bf16 is quantized.
-    let routings = [(1, 1, TopKProbs::Renormalized, 1.0), (4, 2, TopKProbs::AsTaken, 2.5)];
+    let routings = [
+        (1, 1, TopKProbs::Renormalized, 1.0),
+        (4, 2, TopKProbs::AsTaken, 2.5),
+    ];
     for (n_group, topk_group, probs, scaling) in routings {
         let tiny = GlmMoeShape {
             hidden: 64,
@@ -1177,7 +1180,14 @@ fn all_cases() -> R<Vec<Case>> {
         topk_group: 1,
         n_shared: 1,
     };
-    cases.push(glm4_moe(Dt::Bf16, Some(Q4G64), &air, 9, TopKProbs::Renormalized, 1.0)?);
+    cases.push(glm4_moe(
+        Dt::Bf16,
+        Some(Q4G64),
+        &air,
+        9,
+        TopKProbs::Renormalized,
+        1.0,
+    )?);
 
     // olmo2: GQA 2:1 at a tiny width (q_norm and k_norm of different
     // widths), every dtype and quantization; OLMo-2-0425-1B's layer (2048

@@ -939,7 +939,12 @@ fn glm4_moe_configs_need_every_field_and_refuse_what_mlx_lm_cannot_run() {
     let ir = spec.lower();
     let experts: Vec<bool> = ir.layers.iter().map(|l| l.moe().is_some()).collect();
     assert_eq!(experts, [false, true, true]);
-    for field in ["n_group", "routed_scaling_factor", "use_qk_norm", "rope_scaling"] {
+    for field in [
+        "n_group",
+        "routed_scaling_factor",
+        "use_qk_norm",
+        "rope_scaling",
+    ] {
         let text = refusal(&without(&glm, &[field]));
         assert!(text.contains(field), "{field} missing in:\n{text}");
     }

@@ -554,7 +554,9 @@ fn families_lower_to_their_blocks() {
                     assert_eq!(a.qk_norm == QkNorm::RmsPerHead, o.use_qk_norm, "{path}");
                     let dense = (l.index as u32) < s.moe.first_k_dense_replace;
                     match l.ffn {
-                        FeedForward::Mlp(m) => assert!(dense && m.width as u32 == s.mlp.intermediate_size),
+                        FeedForward::Mlp(m) => {
+                            assert!(dense && m.width as u32 == s.mlp.intermediate_size)
+                        }
                         FeedForward::MoeAndSharedExperts { moe, shared } => {
                             assert!(!dense, "{path} layer {}", l.index);
                             let Router::SigmoidGroupTopK(g) = moe.router else {
@@ -769,9 +771,20 @@ fn glm4_moe_router_is_a_plain_parameter_and_dense_layers_come_first() {
         .map(|l| l.index)
         .collect();
     assert_eq!(dense, vec![0, 1]);
-    let modules: Vec<String> = ir.quantizable_modules().into_iter().map(|m| m.path).collect();
-    assert!(!modules.iter().any(|m| m.ends_with("mlp.gate")), "{modules:?}");
-    for m in ["switch_mlp.gate_proj", "shared_experts.gate_proj", "shared_experts.down_proj"] {
+    let modules: Vec<String> = ir
+        .quantizable_modules()
+        .into_iter()
+        .map(|m| m.path)
+        .collect();
+    assert!(
+        !modules.iter().any(|m| m.ends_with("mlp.gate")),
+        "{modules:?}"
+    );
+    for m in [
+        "switch_mlp.gate_proj",
+        "shared_experts.gate_proj",
+        "shared_experts.down_proj",
+    ] {
         assert!(modules.contains(&format!("model.layers.2.mlp.{m}")), "{m}");
     }
     let shaped: Vec<(String, Vec<u64>)> = ir

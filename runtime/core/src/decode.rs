@@ -72,8 +72,8 @@ use mlx_rs::Array;
 
 use crate::attention::Mask;
 use crate::blocks::{
-    self, Activation, AttentionShape, AttentionWeights, GateUp, KvWeights, LayerNorms, Mlp,
-    GroupRoutedMoe, MoeBlock, PleGate, QkNormWeight, Scores, SharedKv, SparseMoe, ValueNorm,
+    self, Activation, AttentionShape, AttentionWeights, GateUp, GroupRoutedMoe, KvWeights,
+    LayerNorms, Mlp, MoeBlock, PleGate, QkNormWeight, Scores, SharedKv, SparseMoe, ValueNorm,
 };
 use crate::cache::LayerCache;
 use crate::deltanet::{self, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet, InProj};

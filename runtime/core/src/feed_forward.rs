@@ -83,11 +83,9 @@ impl FeedForward {
                 FeedForward::SparseMoe(_)
                 | FeedForward::SharedExpertMoe(_)
                 | FeedForward::GroupRoutedMoe(_),
-            ) => {
-                Err(Exception::custom(
-                    "routed experts with depth-scaled residuals: no runtime block runs them",
-                ))
-            }
+            ) => Err(Exception::custom(
+                "routed experts with depth-scaled residuals: no runtime block runs them",
+            )),
         }
     }
 }

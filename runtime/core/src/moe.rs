@@ -236,11 +236,8 @@ fn select_graph(f: GroupTopK, inputs: &[Array]) -> Result<Vec<Array>> {
         let group_idx = mlx_rs::ops::argpartition_axis(&group_scores, k - 1, -2)?;
         let group_idx = group_idx.try_index((Ellipsis, ..k, ..))?;
         // `mx.array(0.0)`: a float32 array, not a weak scalar.
-        scores = scores.put_along_axis(
-            mlx_rs::stop_gradient(&group_idx)?,
-            Array::from_f32(0.0),
-            -2,
-        )?;
+        scores =
+            scores.put_along_axis(mlx_rs::stop_gradient(&group_idx)?, Array::from_f32(0.0), -2)?;
         scores = scores.flatten(-2, -1)?;
     }
     let k = f.top_k;
@@ -283,11 +280,7 @@ impl SigmoidGroupRouter {
 /// The routed half of glm4_moe's `MoE`: route, SwiGLU experts, then
 /// `(y * scores[..., None]).sum(-2).astype(y.dtype)` (the float32 scores
 /// promote the product; the sum comes back to the experts' dtype).
-pub fn sigmoid_group_moe(
-    router: &SigmoidGroupRouter,
-    glu: &SwitchGlu,
-    x: &Array,
-) -> Result<Array> {
+pub fn sigmoid_group_moe(router: &SigmoidGroupRouter, glu: &SwitchGlu, x: &Array) -> Result<Array> {
     let (idx, scores) = router.route(x)?;
     let y = glu.forward_swiglu(x, &idx)?;
     let dtype = y.dtype();
