@@ -572,4 +572,14 @@ mod tests {
             "{e}"
         );
     }
+
+    #[test]
+    fn routed_experts_with_shared_experts_are_refused_naming_the_layer() {
+        // Layer 0 is dense (first_k_dense_replace 1); layer 1 is the first MoE layer.
+        let e = split(&ir("glm-4.5-air-tiny"), 2).unwrap_err();
+        assert!(
+            e.starts_with("glm-4.5-air-tiny: layer 1: routed experts with shared experts"),
+            "{e}"
+        );
+    }
 }
