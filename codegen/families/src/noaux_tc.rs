@@ -42,8 +42,8 @@ pub struct NoauxTcExperts {
     pub norm_topk_prob: bool,
 }
 
-/// What a document says of the section: `(key, expected, hint)` (see
-/// [`crate::layout::Text::Field`]).
+/// The section's "expected" text in the messages about it (the middle of a
+/// layout's [`crate::layout::Text::Field`]).
 pub(crate) const EXPECTED: &str = "a mapping {n_routed_experts, num_experts_per_tok, \
      moe_intermediate_size, n_shared_experts, first_k_dense_replace, n_group, topk_group, \
      routed_scaling_factor, norm_topk_prob}";
