@@ -58,7 +58,7 @@ const MODULE_COUNTS: [(&str, u64, usize, usize); 91] = [
     ("gemma4-e4b-tiny-kv", 914242, 153, 0),
     ("gemma4-walkthrough-tiny", 246623, 61, 0),
     ("glm-4.5-air", 106852251264, 459, 0),
-    ("glm-4.5-air-l2-q4", 3826565248, 19, 19),
+    ("glm-4.5-air-l2-q4", 1888337936, 19, 19),
     ("glm-4.5-air-tiny", 307800, 39, 0),
     ("glm-4.5-air-tiny-q4", 307800, 39, 39),
     ("glm4-moe-grouped-tiny", 437088, 36, 0),
