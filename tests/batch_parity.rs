@@ -31,9 +31,11 @@ use serde_json::{json, Value};
 /// batched `ArraysCache` beside gated attention), Qwen3.6's shared-expert
 /// MoE, Phi-3 (one fused `qkv_proj` and `gate_up_proj`), OLMo-2, Gemma 3
 /// (sliding layers with their own RoPE base beside linearly scaled full
-/// ones) and LFM2 (short convs' batched `ArraysCache` beside attention;
-/// each appended last, so the others keep their seeds).
-const BATCHED: [&str; 11] = [
+/// ones), LFM2 (short convs' batched `ArraysCache` beside attention) and
+/// GLM-4.5 MoE (`noaux_tc` routing with shared experts, partial RoPE, q/k/v
+/// biases; then group-limited routing and q/k norms); each appended last, so
+/// the others keep their seeds.
+const BATCHED: [&str; 13] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
@@ -45,6 +47,8 @@ const BATCHED: [&str; 11] = [
     "olmo-2-1124-7b-tiny",
     "gemma-3-1b-tiny",
     "lfm2-1.2b-tiny",
+    "glm-4.5-air-tiny",
+    "glm4-moe-grouped-tiny",
 ];
 
 fn schedule(vocab: i32) -> Value {
@@ -66,10 +70,11 @@ fn schedule(vocab: i32) -> Value {
 }
 
 /// The specs whose batched one-token steps take the compiled decode blocks
-/// (every layer a plain attention kind; `decode::enabled` on the CPU). The
+/// (every layer a plain attention kind; `decode::enabled` on the CPU; GLM-4.5
+/// MoE's layers compile up to attention and run their experts eagerly). The
 /// others (Gated DeltaNet, fused `qkv_proj`, post-norm layers) run them
 /// eagerly, as their single-sequence steps do.
-const COMPILED_BATCH_STEPS: [&str; 9] = [
+const COMPILED_BATCH_STEPS: [&str; 11] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
@@ -79,6 +84,8 @@ const COMPILED_BATCH_STEPS: [&str; 9] = [
     MIXED_KV[0],
     MIXED_KV[1],
     "gemma-3-1b-tiny",
+    "glm-4.5-air-tiny",
+    "glm4-moe-grouped-tiny",
 ];
 
 /// The spec with a quantized KV cache (layer 5 of a Gemma-4 with sliding

@@ -858,6 +858,147 @@ fn experts_decode_blocks_match_the_eager_layer() {
     );
 }
 
+/// glm4_moe's MoE (`noaux_tc` router, SwiGLU experts, shared experts): float32
+/// unquantized, bfloat16 with 4-bit experts and shared experts; the router's
+/// plain `gate.weight` unquantized in both, its correction bias float32.
+fn group_routed_moe(hidden: i32, facts: b::GroupTopK, dt: Dtype) -> b::GroupRoutedMoe {
+    let (experts, width) = (16, 32);
+    let quant = dt != Dtype::Float32;
+    let switch = |seed: u64, out: i32, inp: i32| {
+        let w = lcg(seed, &[experts, out, inp], 1.0 / (inp as f32).sqrt(), 0.0)
+            .as_dtype(dt)
+            .unwrap();
+        match quant {
+            false => archgen_runtime::layers::SwitchLinear {
+                weight: w,
+                quant: None,
+            },
+            true => {
+                let (weight, q) = quantized(&w, 32, 4);
+                archgen_runtime::layers::SwitchLinear {
+                    weight,
+                    quant: Some(q),
+                }
+            }
+        }
+    };
+    let dense = |seed: u64, out: i32, inp: i32| {
+        let mut l = linear(seed, out, inp, dt);
+        if quant {
+            let (weight, q) = quantized(&l.weight, 32, 4);
+            l.weight = weight;
+            l.quant = Some(q);
+        }
+        l
+    };
+    b::GroupRoutedMoe {
+        router: archgen_runtime::moe::SigmoidGroupRouter {
+            gate: linear(30, experts, hidden, dt),
+            correction_bias: lcg(31, &[experts], 0.2, 0.0),
+            facts,
+        },
+        experts: archgen_runtime::moe::SwitchGlu {
+            gate_proj: switch(32, width, hidden),
+            up_proj: switch(33, width, hidden),
+            down_proj: switch(34, hidden, width),
+        },
+        shared_experts: b::Mlp {
+            gate_up: b::GateUp::Separate {
+                gate_proj: dense(35, width, hidden),
+                up_proj: dense(36, width, hidden),
+            },
+            down_proj: dense(37, hidden, width),
+            activation: b::Activation::Silu,
+        },
+    }
+}
+
+/// Decode steps of a glm4_moe MoE layer (q/k/v biases, RoPE on 8 of 16
+/// dims, the group router and shared experts), eager (as the monolith) and
+/// through `decode::step` (as generated models), on separate caches.
+fn run_group_experts_layer(hidden: i32, facts: b::GroupTopK, dt: Dtype) {
+    let s = shape(2, 16, (16f64).powf(-0.5) as f32, b::ValueNorm::None);
+    let rope = Rope::base(8, 1_000_000.0);
+    let f = QWEN2;
+    let p = parts(hidden, s, false, f, dt);
+    let mut d = parts(hidden, s, false, f, dt);
+    d.attn.pretranspose();
+    d.kv.pretranspose();
+    let moe = group_routed_moe(hidden, facts, dt);
+    let mut moe_d = FeedForward::GroupRoutedMoe(group_routed_moe(hidden, facts, dt));
+    moe_d.pretranspose();
+    let (mut eager_cache, mut decode_cache) = (
+        LayerCache::Full(KvCache::default()),
+        LayerCache::Full(KvCache::default()),
+    );
+    for step in 0..8 {
+        let h = lcg(400 + step, &[1, 1, hidden], 4.0, 0.0)
+            .as_dtype(dt)
+            .unwrap();
+        let mask = Mask::None;
+        let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
+        let (a, _) = b::attention_own_kv(&x, own(&p), s, &rope, &mut eager_cache, &mask).unwrap();
+        let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
+        let want = b::group_routed_feed_forward(&e, &p.norms, &moe, s.eps).unwrap();
+
+        let tables = rope.tables(decode_cache.offset(), 1, dt).unwrap();
+        let layer = decode::Layer {
+            norms: &d.norms,
+            attn: &d.attn,
+            ffn: &moe_d,
+            residual: decode::Residual::Plain,
+            ple: None,
+            layer_scalar: None,
+            shape: d.shape,
+            eps: s.eps,
+        };
+        let rows = h.reshape(&[1, hidden]).unwrap();
+        let kv = decode::KvSource::Own {
+            weights: &d.kv,
+            fused: None,
+            cache: &mut decode_cache,
+        };
+        let (got, _) = decode::step(&rows, &layer, kv, &tables, &mask).unwrap();
+        let got = got.reshape(&[1, 1, hidden]).unwrap();
+        assert!(
+            same(&want, &got),
+            "group experts {facts:?} hidden {hidden} {dt:?} step {step}"
+        );
+    }
+}
+
+/// glm4_moe's layer: the block before attention compiles (partial RoPE,
+/// biases), the one after it runs eagerly (the router is its own compiled
+/// trace with its scaling factor baked in, as mlx-lm calls it), and the step
+/// gives the eager layer's bytes, with and without group-limited routing.
+#[test]
+fn group_experts_decode_step_matches_the_eager_layer() {
+    let plain = b::GroupTopK {
+        top_k: 4,
+        n_group: 1,
+        topk_group: 1,
+        probs: b::TopKProbs::Renormalized,
+        routed_scaling_factor: 1.0,
+    };
+    let grouped = b::GroupTopK {
+        n_group: 4,
+        topk_group: 2,
+        probs: b::TopKProbs::AsTaken,
+        routed_scaling_factor: 2.5,
+        ..plain
+    };
+    for dt in [Dtype::Float32, Dtype::Bfloat16] {
+        for facts in [plain, grouped] {
+            run_group_experts_layer(64, facts, dt);
+        }
+    }
+    let (compiled, eager) = decode::block_counts();
+    assert!(
+        compiled >= 1 && eager >= 2,
+        "{compiled} compiled, {eager} eager"
+    );
+}
+
 /// A layer reading a donor's K/V (Gemma-4's KV-shared layers) through
 /// `decode::step` with `KvSource::Shared`, against the eager
 /// `attention_shared_kv`: both read the K/V the donor's eager step wrote,
@@ -1066,6 +1207,9 @@ fn run_delta_net_layer(
             FeedForward::SharedExpertMoe(m) => {
                 deltanet::shared_expert_feed_forward(&h, &norms, m, s.eps).unwrap()
             }
+            FeedForward::GroupRoutedMoe(m) => {
+                b::group_routed_feed_forward(&h, &norms, m, s.eps).unwrap()
+            }
         }
     };
     let (mut eager_cache, mut decode_cache) = (ArraysCache::default(), ArraysCache::default());
@@ -1191,6 +1335,9 @@ fn run_gated_attention_layer(hidden: i32, s: AttentionShape, rope: Rope, moe: bo
             FeedForward::SparseMoe(m) => b::sparse_feed_forward(&h, &norms, m, s.eps).unwrap(),
             FeedForward::SharedExpertMoe(m) => {
                 deltanet::shared_expert_feed_forward(&h, &norms, m, s.eps).unwrap()
+            }
+            FeedForward::GroupRoutedMoe(m) => {
+                b::group_routed_feed_forward(&h, &norms, m, s.eps).unwrap()
             }
         }
     };

@@ -1,5 +1,5 @@
 //! The runtime blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite /
-//! phi3 / olmo2 / gemma3_text / lfm2 families
+//! phi3 / olmo2 / gemma3_text / lfm2 / glm4_moe families
 //! against mlx-lm 0.32.2's own modules (tests/python/family_blocks.py), byte
 //! for byte, in bf16 and f32, unquantized and 4-bit (group 64 and 32) where
 //! the block has weights, at a tiny width and at one real model's width.
@@ -8,12 +8,15 @@
 use std::collections::HashMap;
 
 use archgen_runtime::attention::{causal_mask, softcapped_attention, Mask};
+use archgen_runtime::blocks::{Activation, GateUp, GroupRoutedMoe, Mlp};
 use archgen_runtime::bytes::array_bytes;
 use archgen_runtime::cache::{KvCache, LayerCache};
 use archgen_runtime::layers::{Embedding, Linear, Quantized, SwitchLinear};
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
-use archgen_runtime::moe::{softmax_topk_moe, SoftmaxTopKRouter, SwitchGlu, TopKProbs};
+use archgen_runtime::moe::{
+    softmax_topk_moe, GroupTopK, SigmoidGroupRouter, SoftmaxTopKRouter, SwitchGlu, TopKProbs,
+};
 use archgen_runtime::ops::{
     divide_weak, gelu_approx_times, multiply_weak, one_plus, rms_norm, softcap_eager,
 };
@@ -487,6 +490,102 @@ fn qwen3_moe(dt: Dt, q: Option<Quant>, m: &MoeShape, tokens: i32, probs: TopKPro
     let x = c.rand(&[1, tokens, m.hidden], 2.0, dt);
     c.input("x", &x);
     c.out("y", softmax_topk_moe(&router, &glu, &x)?);
+    Ok(c)
+}
+
+/// The sizes and routing of a glm4_moe `MoE` case.
+struct GlmMoeShape {
+    hidden: i32,
+    inter: i32,
+    experts: i32,
+    top_k: i32,
+    n_group: i32,
+    topk_group: i32,
+    n_shared: i32,
+}
+
+/// glm4_moe's `MoE`: the `noaux_tc` router (`MoEGate`: `x @ weight.T`, then
+/// the compiled `group_expert_select`), SwiGLU SwitchGLU, the float32-weighted
+/// combine cast back, plus the shared experts' MLP. Quantized as
+/// mlx_lm.convert quantizes it: every Linear and SwitchLinear at `q`, the
+/// gate's plain `weight` left as it is, `e_score_correction_bias` float32
+/// (the module's cast_predicate) in every dtype.
+fn glm4_moe(
+    dt: Dt,
+    q: Option<Quant>,
+    m: &GlmMoeShape,
+    tokens: i32,
+    probs: TopKProbs,
+    routed_scaling_factor: f64,
+) -> R<Case> {
+    let probs_tag = match probs {
+        TopKProbs::Renormalized => "norm",
+        TopKProbs::AsTaken => "raw",
+    };
+    let name = format!(
+        "glm4_moe_{}_{}_{}x{}e{}k{}g{}of{}s{}_t{tokens}_{probs_tag}_x{routed_scaling_factor}",
+        dt.tag(),
+        quant_tag(q),
+        m.hidden,
+        m.inter,
+        m.experts,
+        m.top_k,
+        m.topk_group,
+        m.n_group,
+        m.n_shared
+    );
+    let spec = json!({
+        "hidden": m.hidden, "intermediate": m.inter, "experts": m.experts, "top_k": m.top_k,
+        "n_group": m.n_group, "topk_group": m.topk_group, "n_shared": m.n_shared,
+        "routed_scaling_factor": routed_scaling_factor,
+        "norm_topk_prob": matches!(probs, TopKProbs::Renormalized), "quant": quant_json(q),
+    });
+    let mut c = Case::new("glm4_moe", name, spec);
+    // Gate logits a few units wide, a correction small beside the sigmoid's
+    // (0, 1) so that it changes some choices and not all.
+    let gate = c.rand(&[m.experts, m.hidden], 4.0 / (m.hidden as f32).sqrt(), dt);
+    c.param("gate.weight", &gate);
+    let correction_bias = c.rand(&[m.experts], 0.2, Dt::F32);
+    c.param("gate.e_score_correction_bias", &correction_bias);
+    let facts = GroupTopK {
+        top_k: m.top_k,
+        n_group: m.n_group,
+        topk_group: m.topk_group,
+        probs,
+        routed_scaling_factor,
+    };
+    let router = SigmoidGroupRouter {
+        gate: Linear {
+            weight: gate,
+            quant: None,
+            weight_t: None,
+            bias: None,
+        },
+        correction_bias,
+        facts,
+    };
+    let experts = SwitchGlu {
+        gate_proj: c.switch_linear("switch_mlp.gate_proj", m.experts, m.inter, m.hidden, dt, q),
+        up_proj: c.switch_linear("switch_mlp.up_proj", m.experts, m.inter, m.hidden, dt, q),
+        down_proj: c.switch_linear("switch_mlp.down_proj", m.experts, m.hidden, m.inter, dt, q),
+    };
+    let sw = m.inter * m.n_shared;
+    let shared_experts = Mlp {
+        gate_up: GateUp::Separate {
+            gate_proj: c.linear("shared_experts.gate_proj", sw, m.hidden, dt, q),
+            up_proj: c.linear("shared_experts.up_proj", sw, m.hidden, dt, q),
+        },
+        down_proj: c.linear("shared_experts.down_proj", m.hidden, sw, dt, q),
+        activation: Activation::Silu,
+    };
+    let moe = GroupRoutedMoe {
+        router,
+        experts,
+        shared_experts,
+    };
+    let x = c.rand(&[1, tokens, m.hidden], 2.0, dt);
+    c.input("x", &x);
+    c.out("y", moe.forward(&x)?);
     Ok(c)
 }
 
@@ -1111,6 +1210,51 @@ fn all_cases() -> R<Vec<Case>> {
         )?);
     }
     cases.push(qwen3_moe(Dt::F32, None, &real, 9, TopKProbs::Renormalized)?);
+
+    // glm4_moe: 16 experts, top-4, with and without group-limited routing
+    // (4 groups, the 2 best eligible), renormalized or as taken times 2.5;
+    // 5 tokens x 4 = 20 < 64 indices (unsorted), 20 x 4 = 80 (sorted).
+    // Unquantized experts run in f32 only on the CPU; bf16 is quantized.
+    let routings = [
+        (1, 1, TopKProbs::Renormalized, 1.0),
+        (4, 2, TopKProbs::AsTaken, 2.5),
+    ];
+    for (n_group, topk_group, probs, scaling) in routings {
+        let tiny = GlmMoeShape {
+            hidden: 64,
+            inter: 64,
+            experts: 16,
+            top_k: 4,
+            n_group,
+            topk_group,
+            n_shared: 2,
+        };
+        for tokens in [5, 20] {
+            cases.push(glm4_moe(Dt::F32, None, &tiny, tokens, probs, scaling)?);
+            for q in [Some(Q4G64), Some(Q4G32)] {
+                cases.push(glm4_moe(Dt::Bf16, q, &tiny, tokens, probs, scaling)?);
+            }
+        }
+    }
+    // GLM-4.5-Air's widths (4096 hidden, 1408 per expert and shared expert,
+    // top-8) with 8 of its 128 experts: 9 tokens (72 indices, sorted).
+    let air = GlmMoeShape {
+        hidden: 4096,
+        inter: 1408,
+        experts: 8,
+        top_k: 8,
+        n_group: 1,
+        topk_group: 1,
+        n_shared: 1,
+    };
+    cases.push(glm4_moe(
+        Dt::Bf16,
+        Some(Q4G64),
+        &air,
+        9,
+        TopKProbs::Renormalized,
+        1.0,
+    )?);
 
     // olmo2: GQA 2:1 at a tiny width (q_norm and k_norm of different
     // widths), every dtype and quantization; OLMo-2-0425-1B's layer (2048

@@ -467,7 +467,23 @@ fn real_width_instance_agrees_in_all_three() {
 /// HF form).
 #[test]
 fn hf_per_expert_weights_are_stacked_as_mlx_lm_stacks_them() {
-    let spec = archgen_families::load(repo_root().join("specs/qwen3-30b-a3b-tiny.yaml")).unwrap();
+    hf_layout_loads_as_mlx_lm_sanitizes_it("qwen3-30b-a3b-tiny", "model.layers.0.");
+}
+
+/// glm4_moe's sanitize (`StackExperts`, `DropLayerPastStack`): the per-expert
+/// weights of the float32 `glm-4.5-air-tiny` checkpoint's MoE layers, and a
+/// multi-token-prediction layer `model.layers.4.*` after its 4 layers, load
+/// to the very logits mlx-lm gives for the mlx layout.
+#[test]
+fn glm4_moe_hf_experts_are_stacked_and_the_mtp_layer_dropped() {
+    hf_layout_loads_as_mlx_lm_sanitizes_it("glm-4.5-air-tiny", "model.layers.1.");
+}
+
+/// The checkpoint of the float32 tiny spec `name` rewritten in its Hugging
+/// Face layout (`variants.py family-hf-layout`; `moe_layer` a layer prefix
+/// with experts) loads in the monolith to mlx-lm's logits for the mlx layout.
+fn hf_layout_loads_as_mlx_lm_sanitizes_it(name: &str, moe_layer: &str) {
+    let spec = archgen_families::load(repo_root().join(format!("specs/{name}.yaml"))).unwrap();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("mlx");
     let ids: Vec<i32> = (0..19).map(|i| (i * 37 + 11) % 512).collect();
@@ -495,7 +511,7 @@ fn hf_per_expert_weights_are_stacked_as_mlx_lm_stacks_them() {
         ],
     );
     let names = Array::load_safetensors(hf.join("model.safetensors")).unwrap();
-    assert!(names.contains_key("model.layers.0.mlp.experts.7.down_proj.weight"));
+    assert!(names.contains_key(&format!("{moe_layer}mlp.experts.7.down_proj.weight")));
     assert!(!names.keys().any(|k| k.contains("switch_mlp")));
     let run = run_logits(&archgen_monolith::load_dir(&hf).unwrap(), &ids, 3).unwrap();
     let oracle = Array::load_safetensors(dir.join("oracle.safetensors")).unwrap();
@@ -504,7 +520,10 @@ fn hf_per_expert_weights_are_stacked_as_mlx_lm_stacks_them() {
         ("decode_logits", &run.decode_logits),
         ("tokens", &run.tokens),
     ] {
-        assert!(same(got, &oracle[key]), "{key}: HF layout != mlx-lm");
+        assert!(
+            same(got, &oracle[key]),
+            "{name}: {key}: HF layout != mlx-lm"
+        );
     }
 }
 

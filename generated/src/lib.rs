@@ -62,6 +62,18 @@ pub mod gemma4_e4b;
 #[rustfmt::skip]
 pub mod gemma4_walkthrough_tiny;
 #[rustfmt::skip]
+pub mod glm_4_5_air_l2_q4;
+#[rustfmt::skip]
+pub mod glm_4_5_air_tiny_q4;
+#[rustfmt::skip]
+pub mod glm_4_5_air_tiny;
+#[rustfmt::skip]
+pub mod glm_4_5_air;
+#[rustfmt::skip]
+pub mod glm4_moe_grouped_tiny_q8;
+#[rustfmt::skip]
+pub mod glm4_moe_grouped_tiny;
+#[rustfmt::skip]
 pub mod granite_3_3_2b_l2;
 #[rustfmt::skip]
 pub mod granite_3_3_2b_tiny_q4;
@@ -337,6 +349,36 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "gemma4-walkthrough-tiny",
         spec: "specs/gemma4-walkthrough-tiny.yaml",
         fingerprint: gemma4_walkthrough_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "glm-4.5-air-l2-q4",
+        spec: "specs/glm-4.5-air-l2-q4.yaml",
+        fingerprint: glm_4_5_air_l2_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "glm-4.5-air-tiny-q4",
+        spec: "specs/glm-4.5-air-tiny-q4.yaml",
+        fingerprint: glm_4_5_air_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "glm-4.5-air-tiny",
+        spec: "specs/glm-4.5-air-tiny.yaml",
+        fingerprint: glm_4_5_air_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "glm-4.5-air",
+        spec: "specs/glm-4.5-air.yaml",
+        fingerprint: glm_4_5_air::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "glm4-moe-grouped-tiny-q8",
+        spec: "specs/glm4-moe-grouped-tiny-q8.yaml",
+        fingerprint: glm4_moe_grouped_tiny_q8::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "glm4-moe-grouped-tiny",
+        spec: "specs/glm4-moe-grouped-tiny.yaml",
+        fingerprint: glm4_moe_grouped_tiny::FINGERPRINT,
     },
     GeneratedModel {
         name: "granite-3.3-2b-l2",
@@ -723,6 +765,24 @@ pub fn run<T: ModelTask>(
         gemma4_e4b::FINGERPRINT => Some(gemma4_e4b::load(weights).map(|m| task.run(&m))),
         gemma4_walkthrough_tiny::FINGERPRINT => {
             Some(gemma4_walkthrough_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        glm_4_5_air_l2_q4::FINGERPRINT => {
+            Some(glm_4_5_air_l2_q4::load(weights).map(|m| task.run(&m)))
+        }
+        glm_4_5_air_tiny_q4::FINGERPRINT => {
+            Some(glm_4_5_air_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        glm_4_5_air_tiny::FINGERPRINT => {
+            Some(glm_4_5_air_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        glm_4_5_air::FINGERPRINT => {
+            Some(glm_4_5_air::load(weights).map(|m| task.run(&m)))
+        }
+        glm4_moe_grouped_tiny_q8::FINGERPRINT => {
+            Some(glm4_moe_grouped_tiny_q8::load(weights).map(|m| task.run(&m)))
+        }
+        glm4_moe_grouped_tiny::FINGERPRINT => {
+            Some(glm4_moe_grouped_tiny::load(weights).map(|m| task.run(&m)))
         }
         granite_3_3_2b_l2::FINGERPRINT => {
             Some(granite_3_3_2b_l2::load(weights).map(|m| task.run(&m)))

@@ -1,4 +1,4 @@
-"""Run the blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite / phi3 / olmo2 / lfm2 families with
+"""Run the blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite / phi3 / olmo2 / lfm2 / glm4_moe families with
 mlx-lm 0.32.2's own modules, on the inputs and weights that
 tests/family_blocks.rs wrote, so the Rust test can compare raw bytes.
 
@@ -20,7 +20,7 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import gemma2, gemma3_text, granite, lfm2, minicpm, olmo2, phi3, qwen3_moe
+from mlx_lm.models import gemma2, gemma3_text, glm4_moe, granite, lfm2, minicpm, olmo2, phi3, qwen3_moe
 from mlx_lm.models.base import create_attention_mask, create_causal_mask, create_ssm_mask
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.rope_utils import initialize_rope
@@ -190,6 +190,24 @@ def run(case):
         # The paths the predicate sees in a model: model.layers.N.mlp.<name>.
         m = loaded(block_module, case, params,
                    lambda path, mod: predicate("model.layers.0.mlp." + path, mod))
+        return {"y": m(x["x"])}
+    if block == "glm4_moe":
+        # glm4_moe.MoE as its DecoderLayer builds it past first_k_dense_replace;
+        # nn.quantize visits its Linear and SwitchLinear modules only (MoEGate
+        # holds a plain weight), as mlx_lm.convert does.
+        args = glm4_moe.ModelArgs(
+            model_type="glm4_moe", vocab_size=1, hidden_size=case["hidden"],
+            intermediate_size=1, max_position_embeddings=1,
+            moe_intermediate_size=case["intermediate"], norm_topk_prob=case["norm_topk_prob"],
+            num_attention_heads=1, n_group=case["n_group"], head_dim=2,
+            topk_group=case["topk_group"], n_shared_experts=case["n_shared"],
+            n_routed_experts=case["experts"],
+            routed_scaling_factor=case["routed_scaling_factor"],
+            num_experts_per_tok=case["top_k"], first_k_dense_replace=0, num_hidden_layers=1,
+            num_key_value_heads=1, rms_norm_eps=1e-5, rope_theta=1e6, rope_scaling=None,
+            use_qk_norm=False, tie_word_embeddings=False, attention_bias=False,
+            partial_rotary_factor=1.0)
+        m = loaded(glm4_moe.MoE(args), case, params)
         return {"y": m(x["x"])}
     if block == "gemma2_embed":
         m = gemma2.GemmaModel(gemma2_args(case, layers=0))

@@ -67,6 +67,11 @@ def build_model(config: dict) -> nn.Module:
 def _init_array(name: str, shape: tuple[int, ...], rng: np.random.RandomState,
                 text_cfg: dict) -> np.ndarray:
     """Random values chosen so every parameter visibly affects the logits."""
+    if name.endswith("e_score_correction_bias"):
+        # glm4_moe's routing correction (float32, added to sigmoid scores in
+        # (0, 1) for the choice only): small enough that the scores still
+        # decide, large enough to change some choices.
+        return rng.uniform(-0.2, 0.2, size=shape)
     if name.endswith(".bias"):
         # Linear biases (qwen2's q/k/v): centred, so they do not push every
         # query and key the same way and flatten the attention.

@@ -7,10 +7,11 @@ cover, for the runtime's loader and batch tests.
       fused `experts.gate_up_proj` / `experts.down_proj`, plus vision/audio
       tower tensors and rotary buffers that sanitize drops.
   variants.py family-hf-layout SRC DST
-      Rewrite a qwen2 / llama / mistral / qwen3_moe / minicpm / qwen3_5
-      checkpoint with the tensors its Hugging Face original has and mlx-lm's
-      sanitize undoes (rotary tables, a tied lm_head, per-expert weights, no
-      minicpm lm_head; qwen3_5's conv layout, norm offsets, MTP and vision).
+      Rewrite a qwen2 / llama / mistral / qwen3_moe / glm4_moe / minicpm /
+      qwen3_5 checkpoint with the tensors its Hugging Face original has and
+      mlx-lm's sanitize undoes (rotary tables, a tied lm_head, per-expert
+      weights, glm4_moe's MTP layer, no minicpm lm_head; qwen3_5's conv
+      layout, norm offsets, MTP and vision).
   variants.py batch DIR OUT IDS_JSON
       One forward of mlx-lm over a batch ([B, L] ids, fresh cache): logits
       [B, L, V] to OUT (safetensors key "logits").
@@ -64,7 +65,8 @@ def family_hf_layout(src: Path, dst: Path) -> None:
     qwen3_moe / minicpm rewritten as its Hugging Face original, which each
     family's sanitize turns back into the same model: rotary tables to drop
     and a tied lm_head to pop (qwen2, llama, smollm3; granite: the head only),
-    per-expert weights to stack (qwen3_moe),
+    per-expert weights to stack (qwen3_moe; glm4_moe, with its MTP layer to
+    drop),
     no lm_head to copy from the embedding (minicpm)."""
     config = json.loads((src / "config.json").read_text())
     model_type = config["model_type"]
@@ -80,7 +82,15 @@ def family_hf_layout(src: Path, dst: Path) -> None:
         # granite.py's sanitize pops a tied lm_head only (no rotary tables).
         if config.get("tie_word_embeddings", True):
             out["lm_head.weight"] = weights["model.embed_tokens.weight"]
-    elif model_type == "qwen3_moe":
+    elif model_type in ("qwen3_moe", "glm4_moe"):
+        if model_type == "glm4_moe":
+            # The multi-token-prediction layer a GLM-4.5 checkpoint keeps
+            # after its last decoder layer, which glm4_moe's sanitize drops
+            # (its own weights and per-expert ones alike): random tensors.
+            n = config["num_hidden_layers"]
+            out[f"model.layers.{n}.eh_proj.weight"] = mx.ones((4, 8))
+            out[f"model.layers.{n}.mlp.experts.0.up_proj.weight"] = mx.ones((4, 8))
+            out[f"model.layers.{n}.self_attn.q_proj.weight"] = mx.ones((4, 8))
         for k, v in weights.items():
             if ".mlp.switch_mlp." not in k:
                 continue

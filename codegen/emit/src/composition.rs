@@ -171,6 +171,10 @@ fn rest_lines(l: &Layer) -> Vec<String> {
             ", self.mlp: {} routed experts, top-{}, and a shared expert",
             moe.num_experts, moe.top_k
         ),
+        FeedForward::MoeAndSharedExperts { moe, .. } => format!(
+            ", self.mlp: {} routed experts, top-{}, and shared experts",
+            moe.num_experts, moe.top_k
+        ),
     };
     let mut lines = Vec::new();
     match (l.norms.arrangement, l.ffn) {
@@ -190,7 +194,10 @@ fn rest_lines(l: &Layer) -> Vec<String> {
         }
         (
             NormArrangement::Sandwich,
-            FeedForward::Mlp(_) | FeedForward::Moe(_) | FeedForward::MoeAndSharedExpert { .. },
+            FeedForward::Mlp(_)
+            | FeedForward::Moe(_)
+            | FeedForward::MoeAndSharedExpert { .. }
+            | FeedForward::MoeAndSharedExperts { .. },
         ) => {
             lines.push(format!("h = h + self.post_attention_layernorm(a){scaled}"));
             lines.push(format!(

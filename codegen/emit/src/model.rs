@@ -205,6 +205,10 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
             "{} routed experts (top-{}) and a shared expert of width {} in place of the MLP",
             moe.num_experts, moe.top_k, shared.width
         ),
+        FeedForward::MoeAndSharedExperts { moe, shared } => format!(
+            "{} sigmoid-routed experts (top-{}) and ungated shared experts of width {} in place of the MLP",
+            moe.num_experts, moe.top_k, shared.width
+        ),
     });
     parts.extend(words::layer_extras(l));
     format!(
@@ -297,7 +301,7 @@ fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
                 Router::ScaledTopKSoftmax,
                 Activation::Silu | Activation::GeluApproxThenMultiply,
             )
-            | (Router::SoftmaxTopK { .. }, _) => Err(format!(
+            | (Router::SoftmaxTopK { .. } | Router::SigmoidGroupTopK(_), _) => Err(format!(
                 "layer kind {kind}: experts beside the MLP run only with Gemma-4's router and GeGLU"
             )),
         },
@@ -312,7 +316,7 @@ fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
                 Router::SoftmaxTopK { .. },
                 Activation::GeluApprox | Activation::GeluApproxThenMultiply,
             )
-            | (Router::ScaledTopKSoftmax, _) => Err(format!(
+            | (Router::ScaledTopKSoftmax | Router::SigmoidGroupTopK(_), _) => Err(format!(
                 "layer kind {kind}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU"
             )),
         },
@@ -328,8 +332,28 @@ fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
                 Router::SoftmaxTopK { .. },
                 Activation::GeluApprox | Activation::GeluApproxThenMultiply,
             )
-            | (Router::ScaledTopKSoftmax, _) => Err(format!(
+            | (Router::ScaledTopKSoftmax | Router::SigmoidGroupTopK(_), _) => Err(format!(
                 "layer kind {kind}: experts with a shared expert run only with the softmax-then-top-k router and SwiGLU"
+            )),
+        },
+        FeedForward::MoeAndSharedExperts { moe, shared } => match (moe.router, moe.activation) {
+            (Router::SigmoidGroupTopK(g), Activation::Silu) => {
+                let (experts, sw) = (sizes(moe)?, lit_i32(shared.width)?);
+                let (top_k, n_group, topk_group) =
+                    (lit_i32(moe.top_k)?, lit_i32(g.n_group)?, lit_i32(g.topk_group)?);
+                let (probs, scaling) = (probs_tokens(g.probs), g.routed_scaling_factor);
+                Ok(experts_only(quote! {
+                    ffn: FeedForward::GroupRoutedMoe(b::load_group_routed_moe(w, i, HIDDEN, #experts, #sw, b::GroupTopK {
+                        top_k: #top_k, n_group: #n_group, topk_group: #topk_group, probs: #probs, routed_scaling_factor: #scaling,
+                    })),
+                }))
+            }
+            (
+                Router::SigmoidGroupTopK(_),
+                Activation::GeluApprox | Activation::GeluApproxThenMultiply,
+            )
+            | (Router::ScaledTopKSoftmax | Router::SoftmaxTopK { .. }, _) => Err(format!(
+                "layer kind {kind}: experts with shared experts run only with the sigmoid group router and SwiGLU"
             )),
         },
     }
@@ -363,6 +387,9 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
         FeedForward::Mlp(_) | FeedForward::MoeAndSharedExpert { .. } => feed_forward_load(l, kind),
         FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {
             unsupported("routed experts without a shared expert")
+        }
+        FeedForward::MoeAndSharedExperts { .. } => {
+            unsupported("routed experts with ungated shared experts")
         }
     }
 }
@@ -1063,7 +1090,10 @@ impl<'a> PlainAttentionKind<'a> {
             KvSource::Shared { .. } => None,
         };
         match l.ffn {
-            FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {}
+            FeedForward::Mlp(_)
+            | FeedForward::MlpAndMoe { .. }
+            | FeedForward::Moe(_)
+            | FeedForward::MoeAndSharedExperts { .. } => {}
             FeedForward::MoeAndSharedExpert { .. } => {
                 return Err(format!(
                     "layer kind {}: routed experts with a shared expert run only beside a Gated DeltaNet or gated attention",
@@ -1252,7 +1282,8 @@ fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
         FeedForward::Mlp(m) => activation_tokens(m.activation),
         FeedForward::MlpAndMoe { .. }
         | FeedForward::Moe(_)
-        | FeedForward::MoeAndSharedExpert { .. } => return unsupported("routed experts"),
+        | FeedForward::MoeAndSharedExpert { .. }
+        | FeedForward::MoeAndSharedExperts { .. } => return unsupported("routed experts"),
     };
     match (l.input, l.scalar, l.residual, a.bias) {
         (LayerInput::None, LayerScalar::None, Residual::Plain, ProjectionBias::None) => {}

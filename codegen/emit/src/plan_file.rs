@@ -80,6 +80,7 @@ fn router_text(router: Router) -> &'static str {
         Router::SoftmaxTopK {
             probs: TopKProbs::AsTaken,
         } => "softmax then top-k",
+        Router::SigmoidGroupTopK(_) => "sigmoid + correction bias, group-limited top-k (noaux_tc)",
     }
 }
 
@@ -258,6 +259,30 @@ fn ffn_text(ffn: FeedForward) -> String {
             router_text(moe.router),
             shared.width
         ),
+        FeedForward::MoeAndSharedExperts { moe, shared } => {
+            let groups = match moe.router {
+                Router::SigmoidGroupTopK(g) => format!(
+                    ", groups {} keep {}, {}, scaled by {}",
+                    g.n_group,
+                    g.topk_group,
+                    match g.probs {
+                        TopKProbs::Renormalized => "renormalized",
+                        TopKProbs::AsTaken => "as taken",
+                    },
+                    g.routed_scaling_factor
+                ),
+                Router::ScaledTopKSoftmax | Router::SoftmaxTopK { .. } => String::new(),
+            };
+            format!(
+                "MoE {} experts top-{} width {} ({}{}) + shared experts {} (ungated), no dense MLP",
+                moe.num_experts,
+                moe.top_k,
+                moe.width,
+                router_text(moe.router),
+                groups,
+                shared.width
+            )
+        }
     }
 }
 

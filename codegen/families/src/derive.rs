@@ -56,6 +56,9 @@ pub(crate) fn parse_derived(
                 crate::Spec::Lfm2(parent) => {
                     reduce::read(value, tree, origin, &parent).map(crate::Spec::Lfm2)
                 }
+                crate::Spec::Glm4Moe(parent) => {
+                    reduce::read(value, tree, origin, &parent).map(crate::Spec::Glm4Moe)
+                }
                 crate::Spec::Gemma4(_) => unreachable_family(tree, origin),
             };
         }
@@ -125,7 +128,8 @@ pub(crate) fn parse_derived(
         | crate::Spec::Qwen3Moe(_)
         | crate::Spec::MiniCpm(_)
         | crate::Spec::Qwen35(_)
-        | crate::Spec::Lfm2(_) => return unreachable_family(tree, origin),
+        | crate::Spec::Lfm2(_)
+        | crate::Spec::Glm4Moe(_) => return unreachable_family(tree, origin),
     };
 
     let (spec, mut issues) = apply(&parent, &file);

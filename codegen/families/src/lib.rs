@@ -66,6 +66,7 @@ mod document;
 mod emit;
 mod gemma;
 mod gemma4;
+mod glm4_moe;
 mod hf;
 mod hints;
 pub mod import;
@@ -76,6 +77,7 @@ mod minicpm;
 mod mixed_kv;
 mod model;
 mod model_family;
+mod noaux_tc;
 mod qwen3_5;
 mod qwen3_moe;
 mod reader;
@@ -98,6 +100,10 @@ pub use diag::{Diagnostic, Diagnostics, FieldPath, Seg};
 pub use gemma::{
     Gemma2Attention, Gemma2Layers, Gemma2Mlp, Gemma2Model, Gemma2Rope, Gemma2Spec, GemmaRopeScaling,
 };
+pub use glm4_moe::{
+    Glm4MoeAttentionOptions, Glm4MoeDerive, Glm4MoeDerivedSpecFile, Glm4MoeReduce, Glm4MoeRope,
+    Glm4MoeSpec,
+};
 pub use hf::spec_hash;
 pub use lfm2::{
     Lfm2Derive, Lfm2DerivedSpecFile, Lfm2FeedForward, Lfm2Layers, Lfm2Reduce, Lfm2Rope, Lfm2Spec,
@@ -107,6 +113,7 @@ pub use minicpm::{
 };
 pub use mixed_kv::{KvBits, MixedKv};
 pub use model::*;
+pub use noaux_tc::NoauxTcExperts;
 pub use qwen3_5::{
     Qwen35Derive, Qwen35DerivedSpecFile, Qwen35Layers, Qwen35LinearAttention, Qwen35Reduce,
     Qwen35Rope, Qwen35Spec,
@@ -145,6 +152,8 @@ pub enum Spec {
     Qwen35(Qwen35Spec),
     /// LFM2 (short convolutions and attention).
     Lfm2(Lfm2Spec),
+    /// GLM-4.5 MoE.
+    Glm4Moe(Glm4MoeSpec),
 }
 
 /// `$body` with `$s` bound to the family's document in `$spec`, whichever
@@ -159,6 +168,7 @@ macro_rules! with_document {
             Spec::MiniCpm($s) => $body,
             Spec::Qwen35($s) => $body,
             Spec::Lfm2($s) => $body,
+            Spec::Glm4Moe($s) => $body,
         }
     };
 }
@@ -239,7 +249,8 @@ pub fn to_config_json(spec: &Spec) -> serde_json::Value {
         | Spec::Qwen3Moe(_)
         | Spec::MiniCpm(_)
         | Spec::Qwen35(_)
-        | Spec::Lfm2(_) => hf::without_quantization(to_hf_json(spec)),
+        | Spec::Lfm2(_)
+        | Spec::Glm4Moe(_) => hf::without_quantization(to_hf_json(spec)),
     }
 }
 
@@ -308,6 +319,8 @@ enum SpecDocument {
     DerivedQwen35(qwen3_5::Qwen35DerivedSpecFile),
     Lfm2(lfm2::Lfm2Spec),
     DerivedLfm2(lfm2::Lfm2DerivedSpecFile),
+    Glm4Moe(glm4_moe::Glm4MoeSpec),
+    DerivedGlm4Moe(glm4_moe::Glm4MoeDerivedSpecFile),
 }
 
 /// The JSON Schema of spec files (both forms), pretty-printed with a final newline.
@@ -474,6 +487,10 @@ fn parse_inner(
             .map(Spec::Qwen35)
     } else if declared_family(&value) == Some(Family::Lfm2) {
         lfm2::LAYOUT.parse(value, &tree, origin).map(Spec::Lfm2)
+    } else if declared_family(&value) == Some(Family::Glm4Moe) {
+        glm4_moe::LAYOUT
+            .parse(value, &tree, origin)
+            .map(Spec::Glm4Moe)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
         let issues = gemma4::check(&spec);

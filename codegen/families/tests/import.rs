@@ -380,14 +380,15 @@ fn dense_specs_are_their_imported_configs() {
         assert!(
             matches!(spec, Spec::Dense(_))
                 || spec.family() == Family::Qwen3Moe
-                || spec.family() == Family::MiniCpm,
+                || spec.family() == Family::MiniCpm
+                || spec.family() == Family::Glm4Moe,
             "{name}"
         );
         seen += 1;
     }
     assert_eq!(
-        seen, 15,
-        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B, SmolLM3-3B, Granite-3.3-2B, Phi-3-mini-4k, OLMo-2-1124-7B"
+        seen, 16,
+        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B, SmolLM3-3B, Granite-3.3-2B, Phi-3-mini-4k, OLMo-2-1124-7B, GLM-4.5-Air"
     );
     hybrid.sort();
     assert_eq!(
@@ -915,6 +916,72 @@ fn qwen3_moe_configs_need_every_field_and_ignore_rope_scaling() {
     }
     let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
     assert!(from_config_json(&moe, Some(&kv), "bad").is_err());
+}
+
+/// glm4_moe: every `ModelArgs` field required (`rope_scaling` too, null or
+/// not, never read), `topk_method` other than `noaux_tc` and a null
+/// `n_shared_experts` refused, `scoring_func` listed as ignored, the head
+/// never tied, the layers dense below `first_k_dense_replace`.
+#[test]
+fn glm4_moe_configs_need_every_field_and_refuse_what_mlx_lm_cannot_run() {
+    let glm = json!({
+        "model_type": "glm4_moe", "hidden_size": 64, "num_hidden_layers": 3,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "rms_norm_eps": 1e-5, "vocab_size": 512,
+        "max_position_embeddings": 4096, "tie_word_embeddings": false,
+        "rope_theta": 1000000.0, "partial_rotary_factor": 0.5,
+        "attention_bias": true, "use_qk_norm": false,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1,
+        "routed_scaling_factor": 2.5, "norm_topk_prob": true,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
+        "scoring_func": "softmax", "topk_method": "noaux_tc"
+    });
+    let (spec, applied, hf) = import_and_round_trip(&glm, None, "glm");
+    assert_eq!(spec.family(), Family::Glm4Moe);
+    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    assert_eq!(fields, ["rope_scaling", "scoring_func"]);
+    assert_eq!(hf["rope_scaling"], Value::Null);
+    assert_eq!(hf["n_group"], json!(2));
+    let ir = spec.lower();
+    let experts: Vec<bool> = ir.layers.iter().map(|l| l.moe().is_some()).collect();
+    assert_eq!(experts, [false, true, true]);
+    for field in [
+        "n_group",
+        "routed_scaling_factor",
+        "use_qk_norm",
+        "rope_scaling",
+    ] {
+        let text = refusal(&without(&glm, &[field]));
+        assert!(text.contains(field), "{field} missing in:\n{text}");
+    }
+    let text = refusal(&with(
+        &glm,
+        &[
+            ("topk_method", json!("greedy")),
+            ("n_shared_experts", Value::Null),
+        ],
+    ));
+    for needle in ["topk_method", "noaux_tc", "n_shared_experts: null"] {
+        assert!(text.contains(needle), "{needle} missing in:\n{text}");
+    }
+    let text = refusal(&with(
+        &glm,
+        &[
+            ("tie_word_embeddings", json!(true)),
+            ("first_k_dense_replace", json!(3)),
+            ("topk_group", json!(2)),
+        ],
+    ));
+    for needle in [
+        "tie_word_embeddings",
+        "3 of 3 layers dense",
+        "2 of 2 groups",
+    ] {
+        assert!(text.contains(needle), "{needle} missing in:\n{text}");
+    }
+    let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
+    assert!(from_config_json(&glm, Some(&kv), "bad").is_err());
 }
 
 /// smollm3 (llama.py's ModelArgs and stack): llama's defaults, the NoPE

@@ -27,7 +27,7 @@ fn specs() -> Vec<(String, Spec)> {
 /// family it covered (the IR's alone for Qwen3-MoE, Qwen3.5 and Phi-3's fused
 /// projections). The real-size counts are the published ones (gemma-2-2b:
 /// 2,614,341,888; gemma-3-1b: 999,885,952).
-const MODULE_COUNTS: [(&str, u64, usize, usize); 89] = [
+const MODULE_COUNTS: [(&str, u64, usize, usize); 95] = [
     ("gemma-2-2b", 2614341888, 183, 0),
     ("gemma-2-2b-l2", 745558272, 15, 0),
     ("gemma-2-2b-tiny", 181312, 29, 0),
@@ -57,6 +57,12 @@ const MODULE_COUNTS: [(&str, u64, usize, usize); 89] = [
     ("gemma4-e4b-tiny", 596140, 99, 0),
     ("gemma4-e4b-tiny-kv", 914242, 153, 0),
     ("gemma4-walkthrough-tiny", 246623, 61, 0),
+    ("glm-4.5-air", 106852251264, 459, 0),
+    ("glm-4.5-air-l2-q4", 1888337936, 19, 19),
+    ("glm-4.5-air-tiny", 307800, 39, 0),
+    ("glm-4.5-air-tiny-q4", 307800, 39, 39),
+    ("glm4-moe-grouped-tiny", 437088, 36, 0),
+    ("glm4-moe-grouped-tiny-q8", 437088, 36, 36),
     ("granite-3.3-2b", 2533539840, 281, 0),
     ("granite-3.3-2b-l2", 222322688, 15, 0),
     ("granite-3.3-2b-tiny", 180800, 29, 0),
@@ -244,7 +250,8 @@ fn every_layer(path: &str, spec: &Spec) -> Option<LayerFacts> {
         | Family::Gemma2
         | Family::Qwen3Moe
         | Family::Qwen35
-        | Family::Lfm2 => None,
+        | Family::Lfm2
+        | Family::Glm4Moe => None,
     }
 }
 
@@ -538,6 +545,43 @@ fn families_lower_to_their_blocks() {
                     "{path}"
                 );
             }
+            Family::Glm4Moe => {
+                let Spec::Glm4Moe(s) = &spec else {
+                    panic!("{path}: family glm4_moe in a {:?}", spec.family())
+                };
+                let o = &s.attention_options;
+                let rotated = (s.attention.head_dim as f64 * s.rope.partial_rotary_factor) as usize;
+                for l in &ir.layers {
+                    let a = l.attention().expect("glm4_moe layers are attention");
+                    assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
+                    assert_eq!(a.rope.rotated_dims, rotated, "{path}");
+                    assert_eq!(a.bias == ProjectionBias::QueryKeyValue, o.attention_bias);
+                    assert_eq!(a.qk_norm == QkNorm::RmsPerHead, o.use_qk_norm, "{path}");
+                    let dense = (l.index as u32) < s.moe.first_k_dense_replace;
+                    match l.ffn {
+                        FeedForward::Mlp(m) => {
+                            assert!(dense && m.width as u32 == s.mlp.intermediate_size)
+                        }
+                        FeedForward::MoeAndSharedExperts { moe, shared } => {
+                            assert!(!dense, "{path} layer {}", l.index);
+                            let Router::SigmoidGroupTopK(g) = moe.router else {
+                                panic!("{path}: router {:?}", moe.router)
+                            };
+                            assert_eq!(g.n_group as u32, s.moe.n_group, "{path}");
+                            assert_eq!(g.routed_scaling_factor, s.moe.routed_scaling_factor);
+                            let width = s.moe.moe_intermediate_size * s.moe.n_shared_experts;
+                            assert_eq!(shared.width as u32, width, "{path}");
+                        }
+                        other => panic!("{path}: feed-forward {other:?}"),
+                    }
+                }
+                assert_eq!(ir.head.weight, HeadWeight::Untied, "{path}");
+                assert_eq!(
+                    ir.checkpoint.sanitize,
+                    vec![SanitizeRule::StackExperts, SanitizeRule::DropLayerPastStack],
+                    "{path}"
+                );
+            }
             Family::MiniCpm => {
                 let m = match &spec {
                     Spec::MiniCpm(m) => m,
@@ -757,4 +801,64 @@ fn qwen3_moe_layers_follow_mlp_only_layers_and_the_sparse_step() {
         + h;
     assert_eq!(ir.param_count(), modules + norms);
     assert!(modules > v * h);
+}
+
+/// glm4_moe: layers below `first_k_dense_replace` keep the dense MLP; the MoE
+/// layers' router weight is a plain parameter of `MoEGate` (a shaped param,
+/// not a module `nn.quantize` visits) beside the float32
+/// `e_score_correction_bias`, and the shared experts are `mlp.shared_experts`.
+#[test]
+fn glm4_moe_router_is_a_plain_parameter_and_dense_layers_come_first() {
+    let spec = load(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../specs/glm4-moe-grouped-tiny-q8.yaml"),
+    )
+    .unwrap_or_else(|d| panic!("{d}"));
+    let ir = spec.lower();
+    let dense: Vec<usize> = ir
+        .layers
+        .iter()
+        .filter(|l| matches!(l.ffn, FeedForward::Mlp(_)))
+        .map(|l| l.index)
+        .collect();
+    assert_eq!(dense, vec![0, 1]);
+    let modules: Vec<String> = ir
+        .quantizable_modules()
+        .into_iter()
+        .map(|m| m.path)
+        .collect();
+    assert!(
+        !modules.iter().any(|m| m.ends_with("mlp.gate")),
+        "{modules:?}"
+    );
+    for m in [
+        "switch_mlp.gate_proj",
+        "shared_experts.gate_proj",
+        "shared_experts.down_proj",
+    ] {
+        assert!(modules.contains(&format!("model.layers.2.mlp.{m}")), "{m}");
+    }
+    let shaped: Vec<(String, Vec<u64>)> = ir
+        .shaped_params()
+        .into_iter()
+        .map(|p| (p.name, p.shape))
+        .collect();
+    assert_eq!(
+        shaped,
+        vec![
+            ("model.layers.2.mlp.gate.weight".to_string(), vec![16, 64]),
+            ("model.layers.3.mlp.gate.weight".to_string(), vec![16, 64]),
+        ]
+    );
+    let bias = ir
+        .vector_params()
+        .into_iter()
+        .find(|p| p.name == "model.layers.3.mlp.gate.e_score_correction_bias")
+        .expect("the correction bias is in the contract");
+    assert_eq!(bias.len, 16);
+    // The shared experts' width is moe_intermediate_size * n_shared_experts.
+    let Some(FeedForward::MoeAndSharedExperts { shared, .. }) = ir.layers.get(2).map(|l| l.ffn)
+    else {
+        panic!("layer 2 is not MoE")
+    };
+    assert_eq!(shared.width, 64);
 }

@@ -189,6 +189,10 @@ pub enum SanitizeRule {
     /// and clips to float16's range; archgen's residual add is the plain one
     /// of the other dtypes, so it does not run such a checkpoint.
     RefuseFloat16,
+    /// Drop every name starting with `model.layers.{n}`, `n` the stack's
+    /// layer count: the multi-token-prediction layer a checkpoint keeps after
+    /// the last decoder layer (glm4_moe's `sanitize`).
+    DropLayerPastStack,
 }
 
 /// Token embedding.
@@ -549,7 +553,7 @@ pub enum KvCache {
 }
 
 /// The feed-forward half of a layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FeedForward {
     Mlp(GatedMlp),
     /// A dense MLP and routed experts side by side, each with its own norms
@@ -570,9 +574,19 @@ pub enum FeedForward {
         moe: Moe,
         shared: SharedExpert,
     },
+    /// Routed experts plus ungated shared SwiGLU experts, summed
+    /// (`y = experts(x) + shared_experts(x)`: glm4_moe's `MoE`, `mlp.gate`,
+    /// `mlp.switch_mlp`, `mlp.shared_experts`), under the layer's
+    /// feed-forward norm. `shared.width` is `moe_intermediate_size *
+    /// n_shared_experts`.
+    MoeAndSharedExperts {
+        moe: Moe,
+        shared: SharedExpert,
+    },
 }
 
-/// The shared expert of [`FeedForward::MoeAndSharedExpert`].
+/// The shared expert of [`FeedForward::MoeAndSharedExpert`] (and the shared
+/// experts of [`FeedForward::MoeAndSharedExperts`], one MLP).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SharedExpert {
     /// `shared_expert_intermediate_size`: its SwiGLU width.
@@ -613,7 +627,7 @@ pub enum Activation {
 }
 
 /// Routed experts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Moe {
     pub num_experts: usize,
     pub top_k: usize,
@@ -624,7 +638,7 @@ pub struct Moe {
 }
 
 /// How tokens pick experts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Router {
     /// Scale-free RMSNorm times `scale * hidden ** -0.5`, `proj`, top-k of
     /// the logits, softmax over the chosen, times `per_expert_scale`
@@ -634,6 +648,28 @@ pub enum Router {
     /// probabilities (argpartition), then the chosen probabilities as taken
     /// or renormalized (Qwen3-MoE's router, `norm_topk_prob`).
     SoftmaxTopK { probs: TopKProbs },
+    /// `noaux_tc` (glm4_moe's compiled `group_expert_select`): an
+    /// unquantized `gate.weight` projection, sigmoid in float32, plus the
+    /// float32 `e_score_correction_bias` for the choice only; with groups,
+    /// only the `topk_group` best groups (by their two best scores) stay
+    /// eligible; top-k by argpartition, the chosen *uncorrected* scores
+    /// renormalized (when `probs` says so and top-k > 1), times the routed
+    /// scaling factor.
+    SigmoidGroupTopK(GroupTopK),
+}
+
+/// The facts of [`Router::SigmoidGroupTopK`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupTopK {
+    /// `n_group`: the experts split into this many groups (1: no group
+    /// limit).
+    pub n_group: usize,
+    /// `topk_group`: how many groups stay eligible.
+    pub topk_group: usize,
+    pub probs: TopKProbs,
+    /// `routed_scaling_factor`, the Python float the chosen scores are
+    /// multiplied by (a weak scalar: float32 there).
+    pub routed_scaling_factor: f64,
 }
 
 /// What a softmax-then-top-k router does with the k chosen probabilities.
@@ -750,7 +786,9 @@ impl Layer {
     pub fn mlp(&self) -> Option<GatedMlp> {
         match self.ffn {
             FeedForward::Mlp(m) | FeedForward::MlpAndMoe { mlp: m, .. } => Some(m),
-            FeedForward::Moe(_) | FeedForward::MoeAndSharedExpert { .. } => None,
+            FeedForward::Moe(_)
+            | FeedForward::MoeAndSharedExpert { .. }
+            | FeedForward::MoeAndSharedExperts { .. } => None,
         }
     }
     /// The routed experts, when the feed-forward half has them.
@@ -759,7 +797,8 @@ impl Layer {
             FeedForward::Mlp(_) => None,
             FeedForward::MlpAndMoe { moe, .. }
             | FeedForward::Moe(moe)
-            | FeedForward::MoeAndSharedExpert { moe, .. } => Some(moe),
+            | FeedForward::MoeAndSharedExpert { moe, .. }
+            | FeedForward::MoeAndSharedExperts { moe, .. } => Some(moe),
         }
     }
 }
@@ -940,6 +979,9 @@ families_and_model_types! {
     /// LFM2 (`lfm2.py`): gated short-convolution layers with attention layers
     /// (q/k norms per head) at `full_attn_idxs`.
     Lfm2 = "lfm2" { ; }
+    /// GLM-4.5 MoE (`glm4_moe.py`): biased q/k/v, partial RoPE, dense first
+    /// layers, then sigmoid-routed (`noaux_tc`) experts with shared experts.
+    Glm4Moe = "glm4_moe" { ; }
 }
 
 /// RoPE of one layer.

@@ -108,12 +108,16 @@ pub fn attention_biases(a: &Attention) -> Vec<(&'static str, u64)> {
     }
 }
 
-/// The router's projection module, relative to the layer.
-pub fn router_module(r: Router) -> &'static str {
+/// The router's projection module, relative to the layer, where it is an
+/// `nn.Linear` (`nn.quantize` visits it); None where the router holds its
+/// weight as a plain parameter (glm4_moe's `MoEGate.weight`, never
+/// quantized: [`ModelIr::shaped_params`]).
+pub fn router_module(r: Router) -> Option<&'static str> {
     match r {
-        Router::ScaledTopKSoftmax => "router.proj",
+        Router::ScaledTopKSoftmax => Some("router.proj"),
         // Qwen3MoeSparseMoeBlock.gate
-        Router::SoftmaxTopK { .. } => "mlp.gate",
+        Router::SoftmaxTopK { .. } => Some("mlp.gate"),
+        Router::SigmoidGroupTopK(_) => None,
     }
 }
 
@@ -123,7 +127,9 @@ pub fn experts_module(f: FeedForward) -> Option<&'static str> {
     match f {
         FeedForward::Mlp(_) => None,
         FeedForward::MlpAndMoe { .. } => Some("experts.switch_glu"),
-        FeedForward::Moe(_) | FeedForward::MoeAndSharedExpert { .. } => Some("mlp.switch_mlp"),
+        FeedForward::Moe(_)
+        | FeedForward::MoeAndSharedExpert { .. }
+        | FeedForward::MoeAndSharedExperts { .. } => Some("mlp.switch_mlp"),
     }
 }
 
@@ -286,8 +292,9 @@ impl ModelIr {
             }
             if let (Some(moe), Some(experts)) = (l.moe(), experts_module(l.ffn)) {
                 let (e, mw) = (moe.num_experts as u64, moe.width as u64);
-                let router = format!("{lp}{}", router_module(moe.router));
-                push(router, ModuleKind::Linear, h, e, 1);
+                if let Some(router) = router_module(moe.router) {
+                    push(format!("{lp}{router}"), ModuleKind::Linear, h, e, 1);
+                }
                 let sw = format!("{lp}{experts}");
                 push(
                     format!("{sw}.gate_proj"),
@@ -319,6 +326,13 @@ impl ModelIr {
                         1,
                         1,
                     );
+                }
+                FeedForward::MoeAndSharedExperts { shared, .. } => {
+                    let sw = shared.width as u64;
+                    let se = format!("{lp}mlp.shared_experts");
+                    push(format!("{se}.gate_proj"), ModuleKind::Linear, h, sw, 1);
+                    push(format!("{se}.down_proj"), ModuleKind::Linear, sw, h, 1);
+                    push(format!("{se}.up_proj"), ModuleKind::Linear, h, sw, 1);
                 }
                 FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {}
             }
@@ -419,6 +433,11 @@ impl ModelIr {
                         push(format!("{lp}router.per_expert_scale"), m.num_experts as u64);
                     }
                     Router::SoftmaxTopK { .. } => {}
+                    // Kept float32 by the module's cast_predicate.
+                    Router::SigmoidGroupTopK(_) => push(
+                        format!("{lp}mlp.gate.e_score_correction_bias"),
+                        m.num_experts as u64,
+                    ),
                 }
             }
             match l.ffn {
@@ -429,7 +448,8 @@ impl ModelIr {
                 }
                 FeedForward::Mlp(_)
                 | FeedForward::Moe(_)
-                | FeedForward::MoeAndSharedExpert { .. } => {}
+                | FeedForward::MoeAndSharedExpert { .. }
+                | FeedForward::MoeAndSharedExperts { .. } => {}
             }
             match l.input {
                 LayerInput::None => {}
@@ -480,23 +500,34 @@ impl ModelIr {
 
     /// Parameters of more than one dimension that no `nn.quantize` visits
     /// (the depthwise conv weights of Gated DeltaNet and short-conv layers,
-    /// `[C, K, 1]`).
+    /// `[C, K, 1]`; glm4_moe's router weight `mlp.gate.weight`,
+    /// `[experts, hidden]`, a parameter of a plain module).
     pub fn shaped_params(&self) -> Vec<ShapedParam> {
         let pre = self.module_prefix();
-        self.layers
-            .iter()
-            .filter_map(|l| match &l.mixer {
-                Mixer::Attention(_) => None,
-                Mixer::GatedDeltaNet(d) => Some(ShapedParam {
+        let mut out = Vec::new();
+        for l in &self.layers {
+            match &l.mixer {
+                Mixer::Attention(_) => {}
+                Mixer::GatedDeltaNet(d) => out.push(ShapedParam {
                     name: format!("{pre}layers.{}.linear_attn.conv1d.weight", l.index),
                     shape: vec![d.conv_dim() as u64, d.conv_kernel as u64, 1],
                 }),
-                Mixer::ShortConv(c) => Some(ShapedParam {
+                Mixer::ShortConv(c) => out.push(ShapedParam {
                     name: format!("{pre}layers.{}.conv.conv.weight", l.index),
                     shape: vec![self.hidden_size as u64, c.kernel as u64, 1],
                 }),
-            })
-            .collect()
+            }
+            if let Some(m) = l.moe() {
+                match m.router {
+                    Router::ScaledTopKSoftmax | Router::SoftmaxTopK { .. } => {}
+                    Router::SigmoidGroupTopK(_) => out.push(ShapedParam {
+                        name: format!("{pre}layers.{}.mlp.gate.weight", l.index),
+                        shape: vec![m.num_experts as u64, self.hidden_size as u64],
+                    }),
+                }
+            }
+        }
+        out
     }
 
     /// Parameter count of the unquantized model (weights, norms, scalars).

@@ -84,7 +84,9 @@ impl KindKey {
         match &mut k.ffn {
             FeedForward::Mlp(m) | FeedForward::MlpAndMoe { mlp: m, .. } => m.width = 0,
             // The experts' sizes are the same on every MoE layer of a model.
-            FeedForward::Moe(_) | FeedForward::MoeAndSharedExpert { .. } => {}
+            FeedForward::Moe(_)
+            | FeedForward::MoeAndSharedExpert { .. }
+            | FeedForward::MoeAndSharedExperts { .. } => {}
         }
         KindKey(k)
     }
@@ -133,6 +135,7 @@ impl KindKey {
             FeedForward::MlpAndMoe { .. } => n.push_str("Moe"),
             FeedForward::Moe(_) => n.push_str("Experts"),
             FeedForward::MoeAndSharedExpert { .. } => n.push_str("SharedExperts"),
+            FeedForward::MoeAndSharedExperts { .. } => n.push_str("GroupRoutedExperts"),
         }
         match l.input {
             LayerInput::None => {}
@@ -397,6 +400,10 @@ fn layer_json(l: &Layer) -> Value {
         FeedForward::MoeAndSharedExpert { moe, shared } => json!({
             "experts": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
             "shared_expert": shared.width,
+        }),
+        FeedForward::MoeAndSharedExperts { moe, shared } => json!({
+            "experts": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
+            "shared_experts": shared.width,
         }),
     };
     // The fused gate/up projection is written only when present, as the

@@ -429,6 +429,13 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                     Some(divide("the shared expert's width", i, shared.width)?),
                 )
             }
+            FeedForward::MoeAndSharedExperts { .. } => {
+                return Err(format!(
+                    "{}: layer {i}: routed experts with shared experts (glm4_moe's MoE) are not \
+                     split yet; run it on one rank",
+                    ir.name
+                ));
+            }
             FeedForward::MlpAndMoe { .. } => {
                 return Err(format!(
                     "{}: layer {i}: routed experts beside the MLP (Gemma-4's MoE) are not split \
@@ -571,6 +578,16 @@ mod tests {
         let e = split(&ir("phi-3-mini-4k-tiny"), 2).unwrap_err();
         assert!(
             e.starts_with("phi-3-mini-4k-tiny: layer 0: the fused `qkv_proj` is not split yet"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn routed_experts_with_shared_experts_are_refused_naming_the_layer() {
+        // Layer 0 is dense (first_k_dense_replace 1); layer 1 is the first MoE layer.
+        let e = split(&ir("glm-4.5-air-tiny"), 2).unwrap_err();
+        assert!(
+            e.starts_with("glm-4.5-air-tiny: layer 1: routed experts with shared experts"),
             "{e}"
         );
     }

@@ -49,6 +49,7 @@ impl Plan {
                 "minicpm-2b-tiny",
                 "mistral-7b-v0.3-tiny",
                 "qwen3.5-4b-tiny",
+                "glm-4.5-air-tiny-q4",
             ]
             .map(String::from)
             .to_vec(),

@@ -93,6 +93,8 @@ pub(crate) fn sanitize(
             )));
         }
     }
+    // glm4_moe's `k.startswith(f"model.layers.{num_hidden_layers}")`.
+    let past_stack = format!("model.layers.{}", ir.layers.len());
     let mut out = HashMap::new();
     // StackExperts: (layer prefix, projection) -> expert index -> weight.
     let mut per_expert: BTreeMap<(String, String), BTreeMap<usize, Array>> = BTreeMap::new();
@@ -103,6 +105,9 @@ pub(crate) fn sanitize(
             continue;
         }
         if has(SanitizeRule::DropMtp) && k.contains("mtp.") {
+            continue;
+        }
+        if has(SanitizeRule::DropLayerPastStack) && k.starts_with(&past_stack) {
             continue;
         }
         let k = if has(SanitizeRule::UnwrapMultimodal) {

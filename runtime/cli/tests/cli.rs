@@ -364,6 +364,7 @@ fn init_writes_a_checkpoint_every_implementation_runs() {
         "qwen3.6-35b-a3b-tiny-q4",
         // LFM2's checkpoint names its modules as lfm2.py does.
         "lfm2-1.2b-tiny",
+        "glm4-moe-grouped-tiny-q8",
     ] {
         let dir = root.path().join(spec);
         let o = archgen(&[

@@ -25,7 +25,10 @@ use crate::cache::{LayerCache, MixedKvNow, QuantizedKvCache};
 use crate::distributed::sharded_to_all;
 use crate::flat::Flat;
 use crate::layers::{pretranspose_all, project_head, Embedding, Linear};
-use crate::moe::{experts, softmax_topk_moe, Router, SoftmaxTopKRouter, SwitchGlu};
+use crate::moe::{
+    experts, sigmoid_group_moe, softmax_topk_moe, Router, SigmoidGroupRouter, SoftmaxTopKRouter,
+    SwitchGlu,
+};
 use crate::ops::{
     divide_weak, geglu, gelu_approx_compiled, gelu_approx_times, multiply_weak, rms_norm, swiglu,
     Result,
@@ -34,7 +37,7 @@ use crate::rope::{Rope, RopeTables};
 use crate::weights::Weights;
 
 pub use crate::layers::{final_norm, logits, Head};
-pub use crate::moe::{ExpertsShape, TopKProbs};
+pub use crate::moe::{ExpertsShape, GroupTopK, TopKProbs};
 
 fn refused(what: &str) -> mlx_rs::error::Exception {
     mlx_rs::error::Exception::custom(what.to_string())
@@ -897,6 +900,53 @@ impl SparseMoe {
     }
 }
 
+/// Routed experts behind the sigmoid group router plus ungated shared
+/// experts (IR `FeedForward::MoeAndSharedExperts`): glm4_moe's `MoE`, its
+/// router `mlp.gate` (`weight`, `e_score_correction_bias`), SwiGLU experts
+/// `mlp.switch_mlp` and the shared experts' MLP `mlp.shared_experts`.
+#[derive(Debug, Clone, Flat)]
+pub struct GroupRoutedMoe {
+    pub router: SigmoidGroupRouter,
+    pub experts: SwitchGlu,
+    pub shared_experts: Mlp,
+}
+
+impl GroupRoutedMoe {
+    /// [`Linear::pretranspose`] on the dense projections (generated models).
+    pub fn pretranspose(&mut self) {
+        self.router.gate.pretranspose();
+        self.shared_experts.pretranspose();
+    }
+
+    /// `y = experts(x) + shared_experts(x)`. The shared experts' own down
+    /// projection, not `Mlp::down`: under tensor parallelism they are split
+    /// in place (`shard_inplace`) and the block's sum goes over the ranks
+    /// once, as glm4_moe's `MoE` does with its `sharding_group`.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let routed = sigmoid_group_moe(&self.router, &self.experts, x)?;
+        let e = &self.shared_experts;
+        let (g, u) = e.gate_and_up(x)?;
+        let shared = e.down_proj.forward(&e.activate(&g, &u)?)?;
+        sharded_to_all(routed.add(&shared)?)
+    }
+}
+
+/// The feed-forward half of a pre-norm layer with [`GroupRoutedMoe`]:
+/// `h + moe(post_attention_layernorm(h))` (glm4_moe's `DecoderLayer`).
+pub fn group_routed_feed_forward(
+    h: &Array,
+    norms: &LayerNorms,
+    moe: &GroupRoutedMoe,
+    eps: f32,
+) -> Result<Array> {
+    match norms {
+        LayerNorms::PreNorm { ffn, .. } => h.add(moe.forward(&rms_norm(h, Some(ffn), eps)?)?),
+        LayerNorms::Sandwich { .. } => Err(refused(
+            "routed experts with shared experts in a sandwich layer: no runtime block runs this arrangement yet",
+        )),
+    }
+}
+
 /// Mixer output into the residual stream: `x + a` (pre-norm) or
 /// `x + post_attention_norm(a)` (sandwich).
 pub fn attention_residual(x: &Array, a: &Array, norms: &LayerNorms, eps: f32) -> Result<Array> {
@@ -1400,6 +1450,48 @@ pub fn load_sparse_moe(
             probs,
         },
         experts: load_switch_glu(w, &format!("{p}.switch_mlp"), experts, hidden, width),
+    }
+}
+
+/// glm4_moe's `layers.{i}.mlp` of an MoE layer: the router's `gate.weight`
+/// (a plain parameter, unquantized) and float32 `gate.e_score_correction_bias`,
+/// SwiGLU experts `switch_mlp` and the shared experts' MLP `shared_experts`
+/// of `shared_width`.
+pub fn load_group_routed_moe(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    shape: ExpertsShape,
+    shared_width: i32,
+    facts: GroupTopK,
+) -> GroupRoutedMoe {
+    let ExpertsShape {
+        count: experts,
+        width,
+        ..
+    } = shape;
+    let p = format!("layers.{layer}.mlp");
+    let se = format!("{p}.shared_experts");
+    GroupRoutedMoe {
+        router: SigmoidGroupRouter {
+            gate: Linear {
+                weight: w.param(&format!("{p}.gate.weight"), &[experts, hidden]),
+                quant: None,
+                weight_t: None,
+                bias: None,
+            },
+            correction_bias: w.param(&format!("{p}.gate.e_score_correction_bias"), &[experts]),
+            facts,
+        },
+        experts: load_switch_glu(w, &format!("{p}.switch_mlp"), experts, hidden, width),
+        shared_experts: Mlp {
+            gate_up: GateUp::Separate {
+                gate_proj: w.linear(&format!("{se}.gate_proj"), shared_width, hidden),
+                up_proj: w.linear(&format!("{se}.up_proj"), shared_width, hidden),
+            },
+            down_proj: w.linear(&format!("{se}.down_proj"), hidden, shared_width),
+            activation: Activation::Silu,
+        },
     }
 }
 

@@ -72,8 +72,8 @@ use mlx_rs::Array;
 
 use crate::attention::Mask;
 use crate::blocks::{
-    self, Activation, AttentionShape, AttentionWeights, GateUp, KvWeights, LayerNorms, Mlp,
-    MoeBlock, PleGate, QkNormWeight, Scores, SharedKv, SparseMoe, ValueNorm,
+    self, Activation, AttentionShape, AttentionWeights, GateUp, GroupRoutedMoe, KvWeights,
+    LayerNorms, Mlp, MoeBlock, PleGate, QkNormWeight, Scores, SharedKv, SparseMoe, ValueNorm,
 };
 use crate::cache::LayerCache;
 use crate::deltanet::{self, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet, InProj};
@@ -667,6 +667,10 @@ enum AfterAttention<'a> {
     /// Routed experts in place of the MLP, plain residuals (block
     /// [`POST_ATTENTION_EXPERTS`]).
     Experts(&'a SparseMoe),
+    /// Routed experts behind the sigmoid group router with shared experts,
+    /// plain residuals (block [`POST_ATTENTION_GROUP_EXPERTS`], never
+    /// compiled: see [`post_attention_form`]).
+    GroupExperts(&'a GroupRoutedMoe),
 }
 
 impl<'a> AfterAttention<'a> {
@@ -676,6 +680,13 @@ impl<'a> AfterAttention<'a> {
                 Ok(AfterAttention::Mlp { mlp, moe, residual })
             }
             (FeedForward::SparseMoe(m), Residual::Plain) => Ok(AfterAttention::Experts(m)),
+            (FeedForward::GroupRoutedMoe(m), Residual::Plain) => {
+                Ok(AfterAttention::GroupExperts(m))
+            }
+            (FeedForward::GroupRoutedMoe(_), Residual::Scaled(_)) => Err(Exception::custom(
+                "decode::step: routed experts with depth-scaled residuals: no runtime block runs \
+                 them (the emitter refuses such a layer kind)",
+            )),
             (FeedForward::SparseMoe(_), Residual::Scaled(_)) => Err(Exception::custom(
                 "decode::step: routed experts with depth-scaled residuals: no runtime block runs \
                  them (the emitter refuses such a layer kind)",
@@ -692,7 +703,7 @@ impl<'a> AfterAttention<'a> {
     fn residual_factor(self) -> Option<&'a Array> {
         match self {
             AfterAttention::Mlp { residual, .. } => residual.factor(),
-            AfterAttention::Experts(_) => None,
+            AfterAttention::Experts(_) | AfterAttention::GroupExperts(_) => None,
         }
     }
 }
@@ -700,6 +711,7 @@ impl<'a> AfterAttention<'a> {
 /// The key ids of the blocks after attention ([`AfterAttention`]).
 const POST_ATTENTION: i64 = 2;
 const POST_ATTENTION_EXPERTS: i64 = 3;
+const POST_ATTENTION_GROUP_EXPERTS: i64 = 9;
 
 /// How the ops after attention run on this path.
 #[derive(Debug, Clone, Copy)]
@@ -744,10 +756,16 @@ fn post_attention_form(after: AfterAttention<'_>) -> PostAttentionForm<'_> {
         // The router's softmax, top-k and renormalization carry no float
         // constant.
         AfterAttention::Experts(_) => PostAttentionForm::OneBlock,
+        AfterAttention::GroupExperts(_) => PostAttentionForm::Eager,
     };
-    match path() {
-        Path::NativeFastOps => on_gpu,
-        Path::CpuFallbacks | Path::Eager => PostAttentionForm::OneBlock,
+    match (path(), after) {
+        // glm4_moe's router is its own `mx.compile` trace with the routed
+        // scaling factor baked in as a constant, called between eager ops;
+        // inside a larger block its ops would fuse with their neighbours,
+        // so the layer's ops after attention stay eager on every path.
+        (_, AfterAttention::GroupExperts(_)) => PostAttentionForm::Eager,
+        (Path::NativeFastOps, _) => on_gpu,
+        (Path::CpuFallbacks | Path::Eager, _) => PostAttentionForm::OneBlock,
     }
 }
 
@@ -890,6 +908,7 @@ fn post_attention_block(
     let block = match after {
         AfterAttention::Mlp { .. } => POST_ATTENTION,
         AfterAttention::Experts(_) => POST_ATTENTION_EXPERTS,
+        AfterAttention::GroupExperts(_) => POST_ATTENTION_GROUP_EXPERTS,
     };
     let (mut p, norm_inputs) = post_attention_packed(block, h, layer.eps);
     o.put(&mut p);
@@ -916,6 +935,11 @@ fn post_attention_block(
             m.put(&mut p);
             put_layer_end(&mut p, layer.ple, layer.layer_scalar);
             (StreamShape::Tokens, compile)
+        }
+        AfterAttention::GroupExperts(m) => {
+            m.put(&mut p);
+            put_layer_end(&mut p, layer.ple, layer.layer_scalar);
+            (StreamShape::Tokens, false)
         }
     };
     let eps = layer.eps;
@@ -968,6 +992,9 @@ fn post_attention_block(
 /// with them has been measured.
 fn hybrid_feed_forward_compiles(ffn: &FeedForward) -> bool {
     match (path(), ffn) {
+        // glm4_moe's router is its own compiled trace between eager ops
+        // ([`post_attention_form`]).
+        (_, FeedForward::GroupRoutedMoe(_)) => false,
         (
             Path::NativeFastOps,
             FeedForward::SharedExpertMoe(_) | FeedForward::Mlp { moe: Some(_), .. },
@@ -1191,6 +1218,7 @@ impl Flat for FeedForward {
             }
             FeedForward::SharedExpertMoe(m) => p.put_variant(1, m),
             FeedForward::SparseMoe(m) => p.put_variant(2, m),
+            FeedForward::GroupRoutedMoe(m) => p.put_variant(3, m),
         }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
@@ -1204,6 +1232,7 @@ impl Flat for FeedForward {
             }
             FeedForward::SharedExpertMoe(m) => FeedForward::SharedExpertMoe(m.take(it)),
             FeedForward::SparseMoe(m) => FeedForward::SparseMoe(m.take(it)),
+            FeedForward::GroupRoutedMoe(m) => FeedForward::GroupRoutedMoe(m.take(it)),
         }
     }
 }

@@ -6,7 +6,7 @@
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
-use crate::blocks::{self as b, LayerNorms, Mlp, MoeBlock, SparseMoe};
+use crate::blocks::{self as b, GroupRoutedMoe, LayerNorms, Mlp, MoeBlock, SparseMoe};
 use crate::deltanet::{self, SharedExpertMoe};
 use crate::ops::Result;
 
@@ -23,6 +23,9 @@ pub enum FeedForward {
     /// Routed experts and a sigmoid-gated shared expert (IR
     /// `MoeAndSharedExpert`: Qwen3.5/3.6 MoE).
     SharedExpertMoe(SharedExpertMoe),
+    /// Routed experts behind the sigmoid group router and ungated shared
+    /// experts (IR `MoeAndSharedExperts`: GLM-4.5 MoE).
+    GroupRoutedMoe(GroupRoutedMoe),
 }
 
 impl FeedForward {
@@ -38,6 +41,7 @@ impl FeedForward {
             }
             FeedForward::SparseMoe(m) => m.pretranspose(),
             FeedForward::SharedExpertMoe(m) => m.pretranspose(),
+            FeedForward::GroupRoutedMoe(m) => m.pretranspose(),
         }
     }
 
@@ -66,15 +70,22 @@ impl FeedForward {
                 let h1 = b::attention_residual(h, a, norms, eps)?;
                 deltanet::shared_expert_feed_forward(&h1, norms, m, eps)
             }
+            (None, FeedForward::GroupRoutedMoe(m)) => {
+                let h1 = b::attention_residual(h, a, norms, eps)?;
+                b::group_routed_feed_forward(&h1, norms, m, eps)
+            }
             (Some(r), FeedForward::Mlp { mlp, moe }) => {
                 let h1 = b::attention_residual_scaled(h, a, norms, eps, r)?;
                 b::feed_forward_scaled(&h1, norms, mlp, moe.as_ref(), eps, r)
             }
-            (Some(_), FeedForward::SparseMoe(_) | FeedForward::SharedExpertMoe(_)) => {
-                Err(Exception::custom(
-                    "routed experts with depth-scaled residuals: no runtime block runs them",
-                ))
-            }
+            (
+                Some(_),
+                FeedForward::SparseMoe(_)
+                | FeedForward::SharedExpertMoe(_)
+                | FeedForward::GroupRoutedMoe(_),
+            ) => Err(Exception::custom(
+                "routed experts with depth-scaled residuals: no runtime block runs them",
+            )),
         }
     }
 }

@@ -168,3 +168,123 @@ pub fn softmax_topk_moe(router: &SoftmaxTopKRouter, glu: &SwitchGlu, x: &Array) 
         .sum_axis(-2, None)?
         .as_dtype(dtype)
 }
+
+/// The facts of glm4_moe's `noaux_tc` router (`group_expert_select`'s
+/// Python arguments, which `mx.compile` bakes into its trace).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupTopK {
+    pub top_k: i32,
+    /// `n_group` (1: every expert eligible).
+    pub n_group: i32,
+    /// `topk_group`: the groups that stay eligible.
+    pub topk_group: i32,
+    pub probs: TopKProbs,
+    /// `routed_scaling_factor`, a Python float (a weak scalar: float32 here).
+    pub routed_scaling_factor: f64,
+}
+
+type CompiledSelect = Box<dyn for<'a> FnMut(&'a [Array]) -> Result<Vec<Array>>>;
+
+thread_local! {
+    // One compiled `group_expert_select` per set of constants, as mlx-lm's
+    // `@mx.compile` keeps one trace per distinct non-array argument.
+    static GROUP_SELECT: std::cell::RefCell<Vec<(GroupTopK, CompiledSelect)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// glm4_moe's `group_expert_select` on the gate's logits and the float32
+/// `e_score_correction_bias`, traced with `mx.compile` (not shapeless) as
+/// mlx-lm runs it: returns (top-k indices, their float32 weights), in
+/// argpartition's order.
+pub fn group_expert_select(
+    facts: GroupTopK,
+    gates: &Array,
+    correction_bias: &Array,
+) -> Result<(Array, Array)> {
+    let out = GROUP_SELECT.with(|cell| {
+        let mut table = cell.borrow_mut();
+        let at = match table.iter().position(|(k, _)| *k == facts) {
+            Some(at) => at,
+            None => {
+                let graph =
+                    move |inputs: &[Array]| -> Result<Vec<Array>> { select_graph(facts, inputs) };
+                table.push((
+                    facts,
+                    Box::new(mlx_rs::transforms::compile::compile(graph, false)),
+                ));
+                table.len() - 1
+            }
+        };
+        (table[at].1)(&[gates.clone(), correction_bias.clone()])
+    })?;
+    let [inds, scores] = <[Array; 2]>::try_from(out).map_err(|_| {
+        mlx_rs::error::Exception::custom("group_expert_select: expected two outputs")
+    })?;
+    Ok((inds, scores))
+}
+
+/// The body of `group_expert_select`, op for op.
+fn select_graph(f: GroupTopK, inputs: &[Array]) -> Result<Vec<Array>> {
+    let (gates, bias) = (&inputs[0], &inputs[1]);
+    let scores = mlx_rs::ops::sigmoid(gates.as_dtype(mlx_rs::Dtype::Float32)?)?;
+    let orig_scores = scores.clone();
+    let mut scores = scores.add(bias)?;
+    if f.n_group > 1 {
+        scores = mlx_rs::ops::unflatten(&scores, -1, &[f.n_group, -1])?;
+        let group_scores = mlx_rs::ops::indexing::topk_axis(&scores, 2, -1)?.sum_axis(-1, true)?;
+        let k = f.n_group - f.topk_group;
+        let group_idx = mlx_rs::ops::argpartition_axis(&group_scores, k - 1, -2)?;
+        let group_idx = group_idx.try_index((Ellipsis, ..k, ..))?;
+        // `mx.array(0.0)`: a float32 array, not a weak scalar.
+        scores =
+            scores.put_along_axis(mlx_rs::stop_gradient(&group_idx)?, Array::from_f32(0.0), -2)?;
+        scores = scores.flatten(-2, -1)?;
+    }
+    let k = f.top_k;
+    let inds = mlx_rs::ops::argpartition_axis(scores.negative()?, k - 1, -1)?;
+    let inds = mlx_rs::stop_gradient(inds.try_index((Ellipsis, ..k))?)?;
+    let mut scores = mlx_rs::ops::indexing::take_along_axis(&orig_scores, &inds, -1)?;
+    match f.probs {
+        TopKProbs::Renormalized if f.top_k > 1 => {
+            scores = scores.divide(scores.sum_axis(-1, true)?)?;
+        }
+        TopKProbs::Renormalized | TopKProbs::AsTaken => {}
+    }
+    let scores = scores.multiply(scalar_like(f.routed_scaling_factor, &scores))?;
+    Ok(vec![inds, scores])
+}
+
+/// glm4_moe's router (`MoEGate`): `x @ weight.T` (a plain, never quantized
+/// parameter), then [`group_expert_select`].
+#[derive(Debug, Clone, Flat)]
+#[flat(key(self.facts.top_k, self.facts.n_group, self.facts.topk_group,
+    match self.facts.probs {
+        TopKProbs::Renormalized => 0,
+        TopKProbs::AsTaken => 1,
+    },
+    self.facts.routed_scaling_factor.to_bits() as i64))]
+pub struct SigmoidGroupRouter {
+    pub gate: Linear,
+    pub correction_bias: Array,
+    #[flat(copied)]
+    pub facts: GroupTopK,
+}
+
+impl SigmoidGroupRouter {
+    /// Returns (top-k indices, their float32 weights), in argpartition's order.
+    pub fn route(&self, x: &Array) -> Result<(Array, Array)> {
+        group_expert_select(self.facts, &self.gate.forward(x)?, &self.correction_bias)
+    }
+}
+
+/// The routed half of glm4_moe's `MoE`: route, SwiGLU experts, then
+/// `(y * scores[..., None]).sum(-2).astype(y.dtype)` (the float32 scores
+/// promote the product; the sum comes back to the experts' dtype).
+pub fn sigmoid_group_moe(router: &SigmoidGroupRouter, glu: &SwitchGlu, x: &Array) -> Result<Array> {
+    let (idx, scores) = router.route(x)?;
+    let y = glu.forward_swiglu(x, &idx)?;
+    let dtype = y.dtype();
+    y.multiply(scores.expand_dims(-1)?)?
+        .sum_axis(-2, None)?
+        .as_dtype(dtype)
+}

@@ -373,7 +373,7 @@ impl Monolith {
                         ir::Router::ScaledTopKSoftmax,
                         ir::Activation::Silu | ir::Activation::GeluApproxThenMultiply,
                     )
-                    | (ir::Router::SoftmaxTopK { .. }, _) => {
+                    | (ir::Router::SoftmaxTopK { .. } | ir::Router::SigmoidGroupTopK(_), _) => {
                         return Err(ModelError(format!(
                             "{}: layer {i}: experts beside the MLP run only with Gemma-4's router and GeGLU",
                             ir.name
@@ -396,7 +396,7 @@ impl Monolith {
                             ir::Router::SoftmaxTopK { .. },
                             ir::Activation::GeluApprox | ir::Activation::GeluApproxThenMultiply,
                         )
-                        | (ir::Router::ScaledTopKSoftmax, _) => {
+                        | (ir::Router::ScaledTopKSoftmax | ir::Router::SigmoidGroupTopK(_), _) => {
                             return Err(ModelError(format!(
                                 "{}: layer {i}: experts with a shared expert run only with the softmax-then-top-k router and SwiGLU",
                                 ir.name
@@ -418,13 +418,43 @@ impl Monolith {
                             ir::Router::SoftmaxTopK { .. },
                             ir::Activation::GeluApprox | ir::Activation::GeluApproxThenMultiply,
                         )
-                    | (ir::Router::ScaledTopKSoftmax, _) => {
+                    | (ir::Router::ScaledTopKSoftmax | ir::Router::SigmoidGroupTopK(_), _) => {
                         return Err(ModelError(format!(
                             "{}: layer {i}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU",
                             ir.name
                         )))
                     }
                 },
+                ir::FeedForward::MoeAndSharedExperts { moe, shared } => {
+                    match (moe.router, moe.activation) {
+                        (ir::Router::SigmoidGroupTopK(g), ir::Activation::Silu) => {
+                            FeedForward::GroupRoutedMoe(b::load_group_routed_moe(
+                                &mut w,
+                                i,
+                                hidden,
+                                experts_shape(moe),
+                                shared.width as i32,
+                                b::GroupTopK {
+                                    top_k: moe.top_k as i32,
+                                    n_group: g.n_group as i32,
+                                    topk_group: g.topk_group as i32,
+                                    probs: top_k_probs(g.probs),
+                                    routed_scaling_factor: g.routed_scaling_factor,
+                                },
+                            ))
+                        }
+                        (
+                            ir::Router::SigmoidGroupTopK(_),
+                            ir::Activation::GeluApprox | ir::Activation::GeluApproxThenMultiply,
+                        )
+                        | (ir::Router::ScaledTopKSoftmax | ir::Router::SoftmaxTopK { .. }, _) => {
+                            return Err(ModelError(format!(
+                                "{}: layer {i}: experts with shared experts run only with the sigmoid group router and SwiGLU",
+                                ir.name
+                            )))
+                        }
+                    }
+                }
             };
             layers.push(Layer {
                 mixer,
@@ -521,7 +551,12 @@ impl Monolith {
                 }
                 (Some(_), _)
                 | (None, FeedForward::Mlp { moe: Some(_), .. })
-                | (None, FeedForward::SparseMoe(_) | FeedForward::SharedExpertMoe(_)) => {
+                | (
+                    None,
+                    FeedForward::SparseMoe(_)
+                    | FeedForward::SharedExpertMoe(_)
+                    | FeedForward::GroupRoutedMoe(_),
+                ) => {
                     return Err(Exception::custom(format!(
                         "layer {i}: a post-norm layer runs a plain residual and a dense MLP only; no runtime block runs it with scaled residuals or experts"
                     )))
