@@ -247,7 +247,7 @@ pub fn softcapped_attention(
     let scores = queries.matmul(keys.swap_axes(-1, -2)?)?;
     let cap = scalar_like(softcap, &scores);
     let mut scores = mlx_rs::ops::tanh(scores.divide(&cap)?)?.multiply(&cap)?;
-    let mask = mask_each_row(mask, b, repeats)?;
+    let mask = mask_each_row(mask, repeats)?;
     match &mask {
         Mask::None => {}
         Mask::Causal => {
@@ -282,9 +282,11 @@ pub fn softcapped_attention(
 /// masks each row with its own mask instead (docs/parity.md, "Batches",
 /// Gemma-2: tier L3, checked against mlx-lm with this one axis added). One
 /// sequence, a batch of one and ungrouped heads keep mlx-lm's graph.
-fn mask_each_row(mask: &Mask, batch: i32, repeats: i32) -> Result<Mask> {
+fn mask_each_row(mask: &Mask, repeats: i32) -> Result<Mask> {
     match mask {
-        Mask::Array(m) if repeats > 1 && batch > 1 && m.ndim() == 4 && m.shape()[0] > 1 => {
+        // A mask of more than one row is a batch's (one sequence's is [1, ...]
+        // or 2-D).
+        Mask::Array(m) if repeats > 1 && m.ndim() == 4 && m.shape()[0] > 1 => {
             Ok(Mask::Array(m.expand_dims(2)?))
         }
         Mask::None | Mask::Causal | Mask::Array(_) => Ok(mask.clone()),

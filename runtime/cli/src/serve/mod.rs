@@ -802,7 +802,14 @@ async fn queue_and_answer(
     // with seed + i, so choice 0 is what the request gives with n = 1.
     let mut events = StreamMap::new();
     let mut jobs = Vec::with_capacity(plan.choices);
+    let mut constraint = plan.constraint;
     for index in 0..plan.choices {
+        // Each choice follows the grammar on its own: the last takes the
+        // request's matcher, the others a deep copy of it.
+        let constraint = match index + 1 == plan.choices {
+            true => constraint.take(),
+            false => constraint.as_ref().map(TokenConstraint::fork),
+        };
         let (sender, receiver) = unbounded_channel();
         events.insert(index, UnboundedReceiverStream::new(receiver));
         jobs.push(Job {
@@ -813,8 +820,7 @@ async fn queue_and_answer(
             },
             stops: plan.stops.clone(),
             logprobs: plan.logprobs,
-            // Each choice follows the grammar on its own.
-            constraint: plan.constraint.as_ref().map(TokenConstraint::fork),
+            constraint,
             events: sender,
             cancel: cancel.clone(),
             queued_at: Instant::now(),
