@@ -29,10 +29,28 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
             "a qwen3 or llama checkpoint needs a spec of that family (`cargo xtask spec import`)",
         );
     }
+    // Bounds first: the structure is checked only if they hold.
+    let bounds = [
+        model_and_layer_bounds,
+        attention_bounds,
+        rope_bounds,
+        feed_forward_bounds,
+    ];
+    let mut ok = true;
+    for check_bounds in bounds {
+        ok &= check_bounds(&mut c, spec);
+    }
+    if !ok || !structure(&mut c, spec) {
+        return c.issues;
+    }
+    lowered(&mut c, spec);
+    c.issues
+}
 
-    // Bounds. `ok` stays true only if everything the structure needs is sane.
+/// The model's and the layer pattern's sizes; false when the structure
+/// cannot be checked with them.
+fn model_and_layer_bounds(c: &mut Checker, spec: &Gemma4Spec) -> bool {
     let m = &spec.model;
-    let a = &spec.attention;
     let l = &spec.layers;
     let mut ok = true;
     ok &= c.range(
@@ -94,6 +112,13 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
             ok = false;
         }
     }
+    ok
+}
+
+/// The attention's sizes: heads, head dims, window, grouping.
+fn attention_bounds(c: &mut Checker, spec: &Gemma4Spec) -> bool {
+    let a = &spec.attention;
+    let mut ok = true;
     ok &= c.range(
         "attention.num_attention_heads",
         a.num_attention_heads,
@@ -155,6 +180,12 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
         }
         _ => {}
     }
+    ok
+}
+
+/// Each RoPE's parameters (these never stop the structure's checks).
+fn rope_bounds(c: &mut Checker, spec: &Gemma4Spec) -> bool {
+    let a = &spec.attention;
     for (name, r) in [("sliding", &spec.rope.sliding), ("full", &spec.rope.full)] {
         match r {
             RopeParams::Default { rope_theta } => {
@@ -206,6 +237,12 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
             }
         }
     }
+    true
+}
+
+/// The MLP's, the experts' and the per-layer inputs' sizes.
+fn feed_forward_bounds(c: &mut Checker, spec: &Gemma4Spec) -> bool {
+    let mut ok = true;
     ok &= c.range(
         "mlp.intermediate_size",
         spec.mlp.intermediate_size,
@@ -252,12 +289,13 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
             "rows of embed_tokens_per_layer",
         );
     }
+    ok
+}
 
-    if !ok {
-        return c.issues;
-    }
-
-    // Structure.
+/// KV sharing and the double-wide MLP; false when an error was found (the
+/// lowering needs a sound structure).
+fn structure(c: &mut Checker, spec: &Gemma4Spec) -> bool {
+    let l = &spec.layers;
     let n = l.num_hidden_layers;
     let shared = l.num_kv_shared_layers;
     let types = spec.layer_types();
@@ -268,7 +306,7 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
             format!("an integer in 0..{n}"),
             "the last num_kv_shared_layers layers reuse K/V of earlier layers",
         );
-        return c.issues;
+        return false;
     }
     let first_shared = (n - shared) as usize;
     if shared > 0 {
@@ -305,10 +343,12 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
             "mlx-lm doubles the MLP only on layers >= num_hidden_layers - num_kv_shared_layers > 0; write false",
         );
     }
-    if !c.issues.is_empty() {
-        return c.issues;
-    }
+    c.issues.is_empty()
+}
 
+/// What is checked against the lowered IR: weight and KV-cache
+/// quantization, mixed KV.
+fn lowered(c: &mut Checker, spec: &Gemma4Spec) {
     let ir = crate::gemma4::lower(spec);
     if let Some(q) = &spec.quantization {
         check_quantization(q, &ir, &mut c.issues);
@@ -316,119 +356,132 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
     // Every Gemma-4 layer is attention: entry i is layer i's.
     let attention: Vec<&Attention> = ir.layers.iter().filter_map(Layer::attention).collect();
     if let Some(kv) = &spec.kv_quantization {
-        // Donor -> the KV-shared layers reading it.
-        let mut readers: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
-        for (index, a) in attention.iter().enumerate() {
-            match a.kv {
-                KvSource::Shared { donor } => readers.entry(donor).or_default().push(index),
-                KvSource::Own { .. } => {}
-            }
-        }
-        // The layers mlx-lm can run with a QuantizedKVCache.
-        let full_quantizable: Vec<usize> = attention
-            .iter()
-            .enumerate()
-            .filter(|(i, a)| a.owns_kv() && a.window == Window::Full && !readers.contains_key(i))
-            .map(|(i, _)| i)
-            .collect();
-        let mut prev: Option<u32> = None;
-        for (i, e) in kv.iter().enumerate() {
-            let ep = p("kv_quantization").index(i);
-            if e.layer_idx >= n {
-                c.err(
-                    ep.key("layer_idx"),
-                    format!("layer {} does not exist", e.layer_idx),
-                    format!("a layer index in 0..{n}"),
-                    "indices are 0-based",
-                );
-                continue;
-            }
-            if let Some(pv) = prev {
-                if e.layer_idx <= pv {
-                    c.err(
-                        ep.key("layer_idx"),
-                        format!("layer {} after layer {pv}", e.layer_idx),
-                        "entries sorted by layer_idx, each layer once",
-                        "sort the list and drop duplicates",
-                    );
-                }
-            }
-            prev = Some(e.layer_idx);
-            let facts = attention[e.layer_idx as usize];
-            if !facts.owns_kv() {
-                c.err(
-                    ep.key("layer_idx"),
-                    format!("layer {} is KV-shared and owns no cache", e.layer_idx),
-                    format!("a layer below {first_shared}"),
-                    "sharers read their donor's cache; quantize the donor instead",
-                );
-            } else if matches!(facts.window, Window::Sliding(_)) {
-                c.err(
-                    ep.key("layer_idx"),
-                    format!(
-                        "layer {} is a sliding-attention layer (rotating cache)",
-                        e.layer_idx
-                    ),
-                    format!("a full-attention layer ({})", list(&full_quantizable)),
-                    "mlx-lm quantizes only the full layers' KVCache: RotatingKVCache.to_quantized raises NotImplementedError (mlx-lm 0.32.2)",
-                );
-            } else if let Some(sharers) = readers.get(&(e.layer_idx as usize)) {
-                c.err(
-                    ep.key("layer_idx"),
-                    format!(
-                        "layer {} is the K/V donor of KV-shared {}",
-                        e.layer_idx,
-                        list(sharers)
-                    ),
-                    format!(
-                        "a full-attention layer that no KV-shared layer reads ({})",
-                        list(&full_quantizable)
-                    ),
-                    "a sharer has no cache, so mlx-lm's scaled_dot_product_attention takes the unquantized path with the donor's quantized (data, scales, biases) tuples and fails; quantize another full layer or lower num_kv_shared_layers",
-                );
-            }
-            let group_ok = AFFINE_GROUPS.contains(&e.group_size);
-            for (ok, key, value, expected) in [
-                (
-                    AFFINE_BITS.contains(&e.bits),
-                    "bits",
-                    format!("{} bits", e.bits),
-                    "one of 2, 3, 4, 5, 6, 8",
-                ),
-                (
-                    group_ok,
-                    "group_size",
-                    format!("group size {}", e.group_size),
-                    "one of 32, 64, 128",
-                ),
-            ] {
-                if !ok {
-                    c.err(
-                        ep.key(key),
-                        value,
-                        expected,
-                        "KV caches use mlx affine quantization",
-                    );
-                }
-            }
-            if group_ok && facts.head_dim as u32 % e.group_size != 0 {
-                c.err(
-                    ep.key("group_size"),
-                    format!(
-                        "group size {} does not divide layer {}'s head_dim {}",
-                        e.group_size, e.layer_idx, facts.head_dim
-                    ),
-                    format!("a group size dividing {}", facts.head_dim),
-                    "K and V are quantized along the head dimension",
-                );
-            }
-        }
+        kv_quantization(c, spec, &attention, kv);
     }
     if let (true, Some(m)) = (c.issues.is_empty(), &spec.mixed_kv) {
         c.issues
             .extend(crate::mixed_kv::check(m, &crate::gemma4::lower(spec)));
     }
-    c.issues
+}
+
+/// `kv_quantization`'s entries: layers that exist, that mlx-lm can run with a
+/// `QuantizedKVCache`, and bits and group sizes it supports.
+fn kv_quantization(
+    c: &mut Checker,
+    spec: &Gemma4Spec,
+    attention: &[&Attention],
+    kv: &[KvQuantEntry],
+) {
+    let n = spec.layers.num_hidden_layers;
+    // `structure` checked that the shared layers fit.
+    let first_shared = (n - spec.layers.num_kv_shared_layers) as usize;
+    // Donor -> the KV-shared layers reading it.
+    let mut readers: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for (index, a) in attention.iter().enumerate() {
+        match a.kv {
+            KvSource::Shared { donor } => readers.entry(donor).or_default().push(index),
+            KvSource::Own { .. } => {}
+        }
+    }
+    // The layers mlx-lm can run with a QuantizedKVCache.
+    let full_quantizable: Vec<usize> = attention
+        .iter()
+        .enumerate()
+        .filter(|(i, a)| a.owns_kv() && a.window == Window::Full && !readers.contains_key(i))
+        .map(|(i, _)| i)
+        .collect();
+    let mut prev: Option<u32> = None;
+    for (i, e) in kv.iter().enumerate() {
+        let ep = p("kv_quantization").index(i);
+        if e.layer_idx >= n {
+            c.err(
+                ep.key("layer_idx"),
+                format!("layer {} does not exist", e.layer_idx),
+                format!("a layer index in 0..{n}"),
+                "indices are 0-based",
+            );
+            continue;
+        }
+        if let Some(pv) = prev {
+            if e.layer_idx <= pv {
+                c.err(
+                    ep.key("layer_idx"),
+                    format!("layer {} after layer {pv}", e.layer_idx),
+                    "entries sorted by layer_idx, each layer once",
+                    "sort the list and drop duplicates",
+                );
+            }
+        }
+        prev = Some(e.layer_idx);
+        let facts = attention[e.layer_idx as usize];
+        if !facts.owns_kv() {
+            c.err(
+                ep.key("layer_idx"),
+                format!("layer {} is KV-shared and owns no cache", e.layer_idx),
+                format!("a layer below {first_shared}"),
+                "sharers read their donor's cache; quantize the donor instead",
+            );
+        } else if matches!(facts.window, Window::Sliding(_)) {
+            c.err(
+                ep.key("layer_idx"),
+                format!(
+                    "layer {} is a sliding-attention layer (rotating cache)",
+                    e.layer_idx
+                ),
+                format!("a full-attention layer ({})", list(&full_quantizable)),
+                "mlx-lm quantizes only the full layers' KVCache: RotatingKVCache.to_quantized raises NotImplementedError (mlx-lm 0.32.2)",
+            );
+        } else if let Some(sharers) = readers.get(&(e.layer_idx as usize)) {
+            c.err(
+                ep.key("layer_idx"),
+                format!(
+                    "layer {} is the K/V donor of KV-shared {}",
+                    e.layer_idx,
+                    list(sharers)
+                ),
+                format!(
+                    "a full-attention layer that no KV-shared layer reads ({})",
+                    list(&full_quantizable)
+                ),
+                "a sharer has no cache, so mlx-lm's scaled_dot_product_attention takes the unquantized path with the donor's quantized (data, scales, biases) tuples and fails; quantize another full layer or lower num_kv_shared_layers",
+            );
+        }
+        let group_ok = AFFINE_GROUPS.contains(&e.group_size);
+        for (ok, key, value, expected) in [
+            (
+                AFFINE_BITS.contains(&e.bits),
+                "bits",
+                format!("{} bits", e.bits),
+                "one of 2, 3, 4, 5, 6, 8",
+            ),
+            (
+                group_ok,
+                "group_size",
+                format!("group size {}", e.group_size),
+                "one of 32, 64, 128",
+            ),
+        ] {
+            if !ok {
+                c.err(
+                    ep.key(key),
+                    value,
+                    expected,
+                    "KV caches use mlx affine quantization",
+                );
+            }
+        }
+        if group_ok && facts.head_dim as u32 % e.group_size != 0 {
+            c.err(
+                ep.key("group_size"),
+                format!(
+                    "group size {} does not divide layer {}'s head_dim {}",
+                    e.group_size, e.layer_idx, facts.head_dim
+                ),
+                format!("a group size dividing {}", facts.head_dim),
+                "K and V are quantized along the head dimension",
+            );
+        }
+    }
 }
 
 /// `layers 5, 11` / `layer 5` / `no such layer in this model`.
