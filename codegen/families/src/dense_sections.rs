@@ -1,5 +1,5 @@
 //! The dense layout's model, layer, attention and MLP sections: plain data,
-//! read by the dense families (`dense.rs`) and by the section writers every
+//! read by the dense families (`dense/`) and by the section writers every
 //! family shares (`emit.rs`, `hf.rs`, `layout.rs`). They live below all of
 //! them so that the shared writers do not import a family's module. The
 //! sizes every dense-shaped import reads first ([`RequiredSizes`]) build them.

@@ -140,9 +140,12 @@ pub const MAX_DERIVE_DEPTH: usize = 8;
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(untagged)]
 pub enum Spec {
+    /// Gemma 4 (`gemma4`, `gemma4_text`).
     Gemma4(Gemma4Spec),
-    /// Qwen3 and Llama.
+    /// The dense layout: Llama and its variants (`dense/`: qwen3, qwen2,
+    /// smollm3, granite, phi3, olmo2; mistral through llama).
     Dense(DenseSpec),
+    /// The Gemma layout: Gemma-2 and Gemma 3 text (`gemma/`).
     Gemma2(Gemma2Spec),
     /// Qwen3-MoE.
     Qwen3Moe(Qwen3MoeSpec),
