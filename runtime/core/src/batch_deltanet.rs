@@ -223,13 +223,7 @@ pub fn gated_delta_net_batch(
                 None => mlx_rs::ops::zeros_dtype(&[bsz, n_keep, qkv.shape()[2]], x.dtype())?,
             };
             let conv_input = mlx_rs::ops::concatenate(&[state, qkv.clone()], 1)?;
-            let mut positions = Vec::with_capacity(lengths.len() * n_keep as usize);
-            for &l in lengths {
-                let end = l.clamp(0, len);
-                positions.extend((0..n_keep).map(|j| end + j));
-            }
-            let positions = Array::from_slice(&positions, &[lengths.len() as i32, n_keep, 1]);
-            conv_input.take_along_axis(&positions, 1)?
+            conv_state_at_lengths(&conv_input, lengths, len, n_keep)?
         }
         None => conv_state,
     });
@@ -246,4 +240,24 @@ pub fn gated_delta_net_batch(
     cache.advance(len);
     let out = rms_norm_gated(&out, &z, &w.norm, s.eps)?;
     sharded_to_all(w.out_proj.forward(&out.reshape(&[bsz, len, -1])?)?)
+}
+
+/// A batch's conv state after each row's last real token, as mlx-lm's
+/// batched `ArraysCache` keeps it: `conv_input` rows
+/// `clip(length, 0, len) .. + n_keep` of each sequence (right-padded rows
+/// stop at their own length). Shared by the Gated DeltaNet and the short
+/// convolution.
+pub(crate) fn conv_state_at_lengths(
+    conv_input: &Array,
+    lengths: &[i32],
+    len: i32,
+    n_keep: i32,
+) -> Result<Array> {
+    let mut positions = Vec::with_capacity(lengths.len() * n_keep as usize);
+    for &l in lengths {
+        let end = l.clamp(0, len);
+        positions.extend((0..n_keep).map(|j| end + j));
+    }
+    let positions = Array::from_slice(&positions, &[lengths.len() as i32, n_keep, 1]);
+    conv_input.take_along_axis(&positions, 1)
 }

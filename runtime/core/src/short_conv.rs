@@ -118,15 +118,7 @@ pub fn short_conv_batch(
     let t = x.shape()[1];
     let input = conv_input(&bx, cache.conv.as_ref(), n_keep)?;
     let state = match &cache.lengths {
-        Some(lengths) => {
-            let mut positions = Vec::with_capacity(lengths.len() * n_keep as usize);
-            for &l in lengths {
-                let end = l.clamp(0, t);
-                positions.extend((0..n_keep).map(|j| end + j));
-            }
-            let positions = Array::from_slice(&positions, &[lengths.len() as i32, n_keep, 1]);
-            input.take_along_axis(&positions, 1)?
-        }
+        Some(lengths) => crate::batch_deltanet::conv_state_at_lengths(&input, lengths, t, n_keep)?,
         None => input.try_index((.., -n_keep.., ..))?,
     };
     cache.conv = Some(state);
