@@ -77,6 +77,7 @@ mod mixed_kv;
 mod model;
 mod model_family;
 mod qwen3_5;
+mod qwen3_next;
 mod qwen3_moe;
 mod reader;
 mod reduce;
@@ -468,10 +469,8 @@ fn parse_inner(
         minicpm::LAYOUT
             .parse(value, &tree, origin)
             .map(Spec::MiniCpm)
-    } else if declared_family(&value) == Some(Family::Qwen35) {
-        qwen3_5::LAYOUT
-            .parse(value, &tree, origin)
-            .map(Spec::Qwen35)
+    } else if let Some(layout) = declared_family(&value).and_then(qwen3_5::layout_of) {
+        layout.parse(value, &tree, origin).map(Spec::Qwen35)
     } else if declared_family(&value) == Some(Family::Lfm2) {
         lfm2::LAYOUT.parse(value, &tree, origin).map(Spec::Lfm2)
     } else {

@@ -244,7 +244,8 @@ fn every_layer(path: &str, spec: &Spec) -> Option<LayerFacts> {
         | Family::Gemma2
         | Family::Qwen3Moe
         | Family::Qwen35
-        | Family::Lfm2 => None,
+        | Family::Lfm2
+        | Family::Qwen3Next => None,
     }
 }
 
@@ -570,10 +571,20 @@ fn families_lower_to_their_blocks() {
                     "{path}"
                 );
             }
-            Family::Qwen35 => {
+            family @ (Family::Qwen35 | Family::Qwen3Next) => {
                 let s = match &spec {
                     Spec::Qwen35(s) => s,
-                    other => panic!("{path}: family qwen3_5 in a {other:?}"),
+                    other => panic!("{path}: family {family:?} in a {other:?}"),
+                };
+                // qwen3_next: no multimodal wrapper, the projections grouped
+                // per key head, sanitize only on a raw MoE checkpoint.
+                let (prefix, in_proj, moves_conv) = match family {
+                    Family::Qwen3Next => (
+                        ModulePrefix::Model,
+                        InProj::GroupedPerKeyHead,
+                        s.moe.is_some(),
+                    ),
+                    _ => (ModulePrefix::LanguageModel, InProj::Split, true),
                 };
                 let interval = s.layers.full_attention_interval as usize;
                 for l in &ir.layers {
@@ -611,13 +622,15 @@ fn families_lower_to_their_blocks() {
                             assert_eq!(d.k_heads as u32, s.linear_attention.linear_num_key_heads);
                             assert_eq!(d.v_heads as u32, s.linear_attention.linear_num_value_heads);
                             assert_eq!(d.cache, StateCache::ConvAndRecurrent, "{path}");
+                            assert_eq!(d.in_proj, in_proj, "{path}");
                         }
                         Mixer::ShortConv(_) => panic!("{path}: a short-conv layer"),
                     }
                 }
-                assert_eq!(ir.checkpoint.prefix, ModulePrefix::LanguageModel, "{path}");
-                assert!(
+                assert_eq!(ir.checkpoint.prefix, prefix, "{path}");
+                assert_eq!(
                     ir.checkpoint.sanitize.contains(&SanitizeRule::MoveConvAxis),
+                    moves_conv,
                     "{path}"
                 );
                 assert_eq!(

@@ -361,6 +361,10 @@ impl DeltaNet {
 pub enum InProj {
     /// `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` (qwen3_5).
     Split,
+    /// `in_proj_qkvz` [2 key_dim + 2 value_dim] and `in_proj_ba` [2 Hv], their
+    /// outputs grouped per key head and regrouped by
+    /// `fix_query_key_value_ordering` (qwen3_next).
+    GroupedPerKeyHead,
 }
 
 /// The norm before a Gated DeltaNet layer's output projection.
@@ -940,6 +944,9 @@ families_and_model_types! {
     /// LFM2 (`lfm2.py`): gated short-convolution layers with attention layers
     /// (q/k norms per head) at `full_attn_idxs`.
     Lfm2 = "lfm2" { ; }
+    /// Qwen3-Next (`qwen3_next.py`): Qwen3.5's hybrid stack with the Gated
+    /// DeltaNet's projections grouped per key head and no multimodal wrapper.
+    Qwen3Next = "qwen3_next" { ; }
 }
 
 /// RoPE of one layer.
