@@ -31,9 +31,10 @@ use serde_json::{json, Value};
 /// batched `ArraysCache` beside gated attention), Qwen3.6's shared-expert
 /// MoE, Phi-3 (one fused `qkv_proj` and `gate_up_proj`), OLMo-2, Gemma 3
 /// (sliding layers with their own RoPE base beside linearly scaled full
-/// ones) and LFM2 (short convs' batched `ArraysCache` beside attention;
-/// each appended last, so the others keep their seeds).
-const BATCHED: [&str; 11] = [
+/// ones), LFM2 (short convs' batched `ArraysCache` beside attention) and
+/// Qwen3-Next (the Gated DeltaNet's projections grouped per key head; each
+/// appended last, so the others keep their seeds).
+const BATCHED: [&str; 12] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
@@ -45,6 +46,7 @@ const BATCHED: [&str; 11] = [
     "olmo-2-1124-7b-tiny",
     "gemma-3-1b-tiny",
     "lfm2-1.2b-tiny",
+    "qwen3-next-80b-a3b-tiny",
 ];
 
 fn schedule(vocab: i32) -> Value {

@@ -27,7 +27,7 @@ fn specs() -> Vec<(String, Spec)> {
 /// family it covered (the IR's alone for Qwen3-MoE, Qwen3.5 and Phi-3's fused
 /// projections). The real-size counts are the published ones (gemma-2-2b:
 /// 2,614,341,888; gemma-3-1b: 999,885,952).
-const MODULE_COUNTS: [(&str, u64, usize, usize); 89] = [
+const MODULE_COUNTS: [(&str, u64, usize, usize); 93] = [
     ("gemma-2-2b", 2614341888, 183, 0),
     ("gemma-2-2b-l2", 745558272, 15, 0),
     ("gemma-2-2b-tiny", 181312, 29, 0),
@@ -103,6 +103,10 @@ const MODULE_COUNTS: [(&str, u64, usize, usize); 89] = [
     ("qwen3-8b", 8190735360, 254, 0),
     ("qwen3-8b-tiny", 213696, 30, 0),
     ("qwen3-moe-mixed-tiny-q8", 218816, 31, 31),
+    ("qwen3-next-80b-a3b", 79674391296, 542, 0),
+    ("qwen3-next-80b-a3b-l4", 964815936, 47, 0),
+    ("qwen3-next-80b-a3b-tiny", 651024, 92, 0),
+    ("qwen3-next-80b-a3b-tiny-q4", 651024, 92, 92),
     ("qwen3.5-4b", 4205751296, 249, 0),
     ("qwen3.5-4b-l4", 1081957952, 32, 0),
     ("qwen3.5-4b-tiny", 367888, 63, 0),
