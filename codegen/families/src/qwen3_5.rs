@@ -10,7 +10,9 @@
 //!
 //! Everything family-specific on the spec side lives here: the document, its
 //! validation, the lowering to the block IR, the config.json view, the YAML
-//! writer, the reduction to tiny variants and the config.json importer.
+//! writer, the reduction to tiny variants and the config.json importer. The
+//! document is also Qwen3-Next's (`qwen3_next.rs`): what differs per module
+//! is a `Qwen35Variant`, Qwen3.5's being `QWEN3_5`.
 
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
@@ -503,8 +505,9 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
 /// mixer a Gated DeltaNet (`Mixer::GatedDeltaNet`, its conv and recurrent
 /// state in an `ArraysCache`) or, every `full_attention_interval`-th layer,
 /// gated attention (`OutputGate::SigmoidPerHead`, q/k RMSNorm, a partial
-/// default RoPE, `head_dim ** -0.5`, a plain KV cache). The checkpoint is
-/// mlx-lm's `Model` wrapper (`language_model.model.*`) and its sanitize.
+/// default RoPE, `head_dim ** -0.5`, a plain KV cache). The Gated DeltaNet's
+/// projections, the checkpoint's prefix, sanitize and sharding are the
+/// variant's (qwen3_5: mlx-lm's `Model` wrapper, `language_model.model.*`).
 pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
