@@ -50,13 +50,14 @@ pub(crate) const QWEN3_NEXT: Qwen35Variant = Qwen35Variant {
     sanitize: |spec| match spec.moe {
         // `if not moe_layers: return weights`.
         None => Vec::new(),
-        // On a raw checkpoint (per-expert weights), whose conv is raw too.
+        // Each acts on a raw checkpoint only; the norms on the module's own
+        // condition, per-expert weights.
         Some(_) => vec![
             SanitizeRule::DropMtp,
             SanitizeRule::DropTiedHead,
             SanitizeRule::StackExperts,
             SanitizeRule::MoveConvAxis,
-            SanitizeRule::OffsetNormsOfRawCheckpoint,
+            SanitizeRule::OffsetNormsOfPerExpertCheckpoint,
         ],
     },
     // qwen3_next.py has no shard(): the plan refuses to split its linear layers.

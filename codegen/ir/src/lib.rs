@@ -172,6 +172,10 @@ pub enum SanitizeRule {
     /// post-attention, final, q and k norms (a weak scalar: the sum is in the
     /// weight's dtype). Qwen3.5 stores them as offsets around 0.
     OffsetNormsOfRawCheckpoint,
+    /// The same offset on qwen3_next's condition: the checkpoint has
+    /// per-expert Hugging Face weights (a `model.layers.{i}.mlp.experts.0.
+    /// up_proj.weight`), whatever its conv weights look like.
+    OffsetNormsOfPerExpertCheckpoint,
     /// LFM2's module names read as the names the shared blocks load
     /// (`operator_norm` → `input_layernorm`, `ffn_norm` →
     /// `post_attention_layernorm`, `feed_forward.w1` / `w3` / `w2` →
