@@ -31,11 +31,12 @@ use serde_json::{json, Value};
 /// batched `ArraysCache` beside gated attention), Qwen3.6's shared-expert
 /// MoE, Phi-3 (one fused `qkv_proj` and `gate_up_proj`), OLMo-2, Gemma 3
 /// (sliding layers with their own RoPE base beside linearly scaled full
-/// ones), LFM2 (short convs' batched `ArraysCache` beside attention) and
+/// ones), LFM2 (short convs' batched `ArraysCache` beside attention),
 /// GLM-4.5 MoE (`noaux_tc` routing with shared experts, partial RoPE, q/k/v
-/// biases; then group-limited routing and q/k norms); each appended last, so
-/// the others keep their seeds.
-const BATCHED: [&str; 13] = [
+/// biases; then group-limited routing and q/k norms) and Qwen3-Next (the
+/// Gated DeltaNet's projections grouped per key head); each appended last,
+/// so the others keep their seeds.
+const BATCHED: [&str; 14] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
@@ -49,6 +50,7 @@ const BATCHED: [&str; 13] = [
     "lfm2-1.2b-tiny",
     "glm-4.5-air-tiny",
     "glm4-moe-grouped-tiny",
+    "qwen3-next-80b-a3b-tiny",
 ];
 
 fn schedule(vocab: i32) -> Value {

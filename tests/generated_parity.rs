@@ -663,6 +663,15 @@ fn minicpm_head_is_taken_from_the_embedding_when_absent() {
 /// The MoE form (`qwen3.6-35b-a3b-tiny`, float32) also stores its experts
 /// fused, `mlp.experts.gate_up_proj` and `mlp.experts.down_proj`
 /// (`SanitizeRule::SplitSwitchMlpGateUp`).
+/// Qwen3-Next's raw layout (`qwen3-next-80b-a3b-tiny`, float32): `model.*`
+/// names, per-expert weights (`SanitizeRule::StackExperts`; their presence is
+/// what makes qwen3_next's sanitize act), conv1d weights as [C, 1, K], the
+/// five norms stored as `w - 1` and an MTP head.
+#[test]
+fn qwen3_next_raw_hf_checkpoint_loads_as_mlx_lm_sanitizes_it() {
+    raw_hf_checkpoint_case("qwen3-next-80b-a3b-tiny", "float32");
+}
+
 #[test]
 fn qwen3_5_raw_hf_checkpoint_loads_as_mlx_lm_sanitizes_it() {
     for (name, dtype) in [
@@ -703,11 +712,16 @@ fn raw_hf_checkpoint_case(name: &str, dtype: &str) {
         ],
     );
     let names = Array::load_safetensors(hf.join("model.safetensors")).unwrap();
-    let conv = &names["model.language_model.layers.0.linear_attn.conv1d.weight"];
+    // qwen3_next has no multimodal wrapper, and its HF experts are per expert.
+    let (prefix, experts) = match spec.family() {
+        archgen_ir::Family::Qwen3Next => ("model.", "mlp.experts.0.up_proj.weight"),
+        _ => ("model.language_model.", "mlp.experts.gate_up_proj"),
+    };
+    let conv = &names[&format!("{prefix}layers.0.linear_attn.conv1d.weight")];
     assert_eq!(conv.shape()[1], 1, "the HF conv layout is [C, 1, K]");
     assert!(names.contains_key("mtp.fc.weight"));
     if spec.lower().layers[0].moe().is_some() {
-        assert!(names.contains_key("model.language_model.layers.0.mlp.experts.gate_up_proj"));
+        assert!(names.contains_key(&format!("{prefix}layers.0.{experts}")));
         assert!(!names.keys().any(|k| k.contains("switch_mlp")));
     }
     let oracle_path = root.path().join("hf-oracle.safetensors");

@@ -166,6 +166,14 @@ pub mod qwen3_8b;
 #[rustfmt::skip]
 pub mod qwen3_moe_mixed_tiny_q8;
 #[rustfmt::skip]
+pub mod qwen3_next_80b_a3b_l4;
+#[rustfmt::skip]
+pub mod qwen3_next_80b_a3b_tiny_q4;
+#[rustfmt::skip]
+pub mod qwen3_next_80b_a3b_tiny;
+#[rustfmt::skip]
+pub mod qwen3_next_80b_a3b;
+#[rustfmt::skip]
 pub mod qwen3_5_4b_l4;
 #[rustfmt::skip]
 pub mod qwen3_5_4b_tiny_q4;
@@ -611,6 +619,26 @@ pub const MODELS: &[GeneratedModel] = &[
         fingerprint: qwen3_moe_mixed_tiny_q8::FINGERPRINT,
     },
     GeneratedModel {
+        name: "qwen3-next-80b-a3b-l4",
+        spec: "specs/qwen3-next-80b-a3b-l4.yaml",
+        fingerprint: qwen3_next_80b_a3b_l4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3-next-80b-a3b-tiny-q4",
+        spec: "specs/qwen3-next-80b-a3b-tiny-q4.yaml",
+        fingerprint: qwen3_next_80b_a3b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3-next-80b-a3b-tiny",
+        spec: "specs/qwen3-next-80b-a3b-tiny.yaml",
+        fingerprint: qwen3_next_80b_a3b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "qwen3-next-80b-a3b",
+        spec: "specs/qwen3-next-80b-a3b.yaml",
+        fingerprint: qwen3_next_80b_a3b::FINGERPRINT,
+    },
+    GeneratedModel {
         name: "qwen3.5-4b-l4",
         spec: "specs/qwen3.5-4b-l4.yaml",
         fingerprint: qwen3_5_4b_l4::FINGERPRINT,
@@ -907,6 +935,18 @@ pub fn run<T: ModelTask>(
         qwen3_8b::FINGERPRINT => Some(qwen3_8b::load(weights).map(|m| task.run(&m))),
         qwen3_moe_mixed_tiny_q8::FINGERPRINT => {
             Some(qwen3_moe_mixed_tiny_q8::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_next_80b_a3b_l4::FINGERPRINT => {
+            Some(qwen3_next_80b_a3b_l4::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_next_80b_a3b_tiny_q4::FINGERPRINT => {
+            Some(qwen3_next_80b_a3b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_next_80b_a3b_tiny::FINGERPRINT => {
+            Some(qwen3_next_80b_a3b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        qwen3_next_80b_a3b::FINGERPRINT => {
+            Some(qwen3_next_80b_a3b::load(weights).map(|m| task.run(&m)))
         }
         qwen3_5_4b_l4::FINGERPRINT => {
             Some(qwen3_5_4b_l4::load(weights).map(|m| task.run(&m)))

@@ -1,6 +1,6 @@
 """Build a tiny random-weight checkpoint in the mlx-community layout, for any
 model_type mlx-lm has (Gemma-4, qwen3, llama, and qwen2, gemma2, gemma3_text,
-qwen3_moe, minicpm, mistral, lfm2: mlx-lm's own Model class is instantiated from config.json).
+qwen3_moe, minicpm, mistral, lfm2, qwen3_5, qwen3_next: mlx-lm's own Model class is instantiated from config.json).
 
 The checkpoint is written by mlx-lm's own convert-path functions
 (`quantize_model`, `save_model`, `save_config`), so the tensor names, dtypes,

@@ -8,10 +8,10 @@ cover, for the runtime's loader and batch tests.
       tower tensors and rotary buffers that sanitize drops.
   variants.py family-hf-layout SRC DST
       Rewrite a qwen2 / llama / mistral / qwen3_moe / glm4_moe / minicpm /
-      qwen3_5 checkpoint with the tensors its Hugging Face original has and
-      mlx-lm's sanitize undoes (rotary tables, a tied lm_head, per-expert
-      weights, glm4_moe's MTP layer, no minicpm lm_head; qwen3_5's conv
-      layout, norm offsets, MTP and vision).
+      qwen3_5 / qwen3_next checkpoint with the tensors its Hugging Face
+      original has and mlx-lm's sanitize undoes (rotary tables, a tied
+      lm_head, per-expert weights, glm4_moe's MTP layer, no minicpm lm_head;
+      qwen3_5's conv layout, norm offsets, MTP and vision).
   variants.py batch DIR OUT IDS_JSON
       One forward of mlx-lm over a batch ([B, L] ids, fresh cache): logits
       [B, L, V] to OUT (safetensors key "logits").
@@ -137,6 +137,28 @@ def family_hf_layout(src: Path, dst: Path) -> None:
                 [parts["gate_proj.weight"], parts["up_proj.weight"]], axis=-2)
         out["mtp.fc.weight"] = mx.zeros((2, 2))
         out["model.visual.patch_embed.proj.weight"] = mx.zeros((2, 2))
+    elif model_type == "qwen3_next":
+        # Qwen3-Next's Hugging Face original: per-expert weights (which are
+        # what make its sanitize act at all), the conv1d weights as [C, 1, K],
+        # the input / post-attention / final / q / k norms stored as offsets
+        # around 0, and an MTP head that sanitize drops.
+        out = {}
+        norms = (".input_layernorm.weight", ".post_attention_layernorm.weight",
+                 "model.norm.weight", ".q_norm.weight", ".k_norm.weight")
+        for k, v in weights.items():
+            if ".mlp.switch_mlp." in k:
+                if f"{k[:-len('weight')]}scales" in weights:
+                    raise SystemExit(f"{k}: only unquantized experts have a per-expert HF layout")
+                base, leaf = k.split(".mlp.switch_mlp.")
+                for e in range(v.shape[0]):
+                    out[f"{base}.mlp.experts.{e}.{leaf}"] = v[e]
+                continue
+            if "conv1d.weight" in k:
+                v = mx.moveaxis(v, 2, 1)
+            elif k.endswith(norms) and v.ndim == 1:
+                v = v - 1.0
+            out[k] = v
+        out["mtp.fc.weight"] = mx.zeros((2, 2))
     elif model_type == "minicpm":
         # MiniCPM's HF checkpoints tie the head to the embedding and store no
         # lm_head; only a head equal to the embedding can be dropped.

@@ -497,15 +497,15 @@ fn finish_tokens(
 /// `decode::delta_net` for one-token steps.
 fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, String> {
     let l = &kind.key.0;
-    let parts = mixer_kind_parts(
-        kind,
-        "mixer",
-        quote! { deltanet::GatedDeltaNet },
-        quote! { deltanet::load_gated_delta_net(w, i, Self::SHAPE) },
-    )?;
-    match (d.in_proj, d.norm, d.cache) {
-        (InProj::Split, GatedNorm::RmsSiluGate, StateCache::ConvAndRecurrent) => {}
-    }
+    let load = match (d.in_proj, d.norm, d.cache) {
+        (InProj::Split, GatedNorm::RmsSiluGate, StateCache::ConvAndRecurrent) => {
+            quote! { deltanet::load_gated_delta_net(w, i, Self::SHAPE) }
+        }
+        (InProj::GroupedPerKeyHead, GatedNorm::RmsSiluGate, StateCache::ConvAndRecurrent) => {
+            quote! { deltanet::load_grouped_gated_delta_net(w, i, Self::SHAPE) }
+        }
+    };
+    let parts = mixer_kind_parts(kind, "mixer", quote! { deltanet::GatedDeltaNet }, load)?;
     let [kh, vh, kd, vd, conv] = [
         d.k_heads,
         d.v_heads,

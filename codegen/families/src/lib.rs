@@ -80,6 +80,7 @@ mod model_family;
 mod noaux_tc;
 mod qwen3_5;
 mod qwen3_moe;
+mod qwen3_next;
 mod reader;
 mod reduce;
 mod registry;
@@ -484,10 +485,8 @@ fn parse_inner(
         minicpm::LAYOUT
             .parse(value, &tree, origin)
             .map(Spec::MiniCpm)
-    } else if declared_family(&value) == Some(Family::Qwen35) {
-        qwen3_5::LAYOUT
-            .parse(value, &tree, origin)
-            .map(Spec::Qwen35)
+    } else if let Some(layout) = declared_family(&value).and_then(qwen3_5::layout_of) {
+        layout.parse(value, &tree, origin).map(Spec::Qwen35)
     } else if declared_family(&value) == Some(Family::Lfm2) {
         lfm2::LAYOUT.parse(value, &tree, origin).map(Spec::Lfm2)
     } else if declared_family(&value) == Some(Family::Glm4Moe) {

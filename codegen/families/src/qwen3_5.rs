@@ -10,7 +10,9 @@
 //!
 //! Everything family-specific on the spec side lives here: the document, its
 //! validation, the lowering to the block IR, the config.json view, the YAML
-//! writer, the reduction to tiny variants and the config.json importer.
+//! writer, the reduction to tiny variants and the config.json importer. The
+//! document is also Qwen3-Next's (`qwen3_next.rs`): what differs per module
+//! is a `Qwen35Variant`, Qwen3.5's being `QWEN3_5`.
 
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
@@ -156,6 +158,112 @@ fn rotated_dims(spec: &Qwen35Spec) -> u32 {
     (f64::from(spec.attention.head_dim) * spec.rope.partial_rotary_factor) as u32
 }
 
+// ---------------------------------------------------------------- variants
+
+/// What a family of the Qwen3.5 layout states beside its document: Qwen3.5's
+/// value ([`QWEN3_5`]) is the parent; another module that shares the stack is
+/// its difference from it (`qwen3_next.rs`).
+pub(crate) struct Qwen35Variant {
+    pub family: Family,
+    pub layout: Layout,
+    /// The model types of this family and, for each, what the module asks of
+    /// the spec (qwen3_5_moe: the experts).
+    pub check_model_type: fn(&mut validate::Checker, &Qwen35Spec),
+    pub feed_forward: FeedForwardSections,
+    /// How the Gated DeltaNet projects its input.
+    pub in_proj: crate::ir::InProj,
+    /// Where the text model sits in the checkpoint.
+    pub prefix: crate::ir::ModulePrefix,
+    /// The module's `sanitize`, as rules, for this spec.
+    pub sanitize: fn(&Qwen35Spec) -> Vec<crate::ir::SanitizeRule>,
+    pub sharding: crate::ir::Sharding,
+    /// The config.json fields of RoPE and of the feed-forward half, added to
+    /// the dense stack's.
+    pub config_fields: fn(&Qwen35Spec) -> Value,
+}
+
+/// Which of the `mlp` and `moe` sections a spec of the variant writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FeedForwardSections {
+    /// One or the other: qwen3_5 builds the MoE block on every layer when
+    /// `num_experts > 0`, and reads no dense width then.
+    MlpOrMoe,
+    /// `mlp` always (its `ModelArgs` requires `intermediate_size`), `moe`
+    /// too for the sparse form, whose block then runs on every layer.
+    MlpAndOptionalMoe,
+}
+
+const VARIANTS: [&Qwen35Variant; 2] = [&QWEN3_5, &crate::qwen3_next::QWEN3_NEXT];
+
+/// The variant of `family`, if it has the Qwen3.5 layout.
+fn variant_of(family: Family) -> Option<&'static Qwen35Variant> {
+    VARIANTS.into_iter().find(|v| v.family == family)
+}
+
+/// The document layout of `family`, if it is one of this layout.
+pub(crate) fn layout_of(family: Family) -> Option<&'static Layout> {
+    variant_of(family).map(|v| &v.layout)
+}
+
+impl Qwen35Spec {
+    /// The variant this spec's `identity.family` names (checked to be one of
+    /// this layout when it was read; one built in code reads as Qwen3.5).
+    pub(crate) fn variant(&self) -> &'static Qwen35Variant {
+        variant_of(self.identity.family).unwrap_or(&QWEN3_5)
+    }
+}
+
+/// Qwen3.5 / Qwen3.6 (`qwen3_5.py`, `qwen3_5_moe.py`).
+pub(crate) const QWEN3_5: Qwen35Variant = Qwen35Variant {
+    family: Family::Qwen35,
+    layout: LAYOUT,
+    check_model_type: |c, spec| {
+        let mt = spec.identity.source.model_type;
+        match mt {
+            ConfigModelType::Qwen35 => {}
+            ConfigModelType::Qwen35Moe => {
+                if spec.moe.is_none() {
+                    c.err(
+                        p("moe"),
+                        "null, but model_type qwen3_5_moe is the MoE form",
+                        "the experts' section {num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size, norm_topk_prob}",
+                        "write the experts, or model_type qwen3_5 for the dense form",
+                    );
+                }
+            }
+            _ => c.foreign_model_type(
+                mt,
+                "qwen3_5",
+                "qwen3_5 or qwen3_5_moe",
+                "the model_type of a Qwen3.5 checkpoint is qwen3_5 (qwen3_5_moe for the MoE form)",
+            ),
+        }
+    },
+    feed_forward: FeedForwardSections::MlpOrMoe,
+    in_proj: crate::ir::InProj::Split,
+    prefix: crate::ir::ModulePrefix::LanguageModel,
+    // Model.sanitize (vision dropped, model.language_model moved under
+    // language_model.model) and TextModel.sanitize (mtp dropped, the raw conv
+    // layout moved, raw norms + 1); qwen3_5_moe's splits the fused HF experts
+    // first.
+    sanitize: |spec| {
+        use crate::ir::SanitizeRule::*;
+        let mut rules = vec![DropVisual, UnwrapMultimodal];
+        if spec.identity.source.model_type == ConfigModelType::Qwen35Moe {
+            rules.push(SplitSwitchMlpGateUp);
+        }
+        rules.extend([DropMtp, MoveConvAxis, OffsetNormsOfRawCheckpoint]);
+        rules
+    },
+    // qwen3_5.py's shard() (qwen3_5_moe's Model is a qwen3_5 one).
+    sharding: crate::ir::Sharding {
+        oracle: crate::ir::ShardOracle::MlxLm,
+        head: crate::ir::HeadSplit::OverVocabulary,
+        kv_heads: crate::ir::KvHeadSplit::RepeatedWhenFewer,
+    },
+    config_fields: qwen3_5_fields,
+};
+
 // ---------------------------------------------------------------- validation
 
 /// All semantic errors of a Qwen3.5 spec (full-spec field paths).
@@ -163,27 +271,9 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
     use validate::limits::*;
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
-    c.family_is(&spec.identity, Family::Qwen35, "qwen35");
-    let mt = spec.identity.source.model_type;
-    match mt {
-        ConfigModelType::Qwen35 => {}
-        ConfigModelType::Qwen35Moe => {
-            if spec.moe.is_none() {
-                c.err(
-                    p("moe"),
-                    "null, but model_type qwen3_5_moe is the MoE form",
-                    "the experts' section {num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size, norm_topk_prob}",
-                    "write the experts, or model_type qwen3_5 for the dense form",
-                );
-            }
-        }
-        _ => c.foreign_model_type(
-            mt,
-            "qwen3_5",
-            "qwen3_5 or qwen3_5_moe",
-            "the model_type of a Qwen3.5 checkpoint is qwen3_5 (qwen3_5_moe for the MoE form)",
-        ),
-    }
+    let variant = spec.variant();
+    c.family_is(&spec.identity, variant.family, variant.layout.anchor);
+    (variant.check_model_type)(&mut c, spec);
     let (m, a, la) = (&spec.model, &spec.attention, &spec.linear_attention);
     let mut ok = true;
     ok &= c.range(
@@ -234,16 +324,18 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
         MAX_HEAD_DIM,
         "head dimension of the full layers",
     );
-    match (&spec.mlp, &spec.moe) {
-        (Some(mlp), None) => {
-            ok &= c.range(
-                "mlp.intermediate_size",
-                mlp.intermediate_size,
-                MAX_INTERMEDIATE,
-                "SwiGLU width",
-            );
-        }
-        (None, Some(e)) => {
+    if let Some(mlp) = &spec.mlp {
+        ok &= c.range(
+            "mlp.intermediate_size",
+            mlp.intermediate_size,
+            MAX_INTERMEDIATE,
+            "SwiGLU width",
+        );
+    }
+    match (&spec.mlp, &spec.moe, variant.feed_forward) {
+        (Some(_), None, _) => {}
+        (None, Some(e), FeedForwardSections::MlpOrMoe)
+        | (Some(_), Some(e), FeedForwardSections::MlpAndOptionalMoe) => {
             for (field, v, max, hint) in [
                 (
                     "num_experts",
@@ -276,7 +368,7 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
                 ok = c.top_k_of_experts(e.num_experts_per_tok, e.num_experts);
             }
         }
-        (Some(_), Some(_)) => {
+        (Some(_), Some(_), FeedForwardSections::MlpOrMoe) => {
             ok = false;
             c.err(
                 p("mlp"),
@@ -285,13 +377,22 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
                 "mlx-lm's qwen3_5 builds the MoE block on every layer when num_experts > 0, and no dense MLP",
             );
         }
-        (None, None) => {
+        (None, None, _) => {
             ok = false;
             c.err(
                 p("mlp"),
                 "null, and moe is null too",
                 "{intermediate_size} for the dense form (or the moe section)",
                 "every layer has a feed-forward half",
+            );
+        }
+        (None, Some(_), FeedForwardSections::MlpAndOptionalMoe) => {
+            ok = false;
+            c.err(
+                p("mlp"),
+                "null",
+                "{intermediate_size}, also beside moe",
+                "qwen3_next's ModelArgs requires intermediate_size (the dense MLP of layers the experts skip)",
             );
         }
     }
@@ -404,16 +505,16 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
 /// mixer a Gated DeltaNet (`Mixer::GatedDeltaNet`, its conv and recurrent
 /// state in an `ArraysCache`) or, every `full_attention_interval`-th layer,
 /// gated attention (`OutputGate::SigmoidPerHead`, q/k RMSNorm, a partial
-/// default RoPE, `head_dim ** -0.5`, a plain KV cache). The checkpoint is
-/// mlx-lm's `Model` wrapper (`language_model.model.*`) and its sanitize.
+/// default RoPE, `head_dim ** -0.5`, a plain KV cache). The Gated DeltaNet's
+/// projections, the checkpoint's prefix, sanitize and sharding are the
+/// variant's (qwen3_5: mlx-lm's `Model` wrapper, `language_model.model.*`).
 pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
         direct_norms, full_attention, layer, model_ir, plain_head, plain_rope, scaled_embedding,
         softmax_topk_experts, swiglu, ModelParts,
     };
-    let a = &spec.attention;
-    let la = &spec.linear_attention;
+    let (a, la, variant) = (&spec.attention, &spec.linear_attention, spec.variant());
     let ffn = match (&spec.mlp, &spec.moe) {
         (_, Some(e)) => FeedForward::MoeAndSharedExpert {
             moe: softmax_topk_experts(
@@ -428,16 +529,6 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
         },
         (m, None) => FeedForward::Mlp(swiglu(m.as_ref().map_or(0, |m| m.intermediate_size))),
     };
-    let mut sanitize = vec![SanitizeRule::DropVisual, SanitizeRule::UnwrapMultimodal];
-    if spec.identity.source.model_type == ConfigModelType::Qwen35Moe {
-        // qwen3_5_moe's sanitize splits the fused HF experts first.
-        sanitize.push(SanitizeRule::SplitSwitchMlpGateUp);
-    }
-    sanitize.extend([
-        SanitizeRule::DropMtp,
-        SanitizeRule::MoveConvAxis,
-        SanitizeRule::OffsetNormsOfRawCheckpoint,
-    ]);
     let layers = (0..spec.layers.num_hidden_layers)
         .map(|i| {
             layer(
@@ -450,7 +541,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
                         k_head_dim: la.linear_key_head_dim as usize,
                         v_head_dim: la.linear_value_head_dim as usize,
                         conv_kernel: la.linear_conv_kernel_dim as usize,
-                        in_proj: InProj::Split,
+                        in_proj: variant.in_proj,
                         norm: GatedNorm::RmsSiluGate,
                         cache: StateCache::ConvAndRecurrent,
                     })
@@ -474,17 +565,9 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     model_ir(
         spec,
         ModelParts {
-            prefix: ModulePrefix::LanguageModel,
-            // Model.sanitize (vision dropped, model.language_model moved
-            // under language_model.model) and TextModel.sanitize (mtp
-            // dropped, the raw conv layout moved, raw norms + 1).
-            sanitize,
-            // qwen3_5.py's shard() (qwen3_5_moe's Model is a qwen3_5 one).
-            sharding: Sharding {
-                oracle: ShardOracle::MlxLm,
-                head: HeadSplit::OverVocabulary,
-                kv_heads: KvHeadSplit::RepeatedWhenFewer,
-            },
+            prefix: variant.prefix,
+            sanitize: (variant.sanitize)(spec),
+            sharding: variant.sharding,
             embedding: scaled_embedding(EmbedScale::None),
             layers,
             head: plain_head(spec.model.tie_word_embeddings),
@@ -506,11 +589,6 @@ pub(crate) fn config_fields(spec: &Qwen35Spec) -> Value {
             "full_attention_interval": spec.layers.full_attention_interval,
             "head_dim": spec.attention.head_dim,
             "attention_bias": false,
-            "rope_parameters": {
-                "type": "default",
-                "rope_theta": spec.rope.rope_theta,
-                "partial_rotary_factor": spec.rope.partial_rotary_factor,
-            },
             "linear_num_key_heads": la.linear_num_key_heads,
             "linear_num_value_heads": la.linear_num_value_heads,
             "linear_key_head_dim": la.linear_key_head_dim,
@@ -518,6 +596,22 @@ pub(crate) fn config_fields(spec: &Qwen35Spec) -> Value {
             "linear_conv_kernel_dim": la.linear_conv_kernel_dim,
         }),
     );
+    if let (Value::Object(v), Value::Object(own)) = (&mut v, (spec.variant().config_fields)(spec)) {
+        v.extend(own);
+    }
+    v
+}
+
+/// qwen3_5's own config.json fields: RoPE under `rope_parameters`, and the
+/// dense width or the experts' sizes.
+fn qwen3_5_fields(spec: &Qwen35Spec) -> Value {
+    let mut v = json!({
+        "rope_parameters": {
+            "type": "default",
+            "rope_theta": spec.rope.rope_theta,
+            "partial_rotary_factor": spec.rope.partial_rotary_factor,
+        },
+    });
     match (&spec.mlp, &spec.moe) {
         (_, Some(e)) => {
             v["num_experts"] = json!(e.num_experts);
@@ -584,6 +678,16 @@ impl Reducible for Qwen35Spec {
                 moe_intermediate_size,
                 shared_expert_intermediate_size,
             )),
+            // qwen3_next's sparse form: the dense width beside the experts.
+            (Some(w), Some(pm), Some(rm), Some(pe)) => {
+                sizes.push(("intermediate_size", w, pm.intermediate_size));
+                sizes.extend(sizes_named!("moe.", rm, pe;
+                    num_experts,
+                    num_experts_per_tok,
+                    moe_intermediate_size,
+                    shared_expert_intermediate_size,
+                ));
+            }
             (_, _, _, Some(_)) => issues.push(Issue::new(
                 p("derive.reduce.moe"),
                 "the parent is the MoE form",

@@ -11,7 +11,7 @@ use crate::reader::{AppliedDefault, ImportError};
 use crate::Spec;
 
 /// Every family, in the order their model types were added.
-static FAMILIES: [&ModelFamily; 8] = [
+static FAMILIES: [&ModelFamily; 9] = [
     &crate::gemma4::FAMILY,
     &crate::dense::FAMILY,
     &crate::gemma::FAMILY,
@@ -20,6 +20,7 @@ static FAMILIES: [&ModelFamily; 8] = [
     &crate::qwen3_5::FAMILY,
     &crate::lfm2::FAMILY,
     &crate::glm4_moe::FAMILY,
+    &crate::qwen3_next::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any does.

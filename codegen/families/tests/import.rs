@@ -373,7 +373,10 @@ fn dense_specs_are_their_imported_configs() {
         if let Spec::Gemma2(_) = spec {
             continue; // the Gemma-2 layout's own tests, below
         }
-        if matches!(spec.family(), Family::Qwen35 | Family::Lfm2) {
+        if matches!(
+            spec.family(),
+            Family::Qwen35 | Family::Lfm2 | Family::Qwen3Next
+        ) {
             hybrid.push(name.to_string());
             continue;
         }
@@ -395,12 +398,74 @@ fn dense_specs_are_their_imported_configs() {
         hybrid,
         [
             "lfm2-1.2b",
+            "qwen3-next-80b-a3b",
             "qwen3.5-4b",
             "qwen3.5-9b",
             "qwen3.6-27b",
             "qwen3.6-35b-a3b"
         ]
     );
+}
+
+/// qwen3_next: every `ModelArgs` size required, `norm_topk_prob` false when
+/// absent, the grouped projections and `model.` prefix in the IR; dense and
+/// sparse layers mixed, RoPE scaling and biased attention refused.
+#[test]
+fn qwen3_next_configs_take_mlx_lm_fields_and_refuse_mixed_layers() {
+    use archgen_ir::{InProj, Mixer, ModulePrefix};
+    let next = json!({
+        "model_type": "qwen3_next", "hidden_size": 64, "num_hidden_layers": 4,
+        "intermediate_size": 96, "num_attention_heads": 4, "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4, "num_experts": 8, "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1, "shared_expert_intermediate_size": 32,
+        "mlp_only_layers": [], "moe_intermediate_size": 32, "rms_norm_eps": 1e-6,
+        "vocab_size": 512, "num_key_value_heads": 2, "rope_theta": 10000000.0,
+        "partial_rotary_factor": 0.25, "max_position_embeddings": 4096, "head_dim": 16
+    });
+    let (spec, applied, hf) = import_and_round_trip(&next, None, "qwen3-next");
+    assert_eq!(spec.family(), Family::Qwen3Next);
+    let fields: Vec<(&str, &Value)> = applied
+        .iter()
+        .map(|d| (d.field.as_str(), &d.value))
+        .collect();
+    assert!(
+        fields.contains(&("norm_topk_prob", &json!(false))),
+        "{fields:?}"
+    );
+    assert_eq!(hf["intermediate_size"], json!(96));
+    assert_eq!(hf["mlp_only_layers"], json!([]));
+    assert!(hf.get("rope_parameters").is_none());
+    let ir = spec.lower();
+    assert_eq!(ir.checkpoint.prefix, ModulePrefix::Model);
+    let grouped = |l: &archgen_ir::Layer| match &l.mixer {
+        Mixer::GatedDeltaNet(d) => d.in_proj == InProj::GroupedPerKeyHead,
+        _ => false,
+    };
+    let kinds: Vec<bool> = ir.layers.iter().map(grouped).collect();
+    assert_eq!(kinds, [true, true, true, false]);
+
+    for (field, value, needle) in [
+        ("decoder_sparse_step", json!(2), "only 1"),
+        ("mlp_only_layers", json!([0]), "only []"),
+        (
+            "rope_scaling",
+            json!({"type": "yarn"}),
+            "only unscaled RoPE",
+        ),
+        ("attention_bias", json!(true), "no projection biases"),
+    ] {
+        let mut bad = next.clone();
+        bad[field] = value;
+        let e = from_config_json(&bad, None, "bad").unwrap_err().to_string();
+        assert!(e.contains(field) && e.contains(needle), "{field}: {e}");
+    }
+    let mut missing = next.clone();
+    missing.as_object_mut().unwrap().remove("head_dim");
+    let e = from_config_json(&missing, None, "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("head_dim"), "{e}");
 }
 
 /// qwen3_5: the text config under `text_config` or flat, `TextModelArgs`'s

@@ -27,7 +27,7 @@ fn specs() -> Vec<(String, Spec)> {
 /// family it covered (the IR's alone for Qwen3-MoE, Qwen3.5 and Phi-3's fused
 /// projections). The real-size counts are the published ones (gemma-2-2b:
 /// 2,614,341,888; gemma-3-1b: 999,885,952).
-const MODULE_COUNTS: [(&str, u64, usize, usize); 95] = [
+const MODULE_COUNTS: [(&str, u64, usize, usize); 99] = [
     ("gemma-2-2b", 2614341888, 183, 0),
     ("gemma-2-2b-l2", 745558272, 15, 0),
     ("gemma-2-2b-tiny", 181312, 29, 0),
@@ -109,6 +109,10 @@ const MODULE_COUNTS: [(&str, u64, usize, usize); 95] = [
     ("qwen3-8b", 8190735360, 254, 0),
     ("qwen3-8b-tiny", 213696, 30, 0),
     ("qwen3-moe-mixed-tiny-q8", 218816, 31, 31),
+    ("qwen3-next-80b-a3b", 79674391296, 542, 0),
+    ("qwen3-next-80b-a3b-l4", 964815936, 47, 0),
+    ("qwen3-next-80b-a3b-tiny", 651024, 92, 0),
+    ("qwen3-next-80b-a3b-tiny-q4", 651024, 92, 92),
     ("qwen3.5-4b", 4205751296, 249, 0),
     ("qwen3.5-4b-l4", 1081957952, 32, 0),
     ("qwen3.5-4b-tiny", 367888, 63, 0),
@@ -251,7 +255,8 @@ fn every_layer(path: &str, spec: &Spec) -> Option<LayerFacts> {
         | Family::Qwen3Moe
         | Family::Qwen35
         | Family::Lfm2
-        | Family::Glm4Moe => None,
+        | Family::Glm4Moe
+        | Family::Qwen3Next => None,
     }
 }
 
@@ -614,10 +619,20 @@ fn families_lower_to_their_blocks() {
                     "{path}"
                 );
             }
-            Family::Qwen35 => {
+            family @ (Family::Qwen35 | Family::Qwen3Next) => {
                 let s = match &spec {
                     Spec::Qwen35(s) => s,
-                    other => panic!("{path}: family qwen3_5 in a {other:?}"),
+                    other => panic!("{path}: family {family:?} in a {other:?}"),
+                };
+                // qwen3_next: no multimodal wrapper, the projections grouped
+                // per key head, sanitize only on a raw MoE checkpoint.
+                let (prefix, in_proj, moves_conv) = match family {
+                    Family::Qwen3Next => (
+                        ModulePrefix::Model,
+                        InProj::GroupedPerKeyHead,
+                        s.moe.is_some(),
+                    ),
+                    _ => (ModulePrefix::LanguageModel, InProj::Split, true),
                 };
                 let interval = s.layers.full_attention_interval as usize;
                 for l in &ir.layers {
@@ -655,13 +670,15 @@ fn families_lower_to_their_blocks() {
                             assert_eq!(d.k_heads as u32, s.linear_attention.linear_num_key_heads);
                             assert_eq!(d.v_heads as u32, s.linear_attention.linear_num_value_heads);
                             assert_eq!(d.cache, StateCache::ConvAndRecurrent, "{path}");
+                            assert_eq!(d.in_proj, in_proj, "{path}");
                         }
                         Mixer::ShortConv(_) => panic!("{path}: a short-conv layer"),
                     }
                 }
-                assert_eq!(ir.checkpoint.prefix, ModulePrefix::LanguageModel, "{path}");
-                assert!(
+                assert_eq!(ir.checkpoint.prefix, prefix, "{path}");
+                assert_eq!(
                     ir.checkpoint.sanitize.contains(&SanitizeRule::MoveConvAxis),
+                    moves_conv,
                     "{path}"
                 );
                 assert_eq!(

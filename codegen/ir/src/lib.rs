@@ -172,6 +172,10 @@ pub enum SanitizeRule {
     /// post-attention, final, q and k norms (a weak scalar: the sum is in the
     /// weight's dtype). Qwen3.5 stores them as offsets around 0.
     OffsetNormsOfRawCheckpoint,
+    /// The same offset on qwen3_next's condition: the checkpoint has
+    /// per-expert Hugging Face weights (a `model.layers.{i}.mlp.experts.0.
+    /// up_proj.weight`), whatever its conv weights look like.
+    OffsetNormsOfPerExpertCheckpoint,
     /// LFM2's module names read as the names the shared blocks load
     /// (`operator_norm` → `input_layernorm`, `ffn_norm` →
     /// `post_attention_layernorm`, `feed_forward.w1` / `w3` / `w2` →
@@ -365,6 +369,10 @@ impl DeltaNet {
 pub enum InProj {
     /// `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` (qwen3_5).
     Split,
+    /// `in_proj_qkvz` [2 key_dim + 2 value_dim] and `in_proj_ba` [2 Hv], their
+    /// outputs grouped per key head and regrouped by
+    /// `fix_query_key_value_ordering` (qwen3_next).
+    GroupedPerKeyHead,
 }
 
 /// The norm before a Gated DeltaNet layer's output projection.
@@ -982,6 +990,9 @@ families_and_model_types! {
     /// GLM-4.5 MoE (`glm4_moe.py`): biased q/k/v, partial RoPE, dense first
     /// layers, then sigmoid-routed (`noaux_tc`) experts with shared experts.
     Glm4Moe = "glm4_moe" { ; }
+    /// Qwen3-Next (`qwen3_next.py`): Qwen3.5's hybrid stack with the Gated
+    /// DeltaNet's projections grouped per key head and no multimodal wrapper.
+    Qwen3Next = "qwen3_next" { ; }
 }
 
 /// RoPE of one layer.

@@ -262,6 +262,20 @@ impl ModelIr {
                         push(format!("{la}.in_proj_a"), ModuleKind::Linear, h, hv, 1);
                         push(format!("{la}.out_proj"), ModuleKind::Linear, vd, h, 1);
                     }
+                    InProj::GroupedPerKeyHead => {
+                        let la = format!("{lp}linear_attn");
+                        let (conv, vd) = (d.conv_dim() as u64, d.value_dim() as u64);
+                        let hv = d.v_heads as u64;
+                        push(
+                            format!("{la}.in_proj_qkvz"),
+                            ModuleKind::Linear,
+                            h,
+                            conv + vd,
+                            1,
+                        );
+                        push(format!("{la}.in_proj_ba"), ModuleKind::Linear, h, 2 * hv, 1);
+                        push(format!("{la}.out_proj"), ModuleKind::Linear, vd, h, 1);
+                    }
                 },
                 // `in_proj` gives B, C and x side by side; the conv itself
                 // is an `nn.Conv1d`, which `nn.quantize` leaves alone.

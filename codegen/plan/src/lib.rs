@@ -365,6 +365,7 @@ fn layer_json(l: &Layer) -> Value {
         }) => {
             let in_proj = match in_proj {
                 InProj::Split => "split",
+                InProj::GroupedPerKeyHead => "grouped_per_key_head",
             };
             let norm = match norm {
                 GatedNorm::RmsSiluGate => "rms_silu_gate",

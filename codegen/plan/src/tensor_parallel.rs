@@ -299,6 +299,16 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
             Mixer::GatedDeltaNet(d) => {
                 match d.in_proj {
                     InProj::Split => {}
+                    // qwen3_next.py has no shard(), and its q, k, v, z rows
+                    // are interleaved per key head in one projection.
+                    InProj::GroupedPerKeyHead => {
+                        return Err(format!(
+                            "{}: layer {i}: a Gated DeltaNet with per-key-head grouped \
+                             projections is not split (mlx-lm's qwen3_next has no shard()); \
+                             run it on one rank",
+                            ir.name
+                        ))
+                    }
                 }
                 let p = format!("layers.{i}.linear_attn");
                 let key_dim = d.k_heads * d.k_head_dim;

@@ -73,8 +73,13 @@ pub(crate) fn sanitize(
     let raw_conv = |k: &str, v: &Array| {
         k.contains("conv1d.weight") && v.shape().last().is_some_and(|&d| d != 1)
     };
-    let raw_checkpoint = has(SanitizeRule::OffsetNormsOfRawCheckpoint)
-        && tensors.iter().any(|(k, v)| raw_conv(k, v));
+    // qwen3_next's `moe_layers`: per-expert weights, looked for before any rename.
+    let per_expert =
+        |k: &str| k.starts_with("model.layers.") && k.ends_with(".mlp.experts.0.up_proj.weight");
+    let raw_checkpoint = (has(SanitizeRule::OffsetNormsOfRawCheckpoint)
+        && tensors.iter().any(|(k, v)| raw_conv(k, v)))
+        || (has(SanitizeRule::OffsetNormsOfPerExpertCheckpoint)
+            && tensors.keys().any(|k| per_expert(k)));
     let tied = match ir.head.weight {
         HeadWeight::TiedEmbedding => true,
         HeadWeight::Untied => false,

@@ -365,6 +365,9 @@ fn init_writes_a_checkpoint_every_implementation_runs() {
         // LFM2's checkpoint names its modules as lfm2.py does.
         "lfm2-1.2b-tiny",
         "glm4-moe-grouped-tiny-q8",
+        // Qwen3-Next: `model.*` names, in_proj_qkvz / in_proj_ba (its
+        // experts quantized: unquantized ones run only in float32 on the CPU).
+        "qwen3-next-80b-a3b-tiny-q4",
     ] {
         let dir = root.path().join(spec);
         let o = archgen(&[

@@ -544,13 +544,45 @@ pub fn load_gated_delta_net(w: &mut Weights, layer: usize, s: DeltaNetShape) -> 
         num_v_heads: s.num_v_heads / ranks,
         ..s
     };
+    let in_proj = InProj::Split {
+        qkv: w.linear(&format!("{p}.in_proj_qkv"), conv, s.hidden),
+        z: w.linear(&format!("{p}.in_proj_z"), vd, s.hidden),
+        b: w.linear(&format!("{p}.in_proj_b"), hv, s.hidden),
+        a: w.linear(&format!("{p}.in_proj_a"), hv, s.hidden),
+    };
+    load_after_in_proj(w, &p, s, local, in_proj)
+}
+
+/// `layers.{i}.linear_attn` of a qwen3_next checkpoint: `in_proj_qkvz` and
+/// `in_proj_ba`, grouped per key head (`fix_query_key_value_ordering`
+/// regroups their outputs). Never split over ranks: qwen3_next.py has no
+/// `shard()`, and the plan refuses the split.
+pub fn load_grouped_gated_delta_net(
+    w: &mut Weights,
+    layer: usize,
+    s: DeltaNetShape,
+) -> GatedDeltaNet {
+    let p = format!("layers.{layer}.linear_attn");
+    let (conv, vd, hv) = (s.conv_dim(), s.value_dim(), s.num_v_heads);
+    let in_proj = InProj::Fused {
+        qkvz: w.linear(&format!("{p}.in_proj_qkvz"), conv + vd, s.hidden),
+        ba: w.linear(&format!("{p}.in_proj_ba"), 2 * hv, s.hidden),
+    };
+    load_after_in_proj(w, &p, s, s, in_proj)
+}
+
+/// The tensors of `p` (a `linear_attn`) after its input projections, the
+/// same in both layouts; `local` is the shape this rank runs.
+fn load_after_in_proj(
+    w: &mut Weights,
+    p: &str,
+    s: DeltaNetShape,
+    local: DeltaNetShape,
+    in_proj: InProj,
+) -> GatedDeltaNet {
+    let (conv, vd, hv) = (s.conv_dim(), s.value_dim(), s.num_v_heads);
     GatedDeltaNet {
-        in_proj: InProj::Split {
-            qkv: w.linear(&format!("{p}.in_proj_qkv"), conv, s.hidden),
-            z: w.linear(&format!("{p}.in_proj_z"), vd, s.hidden),
-            b: w.linear(&format!("{p}.in_proj_b"), hv, s.hidden),
-            a: w.linear(&format!("{p}.in_proj_a"), hv, s.hidden),
-        },
+        in_proj,
         conv1d: w.param(&format!("{p}.conv1d.weight"), &[conv, s.conv_kernel, 1]),
         dt_bias: w.param(&format!("{p}.dt_bias"), &[hv]),
         a_log: w.param(&format!("{p}.A_log"), &[hv]),

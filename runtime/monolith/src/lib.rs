@@ -337,6 +337,16 @@ impl Monolith {
                         i,
                         delta_net_shape(d, ir.hidden_size, eps),
                     )),
+
+                    (
+                        ir::InProj::GroupedPerKeyHead,
+                        ir::GatedNorm::RmsSiluGate,
+                        ir::StateCache::ConvAndRecurrent,
+                    ) => LayerMixer::GatedDeltaNet(deltanet::load_grouped_gated_delta_net(
+                        &mut w,
+                        i,
+                        delta_net_shape(d, ir.hidden_size, eps),
+                    )),
                 },
                 ir::Mixer::ShortConv(c) => LayerMixer::ShortConv(short_conv::load_short_conv(
                     &mut w,
