@@ -162,7 +162,19 @@ impl SoftmaxTopKRouter {
 /// `(y * scores[..., None]).sum(-2).astype(y.dtype)`.
 pub fn softmax_topk_moe(router: &SoftmaxTopKRouter, glu: &SwitchGlu, x: &Array) -> Result<Array> {
     let (idx, scores) = router.route(x)?;
-    let y = glu.forward_swiglu(x, &idx)?;
+    weighted_swiglu_experts(glu, x, &idx, &scores)
+}
+
+/// The SwiGLU experts `idx` picked, weighted by their `scores` and summed:
+/// `(y * scores[..., None]).sum(-2).astype(y.dtype)` (float32 scores promote
+/// the product; the sum comes back to the experts' dtype).
+fn weighted_swiglu_experts(
+    glu: &SwitchGlu,
+    x: &Array,
+    idx: &Array,
+    scores: &Array,
+) -> Result<Array> {
+    let y = glu.forward_swiglu(x, idx)?;
     let dtype = y.dtype();
     y.multiply(scores.expand_dims(-1)?)?
         .sum_axis(-2, None)?
@@ -277,14 +289,9 @@ impl SigmoidGroupRouter {
     }
 }
 
-/// The routed half of glm4_moe's `MoE`: route, SwiGLU experts, then
-/// `(y * scores[..., None]).sum(-2).astype(y.dtype)` (the float32 scores
-/// promote the product; the sum comes back to the experts' dtype).
+/// The routed half of glm4_moe's `MoE`: route, then the weighted SwiGLU
+/// experts as qwen3_moe's block sums them.
 pub fn sigmoid_group_moe(router: &SigmoidGroupRouter, glu: &SwitchGlu, x: &Array) -> Result<Array> {
     let (idx, scores) = router.route(x)?;
-    let y = glu.forward_swiglu(x, &idx)?;
-    let dtype = y.dtype();
-    y.multiply(scores.expand_dims(-1)?)?
-        .sum_axis(-2, None)?
-        .as_dtype(dtype)
+    weighted_swiglu_experts(glu, x, &idx, &scores)
 }
