@@ -36,7 +36,7 @@ use serde_json::{json, Value};
 /// biases; then group-limited routing and q/k norms) and Qwen3-Next (the
 /// Gated DeltaNet's projections grouped per key head); each appended last,
 /// so the others keep their seeds.
-const BATCHED: [&str; 14] = [
+const BATCHED: &[&str] = &[
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",

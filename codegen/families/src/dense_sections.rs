@@ -1,6 +1,6 @@
 //! The dense layout's model, layer, attention and MLP sections: plain data,
 //! read by the dense families (`dense/`) and by the section writers every
-//! family shares (`emit.rs`, `hf.rs`, `layout.rs`). They live below all of
+//! family shares (`yaml_writer.rs`, `hf.rs`, `layout_reader.rs`). They live below all of
 //! them so that the shared writers do not import a family's module. The
 //! sizes every dense-shaped import reads first ([`RequiredSizes`]) build them.
 

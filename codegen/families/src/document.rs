@@ -41,15 +41,15 @@ pub(crate) trait Document {
 /// the layout has the section), the rest calls the family module's own `lower`
 /// and `config_fields` and the given check. The config.json view is finished
 /// here for every family ([`crate::hf::config_view`]: quantization, sorted
-/// keys), and the YAML text is [`crate::emit::document_yaml`] unless the
+/// keys), and the YAML text is [`crate::yaml_writer::document_yaml`] unless the
 /// family names its own writer (`yaml = path`). Written once here so that a
 /// family states only what differs.
 macro_rules! impl_document {
     ($spec:ty, $check:path) => {
-        $crate::document::impl_document!(@impl $spec, $check, $crate::emit::document_yaml, {});
+        $crate::document::impl_document!(@impl $spec, $check, $crate::yaml_writer::document_yaml, {});
     };
     ($spec:ty, $check:path, with mixed_kv) => {
-        $crate::document::impl_document!($spec, $check, with mixed_kv, yaml = $crate::emit::document_yaml);
+        $crate::document::impl_document!($spec, $check, with mixed_kv, yaml = $crate::yaml_writer::document_yaml);
     };
     ($spec:ty, $check:path, with mixed_kv, yaml = $yaml:path) => {
         $crate::document::impl_document!(@impl $spec, $check, $yaml, {

@@ -8,7 +8,7 @@
 
 use crate::dense::{check_dense_sizes, DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout::{Layout, Text};
+use crate::layout_reader::{Layout, Text};
 use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::noaux_tc::NoauxTcExperts;
@@ -179,11 +179,11 @@ pub(crate) fn config_fields(spec: &Glm4MoeSpec) -> Value {
     crate::hf::dense_stack_json(spec, own)
 }
 
-/// How a glm4_moe document is read (see [`crate::layout`]).
+/// How a glm4_moe document is read (see [`crate::layout_reader`]).
 pub(crate) const LAYOUT: Layout = Layout {
     family: "glm4_moe",
     anchor: "glm4-moe",
-    head: crate::layout::DENSE_HEAD,
+    head: crate::layout_reader::DENSE_HEAD,
     sections: &[
         ("attention_options", Sections::check::<Glm4MoeAttentionOptions>),
         ("rope", Sections::check::<Glm4MoeRope>),

@@ -63,7 +63,6 @@ mod dense_sections;
 mod derive;
 mod diag;
 mod document;
-mod emit;
 mod gemma;
 mod gemma4;
 mod glm4_moe;
@@ -71,7 +70,7 @@ mod hf;
 mod hints;
 pub mod import;
 mod ir_parts;
-mod layout;
+mod layout_reader;
 mod lfm2;
 mod minicpm;
 mod mixed_kv;
@@ -86,6 +85,7 @@ mod reduce;
 mod registry;
 mod validate;
 mod yaml;
+mod yaml_writer;
 
 // Diagnostics for people (source excerpts) and tools (JSON).
 pub mod render;

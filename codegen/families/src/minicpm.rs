@@ -17,7 +17,7 @@
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::dense_sections::RequiredSizes;
 use crate::diag::{FieldPath, Issue};
-use crate::layout::{Layout, Text};
+use crate::layout_reader::{Layout, Text};
 use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, rope_type, top_quantization, ImportedSpec, Reader};
@@ -230,11 +230,11 @@ pub(crate) fn config_fields(spec: &MiniCpmSpec) -> Value {
 
 // ---------------------------------------------------------------- parsing
 
-/// How a minicpm document is read (see [`crate::layout`]).
+/// How a minicpm document is read (see [`crate::layout_reader`]).
 pub(crate) const LAYOUT: Layout = Layout {
     family: "minicpm",
     anchor: "minicpm",
-    head: crate::layout::DENSE_HEAD,
+    head: crate::layout_reader::DENSE_HEAD,
     sections: &[
         ("rope", Sections::check::<MiniCpmRope>),
         ("mlp", Sections::check::<DenseMlp>),

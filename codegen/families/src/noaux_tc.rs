@@ -43,7 +43,7 @@ pub struct NoauxTcExperts {
 }
 
 /// The section's "expected" text in the messages about it (the middle of a
-/// layout's [`crate::layout::Text::Field`]).
+/// layout's [`crate::layout_reader::Text::Field`]).
 pub(crate) const EXPECTED: &str = "a mapping {n_routed_experts, num_experts_per_tok, \
      moe_intermediate_size, n_shared_experts, first_k_dense_replace, n_group, topk_group, \
      routed_scaling_factor, norm_topk_prob}";

@@ -16,7 +16,7 @@
 
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout::{Layout, Text};
+use crate::layout_reader::{Layout, Text};
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
 use crate::reader::{first_quantization, imported_identity, rope_type, ImportedSpec, Reader};
@@ -632,11 +632,11 @@ fn qwen3_5_fields(spec: &Qwen35Spec) -> Value {
 
 // ---------------------------------------------------------------- parsing
 
-/// How a qwen3_5 document is read (see [`crate::layout`]).
+/// How a qwen3_5 document is read (see [`crate::layout_reader`]).
 pub(crate) const LAYOUT: Layout = Layout {
     family: "qwen3_5",
     anchor: "qwen35",
-    head: crate::layout::HEAD,
+    head: crate::layout_reader::HEAD,
     sections: &[
         ("model", Sections::check::<DenseModel>),
         ("layers", Sections::check::<Qwen35Layers>),

@@ -11,7 +11,7 @@
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::dense_sections::RequiredSizes;
 use crate::diag::{FieldPath, Issue};
-use crate::layout::{Layout, Text};
+use crate::layout_reader::{Layout, Text};
 use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
@@ -274,11 +274,11 @@ pub(crate) fn config_fields(spec: &Qwen3MoeSpec) -> Value {
 
 // ---------------------------------------------------------------- parsing
 
-/// How a qwen3_moe document is read (see [`crate::layout`]).
+/// How a qwen3_moe document is read (see [`crate::layout_reader`]).
 pub(crate) const LAYOUT: Layout = Layout {
     family: "qwen3_moe",
     anchor: "qwen3-moe",
-    head: crate::layout::DENSE_HEAD,
+    head: crate::layout_reader::DENSE_HEAD,
     sections: &[
         ("rope", Sections::check::<Qwen3MoeRope>),
         ("mlp", Sections::check::<DenseMlp>),

@@ -18,7 +18,7 @@ use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::ir::{
     HeadSplit, InProj, KvHeadSplit, ModulePrefix, SanitizeRule, ShardOracle, Sharding,
 };
-use crate::layout::Layout;
+use crate::layout_reader::Layout;
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
 use crate::qwen3_5::{

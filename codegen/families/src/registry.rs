@@ -11,7 +11,7 @@ use crate::reader::{AppliedDefault, ImportError};
 use crate::Spec;
 
 /// Every family, in the order their model types were added.
-static FAMILIES: [&ModelFamily; 9] = [
+static FAMILIES: &[&ModelFamily] = &[
     &crate::gemma4::FAMILY,
     &crate::dense::FAMILY,
     &crate::gemma::FAMILY,

@@ -32,7 +32,7 @@ use crate::ir::{
     GateUpProjection, NormArrangement, ProjectionBias, QkNorm, QkvProjection, SanitizeRule,
     ShardOracle,
 };
-use crate::layout::{Layout, Text};
+use crate::layout_reader::{Layout, Text};
 use crate::model::*;
 use crate::model_family::{ConfigJson, ModelFamily};
 use crate::reader::{
@@ -616,11 +616,11 @@ pub(crate) fn config_fields(spec: &DenseSpec) -> Value {
 
 // ---------------------------------------------------------------- parsing
 
-/// How a dense document is read (see [`crate::layout`]).
+/// How a dense document is read (see [`crate::layout_reader`]).
 pub(crate) const LAYOUT: Layout = Layout {
     family: "dense",
     anchor: "dense-families",
-    head: crate::layout::DENSE_HEAD,
+    head: crate::layout_reader::DENSE_HEAD,
     sections: &[
         ("rope", Sections::check::<DenseRope>),
         ("mlp", Sections::check::<DenseMlp>),

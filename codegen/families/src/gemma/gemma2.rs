@@ -3,7 +3,7 @@
 
 use super::{ConfigDefaults, GemmaVariant, Layering, RopeBases, Softcaps};
 use crate::ir::{AttentionScale, EmbedScale, QkNorm};
-use crate::layout::{Layout, Text};
+use crate::layout_reader::{Layout, Text};
 use crate::model::{ConfigModelType, Family};
 use crate::Sections;
 
@@ -35,11 +35,11 @@ pub(crate) const GEMMA2: GemmaVariant = GemmaVariant {
     untied_head: "false, but mlx-lm's gemma2 always uses the embedding as the head (it has no lm_head)",
 };
 
-/// How a gemma2 document is read (see [`crate::layout`]).
+/// How a gemma2 document is read (see [`crate::layout_reader`]).
 const LAYOUT: Layout = Layout {
     family: "gemma2",
     anchor: "gemma-2",
-    head: crate::layout::HEAD,
+    head: crate::layout_reader::HEAD,
     sections: &[
         ("model", Sections::check::<super::Gemma2Model>),
         ("layers", Sections::check::<super::Gemma2Layers>),

@@ -6,7 +6,7 @@
 use super::gemma2::GEMMA2;
 use super::{ConfigDefaults, GemmaVariant, Layering, RopeBases, Softcaps};
 use crate::ir::{AttentionScale, EmbedScale, QkNorm, SanitizeRule};
-use crate::layout::{Layout, Text};
+use crate::layout_reader::{Layout, Text};
 use crate::model::{ConfigModelType, Family};
 
 pub(crate) const GEMMA3_TEXT: GemmaVariant = GemmaVariant {

@@ -18,7 +18,7 @@ use crate::dense::{DenseDerivedSpecFile, DenseReduce};
 use crate::dense_sections::RequiredSizes;
 use crate::diag::{FieldPath, Issue};
 use crate::ir::{AttentionScale, EmbedScale, QkNorm, SanitizeRule};
-use crate::layout::Layout;
+use crate::layout_reader::Layout;
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
 use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};

@@ -1,7 +1,7 @@
 //! A Gemma-4 spec as a full-form YAML file, in the layout of specs/.
 
-use crate::emit::{float, header_yaml, quantization_yaml, section_yaml};
 use crate::model::*;
+use crate::yaml_writer::{float, header_yaml, quantization_yaml, section_yaml};
 use std::fmt::Write;
 
 fn opt<T: ToString>(v: Option<T>) -> String {

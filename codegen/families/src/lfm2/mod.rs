@@ -6,7 +6,7 @@
 
 use crate::dense::{DenseAttention, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout::{Layout, Text};
+use crate::layout_reader::{Layout, Text};
 use crate::model::*;
 use crate::reduce::{Reducible, Size, Stack};
 use crate::{validate, Sections};
@@ -245,7 +245,7 @@ pub(crate) fn config_fields(spec: &Lfm2Spec) -> Value {
 
 // ---------------------------------------------------------------- parsing
 
-/// How an lfm2 document is read (see [`crate::layout`]).
+/// How an lfm2 document is read (see [`crate::layout_reader`]).
 pub(crate) const LAYOUT: Layout = Layout {
     family: "lfm2",
     anchor: "lfm2",
