@@ -482,6 +482,8 @@ def main() -> None:
                     help="after the per-server runs: this many rounds with archgen and mlx-lm up together, "
                          "each --alternate-clients level on one then the other (order swapped each round)")
     ap.add_argument("--alternate-clients", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--alternate-only", action="store_true",
+                    help="run only the alternating rounds (no per-server levels, long prompts or probes)")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--with-results",
@@ -535,7 +537,7 @@ def main() -> None:
         print(f"{name}: starting", file=sys.stderr)
         return Server(name, argv, port, work / f"{name}.log")
 
-    for name in args.servers:
+    for name in [] if args.alternate_only else args.servers:
         server = start(name)
         try:
             results[name] = run_server(server, args, text12k, text140k)
@@ -589,7 +591,7 @@ def main() -> None:
         "mlx_lm": mlx_lm.__version__,
         "alternating": alt,
     }
-    table = markdown(results, meta)
+    table = markdown(results, meta) if results else "\n".join(alternating_markdown(alt or {}))
     print(table)
     if args.markdown:
         Path(args.markdown).write_text(table)
