@@ -9,7 +9,7 @@ usage: serve_bench.py [--archgen target/release/archgen] [--spec specs/gemma4-e2
 
 It makes the checkpoint (`archgen init --spec SPEC`, plus
 tests/python/make_chat_tokenizer.py for a tokenizer and the Qwen3 chat
-template; config.json's max_position_embeddings is removed, so each server
+template; a Gemma-4 config.json's max_position_embeddings is removed, so each server
 must know the family's default context, 131072 for Gemma-4), then for each
 server in turn (started here on a free loopback port with the same prefill
 step, stopped at the end):
@@ -503,12 +503,14 @@ def main() -> None:
         template = REPO / "runtime/cli/tests/fixtures/chat_templates/qwen3.jinja"
         subprocess.run([PYTHON, str(REPO / "tests/python/make_chat_tokenizer.py"), str(model), str(template)],
                        check=True, stdout=subprocess.DEVNULL)
-    # No max_position_embeddings: the context is the family default mlx-lm
-    # uses (the past-context probe sends 140k tokens against Gemma-4's 131072).
+    # Gemma-4 without max_position_embeddings: the context is the family
+    # default mlx-lm uses (the past-context probe sends 140k tokens against
+    # its 131072). Families whose ModelArgs have no default keep the field.
     config = json.loads((model / "config.json").read_text())
-    config.pop("max_position_embeddings", None)
-    if isinstance(config.get("text_config"), dict):
-        config["text_config"].pop("max_position_embeddings", None)
+    if str(config.get("model_type", "")).startswith("gemma4"):
+        config.pop("max_position_embeddings", None)
+        if isinstance(config.get("text_config"), dict):
+            config["text_config"].pop("max_position_embeddings", None)
     (model / "config.json").write_text(json.dumps(config, indent=2))
 
     from tokenizers import Tokenizer
