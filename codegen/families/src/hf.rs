@@ -83,6 +83,17 @@ pub(crate) fn dense_stack_json(spec: &impl DenseView, own: Value) -> Value {
 
 /// A family's config.json view, finished the same way for every family: the
 /// `quantization` dict when the spec has one, keys sorted.
+/// A config field that checkpoints write as an integer when it is whole
+/// (Gemma's `query_pre_attn_scalar: 256`): transformers' config classes
+/// check its type, so `256.0` is refused by tools that read the config
+/// through them (mlx_lm.server's tokenizer loading).
+pub(crate) fn whole_as_integer(x: f64) -> Value {
+    match x.fract() == 0.0 && x.abs() < 9.0e15 {
+        true => Value::from(x as i64),
+        false => Value::from(x),
+    }
+}
+
 pub(crate) fn config_view(mut v: Value, q: Option<&Quantization>) -> Value {
     if let Some(q) = q {
         v["quantization"] = quantization_json(q);

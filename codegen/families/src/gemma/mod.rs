@@ -545,7 +545,7 @@ pub(crate) fn config_fields(spec: &Gemma2Spec) -> Value {
         "max_position_embeddings": spec.model.max_position_embeddings,
         "rope_theta": spec.rope.rope_theta,
         "rope_traditional": spec.rope.traditional,
-        "query_pre_attn_scalar": spec.attention.query_pre_attn_scalar,
+        "query_pre_attn_scalar": crate::hf::whole_as_integer(spec.attention.query_pre_attn_scalar),
         "attn_logit_softcapping": spec.attention.attn_logit_softcapping,
         "final_logit_softcapping": spec.model.final_logit_softcapping,
     });
