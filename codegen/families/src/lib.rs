@@ -79,7 +79,6 @@ mod model_family;
 mod noaux_tc;
 mod qwen3_5;
 mod qwen3_moe;
-mod qwen3_next;
 mod reader;
 mod reduce;
 mod registry;

@@ -20,7 +20,7 @@ static FAMILIES: &[&ModelFamily] = &[
     &crate::qwen3_5::FAMILY,
     &crate::lfm2::FAMILY,
     &crate::glm4_moe::FAMILY,
-    &crate::qwen3_next::FAMILY,
+    &crate::qwen3_5::qwen3_next::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any does.

@@ -14,6 +14,10 @@
 //!   `norm_topk_prob` defaults to false;
 //! * no `shard()`.
 
+use super::{
+    FeedForwardSections, Qwen35Layers, Qwen35LinearAttention, Qwen35Moe, Qwen35Rope, Qwen35Spec,
+    Qwen35Variant, LAYOUT,
+};
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::ir::{
     HeadSplit, InProj, KvHeadSplit, ModulePrefix, SanitizeRule, ShardOracle, Sharding,
@@ -21,10 +25,6 @@ use crate::ir::{
 use crate::layout_reader::Layout;
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
-use crate::qwen3_5::{
-    FeedForwardSections, Qwen35Layers, Qwen35LinearAttention, Qwen35Moe, Qwen35Rope, Qwen35Spec,
-    Qwen35Variant, LAYOUT,
-};
 use crate::reader::{first_quantization, imported_identity, ImportedSpec, Reader};
 use serde_json::{json, Map, Value};
 
@@ -170,7 +170,7 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Qwen3
         ],
         &mut r,
     );
-    r.build_checked(crate::qwen3_5::check, || Qwen35Spec {
+    r.build_checked(super::check, || Qwen35Spec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, Family::Qwen3Next, ConfigModelType::Qwen3Next),
         model: DenseModel {

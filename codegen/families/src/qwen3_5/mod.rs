@@ -11,8 +11,11 @@
 //! Everything family-specific on the spec side lives here: the document, its
 //! validation, the lowering to the block IR, the config.json view, the YAML
 //! writer, the reduction to tiny variants and the config.json importer. The
-//! document is also Qwen3-Next's (`qwen3_next.rs`): what differs per module
-//! is a `Qwen35Variant`, Qwen3.5's being `QWEN3_5`.
+//! document is also Qwen3-Next's (`qwen3_next.rs`, a child module, as the
+//! Gemma parent's variants are): what differs per module is a
+//! `Qwen35Variant`, Qwen3.5's being `QWEN3_5`.
+
+pub(crate) mod qwen3_next;
 
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
@@ -193,7 +196,7 @@ pub(crate) enum FeedForwardSections {
     MlpAndOptionalMoe,
 }
 
-const VARIANTS: [&Qwen35Variant; 2] = [&QWEN3_5, &crate::qwen3_next::QWEN3_NEXT];
+const VARIANTS: [&Qwen35Variant; 2] = [&QWEN3_5, &qwen3_next::QWEN3_NEXT];
 
 /// The variant of `family`, if it has the Qwen3.5 layout.
 fn variant_of(family: Family) -> Option<&'static Qwen35Variant> {
