@@ -26,7 +26,8 @@
 # (compute-sanitizer's initcheck, memcheck and racecheck on the monolith), profile
 # (step_profile.py: one decode step's kernels, archgen and mlx-lm, through ncu), repeat
 # (whether archgen and mlx-lm repeat their own bytes on one spec, fresh processes),
-# closeness (an L3 lever's logits against L1's: lever_closeness.py).
+# closeness (an L3 lever's logits against L1's: lever_closeness.py), headcheck (the
+# cuda-head-norm-rope kernel against MLX's kernels: head_kernel_check.py).
 # Graph diff on the CPU (no device needed): runtime/mlx-cuda/graphdiff.sh SPEC [N]
 # writes mlx-lm's, the generated model's and the monolith's logits graphs
 # (prefill over N ids, one decode step) as DOT and compares them with
@@ -164,6 +165,11 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
         grep -E "ERROR SUMMARY|Uninitialized|Invalid|Race|hazard|in .*kernel|at 0x" "$OUT/sanitize-$tool.log" | sort | uniq -c | sort -rn | head -12
       done
       ;;
+    headcheck)
+      # The cuda-head-norm-rope kernel against the MLX kernels it replaces,
+      # element by element, on random heads (head_kernel_check.py).
+      python3 "$here/head_kernel_check.py" 2>&1 | tee -a "$OUT/headcheck.log"
+      ;;
     closeness)
       # An L3 lever against L1 on one checkpoint (lever_closeness.py):
       # `archgen logits` over a CLOSE_L-token prompt and CLOSE_N greedy steps,
@@ -177,7 +183,7 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
         for run in l1 lever; do
           extra=$([[ $run == lever ]] && echo "--$lever" || echo "--l1")
           $ARCHGEN logits --model $d --prompt-ids $ids --decode-steps ${CLOSE_N:-128} --impl generated $extra \
-            --out $work/close-$spec-$run.safetensors 2>&1 | grep -E "levers on|stacked|error" || true
+            --out $work/close-$spec-$run.safetensors 2>&1 | grep -E "levers on|stacked|head-norm-rope|error" || true
         done
         python3 "$here/lever_closeness.py" $work/close-$spec-l1.safetensors $work/close-$spec-lever.safetensors \
           "$spec $lever" 2>&1 | tee -a "$OUT/closeness.log"

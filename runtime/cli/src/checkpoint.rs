@@ -154,6 +154,9 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
                     n.query_key_value, n.gate_up
                 ));
             }
+            if let Some(note) = head_kernel_note() {
+                ui.note(&note);
+            }
             return output;
         }
         let why = format!(
@@ -170,6 +173,30 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
     let m = archgen_monolith::Monolith::new(arch, weights)
         .map_err(|e| format!("{}: {e}", model.display()))?;
     task.run(&m)
+}
+
+/// What the lever `cuda-head-norm-rope` did in a generated model's run:
+/// how many one-token attention steps ran its kernel and how many it did not
+/// cover, or why it did not run at all. `None` when the lever is off.
+fn head_kernel_note() -> Option<String> {
+    if !device::decode_choices().cuda_head_norm_rope {
+        return None;
+    }
+    if !device::head_norm_rope_kernel() {
+        return Some(
+            "cuda-head-norm-rope: not applied: its kernel runs only in one-token steps on \
+             CUDA's GPU path (this run's path: "
+                .to_string()
+                + one_token_steps()
+                + ")",
+        );
+    }
+    let n = device::head_kernel_counts();
+    Some(format!(
+        "cuda-head-norm-rope: {} one-token attention steps ran the kernel, {} were not \
+         covered by it (ran the compiled block)",
+        n.ran, n.not_covered
+    ))
 }
 
 /// Which blocks a generated model's one-token steps run, as the levers and

@@ -26,6 +26,7 @@ pub enum Lever {
     GpuDecodeBlocks,
     GpuOneTokenSdpa,
     GpuStackedProjections,
+    CudaHeadNormRope,
     MaxBatch,
     PrefillStep,
     CudaGraphCache,
@@ -98,13 +99,14 @@ impl fmt::Display for Value {
 
 impl Lever {
     /// Every lever, in the order `archgen levers` lists them.
-    pub const ALL: [Lever; 9] = [
+    pub const ALL: [Lever; 10] = [
         Lever::EagerDecode,
         Lever::GpuDecode,
         Lever::GpuDecodeOnCpu,
         Lever::GpuDecodeBlocks,
         Lever::GpuOneTokenSdpa,
         Lever::GpuStackedProjections,
+        Lever::CudaHeadNormRope,
         Lever::MaxBatch,
         Lever::PrefillStep,
         Lever::CudaGraphCache,
@@ -119,9 +121,10 @@ impl Lever {
             Lever::GpuDecodeBlocks => 3,
             Lever::GpuOneTokenSdpa => 4,
             Lever::GpuStackedProjections => 5,
-            Lever::MaxBatch => 6,
-            Lever::PrefillStep => 7,
-            Lever::CudaGraphCache => 8,
+            Lever::CudaHeadNormRope => 6,
+            Lever::MaxBatch => 7,
+            Lever::PrefillStep => 8,
+            Lever::CudaGraphCache => 9,
         }
     }
 
@@ -134,6 +137,7 @@ impl Lever {
             Lever::GpuDecodeBlocks => "gpu-decode-blocks",
             Lever::GpuOneTokenSdpa => "gpu-one-token-sdpa",
             Lever::GpuStackedProjections => "gpu-stacked-projections",
+            Lever::CudaHeadNormRope => "cuda-head-norm-rope",
             Lever::MaxBatch => "max-batch",
             Lever::PrefillStep => "prefill-step",
             Lever::CudaGraphCache => "cuda-graph-cache",
@@ -168,6 +172,11 @@ impl Lever {
                  stacked matmul in one-token steps, and so do gate and up (prefill reads the \
                  same weights as before; the stacked matmul may change decode bits)"
             }
+            Lever::CudaHeadNormRope => {
+                "on CUDA's GPU path, a one-token step's per-head Q/K norms, V's norm and the \
+                 RoPE of Q and K run as one custom kernel per layer (layers with per-head Q/K \
+                 norms: Gemma-4, Qwen3; the kernel's sums may change decode bits)"
+            }
             Lever::MaxBatch => {
                 "serve: sequences in flight at once (prefilling or decoding); more requests \
                  wait in the queue"
@@ -190,7 +199,8 @@ impl Lever {
             | Lever::GpuDecode
             | Lever::GpuDecodeOnCpu
             | Lever::GpuOneTokenSdpa
-            | Lever::GpuStackedProjections => Kind::Switch,
+            | Lever::GpuStackedProjections
+            | Lever::CudaHeadNormRope => Kind::Switch,
             Lever::GpuDecodeBlocks => Kind::Blocks,
             Lever::MaxBatch => Kind::Count { min: 1, max: 4096 },
             Lever::PrefillStep => Kind::Count {
@@ -211,7 +221,8 @@ impl Lever {
             | Lever::GpuDecodeOnCpu
             | Lever::GpuDecodeBlocks
             | Lever::GpuOneTokenSdpa
-            | Lever::GpuStackedProjections => Scope::Model,
+            | Lever::GpuStackedProjections
+            | Lever::CudaHeadNormRope => Scope::Model,
             Lever::MaxBatch | Lever::PrefillStep | Lever::CudaGraphCache => Scope::Serve,
         }
     }
@@ -240,6 +251,8 @@ impl Lever {
             // The stacked matmul's kernel is chosen by its width: no
             // oracle runs it.
             Lever::GpuStackedProjections => Tier::L3,
+            // A kernel of ours: no oracle runs it.
+            Lever::CudaHeadNormRope => Tier::L3,
             // mlx-lm's BatchGenerator with the same sizes is the oracle;
             // the graph cache replays the same kernels.
             Lever::MaxBatch | Lever::PrefillStep | Lever::CudaGraphCache => Tier::L1,
@@ -277,6 +290,7 @@ impl Lever {
             Lever::GpuDecodeBlocks => Some(device::GPU_DECODE_BLOCKS_VAR),
             Lever::GpuOneTokenSdpa => Some(device::GPU_ONE_TOKEN_SDPA_VAR),
             Lever::GpuStackedProjections => Some(device::GPU_STACKED_PROJECTIONS_VAR),
+            Lever::CudaHeadNormRope => Some(device::CUDA_HEAD_NORM_ROPE_VAR),
             Lever::MaxBatch | Lever::PrefillStep => None,
             Lever::CudaGraphCache => Some(CUDA_GRAPH_CACHE_VAR),
         }
@@ -295,9 +309,10 @@ impl Lever {
             )),
         };
         match self {
-            Lever::EagerDecode | Lever::GpuOneTokenSdpa | Lever::GpuStackedProjections => {
-                switch(raw, "1 or 0").map(|on| Some(Value::Switch(on)))
-            }
+            Lever::EagerDecode
+            | Lever::GpuOneTokenSdpa
+            | Lever::GpuStackedProjections
+            | Lever::CudaHeadNormRope => switch(raw, "1 or 0").map(|on| Some(Value::Switch(on))),
             Lever::GpuDecode => match raw {
                 // The wiring check runs the GPU path, so it is on too.
                 "cpu-too" => Ok(Some(Value::Switch(true))),
@@ -355,7 +370,8 @@ impl Lever {
             | Lever::GpuDecode
             | Lever::GpuDecodeOnCpu
             | Lever::GpuOneTokenSdpa
-            | Lever::GpuStackedProjections => "on|off",
+            | Lever::GpuStackedProjections
+            | Lever::CudaHeadNormRope => "on|off",
             Lever::GpuDecodeBlocks => "all|pre|post|none",
             Lever::MaxBatch => "N",
             Lever::PrefillStep => "TOKENS",
@@ -386,6 +402,7 @@ pub struct LeverValues {
     pub gpu_decode_blocks: GpuBlocks,
     pub gpu_one_token_sdpa: bool,
     pub gpu_stacked_projections: bool,
+    pub cuda_head_norm_rope: bool,
     pub max_batch: u64,
     pub prefill_step: u64,
     pub cuda_graph_cache: u64,
@@ -405,6 +422,7 @@ impl LeverValues {
         gpu_decode_blocks: DecodeChoices::DEFAULT.gpu_blocks,
         gpu_one_token_sdpa: DecodeChoices::DEFAULT.gpu_one_token_sdpa,
         gpu_stacked_projections: DecodeChoices::DEFAULT.gpu_stacked_projections,
+        cuda_head_norm_rope: DecodeChoices::DEFAULT.cuda_head_norm_rope,
         max_batch: 16,
         prefill_step: 2048,
         cuda_graph_cache: 40_000,
@@ -418,6 +436,7 @@ impl LeverValues {
             Lever::GpuDecodeBlocks => Value::Blocks(self.gpu_decode_blocks),
             Lever::GpuOneTokenSdpa => Value::Switch(self.gpu_one_token_sdpa),
             Lever::GpuStackedProjections => Value::Switch(self.gpu_stacked_projections),
+            Lever::CudaHeadNormRope => Value::Switch(self.cuda_head_norm_rope),
             Lever::MaxBatch => Value::Count(self.max_batch),
             Lever::PrefillStep => Value::Count(self.prefill_step),
             Lever::CudaGraphCache => Value::Count(self.cuda_graph_cache),
@@ -433,6 +452,7 @@ impl LeverValues {
             (Lever::GpuDecodeBlocks, Value::Blocks(b)) => self.gpu_decode_blocks = b,
             (Lever::GpuOneTokenSdpa, Value::Switch(on)) => self.gpu_one_token_sdpa = on,
             (Lever::GpuStackedProjections, Value::Switch(on)) => self.gpu_stacked_projections = on,
+            (Lever::CudaHeadNormRope, Value::Switch(on)) => self.cuda_head_norm_rope = on,
             (Lever::MaxBatch, Value::Count(n)) => self.max_batch = n,
             (Lever::PrefillStep, Value::Count(n)) => self.prefill_step = n,
             (Lever::CudaGraphCache, Value::Count(n)) => self.cuda_graph_cache = n,
@@ -443,6 +463,7 @@ impl LeverValues {
                 | Lever::GpuDecodeBlocks
                 | Lever::GpuOneTokenSdpa
                 | Lever::GpuStackedProjections
+                | Lever::CudaHeadNormRope
                 | Lever::MaxBatch
                 | Lever::PrefillStep
                 | Lever::CudaGraphCache,
@@ -467,6 +488,7 @@ impl LeverValues {
             gpu_blocks: self.gpu_decode_blocks,
             gpu_one_token_sdpa: self.gpu_one_token_sdpa,
             gpu_stacked_projections: self.gpu_stacked_projections,
+            cuda_head_norm_rope: self.cuda_head_norm_rope,
         }
     }
 }
@@ -512,11 +534,13 @@ impl Alias {
                 Lever::GpuDecodeOnCpu
                 | Lever::GpuDecodeBlocks
                 | Lever::GpuOneTokenSdpa
-                | Lever::GpuStackedProjections,
+                | Lever::GpuStackedProjections
+                | Lever::CudaHeadNormRope,
             ) => lever.off_value(),
-            (Alias::L3, Lever::GpuOneTokenSdpa | Lever::GpuStackedProjections) => {
-                Some(Value::Switch(true))
-            }
+            (
+                Alias::L3,
+                Lever::GpuOneTokenSdpa | Lever::GpuStackedProjections | Lever::CudaHeadNormRope,
+            ) => Some(Value::Switch(true)),
             (Alias::L3, Lever::GpuDecodeOnCpu | Lever::GpuDecodeBlocks)
             | (
                 Alias::L1 | Alias::L2 | Alias::L3,
@@ -989,11 +1013,11 @@ mod tests {
         assert_eq!(
             Alias::L1.expansion(),
             "gpu-decode-on-cpu=off, gpu-decode-blocks=all, gpu-one-token-sdpa=off, \
-             gpu-stacked-projections=off"
+             gpu-stacked-projections=off, cuda-head-norm-rope=off"
         );
         assert_eq!(
             Alias::L3.expansion(),
-            "gpu-one-token-sdpa=on, gpu-stacked-projections=on"
+            "gpu-one-token-sdpa=on, gpu-stacked-projections=on, cuda-head-norm-rope=on"
         );
     }
 
@@ -1050,6 +1074,21 @@ mod tests {
             &[
                 (Lever::GpuOneTokenSdpa, Value::Switch(false)),
                 (Lever::GpuStackedProjections, Value::Switch(false)),
+            ],
+        )
+        .resolve_with(no_env)
+        .unwrap();
+        let e = run.refusal(Tier::L1).unwrap();
+        assert!(
+            e.starts_with("lever cuda-head-norm-rope=on (from --l3) is L3"),
+            "{e}"
+        );
+        let run = flags::<ModelCommand>(
+            Some(Alias::L3),
+            &[
+                (Lever::GpuOneTokenSdpa, Value::Switch(false)),
+                (Lever::GpuStackedProjections, Value::Switch(false)),
+                (Lever::CudaHeadNormRope, Value::Switch(false)),
             ],
         )
         .resolve_with(no_env)
@@ -1133,7 +1172,7 @@ mod tests {
         assert_eq!(
             run.note(),
             "levers on: gpu-decode-blocks=pre (from its flag), gpu-one-token-sdpa (from --l3), \
-             gpu-stacked-projections (from --l3)"
+             gpu-stacked-projections (from --l3), cuda-head-norm-rope (from --l3)"
         );
         let run = flags::<ModelCommand>(None, &[(Lever::GpuDecode, Value::Switch(false))])
             .resolve_with(no_env)

@@ -83,14 +83,26 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
             "ARCHGEN_GPU_STACKED_PROJECTIONS"
         ]
     );
+    assert_eq!(
+        row("cuda-head-norm-rope"),
+        [
+            "cuda-head-norm-rope",
+            "L3",
+            "off",
+            "on|off",
+            "ARCHGEN_CUDA_HEAD_NORM_ROPE"
+        ]
+    );
     assert!(
-        table.contains("--l3   gpu-one-token-sdpa=on, gpu-stacked-projections=on\n"),
+        table.contains(
+            "--l3   gpu-one-token-sdpa=on, gpu-stacked-projections=on, cuda-head-norm-rope=on\n"
+        ),
         "{table}"
     );
     assert!(
         table.contains(
             "--l1   gpu-decode-on-cpu=off, gpu-decode-blocks=all, gpu-one-token-sdpa=off, \
-             gpu-stacked-projections=off\n"
+             gpu-stacked-projections=off, cuda-head-norm-rope=off\n"
         ),
         "{table}"
     );
@@ -109,6 +121,7 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
             "gpu-decode-blocks",
             "gpu-one-token-sdpa",
             "gpu-stacked-projections",
+            "cuda-head-norm-rope",
             "max-batch",
             "prefill-step",
             "cuda-graph-cache"
@@ -123,14 +136,18 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
         sdpa["commands"],
         serde_json::json!(["logits", "generate", "chat", "serve", "embed"])
     );
-    assert_eq!(levers[7]["commands"], serde_json::json!(["serve"]));
+    assert_eq!(levers[8]["commands"], serde_json::json!(["serve"]));
     let aliases = json["aliases"].as_array().unwrap();
     assert_eq!(aliases[0]["flag"], "--l1");
     assert_eq!(aliases[0]["sets"]["gpu-one-token-sdpa"], "off");
     assert_eq!(aliases[2]["flag"], "--l3");
     assert_eq!(
         aliases[2]["sets"],
-        serde_json::json!({"gpu-one-token-sdpa": "on", "gpu-stacked-projections": "on"})
+        serde_json::json!({
+            "gpu-one-token-sdpa": "on",
+            "gpu-stacked-projections": "on",
+            "cuda-head-norm-rope": "on"
+        })
     );
 
     let o = archgen(&["levers", "--format", "yaml"]);
@@ -180,12 +197,14 @@ fn require_tier_refuses_an_l3_lever_by_name_before_reading_anything() {
             let e = stderr(&o);
             assert_eq!(o.status.code(), Some(1), "{base:?} {extra:?}: {e}");
             let required = extra.last().unwrap();
-            // --l3 turns on both of its levers; the refusal names each.
+            // --l3 turns on each of its levers; the refusal names each.
             let levers = match source {
                 "from --l3" => format!(
                     "lever gpu-one-token-sdpa=on ({source}) is L3, lever \
-                     gpu-stacked-projections=on ({source}) is L3; turn them off \
-                     (--gpu-one-token-sdpa off, --gpu-stacked-projections off;"
+                     gpu-stacked-projections=on ({source}) is L3, lever \
+                     cuda-head-norm-rope=on ({source}) is L3; turn them off \
+                     (--gpu-one-token-sdpa off, --gpu-stacked-projections off, \
+                     --cuda-head-norm-rope off;"
                 ),
                 _ => format!(
                     "lever gpu-one-token-sdpa=on ({source}) is L3; turn it off \
@@ -278,7 +297,7 @@ fn a_run_states_its_levers_and_the_tier_they_give_it() {
     let l1 = "archgen: parity tier L1 (bit-exact with mlx-lm 0.32.2)\n";
     let sdpa_l3 = "archgen: parity tier L3: lever gpu-one-token-sdpa=on (no oracle)\n";
     let alias_l3 = "archgen: parity tier L3: lever gpu-one-token-sdpa=on; \
-                    lever gpu-stacked-projections=on (no oracle)\n";
+                    lever gpu-stacked-projections=on; lever cuda-head-norm-rope=on (no oracle)\n";
     // gpu-decode is on by default in every build but macOS's.
     let gpu = if cfg!(target_os = "macos") {
         ""
@@ -300,10 +319,18 @@ fn a_run_states_its_levers_and_the_tier_they_give_it() {
 
     let (e, _) = logits("l3", &["--l3"], &[]);
     assert!(e.contains(alias_l3), "{e}");
+    // The custom CUDA kernel's lever says when it cannot run (a CPU run).
+    assert!(
+        e.contains(
+            "archgen: cuda-head-norm-rope: not applied: its kernel runs only in one-token steps \
+             on CUDA's GPU path (this run's path: compiled blocks of the CPU's fallback ops)\n"
+        ),
+        "{e}"
+    );
     assert!(
         e.contains(&format!(
             "archgen: levers on: {gpu}gpu-one-token-sdpa (from --l3), \
-             gpu-stacked-projections (from --l3)\n"
+             gpu-stacked-projections (from --l3), cuda-head-norm-rope (from --l3)\n"
         )),
         "{e}"
     );
@@ -315,6 +342,8 @@ fn a_run_states_its_levers_and_the_tier_they_give_it() {
             "--gpu-one-token-sdpa",
             "off",
             "--gpu-stacked-projections",
+            "off",
+            "--cuda-head-norm-rope",
             "off",
         ],
         &[],
@@ -387,14 +416,14 @@ fn chat_and_serve_state_their_levers_serves_with_its_own() {
     assert!(
         e.contains(
             "archgen: parity tier L3: lever gpu-one-token-sdpa=on; \
-             lever gpu-stacked-projections=on (no oracle)\n"
+             lever gpu-stacked-projections=on; lever cuda-head-norm-rope=on (no oracle)\n"
         ),
         "{e}"
     );
     assert!(
         e.contains(&format!(
             "archgen: levers on: {gpu}gpu-one-token-sdpa (from --l3), \
-             gpu-stacked-projections (from --l3)\n"
+             gpu-stacked-projections (from --l3), cuda-head-norm-rope (from --l3)\n"
         )),
         "{e}"
     );

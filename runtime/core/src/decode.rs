@@ -76,8 +76,9 @@ use crate::blocks::{
     LayerNorms, Mlp, MoeBlock, PleGate, QkNormWeight, Scores, SharedKv, SparseMoe, ValueNorm,
 };
 use crate::cache::LayerCache;
+use crate::cuda_kernels;
 use crate::deltanet::{self, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet, InProj};
-use crate::device::{gpu_blocks, path, GpuBlocks, Path};
+use crate::device::{gpu_blocks, path, GpuBlocks, HeadKernelStep, Path};
 use crate::feed_forward::FeedForward;
 use crate::flat::{hollow, next, placeholder, Flat, Packed};
 use crate::layers::{Linear, Quantized, SwitchLinear};
@@ -530,6 +531,9 @@ fn pre_attention(
     fused: Option<&FusedQkv>,
     rope: &RopeTables,
 ) -> Result<Vec<Array>> {
+    if let Some(qkv) = head_norm_rope_step(h, layer, kv, fused, rope)? {
+        return Ok(qkv.into());
+    }
     let (s, eps) = (layer.shape, layer.eps);
     let (mut p, norm_inputs) =
         pre_attention_packed(PRE_ATTENTION, h, layer.norms.input(), s, eps, rope);
@@ -576,6 +580,69 @@ fn pre_attention(
             })
         },
     )
+}
+
+/// The lever `cuda-head-norm-rope` (L3,
+/// [`crate::device::head_norm_rope_kernel`]): the input norm and the Q/K/V
+/// projections as MLX runs them (stacked when `fused` is there), then one
+/// custom kernel for the per-head norms and RoPE
+/// ([`cuda_kernels::head_norm_rope`]) where the compiled block runs three
+/// norms, two rotations and the layout copies around them. `None` when the
+/// lever is off or the kernel does not cover the layer (per-head Q and K
+/// norms are its form: Gemma-4, Qwen3): the compiled block runs.
+fn head_norm_rope_step(
+    h: &Array,
+    layer: &Layer<'_>,
+    kv: Option<&KvWeights>,
+    fused: Option<&FusedQkv>,
+    rope: &RopeTables,
+) -> Result<Option<[Array; 3]>> {
+    if !crate::device::head_norm_rope_kernel() {
+        return Ok(None);
+    }
+    // A layer reading a donor's K/V projects Q alone: the compiled block.
+    let Some(kv) = kv else {
+        return Ok(None);
+    };
+    let not_covered = || {
+        crate::device::count_head_kernel(HeadKernelStep::NotCovered);
+        Ok(None)
+    };
+    let (Some(QkNormWeight::PerHead(q_norm)), Some(QkNormWeight::PerHead(k_norm))) =
+        (&layer.attn.q_norm, &kv.k_norm)
+    else {
+        return not_covered();
+    };
+    let s = layer.shape;
+    let x = rms_norm(h, Some(layer.norms.input()), layer.eps)?;
+    let rows = match fused.map(|f| (f, &f.norms)) {
+        Some((f, StackedNorms::PerPart { own_values, .. })) => cuda_kernels::QkvRows::Stacked {
+            qkv: f.proj.forward(&x)?,
+            own_values: *own_values,
+        },
+        Some((_, StackedNorms::OneWeight(_))) | None => cuda_kernels::QkvRows::Separate {
+            q: layer.attn.q_proj.forward(&x)?,
+            k: kv.k_proj.forward(&x)?,
+            v: kv.v_proj.as_ref().map(|v| v.forward(&x)).transpose()?,
+        },
+    };
+    let shape = cuda_kernels::HeadShape {
+        n_heads: s.n_heads,
+        n_kv_heads: s.n_kv_heads,
+        head_dim: s.head_dim,
+        eps: s.eps,
+        value_norm: match s.value_norm {
+            ValueNorm::RmsScaleFree => true,
+            ValueNorm::None => false,
+        },
+    };
+    match cuda_kernels::head_norm_rope(&rows, q_norm, k_norm, shape, rope)? {
+        Ok(qkv) => {
+            crate::device::count_head_kernel(HeadKernelStep::Ran);
+            Ok(Some(qkv))
+        }
+        Err(_) => not_covered(),
+    }
 }
 
 /// The start every block before attention shares: the key (`block`, eps,

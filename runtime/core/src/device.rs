@@ -50,6 +50,10 @@ pub struct DecodeChoices {
     /// matmul: Q/K/V, and gate/up (`ARCHGEN_GPU_STACKED_PROJECTIONS=1`;
     /// [`stacked_projections`]).
     pub gpu_stacked_projections: bool,
+    /// On CUDA's GPU path, one custom kernel per layer for the per-head
+    /// Q/K/V norms and RoPE of a one-token step
+    /// (`ARCHGEN_CUDA_HEAD_NORM_ROPE=1`; [`head_norm_rope_kernel`]).
+    pub cuda_head_norm_rope: bool,
 }
 
 pub const EAGER_DECODE_VAR: &str = "ARCHGEN_EAGER_DECODE";
@@ -57,6 +61,7 @@ pub const GPU_DECODE_VAR: &str = "ARCHGEN_GPU_DECODE";
 pub const GPU_DECODE_BLOCKS_VAR: &str = "ARCHGEN_GPU_DECODE_BLOCKS";
 pub const GPU_ONE_TOKEN_SDPA_VAR: &str = "ARCHGEN_GPU_ONE_TOKEN_SDPA";
 pub const GPU_STACKED_PROJECTIONS_VAR: &str = "ARCHGEN_GPU_STACKED_PROJECTIONS";
+pub const CUDA_HEAD_NORM_ROPE_VAR: &str = "ARCHGEN_CUDA_HEAD_NORM_ROPE";
 
 impl DecodeChoices {
     /// What runs when nothing is set: the compiled blocks of the device, the
@@ -69,6 +74,7 @@ impl DecodeChoices {
         gpu_blocks: GpuBlocks::All,
         gpu_one_token_sdpa: false,
         gpu_stacked_projections: false,
+        cuda_head_norm_rope: false,
     };
 
     /// The choices the environment variables make, read as they always
@@ -76,8 +82,8 @@ impl DecodeChoices {
     /// to anything but empty or `0` (`cpu-too` also sets
     /// [`DecodeChoices::gpu_decode_on_cpu`]), `ARCHGEN_GPU_DECODE_BLOCKS` is
     /// `pre`, `post` or `none` (anything else: every block), and
-    /// `ARCHGEN_GPU_ONE_TOKEN_SDPA` and `ARCHGEN_GPU_STACKED_PROJECTIONS` are
-    /// on at `1`.
+    /// `ARCHGEN_GPU_ONE_TOKEN_SDPA`, `ARCHGEN_GPU_STACKED_PROJECTIONS` and
+    /// `ARCHGEN_CUDA_HEAD_NORM_ROPE` are on at `1`.
     pub fn from_env() -> DecodeChoices {
         let set = |name: &str| std::env::var_os(name).map(|v| !v.is_empty() && v != "0");
         let gpu_decode_on_cpu = std::env::var_os(GPU_DECODE_VAR).is_some_and(|v| v == "cpu-too");
@@ -93,6 +99,8 @@ impl DecodeChoices {
             },
             gpu_one_token_sdpa: std::env::var_os(GPU_ONE_TOKEN_SDPA_VAR).is_some_and(|v| v == "1"),
             gpu_stacked_projections: std::env::var_os(GPU_STACKED_PROJECTIONS_VAR)
+                .is_some_and(|v| v == "1"),
+            cuda_head_norm_rope: std::env::var_os(CUDA_HEAD_NORM_ROPE_VAR)
                 .is_some_and(|v| v == "1"),
         }
     }
@@ -221,6 +229,55 @@ pub fn stacked_counts() -> StackedCounts {
     StackedCounts {
         query_key_value: STACKED_QKV.load(std::sync::atomic::Ordering::Relaxed),
         gate_up: STACKED_GATE_UP.load(std::sync::atomic::Ordering::Relaxed),
+    }
+}
+
+/// Whether one-token steps run a layer's per-head Q/K/V norms and RoPE as
+/// one custom kernel ([`crate::cuda_kernels::head_norm_rope`]): the lever
+/// `cuda-head-norm-rope` (L3), on the GPU path of a CUDA build only (the
+/// kernel is CUDA source; the CPU and Metal refuse custom CUDA kernels),
+/// and not under tensor parallelism (a rank's rows are not the model's heads).
+pub fn head_norm_rope_kernel() -> bool {
+    decode_choices().cuda_head_norm_rope
+        && MEASURED_GPU
+        && path() == Path::NativeFastOps
+        && !on_cpu()
+        && !crate::distributed::tensor_parallel()
+}
+
+/// How many one-token attention steps of K/V-owning layers ran the
+/// `cuda-head-norm-rope` kernel, and how many the kernel did not cover (a
+/// norm form, dtype, head size or RoPE it is not written for), so a run can
+/// say what the lever did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HeadKernelCounts {
+    pub ran: usize,
+    pub not_covered: usize,
+}
+
+static HEAD_KERNEL_RAN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static HEAD_KERNEL_NOT_COVERED: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// What a one-token step of a K/V-owning layer did with the lever on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum HeadKernelStep {
+    Ran,
+    NotCovered,
+}
+
+pub(crate) fn count_head_kernel(step: HeadKernelStep) {
+    let counter = match step {
+        HeadKernelStep::Ran => &HEAD_KERNEL_RAN,
+        HeadKernelStep::NotCovered => &HEAD_KERNEL_NOT_COVERED,
+    };
+    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn head_kernel_counts() -> HeadKernelCounts {
+    HeadKernelCounts {
+        ran: HEAD_KERNEL_RAN.load(std::sync::atomic::Ordering::Relaxed),
+        not_covered: HEAD_KERNEL_NOT_COVERED.load(std::sync::atomic::Ordering::Relaxed),
     }
 }
 

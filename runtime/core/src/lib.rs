@@ -38,6 +38,7 @@ pub mod batch_session;
 pub mod blocks;
 pub mod bytes;
 pub mod cache;
+pub mod cuda_kernels;
 pub mod decode;
 pub mod deltanet;
 pub mod device;
