@@ -326,29 +326,27 @@ impl ModelIr {
                     e,
                 );
             }
-            match l.ffn {
-                FeedForward::MoeAndSharedExpert { shared, .. } => {
-                    let sw = shared.width as u64;
-                    let se = format!("{lp}mlp.shared_expert");
-                    push(format!("{se}.gate_proj"), ModuleKind::Linear, h, sw, 1);
-                    push(format!("{se}.down_proj"), ModuleKind::Linear, sw, h, 1);
-                    push(format!("{se}.up_proj"), ModuleKind::Linear, h, sw, 1);
-                    push(
-                        format!("{lp}mlp.shared_expert_gate"),
-                        ModuleKind::Linear,
-                        h,
-                        1,
-                        1,
-                    );
-                }
+            // The shared expert(s) beside routed experts: their MLP, and
+            // the shared expert's own gate where the module has one.
+            let shared = match l.ffn {
+                FeedForward::MoeAndSharedExpert { shared, .. } => Some((
+                    "mlp.shared_expert",
+                    shared.width,
+                    Some("mlp.shared_expert_gate"),
+                )),
                 FeedForward::MoeAndSharedExperts { shared, .. } => {
-                    let sw = shared.width as u64;
-                    let se = format!("{lp}mlp.shared_experts");
-                    push(format!("{se}.gate_proj"), ModuleKind::Linear, h, sw, 1);
-                    push(format!("{se}.down_proj"), ModuleKind::Linear, sw, h, 1);
-                    push(format!("{se}.up_proj"), ModuleKind::Linear, h, sw, 1);
+                    Some(("mlp.shared_experts", shared.width, None))
                 }
-                FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {}
+                FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => None,
+            };
+            if let Some((module, width, gate)) = shared {
+                let (sw, se) = (width as u64, format!("{lp}{module}"));
+                push(format!("{se}.gate_proj"), ModuleKind::Linear, h, sw, 1);
+                push(format!("{se}.down_proj"), ModuleKind::Linear, sw, h, 1);
+                push(format!("{se}.up_proj"), ModuleKind::Linear, h, sw, 1);
+                if let Some(gate) = gate {
+                    push(format!("{lp}{gate}"), ModuleKind::Linear, h, 1, 1);
+                }
             }
             match l.input {
                 LayerInput::None => {}
