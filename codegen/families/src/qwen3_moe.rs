@@ -110,15 +110,8 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
     c.family_is(&spec.identity, Family::Qwen3Moe, "qwen3-moe");
-    let mt = spec.identity.source.model_type;
-    if mt != ConfigModelType::Qwen3Moe {
-        c.foreign_model_type(
-            mt,
-            "qwen3_moe",
-            "qwen3_moe",
-            "the model_type of a Qwen3-MoE checkpoint is qwen3_moe",
-        );
-    }
+    let hint = "the model_type of a Qwen3-MoE checkpoint is qwen3_moe";
+    c.model_type_is(&spec.identity, ConfigModelType::Qwen3Moe, hint);
     let (m, a, e) = (&spec.model, &spec.attention, &spec.moe);
     let mut ok = crate::dense::check_dense_sizes(
         &mut c,
