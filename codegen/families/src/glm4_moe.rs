@@ -143,7 +143,7 @@ pub(crate) fn lower(spec: &Glm4MoeSpec) -> crate::ir::ModelIr {
         .map(|i| {
             let ffn = spec.moe.ffn(i, spec.mlp.intermediate_size);
             let mixer = Mixer::Attention(attention.clone());
-            layer(i as usize, norms, mixer, ffn, Residual::Plain)
+            plain_layer(i as usize, norms, mixer, ffn)
         })
         .collect();
     model_ir(

@@ -183,13 +183,7 @@ pub(crate) fn lower(spec: &Lfm2Spec) -> crate::ir::ModelIr {
                 }),
             };
             let norms = direct_norms(NormArrangement::PreNorm);
-            layer(
-                i as usize,
-                norms,
-                mixer,
-                FeedForward::Mlp(swiglu(width)),
-                Residual::Plain,
-            )
+            plain_layer(i as usize, norms, mixer, FeedForward::Mlp(swiglu(width)))
         })
         .collect();
     model_ir(
