@@ -785,7 +785,7 @@ fn sparse_moe(
 }
 
 /// Several decode steps of a pre-norm layer with routed experts in place of
-/// the MLP, eager (`blocks::sparse_feed_forward`, as the monolith) and through
+/// the MLP, eager (`blocks::experts_feed_forward`, as the monolith) and through
 /// `decode::step` (as generated models), on separate caches.
 fn run_experts_layer(hidden: i32, probs: b::TopKProbs, dt: Dtype) {
     let s = shape(2, 16, (16f64).powf(-0.5) as f32, b::ValueNorm::None);
@@ -810,7 +810,7 @@ fn run_experts_layer(hidden: i32, probs: b::TopKProbs, dt: Dtype) {
         let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
         let (a, _) = b::attention_own_kv(&x, own(&p), s, &rope, &mut eager_cache, &mask).unwrap();
         let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
-        let want = b::sparse_feed_forward(&e, &p.norms, &moe, s.eps).unwrap();
+        let want = b::experts_feed_forward(&e, &p.norms, &moe, s.eps).unwrap();
 
         let tables = rope.tables(decode_cache.offset(), 1, dt).unwrap();
         let layer = decode::Layer {
@@ -939,7 +939,7 @@ fn run_group_experts_layer(hidden: i32, facts: b::GroupTopK, dt: Dtype) {
         let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
         let (a, _) = b::attention_own_kv(&x, own(&p), s, &rope, &mut eager_cache, &mask).unwrap();
         let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
-        let want = b::group_routed_feed_forward(&e, &p.norms, &moe, s.eps).unwrap();
+        let want = b::experts_feed_forward(&e, &p.norms, &moe, s.eps).unwrap();
 
         let tables = rope.tables(decode_cache.offset(), 1, dt).unwrap();
         let layer = decode::Layer {
@@ -1203,12 +1203,12 @@ fn run_delta_net_layer(
             FeedForward::Mlp { mlp, moe } => {
                 b::feed_forward(&h, &norms, mlp, moe.as_ref(), s.eps).unwrap()
             }
-            FeedForward::SparseMoe(m) => b::sparse_feed_forward(&h, &norms, m, s.eps).unwrap(),
+            FeedForward::SparseMoe(m) => b::experts_feed_forward(&h, &norms, m, s.eps).unwrap(),
             FeedForward::SharedExpertMoe(m) => {
-                deltanet::shared_expert_feed_forward(&h, &norms, m, s.eps).unwrap()
+                b::experts_feed_forward(&h, &norms, m, s.eps).unwrap()
             }
             FeedForward::GroupRoutedMoe(m) => {
-                b::group_routed_feed_forward(&h, &norms, m, s.eps).unwrap()
+                b::experts_feed_forward(&h, &norms, m, s.eps).unwrap()
             }
         }
     };
@@ -1332,12 +1332,12 @@ fn run_gated_attention_layer(hidden: i32, s: AttentionShape, rope: Rope, moe: bo
             FeedForward::Mlp { mlp, moe } => {
                 b::feed_forward(&h, &norms, mlp, moe.as_ref(), s.eps).unwrap()
             }
-            FeedForward::SparseMoe(m) => b::sparse_feed_forward(&h, &norms, m, s.eps).unwrap(),
+            FeedForward::SparseMoe(m) => b::experts_feed_forward(&h, &norms, m, s.eps).unwrap(),
             FeedForward::SharedExpertMoe(m) => {
-                deltanet::shared_expert_feed_forward(&h, &norms, m, s.eps).unwrap()
+                b::experts_feed_forward(&h, &norms, m, s.eps).unwrap()
             }
             FeedForward::GroupRoutedMoe(m) => {
-                b::group_routed_feed_forward(&h, &norms, m, s.eps).unwrap()
+                b::experts_feed_forward(&h, &norms, m, s.eps).unwrap()
             }
         }
     };

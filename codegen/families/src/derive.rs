@@ -37,29 +37,17 @@ pub(crate) fn parse_derived(
         let own_form = parent_family(dir, from, 0).is_some_and(|f| f != Family::Gemma4);
         if bad_name.is_empty() && own_form {
             let from = from.to_string();
+            // Each family's derived form, read against its own parent.
+            use crate::Spec as S;
             return match load_parent(&from, tree, origin, dir, stack)? {
-                crate::Spec::Dense(parent) => {
-                    reduce::read(value, tree, origin, &parent).map(crate::Spec::Dense)
-                }
-                crate::Spec::Gemma2(parent) => {
-                    reduce::read(value, tree, origin, &parent).map(crate::Spec::Gemma2)
-                }
-                crate::Spec::Qwen3Moe(parent) => {
-                    reduce::read(value, tree, origin, &parent).map(crate::Spec::Qwen3Moe)
-                }
-                crate::Spec::MiniCpm(parent) => {
-                    reduce::read(value, tree, origin, &parent).map(crate::Spec::MiniCpm)
-                }
-                crate::Spec::Qwen35(parent) => {
-                    reduce::read(value, tree, origin, &parent).map(crate::Spec::Qwen35)
-                }
-                crate::Spec::Lfm2(parent) => {
-                    reduce::read(value, tree, origin, &parent).map(crate::Spec::Lfm2)
-                }
-                crate::Spec::Glm4Moe(parent) => {
-                    reduce::read(value, tree, origin, &parent).map(crate::Spec::Glm4Moe)
-                }
-                crate::Spec::Gemma4(_) => unreachable_family(tree, origin),
+                S::Dense(parent) => reduce::read(value, tree, origin, &parent).map(S::Dense),
+                S::Gemma2(parent) => reduce::read(value, tree, origin, &parent).map(S::Gemma2),
+                S::Qwen3Moe(parent) => reduce::read(value, tree, origin, &parent).map(S::Qwen3Moe),
+                S::MiniCpm(parent) => reduce::read(value, tree, origin, &parent).map(S::MiniCpm),
+                S::Qwen35(parent) => reduce::read(value, tree, origin, &parent).map(S::Qwen35),
+                S::Lfm2(parent) => reduce::read(value, tree, origin, &parent).map(S::Lfm2),
+                S::Glm4Moe(parent) => reduce::read(value, tree, origin, &parent).map(S::Glm4Moe),
+                S::Gemma4(_) => unreachable_family(tree, origin),
             };
         }
     }

@@ -88,11 +88,8 @@ pub(crate) fn check(spec: &Glm4MoeSpec) -> Vec<Issue> {
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
     c.family_is(&spec.identity, Family::Glm4Moe, "glm4-moe");
-    let mt = spec.identity.source.model_type;
-    if mt != ConfigModelType::Glm4Moe {
-        let hint = "the model_type of a GLM-4.5 MoE checkpoint is glm4_moe";
-        c.foreign_model_type(mt, "glm4_moe", "glm4_moe", hint);
-    }
+    let hint = "the model_type of a GLM-4.5 MoE checkpoint is glm4_moe";
+    c.model_type_is(&spec.identity, ConfigModelType::Glm4Moe, hint);
     let (m, a, layers) = (&spec.model, &spec.attention, &spec.layers);
     let dense = "SwiGLU width of the first_k_dense_replace dense layers";
     let mut ok = check_dense_sizes(&mut c, m, layers, a, &spec.mlp, dense);
@@ -146,7 +143,7 @@ pub(crate) fn lower(spec: &Glm4MoeSpec) -> crate::ir::ModelIr {
         .map(|i| {
             let ffn = spec.moe.ffn(i, spec.mlp.intermediate_size);
             let mixer = Mixer::Attention(attention.clone());
-            layer(i as usize, norms, mixer, ffn, Residual::Plain)
+            plain_layer(i as usize, norms, mixer, ffn)
         })
         .collect();
     model_ir(

@@ -67,6 +67,11 @@ pub(crate) fn layer(
     }
 }
 
+/// A [`layer`] whose residual branches are added as they are (no scale).
+pub(crate) fn plain_layer(index: usize, norms: Norms, mixer: Mixer, ffn: FeedForward) -> Layer {
+    layer(index, norms, mixer, ffn, Residual::Plain)
+}
+
 /// The norms of a layer whose RMSNorm weights are used as they are (no `1 + w`).
 pub(crate) fn direct_norms(arrangement: NormArrangement) -> Norms {
     Norms {

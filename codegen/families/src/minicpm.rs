@@ -101,15 +101,8 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
     c.family_is(&spec.identity, Family::MiniCpm, "minicpm");
-    let mt = spec.identity.source.model_type;
-    if mt != ConfigModelType::MiniCpm {
-        c.foreign_model_type(
-            mt,
-            "minicpm",
-            "minicpm",
-            "the model_type of a MiniCPM checkpoint is minicpm",
-        );
-    }
+    let hint = "the model_type of a MiniCPM checkpoint is minicpm";
+    c.model_type_is(&spec.identity, ConfigModelType::MiniCpm, hint);
     let (m, a, s) = (&spec.model, &spec.attention, &spec.scales);
     let mut ok =
         crate::dense::check_dense_sizes(&mut c, m, &spec.layers, a, &spec.mlp, "SwiGLU width");

@@ -110,15 +110,8 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
     c.family_is(&spec.identity, Family::Qwen3Moe, "qwen3-moe");
-    let mt = spec.identity.source.model_type;
-    if mt != ConfigModelType::Qwen3Moe {
-        c.foreign_model_type(
-            mt,
-            "qwen3_moe",
-            "qwen3_moe",
-            "the model_type of a Qwen3-MoE checkpoint is qwen3_moe",
-        );
-    }
+    let hint = "the model_type of a Qwen3-MoE checkpoint is qwen3_moe";
+    c.model_type_is(&spec.identity, ConfigModelType::Qwen3Moe, hint);
     let (m, a, e) = (&spec.model, &spec.attention, &spec.moe);
     let mut ok = crate::dense::check_dense_sizes(
         &mut c,
@@ -200,15 +193,15 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        direct_norms, full_attention, layer, model_ir, plain_head, plain_rope, scaled_embedding,
-        softmax_topk_experts, swiglu, whole_head_sharding, ModelParts,
+        direct_norms, full_attention, model_ir, plain_head, plain_layer, plain_rope,
+        scaled_embedding, softmax_topk_experts, swiglu, whole_head_sharding, ModelParts,
     };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let e = &spec.moe;
     let layers = (0..spec.layers.num_hidden_layers)
         .map(|i| {
-            layer(
+            plain_layer(
                 i as usize,
                 direct_norms(NormArrangement::PreNorm),
                 Mixer::Attention(Attention {
@@ -230,7 +223,6 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
                 } else {
                     FeedForward::Mlp(swiglu(spec.mlp.intermediate_size))
                 },
-                Residual::Plain,
             )
         })
         .collect();

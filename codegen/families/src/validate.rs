@@ -80,6 +80,19 @@ impl Checker {
             hint,
         );
     }
+    /// A `model_type` other than `expected`, the one model type of the
+    /// family (its name is the module's that reads it).
+    pub(crate) fn model_type_is(
+        &mut self,
+        identity: &Identity,
+        expected: ConfigModelType,
+        hint: &str,
+    ) {
+        let mt = identity.source.model_type;
+        if mt != expected {
+            self.foreign_model_type(mt, expected.as_str(), expected.as_str(), hint);
+        }
+    }
     /// The size limits of the attention stack and the MLP width, in the order
     /// every layout built like the dense one reports them; false when one is off.
     /// `positions` describes `max_position_embeddings`, `mlp_meaning` the width.

@@ -63,6 +63,21 @@ const FIELDS: [&str; 25] = [
     "max_position_embeddings",
 ];
 
+/// A small config of `model_type` with `layers` layers, 64 wide, an MLP of
+/// 128, 4 attention heads over 2 K/V heads and a vocabulary of 512; then
+/// `fields` over it.
+fn small_config(model_type: &str, layers: u32, fields: Value) -> Value {
+    let mut config = json!({
+        "model_type": model_type, "hidden_size": 64, "num_hidden_layers": layers,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512
+    });
+    for (field, value) in fields.as_object().expect("the fields as an object") {
+        config[field.as_str()] = value.clone();
+    }
+    config
+}
+
 /// `config` with each `(field, value)` set (a null value written as null).
 fn with(config: &Value, fields: &[(&str, Value)]) -> Value {
     let mut edited = config.clone();
@@ -91,6 +106,65 @@ fn refusal(config: &Value) -> String {
         Ok(_) => panic!("imported, but a refusal was expected:\n{config:#}"),
         Err(e) => e.to_string(),
     }
+}
+
+/// The fields `applied` lists, in order.
+fn listed(applied: &[AppliedDefault]) -> Vec<&str> {
+    applied.iter().map(|d| d.field.as_str()).collect()
+}
+
+/// The fields `applied` lists with the values they took, in order.
+fn listed_values(applied: &[AppliedDefault]) -> Vec<(&str, &Value)> {
+    applied
+        .iter()
+        .map(|d| (d.field.as_str(), &d.value))
+        .collect()
+}
+
+/// Fails unless every one of `fields` is listed in `applied`.
+fn assert_listed(applied: &[AppliedDefault], fields: &[&str]) {
+    let listed = listed(applied);
+    for field in fields {
+        assert!(listed.contains(field), "{field} not listed in {listed:?}");
+    }
+}
+
+/// Fails unless `text` says every one of `needles`.
+fn assert_says(text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "{needle} missing in:\n{text}");
+    }
+}
+
+/// Fails unless `config` without each of `fields`, one at a time, is refused
+/// naming the field and saying every one of `also`.
+fn assert_each_required(config: &Value, fields: &[&str], also: &[&str]) {
+    for field in fields {
+        let text = refusal(&without(config, &[field]));
+        assert_says(&text, &[field]);
+        assert_says(&text, also);
+    }
+}
+
+/// Fails unless `config` with each `(field, value)`, one at a time, is
+/// refused naming the field and saying the case's needle.
+fn assert_each_refused(config: &Value, cases: &[(&str, Value, &str)]) {
+    for (field, value, needle) in cases {
+        let text = refusal(&with(config, &[(field, value.clone())]));
+        assert_says(&text, &[field, needle]);
+    }
+}
+
+/// Fails unless `config` is refused with a kv_config.json (the family has no
+/// KV-cache quantization).
+fn assert_kv_config_refused(config: &Value) {
+    let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
+    assert!(from_config_json(config, Some(&kv), "bad").is_err());
+}
+
+/// Which layers run routed experts.
+fn expert_layers(model: &ModelIr) -> Vec<bool> {
+    model.layers.iter().map(|l| l.moe().is_some()).collect()
 }
 
 /// Imports, checks that YAML and the HF view round-trip, returns the HF view.
@@ -149,7 +223,7 @@ fn gemma4_wrapper_round_trips_every_field() {
     assert_eq!(hf["rope_traditional"], json!(false));
     assert!(hf.get("quantization").is_none() && hf.get("kv_quantization").is_none());
     // Only the factor was defaulted (plus nothing else: every other field is explicit).
-    let fields: Vec<&str> = applied.iter().map(|a| a.field.as_str()).collect();
+    let fields = listed(&applied);
     assert_eq!(
         fields,
         [
@@ -314,7 +388,7 @@ fn normalisations_are_listed() {
     assert!(!spec.mlp.use_double_wide_mlp);
     assert_eq!(spec.model.final_logit_softcapping, None);
     assert_eq!(spec.layers.pattern.len(), 6);
-    let fields: Vec<&str> = applied.iter().map(|a| a.field.as_str()).collect();
+    let fields = listed(&applied);
     assert!(
         fields.contains(&"num_global_key_value_heads")
             && fields.contains(&"use_double_wide_mlp")
@@ -425,10 +499,7 @@ fn qwen3_next_configs_take_mlx_lm_fields_and_refuse_mixed_layers() {
     });
     let (spec, applied, hf) = import_and_round_trip(&next, None, "qwen3-next");
     assert_eq!(spec.family(), Family::Qwen3Next);
-    let fields: Vec<(&str, &Value)> = applied
-        .iter()
-        .map(|d| (d.field.as_str(), &d.value))
-        .collect();
+    let fields = listed_values(&applied);
     assert!(
         fields.contains(&("norm_topk_prob", &json!(false))),
         "{fields:?}"
@@ -445,27 +516,20 @@ fn qwen3_next_configs_take_mlx_lm_fields_and_refuse_mixed_layers() {
     let kinds: Vec<bool> = ir.layers.iter().map(grouped).collect();
     assert_eq!(kinds, [true, true, true, false]);
 
-    for (field, value, needle) in [
-        ("decoder_sparse_step", json!(2), "only 1"),
-        ("mlp_only_layers", json!([0]), "only []"),
-        (
-            "rope_scaling",
-            json!({"type": "yarn"}),
-            "only unscaled RoPE",
-        ),
-        ("attention_bias", json!(true), "no projection biases"),
-    ] {
-        let mut bad = next.clone();
-        bad[field] = value;
-        let e = from_config_json(&bad, None, "bad").unwrap_err().to_string();
-        assert!(e.contains(field) && e.contains(needle), "{field}: {e}");
-    }
-    let mut missing = next.clone();
-    missing.as_object_mut().unwrap().remove("head_dim");
-    let e = from_config_json(&missing, None, "bad")
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("head_dim"), "{e}");
+    assert_each_refused(
+        &next,
+        &[
+            ("decoder_sparse_step", json!(2), "only 1"),
+            ("mlp_only_layers", json!([0]), "only []"),
+            (
+                "rope_scaling",
+                json!({"type": "yarn"}),
+                "only unscaled RoPE",
+            ),
+            ("attention_bias", json!(true), "no projection biases"),
+        ],
+    );
+    assert_each_required(&next, &["head_dim"], &[]);
 }
 
 /// qwen3_5: the text config under `text_config` or flat, `TextModelArgs`'s
@@ -474,26 +538,28 @@ fn qwen3_next_configs_take_mlx_lm_fields_and_refuse_mixed_layers() {
 /// `layer_types`); the MoE form and biased attention refused.
 #[test]
 fn qwen3_5_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
-    let flat = json!({
-        "model_type": "qwen3_5", "hidden_size": 64, "num_hidden_layers": 8,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "vocab_size": 512, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-        "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-        "layer_types": ["full_attention"]
-    });
+    let flat = small_config(
+        "qwen3_5",
+        8,
+        json!({
+            "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+            "layer_types": ["full_attention"]
+        }),
+    );
     let (spec, applied, _) = import_and_round_trip(&flat, None, "q35-defaults");
-    let fields: Vec<&str> = applied.iter().map(|a| a.field.as_str()).collect();
-    for f in [
-        "head_dim",
-        "full_attention_interval",
-        "rope_parameters",
-        "linear_conv_kernel_dim",
-        "rms_norm_eps",
-        "tie_word_embeddings",
-        "layer_types",
-    ] {
-        assert!(fields.contains(&f), "{f} not listed in {fields:?}");
-    }
+    assert_listed(
+        &applied,
+        &[
+            "head_dim",
+            "full_attention_interval",
+            "rope_parameters",
+            "linear_conv_kernel_dim",
+            "rms_norm_eps",
+            "tie_word_embeddings",
+            "layer_types",
+        ],
+    );
     let ir = spec.lower();
     let full: Vec<usize> = ir
         .layers
@@ -527,7 +593,7 @@ fn qwen3_5_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
     }
     moe["mlp_only_layers"] = json!([]);
     let (spec, applied, _) = import_and_round_trip(&moe, None, "q35-moe");
-    let fields: Vec<&str> = applied.iter().map(|a| a.field.as_str()).collect();
+    let fields = listed(&applied);
     assert!(fields.contains(&"norm_topk_prob"), "{fields:?}");
     assert!(fields.contains(&"mlp_only_layers"), "{fields:?}");
     assert!(!fields.contains(&"intermediate_size"), "{fields:?}");
@@ -542,18 +608,18 @@ fn qwen3_5_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
         .contains(&archgen_ir::SanitizeRule::SplitSwitchMlpGateUp));
     let e = refusal(&with(&flat, &[("model_type", json!("qwen3_5_moe"))]));
     assert!(e.contains("moe"), "{e}");
-    for (field, value, needle) in [
-        ("attention_bias", json!(true), "attention_bias"),
-        ("linear_num_value_heads", json!(3), "linear_num_value_heads"),
-        (
-            "full_attention_interval",
-            json!(9),
-            "full_attention_interval",
-        ),
-    ] {
-        let e = refusal(&with(&flat, &[(field, value)]));
-        assert!(e.contains(needle), "{field}: {e}");
-    }
+    assert_each_refused(
+        &flat,
+        &[
+            ("attention_bias", json!(true), "attention_bias"),
+            ("linear_num_value_heads", json!(3), "linear_num_value_heads"),
+            (
+                "full_attention_interval",
+                json!(9),
+                "full_attention_interval",
+            ),
+        ],
+    );
     refusal(&with(
         &flat,
         &[(
@@ -578,10 +644,7 @@ fn minicpm_configs_take_mlx_lm_defaults_and_refuse_what_mlx_lm_cannot_run() {
     });
     let (spec, applied, hf) = import_and_round_trip(&minicpm, None, "minicpm");
     assert_eq!(spec.family(), Family::MiniCpm);
-    let fields: Vec<(&str, &Value)> = applied
-        .iter()
-        .map(|d| (d.field.as_str(), &d.value))
-        .collect();
+    let fields = listed_values(&applied);
     assert_eq!(
         fields,
         [
@@ -597,18 +660,16 @@ fn minicpm_configs_take_mlx_lm_defaults_and_refuse_what_mlx_lm_cannot_run() {
     assert_eq!(ir.embedding.scale, archgen_ir::EmbedScale::Constant(12.0));
     assert_eq!(ir.head.logit_scale, archgen_ir::LogitScale::DivideBy(0.375));
     assert_eq!(ir.layers[0].residual.factor(), Some(1.4 / 3f64.sqrt()));
-    for field in [
-        "scale_emb",
-        "scale_depth",
-        "dim_model_base",
-        "num_key_value_heads",
-    ] {
-        let text = refusal(&without(&minicpm, &[field]));
-        assert!(
-            text.contains(field) && text.contains("no default"),
-            "{field} missing in:\n{text}"
-        );
-    }
+    assert_each_required(
+        &minicpm,
+        &[
+            "scale_emb",
+            "scale_depth",
+            "dim_model_base",
+            "num_key_value_heads",
+        ],
+        &["no default"],
+    );
     let text = refusal(&with(&minicpm, &[("tie_word_embeddings", json!(true))]));
     assert!(
         text.contains("tie_word_embeddings") && text.contains("cannot load a tied MiniCPM"),
@@ -629,8 +690,7 @@ fn minicpm_configs_take_mlx_lm_defaults_and_refuse_what_mlx_lm_cannot_run() {
     let mut default = minicpm.clone();
     default["rope_scaling"] = json!({"type": "default"});
     assert!(from_config_json(&default, None, "ok").is_ok());
-    let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
-    assert!(from_config_json(&minicpm, Some(&kv), "bad").is_err());
+    assert_kv_config_refused(&minicpm);
 }
 
 #[test]
@@ -647,15 +707,15 @@ fn dense_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
     assert_eq!((a.head_dim, a.n_kv_heads), (16, 4));
     assert!(model.head.weight == HeadWeight::TiedEmbedding && a.qk_norm == QkNorm::None);
     assert_eq!(a.rope.kind, RopeKind::Default { theta: 10000.0 });
-    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
-    for f in [
-        "head_dim",
-        "num_key_value_heads",
-        "rope_theta",
-        "tie_word_embeddings",
-    ] {
-        assert!(fields.contains(&f), "{f} not listed in {fields:?}");
-    }
+    assert_listed(
+        &applied,
+        &[
+            "head_dim",
+            "num_key_value_heads",
+            "rope_theta",
+            "tie_word_embeddings",
+        ],
+    );
     // llama3 scaling: missing low/high/original take rope_utils.py's defaults.
     let mut scaled = llama.clone();
     scaled["rope_scaling"] = json!({"type": "llama3", "factor": 8.0});
@@ -669,13 +729,15 @@ fn dense_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
         .iter()
         .any(|d| d.field == "rope_scaling.original_max_position_embeddings"));
     // qwen3.py reads rope_theta from transformers 5's rope_parameters.
-    let qwen = json!({
-        "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 512,
-        "max_position_embeddings": 4096, "tie_word_embeddings": false,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}
-    });
+    let qwen = small_config(
+        "qwen3",
+        2,
+        json!({
+            "head_dim": 16, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 4096, "tie_word_embeddings": false,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}
+        }),
+    );
     let (spec, _, _) = import_and_round_trip(&qwen, None, "qwen-params");
     let model = spec.lower();
     let a = attention(&model, 0);
@@ -693,13 +755,10 @@ fn dense_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
             ),
         ],
     ));
-    for needle in ["attention_bias", "yarn", "sliding_attention"] {
-        assert!(text.contains(needle), "{needle} missing in:\n{text}");
-    }
+    assert_says(&text, &["attention_bias", "yarn", "sliding_attention"]);
     let text = refusal(&without(&qwen, &["rope_parameters"]));
     assert!(text.contains("rope_theta"), "{text}");
-    let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
-    assert!(from_config_json(&qwen, Some(&kv), "bad").is_err());
+    assert_kv_config_refused(&qwen);
 }
 
 /// qwen2.py's ModelArgs: head_dim is always hidden // heads, the defaults
@@ -707,12 +766,14 @@ fn dense_configs_take_mlx_lm_defaults_and_refuse_what_archgen_cannot_run() {
 /// (not at all), and num_key_value_heads has no default.
 #[test]
 fn qwen2_configs_take_mlx_lm_defaults() {
-    let qwen2 = json!({
-        "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-6, "vocab_size": 512,
-        "use_sliding_window": true, "sliding_window": 8, "max_window_layers": 1
-    });
+    let qwen2 = small_config(
+        "qwen2",
+        2,
+        json!({
+            "rms_norm_eps": 1e-6,
+            "use_sliding_window": true, "sliding_window": 8, "max_window_layers": 1
+        }),
+    );
     let (spec, applied, _) = import_and_round_trip(&qwen2, None, "qwen2-defaults");
     assert_eq!(spec.family(), Family::Qwen2);
     let model = spec.lower();
@@ -727,19 +788,19 @@ fn qwen2_configs_take_mlx_lm_defaults() {
         ir.layers[0].attention().unwrap().bias,
         archgen_ir::ProjectionBias::QueryKeyValue
     );
-    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
-    for f in [
-        "head_dim",
-        "max_position_embeddings",
-        "rope_theta",
-        "rope_traditional",
-        "tie_word_embeddings",
-        "use_sliding_window",
-        "sliding_window",
-        "max_window_layers",
-    ] {
-        assert!(fields.contains(&f), "{f} not listed in {fields:?}");
-    }
+    assert_listed(
+        &applied,
+        &[
+            "head_dim",
+            "max_position_embeddings",
+            "rope_theta",
+            "rope_traditional",
+            "tie_word_embeddings",
+            "use_sliding_window",
+            "sliding_window",
+            "max_window_layers",
+        ],
+    );
     // A head_dim in the config is not read by qwen2.py either.
     let mut written = qwen2.clone();
     written["head_dim"] = json!(32);
@@ -754,12 +815,14 @@ fn qwen2_configs_take_mlx_lm_defaults() {
 /// is listed as ignored (every layer is full attention).
 #[test]
 fn mistral_configs_are_read_as_llama() {
-    let mistral = json!({
-        "model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-5, "vocab_size": 512, "max_position_embeddings": 2048,
-        "sliding_window": 4096, "tie_word_embeddings": false
-    });
+    let mistral = small_config(
+        "mistral",
+        2,
+        json!({
+            "rms_norm_eps": 1e-5, "max_position_embeddings": 2048,
+            "sliding_window": 4096, "tie_word_embeddings": false
+        }),
+    );
     let (spec, applied, _) = import_and_round_trip(&mistral, None, "mistral-defaults");
     assert_eq!(spec.family(), Family::Llama);
     assert_eq!(spec.identity().source.model_type, ConfigModelType::Mistral);
@@ -805,11 +868,13 @@ fn gemma2_specs_are_their_imported_configs() {
 
 #[test]
 fn gemma2_configs_take_mlx_lm_defaults_and_refuse_what_mlx_lm_cannot_run() {
-    let minimal = json!({
-        "model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 512
-    });
+    let minimal = small_config(
+        "gemma2",
+        2,
+        json!({
+            "head_dim": 16, "rms_norm_eps": 1e-6
+        }),
+    );
     let (spec, applied, _) = import_and_round_trip(&minimal, None, "gemma2-defaults");
     let Spec::Gemma2(g) = &spec else {
         panic!("not a gemma2 spec")
@@ -825,17 +890,17 @@ fn gemma2_configs_take_mlx_lm_defaults_and_refuse_what_mlx_lm_cannot_run() {
         ),
         (10000.0, false, Some(50.0), Some(30.0), 144.0, 8192)
     );
-    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
-    for f in [
-        "rope_theta",
-        "rope_traditional",
-        "attn_logit_softcapping",
-        "final_logit_softcapping",
-        "query_pre_attn_scalar",
-        "max_position_embeddings",
-    ] {
-        assert!(fields.contains(&f), "{f} not listed in {fields:?}");
-    }
+    assert_listed(
+        &applied,
+        &[
+            "rope_theta",
+            "rope_traditional",
+            "attn_logit_softcapping",
+            "final_logit_softcapping",
+            "query_pre_attn_scalar",
+            "max_position_embeddings",
+        ],
+    );
     let text = refusal(&with(
         &minimal,
         &[
@@ -844,13 +909,14 @@ fn gemma2_configs_take_mlx_lm_defaults_and_refuse_what_mlx_lm_cannot_run() {
             ("attention_bias", json!(true)),
         ],
     ));
-    for needle in [
-        "attn_logit_softcapping: null",
-        "tie_word_embeddings: false",
-        "attention_bias: true",
-    ] {
-        assert!(text.contains(needle), "{needle} missing in:\n{text}");
-    }
+    assert_says(
+        &text,
+        &[
+            "attn_logit_softcapping: null",
+            "tie_word_embeddings: false",
+            "attention_bias: true",
+        ],
+    );
     let kv = json!([{"layer_idx": 0, "bits": 4}]);
     let text = from_config_json(&minimal, Some(&kv), "kv")
         .unwrap_err()
@@ -871,12 +937,14 @@ fn gemma3_text_configs_take_mlx_lm_defaults_and_linear_scaling() {
     assert_eq!(spec, load(format!("{root}/gemma-3-1b.yaml")).unwrap());
     assert_eq!(spec.family(), Family::Gemma3Text);
 
-    let minimal = json!({
-        "model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 6,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 512,
-        "final_logit_softcapping": 30.0
-    });
+    let minimal = small_config(
+        "gemma3_text",
+        6,
+        json!({
+            "head_dim": 16, "rms_norm_eps": 1e-6,
+            "final_logit_softcapping": 30.0
+        }),
+    );
     let (spec, applied, _) = import_and_round_trip(&minimal, None, "gemma3-defaults");
     let Spec::Gemma2(g) = &spec else {
         panic!("not a spec of the Gemma-2 layout")
@@ -938,19 +1006,21 @@ fn gemma3_text_configs_take_mlx_lm_defaults_and_linear_scaling() {
 /// required and none is ever applied; `rope_scaling` is read and ignored.
 #[test]
 fn qwen3_moe_configs_need_every_field_and_ignore_rope_scaling() {
-    let moe = json!({
-        "model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 3,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 512,
-        "max_position_embeddings": 4096, "tie_word_embeddings": true,
-        "rope_theta": 1000000.0, "num_experts": 8, "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32, "norm_topk_prob": false,
-        "decoder_sparse_step": 1, "mlp_only_layers": [1],
-        "rope_scaling": {"rope_type": "yarn", "factor": 4.0}
-    });
+    let moe = small_config(
+        "qwen3_moe",
+        3,
+        json!({
+            "head_dim": 16, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 4096, "tie_word_embeddings": true,
+            "rope_theta": 1000000.0, "num_experts": 8, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32, "norm_topk_prob": false,
+            "decoder_sparse_step": 1, "mlp_only_layers": [1],
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0}
+        }),
+    );
     let (spec, applied, hf) = import_and_round_trip(&moe, None, "moe");
     assert_eq!(spec.family(), Family::Qwen3Moe);
-    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    let fields = listed(&applied);
     assert_eq!(
         fields,
         ["rope_scaling"],
@@ -958,17 +1028,17 @@ fn qwen3_moe_configs_need_every_field_and_ignore_rope_scaling() {
     );
     assert_eq!(hf["rope_scaling"], Value::Null);
     let ir = spec.lower();
-    let experts: Vec<bool> = ir.layers.iter().map(|l| l.moe().is_some()).collect();
-    assert_eq!(experts, [true, false, true]);
-    for field in [
-        "num_experts",
-        "norm_topk_prob",
-        "mlp_only_layers",
-        "head_dim",
-    ] {
-        let text = refusal(&without(&moe, &[field]));
-        assert!(text.contains(field), "{field} missing in:\n{text}");
-    }
+    assert_eq!(expert_layers(&ir), [true, false, true]);
+    assert_each_required(
+        &moe,
+        &[
+            "num_experts",
+            "norm_topk_prob",
+            "mlp_only_layers",
+            "head_dim",
+        ],
+        &[],
+    );
     let text = refusal(&with(
         &moe,
         &[
@@ -976,11 +1046,8 @@ fn qwen3_moe_configs_need_every_field_and_ignore_rope_scaling() {
             ("mlp_only_layers", json!([7])),
         ],
     ));
-    for needle in ["top-9 of 8 experts", "layer 7 does not exist"] {
-        assert!(text.contains(needle), "{needle} missing in:\n{text}");
-    }
-    let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
-    assert!(from_config_json(&moe, Some(&kv), "bad").is_err());
+    assert_says(&text, &["top-9 of 8 experts", "layer 7 does not exist"]);
+    assert_kv_config_refused(&moe);
 }
 
 /// glm4_moe: every `ModelArgs` field required (`rope_scaling` too, null or
@@ -989,37 +1056,39 @@ fn qwen3_moe_configs_need_every_field_and_ignore_rope_scaling() {
 /// never tied, the layers dense below `first_k_dense_replace`.
 #[test]
 fn glm4_moe_configs_need_every_field_and_refuse_what_mlx_lm_cannot_run() {
-    let glm = json!({
-        "model_type": "glm4_moe", "hidden_size": 64, "num_hidden_layers": 3,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "rms_norm_eps": 1e-5, "vocab_size": 512,
-        "max_position_embeddings": 4096, "tie_word_embeddings": false,
-        "rope_theta": 1000000.0, "partial_rotary_factor": 0.5,
-        "attention_bias": true, "use_qk_norm": false,
-        "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-        "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1,
-        "routed_scaling_factor": 2.5, "norm_topk_prob": true,
-        "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
-        "scoring_func": "softmax", "topk_method": "noaux_tc"
-    });
+    let glm = small_config(
+        "glm4_moe",
+        3,
+        json!({
+            "head_dim": 16, "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 4096, "tie_word_embeddings": false,
+            "rope_theta": 1000000.0, "partial_rotary_factor": 0.5,
+            "attention_bias": true, "use_qk_norm": false,
+            "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1,
+            "routed_scaling_factor": 2.5, "norm_topk_prob": true,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
+            "scoring_func": "softmax", "topk_method": "noaux_tc"
+        }),
+    );
     let (spec, applied, hf) = import_and_round_trip(&glm, None, "glm");
     assert_eq!(spec.family(), Family::Glm4Moe);
-    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    let fields = listed(&applied);
     assert_eq!(fields, ["rope_scaling", "scoring_func"]);
     assert_eq!(hf["rope_scaling"], Value::Null);
     assert_eq!(hf["n_group"], json!(2));
     let ir = spec.lower();
-    let experts: Vec<bool> = ir.layers.iter().map(|l| l.moe().is_some()).collect();
-    assert_eq!(experts, [false, true, true]);
-    for field in [
-        "n_group",
-        "routed_scaling_factor",
-        "use_qk_norm",
-        "rope_scaling",
-    ] {
-        let text = refusal(&without(&glm, &[field]));
-        assert!(text.contains(field), "{field} missing in:\n{text}");
-    }
+    assert_eq!(expert_layers(&ir), [false, true, true]);
+    assert_each_required(
+        &glm,
+        &[
+            "n_group",
+            "routed_scaling_factor",
+            "use_qk_norm",
+            "rope_scaling",
+        ],
+        &[],
+    );
     let text = refusal(&with(
         &glm,
         &[
@@ -1027,9 +1096,10 @@ fn glm4_moe_configs_need_every_field_and_refuse_what_mlx_lm_cannot_run() {
             ("n_shared_experts", Value::Null),
         ],
     ));
-    for needle in ["topk_method", "noaux_tc", "n_shared_experts: null"] {
-        assert!(text.contains(needle), "{needle} missing in:\n{text}");
-    }
+    assert_says(
+        &text,
+        &["topk_method", "noaux_tc", "n_shared_experts: null"],
+    );
     let text = refusal(&with(
         &glm,
         &[
@@ -1038,15 +1108,15 @@ fn glm4_moe_configs_need_every_field_and_refuse_what_mlx_lm_cannot_run() {
             ("topk_group", json!(2)),
         ],
     ));
-    for needle in [
-        "tie_word_embeddings",
-        "3 of 3 layers dense",
-        "2 of 2 groups",
-    ] {
-        assert!(text.contains(needle), "{needle} missing in:\n{text}");
-    }
-    let kv = json!([{"layer_idx": 0, "bits": 8, "group_size": 64}]);
-    assert!(from_config_json(&glm, Some(&kv), "bad").is_err());
+    assert_says(
+        &text,
+        &[
+            "tie_word_embeddings",
+            "3 of 3 layers dense",
+            "2 of 2 groups",
+        ],
+    );
+    assert_kv_config_refused(&glm);
 }
 
 /// smollm3 (llama.py's ModelArgs and stack): llama's defaults, the NoPE
@@ -1055,19 +1125,21 @@ fn glm4_moe_configs_need_every_field_and_refuse_what_mlx_lm_cannot_run() {
 #[test]
 fn smollm3_configs_read_the_no_rope_interval() {
     use archgen_ir::{Mixer, RopeForm};
-    let smollm3 = json!({
-        "model_type": "smollm3", "hidden_size": 64, "num_hidden_layers": 8,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-6, "vocab_size": 512, "max_position_embeddings": 2048,
-        "rope_theta": 5000000.0, "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0]
-    });
+    let smollm3 = small_config(
+        "smollm3",
+        8,
+        json!({
+            "rms_norm_eps": 1e-6, "max_position_embeddings": 2048,
+            "rope_theta": 5000000.0, "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0]
+        }),
+    );
     let mut smollm3 = smollm3;
     smollm3["layer_types"] = json!(vec!["full_attention"; 8]);
     let (spec, applied, hf) = import_and_round_trip(&smollm3, None, "smollm3");
     assert_eq!(spec.family(), Family::SmolLm3);
     assert_eq!(hf["no_rope_layer_interval"], json!(4));
     assert!(hf.get("no_rope_layers").is_none());
-    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    let fields = listed(&applied);
     assert!(fields.contains(&"no_rope_layer_interval"), "{fields:?}");
     let ir = spec.lower();
     let kinds: Vec<bool> = ir
@@ -1126,20 +1198,19 @@ fn smollm3_configs_read_the_no_rope_interval() {
 #[test]
 fn granite_configs_take_their_multipliers() {
     use archgen_ir::{AttentionScale, EmbedScale, LogitScale, Residual};
-    let granite = json!({
-        "model_type": "granite", "hidden_size": 64, "num_hidden_layers": 2,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-5, "vocab_size": 512, "max_position_embeddings": 4096,
-        "attention_bias": false, "mlp_bias": false, "rope_theta": 10000000.0,
-        "embedding_multiplier": 12.0, "attention_multiplier": 0.015625,
-        "residual_multiplier": 0.22, "logits_scaling": 8.0
-    });
+    let granite = small_config(
+        "granite",
+        2,
+        json!({
+            "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
+            "attention_bias": false, "mlp_bias": false, "rope_theta": 10000000.0,
+            "embedding_multiplier": 12.0, "attention_multiplier": 0.015625,
+            "residual_multiplier": 0.22, "logits_scaling": 8.0
+        }),
+    );
     let (spec, applied, hf) = import_and_round_trip(&granite, None, "granite");
     assert_eq!(spec.family(), Family::Granite);
-    let fields: Vec<(&str, &Value)> = applied
-        .iter()
-        .map(|d| (d.field.as_str(), &d.value))
-        .collect();
+    let fields = listed_values(&applied);
     assert_eq!(
         fields,
         [
@@ -1155,21 +1226,19 @@ fn granite_configs_take_their_multipliers() {
     assert_eq!(a.scale, AttentionScale::Constant(0.015625));
     assert_eq!(a.scale.value(a.head_dim), 0.015625);
     assert_eq!(ir.layers[1].residual, Residual::Scaled { multiplier: 0.22 });
-    for field in [
-        "embedding_multiplier",
-        "attention_multiplier",
-        "residual_multiplier",
-        "logits_scaling",
-        "rope_theta",
-        "attention_bias",
-        "num_key_value_heads",
-    ] {
-        let text = refusal(&without(&granite, &[field]));
-        assert!(
-            text.contains(field) && text.contains("no default"),
-            "{field} missing in:\n{text}"
-        );
-    }
+    assert_each_required(
+        &granite,
+        &[
+            "embedding_multiplier",
+            "attention_multiplier",
+            "residual_multiplier",
+            "logits_scaling",
+            "rope_theta",
+            "attention_bias",
+            "num_key_value_heads",
+        ],
+        &["no default"],
+    );
     let text = refusal(&with(&granite, &[("mlp_bias", json!(true))]));
     assert!(text.contains("mlp_bias: true"), "{text}");
 }
@@ -1178,16 +1247,18 @@ fn granite_configs_take_their_multipliers() {
 fn phi3_configs_fuse_their_projections_and_refuse_su_rope() {
     use archgen_ir::{GateUpProjection, QkvProjection};
     // Phi-3-mini-4k-instruct's fields as published, at a tiny size.
-    let phi3 = json!({
-        "model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-5, "vocab_size": 512, "max_position_embeddings": 4096,
-        "original_max_position_embeddings": 4096, "rope_scaling": null,
-        "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false
-    });
+    let phi3 = small_config(
+        "phi3",
+        2,
+        json!({
+            "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
+            "original_max_position_embeddings": 4096, "rope_scaling": null,
+            "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false
+        }),
+    );
     let (spec, applied, hf) = import_and_round_trip(&phi3, None, "phi3");
     assert_eq!(spec.family(), Family::Phi3);
-    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    let fields = listed(&applied);
     for noted in [
         "head_dim",
         "sliding_window",
@@ -1256,17 +1327,16 @@ fn phi3_configs_fuse_their_projections_and_refuse_su_rope() {
 #[test]
 fn olmo2_configs_take_mlx_lm_defaults() {
     use archgen_ir::{HeadWeight, NormArrangement, QkNorm, SanitizeRule};
-    let olmo2 = json!({
-        "model_type": "olmo2", "hidden_size": 64, "num_hidden_layers": 2,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-6, "vocab_size": 512, "max_position_embeddings": 4096
-    });
+    let olmo2 = small_config(
+        "olmo2",
+        2,
+        json!({
+            "rms_norm_eps": 1e-6, "max_position_embeddings": 4096
+        }),
+    );
     let (spec, applied, hf) = import_and_round_trip(&olmo2, None, "olmo2");
     assert_eq!(spec.family(), Family::Olmo2);
-    let fields: Vec<(&str, &Value)> = applied
-        .iter()
-        .map(|d| (d.field.as_str(), &d.value))
-        .collect();
+    let fields = listed_values(&applied);
     for (field, value) in [
         ("head_dim", json!(16)),
         ("tie_word_embeddings", json!(true)),
@@ -1305,10 +1375,7 @@ fn lfm2_configs_take_mlx_lm_fields_and_width_rule() {
     });
     let (spec, applied, hf) = import_and_round_trip(&lfm2, None, "lfm2");
     assert_eq!(spec.family(), Family::Lfm2);
-    let fields: Vec<(&str, &Value)> = applied
-        .iter()
-        .map(|d| (d.field.as_str(), &d.value))
-        .collect();
+    let fields = listed_values(&applied);
     assert!(
         fields.contains(&("rope_theta", &json!(1000000.0))),
         "{fields:?}"
@@ -1355,24 +1422,24 @@ fn lfm2_configs_take_mlx_lm_fields_and_width_rule() {
         .iter()
         .all(|l| l.mlp().unwrap().width == 96));
 
-    for (field, value, needle) in [
-        ("conv_bias", json!(true), "conv_bias: true"),
-        ("block_dim", json!(32), "block_dim: not hidden_size"),
-        (
-            "tie_word_embeddings",
-            json!(false),
-            "tie_word_embeddings: false",
-        ),
-        ("full_attn_idxs", json!([4]), "layers.full_attn_idxs"),
-        (
-            "full_attn_idxs",
-            json!("2,5"),
-            "expected a list of layer indices",
-        ),
-    ] {
-        let text = refusal(&with(&lfm2, &[(field, value)]));
-        assert!(text.contains(needle), "{field}: {text}");
-    }
+    assert_each_refused(
+        &lfm2,
+        &[
+            ("conv_bias", json!(true), "conv_bias: true"),
+            ("block_dim", json!(32), "block_dim: not hidden_size"),
+            (
+                "tie_word_embeddings",
+                json!(false),
+                "tie_word_embeddings: false",
+            ),
+            ("full_attn_idxs", json!([4]), "layers.full_attn_idxs"),
+            (
+                "full_attn_idxs",
+                json!("2,5"),
+                "expected a list of layer indices",
+            ),
+        ],
+    );
     // Quantization overrides name lfm2.py's modules; the spec names them as
     // the loader reads them.
     let quantized = with(

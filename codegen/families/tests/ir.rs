@@ -6,6 +6,23 @@ use archgen_families::*;
 use archgen_ir::*;
 use std::path::PathBuf;
 
+/// The indices of the layers whose feed-forward half is `kind`.
+fn layers_where(ir: &ModelIr, kind: impl Fn(&FeedForward) -> bool) -> Vec<usize> {
+    ir.layers
+        .iter()
+        .filter(|l| kind(&l.ffn))
+        .map(|l| l.index)
+        .collect()
+}
+
+/// The paths of the modules `nn.quantize` visits.
+fn module_paths(ir: &ModelIr) -> Vec<String> {
+    ir.quantizable_modules()
+        .into_iter()
+        .map(|m| m.path)
+        .collect()
+}
+
 fn specs() -> Vec<(String, Spec)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../specs");
     let mut out = Vec::new();
@@ -392,11 +409,7 @@ fn families_lower_to_their_blocks() {
             Family::Phi3 => {
                 // phi3.py: one qkv_proj and one gate_up_proj per layer, and
                 // their names (not the separate ones) in the contract.
-                let names: Vec<String> = ir
-                    .quantizable_modules()
-                    .into_iter()
-                    .map(|m| m.path)
-                    .collect();
+                let names = module_paths(&ir);
                 for l in &ir.layers {
                     let a = l.attention().expect("phi3 layers are attention");
                     assert_eq!(a.projection, QkvProjection::Fused, "{path}");
@@ -777,19 +790,10 @@ fn qwen3_moe_layers_follow_mlp_only_layers_and_the_sparse_step() {
     s.moe.norm_topk_prob = false;
     spec.validate().unwrap_or_else(|d| panic!("{d}"));
     let ir = spec.lower();
-    let moe: Vec<usize> = ir
-        .layers
-        .iter()
-        .filter(|l| matches!(l.ffn, FeedForward::Moe(_)))
-        .map(|l| l.index)
-        .collect();
+    let moe = layers_where(&ir, |f| matches!(f, FeedForward::Moe(_)));
     // (i + 1) % 2 == 0 → 1, 3, 5; 3 is MLP-only.
     assert_eq!(moe, vec![1, 5]);
-    let names: Vec<String> = ir
-        .quantizable_modules()
-        .into_iter()
-        .map(|m| m.path)
-        .collect();
+    let names = module_paths(&ir);
     assert!(names.contains(&"model.layers.1.mlp.gate".to_string()));
     assert!(names.contains(&"model.layers.1.mlp.switch_mlp.down_proj".to_string()));
     assert!(!names.contains(&"model.layers.1.mlp.gate_proj".to_string()));
@@ -831,18 +835,9 @@ fn glm4_moe_router_is_a_plain_parameter_and_dense_layers_come_first() {
     )
     .unwrap_or_else(|d| panic!("{d}"));
     let ir = spec.lower();
-    let dense: Vec<usize> = ir
-        .layers
-        .iter()
-        .filter(|l| matches!(l.ffn, FeedForward::Mlp(_)))
-        .map(|l| l.index)
-        .collect();
+    let dense = layers_where(&ir, |f| matches!(f, FeedForward::Mlp(_)));
     assert_eq!(dense, vec![0, 1]);
-    let modules: Vec<String> = ir
-        .quantizable_modules()
-        .into_iter()
-        .map(|m| m.path)
-        .collect();
+    let modules = module_paths(&ir);
     assert!(
         !modules.iter().any(|m| m.ends_with("mlp.gate")),
         "{modules:?}"

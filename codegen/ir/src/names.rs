@@ -326,29 +326,27 @@ impl ModelIr {
                     e,
                 );
             }
-            match l.ffn {
-                FeedForward::MoeAndSharedExpert { shared, .. } => {
-                    let sw = shared.width as u64;
-                    let se = format!("{lp}mlp.shared_expert");
-                    push(format!("{se}.gate_proj"), ModuleKind::Linear, h, sw, 1);
-                    push(format!("{se}.down_proj"), ModuleKind::Linear, sw, h, 1);
-                    push(format!("{se}.up_proj"), ModuleKind::Linear, h, sw, 1);
-                    push(
-                        format!("{lp}mlp.shared_expert_gate"),
-                        ModuleKind::Linear,
-                        h,
-                        1,
-                        1,
-                    );
-                }
+            // The shared expert(s) beside routed experts: their MLP, and
+            // the shared expert's own gate where the module has one.
+            let shared = match l.ffn {
+                FeedForward::MoeAndSharedExpert { shared, .. } => Some((
+                    "mlp.shared_expert",
+                    shared.width,
+                    Some("mlp.shared_expert_gate"),
+                )),
                 FeedForward::MoeAndSharedExperts { shared, .. } => {
-                    let sw = shared.width as u64;
-                    let se = format!("{lp}mlp.shared_experts");
-                    push(format!("{se}.gate_proj"), ModuleKind::Linear, h, sw, 1);
-                    push(format!("{se}.down_proj"), ModuleKind::Linear, sw, h, 1);
-                    push(format!("{se}.up_proj"), ModuleKind::Linear, h, sw, 1);
+                    Some(("mlp.shared_experts", shared.width, None))
                 }
-                FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {}
+                FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => None,
+            };
+            if let Some((module, width, gate)) = shared {
+                let (sw, se) = (width as u64, format!("{lp}{module}"));
+                push(format!("{se}.gate_proj"), ModuleKind::Linear, h, sw, 1);
+                push(format!("{se}.down_proj"), ModuleKind::Linear, sw, h, 1);
+                push(format!("{se}.up_proj"), ModuleKind::Linear, h, sw, 1);
+                if let Some(gate) = gate {
+                    push(format!("{lp}{gate}"), ModuleKind::Linear, h, 1, 1);
+                }
             }
             match l.input {
                 LayerInput::None => {}
@@ -568,7 +566,7 @@ mod tests {
     /// names, and names that only contain a shared segment's words, pass.
     #[test]
     fn lfm2_names_map_both_ways() {
-        for (lfm2, shared) in [
+        let renamed = [
             (
                 "model.layers.3.operator_norm.weight",
                 "model.layers.3.input_layernorm.weight",
@@ -611,19 +609,18 @@ mod tests {
                 "model.layers.2.self_attn.out_proj",
                 "model.layers.2.self_attn.o_proj",
             ),
-        ] {
-            assert_eq!(lfm2_shared_name(lfm2), shared);
-            assert_eq!(lfm2_checkpoint_name(shared), lfm2);
-        }
-        for same in [
+        ];
+        // Names LFM2 shares with the other families: each reads as itself.
+        let same = [
             "model.embed_tokens.weight",
             "layers.0.conv.in_proj.weight",
             "layers.0.conv.out_proj.weight",
             "layers.0.conv.conv.weight",
             "layers.2.self_attn.q_proj.weight",
-        ] {
-            assert_eq!(lfm2_shared_name(same), same);
-            assert_eq!(lfm2_checkpoint_name(same), same);
+        ];
+        for (lfm2, shared) in renamed.into_iter().chain(same.map(|n| (n, n))) {
+            assert_eq!(lfm2_shared_name(lfm2), shared);
+            assert_eq!(lfm2_checkpoint_name(shared), lfm2);
         }
     }
 }

@@ -498,6 +498,21 @@ mod tests {
             .lower()
     }
 
+    /// Why the spec `name` does not split over `ranks`.
+    fn refusal(name: &str, ranks: usize) -> String {
+        match split(&ir(name), ranks) {
+            Ok(_) => panic!("{name} split over {ranks} ranks, but a refusal was expected"),
+            Err(e) => e,
+        }
+    }
+
+    /// Fails unless the spec `name` over `ranks` is refused with a message
+    /// that names it and then says `says`.
+    fn assert_refused(name: &str, ranks: usize, says: &str) {
+        let e = refusal(name, ranks);
+        assert!(e.starts_with(&format!("{name}: {says}")), "{e}");
+    }
+
     fn split_of(tp: &TensorParallel, module: &str) -> Option<Split> {
         tp.modules().find(|(m, _)| *m == module).map(|(_, s)| s)
     }
@@ -564,41 +579,43 @@ mod tests {
         let l3 = &tp.layers[3];
         assert_eq!((l3.heads, l3.kv_heads, l3.kv_repeat), (2, 1, 2));
         // Other families' shard() does not repeat: the KV heads must divide.
-        let e = split(&ir("qwen3-0.6b-tiny"), 4).unwrap_err();
-        assert!(
-            e.contains("layer 0: the number of KV heads (2) is not divisible by the world size 4"),
-            "{e}"
+        assert_refused(
+            "qwen3-0.6b-tiny",
+            4,
+            "layer 0: the number of KV heads (2) is not divisible by the world size 4",
         );
     }
 
     #[test]
     fn a_world_size_the_linear_heads_do_not_divide_is_refused_naming_the_layer() {
-        let e = split(&ir("qwen3.5-4b-tiny"), 4).unwrap_err();
         assert_eq!(
-            e,
+            refusal("qwen3.5-4b-tiny", 4),
             "qwen3.5-4b-tiny: layer 0: the number of linear-attention key heads (2) is not \
              divisible by the world size 4; run it on a world size that divides it"
         );
-        let e = split(&ir("qwen3.6-35b-a3b-tiny"), 3).unwrap_err();
-        assert!(e.starts_with("qwen3.6-35b-a3b-tiny: layer 0: the number of linear-attention value heads (4) is not divisible by the world size 3"), "{e}");
+        assert_refused(
+            "qwen3.6-35b-a3b-tiny",
+            3,
+            "layer 0: the number of linear-attention value heads (4) is not divisible by the world size 3",
+        );
     }
 
     #[test]
     fn a_fused_projection_is_refused_naming_the_layer_and_module() {
-        let e = split(&ir("phi-3-mini-4k-tiny"), 2).unwrap_err();
-        assert!(
-            e.starts_with("phi-3-mini-4k-tiny: layer 0: the fused `qkv_proj` is not split yet"),
-            "{e}"
+        assert_refused(
+            "phi-3-mini-4k-tiny",
+            2,
+            "layer 0: the fused `qkv_proj` is not split yet",
         );
     }
 
     #[test]
     fn routed_experts_with_shared_experts_are_refused_naming_the_layer() {
         // Layer 0 is dense (first_k_dense_replace 1); layer 1 is the first MoE layer.
-        let e = split(&ir("glm-4.5-air-tiny"), 2).unwrap_err();
-        assert!(
-            e.starts_with("glm-4.5-air-tiny: layer 1: routed experts with shared experts"),
-            "{e}"
+        assert_refused(
+            "glm-4.5-air-tiny",
+            2,
+            "layer 1: routed experts with shared experts",
         );
     }
 }

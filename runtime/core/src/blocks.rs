@@ -931,19 +931,44 @@ impl GroupRoutedMoe {
     }
 }
 
-/// The feed-forward half of a pre-norm layer with [`GroupRoutedMoe`]:
-/// `h + moe(post_attention_layernorm(h))` (glm4_moe's `DecoderLayer`).
-pub fn group_routed_feed_forward(
+/// A block of routed experts that takes the place of a layer's dense MLP.
+pub trait RoutedExperts {
+    /// What a sandwich layer with these experts would be, for its refusal.
+    const IN_A_SANDWICH: &'static str;
+    /// The block's output for the normed residual stream `x`.
+    fn route(&self, x: &Array) -> Result<Array>;
+}
+
+impl RoutedExperts for SparseMoe {
+    const IN_A_SANDWICH: &'static str = "routed experts in place of the MLP in a sandwich layer";
+    fn route(&self, x: &Array) -> Result<Array> {
+        self.forward(x)
+    }
+}
+
+impl RoutedExperts for GroupRoutedMoe {
+    const IN_A_SANDWICH: &'static str = "routed experts with shared experts in a sandwich layer";
+    fn route(&self, x: &Array) -> Result<Array> {
+        self.forward(x)
+    }
+}
+
+/// The feed-forward half of a pre-norm layer whose MLP is replaced by routed
+/// experts: `h + moe(post_attention_layernorm(h))` (`Qwen3MoeDecoderLayer`,
+/// glm4_moe's and Qwen3.5's `DecoderLayer`). Returns the layer output before
+/// the per-layer input gate; a sandwich layer is refused.
+pub fn experts_feed_forward<E: RoutedExperts>(
     h: &Array,
     norms: &LayerNorms,
-    moe: &GroupRoutedMoe,
+    moe: &E,
     eps: f32,
 ) -> Result<Array> {
     match norms {
-        LayerNorms::PreNorm { ffn, .. } => h.add(moe.forward(&rms_norm(h, Some(ffn), eps)?)?),
-        LayerNorms::Sandwich { .. } => Err(refused(
-            "routed experts with shared experts in a sandwich layer: no runtime block runs this arrangement yet",
-        )),
+        LayerNorms::PreNorm { ffn, .. } => h.add(moe.route(&rms_norm(h, Some(ffn), eps)?)?),
+        LayerNorms::Sandwich { .. } => Err(refused(&format!(
+            "{}: no runtime block runs this arrangement yet",
+            E::IN_A_SANDWICH
+        ))),
     }
 }
 
@@ -1074,24 +1099,6 @@ pub fn mlp_residual(h: &Array, f: &Array, norms: &LayerNorms, eps: f32) -> Resul
         LayerNorms::Sandwich {
             post_feedforward, ..
         } => h.add(rms_norm(f, Some(post_feedforward), eps)?),
-    }
-}
-
-/// The feed-forward half of a layer whose MLP is replaced by routed experts
-/// (IR `FeedForward::Moe`): `h + experts(norm(h))` in a pre-norm layer
-/// (`Qwen3MoeDecoderLayer`). Returns the layer output before the per-layer
-/// input gate.
-pub fn sparse_feed_forward(
-    h: &Array,
-    norms: &LayerNorms,
-    moe: &SparseMoe,
-    eps: f32,
-) -> Result<Array> {
-    match norms {
-        LayerNorms::PreNorm { ffn, .. } => h.add(moe.forward(&rms_norm(h, Some(ffn), eps)?)?),
-        LayerNorms::Sandwich { .. } => Err(refused(
-            "routed experts in place of the MLP in a sandwich layer: no runtime block runs this arrangement yet",
-        )),
     }
 }
 

@@ -769,23 +769,12 @@ pub fn load_shared_expert_moe(
     }
 }
 
-/// The feed-forward half of a pre-norm layer with routed experts and a
-/// shared expert: `h + moe(post_attention_layernorm(h))`
-/// (`DecoderLayer.__call__`).
-pub fn shared_expert_feed_forward(
-    h: &Array,
-    norms: &crate::blocks::LayerNorms,
-    moe: &SharedExpertMoe,
-    eps: f32,
-) -> Result<Array> {
-    match norms {
-        crate::blocks::LayerNorms::PreNorm { ffn, .. } => {
-            h.add(moe.forward(&rms_norm(h, Some(ffn), eps)?)?)
-        }
-        crate::blocks::LayerNorms::Sandwich { .. } => Err(refused(
-            "routed experts with a shared expert in a sandwich layer: no runtime block runs this arrangement yet"
-                .into(),
-        )),
+/// Routed experts and a shared expert in the feed-forward half of a pre-norm
+/// layer (`DecoderLayer.__call__`, through [`crate::blocks::experts_feed_forward`]).
+impl crate::blocks::RoutedExperts for SharedExpertMoe {
+    const IN_A_SANDWICH: &'static str = "routed experts with a shared expert in a sandwich layer";
+    fn route(&self, x: &Array) -> Result<Array> {
+        self.forward(x)
     }
 }
 

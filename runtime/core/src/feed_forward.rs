@@ -7,7 +7,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
 use crate::blocks::{self as b, GroupRoutedMoe, LayerNorms, Mlp, MoeBlock, SparseMoe};
-use crate::deltanet::{self, SharedExpertMoe};
+use crate::deltanet::SharedExpertMoe;
 use crate::ops::Result;
 
 /// A layer's feed-forward weights, by IR `FeedForward`.
@@ -64,15 +64,15 @@ impl FeedForward {
             }
             (None, FeedForward::SparseMoe(m)) => {
                 let h1 = b::attention_residual(h, a, norms, eps)?;
-                b::sparse_feed_forward(&h1, norms, m, eps)
+                b::experts_feed_forward(&h1, norms, m, eps)
             }
             (None, FeedForward::SharedExpertMoe(m)) => {
                 let h1 = b::attention_residual(h, a, norms, eps)?;
-                deltanet::shared_expert_feed_forward(&h1, norms, m, eps)
+                b::experts_feed_forward(&h1, norms, m, eps)
             }
             (None, FeedForward::GroupRoutedMoe(m)) => {
                 let h1 = b::attention_residual(h, a, norms, eps)?;
-                b::group_routed_feed_forward(&h1, norms, m, eps)
+                b::experts_feed_forward(&h1, norms, m, eps)
             }
             (Some(r), FeedForward::Mlp { mlp, moe }) => {
                 let h1 = b::attention_residual_scaled(h, a, norms, eps, r)?;

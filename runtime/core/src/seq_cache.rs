@@ -216,7 +216,6 @@ pub fn extract(cache: &BatchCache, row: usize) -> Result<SeqCache> {
 /// fresh batched cache of one row (`make_batch_cache(1)`), read only for
 /// each layer's kind and window.
 pub fn merge(fresh: &BatchCache, rows: &[Option<&SeqCache>]) -> Result<BatchCache> {
-    let b = rows.len();
     for (i, row) in rows.iter().enumerate() {
         if let Some(row) = row {
             if row.layers.len() != fresh.layers.len() {
@@ -248,19 +247,19 @@ pub fn merge(fresh: &BatchCache, rows: &[Option<&SeqCache>]) -> Result<BatchCach
                         None
                     }
                     Some(BatchLayerCache::Full(_)) => {
-                        Some(BatchLayerCache::Full(merge_full(l, &given, b)?))
+                        Some(BatchLayerCache::Full(merge_full(l, &given)?))
                     }
                     Some(BatchLayerCache::Sliding(c)) => Some(BatchLayerCache::Sliding(
-                        merge_sliding(l, c.max_size(), &given, b)?,
+                        merge_sliding(l, c.max_size(), &given)?,
                     )),
                     Some(BatchLayerCache::Arrays(_)) => {
-                        Some(BatchLayerCache::Arrays(merge_arrays(l, &given, b)?))
+                        Some(BatchLayerCache::Arrays(merge_arrays(l, &given)?))
                     }
                     Some(BatchLayerCache::Quantized(c)) => Some(BatchLayerCache::Quantized(
-                        merge_quantized(l, c.quantization(), &given, b)?,
+                        merge_quantized(l, c.quantization(), &given)?,
                     )),
                     Some(BatchLayerCache::QuantizedAfterForward(c)) => Some(
-                        BatchLayerCache::QuantizedAfterForward(merge_mixed(l, c, &given, b)?),
+                        BatchLayerCache::QuantizedAfterForward(merge_mixed(l, c, &given)?),
                     ),
                 })
             })
@@ -272,6 +271,25 @@ fn kind_error(layer: usize, expected: &str) -> mlx_rs::error::Exception {
     error(format!(
         "merge: layer {layer}: a given cache is not {expected}, as the model's is"
     ))
+}
+
+/// Each given row as `pick` reads it (a fresh row as `None`); a row `pick`
+/// does not read (another kind of cache) is refused as not `expected`.
+fn given_rows<'a, T>(
+    layer: usize,
+    given: &[Option<&'a SeqLayerCache>],
+    expected: &str,
+    pick: impl Fn(&'a SeqLayerCache) -> Option<T>,
+) -> Result<Vec<Option<T>>> {
+    given
+        .iter()
+        .map(|g| match g {
+            None => Ok(None),
+            Some(cache) => pick(cache)
+                .map(Some)
+                .ok_or_else(|| kind_error(layer, expected)),
+        })
+        .collect()
 }
 
 /// Rows `(keys, values, len)` right-aligned in `len_max` slots after zero
@@ -311,17 +329,13 @@ fn stack_right_aligned(rows: &[Option<(&Array, &Array, i32)>]) -> Result<(Array,
 }
 
 /// `BatchKVCache.merge`.
-fn merge_full(layer: usize, given: &[Option<&SeqLayerCache>], b: usize) -> Result<BatchKvCache> {
-    let rows = given
-        .iter()
-        .map(|g| match g {
-            None => Ok(None),
-            Some(SeqLayerCache::Full { keys, values }) => Ok(Some((keys, values, keys.shape()[2]))),
-            Some(_) => Err(kind_error(layer, "a full-attention KV cache")),
-        })
-        .collect::<Result<Vec<_>>>()?;
+fn merge_full(layer: usize, given: &[Option<&SeqLayerCache>]) -> Result<BatchKvCache> {
+    let rows = given_rows(layer, given, "a full-attention KV cache", |g| match g {
+        SeqLayerCache::Full { keys, values } => Some((keys, values, keys.shape()[2])),
+        _ => None,
+    })?;
     if rows.iter().flatten().all(|r| r.2 == 0) {
-        return Ok(BatchKvCache::new(&vec![0; b]));
+        return Ok(BatchKvCache::new(&vec![0; given.len()]));
     }
     let (keys, values, padding) = stack_right_aligned(&rows)?;
     Ok(BatchKvCache::from_merged((), keys, values, padding))
@@ -334,28 +348,24 @@ fn merge_quantized(
     layer: usize,
     quantization: KvQuantization,
     given: &[Option<&SeqLayerCache>],
-    b: usize,
 ) -> Result<BatchQuantizedKvCache> {
-    let rows = given
-        .iter()
-        .map(|g| match g {
-            None => Ok(None),
-            Some(SeqLayerCache::Quantized {
-                keys,
-                values,
-                quantization: q,
-            }) if *q == quantization => Ok(Some((keys, values, keys.data.shape()[2]))),
-            Some(_) => Err(kind_error(
-                layer,
-                &format!(
-                    "a {}-bit quantized KV cache of group size {}",
-                    quantization.bits, quantization.group_size
-                ),
-            )),
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let expected = format!(
+        "a {}-bit quantized KV cache of group size {}",
+        quantization.bits, quantization.group_size
+    );
+    let rows = given_rows(layer, given, &expected, |g| match g {
+        SeqLayerCache::Quantized {
+            keys,
+            values,
+            quantization: q,
+        } if *q == quantization => Some((keys, values, keys.data.shape()[2])),
+        _ => None,
+    })?;
     if rows.iter().flatten().all(|r| r.2 == 0) {
-        return Ok(BatchQuantizedKvCache::new(quantization, &vec![0; b]));
+        return Ok(BatchQuantizedKvCache::new(
+            quantization,
+            &vec![0; given.len()],
+        ));
     }
     let stack = |pick: &dyn Fn(&Quantized) -> &Array| {
         let part: Vec<Option<(&Array, &Array, i32)>> = rows
@@ -391,14 +401,13 @@ fn merge_mixed(
     layer: usize,
     fresh: &BatchMixedKvCache,
     given: &[Option<&SeqLayerCache>],
-    b: usize,
 ) -> Result<BatchMixedKvCache> {
     let (quantization, start) = (fresh.quantization, fresh.start);
     let any_quantized = given
         .iter()
         .any(|g| matches!(g, Some(SeqLayerCache::Quantized { .. })));
     if !any_quantized {
-        let plain = merge_full(layer, given, b)?;
+        let plain = merge_full(layer, given)?;
         return Ok(BatchMixedKvCache::plain(quantization, start, plain));
     }
     let converted = given
@@ -414,7 +423,7 @@ fn merge_mixed(
         })
         .collect::<Result<Vec<_>>>()?;
     let rows: Vec<Option<&SeqLayerCache>> = converted.iter().map(Option::as_ref).collect();
-    let merged = merge_quantized(layer, quantization, &rows, b)?;
+    let merged = merge_quantized(layer, quantization, &rows)?;
     Ok(BatchMixedKvCache::quantized(quantization, start, merged))
 }
 
@@ -424,10 +433,9 @@ fn merge_sliding(
     layer: usize,
     max_size: i32,
     given: &[Option<&SeqLayerCache>],
-    b: usize,
 ) -> Result<BatchRotatingKvCache> {
-    let mut offsets = Vec::with_capacity(b);
-    let mut kept = Vec::with_capacity(b);
+    let mut offsets = Vec::with_capacity(given.len());
+    let mut kept = Vec::with_capacity(given.len());
     for g in given {
         match g {
             None => {
@@ -461,7 +469,7 @@ fn merge_sliding(
         }
     }
     if kept.iter().flatten().all(|r| r.2 == 0) {
-        return Ok(BatchRotatingKvCache::new(max_size, &vec![0; b]));
+        return Ok(BatchRotatingKvCache::new(max_size, &vec![0; given.len()]));
     }
     let rows: Vec<Option<(&Array, &Array, i32)>> = kept
         .iter()
@@ -479,21 +487,18 @@ type ArraysRow<'a> = (&'a Array, Option<&'a Array>);
 
 /// `ArraysCache.merge`: all fresh gives the empty batched cache (with its
 /// zero `left_padding`); otherwise the states stacked, a fresh row's zeros.
-fn merge_arrays(
-    layer: usize,
-    given: &[Option<&SeqLayerCache>],
-    b: usize,
-) -> Result<BatchArraysCache> {
-    let rows = given
-        .iter()
-        .map(|g| match g {
-            None => Ok(None),
-            Some(SeqLayerCache::Arrays { conv, state }) => Ok(Some((conv, state.as_ref()))),
-            Some(_) => Err(kind_error(layer, "a recurrent (ArraysCache) state")),
-        })
-        .collect::<Result<Vec<_>>>()?;
+fn merge_arrays(layer: usize, given: &[Option<&SeqLayerCache>]) -> Result<BatchArraysCache> {
+    let rows = given_rows(
+        layer,
+        given,
+        "a recurrent (ArraysCache) state",
+        |g| match g {
+            SeqLayerCache::Arrays { conv, state } => Some((conv, state.as_ref())),
+            _ => None,
+        },
+    )?;
     let Some((conv0, state0)) = rows.iter().flatten().next().copied() else {
-        return Ok(BatchArraysCache::merged_empty(b));
+        return Ok(BatchArraysCache::merged_empty(given.len()));
     };
     // A given row's array, or a fresh row's zeros shaped like `first`.
     let stack = |first: &Array, pick: &dyn Fn(&ArraysRow) -> Option<Array>| {

@@ -445,7 +445,7 @@ fn check_rope_bases(c: &mut validate::Checker, spec: &Gemma2Spec) {
 pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        full_attention, layer, model_ir, plain_rope, scaled_embedding, whole_head_sharding,
+        full_attention, model_ir, plain_layer, plain_rope, scaled_embedding, whole_head_sharding,
         ModelParts,
     };
     let (a, r, variant) = (&spec.attention, &spec.rope, spec.variant());
@@ -472,7 +472,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| {
-            layer(
+            plain_layer(
                 i,
                 Norms {
                     arrangement: NormArrangement::Sandwich,
@@ -501,7 +501,6 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
                     activation: Activation::GeluApproxThenMultiply,
                     projection: GateUpProjection::Separate,
                 }),
-                Residual::Plain,
             )
         })
         .collect();

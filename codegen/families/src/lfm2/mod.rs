@@ -114,15 +114,8 @@ pub(crate) fn check(spec: &Lfm2Spec) -> Vec<Issue> {
     let mut c = validate::Checker::default();
     c.header(spec.format_version, &spec.identity);
     c.family_is(&spec.identity, Family::Lfm2, "lfm2");
-    let mt = spec.identity.source.model_type;
-    if mt != ConfigModelType::Lfm2 {
-        c.foreign_model_type(
-            mt,
-            "lfm2",
-            "lfm2",
-            "an LFM2 checkpoint's model_type is lfm2",
-        );
-    }
+    let hint = "an LFM2 checkpoint's model_type is lfm2";
+    c.model_type_is(&spec.identity, ConfigModelType::Lfm2, hint);
     let (m, l) = (&spec.model, &spec.layers);
     let (a, f) = (&spec.attention, &spec.feed_forward);
     let width = u32::try_from(f.width()).unwrap_or(u32::MAX);
@@ -190,13 +183,7 @@ pub(crate) fn lower(spec: &Lfm2Spec) -> crate::ir::ModelIr {
                 }),
             };
             let norms = direct_norms(NormArrangement::PreNorm);
-            layer(
-                i as usize,
-                norms,
-                mixer,
-                FeedForward::Mlp(swiglu(width)),
-                Residual::Plain,
-            )
+            plain_layer(i as usize, norms, mixer, FeedForward::Mlp(swiglu(width)))
         })
         .collect();
     model_ir(

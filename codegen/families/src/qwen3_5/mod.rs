@@ -514,8 +514,8 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
 pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        direct_norms, full_attention, layer, model_ir, plain_head, plain_rope, scaled_embedding,
-        softmax_topk_experts, swiglu, ModelParts,
+        direct_norms, full_attention, model_ir, plain_head, plain_layer, plain_rope,
+        scaled_embedding, softmax_topk_experts, swiglu, ModelParts,
     };
     let (a, la, variant) = (&spec.attention, &spec.linear_attention, spec.variant());
     let ffn = match (&spec.mlp, &spec.moe) {
@@ -534,7 +534,7 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     };
     let layers = (0..spec.layers.num_hidden_layers)
         .map(|i| {
-            layer(
+            plain_layer(
                 i as usize,
                 direct_norms(NormArrangement::PreNorm),
                 if is_linear_layer(spec, i) {
@@ -561,7 +561,6 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
                     })
                 },
                 ffn,
-                Residual::Plain,
             )
         })
         .collect();

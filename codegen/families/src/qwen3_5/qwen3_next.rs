@@ -35,14 +35,9 @@ pub(crate) const QWEN3_NEXT: Qwen35Variant = Qwen35Variant {
         anchor: "qwen3-next",
         ..LAYOUT
     },
-    check_model_type: |c, spec| match spec.identity.source.model_type {
-        ConfigModelType::Qwen3Next => {}
-        mt => c.foreign_model_type(
-            mt,
-            "qwen3_next",
-            "qwen3_next",
-            "the model_type of a Qwen3-Next checkpoint is qwen3_next",
-        ),
+    check_model_type: |c, spec| {
+        let hint = "the model_type of a Qwen3-Next checkpoint is qwen3_next";
+        c.model_type_is(&spec.identity, ConfigModelType::Qwen3Next, hint)
     },
     feed_forward: FeedForwardSections::MlpAndOptionalMoe,
     in_proj: InProj::GroupedPerKeyHead,
