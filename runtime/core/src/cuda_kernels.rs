@@ -12,10 +12,12 @@
 //! [`head_norm_rope`]: after a layer's Q/K/V projections of one token per
 //! row, the per-head RMSNorms of Q and K, V's scale-free RMSNorm and the
 //! RoPE of Q and K (three norms, two rotations and their layout copies) are
-//! one kernel. It does what those kernels do in the order they do it (the
-//! norm's output rounded to the model's dtype, its weight multiplied in that
-//! dtype, the rotation in float32 from that rounded value); what can differ
-//! is the order of the squares' sum, and so a last bit of a normalizer.
+//! one kernel. It does what those kernels do, in the order they do it: each
+//! head's sum of squares is taken by as many threads, over the same
+//! elements, in the same order, as MLX's `rms_norm_small` takes it
+//! ([`NormThreads`]), the norm's output is rounded to the model's dtype and
+//! multiplied by its weight in that dtype, and the rotation is MLX's
+//! `rope_single` in float32 from that rounded value.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -55,11 +57,43 @@ pub struct HeadShape {
     pub value_norm: bool,
 }
 
-/// The kernel's threads per head: each thread takes every 128th element of
-/// a head (up to 1,024 elements: [`MAX_HEAD_DIM`]).
-const THREADS_PER_HEAD: i32 = 128;
 /// The largest head the kernel holds in shared memory (4 KiB of float32).
 pub const MAX_HEAD_DIM: i32 = 1024;
+
+/// How MLX's CUDA `rms_norm` splits one row of `axis` elements of a dtype
+/// of `itemsize` bytes (`dispatch_num_chunks` in its rms_norm.cu, 0.32):
+/// `threads` threads, each reading `chunks` runs of 16 bytes
+/// (`16 / itemsize` elements), run `c` of thread `t` starting at element
+/// `(threads * c + t) * 16 / itemsize`; each thread sums its squares in
+/// that order, then the block sums across threads. The kernel takes the same
+/// split, so its normalizers are MLX's to the bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct NormThreads {
+    threads: i32,
+    chunks: i32,
+}
+
+impl NormThreads {
+    /// `None` for rows MLX normalizes with its other kernel (over
+    /// `16 / itemsize * 128 * 8` elements).
+    fn of(axis: i32, itemsize: i32) -> Option<NormThreads> {
+        let reads = 16 / itemsize;
+        if axis > reads * 128 * 8 {
+            return None;
+        }
+        let vectors = (axis + reads - 1) / reads;
+        let (threads, chunks) = if axis <= reads * 64 {
+            (64, 1)
+        } else if vectors % 128 == 0 && vectors / 128 <= 8 {
+            (128, vectors / 128)
+        } else if vectors % 64 == 0 && vectors / 64 <= 8 {
+            (64, vectors / 64)
+        } else {
+            (128, (vectors + 127) / 128)
+        };
+        Some(NormThreads { threads, chunks })
+    }
+}
 
 /// Why [`head_norm_rope`] cannot run a layer's step; the caller then runs
 /// MLX's kernels as before.
@@ -103,6 +137,9 @@ pub fn head_norm_rope(
     if q_norm.dtype() != dtype || k_norm.dtype() != dtype {
         return Ok(Err(NotEligible::NormDtype));
     }
+    let Some(norm_threads) = NormThreads::of(d, first.item_size() as i32) else {
+        return Ok(Err(NotEligible::HeadDim));
+    };
     let b = first.shape()[0];
     let rotation = match Rotation::of(rope, b)? {
         Some(r) => r,
@@ -141,6 +178,8 @@ pub fn head_norm_rope(
     let templates = [
         TemplateArg::Dtype("T", dtype),
         TemplateArg::Int("D", d),
+        TemplateArg::Int("NT", norm_threads.threads),
+        TemplateArg::Int("CHUNKS", norm_threads.chunks),
         TemplateArg::Int("HQ", h),
         TemplateArg::Int("HK", kv),
         TemplateArg::Int("ROT", rotation.dims),
@@ -160,7 +199,7 @@ pub fn head_norm_rope(
         (vec![b, kv, 1, d], dtype),
         (vec![b, kv, 1, d], dtype),
     ];
-    let grid = (THREADS_PER_HEAD, b * (h + 2 * kv), 1);
+    let grid = (norm_threads.threads, b * (h + 2 * kv), 1);
     let out = KERNELS.with(|k| -> Result<Vec<Array>> {
         let mut kernels = k.borrow_mut();
         let kernel = match kernels.entry(variant) {
@@ -171,7 +210,7 @@ pub fn head_norm_rope(
             &inputs,
             &outputs,
             grid,
-            (THREADS_PER_HEAD, 1, 1),
+            (norm_threads.threads, 1, 1),
             &templates,
         )
     })?;
@@ -199,24 +238,27 @@ struct Rotation {
 
 impl Rotation {
     fn of(t: &RopeTables, rows: i32) -> Result<Option<Rotation>> {
-        let placeholder = || Array::from_slice(&[0f32], &[1]);
+        let placeholder = || constant(Constant::NoPeriods);
         let (rope, offset) = match t {
             RopeTables::Native { rope, offset } => (rope, offset),
             RopeTables::NoPe => {
                 return Ok(Some(Rotation {
                     dims: 0,
                     from_periods: false,
-                    periods: placeholder(),
+                    periods: placeholder()?,
                     base_log2: 0.0,
                     scale: 1.0,
-                    offset: Array::from_slice(&[0i32], &[1]),
+                    offset: constant(Constant::ZeroOffset)?,
                     per_row: false,
                 }))
             }
             // The CPU path's tables: the kernel runs on CUDA only.
             RopeTables::Fallback(_) => return Ok(None),
         };
-        let offset = offset.as_dtype(Dtype::Int32)?.reshape(&[-1])?;
+        let offset = match offset.dtype() {
+            Dtype::Int32 => offset.reshape(&[-1])?,
+            _ => offset.as_dtype(Dtype::Int32)?.reshape(&[-1])?,
+        };
         let per_row = match offset.size() as i32 {
             1 => false,
             n if n == rows => true,
@@ -226,7 +268,7 @@ impl Rotation {
             Rope::Base { dims, base, scale } => Some(Rotation {
                 dims: *dims,
                 from_periods: false,
-                periods: placeholder(),
+                periods: placeholder()?,
                 // `fast.rope` hands its kernel `std::log2(base)`.
                 base_log2: base.log2(),
                 scale: *scale,
@@ -246,7 +288,7 @@ impl Rotation {
             Rope::NoPe => Some(Rotation {
                 dims: 0,
                 from_periods: false,
-                periods: placeholder(),
+                periods: placeholder()?,
                 base_log2: 0.0,
                 scale: 1.0,
                 offset,
@@ -254,6 +296,34 @@ impl Rotation {
             }),
         })
     }
+}
+
+/// The inputs a rotation without periods or offset still passes (the
+/// kernel reads neither): made once and kept on the device, so that a step
+/// does not hand the kernel an array fresh from the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Constant {
+    NoPeriods,
+    ZeroOffset,
+}
+
+fn constant(which: Constant) -> Result<Array> {
+    thread_local! {
+        static CONSTANTS: RefCell<HashMap<Constant, Array>> = RefCell::new(HashMap::new());
+    }
+    CONSTANTS.with(|c| {
+        let mut c = c.borrow_mut();
+        if let Some(a) = c.get(&which) {
+            return Ok(a.clone());
+        }
+        let a = match which {
+            Constant::NoPeriods => Array::from_slice(&[0f32], &[1]),
+            Constant::ZeroOffset => Array::from_slice(&[0i32], &[1]),
+        };
+        a.eval()?;
+        c.insert(which, a.clone());
+        Ok(a)
+    })
 }
 
 /// `[eps, log2(base), scale]` as one float32 input, kept per value set so a
@@ -322,16 +392,18 @@ const SEPARATE_ROWS: &str = r#"
   const T* v_row = V_OWN ? v + (long long)b * HK * D : k_row;
 "#;
 
-/// One block per (row, head) of Q, K and V: the head's values in shared
-/// memory, the norm (MLX's `rms_norm`: `rsqrt(sum / D + eps)` in float32,
-/// the product rounded to T, times the weight in T), then MLX's
-/// `rope_single` (float32 rotation of the rounded values; `exp2(-d *
-/// log2(base))` or `1 / period` per pair, the position times the scale),
-/// the unrotated tail copied.
+/// One block per (row, head) of Q, K and V, of `NT` threads: the head's
+/// values in shared memory as float32; the norm as MLX's `rms_norm_small`
+/// computes it (thread `t` sums the squares of its `CHUNKS` runs of
+/// `16 / sizeof(T)` elements in order, a butterfly sum within each warp, the
+/// warps' sums summed the same way; `rsqrt(sum / D + eps)`; the product
+/// rounded to T, times the weight in T); then MLX's `rope_single` (float32
+/// rotation of the rounded values; `exp2(-d * log2(base))` or `1 / period`
+/// per pair, the position times the scale), the unrotated tail copied.
 const HEAD_NORM_ROPE_BODY: &str = r#"
+  constexpr int N_READS = 16 / sizeof(T);
   const int head = blockIdx.y % (HQ + 2 * HK);
   const int tid = threadIdx.x;
-  const int nt = blockDim.x;
   const T* src;
   T* dst;
   const T* weight = nullptr;
@@ -360,31 +432,36 @@ const HEAD_NORM_ROPE_BODY: &str = r#"
   __shared__ float vals[D];
   __shared__ float partial[32];
   float ss = 0.0f;
-  for (int i = tid; i < D; i += nt) {
-    const float t = static_cast<float>(src[i]);
-    vals[i] = t;
-    ss += t * t;
+  for (int c = 0; c < CHUNKS; c++) {
+    const int first = (NT * c + tid) * N_READS;
+    for (int j = 0; j < N_READS; j++) {
+      const int i = first + j;
+      float t = 0.0f;
+      if (i < D) {
+        t = static_cast<float>(src[i]);
+        vals[i] = t;
+      }
+      ss += t * t;
+    }
   }
+  // Each thread then writes elements other threads loaded.
+  __syncthreads();
   if (norm) {
     for (int o = 16; o > 0; o >>= 1) {
       ss += __shfl_xor_sync(0xffffffff, ss, o);
     }
-    if ((tid & 31) == 0) {
-      partial[tid >> 5] = ss;
-    }
-    __syncthreads();
-    if (tid < 32) {
-      float t = tid < (nt >> 5) ? partial[tid] : 0.0f;
+    if (NT > 32) {
+      if ((tid & 31) == 0) {
+        partial[tid >> 5] = ss;
+      }
+      __syncthreads();
+      ss = (tid & 31) < (NT >> 5) ? partial[tid & 31] : 0.0f;
       for (int o = 16; o > 0; o >>= 1) {
-        t += __shfl_xor_sync(0xffffffff, t, o);
-      }
-      if (tid == 0) {
-        partial[0] = t;
+        ss += __shfl_xor_sync(0xffffffff, ss, o);
       }
     }
-    __syncthreads();
-    const float inv = rsqrtf(partial[0] / static_cast<float>(D) + params[0]);
-    for (int i = tid; i < D; i += nt) {
+    const float inv = rsqrtf(ss / static_cast<float>(D) + params[0]);
+    for (int i = tid; i < D; i += NT) {
       const T y = static_cast<T>(vals[i] * inv);
       vals[i] = static_cast<float>(weight != nullptr ? static_cast<T>(weight[i] * y) : y);
     }
@@ -394,7 +471,7 @@ const HEAD_NORM_ROPE_BODY: &str = r#"
     constexpr int HALF = ROT / 2;
     const int offset_here = OFFSET_PER_ROW ? offset[b] : offset[0];
     const float position = params[2] * static_cast<float>(offset_here);
-    for (int i = tid; i < HALF; i += nt) {
+    for (int i = tid; i < HALF; i += NT) {
       float inv_freq;
       if (PERIODS) {
         inv_freq = 1.0 / periods[i];
@@ -410,11 +487,11 @@ const HEAD_NORM_ROPE_BODY: &str = r#"
       dst[i] = static_cast<T>(x1 * c - x2 * s);
       dst[i + HALF] = static_cast<T>(x1 * s + x2 * c);
     }
-    for (int i = ROT + tid; i < D; i += nt) {
+    for (int i = ROT + tid; i < D; i += NT) {
       dst[i] = static_cast<T>(vals[i]);
     }
   } else {
-    for (int i = tid; i < D; i += nt) {
+    for (int i = tid; i < D; i += NT) {
       dst[i] = static_cast<T>(vals[i]);
     }
   }
@@ -594,5 +671,33 @@ impl CudaKernel {
         }
         result?;
         Ok(arrays)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NormThreads;
+
+    /// The splits MLX's CUDA rms_norm takes (its `dispatch_num_chunks`)
+    /// for the head sizes of the families the kernel covers.
+    #[test]
+    fn norm_threads_split_rows_as_mlx_does() {
+        let split = |axis, itemsize| NormThreads::of(axis, itemsize).map(|n| (n.threads, n.chunks));
+        // bfloat16 and float16: 8 elements per read.
+        assert_eq!(split(64, 2), Some((64, 1)));
+        assert_eq!(split(128, 2), Some((64, 1)));
+        assert_eq!(split(256, 2), Some((64, 1)));
+        assert_eq!(split(512, 2), Some((64, 1)));
+        assert_eq!(split(1024, 2), Some((128, 1)));
+        assert_eq!(split(576, 2), Some((128, 1)));
+        // float32: 4 elements per read.
+        assert_eq!(split(128, 4), Some((64, 1)));
+        assert_eq!(split(256, 4), Some((64, 1)));
+        assert_eq!(split(512, 4), Some((128, 1)));
+        assert_eq!(split(1024, 4), Some((128, 2)));
+        assert_eq!(split(768, 4), Some((64, 3)));
+        // Rows MLX normalizes with its other kernel.
+        assert_eq!(split(8193, 2), None);
+        assert_eq!(split(4097, 4), None);
     }
 }
