@@ -819,13 +819,9 @@ fn deepseek_mla(dt: Dt, q: Option<Quant>, m: &MlaShape, prefill: i32) -> R<Case>
         ("chunk", prefill + 1, total),
     ] {
         let part = x.try_index((.., from..to, ..))?;
-        let n = to - from;
-        let mask = (n > 1)
-            .then(|| causal_mask(n, cache.offset(), None))
-            .transpose()?;
         c.out(
             key,
-            latent_attention(&part, &attention, &shape, &rope, &mut cache, mask.as_ref())?,
+            latent_attention(&part, &attention, &shape, &rope, &mut cache)?,
         );
     }
     Ok(c)

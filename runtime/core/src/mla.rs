@@ -24,7 +24,7 @@ use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::Array;
 
-use crate::attention::finfo_min;
+use crate::attention::{causal_mask, finfo_min};
 use crate::cache::LayerCache;
 use crate::layers::{pretranspose_all, Linear, MultiLinear, Orientation};
 use crate::ops::{multiply_weak, rms_norm, Result};
@@ -140,15 +140,41 @@ pub fn load_latent_attention(
     }
 }
 
-/// `DeepseekV3Attention.__call__(x, mask, cache)` for `x` [B, L, hidden]:
-/// `mask` is what `create_attention_mask(h, cache, return_array=True)`
-/// gives (a bool array for a prefill, none for one token of one sequence).
+/// `DeepseekV3Attention.__call__(x, mask, cache)` for `x` [B, L, hidden] of
+/// one sequence: the mask `create_attention_mask(h, cache,
+/// return_array=True)` gives, from the cache before its update (a bool
+/// array for more than one token, none for one).
 pub fn latent_attention(
     x: &Array,
     w: &LatentAttention,
     s: &LatentShape,
     rope: &Rope,
     cache: &mut LayerCache,
+) -> Result<Array> {
+    let n = x.shape()[1];
+    let offset = cache.offset();
+    let mask = (n > 1).then(|| causal_mask(n, offset, None)).transpose()?;
+    latent_attention_with(
+        x,
+        w,
+        s,
+        rope,
+        &Array::from_int(offset),
+        |k, v| cache.update_and_fetch(k, v),
+        mask.as_ref(),
+    )
+}
+
+/// The layer's math with the cache given as its RoPE offset (an int32
+/// scalar, or one per row of a batch) and its `update_and_fetch`, and the
+/// mask the model made for it (always an array in a batch).
+pub fn latent_attention_with(
+    x: &Array,
+    w: &LatentAttention,
+    s: &LatentShape,
+    rope: &Rope,
+    offset: &Array,
+    update_and_fetch: impl FnOnce(&Array, &Array) -> Result<(Array, Array)>,
     mask: Option<&Array>,
 ) -> Result<Array> {
     let (b, l) = (x.shape()[0], x.shape()[1]);
@@ -177,11 +203,10 @@ pub fn latent_attention(
         .transpose_axes(&[0, 2, 1, 3])?;
     let kv_latent = rms_norm(&latent, Some(&w.kv_a_layernorm), LATENT_NORM_EPS)?;
 
-    let offset = Array::from_int(cache.offset());
-    let q_pe = rope.apply(&q_pe, &offset)?;
-    let k_pe = rope.apply(&k_pe, &offset)?;
+    let q_pe = rope.apply(&q_pe, offset)?;
+    let k_pe = rope.apply(&k_pe, offset)?;
     let kv_latent = kv_latent.expand_dims(1)?;
-    let (kv_latent, k_pe) = cache.update_and_fetch(&kv_latent, &k_pe)?;
+    let (kv_latent, k_pe) = update_and_fetch(&kv_latent, &k_pe)?;
 
     let pe_scores = pe_scores(&q_pe, &k_pe, s.scale, mask)?;
     let out = attend_latent(&q_nope, &kv_latent, &pe_scores, w, s.scale, l)?;
