@@ -479,6 +479,17 @@ fn glm4_moe_hf_experts_are_stacked_and_the_mtp_layer_dropped() {
     hf_layout_loads_as_mlx_lm_sanitizes_it("glm-4.5-air-tiny", "model.layers.1.");
 }
 
+/// deepseek_v3's sanitize (`SplitKvBProj`, `StackExperts`,
+/// `DropRotaryTables`): each layer's `kv_b_proj` of the float32
+/// `deepseek-v3-tiny` checkpoint (per head the key rows, then the value
+/// rows), split back into `embed_q` and `unembed_out`, its per-expert
+/// weights and rotary tables, load to the very logits mlx-lm gives for the
+/// mlx layout.
+#[test]
+fn deepseek_v3_hf_kv_b_proj_is_split_and_experts_stacked() {
+    hf_layout_loads_as_mlx_lm_sanitizes_it("deepseek-v3-tiny", "model.layers.1.");
+}
+
 /// The checkpoint of the float32 tiny spec `name` rewritten in its Hugging
 /// Face layout (`variants.py family-hf-layout`; `moe_layer` a layer prefix
 /// with experts) loads in the monolith to mlx-lm's logits for the mlx layout.

@@ -7,11 +7,12 @@ cover, for the runtime's loader and batch tests.
       fused `experts.gate_up_proj` / `experts.down_proj`, plus vision/audio
       tower tensors and rotary buffers that sanitize drops.
   variants.py family-hf-layout SRC DST
-      Rewrite a qwen2 / llama / mistral / qwen3_moe / glm4_moe / minicpm /
-      qwen3_5 / qwen3_next checkpoint with the tensors its Hugging Face
-      original has and mlx-lm's sanitize undoes (rotary tables, a tied
-      lm_head, per-expert weights, glm4_moe's MTP layer, no minicpm lm_head;
-      qwen3_5's conv layout, norm offsets, MTP and vision).
+      Rewrite a qwen2 / llama / mistral / qwen3_moe / glm4_moe / deepseek_v3 /
+      minicpm / qwen3_5 / qwen3_next checkpoint with the tensors its Hugging
+      Face original has and mlx-lm's sanitize undoes (rotary tables, a tied
+      lm_head, per-expert weights, glm4_moe's MTP layer, deepseek_v3's
+      kv_b_proj, no minicpm lm_head; qwen3_5's conv layout, norm offsets, MTP
+      and vision).
   variants.py batch DIR OUT IDS_JSON
       One forward of mlx-lm over a batch ([B, L] ids, fresh cache): logits
       [B, L, V] to OUT (safetensors key "logits").
@@ -82,7 +83,22 @@ def family_hf_layout(src: Path, dst: Path) -> None:
         # granite.py's sanitize pops a tied lm_head only (no rotary tables).
         if config.get("tie_word_embeddings", True):
             out["lm_head.weight"] = weights["model.embed_tokens.weight"]
-    elif model_type in ("qwen3_moe", "glm4_moe"):
+    elif model_type in ("qwen3_moe", "glm4_moe", "deepseek_v3", "kimi_k2"):
+        if model_type in ("deepseek_v3", "kimi_k2"):
+            # DeepSeek-V3's Hugging Face original: one kv_b_proj per layer
+            # ([heads * (nope + v), rank]: per head the key rows, then the
+            # value rows), which sanitize splits into embed_q (the key half
+            # transposed) and unembed_out; rotary tables to drop.
+            for k in [k for k in weights if k.endswith(".self_attn.embed_q.weight")]:
+                base = k[: -len(".embed_q.weight")]
+                wk = weights[k].swapaxes(-1, -2)
+                wv = weights[f"{base}.unembed_out.weight"]
+                if f"{base}.embed_q.scales" in weights:
+                    raise SystemExit(f"{k}: only an unquantized kv_b_proj is written here")
+                del out[k], out[f"{base}.unembed_out.weight"]
+                kv = mx.concatenate([wk, wv], axis=1)
+                out[f"{base}.kv_b_proj.weight"] = kv.reshape(-1, kv.shape[-1])
+                out[f"{base}.rotary_emb.inv_freq"] = mx.zeros((4,))
         if model_type == "glm4_moe":
             # The multi-token-prediction layer a GLM-4.5 checkpoint keeps
             # after its last decoder layer, which glm4_moe's sanitize drops

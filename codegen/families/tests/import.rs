@@ -1089,7 +1089,11 @@ fn deepseek_v3_configs_read_latent_attention_and_yarn() {
     assert_eq!(a.scale, 48f64.powf(-0.5) * s * s);
     for (field, value, needle) in [
         ("rope_scaling", Value::Null, "YaRN RoPE only"),
-        ("rope_scaling", json!({"type": "linear", "factor": 2.0}), "rope type `linear`"),
+        (
+            "rope_scaling",
+            json!({"type": "linear", "factor": 2.0}),
+            "rope type `linear`",
+        ),
         ("moe_layer_freq", json!(2), "moe_layer_freq"),
         ("attention_bias", json!(true), "attention_bias"),
     ] {

@@ -287,7 +287,10 @@ fn deepseek_v3_layers(path: &str, s: &DeepseekV3Spec, ir: &ModelIr) {
             },
             "{path}"
         );
-        assert!(a.rope.traditional, "{path}: DeepSeek-V3 rotates interleaved pairs");
+        assert!(
+            a.rope.traditional,
+            "{path}: DeepSeek-V3 rotates interleaved pairs"
+        );
         assert_eq!(a.rope.rotated_dims as u32, s.attention.qk_rope_head_dim);
         assert!(matches!(a.rope.kind, RopeKind::Yarn { .. }), "{path}");
         assert_eq!(a.scale, q_head_dim.powf(-0.5) * m * m, "{path}");
@@ -304,10 +307,7 @@ fn deepseek_v3_layers(path: &str, s: &DeepseekV3Spec, ir: &ModelIr) {
         }
     }
     assert_eq!(ir.head.weight, HeadWeight::Untied, "{path}");
-    assert!(ir
-        .checkpoint
-        .sanitize
-        .contains(&SanitizeRule::SplitKvBProj));
+    assert!(ir.checkpoint.sanitize.contains(&SanitizeRule::SplitKvBProj));
 }
 
 #[test]
