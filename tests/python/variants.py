@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compat  # noqa: E402
@@ -89,16 +90,33 @@ def family_hf_layout(src: Path, dst: Path) -> None:
             # ([heads * (nope + v), rank]: per head the key rows, then the
             # value rows), which sanitize splits into embed_q (the key half
             # transposed) and unembed_out; rotary tables to drop.
+            # A quantized checkpoint gets a kv_b_proj quantized with its bits
+            # and group size (sanitize dequantizes, splits, quantizes again).
+            q = config.get("quantization")
             for k in [k for k in weights if k.endswith(".self_attn.embed_q.weight")]:
                 base = k[: -len(".embed_q.weight")]
-                wk = weights[k].swapaxes(-1, -2)
-                wv = weights[f"{base}.unembed_out.weight"]
+                halves = []
+                for name in ("embed_q", "unembed_out"):
+                    w = out.pop(f"{base}.{name}.weight")
+                    if f"{base}.{name}.scales" in weights:
+                        w = mx.dequantize(w, out.pop(f"{base}.{name}.scales"),
+                                          out.pop(f"{base}.{name}.biases"),
+                                          group_size=q["group_size"], bits=q["bits"])
+                    halves.append(w)
+                kv = mx.concatenate([halves[0].swapaxes(-1, -2), halves[1]], axis=1)
+                kv = kv.reshape(-1, kv.shape[-1])
                 if f"{base}.embed_q.scales" in weights:
-                    raise SystemExit(f"{k}: only an unquantized kv_b_proj is written here")
-                del out[k], out[f"{base}.unembed_out.weight"]
-                kv = mx.concatenate([wk, wv], axis=1)
-                out[f"{base}.kv_b_proj.weight"] = kv.reshape(-1, kv.shape[-1])
+                    w, scales, biases = mx.quantize(kv, group_size=q["group_size"], bits=q["bits"])
+                    out[f"{base}.kv_b_proj.weight"] = w
+                    out[f"{base}.kv_b_proj.scales"] = scales
+                    out[f"{base}.kv_b_proj.biases"] = biases
+                else:
+                    out[f"{base}.kv_b_proj.weight"] = kv
                 out[f"{base}.rotary_emb.inv_freq"] = mx.zeros((4,))
+            if q is not None:
+                # Quantized experts stay stacked (sanitize stacks only
+                # per-expert weights it finds).
+                weights = {}
         if model_type == "glm4_moe":
             # The multi-token-prediction layer a GLM-4.5 checkpoint keeps
             # after its last decoder layer, which glm4_moe's sanitize drops
@@ -192,7 +210,9 @@ def family_hf_layout(src: Path, dst: Path) -> None:
 
 def batch(model_dir: Path, out: Path, ids: list[list[int]]) -> None:
     model = load(model_dir)
-    cache = model.make_cache()
+    # The model's make_cache where it has one, else a KVCache per layer
+    # (deepseek_v3 has none).
+    cache = make_prompt_cache(model)
     logits = model(mx.array(ids, dtype=mx.int32), cache=cache)
     mx.eval(logits)
     mx.save_safetensors(str(out), {"logits": logits})
