@@ -6,6 +6,8 @@
 #[rustfmt::skip]
 pub mod deepseek_v3_direct_q_tiny;
 #[rustfmt::skip]
+pub mod deepseek_v3_l2_q4;
+#[rustfmt::skip]
 pub mod deepseek_v3_tiny_q4;
 #[rustfmt::skip]
 pub mod deepseek_v3_tiny;
@@ -225,6 +227,11 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "deepseek-v3-direct-q-tiny",
         spec: "specs/deepseek-v3-direct-q-tiny.yaml",
         fingerprint: deepseek_v3_direct_q_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "deepseek-v3-l2-q4",
+        spec: "specs/deepseek-v3-l2-q4.yaml",
+        fingerprint: deepseek_v3_l2_q4::FINGERPRINT,
     },
     GeneratedModel {
         name: "deepseek-v3-tiny-q4",
@@ -751,6 +758,9 @@ pub fn run<T: ModelTask>(
     match fingerprint {
         deepseek_v3_direct_q_tiny::FINGERPRINT => {
             Some(deepseek_v3_direct_q_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        deepseek_v3_l2_q4::FINGERPRINT => {
+            Some(deepseek_v3_l2_q4::load(weights).map(|m| task.run(&m)))
         }
         deepseek_v3_tiny_q4::FINGERPRINT => {
             Some(deepseek_v3_tiny_q4::load(weights).map(|m| task.run(&m)))

@@ -30,6 +30,7 @@ fn specs() -> Vec<(String, Spec)> {
 const MODULE_COUNTS: &[(&str, u64, usize, usize)] = &[
     ("deepseek-v3", 671026419200, 725, 0),
     ("deepseek-v3-direct-q-tiny", 279088, 32, 0),
+    ("deepseek-v3-l2-q4", 3372768272, 23, 23),
     ("deepseek-v3-tiny", 266896, 35, 0),
     ("deepseek-v3-tiny-q4", 266896, 35, 35),
     ("gemma-2-2b", 2614341888, 183, 0),
