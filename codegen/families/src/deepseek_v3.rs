@@ -180,24 +180,27 @@ pub(crate) fn check(spec: &DeepseekV3Spec) -> Vec<Issue> {
         MAX_HEADS,
         "query heads (DeepSeek-V3: 128)",
     );
-    for (path, v, hint) in [
+    for (path, v, max, hint) in [
         (
             "attention.kv_lora_rank",
             a.kv_lora_rank,
+            MAX_HIDDEN,
             "the latent's width (DeepSeek-V3: 512)",
         ),
         (
             "attention.qk_nope_head_dim",
             a.qk_nope_head_dim,
+            MAX_HEAD_DIM,
             "query/key dims without RoPE (128)",
         ),
         (
             "attention.v_head_dim",
             a.v_head_dim,
+            MAX_HEAD_DIM,
             "value dims per head (128)",
         ),
     ] {
-        ok &= c.range(path, v, MAX_HEAD_DIM.max(MAX_HIDDEN), hint);
+        ok &= c.range(path, v, max, hint);
     }
     ok &= c.range(
         "attention.qk_rope_head_dim",
