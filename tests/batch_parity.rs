@@ -33,9 +33,11 @@ use serde_json::{json, Value};
 /// (sliding layers with their own RoPE base beside linearly scaled full
 /// ones), LFM2 (short convs' batched `ArraysCache` beside attention),
 /// GLM-4.5 MoE (`noaux_tc` routing with shared experts, partial RoPE, q/k/v
-/// biases; then group-limited routing and q/k norms) and Qwen3-Next (the
-/// Gated DeltaNet's projections grouped per key head); each appended last,
-/// so the others keep their seeds.
+/// biases; then group-limited routing and q/k norms), Qwen3-Next (the
+/// Gated DeltaNet's projections grouped per key head) and DeepSeek-V3
+/// (latent attention over a `BatchKVCache` of the latent and the RoPE key,
+/// queries low-rank or direct); each appended last, so the others keep
+/// their seeds.
 const BATCHED: &[&str] = &[
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
@@ -51,6 +53,8 @@ const BATCHED: &[&str] = &[
     "glm-4.5-air-tiny",
     "glm4-moe-grouped-tiny",
     "qwen3-next-80b-a3b-tiny",
+    "deepseek-v3-tiny",
+    "deepseek-v3-direct-q-tiny",
 ];
 
 fn schedule(vocab: i32) -> Value {

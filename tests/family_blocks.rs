@@ -1,5 +1,5 @@
 //! The runtime blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite /
-//! phi3 / olmo2 / gemma3_text / lfm2 / glm4_moe families
+//! phi3 / olmo2 / gemma3_text / lfm2 / glm4_moe / deepseek_v3 families
 //! against mlx-lm 0.32.2's own modules (tests/python/family_blocks.py), byte
 //! for byte, in bf16 and f32, unquantized and 4-bit (group 64 and 32) where
 //! the block has weights, at a tiny width and at one real model's width.
@@ -652,6 +652,181 @@ fn gemma3_linear_rope(dt: Dt, dims: i32, theta: f32, factor: f64) -> R<Case> {
     Ok(c)
 }
 
+/// rope_utils' `YarnRoPE` (`initialize_rope` with a `yarn` scaling) as the
+/// runtime builds it from the IR, at a position past the start: its
+/// frequencies and its output on `x` whose last axis is `extra` wider than
+/// the rotated dims (the input scale reaches only those).
+fn yarn_rope(
+    dt: Dt,
+    dims: i32,
+    extra: i32,
+    kind: archgen_ir::RopeKind,
+    traditional: bool,
+) -> R<Case> {
+    let archgen_ir::RopeKind::Yarn {
+        theta,
+        factor,
+        original_max_position_embeddings,
+        beta_fast,
+        beta_slow,
+        mscale,
+        mscale_all_dim,
+    } = kind
+    else {
+        return Err(mlx_rs::error::Exception::custom(
+            "yarn_rope takes a YaRN kind",
+        ));
+    };
+    let name = format!(
+        "yarn_rope_{}_{dims}+{extra}_f{factor}_m{mscale}_{mscale_all_dim}_{}",
+        dt.tag(),
+        if traditional { "traditional" } else { "halves" }
+    );
+    let offset = 37;
+    let spec = json!({
+        "dims": dims, "theta": theta, "offset": offset, "traditional": traditional,
+        "scaling": {
+            "rope_type": "yarn", "factor": factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+            "beta_fast": beta_fast, "beta_slow": beta_slow,
+            "mscale": mscale, "mscale_all_dim": mscale_all_dim,
+        },
+    });
+    let mut c = Case::new("yarn_rope", name, spec);
+    let x = c.rand(&[1, 4, 7, dims + extra], 2.0, dt);
+    c.input("x", &x);
+    let attention = archgen_ir::Attention {
+        rope: archgen_ir::RopeForm {
+            kind,
+            traditional,
+            rotated_dims: dims as usize,
+        },
+        ..one_attention_of("gemma-3-1b-tiny.yaml", dims + extra)?
+    };
+    let rope = archgen_monolith::rope_for(&attention)?;
+    let archgen_runtime::rope::Rope::Yarn { freqs, .. } = &rope else {
+        return Err(mlx_rs::error::Exception::custom(
+            "a YaRN kind builds Rope::Yarn",
+        ));
+    };
+    c.out("freqs", freqs.clone());
+    c.out("y", rope.apply(&x, &Array::from_int(offset))?);
+    Ok(c)
+}
+
+/// The sizes of a DeepSeek-V3 attention case.
+struct MlaShape {
+    hidden: i32,
+    heads: i32,
+    nope: i32,
+    rope: i32,
+    v: i32,
+    rank: i32,
+    q_lora: Option<i32>,
+}
+
+/// deepseek_v3's `DeepseekV3Attention` (multi-head latent attention with
+/// DeepSeek-V3's YaRN, traditional pairs) with its `KVCache`: a prefill,
+/// one token (the absorbed form), then a chunk (the expanded form over the
+/// cached latent), each with the mask `create_attention_mask(h, cache,
+/// return_array=True)` gives; the weights through the checkpoint loader.
+fn deepseek_mla(dt: Dt, q: Option<Quant>, m: &MlaShape, prefill: i32) -> R<Case> {
+    use archgen_runtime::mla::{latent_attention, load_latent_attention, LatentShape};
+    let name = format!(
+        "deepseek_mla_{}_{}_{}x{}h_q{}",
+        dt.tag(),
+        quant_tag(q),
+        m.hidden,
+        m.heads,
+        m.q_lora.map_or("direct".to_string(), |r| r.to_string())
+    );
+    let (factor, mscale_all_dim, theta) = (40.0, 1.0, 10000.0f32);
+    let scaling = json!({
+        "type": "yarn", "factor": factor, "original_max_position_embeddings": 4096,
+        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": mscale_all_dim,
+    });
+    let spec = json!({
+        "hidden": m.hidden, "heads": m.heads, "nope": m.nope, "rope": m.rope, "v": m.v,
+        "rank": m.rank, "q_lora": m.q_lora, "rope_theta": theta, "rope_scaling": scaling,
+        "prefill": prefill, "quant": quant_json(q),
+    });
+    let mut c = Case::new("deepseek_mla", name, spec);
+    let q_width = m.heads * (m.nope + m.rope);
+    match m.q_lora {
+        None => {
+            c.linear("q_proj", q_width, m.hidden, dt, q);
+        }
+        Some(r) => {
+            c.linear("q_a_proj", r, m.hidden, dt, q);
+            let norm = c.rand(&[r], 0.5, dt).add(Array::from_f32(1.0))?;
+            c.param("q_a_layernorm.weight", &norm.as_dtype(dt.dtype())?);
+            c.linear("q_b_proj", q_width, r, dt, q);
+        }
+    }
+    c.linear("kv_a_proj_with_mqa", m.rank + m.rope, m.hidden, dt, q);
+    let norm = c.rand(&[m.rank], 0.5, dt).add(Array::from_f32(1.0))?;
+    c.param("kv_a_layernorm.weight", &norm.as_dtype(dt.dtype())?);
+    let embed_q = c.rand(&[m.heads, m.rank, m.nope], 1.0 / (m.nope as f32).sqrt(), dt);
+    c.weight("embed_q", &embed_q, q);
+    let unembed = c.rand(&[m.heads, m.v, m.rank], 1.0 / (m.rank as f32).sqrt(), dt);
+    c.weight("unembed_out", &unembed, q);
+    c.linear("o_proj", m.hidden, m.heads * m.v, dt, q);
+    let tensors: HashMap<String, Array> = c
+        .tensors
+        .iter()
+        .filter(|(k, _)| !k.starts_with('@'))
+        .map(|(k, a)| (format!("self_attn.{k}"), a.clone()))
+        .collect();
+    let quantization = quant_json(q);
+    let mut weights = Weights::new(tensors, Some(&quantization).filter(|v| !v.is_null()));
+    // The module's scale: `q_head_dim ** -0.5`, times `s * s` for YaRN's
+    // mscale_all_dim, as Python floats.
+    let s = 0.1 * mscale_all_dim * f64::ln(factor) + 1.0;
+    let shape = LatentShape {
+        heads: m.heads,
+        nope_dim: m.nope,
+        rope_dim: m.rope,
+        v_dim: m.v,
+        kv_lora_rank: m.rank,
+        scale: f64::from(m.nope + m.rope).powf(-0.5) * s * s,
+    };
+    let mut attention =
+        load_latent_attention(&mut weights, "self_attn", m.hidden, m.q_lora, &shape);
+    weights
+        .finish()
+        .unwrap_or_else(|e| panic!("loading {}: {e}", c.name));
+    attention.pretranspose();
+    let rope = Rope::yarn(
+        m.rope,
+        theta,
+        archgen_runtime::rope::YarnScaling {
+            factor,
+            original_max_position_embeddings: 4096.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            mscale: 1.0,
+            mscale_all_dim,
+        },
+        archgen_runtime::rope::Pairs::Interleaved,
+    )?;
+    let total = prefill + 4;
+    let x = c.rand(&[1, total, m.hidden], 1.0, dt);
+    c.input("x", &x);
+    let mut cache = LayerCache::Full(KvCache::default());
+    for (key, from, to) in [
+        ("prefill", 0, prefill),
+        ("step", prefill, prefill + 1),
+        ("chunk", prefill + 1, total),
+    ] {
+        let part = x.try_index((.., from..to, ..))?;
+        c.out(
+            key,
+            latent_attention(&part, &attention, &shape, &rope, &mut cache)?,
+        );
+    }
+    Ok(c)
+}
+
 /// The first layer's attention of a spec, with `head_dim` set to `dims`.
 fn one_attention_of(spec: &str, dims: i32) -> R<archgen_ir::Attention> {
     let ir = archgen_families::load(archgen_tests::repo_root().join("specs").join(spec))
@@ -1079,6 +1254,28 @@ fn all_cases() -> R<Vec<Case>> {
         cases.push(gemma3_embed(dt, "gemma-3-1b.yaml")?);
         cases.push(gemma3_linear_rope(dt, 256, 1e6, 8.0)?);
         cases.push(gemma3_linear_rope(dt, 16, 1e6, 8.0)?);
+        // YaRN: DeepSeek-V3's (traditional pairs, mscale equal to
+        // mscale_all_dim: no input scale) and an input scale of 1 + 0.1 ln 32
+        // (no mscale keys, as a config that leaves them out), both pairings.
+        let yarn = |theta, factor, mscale, mscale_all_dim| archgen_ir::RopeKind::Yarn {
+            theta,
+            factor,
+            original_max_position_embeddings: 4096.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            mscale,
+            mscale_all_dim,
+        };
+        cases.push(yarn_rope(dt, 64, 0, yarn(10000.0, 40.0, 1.0, 1.0), true)?);
+        cases.push(yarn_rope(dt, 64, 0, yarn(150000.0, 32.0, 1.0, 0.0), false)?);
+        cases.push(yarn_rope(dt, 64, 64, yarn(150000.0, 32.0, 1.0, 0.0), true)?);
+        cases.push(yarn_rope(
+            dt,
+            16,
+            16,
+            yarn(10000.0, 4.0, 0.707, 1.0),
+            false,
+        )?);
         cases.push(gemma2_final(dt, None, 2304, 30.0)?);
         // MiniCPM-2B: scale_emb 12, scale_depth 1.4, 40 layers, dim_model_base 256.
         cases.push(minicpm_embed(dt, None, 2304, 12.0)?);
@@ -1210,6 +1407,39 @@ fn all_cases() -> R<Vec<Case>> {
         )?);
     }
     cases.push(qwen3_moe(Dt::F32, None, &real, 9, TopKProbs::Renormalized)?);
+
+    // deepseek_v3's latent attention: tiny (q through q_lora_rank or one
+    // q_proj; f32, bf16, 4-bit g32), and DeepSeek-V3's widths (7168 hidden,
+    // q_lora_rank 1536, kv_lora_rank 512, 128 + 64 per query head, values
+    // of 128) with 2 of its 128 heads, bf16 and 4-bit g64.
+    for q_lora in [Some(64), None] {
+        let tiny = MlaShape {
+            hidden: 64,
+            heads: 4,
+            nope: 32,
+            rope: 16,
+            v: 32,
+            rank: 64,
+            q_lora,
+        };
+        for dt in dts {
+            for q in [None, Some(Q4G32)] {
+                cases.push(deepseek_mla(dt, q, &tiny, 5)?);
+            }
+        }
+    }
+    let v3 = MlaShape {
+        hidden: 7168,
+        heads: 2,
+        nope: 128,
+        rope: 64,
+        v: 128,
+        rank: 512,
+        q_lora: Some(1536),
+    };
+    for q in [None, Some(Q4G64)] {
+        cases.push(deepseek_mla(Dt::Bf16, q, &v3, 6)?);
+    }
 
     // glm4_moe: 16 experts, top-4, with and without group-limited routing
     // (4 groups, the 2 best eligible), renormalized or as taken times 2.5;

@@ -479,6 +479,93 @@ fn glm4_moe_hf_experts_are_stacked_and_the_mtp_layer_dropped() {
     hf_layout_loads_as_mlx_lm_sanitizes_it("glm-4.5-air-tiny", "model.layers.1.");
 }
 
+/// deepseek_v3's sanitize (`SplitKvBProj`, `StackExperts`,
+/// `DropRotaryTables`): each layer's `kv_b_proj` of the float32
+/// `deepseek-v3-tiny` checkpoint (per head the key rows, then the value
+/// rows), split back into `embed_q` and `unembed_out`, its per-expert
+/// weights and rotary tables, load to the very logits mlx-lm gives for the
+/// mlx layout.
+#[test]
+fn deepseek_v3_hf_kv_b_proj_is_split_and_experts_stacked() {
+    hf_layout_loads_as_mlx_lm_sanitizes_it("deepseek-v3-tiny", "model.layers.1.");
+}
+
+/// A quantized `kv_b_proj` (`deepseek-v3-tiny-q4` rewritten with one per
+/// layer, 4-bit g32): archgen's sanitize dequantizes, splits and quantizes
+/// it again as mlx-lm's does, so the monolith's logits of that checkpoint
+/// equal mlx-lm's own (`variants.py batch`, its sanitize on the same files).
+/// A block-scaled fp8 tensor (`weight_scale_inv`) in the checkpoint is
+/// refused with the tensor named.
+#[test]
+fn deepseek_v3_quantized_kv_b_proj_is_split_as_mlx_lm_splits_it() {
+    let name = "deepseek-v3-tiny-q4";
+    let spec = archgen_families::load(repo_root().join(format!("specs/{name}.yaml"))).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("mlx");
+    let ids: Vec<i32> = (0..19).map(|i| (i * 37 + 11) % 512).collect();
+    let jobs = json!([{
+        "config": config_for(&spec),
+        "out": dir,
+        "seed": 5,
+        "dtype": "bfloat16",
+        "bits": 4,
+        "group_size": 32,
+        "kv_quant": Value::Null,
+        "prompt_ids": ids,
+        "decode_steps": 1,
+    }]);
+    let jobs_path = root.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+    let hf = root.path().join("hf");
+    run_python(
+        "variants.py",
+        &[
+            "family-hf-layout".as_ref(),
+            dir.join("model").as_os_str(),
+            hf.as_os_str(),
+        ],
+    );
+    let tensors = Array::load_safetensors(hf.join("model.safetensors")).unwrap();
+    assert!(tensors.contains_key("model.layers.0.self_attn.kv_b_proj.scales"));
+    let out = root.path().join("mlx_lm.safetensors");
+    let ids_json = serde_json::to_string(&[&ids]).unwrap();
+    run_python(
+        "variants.py",
+        &[
+            "batch".as_ref(),
+            hf.as_os_str(),
+            out.as_os_str(),
+            ids_json.as_ref(),
+        ],
+    );
+    let theirs = &Array::load_safetensors(&out).unwrap()["logits"];
+    let ours = run_logits(&archgen_monolith::load_dir(&hf).unwrap(), &ids, 1).unwrap();
+    let theirs = theirs.reshape(ours.prefill_logits.shape()).unwrap();
+    assert!(
+        same(&ours.prefill_logits, &theirs),
+        "{name}: a quantized kv_b_proj: archgen's split != mlx-lm's"
+    );
+
+    let mut tensors = tensors;
+    tensors.insert(
+        "model.layers.0.self_attn.o_proj.weight_scale_inv".to_string(),
+        Array::from_slice(&[1.0f32], &[1, 1]),
+    );
+    let fp8 = root.path().join("fp8");
+    std::fs::create_dir_all(&fp8).unwrap();
+    std::fs::copy(hf.join("config.json"), fp8.join("config.json")).unwrap();
+    Array::save_safetensors(tensors.iter(), None, fp8.join("model.safetensors")).unwrap();
+    let e = archgen_monolith::load_dir(&fp8)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("o_proj.weight_scale_inv") && e.contains("mlx_lm.convert"),
+        "{e}"
+    );
+}
+
 /// The checkpoint of the float32 tiny spec `name` rewritten in its Hugging
 /// Face layout (`variants.py family-hf-layout`; `moe_layer` a layer prefix
 /// with experts) loads in the monolith to mlx-lm's logits for the mlx layout.

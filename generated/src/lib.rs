@@ -4,6 +4,16 @@
 //! Generated Gemma-4 models, one module per spec in specs/.
 
 #[rustfmt::skip]
+pub mod deepseek_v3_direct_q_tiny;
+#[rustfmt::skip]
+pub mod deepseek_v3_l2_q4;
+#[rustfmt::skip]
+pub mod deepseek_v3_tiny_q4;
+#[rustfmt::skip]
+pub mod deepseek_v3_tiny;
+#[rustfmt::skip]
+pub mod deepseek_v3;
+#[rustfmt::skip]
 pub mod gemma_2_2b_l2;
 #[rustfmt::skip]
 pub mod gemma_2_2b_tiny_q4;
@@ -213,6 +223,31 @@ pub struct GeneratedModel {
 }
 /// Every generated model, in spec-name order.
 pub const MODELS: &[GeneratedModel] = &[
+    GeneratedModel {
+        name: "deepseek-v3-direct-q-tiny",
+        spec: "specs/deepseek-v3-direct-q-tiny.yaml",
+        fingerprint: deepseek_v3_direct_q_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "deepseek-v3-l2-q4",
+        spec: "specs/deepseek-v3-l2-q4.yaml",
+        fingerprint: deepseek_v3_l2_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "deepseek-v3-tiny-q4",
+        spec: "specs/deepseek-v3-tiny-q4.yaml",
+        fingerprint: deepseek_v3_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "deepseek-v3-tiny",
+        spec: "specs/deepseek-v3-tiny.yaml",
+        fingerprint: deepseek_v3_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "deepseek-v3",
+        spec: "specs/deepseek-v3.yaml",
+        fingerprint: deepseek_v3::FINGERPRINT,
+    },
     GeneratedModel {
         name: "gemma-2-2b-l2",
         spec: "specs/gemma-2-2b-l2.yaml",
@@ -721,6 +756,21 @@ pub fn run<T: ModelTask>(
     task: T,
 ) -> Option<Result<T::Output, ModelError>> {
     match fingerprint {
+        deepseek_v3_direct_q_tiny::FINGERPRINT => {
+            Some(deepseek_v3_direct_q_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        deepseek_v3_l2_q4::FINGERPRINT => {
+            Some(deepseek_v3_l2_q4::load(weights).map(|m| task.run(&m)))
+        }
+        deepseek_v3_tiny_q4::FINGERPRINT => {
+            Some(deepseek_v3_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        deepseek_v3_tiny::FINGERPRINT => {
+            Some(deepseek_v3_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        deepseek_v3::FINGERPRINT => {
+            Some(deepseek_v3::load(weights).map(|m| task.run(&m)))
+        }
         gemma_2_2b_l2::FINGERPRINT => {
             Some(gemma_2_2b_l2::load(weights).map(|m| task.run(&m)))
         }

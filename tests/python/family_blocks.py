@@ -1,4 +1,4 @@
-"""Run the blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite / phi3 / olmo2 / lfm2 / glm4_moe families with
+"""Run the blocks of the qwen2 / gemma2 / qwen3_moe / minicpm / granite / phi3 / olmo2 / lfm2 / glm4_moe / deepseek_v3 families with
 mlx-lm 0.32.2's own modules, on the inputs and weights that
 tests/family_blocks.rs wrote, so the Rust test can compare raw bytes.
 
@@ -20,7 +20,7 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import gemma2, gemma3_text, glm4_moe, granite, lfm2, minicpm, olmo2, phi3, qwen3_moe
+from mlx_lm.models import deepseek_v3, gemma2, gemma3_text, glm4_moe, granite, lfm2, minicpm, olmo2, phi3, qwen3_moe
 from mlx_lm.models.base import create_attention_mask, create_causal_mask, create_ssm_mask
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.rope_utils import initialize_rope
@@ -229,6 +229,10 @@ def run(case):
         rope = initialize_rope(case["dims"], base=case["theta"], traditional=False,
                                scaling_config={"rope_type": "linear", "factor": case["factor"]})
         return {"y": rope(x["x"], offset=case["offset"])}
+    if block == "yarn_rope":
+        rope = initialize_rope(case["dims"], base=case["theta"], traditional=case["traditional"],
+                               scaling_config=case["scaling"])
+        return {"freqs": rope._freqs, "y": rope(x["x"], offset=case["offset"])}
     if block == "gemma2_final":
         m = gemma2.Model(gemma2_args(case, layers=0))
         embed = loaded(nn.Embedding(case["vocab"], case["hidden"]), case, params)
@@ -288,6 +292,25 @@ def run(case):
         outs = {}
         for key, part in [("prefill", h[:, :p]), ("step", h[:, p:p + 1]), ("chunk", h[:, p + 1:])]:
             outs[key] = m(part, create_attention_mask(part, cache), cache)
+        return outs
+    if block == "deepseek_mla":
+        # DeepseekV3Attention with its KVCache and the mask DeepseekV3Model
+        # makes (create_attention_mask(h, cache, return_array=True)): a
+        # prefill, one token, then a chunk.
+        args = deepseek_v3.ModelArgs(
+            model_type="deepseek_v3", vocab_size=1, hidden_size=case["hidden"],
+            intermediate_size=1, moe_intermediate_size=1, num_hidden_layers=1,
+            num_attention_heads=case["heads"], num_key_value_heads=case["heads"],
+            kv_lora_rank=case["rank"], q_lora_rank=case["q_lora"],
+            qk_rope_head_dim=case["rope"], v_head_dim=case["v"], qk_nope_head_dim=case["nope"],
+            max_position_embeddings=163840, rope_theta=case["rope_theta"],
+            rope_scaling=case["rope_scaling"])
+        m = loaded(deepseek_v3.DeepseekV3Attention(args), case, params)
+        h, p = x["x"], case["prefill"]
+        cache = KVCache()
+        outs = {}
+        for key, part in [("prefill", h[:, :p]), ("step", h[:, p:p + 1]), ("chunk", h[:, p + 1:])]:
+            outs[key] = m(part, create_attention_mask(part, cache, return_array=True), cache)
         return outs
     if block == "lfm2_short_conv":
         # lfm2.ShortConv with its ArraysCache(size=1), the mask as

@@ -7,11 +7,12 @@ cover, for the runtime's loader and batch tests.
       fused `experts.gate_up_proj` / `experts.down_proj`, plus vision/audio
       tower tensors and rotary buffers that sanitize drops.
   variants.py family-hf-layout SRC DST
-      Rewrite a qwen2 / llama / mistral / qwen3_moe / glm4_moe / minicpm /
-      qwen3_5 / qwen3_next checkpoint with the tensors its Hugging Face
-      original has and mlx-lm's sanitize undoes (rotary tables, a tied
-      lm_head, per-expert weights, glm4_moe's MTP layer, no minicpm lm_head;
-      qwen3_5's conv layout, norm offsets, MTP and vision).
+      Rewrite a qwen2 / llama / mistral / qwen3_moe / glm4_moe / deepseek_v3 /
+      minicpm / qwen3_5 / qwen3_next checkpoint with the tensors its Hugging
+      Face original has and mlx-lm's sanitize undoes (rotary tables, a tied
+      lm_head, per-expert weights, glm4_moe's MTP layer, deepseek_v3's
+      kv_b_proj, no minicpm lm_head; qwen3_5's conv layout, norm offsets, MTP
+      and vision).
   variants.py batch DIR OUT IDS_JSON
       One forward of mlx-lm over a batch ([B, L] ids, fresh cache): logits
       [B, L, V] to OUT (safetensors key "logits").
@@ -25,6 +26,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compat  # noqa: E402
@@ -82,7 +84,39 @@ def family_hf_layout(src: Path, dst: Path) -> None:
         # granite.py's sanitize pops a tied lm_head only (no rotary tables).
         if config.get("tie_word_embeddings", True):
             out["lm_head.weight"] = weights["model.embed_tokens.weight"]
-    elif model_type in ("qwen3_moe", "glm4_moe"):
+    elif model_type in ("qwen3_moe", "glm4_moe", "deepseek_v3", "kimi_k2"):
+        if model_type in ("deepseek_v3", "kimi_k2"):
+            # DeepSeek-V3's Hugging Face original: one kv_b_proj per layer
+            # ([heads * (nope + v), rank]: per head the key rows, then the
+            # value rows), which sanitize splits into embed_q (the key half
+            # transposed) and unembed_out; rotary tables to drop.
+            # A quantized checkpoint gets a kv_b_proj quantized with its bits
+            # and group size (sanitize dequantizes, splits, quantizes again).
+            q = config.get("quantization")
+            for k in [k for k in weights if k.endswith(".self_attn.embed_q.weight")]:
+                base = k[: -len(".embed_q.weight")]
+                halves = []
+                for name in ("embed_q", "unembed_out"):
+                    w = out.pop(f"{base}.{name}.weight")
+                    if f"{base}.{name}.scales" in weights:
+                        w = mx.dequantize(w, out.pop(f"{base}.{name}.scales"),
+                                          out.pop(f"{base}.{name}.biases"),
+                                          group_size=q["group_size"], bits=q["bits"])
+                    halves.append(w)
+                kv = mx.concatenate([halves[0].swapaxes(-1, -2), halves[1]], axis=1)
+                kv = kv.reshape(-1, kv.shape[-1])
+                if f"{base}.embed_q.scales" in weights:
+                    w, scales, biases = mx.quantize(kv, group_size=q["group_size"], bits=q["bits"])
+                    out[f"{base}.kv_b_proj.weight"] = w
+                    out[f"{base}.kv_b_proj.scales"] = scales
+                    out[f"{base}.kv_b_proj.biases"] = biases
+                else:
+                    out[f"{base}.kv_b_proj.weight"] = kv
+                out[f"{base}.rotary_emb.inv_freq"] = mx.zeros((4,))
+            if q is not None:
+                # Quantized experts stay stacked (sanitize stacks only
+                # per-expert weights it finds).
+                weights = {}
         if model_type == "glm4_moe":
             # The multi-token-prediction layer a GLM-4.5 checkpoint keeps
             # after its last decoder layer, which glm4_moe's sanitize drops
@@ -176,7 +210,9 @@ def family_hf_layout(src: Path, dst: Path) -> None:
 
 def batch(model_dir: Path, out: Path, ids: list[list[int]]) -> None:
     model = load(model_dir)
-    cache = model.make_cache()
+    # The model's make_cache where it has one, else a KVCache per layer
+    # (deepseek_v3 has none).
+    cache = make_prompt_cache(model)
     logits = model(mx.array(ids, dtype=mx.int32), cache=cache)
     mx.eval(logits)
     mx.save_safetensors(str(out), {"logits": logits})

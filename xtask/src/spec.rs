@@ -206,10 +206,11 @@ fn summary(spec: &Spec) -> String {
     for l in &ir.layers {
         let mlp = width_or_dash(l.mlp().map(|m| m.width));
         let Some(a) = l.attention() else {
-            // A Gated DeltaNet or short-conv layer: no heads of attention, no
-            // K/V, no RoPE.
+            // A Gated DeltaNet, short-conv or latent attention layer: not
+            // the columns of grouped-query attention.
             let kind = match &l.mixer {
                 archgen_ir::Mixer::ShortConv(_) => "conv",
+                archgen_ir::Mixer::LatentAttention(_) => "latent",
                 archgen_ir::Mixer::GatedDeltaNet(_) | archgen_ir::Mixer::Attention(_) => "linear",
             };
             let _ = writeln!(
@@ -237,6 +238,12 @@ fn summary(spec: &Spec) -> String {
                 high_freq_factor,
                 ..
             } => format!("llama3 θ={theta} f={factor} {low_freq_factor}..{high_freq_factor}"),
+            RopeKind::Yarn {
+                theta,
+                factor,
+                original_max_position_embeddings,
+                ..
+            } => format!("yarn θ={theta} f={factor} orig={original_max_position_embeddings}"),
             RopeKind::NoPe => "none (NoPE)".to_string(),
         };
         // A sharer attends over its donor's K/V: the donor's values and cache.

@@ -60,6 +60,9 @@ impl Composition {
             Mixer::ShortConv(_) => format!(
                 "a = self.conv({input}, mask, cache): short conv (in_proj split in B, C, x; B * x through the depthwise conv1d; out_proj(C * conv))"
             ),
+            Mixer::LatentAttention(_) => format!(
+                "a = self.self_attn({input}, mask, cache): latent attention (q, the normed latent and the RoPE key; pe_scores as the SDPA mask; one token absorbed through embed_q / unembed_out, more expanded)"
+            ),
         };
         let mut rest = vec![comment("finish (shared with the batched forward):")];
         for line in rest_lines(l) {

@@ -25,6 +25,9 @@ enum State {
     Donor,
     /// A Gated DeltaNet's conv and recurrent state.
     Arrays,
+    /// A latent attention's latent and RoPE key in a plain full K/V cache
+    /// (its own RoPE and mask, no window context).
+    Latent,
 }
 
 /// One kind as the model-level loops see it.
@@ -149,6 +152,7 @@ fn kind_facts(plan: &Plan, forms: bool) -> Result<Vec<KindFacts<'_>>, String> {
             let layer = &plan.ir.layers[first];
             let (state, returns_kv) = match &layer.mixer {
                 Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => (State::Arrays, false),
+                Mixer::LatentAttention(_) => (State::Latent, false),
                 Mixer::Attention(a) => match a.kv {
                     KvSource::Own { .. } => (
                         State::Kv(a.window),
@@ -235,7 +239,7 @@ fn row_tokens(
         (State::Donor, _) => {
             return Err(format!("layer {}: a shared kind without a donor", l.index))
         }
-        (State::Kv(_) | State::Arrays, _) => {}
+        (State::Kv(_) | State::Arrays | State::Latent, _) => {}
     }
     Ok(if fields.is_empty() {
         quote! { Row::#name }
@@ -402,7 +406,7 @@ impl RowField {
 fn row_fields(k: &KindFacts) -> Vec<RowField> {
     let donor = match k.state {
         State::Donor => true,
-        State::Kv(_) | State::Arrays => false,
+        State::Kv(_) | State::Arrays | State::Latent => false,
     };
     [
         (
@@ -534,6 +538,7 @@ fn kind_arms(plan: &Plan, facts: ModelFacts, k: &KindFacts) -> Result<KindArms, 
         State::Kv(window) => kv_state_arms(&call, k, window, facts.any_donor)?,
         State::Donor => donor_state_arms(&call),
         State::Arrays => arrays_state_arms(&call, facts.any_donor),
+        State::Latent => latent_state_arms(&call, facts.any_donor),
     };
     Ok(KindArms {
         row_variant,
@@ -636,6 +641,32 @@ fn donor_state_arms(call: &KindCall) -> StateArms {
         batch_step: quote! {
             Layer::#variant(l) => (l.forward_batch(&h, &#ctx, b::donor_kv(&computed, l.donor, NAME)? #pli)?, None),
         },
+    }
+}
+
+/// The arms of a latent attention kind: a plain full K/V cache of the latent
+/// and the RoPE key, the model's one latent RoPE, the mask built from the
+/// layer's own cache before its update (every layer's cache is at the same
+/// offset, as the first layer's that mlx-lm reads it from).
+fn latent_state_arms(call: &KindCall, any_donor: bool) -> StateArms {
+    let KindCall {
+        variant, any_row, ..
+    } = call;
+    let call = quote! { l.forward(&h, &self.latent_rope, next_cache(&mut kv_caches, NAME)?)? };
+    let batch_call = quote! { l.forward_batch(&h, &self.latent_rope, cache.layer_mut(i)?)? };
+    let (step, batch_step) = if any_donor {
+        (quote! { (#call, None) }, quote! { (#batch_call, None) })
+    } else {
+        (call, batch_call)
+    };
+    StateArms {
+        kv_cache: quote! { #any_row => Some(LayerCache::Full(KvCache::default())), },
+        state: quote! { #any_row => None, },
+        batch_cache: quote! {
+            #any_row => Some(BatchLayerCache::Full(BatchKvCache::new(no_padding))),
+        },
+        step: quote! { Layer::#variant(l) => #step, },
+        batch_step: quote! { Layer::#variant(l) => #batch_step, },
     }
 }
 
@@ -969,7 +1000,7 @@ fn uniform_layout(plan: &Plan, kinds: &[KindFacts]) -> Result<Option<Layout>, St
     };
     let window = match kind.state {
         State::Kv(window) => window,
-        State::Donor | State::Arrays => return Ok(None),
+        State::Donor | State::Arrays | State::Latent => return Ok(None),
     };
     let widths = mlp_widths(plan);
     if kind.cache_form || kind.per_layer_input || widths.len() > 1 {

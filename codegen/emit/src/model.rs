@@ -14,6 +14,7 @@ use archgen_ir::{
     ShortConv, Softcap, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values, Window,
 };
 use archgen_ir::{GateUpProjection, GatedMlp, QkvProjection};
+use archgen_ir::{LatentAttention, LatentQuery, RopeForm};
 use archgen_plan::{rope_parameters, LayerKind, Plan, RopeNumber};
 use proc_macro2::{Ident, Literal, TokenStream};
 use quote::quote;
@@ -48,8 +49,9 @@ fn reaches_decode(l: &Layer) -> bool {
         && match &l.mixer {
             Mixer::Attention(a) => plain_attention(a),
             Mixer::GatedDeltaNet(_) => true,
-            // No compiled block for a short conv: its steps run eagerly.
-            Mixer::ShortConv(_) => false,
+            // No compiled block for a short conv or a latent attention:
+            // their steps run eagerly.
+            Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
         }
 }
 
@@ -169,6 +171,10 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
         Mixer::ShortConv(c) => format!(
             "gated short convolution (conv kernel {}; conv state)",
             c.kernel
+        ),
+        Mixer::LatentAttention(a) => format!(
+            "multi-head latent attention ({} heads, latent {}, RoPE key {}; cache of the latent and the RoPE key)",
+            a.n_heads, a.kv_lora_rank, a.qk_rope_head_dim
         ),
     }];
     parts.push(match l.norms.arrangement {
@@ -359,13 +365,13 @@ fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
     }
 }
 
-/// [`feed_forward_load`] of a hybrid or fused-qkv layer kind, whose blocks
-/// take a dense MLP or routed experts with a shared expert, and nothing
-/// after it.
+/// [`feed_forward_load`] of a hybrid, fused-qkv or latent attention layer
+/// kind, whose blocks take a dense MLP or routed experts with shared experts
+/// (gated or not), and nothing after it.
 fn hybrid_ffn(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
     let unsupported = |what: &str| {
         Err(format!(
-            "layer kind {kind}: {what} beside a Gated DeltaNet or gated attention is not supported yet"
+            "layer kind {kind}: {what} beside a Gated DeltaNet, gated, fused-qkv or latent attention is not supported yet"
         ))
     };
     match l.norms.arrangement {
@@ -384,12 +390,11 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
         }
     }
     match l.ffn {
-        FeedForward::Mlp(_) | FeedForward::MoeAndSharedExpert { .. } => feed_forward_load(l, kind),
+        FeedForward::Mlp(_)
+        | FeedForward::MoeAndSharedExpert { .. }
+        | FeedForward::MoeAndSharedExperts { .. } => feed_forward_load(l, kind),
         FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {
             unsupported("routed experts without a shared expert")
-        }
-        FeedForward::MoeAndSharedExperts { .. } => {
-            unsupported("routed experts with ungated shared experts")
         }
     }
 }
@@ -586,6 +591,73 @@ fn short_conv_kind_tokens(kind: &LayerKind, c: &ShortConv) -> Result<TokenStream
         fn forward_batch(&self, h: &Array, cache: &mut BatchArraysCache, mask: Option<&Array>) -> Result<Array> {
             let x = rms_norm(h, Some(self.norms.input()), EPS)?;
             let a = short_conv::short_conv_batch(&x, &self.mixer, cache, mask)?;
+            self.finish(h, a)
+        }
+    };
+    Ok(parts.with(shape, methods))
+}
+
+/// A latent attention layer kind (`DeepseekV3Attention`): the eager blocks
+/// for prefill and one-token steps alike, the model's latent RoPE passed in.
+fn latent_attention_kind_tokens(
+    kind: &LayerKind,
+    a: &LatentAttention,
+) -> Result<TokenStream, String> {
+    let l = &kind.key.0;
+    let parts = mixer_kind_parts(
+        kind,
+        "attn",
+        quote! { mla::LatentAttention },
+        quote! { mla::load_latent_attention(w, &format!("layers.{i}.self_attn"), HIDDEN, Self::Q_LORA_RANK, &Self::SHAPE) },
+    )?;
+    let (heads, nope, rope, v, rank) = (
+        lit_i32(a.n_heads)?,
+        lit_i32(a.qk_nope_head_dim)?,
+        lit_i32(a.qk_rope_head_dim)?,
+        lit_i32(a.v_head_dim)?,
+        lit_i32(a.kv_lora_rank)?,
+    );
+    let scale = Literal::f64_suffixed(a.scale);
+    let q_lora = match a.query {
+        LatentQuery::Direct => quote! { None },
+        LatentQuery::LowRank { rank } => {
+            let r = lit_i32(rank)?;
+            quote! { Some(#r) }
+        }
+    };
+    let body = Composition::of(l).forward_body(ForwardLines {
+        decode: None,
+        mixer: quote! { let a = mla::latent_attention(&x, &self.attn, &Self::SHAPE, rope, cache)?; },
+        finish: quote! { self.finish(h, a) },
+    });
+    let shape = quote! {
+        /// The heads, the query/key dims without and with RoPE, the value
+        /// dims, the latent's width and the module's scale (a Python float).
+        const SHAPE: mla::LatentShape = mla::LatentShape {
+            heads: #heads,
+            nope_dim: #nope,
+            rope_dim: #rope,
+            v_dim: #v,
+            kv_lora_rank: #rank,
+            scale: #scale,
+        };
+        /// `q_lora_rank` (None: one `q_proj`).
+        const Q_LORA_RANK: Option<i32> = #q_lora;
+    };
+    let methods = quote! {
+        /// Prefill and one-token steps alike, through the eager blocks; the
+        /// mask (an array for more than one token) from its cache.
+        fn forward(&self, h: &Array, rope: &Rope, cache: &mut LayerCache) -> Result<Array> {
+            #body
+        }
+
+        /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE at
+        /// each row's offset, the latent and the RoPE key in a merged K/V
+        /// cache, the left-padded mask from it before its update.
+        fn forward_batch(&self, h: &Array, rope: &Rope, cache: &mut BatchLayerCache) -> Result<Array> {
+            let x = rms_norm(h, Some(self.norms.input()), EPS)?;
+            let mask = batch_blocks::window_mask(cache, h.shape()[1], 0)?;
+            let a = batch_blocks::latent_attention(&x, &self.attn, &Self::SHAPE, rope, cache, &mask)?;
             self.finish(h, a)
         }
     };
@@ -789,6 +861,7 @@ fn kind_tokens(kind: &LayerKind) -> Result<TokenStream, String> {
     let a = match &l.mixer {
         Mixer::GatedDeltaNet(d) => return delta_net_kind_tokens(kind, d),
         Mixer::ShortConv(c) => return short_conv_kind_tokens(kind, c),
+        Mixer::LatentAttention(a) => return latent_attention_kind_tokens(kind, a),
         Mixer::Attention(a) => match (a.output_gate, a.projection) {
             (OutputGate::None, QkvProjection::Separate) => a,
             (OutputGate::None, QkvProjection::Fused) => return fused_qkv_kind_tokens(kind, a),
@@ -1355,29 +1428,29 @@ fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
     })
 }
 
-fn rope_init(a: &Attention) -> Result<TokenStream, String> {
-    let hd = lit_i32(a.head_dim)?;
-    Ok(match a.rope.kind {
+fn rope_init(rope: RopeForm, head_dim: usize) -> Result<TokenStream, String> {
+    let hd = lit_i32(head_dim)?;
+    Ok(match rope.kind {
         RopeKind::Default { theta } => {
             // `nn.RoPE(dims)`: a partial RoPE rotates fewer dims than head_dim.
-            let dims = lit_i32(a.rope.rotated_dims)?;
+            let dims = lit_i32(rope.rotated_dims)?;
             let theta = lit_f32(theta);
             quote! { Rope::base(#dims, #theta) }
         }
         RopeKind::Linear { theta, factor } => {
             // `nn.RoPE(dims, base=theta, scale=1 / factor)`: the Python division in f64.
-            let dims = lit_i32(a.rope.rotated_dims)?;
+            let dims = lit_i32(rope.rotated_dims)?;
             let (theta, scale) = (lit_f32(theta), lit_f32((1.0 / factor) as f32));
             quote! { Rope::base_scaled(#dims, #theta, #scale) }
         }
         RopeKind::Proportional { theta, factor, .. } => {
             let (theta, factor) = (lit_f32(theta), lit_f32(factor));
-            let rotated = lit_i32(a.rope.rotated_dims)?;
+            let rotated = lit_i32(rope.rotated_dims)?;
             quote! { Rope::proportional(#hd, #rotated, #theta, #factor).map_err(|e| ModelError(e.to_string()))? }
         }
         RopeKind::Llama3 { .. } => {
             // `Rope::llama3` takes θ and the scaling in plan's order.
-            let numbers = rope_parameters(a.rope.kind)
+            let numbers = rope_parameters(rope.kind)
                 .numbers
                 .into_iter()
                 .map(|(_, n)| match n {
@@ -1387,6 +1460,50 @@ fn rope_init(a: &Attention) -> Result<TokenStream, String> {
             quote! {
                 Rope::llama3(#hd, #(#numbers),*)
                     .map_err(|e| ModelError(e.to_string()))?
+            }
+        }
+        RopeKind::Yarn {
+            theta,
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            mscale,
+            mscale_all_dim,
+        } => {
+            // `YarnRoPE(dims, traditional, base, scaling_factor, ...)`: the
+            // scaling as the Python floats `initialize_rope` passes.
+            let dims = lit_i32(rope.rotated_dims)?;
+            let theta = lit_f32(theta);
+            let [factor, original, beta_fast, beta_slow, mscale, mscale_all_dim] = [
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+            ]
+            .map(Literal::f64_suffixed);
+            let pairs = if rope.traditional {
+                quote! { archgen_runtime::rope::Pairs::Interleaved }
+            } else {
+                quote! { archgen_runtime::rope::Pairs::Halves }
+            };
+            quote! {
+                Rope::yarn(
+                    #dims,
+                    #theta,
+                    archgen_runtime::rope::YarnScaling {
+                        factor: #factor,
+                        original_max_position_embeddings: #original,
+                        beta_fast: #beta_fast,
+                        beta_slow: #beta_slow,
+                        mscale: #mscale,
+                        mscale_all_dim: #mscale_all_dim,
+                    },
+                    #pairs,
+                )
+                .map_err(|e| ModelError(e.to_string()))?
             }
         }
         RopeKind::NoPe => quote! { Rope::NoPe },
@@ -1423,6 +1540,7 @@ impl BatchCacheKinds {
             match &l.mixer {
                 Mixer::GatedDeltaNet(_) => kinds.delta_net = true,
                 Mixer::ShortConv(_) => kinds.short_conv = true,
+                Mixer::LatentAttention(_) => kinds.full = true,
                 Mixer::Attention(a) => match (a.kv, a.window) {
                     (KvSource::Own { .. }, Window::Sliding(_)) => kinds.sliding = true,
                     (
@@ -1581,6 +1699,7 @@ fn batch_tokens(
     } = BatchWindows::of(plan)?;
     let ssm_mask = (caches.delta_net || caches.short_conv)
         .then(|| quote! { let ssm_mask = cache.ssm_mask(n)?; });
+    let n_line = (!latent_only(ir)).then(|| quote! { let n = ids.shape()[1]; });
     // The compiled blocks take rows [B, hidden]; a step has tables in
     // every window or in none (all from `step_tables` on the same `n`).
     let (rows_begin, rows_end) = match (compiled_decode(ir), contexts.first()) {
@@ -1613,7 +1732,7 @@ fn batch_tokens(
 
                 fn forward_batch(&self, ids: &Array, cache: &mut BatchCache) -> Result<Array> {
                     cache.check_layers(LAYERS)?;
-                    let n = ids.shape()[1];
+                    #n_line
                     let mut h = #embed;
                     #ple_inputs
                     #(#masks)*
@@ -1830,7 +1949,7 @@ impl WindowSetup {
             for (cn, _, a) in &contexts {
                 let rope = ident(&format!("rope_{cn}"));
                 setup.ropes_struct.push(quote! { #rope: Rope, });
-                let init = rope_init(a)?;
+                let init = rope_init(a.rope, a.head_dim)?;
                 setup.ropes_init.push(quote! { #rope: #init, });
                 if cn == &wn {
                     setup.masks.push(mask_line.clone());
@@ -1843,6 +1962,23 @@ impl WindowSetup {
                 // A window of NoPE layers only: its mask still comes first.
                 setup.masks.push(mask_line);
             }
+        }
+        // Latent attention layers: one RoPE, held by the model (they build
+        // their masks from their own caches).
+        let mut latent = ir.layers.iter().filter_map(|l| match &l.mixer {
+            Mixer::LatentAttention(a) => Some(a),
+            Mixer::Attention(_) | Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => None,
+        });
+        if let Some(first) = latent.next() {
+            if latent.any(|a| a.rope != first.rope || a.qk_rope_head_dim != first.qk_rope_head_dim)
+            {
+                return Err(format!(
+                    "{name}: latent attention layers with different RoPE"
+                ));
+            }
+            let init = rope_init(first.rope, first.qk_rope_head_dim)?;
+            setup.ropes_struct.push(quote! { latent_rope: Rope, });
+            setup.ropes_init.push(quote! { latent_rope: #init, });
         }
         Ok(setup)
     }
@@ -2001,7 +2137,7 @@ fn cache_imports(ir: &ModelIr) -> Vec<TokenStream> {
         }
     }
     [
-        any_plain_full.then(|| quote! { KvCache }),
+        (any_plain_full || any_latent_attention(ir)).then(|| quote! { KvCache }),
         any_mixed.then(|| quote! { MixedKvCache }),
         any_quantized.then(|| quote! { QuantizedKvCache }),
         any_sliding.then(|| quote! { RotatingKvCache }),
@@ -2020,7 +2156,26 @@ fn hybrid(ir: &ModelIr) -> bool {
             OutputGate::SigmoidPerHead => true,
         },
         Mixer::GatedDeltaNet(_) => true,
-        Mixer::ShortConv(_) => false,
+        Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
+    })
+}
+
+/// Whether every layer is a latent attention: no window masks, RoPE
+/// contexts or attention shapes at the model level (each layer builds its
+/// mask from its own cache and reads the model's latent RoPE).
+fn latent_only(ir: &ModelIr) -> bool {
+    ir.layers.iter().all(|l| match &l.mixer {
+        Mixer::LatentAttention(_) => true,
+        Mixer::Attention(_) | Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => false,
+    })
+}
+
+/// Whether some layer is a latent attention (it runs the `mla` blocks with
+/// the model's latent RoPE).
+fn any_latent_attention(ir: &ModelIr) -> bool {
+    ir.layers.iter().any(|l| match &l.mixer {
+        Mixer::LatentAttention(_) => true,
+        Mixer::Attention(_) | Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => false,
     })
 }
 
@@ -2029,7 +2184,7 @@ fn hybrid(ir: &ModelIr) -> bool {
 fn any_short_conv(ir: &ModelIr) -> bool {
     ir.layers.iter().any(|l| match &l.mixer {
         Mixer::ShortConv(_) => true,
-        Mixer::Attention(_) | Mixer::GatedDeltaNet(_) => false,
+        Mixer::Attention(_) | Mixer::GatedDeltaNet(_) | Mixer::LatentAttention(_) => false,
     })
 }
 
@@ -2122,6 +2277,16 @@ impl ModelParts<'_> {
             .any(holds_feed_forward)
             .then(|| quote! { use archgen_runtime::feed_forward::FeedForward; });
         let linear_import = &self.head.import;
+        let mla_import = any_latent_attention(ir).then(|| quote! { use archgen_runtime::mla; });
+        // A model of latent attention layers alone has no window masks or
+        // attention shapes at the model level.
+        let (blocks_import, kv_at) = match latent_only(ir) {
+            true => (quote! { use archgen_runtime::blocks as b; }, None),
+            false => (
+                quote! { use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep}; },
+                Some(quote! { kv_at, }),
+            ),
+        };
         // `rms_norm` is the norm before the mixer, which post-norm kinds lack.
         let norm_before_mixer = ir.layers.iter().any(|l| match l.norms.arrangement {
             NormArrangement::PreNorm | NormArrangement::Sandwich => true,
@@ -2133,13 +2298,14 @@ impl ModelParts<'_> {
             quote! { use archgen_runtime::ops::Result; }
         };
         quote! {
-            use archgen_runtime::blocks::{self as b, AttentionShape, WindowStep};
+            #blocks_import
             #batch_imports
-            use archgen_runtime::cache::{kv_at, next_cache, LayerCache, #(#cache_imports),*};
+            use archgen_runtime::cache::{#kv_at next_cache, LayerCache, #(#cache_imports),*};
             #decode_import
             #deltanet_import
             #feed_forward_import
             use archgen_runtime::layers::Embedding;
+            #mla_import
             #linear_import
             use archgen_runtime::model::{CausalLm, ModelError, Readout};
             #ops_import
@@ -2228,6 +2394,7 @@ impl ModelParts<'_> {
         let embed = &self.embed;
         let ple_inputs = &self.ple.inputs;
         let masks = &self.windows.masks;
+        let n_line = (!latent_only(&self.plan.ir)).then(|| quote! { let n = ids.shape()[1]; });
         let layers_forward = &self.layout.forward;
         quote! {
             impl CausalLm for Model {
@@ -2247,7 +2414,7 @@ impl ModelParts<'_> {
                 }
 
                 fn forward_to(&self, ids: &Array, cache: &mut Cache, readout: Readout) -> Result<Array> {
-                    let n = ids.shape()[1];
+                    #n_line
                     let #embedded = #embed;
                     #ple_inputs
                     #(#masks)*
@@ -2275,10 +2442,14 @@ pub(crate) fn model_tokens(plan: &Plan) -> Result<TokenStream, String> {
         .map(kind_tokens)
         .collect::<Result<_, _>>()?;
     let layout = layout_tokens(plan)?;
+    let latent = |l: &Layer| match &l.mixer {
+        Mixer::LatentAttention(_) => true,
+        Mixer::Attention(_) | Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => false,
+    };
     if !ir
         .layers
         .iter()
-        .any(|l| l.attention().is_some_and(Attention::owns_kv))
+        .any(|l| l.attention().is_some_and(Attention::owns_kv) || latent(l))
     {
         return Err(format!("{name}: no layer owns K/V"));
     }

@@ -7,12 +7,12 @@
 //! and dtype in several layers is one row naming those layers.
 
 use archgen_ir::GateUpProjection;
-use archgen_ir::RopeKind;
 use archgen_ir::{
     Activation, Attention, AttentionScale, EmbedScale, FeedForward, GatedMlp, GatedNorm,
     HeadWeight, KvCache, KvSource, Layer, LogitScale, Mixer, NormArrangement, NormWeight, QkNorm,
     RopeForm, Router, Scores, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values, Window,
 };
+use archgen_ir::{LatentQuery, RopeKind};
 use archgen_plan::{rope_parameters, Plan, RopeParameters, GENERATOR_VERSION};
 use minijinja::{Environment, UndefinedBehavior};
 use serde::Serialize;
@@ -62,7 +62,10 @@ fn rope_text(r: RopeForm) -> String {
         .map(|(label, n)| format!(" {label}={n}"))
         .collect();
     match r.kind {
-        RopeKind::Default { .. } | RopeKind::Linear { .. } | RopeKind::Llama3 { .. } => {
+        RopeKind::Default { .. }
+        | RopeKind::Linear { .. }
+        | RopeKind::Llama3 { .. }
+        | RopeKind::Yarn { .. } => {
             format!("{name}{numbers}")
         }
         RopeKind::Proportional { .. } => format!("{name}{numbers} ({} dims)", r.rotated_dims),
@@ -149,6 +152,25 @@ fn row(plan: &Plan, l: &Layer) -> RowBody {
             ),
             rope: format!("- (conv kernel {})", d.conv_kernel),
             scale: "k_head_dim^-0.5 on q".to_string(),
+            kv_quant: "-".to_string(),
+        },
+        Mixer::LatentAttention(a) => MixerCols {
+            window: "full (latent attention)".to_string(),
+            kv: format!(
+                "latent {} + RoPE key {}",
+                a.kv_lora_rank, a.qk_rope_head_dim
+            ),
+            heads: format!("{}", a.n_heads),
+            head_dim: format!(
+                "{}+{}/{} (q,k nope+rope / v)",
+                a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim
+            ),
+            qkv_norm: match a.query {
+                LatentQuery::Direct => "latent: RMSNorm".to_string(),
+                LatentQuery::LowRank { rank } => format!("q through {rank}, latent: RMSNorm"),
+            },
+            rope: rope_text(a.rope),
+            scale: format!("{}", a.scale),
             kv_quant: "-".to_string(),
         },
         Mixer::ShortConv(c) => MixerCols {

@@ -48,6 +48,7 @@ pub(crate) fn parse_derived(
                 S::Lfm2(parent) => reduce::read(value, tree, origin, &parent).map(S::Lfm2),
                 S::Glm4Moe(parent) => reduce::read(value, tree, origin, &parent).map(S::Glm4Moe),
                 S::Gemma4(_) => unreachable_family(tree, origin),
+                S::DeepseekV3(_) => no_derived_form(tree, origin, "deepseek_v3"),
             };
         }
     }
@@ -117,7 +118,8 @@ pub(crate) fn parse_derived(
         | crate::Spec::MiniCpm(_)
         | crate::Spec::Qwen35(_)
         | crate::Spec::Lfm2(_)
-        | crate::Spec::Glm4Moe(_) => return unreachable_family(tree, origin),
+        | crate::Spec::Glm4Moe(_)
+        | crate::Spec::DeepseekV3(_) => return unreachable_family(tree, origin),
     };
 
     let (spec, mut issues) = apply(&parent, &file);
@@ -173,6 +175,20 @@ fn unreachable_family<T>(tree: &Node, origin: &str) -> Result<T, Diagnostics> {
             "the parent's family changed while it was being read",
             "a parent spec that does not change during the run",
             "run the command again",
+        )],
+    ))
+}
+
+/// A parent whose layout has no derived form yet: its variants are full specs.
+fn no_derived_form<T>(tree: &Node, origin: &str, family: &str) -> Result<T, Diagnostics> {
+    Err(locate_all(
+        tree,
+        origin,
+        vec![Issue::new(
+            p("derive.from"),
+            format!("a {family} parent, whose layout has no derived form yet"),
+            "a parent of a family with a derived form",
+            format!("write the reduced {family} spec in full (see docs/spec-format.md)"),
         )],
     ))
 }

@@ -58,6 +58,7 @@
 //! # Ok::<(), String>(())
 //! ```
 
+mod deepseek_v3;
 mod dense;
 mod dense_sections;
 mod derive;
@@ -92,6 +93,7 @@ pub mod render;
 // The IR this crate lowers every family to; its own crate, so that what reads
 // only the IR does not depend on spec parsing.
 use archgen_ir as ir;
+pub use deepseek_v3::{DeepseekV3Rope, DeepseekV3Spec, LatentAttentionSizes, YarnRopeScaling};
 pub use dense::{
     DenseAttention, DenseDerive, DenseDerivedSpecFile, DenseLayers, DenseMlp, DenseModel,
     DenseReduce, DenseRope, DenseSpec, RopeScaling,
@@ -157,6 +159,8 @@ pub enum Spec {
     Lfm2(Lfm2Spec),
     /// GLM-4.5 MoE.
     Glm4Moe(Glm4MoeSpec),
+    /// DeepSeek-V3 (and Kimi-K2).
+    DeepseekV3(DeepseekV3Spec),
 }
 
 /// `$body` with `$s` bound to the family's document in `$spec`, whichever
@@ -172,6 +176,7 @@ macro_rules! with_document {
             Spec::Qwen35($s) => $body,
             Spec::Lfm2($s) => $body,
             Spec::Glm4Moe($s) => $body,
+            Spec::DeepseekV3($s) => $body,
         }
     };
 }
@@ -253,7 +258,8 @@ pub fn to_config_json(spec: &Spec) -> serde_json::Value {
         | Spec::MiniCpm(_)
         | Spec::Qwen35(_)
         | Spec::Lfm2(_)
-        | Spec::Glm4Moe(_) => hf::without_quantization(to_hf_json(spec)),
+        | Spec::Glm4Moe(_)
+        | Spec::DeepseekV3(_) => hf::without_quantization(to_hf_json(spec)),
     }
 }
 
@@ -324,6 +330,7 @@ enum SpecDocument {
     DerivedLfm2(lfm2::Lfm2DerivedSpecFile),
     Glm4Moe(glm4_moe::Glm4MoeSpec),
     DerivedGlm4Moe(glm4_moe::Glm4MoeDerivedSpecFile),
+    DeepseekV3(deepseek_v3::DeepseekV3Spec),
 }
 
 /// The JSON Schema of spec files (both forms), pretty-printed with a final newline.
@@ -492,6 +499,10 @@ fn parse_inner(
         glm4_moe::LAYOUT
             .parse(value, &tree, origin)
             .map(Spec::Glm4Moe)
+    } else if declared_family(&value) == Some(Family::DeepseekV3) {
+        deepseek_v3::LAYOUT
+            .parse(value, &tree, origin)
+            .map(Spec::DeepseekV3)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
         let issues = gemma4::check(&spec);

@@ -458,14 +458,15 @@ fn dense_specs_are_their_imported_configs() {
             matches!(spec, Spec::Dense(_))
                 || spec.family() == Family::Qwen3Moe
                 || spec.family() == Family::MiniCpm
-                || spec.family() == Family::Glm4Moe,
+                || spec.family() == Family::Glm4Moe
+                || spec.family() == Family::DeepseekV3,
             "{name}"
         );
         seen += 1;
     }
     assert_eq!(
-        seen, 16,
-        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B, SmolLM3-3B, Granite-3.3-2B, Phi-3-mini-4k, OLMo-2-1124-7B, GLM-4.5-Air"
+        seen, 17,
+        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B, SmolLM3-3B, Granite-3.3-2B, Phi-3-mini-4k, OLMo-2-1124-7B, GLM-4.5-Air, DeepSeek-V3"
     );
     hybrid.sort();
     assert_eq!(
@@ -1119,6 +1120,58 @@ fn glm4_moe_configs_need_every_field_and_refuse_what_mlx_lm_cannot_run() {
     assert_kv_config_refused(&glm);
 }
 
+/// deepseek_v3 (and kimi_k2, remapped to it): the latent attention's sizes
+/// with mlx-lm's defaults, the YaRN scaling with YarnRoPE's defaults, the
+/// scale's mscale_all_dim correction; what archgen cannot run is refused
+/// with the field named.
+#[test]
+fn deepseek_v3_configs_read_latent_attention_and_yarn() {
+    let v3 = json!({
+        "model_type": "kimi_k2", "hidden_size": 64, "num_hidden_layers": 3,
+        "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 512,
+        "q_lora_rank": null, "kv_lora_rank": 32, "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16, "v_head_dim": 16,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1,
+        "routed_scaling_factor": 2.5, "norm_topk_prob": true,
+        "rope_scaling": {"type": "yarn", "factor": 32.0, "mscale_all_dim": 1.0},
+    });
+    let (spec, applied, hf) = import_and_round_trip(&v3, None, "v3");
+    assert_eq!(spec.family(), Family::DeepseekV3);
+    let fields: Vec<&str> = applied.iter().map(|d| d.field.as_str()).collect();
+    for f in [
+        "rms_norm_eps",
+        "rope_theta",
+        "rope_scaling.original_max_position_embeddings",
+        "rope_scaling.beta_fast",
+        "rope_scaling.mscale",
+    ] {
+        assert!(fields.contains(&f), "{f} not among the defaults {fields:?}");
+    }
+    assert_eq!(hf["q_lora_rank"], Value::Null);
+    assert_eq!(hf["model_type"], json!("kimi_k2"));
+    let ir = spec.lower();
+    let Some(archgen_ir::Mixer::LatentAttention(a)) = ir.layers.first().map(|l| &l.mixer) else {
+        panic!("deepseek_v3 layers are latent attention")
+    };
+    assert_eq!(a.query, archgen_ir::LatentQuery::Direct);
+    let s = 0.1 * 32f64.ln() + 1.0;
+    assert_eq!(a.scale, 48f64.powf(-0.5) * s * s);
+    for (field, value, needle) in [
+        ("rope_scaling", Value::Null, "YaRN RoPE only"),
+        (
+            "rope_scaling",
+            json!({"type": "linear", "factor": 2.0}),
+            "rope type `linear`",
+        ),
+        ("moe_layer_freq", json!(2), "moe_layer_freq"),
+        ("attention_bias", json!(true), "attention_bias"),
+    ] {
+        let text = refusal(&with(&v3, &[(field, value)]));
+        assert!(text.contains(needle), "{needle} missing in:\n{text}");
+    }
+}
+
 /// smollm3 (llama.py's ModelArgs and stack): llama's defaults, the NoPE
 /// layers from `no_rope_layer_interval` (default 4, listed), a
 /// `no_rope_layers` list read only to check it is that pattern.
@@ -1153,7 +1206,9 @@ fn smollm3_configs_read_the_no_rope_interval() {
                     ..
                 }
             ),
-            Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => panic!("smollm3 has attention only"),
+            Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => {
+                panic!("smollm3 has attention only")
+            }
         })
         .collect();
     assert_eq!(
@@ -1394,7 +1449,9 @@ fn lfm2_configs_take_mlx_lm_fields_and_width_rule() {
                 assert_eq!(c.kernel, 3);
                 false
             }
-            Mixer::GatedDeltaNet(_) => panic!("lfm2 has no Gated DeltaNet"),
+            Mixer::GatedDeltaNet(_) | Mixer::LatentAttention(_) => {
+                panic!("lfm2 has neither Gated DeltaNet nor latent attention")
+            }
         })
         .collect();
     assert_eq!(attention, [false, true, false, true]);

@@ -45,6 +45,11 @@ fn specs() -> Vec<(String, Spec)> {
 /// projections). The real-size counts are the published ones (gemma-2-2b:
 /// 2,614,341,888; gemma-3-1b: 999,885,952).
 const MODULE_COUNTS: &[(&str, u64, usize, usize)] = &[
+    ("deepseek-v3", 671026419200, 725, 0),
+    ("deepseek-v3-direct-q-tiny", 279088, 32, 0),
+    ("deepseek-v3-l2-q4", 3372768272, 23, 23),
+    ("deepseek-v3-tiny", 266896, 35, 0),
+    ("deepseek-v3-tiny-q4", 266896, 35, 35),
     ("gemma-2-2b", 2614341888, 183, 0),
     ("gemma-2-2b-l2", 745558272, 15, 0),
     ("gemma-2-2b-tiny", 181312, 29, 0),
@@ -273,8 +278,54 @@ fn every_layer(path: &str, spec: &Spec) -> Option<LayerFacts> {
         | Family::Qwen35
         | Family::Lfm2
         | Family::Glm4Moe
-        | Family::Qwen3Next => None,
+        | Family::Qwen3Next
+        | Family::DeepseekV3 => None,
     }
+}
+
+/// DeepSeek-V3's layers: latent attention (its sizes, traditional YaRN, the
+/// corrected scale), dense then group-routed feed-forward halves.
+fn deepseek_v3_layers(path: &str, s: &DeepseekV3Spec, ir: &ModelIr) {
+    let y = s.rope.scaling;
+    // `q_head_dim ** -0.5 * m * m`, m = 0.1 * mscale_all_dim * ln(factor) + 1.
+    let q_head_dim = f64::from(s.attention.qk_nope_head_dim + s.attention.qk_rope_head_dim);
+    let m = 0.1 * y.mscale_all_dim * y.factor.ln() + 1.0;
+    for l in &ir.layers {
+        assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
+        let Mixer::LatentAttention(a) = &l.mixer else {
+            panic!("{path}: layer {} is not latent attention", l.index)
+        };
+        assert_eq!(a.n_heads as u32, s.attention.num_attention_heads, "{path}");
+        assert_eq!(a.kv_lora_rank as u32, s.attention.kv_lora_rank, "{path}");
+        assert_eq!(
+            a.query,
+            match s.attention.q_lora_rank {
+                None => LatentQuery::Direct,
+                Some(r) => LatentQuery::LowRank { rank: r as usize },
+            },
+            "{path}"
+        );
+        assert!(
+            a.rope.traditional,
+            "{path}: DeepSeek-V3 rotates interleaved pairs"
+        );
+        assert_eq!(a.rope.rotated_dims as u32, s.attention.qk_rope_head_dim);
+        assert!(matches!(a.rope.kind, RopeKind::Yarn { .. }), "{path}");
+        assert_eq!(a.scale, q_head_dim.powf(-0.5) * m * m, "{path}");
+        let dense = (l.index as u32) < s.moe.first_k_dense_replace;
+        match l.ffn {
+            FeedForward::Mlp(mlp) => {
+                assert!(dense && mlp.width as u32 == s.mlp.intermediate_size)
+            }
+            FeedForward::MoeAndSharedExperts { moe, .. } => {
+                assert!(!dense, "{path} layer {}", l.index);
+                assert!(matches!(moe.router, Router::SigmoidGroupTopK(_)), "{path}");
+            }
+            other => panic!("{path}: feed-forward {other:?}"),
+        }
+    }
+    assert_eq!(ir.head.weight, HeadWeight::Untied, "{path}");
+    assert!(ir.checkpoint.sanitize.contains(&SanitizeRule::SplitKvBProj));
 }
 
 #[test]
@@ -287,6 +338,10 @@ fn families_lower_to_their_blocks() {
                 let got = LayerFacts(l.norms.arrangement, a.qk_norm, a.scale, a.bias, l.residual);
                 assert_eq!(got, want, "{path} layer {}", l.index);
             }
+        }
+        if let Spec::DeepseekV3(s) = &spec {
+            deepseek_v3_layers(&path, s, &ir);
+            continue;
         }
         let l = &ir.layers[0];
         let a = ir
@@ -600,6 +655,7 @@ fn families_lower_to_their_blocks() {
                     "{path}"
                 );
             }
+            Family::DeepseekV3 => unreachable!("{path}: latent attention is checked above"),
             Family::MiniCpm => {
                 let m = match &spec {
                     Spec::MiniCpm(m) => m,
@@ -686,6 +742,7 @@ fn families_lower_to_their_blocks() {
                             assert_eq!(d.in_proj, in_proj, "{path}");
                         }
                         Mixer::ShortConv(_) => panic!("{path}: a short-conv layer"),
+                        Mixer::LatentAttention(_) => panic!("{path}: a latent attention layer"),
                     }
                 }
                 assert_eq!(ir.checkpoint.prefix, prefix, "{path}");
@@ -730,6 +787,7 @@ fn families_lower_to_their_blocks() {
                             assert_eq!(c.kernel as u32, s.layers.conv_l_cache, "{path}");
                         }
                         Mixer::GatedDeltaNet(_) => panic!("{path}: a Gated DeltaNet layer"),
+                        Mixer::LatentAttention(_) => panic!("{path}: a latent attention layer"),
                     }
                 }
                 assert_eq!(ir.head.weight, HeadWeight::TiedEmbedding, "{path}");

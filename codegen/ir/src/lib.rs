@@ -30,6 +30,8 @@
 //! │                    projection: q/k/v separate or one fused qkv_proj)
 //! │                Mixer::GatedDeltaNet (heads, conv kernel, gated norm, conv + recurrent state)
 //! │                Mixer::ShortConv (conv kernel, conv state)
+//! │                Mixer::LatentAttention (heads, query projection, latent rank, head dims,
+//! │                    RoPE, scale; a cache of the latent and the RoPE key)
 //! │                FeedForward::{Mlp, MlpAndMoe, Moe} (gate/up separate or one gate_up_proj)
 //! │                LayerInput (per-layer input gate), LayerScalar, Residual (plain or scaled)
 //! └── head         tied or not, logit softcap (compiled or eager), final norm weight form,
@@ -197,6 +199,17 @@ pub enum SanitizeRule {
     /// layer count: the multi-token-prediction layer a checkpoint keeps after
     /// the last decoder layer (glm4_moe's `sanitize`).
     DropLayerPastStack,
+    /// deepseek_v3's `sanitize` of `self_attn.kv_b_proj` ([heads * (nope +
+    /// v), rank]): split per head into `embed_q` (the key half, transposed
+    /// to [heads, rank, nope]) and `unembed_out` (the value half,
+    /// [heads, v, rank]), a quantized one dequantized first and both halves
+    /// quantized again with its bits and group size.
+    SplitKvBProj,
+    /// Refuse a checkpoint with block-scaled fp8 weights (`weight_scale_inv`)
+    /// or compressed-tensors int4 weights (`weight_packed`), which
+    /// deepseek_v3's `sanitize` converts and archgen does not: convert the
+    /// checkpoint with mlx-lm first.
+    RefuseFp8AndPackedInt4,
 }
 
 /// Token embedding.
@@ -318,6 +331,49 @@ pub enum Mixer {
     /// A gated short convolution (LFM2's `conv`): no K/V cache, a conv
     /// state instead.
     ShortConv(ShortConv),
+    /// Multi-head latent attention (DeepSeek-V3's `self_attn`): K/V as one
+    /// normed latent and one shared RoPE key per token, in a plain cache.
+    LatentAttention(LatentAttention),
+}
+
+/// Multi-head latent attention (mlx-lm `deepseek_v3.DeepseekV3Attention`):
+/// queries through [`LatentQuery`], `kv_a_proj_with_mqa` to the latent
+/// (`kv_a_layernorm`, eps 1e-6) and one RoPE key, RoPE scores
+/// `(q_pe * scale) @ k_pe^T` passed to SDPA as its additive mask, the latent
+/// expanded per head through `embed_q` and `unembed_out` (`MultiLinear`, the
+/// halves of a checkpoint's `kv_b_proj`) for a prefill, absorbed into the
+/// query and the output for one token. Its cache is mlx-lm's `KVCache`
+/// holding the latent (keys, one head) and the rotated RoPE key (values).
+/// No bias on any projection (`attention_bias: false`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatentAttention {
+    /// `num_attention_heads`.
+    pub n_heads: usize,
+    pub query: LatentQuery,
+    /// `kv_lora_rank`: the latent's width.
+    pub kv_lora_rank: usize,
+    /// `qk_nope_head_dim`.
+    pub qk_nope_head_dim: usize,
+    /// `qk_rope_head_dim`: the rotated dims (one key head shared by all).
+    pub qk_rope_head_dim: usize,
+    /// `v_head_dim`.
+    pub v_head_dim: usize,
+    /// The RoPE of the `qk_rope_head_dim` dims.
+    pub rope: RopeForm,
+    /// The module's `scale`, the Python float
+    /// `(qk_nope_head_dim + qk_rope_head_dim) ** -0.5`, times `s * s` with
+    /// `s = 0.1 * mscale_all_dim * log(factor) + 1` where the RoPE scaling
+    /// has a non-zero `mscale_all_dim` and a factor above 1.
+    pub scale: f64,
+}
+
+/// How a latent attention layer projects its queries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatentQuery {
+    /// `q_lora_rank: null`: one `q_proj`.
+    Direct,
+    /// `q_b_proj(q_a_layernorm(q_a_proj(x)))` through `rank` (`q_lora_rank`).
+    LowRank { rank: usize },
 }
 
 /// A gated short convolution (mlx-lm `lfm2.ShortConv`): `in_proj` to
@@ -780,13 +836,13 @@ impl Layer {
     pub fn attention(&self) -> Option<&Attention> {
         match &self.mixer {
             Mixer::Attention(a) => Some(a),
-            Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => None,
+            Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => None,
         }
     }
     /// The layer's Gated DeltaNet, when its mixer is one.
     pub fn delta_net(&self) -> Option<&DeltaNet> {
         match &self.mixer {
-            Mixer::Attention(_) | Mixer::ShortConv(_) => None,
+            Mixer::Attention(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => None,
             Mixer::GatedDeltaNet(d) => Some(d),
         }
     }
@@ -993,6 +1049,14 @@ families_and_model_types! {
     /// Qwen3-Next (`qwen3_next.py`): Qwen3.5's hybrid stack with the Gated
     /// DeltaNet's projections grouped per key head and no multimodal wrapper.
     Qwen3Next = "qwen3_next" { ; }
+    /// DeepSeek-V3 (`deepseek_v3.py`): multi-head latent attention with
+    /// YaRN RoPE, dense first layers, then `noaux_tc`-routed experts with
+    /// shared experts; also Kimi-K2, which mlx-lm remaps to it.
+    DeepseekV3 = "deepseek_v3" {
+        ;
+        /// Kimi-K2: mlx-lm remaps it to `deepseek_v3`.
+        KimiK2 = "kimi_k2",
+    }
 }
 
 /// RoPE of one layer.
@@ -1022,6 +1086,21 @@ pub enum RopeKind {
     /// `linear` scaling, the positions multiplied by `scale` (the Python float
     /// `1 / factor`, passed to `mx.fast.rope` as f32).
     Linear { theta: f32, factor: f64 },
+    /// `YarnRoPE` (rope_utils' `yarn`, `deepseek_yarn`): `mx.fast.rope` with
+    /// `freqs` blended between `theta^(arange(0, dims, 2)/dims)` and `factor`
+    /// times it by a linear ramp over the correction range of `beta_fast` and
+    /// `beta_slow`, the rotated dims first multiplied by
+    /// `mscale(factor, mscale) / mscale(factor, mscale_all_dim)` where that is
+    /// not 1. The scaling stays f64: mlx-lm computes it as Python floats.
+    Yarn {
+        theta: f32,
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        mscale: f64,
+        mscale_all_dim: f64,
+    },
     /// No rotation: smollm3.py's `NoPE` module, `rope(x, offset)` returns `x`
     /// (SmolLM3's every `no_rope_layer_interval`-th layer).
     NoPe,

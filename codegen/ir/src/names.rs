@@ -283,6 +283,44 @@ impl ModelIr {
                     push(format!("{lp}conv.in_proj"), ModuleKind::Linear, h, 3 * h, 1);
                     push(format!("{lp}conv.out_proj"), ModuleKind::Linear, h, h, 1);
                 }
+                Mixer::LatentAttention(a) => {
+                    let sa = format!("{lp}self_attn");
+                    let heads = a.n_heads as u64;
+                    let (nope, rope) = (a.qk_nope_head_dim as u64, a.qk_rope_head_dim as u64);
+                    let (rank, v) = (a.kv_lora_rank as u64, a.v_head_dim as u64);
+                    let q = heads * (nope + rope);
+                    match a.query {
+                        LatentQuery::Direct => {
+                            push(format!("{sa}.q_proj"), ModuleKind::Linear, h, q, 1)
+                        }
+                        LatentQuery::LowRank { rank: r } => {
+                            push(format!("{sa}.q_a_proj"), ModuleKind::Linear, h, r as u64, 1);
+                            push(format!("{sa}.q_b_proj"), ModuleKind::Linear, r as u64, q, 1);
+                        }
+                    }
+                    push(
+                        format!("{sa}.kv_a_proj_with_mqa"),
+                        ModuleKind::Linear,
+                        h,
+                        rank + rope,
+                        1,
+                    );
+                    push(
+                        format!("{sa}.embed_q"),
+                        ModuleKind::MultiLinear,
+                        nope,
+                        rank,
+                        heads,
+                    );
+                    push(
+                        format!("{sa}.unembed_out"),
+                        ModuleKind::MultiLinear,
+                        rank,
+                        v,
+                        heads,
+                    );
+                    push(format!("{sa}.o_proj"), ModuleKind::Linear, heads * v, h, 1);
+                }
             }
             if let Some(m) = l.mlp() {
                 let w = m.width as u64;
@@ -437,6 +475,16 @@ impl ModelIr {
                     }
                 }
                 Mixer::ShortConv(_) => {}
+                Mixer::LatentAttention(a) => {
+                    let sa = format!("{lp}self_attn");
+                    match a.query {
+                        LatentQuery::Direct => {}
+                        LatentQuery::LowRank { rank } => {
+                            push(format!("{sa}.q_a_layernorm.weight"), rank as u64)
+                        }
+                    }
+                    push(format!("{sa}.kv_a_layernorm.weight"), a.kv_lora_rank as u64);
+                }
             }
             if let Some(m) = l.moe() {
                 match m.router {
@@ -519,7 +567,7 @@ impl ModelIr {
         let mut out = Vec::new();
         for l in &self.layers {
             match &l.mixer {
-                Mixer::Attention(_) => {}
+                Mixer::Attention(_) | Mixer::LatentAttention(_) => {}
                 Mixer::GatedDeltaNet(d) => out.push(ShapedParam {
                     name: format!("{pre}layers.{}.linear_attn.conv1d.weight", l.index),
                     shape: vec![d.conv_dim() as u64, d.conv_kernel as u64, 1],

@@ -139,6 +139,8 @@ pub enum ModuleKind {
     Embedding,
     /// Expert weights `[experts, out, in]` (`SwitchLinear`).
     SwitchLinear,
+    /// Per-head weights `[heads, out, in]` (`MultiLinear`).
+    MultiLinear,
 }
 
 /// One module mlx's `nn.quantize` can quantize, with its weight shape.

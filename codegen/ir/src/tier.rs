@@ -173,6 +173,8 @@ pub fn tier(ir: &ModelIr) -> TierReport {
             // is what the runtime reproduces: L1 on the CPU. A short conv is
             // mlx's own conv1d, as lfm2.py calls it.
             Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => {}
+            // Its plain KVCache of the latent and the RoPE key, eager ops.
+            Mixer::LatentAttention(_) => {}
         }
     }
     let mut reasons = Vec::new();
@@ -228,7 +230,7 @@ pub fn batch_tier(ir: &ModelIr, report: TierReport) -> TierReport {
             Scores::Softcapped { .. } => a.n_kv_heads < a.n_heads,
             Scores::FusedSdpa => false,
         },
-        Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => false,
+        Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
     });
     match grouped_softcap {
         true => report.with_reason(Reason::BatchWithoutOracle {

@@ -52,7 +52,7 @@ use archgen_ir::{
     KvSource, Layer, LayerInput, LogitScale, Mixer, ModelIr, NormWeight, OutputGate,
     ProjectionBias, Residual, RopeForm, Scores, ShortConv, SoftcapForm, StateCache, Values, Window,
 };
-use archgen_ir::{GateUpProjection, QkvProjection};
+use archgen_ir::{GateUpProjection, LatentAttention, LatentQuery, QkvProjection};
 use archgen_ir::{ModuleKind, QuantMode, RopeKind};
 pub use rope::{rope_parameters, RopeNumber, RopeParameters};
 use serde_json::{json, Value};
@@ -78,8 +78,9 @@ impl KindKey {
                 KvSource::Own { cache, .. } => *cache = KvCache::Plain,
                 KvSource::Shared { donor } => *donor = 0,
             },
-            // Every linear (or short-conv) layer of a model has the same sizes.
-            Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) => {}
+            // Every linear (or short-conv, or latent attention) layer of a
+            // model has the same sizes.
+            Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => {}
         }
         match &mut k.ffn {
             FeedForward::Mlp(m) | FeedForward::MlpAndMoe { mlp: m, .. } => m.width = 0,
@@ -106,7 +107,8 @@ impl KindKey {
                     RopeKind::Default { .. }
                     | RopeKind::Linear { .. }
                     | RopeKind::Proportional { .. }
-                    | RopeKind::Llama3 { .. } => {}
+                    | RopeKind::Llama3 { .. }
+                    | RopeKind::Yarn { .. } => {}
                 }
                 match a.output_gate {
                     OutputGate::None => {}
@@ -129,6 +131,7 @@ impl KindKey {
             }
             Mixer::GatedDeltaNet(_) => n.push_str("LinearDeltaNet"),
             Mixer::ShortConv(_) => n.push_str("ShortConv"),
+            Mixer::LatentAttention(_) => n.push_str("LatentAttention"),
         }
         match l.ffn {
             FeedForward::Mlp(_) => {}
@@ -387,6 +390,39 @@ fn layer_json(l: &Layer) -> Value {
         Mixer::ShortConv(ShortConv { kernel }) => {
             json!({ "short_conv": { "kernel": kernel, "cache": "conv" } })
         }
+        Mixer::LatentAttention(LatentAttention {
+            n_heads,
+            query,
+            kv_lora_rank,
+            qk_nope_head_dim,
+            qk_rope_head_dim,
+            v_head_dim,
+            rope:
+                RopeForm {
+                    kind,
+                    traditional,
+                    rotated_dims,
+                },
+            scale,
+        }) => {
+            let query = match query {
+                LatentQuery::Direct => json!("direct"),
+                LatentQuery::LowRank { rank } => json!({ "low_rank": rank }),
+            };
+            json!({ "latent_attention": {
+                "n_heads": n_heads,
+                "query": query,
+                "kv_lora_rank": kv_lora_rank,
+                "qk_nope_head_dim": qk_nope_head_dim,
+                "qk_rope_head_dim": qk_rope_head_dim,
+                "v_head_dim": v_head_dim,
+                "rope": rope_json(*kind),
+                "rope_traditional": traditional,
+                "rotated_dims": rotated_dims,
+                "scale": f64_bits(*scale),
+                "cache": "latent_and_rope_key",
+            }})
+        }
     };
     let mlp = |m: archgen_ir::GatedMlp| json!([m.width, format!("{:?}", m.activation)]);
     let ffn = match *ffn {
@@ -556,7 +592,7 @@ pub fn params(ir: &ModelIr) -> Vec<Param> {
     let mut out = Vec::new();
     for m in ir.quantizable_modules() {
         let lead: Vec<u64> = match m.kind {
-            ModuleKind::SwitchLinear => vec![m.count],
+            ModuleKind::SwitchLinear | ModuleKind::MultiLinear => vec![m.count],
             ModuleKind::Linear | ModuleKind::Embedding => vec![],
         };
         let shape = |last: Vec<u64>| lead.iter().copied().chain(last).collect::<Vec<u64>>();

@@ -284,6 +284,15 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
         let (mixer, heads, kv_heads, kv_repeat) = match &l.mixer {
             // lfm2.py has no shard(), and a depthwise conv over B * x has no
             // head structure to split by.
+            // deepseek_v3's shard() splits q_b_proj and the per-head
+            // MultiLinears, which archgen's split does not cover yet.
+            Mixer::LatentAttention(_) => {
+                return Err(format!(
+                    "{}: layer {i}: a latent attention layer is not split yet; run it on one \
+                     rank",
+                    ir.name
+                ))
+            }
             Mixer::ShortConv(_) => {
                 return Err(format!(
                     "{}: layer {i}: a short-conv layer is not split (mlx-lm's lfm2 has no \

@@ -98,11 +98,27 @@ pub(crate) fn sanitize(
             )));
         }
     }
+    if has(SanitizeRule::RefuseFp8AndPackedInt4) {
+        if let Some(name) = tensors.keys().find(|k| {
+            k.ends_with("weight_scale_inv")
+                || k.ends_with("weight_packed")
+                || k.ends_with("weight_shape")
+        }) {
+            return Err(refused(format!(
+                "tensor '{name}': a block-scaled fp8 or packed int4 checkpoint, which mlx-lm's {} \
+                 sanitize converts on load and archgen does not; convert it once with mlx-lm \
+                 (mlx_lm.convert) and load the converted checkpoint",
+                ir.checkpoint.model_type.as_str()
+            )));
+        }
+    }
     // glm4_moe's `k.startswith(f"model.layers.{num_hidden_layers}")`.
     let past_stack = format!("model.layers.{}", ir.layers.len());
     let mut out = HashMap::new();
     // StackExperts: (layer prefix, projection) -> expert index -> weight.
     let mut per_expert: BTreeMap<(String, String), BTreeMap<usize, Array>> = BTreeMap::new();
+    // SplitKvBProj: `...self_attn` -> leaf (weight, scales, biases) -> tensor.
+    let mut kv_b_proj: BTreeMap<String, BTreeMap<String, Array>> = BTreeMap::new();
     for (k, v) in tensors {
         if has(SanitizeRule::DropVisual)
             && (k.starts_with("vision_tower") || k.starts_with("model.visual"))
@@ -218,6 +234,15 @@ pub(crate) fn sanitize(
                 continue;
             }
         }
+        if has(SanitizeRule::SplitKvBProj) {
+            if let Some((base, leaf)) = k.rsplit_once(".kv_b_proj.") {
+                kv_b_proj
+                    .entry(base.to_string())
+                    .or_default()
+                    .insert(leaf.to_string(), v);
+                continue;
+            }
+        }
         if has(SanitizeRule::StackExperts) {
             if let Some((base, expert, proj)) = per_expert_name(&k) {
                 per_expert
@@ -244,6 +269,9 @@ pub(crate) fn sanitize(
             )
         })?;
         out.insert("lm_head.weight".to_string(), embed);
+    }
+    for (base, parts) in kv_b_proj {
+        split_kv_b_proj(&base, parts, ir, &mut out)?;
     }
     for ((base, proj), experts) in per_expert {
         let name = |e: usize| format!("{base}.experts.{e}.{proj}.weight");
@@ -292,6 +320,89 @@ fn is_offset_norm(k: &str) -> bool {
         ]
         .iter()
         .any(|s| k.ends_with(s))
+}
+
+/// deepseek_v3's `sanitize` of one `{base}.kv_b_proj` ([heads * (nope + v),
+/// rank], dense or quantized): dequantized with the bits and group size its
+/// shapes give, reshaped to [heads, nope + v, rank], the key half
+/// transposed to `embed_q` [heads, rank, nope] and the value half kept as
+/// `unembed_out` [heads, v, rank] (both made contiguous), quantized again
+/// as they were.
+fn split_kv_b_proj(
+    base: &str,
+    mut parts: BTreeMap<String, Array>,
+    ir: &ModelIr,
+    out: &mut HashMap<String, Array>,
+) -> Result<()> {
+    use archgen_runtime::mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
+    let latent = layer_of(base)
+        .and_then(|i| ir.layers.get(i))
+        .and_then(|l| match &l.mixer {
+            archgen_ir::Mixer::LatentAttention(a) => Some(*a),
+            archgen_ir::Mixer::Attention(_)
+            | archgen_ir::Mixer::GatedDeltaNet(_)
+            | archgen_ir::Mixer::ShortConv(_) => None,
+        })
+        .ok_or_else(|| {
+            refused(format!(
+                "`{base}.kv_b_proj`: a kv_b_proj on a layer without latent attention"
+            ))
+        })?;
+    let weight = parts.remove("weight").ok_or_else(|| {
+        refused(format!(
+            "`{base}.kv_b_proj.weight` is missing beside its other tensors"
+        ))
+    })?;
+    let rank = latent.kv_lora_rank as i32;
+    let quant = match (parts.remove("scales"), parts.remove("biases")) {
+        (None, None) => None,
+        (Some(scales), Some(biases)) => {
+            let packed = *weight.shape().last().unwrap_or(&0);
+            let groups = *scales.shape().last().unwrap_or(&0);
+            // sanitize's "infer bits and group size".
+            let (bits, group) = ((packed * 32) / rank, rank / groups.max(1));
+            Some((scales, biases, bits, group))
+        }
+        _ => {
+            return Err(refused(format!(
+                "`{base}.kv_b_proj`: scales without biases or biases without scales"
+            )))
+        }
+    };
+    if let Some(leaf) = parts.keys().next() {
+        return Err(refused(format!(
+            "`{base}.kv_b_proj.{leaf}`: kv_b_proj has only weight, scales and biases"
+        )));
+    }
+    let weight = match &quant {
+        None => weight,
+        Some((scales, biases, bits, group)) => {
+            archgen_runtime::mlx_rs::ops::dequantize(&weight, scales, biases, *group, *bits)?
+        }
+    };
+    let (heads, nope) = (latent.n_heads as i32, latent.qk_nope_head_dim as i32);
+    let per_head = nope + latent.v_head_dim as i32;
+    let w = weight.reshape(&[heads, per_head, -1])?;
+    let wk = w
+        .try_index((Ellipsis, ..nope, ..))?
+        .swap_axes(-1, -2)?
+        .contiguous()?;
+    let wv = w.try_index((Ellipsis, nope.., ..))?.contiguous()?;
+    for (name, w) in [("embed_q", wk), ("unembed_out", wv)] {
+        match &quant {
+            None => {
+                out.insert(format!("{base}.{name}.weight"), w);
+            }
+            Some((_, _, bits, group)) => {
+                let (wq, scales, biases) =
+                    archgen_runtime::mlx_rs::ops::quantize(&w, *group, *bits)?;
+                out.insert(format!("{base}.{name}.weight"), wq);
+                out.insert(format!("{base}.{name}.scales"), scales);
+                out.insert(format!("{base}.{name}.biases"), biases);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn refused(what: String) -> archgen_runtime::mlx_rs::error::Exception {

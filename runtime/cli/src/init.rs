@@ -80,7 +80,7 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
         .iter()
         .map(|m| {
             let experts = match m.kind {
-                ModuleKind::SwitchLinear => m.count,
+                ModuleKind::SwitchLinear | ModuleKind::MultiLinear => m.count,
                 ModuleKind::Linear | ModuleKind::Embedding => 1,
             };
             elem_bytes * experts * m.out_dim * m.in_dim
@@ -89,8 +89,9 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
     let bar = ui.bytes_bar(&format!("generating {}", spec.name()), total);
     for m in &modules {
         let mut shape = vec![m.out_dim as i32, m.in_dim as i32];
-        if m.kind == ModuleKind::SwitchLinear {
-            shape.insert(0, m.count as i32);
+        match m.kind {
+            ModuleKind::SwitchLinear | ModuleKind::MultiLinear => shape.insert(0, m.count as i32),
+            ModuleKind::Linear | ModuleKind::Embedding => {}
         }
         let std = match m.kind {
             // Scaled by sqrt(hidden) in the forward; keeps tied logits at a few units.

@@ -86,6 +86,31 @@ fn kv_update(c: &mut BatchLayerCache, k: &Array, v: &Array) -> Result<(Array, Ar
     }
 }
 
+/// DeepSeek-V3's latent attention over a batch
+/// ([`crate::mla::latent_attention_with`]): RoPE at each row's offset, the
+/// latent and the RoPE key in the layer's `BatchKVCache`, the mask the
+/// model made from its first layer's cache (an array, also for one token).
+pub fn latent_attention(
+    x: &Array,
+    w: &crate::mla::LatentAttention,
+    s: &crate::mla::LatentShape,
+    rope: &Rope,
+    cache: &mut BatchLayerCache,
+    mask: &Mask,
+) -> Result<Array> {
+    let offsets = kv_offsets(cache)?;
+    let mask = match mask {
+        Mask::Array(m) => Some(m),
+        Mask::None => None,
+        Mask::Causal => {
+            return Err(error(
+                "latent attention reads its mask as an array (return_array=True)".into(),
+            ))
+        }
+    };
+    crate::mla::latent_attention_with(x, w, s, rope, &offsets, |k, v| kv_update(cache, k, v), mask)
+}
+
 /// A K/V-owning layer's attention over a batch, as
 /// [`crate::blocks::attention_own_kv`] with its separate projections.
 pub fn attention_own_kv(

@@ -223,6 +223,48 @@ impl SwitchLinear {
     }
 }
 
+/// mlx-lm's `MultiLinear` / `QuantizedMultiLinear` (`mla.py`): one weight
+/// per head, [heads, out, in], applied to per-head inputs by a batched
+/// matmul against the weight transposed (`x @ W.swapaxes(-1, -2)`) or as it
+/// is stored (`x @ W`).
+#[derive(Debug, Clone)]
+pub struct MultiLinear {
+    pub weight: Array,
+    pub quant: Option<Quantized>,
+}
+
+/// Which side of a [`MultiLinear`]'s weight meets the input (its
+/// `transpose=` argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Orientation {
+    /// `transpose=True`: `x @ W.swapaxes(-1, -2)`, the input of width `in`.
+    Transposed,
+    /// `transpose=False`: `x @ W`, the input of width `out`.
+    AsStored,
+}
+
+impl MultiLinear {
+    pub fn forward(&self, x: &Array, orientation: Orientation) -> Result<Array> {
+        let transpose = match orientation {
+            Orientation::Transposed => true,
+            Orientation::AsStored => false,
+        };
+        match (&self.quant, orientation) {
+            (None, Orientation::Transposed) => x.matmul(self.weight.swap_axes(-1, -2)?),
+            (None, Orientation::AsStored) => x.matmul(&self.weight),
+            (Some(q), _) => mlx_rs::ops::quantized_matmul(
+                x,
+                &self.weight,
+                &q.scales,
+                &q.biases,
+                transpose,
+                q.group_size,
+                q.bits,
+            ),
+        }
+    }
+}
+
 /// Final norm, head (tied embedding or lm_head) and optional tanh softcap
 /// (every family: Qwen3 and Llama pass `None`).
 pub fn logits(

@@ -46,6 +46,7 @@ pub mod distributed;
 pub mod feed_forward;
 mod flat;
 pub mod layers;
+pub mod mla;
 pub mod mlx_c;
 pub mod model;
 pub mod moe;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use mlx_rs::{Array, Dtype};
 
 use crate::distributed::{self, Group, Split};
-use crate::layers::{Embedding, Linear, Quantized, SwitchLinear};
+use crate::layers::{Embedding, Linear, MultiLinear, Quantized, SwitchLinear};
 
 /// The module path of an untied head, relative to the text model.
 pub const HEAD_MODULE: &str = "lm_head";
@@ -791,6 +791,12 @@ impl Weights {
                 bias: None,
             },
         }
+    }
+
+    /// Per-head weights [heads, out, in] (`MultiLinear`).
+    pub fn multi_linear(&mut self, path: &str, heads: i32, out: i32, in_dims: i32) -> MultiLinear {
+        let (weight, quant) = self.quantized(path, &[heads], out, in_dims);
+        MultiLinear { weight, quant }
     }
 
     /// Expert weights [experts, out, in].

@@ -9,7 +9,8 @@
 //!
 //! Batched: attention layers with a plain cache, full (`BatchKVCache`) or
 //! sliding (`BatchRotatingKVCache`), layers that share another layer's K/V
-//! (Gemma-4), Qwen3.5's gated attention and Gated DeltaNet (batched
+//! (Gemma-4), Qwen3.5's gated attention, DeepSeek-V3's latent attention
+//! (its latent and RoPE key in a `BatchKVCache`), Gated DeltaNet (batched
 //! `ArraysCache`), and full layers with a quantized KV cache (archgen's
 //! batched `QuantizedKVCache`, [`archgen_runtime::batch_quant`]: mlx-lm
 //! has no merge for it, so no mlx-lm batch to mirror), and mlx-optiq's
@@ -77,7 +78,7 @@ fn batch_cache(mixer: &LayerMixer, no_padding: &[i32]) -> Option<BatchLayerCache
                 ))
             }
         }),
-        LayerMixer::GatedAttention { .. } => {
+        LayerMixer::GatedAttention { .. } | LayerMixer::LatentAttention { .. } => {
             Some(BatchLayerCache::Full(BatchKvCache::new(no_padding)))
         }
         LayerMixer::GatedDeltaNet(_) | LayerMixer::ShortConv(_) => Some(BatchLayerCache::Arrays(
@@ -199,6 +200,14 @@ impl BatchLm for Monolith {
                     &x,
                     attn,
                     *shape,
+                    rope,
+                    cache.layer_mut(i)?,
+                    mask_of(i, Window::Full)?,
+                )?,
+                LayerMixer::LatentAttention { attn, shape, rope } => bb::latent_attention(
+                    &x,
+                    attn,
+                    shape,
                     rope,
                     cache.layer_mut(i)?,
                     mask_of(i, Window::Full)?,

@@ -18,10 +18,11 @@ use archgen_runtime::cache::{
 use archgen_runtime::deltanet::{self, ArraysCache, DeltaNetShape, MixerCache};
 use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::{Embedding, Linear};
+use archgen_runtime::mla;
 use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::model::{CausalLm, ModelError, Readout};
 use archgen_runtime::ops::Result;
-use archgen_runtime::rope::Rope;
+use archgen_runtime::rope::{Pairs, Rope, YarnScaling};
 use archgen_runtime::short_conv;
 use archgen_runtime::weights::Weights;
 use archgen_runtime::Array;
@@ -74,6 +75,12 @@ enum LayerMixer {
     GatedDeltaNet(deltanet::GatedDeltaNet),
     /// A gated short convolution (lfm2's `ShortConv`).
     ShortConv(short_conv::ShortConv),
+    /// Multi-head latent attention (deepseek_v3's `DeepseekV3Attention`).
+    LatentAttention {
+        attn: mla::LatentAttention,
+        shape: mla::LatentShape,
+        rope: Rope,
+    },
     /// Attention with one `qkv_proj` (IR `QkvProjection::Fused`): K/V of its
     /// own, no bias, no q/k norm.
     FusedQkvAttention {
@@ -90,7 +97,9 @@ impl LayerMixer {
     fn window(&self) -> Option<Window> {
         match self {
             LayerMixer::Attention { window, .. } => Some(*window),
-            LayerMixer::GatedAttention { .. } => Some(Window::Full),
+            LayerMixer::GatedAttention { .. } | LayerMixer::LatentAttention { .. } => {
+                Some(Window::Full)
+            }
             LayerMixer::GatedDeltaNet(_) | LayerMixer::ShortConv(_) => None,
             LayerMixer::FusedQkvAttention { window, .. } => Some(*window),
         }
@@ -137,20 +146,37 @@ pub struct Monolith {
     lm_head: Option<Linear>,
 }
 
+/// The runtime shape of an IR latent attention.
+pub fn latent_shape(a: &ir::LatentAttention) -> mla::LatentShape {
+    mla::LatentShape {
+        heads: a.n_heads as i32,
+        nope_dim: a.qk_nope_head_dim as i32,
+        rope_dim: a.qk_rope_head_dim as i32,
+        v_dim: a.v_head_dim as i32,
+        kv_lora_rank: a.kv_lora_rank as i32,
+        scale: a.scale,
+    }
+}
+
 /// The runtime RoPE of an IR RoPE form.
 pub fn rope_for(a: &ir::Attention) -> Result<Rope> {
-    let hd = a.head_dim as i32;
-    match a.rope.kind {
+    rope_of(a.rope, a.head_dim)
+}
+
+/// The runtime RoPE of `rope` on heads of `head_dim`.
+pub fn rope_of(rope: ir::RopeForm, head_dim: usize) -> Result<Rope> {
+    let hd = head_dim as i32;
+    match rope.kind {
         // `nn.RoPE(dims)`: a partial RoPE rotates fewer dims than head_dim.
-        RopeKind::Default { theta } => Ok(Rope::base(a.rope.rotated_dims as i32, theta)),
+        RopeKind::Default { theta } => Ok(Rope::base(rope.rotated_dims as i32, theta)),
         // `scale=1 / factor`: the Python division in f64, passed as f32.
         RopeKind::Linear { theta, factor } => Ok(Rope::base_scaled(
-            a.rope.rotated_dims as i32,
+            rope.rotated_dims as i32,
             theta,
             (1.0 / factor) as f32,
         )),
         RopeKind::Proportional { theta, factor, .. } => {
-            Rope::proportional(hd, a.rope.rotated_dims as i32, theta, factor)
+            Rope::proportional(hd, rope.rotated_dims as i32, theta, factor)
         }
         RopeKind::Llama3 {
             theta,
@@ -165,6 +191,31 @@ pub fn rope_for(a: &ir::Attention) -> Result<Rope> {
             low_freq_factor,
             high_freq_factor,
             original_max_position_embeddings,
+        ),
+        RopeKind::Yarn {
+            theta,
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            mscale,
+            mscale_all_dim,
+        } => Rope::yarn(
+            rope.rotated_dims as i32,
+            theta,
+            YarnScaling {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+            },
+            if rope.traditional {
+                Pairs::Interleaved
+            } else {
+                Pairs::Halves
+            },
         ),
         RopeKind::NoPe => Ok(Rope::NoPe),
     }
@@ -354,6 +405,25 @@ impl Monolith {
                     hidden,
                     c.kernel as i32,
                 )),
+                ir::Mixer::LatentAttention(a) => {
+                    let shape = latent_shape(a);
+                    let q_lora_rank = match a.query {
+                        ir::LatentQuery::Direct => None,
+                        ir::LatentQuery::LowRank { rank } => Some(rank as i32),
+                    };
+                    LayerMixer::LatentAttention {
+                        attn: mla::load_latent_attention(
+                            &mut w,
+                            &format!("layers.{i}.self_attn"),
+                            hidden,
+                            q_lora_rank,
+                            &shape,
+                        ),
+                        shape,
+                        rope: rope_of(a.rope, a.qk_rope_head_dim)
+                            .map_err(|e| ModelError(e.to_string()))?,
+                    }
+                }
             };
             let load_mlp = |m: ir::GatedMlp, w: &mut Weights| {
                 let projection = match m.projection {
@@ -708,7 +778,7 @@ impl CausalLm for Monolith {
                 LayerMixer::GatedDeltaNet(_) | LayerMixer::ShortConv(_) => {
                     Some(MixerCache::Arrays(ArraysCache::default()))
                 }
-                LayerMixer::GatedAttention { .. } => {
+                LayerMixer::GatedAttention { .. } | LayerMixer::LatentAttention { .. } => {
                     Some(MixerCache::Kv(LayerCache::Full(KvCache::default())))
                 }
                 LayerMixer::Attention {
@@ -807,6 +877,14 @@ impl CausalLm for Monolith {
                         )))
                     }
                 },
+                LayerMixer::LatentAttention { attn, shape, rope } => {
+                    let cache = kv_cache(caches[i].as_mut()).ok_or_else(|| {
+                        Exception::custom(format!(
+                            "layer {i}: a latent attention layer needs a K/V cache"
+                        ))
+                    })?;
+                    mla::latent_attention(&x, attn, shape, rope, cache)?
+                }
                 LayerMixer::GatedAttention { attn, shape, rope } => {
                     let cache = kv_cache(caches[i].as_mut()).ok_or_else(|| {
                         Exception::custom(format!(
