@@ -14,7 +14,7 @@ use archgen_runtime::decode;
 use archgen_runtime::feed_forward::FeedForward;
 use archgen_runtime::layers::Linear;
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
-use archgen_runtime::rope::{apply_tables, Rope};
+use archgen_runtime::rope::{apply_tables, Pairs, Rope, YarnScaling};
 
 /// Exact f32 values in [-1, 1) from an integer LCG: the same bits everywhere.
 fn lcg(seed: u64, shape: &[i32], scale: f32, offset: f32) -> Array {
@@ -38,6 +38,18 @@ fn same(a: &Array, b: &Array) -> bool {
 }
 
 const DTYPES: [Dtype; 3] = [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16];
+
+/// A YaRN scaling over 4096 positions with `beta_fast` 32, `beta_slow` 1.
+fn yarn(factor: f64, mscale: f64, mscale_all_dim: f64) -> YarnScaling {
+    YarnScaling {
+        factor,
+        original_max_position_embeddings: 4096.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        mscale,
+        mscale_all_dim,
+    }
+}
 
 #[test]
 fn rope_tables_reproduce_fast_rope() {
@@ -65,6 +77,21 @@ fn rope_tables_reproduce_fast_rope() {
             Rope::llama3(128, 500_000.0, 32.0, 1.0, 4.0, 8192.0).unwrap(),
             128,
         ),
+        (
+            "yarn traditional 64 (DeepSeek-V3)",
+            Rope::yarn(64, 10_000.0, yarn(40.0, 1.0, 1.0), Pairs::Interleaved).unwrap(),
+            64,
+        ),
+        (
+            "yarn traditional 32 of 48, input scale",
+            Rope::yarn(32, 10_000.0, yarn(32.0, 1.0, 0.0), Pairs::Interleaved).unwrap(),
+            48,
+        ),
+        (
+            "yarn halves 64 of 64, input scale",
+            Rope::yarn(64, 150_000.0, yarn(32.0, 1.0, 0.0), Pairs::Halves).unwrap(),
+            64,
+        ),
     ];
     let mut cases = 0;
     for (name, rope, head_dim) in &ropes {
@@ -91,7 +118,7 @@ fn rope_tables_reproduce_fast_rope() {
             }
         }
     }
-    assert_eq!(cases, 126);
+    assert_eq!(cases, 180);
 }
 
 #[test]

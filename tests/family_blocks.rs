@@ -652,6 +652,68 @@ fn gemma3_linear_rope(dt: Dt, dims: i32, theta: f32, factor: f64) -> R<Case> {
     Ok(c)
 }
 
+/// rope_utils' `YarnRoPE` (`initialize_rope` with a `yarn` scaling) as the
+/// runtime builds it from the IR, at a position past the start: its
+/// frequencies and its output on `x` whose last axis is `extra` wider than
+/// the rotated dims (the input scale reaches only those).
+fn yarn_rope(
+    dt: Dt,
+    dims: i32,
+    extra: i32,
+    kind: archgen_ir::RopeKind,
+    traditional: bool,
+) -> R<Case> {
+    let archgen_ir::RopeKind::Yarn {
+        theta,
+        factor,
+        original_max_position_embeddings,
+        beta_fast,
+        beta_slow,
+        mscale,
+        mscale_all_dim,
+    } = kind
+    else {
+        return Err(mlx_rs::error::Exception::custom(
+            "yarn_rope takes a YaRN kind",
+        ));
+    };
+    let name = format!(
+        "yarn_rope_{}_{dims}+{extra}_f{factor}_m{mscale}_{mscale_all_dim}_{}",
+        dt.tag(),
+        if traditional { "traditional" } else { "halves" }
+    );
+    let offset = 37;
+    let spec = json!({
+        "dims": dims, "theta": theta, "offset": offset, "traditional": traditional,
+        "scaling": {
+            "rope_type": "yarn", "factor": factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+            "beta_fast": beta_fast, "beta_slow": beta_slow,
+            "mscale": mscale, "mscale_all_dim": mscale_all_dim,
+        },
+    });
+    let mut c = Case::new("yarn_rope", name, spec);
+    let x = c.rand(&[1, 4, 7, dims + extra], 2.0, dt);
+    c.input("x", &x);
+    let attention = archgen_ir::Attention {
+        rope: archgen_ir::RopeForm {
+            kind,
+            traditional,
+            rotated_dims: dims as usize,
+        },
+        ..one_attention_of("gemma-3-1b-tiny.yaml", dims + extra)?
+    };
+    let rope = archgen_monolith::rope_for(&attention)?;
+    let archgen_runtime::rope::Rope::Yarn { freqs, .. } = &rope else {
+        return Err(mlx_rs::error::Exception::custom(
+            "a YaRN kind builds Rope::Yarn",
+        ));
+    };
+    c.out("freqs", freqs.clone());
+    c.out("y", rope.apply(&x, &Array::from_int(offset))?);
+    Ok(c)
+}
+
 /// The first layer's attention of a spec, with `head_dim` set to `dims`.
 fn one_attention_of(spec: &str, dims: i32) -> R<archgen_ir::Attention> {
     let ir = archgen_families::load(archgen_tests::repo_root().join("specs").join(spec))
@@ -1079,6 +1141,28 @@ fn all_cases() -> R<Vec<Case>> {
         cases.push(gemma3_embed(dt, "gemma-3-1b.yaml")?);
         cases.push(gemma3_linear_rope(dt, 256, 1e6, 8.0)?);
         cases.push(gemma3_linear_rope(dt, 16, 1e6, 8.0)?);
+        // YaRN: DeepSeek-V3's (traditional pairs, mscale equal to
+        // mscale_all_dim: no input scale) and an input scale of 1 + 0.1 ln 32
+        // (no mscale keys, as a config that leaves them out), both pairings.
+        let yarn = |theta, factor, mscale, mscale_all_dim| archgen_ir::RopeKind::Yarn {
+            theta,
+            factor,
+            original_max_position_embeddings: 4096.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            mscale,
+            mscale_all_dim,
+        };
+        cases.push(yarn_rope(dt, 64, 0, yarn(10000.0, 40.0, 1.0, 1.0), true)?);
+        cases.push(yarn_rope(dt, 64, 0, yarn(150000.0, 32.0, 1.0, 0.0), false)?);
+        cases.push(yarn_rope(dt, 64, 64, yarn(150000.0, 32.0, 1.0, 0.0), true)?);
+        cases.push(yarn_rope(
+            dt,
+            16,
+            16,
+            yarn(10000.0, 4.0, 0.707, 1.0),
+            false,
+        )?);
         cases.push(gemma2_final(dt, None, 2304, 30.0)?);
         // MiniCPM-2B: scale_emb 12, scale_depth 1.4, 40 layers, dim_model_base 256.
         cases.push(minicpm_embed(dt, None, 2304, 12.0)?);

@@ -229,6 +229,10 @@ def run(case):
         rope = initialize_rope(case["dims"], base=case["theta"], traditional=False,
                                scaling_config={"rope_type": "linear", "factor": case["factor"]})
         return {"y": rope(x["x"], offset=case["offset"])}
+    if block == "yarn_rope":
+        rope = initialize_rope(case["dims"], base=case["theta"], traditional=case["traditional"],
+                               scaling_config=case["scaling"])
+        return {"freqs": rope._freqs, "y": rope(x["x"], offset=case["offset"])}
     if block == "gemma2_final":
         m = gemma2.Model(gemma2_args(case, layers=0))
         embed = loaded(nn.Embedding(case["vocab"], case["hidden"]), case, params)

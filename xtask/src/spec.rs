@@ -237,6 +237,12 @@ fn summary(spec: &Spec) -> String {
                 high_freq_factor,
                 ..
             } => format!("llama3 θ={theta} f={factor} {low_freq_factor}..{high_freq_factor}"),
+            RopeKind::Yarn {
+                theta,
+                factor,
+                original_max_position_embeddings,
+                ..
+            } => format!("yarn θ={theta} f={factor} orig={original_max_position_embeddings}"),
             RopeKind::NoPe => "none (NoPE)".to_string(),
         };
         // A sharer attends over its donor's K/V: the donor's values and cache.

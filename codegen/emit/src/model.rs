@@ -1389,6 +1389,50 @@ fn rope_init(a: &Attention) -> Result<TokenStream, String> {
                     .map_err(|e| ModelError(e.to_string()))?
             }
         }
+        RopeKind::Yarn {
+            theta,
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            mscale,
+            mscale_all_dim,
+        } => {
+            // `YarnRoPE(dims, traditional, base, scaling_factor, ...)`: the
+            // scaling as the Python floats `initialize_rope` passes.
+            let dims = lit_i32(a.rope.rotated_dims)?;
+            let theta = lit_f32(theta);
+            let [factor, original, beta_fast, beta_slow, mscale, mscale_all_dim] = [
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+            ]
+            .map(Literal::f64_suffixed);
+            let pairs = if a.rope.traditional {
+                quote! { archgen_runtime::rope::Pairs::Interleaved }
+            } else {
+                quote! { archgen_runtime::rope::Pairs::Halves }
+            };
+            quote! {
+                Rope::yarn(
+                    #dims,
+                    #theta,
+                    archgen_runtime::rope::YarnScaling {
+                        factor: #factor,
+                        original_max_position_embeddings: #original,
+                        beta_fast: #beta_fast,
+                        beta_slow: #beta_slow,
+                        mscale: #mscale,
+                        mscale_all_dim: #mscale_all_dim,
+                    },
+                    #pairs,
+                )
+                .map_err(|e| ModelError(e.to_string()))?
+            }
+        }
         RopeKind::NoPe => quote! { Rope::NoPe },
     })
 }

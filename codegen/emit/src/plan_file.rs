@@ -62,7 +62,10 @@ fn rope_text(r: RopeForm) -> String {
         .map(|(label, n)| format!(" {label}={n}"))
         .collect();
     match r.kind {
-        RopeKind::Default { .. } | RopeKind::Linear { .. } | RopeKind::Llama3 { .. } => {
+        RopeKind::Default { .. }
+        | RopeKind::Linear { .. }
+        | RopeKind::Llama3 { .. }
+        | RopeKind::Yarn { .. } => {
             format!("{name}{numbers}")
         }
         RopeKind::Proportional { .. } => format!("{name}{numbers} ({} dims)", r.rotated_dims),

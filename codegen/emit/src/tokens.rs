@@ -49,7 +49,8 @@ pub(crate) fn rope_context(ir: &ModelIr, a: &Attention) -> String {
         RopeKind::Default { .. }
         | RopeKind::Linear { .. }
         | RopeKind::Proportional { .. }
-        | RopeKind::Llama3 { .. } => wn,
+        | RopeKind::Llama3 { .. }
+        | RopeKind::Yarn { .. } => wn,
     }
 }
 

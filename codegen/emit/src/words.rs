@@ -14,7 +14,8 @@ pub(crate) fn no_rope(kind: RopeKind) -> Option<&'static str> {
         RopeKind::Default { .. }
         | RopeKind::Linear { .. }
         | RopeKind::Proportional { .. }
-        | RopeKind::Llama3 { .. } => None,
+        | RopeKind::Llama3 { .. }
+        | RopeKind::Yarn { .. } => None,
     }
 }
 

@@ -1022,6 +1022,21 @@ pub enum RopeKind {
     /// `linear` scaling, the positions multiplied by `scale` (the Python float
     /// `1 / factor`, passed to `mx.fast.rope` as f32).
     Linear { theta: f32, factor: f64 },
+    /// `YarnRoPE` (rope_utils' `yarn`, `deepseek_yarn`): `mx.fast.rope` with
+    /// `freqs` blended between `theta^(arange(0, dims, 2)/dims)` and `factor`
+    /// times it by a linear ramp over the correction range of `beta_fast` and
+    /// `beta_slow`, the rotated dims first multiplied by
+    /// `mscale(factor, mscale) / mscale(factor, mscale_all_dim)` where that is
+    /// not 1. The scaling stays f64: mlx-lm computes it as Python floats.
+    Yarn {
+        theta: f32,
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        mscale: f64,
+        mscale_all_dim: f64,
+    },
     /// No rotation: smollm3.py's `NoPE` module, `rope(x, offset)` returns `x`
     /// (SmolLM3's every `no_rope_layer_interval`-th layer).
     NoPe,

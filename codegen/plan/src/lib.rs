@@ -106,7 +106,8 @@ impl KindKey {
                     RopeKind::Default { .. }
                     | RopeKind::Linear { .. }
                     | RopeKind::Proportional { .. }
-                    | RopeKind::Llama3 { .. } => {}
+                    | RopeKind::Llama3 { .. }
+                    | RopeKind::Yarn { .. } => {}
                 }
                 match a.output_gate {
                     OutputGate::None => {}

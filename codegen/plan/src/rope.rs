@@ -1,6 +1,7 @@
 //! A RoPE kind as its name and numbers, in the order its constructor takes
 //! them: the one reading of [`RopeKind`]'s fields that the fingerprint
-//! hashes, the plan file shows and the emitter passes to `Rope::llama3`.
+//! hashes, the plan file shows and the emitter passes to `Rope::llama3` and
+//! `Rope::yarn`.
 
 use archgen_ir::RopeKind;
 use std::fmt;
@@ -35,7 +36,7 @@ pub struct RopeParameters {
 /// The name and numbers of `kind`. Every field is bound by name (no `..`),
 /// so a new RoPE field does not compile until the fingerprint covers it.
 pub fn rope_parameters(kind: RopeKind) -> RopeParameters {
-    // Only the Llama-3 and linear scalings are f64; every other number is f32.
+    // Only the Llama-3, linear and YaRN scalings are f64; every other number is f32.
     let (name, f32s, f64s): (_, Vec<(_, f32)>, Vec<(_, f64)>) = match kind {
         RopeKind::Default { theta } => ("default", vec![("θ", theta)], Vec::new()),
         RopeKind::Proportional {
@@ -70,6 +71,26 @@ pub fn rope_parameters(kind: RopeKind) -> RopeParameters {
         RopeKind::Linear { theta, factor } => {
             ("linear", vec![("θ", theta)], vec![("factor", factor)])
         }
+        RopeKind::Yarn {
+            theta,
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            mscale,
+            mscale_all_dim,
+        } => (
+            "yarn",
+            vec![("θ", theta)],
+            vec![
+                ("factor", factor),
+                ("original", original_max_position_embeddings),
+                ("beta_fast", beta_fast),
+                ("beta_slow", beta_slow),
+                ("mscale", mscale),
+                ("mscale_all_dim", mscale_all_dim),
+            ],
+        ),
         RopeKind::NoPe => ("none", Vec::new(), Vec::new()),
     };
     let numbers = f32s

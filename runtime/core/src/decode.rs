@@ -1426,6 +1426,16 @@ impl Flat for Rope {
                 p.key.extend([1, *dims as i64]);
                 freqs.put(p);
             }
+            Rope::Yarn {
+                dims,
+                freqs,
+                input_scale,
+                pairs,
+            } => {
+                p.key.extend([3, *dims as i64, pairs.traditional() as i64]);
+                freqs.put(p);
+                input_scale.put(p);
+            }
             Rope::NoPe => p.key.push(2),
         }
     }
@@ -1439,6 +1449,17 @@ impl Flat for Rope {
             Rope::Freqs { dims, .. } => Rope::Freqs {
                 dims: *dims,
                 freqs: next(it),
+            },
+            Rope::Yarn {
+                dims,
+                input_scale,
+                pairs,
+                ..
+            } => Rope::Yarn {
+                dims: *dims,
+                freqs: next(it),
+                input_scale: input_scale.take(it),
+                pairs: *pairs,
             },
             Rope::NoPe => Rope::NoPe,
         }

@@ -1,9 +1,10 @@
 //! The RoPE forms mlx-lm uses: `base=` (`nn.RoPE`: Gemma-4 sliding layers,
 //! Qwen3, unscaled Llama) and `freqs=` (Gemma-4's `ProportionalRoPE` on full
-//! layers, `Llama3RoPE`). The two calls differ in the last bits, so each model
-//! must use the form mlx-lm uses for it.
+//! layers, `Llama3RoPE`, and `YarnRoPE` with its input scale and either
+//! pairing). The two calls differ in the last bits, so each model must use
+//! the form mlx-lm uses for it.
 
-use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
+use mlx_rs::ops::indexing::{Ellipsis, IntoStrideBy, TryIndexOp};
 use mlx_rs::{Array, Dtype};
 
 use crate::flat::Flat;
@@ -17,9 +18,83 @@ pub enum Rope {
     /// `ProportionalRoPE`: periods `factor * base**(arange(0, rotated, 2)/dims)`
     /// for the rotated pairs and `inf` (identity) for the rest.
     Freqs { dims: i32, freqs: Array },
+    /// `YarnRoPE`: the `freqs=` form with `traditional` as the module was
+    /// built ([`Pairs`]), the rotated dims first multiplied by `input_scale`
+    /// (its `mscale`) where that is not 1.
+    Yarn {
+        dims: i32,
+        freqs: Array,
+        input_scale: Option<Array>,
+        pairs: Pairs,
+    },
     /// No rotation: smollm3's `NoPE` module, whose `__call__(x, offset)`
     /// returns `x` itself (no op in the graph).
     NoPe,
+}
+
+/// Which dims rotate together (`mx.fast.rope`'s `traditional`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pairs {
+    /// `traditional=False`: dim `i` with dim `i + dims / 2`.
+    Halves,
+    /// `traditional=True`: dim `2i` with dim `2i + 1`.
+    Interleaved,
+}
+
+impl Pairs {
+    /// `mx.fast.rope`'s `traditional` argument.
+    pub fn traditional(self) -> bool {
+        match self {
+            Pairs::Halves => false,
+            Pairs::Interleaved => true,
+        }
+    }
+}
+
+/// The scaling numbers of `YarnRoPE` as mlx-lm's `initialize_rope` passes
+/// them (Python floats; `beta_fast` 32, `beta_slow` 1, `mscale` 1,
+/// `mscale_all_dim` 0 where the config leaves them out).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct YarnScaling {
+    pub factor: f64,
+    pub original_max_position_embeddings: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub mscale: f64,
+    pub mscale_all_dim: f64,
+}
+
+impl YarnScaling {
+    /// `yarn_get_mscale(scale, mscale)`: 1 unless the factor scales up.
+    fn get_mscale(&self, mscale: f64) -> f64 {
+        if self.factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * mscale * self.factor.ln() + 1.0
+        }
+    }
+
+    /// The module's `mscale`: the ratio of the two `yarn_get_mscale`s.
+    pub fn input_scale(&self) -> f64 {
+        self.get_mscale(self.mscale) / self.get_mscale(self.mscale_all_dim)
+    }
+
+    /// `yarn_find_correction_dim(num_rotations)`, Python's float arithmetic.
+    fn correction_dim(&self, dims: i32, base: f64, num_rotations: f64) -> f64 {
+        (f64::from(dims)
+            * (self.original_max_position_embeddings
+                / (num_rotations * 2.0 * std::f64::consts::PI))
+                .ln())
+            / (2.0 * base.ln())
+    }
+
+    /// `yarn_find_correction_range()`: Python's `math.floor` / `math.ceil`
+    /// (ints), clamped to `[0, dims - 1]`.
+    fn correction_range(&self, dims: i32, base: f64) -> (f64, f64) {
+        let low = self.correction_dim(dims, base, self.beta_fast).floor();
+        let high = self.correction_dim(dims, base, self.beta_slow).ceil();
+        (low.max(0.0), high.min(f64::from(dims - 1)))
+    }
 }
 
 impl Rope {
@@ -78,6 +153,38 @@ impl Rope {
         )
     }
 
+    /// `YarnRoPE(dims, traditional, base, scaling_factor, ...)` (mlx-lm
+    /// `rope_utils.py`): the frequencies built with the same MLX ops in f32,
+    /// each Python number meeting them as a weak f32 scalar, the correction
+    /// range and `mscale` computed in f64 as Python does.
+    pub fn yarn(dims: i32, base: f32, scaling: YarnScaling, pairs: Pairs) -> Result<Self> {
+        let f = |v: f64| Array::from_f32(v as f32);
+        let (low, mut high) = scaling.correction_range(dims, f64::from(base));
+        // yarn_linear_ramp_mask(low, high, dims // 2)
+        if low == high {
+            high += 0.001;
+        }
+        let ramp = mlx_rs::ops::arange::<i32, f32>(0, dims / 2, 1)?
+            .subtract(f(low))?
+            .divide(f(high - low))?;
+        let ramp = mlx_rs::ops::clip(&ramp, (f(0.0), f(1.0)))?;
+        let freq_mask = f(1.0).subtract(&ramp)?;
+        let freq_extra = base_periods(base, dims, dims)?;
+        let freq_inter = f(scaling.factor).multiply(&freq_extra)?;
+        let blend = freq_inter
+            .multiply(&freq_mask)?
+            .add(freq_extra.multiply(f(1.0).subtract(&freq_mask)?)?)?;
+        let freqs = freq_inter.multiply(&freq_extra)?.divide(&blend)?;
+        freqs.eval()?;
+        let input_scale = scaling.input_scale();
+        Ok(Rope::Yarn {
+            dims,
+            freqs,
+            input_scale: (input_scale != 1.0).then(|| f(input_scale)),
+            pairs,
+        })
+    }
+
     /// The `freqs=` form from its float32 periods, evaluated once at load.
     fn freqs(dims: i32, freqs: Array) -> Result<Self> {
         debug_assert_eq!(freqs.dtype(), Dtype::Float32);
@@ -95,6 +202,15 @@ impl Rope {
             Rope::Freqs { dims, freqs } => {
                 mlx_rs::fast::rope_dynamic(x, *dims, false, None, 1.0, offset, freqs)
             }
+            Rope::Yarn {
+                dims,
+                freqs,
+                input_scale,
+                pairs,
+            } => {
+                let x = scale_rotated(x, *dims, input_scale.as_ref())?;
+                mlx_rs::fast::rope_dynamic(&x, *dims, pairs.traditional(), None, 1.0, offset, freqs)
+            }
             Rope::NoPe => Ok(x.clone()),
         }
     }
@@ -103,14 +219,14 @@ impl Rope {
     fn scale(&self) -> f32 {
         match self {
             Rope::Base { scale, .. } => *scale,
-            Rope::Freqs { .. } | Rope::NoPe => 1.0,
+            Rope::Freqs { .. } | Rope::Yarn { .. } | Rope::NoPe => 1.0,
         }
     }
 
     /// The rotation dims (`dims` of `mx.fast.rope`; 0 without rotation).
     pub fn dims(&self) -> i32 {
         match self {
-            Rope::Base { dims, .. } | Rope::Freqs { dims, .. } => *dims,
+            Rope::Base { dims, .. } | Rope::Freqs { dims, .. } | Rope::Yarn { dims, .. } => *dims,
             Rope::NoPe => 0,
         }
     }
@@ -179,13 +295,21 @@ impl Rope {
             Rope::Base { base, .. } => mlx_rs::ops::arange::<i32, f32>(0, -half, -1)?
                 .multiply(Array::from_f32(base.ln() / half as f32))?
                 .exp()?,
-            Rope::Freqs { freqs, .. } => freqs.reciprocal()?,
+            Rope::Freqs { freqs, .. } | Rope::Yarn { freqs, .. } => freqs.reciprocal()?,
             Rope::NoPe => return Ok(RopeTables::NoPe),
         };
         let theta = positions.expand_dims(-1)?.multiply(&inv_freqs)?;
         let (cos, sin) = (theta.cos()?, theta.sin()?);
+        let (pairs, input_scale) = match self {
+            Rope::Yarn {
+                pairs, input_scale, ..
+            } => (*pairs, input_scale.clone()),
+            Rope::Base { .. } | Rope::Freqs { .. } | Rope::NoPe => (Pairs::Halves, None),
+        };
         Ok(RopeTables::Fallback(CosSin {
             dims: self.dims(),
+            pairs,
+            input_scale,
             cos_t: cos.as_dtype(dtype)?,
             sin_t: sin.as_dtype(dtype)?,
             cos,
@@ -194,8 +318,27 @@ impl Rope {
     }
 }
 
+/// `x.at[..., :dims].multiply(scale)` (`YarnRoPE`'s input scale): the rotated
+/// dims times the Python float as `x`'s dtype, the rest unchanged; `x`
+/// itself without a scale.
+fn scale_rotated(x: &Array, dims: i32, scale: Option<&Array>) -> Result<Array> {
+    let Some(scale) = scale else {
+        return Ok(x.clone());
+    };
+    let scaled = x
+        .try_index((Ellipsis, ..dims))?
+        .multiply(scale.as_dtype(x.dtype())?)?;
+    let last = x.shape()[x.ndim() - 1];
+    if dims < last {
+        mlx_rs::ops::concatenate(&[scaled, x.try_index((Ellipsis, dims..))?], -1)
+    } else {
+        Ok(scaled)
+    }
+}
+
 /// `base ** (mx.arange(0, rotated, 2) / dims)` in float32: the periods of
-/// the rotated pairs, as both `ProportionalRoPE` and `Llama3RoPE` build them.
+/// the rotated pairs, as `ProportionalRoPE`, `Llama3RoPE` and `YarnRoPE`
+/// build them.
 fn base_periods(base: f32, rotated: i32, dims: i32) -> Result<Array> {
     let exponents =
         mlx_rs::ops::arange::<i32, f32>(0, rotated, 2)?.divide(Array::from_f32(dims as f32))?;
@@ -205,12 +348,16 @@ fn base_periods(base: f32, rotated: i32, dims: i32) -> Result<Array> {
 /// The tables of MLX's RoPE fallback for one step
 /// ([`Rope::fallback_tables`]): float32 `cos(theta)` and `sin(theta)`
 /// [L, dims / 2], and the same cast to one activation dtype (`cos_t`,
-/// `sin_t`).
+/// `sin_t`); with the pairing and the input scale of the RoPE they rotate
+/// for.
 #[derive(Debug, Clone, Flat)]
-#[flat(key(self.dims))]
+#[flat(key(self.dims, self.pairs.traditional()))]
 pub struct CosSin {
     #[flat(copied)]
     pub dims: i32,
+    #[flat(copied)]
+    pub pairs: Pairs,
+    pub input_scale: Option<Array>,
     pub cos: Array,
     pub sin: Array,
     pub cos_t: Array,
@@ -241,10 +388,12 @@ impl RopeTables {
 }
 
 /// RoPE of `x` [B, heads, L, head_dim] from [`Rope::tables`]. From
-/// [`RopeTables::Fallback`], the rest of MLX's (non-traditional) fallback,
-/// op for op: the tables cast to `x`'s dtype,
-/// `concat(x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., dims:])` with
-/// `x1`, `x2` the two halves of the rotated dims. It has no transcendental
+/// [`RopeTables::Fallback`], the rest of MLX's fallback, op for op: the
+/// tables cast to `x`'s dtype, `x1 * cos - x2 * sin` and
+/// `x1 * sin + x2 * cos` with `x1`, `x2` the two halves of the rotated dims
+/// ([`Pairs::Halves`]: concatenated, then `x[..., dims:]`) or its even and odd
+/// dims ([`Pairs::Interleaved`]: interleaved again, then `x[..., dims:]`);
+/// `YarnRoPE`'s input scale first where it has one. It has no transcendental
 /// functions and no scalar constants, so it can also run inside a compiled
 /// function without changing a bit (see `decode`). From
 /// [`RopeTables::Native`], [`Rope::apply`].
@@ -256,19 +405,38 @@ pub fn apply_tables(x: &Array, t: &RopeTables) -> Result<Array> {
     };
     let dims = t.dims;
     let half = dims / 2;
+    let x = &scale_rotated(x, dims, t.input_scale.as_ref())?;
     let (cos, sin) = if t.cos_t.dtype() == x.dtype() {
         (t.cos_t.clone(), t.sin_t.clone())
     } else {
         (t.cos.as_dtype(x.dtype())?, t.sin.as_dtype(x.dtype())?)
     };
-    let x1 = x.try_index((Ellipsis, ..half))?;
-    let x2 = x.try_index((Ellipsis, half..dims))?;
-    let mut outs = vec![
-        x1.multiply(&cos)?.subtract(x2.multiply(&sin)?)?,
-        x1.multiply(&sin)?.add(x2.multiply(&cos)?)?,
-    ];
-    if dims < x.shape()[3] {
-        outs.push(x.try_index((Ellipsis, dims..))?);
-    }
+    let rotate = |x1: &Array, x2: &Array| -> Result<[Array; 2]> {
+        Ok([
+            x1.multiply(&cos)?.subtract(x2.multiply(&sin)?)?,
+            x1.multiply(&sin)?.add(x2.multiply(&cos)?)?,
+        ])
+    };
+    let rest = (dims < x.shape()[3])
+        .then(|| x.try_index((Ellipsis, dims..)))
+        .transpose()?;
+    let mut outs = match t.pairs {
+        Pairs::Halves => rotate(
+            &x.try_index((Ellipsis, ..half))?,
+            &x.try_index((Ellipsis, half..dims))?,
+        )?
+        .to_vec(),
+        Pairs::Interleaved => {
+            let even = x.try_index((Ellipsis, (0..dims).stride_by(2)))?;
+            let odd = x.try_index((Ellipsis, (1..dims).stride_by(2)))?;
+            let [a, b] = rotate(&even, &odd)?;
+            let shape = x.shape();
+            vec![
+                mlx_rs::ops::concatenate(&[a.expand_dims(-1)?, b.expand_dims(-1)?], -1)?
+                    .reshape(&[shape[0], shape[1], shape[2], dims])?,
+            ]
+        }
+    };
+    outs.extend(rest);
     mlx_rs::ops::concatenate(&outs, -1)
 }

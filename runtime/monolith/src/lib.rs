@@ -21,7 +21,7 @@ use archgen_runtime::layers::{Embedding, Linear};
 use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::model::{CausalLm, ModelError, Readout};
 use archgen_runtime::ops::Result;
-use archgen_runtime::rope::Rope;
+use archgen_runtime::rope::{Pairs, Rope, YarnScaling};
 use archgen_runtime::short_conv;
 use archgen_runtime::weights::Weights;
 use archgen_runtime::Array;
@@ -165,6 +165,31 @@ pub fn rope_for(a: &ir::Attention) -> Result<Rope> {
             low_freq_factor,
             high_freq_factor,
             original_max_position_embeddings,
+        ),
+        RopeKind::Yarn {
+            theta,
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            mscale,
+            mscale_all_dim,
+        } => Rope::yarn(
+            a.rope.rotated_dims as i32,
+            theta,
+            YarnScaling {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+            },
+            if a.rope.traditional {
+                Pairs::Interleaved
+            } else {
+                Pairs::Halves
+            },
         ),
         RopeKind::NoPe => Ok(Rope::NoPe),
     }
