@@ -215,7 +215,11 @@ impl Case {
     ) -> SwitchLinear {
         let w = self.rand(&[e, out, inp], 1.0 / (inp as f32).sqrt(), dt);
         let (weight, quant) = self.weight(path, &w, q);
-        SwitchLinear { weight, quant }
+        SwitchLinear {
+            weight,
+            quant,
+            bias: None,
+        }
     }
 
     /// A norm weight around 1 (what converted checkpoints hold).

@@ -74,6 +74,10 @@ pub mod glm4_moe_grouped_tiny_q8;
 #[rustfmt::skip]
 pub mod glm4_moe_grouped_tiny;
 #[rustfmt::skip]
+pub mod gpt_oss_20b_tiny;
+#[rustfmt::skip]
+pub mod gpt_oss_20b;
+#[rustfmt::skip]
 pub mod granite_3_3_2b_l2;
 #[rustfmt::skip]
 pub mod granite_3_3_2b_tiny_q4;
@@ -387,6 +391,16 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "glm4-moe-grouped-tiny",
         spec: "specs/glm4-moe-grouped-tiny.yaml",
         fingerprint: glm4_moe_grouped_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gpt-oss-20b-tiny",
+        spec: "specs/gpt-oss-20b-tiny.yaml",
+        fingerprint: gpt_oss_20b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gpt-oss-20b",
+        spec: "specs/gpt-oss-20b.yaml",
+        fingerprint: gpt_oss_20b::FINGERPRINT,
     },
     GeneratedModel {
         name: "granite-3.3-2b-l2",
@@ -811,6 +825,12 @@ pub fn run<T: ModelTask>(
         }
         glm4_moe_grouped_tiny::FINGERPRINT => {
             Some(glm4_moe_grouped_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        gpt_oss_20b_tiny::FINGERPRINT => {
+            Some(gpt_oss_20b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        gpt_oss_20b::FINGERPRINT => {
+            Some(gpt_oss_20b::load(weights).map(|m| task.run(&m)))
         }
         granite_3_3_2b_l2::FINGERPRINT => {
             Some(granite_3_3_2b_l2::load(weights).map(|m| task.run(&m)))

@@ -59,6 +59,9 @@ pub(crate) fn parse_derived(
                 crate::Spec::Glm4Moe(parent) => {
                     reduce::read(value, tree, origin, &parent).map(crate::Spec::Glm4Moe)
                 }
+                crate::Spec::GptOss(parent) => {
+                    reduce::read(value, tree, origin, &parent).map(crate::Spec::GptOss)
+                }
                 crate::Spec::Gemma4(_) => unreachable_family(tree, origin),
             };
         }
@@ -129,7 +132,8 @@ pub(crate) fn parse_derived(
         | crate::Spec::MiniCpm(_)
         | crate::Spec::Qwen35(_)
         | crate::Spec::Lfm2(_)
-        | crate::Spec::Glm4Moe(_) => return unreachable_family(tree, origin),
+        | crate::Spec::Glm4Moe(_)
+        | crate::Spec::GptOss(_) => return unreachable_family(tree, origin),
     };
 
     let (spec, mut issues) = apply(&parent, &file);

@@ -66,6 +66,7 @@ mod document;
 mod gemma;
 mod gemma4;
 mod glm4_moe;
+mod gpt_oss;
 mod hf;
 mod hints;
 pub mod import;
@@ -103,6 +104,10 @@ pub use gemma::{
 pub use glm4_moe::{
     Glm4MoeAttentionOptions, Glm4MoeDerive, Glm4MoeDerivedSpecFile, Glm4MoeReduce, Glm4MoeRope,
     Glm4MoeSpec,
+};
+pub use gpt_oss::{
+    GptOssAttentionLayers, GptOssDerive, GptOssDerivedSpecFile, GptOssExperts, GptOssLayerType,
+    GptOssReduce, GptOssRope, GptOssSpec, GptOssYarn,
 };
 pub use hf::spec_hash;
 pub use lfm2::{
@@ -157,6 +162,8 @@ pub enum Spec {
     Lfm2(Lfm2Spec),
     /// GLM-4.5 MoE.
     Glm4Moe(Glm4MoeSpec),
+    /// gpt-oss.
+    GptOss(GptOssSpec),
 }
 
 /// `$body` with `$s` bound to the family's document in `$spec`, whichever
@@ -172,6 +179,7 @@ macro_rules! with_document {
             Spec::Qwen35($s) => $body,
             Spec::Lfm2($s) => $body,
             Spec::Glm4Moe($s) => $body,
+            Spec::GptOss($s) => $body,
         }
     };
 }
@@ -253,7 +261,8 @@ pub fn to_config_json(spec: &Spec) -> serde_json::Value {
         | Spec::MiniCpm(_)
         | Spec::Qwen35(_)
         | Spec::Lfm2(_)
-        | Spec::Glm4Moe(_) => hf::without_quantization(to_hf_json(spec)),
+        | Spec::Glm4Moe(_)
+        | Spec::GptOss(_) => hf::without_quantization(to_hf_json(spec)),
     }
 }
 
@@ -324,6 +333,8 @@ enum SpecDocument {
     DerivedLfm2(lfm2::Lfm2DerivedSpecFile),
     Glm4Moe(glm4_moe::Glm4MoeSpec),
     DerivedGlm4Moe(glm4_moe::Glm4MoeDerivedSpecFile),
+    GptOss(gpt_oss::GptOssSpec),
+    DerivedGptOss(gpt_oss::GptOssDerivedSpecFile),
 }
 
 /// The JSON Schema of spec files (both forms), pretty-printed with a final newline.
@@ -492,6 +503,10 @@ fn parse_inner(
         glm4_moe::LAYOUT
             .parse(value, &tree, origin)
             .map(Spec::Glm4Moe)
+    } else if declared_family(&value) == Some(Family::GptOss) {
+        gpt_oss::LAYOUT
+            .parse(value, &tree, origin)
+            .map(Spec::GptOss)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
         let issues = gemma4::check(&spec);

@@ -21,6 +21,7 @@ static FAMILIES: &[&ModelFamily] = &[
     &crate::lfm2::FAMILY,
     &crate::glm4_moe::FAMILY,
     &crate::qwen3_5::qwen3_next::FAMILY,
+    &crate::gpt_oss::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any does.

@@ -72,8 +72,9 @@ use mlx_rs::Array;
 
 use crate::attention::Mask;
 use crate::blocks::{
-    self, Activation, AttentionShape, AttentionWeights, GateUp, GroupRoutedMoe, KvWeights,
-    LayerNorms, Mlp, MoeBlock, PleGate, QkNormWeight, Scores, SharedKv, SparseMoe, ValueNorm,
+    self, Activation, AttentionShape, AttentionWeights, BiasedExpertsMoe, GateUp, GroupRoutedMoe,
+    KvWeights, LayerNorms, Mlp, MoeBlock, PleGate, QkNormWeight, Scores, SharedKv, SparseMoe,
+    ValueNorm,
 };
 use crate::cache::LayerCache;
 use crate::deltanet::{self, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet, InProj};
@@ -241,6 +242,7 @@ fn attend_own_kv(
         v,
         offset,
         shape: layer.shape,
+        sinks: layer.attn.sinks.clone(),
     };
     cache.attend(step, mask)
 }
@@ -255,6 +257,8 @@ pub struct StepQkv {
     pub v: Array,
     pub offset: Array,
     pub shape: AttentionShape,
+    /// The layer's sink logits (attention with sinks only).
+    pub sinks: Option<Array>,
 }
 
 /// The K/V cache a one-token step of a K/V-owning layer writes: one
@@ -282,7 +286,8 @@ impl StepCache for LayerCache {
     }
 
     fn attend(&mut self, t: StepQkv, mask: &Mask) -> Result<(Array, SharedKv)> {
-        blocks::attend_own_kv(&t.q, &t.k, &t.v, t.shape, self, mask, t.offset, true)
+        let sinks = t.sinks.as_ref();
+        blocks::attend_own_kv(&t.q, &t.k, &t.v, t.shape, self, mask, t.offset, true, sinks)
     }
 }
 
@@ -297,7 +302,14 @@ fn attend_shared_kv(
 ) -> Result<Array> {
     let q = pre_attention(h, layer, None, None, rope)?;
     let q = q.into_iter().next().ok_or_else(bad_outputs)?;
-    blocks::attend_shared_kv(&q, layer.shape, shared, mask, true)
+    blocks::attend_shared_kv(
+        &q,
+        layer.shape,
+        shared,
+        mask,
+        true,
+        layer.attn.sinks.as_ref(),
+    )
 }
 
 fn bad_outputs() -> mlx_rs::error::Exception {
@@ -671,6 +683,10 @@ enum AfterAttention<'a> {
     /// plain residuals (block [`POST_ATTENTION_GROUP_EXPERTS`], never
     /// compiled: see [`post_attention_form`]).
     GroupExperts(&'a GroupRoutedMoe),
+    /// Routed experts with biases and the clamped SwiGLU, plain residuals
+    /// (block [`POST_ATTENTION_BIASED_EXPERTS`], never compiled: see
+    /// [`post_attention_form`]).
+    BiasedExperts(&'a BiasedExpertsMoe),
 }
 
 impl<'a> AfterAttention<'a> {
@@ -683,7 +699,13 @@ impl<'a> AfterAttention<'a> {
             (FeedForward::GroupRoutedMoe(m), Residual::Plain) => {
                 Ok(AfterAttention::GroupExperts(m))
             }
-            (FeedForward::GroupRoutedMoe(_), Residual::Scaled(_)) => Err(Exception::custom(
+            (FeedForward::BiasedExperts(m), Residual::Plain) => {
+                Ok(AfterAttention::BiasedExperts(m))
+            }
+            (
+                FeedForward::GroupRoutedMoe(_) | FeedForward::BiasedExperts(_),
+                Residual::Scaled(_),
+            ) => Err(Exception::custom(
                 "decode::step: routed experts with depth-scaled residuals: no runtime block runs \
                  them (the emitter refuses such a layer kind)",
             )),
@@ -703,7 +725,9 @@ impl<'a> AfterAttention<'a> {
     fn residual_factor(self) -> Option<&'a Array> {
         match self {
             AfterAttention::Mlp { residual, .. } => residual.factor(),
-            AfterAttention::Experts(_) | AfterAttention::GroupExperts(_) => None,
+            AfterAttention::Experts(_)
+            | AfterAttention::GroupExperts(_)
+            | AfterAttention::BiasedExperts(_) => None,
         }
     }
 }
@@ -712,6 +736,7 @@ impl<'a> AfterAttention<'a> {
 const POST_ATTENTION: i64 = 2;
 const POST_ATTENTION_EXPERTS: i64 = 3;
 const POST_ATTENTION_GROUP_EXPERTS: i64 = 9;
+const POST_ATTENTION_BIASED_EXPERTS: i64 = 10;
 
 /// How the ops after attention run on this path.
 #[derive(Debug, Clone, Copy)]
@@ -749,6 +774,9 @@ fn post_attention_form(after: AfterAttention<'_>) -> PostAttentionForm<'_> {
         } => match (mlp.activation, moe) {
             (Activation::GeluApprox, None) => PostAttentionForm::SplitAtActivation(mlp),
             (Activation::GeluApprox, Some(_)) => PostAttentionForm::Eager,
+            // Its own compiled trace with alpha and limit baked in, as the
+            // experts' form ([`AfterAttention::BiasedExperts`]).
+            (Activation::ClampedSwiglu, _) => PostAttentionForm::Eager,
             (Activation::GeluApproxThenMultiply | Activation::Silu, _) => {
                 PostAttentionForm::OneBlock
             }
@@ -756,7 +784,9 @@ fn post_attention_form(after: AfterAttention<'_>) -> PostAttentionForm<'_> {
         // The router's softmax, top-k and renormalization carry no float
         // constant.
         AfterAttention::Experts(_) => PostAttentionForm::OneBlock,
-        AfterAttention::GroupExperts(_) => PostAttentionForm::Eager,
+        AfterAttention::GroupExperts(_) | AfterAttention::BiasedExperts(_) => {
+            PostAttentionForm::Eager
+        }
     };
     match (path(), after) {
         // glm4_moe's router is its own `mx.compile` trace with the routed
@@ -764,6 +794,9 @@ fn post_attention_form(after: AfterAttention<'_>) -> PostAttentionForm<'_> {
         // inside a larger block its ops would fuse with their neighbours,
         // so the layer's ops after attention stay eager on every path.
         (_, AfterAttention::GroupExperts(_)) => PostAttentionForm::Eager,
+        // gpt_oss's `swiglu_oai` is likewise its own compiled trace (alpha
+        // and limit baked in) between the experts' gathered matmuls.
+        (_, AfterAttention::BiasedExperts(_)) => PostAttentionForm::Eager,
         (Path::NativeFastOps, _) => on_gpu,
         (Path::CpuFallbacks | Path::Eager, _) => PostAttentionForm::OneBlock,
     }
@@ -909,6 +942,7 @@ fn post_attention_block(
         AfterAttention::Mlp { .. } => POST_ATTENTION,
         AfterAttention::Experts(_) => POST_ATTENTION_EXPERTS,
         AfterAttention::GroupExperts(_) => POST_ATTENTION_GROUP_EXPERTS,
+        AfterAttention::BiasedExperts(_) => POST_ATTENTION_BIASED_EXPERTS,
     };
     let (mut p, norm_inputs) = post_attention_packed(block, h, layer.eps);
     o.put(&mut p);
@@ -937,6 +971,11 @@ fn post_attention_block(
             (StreamShape::Tokens, compile)
         }
         AfterAttention::GroupExperts(m) => {
+            m.put(&mut p);
+            put_layer_end(&mut p, layer.ple, layer.layer_scalar);
+            (StreamShape::Tokens, false)
+        }
+        AfterAttention::BiasedExperts(m) => {
             m.put(&mut p);
             put_layer_end(&mut p, layer.ple, layer.layer_scalar);
             (StreamShape::Tokens, false)
@@ -994,7 +1033,7 @@ fn hybrid_feed_forward_compiles(ffn: &FeedForward) -> bool {
     match (path(), ffn) {
         // glm4_moe's router is its own compiled trace between eager ops
         // ([`post_attention_form`]).
-        (_, FeedForward::GroupRoutedMoe(_)) => false,
+        (_, FeedForward::GroupRoutedMoe(_) | FeedForward::BiasedExperts(_)) => false,
         (
             Path::NativeFastOps,
             FeedForward::SharedExpertMoe(_) | FeedForward::Mlp { moe: Some(_), .. },
@@ -1093,7 +1132,7 @@ pub fn gated_attention(
         move |x, attn, rope| Ok(deltanet::gated_attention_qkv(x, &attn, s, rope)?.to_vec()),
     )?;
     let [q, k, v, gate] = <[Array; 4]>::try_from(qkv).map_err(|_| bad_outputs())?;
-    let (o, _) = blocks::attend_own_kv(&q, &k, &v, s, cache, mask, offset, false)?;
+    let (o, _) = blocks::attend_own_kv(&q, &k, &v, s, cache, mask, offset, false, None)?;
 
     let (mut p, norm_inputs) = post_attention_packed(6, h, eps);
     o.put(&mut p);
@@ -1219,6 +1258,7 @@ impl Flat for FeedForward {
             FeedForward::SharedExpertMoe(m) => p.put_variant(1, m),
             FeedForward::SparseMoe(m) => p.put_variant(2, m),
             FeedForward::GroupRoutedMoe(m) => p.put_variant(3, m),
+            FeedForward::BiasedExperts(m) => p.put_variant(4, m),
         }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
@@ -1233,6 +1273,7 @@ impl Flat for FeedForward {
             FeedForward::SharedExpertMoe(m) => FeedForward::SharedExpertMoe(m.take(it)),
             FeedForward::SparseMoe(m) => FeedForward::SparseMoe(m.take(it)),
             FeedForward::GroupRoutedMoe(m) => FeedForward::GroupRoutedMoe(m.take(it)),
+            FeedForward::BiasedExperts(m) => FeedForward::BiasedExperts(m.take(it)),
         }
     }
 }
@@ -1406,6 +1447,7 @@ impl Flat for AttentionShape {
         match self.scores {
             Scores::FusedSdpa => p.key.push(0),
             Scores::Softcapped { cap } => p.key.extend([1, cap.to_bits() as i64]),
+            Scores::FusedSdpaWithSinks => p.key.push(2),
         }
     }
     fn take(&self, _: &mut std::slice::Iter<'_, Array>) -> Self {
@@ -1541,12 +1583,14 @@ impl Flat for SwitchLinear {
     fn put(&self, p: &mut Packed) {
         self.weight.put(p);
         put_quant(&self.quant, p);
+        self.bias.put(p);
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
         let weight = next(it);
         SwitchLinear {
             weight,
             quant: take_quant(&self.quant, it),
+            bias: self.bias.take(it),
         }
     }
 }

@@ -194,15 +194,27 @@ impl Embedding {
 }
 
 /// mlx-lm's `SwitchLinear` / `QuantizedSwitchLinear`: one weight per expert,
-/// [experts, out, in], applied by `gather_mm` / `gather_qmm`.
+/// [experts, out, in], applied by `gather_mm` / `gather_qmm`, and a bias per
+/// expert `[experts, out]` where the module has one (gpt_oss's experts).
 #[derive(Debug, Clone)]
 pub struct SwitchLinear {
     pub weight: Array,
     pub quant: Option<Quantized>,
+    pub bias: Option<Array>,
 }
 
 impl SwitchLinear {
+    /// The gathered matmul, then `x + expand_dims(bias[indices], -2)` when
+    /// the module has a bias.
     pub fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+        let y = self.gathered_matmul(x, indices, sorted)?;
+        match &self.bias {
+            None => Ok(y),
+            Some(b) => y.add(b.try_index(indices)?.expand_dims(-2)?),
+        }
+    }
+
+    fn gathered_matmul(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         match &self.quant {
             None => {
                 mlx_rs::ops::gather_mm(x, self.weight.swap_axes(-1, -2)?, None, indices, sorted)

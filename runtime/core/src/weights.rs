@@ -802,7 +802,11 @@ impl Weights {
         in_dims: i32,
     ) -> SwitchLinear {
         let (weight, quant) = self.quantized(path, &[experts], out, in_dims);
-        SwitchLinear { weight, quant }
+        SwitchLinear {
+            weight,
+            quant,
+            bias: None,
+        }
     }
 
     /// Ends loading: errors for every missing, mis-shaped or unused tensor.
