@@ -757,7 +757,7 @@ fn quantized(w: &Array, group_size: i32, bits: i32) -> (Array, archgen_runtime::
         wq,
         archgen_runtime::layers::Quantized {
             scales,
-            biases,
+            form: archgen_runtime::layers::QuantForm::Affine { biases },
             group_size,
             bits,
         },

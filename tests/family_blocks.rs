@@ -11,7 +11,7 @@ use archgen_runtime::attention::{causal_mask, softcapped_attention, Mask};
 use archgen_runtime::blocks::{Activation, GateUp, GroupRoutedMoe, Mlp};
 use archgen_runtime::bytes::array_bytes;
 use archgen_runtime::cache::{KvCache, LayerCache};
-use archgen_runtime::layers::{Embedding, Linear, Quantized, SwitchLinear};
+use archgen_runtime::layers::{Embedding, Linear, QuantForm, Quantized, SwitchLinear};
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
 use archgen_runtime::moe::{
@@ -160,7 +160,7 @@ impl Case {
                     wq,
                     Some(Quantized {
                         scales,
-                        biases,
+                        form: QuantForm::Affine { biases },
                         group_size: q.group,
                         bits: q.bits,
                     }),

@@ -318,9 +318,9 @@ pub(crate) fn lower(spec: &GptOssSpec) -> crate::ir::ModelIr {
             prefix: ModulePrefix::Model,
             // Model.sanitize returns a checkpoint in mlx-lm's layout as it is.
             sanitize: Vec::new(),
-            // gpt_oss.py's shard() splits the experts' width, which archgen's
-            // split does not run: no oracle.
-            sharding: whole_head_sharding(ShardOracle::Absent),
+            // gpt_oss.py has a shard(); archgen's split refuses the o_proj
+            // bias and the biased experts by name (not split yet).
+            sharding: whole_head_sharding(ShardOracle::MlxLm),
             embedding: scaled_embedding(EmbedScale::None),
             layers,
             head: plain_head(false),

@@ -368,6 +368,9 @@ fn init_writes_a_checkpoint_every_implementation_runs() {
         // Qwen3-Next: `model.*` names, in_proj_qkvz / in_proj_ba (its
         // experts quantized: unquantized ones run only in float32 on the CPU).
         "qwen3-next-80b-a3b-tiny-q4",
+        // gpt-oss as mlx-community ships it: mxfp4 experts (uint8 scales,
+        // no biases), the rest 8-bit affine.
+        "gpt-oss-20b-tiny-mxfp4-q8",
     ] {
         let dir = root.path().join(spec);
         let o = archgen(&[

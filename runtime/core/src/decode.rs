@@ -81,7 +81,7 @@ use crate::deltanet::{self, ArraysCache, DeltaNetShape, GatedAttention, GatedDel
 use crate::device::{gpu_blocks, path, GpuBlocks, Path};
 use crate::feed_forward::FeedForward;
 use crate::flat::{hollow, next, placeholder, Flat, Packed};
-use crate::layers::{Linear, Quantized, SwitchLinear};
+use crate::layers::{Linear, QuantForm, Quantized, SwitchLinear};
 use crate::ops::{rms_norm, NormInputs, Result};
 use crate::rope::{apply_tables, Rope, RopeTables};
 
@@ -1541,7 +1541,11 @@ fn put_quant(q: &Option<Quantized>, p: &mut Packed) {
         Some(q) => {
             p.key.extend([1, q.group_size as i64, q.bits as i64]);
             p.arrays.push(q.scales.clone());
-            p.arrays.push(q.biases.clone());
+            match &q.form {
+                QuantForm::Affine { biases } => p.arrays.push(biases.clone()),
+                // Keyed apart: the same sizes without biases are another graph.
+                QuantForm::Mxfp4 => p.key.push(-1),
+            }
         }
     }
 }
@@ -1549,7 +1553,10 @@ fn put_quant(q: &Option<Quantized>, p: &mut Packed) {
 fn take_quant(q: &Option<Quantized>, it: &mut std::slice::Iter<'_, Array>) -> Option<Quantized> {
     q.as_ref().map(|q| Quantized {
         scales: next(it),
-        biases: next(it),
+        form: match &q.form {
+            QuantForm::Affine { .. } => QuantForm::Affine { biases: next(it) },
+            QuantForm::Mxfp4 => QuantForm::Mxfp4,
+        },
         group_size: q.group_size,
         bits: q.bits,
     })
