@@ -34,10 +34,11 @@ use serde_json::{json, Value};
 /// ones), LFM2 (short convs' batched `ArraysCache` beside attention),
 /// GLM-4.5 MoE (`noaux_tc` routing with shared experts, partial RoPE, q/k/v
 /// biases; then group-limited routing and q/k norms), Qwen3-Next (the
-/// Gated DeltaNet's projections grouped per key head) and DeepSeek-V3
+/// Gated DeltaNet's projections grouped per key head), DeepSeek-V3
 /// (latent attention over a `BatchKVCache` of the latent and the RoPE key,
-/// queries low-rank or direct); each appended last, so the others keep
-/// their seeds.
+/// queries low-rank or direct) and gpt-oss (attention sinks with the batch's
+/// array masks over sliding and full layers, biased experts); each appended
+/// last, so the others keep their seeds.
 const BATCHED: &[&str] = &[
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
@@ -55,6 +56,7 @@ const BATCHED: &[&str] = &[
     "qwen3-next-80b-a3b-tiny",
     "deepseek-v3-tiny",
     "deepseek-v3-direct-q-tiny",
+    "gpt-oss-20b-tiny",
 ];
 
 fn schedule(vocab: i32) -> Value {
@@ -80,7 +82,7 @@ fn schedule(vocab: i32) -> Value {
 /// MoE's layers compile up to attention and run their experts eagerly). The
 /// others (Gated DeltaNet, fused `qkv_proj`, post-norm layers) run them
 /// eagerly, as their single-sequence steps do.
-const COMPILED_BATCH_STEPS: [&str; 11] = [
+const COMPILED_BATCH_STEPS: [&str; 12] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
@@ -92,6 +94,7 @@ const COMPILED_BATCH_STEPS: [&str; 11] = [
     "gemma-3-1b-tiny",
     "glm-4.5-air-tiny",
     "glm4-moe-grouped-tiny",
+    "gpt-oss-20b-tiny",
 ];
 
 /// The spec with a quantized KV cache (layer 5 of a Gemma-4 with sliding

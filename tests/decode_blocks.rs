@@ -278,6 +278,7 @@ fn parts(hidden: i32, s: AttentionShape, k_eq_v: bool, f: Flavour, dt: Dtype) ->
                 .qk_norm
                 .then(|| b::QkNormWeight::PerHead(norm(7, s.head_dim, dt))),
             kv: None,
+            sinks: None,
         },
         kv: KvWeights {
             k_proj: Linear {
@@ -756,7 +757,7 @@ fn quantized(w: &Array, group_size: i32, bits: i32) -> (Array, archgen_runtime::
         wq,
         archgen_runtime::layers::Quantized {
             scales,
-            biases,
+            form: archgen_runtime::layers::QuantForm::Affine { biases },
             group_size,
             bits,
         },
@@ -785,12 +786,14 @@ fn sparse_moe(
             false => SwitchLinear {
                 weight: w,
                 quant: None,
+                bias: None,
             },
             true => {
                 let (weight, q) = quantized(&w, 32, 4);
                 SwitchLinear {
                     weight,
                     quant: Some(q),
+                    bias: None,
                 }
             }
         }
@@ -899,12 +902,14 @@ fn group_routed_moe(hidden: i32, facts: b::GroupTopK, dt: Dtype) -> b::GroupRout
             false => archgen_runtime::layers::SwitchLinear {
                 weight: w,
                 quant: None,
+                bias: None,
             },
             true => {
                 let (weight, q) = quantized(&w, 32, 4);
                 archgen_runtime::layers::SwitchLinear {
                     weight,
                     quant: Some(q),
+                    bias: None,
                 }
             }
         }
@@ -1237,6 +1242,9 @@ fn run_delta_net_layer(
             FeedForward::GroupRoutedMoe(m) => {
                 b::experts_feed_forward(&h, &norms, m, s.eps).unwrap()
             }
+            FeedForward::BiasedExperts(m) => {
+                b::biased_experts_feed_forward(&h, &norms, m, s.eps).unwrap()
+            }
         }
     };
     let (mut eager_cache, mut decode_cache) = (ArraysCache::default(), ArraysCache::default());
@@ -1365,6 +1373,9 @@ fn run_gated_attention_layer(hidden: i32, s: AttentionShape, rope: Rope, moe: bo
             }
             FeedForward::GroupRoutedMoe(m) => {
                 b::experts_feed_forward(&h, &norms, m, s.eps).unwrap()
+            }
+            FeedForward::BiasedExperts(m) => {
+                b::biased_experts_feed_forward(&h, &norms, m, s.eps).unwrap()
             }
         }
     };

@@ -21,7 +21,7 @@ use archgen_runtime::deltanet::{
     normalize_qk, rms_norm_gated, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet,
     InProj, MixerCache, SharedExpertMoe,
 };
-use archgen_runtime::layers::{Linear, Quantized, SwitchLinear};
+use archgen_runtime::layers::{Linear, QuantForm, Quantized, SwitchLinear};
 use archgen_runtime::mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
 use archgen_runtime::moe::{SoftmaxTopKRouter, SwitchGlu, TopKProbs};
@@ -171,7 +171,7 @@ impl Case {
                     wq,
                     Some(Quantized {
                         scales,
-                        biases,
+                        form: QuantForm::Affine { biases },
                         group_size: q.group,
                         bits: q.bits,
                     }),
@@ -215,7 +215,11 @@ impl Case {
     ) -> SwitchLinear {
         let w = self.rand(&[e, out, inp], 1.0 / (inp as f32).sqrt(), dt);
         let (weight, quant) = self.weight(path, &w, q);
-        SwitchLinear { weight, quant }
+        SwitchLinear {
+            weight,
+            quant,
+            bias: None,
+        }
     }
 
     /// A norm weight around 1 (what converted checkpoints hold).

@@ -11,11 +11,12 @@ use archgen_runtime::attention::{causal_mask, softcapped_attention, Mask};
 use archgen_runtime::blocks::{Activation, GateUp, GroupRoutedMoe, Mlp};
 use archgen_runtime::bytes::array_bytes;
 use archgen_runtime::cache::{KvCache, LayerCache};
-use archgen_runtime::layers::{Embedding, Linear, Quantized, SwitchLinear};
+use archgen_runtime::layers::{Embedding, Linear, QuantForm, Quantized, SwitchLinear};
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
 use archgen_runtime::moe::{
-    softmax_topk_moe, GroupTopK, SigmoidGroupRouter, SoftmaxTopKRouter, SwitchGlu, TopKProbs,
+    biased_experts_moe, softmax_topk_moe, GroupTopK, SigmoidGroupRouter, SoftmaxTopKRouter,
+    SwitchGlu, TopKProbs, TopKSoftmaxRouter,
 };
 use archgen_runtime::ops::{
     divide_weak, gelu_approx_times, multiply_weak, one_plus, rms_norm, softcap_eager,
@@ -160,7 +161,7 @@ impl Case {
                     wq,
                     Some(Quantized {
                         scales,
-                        biases,
+                        form: QuantForm::Affine { biases },
                         group_size: q.group,
                         bits: q.bits,
                     }),
@@ -212,7 +213,11 @@ impl Case {
     ) -> SwitchLinear {
         let w = self.rand(&[e, out, inp], 1.0 / (inp as f32).sqrt(), dt);
         let (weight, quant) = self.weight(path, &w, q);
-        SwitchLinear { weight, quant }
+        SwitchLinear {
+            weight,
+            quant,
+            bias: None,
+        }
     }
 }
 
@@ -490,6 +495,98 @@ fn qwen3_moe(dt: Dt, q: Option<Quant>, m: &MoeShape, tokens: i32, probs: TopKPro
     let x = c.rand(&[1, tokens, m.hidden], 2.0, dt);
     c.input("x", &x);
     c.out("y", softmax_topk_moe(&router, &glu, &x)?);
+    Ok(c)
+}
+
+/// How a gpt_oss `MLPBlock` case quantizes its experts.
+#[derive(Clone, Copy, Debug)]
+enum ExpertQuant {
+    /// As every other module: unquantized, or affine at the case's `q`.
+    AsTheRest,
+    /// mxfp4 (4 bits, groups of 32, uint8 scales, no biases), as
+    /// mlx-community's gpt-oss-20b-MXFP4-Q8 stores them.
+    Mxfp4,
+}
+
+/// gpt_oss's `MLPBlock`: the biased `router`, top-k of its logits, a precise
+/// softmax over the k, SwitchGLU experts with a bias per projection and the
+/// compiled `swiglu_oai`, weighted and summed. Quantized as mlx-lm's
+/// quant_predicate does: the router at 8 bits, group 64, the experts at `q`
+/// or in mxfp4.
+fn gpt_oss_mlp(dt: Dt, q: Option<Quant>, eq: ExpertQuant, m: &MoeShape, tokens: i32) -> R<Case> {
+    let experts_tag = match eq {
+        ExpertQuant::AsTheRest => "",
+        ExpertQuant::Mxfp4 => "_mxfp4",
+    };
+    let name = format!(
+        "gpt_oss_mlp_{}_{}{experts_tag}_{}x{}e{}k{}_t{tokens}",
+        dt.tag(),
+        quant_tag(q),
+        m.hidden,
+        m.inter,
+        m.experts,
+        m.top_k
+    );
+    let spec = json!({
+        "hidden": m.hidden, "intermediate": m.inter, "experts": m.experts, "top_k": m.top_k,
+        "quant": quant_json(q), "experts_mxfp4": matches!(eq, ExpertQuant::Mxfp4),
+    });
+    let mut c = Case::new("gpt_oss_mlp", name, spec);
+    let router_q = q.map(|_| Quant { bits: 8, group: 64 });
+    // Router logits a few units wide, so the top-k and softmax are far from uniform.
+    let rw = c.rand(&[m.experts, m.hidden], 4.0 / (m.hidden as f32).sqrt(), dt);
+    let (weight, quant) = c.weight("router", &rw, router_q);
+    let router_bias = c.rand(&[m.experts], 0.5, dt);
+    c.param("router.bias", &router_bias);
+    let router = TopKSoftmaxRouter {
+        router: Linear {
+            weight,
+            quant,
+            weight_t: None,
+            bias: Some(router_bias),
+        },
+        top_k: m.top_k,
+    };
+    let proj = |c: &mut Case, name: &str, out: i32, inp: i32| -> R<SwitchLinear> {
+        let path = format!("experts.{name}");
+        let mut l = match eq {
+            ExpertQuant::AsTheRest => c.switch_linear(&path, m.experts, out, inp, dt, q),
+            ExpertQuant::Mxfp4 => {
+                let w = c.rand(&[m.experts, out, inp], 1.0 / (inp as f32).sqrt(), dt);
+                let parts = archgen_runtime::mlx_c::quantize_with_mode(&w, (32, 4), c"mxfp4")?;
+                let [wq, scales] = <[Array; 2]>::try_from(parts).map_err(|p| {
+                    mlx_rs::error::Exception::custom(format!(
+                        "mxfp4 quantize gave {} arrays",
+                        p.len()
+                    ))
+                })?;
+                c.param(&format!("{path}.weight"), &wq);
+                c.param(&format!("{path}.scales"), &scales);
+                SwitchLinear {
+                    weight: wq,
+                    quant: Some(Quantized {
+                        scales,
+                        form: QuantForm::Mxfp4,
+                        group_size: 32,
+                        bits: 4,
+                    }),
+                    bias: None,
+                }
+            }
+        };
+        let bias = c.rand(&[m.experts, out], 0.5, dt);
+        c.param(&format!("{path}.bias"), &bias);
+        l.bias = Some(bias);
+        Ok(l)
+    };
+    let glu = SwitchGlu {
+        gate_proj: proj(&mut c, "gate_proj", m.inter, m.hidden)?,
+        up_proj: proj(&mut c, "up_proj", m.inter, m.hidden)?,
+        down_proj: proj(&mut c, "down_proj", m.hidden, m.inter)?,
+    };
+    let x = c.rand(&[1, tokens, m.hidden], 2.0, dt);
+    c.input("x", &x);
+    c.out("y", biased_experts_moe(&router, &glu, &x)?);
     Ok(c)
 }
 
@@ -1518,6 +1615,62 @@ fn all_cases() -> R<Vec<Case>> {
         }
     }
     cases.push(lfm2_short_conv(Dt::Bf16, None, 2048, 3)?);
+
+    // gpt_oss's MLPBlock: 8 experts of width 64, top-4, 5 tokens (20 routed
+    // pairs: no sort) and 20 (80: SwitchGLU's sort path), f32 dense and bf16
+    // 4-bit g64 with the router at 8 bits; mxfp4 experts with the rest 8-bit
+    // g64 (mlx-community's MXFP4-Q8); gpt-oss-20b's 2880 widths, 8 of its
+    // experts, both quantized forms.
+    let tiny = MoeShape {
+        hidden: 64,
+        inter: 64,
+        experts: 8,
+        top_k: 4,
+    };
+    let q8 = Quant { bits: 8, group: 64 };
+    for tokens in [5, 20] {
+        cases.push(gpt_oss_mlp(
+            Dt::F32,
+            None,
+            ExpertQuant::AsTheRest,
+            &tiny,
+            tokens,
+        )?);
+        cases.push(gpt_oss_mlp(
+            Dt::Bf16,
+            Some(Q4G64),
+            ExpertQuant::AsTheRest,
+            &tiny,
+            tokens,
+        )?);
+        cases.push(gpt_oss_mlp(
+            Dt::Bf16,
+            Some(q8),
+            ExpertQuant::Mxfp4,
+            &tiny,
+            tokens,
+        )?);
+    }
+    let oss20b = MoeShape {
+        hidden: 2880,
+        inter: 2880,
+        experts: 8,
+        top_k: 4,
+    };
+    cases.push(gpt_oss_mlp(
+        Dt::Bf16,
+        Some(Q4G64),
+        ExpertQuant::AsTheRest,
+        &oss20b,
+        9,
+    )?);
+    cases.push(gpt_oss_mlp(
+        Dt::Bf16,
+        Some(q8),
+        ExpertQuant::Mxfp4,
+        &oss20b,
+        9,
+    )?);
     Ok(cases)
 }
 

@@ -139,6 +139,24 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
             "bfloat16"
         };
         let q = ir.quantization.as_ref().map(|q| q.default);
+        // Modules quantized in another mode than affine (mxfp4 experts): the
+        // checkpoint writer takes them as its quant_predicate's answers.
+        let mode_overrides: serde_json::Map<String, Value> = ir
+            .quantization
+            .as_ref()
+            .map(|q| {
+                q.overrides
+                    .iter()
+                    .filter_map(|(path, entry)| match entry {
+                        Some(p) if p.mode != archgen_ir::QuantMode::Affine => Some((
+                            path.clone(),
+                            json!({"group_size": p.group_size, "bits": p.bits, "mode": p.mode.as_str()}),
+                        )),
+                        Some(_) | None => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         let kv = archgen_tests::quantized_kv_layers(&ir);
         let mixed_kv = spec.mixed_kv().map(|m| {
             let layers: serde_json::Map<String, Value> = m
@@ -161,6 +179,7 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
             "dtype": dtype,
             "bits": q.map(|q| q.bits),
             "group_size": q.map(|q| q.group_size),
+            "mode_overrides": if mode_overrides.is_empty() { Value::Null } else { Value::Object(mode_overrides) },
             "kv_quant": if kv.is_empty() { Value::Null } else { Value::Object(kv) },
             "mixed_kv": mixed_kv,
             "prompt_ids": ids,

@@ -84,6 +84,16 @@ pub mod glm4_moe_grouped_tiny_q8;
 #[rustfmt::skip]
 pub mod glm4_moe_grouped_tiny;
 #[rustfmt::skip]
+pub mod gpt_oss_20b_l2_q4;
+#[rustfmt::skip]
+pub mod gpt_oss_20b_tiny_mxfp4_q8;
+#[rustfmt::skip]
+pub mod gpt_oss_20b_tiny_q4;
+#[rustfmt::skip]
+pub mod gpt_oss_20b_tiny;
+#[rustfmt::skip]
+pub mod gpt_oss_20b;
+#[rustfmt::skip]
 pub mod granite_3_3_2b_l2;
 #[rustfmt::skip]
 pub mod granite_3_3_2b_tiny_q4;
@@ -422,6 +432,31 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "glm4-moe-grouped-tiny",
         spec: "specs/glm4-moe-grouped-tiny.yaml",
         fingerprint: glm4_moe_grouped_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gpt-oss-20b-l2-q4",
+        spec: "specs/gpt-oss-20b-l2-q4.yaml",
+        fingerprint: gpt_oss_20b_l2_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gpt-oss-20b-tiny-mxfp4-q8",
+        spec: "specs/gpt-oss-20b-tiny-mxfp4-q8.yaml",
+        fingerprint: gpt_oss_20b_tiny_mxfp4_q8::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gpt-oss-20b-tiny-q4",
+        spec: "specs/gpt-oss-20b-tiny-q4.yaml",
+        fingerprint: gpt_oss_20b_tiny_q4::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gpt-oss-20b-tiny",
+        spec: "specs/gpt-oss-20b-tiny.yaml",
+        fingerprint: gpt_oss_20b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gpt-oss-20b",
+        spec: "specs/gpt-oss-20b.yaml",
+        fingerprint: gpt_oss_20b::FINGERPRINT,
     },
     GeneratedModel {
         name: "granite-3.3-2b-l2",
@@ -861,6 +896,21 @@ pub fn run<T: ModelTask>(
         }
         glm4_moe_grouped_tiny::FINGERPRINT => {
             Some(glm4_moe_grouped_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        gpt_oss_20b_l2_q4::FINGERPRINT => {
+            Some(gpt_oss_20b_l2_q4::load(weights).map(|m| task.run(&m)))
+        }
+        gpt_oss_20b_tiny_mxfp4_q8::FINGERPRINT => {
+            Some(gpt_oss_20b_tiny_mxfp4_q8::load(weights).map(|m| task.run(&m)))
+        }
+        gpt_oss_20b_tiny_q4::FINGERPRINT => {
+            Some(gpt_oss_20b_tiny_q4::load(weights).map(|m| task.run(&m)))
+        }
+        gpt_oss_20b_tiny::FINGERPRINT => {
+            Some(gpt_oss_20b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        gpt_oss_20b::FINGERPRINT => {
+            Some(gpt_oss_20b::load(weights).map(|m| task.run(&m)))
         }
         granite_3_3_2b_l2::FINGERPRINT => {
             Some(granite_3_3_2b_l2::load(weights).map(|m| task.run(&m)))

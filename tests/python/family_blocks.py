@@ -20,7 +20,8 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import deepseek_v3, gemma2, gemma3_text, glm4_moe, granite, lfm2, minicpm, olmo2, phi3, qwen3_moe
+from mlx_lm.models import (deepseek_v3, gemma2, gemma3_text, glm4_moe, gpt_oss, granite, lfm2,
+                            minicpm, olmo2, phi3, qwen3_moe)
 from mlx_lm.models.base import create_attention_mask, create_causal_mask, create_ssm_mask
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.rope_utils import initialize_rope
@@ -190,6 +191,26 @@ def run(case):
         # The paths the predicate sees in a model: model.layers.N.mlp.<name>.
         m = loaded(block_module, case, params,
                    lambda path, mod: predicate("model.layers.0.mlp." + path, mod))
+        return {"y": m(x["x"])}
+    if block == "gpt_oss_mlp":
+        # gpt_oss.MLPBlock quantized by gpt_oss.Model's own quant_predicate
+        # (router at 8 bits, group 64); mxfp4 experts as mlx-community's
+        # MXFP4-Q8 conversion writes them.
+        args = gpt_oss.ModelArgs(
+            model_type="gpt_oss", hidden_size=case["hidden"],
+            intermediate_size=case["intermediate"], num_local_experts=case["experts"],
+            num_experts_per_tok=case["top_k"], num_hidden_layers=2, vocab_size=1)
+        own = gpt_oss.Model.quant_predicate.fget(None)
+        mxfp4 = {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+
+        def predicate(path, module):
+            if not hasattr(module, "to_quantized"):
+                return False
+            if case["experts_mxfp4"] and path.startswith("experts."):
+                return dict(mxfp4)
+            return own(path, module)
+
+        m = loaded(gpt_oss.MLPBlock(args), case, params, predicate)
         return {"y": m(x["x"])}
     if block == "glm4_moe":
         # glm4_moe.MoE as its DecoderLayer builds it past first_k_dense_replace;

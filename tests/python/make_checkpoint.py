@@ -126,17 +126,32 @@ def _split_shards(weights: dict, n: int) -> list[dict]:
 
 def write_checkpoint(config: dict, out: Path, seed: int, dtype: str = "bfloat16",
                      bits: Optional[int] = None, group_size: Optional[int] = None,
-                     shards: int = 1) -> dict:
-    """Returns the config as written to config.json."""
+                     shards: int = 1, mode_overrides: Optional[dict] = None) -> dict:
+    """Returns the config as written to config.json.
+
+    mode_overrides: {module path: {"group_size", "bits", "mode"}} for modules
+    quantized in another mode than the affine default (mlx-community's
+    gpt-oss experts in mxfp4); every other module keeps the model's own
+    quant_predicate.
+    """
     config = copy.deepcopy(config)
     model = build_model(config)
     init_weights(model, config, seed, DTYPES[dtype])
     if bits is not None:
         # Same call as mlx_lm.convert(quantize=True): the model's own
         # quant_predicate (gemma4: router.proj -> 8-bit g64) is picked up.
+        predicate = None
+        if mode_overrides:
+            own = getattr(model, "quant_predicate", None)
+
+            def predicate(path, module):
+                if path in mode_overrides:
+                    return dict(mode_overrides[path])
+                return own(path, module) if own is not None else True
         with contextlib.redirect_stdout(sys.stderr):  # keep stdout clean
             model, config = mlx_utils.quantize_model(model, config, group_size,
-                                                     bits, mode="affine")
+                                                     bits, mode="affine",
+                                                     quant_predicate=predicate)
     out.mkdir(parents=True, exist_ok=True)
     if shards > 1:
         # mlx-lm shards only past 5 GB; patch its splitter so a tiny model

@@ -5,7 +5,8 @@ and mlx-lm are compared on exactly the structure each spec declares.
 
 Usage: spec_cases.py JOBS.json
 JOBS.json: [{"config": {...}, "out": DIR, "seed": S, "dtype": "bfloat16",
-             "bits": null|B, "group_size": null|G, "kv_quant": null|{"layer": [bits, group]},
+             "bits": null|B, "group_size": null|G, "mode_overrides": null|{path: {...}},
+             "kv_quant": null|{"layer": [bits, group]},
              "mixed_kv": null|{"layers": {"layer": [bits, group]}, "quantized_kv_start": S},
              "prompt_ids": [...], "decode_steps": N}]
 Writes DIR/model/ (checkpoint, plus kv_config.json when kv_quant or mixed_kv, and
@@ -41,7 +42,8 @@ def main() -> None:
         out = Path(job["out"])
         model_dir = out / "model"
         write_checkpoint(job["config"], model_dir, job["seed"], job["dtype"],
-                         job.get("bits"), job.get("group_size"))
+                         job.get("bits"), job.get("group_size"),
+                         mode_overrides=job.get("mode_overrides"))
         if job.get("kv_quant"):
             kv = {int(k): (v[0], v[1]) for k, v in job["kv_quant"].items()}
             write_kv_config(model_dir, kv)

@@ -133,6 +133,7 @@ fn attention_line(a: &Attention, input: &str) -> String {
     match a.bias {
         ProjectionBias::None => {}
         ProjectionBias::QueryKeyValue => steps.push("with bias".to_string()),
+        ProjectionBias::QueryKeyValueOutput => steps.push("with bias (o_proj too)".to_string()),
     }
     steps.extend(words::qk_norm(a.qk_norm).map(String::from));
     steps.push(words::no_rope(a.rope.kind).unwrap_or("RoPE").to_string());
@@ -143,6 +144,7 @@ fn attention_line(a: &Attention, input: &str) -> String {
     steps.push(match a.scores {
         Scores::FusedSdpa => "scaled_dot_product_attention".to_string(),
         Scores::Softcapped { cap } => format!("scores softcapped at {cap}, softmax"),
+        Scores::FusedSdpaWithSinks => "scaled_dot_product_attention with sinks".to_string(),
     });
     match a.output_gate {
         OutputGate::None => {}
@@ -178,6 +180,10 @@ fn rest_lines(l: &Layer) -> Vec<String> {
             ", self.mlp: {} routed experts, top-{}, and shared experts",
             moe.num_experts, moe.top_k
         ),
+        FeedForward::BiasedExperts(m) => format!(
+            ", self.mlp: {} routed experts with biases, top-{}, clamped SwiGLU",
+            m.num_experts, m.top_k
+        ),
     };
     let mut lines = Vec::new();
     match (l.norms.arrangement, l.ffn) {
@@ -200,7 +206,8 @@ fn rest_lines(l: &Layer) -> Vec<String> {
             FeedForward::Mlp(_)
             | FeedForward::Moe(_)
             | FeedForward::MoeAndSharedExpert { .. }
-            | FeedForward::MoeAndSharedExperts { .. },
+            | FeedForward::MoeAndSharedExperts { .. }
+            | FeedForward::BiasedExperts(_),
         ) => {
             lines.push(format!("h = h + self.post_attention_layernorm(a){scaled}"));
             lines.push(format!(

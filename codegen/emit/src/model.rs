@@ -121,6 +121,7 @@ fn activation_tokens(a: Activation) -> TokenStream {
         Activation::GeluApprox => quote! { b::Activation::GeluApprox },
         Activation::GeluApproxThenMultiply => quote! { b::Activation::GeluApproxThenMultiply },
         Activation::Silu => quote! { b::Activation::Silu },
+        Activation::ClampedSwiglu => quote! { b::Activation::ClampedSwiglu },
     }
 }
 
@@ -142,6 +143,7 @@ fn shape_tokens(a: &Attention) -> Result<TokenStream, String> {
             let cap = lit_f32(cap);
             quote! { b::Scores::Softcapped { cap: #cap } }
         }
+        Scores::FusedSdpaWithSinks => quote! { b::Scores::FusedSdpaWithSinks },
     };
     Ok(quote! {
         AttentionShape { n_heads: #h, n_kv_heads: #kv, head_dim: #hd, eps: EPS, scale: #scale, value_norm: #value_norm, scores: #scores }
@@ -193,6 +195,7 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
         Activation::GeluApprox => "GeGLU MLP",
         Activation::GeluApproxThenMultiply => "GELU-then-multiply MLP",
         Activation::Silu => "SwiGLU MLP",
+        Activation::ClampedSwiglu => "clamped-SwiGLU MLP",
     };
     let fused = |m: GatedMlp| match m.projection {
         GateUpProjection::Separate => "",
@@ -215,6 +218,10 @@ fn kind_doc(l: &Layer, layers: &[usize]) -> String {
             "{} sigmoid-routed experts (top-{}) and ungated shared experts of width {} in place of the MLP",
             moe.num_experts, moe.top_k, shared.width
         ),
+        FeedForward::BiasedExperts(m) => format!(
+            "{} routed experts (top-{}) with biases and the clamped SwiGLU in place of the MLP",
+            m.num_experts, m.top_k
+        ),
     });
     parts.extend(words::layer_extras(l));
     format!(
@@ -232,6 +239,7 @@ fn attention_doc(a: &Attention, parts: &mut Vec<String>) {
         Scores::Softcapped { cap } => {
             parts.push(format!("written-out attention, scores softcapped at {cap}"))
         }
+        Scores::FusedSdpaWithSinks => parts.push("attention sinks".to_string()),
     }
     parts.push(match a.kv {
         KvSource::Own {
@@ -305,9 +313,14 @@ fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
             }
             (
                 Router::ScaledTopKSoftmax,
-                Activation::Silu | Activation::GeluApproxThenMultiply,
+                Activation::Silu | Activation::GeluApproxThenMultiply | Activation::ClampedSwiglu,
             )
-            | (Router::SoftmaxTopK { .. } | Router::SigmoidGroupTopK(_), _) => Err(format!(
+            | (
+                Router::SoftmaxTopK { .. }
+                | Router::SigmoidGroupTopK(_)
+                | Router::TopKPreciseSoftmax,
+                _,
+            ) => Err(format!(
                 "layer kind {kind}: experts beside the MLP run only with Gemma-4's router and GeGLU"
             )),
         },
@@ -320,9 +333,14 @@ fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
             }
             (
                 Router::SoftmaxTopK { .. },
-                Activation::GeluApprox | Activation::GeluApproxThenMultiply,
+                Activation::GeluApprox | Activation::GeluApproxThenMultiply | Activation::ClampedSwiglu,
             )
-            | (Router::ScaledTopKSoftmax | Router::SigmoidGroupTopK(_), _) => Err(format!(
+            | (
+                Router::ScaledTopKSoftmax
+                | Router::SigmoidGroupTopK(_)
+                | Router::TopKPreciseSoftmax,
+                _,
+            ) => Err(format!(
                 "layer kind {kind}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU"
             )),
         },
@@ -336,9 +354,14 @@ fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
             }
             (
                 Router::SoftmaxTopK { .. },
-                Activation::GeluApprox | Activation::GeluApproxThenMultiply,
+                Activation::GeluApprox | Activation::GeluApproxThenMultiply | Activation::ClampedSwiglu,
             )
-            | (Router::ScaledTopKSoftmax | Router::SigmoidGroupTopK(_), _) => Err(format!(
+            | (
+                Router::ScaledTopKSoftmax
+                | Router::SigmoidGroupTopK(_)
+                | Router::TopKPreciseSoftmax,
+                _,
+            ) => Err(format!(
                 "layer kind {kind}: experts with a shared expert run only with the softmax-then-top-k router and SwiGLU"
             )),
         },
@@ -356,10 +379,35 @@ fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
             }
             (
                 Router::SigmoidGroupTopK(_),
-                Activation::GeluApprox | Activation::GeluApproxThenMultiply,
+                Activation::GeluApprox | Activation::GeluApproxThenMultiply | Activation::ClampedSwiglu,
             )
-            | (Router::ScaledTopKSoftmax | Router::SoftmaxTopK { .. }, _) => Err(format!(
+            | (
+                Router::ScaledTopKSoftmax
+                | Router::SoftmaxTopK { .. }
+                | Router::TopKPreciseSoftmax,
+                _,
+            ) => Err(format!(
                 "layer kind {kind}: experts with shared experts run only with the sigmoid group router and SwiGLU"
+            )),
+        },
+        FeedForward::BiasedExperts(m) => match (m.router, m.activation) {
+            (Router::TopKPreciseSoftmax, Activation::ClampedSwiglu) => {
+                let experts = sizes(m)?;
+                Ok(experts_only(quote! {
+                    ffn: FeedForward::BiasedExperts(b::load_biased_experts_moe(w, i, HIDDEN, #experts)),
+                }))
+            }
+            (
+                Router::TopKPreciseSoftmax,
+                Activation::GeluApprox | Activation::GeluApproxThenMultiply | Activation::Silu,
+            )
+            | (
+                Router::ScaledTopKSoftmax
+                | Router::SoftmaxTopK { .. }
+                | Router::SigmoidGroupTopK(_),
+                _,
+            ) => Err(format!(
+                "layer kind {kind}: biased experts run only with the top-k softmax router and the clamped SwiGLU"
             )),
         },
     }
@@ -396,6 +444,7 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
         FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => {
             unsupported("routed experts without a shared expert")
         }
+        FeedForward::BiasedExperts(_) => unsupported("routed experts with biases"),
     }
 }
 
@@ -1051,6 +1100,14 @@ impl KvParts {
                     b::load_biases(w, i, b::ProjectionBias::QueryKeyValue, &mut layer.attn, None, Self::SHAPE);
                 },
             }),
+            ProjectionBias::QueryKeyValueOutput => Some(match own {
+                Some(_) => quote! {
+                    b::load_biases(w, i, b::ProjectionBias::QueryKeyValueOutput, &mut layer.attn, Some(&mut layer.kv), Self::SHAPE);
+                },
+                None => quote! {
+                    b::load_biases(w, i, b::ProjectionBias::QueryKeyValueOutput, &mut layer.attn, None, Self::SHAPE);
+                },
+            }),
         };
         match own {
             Some(v) => KvParts {
@@ -1166,7 +1223,8 @@ impl<'a> PlainAttentionKind<'a> {
             FeedForward::Mlp(_)
             | FeedForward::MlpAndMoe { .. }
             | FeedForward::Moe(_)
-            | FeedForward::MoeAndSharedExperts { .. } => {}
+            | FeedForward::MoeAndSharedExperts { .. }
+            | FeedForward::BiasedExperts(_) => {}
             FeedForward::MoeAndSharedExpert { .. } => {
                 return Err(format!(
                     "layer kind {}: routed experts with a shared expert run only beside a Gated DeltaNet or gated attention",
@@ -1356,7 +1414,8 @@ fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
         FeedForward::MlpAndMoe { .. }
         | FeedForward::Moe(_)
         | FeedForward::MoeAndSharedExpert { .. }
-        | FeedForward::MoeAndSharedExperts { .. } => return unsupported("routed experts"),
+        | FeedForward::MoeAndSharedExperts { .. }
+        | FeedForward::BiasedExperts(_) => return unsupported("routed experts"),
     };
     match (l.input, l.scalar, l.residual, a.bias) {
         (LayerInput::None, LayerScalar::None, Residual::Plain, ProjectionBias::None) => {}
@@ -1365,7 +1424,9 @@ fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
         (_, _, Residual::DepthScaled { .. } | Residual::Scaled { .. }, _) => {
             return unsupported("scaled residual branches")
         }
-        (.., ProjectionBias::QueryKeyValue) => return unsupported("a q/k/v bias"),
+        (.., ProjectionBias::QueryKeyValue | ProjectionBias::QueryKeyValueOutput) => {
+            return unsupported("a projection bias")
+        }
     }
     let name = ident(&kind.name);
     let doc = kind_doc(l, &kind.layers);

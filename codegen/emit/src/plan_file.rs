@@ -84,6 +84,7 @@ fn router_text(router: Router) -> &'static str {
             probs: TopKProbs::AsTaken,
         } => "softmax then top-k",
         Router::SigmoidGroupTopK(_) => "sigmoid + correction bias, group-limited top-k (noaux_tc)",
+        Router::TopKPreciseSoftmax => "biased router, top-k then softmax",
     }
 }
 
@@ -92,6 +93,7 @@ fn mlp_text(m: GatedMlp) -> String {
         Activation::GeluApprox => "GeGLU",
         Activation::GeluApproxThenMultiply => "GELU*up",
         Activation::Silu => "SwiGLU",
+        Activation::ClampedSwiglu => "clamped SwiGLU",
     };
     match m.projection {
         GateUpProjection::Separate => format!("{act} {}", m.width),
@@ -250,6 +252,7 @@ fn attention_cols(a: &Attention) -> MixerCols {
             match a.scores {
                 Scores::FusedSdpa => String::new(),
                 Scores::Softcapped { cap } => format!(", scores softcapped at {cap}"),
+                Scores::FusedSdpaWithSinks => ", sinks".to_string(),
             }
         ),
         kv_quant,
@@ -293,7 +296,9 @@ fn ffn_text(ffn: FeedForward) -> String {
                     },
                     g.routed_scaling_factor
                 ),
-                Router::ScaledTopKSoftmax | Router::SoftmaxTopK { .. } => String::new(),
+                Router::ScaledTopKSoftmax
+                | Router::SoftmaxTopK { .. }
+                | Router::TopKPreciseSoftmax => String::new(),
             };
             format!(
                 "MoE {} experts top-{} width {} ({}{}) + shared experts {} (ungated), no dense MLP",
@@ -305,6 +310,14 @@ fn ffn_text(ffn: FeedForward) -> String {
                 shared.width
             )
         }
+        FeedForward::BiasedExperts(moe) => format!(
+            "MoE {} experts top-{} width {} ({}, {:?} activation, biases on every expert projection), no dense MLP",
+            moe.num_experts,
+            moe.top_k,
+            moe.width,
+            router_text(moe.router),
+            moe.activation
+        ),
     }
 }
 

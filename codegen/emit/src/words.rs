@@ -36,6 +36,7 @@ pub(crate) fn projection_extras(a: &Attention) -> Vec<&'static str> {
     let bias = match a.bias {
         ProjectionBias::None => None,
         ProjectionBias::QueryKeyValue => Some("q/k/v bias"),
+        ProjectionBias::QueryKeyValueOutput => Some("q/k/v/o bias"),
     };
     let fused = match a.projection {
         QkvProjection::Separate => None,

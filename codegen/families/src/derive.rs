@@ -49,6 +49,7 @@ pub(crate) fn parse_derived(
                 S::Glm4Moe(parent) => reduce::read(value, tree, origin, &parent).map(S::Glm4Moe),
                 S::Gemma4(_) => unreachable_family(tree, origin),
                 S::DeepseekV3(_) => no_derived_form(tree, origin, "deepseek_v3"),
+                S::GptOss(parent) => reduce::read(value, tree, origin, &parent).map(S::GptOss),
             };
         }
     }
@@ -119,7 +120,8 @@ pub(crate) fn parse_derived(
         | crate::Spec::Qwen35(_)
         | crate::Spec::Lfm2(_)
         | crate::Spec::Glm4Moe(_)
-        | crate::Spec::DeepseekV3(_) => return unreachable_family(tree, origin),
+        | crate::Spec::DeepseekV3(_)
+        | crate::Spec::GptOss(_) => return unreachable_family(tree, origin),
     };
 
     let (spec, mut issues) = apply(&parent, &file);

@@ -98,7 +98,8 @@ pub fn from_config_json_kv(
         | crate::Spec::Qwen35(_)
         | crate::Spec::Lfm2(_)
         | crate::Spec::Glm4Moe(_)
-        | crate::Spec::DeepseekV3(_) => {
+        | crate::Spec::DeepseekV3(_)
+        | crate::Spec::GptOss(_) => {
             return Err(ImportError {
                 problems: vec![format!(
                     "kv_config.json: mlx-optiq's per-layer mixed KV is supported for Gemma-4 and the dense families (qwen3, llama, qwen2) only, not for {}",

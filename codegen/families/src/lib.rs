@@ -67,6 +67,7 @@ mod document;
 mod gemma;
 mod gemma4;
 mod glm4_moe;
+mod gpt_oss;
 mod hf;
 mod hints;
 pub mod import;
@@ -105,6 +106,10 @@ pub use gemma::{
 pub use glm4_moe::{
     Glm4MoeAttentionOptions, Glm4MoeDerive, Glm4MoeDerivedSpecFile, Glm4MoeReduce, Glm4MoeRope,
     Glm4MoeSpec,
+};
+pub use gpt_oss::{
+    GptOssAttentionLayers, GptOssDerive, GptOssDerivedSpecFile, GptOssExperts, GptOssLayerType,
+    GptOssReduce, GptOssRope, GptOssSpec, GptOssYarn,
 };
 pub use hf::spec_hash;
 pub use lfm2::{
@@ -161,6 +166,8 @@ pub enum Spec {
     Glm4Moe(Glm4MoeSpec),
     /// DeepSeek-V3 (and Kimi-K2).
     DeepseekV3(DeepseekV3Spec),
+    /// gpt-oss.
+    GptOss(GptOssSpec),
 }
 
 /// `$body` with `$s` bound to the family's document in `$spec`, whichever
@@ -177,6 +184,7 @@ macro_rules! with_document {
             Spec::Lfm2($s) => $body,
             Spec::Glm4Moe($s) => $body,
             Spec::DeepseekV3($s) => $body,
+            Spec::GptOss($s) => $body,
         }
     };
 }
@@ -259,7 +267,8 @@ pub fn to_config_json(spec: &Spec) -> serde_json::Value {
         | Spec::Qwen35(_)
         | Spec::Lfm2(_)
         | Spec::Glm4Moe(_)
-        | Spec::DeepseekV3(_) => hf::without_quantization(to_hf_json(spec)),
+        | Spec::DeepseekV3(_)
+        | Spec::GptOss(_) => hf::without_quantization(to_hf_json(spec)),
     }
 }
 
@@ -331,6 +340,8 @@ enum SpecDocument {
     Glm4Moe(glm4_moe::Glm4MoeSpec),
     DerivedGlm4Moe(glm4_moe::Glm4MoeDerivedSpecFile),
     DeepseekV3(deepseek_v3::DeepseekV3Spec),
+    GptOss(gpt_oss::GptOssSpec),
+    DerivedGptOss(gpt_oss::GptOssDerivedSpecFile),
 }
 
 /// The JSON Schema of spec files (both forms), pretty-printed with a final newline.
@@ -503,6 +514,10 @@ fn parse_inner(
         deepseek_v3::LAYOUT
             .parse(value, &tree, origin)
             .map(Spec::DeepseekV3)
+    } else if declared_family(&value) == Some(Family::GptOss) {
+        gpt_oss::LAYOUT
+            .parse(value, &tree, origin)
+            .map(Spec::GptOss)
     } else {
         let spec = deserialize_full(value, &tree, origin)?;
         let issues = gemma4::check(&spec);

@@ -22,6 +22,7 @@ static FAMILIES: &[&ModelFamily] = &[
     &crate::glm4_moe::FAMILY,
     &crate::qwen3_5::qwen3_next::FAMILY,
     &crate::deepseek_v3::FAMILY,
+    &crate::gpt_oss::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any does.

@@ -459,14 +459,15 @@ fn dense_specs_are_their_imported_configs() {
                 || spec.family() == Family::Qwen3Moe
                 || spec.family() == Family::MiniCpm
                 || spec.family() == Family::Glm4Moe
-                || spec.family() == Family::DeepseekV3,
+                || spec.family() == Family::DeepseekV3
+                || spec.family() == Family::GptOss,
             "{name}"
         );
         seen += 1;
     }
     assert_eq!(
         seen, 17,
-        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B, SmolLM3-3B, Granite-3.3-2B, Phi-3-mini-4k, OLMo-2-1124-7B, GLM-4.5-Air, DeepSeek-V3"
+        "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B, SmolLM3-3B, Granite-3.3-2B, Phi-3-mini-4k, OLMo-2-1124-7B, GLM-4.5-Air, DeepSeek-V3, gpt-oss-20b"
     );
     hybrid.sort();
     assert_eq!(
@@ -1549,4 +1550,75 @@ fn an_unsupported_model_type_is_refused_with_the_registry_list() {
         vec!["kv_config.json: KV-cache quantization is supported for Gemma-4 only (mlx-lm's gemma2 attention cannot read a quantized cache)".to_string()]
     );
     assert_eq!(supported_model_types(), ConfigModelType::ALL);
+}
+
+/// gpt_oss: `layer_types` defaults to sliding and full in turn for an even
+/// layer count and is required for an odd one (gpt_oss.py's `zip` would
+/// drop the last layer); `rope_scaling` is yarn (its absent keys
+/// `YarnRoPE`'s defaults) or null; a Hugging Face `quantization_config` is
+/// noted, not read.
+#[test]
+fn gpt_oss_import_reads_the_module_defaults_and_refuses_what_it_cannot_run() {
+    let config = json!({
+        "model_type": "gpt_oss",
+        "num_hidden_layers": 4,
+        "hidden_size": 64,
+        "intermediate_size": 32,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 512,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "sliding_window": 8,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
+        "quantization_config": {"quant_method": "mxfp4"},
+    });
+    let (spec, applied) = from_config_json(&config, None, "x").unwrap();
+    let Spec::GptOss(s) = spec else {
+        panic!("not gpt_oss")
+    };
+    use archgen_families::GptOssLayerType::{Full, Sliding};
+    assert_eq!(
+        s.attention_layers.layer_types,
+        vec![Sliding, Full, Sliding, Full]
+    );
+    let y = s.rope.scaling.expect("yarn");
+    assert_eq!(
+        (y.factor, y.original_max_position_embeddings, y.beta_fast),
+        (4.0, 4096.0, 32.0)
+    );
+    assert!(s.quantization.is_none());
+    let noted: Vec<&str> = applied.iter().map(|a| a.field.as_str()).collect();
+    for field in [
+        "layer_types",
+        "quantization_config",
+        "rope_scaling.beta_slow",
+    ] {
+        assert!(noted.contains(&field), "{field} not noted in {noted:?}");
+    }
+
+    let mut odd = config.clone();
+    odd["num_hidden_layers"] = json!(3);
+    let e = from_config_json(&odd, None, "x").unwrap_err();
+    assert!(
+        e.problems
+            .iter()
+            .any(|p| p.starts_with("layer_types: missing with an odd")),
+        "{:?}",
+        e.problems
+    );
+    let mut linear = config.clone();
+    linear["rope_scaling"] = json!({"rope_type": "linear", "factor": 2.0});
+    let e = from_config_json(&linear, None, "x").unwrap_err();
+    assert!(
+        e.problems
+            .iter()
+            .any(|p| p.starts_with("rope_scaling.rope_type: linear")),
+        "{:?}",
+        e.problems
+    );
+    let mut one_kind = config;
+    one_kind["layer_types"] = json!(vec!["full_attention"; 4]);
+    assert!(from_config_json(&one_kind, None, "x").is_err());
 }

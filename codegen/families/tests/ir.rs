@@ -85,6 +85,11 @@ const MODULE_COUNTS: &[(&str, u64, usize, usize)] = &[
     ("glm-4.5-air-tiny-q4", 307800, 39, 39),
     ("glm4-moe-grouped-tiny", 437088, 36, 0),
     ("glm4-moe-grouped-tiny-q8", 437088, 36, 36),
+    ("gpt-oss-20b", 20914757184, 194, 0),
+    ("gpt-oss-20b-l2-q4", 1609697104, 18, 18),
+    ("gpt-oss-20b-tiny", 318832, 34, 0),
+    ("gpt-oss-20b-tiny-mxfp4-q8", 517488, 34, 34),
+    ("gpt-oss-20b-tiny-q4", 318832, 34, 34),
     ("granite-3.3-2b", 2533539840, 281, 0),
     ("granite-3.3-2b-l2", 222322688, 15, 0),
     ("granite-3.3-2b-tiny", 180800, 29, 0),
@@ -279,7 +284,8 @@ fn every_layer(path: &str, spec: &Spec) -> Option<LayerFacts> {
         | Family::Lfm2
         | Family::Glm4Moe
         | Family::Qwen3Next
-        | Family::DeepseekV3 => None,
+        | Family::DeepseekV3
+        | Family::GptOss => None,
     }
 }
 
@@ -395,6 +401,7 @@ fn families_lower_to_their_blocks() {
                     .count();
                 let want = match bias {
                     ProjectionBias::QueryKeyValue => 3 * ir.layers.len(),
+                    ProjectionBias::QueryKeyValueOutput => 4 * ir.layers.len(),
                     ProjectionBias::None => 0,
                 };
                 assert_eq!(biases, want, "{path}");
@@ -617,6 +624,48 @@ fn families_lower_to_their_blocks() {
                     )),
                     "{path}"
                 );
+            }
+            Family::GptOss => {
+                let Spec::GptOss(s) = &spec else {
+                    panic!("{path}: family gpt_oss in a {:?}", spec.family())
+                };
+                let types = &s.attention_layers.layer_types;
+                assert_eq!(types.len(), ir.layers.len(), "{path}");
+                for (l, kind) in ir.layers.iter().zip(types) {
+                    let a = l.attention().expect("gpt_oss layers are attention");
+                    assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");
+                    assert_eq!(a.bias, ProjectionBias::QueryKeyValueOutput, "{path}");
+                    assert_eq!(a.scores, Scores::FusedSdpaWithSinks, "{path}");
+                    let d = f64::from(s.attention.head_dim);
+                    assert_eq!(a.scale, AttentionScale::Constant(1.0 / d.sqrt()), "{path}");
+                    let window = s.attention_layers.sliding_window as usize;
+                    match kind {
+                        GptOssLayerType::Sliding => assert_eq!(a.window, Window::Sliding(window)),
+                        GptOssLayerType::Full => assert_eq!(a.window, Window::Full),
+                    }
+                    match (&s.rope.scaling, a.rope.kind) {
+                        (None, RopeKind::Default { .. }) => {}
+                        (Some(y), RopeKind::Yarn { factor, .. }) => assert_eq!(factor, y.factor),
+                        (scaling, kind) => panic!("{path}: rope {kind:?} for {scaling:?}"),
+                    }
+                    let FeedForward::BiasedExperts(moe) = l.ffn else {
+                        panic!("{path}: feed-forward {:?}", l.ffn)
+                    };
+                    assert_eq!(moe.router, Router::TopKPreciseSoftmax, "{path}");
+                    assert_eq!(moe.activation, Activation::ClampedSwiglu, "{path}");
+                    assert_eq!(moe.num_experts as u32, s.moe.num_local_experts, "{path}");
+                    assert_eq!(moe.width as u32, s.mlp.intermediate_size, "{path}");
+                }
+                assert_eq!(ir.head.weight, HeadWeight::Untied, "{path}");
+                assert!(ir.checkpoint.sanitize.is_empty(), "{path}");
+                // The sinks and the router's and experts' biases are tensors of
+                // their own, outside the quantizable modules.
+                let names: Vec<String> = ir.vector_params().into_iter().map(|p| p.name).collect();
+                assert!(names.contains(&"model.layers.0.self_attn.sinks".to_string()));
+                assert!(names.contains(&"model.layers.0.self_attn.o_proj.bias".to_string()));
+                assert!(names.contains(&"model.layers.0.mlp.router.bias".to_string()));
+                let shaped: Vec<String> = ir.shaped_params().into_iter().map(|p| p.name).collect();
+                assert!(shaped.contains(&"model.layers.0.mlp.experts.down_proj.bias".to_string()));
             }
             Family::Glm4Moe => {
                 let Spec::Glm4Moe(s) = &spec else {

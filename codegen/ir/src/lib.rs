@@ -500,6 +500,10 @@ pub enum Scores {
     /// through `where(mask, s, finfo(dtype).min)`, `softmax(precise=True)`,
     /// `@ v`. The mask is always an array (`return_array=True`).
     Softcapped { cap: f32 },
+    /// `mx.fast.scaled_dot_product_attention` with `sinks=self.sinks`: a
+    /// learned logit per head (`self_attn.sinks`, `[heads]`) that joins each
+    /// row's softmax and takes no value (gpt_oss's `AttentionBlock`).
+    FusedSdpaWithSinks,
 }
 
 /// Which attention projections add a bias (a `[out]` vector, never
@@ -510,6 +514,8 @@ pub enum ProjectionBias {
     None,
     /// `q_proj`, `k_proj` and `v_proj` (not `o_proj`): Qwen2.
     QueryKeyValue,
+    /// `q_proj`, `k_proj`, `v_proj` and `o_proj` (gpt_oss's `AttentionBlock`).
+    QueryKeyValueOutput,
 }
 
 /// Normalization of queries and keys before RoPE.
@@ -557,8 +563,9 @@ pub enum AttentionScale {
     /// `1.0 / (query_pre_attn_scalar ** 0.5)`, a Python float (gemma2): a
     /// divide of a power, computed in f64, not `pow(x, -0.5)`.
     InvSqrtQueryPreAttnScalar(f64),
-    /// A Python float from the config passed as SDPA's `scale` (granite's
-    /// `attention_multiplier`, in place of `head_dim ** -0.5`).
+    /// A Python float passed as SDPA's `scale`: from the config (granite's
+    /// `attention_multiplier`, in place of `head_dim ** -0.5`) or computed by
+    /// the module (gpt_oss's `1 / math.sqrt(head_dim)`).
     Constant(f64),
 }
 
@@ -647,6 +654,12 @@ pub enum FeedForward {
         moe: Moe,
         shared: SharedExpert,
     },
+    /// Routed experts in place of the dense MLP with a bias on the router
+    /// and on each expert projection (gpt_oss's `MLPBlock`: `mlp.router`,
+    /// `mlp.experts.{gate,up,down}_proj` with `.bias` `[experts, out]`,
+    /// added as `x + expand_dims(bias[indices], -2)`), the weighted experts
+    /// summed over k, under the layer's feed-forward norm.
+    BiasedExperts(Moe),
 }
 
 /// The shared expert of [`FeedForward::MoeAndSharedExpert`] (and the shared
@@ -688,6 +701,12 @@ pub enum Activation {
     GeluApproxThenMultiply,
     /// SiLU (SwiGLU).
     Silu,
+    /// mlx-lm's compiled `swiglu_oai(gate, x)` with its defaults (alpha
+    /// 1.702, limit 7.0; gpt_oss's `SwigluOAI()`, which does not read the
+    /// config's `swiglu_limit`): `gate` clipped from above, `x` clipped both
+    /// ways, `(x + 1) * (gate * sigmoid(alpha * gate))`, the Python floats
+    /// weak scalars.
+    ClampedSwiglu,
 }
 
 /// Routed experts.
@@ -720,6 +739,10 @@ pub enum Router {
     /// renormalized (when `probs` says so and top-k > 1), times the routed
     /// scaling factor.
     SigmoidGroupTopK(GroupTopK),
+    /// gpt_oss's `MLPBlock` router: a biased `mlp.router` linear, top-k of
+    /// the logits (argpartition, `take_along_axis`), then a precise softmax
+    /// over the k chosen, in the activation dtype.
+    TopKPreciseSoftmax,
 }
 
 /// The facts of [`Router::SigmoidGroupTopK`].
@@ -852,7 +875,8 @@ impl Layer {
             FeedForward::Mlp(m) | FeedForward::MlpAndMoe { mlp: m, .. } => Some(m),
             FeedForward::Moe(_)
             | FeedForward::MoeAndSharedExpert { .. }
-            | FeedForward::MoeAndSharedExperts { .. } => None,
+            | FeedForward::MoeAndSharedExperts { .. }
+            | FeedForward::BiasedExperts(_) => None,
         }
     }
     /// The routed experts, when the feed-forward half has them.
@@ -862,7 +886,8 @@ impl Layer {
             FeedForward::MlpAndMoe { moe, .. }
             | FeedForward::Moe(moe)
             | FeedForward::MoeAndSharedExpert { moe, .. }
-            | FeedForward::MoeAndSharedExperts { moe, .. } => Some(moe),
+            | FeedForward::MoeAndSharedExperts { moe, .. }
+            | FeedForward::BiasedExperts(moe) => Some(moe),
         }
     }
 }
@@ -1057,6 +1082,10 @@ families_and_model_types! {
         /// Kimi-K2: mlx-lm remaps it to `deepseek_v3`.
         KimiK2 = "kimi_k2",
     }
+    /// gpt-oss (`gpt_oss.py`): sliding and full attention layers with
+    /// attention sinks and biased projections, routed experts with biases and
+    /// a clamped SwiGLU.
+    GptOss = "gpt_oss" { ; }
 }
 
 /// RoPE of one layer.

@@ -88,11 +88,12 @@ pub const MOE_BRANCH_NORMS: [&str; 3] = [
 ];
 
 /// The attention projections of `a` that have a bias, with the bias length
-/// (`{name}.bias`; only projections the layer has).
-pub fn attention_biases(a: &Attention) -> Vec<(&'static str, u64)> {
+/// (`{name}.bias`; only projections the layer has; `o_proj`'s is the model's
+/// width, `hidden`).
+pub fn attention_biases(a: &Attention, hidden: u64) -> Vec<(&'static str, u64)> {
     match a.bias {
         ProjectionBias::None => Vec::new(),
-        ProjectionBias::QueryKeyValue => {
+        ProjectionBias::QueryKeyValue | ProjectionBias::QueryKeyValueOutput => {
             let q = (a.n_heads * a.head_dim) as u64;
             let kv = (a.n_kv_heads * a.head_dim) as u64;
             let mut v = vec![("q_proj", q)];
@@ -102,6 +103,10 @@ pub fn attention_biases(a: &Attention) -> Vec<(&'static str, u64)> {
                     Values::Projected => v.push(("v_proj", kv)),
                     Values::SameAsKeys => {}
                 }
+            }
+            match a.bias {
+                ProjectionBias::QueryKeyValueOutput => v.push(("o_proj", hidden)),
+                ProjectionBias::None | ProjectionBias::QueryKeyValue => {}
             }
             v
         }
@@ -118,6 +123,8 @@ pub fn router_module(r: Router) -> Option<&'static str> {
         // Qwen3MoeSparseMoeBlock.gate
         Router::SoftmaxTopK { .. } => Some("mlp.gate"),
         Router::SigmoidGroupTopK(_) => None,
+        // gpt_oss's MLPBlock.router
+        Router::TopKPreciseSoftmax => Some("mlp.router"),
     }
 }
 
@@ -130,6 +137,7 @@ pub fn experts_module(f: FeedForward) -> Option<&'static str> {
         FeedForward::Moe(_)
         | FeedForward::MoeAndSharedExpert { .. }
         | FeedForward::MoeAndSharedExperts { .. } => Some("mlp.switch_mlp"),
+        FeedForward::BiasedExperts(_) => Some("mlp.experts"),
     }
 }
 
@@ -375,7 +383,10 @@ impl ModelIr {
                 FeedForward::MoeAndSharedExperts { shared, .. } => {
                     Some(("mlp.shared_experts", shared.width, None))
                 }
-                FeedForward::Mlp(_) | FeedForward::MlpAndMoe { .. } | FeedForward::Moe(_) => None,
+                FeedForward::Mlp(_)
+                | FeedForward::MlpAndMoe { .. }
+                | FeedForward::Moe(_)
+                | FeedForward::BiasedExperts(_) => None,
             };
             if let Some((module, width, gate)) = shared {
                 let (sw, se) = (width as u64, format!("{lp}{module}"));
@@ -440,8 +451,14 @@ impl ModelIr {
             }
             match &l.mixer {
                 Mixer::Attention(a) => {
-                    for (name, len) in attention_biases(a) {
+                    for (name, len) in attention_biases(a, h) {
                         push(format!("{lp}self_attn.{name}.bias"), len);
+                    }
+                    match a.scores {
+                        Scores::FusedSdpaWithSinks => {
+                            push(format!("{lp}self_attn.sinks"), a.n_heads as u64)
+                        }
+                        Scores::FusedSdpa | Scores::Softcapped { .. } => {}
                     }
                     match a.qk_norm {
                         QkNorm::None => {}
@@ -498,6 +515,9 @@ impl ModelIr {
                         format!("{lp}mlp.gate.e_score_correction_bias"),
                         m.num_experts as u64,
                     ),
+                    Router::TopKPreciseSoftmax => {
+                        push(format!("{lp}mlp.router.bias"), m.num_experts as u64)
+                    }
                 }
             }
             match l.ffn {
@@ -509,7 +529,8 @@ impl ModelIr {
                 FeedForward::Mlp(_)
                 | FeedForward::Moe(_)
                 | FeedForward::MoeAndSharedExpert { .. }
-                | FeedForward::MoeAndSharedExperts { .. } => {}
+                | FeedForward::MoeAndSharedExperts { .. }
+                | FeedForward::BiasedExperts(_) => {}
             }
             match l.input {
                 LayerInput::None => {}
@@ -579,11 +600,27 @@ impl ModelIr {
             }
             if let Some(m) = l.moe() {
                 match m.router {
-                    Router::ScaledTopKSoftmax | Router::SoftmaxTopK { .. } => {}
+                    Router::ScaledTopKSoftmax
+                    | Router::SoftmaxTopK { .. }
+                    | Router::TopKPreciseSoftmax => {}
                     Router::SigmoidGroupTopK(_) => out.push(ShapedParam {
                         name: format!("{pre}layers.{}.mlp.gate.weight", l.index),
                         shape: vec![m.num_experts as u64, self.hidden_size as u64],
                     }),
+                }
+            }
+            // gpt_oss's expert biases: `[experts, out]` per projection.
+            if let (FeedForward::BiasedExperts(m), Some(experts)) = (l.ffn, experts_module(l.ffn)) {
+                let (e, w, h) = (
+                    m.num_experts as u64,
+                    m.width as u64,
+                    self.hidden_size as u64,
+                );
+                for (proj, out_dim) in [("gate_proj", w), ("up_proj", w), ("down_proj", h)] {
+                    out.push(ShapedParam {
+                        name: format!("{pre}layers.{}.{experts}.{proj}.bias", l.index),
+                        shape: vec![e, out_dim],
+                    });
                 }
             }
         }

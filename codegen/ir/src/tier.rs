@@ -228,7 +228,7 @@ pub fn batch_tier(ir: &ModelIr, report: TierReport) -> TierReport {
     let grouped_softcap = ir.layers.iter().any(|layer| match &layer.mixer {
         Mixer::Attention(a) => match a.scores {
             Scores::Softcapped { .. } => a.n_kv_heads < a.n_heads,
-            Scores::FusedSdpa => false,
+            Scores::FusedSdpa | Scores::FusedSdpaWithSinks => false,
         },
         Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
     });

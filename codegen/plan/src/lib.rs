@@ -87,7 +87,8 @@ impl KindKey {
             // The experts' sizes are the same on every MoE layer of a model.
             FeedForward::Moe(_)
             | FeedForward::MoeAndSharedExpert { .. }
-            | FeedForward::MoeAndSharedExperts { .. } => {}
+            | FeedForward::MoeAndSharedExperts { .. }
+            | FeedForward::BiasedExperts(_) => {}
         }
         KindKey(k)
     }
@@ -139,6 +140,7 @@ impl KindKey {
             FeedForward::Moe(_) => n.push_str("Experts"),
             FeedForward::MoeAndSharedExpert { .. } => n.push_str("SharedExperts"),
             FeedForward::MoeAndSharedExperts { .. } => n.push_str("GroupRoutedExperts"),
+            FeedForward::BiasedExperts(_) => n.push_str("BiasedExperts"),
         }
         match l.input {
             LayerInput::None => {}
@@ -324,7 +326,9 @@ fn layer_json(l: &Layer) -> Value {
                     "bias",
                     match bias {
                         ProjectionBias::None => None,
-                        ProjectionBias::QueryKeyValue => Some(json!(format!("{bias:?}"))),
+                        ProjectionBias::QueryKeyValue | ProjectionBias::QueryKeyValueOutput => {
+                            Some(json!(format!("{bias:?}")))
+                        }
                     },
                 ),
                 (
@@ -332,6 +336,7 @@ fn layer_json(l: &Layer) -> Value {
                     match scores {
                         Scores::FusedSdpa => None,
                         Scores::Softcapped { cap } => Some(json!(["softcapped", f32_bits(*cap)])),
+                        Scores::FusedSdpaWithSinks => Some(json!("sinks")),
                     },
                 ),
                 (
@@ -441,6 +446,9 @@ fn layer_json(l: &Layer) -> Value {
         FeedForward::MoeAndSharedExperts { moe, shared } => json!({
             "experts": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
             "shared_experts": shared.width,
+        }),
+        FeedForward::BiasedExperts(moe) => json!({
+            "biased_experts": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
         }),
     };
     // The fused gate/up projection is written only when present, as the

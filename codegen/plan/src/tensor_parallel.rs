@@ -411,6 +411,13 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                 // q/k/v biases are split with their rows; o_proj has none.
                 match a.bias {
                     ProjectionBias::None | ProjectionBias::QueryKeyValue => {}
+                    ProjectionBias::QueryKeyValueOutput => {
+                        return Err(format!(
+                            "{}: layer {i}: an o_proj bias (gpt_oss's attention) is not split \
+                             yet; run it on one rank",
+                            ir.name
+                        ))
+                    }
                 }
                 (kind, heads, kv_heads, kv_repeat)
             }
@@ -447,6 +454,13 @@ pub fn split(ir: &ModelIr, ranks: usize) -> Result<TensorParallel, String> {
                     divide("the experts' width", i, moe.width)?,
                     Some(divide("the shared expert's width", i, shared.width)?),
                 )
+            }
+            FeedForward::BiasedExperts(_) => {
+                return Err(format!(
+                    "{}: layer {i}: routed experts with biases (gpt_oss's MLPBlock) are not \
+                     split yet; run it on one rank",
+                    ir.name
+                ));
             }
             FeedForward::MoeAndSharedExperts { .. } => {
                 return Err(format!(

@@ -50,6 +50,7 @@ impl Plan {
                 "mistral-7b-v0.3-tiny",
                 "qwen3.5-4b-tiny",
                 "glm-4.5-air-tiny-q4",
+                "gpt-oss-20b-tiny-q4",
             ]
             .map(String::from)
             .to_vec(),

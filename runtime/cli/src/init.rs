@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use archgen_ir::ModuleKind;
 use archgen_ir::{KvCache, KvSource};
+use archgen_ir::{ModuleKind, QuantMode};
 use archgen_runtime::mlx_rs::{self, Array, Dtype};
 
 use std::io::{IsTerminal, Write};
@@ -102,17 +102,45 @@ pub fn init(ui: &Ui, args: &InitArgs) -> Result<(), String> {
         let w = mlx(mlx_rs::random::normal::<f32>(&shape, None, None, &key))?;
         let w = mlx(mlx(w.multiply(Array::from_f32(std)))?.as_dtype(dt))?;
         match ir.quant_for(&m.path) {
-            Some(q) => {
-                let (wq, scales, biases) = mlx(mlx_rs::ops::quantize(
-                    &w,
-                    q.group_size as i32,
-                    q.bits as i32,
-                ))?;
-                mlx(wq.eval())?;
-                tensors.insert(format!("{}.weight", m.path), wq);
-                tensors.insert(format!("{}.scales", m.path), scales);
-                tensors.insert(format!("{}.biases", m.path), biases);
-            }
+            Some(q) => match q.mode {
+                QuantMode::Affine => {
+                    let (wq, scales, biases) = mlx(mlx_rs::ops::quantize(
+                        &w,
+                        q.group_size as i32,
+                        q.bits as i32,
+                    ))?;
+                    mlx(wq.eval())?;
+                    tensors.insert(format!("{}.weight", m.path), wq);
+                    tensors.insert(format!("{}.scales", m.path), scales);
+                    tensors.insert(format!("{}.biases", m.path), biases);
+                }
+                // mlx-community's gpt-oss experts: packed weights and uint8
+                // scales, no biases.
+                QuantMode::Mxfp4 => {
+                    let groups = (q.group_size as i32, q.bits as i32);
+                    let parts = mlx(archgen_runtime::mlx_c::quantize_with_mode(
+                        &w, groups, c"mxfp4",
+                    ))?;
+                    let [wq, scales] = <[Array; 2]>::try_from(parts).map_err(|p| {
+                        format!(
+                            "{}: mxfp4 quantize gave {} arrays, expected 2",
+                            m.path,
+                            p.len()
+                        )
+                    })?;
+                    mlx(wq.eval())?;
+                    tensors.insert(format!("{}.weight", m.path), wq);
+                    tensors.insert(format!("{}.scales", m.path), scales);
+                }
+                QuantMode::Mxfp8 | QuantMode::Nvfp4 => {
+                    return Err(format!(
+                        "{}: quantization mode {} is not written by archgen init (affine and \
+                         mxfp4 are); change the spec's quantization for this module",
+                        m.path,
+                        q.mode.as_str()
+                    ))
+                }
+            },
             None => {
                 mlx(w.eval())?;
                 tensors.insert(format!("{}.weight", m.path), w);

@@ -371,6 +371,9 @@ fn init_writes_a_checkpoint_every_implementation_runs() {
         // DeepSeek-V3: per-head `embed_q` / `unembed_out` (MultiLinear),
         // quantized with the rest.
         "deepseek-v3-tiny-q4",
+        // gpt-oss as mlx-community ships it: mxfp4 experts (uint8 scales,
+        // no biases), the rest 8-bit affine.
+        "gpt-oss-20b-tiny-mxfp4-q8",
     ] {
         let dir = root.path().join(spec);
         let o = archgen(&[

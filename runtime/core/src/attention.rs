@@ -47,6 +47,31 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<
     }
 }
 
+/// `mx.fast.scaled_dot_product_attention(q, k, v, scale, mask, sinks)`:
+/// `sinks` `[heads]`, one logit per query head that joins the softmax of
+/// each of its rows and weighs no value (gpt_oss's `AttentionBlock`).
+pub fn sdpa_with_sinks(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    mask: &Mask,
+    sinks: &Array,
+) -> Result<Array> {
+    match mask {
+        Mask::None => mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, None, sinks),
+        Mask::Causal => mlx_rs::fast::scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            scale,
+            ScaledDotProductAttentionMask::Causal,
+            sinks,
+        ),
+        Mask::Array(m) => mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, m, sinks),
+    }
+}
+
 /// `sdpa(q, k, v, scale, Mask::None)` for one query token (q [B, H, 1, D],
 /// k/v [B, KV, L, D]) with the heads merged into rows [B, H * D]: the ops
 /// of MLX's CPU fallback (`fast.cpp`), `scale * q`, `q @ k^T`, precise

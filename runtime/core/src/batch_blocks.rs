@@ -153,7 +153,8 @@ fn attention_projected(
 ) -> Result<(Array, SharedKv)> {
     let offsets = kv_offsets(cache)?;
     let (q, k, v) = qkv.project(x, s, &|t| rope.apply(t, &offsets))?;
-    let (o, shared) = attend_cached(&q, &k, &v, offsets, s, cache, mask, false)?;
+    let sinks = qkv.sinks();
+    let (o, shared) = attend_cached(&q, &k, &v, offsets, s, cache, mask, false, sinks)?;
     Ok((sharded_to_all(qkv.o_proj().forward(&o)?)?, shared))
 }
 
@@ -170,6 +171,7 @@ fn attend_cached(
     cache: &mut BatchLayerCache,
     mask: &Mask,
     rows: bool,
+    sinks: Option<&Array>,
 ) -> Result<(Array, SharedKv)> {
     let (keys, values) = match cache {
         BatchLayerCache::Quantized(c) => {
@@ -186,7 +188,7 @@ fn attend_cached(
             kv_update(cache, k, v)?
         }
     };
-    let o = b::attend_with(q, &keys, &values, s, mask, rows)?;
+    let o = b::attend_with(q, &keys, &values, s, mask, rows, sinks)?;
     let shared = SharedKv {
         keys,
         values,
@@ -229,7 +231,8 @@ impl StepCache for BatchLayerCache {
     }
 
     fn attend(&mut self, t: StepQkv, mask: &Mask) -> Result<(Array, SharedKv)> {
-        attend_cached(&t.q, &t.k, &t.v, t.offset, t.shape, self, mask, true)
+        let sinks = t.sinks.as_ref();
+        attend_cached(&t.q, &t.k, &t.v, t.offset, t.shape, self, mask, true, sinks)
     }
 }
 
@@ -262,7 +265,7 @@ pub fn gated_attention(
     let offsets = kv_offsets(cache)?;
     let [q, k, v, gate] = deltanet::gated_attention_qkv(x, w, s, &|t| rope.apply(t, &offsets))?;
     let (keys, values) = kv_update(cache, &k, &v)?;
-    let o = b::attend_with(&q, &keys, &values, s, mask, false)?;
+    let o = b::attend_with(&q, &keys, &values, s, mask, false, None)?;
     deltanet::gated_attention_output(&o, &gate, &w.o_proj)
 }
 

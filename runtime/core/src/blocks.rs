@@ -18,20 +18,20 @@
 use mlx_rs::Array;
 
 use crate::attention::{
-    attend, batch_and_len, causal_mask, merged, quantized_sdpa, softcapped_attention, Mask,
-    Quantized,
+    attend, batch_and_len, causal_mask, merged, quantized_sdpa, sdpa_with_sinks,
+    softcapped_attention, Mask, Quantized,
 };
 use crate::cache::{LayerCache, MixedKvNow, QuantizedKvCache};
 use crate::distributed::sharded_to_all;
 use crate::flat::Flat;
 use crate::layers::{pretranspose_all, project_head, Embedding, Linear};
 use crate::moe::{
-    experts, sigmoid_group_moe, softmax_topk_moe, Router, SigmoidGroupRouter, SoftmaxTopKRouter,
-    SwitchGlu,
+    biased_experts_moe, experts, sigmoid_group_moe, softmax_topk_moe, Router, SigmoidGroupRouter,
+    SoftmaxTopKRouter, SwitchGlu, TopKSoftmaxRouter,
 };
 use crate::ops::{
     divide_weak, geglu, gelu_approx_compiled, gelu_approx_times, multiply_weak, rms_norm, swiglu,
-    Result,
+    swiglu_oai, Result,
 };
 use crate::rope::{Rope, RopeTables};
 use crate::weights::Weights;
@@ -174,6 +174,9 @@ pub enum Scores {
     /// gemma2's written-out attention with a tanh softcap of the scores
     /// ([`crate::attention::softcapped_attention`]).
     Softcapped { cap: f32 },
+    /// `mx.fast.scaled_dot_product_attention` with `sinks`, the layer's
+    /// learned logit per head ([`AttentionWeights::sinks`]; gpt_oss).
+    FusedSdpaWithSinks,
 }
 
 /// Attention of `q` [B, H, L, D] over `k`, `v` as the layer's [`Scores`]
@@ -184,6 +187,10 @@ pub enum Scores {
 /// would say "causal" (a prompt of more than one token) that is the bool
 /// array `create_causal_mask(L, offset)`, and the keys the cache returns
 /// are the `offset + L` positions it covers; one token gets no mask.
+///
+/// With [`Scores::FusedSdpaWithSinks`], `sinks` is the layer's `[heads]`
+/// sink logits, passed to fast SDPA as mlx-lm's `AttentionBlock` passes them
+/// (every query length, one token too: no written-out one-token form).
 pub fn attend_with(
     q: &Array,
     k: &Array,
@@ -191,9 +198,19 @@ pub fn attend_with(
     s: AttentionShape,
     mask: &Mask,
     rows: bool,
+    sinks: Option<&Array>,
 ) -> Result<Array> {
     match s.scores {
         Scores::FusedSdpa => attend(q, k, v, s.scale, mask, rows),
+        Scores::FusedSdpaWithSinks => {
+            let sinks = sinks.ok_or_else(|| {
+                refused("attention with sinks: the layer has no self_attn.sinks loaded")
+            })?;
+            let (b, l) = (q.shape()[0], q.shape()[2]);
+            sdpa_with_sinks(q, k, v, s.scale, mask, sinks)?
+                .transpose_axes(&[0, 2, 1, 3])?
+                .reshape(&merged(b, l, rows))
+        }
         Scores::Softcapped { cap } => {
             let (b, l) = (q.shape()[0], q.shape()[2]);
             let mask = match mask {
@@ -222,6 +239,10 @@ pub struct AttentionWeights {
     pub q_norm: Option<QkNormWeight>,
     #[flat(elsewhere = None)]
     pub kv: Option<KvWeights>,
+    /// `self_attn.sinks` `[heads]` of a layer with [`Scores::FusedSdpaWithSinks`]
+    /// (read by the uncompiled attention, never by a compiled block).
+    #[flat(elsewhere = None)]
+    pub sinks: Option<Array>,
 }
 
 /// A query or key RMSNorm weight and what it spans (IR `QkNorm`).
@@ -319,7 +340,8 @@ pub fn attention_own_kv(
 ) -> Result<(Array, SharedKv)> {
     let offset = Array::from_int(cache.offset());
     let (q, k, v) = qkv.project(x, s, &|t| rope.apply(t, &offset))?;
-    let (o, shared) = attend_own_kv(&q, &k, &v, s, cache, mask, offset, false)?;
+    let sinks = qkv.sinks();
+    let (o, shared) = attend_own_kv(&q, &k, &v, s, cache, mask, offset, false, sinks)?;
     Ok((sharded_to_all(qkv.o_proj().forward(&o)?)?, shared))
 }
 
@@ -406,6 +428,14 @@ impl<'a> OwnQkv<'a> {
             OwnQkv::Fused(w) => &w.o_proj,
         }
     }
+
+    /// The sink logits of attention with sinks (the fused form has none).
+    pub fn sinks(self) -> Option<&'a Array> {
+        match self {
+            OwnQkv::Separate { attn, .. } => attn.sinks.as_ref(),
+            OwnQkv::Fused(_) => None,
+        }
+    }
 }
 
 /// The outputs of a K/V-owning layer's separate projections (or the parts
@@ -484,6 +514,7 @@ pub fn attend_own_kv(
     mask: &Mask,
     offset: Array,
     rows: bool,
+    sinks: Option<&Array>,
 ) -> Result<(Array, SharedKv)> {
     match cache {
         LayerCache::Quantized(_) | LayerCache::QuantizedAfterForward(_) => {
@@ -498,7 +529,7 @@ pub fn attend_own_kv(
             MixedKvNow::Quantized(qc) => Some(qc),
             MixedKvNow::Plain(kc) => {
                 let (keys, values) = kc.update_and_fetch(k, v)?;
-                let o = attend_with(q, &keys, &values, s, mask, rows)?;
+                let o = attend_with(q, &keys, &values, s, mask, rows, sinks)?;
                 return Ok((
                     o,
                     SharedKv {
@@ -519,7 +550,7 @@ pub fn attend_own_kv(
         return attend_quantized_fetched(q, qk, qv, s, mask, groups, offset, rows);
     }
     let (keys, values) = cache.update_and_fetch(k, v)?;
-    let o = attend_with(q, &keys, &values, s, mask, rows)?;
+    let o = attend_with(q, &keys, &values, s, mask, rows, sinks)?;
     Ok((
         o,
         SharedKv {
@@ -538,6 +569,12 @@ pub(crate) fn refuse_softcap_over_quantized(scores: Scores) -> Result<()> {
         Scores::Softcapped { .. } => Err(refused(
             "written-out softcapped attention over a quantized KV cache: mlx-lm's gemma2 \
              attention cannot read quantized keys",
+        )),
+        // base.scaled_dot_product_attention raises "Quantized SDPA does not
+        // support attention sinks."
+        Scores::FusedSdpaWithSinks => Err(refused(
+            "attention with sinks over a quantized KV cache: mlx-lm's quantized SDPA does not \
+             support attention sinks",
         )),
     }
 }
@@ -587,10 +624,8 @@ pub fn attention_shared_kv(
     mask: &Mask,
 ) -> Result<Array> {
     let q = project_q(x, w, s, &|t| rope.apply(t, &shared.offset))?;
-    sharded_to_all(
-        w.o_proj
-            .forward(&attend_shared_kv(&q, s, shared, mask, false)?)?,
-    )
+    let o = attend_shared_kv(&q, s, shared, mask, false, w.sinks.as_ref())?;
+    sharded_to_all(w.o_proj.forward(&o)?)
 }
 
 /// A KV-sharing layer's attention over the donor's K/V, heads merged back
@@ -602,13 +637,14 @@ pub fn attend_shared_kv(
     shared: &SharedKv,
     mask: &Mask,
     rows: bool,
+    sinks: Option<&Array>,
 ) -> Result<Array> {
     if shared.keys.dtype() == mlx_rs::Dtype::Uint32 {
         return Err(refused(
             "KV-shared layer over a quantized donor cache: mlx-lm cannot run this (its sharers take the unquantized SDPA)",
         ));
     }
-    attend_with(q, &shared.keys, &shared.values, s, mask, rows)
+    attend_with(q, &shared.keys, &shared.values, s, mask, rows, sinks)
 }
 
 /// What the layers of one attention window share in a forward pass: their
@@ -663,6 +699,8 @@ pub enum Activation {
     GeluApproxThenMultiply,
     /// mlx-lm's compiled `swiglu` (SiLU).
     Silu,
+    /// mlx-lm's compiled `swiglu_oai` (gpt_oss's clamped SwiGLU).
+    ClampedSwiglu,
 }
 
 /// Gated MLP: `down(act(gate(x)) * up(x))`.
@@ -671,6 +709,7 @@ pub enum Activation {
     Activation::GeluApprox => 0,
     Activation::Silu => 1,
     Activation::GeluApproxThenMultiply => 2,
+    Activation::ClampedSwiglu => 3,
 }))]
 pub struct Mlp {
     pub gate_up: GateUp,
@@ -762,6 +801,7 @@ impl Mlp {
             Activation::GeluApprox => geglu(gate, up),
             Activation::GeluApproxThenMultiply => gelu_approx_times(gate, up),
             Activation::Silu => swiglu(gate, up),
+            Activation::ClampedSwiglu => swiglu_oai(gate, up),
         }
     }
 
@@ -969,6 +1009,43 @@ pub fn experts_feed_forward<E: RoutedExperts>(
             "{}: no runtime block runs this arrangement yet",
             E::IN_A_SANDWICH
         ))),
+    }
+}
+
+/// Routed experts with biases in place of the dense MLP (IR
+/// `FeedForward::BiasedExperts`): gpt_oss's `MLPBlock`, its biased router
+/// `mlp.router` and SwitchGLU experts `mlp.experts` with a bias on each
+/// projection and the clamped SwiGLU.
+#[derive(Debug, Clone, Flat)]
+pub struct BiasedExpertsMoe {
+    pub router: TopKSoftmaxRouter,
+    pub experts: SwitchGlu,
+}
+
+impl BiasedExpertsMoe {
+    /// [`Linear::pretranspose`] on the router's projection (generated models).
+    pub fn pretranspose(&mut self) {
+        self.router.router.pretranspose();
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        biased_experts_moe(&self.router, &self.experts, x)
+    }
+}
+
+/// The feed-forward half of a pre-norm layer with [`BiasedExpertsMoe`]:
+/// `h + mlp(post_attention_layernorm(h))` (gpt_oss's `TransformerBlock`).
+pub fn biased_experts_feed_forward(
+    h: &Array,
+    norms: &LayerNorms,
+    moe: &BiasedExpertsMoe,
+    eps: f32,
+) -> Result<Array> {
+    match norms {
+        LayerNorms::PreNorm { ffn, .. } => h.add(moe.forward(&rms_norm(h, Some(ffn), eps)?)?),
+        LayerNorms::Sandwich { .. } => Err(refused(
+            "routed experts with biases in a sandwich layer: no runtime block runs this arrangement",
+        )),
     }
 }
 
@@ -1260,6 +1337,10 @@ pub fn load_attention(
         o_proj: w.linear(&format!("{p}.o_proj"), hidden, q_out),
         q_norm: load_qk_norm(w, &format!("{p}.q_norm.weight"), qk, s.n_heads, s.head_dim),
         kv: None,
+        sinks: match s.scores {
+            Scores::FusedSdpaWithSinks => Some(w.param(&format!("{p}.sinks"), &[s.n_heads])),
+            Scores::FusedSdpa | Scores::Softcapped { .. } => None,
+        },
     }
 }
 
@@ -1315,6 +1396,8 @@ pub enum ProjectionBias {
     None,
     /// `q_proj`, `k_proj`, `v_proj` (Qwen2): `{proj}.bias`, `[out]`.
     QueryKeyValue,
+    /// The same and `o_proj.bias` `[hidden]` (gpt_oss).
+    QueryKeyValueOutput,
 }
 
 /// The biases of `layers.{i}.self_attn`'s projections, put on the loaded
@@ -1330,9 +1413,17 @@ pub fn load_biases(
     let p = self_attn_prefix(layer);
     match bias {
         ProjectionBias::None => {}
-        ProjectionBias::QueryKeyValue => {
+        ProjectionBias::QueryKeyValue | ProjectionBias::QueryKeyValueOutput => {
             let (q, k) = s.projection_widths();
             attn.q_proj.bias = Some(w.param(&format!("{p}.q_proj.bias"), &[q]));
+            match bias {
+                ProjectionBias::QueryKeyValueOutput => {
+                    // o_proj's rows: the model's width (packed or not).
+                    let hidden = attn.o_proj.weight.shape()[0];
+                    attn.o_proj.bias = Some(w.param(&format!("{p}.o_proj.bias"), &[hidden]));
+                }
+                ProjectionBias::None | ProjectionBias::QueryKeyValue => {}
+            }
             if let Some(kv) = kv {
                 kv.k_proj.bias = Some(w.param(&format!("{p}.k_proj.bias"), &[k]));
                 if let Some(v) = &mut kv.v_proj {
@@ -1457,6 +1548,38 @@ pub fn load_sparse_moe(
             probs,
         },
         experts: load_switch_glu(w, &format!("{p}.switch_mlp"), experts, hidden, width),
+    }
+}
+
+/// gpt_oss's `layers.{i}.mlp`: the biased router `mlp.router` and the
+/// SwitchGLU experts `mlp.experts`, each projection with its
+/// `[experts, out]` bias.
+pub fn load_biased_experts_moe(
+    w: &mut Weights,
+    layer: usize,
+    hidden: i32,
+    shape: ExpertsShape,
+) -> BiasedExpertsMoe {
+    let ExpertsShape {
+        count: experts,
+        top_k,
+        width,
+    } = shape;
+    let p = format!("layers.{layer}.mlp");
+    let mut router = w.linear(&format!("{p}.router"), experts, hidden);
+    router.bias = Some(w.param(&format!("{p}.router.bias"), &[experts]));
+    let e = format!("{p}.experts");
+    let mut glu = load_switch_glu(w, &e, experts, hidden, width);
+    for (name, proj, out) in [
+        ("gate_proj", &mut glu.gate_proj, width),
+        ("up_proj", &mut glu.up_proj, width),
+        ("down_proj", &mut glu.down_proj, hidden),
+    ] {
+        proj.bias = Some(w.param(&format!("{e}.{name}.bias"), &[experts, out]));
+    }
+    BiasedExpertsMoe {
+        router: TopKSoftmaxRouter { router, top_k },
+        experts: glu,
     }
 }
 

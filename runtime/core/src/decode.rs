@@ -72,8 +72,9 @@ use mlx_rs::Array;
 
 use crate::attention::Mask;
 use crate::blocks::{
-    self, Activation, AttentionShape, AttentionWeights, GateUp, GroupRoutedMoe, KvWeights,
-    LayerNorms, Mlp, MoeBlock, PleGate, QkNormWeight, Scores, SharedKv, SparseMoe, ValueNorm,
+    self, Activation, AttentionShape, AttentionWeights, BiasedExpertsMoe, GateUp, GroupRoutedMoe,
+    KvWeights, LayerNorms, Mlp, MoeBlock, PleGate, QkNormWeight, Scores, SharedKv, SparseMoe,
+    ValueNorm,
 };
 use crate::cache::LayerCache;
 use crate::cuda_kernels;
@@ -81,7 +82,7 @@ use crate::deltanet::{self, ArraysCache, DeltaNetShape, GatedAttention, GatedDel
 use crate::device::{gpu_blocks, path, GpuBlocks, HeadKernelStep, Path};
 use crate::feed_forward::FeedForward;
 use crate::flat::{hollow, next, placeholder, Flat, Packed};
-use crate::layers::{Linear, Quantized, SwitchLinear};
+use crate::layers::{Linear, QuantForm, Quantized, SwitchLinear};
 use crate::ops::{rms_norm, NormInputs, Result};
 use crate::rope::{apply_tables, Rope, RopeTables};
 
@@ -242,6 +243,7 @@ fn attend_own_kv(
         v,
         offset,
         shape: layer.shape,
+        sinks: layer.attn.sinks.clone(),
     };
     cache.attend(step, mask)
 }
@@ -256,6 +258,8 @@ pub struct StepQkv {
     pub v: Array,
     pub offset: Array,
     pub shape: AttentionShape,
+    /// The layer's sink logits (attention with sinks only).
+    pub sinks: Option<Array>,
 }
 
 /// The K/V cache a one-token step of a K/V-owning layer writes: one
@@ -283,7 +287,8 @@ impl StepCache for LayerCache {
     }
 
     fn attend(&mut self, t: StepQkv, mask: &Mask) -> Result<(Array, SharedKv)> {
-        blocks::attend_own_kv(&t.q, &t.k, &t.v, t.shape, self, mask, t.offset, true)
+        let sinks = t.sinks.as_ref();
+        blocks::attend_own_kv(&t.q, &t.k, &t.v, t.shape, self, mask, t.offset, true, sinks)
     }
 }
 
@@ -298,7 +303,14 @@ fn attend_shared_kv(
 ) -> Result<Array> {
     let q = pre_attention(h, layer, None, None, rope)?;
     let q = q.into_iter().next().ok_or_else(bad_outputs)?;
-    blocks::attend_shared_kv(&q, layer.shape, shared, mask, true)
+    blocks::attend_shared_kv(
+        &q,
+        layer.shape,
+        shared,
+        mask,
+        true,
+        layer.attn.sinks.as_ref(),
+    )
 }
 
 fn bad_outputs() -> mlx_rs::error::Exception {
@@ -738,6 +750,10 @@ enum AfterAttention<'a> {
     /// plain residuals (block [`POST_ATTENTION_GROUP_EXPERTS`], never
     /// compiled: see [`post_attention_form`]).
     GroupExperts(&'a GroupRoutedMoe),
+    /// Routed experts with biases and the clamped SwiGLU, plain residuals
+    /// (block [`POST_ATTENTION_BIASED_EXPERTS`], never compiled: see
+    /// [`post_attention_form`]).
+    BiasedExperts(&'a BiasedExpertsMoe),
 }
 
 impl<'a> AfterAttention<'a> {
@@ -750,7 +766,13 @@ impl<'a> AfterAttention<'a> {
             (FeedForward::GroupRoutedMoe(m), Residual::Plain) => {
                 Ok(AfterAttention::GroupExperts(m))
             }
-            (FeedForward::GroupRoutedMoe(_), Residual::Scaled(_)) => Err(Exception::custom(
+            (FeedForward::BiasedExperts(m), Residual::Plain) => {
+                Ok(AfterAttention::BiasedExperts(m))
+            }
+            (
+                FeedForward::GroupRoutedMoe(_) | FeedForward::BiasedExperts(_),
+                Residual::Scaled(_),
+            ) => Err(Exception::custom(
                 "decode::step: routed experts with depth-scaled residuals: no runtime block runs \
                  them (the emitter refuses such a layer kind)",
             )),
@@ -770,7 +792,9 @@ impl<'a> AfterAttention<'a> {
     fn residual_factor(self) -> Option<&'a Array> {
         match self {
             AfterAttention::Mlp { residual, .. } => residual.factor(),
-            AfterAttention::Experts(_) | AfterAttention::GroupExperts(_) => None,
+            AfterAttention::Experts(_)
+            | AfterAttention::GroupExperts(_)
+            | AfterAttention::BiasedExperts(_) => None,
         }
     }
 }
@@ -779,6 +803,7 @@ impl<'a> AfterAttention<'a> {
 const POST_ATTENTION: i64 = 2;
 const POST_ATTENTION_EXPERTS: i64 = 3;
 const POST_ATTENTION_GROUP_EXPERTS: i64 = 9;
+const POST_ATTENTION_BIASED_EXPERTS: i64 = 10;
 
 /// How the ops after attention run on this path.
 #[derive(Debug, Clone, Copy)]
@@ -816,6 +841,9 @@ fn post_attention_form(after: AfterAttention<'_>) -> PostAttentionForm<'_> {
         } => match (mlp.activation, moe) {
             (Activation::GeluApprox, None) => PostAttentionForm::SplitAtActivation(mlp),
             (Activation::GeluApprox, Some(_)) => PostAttentionForm::Eager,
+            // Its own compiled trace with alpha and limit baked in, as the
+            // experts' form ([`AfterAttention::BiasedExperts`]).
+            (Activation::ClampedSwiglu, _) => PostAttentionForm::Eager,
             (Activation::GeluApproxThenMultiply | Activation::Silu, _) => {
                 PostAttentionForm::OneBlock
             }
@@ -823,7 +851,9 @@ fn post_attention_form(after: AfterAttention<'_>) -> PostAttentionForm<'_> {
         // The router's softmax, top-k and renormalization carry no float
         // constant.
         AfterAttention::Experts(_) => PostAttentionForm::OneBlock,
-        AfterAttention::GroupExperts(_) => PostAttentionForm::Eager,
+        AfterAttention::GroupExperts(_) | AfterAttention::BiasedExperts(_) => {
+            PostAttentionForm::Eager
+        }
     };
     match (path(), after) {
         // glm4_moe's router is its own `mx.compile` trace with the routed
@@ -831,6 +861,9 @@ fn post_attention_form(after: AfterAttention<'_>) -> PostAttentionForm<'_> {
         // inside a larger block its ops would fuse with their neighbours,
         // so the layer's ops after attention stay eager on every path.
         (_, AfterAttention::GroupExperts(_)) => PostAttentionForm::Eager,
+        // gpt_oss's `swiglu_oai` is likewise its own compiled trace (alpha
+        // and limit baked in) between the experts' gathered matmuls.
+        (_, AfterAttention::BiasedExperts(_)) => PostAttentionForm::Eager,
         (Path::NativeFastOps, _) => on_gpu,
         (Path::CpuFallbacks | Path::Eager, _) => PostAttentionForm::OneBlock,
     }
@@ -976,6 +1009,7 @@ fn post_attention_block(
         AfterAttention::Mlp { .. } => POST_ATTENTION,
         AfterAttention::Experts(_) => POST_ATTENTION_EXPERTS,
         AfterAttention::GroupExperts(_) => POST_ATTENTION_GROUP_EXPERTS,
+        AfterAttention::BiasedExperts(_) => POST_ATTENTION_BIASED_EXPERTS,
     };
     let (mut p, norm_inputs) = post_attention_packed(block, h, layer.eps);
     o.put(&mut p);
@@ -1004,6 +1038,11 @@ fn post_attention_block(
             (StreamShape::Tokens, compile)
         }
         AfterAttention::GroupExperts(m) => {
+            m.put(&mut p);
+            put_layer_end(&mut p, layer.ple, layer.layer_scalar);
+            (StreamShape::Tokens, false)
+        }
+        AfterAttention::BiasedExperts(m) => {
             m.put(&mut p);
             put_layer_end(&mut p, layer.ple, layer.layer_scalar);
             (StreamShape::Tokens, false)
@@ -1061,7 +1100,7 @@ fn hybrid_feed_forward_compiles(ffn: &FeedForward) -> bool {
     match (path(), ffn) {
         // glm4_moe's router is its own compiled trace between eager ops
         // ([`post_attention_form`]).
-        (_, FeedForward::GroupRoutedMoe(_)) => false,
+        (_, FeedForward::GroupRoutedMoe(_) | FeedForward::BiasedExperts(_)) => false,
         (
             Path::NativeFastOps,
             FeedForward::SharedExpertMoe(_) | FeedForward::Mlp { moe: Some(_), .. },
@@ -1160,7 +1199,7 @@ pub fn gated_attention(
         move |x, attn, rope| Ok(deltanet::gated_attention_qkv(x, &attn, s, rope)?.to_vec()),
     )?;
     let [q, k, v, gate] = <[Array; 4]>::try_from(qkv).map_err(|_| bad_outputs())?;
-    let (o, _) = blocks::attend_own_kv(&q, &k, &v, s, cache, mask, offset, false)?;
+    let (o, _) = blocks::attend_own_kv(&q, &k, &v, s, cache, mask, offset, false, None)?;
 
     let (mut p, norm_inputs) = post_attention_packed(6, h, eps);
     o.put(&mut p);
@@ -1286,6 +1325,7 @@ impl Flat for FeedForward {
             FeedForward::SharedExpertMoe(m) => p.put_variant(1, m),
             FeedForward::SparseMoe(m) => p.put_variant(2, m),
             FeedForward::GroupRoutedMoe(m) => p.put_variant(3, m),
+            FeedForward::BiasedExperts(m) => p.put_variant(4, m),
         }
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
@@ -1300,6 +1340,7 @@ impl Flat for FeedForward {
             FeedForward::SharedExpertMoe(m) => FeedForward::SharedExpertMoe(m.take(it)),
             FeedForward::SparseMoe(m) => FeedForward::SparseMoe(m.take(it)),
             FeedForward::GroupRoutedMoe(m) => FeedForward::GroupRoutedMoe(m.take(it)),
+            FeedForward::BiasedExperts(m) => FeedForward::BiasedExperts(m.take(it)),
         }
     }
 }
@@ -1473,6 +1514,7 @@ impl Flat for AttentionShape {
         match self.scores {
             Scores::FusedSdpa => p.key.push(0),
             Scores::Softcapped { cap } => p.key.extend([1, cap.to_bits() as i64]),
+            Scores::FusedSdpaWithSinks => p.key.push(2),
         }
     }
     fn take(&self, _: &mut std::slice::Iter<'_, Array>) -> Self {
@@ -1566,7 +1608,11 @@ fn put_quant(q: &Option<Quantized>, p: &mut Packed) {
         Some(q) => {
             p.key.extend([1, q.group_size as i64, q.bits as i64]);
             p.arrays.push(q.scales.clone());
-            p.arrays.push(q.biases.clone());
+            match &q.form {
+                QuantForm::Affine { biases } => p.arrays.push(biases.clone()),
+                // Keyed apart: the same sizes without biases are another graph.
+                QuantForm::Mxfp4 => p.key.push(-1),
+            }
         }
     }
 }
@@ -1574,7 +1620,10 @@ fn put_quant(q: &Option<Quantized>, p: &mut Packed) {
 fn take_quant(q: &Option<Quantized>, it: &mut std::slice::Iter<'_, Array>) -> Option<Quantized> {
     q.as_ref().map(|q| Quantized {
         scales: next(it),
-        biases: next(it),
+        form: match &q.form {
+            QuantForm::Affine { .. } => QuantForm::Affine { biases: next(it) },
+            QuantForm::Mxfp4 => QuantForm::Mxfp4,
+        },
         group_size: q.group_size,
         bits: q.bits,
     })
@@ -1608,12 +1657,14 @@ impl Flat for SwitchLinear {
     fn put(&self, p: &mut Packed) {
         self.weight.put(p);
         put_quant(&self.quant, p);
+        self.bias.put(p);
     }
     fn take(&self, it: &mut std::slice::Iter<'_, Array>) -> Self {
         let weight = next(it);
         SwitchLinear {
             weight,
             quant: take_quant(&self.quant, it),
+            bias: self.bias.take(it),
         }
     }
 }

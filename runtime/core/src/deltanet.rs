@@ -621,7 +621,9 @@ pub fn gated_attention(
     let offset = Array::from_int(cache.offset());
     let rope = |t: &Array| rope.apply(t, &offset);
     let [queries, keys, values, gate] = gated_attention_qkv(x, w, s, &rope)?;
-    let (o, _) = attend_own_kv(&queries, &keys, &values, s, cache, mask, offset, false)?;
+    let (o, _) = attend_own_kv(
+        &queries, &keys, &values, s, cache, mask, offset, false, None,
+    )?;
     gated_attention_output(&o, &gate, &w.o_proj)
 }
 

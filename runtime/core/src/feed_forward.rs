@@ -6,7 +6,9 @@
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
-use crate::blocks::{self as b, GroupRoutedMoe, LayerNorms, Mlp, MoeBlock, SparseMoe};
+use crate::blocks::{
+    self as b, BiasedExpertsMoe, GroupRoutedMoe, LayerNorms, Mlp, MoeBlock, SparseMoe,
+};
 use crate::deltanet::SharedExpertMoe;
 use crate::ops::Result;
 
@@ -26,6 +28,9 @@ pub enum FeedForward {
     /// Routed experts behind the sigmoid group router and ungated shared
     /// experts (IR `MoeAndSharedExperts`: GLM-4.5 MoE).
     GroupRoutedMoe(GroupRoutedMoe),
+    /// Routed experts with biases and the clamped SwiGLU behind the top-k
+    /// softmax router (IR `BiasedExperts`: gpt-oss).
+    BiasedExperts(BiasedExpertsMoe),
 }
 
 impl FeedForward {
@@ -42,6 +47,7 @@ impl FeedForward {
             FeedForward::SparseMoe(m) => m.pretranspose(),
             FeedForward::SharedExpertMoe(m) => m.pretranspose(),
             FeedForward::GroupRoutedMoe(m) => m.pretranspose(),
+            FeedForward::BiasedExperts(m) => m.pretranspose(),
         }
     }
 
@@ -74,6 +80,10 @@ impl FeedForward {
                 let h1 = b::attention_residual(h, a, norms, eps)?;
                 b::experts_feed_forward(&h1, norms, m, eps)
             }
+            (None, FeedForward::BiasedExperts(m)) => {
+                let h1 = b::attention_residual(h, a, norms, eps)?;
+                b::biased_experts_feed_forward(&h1, norms, m, eps)
+            }
             (Some(r), FeedForward::Mlp { mlp, moe }) => {
                 let h1 = b::attention_residual_scaled(h, a, norms, eps, r)?;
                 b::feed_forward_scaled(&h1, norms, mlp, moe.as_ref(), eps, r)
@@ -82,7 +92,8 @@ impl FeedForward {
                 Some(_),
                 FeedForward::SparseMoe(_)
                 | FeedForward::SharedExpertMoe(_)
-                | FeedForward::GroupRoutedMoe(_),
+                | FeedForward::GroupRoutedMoe(_)
+                | FeedForward::BiasedExperts(_),
             ) => Err(Exception::custom(
                 "routed experts with depth-scaled residuals: no runtime block runs them",
             )),

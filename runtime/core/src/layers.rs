@@ -5,14 +5,34 @@ use mlx_rs::Array;
 
 use crate::ops::Result;
 
-/// mlx affine quantization of one weight: packed uint32 `weight` with per-group
-/// `scales` and `biases`.
+/// mlx quantization of one weight: packed uint32 `weight` with per-group
+/// `scales`, and per-group biases in the affine mode.
 #[derive(Debug, Clone)]
 pub struct Quantized {
     pub scales: Array,
-    pub biases: Array,
+    pub form: QuantForm,
     pub group_size: i32,
     pub bits: i32,
+}
+
+/// mlx's quantization `mode` of a weight, with what only that mode stores.
+#[derive(Debug, Clone)]
+pub enum QuantForm {
+    /// `affine`: scales and `biases` in the weight's float dtype.
+    Affine { biases: Array },
+    /// `mxfp4`: 4-bit floats, a uint8 power-of-two scale per group of 32, no
+    /// biases (mlx-community's gpt-oss experts).
+    Mxfp4,
+}
+
+impl QuantForm {
+    /// The mode's spelling as mlx takes it (`mode=`).
+    fn mode(&self) -> &'static std::ffi::CStr {
+        match self {
+            QuantForm::Affine { .. } => c"affine",
+            QuantForm::Mxfp4 => c"mxfp4",
+        }
+    }
 }
 
 /// `nn.Linear` or `nn.QuantizedLinear`, with or without a bias.
@@ -33,15 +53,33 @@ pub struct Linear {
 fn matmul_t(x: &Array, weight: &Array, quant: Option<&Quantized>) -> Result<Array> {
     match quant {
         None => x.matmul(weight.t()),
-        Some(q) => mlx_rs::ops::quantized_matmul(
-            x,
-            weight,
-            &q.scales,
-            &q.biases,
-            true,
-            q.group_size,
-            q.bits,
-        ),
+        Some(q) => match &q.form {
+            QuantForm::Affine { biases } => mlx_rs::ops::quantized_matmul(
+                x,
+                weight,
+                &q.scales,
+                biases,
+                true,
+                q.group_size,
+                q.bits,
+            ),
+            QuantForm::Mxfp4 => crate::mlx_c::quantized_matmul_unbiased(
+                x,
+                weight,
+                &q.scales,
+                true,
+                (q.group_size, q.bits),
+                q.form.mode(),
+            ),
+        },
+    }
+}
+
+/// The biases of an affine-quantized linear (None for any other).
+fn affine_biases(l: &Linear) -> Option<&Array> {
+    match l.quant.as_ref().map(|q| &q.form) {
+        Some(QuantForm::Affine { biases }) => Some(biases),
+        None | Some(QuantForm::Mxfp4) => None,
     }
 }
 
@@ -75,12 +113,19 @@ pub fn stack_rows(parts: &[&Linear]) -> Option<(Linear, Vec<Linear>)> {
                 .map(|q| (q.group_size, q.bits, q.scales.dtype())),
         )
     };
+    // Only unquantized and affine parts stack (a microscaled part keeps its
+    // own matmul).
+    let affine = |l: &Linear| match l.quant.as_ref().map(|q| &q.form) {
+        None | Some(QuantForm::Affine { .. }) => true,
+        Some(QuantForm::Mxfp4) => false,
+    };
     if parts
         .iter()
-        .any(|l| l.bias.is_some() || form(l) != form(first))
+        .any(|l| l.bias.is_some() || !affine(l) || form(l) != form(first))
     {
         return None;
     }
+
     let evaluated = |a: Array| a.eval().ok().map(|()| a);
     let stack = |f: &dyn Fn(&Linear) -> &Array| -> Option<Array> {
         let arrays: Vec<&Array> = parts.iter().map(|l| f(l)).collect();
@@ -92,7 +137,13 @@ pub fn stack_rows(parts: &[&Linear]) -> Option<(Linear, Vec<Linear>)> {
             None => None,
             Some(q) => Some(Quantized {
                 scales: stack(&|l| &l.quant.as_ref().expect("same quantization").scales)?,
-                biases: stack(&|l| &l.quant.as_ref().expect("same quantization").biases)?,
+                form: QuantForm::Affine {
+                    biases: {
+                        let parts: Option<Vec<&Array>> =
+                            parts.iter().map(|l| affine_biases(l)).collect();
+                        evaluated(mlx_rs::ops::concatenate(&parts?, 0).ok()?)?
+                    },
+                },
                 group_size: q.group_size,
                 bits: q.bits,
             }),
@@ -111,7 +162,12 @@ pub fn stack_rows(parts: &[&Linear]) -> Option<(Linear, Vec<Linear>)> {
                 None => None,
                 Some(q) => Some(Quantized {
                     scales: rows(&q.scales)?,
-                    biases: rows(&q.biases)?,
+                    form: match &q.form {
+                        QuantForm::Affine { biases } => QuantForm::Affine {
+                            biases: rows(biases)?,
+                        },
+                        QuantForm::Mxfp4 => QuantForm::Mxfp4,
+                    },
                     group_size: q.group_size,
                     bits: q.bits,
                 }),
@@ -172,13 +228,21 @@ impl Embedding {
         let Linear { weight, quant, .. } = &self.table;
         match quant {
             None => weight.try_index(ids),
-            Some(q) => mlx_rs::ops::dequantize(
-                weight.try_index(ids)?,
-                q.scales.try_index(ids)?,
-                &q.biases.try_index(ids)?,
-                q.group_size,
-                q.bits,
-            ),
+            Some(q) => match &q.form {
+                QuantForm::Affine { biases } => mlx_rs::ops::dequantize(
+                    weight.try_index(ids)?,
+                    q.scales.try_index(ids)?,
+                    &biases.try_index(ids)?,
+                    q.group_size,
+                    q.bits,
+                ),
+                QuantForm::Mxfp4 => crate::mlx_c::dequantize_unbiased(
+                    &weight.try_index(ids)?,
+                    &q.scales.try_index(ids)?,
+                    (q.group_size, q.bits),
+                    q.form.mode(),
+                ),
+            },
         }
     }
 
@@ -194,31 +258,54 @@ impl Embedding {
 }
 
 /// mlx-lm's `SwitchLinear` / `QuantizedSwitchLinear`: one weight per expert,
-/// [experts, out, in], applied by `gather_mm` / `gather_qmm`.
+/// [experts, out, in], applied by `gather_mm` / `gather_qmm`, and a bias per
+/// expert `[experts, out]` where the module has one (gpt_oss's experts).
 #[derive(Debug, Clone)]
 pub struct SwitchLinear {
     pub weight: Array,
     pub quant: Option<Quantized>,
+    pub bias: Option<Array>,
 }
 
 impl SwitchLinear {
+    /// The gathered matmul, then `x + expand_dims(bias[indices], -2)` when
+    /// the module has a bias.
     pub fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+        let y = self.gathered_matmul(x, indices, sorted)?;
+        match &self.bias {
+            None => Ok(y),
+            Some(b) => y.add(b.try_index(indices)?.expand_dims(-2)?),
+        }
+    }
+
+    fn gathered_matmul(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         match &self.quant {
             None => {
                 mlx_rs::ops::gather_mm(x, self.weight.swap_axes(-1, -2)?, None, indices, sorted)
             }
-            Some(q) => mlx_rs::ops::gather_qmm(
-                x,
-                &self.weight,
-                &q.scales,
-                &q.biases,
-                None,
-                indices,
-                true,
-                q.group_size,
-                q.bits,
-                sorted,
-            ),
+            Some(q) => match &q.form {
+                QuantForm::Affine { biases } => mlx_rs::ops::gather_qmm(
+                    x,
+                    &self.weight,
+                    &q.scales,
+                    biases,
+                    None,
+                    indices,
+                    true,
+                    q.group_size,
+                    q.bits,
+                    sorted,
+                ),
+                QuantForm::Mxfp4 => crate::mlx_c::gather_qmm_unbiased(
+                    x,
+                    &self.weight,
+                    &q.scales,
+                    indices,
+                    (q.group_size, q.bits),
+                    q.form.mode(),
+                    sorted,
+                ),
+            },
         }
     }
 }

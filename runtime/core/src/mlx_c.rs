@@ -118,3 +118,166 @@ pub fn write_positions(dst: &mut Array, at: Range<i32>, update: &Array) -> Resul
         }
     }
 }
+
+/// An mlx-c call that returns one array, its result adopted as owned.
+fn one_array(what: &str, call: impl FnOnce(&mut mlx_sys::mlx_array) -> i32) -> Result<Array> {
+    let mut res = unsafe { mlx_sys::mlx_array_new() };
+    match with_captured_error(what, || call(&mut res)) {
+        // SAFETY: on success mlx-c set `res` to a new array we now own.
+        Ok(()) => Ok(unsafe { Array::from_ptr(res) }),
+        Err(e) => {
+            unsafe { mlx_sys::mlx_array_free(res) };
+            Err(e)
+        }
+    }
+}
+
+fn optional_int(value: i32) -> mlx_sys::mlx_optional_int {
+    mlx_sys::mlx_optional_int {
+        value,
+        has_value: true,
+    }
+}
+
+/// An empty array: mlx-c's "none" for an optional argument.
+struct NoArray(mlx_sys::mlx_array);
+
+impl NoArray {
+    fn new() -> Self {
+        NoArray(unsafe { mlx_sys::mlx_array_new() })
+    }
+}
+
+impl Drop for NoArray {
+    fn drop(&mut self) {
+        unsafe { mlx_sys::mlx_array_free(self.0) };
+    }
+}
+
+/// `mx.quantized_matmul(x, w, scales, None, transpose, group_size, bits,
+/// mode=mode)` of a quantization without biases (the microscaling modes:
+/// mlx-rs's wrapper always passes "affine").
+pub fn quantized_matmul_unbiased(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    transpose: bool,
+    (group_size, bits): (i32, i32),
+    mode: &CStr,
+) -> Result<Array> {
+    let stream = Stream::thread_local_or_default();
+    let none = NoArray::new();
+    one_array("quantized_matmul", |res| unsafe {
+        mlx_sys::mlx_quantized_matmul(
+            res,
+            x.as_ptr(),
+            w.as_ptr(),
+            scales.as_ptr(),
+            none.0,
+            transpose,
+            optional_int(group_size),
+            optional_int(bits),
+            mode.as_ptr(),
+            stream.as_ptr(),
+        )
+    })
+}
+
+/// `mx.gather_qmm(x, w, scales, None, rhs_indices=indices, transpose=True,
+/// group_size, bits, mode=mode, sorted_indices)` of a quantization without
+/// biases (mlx-lm's `QuantizedSwitchLinear` in the microscaling modes).
+pub fn gather_qmm_unbiased(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    indices: &Array,
+    (group_size, bits): (i32, i32),
+    mode: &CStr,
+    sorted: bool,
+) -> Result<Array> {
+    let stream = Stream::thread_local_or_default();
+    let (no_biases, no_lhs) = (NoArray::new(), NoArray::new());
+    one_array("gather_qmm", |res| unsafe {
+        mlx_sys::mlx_gather_qmm(
+            res,
+            x.as_ptr(),
+            w.as_ptr(),
+            scales.as_ptr(),
+            no_biases.0,
+            no_lhs.0,
+            indices.as_ptr(),
+            true,
+            optional_int(group_size),
+            optional_int(bits),
+            mode.as_ptr(),
+            sorted,
+            stream.as_ptr(),
+        )
+    })
+}
+
+/// `mx.dequantize(w, scales, None, group_size, bits, mode=mode)` of a
+/// quantization without biases.
+pub fn dequantize_unbiased(
+    w: &Array,
+    scales: &Array,
+    (group_size, bits): (i32, i32),
+    mode: &CStr,
+) -> Result<Array> {
+    let stream = Stream::thread_local_or_default();
+    let (no_biases, no_scale) = (NoArray::new(), NoArray::new());
+    let no_dtype = mlx_sys::mlx_optional_dtype {
+        value: mlx_sys::mlx_dtype__MLX_FLOAT32,
+        has_value: false,
+    };
+    one_array("dequantize", |res| unsafe {
+        mlx_sys::mlx_dequantize(
+            res,
+            w.as_ptr(),
+            scales.as_ptr(),
+            no_biases.0,
+            optional_int(group_size),
+            optional_int(bits),
+            mode.as_ptr(),
+            no_scale.0,
+            no_dtype,
+            stream.as_ptr(),
+        )
+    })
+}
+
+/// `mx.quantize(w, group_size, bits, mode=mode)`: the packed weights and
+/// the scales, and the biases where the mode has them (affine).
+pub fn quantize_with_mode(
+    w: &Array,
+    (group_size, bits): (i32, i32),
+    mode: &CStr,
+) -> Result<Vec<Array>> {
+    let stream = Stream::thread_local_or_default();
+    let no_scale = NoArray::new();
+    let mut res = unsafe { mlx_sys::mlx_vector_array_new() };
+    let done = with_captured_error("quantize", || unsafe {
+        mlx_sys::mlx_quantize(
+            &mut res,
+            w.as_ptr(),
+            optional_int(group_size),
+            optional_int(bits),
+            mode.as_ptr(),
+            no_scale.0,
+            stream.as_ptr(),
+        )
+    });
+    let out = done.map(|()| {
+        let n = unsafe { mlx_sys::mlx_vector_array_size(res) };
+        (0..n)
+            .map(|i| {
+                let mut a = unsafe { mlx_sys::mlx_array_new() };
+                unsafe { mlx_sys::mlx_vector_array_get(&mut a, res, i) };
+                // SAFETY: `mlx_vector_array_get` set `a` to a new reference we own.
+                unsafe { Array::from_ptr(a) }
+            })
+            .collect()
+    });
+    unsafe { mlx_sys::mlx_vector_array_free(res) };
+    out
+}

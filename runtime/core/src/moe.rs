@@ -9,7 +9,7 @@ use mlx_rs::Array;
 
 use crate::flat::Flat;
 use crate::layers::{Linear, SwitchLinear};
-use crate::ops::{geglu, rms_norm, scalar_like, swiglu, Result};
+use crate::ops::{geglu, rms_norm, scalar_like, swiglu, swiglu_oai, Result};
 
 #[derive(Debug, Clone, Flat)]
 #[flat(key(self.top_k, self.hidden, self.eps.to_bits()))]
@@ -58,6 +58,11 @@ impl SwitchGlu {
     /// `swiglu(gate, up)` (qwen3_moe's experts).
     pub fn forward_swiglu(&self, x: &Array, indices: &Array) -> Result<Array> {
         self.forward_with(x, indices, swiglu)
+    }
+
+    /// gpt_oss's experts: `SwigluOAI()`, the compiled `swiglu_oai(gate, up)`.
+    pub fn forward_swiglu_oai(&self, x: &Array, indices: &Array) -> Result<Array> {
+        self.forward_with(x, indices, swiglu_oai)
     }
 
     /// `SwitchGLU.__call__` with `activation(x_up, x_gate)` calling
@@ -294,4 +299,36 @@ impl SigmoidGroupRouter {
 pub fn sigmoid_group_moe(router: &SigmoidGroupRouter, glu: &SwitchGlu, x: &Array) -> Result<Array> {
     let (idx, scores) = router.route(x)?;
     weighted_swiglu_experts(glu, x, &idx, &scores)
+}
+
+/// gpt_oss's router (`MLPBlock.__call__`): `g = router(x)` (a biased
+/// linear), `mlx_topk`: `argpartition(g, kth=-k)[..., -k:]`, `take_along_axis`,
+/// then `softmax(precise=True)` over the k chosen logits, in their dtype.
+#[derive(Debug, Clone, Flat)]
+#[flat(key(self.top_k))]
+pub struct TopKSoftmaxRouter {
+    pub router: Linear,
+    #[flat(copied)]
+    pub top_k: i32,
+}
+
+impl TopKSoftmaxRouter {
+    /// Returns (top-k indices, their weights), in argpartition's order.
+    pub fn route(&self, x: &Array) -> Result<(Array, Array)> {
+        let g = self.router.forward(x)?;
+        let k = self.top_k;
+        let idx = mlx_rs::ops::argpartition_axis(&g, -k, -1)?;
+        let idx = mlx_rs::stop_gradient(idx.try_index((Ellipsis, -k..))?)?;
+        let chosen = mlx_rs::ops::indexing::take_along_axis(&g, &idx, -1)?;
+        Ok((idx, mlx_rs::ops::softmax_axis(&chosen, -1, true)?))
+    }
+}
+
+/// gpt_oss's `MLPBlock`: route, the biased experts with the clamped SwiGLU,
+/// `x * expand_dims(expert_weights, -1)`, summed over the k (no cast: the
+/// weights are in the experts' dtype).
+pub fn biased_experts_moe(router: &TopKSoftmaxRouter, glu: &SwitchGlu, x: &Array) -> Result<Array> {
+    let (idx, weights) = router.route(x)?;
+    let y = glu.forward_swiglu_oai(x, &idx)?;
+    y.multiply(weights.expand_dims(-1)?)?.sum_axis(-2, None)
 }

@@ -266,6 +266,36 @@ pub fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
     SWIGLU.with(|f| (f.borrow_mut())((gate, x)))
 }
 
+/// `swiglu_oai`'s default `alpha` and `limit` (gpt_oss's `SwigluOAI()`).
+const SWIGLU_OAI_ALPHA: f64 = 1.702;
+const SWIGLU_OAI_LIMIT: f64 = 7.0;
+
+fn swiglu_oai_graph((gate, x): (&Array, &Array)) -> Result<Array> {
+    // Each Python float meets an array as a weak scalar of its dtype.
+    let limit = scalar_like(SWIGLU_OAI_LIMIT, gate);
+    let gate = mlx_rs::ops::minimum(gate, &limit)?;
+    // mx.clip(x, -limit, limit): maximum with the lower bound, then minimum
+    // with the upper one.
+    let x = mlx_rs::ops::maximum(x, scalar_like(-SWIGLU_OAI_LIMIT, x))?;
+    let x = mlx_rs::ops::minimum(&x, scalar_like(SWIGLU_OAI_LIMIT, &x))?;
+    let glu = gate.multiply(mlx_rs::ops::sigmoid(
+        scalar_like(SWIGLU_OAI_ALPHA, &gate).multiply(&gate)?,
+    )?)?;
+    x.add(scalar_like(1.0, &x))?.multiply(&glu)
+}
+
+thread_local! {
+    static SWIGLU_OAI: std::cell::RefCell<Compiled2> =
+        std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(swiglu_oai_graph, true)));
+}
+
+/// mlx-lm's compiled `swiglu_oai(gate, x)` (`activations.py`, shapeless)
+/// with its default alpha 1.702 and limit 7.0: `gate` clipped from above,
+/// `x` both ways, `(x + 1) * (gate * sigmoid(alpha * gate))`.
+pub fn swiglu_oai(gate: &Array, x: &Array) -> Result<Array> {
+    SWIGLU_OAI.with(|f| (f.borrow_mut())((gate, x)))
+}
+
 thread_local! {
     static GELU: std::cell::RefCell<Compiled1> =
         std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(gelu_approx, true)));

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use mlx_rs::{Array, Dtype};
 
 use crate::distributed::{self, Group, Split};
-use crate::layers::{Embedding, Linear, MultiLinear, Quantized, SwitchLinear};
+use crate::layers::{Embedding, Linear, MultiLinear, QuantForm, Quantized, SwitchLinear};
 
 /// The module path of an untied head, relative to the text model.
 pub const HEAD_MODULE: &str = "lm_head";
@@ -367,13 +367,53 @@ pub struct Weights {
     tensors: HashMap<String, Array>,
     used: BTreeSet<String>,
     /// Per-module quantization from config.json `quantization`: a default
-    /// (bits, group) and per-path overrides (`None` = explicitly unquantized).
-    quant_default: Option<(i32, i32)>,
-    quant_overrides: BTreeMap<String, Option<(i32, i32)>>,
+    /// and per-path overrides (`None` = explicitly unquantized).
+    quant_default: Option<QuantEntry>,
+    quant_overrides: BTreeMap<String, Option<QuantEntry>>,
     errors: Vec<String>,
     /// This rank's split of the modules, when the model is sharded
     /// ([`Weights::shard`]).
     sharding: Option<Sharding>,
+}
+
+/// One entry of config.json's `quantization`: bits, group size and mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct QuantEntry {
+    bits: i32,
+    group: i32,
+    mode: EntryMode,
+}
+
+/// The `mode` of a quantization entry the loader runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EntryMode {
+    /// `affine` (or no `mode`: mlx's default).
+    Affine,
+    /// `mxfp4`: no biases, uint8 scales.
+    Mxfp4,
+}
+
+impl QuantEntry {
+    /// Reads `bits`, `group_size` and `mode` of `v` (None when `bits` or
+    /// `group_size` is missing); a mode the loader does not run is an error
+    /// naming the entry.
+    fn read(v: &serde_json::Value, at: &str) -> Result<Option<QuantEntry>, String> {
+        let int = |k: &str| v.get(k).and_then(|x| x.as_i64()).map(|x| x as i32);
+        let mode = match v.get("mode").and_then(|m| m.as_str()) {
+            None | Some("affine") => EntryMode::Affine,
+            Some("mxfp4") => EntryMode::Mxfp4,
+            Some(other) => {
+                return Err(format!(
+                    "config.json quantization{at}: mode `{other}` is not run by archgen's loader \
+                     (affine and mxfp4 are)"
+                ))
+            }
+        };
+        Ok(match (int("bits"), int("group_size")) {
+            (Some(bits), Some(group)) => Some(QuantEntry { bits, group, mode }),
+            _ => None,
+        })
+    }
 }
 
 /// Which modules are split, and this process's part.
@@ -411,24 +451,25 @@ impl Weights {
     pub fn new(tensors: HashMap<String, Array>, quantization: Option<&serde_json::Value>) -> Self {
         let mut quant_default = None;
         let mut quant_overrides = BTreeMap::new();
+        let mut errors = Vec::new();
         if let Some(q) = quantization.and_then(|q| q.as_object()) {
-            let int = |v: &serde_json::Value, k: &str| {
-                v.get(k).and_then(|x| x.as_i64()).map(|x| x as i32)
-            };
             let whole = serde_json::Value::Object(q.clone());
-            if let (Some(b), Some(g)) = (int(&whole, "bits"), int(&whole, "group_size")) {
-                quant_default = Some((b, g));
+            match QuantEntry::read(&whole, "") {
+                Ok(entry) => quant_default = entry,
+                Err(e) => errors.push(e),
             }
             for (k, v) in q {
                 match v {
                     serde_json::Value::Bool(false) => {
                         quant_overrides.insert(k.clone(), None);
                     }
-                    serde_json::Value::Object(_) => {
-                        if let (Some(b), Some(g)) = (int(v, "bits"), int(v, "group_size")) {
-                            quant_overrides.insert(k.clone(), Some((b, g)));
+                    serde_json::Value::Object(_) => match QuantEntry::read(v, &format!(".{k}")) {
+                        Ok(Some(entry)) => {
+                            quant_overrides.insert(k.clone(), Some(entry));
                         }
-                    }
+                        Ok(None) => {}
+                        Err(e) => errors.push(e),
+                    },
                     _ => {}
                 }
             }
@@ -438,7 +479,7 @@ impl Weights {
             used: BTreeSet::new(),
             quant_default,
             quant_overrides,
-            errors: Vec::new(),
+            errors,
             sharding: None,
         }
     }
@@ -678,7 +719,7 @@ impl Weights {
     /// following mlx-lm's load: explicit per-path entry, else quantized iff
     /// `path.scales` exists, with config.json's `quantization` bits and
     /// group size (inferred from the shapes only when config.json has none).
-    fn quant_for(&self, path: &str, in_dims: i32) -> Result<Option<(i32, i32)>, String> {
+    fn quant_for(&self, path: &str, in_dims: i32) -> Result<Option<QuantEntry>, String> {
         if let Some(o) = self.quant_overrides.get(path) {
             return Ok(*o);
         }
@@ -698,7 +739,11 @@ impl Weights {
                 "tensor '{path}.scales': {groups} groups do not divide the input width {in_dims}"
             ));
         }
-        Ok(Some(((packed * 32) / in_dims, in_dims / groups)))
+        Ok(Some(QuantEntry {
+            bits: (packed * 32) / in_dims,
+            group: in_dims / groups,
+            mode: EntryMode::Affine,
+        }))
     }
 
     fn quantized(
@@ -726,7 +771,17 @@ impl Weights {
                 self.check(&wname, &w, &shape, FLOAT);
                 (self.local(&wname, w), None)
             }
-            Some((bits, group)) => {
+            Some(QuantEntry { bits, group, mode }) => {
+                let fits_mode = match mode {
+                    EntryMode::Affine => true,
+                    EntryMode::Mxfp4 => bits == 4 && group == 32,
+                };
+                if !fits_mode {
+                    self.errors.push(format!(
+                        "module '{path}': mxfp4 quantization is 4 bits in groups of 32, the config says bits={bits} group_size={group}"
+                    ));
+                    return (w, None);
+                }
                 if ![2, 3, 4, 5, 6, 8].contains(&bits)
                     || group <= 0
                     || in_dims % group != 0
@@ -754,13 +809,29 @@ impl Weights {
                 }
                 let mut sshape = lead.to_vec();
                 sshape.extend([out, in_dims / group]);
-                let scales = self.param(&format!("{path}.scales"), &sshape);
-                let biases = self.param(&format!("{path}.biases"), &sshape);
+                let (scales, form) = match mode {
+                    EntryMode::Affine => {
+                        let scales = self.param(&format!("{path}.scales"), &sshape);
+                        let biases = self.param(&format!("{path}.biases"), &sshape);
+                        (scales, QuantForm::Affine { biases })
+                    }
+                    EntryMode::Mxfp4 => {
+                        let name = format!("{path}.scales");
+                        let scales = match self.take(&name) {
+                            Some(a) => {
+                                self.check(&name, &a, &sshape, &[Dtype::Uint8]);
+                                self.local(&name, a)
+                            }
+                            None => Self::placeholder(),
+                        };
+                        (scales, QuantForm::Mxfp4)
+                    }
+                };
                 (
                     self.local(&wname, w),
                     Some(Quantized {
                         scales,
-                        biases,
+                        form,
                         group_size: group,
                         bits,
                     }),
@@ -808,7 +879,11 @@ impl Weights {
         in_dims: i32,
     ) -> SwitchLinear {
         let (weight, quant) = self.quantized(path, &[experts], out, in_dims);
-        SwitchLinear { weight, quant }
+        SwitchLinear {
+            weight,
+            quant,
+            bias: None,
+        }
     }
 
     /// Ends loading: errors for every missing, mis-shaped or unused tensor.

@@ -236,6 +236,7 @@ pub fn shape_of(a: &ir::Attention, eps: f32) -> AttentionShape {
         scores: match a.scores {
             ir::Scores::FusedSdpa => b::Scores::FusedSdpa,
             ir::Scores::Softcapped { cap } => b::Scores::Softcapped { cap },
+            ir::Scores::FusedSdpaWithSinks => b::Scores::FusedSdpaWithSinks,
         },
     }
 }
@@ -271,6 +272,7 @@ pub fn bias(p: ir::ProjectionBias) -> b::ProjectionBias {
     match p {
         ir::ProjectionBias::None => b::ProjectionBias::None,
         ir::ProjectionBias::QueryKeyValue => b::ProjectionBias::QueryKeyValue,
+        ir::ProjectionBias::QueryKeyValueOutput => b::ProjectionBias::QueryKeyValueOutput,
     }
 }
 
@@ -286,6 +288,7 @@ pub fn activation(a: ir::Activation) -> b::Activation {
         ir::Activation::GeluApprox => b::Activation::GeluApprox,
         ir::Activation::GeluApproxThenMultiply => b::Activation::GeluApproxThenMultiply,
         ir::Activation::Silu => b::Activation::Silu,
+        ir::Activation::ClampedSwiglu => b::Activation::ClampedSwiglu,
     }
 }
 
@@ -453,7 +456,13 @@ impl Monolith {
                         ir::Router::ScaledTopKSoftmax,
                         ir::Activation::Silu | ir::Activation::GeluApproxThenMultiply,
                     )
-                    | (ir::Router::SoftmaxTopK { .. } | ir::Router::SigmoidGroupTopK(_), _) => {
+                    | (
+                        ir::Router::SoftmaxTopK { .. }
+                        | ir::Router::SigmoidGroupTopK(_)
+                        | ir::Router::TopKPreciseSoftmax,
+                        _,
+                    )
+                    | (ir::Router::ScaledTopKSoftmax, ir::Activation::ClampedSwiglu) => {
                         return Err(ModelError(format!(
                             "{}: layer {i}: experts beside the MLP run only with Gemma-4's router and GeGLU",
                             ir.name
@@ -474,9 +483,16 @@ impl Monolith {
                         }
                         (
                             ir::Router::SoftmaxTopK { .. },
-                            ir::Activation::GeluApprox | ir::Activation::GeluApproxThenMultiply,
+                            ir::Activation::GeluApprox
+                            | ir::Activation::GeluApproxThenMultiply
+                            | ir::Activation::ClampedSwiglu,
                         )
-                        | (ir::Router::ScaledTopKSoftmax | ir::Router::SigmoidGroupTopK(_), _) => {
+                        | (
+                            ir::Router::ScaledTopKSoftmax
+                            | ir::Router::SigmoidGroupTopK(_)
+                            | ir::Router::TopKPreciseSoftmax,
+                            _,
+                        ) => {
                             return Err(ModelError(format!(
                                 "{}: layer {i}: experts with a shared expert run only with the softmax-then-top-k router and SwiGLU",
                                 ir.name
@@ -495,10 +511,17 @@ impl Monolith {
                         ))
                     }
                     (
-                            ir::Router::SoftmaxTopK { .. },
-                            ir::Activation::GeluApprox | ir::Activation::GeluApproxThenMultiply,
-                        )
-                    | (ir::Router::ScaledTopKSoftmax | ir::Router::SigmoidGroupTopK(_), _) => {
+                        ir::Router::SoftmaxTopK { .. },
+                        ir::Activation::GeluApprox
+                        | ir::Activation::GeluApproxThenMultiply
+                        | ir::Activation::ClampedSwiglu,
+                    )
+                    | (
+                        ir::Router::ScaledTopKSoftmax
+                        | ir::Router::SigmoidGroupTopK(_)
+                        | ir::Router::TopKPreciseSoftmax,
+                        _,
+                    ) => {
                         return Err(ModelError(format!(
                             "{}: layer {i}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU",
                             ir.name
@@ -525,9 +548,16 @@ impl Monolith {
                         }
                         (
                             ir::Router::SigmoidGroupTopK(_),
-                            ir::Activation::GeluApprox | ir::Activation::GeluApproxThenMultiply,
+                            ir::Activation::GeluApprox
+                            | ir::Activation::GeluApproxThenMultiply
+                            | ir::Activation::ClampedSwiglu,
                         )
-                        | (ir::Router::ScaledTopKSoftmax | ir::Router::SoftmaxTopK { .. }, _) => {
+                        | (
+                            ir::Router::ScaledTopKSoftmax
+                            | ir::Router::SoftmaxTopK { .. }
+                            | ir::Router::TopKPreciseSoftmax,
+                            _,
+                        ) => {
                             return Err(ModelError(format!(
                                 "{}: layer {i}: experts with shared experts run only with the sigmoid group router and SwiGLU",
                                 ir.name
@@ -535,6 +565,33 @@ impl Monolith {
                         }
                     }
                 }
+                ir::FeedForward::BiasedExperts(moe) => match (moe.router, moe.activation) {
+                    (ir::Router::TopKPreciseSoftmax, ir::Activation::ClampedSwiglu) => {
+                        FeedForward::BiasedExperts(b::load_biased_experts_moe(
+                            &mut w,
+                            i,
+                            hidden,
+                            experts_shape(moe),
+                        ))
+                    }
+                    (
+                        ir::Router::TopKPreciseSoftmax,
+                        ir::Activation::GeluApprox
+                        | ir::Activation::GeluApproxThenMultiply
+                        | ir::Activation::Silu,
+                    )
+                    | (
+                        ir::Router::ScaledTopKSoftmax
+                        | ir::Router::SoftmaxTopK { .. }
+                        | ir::Router::SigmoidGroupTopK(_),
+                        _,
+                    ) => {
+                        return Err(ModelError(format!(
+                            "{}: layer {i}: biased experts run only with the top-k softmax router and the clamped SwiGLU",
+                            ir.name
+                        )))
+                    }
+                },
             };
             layers.push(Layer {
                 mixer,
@@ -635,7 +692,8 @@ impl Monolith {
                     None,
                     FeedForward::SparseMoe(_)
                     | FeedForward::SharedExpertMoe(_)
-                    | FeedForward::GroupRoutedMoe(_),
+                    | FeedForward::GroupRoutedMoe(_)
+                    | FeedForward::BiasedExperts(_),
                 ) => {
                     return Err(Exception::custom(format!(
                         "layer {i}: a post-norm layer runs a plain residual and a dense MLP only; no runtime block runs it with scaled residuals or experts"
