@@ -466,7 +466,7 @@ fn dense_specs_are_their_imported_configs() {
         seen += 1;
     }
     assert_eq!(
-        seen, 17,
+        seen, 18,
         "Qwen3 0.6B/1.7B/4B/8B, Llama-3.2 1B/3B, Qwen2.5 0.5B/7B, Mistral-7B-v0.3, Qwen3-30B-A3B, MiniCPM-2B, SmolLM3-3B, Granite-3.3-2B, Phi-3-mini-4k, OLMo-2-1124-7B, GLM-4.5-Air, DeepSeek-V3, gpt-oss-20b"
     );
     hybrid.sort();

@@ -285,6 +285,8 @@ impl Rotation {
                 per_row,
             }),
             Rope::Freqs { .. } => None,
+            // YaRN's input scale and interleaved pairs are not the kernel's.
+            Rope::Yarn { .. } => None,
             Rope::NoPe => Some(Rotation {
                 dims: 0,
                 from_periods: false,

@@ -339,15 +339,25 @@ impl MultiLinear {
         match (&self.quant, orientation) {
             (None, Orientation::Transposed) => x.matmul(self.weight.swap_axes(-1, -2)?),
             (None, Orientation::AsStored) => x.matmul(&self.weight),
-            (Some(q), _) => mlx_rs::ops::quantized_matmul(
-                x,
-                &self.weight,
-                &q.scales,
-                &q.biases,
-                transpose,
-                q.group_size,
-                q.bits,
-            ),
+            (Some(q), _) => match &q.form {
+                QuantForm::Affine { biases } => mlx_rs::ops::quantized_matmul(
+                    x,
+                    &self.weight,
+                    &q.scales,
+                    biases,
+                    transpose,
+                    q.group_size,
+                    q.bits,
+                ),
+                QuantForm::Mxfp4 => crate::mlx_c::quantized_matmul_unbiased(
+                    x,
+                    &self.weight,
+                    &q.scales,
+                    transpose,
+                    (q.group_size, q.bits),
+                    q.form.mode(),
+                ),
+            },
         }
     }
 }
