@@ -207,28 +207,42 @@ pub struct StackedCounts {
     pub gate_up: usize,
 }
 
-static STACKED_QKV: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static STACKED_GATE_UP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Counts a lever keeps for the process, one per outcome (an enum's
+/// discriminant), read after a run to say what the lever did.
+struct Tally<const N: usize>([std::sync::atomic::AtomicUsize; N]);
+
+impl<const N: usize> Tally<N> {
+    const fn new() -> Self {
+        Tally([const { std::sync::atomic::AtomicUsize::new(0) }; N])
+    }
+
+    fn add(&self, outcome: usize) {
+        self.0[outcome].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn read(&self) -> [usize; N] {
+        std::array::from_fn(|i| self.0[i].load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
 
 /// The projections that stacked.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum StackedProjection {
-    QueryKeyValue,
-    GateUp,
+    QueryKeyValue = 0,
+    GateUp = 1,
 }
 
+static STACKED: Tally<2> = Tally::new();
+
 pub(crate) fn count_stacked(which: StackedProjection) {
-    let counter = match which {
-        StackedProjection::QueryKeyValue => &STACKED_QKV,
-        StackedProjection::GateUp => &STACKED_GATE_UP,
-    };
-    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    STACKED.add(which as usize);
 }
 
 pub fn stacked_counts() -> StackedCounts {
+    let [query_key_value, gate_up] = STACKED.read();
     StackedCounts {
-        query_key_value: STACKED_QKV.load(std::sync::atomic::Ordering::Relaxed),
-        gate_up: STACKED_GATE_UP.load(std::sync::atomic::Ordering::Relaxed),
+        query_key_value,
+        gate_up,
     }
 }
 
@@ -255,30 +269,22 @@ pub struct HeadKernelCounts {
     pub not_covered: usize,
 }
 
-static HEAD_KERNEL_RAN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static HEAD_KERNEL_NOT_COVERED: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0);
-
 /// What a one-token step of a K/V-owning layer did with the lever on.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum HeadKernelStep {
-    Ran,
-    NotCovered,
+    Ran = 0,
+    NotCovered = 1,
 }
 
+static HEAD_KERNEL: Tally<2> = Tally::new();
+
 pub(crate) fn count_head_kernel(step: HeadKernelStep) {
-    let counter = match step {
-        HeadKernelStep::Ran => &HEAD_KERNEL_RAN,
-        HeadKernelStep::NotCovered => &HEAD_KERNEL_NOT_COVERED,
-    };
-    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    HEAD_KERNEL.add(step as usize);
 }
 
 pub fn head_kernel_counts() -> HeadKernelCounts {
-    HeadKernelCounts {
-        ran: HEAD_KERNEL_RAN.load(std::sync::atomic::Ordering::Relaxed),
-        not_covered: HEAD_KERNEL_NOT_COVERED.load(std::sync::atomic::Ordering::Relaxed),
-    }
+    let [ran, not_covered] = HEAD_KERNEL.read();
+    HeadKernelCounts { ran, not_covered }
 }
 
 /// How often mlx-lm returns MLX's buffer pool to the system while
