@@ -1242,9 +1242,7 @@ fn run_delta_net_layer(
             FeedForward::GroupRoutedMoe(m) => {
                 b::experts_feed_forward(&h, &norms, m, s.eps).unwrap()
             }
-            FeedForward::BiasedExperts(m) => {
-                b::biased_experts_feed_forward(&h, &norms, m, s.eps).unwrap()
-            }
+            FeedForward::BiasedExperts(m) => b::experts_feed_forward(&h, &norms, m, s.eps).unwrap(),
         }
     };
     let (mut eager_cache, mut decode_cache) = (ArraysCache::default(), ArraysCache::default());
@@ -1374,9 +1372,7 @@ fn run_gated_attention_layer(hidden: i32, s: AttentionShape, rope: Rope, moe: bo
             FeedForward::GroupRoutedMoe(m) => {
                 b::experts_feed_forward(&h, &norms, m, s.eps).unwrap()
             }
-            FeedForward::BiasedExperts(m) => {
-                b::biased_experts_feed_forward(&h, &norms, m, s.eps).unwrap()
-            }
+            FeedForward::BiasedExperts(m) => b::experts_feed_forward(&h, &norms, m, s.eps).unwrap(),
         }
     };
     let (mut eager_cache, mut decode_cache) = (

@@ -1033,19 +1033,12 @@ impl BiasedExpertsMoe {
     }
 }
 
-/// The feed-forward half of a pre-norm layer with [`BiasedExpertsMoe`]:
-/// `h + mlp(post_attention_layernorm(h))` (gpt_oss's `TransformerBlock`).
-pub fn biased_experts_feed_forward(
-    h: &Array,
-    norms: &LayerNorms,
-    moe: &BiasedExpertsMoe,
-    eps: f32,
-) -> Result<Array> {
-    match norms {
-        LayerNorms::PreNorm { ffn, .. } => h.add(moe.forward(&rms_norm(h, Some(ffn), eps)?)?),
-        LayerNorms::Sandwich { .. } => Err(refused(
-            "routed experts with biases in a sandwich layer: no runtime block runs this arrangement",
-        )),
+/// gpt_oss's `TransformerBlock` adds `mlp(post_attention_layernorm(h))`
+/// to `h` as the other routed experts do ([`experts_feed_forward`]).
+impl RoutedExperts for BiasedExpertsMoe {
+    const IN_A_SANDWICH: &'static str = "routed experts with biases in a sandwich layer";
+    fn route(&self, x: &Array) -> Result<Array> {
+        self.forward(x)
     }
 }
 

@@ -543,8 +543,11 @@ fn pre_attention(
     fused: Option<&FusedQkv>,
     rope: &RopeTables,
 ) -> Result<Vec<Array>> {
-    if let Some(qkv) = head_norm_rope_step(h, layer, kv, fused, rope)? {
-        return Ok(qkv.into());
+    // A layer reading a donor's K/V projects Q alone: the compiled block.
+    if let Some(kv) = kv {
+        if let Some(qkv) = head_norm_rope_step(h, layer, kv, fused, rope)? {
+            return Ok(qkv.into());
+        }
     }
     let (s, eps) = (layer.shape, layer.eps);
     let (mut p, norm_inputs) =
@@ -605,17 +608,13 @@ fn pre_attention(
 fn head_norm_rope_step(
     h: &Array,
     layer: &Layer<'_>,
-    kv: Option<&KvWeights>,
+    kv: &KvWeights,
     fused: Option<&FusedQkv>,
     rope: &RopeTables,
 ) -> Result<Option<[Array; 3]>> {
     if !crate::device::head_norm_rope_kernel() {
         return Ok(None);
     }
-    // A layer reading a donor's K/V projects Q alone: the compiled block.
-    let Some(kv) = kv else {
-        return Ok(None);
-    };
     let not_covered = || {
         crate::device::count_head_kernel(HeadKernelStep::NotCovered);
         Ok(None)

@@ -64,25 +64,17 @@ impl FeedForward {
         eps: f32,
     ) -> Result<Array> {
         match (residual_scale, self) {
-            (None, FeedForward::Mlp { mlp, moe }) => {
+            (None, ffn) => {
                 let h1 = b::attention_residual(h, a, norms, eps)?;
-                b::feed_forward(&h1, norms, mlp, moe.as_ref(), eps)
-            }
-            (None, FeedForward::SparseMoe(m)) => {
-                let h1 = b::attention_residual(h, a, norms, eps)?;
-                b::experts_feed_forward(&h1, norms, m, eps)
-            }
-            (None, FeedForward::SharedExpertMoe(m)) => {
-                let h1 = b::attention_residual(h, a, norms, eps)?;
-                b::experts_feed_forward(&h1, norms, m, eps)
-            }
-            (None, FeedForward::GroupRoutedMoe(m)) => {
-                let h1 = b::attention_residual(h, a, norms, eps)?;
-                b::experts_feed_forward(&h1, norms, m, eps)
-            }
-            (None, FeedForward::BiasedExperts(m)) => {
-                let h1 = b::attention_residual(h, a, norms, eps)?;
-                b::biased_experts_feed_forward(&h1, norms, m, eps)
+                match ffn {
+                    FeedForward::Mlp { mlp, moe } => {
+                        b::feed_forward(&h1, norms, mlp, moe.as_ref(), eps)
+                    }
+                    FeedForward::SparseMoe(m) => b::experts_feed_forward(&h1, norms, m, eps),
+                    FeedForward::SharedExpertMoe(m) => b::experts_feed_forward(&h1, norms, m, eps),
+                    FeedForward::GroupRoutedMoe(m) => b::experts_feed_forward(&h1, norms, m, eps),
+                    FeedForward::BiasedExperts(m) => b::experts_feed_forward(&h1, norms, m, eps),
+                }
             }
             (Some(r), FeedForward::Mlp { mlp, moe }) => {
                 let h1 = b::attention_residual_scaled(h, a, norms, eps, r)?;

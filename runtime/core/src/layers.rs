@@ -53,25 +53,31 @@ pub struct Linear {
 fn matmul_t(x: &Array, weight: &Array, quant: Option<&Quantized>) -> Result<Array> {
     match quant {
         None => x.matmul(weight.t()),
-        Some(q) => match &q.form {
-            QuantForm::Affine { biases } => mlx_rs::ops::quantized_matmul(
-                x,
-                weight,
-                &q.scales,
-                biases,
-                true,
-                q.group_size,
-                q.bits,
-            ),
-            QuantForm::Mxfp4 => crate::mlx_c::quantized_matmul_unbiased(
-                x,
-                weight,
-                &q.scales,
-                true,
-                (q.group_size, q.bits),
-                q.form.mode(),
-            ),
-        },
+        Some(q) => quantized_product(x, weight, q, true),
+    }
+}
+
+/// `quantized_matmul` of a packed weight in its form (`mode=`): with the
+/// affine biases, or without them (mxfp4).
+fn quantized_product(x: &Array, weight: &Array, q: &Quantized, transpose: bool) -> Result<Array> {
+    match &q.form {
+        QuantForm::Affine { biases } => mlx_rs::ops::quantized_matmul(
+            x,
+            weight,
+            &q.scales,
+            biases,
+            transpose,
+            q.group_size,
+            q.bits,
+        ),
+        QuantForm::Mxfp4 => crate::mlx_c::quantized_matmul_unbiased(
+            x,
+            weight,
+            &q.scales,
+            transpose,
+            (q.group_size, q.bits),
+            q.form.mode(),
+        ),
     }
 }
 
@@ -339,25 +345,7 @@ impl MultiLinear {
         match (&self.quant, orientation) {
             (None, Orientation::Transposed) => x.matmul(self.weight.swap_axes(-1, -2)?),
             (None, Orientation::AsStored) => x.matmul(&self.weight),
-            (Some(q), _) => match &q.form {
-                QuantForm::Affine { biases } => mlx_rs::ops::quantized_matmul(
-                    x,
-                    &self.weight,
-                    &q.scales,
-                    biases,
-                    transpose,
-                    q.group_size,
-                    q.bits,
-                ),
-                QuantForm::Mxfp4 => crate::mlx_c::quantized_matmul_unbiased(
-                    x,
-                    &self.weight,
-                    &q.scales,
-                    transpose,
-                    (q.group_size, q.bits),
-                    q.form.mode(),
-                ),
-            },
+            (Some(q), _) => quantized_product(x, &self.weight, q, transpose),
         }
     }
 }

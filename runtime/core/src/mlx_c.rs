@@ -91,10 +91,9 @@ pub fn write_positions(dst: &mut Array, at: Range<i32>, update: &Array) -> Resul
     let stop = [d[0], d[1], at.end, d[3]];
     let strides = [1i32; 4];
     let stream = Stream::thread_local_or_default();
-    let mut res = unsafe { mlx_sys::mlx_array_new() };
-    let done = with_captured_error("slice_update", || unsafe {
+    *dst = one_array("slice_update", |res| unsafe {
         mlx_sys::mlx_slice_update(
-            &mut res,
+            res,
             dst.as_ptr(),
             update.as_ptr(),
             start.as_ptr(),
@@ -105,18 +104,8 @@ pub fn write_positions(dst: &mut Array, at: Range<i32>, update: &Array) -> Resul
             strides.len(),
             stream.as_ptr(),
         )
-    });
-    match done {
-        // SAFETY: on success mlx-c set `res` to a new array we now own.
-        Ok(()) => {
-            *dst = unsafe { Array::from_ptr(res) };
-            Ok(())
-        }
-        Err(e) => {
-            unsafe { mlx_sys::mlx_array_free(res) };
-            Err(e)
-        }
-    }
+    })?;
+    Ok(())
 }
 
 /// An mlx-c call that returns one array, its result adopted as owned.
