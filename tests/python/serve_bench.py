@@ -512,6 +512,16 @@ def main() -> None:
         if isinstance(config.get("text_config"), dict):
             config["text_config"].pop("max_position_embeddings", None)
     (model / "config.json").write_text(json.dumps(config, indent=2))
+    # transformers picks a tokenizer class from config.json's model_type when
+    # tokenizer_config.json names none; for gemma2 and gemma3_text that is
+    # GemmaTokenizerFast, which refuses a vocabulary without `<unk>` (the
+    # bench's tokenizer has none), so mlx_lm.server answered every request
+    # with 404. The bench's tokenizer is a plain fast tokenizer: say so.
+    if config.get("model_type") in ("gemma2", "gemma3_text"):
+        tc_path = model / "tokenizer_config.json"
+        tc = json.loads(tc_path.read_text())
+        tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+        tc_path.write_text(json.dumps(tc, indent=2))
 
     from tokenizers import Tokenizer
 
