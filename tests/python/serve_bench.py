@@ -2,6 +2,7 @@
 the same checkpoint, in one run, over loopback.
 
 usage: serve_bench.py [--archgen target/release/archgen] [--spec specs/gemma4-e2b-tiny.yaml]
+                      [--init-dtype bfloat16]
                       [--workdir DIR] [--max-tokens 24] [--clients 1 4 16 64]
                       [--long-tokens 12000] [--long-clients 1 4 16 64]
                       [--prefill-step 2048] [--level-budget 90] [--timeout 120]
@@ -484,6 +485,10 @@ def main() -> None:
     ap.add_argument("--alternate-clients", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--alternate-only", action="store_true",
                     help="run only the alternating rounds (no per-server levels, long prompts or probes)")
+    ap.add_argument("--init-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                    help="dtype of the checkpoint's unquantized weights (archgen init --dtype); "
+                         "unquantized MoE specs need float32 on the CPU, whose gathered-expert "
+                         "matmul takes float32 only")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--with-results",
@@ -499,7 +504,8 @@ def main() -> None:
         model = work / "model"
         if model.exists():
             shutil.rmtree(model)
-        subprocess.run([args.archgen, "init", "--spec", args.spec, "--out", str(model)], check=True)
+        subprocess.run([args.archgen, "init", "--spec", args.spec, "--out", str(model),
+                        "--dtype", args.init_dtype], check=True)
         template = REPO / "runtime/cli/tests/fixtures/chat_templates/qwen3.jinja"
         subprocess.run([PYTHON, str(REPO / "tests/python/make_chat_tokenizer.py"), str(model), str(template)],
                        check=True, stdout=subprocess.DEVNULL)
