@@ -11,7 +11,8 @@ use archgen_ir::{
     Activation, Attention, DeltaNet, EmbedScale, FeedForward, GatedNorm, HeadWeight, InProj,
     KvCache, KvSource, Layer, LayerInput, LayerScalar, LogitScale, Mixer, ModelIr, Moe,
     NormArrangement, NormWeight, OutputGate, ProjectionBias, QkNorm, Residual, Router, Scores,
-    ShortConv, Softcap, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values, Window,
+    SharedExpert, ShortConv, Softcap, SoftcapForm, StateCache, TopKProbs, ValueNorm, Values,
+    Window,
 };
 use archgen_ir::{GateUpProjection, GatedMlp, QkvProjection};
 use archgen_ir::{LatentAttention, LatentQuery, RopeForm};
@@ -278,31 +279,12 @@ struct FfnLoad {
 /// [`FfnLoad`] of every IR feed-forward form a runtime block runs; the
 /// mixers' own kinds refuse the forms their decode blocks do not take.
 fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
-    let with_mlp = |load: TokenStream| FfnLoad {
-        load,
-        signature: quote! { w: &mut Weights, i: usize, mlp_width: i32 },
-    };
-    let experts_only = |load: TokenStream| FfnLoad {
-        load,
-        signature: quote! { w: &mut Weights, i: usize },
-    };
-    let probs_tokens = |probs: TopKProbs| match probs {
-        TopKProbs::Renormalized => quote! { b::TopKProbs::Renormalized },
-        TopKProbs::AsTaken => quote! { b::TopKProbs::AsTaken },
-    };
-    // The sizes routed experts load with.
-    let sizes = |m: Moe| -> Result<TokenStream, String> {
-        let (count, top_k, width) = (
-            lit_i32(m.num_experts)?,
-            lit_i32(m.top_k)?,
-            lit_i32(m.width)?,
-        );
-        Ok(quote! { b::ExpertsShape { count: #count, top_k: #top_k, width: #width } })
-    };
     match l.ffn {
         FeedForward::Mlp(m) => {
             let mlp = mlp_load_tokens(m);
-            Ok(with_mlp(quote! { ffn: FeedForward::Mlp { mlp: #mlp, moe: None }, }))
+            Ok(with_mlp(
+                quote! { ffn: FeedForward::Mlp { mlp: #mlp, moe: None }, },
+            ))
         }
         FeedForward::MlpAndMoe { mlp, moe } => match (moe.router, moe.activation) {
             (Router::ScaledTopKSoftmax, Activation::GeluApprox) => {
@@ -324,92 +306,146 @@ fn feed_forward_load(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
                 "layer kind {kind}: experts beside the MLP run only with Gemma-4's router and GeGLU"
             )),
         },
-        FeedForward::Moe(m) => match (m.router, m.activation) {
-            (Router::SoftmaxTopK { probs }, Activation::Silu) => {
-                let (experts, probs) = (sizes(m)?, probs_tokens(probs));
-                Ok(experts_only(quote! {
-                    ffn: FeedForward::SparseMoe(b::load_sparse_moe(w, i, HIDDEN, #experts, #probs)),
-                }))
-            }
-            (
-                Router::SoftmaxTopK { .. },
-                Activation::GeluApprox | Activation::GeluApproxThenMultiply | Activation::ClampedSwiglu,
-            )
-            | (
-                Router::ScaledTopKSoftmax
-                | Router::SigmoidGroupTopK(_)
-                | Router::TopKPreciseSoftmax,
-                _,
-            ) => Err(format!(
-                "layer kind {kind}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU"
-            )),
-        },
-        FeedForward::MoeAndSharedExpert { moe, shared } => match (moe.router, moe.activation) {
-            (Router::SoftmaxTopK { probs }, Activation::Silu) => {
-                let (experts, sw) = (sizes(moe)?, lit_i32(shared.width)?);
-                let probs = probs_tokens(probs);
-                Ok(experts_only(quote! {
-                    ffn: FeedForward::SharedExpertMoe(deltanet::load_shared_expert_moe(w, i, HIDDEN, #experts, #sw, #probs)),
-                }))
-            }
-            (
-                Router::SoftmaxTopK { .. },
-                Activation::GeluApprox | Activation::GeluApproxThenMultiply | Activation::ClampedSwiglu,
-            )
-            | (
-                Router::ScaledTopKSoftmax
-                | Router::SigmoidGroupTopK(_)
-                | Router::TopKPreciseSoftmax,
-                _,
-            ) => Err(format!(
-                "layer kind {kind}: experts with a shared expert run only with the softmax-then-top-k router and SwiGLU"
-            )),
-        },
-        FeedForward::MoeAndSharedExperts { moe, shared } => match (moe.router, moe.activation) {
-            (Router::SigmoidGroupTopK(g), Activation::Silu) => {
-                let (experts, sw) = (sizes(moe)?, lit_i32(shared.width)?);
-                let (top_k, n_group, topk_group) =
-                    (lit_i32(moe.top_k)?, lit_i32(g.n_group)?, lit_i32(g.topk_group)?);
-                let (probs, scaling) = (probs_tokens(g.probs), g.routed_scaling_factor);
-                Ok(experts_only(quote! {
-                    ffn: FeedForward::GroupRoutedMoe(b::load_group_routed_moe(w, i, HIDDEN, #experts, #sw, b::GroupTopK {
-                        top_k: #top_k, n_group: #n_group, topk_group: #topk_group, probs: #probs, routed_scaling_factor: #scaling,
-                    })),
-                }))
-            }
-            (
-                Router::SigmoidGroupTopK(_),
-                Activation::GeluApprox | Activation::GeluApproxThenMultiply | Activation::ClampedSwiglu,
-            )
-            | (
-                Router::ScaledTopKSoftmax
-                | Router::SoftmaxTopK { .. }
-                | Router::TopKPreciseSoftmax,
-                _,
-            ) => Err(format!(
-                "layer kind {kind}: experts with shared experts run only with the sigmoid group router and SwiGLU"
-            )),
-        },
-        FeedForward::BiasedExperts(m) => match (m.router, m.activation) {
-            (Router::TopKPreciseSoftmax, Activation::ClampedSwiglu) => {
-                let experts = sizes(m)?;
-                Ok(experts_only(quote! {
-                    ffn: FeedForward::BiasedExperts(b::load_biased_experts_moe(w, i, HIDDEN, #experts)),
-                }))
-            }
-            (
-                Router::TopKPreciseSoftmax,
-                Activation::GeluApprox | Activation::GeluApproxThenMultiply | Activation::Silu,
-            )
-            | (
-                Router::ScaledTopKSoftmax
-                | Router::SoftmaxTopK { .. }
-                | Router::SigmoidGroupTopK(_),
-                _,
-            ) => Err(format!(
-                "layer kind {kind}: biased experts run only with the top-k softmax router and the clamped SwiGLU"
-            )),
-        },
+        FeedForward::Moe(m) => routed_experts_load(m, kind),
+        FeedForward::MoeAndSharedExpert { moe, shared } => shared_expert_load(moe, shared, kind),
+        FeedForward::MoeAndSharedExperts { moe, shared } => shared_experts_load(moe, shared, kind),
+        FeedForward::BiasedExperts(m) => biased_experts_load(m, kind),
+    }
+}
+
+/// The loader of a layer that loads a dense MLP (its width a parameter).
+fn with_mlp(load: TokenStream) -> FfnLoad {
+    FfnLoad {
+        load,
+        signature: quote! { w: &mut Weights, i: usize, mlp_width: i32 },
+    }
+}
+
+/// The loader of a layer whose routed experts take the MLP's place.
+fn experts_only(load: TokenStream) -> FfnLoad {
+    FfnLoad {
+        load,
+        signature: quote! { w: &mut Weights, i: usize },
+    }
+}
+
+fn probs_tokens(probs: TopKProbs) -> TokenStream {
+    match probs {
+        TopKProbs::Renormalized => quote! { b::TopKProbs::Renormalized },
+        TopKProbs::AsTaken => quote! { b::TopKProbs::AsTaken },
+    }
+}
+
+/// The sizes routed experts load with.
+fn sizes(m: Moe) -> Result<TokenStream, String> {
+    let (count, top_k, width) = (
+        lit_i32(m.num_experts)?,
+        lit_i32(m.top_k)?,
+        lit_i32(m.width)?,
+    );
+    Ok(quote! { b::ExpertsShape { count: #count, top_k: #top_k, width: #width } })
+}
+
+/// Routed experts in place of the MLP (Qwen3-MoE).
+fn routed_experts_load(m: Moe, kind: &str) -> Result<FfnLoad, String> {
+    match (m.router, m.activation) {
+        (Router::SoftmaxTopK { probs }, Activation::Silu) => {
+            let (experts, probs) = (sizes(m)?, probs_tokens(probs));
+            Ok(experts_only(quote! {
+                ffn: FeedForward::SparseMoe(b::load_sparse_moe(w, i, HIDDEN, #experts, #probs)),
+            }))
+        }
+        (
+            Router::SoftmaxTopK { .. },
+            Activation::GeluApprox | Activation::GeluApproxThenMultiply | Activation::ClampedSwiglu,
+        )
+        | (
+            Router::ScaledTopKSoftmax
+            | Router::SigmoidGroupTopK(_)
+            | Router::TopKPreciseSoftmax,
+            _,
+        ) => Err(format!(
+            "layer kind {kind}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU"
+        )),
+    }
+}
+
+/// Routed experts with a gated shared expert (Qwen3.5/3.6 MoE, Qwen3-Next).
+fn shared_expert_load(moe: Moe, shared: SharedExpert, kind: &str) -> Result<FfnLoad, String> {
+    match (moe.router, moe.activation) {
+        (Router::SoftmaxTopK { probs }, Activation::Silu) => {
+            let (experts, sw) = (sizes(moe)?, lit_i32(shared.width)?);
+            let probs = probs_tokens(probs);
+            Ok(experts_only(quote! {
+                ffn: FeedForward::SharedExpertMoe(deltanet::load_shared_expert_moe(w, i, HIDDEN, #experts, #sw, #probs)),
+            }))
+        }
+        (
+            Router::SoftmaxTopK { .. },
+            Activation::GeluApprox | Activation::GeluApproxThenMultiply | Activation::ClampedSwiglu,
+        )
+        | (
+            Router::ScaledTopKSoftmax
+            | Router::SigmoidGroupTopK(_)
+            | Router::TopKPreciseSoftmax,
+            _,
+        ) => Err(format!(
+            "layer kind {kind}: experts with a shared expert run only with the softmax-then-top-k router and SwiGLU"
+        )),
+    }
+}
+
+/// Routed experts behind the sigmoid group router with shared experts
+/// (GLM-4.5 MoE, DeepSeek-V3).
+fn shared_experts_load(moe: Moe, shared: SharedExpert, kind: &str) -> Result<FfnLoad, String> {
+    match (moe.router, moe.activation) {
+        (Router::SigmoidGroupTopK(g), Activation::Silu) => {
+            let (experts, sw) = (sizes(moe)?, lit_i32(shared.width)?);
+            let (top_k, n_group, topk_group) =
+                (lit_i32(moe.top_k)?, lit_i32(g.n_group)?, lit_i32(g.topk_group)?);
+            let (probs, scaling) = (probs_tokens(g.probs), g.routed_scaling_factor);
+            Ok(experts_only(quote! {
+                ffn: FeedForward::GroupRoutedMoe(b::load_group_routed_moe(w, i, HIDDEN, #experts, #sw, b::GroupTopK {
+                    top_k: #top_k, n_group: #n_group, topk_group: #topk_group, probs: #probs, routed_scaling_factor: #scaling,
+                })),
+            }))
+        }
+        (
+            Router::SigmoidGroupTopK(_),
+            Activation::GeluApprox | Activation::GeluApproxThenMultiply | Activation::ClampedSwiglu,
+        )
+        | (
+            Router::ScaledTopKSoftmax
+            | Router::SoftmaxTopK { .. }
+            | Router::TopKPreciseSoftmax,
+            _,
+        ) => Err(format!(
+            "layer kind {kind}: experts with shared experts run only with the sigmoid group router and SwiGLU"
+        )),
+    }
+}
+
+/// Routed experts with biases (gpt-oss).
+fn biased_experts_load(m: Moe, kind: &str) -> Result<FfnLoad, String> {
+    match (m.router, m.activation) {
+        (Router::TopKPreciseSoftmax, Activation::ClampedSwiglu) => {
+            let experts = sizes(m)?;
+            Ok(experts_only(quote! {
+                ffn: FeedForward::BiasedExperts(b::load_biased_experts_moe(w, i, HIDDEN, #experts)),
+            }))
+        }
+        (
+            Router::TopKPreciseSoftmax,
+            Activation::GeluApprox | Activation::GeluApproxThenMultiply | Activation::Silu,
+        )
+        | (
+            Router::ScaledTopKSoftmax
+            | Router::SoftmaxTopK { .. }
+            | Router::SigmoidGroupTopK(_),
+            _,
+        ) => Err(format!(
+            "layer kind {kind}: biased experts run only with the top-k softmax router and the clamped SwiGLU"
+        )),
     }
 }
 
