@@ -148,10 +148,8 @@ pub fn head_norm_rope(
     let (h, kv) = (shape.n_heads, shape.n_kv_heads);
     let params = kernel_params(shape.eps, rotation.base_log2, rotation.scale)?;
     let (variant, inputs): (Variant, Vec<&Array>) = match rows {
-        QkvRows::Stacked { qkv, own_values } => (
-            Variant::Stacked {
-                own_values: *own_values,
-            },
+        QkvRows::Stacked { qkv, .. } => (
+            Variant::Stacked,
             vec![
                 qkv,
                 q_norm,
@@ -242,15 +240,7 @@ impl Rotation {
         let (rope, offset) = match t {
             RopeTables::Native { rope, offset } => (rope, offset),
             RopeTables::NoPe => {
-                return Ok(Some(Rotation {
-                    dims: 0,
-                    from_periods: false,
-                    periods: placeholder()?,
-                    base_log2: 0.0,
-                    scale: 1.0,
-                    offset: constant(Constant::ZeroOffset)?,
-                    per_row: false,
-                }))
+                return Rotation::none(constant(Constant::ZeroOffset)?, false).map(Some)
             }
             // The CPU path's tables: the kernel runs on CUDA only.
             RopeTables::Fallback(_) => return Ok(None),
@@ -287,15 +277,21 @@ impl Rotation {
             Rope::Freqs { .. } => None,
             // YaRN's input scale and interleaved pairs are not the kernel's.
             Rope::Yarn { .. } => None,
-            Rope::NoPe => Some(Rotation {
-                dims: 0,
-                from_periods: false,
-                periods: placeholder()?,
-                base_log2: 0.0,
-                scale: 1.0,
-                offset,
-                per_row,
-            }),
+            Rope::NoPe => Some(Rotation::none(offset, per_row)?),
+        })
+    }
+
+    /// No rotation (a layer without RoPE): the kernel reads neither the
+    /// periods nor the offset.
+    fn none(offset: Array, per_row: bool) -> Result<Rotation> {
+        Ok(Rotation {
+            dims: 0,
+            from_periods: false,
+            periods: constant(Constant::NoPeriods)?,
+            base_log2: 0.0,
+            scale: 1.0,
+            offset,
+            per_row,
         })
     }
 }
@@ -350,14 +346,16 @@ fn kernel_params(eps: f32, base_log2: f32, scale: f32) -> Result<Array> {
 /// The two forms of the kernel, by how the projections arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Variant {
-    Stacked { own_values: bool },
+    /// One input row of Q, K and V's projections; whether V has rows of its
+    /// own is the template value `V_OWN`, not another source.
+    Stacked,
     Separate,
 }
 
 impl Variant {
     fn build(self) -> Result<CudaKernel> {
         let (name, inputs, rows) = match self {
-            Variant::Stacked { .. } => (
+            Variant::Stacked => (
                 "archgen_head_norm_rope_stacked",
                 &["qkv", "q_norm", "k_norm", "offset", "periods", "params"][..],
                 STACKED_ROWS,
