@@ -87,6 +87,7 @@ mod registry;
 mod validate;
 mod yaml;
 mod yaml_writer;
+mod yarn;
 
 // Diagnostics for people (source excerpts) and tools (JSON).
 pub mod render;
