@@ -10,23 +10,14 @@ use crate::reader::Reader;
 use crate::validate::Checker;
 use serde_json::{json, Map, Value};
 
-/// The section's keys, in the order of [`YarnScaling::values`].
-const KEYS: [&str; 6] = [
-    "factor",
-    "original_max_position_embeddings",
-    "beta_fast",
-    "beta_slow",
-    "mscale",
-    "mscale_all_dim",
-];
-
-/// `YarnRoPE`'s keyword defaults: every key but `factor`, in [`KEYS`] order.
+/// `YarnRoPE`'s keyword defaults: every key but `factor`, in
+/// [`YarnScaling::KEYS`] order.
 const DEFAULTS: [f64; 5] = [4096.0, 32.0, 1.0, 1.0, 0.0];
 
-/// Declares a family's YaRN section: a struct of the six [`KEYS`] whose schema
-/// carries the family's name and its docs on the section, on `factor` and on
-/// `mscale_all_dim` (the other fields read the same in every family), and its
-/// [`YarnScaling`] impl.
+/// Declares a family's YaRN section: a struct of the six
+/// [`YarnScaling::KEYS`] whose schema carries the family's name and its docs
+/// on the section, on `factor` and on `mscale_all_dim` (the other fields read
+/// the same in every family), and its [`YarnScaling`] impl.
 macro_rules! yarn_section {
     (
         $(#[$section_doc:meta])*
@@ -63,28 +54,22 @@ macro_rules! yarn_section {
             pub mscale_all_dim: f64,
         }
 
+        $crate::yarn::yarn_section!(@fields $name:
+            factor, original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim
+        );
+    };
+    // The trait's glue, from the field list written once.
+    (@fields $name:ident: $($field:ident),+) => {
         impl $crate::yarn::YarnScaling for $name {
+            const KEYS: [&'static str; 6] = [$(stringify!($field)),+];
             fn values(&self) -> [f64; 6] {
-                [
-                    self.factor,
-                    self.original_max_position_embeddings,
-                    self.beta_fast,
-                    self.beta_slow,
-                    self.mscale,
-                    self.mscale_all_dim,
-                ]
+                [$(self.$field),+]
             }
-            fn from_values(
-                [factor, original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim]: [f64; 6],
-            ) -> Self {
-                $name {
-                    factor,
-                    original_max_position_embeddings,
-                    beta_fast,
-                    beta_slow,
-                    mscale,
-                    mscale_all_dim,
-                }
+            fn from_values([$($field),+]: [f64; 6]) -> Self {
+                $name { $($field),+ }
+            }
+            fn kind(&self, theta: f64) -> $crate::ir::RopeKind {
+                $crate::ir::RopeKind::Yarn { theta: theta as f32, $($field: self.$field),+ }
             }
         }
     };
@@ -93,10 +78,14 @@ pub(crate) use yarn_section;
 
 /// A family's YaRN section (see [`yarn_section!`]).
 pub(crate) trait YarnScaling: Sized {
-    /// The fields, in [`KEYS`] order.
+    /// The section's keys, in `initialize_rope`'s order.
+    const KEYS: [&'static str; 6];
+    /// The fields, in [`Self::KEYS`] order.
     fn values(&self) -> [f64; 6];
-    /// The section of `values`, in [`KEYS`] order.
+    /// The section of `values`, in [`Self::KEYS`] order.
     fn from_values(values: [f64; 6]) -> Self;
+    /// The IR's RoPE kind for a base of `theta`.
+    fn kind(&self, theta: f64) -> crate::ir::RopeKind;
 
     /// `factor` with `YarnRoPE`'s defaults for the other keys.
     fn with_defaults(factor: f64) -> Self {
@@ -111,7 +100,7 @@ pub(crate) trait YarnScaling: Sized {
     /// `mscale_hint`. Returns whether they hold.
     fn check(&self, c: &mut Checker, positive_hints: [&str; 4], mscale_hint: &str) -> bool {
         let values = self.values();
-        let fields = KEYS.into_iter().zip(values);
+        let fields = Self::KEYS.into_iter().zip(values);
         let mut ok = true;
         for ((key, v), hint) in fields.clone().zip(positive_hints) {
             ok &= c.positive_finite(&format!("rope.scaling.{key}"), v, hint);
@@ -126,28 +115,13 @@ pub(crate) trait YarnScaling: Sized {
         ok
     }
 
-    /// The IR's RoPE kind for a base of `theta`.
-    fn kind(&self, theta: f64) -> crate::ir::RopeKind {
-        let [factor, original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim] =
-            self.values();
-        crate::ir::RopeKind::Yarn {
-            theta: theta as f32,
-            factor,
-            original_max_position_embeddings,
-            beta_fast,
-            beta_slow,
-            mscale,
-            mscale_all_dim,
-        }
-    }
-
     /// The config.json entry, its type `yarn` under `type_key` (`type` or
     /// `rope_type`: `initialize_rope` reads either; each family writes the one
     /// its checkpoints have).
     fn config_json(&self, type_key: &str) -> Value {
         let mut entry = Map::new();
         entry.insert(type_key.to_string(), json!("yarn"));
-        for (key, v) in KEYS.into_iter().zip(self.values()) {
+        for (key, v) in Self::KEYS.into_iter().zip(self.values()) {
             entry.insert(key.to_string(), json!(v));
         }
         Value::Object(entry)
@@ -159,27 +133,28 @@ pub(crate) trait YarnScaling: Sized {
     fn read(entry: &Map<String, Value>, r: &mut Reader) -> Self {
         let mut y = Reader::new(entry, "rope_scaling.");
         let mut values = [y.required_float("factor"); 6];
-        for ((value, key), default) in values[1..].iter_mut().zip(&KEYS[1..]).zip(DEFAULTS) {
+        for ((value, key), default) in values[1..].iter_mut().zip(&Self::KEYS[1..]).zip(DEFAULTS) {
             *value = y.float(key, default);
         }
         r.absorb(y);
         Self::from_values(values)
     }
-}
 
-/// Notes each key of a `rope_scaling` mapping that `YarnRoPE` does not read
-/// (as `truncate`): ignored.
-pub(crate) fn note_unread_keys(entry: &Map<String, Value>, r: &mut Reader) {
-    let mut y = Reader::new(entry, "rope_scaling.");
-    for key in entry.keys() {
-        let read = ["type", "rope_type"].contains(&key.as_str()) || KEYS.contains(&key.as_str());
-        if !read {
-            y.note(
-                key,
-                Value::Null,
-                "ignored: rope_utils' YarnRoPE does not read it",
-            );
+    /// Notes each key of a `rope_scaling` mapping that `YarnRoPE` does not
+    /// read (as `truncate`): ignored.
+    fn note_unread_keys(entry: &Map<String, Value>, r: &mut Reader) {
+        let mut y = Reader::new(entry, "rope_scaling.");
+        for key in entry.keys() {
+            let read =
+                ["type", "rope_type"].contains(&key.as_str()) || Self::KEYS.contains(&key.as_str());
+            if !read {
+                y.note(
+                    key,
+                    Value::Null,
+                    "ignored: rope_utils' YarnRoPE does not read it",
+                );
+            }
         }
+        r.absorb(y);
     }
-    r.absorb(y);
 }

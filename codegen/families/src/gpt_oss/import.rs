@@ -110,7 +110,7 @@ fn read_yarn(top: &Map<String, Value>, r: &mut Reader) -> Option<GptOssYarn> {
         }
     }
     let yarn = GptOssYarn::read(entry, r);
-    crate::yarn::note_unread_keys(entry, r);
+    GptOssYarn::note_unread_keys(entry, r);
     Some(yarn)
 }
 
