@@ -220,6 +220,11 @@ impl Spec {
         let Spec::Gemma4(s) = self else { return None };
         Some(s)
     }
+    /// The Gemma-4 document, when this is one, taken out.
+    pub(crate) fn into_gemma4(self) -> Option<Gemma4Spec> {
+        let Spec::Gemma4(s) = self else { return None };
+        Some(s)
+    }
     pub fn quantization(&self) -> Option<&Quantization> {
         self.document().quantization()
     }
