@@ -255,6 +255,13 @@ impl Checker {
             );
         }
     }
+    /// A head dimension RoPE rotates: in `1..=MAX_HEAD_DIM` and even; returns
+    /// whether it is.
+    pub(crate) fn rotated_head_dim(&mut self, path: &str, v: u32, hint: &str) -> bool {
+        let in_range = self.range(path, v, MAX_HEAD_DIM, hint);
+        let even = self.even_head_dim(path, v);
+        in_range && even
+    }
     /// A head dimension RoPE can rotate (even); returns whether it is.
     pub(crate) fn even_head_dim(&mut self, path: &str, v: u32) -> bool {
         if v % 2 != 0 {

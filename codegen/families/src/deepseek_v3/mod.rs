@@ -140,13 +140,8 @@ pub(crate) fn check(spec: &DeepseekV3Spec) -> Vec<Issue> {
     ] {
         ok &= c.range(path, v, max, hint);
     }
-    ok &= c.range(
-        "attention.qk_rope_head_dim",
-        a.qk_rope_head_dim,
-        MAX_HEAD_DIM,
-        "the rotated dims (64)",
-    );
-    ok &= c.even_head_dim("attention.qk_rope_head_dim", a.qk_rope_head_dim);
+    let rotated = "the rotated dims (64)";
+    ok &= c.rotated_head_dim("attention.qk_rope_head_dim", a.qk_rope_head_dim, rotated);
     if let Some(r) = a.q_lora_rank {
         ok &= c.range(
             "attention.q_lora_rank",
