@@ -232,16 +232,8 @@ pub(crate) fn lower(spec: &DeepseekV3Spec) -> crate::ir::ModelIr {
 
 /// The spec with config.json field names (impl_document! adds `quantization`).
 pub(crate) fn config_fields(spec: &DeepseekV3Spec) -> Value {
-    let (m, a) = (&spec.model, &spec.attention);
+    let a = &spec.attention;
     let mut own = json!({
-        "hidden_size": m.hidden_size,
-        "vocab_size": m.vocab_size,
-        "rms_norm_eps": m.rms_norm_eps,
-        "tie_word_embeddings": m.tie_word_embeddings,
-        "max_position_embeddings": m.max_position_embeddings,
-        "num_hidden_layers": spec.layers.num_hidden_layers,
-        "num_attention_heads": a.num_attention_heads,
-        "num_key_value_heads": a.num_attention_heads,
         "q_lora_rank": a.q_lora_rank,
         "kv_lora_rank": a.kv_lora_rank,
         "qk_nope_head_dim": a.qk_nope_head_dim,
@@ -254,10 +246,12 @@ pub(crate) fn config_fields(spec: &DeepseekV3Spec) -> Value {
         "moe_layer_freq": 1,
         "topk_method": "noaux_tc",
         "scoring_func": "sigmoid",
-        "model_type": spec.identity.source.model_type.as_str(),
     });
     spec.moe.add_config_fields(&mut own);
-    own
+    // Every head has its own keys and values (the latent expands to them).
+    let heads = (a.num_attention_heads, a.num_attention_heads);
+    let layers = spec.layers.num_hidden_layers;
+    crate::hf::model_stack_json(&spec.identity, layers, &spec.model, heads, own)
 }
 
 /// How a deepseek_v3 document is read (see [`crate::layout_reader`]).
