@@ -346,53 +346,41 @@ fn sizes(m: Moe) -> Result<TokenStream, String> {
     Ok(quote! { b::ExpertsShape { count: #count, top_k: #top_k, width: #width } })
 }
 
-/// Routed experts in place of the MLP (Qwen3-MoE).
-fn routed_experts_load(m: Moe, kind: &str) -> Result<FfnLoad, String> {
+/// The top-k probabilities of routed experts that run only behind the
+/// softmax-then-top-k router with SwiGLU (`what` they are, in the error).
+fn softmax_top_k_swiglu(m: Moe, kind: &str, what: &str) -> Result<TopKProbs, String> {
     match (m.router, m.activation) {
-        (Router::SoftmaxTopK { probs }, Activation::Silu) => {
-            let (experts, probs) = (sizes(m)?, probs_tokens(probs));
-            Ok(experts_only(quote! {
-                ffn: FeedForward::SparseMoe(b::load_sparse_moe(w, i, HIDDEN, #experts, #probs)),
-            }))
-        }
+        (Router::SoftmaxTopK { probs }, Activation::Silu) => Ok(probs),
         (
             Router::SoftmaxTopK { .. },
             Activation::GeluApprox | Activation::GeluApproxThenMultiply | Activation::ClampedSwiglu,
         )
         | (
-            Router::ScaledTopKSoftmax
-            | Router::SigmoidGroupTopK(_)
-            | Router::TopKPreciseSoftmax,
+            Router::ScaledTopKSoftmax | Router::SigmoidGroupTopK(_) | Router::TopKPreciseSoftmax,
             _,
         ) => Err(format!(
-            "layer kind {kind}: experts in place of the MLP run only with the softmax-then-top-k router and SwiGLU"
+            "layer kind {kind}: {what} run only with the softmax-then-top-k router and SwiGLU"
         )),
     }
 }
 
+/// Routed experts in place of the MLP (Qwen3-MoE).
+fn routed_experts_load(m: Moe, kind: &str) -> Result<FfnLoad, String> {
+    let probs = softmax_top_k_swiglu(m, kind, "experts in place of the MLP")?;
+    let (experts, probs) = (sizes(m)?, probs_tokens(probs));
+    Ok(experts_only(quote! {
+        ffn: FeedForward::SparseMoe(b::load_sparse_moe(w, i, HIDDEN, #experts, #probs)),
+    }))
+}
+
 /// Routed experts with a gated shared expert (Qwen3.5/3.6 MoE, Qwen3-Next).
 fn shared_expert_load(moe: Moe, shared: SharedExpert, kind: &str) -> Result<FfnLoad, String> {
-    match (moe.router, moe.activation) {
-        (Router::SoftmaxTopK { probs }, Activation::Silu) => {
-            let (experts, sw) = (sizes(moe)?, lit_i32(shared.width)?);
-            let probs = probs_tokens(probs);
-            Ok(experts_only(quote! {
-                ffn: FeedForward::SharedExpertMoe(deltanet::load_shared_expert_moe(w, i, HIDDEN, #experts, #sw, #probs)),
-            }))
-        }
-        (
-            Router::SoftmaxTopK { .. },
-            Activation::GeluApprox | Activation::GeluApproxThenMultiply | Activation::ClampedSwiglu,
-        )
-        | (
-            Router::ScaledTopKSoftmax
-            | Router::SigmoidGroupTopK(_)
-            | Router::TopKPreciseSoftmax,
-            _,
-        ) => Err(format!(
-            "layer kind {kind}: experts with a shared expert run only with the softmax-then-top-k router and SwiGLU"
-        )),
-    }
+    let probs = softmax_top_k_swiglu(moe, kind, "experts with a shared expert")?;
+    let (experts, sw) = (sizes(moe)?, lit_i32(shared.width)?);
+    let probs = probs_tokens(probs);
+    Ok(experts_only(quote! {
+        ffn: FeedForward::SharedExpertMoe(deltanet::load_shared_expert_moe(w, i, HIDDEN, #experts, #sw, #probs)),
+    }))
 }
 
 /// Routed experts behind the sigmoid group router with shared experts
@@ -1525,6 +1513,19 @@ fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
     })
 }
 
+/// The numbers of a RoPE kind as literals, in plan's order
+/// ([`rope_parameters`]): f32 or f64 as the plan keeps each.
+fn rope_literals(kind: RopeKind) -> Vec<Literal> {
+    rope_parameters(kind)
+        .numbers
+        .into_iter()
+        .map(|(_, n)| match n {
+            RopeNumber::F32(v) => lit_f32(v),
+            RopeNumber::F64(v) => Literal::f64_suffixed(v),
+        })
+        .collect()
+}
+
 fn rope_init(rope: RopeForm, head_dim: usize) -> Result<TokenStream, String> {
     let hd = lit_i32(head_dim)?;
     Ok(match rope.kind {
@@ -1547,40 +1548,20 @@ fn rope_init(rope: RopeForm, head_dim: usize) -> Result<TokenStream, String> {
         }
         RopeKind::Llama3 { .. } => {
             // `Rope::llama3` takes θ and the scaling in plan's order.
-            let numbers = rope_parameters(rope.kind)
-                .numbers
-                .into_iter()
-                .map(|(_, n)| match n {
-                    RopeNumber::F32(v) => lit_f32(v),
-                    RopeNumber::F64(v) => Literal::f64_suffixed(v),
-                });
+            let numbers = rope_literals(rope.kind);
             quote! {
                 Rope::llama3(#hd, #(#numbers),*)
                     .map_err(|e| ModelError(e.to_string()))?
             }
         }
-        RopeKind::Yarn {
-            theta,
-            factor,
-            original_max_position_embeddings,
-            beta_fast,
-            beta_slow,
-            mscale,
-            mscale_all_dim,
-        } => {
-            // `YarnRoPE(dims, traditional, base, scaling_factor, ...)`: the
-            // scaling as the Python floats `initialize_rope` passes.
+        RopeKind::Yarn { .. } => {
+            // `YarnRoPE(dims, traditional, base, scaling_factor, ...)`: θ and
+            // the scaling (the Python floats `initialize_rope` passes) in
+            // plan's order.
             let dims = lit_i32(rope.rotated_dims)?;
-            let theta = lit_f32(theta);
-            let [factor, original, beta_fast, beta_slow, mscale, mscale_all_dim] = [
-                factor,
-                original_max_position_embeddings,
-                beta_fast,
-                beta_slow,
-                mscale,
-                mscale_all_dim,
-            ]
-            .map(Literal::f64_suffixed);
+            let [theta, factor, original, beta_fast, beta_slow, mscale, mscale_all_dim] =
+                <[Literal; 7]>::try_from(rope_literals(rope.kind))
+                    .map_err(|n| format!("YaRN RoPE with {} numbers, not 7", n.len()))?;
             let pairs = if rope.traditional {
                 quote! { archgen_runtime::rope::Pairs::Interleaved }
             } else {

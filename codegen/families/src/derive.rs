@@ -111,17 +111,9 @@ pub(crate) fn parse_derived(
         return Err(locate_all(tree, origin, front));
     }
 
-    let parent = match load_parent(&file.derive.from, tree, origin, dir, stack)? {
-        crate::Spec::Gemma4(g) => g,
-        crate::Spec::Dense(_)
-        | crate::Spec::Gemma2(_)
-        | crate::Spec::Qwen3Moe(_)
-        | crate::Spec::MiniCpm(_)
-        | crate::Spec::Qwen35(_)
-        | crate::Spec::Lfm2(_)
-        | crate::Spec::Glm4Moe(_)
-        | crate::Spec::DeepseekV3(_)
-        | crate::Spec::GptOss(_) => return unreachable_family(tree, origin),
+    let parent = load_parent(&file.derive.from, tree, origin, dir, stack)?;
+    let Some(parent) = parent.into_gemma4() else {
+        return unreachable_family(tree, origin);
     };
 
     let (spec, mut issues) = apply(&parent, &file);

@@ -24,6 +24,10 @@ pub(crate) trait Document {
     fn mixed_kv(&self) -> Option<&MixedKv> {
         None
     }
+    /// The `mixed_kv` section to set, on the layouts that have it.
+    fn mixed_kv_mut(&mut self) -> Option<&mut Option<MixedKv>> {
+        None
+    }
     /// All semantic errors (full-spec field paths).
     fn check(&self) -> Vec<Issue>;
     /// The block IR of a valid spec, before mixed KV is applied.
@@ -55,6 +59,9 @@ macro_rules! impl_document {
         $crate::document::impl_document!(@impl $spec, $check, $yaml, {
             fn mixed_kv(&self) -> Option<&$crate::MixedKv> {
                 self.mixed_kv.as_ref()
+            }
+            fn mixed_kv_mut(&mut self) -> Option<&mut Option<$crate::MixedKv>> {
+                Some(&mut self.mixed_kv)
             }
         });
     };

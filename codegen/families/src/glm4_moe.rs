@@ -104,14 +104,7 @@ pub(crate) fn check(spec: &Glm4MoeSpec) -> Vec<Issue> {
             "int(head_dim * partial_rotary_factor) dims rotate (GLM-4.5-Air: 0.5)",
         );
     }
-    if m.tie_word_embeddings {
-        c.err(
-            FieldPath::parse("model.tie_word_embeddings"),
-            "true",
-            "false",
-            "glm4_moe.py always builds its own lm_head and never ties it to the embedding",
-        );
-    }
+    c.own_lm_head(m.tie_word_embeddings, "glm4_moe.py");
     c.eps(m.rms_norm_eps, "GLM-4.5-Air uses 1.0e-5");
     ok &= c.head_geometry(a.head_dim, a.num_attention_heads, a.num_key_value_heads);
     c.rope_theta(spec.rope.rope_theta, "the RoPE base, e.g. 1000000.0");

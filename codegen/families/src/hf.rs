@@ -64,12 +64,26 @@ pub(crate) use impl_dense_view;
 /// `hidden_size // num_attention_heads`).
 pub(crate) fn dense_stack_json(spec: &impl DenseView, own: Value) -> Value {
     let (identity, num_hidden_layers, m, a) = spec.dense_sections();
+    let heads = (a.num_attention_heads, a.num_key_value_heads);
+    model_stack_json(identity, num_hidden_layers, m, heads, own)
+}
+
+/// The config.json fields of a dense `model` section, the layer count and the
+/// (query, K/V) `heads` of a stack whose attention is its own section, and the
+/// family's `own` fields.
+pub(crate) fn model_stack_json(
+    identity: &Identity,
+    num_hidden_layers: u32,
+    m: &DenseModel,
+    (num_attention_heads, num_key_value_heads): (u32, u32),
+    own: Value,
+) -> Value {
     let mut v = json!({
         "model_type": identity.source.model_type.as_str(),
         "hidden_size": m.hidden_size,
         "num_hidden_layers": num_hidden_layers,
-        "num_attention_heads": a.num_attention_heads,
-        "num_key_value_heads": a.num_key_value_heads,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
         "rms_norm_eps": m.rms_norm_eps,
         "vocab_size": m.vocab_size,
         "max_position_embeddings": m.max_position_embeddings,

@@ -89,25 +89,16 @@ pub fn from_config_json_kv(
             )],
         });
     }
-    match &mut spec {
-        crate::Spec::Gemma4(s) => s.mixed_kv = Some(mixed),
-        crate::Spec::Dense(s) => s.mixed_kv = Some(mixed),
-        crate::Spec::Gemma2(_)
-        | crate::Spec::Qwen3Moe(_)
-        | crate::Spec::MiniCpm(_)
-        | crate::Spec::Qwen35(_)
-        | crate::Spec::Lfm2(_)
-        | crate::Spec::Glm4Moe(_)
-        | crate::Spec::DeepseekV3(_)
-        | crate::Spec::GptOss(_) => {
-            return Err(ImportError {
-                problems: vec![format!(
-                    "kv_config.json: mlx-optiq's per-layer mixed KV is supported for Gemma-4 and the dense families (qwen3, llama, qwen2) only, not for {}",
-                    spec.family().as_str()
-                )],
-            })
-        }
-    }
+    let family = spec.family();
+    let Some(slot) = spec.document_mut().mixed_kv_mut() else {
+        return Err(ImportError {
+            problems: vec![format!(
+                "kv_config.json: mlx-optiq's per-layer mixed KV is supported for Gemma-4 and the dense families (qwen3, llama, qwen2) only, not for {}",
+                family.as_str()
+            )],
+        });
+    };
+    *slot = Some(mixed);
     spec.validate().map_err(|d| ImportError {
         problems: d
             .iter()

@@ -87,6 +87,7 @@ mod registry;
 mod validate;
 mod yaml;
 mod yaml_writer;
+mod yarn;
 
 // Diagnostics for people (source excerpts) and tools (JSON).
 pub mod render;
@@ -216,6 +217,11 @@ impl Spec {
         Some(s)
     }
     pub fn as_gemma4_mut(&mut self) -> Option<&mut Gemma4Spec> {
+        let Spec::Gemma4(s) = self else { return None };
+        Some(s)
+    }
+    /// The Gemma-4 document, when this is one, taken out.
+    pub(crate) fn into_gemma4(self) -> Option<Gemma4Spec> {
         let Spec::Gemma4(s) = self else { return None };
         Some(s)
     }

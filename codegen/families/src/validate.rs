@@ -93,25 +93,24 @@ impl Checker {
             self.foreign_model_type(mt, expected.as_str(), expected.as_str(), hint);
         }
     }
-    /// The size limits of the attention stack and the MLP width, in the order
-    /// every layout built like the dense one reports them; false when one is off.
-    /// `positions` describes `max_position_embeddings`, `mlp_meaning` the width.
-    pub(crate) fn stack_sizes(
+    /// The size limits of the `model` section's (hidden, vocab) and the layer
+    /// count `sizes`, in the order every layout reports them; false when one
+    /// is off. `positions` describes `max_position_embeddings`.
+    pub(crate) fn model_sizes(
         &mut self,
-        s: &crate::reduce::Stack,
+        (hidden_size, vocab_size, num_hidden_layers): (u32, u32, u32),
         (max_position_embeddings, positions): (u32, &str),
-        (intermediate_size, mlp_meaning): (u32, &str),
     ) -> bool {
         let mut ok = true;
         ok &= self.range(
             "model.hidden_size",
-            s.hidden_size,
+            hidden_size,
             MAX_HIDDEN,
             "the model width",
         );
         ok &= self.range(
             "model.vocab_size",
-            s.vocab_size,
+            vocab_size,
             MAX_VOCAB,
             "rows of embed_tokens",
         );
@@ -123,10 +122,23 @@ impl Checker {
         );
         ok &= self.range(
             "layers.num_hidden_layers",
-            s.num_hidden_layers,
+            num_hidden_layers,
             MAX_LAYERS,
             "the number of decoder layers",
         );
+        ok
+    }
+    /// The size limits of the attention stack and the MLP width, in the order
+    /// every layout built like the dense one reports them; false when one is off.
+    /// `positions` describes `max_position_embeddings`, `mlp_meaning` the width.
+    pub(crate) fn stack_sizes(
+        &mut self,
+        s: &crate::reduce::Stack,
+        positions: (u32, &str),
+        (intermediate_size, mlp_meaning): (u32, &str),
+    ) -> bool {
+        let sizes = (s.hidden_size, s.vocab_size, s.num_hidden_layers);
+        let mut ok = self.model_sizes(sizes, positions);
         ok &= self.range(
             "attention.num_attention_heads",
             s.num_attention_heads,
@@ -228,6 +240,27 @@ impl Checker {
                 hint,
             );
         }
+    }
+    /// `model.tie_word_embeddings` of a module (`module.py`) that always
+    /// builds its own `lm_head`: it must be false.
+    pub(crate) fn own_lm_head(&mut self, tie_word_embeddings: bool, module: &str) {
+        if tie_word_embeddings {
+            self.err(
+                p("model.tie_word_embeddings"),
+                "true",
+                "false",
+                format!(
+                    "{module} always builds its own lm_head and never ties it to the embedding"
+                ),
+            );
+        }
+    }
+    /// A head dimension RoPE rotates: in `1..=MAX_HEAD_DIM` and even; returns
+    /// whether it is.
+    pub(crate) fn rotated_head_dim(&mut self, path: &str, v: u32, hint: &str) -> bool {
+        let in_range = self.range(path, v, MAX_HEAD_DIM, hint);
+        let even = self.even_head_dim(path, v);
+        in_range && even
     }
     /// A head dimension RoPE can rotate (even); returns whether it is.
     pub(crate) fn even_head_dim(&mut self, path: &str, v: u32) -> bool {

@@ -369,6 +369,22 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
     c.issues
 }
 
+/// The size limits of a dense `model` section and the layer count; false
+/// when one is off.
+pub(crate) fn check_model_sizes(
+    c: &mut validate::Checker,
+    m: &DenseModel,
+    num_hidden_layers: u32,
+) -> bool {
+    c.model_sizes(
+        (m.hidden_size, m.vocab_size, num_hidden_layers),
+        (m.max_position_embeddings, MAX_POSITIONS_MEANING),
+    )
+}
+
+/// What `model.max_position_embeddings` is, in its range message.
+const MAX_POSITIONS_MEANING: &str = "`max_position_embeddings` from config.json";
+
 /// The size limits of the sections every layout built on the dense ones
 /// shares (`model`, `layers`, `attention`, `mlp`); false when one is off.
 pub(crate) fn check_dense_sizes(
@@ -381,10 +397,7 @@ pub(crate) fn check_dense_sizes(
 ) -> bool {
     c.stack_sizes(
         &Stack::of(layers.num_hidden_layers, m, a),
-        (
-            m.max_position_embeddings,
-            "`max_position_embeddings` from config.json",
-        ),
+        (m.max_position_embeddings, MAX_POSITIONS_MEANING),
         (mlp.intermediate_size, mlp_meaning),
     )
 }

@@ -131,21 +131,11 @@ fn attention_bounds(c: &mut Checker, spec: &Gemma4Spec) -> bool {
         MAX_HEADS,
         "KV heads (`num_key_value_heads`)",
     );
-    ok &= c.range(
-        "attention.head_dim",
-        a.head_dim,
-        MAX_HEAD_DIM,
-        "head dimension of sliding layers",
-    );
-    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
+    let sliding = "head dimension of sliding layers";
+    ok &= c.rotated_head_dim("attention.head_dim", a.head_dim, sliding);
     if let Some(g) = a.global_head_dim {
-        ok &= c.range(
-            "attention.global_head_dim",
-            g,
-            MAX_HEAD_DIM,
-            "head dimension of full layers; null means head_dim",
-        );
-        ok &= c.even_head_dim("attention.global_head_dim", g);
+        let full = "head dimension of full layers; null means head_dim";
+        ok &= c.rotated_head_dim("attention.global_head_dim", g, full);
     }
     ok &= c.range(
         "attention.sliding_window",

@@ -278,31 +278,7 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
     c.family_is(&spec.identity, variant.family, variant.layout.anchor);
     (variant.check_model_type)(&mut c, spec);
     let (m, a, la) = (&spec.model, &spec.attention, &spec.linear_attention);
-    let mut ok = true;
-    ok &= c.range(
-        "model.hidden_size",
-        m.hidden_size,
-        MAX_HIDDEN,
-        "the model width",
-    );
-    ok &= c.range(
-        "model.vocab_size",
-        m.vocab_size,
-        MAX_VOCAB,
-        "rows of embed_tokens",
-    );
-    ok &= c.range(
-        "model.max_position_embeddings",
-        m.max_position_embeddings,
-        MAX_POSITIONS,
-        "`max_position_embeddings` from config.json",
-    );
-    ok &= c.range(
-        "layers.num_hidden_layers",
-        spec.layers.num_hidden_layers,
-        MAX_LAYERS,
-        "the number of decoder layers",
-    );
+    let mut ok = crate::dense::check_model_sizes(&mut c, m, spec.layers.num_hidden_layers);
     ok &= c.range(
         "layers.full_attention_interval",
         spec.layers.full_attention_interval,

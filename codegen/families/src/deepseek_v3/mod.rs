@@ -8,18 +8,20 @@
 //! experts after them (the [`NoauxTcExperts`] section glm4_moe reads too),
 //! and an lm_head of its own always.
 
-use crate::dense::{DenseLayers, DenseMlp, DenseModel};
-use crate::diag::{FieldPath, Issue};
+use crate::dense::{check_model_sizes, DenseLayers, DenseMlp, DenseModel};
+use crate::diag::Issue;
 use crate::layout_reader::{Layout, Text};
 use crate::model::*;
-use crate::model_family::ModelFamily;
 use crate::noaux_tc::NoauxTcExperts;
-use crate::reader::{first_quantization, imported_identity, rope_type, ImportedSpec, Reader};
 use crate::validate::limits::*;
+use crate::yarn::YarnScaling;
 use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
+
+mod import;
+pub(crate) use import::FAMILY;
 
 /// A full DeepSeek-V3 spec (`identity.family: deepseek_v3`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -73,50 +75,14 @@ pub struct DeepseekV3Rope {
     pub scaling: YarnRopeScaling,
 }
 
-/// A `yarn` `rope_scaling` entry as `initialize_rope` passes it to
-/// `YarnRoPE` (mlx-lm's defaults where a config leaves a key out).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct YarnRopeScaling {
-    /// `factor`: the context extension.
-    pub factor: f64,
-    /// `original_max_position_embeddings` (default 4096).
-    pub original_max_position_embeddings: f64,
-    /// `beta_fast` (default 32).
-    pub beta_fast: f64,
-    /// `beta_slow` (default 1).
-    pub beta_slow: f64,
-    /// `mscale` (default 1).
-    pub mscale: f64,
-    /// `mscale_all_dim` (default 0): also corrects the attention scale.
-    pub mscale_all_dim: f64,
-}
-
-impl YarnRopeScaling {
-    /// The IR's RoPE kind for a base of `theta`.
-    fn kind(&self, theta: f64) -> crate::ir::RopeKind {
-        crate::ir::RopeKind::Yarn {
-            theta: theta as f32,
-            factor: self.factor,
-            original_max_position_embeddings: self.original_max_position_embeddings,
-            beta_fast: self.beta_fast,
-            beta_slow: self.beta_slow,
-            mscale: self.mscale,
-            mscale_all_dim: self.mscale_all_dim,
-        }
-    }
-
-    /// The config.json entry.
-    fn config_json(&self) -> Value {
-        json!({
-            "type": "yarn",
-            "factor": self.factor,
-            "original_max_position_embeddings": self.original_max_position_embeddings,
-            "beta_fast": self.beta_fast,
-            "beta_slow": self.beta_slow,
-            "mscale": self.mscale,
-            "mscale_all_dim": self.mscale_all_dim,
-        })
+crate::yarn::yarn_section! {
+    /// A `yarn` `rope_scaling` entry as `initialize_rope` passes it to
+    /// `YarnRoPE` (mlx-lm's defaults where a config leaves a key out).
+    pub struct YarnRopeScaling {
+        /// `factor`: the context extension.
+        factor,
+        /// `mscale_all_dim` (default 0): also corrects the attention scale.
+        mscale_all_dim,
     }
 }
 
@@ -134,10 +100,6 @@ fn attention_scale(a: &LatentAttentionSizes, y: &YarnRopeScaling) -> f64 {
     }
 }
 
-fn p(path: &str) -> FieldPath {
-    FieldPath::parse(path)
-}
-
 /// All semantic errors of a deepseek_v3 spec (full-spec field paths).
 pub(crate) fn check(spec: &DeepseekV3Spec) -> Vec<Issue> {
     let mut c = validate::Checker::default();
@@ -149,31 +111,7 @@ pub(crate) fn check(spec: &DeepseekV3Spec) -> Vec<Issue> {
         c.foreign_model_type(mt, "deepseek_v3", "deepseek_v3 or kimi_k2", hint);
     }
     let (m, a) = (&spec.model, &spec.attention);
-    let mut ok = true;
-    ok &= c.range(
-        "model.hidden_size",
-        m.hidden_size,
-        MAX_HIDDEN,
-        "the model width",
-    );
-    ok &= c.range(
-        "model.vocab_size",
-        m.vocab_size,
-        MAX_VOCAB,
-        "rows of embed_tokens",
-    );
-    ok &= c.range(
-        "model.max_position_embeddings",
-        m.max_position_embeddings,
-        MAX_POSITIONS,
-        "`max_position_embeddings` from config.json",
-    );
-    ok &= c.range(
-        "layers.num_hidden_layers",
-        spec.layers.num_hidden_layers,
-        MAX_LAYERS,
-        "the number of decoder layers",
-    );
+    let mut ok = check_model_sizes(&mut c, m, spec.layers.num_hidden_layers);
     ok &= c.range(
         "attention.num_attention_heads",
         a.num_attention_heads,
@@ -202,13 +140,8 @@ pub(crate) fn check(spec: &DeepseekV3Spec) -> Vec<Issue> {
     ] {
         ok &= c.range(path, v, max, hint);
     }
-    ok &= c.range(
-        "attention.qk_rope_head_dim",
-        a.qk_rope_head_dim,
-        MAX_HEAD_DIM,
-        "the rotated dims (64)",
-    );
-    ok &= c.even_head_dim("attention.qk_rope_head_dim", a.qk_rope_head_dim);
+    let rotated = "the rotated dims (64)";
+    ok &= c.rotated_head_dim("attention.qk_rope_head_dim", a.qk_rope_head_dim, rotated);
     if let Some(r) = a.q_lora_rank {
         ok &= c.range(
             "attention.q_lora_rank",
@@ -224,45 +157,14 @@ pub(crate) fn check(spec: &DeepseekV3Spec) -> Vec<Issue> {
         "SwiGLU width of the first_k_dense_replace dense layers",
     );
     ok &= spec.moe.check(&mut c, spec.layers.num_hidden_layers);
-    let y = &spec.rope.scaling;
-    for (path, v, hint) in [
-        (
-            "rope.scaling.factor",
-            y.factor,
-            "the context extension (DeepSeek-V3: 40)",
-        ),
-        (
-            "rope.scaling.original_max_position_embeddings",
-            y.original_max_position_embeddings,
-            "the pre-extension context (4096)",
-        ),
-        ("rope.scaling.beta_fast", y.beta_fast, "32"),
-        ("rope.scaling.beta_slow", y.beta_slow, "1"),
-    ] {
-        ok &= c.positive_finite(path, v, hint);
-    }
-    for (path, v) in [
-        ("rope.scaling.mscale", y.mscale),
-        ("rope.scaling.mscale_all_dim", y.mscale_all_dim),
-    ] {
-        if !v.is_finite() {
-            ok = false;
-            c.err(
-                p(path),
-                format!("{v}"),
-                "a finite number",
-                "DeepSeek-V3: 1.0",
-            );
-        }
-    }
-    if m.tie_word_embeddings {
-        c.err(
-            p("model.tie_word_embeddings"),
-            "true",
-            "false",
-            "deepseek_v3.py always builds its own lm_head and never ties it to the embedding",
-        );
-    }
+    let hints = [
+        "the context extension (DeepSeek-V3: 40)",
+        "the pre-extension context (4096)",
+        "32",
+        "1",
+    ];
+    ok &= spec.rope.scaling.check(&mut c, hints, "DeepSeek-V3: 1.0");
+    c.own_lm_head(m.tie_word_embeddings, "deepseek_v3.py");
     c.eps(m.rms_norm_eps, "DeepSeek-V3 uses 1.0e-6");
     c.rope_theta(spec.rope.rope_theta, "the RoPE base, e.g. 10000.0");
     c.finish(ok, spec.quantization.as_ref(), || lower(spec))
@@ -330,16 +232,8 @@ pub(crate) fn lower(spec: &DeepseekV3Spec) -> crate::ir::ModelIr {
 
 /// The spec with config.json field names (impl_document! adds `quantization`).
 pub(crate) fn config_fields(spec: &DeepseekV3Spec) -> Value {
-    let (m, a) = (&spec.model, &spec.attention);
+    let a = &spec.attention;
     let mut own = json!({
-        "hidden_size": m.hidden_size,
-        "vocab_size": m.vocab_size,
-        "rms_norm_eps": m.rms_norm_eps,
-        "tie_word_embeddings": m.tie_word_embeddings,
-        "max_position_embeddings": m.max_position_embeddings,
-        "num_hidden_layers": spec.layers.num_hidden_layers,
-        "num_attention_heads": a.num_attention_heads,
-        "num_key_value_heads": a.num_attention_heads,
         "q_lora_rank": a.q_lora_rank,
         "kv_lora_rank": a.kv_lora_rank,
         "qk_nope_head_dim": a.qk_nope_head_dim,
@@ -348,14 +242,16 @@ pub(crate) fn config_fields(spec: &DeepseekV3Spec) -> Value {
         "attention_bias": false,
         "intermediate_size": spec.mlp.intermediate_size,
         "rope_theta": spec.rope.rope_theta,
-        "rope_scaling": spec.rope.scaling.config_json(),
+        "rope_scaling": spec.rope.scaling.config_json("type"),
         "moe_layer_freq": 1,
         "topk_method": "noaux_tc",
         "scoring_func": "sigmoid",
-        "model_type": spec.identity.source.model_type.as_str(),
     });
     spec.moe.add_config_fields(&mut own);
-    own
+    // Every head has its own keys and values (the latent expands to them).
+    let heads = (a.num_attention_heads, a.num_attention_heads);
+    let layers = spec.layers.num_hidden_layers;
+    crate::hf::model_stack_json(&spec.identity, layers, &spec.model, heads, own)
 }
 
 /// How a deepseek_v3 document is read (see [`crate::layout_reader`]).
@@ -383,146 +279,3 @@ pub(crate) const LAYOUT: Layout = Layout {
 };
 
 crate::document::impl_document!(DeepseekV3Spec, check);
-
-/// The `rope_scaling` of a deepseek_v3 config: `yarn` (or `deepseek_yarn`)
-/// with mlx-lm's `YarnRoPE` defaults for the keys left out; any other type
-/// (or none) is refused.
-fn read_yarn(r: &mut Reader) -> YarnRopeScaling {
-    let fallback = YarnRopeScaling {
-        factor: 1.0,
-        original_max_position_embeddings: 4096.0,
-        beta_fast: 32.0,
-        beta_slow: 1.0,
-        mscale: 1.0,
-        mscale_all_dim: 0.0,
-    };
-    let Some(scaling) = r.get("rope_scaling").and_then(Value::as_object).cloned() else {
-        r.problem(
-            "rope_scaling",
-            "missing or not a mapping: archgen runs deepseek_v3 with its YaRN RoPE only \
-             (mlx-lm's nn.RoPE(traditional=True) without scaling is not supported yet)",
-        );
-        return fallback;
-    };
-    match rope_type(&scaling) {
-        "yarn" | "deepseek_yarn" => {}
-        other => {
-            r.problem(
-                "rope_scaling",
-                &format!("rope type `{other}` is not supported for deepseek_v3 (archgen reads yarn only)"),
-            );
-            return fallback;
-        }
-    }
-    let mut y = Reader::new(&scaling, "rope_scaling.");
-    let read = YarnRopeScaling {
-        factor: y.required_float("factor"),
-        original_max_position_embeddings: y.float("original_max_position_embeddings", 4096.0),
-        beta_fast: y.float("beta_fast", 32.0),
-        beta_slow: y.float("beta_slow", 1.0),
-        mscale: y.float("mscale", 1.0),
-        mscale_all_dim: y.float("mscale_all_dim", 0.0),
-    };
-    r.absorb(y);
-    read
-}
-
-/// Imports a `deepseek_v3` (or `kimi_k2`) config.json as mlx-lm 0.32.2's
-/// `ModelArgs` reads it.
-pub(crate) fn import(
-    top: &Map<String, Value>,
-    name: &str,
-    model_type: ConfigModelType,
-) -> ImportedSpec<DeepseekV3Spec> {
-    let mut r = Reader::new(top, "");
-    let model = DenseModel {
-        hidden_size: r.required_uint("hidden_size"),
-        vocab_size: r.required_uint("vocab_size"),
-        rms_norm_eps: r.float("rms_norm_eps", 1e-6),
-        tie_word_embeddings: false,
-        max_position_embeddings: r.uint("max_position_embeddings", 2048),
-    };
-    if top.get("tie_word_embeddings") == Some(&Value::Bool(true)) {
-        r.note(
-            "tie_word_embeddings",
-            Value::Bool(false),
-            "ignored: deepseek_v3.py always builds its own lm_head",
-        );
-    }
-    let layers = DenseLayers {
-        num_hidden_layers: r.required_uint("num_hidden_layers"),
-    };
-    let attention = LatentAttentionSizes {
-        num_attention_heads: r.required_uint("num_attention_heads"),
-        q_lora_rank: match top.get("q_lora_rank") {
-            Some(Value::Null) => None,
-            _ => Some(r.uint("q_lora_rank", 1536)),
-        },
-        kv_lora_rank: r.uint("kv_lora_rank", 512),
-        qk_nope_head_dim: r.uint("qk_nope_head_dim", 128),
-        qk_rope_head_dim: r.uint("qk_rope_head_dim", 64),
-        v_head_dim: r.uint("v_head_dim", 128),
-    };
-    if top.get("attention_bias") == Some(&Value::Bool(true)) {
-        r.problem(
-            "attention_bias",
-            "true: archgen's latent attention has no bias on q_a_proj, kv_a_proj_with_mqa and o_proj yet",
-        );
-    }
-    match top.get("moe_layer_freq").and_then(Value::as_u64) {
-        None | Some(1) => {}
-        Some(f) => r.problem(
-            "moe_layer_freq",
-            &format!(
-                "{f}: archgen runs experts on every layer from first_k_dense_replace on (1) only"
-            ),
-        ),
-    }
-    let rope = DeepseekV3Rope {
-        rope_theta: r.float("rope_theta", 10000.0),
-        scaling: read_yarn(&mut r),
-    };
-    let mlp = DenseMlp {
-        intermediate_size: r.required_uint("intermediate_size"),
-    };
-    let moe = NoauxTcExperts::read(top, &mut r);
-    // The published checkpoints' `quantization_config` is their own fp8
-    // (or packed int4) form, which the loader refuses: noted, not read.
-    let quantization = match top.get("quantization_config") {
-        Some(q)
-            if q.get("quant_method")
-                .and_then(Value::as_str)
-                .is_some_and(|m| m != "mlx") =>
-        {
-            r.note(
-                "quantization_config",
-                q.clone(),
-                "ignored: the checkpoint's own fp8 / packed int4 form, which archgen does not \
-                 load; convert the checkpoint with mlx-lm first",
-            );
-            first_quantization(&[(top.get("quantization"), "quantization")], &mut r)
-        }
-        _ => crate::reader::top_quantization(top, &mut r),
-    };
-    r.build_checked(check, || DeepseekV3Spec {
-        format_version: FORMAT_VERSION,
-        identity: imported_identity(top, name, Family::DeepseekV3, model_type),
-        model,
-        layers,
-        attention,
-        rope,
-        mlp,
-        moe,
-        quantization,
-    })
-}
-
-/// deepseek_v3 in the family registry.
-pub(crate) const FAMILY: ModelFamily = ModelFamily {
-    reads: |t| t.family() == crate::Family::DeepseekV3,
-    kv_config: crate::model_family::GEMMA4_ONLY,
-    import: |c| {
-        import(c.top, c.name, c.model_type)
-            .map(|(s, applied)| (crate::Spec::DeepseekV3(s), applied))
-    },
-};
