@@ -57,6 +57,7 @@ const BATCHED: &[&str] = &[
     "deepseek-v3-tiny",
     "deepseek-v3-direct-q-tiny",
     "gpt-oss-20b-tiny",
+    "gemma-3-4b-tiny",
 ];
 
 fn schedule(vocab: i32) -> Value {
@@ -82,7 +83,7 @@ fn schedule(vocab: i32) -> Value {
 /// MoE's layers compile up to attention and run their experts eagerly). The
 /// others (Gated DeltaNet, fused `qkv_proj`, post-norm layers) run them
 /// eagerly, as their single-sequence steps do.
-const COMPILED_BATCH_STEPS: [&str; 12] = [
+const COMPILED_BATCH_STEPS: [&str; 13] = [
     "qwen3-0.6b-tiny",
     "llama-3.2-1b-tiny",
     "qwen3-30b-a3b-tiny",
@@ -95,6 +96,7 @@ const COMPILED_BATCH_STEPS: [&str; 12] = [
     "glm-4.5-air-tiny",
     "glm4-moe-grouped-tiny",
     "gpt-oss-20b-tiny",
+    "gemma-3-4b-tiny",
 ];
 
 /// The spec with a quantized KV cache (layer 5 of a Gemma-4 with sliding

@@ -32,6 +32,12 @@ pub mod gemma_3_1b_tiny;
 #[rustfmt::skip]
 pub mod gemma_3_1b;
 #[rustfmt::skip]
+pub mod gemma_3_4b_l6;
+#[rustfmt::skip]
+pub mod gemma_3_4b_tiny;
+#[rustfmt::skip]
+pub mod gemma_3_4b;
+#[rustfmt::skip]
 pub mod gemma4_12b_bench;
 #[rustfmt::skip]
 pub mod gemma4_12b_l6;
@@ -302,6 +308,21 @@ pub const MODELS: &[GeneratedModel] = &[
         name: "gemma-3-1b",
         spec: "specs/gemma-3-1b.yaml",
         fingerprint: gemma_3_1b::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma-3-4b-l6",
+        spec: "specs/gemma-3-4b-l6.yaml",
+        fingerprint: gemma_3_4b_l6::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma-3-4b-tiny",
+        spec: "specs/gemma-3-4b-tiny.yaml",
+        fingerprint: gemma_3_4b_tiny::FINGERPRINT,
+    },
+    GeneratedModel {
+        name: "gemma-3-4b",
+        spec: "specs/gemma-3-4b.yaml",
+        fingerprint: gemma_3_4b::FINGERPRINT,
     },
     GeneratedModel {
         name: "gemma4-12b-bench",
@@ -827,6 +848,13 @@ pub fn run<T: ModelTask>(
             Some(gemma_3_1b_tiny::load(weights).map(|m| task.run(&m)))
         }
         gemma_3_1b::FINGERPRINT => Some(gemma_3_1b::load(weights).map(|m| task.run(&m))),
+        gemma_3_4b_l6::FINGERPRINT => {
+            Some(gemma_3_4b_l6::load(weights).map(|m| task.run(&m)))
+        }
+        gemma_3_4b_tiny::FINGERPRINT => {
+            Some(gemma_3_4b_tiny::load(weights).map(|m| task.run(&m)))
+        }
+        gemma_3_4b::FINGERPRINT => Some(gemma_3_4b::load(weights).map(|m| task.run(&m))),
         gemma4_12b_bench::FINGERPRINT => {
             Some(gemma4_12b_bench::load(weights).map(|m| task.run(&m)))
         }

@@ -1,5 +1,5 @@
 """Build a tiny random-weight checkpoint in the mlx-community layout, for any
-model_type mlx-lm has (Gemma-4, qwen3, llama, and qwen2, gemma2, gemma3_text,
+model_type mlx-lm has (Gemma-4, qwen3, llama, and qwen2, gemma2, gemma3_text, gemma3,
 qwen3_moe, minicpm, mistral, lfm2, qwen3_5, qwen3_next: mlx-lm's own Model class is instantiated from config.json).
 
 The checkpoint is written by mlx-lm's own convert-path functions
@@ -54,12 +54,15 @@ def build_model(config: dict) -> nn.Module:
     refuse_unloadable(config)
     model_class, args_class = mlx_utils._get_classes(config=config)
     model = model_class(args_class.from_dict(config))
-    if config.get("model_type") == "gemma3_text" and config.get("tie_word_embeddings", True):
-        # gemma3_text.sanitize ties the head when the checkpoint has no
-        # lm_head.weight, as the published ones have none: write it so
-        # (an explicit tie_word_embeddings: false keeps lm_head).
-        model.tie_word_embeddings = True
-        model.pop("lm_head")
+    # gemma3_text.sanitize ties the head when the checkpoint has no
+    # lm_head.weight, as the published ones have none: write it so (an
+    # explicit tie_word_embeddings: false keeps lm_head). The gemma3 wrapper
+    # holds the same text model under language_model.
+    text_model = {"gemma3_text": lambda: model,
+                  "gemma3": lambda: model.language_model}.get(config.get("model_type"))
+    if text_model is not None and text_config_of(config).get("tie_word_embeddings", True):
+        text_model().tie_word_embeddings = True
+        text_model().pop("lm_head")
     model.eval()
     return model
 

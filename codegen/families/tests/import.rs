@@ -3,7 +3,8 @@
 use archgen_families::import::{from_config_json, AppliedDefault};
 use archgen_families::*;
 use archgen_ir::{
-    Attention, HeadWeight, KvCache, KvQuant, KvSource, ModelIr, QkNorm, RopeKind, Window,
+    Attention, HeadWeight, KvCache, KvQuant, KvSource, ModelIr, ModulePrefix, QkNorm, RopeKind,
+    SanitizeRule, Window,
 };
 use serde_json::{json, Value};
 
@@ -1002,6 +1003,50 @@ fn gemma3_text_configs_take_mlx_lm_defaults_and_linear_scaling() {
     );
     let text = refusal(&with(&minimal, &[("sliding_window_pattern", json!(7))]));
     assert!(text.contains("num_hidden_layers"), "{text}");
+}
+
+/// The Gemma 3 4b/12b/27b wrapper (`model_type: gemma3`): the text model is
+/// read from `text_config` with the wrapper's top-level `vocab_size` (262208
+/// when absent) and its 8 / 4 head defaults, then gemma3_text's size
+/// defaults, each listed; the IR reads tensors under `language_model` and
+/// drops the towers; a missing or non-object `text_config` is refused by name.
+#[test]
+fn gemma3_wrapper_configs_read_text_config_and_the_wrappers_defaults() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs");
+    let text = std::fs::read_to_string(format!("{root}/configs/gemma-3-4b.config.json")).unwrap();
+    let config: Value = serde_json::from_str(&text).unwrap();
+    let (spec, applied, hf) = import_and_round_trip(&config, None, "gemma-3-4b");
+    assert_eq!(spec.family(), Family::Gemma3Text);
+    assert_eq!(hf["model_type"], json!("gemma3"));
+    assert_eq!(hf["text_config"]["model_type"], json!("gemma3_text"));
+    let values = listed_values(&applied);
+    for (field, value) in [
+        ("text_config.vocab_size", json!(262_208)),
+        ("text_config.num_attention_heads", json!(8)),
+        ("text_config.num_key_value_heads", json!(4)),
+        ("text_config.head_dim", json!(256)),
+    ] {
+        assert!(
+            values.iter().any(|(f, v)| *f == field && **v == value),
+            "{field} = {value} not listed in {values:?}"
+        );
+    }
+    let ir = spec.lower();
+    assert_eq!(
+        (ir.vocab_size, ir.hidden_size, ir.layers.len()),
+        (262_208, 2560, 34)
+    );
+    assert_eq!(ir.checkpoint.prefix, ModulePrefix::LanguageModel);
+    assert_eq!(ir.checkpoint.sanitize[0], SanitizeRule::UnwrapMultimodal);
+
+    let top_vocab = with(&config, &[("vocab_size", json!(1000))]);
+    let (spec, _, _) = import_and_round_trip(&top_vocab, None, "gemma3-top-vocab");
+    assert_eq!(spec.lower().vocab_size, 1000);
+
+    let text = refusal(&without(&config, &["text_config"]));
+    assert_says(&text, &["text_config", "missing"]);
+    let text = refusal(&with(&config, &[("text_config", json!(3))]));
+    assert_says(&text, &["text_config", "expected an object"]);
 }
 
 /// qwen3_moe: `ModelArgs` has no defaults, so every field it reads is

@@ -59,6 +59,9 @@ const MODULE_COUNTS: &[(&str, u64, usize, usize)] = &[
     ("gemma-3-1b-l6", 463043712, 43, 0),
     ("gemma-3-1b-tiny", 255744, 43, 0),
     ("gemma-3-1b-tiny-q4", 255744, 43, 43),
+    ("gemma-3-4b", 3880263168, 239, 0),
+    ("gemma-3-4b-l6", 1237550592, 43, 0),
+    ("gemma-3-4b-tiny", 255744, 43, 0),
     ("gemma4-12b", 11907350320, 329, 0),
     ("gemma4-12b-bench", 40711558, 42, 0),
     ("gemma4-12b-l6", 2369225990, 42, 0),
@@ -596,17 +599,25 @@ fn families_lower_to_their_blocks() {
                 let embed = match ir.hidden_size {
                     64 => 8.0,
                     1152 => 34.0,
+                    // sqrt(2560) = 50.59... rounded to bfloat16's 50.5.
+                    2560 => 50.5,
                     other => panic!("{path}: no pinned embedding scale for hidden {other}"),
                 };
                 assert_eq!(ir.embedding.scale, EmbedScale::Constant(embed), "{path}");
                 assert_eq!(ir.head.weight, HeadWeight::TiedEmbedding, "{path}");
                 assert_eq!(ir.head.norm, NormWeight::OnePlus, "{path}");
                 assert_eq!(ir.head.logit_softcap, None, "{path}");
-                assert_eq!(
-                    ir.checkpoint.sanitize,
-                    [SanitizeRule::RefuseFloat16],
-                    "{path}"
-                );
+                // gemma3 (the multimodal wrapper) holds the text model under
+                // language_model and drops the vision tower first.
+                let (prefix, sanitize): (_, &[SanitizeRule]) = match g.identity.source.model_type {
+                    ConfigModelType::Gemma3 => (
+                        ModulePrefix::LanguageModel,
+                        &[SanitizeRule::UnwrapMultimodal, SanitizeRule::RefuseFloat16],
+                    ),
+                    _ => (ModulePrefix::Model, &[SanitizeRule::RefuseFloat16]),
+                };
+                assert_eq!(ir.checkpoint.prefix, prefix, "{path}");
+                assert_eq!(ir.checkpoint.sanitize, sanitize, "{path}");
             }
             Family::Qwen3Moe => {
                 assert_eq!(l.norms.arrangement, NormArrangement::PreNorm, "{path}");

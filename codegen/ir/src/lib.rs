@@ -1064,7 +1064,12 @@ families_and_model_types! {
     Olmo2 = "olmo2" { ; }
     /// Gemma 3 text models (`gemma3_text.py`): Gemma-2's layers with q/k
     /// norms, a sliding-window pattern and no softcaps.
-    Gemma3Text = "gemma3_text" { ; }
+    Gemma3Text = "gemma3_text" {
+        ;
+        /// Gemma 3 4B/12B/27B (`gemma3.py`): the multimodal wrapper whose
+        /// language model is a `gemma3_text` model under `text_config`.
+        Gemma3 = "gemma3",
+    }
     /// LFM2 (`lfm2.py`): gated short-convolution layers with attention layers
     /// (q/k norms per head) at `full_attn_idxs`.
     Lfm2 = "lfm2" { ; }

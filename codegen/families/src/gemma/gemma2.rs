@@ -1,7 +1,7 @@
 //! Gemma-2 (`gemma2.py`): the parent every other family of the layout is
 //! written as a difference from.
 
-use super::{ConfigDefaults, GemmaVariant, Layering, RopeBases, Softcaps};
+use super::{ConfigDefaults, GemmaVariant, Layering, Packaging, RopeBases, Softcaps};
 use crate::ir::{AttentionScale, EmbedScale, QkNorm};
 use crate::layout_reader::{Layout, Text};
 use crate::model::{ConfigModelType, Family};
@@ -9,7 +9,7 @@ use crate::Sections;
 
 pub(crate) const GEMMA2: GemmaVariant = GemmaVariant {
     family: Family::Gemma2,
-    model_types: &[ConfigModelType::Gemma2],
+    model_types: &[(ConfigModelType::Gemma2, Packaging::Flat)],
     layout: LAYOUT,
     qk_norm: QkNorm::None,
     // `1.0 / (query_pre_attn_scalar**0.5)`.
@@ -26,6 +26,8 @@ pub(crate) const GEMMA2: GemmaVariant = GemmaVariant {
             "absent: not read by mlx-lm's gemma2 (informational); transformers' Gemma2Config default",
         ),
     },
+    // gemma2.ModelArgs has no defaults for its sizes.
+    size_defaults: &[],
     softcaps: Softcaps::Applied {
         attention: 50.0,
         logits: 30.0,

@@ -4,14 +4,29 @@
 //! `rope_scaling`), the others sliding with `rope_local_base_freq`.
 
 use super::gemma2::GEMMA2;
-use super::{ConfigDefaults, GemmaVariant, Layering, RopeBases, Softcaps};
+use super::{
+    ConfigDefaults, GemmaVariant, Layering, Packaging, RopeBases, SizeDefault, Softcaps,
+    WrapperArgs,
+};
 use crate::ir::{AttentionScale, EmbedScale, QkNorm, SanitizeRule};
 use crate::layout_reader::{Layout, Text};
 use crate::model::{ConfigModelType, Family};
 
 pub(crate) const GEMMA3_TEXT: GemmaVariant = GemmaVariant {
     family: Family::Gemma3Text,
-    model_types: &[ConfigModelType::Gemma3Text],
+    model_types: &[
+        (ConfigModelType::Gemma3Text, Packaging::Flat),
+        // gemma3.py's `ModelArgs`: `vocab_size` 262208 written over
+        // text_config's, 8 query and 4 key/value heads where it has none.
+        (
+            ConfigModelType::Gemma3,
+            Packaging::Wrapped(WrapperArgs {
+                vocab_size: 262_208,
+                num_attention_heads: 8,
+                num_key_value_heads: 4,
+            }),
+        ),
+    ],
     layout: Layout {
         family: "gemma3_text",
         anchor: "gemma-3",
@@ -35,6 +50,18 @@ pub(crate) const GEMMA3_TEXT: GemmaVariant = GemmaVariant {
         query_pre_attn_scalar: 256.0,
         max_position_embeddings: (32768, "absent: mlx-lm's gemma3_text default (no RoPE it builds here reads it)"),
     },
+    // gemma3_text.ModelArgs' defaults (the published 4B/12B/27B configs leave
+    // most of them out).
+    size_defaults: &[
+        ("hidden_size", SizeDefault::Uint(1152)),
+        ("num_hidden_layers", SizeDefault::Uint(26)),
+        ("intermediate_size", SizeDefault::Uint(6912)),
+        ("num_attention_heads", SizeDefault::Uint(4)),
+        ("head_dim", SizeDefault::Uint(256)),
+        ("rms_norm_eps", SizeDefault::Float(1.0e-6)),
+        ("vocab_size", SizeDefault::Uint(262_144)),
+        ("num_key_value_heads", SizeDefault::Uint(1)),
+    ],
     softcaps: Softcaps::Absent,
     layering: Layering::SlidingPattern { window: 512, pattern: 6 },
     rope: RopeBases::LocalAndGlobal { local_base_default: 10_000.0 },

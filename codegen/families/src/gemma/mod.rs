@@ -21,7 +21,7 @@ use crate::ir::{AttentionScale, EmbedScale, QkNorm, SanitizeRule};
 use crate::layout_reader::Layout;
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
-use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
+use crate::reader::{imported_identity, top_quantization, ImportError, ImportedSpec, Reader};
 use crate::reduce::{last_key, mlp_width, reduce_key, DerivedForm, Reducible, Size, StackSections};
 use crate::validate;
 use schemars::JsonSchema;
@@ -37,8 +37,9 @@ fn p(s: &str) -> FieldPath {
 /// another family is written as `GemmaVariant { .., ..GEMMA2 }`.
 pub(crate) struct GemmaVariant {
     pub(crate) family: Family,
-    /// The config.json `model_type`s its module reads.
-    pub(crate) model_types: &'static [ConfigModelType],
+    /// The config.json `model_type`s its module reads, each with how its
+    /// checkpoint holds the text model.
+    pub(crate) model_types: &'static [(ConfigModelType, Packaging)],
     /// How its document is read (the texts name its fields).
     pub(crate) layout: Layout,
     // The lowering's facts.
@@ -51,12 +52,73 @@ pub(crate) struct GemmaVariant {
     pub(crate) sanitize: &'static [SanitizeRule],
     /// The module's `ModelArgs` defaults.
     pub(crate) defaults: ConfigDefaults,
+    /// The module's `ModelArgs` defaults of the sizes (none where it has
+    /// none: each is then required).
+    pub(crate) size_defaults: &'static [(&'static str, SizeDefault)],
     // What the module reads beyond Gemma-2's fields, and what it drops.
     pub(crate) softcaps: Softcaps,
     pub(crate) layering: Layering,
     pub(crate) rope: RopeBases,
     /// Why `tie_word_embeddings: false` is refused at import.
     pub(crate) untied_head: &'static str,
+}
+
+/// How a `model_type`'s checkpoint holds the text model.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Packaging {
+    /// config.json is the text model's own and its tensors are `model.*`.
+    Flat,
+    /// A multimodal wrapper (`gemma3.py`): the text model's config under
+    /// `text_config`, its tensors under `language_model.` beside a vision
+    /// tower and a projector, which its `sanitize` drops.
+    Wrapped(WrapperArgs),
+}
+
+/// What a wrapper's `ModelArgs.__post_init__` writes into `text_config`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WrapperArgs {
+    /// The wrapper's own `vocab_size` default; its value (given or default)
+    /// overwrites `text_config`'s.
+    pub(crate) vocab_size: u32,
+    /// `num_attention_heads` where `text_config` has none.
+    pub(crate) num_attention_heads: u32,
+    /// `num_key_value_heads` where `text_config` has none.
+    pub(crate) num_key_value_heads: u32,
+}
+
+/// A `ModelArgs` default of a size field, as config.json would spell it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SizeDefault {
+    Uint(u32),
+    Float(f64),
+}
+
+impl SizeDefault {
+    fn to_json(self) -> Value {
+        match self {
+            SizeDefault::Uint(n) => json!(n),
+            SizeDefault::Float(x) => json!(x),
+        }
+    }
+}
+
+impl GemmaVariant {
+    /// How a checkpoint of `model_type` holds the text model (`Flat` for a
+    /// type the variant does not read: `check` refuses those).
+    pub(crate) fn packaging(&self, model_type: ConfigModelType) -> Packaging {
+        self.model_types
+            .iter()
+            .find(|(t, _)| *t == model_type)
+            .map_or(Packaging::Flat, |&(_, packaging)| packaging)
+    }
+
+    /// The `model_type` of the text model itself (a wrapper's `text_config`).
+    fn text_model_type(&self) -> ConfigModelType {
+        self.model_types
+            .iter()
+            .find(|(_, packaging)| matches!(packaging, Packaging::Flat))
+            .map_or(self.model_types[0].0, |&(t, _)| t)
+    }
 }
 
 /// Whether the module soft-caps the scores and the logits.
@@ -245,7 +307,7 @@ pub(crate) fn check(spec: &Gemma2Spec) -> Vec<Issue> {
         );
     }
     let mt = spec.identity.source.model_type;
-    if !variant.model_types.contains(&mt) {
+    if !variant.model_types.iter().any(|(t, _)| *t == mt) {
         c.foreign_model_type(
             mt,
             family,
@@ -504,11 +566,18 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
             )
         })
         .collect();
+    let (prefix, sanitize) = match variant.packaging(spec.identity.source.model_type) {
+        Packaging::Flat => (ModulePrefix::Model, variant.sanitize.to_vec()),
+        Packaging::Wrapped(_) => (
+            ModulePrefix::LanguageModel,
+            [&[SanitizeRule::UnwrapMultimodal], variant.sanitize].concat(),
+        ),
+    };
     model_ir(
         spec,
         ModelParts {
-            prefix: ModulePrefix::Model,
-            sanitize: variant.sanitize.to_vec(),
+            prefix,
+            sanitize,
             // gemma2.py and gemma3_text.py have no shard().
             sharding: whole_head_sharding(ShardOracle::Absent),
             embedding: scaled_embedding((variant.embed_scale)(spec.model.hidden_size)),
@@ -528,11 +597,27 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
 
 // ---------------------------------------------------------------- config.json view
 
-/// The spec with config.json field names (flat, as `gemma2` configs are)
-/// (impl_document! adds `quantization` and sorts the keys).
+/// The spec with config.json field names: flat, as `gemma2` configs are, or
+/// under a wrapper's `text_config` (impl_document! adds `quantization` at the
+/// top and sorts the keys).
 pub(crate) fn config_fields(spec: &Gemma2Spec) -> Value {
+    let variant = spec.variant();
+    let model_type = spec.identity.source.model_type;
+    let text = text_config_fields(spec, variant.text_model_type());
+    match variant.packaging(model_type) {
+        Packaging::Flat => text,
+        Packaging::Wrapped(_) => json!({
+            "model_type": model_type.as_str(),
+            "vocab_size": spec.model.vocab_size,
+            "text_config": text,
+        }),
+    }
+}
+
+/// The text model's config.json fields.
+fn text_config_fields(spec: &Gemma2Spec, text_model_type: ConfigModelType) -> Value {
     let mut v = json!({
-        "model_type": spec.identity.source.model_type.as_str(),
+        "model_type": text_model_type.as_str(),
         "hidden_size": spec.model.hidden_size,
         "num_hidden_layers": spec.layers.num_hidden_layers,
         "intermediate_size": spec.mlp.intermediate_size,
@@ -630,13 +715,29 @@ crate::document::impl_model_sizes!(Gemma2Model);
 /// has no `lm_head`), `attention_bias: true` (its projections have no bias). Noted and
 /// ignored, as mlx-lm ignores them: `sliding_window`, `sliding_window_size`,
 /// `cache_implementation`, `layer_types` (every layer is full attention).
+///
+/// A wrapper's config (`gemma3`) is read as its module reads it: the top-level
+/// `vocab_size` and the head counts written into `text_config`, which is then
+/// read as the flat text model's config; `quantization` stays at the top.
 pub(crate) fn import(
     top: &Map<String, Value>,
     name: &str,
+    model_type: ConfigModelType,
     variant: &GemmaVariant,
 ) -> ImportedSpec<Gemma2Spec> {
     let defaults = &variant.defaults;
-    let mut r = Reader::new(top, "");
+    let TextModelFields {
+        fields: text,
+        prefix,
+        filled,
+    } = text_model_fields(top, variant.packaging(model_type), variant)?;
+    let mut r = Reader::new(&text, prefix);
+    for (field, value, why) in filled {
+        r.note(field, value, &why);
+    }
+    // The checks below read the text model's fields; the wrapper's own are
+    // read where they are (`vocab_size` above, `quantization` below).
+    let (config, top) = (top, &text);
     let sizes = RequiredSizes::read(&mut r);
     let head_dim = r.required_uint("head_dim");
     let num_kv = r.required_uint("num_key_value_heads");
@@ -727,10 +828,10 @@ pub(crate) fn import(
             r.note(field, v, &why);
         }
     }
-    let quantization = top_quantization(top, &mut r);
+    let quantization = top_quantization(config, &mut r);
     r.build_checked(check, || Gemma2Spec {
         format_version: FORMAT_VERSION,
-        identity: imported_identity(top, name, variant.family, variant.model_types[0]),
+        identity: imported_identity(config, name, variant.family, model_type),
         model: Gemma2Model {
             hidden_size: sizes.hidden_size,
             vocab_size: sizes.vocab_size,
@@ -760,6 +861,90 @@ pub(crate) fn import(
             intermediate_size: sizes.intermediate_size,
         },
         quantization,
+    })
+}
+
+/// A text model field the importer filled in: its name, its value, why.
+type Filled = (&'static str, Value, String);
+
+/// The text model's config.json fields, the prefix they are reported under
+/// (`text_config.` in a wrapper) and what the importer filled in.
+struct TextModelFields {
+    fields: Map<String, Value>,
+    prefix: &'static str,
+    filled: Vec<Filled>,
+}
+
+/// The text model's config.json fields as its module's `ModelArgs` receives
+/// them: the file itself, or a wrapper's `text_config` with what the wrapper
+/// writes into it; then the module's size defaults where a field is absent.
+fn text_model_fields(
+    top: &Map<String, Value>,
+    packaging: Packaging,
+    variant: &GemmaVariant,
+) -> Result<TextModelFields, ImportError> {
+    let mut filled = Vec::new();
+    let (mut text, prefix) = match packaging {
+        Packaging::Flat => (top.clone(), ""),
+        Packaging::Wrapped(wrapper) => {
+            let mut text = match top.get("text_config") {
+                Some(Value::Object(t)) => t.clone(),
+                Some(other) => {
+                    return Err(ImportError {
+                        problems: vec![format!("text_config: expected an object, found {other}")],
+                    })
+                }
+                None => {
+                    return Err(ImportError {
+                        problems: vec![
+                            "text_config: missing (mlx-lm's wrapper has no default for it: the language model's config belongs there)".into(),
+                        ],
+                    })
+                }
+            };
+            let vocab = top.get("vocab_size").cloned();
+            let why = match &vocab {
+                Some(_) => {
+                    "the top-level vocab_size, which mlx-lm's wrapper writes over text_config's"
+                }
+                None => "absent at the top: mlx-lm's wrapper default, written over text_config's",
+            };
+            let vocab = vocab.unwrap_or(json!(wrapper.vocab_size));
+            if text.get("vocab_size") != Some(&vocab) {
+                filled.push(("vocab_size", vocab.clone(), why.to_string()));
+            }
+            text.insert("vocab_size".into(), vocab);
+            for (field, default) in [
+                ("num_attention_heads", wrapper.num_attention_heads),
+                ("num_key_value_heads", wrapper.num_key_value_heads),
+            ] {
+                if !text.contains_key(field) {
+                    text.insert(field.into(), json!(default));
+                    filled.push((
+                        field,
+                        json!(default),
+                        "absent: mlx-lm's wrapper default".into(),
+                    ));
+                }
+            }
+            (text, "text_config.")
+        }
+    };
+    let text_model = variant.text_model_type().as_str();
+    for &(field, default) in variant.size_defaults {
+        if !text.contains_key(field) {
+            text.insert(field.into(), default.to_json());
+            filled.push((
+                field,
+                default.to_json(),
+                format!("absent: mlx-lm's {text_model} default"),
+            ));
+        }
+    }
+    Ok(TextModelFields {
+        fields: text,
+        prefix,
+        filled,
     })
 }
 
@@ -807,6 +992,6 @@ pub(crate) const FAMILY: ModelFamily = ModelFamily {
     kv_config: KvConfig::Refused("KV-cache quantization is supported for Gemma-4 only (mlx-lm's gemma2 attention cannot read a quantized cache)"),
     import: |c| {
         let variant = variant_of(c.model_type.family()).unwrap_or(&gemma2::GEMMA2);
-        import(c.top, c.name, variant).map(|(s, applied)| (crate::Spec::Gemma2(s), applied))
+        import(c.top, c.name, c.model_type, variant).map(|(s, applied)| (crate::Spec::Gemma2(s), applied))
     },
 };
