@@ -5,6 +5,10 @@ use crate::hf::config_view;
 use crate::model::*;
 use serde_json::{json, Value};
 
+/// `vocab_size_per_layer_input` of mlx-lm's gemma4_text `ModelArgs` (and
+/// transformers'): what a config without per-layer inputs carries.
+pub(crate) const UNUSED_VOCAB_SIZE_PER_LAYER_INPUT: u32 = 262_144;
+
 fn rope_json(r: &RopeParams) -> Value {
     match *r {
         RopeParams::Default { rope_theta } => json!({
@@ -45,7 +49,13 @@ pub(crate) fn gemma4_config_fields(spec: &Gemma4Spec) -> Value {
         "num_kv_shared_layers": spec.layers.num_kv_shared_layers,
         "hidden_size_per_layer_input": spec.per_layer_input.as_ref().map_or(0, |p| p.hidden_size_per_layer_input),
         "vocab_size": spec.model.vocab_size,
-        "vocab_size_per_layer_input": spec.per_layer_input.as_ref().map(|p| p.vocab_size_per_layer_input),
+        // Without per-layer inputs mlx-lm never reads it, but its ModelArgs
+        // and transformers' config class type it as an integer (a null is
+        // refused by mlx_lm.server): their default stands in.
+        "vocab_size_per_layer_input": spec
+            .per_layer_input
+            .as_ref()
+            .map_or(UNUSED_VOCAB_SIZE_PER_LAYER_INPUT, |p| p.vocab_size_per_layer_input),
         "use_double_wide_mlp": spec.mlp.use_double_wide_mlp,
         "enable_moe_block": spec.moe.is_some(),
         "num_experts": spec.moe.as_ref().map(|m| m.num_experts),

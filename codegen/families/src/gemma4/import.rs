@@ -80,7 +80,10 @@ pub(crate) fn import(
     let head_dim = r.uint("head_dim", 256);
     let global_head_dim = r.opt_uint("global_head_dim", Some(512)).filter(|g| *g != 0);
     let rms_norm_eps = r.float("rms_norm_eps", 1e-6);
-    let vocab_ple = r.opt_uint("vocab_size_per_layer_input", Some(262_144));
+    let vocab_ple = r.opt_uint(
+        "vocab_size_per_layer_input",
+        Some(super::hf::UNUSED_VOCAB_SIZE_PER_LAYER_INPUT),
+    );
     let num_kv = r.uint("num_key_value_heads", 1);
     let mut global_kv = r.opt_uint("num_global_key_value_heads", None);
     let shared = r.uint("num_kv_shared_layers", 20);
