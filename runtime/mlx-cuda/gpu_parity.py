@@ -142,7 +142,10 @@ def last_line(out: str) -> str:
     """The last line of a failure, without the source locations MLX and
     Rust append."""
     lines = [line for line in out.splitlines() if line.strip()]
-    line = lines[-1] if lines else "no output"
+    # archgen's errors end with a count ("1 error") after the error itself:
+    # the first line that says `error:` is the one that explains.
+    errors = [line for line in lines if "error:" in line]
+    line = errors[0] if errors else lines[-1] if lines else "no output"
     return line.split(" at /")[0][-200:]
 
 

@@ -27,7 +27,8 @@
 # (step_profile.py: one decode step's kernels, archgen and mlx-lm, through ncu), repeat
 # (whether archgen and mlx-lm repeat their own bytes on one spec, fresh processes),
 # closeness (an L3 lever's logits against L1's: lever_closeness.py), headcheck (the
-# cuda-head-norm-rope kernel against MLX's kernels: head_kernel_check.py).
+# cuda-head-norm-rope kernel against MLX's kernels: head_kernel_check.py), trace SPEC (the
+# mlx-lm module a CUDA fault happens in: module_trace.py).
 # Graph diff on the CPU (no device needed): runtime/mlx-cuda/graphdiff.sh SPEC [N]
 # writes mlx-lm's, the generated model's and the monolith's logits graphs
 # (prefill over N ids, one decode step) as DOT and compares them with
@@ -164,6 +165,17 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
         echo "rc=$? $(grep -c "^=========" "$OUT/sanitize-$tool.log") sanitizer lines"
         grep -E "ERROR SUMMARY|Uninitialized|Invalid|Race|hazard|in .*kernel|at 0x" "$OUT/sanitize-$tool.log" | sort | uniq -c | sort -rn | head -12
       done
+      ;;
+    trace)
+      # Which mlx-lm module a CUDA fault happens in (module_trace.py): the
+      # spec's checkpoint from archgen init, every module synchronized as it
+      # returns, kernels launched one at a time; TRACE_L prompt ids.
+      spec=$1; shift
+      d=$work/trace-$spec; mkdir -p $d
+      [[ -f $d/model/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d/model --seed 1 2>&1 | tail -1
+      CUDA_LAUNCH_BLOCKING=1 timeout 300 python3 "$here/module_trace.py" --model $d/model --prompt-len ${TRACE_L:-24} \
+        > "$OUT/trace-$spec.log" 2>&1
+      echo "trace $spec: rc $?"; tail -n 12 "$OUT/trace-$spec.log"
       ;;
     headcheck)
       # The cuda-head-norm-rope kernel against the MLX kernels it replaces,
