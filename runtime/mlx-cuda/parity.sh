@@ -28,7 +28,8 @@
 # (whether archgen and mlx-lm repeat their own bytes on one spec, fresh processes),
 # closeness (an L3 lever's logits against L1's: lever_closeness.py), headcheck (the
 # cuda-head-norm-rope kernel against MLX's kernels: head_kernel_check.py), trace SPEC (the
-# mlx-lm module a CUDA fault happens in: module_trace.py).
+# mlx-lm module a CUDA fault happens in: module_trace.py), coldstart (a process's wall time with
+# an empty and a filled NVRTC cache, archgen and mlx-lm; COLD_SPEC, COLD_L).
 # Graph diff on the CPU (no device needed): runtime/mlx-cuda/graphdiff.sh SPEC [N]
 # writes mlx-lm's, the generated model's and the monolith's logits graphs
 # (prefill over N ids, one decode step) as DOT and compares them with
@@ -164,6 +165,34 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
           --out $d/$tool.safetensors > "$OUT/sanitize-$tool.log" 2>&1
         echo "rc=$? $(grep -c "^=========" "$OUT/sanitize-$tool.log") sanitizer lines"
         grep -E "ERROR SUMMARY|Uninitialized|Invalid|Race|hazard|in .*kernel|at 0x" "$OUT/sanitize-$tool.log" | sort | uniq -c | sort -rn | head -12
+      done
+      ;;
+    coldstart)
+      # Cold start (issue: the first 4-bit run compiles kernels for long):
+      # `archgen logits` and mlx-lm's oracle_logits.py over COLD_L prompt ids
+      # and 8 steps, each first with an empty NVRTC disk cache of its own
+      # (MLX_PTX_CACHE_DIR) and then again with it filled; the wall time of
+      # each process and how many kernels each side compiled.
+      spec=${COLD_SPEC:-gemma4-12b-l6-q4}
+      d=$work/cold-$spec
+      [[ -f $d/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d --seed 1 2>&1 | tail -1
+      ids=$(python3 -c "import json; c=json.load(open('$d/config.json')); v=c.get('text_config',c)['vocab_size']; print(','.join(str((i*37+11)%v) for i in range(${COLD_L:-128})))")
+      for side in archgen mlx-lm archgen mlx-lm; do
+        ptx=$work/ptx-$side
+        if [[ -e $ptx.filled ]]; then run=warm; else run=cold; rm -rf $ptx; mkdir -p $ptx; fi
+        t0=$(date +%s.%N)
+        if [[ $side == archgen ]]; then
+          MLX_PTX_CACHE_DIR=$ptx $ARCHGEN logits --model $d --prompt-ids $ids --decode-steps 8 \
+            --out $work/cold-$side.safetensors > $work/cold-$side-$run.log 2>&1
+        else
+          (cd "$repo/tests/python" && MLX_PTX_CACHE_DIR=$ptx python3 oracle_logits.py --model $d \
+            --prompt-ids $ids --decode-steps 8 --out $work/cold-$side.safetensors > $work/cold-$side-$run.log 2>&1)
+        fi
+        rc=$?
+        t1=$(date +%s.%N)
+        touch $ptx.filled
+        echo "coldstart $spec $side $run: rc $rc, $(python3 -c "print(f'{$t1 - $t0:.1f}')") s, $(find $ptx -type f | wc -l) files in its PTX cache ($(du -sh $ptx | cut -f1))" \
+          | tee -a "$OUT/coldstart.log"
       done
       ;;
     trace)
