@@ -20,6 +20,11 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
+# The oracle's own load path (tests/python/compat.py: mlx-lm 0.32.2's
+# quantized experts call gather_qmm with an argument mlx 0.32.2 lacks).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python"))
+import compat  # noqa: E402
+
 
 def trace_calls(model: nn.Module) -> None:
     names = {id(m): name or "<model>" for name, m in model.named_modules()}
@@ -45,6 +50,7 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=24)
     ap.add_argument("--decode-steps", type=int, default=2)
     a = ap.parse_args()
+    compat.apply()
     model, config = load_model(a.model)
     vocab = config.get("text_config", config)["vocab_size"]
     trace_calls(model)

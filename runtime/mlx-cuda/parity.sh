@@ -173,7 +173,7 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
       # and 8 steps, each first with an empty NVRTC disk cache of its own
       # (MLX_PTX_CACHE_DIR) and then again with it filled; the wall time of
       # each process and how many kernels each side compiled.
-      spec=${COLD_SPEC:-gemma4-12b-l6-q4}
+      spec=${COLD_SPEC:-gemma4-12b-q4}
       d=$work/cold-$spec
       [[ -f $d/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d --seed 1 2>&1 | tail -1
       ids=$(python3 -c "import json; c=json.load(open('$d/config.json')); v=c.get('text_config',c)['vocab_size']; print(','.join(str((i*37+11)%v) for i in range(${COLD_L:-128})))")
@@ -202,9 +202,19 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
       spec=$1; shift
       d=$work/trace-$spec; mkdir -p $d
       [[ -f $d/model/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d/model --seed 1 2>&1 | tail -1
-      CUDA_LAUNCH_BLOCKING=1 timeout 300 python3 "$here/module_trace.py" --model $d/model --prompt-len ${TRACE_L:-24} \
-        > "$OUT/trace-$spec.log" 2>&1
-      echo "trace $spec: rc $?"; tail -n 12 "$OUT/trace-$spec.log"
+      # First mlx-lm's one-sequence protocol as the table runs it, with
+      # asynchronous and with blocking kernel launches: whether the fault
+      # needs kernels in flight together.
+      ids=$(python3 -c "import json; c=json.load(open('$d/model/config.json')); v=c.get('text_config',c)['vocab_size']; print(','.join(str((i*37+11)%v) for i in range(${TRACE_L:-24})))")
+      for blocking in 0 1; do
+        (cd "$repo/tests/python" && CUDA_LAUNCH_BLOCKING=$blocking timeout 300 python3 oracle_logits.py --model $d/model \
+          --prompt-ids $ids --decode-steps 20 --out $d/oracle-$blocking.safetensors > $d/oracle-$blocking.log 2>&1)
+        echo "trace $spec: mlx-lm oracle_logits.py, CUDA_LAUNCH_BLOCKING=$blocking: rc $? $(grep -m1 -i 'error' $d/oracle-$blocking.log | cut -c1-160)" \
+          | tee -a "$OUT/trace-$spec.log"
+      done
+      CUDA_LAUNCH_BLOCKING=${TRACE_BLOCKING:-1} timeout 300 python3 "$here/module_trace.py" --model $d/model --prompt-len ${TRACE_L:-24} \
+        >> "$OUT/trace-$spec.log" 2>&1
+      echo "trace $spec: module trace rc $?"; tail -n 12 "$OUT/trace-$spec.log"
       ;;
     headcheck)
       # The cuda-head-norm-rope kernel against the MLX kernels it replaces,
