@@ -166,6 +166,12 @@ pub(crate) fn self_attn_prefix(layer: usize) -> String {
     format!("layers.{layer}.self_attn")
 }
 
+/// The weight-name prefix of layer `layer`'s feed-forward block (its MLP,
+/// or the router and experts that replace it).
+pub(crate) fn mlp_prefix(layer: usize) -> String {
+    format!("layers.{layer}.mlp")
+}
+
 /// How the scores become attention weights (IR `Scores`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Scores {
@@ -1449,18 +1455,32 @@ pub fn load_mlp_projected(
     act: Activation,
     projection: GateUpProjection,
 ) -> Mlp {
-    let p = format!("layers.{layer}.mlp");
+    load_mlp_at(w, &mlp_prefix(layer), hidden, width, act, projection)
+}
+
+/// The MLP under `prefix`: gate and up projections (separate or fused) to
+/// `width`, then the down projection back to `hidden`. A layer's own MLP
+/// and the shared experts beside routed ones are this one block under
+/// another prefix, so they load through one function.
+pub(crate) fn load_mlp_at(
+    w: &mut Weights,
+    prefix: &str,
+    hidden: i32,
+    width: i32,
+    act: Activation,
+    projection: GateUpProjection,
+) -> Mlp {
     Mlp {
         gate_up: match projection {
             GateUpProjection::Separate => GateUp::Separate {
-                gate_proj: w.linear(&format!("{p}.gate_proj"), width, hidden),
-                up_proj: w.linear(&format!("{p}.up_proj"), width, hidden),
+                gate_proj: w.linear(&format!("{prefix}.gate_proj"), width, hidden),
+                up_proj: w.linear(&format!("{prefix}.up_proj"), width, hidden),
             },
             GateUpProjection::Fused => GateUp::Fused {
-                gate_up_proj: w.linear(&format!("{p}.gate_up_proj"), 2 * width, hidden),
+                gate_up_proj: w.linear(&format!("{prefix}.gate_up_proj"), 2 * width, hidden),
             },
         },
-        down_proj: w.linear(&format!("{p}.down_proj"), hidden, width),
+        down_proj: w.linear(&format!("{prefix}.down_proj"), hidden, width),
         activation: act,
     }
 }
@@ -1533,7 +1553,7 @@ pub fn load_sparse_moe(
         top_k,
         width,
     } = shape;
-    let p = format!("layers.{layer}.mlp");
+    let p = mlp_prefix(layer);
     SparseMoe {
         router: SoftmaxTopKRouter {
             gate: w.linear(&format!("{p}.gate"), experts, hidden),
@@ -1558,7 +1578,7 @@ pub fn load_biased_experts_moe(
         top_k,
         width,
     } = shape;
-    let p = format!("layers.{layer}.mlp");
+    let p = mlp_prefix(layer);
     let mut router = w.linear(&format!("{p}.router"), experts, hidden);
     router.bias = Some(w.param(&format!("{p}.router.bias"), &[experts]));
     let e = format!("{p}.experts");
@@ -1593,8 +1613,7 @@ pub fn load_group_routed_moe(
         width,
         ..
     } = shape;
-    let p = format!("layers.{layer}.mlp");
-    let se = format!("{p}.shared_experts");
+    let p = mlp_prefix(layer);
     GroupRoutedMoe {
         router: SigmoidGroupRouter {
             gate: Linear {
@@ -1607,14 +1626,14 @@ pub fn load_group_routed_moe(
             facts,
         },
         experts: load_switch_glu(w, &format!("{p}.switch_mlp"), experts, hidden, width),
-        shared_experts: Mlp {
-            gate_up: GateUp::Separate {
-                gate_proj: w.linear(&format!("{se}.gate_proj"), shared_width, hidden),
-                up_proj: w.linear(&format!("{se}.up_proj"), shared_width, hidden),
-            },
-            down_proj: w.linear(&format!("{se}.down_proj"), hidden, shared_width),
-            activation: Activation::Silu,
-        },
+        shared_experts: load_mlp_at(
+            w,
+            &format!("{p}.shared_experts"),
+            hidden,
+            shared_width,
+            Activation::Silu,
+            GateUpProjection::Separate,
+        ),
     }
 }
 
