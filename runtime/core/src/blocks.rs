@@ -1494,11 +1494,7 @@ pub fn load_moe(
     shape: ExpertsShape,
     eps: f32,
 ) -> MoeBlock {
-    let ExpertsShape {
-        count: experts,
-        top_k,
-        width,
-    } = shape;
+    let experts = shape.count;
     let p = format!("layers.{layer}");
     let norm = |w: &mut Weights, n: &str| w.param(&format!("{p}.{n}.weight"), &[hidden]);
     MoeBlock {
@@ -1509,29 +1505,20 @@ pub fn load_moe(
             proj: w.linear(&format!("{p}.router.proj"), experts, hidden),
             scale: w.param(&format!("{p}.router.scale"), &[hidden]),
             per_expert_scale: w.param(&format!("{p}.router.per_expert_scale"), &[experts]),
-            top_k,
+            top_k: shape.top_k,
             hidden,
             eps,
         },
-        experts: load_switch_glu(
-            w,
-            &format!("{p}.experts.switch_glu"),
-            experts,
-            hidden,
-            width,
-        ),
+        experts: load_switch_glu(w, &format!("{p}.experts.switch_glu"), hidden, shape),
     }
 }
 
-/// The SwiGLU experts under `prefix`: `experts` stacked gate, up and down
-/// projections between `hidden` and `width`.
-fn load_switch_glu(
-    w: &mut Weights,
-    prefix: &str,
-    experts: i32,
-    hidden: i32,
-    width: i32,
-) -> SwitchGlu {
+/// The SwiGLU experts under `prefix`: `shape.count` stacked gate, up and
+/// down projections between `hidden` and `shape.width`. It takes the whole
+/// [`ExpertsShape`] so that each routed-experts loader hands its shape on
+/// instead of unpacking it for this call.
+fn load_switch_glu(w: &mut Weights, prefix: &str, hidden: i32, shape: ExpertsShape) -> SwitchGlu {
+    let (experts, width) = (shape.count, shape.width);
     SwitchGlu {
         gate_proj: w.switch_linear(&format!("{prefix}.gate_proj"), experts, width, hidden),
         up_proj: w.switch_linear(&format!("{prefix}.up_proj"), experts, width, hidden),
@@ -1548,19 +1535,14 @@ pub fn load_sparse_moe(
     shape: ExpertsShape,
     probs: TopKProbs,
 ) -> SparseMoe {
-    let ExpertsShape {
-        count: experts,
-        top_k,
-        width,
-    } = shape;
     let p = mlp_prefix(layer);
     SparseMoe {
         router: SoftmaxTopKRouter {
-            gate: w.linear(&format!("{p}.gate"), experts, hidden),
-            top_k,
+            gate: w.linear(&format!("{p}.gate"), shape.count, hidden),
+            top_k: shape.top_k,
             probs,
         },
-        experts: load_switch_glu(w, &format!("{p}.switch_mlp"), experts, hidden, width),
+        experts: load_switch_glu(w, &format!("{p}.switch_mlp"), hidden, shape),
     }
 }
 
@@ -1582,7 +1564,7 @@ pub fn load_biased_experts_moe(
     let mut router = w.linear(&format!("{p}.router"), experts, hidden);
     router.bias = Some(w.param(&format!("{p}.router.bias"), &[experts]));
     let e = format!("{p}.experts");
-    let mut glu = load_switch_glu(w, &e, experts, hidden, width);
+    let mut glu = load_switch_glu(w, &e, hidden, shape);
     for (name, proj, out) in [
         ("gate_proj", &mut glu.gate_proj, width),
         ("up_proj", &mut glu.up_proj, width),
@@ -1608,11 +1590,7 @@ pub fn load_group_routed_moe(
     shared_width: i32,
     facts: GroupTopK,
 ) -> GroupRoutedMoe {
-    let ExpertsShape {
-        count: experts,
-        width,
-        ..
-    } = shape;
+    let experts = shape.count;
     let p = mlp_prefix(layer);
     GroupRoutedMoe {
         router: SigmoidGroupRouter {
@@ -1625,7 +1603,7 @@ pub fn load_group_routed_moe(
             correction_bias: w.param(&format!("{p}.gate.e_score_correction_bias"), &[experts]),
             facts,
         },
-        experts: load_switch_glu(w, &format!("{p}.switch_mlp"), experts, hidden, width),
+        experts: load_switch_glu(w, &format!("{p}.switch_mlp"), hidden, shape),
         shared_experts: load_mlp_at(
             w,
             &format!("{p}.shared_experts"),
