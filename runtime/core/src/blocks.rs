@@ -166,6 +166,12 @@ pub(crate) fn self_attn_prefix(layer: usize) -> String {
     format!("layers.{layer}.self_attn")
 }
 
+/// The weight-name prefix of layer `layer`'s feed-forward block (its MLP,
+/// or the router and experts that replace it).
+pub(crate) fn mlp_prefix(layer: usize) -> String {
+    format!("layers.{layer}.mlp")
+}
+
 /// How the scores become attention weights (IR `Scores`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Scores {
@@ -1449,18 +1455,32 @@ pub fn load_mlp_projected(
     act: Activation,
     projection: GateUpProjection,
 ) -> Mlp {
-    let p = format!("layers.{layer}.mlp");
+    load_mlp_at(w, &mlp_prefix(layer), hidden, width, act, projection)
+}
+
+/// The MLP under `prefix`: gate and up projections (separate or fused) to
+/// `width`, then the down projection back to `hidden`. A layer's own MLP
+/// and the shared experts beside routed ones are this one block under
+/// another prefix, so they load through one function.
+pub(crate) fn load_mlp_at(
+    w: &mut Weights,
+    prefix: &str,
+    hidden: i32,
+    width: i32,
+    act: Activation,
+    projection: GateUpProjection,
+) -> Mlp {
     Mlp {
         gate_up: match projection {
             GateUpProjection::Separate => GateUp::Separate {
-                gate_proj: w.linear(&format!("{p}.gate_proj"), width, hidden),
-                up_proj: w.linear(&format!("{p}.up_proj"), width, hidden),
+                gate_proj: w.linear(&format!("{prefix}.gate_proj"), width, hidden),
+                up_proj: w.linear(&format!("{prefix}.up_proj"), width, hidden),
             },
             GateUpProjection::Fused => GateUp::Fused {
-                gate_up_proj: w.linear(&format!("{p}.gate_up_proj"), 2 * width, hidden),
+                gate_up_proj: w.linear(&format!("{prefix}.gate_up_proj"), 2 * width, hidden),
             },
         },
-        down_proj: w.linear(&format!("{p}.down_proj"), hidden, width),
+        down_proj: w.linear(&format!("{prefix}.down_proj"), hidden, width),
         activation: act,
     }
 }
@@ -1474,11 +1494,7 @@ pub fn load_moe(
     shape: ExpertsShape,
     eps: f32,
 ) -> MoeBlock {
-    let ExpertsShape {
-        count: experts,
-        top_k,
-        width,
-    } = shape;
+    let experts = shape.count;
     let p = format!("layers.{layer}");
     let norm = |w: &mut Weights, n: &str| w.param(&format!("{p}.{n}.weight"), &[hidden]);
     MoeBlock {
@@ -1489,29 +1505,20 @@ pub fn load_moe(
             proj: w.linear(&format!("{p}.router.proj"), experts, hidden),
             scale: w.param(&format!("{p}.router.scale"), &[hidden]),
             per_expert_scale: w.param(&format!("{p}.router.per_expert_scale"), &[experts]),
-            top_k,
+            top_k: shape.top_k,
             hidden,
             eps,
         },
-        experts: load_switch_glu(
-            w,
-            &format!("{p}.experts.switch_glu"),
-            experts,
-            hidden,
-            width,
-        ),
+        experts: load_switch_glu(w, &format!("{p}.experts.switch_glu"), hidden, shape),
     }
 }
 
-/// The SwiGLU experts under `prefix`: `experts` stacked gate, up and down
-/// projections between `hidden` and `width`.
-fn load_switch_glu(
-    w: &mut Weights,
-    prefix: &str,
-    experts: i32,
-    hidden: i32,
-    width: i32,
-) -> SwitchGlu {
+/// The SwiGLU experts under `prefix`: `shape.count` stacked gate, up and
+/// down projections between `hidden` and `shape.width`. It takes the whole
+/// [`ExpertsShape`] so that each routed-experts loader hands its shape on
+/// instead of unpacking it for this call.
+fn load_switch_glu(w: &mut Weights, prefix: &str, hidden: i32, shape: ExpertsShape) -> SwitchGlu {
+    let (experts, width) = (shape.count, shape.width);
     SwitchGlu {
         gate_proj: w.switch_linear(&format!("{prefix}.gate_proj"), experts, width, hidden),
         up_proj: w.switch_linear(&format!("{prefix}.up_proj"), experts, width, hidden),
@@ -1528,19 +1535,14 @@ pub fn load_sparse_moe(
     shape: ExpertsShape,
     probs: TopKProbs,
 ) -> SparseMoe {
-    let ExpertsShape {
-        count: experts,
-        top_k,
-        width,
-    } = shape;
-    let p = format!("layers.{layer}.mlp");
+    let p = mlp_prefix(layer);
     SparseMoe {
         router: SoftmaxTopKRouter {
-            gate: w.linear(&format!("{p}.gate"), experts, hidden),
-            top_k,
+            gate: w.linear(&format!("{p}.gate"), shape.count, hidden),
+            top_k: shape.top_k,
             probs,
         },
-        experts: load_switch_glu(w, &format!("{p}.switch_mlp"), experts, hidden, width),
+        experts: load_switch_glu(w, &format!("{p}.switch_mlp"), hidden, shape),
     }
 }
 
@@ -1558,11 +1560,11 @@ pub fn load_biased_experts_moe(
         top_k,
         width,
     } = shape;
-    let p = format!("layers.{layer}.mlp");
+    let p = mlp_prefix(layer);
     let mut router = w.linear(&format!("{p}.router"), experts, hidden);
     router.bias = Some(w.param(&format!("{p}.router.bias"), &[experts]));
     let e = format!("{p}.experts");
-    let mut glu = load_switch_glu(w, &e, experts, hidden, width);
+    let mut glu = load_switch_glu(w, &e, hidden, shape);
     for (name, proj, out) in [
         ("gate_proj", &mut glu.gate_proj, width),
         ("up_proj", &mut glu.up_proj, width),
@@ -1588,13 +1590,8 @@ pub fn load_group_routed_moe(
     shared_width: i32,
     facts: GroupTopK,
 ) -> GroupRoutedMoe {
-    let ExpertsShape {
-        count: experts,
-        width,
-        ..
-    } = shape;
-    let p = format!("layers.{layer}.mlp");
-    let se = format!("{p}.shared_experts");
+    let experts = shape.count;
+    let p = mlp_prefix(layer);
     GroupRoutedMoe {
         router: SigmoidGroupRouter {
             gate: Linear {
@@ -1606,15 +1603,15 @@ pub fn load_group_routed_moe(
             correction_bias: w.param(&format!("{p}.gate.e_score_correction_bias"), &[experts]),
             facts,
         },
-        experts: load_switch_glu(w, &format!("{p}.switch_mlp"), experts, hidden, width),
-        shared_experts: Mlp {
-            gate_up: GateUp::Separate {
-                gate_proj: w.linear(&format!("{se}.gate_proj"), shared_width, hidden),
-                up_proj: w.linear(&format!("{se}.up_proj"), shared_width, hidden),
-            },
-            down_proj: w.linear(&format!("{se}.down_proj"), hidden, shared_width),
-            activation: Activation::Silu,
-        },
+        experts: load_switch_glu(w, &format!("{p}.switch_mlp"), hidden, shape),
+        shared_experts: load_mlp_at(
+            w,
+            &format!("{p}.shared_experts"),
+            hidden,
+            shared_width,
+            Activation::Silu,
+            GateUpProjection::Separate,
+        ),
     }
 }
 

@@ -754,19 +754,18 @@ pub fn load_shared_expert_moe(
     // shared expert and its one-output gate.
     let SparseMoe { router, experts } =
         crate::blocks::load_sparse_moe(w, layer, hidden, shape, probs);
-    let p = format!("layers.{layer}.mlp");
-    let se = format!("{p}.shared_expert");
+    let p = crate::blocks::mlp_prefix(layer);
     SharedExpertMoe {
         router,
         experts,
-        shared_expert: Mlp {
-            gate_up: crate::blocks::GateUp::Separate {
-                gate_proj: w.linear(&format!("{se}.gate_proj"), shared_width, hidden),
-                up_proj: w.linear(&format!("{se}.up_proj"), shared_width, hidden),
-            },
-            down_proj: w.linear(&format!("{se}.down_proj"), hidden, shared_width),
-            activation: crate::blocks::Activation::Silu,
-        },
+        shared_expert: crate::blocks::load_mlp_at(
+            w,
+            &format!("{p}.shared_expert"),
+            hidden,
+            shared_width,
+            crate::blocks::Activation::Silu,
+            crate::blocks::GateUpProjection::Separate,
+        ),
         shared_expert_gate: w.linear(&format!("{p}.shared_expert_gate"), 1, hidden),
     }
 }
