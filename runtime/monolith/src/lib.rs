@@ -128,14 +128,6 @@ fn experts_shape(m: ir::Moe) -> b::ExpertsShape {
     }
 }
 
-/// The runtime mirror of the IR's top-k probabilities.
-pub fn top_k_probs(p: ir::TopKProbs) -> b::TopKProbs {
-    match p {
-        ir::TopKProbs::Renormalized => b::TopKProbs::Renormalized,
-        ir::TopKProbs::AsTaken => b::TopKProbs::AsTaken,
-    }
-}
-
 /// The generic model of any checkpoint whose spec lowers to the IR.
 pub struct Monolith {
     ir: ModelIr,
@@ -478,7 +470,7 @@ impl Monolith {
                                 hidden,
                                 experts_shape(moe),
                                 shared.width as i32,
-                                top_k_probs(probs),
+                                probs,
                             ))
                         }
                         (
@@ -507,7 +499,7 @@ impl Monolith {
                             i,
                             hidden,
                             experts_shape(moe),
-                            top_k_probs(probs),
+                            probs,
                         ))
                     }
                     (
@@ -541,7 +533,7 @@ impl Monolith {
                                     top_k: moe.top_k as i32,
                                     n_group: g.n_group as i32,
                                     topk_group: g.topk_group as i32,
-                                    probs: top_k_probs(g.probs),
+                                    probs: g.probs,
                                     routed_scaling_factor: g.routed_scaling_factor,
                                 },
                             ))
