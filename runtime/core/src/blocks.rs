@@ -36,6 +36,9 @@ use crate::ops::{
 use crate::rope::{Rope, RopeTables};
 use crate::weights::Weights;
 
+// The layer facts a block reads: the IR's own enums.
+pub use archgen_ir::{ProjectionBias, QkNorm, Scores, ValueNorm, Values};
+
 pub use crate::layers::{final_norm, logits, Head};
 pub use crate::moe::{ExpertsShape, GroupTopK, TopKProbs};
 
@@ -126,14 +129,6 @@ fn scaled_branch(branch: Array, scale: Option<&Array>) -> Result<Array> {
 
 // ---- Attention
 
-/// Normalization of values (IR `ValueNorm`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ValueNorm {
-    None,
-    /// RMSNorm per head without a weight.
-    RmsScaleFree,
-}
-
 /// The static shape of one layer's attention.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
@@ -164,19 +159,6 @@ impl AttentionShape {
 /// The weight-name prefix of layer `layer`'s attention projections.
 pub(crate) fn self_attn_prefix(layer: usize) -> String {
     format!("layers.{layer}.self_attn")
-}
-
-/// How the scores become attention weights (IR `Scores`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Scores {
-    /// `mx.fast.scaled_dot_product_attention`.
-    FusedSdpa,
-    /// gemma2's written-out attention with a tanh softcap of the scores
-    /// ([`crate::attention::softcapped_attention`]).
-    Softcapped { cap: f32 },
-    /// `mx.fast.scaled_dot_product_attention` with `sinks`, the layer's
-    /// learned logit per head ([`AttentionWeights::sinks`]; gpt_oss).
-    FusedSdpaWithSinks,
 }
 
 /// Attention of `q` [B, H, L, D] over `k`, `v` as the layer's [`Scores`]
@@ -1257,23 +1239,6 @@ pub fn finish_layer(
 // ---- Loading: tensor names relative to the text model, as
 // `archgen_ir::names` spells them for the checkpoint contract.
 
-/// Which per-head norms to load (IR `QkNorm`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QkNorm {
-    None,
-    RmsPerHead,
-    /// Per head, weights `1 + w` (Gemma's RMSNorm).
-    RmsPerHeadOnePlus,
-    RmsWholeProjection,
-}
-
-/// Where V comes from (IR `Values`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Values {
-    Projected,
-    SameAsKeys,
-}
-
 /// `layers.{i}.` norms of the arrangement.
 pub fn load_norms(w: &mut Weights, layer: usize, hidden: i32, a: NormArrangement) -> LayerNorms {
     load_norms_weighted(w, layer, hidden, a, NormWeight::Direct)
@@ -1381,16 +1346,6 @@ fn load_qk_norm(
             w.param(name, &[heads * head_dim]),
         )),
     }
-}
-
-/// Which attention projections add a bias (IR `ProjectionBias`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProjectionBias {
-    None,
-    /// `q_proj`, `k_proj`, `v_proj` (Qwen2): `{proj}.bias`, `[out]`.
-    QueryKeyValue,
-    /// The same and `o_proj.bias` `[hidden]` (gpt_oss).
-    QueryKeyValueOutput,
 }
 
 /// The biases of `layers.{i}.self_attn`'s projections, put on the loaded

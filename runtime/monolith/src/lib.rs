@@ -221,15 +221,8 @@ pub fn shape_of(a: &ir::Attention, eps: f32) -> AttentionShape {
         head_dim: a.head_dim as i32,
         eps,
         scale: a.scale.value(a.head_dim),
-        value_norm: match a.value_norm {
-            ir::ValueNorm::None => b::ValueNorm::None,
-            ir::ValueNorm::RmsScaleFree => b::ValueNorm::RmsScaleFree,
-        },
-        scores: match a.scores {
-            ir::Scores::FusedSdpa => b::Scores::FusedSdpa,
-            ir::Scores::Softcapped { cap } => b::Scores::Softcapped { cap },
-            ir::Scores::FusedSdpaWithSinks => b::Scores::FusedSdpaWithSinks,
-        },
+        value_norm: a.value_norm,
+        scores: a.scores,
     }
 }
 
@@ -248,30 +241,6 @@ pub fn norm_weight(w: ir::NormWeight) -> b::NormWeight {
     match w {
         ir::NormWeight::Direct => b::NormWeight::Direct,
         ir::NormWeight::OnePlus => b::NormWeight::OnePlus,
-    }
-}
-
-pub fn qk_norm(q: ir::QkNorm) -> b::QkNorm {
-    match q {
-        ir::QkNorm::None => b::QkNorm::None,
-        ir::QkNorm::RmsPerHead => b::QkNorm::RmsPerHead,
-        ir::QkNorm::RmsPerHeadOnePlus => b::QkNorm::RmsPerHeadOnePlus,
-        ir::QkNorm::RmsWholeProjection => b::QkNorm::RmsWholeProjection,
-    }
-}
-
-pub fn bias(p: ir::ProjectionBias) -> b::ProjectionBias {
-    match p {
-        ir::ProjectionBias::None => b::ProjectionBias::None,
-        ir::ProjectionBias::QueryKeyValue => b::ProjectionBias::QueryKeyValue,
-        ir::ProjectionBias::QueryKeyValueOutput => b::ProjectionBias::QueryKeyValueOutput,
-    }
-}
-
-pub fn values(v: ir::Values) -> b::Values {
-    match v {
-        ir::Values::Projected => b::Values::Projected,
-        ir::Values::SameAsKeys => b::Values::SameAsKeys,
     }
 }
 
@@ -342,16 +311,16 @@ impl Monolith {
                             }
                         }
                         (ir::OutputGate::None, ir::QkvProjection::Separate) => {
-                            let qk = qk_norm(a.qk_norm);
+                            let qk = a.qk_norm;
                             let mut attn = b::load_attention(&mut w, i, hidden, shape, qk);
                             attn.kv = match a.kv {
                                 KvSource::Own { values: v, .. } => {
-                                    Some(b::load_kv(&mut w, i, hidden, shape, qk, values(v)))
+                                    Some(b::load_kv(&mut w, i, hidden, shape, qk, v))
                                 }
                                 KvSource::Shared { .. } => None,
                             };
                             let mut kv = attn.kv.take();
-                            b::load_biases(&mut w, i, bias(a.bias), &mut attn, kv.as_mut(), shape);
+                            b::load_biases(&mut w, i, a.bias, &mut attn, kv.as_mut(), shape);
                             attn.kv = kv;
                             LayerMixer::Attention {
                                 window: a.window,
