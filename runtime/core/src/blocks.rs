@@ -37,7 +37,9 @@ use crate::rope::{Rope, RopeTables};
 use crate::weights::Weights;
 
 // The layer facts a block reads: the IR's own enums.
-pub use archgen_ir::{ProjectionBias, QkNorm, Scores, ValueNorm, Values};
+pub use archgen_ir::{
+    Activation, GateUpProjection, NormWeight, ProjectionBias, QkNorm, Scores, ValueNorm, Values,
+};
 
 pub use crate::layers::{final_norm, logits, Head};
 pub use crate::moe::{ExpertsShape, GroupTopK, TopKProbs};
@@ -670,21 +672,6 @@ pub fn mask_for(cache: &LayerCache, n: i32, window: i32) -> Result<Mask> {
 
 // ---- Feed-forward
 
-/// The gate's activation (IR `Activation`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    /// mlx-lm's compiled `geglu` (tanh-approximated GELU and the product in
-    /// one compiled function: Gemma-4).
-    GeluApprox,
-    /// `nn.gelu_approx(gate)` (compiled alone) then an eager `* up`
-    /// (Gemma-2's MLP): other bits than [`Activation::GeluApprox`] on CUDA.
-    GeluApproxThenMultiply,
-    /// mlx-lm's compiled `swiglu` (SiLU).
-    Silu,
-    /// mlx-lm's compiled `swiglu_oai` (gpt_oss's clamped SwiGLU).
-    ClampedSwiglu,
-}
-
 /// Gated MLP: `down(act(gate(x)) * up(x))`.
 #[derive(Debug, Clone, Flat)]
 #[flat(key(match self.activation {
@@ -822,15 +809,6 @@ impl LayerNorms {
 pub enum NormArrangement {
     PreNorm,
     Sandwich,
-}
-
-/// How an RMSNorm applies its stored weight (IR `NormWeight`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NormWeight {
-    /// The weight as stored.
-    Direct,
-    /// `1.0 + weight` (gemma2), folded at load: see [`Weights::param_one_plus`].
-    OnePlus,
 }
 
 /// The RMSNorm weights of a post-norm layer (IR `NormArrangement::PostNorm`,
@@ -1385,13 +1363,6 @@ pub fn load_biases(
 /// `layers.{i}.mlp` of the given width.
 pub fn load_mlp(w: &mut Weights, layer: usize, hidden: i32, width: i32, act: Activation) -> Mlp {
     load_mlp_projected(w, layer, hidden, width, act, GateUpProjection::Separate)
-}
-
-/// Which gate/up projections to load (IR `GateUpProjection`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GateUpProjection {
-    Separate,
-    Fused,
 }
 
 /// `layers.{i}.mlp` of the given width with its gate and up projections

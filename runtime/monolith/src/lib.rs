@@ -237,22 +237,6 @@ pub fn norm_arrangement(n: ir::Norms) -> Option<b::NormArrangement> {
     }
 }
 
-pub fn norm_weight(w: ir::NormWeight) -> b::NormWeight {
-    match w {
-        ir::NormWeight::Direct => b::NormWeight::Direct,
-        ir::NormWeight::OnePlus => b::NormWeight::OnePlus,
-    }
-}
-
-pub fn activation(a: ir::Activation) -> b::Activation {
-    match a {
-        ir::Activation::GeluApprox => b::Activation::GeluApprox,
-        ir::Activation::GeluApproxThenMultiply => b::Activation::GeluApproxThenMultiply,
-        ir::Activation::Silu => b::Activation::Silu,
-        ir::Activation::ClampedSwiglu => b::Activation::ClampedSwiglu,
-    }
-}
-
 pub fn embed_scale(s: ir::EmbedScale) -> b::EmbedScale {
     match s {
         ir::EmbedScale::None => b::EmbedScale::None,
@@ -390,12 +374,7 @@ impl Monolith {
                 }
             };
             let load_mlp = |m: ir::GatedMlp, w: &mut Weights| {
-                let projection = match m.projection {
-                    ir::GateUpProjection::Separate => b::GateUpProjection::Separate,
-                    ir::GateUpProjection::Fused => b::GateUpProjection::Fused,
-                };
-                let act = activation(m.activation);
-                b::load_mlp_projected(w, i, hidden, m.width as i32, act, projection)
+                b::load_mlp_projected(w, i, hidden, m.width as i32, m.activation, m.projection)
             };
             let ffn = match l.ffn {
                 ir::FeedForward::Mlp(m) => FeedForward::Mlp {
@@ -562,14 +541,9 @@ impl Monolith {
                         i,
                         hidden,
                         a,
-                        norm_weight(l.norms.weight),
+                        l.norms.weight,
                     )),
-                    None => Norms::Post(b::load_post_norms(
-                        &mut w,
-                        i,
-                        hidden,
-                        norm_weight(l.norms.weight),
-                    )),
+                    None => Norms::Post(b::load_post_norms(&mut w, i, hidden, l.norms.weight)),
                 },
                 ffn,
                 ple: match l.input {
@@ -585,7 +559,7 @@ impl Monolith {
                 residual: residual_scale(l.residual),
             });
         }
-        let norm = b::load_norm_weight(&mut w, "norm.weight", hidden, norm_weight(ir.head.norm));
+        let norm = b::load_norm_weight(&mut w, "norm.weight", hidden, ir.head.norm);
         let lm_head = match ir.head.weight {
             ir::HeadWeight::TiedEmbedding => None,
             ir::HeadWeight::Untied => Some(w.linear("lm_head", ir.vocab_size as i32, hidden)),
