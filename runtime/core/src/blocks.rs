@@ -11,9 +11,14 @@
 //! then:      out += per-layer input gate;    out *= layer scalar
 //! ```
 //!
-//! This crate does not depend on the IR's crate (generated models depend on
-//! this one alone), so the facts a block needs are mirrored here as small
-//! enums; the monolith and the emitter map IR facts onto them one to one.
+//! The facts a block branches on are the IR's own enums (`QkNorm`,
+//! `Scores`, `Activation` and the rest, re-exported here): generated models
+//! name them as `blocks::QkNorm`, the monolith passes the IR's values
+//! through. The runtime has a type of its own only where it needs another
+//! shape of a fact: [`NormArrangement`] (no post-norm: its norms are
+//! [`PostNorms`]), [`GroupTopK`] (with the router's `top_k`, the key of its
+//! compiled trace), and the enums that hold weights ([`LayerNorms`],
+//! [`QkNormWeight`], [`GateUp`]).
 
 use mlx_rs::Array;
 
@@ -38,7 +43,8 @@ use crate::weights::Weights;
 
 // The layer facts a block reads: the IR's own enums.
 pub use archgen_ir::{
-    Activation, GateUpProjection, NormWeight, ProjectionBias, QkNorm, Scores, ValueNorm, Values,
+    Activation, EmbedScale, GateUpProjection, LogitScale, NormWeight, ProjectionBias, QkNorm,
+    Scores, ValueNorm, Values,
 };
 
 pub use crate::layers::{final_norm, logits, Head};
@@ -46,17 +52,6 @@ pub use crate::moe::{ExpertsShape, GroupTopK, TopKProbs};
 
 fn refused(what: &str) -> mlx_rs::error::Exception {
     mlx_rs::error::Exception::custom(what.to_string())
-}
-
-/// What the token embedding is multiplied by (IR `EmbedScale`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum EmbedScale {
-    None,
-    /// bf16(sqrt(hidden)) as a weak scalar (`Gemma4TextModel.__call__`).
-    SqrtHidden,
-    /// A Python scalar from the config as a weak scalar (minicpm's
-    /// `embed_tokens(ids) * scale_emb`).
-    Constant(f64),
 }
 
 /// The token embedding, scaled.
@@ -67,20 +62,6 @@ pub fn embed(embed_tokens: &Embedding, ids: &Array, s: EmbedScale, hidden: i32) 
         EmbedScale::SqrtHidden => multiply_weak(&e, (hidden as f64).powf(0.5)),
         EmbedScale::Constant(c) => multiply_weak(&e, c),
     }
-}
-
-/// What the normed final hidden state is scaled by before the head (IR
-/// `LogitScale`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum LogitScale {
-    None,
-    /// `h / d`, `d` a Python float as a weak scalar: a divide, not a
-    /// multiply by `1 / d` (minicpm's `lm_head(out / (hidden_size /
-    /// dim_model_base))`).
-    DivideBy(f64),
-    /// The logits divided by `d` after the head, `d` a Python float as a
-    /// weak scalar (granite's `lm_head(out) / logits_scaling`).
-    DivideLogitsBy(f64),
 }
 
 /// [`logits`] with a [`LogitScale`]: final norm, the scale of the normed

@@ -226,30 +226,14 @@ pub fn shape_of(a: &ir::Attention, eps: f32) -> AttentionShape {
     }
 }
 
-/// The runtime mirrors of IR facts (one to one). A post-norm layer has no
-/// norm before its mixer, so no [`b::NormArrangement`] (its norms are
+/// The arrangement the runtime loads a layer's norms by: the IR's less
+/// post-norm, which has no norm before its mixer (its norms are
 /// [`b::PostNorms`]).
 pub fn norm_arrangement(n: ir::Norms) -> Option<b::NormArrangement> {
     match n.arrangement {
         ir::NormArrangement::PreNorm => Some(b::NormArrangement::PreNorm),
         ir::NormArrangement::Sandwich => Some(b::NormArrangement::Sandwich),
         ir::NormArrangement::PostNorm => None,
-    }
-}
-
-pub fn embed_scale(s: ir::EmbedScale) -> b::EmbedScale {
-    match s {
-        ir::EmbedScale::None => b::EmbedScale::None,
-        ir::EmbedScale::SqrtHidden => b::EmbedScale::SqrtHidden,
-        ir::EmbedScale::Constant(c) => b::EmbedScale::Constant(c),
-    }
-}
-
-pub fn logit_scale(s: ir::LogitScale) -> b::LogitScale {
-    match s {
-        ir::LogitScale::None => b::LogitScale::None,
-        ir::LogitScale::DivideBy(d) => b::LogitScale::DivideBy(d),
-        ir::LogitScale::DivideLogitsBy(d) => b::LogitScale::DivideLogitsBy(d),
     }
 }
 
@@ -585,7 +569,7 @@ impl Monolith {
     fn inputs(&self, ids: &Array) -> Result<(Array, Option<Array>)> {
         let ir = &self.ir;
         let hidden = ir.hidden_size as i32;
-        let h0 = b::embed(&self.embed, ids, embed_scale(ir.embedding.scale), hidden)?;
+        let h0 = b::embed(&self.embed, ids, ir.embedding.scale, hidden)?;
         let per_layer = match (&self.ple, ir.embedding.per_layer_input) {
             (Some(p), Some(facts)) => Some(b::per_layer_inputs(
                 ids,
@@ -673,7 +657,7 @@ impl Monolith {
             Some(l) => Head::Untied(l),
             None => Head::Tied(&self.embed),
         };
-        let scale = logit_scale(ir.head.logit_scale);
+        let scale = ir.head.logit_scale;
         match ir.head.logit_softcap {
             None => b::logits_scaled(h, &self.norm, head, scale, None, eps),
             Some(ir::Softcap {
