@@ -11,9 +11,14 @@
 //! then:      out += per-layer input gate;    out *= layer scalar
 //! ```
 //!
-//! This crate does not depend on the IR's crate (generated models depend on
-//! this one alone), so the facts a block needs are mirrored here as small
-//! enums; the monolith and the emitter map IR facts onto them one to one.
+//! The facts a block branches on are the IR's own enums (`QkNorm`,
+//! `Scores`, `Activation` and the rest, re-exported here): generated models
+//! name them as `blocks::QkNorm`, the monolith passes the IR's values
+//! through. The runtime has a type of its own only where it needs another
+//! shape of a fact: [`NormArrangement`] (no post-norm: its norms are
+//! [`PostNorms`]), [`GroupTopK`] (with the router's `top_k`, the key of its
+//! compiled trace), and the enums that hold weights ([`LayerNorms`],
+//! [`QkNormWeight`], [`GateUp`]).
 
 use mlx_rs::Array;
 
@@ -36,22 +41,17 @@ use crate::ops::{
 use crate::rope::{Rope, RopeTables};
 use crate::weights::Weights;
 
+// The layer facts a block reads: the IR's own enums.
+pub use archgen_ir::{
+    Activation, EmbedScale, GateUpProjection, LogitScale, NormWeight, ProjectionBias, QkNorm,
+    Scores, ValueNorm, Values,
+};
+
 pub use crate::layers::{final_norm, logits, Head};
 pub use crate::moe::{ExpertsShape, GroupTopK, TopKProbs};
 
 fn refused(what: &str) -> mlx_rs::error::Exception {
     mlx_rs::error::Exception::custom(what.to_string())
-}
-
-/// What the token embedding is multiplied by (IR `EmbedScale`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum EmbedScale {
-    None,
-    /// bf16(sqrt(hidden)) as a weak scalar (`Gemma4TextModel.__call__`).
-    SqrtHidden,
-    /// A Python scalar from the config as a weak scalar (minicpm's
-    /// `embed_tokens(ids) * scale_emb`).
-    Constant(f64),
 }
 
 /// The token embedding, scaled.
@@ -62,20 +62,6 @@ pub fn embed(embed_tokens: &Embedding, ids: &Array, s: EmbedScale, hidden: i32) 
         EmbedScale::SqrtHidden => multiply_weak(&e, (hidden as f64).powf(0.5)),
         EmbedScale::Constant(c) => multiply_weak(&e, c),
     }
-}
-
-/// What the normed final hidden state is scaled by before the head (IR
-/// `LogitScale`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum LogitScale {
-    None,
-    /// `h / d`, `d` a Python float as a weak scalar: a divide, not a
-    /// multiply by `1 / d` (minicpm's `lm_head(out / (hidden_size /
-    /// dim_model_base))`).
-    DivideBy(f64),
-    /// The logits divided by `d` after the head, `d` a Python float as a
-    /// weak scalar (granite's `lm_head(out) / logits_scaling`).
-    DivideLogitsBy(f64),
 }
 
 /// [`logits`] with a [`LogitScale`]: final norm, the scale of the normed
@@ -126,14 +112,6 @@ fn scaled_branch(branch: Array, scale: Option<&Array>) -> Result<Array> {
 
 // ---- Attention
 
-/// Normalization of values (IR `ValueNorm`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ValueNorm {
-    None,
-    /// RMSNorm per head without a weight.
-    RmsScaleFree,
-}
-
 /// The static shape of one layer's attention.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
@@ -170,19 +148,6 @@ pub(crate) fn self_attn_prefix(layer: usize) -> String {
 /// or the router and experts that replace it).
 pub(crate) fn mlp_prefix(layer: usize) -> String {
     format!("layers.{layer}.mlp")
-}
-
-/// How the scores become attention weights (IR `Scores`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Scores {
-    /// `mx.fast.scaled_dot_product_attention`.
-    FusedSdpa,
-    /// gemma2's written-out attention with a tanh softcap of the scores
-    /// ([`crate::attention::softcapped_attention`]).
-    Softcapped { cap: f32 },
-    /// `mx.fast.scaled_dot_product_attention` with `sinks`, the layer's
-    /// learned logit per head ([`AttentionWeights::sinks`]; gpt_oss).
-    FusedSdpaWithSinks,
 }
 
 /// Attention of `q` [B, H, L, D] over `k`, `v` as the layer's [`Scores`]
@@ -694,21 +659,6 @@ pub fn mask_for(cache: &LayerCache, n: i32, window: i32) -> Result<Mask> {
 
 // ---- Feed-forward
 
-/// The gate's activation (IR `Activation`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    /// mlx-lm's compiled `geglu` (tanh-approximated GELU and the product in
-    /// one compiled function: Gemma-4).
-    GeluApprox,
-    /// `nn.gelu_approx(gate)` (compiled alone) then an eager `* up`
-    /// (Gemma-2's MLP): other bits than [`Activation::GeluApprox`] on CUDA.
-    GeluApproxThenMultiply,
-    /// mlx-lm's compiled `swiglu` (SiLU).
-    Silu,
-    /// mlx-lm's compiled `swiglu_oai` (gpt_oss's clamped SwiGLU).
-    ClampedSwiglu,
-}
-
 /// Gated MLP: `down(act(gate(x)) * up(x))`.
 #[derive(Debug, Clone, Flat)]
 #[flat(key(match self.activation {
@@ -846,15 +796,6 @@ impl LayerNorms {
 pub enum NormArrangement {
     PreNorm,
     Sandwich,
-}
-
-/// How an RMSNorm applies its stored weight (IR `NormWeight`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NormWeight {
-    /// The weight as stored.
-    Direct,
-    /// `1.0 + weight` (gemma2), folded at load: see [`Weights::param_one_plus`].
-    OnePlus,
 }
 
 /// The RMSNorm weights of a post-norm layer (IR `NormArrangement::PostNorm`,
@@ -1263,23 +1204,6 @@ pub fn finish_layer(
 // ---- Loading: tensor names relative to the text model, as
 // `archgen_ir::names` spells them for the checkpoint contract.
 
-/// Which per-head norms to load (IR `QkNorm`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QkNorm {
-    None,
-    RmsPerHead,
-    /// Per head, weights `1 + w` (Gemma's RMSNorm).
-    RmsPerHeadOnePlus,
-    RmsWholeProjection,
-}
-
-/// Where V comes from (IR `Values`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Values {
-    Projected,
-    SameAsKeys,
-}
-
 /// `layers.{i}.` norms of the arrangement.
 pub fn load_norms(w: &mut Weights, layer: usize, hidden: i32, a: NormArrangement) -> LayerNorms {
     load_norms_weighted(w, layer, hidden, a, NormWeight::Direct)
@@ -1389,16 +1313,6 @@ fn load_qk_norm(
     }
 }
 
-/// Which attention projections add a bias (IR `ProjectionBias`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProjectionBias {
-    None,
-    /// `q_proj`, `k_proj`, `v_proj` (Qwen2): `{proj}.bias`, `[out]`.
-    QueryKeyValue,
-    /// The same and `o_proj.bias` `[hidden]` (gpt_oss).
-    QueryKeyValueOutput,
-}
-
 /// The biases of `layers.{i}.self_attn`'s projections, put on the loaded
 /// linears (`kv` is `None` on a layer that reads a donor's K/V).
 pub fn load_biases(
@@ -1436,13 +1350,6 @@ pub fn load_biases(
 /// `layers.{i}.mlp` of the given width.
 pub fn load_mlp(w: &mut Weights, layer: usize, hidden: i32, width: i32, act: Activation) -> Mlp {
     load_mlp_projected(w, layer, hidden, width, act, GateUpProjection::Separate)
-}
-
-/// Which gate/up projections to load (IR `GateUpProjection`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GateUpProjection {
-    Separate,
-    Fused,
 }
 
 /// `layers.{i}.mlp` of the given width with its gate and up projections

@@ -120,15 +120,10 @@ pub struct ExpertsShape {
     pub width: i32,
 }
 
-/// Whether qwen3_moe's router renormalizes the chosen probabilities
-/// (`norm_topk_prob`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TopKProbs {
-    /// `scores /= sum(scores, -1, keepdims=True)`.
-    Renormalized,
-    /// The softmax probabilities as taken.
-    AsTaken,
-}
+// Whether qwen3_moe's router renormalizes the chosen probabilities
+// (`norm_topk_prob`): the IR's fact itself, `Renormalized` being
+// `scores /= sum(scores, -1, keepdims=True)`.
+pub use archgen_ir::TopKProbs;
 
 /// qwen3_moe's router (`Qwen3MoeSparseMoeBlock.__call__`): `gates = gate(x)`,
 /// `softmax(gates, precise=True)` over every expert (in the activation

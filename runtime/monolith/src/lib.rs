@@ -128,14 +128,6 @@ fn experts_shape(m: ir::Moe) -> b::ExpertsShape {
     }
 }
 
-/// The runtime mirror of the IR's top-k probabilities.
-pub fn top_k_probs(p: ir::TopKProbs) -> b::TopKProbs {
-    match p {
-        ir::TopKProbs::Renormalized => b::TopKProbs::Renormalized,
-        ir::TopKProbs::AsTaken => b::TopKProbs::AsTaken,
-    }
-}
-
 /// The generic model of any checkpoint whose spec lowers to the IR.
 pub struct Monolith {
     ir: ModelIr,
@@ -229,82 +221,19 @@ pub fn shape_of(a: &ir::Attention, eps: f32) -> AttentionShape {
         head_dim: a.head_dim as i32,
         eps,
         scale: a.scale.value(a.head_dim),
-        value_norm: match a.value_norm {
-            ir::ValueNorm::None => b::ValueNorm::None,
-            ir::ValueNorm::RmsScaleFree => b::ValueNorm::RmsScaleFree,
-        },
-        scores: match a.scores {
-            ir::Scores::FusedSdpa => b::Scores::FusedSdpa,
-            ir::Scores::Softcapped { cap } => b::Scores::Softcapped { cap },
-            ir::Scores::FusedSdpaWithSinks => b::Scores::FusedSdpaWithSinks,
-        },
+        value_norm: a.value_norm,
+        scores: a.scores,
     }
 }
 
-/// The runtime mirrors of IR facts (one to one). A post-norm layer has no
-/// norm before its mixer, so no [`b::NormArrangement`] (its norms are
+/// The arrangement the runtime loads a layer's norms by: the IR's less
+/// post-norm, which has no norm before its mixer (its norms are
 /// [`b::PostNorms`]).
 pub fn norm_arrangement(n: ir::Norms) -> Option<b::NormArrangement> {
     match n.arrangement {
         ir::NormArrangement::PreNorm => Some(b::NormArrangement::PreNorm),
         ir::NormArrangement::Sandwich => Some(b::NormArrangement::Sandwich),
         ir::NormArrangement::PostNorm => None,
-    }
-}
-
-pub fn norm_weight(w: ir::NormWeight) -> b::NormWeight {
-    match w {
-        ir::NormWeight::Direct => b::NormWeight::Direct,
-        ir::NormWeight::OnePlus => b::NormWeight::OnePlus,
-    }
-}
-
-pub fn qk_norm(q: ir::QkNorm) -> b::QkNorm {
-    match q {
-        ir::QkNorm::None => b::QkNorm::None,
-        ir::QkNorm::RmsPerHead => b::QkNorm::RmsPerHead,
-        ir::QkNorm::RmsPerHeadOnePlus => b::QkNorm::RmsPerHeadOnePlus,
-        ir::QkNorm::RmsWholeProjection => b::QkNorm::RmsWholeProjection,
-    }
-}
-
-pub fn bias(p: ir::ProjectionBias) -> b::ProjectionBias {
-    match p {
-        ir::ProjectionBias::None => b::ProjectionBias::None,
-        ir::ProjectionBias::QueryKeyValue => b::ProjectionBias::QueryKeyValue,
-        ir::ProjectionBias::QueryKeyValueOutput => b::ProjectionBias::QueryKeyValueOutput,
-    }
-}
-
-pub fn values(v: ir::Values) -> b::Values {
-    match v {
-        ir::Values::Projected => b::Values::Projected,
-        ir::Values::SameAsKeys => b::Values::SameAsKeys,
-    }
-}
-
-pub fn activation(a: ir::Activation) -> b::Activation {
-    match a {
-        ir::Activation::GeluApprox => b::Activation::GeluApprox,
-        ir::Activation::GeluApproxThenMultiply => b::Activation::GeluApproxThenMultiply,
-        ir::Activation::Silu => b::Activation::Silu,
-        ir::Activation::ClampedSwiglu => b::Activation::ClampedSwiglu,
-    }
-}
-
-pub fn embed_scale(s: ir::EmbedScale) -> b::EmbedScale {
-    match s {
-        ir::EmbedScale::None => b::EmbedScale::None,
-        ir::EmbedScale::SqrtHidden => b::EmbedScale::SqrtHidden,
-        ir::EmbedScale::Constant(c) => b::EmbedScale::Constant(c),
-    }
-}
-
-pub fn logit_scale(s: ir::LogitScale) -> b::LogitScale {
-    match s {
-        ir::LogitScale::None => b::LogitScale::None,
-        ir::LogitScale::DivideBy(d) => b::LogitScale::DivideBy(d),
-        ir::LogitScale::DivideLogitsBy(d) => b::LogitScale::DivideLogitsBy(d),
     }
 }
 
@@ -350,16 +279,16 @@ impl Monolith {
                             }
                         }
                         (ir::OutputGate::None, ir::QkvProjection::Separate) => {
-                            let qk = qk_norm(a.qk_norm);
+                            let qk = a.qk_norm;
                             let mut attn = b::load_attention(&mut w, i, hidden, shape, qk);
                             attn.kv = match a.kv {
                                 KvSource::Own { values: v, .. } => {
-                                    Some(b::load_kv(&mut w, i, hidden, shape, qk, values(v)))
+                                    Some(b::load_kv(&mut w, i, hidden, shape, qk, v))
                                 }
                                 KvSource::Shared { .. } => None,
                             };
                             let mut kv = attn.kv.take();
-                            b::load_biases(&mut w, i, bias(a.bias), &mut attn, kv.as_mut(), shape);
+                            b::load_biases(&mut w, i, a.bias, &mut attn, kv.as_mut(), shape);
                             attn.kv = kv;
                             LayerMixer::Attention {
                                 window: a.window,
@@ -429,12 +358,7 @@ impl Monolith {
                 }
             };
             let load_mlp = |m: ir::GatedMlp, w: &mut Weights| {
-                let projection = match m.projection {
-                    ir::GateUpProjection::Separate => b::GateUpProjection::Separate,
-                    ir::GateUpProjection::Fused => b::GateUpProjection::Fused,
-                };
-                let act = activation(m.activation);
-                b::load_mlp_projected(w, i, hidden, m.width as i32, act, projection)
+                b::load_mlp_projected(w, i, hidden, m.width as i32, m.activation, m.projection)
             };
             let ffn = match l.ffn {
                 ir::FeedForward::Mlp(m) => FeedForward::Mlp {
@@ -478,7 +402,7 @@ impl Monolith {
                                 hidden,
                                 experts_shape(moe),
                                 shared.width as i32,
-                                top_k_probs(probs),
+                                probs,
                             ))
                         }
                         (
@@ -507,7 +431,7 @@ impl Monolith {
                             i,
                             hidden,
                             experts_shape(moe),
-                            top_k_probs(probs),
+                            probs,
                         ))
                     }
                     (
@@ -541,7 +465,7 @@ impl Monolith {
                                     top_k: moe.top_k as i32,
                                     n_group: g.n_group as i32,
                                     topk_group: g.topk_group as i32,
-                                    probs: top_k_probs(g.probs),
+                                    probs: g.probs,
                                     routed_scaling_factor: g.routed_scaling_factor,
                                 },
                             ))
@@ -601,14 +525,9 @@ impl Monolith {
                         i,
                         hidden,
                         a,
-                        norm_weight(l.norms.weight),
+                        l.norms.weight,
                     )),
-                    None => Norms::Post(b::load_post_norms(
-                        &mut w,
-                        i,
-                        hidden,
-                        norm_weight(l.norms.weight),
-                    )),
+                    None => Norms::Post(b::load_post_norms(&mut w, i, hidden, l.norms.weight)),
                 },
                 ffn,
                 ple: match l.input {
@@ -624,7 +543,7 @@ impl Monolith {
                 residual: residual_scale(l.residual),
             });
         }
-        let norm = b::load_norm_weight(&mut w, "norm.weight", hidden, norm_weight(ir.head.norm));
+        let norm = b::load_norm_weight(&mut w, "norm.weight", hidden, ir.head.norm);
         let lm_head = match ir.head.weight {
             ir::HeadWeight::TiedEmbedding => None,
             ir::HeadWeight::Untied => Some(w.linear("lm_head", ir.vocab_size as i32, hidden)),
@@ -650,7 +569,7 @@ impl Monolith {
     fn inputs(&self, ids: &Array) -> Result<(Array, Option<Array>)> {
         let ir = &self.ir;
         let hidden = ir.hidden_size as i32;
-        let h0 = b::embed(&self.embed, ids, embed_scale(ir.embedding.scale), hidden)?;
+        let h0 = b::embed(&self.embed, ids, ir.embedding.scale, hidden)?;
         let per_layer = match (&self.ple, ir.embedding.per_layer_input) {
             (Some(p), Some(facts)) => Some(b::per_layer_inputs(
                 ids,
@@ -738,7 +657,7 @@ impl Monolith {
             Some(l) => Head::Untied(l),
             None => Head::Tied(&self.embed),
         };
-        let scale = logit_scale(ir.head.logit_scale);
+        let scale = ir.head.logit_scale;
         match ir.head.logit_softcap {
             None => b::logits_scaled(h, &self.norm, head, scale, None, eps),
             Some(ir::Softcap {
