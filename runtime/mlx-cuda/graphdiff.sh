@@ -10,7 +10,8 @@
 # graph_diff.py compares archgen's against mlx-lm's. Files land in
 # OUT (default /tmp/graphdiff/SPEC): {mlx-lm,generated,monolith}.{prefill,step}.dot
 # and the diffs *.diff. Environment: ARCHGEN / ARCHGEN_BENCH (binaries,
-# default $CARGO_TARGET_DIR/debug/...), PYTHON (default the repo's .venv).
+# default $CARGO_TARGET_DIR/debug/...), PYTHON (default the repo's .venv),
+# INIT_DTYPE (the checkpoint's dtype, default bfloat16).
 set -euo pipefail
 spec=${1:?usage: graphdiff.sh SPEC [N]}
 n=${2:-24}
@@ -27,7 +28,8 @@ for b in "$ARCHGEN" "$ARCHGEN_BENCH"; do
 done
 mkdir -p "$OUT"
 rm -rf "$OUT/model"
-"$ARCHGEN" init --spec "$repo/specs/$spec.yaml" --out "$OUT/model" --seed 1 >/dev/null
+# INIT_DTYPE: float32 for unquantized experts (MLX's CPU GatherMM has no bf16).
+"$ARCHGEN" init --spec "$repo/specs/$spec.yaml" --out "$OUT/model" --seed 1 --dtype "${INIT_DTYPE:-bfloat16}" >/dev/null
 
 # One worker: its `dot` answers, failing loudly if it does not answer "ready"
 # and two "dot" lines.
