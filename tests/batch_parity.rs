@@ -24,41 +24,41 @@ use archgen_runtime::Array;
 use archgen_tests::{config_for, repo_root, run_python};
 use serde_json::{json, Value};
 
-/// The specs whose batches are checked, one per cache kind and family:
-/// dense (`BatchKVCache`), Llama-3 RoPE, Qwen3-MoE, Gemma-4 with sliding
-/// layers (`BatchRotatingKVCache`, window 8: the schedule's prompts and
-/// decodes pass it) and shared K/V, Gemma-4 MoE, Qwen3.5 (Gated DeltaNet's
-/// batched `ArraysCache` beside gated attention), Qwen3.6's shared-expert
-/// MoE, Phi-3 (one fused `qkv_proj` and `gate_up_proj`), OLMo-2, Gemma 3
-/// (sliding layers with their own RoPE base beside linearly scaled full
-/// ones), LFM2 (short convs' batched `ArraysCache` beside attention),
-/// GLM-4.5 MoE (`noaux_tc` routing with shared experts, partial RoPE, q/k/v
-/// biases; then group-limited routing and q/k norms), Qwen3-Next (the
-/// Gated DeltaNet's projections grouped per key head), DeepSeek-V3
-/// (latent attention over a `BatchKVCache` of the latent and the RoPE key,
-/// queries low-rank or direct) and gpt-oss (attention sinks with the batch's
-/// array masks over sliding and full layers, biased experts); each appended
-/// last, so the others keep their seeds.
-const BATCHED: &[&str] = &[
-    "qwen3-0.6b-tiny",
-    "llama-3.2-1b-tiny",
-    "qwen3-30b-a3b-tiny",
-    "gemma4-e2b-tiny",
-    "gemma4-26b-a4b-tiny",
-    "qwen3.5-4b-tiny",
-    "qwen3.6-35b-a3b-tiny",
-    "phi-3-mini-4k-tiny",
-    "olmo-2-1124-7b-tiny",
-    "gemma-3-1b-tiny",
-    "lfm2-1.2b-tiny",
-    "glm-4.5-air-tiny",
-    "glm4-moe-grouped-tiny",
-    "qwen3-next-80b-a3b-tiny",
-    "deepseek-v3-tiny",
-    "deepseek-v3-direct-q-tiny",
-    "gpt-oss-20b-tiny",
-    "gemma-3-4b-tiny",
-];
+/// Families whose batches mlx-lm 0.32.2's `BatchGenerator` cannot run as
+/// written: Gemma-2's grouped-query attention raises a broadcast error over
+/// the batch's mask (archgen's own batches of it are checked in
+/// [`gemma2_grouped_query_batches_mask_each_row`]).
+const MLX_LM_CANNOT_BATCH: [archgen_ir::Family; 1] = [archgen_ir::Family::Gemma2];
+
+/// The specs whose batches are checked against mlx-lm's `BatchGenerator`:
+/// every tiny spec in specs/ that is unquantized, with a plain KV cache (the
+/// quantized and mixed KV specs have their own checks below), of a family
+/// `BatchGenerator` runs. Read from specs/, sorted by name, so a new spec or
+/// family is checked without editing a list here; each cache kind the
+/// families have comes with them (`BatchKVCache`, `BatchRotatingKVCache` for
+/// sliding layers, the batched `ArraysCache` of Gated DeltaNet and short
+/// convolutions, the latent attention's cache).
+fn batched_specs() -> Vec<(String, archgen_families::Spec)> {
+    let mut specs: Vec<(String, archgen_families::Spec)> =
+        std::fs::read_dir(repo_root().join("specs"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+            .map(|p| archgen_families::load(&p).unwrap_or_else(|d| panic!("{d}")))
+            .filter(|spec| {
+                let ir = spec.lower();
+                spec.name().ends_with("-tiny")
+                    && ir.quantization.is_none()
+                    && archgen_tests::quantized_kv_layers(&ir).is_empty()
+                    && spec.mixed_kv().is_none()
+                    && !MLX_LM_CANNOT_BATCH.contains(&spec.family())
+            })
+            .map(|spec| (spec.name().to_string(), spec))
+            .collect();
+    specs.sort_by(|a, b| a.0.cmp(&b.0));
+    specs
+}
 
 fn schedule(vocab: i32) -> Value {
     let ids = |n: i32, seed: i32| -> Vec<i32> { (0..n).map(|i| (i * 37 + seed) % vocab).collect() };
@@ -78,26 +78,30 @@ fn schedule(vocab: i32) -> Value {
     })
 }
 
-/// The specs whose batched one-token steps take the compiled decode blocks
-/// (every layer a plain attention kind; `decode::enabled` on the CPU; GLM-4.5
-/// MoE's layers compile up to attention and run their experts eagerly). The
-/// others (Gated DeltaNet, fused `qkv_proj`, post-norm layers) run them
-/// eagerly, as their single-sequence steps do.
-const COMPILED_BATCH_STEPS: [&str; 13] = [
-    "qwen3-0.6b-tiny",
-    "llama-3.2-1b-tiny",
-    "qwen3-30b-a3b-tiny",
-    "gemma4-e2b-tiny",
-    "gemma4-26b-a4b-tiny",
-    KV_QUANT,
-    MIXED_KV[0],
-    MIXED_KV[1],
-    "gemma-3-1b-tiny",
-    "glm-4.5-air-tiny",
-    "glm4-moe-grouped-tiny",
-    "gpt-oss-20b-tiny",
-    "gemma-3-4b-tiny",
-];
+/// Whether a model's batched one-token steps take the compiled decode
+/// blocks (where `decode::enabled`): when every layer is a plain attention
+/// layer, separate q/k/v projections and no output gate, its norm before
+/// the mixer (GLM-4.5 MoE's and gpt-oss's experts then run eagerly after
+/// the compiled attention). Gated DeltaNet, short-convolution and latent
+/// attention layers, a fused `qkv_proj`, gated attention and post-norm
+/// layers run their one-token steps eagerly, as their single-sequence
+/// steps do.
+fn takes_compiled_batch_steps(ir: &archgen_ir::ModelIr) -> bool {
+    use archgen_ir::{Mixer, NormArrangement, OutputGate, QkvProjection};
+    ir.layers.iter().all(|l| {
+        let norm_first = match l.norms.arrangement {
+            NormArrangement::PreNorm | NormArrangement::Sandwich => true,
+            NormArrangement::PostNorm => false,
+        };
+        let plain_attention = match &l.mixer {
+            Mixer::Attention(a) => {
+                a.output_gate == OutputGate::None && a.projection == QkvProjection::Separate
+            }
+            Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
+        };
+        norm_first && plain_attention
+    })
+}
 
 /// The spec with a quantized KV cache (layer 5 of a Gemma-4 with sliding
 /// and KV-shared layers) whose batches are checked: mlx-lm cannot batch it
@@ -201,19 +205,21 @@ impl ModelTask for RunBatched<'_> {
 
 /// The generated model of the checkpoint in `dir` (checking that dispatch
 /// finds the spec `name`), running `schedule` batched; checks that its
-/// one-token steps took the compiled decode blocks exactly when `name` is
-/// one of [`COMPILED_BATCH_STEPS`] (and the decode blocks are on).
+/// one-token steps took the compiled decode blocks exactly when
+/// [`takes_compiled_batch_steps`] says so (and the decode blocks are on).
 fn run_generated(
     dir: &std::path::Path,
     name: &str,
     schedule: &Schedule,
 ) -> Result<Vec<SeqRun>, String> {
+    let spec = archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml")))
+        .unwrap_or_else(|d| panic!("{d}"));
     let calls = archgen_runtime::decode::compiled_block_calls();
     let runs = run_generated_once(dir, name, schedule)?;
     let compiled = archgen_runtime::decode::compiled_block_calls() > calls;
     assert_eq!(
         compiled,
-        COMPILED_BATCH_STEPS.contains(&name) && archgen_runtime::decode::enabled(),
+        takes_compiled_batch_steps(&spec.lower()) && archgen_runtime::decode::enabled(),
         "{name}: whether the batched steps took the compiled decode blocks"
     );
     Ok(runs)
@@ -246,9 +252,13 @@ fn same(a: &Array, b: &Array) -> bool {
 fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
     let root = tempfile::tempdir().unwrap();
     let mut jobs = Vec::new();
-    for (k, name) in BATCHED.iter().enumerate() {
-        let spec = archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml")))
-            .unwrap_or_else(|d| panic!("{d}"));
+    let batched = batched_specs();
+    assert!(
+        batched.len() >= 20,
+        "expected every unquantized tiny spec, found {}",
+        batched.len()
+    );
+    for (k, (name, spec)) in batched.iter().enumerate() {
         // Unquantized experts run only in float32 on MLX's CPU backend.
         let dtype = if archgen_tests::has_experts(&spec.lower()) {
             "float32"
@@ -256,7 +266,7 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
             "bfloat16"
         };
         jobs.push(json!({
-            "config": config_for(&spec),
+            "config": config_for(spec),
             "out": root.path().join(name),
             "seed": 4200 + k,
             "dtype": dtype,
@@ -279,7 +289,8 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
     run_python("spec_cases.py", &[jobs_path.as_os_str()]);
 
     let mut failures = Vec::new();
-    for name in BATCHED {
+    for (name, _) in &batched {
+        let name = name.as_str();
         let model_dir = root.path().join(name).join("model");
         let model = archgen_monolith::load_dir(&model_dir).unwrap();
         let json = schedule(BatchLm::vocab_size(&model));
