@@ -18,6 +18,9 @@ wheels in /tmp/site, the binaries in /tmp); serve_bench_gpu.sh calls it.
                 (what `archgen serve --impl auto` serves).
       mlx-lm    tests/python/bench_mlx_lm.py (--mlx-worker): `batch B P W S`
                 runs mlx-lm's own `BatchGenerator` with its defaults.
+      BASE@VAR=VALUE[@VAR=VALUE...]
+                BASE with those environment variables, as in bench.py
+                (e.g. the generated model with archgen's L3 levers on).
   * For each round and each B, every worker in turn: B sequences of P
     prompt tokens (sequence j's ids `(i * 37 + 11 + 101 j) % vocab`) join at
     once; untimed steps until one step returns a token for all B; W untimed
@@ -28,8 +31,9 @@ wheels in /tmp/site, the binaries in /tmp); serve_bench_gpu.sh calls it.
     copy bandwidth: an 8 GiB device-to-device copy through PyTorch, bytes
     read plus written per second). It ignores the KV cache reads (small
     here: prompts of P tokens) and compute, so at large B it is far above
-    what any implementation reaches.
-  * Greedy tokens: for each B and round, the monolith's and the generated model's timed tokens are
+    what any implementation reaches. Without PyTorch or CUDA (a CPU run)
+    there is no bound: bound_tok_s=none.
+  * Greedy tokens: for each B and round, every archgen worker's timed tokens are
     each compared with mlx-lm's (`same` or the first step and row where they
     part).
 
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -76,7 +81,8 @@ def main() -> None:
 
     mlx_worker = a.mlx_worker or a.repo / "tests/python/bench_mlx_lm.py"
     bw = copy_bandwidth()
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read + write)", flush=True)
+    if bw is not None:
+        print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read + write)", flush=True)
     model = a.model or a.work / f"bench-{a.spec}"
     if not (model / "config.json").exists():
         t = time.time()
@@ -86,9 +92,9 @@ def main() -> None:
         if r.returncode != 0:
             raise SystemExit(f"archgen init failed (rc {r.returncode})")
     read, total = step_bytes(model)
-    bound_one = bw / read
+    bound_one = None if bw is None else bw / read
     print(f"checkpoint {model}: {total / 1e9:.2f} GB, read per step {read / 1e9:.2f} GB, "
-          f"bound {bound_one:.1f} tok/s per sequence", flush=True)
+          + ("no bound" if bound_one is None else f"bound {bound_one:.1f} tok/s per sequence"), flush=True)
 
     cmds = {
         "monolith": [a.bench, "worker", "--impl", "monolith", "--model", str(model)],
@@ -98,8 +104,12 @@ def main() -> None:
     names = a.impls.split(",")
     workers = {}
     for name in names:
+        base, *sets = name.split("@")
+        if base not in cmds:
+            raise SystemExit(f"unknown worker {name!r}: BASE is one of {', '.join(cmds)}")
+        env = dict(os.environ, **dict(kv.partition("=")[::2] for kv in sets))
         t = time.time()
-        workers[name] = Worker(name, cmds[name], None)
+        workers[name] = Worker(name, cmds[base], env)
         print(f"{name} ready in {time.time() - t:.1f} s", flush=True)
 
     steps: dict[tuple[int, str], list[float]] = {}
@@ -122,8 +132,8 @@ def main() -> None:
     for w in workers.values():
         w.close()
 
-    for ours in ("monolith", "generated"):
-        if ours not in names or "mlx-lm" not in names:
+    for ours in names:
+        if ours == "mlx-lm" or "mlx-lm" not in names:
             continue
         for b in a.batches:
             for rnd in range(a.rounds):
@@ -143,8 +153,8 @@ def main() -> None:
                 "spec": a.spec, "batch": b, "impl": name,
                 "step_ms": med * 1e3,
                 "tok_s": b / med,
-                "bound_tok_s": b * bound_one,
-                "of_bound": b / med / (b * bound_one),
+                "bound_tok_s": None if bound_one is None else b * bound_one,
+                "of_bound": None if bound_one is None else b / med / (b * bound_one),
                 "p10_step_ms": statistics.quantiles(steps[(b, name)], n=10, method="inclusive")[0] * 1e3,
                 "p90_step_ms": statistics.quantiles(steps[(b, name)], n=10, method="inclusive")[-1] * 1e3,
                 "fill_s": statistics.median(fills[(b, name)]),
@@ -153,8 +163,9 @@ def main() -> None:
     for row in results:
         print(f"gpu batch spec={row['spec']} B={row['batch']} impl={row['impl']} "
               f"step_ms={row['step_ms']:.2f} tok_s={row['tok_s']:.1f} "
-              f"bound_tok_s={row['bound_tok_s']:.1f} of_bound={100 * row['of_bound']:.1f}% "
-              f"(p10/p90 step {row['p10_step_ms']:.2f}/{row['p90_step_ms']:.2f} ms)")
+              + ("bound_tok_s=none " if row["bound_tok_s"] is None else
+                 f"bound_tok_s={row['bound_tok_s']:.1f} of_bound={100 * row['of_bound']:.1f}% ")
+              + f"(p10/p90 step {row['p10_step_ms']:.2f}/{row['p90_step_ms']:.2f} ms)")
     if a.json:
         a.json.write_text(json.dumps({"copy_bw": bw, "read_bytes": read, "results": results}, indent=2))
 

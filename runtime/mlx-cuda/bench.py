@@ -33,7 +33,10 @@ which sets up the wheels and the binaries. Per spec:
   * Copy bandwidth: a device-to-device copy of 8 GiB through PyTorch, bytes
     read plus written per second (the streaming rate a read-only
     matrix-vector product can approach); bound_tok_s = that / bytes per step.
-  * Variants (--impls): besides `generated`, `monolith` and `mlx-lm`, a
+    Without PyTorch or CUDA (a CPU run) there is no bound: the line says
+    bound_tok_s=none rather than guess one.
+  * Variants (--impls, which must hold gen and mlx-lm; without the monolith
+    the result line has no gen/mono): besides `generated`, `monolith` and `mlx-lm`, a
     worker `BASE@VAR=VALUE[@VAR=VALUE...]` runs BASE with those environment
     variables (e.g. `generated@ARCHGEN_GPU_DECODE=0`, the eager blocks, or
     `generated@MLX_MAX_OPS_PER_BUFFER=400`); each worker holds its own copy
@@ -41,6 +44,8 @@ which sets up the wheels and the binaries. Per spec:
   * Primitives per step: after the rounds, each worker counts one more
     decode step's graph before evaluating it (`nodes`: the primitives
     `export_to_dot` lists; a compiled block is one).
+--json FILE writes each spec's per-worker medians, the bound and the token
+agreement as JSON (runtime/mlx-cuda/speed_table.py reads it).
 Prints, last, one line per spec:
   gpu ratio spec=NAME gen/mlx-lm=X gen/mono=Y gen_tok_s=A mlx_lm_tok_s=B bound_tok_s=C
 gen/mlx-lm and gen/mono are ratios of median step times (< 1: generated is
@@ -56,6 +61,7 @@ import shutil
 import statistics
 import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -76,15 +82,24 @@ def worker_cmd(name: str, model: Path, a) -> tuple[list[str], dict]:
     cmds = {
         "generated": [a.bench, "worker", "--impl", "generated", "--model", str(model)],
         "monolith": [a.bench, "worker", "--impl", "monolith", "--model", str(model)],
-        "mlx-lm": ["python3", str(a.repo / "tests/python/bench_mlx_lm.py"), "--model", str(model)],
+        "mlx-lm": [sys.executable, str(a.repo / "tests/python/bench_mlx_lm.py"), "--model", str(model)],
     }
     if base not in cmds:
         raise SystemExit(f"unknown worker {name!r}: BASE is one of {', '.join(cmds)}")
     return cmds[base], env
 
 
-def copy_bandwidth() -> float:
-    import torch
+def copy_bandwidth() -> float | None:
+    """Bytes read plus written per second by a device-to-device copy, or None
+    (said on stdout) where there is no CUDA GPU: a CPU run has no bound."""
+    try:
+        import torch
+    except ImportError:
+        print("no GPU: no bound (PyTorch is not installed, so no copy bandwidth)", flush=True)
+        return None
+    if not torch.cuda.is_available():
+        print("no GPU: no bound (torch.cuda.is_available() is false)", flush=True)
+        return None
     n = 8 << 30
     x = torch.empty(n, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
@@ -157,7 +172,7 @@ class Worker:
         self.p.wait()
 
 
-def bench(spec: str, a, bound_bw: float) -> str:
+def bench(spec: str, a, bound_bw: float | None, report: dict) -> str:
     spec, _, impls = spec.partition(":")
     model = a.work / f"bench-{spec}"
     t0 = time.time()
@@ -179,7 +194,7 @@ def bench(spec: str, a, bound_bw: float) -> str:
               f"{a.max_gpu_bytes / 1e9:.0f} GB (--max-gpu-bytes): timings may measure memory "
               "pressure; run fewer workers for this spec", flush=True)
     gen = a.gen
-    for need in (gen, "monolith", "mlx-lm"):
+    for need in (gen, "mlx-lm"):
         if need not in IMPLS:
             raise SystemExit(f"--impls must include {need} (the result line compares with it)")
     workers = {}
@@ -208,6 +223,7 @@ def bench(spec: str, a, bound_bw: float) -> str:
             f"{n} {1e3 * statistics.median(steps[n][-1]):.2f} ms" for n in IMPLS), flush=True)
     # Bit-exact implementations feed the same greedy tokens; say who agrees
     # with whom over all rounds (the first difference, if any).
+    agree = {}
     for name in IMPLS:
         for ref in (gen, "mlx-lm"):
             if name == ref or (ref == "mlx-lm" and name == gen):
@@ -215,6 +231,7 @@ def bench(spec: str, a, bound_bw: float) -> str:
             diff = [(rnd, next((i for i, (x, y) in enumerate(zip(mine, theirs)) if x != y),
                           min(len(mine), len(theirs))))
                     for rnd, (mine, theirs) in enumerate(zip(fed[name], fed[ref])) if mine != theirs]
+            agree[f"{name} vs {ref}"] = [{"round": r + 1, "from_step": i} for r, i in diff]
             print(f"bench {spec} tokens {name} vs {ref}: "
                   + ("same in every round" if not diff else
                      "differ in rounds " + ", ".join(f"{r + 1} (from step {i})" for r, i in diff)),
@@ -242,9 +259,19 @@ def bench(spec: str, a, bound_bw: float) -> str:
     for n in IMPLS:
         if n != gen:
             print(f"bench {spec} {gen}/{n} median step ratio {med[gen] / med[n]:.3f}", flush=True)
+    bound = None if bound_bw is None else bound_bw / read
+    report[spec] = {
+        "read_bytes": read, "total_bytes": total, "copy_bw": bound_bw, "bound_tok_s": bound,
+        "rounds": a.rounds, "steps": a.steps,
+        "workers": {n: {"median_step_s": med[n], "tok_s": 1 / med[n], "overall_tok_s": overall[n],
+                        "of_bound": None if bound is None else 1 / med[n] / bound} for n in IMPLS},
+        "tokens_differ": agree,
+    }
+    mono = f"gen/mono={med[gen] / med['monolith']:.3f} " if "monolith" in med else ""
     return (f"gpu ratio spec={spec} gen/mlx-lm={med[gen] / med['mlx-lm']:.3f} "
-            f"gen/mono={med[gen] / med['monolith']:.3f} gen_tok_s={1 / med[gen]:.1f} "
-            f"mlx_lm_tok_s={1 / med['mlx-lm']:.1f} bound_tok_s={bound_bw / read:.1f}")
+            f"{mono}gen_tok_s={1 / med[gen]:.1f} "
+            f"mlx_lm_tok_s={1 / med['mlx-lm']:.1f} "
+            f"bound_tok_s={'none' if bound is None else f'{bound:.1f}'}")
 
 
 def main() -> None:
@@ -267,19 +294,24 @@ def main() -> None:
                          f"or {DEFAULT_IMPLS})")
     ap.add_argument("--gen", default=os.environ.get("BENCH_GEN", DEFAULT_GEN),
                     help=f"the worker the result line calls gen (default: env BENCH_GEN or {DEFAULT_GEN})")
+    ap.add_argument("--json", type=Path, help="write the per-worker results of every spec here")
     ap.add_argument("specs", nargs="+", help="SPEC or SPEC:IMPLS (that spec's workers)")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     bw = copy_bandwidth()
-    print(f"bench: device-to-device copy {bw / 1e12:.2f} TB/s (read + write)", flush=True)
+    if bw is not None:
+        print(f"bench: device-to-device copy {bw / 1e12:.2f} TB/s (read + write)", flush=True)
     lines = []
+    report: dict = {}
     for spec in a.specs:
         try:
-            lines.append(bench(spec, a, bw))
+            lines.append(bench(spec, a, bw, report))
         except (SystemExit, Exception) as e:  # report, go on with the next spec
             lines.append(f"gpu ratio spec={spec.partition(':')[0]} FAILED: {e}")
         print(lines[-1], flush=True)
     print("\n".join(lines))
+    if a.json:
+        a.json.write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,11 @@
 # closeness (an L3 lever's logits against L1's: lever_closeness.py), headcheck (the
 # cuda-head-norm-rope kernel against MLX's kernels: head_kernel_check.py), trace SPEC (the
 # mlx-lm module a CUDA fault happens in: module_trace.py), coldstart (a process's wall time with
-# an empty and a filled NVRTC cache, archgen and mlx-lm; COLD_SPEC, COLD_L).
+# an empty and a filled NVRTC cache, archgen and mlx-lm; COLD_SPEC, COLD_L), speedtable (one
+# table: single stream, batched B and serving C clients, each archgen L1, archgen L3 and mlx-lm, with
+# the share of the weight-read bound: speed_table.py on SPEEDTABLE_SPEC, default gemma4-12b;
+# SPEEDTABLE_ARGS for sizes, e.g. "--batches 1 8 --clients 1 4 --rounds 2 --steps 16"; a real-size
+# table can outlast one call: "--only single batch --keep", then "--only serve --reuse" in the next).
 # Graph diff on the CPU (no device needed): runtime/mlx-cuda/graphdiff.sh SPEC [N]
 # writes mlx-lm's, the generated model's and the monolith's logits graphs
 # (prefill over N ids, one decode step) as DOT and compares them with
@@ -294,6 +298,16 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
     bench)
       python3 "$here/bench.py" --archgen $ARCHGEN --bench /tmp/archgen-bench --repo "$repo" --work $work ${BENCH_ARGS:-} \
         ${BENCH_SPECS:-gemma4-12b gemma4-12b-q4 qwen3-8b gemma4-26b-a4b-q4} 2>&1 | tee -a "$OUT/bench.log"
+      ;;
+    speedtable)
+      # speed_table.py runs bench.py, batch_bench.py and serve_bench_gpu.py
+      # on one checkpoint (bench-SPEC in $work) and writes one table; its
+      # logs stay in $work/speedtable (for --reuse), the table and the logs
+      # are copied to $OUT.
+      spec=${SPEEDTABLE_SPEC:-gemma4-12b}
+      python3 "$here/speed_table.py" --archgen $ARCHGEN --bench /tmp/archgen-bench --repo "$repo" --work $work \
+        --logs $work/speedtable --spec "$spec" ${SPEEDTABLE_ARGS:-} 2>&1 | tee -a "$OUT/speedtable.log"
+      mkdir -p "$OUT/speedtable" && cp $work/speedtable/* "$OUT/speedtable/" 2>/dev/null
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -21,13 +21,19 @@ Servers (each started in turn on the same checkpoint):
                      concurrency)
   mlx-lm             `python3 -m mlx_lm.server` with its defaults (decode
                      concurrency 32, prompt concurrency 8, prefill step 2048)
+  NAME@VAR=VALUE[@VAR=VALUE...]
+                     server NAME with those environment variables, as
+                     bench.py's workers (e.g. `archgen` with its L3 levers'
+                     variables on)
 
 Before the timed levels each server gets an untimed warm-up: one request,
 then one request per client at each level (8 tokens each), so MLX's CUDA
 kernels for those batch shapes are compiled (NVRTC, on first use in each
 process) before anything is timed. Each level sends
 max(--min-requests, --waves * clients) requests of --max-tokens tokens,
-`clients` at a time; every request has a timeout and none is retried.
+`clients` at a time; every request has a timeout and none is retried, and
+no request starts after --level-budget seconds (those are counted as not
+sent).
 
 usage: serve_bench_gpu.py --archgen BIN --model DIR [--servers ...] [--clients 1 8 32]
                           [--max-tokens 64] [--json OUT] [--markdown OUT]
@@ -38,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -55,55 +62,64 @@ def main() -> None:
                     help="checkpoint with tokenizer.json and a chat template")
     ap.add_argument("--repo", type=Path, default=HERE.parents[1])
     ap.add_argument("--servers", nargs="+", default=["archgen", "archgen-monolith", "mlx-lm"],
-                    choices=SERVERS)
+                    help=f"each one of {', '.join(SERVERS)}, or NAME@VAR=VALUE[@VAR=VALUE...]")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--min-requests", type=int, default=16)
     ap.add_argument("--waves", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--level-budget", type=float, default=300,
+                    help="seconds after which a level starts no more requests")
     ap.add_argument("--logs", type=Path, default=Path("/tmp"))
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
     a = ap.parse_args()
+    for name in a.servers:
+        if name.split("@")[0] not in SERVERS:
+            ap.error(f"unknown server {name!r}: NAME is one of {', '.join(SERVERS)}")
 
     sys.path.insert(0, str(a.repo / "tests/python"))
     from serve_bench import SHORT, Server, chat, fmt, free_port, load_level
 
     results: dict[str, dict] = {}
     for name in a.servers:
+        base, *sets = name.split("@")
+        env = dict(os.environ, **dict(kv.partition("=")[::2] for kv in sets))
         port = free_port()
-        if name.startswith("archgen"):
+        if base.startswith("archgen"):
             argv = [a.archgen, "--quiet", "serve", "--model", str(a.model), "--host", "127.0.0.1",
                     "--port", str(port)]
-            if name.startswith("archgen-monolith"):
+            if base.startswith("archgen-monolith"):
                 argv += ["--impl", "monolith"]
-            if name == "archgen-monolith-b32":
+            if base == "archgen-monolith-b32":
                 argv += ["--max-batch", "32"]
         else:
             argv = [sys.executable, "-m", "mlx_lm.server", "--model", str(a.model), "--host", "127.0.0.1",
                     "--port", str(port)]
         t = time.time()
         print(f"{name}: starting: {' '.join(argv)}", flush=True)
-        server = Server(name, argv, port, a.logs / f"serve-{name}.log")
+        log = a.logs / f"serve-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.log"
+        server = Server(name, argv, port, log, env)
         out: dict = {"start_s": time.time() - t, "levels": []}
         print(f"{name}: answering after {out['start_s']:.1f} s", flush=True)
         try:
             t = time.time()
             first = chat(port, SHORT, 4, a.timeout)
             for clients in a.clients:
-                load_level(port, clients, clients, 8, a.timeout)
+                load_level(port, clients, clients, 8, a.timeout, a.level_budget)
             out["warmup_s"] = time.time() - t
             print(f"{name}: warm-up {out['warmup_s']:.1f} s (first request ok: {first.ok})", flush=True)
             for clients in a.clients:
                 requests = max(a.min_requests, a.waves * clients)
-                level = load_level(port, clients, requests, a.max_tokens, a.timeout)
+                level = load_level(port, clients, requests, a.max_tokens, a.timeout, a.level_budget)
                 out["levels"].append(level)
                 print(f"{name}: {clients:>2} clients, {requests} requests: "
                       f"{fmt(level['tokens_per_s'])} tok/s, "
                       f"TTFT p50/p99 {fmt(level['ttft_p50_s'], 1e3, 0)}/{fmt(level['ttft_p99_s'], 1e3, 0)} ms, "
                       f"ITL p50/p99 {fmt(level['itl_p50_s'], 1e3, 1)}/{fmt(level['itl_p99_s'], 1e3, 1)} ms, "
                       f"{level['completion_tokens']} tokens in {level['wall_s']:.1f} s, "
-                      f"failed {level['failed']}/{level['requests']} {level['errors']}", flush=True)
+                      f"failed {level['failed']}/{level['requests']} {level['errors']}, "
+                      f"not sent {level['not_sent']}", flush=True)
         finally:
             server.close()
         results[name] = out
