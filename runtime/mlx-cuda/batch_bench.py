@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -77,7 +76,7 @@ def main() -> None:
     # bench.py (the single-sequence GPU benchmark) has the worker wrapper,
     # the byte count and the copy bandwidth; the same code measures both.
     sys.path.insert(0, str(a.repo / "runtime/mlx-cuda"))
-    from bench import Worker, copy_bandwidth, step_bytes
+    from bench import Worker, base_and_env, copy_bandwidth, step_bytes
 
     mlx_worker = a.mlx_worker or a.repo / "tests/python/bench_mlx_lm.py"
     bw = copy_bandwidth()
@@ -104,10 +103,9 @@ def main() -> None:
     names = a.impls.split(",")
     workers = {}
     for name in names:
-        base, *sets = name.split("@")
+        base, env = base_and_env(name)
         if base not in cmds:
             raise SystemExit(f"unknown worker {name!r}: BASE is one of {', '.join(cmds)}")
-        env = dict(os.environ, **dict(kv.partition("=")[::2] for kv in sets))
         t = time.time()
         workers[name] = Worker(name, cmds[base], env)
         print(f"{name} ready in {time.time() - t:.1f} s", flush=True)

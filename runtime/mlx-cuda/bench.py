@@ -72,13 +72,21 @@ DEFAULT_GEN = "generated"
 DEFAULT_IMPLS = f"{DEFAULT_GEN},generated@ARCHGEN_GPU_DECODE=0,monolith,mlx-lm"
 
 
-def worker_cmd(name: str, model: Path, a) -> tuple[list[str], dict]:
-    """The command and environment of worker `name` (BASE[@VAR=VALUE...])."""
+def base_and_env(name: str) -> tuple[str, dict]:
+    """A worker or server named `BASE[@VAR=VALUE...]`: BASE, and this
+    process's environment with those variables set (batch_bench.py and
+    serve_bench_gpu.py name theirs the same way)."""
     base, *sets = name.split("@")
     env = dict(os.environ)
     for kv in sets:
         var, _, value = kv.partition("=")
         env[var] = value
+    return base, env
+
+
+def worker_cmd(name: str, model: Path, a) -> tuple[list[str], dict]:
+    """The command and environment of worker `name` (BASE[@VAR=VALUE...])."""
+    base, env = base_and_env(name)
     cmds = {
         "generated": [a.bench, "worker", "--impl", "generated", "--model", str(model)],
         "monolith": [a.bench, "worker", "--impl", "monolith", "--model", str(model)],

@@ -77,6 +77,15 @@ python3 -c 'import mlx.core as mx, mlx_lm; print("== python mlx", mx.__version__
 work=/tmp/parity
 mkdir -p $work
 
+# The protocol's prompt ids, (i * 37 + 11) % vocab for i < L, of the
+# checkpoint in DIR (its config.json, flat or a wrapper's text_config).
+vocab_of() {  # DIR
+  python3 -c "import json; c=json.load(open('$1/config.json')); print(c.get('text_config', c)['vocab_size'])"
+}
+prompt_ids() {  # DIR L
+  python3 -c "print(','.join(str((i * 37 + 11) % $(vocab_of "$1")) for i in range($2)))"
+}
+
 # Every tiny spec (specs/*-tiny*.yaml; PARITY_TINY: a space-separated list
 # instead); the prompt passes each sliding window.
 TINY=${PARITY_TINY-$(cd "$repo/specs" && ls *tiny*.yaml | sed 's/\.yaml$//')}
@@ -159,7 +168,7 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
       spec=${SANITIZE_SPEC:-gemma4-12b-tiny-q4}
       d=$work/sanitize-$spec; mkdir -p $d
       [[ -f $d/model/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d/model --seed 1 2>&1 | tail -1
-      ids=$(python3 -c "import json; c=json.load(open('$d/model/config.json')); v=c.get('text_config',c)['vocab_size']; print(','.join(str((i*37+11)%v) for i in range(24)))")
+      ids=$(prompt_ids $d/model 24)
       cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
       echo "== compute-sanitizer: ${cs:-not found}"
       for tool in ${SANITIZE_TOOLS:-initcheck memcheck racecheck}; do
@@ -180,7 +189,7 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
       spec=${COLD_SPEC:-gemma4-12b-q4}
       d=$work/cold-$spec
       [[ -f $d/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d --seed 1 2>&1 | tail -1
-      ids=$(python3 -c "import json; c=json.load(open('$d/config.json')); v=c.get('text_config',c)['vocab_size']; print(','.join(str((i*37+11)%v) for i in range(${COLD_L:-128})))")
+      ids=$(prompt_ids $d ${COLD_L:-128})
       for side in archgen mlx-lm archgen mlx-lm; do
         ptx=$work/ptx-$side
         if [[ -e $ptx.filled ]]; then run=warm; else run=cold; rm -rf $ptx; mkdir -p $ptx; fi
@@ -209,7 +218,7 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
       # First mlx-lm's one-sequence protocol as the table runs it, with
       # asynchronous and with blocking kernel launches: whether the fault
       # needs kernels in flight together.
-      ids=$(python3 -c "import json; c=json.load(open('$d/model/config.json')); v=c.get('text_config',c)['vocab_size']; print(','.join(str((i*37+11)%v) for i in range(${TRACE_L:-24})))")
+      ids=$(prompt_ids $d/model ${TRACE_L:-24})
       for blocking in 0 1; do
         (cd "$repo/tests/python" && CUDA_LAUNCH_BLOCKING=$blocking timeout 300 python3 oracle_logits.py --model $d/model \
           --prompt-ids $ids --decode-steps 20 --out $d/oracle-$blocking.safetensors > $d/oracle-$blocking.log 2>&1)
@@ -234,7 +243,7 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
       for spec in ${CLOSE_SPECS:-gemma4-12b qwen3-8b}; do
         d=$work/bench-$spec
         [[ -f $d/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d --seed 2 2>&1 | tail -1
-        ids=$(python3 -c "import json; c=json.load(open('$d/config.json')); v=c.get('text_config',c)['vocab_size']; print(','.join(str((i*37+11)%v) for i in range(${CLOSE_L:-128})))")
+        ids=$(prompt_ids $d ${CLOSE_L:-128})
         for run in l1 lever; do
           extra=$([[ $run == lever ]] && echo "--$lever" || echo "--l1")
           $ARCHGEN logits --model $d --prompt-ids $ids --decode-steps ${CLOSE_N:-128} --impl generated $extra \
@@ -254,7 +263,7 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
       for spec in ${PROFILE_SPECS:-gemma4-12b qwen3-8b}; do
         d=$work/prof-$spec
         [[ -f $d/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d --seed 2 2>&1 | tail -1
-        vocab=$(python3 -c "import json;c=json.load(open('$d/config.json'));print(c.get('text_config',c)['vocab_size'])")
+        vocab=$(vocab_of $d)
         NCU=$ncu python3 "$here/step_profile.py" --archgen $ARCHGEN --model $d --vocab $vocab \
           --logs "$OUT/profile" ${PROFILE_ARGS:-} 2>&1 | tee -a "$OUT/profile.log"
         rm -rf $d
@@ -268,7 +277,7 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
       spec=${REPEAT_SPEC:-qwen3-30b-a3b-l2-q4}; L=${REPEAT_L:-300}; N=${REPEAT_N:-20}
       d=$work/repeat-$spec; mkdir -p $d
       [[ -f $d/model/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d/model --seed 1 2>&1 | tail -1
-      ids=$(python3 -c "import json; c=json.load(open('$d/model/config.json')); v=c.get('text_config',c)['vocab_size']; print(','.join(str((i*37+11)%v) for i in range($L)))")
+      ids=$(prompt_ids $d/model $L)
       run() {  # name, env..., then archgen args
         local name=$1; shift
         env "$@" --out $d/$name.safetensors 2>&1 | grep -v "^archgen: " | tail -2

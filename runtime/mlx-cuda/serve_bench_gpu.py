@@ -81,10 +81,11 @@ def main() -> None:
     sys.path.insert(0, str(a.repo / "tests/python"))
     from serve_bench import SHORT, Server, chat, fmt, free_port, load_level
 
+    from bench import base_and_env
+
     results: dict[str, dict] = {}
     for name in a.servers:
-        base, *sets = name.split("@")
-        env = dict(os.environ, **dict(kv.partition("=")[::2] for kv in sets))
+        base, env = base_and_env(name)
         port = free_port()
         if base.startswith("archgen"):
             argv = [a.archgen, "--quiet", "serve", "--model", str(a.model), "--host", "127.0.0.1",
