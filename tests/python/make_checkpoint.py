@@ -58,11 +58,11 @@ def build_model(config: dict) -> nn.Module:
     # lm_head.weight, as the published ones have none: write it so (an
     # explicit tie_word_embeddings: false keeps lm_head). The gemma3 wrapper
     # holds the same text model under language_model.
-    text_model = {"gemma3_text": lambda: model,
-                  "gemma3": lambda: model.language_model}.get(config.get("model_type"))
-    if text_model is not None and text_config_of(config).get("tie_word_embeddings", True):
-        text_model().tie_word_embeddings = True
-        text_model().pop("lm_head")
+    model_type = config.get("model_type")
+    if model_type in ("gemma3_text", "gemma3") and text_config_of(config).get("tie_word_embeddings", True):
+        text_model = model.language_model if model_type == "gemma3" else model
+        text_model.tie_word_embeddings = True
+        text_model.pop("lm_head")
     model.eval()
     return model
 
