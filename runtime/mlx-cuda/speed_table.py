@@ -48,9 +48,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def lever_envs(archgen: str) -> tuple[dict[str, str], list[str]]:
-    """(the environment that turns on what --l3 turns on, every L3 lever's variable),
-    read from `archgen levers --format json` so the table follows the binary."""
+def lever_envs(archgen: str) -> dict[str, str]:
+    """The environment variables that turn on what --l3 turns on, read from
+    `archgen levers --format json` so the table follows the binary."""
     levers = json.loads(subprocess.run([archgen, "levers", "--format", "json"], check=True,
                                        capture_output=True, text=True).stdout)
     env_of = {lv["name"]: lv.get("environment") for lv in levers["levers"]}
@@ -61,7 +61,7 @@ def lever_envs(archgen: str) -> tuple[dict[str, str], list[str]]:
             raise SystemExit(f"lever {name} (set by --l3) has no environment variable: "
                              "the bench worker cannot turn it on")
         on[env_of[name]] = value
-    return on, sorted(on)
+    return on
 
 
 def run(label: str, argv: list[str], env: dict, log: Path) -> int:
@@ -129,12 +129,12 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     model = a.work / f"bench-{a.spec}"  # bench.py's and batch_bench.py's checkpoint path
 
-    l3_env, l3_vars = lever_envs(a.archgen)
+    l3_env = lever_envs(a.archgen)
     l3_suffix = "".join(f"@{k}={v}" for k, v in sorted(l3_env.items()))
     # L1 means the binary's defaults: none of the L3 levers' variables may
     # leak in from the caller's environment.
-    base = {k: v for k, v in os.environ.items() if k not in l3_vars}
-    for k in sorted(set(os.environ) & set(l3_vars)):
+    base = {k: v for k, v in os.environ.items() if k not in l3_env}
+    for k in sorted(set(os.environ) & set(l3_env)):
         print(f"speed table: {k}={os.environ[k]} removed from the environment (L1 is the defaults)")
     # As serve_bench_gpu.sh: MLX's default of 400 CUDA graphs thrashes under
     # continuous batching and killed mlx_lm.server's generation thread.
