@@ -8,13 +8,13 @@
 
 use crate::dense::{check_dense_sizes, DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, QUANTIZATION};
 use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::noaux_tc::NoauxTcExperts;
 use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size};
-use crate::{validate, Sections};
+use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -175,18 +175,21 @@ pub(crate) const LAYOUT: Layout = Layout {
     anchor: "glm4-moe",
     head: crate::layout_reader::DENSE_HEAD,
     sections: &[
-        ("attention_options", Sections::check::<Glm4MoeAttentionOptions>),
-        ("rope", Sections::check::<Glm4MoeRope>),
-        ("mlp", Sections::check::<DenseMlp>),
-        ("moe", Sections::check::<NoauxTcExperts>),
-        ("quantization", Sections::check::<Option<Quantization>>),
+        Section::described::<Glm4MoeAttentionOptions>(
+            "attention_options",
+            "a mapping {attention_bias, use_qk_norm}",
+            "q/k/v biases and per-head q/k norms",
+        ),
+        Section::described::<Glm4MoeRope>(
+            "rope",
+            "a mapping {rope_theta, partial_rotary_factor}",
+            "the RoPE base and the share of head_dim that rotates",
+        ),
+        crate::noaux_tc::DENSE_MLP,
+        crate::noaux_tc::MOE,
+        QUANTIZATION,
     ],
-    texts: &[
-        Text::Field("attention_options", "a mapping {attention_bias, use_qk_norm}", "q/k/v biases and per-head q/k norms; see docs/spec-format.md#glm4-moe"),
-        Text::Field("rope", "a mapping {rope_theta, partial_rotary_factor}", "the RoPE base and the share of head_dim that rotates; see docs/spec-format.md#glm4-moe"),
-        Text::Field("mlp", "a mapping {intermediate_size}", "SwiGLU width of the first_k_dense_replace dense layers; see docs/spec-format.md#glm4-moe"),
-        Text::Field("moe", crate::noaux_tc::EXPECTED, "the routed and shared experts; see docs/spec-format.md#glm4-moe"),
-    ],
+    texts: &[],
 };
 
 /// The derived glm4_moe form: the dense MLP's width and the experts' sizes.

@@ -17,12 +17,12 @@
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::dense_sections::RequiredSizes;
 use crate::diag::{FieldPath, Issue};
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, Text, QUANTIZATION};
 use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, rope_type, top_quantization, ImportedSpec, Reader};
 use crate::reduce::{mlp_width, Reducible, Size};
-use crate::{validate, Sections};
+use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -229,15 +229,13 @@ pub(crate) const LAYOUT: Layout = Layout {
     anchor: "minicpm",
     head: crate::layout_reader::DENSE_HEAD,
     sections: &[
-        ("rope", Sections::check::<MiniCpmRope>),
-        ("mlp", Sections::check::<DenseMlp>),
-        ("scales", Sections::check::<MiniCpmScales>),
-        ("quantization", Sections::check::<Option<Quantization>>),
+        Section::described::<MiniCpmRope>("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null)"),
+        Section::of::<DenseMlp>("mlp"),
+        Section::described::<MiniCpmScales>("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales"),
+        QUANTIZATION,
     ],
     texts: &[
         Text::Field("scaling", "`traditional` or `rope_theta` (no scaling)", "MiniCPM's RoPE is plain here: rope_scaling must be null (MiniCPM4's longrope, mlx-lm's SuScaledRoPE, is not supported); see docs/spec-format.md#minicpm"),
-        Text::Field("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null); see docs/spec-format.md#minicpm"),
-        Text::Field("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales; see docs/spec-format.md#minicpm"),
     ],
 };
 

@@ -11,12 +11,12 @@
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::dense_sections::RequiredSizes;
 use crate::diag::{FieldPath, Issue};
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, QUANTIZATION};
 use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
 use crate::reduce::{last_key, mlp_width, reduce_key, sizes_named, Reducible, Size};
-use crate::{validate, Sections};
+use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -272,16 +272,12 @@ pub(crate) const LAYOUT: Layout = Layout {
     anchor: "qwen3-moe",
     head: crate::layout_reader::DENSE_HEAD,
     sections: &[
-        ("rope", Sections::check::<Qwen3MoeRope>),
-        ("mlp", Sections::check::<DenseMlp>),
-        ("moe", Sections::check::<Qwen3MoeExperts>),
-        ("quantization", Sections::check::<Option<Quantization>>),
+        Section::described::<Qwen3MoeRope>("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling)"),
+        Section::hinted::<DenseMlp>("mlp", "SwiGLU width of the dense layers"),
+        Section::described::<Qwen3MoeExperts>("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts"),
+        QUANTIZATION,
     ],
-    texts: &[
-        Text::Field("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling); see docs/spec-format.md#qwen3-moe"),
-        Text::Field("mlp", "a mapping {intermediate_size}", "SwiGLU width of the dense layers; see docs/spec-format.md#qwen3-moe"),
-        Text::Field("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts; see docs/spec-format.md#qwen3-moe"),
-    ],
+    texts: &[],
 };
 
 /// The derived Qwen3-MoE form (see [`crate::reduce`]): the dense form's sizes and

@@ -32,14 +32,14 @@ use crate::ir::{
     GateUpProjection, NormArrangement, ProjectionBias, QkNorm, QkvProjection, SanitizeRule,
     ShardOracle,
 };
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, Text, QUANTIZATION};
 use crate::model::*;
 use crate::model_family::{ConfigJson, ModelFamily};
 use crate::reader::{
     imported_identity, rope_type, top_quantization, ImportError, ImportedSpec, Reader, ABSENT,
 };
 use crate::reduce::{mlp_width, DerivedFile, Reducible, Size, Stack};
-use crate::{validate, Sections};
+use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -635,15 +635,14 @@ pub(crate) const LAYOUT: Layout = Layout {
     anchor: "dense-families",
     head: crate::layout_reader::DENSE_HEAD,
     sections: &[
-        ("rope", Sections::check::<DenseRope>),
-        ("mlp", Sections::check::<DenseMlp>),
-        ("scales", Sections::check_optional::<GraniteScales>),
-        ("quantization", Sections::check::<Option<Quantization>>),
-        ("mixed_kv", Sections::check_optional::<crate::MixedKv>),
+        Section::described::<DenseRope>("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`"),
+        Section::of::<DenseMlp>("mlp"),
+        Section::optional::<GraniteScales>("scales"),
+        QUANTIZATION,
+        Section::optional::<crate::MixedKv>("mixed_kv"),
     ],
     texts: &[
         Text::Field("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
-        Text::Field("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`; see docs/spec-format.md#dense-families"),
         Text::Field("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
     ],
 };

@@ -8,11 +8,11 @@
 
 use crate::dense::{check_dense_sizes, DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, QUANTIZATION};
 use crate::model::*;
 use crate::reduce::{last_key, reduce_key, sizes_named, Reducible, Size};
+use crate::validate;
 use crate::yarn::YarnScaling;
-use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -233,34 +233,21 @@ pub(crate) const LAYOUT: Layout = Layout {
     anchor: "gpt-oss",
     head: crate::layout_reader::DENSE_HEAD,
     sections: &[
-        ("attention_layers", Sections::check::<GptOssAttentionLayers>),
-        ("rope", Sections::check::<GptOssRope>),
-        ("mlp", Sections::check::<DenseMlp>),
-        ("moe", Sections::check::<GptOssExperts>),
-        ("quantization", Sections::check::<Option<Quantization>>),
-    ],
-    texts: &[
-        Text::Field(
+        Section::described::<GptOssAttentionLayers>(
             "attention_layers",
             "a mapping {sliding_window, layer_types}",
-            "the window and each layer's kind; see docs/spec-format.md#gpt-oss",
+            "the window and each layer's kind",
         ),
-        Text::Field(
-            "rope",
-            "a mapping {rope_theta}",
-            "the RoPE base; see docs/spec-format.md#gpt-oss",
-        ),
-        Text::Field(
-            "mlp",
-            "a mapping {intermediate_size}",
-            "SwiGLU width of each expert; see docs/spec-format.md#gpt-oss",
-        ),
-        Text::Field(
+        Section::described::<GptOssRope>("rope", "a mapping {rope_theta}", "the RoPE base"),
+        Section::hinted::<DenseMlp>("mlp", "SwiGLU width of each expert"),
+        Section::described::<GptOssExperts>(
             "moe",
             "a mapping {num_local_experts, num_experts_per_tok}",
-            "the routed experts; see docs/spec-format.md#gpt-oss",
+            "the routed experts",
         ),
+        QUANTIZATION,
     ],
+    texts: &[],
 };
 
 /// The derived gpt_oss form: the experts' sizes and the window; the layer

@@ -6,10 +6,10 @@
 
 use crate::dense::{DenseAttention, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, QUANTIZATION};
 use crate::model::*;
 use crate::reduce::{Reducible, Size, Stack};
-use crate::{validate, Sections};
+use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -237,22 +237,18 @@ pub(crate) const LAYOUT: Layout = Layout {
     family: "lfm2",
     anchor: "lfm2",
     head: &[
-        ("format_version", Sections::check::<u32>),
-        ("identity", Sections::check::<Identity>),
-        ("model", Sections::check::<DenseModel>),
-        ("layers", Sections::check::<Lfm2Layers>),
-        ("attention", Sections::check::<DenseAttention>),
+        Section::of::<u32>("format_version"),
+        Section::of::<Identity>("identity"),
+        Section::of::<DenseModel>("model"),
+        Section::described::<Lfm2Layers>("layers", "a mapping {num_hidden_layers, full_attn_idxs, conv_L_cache}", "the attention layers (the others are short convs) and the convs' taps"),
+        Section::of::<DenseAttention>("attention"),
     ],
     sections: &[
-        ("rope", Sections::check::<Lfm2Rope>),
-        ("feed_forward", Sections::check::<Lfm2FeedForward>),
-        ("quantization", Sections::check::<Option<Quantization>>),
+        Section::described::<Lfm2Rope>("rope", "a mapping {rope_theta}", "LFM2's RoPE is never traditional"),
+        Section::described::<Lfm2FeedForward>("feed_forward", "a mapping {block_ff_dim, block_multiple_of, block_ffn_dim_multiplier, block_auto_adjust_ff_dim}", "mlx-lm's MLP width rule"),
+        QUANTIZATION,
     ],
-    texts: &[
-        Text::Field("layers", "a mapping {num_hidden_layers, full_attn_idxs, conv_L_cache}", "the attention layers (the others are short convs) and the convs' taps; see docs/spec-format.md#lfm2"),
-        Text::Field("rope", "a mapping {rope_theta}", "LFM2's RoPE is never traditional; see docs/spec-format.md#lfm2"),
-        Text::Field("feed_forward", "a mapping {block_ff_dim, block_multiple_of, block_ffn_dim_multiplier, block_auto_adjust_ff_dim}", "mlx-lm's MLP width rule; see docs/spec-format.md#lfm2"),
-    ],
+    texts: &[],
 };
 
 impl Reducible for Lfm2Spec {

@@ -19,12 +19,12 @@ pub(crate) mod qwen3_next;
 
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, Text, QUANTIZATION};
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
 use crate::reader::{first_quantization, imported_identity, rope_type, ImportedSpec, Reader};
 use crate::reduce::{last_key, reduce_key, sizes_named, Reducible, Size};
-use crate::{validate, Sections};
+use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -616,14 +616,14 @@ pub(crate) const LAYOUT: Layout = Layout {
     anchor: "qwen35",
     head: crate::layout_reader::HEAD,
     sections: &[
-        ("model", Sections::check::<DenseModel>),
-        ("layers", Sections::check::<Qwen35Layers>),
-        ("attention", Sections::check::<DenseAttention>),
-        ("rope", Sections::check::<Qwen35Rope>),
-        ("linear_attention", Sections::check::<Qwen35LinearAttention>),
-        ("mlp", Sections::check::<Option<DenseMlp>>),
-        ("moe", Sections::check::<Option<Qwen35Moe>>),
-        ("quantization", Sections::check::<Option<Quantization>>),
+        Section::of::<DenseModel>("model"),
+        Section::of::<Qwen35Layers>("layers"),
+        Section::of::<DenseAttention>("attention"),
+        Section::of::<Qwen35Rope>("rope"),
+        Section::of::<Qwen35LinearAttention>("linear_attention"),
+        Section::of::<Option<DenseMlp>>("mlp"),
+        Section::of::<Option<Qwen35Moe>>("moe"),
+        QUANTIZATION,
     ],
     texts: &[
         Text::Field("layers", "a mapping {num_hidden_layers, full_attention_interval}", "which layers are full attention; see docs/spec-format.md#qwen35"),
