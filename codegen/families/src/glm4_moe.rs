@@ -139,17 +139,13 @@ pub(crate) fn lower(spec: &Glm4MoeSpec) -> crate::ir::ModelIr {
             plain_layer(i as usize, norms, mixer, ffn)
         })
         .collect();
-    model_ir(
+    plain_model_ir(
         spec,
-        ModelParts {
-            prefix: ModulePrefix::Model,
-            // Model.sanitize: per-expert weights stacked, the MTP layer dropped.
-            sanitize: vec![SanitizeRule::StackExperts, SanitizeRule::DropLayerPastStack],
-            sharding: whole_head_sharding(ShardOracle::MlxLm),
-            embedding: scaled_embedding(EmbedScale::None),
-            layers,
-            head: plain_head(false),
-        },
+        // Model.sanitize: per-expert weights stacked, the MTP layer dropped.
+        vec![SanitizeRule::StackExperts, SanitizeRule::DropLayerPastStack],
+        ShardOracle::MlxLm,
+        layers,
+        false, // its own lm_head
     )
 }
 

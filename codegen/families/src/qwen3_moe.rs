@@ -193,8 +193,8 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        direct_norms, full_attention, model_ir, plain_head, plain_layer, plain_rope,
-        scaled_embedding, softmax_topk_experts, swiglu, whole_head_sharding, ModelParts,
+        direct_norms, full_attention, plain_layer, plain_model_ir, plain_rope,
+        softmax_topk_experts, swiglu,
     };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
@@ -226,18 +226,14 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
             )
         })
         .collect();
-    model_ir(
+    plain_model_ir(
         spec,
-        ModelParts {
-            prefix: ModulePrefix::Model,
-            // Qwen3MoeModel.sanitize: the tied head popped, per-expert HF weights stacked.
-            sanitize: vec![SanitizeRule::DropTiedHead, SanitizeRule::StackExperts],
-            // qwen3_moe.py's shard().
-            sharding: whole_head_sharding(ShardOracle::MlxLm),
-            embedding: scaled_embedding(EmbedScale::None),
-            layers,
-            head: plain_head(spec.model.tie_word_embeddings),
-        },
+        // Qwen3MoeModel.sanitize: the tied head popped, per-expert HF weights stacked.
+        vec![SanitizeRule::DropTiedHead, SanitizeRule::StackExperts],
+        // qwen3_moe.py's shard().
+        ShardOracle::MlxLm,
+        layers,
+        spec.model.tie_word_embeddings,
     )
 }
 

@@ -208,25 +208,21 @@ pub(crate) fn lower(spec: &DeepseekV3Spec) -> crate::ir::ModelIr {
             )
         })
         .collect();
-    model_ir(
+    plain_model_ir(
         spec,
-        ModelParts {
-            prefix: ModulePrefix::Model,
-            // Model.sanitize: fp8 / packed int4 refused (converted by mlx-lm
-            // first), per-expert weights stacked, kv_b_proj split, the MTP
-            // layer after the stack dropped.
-            sanitize: vec![
-                SanitizeRule::RefuseFp8AndPackedInt4,
-                SanitizeRule::StackExperts,
-                SanitizeRule::SplitKvBProj,
-                SanitizeRule::DropLayerPastStack,
-                SanitizeRule::DropRotaryTables,
-            ],
-            sharding: whole_head_sharding(ShardOracle::MlxLm),
-            embedding: scaled_embedding(EmbedScale::None),
-            layers,
-            head: plain_head(false),
-        },
+        // Model.sanitize: fp8 / packed int4 refused (converted by mlx-lm
+        // first), per-expert weights stacked, kv_b_proj split, the MTP
+        // layer after the stack dropped.
+        vec![
+            SanitizeRule::RefuseFp8AndPackedInt4,
+            SanitizeRule::StackExperts,
+            SanitizeRule::SplitKvBProj,
+            SanitizeRule::DropLayerPastStack,
+            SanitizeRule::DropRotaryTables,
+        ],
+        ShardOracle::MlxLm,
+        layers,
+        false, // its own lm_head
     )
 }
 

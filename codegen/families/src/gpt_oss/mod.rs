@@ -195,19 +195,15 @@ pub(crate) fn lower(spec: &GptOssSpec) -> crate::ir::ModelIr {
             layer(i, norms, mixer, ffn, Residual::Plain)
         })
         .collect();
-    model_ir(
+    plain_model_ir(
         spec,
-        ModelParts {
-            prefix: ModulePrefix::Model,
-            // Model.sanitize returns a checkpoint in mlx-lm's layout as it is.
-            sanitize: Vec::new(),
-            // gpt_oss.py has a shard(); archgen's split refuses the o_proj
-            // bias and the biased experts by name (not split yet).
-            sharding: whole_head_sharding(ShardOracle::MlxLm),
-            embedding: scaled_embedding(EmbedScale::None),
-            layers,
-            head: plain_head(false),
-        },
+        // Model.sanitize returns a checkpoint in mlx-lm's layout as it is.
+        Vec::new(),
+        // gpt_oss.py has a shard(); archgen's split refuses the o_proj
+        // bias and the biased experts by name (not split yet).
+        ShardOracle::MlxLm,
+        layers,
+        false, // its own lm_head
     )
 }
 

@@ -186,20 +186,16 @@ pub(crate) fn lower(spec: &Lfm2Spec) -> crate::ir::ModelIr {
             plain_layer(i as usize, norms, mixer, FeedForward::Mlp(swiglu(width)))
         })
         .collect();
-    model_ir(
+    plain_model_ir(
         spec,
-        ModelParts {
-            prefix: ModulePrefix::Model,
-            sanitize: vec![
-                SanitizeRule::TransposeShortConvWeight,
-                SanitizeRule::RenameLfm2Modules,
-            ],
-            // lfm2.py has no shard().
-            sharding: whole_head_sharding(ShardOracle::Absent),
-            embedding: scaled_embedding(EmbedScale::None),
-            layers,
-            head: plain_head(true),
-        },
+        vec![
+            SanitizeRule::TransposeShortConvWeight,
+            SanitizeRule::RenameLfm2Modules,
+        ],
+        // lfm2.py has no shard().
+        ShardOracle::Absent,
+        layers,
+        true, // the embedding is the head
     )
 }
 
