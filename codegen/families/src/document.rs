@@ -100,6 +100,18 @@ macro_rules! impl_document {
 }
 pub(crate) use impl_document;
 
+/// [`impl_document`] for a document built on the dense `model`, `layers` and
+/// `attention` sections, with the two views of them the shared code reads
+/// ([`crate::hf::DenseView`], [`crate::reduce::StackSections`]).
+macro_rules! impl_dense_document {
+    ($spec:ty, $check:path $(, $($form:tt)*)?) => {
+        $crate::hf::impl_dense_view!($spec);
+        $crate::reduce::impl_stack_sections!($spec);
+        $crate::document::impl_document!($spec, $check $(, $($form)*)?);
+    };
+}
+pub(crate) use impl_dense_document;
+
 /// The sizes every layout's `model` section names alike; each family's model
 /// section implements it with [`impl_model_sizes`].
 pub(crate) trait ModelSizes {

@@ -211,9 +211,7 @@ impl Reducible for Glm4MoeSpec {
     }
 }
 
-crate::hf::impl_dense_view!(Glm4MoeSpec);
-crate::reduce::impl_stack_sections!(Glm4MoeSpec);
-crate::document::impl_document!(Glm4MoeSpec, check);
+crate::document::impl_dense_document!(Glm4MoeSpec, check);
 
 /// Imports a `glm4_moe` config.json as mlx-lm 0.32.2's `ModelArgs` reads it:
 /// every field is required, `rope_scaling` too (null or not, it is never read).

@@ -249,10 +249,7 @@ impl Reducible for MiniCpmSpec {
     }
 }
 
-crate::hf::impl_dense_view!(MiniCpmSpec);
-crate::reduce::impl_stack_sections!(MiniCpmSpec);
-
-crate::document::impl_document!(MiniCpmSpec, check);
+crate::document::impl_dense_document!(MiniCpmSpec, check);
 
 // ---------------------------------------------------------------- import
 

@@ -307,10 +307,7 @@ impl Reducible for Qwen3MoeSpec {
     }
 }
 
-crate::hf::impl_dense_view!(Qwen3MoeSpec);
-crate::reduce::impl_stack_sections!(Qwen3MoeSpec);
-
-crate::document::impl_document!(Qwen3MoeSpec, check);
+crate::document::impl_dense_document!(Qwen3MoeSpec, check);
 
 // ---------------------------------------------------------------- import
 

@@ -665,10 +665,7 @@ impl Reducible for DenseSpec {
     }
 }
 
-crate::hf::impl_dense_view!(DenseSpec);
-crate::reduce::impl_stack_sections!(DenseSpec);
-
-crate::document::impl_document!(DenseSpec, check, with mixed_kv);
+crate::document::impl_dense_document!(DenseSpec, check, with mixed_kv);
 
 // ---------------------------------------------------------------- import
 

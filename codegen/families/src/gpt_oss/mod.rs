@@ -273,6 +273,4 @@ impl Reducible for GptOssSpec {
     }
 }
 
-crate::hf::impl_dense_view!(GptOssSpec);
-crate::reduce::impl_stack_sections!(GptOssSpec);
-crate::document::impl_document!(GptOssSpec, check);
+crate::document::impl_dense_document!(GptOssSpec, check);

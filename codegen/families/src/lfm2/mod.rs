@@ -272,7 +272,4 @@ impl Reducible for Lfm2Spec {
     }
 }
 
-crate::hf::impl_dense_view!(Lfm2Spec);
-crate::reduce::impl_stack_sections!(Lfm2Spec);
-
-crate::document::impl_document!(Lfm2Spec, check);
+crate::document::impl_dense_document!(Lfm2Spec, check);

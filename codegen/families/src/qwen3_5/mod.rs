@@ -731,10 +731,7 @@ impl Reducible for Qwen35Spec {
     }
 }
 
-crate::hf::impl_dense_view!(Qwen35Spec);
-crate::reduce::impl_stack_sections!(Qwen35Spec);
-
-crate::document::impl_document!(Qwen35Spec, check);
+crate::document::impl_dense_document!(Qwen35Spec, check);
 
 // ---------------------------------------------------------------- import
 
