@@ -11,7 +11,7 @@ use crate::diag::{Diagnostics, FieldPath, Issue};
 use crate::document::Document;
 use crate::model::{Identity, Quantization};
 use crate::yaml::Node;
-use crate::{locate_all, locate_serde, Sections};
+use crate::{locate_all, locate_serde, Sections, Spec};
 use serde::de::DeserializeOwned;
 
 /// Reads one top-level section alone (`Sections::check::<T>` or
@@ -122,22 +122,23 @@ pub(crate) enum Text {
 }
 
 impl Layout {
-    /// `value` as the layout's document `S`, validated by its family's check;
-    /// or every section's first error (deserializing), or every issue the
-    /// check finds, each located in `tree`.
+    /// `value` as the layout's document `S`, validated by its family's check,
+    /// as the [`Spec`] `wrap` makes of it; or every section's first error
+    /// (deserializing), or every issue the check finds, each located in `tree`.
     pub(crate) fn parse<S: DeserializeOwned + Document>(
         &self,
         value: serde_yaml::Value,
         tree: &Node,
         origin: &str,
-    ) -> Result<S, Diagnostics> {
+        wrap: fn(S) -> Spec,
+    ) -> Result<Spec, Diagnostics> {
         let spec = match serde_path_to_error::deserialize::<_, S>(value.clone()) {
             Ok(s) => s,
             Err(_) => return Err(locate_serde(tree, origin, self.section_issues(&value))),
         };
         let issues = spec.check();
         if issues.is_empty() {
-            Ok(spec)
+            Ok(wrap(spec))
         } else {
             Err(locate_all(tree, origin, issues))
         }
