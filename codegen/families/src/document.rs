@@ -15,6 +15,8 @@ use crate::MixedKv;
 use serde_json::Value;
 
 pub(crate) trait Document {
+    /// `format_version`, as written.
+    fn format_version(&self) -> u32;
     fn identity(&self) -> &Identity;
     fn identity_mut(&mut self) -> &mut Identity;
     /// Weight quantization (the mlx config's `quantization`), when set.
@@ -67,6 +69,9 @@ macro_rules! impl_document {
     };
     (@impl $spec:ty, $check:path, $yaml:path, { $($mixed_kv:tt)* }) => {
         impl $crate::document::Document for $spec {
+            fn format_version(&self) -> u32 {
+                self.format_version
+            }
             fn identity(&self) -> &$crate::model::Identity {
                 &self.identity
             }

@@ -85,9 +85,7 @@ fn rotated_dims(spec: &Glm4MoeSpec) -> u32 {
 
 /// All semantic errors of a glm4_moe spec (full-spec field paths).
 pub(crate) fn check(spec: &Glm4MoeSpec) -> Vec<Issue> {
-    let mut c = validate::Checker::default();
-    c.header(spec.format_version, &spec.identity);
-    c.family_is(&spec.identity, Family::Glm4Moe, "glm4-moe");
+    let mut c = validate::Checker::for_document(spec, Family::Glm4Moe, &LAYOUT);
     let hint = "the model_type of a GLM-4.5 MoE checkpoint is glm4_moe";
     c.model_type_is(&spec.identity, ConfigModelType::Glm4Moe, hint);
     let (m, a, layers) = (&spec.model, &spec.attention, &spec.layers);

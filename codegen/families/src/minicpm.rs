@@ -98,9 +98,7 @@ crate::reduce::derived_form! {
 /// All semantic errors of a MiniCPM spec (full-spec field paths).
 pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
     use validate::limits::*;
-    let mut c = validate::Checker::default();
-    c.header(spec.format_version, &spec.identity);
-    c.family_is(&spec.identity, Family::MiniCpm, "minicpm");
+    let mut c = validate::Checker::for_document(spec, Family::MiniCpm, &LAYOUT);
     let hint = "the model_type of a MiniCPM checkpoint is minicpm";
     c.model_type_is(&spec.identity, ConfigModelType::MiniCpm, hint);
     let (m, a, s) = (&spec.model, &spec.attention, &spec.scales);

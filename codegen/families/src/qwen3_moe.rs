@@ -107,9 +107,7 @@ pub(crate) fn is_moe_layer(spec: &Qwen3MoeSpec, i: u32) -> bool {
 /// All semantic errors of a Qwen3-MoE spec (full-spec field paths).
 pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
     use validate::limits::*;
-    let mut c = validate::Checker::default();
-    c.header(spec.format_version, &spec.identity);
-    c.family_is(&spec.identity, Family::Qwen3Moe, "qwen3-moe");
+    let mut c = validate::Checker::for_document(spec, Family::Qwen3Moe, &LAYOUT);
     let hint = "the model_type of a Qwen3-MoE checkpoint is qwen3_moe";
     c.model_type_is(&spec.identity, ConfigModelType::Qwen3Moe, hint);
     let (m, a, e) = (&spec.model, &spec.attention, &spec.moe);

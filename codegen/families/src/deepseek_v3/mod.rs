@@ -102,9 +102,7 @@ fn attention_scale(a: &LatentAttentionSizes, y: &YarnRopeScaling) -> f64 {
 
 /// All semantic errors of a deepseek_v3 spec (full-spec field paths).
 pub(crate) fn check(spec: &DeepseekV3Spec) -> Vec<Issue> {
-    let mut c = validate::Checker::default();
-    c.header(spec.format_version, &spec.identity);
-    c.family_is(&spec.identity, Family::DeepseekV3, "deepseek-v3");
+    let mut c = validate::Checker::for_document(spec, Family::DeepseekV3, &LAYOUT);
     let mt = spec.identity.source.model_type;
     if mt.family() != Family::DeepseekV3 {
         let hint = "the model_type of a DeepSeek-V3 checkpoint is deepseek_v3 (Kimi-K2: kimi_k2)";

@@ -99,9 +99,7 @@ crate::reduce::derived_form! {
 /// All semantic errors of a gpt_oss spec (full-spec field paths).
 pub(crate) fn check(spec: &GptOssSpec) -> Vec<Issue> {
     use validate::limits::*;
-    let mut c = validate::Checker::default();
-    c.header(spec.format_version, &spec.identity);
-    c.family_is(&spec.identity, Family::GptOss, "gpt-oss");
+    let mut c = validate::Checker::for_document(spec, Family::GptOss, &LAYOUT);
     let mt = spec.identity.source.model_type;
     if mt != ConfigModelType::GptOss {
         let hint = "the model_type of a gpt-oss checkpoint is gpt_oss";

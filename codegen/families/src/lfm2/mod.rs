@@ -111,9 +111,7 @@ crate::reduce::derived_form! {
 
 /// All semantic errors of an LFM2 spec (full-spec field paths).
 pub(crate) fn check(spec: &Lfm2Spec) -> Vec<Issue> {
-    let mut c = validate::Checker::default();
-    c.header(spec.format_version, &spec.identity);
-    c.family_is(&spec.identity, Family::Lfm2, "lfm2");
+    let mut c = validate::Checker::for_document(spec, Family::Lfm2, &LAYOUT);
     let hint = "an LFM2 checkpoint's model_type is lfm2";
     c.model_type_is(&spec.identity, ConfigModelType::Lfm2, hint);
     let (m, l) = (&spec.model, &spec.layers);

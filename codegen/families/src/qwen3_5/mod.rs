@@ -272,10 +272,8 @@ pub(crate) const QWEN3_5: Qwen35Variant = Qwen35Variant {
 /// All semantic errors of a Qwen3.5 spec (full-spec field paths).
 pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
     use validate::limits::*;
-    let mut c = validate::Checker::default();
-    c.header(spec.format_version, &spec.identity);
     let variant = spec.variant();
-    c.family_is(&spec.identity, variant.family, variant.layout.anchor);
+    let mut c = validate::Checker::for_document(spec, variant.family, &variant.layout);
     (variant.check_model_type)(&mut c, spec);
     let (m, a, la) = (&spec.model, &spec.attention, &spec.linear_attention);
     let mut ok = crate::dense::check_model_sizes(&mut c, m, spec.layers.num_hidden_layers);
