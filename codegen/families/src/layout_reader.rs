@@ -144,12 +144,16 @@ impl Layout {
         }
     }
 
+    /// `head`, then `sections`: every top-level section, in document order.
+    fn all_sections(&self) -> impl Iterator<Item = &Section> {
+        self.head.iter().chain(self.sections)
+    }
+
     /// Each section read alone: its first error, with this layout's texts.
     fn section_issues(&self, value: &serde_yaml::Value) -> Vec<Issue> {
-        let sections = || self.head.iter().chain(self.sections);
-        let keys: Vec<&str> = sections().map(|s| s.key).collect();
+        let keys: Vec<&str> = self.all_sections().map(|s| s.key).collect();
         let (map, mut issues) = Sections::of(value, &keys);
-        for s in sections() {
+        for s in self.all_sections() {
             (s.read)(&map, s.key, &mut issues);
         }
         if issues.is_empty() {
@@ -190,11 +194,7 @@ impl Layout {
             })
         };
         let section = || {
-            let s = self
-                .head
-                .iter()
-                .chain(self.sections)
-                .find(|s| s.key == key)?;
+            let s = self.all_sections().find(|s| s.key == key)?;
             match s.text {
                 SectionText::Shared => None,
                 SectionText::Hint(hint) => Some((shared(&key)?.1, docs(hint))),
