@@ -119,11 +119,7 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
         );
     }
     c.eps(m.rms_norm_eps, "MiniCPM-2B uses 1.0e-5");
-    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
-    if ok {
-        crate::dense::check_quotient_head_dim(&mut c, m, a, Family::MiniCpm.as_str());
-    }
-    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
+    ok = crate::dense::check_heads(&mut c, m, a, ok, Some(Family::MiniCpm.as_str()));
     c.rope_theta(spec.rope.rope_theta, "the RoPE base, e.g. 10000.0");
     c.positive_finite(
         "scales.scale_emb",

@@ -144,11 +144,7 @@ pub(crate) fn check(spec: &Lfm2Spec) -> Vec<Issue> {
         ok = false;
     }
     c.eps(m.rms_norm_eps, "LFM2 uses 1.0e-5");
-    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
-    if ok {
-        crate::dense::check_quotient_head_dim(&mut c, m, a, Family::Lfm2.as_str());
-    }
-    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
+    ok = crate::dense::check_heads(&mut c, m, a, ok, Some(Family::Lfm2.as_str()));
     c.rope_theta(spec.rope.rope_theta, "the RoPE base, LFM2: 1000000.0");
     c.finish(ok, spec.quantization.as_ref(), || lower(spec))
 }
