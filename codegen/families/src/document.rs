@@ -15,6 +15,8 @@ use crate::MixedKv;
 use serde_json::Value;
 
 pub(crate) trait Document {
+    /// `format_version`, as written.
+    fn format_version(&self) -> u32;
     fn identity(&self) -> &Identity;
     fn identity_mut(&mut self) -> &mut Identity;
     /// Weight quantization (the mlx config's `quantization`), when set.
@@ -67,6 +69,9 @@ macro_rules! impl_document {
     };
     (@impl $spec:ty, $check:path, $yaml:path, { $($mixed_kv:tt)* }) => {
         impl $crate::document::Document for $spec {
+            fn format_version(&self) -> u32 {
+                self.format_version
+            }
             fn identity(&self) -> &$crate::model::Identity {
                 &self.identity
             }
@@ -99,6 +104,18 @@ macro_rules! impl_document {
     };
 }
 pub(crate) use impl_document;
+
+/// [`impl_document`] for a document built on the dense `model`, `layers` and
+/// `attention` sections, with the two views of them the shared code reads
+/// ([`crate::hf::DenseView`], [`crate::reduce::StackSections`]).
+macro_rules! impl_dense_document {
+    ($spec:ty, $check:path $(, $($form:tt)*)?) => {
+        $crate::hf::impl_dense_view!($spec);
+        $crate::reduce::impl_stack_sections!($spec);
+        $crate::document::impl_document!($spec, $check $(, $($form)*)?);
+    };
+}
+pub(crate) use impl_dense_document;
 
 /// The sizes every layout's `model` section names alike; each family's model
 /// section implements it with [`impl_model_sizes`].

@@ -8,13 +8,13 @@
 
 use crate::dense::{check_dense_sizes, DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, QUANTIZATION};
 use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::noaux_tc::NoauxTcExperts;
 use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
 use crate::reduce::{last_key, reduce_key, Reducible, Size};
-use crate::{validate, Sections};
+use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -85,9 +85,7 @@ fn rotated_dims(spec: &Glm4MoeSpec) -> u32 {
 
 /// All semantic errors of a glm4_moe spec (full-spec field paths).
 pub(crate) fn check(spec: &Glm4MoeSpec) -> Vec<Issue> {
-    let mut c = validate::Checker::default();
-    c.header(spec.format_version, &spec.identity);
-    c.family_is(&spec.identity, Family::Glm4Moe, "glm4-moe");
+    let mut c = validate::Checker::for_document(spec, Family::Glm4Moe, &LAYOUT);
     let hint = "the model_type of a GLM-4.5 MoE checkpoint is glm4_moe";
     c.model_type_is(&spec.identity, ConfigModelType::Glm4Moe, hint);
     let (m, a, layers) = (&spec.model, &spec.attention, &spec.layers);
@@ -139,17 +137,13 @@ pub(crate) fn lower(spec: &Glm4MoeSpec) -> crate::ir::ModelIr {
             plain_layer(i as usize, norms, mixer, ffn)
         })
         .collect();
-    model_ir(
+    plain_model_ir(
         spec,
-        ModelParts {
-            prefix: ModulePrefix::Model,
-            // Model.sanitize: per-expert weights stacked, the MTP layer dropped.
-            sanitize: vec![SanitizeRule::StackExperts, SanitizeRule::DropLayerPastStack],
-            sharding: whole_head_sharding(ShardOracle::MlxLm),
-            embedding: scaled_embedding(EmbedScale::None),
-            layers,
-            head: plain_head(false),
-        },
+        // Model.sanitize: per-expert weights stacked, the MTP layer dropped.
+        vec![SanitizeRule::StackExperts, SanitizeRule::DropLayerPastStack],
+        ShardOracle::MlxLm,
+        layers,
+        false, // its own lm_head
     )
 }
 
@@ -175,18 +169,21 @@ pub(crate) const LAYOUT: Layout = Layout {
     anchor: "glm4-moe",
     head: crate::layout_reader::DENSE_HEAD,
     sections: &[
-        ("attention_options", Sections::check::<Glm4MoeAttentionOptions>),
-        ("rope", Sections::check::<Glm4MoeRope>),
-        ("mlp", Sections::check::<DenseMlp>),
-        ("moe", Sections::check::<NoauxTcExperts>),
-        ("quantization", Sections::check::<Option<Quantization>>),
+        Section::described::<Glm4MoeAttentionOptions>(
+            "attention_options",
+            "a mapping {attention_bias, use_qk_norm}",
+            "q/k/v biases and per-head q/k norms",
+        ),
+        Section::described::<Glm4MoeRope>(
+            "rope",
+            "a mapping {rope_theta, partial_rotary_factor}",
+            "the RoPE base and the share of head_dim that rotates",
+        ),
+        crate::noaux_tc::DENSE_MLP,
+        crate::noaux_tc::MOE,
+        QUANTIZATION,
     ],
-    texts: &[
-        Text::Field("attention_options", "a mapping {attention_bias, use_qk_norm}", "q/k/v biases and per-head q/k norms; see docs/spec-format.md#glm4-moe"),
-        Text::Field("rope", "a mapping {rope_theta, partial_rotary_factor}", "the RoPE base and the share of head_dim that rotates; see docs/spec-format.md#glm4-moe"),
-        Text::Field("mlp", "a mapping {intermediate_size}", "SwiGLU width of the first_k_dense_replace dense layers; see docs/spec-format.md#glm4-moe"),
-        Text::Field("moe", crate::noaux_tc::EXPECTED, "the routed and shared experts; see docs/spec-format.md#glm4-moe"),
-    ],
+    texts: &[],
 };
 
 /// The derived glm4_moe form: the dense MLP's width and the experts' sizes.
@@ -212,9 +209,7 @@ impl Reducible for Glm4MoeSpec {
     }
 }
 
-crate::hf::impl_dense_view!(Glm4MoeSpec);
-crate::reduce::impl_stack_sections!(Glm4MoeSpec);
-crate::document::impl_document!(Glm4MoeSpec, check);
+crate::document::impl_dense_document!(Glm4MoeSpec, check);
 
 /// Imports a `glm4_moe` config.json as mlx-lm 0.32.2's `ModelArgs` reads it:
 /// every field is required, `rope_scaling` too (null or not, it is never read).

@@ -161,6 +161,27 @@ pub(crate) fn scaled_embedding(scale: EmbedScale) -> Embedding {
     }
 }
 
+/// The block IR of a plain decoder: its modules under `model.`, the
+/// embedding unscaled, the [`plain_head`] and the whole head on each rank
+/// ([`whole_head_sharding`]); `sanitize` as mlx-lm's `sanitize` applies it.
+pub(crate) fn plain_model_ir(
+    spec: &dyn Document,
+    sanitize: Vec<SanitizeRule>,
+    oracle: ShardOracle,
+    layers: Vec<Layer>,
+    tie_word_embeddings: bool,
+) -> ModelIr {
+    let parts = ModelParts {
+        prefix: ModulePrefix::Model,
+        sanitize,
+        sharding: whole_head_sharding(oracle),
+        embedding: scaled_embedding(EmbedScale::None),
+        layers,
+        head: plain_head(tie_word_embeddings),
+    };
+    model_ir(spec, parts)
+}
+
 /// The block IR of a spec: its name and checkpoint model type, the `model`
 /// section's sizes and norm epsilon (as f32, the dtype mlx's `rms_norm`
 /// takes it in), its weight quantization, and the lowering's `parts`.

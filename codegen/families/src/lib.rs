@@ -495,42 +495,35 @@ fn parse_inner(
         )
     })?;
     if tree.has_key("derive") {
-        derive::parse_derived(value, &tree, origin, dir, stack)
-    } else if declared_family(&value).is_some_and(dense::is_dense) {
-        dense::LAYOUT.parse(value, &tree, origin).map(Spec::Dense)
-    } else if let Some(layout) = declared_family(&value).and_then(gemma::layout_of) {
-        layout.parse(value, &tree, origin).map(Spec::Gemma2)
-    } else if declared_family(&value) == Some(Family::Qwen3Moe) {
-        qwen3_moe::LAYOUT
-            .parse(value, &tree, origin)
-            .map(Spec::Qwen3Moe)
-    } else if declared_family(&value) == Some(Family::MiniCpm) {
-        minicpm::LAYOUT
-            .parse(value, &tree, origin)
-            .map(Spec::MiniCpm)
-    } else if let Some(layout) = declared_family(&value).and_then(qwen3_5::layout_of) {
-        layout.parse(value, &tree, origin).map(Spec::Qwen35)
-    } else if declared_family(&value) == Some(Family::Lfm2) {
-        lfm2::LAYOUT.parse(value, &tree, origin).map(Spec::Lfm2)
-    } else if declared_family(&value) == Some(Family::Glm4Moe) {
-        glm4_moe::LAYOUT
-            .parse(value, &tree, origin)
-            .map(Spec::Glm4Moe)
-    } else if declared_family(&value) == Some(Family::DeepseekV3) {
-        deepseek_v3::LAYOUT
-            .parse(value, &tree, origin)
-            .map(Spec::DeepseekV3)
-    } else if declared_family(&value) == Some(Family::GptOss) {
-        gpt_oss::LAYOUT
-            .parse(value, &tree, origin)
-            .map(Spec::GptOss)
-    } else {
-        let spec = deserialize_full(value, &tree, origin)?;
-        let issues = gemma4::check(&spec);
-        if issues.is_empty() {
-            Ok(Spec::Gemma4(spec))
-        } else {
-            Err(locate_all(&tree, origin, issues))
+        return derive::parse_derived(value, &tree, origin, dir, stack);
+    }
+    let (tree, family) = (&tree, declared_family(&value));
+    if let Some(layout) = family.and_then(gemma::layout_of) {
+        return layout.parse(value, tree, origin, Spec::Gemma2);
+    }
+    if let Some(layout) = family.and_then(qwen3_5::layout_of) {
+        return layout.parse(value, tree, origin, Spec::Qwen35);
+    }
+    match family {
+        Some(f) if dense::is_dense(f) => dense::LAYOUT.parse(value, tree, origin, Spec::Dense),
+        Some(Family::Qwen3Moe) => qwen3_moe::LAYOUT.parse(value, tree, origin, Spec::Qwen3Moe),
+        Some(Family::MiniCpm) => minicpm::LAYOUT.parse(value, tree, origin, Spec::MiniCpm),
+        Some(Family::Lfm2) => lfm2::LAYOUT.parse(value, tree, origin, Spec::Lfm2),
+        Some(Family::Glm4Moe) => glm4_moe::LAYOUT.parse(value, tree, origin, Spec::Glm4Moe),
+        Some(Family::DeepseekV3) => {
+            deepseek_v3::LAYOUT.parse(value, tree, origin, Spec::DeepseekV3)
+        }
+        Some(Family::GptOss) => gpt_oss::LAYOUT.parse(value, tree, origin, Spec::GptOss),
+        // Gemma-4's document, read whole (also when the family is not known:
+        // the read reports it).
+        _ => {
+            let spec = deserialize_full(value, tree, origin)?;
+            let issues = gemma4::check(&spec);
+            if issues.is_empty() {
+                Ok(Spec::Gemma4(spec))
+            } else {
+                Err(locate_all(tree, origin, issues))
+            }
         }
     }
 }

@@ -17,12 +17,12 @@
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::dense_sections::RequiredSizes;
 use crate::diag::{FieldPath, Issue};
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, Text, QUANTIZATION};
 use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, rope_type, top_quantization, ImportedSpec, Reader};
 use crate::reduce::{mlp_width, Reducible, Size};
-use crate::{validate, Sections};
+use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -98,9 +98,7 @@ crate::reduce::derived_form! {
 /// All semantic errors of a MiniCPM spec (full-spec field paths).
 pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
     use validate::limits::*;
-    let mut c = validate::Checker::default();
-    c.header(spec.format_version, &spec.identity);
-    c.family_is(&spec.identity, Family::MiniCpm, "minicpm");
+    let mut c = validate::Checker::for_document(spec, Family::MiniCpm, &LAYOUT);
     let hint = "the model_type of a MiniCPM checkpoint is minicpm";
     c.model_type_is(&spec.identity, ConfigModelType::MiniCpm, hint);
     let (m, a, s) = (&spec.model, &spec.attention, &spec.scales);
@@ -121,11 +119,7 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
         );
     }
     c.eps(m.rms_norm_eps, "MiniCPM-2B uses 1.0e-5");
-    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
-    if ok {
-        crate::dense::check_quotient_head_dim(&mut c, m, a, Family::MiniCpm.as_str());
-    }
-    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
+    ok = crate::dense::check_heads(&mut c, m, a, ok, Some(Family::MiniCpm.as_str()));
     c.rope_theta(spec.rope.rope_theta, "the RoPE base, e.g. 10000.0");
     c.positive_finite(
         "scales.scale_emb",
@@ -229,15 +223,13 @@ pub(crate) const LAYOUT: Layout = Layout {
     anchor: "minicpm",
     head: crate::layout_reader::DENSE_HEAD,
     sections: &[
-        ("rope", Sections::check::<MiniCpmRope>),
-        ("mlp", Sections::check::<DenseMlp>),
-        ("scales", Sections::check::<MiniCpmScales>),
-        ("quantization", Sections::check::<Option<Quantization>>),
+        Section::described::<MiniCpmRope>("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null)"),
+        Section::of::<DenseMlp>("mlp"),
+        Section::described::<MiniCpmScales>("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales"),
+        QUANTIZATION,
     ],
     texts: &[
         Text::Field("scaling", "`traditional` or `rope_theta` (no scaling)", "MiniCPM's RoPE is plain here: rope_scaling must be null (MiniCPM4's longrope, mlx-lm's SuScaledRoPE, is not supported); see docs/spec-format.md#minicpm"),
-        Text::Field("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null); see docs/spec-format.md#minicpm"),
-        Text::Field("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales; see docs/spec-format.md#minicpm"),
     ],
 };
 
@@ -251,10 +243,7 @@ impl Reducible for MiniCpmSpec {
     }
 }
 
-crate::hf::impl_dense_view!(MiniCpmSpec);
-crate::reduce::impl_stack_sections!(MiniCpmSpec);
-
-crate::document::impl_document!(MiniCpmSpec, check);
+crate::document::impl_dense_document!(MiniCpmSpec, check);
 
 // ---------------------------------------------------------------- import
 

@@ -7,8 +7,10 @@
 //! lowering to IR `FeedForward::MoeAndSharedExperts`, its config.json fields,
 //! its import and its reduced sizes.
 
+use crate::dense_sections::DenseMlp;
 use crate::diag::FieldPath;
 use crate::ir::{self, FeedForward};
+use crate::layout_reader::Section;
 use crate::reader::Reader;
 use crate::reduce::Size;
 use crate::validate::{limits::*, Checker};
@@ -42,11 +44,22 @@ pub struct NoauxTcExperts {
     pub norm_topk_prob: bool,
 }
 
-/// The section's "expected" text in the messages about it (the middle of a
-/// layout's [`crate::layout_reader::Text::Field`]).
-pub(crate) const EXPECTED: &str = "a mapping {n_routed_experts, num_experts_per_tok, \
-     moe_intermediate_size, n_shared_experts, first_k_dense_replace, n_group, topk_group, \
-     routed_scaling_factor, norm_topk_prob}";
+/// The `moe` section of the layouts that read it, with the texts of the
+/// messages about it.
+pub(crate) const MOE: Section = Section::described::<NoauxTcExperts>(
+    "moe",
+    "a mapping {n_routed_experts, num_experts_per_tok, moe_intermediate_size, \
+     n_shared_experts, first_k_dense_replace, n_group, topk_group, routed_scaling_factor, \
+     norm_topk_prob}",
+    "the routed and shared experts",
+);
+
+/// The dense `mlp` section beside it: the width of the first
+/// `first_k_dense_replace` layers.
+pub(crate) const DENSE_MLP: Section = Section::hinted::<DenseMlp>(
+    "mlp",
+    "SwiGLU width of the first_k_dense_replace dense layers",
+);
 
 impl NoauxTcExperts {
     /// Every rule of the section (`moe.*` paths) for a stack of `layers`;

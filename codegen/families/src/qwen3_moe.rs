@@ -11,12 +11,12 @@
 use crate::dense::{DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::dense_sections::RequiredSizes;
 use crate::diag::{FieldPath, Issue};
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, QUANTIZATION};
 use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
 use crate::reduce::{last_key, mlp_width, reduce_key, sizes_named, Reducible, Size};
-use crate::{validate, Sections};
+use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -107,9 +107,7 @@ pub(crate) fn is_moe_layer(spec: &Qwen3MoeSpec, i: u32) -> bool {
 /// All semantic errors of a Qwen3-MoE spec (full-spec field paths).
 pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
     use validate::limits::*;
-    let mut c = validate::Checker::default();
-    c.header(spec.format_version, &spec.identity);
-    c.family_is(&spec.identity, Family::Qwen3Moe, "qwen3-moe");
+    let mut c = validate::Checker::for_document(spec, Family::Qwen3Moe, &LAYOUT);
     let hint = "the model_type of a Qwen3-MoE checkpoint is qwen3_moe";
     c.model_type_is(&spec.identity, ConfigModelType::Qwen3Moe, hint);
     let (m, a, e) = (&spec.model, &spec.attention, &spec.moe);
@@ -193,8 +191,8 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
     use crate::ir_parts::{
-        direct_norms, full_attention, model_ir, plain_head, plain_layer, plain_rope,
-        scaled_embedding, softmax_topk_experts, swiglu, whole_head_sharding, ModelParts,
+        direct_norms, full_attention, plain_layer, plain_model_ir, plain_rope,
+        softmax_topk_experts, swiglu,
     };
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
@@ -226,18 +224,14 @@ pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
             )
         })
         .collect();
-    model_ir(
+    plain_model_ir(
         spec,
-        ModelParts {
-            prefix: ModulePrefix::Model,
-            // Qwen3MoeModel.sanitize: the tied head popped, per-expert HF weights stacked.
-            sanitize: vec![SanitizeRule::DropTiedHead, SanitizeRule::StackExperts],
-            // qwen3_moe.py's shard().
-            sharding: whole_head_sharding(ShardOracle::MlxLm),
-            embedding: scaled_embedding(EmbedScale::None),
-            layers,
-            head: plain_head(spec.model.tie_word_embeddings),
-        },
+        // Qwen3MoeModel.sanitize: the tied head popped, per-expert HF weights stacked.
+        vec![SanitizeRule::DropTiedHead, SanitizeRule::StackExperts],
+        // qwen3_moe.py's shard().
+        ShardOracle::MlxLm,
+        layers,
+        spec.model.tie_word_embeddings,
     )
 }
 
@@ -272,16 +266,12 @@ pub(crate) const LAYOUT: Layout = Layout {
     anchor: "qwen3-moe",
     head: crate::layout_reader::DENSE_HEAD,
     sections: &[
-        ("rope", Sections::check::<Qwen3MoeRope>),
-        ("mlp", Sections::check::<DenseMlp>),
-        ("moe", Sections::check::<Qwen3MoeExperts>),
-        ("quantization", Sections::check::<Option<Quantization>>),
+        Section::described::<Qwen3MoeRope>("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling)"),
+        Section::hinted::<DenseMlp>("mlp", "SwiGLU width of the dense layers"),
+        Section::described::<Qwen3MoeExperts>("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts"),
+        QUANTIZATION,
     ],
-    texts: &[
-        Text::Field("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling); see docs/spec-format.md#qwen3-moe"),
-        Text::Field("mlp", "a mapping {intermediate_size}", "SwiGLU width of the dense layers; see docs/spec-format.md#qwen3-moe"),
-        Text::Field("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts; see docs/spec-format.md#qwen3-moe"),
-    ],
+    texts: &[],
 };
 
 /// The derived Qwen3-MoE form (see [`crate::reduce`]): the dense form's sizes and
@@ -315,10 +305,7 @@ impl Reducible for Qwen3MoeSpec {
     }
 }
 
-crate::hf::impl_dense_view!(Qwen3MoeSpec);
-crate::reduce::impl_stack_sections!(Qwen3MoeSpec);
-
-crate::document::impl_document!(Qwen3MoeSpec, check);
+crate::document::impl_dense_document!(Qwen3MoeSpec, check);
 
 // ---------------------------------------------------------------- import
 

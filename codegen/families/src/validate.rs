@@ -6,7 +6,9 @@
 //! bounds checks pass, so absurd sizes never allocate.
 
 use crate::diag::{FieldPath, Issue};
+use crate::document::Document;
 use crate::ir::ModelIr;
+use crate::layout_reader::Layout;
 use crate::model::*;
 
 /// Upper bounds: far above any released model, low enough that shape math fits in i32.
@@ -46,8 +48,16 @@ impl Checker {
     ) {
         self.issues.push(Issue::new(path, msg, exp, hint));
     }
+    /// A checker that has checked what a document read with `layout` opens
+    /// with: its [`Checker::header`], and that it names `family`.
+    pub(crate) fn for_document(spec: &dyn Document, family: Family, layout: &Layout) -> Checker {
+        let mut c = Checker::default();
+        c.header(spec.format_version(), spec.identity());
+        c.family_is(spec.identity(), family, layout.anchor);
+        c
+    }
     /// A document of one family's own layout names that family.
-    pub(crate) fn family_is(&mut self, identity: &Identity, family: Family, anchor: &str) {
+    fn family_is(&mut self, identity: &Identity, family: Family, anchor: &str) {
         if identity.family != family {
             self.err(
                 p("identity.family"),

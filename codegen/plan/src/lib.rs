@@ -430,25 +430,34 @@ fn layer_json(l: &Layer) -> Value {
         }
     };
     let mlp = |m: archgen_ir::GatedMlp| json!([m.width, format!("{:?}", m.activation)]);
+    let experts = |e: archgen_ir::Moe| {
+        json!([
+            e.num_experts,
+            e.top_k,
+            e.width,
+            format!("{:?}", e.router),
+            format!("{:?}", e.activation)
+        ])
+    };
     let ffn = match *ffn {
         FeedForward::Mlp(m) => json!({ "mlp": mlp(m) }),
         FeedForward::MlpAndMoe { mlp: m, moe } => json!({
             "mlp": mlp(m),
-            "moe": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
+            "moe": experts(moe),
         }),
         FeedForward::Moe(moe) => json!({
-            "experts": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
+            "experts": experts(moe),
         }),
         FeedForward::MoeAndSharedExpert { moe, shared } => json!({
-            "experts": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
+            "experts": experts(moe),
             "shared_expert": shared.width,
         }),
         FeedForward::MoeAndSharedExperts { moe, shared } => json!({
-            "experts": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
+            "experts": experts(moe),
             "shared_experts": shared.width,
         }),
         FeedForward::BiasedExperts(moe) => json!({
-            "biased_experts": [moe.num_experts, moe.top_k, moe.width, format!("{:?}", moe.router), format!("{:?}", moe.activation)],
+            "biased_experts": experts(moe),
         }),
     };
     // The fused gate/up projection is written only when present, as the

@@ -10,12 +10,12 @@
 
 use crate::dense::{check_model_sizes, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::Issue;
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, QUANTIZATION};
 use crate::model::*;
 use crate::noaux_tc::NoauxTcExperts;
+use crate::validate;
 use crate::validate::limits::*;
 use crate::yarn::YarnScaling;
-use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -102,9 +102,7 @@ fn attention_scale(a: &LatentAttentionSizes, y: &YarnRopeScaling) -> f64 {
 
 /// All semantic errors of a deepseek_v3 spec (full-spec field paths).
 pub(crate) fn check(spec: &DeepseekV3Spec) -> Vec<Issue> {
-    let mut c = validate::Checker::default();
-    c.header(spec.format_version, &spec.identity);
-    c.family_is(&spec.identity, Family::DeepseekV3, "deepseek-v3");
+    let mut c = validate::Checker::for_document(spec, Family::DeepseekV3, &LAYOUT);
     let mt = spec.identity.source.model_type;
     if mt.family() != Family::DeepseekV3 {
         let hint = "the model_type of a DeepSeek-V3 checkpoint is deepseek_v3 (Kimi-K2: kimi_k2)";
@@ -208,25 +206,21 @@ pub(crate) fn lower(spec: &DeepseekV3Spec) -> crate::ir::ModelIr {
             )
         })
         .collect();
-    model_ir(
+    plain_model_ir(
         spec,
-        ModelParts {
-            prefix: ModulePrefix::Model,
-            // Model.sanitize: fp8 / packed int4 refused (converted by mlx-lm
-            // first), per-expert weights stacked, kv_b_proj split, the MTP
-            // layer after the stack dropped.
-            sanitize: vec![
-                SanitizeRule::RefuseFp8AndPackedInt4,
-                SanitizeRule::StackExperts,
-                SanitizeRule::SplitKvBProj,
-                SanitizeRule::DropLayerPastStack,
-                SanitizeRule::DropRotaryTables,
-            ],
-            sharding: whole_head_sharding(ShardOracle::MlxLm),
-            embedding: scaled_embedding(EmbedScale::None),
-            layers,
-            head: plain_head(false),
-        },
+        // Model.sanitize: fp8 / packed int4 refused (converted by mlx-lm
+        // first), per-expert weights stacked, kv_b_proj split, the MTP
+        // layer after the stack dropped.
+        vec![
+            SanitizeRule::RefuseFp8AndPackedInt4,
+            SanitizeRule::StackExperts,
+            SanitizeRule::SplitKvBProj,
+            SanitizeRule::DropLayerPastStack,
+            SanitizeRule::DropRotaryTables,
+        ],
+        ShardOracle::MlxLm,
+        layers,
+        false, // its own lm_head
     )
 }
 
@@ -260,22 +254,15 @@ pub(crate) const LAYOUT: Layout = Layout {
     anchor: "deepseek-v3",
     head: crate::layout_reader::HEAD,
     sections: &[
-        ("model", Sections::check::<DenseModel>),
-        ("layers", Sections::check::<DenseLayers>),
-        ("attention", Sections::check::<LatentAttentionSizes>),
-        ("rope", Sections::check::<DeepseekV3Rope>),
-        ("mlp", Sections::check::<DenseMlp>),
-        ("moe", Sections::check::<NoauxTcExperts>),
-        ("quantization", Sections::check::<Option<Quantization>>),
+        Section::hinted::<DenseModel>("model", ""),
+        Section::hinted::<DenseLayers>("layers", ""),
+        Section::described::<LatentAttentionSizes>("attention", "a mapping {num_attention_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim}", "the latent attention's sizes"),
+        Section::described::<DeepseekV3Rope>("rope", "a mapping {rope_theta, scaling: {factor, original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim}}", "the RoPE base and its YaRN scaling"),
+        crate::noaux_tc::DENSE_MLP,
+        crate::noaux_tc::MOE,
+        QUANTIZATION,
     ],
-    texts: &[
-        Text::Field("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, tie_word_embeddings, max_position_embeddings}", "see docs/spec-format.md#deepseek-v3"),
-        Text::Field("layers", "a mapping {num_hidden_layers}", "see docs/spec-format.md#deepseek-v3"),
-        Text::Field("attention", "a mapping {num_attention_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim}", "the latent attention's sizes; see docs/spec-format.md#deepseek-v3"),
-        Text::Field("rope", "a mapping {rope_theta, scaling: {factor, original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim}}", "the RoPE base and its YaRN scaling; see docs/spec-format.md#deepseek-v3"),
-        Text::Field("mlp", "a mapping {intermediate_size}", "SwiGLU width of the first_k_dense_replace dense layers; see docs/spec-format.md#deepseek-v3"),
-        Text::Field("moe", crate::noaux_tc::EXPECTED, "the routed and shared experts; see docs/spec-format.md#deepseek-v3"),
-    ],
+    texts: &[],
 };
 
 crate::document::impl_document!(DeepseekV3Spec, check);

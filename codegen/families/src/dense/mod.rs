@@ -32,14 +32,14 @@ use crate::ir::{
     GateUpProjection, NormArrangement, ProjectionBias, QkNorm, QkvProjection, SanitizeRule,
     ShardOracle,
 };
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, Text, QUANTIZATION};
 use crate::model::*;
 use crate::model_family::{ConfigJson, ModelFamily};
 use crate::reader::{
     imported_identity, rope_type, top_quantization, ImportError, ImportedSpec, Reader, ABSENT,
 };
 use crate::reduce::{mlp_width, DerivedFile, Reducible, Size, Stack};
-use crate::{validate, Sections};
+use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -300,15 +300,11 @@ pub(crate) fn check(spec: &DenseSpec) -> Vec<Issue> {
     let (m, a) = (&spec.model, &spec.attention);
     let mut ok = check_dense_sizes(&mut c, m, &spec.layers, a, &spec.mlp, "SwiGLU width");
     c.eps(m.rms_norm_eps, "Qwen3 uses 1.0e-6, Llama-3.2 1.0e-5");
-    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
     let head_dim_derived = match variant.head_dim {
         HeadDim::HiddenOverHeads => true,
         HeadDim::Required | HeadDim::Optional => false,
     };
-    if ok && head_dim_derived {
-        check_quotient_head_dim(&mut c, m, a, family.as_str());
-    }
-    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
+    ok = check_heads(&mut c, m, a, ok, head_dim_derived.then(|| family.as_str()));
     match (variant.rope_traditional, spec.rope.traditional) {
         (RopeTraditional::AlwaysFalse { hint }, true) => c.err(
             p("rope.traditional"),
@@ -402,9 +398,27 @@ pub(crate) fn check_dense_sizes(
     )
 }
 
+/// The heads of the dense attention: an even `head_dim`, the quotient
+/// [`check_quotient_head_dim`] when the sizes so far hold (`ok`) and the module
+/// (`quotient_of`) has no `head_dim` field, and K/V heads that divide the
+/// query heads; whether the sizes still hold.
+pub(crate) fn check_heads(
+    c: &mut validate::Checker,
+    m: &DenseModel,
+    a: &DenseAttention,
+    ok: bool,
+    quotient_of: Option<&str>,
+) -> bool {
+    let ok = ok & c.even_head_dim("attention.head_dim", a.head_dim);
+    if let (true, Some(module)) = (ok, quotient_of) {
+        check_quotient_head_dim(c, m, a, module);
+    }
+    ok & c.grouped(a.num_attention_heads, a.num_key_value_heads)
+}
+
 /// `attention.head_dim` of a module without a `head_dim` field (`module.py`
 /// always uses `hidden_size // num_attention_heads`): it must be that quotient.
-pub(crate) fn check_quotient_head_dim(
+fn check_quotient_head_dim(
     c: &mut validate::Checker,
     m: &DenseModel,
     a: &DenseAttention,
@@ -635,15 +649,14 @@ pub(crate) const LAYOUT: Layout = Layout {
     anchor: "dense-families",
     head: crate::layout_reader::DENSE_HEAD,
     sections: &[
-        ("rope", Sections::check::<DenseRope>),
-        ("mlp", Sections::check::<DenseMlp>),
-        ("scales", Sections::check_optional::<GraniteScales>),
-        ("quantization", Sections::check::<Option<Quantization>>),
-        ("mixed_kv", Sections::check_optional::<crate::MixedKv>),
+        Section::described::<DenseRope>("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`"),
+        Section::of::<DenseMlp>("mlp"),
+        Section::optional::<GraniteScales>("scales"),
+        QUANTIZATION,
+        Section::optional::<crate::MixedKv>("mixed_kv"),
     ],
     texts: &[
         Text::Field("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
-        Text::Field("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`; see docs/spec-format.md#dense-families"),
         Text::Field("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
     ],
 };
@@ -666,10 +679,7 @@ impl Reducible for DenseSpec {
     }
 }
 
-crate::hf::impl_dense_view!(DenseSpec);
-crate::reduce::impl_stack_sections!(DenseSpec);
-
-crate::document::impl_document!(DenseSpec, check, with mixed_kv);
+crate::document::impl_dense_document!(DenseSpec, check, with mixed_kv);
 
 // ---------------------------------------------------------------- import
 

@@ -3,9 +3,8 @@
 
 use super::{ConfigDefaults, GemmaVariant, Layering, Packaging, RopeBases, Softcaps};
 use crate::ir::{AttentionScale, EmbedScale, QkNorm};
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, Text};
 use crate::model::{ConfigModelType, Family};
-use crate::Sections;
 
 pub(crate) const GEMMA2: GemmaVariant = GemmaVariant {
     family: Family::Gemma2,
@@ -43,12 +42,12 @@ const LAYOUT: Layout = Layout {
     anchor: "gemma-2",
     head: crate::layout_reader::HEAD,
     sections: &[
-        ("model", Sections::check::<super::Gemma2Model>),
-        ("layers", Sections::check::<super::Gemma2Layers>),
-        ("attention", Sections::check::<super::Gemma2Attention>),
-        ("rope", Sections::check::<super::Gemma2Rope>),
-        ("mlp", Sections::check::<super::Gemma2Mlp>),
-        ("quantization", Sections::check::<Option<crate::Quantization>>),
+        Section::of::<super::Gemma2Model>("model"),
+        Section::of::<super::Gemma2Layers>("layers"),
+        Section::of::<super::Gemma2Attention>("attention"),
+        Section::of::<super::Gemma2Rope>("rope"),
+        Section::of::<super::Gemma2Mlp>("mlp"),
+        crate::layout_reader::QUANTIZATION,
     ],
     texts: &[
         Text::Field("model", "a mapping {hidden_size, vocab_size, rms_norm_eps, final_logit_softcapping, max_position_embeddings}", "model-wide sizes; the head is always tied; see docs/spec-format.md#gemma-2"),

@@ -8,11 +8,11 @@
 
 use crate::dense::{check_dense_sizes, DenseAttention, DenseLayers, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, QUANTIZATION};
 use crate::model::*;
 use crate::reduce::{last_key, reduce_key, sizes_named, Reducible, Size};
+use crate::validate;
 use crate::yarn::YarnScaling;
-use crate::{validate, Sections};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -99,9 +99,7 @@ crate::reduce::derived_form! {
 /// All semantic errors of a gpt_oss spec (full-spec field paths).
 pub(crate) fn check(spec: &GptOssSpec) -> Vec<Issue> {
     use validate::limits::*;
-    let mut c = validate::Checker::default();
-    c.header(spec.format_version, &spec.identity);
-    c.family_is(&spec.identity, Family::GptOss, "gpt-oss");
+    let mut c = validate::Checker::for_document(spec, Family::GptOss, &LAYOUT);
     let mt = spec.identity.source.model_type;
     if mt != ConfigModelType::GptOss {
         let hint = "the model_type of a gpt-oss checkpoint is gpt_oss";
@@ -195,19 +193,15 @@ pub(crate) fn lower(spec: &GptOssSpec) -> crate::ir::ModelIr {
             layer(i, norms, mixer, ffn, Residual::Plain)
         })
         .collect();
-    model_ir(
+    plain_model_ir(
         spec,
-        ModelParts {
-            prefix: ModulePrefix::Model,
-            // Model.sanitize returns a checkpoint in mlx-lm's layout as it is.
-            sanitize: Vec::new(),
-            // gpt_oss.py has a shard(); archgen's split refuses the o_proj
-            // bias and the biased experts by name (not split yet).
-            sharding: whole_head_sharding(ShardOracle::MlxLm),
-            embedding: scaled_embedding(EmbedScale::None),
-            layers,
-            head: plain_head(false),
-        },
+        // Model.sanitize returns a checkpoint in mlx-lm's layout as it is.
+        Vec::new(),
+        // gpt_oss.py has a shard(); archgen's split refuses the o_proj
+        // bias and the biased experts by name (not split yet).
+        ShardOracle::MlxLm,
+        layers,
+        false, // its own lm_head
     )
 }
 
@@ -233,34 +227,21 @@ pub(crate) const LAYOUT: Layout = Layout {
     anchor: "gpt-oss",
     head: crate::layout_reader::DENSE_HEAD,
     sections: &[
-        ("attention_layers", Sections::check::<GptOssAttentionLayers>),
-        ("rope", Sections::check::<GptOssRope>),
-        ("mlp", Sections::check::<DenseMlp>),
-        ("moe", Sections::check::<GptOssExperts>),
-        ("quantization", Sections::check::<Option<Quantization>>),
-    ],
-    texts: &[
-        Text::Field(
+        Section::described::<GptOssAttentionLayers>(
             "attention_layers",
             "a mapping {sliding_window, layer_types}",
-            "the window and each layer's kind; see docs/spec-format.md#gpt-oss",
+            "the window and each layer's kind",
         ),
-        Text::Field(
-            "rope",
-            "a mapping {rope_theta}",
-            "the RoPE base; see docs/spec-format.md#gpt-oss",
-        ),
-        Text::Field(
-            "mlp",
-            "a mapping {intermediate_size}",
-            "SwiGLU width of each expert; see docs/spec-format.md#gpt-oss",
-        ),
-        Text::Field(
+        Section::described::<GptOssRope>("rope", "a mapping {rope_theta}", "the RoPE base"),
+        Section::hinted::<DenseMlp>("mlp", "SwiGLU width of each expert"),
+        Section::described::<GptOssExperts>(
             "moe",
             "a mapping {num_local_experts, num_experts_per_tok}",
-            "the routed experts; see docs/spec-format.md#gpt-oss",
+            "the routed experts",
         ),
+        QUANTIZATION,
     ],
+    texts: &[],
 };
 
 /// The derived gpt_oss form: the experts' sizes and the window; the layer
@@ -290,6 +271,4 @@ impl Reducible for GptOssSpec {
     }
 }
 
-crate::hf::impl_dense_view!(GptOssSpec);
-crate::reduce::impl_stack_sections!(GptOssSpec);
-crate::document::impl_document!(GptOssSpec, check);
+crate::document::impl_dense_document!(GptOssSpec, check);

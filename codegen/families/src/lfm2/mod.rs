@@ -6,10 +6,10 @@
 
 use crate::dense::{DenseAttention, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, QUANTIZATION};
 use crate::model::*;
 use crate::reduce::{Reducible, Size, Stack};
-use crate::{validate, Sections};
+use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -111,9 +111,7 @@ crate::reduce::derived_form! {
 
 /// All semantic errors of an LFM2 spec (full-spec field paths).
 pub(crate) fn check(spec: &Lfm2Spec) -> Vec<Issue> {
-    let mut c = validate::Checker::default();
-    c.header(spec.format_version, &spec.identity);
-    c.family_is(&spec.identity, Family::Lfm2, "lfm2");
+    let mut c = validate::Checker::for_document(spec, Family::Lfm2, &LAYOUT);
     let hint = "an LFM2 checkpoint's model_type is lfm2";
     c.model_type_is(&spec.identity, ConfigModelType::Lfm2, hint);
     let (m, l) = (&spec.model, &spec.layers);
@@ -146,11 +144,7 @@ pub(crate) fn check(spec: &Lfm2Spec) -> Vec<Issue> {
         ok = false;
     }
     c.eps(m.rms_norm_eps, "LFM2 uses 1.0e-5");
-    ok &= c.even_head_dim("attention.head_dim", a.head_dim);
-    if ok {
-        crate::dense::check_quotient_head_dim(&mut c, m, a, Family::Lfm2.as_str());
-    }
-    ok &= c.grouped(a.num_attention_heads, a.num_key_value_heads);
+    ok = crate::dense::check_heads(&mut c, m, a, ok, Some(Family::Lfm2.as_str()));
     c.rope_theta(spec.rope.rope_theta, "the RoPE base, LFM2: 1000000.0");
     c.finish(ok, spec.quantization.as_ref(), || lower(spec))
 }
@@ -186,20 +180,16 @@ pub(crate) fn lower(spec: &Lfm2Spec) -> crate::ir::ModelIr {
             plain_layer(i as usize, norms, mixer, FeedForward::Mlp(swiglu(width)))
         })
         .collect();
-    model_ir(
+    plain_model_ir(
         spec,
-        ModelParts {
-            prefix: ModulePrefix::Model,
-            sanitize: vec![
-                SanitizeRule::TransposeShortConvWeight,
-                SanitizeRule::RenameLfm2Modules,
-            ],
-            // lfm2.py has no shard().
-            sharding: whole_head_sharding(ShardOracle::Absent),
-            embedding: scaled_embedding(EmbedScale::None),
-            layers,
-            head: plain_head(true),
-        },
+        vec![
+            SanitizeRule::TransposeShortConvWeight,
+            SanitizeRule::RenameLfm2Modules,
+        ],
+        // lfm2.py has no shard().
+        ShardOracle::Absent,
+        layers,
+        true, // the embedding is the head
     )
 }
 
@@ -237,22 +227,18 @@ pub(crate) const LAYOUT: Layout = Layout {
     family: "lfm2",
     anchor: "lfm2",
     head: &[
-        ("format_version", Sections::check::<u32>),
-        ("identity", Sections::check::<Identity>),
-        ("model", Sections::check::<DenseModel>),
-        ("layers", Sections::check::<Lfm2Layers>),
-        ("attention", Sections::check::<DenseAttention>),
+        Section::of::<u32>("format_version"),
+        Section::of::<Identity>("identity"),
+        Section::of::<DenseModel>("model"),
+        Section::described::<Lfm2Layers>("layers", "a mapping {num_hidden_layers, full_attn_idxs, conv_L_cache}", "the attention layers (the others are short convs) and the convs' taps"),
+        Section::of::<DenseAttention>("attention"),
     ],
     sections: &[
-        ("rope", Sections::check::<Lfm2Rope>),
-        ("feed_forward", Sections::check::<Lfm2FeedForward>),
-        ("quantization", Sections::check::<Option<Quantization>>),
+        Section::described::<Lfm2Rope>("rope", "a mapping {rope_theta}", "LFM2's RoPE is never traditional"),
+        Section::described::<Lfm2FeedForward>("feed_forward", "a mapping {block_ff_dim, block_multiple_of, block_ffn_dim_multiplier, block_auto_adjust_ff_dim}", "mlx-lm's MLP width rule"),
+        QUANTIZATION,
     ],
-    texts: &[
-        Text::Field("layers", "a mapping {num_hidden_layers, full_attn_idxs, conv_L_cache}", "the attention layers (the others are short convs) and the convs' taps; see docs/spec-format.md#lfm2"),
-        Text::Field("rope", "a mapping {rope_theta}", "LFM2's RoPE is never traditional; see docs/spec-format.md#lfm2"),
-        Text::Field("feed_forward", "a mapping {block_ff_dim, block_multiple_of, block_ffn_dim_multiplier, block_auto_adjust_ff_dim}", "mlx-lm's MLP width rule; see docs/spec-format.md#lfm2"),
-    ],
+    texts: &[],
 };
 
 impl Reducible for Lfm2Spec {
@@ -280,7 +266,4 @@ impl Reducible for Lfm2Spec {
     }
 }
 
-crate::hf::impl_dense_view!(Lfm2Spec);
-crate::reduce::impl_stack_sections!(Lfm2Spec);
-
-crate::document::impl_document!(Lfm2Spec, check);
+crate::document::impl_dense_document!(Lfm2Spec, check);

@@ -19,12 +19,12 @@ pub(crate) mod qwen3_next;
 
 use crate::dense::{DenseAttention, DenseMlp, DenseModel};
 use crate::diag::{FieldPath, Issue};
-use crate::layout_reader::{Layout, Text};
+use crate::layout_reader::{Layout, Section, Text, QUANTIZATION};
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
 use crate::reader::{first_quantization, imported_identity, rope_type, ImportedSpec, Reader};
 use crate::reduce::{last_key, reduce_key, sizes_named, Reducible, Size};
-use crate::{validate, Sections};
+use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -272,10 +272,8 @@ pub(crate) const QWEN3_5: Qwen35Variant = Qwen35Variant {
 /// All semantic errors of a Qwen3.5 spec (full-spec field paths).
 pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
     use validate::limits::*;
-    let mut c = validate::Checker::default();
-    c.header(spec.format_version, &spec.identity);
     let variant = spec.variant();
-    c.family_is(&spec.identity, variant.family, variant.layout.anchor);
+    let mut c = validate::Checker::for_document(spec, variant.family, &variant.layout);
     (variant.check_model_type)(&mut c, spec);
     let (m, a, la) = (&spec.model, &spec.attention, &spec.linear_attention);
     let mut ok = crate::dense::check_model_sizes(&mut c, m, spec.layers.num_hidden_layers);
@@ -616,14 +614,14 @@ pub(crate) const LAYOUT: Layout = Layout {
     anchor: "qwen35",
     head: crate::layout_reader::HEAD,
     sections: &[
-        ("model", Sections::check::<DenseModel>),
-        ("layers", Sections::check::<Qwen35Layers>),
-        ("attention", Sections::check::<DenseAttention>),
-        ("rope", Sections::check::<Qwen35Rope>),
-        ("linear_attention", Sections::check::<Qwen35LinearAttention>),
-        ("mlp", Sections::check::<Option<DenseMlp>>),
-        ("moe", Sections::check::<Option<Qwen35Moe>>),
-        ("quantization", Sections::check::<Option<Quantization>>),
+        Section::of::<DenseModel>("model"),
+        Section::of::<Qwen35Layers>("layers"),
+        Section::of::<DenseAttention>("attention"),
+        Section::of::<Qwen35Rope>("rope"),
+        Section::of::<Qwen35LinearAttention>("linear_attention"),
+        Section::of::<Option<DenseMlp>>("mlp"),
+        Section::of::<Option<Qwen35Moe>>("moe"),
+        QUANTIZATION,
     ],
     texts: &[
         Text::Field("layers", "a mapping {num_hidden_layers, full_attention_interval}", "which layers are full attention; see docs/spec-format.md#qwen35"),
@@ -731,10 +729,7 @@ impl Reducible for Qwen35Spec {
     }
 }
 
-crate::hf::impl_dense_view!(Qwen35Spec);
-crate::reduce::impl_stack_sections!(Qwen35Spec);
-
-crate::document::impl_document!(Qwen35Spec, check);
+crate::document::impl_dense_document!(Qwen35Spec, check);
 
 // ---------------------------------------------------------------- import
 
