@@ -20,7 +20,7 @@
 # sha256 of the whole wheel 335094cc...), the wheels from `pip download` as in
 # the device README, `strip` + `xz` of target/release/{archgen,archgen-bench}.
 # STEPs: table (the GPU parity table: gpu_parity.py), parity (every case below), fma (fma_probe.py), probe (q4_probe.py), align
-# (align_probe.py), diagnose SPEC (kernels launched by mlx-lm and by the
+# (align_probe.py), mla (mla_probe.py: DeepSeek-V3's attention forms), diagnose SPEC (kernels launched by mlx-lm and by the
 # monolith, kernel_diff.py), bench (bench.py), blocks (block_probe.py:
 # mlx-lm's post-attention half eager against mx.compile), sanitize
 # (compute-sanitizer's initcheck, memcheck and racecheck on the monolith), profile
@@ -146,6 +146,18 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
       fi
       python3 "$here/gpu_parity.py" --archgen $ARCHGEN --repo "$repo" --work $work/table \
         --jobs ${TABLE_JOBS:-6} --timeout ${TABLE_TIMEOUT:-150} --json "$OUT/gpu-parity.json" $cases 2>&1 | tee -a "$OUT/gpu-parity.log"
+      ;;
+    mla)
+      # mla_probe.py: mlx-lm's DeepSeek-V3 attention rewritten in the forms
+      # archgen's graph takes, one at a time, against archgen (MLA_SPEC, MLA_L);
+      # MLA_REPEAT=N: mlx-lm's own module N times in one process instead.
+      spec=${MLA_SPEC:-deepseek-v3-tiny}
+      tag=$spec${MLA_REPEAT:+-repeat$MLA_REPEAT}${MLX_CUDA_USE_CUDNN_SDPA:+-cudnn-sdpa$MLX_CUDA_USE_CUDNN_SDPA}
+      d=$work/mla-$spec; mkdir -p $d
+      [[ -f $d/model/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d/model --seed 1 2>&1 | tail -1
+      echo "== mla $tag" | tee -a "$OUT/mla.log"
+      python3 "$here/mla_probe.py" --model $d/model --archgen $ARCHGEN --prompt-len ${MLA_L:-24} \
+        --repeat ${MLA_REPEAT:-0} --out "$OUT/mla-$tag.json" 2>&1 | tee -a "$OUT/mla.log"
       ;;
     fma)
       python3 "$here/fma_probe.py" 2>&1 | tee -a "$OUT/fma.log"
