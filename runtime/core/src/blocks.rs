@@ -724,7 +724,7 @@ impl Mlp {
                     gate_proj,
                     up_proj,
                 };
-                crate::device::count_stacked(crate::device::StackedProjection::GateUp);
+                crate::device::count_outcome(crate::device::LeverOutcome::StackedGateUp);
             }
         }
     }

@@ -79,7 +79,7 @@ use crate::blocks::{
 use crate::cache::LayerCache;
 use crate::cuda_kernels;
 use crate::deltanet::{self, ArraysCache, DeltaNetShape, GatedAttention, GatedDeltaNet, InProj};
-use crate::device::{gpu_blocks, path, GpuBlocks, HeadKernelStep, Path};
+use crate::device::{gpu_blocks, path, GpuBlocks, LeverOutcome, Path};
 use crate::feed_forward::FeedForward;
 use crate::flat::{hollow, next, placeholder, Flat, Packed};
 use crate::layers::{Linear, QuantForm, Quantized, SwitchLinear};
@@ -393,7 +393,7 @@ impl FusedQkv {
             kv.v_proj = views.next();
         }
         if let StackedNorms::PerPart { .. } = norms {
-            crate::device::count_stacked(crate::device::StackedProjection::QueryKeyValue);
+            crate::device::count_outcome(LeverOutcome::StackedQueryKeyValue);
         }
         Some(FusedQkv { proj, norms })
     }
@@ -616,7 +616,7 @@ fn head_norm_rope_step(
         return Ok(None);
     }
     let not_covered = || {
-        crate::device::count_head_kernel(HeadKernelStep::NotCovered);
+        crate::device::count_outcome(LeverOutcome::HeadKernelNotCovered);
         Ok(None)
     };
     let (Some(QkNormWeight::PerHead(q_norm)), Some(QkNormWeight::PerHead(k_norm))) =
@@ -649,7 +649,7 @@ fn head_norm_rope_step(
     };
     match cuda_kernels::head_norm_rope(&rows, q_norm, k_norm, shape, rope)? {
         Ok(qkv) => {
-            crate::device::count_head_kernel(HeadKernelStep::Ran);
+            crate::device::count_outcome(LeverOutcome::HeadKernelRan);
             Ok(Some(qkv))
         }
         Err(_) => not_covered(),

@@ -207,8 +207,8 @@ pub struct StackedCounts {
     pub gate_up: usize,
 }
 
-/// Counts a lever keeps for the process, one per outcome (an enum's
-/// discriminant), read after a run to say what the lever did.
+/// Counts the levers keep for the process, one per outcome (a
+/// [`LeverOutcome`]), read after a run to say what each lever did.
 struct Tally<const N: usize>([std::sync::atomic::AtomicUsize; N]);
 
 impl<const N: usize> Tally<N> {
@@ -225,21 +225,25 @@ impl<const N: usize> Tally<N> {
     }
 }
 
-/// The projections that stacked.
+/// What a lever did once: a layer stacked its projections
+/// ([`stacked_projections`]), or a one-token step of a K/V-owning layer ran
+/// the `cuda-head-norm-rope` kernel or was not covered by it.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum StackedProjection {
-    QueryKeyValue = 0,
-    GateUp = 1,
+pub(crate) enum LeverOutcome {
+    StackedQueryKeyValue = 0,
+    StackedGateUp = 1,
+    HeadKernelRan = 2,
+    HeadKernelNotCovered = 3,
 }
 
-static STACKED: Tally<2> = Tally::new();
+static LEVER_OUTCOMES: Tally<4> = Tally::new();
 
-pub(crate) fn count_stacked(which: StackedProjection) {
-    STACKED.add(which as usize);
+pub(crate) fn count_outcome(outcome: LeverOutcome) {
+    LEVER_OUTCOMES.add(outcome as usize);
 }
 
 pub fn stacked_counts() -> StackedCounts {
-    let [query_key_value, gate_up] = STACKED.read();
+    let [query_key_value, gate_up, ..] = LEVER_OUTCOMES.read();
     StackedCounts {
         query_key_value,
         gate_up,
@@ -269,21 +273,8 @@ pub struct HeadKernelCounts {
     pub not_covered: usize,
 }
 
-/// What a one-token step of a K/V-owning layer did with the lever on.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum HeadKernelStep {
-    Ran = 0,
-    NotCovered = 1,
-}
-
-static HEAD_KERNEL: Tally<2> = Tally::new();
-
-pub(crate) fn count_head_kernel(step: HeadKernelStep) {
-    HEAD_KERNEL.add(step as usize);
-}
-
 pub fn head_kernel_counts() -> HeadKernelCounts {
-    let [ran, not_covered] = HEAD_KERNEL.read();
+    let [.., ran, not_covered] = LEVER_OUTCOMES.read();
     HeadKernelCounts { ran, not_covered }
 }
 
