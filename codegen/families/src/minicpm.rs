@@ -218,20 +218,15 @@ pub(crate) fn config_fields(spec: &MiniCpmSpec) -> Value {
 // ---------------------------------------------------------------- parsing
 
 /// How a minicpm document is read (see [`crate::layout_reader`]).
-pub(crate) const LAYOUT: Layout = Layout {
-    family: "minicpm",
-    anchor: "minicpm",
-    head: crate::layout_reader::DENSE_HEAD,
-    sections: &[
-        Section::described::<MiniCpmRope>("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null)"),
-        Section::of::<DenseMlp>("mlp"),
-        Section::described::<MiniCpmScales>("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales"),
-        QUANTIZATION,
-    ],
-    texts: &[
-        Text::Field("scaling", "`traditional` or `rope_theta` (no scaling)", "MiniCPM's RoPE is plain here: rope_scaling must be null (MiniCPM4's longrope, mlx-lm's SuScaledRoPE, is not supported); see docs/spec-format.md#minicpm"),
-    ],
-};
+pub(crate) const LAYOUT: Layout = Layout::on_dense_head("minicpm", "minicpm", &[
+    Section::described::<MiniCpmRope>("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null)"),
+    Section::of::<DenseMlp>("mlp"),
+    Section::described::<MiniCpmScales>("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales"),
+    QUANTIZATION,
+])
+.with_texts(&[
+    Text::Field("scaling", "`traditional` or `rope_theta` (no scaling)", "MiniCPM's RoPE is plain here: rope_scaling must be null (MiniCPM4's longrope, mlx-lm's SuScaledRoPE, is not supported); see docs/spec-format.md#minicpm"),
+]);
 
 /// The derived MiniCPM form (see [`crate::reduce`]): the dense form's sizes.
 impl Reducible for MiniCpmSpec {

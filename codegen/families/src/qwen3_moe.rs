@@ -261,18 +261,13 @@ pub(crate) fn config_fields(spec: &Qwen3MoeSpec) -> Value {
 // ---------------------------------------------------------------- parsing
 
 /// How a qwen3_moe document is read (see [`crate::layout_reader`]).
-pub(crate) const LAYOUT: Layout = Layout {
-    family: "qwen3_moe",
-    anchor: "qwen3-moe",
-    head: crate::layout_reader::DENSE_HEAD,
-    sections: &[
-        Section::described::<Qwen3MoeRope>("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling)"),
-        Section::hinted::<DenseMlp>("mlp", "SwiGLU width of the dense layers"),
-        Section::described::<Qwen3MoeExperts>("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts"),
-        QUANTIZATION,
-    ],
-    texts: &[],
-};
+pub(crate) const LAYOUT: Layout = Layout::on_dense_head("qwen3_moe", "qwen3-moe", &[
+    Section::described::<Qwen3MoeRope>("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling)"),
+    Section::hinted::<DenseMlp>("mlp", "SwiGLU width of the dense layers"),
+    Section::described::<Qwen3MoeExperts>("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts"),
+    QUANTIZATION,
+],
+);
 
 /// The derived Qwen3-MoE form (see [`crate::reduce`]): the dense form's sizes and
 /// the experts'.

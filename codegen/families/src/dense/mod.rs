@@ -644,22 +644,17 @@ pub(crate) fn config_fields(spec: &DenseSpec) -> Value {
 // ---------------------------------------------------------------- parsing
 
 /// How a dense document is read (see [`crate::layout_reader`]).
-pub(crate) const LAYOUT: Layout = Layout {
-    family: "dense",
-    anchor: "dense-families",
-    head: crate::layout_reader::DENSE_HEAD,
-    sections: &[
-        Section::described::<DenseRope>("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`"),
-        Section::of::<DenseMlp>("mlp"),
-        Section::optional::<GraniteScales>("scales"),
-        QUANTIZATION,
-        Section::optional::<crate::MixedKv>("mixed_kv"),
-    ],
-    texts: &[
-        Text::Field("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
-        Text::Field("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
-    ],
-};
+pub(crate) const LAYOUT: Layout = Layout::on_dense_head("dense", "dense-families", &[
+    Section::described::<DenseRope>("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`"),
+    Section::of::<DenseMlp>("mlp"),
+    Section::optional::<GraniteScales>("scales"),
+    QUANTIZATION,
+    Section::optional::<crate::MixedKv>("mixed_kv"),
+])
+.with_texts(&[
+    Text::Field("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
+    Text::Field("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
+]);
 
 /// The derived dense form (see [`crate::reduce`]): the stack's sizes and the MLP width.
 impl Reducible for DenseSpec {
