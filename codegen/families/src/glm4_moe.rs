@@ -272,8 +272,4 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Glm4M
 }
 
 /// glm4_moe in the family registry.
-pub(crate) const FAMILY: ModelFamily = ModelFamily {
-    reads: |t| t.family() == crate::Family::Glm4Moe,
-    kv_config: crate::model_family::GEMMA4_ONLY,
-    import: |c| import(c.top, c.name).map(|(s, applied)| (crate::Spec::Glm4Moe(s), applied)),
-};
+pub(crate) const FAMILY: ModelFamily = crate::model_family::single_family!(Glm4Moe, import);

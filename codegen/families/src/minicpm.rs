@@ -315,8 +315,4 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<MiniC
 }
 
 /// MiniCPM in the family registry.
-pub(crate) const FAMILY: ModelFamily = ModelFamily {
-    reads: |t| t.family() == crate::Family::MiniCpm,
-    kv_config: crate::model_family::GEMMA4_ONLY,
-    import: |c| import(c.top, c.name).map(|(s, applied)| (crate::Spec::MiniCpm(s), applied)),
-};
+pub(crate) const FAMILY: ModelFamily = crate::model_family::single_family!(MiniCpm, import);

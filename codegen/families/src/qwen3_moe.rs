@@ -371,8 +371,4 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Qwen3
 }
 
 /// Qwen3-MoE in the family registry.
-pub(crate) const FAMILY: ModelFamily = ModelFamily {
-    reads: |t| t.family() == crate::Family::Qwen3Moe,
-    kv_config: crate::model_family::GEMMA4_ONLY,
-    import: |c| import(c.top, c.name).map(|(s, applied)| (crate::Spec::Qwen3Moe(s), applied)),
-};
+pub(crate) const FAMILY: ModelFamily = crate::model_family::single_family!(Qwen3Moe, import);
