@@ -144,10 +144,7 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
 /// the Python float of an int / int true division) before the untied `lm_head`.
 pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{
-        direct_norms, full_attention, layer, model_ir, plain_rope, scaled_embedding, swiglu,
-        whole_head_sharding, ModelParts,
-    };
+    use crate::ir_parts::*;
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let n_layers = spec.layers.num_hidden_layers as usize;

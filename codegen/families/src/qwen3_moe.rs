@@ -190,10 +190,7 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 /// off the `decoder_sparse_step`, a dense SwiGLU MLP.
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{
-        direct_norms, full_attention, plain_layer, plain_model_ir, plain_rope,
-        softmax_topk_experts, swiglu,
-    };
+    use crate::ir_parts::*;
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let e = &spec.moe;

@@ -493,10 +493,7 @@ fn refuse_scales(spec: &DenseSpec, c: &mut validate::Checker) {
 /// `scales` and SmolLM3's NoPE layers from its interval.
 pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{
-        direct_norms, full_attention, layer, model_ir, plain_head, scaled_embedding, swiglu,
-        whole_head_sharding, ModelParts,
-    };
+    use crate::ir_parts::*;
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let theta = spec.rope.rope_theta as f32;
