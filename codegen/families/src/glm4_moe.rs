@@ -164,11 +164,10 @@ pub(crate) fn config_fields(spec: &Glm4MoeSpec) -> Value {
 }
 
 /// How a glm4_moe document is read (see [`crate::layout_reader`]).
-pub(crate) const LAYOUT: Layout = Layout {
-    family: "glm4_moe",
-    anchor: "glm4-moe",
-    head: crate::layout_reader::DENSE_HEAD,
-    sections: &[
+pub(crate) const LAYOUT: Layout = Layout::on_dense_head(
+    "glm4_moe",
+    "glm4-moe",
+    &[
         Section::described::<Glm4MoeAttentionOptions>(
             "attention_options",
             "a mapping {attention_bias, use_qk_norm}",
@@ -183,26 +182,29 @@ pub(crate) const LAYOUT: Layout = Layout {
         crate::noaux_tc::MOE,
         QUANTIZATION,
     ],
-    texts: &[],
-};
+);
+
+impl Glm4MoeReduce {
+    /// The experts' reduced (experts, top-k, expert width).
+    fn experts(&self) -> [u32; 3] {
+        [
+            self.n_routed_experts,
+            self.num_experts_per_tok,
+            self.moe_intermediate_size,
+        ]
+    }
+}
 
 /// The derived glm4_moe form: the dense MLP's width and the experts' sizes.
 impl Reducible for Glm4MoeSpec {
     fn other_sizes(r: &Glm4MoeReduce, parent: &Self, _: &mut Vec<Issue>) -> Vec<Size> {
-        let experts = [
-            r.n_routed_experts,
-            r.num_experts_per_tok,
-            r.moe_intermediate_size,
-        ];
         let mut sizes = crate::reduce::mlp_width(r.intermediate_size, parent.mlp.intermediate_size);
-        sizes.extend(parent.moe.sizes(experts));
+        sizes.extend(parent.moe.sizes(r.experts()));
         sizes
     }
     fn apply(&mut self, r: &Glm4MoeReduce) {
         self.mlp.intermediate_size = r.intermediate_size;
-        self.moe.n_routed_experts = r.n_routed_experts;
-        self.moe.num_experts_per_tok = r.num_experts_per_tok;
-        self.moe.moe_intermediate_size = r.moe_intermediate_size;
+        self.moe.set_sizes(r.experts());
     }
     fn reduced_field(path: &str) -> Option<FieldPath> {
         Some(reduce_key(NoauxTcExperts::reduced_field(last_key(path))))
@@ -270,8 +272,4 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Glm4M
 }
 
 /// glm4_moe in the family registry.
-pub(crate) const FAMILY: ModelFamily = ModelFamily {
-    reads: |t| t.family() == crate::Family::Glm4Moe,
-    kv_config: crate::model_family::GEMMA4_ONLY,
-    import: |c| import(c.top, c.name).map(|(s, applied)| (crate::Spec::Glm4Moe(s), applied)),
-};
+pub(crate) const FAMILY: ModelFamily = crate::model_family::single_family!(Glm4Moe, import);

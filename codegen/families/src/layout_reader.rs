@@ -122,6 +122,27 @@ pub(crate) enum Text {
 }
 
 impl Layout {
+    /// The layout of `family` (documented at `anchor`) that opens with
+    /// [`DENSE_HEAD`], then has `sections`, with no texts of its own.
+    pub(crate) const fn on_dense_head(
+        family: &'static str,
+        anchor: &'static str,
+        sections: &'static [Section],
+    ) -> Layout {
+        Layout {
+            family,
+            anchor,
+            head: DENSE_HEAD,
+            sections,
+            texts: &[],
+        }
+    }
+
+    /// This layout with `texts` for its messages.
+    pub(crate) const fn with_texts(self, texts: &'static [Text]) -> Layout {
+        Layout { texts, ..self }
+    }
+
     /// `value` as the layout's document `S`, validated by its family's check,
     /// as the [`Spec`] `wrap` makes of it; or every section's first error
     /// (deserializing), or every issue the check finds, each located in `tree`.

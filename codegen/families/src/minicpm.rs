@@ -144,10 +144,7 @@ pub(crate) fn check(spec: &MiniCpmSpec) -> Vec<Issue> {
 /// the Python float of an int / int true division) before the untied `lm_head`.
 pub(crate) fn lower(spec: &MiniCpmSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{
-        direct_norms, full_attention, layer, model_ir, plain_rope, scaled_embedding, swiglu,
-        whole_head_sharding, ModelParts,
-    };
+    use crate::ir_parts::*;
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let n_layers = spec.layers.num_hidden_layers as usize;
@@ -218,20 +215,15 @@ pub(crate) fn config_fields(spec: &MiniCpmSpec) -> Value {
 // ---------------------------------------------------------------- parsing
 
 /// How a minicpm document is read (see [`crate::layout_reader`]).
-pub(crate) const LAYOUT: Layout = Layout {
-    family: "minicpm",
-    anchor: "minicpm",
-    head: crate::layout_reader::DENSE_HEAD,
-    sections: &[
-        Section::described::<MiniCpmRope>("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null)"),
-        Section::of::<DenseMlp>("mlp"),
-        Section::described::<MiniCpmScales>("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales"),
-        QUANTIZATION,
-    ],
-    texts: &[
-        Text::Field("scaling", "`traditional` or `rope_theta` (no scaling)", "MiniCPM's RoPE is plain here: rope_scaling must be null (MiniCPM4's longrope, mlx-lm's SuScaledRoPE, is not supported); see docs/spec-format.md#minicpm"),
-    ],
-};
+pub(crate) const LAYOUT: Layout = Layout::on_dense_head("minicpm", "minicpm", &[
+    Section::described::<MiniCpmRope>("rope", "a mapping {traditional, rope_theta}", "`rope_traditional`, `rope_theta` (rope_scaling must be null)"),
+    Section::of::<DenseMlp>("mlp"),
+    Section::described::<MiniCpmScales>("scales", "a mapping {scale_emb, scale_depth, dim_model_base}", "MiniCPM's embedding, residual and logit scales"),
+    QUANTIZATION,
+])
+.with_texts(&[
+    Text::Field("scaling", "`traditional` or `rope_theta` (no scaling)", "MiniCPM's RoPE is plain here: rope_scaling must be null (MiniCPM4's longrope, mlx-lm's SuScaledRoPE, is not supported); see docs/spec-format.md#minicpm"),
+]);
 
 /// The derived MiniCPM form (see [`crate::reduce`]): the dense form's sizes.
 impl Reducible for MiniCpmSpec {
@@ -320,8 +312,4 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<MiniC
 }
 
 /// MiniCPM in the family registry.
-pub(crate) const FAMILY: ModelFamily = ModelFamily {
-    reads: |t| t.family() == crate::Family::MiniCpm,
-    kv_config: crate::model_family::GEMMA4_ONLY,
-    import: |c| import(c.top, c.name).map(|(s, applied)| (crate::Spec::MiniCpm(s), applied)),
-};
+pub(crate) const FAMILY: ModelFamily = crate::model_family::single_family!(MiniCpm, import);

@@ -33,6 +33,22 @@ pub(crate) struct ModelFamily {
     pub(crate) import: fn(&ConfigJson) -> Imported,
 }
 
+/// The entry of a family of one layout and one importer, `$import(top, name)`,
+/// whose specs are `Spec::$family` and which refuses mlx-optiq's
+/// `kv_config.json` as [`GEMMA4_ONLY`].
+macro_rules! single_family {
+    ($family:ident, $import:path) => {
+        $crate::model_family::ModelFamily {
+            reads: |t| t.family() == $crate::Family::$family,
+            kv_config: $crate::model_family::GEMMA4_ONLY,
+            import: |c| {
+                $import(c.top, c.name).map(|(s, applied)| ($crate::Spec::$family(s), applied))
+            },
+        }
+    };
+}
+pub(crate) use single_family;
+
 /// A family's answer to a checkpoint with mlx-optiq's `kv_config.json`.
 pub(crate) enum KvConfig {
     /// Its importer reads the file (as the spec's KV quantization).

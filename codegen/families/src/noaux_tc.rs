@@ -259,6 +259,15 @@ impl NoauxTcExperts {
         ]
     }
 
+    /// Writes the reduced (experts, top-k, expert width) of [`Self::sizes`].
+    pub(crate) fn set_sizes(&mut self, reduced: [u32; 3]) {
+        [
+            self.n_routed_experts,
+            self.num_experts_per_tok,
+            self.moe_intermediate_size,
+        ] = reduced;
+    }
+
     /// The field of a reduction a check on `field` points at: the expert
     /// sizes at themselves, a layer count at `num_hidden_layers`, the groups
     /// at `n_routed_experts`.

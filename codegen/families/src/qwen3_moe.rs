@@ -190,10 +190,7 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
 /// off the `decoder_sparse_step`, a dense SwiGLU MLP.
 pub(crate) fn lower(spec: &Qwen3MoeSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{
-        direct_norms, full_attention, plain_layer, plain_model_ir, plain_rope,
-        softmax_topk_experts, swiglu,
-    };
+    use crate::ir_parts::*;
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let e = &spec.moe;
@@ -261,18 +258,13 @@ pub(crate) fn config_fields(spec: &Qwen3MoeSpec) -> Value {
 // ---------------------------------------------------------------- parsing
 
 /// How a qwen3_moe document is read (see [`crate::layout_reader`]).
-pub(crate) const LAYOUT: Layout = Layout {
-    family: "qwen3_moe",
-    anchor: "qwen3-moe",
-    head: crate::layout_reader::DENSE_HEAD,
-    sections: &[
-        Section::described::<Qwen3MoeRope>("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling)"),
-        Section::hinted::<DenseMlp>("mlp", "SwiGLU width of the dense layers"),
-        Section::described::<Qwen3MoeExperts>("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts"),
-        QUANTIZATION,
-    ],
-    texts: &[],
-};
+pub(crate) const LAYOUT: Layout = Layout::on_dense_head("qwen3_moe", "qwen3-moe", &[
+    Section::described::<Qwen3MoeRope>("rope", "a mapping {rope_theta}", "`rope_theta` (qwen3_moe ignores rope_scaling)"),
+    Section::hinted::<DenseMlp>("mlp", "SwiGLU width of the dense layers"),
+    Section::described::<Qwen3MoeExperts>("moe", "a mapping {num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}", "the routed experts"),
+    QUANTIZATION,
+],
+);
 
 /// The derived Qwen3-MoE form (see [`crate::reduce`]): the dense form's sizes and
 /// the experts'.
@@ -376,8 +368,4 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Qwen3
 }
 
 /// Qwen3-MoE in the family registry.
-pub(crate) const FAMILY: ModelFamily = ModelFamily {
-    reads: |t| t.family() == crate::Family::Qwen3Moe,
-    kv_config: crate::model_family::GEMMA4_ONLY,
-    import: |c| import(c.top, c.name).map(|(s, applied)| (crate::Spec::Qwen3Moe(s), applied)),
-};
+pub(crate) const FAMILY: ModelFamily = crate::model_family::single_family!(Qwen3Moe, import);

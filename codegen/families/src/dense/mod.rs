@@ -493,10 +493,7 @@ fn refuse_scales(spec: &DenseSpec, c: &mut validate::Checker) {
 /// `scales` and SmolLM3's NoPE layers from its interval.
 pub(crate) fn lower(spec: &DenseSpec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{
-        direct_norms, full_attention, layer, model_ir, plain_head, scaled_embedding, swiglu,
-        whole_head_sharding, ModelParts,
-    };
+    use crate::ir_parts::*;
     let a = &spec.attention;
     let head_dim = a.head_dim as usize;
     let theta = spec.rope.rope_theta as f32;
@@ -644,22 +641,17 @@ pub(crate) fn config_fields(spec: &DenseSpec) -> Value {
 // ---------------------------------------------------------------- parsing
 
 /// How a dense document is read (see [`crate::layout_reader`]).
-pub(crate) const LAYOUT: Layout = Layout {
-    family: "dense",
-    anchor: "dense-families",
-    head: crate::layout_reader::DENSE_HEAD,
-    sections: &[
-        Section::described::<DenseRope>("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`"),
-        Section::of::<DenseMlp>("mlp"),
-        Section::optional::<GraniteScales>("scales"),
-        QUANTIZATION,
-        Section::optional::<crate::MixedKv>("mixed_kv"),
-    ],
-    texts: &[
-        Text::Field("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
-        Text::Field("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
-    ],
-};
+pub(crate) const LAYOUT: Layout = Layout::on_dense_head("dense", "dense-families", &[
+    Section::described::<DenseRope>("rope", "a mapping {traditional, rope_theta, scaling}", "`rope_theta`, `rope_traditional`, `rope_scaling`"),
+    Section::of::<DenseMlp>("mlp"),
+    Section::optional::<GraniteScales>("scales"),
+    QUANTIZATION,
+    Section::optional::<crate::MixedKv>("mixed_kv"),
+])
+.with_texts(&[
+    Text::Field("layers", "a mapping {num_hidden_layers}", "every dense layer is full attention; see docs/spec-format.md#dense-families"),
+    Text::Field("scaling", "null or {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}", "`rope_scaling` from config.json; null for plain RoPE"),
+]);
 
 /// The derived dense form (see [`crate::reduce`]): the stack's sizes and the MLP width.
 impl Reducible for DenseSpec {

@@ -506,10 +506,7 @@ fn check_rope_bases(c: &mut validate::Checker, spec: &Gemma2Spec) {
 /// `rope_local_base_freq`, the full ones take `rope_theta` and the linear scaling.
 pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{
-        full_attention, model_ir, plain_layer, plain_rope, scaled_embedding, whole_head_sharding,
-        ModelParts,
-    };
+    use crate::ir_parts::*;
     let (a, r, variant) = (&spec.attention, &spec.rope, spec.variant());
     let head_dim = a.head_dim as usize;
     // The sliding layers and their window, when the spec has them.

@@ -115,8 +115,4 @@ fn read_yarn(top: &Map<String, Value>, r: &mut Reader) -> Option<GptOssYarn> {
 }
 
 /// gpt_oss in the family registry.
-pub(crate) const FAMILY: ModelFamily = ModelFamily {
-    reads: |t| t.family() == crate::Family::GptOss,
-    kv_config: crate::model_family::GEMMA4_ONLY,
-    import: |c| import(c.top, c.name).map(|(s, applied)| (crate::Spec::GptOss(s), applied)),
-};
+pub(crate) const FAMILY: ModelFamily = crate::model_family::single_family!(GptOss, import);

@@ -222,11 +222,10 @@ pub(crate) fn config_fields(spec: &GptOssSpec) -> Value {
 }
 
 /// How a gpt_oss document is read (see [`crate::layout_reader`]).
-pub(crate) const LAYOUT: Layout = Layout {
-    family: "gpt_oss",
-    anchor: "gpt-oss",
-    head: crate::layout_reader::DENSE_HEAD,
-    sections: &[
+pub(crate) const LAYOUT: Layout = Layout::on_dense_head(
+    "gpt_oss",
+    "gpt-oss",
+    &[
         Section::described::<GptOssAttentionLayers>(
             "attention_layers",
             "a mapping {sliding_window, layer_types}",
@@ -241,8 +240,7 @@ pub(crate) const LAYOUT: Layout = Layout {
         ),
         QUANTIZATION,
     ],
-    texts: &[],
-};
+);
 
 /// The derived gpt_oss form: the experts' sizes and the window; the layer
 /// types cut to the reduced stack.

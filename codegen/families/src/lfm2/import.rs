@@ -114,8 +114,4 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Lfm2S
 }
 
 /// LFM2 in the family registry.
-pub(crate) const FAMILY: ModelFamily = ModelFamily {
-    reads: |t| t.family() == crate::Family::Lfm2,
-    kv_config: crate::model_family::GEMMA4_ONLY,
-    import: |c| import(c.top, c.name).map(|(s, applied)| (crate::Spec::Lfm2(s), applied)),
-};
+pub(crate) const FAMILY: ModelFamily = crate::model_family::single_family!(Lfm2, import);

@@ -487,10 +487,7 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
 /// variant's (qwen3_5: mlx-lm's `Model` wrapper, `language_model.model.*`).
 pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
     use crate::ir::*;
-    use crate::ir_parts::{
-        direct_norms, full_attention, model_ir, plain_head, plain_layer, plain_rope,
-        scaled_embedding, softmax_topk_experts, swiglu, ModelParts,
-    };
+    use crate::ir_parts::*;
     let (a, la, variant) = (&spec.attention, &spec.linear_attention, spec.variant());
     let ffn = match (&spec.mlp, &spec.moe) {
         (_, Some(e)) => FeedForward::MoeAndSharedExpert {
