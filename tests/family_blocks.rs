@@ -801,7 +801,8 @@ fn yarn_rope(
         ..one_attention_of("gemma-3-1b-tiny.yaml", dims + extra)?
     };
     let rope = archgen_monolith::rope_for(&attention)?;
-    let archgen_runtime::rope::Rope::Yarn { freqs, .. } = &rope else {
+    let archgen_runtime::rope::Rope::Yarn(archgen_runtime::rope::YarnTables { freqs, .. }) = &rope
+    else {
         return Err(mlx_rs::error::Exception::custom(
             "a YaRN kind builds Rope::Yarn",
         ));

@@ -276,7 +276,7 @@ impl Rotation {
             }),
             Rope::Freqs { .. } => None,
             // YaRN's input scale and interleaved pairs are not the kernel's.
-            Rope::Yarn { .. } => None,
+            Rope::Yarn(_) => None,
             Rope::NoPe => Some(Rotation::none(offset, per_row)?),
         })
     }

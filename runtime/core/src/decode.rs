@@ -84,7 +84,7 @@ use crate::feed_forward::FeedForward;
 use crate::flat::{hollow, next, placeholder, Flat, Packed};
 use crate::layers::{Linear, QuantForm, Quantized, SwitchLinear};
 use crate::ops::{rms_norm, NormInputs, Result};
-use crate::rope::{apply_tables, Rope, RopeTables};
+use crate::rope::{apply_tables, Rope, RopeTables, YarnTables};
 
 /// Whether one-token steps take this module's compiled blocks.
 pub fn enabled() -> bool {
@@ -210,7 +210,10 @@ pub fn step(
             weights,
             fused,
             cache,
-        } => attend_own_kv(h, layer, weights, fused, rope, cache, mask)?,
+        } => {
+            let own = OwnProjections { kv: weights, fused };
+            attend_own_kv(h, layer, own, rope, cache, mask)?
+        }
         KvSource::Shared(shared) => (
             attend_shared_kv(h, layer, rope, shared, mask)?,
             shared.clone(),
@@ -226,16 +229,19 @@ pub fn step(
 fn attend_own_kv(
     h: &Array,
     layer: &Layer<'_>,
-    kv: &KvWeights,
-    fused: Option<&FusedQkv>,
+    own: OwnProjections<'_>,
     rope: &RopeTables,
     cache: &mut dyn StepCache,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
     let offset = cache.rope_offset()?;
     // The stacked projection needs one dtype throughout (see FusedQkv).
-    let fused = fused.filter(|f| f.usable(h.dtype(), layer.norms.input().dtype()));
-    let qkv = pre_attention(h, layer, Some(kv), fused, rope)?;
+    let input_dtype = layer.norms.input().dtype();
+    let own = OwnProjections {
+        fused: own.fused.filter(|f| f.usable(h.dtype(), input_dtype)),
+        ..own
+    };
+    let qkv = pre_attention(h, layer, Some(own), rope)?;
     let [q, k, v] = <[Array; 3]>::try_from(qkv).map_err(|_| bad_outputs())?;
     let step = StepQkv {
         q,
@@ -301,7 +307,7 @@ fn attend_shared_kv(
     shared: &SharedKv,
     mask: &Mask,
 ) -> Result<Array> {
-    let q = pre_attention(h, layer, None, None, rope)?;
+    let q = pre_attention(h, layer, None, rope)?;
     let q = q.into_iter().next().ok_or_else(bad_outputs)?;
     blocks::attend_shared_kv(
         &q,
@@ -534,21 +540,30 @@ fn reads_back(v: f32) -> bool {
     format!("{:.6e}", v as f64).parse::<f64>().map(|d| d as f32) == Ok(v)
 }
 
-/// `rms_norm(h, input_norm)`, then Q, K, V (or Q alone) as the eager path
-/// computes them, RoPE from this step's tables.
+/// The projections of a layer that computes its own K/V: its K/V weights,
+/// and its Q/K/V stacked into one matmul where they are ([`FusedQkv`]).
+#[derive(Clone, Copy)]
+struct OwnProjections<'a> {
+    kv: &'a KvWeights,
+    fused: Option<&'a FusedQkv>,
+}
+
+/// `rms_norm(h, input_norm)`, then Q, K, V (or Q alone, for a layer reading
+/// a donor's K/V: `own` is `None`) as the eager path computes them, RoPE
+/// from this step's tables.
 fn pre_attention(
     h: &Array,
     layer: &Layer<'_>,
-    kv: Option<&KvWeights>,
-    fused: Option<&FusedQkv>,
+    own: Option<OwnProjections<'_>>,
     rope: &RopeTables,
 ) -> Result<Vec<Array>> {
     // A layer reading a donor's K/V projects Q alone: the compiled block.
-    if let Some(kv) = kv {
-        if let Some(qkv) = head_norm_rope_step(h, layer, kv, fused, rope)? {
+    if let Some(own) = own {
+        if let Some(qkv) = head_norm_rope_step(h, layer, own, rope)? {
             return Ok(qkv.into());
         }
     }
+    let (kv, fused) = (own.map(|o| o.kv), own.and_then(|o| o.fused));
     let (s, eps) = (layer.shape, layer.eps);
     let (mut p, norm_inputs) =
         pre_attention_packed(PRE_ATTENTION, h, layer.norms.input(), s, eps, rope);
@@ -608,10 +623,10 @@ fn pre_attention(
 fn head_norm_rope_step(
     h: &Array,
     layer: &Layer<'_>,
-    kv: &KvWeights,
-    fused: Option<&FusedQkv>,
+    own: OwnProjections<'_>,
     rope: &RopeTables,
 ) -> Result<Option<[Array; 3]>> {
+    let OwnProjections { kv, fused } = own;
     if !crate::device::head_norm_rope_kernel() {
         return Ok(None);
     }
@@ -1534,15 +1549,11 @@ impl Flat for Rope {
                 p.key.extend([1, *dims as i64]);
                 freqs.put(p);
             }
-            Rope::Yarn {
-                dims,
-                freqs,
-                input_scale,
-                pairs,
-            } => {
-                p.key.extend([3, *dims as i64, pairs.traditional() as i64]);
-                freqs.put(p);
-                input_scale.put(p);
+            Rope::Yarn(y) => {
+                p.key
+                    .extend([3, y.dims as i64, y.pairs.traditional() as i64]);
+                y.freqs.put(p);
+                y.input_scale.put(p);
             }
             Rope::NoPe => p.key.push(2),
         }
@@ -1558,17 +1569,12 @@ impl Flat for Rope {
                 dims: *dims,
                 freqs: next(it),
             },
-            Rope::Yarn {
-                dims,
-                input_scale,
-                pairs,
-                ..
-            } => Rope::Yarn {
-                dims: *dims,
+            Rope::Yarn(y) => Rope::Yarn(YarnTables {
+                dims: y.dims,
                 freqs: next(it),
-                input_scale: input_scale.take(it),
-                pairs: *pairs,
-            },
+                input_scale: y.input_scale.take(it),
+                pairs: y.pairs,
+            }),
             Rope::NoPe => Rope::NoPe,
         }
     }

@@ -18,18 +18,22 @@ pub enum Rope {
     /// `ProportionalRoPE`: periods `factor * base**(arange(0, rotated, 2)/dims)`
     /// for the rotated pairs and `inf` (identity) for the rest.
     Freqs { dims: i32, freqs: Array },
-    /// `YarnRoPE`: the `freqs=` form with `traditional` as the module was
-    /// built ([`Pairs`]), the rotated dims first multiplied by `input_scale`
-    /// (its `mscale`) where that is not 1.
-    Yarn {
-        dims: i32,
-        freqs: Array,
-        input_scale: Option<Array>,
-        pairs: Pairs,
-    },
+    /// `YarnRoPE` ([`YarnTables`]).
+    Yarn(YarnTables),
     /// No rotation: smollm3's `NoPE` module, whose `__call__(x, offset)`
     /// returns `x` itself (no op in the graph).
     NoPe,
+}
+
+/// `YarnRoPE`: the `freqs=` form with `traditional` as the module was built
+/// ([`Pairs`]), the rotated dims first multiplied by `input_scale` (its
+/// `mscale`) where that is not 1.
+#[derive(Debug, Clone)]
+pub struct YarnTables {
+    pub dims: i32,
+    pub freqs: Array,
+    pub input_scale: Option<Array>,
+    pub pairs: Pairs,
 }
 
 /// Which dims rotate together (`mx.fast.rope`'s `traditional`).
@@ -177,12 +181,12 @@ impl Rope {
         let freqs = freq_inter.multiply(&freq_extra)?.divide(&blend)?;
         freqs.eval()?;
         let input_scale = scaling.input_scale();
-        Ok(Rope::Yarn {
+        Ok(Rope::Yarn(YarnTables {
             dims,
             freqs,
             input_scale: (input_scale != 1.0).then(|| f(input_scale)),
             pairs,
-        })
+        }))
     }
 
     /// The `freqs=` form from its float32 periods, evaluated once at load.
@@ -202,14 +206,10 @@ impl Rope {
             Rope::Freqs { dims, freqs } => {
                 mlx_rs::fast::rope_dynamic(x, *dims, false, None, 1.0, offset, freqs)
             }
-            Rope::Yarn {
-                dims,
-                freqs,
-                input_scale,
-                pairs,
-            } => {
-                let x = scale_rotated(x, *dims, input_scale.as_ref())?;
-                mlx_rs::fast::rope_dynamic(&x, *dims, pairs.traditional(), None, 1.0, offset, freqs)
+            Rope::Yarn(y) => {
+                let x = scale_rotated(x, y.dims, y.input_scale.as_ref())?;
+                let traditional = y.pairs.traditional();
+                mlx_rs::fast::rope_dynamic(&x, y.dims, traditional, None, 1.0, offset, &y.freqs)
             }
             Rope::NoPe => Ok(x.clone()),
         }
@@ -219,14 +219,15 @@ impl Rope {
     fn scale(&self) -> f32 {
         match self {
             Rope::Base { scale, .. } => *scale,
-            Rope::Freqs { .. } | Rope::Yarn { .. } | Rope::NoPe => 1.0,
+            Rope::Freqs { .. } | Rope::Yarn(_) | Rope::NoPe => 1.0,
         }
     }
 
     /// The rotation dims (`dims` of `mx.fast.rope`; 0 without rotation).
     pub fn dims(&self) -> i32 {
         match self {
-            Rope::Base { dims, .. } | Rope::Freqs { dims, .. } | Rope::Yarn { dims, .. } => *dims,
+            Rope::Base { dims, .. } | Rope::Freqs { dims, .. } => *dims,
+            Rope::Yarn(y) => y.dims,
             Rope::NoPe => 0,
         }
     }
@@ -295,15 +296,15 @@ impl Rope {
             Rope::Base { base, .. } => mlx_rs::ops::arange::<i32, f32>(0, -half, -1)?
                 .multiply(Array::from_f32(base.ln() / half as f32))?
                 .exp()?,
-            Rope::Freqs { freqs, .. } | Rope::Yarn { freqs, .. } => freqs.reciprocal()?,
+            Rope::Freqs { freqs, .. } | Rope::Yarn(YarnTables { freqs, .. }) => {
+                freqs.reciprocal()?
+            }
             Rope::NoPe => return Ok(RopeTables::NoPe),
         };
         let theta = positions.expand_dims(-1)?.multiply(&inv_freqs)?;
         let (cos, sin) = (theta.cos()?, theta.sin()?);
         let (pairs, input_scale) = match self {
-            Rope::Yarn {
-                pairs, input_scale, ..
-            } => (*pairs, input_scale.clone()),
+            Rope::Yarn(y) => (y.pairs, y.input_scale.clone()),
             Rope::Base { .. } | Rope::Freqs { .. } | Rope::NoPe => (Pairs::Halves, None),
         };
         Ok(RopeTables::Fallback(CosSin {
