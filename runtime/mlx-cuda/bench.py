@@ -36,7 +36,10 @@ which sets up the wheels and the binaries. Per spec:
     Without PyTorch or CUDA (a CPU run) there is no bound: the line says
     bound_tok_s=none rather than guess one.
   * Variants (--impls, which must hold gen and mlx-lm; without the monolith
-    the result line has no gen/mono): besides `generated`, `monolith` and `mlx-lm`, a
+    the result line has no gen/mono): besides `generated`, `monolith` and `mlx-lm`,
+    `baseline` is the generated model of another build of archgen-bench
+    (--baseline-bench: an older commit, for a paired A/B of two binaries on
+    one checkpoint in one call), and a
     worker `BASE@VAR=VALUE[@VAR=VALUE...]` runs BASE with those environment
     variables (e.g. `generated@ARCHGEN_GPU_DECODE=0`, the eager blocks, or
     `generated@MLX_MAX_OPS_PER_BUFFER=400`); each worker holds its own copy
@@ -90,10 +93,13 @@ def worker_cmd(name: str, model: Path, a) -> tuple[list[str], dict]:
     cmds = {
         "generated": [a.bench, "worker", "--impl", "generated", "--model", str(model)],
         "monolith": [a.bench, "worker", "--impl", "monolith", "--model", str(model)],
+        "baseline": [a.baseline_bench or "", "worker", "--impl", "generated", "--model", str(model)],
         "mlx-lm": [sys.executable, str(a.repo / "tests/python/bench_mlx_lm.py"), "--model", str(model)],
     }
     if base not in cmds:
         raise SystemExit(f"unknown worker {name!r}: BASE is one of {', '.join(cmds)}")
+    if base == "baseline" and not a.baseline_bench:
+        raise SystemExit(f"worker {name!r} needs --baseline-bench (the other archgen-bench binary)")
     return cmds[base], env
 
 
@@ -287,6 +293,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--archgen", required=True)
     ap.add_argument("--bench", required=True, help="the archgen-bench binary")
+    ap.add_argument("--baseline-bench", default=os.environ.get("BENCH_BASELINE"),
+                    help="the archgen-bench binary of worker `baseline` (env BENCH_BASELINE)")
     ap.add_argument("--repo", required=True, type=Path)
     ap.add_argument("--work", required=True, type=Path)
     ap.add_argument("--rounds", type=int, default=3)

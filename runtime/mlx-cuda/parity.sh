@@ -9,13 +9,14 @@
 #
 # CARRY holds what travelled with the call: mlx_cuda_13.whl.part1 (first call)
 # or .part2, the mlx and mlx-lm wheels (whl/), and archgen.xz /
-# archgen-bench.xz (xz-compressed, stripped release binaries). The
+# archgen-bench.xz (xz-compressed, stripped release binaries; optionally
+# archgen-bench-baseline.xz, an older commit's, for bench.py's `baseline`). The
 # mlx-cuda-13 wheel (83 MiB) is larger than one call may carry, so it comes in
 # two halves in two back-to-back calls to the same warm machine; the three
 # wheels are installed with pip --target into /tmp/site, so Python's mlx and
 # the archgen binary load the same libmlx.so (the binary through
 # LD_LIBRARY_PATH). CUDA's own libraries come from the image's PyTorch.
-# Making CARRY here: `split -b 60000000 -d -a 1 mlx_cuda_13-0.32.2-*.whl part`
+# Making CARRY here: `split -b 52000000 -d -a 1 mlx_cuda_13-0.32.2-*.whl part`
 # (part0 -> DIR1/mlx_cuda_13.whl.part1, part1 -> DIR2/mlx_cuda_13.whl.part2;
 # sha256 of the whole wheel 335094cc...), the wheels from `pip download` as in
 # the device README, `strip` + `xz` of target/release/{archgen,archgen-bench}.
@@ -59,7 +60,7 @@ if [[ $what == setup ]]; then
   echo "wheel sha256 $(sha256sum /tmp/mlx_cuda_13-*.whl | cut -c1-16) (expect ${WHEEL_SHA:-?})"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     /tmp/mlx_cuda_13-*.whl "$CARRY"/whl/*.whl || exit 1
-  for b in archgen archgen-bench; do
+  for b in archgen archgen-bench archgen-bench-baseline; do
     [[ -f $CARRY/$b.xz ]] && xz -dc "$CARRY/$b.xz" > /tmp/$b && chmod +x /tmp/$b
   done
 elif [[ $what != again ]]; then
@@ -71,6 +72,9 @@ nv=$(ls -d "$torch_site"/nvidia/*/lib 2>/dev/null | tr '\n' ':')
 export LD_LIBRARY_PATH="/tmp/site/mlx/lib:/tmp/site/mlx_cuda_13.libs:${nv}${LD_LIBRARY_PATH:-}"
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 export ARCHGEN=/tmp/archgen
+# An older build's archgen-bench (archgen-bench-baseline.xz in CARRY): bench.py's
+# and speed_table.py's `baseline` worker, for a paired A/B of two binaries.
+[[ -x /tmp/archgen-bench-baseline ]] && export BENCH_BASELINE=/tmp/archgen-bench-baseline
 echo "== $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
 echo "== archgen loads $(ldd $ARCHGEN | grep libmlx)"
 python3 -c 'import mlx.core as mx, mlx_lm; print("== python mlx", mx.__version__, mx.default_device(), mlx_lm.__file__)' || exit 1
@@ -327,7 +331,8 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
       # are copied to $OUT.
       spec=${SPEEDTABLE_SPEC:-gemma4-12b}
       python3 "$here/speed_table.py" --archgen $ARCHGEN --bench /tmp/archgen-bench --repo "$repo" --work $work \
-        --logs $work/speedtable --spec "$spec" ${SPEEDTABLE_ARGS:-} 2>&1 | tee -a "$OUT/speedtable.log"
+        --logs $work/speedtable --spec "$spec" ${BENCH_BASELINE:+--baseline-bench $BENCH_BASELINE} \
+        ${SPEEDTABLE_ARGS:-} 2>&1 | tee -a "$OUT/speedtable.log"
       mkdir -p "$OUT/speedtable" && cp $work/speedtable/* "$OUT/speedtable/" 2>/dev/null
       ;;
     *) echo "unknown step $step"; exit 2 ;;

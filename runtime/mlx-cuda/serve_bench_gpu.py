@@ -18,7 +18,8 @@ Servers (each started in turn on the same checkpoint):
                      forward (what `archgen` served before generated models
                      batched, 259dd6d)
   archgen-monolith-b32  the same with --max-batch 32 (mlx-lm's decode
-                     concurrency)
+                     concurrency); any `archgen` or `archgen-monolith`
+                     with `-bN` runs --max-batch N (e.g. archgen-b64)
   mlx-lm             `python3 -m mlx_lm.server` with its defaults (decode
                      concurrency 32, prompt concurrency 8, prefill step 2048)
   NAME@VAR=VALUE[@VAR=VALUE...]
@@ -53,6 +54,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 SERVERS = ["archgen", "archgen-monolith", "archgen-monolith-b32", "mlx-lm"]
+# archgen[-monolith][-bN] (`-bN`: --max-batch N) or mlx-lm
+SERVER_NAME = re.compile(r"archgen(-monolith)?(?:-b(\d+))?|mlx-lm")
 
 
 def main() -> None:
@@ -75,8 +78,9 @@ def main() -> None:
     ap.add_argument("--markdown", type=Path)
     a = ap.parse_args()
     for name in a.servers:
-        if name.split("@")[0] not in SERVERS:
-            ap.error(f"unknown server {name!r}: NAME is one of {', '.join(SERVERS)}")
+        if not SERVER_NAME.fullmatch(name.split("@")[0]):
+            ap.error(f"unknown server {name!r}: NAME is archgen[-monolith][-bN] or mlx-lm "
+                     f"(e.g. {', '.join(SERVERS)})")
 
     sys.path.insert(0, str(a.repo / "tests/python"))
     from serve_bench import SHORT, Server, chat, fmt, free_port, load_level
@@ -88,12 +92,16 @@ def main() -> None:
         base, env = base_and_env(name)
         port = free_port()
         if base.startswith("archgen"):
-            argv = [a.archgen, "--quiet", "serve", "--model", str(a.model), "--host", "127.0.0.1",
+            # Not --quiet: the server's log then names its tier and the
+            # levers on, which shows what the L3 variables reached.
+            argv = [a.archgen, "serve", "--model", str(a.model), "--host", "127.0.0.1",
                     "--port", str(port)]
             if base.startswith("archgen-monolith"):
                 argv += ["--impl", "monolith"]
-            if base == "archgen-monolith-b32":
-                argv += ["--max-batch", "32"]
+            # `-bN`: --max-batch N (sequences in flight at once)
+            m = SERVER_NAME.fullmatch(base)
+            if m and m.group(2):
+                argv += ["--max-batch", m.group(2)]
         else:
             argv = [sys.executable, "-m", "mlx_lm.server", "--model", str(a.model), "--host", "127.0.0.1",
                     "--port", str(port)]

@@ -31,6 +31,15 @@ runs some, --keep keeps the checkpoint for the next call, and --reuse fills
 the parts not run now from the JSON an earlier call left in --logs (the
 table names those parts and their files' times).
 
+Two kinds of extra rows, beside the three columns: --baseline-bench adds
+bench.py's `baseline` worker (the generated model of another archgen-bench
+build, e.g. an older commit) to the single-stream rounds, for a paired A/B
+of two binaries in the same rounds; --extra-servers adds servers to the
+serving part (serve_bench_gpu.py's names, e.g. `archgen-b64`, a larger
+--max-batch). Each extra is a line under the table with its ratio to
+archgen L1 and to mlx-lm. A second table gives each server's time to first
+token and inter-token latency per serving level.
+
 On the GPU machine: runtime/mlx-cuda/parity.sh's `speedtable` step.
 """
 
@@ -96,6 +105,66 @@ def cell(tok_s: float | None, ref: float | None, of_bound: float | None, bound_k
     return f"{tok_s:.1f}" + (f" ({', '.join(parts)})" if parts else "")
 
 
+def ratio(x: float | None, y: float | None) -> str:
+    return "-" if not x or not y else f"{x / y:.2f}x"
+
+
+def extra_lines(a, single, serve, impls: dict, servers: dict) -> list[str]:
+    """The extra workers' and servers' lines: tokens/s and the ratios to
+    archgen L1 and to mlx-lm in the same rounds or levels."""
+    lines = []
+    if a.baseline_bench and single and a.spec in single:
+        s = single[a.spec]
+        w = s["workers"]
+        b, l1, ref = (w.get(k) for k in ("baseline", impls["archgen L1"], "mlx-lm"))
+        if b:
+            share = "" if b["of_bound"] is None else f", {100 * b['of_bound']:.1f}% of bound"
+            lines += ["", f"Single stream, {a.baseline_label} (`baseline`, same rounds): {b['tok_s']:.1f} tok/s"
+                      f"{share}; archgen L1 / {a.baseline_label} = {ratio(l1 and l1['tok_s'], b['tok_s'])} "
+                      f"(tokens/s); {a.baseline_label} / mlx-lm = {ratio(b['tok_s'], ref and ref['tok_s'])}."]
+    served = []
+    if a.extra_servers and serve:
+        res = serve["results"]
+        for name in a.extra_servers:
+            for i, c_n in enumerate(a.clients):
+                lv = ((res.get(name) or {}).get("levels") or [None] * len(a.clients))
+                lv = lv[i] if i < len(lv) else None
+                l1 = ((res.get(servers["archgen L1"]) or {}).get("levels") or [None] * len(a.clients))
+                ref = ((res.get(servers["mlx-lm"]) or {}).get("levels") or [None] * len(a.clients))
+                l1 = l1[i] if i < len(l1) else None
+                ref = ref[i] if i < len(ref) else None
+                if lv is None:
+                    served.append(f"- serving {c_n} clients, `{name}`: not run")
+                    continue
+                served.append(
+                    f"- serving {c_n} clients, `{name}`: {lv['tokens_per_s']:.1f} tok/s, "
+                    f"{ratio(lv['tokens_per_s'], l1 and l1['tokens_per_s'])} archgen L1, "
+                    f"{ratio(lv['tokens_per_s'], ref and ref['tokens_per_s'])} mlx-lm; "
+                    f"{lv['failed']}/{lv['requests']} failed, {lv.get('not_sent', 0)} not sent")
+    return lines + ([""] + served if served else [])
+
+
+def latency_table(a, serve, all_servers: list[str]) -> list[str]:
+    """Time to first token and inter-token latency, p50 / p99 in ms, per
+    server and serving level."""
+    if not serve:
+        return []
+
+    def ms(v) -> str:
+        return "-" if v is None else f"{1e3 * v:.0f}"
+
+    lines = ["", "| serving | server | TTFT p50 / p99 ms | inter-token p50 / p99 ms |", "| --- | --- | ---: | ---: |"]
+    for i, c_n in enumerate(a.clients):
+        for name in all_servers:
+            lv = (serve["results"].get(name) or {}).get("levels") or []
+            if i >= len(lv):
+                continue
+            v = lv[i]
+            lines.append(f"| {c_n} clients | `{name}` | {ms(v.get('ttft_p50_s'))} / {ms(v.get('ttft_p99_s'))} | "
+                         f"{ms(v.get('itl_p50_s'))} / {ms(v.get('itl_p99_s'))} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--archgen", required=True)
@@ -123,6 +192,11 @@ def main() -> None:
     ap.add_argument("--logs", type=Path, help="the benchmarks' logs and JSON (default WORK/speedtable)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--baseline-bench", help="another archgen-bench binary: its generated model joins the "
+                    "single-stream rounds as worker `baseline`")
+    ap.add_argument("--baseline-label", default="baseline", help="what the baseline binary is (e.g. a commit)")
+    ap.add_argument("--extra-servers", nargs="*", default=[],
+                    help="more servers for the serving part (serve_bench_gpu.py names)")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     logs = a.logs or a.work / "speedtable"
@@ -141,6 +215,8 @@ def main() -> None:
     batched = dict(base, MLX_CUDA_GRAPH_CACHE_SIZE=base.get("MLX_CUDA_GRAPH_CACHE_SIZE", "40000"))
     impls = {"archgen L1": "generated", "archgen L3": "generated" + l3_suffix, "mlx-lm": "mlx-lm"}
     servers = {"archgen L1": "archgen", "archgen L3": "archgen" + l3_suffix, "mlx-lm": "mlx-lm"}
+    single_impls = list(impls.values()) + (["baseline"] if a.baseline_bench else [])
+    all_servers = list(servers.values()) + a.extra_servers
     print(f"speed table {a.spec}: L3 = {', '.join(f'{k}={v}' for k, v in sorted(l3_env.items()))}", flush=True)
 
     py = sys.executable
@@ -156,8 +232,10 @@ def main() -> None:
         rc["single"] = run("single stream", [
             py, str(HERE / "bench.py"), "--archgen", a.archgen, "--bench", a.bench, "--repo", str(a.repo),
             "--work", str(a.work), "--rounds", str(a.rounds), "--warm", str(a.warm), "--steps", str(a.steps),
-            "--prefills", str(a.prefills), "--keep", "--impls", ",".join(impls.values()),
-            "--gen", impls["archgen L1"], "--json", str(out["single"]), a.spec], base, logs / f"speed-{a.spec}-single.log")
+            "--prefills", str(a.prefills), "--keep", "--impls", ",".join(single_impls),
+            "--gen", impls["archgen L1"], "--json", str(out["single"]), a.spec,
+            *(["--baseline-bench", a.baseline_bench] if a.baseline_bench else [])],
+            base, logs / f"speed-{a.spec}-single.log")
     if "batch" in a.only:
         rc["batch"] = run("batched", [
             py, str(HERE / "batch_bench.py"), "--archgen", a.archgen, "--bench", a.bench, "--repo", str(a.repo),
@@ -178,7 +256,7 @@ def main() -> None:
             subprocess.run([py, str(HERE / "pad_tokenizer_vocab.py"), str(model)], check=True)
         rc["serve"] = run("serving", [
             py, str(HERE / "serve_bench_gpu.py"), "--archgen", a.archgen, "--model", str(model),
-            "--repo", str(a.repo), "--servers", *servers.values(), "--clients", *map(str, a.clients),
+            "--repo", str(a.repo), "--servers", *all_servers, "--clients", *map(str, a.clients),
             "--min-requests", str(a.min_requests), "--waves", str(a.waves), "--max-tokens", str(a.max_tokens),
             "--level-budget", str(a.level_budget), "--timeout", str(a.timeout), "--logs", str(logs),
             "--json", str(out["serve"])], batched, logs / f"speed-{a.spec}-serve.log")
@@ -268,6 +346,8 @@ def main() -> None:
             "every worker's equal to mlx-lm's and L1's in every round" if not differ else
             "; ".join(f"{k} differ in rounds " + ", ".join(f"{d['round']} (from step {d['from_step']})" for d in v)
                       for k, v in differ.items())) + " (batched: the batched log's `tokens` lines)."]
+    lines += extra_lines(a, single, serve, impls, servers)
+    lines += latency_table(a, serve, all_servers)
     if earlier:
         lines += ["", "From an earlier call (--reuse): " + "; ".join(
             f"{part} ({out[part].name}, written {when})" for part, when in earlier.items()) + "."]
