@@ -252,6 +252,18 @@ fn rope_json(kind: RopeKind) -> Value {
     )
 }
 
+/// A RoPE form's facts, in the order every mixer with RoPE writes them: the
+/// kind (as [`rope_json`]), whether it rotates traditional pairs, and the
+/// rotated dimensions.
+fn rope_form_facts(rope: &RopeForm) -> (Value, bool, usize) {
+    let RopeForm {
+        kind,
+        traditional,
+        rotated_dims,
+    } = *rope;
+    (rope_json(kind), traditional, rotated_dims)
+}
+
 /// A layer's IR block as JSON: every fact, floats by bits, enums by name.
 /// (Structs are destructured without `..`, so a new IR field does not
 /// compile until the fingerprint covers it.)
@@ -273,12 +285,7 @@ fn layer_json(l: &Layer) -> Value {
             bias,
             qk_norm,
             value_norm,
-            rope:
-                RopeForm {
-                    kind,
-                    traditional,
-                    rotated_dims,
-                },
+            rope,
             scale,
             window,
             kv,
@@ -286,13 +293,14 @@ fn layer_json(l: &Layer) -> Value {
             output_gate,
             projection,
         }) => {
+            let (rope, traditional, rotated_dims) = rope_form_facts(rope);
             let mut attention = json!({
                 "n_heads": n_heads,
                 "n_kv_heads": n_kv_heads,
                 "head_dim": head_dim,
                 "qk_norm": format!("{qk_norm:?}"),
                 "value_norm": format!("{value_norm:?}"),
-                "rope": rope_json(*kind),
+                "rope": rope,
                 "rope_traditional": traditional,
                 "rotated_dims": rotated_dims,
                 "scale": match scale {
@@ -402,14 +410,10 @@ fn layer_json(l: &Layer) -> Value {
             qk_nope_head_dim,
             qk_rope_head_dim,
             v_head_dim,
-            rope:
-                RopeForm {
-                    kind,
-                    traditional,
-                    rotated_dims,
-                },
+            rope,
             scale,
         }) => {
+            let (rope, traditional, rotated_dims) = rope_form_facts(rope);
             let query = match query {
                 LatentQuery::Direct => json!("direct"),
                 LatentQuery::LowRank { rank } => json!({ "low_rank": rank }),
@@ -421,7 +425,7 @@ fn layer_json(l: &Layer) -> Value {
                 "qk_nope_head_dim": qk_nope_head_dim,
                 "qk_rope_head_dim": qk_rope_head_dim,
                 "v_head_dim": v_head_dim,
-                "rope": rope_json(*kind),
+                "rope": rope,
                 "rope_traditional": traditional,
                 "rotated_dims": rotated_dims,
                 "scale": f64_bits(*scale),
