@@ -118,9 +118,19 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Qwen3
         partial_rotary_factor: r.required_float("partial_rotary_factor"),
     };
     let max_pos = r.required_uint("max_position_embeddings");
-    let head_dim = r.required_uint("head_dim");
+    let attention = DenseAttention {
+        num_attention_heads: num_heads,
+        num_key_value_heads: num_kv,
+        head_dim: r.required_uint("head_dim"),
+    };
     let norm_topk_prob = r.boolean("norm_topk_prob", false);
-    let tie = r.boolean("tie_word_embeddings", false);
+    let model = DenseModel {
+        hidden_size,
+        vocab_size,
+        rms_norm_eps,
+        tie_word_embeddings: r.boolean("tie_word_embeddings", false),
+        max_position_embeddings: max_pos,
+    };
     if r.boolean("attention_bias", false) {
         r.problem(
             "attention_bias",
@@ -134,7 +144,10 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Qwen3
             r.problem("rope_scaling", &msg);
         }
     }
-    let interval = r.uint("full_attention_interval", 4);
+    let layers = Qwen35Layers {
+        num_hidden_layers: num_layers,
+        full_attention_interval: r.uint("full_attention_interval", 4),
+    };
     let moe = (num_experts > 0).then(|| {
         match mlp_only_layers {
             Some(Value::Array(l)) if l.is_empty() => {}
@@ -168,22 +181,9 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Qwen3
     r.build_checked(super::check, || Qwen35Spec {
         format_version: FORMAT_VERSION,
         identity: imported_identity(top, name, Family::Qwen3Next, ConfigModelType::Qwen3Next),
-        model: DenseModel {
-            hidden_size,
-            vocab_size,
-            rms_norm_eps,
-            tie_word_embeddings: tie,
-            max_position_embeddings: max_pos,
-        },
-        layers: Qwen35Layers {
-            num_hidden_layers: num_layers,
-            full_attention_interval: interval,
-        },
-        attention: DenseAttention {
-            num_attention_heads: num_heads,
-            num_key_value_heads: num_kv,
-            head_dim,
-        },
+        model,
+        layers,
+        attention,
         rope,
         linear_attention,
         mlp: Some(DenseMlp { intermediate_size }),
