@@ -556,23 +556,22 @@ pub(crate) fn lower(spec: &Qwen35Spec) -> crate::ir::ModelIr {
 /// (impl_document! adds `quantization` and sorts the keys).
 pub(crate) fn config_fields(spec: &Qwen35Spec) -> Value {
     let la = &spec.linear_attention;
-    let mut v = crate::hf::dense_stack_json(
-        spec,
-        json!({
-            "full_attention_interval": spec.layers.full_attention_interval,
-            "head_dim": spec.attention.head_dim,
-            "attention_bias": false,
-            "linear_num_key_heads": la.linear_num_key_heads,
-            "linear_num_value_heads": la.linear_num_value_heads,
-            "linear_key_head_dim": la.linear_key_head_dim,
-            "linear_value_head_dim": la.linear_value_head_dim,
-            "linear_conv_kernel_dim": la.linear_conv_kernel_dim,
-        }),
-    );
-    if let (Value::Object(v), Value::Object(own)) = (&mut v, (spec.variant().config_fields)(spec)) {
-        v.extend(own);
+    let mut own = json!({
+        "full_attention_interval": spec.layers.full_attention_interval,
+        "head_dim": spec.attention.head_dim,
+        "attention_bias": false,
+        "linear_num_key_heads": la.linear_num_key_heads,
+        "linear_num_value_heads": la.linear_num_value_heads,
+        "linear_key_head_dim": la.linear_key_head_dim,
+        "linear_value_head_dim": la.linear_value_head_dim,
+        "linear_conv_kernel_dim": la.linear_conv_kernel_dim,
+    });
+    if let (Value::Object(own), Value::Object(variant_own)) =
+        (&mut own, (spec.variant().config_fields)(spec))
+    {
+        own.extend(variant_own);
     }
-    v
+    crate::hf::dense_stack_json(spec, own)
 }
 
 /// qwen3_5's own config.json fields: RoPE under `rope_parameters`, and the
