@@ -15,7 +15,7 @@ use crate::layout_reader::{Layout, Section, QUANTIZATION};
 use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
-use crate::reduce::{last_key, mlp_width, reduce_key, sizes_named, Reducible, Size};
+use crate::reduce::{last_key, mlp_width, reduce_key, set_named, sizes_named, Reducible, Size};
 use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -280,9 +280,7 @@ impl Reducible for Qwen3MoeSpec {
     }
     fn apply(&mut self, r: &Qwen3MoeReduce) {
         self.mlp.intermediate_size = r.intermediate_size;
-        self.moe.num_experts = r.num_experts;
-        self.moe.num_experts_per_tok = r.num_experts_per_tok;
-        self.moe.moe_intermediate_size = r.moe_intermediate_size;
+        set_named!(r, self.moe; num_experts, num_experts_per_tok, moe_intermediate_size);
     }
     /// A size check is on the reduced field of the same name; a reduced size the
     /// parent's structure does not fit (an `mlp_only_layers` entry past the last

@@ -255,6 +255,16 @@ macro_rules! sizes_named {
 }
 pub(crate) use sizes_named;
 
+/// Writes the reduced fields [`sizes_named!`] names into the section that has
+/// them by the same names: `set_named!(r, section; a, b)` is
+/// `section.a = r.a; section.b = r.b;`.
+macro_rules! set_named {
+    ($reduced:expr, $section:expr; $($field:ident),+ $(,)?) => {
+        $($section.$field = $reduced.$field;)+
+    };
+}
+pub(crate) use set_named;
+
 /// The MLP width as the one size a form reduces beside the stack's.
 pub(crate) fn mlp_width(reduced: u32, parent: u32) -> Vec<Size> {
     vec![("intermediate_size", reduced, parent)]
@@ -469,5 +479,19 @@ mod tests {
             sizes_named!("moe.", reduced, parent; top_k),
             [("moe.top_k", 2, 8)]
         );
+    }
+
+    #[test]
+    fn set_named_writes_the_named_fields_only() {
+        let reduced = Experts {
+            num_experts: 4,
+            top_k: 2,
+        };
+        let mut section = Experts {
+            num_experts: 128,
+            top_k: 8,
+        };
+        set_named!(reduced, section; top_k);
+        assert_eq!((section.num_experts, section.top_k), (128, 2));
     }
 }

@@ -10,7 +10,7 @@ use crate::dense::{check_dense_sizes, DenseAttention, DenseLayers, DenseMlp, Den
 use crate::diag::{FieldPath, Issue};
 use crate::layout_reader::{Layout, Section, QUANTIZATION};
 use crate::model::*;
-use crate::reduce::{last_key, reduce_key, sizes_named, Reducible, Size};
+use crate::reduce::{last_key, reduce_key, set_named, sizes_named, Reducible, Size};
 use crate::validate;
 use crate::yarn::YarnScaling;
 use schemars::JsonSchema;
@@ -253,9 +253,8 @@ impl Reducible for GptOssSpec {
     }
     fn apply(&mut self, r: &GptOssReduce) {
         self.mlp.intermediate_size = r.intermediate_size;
-        self.moe.num_local_experts = r.num_local_experts;
-        self.moe.num_experts_per_tok = r.num_experts_per_tok;
-        self.attention_layers.sliding_window = r.sliding_window;
+        set_named!(r, self.moe; num_local_experts, num_experts_per_tok);
+        set_named!(r, self.attention_layers; sliding_window);
         let n = self.layers.num_hidden_layers as usize;
         self.attention_layers.layer_types.truncate(n);
     }

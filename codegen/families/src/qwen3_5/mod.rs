@@ -23,7 +23,7 @@ use crate::layout_reader::{Layout, Section, Text, QUANTIZATION};
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
 use crate::reader::{first_quantization, imported_identity, rope_type, ImportedSpec, Reader};
-use crate::reduce::{last_key, reduce_key, sizes_named, Reducible, Size};
+use crate::reduce::{last_key, reduce_key, set_named, sizes_named, Reducible, Size};
 use crate::validate;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -697,16 +697,19 @@ impl Reducible for Qwen35Spec {
             m.intermediate_size = w;
         }
         if let (Some(e), Some(rm)) = (&mut self.moe, &r.moe) {
-            e.num_experts = rm.num_experts;
-            e.num_experts_per_tok = rm.num_experts_per_tok;
-            e.moe_intermediate_size = rm.moe_intermediate_size;
-            e.shared_expert_intermediate_size = rm.shared_expert_intermediate_size;
+            set_named!(rm, e;
+                num_experts,
+                num_experts_per_tok,
+                moe_intermediate_size,
+                shared_expert_intermediate_size,
+            );
         }
-        let l = &mut self.linear_attention;
-        l.linear_num_key_heads = r.linear_num_key_heads;
-        l.linear_num_value_heads = r.linear_num_value_heads;
-        l.linear_key_head_dim = r.linear_key_head_dim;
-        l.linear_value_head_dim = r.linear_value_head_dim;
+        set_named!(r, self.linear_attention;
+            linear_num_key_heads,
+            linear_num_value_heads,
+            linear_key_head_dim,
+            linear_value_head_dim,
+        );
     }
     /// A size check is on the reduced field of the same name (the experts' under
     /// `moe`); a reduced size the parent's structure does not fit (an interval past
