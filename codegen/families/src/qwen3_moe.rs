@@ -119,18 +119,12 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
         &spec.mlp,
         "SwiGLU width of the dense layers",
     );
-    ok &= c.range(
-        "moe.num_experts",
-        e.num_experts,
-        MAX_EXPERTS,
+    let hints = [
         "routed experts per MoE layer (Qwen3-30B-A3B: 128)",
-    );
-    ok &= c.range(
-        "moe.num_experts_per_tok",
-        e.num_experts_per_tok,
-        MAX_EXPERTS,
         "experts each token is routed to (Qwen3-30B-A3B: 8)",
-    );
+    ];
+    let experts = ("moe.num_experts", e.num_experts);
+    ok &= c.expert_counts(experts, e.num_experts_per_tok, hints);
     ok &= c.range(
         "moe.moe_intermediate_size",
         e.moe_intermediate_size,

@@ -296,6 +296,19 @@ impl Checker {
     pub(crate) fn rope_theta(&mut self, theta: f64, hint: &str) {
         self.positive_finite("rope.rope_theta", theta, hint);
     }
+    /// The routed experts' count at `count_path` (`moe.num_experts` or the
+    /// family's name for it) and `moe.num_experts_per_tok`, each in
+    /// `1..=MAX_EXPERTS`, `hints` saying what each is; returns whether both are.
+    pub(crate) fn expert_counts(
+        &mut self,
+        (count_path, count): (&str, u32),
+        top_k: u32,
+        [count_hint, top_k_hint]: [&str; 2],
+    ) -> bool {
+        let count_ok = self.range(count_path, count, MAX_EXPERTS, count_hint);
+        let top_k_ok = self.range("moe.num_experts_per_tok", top_k, MAX_EXPERTS, top_k_hint);
+        count_ok && top_k_ok
+    }
     /// `moe.num_experts_per_tok` against `moe.num_experts`: the router's
     /// argpartition picks k of the experts, so k cannot exceed their number.
     pub(crate) fn top_k_of_experts(&mut self, top_k: u32, num_experts: u32) -> bool {

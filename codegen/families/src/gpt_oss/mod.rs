@@ -98,7 +98,6 @@ crate::reduce::derived_form! {
 
 /// All semantic errors of a gpt_oss spec (full-spec field paths).
 pub(crate) fn check(spec: &GptOssSpec) -> Vec<Issue> {
-    use validate::limits::*;
     let mut c = validate::Checker::for_document(spec, Family::GptOss, &LAYOUT);
     let mt = spec.identity.source.model_type;
     if mt != ConfigModelType::GptOss {
@@ -108,18 +107,12 @@ pub(crate) fn check(spec: &GptOssSpec) -> Vec<Issue> {
     let (m, a, layers, e) = (&spec.model, &spec.attention, &spec.layers, &spec.moe);
     let width = "SwiGLU width of each expert";
     let mut ok = check_dense_sizes(&mut c, m, layers, a, &spec.mlp, width);
-    ok &= c.range(
-        "moe.num_local_experts",
-        e.num_local_experts,
-        MAX_EXPERTS,
+    let hints = [
         "routed experts per layer (gpt-oss-20b: 32)",
-    );
-    ok &= c.range(
-        "moe.num_experts_per_tok",
-        e.num_experts_per_tok,
-        MAX_EXPERTS,
         "experts each token is routed to (gpt-oss-20b: 4)",
-    );
+    ];
+    let experts = ("moe.num_local_experts", e.num_local_experts);
+    ok &= c.expert_counts(experts, e.num_experts_per_tok, hints);
     if ok {
         ok = c.top_k_of_experts(e.num_experts_per_tok, e.num_local_experts);
     }

@@ -313,33 +313,25 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
         (Some(_), None, _) => {}
         (None, Some(e), FeedForwardSections::MlpOrMoe)
         | (Some(_), Some(e), FeedForwardSections::MlpAndOptionalMoe) => {
-            for (field, v, max, hint) in [
-                (
-                    "num_experts",
-                    e.num_experts,
-                    MAX_EXPERTS,
-                    "routed experts per layer (Qwen3.6-35B-A3B: 256)",
-                ),
-                (
-                    "num_experts_per_tok",
-                    e.num_experts_per_tok,
-                    MAX_EXPERTS,
-                    "experts each token is routed to (Qwen3.6-35B-A3B: 8)",
-                ),
+            let hints = [
+                "routed experts per layer (Qwen3.6-35B-A3B: 256)",
+                "experts each token is routed to (Qwen3.6-35B-A3B: 8)",
+            ];
+            let experts = ("moe.num_experts", e.num_experts);
+            ok &= c.expert_counts(experts, e.num_experts_per_tok, hints);
+            for (field, v, hint) in [
                 (
                     "moe_intermediate_size",
                     e.moe_intermediate_size,
-                    MAX_INTERMEDIATE,
                     "SwiGLU width of each expert",
                 ),
                 (
                     "shared_expert_intermediate_size",
                     e.shared_expert_intermediate_size,
-                    MAX_INTERMEDIATE,
                     "SwiGLU width of the shared expert",
                 ),
             ] {
-                ok &= c.range(&format!("moe.{field}"), v, max, hint);
+                ok &= c.range(&format!("moe.{field}"), v, MAX_INTERMEDIATE, hint);
             }
             if ok {
                 ok = c.top_k_of_experts(e.num_experts_per_tok, e.num_experts);
