@@ -498,11 +498,11 @@ fn parse_inner(
         return derive::parse_derived(value, &tree, origin, dir, stack);
     }
     let (tree, family) = (&tree, declared_family(&value));
-    if let Some(layout) = family.and_then(gemma::layout_of) {
-        return layout.parse(value, tree, origin, Spec::Gemma2);
+    if let Some(variant) = family.and_then(gemma::variant_of) {
+        return variant.layout.parse(value, tree, origin, Spec::Gemma2);
     }
-    if let Some(layout) = family.and_then(qwen3_5::layout_of) {
-        return layout.parse(value, tree, origin, Spec::Qwen35);
+    if let Some(variant) = family.and_then(qwen3_5::variant_of) {
+        return variant.layout.parse(value, tree, origin, Spec::Qwen35);
     }
     match family {
         Some(f) if dense::is_dense(f) => dense::LAYOUT.parse(value, tree, origin, Spec::Dense),

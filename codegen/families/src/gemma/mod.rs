@@ -164,14 +164,10 @@ pub(crate) struct ConfigDefaults {
 /// Every family of the layout, in the order their model types were added.
 const VARIANTS: [&GemmaVariant; 2] = [&gemma2::GEMMA2, &gemma3_text::GEMMA3_TEXT];
 
-/// The variant of `family`, if it has the Gemma-2 layout.
-fn variant_of(family: Family) -> Option<&'static GemmaVariant> {
+/// The variant of `family`, if it has the Gemma-2 layout (a document
+/// declaring it is read with the variant's layout).
+pub(crate) fn variant_of(family: Family) -> Option<&'static GemmaVariant> {
     VARIANTS.into_iter().find(|v| v.family == family)
-}
-
-/// The layout a document declaring `family` is read with, if it is one of these.
-pub(crate) fn layout_of(family: Family) -> Option<&'static Layout> {
-    variant_of(family).map(|v| &v.layout)
 }
 
 impl Gemma2Spec {

@@ -198,14 +198,10 @@ pub(crate) enum FeedForwardSections {
 
 const VARIANTS: [&Qwen35Variant; 2] = [&QWEN3_5, &qwen3_next::QWEN3_NEXT];
 
-/// The variant of `family`, if it has the Qwen3.5 layout.
-fn variant_of(family: Family) -> Option<&'static Qwen35Variant> {
+/// The variant of `family`, if it has the Qwen3.5 layout (a document
+/// declaring it is read with the variant's layout).
+pub(crate) fn variant_of(family: Family) -> Option<&'static Qwen35Variant> {
     VARIANTS.into_iter().find(|v| v.family == family)
-}
-
-/// The document layout of `family`, if it is one of this layout.
-pub(crate) fn layout_of(family: Family) -> Option<&'static Layout> {
-    variant_of(family).map(|v| &v.layout)
 }
 
 impl Qwen35Spec {
