@@ -184,8 +184,10 @@ def main() -> None:
     ap.add_argument("--waves", type=int, default=2)
     ap.add_argument("--level-budget", type=float, default=300)
     ap.add_argument("--timeout", type=float, default=120)
-    ap.add_argument("--only", nargs="+", choices=["single", "batch", "serve"],
-                    default=["single", "batch", "serve"], help="run these benchmarks only")
+    ap.add_argument("--only", nargs="*", choices=["single", "batch", "serve"],
+                    default=["single", "batch", "serve"],
+                    help="run these benchmarks only (none, with --reuse: write the table from earlier calls' "
+                         "JSON, on any machine)")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint")
     ap.add_argument("--reuse", action="store_true",
                     help="parts not run in this call come from an earlier call's JSON in --logs")
@@ -309,6 +311,10 @@ def main() -> None:
                               "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     except OSError:
         gpu = ""
+    earlier_table = logs / f"speed-table-{a.spec}.json"
+    if not a.only and earlier_table.exists():
+        # Nothing ran here: the GPU is the one the earlier calls ran on.
+        gpu = json.loads(earlier_table.read_text()).get("gpu") or gpu
     version = subprocess.run([a.archgen, "--version"], capture_output=True, text=True).stdout.strip()
     bound_note = ("no GPU: no bound (no CUDA copy bandwidth on this machine)" if bound_bw is None else
                   f"bound = device-to-device copy {bound_bw / 1e12:.2f} TB/s (read + write) over the bytes a "

@@ -91,7 +91,9 @@ def batched_steps(model, vocab: int, b: int, p: int, warm: int, timed: int) -> d
     # No sequence reaches this budget before the timed steps end (the first
     # ones start generating while later ones still prefill).
     budget = warm + timed + p + b + 8
-    gen = BatchGenerator(model)
+    # Room for all B in the generation batch (its default holds 32), as the
+    # Rust worker's session.
+    gen = BatchGenerator(model, completion_batch_size=max(32, b))
     prompts = [[(i * 37 + 11 + 101 * j) % vocab for i in range(p)] for j in range(b)]
     started = time.perf_counter()
     uids = gen.insert(prompts, max_tokens=[budget] * b)

@@ -379,7 +379,14 @@ fn batched_steps(
 ) -> archgen_runtime::ops::Result<BatchRun> {
     let fail = |what: String| archgen_runtime::mlx_rs::error::Exception::custom(what);
     let vocab = i64::from(m.vocab_size());
-    let mut session = BatchSession::new(m, BatchConfig::default());
+    // Room for all B in the generation batch (its default holds 32), as
+    // `archgen serve --max-batch B` gives.
+    let defaults = BatchConfig::default();
+    let config = BatchConfig {
+        completion_batch_size: defaults.completion_batch_size.max(b),
+        ..defaults
+    };
+    let mut session = BatchSession::new(m, config);
     // A budget no sequence reaches before the timed steps end: the first
     // sequences start generating while later ones still prefill (at most
     // one step per prefill chunk and per admission of 8), so they have
