@@ -58,6 +58,66 @@ SERVERS = ["archgen", "archgen-monolith", "archgen-monolith-b32", "mlx-lm"]
 SERVER_NAME = re.compile(r"archgen(-monolith)?(?:-b(\d+))?|mlx-lm")
 
 
+def scrape_metrics(port: int) -> str:
+    """`GET /metrics` of a running `archgen serve` (its text, or why not)."""
+    import http.client
+
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/metrics")
+        return conn.getresponse().read().decode()
+    except (OSError, http.client.HTTPException) as e:
+        return f"# no metrics: {e}\n"
+
+
+STEP_KINDS = ("full", "decode_only", "prefill_chunk", "decode")
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """`name{labels}` -> value of every sample line of a metrics text."""
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            try:
+                values[key] = float(value)
+            except ValueError:
+                pass
+    return values
+
+
+def breakdown(before: dict[str, float], after: dict[str, float]) -> dict:
+    """What one level added to the server's queue-wait and step histograms:
+    counts and mean seconds (archgen's `archgen_queue_wait_seconds` and
+    `archgen_scheduler_step_seconds{kind}`)."""
+    def delta(name: str) -> tuple[float, float]:
+        n = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+        total = after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)
+        return n, total
+
+    def mean(n: float, total: float) -> float | None:
+        return total / n if n > 0 else None
+
+    n, total = delta("archgen_queue_wait_seconds")
+    out = {"queue_wait": {"count": n, "mean_s": mean(n, total)}, "steps": {}}
+    for kind in STEP_KINDS:
+        # Labels follow the _count / _sum suffix in the text format.
+        n, total = (after.get(f'archgen_scheduler_step_seconds_{part}{{kind="{kind}"}}', 0.0)
+                    - before.get(f'archgen_scheduler_step_seconds_{part}{{kind="{kind}"}}', 0.0)
+                    for part in ("count", "sum"))
+        if n > 0:
+            out["steps"][kind] = {"count": n, "mean_s": total / n, "total_s": total}
+    return out
+
+
+def describe_breakdown(b: dict) -> str:
+    q = b["queue_wait"]
+    wait = "-" if q["mean_s"] is None else f"{1e3 * q['mean_s']:.1f}"
+    parts = [f"queue wait mean {wait} ms over {q['count']:.0f}"]
+    parts += [f"{kind} steps {v['count']:.0f} x {1e3 * v['mean_s']:.1f} ms" for kind, v in b["steps"].items()]
+    return ", ".join(parts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--archgen", required=True)
@@ -120,7 +180,11 @@ def main() -> None:
             print(f"{name}: warm-up {out['warmup_s']:.1f} s (first request ok: {first.ok})", flush=True)
             for clients in a.clients:
                 requests = max(a.min_requests, a.waves * clients)
+                before = metric_values(scrape_metrics(port)) if base.startswith("archgen") else None
                 level = load_level(port, clients, requests, a.max_tokens, a.timeout, a.level_budget)
+                if before is not None:
+                    level["breakdown"] = breakdown(before, metric_values(scrape_metrics(port)))
+                    print(f"{name}: {clients:>2} clients: {describe_breakdown(level['breakdown'])}", flush=True)
                 out["levels"].append(level)
                 print(f"{name}: {clients:>2} clients, {requests} requests: "
                       f"{fmt(level['tokens_per_s'])} tok/s, "
@@ -129,6 +193,10 @@ def main() -> None:
                       f"{level['completion_tokens']} tokens in {level['wall_s']:.1f} s, "
                       f"failed {level['failed']}/{level['requests']} {level['errors']}, "
                       f"not sent {level['not_sent']}", flush=True)
+            if base.startswith("archgen"):
+                # Where the time to first token went (queue wait, step times
+                # by kind): the server's own metrics after the levels.
+                (a.logs / f"{log.stem}.metrics.txt").write_text(scrape_metrics(port))
         finally:
             server.close()
         results[name] = out

@@ -153,15 +153,25 @@ def latency_table(a, serve, all_servers: list[str]) -> list[str]:
     def ms(v) -> str:
         return "-" if v is None else f"{1e3 * v:.0f}"
 
-    lines = ["", "| serving | server | TTFT p50 / p99 ms | inter-token p50 / p99 ms |", "| --- | --- | ---: | ---: |"]
+    def steps(b: dict | None) -> str:
+        # archgen's own step histograms over the level: kind count x mean.
+        if not b:
+            return "-"
+        return ", ".join(f"{kind} {v['count']:.0f} x {1e3 * v['mean_s']:.1f}" for kind, v in b["steps"].items()) or "-"
+
+    lines = ["", "| serving | server | TTFT p50 / p99 ms | inter-token p50 / p99 ms | queue wait mean ms | "
+             "steps (kind count x mean ms) |", "| --- | --- | ---: | ---: | ---: | --- |"]
     for i, c_n in enumerate(a.clients):
         for name in all_servers:
             lv = (serve["results"].get(name) or {}).get("levels") or []
             if i >= len(lv):
                 continue
             v = lv[i]
+            b = v.get("breakdown")
+            q = b["queue_wait"]["mean_s"] if b else None
+            wait = "-" if q is None else f"{1e3 * q:.1f}"
             lines.append(f"| {c_n} clients | `{name}` | {ms(v.get('ttft_p50_s'))} / {ms(v.get('ttft_p99_s'))} | "
-                         f"{ms(v.get('itl_p50_s'))} / {ms(v.get('itl_p99_s'))} |")
+                         f"{ms(v.get('itl_p50_s'))} / {ms(v.get('itl_p99_s'))} | {wait} | {steps(b)} |")
     return lines
 
 

@@ -1359,6 +1359,8 @@ fn schedules_interleaves_bounds_the_queue_and_cancels_dropped_clients() {
     let (_, text) = curl(&server, "GET", "/metrics", None);
     for name in [
         "archgen_time_to_first_token_seconds_bucket",
+        "archgen_queue_wait_seconds_count",
+        "archgen_scheduler_step_seconds_count{kind=\"",
         "archgen_inter_token_latency_seconds_count",
         "archgen_requests_total{status=\"429\"} 1",
         "archgen_requests_total{status=\"499\"} 3",
@@ -1366,6 +1368,14 @@ fn schedules_interleaves_bounds_the_queue_and_cancels_dropped_clients() {
         assert!(text.contains(name), "{name} not in:\n{text}");
     }
     assert!(metric(&server, "archgen_generated_tokens_total") >= 18.0);
+    // Where the time to first token goes: waiting in the queue, and the
+    // model thread's steps, full ones and the decode-only ones that ran
+    // while the long prompt was in prefill.
+    assert!(metric(&server, "archgen_queue_wait_seconds_count") >= 3.0);
+    for kind in ["full", "decode_only"] {
+        let name = format!("archgen_scheduler_step_seconds_count{{kind=\"{kind}\"}}");
+        assert!(metric(&server, &name) > 0.0, "{name}");
+    }
     // The memory a long run is watched with: the model's weights are MLX
     // arrays, and the process holds at least them.
     let active = metric(&server, "archgen_mlx_active_bytes");

@@ -44,7 +44,7 @@ use archgen_runtime::mlx_rs::Array;
 use archgen_runtime::Dtype;
 use tokenizers::Tokenizer;
 
-use super::metrics::Metrics;
+use super::metrics::{Metrics, SchedulerStep};
 use super::prompt_cache::{Hit, PromptCache};
 use super::scheduler::{
     deliver, describe, fail, finish, most_likely, panic_message, Job, Limits, Outcome, Steps,
@@ -166,6 +166,9 @@ impl<'a> BatchedScheduler<'a> {
 
     fn admit(&mut self, job: Job) {
         self.metrics.queue_depth.dec();
+        self.metrics
+            .queue_wait
+            .observe(job.queued_at.elapsed().as_secs_f64());
         if job.cancel.is_cancelled() {
             // The client left while the request waited: nothing to compute.
             return;
@@ -373,12 +376,19 @@ impl<'a> BatchedScheduler<'a> {
             StepKind::Full => session.step(),
             StepKind::DecodeOnly => session.step_generation(),
         }));
+        let took = started.elapsed();
         match kind {
             StepKind::Full => {
-                self.last_full_step = started.elapsed();
+                self.last_full_step = took;
                 self.decoded_since_full_step = Duration::ZERO;
+                self.metrics
+                    .step_took(SchedulerStep::Full, took.as_secs_f64());
             }
-            StepKind::DecodeOnly => self.decoded_since_full_step += started.elapsed(),
+            StepKind::DecodeOnly => {
+                self.decoded_since_full_step += took;
+                self.metrics
+                    .step_took(SchedulerStep::DecodeOnly, took.as_secs_f64());
+            }
         }
         let outputs = match result {
             Ok(Ok(outputs)) => outputs,

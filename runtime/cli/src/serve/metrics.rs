@@ -10,6 +10,40 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// What one step of the model thread ran (the label of
+/// `archgen_scheduler_step_seconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchedulerStep {
+    /// Batched: the generation batch's forward, then admission and a
+    /// prefill chunk (`BatchGenerator.next()`).
+    Full,
+    /// Batched: the generation batch's forward alone, between two chunks of
+    /// a prompt in prefill.
+    DecodeOnly,
+    /// One by one: one prompt's prefill chunk.
+    PrefillChunk,
+    /// One by one: a decode forward of every sequence past its prompt.
+    Decode,
+}
+
+impl SchedulerStep {
+    fn label(self) -> &'static str {
+        match self {
+            SchedulerStep::Full => "full",
+            SchedulerStep::DecodeOnly => "decode_only",
+            SchedulerStep::PrefillChunk => "prefill_chunk",
+            SchedulerStep::Decode => "decode",
+        }
+    }
+}
+
+type StepLabel = Vec<(&'static str, &'static str)>;
+
+/// 0.5 ms .. ~16 s: a step of a tiny model on a CPU to a long prompt's chunk.
+fn step_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
 /// The label set of `archgen_requests`: the HTTP status of the answer.
 type StatusLabel = Vec<(&'static str, String)>;
 
@@ -28,6 +62,12 @@ pub struct Metrics {
     requests: Family<StatusLabel, Counter>,
     /// From queueing a request to its first generated token, in seconds.
     pub time_to_first_token: Histogram,
+    /// From queueing a completion request to its admission into the batch
+    /// (the part of the time to first token spent waiting for a place).
+    pub queue_wait: Histogram,
+    /// Each model-thread step's wall time, by what it ran: with
+    /// `queue_wait`, where the time to first token goes.
+    steps: Family<StepLabel, Histogram, fn() -> Histogram>,
     /// Between two tokens of one sequence, in seconds.
     pub inter_token_latency: Histogram,
     /// Sequences computed by one decode forward: 1 each when the model
@@ -162,6 +202,19 @@ impl Metrics {
             "From queueing a request to its first generated token",
             time_to_first_token.clone(),
         );
+        let queue_wait = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register(
+            "queue_wait_seconds",
+            "From queueing a completion request to its admission into the batch",
+            queue_wait.clone(),
+        );
+        let steps =
+            Family::<StepLabel, Histogram, fn() -> Histogram>::new_with_constructor(step_histogram);
+        registry.register(
+            "scheduler_step_seconds",
+            "Wall time of one model-thread step, by what it ran",
+            steps.clone(),
+        );
         // 0.5 ms .. ~4 s.
         let inter_token_latency = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
         registry.register(
@@ -223,8 +276,17 @@ impl Metrics {
             cancelled,
             requests,
             time_to_first_token,
+            queue_wait,
+            steps,
             inter_token_latency,
         }
+    }
+
+    /// Records one model-thread step of `kind` that took `seconds`.
+    pub fn step_took(&self, kind: SchedulerStep, seconds: f64) {
+        self.steps
+            .get_or_create(&vec![("kind", kind.label())])
+            .observe(seconds);
     }
 
     /// Counts an answered request by its HTTP status (499: the client left).
@@ -240,5 +302,37 @@ impl Metrics {
         let mut text = String::new();
         encode(&mut text, &self.registry)?;
         Ok(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_are_counted_by_kind_and_queue_waits_observed() {
+        let metrics = Metrics::new();
+        for (kind, seconds) in [
+            (SchedulerStep::Full, 0.020),
+            (SchedulerStep::Full, 0.030),
+            (SchedulerStep::DecodeOnly, 0.010),
+            (SchedulerStep::PrefillChunk, 0.5),
+            (SchedulerStep::Decode, 0.004),
+        ] {
+            metrics.step_took(kind, seconds);
+        }
+        metrics.queue_wait.observe(0.25);
+        let text = metrics.render().unwrap();
+        for line in [
+            "archgen_scheduler_step_seconds_count{kind=\"full\"} 2",
+            "archgen_scheduler_step_seconds_sum{kind=\"full\"} 0.05",
+            "archgen_scheduler_step_seconds_count{kind=\"decode_only\"} 1",
+            "archgen_scheduler_step_seconds_count{kind=\"prefill_chunk\"} 1",
+            "archgen_scheduler_step_seconds_count{kind=\"decode\"} 1",
+            "archgen_queue_wait_seconds_sum 0.25",
+            "archgen_queue_wait_seconds_count 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
+        }
     }
 }

@@ -34,7 +34,7 @@ use archgen_runtime::Dtype;
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::metrics::Metrics;
+use super::metrics::{Metrics, SchedulerStep};
 use super::token_bytes::{token_text, TokenText};
 use crate::constrained::{GrammarState, TokenConstraint};
 use crate::engine::{Finish, Flow, Sampling, TextStream};
@@ -375,6 +375,9 @@ impl<M: CausalLm, S: StepAll<M>> Steps for Scheduler<'_, M, S> {
 impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
     fn admit(&mut self, mut job: Job) {
         self.metrics.queue_depth.dec();
+        self.metrics
+            .queue_wait
+            .observe(job.queued_at.elapsed().as_secs_f64());
         if job.cancel.is_cancelled() {
             // The client left while the request waited: nothing to compute.
             return;
@@ -447,8 +450,11 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
         let model = self.model;
         let stepper = &mut self.stepper;
         let state = &mut seq.state;
+        let started = Instant::now();
         let ran =
             std::panic::catch_unwind(AssertUnwindSafe(|| stepper.prefill(model, state, chunk)));
+        self.metrics
+            .step_took(SchedulerStep::PrefillChunk, started.elapsed().as_secs_f64());
         let failure = match ran {
             Ok(Ok(())) => None,
             Ok(Err(message)) => Some(message),
@@ -489,8 +495,11 @@ impl<'a, M: CausalLm, S: StepAll<M>> Scheduler<'a, M, S> {
             .filter(|s| matches!(s.phase, Phase::Decode))
             .map(|s| &mut s.state)
             .collect();
+        let started = Instant::now();
         let ran =
             std::panic::catch_unwind(AssertUnwindSafe(|| stepper.step_all(model, &mut states)));
+        self.metrics
+            .step_took(SchedulerStep::Decode, started.elapsed().as_secs_f64());
         let stepped = match ran {
             Ok(stepped) => stepped,
             Err(panic) => Err(panic_message(&*panic)),
