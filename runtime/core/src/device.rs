@@ -207,24 +207,6 @@ pub struct StackedCounts {
     pub gate_up: usize,
 }
 
-/// Counts the levers keep for the process, one per outcome (a
-/// [`LeverOutcome`]), read after a run to say what each lever did.
-struct Tally<const N: usize>([std::sync::atomic::AtomicUsize; N]);
-
-impl<const N: usize> Tally<N> {
-    const fn new() -> Self {
-        Tally([const { std::sync::atomic::AtomicUsize::new(0) }; N])
-    }
-
-    fn add(&self, outcome: usize) {
-        self.0[outcome].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn read(&self) -> [usize; N] {
-        std::array::from_fn(|i| self.0[i].load(std::sync::atomic::Ordering::Relaxed))
-    }
-}
-
 /// What a lever did once: a layer stacked its projections
 /// ([`stacked_projections`]), or a one-token step of a K/V-owning layer ran
 /// the `cuda-head-norm-rope` kernel or was not covered by it.
@@ -236,17 +218,37 @@ pub(crate) enum LeverOutcome {
     HeadKernelNotCovered = 3,
 }
 
-static LEVER_OUTCOMES: Tally<4> = Tally::new();
+/// One count per [`LeverOutcome`] (the last one's discriminant + 1).
+const LEVER_OUTCOMES_COUNTED: usize = LeverOutcome::HeadKernelNotCovered as usize + 1;
+
+/// How often each [`LeverOutcome`] happened in this process, read after a
+/// run to say what each lever did.
+struct LeverTally([std::sync::atomic::AtomicUsize; LEVER_OUTCOMES_COUNTED]);
+
+impl LeverTally {
+    const fn new() -> Self {
+        LeverTally([const { std::sync::atomic::AtomicUsize::new(0) }; LEVER_OUTCOMES_COUNTED])
+    }
+
+    fn add(&self, outcome: LeverOutcome) {
+        self.0[outcome as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn of(&self, outcome: LeverOutcome) -> usize {
+        self.0[outcome as usize].load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+static LEVER_OUTCOMES: LeverTally = LeverTally::new();
 
 pub(crate) fn count_outcome(outcome: LeverOutcome) {
-    LEVER_OUTCOMES.add(outcome as usize);
+    LEVER_OUTCOMES.add(outcome);
 }
 
 pub fn stacked_counts() -> StackedCounts {
-    let [query_key_value, gate_up, ..] = LEVER_OUTCOMES.read();
     StackedCounts {
-        query_key_value,
-        gate_up,
+        query_key_value: LEVER_OUTCOMES.of(LeverOutcome::StackedQueryKeyValue),
+        gate_up: LEVER_OUTCOMES.of(LeverOutcome::StackedGateUp),
     }
 }
 
@@ -274,8 +276,10 @@ pub struct HeadKernelCounts {
 }
 
 pub fn head_kernel_counts() -> HeadKernelCounts {
-    let [.., ran, not_covered] = LEVER_OUTCOMES.read();
-    HeadKernelCounts { ran, not_covered }
+    HeadKernelCounts {
+        ran: LEVER_OUTCOMES.of(LeverOutcome::HeadKernelRan),
+        not_covered: LEVER_OUTCOMES.of(LeverOutcome::HeadKernelNotCovered),
+    }
 }
 
 /// How often mlx-lm returns MLX's buffer pool to the system while

@@ -93,6 +93,16 @@ enum StepKind {
     DecodeOnly,
 }
 
+/// The metrics' name for a batched step.
+impl From<StepKind> for SchedulerStep {
+    fn from(kind: StepKind) -> Self {
+        match kind {
+            StepKind::Full => SchedulerStep::Full,
+            StepKind::DecodeOnly => SchedulerStep::DecodeOnly,
+        }
+    }
+}
+
 impl Steps for BatchedScheduler<'_> {
     fn in_flight(&self) -> usize {
         self.active.len() + self.solo.len()
@@ -377,18 +387,13 @@ impl<'a> BatchedScheduler<'a> {
             StepKind::DecodeOnly => session.step_generation(),
         }));
         let took = started.elapsed();
+        self.metrics.step_took(kind.into(), took.as_secs_f64());
         match kind {
             StepKind::Full => {
                 self.last_full_step = took;
                 self.decoded_since_full_step = Duration::ZERO;
-                self.metrics
-                    .step_took(SchedulerStep::Full, took.as_secs_f64());
             }
-            StepKind::DecodeOnly => {
-                self.decoded_since_full_step += took;
-                self.metrics
-                    .step_took(SchedulerStep::DecodeOnly, took.as_secs_f64());
-            }
+            StepKind::DecodeOnly => self.decoded_since_full_step += took,
         }
         let outputs = match result {
             Ok(Ok(outputs)) => outputs,
