@@ -58,53 +58,22 @@ SERVERS = ["archgen", "archgen-monolith", "archgen-monolith-b32", "mlx-lm"]
 SERVER_NAME = re.compile(r"archgen(-monolith)?(?:-b(\d+))?|mlx-lm")
 
 
-def scrape_metrics(port: int) -> str:
-    """`GET /metrics` of a running `archgen serve` (its text, or why not)."""
-    import http.client
-
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        conn.request("GET", "/metrics")
-        return conn.getresponse().read().decode()
-    except (OSError, http.client.HTTPException) as e:
-        return f"# no metrics: {e}\n"
-
-
 STEP_KINDS = ("full", "decode_only", "prefill_chunk", "decode")
-
-
-def metric_values(text: str) -> dict[str, float]:
-    """`name{labels}` -> value of every sample line of a metrics text."""
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            try:
-                values[key] = float(value)
-            except ValueError:
-                pass
-    return values
 
 
 def breakdown(before: dict[str, float], after: dict[str, float]) -> dict:
     """What one level added to the server's queue-wait and step histograms:
     counts and mean seconds (archgen's `archgen_queue_wait_seconds` and
     `archgen_scheduler_step_seconds{kind}`)."""
-    def delta(name: str) -> tuple[float, float]:
-        n = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
-        total = after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)
-        return n, total
-
-    def mean(n: float, total: float) -> float | None:
-        return total / n if n > 0 else None
+    def delta(name: str, labels: str = "") -> tuple[float, float]:
+        # The text format puts labels after the _count / _sum suffix.
+        return tuple(after.get(f"{name}_{part}{labels}", 0.0) - before.get(f"{name}_{part}{labels}", 0.0)
+                     for part in ("count", "sum"))
 
     n, total = delta("archgen_queue_wait_seconds")
-    out = {"queue_wait": {"count": n, "mean_s": mean(n, total)}, "steps": {}}
+    out = {"queue_wait": {"count": n, "mean_s": total / n if n > 0 else None}, "steps": {}}
     for kind in STEP_KINDS:
-        # Labels follow the _count / _sum suffix in the text format.
-        n, total = (after.get(f'archgen_scheduler_step_seconds_{part}{{kind="{kind}"}}', 0.0)
-                    - before.get(f'archgen_scheduler_step_seconds_{part}{{kind="{kind}"}}', 0.0)
-                    for part in ("count", "sum"))
+        n, total = delta("archgen_scheduler_step_seconds", f'{{kind="{kind}"}}')
         if n > 0:
             out["steps"][kind] = {"count": n, "mean_s": total / n, "total_s": total}
     return out
@@ -143,7 +112,7 @@ def main() -> None:
                      f"(e.g. {', '.join(SERVERS)})")
 
     sys.path.insert(0, str(a.repo / "tests/python"))
-    from serve_bench import SHORT, Server, chat, fmt, free_port, load_level
+    from serve_bench import SHORT, Server, chat, fmt, free_port, load_level, metric_samples, metrics_text
 
     from bench import base_and_env
 
@@ -180,10 +149,10 @@ def main() -> None:
             print(f"{name}: warm-up {out['warmup_s']:.1f} s (first request ok: {first.ok})", flush=True)
             for clients in a.clients:
                 requests = max(a.min_requests, a.waves * clients)
-                before = metric_values(scrape_metrics(port)) if base.startswith("archgen") else None
+                before = metric_samples(metrics_text(port)) if base.startswith("archgen") else None
                 level = load_level(port, clients, requests, a.max_tokens, a.timeout, a.level_budget)
                 if before is not None:
-                    level["breakdown"] = breakdown(before, metric_values(scrape_metrics(port)))
+                    level["breakdown"] = breakdown(before, metric_samples(metrics_text(port)))
                     print(f"{name}: {clients:>2} clients: {describe_breakdown(level['breakdown'])}", flush=True)
                 out["levels"].append(level)
                 print(f"{name}: {clients:>2} clients, {requests} requests: "
@@ -196,7 +165,7 @@ def main() -> None:
             if base.startswith("archgen"):
                 # Where the time to first token went (queue wait, step times
                 # by kind): the server's own metrics after the levels.
-                (a.logs / f"{log.stem}.metrics.txt").write_text(scrape_metrics(port))
+                (a.logs / f"{log.stem}.metrics.txt").write_text(metrics_text(port) or "# no metrics\n")
         finally:
             server.close()
         results[name] = out

@@ -109,6 +109,13 @@ def ratio(x: float | None, y: float | None) -> str:
     return "-" if not x or not y else f"{x / y:.2f}x"
 
 
+def level_of(serve: dict, server: str, i: int) -> dict | None:
+    """The `i`-th serving level of `server` in serve_bench_gpu.py's JSON, or
+    None where it did not run."""
+    levels = (serve["results"].get(server) or {}).get("levels") or []
+    return levels[i] if i < len(levels) else None
+
+
 def extra_lines(a, single, serve, impls: dict, servers: dict) -> list[str]:
     """The extra workers' and servers' lines: tokens/s and the ratios to
     archgen L1 and to mlx-lm in the same rounds or levels."""
@@ -124,15 +131,9 @@ def extra_lines(a, single, serve, impls: dict, servers: dict) -> list[str]:
                       f"(tokens/s); {a.baseline_label} / mlx-lm = {ratio(b['tok_s'], ref and ref['tok_s'])}."]
     served = []
     if a.extra_servers and serve:
-        res = serve["results"]
         for name in a.extra_servers:
             for i, c_n in enumerate(a.clients):
-                lv = ((res.get(name) or {}).get("levels") or [None] * len(a.clients))
-                lv = lv[i] if i < len(lv) else None
-                l1 = ((res.get(servers["archgen L1"]) or {}).get("levels") or [None] * len(a.clients))
-                ref = ((res.get(servers["mlx-lm"]) or {}).get("levels") or [None] * len(a.clients))
-                l1 = l1[i] if i < len(l1) else None
-                ref = ref[i] if i < len(ref) else None
+                lv, l1, ref = (level_of(serve, s, i) for s in (name, servers["archgen L1"], servers["mlx-lm"]))
                 if lv is None:
                     served.append(f"- serving {c_n} clients, `{name}`: not run")
                     continue
@@ -163,10 +164,9 @@ def latency_table(a, serve, all_servers: list[str]) -> list[str]:
              "steps (kind count x mean ms) |", "| --- | --- | ---: | ---: | ---: | --- |"]
     for i, c_n in enumerate(a.clients):
         for name in all_servers:
-            lv = (serve["results"].get(name) or {}).get("levels") or []
-            if i >= len(lv):
+            v = level_of(serve, name, i)
+            if v is None:
                 continue
-            v = lv[i]
             b = v.get("breakdown")
             q = b["queue_wait"]["mean_s"] if b else None
             wait = "-" if q is None else f"{1e3 * q:.1f}"
@@ -307,8 +307,7 @@ def main() -> None:
         for i, c_n in enumerate(a.clients):
             row = {"row": f"serving {c_n} clients", "bound_tok_s": None, "no_bound": True}
             for c in cols:
-                lv = (serve["results"].get(servers[c]) or {}).get("levels") or []
-                lv = lv[i] if i < len(lv) else None
+                lv = level_of(serve, servers[c], i)
                 row[c] = None if lv is None else {
                     "tok_s": lv["tokens_per_s"], "of_bound": None,
                     "failed": lv["failed"], "not_sent": lv.get("not_sent", 0), "requests": lv["requests"]}

@@ -83,6 +83,35 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[at]
 
 
+def metrics_text(port: int, timeout: float = 30) -> str | None:
+    """`GET /metrics` of an `archgen serve` on loopback: its text, or None
+    when it does not answer 200."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        text = resp.read().decode()
+        return text if resp.status == 200 else None
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def metric_samples(text: str | None) -> dict[str, float]:
+    """Every sample line of a metrics text: `name{labels}` -> value (none
+    for no text)."""
+    values = {}
+    for line in (text or "").splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            try:
+                values[key] = float(value)
+            except ValueError:
+                pass
+    return values
+
+
 class Result:
     def __init__(self) -> None:
         self.status: int | None = None

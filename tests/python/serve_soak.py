@@ -55,7 +55,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_bench import PYTHON, REPO, Server, free_port  # noqa: E402
+from serve_bench import PYTHON, REPO, Server, free_port, metric_samples, metrics_text  # noqa: E402
 
 GAUGES = [
     "archgen_process_resident_bytes",
@@ -94,15 +94,8 @@ def request(port: int, method: str, path: str, body, timeout: float,
 
 
 def metrics(port: int) -> dict[str, float]:
-    status, text = request(port, "GET", "/metrics", None, 30)
-    out = {}
-    if status != 200:
-        return out
-    for line in text.decode().splitlines():
-        name, _, value = line.partition(" ")
-        if name in GAUGES:
-            out[name] = float(value)
-    return out
+    samples = metric_samples(metrics_text(port))
+    return {name: samples[name] for name in GAUGES if name in samples}
 
 
 def vm_rss(pid: int) -> float | None:
