@@ -30,7 +30,8 @@
 # closeness (an L3 lever's logits against L1's: lever_closeness.py), headcheck (the
 # cuda-head-norm-rope kernel against MLX's kernels: head_kernel_check.py), trace SPEC (the
 # mlx-lm module a CUDA fault happens in: module_trace.py), coldstart (a process's wall time with
-# an empty and a filled NVRTC cache, archgen and mlx-lm; COLD_SPEC, COLD_L), speedtable (one
+# an empty and a filled NVRTC cache, archgen and mlx-lm; COLD_SPEC, COLD_L), kernelcache (archgen's
+# default kernel cache under a fresh HOME: two runs, where the kernels went; KC_SPEC), speedtable (one
 # table: single stream, batched B and serving C clients, each archgen L1, archgen L3 and mlx-lm, with
 # the share of the weight-read bound: speed_table.py on SPEEDTABLE_SPEC, default gemma4-12b;
 # SPEEDTABLE_ARGS for sizes, e.g. "--batches 1 8 --clients 1 4 --rounds 2 --steps 16"; a real-size
@@ -223,6 +224,28 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
         echo "coldstart $spec $side $run: rc $rc, $(python3 -c "print(f'{$t1 - $t0:.1f}')") s, $(find $ptx -type f | wc -l) files in its PTX cache ($(du -sh $ptx | cut -f1))" \
           | tee -a "$OUT/coldstart.log"
       done
+      ;;
+    kernelcache)
+      # archgen's default CUDA kernel cache (runtime/cli/src/kernel_cache.rs):
+      # `archgen logits` on KC_SPEC twice with one fresh HOME and an empty
+      # TMPDIR, MLX_PTX_CACHE_DIR unset: the first run compiles into
+      # HOME/.cache/archgen/mlx-kernels/..., the second finds them there;
+      # MLX's own default under TMPDIR stays empty.
+      spec=${KC_SPEC:-gemma4-12b-tiny-q4}
+      d=$work/kc-$spec
+      [[ -f $d/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d --seed 1 2>&1 | tail -1
+      ids=$(prompt_ids $d ${KC_L:-24})
+      home=$work/kc-home; tmp=$work/kc-tmp; rm -rf $home $tmp; mkdir -p $home $tmp
+      for run in first second; do
+        t0=$(date +%s.%N)
+        env -u MLX_PTX_CACHE_DIR -u XDG_CACHE_HOME HOME=$home TMPDIR=$tmp $ARCHGEN logits --model $d \
+          --prompt-ids $ids --decode-steps 8 --out $work/kc-$run.safetensors > $work/kc-$run.log 2>&1
+        rc=$?; t1=$(date +%s.%N)
+        echo "kernelcache $spec $run: rc $rc, $(python3 -c "print(f'{$t1 - $t0:.1f}')") s; $(grep 'kernel cache' $work/kc-$run.log); \
+$(find $home -type f | wc -l) files under HOME ($(du -sh $home | cut -f1)), $(find $tmp -type f | wc -l) under TMPDIR" \
+          | tee -a "$OUT/kernelcache.log"
+      done
+      python3 "$here/compare.py" $work/kc-first.safetensors $work/kc-second.safetensors 2>&1 | sed 's/^/kernelcache first vs second: /' | tee -a "$OUT/kernelcache.log"
       ;;
     trace)
       # Which mlx-lm module a CUDA fault happens in (module_trace.py): the

@@ -14,6 +14,7 @@ mod embed;
 mod engine;
 mod generate;
 mod init;
+mod kernel_cache;
 mod launch;
 mod levers;
 mod logits;

@@ -19,6 +19,18 @@ impl From<String> for Failure {
 }
 
 pub fn run(cli: Cli) -> Result<(), Failure> {
+    // Commands that run MLX's kernels point its CUDA kernel cache at a
+    // persistent folder first: before any thread starts and before MLX
+    // reads the variable (kernel_cache.rs).
+    let kernel_cache = match &cli.command {
+        Command::Logits(_)
+        | Command::Generate(_)
+        | Command::Chat(_)
+        | Command::Serve(_)
+        | Command::Embed(_)
+        | Command::Init(_) => crate::kernel_cache::persist_compiled_kernels(),
+        Command::Launch(_) | Command::Levers(_) | Command::Completions(_) => None,
+    };
     // A rank of a tensor-parallel run (started by `archgen launch` or
     // mlx.launch) joins its group first; ranks other than 0 stay quiet.
     let group = match &cli.command {
@@ -46,6 +58,9 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
     };
     let rank = group.map_or(0, |g| g.rank());
     let ui = Ui::new(cli.quiet || rank != 0);
+    if let Some(note) = kernel_cache {
+        ui.note(&note);
+    }
     match cli.command {
         Command::Init(args) => Ok(crate::init::init(&ui, &args)?),
         Command::Launch(args) => Ok(crate::launch::launch(&args)?),

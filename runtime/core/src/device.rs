@@ -320,3 +320,27 @@ pub fn mlx_memory() -> Result<MlxMemory, mlx_rs::error::Exception> {
         peak: mlx_rs::memory::peak_memory()?,
     })
 }
+
+/// The version of the libmlx this process loaded (`mx.__version__` of the
+/// same library), e.g. `0.32.2`: what MLX keys its own kernel cache by.
+pub fn libmlx_version() -> Result<String, mlx_rs::error::Exception> {
+    // SAFETY: mlx-c's string API: a fresh string, filled by `mlx_version`,
+    // read as a NUL-terminated C string while it lives, then freed once.
+    unsafe {
+        let mut s = mlx_sys::mlx_string_new();
+        let status = mlx_sys::mlx_version(&mut s);
+        let text = match status {
+            0 => {
+                let data = mlx_sys::mlx_string_data(s);
+                (!data.is_null()).then(|| {
+                    std::ffi::CStr::from_ptr(data)
+                        .to_string_lossy()
+                        .into_owned()
+                })
+            }
+            _ => None,
+        };
+        mlx_sys::mlx_string_free(s);
+        text.ok_or_else(|| mlx_rs::error::Exception::custom("libmlx did not give its version"))
+    }
+}
