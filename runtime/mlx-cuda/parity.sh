@@ -227,22 +227,23 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
       ;;
     kernelcache)
       # archgen's default CUDA kernel cache (runtime/cli/src/kernel_cache.rs):
-      # `archgen logits` on KC_SPEC twice with one fresh HOME and an empty
-      # TMPDIR, MLX_PTX_CACHE_DIR unset: the first run compiles into
-      # HOME/.cache/archgen/mlx-kernels/..., the second finds them there;
+      # `archgen logits` on KC_SPEC twice with one fresh XDG_CACHE_HOME and an
+      # empty TMPDIR, MLX_PTX_CACHE_DIR unset (HOME stays: the driver's own
+      # cache of JIT-compiled PTX lives there): the first run compiles into
+      # XDG_CACHE_HOME/archgen/mlx-kernels/..., the second finds them there;
       # MLX's own default under TMPDIR stays empty.
-      spec=${KC_SPEC:-gemma4-12b-tiny-q4}
+      spec=${KC_SPEC:-qwen3-0.6b-tiny-q4}
       d=$work/kc-$spec
       [[ -f $d/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d --seed 1 2>&1 | tail -1
       ids=$(prompt_ids $d ${KC_L:-24})
-      home=$work/kc-home; tmp=$work/kc-tmp; rm -rf $home $tmp; mkdir -p $home $tmp
+      cache=$work/kc-cache; tmp=$work/kc-tmp; rm -rf $cache $tmp; mkdir -p $cache $tmp
       for run in first second; do
         t0=$(date +%s.%N)
-        env -u MLX_PTX_CACHE_DIR -u XDG_CACHE_HOME HOME=$home TMPDIR=$tmp $ARCHGEN logits --model $d \
+        env -u MLX_PTX_CACHE_DIR XDG_CACHE_HOME=$cache TMPDIR=$tmp timeout ${KC_TIMEOUT:-200} $ARCHGEN logits --model $d \
           --prompt-ids $ids --decode-steps 8 --out $work/kc-$run.safetensors > $work/kc-$run.log 2>&1
         rc=$?; t1=$(date +%s.%N)
         echo "kernelcache $spec $run: rc $rc, $(python3 -c "print(f'{$t1 - $t0:.1f}')") s; $(grep 'kernel cache' $work/kc-$run.log); \
-$(find $home -type f | wc -l) files under HOME ($(du -sh $home | cut -f1)), $(find $tmp -type f | wc -l) under TMPDIR" \
+$(find $cache -type f | wc -l) files under XDG_CACHE_HOME ($(du -sh $cache | cut -f1)), $(find $tmp -type f | wc -l) under TMPDIR" \
           | tee -a "$OUT/kernelcache.log"
       done
       python3 "$here/compare.py" $work/kc-first.safetensors $work/kc-second.safetensors 2>&1 | sed 's/^/kernelcache first vs second: /' | tee -a "$OUT/kernelcache.log"
