@@ -29,6 +29,7 @@ pub enum Lever {
     CudaHeadNormRope,
     MaxBatch,
     PrefillStep,
+    KeepBufferPool,
     CudaGraphCache,
 }
 
@@ -99,7 +100,7 @@ impl fmt::Display for Value {
 
 impl Lever {
     /// Every lever, in the order `archgen levers` lists them.
-    pub const ALL: [Lever; 10] = [
+    pub const ALL: [Lever; 11] = [
         Lever::EagerDecode,
         Lever::GpuDecode,
         Lever::GpuDecodeOnCpu,
@@ -109,6 +110,7 @@ impl Lever {
         Lever::CudaHeadNormRope,
         Lever::MaxBatch,
         Lever::PrefillStep,
+        Lever::KeepBufferPool,
         Lever::CudaGraphCache,
     ];
 
@@ -124,7 +126,8 @@ impl Lever {
             Lever::CudaHeadNormRope => 6,
             Lever::MaxBatch => 7,
             Lever::PrefillStep => 8,
-            Lever::CudaGraphCache => 9,
+            Lever::KeepBufferPool => 9,
+            Lever::CudaGraphCache => 10,
         }
     }
 
@@ -140,6 +143,7 @@ impl Lever {
             Lever::CudaHeadNormRope => "cuda-head-norm-rope",
             Lever::MaxBatch => "max-batch",
             Lever::PrefillStep => "prefill-step",
+            Lever::KeepBufferPool => "keep-buffer-pool",
             Lever::CudaGraphCache => "cuda-graph-cache",
         }
     }
@@ -185,6 +189,11 @@ impl Lever {
                 "serve: prompt tokens per prefill chunk (one chunk per scheduler step, between \
                  decode steps)"
             }
+            Lever::KeepBufferPool => {
+                "serve: MLX's buffer pool is kept after each prefill chunk instead of returned \
+                 to the system as mlx-lm does, so the steps after it reuse buffers rather than \
+                 allocate (still returned every 512 batch steps; values unchanged)"
+            }
             Lever::CudaGraphCache => {
                 "serve: CUDA graphs MLX's CUDA backend keeps (MLX_CUDA_GRAPH_CACHE_SIZE; \
                  MLX's own default of 400 thrashes under continuous batching); other \
@@ -200,7 +209,8 @@ impl Lever {
             | Lever::GpuDecodeOnCpu
             | Lever::GpuOneTokenSdpa
             | Lever::GpuStackedProjections
-            | Lever::CudaHeadNormRope => Kind::Switch,
+            | Lever::CudaHeadNormRope
+            | Lever::KeepBufferPool => Kind::Switch,
             Lever::GpuDecodeBlocks => Kind::Blocks,
             Lever::MaxBatch => Kind::Count { min: 1, max: 4096 },
             Lever::PrefillStep => Kind::Count {
@@ -223,7 +233,10 @@ impl Lever {
             | Lever::GpuOneTokenSdpa
             | Lever::GpuStackedProjections
             | Lever::CudaHeadNormRope => Scope::Model,
-            Lever::MaxBatch | Lever::PrefillStep | Lever::CudaGraphCache => Scope::Serve,
+            Lever::MaxBatch
+            | Lever::PrefillStep
+            | Lever::KeepBufferPool
+            | Lever::CudaGraphCache => Scope::Serve,
         }
     }
 
@@ -254,8 +267,12 @@ impl Lever {
             // A kernel of ours: no oracle runs it.
             Lever::CudaHeadNormRope => Tier::L3,
             // mlx-lm's BatchGenerator with the same sizes is the oracle;
-            // the graph cache replays the same kernels.
-            Lever::MaxBatch | Lever::PrefillStep | Lever::CudaGraphCache => Tier::L1,
+            // the graph cache replays the same kernels; a kept pool hands
+            // the same kernels other buffers.
+            Lever::MaxBatch
+            | Lever::PrefillStep
+            | Lever::KeepBufferPool
+            | Lever::CudaGraphCache => Tier::L1,
         }
     }
 
@@ -291,6 +308,7 @@ impl Lever {
             Lever::GpuOneTokenSdpa => Some(device::GPU_ONE_TOKEN_SDPA_VAR),
             Lever::GpuStackedProjections => Some(device::GPU_STACKED_PROJECTIONS_VAR),
             Lever::CudaHeadNormRope => Some(device::CUDA_HEAD_NORM_ROPE_VAR),
+            Lever::KeepBufferPool => Some(device::KEEP_BUFFER_POOL_VAR),
             Lever::MaxBatch | Lever::PrefillStep => None,
             Lever::CudaGraphCache => Some(CUDA_GRAPH_CACHE_VAR),
         }
@@ -312,7 +330,8 @@ impl Lever {
             Lever::EagerDecode
             | Lever::GpuOneTokenSdpa
             | Lever::GpuStackedProjections
-            | Lever::CudaHeadNormRope => switch(raw, "1 or 0").map(|on| Some(Value::Switch(on))),
+            | Lever::CudaHeadNormRope
+            | Lever::KeepBufferPool => switch(raw, "1 or 0").map(|on| Some(Value::Switch(on))),
             Lever::GpuDecode => match raw {
                 // The wiring check runs the GPU path, so it is on too.
                 "cpu-too" => Ok(Some(Value::Switch(true))),
@@ -371,7 +390,8 @@ impl Lever {
             | Lever::GpuDecodeOnCpu
             | Lever::GpuOneTokenSdpa
             | Lever::GpuStackedProjections
-            | Lever::CudaHeadNormRope => "on|off",
+            | Lever::CudaHeadNormRope
+            | Lever::KeepBufferPool => "on|off",
             Lever::GpuDecodeBlocks => "all|pre|post|none",
             Lever::MaxBatch => "N",
             Lever::PrefillStep => "TOKENS",
@@ -405,6 +425,7 @@ pub struct LeverValues {
     pub cuda_head_norm_rope: bool,
     pub max_batch: u64,
     pub prefill_step: u64,
+    pub keep_buffer_pool: bool,
     pub cuda_graph_cache: u64,
 }
 
@@ -425,6 +446,7 @@ impl LeverValues {
         cuda_head_norm_rope: DecodeChoices::DEFAULT.cuda_head_norm_rope,
         max_batch: 16,
         prefill_step: 2048,
+        keep_buffer_pool: false,
         cuda_graph_cache: 40_000,
     };
 
@@ -439,6 +461,7 @@ impl LeverValues {
             Lever::CudaHeadNormRope => Value::Switch(self.cuda_head_norm_rope),
             Lever::MaxBatch => Value::Count(self.max_batch),
             Lever::PrefillStep => Value::Count(self.prefill_step),
+            Lever::KeepBufferPool => Value::Switch(self.keep_buffer_pool),
             Lever::CudaGraphCache => Value::Count(self.cuda_graph_cache),
         }
     }
@@ -455,6 +478,7 @@ impl LeverValues {
             (Lever::CudaHeadNormRope, Value::Switch(on)) => self.cuda_head_norm_rope = on,
             (Lever::MaxBatch, Value::Count(n)) => self.max_batch = n,
             (Lever::PrefillStep, Value::Count(n)) => self.prefill_step = n,
+            (Lever::KeepBufferPool, Value::Switch(on)) => self.keep_buffer_pool = on,
             (Lever::CudaGraphCache, Value::Count(n)) => self.cuda_graph_cache = n,
             (
                 Lever::EagerDecode
@@ -466,6 +490,7 @@ impl LeverValues {
                 | Lever::CudaHeadNormRope
                 | Lever::MaxBatch
                 | Lever::PrefillStep
+                | Lever::KeepBufferPool
                 | Lever::CudaGraphCache,
                 _,
             ) => {
@@ -548,6 +573,7 @@ impl Alias {
                 | Lever::GpuDecode
                 | Lever::MaxBatch
                 | Lever::PrefillStep
+                | Lever::KeepBufferPool
                 | Lever::CudaGraphCache,
             ) => None,
         }

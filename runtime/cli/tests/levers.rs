@@ -124,6 +124,7 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
             "cuda-head-norm-rope",
             "max-batch",
             "prefill-step",
+            "keep-buffer-pool",
             "cuda-graph-cache"
         ]
     );
@@ -431,7 +432,7 @@ fn chat_and_serve_state_their_levers_serves_with_its_own() {
     // serve states its own levers too, before it listens.
     let mut server = Command::new(env!("CARGO_BIN_EXE_archgen"))
         .args(["serve", "--model", dir.to_str().unwrap(), "--port", "0"])
-        .args(["--max-batch", "4", "--l1"])
+        .args(["--max-batch", "4", "--l1", "--keep-buffer-pool"])
         .env("MLX_CUDA_GRAPH_CACHE_SIZE", "500")
         .env("ARCHGEN_GPU_ONE_TOKEN_SDPA", "1")
         .stdin(Stdio::null())
@@ -457,7 +458,7 @@ fn chat_and_serve_state_their_levers_serves_with_its_own() {
     assert!(
         startup.contains(&format!(
             "archgen: levers on: {gpu}max-batch=4 (from its flag), prefill-step=2048 (default), \
-             cuda-graph-cache=500 (from MLX_CUDA_GRAPH_CACHE_SIZE)\n"
+             keep-buffer-pool (from its flag), cuda-graph-cache=500 (from MLX_CUDA_GRAPH_CACHE_SIZE)\n"
         )),
         "{startup}"
     );

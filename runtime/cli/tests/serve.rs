@@ -1793,6 +1793,42 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
         |v| v == 0.0,
         Duration::from_secs(30),
     );
+    drop(server);
+
+    // A server that keeps MLX's buffer pool after prefill chunks (the
+    // keep-buffer-pool lever) gives the same answers to the same requests
+    // sent at once: the pool decides where arrays live, not their values.
+    let kept = start_server(
+        &model,
+        &[
+            "--impl",
+            "monolith",
+            "--max-batch",
+            "8",
+            "--keep-buffer-pool",
+        ],
+    );
+    assert!(
+        kept.startup
+            .iter()
+            .any(|l| l.contains("keep-buffer-pool (from its flag)")),
+        "the lever is not stated: {:?}",
+        kept.startup
+    );
+    let running: Vec<Background> = shapes
+        .iter()
+        .map(|&(first, n)| {
+            Background::start(
+                &kept,
+                "/v1/completions",
+                &ids_body(first, n, max_tokens, true),
+            )
+        })
+        .collect();
+    for (request, expected) in running.into_iter().zip(&alone) {
+        let got = streamed_answer(&request.finish(Duration::from_secs(120)));
+        assert_eq!(&got, expected, "with the buffer pool kept");
+    }
 }
 
 /// A greedy completions request for exactly these token ids.

@@ -46,7 +46,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
 use crate::batch::{BatchCache, BatchLm};
-use crate::device::{release_buffer_pool, BATCH_STEPS_PER_POOL_RELEASE};
+use crate::device::{release_buffer_pool, PrefillBufferPool, BATCH_STEPS_PER_POOL_RELEASE};
 use crate::ops::Result;
 use crate::seq_cache::{self, SeqCache};
 
@@ -84,6 +84,8 @@ pub struct BatchConfig {
     pub completion_batch_size: usize,
     /// How prompts in prefill are batched (mlx-lm: one batch).
     pub prompt_lanes: PromptLanes,
+    /// What a prefill chunk does with MLX's buffer pool (mlx-lm: releases it).
+    pub prefill_buffer_pool: PrefillBufferPool,
 }
 
 impl Default for BatchConfig {
@@ -93,6 +95,7 @@ impl Default for BatchConfig {
             prefill_batch_size: 8,
             completion_batch_size: 32,
             prompt_lanes: PromptLanes::One,
+            prefill_buffer_pool: PrefillBufferPool::Released,
         }
     }
 }
@@ -664,11 +667,11 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         // Chunks are at most `prefill_step_size` long: one forward.
         self.model.forward_batch(&ids, cache)?;
         cache.eval()?;
-        release_buffer_pool()?;
+        self.config.prefill_buffer_pool.after_chunk()?;
         if padded {
             cache.finalize()?;
             cache.eval()?;
-            release_buffer_pool()?;
+            self.config.prefill_buffer_pool.after_chunk()?;
         }
         Ok(())
     }

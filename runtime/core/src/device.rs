@@ -62,6 +62,7 @@ pub const GPU_DECODE_BLOCKS_VAR: &str = "ARCHGEN_GPU_DECODE_BLOCKS";
 pub const GPU_ONE_TOKEN_SDPA_VAR: &str = "ARCHGEN_GPU_ONE_TOKEN_SDPA";
 pub const GPU_STACKED_PROJECTIONS_VAR: &str = "ARCHGEN_GPU_STACKED_PROJECTIONS";
 pub const CUDA_HEAD_NORM_ROPE_VAR: &str = "ARCHGEN_CUDA_HEAD_NORM_ROPE";
+pub const KEEP_BUFFER_POOL_VAR: &str = "ARCHGEN_KEEP_BUFFER_POOL";
 
 impl DecodeChoices {
     /// What runs when nothing is set: the compiled blocks of the device, the
@@ -298,6 +299,32 @@ pub const BATCH_STEPS_PER_POOL_RELEASE: usize = 512;
 /// unchanged: it frees only buffers no array holds.
 pub fn release_buffer_pool() -> Result<(), mlx_rs::error::Exception> {
     mlx_rs::memory::clear_cache()
+}
+
+/// What a prefill chunk does with MLX's buffer pool once its cache is
+/// evaluated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PrefillBufferPool {
+    /// Returned to the system after every chunk, as mlx-lm does.
+    #[default]
+    Released,
+    /// Kept for the steps that follow, which then reuse its buffers instead
+    /// of allocating new ones (on CUDA a new buffer is a managed allocation
+    /// the GPU faults in on first touch). The pool is still returned every
+    /// [`SEQUENCE_TOKENS_PER_POOL_RELEASE`] or [`BATCH_STEPS_PER_POOL_RELEASE`]
+    /// decode steps, and MLX's cache limit bounds it in between. Values are
+    /// the same either way.
+    Kept,
+}
+
+impl PrefillBufferPool {
+    /// Called after each prefill chunk's cache is evaluated.
+    pub fn after_chunk(self) -> Result<(), mlx_rs::error::Exception> {
+        match self {
+            PrefillBufferPool::Released => release_buffer_pool(),
+            PrefillBufferPool::Kept => Ok(()),
+        }
+    }
 }
 
 /// What MLX's allocator holds, in bytes: arrays alive now (`active`), the

@@ -37,7 +37,6 @@ use archgen_runtime::batch::{BatchCache, BatchLm};
 use archgen_runtime::batch_session::{
     BatchConfig, BatchSession, PromptLanes, Sampler, SeqId, StepOutput,
 };
-use archgen_runtime::device::release_buffer_pool;
 use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::Array;
@@ -153,6 +152,7 @@ impl<'a> BatchedScheduler<'a> {
             // prompt batch of its own instead of waiting for (and being
             // padded to) the long prompt's chunks.
             prompt_lanes: PromptLanes::ShortFirst,
+            prefill_buffer_pool: limits.prefill_buffer_pool,
         };
         let prompt_cache = match limits.prompt_cache_bytes {
             0 => None,
@@ -254,12 +254,11 @@ impl<'a> BatchedScheduler<'a> {
     /// forward and its token handed to the client.
     fn step_solo(&mut self) {
         let model = self.model;
-        let prefill_step = self.config.prefill_step_size;
+        let config = self.config;
         let mut at = 0;
         while at < self.solo.len() {
             let seq = &mut self.solo[at];
-            let ran =
-                std::panic::catch_unwind(AssertUnwindSafe(|| solo_step(model, seq, prefill_step)));
+            let ran = std::panic::catch_unwind(AssertUnwindSafe(|| solo_step(model, seq, config)));
             let outcome = match ran {
                 Ok(Ok(None)) => Outcome::Running,
                 Ok(Ok(Some((token, logprob, grammar)))) => {
@@ -490,16 +489,16 @@ type SoloToken = (i32, Option<super::scheduler::Logprobs>, GrammarState);
 fn solo_step(
     model: &dyn BatchLm,
     seq: &mut Solo<'_>,
-    prefill_step: usize,
+    config: BatchConfig,
 ) -> Result<Option<SoloToken>, String> {
     let head = seq.stream.job.prompt.len() - 1;
     if seq.fed < head {
-        let end = (seq.fed + prefill_step).min(head);
+        let end = (seq.fed + config.prefill_step_size).min(head);
         let chunk = &seq.stream.job.prompt[seq.fed..end];
         let x = Array::from_slice(chunk, &[1, chunk.len() as i32]);
         mlx(mlx(model.forward_batch(&x, &mut seq.cache))?.eval())?;
         // As after every prefill chunk of the one-by-one scheduler.
-        mlx(release_buffer_pool())?;
+        mlx(config.prefill_buffer_pool.after_chunk())?;
         seq.fed = end;
         return Ok(None);
     }

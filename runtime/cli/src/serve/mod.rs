@@ -40,6 +40,7 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use archgen_runtime::device::PrefillBufferPool;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -1946,6 +1947,10 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         prefill_step: to_usize(levers.values.prefill_step),
         prompt_cache_bytes: usize::try_from(args.prompt_cache_bytes).unwrap_or(usize::MAX),
         prompt_cache_size: args.prompt_cache_size as usize,
+        prefill_buffer_pool: match levers.values.keep_buffer_pool {
+            true => PrefillBufferPool::Kept,
+            false => PrefillBufferPool::Released,
+        },
     };
     let max_queue = args.max_queue as usize;
     let metrics = Arc::new(Metrics::new());

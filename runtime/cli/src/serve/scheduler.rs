@@ -26,7 +26,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use archgen_runtime::device::{release_buffer_pool, SEQUENCE_TOKENS_PER_POOL_RELEASE};
+use archgen_runtime::device::{
+    release_buffer_pool, PrefillBufferPool, SEQUENCE_TOKENS_PER_POOL_RELEASE,
+};
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::{self, Array};
 use archgen_runtime::model::CausalLm;
@@ -111,6 +113,8 @@ pub struct Limits {
     pub prompt_cache_bytes: usize,
     /// The prompt cache's bound in sequences.
     pub prompt_cache_size: usize,
+    /// What a prefill chunk does with MLX's buffer pool.
+    pub prefill_buffer_pool: PrefillBufferPool,
 }
 
 /// One sequence's model state: its cache, the token it feeds next and its
@@ -167,6 +171,8 @@ pub struct OneByOne {
     /// Decode steps so far, which time the buffer pool's release as
     /// `generate_step` times it.
     steps: usize,
+    /// What a prefill chunk does with the buffer pool.
+    prefill_buffer_pool: PrefillBufferPool,
 }
 
 impl<M: CausalLm> StepAll<M> for OneByOne {
@@ -178,7 +184,7 @@ impl<M: CausalLm> StepAll<M> for OneByOne {
     ) -> Result<(), String> {
         let x = Array::from_slice(chunk, &[1, chunk.len() as i32]);
         mlx(mlx(m.forward(&x, &mut seq.cache))?.eval())?;
-        mlx(release_buffer_pool())
+        mlx(self.prefill_buffer_pool.after_chunk())
     }
 
     fn step_all(
@@ -337,7 +343,10 @@ impl<'a, M: CausalLm> Scheduler<'a, M, OneByOne> {
     ) -> Self {
         Scheduler {
             model,
-            stepper: OneByOne::default(),
+            stepper: OneByOne {
+                steps: 0,
+                prefill_buffer_pool: limits.prefill_buffer_pool,
+            },
             tokenizer,
             eos,
             limits,
