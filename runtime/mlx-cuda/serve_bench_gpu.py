@@ -70,8 +70,16 @@ def breakdown(before: dict[str, float], after: dict[str, float]) -> dict:
         return tuple(after.get(f"{name}_{part}{labels}", 0.0) - before.get(f"{name}_{part}{labels}", 0.0)
                      for part in ("count", "sum"))
 
-    n, total = delta("archgen_queue_wait_seconds")
-    out = {"queue_wait": {"count": n, "mean_s": total / n if n > 0 else None}, "steps": {}}
+    def mean(name: str) -> dict:
+        n, total = delta(name)
+        return {"count": n, "mean_s": total / n if n > 0 else None}
+
+    # The server's own time to first token runs from queueing to the first
+    # sampled token, visible or not; the client's counts to the first chunk
+    # with text, later where a token decodes to nothing (as many of a
+    # random checkpoint's do).
+    out = {"queue_wait": mean("archgen_queue_wait_seconds"),
+           "server_ttft": mean("archgen_time_to_first_token_seconds"), "steps": {}}
     for kind in STEP_KINDS:
         n, total = delta("archgen_scheduler_step_seconds", f'{{kind="{kind}"}}')
         if n > 0:
@@ -80,9 +88,12 @@ def breakdown(before: dict[str, float], after: dict[str, float]) -> dict:
 
 
 def describe_breakdown(b: dict) -> str:
-    q = b["queue_wait"]
-    wait = "-" if q["mean_s"] is None else f"{1e3 * q['mean_s']:.1f}"
-    parts = [f"queue wait mean {wait} ms over {q['count']:.0f}"]
+    def ms(v: dict) -> str:
+        return "-" if v["mean_s"] is None else f"{1e3 * v['mean_s']:.1f}"
+
+    q, t = b["queue_wait"], b["server_ttft"]
+    parts = [f"queue wait mean {ms(q)} ms over {q['count']:.0f}",
+             f"server TTFT mean {ms(t)} ms over {t['count']:.0f}"]
     parts += [f"{kind} steps {v['count']:.0f} x {1e3 * v['mean_s']:.1f} ms" for kind, v in b["steps"].items()]
     return ", ".join(parts)
 

@@ -160,18 +160,22 @@ def latency_table(a, serve, all_servers: list[str]) -> list[str]:
             return "-"
         return ", ".join(f"{kind} {v['count']:.0f} x {1e3 * v['mean_s']:.1f}" for kind, v in b["steps"].items()) or "-"
 
-    lines = ["", "| serving | server | TTFT p50 / p99 ms | inter-token p50 / p99 ms | queue wait mean ms | "
-             "steps (kind count x mean ms) |", "| --- | --- | ---: | ---: | ---: | --- |"]
+    lines = ["", "| serving | server | TTFT p50 / p99 ms | server TTFT mean ms | inter-token p50 / p99 ms | "
+             "queue wait mean ms | steps (kind count x mean ms) |", "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for i, c_n in enumerate(a.clients):
         for name in all_servers:
             v = level_of(serve, name, i)
             if v is None:
                 continue
             b = v.get("breakdown")
-            q = b["queue_wait"]["mean_s"] if b else None
-            wait = "-" if q is None else f"{1e3 * q:.1f}"
+
+            def mean_ms(part: str) -> str:
+                # Older JSON has no server TTFT; mlx-lm's server has no metrics.
+                m = (b.get(part) or {}).get("mean_s") if b else None
+                return "-" if m is None else f"{1e3 * m:.1f}"
             lines.append(f"| {c_n} clients | `{name}` | {ms(v.get('ttft_p50_s'))} / {ms(v.get('ttft_p99_s'))} | "
-                         f"{ms(v.get('itl_p50_s'))} / {ms(v.get('itl_p99_s'))} | {wait} | {steps(b)} |")
+                         f"{mean_ms('server_ttft')} | {ms(v.get('itl_p50_s'))} / {ms(v.get('itl_p99_s'))} | "
+                         f"{mean_ms('queue_wait')} | {steps(b)} |")
     return lines
 
 
