@@ -59,6 +59,8 @@ SERVER_NAME = re.compile(r"archgen(-monolith)?(?:-b(\d+))?|mlx-lm")
 
 
 STEP_KINDS = ("full", "decode_only", "prefill_chunk", "decode")
+# The parts of a batched step (archgen_step_phase_seconds{phase}).
+STEP_PHASES = ("generation", "admission", "joining", "prefill")
 
 
 def breakdown(before: dict[str, float], after: dict[str, float]) -> dict:
@@ -84,6 +86,11 @@ def breakdown(before: dict[str, float], after: dict[str, float]) -> dict:
         n, total = delta("archgen_scheduler_step_seconds", f'{{kind="{kind}"}}')
         if n > 0:
             out["steps"][kind] = {"count": n, "mean_s": total / n, "total_s": total}
+    out["phases"] = {}
+    for phase in STEP_PHASES:
+        n, total = delta("archgen_step_phase_seconds", f'{{phase="{phase}"}}')
+        if n > 0:
+            out["phases"][phase] = {"count": n, "mean_s": total / n, "total_s": total}
     return out
 
 
@@ -95,6 +102,8 @@ def describe_breakdown(b: dict) -> str:
     parts = [f"queue wait mean {ms(q)} ms over {q['count']:.0f}",
              f"server TTFT mean {ms(t)} ms over {t['count']:.0f}"]
     parts += [f"{kind} steps {v['count']:.0f} x {1e3 * v['mean_s']:.1f} ms" for kind, v in b["steps"].items()]
+    parts += [f"{phase} {v['count']:.0f} x {1e3 * v['mean_s']:.1f} ms (total {v['total_s']:.2f} s)"
+              for phase, v in b.get("phases", {}).items()]
     return ", ".join(parts)
 
 

@@ -155,13 +155,17 @@ def latency_table(a, serve, all_servers: list[str]) -> list[str]:
         return "-" if v is None else f"{1e3 * v:.0f}"
 
     def steps(b: dict | None) -> str:
-        # archgen's own step histograms over the level: kind count x mean.
+        # archgen's own step histograms over the level: kind count x mean,
+        # then the parts of its batched steps: phase count x mean (older
+        # JSON has no parts).
         if not b:
             return "-"
-        return ", ".join(f"{kind} {v['count']:.0f} x {1e3 * v['mean_s']:.1f}" for kind, v in b["steps"].items()) or "-"
+        kinds = [f"{kind} {v['count']:.0f} x {1e3 * v['mean_s']:.1f}" for kind, v in b["steps"].items()]
+        parts = [f"{p} {v['count']:.0f} x {1e3 * v['mean_s']:.1f}" for p, v in (b.get("phases") or {}).items()]
+        return "; ".join(x for x in (", ".join(kinds), ", ".join(parts)) if x) or "-"
 
     lines = ["", "| serving | server | TTFT p50 / p99 ms | server TTFT mean ms | inter-token p50 / p99 ms | "
-             "queue wait mean ms | steps (kind count x mean ms) |", "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+             "queue wait mean ms | steps (kind count x mean ms; parts: phase count x mean ms) |", "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for i, c_n in enumerate(a.clients):
         for name in all_servers:
             v = level_of(serve, name, i)

@@ -1376,6 +1376,33 @@ fn schedules_interleaves_bounds_the_queue_and_cancels_dropped_clients() {
         let name = format!("archgen_scheduler_step_seconds_count{{kind=\"{kind}\"}}");
         assert!(metric(&server, &name) > 0.0, "{name}");
     }
+    // And the parts of those steps: every part ran at least once (the long
+    // prompt's chunks, the short requests joining and decoding).
+    for phase in ["generation", "admission", "joining", "prefill"] {
+        let name = format!("archgen_step_phase_seconds_count{{phase=\"{phase}\"}}");
+        assert!(metric(&server, &name) > 0.0, "{name}");
+    }
+    // A step's parts take no longer than the steps (the parts read first:
+    // a step's time is recorded before its parts').
+    let parts: f64 = ["generation", "admission", "joining", "prefill"]
+        .iter()
+        .map(|p| {
+            metric(
+                &server,
+                &format!("archgen_step_phase_seconds_sum{{phase=\"{p}\"}}"),
+            )
+        })
+        .sum();
+    let steps: f64 = ["full", "decode_only"]
+        .iter()
+        .map(|k| {
+            metric(
+                &server,
+                &format!("archgen_scheduler_step_seconds_sum{{kind=\"{k}\"}}"),
+            )
+        })
+        .sum();
+    assert!(parts <= steps, "parts {parts} s, steps {steps} s");
     // The memory a long run is watched with: the model's weights are MLX
     // arrays, and the process holds at least them.
     let active = metric(&server, "archgen_mlx_active_bytes");

@@ -41,6 +41,7 @@
 //! prompts arrived apart; what moves is which prompts share a batch.
 
 use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
@@ -98,6 +99,30 @@ impl Default for BatchConfig {
             prefill_buffer_pool: PrefillBufferPool::Released,
         }
     }
+}
+
+/// Where one step's wall time went, by the parts of `next()` that ran
+/// (`None`: not run). Host time: MLX is lazy, so a part that reads a
+/// result also waits for the work queued before it (the generation part
+/// waits for the previous step's tokens).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepPhases {
+    /// The generation batch's forward, its tokens sampled and read.
+    pub generation: Option<Duration>,
+    /// Waiting sequences joining the prompt batch, their caches merged.
+    pub admission: Option<Duration>,
+    /// Prompt members down to their last token moving to the generation
+    /// batch (its caches extended).
+    pub joining: Option<Duration>,
+    /// The prompt batch's prefill chunk.
+    pub prefill: Option<Duration>,
+}
+
+/// Runs `part` and returns its result with the time it took.
+fn timed<T>(part: impl FnOnce() -> Result<T>) -> Result<(T, Duration)> {
+    let started = Instant::now();
+    let out = part()?;
+    Ok((out, started.elapsed()))
 }
 
 /// Picks a sequence's next token from its logprobs row [vocab] (compute
@@ -272,6 +297,8 @@ pub struct BatchSession<'m, M: BatchLm + ?Sized> {
     /// Generation-batch forwards so far (`_counters.generation_steps`),
     /// which time the buffer pool's release.
     generation_steps: usize,
+    /// Where the last step's time went.
+    last_phases: StepPhases,
 }
 
 impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
@@ -290,6 +317,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             generation: GenerationBatch::default(),
             keep_caches: false,
             generation_steps: 0,
+            last_phases: StepPhases::default(),
         }
     }
 
@@ -443,9 +471,12 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     /// One `BatchGenerator.next()` (see the module comment): the tokens the
     /// generation batch returns this step.
     pub fn step(&mut self) -> Result<Vec<StepOutput>> {
+        self.last_phases = StepPhases::default();
         let mut out = Vec::new();
         if !self.generation.seqs.is_empty() {
-            out = self.generation_step()?;
+            let (tokens, took) = timed(|| self.generation_step())?;
+            out = tokens;
+            self.last_phases.generation = Some(took);
         }
         if self.generation.seqs.len() >= self.config.completion_batch_size {
             return Ok(out);
@@ -457,11 +488,22 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         .min(self.config.completion_batch_size - self.generation.seqs.len())
         .min(self.waiting.len());
         if n > 0 {
-            self.admit(n)?;
+            self.last_phases.admission = Some(timed(|| self.admit(n))?.1);
         }
-        self.start_generating()?;
-        self.prefill_chunk()?;
+        // Each part counts where it had prompt members to work on.
+        let joinable = self.prompt_members() > 0;
+        let (_, took) = timed(|| self.start_generating())?;
+        self.last_phases.joining = joinable.then_some(took);
+        let prefilling = self.prompt_members() > 0;
+        let (_, took) = timed(|| self.prefill_chunk())?;
+        self.last_phases.prefill = prefilling.then_some(took);
         Ok(out)
+    }
+
+    /// Where the last [`Self::step`] or [`Self::step_generation`] spent its
+    /// time.
+    pub fn last_phases(&self) -> StepPhases {
+        self.last_phases
     }
 
     /// [`Self::step`] without its prompt side's forward: the generation
@@ -477,12 +519,17 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     /// the generation batch holds when a prompt member joins it (as for a
     /// prompt that arrived some steps later).
     pub fn step_generation(&mut self) -> Result<Vec<StepOutput>> {
+        self.last_phases = StepPhases::default();
         let mut out = Vec::new();
         if !self.generation.seqs.is_empty() {
-            out = self.generation_step()?;
+            let (tokens, took) = timed(|| self.generation_step())?;
+            out = tokens;
+            self.last_phases.generation = Some(took);
         }
         if self.generation.seqs.len() < self.config.completion_batch_size {
-            self.start_generating()?;
+            let joinable = self.prompt_members() > 0;
+            let (_, took) = timed(|| self.start_generating())?;
+            self.last_phases.joining = joinable.then_some(took);
         }
         Ok(out)
     }

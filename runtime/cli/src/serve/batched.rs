@@ -387,6 +387,7 @@ impl<'a> BatchedScheduler<'a> {
         }));
         let took = started.elapsed();
         self.metrics.step_took(kind.into(), took.as_secs_f64());
+        self.metrics.phases_took(self.session.last_phases());
         match kind {
             StepKind::Full => {
                 self.last_full_step = took;

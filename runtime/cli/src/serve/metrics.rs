@@ -10,6 +10,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use archgen_runtime::batch_session::StepPhases;
+
 /// What one step of the model thread ran (the label of
 /// `archgen_scheduler_step_seconds`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +35,27 @@ impl SchedulerStep {
             SchedulerStep::DecodeOnly => "decode_only",
             SchedulerStep::PrefillChunk => "prefill_chunk",
             SchedulerStep::Decode => "decode",
+        }
+    }
+}
+
+/// A part of a batched step (the label of `archgen_step_phase_seconds`):
+/// [`StepPhases`]' fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepPhase {
+    Generation,
+    Admission,
+    Joining,
+    Prefill,
+}
+
+impl StepPhase {
+    fn label(self) -> &'static str {
+        match self {
+            StepPhase::Generation => "generation",
+            StepPhase::Admission => "admission",
+            StepPhase::Joining => "joining",
+            StepPhase::Prefill => "prefill",
         }
     }
 }
@@ -68,6 +91,8 @@ pub struct Metrics {
     /// Each model-thread step's wall time, by what it ran: with
     /// `queue_wait`, where the time to first token goes.
     steps: Family<StepLabel, Histogram, fn() -> Histogram>,
+    /// A batched step's parts, by name: which part of a step is slow.
+    phases: Family<StepLabel, Histogram, fn() -> Histogram>,
     /// Between two tokens of one sequence, in seconds.
     pub inter_token_latency: Histogram,
     /// Sequences computed by one decode forward: 1 each when the model
@@ -215,6 +240,14 @@ impl Metrics {
             "Wall time of one model-thread step, by what it ran",
             steps.clone(),
         );
+        let phases =
+            Family::<StepLabel, Histogram, fn() -> Histogram>::new_with_constructor(step_histogram);
+        registry.register(
+            "step_phase_seconds",
+            "Wall time of one part of a batched step: the generation forward, admission, \
+             joining the generation batch, the prefill chunk",
+            phases.clone(),
+        );
         // 0.5 ms .. ~4 s.
         let inter_token_latency = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
         registry.register(
@@ -278,6 +311,7 @@ impl Metrics {
             time_to_first_token,
             queue_wait,
             steps,
+            phases,
             inter_token_latency,
         }
     }
@@ -287,6 +321,28 @@ impl Metrics {
         self.steps
             .get_or_create(&vec![("kind", kind.label())])
             .observe(seconds);
+    }
+
+    /// Records the parts of a batched step that ran.
+    pub fn phases_took(&self, phases: StepPhases) {
+        let StepPhases {
+            generation,
+            admission,
+            joining,
+            prefill,
+        } = phases;
+        for (phase, took) in [
+            (StepPhase::Generation, generation),
+            (StepPhase::Admission, admission),
+            (StepPhase::Joining, joining),
+            (StepPhase::Prefill, prefill),
+        ] {
+            if let Some(took) = took {
+                self.phases
+                    .get_or_create(&vec![("phase", phase.label())])
+                    .observe(took.as_secs_f64());
+            }
+        }
     }
 
     /// Counts an answered request by its HTTP status (499: the client left).
@@ -322,6 +378,17 @@ mod tests {
             metrics.step_took(kind, seconds);
         }
         metrics.queue_wait.observe(0.25);
+        let ms = std::time::Duration::from_millis;
+        metrics.phases_took(StepPhases {
+            generation: Some(ms(8)),
+            admission: None,
+            joining: Some(ms(2)),
+            prefill: Some(ms(40)),
+        });
+        metrics.phases_took(StepPhases {
+            generation: Some(ms(8)),
+            ..StepPhases::default()
+        });
         let text = metrics.render().unwrap();
         for line in [
             "archgen_scheduler_step_seconds_count{kind=\"full\"} 2",
@@ -331,8 +398,14 @@ mod tests {
             "archgen_scheduler_step_seconds_count{kind=\"decode\"} 1",
             "archgen_queue_wait_seconds_sum 0.25",
             "archgen_queue_wait_seconds_count 1",
+            "archgen_step_phase_seconds_count{phase=\"generation\"} 2",
+            "archgen_step_phase_seconds_sum{phase=\"generation\"} 0.016",
+            "archgen_step_phase_seconds_count{phase=\"joining\"} 1",
+            "archgen_step_phase_seconds_count{phase=\"prefill\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
         }
+        // A part that did not run is not counted.
+        assert!(!text.contains("phase=\"admission\"} "), "{text}");
     }
 }
