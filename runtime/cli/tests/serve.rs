@@ -1786,16 +1786,7 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
         .collect();
     let cancelled_before = metric(&server, "archgen_cancelled_sequences_total");
     let leaving = Background::start(&server, "/v1/completions", &ids_body(33, 8, 20_000, true));
-    let running: Vec<Background> = survivors
-        .iter()
-        .map(|&(first, n)| {
-            Background::start(
-                &server,
-                "/v1/completions",
-                &ids_body(first, n, long_tokens, true),
-            )
-        })
-        .collect();
+    let running = stream_ids(&server, &survivors, long_tokens);
     // The leaving stream has tokens, so it is in the generation batch.
     loop {
         let (_, line) = leaving.lines.recv_timeout(Duration::from_secs(60)).unwrap();
@@ -1842,20 +1833,26 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
         "the lever is not stated: {:?}",
         kept.startup
     );
-    let running: Vec<Background> = shapes
-        .iter()
-        .map(|&(first, n)| {
-            Background::start(
-                &kept,
-                "/v1/completions",
-                &ids_body(first, n, max_tokens, true),
-            )
-        })
-        .collect();
+    let running = stream_ids(&kept, &shapes, max_tokens);
     for (request, expected) in running.into_iter().zip(&alone) {
         let got = streamed_answer(&request.finish(Duration::from_secs(120)));
         assert_eq!(&got, expected, "with the buffer pool kept");
     }
+}
+
+/// Streamed completions of [`ids_body`]'s prompts (`(first, n)` each), all
+/// sent at once.
+fn stream_ids(server: &Server, prompts: &[(usize, usize)], max_tokens: usize) -> Vec<Background> {
+    prompts
+        .iter()
+        .map(|&(first, n)| {
+            Background::start(
+                server,
+                "/v1/completions",
+                &ids_body(first, n, max_tokens, true),
+            )
+        })
+        .collect()
 }
 
 /// A greedy completions request for exactly these token ids.
