@@ -13,6 +13,15 @@
 //! `MLX_PTX_CACHE_DIR` is left as it is. Kernels are compiled from the same
 //! source either way, so this changes how long a first run takes, not its
 //! bits.
+//!
+//! MLX writes a compiled kernel's files in place, not atomically: a process
+//! stopped mid-write, or two processes compiling the same kernel at once,
+//! leave a truncated file that every later run would read ("Binary format
+//! ... is not recognized"). A temporary directory forgets such a file at the
+//! next reboot; a per-user cache would keep it. So each run works on a
+//! private copy ([`StagedKernels`]): MLX reads and writes
+//! `<cache>.runs/<pid>-<time>/`, and when the run ends the files it added
+//! move into the shared folder by one rename each, which is atomic.
 
 use std::path::{Path, PathBuf};
 
@@ -109,38 +118,197 @@ pub fn choose(var: impl Fn(&str) -> Option<String>, gpus: &Path, libmlx: &str) -
     }
 }
 
+/// A run's private copy of the shared kernel folder: MLX compiles into it,
+/// and dropping it moves what the run added into the shared folder.
+#[derive(Debug)]
+pub struct StagedKernels {
+    shared: PathBuf,
+    staging: PathBuf,
+}
+
+/// Files in `dir` and its subfolders, as paths relative to it (sorted).
+fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut todo = vec![PathBuf::new()];
+    while let Some(rel) = todo.pop() {
+        for entry in std::fs::read_dir(dir.join(&rel))? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            let path = rel.join(entry.file_name());
+            if kind.is_dir() {
+                todo.push(path);
+            } else if kind.is_file() {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Whether a staging folder's process (its name starts `<pid>-`) is gone.
+fn left_by_a_finished_run(name: &str) -> bool {
+    match name.split('-').next().map(str::parse::<u32>) {
+        Some(Ok(pid)) => !Path::new("/proc").join(pid.to_string()).exists(),
+        // Not a folder this code made: left alone.
+        _ => false,
+    }
+}
+
+impl StagedKernels {
+    /// The folder of runs' private copies for `shared`: beside it, so a
+    /// rename from one to the other stays on one file system.
+    fn runs_dir(shared: &Path) -> PathBuf {
+        let mut name = shared.file_name().unwrap_or_default().to_os_string();
+        name.push(".runs");
+        shared.with_file_name(name)
+    }
+
+    /// Makes `shared` (if need be) and this run's copy of it, after removing
+    /// the copies of runs that ended without handing theirs over (killed).
+    pub fn open(shared: &Path) -> std::io::Result<StagedKernels> {
+        std::fs::create_dir_all(shared)?;
+        let runs = Self::runs_dir(shared);
+        std::fs::create_dir_all(&runs)?;
+        for entry in std::fs::read_dir(&runs)?.flatten() {
+            if left_by_a_finished_run(&entry.file_name().to_string_lossy()) {
+                // Best effort: another run may be removing it too.
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let staging = runs.join(format!("{}-{started}", std::process::id()));
+        std::fs::create_dir(&staging)?;
+        let staged = StagedKernels {
+            shared: shared.to_path_buf(),
+            staging,
+        };
+        // Copies, not hard links: MLX may truncate a file it rewrites, and
+        // a link would carry that into the shared folder.
+        for rel in files_under(shared)? {
+            let to = staged.staging.join(&rel);
+            if let Some(parent) = to.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::copy(shared.join(&rel), to)?;
+        }
+        Ok(staged)
+    }
+
+    /// Where MLX should read and write this run's kernels.
+    pub fn dir(&self) -> &Path {
+        &self.staging
+    }
+
+    /// Moves the files this run added into the shared folder, one rename
+    /// each, and removes the run's copy; returns how many moved. A kernel's
+    /// PTX or binary moves after its other files (the kernel names), since
+    /// MLX takes a kernel as cached when its PTX or binary is there.
+    pub fn hand_over(&self) -> std::io::Result<usize> {
+        let added = hand_over_order(
+            files_under(&self.staging)?
+                .into_iter()
+                .filter(|rel| !self.shared.join(rel).exists())
+                .collect(),
+        );
+        for rel in &added {
+            let to = self.shared.join(rel);
+            if let Some(parent) = to.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::rename(self.staging.join(rel), to)?;
+        }
+        std::fs::remove_dir_all(&self.staging)?;
+        Ok(added.len())
+    }
+}
+
+/// The order files move in: a kernel's PTX or binary last, so a run that
+/// finds it also finds the kernel names beside it.
+fn hand_over_order(mut files: Vec<PathBuf>) -> Vec<PathBuf> {
+    let primary = |rel: &PathBuf| {
+        matches!(
+            rel.extension().and_then(|e| e.to_str()),
+            Some("ptx" | "cubin")
+        )
+    };
+    files.sort_by_key(|rel| (primary(rel), rel.clone()));
+    files
+}
+
+impl Drop for StagedKernels {
+    /// At the end of the run (MLX has finished writing): the new kernels go
+    /// to the shared folder. A failure costs the next run a compilation, so
+    /// it is said, not fatal.
+    fn drop(&mut self) {
+        if !self.staging.exists() {
+            // Handed over already.
+            return;
+        }
+        if let Err(e) = self.hand_over() {
+            eprintln!(
+                "archgen: CUDA kernel cache: the kernels compiled in {} did not reach {} ({e}); \
+                 the next run compiles them again",
+                self.staging.display(),
+                self.shared.display()
+            );
+        }
+    }
+}
+
 /// Sets `MLX_PTX_CACHE_DIR` for this process where [`choose`] says
 /// [`KernelCache::Persistent`] and the folder can be made; returns a status
-/// note for the run where there is something to say (a GPU machine).
+/// note for the run where there is something to say (a GPU machine), and
+/// the run's copy of the shared folder, to keep until the run ends.
 /// Call it before anything runs on MLX's CUDA backend.
-pub fn persist_compiled_kernels() -> Option<String> {
+pub fn persist_compiled_kernels() -> (Option<String>, Option<StagedKernels>) {
     let version = match archgen_runtime::device::libmlx_version() {
         Ok(v) => v,
-        Err(e) => return Some(format!("CUDA kernel cache: MLX's default ({e})")),
+        Err(e) => {
+            return (
+                Some(format!("CUDA kernel cache: MLX's default ({e})")),
+                None,
+            )
+        }
     };
     let var = |name: &str| std::env::var(name).ok();
     match choose(var, Path::new(NVIDIA_GPUS), &version) {
-        KernelCache::NoCudaDevice => None,
-        KernelCache::FromEnvironment(dir) => Some(format!(
-            "CUDA kernel cache: {} (from {PTX_CACHE_VAR})",
-            dir.display()
-        )),
-        KernelCache::NoCacheHome => Some(format!(
-            "CUDA kernel cache: MLX's default under the temporary directory \
-             (set XDG_CACHE_HOME or HOME to an absolute path, or {PTX_CACHE_VAR}, to keep it)"
-        )),
-        KernelCache::Persistent(dir) => match std::fs::create_dir_all(&dir) {
-            Ok(()) => {
-                // Before any thread of this process reads the environment
-                // (the run has not started MLX's work or a runtime yet).
-                std::env::set_var(PTX_CACHE_VAR, &dir);
-                Some(format!("CUDA kernel cache: {}", dir.display()))
-            }
-            Err(e) => Some(format!(
-                "CUDA kernel cache: MLX's default under the temporary directory \
-                 ({}: {e}; set {PTX_CACHE_VAR} to a writable folder to keep it)",
+        KernelCache::NoCudaDevice => (None, None),
+        KernelCache::FromEnvironment(dir) => (
+            Some(format!(
+                "CUDA kernel cache: {} (from {PTX_CACHE_VAR})",
                 dir.display()
             )),
+            None,
+        ),
+        KernelCache::NoCacheHome => (
+            Some(format!(
+                "CUDA kernel cache: MLX's default under the temporary directory \
+                 (set XDG_CACHE_HOME or HOME to an absolute path, or {PTX_CACHE_VAR}, to keep it)"
+            )),
+            None,
+        ),
+        KernelCache::Persistent(dir) => match StagedKernels::open(&dir) {
+            Ok(staged) => {
+                // Before any thread of this process reads the environment
+                // (the run has not started MLX's work or a runtime yet).
+                std::env::set_var(PTX_CACHE_VAR, staged.dir());
+                (
+                    Some(format!("CUDA kernel cache: {}", dir.display())),
+                    Some(staged),
+                )
+            }
+            Err(e) => (
+                Some(format!(
+                    "CUDA kernel cache: MLX's default under the temporary directory \
+                     ({}: {e}; set {PTX_CACHE_VAR} to a writable folder to keep it)",
+                    dir.display()
+                )),
+                None,
+            ),
         },
     }
 }
@@ -215,6 +383,82 @@ mod tests {
         assert_eq!(
             choose(&relative, one.path(), "0.32.2"),
             KernelCache::NoCacheHome
+        );
+    }
+
+    #[test]
+    fn a_run_compiles_into_its_own_copy_and_hands_new_kernels_over_at_its_end() {
+        let home = tempfile::tempdir().unwrap();
+        let shared = home.path().join("0.32.2").join("NVIDIA-H200");
+        std::fs::create_dir_all(shared.join("sub")).unwrap();
+        std::fs::write(shared.join("old.ptx"), "old kernel").unwrap();
+        std::fs::write(shared.join("sub/old.txt"), "old names").unwrap();
+        let runs = home.path().join("0.32.2").join("NVIDIA-H200.runs");
+        // A folder of a run that was killed (no such process: above Linux's
+        // largest pid), and one that is not a run's.
+        std::fs::create_dir_all(runs.join("999999999-1")).unwrap();
+        std::fs::create_dir_all(runs.join("notes")).unwrap();
+
+        let staged = StagedKernels::open(&shared).unwrap();
+        assert!(
+            !runs.join("999999999-1").exists(),
+            "a killed run's copy stays"
+        );
+        assert!(runs.join("notes").exists());
+        assert!(staged.dir().starts_with(&runs));
+        assert_eq!(
+            std::fs::read_to_string(staged.dir().join("sub/old.txt")).unwrap(),
+            "old names"
+        );
+        // What MLX writes during the run stays out of the shared folder.
+        std::fs::write(staged.dir().join("new.ptx"), "new kernel").unwrap();
+        std::fs::write(staged.dir().join("new.txt"), "new names").unwrap();
+        std::fs::create_dir_all(staged.dir().join("deeper")).unwrap();
+        std::fs::write(staged.dir().join("deeper/k.cubin"), "binary").unwrap();
+        assert!(!shared.join("new.ptx").exists());
+        let dir = staged.dir().to_path_buf();
+        assert_eq!(staged.hand_over().unwrap(), 3);
+        assert!(!dir.exists());
+        drop(staged);
+        for (file, text) in [
+            ("old.ptx", "old kernel"),
+            ("sub/old.txt", "old names"),
+            ("new.ptx", "new kernel"),
+            ("new.txt", "new names"),
+            ("deeper/k.cubin", "binary"),
+        ] {
+            assert_eq!(
+                std::fs::read_to_string(shared.join(file)).unwrap(),
+                text,
+                "{file}"
+            );
+        }
+
+        // Dropping a run's copy hands over too.
+        let staged = StagedKernels::open(&shared).unwrap();
+        std::fs::write(staged.dir().join("late.ptx"), "late").unwrap();
+        drop(staged);
+        assert_eq!(
+            std::fs::read_to_string(shared.join("late.ptx")).unwrap(),
+            "late"
+        );
+        assert_eq!(
+            std::fs::read_dir(&runs).unwrap().count(),
+            1,
+            "only `notes` is left"
+        );
+    }
+
+    #[test]
+    fn a_kernels_ptx_or_binary_moves_after_its_names() {
+        let order = hand_over_order(
+            ["a.ptx", "a.txt", "b.cubin", "b.txt", "c.cu"]
+                .map(PathBuf::from)
+                .to_vec(),
+        );
+        assert_eq!(
+            order,
+            ["a.txt", "b.txt", "c.cu", "a.ptx", "b.cubin"].map(PathBuf::from)
         );
     }
 

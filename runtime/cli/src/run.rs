@@ -21,15 +21,16 @@ impl From<String> for Failure {
 pub fn run(cli: Cli) -> Result<(), Failure> {
     // Commands that run MLX's kernels point its CUDA kernel cache at a
     // persistent folder first: before any thread starts and before MLX
-    // reads the variable (kernel_cache.rs).
-    let kernel_cache = match &cli.command {
+    // reads the variable (kernel_cache.rs). The run's copy of that folder
+    // lives until the run ends; dropping it hands the new kernels over.
+    let (kernel_cache, _staged_kernels) = match &cli.command {
         Command::Logits(_)
         | Command::Generate(_)
         | Command::Chat(_)
         | Command::Serve(_)
         | Command::Embed(_)
         | Command::Init(_) => crate::kernel_cache::persist_compiled_kernels(),
-        Command::Launch(_) | Command::Levers(_) | Command::Completions(_) => None,
+        Command::Launch(_) | Command::Levers(_) | Command::Completions(_) => (None, None),
     };
     // A rank of a tensor-parallel run (started by `archgen launch` or
     // mlx.launch) joins its group first; ranks other than 0 stay quiet.
