@@ -51,6 +51,7 @@ import http.client
 import json
 import os
 import platform
+import shlex
 import shutil
 import socket
 import statistics
@@ -394,7 +395,27 @@ def alternating_markdown(alt: dict) -> list[str]:
         got = sorted(x for x in ratios if x is not None)
         if got:
             lines.append(f"| {clients} | median | | | {statistics.median(got):.2f} (min {got[0]:.2f}) | |")
+    variant = [(clients, row) for clients, row in alt.items() if VARIANT in row]
+    if variant:
+        lines += ["", f"`{VARIANT}` (archgen with the extra flags) in the same rounds:", "",
+                  "| clients | round | variant tok/s | variant / archgen | variant / mlx-lm |",
+                  "| ---: | ---: | ---: | ---: | ---: |"]
+        for clients, row in variant:
+            over_archgen = []
+            for i, (v, a, m) in enumerate(zip(row[VARIANT], row["archgen"], row["mlx-lm"])):
+                va = v["tokens_per_s"] / a["tokens_per_s"] if a["tokens_per_s"] else None
+                vm = v["tokens_per_s"] / m["tokens_per_s"] if m["tokens_per_s"] else None
+                over_archgen.append(va)
+                lines.append(f"| {clients} | {i + 1} | {fmt(v['tokens_per_s'])} | {fmt(va, 1, 2)} | "
+                             f"{fmt(vm, 1, 2)} |")
+            got = sorted(x for x in over_archgen if x is not None)
+            if got:
+                lines.append(f"| {clients} | median | | {statistics.median(got):.2f} (min {got[0]:.2f}) | |")
     return lines
+
+
+# The third server of --archgen-variant.
+VARIANT = "archgen-variant"
 
 
 def fmt(v, scale=1.0, digits=1):
@@ -512,6 +533,9 @@ def main() -> None:
                     help="after the per-server runs: this many rounds with archgen and mlx-lm up together, "
                          "each --alternate-clients level on one then the other (order swapped each round)")
     ap.add_argument("--alternate-clients", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--archgen-variant", metavar="FLAGS",
+                    help="with --alternate-rounds: a third server in the same rounds, archgen with these "
+                         "extra serve flags (e.g. --archgen-variant=--keep-buffer-pool, with `=` as the value starts with --): a paired A/B of a lever")
     ap.add_argument("--alternate-only", action="store_true",
                     help="run only the alternating rounds (no per-server levels, long prompts or probes)")
     ap.add_argument("--init-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
@@ -572,11 +596,13 @@ def main() -> None:
 
     def start(name: str) -> Server:
         port = free_port()
-        if name in ("archgen", "archgen-b1"):
-            batch = args.max_batch if name == "archgen" else 1
+        if name in ("archgen", "archgen-b1", VARIANT):
+            batch = 1 if name == "archgen-b1" else args.max_batch
             argv = [args.archgen, "--quiet", "serve", "--model", str(model), "--host", "127.0.0.1",
                     "--port", str(port), "--max-batch", str(batch), "--impl", args.archgen_impl,
                     "--prefill-step", str(args.prefill_step)]
+            if name == VARIANT:
+                argv += shlex.split(args.archgen_variant)
         else:
             argv = [PYTHON, "-m", "mlx_lm.server", "--model", str(model), "--host", "127.0.0.1",
                     "--port", str(port), "--max-tokens", str(args.max_tokens),
@@ -597,7 +623,7 @@ def main() -> None:
             raise SystemExit("--alternate-rounds needs --servers archgen mlx-lm")
         servers: dict = {}
         try:
-            for name in ("archgen", "mlx-lm"):
+            for name in ("archgen", "mlx-lm") + ((VARIANT,) if args.archgen_variant else ()):
                 servers[name] = start(name)
             alt = alternating(servers, args)
         finally:
