@@ -164,7 +164,7 @@ def latency_table(a, serve, all_servers: list[str]) -> list[str]:
         parts = [f"{p} {v['count']:.0f} x {1e3 * v['mean_s']:.1f}" for p, v in (b.get("phases") or {}).items()]
         return "; ".join(x for x in (", ".join(kinds), ", ".join(parts)) if x) or "-"
 
-    lines = ["", "| serving | server | TTFT p50 / p99 ms | server TTFT mean ms | inter-token p50 / p99 ms | "
+    lines = ["", "| serving | server | client TTFT p50 / p99 ms (first text) | server TTFT mean ms | inter-token p50 / p99 ms | "
              "queue wait mean ms | steps (kind count x mean ms; parts: phase count x mean ms) |", "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for i, c_n in enumerate(a.clients):
         for name in all_servers:
