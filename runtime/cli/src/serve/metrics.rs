@@ -62,9 +62,19 @@ impl StepPhase {
 
 type StepLabel = Vec<(&'static str, &'static str)>;
 
+/// Step-time histograms by one label (a step's kind, a part's name).
+type StepHistograms = Family<StepLabel, Histogram, fn() -> Histogram>;
+
 /// 0.5 ms .. ~16 s: a step of a tiny model on a CPU to a long prompt's chunk.
 fn step_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// Registers a [`StepHistograms`] under `name`.
+fn register_step_histograms(registry: &mut Registry, name: &str, help: &str) -> StepHistograms {
+    let family = StepHistograms::new_with_constructor(step_histogram);
+    registry.register(name, help, family.clone());
+    family
 }
 
 /// The label set of `archgen_requests`: the HTTP status of the answer.
@@ -90,9 +100,9 @@ pub struct Metrics {
     pub queue_wait: Histogram,
     /// Each model-thread step's wall time, by what it ran: with
     /// `queue_wait`, where the time to first token goes.
-    steps: Family<StepLabel, Histogram, fn() -> Histogram>,
+    steps: StepHistograms,
     /// A batched step's parts, by name: which part of a step is slow.
-    phases: Family<StepLabel, Histogram, fn() -> Histogram>,
+    phases: StepHistograms,
     /// Between two tokens of one sequence, in seconds.
     pub inter_token_latency: Histogram,
     /// Sequences computed by one decode forward: 1 each when the model
@@ -233,20 +243,16 @@ impl Metrics {
             "From queueing a completion request to its admission into the batch",
             queue_wait.clone(),
         );
-        let steps =
-            Family::<StepLabel, Histogram, fn() -> Histogram>::new_with_constructor(step_histogram);
-        registry.register(
+        let steps = register_step_histograms(
+            &mut registry,
             "scheduler_step_seconds",
             "Wall time of one model-thread step, by what it ran",
-            steps.clone(),
         );
-        let phases =
-            Family::<StepLabel, Histogram, fn() -> Histogram>::new_with_constructor(step_histogram);
-        registry.register(
+        let phases = register_step_histograms(
+            &mut registry,
             "step_phase_seconds",
             "Wall time of one part of a batched step: the generation forward, admission, \
              joining the generation batch, the prefill chunk",
-            phases.clone(),
         );
         // 0.5 ms .. ~4 s.
         let inter_token_latency = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
