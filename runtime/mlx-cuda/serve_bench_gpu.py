@@ -64,9 +64,11 @@ STEP_PHASES = ("generation", "admission", "joining", "prefill")
 
 
 def breakdown(before: dict[str, float], after: dict[str, float]) -> dict:
-    """What one level added to the server's queue-wait and step histograms:
-    counts and mean seconds (archgen's `archgen_queue_wait_seconds` and
-    `archgen_scheduler_step_seconds{kind}`)."""
+    """What one level added to the server's histograms: counts and mean
+    seconds of archgen's `archgen_queue_wait_seconds` and
+    `archgen_time_to_first_token_seconds`, and per label of
+    `archgen_scheduler_step_seconds{kind}` and `archgen_step_phase_seconds{phase}`
+    (also their total seconds)."""
     def delta(name: str, labels: str = "") -> tuple[float, float]:
         # The text format puts labels after the _count / _sum suffix.
         return tuple(after.get(f"{name}_{part}{labels}", 0.0) - before.get(f"{name}_{part}{labels}", 0.0)
@@ -76,22 +78,22 @@ def breakdown(before: dict[str, float], after: dict[str, float]) -> dict:
         n, total = delta(name)
         return {"count": n, "mean_s": total / n if n > 0 else None}
 
+    def by_label(name: str, label: str, values: tuple[str, ...]) -> dict:
+        # The label values seen in this level, each with count, mean and total.
+        out = {}
+        for value in values:
+            n, total = delta(name, f'{{{label}="{value}"}}')
+            if n > 0:
+                out[value] = {"count": n, "mean_s": total / n, "total_s": total}
+        return out
+
     # The server's own time to first token runs from queueing to the first
     # sampled token, visible or not; the client's counts to the first chunk
-    # with text, later where a token decodes to nothing (as many of a
-    # random checkpoint's do).
-    out = {"queue_wait": mean("archgen_queue_wait_seconds"),
-           "server_ttft": mean("archgen_time_to_first_token_seconds"), "steps": {}}
-    for kind in STEP_KINDS:
-        n, total = delta("archgen_scheduler_step_seconds", f'{{kind="{kind}"}}')
-        if n > 0:
-            out["steps"][kind] = {"count": n, "mean_s": total / n, "total_s": total}
-    out["phases"] = {}
-    for phase in STEP_PHASES:
-        n, total = delta("archgen_step_phase_seconds", f'{{phase="{phase}"}}')
-        if n > 0:
-            out["phases"][phase] = {"count": n, "mean_s": total / n, "total_s": total}
-    return out
+    # with text, later where a token decodes to no text.
+    return {"queue_wait": mean("archgen_queue_wait_seconds"),
+            "server_ttft": mean("archgen_time_to_first_token_seconds"),
+            "steps": by_label("archgen_scheduler_step_seconds", "kind", STEP_KINDS),
+            "phases": by_label("archgen_step_phase_seconds", "phase", STEP_PHASES)}
 
 
 def describe_breakdown(b: dict) -> str:

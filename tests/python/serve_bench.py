@@ -548,6 +548,8 @@ def main() -> None:
                     help="an earlier --json of this script on the same model: its servers join this run's "
                          "table (the H200 runs one server per device call, each under 10 minutes)")
     args = ap.parse_args()
+    if args.archgen_variant and args.alternate_rounds <= 0:
+        raise SystemExit("--archgen-variant runs in the alternating rounds: give --alternate-rounds R too")
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="serve-bench-"))
     work.mkdir(parents=True, exist_ok=True)
