@@ -309,8 +309,8 @@ pub enum PrefillBufferPool {
     #[default]
     Released,
     /// Kept for the steps that follow, which then reuse its buffers instead
-    /// of allocating new ones (on CUDA a new buffer is a managed allocation
-    /// the GPU faults in on first touch). The pool is still returned every
+    /// of allocating new ones (MLX's CUDA allocator makes each new buffer
+    /// with `cudaMallocManaged`). The pool is still returned every
     /// [`SEQUENCE_TOKENS_PER_POOL_RELEASE`] or [`BATCH_STEPS_PER_POOL_RELEASE`]
     /// decode steps, and MLX's cache limit bounds it in between. Values are
     /// the same either way.
