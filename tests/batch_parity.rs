@@ -82,13 +82,15 @@ fn schedule(vocab: i32) -> Value {
 /// blocks (where `decode::enabled`): when every layer is a plain attention
 /// layer, separate q/k/v projections and no output gate, its norm before
 /// the mixer (GLM-4.5 MoE's and gpt-oss's experts then run eagerly after
-/// the compiled attention). Gated DeltaNet, short-convolution and latent
-/// attention layers, a fused `qkv_proj`, gated attention and post-norm
-/// layers run their one-token steps eagerly, as their single-sequence
-/// steps do.
+/// the compiled attention), or when the model has Gated DeltaNet layers
+/// (hybrid models: each Gated DeltaNet step with no row padded, and each
+/// gated attention step, is the layer's single-sequence block, B rows at
+/// once). Short-convolution and latent attention layers, a fused
+/// `qkv_proj` and post-norm layers run their one-token steps eagerly, as
+/// their single-sequence steps do.
 fn takes_compiled_batch_steps(ir: &archgen_ir::ModelIr) -> bool {
     use archgen_ir::{Mixer, NormArrangement, OutputGate, QkvProjection};
-    ir.layers.iter().all(|l| {
+    let plain_attention_only = ir.layers.iter().all(|l| {
         let norm_first = match l.norms.arrangement {
             NormArrangement::PreNorm | NormArrangement::Sandwich => true,
             NormArrangement::PostNorm => false,
@@ -100,7 +102,12 @@ fn takes_compiled_batch_steps(ir: &archgen_ir::ModelIr) -> bool {
             Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
         };
         norm_first && plain_attention
-    })
+    });
+    let delta_net = ir.layers.iter().any(|l| match &l.mixer {
+        Mixer::GatedDeltaNet(_) => true,
+        Mixer::Attention(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
+    });
+    plain_attention_only || delta_net
 }
 
 /// The spec with a quantized KV cache (layer 5 of a Gemma-4 with sliding

@@ -72,13 +72,7 @@ impl LinearDeltaNetSharedExperts {
     fn forward(&self, h: &Array, cache: &mut deltanet::ArraysCache) -> Result<Array> {
         // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if h.shape()[1] == 1 && decode::enabled() {
-            let layer = decode::DeltaNetLayer {
-                norms: &self.norms,
-                mixer: &self.mixer,
-                ffn: &self.ffn,
-                eps: EPS,
-            };
-            return decode::delta_net(h, &layer, cache);
+            return decode::delta_net(h, &self.decode_layer(), cache);
         }
         // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
@@ -91,16 +85,29 @@ impl LinearDeltaNetSharedExperts {
     }
     /// B sequences in one forward (mlx-lm's `BatchGenerator`): the
     /// batched recurrence over a merged `ArraysCache`, each row's
-    /// padding masked.
+    /// padding masked; a one-token step with no row padded through
+    /// the compiled decode block, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
         cache: &mut BatchArraysCache,
         mask: Option<&Array>,
     ) -> Result<Array> {
+        if let Some(h) = batch_blocks::delta_net_step(h, &self.decode_layer(), cache)? {
+            return Ok(h);
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let a = gated_delta_net_batch(&x, &self.mixer, cache, mask)?;
         self.finish(h, a)
+    }
+    /// The layer as the compiled decode block reads it.
+    fn decode_layer(&self) -> decode::DeltaNetLayer<'_> {
+        decode::DeltaNetLayer {
+            norms: &self.norms,
+            mixer: &self.mixer,
+            ffn: &self.ffn,
+            eps: EPS,
+        }
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
@@ -159,14 +166,13 @@ impl FullGatedOwnKvSharedExperts {
         // One token: the whole layer as one compiled decode block (the math below, bit for bit).
         if h.shape()[1] == 1 && decode::enabled() {
             let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
-            let layer = decode::GatedAttentionLayer {
-                norms: &self.norms,
-                attn: &self.attn,
-                ffn: &self.ffn,
-                shape: Self::SHAPE,
-                eps: EPS,
-            };
-            return decode::gated_attention(h, &layer, &tables, cache, at.mask);
+            return decode::gated_attention(
+                h,
+                &self.decode_layer(),
+                &tables,
+                cache,
+                at.mask,
+            );
         }
         // x = self.input_layernorm(h)
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
@@ -184,14 +190,39 @@ impl FullGatedOwnKvSharedExperts {
         //   h = h + self.mlp(self.post_attention_layernorm(h)), self.mlp: 512 routed experts, top-10, and a shared expert
         self.finish(h, a)
     }
+    /// The layer as the compiled decode blocks read it.
+    fn decode_layer(&self) -> decode::GatedAttentionLayer<'_> {
+        decode::GatedAttentionLayer {
+            norms: &self.norms,
+            attn: &self.attn,
+            ffn: &self.ffn,
+            shape: Self::SHAPE,
+            eps: EPS,
+        }
+    }
     /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
-    /// at each row's offset, a merged K/V cache.
+    /// at each row's offset, a merged K/V cache; a one-token step
+    /// through the compiled decode blocks, B rows at once.
     fn forward_batch(
         &self,
         h: &Array,
         at: &WindowStep,
         cache: &mut BatchLayerCache,
     ) -> Result<Array> {
+        if let Some(tables) = batch_blocks::step_tables(
+            at.rope,
+            cache,
+            h.shape()[1],
+            h.dtype(),
+        )? {
+            return decode::gated_attention(
+                h,
+                &self.decode_layer(),
+                &tables,
+                cache,
+                at.mask,
+            );
+        }
         let x = rms_norm(h, Some(self.norms.input()), EPS)?;
         let a = batch_blocks::gated_attention(
             &x,

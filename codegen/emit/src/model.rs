@@ -26,10 +26,12 @@ use crate::layout::{layout_tokens, Layout};
 use crate::tokens::{ident, lit_f32, lit_i32, rope_context, window_name, windows};
 use crate::words;
 
-/// Whether every layer runs through the compiled decode blocks
-/// (`decode.rs`): plain attention layers do; Gated DeltaNet and gated
-/// attention layers have no compiled decode block yet, so a model with any
-/// of them runs its one-token steps through the eager blocks.
+/// Whether the model's one-token steps run through the compiled decode
+/// blocks (`decode.rs`) in rows [B, hidden], with RoPE tables made once per
+/// step for every layer: when every layer is a plain attention layer. A
+/// hybrid model's Gated DeltaNet and gated attention layers take their own
+/// compiled blocks from the layer, in [B, 1, hidden] (each gated attention
+/// layer makes its step's tables).
 fn compiled_decode(ir: &ModelIr) -> bool {
     ir.layers
         .iter()
@@ -596,13 +598,7 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
     let body = Composition::of(l).forward_body(ForwardLines {
         decode: Some(quote! {
             if h.shape()[1] == 1 && decode::enabled() {
-                let layer = decode::DeltaNetLayer {
-                    norms: &self.norms,
-                    mixer: &self.mixer,
-                    ffn: &self.ffn,
-                    eps: EPS,
-                };
-                return decode::delta_net(h, &layer, cache);
+                return decode::delta_net(h, &self.decode_layer(), cache);
             }
         }),
         mixer: quote! { let a = deltanet::gated_delta_net(&x, &self.mixer, cache)?; },
@@ -623,11 +619,20 @@ fn delta_net_kind_tokens(kind: &LayerKind, d: &DeltaNet) -> Result<TokenStream, 
 
         /// B sequences in one forward (mlx-lm's `BatchGenerator`): the
         /// batched recurrence over a merged `ArraysCache`, each row's
-        /// padding masked.
+        /// padding masked; a one-token step with no row padded through
+        /// the compiled decode block, B rows at once.
         fn forward_batch(&self, h: &Array, cache: &mut BatchArraysCache, mask: Option<&Array>) -> Result<Array> {
+            if let Some(h) = batch_blocks::delta_net_step(h, &self.decode_layer(), cache)? {
+                return Ok(h);
+            }
             let x = rms_norm(h, Some(self.norms.input()), EPS)?;
             let a = gated_delta_net_batch(&x, &self.mixer, cache, mask)?;
             self.finish(h, a)
+        }
+
+        /// The layer as the compiled decode block reads it.
+        fn decode_layer(&self) -> decode::DeltaNetLayer<'_> {
+            decode::DeltaNetLayer { norms: &self.norms, mixer: &self.mixer, ffn: &self.ffn, eps: EPS }
         }
     };
     Ok(parts.with(shape, methods))
@@ -788,24 +793,49 @@ enum KindOutput {
     HiddenAndKv,
 }
 
+/// What an attention kind's `forward_batch` runs: the eager batched
+/// `block` and what it returns, after a one-token `step` through the
+/// compiled decode blocks where the kind has them.
+struct BatchForward {
+    block: TokenStream,
+    output: KindOutput,
+    step: Option<TokenStream>,
+}
+
 /// [`AttentionKindParts`] of an attention kind whose blocks run only the
 /// attention forms for which `supported` holds; `unsupported` says which
-/// forms those are when it does not. `batch` is the batched block its
-/// `forward_batch` calls and what that forward returns.
+/// forms those are when it does not. `batch` is what its `forward_batch`
+/// runs.
 fn attention_kind_parts(
     kind: &LayerKind,
     a: &Attention,
     ty: TokenStream,
     mixer_load: TokenStream,
-    (batch_block, output): (TokenStream, KindOutput),
+    batch: BatchForward,
     supported: bool,
     unsupported: &str,
 ) -> Result<AttentionKindParts, String> {
+    let BatchForward {
+        block: batch_block,
+        output,
+        step,
+    } = batch;
     let parts = mixer_kind_parts(kind, "attn", ty, mixer_load)?;
     if !supported {
         return Err(format!("layer kind {}: {unsupported}", kind.name));
     }
     let shape = shape_tokens(a)?;
+    let batch_doc: &[&str] = match step {
+        Some(_) => &[
+            " B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE",
+            " at each row's offset, a merged K/V cache; a one-token step",
+            " through the compiled decode blocks, B rows at once.",
+        ],
+        None => &[
+            " B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE",
+            " at each row's offset, a merged K/V cache.",
+        ],
+    };
     let (returns, binding, result) = match output {
         KindOutput::Hidden => (quote! { Array }, quote! { a }, quote! { self.finish(h, a) }),
         KindOutput::HiddenAndKv => (
@@ -820,9 +850,9 @@ fn attention_kind_parts(
             const SHAPE: AttentionShape = #shape;
         },
         forward_batch: quote! {
-            /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
-            /// at each row's offset, a merged K/V cache.
+            #(#[doc = #batch_doc])*
             fn forward_batch(&self, h: &Array, at: &WindowStep, cache: &mut BatchLayerCache) -> Result<#returns> {
+                #step
                 let x = rms_norm(h, Some(self.norms.input()), EPS)?;
                 let #binding = #batch_block(&x, &self.attn, Self::SHAPE, at.rope, cache, at.mask)?;
                 #result
@@ -848,7 +878,16 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         a,
         quote! { deltanet::GatedAttention },
         quote! { deltanet::load_gated_attention(w, i, HIDDEN, Self::SHAPE) },
-        (quote! { batch_blocks::gated_attention }, KindOutput::Hidden),
+        BatchForward {
+            block: quote! { batch_blocks::gated_attention },
+            output: KindOutput::Hidden,
+            // One token a row: the compiled decode blocks, B rows at once.
+            step: Some(quote! {
+                if let Some(tables) = batch_blocks::step_tables(at.rope, cache, h.shape()[1], h.dtype())? {
+                    return decode::gated_attention(h, &self.decode_layer(), &tables, cache, at.mask);
+                }
+            }),
+        },
         supported,
         "an output-gated attention runs only as Qwen3Next's (own projected K/V, full window, q/k RMSNorm, no bias, fused SDPA, non-traditional RoPE, separate q/k/v projections)",
     )?;
@@ -856,14 +895,7 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         decode: Some(quote! {
             if h.shape()[1] == 1 && decode::enabled() {
                 let tables = at.rope.tables(cache.offset(), 1, h.dtype())?;
-                let layer = decode::GatedAttentionLayer {
-                    norms: &self.norms,
-                    attn: &self.attn,
-                    ffn: &self.ffn,
-                    shape: Self::SHAPE,
-                    eps: EPS,
-                };
-                return decode::gated_attention(h, &layer, &tables, cache, at.mask);
+                return decode::gated_attention(h, &self.decode_layer(), &tables, cache, at.mask);
             }
         }),
         mixer: quote! {
@@ -877,6 +909,11 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         /// tables computed here), prefill through the eager blocks.
         fn forward(&self, h: &Array, at: &WindowStep, cache: &mut LayerCache) -> Result<Array> {
             #body
+        }
+
+        /// The layer as the compiled decode blocks read it.
+        fn decode_layer(&self) -> decode::GatedAttentionLayer<'_> {
+            decode::GatedAttentionLayer { norms: &self.norms, attn: &self.attn, ffn: &self.ffn, shape: Self::SHAPE, eps: EPS }
         }
     };
     Ok(kind_parts.with_forward(forward))
@@ -893,10 +930,11 @@ fn fused_qkv_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
         a,
         quote! { b::FusedQkvAttention },
         quote! { b::load_fused_qkv_attention(w, i, HIDDEN, Self::SHAPE) },
-        (
-            quote! { batch_blocks::attention_fused_qkv },
-            KindOutput::HiddenAndKv,
-        ),
+        BatchForward {
+            block: quote! { batch_blocks::attention_fused_qkv },
+            output: KindOutput::HiddenAndKv,
+            step: None,
+        },
         supported,
         "a fused qkv_proj runs only on a layer with K/V of its own (V projected), no bias and no q/k norm",
     )?;

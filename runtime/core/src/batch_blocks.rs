@@ -253,6 +253,33 @@ pub fn step_tables(
     Ok(Some(rope.tables_at(&kv_offsets(cache)?, n, dtype)?))
 }
 
+/// A batch's one-token step of a Gated DeltaNet layer through the compiled
+/// decode block of one sequence's step ([`decode::delta_net`]), B rows at
+/// once. `None` when the eager batched layer runs it instead: more than one
+/// token per row, the decode blocks off, the states not written yet, or a
+/// row padded at this position. With every row real, mlx-lm's masked ops
+/// keep what the unmasked ones compute (`where(mask, qkv, 0)` and
+/// `where(mask, state, old_state)` with an all-true mask), so the block
+/// gives the eager batched layer's bits (tests/batch_parity.rs).
+pub fn delta_net_step(
+    h: &Array,
+    layer: &decode::DeltaNetLayer<'_>,
+    cache: &mut BatchArraysCache,
+) -> Result<Option<Array>> {
+    if h.shape()[1] != 1 || !decode::enabled() || !cache.every_position_real(1) {
+        return Ok(None);
+    }
+    let Some(mut states) = cache.take_states() else {
+        return Ok(None);
+    };
+    let out = decode::delta_net(h, layer, &mut states);
+    // Back before any error is returned: a failed step keeps the batch's states.
+    cache.put_states(states);
+    let out = out?;
+    cache.advance(1);
+    Ok(Some(out))
+}
+
 /// Qwen3.5's output-gated attention (`Qwen3NextAttention`) over a batch.
 pub fn gated_attention(
     x: &Array,

@@ -12,7 +12,7 @@ use mlx_rs::Array;
 
 use crate::deltanet::{
     causal_conv1d, compute_g, deltanet_projections, gated_delta_ops, normalize_qk, rms_norm_gated,
-    GatedDeltaNet,
+    ArraysCache, GatedDeltaNet,
 };
 use crate::distributed::sharded_to_all;
 use crate::ops::{scalar_like, Result};
@@ -106,6 +106,32 @@ impl BatchArraysCache {
         for v in self.lengths.iter_mut().chain(self.left_padding.iter_mut()) {
             v.iter_mut().for_each(|x| *x -= n);
         }
+    }
+
+    /// Whether every row is real at the next `n` positions: `make_mask(n)`
+    /// would be absent or all true.
+    pub(crate) fn every_position_real(&self, n: i32) -> bool {
+        self.left_padding.iter().flatten().all(|&p| p <= 0)
+            && self.lengths.iter().flatten().all(|&l| l >= n)
+    }
+
+    /// The conv and recurrent states, taken out as one sequence's cache for
+    /// a step through the single-sequence block; `None` (nothing taken)
+    /// until both are written. [`Self::put_states`] puts them back.
+    pub(crate) fn take_states(&mut self) -> Option<ArraysCache> {
+        match (&self.conv, &self.state) {
+            (Some(_), Some(_)) => Some(ArraysCache {
+                conv: self.conv.take(),
+                state: self.state.take(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// The states of [`Self::take_states`], back in the batch's cache.
+    pub(crate) fn put_states(&mut self, states: ArraysCache) {
+        self.conv = states.conv;
+        self.state = states.state;
     }
 
     /// `make_mask(N)` (`create_ssm_mask`): bool [B, N], position p of row b

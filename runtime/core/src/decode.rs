@@ -1188,17 +1188,18 @@ pub struct GatedAttentionLayer<'a> {
 /// full-attention layer, split as [`step`] splits a layer: a compiled
 /// block before the cache (input norm, Q with its gate, K, V, q/k norms,
 /// RoPE from this step's `rope` tables: [`deltanet::gated_attention_qkv`]),
-/// the eager cache update and attention (as the eager layer runs them, in
-/// [B, L, features] shapes), and a compiled block after
-/// (`o_proj(o * sigmoid(gate))`, the residual, the feed-forward half).
+/// the eager cache update and attention (as the eager layer runs them),
+/// and a compiled block after (`o_proj(o * sigmoid(gate))`, the residual,
+/// the feed-forward half). The rows are one sequence's batch or B
+/// sequences of a batched cache, one token each ([`StepCache`]).
 pub fn gated_attention(
     h: &Array,
     layer: &GatedAttentionLayer<'_>,
     rope: &RopeTables,
-    cache: &mut LayerCache,
+    cache: &mut dyn StepCache,
     mask: &Mask,
 ) -> Result<Array> {
-    let offset = Array::from_int(cache.offset());
+    let offset = cache.rope_offset()?;
     let (s, eps) = (layer.shape, layer.eps);
     let (mut p, norm_inputs) =
         pre_attention_packed(GATED_PRE_ATTENTION, h, layer.norms.input(), s, eps, rope);
@@ -1213,7 +1214,18 @@ pub fn gated_attention(
         move |x, attn, rope| Ok(deltanet::gated_attention_qkv(x, &attn, s, rope)?.to_vec()),
     )?;
     let [q, k, v, gate] = <[Array; 4]>::try_from(qkv).map_err(|_| bad_outputs())?;
-    let (o, _) = blocks::attend_own_kv(&q, &k, &v, s, cache, mask, offset, false, None)?;
+    let step = StepQkv {
+        q,
+        k,
+        v,
+        offset,
+        shape: s,
+        sinks: None,
+    };
+    // `attend` merges the heads into rows [B, H * D]; the gate and the block
+    // after read [B, 1, H * D], the eager layer's shape (the same values).
+    let (o, _) = cache.attend(step, mask)?;
+    let o = o.reshape(&[h.shape()[0], 1, -1])?;
 
     let (mut p, norm_inputs) = post_attention_packed(6, h, eps);
     o.put(&mut p);
