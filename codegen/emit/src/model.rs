@@ -873,21 +873,23 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         && a.scores == Scores::FusedSdpa
         && !a.rope.traditional
         && a.projection == QkvProjection::Separate;
+    // A batch's one-token step takes the compiled decode blocks, B rows at
+    // once; longer steps the eager batched block.
+    let batched = BatchForward {
+        block: quote! { batch_blocks::gated_attention },
+        output: KindOutput::Hidden,
+        step: Some(quote! {
+            if let Some(tables) = batch_blocks::step_tables(at.rope, cache, h.shape()[1], h.dtype())? {
+                return decode::gated_attention(h, &self.decode_layer(), &tables, cache, at.mask);
+            }
+        }),
+    };
     let kind_parts = attention_kind_parts(
         kind,
         a,
         quote! { deltanet::GatedAttention },
         quote! { deltanet::load_gated_attention(w, i, HIDDEN, Self::SHAPE) },
-        BatchForward {
-            block: quote! { batch_blocks::gated_attention },
-            output: KindOutput::Hidden,
-            // One token a row: the compiled decode blocks, B rows at once.
-            step: Some(quote! {
-                if let Some(tables) = batch_blocks::step_tables(at.rope, cache, h.shape()[1], h.dtype())? {
-                    return decode::gated_attention(h, &self.decode_layer(), &tables, cache, at.mask);
-                }
-            }),
-        },
+        batched,
         supported,
         "an output-gated attention runs only as Qwen3Next's (own projected K/V, full window, q/k RMSNorm, no bias, fused SDPA, non-traditional RoPE, separate q/k/v projections)",
     )?;

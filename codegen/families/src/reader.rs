@@ -91,6 +91,11 @@ impl<'a> Reader<'a> {
             }
         }
     }
+    /// Integers mlx-lm has no defaults for, read in the order given (the
+    /// order their problems are reported in).
+    pub(crate) fn required_uints<const N: usize>(&mut self, keys: [&str; N]) -> [u32; N] {
+        keys.map(|k| self.required_uint(k))
+    }
     /// A number mlx-lm has no default for.
     pub(crate) fn required_float(&mut self, k: &str) -> f64 {
         match self.get(k).cloned() {

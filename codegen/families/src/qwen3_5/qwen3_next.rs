@@ -93,10 +93,12 @@ fn config_fields(spec: &Qwen35Spec) -> Value {
 /// refused.
 pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Qwen35Spec> {
     let mut r = Reader::new(top, "");
-    let hidden_size = r.required_uint("hidden_size");
-    let num_layers = r.required_uint("num_hidden_layers");
-    let intermediate_size = r.required_uint("intermediate_size");
-    let num_heads = r.required_uint("num_attention_heads");
+    let [hidden_size, num_layers, intermediate_size, num_heads] = r.required_uints([
+        "hidden_size",
+        "num_hidden_layers",
+        "intermediate_size",
+        "num_attention_heads",
+    ]);
     let linear_attention = Qwen35LinearAttention {
         linear_num_value_heads: r.required_uint("linear_num_value_heads"),
         linear_num_key_heads: r.required_uint("linear_num_key_heads"),
@@ -104,10 +106,13 @@ pub(crate) fn import(top: &Map<String, Value>, name: &str) -> ImportedSpec<Qwen3
         linear_value_head_dim: r.required_uint("linear_value_head_dim"),
         linear_conv_kernel_dim: r.required_uint("linear_conv_kernel_dim"),
     };
-    let num_experts = r.required_uint("num_experts");
-    let num_experts_per_tok = r.required_uint("num_experts_per_tok");
-    let decoder_sparse_step = r.required_uint("decoder_sparse_step");
-    let shared_expert_intermediate_size = r.required_uint("shared_expert_intermediate_size");
+    let [num_experts, num_experts_per_tok, decoder_sparse_step, shared_expert_intermediate_size] =
+        r.required_uints([
+            "num_experts",
+            "num_experts_per_tok",
+            "decoder_sparse_step",
+            "shared_expert_intermediate_size",
+        ]);
     let mlp_only_layers = r.get("mlp_only_layers").cloned();
     let moe_intermediate_size = r.required_uint("moe_intermediate_size");
     let rms_norm_eps = r.required_float("rms_norm_eps");
