@@ -85,9 +85,11 @@ fn schedule(vocab: i32) -> Value {
 /// the compiled attention), or when the model has Gated DeltaNet layers
 /// (hybrid models: each Gated DeltaNet step with no row padded, and each
 /// gated attention step, is the layer's single-sequence block, B rows at
-/// once). Short-convolution and latent attention layers, a fused
-/// `qkv_proj` and post-norm layers run their one-token steps eagerly, as
-/// their single-sequence steps do.
+/// once), or when short convolutions sit beside plain attention layers
+/// (LFM2: the attention layers take the blocks in [B, 1, hidden]).
+/// Short-convolution and latent attention layers, a fused `qkv_proj` and
+/// post-norm layers run their one-token steps eagerly, as their
+/// single-sequence steps do.
 fn takes_compiled_batch_steps(ir: &archgen_ir::ModelIr) -> bool {
     use archgen_ir::{Mixer, NormArrangement, OutputGate, QkvProjection};
     let plain_attention_only = ir.layers.iter().all(|l| {
@@ -107,7 +109,18 @@ fn takes_compiled_batch_steps(ir: &archgen_ir::ModelIr) -> bool {
         Mixer::GatedDeltaNet(_) => true,
         Mixer::Attention(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
     });
-    plain_attention_only || delta_net
+    // LFM2: its plain attention layers beside the short convs.
+    let short_conv_with_plain_attention = ir
+        .layers
+        .iter()
+        .any(|l| matches!(l.mixer, Mixer::ShortConv(_)))
+        && ir.layers.iter().any(|l| match &l.mixer {
+            Mixer::Attention(a) => {
+                a.output_gate == OutputGate::None && a.projection == QkvProjection::Separate
+            }
+            Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
+        });
+    plain_attention_only || delta_net || short_conv_with_plain_attention
 }
 
 /// The spec with a quantized KV cache (layer 5 of a Gemma-4 with sliding

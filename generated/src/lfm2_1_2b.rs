@@ -321,7 +321,10 @@ impl CausalLm for Model {
         let n = ids.shape()[1];
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = b::mask_for(kv_at(&cache.kv, 0, NAME)?, n, 0)?;
-        let full = WindowStep::new(&self.rope_full, None, &full_mask);
+        let offset = kv_at(&cache.kv, 0, NAME)?.offset();
+        let step = n == 1 && decode::enabled();
+        let full_tables = self.rope_full.step_tables(step, offset, n, h.dtype())?;
+        let full = WindowStep::new(&self.rope_full, full_tables.as_ref(), &full_mask);
         let mut kv_caches = cache.kv.iter_mut();
         let mut states = cache.states.iter_mut();
         for layer in &self.layers {
@@ -363,7 +366,13 @@ impl BatchLm for Model {
         let mut h = b::embed(&self.embed, ids, b::EmbedScale::None, HIDDEN)?;
         let full_mask = batch_blocks::window_mask(cache.layer(FIRST_FULL_LAYER)?, n, 0)?;
         let ssm_mask = cache.ssm_mask(n)?;
-        let full = WindowStep::new(&self.rope_full, None, &full_mask);
+        let full_tables = batch_blocks::step_tables(
+            &self.rope_full,
+            cache.layer(FIRST_FULL_LAYER)?,
+            n,
+            h.dtype(),
+        )?;
+        let full = WindowStep::new(&self.rope_full, full_tables.as_ref(), &full_mask);
         for (i, layer) in self.layers.iter().enumerate() {
             h = match layer {
                 Layer::ShortConv(l) => {

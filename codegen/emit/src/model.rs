@@ -38,6 +38,21 @@ fn compiled_decode(ir: &ModelIr) -> bool {
         .all(|l| reaches_decode(l) && !matches!(l.mixer, Mixer::GatedDeltaNet(_)))
 }
 
+/// Whether the model's one-token steps make RoPE tables for its windows:
+/// when some plain attention layer runs the compiled decode blocks. A
+/// hybrid model (LFM2's short convs beside attention) makes them too, and
+/// its attention layers take the blocks in [B, 1, hidden] while the others
+/// run their own.
+fn step_tables(ir: &ModelIr) -> bool {
+    ir.layers.iter().any(|l| {
+        reaches_decode(l)
+            && match &l.mixer {
+                Mixer::Attention(_) => true,
+                Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
+            }
+    })
+}
+
 /// Whether a layer kind's forward calls `decode`: plain attention (one
 /// output, separate q/k/v projections) and Gated DeltaNet kinds do; gated
 /// attention and fused-qkv kinds have no compiled block for their mixer,
@@ -1743,7 +1758,7 @@ impl BatchWindows {
     // the window's first cache as its mask is); otherwise no tables.
     fn of(plan: &Plan) -> Result<Self, String> {
         let ir = &plan.ir;
-        let compiled = compiled_decode(ir);
+        let compiled = step_tables(ir);
         let mut windows_setup = BatchWindows {
             masks: Vec::new(),
             steps_ctx: Vec::new(),
@@ -2074,7 +2089,7 @@ impl WindowSetup {
                 }
                 setup
                     .steps_ctx
-                    .push(step_context(compiled_decode(ir), cn, &rope, &mask));
+                    .push(step_context(step_tables(ir), cn, &rope, &mask));
             }
             if !contexts.iter().any(|(cn, _, _)| cn == &wn) {
                 // A window of NoPE layers only: its mask still comes first.
@@ -2342,25 +2357,43 @@ impl StepTokens {
                     if step { out.reshape(&[-1, 1, width]) } else { Ok(out) }
                 },
             }
+        } else if step_tables(ir) {
+            // A hybrid model: the plain attention kinds take this step's
+            // tables in [B, 1, hidden], the other kinds their own blocks.
+            StepTokens {
+                decode_import: Some(quote! { use archgen_runtime::decode; }),
+                embedded: quote! { mut h },
+                begin: quote! {
+                    let offset = kv_at(&cache.kv, 0, NAME)?.offset();
+                    let step = n == 1 && decode::enabled();
+                    #(#steps_ctx)*
+                },
+                end: eager_end(logits),
+            }
         } else {
-            // Plain attention kinds reach `decode` in their forward (never
-            // taken here: their windows get no tables); Gated DeltaNet kinds
-            // take its block for their one-token steps.
+            // Gated DeltaNet kinds take their block for their one-token
+            // steps; the other kinds run eagerly.
             let plain = ir.layers.iter().any(reaches_decode);
             StepTokens {
                 decode_import: plain.then(|| quote! { use archgen_runtime::decode; }),
                 embedded: quote! { mut h },
                 begin: quote! { #(#steps_ctx)* },
-                end: quote! {
-                    match readout {
-                        Readout::Logits => {
-                            let logits = #logits;
-                            Ok(logits)
-                        }
-                        Readout::NormedHidden => b::final_norm(&h, &self.norm, EPS),
-                    }
-                },
+                end: eager_end(logits),
             }
+        }
+    }
+}
+
+/// The readout of a forward whose hidden state kept its [B, L, hidden]
+/// shape.
+fn eager_end(logits: &TokenStream) -> TokenStream {
+    quote! {
+        match readout {
+            Readout::Logits => {
+                let logits = #logits;
+                Ok(logits)
+            }
+            Readout::NormedHidden => b::final_norm(&h, &self.norm, EPS),
         }
     }
 }

@@ -184,9 +184,11 @@ impl<'a> KvSource<'a> {
 /// One decode step (one token) of an attention layer; `rope` holds this
 /// step's tables of the layer's RoPE form. `h` and the result are rows
 /// [B, hidden] (one token each): 2-D matmuls are one node, 3-D ones
-/// flatten + matmul + unflatten around the same kernel. The rows are one
-/// sequence's batch or B sequences of a batched cache, one token each
-/// ([`StepCache`]): the same blocks either way.
+/// flatten + matmul + unflatten around the same kernel. A hybrid model,
+/// whose other layers take [B, 1, hidden], passes that shape: it is made
+/// rows here and the result given back in it (the same values). The rows
+/// are one sequence's batch or B sequences of a batched cache, one token
+/// each ([`StepCache`]): the same blocks either way.
 ///
 /// The composition, in order: the compiled block before attention (input
 /// norm, Q and, for [`KvSource::Own`], K and V with their norms and RoPE),
@@ -196,6 +198,21 @@ impl<'a> KvSource<'a> {
 /// output and the K/V it attended over: its own this step, or the donor's
 /// it read, which the layers after it may share.
 pub fn step(
+    h: &Array,
+    layer: &Layer<'_>,
+    kv: KvSource<'_>,
+    rope: &RopeTables,
+    mask: &Mask,
+) -> Result<(Array, SharedKv)> {
+    if let [b, 1, hidden] = *h.shape() {
+        let (out, attended) = rows_step(&h.reshape(&[b, hidden])?, layer, kv, rope, mask)?;
+        return Ok((out.reshape(&[b, 1, hidden])?, attended));
+    }
+    rows_step(h, layer, kv, rope, mask)
+}
+
+/// [`step`] on rows [B, hidden].
+fn rows_step(
     h: &Array,
     layer: &Layer<'_>,
     kv: KvSource<'_>,
