@@ -204,21 +204,12 @@ pub fn step(
     rope: &RopeTables,
     mask: &Mask,
 ) -> Result<(Array, SharedKv)> {
-    if let [b, 1, hidden] = *h.shape() {
-        let (out, attended) = rows_step(&h.reshape(&[b, hidden])?, layer, kv, rope, mask)?;
-        return Ok((out.reshape(&[b, 1, hidden])?, attended));
-    }
-    rows_step(h, layer, kv, rope, mask)
-}
-
-/// [`step`] on rows [B, hidden].
-fn rows_step(
-    h: &Array,
-    layer: &Layer<'_>,
-    kv: KvSource<'_>,
-    rope: &RopeTables,
-    mask: &Mask,
-) -> Result<(Array, SharedKv)> {
+    // A hybrid model's [B, 1, hidden] as rows, the shape to give back.
+    let (rows, given) = match *h.shape() {
+        [b, 1, hidden] => (h.reshape(&[b, hidden])?, Some([b, 1, hidden])),
+        _ => (h.clone(), None),
+    };
+    let h = &rows;
     // Refused before the cache is touched: a step that cannot finish must
     // not leave this token's K/V behind.
     let after = AfterAttention::of(layer)?;
@@ -236,7 +227,11 @@ fn rows_step(
             shared.clone(),
         ),
     };
-    Ok((post_attention(h, &o, layer, after)?, attended))
+    let out = post_attention(h, &o, layer, after)?;
+    match given {
+        Some(shape) => Ok((out.reshape(&shape)?, attended)),
+        None => Ok((out, attended)),
+    }
 }
 
 /// The attention half of a one-token step of a layer that computes its own
