@@ -20,10 +20,11 @@
 //! docs/parity.md); nothing here reproduces that kernel.
 //!
 //! `mx.compile`d functions of mlx-lm are compiled here too (same ops, same
-//! `shapeless` flag). The delta rule's step takes its inputs already
-//! expanded ([`gated_delta_ops`] says why), so MLX fuses its elementwise ops
-//! into fewer kernels than mlx-lm's graph gets; each element goes through
-//! the same float32 operations, and the parity tests compare the bytes.
+//! `shapeless` flag). On the CPU the delta rule's step takes its inputs
+//! already expanded ([`gated_delta_ops`] says why), so MLX fuses its
+//! elementwise ops into fewer kernels than mlx-lm's graph gets; each element
+//! goes through the same float32 operations, and the parity tests compare
+//! the bytes. A GPU runs mlx-lm's graph as it is.
 
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
@@ -74,42 +75,86 @@ fn precise_swiglu_graph((h, gate, x): (&Array, &Array, &Array)) -> Result<Array>
         .as_dtype(h.dtype())
 }
 
+/// How the recurrence's graph is laid out, by the device it runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RecurrenceGraph {
+    /// mlx-lm's graph view for view: each token's inputs sliced and
+    /// squeezed, expanded inside the step, the sums dropping their axis, y
+    /// cast in every step. On a GPU, whose kernels can give other bits for
+    /// other layouts (docs/parity.md, "On the GPU": build the graph Python
+    /// builds).
+    AsMlxLm,
+    /// The same float32 operations on every element with fewer view nodes
+    /// ([`gated_delta_ops`] says how): on the CPU, whose kernels give the
+    /// same bits for any layout (the parity tests compare the bytes).
+    Lean,
+}
+
+impl RecurrenceGraph {
+    fn here() -> Self {
+        match crate::device::on_cpu() {
+            true => RecurrenceGraph::Lean,
+            false => RecurrenceGraph::AsMlxLm,
+        }
+    }
+}
+
 /// `_gated_delta_step_ops` (gated_delta.py, `mx.compile`, not shapeless), for
-/// a scalar gate per head and no mask, over one token's inputs in the shapes
-/// [`gated_delta_ops`] gives them (see [`delta_step_ops`]). Outputs: y
-/// [B, 1, H, Dv, 1] in float32 (cast to q's dtype by the caller) and the
-/// new state.
-fn delta_step_graph(inputs: &[Array]) -> Result<Vec<Array>> {
+/// a scalar gate per head and no mask, over one token's inputs as `form`
+/// lays them out ([`delta_step_ops`]). Outputs: y and the new state.
+fn delta_step_graph(form: RecurrenceGraph, inputs: &[Array]) -> Result<Vec<Array>> {
     let [q, k, v, g, beta, state] = inputs else {
         return Err(refused(format!(
             "gated delta step: 6 inputs expected, got {}",
             inputs.len()
         )));
     };
-    let (y, state) = delta_step_ops([q, k, v, g, beta, state])?;
+    let (y, state) = delta_step_ops(form, [q, k, v, g, beta, state])?;
     Ok(vec![y, state])
 }
 
 /// The body of `_gated_delta_step_ops`, shared by the unmasked and the
 /// masked graph: the state decayed by `g` and corrected by the delta rule,
-/// and the output `y` read from it with `q` (in the state's f32; the
-/// callers cast it to q's dtype). Each input comes in float32 (as the
-/// products promote it) and already in the shape
-/// its product takes, with the token's time axis of 1 kept
-/// ([`gated_delta_ops`]): q and k [B, 1, H, 1, Dk] (mlx-lm's
-/// `k[..., None, :]`), v [B, 1, H, Dv, 1], g [B, 1, H, 1, 1]
+/// and the output `y` read from it with `q`. The ops and their operands are
+/// mlx-lm's, in its order; `form` says where the views are taken.
+///
+/// [`RecurrenceGraph::AsMlxLm`]: q, k [B, H, Dk], v [B, H, Dv], g and beta
+/// [B, H], the state [B, H, Dv, Dk]; the expansions are taken here, and y
+/// [B, H, Dv] is cast to q's dtype.
+///
+/// [`RecurrenceGraph::Lean`]: every input in float32 (as the products
+/// promote it) and already in the shape its product takes, with the token's
+/// time axis of 1 kept ([`gated_delta_ops`]): q and k [B, 1, H, 1, Dk]
+/// (mlx-lm's `k[..., None, :]`), v [B, 1, H, Dv, 1], g [B, 1, H, 1, 1]
 /// (`g[..., None, None]`), beta [B, 1, H, 1, 1] (`beta[..., None]`), the
 /// state [B, 1, H, Dv, Dk]. The sums keep their axis (MLX's sum computes
 /// that shape and then drops the axis), so `kv_mem`, `delta` and y are
-/// [B, 1, H, Dv, 1] and `delta` needs no `[..., None]`. The ops and their
-/// operands are mlx-lm's, in its order.
-fn delta_step_ops([q, k, v, g, beta, state]: [&Array; 6]) -> Result<(Array, Array)> {
-    let state = state.multiply(g)?;
-    let kv_mem = state.multiply(k)?.sum_axis(-1, true)?;
-    let delta = v.subtract(&kv_mem)?.multiply(beta)?;
-    let state = state.add(k.multiply(&delta)?)?;
-    let y = state.multiply(q)?.sum_axis(-1, true)?;
-    Ok((y, state))
+/// [B, 1, H, Dv, 1] and `delta` needs no `[..., None]`; y stays float32
+/// (the caller casts all tokens' at once).
+fn delta_step_ops(
+    form: RecurrenceGraph,
+    [q, k, v, g, beta, state]: [&Array; 6],
+) -> Result<(Array, Array)> {
+    match form {
+        RecurrenceGraph::AsMlxLm => {
+            let decay = g.expand_dims_axes(&[-1, -2])?;
+            let state = state.multiply(&decay)?;
+            let k_row = k.expand_dims(-2)?;
+            let kv_mem = state.multiply(&k_row)?.sum_axis(-1, None)?;
+            let delta = v.subtract(&kv_mem)?.multiply(beta.expand_dims(-1)?)?;
+            let state = state.add(k_row.multiply(delta.expand_dims(-1)?)?)?;
+            let y = state.multiply(q.expand_dims(-2)?)?.sum_axis(-1, None)?;
+            Ok((y.as_dtype(q.dtype())?, state))
+        }
+        RecurrenceGraph::Lean => {
+            let state = state.multiply(g)?;
+            let kv_mem = state.multiply(k)?.sum_axis(-1, true)?;
+            let delta = v.subtract(&kv_mem)?.multiply(beta)?;
+            let state = state.add(k.multiply(&delta)?)?;
+            let y = state.multiply(q)?.sum_axis(-1, true)?;
+            Ok((y, state))
+        }
+    }
 }
 
 thread_local! {
@@ -121,10 +166,19 @@ thread_local! {
         std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(compute_g_graph, true)));
     static PRECISE_SWIGLU: std::cell::RefCell<Compiled3> =
         std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(precise_swiglu_graph, true)));
-    static DELTA_STEP: std::cell::RefCell<CompiledN> =
-        std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(delta_step_graph, false)));
-    static MASKED_STEP: std::cell::RefCell<CompiledN> =
-        std::cell::RefCell::new(Box::new(mlx_rs::transforms::compile::compile(masked_step_graph, false)));
+    // The step in each form, unmasked and masked (four traced graphs).
+    static DELTA_STEP: std::cell::RefCell<CompiledN> = std::cell::RefCell::new(Box::new(
+        mlx_rs::transforms::compile::compile(|x: &[Array]| delta_step_graph(RecurrenceGraph::AsMlxLm, x), false),
+    ));
+    static MASKED_STEP: std::cell::RefCell<CompiledN> = std::cell::RefCell::new(Box::new(
+        mlx_rs::transforms::compile::compile(|x: &[Array]| masked_step_graph(RecurrenceGraph::AsMlxLm, x), false),
+    ));
+    static LEAN_STEP: std::cell::RefCell<CompiledN> = std::cell::RefCell::new(Box::new(
+        mlx_rs::transforms::compile::compile(|x: &[Array]| delta_step_graph(RecurrenceGraph::Lean, x), false),
+    ));
+    static LEAN_MASKED_STEP: std::cell::RefCell<CompiledN> = std::cell::RefCell::new(Box::new(
+        mlx_rs::transforms::compile::compile(|x: &[Array]| masked_step_graph(RecurrenceGraph::Lean, x), false),
+    ));
 }
 
 /// mlx nn's compiled `silu`.
@@ -157,17 +211,22 @@ fn run_step(
 
 /// `_gated_delta_step_ops` called with a mask (mlx-lm compiles it; with a
 /// mask it is another traced graph): the unmasked step, then
-/// `state = where(mask[:, None, None, None], state, old_state)`, the
-/// token's mask given as [B, 1, 1, 1, 1] ([`gated_delta_ops`]).
-fn masked_step_graph(inputs: &[Array]) -> Result<Vec<Array>> {
+/// `state = where(mask[:, None, None, None], state, old_state)`; the
+/// token's mask comes as [B] ([`RecurrenceGraph::AsMlxLm`], expanded here)
+/// or already as [B, 1, 1, 1, 1] ([`RecurrenceGraph::Lean`]).
+fn masked_step_graph(form: RecurrenceGraph, inputs: &[Array]) -> Result<Vec<Array>> {
     let [q, k, v, g, beta, old_state, mask] = inputs else {
         return Err(refused(format!(
             "masked gated delta step: 7 inputs expected, got {}",
             inputs.len()
         )));
     };
-    let (y, state) = delta_step_ops([q, k, v, g, beta, old_state])?;
-    let state = mlx_rs::ops::select(mask, &state, old_state)?;
+    let (y, state) = delta_step_ops(form, [q, k, v, g, beta, old_state])?;
+    let mask = match form {
+        RecurrenceGraph::AsMlxLm => mask.expand_dims_axes(&[1, 2, 3])?,
+        RecurrenceGraph::Lean => mask.clone(),
+    };
+    let state = mlx_rs::ops::select(&mask, &state, old_state)?;
     Ok(vec![y, state])
 }
 
@@ -255,8 +314,9 @@ pub(crate) fn delta_rule_inputs(
 /// squeeze per input), expands them inside the step (`k[..., None, :]` and
 /// the like) and drops the summed axis (a squeeze per sum). On the CPU
 /// each of those views is a node that MLX schedules on its own, and with
-/// tiny per-token work the scheduling is most of a prefill's time. Here
-/// the inputs are cast and expanded once for all tokens and sliced per token
+/// tiny per-token work the scheduling is most of a prefill's time. On the
+/// CPU ([`RecurrenceGraph::Lean`]; a GPU keeps mlx-lm's graph, views and
+/// all) the inputs are cast and expanded once for all tokens and sliced per token
 /// keeping a time axis of 1 (the state carries it too, [B, 1, Hv, Dv,
 /// Dk]), the sums keep their axis, and the y's are concatenated along the
 /// time axis (shapes: [`delta_step_ops`]). A 32-token prefill of
@@ -276,6 +336,45 @@ pub fn gated_delta_ops(
             g.shape()
         )));
     }
+    match RecurrenceGraph::here() {
+        RecurrenceGraph::AsMlxLm => scan_as_mlx_lm([q, k, v, g, beta], state, mask),
+        RecurrenceGraph::Lean => scan_lean([q, k, v, g, beta], state, mask),
+    }
+}
+
+/// mlx-lm's loop ([`RecurrenceGraph::AsMlxLm`]): each token's inputs
+/// sliced (`q[:, t]`), one compiled step each, the y's stacked.
+fn scan_as_mlx_lm(
+    [q, k, v, g, beta]: [&Array; 5],
+    state: Option<&Array>,
+    mask: Option<&Array>,
+) -> Result<(Array, Array)> {
+    let t = q.shape()[1];
+    let (mut state, q, k) = delta_rule_inputs(q, k, v, state)?;
+    let mut ys = Vec::with_capacity(t as usize);
+    for i in 0..t {
+        let at = |a: &Array| a.try_index((.., i));
+        let mut inputs = vec![at(&q)?, at(&k)?, at(v)?, at(g)?, at(beta)?, state.clone()];
+        let (y, next) = match mask {
+            None => run_step(&DELTA_STEP, &inputs, "gated delta step")?,
+            Some(mask) => {
+                inputs.push(at(mask)?);
+                run_step(&MASKED_STEP, &inputs, "masked gated delta step")?
+            }
+        };
+        ys.push(y);
+        state = next;
+    }
+    Ok((mlx_rs::ops::stack(&ys, 1)?, state))
+}
+
+/// The loop with fewer view nodes ([`RecurrenceGraph::Lean`]; see
+/// [`gated_delta_ops`]).
+fn scan_lean(
+    [q, k, v, g, beta]: [&Array; 5],
+    state: Option<&Array>,
+    mask: Option<&Array>,
+) -> Result<(Array, Array)> {
     let t = q.shape()[1];
     let (state, q, k) = delta_rule_inputs(q, k, v, state)?;
     // Every product promotes q, k, v and beta to the state's float32 (an
@@ -310,11 +409,11 @@ pub fn gated_delta_ops(
     for i in 0..t as usize {
         let inputs = [&q[i], &k[i], &v[i], &g[i], &beta[i], &state];
         let (y, next) = match &mask {
-            None => run_step(&DELTA_STEP, &inputs.map(Clone::clone), "gated delta step")?,
+            None => run_step(&LEAN_STEP, &inputs.map(Clone::clone), "gated delta step")?,
             Some(mask) => {
                 let mut inputs = inputs.map(Clone::clone).to_vec();
                 inputs.push(mask[i].clone());
-                run_step(&MASKED_STEP, &inputs, "masked gated delta step")?
+                run_step(&LEAN_MASKED_STEP, &inputs, "masked gated delta step")?
             }
         };
         ys.push(y);
@@ -816,4 +915,64 @@ impl crate::blocks::RoutedExperts for SharedExpertMoe {
 pub enum MixerCache {
     Arrays(ArraysCache),
     Kv(LayerCache),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic array of `shape` with values spread over (-1, 1)
+    /// (g's over (0, 1), as a decay is).
+    fn spread(shape: &[i32], seed: u64, decay: bool, dtype: Dtype) -> Array {
+        let key = mlx_rs::random::key(seed).unwrap();
+        let x = mlx_rs::random::uniform::<f32, f32>(0.0, 1.0, shape, &key).unwrap();
+        let x = match decay {
+            true => x,
+            false => x
+                .multiply(Array::from_f32(2.0))
+                .unwrap()
+                .subtract(Array::from_f32(1.0))
+                .unwrap(),
+        };
+        x.as_dtype(dtype).unwrap()
+    }
+
+    /// The CPU's lean recurrence gives the bytes of mlx-lm's graph (the form
+    /// a GPU runs), with and without a padding mask, for one token and
+    /// several, grouped heads (Hk < Hv), bfloat16 and float32 inputs.
+    #[test]
+    fn the_lean_recurrence_gives_the_bytes_of_mlx_lms_graph() {
+        let (b, hk, hv, dk, dv) = (2, 2, 4, 16, 8);
+        for dtype in [Dtype::Bfloat16, Dtype::Float32] {
+            for t in [1, 7] {
+                let q = spread(&[b, t, hk, dk], 1, false, dtype);
+                let k = spread(&[b, t, hk, dk], 2, false, dtype);
+                let v = spread(&[b, t, hv, dv], 3, false, dtype);
+                let g = spread(&[b, t, hv], 4, true, Dtype::Float32);
+                let beta = spread(&[b, t, hv], 5, true, dtype);
+                let state = spread(&[b, hv, dv, dk], 6, false, Dtype::Float32);
+                // Row 1's first token padded (a right-padded chunk's mask shape).
+                let mask =
+                    Array::from_slice(&(0..b * t).map(|i| i != t).collect::<Vec<bool>>(), &[b, t]);
+                for mask in [None, Some(&mask)] {
+                    for state in [None, Some(&state)] {
+                        let inputs = [&q, &k, &v, &g, &beta];
+                        let (y0, s0) = scan_as_mlx_lm(inputs, state, mask).unwrap();
+                        let (y1, s1) = scan_lean(inputs, state, mask).unwrap();
+                        assert_eq!(y0.shape(), y1.shape());
+                        assert_eq!(s0.shape(), s1.shape());
+                        assert_eq!(y0.dtype(), y1.dtype());
+                        let bytes = |a: &Array| crate::bytes::array_bytes(a).unwrap();
+                        let what = format!(
+                            "{dtype:?}, {t} tokens, mask {}, state {}",
+                            mask.is_some(),
+                            state.is_some()
+                        );
+                        assert!(bytes(&y0) == bytes(&y1), "y differs: {what}");
+                        assert!(bytes(&s0) == bytes(&s1), "state differs: {what}");
+                    }
+                }
+            }
+        }
+    }
 }

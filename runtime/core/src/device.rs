@@ -151,7 +151,7 @@ pub fn path() -> Path {
 pub const MEASURED_GPU: bool = !cfg!(target_os = "macos");
 
 /// Whether MLX's default device is the CPU.
-fn on_cpu() -> bool {
+pub(crate) fn on_cpu() -> bool {
     mlx_rs::Device::try_default()
         .and_then(|d| d.get_type())
         .is_ok_and(|t| matches!(t, mlx_rs::DeviceType::Cpu))
