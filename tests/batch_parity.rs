@@ -91,36 +91,32 @@ fn schedule(vocab: i32) -> Value {
 /// post-norm layers run their one-token steps eagerly, as their
 /// single-sequence steps do.
 fn takes_compiled_batch_steps(ir: &archgen_ir::ModelIr) -> bool {
-    use archgen_ir::{Mixer, NormArrangement, OutputGate, QkvProjection};
-    let plain_attention_only = ir.layers.iter().all(|l| {
+    use archgen_ir::{Layer, Mixer, NormArrangement, OutputGate, QkvProjection};
+    // A plain attention layer with its norm before the mixer.
+    let plain_attention = |l: &Layer| {
         let norm_first = match l.norms.arrangement {
             NormArrangement::PreNorm | NormArrangement::Sandwich => true,
             NormArrangement::PostNorm => false,
         };
-        let plain_attention = match &l.mixer {
+        let plain = match &l.mixer {
             Mixer::Attention(a) => {
                 a.output_gate == OutputGate::None && a.projection == QkvProjection::Separate
             }
             Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
         };
-        norm_first && plain_attention
-    });
+        norm_first && plain
+    };
     let delta_net = ir.layers.iter().any(|l| match &l.mixer {
         Mixer::GatedDeltaNet(_) => true,
         Mixer::Attention(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
     });
     // LFM2: its plain attention layers beside the short convs.
-    let short_conv_with_plain_attention = ir
-        .layers
-        .iter()
-        .any(|l| matches!(l.mixer, Mixer::ShortConv(_)))
-        && ir.layers.iter().any(|l| match &l.mixer {
-            Mixer::Attention(a) => {
-                a.output_gate == OutputGate::None && a.projection == QkvProjection::Separate
-            }
-            Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
-        });
-    plain_attention_only || delta_net || short_conv_with_plain_attention
+    let short_conv = ir.layers.iter().any(|l| match &l.mixer {
+        Mixer::ShortConv(_) => true,
+        Mixer::Attention(_) | Mixer::GatedDeltaNet(_) | Mixer::LatentAttention(_) => false,
+    });
+    let short_conv_with_plain_attention = short_conv && ir.layers.iter().any(plain_attention);
+    ir.layers.iter().all(plain_attention) || delta_net || short_conv_with_plain_attention
 }
 
 /// The spec with a quantized KV cache (layer 5 of a Gemma-4 with sliding

@@ -33,9 +33,7 @@ use crate::words;
 /// compiled blocks from the layer, in [B, 1, hidden] (each gated attention
 /// layer makes its step's tables).
 fn compiled_decode(ir: &ModelIr) -> bool {
-    ir.layers
-        .iter()
-        .all(|l| reaches_decode(l) && !matches!(l.mixer, Mixer::GatedDeltaNet(_)))
+    ir.layers.iter().all(steps_with_tables)
 }
 
 /// Whether the model's one-token steps make RoPE tables for its windows:
@@ -44,13 +42,17 @@ fn compiled_decode(ir: &ModelIr) -> bool {
 /// its attention layers take the blocks in [B, 1, hidden] while the others
 /// run their own.
 fn step_tables(ir: &ModelIr) -> bool {
-    ir.layers.iter().any(|l| {
-        reaches_decode(l)
-            && match &l.mixer {
-                Mixer::Attention(_) => true,
-                Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
-            }
-    })
+    ir.layers.iter().any(steps_with_tables)
+}
+
+/// Whether a layer's one-token step is `decode::step` with its window's
+/// RoPE tables: a plain attention layer that reaches `decode`.
+fn steps_with_tables(l: &Layer) -> bool {
+    reaches_decode(l)
+        && match &l.mixer {
+            Mixer::Attention(_) => true,
+            Mixer::GatedDeltaNet(_) | Mixer::ShortConv(_) | Mixer::LatentAttention(_) => false,
+        }
 }
 
 /// Whether a layer kind's forward calls `decode`: plain attention (one
@@ -1752,10 +1754,11 @@ struct BatchWindows {
 
 impl BatchWindows {
     // One mask per window from its first layer's cache; one step context
-    // per window and rotation. When every layer has the compiled decode
-    // blocks, a step of one token per row takes them as one sequence's step
-    // does (rows [B, hidden], RoPE tables at the rows' offsets, read from
-    // the window's first cache as its mask is); otherwise no tables.
+    // per window and rotation. When some plain attention layer has the
+    // compiled decode blocks, a step of one token per row takes them as one
+    // sequence's step does (RoPE tables at the rows' offsets, read from the
+    // window's first cache as its mask is; rows [B, hidden] when every layer
+    // has them); otherwise no tables.
     fn of(plan: &Plan) -> Result<Self, String> {
         let ir = &plan.ir;
         let compiled = step_tables(ir);

@@ -336,97 +336,90 @@ pub fn gated_delta_ops(
             g.shape()
         )));
     }
-    match RecurrenceGraph::here() {
-        RecurrenceGraph::AsMlxLm => scan_as_mlx_lm([q, k, v, g, beta], state, mask),
-        RecurrenceGraph::Lean => scan_lean([q, k, v, g, beta], state, mask),
-    }
+    scan(RecurrenceGraph::here(), [q, k, v, g, beta], state, mask)
 }
 
-/// mlx-lm's loop ([`RecurrenceGraph::AsMlxLm`]): each token's inputs
-/// sliced (`q[:, t]`), one compiled step each, the y's stacked.
-fn scan_as_mlx_lm(
-    [q, k, v, g, beta]: [&Array; 5],
-    state: Option<&Array>,
-    mask: Option<&Array>,
-) -> Result<(Array, Array)> {
-    let t = q.shape()[1];
-    let (mut state, q, k) = delta_rule_inputs(q, k, v, state)?;
-    let mut ys = Vec::with_capacity(t as usize);
-    for i in 0..t {
-        let at = |a: &Array| a.try_index((.., i));
-        let mut inputs = vec![at(&q)?, at(&k)?, at(v)?, at(g)?, at(beta)?, state.clone()];
-        let (y, next) = match mask {
-            None => run_step(&DELTA_STEP, &inputs, "gated delta step")?,
-            Some(mask) => {
-                inputs.push(at(mask)?);
-                run_step(&MASKED_STEP, &inputs, "masked gated delta step")?
-            }
-        };
-        ys.push(y);
-        state = next;
-    }
-    Ok((mlx_rs::ops::stack(&ys, 1)?, state))
-}
-
-/// The loop with fewer view nodes ([`RecurrenceGraph::Lean`]; see
-/// [`gated_delta_ops`]).
-fn scan_lean(
+/// The loop over the tokens in `form`: each token's inputs (as the form
+/// lays them out, [`delta_step_ops`]), one compiled step each, then the y's
+/// joined along the time axis and the final state.
+fn scan(
+    form: RecurrenceGraph,
     [q, k, v, g, beta]: [&Array; 5],
     state: Option<&Array>,
     mask: Option<&Array>,
 ) -> Result<(Array, Array)> {
     let t = q.shape()[1];
     let (state, q, k) = delta_rule_inputs(q, k, v, state)?;
-    // Every product promotes q, k, v and beta to the state's float32 (an
-    // exact cast), and y is cast back to q's dtype: both once for every
-    // token rather than in each step.
     let y_dtype = q.dtype();
-    let f32 = |a: &Array| a.as_dtype(Dtype::Float32);
-    let (q, k, v, beta) = (f32(&q)?, f32(&k)?, f32(v)?, f32(beta)?);
-    // mlx-lm's `q[..., None, :]`, `g[..., None, None]`, `beta[..., None]`
-    // and `mask[:, None, None, None]` taken once for every token, v and
-    // beta with the trailing axis the kept sums have.
-    let (q, k) = (q.expand_dims(-2)?, k.expand_dims(-2)?);
-    let g = g.expand_dims_axes(&[-1, -2])?;
-    let v = v.expand_dims(-1)?;
-    let beta = beta.expand_dims_axes(&[-1, -2])?;
-    let mask = match mask {
-        Some(m) => Some(m.expand_dims_axes(&[2, 3, 4])?),
-        None => None,
-    };
-    let tokens = |a: &Array| -> Result<Vec<Array>> {
-        match t {
-            1 => Ok(vec![a.clone()]),
-            _ => a.split_equal(t, 1),
+    let (tokens, masks, mut state) = match form {
+        // mlx-lm's `q[:, t]`: a slice and a squeeze per input and token.
+        RecurrenceGraph::AsMlxLm => {
+            let at = |a: &Array| {
+                (0..t)
+                    .map(|i| a.try_index((.., i)))
+                    .collect::<Result<Vec<_>>>()
+            };
+            let tokens = [at(&q)?, at(&k)?, at(v)?, at(g)?, at(beta)?];
+            (tokens, mask.map(at).transpose()?, state)
+        }
+        // Every product promotes q, k, v and beta to the state's float32
+        // (an exact cast), and y is cast back to q's dtype after the loop:
+        // both once for every token rather than in each step. mlx-lm's
+        // `q[..., None, :]`, `g[..., None, None]`, `beta[..., None]` and
+        // `mask[:, None, None, None]` are taken once for every token too, v
+        // and beta with the trailing axis the kept sums have; each token is
+        // a slice keeping the time axis.
+        RecurrenceGraph::Lean => {
+            let f32 = |a: &Array| a.as_dtype(Dtype::Float32);
+            let split = |a: Array| match t {
+                1 => Ok(vec![a]),
+                _ => a.split_equal(t, 1),
+            };
+            let tokens = [
+                split(f32(&q)?.expand_dims(-2)?)?,
+                split(f32(&k)?.expand_dims(-2)?)?,
+                split(f32(v)?.expand_dims(-1)?)?,
+                split(g.expand_dims_axes(&[-1, -2])?)?,
+                split(f32(beta)?.expand_dims_axes(&[-1, -2])?)?,
+            ];
+            let masks = match mask {
+                Some(m) => Some(split(m.expand_dims_axes(&[2, 3, 4])?)?),
+                None => None,
+            };
+            (tokens, masks, state.expand_dims(1)?)
         }
     };
-    let per_token = [&q, &k, &v, &g, &beta].map(tokens);
-    let [q, k, v, g, beta] = per_token;
-    let (q, k, v, g, beta) = (q?, k?, v?, g?, beta?);
-    let mask = mask.as_ref().map(tokens).transpose()?;
-    let mut state = state.expand_dims(1)?;
+    let (step, masked_step) = match form {
+        RecurrenceGraph::AsMlxLm => (&DELTA_STEP, &MASKED_STEP),
+        RecurrenceGraph::Lean => (&LEAN_STEP, &LEAN_MASKED_STEP),
+    };
     let mut ys = Vec::with_capacity(t as usize);
     for i in 0..t as usize {
-        let inputs = [&q[i], &k[i], &v[i], &g[i], &beta[i], &state];
-        let (y, next) = match &mask {
-            None => run_step(&LEAN_STEP, &inputs.map(Clone::clone), "gated delta step")?,
-            Some(mask) => {
-                let mut inputs = inputs.map(Clone::clone).to_vec();
-                inputs.push(mask[i].clone());
-                run_step(&LEAN_MASKED_STEP, &inputs, "masked gated delta step")?
+        let mut inputs: Vec<Array> = tokens.iter().map(|a| a[i].clone()).collect();
+        inputs.push(state);
+        let (y, next) = match &masks {
+            None => run_step(step, &inputs, "gated delta step")?,
+            Some(masks) => {
+                inputs.push(masks[i].clone());
+                run_step(masked_step, &inputs, "masked gated delta step")?
             }
         };
         ys.push(y);
         state = next;
     }
-    let y = match t {
-        1 => ys
-            .pop()
-            .ok_or_else(|| refused("gated delta rule: no token".into()))?,
-        _ => mlx_rs::ops::concatenate(&ys, 1)?,
-    };
-    let y = y.squeeze_axes(&[-1])?.as_dtype(y_dtype)?;
-    Ok((y, state.squeeze_axes(&[1])?))
+    match form {
+        RecurrenceGraph::AsMlxLm => Ok((mlx_rs::ops::stack(&ys, 1)?, state)),
+        RecurrenceGraph::Lean => {
+            let y = match t {
+                1 => ys
+                    .pop()
+                    .ok_or_else(|| refused("gated delta rule: no token".into()))?,
+                _ => mlx_rs::ops::concatenate(&ys, 1)?,
+            };
+            let y = y.squeeze_axes(&[-1])?.as_dtype(y_dtype)?;
+            Ok((y, state.squeeze_axes(&[1])?))
+        }
+    }
 }
 
 /// `gated_delta_update` without a mask, off Metal: `beta = sigmoid(b)`,
@@ -957,8 +950,8 @@ mod tests {
                 for mask in [None, Some(&mask)] {
                     for state in [None, Some(&state)] {
                         let inputs = [&q, &k, &v, &g, &beta];
-                        let (y0, s0) = scan_as_mlx_lm(inputs, state, mask).unwrap();
-                        let (y1, s1) = scan_lean(inputs, state, mask).unwrap();
+                        let (y0, s0) = scan(RecurrenceGraph::AsMlxLm, inputs, state, mask).unwrap();
+                        let (y1, s1) = scan(RecurrenceGraph::Lean, inputs, state, mask).unwrap();
                         assert_eq!(y0.shape(), y1.shape());
                         assert_eq!(s0.shape(), s1.shape());
                         assert_eq!(y0.dtype(), y1.dtype());
