@@ -374,6 +374,9 @@ pub struct Weights {
     /// This rank's split of the modules, when the model is sharded
     /// ([`Weights::shard`]).
     sharding: Option<Sharding>,
+    /// Every tensor handed to the model (this rank's part), by name:
+    /// [`Weights::finish`] reads them all in one evaluation.
+    handed: Vec<(String, Array)>,
 }
 
 /// One entry of config.json's `quantization`: bits, group size and mode.
@@ -481,6 +484,7 @@ impl Weights {
             quant_overrides,
             errors,
             sharding: None,
+            handed: Vec::new(),
         }
     }
 
@@ -535,6 +539,13 @@ impl Weights {
     /// the axis is the output rows (`max(ndim - 2, 0)`, the last axis for a
     /// bias) for all-to-sharded, the last axis for sharded-to-all.
     fn local(&mut self, name: &str, a: Array) -> Array {
+        let part = self.rank_part(name, a);
+        self.handed.push((name.to_string(), part.clone()));
+        part
+    }
+
+    /// [`Weights::local`]'s part of `a`, not yet recorded as handed out.
+    fn rank_part(&mut self, name: &str, a: Array) -> Array {
         let Some(sh) = &self.sharding else {
             return a;
         };
@@ -886,7 +897,6 @@ impl Weights {
         }
     }
 
-    /// Ends loading: errors for every missing, mis-shaped or unused tensor.
     /// Drops this loader's reference to every tensor under `prefix` that
     /// was already taken. A model that rearranged some (generated models
     /// stack Q/K/V into one buffer and keep views of it) then frees the
@@ -896,8 +906,16 @@ impl Weights {
         let used = &self.used;
         self.tensors
             .retain(|name, _| !(name.starts_with(prefix) && used.contains(name)));
+        self.handed.retain(|(name, _)| !name.starts_with(prefix));
     }
 
+    /// Ends loading: errors for every missing, mis-shaped or unused tensor;
+    /// without any, it reads every tensor handed to the model now, in one
+    /// evaluation, as mlx-lm's `load_model` ends with
+    /// `mx.eval(model.parameters())`. Otherwise the first forward pass
+    /// reads the weights inside its own graph: the same bytes on the CPU,
+    /// but on CUDA its kernels then run beside the weights' uploads, which
+    /// mlx-lm's never do (docs/parity.md, "On the GPU").
     pub fn finish(self) -> Result<(), LoadError> {
         let mut errors = self.errors;
         let mut unused: Vec<&String> = self
@@ -912,7 +930,8 @@ impl Weights {
             ));
         }
         if errors.is_empty() {
-            Ok(())
+            mlx_rs::transforms::eval(self.handed.iter().map(|(_, a)| a))
+                .or_else(|e| err(format!("reading the checkpoint's tensors failed: {e}")))
         } else {
             let n = errors.len();
             let shown: Vec<String> = errors.into_iter().take(20).collect();
