@@ -471,13 +471,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     /// One `BatchGenerator.next()` (see the module comment): the tokens the
     /// generation batch returns this step.
     pub fn step(&mut self) -> Result<Vec<StepOutput>> {
-        self.last_phases = StepPhases::default();
-        let mut out = Vec::new();
-        if !self.generation.seqs.is_empty() {
-            let (tokens, took) = timed(|| self.generation_step())?;
-            out = tokens;
-            self.last_phases.generation = Some(took);
-        }
+        let out = self.timed_generation_step()?;
         if self.generation.seqs.len() >= self.config.completion_batch_size {
             return Ok(out);
         }
@@ -519,19 +513,26 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     /// the generation batch holds when a prompt member joins it (as for a
     /// prompt that arrived some steps later).
     pub fn step_generation(&mut self) -> Result<Vec<StepOutput>> {
-        self.last_phases = StepPhases::default();
-        let mut out = Vec::new();
-        if !self.generation.seqs.is_empty() {
-            let (tokens, took) = timed(|| self.generation_step())?;
-            out = tokens;
-            self.last_phases.generation = Some(took);
-        }
+        let out = self.timed_generation_step()?;
         if self.generation.seqs.len() < self.config.completion_batch_size {
             let joinable = self.prompt_members() > 0;
             let (_, took) = timed(|| self.start_generating())?;
             self.last_phases.joining = joinable.then_some(took);
         }
         Ok(out)
+    }
+
+    /// The first part of [`Self::step`] and [`Self::step_generation`]:
+    /// clears the last step's phases and runs the generation batch's
+    /// forward (1), timed, when it has members.
+    fn timed_generation_step(&mut self) -> Result<Vec<StepOutput>> {
+        self.last_phases = StepPhases::default();
+        if self.generation.seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (tokens, took) = timed(|| self.generation_step())?;
+        self.last_phases.generation = Some(took);
+        Ok(tokens)
     }
 
     /// `GenerationBatch.next`.
