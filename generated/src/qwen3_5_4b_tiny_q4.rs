@@ -181,14 +181,15 @@ impl FullGatedOwnKv {
     }
     /// B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE
     /// at each row's offset, a merged K/V cache; a one-token step
-    /// through the compiled decode blocks, B rows at once.
+    /// through the compiled decode blocks, B rows at once, where
+    /// the runtime takes them (`batch_blocks::gated_step_tables`).
     fn forward_batch(
         &self,
         h: &Array,
         at: &WindowStep,
         cache: &mut BatchLayerCache,
     ) -> Result<Array> {
-        if let Some(tables) = batch_blocks::step_tables(
+        if let Some(tables) = batch_blocks::gated_step_tables(
             at.rope,
             cache,
             h.shape()[1],

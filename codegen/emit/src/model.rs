@@ -846,7 +846,8 @@ fn attention_kind_parts(
         Some(_) => &[
             " B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE",
             " at each row's offset, a merged K/V cache; a one-token step",
-            " through the compiled decode blocks, B rows at once.",
+            " through the compiled decode blocks, B rows at once, where",
+            " the runtime takes them (`batch_blocks::gated_step_tables`).",
         ],
         None => &[
             " B sequences in one forward (mlx-lm's `BatchGenerator`): RoPE",
@@ -891,12 +892,13 @@ fn gated_attention_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenS
         && !a.rope.traditional
         && a.projection == QkvProjection::Separate;
     // A batch's one-token step takes the compiled decode blocks, B rows at
-    // once; longer steps the eager batched block.
+    // once, where the runtime says so (the CPU); longer steps the eager
+    // batched block.
     let batched = BatchForward {
         block: quote! { batch_blocks::gated_attention },
         output: KindOutput::Hidden,
         step: Some(quote! {
-            if let Some(tables) = batch_blocks::step_tables(at.rope, cache, h.shape()[1], h.dtype())? {
+            if let Some(tables) = batch_blocks::gated_step_tables(at.rope, cache, h.shape()[1], h.dtype())? {
                 return decode::gated_attention(h, &self.decode_layer(), &tables, cache, at.mask);
             }
         }),

@@ -253,11 +253,36 @@ pub fn step_tables(
     Ok(Some(rope.tables_at(&kv_offsets(cache)?, n, dtype)?))
 }
 
+/// Whether a hybrid model's batched one-token steps (a Gated DeltaNet
+/// layer's, a gated attention layer's) take one sequence's compiled decode
+/// blocks, B rows at once: on the CPU, where they give the eager batched
+/// layers' bits (tests/batch_parity.rs). On a GPU the eager batched layers
+/// run, as mlx-lm's do: through the blocks, qwen3.5-4b-l4's and
+/// qwen3-next-80b-a3b-l4's batches gave other bits than mlx-lm's
+/// `BatchGenerator` on the H200 (docs/parity.md, "On the GPU").
+fn hybrid_blocks_in_batches() -> bool {
+    decode::enabled() && crate::device::on_cpu()
+}
+
+/// [`step_tables`] for a gated attention layer's batched step: `None` also
+/// where [`hybrid_blocks_in_batches`] says the eager batched layer runs.
+pub fn gated_step_tables(
+    rope: &Rope,
+    cache: &BatchLayerCache,
+    n: i32,
+    dtype: Dtype,
+) -> Result<Option<RopeTables>> {
+    if !hybrid_blocks_in_batches() {
+        return Ok(None);
+    }
+    step_tables(rope, cache, n, dtype)
+}
+
 /// A batch's one-token step of a Gated DeltaNet layer through the compiled
 /// decode block of one sequence's step ([`decode::delta_net`]), B rows at
 /// once. `None` when the eager batched layer runs it instead: more than one
-/// token per row, the decode blocks off, the states not written yet, or a
-/// row padded at this position. With every row real, mlx-lm's masked ops
+/// token per row, the blocks off for batches ([`hybrid_blocks_in_batches`]),
+/// the states not written yet, or a row padded at this position. With every row real, mlx-lm's masked ops
 /// keep what the unmasked ones compute (`where(mask, qkv, 0)` and
 /// `where(mask, state, old_state)` with an all-true mask), so the block
 /// gives the eager batched layer's bits (tests/batch_parity.rs).
@@ -266,7 +291,7 @@ pub fn delta_net_step(
     layer: &decode::DeltaNetLayer<'_>,
     cache: &mut BatchArraysCache,
 ) -> Result<Option<Array>> {
-    if h.shape()[1] != 1 || !decode::enabled() || !cache.every_position_real(1) {
+    if h.shape()[1] != 1 || !hybrid_blocks_in_batches() || !cache.every_position_real(1) {
         return Ok(None);
     }
     let Some(mut states) = cache.take_states() else {
