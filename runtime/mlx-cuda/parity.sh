@@ -99,11 +99,15 @@ TINY=${PARITY_TINY-$(cd "$repo/specs" && ls *tiny*.yaml | sed 's/\.yaml$//')}
 REAL="gemma4-12b-l6:1100:20 gemma4-12b-l6-q4:1100:20 gemma4-12b-q4:128:8 qwen3-8b-l4:40:12 qwen3-8b-l4-q4:40:12 \
 llama-3.2-3b-l4-q4:40:12 qwen3-0.6b:24:12 llama-3.2-1b:24:12"
 # The GPU parity table's real-width cases: every reduced real-width spec in
-# specs/ (each has a generated model), prompt 300 (gemma4-12b-l6: 1,100, past
-# its 1,024 window), and the full small dense models of families without one.
-TABLE_REAL="gemma4-12b-l6:1100:20 gemma-2-2b-l2:300:20 granite-3.3-2b-l2:300:20 minicpm-2b-l2:300:20 \
-mistral-7b-v0.3-l2:300:20 olmo-2-1124-7b-l2:300:20 phi-3-mini-4k-l2:300:20 qwen2.5-0.5b-l4:300:20 \
-qwen3-30b-a3b-l2-q4:300:20 qwen3.5-4b-l4:300:20 smollm3-3b-l4:300:20 qwen3-0.6b:300:20 llama-3.2-1b:300:20"
+# specs/ (NAME-lN or NAME-lN-qB; each has a generated model), read from the
+# directory so a new family's spec is never left out, prompt 300
+# (gemma4-12b-l6: 1,100, past its 1,024 window), and the full small dense
+# models of families without one.
+TABLE_REAL=$(cd "$repo/specs" && ls | sed -nE 's/^(.*-l[0-9]+(-q[0-9]+)?)\.yaml$/\1/p' |
+  while read -r s; do
+    case $s in gemma4-12b-l6) echo "$s:1100:20" ;; *) echo "$s:300:20" ;; esac
+  done | tr '\n' ' ')
+TABLE_REAL="$TABLE_REAL qwen3-0.6b:300:20 llama-3.2-1b:300:20"
 
 while (($#)); do
   step=$1; shift
