@@ -929,6 +929,10 @@ impl Weights {
                 "unexpected tensor '{k}' (the architecture has no such parameter)"
             ));
         }
+        // The checkpoint's own tensors are dropped first: where a model
+        // holds derived ones (a rank's slices, stacked experts), only what
+        // it holds stays after the evaluation, as in mlx-lm's sharded load.
+        drop(self.tensors);
         if errors.is_empty() {
             mlx_rs::transforms::eval(self.handed.iter().map(|(_, a)| a))
                 .or_else(|e| err(format!("reading the checkpoint's tensors failed: {e}")))
