@@ -282,10 +282,11 @@ pub fn gated_step_tables(
 /// decode block of one sequence's step ([`decode::delta_net`]), B rows at
 /// once. `None` when the eager batched layer runs it instead: more than one
 /// token per row, the blocks off for batches ([`hybrid_blocks_in_batches`]),
-/// the states not written yet, or a row padded at this position. With every row real, mlx-lm's masked ops
-/// keep what the unmasked ones compute (`where(mask, qkv, 0)` and
-/// `where(mask, state, old_state)` with an all-true mask), so the block
-/// gives the eager batched layer's bits (tests/batch_parity.rs).
+/// the states not written yet, or a row padded at this position. With every
+/// row real, mlx-lm's masked ops keep what the unmasked ones compute
+/// (`where(mask, qkv, 0)` and `where(mask, state, old_state)` with an
+/// all-true mask), so the block gives the eager batched layer's bits
+/// (tests/batch_parity.rs).
 pub fn delta_net_step(
     h: &Array,
     layer: &decode::DeltaNetLayer<'_>,
