@@ -16,7 +16,7 @@ use crate::model::*;
 use crate::model_family::ModelFamily;
 use crate::reader::{imported_identity, top_quantization, ImportedSpec, Reader};
 use crate::reduce::{last_key, mlp_width, reduce_key, set_named, sizes_named, Reducible, Size};
-use crate::validate;
+use crate::validate::{self, ranges};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -125,18 +125,10 @@ pub(crate) fn check(spec: &Qwen3MoeSpec) -> Vec<Issue> {
     ];
     let experts = ("moe.num_experts", e.num_experts);
     ok &= c.expert_counts(experts, e.num_experts_per_tok, hints);
-    ok &= c.range(
-        "moe.moe_intermediate_size",
-        e.moe_intermediate_size,
-        MAX_INTERMEDIATE,
-        "SwiGLU width of each expert",
-    );
-    ok &= c.range(
-        "moe.decoder_sparse_step",
-        e.decoder_sparse_step,
-        MAX_LAYERS,
-        "every step-th layer is MoE (1: every layer)",
-    );
+    ok &= ranges! { c;
+        "moe.moe_intermediate_size": e.moe_intermediate_size => MAX_INTERMEDIATE, "SwiGLU width of each expert";
+        "moe.decoder_sparse_step": e.decoder_sparse_step => MAX_LAYERS, "every step-th layer is MoE (1: every layer)";
+    };
     if ok {
         ok = c.top_k_of_experts(e.num_experts_per_tok, e.num_experts);
     }

@@ -26,6 +26,18 @@ pub mod limits {
 }
 use limits::*;
 
+/// [`Checker::range`] over a table of rows `"field.path": value => max, "what it
+/// is";`, each checked in order (every row reports its own issue); true when all
+/// hold. A table rather than calls, so that each bound reads on one line.
+macro_rules! ranges {
+    ($checker:expr; $($path:literal: $value:expr => $max:expr, $meaning:expr;)+) => {{
+        let mut all_hold = true;
+        $(all_hold &= $checker.range($path, $value, $max, $meaning);)+
+        all_hold
+    }};
+}
+pub(crate) use ranges;
+
 use crate::ir::{AFFINE_BITS, AFFINE_GROUPS};
 
 fn p(s: &str) -> FieldPath {
@@ -111,32 +123,12 @@ impl Checker {
         (hidden_size, vocab_size, num_hidden_layers): (u32, u32, u32),
         (max_position_embeddings, positions): (u32, &str),
     ) -> bool {
-        let mut ok = true;
-        ok &= self.range(
-            "model.hidden_size",
-            hidden_size,
-            MAX_HIDDEN,
-            "the model width",
-        );
-        ok &= self.range(
-            "model.vocab_size",
-            vocab_size,
-            MAX_VOCAB,
-            "rows of embed_tokens",
-        );
-        ok &= self.range(
-            "model.max_position_embeddings",
-            max_position_embeddings,
-            MAX_POSITIONS,
-            positions,
-        );
-        ok &= self.range(
-            "layers.num_hidden_layers",
-            num_hidden_layers,
-            MAX_LAYERS,
-            "the number of decoder layers",
-        );
-        ok
+        ranges! { self;
+            "model.hidden_size": hidden_size => MAX_HIDDEN, "the model width";
+            "model.vocab_size": vocab_size => MAX_VOCAB, "rows of embed_tokens";
+            "model.max_position_embeddings": max_position_embeddings => MAX_POSITIONS, positions;
+            "layers.num_hidden_layers": num_hidden_layers => MAX_LAYERS, "the number of decoder layers";
+        }
     }
     /// The size limits of the attention stack and the MLP width, in the order
     /// every layout built like the dense one reports them; false when one is off.
@@ -149,30 +141,12 @@ impl Checker {
     ) -> bool {
         let sizes = (s.hidden_size, s.vocab_size, s.num_hidden_layers);
         let mut ok = self.model_sizes(sizes, positions);
-        ok &= self.range(
-            "attention.num_attention_heads",
-            s.num_attention_heads,
-            MAX_HEADS,
-            "query heads",
-        );
-        ok &= self.range(
-            "attention.num_key_value_heads",
-            s.num_key_value_heads,
-            MAX_HEADS,
-            "KV heads",
-        );
-        ok &= self.range(
-            "attention.head_dim",
-            s.head_dim,
-            MAX_HEAD_DIM,
-            "head dimension",
-        );
-        ok &= self.range(
-            "mlp.intermediate_size",
-            intermediate_size,
-            MAX_INTERMEDIATE,
-            mlp_meaning,
-        );
+        ok &= ranges! { self;
+            "attention.num_attention_heads": s.num_attention_heads => MAX_HEADS, "query heads";
+            "attention.num_key_value_heads": s.num_key_value_heads => MAX_HEADS, "KV heads";
+            "attention.head_dim": s.head_dim => MAX_HEAD_DIM, "head dimension";
+            "mlp.intermediate_size": intermediate_size => MAX_INTERMEDIATE, mlp_meaning;
+        };
         ok
     }
     /// Every issue found; when the sizes hold (`sizes_ok`) and nothing else was

@@ -13,8 +13,8 @@ use crate::diag::Issue;
 use crate::layout_reader::{Layout, Section, QUANTIZATION};
 use crate::model::*;
 use crate::noaux_tc::NoauxTcExperts;
-use crate::validate;
 use crate::validate::limits::*;
+use crate::validate::{self, ranges};
 use crate::yarn::YarnScaling;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -110,34 +110,12 @@ pub(crate) fn check(spec: &DeepseekV3Spec) -> Vec<Issue> {
     }
     let (m, a) = (&spec.model, &spec.attention);
     let mut ok = check_model_sizes(&mut c, m, spec.layers.num_hidden_layers);
-    ok &= c.range(
-        "attention.num_attention_heads",
-        a.num_attention_heads,
-        MAX_HEADS,
-        "query heads (DeepSeek-V3: 128)",
-    );
-    for (path, v, max, hint) in [
-        (
-            "attention.kv_lora_rank",
-            a.kv_lora_rank,
-            MAX_HIDDEN,
-            "the latent's width (DeepSeek-V3: 512)",
-        ),
-        (
-            "attention.qk_nope_head_dim",
-            a.qk_nope_head_dim,
-            MAX_HEAD_DIM,
-            "query/key dims without RoPE (128)",
-        ),
-        (
-            "attention.v_head_dim",
-            a.v_head_dim,
-            MAX_HEAD_DIM,
-            "value dims per head (128)",
-        ),
-    ] {
-        ok &= c.range(path, v, max, hint);
-    }
+    ok &= ranges! { c;
+        "attention.num_attention_heads": a.num_attention_heads => MAX_HEADS, "query heads (DeepSeek-V3: 128)";
+        "attention.kv_lora_rank": a.kv_lora_rank => MAX_HIDDEN, "the latent's width (DeepSeek-V3: 512)";
+        "attention.qk_nope_head_dim": a.qk_nope_head_dim => MAX_HEAD_DIM, "query/key dims without RoPE (128)";
+        "attention.v_head_dim": a.v_head_dim => MAX_HEAD_DIM, "value dims per head (128)";
+    };
     let rotated = "the rotated dims (64)";
     ok &= c.rotated_head_dim("attention.qk_rope_head_dim", a.qk_rope_head_dim, rotated);
     if let Some(r) = a.q_lora_rank {

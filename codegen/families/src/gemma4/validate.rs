@@ -6,7 +6,7 @@ use crate::diag::{FieldPath, Issue};
 use crate::ir::{Attention, KvSource, Layer, Window, AFFINE_BITS, AFFINE_GROUPS};
 use crate::model::*;
 use crate::validate::limits::*;
-use crate::validate::{check_quantization, Checker};
+use crate::validate::{check_quantization, ranges, Checker};
 use std::collections::BTreeSet;
 
 fn p(s: &str) -> FieldPath {
@@ -52,19 +52,10 @@ pub(crate) fn check(spec: &Gemma4Spec) -> Vec<Issue> {
 fn model_and_layer_bounds(c: &mut Checker, spec: &Gemma4Spec) -> bool {
     let m = &spec.model;
     let l = &spec.layers;
-    let mut ok = true;
-    ok &= c.range(
-        "model.hidden_size",
-        m.hidden_size,
-        MAX_HIDDEN,
-        "the model width (`hidden_size`)",
-    );
-    ok &= c.range(
-        "model.vocab_size",
-        m.vocab_size,
-        MAX_VOCAB,
-        "rows of embed_tokens (`vocab_size`)",
-    );
+    let mut ok = ranges! { c;
+        "model.hidden_size": m.hidden_size => MAX_HIDDEN, "the model width (`hidden_size`)";
+        "model.vocab_size": m.vocab_size => MAX_VOCAB, "rows of embed_tokens (`vocab_size`)";
+    };
     c.range(
         "model.max_position_embeddings",
         m.max_position_embeddings,
@@ -79,18 +70,10 @@ fn model_and_layer_bounds(c: &mut Checker, spec: &Gemma4Spec) -> bool {
             "write null for no softcap; Gemma-4 uses 30.0",
         );
     }
-    ok &= c.range(
-        "layers.num_hidden_layers",
-        l.num_hidden_layers,
-        MAX_LAYERS,
-        "the number of decoder layers",
-    );
-    ok &= c.range(
-        "layers.repeat",
-        l.repeat,
-        MAX_LAYERS,
-        "how many times `pattern` repeats",
-    );
+    ok &= ranges! { c;
+        "layers.num_hidden_layers": l.num_hidden_layers => MAX_LAYERS, "the number of decoder layers";
+        "layers.repeat": l.repeat => MAX_LAYERS, "how many times `pattern` repeats";
+    };
     if l.pattern.is_empty() || l.pattern.len() > MAX_LAYERS as usize {
         c.err(
             p("layers.pattern"),
@@ -118,19 +101,10 @@ fn model_and_layer_bounds(c: &mut Checker, spec: &Gemma4Spec) -> bool {
 /// The attention's sizes: heads, head dims, window, grouping.
 fn attention_bounds(c: &mut Checker, spec: &Gemma4Spec) -> bool {
     let a = &spec.attention;
-    let mut ok = true;
-    ok &= c.range(
-        "attention.num_attention_heads",
-        a.num_attention_heads,
-        MAX_HEADS,
-        "query heads (`num_attention_heads`)",
-    );
-    ok &= c.range(
-        "attention.num_key_value_heads",
-        a.num_key_value_heads,
-        MAX_HEADS,
-        "KV heads (`num_key_value_heads`)",
-    );
+    let mut ok = ranges! { c;
+        "attention.num_attention_heads": a.num_attention_heads => MAX_HEADS, "query heads (`num_attention_heads`)";
+        "attention.num_key_value_heads": a.num_key_value_heads => MAX_HEADS, "KV heads (`num_key_value_heads`)";
+    };
     let sliding = "head dimension of sliding layers";
     ok &= c.rotated_head_dim("attention.head_dim", a.head_dim, sliding);
     if let Some(g) = a.global_head_dim {
@@ -240,18 +214,10 @@ fn feed_forward_bounds(c: &mut Checker, spec: &Gemma4Spec) -> bool {
         "dense MLP width (`intermediate_size`)",
     );
     if let Some(moe) = &spec.moe {
-        ok &= c.range(
-            "moe.num_experts",
-            moe.num_experts,
-            MAX_EXPERTS,
-            "experts per layer",
-        );
-        ok &= c.range(
-            "moe.moe_intermediate_size",
-            moe.moe_intermediate_size,
-            MAX_INTERMEDIATE,
-            "expert GeGLU width",
-        );
+        ok &= ranges! { c;
+            "moe.num_experts": moe.num_experts => MAX_EXPERTS, "experts per layer";
+            "moe.moe_intermediate_size": moe.moe_intermediate_size => MAX_INTERMEDIATE, "expert GeGLU width";
+        };
         if moe.top_k_experts == 0 || moe.top_k_experts > moe.num_experts {
             c.err(
                 p("moe.top_k_experts"),
@@ -266,18 +232,10 @@ fn feed_forward_bounds(c: &mut Checker, spec: &Gemma4Spec) -> bool {
         }
     }
     if let Some(ple) = &spec.per_layer_input {
-        ok &= c.range(
-            "per_layer_input.hidden_size_per_layer_input",
-            ple.hidden_size_per_layer_input,
-            MAX_PLE_WIDTH,
-            "per-layer input width; write per_layer_input: null to disable PLE",
-        );
-        ok &= c.range(
-            "per_layer_input.vocab_size_per_layer_input",
-            ple.vocab_size_per_layer_input,
-            MAX_VOCAB,
-            "rows of embed_tokens_per_layer",
-        );
+        ok &= ranges! { c;
+            "per_layer_input.hidden_size_per_layer_input": ple.hidden_size_per_layer_input => MAX_PLE_WIDTH, "per-layer input width; write per_layer_input: null to disable PLE";
+            "per_layer_input.vocab_size_per_layer_input": ple.vocab_size_per_layer_input => MAX_VOCAB, "rows of embed_tokens_per_layer";
+        };
     }
     ok
 }

@@ -24,7 +24,7 @@ use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
 use crate::reader::{first_quantization, imported_identity, rope_type, ImportedSpec, Reader};
 use crate::reduce::{last_key, reduce_key, set_named, sizes_named, Reducible, Size};
-use crate::validate;
+use crate::validate::{self, ranges};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -273,30 +273,12 @@ pub(crate) fn check(spec: &Qwen35Spec) -> Vec<Issue> {
     (variant.check_model_type)(&mut c, spec);
     let (m, a, la) = (&spec.model, &spec.attention, &spec.linear_attention);
     let mut ok = crate::dense::check_model_sizes(&mut c, m, spec.layers.num_hidden_layers);
-    ok &= c.range(
-        "layers.full_attention_interval",
-        spec.layers.full_attention_interval,
-        MAX_LAYERS,
-        "every interval-th layer is full attention (Qwen3.5: 4)",
-    );
-    ok &= c.range(
-        "attention.num_attention_heads",
-        a.num_attention_heads,
-        MAX_HEADS,
-        "query heads of the full layers",
-    );
-    ok &= c.range(
-        "attention.num_key_value_heads",
-        a.num_key_value_heads,
-        MAX_HEADS,
-        "KV heads of the full layers",
-    );
-    ok &= c.range(
-        "attention.head_dim",
-        a.head_dim,
-        MAX_HEAD_DIM,
-        "head dimension of the full layers",
-    );
+    ok &= ranges! { c;
+        "layers.full_attention_interval": spec.layers.full_attention_interval => MAX_LAYERS, "every interval-th layer is full attention (Qwen3.5: 4)";
+        "attention.num_attention_heads": a.num_attention_heads => MAX_HEADS, "query heads of the full layers";
+        "attention.num_key_value_heads": a.num_key_value_heads => MAX_HEADS, "KV heads of the full layers";
+        "attention.head_dim": a.head_dim => MAX_HEAD_DIM, "head dimension of the full layers";
+    };
     if let Some(mlp) = &spec.mlp {
         ok &= c.range(
             "mlp.intermediate_size",
