@@ -22,7 +22,7 @@
 # the device README, `strip` + `xz` of target/release/{archgen,archgen-bench}.
 # STEPs: table (the GPU parity table: gpu_parity.py), parity (every case below), fma (fma_probe.py), probe (q4_probe.py), align
 # (align_probe.py), mla (mla_probe.py: DeepSeek-V3's attention forms), diagnose SPEC (kernels launched by mlx-lm and by the
-# monolith, kernel_diff.py), bench (bench.py), blocks (block_probe.py:
+# monolith, kernel_diff.py; DIAG_N prompt tokens), bench (bench.py), blocks (block_probe.py:
 # mlx-lm's post-attention half eager against mx.compile), sanitize
 # (compute-sanitizer's initcheck, memcheck and racecheck on the monolith), profile
 # (step_profile.py: one decode step's kernels, archgen and mlx-lm, through ncu), repeat
@@ -122,7 +122,8 @@ while (($#)); do
       spec=$1; shift
       d=$work/diag-$spec; mkdir -p $d/dot-mlxlm $d/dot-mono $d/dot-gen
       $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d/model --seed 1 2>&1 | tail -1
-      ids=$(python3 -c "print(','.join(str((i*37+11)%512) for i in range(24)))")
+      # DIAG_N prompt tokens (24 by default; a real-width case may need its table's length)
+      ids=$(python3 -c "print(','.join(str((i*37+11)%512) for i in range(${DIAG_N:-24})))")
       MLX_SAVE_CUDA_GRAPHS_DOT_FILE=$d/dot-mono/g $ARCHGEN logits --model $d/model --prompt-ids $ids \
         --decode-steps 2 --impl monolith --out $d/mono.safetensors 2>&1 | tail -1
       MLX_SAVE_CUDA_GRAPHS_DOT_FILE=$d/dot-gen/g $ARCHGEN logits --model $d/model --prompt-ids $ids \
