@@ -358,16 +358,12 @@ fn run_layer(
         let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
         let (a, _) = b::attention_own_kv(&x, own(&p), s, rope, &mut eager_cache, &mask).unwrap();
         let residual = f.residual.map(b::residual_scale);
-        let e = match &residual {
-            None => {
-                let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
-                b::feed_forward(&e, &p.norms, &p.mlp, None, s.eps).unwrap()
-            }
-            Some(r) => {
-                let e = b::attention_residual_scaled(&h, &a, &p.norms, s.eps, r).unwrap();
-                b::feed_forward_scaled(&e, &p.norms, &p.mlp, None, s.eps, r).unwrap()
-            }
+        let form = match &residual {
+            None => b::Residual::Plain,
+            Some(r) => b::Residual::Scaled(r),
         };
+        let e = b::attention_residual(&h, &a, &p.norms, s.eps, form).unwrap();
+        let e = b::feed_forward(&e, &p.norms, &p.mlp, None, s.eps, form).unwrap();
         let want = b::finish_layer(&e, None, p.scalar.as_ref(), s.eps).unwrap();
 
         let tables = rope.tables(decode_cache.offset(), 1, dt).unwrap();
@@ -375,10 +371,7 @@ fn run_layer(
             norms: &d.norms,
             attn: &d.attn,
             ffn: &ffn,
-            residual: match &residual {
-                None => decode::Residual::Plain,
-                Some(r) => decode::Residual::Scaled(r),
-            },
+            residual: form,
             ple: None,
             layer_scalar: d.scalar.as_ref(),
             shape: d.shape,
@@ -475,8 +468,8 @@ fn native_rope_blocks_track_the_eager_layer() {
             let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
             let (a, _) =
                 b::attention_own_kv(&x, own(&p), s, &rope, &mut eager_cache, &mask).unwrap();
-            let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
-            let e = b::feed_forward(&e, &p.norms, &p.mlp, None, s.eps).unwrap();
+            let e = b::attention_residual(&h, &a, &p.norms, s.eps, b::Residual::Plain).unwrap();
+            let e = b::feed_forward(&e, &p.norms, &p.mlp, None, s.eps, b::Residual::Plain).unwrap();
             let want = b::finish_layer(&e, None, p.scalar.as_ref(), s.eps).unwrap();
             let native = archgen_runtime::rope::RopeTables::Native {
                 rope: rope.clone(),
@@ -490,7 +483,7 @@ fn native_rope_blocks_track_the_eager_layer() {
                 norms: &p.norms,
                 attn: &p.attn,
                 ffn: &ffn,
-                residual: decode::Residual::Plain,
+                residual: b::Residual::Plain,
                 ple: None,
                 layer_scalar: p.scalar.as_ref(),
                 shape: s,
@@ -614,9 +607,10 @@ fn minicpm_decode_blocks_match_the_eager_layer() {
     let p = parts(64, s, false, pre_norm(false), dt);
     let h = lcg(7, &[1, 1, 64], 4.0, 0.0);
     let a = lcg(8, &[1, 1, 64], 4.0, 0.0);
-    let plain = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
+    let plain = b::attention_residual(&h, &a, &p.norms, s.eps, b::Residual::Plain).unwrap();
+    let factor = b::residual_scale(f);
     let scaled =
-        b::attention_residual_scaled(&h, &a, &p.norms, s.eps, &b::residual_scale(f)).unwrap();
+        b::attention_residual(&h, &a, &p.norms, s.eps, b::Residual::Scaled(&factor)).unwrap();
     assert!(!same(&plain, &scaled));
     let (compiled, eager) = decode::block_counts();
     assert!(
@@ -839,7 +833,7 @@ fn run_experts_layer(hidden: i32, probs: b::TopKProbs, dt: Dtype) {
         let mask = Mask::None;
         let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
         let (a, _) = b::attention_own_kv(&x, own(&p), s, &rope, &mut eager_cache, &mask).unwrap();
-        let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
+        let e = b::attention_residual(&h, &a, &p.norms, s.eps, b::Residual::Plain).unwrap();
         let want = b::experts_feed_forward(&e, &p.norms, &moe, s.eps).unwrap();
 
         let tables = rope.tables(decode_cache.offset(), 1, dt).unwrap();
@@ -847,7 +841,7 @@ fn run_experts_layer(hidden: i32, probs: b::TopKProbs, dt: Dtype) {
             norms: &d.norms,
             attn: &d.attn,
             ffn: &moe_d,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: None,
             layer_scalar: None,
             shape: d.shape,
@@ -970,7 +964,7 @@ fn run_group_experts_layer(hidden: i32, facts: b::GroupTopK, dt: Dtype) {
         let mask = Mask::None;
         let x = mlx_rs::fast::rms_norm(&h, Some(p.norms.input()), s.eps).unwrap();
         let (a, _) = b::attention_own_kv(&x, own(&p), s, &rope, &mut eager_cache, &mask).unwrap();
-        let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
+        let e = b::attention_residual(&h, &a, &p.norms, s.eps, b::Residual::Plain).unwrap();
         let want = b::experts_feed_forward(&e, &p.norms, &moe, s.eps).unwrap();
 
         let tables = rope.tables(decode_cache.offset(), 1, dt).unwrap();
@@ -978,7 +972,7 @@ fn run_group_experts_layer(hidden: i32, facts: b::GroupTopK, dt: Dtype) {
             norms: &d.norms,
             attn: &d.attn,
             ffn: &moe_d,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: None,
             layer_scalar: None,
             shape: d.shape,
@@ -1058,8 +1052,8 @@ fn shared_kv_step_matches_the_eager_layer() {
         let (_, shared) =
             b::attention_own_kv(&x, own(&p), s, &rope, &mut donor_cache, &mask).unwrap();
         let a = b::attention_shared_kv(&x, &p.attn, s, &rope, &shared, &mask).unwrap();
-        let e = b::attention_residual(&h, &a, &p.norms, s.eps).unwrap();
-        let e = b::feed_forward(&e, &p.norms, &p.mlp, None, s.eps).unwrap();
+        let e = b::attention_residual(&h, &a, &p.norms, s.eps, b::Residual::Plain).unwrap();
+        let e = b::feed_forward(&e, &p.norms, &p.mlp, None, s.eps, b::Residual::Plain).unwrap();
         let want = b::finish_layer(&e, None, p.scalar.as_ref(), s.eps).unwrap();
 
         let tables = rope.tables(offset, 1, dt).unwrap();
@@ -1067,7 +1061,7 @@ fn shared_kv_step_matches_the_eager_layer() {
             norms: &d.norms,
             attn: &d.attn,
             ffn: &ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: None,
             layer_scalar: d.scalar.as_ref(),
             shape: s,
@@ -1116,8 +1110,9 @@ fn step_refuses_feed_forwards_without_a_block() {
     );
     let factor = b::residual_scale(0.5);
     let cases = [
-        (&experts, decode::Residual::Scaled(&factor), "depth-scaled"),
-        (&shared_expert, decode::Residual::Plain, "shared-expert"),
+        (&experts, b::Residual::Scaled(&factor), "scaled or clipped"),
+        (&experts, b::Residual::ClippedInFloat16, "scaled or clipped"),
+        (&shared_expert, b::Residual::Plain, "shared-expert"),
     ];
     for (ffn, residual, says) in cases {
         let layer = decode::Layer {
@@ -1228,12 +1223,12 @@ fn run_delta_net_layer(
     let eager = |h: &Array, cache: &mut ArraysCache| -> Array {
         let x = mlx_rs::fast::rms_norm(h, Some(norms.input()), s.eps).unwrap();
         let a = deltanet::gated_delta_net(&x, &mixer, cache).unwrap();
-        let h = b::attention_residual(h, &a, &norms, s.eps).unwrap();
+        let h = b::attention_residual(h, &a, &norms, s.eps, b::Residual::Plain).unwrap();
         // The blocks spelled out, not `FeedForward::after_mixer`, which the
         // decode block runs.
         match &ffn {
             FeedForward::Mlp { mlp, moe } => {
-                b::feed_forward(&h, &norms, mlp, moe.as_ref(), s.eps).unwrap()
+                b::feed_forward(&h, &norms, mlp, moe.as_ref(), s.eps, b::Residual::Plain).unwrap()
             }
             FeedForward::SparseMoe(m) => b::experts_feed_forward(&h, &norms, m, s.eps).unwrap(),
             FeedForward::SharedExpertMoe(m) => {
@@ -1358,12 +1353,12 @@ fn run_gated_attention_layer(hidden: i32, s: AttentionShape, rope: Rope, moe: bo
         let mask = b::mask_for(cache, h.shape()[1], 0).unwrap();
         let x = mlx_rs::fast::rms_norm(h, Some(norms.input()), s.eps).unwrap();
         let a = deltanet::gated_attention(&x, &attn, s, &rope, cache, &mask).unwrap();
-        let h = b::attention_residual(h, &a, &norms, s.eps).unwrap();
+        let h = b::attention_residual(h, &a, &norms, s.eps, b::Residual::Plain).unwrap();
         // The blocks spelled out, not `FeedForward::after_mixer`, which the
         // decode block runs.
         match &ffn {
             FeedForward::Mlp { mlp, moe } => {
-                b::feed_forward(&h, &norms, mlp, moe.as_ref(), s.eps).unwrap()
+                b::feed_forward(&h, &norms, mlp, moe.as_ref(), s.eps, b::Residual::Plain).unwrap()
             }
             FeedForward::SparseMoe(m) => b::experts_feed_forward(&h, &norms, m, s.eps).unwrap(),
             FeedForward::SharedExpertMoe(m) => {

@@ -316,14 +316,21 @@ fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
 }
 
 /// mlx-lm's gemma3_text adds residuals through `clip_residual`, which for
-/// float16 adds in float32 and clips; archgen does not reproduce that, so a
-/// float16 checkpoint is refused at load, by both paths, naming a tensor.
+/// float16 adds in float32 and clips the sum to float16's finite range. A
+/// float16 `gemma-3-1b-tiny` whose first layer's `post_attention_layernorm`
+/// weight is 30000 overflows float16 in that branch: mlx-lm clips the sum
+/// to +-65504 and stays finite, where a plain float16 add would carry the
+/// infinity on (and its next norm would turn it into NaN). The generated
+/// model and the monolith must give mlx-lm's bytes, prefill and the
+/// compiled one-token steps.
 #[test]
-fn gemma3_text_refuses_a_float16_checkpoint() {
+fn gemma3_text_float16_residuals_clip_as_mlx_lm_clips_them() {
     let root = tempfile::tempdir().unwrap();
     let name = "gemma-3-1b-tiny";
     let spec =
         archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml"))).unwrap();
+    let ids: Vec<i32> = (0..19).map(|i| (i * 37 + 11) % 512).collect();
+    let steps = 12;
     let jobs = json!([{
         "config": config_for(&spec),
         "out": root.path().join(name),
@@ -333,28 +340,96 @@ fn gemma3_text_refuses_a_float16_checkpoint() {
         "group_size": null,
         "kv_quant": null,
         "mixed_kv": null,
-        "prompt_ids": [1, 2, 3],
+        "prompt_ids": ids,
         "decode_steps": 1,
     }]);
     let jobs_path = root.path().join("jobs.json");
     std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
     run_python("spec_cases.py", &[jobs_path.as_os_str()]);
-    let dir = root.path().join(name).join("model");
-    let checkpoint = archgen_checkpoint::read_dir(&dir)
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
-    let monolith = archgen_monolith::load_dir(&dir)
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
-    for e in [checkpoint, monolith] {
+    // The same checkpoint with the overflowing norm weight.
+    let (src, dir) = (
+        root.path().join(name).join("model"),
+        root.path().join("overflowing"),
+    );
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+    let mut tensors = std::collections::HashMap::new();
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            tensors.extend(Array::load_safetensors(&p).unwrap());
+        }
+    }
+    let norm = "model.layers.0.post_attention_layernorm.weight";
+    let weight = tensors.get(norm).expect("the first layer's norm");
+    assert_eq!(weight.dtype(), archgen_runtime::mlx_rs::Dtype::Float16);
+    let big = archgen_runtime::mlx_rs::ops::full::<f32>(weight.shape(), Array::from_f32(30000.0))
+        .unwrap()
+        .as_dtype(archgen_runtime::mlx_rs::Dtype::Float16)
+        .unwrap();
+    tensors.insert(norm.to_string(), big);
+    Array::save_safetensors(
+        tensors.iter().map(|(k, a)| (k.as_str(), a)),
+        None,
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
+    let oracle_path = root.path().join("oracle-overflowing.safetensors");
+    let id_list = ids
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    run_python(
+        "oracle_logits.py",
+        &[
+            "--model".as_ref(),
+            dir.as_os_str(),
+            "--prompt-ids".as_ref(),
+            id_list.as_ref(),
+            "--decode-steps".as_ref(),
+            steps.to_string().as_ref(),
+            "--out".as_ref(),
+            oracle_path.as_os_str(),
+        ],
+    );
+    let oracle = Array::load_safetensors(&oracle_path).unwrap();
+    for key in ["prefill_logits", "decode_logits"] {
+        let logits = oracle[key]
+            .as_dtype(archgen_runtime::mlx_rs::Dtype::Float32)
+            .unwrap();
+        logits.eval().unwrap();
         assert!(
-            e.contains("is float16")
-                && e.contains("clip_residual")
-                && e.contains("bfloat16 or float32"),
-            "{e}"
+            logits.as_slice::<f32>().iter().all(|v| v.is_finite()),
+            "{key}: mlx-lm's logits are not finite"
         );
+    }
+    let monolith = run_logits(&archgen_monolith::load_dir(&dir).unwrap(), &ids, steps).unwrap();
+    let (ir, weights) = archgen_checkpoint::read_dir(&dir).unwrap();
+    let fingerprint = archgen_plan::fingerprint(&ir);
+    assert_eq!(
+        archgen_generated::find(&fingerprint).map(|m| m.name),
+        Some(name),
+        "dispatch"
+    );
+    let generated = archgen_generated::run(&fingerprint, weights, Protocol { ids: &ids, steps })
+        .unwrap()
+        .unwrap();
+    for (key, m, g) in [
+        (
+            "prefill_logits",
+            &monolith.prefill_logits,
+            &generated.prefill_logits,
+        ),
+        (
+            "decode_logits",
+            &monolith.decode_logits,
+            &generated.decode_logits,
+        ),
+        ("tokens", &monolith.tokens, &generated.tokens),
+    ] {
+        assert!(same(m, &oracle[key]), "{key}: monolith != mlx-lm");
+        assert!(same(g, m), "{key}: generated != monolith");
     }
 }
 

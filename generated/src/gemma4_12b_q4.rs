@@ -80,7 +80,7 @@ impl SlidingOwnKv {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: None,
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -143,7 +143,7 @@ impl SlidingOwnKv {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, None, Some(&self.layer_scalar), EPS)
     }
 }
@@ -198,7 +198,7 @@ impl FullOwnKvKeqV {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: None,
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -261,7 +261,7 @@ impl FullOwnKvKeqV {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, None, Some(&self.layer_scalar), EPS)
     }
 }

@@ -92,7 +92,7 @@ impl SlidingOwnKvMoe {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: None,
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -157,7 +157,7 @@ impl SlidingOwnKvMoe {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, None, Some(&self.layer_scalar), EPS)
     }
 }
@@ -224,7 +224,7 @@ impl FullOwnKvKeqVMoe {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: None,
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -289,7 +289,7 @@ impl FullOwnKvKeqVMoe {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, None, Some(&self.layer_scalar), EPS)
     }
 }

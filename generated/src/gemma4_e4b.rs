@@ -83,7 +83,7 @@ impl SlidingOwnKvPle {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: Some((&self.ple, pli)),
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -149,7 +149,7 @@ impl SlidingOwnKvPle {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array, pli: &Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
@@ -207,7 +207,7 @@ impl FullOwnKvPle {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: Some((&self.ple, pli)),
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -273,7 +273,7 @@ impl FullOwnKvPle {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array, pli: &Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
@@ -319,7 +319,7 @@ impl SlidingSharedKvPle {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: Some((&self.ple, pli)),
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -386,7 +386,7 @@ impl SlidingSharedKvPle {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array, pli: &Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
@@ -432,7 +432,7 @@ impl FullSharedKvPle {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: Some((&self.ple, pli)),
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -499,7 +499,7 @@ impl FullSharedKvPle {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array, pli: &Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }

@@ -86,7 +86,7 @@ impl SlidingOwnKvPle {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: Some((&self.ple, pli)),
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -152,7 +152,7 @@ impl SlidingOwnKvPle {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array, pli: &Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
@@ -210,7 +210,7 @@ impl FullOwnKvPle {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: Some((&self.ple, pli)),
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -276,7 +276,7 @@ impl FullOwnKvPle {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array, pli: &Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
@@ -322,7 +322,7 @@ impl SlidingSharedKvPle {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: Some((&self.ple, pli)),
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -389,7 +389,7 @@ impl SlidingSharedKvPle {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array, pli: &Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
@@ -435,7 +435,7 @@ impl FullSharedKvPle {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: Some((&self.ple, pli)),
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -502,7 +502,7 @@ impl FullSharedKvPle {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array, pli: &Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }

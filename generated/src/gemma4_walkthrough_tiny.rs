@@ -87,7 +87,7 @@ impl SlidingOwnKvPle {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: Some((&self.ple, pli)),
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -153,7 +153,7 @@ impl SlidingOwnKvPle {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array, pli: &Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
@@ -211,7 +211,7 @@ impl FullOwnKvKeqVPle {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: Some((&self.ple, pli)),
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -277,7 +277,7 @@ impl FullOwnKvKeqVPle {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array, pli: &Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
@@ -323,7 +323,7 @@ impl SlidingSharedKvPle {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: Some((&self.ple, pli)),
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -390,7 +390,7 @@ impl SlidingSharedKvPle {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array, pli: &Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }
@@ -436,7 +436,7 @@ impl FullSharedKvPle {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: Some((&self.ple, pli)),
             layer_scalar: Some(&self.layer_scalar),
             shape: Self::SHAPE,
@@ -503,7 +503,7 @@ impl FullSharedKvPle {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array, pli: &Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, Some((&self.ple, pli)), Some(&self.layer_scalar), EPS)
     }
 }

@@ -81,7 +81,7 @@ impl FullOwnKv {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: None,
             layer_scalar: None,
             shape: Self::SHAPE,
@@ -143,7 +143,7 @@ impl FullOwnKv {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, None, None, EPS)
     }
 }
@@ -220,7 +220,7 @@ impl FullOwnKvGroupRoutedExperts {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: None,
             layer_scalar: None,
             shape: Self::SHAPE,
@@ -282,7 +282,7 @@ impl FullOwnKvGroupRoutedExperts {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, None, None, EPS)
     }
 }

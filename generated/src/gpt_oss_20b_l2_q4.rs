@@ -93,7 +93,7 @@ impl SlidingOwnKvBiasedExperts {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: None,
             layer_scalar: None,
             shape: Self::SHAPE,
@@ -155,7 +155,7 @@ impl SlidingOwnKvBiasedExperts {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, None, None, EPS)
     }
 }
@@ -224,7 +224,7 @@ impl FullOwnKvBiasedExperts {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Plain,
+            residual: b::Residual::Plain,
             ple: None,
             layer_scalar: None,
             shape: Self::SHAPE,
@@ -286,7 +286,7 @@ impl FullOwnKvBiasedExperts {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, None, None, EPS)
     }
 }

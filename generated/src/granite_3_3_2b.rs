@@ -74,7 +74,7 @@ impl FullOwnKv {
             norms: &self.norms,
             attn: &self.attn,
             ffn: &self.ffn,
-            residual: decode::Residual::Scaled(&self.residual),
+            residual: b::Residual::Scaled(&self.residual),
             ple: None,
             layer_scalar: None,
             shape: Self::SHAPE,
@@ -136,7 +136,9 @@ impl FullOwnKv {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, Some(&self.residual), EPS)?;
+        let h = self
+            .ffn
+            .after_mixer(h, &a, &self.norms, b::Residual::Scaled(&self.residual), EPS)?;
         b::finish_layer(&h, None, None, EPS)
     }
 }

@@ -100,7 +100,7 @@ impl LinearDeltaNet {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, None, None, EPS)
     }
 }
@@ -216,7 +216,7 @@ impl FullGatedOwnKv {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, None, None, EPS)
     }
 }

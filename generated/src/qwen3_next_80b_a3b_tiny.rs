@@ -111,7 +111,7 @@ impl LinearDeltaNetSharedExperts {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, None, None, EPS)
     }
 }
@@ -237,7 +237,7 @@ impl FullGatedOwnKvSharedExperts {
     }
     /// The layer after its mixer's output `a`, batched or not.
     fn finish(&self, h: &Array, a: Array) -> Result<Array> {
-        let h = self.ffn.after_mixer(h, &a, &self.norms, None, EPS)?;
+        let h = self.ffn.after_mixer(h, &a, &self.norms, b::Residual::Plain, EPS)?;
         b::finish_layer(&h, None, None, EPS)
     }
 }

@@ -159,10 +159,14 @@ fn attention_line(a: &Attention, input: &str) -> String {
 
 /// The lines `finish` runs: residual, feed-forward, residual, scalar.
 fn rest_lines(l: &Layer) -> Vec<String> {
-    let scaled = match l.residual {
-        Residual::Plain => String::new(),
-        Residual::Scaled { .. } => " * residual_multiplier".to_string(),
-        Residual::DepthScaled { .. } => " * (scale_depth / sqrt(num_hidden_layers))".to_string(),
+    // `h` plus a branch, in the layer's residual form.
+    let add = |branch: String| match l.residual {
+        Residual::Plain => format!("h = h + {branch}"),
+        Residual::Scaled { .. } => format!("h = h + {branch} * residual_multiplier"),
+        Residual::DepthScaled { .. } => {
+            format!("h = h + {branch} * (scale_depth / sqrt(num_hidden_layers))")
+        }
+        Residual::ClippedInFloat16 => format!("h = clip_residual(h, {branch})"),
     };
     let ffn = "self.mlp";
     // What `self.mlp` is when it is not a dense MLP.
@@ -188,18 +192,15 @@ fn rest_lines(l: &Layer) -> Vec<String> {
     let mut lines = Vec::new();
     match (l.norms.arrangement, l.ffn) {
         (NormArrangement::PreNorm, _) => {
-            lines.push(format!("h = h + a{scaled}"));
-            lines.push(format!(
-                "h = h + {ffn}(self.post_attention_layernorm(h)){scaled}{experts}"
-            ));
+            lines.push(add("a".to_string()));
+            let f = add(format!("{ffn}(self.post_attention_layernorm(h))"));
+            lines.push(format!("{f}{experts}"));
         }
         (NormArrangement::Sandwich, FeedForward::MlpAndMoe { .. }) => {
-            lines.push(format!("h = h + self.post_attention_layernorm(a){scaled}"));
+            lines.push(add("self.post_attention_layernorm(a)".to_string()));
             lines.push("h1 = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(h)))".to_string());
             lines.push("h2 = self.post_feedforward_layernorm_2(self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h)))".to_string());
-            lines.push(format!(
-                "h = h + self.post_feedforward_layernorm(h1 + h2){scaled}"
-            ));
+            lines.push(add("self.post_feedforward_layernorm(h1 + h2)".to_string()));
         }
         (
             NormArrangement::Sandwich,
@@ -209,16 +210,16 @@ fn rest_lines(l: &Layer) -> Vec<String> {
             | FeedForward::MoeAndSharedExperts { .. }
             | FeedForward::BiasedExperts(_),
         ) => {
-            lines.push(format!("h = h + self.post_attention_layernorm(a){scaled}"));
-            lines.push(format!(
-                "h = h + self.post_feedforward_layernorm({ffn}(self.pre_feedforward_layernorm(h))){scaled}{experts}"
+            lines.push(add("self.post_attention_layernorm(a)".to_string()));
+            let f = add(format!(
+                "self.post_feedforward_layernorm({ffn}(self.pre_feedforward_layernorm(h)))"
             ));
+            lines.push(format!("{f}{experts}"));
         }
         (NormArrangement::PostNorm, _) => {
-            lines.push(format!("h = h + self.post_attention_layernorm(a){scaled}"));
-            lines.push(format!(
-                "h = h + self.post_feedforward_layernorm({ffn}(h)){scaled}{experts}"
-            ));
+            lines.push(add("self.post_attention_layernorm(a)".to_string()));
+            let f = add(format!("self.post_feedforward_layernorm({ffn}(h))"));
+            lines.push(format!("{f}{experts}"));
         }
     }
     match l.input {

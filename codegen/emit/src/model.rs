@@ -476,8 +476,8 @@ fn hybrid_ffn(l: &Layer, kind: &str) -> Result<FfnLoad, String> {
     }
     match l.residual {
         Residual::Plain => {}
-        Residual::DepthScaled { .. } | Residual::Scaled { .. } => {
-            return unsupported("scaled residual branches")
+        Residual::DepthScaled { .. } | Residual::Scaled { .. } | Residual::ClippedInFloat16 => {
+            return unsupported("scaled or clipped residual branches")
         }
     }
     match l.ffn {
@@ -565,14 +565,14 @@ fn mixer_kind_parts(
                 layer
             }
         },
-        finish: finish_tokens(None, quote! { None }, quote! { None, None }),
+        finish: finish_tokens(None, quote! { b::Residual::Plain }, quote! { None, None }),
         name,
     })
 }
 
 /// `finish`, the layer after its mixer's output `a` (batched or not): the
 /// mixer residual and the feed-forward half (`FeedForward::after_mixer`,
-/// its branches scaled by `residual` where that is `Some`), then the
+/// its branches added in the `residual` form), then the
 /// per-layer input gate (`ple_arg` its argument) and the layer scalar.
 fn finish_tokens(
     ple_arg: Option<TokenStream>,
@@ -1015,8 +1015,16 @@ struct LayerExtras {
     ple: Option<Literal>,
     /// Whether the layer ends with a learned scalar.
     scalar: bool,
-    /// The factor of scaled residual branches.
-    residual: Option<Literal>,
+    /// How the branches join the residual stream.
+    residual: ResidualForm,
+}
+
+/// A layer kind's residual form (IR `Residual`) as its file writes it: a
+/// scaled form keeps its factor (the Python float) for the field's load.
+enum ResidualForm {
+    Plain,
+    Scaled(Literal),
+    ClippedInFloat16,
 }
 
 impl LayerExtras {
@@ -1033,18 +1041,22 @@ impl LayerExtras {
         // Scaled residual branches: the factor as a field (an array, so the
         // compiled decode block takes it as an input).
         let residual = match l.residual {
-            Residual::Plain => None,
+            Residual::Plain => ResidualForm::Plain,
             Residual::DepthScaled { .. } | Residual::Scaled { .. } => {
                 let f = l
                     .residual
                     .factor()
                     .ok_or_else(|| format!("layer kind {}: no residual factor", kind.name))?;
-                Some(Literal::f64_suffixed(f))
+                ResidualForm::Scaled(Literal::f64_suffixed(f))
             }
+            Residual::ClippedInFloat16 => ResidualForm::ClippedInFloat16,
         };
-        if let (FeedForward::Moe(_), Some(_)) = (l.ffn, &residual) {
+        if let (FeedForward::Moe(_), ResidualForm::Scaled(_) | ResidualForm::ClippedInFloat16) =
+            (l.ffn, &residual)
+        {
             return Err(format!(
-                "layer kind {}: routed experts with depth-scaled residuals: no runtime block runs them",
+                "layer kind {}: routed experts with scaled or clipped residuals: no runtime block \
+                 runs them",
                 kind.name
             ));
         }
@@ -1059,7 +1071,10 @@ impl LayerExtras {
     fn fields(&self) -> TokenStream {
         let ple = self.ple.as_ref().map(|_| quote! { ple: b::PleGate, });
         let scalar = self.scalar.then(|| quote! { layer_scalar: Array, });
-        let residual = self.residual.as_ref().map(|_| quote! { residual: Array, });
+        let residual = match self.residual {
+            ResidualForm::Scaled(_) => Some(quote! { residual: Array, }),
+            ResidualForm::Plain | ResidualForm::ClippedInFloat16 => None,
+        };
         quote! { #ple #scalar #residual }
     }
 
@@ -1072,10 +1087,10 @@ impl LayerExtras {
         let scalar = self
             .scalar
             .then(|| quote! { layer_scalar: b::load_layer_scalar(w, i), });
-        let residual = self
-            .residual
-            .as_ref()
-            .map(|f| quote! { residual: b::residual_scale(#f), });
+        let residual = match &self.residual {
+            ResidualForm::Scaled(f) => Some(quote! { residual: b::residual_scale(#f), }),
+            ResidualForm::Plain | ResidualForm::ClippedInFloat16 => None,
+        };
         quote! { #ple #scalar #residual }
     }
 
@@ -1118,19 +1133,13 @@ impl LayerExtras {
         quote! { #ple_use, #scalar_ref }
     }
 
-    /// The residual factor as `FeedForward::after_mixer` takes it.
-    fn residual_eager(&self) -> TokenStream {
+    /// The residual form as `FeedForward::after_mixer` and the decode view
+    /// take it.
+    fn residual_form(&self) -> TokenStream {
         match self.residual {
-            None => quote! { None },
-            Some(_) => quote! { Some(&self.residual) },
-        }
-    }
-
-    /// The residual as the decode view takes it.
-    fn residual_decode(&self) -> TokenStream {
-        match self.residual {
-            None => quote! { decode::Residual::Plain },
-            Some(_) => quote! { decode::Residual::Scaled(&self.residual) },
+            ResidualForm::Plain => quote! { b::Residual::Plain },
+            ResidualForm::Scaled(_) => quote! { b::Residual::Scaled(&self.residual) },
+            ResidualForm::ClippedInFloat16 => quote! { b::Residual::ClippedInFloat16 },
         }
     }
 
@@ -1342,7 +1351,7 @@ impl<'a> PlainAttentionKind<'a> {
         let forwards = self.forwards();
         let finish = finish_tokens(
             self.extras.ple_param(),
-            self.extras.residual_eager(),
+            self.extras.residual_form(),
             self.extras.layer_end(),
         );
         quote! {
@@ -1409,7 +1418,7 @@ impl<'a> PlainAttentionKind<'a> {
     /// `decode_layer`: the layer as a compiled decode step reads it.
     fn decode_layer(&self) -> TokenStream {
         let sig = self.extras.decode_layer_sig();
-        let residual = self.extras.residual_decode();
+        let residual = self.extras.residual_form();
         let ple = self.extras.ple_use();
         let scalar = self.extras.scalar_ref();
         quote! {
@@ -1504,9 +1513,12 @@ fn post_norm_kind_tokens(kind: &LayerKind, a: &Attention) -> Result<TokenStream,
         (LayerInput::None, LayerScalar::None, Residual::Plain, ProjectionBias::None) => {}
         (LayerInput::Gated { .. }, ..) => return unsupported("a per-layer input gate"),
         (_, LayerScalar::Learned, ..) => return unsupported("a layer scalar"),
-        (_, _, Residual::DepthScaled { .. } | Residual::Scaled { .. }, _) => {
-            return unsupported("scaled residual branches")
-        }
+        (
+            _,
+            _,
+            Residual::DepthScaled { .. } | Residual::Scaled { .. } | Residual::ClippedInFloat16,
+            _,
+        ) => return unsupported("scaled or clipped residual branches"),
         (.., ProjectionBias::QueryKeyValue | ProjectionBias::QueryKeyValueOutput) => {
             return unsupported("a projection bias")
         }

@@ -70,6 +70,9 @@ pub(crate) fn layer_extras(l: &Layer) -> Vec<String> {
             l.residual.factor().unwrap_or(f64::NAN)
         )),
         Residual::Scaled { multiplier } => Some(format!("residual branches × {multiplier}")),
+        Residual::ClippedInFloat16 => {
+            Some("residuals added clipped to float16's range (clip_residual)".to_string())
+        }
     };
     [input, scalar, residual].into_iter().flatten().collect()
 }

@@ -253,7 +253,8 @@ fn every_layer(path: &str, spec: &Spec) -> Option<LayerFacts> {
                 // `query_pre_attn_scalar**-0.5`, one pow.
                 AttentionScale::Constant(g.attention.query_pre_attn_scalar.powf(-0.5)),
                 unbiased,
-                Residual::Plain,
+                // `clip_residual` on both branches.
+                Residual::ClippedInFloat16,
             ))
         }
         Family::Granite => {
@@ -612,10 +613,11 @@ fn families_lower_to_their_blocks() {
                 let (prefix, sanitize): (_, &[SanitizeRule]) = match g.identity.source.model_type {
                     ConfigModelType::Gemma3 => (
                         ModulePrefix::LanguageModel,
-                        &[SanitizeRule::UnwrapMultimodal, SanitizeRule::RefuseFloat16],
+                        &[SanitizeRule::UnwrapMultimodal],
                     ),
-                    _ => (ModulePrefix::Model, &[SanitizeRule::RefuseFloat16]),
+                    _ => (ModulePrefix::Model, &[]),
                 };
+
                 assert_eq!(ir.checkpoint.prefix, prefix, "{path}");
                 assert_eq!(ir.checkpoint.sanitize, sanitize, "{path}");
             }
@@ -870,13 +872,19 @@ fn families_lower_to_their_blocks() {
                 );
             }
         }
-        // The residual and logit scales are MiniCPM's and Granite's alone; a
-        // constant embedding scale theirs and Gemma 3's (checked in its arm).
-        if !matches!(spec.family(), Family::MiniCpm | Family::Granite) {
+        // The residual and logit scales are MiniCPM's and Granite's alone, the
+        // clipped residual Gemma 3's (checked in its arm); a constant
+        // embedding scale theirs and Gemma 3's (checked in its arm).
+        if !matches!(
+            spec.family(),
+            Family::MiniCpm | Family::Granite | Family::Gemma3Text
+        ) {
             assert!(
                 ir.layers.iter().all(|l| l.residual == Residual::Plain),
                 "{path}"
             );
+        }
+        if !matches!(spec.family(), Family::MiniCpm | Family::Granite) {
             assert_eq!(ir.head.logit_scale, LogitScale::None, "{path}");
         }
         if !matches!(

@@ -190,11 +190,6 @@ pub enum SanitizeRule {
     /// lfm2's `sanitize`: a `conv.weight` whose last axis is longer than its
     /// second (Hugging Face's `[C, 1, K]`) is transposed to mlx's `[C, K, 1]`.
     TransposeShortConvWeight,
-    /// Refuse a checkpoint with float16 floating tensors: gemma3_text adds its
-    /// residuals through `clip_residual`, which for float16 adds in float32
-    /// and clips to float16's range; archgen's residual add is the plain one
-    /// of the other dtypes, so it does not run such a checkpoint.
-    RefuseFloat16,
     /// Drop every name starting with `model.layers.{n}`, `n` the stack's
     /// layer count: the multi-token-prediction layer a checkpoint keeps after
     /// the last decoder layer (glm4_moe's `sanitize`).
@@ -271,6 +266,11 @@ pub enum Residual {
     /// float from the config, a weak scalar (granite's `residual_multiplier`):
     /// the same multiply as [`Residual::DepthScaled`], another factor.
     Scaled { multiplier: f64 },
+    /// gemma3_text's `clip_residual(h, branch)` on both branches: `h +
+    /// branch`, except that a float16 stream adds both in float32, clips
+    /// the sum to float16's finite range (`mx.finfo(mx.float16).max`) and
+    /// casts it back.
+    ClippedInFloat16,
 }
 
 impl Residual {
@@ -278,7 +278,7 @@ impl Residual {
     /// it: `scale_depth / num_hidden_layers**0.5` in f64 (`**` is C `pow`).
     pub fn factor(self) -> Option<f64> {
         match self {
-            Residual::Plain => None,
+            Residual::Plain | Residual::ClippedInFloat16 => None,
             Residual::DepthScaled {
                 scale_depth,
                 num_hidden_layers,

@@ -480,10 +480,11 @@ fn layer_json(l: &Layer) -> Value {
         "input": format!("{input:?}"),
         "scalar": format!("{scalar:?}"),
     });
-    // Written only when scaled, so the fingerprints of models from before the
-    // fact existed stay as they were.
+    // Written only when not plain, so the fingerprints of models from before
+    // the fact existed stay as they were.
     match residual {
         Residual::Plain => {}
+        Residual::ClippedInFloat16 => layer["residual"] = json!("clipped_in_float16"),
         Residual::DepthScaled {
             scale_depth,
             num_hidden_layers,

@@ -84,20 +84,6 @@ pub(crate) fn sanitize(
         HeadWeight::TiedEmbedding => true,
         HeadWeight::Untied => false,
     };
-    if has(SanitizeRule::RefuseFloat16) {
-        if let Some(name) = tensors
-            .iter()
-            .find(|(_, v)| v.dtype() == mlx_rs::Dtype::Float16)
-            .map(|(k, _)| k)
-        {
-            return Err(refused(format!(
-                "tensor '{name}' is float16: mlx-lm's {} adds residuals through clip_residual, \
-                 which for float16 adds in float32 and clips to float16's range, and archgen \
-                 does not reproduce that; convert the checkpoint to bfloat16 or float32",
-                ir.checkpoint.model_type.as_str()
-            )));
-        }
-    }
     if has(SanitizeRule::RefuseFp8AndPackedInt4) {
         if let Some(name) = tensors.keys().find(|k| {
             k.ends_with("weight_scale_inv")

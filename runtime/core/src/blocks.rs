@@ -20,7 +20,7 @@
 //! compiled trace), and the enums that hold weights ([`LayerNorms`],
 //! [`QkNormWeight`], [`GateUp`]).
 
-use mlx_rs::Array;
+use mlx_rs::{Array, Dtype};
 
 use crate::attention::{
     attend, batch_and_len, causal_mask, merged, quantized_sdpa, sdpa_with_sinks,
@@ -92,21 +92,61 @@ pub fn logits_scaled(
 
 /// The factor a layer's branches are multiplied by before they join the
 /// residual stream (IR `Residual::DepthScaled`), as the float32 array of the
-/// Python float; [`attention_residual_scaled`] and [`feed_forward_scaled`]
-/// round it to the branch's dtype where it meets the branch, as a weak
-/// scalar is. An array, not a constant, so that compiled decode blocks take
+/// Python float; [`Residual::add`] rounds it to the branch's dtype where it
+/// meets the branch, as a weak scalar is. An array, not a constant, so that compiled decode blocks take
 /// it as an input (`decode`: MLX writes float constants into kernel source
 /// with 7 digits).
 pub fn residual_scale(factor: f64) -> Array {
     Array::from_f32(factor as f32)
 }
 
-/// `branch * scale` with `scale` ([`residual_scale`]) rounded to the
-/// branch's dtype, or the branch itself.
-fn scaled_branch(branch: Array, scale: Option<&Array>) -> Result<Array> {
-    match scale {
-        None => Ok(branch),
-        Some(s) => branch.multiply(s.as_dtype(branch.dtype())?),
+/// float16's largest finite value, `mx.finfo(mx.float16).max`.
+const FLOAT16_MAX: f32 = 65504.0;
+
+/// How a layer's two branches (mixer, feed-forward half) join the residual
+/// stream (IR `Residual`), with what the add reads at run time.
+#[derive(Debug, Clone, Copy)]
+pub enum Residual<'a> {
+    /// `h + branch`.
+    Plain,
+    /// `h + branch * factor`, the factor an array ([`residual_scale`], IR
+    /// `Residual::DepthScaled` / `Scaled`) so that a compiled block takes it
+    /// as an input, not as kernel source.
+    Scaled(&'a Array),
+    /// gemma3_text's `clip_residual` (IR `Residual::ClippedInFloat16`):
+    /// `h + branch`, except that a float16 stream adds both in float32,
+    /// clips the sum to float16's finite range and casts it back, so an
+    /// overflow stays finite.
+    ClippedInFloat16,
+}
+
+impl<'a> Residual<'a> {
+    /// `h` plus the branch, in this form.
+    pub fn add(self, h: &Array, branch: Array) -> Result<Array> {
+        match self {
+            Residual::Plain => h.add(branch),
+            Residual::Scaled(factor) => h.add(branch.multiply(factor.as_dtype(branch.dtype())?)?),
+            Residual::ClippedInFloat16 => match h.dtype() {
+                Dtype::Float16 => {
+                    // mx.clip's Python-float bounds become arrays of the
+                    // float32 sum's dtype.
+                    let sum = h
+                        .as_dtype(Dtype::Float32)?
+                        .add(branch.as_dtype(Dtype::Float32)?)?;
+                    let bounds = (Array::from_f32(-FLOAT16_MAX), Array::from_f32(FLOAT16_MAX));
+                    mlx_rs::ops::clip(&sum, bounds)?.as_dtype(Dtype::Float16)
+                }
+                _ => h.add(branch),
+            },
+        }
+    }
+
+    /// The factor of scaled branches.
+    pub fn factor(self) -> Option<&'a Array> {
+        match self {
+            Residual::Scaled(factor) => Some(factor),
+            Residual::Plain | Residual::ClippedInFloat16 => None,
+        }
     }
 }
 
@@ -990,80 +1030,33 @@ impl RoutedExperts for BiasedExpertsMoe {
 }
 
 /// Mixer output into the residual stream: `x + a` (pre-norm) or
-/// `x + post_attention_norm(a)` (sandwich).
-pub fn attention_residual(x: &Array, a: &Array, norms: &LayerNorms, eps: f32) -> Result<Array> {
-    match norms {
-        LayerNorms::PreNorm { .. } => x.add(a),
-        LayerNorms::Sandwich { post_attention, .. } => {
-            x.add(rms_norm(a, Some(post_attention), eps)?)
-        }
-    }
-}
-
-/// [`attention_residual`] with the branch (after its norm, if any)
-/// multiplied by `scale` ([`residual_scale`]) before the add: minicpm's
-/// `x + r * (scale_depth / num_hidden_layers**0.5)`.
-pub fn attention_residual_scaled(
+/// `x + post_attention_norm(a)` (sandwich), added in the layer's
+/// [`Residual`] form.
+pub fn attention_residual(
     x: &Array,
     a: &Array,
     norms: &LayerNorms,
     eps: f32,
-    scale: &Array,
+    residual: Residual<'_>,
 ) -> Result<Array> {
-    let scale = Some(scale);
     match norms {
-        LayerNorms::PreNorm { .. } => x.add(scaled_branch(a.clone(), scale)?),
-        LayerNorms::Sandwich { post_attention, .. } => x.add(scaled_branch(
-            rms_norm(a, Some(post_attention), eps)?,
-            scale,
-        )?),
-    }
-}
-
-/// [`feed_forward`] with the branch (after its norm, if any) multiplied by
-/// `scale` ([`residual_scale`]) before the add: minicpm's
-/// `h + mlp(norm(h)) * (scale_depth / num_hidden_layers**0.5)`.
-pub fn feed_forward_scaled(
-    h: &Array,
-    norms: &LayerNorms,
-    mlp: &Mlp,
-    moe: Option<&MoeBlock>,
-    eps: f32,
-    scale: &Array,
-) -> Result<Array> {
-    if moe.is_some() {
-        return Err(refused(
-            "routed experts with depth-scaled residuals: no family has them, and no runtime block runs them",
-        ));
-    }
-    let scale = Some(scale);
-    match norms {
-        LayerNorms::PreNorm { ffn, .. } => h.add(scaled_branch(
-            mlp.forward(&rms_norm(h, Some(ffn), eps)?)?,
-            scale,
-        )?),
-        LayerNorms::Sandwich {
-            pre_feedforward,
-            post_feedforward,
-            ..
-        } => {
-            let f = mlp.forward(&rms_norm(h, Some(pre_feedforward), eps)?)?;
-            h.add(scaled_branch(
-                rms_norm(&f, Some(post_feedforward), eps)?,
-                scale,
-            )?)
+        LayerNorms::PreNorm { .. } => residual.add(x, a.clone()),
+        LayerNorms::Sandwich { post_attention, .. } => {
+            residual.add(x, rms_norm(a, Some(post_attention), eps)?)
         }
     }
 }
 
 /// The feed-forward half after the mixer: `h` is the residual stream after
-/// the mixer. Returns the layer output before the per-layer input gate.
+/// the mixer, the branch added in the layer's [`Residual`] form. Returns the
+/// layer output before the per-layer input gate.
 pub fn feed_forward(
     h: &Array,
     norms: &LayerNorms,
     mlp: &Mlp,
     moe: Option<&MoeBlock>,
     eps: f32,
+    residual: Residual<'_>,
 ) -> Result<Array> {
     match norms {
         LayerNorms::PreNorm { .. } => {
@@ -1072,7 +1065,8 @@ pub fn feed_forward(
                     "routed experts beside the MLP in a pre-norm layer: no runtime block runs this arrangement yet",
                 ));
             }
-            mlp_residual(h, &mlp.forward(&mlp_input(h, norms, eps)?)?, norms, eps)
+            let f = mlp.forward(&mlp_input(h, norms, eps)?)?;
+            mlp_residual(h, &f, norms, eps, residual)
         }
         LayerNorms::Sandwich {
             pre_feedforward,
@@ -1081,7 +1075,8 @@ pub fn feed_forward(
         } => {
             let f = match moe {
                 None => {
-                    return mlp_residual(h, &mlp.forward(&mlp_input(h, norms, eps)?)?, norms, eps)
+                    let f = mlp.forward(&mlp_input(h, norms, eps)?)?;
+                    return mlp_residual(h, &f, norms, eps, residual);
                 }
                 Some(m) => {
                     let h1 = mlp.forward(&rms_norm(h, Some(pre_feedforward), eps)?)?;
@@ -1093,7 +1088,7 @@ pub fn feed_forward(
                     h1.add(&h2)?
                 }
             };
-            h.add(rms_norm(&f, Some(post_feedforward), eps)?)
+            residual.add(h, rms_norm(&f, Some(post_feedforward), eps)?)
         }
     }
 }
@@ -1109,13 +1104,20 @@ pub fn mlp_input(h: &Array, norms: &LayerNorms, eps: f32) -> Result<Array> {
     }
 }
 
-/// `h` plus the MLP's output `f` (after `post_feedforward` in a sandwich).
-pub fn mlp_residual(h: &Array, f: &Array, norms: &LayerNorms, eps: f32) -> Result<Array> {
+/// `h` plus the MLP's output `f` (after `post_feedforward` in a sandwich),
+/// added in the layer's [`Residual`] form.
+pub fn mlp_residual(
+    h: &Array,
+    f: &Array,
+    norms: &LayerNorms,
+    eps: f32,
+    residual: Residual<'_>,
+) -> Result<Array> {
     match norms {
-        LayerNorms::PreNorm { .. } => h.add(f),
+        LayerNorms::PreNorm { .. } => residual.add(h, f.clone()),
         LayerNorms::Sandwich {
             post_feedforward, ..
-        } => h.add(rms_norm(f, Some(post_feedforward), eps)?),
+        } => residual.add(h, rms_norm(f, Some(post_feedforward), eps)?),
     }
 }
 

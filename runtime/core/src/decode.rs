@@ -73,8 +73,8 @@ use mlx_rs::Array;
 use crate::attention::Mask;
 use crate::blocks::{
     self, Activation, AttentionShape, AttentionWeights, BiasedExpertsMoe, GateUp, GroupRoutedMoe,
-    KvWeights, LayerNorms, Mlp, MoeBlock, PleGate, QkNormWeight, Scores, SharedKv, SparseMoe,
-    ValueNorm,
+    KvWeights, LayerNorms, Mlp, MoeBlock, PleGate, QkNormWeight, Residual, Scores, SharedKv,
+    SparseMoe, ValueNorm,
 };
 use crate::cache::LayerCache;
 use crate::cuda_kernels;
@@ -128,28 +128,6 @@ pub struct Layer<'a> {
     pub layer_scalar: Option<&'a Array>,
     pub shape: AttentionShape,
     pub eps: f32,
-}
-
-/// How the mixer's and the feed-forward's outputs join the residual stream
-/// (IR `Residual`).
-#[derive(Debug, Clone, Copy)]
-pub enum Residual<'a> {
-    /// `h + branch`.
-    Plain,
-    /// `h + branch * factor`, the factor an array
-    /// ([`blocks::residual_scale`], IR `Residual::DepthScaled` / `Scaled`)
-    /// so the compiled block takes it as an input, not as kernel source.
-    Scaled(&'a Array),
-}
-
-impl<'a> Residual<'a> {
-    /// The factor as the eager blocks take it.
-    fn factor(self) -> Option<&'a Array> {
-        match self {
-            Residual::Plain => None,
-            Residual::Scaled(factor) => Some(factor),
-        }
-    }
 }
 
 /// Where a layer's keys and values come from in a one-token step (IR
@@ -796,15 +774,13 @@ impl<'a> AfterAttention<'a> {
                 Ok(AfterAttention::BiasedExperts(m))
             }
             (
-                FeedForward::GroupRoutedMoe(_) | FeedForward::BiasedExperts(_),
-                Residual::Scaled(_),
+                FeedForward::SparseMoe(_)
+                | FeedForward::GroupRoutedMoe(_)
+                | FeedForward::BiasedExperts(_),
+                Residual::Scaled(_) | Residual::ClippedInFloat16,
             ) => Err(Exception::custom(
-                "decode::step: routed experts with depth-scaled residuals: no runtime block runs \
-                 them (the emitter refuses such a layer kind)",
-            )),
-            (FeedForward::SparseMoe(_), Residual::Scaled(_)) => Err(Exception::custom(
-                "decode::step: routed experts with depth-scaled residuals: no runtime block runs \
-                 them (the emitter refuses such a layer kind)",
+                "decode::step: routed experts with scaled or clipped residuals: no runtime block \
+                 runs them (the emitter refuses such a layer kind)",
             )),
             (FeedForward::SharedExpertMoe(_), _) => Err(Exception::custom(
                 "decode::step: a shared-expert MoE after plain attention has no decode block; it \
@@ -814,13 +790,13 @@ impl<'a> AfterAttention<'a> {
         }
     }
 
-    /// The factor of scaled residual branches, as the eager blocks take it.
-    fn residual_factor(self) -> Option<&'a Array> {
+    /// How the branches join the residual stream.
+    fn residual(self) -> Residual<'a> {
         match self {
-            AfterAttention::Mlp { residual, .. } => residual.factor(),
+            AfterAttention::Mlp { residual, .. } => residual,
             AfterAttention::Experts(_)
             | AfterAttention::GroupExperts(_)
-            | AfterAttention::BiasedExperts(_) => None,
+            | AfterAttention::BiasedExperts(_) => Residual::Plain,
         }
     }
 }
@@ -858,6 +834,13 @@ fn post_attention_form(after: AfterAttention<'_>) -> PostAttentionForm<'_> {
         // -tiny-q4 and -l2 left the eager blocks' decode bits).
         AfterAttention::Mlp {
             residual: Residual::Scaled(_),
+            ..
+        } => PostAttentionForm::Eager,
+        // gemma3_text's float16 `clip_residual` has not run on a GPU: its
+        // layers stay eager there until the GPU table passes them
+        // (docs/parity.md, "On the GPU").
+        AfterAttention::Mlp {
+            residual: Residual::ClippedInFloat16,
             ..
         } => PostAttentionForm::Eager,
         AfterAttention::Mlp {
@@ -916,7 +899,8 @@ fn post_attention_split(h: &Array, o: &Array, layer: &Layer<'_>, mlp: &Mlp) -> R
             let it = &mut inputs.iter();
             let (h, o) = (next(it), next(it));
             let (o_proj, norms, mlp) = (o_proj.take(it), norms.take(it), mlp.take(it));
-            let h = blocks::attention_residual(&h, &o_proj.forward(&o)?, &norms, eps)?;
+            let a = o_proj.forward(&o)?;
+            let h = blocks::attention_residual(&h, &a, &norms, eps, Residual::Plain)?;
             let (gate, up) = mlp.gate_and_up(&blocks::mlp_input(&h, &norms, eps)?)?;
             covered.set(true);
             Ok(vec![h, gate, up])
@@ -940,7 +924,7 @@ fn post_attention_split(h: &Array, o: &Array, layer: &Layer<'_>, mlp: &Mlp) -> R
             let (h, act) = (next(it), next(it));
             let (mlp, norms) = (mlp.take(it), norms.take(it));
             let (ple, scalar) = (ple.take(it), scalar.take(it));
-            let h = blocks::mlp_residual(&h, &mlp.down(&act)?, &norms, eps)?;
+            let h = blocks::mlp_residual(&h, &mlp.down(&act)?, &norms, eps, Residual::Plain)?;
             covered.set(true);
             let b = h.shape()[0];
             Ok(vec![finish_layer_rows(&h, b, &ple, scalar.as_ref(), eps)?])
@@ -1020,6 +1004,38 @@ enum StreamShape {
     Tokens,
 }
 
+/// A [`Residual`] without its factor: what a compiled block's key holds and
+/// its trace rebuilds the form from, the factor one of its inputs.
+#[derive(Debug, Clone, Copy)]
+enum ResidualForm {
+    Plain,
+    Scaled,
+    ClippedInFloat16,
+}
+
+impl ResidualForm {
+    fn of(residual: Residual<'_>) -> Self {
+        match residual {
+            Residual::Plain => ResidualForm::Plain,
+            Residual::Scaled(_) => ResidualForm::Scaled,
+            Residual::ClippedInFloat16 => ResidualForm::ClippedInFloat16,
+        }
+    }
+
+    /// The form again, with the traced factor of a scaled one.
+    fn with(self, factor: Option<&Array>) -> Result<Residual<'_>> {
+        match (self, factor) {
+            (ResidualForm::Plain, None) => Ok(Residual::Plain),
+            (ResidualForm::Scaled, Some(f)) => Ok(Residual::Scaled(f)),
+            (ResidualForm::ClippedInFloat16, None) => Ok(Residual::ClippedInFloat16),
+            (ResidualForm::Scaled, None)
+            | (ResidualForm::Plain | ResidualForm::ClippedInFloat16, Some(_)) => Err(
+                Exception::custom("compiled decode block: a residual factor unlike its form"),
+            ),
+        }
+    }
+}
+
 /// [`post_attention`] as one block, compiled when `compile`, the norms
 /// found their inputs and, with Gemma-4's experts beside the MLP, the
 /// router's inlined `hidden ** -0.5` reads back ([`reads_back`]).
@@ -1049,6 +1065,7 @@ fn post_attention_block(
             mlp.put(&mut p);
             moe.put(&mut p);
             put_layer_end(&mut p, layer.ple, layer.layer_scalar);
+            p.key.push(ResidualForm::of(residual) as i64);
             residual.factor().cloned().put(&mut p);
             match moe {
                 None => (StreamShape::Rows, compile),
@@ -1084,14 +1101,15 @@ fn post_attention_block(
         );
         let ple = layer.ple.map(|(g, x)| (hollow(g), hollow(x)));
         let scalar = layer.layer_scalar.map(hollow);
-        let residual = after.residual_factor().map(hollow);
+        let form = ResidualForm::of(after.residual());
+        let factor = after.residual().factor().map(hollow);
         Box::new(move |inputs: &[Array]| -> Result<Vec<Array>> {
             let it = &mut inputs.iter();
             let h = next(it);
             let scope = norm_inputs.as_ref().map(|n| n.with_arrays(it));
             let o = next(it);
             let (o_proj, norms, ffn) = (o_proj.take(it), norms.take(it), ffn.take(it));
-            let (ple, scalar, residual) = (ple.take(it), scalar.take(it), residual.take(it));
+            let (ple, scalar, factor) = (ple.take(it), scalar.take(it), factor.take(it));
             let (out, all) = norm_scope(scope, || -> Result<Vec<Array>> {
                 let b = h.shape()[0];
                 let (h, o) = match stream {
@@ -1099,7 +1117,7 @@ fn post_attention_block(
                     StreamShape::Tokens => (h.reshape(&[b, 1, hidden])?, o.reshape(&[b, 1, -1])?),
                 };
                 let a = o_proj.forward(&o)?;
-                let h = ffn.after_mixer(&h, &a, &norms, residual.as_ref(), eps)?;
+                let h = ffn.after_mixer(&h, &a, &norms, form.with(factor.as_ref())?, eps)?;
                 let h = finish_layer_rows(&h, b, &ple, scalar.as_ref(), eps)?;
                 Ok(vec![match stream {
                     StreamShape::Rows => h,
@@ -1182,7 +1200,7 @@ fn hybrid_residual_and_feed_forward(
 ) -> Result<Array> {
     // Hybrid kinds have no scaled residuals, per-layer input gate or layer
     // scalar (the emitter refuses them beside these mixers).
-    let h = ffn.after_mixer(h, a, norms, None, eps)?;
+    let h = ffn.after_mixer(h, a, norms, Residual::Plain, eps)?;
     blocks::finish_layer(&h, None, None, eps)
 }
 

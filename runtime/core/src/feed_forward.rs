@@ -7,7 +7,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
 use crate::blocks::{
-    self as b, BiasedExpertsMoe, GroupRoutedMoe, LayerNorms, Mlp, MoeBlock, SparseMoe,
+    self as b, BiasedExpertsMoe, GroupRoutedMoe, LayerNorms, Mlp, MoeBlock, Residual, SparseMoe,
 };
 use crate::deltanet::SharedExpertMoe;
 use crate::ops::Result;
@@ -53,41 +53,42 @@ impl FeedForward {
 
     /// The second half of a pre-norm or sandwich layer from the residual
     /// stream `h` and the mixer's output `a`: the attention residual, then
-    /// `+ ffn(norm(.))` with the layer's norms; both residual branches
-    /// scaled by `residual_scale` when the layer's IR scales them.
+    /// `+ ffn(norm(.))` with the layer's norms, both branches added in the
+    /// layer's [`Residual`] form. Routed experts in place of the MLP join a
+    /// plain residual only: no family scales or clips theirs.
     pub fn after_mixer(
         &self,
         h: &Array,
         a: &Array,
         norms: &LayerNorms,
-        residual_scale: Option<&Array>,
+        residual: Residual<'_>,
         eps: f32,
     ) -> Result<Array> {
-        match (residual_scale, self) {
-            (None, ffn) => {
-                let h1 = b::attention_residual(h, a, norms, eps)?;
-                match ffn {
-                    FeedForward::Mlp { mlp, moe } => {
-                        b::feed_forward(&h1, norms, mlp, moe.as_ref(), eps)
-                    }
-                    FeedForward::SparseMoe(m) => b::experts_feed_forward(&h1, norms, m, eps),
-                    FeedForward::SharedExpertMoe(m) => b::experts_feed_forward(&h1, norms, m, eps),
-                    FeedForward::GroupRoutedMoe(m) => b::experts_feed_forward(&h1, norms, m, eps),
-                    FeedForward::BiasedExperts(m) => b::experts_feed_forward(&h1, norms, m, eps),
-                }
+        let h1 = b::attention_residual(h, a, norms, eps, residual)?;
+        match (self, residual) {
+            (FeedForward::Mlp { mlp, moe }, residual) => {
+                b::feed_forward(&h1, norms, mlp, moe.as_ref(), eps, residual)
             }
-            (Some(r), FeedForward::Mlp { mlp, moe }) => {
-                let h1 = b::attention_residual_scaled(h, a, norms, eps, r)?;
-                b::feed_forward_scaled(&h1, norms, mlp, moe.as_ref(), eps, r)
+            (FeedForward::SparseMoe(m), Residual::Plain) => {
+                b::experts_feed_forward(&h1, norms, m, eps)
+            }
+            (FeedForward::SharedExpertMoe(m), Residual::Plain) => {
+                b::experts_feed_forward(&h1, norms, m, eps)
+            }
+            (FeedForward::GroupRoutedMoe(m), Residual::Plain) => {
+                b::experts_feed_forward(&h1, norms, m, eps)
+            }
+            (FeedForward::BiasedExperts(m), Residual::Plain) => {
+                b::experts_feed_forward(&h1, norms, m, eps)
             }
             (
-                Some(_),
                 FeedForward::SparseMoe(_)
                 | FeedForward::SharedExpertMoe(_)
                 | FeedForward::GroupRoutedMoe(_)
                 | FeedForward::BiasedExperts(_),
+                Residual::Scaled(_) | Residual::ClippedInFloat16,
             ) => Err(Exception::custom(
-                "routed experts with depth-scaled residuals: no runtime block runs them",
+                "routed experts with scaled or clipped residuals: no runtime block runs them",
             )),
         }
     }

@@ -33,8 +33,37 @@ struct Layer {
     ffn: FeedForward,
     ple: Option<PleGate>,
     layer_scalar: Option<Array>,
-    /// The factor of depth-scaled residual branches ([`b::residual_scale`]).
-    residual: Option<Array>,
+    residual: LayerResidual,
+}
+
+/// How a layer's branches join the residual stream (IR `Residual`), with
+/// the factor ([`b::residual_scale`]) a scaled form reads.
+enum LayerResidual {
+    Plain,
+    Scaled(Array),
+    ClippedInFloat16,
+}
+
+impl LayerResidual {
+    fn of(r: ir::Residual) -> Self {
+        match r {
+            ir::Residual::Plain => LayerResidual::Plain,
+            ir::Residual::DepthScaled { .. } | ir::Residual::Scaled { .. } => match r.factor() {
+                Some(f) => LayerResidual::Scaled(b::residual_scale(f)),
+                None => LayerResidual::Plain,
+            },
+            ir::Residual::ClippedInFloat16 => LayerResidual::ClippedInFloat16,
+        }
+    }
+
+    /// The form the runtime blocks add in.
+    fn form(&self) -> b::Residual<'_> {
+        match self {
+            LayerResidual::Plain => b::Residual::Plain,
+            LayerResidual::Scaled(factor) => b::Residual::Scaled(factor),
+            LayerResidual::ClippedInFloat16 => b::Residual::ClippedInFloat16,
+        }
+    }
 }
 
 /// A layer's RMSNorms, by IR `NormArrangement`: with a norm before the mixer
@@ -234,16 +263,6 @@ pub fn norm_arrangement(n: ir::Norms) -> Option<b::NormArrangement> {
         ir::NormArrangement::PreNorm => Some(b::NormArrangement::PreNorm),
         ir::NormArrangement::Sandwich => Some(b::NormArrangement::Sandwich),
         ir::NormArrangement::PostNorm => None,
-    }
-}
-
-/// The runtime factor of a layer's residual branches, when they are scaled.
-pub fn residual_scale(r: ir::Residual) -> Option<Array> {
-    match r {
-        ir::Residual::Plain => None,
-        ir::Residual::DepthScaled { .. } | ir::Residual::Scaled { .. } => {
-            r.factor().map(b::residual_scale)
-        }
     }
 }
 
@@ -540,7 +559,7 @@ impl Monolith {
                     LayerScalar::None => None,
                     LayerScalar::Learned => Some(b::load_layer_scalar(&mut w, i)),
                 },
-                residual: residual_scale(l.residual),
+                residual: LayerResidual::of(l.residual),
             });
         }
         let norm = b::load_norm_weight(&mut w, "norm.weight", hidden, ir.head.norm);
@@ -600,29 +619,29 @@ impl Monolith {
         let norms = match &layer.norms {
             Norms::AroundMixer(n) => n,
             Norms::Post(p) => match (&layer.residual, &layer.ffn) {
-                (None, FeedForward::Mlp { mlp, moe: None }) => {
+                (LayerResidual::Plain, FeedForward::Mlp { mlp, moe: None }) => {
                     let h1 = b::post_norm_attention_residual(h, a, p, eps)?;
                     let h2 = b::post_norm_feed_forward(&h1, p, mlp, eps)?;
                     return self.finish_layer_end(i, layer, &h2, per_layer);
                 }
-                (Some(_), _)
-                | (None, FeedForward::Mlp { moe: Some(_), .. })
+                (LayerResidual::Scaled(_) | LayerResidual::ClippedInFloat16, _)
+                | (LayerResidual::Plain, FeedForward::Mlp { moe: Some(_), .. })
                 | (
-                    None,
+                    LayerResidual::Plain,
                     FeedForward::SparseMoe(_)
                     | FeedForward::SharedExpertMoe(_)
                     | FeedForward::GroupRoutedMoe(_)
                     | FeedForward::BiasedExperts(_),
                 ) => {
                     return Err(Exception::custom(format!(
-                        "layer {i}: a post-norm layer runs a plain residual and a dense MLP only; no runtime block runs it with scaled residuals or experts"
+                        "layer {i}: a post-norm layer runs a plain residual and a dense MLP only; no runtime block runs it with scaled or clipped residuals or experts"
                     )))
                 }
             },
         };
         let h2 = layer
             .ffn
-            .after_mixer(h, a, norms, layer.residual.as_ref(), eps)
+            .after_mixer(h, a, norms, layer.residual.form(), eps)
             .map_err(|e| Exception::custom(format!("layer {i}: {e}")))?;
         self.finish_layer_end(i, layer, &h2, per_layer)
     }

@@ -2,7 +2,7 @@
 //! written as a difference from.
 
 use super::{ConfigDefaults, GemmaVariant, Layering, Packaging, RopeBases, Softcaps};
-use crate::ir::{AttentionScale, EmbedScale, QkNorm};
+use crate::ir::{AttentionScale, EmbedScale, QkNorm, Residual};
 use crate::layout_reader::{Layout, Section, Text};
 use crate::model::{ConfigModelType, Family};
 
@@ -17,6 +17,7 @@ pub(crate) const GEMMA2: GemmaVariant = GemmaVariant {
     embed_scale: |_| EmbedScale::SqrtHidden,
     // gemma2.py has no `sanitize`: mlx-lm loads its checkpoints strictly.
     sanitize: &[],
+    residual: Residual::Plain,
     defaults: ConfigDefaults {
         rope_theta: 10000.0,
         query_pre_attn_scalar: 144.0,

@@ -8,7 +8,7 @@ use super::{
     ConfigDefaults, GemmaVariant, Layering, Packaging, RopeBases, SizeDefault, Softcaps,
     WrapperArgs,
 };
-use crate::ir::{AttentionScale, EmbedScale, QkNorm, SanitizeRule};
+use crate::ir::{AttentionScale, EmbedScale, QkNorm, Residual};
 use crate::layout_reader::{Layout, Text};
 use crate::model::{ConfigModelType, Family};
 
@@ -43,8 +43,10 @@ pub(crate) const GEMMA3_TEXT: GemmaVariant = GemmaVariant {
     // `h *= mx.array(hidden_size**0.5, mx.bfloat16).astype(h.dtype)`.
     embed_scale: |hidden| EmbedScale::Constant(bf16(f64::from(hidden).sqrt())),
     // Its `sanitize` ties the head when `lm_head.weight` is absent (a spec's
-    // head is tied); `clip_residual` differs from a plain add in float16.
-    sanitize: &[SanitizeRule::RefuseFloat16],
+    // head is tied), which no rule needs.
+    sanitize: &[],
+    // `clip_residual`: float16 sums in float32, clipped to float16's range.
+    residual: Residual::ClippedInFloat16,
     defaults: ConfigDefaults {
         rope_theta: 1_000_000.0,
         query_pre_attn_scalar: 256.0,

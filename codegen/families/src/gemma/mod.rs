@@ -17,7 +17,7 @@ mod gemma3_text;
 use crate::dense::{DenseDerivedSpecFile, DenseReduce};
 use crate::dense_sections::RequiredSizes;
 use crate::diag::{FieldPath, Issue};
-use crate::ir::{AttentionScale, EmbedScale, QkNorm, SanitizeRule};
+use crate::ir::{AttentionScale, EmbedScale, QkNorm, Residual, SanitizeRule};
 use crate::layout_reader::Layout;
 use crate::model::*;
 use crate::model_family::{KvConfig, ModelFamily};
@@ -50,6 +50,8 @@ pub(crate) struct GemmaVariant {
     pub(crate) embed_scale: fn(u32) -> EmbedScale,
     /// The module's `sanitize`, as rules.
     pub(crate) sanitize: &'static [SanitizeRule],
+    /// How the decoder layer adds its branches to the residual stream.
+    pub(crate) residual: Residual,
     /// The module's `ModelArgs` defaults.
     pub(crate) defaults: ConfigDefaults,
     /// The module's `ModelArgs` defaults of the sizes (none where it has
@@ -527,7 +529,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
     };
     let layers = (0..spec.layers.num_hidden_layers as usize)
         .map(|i| {
-            plain_layer(
+            layer(
                 i,
                 Norms {
                     arrangement: NormArrangement::Sandwich,
@@ -556,6 +558,7 @@ pub(crate) fn lower(spec: &Gemma2Spec) -> crate::ir::ModelIr {
                     activation: Activation::GeluApproxThenMultiply,
                     projection: GateUpProjection::Separate,
                 }),
+                variant.residual,
             )
         })
         .collect();
