@@ -19,6 +19,7 @@ use archgen_runtime::batch_session::{
     run_schedule, BatchConfig, BatchSession, PromptLanes, Schedule, SeqRun,
 };
 use archgen_runtime::bytes::array_bytes;
+use archgen_runtime::mlx_rs::Dtype;
 use archgen_runtime::model::{CausalLm, ModelTask};
 use archgen_runtime::Array;
 use archgen_tests::{config_for, repo_root, run_python};
@@ -434,6 +435,84 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
                  no mlx-lm or optiq batch oracle)",
                 runs.len()
             );
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "batch parity failures:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// gemma3_text's float16 `clip_residual` in batches: a float16
+/// `gemma-3-1b-tiny` whose first layer's `post_attention_layernorm` weight
+/// (30000) overflows float16 in that branch, run on the batch schedule by
+/// mlx-lm's `BatchGenerator`, the monolith and the generated model (whose
+/// one-token steps take the compiled decode blocks): every logprobs row and
+/// token equal, and mlx-lm's finite.
+#[test]
+fn gemma3_text_float16_batches_clip_as_batch_generator_clips_them() {
+    let root = tempfile::tempdir().unwrap();
+    let name = "gemma-3-1b-tiny";
+    let spec = archgen_families::load(repo_root().join("specs").join(format!("{name}.yaml")))
+        .unwrap_or_else(|d| panic!("{d}"));
+    let jobs = json!([{
+        "config": config_for(&spec),
+        "out": root.path().join(name),
+        "seed": 4400,
+        "dtype": "float16",
+        "bits": null,
+        "group_size": null,
+        "kv_quant": null,
+        "mixed_kv": null,
+        "prompt_ids": [1, 2, 3],
+        "decode_steps": 1,
+    }]);
+    let jobs_path = root.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    run_python("spec_cases.py", &[jobs_path.as_os_str()]);
+    let dir = root.path().join("overflowing");
+    let norm = "model.layers.0.post_attention_layernorm.weight";
+    let src = root.path().join(name).join("model");
+    archgen_tests::with_tensor_filled(&src, &dir, norm, 30000.0);
+    let model = archgen_monolith::load_dir(&dir).unwrap();
+    let json = schedule(BatchLm::vocab_size(&model));
+    let schedule_path = root.path().join("schedule.json");
+    std::fs::write(&schedule_path, serde_json::to_vec(&json).unwrap()).unwrap();
+    let oracle_path = root.path().join("oracle.safetensors");
+    run_python(
+        "batch_oracle.py",
+        &[
+            dir.as_os_str(),
+            schedule_path.as_os_str(),
+            oracle_path.as_os_str(),
+        ],
+    );
+    let oracle = Array::load_safetensors(&oracle_path).unwrap();
+    let schedule = Schedule::from_json(&json, BatchLm::vocab_size(&model)).unwrap();
+    let runs = run_schedule(&model, &schedule).unwrap();
+    let generated = run_generated(&dir, name, &schedule).unwrap();
+    let mut failures = Vec::new();
+    compare_runs(name, &schedule, &runs, &generated, &mut failures);
+    for (i, run) in runs.iter().enumerate() {
+        let theirs = &oracle[&format!("seq{i}.logprobs")];
+        assert_eq!(theirs.dtype(), Dtype::Float16, "seq{i}: a float16 run");
+        let rows = theirs.as_dtype(Dtype::Float32).unwrap();
+        rows.eval().unwrap();
+        // A sequence that leaves before its first token has no rows.
+        assert!(
+            rows.size() == 0 || rows.as_slice::<f32>().iter().all(|v| v.is_finite()),
+            "seq{i}: mlx-lm's logprobs are not finite"
+        );
+        let vec = |v: &[i32]| Array::from_slice(v, &[v.len() as i32]);
+        for (key, ours) in [
+            ("logprobs", run.logprobs.clone()),
+            ("tokens", vec(&run.tokens)),
+            ("steps", vec(&run.steps)),
+        ] {
+            if !same(&ours, &oracle[&format!("seq{i}.{key}")]) {
+                failures.push(format!("{name}: seq{i}.{key}: monolith != mlx-lm"));
+            }
         }
     }
     assert!(

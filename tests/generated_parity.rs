@@ -347,33 +347,15 @@ fn gemma3_text_float16_residuals_clip_as_mlx_lm_clips_them() {
     std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
     run_python("spec_cases.py", &[jobs_path.as_os_str()]);
     // The same checkpoint with the overflowing norm weight.
-    let (src, dir) = (
-        root.path().join(name).join("model"),
-        root.path().join("overflowing"),
-    );
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
-    let mut tensors = std::collections::HashMap::new();
-    for e in std::fs::read_dir(&src).unwrap().flatten() {
-        let p = e.path();
-        if p.extension().is_some_and(|x| x == "safetensors") {
-            tensors.extend(Array::load_safetensors(&p).unwrap());
-        }
-    }
+    let dir = root.path().join("overflowing");
     let norm = "model.layers.0.post_attention_layernorm.weight";
-    let weight = tensors.get(norm).expect("the first layer's norm");
-    assert_eq!(weight.dtype(), archgen_runtime::mlx_rs::Dtype::Float16);
-    let big = archgen_runtime::mlx_rs::ops::full::<f32>(weight.shape(), Array::from_f32(30000.0))
-        .unwrap()
-        .as_dtype(archgen_runtime::mlx_rs::Dtype::Float16)
-        .unwrap();
-    tensors.insert(norm.to_string(), big);
-    Array::save_safetensors(
-        tensors.iter().map(|(k, a)| (k.as_str(), a)),
-        None,
-        dir.join("model.safetensors"),
-    )
-    .unwrap();
+    let src = root.path().join(name).join("model");
+    archgen_tests::with_tensor_filled(&src, &dir, norm, 30000.0);
+    let written = Array::load_safetensors(dir.join("model.safetensors")).unwrap();
+    assert_eq!(
+        written[norm].dtype(),
+        archgen_runtime::mlx_rs::Dtype::Float16
+    );
     let oracle_path = root.path().join("oracle-overflowing.safetensors");
     let id_list = ids
         .iter()

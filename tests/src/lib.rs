@@ -51,6 +51,38 @@ pub fn run_python(script: &str, args: &[&std::ffi::OsStr]) -> String {
     stdout
 }
 
+/// A copy of the checkpoint in `src` at `dst` (its config.json and one
+/// model.safetensors) with every element of the tensor `name` set to
+/// `value`, in the tensor's dtype: a checkpoint that drives a model to a
+/// numeric edge (an overflow) the random weights never reach. Panics when
+/// the tensor is absent.
+pub fn with_tensor_filled(src: &Path, dst: &Path, name: &str, value: f32) {
+    use archgen_runtime::Array;
+    std::fs::create_dir_all(dst).unwrap();
+    std::fs::copy(src.join("config.json"), dst.join("config.json")).unwrap();
+    let mut tensors = std::collections::HashMap::new();
+    for e in std::fs::read_dir(src).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            tensors.extend(Array::load_safetensors(&p).unwrap());
+        }
+    }
+    let old = tensors
+        .get(name)
+        .unwrap_or_else(|| panic!("{}: no tensor {name}", src.display()));
+    let filled = archgen_runtime::mlx_rs::ops::full::<f32>(old.shape(), Array::from_f32(value))
+        .unwrap()
+        .as_dtype(old.dtype())
+        .unwrap();
+    tensors.insert(name.to_string(), filled);
+    Array::save_safetensors(
+        tensors.iter().map(|(k, a)| (k.as_str(), a)),
+        None,
+        dst.join("model.safetensors"),
+    )
+    .unwrap();
+}
+
 /// config.json for a spec (see `archgen_families::to_config_json`).
 pub fn config_for(spec: &archgen_families::Spec) -> serde_json::Value {
     archgen_families::to_config_json(spec)
