@@ -27,6 +27,7 @@ pub enum Lever {
     GpuOneTokenSdpa,
     GpuStackedProjections,
     CudaHeadNormRope,
+    DeltanetChunkedPrefill,
     MaxBatch,
     PrefillStep,
     KeepBufferPool,
@@ -100,7 +101,7 @@ impl fmt::Display for Value {
 
 impl Lever {
     /// Every lever, in the order `archgen levers` lists them.
-    pub const ALL: [Lever; 11] = [
+    pub const ALL: [Lever; 12] = [
         Lever::EagerDecode,
         Lever::GpuDecode,
         Lever::GpuDecodeOnCpu,
@@ -108,6 +109,7 @@ impl Lever {
         Lever::GpuOneTokenSdpa,
         Lever::GpuStackedProjections,
         Lever::CudaHeadNormRope,
+        Lever::DeltanetChunkedPrefill,
         Lever::MaxBatch,
         Lever::PrefillStep,
         Lever::KeepBufferPool,
@@ -124,10 +126,11 @@ impl Lever {
             Lever::GpuOneTokenSdpa => 4,
             Lever::GpuStackedProjections => 5,
             Lever::CudaHeadNormRope => 6,
-            Lever::MaxBatch => 7,
-            Lever::PrefillStep => 8,
-            Lever::KeepBufferPool => 9,
-            Lever::CudaGraphCache => 10,
+            Lever::DeltanetChunkedPrefill => 7,
+            Lever::MaxBatch => 8,
+            Lever::PrefillStep => 9,
+            Lever::KeepBufferPool => 10,
+            Lever::CudaGraphCache => 11,
         }
     }
 
@@ -141,6 +144,7 @@ impl Lever {
             Lever::GpuOneTokenSdpa => "gpu-one-token-sdpa",
             Lever::GpuStackedProjections => "gpu-stacked-projections",
             Lever::CudaHeadNormRope => "cuda-head-norm-rope",
+            Lever::DeltanetChunkedPrefill => "deltanet-chunked-prefill",
             Lever::MaxBatch => "max-batch",
             Lever::PrefillStep => "prefill-step",
             Lever::KeepBufferPool => "keep-buffer-pool",
@@ -181,6 +185,11 @@ impl Lever {
                  RoPE of Q and K run as one custom kernel per layer (layers with per-head Q/K \
                  norms: Gemma-4, Qwen3; the kernel's sums may change decode bits)"
             }
+            Lever::DeltanetChunkedPrefill => {
+                "on the CPU, a Gated DeltaNet layer's prompt of several tokens runs the \
+                 chunkwise form of its recurrence (a triangular solve per 64 tokens) instead \
+                 of one step per token (Qwen3.5/3.6, Qwen3-Next; other sums than mlx-lm's)"
+            }
             Lever::MaxBatch => {
                 "serve: sequences in flight at once (prefilling or decoding); more requests \
                  wait in the queue"
@@ -210,6 +219,7 @@ impl Lever {
             | Lever::GpuOneTokenSdpa
             | Lever::GpuStackedProjections
             | Lever::CudaHeadNormRope
+            | Lever::DeltanetChunkedPrefill
             | Lever::KeepBufferPool => Kind::Switch,
             Lever::GpuDecodeBlocks => Kind::Blocks,
             Lever::MaxBatch => Kind::Count { min: 1, max: 4096 },
@@ -232,7 +242,8 @@ impl Lever {
             | Lever::GpuDecodeBlocks
             | Lever::GpuOneTokenSdpa
             | Lever::GpuStackedProjections
-            | Lever::CudaHeadNormRope => Scope::Model,
+            | Lever::CudaHeadNormRope
+            | Lever::DeltanetChunkedPrefill => Scope::Model,
             Lever::MaxBatch
             | Lever::PrefillStep
             | Lever::KeepBufferPool
@@ -266,6 +277,8 @@ impl Lever {
             Lever::GpuStackedProjections => Tier::L3,
             // A kernel of ours: no oracle runs it.
             Lever::CudaHeadNormRope => Tier::L3,
+            // Another order of the recurrence's sums: no oracle runs it.
+            Lever::DeltanetChunkedPrefill => Tier::L3,
             // mlx-lm's BatchGenerator with the same sizes is the oracle;
             // the graph cache replays the same kernels; a kept pool hands
             // the same kernels other buffers.
@@ -308,6 +321,7 @@ impl Lever {
             Lever::GpuOneTokenSdpa => Some(device::GPU_ONE_TOKEN_SDPA_VAR),
             Lever::GpuStackedProjections => Some(device::GPU_STACKED_PROJECTIONS_VAR),
             Lever::CudaHeadNormRope => Some(device::CUDA_HEAD_NORM_ROPE_VAR),
+            Lever::DeltanetChunkedPrefill => Some(device::DELTANET_CHUNKED_PREFILL_VAR),
             Lever::KeepBufferPool => Some(device::KEEP_BUFFER_POOL_VAR),
             Lever::MaxBatch | Lever::PrefillStep => None,
             Lever::CudaGraphCache => Some(CUDA_GRAPH_CACHE_VAR),
@@ -331,6 +345,7 @@ impl Lever {
             | Lever::GpuOneTokenSdpa
             | Lever::GpuStackedProjections
             | Lever::CudaHeadNormRope
+            | Lever::DeltanetChunkedPrefill
             | Lever::KeepBufferPool => switch(raw, "1 or 0").map(|on| Some(Value::Switch(on))),
             Lever::GpuDecode => match raw {
                 // The wiring check runs the GPU path, so it is on too.
@@ -391,6 +406,7 @@ impl Lever {
             | Lever::GpuOneTokenSdpa
             | Lever::GpuStackedProjections
             | Lever::CudaHeadNormRope
+            | Lever::DeltanetChunkedPrefill
             | Lever::KeepBufferPool => "on|off",
             Lever::GpuDecodeBlocks => "all|pre|post|none",
             Lever::MaxBatch => "N",
@@ -423,6 +439,7 @@ pub struct LeverValues {
     pub gpu_one_token_sdpa: bool,
     pub gpu_stacked_projections: bool,
     pub cuda_head_norm_rope: bool,
+    pub deltanet_chunked_prefill: bool,
     pub max_batch: u64,
     pub prefill_step: u64,
     pub keep_buffer_pool: bool,
@@ -444,6 +461,7 @@ impl LeverValues {
         gpu_one_token_sdpa: DecodeChoices::DEFAULT.gpu_one_token_sdpa,
         gpu_stacked_projections: DecodeChoices::DEFAULT.gpu_stacked_projections,
         cuda_head_norm_rope: DecodeChoices::DEFAULT.cuda_head_norm_rope,
+        deltanet_chunked_prefill: DecodeChoices::DEFAULT.deltanet_chunked_prefill,
         max_batch: 16,
         prefill_step: 2048,
         keep_buffer_pool: false,
@@ -459,6 +477,7 @@ impl LeverValues {
             Lever::GpuOneTokenSdpa => Value::Switch(self.gpu_one_token_sdpa),
             Lever::GpuStackedProjections => Value::Switch(self.gpu_stacked_projections),
             Lever::CudaHeadNormRope => Value::Switch(self.cuda_head_norm_rope),
+            Lever::DeltanetChunkedPrefill => Value::Switch(self.deltanet_chunked_prefill),
             Lever::MaxBatch => Value::Count(self.max_batch),
             Lever::PrefillStep => Value::Count(self.prefill_step),
             Lever::KeepBufferPool => Value::Switch(self.keep_buffer_pool),
@@ -476,6 +495,9 @@ impl LeverValues {
             (Lever::GpuOneTokenSdpa, Value::Switch(on)) => self.gpu_one_token_sdpa = on,
             (Lever::GpuStackedProjections, Value::Switch(on)) => self.gpu_stacked_projections = on,
             (Lever::CudaHeadNormRope, Value::Switch(on)) => self.cuda_head_norm_rope = on,
+            (Lever::DeltanetChunkedPrefill, Value::Switch(on)) => {
+                self.deltanet_chunked_prefill = on
+            }
             (Lever::MaxBatch, Value::Count(n)) => self.max_batch = n,
             (Lever::PrefillStep, Value::Count(n)) => self.prefill_step = n,
             (Lever::KeepBufferPool, Value::Switch(on)) => self.keep_buffer_pool = on,
@@ -488,6 +510,7 @@ impl LeverValues {
                 | Lever::GpuOneTokenSdpa
                 | Lever::GpuStackedProjections
                 | Lever::CudaHeadNormRope
+                | Lever::DeltanetChunkedPrefill
                 | Lever::MaxBatch
                 | Lever::PrefillStep
                 | Lever::KeepBufferPool
@@ -514,6 +537,7 @@ impl LeverValues {
             gpu_one_token_sdpa: self.gpu_one_token_sdpa,
             gpu_stacked_projections: self.gpu_stacked_projections,
             cuda_head_norm_rope: self.cuda_head_norm_rope,
+            deltanet_chunked_prefill: self.deltanet_chunked_prefill,
         }
     }
 }
@@ -560,11 +584,15 @@ impl Alias {
                 | Lever::GpuDecodeBlocks
                 | Lever::GpuOneTokenSdpa
                 | Lever::GpuStackedProjections
-                | Lever::CudaHeadNormRope,
+                | Lever::CudaHeadNormRope
+                | Lever::DeltanetChunkedPrefill,
             ) => lever.off_value(),
             (
                 Alias::L3,
-                Lever::GpuOneTokenSdpa | Lever::GpuStackedProjections | Lever::CudaHeadNormRope,
+                Lever::GpuOneTokenSdpa
+                | Lever::GpuStackedProjections
+                | Lever::CudaHeadNormRope
+                | Lever::DeltanetChunkedPrefill,
             ) => Some(Value::Switch(true)),
             (Alias::L3, Lever::GpuDecodeOnCpu | Lever::GpuDecodeBlocks)
             | (
@@ -1039,11 +1067,12 @@ mod tests {
         assert_eq!(
             Alias::L1.expansion(),
             "gpu-decode-on-cpu=off, gpu-decode-blocks=all, gpu-one-token-sdpa=off, \
-             gpu-stacked-projections=off, cuda-head-norm-rope=off"
+             gpu-stacked-projections=off, cuda-head-norm-rope=off, deltanet-chunked-prefill=off"
         );
         assert_eq!(
             Alias::L3.expansion(),
-            "gpu-one-token-sdpa=on, gpu-stacked-projections=on, cuda-head-norm-rope=on"
+            "gpu-one-token-sdpa=on, gpu-stacked-projections=on, cuda-head-norm-rope=on, \
+             deltanet-chunked-prefill=on"
         );
     }
 
@@ -1115,6 +1144,7 @@ mod tests {
                 (Lever::GpuOneTokenSdpa, Value::Switch(false)),
                 (Lever::GpuStackedProjections, Value::Switch(false)),
                 (Lever::CudaHeadNormRope, Value::Switch(false)),
+                (Lever::DeltanetChunkedPrefill, Value::Switch(false)),
             ],
         )
         .resolve_with(no_env)
@@ -1198,7 +1228,8 @@ mod tests {
         assert_eq!(
             run.note(),
             "levers on: gpu-decode-blocks=pre (from its flag), gpu-one-token-sdpa (from --l3), \
-             gpu-stacked-projections (from --l3), cuda-head-norm-rope (from --l3)"
+             gpu-stacked-projections (from --l3), cuda-head-norm-rope (from --l3), \
+             deltanet-chunked-prefill (from --l3)"
         );
         let run = flags::<ModelCommand>(None, &[(Lever::GpuDecode, Value::Switch(false))])
             .resolve_with(no_env)

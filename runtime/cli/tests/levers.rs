@@ -10,11 +10,12 @@ use std::process::{Command, Output, Stdio};
 
 /// The environment variables that set levers: removed from every run here
 /// unless a test sets one, so the caller's environment cannot decide a test.
-const LEVER_VARS: [&str; 5] = [
+const LEVER_VARS: [&str; 6] = [
     "ARCHGEN_EAGER_DECODE",
     "ARCHGEN_GPU_DECODE",
     "ARCHGEN_GPU_DECODE_BLOCKS",
     "ARCHGEN_GPU_ONE_TOKEN_SDPA",
+    "ARCHGEN_DELTANET_CHUNKED_PREFILL",
     "MLX_CUDA_GRAPH_CACHE_SIZE",
 ];
 
@@ -93,16 +94,27 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
             "ARCHGEN_CUDA_HEAD_NORM_ROPE"
         ]
     );
+    assert_eq!(
+        row("deltanet-chunked-prefill"),
+        [
+            "deltanet-chunked-prefill",
+            "L3",
+            "off",
+            "on|off",
+            "ARCHGEN_DELTANET_CHUNKED_PREFILL"
+        ]
+    );
     assert!(
         table.contains(
-            "--l3   gpu-one-token-sdpa=on, gpu-stacked-projections=on, cuda-head-norm-rope=on\n"
+            "--l3   gpu-one-token-sdpa=on, gpu-stacked-projections=on, cuda-head-norm-rope=on, \
+             deltanet-chunked-prefill=on\n"
         ),
         "{table}"
     );
     assert!(
         table.contains(
             "--l1   gpu-decode-on-cpu=off, gpu-decode-blocks=all, gpu-one-token-sdpa=off, \
-             gpu-stacked-projections=off, cuda-head-norm-rope=off\n"
+             gpu-stacked-projections=off, cuda-head-norm-rope=off, deltanet-chunked-prefill=off\n"
         ),
         "{table}"
     );
@@ -122,6 +134,7 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
             "gpu-one-token-sdpa",
             "gpu-stacked-projections",
             "cuda-head-norm-rope",
+            "deltanet-chunked-prefill",
             "max-batch",
             "prefill-step",
             "keep-buffer-pool",
@@ -147,7 +160,8 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
         serde_json::json!({
             "gpu-one-token-sdpa": "on",
             "gpu-stacked-projections": "on",
-            "cuda-head-norm-rope": "on"
+            "cuda-head-norm-rope": "on",
+            "deltanet-chunked-prefill": "on"
         })
     );
 
@@ -203,9 +217,10 @@ fn require_tier_refuses_an_l3_lever_by_name_before_reading_anything() {
                 "from --l3" => format!(
                     "lever gpu-one-token-sdpa=on ({source}) is L3, lever \
                      gpu-stacked-projections=on ({source}) is L3, lever \
-                     cuda-head-norm-rope=on ({source}) is L3; turn them off \
+                     cuda-head-norm-rope=on ({source}) is L3, lever \
+                     deltanet-chunked-prefill=on ({source}) is L3; turn them off \
                      (--gpu-one-token-sdpa off, --gpu-stacked-projections off, \
-                     --cuda-head-norm-rope off;"
+                     --cuda-head-norm-rope off, --deltanet-chunked-prefill off;"
                 ),
                 _ => format!(
                     "lever gpu-one-token-sdpa=on ({source}) is L3; turn it off \
@@ -270,6 +285,76 @@ fn init(spec: &str, dir: &Path) {
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
+/// `deltanet-chunked-prefill` reaches a Gated DeltaNet model's prompt: the
+/// float32 prefill logits move off L1's bytes (another order of sums) and
+/// stay within rounding of them, and the greedy tokens are L1's.
+#[test]
+fn the_chunked_prefill_lever_changes_a_hybrid_prompt_within_rounding() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("m");
+    // float32, so that the recurrence's rounding reaches the logits rather
+    // than being rounded away with y's bfloat16.
+    let spec = archgen_tests::repo_root().join("specs/qwen3.5-4b-tiny.yaml");
+    let o = archgen(&[
+        "init",
+        "--spec",
+        spec.to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+        "--seed",
+        "7",
+        "--dtype",
+        "float32",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ids: Vec<String> = (0..100)
+        .map(|i| ((i * 37 + 11) % 512).to_string())
+        .collect();
+    let ids = ids.join(",");
+    let logits = |name: &str, extra: &[&str]| {
+        let out = root.path().join(format!("{name}.safetensors"));
+        let mut args = vec![
+            "logits",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            &ids,
+            "--decode-steps",
+            "16",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = archgen(&args);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let e = stderr(&o);
+        (e, archgen_runtime::Array::load_safetensors(&out).unwrap())
+    };
+    let (_, l1) = logits("l1", &[]);
+    let (e, chunked) = logits("chunked", &["--deltanet-chunked-prefill", "on"]);
+    assert!(
+        e.contains("archgen: parity tier L3: lever deltanet-chunked-prefill=on (no oracle)\n"),
+        "{e}"
+    );
+    let f32 = |a: &archgen_runtime::Array| {
+        let a = a.as_dtype(archgen_runtime::mlx_rs::Dtype::Float32).unwrap();
+        a.eval().unwrap();
+        a.as_slice::<f32>().to_vec()
+    };
+    let (a, b) = (f32(&l1["prefill_logits"]), f32(&chunked["prefill_logits"]));
+    let gap = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(gap > 0.0, "the lever left the prefill's bytes as they were");
+    assert!(gap <= 1e-3, "prefill logits {gap} apart");
+    let tokens = |r: &std::collections::HashMap<String, archgen_runtime::Array>| {
+        r["tokens"].as_slice::<i32>().to_vec()
+    };
+    assert_eq!(tokens(&l1), tokens(&chunked), "greedy tokens");
+}
+
 #[test]
 fn a_run_states_its_levers_and_the_tier_they_give_it() {
     let root = tempfile::tempdir().unwrap();
@@ -298,7 +383,8 @@ fn a_run_states_its_levers_and_the_tier_they_give_it() {
     let l1 = "archgen: parity tier L1 (bit-exact with mlx-lm 0.32.2)\n";
     let sdpa_l3 = "archgen: parity tier L3: lever gpu-one-token-sdpa=on (no oracle)\n";
     let alias_l3 = "archgen: parity tier L3: lever gpu-one-token-sdpa=on; \
-                    lever gpu-stacked-projections=on; lever cuda-head-norm-rope=on (no oracle)\n";
+                    lever gpu-stacked-projections=on; lever cuda-head-norm-rope=on; \
+                    lever deltanet-chunked-prefill=on (no oracle)\n";
     // gpu-decode is on by default in every build but macOS's.
     let gpu = if cfg!(target_os = "macos") {
         ""
@@ -331,7 +417,8 @@ fn a_run_states_its_levers_and_the_tier_they_give_it() {
     assert!(
         e.contains(&format!(
             "archgen: levers on: {gpu}gpu-one-token-sdpa (from --l3), \
-             gpu-stacked-projections (from --l3), cuda-head-norm-rope (from --l3)\n"
+             gpu-stacked-projections (from --l3), cuda-head-norm-rope (from --l3), \
+             deltanet-chunked-prefill (from --l3)\n"
         )),
         "{e}"
     );
@@ -345,6 +432,8 @@ fn a_run_states_its_levers_and_the_tier_they_give_it() {
             "--gpu-stacked-projections",
             "off",
             "--cuda-head-norm-rope",
+            "off",
+            "--deltanet-chunked-prefill",
             "off",
         ],
         &[],
@@ -417,14 +506,16 @@ fn chat_and_serve_state_their_levers_serves_with_its_own() {
     assert!(
         e.contains(
             "archgen: parity tier L3: lever gpu-one-token-sdpa=on; \
-             lever gpu-stacked-projections=on; lever cuda-head-norm-rope=on (no oracle)\n"
+             lever gpu-stacked-projections=on; lever cuda-head-norm-rope=on; \
+             lever deltanet-chunked-prefill=on (no oracle)\n"
         ),
         "{e}"
     );
     assert!(
         e.contains(&format!(
             "archgen: levers on: {gpu}gpu-one-token-sdpa (from --l3), \
-             gpu-stacked-projections (from --l3), cuda-head-norm-rope (from --l3)\n"
+             gpu-stacked-projections (from --l3), cuda-head-norm-rope (from --l3), \
+             deltanet-chunked-prefill (from --l3)\n"
         )),
         "{e}"
     );

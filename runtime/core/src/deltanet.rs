@@ -336,7 +336,12 @@ pub fn gated_delta_ops(
             g.shape()
         )));
     }
-    scan(RecurrenceGraph::here(), [q, k, v, g, beta], state, mask)
+    match (q.shape()[1] > 1, crate::device::chunked_delta_rule()) {
+        (true, true) => chunked_scan([q, k, v, g, beta], state, mask),
+        (true, false) | (false, _) => {
+            scan(RecurrenceGraph::here(), [q, k, v, g, beta], state, mask)
+        }
+    }
 }
 
 /// The loop over the tokens in `form`: each token's inputs (as the form
@@ -420,6 +425,119 @@ fn scan(
             Ok((y, state.squeeze_axes(&[1])?))
         }
     }
+}
+
+/// Tokens per chunk of [`chunked_scan`]: its matrices are chunk x chunk per
+/// head, and its decay ratios stay within float32 over a chunk.
+const CHUNK_TOKENS: i32 = 64;
+
+/// The lowest log-decay a token contributes in [`chunked_scan`]: a decay
+/// below e^-60 is taken as e^-60, so that no ratio of two decays is
+/// `-inf - -inf`.
+const MIN_LOG_DECAY: f32 = -60.0;
+
+/// The gated delta rule over many tokens in chunks (the chunkwise form of
+/// Gated DeltaNet, lever `deltanet-chunked-prefill`, L3): the same state and
+/// outputs as [`gated_delta_ops`] up to float32 rounding, with a few dozen
+/// graph nodes per chunk of [`CHUNK_TOKENS`] in place of a compiled step and
+/// its views per token.
+///
+/// Within a chunk starting from state S0 ([Dv, Dk] per head), with
+/// gamma_t = g_1 ... g_t: each token's correction u_t = beta_t (v_t - g_t
+/// S_(t-1) k_t) satisfies `u_t + beta_t sum_(j<t) (gamma_t / gamma_j) (k_t .
+/// k_j) u_j = beta_t (v_t - gamma_t S0 k_t)`, a unit lower-triangular system
+/// solved for all t at once; then `y_t = gamma_t S0 q_t + sum_(j<=t) (gamma_t
+/// / gamma_j) (q_t . k_j) u_j` and the chunk's last state is `gamma_C S0 +
+/// sum_j (gamma_C / gamma_j) u_j k_j^T`. A padded token (`mask` false) has
+/// no decay and no correction, so it leaves the state as mlx-lm's masked
+/// step does; its y is not mlx-lm's (no later real token reads it).
+/// Matrices: MLX's triangular solve, which runs on the CPU.
+pub fn chunked_scan(
+    [q, k, v, g, beta]: [&Array; 5],
+    state: Option<&Array>,
+    mask: Option<&Array>,
+) -> Result<(Array, Array)> {
+    let t = q.shape()[1];
+    let (mut state, q, k) = delta_rule_inputs(q, k, v, state)?;
+    let y_dtype = q.dtype();
+    // [B, H, T, D] and [B, H, T], float32.
+    let heads_first = |a: &Array| a.as_dtype(Dtype::Float32)?.transpose_axes(&[0, 2, 1, 3]);
+    let (q, k, v) = (heads_first(&q)?, heads_first(&k)?, heads_first(v)?);
+    let per_head = |a: &Array| a.as_dtype(Dtype::Float32)?.transpose_axes(&[0, 2, 1]);
+    let log_decay = mlx_rs::ops::maximum(&per_head(g)?.log()?, Array::from_f32(MIN_LOG_DECAY))?;
+    let beta = per_head(beta)?;
+    let (log_decay, beta) = match mask {
+        Some(m) => {
+            let m = m.expand_dims(1)?;
+            let zero = Array::from_f32(0.0);
+            (
+                mlx_rs::ops::select(&m, &log_decay, &zero)?,
+                mlx_rs::ops::select(&m, &beta, &zero)?,
+            )
+        }
+        None => (log_decay, beta),
+    };
+    let mut ys = Vec::new();
+    let mut start = 0;
+    while start < t {
+        let end = (start + CHUNK_TOKENS).min(t);
+        let tokens = |a: &Array| a.try_index((.., .., start..end));
+        let (y, next) = chunk_step(
+            [&tokens(&q)?, &tokens(&k)?, &tokens(&v)?],
+            &tokens(&log_decay)?,
+            &tokens(&beta)?,
+            &state,
+        )?;
+        ys.push(y);
+        state = next;
+        start = end;
+    }
+    let y = match ys.len() {
+        1 => ys
+            .pop()
+            .ok_or_else(|| refused("chunked delta rule: no token".into()))?,
+        _ => mlx_rs::ops::concatenate(&ys, 2)?,
+    };
+    Ok((y.transpose_axes(&[0, 2, 1, 3])?.as_dtype(y_dtype)?, state))
+}
+
+/// One chunk of [`chunked_scan`]: q, k [B, H, C, Dk], v [B, H, C, Dv], the
+/// log-decays and betas [B, H, C], the state [B, H, Dv, Dk]; returns y [B,
+/// H, C, Dv] (float32) and the state after the chunk.
+fn chunk_step(
+    [q, k, v]: [&Array; 3],
+    log_decay: &Array,
+    beta: &Array,
+    state: &Array,
+) -> Result<(Array, Array)> {
+    let c = q.shape()[2];
+    let cum = mlx_rs::ops::cumsum(log_decay, -1, false, true)?;
+    // decay[t, j] = gamma_t / gamma_j for j <= t, else 0.
+    let ones = mlx_rs::ops::ones::<bool>(&[c, c])?;
+    let causal = mlx_rs::ops::tril(&ones, 0)?;
+    let before = mlx_rs::ops::tril(&ones, -1)?;
+    let ratio = cum.expand_dims(-1)?.subtract(cum.expand_dims(-2)?)?;
+    let decay = mlx_rs::ops::select(&causal, &ratio, Array::from_f32(f32::NEG_INFINITY))?.exp()?;
+    let keys_t = k.transpose_axes(&[0, 1, 3, 2])?;
+    let state_t = state.transpose_axes(&[0, 1, 3, 2])?;
+    let gamma = cum.exp()?.expand_dims(-1)?;
+    let beta_col = beta.expand_dims(-1)?;
+    let mixing = beta_col.multiply(&decay)?.multiply(k.matmul(&keys_t)?)?;
+    let mixing = mlx_rs::ops::select(&before, &mixing, Array::from_f32(0.0))?;
+    let system = mixing.add(mlx_rs::ops::eye::<f32>(c, None, None)?)?;
+    let target = beta_col.multiply(v.subtract(gamma.multiply(k.matmul(&state_t)?)?)?)?;
+    let u = mlx_rs::linalg::solve_triangular(&system, &target, false)?;
+    let y = gamma
+        .multiply(q.matmul(&state_t)?)?
+        .add(decay.multiply(q.matmul(&keys_t)?)?.matmul(&u)?)?;
+    let last = cum.try_index((.., .., (c - 1)..c))?;
+    let to_end = last.subtract(&cum)?.exp()?.expand_dims(-1)?;
+    let state = last.exp()?.expand_dims(-1)?.multiply(state)?.add(
+        u.multiply(&to_end)?
+            .transpose_axes(&[0, 1, 3, 2])?
+            .matmul(k)?,
+    )?;
+    Ok((y, state))
 }
 
 /// `gated_delta_update` without a mask, off Metal: `beta = sigmoid(b)`,
@@ -928,6 +1046,63 @@ mod tests {
                 .unwrap(),
         };
         x.as_dtype(dtype).unwrap()
+    }
+
+    /// The chunked form keeps the recurrence's state and real tokens' outputs
+    /// to float32 rounding: one token, a part of a chunk and more than one
+    /// chunk, with and without a padding mask and a starting state.
+    #[test]
+    fn the_chunked_form_tracks_the_recurrence() {
+        let (b, hk, hv, dk, dv) = (2, 2, 4, 16, 8);
+        for t in [1, 7, 70] {
+            let q = spread(&[b, t, hk, dk], 1, false, Dtype::Float32)
+                .multiply(Array::from_f32(0.25))
+                .unwrap();
+            let k = spread(&[b, t, hk, dk], 2, false, Dtype::Float32)
+                .multiply(Array::from_f32(0.25))
+                .unwrap();
+            let v = spread(&[b, t, hv, dv], 3, false, Dtype::Float32);
+            let g = spread(&[b, t, hv], 4, true, Dtype::Float32);
+            let beta = spread(&[b, t, hv], 5, true, Dtype::Float32);
+            let state = spread(&[b, hv, dv, dk], 6, false, Dtype::Float32);
+            // Row 1's first two tokens padded (a left-padded batch).
+            let keep: Vec<bool> = (0..b * t).map(|i| i < t || i >= t + 2).collect();
+            let mask = Array::from_slice(&keep, &[b, t]);
+            for mask in [None, Some(&mask)] {
+                for state in [None, Some(&state)] {
+                    let inputs = [&q, &k, &v, &g, &beta];
+                    let (y0, s0) = scan(RecurrenceGraph::Lean, inputs, state, mask).unwrap();
+                    let (y1, s1) = chunked_scan(inputs, state, mask).unwrap();
+                    assert_eq!(y0.shape(), y1.shape());
+                    assert_eq!(s0.shape(), s1.shape());
+                    let real = match mask {
+                        Some(m) => m.expand_dims_axes(&[-1, -2]).unwrap(),
+                        None => Array::from_bool(true),
+                    };
+                    let gap = |a: &Array, b: &Array| {
+                        let d = a.subtract(b).unwrap().abs().unwrap();
+                        let d = mlx_rs::ops::select(&real, &d, Array::from_f32(0.0)).unwrap();
+                        d.max(None).unwrap().item_exact::<f32>()
+                    };
+                    let what = format!(
+                        "{t} tokens, mask {}, state {}",
+                        mask.is_some(),
+                        state.is_some()
+                    );
+                    let y_gap = gap(&y0, &y1);
+                    let s_gap = s0
+                        .subtract(&s1)
+                        .unwrap()
+                        .abs()
+                        .unwrap()
+                        .max(None)
+                        .unwrap()
+                        .item_exact::<f32>();
+                    assert!(y_gap < 1e-4, "y: {y_gap} ({what})");
+                    assert!(s_gap < 1e-4, "state: {s_gap} ({what})");
+                }
+            }
+        }
     }
 
     /// The CPU's lean recurrence gives the bytes of mlx-lm's graph (the form

@@ -54,6 +54,10 @@ pub struct DecodeChoices {
     /// Q/K/V norms and RoPE of a one-token step
     /// (`ARCHGEN_CUDA_HEAD_NORM_ROPE=1`; [`head_norm_rope_kernel`]).
     pub cuda_head_norm_rope: bool,
+    /// On the CPU, a Gated DeltaNet's prompt of several tokens runs the
+    /// chunkwise form of its recurrence (`ARCHGEN_DELTANET_CHUNKED_PREFILL=1`;
+    /// [`chunked_delta_rule`]).
+    pub deltanet_chunked_prefill: bool,
 }
 
 pub const EAGER_DECODE_VAR: &str = "ARCHGEN_EAGER_DECODE";
@@ -63,6 +67,7 @@ pub const GPU_ONE_TOKEN_SDPA_VAR: &str = "ARCHGEN_GPU_ONE_TOKEN_SDPA";
 pub const GPU_STACKED_PROJECTIONS_VAR: &str = "ARCHGEN_GPU_STACKED_PROJECTIONS";
 pub const CUDA_HEAD_NORM_ROPE_VAR: &str = "ARCHGEN_CUDA_HEAD_NORM_ROPE";
 pub const KEEP_BUFFER_POOL_VAR: &str = "ARCHGEN_KEEP_BUFFER_POOL";
+pub const DELTANET_CHUNKED_PREFILL_VAR: &str = "ARCHGEN_DELTANET_CHUNKED_PREFILL";
 
 impl DecodeChoices {
     /// What runs when nothing is set: the compiled blocks of the device, the
@@ -76,6 +81,7 @@ impl DecodeChoices {
         gpu_one_token_sdpa: false,
         gpu_stacked_projections: false,
         cuda_head_norm_rope: false,
+        deltanet_chunked_prefill: false,
     };
 
     /// The choices the environment variables make, read as they always
@@ -83,8 +89,9 @@ impl DecodeChoices {
     /// to anything but empty or `0` (`cpu-too` also sets
     /// [`DecodeChoices::gpu_decode_on_cpu`]), `ARCHGEN_GPU_DECODE_BLOCKS` is
     /// `pre`, `post` or `none` (anything else: every block), and
-    /// `ARCHGEN_GPU_ONE_TOKEN_SDPA`, `ARCHGEN_GPU_STACKED_PROJECTIONS` and
-    /// `ARCHGEN_CUDA_HEAD_NORM_ROPE` are on at `1`.
+    /// `ARCHGEN_GPU_ONE_TOKEN_SDPA`, `ARCHGEN_GPU_STACKED_PROJECTIONS`,
+    /// `ARCHGEN_CUDA_HEAD_NORM_ROPE` and `ARCHGEN_DELTANET_CHUNKED_PREFILL`
+    /// are on at `1`.
     pub fn from_env() -> DecodeChoices {
         let set = |name: &str| std::env::var_os(name).map(|v| !v.is_empty() && v != "0");
         let gpu_decode_on_cpu = std::env::var_os(GPU_DECODE_VAR).is_some_and(|v| v == "cpu-too");
@@ -102,6 +109,8 @@ impl DecodeChoices {
             gpu_stacked_projections: std::env::var_os(GPU_STACKED_PROJECTIONS_VAR)
                 .is_some_and(|v| v == "1"),
             cuda_head_norm_rope: std::env::var_os(CUDA_HEAD_NORM_ROPE_VAR)
+                .is_some_and(|v| v == "1"),
+            deltanet_chunked_prefill: std::env::var_os(DELTANET_CHUNKED_PREFILL_VAR)
                 .is_some_and(|v| v == "1"),
         }
     }
@@ -172,6 +181,14 @@ pub enum GpuBlocks {
 
 pub fn gpu_blocks() -> GpuBlocks {
     decode_choices().gpu_blocks
+}
+
+/// Whether a Gated DeltaNet's recurrence over more than one token runs in
+/// chunks ([`crate::deltanet::chunked_scan`]): with
+/// `deltanet_chunked_prefill` chosen, on the CPU, whose triangular solve it
+/// needs (MLX runs that op on the CPU only). Its sums are not mlx-lm's: L3.
+pub fn chunked_delta_rule() -> bool {
+    decode_choices().deltanet_chunked_prefill && on_cpu()
 }
 
 /// Whether one unmasked query token attends through
