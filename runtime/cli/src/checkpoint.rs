@@ -157,6 +157,9 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
             if let Some(note) = head_kernel_note() {
                 ui.note(&note);
             }
+            if let Some(note) = chunked_prefill_note() {
+                ui.note(&note);
+            }
             return output;
         }
         let why = format!(
@@ -172,7 +175,35 @@ pub(crate) fn with_model<T: ModelTask<Output = Result<(), String>>>(
     }
     let m = archgen_monolith::Monolith::new(arch, weights)
         .map_err(|e| format!("{}: {e}", model.display()))?;
-    task.run(&m)
+    let output = task.run(&m);
+    if let Some(note) = chunked_prefill_note() {
+        ui.note(&note);
+    }
+    output
+}
+
+/// What the lever `deltanet-chunked-prefill` did: how many Gated DeltaNet
+/// layer calls ran a prompt in chunks, or why none did. `None` when the
+/// lever is off.
+fn chunked_prefill_note() -> Option<String> {
+    if !device::decode_choices().deltanet_chunked_prefill {
+        return None;
+    }
+    if !device::chunked_delta_rule() {
+        return Some(
+            "deltanet-chunked-prefill: not applied: MLX's triangular solve runs on the CPU \
+             only, and this run is on a GPU"
+                .to_string(),
+        );
+    }
+    Some(match device::chunked_prefill_count() {
+        0 => "deltanet-chunked-prefill: not applied: no Gated DeltaNet layer ran a prompt of \
+              more than one token"
+            .to_string(),
+        n => format!(
+            "deltanet-chunked-prefill: {n} Gated DeltaNet layer calls ran a prompt in chunks"
+        ),
+    })
 }
 
 /// What the lever `cuda-head-norm-rope` did in a generated model's run:

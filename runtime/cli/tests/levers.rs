@@ -336,6 +336,11 @@ fn the_chunked_prefill_lever_changes_a_hybrid_prompt_within_rounding() {
         e.contains("archgen: parity tier L3: lever deltanet-chunked-prefill=on (no oracle)\n"),
         "{e}"
     );
+    // qwen3.5-4b-tiny: 6 of its 8 layers are Gated DeltaNet, one prompt each.
+    assert!(
+        e.contains("archgen: deltanet-chunked-prefill: 6 Gated DeltaNet layer calls ran a prompt in chunks\n"),
+        "{e}"
+    );
     let f32 = |a: &archgen_runtime::Array| {
         let a = a.as_dtype(archgen_runtime::mlx_rs::Dtype::Float32).unwrap();
         a.eval().unwrap();
@@ -406,6 +411,14 @@ fn a_run_states_its_levers_and_the_tier_they_give_it() {
 
     let (e, _) = logits("l3", &["--l3"], &[]);
     assert!(e.contains(alias_l3), "{e}");
+    // qwen3-0.6b has no Gated DeltaNet layer: the lever says it did nothing.
+    assert!(
+        e.contains(
+            "archgen: deltanet-chunked-prefill: not applied: no Gated DeltaNet layer ran a prompt \
+             of more than one token\n"
+        ),
+        "{e}"
+    );
     // The custom CUDA kernel's lever says when it cannot run (a CPU run).
     assert!(
         e.contains(

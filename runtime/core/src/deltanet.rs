@@ -337,7 +337,10 @@ pub fn gated_delta_ops(
         )));
     }
     match (q.shape()[1] > 1, crate::device::chunked_delta_rule()) {
-        (true, true) => chunked_scan([q, k, v, g, beta], state, mask),
+        (true, true) => {
+            crate::device::count_outcome(crate::device::LeverOutcome::ChunkedPrefill);
+            chunked_scan([q, k, v, g, beta], state, mask)
+        }
         (true, false) | (false, _) => {
             scan(RecurrenceGraph::here(), [q, k, v, g, beta], state, mask)
         }

@@ -226,18 +226,20 @@ pub struct StackedCounts {
 }
 
 /// What a lever did once: a layer stacked its projections
-/// ([`stacked_projections`]), or a one-token step of a K/V-owning layer ran
-/// the `cuda-head-norm-rope` kernel or was not covered by it.
+/// ([`stacked_projections`]), a one-token step of a K/V-owning layer ran
+/// the `cuda-head-norm-rope` kernel or was not covered by it, or a Gated
+/// DeltaNet layer ran a prompt in chunks ([`chunked_delta_rule`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum LeverOutcome {
     StackedQueryKeyValue = 0,
     StackedGateUp = 1,
     HeadKernelRan = 2,
     HeadKernelNotCovered = 3,
+    ChunkedPrefill = 4,
 }
 
 /// One count per [`LeverOutcome`] (the last one's discriminant + 1).
-const LEVER_OUTCOMES_COUNTED: usize = LeverOutcome::HeadKernelNotCovered as usize + 1;
+const LEVER_OUTCOMES_COUNTED: usize = LeverOutcome::ChunkedPrefill as usize + 1;
 
 /// How often each [`LeverOutcome`] happened in this process, read after a
 /// run to say what each lever did.
@@ -298,6 +300,12 @@ pub fn head_kernel_counts() -> HeadKernelCounts {
         ran: LEVER_OUTCOMES.of(LeverOutcome::HeadKernelRan),
         not_covered: LEVER_OUTCOMES.of(LeverOutcome::HeadKernelNotCovered),
     }
+}
+
+/// How many Gated DeltaNet layer calls ran a prompt in chunks (the lever
+/// `deltanet-chunked-prefill`), so a run can say what the lever did.
+pub fn chunked_prefill_count() -> usize {
+    LEVER_OUTCOMES.of(LeverOutcome::ChunkedPrefill)
 }
 
 /// How often mlx-lm returns MLX's buffer pool to the system while
