@@ -45,14 +45,17 @@ enum LayerResidual {
 }
 
 impl LayerResidual {
-    fn of(r: ir::Residual) -> Self {
-        match r {
-            ir::Residual::Plain => LayerResidual::Plain,
-            ir::Residual::DepthScaled { .. } | ir::Residual::Scaled { .. } => match r.factor() {
-                Some(f) => LayerResidual::Scaled(b::residual_scale(f)),
-                None => LayerResidual::Plain,
-            },
-            ir::Residual::ClippedInFloat16 => LayerResidual::ClippedInFloat16,
+    /// `Err` for a scaled form without its factor, which the IR never makes.
+    fn of(r: ir::Residual) -> std::result::Result<Self, &'static str> {
+        match (r, r.factor()) {
+            (ir::Residual::Plain, _) => Ok(LayerResidual::Plain),
+            (ir::Residual::DepthScaled { .. } | ir::Residual::Scaled { .. }, Some(f)) => {
+                Ok(LayerResidual::Scaled(b::residual_scale(f)))
+            }
+            (ir::Residual::DepthScaled { .. } | ir::Residual::Scaled { .. }, None) => {
+                Err("a scaled residual without its factor")
+            }
+            (ir::Residual::ClippedInFloat16, _) => Ok(LayerResidual::ClippedInFloat16),
         }
     }
 
@@ -559,7 +562,8 @@ impl Monolith {
                     LayerScalar::None => None,
                     LayerScalar::Learned => Some(b::load_layer_scalar(&mut w, i)),
                 },
-                residual: LayerResidual::of(l.residual),
+                residual: LayerResidual::of(l.residual)
+                    .map_err(|why| ModelError(format!("{}: layer {i}: {why}", ir.name)))?,
             });
         }
         let norm = b::load_norm_weight(&mut w, "norm.weight", hidden, ir.head.norm);
