@@ -205,6 +205,53 @@ fn compare_runs(
     }
 }
 
+/// mlx-lm's `BatchGenerator` on the checkpoint in `dir` running the
+/// schedule `json` (tests/python/batch_oracle.py; its files `label.*` in
+/// `root`): each sequence's `seqI.logprobs`, `.tokens` and `.steps`.
+fn batch_generator(
+    dir: &std::path::Path,
+    json: &Value,
+    root: &std::path::Path,
+    label: &str,
+) -> std::collections::HashMap<String, Array> {
+    let schedule_path = root.join(format!("{label}.schedule.json"));
+    std::fs::write(&schedule_path, serde_json::to_vec(json).unwrap()).unwrap();
+    let oracle_path = root.join(format!("{label}.oracle.safetensors"));
+    run_python(
+        "batch_oracle.py",
+        &[
+            dir.as_os_str(),
+            schedule_path.as_os_str(),
+            oracle_path.as_os_str(),
+        ],
+    );
+    Array::load_safetensors(&oracle_path).unwrap()
+}
+
+/// Each sequence's logprobs rows, tokens and steps of a run (`who`: the
+/// monolith or the generated model) against [`batch_generator`]'s: a
+/// failure line per difference.
+fn compare_with_batch_generator(
+    name: &str,
+    who: &str,
+    runs: &[SeqRun],
+    oracle: &std::collections::HashMap<String, Array>,
+    failures: &mut Vec<String>,
+) {
+    for (i, run) in runs.iter().enumerate() {
+        let vec = |v: &[i32]| Array::from_slice(v, &[v.len() as i32]);
+        for (key, ours) in [
+            ("logprobs", run.logprobs.clone()),
+            ("tokens", vec(&run.tokens)),
+            ("steps", vec(&run.steps)),
+        ] {
+            if !same(&ours, &oracle[&format!("seq{i}.{key}")]) {
+                failures.push(format!("{name}: seq{i}.{key}: {who} != mlx-lm"));
+            }
+        }
+    }
+}
+
 /// The schedule run on a generated model (whose type the registry picks),
 /// through its `CausalLm::batched`.
 struct RunBatched<'a>(&'a Schedule);
@@ -311,51 +358,14 @@ fn generated_and_monolith_batches_match_mlx_lm_batch_generator() {
         let model_dir = root.path().join(name).join("model");
         let model = archgen_monolith::load_dir(&model_dir).unwrap();
         let json = schedule(BatchLm::vocab_size(&model));
-        let schedule_path = root.path().join(format!("{name}.schedule.json"));
-        std::fs::write(&schedule_path, serde_json::to_vec(&json).unwrap()).unwrap();
-        let oracle_path = root.path().join(format!("{name}.oracle.safetensors"));
-        run_python(
-            "batch_oracle.py",
-            &[
-                model_dir.as_os_str(),
-                schedule_path.as_os_str(),
-                oracle_path.as_os_str(),
-            ],
-        );
-        let oracle = Array::load_safetensors(&oracle_path).unwrap();
+        let oracle = batch_generator(&model_dir, &json, root.path(), name);
         let schedule = Schedule::from_json(&json, BatchLm::vocab_size(&model)).unwrap();
         let runs = run_schedule(&model, &schedule).unwrap();
         let generated = run_generated(&model_dir, name, &schedule).unwrap();
-        assert_eq!(runs.len(), schedule.sequences.len());
-        assert_eq!(generated.len(), schedule.sequences.len());
         let before = failures.len();
-        for (i, (run, gen)) in runs.iter().zip(&generated).enumerate() {
-            let n = run.tokens.len() as i32;
-            if schedule.sequences[i].leave.is_none() {
-                assert_eq!(n as usize, schedule.sequences[i].decode, "{name}: seq{i}");
-            }
-            let tokens = Array::from_slice(&run.tokens, &[n]);
-            let steps = Array::from_slice(&run.steps, &[n]);
-            let gen_n = gen.tokens.len() as i32;
-            let gen_tokens = Array::from_slice(&gen.tokens, &[gen_n]);
-            let gen_steps = Array::from_slice(&gen.steps, &[gen_n]);
-            for (key, ours, generated) in [
-                ("logprobs", &run.logprobs, &gen.logprobs),
-                ("tokens", &tokens, &gen_tokens),
-                ("steps", &steps, &gen_steps),
-            ] {
-                let theirs = &oracle[&format!("seq{i}.{key}")];
-                if !same(ours, theirs) {
-                    failures.push(format!("{name}: seq{i}.{key}: monolith != mlx-lm"));
-                }
-                if !same(generated, theirs) {
-                    failures.push(format!("{name}: seq{i}.{key}: generated != mlx-lm"));
-                }
-                if !same(generated, ours) {
-                    failures.push(format!("{name}: seq{i}.{key}: generated != monolith"));
-                }
-            }
-        }
+        compare_with_batch_generator(name, "monolith", &runs, &oracle, &mut failures);
+        compare_with_batch_generator(name, "generated", &generated, &oracle, &mut failures);
+        compare_runs(name, &schedule, &runs, &generated, &mut failures);
         if failures.len() == before {
             eprintln!(
                 "{name}: generated == monolith == mlx-lm BatchGenerator ({} sequences)",
@@ -477,44 +487,20 @@ fn gemma3_text_float16_batches_clip_as_batch_generator_clips_them() {
     archgen_tests::with_tensor_filled(&src, &dir, norm, 30000.0);
     let model = archgen_monolith::load_dir(&dir).unwrap();
     let json = schedule(BatchLm::vocab_size(&model));
-    let schedule_path = root.path().join("schedule.json");
-    std::fs::write(&schedule_path, serde_json::to_vec(&json).unwrap()).unwrap();
-    let oracle_path = root.path().join("oracle.safetensors");
-    run_python(
-        "batch_oracle.py",
-        &[
-            dir.as_os_str(),
-            schedule_path.as_os_str(),
-            oracle_path.as_os_str(),
-        ],
-    );
-    let oracle = Array::load_safetensors(&oracle_path).unwrap();
+    let oracle = batch_generator(&dir, &json, root.path(), name);
     let schedule = Schedule::from_json(&json, BatchLm::vocab_size(&model)).unwrap();
     let runs = run_schedule(&model, &schedule).unwrap();
     let generated = run_generated(&dir, name, &schedule).unwrap();
-    let mut failures = Vec::new();
-    compare_runs(name, &schedule, &runs, &generated, &mut failures);
-    for (i, run) in runs.iter().enumerate() {
+    for i in 0..runs.len() {
         let theirs = &oracle[&format!("seq{i}.logprobs")];
         assert_eq!(theirs.dtype(), Dtype::Float16, "seq{i}: a float16 run");
-        let rows = theirs.as_dtype(Dtype::Float32).unwrap();
-        rows.eval().unwrap();
         // A sequence that leaves before its first token has no rows.
-        assert!(
-            rows.size() == 0 || rows.as_slice::<f32>().iter().all(|v| v.is_finite()),
-            "seq{i}: mlx-lm's logprobs are not finite"
-        );
-        let vec = |v: &[i32]| Array::from_slice(v, &[v.len() as i32]);
-        for (key, ours) in [
-            ("logprobs", run.logprobs.clone()),
-            ("tokens", vec(&run.tokens)),
-            ("steps", vec(&run.steps)),
-        ] {
-            if !same(&ours, &oracle[&format!("seq{i}.{key}")]) {
-                failures.push(format!("{name}: seq{i}.{key}: monolith != mlx-lm"));
-            }
-        }
+        archgen_tests::assert_finite(theirs, &format!("seq{i}: mlx-lm's logprobs"));
     }
+    let mut failures = Vec::new();
+    compare_with_batch_generator(name, "monolith", &runs, &oracle, &mut failures);
+    compare_with_batch_generator(name, "generated", &generated, &oracle, &mut failures);
+    compare_runs(name, &schedule, &runs, &generated, &mut failures);
     assert!(
         failures.is_empty(),
         "batch parity failures:\n{}",

@@ -112,6 +112,74 @@ fn same(a: &Array, b: &Array) -> bool {
         && array_bytes(a).unwrap() == array_bytes(b).unwrap()
 }
 
+/// mlx-lm's logits protocol on the checkpoint in `dir` (tests/python/
+/// oracle_logits.py), written to `out` and read back.
+fn mlx_lm_logits(
+    dir: &Path,
+    ids: &[i32],
+    steps: usize,
+    out: &Path,
+) -> std::collections::HashMap<String, Array> {
+    let id_list = ids
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    run_python(
+        "oracle_logits.py",
+        &[
+            "--model".as_ref(),
+            dir.as_os_str(),
+            "--prompt-ids".as_ref(),
+            id_list.as_ref(),
+            "--decode-steps".as_ref(),
+            steps.to_string().as_ref(),
+            "--out".as_ref(),
+            out.as_os_str(),
+        ],
+    );
+    Array::load_safetensors(out).unwrap()
+}
+
+/// The monolith and the generated model `name` (which dispatch must pick
+/// for the checkpoint in `dir`) give `oracle`'s bytes under the logits
+/// protocol: prefill, decode steps and greedy tokens.
+fn assert_both_paths_give(
+    dir: &Path,
+    name: &str,
+    ids: &[i32],
+    steps: usize,
+    oracle: &std::collections::HashMap<String, Array>,
+) {
+    let monolith = run_logits(&archgen_monolith::load_dir(dir).unwrap(), ids, steps).unwrap();
+    let (ir, weights) = archgen_checkpoint::read_dir(dir).unwrap();
+    let fingerprint = archgen_plan::fingerprint(&ir);
+    assert_eq!(
+        archgen_generated::find(&fingerprint).map(|m| m.name),
+        Some(name),
+        "dispatch"
+    );
+    let generated = archgen_generated::run(&fingerprint, weights, Protocol { ids, steps })
+        .unwrap()
+        .unwrap();
+    for (key, m, g) in [
+        (
+            "prefill_logits",
+            &monolith.prefill_logits,
+            &generated.prefill_logits,
+        ),
+        (
+            "decode_logits",
+            &monolith.decode_logits,
+            &generated.decode_logits,
+        ),
+        ("tokens", &monolith.tokens, &generated.tokens),
+    ] {
+        assert!(same(m, &oracle[key]), "{key}: monolith != mlx-lm");
+        assert!(same(g, m), "{key}: generated != monolith");
+    }
+}
+
 #[test]
 fn generated_monolith_and_mlx_lm_agree_on_every_tiny_spec() {
     let root = tempfile::tempdir().unwrap();
@@ -357,62 +425,11 @@ fn gemma3_text_float16_residuals_clip_as_mlx_lm_clips_them() {
         archgen_runtime::mlx_rs::Dtype::Float16
     );
     let oracle_path = root.path().join("oracle-overflowing.safetensors");
-    let id_list = ids
-        .iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    run_python(
-        "oracle_logits.py",
-        &[
-            "--model".as_ref(),
-            dir.as_os_str(),
-            "--prompt-ids".as_ref(),
-            id_list.as_ref(),
-            "--decode-steps".as_ref(),
-            steps.to_string().as_ref(),
-            "--out".as_ref(),
-            oracle_path.as_os_str(),
-        ],
-    );
-    let oracle = Array::load_safetensors(&oracle_path).unwrap();
+    let oracle = mlx_lm_logits(&dir, &ids, steps, &oracle_path);
     for key in ["prefill_logits", "decode_logits"] {
-        let logits = oracle[key]
-            .as_dtype(archgen_runtime::mlx_rs::Dtype::Float32)
-            .unwrap();
-        logits.eval().unwrap();
-        assert!(
-            logits.as_slice::<f32>().iter().all(|v| v.is_finite()),
-            "{key}: mlx-lm's logits are not finite"
-        );
+        archgen_tests::assert_finite(&oracle[key], &format!("{key}: mlx-lm's logits"));
     }
-    let monolith = run_logits(&archgen_monolith::load_dir(&dir).unwrap(), &ids, steps).unwrap();
-    let (ir, weights) = archgen_checkpoint::read_dir(&dir).unwrap();
-    let fingerprint = archgen_plan::fingerprint(&ir);
-    assert_eq!(
-        archgen_generated::find(&fingerprint).map(|m| m.name),
-        Some(name),
-        "dispatch"
-    );
-    let generated = archgen_generated::run(&fingerprint, weights, Protocol { ids: &ids, steps })
-        .unwrap()
-        .unwrap();
-    for (key, m, g) in [
-        (
-            "prefill_logits",
-            &monolith.prefill_logits,
-            &generated.prefill_logits,
-        ),
-        (
-            "decode_logits",
-            &monolith.decode_logits,
-            &generated.decode_logits,
-        ),
-        ("tokens", &monolith.tokens, &generated.tokens),
-    ] {
-        assert!(same(m, &oracle[key]), "{key}: monolith != mlx-lm");
-        assert!(same(g, m), "{key}: generated != monolith");
-    }
+    assert_both_paths_give(&dir, name, &ids, steps, &oracle);
 }
 
 /// A gemma3_text checkpoint with its own `lm_head` (config.json
@@ -730,80 +747,23 @@ fn minicpm_head_is_taken_from_the_embedding_when_absent() {
             root.path().join(name).join("model"),
             root.path().join(format!("{name}-headless")),
         );
-        std::fs::create_dir_all(&dst).unwrap();
-        std::fs::copy(src.join("config.json"), dst.join("config.json")).unwrap();
-        let mut tensors = std::collections::HashMap::new();
-        for e in std::fs::read_dir(&src).unwrap().flatten() {
-            let p = e.path();
-            if p.extension().is_some_and(|x| x == "safetensors") {
-                tensors.extend(Array::load_safetensors(&p).unwrap());
-            }
-        }
-        let before = tensors.len();
-        tensors.retain(|k, _| !k.starts_with("lm_head."));
-        assert!(tensors.len() < before, "{name}: no lm_head to leave out");
-        Array::save_safetensors(
-            tensors.iter().map(|(k, a)| (k.as_str(), a)),
-            None,
-            dst.join("model.safetensors"),
-        )
-        .unwrap();
+        archgen_tests::rewrite_checkpoint(&src, &dst, |tensors| {
+            let before = tensors.len();
+            tensors.retain(|k, _| !k.starts_with("lm_head."));
+            assert!(tensors.len() < before, "{name}: no lm_head to leave out");
+        });
         dst
     };
     let dir = headless("minicpm-2b-tiny");
     let oracle_path = root.path().join("oracle-headless.safetensors");
-    let id_list = ids
-        .iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    run_python(
-        "oracle_logits.py",
-        &[
-            "--model".as_ref(),
-            dir.as_os_str(),
-            "--prompt-ids".as_ref(),
-            id_list.as_ref(),
-            "--decode-steps".as_ref(),
-            steps.to_string().as_ref(),
-            "--out".as_ref(),
-            oracle_path.as_os_str(),
-        ],
-    );
-    let oracle = Array::load_safetensors(&oracle_path).unwrap();
+    let oracle = mlx_lm_logits(&dir, &ids, steps, &oracle_path);
     let with_head =
         Array::load_safetensors(root.path().join("minicpm-2b-tiny/oracle.safetensors")).unwrap();
     assert!(
         !same(&oracle["prefill_logits"], &with_head["prefill_logits"]),
         "the random lm_head and the embedding gave the same logits"
     );
-    let monolith = run_logits(&archgen_monolith::load_dir(&dir).unwrap(), &ids, steps).unwrap();
-    let (ir, weights) = archgen_checkpoint::read_dir(&dir).unwrap();
-    let fingerprint = archgen_plan::fingerprint(&ir);
-    assert_eq!(
-        archgen_generated::find(&fingerprint).map(|m| m.name),
-        Some("minicpm-2b-tiny"),
-        "dispatch"
-    );
-    let generated = archgen_generated::run(&fingerprint, weights, Protocol { ids: &ids, steps })
-        .unwrap()
-        .unwrap();
-    for (key, m, g) in [
-        (
-            "prefill_logits",
-            &monolith.prefill_logits,
-            &generated.prefill_logits,
-        ),
-        (
-            "decode_logits",
-            &monolith.decode_logits,
-            &generated.decode_logits,
-        ),
-        ("tokens", &monolith.tokens, &generated.tokens),
-    ] {
-        assert!(same(m, &oracle[key]), "{key}: monolith != mlx-lm");
-        assert!(same(g, m), "{key}: generated != monolith");
-    }
+    assert_both_paths_give(&dir, "minicpm-2b-tiny", &ids, steps, &oracle);
     let quantized = headless("minicpm-2b-tiny-q4");
     let err = archgen_checkpoint::read_dir(&quantized)
         .err()

@@ -51,12 +51,14 @@ pub fn run_python(script: &str, args: &[&std::ffi::OsStr]) -> String {
     stdout
 }
 
-/// A copy of the checkpoint in `src` at `dst` (its config.json and one
-/// model.safetensors) with every element of the tensor `name` set to
-/// `value`, in the tensor's dtype: a checkpoint that drives a model to a
-/// numeric edge (an overflow) the random weights never reach. Panics when
-/// the tensor is absent.
-pub fn with_tensor_filled(src: &Path, dst: &Path, name: &str, value: f32) {
+/// A copy of the checkpoint in `src` at `dst`: its config.json, and its
+/// tensors (every safetensors file of `src`) after `edit`, in one
+/// model.safetensors.
+pub fn rewrite_checkpoint(
+    src: &Path,
+    dst: &Path,
+    edit: impl FnOnce(&mut std::collections::HashMap<String, archgen_runtime::Array>),
+) {
     use archgen_runtime::Array;
     std::fs::create_dir_all(dst).unwrap();
     std::fs::copy(src.join("config.json"), dst.join("config.json")).unwrap();
@@ -67,20 +69,42 @@ pub fn with_tensor_filled(src: &Path, dst: &Path, name: &str, value: f32) {
             tensors.extend(Array::load_safetensors(&p).unwrap());
         }
     }
-    let old = tensors
-        .get(name)
-        .unwrap_or_else(|| panic!("{}: no tensor {name}", src.display()));
-    let filled = archgen_runtime::mlx_rs::ops::full::<f32>(old.shape(), Array::from_f32(value))
-        .unwrap()
-        .as_dtype(old.dtype())
-        .unwrap();
-    tensors.insert(name.to_string(), filled);
+    edit(&mut tensors);
     Array::save_safetensors(
         tensors.iter().map(|(k, a)| (k.as_str(), a)),
         None,
         dst.join("model.safetensors"),
     )
     .unwrap();
+}
+
+/// [`rewrite_checkpoint`] with every element of the tensor `name` set to
+/// `value`, in the tensor's dtype: a checkpoint that drives a model to a
+/// numeric edge (an overflow) the random weights never reach. Panics when
+/// the tensor is absent.
+pub fn with_tensor_filled(src: &Path, dst: &Path, name: &str, value: f32) {
+    use archgen_runtime::Array;
+    rewrite_checkpoint(src, dst, |tensors| {
+        let old = tensors
+            .get(name)
+            .unwrap_or_else(|| panic!("{}: no tensor {name}", src.display()));
+        let filled = archgen_runtime::mlx_rs::ops::full::<f32>(old.shape(), Array::from_f32(value))
+            .unwrap()
+            .as_dtype(old.dtype())
+            .unwrap();
+        tensors.insert(name.to_string(), filled);
+    });
+}
+
+/// Panics with `what` unless every value of `a` is finite (an empty array
+/// is).
+pub fn assert_finite(a: &archgen_runtime::Array, what: &str) {
+    let values = a.as_dtype(archgen_runtime::mlx_rs::Dtype::Float32).unwrap();
+    values.eval().unwrap();
+    assert!(
+        values.size() == 0 || values.as_slice::<f32>().iter().all(|v| v.is_finite()),
+        "{what}: not finite"
+    );
 }
 
 /// config.json for a spec (see `archgen_families::to_config_json`).

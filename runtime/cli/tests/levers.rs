@@ -272,16 +272,24 @@ fn require_tier_refuses_an_l3_lever_by_name_before_reading_anything() {
 }
 
 fn init(spec: &str, dir: &Path) {
+    init_with(spec, dir, &[]);
+}
+
+/// `archgen init` of `spec` at seed 7 with `extra` flags.
+fn init_with(spec: &str, dir: &Path, extra: &[&str]) {
     let repo = archgen_tests::repo_root();
-    let o = archgen(&[
+    let spec = repo.join(format!("specs/{spec}.yaml"));
+    let mut args = vec![
         "init",
         "--spec",
-        repo.join(format!("specs/{spec}.yaml")).to_str().unwrap(),
+        spec.to_str().unwrap(),
         "--out",
         dir.to_str().unwrap(),
         "--seed",
         "7",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let o = archgen(&args);
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
@@ -294,19 +302,7 @@ fn the_chunked_prefill_lever_changes_a_hybrid_prompt_within_rounding() {
     let dir = root.path().join("m");
     // float32, so that the recurrence's rounding reaches the logits rather
     // than being rounded away with y's bfloat16.
-    let spec = archgen_tests::repo_root().join("specs/qwen3.5-4b-tiny.yaml");
-    let o = archgen(&[
-        "init",
-        "--spec",
-        spec.to_str().unwrap(),
-        "--out",
-        dir.to_str().unwrap(),
-        "--seed",
-        "7",
-        "--dtype",
-        "float32",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    init_with("qwen3.5-4b-tiny", &dir, &["--dtype", "float32"]);
     let ids: Vec<String> = (0..100)
         .map(|i| ((i * 37 + 11) % 512).to_string())
         .collect();
