@@ -3,7 +3,7 @@
 on MLX's CUDA backend, byte for byte.
 
 Runs on the GPU machine (runtime/mlx-cuda/parity.sh `table` sets it up).
-Per case SPEC:L:N:
+Per case SPEC:L:N (SPEC@DTYPE:L:N: the checkpoint in DTYPE, init's --dtype):
   * `archgen init --spec SPEC --seed 1` makes the checkpoint;
   * one sequence: `archgen logits` over the prompt ids (i*37+11) % vocab,
     i < L, then N greedy steps (docs/parity.md §2), `--impl generated` (the
@@ -151,10 +151,13 @@ def last_line(out: str) -> str:
 
 class Case:
     def __init__(self, a, text: str):
-        spec, L, N = text.split(":")
-        self.spec, self.L, self.N = spec, int(L), int(N)
+        name, L, N = text.split(":")
+        # SPEC@DTYPE: the checkpoint's unquantized weights in DTYPE (init's
+        # --dtype) rather than the spec's bfloat16.
+        spec, _, dtype = name.partition("@")
+        self.spec, self.dtype, self.L, self.N = spec, dtype, int(L), int(N)
         self.a = a
-        self.dir = a.work / spec
+        self.dir = a.work / name.replace("@", "-")
 
     def archgen(self, args: list[str], out: Path) -> str | None:
         """None when `archgen` wrote `out`, else the cell's text."""
@@ -243,10 +246,11 @@ class Case:
         t0 = time.time()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.model = self.dir / "model"
-        row = {"spec": self.spec, "L": self.L, "N": self.N}
+        row = {"spec": f"{self.spec}@{self.dtype}" if self.dtype else self.spec, "L": self.L, "N": self.N}
         if not (self.model / "config.json").exists():
+            dtype = ["--dtype", self.dtype] if self.dtype else []
             rc, said = run([self.a.archgen, "init", "--spec", str(self.a.specs / f"{self.spec}.yaml"),
-                            "--out", str(self.model), "--seed", "1"])
+                            "--out", str(self.model), "--seed", "1", *dtype])
             # MLX's CUDA backend can abort at process exit ("Destroy(handle_)
             # failed: driver shutting down") after the checkpoint is written.
             written = (self.model / "config.json").exists() and any(self.model.glob("*.safetensors"))

@@ -142,7 +142,7 @@ print('diag gen/mlx-lm', compare(d/'gen.safetensors', d/'mlxlm.safetensors'))"
     table)
       # gpu_parity.py: every case x {generated, monolith} x {one sequence,
       # two batch schedules} against mlx-lm in fresh processes (TABLE_CASES:
-      # SPEC:L:N list instead of every tiny spec at 24 / 20 and the reduced
+      # SPEC:L:N list, SPEC@DTYPE:L:N for a checkpoint in DTYPE, instead of every tiny spec at 24 / 20 and the reduced
       # real-width specs; TABLE_JOBS cases at a time).
       # TABLE_FIRST: cases to start before the others (same SPEC:L:N form).
       cases=${TABLE_CASES:-}
