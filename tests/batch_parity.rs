@@ -16,7 +16,7 @@
 use archgen_runtime::batch::BatchLm;
 use archgen_runtime::batch::{BatchCache, BatchLayerCache};
 use archgen_runtime::batch_session::{
-    run_schedule, BatchConfig, BatchSession, PromptLanes, Schedule, SeqRun,
+    run_schedule, BatchConfig, BatchSession, FirstSteps, PromptLanes, Schedule, SeqRun,
 };
 use archgen_runtime::bytes::array_bytes;
 use archgen_runtime::mlx_rs::Dtype;
@@ -802,20 +802,30 @@ impl BatchLm for Recording<'_> {
 type Trace = (Vec<Vec<u8>>, Vec<i32>, Vec<usize>);
 
 /// Runs `prompts` (each with its arrival step and token budget) through one
-/// session and returns each sequence's trace and the forwards' shapes.
+/// session with prefill chunks of 4 tokens and returns each sequence's
+/// trace and the forwards' shapes.
 fn run_lanes(
     model: &dyn BatchLm,
     lanes: PromptLanes,
     prompts: &[(Vec<i32>, usize, usize)],
 ) -> (Vec<Trace>, Vec<[i32; 2]>) {
-    let recording = Recording {
-        model,
-        shapes: Default::default(),
-    };
     let config = BatchConfig {
         prefill_step_size: 4,
         prompt_lanes: lanes,
         ..BatchConfig::default()
+    };
+    run_session(model, config, prompts)
+}
+
+/// [`run_lanes`] with any session configuration.
+fn run_session(
+    model: &dyn BatchLm,
+    config: BatchConfig,
+    prompts: &[(Vec<i32>, usize, usize)],
+) -> (Vec<Trace>, Vec<[i32; 2]>) {
+    let recording = Recording {
+        model,
+        shapes: Default::default(),
     };
     let mut session = BatchSession::new(&recording, config);
     let mut ids = vec![None; prompts.len()];
@@ -928,6 +938,93 @@ fn a_short_prompt_overtakes_a_long_one_in_prefill_and_computes_as_alone() {
         "with one prompt batch the two prompts share a chunk: {shapes:?}"
     );
     assert_eq!(one[1].1.len(), 8);
+}
+
+/// The first-token-in-decode-step lever ([`FirstSteps::InGenerationBatch`]):
+/// a sequence whose prompt is done runs its last prompt token in the
+/// generation batch's next forward instead of a forward of its own. Against
+/// `BatchGenerator`'s schedule on the same arrivals: every one-row-per-
+/// sequence forward of newly finished prompts is gone (one forward fewer
+/// each time prompts finish), every sequence returns its whole budget at
+/// the same steps, with the same greedy tokens and logprobs within a few
+/// bf16 roundings (its first token is computed beside other rows).
+#[test]
+fn a_finished_prompt_joins_the_next_decode_forward_with_the_lever() {
+    let root = tempfile::tempdir().unwrap();
+    let name = "qwen3-0.6b-tiny";
+    let (_, model_dir) = bf16_checkpoint(root.path(), name, 4501);
+    let model = archgen_monolith::load_dir(&model_dir).unwrap();
+    let vocab = BatchLm::vocab_size(&model);
+    let ids = |n: i32, seed: i32| -> Vec<i32> { (0..n).map(|i| (i * 37 + seed) % vocab).collect() };
+    // Prompts that finish while others generate, two that finish together,
+    // and one that finishes in the step its predecessor starts generating.
+    let prompts = [
+        (ids(9, 5), 0, 12),
+        (ids(6, 13), 2, 8),
+        (ids(7, 17), 2, 8),
+        (ids(13, 29), 5, 6),
+        (ids(5, 3), 9, 5),
+    ];
+    let config = |first_steps| BatchConfig {
+        prefill_step_size: 4,
+        first_steps,
+        ..BatchConfig::default()
+    };
+    let (mlx_lm, mlx_lm_shapes) = run_session(&model, config(FirstSteps::OwnForward), &prompts);
+    let (lever, lever_shapes) =
+        run_session(&model, config(FirstSteps::InGenerationBatch), &prompts);
+
+    // BatchGenerator's first steps: a [n, 1] forward right after the step's
+    // generation forward, for the n prompts that just finished.
+    let one_token = |shapes: &[[i32; 2]]| shapes.iter().filter(|s| s[1] == 1).count();
+    let prefill = |shapes: &[[i32; 2]]| -> Vec<[i32; 2]> {
+        shapes.iter().filter(|s| s[1] > 1).copied().collect()
+    };
+    assert_eq!(
+        prefill(&mlx_lm_shapes),
+        prefill(&lever_shapes),
+        "prefill forwards"
+    );
+    let first_steps = mlx_lm_shapes.len() - lever_shapes.len();
+    assert!(
+        first_steps >= 3,
+        "the lever ran {} one-token forwards, BatchGenerator's schedule {}: expected at least \
+         3 fewer (the prompts finish in at least 3 different steps)",
+        one_token(&lever_shapes),
+        one_token(&mlx_lm_shapes)
+    );
+    let mut apart = (0f32, 0usize);
+    for (k, (a, b)) in mlx_lm.iter().zip(&lever).enumerate() {
+        assert_eq!(a.1.len(), prompts[k].2, "sequence {k}: tokens returned");
+        assert_eq!(a.2, b.2, "sequence {k}: the steps its tokens came in");
+        assert_eq!(a.1, b.1, "sequence {k}: greedy tokens");
+        for (step, (ra, rb)) in a.0.iter().zip(&b.0).enumerate() {
+            let (ra, rb) = (bf16_values(ra), bf16_values(rb));
+            let worst = ra
+                .iter()
+                .zip(&rb)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst <= 0.0625,
+                "sequence {k}, token {step}: logprobs {worst} apart"
+            );
+            apart = (apart.0.max(worst), apart.1 + usize::from(ra != rb));
+        }
+    }
+    eprintln!(
+        "{name}: {first_steps} forwards fewer; logprobs rows that differ from BatchGenerator's \
+         schedule: {}, at most {} apart",
+        apart.1, apart.0
+    );
+}
+
+/// bf16 values from their little-endian bytes.
+fn bf16_values(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(2)
+        .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+        .collect()
 }
 
 /// Gemma-2 with grouped-query attention (gemma-2-2b-tiny: 4 heads, 2 K/V

@@ -31,6 +31,7 @@ pub enum Lever {
     MaxBatch,
     PrefillStep,
     KeepBufferPool,
+    FirstTokenInDecodeStep,
     CudaGraphCache,
 }
 
@@ -101,7 +102,7 @@ impl fmt::Display for Value {
 
 impl Lever {
     /// Every lever, in the order `archgen levers` lists them.
-    pub const ALL: [Lever; 12] = [
+    pub const ALL: [Lever; 13] = [
         Lever::EagerDecode,
         Lever::GpuDecode,
         Lever::GpuDecodeOnCpu,
@@ -113,6 +114,7 @@ impl Lever {
         Lever::MaxBatch,
         Lever::PrefillStep,
         Lever::KeepBufferPool,
+        Lever::FirstTokenInDecodeStep,
         Lever::CudaGraphCache,
     ];
 
@@ -130,7 +132,8 @@ impl Lever {
             Lever::MaxBatch => 8,
             Lever::PrefillStep => 9,
             Lever::KeepBufferPool => 10,
-            Lever::CudaGraphCache => 11,
+            Lever::FirstTokenInDecodeStep => 11,
+            Lever::CudaGraphCache => 12,
         }
     }
 
@@ -148,6 +151,7 @@ impl Lever {
             Lever::MaxBatch => "max-batch",
             Lever::PrefillStep => "prefill-step",
             Lever::KeepBufferPool => "keep-buffer-pool",
+            Lever::FirstTokenInDecodeStep => "first-token-in-decode-step",
             Lever::CudaGraphCache => "cuda-graph-cache",
         }
     }
@@ -203,6 +207,13 @@ impl Lever {
                  to the system as mlx-lm does, so the steps after it reuse buffers rather than \
                  allocate (still returned every 512 batch steps; values unchanged)"
             }
+            Lever::FirstTokenInDecodeStep => {
+                "serve: a sequence whose prompt is done runs its last prompt token in the \
+                 decode batch's next forward, beside the other sequences' tokens, instead of \
+                 in a forward of its own first (one forward fewer each time prompts finish; \
+                 the first token is computed in other company than mlx-lm's, so its bits may \
+                 differ)"
+            }
             Lever::CudaGraphCache => {
                 "serve: CUDA graphs MLX's CUDA backend keeps (MLX_CUDA_GRAPH_CACHE_SIZE; \
                  MLX's own default of 400 thrashes under continuous batching); other \
@@ -220,7 +231,8 @@ impl Lever {
             | Lever::GpuStackedProjections
             | Lever::CudaHeadNormRope
             | Lever::DeltanetChunkedPrefill
-            | Lever::KeepBufferPool => Kind::Switch,
+            | Lever::KeepBufferPool
+            | Lever::FirstTokenInDecodeStep => Kind::Switch,
             Lever::GpuDecodeBlocks => Kind::Blocks,
             Lever::MaxBatch => Kind::Count { min: 1, max: 4096 },
             Lever::PrefillStep => Kind::Count {
@@ -247,6 +259,7 @@ impl Lever {
             Lever::MaxBatch
             | Lever::PrefillStep
             | Lever::KeepBufferPool
+            | Lever::FirstTokenInDecodeStep
             | Lever::CudaGraphCache => Scope::Serve,
         }
     }
@@ -279,6 +292,8 @@ impl Lever {
             Lever::CudaHeadNormRope => Tier::L3,
             // Another order of the recurrence's sums: no oracle runs it.
             Lever::DeltanetChunkedPrefill => Tier::L3,
+            // A batch layout BatchGenerator never runs: no oracle.
+            Lever::FirstTokenInDecodeStep => Tier::L3,
             // mlx-lm's BatchGenerator with the same sizes is the oracle;
             // the graph cache replays the same kernels; a kept pool hands
             // the same kernels other buffers.
@@ -323,7 +338,7 @@ impl Lever {
             Lever::CudaHeadNormRope => Some(device::CUDA_HEAD_NORM_ROPE_VAR),
             Lever::DeltanetChunkedPrefill => Some(device::DELTANET_CHUNKED_PREFILL_VAR),
             Lever::KeepBufferPool => Some(device::KEEP_BUFFER_POOL_VAR),
-            Lever::MaxBatch | Lever::PrefillStep => None,
+            Lever::MaxBatch | Lever::PrefillStep | Lever::FirstTokenInDecodeStep => None,
             Lever::CudaGraphCache => Some(CUDA_GRAPH_CACHE_VAR),
         }
     }
@@ -346,7 +361,10 @@ impl Lever {
             | Lever::GpuStackedProjections
             | Lever::CudaHeadNormRope
             | Lever::DeltanetChunkedPrefill
-            | Lever::KeepBufferPool => switch(raw, "1 or 0").map(|on| Some(Value::Switch(on))),
+            | Lever::KeepBufferPool
+            | Lever::FirstTokenInDecodeStep => {
+                switch(raw, "1 or 0").map(|on| Some(Value::Switch(on)))
+            }
             Lever::GpuDecode => match raw {
                 // The wiring check runs the GPU path, so it is on too.
                 "cpu-too" => Ok(Some(Value::Switch(true))),
@@ -407,7 +425,8 @@ impl Lever {
             | Lever::GpuStackedProjections
             | Lever::CudaHeadNormRope
             | Lever::DeltanetChunkedPrefill
-            | Lever::KeepBufferPool => "on|off",
+            | Lever::KeepBufferPool
+            | Lever::FirstTokenInDecodeStep => "on|off",
             Lever::GpuDecodeBlocks => "all|pre|post|none",
             Lever::MaxBatch => "N",
             Lever::PrefillStep => "TOKENS",
@@ -443,6 +462,7 @@ pub struct LeverValues {
     pub max_batch: u64,
     pub prefill_step: u64,
     pub keep_buffer_pool: bool,
+    pub first_token_in_decode_step: bool,
     pub cuda_graph_cache: u64,
 }
 
@@ -465,6 +485,7 @@ impl LeverValues {
         max_batch: 16,
         prefill_step: 2048,
         keep_buffer_pool: false,
+        first_token_in_decode_step: false,
         cuda_graph_cache: 40_000,
     };
 
@@ -481,6 +502,7 @@ impl LeverValues {
             Lever::MaxBatch => Value::Count(self.max_batch),
             Lever::PrefillStep => Value::Count(self.prefill_step),
             Lever::KeepBufferPool => Value::Switch(self.keep_buffer_pool),
+            Lever::FirstTokenInDecodeStep => Value::Switch(self.first_token_in_decode_step),
             Lever::CudaGraphCache => Value::Count(self.cuda_graph_cache),
         }
     }
@@ -501,6 +523,9 @@ impl LeverValues {
             (Lever::MaxBatch, Value::Count(n)) => self.max_batch = n,
             (Lever::PrefillStep, Value::Count(n)) => self.prefill_step = n,
             (Lever::KeepBufferPool, Value::Switch(on)) => self.keep_buffer_pool = on,
+            (Lever::FirstTokenInDecodeStep, Value::Switch(on)) => {
+                self.first_token_in_decode_step = on
+            }
             (Lever::CudaGraphCache, Value::Count(n)) => self.cuda_graph_cache = n,
             (
                 Lever::EagerDecode
@@ -514,6 +539,7 @@ impl LeverValues {
                 | Lever::MaxBatch
                 | Lever::PrefillStep
                 | Lever::KeepBufferPool
+                | Lever::FirstTokenInDecodeStep
                 | Lever::CudaGraphCache,
                 _,
             ) => {
@@ -585,14 +611,16 @@ impl Alias {
                 | Lever::GpuOneTokenSdpa
                 | Lever::GpuStackedProjections
                 | Lever::CudaHeadNormRope
-                | Lever::DeltanetChunkedPrefill,
+                | Lever::DeltanetChunkedPrefill
+                | Lever::FirstTokenInDecodeStep,
             ) => lever.off_value(),
             (
                 Alias::L3,
                 Lever::GpuOneTokenSdpa
                 | Lever::GpuStackedProjections
                 | Lever::CudaHeadNormRope
-                | Lever::DeltanetChunkedPrefill,
+                | Lever::DeltanetChunkedPrefill
+                | Lever::FirstTokenInDecodeStep,
             ) => Some(Value::Switch(true)),
             (Alias::L3, Lever::GpuDecodeOnCpu | Lever::GpuDecodeBlocks)
             | (
@@ -1067,12 +1095,13 @@ mod tests {
         assert_eq!(
             Alias::L1.expansion(),
             "gpu-decode-on-cpu=off, gpu-decode-blocks=all, gpu-one-token-sdpa=off, \
-             gpu-stacked-projections=off, cuda-head-norm-rope=off, deltanet-chunked-prefill=off"
+             gpu-stacked-projections=off, cuda-head-norm-rope=off, deltanet-chunked-prefill=off, \
+             first-token-in-decode-step=off"
         );
         assert_eq!(
             Alias::L3.expansion(),
             "gpu-one-token-sdpa=on, gpu-stacked-projections=on, cuda-head-norm-rope=on, \
-             deltanet-chunked-prefill=on"
+             deltanet-chunked-prefill=on, first-token-in-decode-step=on"
         );
     }
 

@@ -104,17 +104,22 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
             "ARCHGEN_DELTANET_CHUNKED_PREFILL"
         ]
     );
+    assert_eq!(
+        row("first-token-in-decode-step"),
+        ["first-token-in-decode-step", "L3", "off", "on|off", "-"]
+    );
     assert!(
         table.contains(
             "--l3   gpu-one-token-sdpa=on, gpu-stacked-projections=on, cuda-head-norm-rope=on, \
-             deltanet-chunked-prefill=on\n"
+             deltanet-chunked-prefill=on, first-token-in-decode-step=on\n"
         ),
         "{table}"
     );
     assert!(
         table.contains(
             "--l1   gpu-decode-on-cpu=off, gpu-decode-blocks=all, gpu-one-token-sdpa=off, \
-             gpu-stacked-projections=off, cuda-head-norm-rope=off, deltanet-chunked-prefill=off\n"
+             gpu-stacked-projections=off, cuda-head-norm-rope=off, deltanet-chunked-prefill=off, \
+             first-token-in-decode-step=off\n"
         ),
         "{table}"
     );
@@ -138,6 +143,7 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
             "max-batch",
             "prefill-step",
             "keep-buffer-pool",
+            "first-token-in-decode-step",
             "cuda-graph-cache"
         ]
     );
@@ -161,7 +167,8 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
             "gpu-one-token-sdpa": "on",
             "gpu-stacked-projections": "on",
             "cuda-head-norm-rope": "on",
-            "deltanet-chunked-prefill": "on"
+            "deltanet-chunked-prefill": "on",
+            "first-token-in-decode-step": "on"
         })
     );
 
@@ -212,8 +219,19 @@ fn require_tier_refuses_an_l3_lever_by_name_before_reading_anything() {
             let e = stderr(&o);
             assert_eq!(o.status.code(), Some(1), "{base:?} {extra:?}: {e}");
             let required = extra.last().unwrap();
-            // --l3 turns on each of its levers; the refusal names each.
+            // --l3 turns on each of its levers that the command reads; the
+            // refusal names each.
             let levers = match source {
+                "from --l3" if base[0] == "serve" => format!(
+                    "lever gpu-one-token-sdpa=on ({source}) is L3, lever \
+                     gpu-stacked-projections=on ({source}) is L3, lever \
+                     cuda-head-norm-rope=on ({source}) is L3, lever \
+                     deltanet-chunked-prefill=on ({source}) is L3, lever \
+                     first-token-in-decode-step=on ({source}) is L3; turn them off \
+                     (--gpu-one-token-sdpa off, --gpu-stacked-projections off, \
+                     --cuda-head-norm-rope off, --deltanet-chunked-prefill off, \
+                     --first-token-in-decode-step off;"
+                ),
                 "from --l3" => format!(
                     "lever gpu-one-token-sdpa=on ({source}) is L3, lever \
                      gpu-stacked-projections=on ({source}) is L3, lever \

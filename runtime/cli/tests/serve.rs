@@ -1838,6 +1838,37 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
         let got = streamed_answer(&request.finish(Duration::from_secs(120)));
         assert_eq!(&got, expected, "with the buffer pool kept");
     }
+    drop(kept);
+
+    // The first-token-in-decode-step lever: a finished prompt's last token
+    // runs in the next decode forward. Every request still gets its whole
+    // answer, first token included; on this checkpoint on the CPU the rows
+    // it shares that forward with leave its values as they were, so the
+    // answers are the ones each prompt gets alone.
+    let joined = start_server(
+        &model,
+        &[
+            "--impl",
+            "monolith",
+            "--max-batch",
+            "8",
+            "--first-token-in-decode-step",
+            "on",
+        ],
+    );
+    assert!(
+        joined
+            .startup
+            .iter()
+            .any(|l| l.contains("a prompt's last token runs in the next decode forward")),
+        "the lever's effect is not stated: {:?}",
+        joined.startup
+    );
+    let running = stream_ids(&joined, &shapes, max_tokens);
+    for (request, expected) in running.into_iter().zip(&alone) {
+        let got = streamed_answer(&request.finish(Duration::from_secs(120)));
+        assert_eq!(&got, expected, "with first tokens in the decode step");
+    }
 }
 
 /// Streamed completions of [`ids_body`]'s prompts (`(first, n)` each), all

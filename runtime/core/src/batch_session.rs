@@ -19,7 +19,11 @@
 //!    prompt members and `completion_batch_size` members in all;
 //! 3. prompt members with only their last prompt token left move to the
 //!    generation batch: their first forward runs on that token in a batch of
-//!    their own, then their caches join the generation batch's (`extend`);
+//!    their own, then their caches join the generation batch's (`extend`).
+//!    With [`FirstSteps::InGenerationBatch`] (a serving lever, not
+//!    `BatchGenerator`'s schedule) they join before the next step's
+//!    generation forward instead, which runs that token beside the other
+//!    members' sampled tokens: one forward fewer;
 //! 4. every other prompt member feeds its next chunk of at most
 //!    `prefill_step_size` tokens, right-padded to the longest chunk, as one
 //!    forward (`prepare`, forward, `finalize`).
@@ -73,6 +77,26 @@ pub enum PromptLanes {
     ShortFirst,
 }
 
+/// Where a sequence whose prompt is done runs its last prompt token (see
+/// the module comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FirstSteps {
+    /// `BatchGenerator`'s: a forward of the sequences that start generating
+    /// together, in a batch of their own, before their caches join the
+    /// generation batch.
+    #[default]
+    OwnForward,
+    /// Their caches join the generation batch at the start of the next
+    /// step, and its forward runs their last prompt tokens beside the other
+    /// members' sampled tokens: one forward fewer each time prompts finish,
+    /// and a first token computed in other rows' company than mlx-lm's (its
+    /// bits may differ). A prompt that finishes its prefill in one step
+    /// still returns its first token at the step after, as with
+    /// [`FirstSteps::OwnForward`]; one of a single token (or one cached up to
+    /// its last token) returns it a step later.
+    InGenerationBatch,
+}
+
 /// `BatchGenerator`'s sizes, with its defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchConfig {
@@ -87,6 +111,8 @@ pub struct BatchConfig {
     pub prompt_lanes: PromptLanes,
     /// What a prefill chunk does with MLX's buffer pool (mlx-lm: releases it).
     pub prefill_buffer_pool: PrefillBufferPool,
+    /// Where the last prompt token runs (mlx-lm: a forward of its own).
+    pub first_steps: FirstSteps,
 }
 
 impl Default for BatchConfig {
@@ -97,6 +123,7 @@ impl Default for BatchConfig {
             completion_batch_size: 32,
             prompt_lanes: PromptLanes::One,
             prefill_buffer_pool: PrefillBufferPool::Released,
+            first_steps: FirstSteps::OwnForward,
         }
     }
 }
@@ -192,9 +219,13 @@ impl PromptBatch {
 #[derive(Default)]
 struct GenerationBatch {
     seqs: Vec<SeqId>,
-    /// int32 [members] (`None` without members).
+    /// int32 [members] (`None` without members): what the next forward
+    /// feeds each member.
     next_tokens: Option<Array>,
-    next_logprobs: Vec<Array>,
+    /// The logprobs row each member's next token was sampled from; `None`
+    /// where that token is the member's last prompt token
+    /// ([`FirstSteps::InGenerationBatch`]), which returns nothing.
+    next_logprobs: Vec<Option<Array>>,
     num_tokens: Vec<usize>,
     max_tokens: Vec<usize>,
     cache: Option<BatchCache>,
@@ -426,7 +457,11 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     /// and every token [`Self::step`] returned for it. `Ok(None)` when it
     /// was not generating (waiting, in prefill, or gone).
     pub fn leave_keeping_cache(&mut self, seq: SeqId) -> Result<Option<SeqCache>> {
-        let Some(i) = self.generation.seqs.iter().position(|s| *s == seq) else {
+        let generating = self.generation.seqs.iter().position(|s| *s == seq);
+        // A member whose last prompt token is not yet fed
+        // ([`FirstSteps::InGenerationBatch`]) has returned nothing and its
+        // cache lacks that token: it leaves as one in prefill does.
+        let Some(i) = generating.filter(|&i| self.generation.next_logprobs[i].is_some()) else {
             self.leave(seq)?;
             return Ok(None);
         };
@@ -524,9 +559,22 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
 
     /// The first part of [`Self::step`] and [`Self::step_generation`]:
     /// clears the last step's phases and runs the generation batch's
-    /// forward (1), timed, when it has members.
+    /// forward (1), timed, when it has members. With
+    /// [`FirstSteps::InGenerationBatch`], prompt members down to their last
+    /// token join the generation batch first (3), so this forward runs
+    /// their last prompt tokens.
     fn timed_generation_step(&mut self) -> Result<Vec<StepOutput>> {
         self.last_phases = StepPhases::default();
+        match self.config.first_steps {
+            FirstSteps::OwnForward => {}
+            FirstSteps::InGenerationBatch => {
+                if self.generation.seqs.len() < self.config.completion_batch_size {
+                    let joinable = self.prompt_members() > 0;
+                    let (_, took) = timed(|| self.start_generating())?;
+                    self.last_phases.joining = joinable.then_some(took);
+                }
+            }
+        }
         if self.generation.seqs.is_empty() {
             return Ok(Vec::new());
         }
@@ -550,12 +598,18 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         let (next_tokens, next_logprobs) =
             sample_next(self.model, &tokens, cache, &g.seqs, &mut self.samplers)?;
         g.next_tokens = Some(next_tokens);
-        g.next_logprobs = next_logprobs;
+        g.next_logprobs = next_logprobs.into_iter().map(Some).collect();
         // Waits for the previous step only; the one just queued runs on.
         let tokens = token_values(&tokens, &g.seqs)?;
         let mut out = Vec::with_capacity(tokens.len());
         let mut keep = Vec::with_capacity(tokens.len());
         for (i, (token, row)) in tokens.into_iter().zip(logprobs).enumerate() {
+            // A last prompt token was fed: the member's first token is the
+            // one this forward samples.
+            let Some(row) = row else {
+                keep.push(i);
+                continue;
+            };
             g.num_tokens[i] += 1;
             let finished = g.num_tokens[i] >= g.max_tokens[i];
             if finished {
@@ -658,9 +712,16 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         prompt.filter(&keep)?;
         let mut cache =
             cache.ok_or_else(|| error("a sequence starts generating without a cache".into()))?;
-        // `GenerationBatch.__init__` runs its first step at once.
-        let (next_tokens, next_logprobs) =
-            sample_next(self.model, &last, &mut cache, &seqs, &mut self.samplers)?;
+        let (next_tokens, next_logprobs) = match self.config.first_steps {
+            // `GenerationBatch.__init__` runs its first step at once.
+            FirstSteps::OwnForward => {
+                let (tokens, rows) =
+                    sample_next(self.model, &last, &mut cache, &seqs, &mut self.samplers)?;
+                (tokens, rows.into_iter().map(Some).collect())
+            }
+            // The generation batch's next forward feeds the last tokens.
+            FirstSteps::InGenerationBatch => (last, vec![None; seqs.len()]),
+        };
         self.generation.extend(GenerationBatch {
             num_tokens: vec![0; seqs.len()],
             seqs,

@@ -153,6 +153,7 @@ impl<'a> BatchedScheduler<'a> {
             // padded to) the long prompt's chunks.
             prompt_lanes: PromptLanes::ShortFirst,
             prefill_buffer_pool: limits.prefill_buffer_pool,
+            first_steps: limits.first_steps,
         };
         let prompt_cache = match limits.prompt_cache_bytes {
             0 => None,

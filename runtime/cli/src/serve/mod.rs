@@ -40,6 +40,7 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use archgen_runtime::batch_session::FirstSteps;
 use archgen_runtime::device::PrefillBufferPool;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -1950,6 +1951,10 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         prefill_buffer_pool: match levers.values.keep_buffer_pool {
             true => PrefillBufferPool::Kept,
             false => PrefillBufferPool::Released,
+        },
+        first_steps: match levers.values.first_token_in_decode_step {
+            true => FirstSteps::InGenerationBatch,
+            false => FirstSteps::OwnForward,
         },
     };
     let max_queue = args.max_queue as usize;

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use archgen_runtime::batch_session::FirstSteps;
 use archgen_runtime::device::{
     release_buffer_pool, PrefillBufferPool, SEQUENCE_TOKENS_PER_POOL_RELEASE,
 };
@@ -115,6 +116,8 @@ pub struct Limits {
     pub prompt_cache_size: usize,
     /// What a prefill chunk does with MLX's buffer pool.
     pub prefill_buffer_pool: PrefillBufferPool,
+    /// Where a batched sequence's last prompt token runs.
+    pub first_steps: FirstSteps,
 }
 
 /// One sequence's model state: its cache, the token it feeds next and its

@@ -7,6 +7,7 @@
 
 use std::sync::{mpsc, Arc};
 
+use archgen_runtime::batch_session::FirstSteps;
 use archgen_runtime::model::{CausalLm, ModelTask, Runs};
 use tokenizers::Tokenizer;
 
@@ -56,9 +57,16 @@ impl ModelTask for Worker {
         let unbatched = match m.batched() {
             Some(batched) => match batched.make_batch_cache(1) {
                 Ok(_) => {
+                    let first_steps = match self.limits.first_steps {
+                        FirstSteps::OwnForward => "",
+                        FirstSteps::InGenerationBatch => {
+                            "; a prompt's last token runs in the next decode forward \
+                             (first-token-in-decode-step)"
+                        }
+                    };
                     eprintln!(
                         "archgen: serve: {}: concurrent requests decode as one batched forward \
-                         (mlx-lm's BatchGenerator schedule), up to {} at once",
+                         (mlx-lm's BatchGenerator schedule), up to {} at once{first_steps}",
                         self.model_label, self.limits.max_batch
                     );
                     let _ = self.ready.send(m.vocab_size());
@@ -88,6 +96,13 @@ impl ModelTask for Worker {
              (one forward per sequence per step, no batching speedup)",
             self.model_label
         );
+        match self.limits.first_steps {
+            FirstSteps::OwnForward => {}
+            FirstSteps::InGenerationBatch => eprintln!(
+                "archgen: serve: first-token-in-decode-step acts on no step here: no decode \
+                 batch runs"
+            ),
+        }
         let _ = self.ready.send(m.vocab_size());
         let mut scheduler =
             Scheduler::one_by_one(m, &self.tokenizer, &self.eos, self.limits, &self.metrics);
