@@ -1816,59 +1816,36 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
     // A server that keeps MLX's buffer pool after prefill chunks (the
     // keep-buffer-pool lever) gives the same answers to the same requests
     // sent at once: the pool decides where arrays live, not their values.
-    let kept = start_server(
-        &model,
-        &[
-            "--impl",
-            "monolith",
-            "--max-batch",
-            "8",
-            "--keep-buffer-pool",
-        ],
+    let with_lever = |flags: &[&str], stated: &str, what: &str| {
+        let mut args = vec!["--impl", "monolith", "--max-batch", "8"];
+        args.extend_from_slice(flags);
+        let server = start_server(&model, &args);
+        assert!(
+            server.startup.iter().any(|l| l.contains(stated)),
+            "{what}: `{stated}` is not stated: {:?}",
+            server.startup
+        );
+        let running = stream_ids(&server, &shapes, max_tokens);
+        for (request, expected) in running.into_iter().zip(&alone) {
+            let got = streamed_answer(&request.finish(Duration::from_secs(120)));
+            assert_eq!(&got, expected, "{what}");
+        }
+    };
+    with_lever(
+        &["--keep-buffer-pool"],
+        "keep-buffer-pool (from its flag)",
+        "with the buffer pool kept",
     );
-    assert!(
-        kept.startup
-            .iter()
-            .any(|l| l.contains("keep-buffer-pool (from its flag)")),
-        "the lever is not stated: {:?}",
-        kept.startup
-    );
-    let running = stream_ids(&kept, &shapes, max_tokens);
-    for (request, expected) in running.into_iter().zip(&alone) {
-        let got = streamed_answer(&request.finish(Duration::from_secs(120)));
-        assert_eq!(&got, expected, "with the buffer pool kept");
-    }
-    drop(kept);
-
     // The first-token-in-decode-step lever: a finished prompt's last token
     // runs in the next decode forward. Every request still gets its whole
     // answer, first token included; on this checkpoint on the CPU the rows
     // it shares that forward with leave its values as they were, so the
     // answers are the ones each prompt gets alone.
-    let joined = start_server(
-        &model,
-        &[
-            "--impl",
-            "monolith",
-            "--max-batch",
-            "8",
-            "--first-token-in-decode-step",
-            "on",
-        ],
+    with_lever(
+        &["--first-token-in-decode-step", "on"],
+        "a prompt's last token runs in the next decode forward",
+        "with first tokens in the decode step",
     );
-    assert!(
-        joined
-            .startup
-            .iter()
-            .any(|l| l.contains("a prompt's last token runs in the next decode forward")),
-        "the lever's effect is not stated: {:?}",
-        joined.startup
-    );
-    let running = stream_ids(&joined, &shapes, max_tokens);
-    for (request, expected) in running.into_iter().zip(&alone) {
-        let got = streamed_answer(&request.finish(Duration::from_secs(120)));
-        assert_eq!(&got, expected, "with first tokens in the decode step");
-    }
 }
 
 /// Streamed completions of [`ids_body`]'s prompts (`(first, n)` each), all
