@@ -951,72 +951,76 @@ fn a_short_prompt_overtakes_a_long_one_in_prefill_and_computes_as_alone() {
 #[test]
 fn a_finished_prompt_joins_the_next_decode_forward_with_the_lever() {
     let root = tempfile::tempdir().unwrap();
-    let name = "qwen3-0.6b-tiny";
-    let (_, model_dir) = bf16_checkpoint(root.path(), name, 4501);
-    let model = archgen_monolith::load_dir(&model_dir).unwrap();
-    let vocab = BatchLm::vocab_size(&model);
-    let ids = |n: i32, seed: i32| -> Vec<i32> { (0..n).map(|i| (i * 37 + seed) % vocab).collect() };
-    // Prompts that finish while others generate, two that finish together,
-    // and one that finishes in the step its predecessor starts generating.
-    let prompts = [
-        (ids(9, 5), 0, 12),
-        (ids(6, 13), 2, 8),
-        (ids(7, 17), 2, 8),
-        (ids(13, 29), 5, 6),
-        (ids(5, 3), 9, 5),
-    ];
-    let config = |first_steps| BatchConfig {
-        prefill_step_size: 4,
-        first_steps,
-        ..BatchConfig::default()
-    };
-    let (mlx_lm, mlx_lm_shapes) = run_session(&model, config(FirstSteps::OwnForward), &prompts);
-    let (lever, lever_shapes) =
-        run_session(&model, config(FirstSteps::InGenerationBatch), &prompts);
+    // A plain KV cache, sliding-window caches beside full ones, and the
+    // Gated DeltaNet's conv and recurrent states.
+    for name in ["qwen3-0.6b-tiny", "gemma-3-1b-tiny", "qwen3.5-4b-tiny"] {
+        let (_, model_dir) = bf16_checkpoint(root.path(), name, 4501);
+        let model = archgen_monolith::load_dir(&model_dir).unwrap();
+        let vocab = BatchLm::vocab_size(&model);
+        let ids =
+            |n: i32, seed: i32| -> Vec<i32> { (0..n).map(|i| (i * 37 + seed) % vocab).collect() };
+        // Prompts that finish while others generate, two that finish together,
+        // and one that finishes in the step its predecessor starts generating.
+        let prompts = [
+            (ids(9, 5), 0, 12),
+            (ids(6, 13), 2, 8),
+            (ids(7, 17), 2, 8),
+            (ids(13, 29), 5, 6),
+            (ids(5, 3), 9, 5),
+        ];
+        let config = |first_steps| BatchConfig {
+            prefill_step_size: 4,
+            first_steps,
+            ..BatchConfig::default()
+        };
+        let (mlx_lm, mlx_lm_shapes) = run_session(&model, config(FirstSteps::OwnForward), &prompts);
+        let (lever, lever_shapes) =
+            run_session(&model, config(FirstSteps::InGenerationBatch), &prompts);
 
-    // BatchGenerator's first steps: a [n, 1] forward right after the step's
-    // generation forward, for the n prompts that just finished.
-    let one_token = |shapes: &[[i32; 2]]| shapes.iter().filter(|s| s[1] == 1).count();
-    let prefill = |shapes: &[[i32; 2]]| -> Vec<[i32; 2]> {
-        shapes.iter().filter(|s| s[1] > 1).copied().collect()
-    };
-    assert_eq!(
-        prefill(&mlx_lm_shapes),
-        prefill(&lever_shapes),
-        "prefill forwards"
-    );
-    let first_steps = mlx_lm_shapes.len() - lever_shapes.len();
-    assert!(
-        first_steps >= 3,
-        "the lever ran {} one-token forwards, BatchGenerator's schedule {}: expected at least \
-         3 fewer (the prompts finish in at least 3 different steps)",
-        one_token(&lever_shapes),
-        one_token(&mlx_lm_shapes)
-    );
-    let mut apart = (0f32, 0usize);
-    for (k, (a, b)) in mlx_lm.iter().zip(&lever).enumerate() {
-        assert_eq!(a.1.len(), prompts[k].2, "sequence {k}: tokens returned");
-        assert_eq!(a.2, b.2, "sequence {k}: the steps its tokens came in");
-        assert_eq!(a.1, b.1, "sequence {k}: greedy tokens");
-        for (step, (ra, rb)) in a.0.iter().zip(&b.0).enumerate() {
-            let (ra, rb) = (bf16_values(ra), bf16_values(rb));
-            let worst = ra
-                .iter()
-                .zip(&rb)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0f32, f32::max);
-            assert!(
-                worst <= 0.0625,
-                "sequence {k}, token {step}: logprobs {worst} apart"
-            );
-            apart = (apart.0.max(worst), apart.1 + usize::from(ra != rb));
+        // BatchGenerator's first steps: a [n, 1] forward right after the step's
+        // generation forward, for the n prompts that just finished.
+        let one_token = |shapes: &[[i32; 2]]| shapes.iter().filter(|s| s[1] == 1).count();
+        let prefill = |shapes: &[[i32; 2]]| -> Vec<[i32; 2]> {
+            shapes.iter().filter(|s| s[1] > 1).copied().collect()
+        };
+        assert_eq!(
+            prefill(&mlx_lm_shapes),
+            prefill(&lever_shapes),
+            "prefill forwards"
+        );
+        let first_steps = mlx_lm_shapes.len() - lever_shapes.len();
+        assert!(
+            first_steps >= 3,
+            "the lever ran {} one-token forwards, BatchGenerator's schedule {}: expected at least \
+             3 fewer (the prompts finish in at least 3 different steps)",
+            one_token(&lever_shapes),
+            one_token(&mlx_lm_shapes)
+        );
+        let mut apart = (0f32, 0usize);
+        for (k, (a, b)) in mlx_lm.iter().zip(&lever).enumerate() {
+            assert_eq!(a.1.len(), prompts[k].2, "sequence {k}: tokens returned");
+            assert_eq!(a.2, b.2, "sequence {k}: the steps its tokens came in");
+            assert_eq!(a.1, b.1, "sequence {k}: greedy tokens");
+            for (step, (ra, rb)) in a.0.iter().zip(&b.0).enumerate() {
+                let (ra, rb) = (bf16_values(ra), bf16_values(rb));
+                let worst = ra
+                    .iter()
+                    .zip(&rb)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst <= 0.0625,
+                    "sequence {k}, token {step}: logprobs {worst} apart"
+                );
+                apart = (apart.0.max(worst), apart.1 + usize::from(ra != rb));
+            }
         }
+        eprintln!(
+            "{name}: {first_steps} forwards fewer; logprobs rows that differ from BatchGenerator's \
+             schedule: {}, at most {} apart",
+            apart.1, apart.0
+        );
     }
-    eprintln!(
-        "{name}: {first_steps} forwards fewer; logprobs rows that differ from BatchGenerator's \
-         schedule: {}, at most {} apart",
-        apart.1, apart.0
-    );
 }
 
 /// bf16 values from their little-endian bytes.
