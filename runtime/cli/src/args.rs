@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
-use crate::levers::{LeverFlags, ListFormat, ModelCommand, ServeCommand};
+use crate::levers::{LeverFlags, ListFormat, LogitsCommand, ModelCommand, ServeCommand};
 
 /// What the exit status means (shown under `archgen --help`, docs/cli.md).
 pub const EXIT_CODES: &str = "\
@@ -446,7 +446,7 @@ pub struct LogitsArgs {
     #[arg(long, value_name = "FILE.safetensors")]
     pub out: PathBuf,
     #[command(flatten)]
-    pub levers: LeverFlags<ModelCommand>,
+    pub levers: LeverFlags<LogitsCommand>,
 }
 
 #[derive(Debug, Args)]

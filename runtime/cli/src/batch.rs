@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use archgen_runtime::batch_session::{run_schedule, Schedule};
+use archgen_runtime::batch_session::{run_schedule, FirstSteps, Schedule};
 use archgen_runtime::model::{CausalLm, ModelTask, Runs};
 use archgen_runtime::Array;
 
@@ -41,6 +41,10 @@ pub(crate) fn logits(ui: &Ui, args: &LogitsArgs) -> Result<(), String> {
         path,
         json: &json,
         out: &args.out,
+        first_steps: match levers.values.first_token_in_decode_step {
+            true => FirstSteps::InGenerationBatch,
+            false => FirstSteps::OwnForward,
+        },
     };
     with_model(
         ui,
@@ -57,6 +61,9 @@ struct BatchTask<'a> {
     path: &'a Path,
     json: &'a serde_json::Value,
     out: &'a Path,
+    /// Where a finished prompt's last token runs (the
+    /// first-token-in-decode-step lever).
+    first_steps: FirstSteps,
 }
 
 impl ModelTask for BatchTask<'_> {
@@ -67,16 +74,24 @@ impl ModelTask for BatchTask<'_> {
     }
 
     fn run<M: CausalLm>(self, m: &M) -> Self::Output {
-        let schedule = Schedule::from_json(self.json, m.vocab_size())
+        let mut schedule = Schedule::from_json(self.json, m.vocab_size())
             .map_err(|e| format!("--batch {}: {e}", self.path.display()))?;
+        schedule.config.first_steps = self.first_steps;
         let batched = m.batched().ok_or_else(|| {
             format!(
                 "--batch {}: this implementation has no batched forward",
                 self.path.display()
             )
         })?;
+        let form = match self.first_steps {
+            FirstSteps::OwnForward => "mlx-lm BatchGenerator's schedule",
+            FirstSteps::InGenerationBatch => {
+                "mlx-lm BatchGenerator's schedule, but a finished prompt's last token runs in \
+                 the next decode forward: first-token-in-decode-step"
+            }
+        };
         self.ui.note(&format!(
-            "running batched: {} sequences (mlx-lm BatchGenerator's schedule)",
+            "running batched: {} sequences ({form})",
             schedule.sequences.len()
         ));
         let runs = mlx(run_schedule(batched, &schedule))?;

@@ -54,11 +54,15 @@ pub enum Value {
     Blocks(GpuBlocks),
 }
 
-/// The commands that read a lever.
+/// The commands that read a lever (a lever's scope), or the levers a
+/// command reads (a command's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     /// Every command that runs a model: logits, generate, chat, serve, embed.
     Model,
+    /// The commands that run continuous batches: `logits` (with `--batch`)
+    /// and `serve`.
+    Batches,
     /// `serve` alone.
     Serve,
 }
@@ -67,6 +71,7 @@ impl Scope {
     fn commands(self) -> &'static [&'static str] {
         match self {
             Scope::Model => &["logits", "generate", "chat", "serve", "embed"],
+            Scope::Batches => &["logits", "serve"],
             Scope::Serve => &["serve"],
         }
     }
@@ -208,8 +213,8 @@ impl Lever {
                  allocate (still returned every 512 batch steps; values unchanged)"
             }
             Lever::FirstTokenInDecodeStep => {
-                "serve: a sequence whose prompt is done runs its last prompt token in the \
-                 decode batch's next forward, beside the other sequences' tokens, instead of \
+                "serve and logits --batch: a sequence whose prompt is done runs its last \
+                 prompt token in the decode batch's next forward, beside the other sequences' tokens, instead of \
                  in a forward of its own first (one forward fewer each time prompts finish; \
                  the first token is computed in other company than mlx-lm's, so its bits may \
                  differ)"
@@ -256,10 +261,10 @@ impl Lever {
             | Lever::GpuStackedProjections
             | Lever::CudaHeadNormRope
             | Lever::DeltanetChunkedPrefill => Scope::Model,
+            Lever::FirstTokenInDecodeStep => Scope::Batches,
             Lever::MaxBatch
             | Lever::PrefillStep
             | Lever::KeepBufferPool
-            | Lever::FirstTokenInDecodeStep
             | Lever::CudaGraphCache => Scope::Serve,
         }
     }
@@ -267,8 +272,10 @@ impl Lever {
     /// Whether a command of `command`'s scope reads this lever.
     pub fn read_by(self, command: Scope) -> bool {
         match (self.scope(), command) {
-            (Scope::Model, Scope::Model | Scope::Serve) | (Scope::Serve, Scope::Serve) => true,
-            (Scope::Serve, Scope::Model) => false,
+            (Scope::Model, Scope::Model | Scope::Batches | Scope::Serve)
+            | (Scope::Batches, Scope::Batches | Scope::Serve)
+            | (Scope::Serve, Scope::Serve) => true,
+            (Scope::Batches, Scope::Model) | (Scope::Serve, Scope::Model | Scope::Batches) => false,
         }
     }
 
@@ -670,11 +677,18 @@ pub trait CommandScope {
     const SCOPE: Scope;
 }
 
-/// logits, generate, chat, embed.
+/// generate, chat, embed.
 #[derive(Debug, Clone, Copy)]
 pub struct ModelCommand;
 impl CommandScope for ModelCommand {
     const SCOPE: Scope = Scope::Model;
+}
+
+/// logits, which also runs continuous batches (`--batch`).
+#[derive(Debug, Clone, Copy)]
+pub struct LogitsCommand;
+impl CommandScope for LogitsCommand {
+    const SCOPE: Scope = Scope::Batches;
 }
 
 /// serve.

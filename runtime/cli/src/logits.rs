@@ -50,14 +50,22 @@ pub(crate) fn logits(
         out: &args.out,
         writes,
     };
+    let levers = crate::checkpoint::run_levers(&args.levers, &args.model, args.require_tier)?;
     with_model(
         ui,
         &args.model,
         args.implementation,
         args.require_tier,
-        &crate::checkpoint::run_levers(&args.levers, &args.model, args.require_tier)?,
+        &levers,
         task,
-    )
+    )?;
+    if levers.values.first_token_in_decode_step {
+        ui.note(
+            "first-token-in-decode-step: not applied: one sequence runs no decode batch (the \
+             lever acts with --batch)",
+        );
+    }
+    Ok(())
 }
 
 struct LogitsTask<'a> {

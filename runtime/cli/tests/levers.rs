@@ -157,6 +157,11 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
         serde_json::json!(["logits", "generate", "chat", "serve", "embed"])
     );
     assert_eq!(levers[8]["commands"], serde_json::json!(["serve"]));
+    assert_eq!(levers[11]["name"], "first-token-in-decode-step");
+    assert_eq!(
+        levers[11]["commands"],
+        serde_json::json!(["logits", "serve"])
+    );
     let aliases = json["aliases"].as_array().unwrap();
     assert_eq!(aliases[0]["flag"], "--l1");
     assert_eq!(aliases[0]["sets"]["gpu-one-token-sdpa"], "off");
@@ -222,7 +227,7 @@ fn require_tier_refuses_an_l3_lever_by_name_before_reading_anything() {
             // --l3 turns on each of its levers that the command reads; the
             // refusal names each.
             let levers = match source {
-                "from --l3" if base[0] == "serve" => format!(
+                "from --l3" if base[0] == "serve" || base[0] == "logits" => format!(
                     "lever gpu-one-token-sdpa=on ({source}) is L3, lever \
                      gpu-stacked-projections=on ({source}) is L3, lever \
                      cuda-head-norm-rope=on ({source}) is L3, lever \
@@ -403,7 +408,8 @@ fn a_run_states_its_levers_and_the_tier_they_give_it() {
     let sdpa_l3 = "archgen: parity tier L3: lever gpu-one-token-sdpa=on (no oracle)\n";
     let alias_l3 = "archgen: parity tier L3: lever gpu-one-token-sdpa=on; \
                     lever gpu-stacked-projections=on; lever cuda-head-norm-rope=on; \
-                    lever deltanet-chunked-prefill=on (no oracle)\n";
+                    lever deltanet-chunked-prefill=on; lever first-token-in-decode-step=on \
+                    (no oracle)\n";
     // gpu-decode is on by default in every build but macOS's.
     let gpu = if cfg!(target_os = "macos") {
         ""
@@ -445,8 +451,16 @@ fn a_run_states_its_levers_and_the_tier_they_give_it() {
         e.contains(&format!(
             "archgen: levers on: {gpu}gpu-one-token-sdpa (from --l3), \
              gpu-stacked-projections (from --l3), cuda-head-norm-rope (from --l3), \
-             deltanet-chunked-prefill (from --l3)\n"
+             deltanet-chunked-prefill (from --l3), first-token-in-decode-step (from --l3)\n"
         )),
+        "{e}"
+    );
+    // One sequence runs no decode batch: the batch lever says it did nothing.
+    assert!(
+        e.contains(
+            "archgen: first-token-in-decode-step: not applied: one sequence runs no decode batch \
+             (the lever acts with --batch)\n"
+        ),
         "{e}"
     );
 
@@ -461,6 +475,8 @@ fn a_run_states_its_levers_and_the_tier_they_give_it() {
             "--cuda-head-norm-rope",
             "off",
             "--deltanet-chunked-prefill",
+            "off",
+            "--first-token-in-decode-step",
             "off",
         ],
         &[],
@@ -579,5 +595,96 @@ fn chat_and_serve_state_their_levers_serves_with_its_own() {
              keep-buffer-pool (from its flag), cuda-graph-cache=500 (from MLX_CUDA_GRAPH_CACHE_SIZE)\n"
         )),
         "{startup}"
+    );
+}
+
+/// `first-token-in-decode-step` in `logits --batch`: the schedule runs with
+/// each finished prompt's last token in the next decode forward. The run
+/// says so and states its tier; every sequence returns its tokens at the
+/// steps `BatchGenerator`'s schedule returns them, and the same greedy tokens
+/// (on this CPU, bf16, the same bytes: tests/batch_parity.rs measures them).
+/// Without `--batch` the lever has nothing to act on, and the run says that.
+#[test]
+fn the_first_token_lever_runs_a_batch_schedule_and_says_so() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("m");
+    init_with("qwen3-0.6b-tiny", &dir, &[]);
+    let schedule = root.path().join("schedule.json");
+    let ids =
+        |n: usize, seed: usize| -> Vec<usize> { (0..n).map(|i| (i * 37 + seed) % 512).collect() };
+    std::fs::write(
+        &schedule,
+        serde_json::json!({
+            "prefill_step_size": 4,
+            "sequences": [
+                {"prompt": ids(9, 5), "arrival": 0, "decode": 10},
+                {"prompt": ids(6, 13), "arrival": 2, "decode": 6},
+                {"prompt": ids(7, 17), "arrival": 2, "decode": 6},
+                {"prompt": ids(13, 29), "arrival": 5, "decode": 4}
+            ]
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let run = |name: &str, extra: &[&str]| {
+        let out = root.path().join(format!("{name}.safetensors"));
+        let mut args = vec![
+            "logits",
+            "--model",
+            dir.to_str().unwrap(),
+            "--batch",
+            schedule.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = archgen(&args);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        (
+            stderr(&o),
+            archgen_runtime::Array::load_safetensors(&out).unwrap(),
+        )
+    };
+    let (_, l1) = run("l1", &[]);
+    let (e, lever) = run("lever", &["--first-token-in-decode-step", "on"]);
+    assert!(
+        e.contains("archgen: parity tier L3: lever first-token-in-decode-step=on (no oracle)\n"),
+        "{e}"
+    );
+    assert!(
+        e.contains("a finished prompt's last token runs in the next decode forward"),
+        "{e}"
+    );
+    for i in 0..4 {
+        for part in ["tokens", "steps"] {
+            let key = format!("seq{i}.{part}");
+            let (a, b) = (&l1[&key], &lever[&key]);
+            assert_eq!(a.as_slice::<i32>(), b.as_slice::<i32>(), "{key}");
+        }
+    }
+    let ids = ids(9, 5)
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = root.path().join("one.safetensors");
+    let o = archgen(&[
+        "logits",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        &ids,
+        "--out",
+        out.to_str().unwrap(),
+        "--first-token-in-decode-step",
+        "on",
+    ]);
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains(
+            "archgen: first-token-in-decode-step: not applied: one sequence runs no decode batch"
+        ),
+        "{e}"
     );
 }
