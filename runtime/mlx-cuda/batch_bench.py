@@ -108,7 +108,9 @@ def main() -> None:
             raise SystemExit(f"unknown worker {name!r}: BASE is one of {', '.join(cmds)}")
         t = time.time()
         workers[name] = Worker(name, cmds[base], env)
-        print(f"{name} ready in {time.time() - t:.1f} s", flush=True)
+        choices = workers[name].ready.get("decode_choices")
+        print(f"{name} ready in {time.time() - t:.1f} s"
+              + (f"; decode choices {json.dumps(choices, sort_keys=True)}" if choices else ""), flush=True)
 
     steps: dict[tuple[int, str], list[float]] = {}
     fills: dict[tuple[int, str], list[float]] = {}

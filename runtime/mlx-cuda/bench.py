@@ -215,8 +215,10 @@ def bench(spec: str, a, bound_bw: float | None, report: dict) -> str:
     for name in IMPLS:
         t = time.time()
         workers[name] = Worker(name, *worker_cmd(name, model, a))
+        choices = workers[name].ready.get("decode_choices")
         print(f"bench {spec}: {name} ready in {time.time() - t:.1f} s "
-              f"(load_s {workers[name].ready['load_s']:.1f})", flush=True)
+              f"(load_s {workers[name].ready['load_s']:.1f})"
+              + (f"; decode choices {json.dumps(choices, sort_keys=True)}" if choices else ""), flush=True)
     steps = {n: [] for n in IMPLS}
     fed = {n: [] for n in IMPLS}  # greedy tokens per round
     pre128 = {n: [] for n in IMPLS}

@@ -4,8 +4,10 @@
 //!
 //! After loading and one evaluated 1-token forward on a throwaway cache (MLX
 //! reads weights lazily; this makes it read them all) it prints
-//! `{"ready": true, "impl", "load_s", "vmhwm_kb"}` (VmHWM = the process's peak
-//! RSS so far, i.e. while loading), then answers:
+//! `{"ready": true, "impl", "load_s", "vmhwm_kb", "decode_choices"}` (VmHWM =
+//! the process's peak RSS so far, i.e. while loading; `decode_choices`: the
+//! levers the environment's variables set, read before the model loads, a
+//! value the worker cannot read refused), then answers:
 //!   `prefill N`  fresh cache, one forward over N prompt ids, logits evaluated
 //!                -> `{"prefill_s": T}`; this cache is the one `steps` extends
 //!   `steps W S`  W untimed then S timed one-token decode steps, pipelined
@@ -65,6 +67,7 @@ use std::time::Instant;
 
 use archgen_runtime::batch::BatchLm;
 use archgen_runtime::batch_session::{BatchConfig, BatchSession, SeqId};
+use archgen_runtime::device::{set_decode_choices, DecodeChoices};
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::model::{CausalLm, ModelTask};
 use archgen_runtime::protocol::argmax;
@@ -96,6 +99,22 @@ fn reply(value: serde_json::Value) {
 struct Worker {
     name: &'static str,
     started: Instant,
+    choices: DecodeChoices,
+}
+
+/// The decode choices as the ready line reports them: what a benchmark log
+/// shows ran (a variant's variables reached the worker or they did not).
+fn choices_json(c: &DecodeChoices) -> serde_json::Value {
+    json!({
+        "eager_decode": c.eager_decode,
+        "gpu_decode": c.gpu_decode,
+        "gpu_decode_on_cpu": c.gpu_decode_on_cpu,
+        "gpu_decode_blocks": format!("{:?}", c.gpu_blocks),
+        "gpu_one_token_sdpa": c.gpu_one_token_sdpa,
+        "gpu_stacked_projections": c.gpu_stacked_projections,
+        "cuda_head_norm_rope": c.cuda_head_norm_rope,
+        "deltanet_chunked_prefill": c.deltanet_chunked_prefill,
+    })
 }
 
 impl ModelTask for Worker {
@@ -114,6 +133,7 @@ impl ModelTask for Worker {
             "impl": self.name,
             "load_s": self.started.elapsed().as_secs_f64(),
             "vmhwm_kb": vmhwm_kb(),
+            "decode_choices": choices_json(&self.choices),
         }));
         let mut cache = m.make_cache();
         let mut last: Option<Array> = None;
@@ -596,6 +616,19 @@ pub fn main(args: &[String]) -> ExitCode {
         eprintln!("usage: archgen-bench worker --impl generated|monolith --model DIR");
         return ExitCode::from(2);
     };
+    // Read here, not at the first step, so a value the runtime cannot read
+    // stops the worker instead of running the defaults under a variant's name.
+    let choices = match DecodeChoices::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("archgen-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(fixed) = set_decode_choices(choices) {
+        eprintln!("archgen-bench: decode choices were fixed before the worker set them: {fixed:?}");
+        return ExitCode::FAILURE;
+    }
     let started = Instant::now();
     let result = match which.as_str() {
         "generated" => archgen_checkpoint::read_dir(&dir)
@@ -605,6 +638,7 @@ pub fn main(args: &[String]) -> ExitCode {
                 let task = Worker {
                     name: "generated",
                     started,
+                    choices,
                 };
                 match archgen_generated::run(&fingerprint, weights, task) {
                     Some(r) => r.map_err(|e| e.to_string()).and_then(|r| r),
@@ -617,6 +651,7 @@ pub fn main(args: &[String]) -> ExitCode {
                 Worker {
                     name: "monolith",
                     started,
+                    choices,
                 }
                 .run(&m)
             }),

@@ -345,7 +345,8 @@ impl Lever {
             Lever::CudaHeadNormRope => Some(device::CUDA_HEAD_NORM_ROPE_VAR),
             Lever::DeltanetChunkedPrefill => Some(device::DELTANET_CHUNKED_PREFILL_VAR),
             Lever::KeepBufferPool => Some(device::KEEP_BUFFER_POOL_VAR),
-            Lever::MaxBatch | Lever::PrefillStep | Lever::FirstTokenInDecodeStep => None,
+            Lever::FirstTokenInDecodeStep => Some(FIRST_TOKEN_IN_DECODE_STEP_VAR),
+            Lever::MaxBatch | Lever::PrefillStep => None,
             Lever::CudaGraphCache => Some(CUDA_GRAPH_CACHE_VAR),
         }
     }
@@ -354,13 +355,15 @@ impl Lever {
     /// (`None`: it says nothing about this lever).
     fn read_env(self, raw: &str) -> Result<Option<Value>, String> {
         let var = self.env_var().unwrap_or_default();
-        let switch = |raw: &str, accepted: &str| match raw {
-            "1" | "on" | "true" => Ok(true),
-            "" | "0" | "off" | "false" => Ok(false),
-            other => Err(format!(
-                "{var}={other}: expected {accepted}; or unset it and give --{} on|off",
-                self.name()
-            )),
+        // The runtime's reading of a switch, so the bench worker and archgen
+        // agree on every value.
+        let switch = |raw: &str, accepted: &str| {
+            device::switch_value(raw).ok_or_else(|| {
+                format!(
+                    "{var}={raw}: expected {accepted}; or unset it and give --{} on|off",
+                    self.name()
+                )
+            })
         };
         match self {
             Lever::EagerDecode
@@ -454,6 +457,12 @@ impl Lever {
 
 /// MLX's own variable for its CUDA graph cache, read when its backend starts.
 pub const CUDA_GRAPH_CACHE_VAR: &str = "MLX_CUDA_GRAPH_CACHE_SIZE";
+
+/// The variable that turns on `first-token-in-decode-step` when neither its
+/// flag nor an alias sets it. The GPU speed table runs its L3 server with
+/// every `--l3` lever through its variable (runtime/mlx-cuda/speed_table.py),
+/// so every lever `--l3` turns on needs one.
+pub const FIRST_TOKEN_IN_DECODE_STEP_VAR: &str = "ARCHGEN_FIRST_TOKEN_IN_DECODE_STEP";
 
 /// A value for every lever, typed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1116,6 +1125,27 @@ mod tests {
             Alias::L3.expansion(),
             "gpu-one-token-sdpa=on, gpu-stacked-projections=on, cuda-head-norm-rope=on, \
              deltanet-chunked-prefill=on, first-token-in-decode-step=on"
+        );
+    }
+
+    #[test]
+    fn every_lever_the_l3_alias_turns_on_has_an_environment_variable() {
+        // The GPU speed table and the bench worker set the L3 levers through
+        // their variables; a lever without one would stop that table.
+        for lever in Lever::ALL {
+            if Alias::L3.sets(lever).is_some() {
+                assert!(lever.env_var().is_some(), "{}", lever.name());
+            }
+        }
+        let run = flags::<ServeCommand>(None, &[])
+            .resolve_with(|v: &str| (v == FIRST_TOKEN_IN_DECODE_STEP_VAR).then(|| "1".to_string()))
+            .unwrap();
+        assert!(run.values.first_token_in_decode_step);
+        assert_eq!(
+            run.settings()
+                .find(|(l, _, _)| *l == Lever::FirstTokenInDecodeStep)
+                .map(|(_, _, s)| s),
+            Some(Source::Environment(FIRST_TOKEN_IN_DECODE_STEP_VAR))
         );
     }
 

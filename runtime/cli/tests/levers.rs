@@ -106,7 +106,13 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
     );
     assert_eq!(
         row("first-token-in-decode-step"),
-        ["first-token-in-decode-step", "L3", "off", "on|off", "-"]
+        [
+            "first-token-in-decode-step",
+            "L3",
+            "off",
+            "on|off",
+            "ARCHGEN_FIRST_TOKEN_IN_DECODE_STEP"
+        ]
     );
     assert!(
         table.contains(

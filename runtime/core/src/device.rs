@@ -84,35 +84,63 @@ impl DecodeChoices {
         deltanet_chunked_prefill: false,
     };
 
-    /// The choices the environment variables make, read as they always
-    /// were: `ARCHGEN_EAGER_DECODE` and `ARCHGEN_GPU_DECODE` are on when set
-    /// to anything but empty or `0` (`cpu-too` also sets
-    /// [`DecodeChoices::gpu_decode_on_cpu`]), `ARCHGEN_GPU_DECODE_BLOCKS` is
-    /// `pre`, `post` or `none` (anything else: every block), and
-    /// `ARCHGEN_GPU_ONE_TOKEN_SDPA`, `ARCHGEN_GPU_STACKED_PROJECTIONS`,
-    /// `ARCHGEN_CUDA_HEAD_NORM_ROPE` and `ARCHGEN_DELTANET_CHUNKED_PREFILL`
-    /// are on at `1`.
-    pub fn from_env() -> DecodeChoices {
-        let set = |name: &str| std::env::var_os(name).map(|v| !v.is_empty() && v != "0");
-        let gpu_decode_on_cpu = std::env::var_os(GPU_DECODE_VAR).is_some_and(|v| v == "cpu-too");
-        DecodeChoices {
-            eager_decode: set(EAGER_DECODE_VAR).unwrap_or(false),
-            gpu_decode: set(GPU_DECODE_VAR).unwrap_or(MEASURED_GPU),
+    /// The choices the environment variables make: each switch is on at
+    /// `1`, `on` or `true` and off at `0`, `off`, `false` or empty (the
+    /// values archgen's lever flags read, [`switch_value`]);
+    /// `ARCHGEN_GPU_DECODE=cpu-too` also sets
+    /// [`DecodeChoices::gpu_decode_on_cpu`]; `ARCHGEN_GPU_DECODE_BLOCKS` is
+    /// `all`, `pre`, `post` or `none`. Any other value is an error naming
+    /// the variable.
+    pub fn from_env() -> Result<DecodeChoices, String> {
+        DecodeChoices::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`DecodeChoices::from_env`] over `var` (a variable's value, `None`
+    /// when unset).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<DecodeChoices, String> {
+        let switch = |name: &str, unset: bool| match var(name) {
+            None => Ok(unset),
+            Some(raw) => switch_value(&raw).ok_or_else(|| {
+                format!("{name}={raw}: expected 1, on or true, or 0, off, false or empty")
+            }),
+        };
+        let gpu_decode_on_cpu = var(GPU_DECODE_VAR).as_deref() == Some("cpu-too");
+        let gpu_decode = match gpu_decode_on_cpu {
+            true => true,
+            false => switch(GPU_DECODE_VAR, MEASURED_GPU)?,
+        };
+        Ok(DecodeChoices {
+            eager_decode: switch(EAGER_DECODE_VAR, false)?,
+            gpu_decode,
             gpu_decode_on_cpu,
-            gpu_blocks: match std::env::var(GPU_DECODE_BLOCKS_VAR).as_deref() {
-                Ok("pre") => GpuBlocks::PreAttention,
-                Ok("post") => GpuBlocks::PostAttention,
-                Ok("none") => GpuBlocks::None,
-                _ => GpuBlocks::All,
+            gpu_blocks: match var(GPU_DECODE_BLOCKS_VAR).as_deref() {
+                None | Some("all") => GpuBlocks::All,
+                Some("pre") => GpuBlocks::PreAttention,
+                Some("post") => GpuBlocks::PostAttention,
+                Some("none") => GpuBlocks::None,
+                Some(other) => {
+                    return Err(format!(
+                        "{GPU_DECODE_BLOCKS_VAR}={other}: expected all, pre, post or none"
+                    ))
+                }
             },
-            gpu_one_token_sdpa: std::env::var_os(GPU_ONE_TOKEN_SDPA_VAR).is_some_and(|v| v == "1"),
-            gpu_stacked_projections: std::env::var_os(GPU_STACKED_PROJECTIONS_VAR)
-                .is_some_and(|v| v == "1"),
-            cuda_head_norm_rope: std::env::var_os(CUDA_HEAD_NORM_ROPE_VAR)
-                .is_some_and(|v| v == "1"),
-            deltanet_chunked_prefill: std::env::var_os(DELTANET_CHUNKED_PREFILL_VAR)
-                .is_some_and(|v| v == "1"),
-        }
+            gpu_one_token_sdpa: switch(GPU_ONE_TOKEN_SDPA_VAR, false)?,
+            gpu_stacked_projections: switch(GPU_STACKED_PROJECTIONS_VAR, false)?,
+            cuda_head_norm_rope: switch(CUDA_HEAD_NORM_ROPE_VAR, false)?,
+            deltanet_chunked_prefill: switch(DELTANET_CHUNKED_PREFILL_VAR, false)?,
+        })
+    }
+}
+
+/// A switch variable's value: `Some(true)` at `1`, `on` or `true`,
+/// `Some(false)` at `0`, `off`, `false` or empty, `None` for anything else.
+/// One reading for every reader (the runtime, archgen's levers, the bench
+/// worker), so a script that sets `on` gets the same run from each.
+pub fn switch_value(raw: &str) -> Option<bool> {
+    match raw {
+        "1" | "on" | "true" => Some(true),
+        "" | "0" | "off" | "false" => Some(false),
+        _ => None,
     }
 }
 
@@ -128,8 +156,18 @@ pub fn set_decode_choices(choices: DecodeChoices) -> Result<(), DecodeChoices> {
 
 /// This process's decode choices: those set by [`set_decode_choices`], else
 /// the environment's.
+///
+/// A library user who sets none gets the environment's; a variable with a
+/// value it cannot read is reported on stderr once and the defaults run
+/// (a front end reads the variables itself first and refuses such a value:
+/// archgen's levers, the bench worker).
 pub fn decode_choices() -> DecodeChoices {
-    *CHOICES.get_or_init(DecodeChoices::from_env)
+    *CHOICES.get_or_init(|| {
+        DecodeChoices::from_env().unwrap_or_else(|e| {
+            eprintln!("archgen runtime: {e}; running the default decode choices");
+            DecodeChoices::DEFAULT
+        })
+    })
 }
 
 /// The path of one-token steps on MLX's default device, from
@@ -394,5 +432,59 @@ pub fn libmlx_version() -> Result<String, mlx_rs::error::Exception> {
         };
         mlx_sys::mlx_string_free(s);
         text.ok_or_else(|| mlx_rs::error::Exception::custom("libmlx did not give its version"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars<'a>(set: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            set.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn the_environment_reads_on_and_one_alike_and_refuses_what_it_cannot_read() {
+        assert_eq!(
+            DecodeChoices::from_vars(vars(&[])),
+            Ok(DecodeChoices::DEFAULT)
+        );
+        // The GPU speed table sets the L3 levers' variables to `on`.
+        for on in ["1", "on", "true"] {
+            let c = DecodeChoices::from_vars(vars(&[
+                (GPU_ONE_TOKEN_SDPA_VAR, on),
+                (GPU_STACKED_PROJECTIONS_VAR, on),
+                (CUDA_HEAD_NORM_ROPE_VAR, on),
+                (DELTANET_CHUNKED_PREFILL_VAR, on),
+                (EAGER_DECODE_VAR, on),
+            ]))
+            .unwrap();
+            assert!(
+                c.gpu_one_token_sdpa
+                    && c.gpu_stacked_projections
+                    && c.cuda_head_norm_rope
+                    && c.deltanet_chunked_prefill
+                    && c.eager_decode,
+                "{on}: {c:?}"
+            );
+        }
+        let c = DecodeChoices::from_vars(vars(&[(GPU_DECODE_VAR, "off")])).unwrap();
+        assert!(!c.gpu_decode && !c.gpu_decode_on_cpu);
+        let c = DecodeChoices::from_vars(vars(&[(GPU_DECODE_VAR, "cpu-too")])).unwrap();
+        assert!(c.gpu_decode && c.gpu_decode_on_cpu);
+        let c = DecodeChoices::from_vars(vars(&[(GPU_DECODE_BLOCKS_VAR, "post")])).unwrap();
+        assert_eq!(c.gpu_blocks, GpuBlocks::PostAttention);
+        assert_eq!(
+            DecodeChoices::from_vars(vars(&[(CUDA_HEAD_NORM_ROPE_VAR, "yes")])),
+            Err("ARCHGEN_CUDA_HEAD_NORM_ROPE=yes: expected 1, on or true, or 0, off, false or empty".into())
+        );
+        assert_eq!(
+            DecodeChoices::from_vars(vars(&[(GPU_DECODE_BLOCKS_VAR, "half")])),
+            Err("ARCHGEN_GPU_DECODE_BLOCKS=half: expected all, pre, post or none".into())
+        );
     }
 }
