@@ -16,7 +16,8 @@
 use archgen_runtime::batch::BatchLm;
 use archgen_runtime::batch::{BatchCache, BatchLayerCache};
 use archgen_runtime::batch_session::{
-    run_schedule, BatchConfig, BatchSession, FirstSteps, PromptLanes, Schedule, SeqRun,
+    run_schedule, BatchConfig, BatchSession, ChunkAfterStart, FirstSteps, PromptLanes, Schedule,
+    SeqRun, StepPhases,
 };
 use archgen_runtime::bytes::array_bytes;
 use archgen_runtime::mlx_rs::Dtype;
@@ -823,6 +824,16 @@ fn run_session(
     config: BatchConfig,
     prompts: &[(Vec<i32>, usize, usize)],
 ) -> (Vec<Trace>, Vec<[i32; 2]>) {
+    let (traces, shapes, _) = run_session_phases(model, config, prompts);
+    (traces, shapes)
+}
+
+/// [`run_session`], with each step's [`StepPhases`] too.
+fn run_session_phases(
+    model: &dyn BatchLm,
+    config: BatchConfig,
+    prompts: &[(Vec<i32>, usize, usize)],
+) -> (Vec<Trace>, Vec<[i32; 2]>, Vec<StepPhases>) {
     let recording = Recording {
         model,
         shapes: Default::default(),
@@ -830,6 +841,7 @@ fn run_session(
     let mut session = BatchSession::new(&recording, config);
     let mut ids = vec![None; prompts.len()];
     let mut traces: Vec<Trace> = vec![Default::default(); prompts.len()];
+    let mut phases = Vec::new();
     for step in 0..200 {
         for (k, (prompt, arrival, budget)) in prompts.iter().enumerate() {
             if *arrival == step {
@@ -842,12 +854,13 @@ fn run_session(
             traces[k].1.push(out.token);
             traces[k].2.push(step);
         }
+        phases.push(session.last_phases());
         if ids.iter().all(Option::is_some) && session.is_idle() {
             break;
         }
     }
     assert!(session.is_idle(), "the session did not finish");
-    (traces, recording.shapes.into_inner())
+    (traces, recording.shapes.into_inner(), phases)
 }
 
 /// The server's `PromptLanes::ShortFirst`: a short prompt that arrives while
@@ -954,11 +967,8 @@ fn a_finished_prompt_joins_the_next_decode_forward_with_the_lever() {
     // A plain KV cache, sliding-window caches beside full ones, and the
     // Gated DeltaNet's conv and recurrent states.
     for name in ["qwen3-0.6b-tiny", "gemma-3-1b-tiny", "qwen3.5-4b-tiny"] {
-        let (_, model_dir) = bf16_checkpoint(root.path(), name, 4501);
-        let model = archgen_monolith::load_dir(&model_dir).unwrap();
-        let vocab = BatchLm::vocab_size(&model);
-        let ids =
-            |n: i32, seed: i32| -> Vec<i32> { (0..n).map(|i| (i * 37 + seed) % vocab).collect() };
+        let model = bf16_monolith(root.path(), name, 4501);
+        let ids = |n: i32, seed: i32| prompt_ids(&model, n, seed);
         // Prompts that finish while others generate, two that finish together,
         // and one that finishes in the step its predecessor starts generating.
         let prompts = [
@@ -1001,19 +1011,7 @@ fn a_finished_prompt_joins_the_next_decode_forward_with_the_lever() {
             assert_eq!(a.1.len(), prompts[k].2, "sequence {k}: tokens returned");
             assert_eq!(a.2, b.2, "sequence {k}: the steps its tokens came in");
             assert_eq!(a.1, b.1, "sequence {k}: greedy tokens");
-            for (step, (ra, rb)) in a.0.iter().zip(&b.0).enumerate() {
-                let (ra, rb) = (bf16_values(ra), bf16_values(rb));
-                let worst = ra
-                    .iter()
-                    .zip(&rb)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0f32, f32::max);
-                assert!(
-                    worst <= 0.0625,
-                    "sequence {k}, token {step}: logprobs {worst} apart"
-                );
-                apart = (apart.0.max(worst), apart.1 + usize::from(ra != rb));
-            }
+            apart = logprobs_apart(k, a, b, apart);
         }
         eprintln!(
             "{name}: {first_steps} forwards fewer; logprobs rows that differ from BatchGenerator's \
@@ -1021,6 +1019,135 @@ fn a_finished_prompt_joins_the_next_decode_forward_with_the_lever() {
             apart.1, apart.0
         );
     }
+}
+
+/// The server's `defer-chunk-on-start` ([`ChunkAfterStart::NextStep`]):
+/// short prompts that start generating while a long one is in prefill do
+/// not wait for its next chunk: the step in which they start feeds no chunk
+/// to a prompt with more than one chunk left (never in two steps in a row),
+/// so the next step hands out their first
+/// tokens after a one-token forward instead of after a chunk. Against the
+/// same arrivals without it: every sequence returns the same greedy tokens,
+/// the short ones at the same steps, the long one as many steps later as
+/// chunks waited; the chunks are the same forwards (the same shapes);
+/// logprobs within a few bf16 roundings
+/// (the long prompt joins the generation batch beside other rows than
+/// without the lever).
+#[test]
+fn a_chunk_waits_a_step_for_sequences_that_start_generating_with_the_lever() {
+    let root = tempfile::tempdir().unwrap();
+    for name in ["qwen3-0.6b-tiny", "qwen3.5-4b-tiny"] {
+        let model = bf16_monolith(root.path(), name, 4511);
+        let ids = |n: i32, seed: i32| prompt_ids(&model, n, seed);
+        // A long prompt in prefill (9 chunks of 4), short ones arriving
+        // while it is: two together, then one alone, then one that is only
+        // its last token.
+        let prompts = [
+            (ids(37, 5), 0, 4),
+            (ids(5, 13), 1, 6),
+            (ids(6, 17), 1, 6),
+            (ids(3, 29), 4, 5),
+            (ids(1, 3), 7, 4),
+        ];
+        let config = |chunk_after_start| BatchConfig {
+            prefill_step_size: 4,
+            prompt_lanes: PromptLanes::ShortFirst,
+            chunk_after_start,
+            ..BatchConfig::default()
+        };
+        let (same, same_shapes, same_phases) =
+            run_session_phases(&model, config(ChunkAfterStart::SameStep), &prompts);
+        let (next, next_shapes, next_phases) =
+            run_session_phases(&model, config(ChunkAfterStart::NextStep), &prompts);
+
+        // Without the lever a step that starts sequences feeds a chunk
+        // while a prompt is in prefill; with it, the long prompt's chunk
+        // waits (never in two steps in a row; a short prompt on its last
+        // chunk is fed).
+        let starts_with_chunk = |phases: &[StepPhases]| {
+            phases
+                .iter()
+                .filter(|p| p.started > 0 && p.prefill.is_some())
+                .count()
+        };
+        assert!(starts_with_chunk(&same_phases) >= 2, "{same_phases:?}");
+        let deferred = next_phases.iter().filter(|p| p.chunk_deferred).count();
+        assert!(deferred >= 2, "{next_phases:?}");
+        for (i, p) in next_phases.iter().enumerate() {
+            if p.chunk_deferred {
+                assert!(
+                    i == 0 || !next_phases[i - 1].chunk_deferred,
+                    "steps {} and {i} both deferred",
+                    i - 1
+                );
+            }
+        }
+        // The chunks themselves: the same forwards (a short prompt's chunk
+        // may come before a long one's it followed without the lever).
+        let chunks = |shapes: &[[i32; 2]]| -> Vec<[i32; 2]> {
+            let mut c: Vec<[i32; 2]> = shapes.iter().filter(|s| s[1] > 1).copied().collect();
+            c.sort_unstable();
+            c
+        };
+        assert_eq!(chunks(&same_shapes), chunks(&next_shapes), "prefill chunks");
+
+        let mut apart = (0f32, 0usize);
+        for (k, (a, b)) in same.iter().zip(&next).enumerate() {
+            assert_eq!(a.1.len(), prompts[k].2, "sequence {k}: tokens returned");
+            assert_eq!(a.1, b.1, "sequence {k}: greedy tokens");
+            if k > 0 {
+                assert_eq!(a.2, b.2, "short sequence {k}: the steps its tokens came in");
+            }
+            apart = logprobs_apart(k, a, b, apart);
+        }
+        let (long_same, long_next) = (same[0].2[0], next[0].2[0]);
+        assert!(
+            long_next > long_same && long_next - long_same <= deferred,
+            "the long prompt's first token: step {long_next} with the lever, {long_same} without, \
+             {deferred} chunks deferred"
+        );
+        eprintln!(
+            "{name}: {deferred} chunks deferred; the long prompt's first token {} steps later; \
+             logprobs rows that differ: {}, at most {} apart",
+            long_next - long_same,
+            apart.1,
+            apart.0
+        );
+    }
+}
+
+/// The monolith on a bf16 checkpoint of the tiny spec `name`
+/// ([`bf16_checkpoint`]).
+fn bf16_monolith(root: &std::path::Path, name: &str, seed: u64) -> archgen_monolith::Monolith {
+    let (_, model_dir) = bf16_checkpoint(root, name, seed);
+    archgen_monolith::load_dir(&model_dir).unwrap()
+}
+
+/// `n` prompt ids for `model`'s vocabulary, from `seed`.
+fn prompt_ids(model: &dyn BatchLm, n: i32, seed: i32) -> Vec<i32> {
+    let vocab = model.vocab_size();
+    (0..n).map(|i| (i * 37 + seed) % vocab).collect()
+}
+
+/// Sequence `k`'s logprobs rows in two runs, each within a few bf16
+/// roundings of the other (asserted); `apart` (the largest difference
+/// and the rows that differ so far) with these rows added.
+fn logprobs_apart(k: usize, a: &Trace, b: &Trace, apart: (f32, usize)) -> (f32, usize) {
+    let mut apart = apart;
+    for (step, (ra, rb)) in a.0.iter().zip(&b.0).enumerate() {
+        let (ra, rb) = (bf16_values(ra), bf16_values(rb));
+        let worst = ra
+            .iter()
+            .zip(&rb)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= 0.0625,
+            "sequence {k}, token {step}: logprobs {worst} apart"
+        );
+        apart = (apart.0.max(worst), apart.1 + usize::from(ra != rb));
+    }
+    apart
 }
 
 /// bf16 values from their little-endian bytes.

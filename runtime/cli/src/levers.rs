@@ -8,7 +8,8 @@
 //! A lever's value comes from, highest first: its flag, the alias given,
 //! its environment variable (the variables that chose these paths before
 //! the levers existed, kept for scripts and benchmark variants), its
-//! default. Defaults are what archgen ran before the levers existed.
+//! default. Defaults are what archgen ran before the levers existed, or
+//! what beat that in a paired A/B (an L1 lever only).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -32,6 +33,7 @@ pub enum Lever {
     PrefillStep,
     KeepBufferPool,
     FirstTokenInDecodeStep,
+    DeferChunkOnStart,
     CudaGraphCache,
 }
 
@@ -107,7 +109,7 @@ impl fmt::Display for Value {
 
 impl Lever {
     /// Every lever, in the order `archgen levers` lists them.
-    pub const ALL: [Lever; 13] = [
+    pub const ALL: [Lever; 14] = [
         Lever::EagerDecode,
         Lever::GpuDecode,
         Lever::GpuDecodeOnCpu,
@@ -120,6 +122,7 @@ impl Lever {
         Lever::PrefillStep,
         Lever::KeepBufferPool,
         Lever::FirstTokenInDecodeStep,
+        Lever::DeferChunkOnStart,
         Lever::CudaGraphCache,
     ];
 
@@ -138,7 +141,8 @@ impl Lever {
             Lever::PrefillStep => 9,
             Lever::KeepBufferPool => 10,
             Lever::FirstTokenInDecodeStep => 11,
-            Lever::CudaGraphCache => 12,
+            Lever::DeferChunkOnStart => 12,
+            Lever::CudaGraphCache => 13,
         }
     }
 
@@ -157,6 +161,7 @@ impl Lever {
             Lever::PrefillStep => "prefill-step",
             Lever::KeepBufferPool => "keep-buffer-pool",
             Lever::FirstTokenInDecodeStep => "first-token-in-decode-step",
+            Lever::DeferChunkOnStart => "defer-chunk-on-start",
             Lever::CudaGraphCache => "cuda-graph-cache",
         }
     }
@@ -219,6 +224,12 @@ impl Lever {
                  the first token is computed in other company than mlx-lm's, so its bits may \
                  differ)"
             }
+            Lever::DeferChunkOnStart => {
+                "serve: a step in which sequences start generating runs no prefill chunk (at \
+                 most every other step), so their first tokens come at the next step instead of \
+                 after another prompt's chunk; the chunk runs a step later on the same members \
+                 (values unchanged)"
+            }
             Lever::CudaGraphCache => {
                 "serve: CUDA graphs MLX's CUDA backend keeps (MLX_CUDA_GRAPH_CACHE_SIZE; \
                  MLX's own default of 400 thrashes under continuous batching); other \
@@ -237,7 +248,8 @@ impl Lever {
             | Lever::CudaHeadNormRope
             | Lever::DeltanetChunkedPrefill
             | Lever::KeepBufferPool
-            | Lever::FirstTokenInDecodeStep => Kind::Switch,
+            | Lever::FirstTokenInDecodeStep
+            | Lever::DeferChunkOnStart => Kind::Switch,
             Lever::GpuDecodeBlocks => Kind::Blocks,
             Lever::MaxBatch => Kind::Count { min: 1, max: 4096 },
             Lever::PrefillStep => Kind::Count {
@@ -265,6 +277,7 @@ impl Lever {
             Lever::MaxBatch
             | Lever::PrefillStep
             | Lever::KeepBufferPool
+            | Lever::DeferChunkOnStart
             | Lever::CudaGraphCache => Scope::Serve,
         }
     }
@@ -303,10 +316,12 @@ impl Lever {
             Lever::FirstTokenInDecodeStep => Tier::L3,
             // mlx-lm's BatchGenerator with the same sizes is the oracle;
             // the graph cache replays the same kernels; a kept pool hands
-            // the same kernels other buffers.
+            // the same kernels other buffers; a deferred chunk is the same
+            // forward a step later, as the server's decode-only steps.
             Lever::MaxBatch
             | Lever::PrefillStep
             | Lever::KeepBufferPool
+            | Lever::DeferChunkOnStart
             | Lever::CudaGraphCache => Tier::L1,
         }
     }
@@ -346,6 +361,7 @@ impl Lever {
             Lever::DeltanetChunkedPrefill => Some(device::DELTANET_CHUNKED_PREFILL_VAR),
             Lever::KeepBufferPool => Some(device::KEEP_BUFFER_POOL_VAR),
             Lever::FirstTokenInDecodeStep => Some(FIRST_TOKEN_IN_DECODE_STEP_VAR),
+            Lever::DeferChunkOnStart => Some(DEFER_CHUNK_ON_START_VAR),
             Lever::MaxBatch | Lever::PrefillStep => None,
             Lever::CudaGraphCache => Some(CUDA_GRAPH_CACHE_VAR),
         }
@@ -372,9 +388,8 @@ impl Lever {
             | Lever::CudaHeadNormRope
             | Lever::DeltanetChunkedPrefill
             | Lever::KeepBufferPool
-            | Lever::FirstTokenInDecodeStep => {
-                switch(raw, "1 or 0").map(|on| Some(Value::Switch(on)))
-            }
+            | Lever::FirstTokenInDecodeStep
+            | Lever::DeferChunkOnStart => switch(raw, "1 or 0").map(|on| Some(Value::Switch(on))),
             Lever::GpuDecode => match raw {
                 // The wiring check runs the GPU path, so it is on too.
                 "cpu-too" => Ok(Some(Value::Switch(true))),
@@ -436,7 +451,8 @@ impl Lever {
             | Lever::CudaHeadNormRope
             | Lever::DeltanetChunkedPrefill
             | Lever::KeepBufferPool
-            | Lever::FirstTokenInDecodeStep => "on|off",
+            | Lever::FirstTokenInDecodeStep
+            | Lever::DeferChunkOnStart => "on|off",
             Lever::GpuDecodeBlocks => "all|pre|post|none",
             Lever::MaxBatch => "N",
             Lever::PrefillStep => "TOKENS",
@@ -457,6 +473,10 @@ impl Lever {
 
 /// MLX's own variable for its CUDA graph cache, read when its backend starts.
 pub const CUDA_GRAPH_CACHE_VAR: &str = "MLX_CUDA_GRAPH_CACHE_SIZE";
+
+/// The variable that sets `defer-chunk-on-start` when its flag does not
+/// (serving benchmarks run a server with and without it).
+pub const DEFER_CHUNK_ON_START_VAR: &str = "ARCHGEN_DEFER_CHUNK_ON_START";
 
 /// The variable that turns on `first-token-in-decode-step` when neither its
 /// flag nor an alias sets it. The GPU speed table runs its L3 server with
@@ -479,6 +499,7 @@ pub struct LeverValues {
     pub prefill_step: u64,
     pub keep_buffer_pool: bool,
     pub first_token_in_decode_step: bool,
+    pub defer_chunk_on_start: bool,
     pub cuda_graph_cache: u64,
 }
 
@@ -502,6 +523,10 @@ impl LeverValues {
         prefill_step: 2048,
         keep_buffer_pool: false,
         first_token_in_decode_step: false,
+        // On since it beat the server without it in a paired A/B on the CPU
+        // (a 12k-token prompt in prefill while 8 clients come and go:
+        // docs/benchmarks.md); L1 either way.
+        defer_chunk_on_start: true,
         cuda_graph_cache: 40_000,
     };
 
@@ -519,6 +544,7 @@ impl LeverValues {
             Lever::PrefillStep => Value::Count(self.prefill_step),
             Lever::KeepBufferPool => Value::Switch(self.keep_buffer_pool),
             Lever::FirstTokenInDecodeStep => Value::Switch(self.first_token_in_decode_step),
+            Lever::DeferChunkOnStart => Value::Switch(self.defer_chunk_on_start),
             Lever::CudaGraphCache => Value::Count(self.cuda_graph_cache),
         }
     }
@@ -542,6 +568,7 @@ impl LeverValues {
             (Lever::FirstTokenInDecodeStep, Value::Switch(on)) => {
                 self.first_token_in_decode_step = on
             }
+            (Lever::DeferChunkOnStart, Value::Switch(on)) => self.defer_chunk_on_start = on,
             (Lever::CudaGraphCache, Value::Count(n)) => self.cuda_graph_cache = n,
             (
                 Lever::EagerDecode
@@ -556,6 +583,7 @@ impl LeverValues {
                 | Lever::PrefillStep
                 | Lever::KeepBufferPool
                 | Lever::FirstTokenInDecodeStep
+                | Lever::DeferChunkOnStart
                 | Lever::CudaGraphCache,
                 _,
             ) => {
@@ -646,6 +674,7 @@ impl Alias {
                 | Lever::MaxBatch
                 | Lever::PrefillStep
                 | Lever::KeepBufferPool
+                | Lever::DeferChunkOnStart
                 | Lever::CudaGraphCache,
             ) => None,
         }

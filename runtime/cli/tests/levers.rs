@@ -105,6 +105,16 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
         ]
     );
     assert_eq!(
+        row("defer-chunk-on-start"),
+        [
+            "defer-chunk-on-start",
+            "L1",
+            "on",
+            "on|off",
+            "ARCHGEN_DEFER_CHUNK_ON_START"
+        ]
+    );
+    assert_eq!(
         row("first-token-in-decode-step"),
         [
             "first-token-in-decode-step",
@@ -150,6 +160,7 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
             "prefill-step",
             "keep-buffer-pool",
             "first-token-in-decode-step",
+            "defer-chunk-on-start",
             "cuda-graph-cache"
         ]
     );
@@ -598,7 +609,8 @@ fn chat_and_serve_state_their_levers_serves_with_its_own() {
     assert!(
         startup.contains(&format!(
             "archgen: levers on: {gpu}max-batch=4 (from its flag), prefill-step=2048 (default), \
-             keep-buffer-pool (from its flag), cuda-graph-cache=500 (from MLX_CUDA_GRAPH_CACHE_SIZE)\n"
+             keep-buffer-pool (from its flag), defer-chunk-on-start (default), \
+             cuda-graph-cache=500 (from MLX_CUDA_GRAPH_CACHE_SIZE)\n"
         )),
         "{startup}"
     );

@@ -1846,6 +1846,38 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
         "a prompt's last token runs in the next decode forward",
         "with first tokens in the decode step",
     );
+    // The defer-chunk-on-start lever, with chunks of 8 tokens so that the
+    // 30-token prompt is still in prefill when the short ones start: its
+    // chunk waits a step for them (counted), and every answer is the one
+    // its prompt gets alone.
+    let server = start_server(
+        &model,
+        &[
+            "--impl",
+            "monolith",
+            "--max-batch",
+            "8",
+            "--prefill-step",
+            "8",
+            "--defer-chunk-on-start",
+            "on",
+        ],
+    );
+    assert!(
+        server
+            .startup
+            .iter()
+            .any(|l| l.contains("defer-chunk-on-start (from its flag)")),
+        "{:?}",
+        server.startup
+    );
+    let running = stream_ids(&server, &shapes, max_tokens);
+    for (request, expected) in running.into_iter().zip(&alone) {
+        let got = streamed_answer(&request.finish(Duration::from_secs(120)));
+        assert_eq!(&got, expected, "with chunks deferred");
+    }
+    let deferred = metric(&server, "archgen_prefill_chunks_deferred_total");
+    assert!(deferred >= 1.0, "no chunk was deferred");
 }
 
 /// Streamed completions of [`ids_body`]'s prompts (`(first, n)` each), all

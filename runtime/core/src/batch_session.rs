@@ -43,6 +43,15 @@
 //! step feeds the batch with the fewest tokens left. Every forward is still
 //! one that `BatchGenerator` runs, on the members it would hold had the
 //! prompts arrived apart; what moves is which prompts share a batch.
+//!
+//! It may also ask for [`ChunkAfterStart::NextStep`]: a step in which
+//! sequences start generating feeds no prompt chunk, so their first tokens
+//! come back at the next step instead of after another prompt's chunk
+//! (seconds for a long prompt on a CPU). The chunk is the same forward on
+//! the same members one step later, and the generation batch runs the same
+//! forwards it runs when that prompt arrives a step later. A server runs
+//! a step in two calls ([`BatchSession::step_before_chunk`], then
+//! [`BatchSession::step_chunk`]) and hands the tokens out in between.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -97,6 +106,25 @@ pub enum FirstSteps {
     InGenerationBatch,
 }
 
+/// Whether a step's prefill chunk runs when sequences started generating
+/// in that step (see the module comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChunkAfterStart {
+    /// `BatchGenerator`'s: every step feeds a prompt batch its next chunk.
+    #[default]
+    SameStep,
+    /// A step in which sequences started generating feeds no chunk to a
+    /// prompt batch with more than one chunk left, so the next step returns
+    /// their first tokens without waiting for a long prompt's chunk (seconds
+    /// on a CPU); a batch on its last chunk, about to start, is fed.
+    /// [`BatchSession::step`] never defers in two steps in a row, so a stream
+    /// of arrivals cannot starve a prompt in prefill; a server bounds it by
+    /// time instead ([`BatchSession::step_chunk_deferring_if`]). The chunk is the same forward on the same
+    /// members, a step later; the generation batch's forwards are those of
+    /// the same members, as when a prompt arrives later.
+    NextStep,
+}
+
 /// `BatchGenerator`'s sizes, with its defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchConfig {
@@ -113,6 +141,9 @@ pub struct BatchConfig {
     pub prefill_buffer_pool: PrefillBufferPool,
     /// Where the last prompt token runs (mlx-lm: a forward of its own).
     pub first_steps: FirstSteps,
+    /// Whether a step that starts sequences generating feeds a prompt
+    /// chunk too (mlx-lm: it does).
+    pub chunk_after_start: ChunkAfterStart,
 }
 
 impl Default for BatchConfig {
@@ -124,6 +155,7 @@ impl Default for BatchConfig {
             prompt_lanes: PromptLanes::One,
             prefill_buffer_pool: PrefillBufferPool::Released,
             first_steps: FirstSteps::OwnForward,
+            chunk_after_start: ChunkAfterStart::SameStep,
         }
     }
 }
@@ -143,6 +175,11 @@ pub struct StepPhases {
     pub joining: Option<Duration>,
     /// The prompt batch's prefill chunk.
     pub prefill: Option<Duration>,
+    /// Sequences that started generating in the step.
+    pub started: usize,
+    /// A prompt batch was in prefill and its chunk waited for the next step
+    /// ([`ChunkAfterStart::NextStep`]).
+    pub chunk_deferred: bool,
 }
 
 /// Runs `part` and returns its result with the time it took.
@@ -330,6 +367,10 @@ pub struct BatchSession<'m, M: BatchLm + ?Sized> {
     generation_steps: usize,
     /// Where the last step's time went.
     last_phases: StepPhases,
+    /// The last step deferred its prefill chunk ([`ChunkAfterStart::NextStep`]).
+    deferred_chunk: bool,
+    /// [`Self::step_before_chunk`] ran and [`Self::step_chunk`] has not.
+    chunk_due: bool,
 }
 
 impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
@@ -349,6 +390,8 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             keep_caches: false,
             generation_steps: 0,
             last_phases: StepPhases::default(),
+            deferred_chunk: false,
+            chunk_due: false,
         }
     }
 
@@ -506,6 +549,17 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     /// One `BatchGenerator.next()` (see the module comment): the tokens the
     /// generation batch returns this step.
     pub fn step(&mut self) -> Result<Vec<StepOutput>> {
+        let out = self.step_before_chunk()?;
+        self.step_chunk()?;
+        Ok(out)
+    }
+
+    /// [`Self::step`]'s parts 1 to 3: the generation batch's forward,
+    /// admission and the sequences that start generating, with the tokens
+    /// the generation batch returns. [`Self::step_chunk`] runs part 4; a
+    /// server hands these tokens to their clients in between, so they do
+    /// not wait for the chunk (its forward comes after theirs either way).
+    pub fn step_before_chunk(&mut self) -> Result<Vec<StepOutput>> {
         let out = self.timed_generation_step()?;
         if self.generation.seqs.len() >= self.config.completion_batch_size {
             return Ok(out);
@@ -523,10 +577,47 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         let joinable = self.prompt_members() > 0;
         let (_, took) = timed(|| self.start_generating())?;
         self.last_phases.joining = joinable.then_some(took);
-        let prefilling = self.prompt_members() > 0;
-        let (_, took) = timed(|| self.prefill_chunk())?;
-        self.last_phases.prefill = prefilling.then_some(took);
+        self.chunk_due = true;
         Ok(out)
+    }
+
+    /// [`Self::step`]'s part 4, after [`Self::step_before_chunk`] (and only
+    /// then: a full generation batch admits no one and feeds no chunk, as in
+    /// `next()`): a prompt batch's next chunk, or with
+    /// [`ChunkAfterStart::NextStep`] none when sequences started generating
+    /// in this step, the chunk is not a prompt's last, and the last step
+    /// fed one.
+    pub fn step_chunk(&mut self) -> Result<()> {
+        self.step_chunk_deferring_if(!self.deferred_chunk)
+    }
+
+    /// [`Self::step_chunk`], with the caller's bound on deferring instead of
+    /// "not twice in a row": with [`ChunkAfterStart::NextStep`] the chunk
+    /// waits when sequences started generating in this step, it is not a
+    /// prompt's last, and `may_defer` (a server passes whether the
+    /// generating side is within its share of the model's time).
+    pub fn step_chunk_deferring_if(&mut self, may_defer: bool) -> Result<()> {
+        if !std::mem::take(&mut self.chunk_due) {
+            return Ok(());
+        }
+        let prefilling = self.prompt_members() > 0;
+        let defer = match self.config.chunk_after_start {
+            ChunkAfterStart::SameStep => false,
+            ChunkAfterStart::NextStep => {
+                may_defer
+                    && self.last_phases.started > 0
+                    && self
+                        .next_chunk_batch()
+                        .is_some_and(|p| p.tokens_left() > self.config.prefill_step_size)
+            }
+        };
+        self.deferred_chunk = defer;
+        self.last_phases.chunk_deferred = defer;
+        if !defer {
+            let (_, took) = timed(|| self.prefill_chunk())?;
+            self.last_phases.prefill = prefilling.then_some(took);
+        }
+        Ok(())
     }
 
     /// Where the last [`Self::step`] or [`Self::step_generation`] spent its
@@ -565,6 +656,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     /// their last prompt tokens.
     fn timed_generation_step(&mut self) -> Result<Vec<StepOutput>> {
         self.last_phases = StepPhases::default();
+        self.chunk_due = false;
         match self.config.first_steps {
             FirstSteps::OwnForward => {}
             FirstSteps::InGenerationBatch => {
@@ -687,10 +779,12 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
     /// The split in `_next`, batch by batch: prompt members whose only
     /// segment left is their last token start generating.
     fn start_generating(&mut self) -> Result<()> {
+        let before = self.generation.seqs.len();
         for b in 0..self.prompts.len() {
             self.start_generating_from(b)?;
         }
         self.prompts.retain(|p| !p.seqs.is_empty());
+        self.last_phases.started += self.generation.seqs.len() - before;
         Ok(())
     }
 
@@ -732,18 +826,31 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         })
     }
 
+    /// Where the prompt batch that [`Self::prefill_chunk`] feeds next is in
+    /// `prompts`: the one with the fewest tokens left (the earliest of
+    /// equals).
+    fn next_chunk_at(&self) -> Option<usize> {
+        self.prompts
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| !p.seqs.is_empty())
+            .min_by_key(|(_, p)| p.tokens_left())
+            .map(|(at, _)| at)
+    }
+
+    /// The prompt batch that [`Self::prefill_chunk`] feeds next.
+    fn next_chunk_batch(&self) -> Option<&PromptBatch> {
+        self.next_chunk_at().map(|at| &self.prompts[at])
+    }
+
     /// `PromptProcessingBatch.prompt` on the next chunk of every member of
     /// one prompt batch: the only one, or with [`PromptLanes::ShortFirst`]
     /// the one with the fewest tokens left (the earliest of equals).
     fn prefill_chunk(&mut self) -> Result<()> {
-        let Some(prompt) = self
-            .prompts
-            .iter_mut()
-            .filter(|p| !p.seqs.is_empty())
-            .min_by_key(|p| p.tokens_left())
-        else {
+        let Some(at) = self.next_chunk_at() else {
             return Ok(());
         };
+        let prompt = &mut self.prompts[at];
         let step = self.config.prefill_step_size;
         let mut chunks = Vec::with_capacity(prompt.seqs.len());
         for segments in &mut prompt.segments {

@@ -154,6 +154,7 @@ impl<'a> BatchedScheduler<'a> {
             prompt_lanes: PromptLanes::ShortFirst,
             prefill_buffer_pool: limits.prefill_buffer_pool,
             first_steps: limits.first_steps,
+            chunk_after_start: limits.chunk_after_start,
         };
         let prompt_cache = match limits.prompt_cache_bytes {
             0 => None,
@@ -377,30 +378,57 @@ impl<'a> BatchedScheduler<'a> {
         }
     }
 
-    /// One step ([`Self::next_step`]), its tokens handed to their clients.
+    /// One step ([`Self::next_step`]), its tokens handed to their clients
+    /// before its prefill chunk runs, so they do not wait for it.
     fn step(&mut self) {
         let kind = self.next_step();
-        let session = &mut self.session;
         let started = Instant::now();
+        let session = &mut self.session;
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| match kind {
-            StepKind::Full => session.step(),
+            StepKind::Full => session.step_before_chunk(),
             StepKind::DecodeOnly => session.step_generation(),
         }));
-        let took = started.elapsed();
-        self.metrics.step_took(kind.into(), took.as_secs_f64());
-        self.metrics.phases_took(self.session.last_phases());
-        match kind {
-            StepKind::Full => {
-                self.last_full_step = took;
-                self.decoded_since_full_step = Duration::ZERO;
-            }
-            StepKind::DecodeOnly => self.decoded_since_full_step += took,
-        }
         let outputs = match result {
             Ok(Ok(outputs)) => outputs,
             Ok(Err(e)) => return self.fail_all(format!("the generation failed: {e}")),
             Err(panic) => return self.fail_all(panic_message(&*panic)),
         };
+        if !self.hand_out(outputs) {
+            return;
+        }
+        if kind == StepKind::Full {
+            // A chunk may wait for sequences that start generating while
+            // the generating side is within its share of the time (see
+            // `next_step`); the deferring step counts as its time.
+            let may_defer = self.decoded_since_full_step < self.last_full_step;
+            let session = &mut self.session;
+            let chunk = || session.step_chunk_deferring_if(may_defer);
+            match std::panic::catch_unwind(AssertUnwindSafe(chunk)) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return self.fail_all(format!("the generation failed: {e}")),
+                Err(panic) => return self.fail_all(panic_message(&*panic)),
+            }
+        }
+        let took = started.elapsed();
+        let phases = self.session.last_phases();
+        self.metrics.step_took(kind.into(), took.as_secs_f64());
+        self.metrics.phases_took(phases);
+        match (kind, phases.chunk_deferred) {
+            (StepKind::Full, false) => {
+                self.last_full_step = took;
+                self.decoded_since_full_step = Duration::ZERO;
+            }
+            // The chunk waited: this step was the generating side's, and
+            // decode-only steps follow while that side has time left, so
+            // the sequences that just started get their first tokens now.
+            (StepKind::Full, true) => self.decoded_since_full_step += took,
+            (StepKind::DecodeOnly, _) => self.decoded_since_full_step += took,
+        }
+    }
+
+    /// Hands a step's tokens to their clients; `false` when a sequence
+    /// could not leave the session and every request in flight failed.
+    fn hand_out(&mut self, outputs: Vec<StepOutput>) -> bool {
         if !outputs.is_empty() {
             // The generation batch's forward of this step.
             self.metrics.decode_batch_size.observe(outputs.len() as f64);
@@ -436,15 +464,15 @@ impl<'a> BatchedScheduler<'a> {
                         (false, true) => match self.session.leave_keeping_cache(out.seq) {
                             Ok(cache) => cache,
                             Err(e) => {
-                                return self
-                                    .fail_all(format!("a finished sequence could not leave: {e}"))
+                                self.fail_all(format!("a finished sequence could not leave: {e}"));
+                                return false;
                             }
                         },
                         (false, false) => match self.session.leave(out.seq) {
                             Ok(_) => None,
                             Err(e) => {
-                                return self
-                                    .fail_all(format!("a finished sequence could not leave: {e}"))
+                                self.fail_all(format!("a finished sequence could not leave: {e}"));
+                                return false;
                             }
                         },
                     };
@@ -452,6 +480,7 @@ impl<'a> BatchedScheduler<'a> {
                 }
             }
         }
+        true
     }
 
     /// A step is shared: when it fails, every sequence in flight ends with

@@ -92,6 +92,9 @@ pub struct Metrics {
     pub prompt_tokens: Counter,
     /// Sequences dropped because their client disconnected.
     pub cancelled: Counter,
+    /// Prefill chunks that waited a step for sequences that started
+    /// generating (`defer-chunk-on-start`).
+    pub chunks_deferred: Counter,
     requests: Family<StatusLabel, Counter>,
     /// From queueing a request to its first generated token, in seconds.
     pub time_to_first_token: Histogram,
@@ -224,6 +227,12 @@ impl Metrics {
             "Sequences dropped because their client disconnected",
             cancelled.clone(),
         );
+        let chunks_deferred = Counter::default();
+        registry.register(
+            "prefill_chunks_deferred",
+            "Prefill chunks that waited a step so that sequences starting to generate got their first tokens first",
+            chunks_deferred.clone(),
+        );
         let requests = Family::<StatusLabel, Counter>::default();
         registry.register(
             "requests",
@@ -313,6 +322,7 @@ impl Metrics {
             generated_tokens,
             prompt_tokens,
             cancelled,
+            chunks_deferred,
             requests,
             time_to_first_token,
             queue_wait,
@@ -336,7 +346,12 @@ impl Metrics {
             admission,
             joining,
             prefill,
+            started: _,
+            chunk_deferred,
         } = phases;
+        if chunk_deferred {
+            self.chunks_deferred.inc();
+        }
         for (phase, took) in [
             (StepPhase::Generation, generation),
             (StepPhase::Admission, admission),
@@ -390,9 +405,13 @@ mod tests {
             admission: None,
             joining: Some(ms(2)),
             prefill: Some(ms(40)),
+            started: 0,
+            chunk_deferred: false,
         });
         metrics.phases_took(StepPhases {
             generation: Some(ms(8)),
+            started: 2,
+            chunk_deferred: true,
             ..StepPhases::default()
         });
         let text = metrics.render().unwrap();
@@ -408,6 +427,7 @@ mod tests {
             "archgen_step_phase_seconds_sum{phase=\"generation\"} 0.016",
             "archgen_step_phase_seconds_count{phase=\"joining\"} 1",
             "archgen_step_phase_seconds_count{phase=\"prefill\"} 1",
+            "archgen_prefill_chunks_deferred_total 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
         }

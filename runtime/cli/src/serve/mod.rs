@@ -40,7 +40,7 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use archgen_runtime::batch_session::FirstSteps;
+use archgen_runtime::batch_session::{ChunkAfterStart, FirstSteps};
 use archgen_runtime::device::PrefillBufferPool;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -1955,6 +1955,10 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         first_steps: match levers.values.first_token_in_decode_step {
             true => FirstSteps::InGenerationBatch,
             false => FirstSteps::OwnForward,
+        },
+        chunk_after_start: match levers.values.defer_chunk_on_start {
+            true => ChunkAfterStart::NextStep,
+            false => ChunkAfterStart::SameStep,
         },
     };
     let max_queue = args.max_queue as usize;

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use archgen_runtime::batch_session::FirstSteps;
+use archgen_runtime::batch_session::{ChunkAfterStart, FirstSteps};
 use archgen_runtime::device::{
     release_buffer_pool, PrefillBufferPool, SEQUENCE_TOKENS_PER_POOL_RELEASE,
 };
@@ -118,6 +118,8 @@ pub struct Limits {
     pub prefill_buffer_pool: PrefillBufferPool,
     /// Where a batched sequence's last prompt token runs.
     pub first_steps: FirstSteps,
+    /// Whether a step that starts sequences generating runs a prefill chunk.
+    pub chunk_after_start: ChunkAfterStart,
 }
 
 /// One sequence's model state: its cache, the token it feeds next and its
