@@ -1116,6 +1116,58 @@ fn a_chunk_waits_a_step_for_sequences_that_start_generating_with_the_lever() {
     }
 }
 
+/// The server's `prefill-step-while-generating`: a prompt that arrives while
+/// others generate is fed in chunks of at most that many tokens (chunks of
+/// `prefill_step_size` when no one else generates or waits). Against the
+/// same arrivals without it: the chunks are smaller exactly while others
+/// generate, every sequence returns its whole budget with the same greedy
+/// tokens, and logprobs stay within a few bf16 roundings (the prompt's
+/// chunking is not mlx-lm's: L3).
+#[test]
+fn a_prompt_is_chunked_smaller_while_others_generate_with_the_lever() {
+    let root = tempfile::tempdir().unwrap();
+    for name in ["qwen3-0.6b-tiny", "qwen3.5-4b-tiny"] {
+        let model = bf16_monolith(root.path(), name, 4521);
+        let ids = |n: i32, seed: i32| prompt_ids(&model, n, seed);
+        // A prompt alone first (its chunks are whole), one that arrives
+        // while it generates (chunked small), and a short one.
+        let prompts = [(ids(17, 5), 0, 14), (ids(29, 13), 6, 6), (ids(3, 29), 7, 5)];
+        let config = |small| BatchConfig {
+            prefill_step_size: 8,
+            prompt_lanes: PromptLanes::ShortFirst,
+            prefill_step_while_generating: small,
+            ..BatchConfig::default()
+        };
+        let (whole, whole_shapes) = run_session(&model, config(None), &prompts);
+        let (small, small_shapes) = run_session(&model, config(Some(3)), &prompts);
+        let chunks = |shapes: &[[i32; 2]]| -> Vec<i32> {
+            shapes.iter().filter(|s| s[1] > 1).map(|s| s[1]).collect()
+        };
+        // The first prompt alone: two whole chunks in both runs.
+        assert_eq!(&chunks(&whole_shapes)[..2], &[8, 8]);
+        assert_eq!(&chunks(&small_shapes)[..2], &[8, 8]);
+        // The later ones, while the first generates: at most 3 tokens.
+        assert!(chunks(&whole_shapes)[2..].iter().any(|&n| n > 3));
+        assert!(
+            chunks(&small_shapes)[2..].iter().all(|&n| n <= 3),
+            "{small_shapes:?}"
+        );
+        let mut apart = (0f32, 0usize);
+        for (k, (a, b)) in whole.iter().zip(&small).enumerate() {
+            assert_eq!(a.1.len(), prompts[k].2, "sequence {k}: tokens returned");
+            assert_eq!(a.1, b.1, "sequence {k}: greedy tokens");
+            apart = logprobs_apart(k, a, b, apart);
+        }
+        eprintln!(
+            "{name}: chunks {:?} against {:?}; logprobs rows that differ: {}, at most {} apart",
+            chunks(&small_shapes),
+            chunks(&whole_shapes),
+            apart.1,
+            apart.0
+        );
+    }
+}
+
 /// The monolith on a bf16 checkpoint of the tiny spec `name`
 /// ([`bf16_checkpoint`]).
 fn bf16_monolith(root: &std::path::Path, name: &str, seed: u64) -> archgen_monolith::Monolith {

@@ -34,6 +34,7 @@ pub enum Lever {
     KeepBufferPool,
     FirstTokenInDecodeStep,
     DeferChunkOnStart,
+    PrefillStepWhileGenerating,
     CudaGraphCache,
 }
 
@@ -46,6 +47,8 @@ pub enum Kind {
     Count { min: u64, max: u64 },
     /// Which blocks the GPU path compiles: `all`, `pre`, `post` or `none`.
     Blocks,
+    /// `off`, or a number of tokens in `min..=max`.
+    TokensOrOff { min: u64, max: u64 },
 }
 
 /// A lever's value.
@@ -54,6 +57,8 @@ pub enum Value {
     Switch(bool),
     Count(u64),
     Blocks(GpuBlocks),
+    /// `None`: off.
+    TokensOrOff(Option<u64>),
 }
 
 /// The commands that read a lever (a lever's scope), or the levers a
@@ -103,13 +108,15 @@ impl fmt::Display for Value {
             Value::Switch(false) => f.write_str("off"),
             Value::Count(n) => write!(f, "{n}"),
             Value::Blocks(b) => f.write_str(blocks_name(*b)),
+            Value::TokensOrOff(None) => f.write_str("off"),
+            Value::TokensOrOff(Some(n)) => write!(f, "{n}"),
         }
     }
 }
 
 impl Lever {
     /// Every lever, in the order `archgen levers` lists them.
-    pub const ALL: [Lever; 14] = [
+    pub const ALL: [Lever; 15] = [
         Lever::EagerDecode,
         Lever::GpuDecode,
         Lever::GpuDecodeOnCpu,
@@ -123,6 +130,7 @@ impl Lever {
         Lever::KeepBufferPool,
         Lever::FirstTokenInDecodeStep,
         Lever::DeferChunkOnStart,
+        Lever::PrefillStepWhileGenerating,
         Lever::CudaGraphCache,
     ];
 
@@ -142,7 +150,8 @@ impl Lever {
             Lever::KeepBufferPool => 10,
             Lever::FirstTokenInDecodeStep => 11,
             Lever::DeferChunkOnStart => 12,
-            Lever::CudaGraphCache => 13,
+            Lever::PrefillStepWhileGenerating => 13,
+            Lever::CudaGraphCache => 14,
         }
     }
 
@@ -162,6 +171,7 @@ impl Lever {
             Lever::KeepBufferPool => "keep-buffer-pool",
             Lever::FirstTokenInDecodeStep => "first-token-in-decode-step",
             Lever::DeferChunkOnStart => "defer-chunk-on-start",
+            Lever::PrefillStepWhileGenerating => "prefill-step-while-generating",
             Lever::CudaGraphCache => "cuda-graph-cache",
         }
     }
@@ -230,6 +240,11 @@ impl Lever {
                  after another prompt's chunk; the chunk runs a step later on the same members \
                  (values unchanged)"
             }
+            Lever::PrefillStepWhileGenerating => {
+                "serve: while other sequences generate or wait, a prefill chunk is at most this \
+                 many tokens (prefill-step otherwise), so a long prompt's chunk holds them for \
+                 less time (a prompt chunked otherwise than mlx-lm chunks it: its bits may differ)"
+            }
             Lever::CudaGraphCache => {
                 "serve: CUDA graphs MLX's CUDA backend keeps (MLX_CUDA_GRAPH_CACHE_SIZE; \
                  MLX's own default of 400 thrashes under continuous batching); other \
@@ -260,6 +275,10 @@ impl Lever {
                 min: 1,
                 max: 1_000_000,
             },
+            Lever::PrefillStepWhileGenerating => Kind::TokensOrOff {
+                min: 1,
+                max: u64::from(u32::MAX),
+            },
         }
     }
 
@@ -278,6 +297,7 @@ impl Lever {
             | Lever::PrefillStep
             | Lever::KeepBufferPool
             | Lever::DeferChunkOnStart
+            | Lever::PrefillStepWhileGenerating
             | Lever::CudaGraphCache => Scope::Serve,
         }
     }
@@ -314,6 +334,9 @@ impl Lever {
             Lever::DeltanetChunkedPrefill => Tier::L3,
             // A batch layout BatchGenerator never runs: no oracle.
             Lever::FirstTokenInDecodeStep => Tier::L3,
+            // A prompt's chunks change size while others generate; no
+            // BatchGenerator run chunks it so.
+            Lever::PrefillStepWhileGenerating => Tier::L3,
             // mlx-lm's BatchGenerator with the same sizes is the oracle;
             // the graph cache replays the same kernels; a kept pool hands
             // the same kernels other buffers; a deferred chunk is the same
@@ -332,6 +355,7 @@ impl Lever {
         match value {
             Value::Switch(on) => on,
             Value::Count(_) => true,
+            Value::TokensOrOff(n) => n.is_some(),
             Value::Blocks(b) => b != GpuBlocks::All,
         }
     }
@@ -362,6 +386,7 @@ impl Lever {
             Lever::KeepBufferPool => Some(device::KEEP_BUFFER_POOL_VAR),
             Lever::FirstTokenInDecodeStep => Some(FIRST_TOKEN_IN_DECODE_STEP_VAR),
             Lever::DeferChunkOnStart => Some(DEFER_CHUNK_ON_START_VAR),
+            Lever::PrefillStepWhileGenerating => Some(PREFILL_STEP_WHILE_GENERATING_VAR),
             Lever::MaxBatch | Lever::PrefillStep => None,
             Lever::CudaGraphCache => Some(CUDA_GRAPH_CACHE_VAR),
         }
@@ -403,6 +428,7 @@ impl Lever {
             Lever::GpuDecodeBlocks
             | Lever::MaxBatch
             | Lever::PrefillStep
+            | Lever::PrefillStepWhileGenerating
             | Lever::CudaGraphCache => self
                 .parse(raw)
                 .map(Some)
@@ -428,6 +454,13 @@ impl Lever {
                 .find(|b| blocks_name(*b) == text)
                 .map(Value::Blocks)
                 .ok_or_else(|| format!("`{text}` is not one of all, pre, post, none")),
+            Kind::TokensOrOff { min, max } => match (text, text.parse::<u64>()) {
+                ("off", _) => Ok(Value::TokensOrOff(None)),
+                (_, Ok(n)) if (min..=max).contains(&n) => Ok(Value::TokensOrOff(Some(n))),
+                _ => Err(format!(
+                    "`{text}` is not off or a whole number in {min}..={max}"
+                )),
+            },
         }
     }
 
@@ -437,6 +470,7 @@ impl Lever {
             Kind::Switch => "on|off".into(),
             Kind::Count { min, max } => format!("{min}..={max}"),
             Kind::Blocks => BLOCKS.map(blocks_name).join("|"),
+            Kind::TokensOrOff { min, max } => format!("off|{min}..={max}"),
         }
     }
 
@@ -456,6 +490,7 @@ impl Lever {
             Lever::GpuDecodeBlocks => "all|pre|post|none",
             Lever::MaxBatch => "N",
             Lever::PrefillStep => "TOKENS",
+            Lever::PrefillStepWhileGenerating => "off|TOKENS",
             Lever::CudaGraphCache => "GRAPHS",
         }
     }
@@ -466,6 +501,7 @@ impl Lever {
         match self.kind() {
             Kind::Switch => Some(Value::Switch(false)),
             Kind::Blocks => Some(Value::Blocks(GpuBlocks::All)),
+            Kind::TokensOrOff { .. } => Some(Value::TokensOrOff(None)),
             Kind::Count { .. } => None,
         }
     }
@@ -477,6 +513,10 @@ pub const CUDA_GRAPH_CACHE_VAR: &str = "MLX_CUDA_GRAPH_CACHE_SIZE";
 /// The variable that sets `defer-chunk-on-start` when its flag does not
 /// (serving benchmarks run a server with and without it).
 pub const DEFER_CHUNK_ON_START_VAR: &str = "ARCHGEN_DEFER_CHUNK_ON_START";
+
+/// The variable that sets `prefill-step-while-generating` when its flag
+/// does not (`off` or a number of tokens).
+pub const PREFILL_STEP_WHILE_GENERATING_VAR: &str = "ARCHGEN_PREFILL_STEP_WHILE_GENERATING";
 
 /// The variable that turns on `first-token-in-decode-step` when neither its
 /// flag nor an alias sets it. The GPU speed table runs its L3 server with
@@ -500,6 +540,7 @@ pub struct LeverValues {
     pub keep_buffer_pool: bool,
     pub first_token_in_decode_step: bool,
     pub defer_chunk_on_start: bool,
+    pub prefill_step_while_generating: Option<u64>,
     pub cuda_graph_cache: u64,
 }
 
@@ -527,6 +568,7 @@ impl LeverValues {
         // (a 12k-token prompt in prefill while 8 clients come and go:
         // docs/benchmarks.md); L1 either way.
         defer_chunk_on_start: true,
+        prefill_step_while_generating: None,
         cuda_graph_cache: 40_000,
     };
 
@@ -545,6 +587,9 @@ impl LeverValues {
             Lever::KeepBufferPool => Value::Switch(self.keep_buffer_pool),
             Lever::FirstTokenInDecodeStep => Value::Switch(self.first_token_in_decode_step),
             Lever::DeferChunkOnStart => Value::Switch(self.defer_chunk_on_start),
+            Lever::PrefillStepWhileGenerating => {
+                Value::TokensOrOff(self.prefill_step_while_generating)
+            }
             Lever::CudaGraphCache => Value::Count(self.cuda_graph_cache),
         }
     }
@@ -569,6 +614,9 @@ impl LeverValues {
                 self.first_token_in_decode_step = on
             }
             (Lever::DeferChunkOnStart, Value::Switch(on)) => self.defer_chunk_on_start = on,
+            (Lever::PrefillStepWhileGenerating, Value::TokensOrOff(n)) => {
+                self.prefill_step_while_generating = n
+            }
             (Lever::CudaGraphCache, Value::Count(n)) => self.cuda_graph_cache = n,
             (
                 Lever::EagerDecode
@@ -584,6 +632,7 @@ impl LeverValues {
                 | Lever::KeepBufferPool
                 | Lever::FirstTokenInDecodeStep
                 | Lever::DeferChunkOnStart
+                | Lever::PrefillStepWhileGenerating
                 | Lever::CudaGraphCache,
                 _,
             ) => {
@@ -656,7 +705,8 @@ impl Alias {
                 | Lever::GpuStackedProjections
                 | Lever::CudaHeadNormRope
                 | Lever::DeltanetChunkedPrefill
-                | Lever::FirstTokenInDecodeStep,
+                | Lever::FirstTokenInDecodeStep
+                | Lever::PrefillStepWhileGenerating,
             ) => lever.off_value(),
             (
                 Alias::L3,
@@ -666,7 +716,10 @@ impl Alias {
                 | Lever::DeltanetChunkedPrefill
                 | Lever::FirstTokenInDecodeStep,
             ) => Some(Value::Switch(true)),
-            (Alias::L3, Lever::GpuDecodeOnCpu | Lever::GpuDecodeBlocks)
+            (
+                Alias::L3,
+                Lever::GpuDecodeOnCpu | Lever::GpuDecodeBlocks | Lever::PrefillStepWhileGenerating,
+            )
             | (
                 Alias::L1 | Alias::L2 | Alias::L3,
                 Lever::EagerDecode
@@ -808,7 +861,7 @@ impl<S: CommandScope> clap::Args for LeverFlags<S> {
                     capitalized(lever.description()),
                     lever.tier_when_on(),
                     match lever.kind() {
-                        Kind::Switch | Kind::Blocks => "when on",
+                        Kind::Switch | Kind::Blocks | Kind::TokensOrOff { .. } => "when on",
                         // A count is always on.
                         Kind::Count { .. } => "at any value",
                     },
@@ -950,7 +1003,9 @@ impl RunLevers {
             .filter(|(l, v, _)| l.is_on(*v))
             .map(|(l, v, s)| match l.kind() {
                 Kind::Switch => format!("{} ({s})", l.name()),
-                Kind::Count { .. } | Kind::Blocks => format!("{}={v} ({s})", l.name()),
+                Kind::Count { .. } | Kind::Blocks | Kind::TokensOrOff { .. } => {
+                    format!("{}={v} ({s})", l.name())
+                }
             })
             .collect();
         match on.is_empty() {
@@ -984,6 +1039,7 @@ fn kind_name(kind: Kind) -> &'static str {
         Kind::Switch => "switch",
         Kind::Count { .. } => "count",
         Kind::Blocks => "choice",
+        Kind::TokensOrOff { .. } => "tokens or off",
     }
 }
 
@@ -1135,6 +1191,7 @@ mod tests {
                     Kind::Switch => Value::Switch(true),
                     Kind::Count { max, .. } => Value::Count(max),
                     Kind::Blocks => Value::Blocks(GpuBlocks::None),
+                    Kind::TokensOrOff { min, .. } => Value::TokensOrOff(Some(min)),
                 };
                 run.values.set(l, alias.sets(l).unwrap_or(on)).unwrap();
             }
@@ -1148,13 +1205,38 @@ mod tests {
             Alias::L1.expansion(),
             "gpu-decode-on-cpu=off, gpu-decode-blocks=all, gpu-one-token-sdpa=off, \
              gpu-stacked-projections=off, cuda-head-norm-rope=off, deltanet-chunked-prefill=off, \
-             first-token-in-decode-step=off"
+             first-token-in-decode-step=off, prefill-step-while-generating=off"
         );
         assert_eq!(
             Alias::L3.expansion(),
             "gpu-one-token-sdpa=on, gpu-stacked-projections=on, cuda-head-norm-rope=on, \
              deltanet-chunked-prefill=on, first-token-in-decode-step=on"
         );
+    }
+
+    #[test]
+    fn a_tokens_or_off_lever_reads_off_or_a_count_and_is_l3_only_when_set() {
+        let l = Lever::PrefillStepWhileGenerating;
+        assert_eq!(l.parse("off"), Ok(Value::TokensOrOff(None)));
+        assert_eq!(l.parse("256"), Ok(Value::TokensOrOff(Some(256))));
+        assert_eq!(
+            l.parse("0"),
+            Err("`0` is not off or a whole number in 1..=4294967295".into())
+        );
+        assert!(l.parse("many").is_err());
+        assert_eq!(l.tier(Value::TokensOrOff(None)), Tier::L1);
+        assert_eq!(l.tier(Value::TokensOrOff(Some(256))), Tier::L3);
+        assert_eq!(l.default_value(), Value::TokensOrOff(None));
+        let run = flags::<ServeCommand>(None, &[])
+            .resolve_with(|v: &str| {
+                (v == PREFILL_STEP_WHILE_GENERATING_VAR).then(|| "128".to_string())
+            })
+            .unwrap();
+        assert_eq!(run.values.prefill_step_while_generating, Some(128));
+        assert!(run.refusal(Tier::L1).is_some());
+        assert!(run
+            .note()
+            .contains("prefill-step-while-generating=128 (from"));
     }
 
     #[test]

@@ -135,7 +135,7 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
         table.contains(
             "--l1   gpu-decode-on-cpu=off, gpu-decode-blocks=all, gpu-one-token-sdpa=off, \
              gpu-stacked-projections=off, cuda-head-norm-rope=off, deltanet-chunked-prefill=off, \
-             first-token-in-decode-step=off\n"
+             first-token-in-decode-step=off, prefill-step-while-generating=off\n"
         ),
         "{table}"
     );
@@ -161,6 +161,7 @@ fn archgen_levers_lists_each_lever_its_tier_default_and_the_aliases() {
             "keep-buffer-pool",
             "first-token-in-decode-step",
             "defer-chunk-on-start",
+            "prefill-step-while-generating",
             "cuda-graph-cache"
         ]
     );

@@ -144,6 +144,11 @@ pub struct BatchConfig {
     /// Whether a step that starts sequences generating feeds a prompt
     /// chunk too (mlx-lm: it does).
     pub chunk_after_start: ChunkAfterStart,
+    /// The most prompt tokens a sequence feeds in one step while others
+    /// generate or wait, when fewer than `prefill_step_size` (mlx-lm: no
+    /// such bound). A long prompt's chunk is one forward that holds every
+    /// other sequence; a smaller one holds them for less time.
+    pub prefill_step_while_generating: Option<usize>,
 }
 
 impl Default for BatchConfig {
@@ -156,6 +161,7 @@ impl Default for BatchConfig {
             prefill_buffer_pool: PrefillBufferPool::Released,
             first_steps: FirstSteps::OwnForward,
             chunk_after_start: ChunkAfterStart::SameStep,
+            prefill_step_while_generating: None,
         }
     }
 }
@@ -608,7 +614,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
                     && self.last_phases.started > 0
                     && self
                         .next_chunk_batch()
-                        .is_some_and(|p| p.tokens_left() > self.config.prefill_step_size)
+                        .is_some_and(|p| p.tokens_left() > self.chunk_tokens())
             }
         };
         self.deferred_chunk = defer;
@@ -838,6 +844,17 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             .map(|(at, _)| at)
     }
 
+    /// The most tokens a prompt member feeds in the next chunk:
+    /// `prefill_step_size`, or `prefill_step_while_generating` when it is
+    /// smaller and other sequences generate or wait.
+    fn chunk_tokens(&self) -> usize {
+        let busy = !self.generation.seqs.is_empty() || !self.waiting.is_empty();
+        match (self.config.prefill_step_while_generating, busy) {
+            (Some(n), true) => n.min(self.config.prefill_step_size).max(1),
+            (Some(_), false) | (None, _) => self.config.prefill_step_size,
+        }
+    }
+
     /// The prompt batch that [`Self::prefill_chunk`] feeds next.
     fn next_chunk_batch(&self) -> Option<&PromptBatch> {
         self.next_chunk_at().map(|at| &self.prompts[at])
@@ -850,8 +867,8 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         let Some(at) = self.next_chunk_at() else {
             return Ok(());
         };
+        let step = self.chunk_tokens();
         let prompt = &mut self.prompts[at];
-        let step = self.config.prefill_step_size;
         let mut chunks = Vec::with_capacity(prompt.seqs.len());
         for segments in &mut prompt.segments {
             let first = segments
@@ -880,7 +897,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             cache.prepare_right_padding(&lengths, &padding)?;
         }
         let ids = Array::from_slice(&ids, &[chunks.len() as i32, max_len as i32]);
-        // Chunks are at most `prefill_step_size` long: one forward.
+        // Chunks are at most `chunk_tokens()` long: one forward.
         self.model.forward_batch(&ids, cache)?;
         cache.eval()?;
         self.config.prefill_buffer_pool.after_chunk()?;

@@ -155,6 +155,7 @@ impl<'a> BatchedScheduler<'a> {
             prefill_buffer_pool: limits.prefill_buffer_pool,
             first_steps: limits.first_steps,
             chunk_after_start: limits.chunk_after_start,
+            prefill_step_while_generating: limits.prefill_step_while_generating,
         };
         let prompt_cache = match limits.prompt_cache_bytes {
             0 => None,

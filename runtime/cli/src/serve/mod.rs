@@ -1960,6 +1960,7 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
             true => ChunkAfterStart::NextStep,
             false => ChunkAfterStart::SameStep,
         },
+        prefill_step_while_generating: levers.values.prefill_step_while_generating.map(to_usize),
     };
     let max_queue = args.max_queue as usize;
     let metrics = Arc::new(Metrics::new());

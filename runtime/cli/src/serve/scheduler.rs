@@ -120,6 +120,8 @@ pub struct Limits {
     pub first_steps: FirstSteps,
     /// Whether a step that starts sequences generating runs a prefill chunk.
     pub chunk_after_start: ChunkAfterStart,
+    /// Prompt tokens per prefill chunk while others generate, when fewer.
+    pub prefill_step_while_generating: Option<usize>,
 }
 
 /// One sequence's model state: its cache, the token it feeds next and its
