@@ -45,6 +45,10 @@ pub(crate) fn logits(ui: &Ui, args: &LogitsArgs) -> Result<(), String> {
             true => FirstSteps::InGenerationBatch,
             false => FirstSteps::OwnForward,
         },
+        prefill_step_while_generating: levers
+            .values
+            .prefill_step_while_generating
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
     };
     with_model(
         ui,
@@ -64,6 +68,9 @@ struct BatchTask<'a> {
     /// Where a finished prompt's last token runs (the
     /// first-token-in-decode-step lever).
     first_steps: FirstSteps,
+    /// The chunk cap while others generate (the
+    /// prefill-step-while-generating lever).
+    prefill_step_while_generating: Option<usize>,
 }
 
 impl ModelTask for BatchTask<'_> {
@@ -77,6 +84,7 @@ impl ModelTask for BatchTask<'_> {
         let mut schedule = Schedule::from_json(self.json, m.vocab_size())
             .map_err(|e| format!("--batch {}: {e}", self.path.display()))?;
         schedule.config.first_steps = self.first_steps;
+        schedule.config.prefill_step_while_generating = self.prefill_step_while_generating;
         let batched = m.batched().ok_or_else(|| {
             format!(
                 "--batch {}: this implementation has no batched forward",
@@ -90,8 +98,15 @@ impl ModelTask for BatchTask<'_> {
                  the next decode forward: first-token-in-decode-step"
             }
         };
+        let chunks = match self.prefill_step_while_generating {
+            None => String::new(),
+            Some(n) => format!(
+                "; prompts chunked at most {n} tokens while others generate: \
+                 prefill-step-while-generating"
+            ),
+        };
         self.ui.note(&format!(
-            "running batched: {} sequences ({form})",
+            "running batched: {} sequences ({form}{chunks})",
             schedule.sequences.len()
         ));
         let runs = mlx(run_schedule(batched, &schedule))?;

@@ -241,7 +241,8 @@ impl Lever {
                  (values unchanged)"
             }
             Lever::PrefillStepWhileGenerating => {
-                "serve: while other sequences generate or wait, a prefill chunk is at most this \
+                "serve and logits --batch: while other sequences generate or wait, a prefill \
+                 chunk is at most this \
                  many tokens (prefill-step otherwise), so a long prompt's chunk holds them for \
                  less time (a prompt chunked otherwise than mlx-lm chunks it: its bits may differ)"
             }
@@ -292,12 +293,11 @@ impl Lever {
             | Lever::GpuStackedProjections
             | Lever::CudaHeadNormRope
             | Lever::DeltanetChunkedPrefill => Scope::Model,
-            Lever::FirstTokenInDecodeStep => Scope::Batches,
+            Lever::FirstTokenInDecodeStep | Lever::PrefillStepWhileGenerating => Scope::Batches,
             Lever::MaxBatch
             | Lever::PrefillStep
             | Lever::KeepBufferPool
             | Lever::DeferChunkOnStart
-            | Lever::PrefillStepWhileGenerating
             | Lever::CudaGraphCache => Scope::Serve,
         }
     }

@@ -65,6 +65,12 @@ pub(crate) fn logits(
              lever acts with --batch)",
         );
     }
+    if levers.values.prefill_step_while_generating.is_some() {
+        ui.note(
+            "prefill-step-while-generating: not applied: one sequence has no others generating \
+             (the lever acts with --batch)",
+        );
+    }
     Ok(())
 }
 

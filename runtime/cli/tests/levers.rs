@@ -624,7 +624,7 @@ fn chat_and_serve_state_their_levers_serves_with_its_own() {
 /// (on this CPU, bf16, the same bytes: tests/batch_parity.rs measures them).
 /// Without `--batch` the lever has nothing to act on, and the run says that.
 #[test]
-fn the_first_token_lever_runs_a_batch_schedule_and_says_so() {
+fn the_batch_levers_run_a_batch_schedule_and_say_so() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("m");
     init_with("qwen3-0.6b-tiny", &dir, &[]);
@@ -681,6 +681,29 @@ fn the_first_token_lever_runs_a_batch_schedule_and_says_so() {
             assert_eq!(a.as_slice::<i32>(), b.as_slice::<i32>(), "{key}");
         }
     }
+    // Prompts that arrive while the first generates are chunked at most 2
+    // tokens: more chunks, so later steps, the same greedy tokens here.
+    let (e, small) = run("small", &["--prefill-step-while-generating", "2"]);
+    assert!(
+        e.contains("archgen: parity tier L3: lever prefill-step-while-generating=2 (no oracle)\n"),
+        "{e}"
+    );
+    assert!(
+        e.contains("prompts chunked at most 2 tokens while others generate"),
+        "{e}"
+    );
+    for i in 0..4 {
+        let key = format!("seq{i}.tokens");
+        let (a, b) = (&l1[&key], &small[&key]);
+        assert_eq!(a.as_slice::<i32>(), b.as_slice::<i32>(), "{key}");
+    }
+    let first_step = |run: &std::collections::HashMap<String, archgen_runtime::Array>| {
+        run["seq3.steps"].as_slice::<i32>()[0]
+    };
+    assert!(
+        first_step(&small) > first_step(&l1),
+        "the last prompt, chunked smaller, got its first token no later"
+    );
     let ids = ids(9, 5)
         .iter()
         .map(|t| t.to_string())
@@ -697,12 +720,21 @@ fn the_first_token_lever_runs_a_batch_schedule_and_says_so() {
         out.to_str().unwrap(),
         "--first-token-in-decode-step",
         "on",
+        "--prefill-step-while-generating",
+        "2",
     ]);
     let e = stderr(&o);
     assert!(o.status.success(), "{e}");
     assert!(
         e.contains(
             "archgen: first-token-in-decode-step: not applied: one sequence runs no decode batch"
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains(
+            "archgen: prefill-step-while-generating: not applied: one sequence has no others \
+             generating"
         ),
         "{e}"
     );
