@@ -108,9 +108,7 @@ def main() -> None:
             raise SystemExit(f"unknown worker {name!r}: BASE is one of {', '.join(cmds)}")
         t = time.time()
         workers[name] = Worker(name, cmds[base], env)
-        choices = workers[name].ready.get("decode_choices")
-        print(f"{name} ready in {time.time() - t:.1f} s"
-              + (f"; decode choices {json.dumps(choices, sort_keys=True)}" if choices else ""), flush=True)
+        print(f"{name} ready in {time.time() - t:.1f} s{workers[name].choices_note()}", flush=True)
 
     steps: dict[tuple[int, str], list[float]] = {}
     fills: dict[tuple[int, str], list[float]] = {}

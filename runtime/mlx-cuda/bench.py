@@ -172,6 +172,12 @@ class Worker:
             raise SystemExit(f"the {self.name} worker exited early (rc {self.p.wait()})")
         return json.loads(line)
 
+    def choices_note(self) -> str:
+        """`; decode choices {...}` from an archgen worker's ready line (the
+        levers its variables set), empty for mlx-lm's worker."""
+        choices = self.ready.get("decode_choices")
+        return f"; decode choices {json.dumps(choices, sort_keys=True)}" if choices else ""
+
     def ask(self, cmd: str) -> dict:
         self.p.stdin.write(cmd + "\n")
         self.p.stdin.flush()
@@ -215,10 +221,8 @@ def bench(spec: str, a, bound_bw: float | None, report: dict) -> str:
     for name in IMPLS:
         t = time.time()
         workers[name] = Worker(name, *worker_cmd(name, model, a))
-        choices = workers[name].ready.get("decode_choices")
         print(f"bench {spec}: {name} ready in {time.time() - t:.1f} s "
-              f"(load_s {workers[name].ready['load_s']:.1f})"
-              + (f"; decode choices {json.dumps(choices, sort_keys=True)}" if choices else ""), flush=True)
+              f"(load_s {workers[name].ready['load_s']:.1f}){workers[name].choices_note()}", flush=True)
     steps = {n: [] for n in IMPLS}
     fed = {n: [] for n in IMPLS}  # greedy tokens per round
     pre128 = {n: [] for n in IMPLS}

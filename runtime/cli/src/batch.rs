@@ -41,14 +41,8 @@ pub(crate) fn logits(ui: &Ui, args: &LogitsArgs) -> Result<(), String> {
         path,
         json: &json,
         out: &args.out,
-        first_steps: match levers.values.first_token_in_decode_step {
-            true => FirstSteps::InGenerationBatch,
-            false => FirstSteps::OwnForward,
-        },
-        prefill_step_while_generating: levers
-            .values
-            .prefill_step_while_generating
-            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        first_steps: levers.values.first_steps(),
+        prefill_step_while_generating: levers.values.prefill_step_while_generating_tokens(),
     };
     with_model(
         ui,

@@ -15,6 +15,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use archgen_ir::tier::{Reason, Tier};
+use archgen_runtime::batch_session::{ChunkAfterStart, FirstSteps};
 use archgen_runtime::device::{self, DecodeChoices, GpuBlocks};
 use clap::{Arg, ArgAction, ArgGroup, ArgMatches, ValueEnum};
 
@@ -658,6 +659,31 @@ impl LeverValues {
             cuda_head_norm_rope: self.cuda_head_norm_rope,
             deltanet_chunked_prefill: self.deltanet_chunked_prefill,
         }
+    }
+
+    /// Where a batch's finished prompts run their last token
+    /// (`first-token-in-decode-step`).
+    pub fn first_steps(&self) -> FirstSteps {
+        match self.first_token_in_decode_step {
+            true => FirstSteps::InGenerationBatch,
+            false => FirstSteps::OwnForward,
+        }
+    }
+
+    /// Whether a step that starts sequences generating feeds a prompt chunk
+    /// (`defer-chunk-on-start`).
+    pub fn chunk_after_start(&self) -> ChunkAfterStart {
+        match self.defer_chunk_on_start {
+            true => ChunkAfterStart::NextStep,
+            false => ChunkAfterStart::SameStep,
+        }
+    }
+
+    /// A prompt's chunk cap while others generate
+    /// (`prefill-step-while-generating`), as a session takes it.
+    pub fn prefill_step_while_generating_tokens(&self) -> Option<usize> {
+        self.prefill_step_while_generating
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
     }
 }
 

@@ -1816,7 +1816,8 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
     // A server that keeps MLX's buffer pool after prefill chunks (the
     // keep-buffer-pool lever) gives the same answers to the same requests
     // sent at once: the pool decides where arrays live, not their values.
-    let with_lever = |flags: &[&str], stated: &str, what: &str| {
+    // Returns the server, for a caller that reads its metrics after.
+    let with_lever = |flags: &[&str], stated: &str, what: &str| -> Server {
         let mut args = vec!["--impl", "monolith", "--max-batch", "8"];
         args.extend_from_slice(flags);
         let server = start_server(&model, &args);
@@ -1830,6 +1831,7 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
             let got = streamed_answer(&request.finish(Duration::from_secs(120)));
             assert_eq!(&got, expected, "{what}");
         }
+        server
     };
     with_lever(
         &["--keep-buffer-pool"],
@@ -1850,32 +1852,11 @@ fn batches_concurrent_requests_with_the_monolith_as_they_run_alone() {
     // 30-token prompt is still in prefill when the short ones start: its
     // chunk waits a step for them (counted), and every answer is the one
     // its prompt gets alone.
-    let server = start_server(
-        &model,
-        &[
-            "--impl",
-            "monolith",
-            "--max-batch",
-            "8",
-            "--prefill-step",
-            "8",
-            "--defer-chunk-on-start",
-            "on",
-        ],
+    let server = with_lever(
+        &["--prefill-step", "8", "--defer-chunk-on-start", "on"],
+        "defer-chunk-on-start (from its flag)",
+        "with chunks deferred",
     );
-    assert!(
-        server
-            .startup
-            .iter()
-            .any(|l| l.contains("defer-chunk-on-start (from its flag)")),
-        "{:?}",
-        server.startup
-    );
-    let running = stream_ids(&server, &shapes, max_tokens);
-    for (request, expected) in running.into_iter().zip(&alone) {
-        let got = streamed_answer(&request.finish(Duration::from_secs(120)));
-        assert_eq!(&got, expected, "with chunks deferred");
-    }
     let deferred = metric(&server, "archgen_prefill_chunks_deferred_total");
     assert!(deferred >= 1.0, "no chunk was deferred");
 }

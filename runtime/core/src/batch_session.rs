@@ -117,11 +117,12 @@ pub enum ChunkAfterStart {
     /// prompt batch with more than one chunk left, so the next step returns
     /// their first tokens without waiting for a long prompt's chunk (seconds
     /// on a CPU); a batch on its last chunk, about to start, is fed.
-    /// [`BatchSession::step`] never defers in two steps in a row, so a stream
-    /// of arrivals cannot starve a prompt in prefill; a server bounds it by
-    /// time instead ([`BatchSession::step_chunk_deferring_if`]). The chunk is the same forward on the same
-    /// members, a step later; the generation batch's forwards are those of
-    /// the same members, as when a prompt arrives later.
+    /// [`BatchSession::step`] never defers in two steps in a row, so a
+    /// stream of arrivals cannot starve a prompt in prefill; a server bounds
+    /// it by time instead ([`BatchSession::step_chunk_deferring_if`]). The
+    /// chunk is the same forward on the same members, a step later; the
+    /// generation batch's forwards are those of the same members, as when a
+    /// prompt arrives later.
     NextStep,
 }
 
@@ -613,8 +614,8 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
                 may_defer
                     && self.last_phases.started > 0
                     && self
-                        .next_chunk_batch()
-                        .is_some_and(|p| p.tokens_left() > self.chunk_tokens())
+                        .next_chunk_at()
+                        .is_some_and(|at| self.prompts[at].tokens_left() > self.chunk_tokens())
             }
         };
         self.deferred_chunk = defer;
@@ -853,11 +854,6 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             (Some(n), true) => n.min(self.config.prefill_step_size).max(1),
             (Some(_), false) | (None, _) => self.config.prefill_step_size,
         }
-    }
-
-    /// The prompt batch that [`Self::prefill_chunk`] feeds next.
-    fn next_chunk_batch(&self) -> Option<&PromptBatch> {
-        self.next_chunk_at().map(|at| &self.prompts[at])
     }
 
     /// `PromptProcessingBatch.prompt` on the next chunk of every member of

@@ -155,12 +155,9 @@ pub fn set_decode_choices(choices: DecodeChoices) -> Result<(), DecodeChoices> {
 }
 
 /// This process's decode choices: those set by [`set_decode_choices`], else
-/// the environment's.
-///
-/// A library user who sets none gets the environment's; a variable with a
-/// value it cannot read is reported on stderr once and the defaults run
-/// (a front end reads the variables itself first and refuses such a value:
-/// archgen's levers, the bench worker).
+/// the environment's. A variable with a value it cannot read is reported on
+/// stderr once and the defaults run (a front end reads the variables itself
+/// first and refuses such a value: archgen's levers, the bench worker).
 pub fn decode_choices() -> DecodeChoices {
     *CHOICES.get_or_init(|| {
         DecodeChoices::from_env().unwrap_or_else(|e| {

@@ -40,7 +40,6 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use archgen_runtime::batch_session::{ChunkAfterStart, FirstSteps};
 use archgen_runtime::device::PrefillBufferPool;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -1952,15 +1951,9 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
             true => PrefillBufferPool::Kept,
             false => PrefillBufferPool::Released,
         },
-        first_steps: match levers.values.first_token_in_decode_step {
-            true => FirstSteps::InGenerationBatch,
-            false => FirstSteps::OwnForward,
-        },
-        chunk_after_start: match levers.values.defer_chunk_on_start {
-            true => ChunkAfterStart::NextStep,
-            false => ChunkAfterStart::SameStep,
-        },
-        prefill_step_while_generating: levers.values.prefill_step_while_generating.map(to_usize),
+        first_steps: levers.values.first_steps(),
+        chunk_after_start: levers.values.chunk_after_start(),
+        prefill_step_while_generating: levers.values.prefill_step_while_generating_tokens(),
     };
     let max_queue = args.max_queue as usize;
     let metrics = Arc::new(Metrics::new());
