@@ -29,7 +29,8 @@
 # (whether archgen and mlx-lm repeat their own bytes on one spec, fresh processes),
 # closeness (an L3 lever's logits against L1's: lever_closeness.py), headcheck (the
 # cuda-head-norm-rope kernel against MLX's kernels: head_kernel_check.py), trace SPEC (the
-# mlx-lm module a CUDA fault happens in: module_trace.py), coldstart (a process's wall time with
+# mlx-lm module a CUDA fault happens in: module_trace.py), backtrace SPEC (an archgen abort's host stacks
+# under cuda-gdb, then with glibc's heap checks; BT_L, BT_STEPS, BT_IMPL), coldstart (a process's wall time with
 # an empty and a filled NVRTC cache, archgen and mlx-lm; COLD_SPEC, COLD_L), kernelcache (archgen's
 # default kernel cache under a fresh HOME: two runs, where the kernels went; KC_SPEC), speedtable (one
 # table: single stream, batched B and serving C clients, each archgen L1, archgen L3 and mlx-lm, with
@@ -273,6 +274,31 @@ $(find $cache -type f | wc -l) files under XDG_CACHE_HOME ($(du -sh $cache | cut
       CUDA_LAUNCH_BLOCKING=${TRACE_BLOCKING:-1} timeout 300 python3 "$here/module_trace.py" --model $d/model --prompt-len ${TRACE_L:-24} \
         >> "$OUT/trace-$spec.log" 2>&1
       echo "trace $spec: module trace rc $?"; tail -n 12 "$OUT/trace-$spec.log"
+      ;;
+    backtrace)
+      # Where an archgen process aborts on the host (heap corruption, a
+      # panic in a foreign frame): `archgen logits` on the spec's checkpoint
+      # (BT_L prompt ids, BT_STEPS decode steps, BT_IMPL path) under
+      # cuda-gdb, which debugs host code too (the image has no gdb), every
+      # thread's stack at the signal; then once more with glibc's heap
+      # checks on every call (MALLOC_CHECK_=3 through libc_malloc_debug),
+      # which stops nearer the first bad write.
+      spec=$1; shift
+      d=$work/bt-$spec; mkdir -p $d
+      [[ -f $d/model/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d/model --seed 1 2>&1 | tail -1
+      ids=$(prompt_ids $d/model ${BT_L:-300})
+      args=(logits --model $d/model --prompt-ids $ids --decode-steps ${BT_STEPS:-20} --impl ${BT_IMPL:-generated}
+        --out $d/logits.safetensors)
+      timeout 400 cuda-gdb -q -batch -ex "set pagination off" -ex "set print thread-events off" -ex run \
+        -ex "bt 60" -ex "thread apply all bt 25" --args $ARCHGEN "${args[@]}" > "$OUT/backtrace-$spec.log" 2>&1
+      echo "backtrace $spec: cuda-gdb rc $?"; grep -n -m5 -i "signal\|abort\|corrupt" "$OUT/backtrace-$spec.log"
+      debug=$(ls /lib/x86_64-linux-gnu/libc_malloc_debug.so* /usr/lib/x86_64-linux-gnu/libc_malloc_debug.so* 2>/dev/null | head -1)
+      if [[ -n $debug ]]; then
+        LD_PRELOAD=$debug MALLOC_CHECK_=3 timeout 300 $ARCHGEN "${args[@]}" > "$OUT/backtrace-$spec-malloc-check.log" 2>&1
+        echo "backtrace $spec: with MALLOC_CHECK_=3 rc $?"; tail -n 3 "$OUT/backtrace-$spec-malloc-check.log"
+      else
+        echo "backtrace $spec: no libc_malloc_debug on this machine"
+      fi
       ;;
     headcheck)
       # The cuda-head-norm-rope kernel against the MLX kernels it replaces,
