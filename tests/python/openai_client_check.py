@@ -19,6 +19,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import openai  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
+from mlx_lm.tokenizer_utils import TokenizerWrapper  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 
@@ -128,7 +129,9 @@ def main() -> None:
     base_url, model_dir = sys.argv[1], sys.argv[2]
     client = openai.OpenAI(base_url=base_url, api_key="not-needed", timeout=120, max_retries=0)
     tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
-    hf = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    # transformers' apply_chat_template as mlx-lm calls it: its wrapper sets
+    # enable_thinking from the tokenizer's reasoning markers.
+    hf = TokenizerWrapper(AutoTokenizer.from_pretrained(model_dir, local_files_only=True))
     out = {}
 
     models = client.models.list().data
@@ -246,7 +249,7 @@ def main() -> None:
     s = client.completions.create(model=name, prompt=prompt_ids, max_tokens=10, temperature=3.0, top_p=0.95, seed=7)
     out["seeded_ids"] = s.choices[0].text
 
-    # Chat: the prompt is the chat template as transformers renders it.
+    # Chat: the prompt is the chat template as mlx-lm renders it.
     ch = client.chat.completions.create(model=name, messages=messages, max_tokens=10, temperature=0)
     reply = ch.choices[0].message.content
     check(ch.object == "chat.completion" and ch.choices[0].message.role == "assistant", str(ch))

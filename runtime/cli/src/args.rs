@@ -593,6 +593,9 @@ pub struct ServeArgs {
     /// Browser origins allowed to call the API (CORS), e.g. http://localhost:3000; `*` allows any. Without it no CORS headers are sent
     #[arg(long, value_name = "ORIGIN[,ORIGIN...]", value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
+    /// Chat template variables for every chat request, as a JSON object (mlx-lm's --chat-template-args), e.g. '{"enable_thinking": false}'; a request's chat_template_kwargs override them
+    #[arg(long, value_name = "JSON")]
+    pub chat_template_args: Option<String>,
     /// Sequences the prompt cache keeps at most (mlx-lm's --prompt-cache-size)
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub prompt_cache_size: u32,

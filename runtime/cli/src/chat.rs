@@ -13,6 +13,7 @@ use crate::args::ChatArgs;
 use crate::chat_template::{ChatTemplate, Message};
 use crate::engine::{self, Flow, Sampling, TextStream};
 use crate::sampling::{fresh_seed, SamplingParams, FLAG_NAMES};
+use crate::thinking::{self, ThinkingMarkers};
 use crate::ui::Ui;
 
 /// The checkpoint's chat template, or a message that says what is missing.
@@ -49,7 +50,7 @@ pub fn encode_chat(
     template: &ChatTemplate,
     history: &[Message],
 ) -> Result<Vec<i32>, String> {
-    let text = template.render(history, true)?;
+    let text = render_chat(tokenizer, template, history)?;
     let encoding = tokenizer
         .encode(text.as_str(), false)
         .map_err(|e| format!("cannot encode the chat prompt: {e}"))?;
@@ -57,8 +58,25 @@ pub fn encode_chat(
 }
 
 /// `generate --chat`: `text` as one user turn in the model's chat template.
-pub fn one_user_turn(model: &Path, text: &str) -> Result<String, String> {
-    load_template(model)?.render(&[Message::new("user", text)], true)
+pub fn one_user_turn(model: &Path, tokenizer: &Tokenizer, text: &str) -> Result<String, String> {
+    render_chat(
+        tokenizer,
+        &load_template(model)?,
+        &[Message::new("user", text)],
+    )
+}
+
+/// A conversation's text, opening the assistant's turn, as mlx-lm renders
+/// it: with `enable_thinking` set to whether the tokenizer has reasoning
+/// markers (thinking.rs).
+fn render_chat(
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    messages: &[Message],
+) -> Result<String, String> {
+    let has_thinking = ThinkingMarkers::of(tokenizer)?.is_some();
+    let variables = thinking::template_variables(has_thinking, &Default::default(), None);
+    template.render_values(minijinja::Value::from_serialize(messages), true, &variables)
 }
 
 pub fn chat(ui: &Ui, args: &ChatArgs, params: SamplingParams) -> Result<(), String> {

@@ -119,17 +119,6 @@ impl ChatTemplate {
         Self::new(source, special_tokens, origin).map(Some)
     }
 
-    /// Renders a conversation; `add_generation_prompt` appends the header of
-    /// the assistant's next turn.
-    pub fn render(
-        &self,
-        messages: &[Message],
-        add_generation_prompt: bool,
-    ) -> Result<String, String> {
-        let messages: Vec<Value> = messages.iter().map(Value::from_serialize).collect();
-        self.render_values(Value::from(messages), add_generation_prompt, &[])
-    }
-
     /// Renders `messages` (a list of message maps, as transformers takes
     /// them) with extra template variables (like `enable_thinking`), which
     /// override the special tokens of the same name as transformers' kwargs do.

@@ -100,7 +100,7 @@ pub(crate) fn generate(
             // one user turn in the chat template, which writes the special
             // tokens itself.
             let (text, add_special_tokens) = match args.chat {
-                true => (crate::chat::one_user_turn(model, text)?, false),
+                true => (crate::chat::one_user_turn(model, tokenizer, text)?, false),
                 false => (text.clone(), true),
             };
             let encoding = tokenizer

@@ -21,6 +21,7 @@ mod logits;
 mod run;
 mod sampling;
 mod serve;
+mod thinking;
 mod tokens;
 mod ui;
 

@@ -267,6 +267,21 @@ fn tiny_chat_model_with(root: &Path, spec_name: &str, dir: &str, template: &str)
     model
 }
 
+/// `archgen init` of a spec at `model`, with `extra` flags.
+fn init_tiny(spec_name: &str, model: &Path, extra: &[&str]) {
+    let spec = repo_root().join(format!("specs/{spec_name}.yaml"));
+    let mut args = vec![
+        "init",
+        "--spec",
+        spec.to_str().unwrap(),
+        "--out",
+        model.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let (ok, _, err) = archgen(&args, "", Duration::from_secs(300));
+    assert!(ok, "init failed: {err}");
+}
+
 /// `archgen init` of a tiny spec in `root/dir`, and a chat tokenizer with a
 /// fixture template whose vocabulary ends in `added` (each piece one added
 /// token); returns the model and what make_chat_tokenizer.py printed.
@@ -278,19 +293,7 @@ fn tiny_chat_model_adding(
     added: &[&str],
 ) -> (PathBuf, serde_json::Value) {
     let model = root.join(dir);
-    let spec = repo_root().join(format!("specs/{spec_name}.yaml"));
-    let (ok, _, err) = archgen(
-        &[
-            "init",
-            "--spec",
-            spec.to_str().unwrap(),
-            "--out",
-            model.to_str().unwrap(),
-        ],
-        "",
-        Duration::from_secs(300),
-    );
-    assert!(ok, "init failed: {err}");
+    init_tiny(spec_name, &model, &[]);
     let template = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/chat_templates")
         .join(template);
@@ -490,7 +493,9 @@ fn serves_the_openai_api_and_matches_generate_and_chat() {
         std::fs::copy(entry.path(), short.join(entry.file_name())).unwrap();
     }
     let mut config = json(&std::fs::read_to_string(short.join("config.json")).unwrap());
-    config["max_position_embeddings"] = 32.into();
+    // Room for a short turn, whose prompt closes an empty reasoning block
+    // (this tokenizer has no reasoning markers: `enable_thinking` false).
+    config["max_position_embeddings"] = 48.into();
     std::fs::write(short.join("config.json"), config.to_string()).unwrap();
     let (ok, stdout, stderr) = archgen(
         &[
@@ -500,11 +505,11 @@ fn serves_the_openai_api_and_matches_generate_and_chat() {
             "--max-tokens",
             "6",
         ],
-        &format!("{}\nhello\n", "fox ".repeat(40)),
+        &format!("{}\nhello\n", "fox ".repeat(60)),
         Duration::from_secs(300),
     );
     assert!(ok, "{stderr}");
-    assert!(stderr.contains("the model's context is 32"), "{stderr}");
+    assert!(stderr.contains("the model's context is 48"), "{stderr}");
     assert_eq!(
         stdout,
         format!("{}\n", turns[0]),
@@ -569,8 +574,7 @@ fn takes_requests_as_clients_send_them() {
         ),
     );
     assert_eq!(status, 200, "{body}");
-    let named = "chat_template_kwargs,frobnicate,messages[0].reasoning_content,\
-                 stream_options.continuous_usage_stats";
+    let named = "frobnicate,messages[0].reasoning_content,stream_options.continuous_usage_stats";
     assert_eq!(
         header(&headers, "x-archgen-ignored-fields"),
         Some(named),
@@ -1047,6 +1051,66 @@ fn chat_and_serve_refuse_a_checkpoint_without_what_they_need() {
 }
 
 /// The value of an unlabelled metric in GET /metrics.
+/// A chat is fed and cached in mlx-lm's server's segments (its system
+/// turns, its user turn, a reasoning tail) and rendered with
+/// `enable_thinking` as mlx-lm renders it: the same chats sent to
+/// `mlx_lm.server` and to `archgen serve`, one at a time
+/// (tests/python/server_segments_check.py), give the same prompt lengths,
+/// the same cached-token counts and the same log-probabilities, on a Gated
+/// DeltaNet checkpoint whose tokenizer has reasoning markers (its cache
+/// cannot be trimmed, so only the stored segment ends are reused) and on a
+/// full-attention one whose tokenizer has none. float32 weights, so a
+/// prompt fed in other chunks shows in the log-probabilities.
+#[test]
+fn chats_are_cached_and_computed_in_mlx_lm_servers_segments() {
+    let root = tempfile::tempdir().unwrap();
+    let cases: [(&str, &[&str]); 2] = [
+        ("qwen3.5-4b-tiny", &["<think>", "</think>"]),
+        ("qwen3-0.6b-tiny", &[]),
+    ];
+    for (spec_name, added) in cases {
+        let model = root.path().join(spec_name);
+        init_tiny(spec_name, &model, &["--dtype", "float32"]);
+        let template =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates/qwen3.jinja");
+        let added_file = root.path().join(format!("{spec_name}.added.json"));
+        std::fs::write(&added_file, serde_json::to_string(added).unwrap()).unwrap();
+        run_python(
+            "make_chat_tokenizer.py",
+            &[
+                model.as_os_str(),
+                template.as_os_str(),
+                added_file.as_os_str(),
+            ],
+        );
+        let server = start_server(&model, &[]);
+        let out = json(&run_python(
+            "server_segments_check.py",
+            &[server.base.as_ref(), model.as_os_str()],
+        ));
+        let (ours, theirs) = (
+            out["archgen"].as_array().unwrap(),
+            out["mlx_lm"].as_array().unwrap(),
+        );
+        assert_eq!(ours.len(), theirs.len());
+        for (i, (a, m)) in ours.iter().zip(theirs).enumerate() {
+            for key in ["prompt_tokens", "cached_tokens", "logprobs"] {
+                assert_eq!(a[key], m[key], "{spec_name}, chat {i}: {key}:\n{a}\n{m}");
+            }
+        }
+        // The chats that share the system prompt, or repeat a conversation,
+        // were served from the cache.
+        let cached: Vec<u64> = ours
+            .iter()
+            .map(|a| a["cached_tokens"].as_u64().unwrap())
+            .collect();
+        assert!(
+            cached[1] > 0 && cached[2] > cached[1],
+            "{spec_name}: {cached:?}"
+        );
+    }
+}
+
 /// Gemma-4's own chat template (tests/fixtures/chat_templates/gemma4.jinja)
 /// on a tiny Gemma-4 served in batches: the openai client's `tools=`
 /// requests (declared tools, a tool-call history, streaming, `tool_choice`)

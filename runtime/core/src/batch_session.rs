@@ -378,6 +378,9 @@ pub struct BatchSession<'m, M: BatchLm + ?Sized> {
     deferred_chunk: bool,
     /// [`Self::step_before_chunk`] ran and [`Self::step_chunk`] has not.
     chunk_due: bool,
+    /// The prompt members whose chunk in the last prefill forward ended one
+    /// of their segments (`Response.end_of_segment`), in batch order.
+    ended_segments: Vec<SeqId>,
 }
 
 impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
@@ -399,6 +402,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             last_phases: StepPhases::default(),
             deferred_chunk: false,
             chunk_due: false,
+            ended_segments: Vec::new(),
         }
     }
 
@@ -426,6 +430,70 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         self.join_from(prompt, None, max_tokens, sampler)
     }
 
+    /// A prompt given as segments (`insert_segments`): each is fed in
+    /// chunks that end at its end, so a caller can take the cache there
+    /// ([`Self::take_ended_segments`], [`Self::prompt_member_cache`]), as
+    /// mlx-lm's server stores a chat's system prompt. Empty segments are
+    /// dropped and the last token is a segment of its own; `cache`, when
+    /// given, holds the tokens before the first segment.
+    pub fn join_segments(
+        &mut self,
+        segments: Vec<Vec<i32>>,
+        cache: Option<SeqCache>,
+        max_tokens: usize,
+        sampler: Option<Sampler>,
+    ) -> Result<SeqId> {
+        let seq = SeqId(self.next_seq);
+        let mut segments: VecDeque<Vec<i32>> =
+            segments.into_iter().filter(|s| !s.is_empty()).collect();
+        let Some(last) = segments.back_mut() else {
+            return Err(error(format!("sequence {}: the prompt is empty", seq.0)));
+        };
+        if max_tokens == 0 {
+            return Err(error(format!(
+                "sequence {}: max_tokens must be at least 1",
+                seq.0
+            )));
+        }
+        if last.len() != 1 {
+            let token = last.pop().expect("a kept segment is not empty");
+            segments.push_back(vec![token]);
+        }
+        self.waiting.push_back(Waiting {
+            seq,
+            segments,
+            max_tokens,
+            cache,
+        });
+        if let Some(sampler) = sampler {
+            self.samplers.insert(seq, sampler);
+        }
+        self.next_seq += 1;
+        Ok(seq)
+    }
+
+    /// The prompt members whose last prefill chunk ended one of their
+    /// segments, taken (the next chunk starts a new list).
+    pub fn take_ended_segments(&mut self) -> Vec<SeqId> {
+        std::mem::take(&mut self.ended_segments)
+    }
+
+    /// A copy of a prompt member's cache as it stands (`extract_cache` of
+    /// a sequence in prefill): the tokens fed so far. `Ok(None)` when the
+    /// sequence is not in prefill.
+    pub fn prompt_member_cache(&self, seq: SeqId) -> Result<Option<SeqCache>> {
+        for prompt in &self.prompts {
+            if let Some(i) = prompt.seqs.iter().position(|s| *s == seq) {
+                let cache = prompt
+                    .cache
+                    .as_ref()
+                    .ok_or_else(|| error("the prompt batch has no cache".into()))?;
+                return seq_cache::extract(cache, i).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
     /// [`Self::join_sampled`] from a cache that already holds the prompt's
     /// first tokens (a prompt cache's hit): only `rest`, the tokens after
     /// them, is prefilled (`insert(..., caches=[cache])`). The cache joins
@@ -440,6 +508,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         self.join_from(rest, Some(cache), max_tokens, sampler)
     }
 
+    /// One segment: the prompt without its last token, then that token.
     fn join_from(
         &mut self,
         prompt: &[i32],
@@ -447,32 +516,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         max_tokens: usize,
         sampler: Option<Sampler>,
     ) -> Result<SeqId> {
-        let seq = SeqId(self.next_seq);
-        let Some((&last, rest)) = prompt.split_last() else {
-            return Err(error(format!("sequence {}: the prompt is empty", seq.0)));
-        };
-        if max_tokens == 0 {
-            return Err(error(format!(
-                "sequence {}: max_tokens must be at least 1",
-                seq.0
-            )));
-        }
-        let mut segments = VecDeque::new();
-        if !rest.is_empty() {
-            segments.push_back(rest.to_vec());
-        }
-        segments.push_back(vec![last]);
-        self.waiting.push_back(Waiting {
-            seq,
-            segments,
-            max_tokens,
-            cache,
-        });
-        if let Some(sampler) = sampler {
-            self.samplers.insert(seq, sampler);
-        }
-        self.next_seq += 1;
-        Ok(seq)
+        self.join_segments(vec![prompt.to_vec()], cache, max_tokens, sampler)
     }
 
     /// Cancels a sequence wherever it is (`remove`): waiting, in prefill or
@@ -866,7 +910,8 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
         let step = self.chunk_tokens();
         let prompt = &mut self.prompts[at];
         let mut chunks = Vec::with_capacity(prompt.seqs.len());
-        for segments in &mut prompt.segments {
+        self.ended_segments.clear();
+        for (segments, &seq) in prompt.segments.iter_mut().zip(&prompt.seqs) {
             let first = segments
                 .front_mut()
                 .ok_or_else(|| error("a prompt member has no tokens left".into()))?;
@@ -874,6 +919,7 @@ impl<'m, M: BatchLm + ?Sized> BatchSession<'m, M> {
             chunks.push(first.drain(..n).collect::<Vec<i32>>());
             if first.is_empty() {
                 segments.pop_front();
+                self.ended_segments.push(seq);
             }
         }
         let cache = prompt

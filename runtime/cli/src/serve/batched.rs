@@ -22,10 +22,14 @@
 //! mask is its last processor.
 //!
 //! The prompt cache (prompt_cache.rs, `--prompt-cache-bytes`) is mlx-lm's
-//! server's: a request whose prompt extends a finished one's tokens joins
-//! the session with that sequence's cache (`join_cached`) and prefills only
-//! the rest; a sequence that ends gives its cache back (`extract`) to be
-//! stored under its prompt and every token it returned.
+//! server's: a request whose prompt extends a stored one's tokens joins
+//! the session with that entry's cache and prefills only the rest. A prompt
+//! joins as its segments (segments.rs: a chat's system turns, its user
+//! turn, a reasoning tail), each fed in chunks that end at its end; where a
+//! segment ends before the prompt's last token its cache is copied out
+//! (`extract_cache`) and stored under the tokens fed so far, and a sequence
+//! that ends gives its cache back (`extract`) to be stored under its prompt
+//! and every token it returned.
 //!
 //! [`CausalLm::batched`]: archgen_runtime::model::CausalLm::batched
 
@@ -49,6 +53,7 @@ use super::scheduler::{
     deliver, describe, fail, finish, most_likely, panic_message, Job, Limits, Outcome, Steps,
     Stream,
 };
+use super::segments::{store_points, SegmentKind};
 use crate::constrained::GrammarState;
 use crate::engine::{Finish, Sampling};
 use crate::sampling::TokenSampler;
@@ -76,6 +81,10 @@ pub(super) struct BatchedScheduler<'a> {
     /// prompt, then every token the session returned for it (each was fed
     /// back in the step that returned it). The prompt cache's keys.
     tokens: HashMap<SeqId, Vec<i32>>,
+    /// Where each sequence in prefill stores its cache next: the ends of
+    /// its segments still to feed, as the session reports them
+    /// ([`BatchSession::take_ended_segments`]), with their kinds.
+    store_points: HashMap<SeqId, std::collections::VecDeque<(usize, SegmentKind)>>,
     /// How long the last full step (with its prefill chunk) took, and how
     /// long the decode-only steps since then took: see [`Self::next_step`].
     last_full_step: Duration,
@@ -172,6 +181,7 @@ impl<'a> BatchedScheduler<'a> {
             solo: Vec::new(),
             prompt_cache,
             tokens: HashMap::new(),
+            store_points: HashMap::new(),
             last_full_step: Duration::ZERO,
             decoded_since_full_step: Duration::ZERO,
         }
@@ -193,26 +203,24 @@ impl<'a> BatchedScheduler<'a> {
             Ok(sampler) => sampler,
             Err(message) => return fail(&job, message),
         };
-        let hit = self.fetch_cached(&job.prompt);
-        let cached_tokens = hit.as_ref().map_or(0, |h| h.cached_tokens);
-        let joined = match hit {
+        let (cache, cached_tokens) = match self.fetch_cached(&job.prompt) {
             Some(Hit {
                 cache,
                 cached_tokens,
-            }) => self.session.join_cached(
-                &job.prompt[cached_tokens..],
-                cache,
-                job.sampling.max_tokens,
-                sampler,
-            ),
-            None => self
-                .session
-                .join_sampled(&job.prompt, job.sampling.max_tokens, sampler),
+            }) => (Some(cache), cached_tokens),
+            None => (None, 0),
         };
+        let segments = job.segments.after(&job.prompt, cached_tokens);
+        let points = store_points(&segments, cached_tokens);
+        let segments = segments.into_iter().map(|(tokens, _)| tokens).collect();
+        let joined = self
+            .session
+            .join_segments(segments, cache, job.sampling.max_tokens, sampler);
         match joined {
             Ok(seq) => {
                 if self.prompt_cache.is_some() {
                     self.tokens.insert(seq, job.prompt.clone());
+                    self.store_points.insert(seq, points.into());
                 }
                 let mut stream = Stream::new(job, self.tokenizer);
                 stream.cached_tokens = cached_tokens;
@@ -325,10 +333,43 @@ impl<'a> BatchedScheduler<'a> {
     /// Stores a finished sequence's cache under its tokens.
     fn store(&mut self, seq: SeqId, cache: Option<archgen_runtime::seq_cache::SeqCache>) {
         let tokens = self.tokens.remove(&seq);
-        if let (Some(pc), Some(tokens), Some(cache)) = (self.prompt_cache.as_mut(), tokens, cache) {
-            pc.insert(tokens, cache);
+        self.store_points.remove(&seq);
+        if let (Some(tokens), Some(cache)) = (tokens, cache) {
+            self.insert_cached(tokens, cache, SegmentKind::Assistant);
+        }
+    }
+
+    fn insert_cached(
+        &mut self,
+        tokens: Vec<i32>,
+        cache: archgen_runtime::seq_cache::SeqCache,
+        kind: SegmentKind,
+    ) {
+        if let Some(pc) = self.prompt_cache.as_mut() {
+            pc.insert(tokens, cache, kind);
             self.metrics.prompt_cache_bytes.set(pc.bytes() as i64);
             self.metrics.prompt_cache_entries.set(pc.len() as i64);
+        }
+    }
+
+    /// Stores the cache of every sequence whose last prefill chunk ended a
+    /// segment before its prompt's last token (mlx-lm's server: the
+    /// "system" and "user" entries), under the tokens fed so far. A copy
+    /// that fails is said on stderr and not stored: the request goes on.
+    fn store_segment_ends(&mut self) {
+        for seq in self.session.take_ended_segments() {
+            let point = self.store_points.get_mut(&seq).and_then(|p| p.pop_front());
+            let (Some((end, kind)), Some(tokens)) = (point, self.tokens.get(&seq)) else {
+                continue;
+            };
+            let tokens = tokens[..end].to_vec();
+            match self.session.prompt_member_cache(seq) {
+                Ok(Some(cache)) => self.insert_cached(tokens, cache, kind),
+                Ok(None) => {}
+                Err(e) => eprintln!(
+                    "archgen: serve: prompt cache: cannot copy a segment's cache ({e}); not stored"
+                ),
+            }
         }
     }
 
@@ -349,6 +390,7 @@ impl<'a> BatchedScheduler<'a> {
             let seq = *seq;
             self.active.remove(at);
             self.tokens.remove(&seq);
+            self.store_points.remove(&seq);
             self.metrics.cancelled.inc();
             if let Err(e) = self.session.leave(seq) {
                 return self.fail_all(format!("a cancelled sequence could not leave: {e}"));
@@ -409,6 +451,7 @@ impl<'a> BatchedScheduler<'a> {
                 Ok(Err(e)) => return self.fail_all(format!("the generation failed: {e}")),
                 Err(panic) => return self.fail_all(panic_message(&*panic)),
             }
+            self.store_segment_ends();
         }
         let took = started.elapsed();
         let phases = self.session.last_phases();
@@ -494,6 +537,7 @@ impl<'a> BatchedScheduler<'a> {
             fail(&solo.stream.job, message.clone());
         }
         self.tokens.clear();
+        self.store_points.clear();
         self.session = new_session(self.model, self.config, self.prompt_cache.is_some());
     }
 }

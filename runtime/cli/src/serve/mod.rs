@@ -26,6 +26,7 @@ mod metrics;
 mod prompt_cache;
 mod request;
 mod scheduler;
+mod segments;
 mod structured;
 mod token_bytes;
 mod tools;
@@ -60,6 +61,7 @@ use crate::constrained::{GrammarCompiler, TokenConstraint};
 use crate::embed::{EmbeddingHead, EmbeddingList};
 use crate::engine::{self, Finish, ModelContext, Sampling};
 use crate::sampling::{fresh_seed, Penalty, SamplingParams, DEFAULT_PENALTY_CONTEXT, FIELD_NAMES};
+use crate::thinking::{self, ThinkingMarkers};
 use crate::ui::Ui;
 use embeddings::{EmbedJob, EmbeddingFields, EncodingFormat, InputLimits};
 use error::ApiError;
@@ -69,6 +71,7 @@ use request::{
     Route, StopField, TokenizeFields, IGNORED_FIELDS_HEADER, SEED_HEADER,
 };
 use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
+use segments::Segments;
 use structured::{output_shape, OutputShape, ResponseFormat, ToolChoice};
 use token_bytes::TokenText;
 use tools::{Piece, ToolFormat, ToolStream};
@@ -91,6 +94,11 @@ struct AppState {
     max_queue: usize,
     tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
+    /// The tokenizer's reasoning markers: whether `enable_thinking` is on
+    /// by default (thinking.rs).
+    thinking: Option<ThinkingMarkers>,
+    /// `--chat-template-args`: every chat's template variables.
+    template_args: serde_json::Map<String, serde_json::Value>,
     /// The model's id in responses and /v1/models: the directory's name.
     model_name: String,
     model_dir: String,
@@ -124,6 +132,8 @@ struct AppState {
 /// A checked request: what to queue, and how to answer.
 struct Plan {
     prompt: Vec<i32>,
+    /// Where the batch may stop feeding the prompt to store its cache.
+    segments: Segments,
     sampling: Sampling,
     stops: Vec<String>,
     /// Log-probabilities wanted, with this many alternatives per token.
@@ -199,6 +209,7 @@ fn plan(
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
     Ok(Plan {
+        segments: Segments::whole(prompt.len()),
         prompt,
         sampling: Sampling {
             max_tokens,
@@ -815,6 +826,7 @@ async fn queue_and_answer(
         events.insert(index, UnboundedReceiverStream::new(receiver));
         jobs.push(Job {
             prompt: plan.prompt.clone(),
+            segments: plan.segments.clone(),
             sampling: Sampling {
                 seed: plan.sampling.seed.wrapping_add(index as u64),
                 ..plan.sampling.clone()
@@ -1312,12 +1324,13 @@ fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
     let common: CommonFields = body.fields()?;
     let request: ChatFields = body.fields()?;
     let choice = ToolChoice::of_request(request.tool_choice.as_ref(), request.tools.as_deref())?;
-    let (text, tool_format) = chat_text(
+    let (text, tool_format, ending) = chat_text(
         state,
         request.messages,
         request.tools.clone(),
         &choice,
         true,
+        request.chat_template_kwargs.as_ref(),
     )?;
     let response_format = ResponseFormat::of_request(request.response_format.as_ref())?;
     let shape = output_shape(
@@ -1345,7 +1358,9 @@ fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
         (Some(false) | None, None) => None,
     };
     let max_tokens = request.max_completion_tokens.or(common.max_tokens);
+    let segments = chat_segments(state, &prompt, &ending)?;
     let mut plan = plan(state, prompt, common, max_tokens, logprobs)?;
+    plan.segments = segments;
     plan.tool_format = tool_format;
     // Compiled last, once everything cheaper to check has passed (this
     // runs off the async executor, as every request's check does).
@@ -1378,15 +1393,59 @@ fn grammar_compiler<'s>(
     })
 }
 
-/// A conversation rendered by the model's chat template, and the tool-call
-/// markup to read from the answer (when tools are offered).
+/// How a conversation ends, which decides its prompt's segments
+/// (mlx-lm's `_tokenize`).
+enum ChatEnding {
+    /// Not with a user turn: the prompt is one segment.
+    OtherTurn,
+    /// With a user turn; `system_text` is the template's rendering of the
+    /// leading system turns and an empty user turn, when there are any.
+    UserTurn { system_text: Option<String> },
+}
+
+/// A chat prompt's segments (segments.rs): the system segment ends where
+/// the prompt leaves the rendering of its system turns.
+fn chat_segments(
+    state: &AppState,
+    prompt: &[i32],
+    ending: &ChatEnding,
+) -> Result<Segments, ApiError> {
+    let system_text = match ending {
+        ChatEnding::OtherTurn => return Ok(Segments::whole(prompt.len())),
+        ChatEnding::UserTurn { system_text } => system_text,
+    };
+    let system_end = match system_text {
+        None => 0,
+        Some(text) => encode(&state.tokenizer, text, false)?
+            .iter()
+            .zip(prompt)
+            .position(|(a, b)| a != b)
+            .unwrap_or(0),
+    };
+    Ok(Segments::of_chat(
+        prompt,
+        system_end,
+        state.thinking.as_ref(),
+    ))
+}
+
+/// A conversation's text, its tool-call markup and how it ends, as
+/// [`chat_text`] gives them.
+type ChatText = (String, Option<ToolFormat>, ChatEnding);
+
+/// A conversation rendered by the model's chat template, the tool-call
+/// markup to read from the answer (when tools are offered), and how it
+/// ends: with a user turn, its system turns followed by an empty user turn
+/// rendered the same way (mlx-lm's server finds where the system prompt
+/// ends from it: [`chat_segments`]).
 fn chat_text(
     state: &AppState,
     conversation: Vec<request::ChatMessage>,
     offered_tools: Option<Vec<serde_json::Value>>,
     tool_choice: &ToolChoice,
     add_generation_prompt: bool,
-) -> Result<(String, Option<ToolFormat>), ApiError> {
+    template_kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<ChatText, ApiError> {
     let Some(template) = &state.template else {
         return Err(ApiError::bad_request(
             format!(
@@ -1447,15 +1506,39 @@ fn chat_text(
         (Some(_), Some(tools)) => minijinja::Value::from_serialize(&tools),
         _ => minijinja::Value::from(()),
     };
-    let text = template
-        .render_with_tools(
-            minijinja::Value::from_serialize(&messages),
-            tools,
-            add_generation_prompt,
-            &[],
-        )
-        .map_err(|e| ApiError::bad_request(e, Some("messages")))?;
-    Ok((text, tool_format))
+    let variables = thinking::template_variables(
+        state.thinking.is_some(),
+        &state.template_args,
+        template_kwargs,
+    );
+    let render = |messages: &[serde_json::Value], add_generation_prompt| {
+        template
+            .render_with_tools(
+                minijinja::Value::from_serialize(messages),
+                tools.clone(),
+                add_generation_prompt,
+                &variables,
+            )
+            .map_err(|e| ApiError::bad_request(e, Some("messages")))
+    };
+    let text = render(&messages, add_generation_prompt)?;
+    let role = |m: &serde_json::Value| m["role"].as_str().map(str::to_owned);
+    let system_turns = messages
+        .iter()
+        .take_while(|m| role(m).as_deref() == Some("system"))
+        .count();
+    let ending = match (messages.last().and_then(role).as_deref(), system_turns) {
+        (Some("user"), 0) => ChatEnding::UserTurn { system_text: None },
+        (Some("user"), _) => {
+            let mut turns = messages[..system_turns].to_vec();
+            turns.push(json!({"role": "user", "content": ""}));
+            ChatEnding::UserTurn {
+                system_text: Some(render(&turns, false)?),
+            }
+        }
+        _ => ChatEnding::OtherTurn,
+    };
+    Ok((text, tool_format, ending))
 }
 
 /// POST /tokenize and /detokenize (vLLM's names and shapes): checked and
@@ -1510,12 +1593,13 @@ fn tokenize_body(state: &AppState, body: &Body) -> Result<serde_json::Value, Api
         )?,
         (None, Some(messages)) => {
             let generation_prompt = request.add_generation_prompt.unwrap_or(true);
-            let (text, _) = chat_text(
+            let (text, _, _) = chat_text(
                 state,
                 messages,
                 request.tools,
                 &ToolChoice::Auto,
                 generation_prompt,
+                request.chat_template_kwargs.as_ref(),
             )?;
             encode(
                 &state.tokenizer,
@@ -1914,6 +1998,11 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
             model.join("tokenizer.json").display()
         )
     })?;
+    let thinking = ThinkingMarkers::of(&tokenizer)?;
+    let template_args = match &args.chat_template_args {
+        Some(text) => thinking::parse_template_args(text)?,
+        None => serde_json::Map::new(),
+    };
     let tokenizer = Arc::new(tokenizer);
     let template = ChatTemplate::load(model)?;
     if template.is_none() {
@@ -2008,6 +2097,8 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         max_queue,
         tokenizer,
         template,
+        thinking,
+        template_args,
         model_name: model_name.clone(),
         model_dir: model.display().to_string(),
         vocab_size,

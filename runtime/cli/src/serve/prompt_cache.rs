@@ -17,21 +17,34 @@
 //! or takes a shorter entry).
 //!
 //! Insertion is `insert_cache`: a trimmable cache replaces the stored
-//! prefixes of its sequence (they are trims of it). The cache is bounded by
-//! the bytes of the arrays it holds (`--prompt-cache-bytes`) and by its
-//! number of entries (`--prompt-cache-size`, mlx-lm's 10), evicting the
-//! least recently used entry (inserted or hit) until both hold.
-//! mlx-lm's server also stores caches at chat segment ends (system, user)
-//! with a per-kind eviction order; archgen stores finished sequences only.
+//! prefixes of its sequence (they are trims of it). Entries are of a kind:
+//! a prompt's segment ends (its system turns, its user turn: segments.rs)
+//! and finished sequences. The cache is bounded by the bytes of the arrays
+//! it holds (`--prompt-cache-bytes`) and by its number of entries
+//! (`--prompt-cache-size`, mlx-lm's 10), evicting until both hold, as
+//! mlx-lm's `CacheOrder.pop` picks: from the finished sequences while they
+//! are at least as many as the user-turn entries, else from those while
+//! they are at least as many as the system ones, else a system entry; within
+//! a kind the least recently used (inserted or hit).
 
 use archgen_runtime::seq_cache::SeqCache;
+
+use super::segments::SegmentKind;
 
 /// A stored sequence's cache.
 struct Entry {
     tokens: Vec<i32>,
     cache: SeqCache,
     nbytes: usize,
+    kind: SegmentKind,
 }
+
+/// The kinds in the order eviction considers them (`CacheOrder`).
+const EVICTION_ORDER: [SegmentKind; 3] = [
+    SegmentKind::Assistant,
+    SegmentKind::User,
+    SegmentKind::System,
+];
 
 /// A hit: the cache to start from and the prompt tokens it holds.
 pub struct Hit {
@@ -122,10 +135,10 @@ impl PromptCache {
         }))
     }
 
-    /// Stores `cache`, which holds `tokens`, then evicts least recently used
-    /// entries until the bounds hold (an entry larger than the byte bound
-    /// alone is not kept).
-    pub fn insert(&mut self, tokens: Vec<i32>, cache: SeqCache) {
+    /// Stores `cache`, which holds `tokens`, as an entry of `kind`, then
+    /// evicts (see the module comment) until the bounds hold (an entry
+    /// larger than the byte bound alone is not kept).
+    pub fn insert(&mut self, tokens: Vec<i32>, cache: SeqCache, kind: SegmentKind) {
         let trimmable = cache.is_trimmable();
         self.entries.retain(|e| {
             // The same sequence is replaced; a trimmable cache makes its
@@ -139,14 +152,30 @@ impl PromptCache {
             tokens,
             cache,
             nbytes,
+            kind,
         });
         self.bytes = self.entries.iter().map(|e| e.nbytes).sum();
         while !self.entries.is_empty()
             && (self.entries.len() > self.max_entries || self.bytes > self.max_bytes)
         {
-            let evicted = self.entries.remove(0);
+            let evicted = self.entries.remove(self.victim());
             self.bytes -= evicted.nbytes;
         }
+    }
+
+    /// The entry to evict (`CacheOrder.pop`): the least recently used of
+    /// the first kind in [`EVICTION_ORDER`] that has entries and at least
+    /// as many as the next kind; the last kind otherwise.
+    fn victim(&self) -> usize {
+        let count = |kind| self.entries.iter().filter(|e| e.kind == kind).count();
+        let kind = EVICTION_ORDER
+            .windows(2)
+            .find(|pair| count(pair[0]) > 0 && count(pair[0]) >= count(pair[1]))
+            .map_or(EVICTION_ORDER[EVICTION_ORDER.len() - 1], |pair| pair[0]);
+        self.entries
+            .iter()
+            .position(|e| e.kind == kind)
+            .unwrap_or(0)
     }
 
     fn touch(&mut self, i: usize) {
@@ -160,6 +189,7 @@ mod tests {
     use super::*;
     use archgen_runtime::mlx_rs::Array;
     use archgen_runtime::seq_cache::SeqLayerCache;
+    use SegmentKind::*;
 
     /// A one-layer full-attention cache of `len` tokens: 2 f32 of keys and
     /// 2 of values per token (16 bytes a token); key i holds i.
@@ -195,7 +225,7 @@ mod tests {
     fn a_prompt_extending_a_stored_sequence_starts_from_it() {
         let mut pc = PromptCache::new(1 << 20, 10);
         assert!(pc.fetch(&[1, 2, 3]).unwrap().is_none());
-        pc.insert(vec![1, 2, 3, 4], full(4));
+        pc.insert(vec![1, 2, 3, 4], full(4), Assistant);
         let hit = pc.fetch(&[1, 2, 3, 4, 5, 6]).unwrap().expect("a hit");
         assert_eq!((hit.cached_tokens, cached_len(&hit)), (4, 4));
         // Unrelated prompts miss.
@@ -205,7 +235,7 @@ mod tests {
     #[test]
     fn a_diverging_prompt_gets_a_trimmed_copy_and_the_entry_stays_whole() {
         let mut pc = PromptCache::new(1 << 20, 10);
-        pc.insert(vec![1, 2, 3, 4, 5], full(5));
+        pc.insert(vec![1, 2, 3, 4, 5], full(5), Assistant);
         let hit = pc.fetch(&[1, 2, 3, 7]).unwrap().expect("a hit");
         assert_eq!((hit.cached_tokens, cached_len(&hit)), (3, 3));
         // The same prompt as stored: one token is left to compute.
@@ -218,21 +248,21 @@ mod tests {
     #[test]
     fn a_recurrent_state_is_never_trimmed_only_extended() {
         let mut pc = PromptCache::new(1 << 20, 10);
-        pc.insert(vec![1, 2, 3, 4, 5], recurrent(5));
+        pc.insert(vec![1, 2, 3, 4, 5], recurrent(5), Assistant);
         assert!(pc.fetch(&[1, 2, 3, 7]).unwrap().is_none());
         assert!(pc.fetch(&[1, 2, 3, 4, 5]).unwrap().is_none());
         let hit = pc.fetch(&[1, 2, 3, 4, 5, 6]).unwrap().expect("a hit");
         assert_eq!(hit.cached_tokens, 5);
         // Its prefixes are not dropped when a longer sequence is stored.
-        pc.insert(vec![1, 2, 3, 4, 5, 6, 7], recurrent(7));
+        pc.insert(vec![1, 2, 3, 4, 5, 6, 7], recurrent(7), Assistant);
         assert_eq!(pc.len(), 2);
     }
 
     #[test]
     fn a_trimmable_cache_replaces_its_stored_prefixes() {
         let mut pc = PromptCache::new(1 << 20, 10);
-        pc.insert(vec![1, 2, 3], full(3));
-        pc.insert(vec![1, 2, 3, 4, 5], full(5));
+        pc.insert(vec![1, 2, 3], full(3), Assistant);
+        pc.insert(vec![1, 2, 3, 4, 5], full(5), Assistant);
         assert_eq!((pc.len(), pc.bytes()), (1, 5 * 16));
     }
 
@@ -240,28 +270,54 @@ mod tests {
     fn the_byte_bound_evicts_least_recently_used_first() {
         // Each token is 16 bytes (keys and values); room for 10 tokens.
         let mut pc = PromptCache::new(160, 10);
-        pc.insert(vec![1, 1, 1, 1], full(4));
-        pc.insert(vec![2, 2, 2, 2], full(4));
+        pc.insert(vec![1, 1, 1, 1], full(4), Assistant);
+        pc.insert(vec![2, 2, 2, 2], full(4), Assistant);
         assert_eq!(pc.bytes(), 128);
         // A hit makes [1, ...] the most recently used...
         assert!(pc.fetch(&[1, 1, 1, 1, 9]).unwrap().is_some());
         // ...so storing 4 more tokens evicts [2, ...].
-        pc.insert(vec![3, 3, 3, 3], full(4));
+        pc.insert(vec![3, 3, 3, 3], full(4), Assistant);
         assert_eq!((pc.len(), pc.bytes()), (2, 128));
         assert!(pc.fetch(&[2, 2, 2, 2, 9]).unwrap().is_none());
         assert!(pc.fetch(&[1, 1, 1, 1, 9]).unwrap().is_some());
         // An entry over the whole budget is not kept, and takes the rest
         // with it (LRU order).
-        pc.insert(vec![4; 11], full(11));
+        pc.insert(vec![4; 11], full(11), Assistant);
         assert_eq!((pc.len(), pc.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn eviction_keeps_system_prompts_and_balances_answers_and_user_turns() {
+        let mut pc = PromptCache::new(1 << 20, 3);
+        let cached = |pc: &mut PromptCache, prompt: &[i32]| {
+            pc.fetch(prompt).unwrap().map_or(0, |h| h.cached_tokens)
+        };
+        pc.insert(vec![1, 1], recurrent(2), System);
+        pc.insert(vec![1, 1, 2], recurrent(3), User);
+        pc.insert(vec![1, 1, 2, 3], recurrent(4), Assistant);
+        // One answer, two user turns: the older user turn goes.
+        pc.insert(vec![1, 1, 4], recurrent(3), User);
+        assert_eq!(pc.len(), 3);
+        assert_eq!(cached(&mut pc, &[1, 1, 2, 9]), 2);
+        assert_eq!(cached(&mut pc, &[1, 1, 2, 3, 9]), 4);
+        // Two answers, one user turn: the older answer goes.
+        pc.insert(vec![1, 1, 5], recurrent(3), Assistant);
+        assert_eq!(cached(&mut pc, &[1, 1, 2, 3, 9]), 2);
+        assert_eq!(cached(&mut pc, &[1, 1, 4, 9]), 3);
+        // One answer, two user turns again: the user turn [1, 1, 4] goes,
+        // though the system prompt was used less recently.
+        pc.insert(vec![1, 1, 6], recurrent(3), User);
+        assert_eq!(cached(&mut pc, &[1, 1, 4, 9]), 2);
+        assert_eq!(cached(&mut pc, &[1, 1, 5, 9]), 3);
+        assert_eq!(cached(&mut pc, &[1, 1, 6, 9]), 3);
     }
 
     #[test]
     fn the_entry_bound_evicts_least_recently_used_first() {
         let mut pc = PromptCache::new(1 << 20, 2);
-        pc.insert(vec![1, 1], full(2));
-        pc.insert(vec![2, 2], full(2));
-        pc.insert(vec![3, 3], full(2));
+        pc.insert(vec![1, 1], full(2), Assistant);
+        pc.insert(vec![2, 2], full(2), Assistant);
+        pc.insert(vec![3, 3], full(2), Assistant);
         assert_eq!(pc.len(), 2);
         assert!(pc.fetch(&[1, 1, 5]).unwrap().is_none());
         assert!(pc.fetch(&[2, 2, 5]).unwrap().is_some());

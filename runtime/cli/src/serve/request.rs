@@ -132,7 +132,8 @@ impl Route {
                 | "top_logprobs"
                 | "tools"
                 | "tool_choice"
-                | "response_format",
+                | "response_format"
+                | "chat_template_kwargs",
             ) => Some(Support::Served),
             (Route::Chat, "parallel_tool_calls") => Some(Support::NoOp),
             (Route::Chat, "modalities") => Some(not_served(is_text_modality, Some("[\"text\"]"))),
@@ -143,7 +144,12 @@ impl Route {
             ) => Some(not_served(never, None)),
             (
                 Route::Tokenize,
-                "prompt" | "messages" | "tools" | "add_special_tokens" | "add_generation_prompt",
+                "prompt"
+                | "messages"
+                | "tools"
+                | "add_special_tokens"
+                | "add_generation_prompt"
+                | "chat_template_kwargs",
             )
             | (Route::Detokenize, "tokens")
             | (Route::Embeddings, "input" | "encoding_format" | "dimensions") => {
@@ -197,6 +203,9 @@ impl Route {
             (_, "messages") => "a list of messages like {\"role\": \"user\", \"content\": \"...\"}",
             (_, "tools") => "a list of tools like {\"type\": \"function\", \"function\": {...}}",
             (_, "tokens") => "a list of token ids (unsigned integers)",
+            (_, "chat_template_kwargs") => {
+                "an object of chat template variables like {\"enable_thinking\": false}"
+            }
             _ => return None,
         })
     }
@@ -498,6 +507,9 @@ pub struct ChatFields {
     /// The answer's shape: text (the default), one JSON object, or JSON
     /// valid against a schema (serve/structured.rs reads it).
     pub response_format: Option<Value>,
+    /// Chat template variables over the server's `--chat-template-args`
+    /// (mlx-lm's and vLLM's field), e.g. `{"enable_thinking": false}`.
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
 }
 
 /// POST /tokenize: text, or a conversation.
@@ -511,6 +523,8 @@ pub struct TokenizeFields {
     pub add_special_tokens: Option<bool>,
     /// A conversation: end with the assistant's turn opening (true by default).
     pub add_generation_prompt: Option<bool>,
+    /// A conversation: its template variables, as a chat request's.
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
 }
 
 /// POST /detokenize.

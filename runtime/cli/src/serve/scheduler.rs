@@ -92,6 +92,8 @@ impl Cancel {
 /// One queued request, checked and tokenized.
 pub struct Job {
     pub prompt: Vec<i32>,
+    /// The prompt's segments (segments.rs): where its cache may be stored.
+    pub segments: super::segments::Segments,
     pub sampling: Sampling,
     pub stops: Vec<String>,
     /// Log-probabilities wanted, with this many alternatives per token.
