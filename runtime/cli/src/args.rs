@@ -471,6 +471,9 @@ pub struct GenerateArgs {
     /// Wrap --prompt in the checkpoint's chat template as one user turn
     #[arg(long, conflicts_with = "prompt_ids")]
     pub chat: bool,
+    /// With --chat: chat template variables as a JSON object (mlx-lm's --chat-template-args), e.g. '{"enable_thinking": false}'
+    #[arg(long, value_name = "JSON", requires = "chat")]
+    pub chat_template_args: Option<String>,
     /// Hold the output to JSON valid against the JSON schema in FILE
     /// (constrained decoding; needs DIR/tokenizer.json)
     #[arg(long, value_name = "FILE", conflicts_with = "json_object")]
@@ -497,6 +500,9 @@ pub struct ChatArgs {
     /// A system message that opens the conversation
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
+    /// Chat template variables as a JSON object (mlx-lm's --chat-template-args), e.g. '{"enable_thinking": false}'
+    #[arg(long, value_name = "JSON")]
+    pub chat_template_args: Option<String>,
     /// Most tokens per reply
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_tokens: usize,

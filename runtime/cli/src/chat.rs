@@ -13,7 +13,7 @@ use crate::args::ChatArgs;
 use crate::chat_template::{ChatTemplate, Message};
 use crate::engine::{self, Flow, Sampling, TextStream};
 use crate::sampling::{fresh_seed, SamplingParams, FLAG_NAMES};
-use crate::thinking::{self, ThinkingMarkers};
+use crate::thinking::{self, TemplateArgs, ThinkingMarkers};
 use crate::ui::Ui;
 
 /// The checkpoint's chat template, or a message that says what is missing.
@@ -48,9 +48,10 @@ pub fn load_chat_parts(model: &Path) -> Result<(Tokenizer, ChatTemplate), String
 pub fn encode_chat(
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
+    variables: &TemplateArgs,
     history: &[Message],
 ) -> Result<Vec<i32>, String> {
-    let text = render_chat(tokenizer, template, history)?;
+    let text = render_chat(tokenizer, template, variables, history)?;
     let encoding = tokenizer
         .encode(text.as_str(), false)
         .map_err(|e| format!("cannot encode the chat prompt: {e}"))?;
@@ -58,24 +59,38 @@ pub fn encode_chat(
 }
 
 /// `generate --chat`: `text` as one user turn in the model's chat template.
-pub fn one_user_turn(model: &Path, tokenizer: &Tokenizer, text: &str) -> Result<String, String> {
+pub fn one_user_turn(
+    model: &Path,
+    tokenizer: &Tokenizer,
+    variables: &TemplateArgs,
+    text: &str,
+) -> Result<String, String> {
+    let template = load_template(model)?;
     render_chat(
         tokenizer,
-        &load_template(model)?,
+        &template,
+        variables,
         &[Message::new("user", text)],
     )
 }
 
+/// `--chat-template-args`, read (none given: no variables).
+pub fn template_args(flag: Option<&str>) -> Result<TemplateArgs, String> {
+    flag.map_or(Ok(TemplateArgs::new()), thinking::parse_template_args)
+}
+
 /// A conversation's text, opening the assistant's turn, as mlx-lm renders
-/// it: with `enable_thinking` set to whether the tokenizer has reasoning
-/// markers (thinking.rs).
+/// it: with `variables` (`--chat-template-args`), and `enable_thinking`
+/// set to whether the tokenizer has reasoning markers unless they give it
+/// (thinking.rs).
 fn render_chat(
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
+    variables: &TemplateArgs,
     messages: &[Message],
 ) -> Result<String, String> {
     let has_thinking = ThinkingMarkers::of(tokenizer)?.is_some();
-    let variables = thinking::template_variables(has_thinking, &Default::default(), None);
+    let variables = thinking::template_variables(has_thinking, variables, None);
     template.render_values(minijinja::Value::from_serialize(messages), true, &variables)
 }
 
@@ -83,6 +98,7 @@ pub fn chat(ui: &Ui, args: &ChatArgs, params: SamplingParams) -> Result<(), Stri
     let model = args.model.as_path();
     let levers = crate::checkpoint::run_levers(&args.levers, model, args.require_tier)?;
     let (tokenizer, template) = load_chat_parts(model)?;
+    let variables = template_args(args.chat_template_args.as_deref())?;
     let eos = crate::checkpoint::eos_ids(model)?;
     let context = engine::context_length(model)?;
     let seed = match args.sampling.seed {
@@ -97,6 +113,7 @@ pub fn chat(ui: &Ui, args: &ChatArgs, params: SamplingParams) -> Result<(), Stri
         context,
         tokenizer: &tokenizer,
         template: &template,
+        variables: &variables,
         eos: &eos,
         system: args.system.as_deref(),
         sampling: Sampling {
@@ -121,6 +138,8 @@ struct ChatTask<'a> {
     context: Option<usize>,
     tokenizer: &'a Tokenizer,
     template: &'a ChatTemplate,
+    /// `--chat-template-args`.
+    variables: &'a TemplateArgs,
     eos: &'a [i32],
     system: Option<&'a str>,
     sampling: Sampling,
@@ -172,7 +191,8 @@ impl ModelTask for ChatTask<'_> {
                 _ => {}
             }
             history.push(Message::new("user", &line));
-            let prompt = match encode_chat(self.tokenizer, self.template, &history) {
+            let prompt = match encode_chat(self.tokenizer, self.template, self.variables, &history)
+            {
                 Ok(p) => p,
                 Err(e) => {
                     // A template that refuses this conversation (e.g. roles

@@ -100,7 +100,11 @@ pub(crate) fn generate(
             // one user turn in the chat template, which writes the special
             // tokens itself.
             let (text, add_special_tokens) = match args.chat {
-                true => (crate::chat::one_user_turn(model, tokenizer, text)?, false),
+                true => {
+                    let variables = crate::chat::template_args(args.chat_template_args.as_deref())?;
+                    let text = crate::chat::one_user_turn(model, tokenizer, &variables, text)?;
+                    (text, false)
+                }
                 false => (text.clone(), true),
             };
             let encoding = tokenizer

@@ -12,6 +12,10 @@
 use serde_json::{Map, Value};
 use tokenizers::Tokenizer;
 
+/// Chat template variables by name (`--chat-template-args`,
+/// `chat_template_kwargs`).
+pub type TemplateArgs = Map<String, Value>;
+
 /// The template variable mlx-lm sets (`_thinking_kwarg` for a tokenizer
 /// without a renderer of its own).
 pub const ENABLE_THINKING: &str = "enable_thinking";
@@ -98,8 +102,8 @@ fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<i32>, String> {
 /// neither gave it (mlx-lm's `apply_chat_template`).
 pub fn template_variables(
     has_thinking: bool,
-    defaults: &Map<String, Value>,
-    request: Option<&Map<String, Value>>,
+    defaults: &TemplateArgs,
+    request: Option<&TemplateArgs>,
 ) -> Vec<(String, minijinja::Value)> {
     let mut merged = defaults.clone();
     if let Some(request) = request {
@@ -116,7 +120,7 @@ pub fn template_variables(
 
 /// `--chat-template-args`: a JSON object, or an error that says what the
 /// flag takes.
-pub fn parse_template_args(text: &str) -> Result<Map<String, Value>, String> {
+pub fn parse_template_args(text: &str) -> Result<TemplateArgs, String> {
     match serde_json::from_str::<Value>(text) {
         Ok(Value::Object(map)) => Ok(map),
         Ok(other) => Err(format!(

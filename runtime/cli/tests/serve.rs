@@ -476,6 +476,35 @@ fn serves_the_openai_api_and_matches_generate_and_chat() {
     );
     assert!(ok, "{stderr}");
     assert_eq!(stdout, format!("{}\n", turns[0]));
+    // `--chat-template-args` gives the template its variables: this
+    // tokenizer has no reasoning markers, so `enable_thinking` is false by
+    // default (Qwen3's template then closes an empty reasoning block) and
+    // true only when asked; `chat` renders its turns the same way.
+    let prompt_tokens = |stderr: &str| -> usize {
+        let at = stderr.find("prompt ").expect("a prompt note") + "prompt ".len();
+        stderr[at..].split(' ').next().unwrap().parse().unwrap()
+    };
+    let thinking = ["--chat-template-args", r#"{"enable_thinking": true}"#];
+    let with_args = |command: &str, extra: &[&str], stdin: &str| {
+        let mut args = vec![command, "--model", model_s, "--max-tokens", "6"];
+        args.extend_from_slice(extra);
+        archgen(&args, stdin, Duration::from_secs(300))
+    };
+    let (ok, _, default_err) = with_args("generate", &["--chat", "--prompt", "hello"], "");
+    assert!(ok, "{default_err}");
+    let mut extra = vec!["--chat", "--prompt", "hello"];
+    extra.extend_from_slice(&thinking);
+    let (ok, generated, thinking_err) = with_args("generate", &extra, "");
+    assert!(ok, "{thinking_err}");
+    assert!(
+        prompt_tokens(&thinking_err) < prompt_tokens(&default_err),
+        "{thinking_err}\n{default_err}"
+    );
+    let (ok, chatted, stderr) = with_args("chat", &thinking, "hello\n");
+    assert!(ok, "{stderr}");
+    assert_eq!(chatted, generated);
+    let (ok, _, stderr) = with_args("chat", &["--chat-template-args", "[1]"], "hello\n");
+    assert!(!ok && stderr.contains("expected a JSON object"), "{stderr}");
     // End of input ends a chat too.
     let (ok, stdout, stderr) = archgen(
         &["chat", "--model", model_s, "--max-tokens", "6"],

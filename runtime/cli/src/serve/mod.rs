@@ -61,7 +61,7 @@ use crate::constrained::{GrammarCompiler, TokenConstraint};
 use crate::embed::{EmbeddingHead, EmbeddingList};
 use crate::engine::{self, Finish, ModelContext, Sampling};
 use crate::sampling::{fresh_seed, Penalty, SamplingParams, DEFAULT_PENALTY_CONTEXT, FIELD_NAMES};
-use crate::thinking::{self, ThinkingMarkers};
+use crate::thinking::{self, TemplateArgs, ThinkingMarkers};
 use crate::ui::Ui;
 use embeddings::{EmbedJob, EmbeddingFields, EncodingFormat, InputLimits};
 use error::ApiError;
@@ -98,7 +98,7 @@ struct AppState {
     /// by default (thinking.rs).
     thinking: Option<ThinkingMarkers>,
     /// `--chat-template-args`: every chat's template variables.
-    template_args: serde_json::Map<String, serde_json::Value>,
+    template_args: TemplateArgs,
     /// The model's id in responses and /v1/models: the directory's name.
     model_name: String,
     model_dir: String,
@@ -1444,7 +1444,7 @@ fn chat_text(
     offered_tools: Option<Vec<serde_json::Value>>,
     tool_choice: &ToolChoice,
     add_generation_prompt: bool,
-    template_kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    template_kwargs: Option<&TemplateArgs>,
 ) -> Result<ChatText, ApiError> {
     let Some(template) = &state.template else {
         return Err(ApiError::bad_request(
@@ -1999,10 +1999,7 @@ pub fn serve(ui: Ui, args: &ServeArgs) -> Result<(), String> {
         )
     })?;
     let thinking = ThinkingMarkers::of(&tokenizer)?;
-    let template_args = match &args.chat_template_args {
-        Some(text) => thinking::parse_template_args(text)?,
-        None => serde_json::Map::new(),
-    };
+    let template_args = crate::chat::template_args(args.chat_template_args.as_deref())?;
     let tokenizer = Arc::new(tokenizer);
     let template = ChatTemplate::load(model)?;
     if template.is_none() {
