@@ -33,7 +33,7 @@
 //!
 //! [`CausalLm::batched`]: archgen_runtime::model::CausalLm::batched
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
@@ -77,18 +77,25 @@ pub(super) struct BatchedScheduler<'a> {
     solo: Vec<Solo<'a>>,
     /// `None` when `--prompt-cache-bytes` is 0.
     prompt_cache: Option<PromptCache>,
-    /// Each admitted sequence's tokens as its cache will hold them: its
-    /// prompt, then every token the session returned for it (each was fed
-    /// back in the step that returned it). The prompt cache's keys.
-    tokens: HashMap<SeqId, Vec<i32>>,
-    /// Where each sequence in prefill stores its cache next: the ends of
-    /// its segments still to feed, as the session reports them
-    /// ([`BatchSession::take_ended_segments`]), with their kinds.
-    store_points: HashMap<SeqId, std::collections::VecDeque<(usize, SegmentKind)>>,
+    /// What each admitted sequence's cache is stored under, when the
+    /// server keeps a prompt cache.
+    cache_keys: HashMap<SeqId, CacheKeys>,
     /// How long the last full step (with its prefill chunk) took, and how
     /// long the decode-only steps since then took: see [`Self::next_step`].
     last_full_step: Duration,
     decoded_since_full_step: Duration,
+}
+
+/// A sequence's prompt cache keys.
+struct CacheKeys {
+    /// Its tokens as its cache will hold them: its prompt, then every
+    /// token the session returned for it (each was fed back in the step
+    /// that returned it).
+    tokens: Vec<i32>,
+    /// Where it stores its cache while in prefill: the ends of its
+    /// segments still to feed, in the order the session reports them
+    /// ([`BatchSession::take_ended_segments`]), with their kinds.
+    store_points: VecDeque<(usize, SegmentKind)>,
 }
 
 /// What the next step runs.
@@ -180,8 +187,7 @@ impl<'a> BatchedScheduler<'a> {
             active: Vec::new(),
             solo: Vec::new(),
             prompt_cache,
-            tokens: HashMap::new(),
-            store_points: HashMap::new(),
+            cache_keys: HashMap::new(),
             last_full_step: Duration::ZERO,
             decoded_since_full_step: Duration::ZERO,
         }
@@ -219,8 +225,11 @@ impl<'a> BatchedScheduler<'a> {
         match joined {
             Ok(seq) => {
                 if self.prompt_cache.is_some() {
-                    self.tokens.insert(seq, job.prompt.clone());
-                    self.store_points.insert(seq, points.into());
+                    let keys = CacheKeys {
+                        tokens: job.prompt.clone(),
+                        store_points: points.into(),
+                    };
+                    self.cache_keys.insert(seq, keys);
                 }
                 let mut stream = Stream::new(job, self.tokenizer);
                 stream.cached_tokens = cached_tokens;
@@ -332,10 +341,8 @@ impl<'a> BatchedScheduler<'a> {
 
     /// Stores a finished sequence's cache under its tokens.
     fn store(&mut self, seq: SeqId, cache: Option<archgen_runtime::seq_cache::SeqCache>) {
-        let tokens = self.tokens.remove(&seq);
-        self.store_points.remove(&seq);
-        if let (Some(tokens), Some(cache)) = (tokens, cache) {
-            self.insert_cached(tokens, cache, SegmentKind::Assistant);
+        if let (Some(keys), Some(cache)) = (self.cache_keys.remove(&seq), cache) {
+            self.insert_cached(keys.tokens, cache, SegmentKind::Assistant);
         }
     }
 
@@ -358,11 +365,13 @@ impl<'a> BatchedScheduler<'a> {
     /// that fails is said on stderr and not stored: the request goes on.
     fn store_segment_ends(&mut self) {
         for seq in self.session.take_ended_segments() {
-            let point = self.store_points.get_mut(&seq).and_then(|p| p.pop_front());
-            let (Some((end, kind)), Some(tokens)) = (point, self.tokens.get(&seq)) else {
+            let Some(keys) = self.cache_keys.get_mut(&seq) else {
                 continue;
             };
-            let tokens = tokens[..end].to_vec();
+            let Some((end, kind)) = keys.store_points.pop_front() else {
+                continue;
+            };
+            let tokens = keys.tokens[..end].to_vec();
             match self.session.prompt_member_cache(seq) {
                 Ok(Some(cache)) => self.insert_cached(tokens, cache, kind),
                 Ok(None) => {}
@@ -389,8 +398,7 @@ impl<'a> BatchedScheduler<'a> {
             }
             let seq = *seq;
             self.active.remove(at);
-            self.tokens.remove(&seq);
-            self.store_points.remove(&seq);
+            self.cache_keys.remove(&seq);
             self.metrics.cancelled.inc();
             if let Err(e) = self.session.leave(seq) {
                 return self.fail_all(format!("a cancelled sequence could not leave: {e}"));
@@ -484,8 +492,8 @@ impl<'a> BatchedScheduler<'a> {
             let Some(at) = self.active.iter().position(|(seq, _)| *seq == out.seq) else {
                 continue;
             };
-            if let Some(tokens) = self.tokens.get_mut(&out.seq) {
-                tokens.push(out.token);
+            if let Some(keys) = self.cache_keys.get_mut(&out.seq) {
+                keys.tokens.push(out.token);
             }
             let stream = &mut self.active[at].1;
             let logprob = stream.job.logprobs.map(|top| {
@@ -536,8 +544,7 @@ impl<'a> BatchedScheduler<'a> {
         for solo in self.solo.drain(..) {
             fail(&solo.stream.job, message.clone());
         }
-        self.tokens.clear();
-        self.store_points.clear();
+        self.cache_keys.clear();
         self.session = new_session(self.model, self.config, self.prompt_cache.is_some());
     }
 }
