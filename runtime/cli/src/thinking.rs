@@ -150,6 +150,66 @@ fn json_kind(v: &Value) -> &'static str {
 mod tests {
     use super::*;
 
+    /// A word-level tokenizer of `words` (ids in order) whose `specials`
+    /// are added tokens, so text splits at them.
+    fn tokenizer(words: &[&str], specials: &[&str]) -> Tokenizer {
+        use tokenizers::models::wordlevel::WordLevel;
+        use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
+        use tokenizers::AddedToken;
+        let vocab = words
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.to_string(), i as u32))
+            .collect();
+        let model = WordLevel::builder()
+            .vocab(vocab)
+            .unk_token("<unk>".into())
+            .build()
+            .unwrap();
+        let mut tokenizer = Tokenizer::new(model);
+        tokenizer.with_pre_tokenizer(Some(WhitespaceSplit));
+        let added: Vec<AddedToken> = specials
+            .iter()
+            .map(|s| AddedToken::from(s.to_string(), true))
+            .collect();
+        tokenizer.add_special_tokens(&added);
+        tokenizer
+    }
+
+    #[test]
+    fn markers_are_found_in_mlx_lms_order() {
+        // No markers.
+        let plain = tokenizer(&["<unk>", "hello"], &[]);
+        assert_eq!(ThinkingMarkers::of(&plain).unwrap(), None);
+        // One-token pairs: <think> wins over a later pair; both halves needed.
+        let both = tokenizer(
+            &[
+                "<unk>",
+                "<|think:start|>",
+                "<|think:end|>",
+                "<think>",
+                "</think>",
+            ],
+            &[],
+        );
+        let m = ThinkingMarkers::of(&both).unwrap().unwrap();
+        assert_eq!((m.start, m.end), (vec![3], vec![4]));
+        let half = tokenizer(
+            &["<unk>", "<think>", "<|think:start|>", "<|think:end|>"],
+            &[],
+        );
+        let m = ThinkingMarkers::of(&half).unwrap().unwrap();
+        assert_eq!((m.start, m.end), (vec![2], vec![3]));
+        // Gemma-4's channel: "<|channel>thought" is two tokens.
+        let channel = tokenizer(
+            &["<unk>", "<|channel>", "<channel|>", "thought"],
+            &["<|channel>", "<channel|>"],
+        );
+        let m = ThinkingMarkers::of(&channel).unwrap().unwrap();
+        assert_eq!((&m.start, &m.end), (&vec![1, 3], &vec![2]));
+        assert_eq!(m.rfind_start(&[1, 3, 0, 1, 3, 2], 0), Some(3));
+    }
+
     #[test]
     fn rfind_takes_the_last_match_at_or_after_from() {
         let tokens = [5, 1, 2, 7, 1, 2, 9];
