@@ -358,21 +358,10 @@ fn find_from(text: &str, needle: &str, from: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokenizers::models::wordlevel::WordLevel;
 
     /// A tokenizer whose tokens decode to their names joined by spaces.
     fn words() -> Tokenizer {
-        let vocab = ["<unk>", "a", "b", "STOP", "c"]
-            .iter()
-            .enumerate()
-            .map(|(i, w)| (w.to_string(), i as u32))
-            .collect();
-        let model = WordLevel::builder()
-            .vocab(vocab)
-            .unk_token("<unk>".into())
-            .build()
-            .unwrap();
-        Tokenizer::new(model)
+        crate::tokens::word_level(&["<unk>", "a", "b", "STOP", "c"])
     }
 
     fn run(tokens: &[i32], stops: &[&str]) -> (Vec<String>, Flow) {

@@ -153,20 +153,9 @@ mod tests {
     /// A word-level tokenizer of `words` (ids in order) whose `specials`
     /// are added tokens, so text splits at them.
     fn tokenizer(words: &[&str], specials: &[&str]) -> Tokenizer {
-        use tokenizers::models::wordlevel::WordLevel;
         use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
         use tokenizers::AddedToken;
-        let vocab = words
-            .iter()
-            .enumerate()
-            .map(|(i, w)| (w.to_string(), i as u32))
-            .collect();
-        let model = WordLevel::builder()
-            .vocab(vocab)
-            .unk_token("<unk>".into())
-            .build()
-            .unwrap();
-        let mut tokenizer = Tokenizer::new(model);
+        let mut tokenizer = crate::tokens::word_level(words);
         tokenizer.with_pre_tokenizer(Some(WhitespaceSplit));
         let added: Vec<AddedToken> = specials
             .iter()

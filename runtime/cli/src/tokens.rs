@@ -33,3 +33,21 @@ pub(crate) fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, Strin
         .decode(ids, false)
         .map_err(|e| format!("tokenizer: cannot decode {ids:?}: {e}"))
 }
+
+/// A word-level tokenizer for tests: `words` get ids in order, `<unk>`
+/// stands for anything else.
+#[cfg(test)]
+pub(crate) fn word_level(words: &[&str]) -> Tokenizer {
+    use tokenizers::models::wordlevel::WordLevel;
+    let vocab = words
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.to_string(), i as u32))
+        .collect();
+    let model = WordLevel::builder()
+        .vocab(vocab)
+        .unk_token("<unk>".into())
+        .build()
+        .expect("a word-level vocabulary with <unk>");
+    Tokenizer::new(model)
+}
