@@ -13,7 +13,7 @@ use crate::args::ChatArgs;
 use crate::chat_template::{ChatTemplate, Message};
 use crate::engine::{self, Flow, Sampling, TextStream};
 use crate::sampling::{fresh_seed, SamplingParams, FLAG_NAMES};
-use crate::thinking::{self, TemplateArgs, ThinkingMarkers};
+use crate::thinking::{self, TemplateArgs, TemplateVariable, ThinkingMarkers};
 use crate::ui::Ui;
 
 /// The checkpoint's chat template, or a message that says what is missing.
@@ -48,10 +48,10 @@ pub fn load_chat_parts(model: &Path) -> Result<(Tokenizer, ChatTemplate), String
 pub fn encode_chat(
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
-    variables: &TemplateArgs,
+    variables: &[TemplateVariable],
     history: &[Message],
 ) -> Result<Vec<i32>, String> {
-    let text = render_chat(tokenizer, template, variables, history)?;
+    let text = render_chat(template, variables, history)?;
     let encoding = tokenizer
         .encode(text.as_str(), false)
         .map_err(|e| format!("cannot encode the chat prompt: {e}"))?;
@@ -61,17 +61,11 @@ pub fn encode_chat(
 /// `generate --chat`: `text` as one user turn in the model's chat template.
 pub fn one_user_turn(
     model: &Path,
-    tokenizer: &Tokenizer,
-    variables: &TemplateArgs,
+    variables: &[TemplateVariable],
     text: &str,
 ) -> Result<String, String> {
     let template = load_template(model)?;
-    render_chat(
-        tokenizer,
-        &template,
-        variables,
-        &[Message::new("user", text)],
-    )
+    render_chat(&template, variables, &[Message::new("user", text)])
 }
 
 /// `--chat-template-args`, read (none given: no variables).
@@ -79,26 +73,33 @@ pub fn template_args(flag: Option<&str>) -> Result<TemplateArgs, String> {
     flag.map_or(Ok(TemplateArgs::new()), thinking::parse_template_args)
 }
 
-/// A conversation's text, opening the assistant's turn, as mlx-lm renders
-/// it: with `variables` (`--chat-template-args`), and `enable_thinking`
-/// set to whether the tokenizer has reasoning markers unless they give it
-/// (thinking.rs).
-fn render_chat(
+/// The variables `chat` and `generate --chat` render every turn with, as
+/// mlx-lm renders them: `--chat-template-args`, and `enable_thinking` set
+/// to whether the tokenizer has reasoning markers unless they give it
+/// (thinking.rs). Read once per run.
+pub fn template_variables(
     tokenizer: &Tokenizer,
+    flag: Option<&str>,
+) -> Result<Vec<TemplateVariable>, String> {
+    let args = template_args(flag)?;
+    let has_thinking = ThinkingMarkers::of(tokenizer)?.is_some();
+    Ok(thinking::template_variables(has_thinking, &args, None))
+}
+
+/// A conversation's text, opening the assistant's turn.
+fn render_chat(
     template: &ChatTemplate,
-    variables: &TemplateArgs,
+    variables: &[TemplateVariable],
     messages: &[Message],
 ) -> Result<String, String> {
-    let has_thinking = ThinkingMarkers::of(tokenizer)?.is_some();
-    let variables = thinking::template_variables(has_thinking, variables, None);
-    template.render_values(minijinja::Value::from_serialize(messages), true, &variables)
+    template.render_values(minijinja::Value::from_serialize(messages), true, variables)
 }
 
 pub fn chat(ui: &Ui, args: &ChatArgs, params: SamplingParams) -> Result<(), String> {
     let model = args.model.as_path();
     let levers = crate::checkpoint::run_levers(&args.levers, model, args.require_tier)?;
     let (tokenizer, template) = load_chat_parts(model)?;
-    let variables = template_args(args.chat_template_args.as_deref())?;
+    let variables = template_variables(&tokenizer, args.chat_template_args.as_deref())?;
     let eos = crate::checkpoint::eos_ids(model)?;
     let context = engine::context_length(model)?;
     let seed = match args.sampling.seed {
@@ -138,8 +139,8 @@ struct ChatTask<'a> {
     context: Option<usize>,
     tokenizer: &'a Tokenizer,
     template: &'a ChatTemplate,
-    /// `--chat-template-args`.
-    variables: &'a TemplateArgs,
+    /// `--chat-template-args` and `enable_thinking`.
+    variables: &'a [TemplateVariable],
     eos: &'a [i32],
     system: Option<&'a str>,
     sampling: Sampling,

@@ -101,8 +101,11 @@ pub(crate) fn generate(
             // tokens itself.
             let (text, add_special_tokens) = match args.chat {
                 true => {
-                    let variables = crate::chat::template_args(args.chat_template_args.as_deref())?;
-                    let text = crate::chat::one_user_turn(model, tokenizer, &variables, text)?;
+                    let variables = crate::chat::template_variables(
+                        tokenizer,
+                        args.chat_template_args.as_deref(),
+                    )?;
+                    let text = crate::chat::one_user_turn(model, &variables, text)?;
                     (text, false)
                 }
                 false => (text.clone(), true),

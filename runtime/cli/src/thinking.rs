@@ -16,6 +16,9 @@ use tokenizers::Tokenizer;
 /// `chat_template_kwargs`).
 pub type TemplateArgs = Map<String, Value>;
 
+/// One variable as the template is rendered with it.
+pub type TemplateVariable = (String, minijinja::Value);
+
 /// The template variable mlx-lm sets (`_thinking_kwarg` for a tokenizer
 /// without a renderer of its own).
 pub const ENABLE_THINKING: &str = "enable_thinking";
@@ -104,7 +107,7 @@ pub fn template_variables(
     has_thinking: bool,
     defaults: &TemplateArgs,
     request: Option<&TemplateArgs>,
-) -> Vec<(String, minijinja::Value)> {
+) -> Vec<TemplateVariable> {
     let mut merged = defaults.clone();
     if let Some(request) = request {
         merged.extend(request.iter().map(|(k, v)| (k.clone(), v.clone())));
