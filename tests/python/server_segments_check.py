@@ -17,11 +17,9 @@ chat: {"prompt_tokens", "cached_tokens", "tokens", "logprobs"}.
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
+
+from mlx_lm_server import mlx_lm_server, post
 
 SYSTEM = "You are a helpful assistant. Answer the question in one sentence."
 CHATS = [
@@ -40,21 +38,6 @@ CHATS = [
 NO_THINKING = {"enable_thinking": False}
 CHATS += [(CHATS[0], NO_THINKING), (CHATS[1], NO_THINKING), (CHATS[3], NO_THINKING)]
 MAX_TOKENS = 6
-TIMEOUT_S = 120
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(base: str, path: str, body: dict) -> dict:
-    request = urllib.request.Request(
-        base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-        return json.loads(response.read())
 
 
 def ask(base: str, chat) -> dict:
@@ -79,37 +62,10 @@ def ask(base: str, chat) -> dict:
     }
 
 
-def wait_ready(base: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"mlx_lm.server exited ({proc.returncode})")
-        try:
-            with urllib.request.urlopen(base + "/v1/models", timeout=5):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise SystemExit("mlx_lm.server did not answer within 300 s")
-
-
 def main() -> None:
     archgen, model = sys.argv[1], sys.argv[2]
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlx_lm.server", "--model", model, "--host", "127.0.0.1",
-         "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(base, proc)
+    with mlx_lm_server(model) as base:
         out = {"archgen": [ask(archgen, c) for c in CHATS], "mlx_lm": [ask(base, c) for c in CHATS]}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
     print(json.dumps(out))
 
 

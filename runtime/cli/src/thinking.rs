@@ -39,11 +39,15 @@ const CHANNEL_MARKERS: (&str, &str) = ("<|channel>thought", "<channel|>");
 const XTML_TOKENS: [&str; 4] = ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"];
 const XTML_MARKERS: (&str, &str) = ("<|open|>think<|sep|>", "<|close|>think<|sep|>");
 
-/// Where a model's reasoning starts and ends, as token ids.
+/// Where a model's reasoning starts and ends, as token ids and as the
+/// text they decode to (an answer is split at the text, as mlx-lm's
+/// `TextStateMachine` splits it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ThinkingMarkers {
     pub start: Vec<i32>,
     pub end: Vec<i32>,
+    pub start_text: String,
+    pub end_text: String,
 }
 
 impl ThinkingMarkers {
@@ -56,6 +60,8 @@ impl ThinkingMarkers {
                 return Ok(Some(ThinkingMarkers {
                     start: vec![s as i32],
                     end: vec![e as i32],
+                    start_text: start.to_string(),
+                    end_text: end.to_string(),
                 }));
             }
         }
@@ -63,6 +69,8 @@ impl ThinkingMarkers {
             Ok(Some(ThinkingMarkers {
                 start: encode(tokenizer, start)?,
                 end: encode(tokenizer, end)?,
+                start_text: start.to_string(),
+                end_text: end.to_string(),
             }))
         };
         if has(CHANNEL_TOKENS.0) && has(CHANNEL_TOKENS.1) {
@@ -78,6 +86,17 @@ impl ThinkingMarkers {
     /// with `start=from`; a negative `from` counts as 0).
     pub fn rfind_start(&self, tokens: &[i32], from: usize) -> Option<usize> {
         rfind(tokens, &self.start, from)
+    }
+
+    /// Whether a prompt leaves its answer inside a reasoning block: its
+    /// last start marker comes after its last end marker (mlx-lm's
+    /// server picks the answer's `initial_state` so).
+    pub fn prompt_opens_reasoning(&self, prompt: &[i32]) -> bool {
+        match (rfind(prompt, &self.start, 0), rfind(prompt, &self.end, 0)) {
+            (Some(start), Some(end)) => start > end,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
     }
 }
 
@@ -200,6 +219,16 @@ mod tests {
         let m = ThinkingMarkers::of(&channel).unwrap().unwrap();
         assert_eq!((&m.start, &m.end), (&vec![1, 3], &vec![2]));
         assert_eq!(m.rfind_start(&[1, 3, 0, 1, 3, 2], 0), Some(3));
+        assert_eq!(
+            (m.start_text.as_str(), m.end_text.as_str()),
+            CHANNEL_MARKERS
+        );
+        // A prompt opens reasoning when its last start follows its last end.
+        assert!(m.prompt_opens_reasoning(&[0, 1, 3]));
+        assert!(m.prompt_opens_reasoning(&[1, 3, 0, 2, 1, 3, 0]));
+        assert!(!m.prompt_opens_reasoning(&[1, 3, 0, 2]));
+        assert!(!m.prompt_opens_reasoning(&[0, 2]));
+        assert!(!m.prompt_opens_reasoning(&[0, 1]));
     }
 
     #[test]

@@ -596,14 +596,14 @@ fn takes_requests_as_clients_send_them() {
     let (status, headers, body) = post(
         "/v1/chat/completions",
         &chat(
-            r#", "reasoning_content": "hm""#,
+            r#", "refusal": "hm""#,
             r#", "response_format": {"type": "text"}, "frobnicate": 1,
                "chat_template_kwargs": {"x": 1}, "stream": true,
                "stream_options": {"include_usage": true, "continuous_usage_stats": true}"#,
         ),
     );
     assert_eq!(status, 200, "{body}");
-    let named = "frobnicate,messages[0].reasoning_content,stream_options.continuous_usage_stats";
+    let named = "frobnicate,messages[0].refusal,stream_options.continuous_usage_stats";
     assert_eq!(
         header(&headers, "x-archgen-ignored-fields"),
         Some(named),
@@ -784,6 +784,23 @@ fn takes_requests_as_clients_send_them() {
         chatted["usage"]["prompt_tokens"],
         "{body}"
     );
+    // An assistant turn's reasoning sent back as `reasoning_content`
+    // reaches the template: Qwen3's writes it into the turn, as it writes
+    // reasoning left in the content.
+    let tokens_of = |assistant: serde_json::Value| {
+        let body = json!({"messages": [{"role": "user", "content": "2+2?"}, assistant],
+                          "add_generation_prompt": false});
+        let (status, body) = curl(&server, "POST", "/tokenize", Some(&body.to_string()));
+        assert_eq!(status, 200, "{body}");
+        json(&body)["tokens"].clone()
+    };
+    let inline =
+        tokens_of(json!({"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4"}));
+    let apart =
+        tokens_of(json!({"role": "assistant", "content": "4", "reasoning_content": "add them"}));
+    let without = tokens_of(json!({"role": "assistant", "content": "4"}));
+    assert_eq!(apart, inline);
+    assert_ne!(apart, without);
     let (status, body) = curl(
         &server,
         "POST",
@@ -1220,6 +1237,111 @@ fn returns_the_tool_calls_a_model_writes_in_qwen3_and_gemma4_markup() {
             "checked",
             "{template}: {out}"
         );
+    }
+}
+
+/// A model that writes reasoning (make_tool_call_model.py's fixed chain,
+/// with `<think>` and `</think>` added to its tokenizer, so the server finds
+/// reasoning markers): the reasoning comes back as `reasoning`, apart from
+/// the content and the tool calls, whole and streamed, as `mlx_lm.server`
+/// returns it (tests/python/reasoning_check.py asks both). Three answers:
+/// reasoning then content; the same after a prompt whose template opened
+/// the reasoning block (so the answer begins inside it); reasoning ended
+/// by a tool call.
+#[test]
+fn reasoning_is_returned_apart_from_the_content_as_mlx_lm_server_returns_it() {
+    const CALL: &str = r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#;
+    let qwen3 =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates/qwen3.jinja");
+    let root = tempfile::tempdir().unwrap();
+    // Qwen3's template with the reasoning block opened in the generation
+    // prompt (as thinking-only checkpoints' templates write it).
+    let opened = root.path().join("qwen3-opened.jinja");
+    let text = std::fs::read_to_string(&qwen3).unwrap();
+    let header = r"{{- '<|im_start|>assistant\n' }}";
+    assert!(text.contains(header));
+    std::fs::write(
+        &opened,
+        text.replace(header, r"{{- '<|im_start|>assistant\n<think>\n' }}"),
+    )
+    .unwrap();
+    let plain: &[&str] = &["<think>", "plan it", "</think>", "The answer"];
+    let with_call: &[&str] = &[
+        "<think>",
+        "plan it",
+        "<tool_call>\n",
+        CALL,
+        "\n</tool_call>",
+        "</think>",
+    ];
+    // (template, added tokens, the chain's pieces (indices into them),
+    // tools offered, expected reasoning, content, calls, finish reason)
+    type Case<'a> = (
+        &'a Path,
+        &'a [&'a str],
+        &'a [usize],
+        bool,
+        serde_json::Value,
+    );
+    let cases: [Case; 3] = [
+        (
+            &qwen3,
+            plain,
+            &[0, 1, 2, 3],
+            false,
+            json!({"reasoning": "plan it", "content": "The answer", "tool_calls": [], "finish_reason": "stop"}),
+        ),
+        (
+            &opened,
+            plain,
+            &[1, 2, 3],
+            false,
+            json!({"reasoning": "plan it", "content": "The answer", "tool_calls": [], "finish_reason": "stop"}),
+        ),
+        (
+            &qwen3,
+            with_call,
+            &[0, 1, 2, 3, 4],
+            true,
+            json!({"reasoning": "plan it", "content": "", "tool_calls": [["get_weather", {"city": "Paris"}]],
+                "finish_reason": "tool_calls"}),
+        ),
+    ];
+    for (i, (template, added, chain, tools, expected)) in cases.into_iter().enumerate() {
+        let dir = format!("reasoner-{i}");
+        let (model, made) = tiny_chat_model_adding(
+            root.path(),
+            "qwen3-0.6b-tiny",
+            &dir,
+            template.to_str().unwrap(),
+            added,
+        );
+        let ids: Vec<String> = chain
+            .iter()
+            .map(|&k| made["added"][k].to_string())
+            .collect();
+        run_python(
+            "make_tool_call_model.py",
+            &[model.as_os_str(), ids.join(",").as_ref()],
+        );
+        let server = start_server(&model, &[]);
+        let mut args = vec![server.base.as_str(), model.to_str().unwrap()];
+        if tools {
+            args.push("--tools");
+        }
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
+        let out = json(&run_python("reasoning_check.py", &args));
+        for (server_name, how) in [
+            ("archgen", "whole"),
+            ("archgen", "stream"),
+            ("mlx_lm", "whole"),
+            ("mlx_lm", "stream"),
+        ] {
+            assert_eq!(
+                out[server_name][how], expected,
+                "case {i}, {server_name} {how}: {out}"
+            );
+        }
     }
 }
 

@@ -16,6 +16,7 @@
 //! drops its handler or its response stream, which cancels the sequence at
 //! the next step. Each request ends with one JSON log line on stderr.
 
+mod answer_text;
 mod auth;
 mod batched;
 mod cors;
@@ -63,6 +64,7 @@ use crate::engine::{self, Finish, ModelContext, Sampling};
 use crate::sampling::{fresh_seed, Penalty, SamplingParams, DEFAULT_PENALTY_CONTEXT, FIELD_NAMES};
 use crate::thinking::{self, TemplateArgs, ThinkingMarkers};
 use crate::ui::Ui;
+use answer_text::{AnswerFormat, AnswerSplitter, Piece, ReasoningFormat};
 use embeddings::{EmbedJob, EmbeddingFields, EncodingFormat, InputLimits};
 use error::ApiError;
 use metrics::Metrics;
@@ -74,7 +76,7 @@ use scheduler::{Cancel, GenEvent, Job, Limits, TokenLogprob};
 use segments::Segments;
 use structured::{output_shape, OutputShape, ResponseFormat, ToolChoice};
 use token_bytes::TokenText;
-use tools::{Piece, ToolFormat, ToolStream};
+use tools::ToolFormat;
 use worker::{Work, Worker};
 
 /// `max_tokens` when a request gives none (mlx-lm's server default).
@@ -140,8 +142,9 @@ struct Plan {
     logprobs: Option<usize>,
     stream: bool,
     include_usage: bool,
-    /// The tool-call markup to read from the answer (chat with tools only).
-    tool_format: Option<ToolFormat>,
+    /// How to read the answer: reasoning markers, and the tool-call markup
+    /// (chat only).
+    answer: AnswerFormat,
     /// Choices (`n`): sequences of the one prompt, choice i sampling with
     /// seed + i.
     choices: usize,
@@ -225,7 +228,7 @@ fn plan(
         logprobs,
         stream,
         include_usage,
-        tool_format: None,
+        answer: AnswerFormat::default(),
         choices,
         constraint: None,
     })
@@ -411,8 +414,9 @@ struct Reply {
     prompt_tokens: usize,
     /// Whether the request asked for log-probabilities.
     logprobs: bool,
-    /// The tool-call markup to read from the answer (chat with tools only).
-    tool_format: Option<ToolFormat>,
+    /// How to read the answer: reasoning markers, and the tool-call markup
+    /// (chat only).
+    answer: AnswerFormat,
     /// Prompt tokens the prompt cache supplied (known when the answer ends).
     cached_tokens: usize,
 }
@@ -465,27 +469,41 @@ impl Reply {
         })
     }
 
-    /// A streamed chunk of choice `index` carrying `text` (and the finish
+    /// A streamed chunk of choice `index` carrying `delta` (and the finish
     /// reason at the end).
     fn chunk(
         &self,
         index: usize,
-        text: Option<&str>,
+        delta: Delta,
         finish: Option<&'static str>,
         first: bool,
         logprobs: serde_json::Value,
     ) -> serde_json::Value {
         match self.endpoint {
-            Endpoint::Completions => json!({
-                "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}],
-            }),
-            Endpoint::Chat => {
-                let delta = match (first, text) {
-                    (true, t) => json!({"role": "assistant", "content": t.unwrap_or("")}),
-                    (false, Some(t)) => json!({"content": t}),
-                    (false, None) => json!({}),
+            Endpoint::Completions => {
+                // A completion's text is never split (answer_text.rs), so
+                // it has no reasoning delta.
+                let text = match delta {
+                    Delta::Content(t) | Delta::Reasoning(t) => t,
+                    Delta::Nothing => "",
                 };
+                json!({
+                    "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                    "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+                })
+            }
+            Endpoint::Chat => {
+                let mut delta = match delta {
+                    Delta::Content(t) => json!({"content": t}),
+                    Delta::Reasoning(t) => json!({"reasoning": t}),
+                    Delta::Nothing => json!({}),
+                };
+                if first {
+                    delta["role"] = json!("assistant");
+                    if delta.get("content").is_none() {
+                        delta["content"] = json!("");
+                    }
+                }
                 json!({
                     "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                     "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
@@ -515,24 +533,22 @@ impl Reply {
                 json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
             }
             Endpoint::Chat => {
-                let message = match self.tool_format {
-                    None => json!({"role": "assistant", "content": text}),
-                    Some(format) => {
-                        let (content, calls) = tools::split_answer(text, format);
-                        let mut message = json!({"role": "assistant", "content": content});
-                        if !calls.is_empty() {
-                            if content.is_empty() {
-                                message["content"] = serde_json::Value::Null;
-                            }
-                            message["tool_calls"] = calls
-                                .iter()
-                                .enumerate()
-                                .map(|(i, call)| call.to_openai(&self.call_id(index, i), None))
-                                .collect();
-                        }
-                        message
+                let answer = AnswerSplitter::whole(&self.answer, text);
+                let mut message = json!({"role": "assistant", "content": answer.content});
+                if !answer.reasoning.is_empty() {
+                    message["reasoning"] = json!(answer.reasoning);
+                }
+                if !answer.calls.is_empty() {
+                    if answer.content.is_empty() {
+                        message["content"] = serde_json::Value::Null;
                     }
-                };
+                    message["tool_calls"] = answer
+                        .calls
+                        .iter()
+                        .enumerate()
+                        .map(|(i, call)| call.to_openai(&self.call_id(index, i), None))
+                        .collect();
+                }
                 let finish = self.chat_finish(finish, message.get("tool_calls").is_some());
                 json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
             }
@@ -791,7 +807,7 @@ async fn queue_and_answer(
         model: state.model_name.clone(),
         prompt_tokens: plan.prompt.len(),
         logprobs: plan.logprobs.is_some(),
-        tool_format: plan.tool_format,
+        answer: plan.answer.clone(),
         cached_tokens: 0,
     };
     let cancel = Cancel::default();
@@ -876,7 +892,7 @@ async fn queue_and_answer(
             reply,
             include_usage: plan.include_usage,
             choices: (0..plan.choices)
-                .map(|_| ChoiceStream::new(plan.tool_format))
+                .map(|_| ChoiceStream::new(&plan.answer))
                 .collect(),
             ends: ChoiceEnds::new(plan.choices),
             pending: VecDeque::new(),
@@ -1020,9 +1036,10 @@ struct ChoiceStream {
     first: bool,
     /// Characters of completion text sent so far (completions' `text_offset`).
     text_offset: usize,
-    /// Reads tool calls out of the text (chat with tools only); text from a
-    /// start marker on is held until its call is complete.
-    tools: Option<ToolStream>,
+    /// Reads reasoning and tool calls out of the text (chat only); text
+    /// that may begin a marker, and a tool call from its start marker on,
+    /// is held until it is known.
+    splitter: AnswerSplitter,
     /// Tool calls sent so far.
     calls_sent: usize,
     /// Log-probabilities of tokens whose text is held, sent with the next chunk.
@@ -1030,19 +1047,19 @@ struct ChoiceStream {
 }
 
 impl ChoiceStream {
-    fn new(tool_format: Option<ToolFormat>) -> Self {
+    fn new(format: &AnswerFormat) -> Self {
         ChoiceStream {
             first: true,
             text_offset: 0,
-            tools: tool_format.map(ToolStream::new),
+            splitter: AnswerSplitter::new(format),
             calls_sent: 0,
             held_logprobs: Vec::new(),
         }
     }
 
-    /// The chunks of choice `index` for `pieces`: text as content and each
-    /// complete tool call as `delta.tool_calls`; held log-probabilities go
-    /// with the first chunk.
+    /// The chunks of choice `index` for `pieces`: content, reasoning, and
+    /// each complete tool call as `delta.tool_calls`; held log-probabilities
+    /// go with the first chunk.
     fn chunks(
         &mut self,
         reply: &Reply,
@@ -1053,20 +1070,27 @@ impl ChoiceStream {
         for piece in pieces {
             let held = std::mem::take(&mut self.held_logprobs);
             let logprobs = reply.logprobs(&held, &mut self.text_offset);
-            match piece {
-                Piece::Text(text) => {
-                    out.push(reply.chunk(index, Some(&text), None, self.first, logprobs));
-                    self.first = false;
-                }
+            let delta = match &piece {
+                Piece::Content(text) => Delta::Content(text),
+                Piece::Reasoning(text) => Delta::Reasoning(text),
                 Piece::Calls(calls) => {
                     if self.first {
-                        out.push(reply.chunk(index, None, None, true, serde_json::Value::Null));
+                        out.push(reply.chunk(
+                            index,
+                            Delta::Nothing,
+                            None,
+                            true,
+                            serde_json::Value::Null,
+                        ));
                         self.first = false;
                     }
-                    out.push(reply.tool_chunk(index, &calls, self.calls_sent, logprobs));
+                    out.push(reply.tool_chunk(index, calls, self.calls_sent, logprobs));
                     self.calls_sent += calls.len();
+                    continue;
                 }
-            }
+            };
+            out.push(reply.chunk(index, delta, None, self.first, logprobs));
+            self.first = false;
         }
         out
     }
@@ -1079,29 +1103,24 @@ impl ChoiceStream {
         text: String,
         logprobs: Vec<TokenLogprob>,
     ) -> Vec<serde_json::Value> {
-        let Some(splitter) = self.tools.as_mut() else {
+        if self.splitter.is_plain() {
             let logprobs = reply.logprobs(&logprobs, &mut self.text_offset);
-            let chunk = reply.chunk(index, Some(&text), None, self.first, logprobs);
+            let chunk = reply.chunk(index, Delta::Content(&text), None, self.first, logprobs);
             self.first = false;
             return vec![chunk];
-        };
-        let pieces = splitter.push(&text);
+        }
+        let pieces = self.splitter.push(&text);
         self.held_logprobs.extend(logprobs);
         self.chunks(reply, index, pieces)
     }
 
-    /// The last chunks of choice `index`: what the tool reader held, and the
+    /// The last chunks of choice `index`: what the splitter held, and the
     /// finish reason.
     fn finish(&mut self, reply: &Reply, index: usize, finish: Finish) -> Vec<serde_json::Value> {
-        let mut out = match self.tools.as_mut() {
-            Some(splitter) => {
-                let pieces = splitter.finish();
-                self.chunks(reply, index, pieces)
-            }
-            None => Vec::new(),
-        };
+        let pieces = self.splitter.finish();
+        let mut out = self.chunks(reply, index, pieces);
         if self.first {
-            out.push(reply.chunk(index, None, None, true, serde_json::Value::Null));
+            out.push(reply.chunk(index, Delta::Nothing, None, true, serde_json::Value::Null));
             self.first = false;
         }
         let finish_reason = match reply.endpoint {
@@ -1110,13 +1129,20 @@ impl ChoiceStream {
         };
         out.push(reply.chunk(
             index,
-            None,
+            Delta::Nothing,
             Some(finish_reason),
             false,
             serde_json::Value::Null,
         ));
         out
     }
+}
+
+/// What one streamed chunk carries besides its finish reason.
+enum Delta<'t> {
+    Content(&'t str),
+    Reasoning(&'t str),
+    Nothing,
 }
 
 /// A streamed answer: server-sent events made from the scheduler's events
@@ -1360,8 +1386,14 @@ fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
     let max_tokens = request.max_completion_tokens.or(common.max_tokens);
     let segments = chat_segments(state, &prompt, &ending)?;
     let mut plan = plan(state, prompt, common, max_tokens, logprobs)?;
+    plan.answer = AnswerFormat {
+        reasoning: state
+            .thinking
+            .as_ref()
+            .map(|markers| ReasoningFormat::for_prompt(markers, &plan.prompt)),
+        tools: tool_format,
+    };
     plan.segments = segments;
-    plan.tool_format = tool_format;
     // Compiled last, once everything cheaper to check has passed (this
     // runs off the async executor, as every request's check does).
     plan.constraint = shape
@@ -1491,6 +1523,14 @@ fn chat_text(
         }
         if let Some(id) = m.tool_call_id {
             message.insert("tool_call_id".into(), json!(id));
+        }
+        for (key, text) in [
+            ("reasoning", m.reasoning),
+            ("reasoning_content", m.reasoning_content),
+        ] {
+            if let Some(text) = text {
+                message.insert(key.into(), json!(text));
+            }
         }
         messages.push(serde_json::Value::Object(message));
     }
@@ -2219,6 +2259,10 @@ mod tests {
     use super::*;
 
     fn reply(tool_format: Option<ToolFormat>) -> Reply {
+        let answer = AnswerFormat {
+            reasoning: None,
+            tools: tool_format,
+        };
         Reply {
             endpoint: Endpoint::Chat,
             id: "chatcmpl-7".into(),
@@ -2226,7 +2270,7 @@ mod tests {
             model: "m".into(),
             prompt_tokens: 3,
             logprobs: false,
-            tool_format,
+            answer,
             cached_tokens: 0,
         }
     }

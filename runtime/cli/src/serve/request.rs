@@ -240,7 +240,15 @@ struct Refusal {
 }
 
 /// The fields of a chat message, and of `stream_options`.
-const MESSAGE_FIELDS: [&str; 5] = ["role", "content", "name", "tool_calls", "tool_call_id"];
+const MESSAGE_FIELDS: [&str; 7] = [
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "reasoning",
+    "reasoning_content",
+];
 const STREAM_OPTIONS_FIELDS: [&str; 1] = ["include_usage"];
 
 /// The keys of `object` outside `known` with a non-null value, by path under `at`.
@@ -486,6 +494,12 @@ pub struct ChatMessage {
     pub tool_calls: Option<Vec<Value>>,
     /// A `tool` turn: the call it answers.
     pub tool_call_id: Option<String>,
+    /// An assistant turn's reasoning, under the names clients send it back
+    /// by (the answer's `reasoning`, vLLM's `reasoning_content`): given to
+    /// the template as it is, as mlx-lm gives a message's every field
+    /// (Qwen3's template writes `reasoning_content` into the turn).
+    pub reasoning: Option<String>,
+    pub reasoning_content: Option<String>,
 }
 
 /// /v1/chat/completions' own served fields.

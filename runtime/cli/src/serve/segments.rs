@@ -123,6 +123,8 @@ mod tests {
         ThinkingMarkers {
             start: start.to_vec(),
             end: vec![99],
+            start_text: "<think>".into(),
+            end_text: "</think>".into(),
         }
     }
 

@@ -226,6 +226,7 @@ fn gemma4_args_to_json(args: &str) -> String {
 /// pair of markers that parses becomes calls and leaves `content`; markup
 /// that does not parse, and a start marker never closed (the answer was
 /// cut), stay as text.
+#[cfg(test)]
 pub fn split_answer(text: &str, format: ToolFormat) -> (String, Vec<ToolCall>) {
     let mut splitter = ToolStream::new(format);
     let mut content = String::new();
@@ -307,12 +308,14 @@ impl ToolStream {
 }
 
 /// The length of the longest tail of `text` that is a proper prefix of
-/// `marker`.
-fn partial_marker_len(text: &str, marker: &str) -> usize {
+/// `marker`: text that must be held, as it may begin the marker.
+pub(super) fn partial_marker_len(text: &str, marker: &str) -> usize {
     (1..marker.len())
         .rev()
         .find(|&n| {
-            text.is_char_boundary(text.len().saturating_sub(n)) && text.ends_with(&marker[..n])
+            text.is_char_boundary(text.len().saturating_sub(n))
+                && marker.is_char_boundary(n)
+                && text.ends_with(&marker[..n])
         })
         .unwrap_or(0)
 }
