@@ -1342,6 +1342,25 @@ fn reasoning_is_returned_apart_from_the_content_as_mlx_lm_server_returns_it() {
                 "case {i}, {server_name} {how}: {out}"
             );
         }
+        // A grammar holds the answer from its first token, so after the
+        // prompt that opened a reasoning block its text is content.
+        if template == opened.as_path() {
+            let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16,
+                              "temperature": 0, "response_format": {"type": "json_object"}});
+            let (status, body) = curl(
+                &server,
+                "POST",
+                "/v1/chat/completions",
+                Some(&body.to_string()),
+            );
+            assert_eq!(status, 200, "{body}");
+            let message = &json(&body)["choices"][0]["message"];
+            assert!(message.get("reasoning").is_none(), "{body}");
+            assert!(
+                message["content"].as_str().unwrap().starts_with('{'),
+                "{body}"
+            );
+        }
     }
 }
 

@@ -1386,11 +1386,18 @@ fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
     let max_tokens = request.max_completion_tokens.or(common.max_tokens);
     let segments = chat_segments(state, &prompt, &ending)?;
     let mut plan = plan(state, prompt, common, max_tokens, logprobs)?;
-    plan.answer = AnswerFormat {
-        reasoning: state
+    // A grammar holds the answer from its first token (structured.rs), so
+    // the answer holds no reasoning: its text is all content, even after a
+    // prompt that opened a reasoning block.
+    let reasoning = match &shape {
+        Some(_) => None,
+        None => state
             .thinking
             .as_ref()
             .map(|markers| ReasoningFormat::for_prompt(markers, &plan.prompt)),
+    };
+    plan.answer = AnswerFormat {
+        reasoning,
         tools: tool_format,
     };
     plan.segments = segments;
