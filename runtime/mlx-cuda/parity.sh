@@ -344,28 +344,40 @@ $(find $cache -type f | wc -l) files under XDG_CACHE_HOME ($(du -sh $cache | cut
       # Does archgen repeat its own bytes? REPEAT_SPEC's one-sequence protocol
       # (prompt REPEAT_L, REPEAT_N steps) in fresh processes: the generated
       # model three times, with MLX's CUDA graphs off twice, the monolith
-      # twice, and mlx-lm twice; each compared with the generated model's first.
+      # twice, and mlx-lm twice; each compared with the first archgen run that
+      # finished (a process that aborts is named, with its exit status, and
+      # left out of the comparisons).
       spec=${REPEAT_SPEC:-qwen3-30b-a3b-l2-q4}; L=${REPEAT_L:-300}; N=${REPEAT_N:-20}
       d=$work/repeat-$spec; mkdir -p $d
       [[ -f $d/model/config.json ]] || $ARCHGEN init --spec "$repo/specs/$spec.yaml" --out $d/model --seed 1 2>&1 | tail -1
       ids=$(prompt_ids $d/model $L)
       run() {  # name, env..., then archgen args
         local name=$1; shift
-        env "$@" --out $d/$name.safetensors 2>&1 | grep -v "^archgen: " | tail -2
+        rm -f $d/$name.safetensors
+        env "$@" --out $d/$name.safetensors > $d/$name.log 2>&1
+        local rc=$?
+        [[ $rc == 0 ]] || echo "repeat $spec $name: exit $rc: $(grep -v '^archgen: ' $d/$name.log | tail -1)" | tee -a "$OUT/repeat.log"
       }
       for i in 1 2 3; do run gen$i $ARCHGEN logits --model $d/model --prompt-ids $ids --decode-steps $N --impl generated; done
       for i in 1 2; do run nograph$i MLX_USE_CUDA_GRAPHS=0 $ARCHGEN logits --model $d/model --prompt-ids $ids --decode-steps $N --impl generated; done
       for i in 1 2; do run mono$i $ARCHGEN logits --model $d/model --prompt-ids $ids --decode-steps $N --impl monolith; done
       for i in 1 2; do
+        rm -f $d/mlxlm$i.safetensors
         (cd "$repo/tests/python" && python3 oracle_logits.py --model $d/model --prompt-ids $ids --decode-steps $N \
-          --out $d/mlxlm$i.safetensors 2>&1 | tail -2)
+          --out $d/mlxlm$i.safetensors > $d/mlxlm$i.log 2>&1) \
+          || echo "repeat $spec mlxlm$i: failed: $(tail -1 $d/mlxlm$i.log)" | tee -a "$OUT/repeat.log"
       done
+      have() { [[ -f $d/$1.safetensors ]]; }
+      ref=""; for f in gen1 gen2 gen3 nograph1 nograph2 mono1 mono2; do have $f && { ref=$f; break; }; done
       {
-        for f in gen2 gen3 nograph1 nograph2 mono1 mono2 mlxlm1 mlxlm2; do
-          echo "repeat $spec gen1 vs $f: $(python3 "$here/compare.py" $d/gen1.safetensors $d/$f.safetensors)"
+        [[ -n $ref ]] || echo "repeat $spec: no archgen run finished"
+        for f in gen1 gen2 gen3 nograph1 nograph2 mono1 mono2 mlxlm1 mlxlm2; do
+          [[ -n $ref && $f != "$ref" ]] && have $f \
+            && echo "repeat $spec $ref vs $f: $(python3 "$here/compare.py" $d/$ref.safetensors $d/$f.safetensors)"
         done
         for f in nograph2 mono2 mlxlm2; do
-          a=${f%2}1; echo "repeat $spec $a vs $f: $(python3 "$here/compare.py" $d/$a.safetensors $d/$f.safetensors)"
+          a=${f%2}1; have $a && have $f \
+            && echo "repeat $spec $a vs $f: $(python3 "$here/compare.py" $d/$a.safetensors $d/$f.safetensors)"
         done
       } 2>&1 | tee -a "$OUT/repeat.log"
       ;;
