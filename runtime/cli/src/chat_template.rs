@@ -94,6 +94,16 @@ impl ChatTemplate {
         &self.source
     }
 
+    /// Whether the template reads the variable `name` (one it does not set
+    /// itself), so that giving it can change the prompt.
+    pub fn reads_variable(&self, name: &str) -> bool {
+        self.env
+            .get_template(TEMPLATE_NAME)
+            .expect("added in new()")
+            .undeclared_variables(false)
+            .contains(name)
+    }
+
     /// The checkpoint's chat template: `DIR/chat_template.jinja` when present
     /// (it takes priority, as in transformers), else `chat_template` in
     /// `DIR/tokenizer_config.json`. `Ok(None)` when there is neither.

@@ -646,6 +646,26 @@ fn takes_requests_as_clients_send_them() {
         );
     }
 
+    // reasoning_effort is given to a template that reads it (the reasoning
+    // test below); Qwen3's does not, so here it is named as ignored. A
+    // value outside OpenAI's is refused, naming the field.
+    let (status, headers, body) = post(
+        "/v1/chat/completions",
+        &chat("", r#", "reasoning_effort": "low", "frobnicate": 1"#),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        header(&headers, "x-archgen-ignored-fields"),
+        Some("frobnicate,reasoning_effort")
+    );
+    let (status, _, body) = post(
+        "/v1/chat/completions",
+        &chat("", r#", "reasoning_effort": "extreme""#),
+    );
+    let (param, message) = error_param(status, &body);
+    assert_eq!(param, "reasoning_effort", "{body}");
+    assert!(message.contains("high"), "{message}");
+
     // Fields not served, given a value other than the default: refused, named.
     for (field, value) in [
         ("modalities", r#"["text", "audio"]"#),
@@ -1258,11 +1278,16 @@ fn reasoning_is_returned_apart_from_the_content_as_mlx_lm_server_returns_it() {
     // prompt (as thinking-only checkpoints' templates write it).
     let opened = root.path().join("qwen3-opened.jinja");
     let text = std::fs::read_to_string(&qwen3).unwrap();
-    let header = r"{{- '<|im_start|>assistant\n' }}";
-    assert!(text.contains(header));
+    let generation_header = r"{{- '<|im_start|>assistant\n' }}";
+    assert!(text.contains(generation_header));
+    // It also writes `reasoning_effort` into the generation prompt when
+    // given, as gpt-oss's template does.
     std::fs::write(
         &opened,
-        text.replace(header, r"{{- '<|im_start|>assistant\n<think>\n' }}"),
+        text.replace(
+            generation_header,
+            r"{%- if reasoning_effort is defined %}{{- 'Reasoning: ' + reasoning_effort + '\n' }}{%- endif %}{{- '<|im_start|>assistant\n<think>\n' }}",
+        ),
     )
     .unwrap();
     let plain: &[&str] = &["<think>", "plan it", "</think>", "The answer"];
@@ -1344,7 +1369,40 @@ fn reasoning_is_returned_apart_from_the_content_as_mlx_lm_server_returns_it() {
         }
         // A grammar holds the answer from its first token, so after the
         // prompt that opened a reasoning block its text is content.
+        // `reasoning_effort` reaches this template, under the request's own
+        // template variables.
         if template == opened.as_path() {
+            let prompt_tokens = |extra: serde_json::Value| {
+                let mut body =
+                    json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
+                body.as_object_mut()
+                    .unwrap()
+                    .extend(extra.as_object().unwrap().clone());
+                let (status, headers, body) = curl_with(
+                    &server,
+                    "POST",
+                    "/v1/chat/completions",
+                    Some(&body.to_string()),
+                    &[],
+                );
+                assert_eq!(status, 200, "{body}");
+                assert_eq!(header(&headers, "x-archgen-ignored-fields"), None);
+                json(&body)["usage"]["prompt_tokens"].as_u64().unwrap()
+            };
+            let plain = prompt_tokens(json!({}));
+            let low = prompt_tokens(json!({"reasoning_effort": "low"}));
+            assert!(low > plain, "{low} {plain}");
+            assert_eq!(
+                prompt_tokens(json!({"chat_template_kwargs": {"reasoning_effort": "low"}})),
+                low
+            );
+            let long = json!({"reasoning_effort": "high, and think it through step by step"});
+            let by_kwargs = prompt_tokens(json!({"chat_template_kwargs": long}));
+            assert!(by_kwargs > low, "{by_kwargs} {low}");
+            assert_eq!(
+                prompt_tokens(json!({"reasoning_effort": "low", "chat_template_kwargs": long})),
+                by_kwargs
+            );
             let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16,
                               "temperature": 0, "response_format": {"type": "json_object"}});
             let (status, body) = curl(

@@ -150,6 +150,9 @@ struct Plan {
     choices: usize,
     /// The output grammar (`response_format`, a required tool call).
     constraint: Option<TokenConstraint>,
+    /// Fields found to be without effect once the request was read (named
+    /// back with the unknown ones).
+    ignored: Vec<String>,
 }
 
 fn plan(
@@ -231,6 +234,7 @@ fn plan(
         answer: AnswerFormat::default(),
         choices,
         constraint: None,
+        ignored: Vec::new(),
     })
 }
 
@@ -1265,7 +1269,12 @@ async fn answer(state: Arc<AppState>, body: Bytes, endpoint: Endpoint) -> Respon
             Endpoint::Completions => plan_completion(&planning, &body),
             Endpoint::Chat => plan_chat(&planning, &body),
         };
-        (body.ignored, plan)
+        let mut ignored = body.ignored;
+        if let Ok(plan) = &plan {
+            ignored.extend(plan.ignored.iter().cloned());
+            ignored.sort_unstable();
+        }
+        (ignored, plan)
     })
     .await;
     let (ignored, planned) = checked.unwrap_or_else(|e| {
@@ -1350,13 +1359,18 @@ fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
     let common: CommonFields = body.fields()?;
     let request: ChatFields = body.fields()?;
     let choice = ToolChoice::of_request(request.tool_choice.as_ref(), request.tools.as_deref())?;
+    let (template_kwargs, ignored) = with_reasoning_effort(
+        state,
+        request.chat_template_kwargs,
+        request.reasoning_effort,
+    );
     let (text, tool_format, ending) = chat_text(
         state,
         request.messages,
         request.tools.clone(),
         &choice,
         true,
-        request.chat_template_kwargs.as_ref(),
+        template_kwargs.as_ref(),
     )?;
     let response_format = ResponseFormat::of_request(request.response_format.as_ref())?;
     let shape = output_shape(
@@ -1401,12 +1415,42 @@ fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
         tools: tool_format,
     };
     plan.segments = segments;
+    plan.ignored = ignored;
     // Compiled last, once everything cheaper to check has passed (this
     // runs off the async executor, as every request's check does).
     plan.constraint = shape
         .map(|shape| shape.compile(grammar_compiler(state, &shape)?))
         .transpose()?;
     Ok(plan)
+}
+
+/// A chat's template variables with `reasoning_effort` among them (under
+/// the request's own `chat_template_kwargs`, which win), and the fields
+/// that had no effect: `reasoning_effort` when the template does not read
+/// it.
+fn with_reasoning_effort(
+    state: &AppState,
+    kwargs: Option<TemplateArgs>,
+    effort: Option<request::ReasoningEffort>,
+) -> (Option<TemplateArgs>, Vec<String>) {
+    const VARIABLE: &str = "reasoning_effort";
+    let Some(effort) = effort else {
+        return (kwargs, Vec::new());
+    };
+    let reads = state
+        .template
+        .as_ref()
+        .is_some_and(|t| t.reads_variable(VARIABLE));
+    match reads {
+        true => {
+            let mut kwargs = kwargs.unwrap_or_default();
+            kwargs
+                .entry(VARIABLE)
+                .or_insert_with(|| json!(effort.as_str()));
+            (Some(kwargs), Vec::new())
+        }
+        false => (kwargs, vec![VARIABLE.to_string()]),
+    }
 }
 
 /// The server's grammar compiler, built on first use; a tokenizer

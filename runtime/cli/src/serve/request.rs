@@ -133,14 +133,14 @@ impl Route {
                 | "tools"
                 | "tool_choice"
                 | "response_format"
-                | "chat_template_kwargs",
+                | "chat_template_kwargs"
+                | "reasoning_effort",
             ) => Some(Support::Served),
             (Route::Chat, "parallel_tool_calls") => Some(Support::NoOp),
             (Route::Chat, "modalities") => Some(not_served(is_text_modality, Some("[\"text\"]"))),
             (
                 Route::Chat,
-                "audio" | "prediction" | "functions" | "function_call" | "reasoning_effort"
-                | "web_search_options",
+                "audio" | "prediction" | "functions" | "function_call" | "web_search_options",
             ) => Some(not_served(never, None)),
             (
                 Route::Tokenize,
@@ -524,6 +524,33 @@ pub struct ChatFields {
     /// Chat template variables over the server's `--chat-template-args`
     /// (mlx-lm's and vLLM's field), e.g. `{"enable_thinking": false}`.
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// OpenAI's reasoning effort, given to the chat template as the variable
+    /// `reasoning_effort` where the template reads it (gpt-oss's does), as
+    /// vLLM gives it; ignored (and named so) where it does not.
+    pub reasoning_effort: Option<ReasoningEffort>,
+}
+
+/// OpenAI's values of `reasoning_effort`.
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ReasoningEffort {
+    None,
+    Minimal,
+    Low,
+    Medium,
+    High,
+}
+
+impl ReasoningEffort {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasoningEffort::None => "none",
+            ReasoningEffort::Minimal => "minimal",
+            ReasoningEffort::Low => "low",
+            ReasoningEffort::Medium => "medium",
+            ReasoningEffort::High => "high",
+        }
+    }
 }
 
 /// POST /tokenize: text, or a conversation.
