@@ -36,7 +36,9 @@
 # table: single stream, batched B and serving C clients, each archgen L1, archgen L3 and mlx-lm, with
 # the share of the weight-read bound: speed_table.py on SPEEDTABLE_SPEC, default gemma4-12b;
 # SPEEDTABLE_ARGS for sizes, e.g. "--batches 1 8 --clients 1 4 --rounds 2 --steps 16"; a real-size
-# table can outlast one call: "--only single batch --keep", then "--only serve --reuse" in the next).
+# table can outlast one call: "--only single batch --keep", then "--only serve --reuse" in the next;
+# "--pairs" runs L1 and L3 each in rounds of their own beside mlx-lm, two copies of the weights at a
+# time: a 12B's three do not fit an 80 GB H100).
 # Graph diff on the CPU (no device needed): runtime/mlx-cuda/graphdiff.sh SPEC [N]
 # writes mlx-lm's, the generated model's and the monolith's logits graphs
 # (prefill over N ids, one decode step) as DOT and compares them with

@@ -215,6 +215,10 @@ def main() -> None:
     ap.add_argument("--baseline-bench", help="another archgen-bench binary: its generated model joins the "
                     "single-stream rounds as worker `baseline`")
     ap.add_argument("--baseline-label", default="baseline", help="what the baseline binary is (e.g. a commit)")
+    ap.add_argument("--pairs", action="store_true",
+                    help="single stream and batched: archgen L1 and archgen L3 each in rounds of their own "
+                         "against mlx-lm (two processes hold the weights at a time, not three: a 12B on an "
+                         "80 GB card); each archgen column's ratio is to the mlx-lm of its own rounds")
     ap.add_argument("--extra-servers", nargs="*", default=[],
                     help="more servers for the serving part (serve_bench_gpu.py names)")
     a = ap.parse_args()
@@ -248,21 +252,38 @@ def main() -> None:
             f.unlink(missing_ok=True)
         elif f.exists():
             earlier[part] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(f.stat().st_mtime))
+    # With --pairs, the L3 rounds are a second run beside their own mlx-lm
+    # (written to *-l3.json), merged into the first run's JSON below.
+    l3_out = {k: logs / f"speed-{a.spec}-{k}-l3.json" for k in ("single", "batch")}
+    for part, f in l3_out.items():
+        if part in a.only or not a.reuse:
+            f.unlink(missing_ok=True)
     if "single" in a.only:
-        rc["single"] = run("single stream", [
-            py, str(HERE / "bench.py"), "--archgen", a.archgen, "--bench", a.bench, "--repo", str(a.repo),
-            "--work", str(a.work), "--rounds", str(a.rounds), "--warm", str(a.warm), "--steps", str(a.steps),
-            "--prefills", str(a.prefills), "--keep", "--impls", ",".join(single_impls),
-            "--gen", impls["archgen L1"], "--json", str(out["single"]), a.spec,
-            *(["--baseline-bench", a.baseline_bench] if a.baseline_bench else [])],
-            base, logs / f"speed-{a.spec}-single.log")
+        groups = ([single_impls] if not a.pairs else
+                  [[i for i in single_impls if i != impls["archgen L3"]], [impls["archgen L3"], "mlx-lm"]])
+        for n, group in enumerate(groups):
+            l3_run = n == 1
+            code = run("single stream" + (" (L3)" if l3_run else ""), [
+                py, str(HERE / "bench.py"), "--archgen", a.archgen, "--bench", a.bench, "--repo", str(a.repo),
+                "--work", str(a.work), "--rounds", str(a.rounds), "--warm", str(a.warm), "--steps", str(a.steps),
+                "--prefills", str(a.prefills), "--keep", "--impls", ",".join(group),
+                "--gen", group[0], "--json", str(l3_out["single"] if l3_run else out["single"]), a.spec,
+                *(["--baseline-bench", a.baseline_bench] if a.baseline_bench and not l3_run else [])],
+                base, logs / f"speed-{a.spec}-single{'-l3' if l3_run else ''}.log")
+            rc["single"] = rc.get("single") or code
     if "batch" in a.only:
-        rc["batch"] = run("batched", [
-            py, str(HERE / "batch_bench.py"), "--archgen", a.archgen, "--bench", a.bench, "--repo", str(a.repo),
-            "--work", str(a.work), "--batches", *map(str, a.batches), "--prompt", str(a.prompt),
-            "--warm", str(a.warm), "--steps", str(a.steps), "--rounds", str(a.rounds),
-            "--impls", ",".join(impls.values()), "--json", str(out["batch"]), a.spec],
-            batched, logs / f"speed-{a.spec}-batch.log")
+        all_impls = list(impls.values())
+        groups = ([all_impls] if not a.pairs else
+                  [[impls["archgen L1"], "mlx-lm"], [impls["archgen L3"], "mlx-lm"]])
+        for n, group in enumerate(groups):
+            l3_run = n == 1
+            code = run("batched" + (" (L3)" if l3_run else ""), [
+                py, str(HERE / "batch_bench.py"), "--archgen", a.archgen, "--bench", a.bench, "--repo", str(a.repo),
+                "--work", str(a.work), "--batches", *map(str, a.batches), "--prompt", str(a.prompt),
+                "--warm", str(a.warm), "--steps", str(a.steps), "--rounds", str(a.rounds),
+                "--impls", ",".join(group), "--json", str(l3_out["batch"] if l3_run else out["batch"]), a.spec],
+                batched, logs / f"speed-{a.spec}-batch{'-l3' if l3_run else ''}.log")
+            rc["batch"] = rc.get("batch") or code
     if "serve" in a.only:
         if not (model / "config.json").exists():
             r = subprocess.run([a.archgen, "init", "--spec", str(a.repo / "specs" / f"{a.spec}.yaml"),
@@ -284,6 +305,7 @@ def main() -> None:
         shutil.rmtree(model, ignore_errors=True)
 
     single, batch, serve = (load(out[k]) for k in ("single", "batch", "serve"))
+    single_l3, batch_l3 = (load(l3_out[k]) if a.pairs else None for k in ("single", "batch"))
     cols = list(impls)
 
     def status(part: str) -> str:
@@ -295,20 +317,35 @@ def main() -> None:
         s = single[a.spec]
         bound_bw = s["copy_bw"]
         w = {c: s["workers"].get(impls[c]) for c in cols}
-        rows.append({"row": "single stream", "bound_tok_s": s["bound_tok_s"],
-                     **{c: None if w[c] is None else {"tok_s": w[c]["tok_s"], "of_bound": w[c]["of_bound"]}
-                        for c in cols}})
+        row = {"row": "single stream", "bound_tok_s": s["bound_tok_s"],
+               **{c: None if w[c] is None else {"tok_s": w[c]["tok_s"], "of_bound": w[c]["of_bound"]}
+                  for c in cols}}
+        if a.pairs:
+            s3 = (single_l3 or {}).get(a.spec) or {}
+            w3 = (s3.get("workers") or {})
+            l3, ref = w3.get(impls["archgen L3"]), w3.get("mlx-lm")
+            row["archgen L3"] = None if l3 is None else {
+                "tok_s": l3["tok_s"], "of_bound": l3["of_bound"], "ref_tok_s": ref and ref["tok_s"]}
+            s["tokens_differ"].update((s3.get("tokens_differ") or {}))
+        rows.append(row)
     elif "single" in a.only or a.reuse:
         rows.append({"row": "single stream", "failed": status("single")})
     if batch:
         bound_bw = bound_bw or batch["copy_bw"]
         by = {(r["batch"], r["impl"]): r for r in batch["results"]}
+        by3 = {(r["batch"], r["impl"]): r for r in (batch_l3 or {}).get("results", [])}
         for b in a.batches:
             r = {c: by.get((b, impls[c])) for c in cols}
+            if a.pairs:
+                r["archgen L3"] = by3.get((b, impls["archgen L3"]))
             some = next((x for x in r.values() if x), None)
-            rows.append({"row": f"batch B={b}", "bound_tok_s": some and some["bound_tok_s"],
-                         **{c: None if r[c] is None else {"tok_s": r[c]["tok_s"], "of_bound": r[c]["of_bound"]}
-                            for c in cols}})
+            row = {"row": f"batch B={b}", "bound_tok_s": some and some["bound_tok_s"],
+                   **{c: None if r[c] is None else {"tok_s": r[c]["tok_s"], "of_bound": r[c]["of_bound"]}
+                      for c in cols}}
+            if a.pairs and row["archgen L3"] is not None:
+                ref = by3.get((b, "mlx-lm"))
+                row["archgen L3"]["ref_tok_s"] = ref and ref["tok_s"]
+            rows.append(row)
     elif "batch" in a.only or a.reuse:
         rows += [{"row": f"batch B={b}", "failed": status("batch")} for b in a.batches]
     if serve:
@@ -342,7 +379,9 @@ def main() -> None:
         f"Single stream and batched: {a.rounds} rounds of {a.warm} untimed + {a.steps} timed decode steps "
         f"(batched prompts {a.prompt} tokens), tokens/s from the median step. Serving: streamed chats of "
         f"{a.max_tokens} tokens, max({a.min_requests}, {a.waves} x clients) requests per level, aggregate "
-        "completion tokens/s. Ratios are tokens/s over mlx-lm's (> 1: archgen faster). " + bound_note + ".",
+        "completion tokens/s. Ratios are tokens/s over mlx-lm's (> 1: archgen faster). " + bound_note + "."
+        + (" --pairs: archgen L3 ran in rounds of its own beside another mlx-lm process (its ratio is to that "
+           "mlx-lm; the mlx-lm column is the L1 rounds')." if a.pairs else ""),
         "",
         "| row | archgen L1 tok/s | archgen L3 tok/s | mlx-lm tok/s | bound tok/s |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -359,7 +398,9 @@ def main() -> None:
             note = ""
             if v and (v.get("failed") or v.get("not_sent")):
                 note = f"{v['failed']}/{v['requests']} failed, {v['not_sent']} not sent"
-            cells.append(cell(v and v["tok_s"], ref, v and v["of_bound"], known, c != "mlx-lm", note))
+            # --pairs: an archgen column's ratio is to the mlx-lm of its own rounds.
+            own_ref = v.get("ref_tok_s", ref) if v else ref
+            cells.append(cell(v and v["tok_s"], own_ref, v and v["of_bound"], known, c != "mlx-lm", note))
         bound = ("none (serving)" if row.get("no_bound") else
                  "no GPU: no bound" if row["bound_tok_s"] is None else f"{row['bound_tok_s']:.1f}")
         lines.append(f"| {row['row']} | " + " | ".join(cells) + f" | {bound} |")
