@@ -1364,14 +1364,14 @@ fn plan_chat(state: &AppState, body: &Body) -> Result<Plan, ApiError> {
         request.chat_template_kwargs,
         request.reasoning_effort,
     );
-    let (text, tool_format, ending) = chat_text(
+    let chat = prepare_chat(
         state,
         request.messages,
         request.tools.clone(),
         &choice,
-        true,
         template_kwargs.as_ref(),
     )?;
+    let (text, tool_format, ending) = (chat.render(true)?, chat.tool_format, chat.ending()?);
     let response_format = ResponseFormat::of_request(request.response_format.as_ref())?;
     let shape = output_shape(
         response_format,
@@ -1512,23 +1512,75 @@ fn chat_segments(
     ))
 }
 
-/// A conversation's text, its tool-call markup and how it ends, as
-/// [`chat_text`] gives them.
-type ChatText = (String, Option<ToolFormat>, ChatEnding);
+/// A conversation ready for the model's chat template: its messages as
+/// the template takes them, the tools and variables it is rendered with,
+/// and the tool-call markup to read from the answer (when tools are
+/// offered).
+struct PreparedChat<'s> {
+    template: &'s ChatTemplate,
+    messages: Vec<serde_json::Value>,
+    tools: minijinja::Value,
+    variables: Vec<thinking::TemplateVariable>,
+    tool_format: Option<ToolFormat>,
+}
 
-/// A conversation rendered by the model's chat template, the tool-call
-/// markup to read from the answer (when tools are offered), and how it
-/// ends: with a user turn, its system turns followed by an empty user turn
-/// rendered the same way (mlx-lm's server finds where the system prompt
-/// ends from it: [`chat_segments`]).
-fn chat_text(
-    state: &AppState,
+impl PreparedChat<'_> {
+    /// The conversation's prompt text.
+    fn render(&self, add_generation_prompt: bool) -> Result<String, ApiError> {
+        self.render_turns(&self.messages, add_generation_prompt)
+    }
+
+    fn render_turns(
+        &self,
+        messages: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String, ApiError> {
+        self.template
+            .render_with_tools(
+                minijinja::Value::from_serialize(messages),
+                self.tools.clone(),
+                add_generation_prompt,
+                &self.variables,
+            )
+            .map_err(|e| ApiError::bad_request(e, Some("messages")))
+    }
+
+    /// How the conversation ends: with a user turn, its system turns
+    /// followed by an empty user turn rendered the same way (mlx-lm's
+    /// server finds where the system prompt ends from it:
+    /// [`chat_segments`]).
+    fn ending(&self) -> Result<ChatEnding, ApiError> {
+        let role = |m: &serde_json::Value| m["role"].as_str().map(str::to_owned);
+        let system_turns = self
+            .messages
+            .iter()
+            .take_while(|m| role(m).as_deref() == Some("system"))
+            .count();
+        Ok(
+            match (self.messages.last().and_then(role).as_deref(), system_turns) {
+                (Some("user"), 0) => ChatEnding::UserTurn { system_text: None },
+                (Some("user"), _) => {
+                    let mut turns = self.messages[..system_turns].to_vec();
+                    turns.push(json!({"role": "user", "content": ""}));
+                    ChatEnding::UserTurn {
+                        system_text: Some(self.render_turns(&turns, false)?),
+                    }
+                }
+                _ => ChatEnding::OtherTurn,
+            },
+        )
+    }
+}
+
+/// A conversation checked and made ready for the model's chat template
+/// ([`PreparedChat`]).
+fn prepare_chat<'s>(
+    state: &'s AppState,
     conversation: Vec<request::ChatMessage>,
     offered_tools: Option<Vec<serde_json::Value>>,
     tool_choice: &ToolChoice,
-    add_generation_prompt: bool,
     template_kwargs: Option<&TemplateArgs>,
-) -> Result<ChatText, ApiError> {
+) -> Result<PreparedChat<'s>, ApiError> {
     let Some(template) = &state.template else {
         return Err(ApiError::bad_request(
             format!(
@@ -1602,34 +1654,13 @@ fn chat_text(
         &state.template_args,
         template_kwargs,
     );
-    let render = |messages: &[serde_json::Value], add_generation_prompt| {
-        template
-            .render_with_tools(
-                minijinja::Value::from_serialize(messages),
-                tools.clone(),
-                add_generation_prompt,
-                &variables,
-            )
-            .map_err(|e| ApiError::bad_request(e, Some("messages")))
-    };
-    let text = render(&messages, add_generation_prompt)?;
-    let role = |m: &serde_json::Value| m["role"].as_str().map(str::to_owned);
-    let system_turns = messages
-        .iter()
-        .take_while(|m| role(m).as_deref() == Some("system"))
-        .count();
-    let ending = match (messages.last().and_then(role).as_deref(), system_turns) {
-        (Some("user"), 0) => ChatEnding::UserTurn { system_text: None },
-        (Some("user"), _) => {
-            let mut turns = messages[..system_turns].to_vec();
-            turns.push(json!({"role": "user", "content": ""}));
-            ChatEnding::UserTurn {
-                system_text: Some(render(&turns, false)?),
-            }
-        }
-        _ => ChatEnding::OtherTurn,
-    };
-    Ok((text, tool_format, ending))
+    Ok(PreparedChat {
+        template,
+        messages,
+        tools,
+        variables,
+        tool_format,
+    })
 }
 
 /// POST /tokenize and /detokenize (vLLM's names and shapes): checked and
@@ -1684,14 +1715,14 @@ fn tokenize_body(state: &AppState, body: &Body) -> Result<serde_json::Value, Api
         )?,
         (None, Some(messages)) => {
             let generation_prompt = request.add_generation_prompt.unwrap_or(true);
-            let (text, _, _) = chat_text(
+            let text = prepare_chat(
                 state,
                 messages,
                 request.tools,
                 &ToolChoice::Auto,
-                generation_prompt,
                 request.chat_template_kwargs.as_ref(),
-            )?;
+            )?
+            .render(generation_prompt)?;
             encode(
                 &state.tokenizer,
                 &text,
