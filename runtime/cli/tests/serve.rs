@@ -2297,6 +2297,44 @@ fn serves_a_prompt_that_extends_a_finished_one_from_the_prompt_cache() {
     }
 }
 
+/// A request with logits processors (`logit_bias`) or an output grammar
+/// runs as a batch of one beside the session; it starts from the prompt
+/// cache and stores its caches as a batched request does: its whole
+/// sequence when it ends, and a chat's system turns where they end.
+#[test]
+fn requests_with_processors_or_a_grammar_use_the_prompt_cache() {
+    let root = tempfile::tempdir().unwrap();
+    let model = tiny_chat_model(root.path());
+    let server = start_server(&model, &["--max-batch", "4"]);
+    let cached = |path: &str, body: serde_json::Value| -> u64 {
+        let (status, body) = curl(&server, "POST", path, Some(&body.to_string()));
+        assert_eq!(status, 200, "{body}");
+        json(&body)["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let prefix: Vec<i64> = vec![17, 240, 33, 310, 9, 151];
+    let suffix: Vec<i64> = vec![88, 402, 61, 7, 230];
+    let ids = |ids: &[i64]| json!({"prompt": ids, "max_tokens": 3, "temperature": 0, "logit_bias": {"5": 1.5}});
+    assert_eq!(cached("/v1/completions", ids(&prefix)), 0);
+    // The first request's stored sequence, trimmed back to the prefix.
+    let both = [prefix.clone(), suffix].concat();
+    assert_eq!(cached("/v1/completions", ids(&both)), prefix.len() as u64);
+    // The same prompt again: all of it but the last token.
+    assert_eq!(cached("/v1/completions", ids(&both)), both.len() as u64 - 1);
+    // Chats held by a grammar: the second starts from the first's system
+    // turns.
+    let system = "You are a helpful assistant. Answer the question in one sentence.";
+    let chat = |question: &str| {
+        json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+               "max_tokens": 4, "temperature": 0, "response_format": {"type": "json_object"}})
+    };
+    assert_eq!(cached("/v1/chat/completions", chat("Hello there!")), 0);
+    let second = cached("/v1/chat/completions", chat("Tell me a joke about a cat."));
+    assert!(second >= 10, "the system turns were not reused: {second}");
+    assert_eq!(metric(&server, "archgen_prompt_cache_hits_total"), 3.0);
+}
+
 #[test]
 fn batched_short_request_decodes_between_a_long_prompts_chunks() {
     let root = tempfile::tempdir().unwrap();

@@ -44,6 +44,7 @@ use archgen_runtime::batch_session::{
 use archgen_runtime::mlx_rs::error::Exception;
 use archgen_runtime::mlx_rs::ops::indexing::TryIndexOp;
 use archgen_runtime::mlx_rs::Array;
+use archgen_runtime::seq_cache;
 use archgen_runtime::Dtype;
 use tokenizers::Tokenizer;
 
@@ -140,7 +141,9 @@ impl Steps for BatchedScheduler<'_> {
 /// request runs as a batch of one of its own (`make_batch_cache(1)`, no
 /// padding: the single-sequence computation): one prefill chunk per step,
 /// then one forward per step whose logits go through its [`TokenSampler`],
-/// as `generate_step` runs it. It does not use the prompt cache.
+/// as `generate_step` runs it. It starts from the prompt cache's entry as
+/// a batched sequence does, its chunks end at its segments' ends, where
+/// their caches are stored, and its cache is stored when it ends.
 struct Solo<'a> {
     stream: Stream<'a>,
     cache: BatchCache,
@@ -150,6 +153,11 @@ struct Solo<'a> {
     fed: usize,
     /// The token the next decode step feeds.
     input: i32,
+    /// Where a prefill chunk must end so the cache of the tokens fed so far
+    /// is stored (with the prompt cache on), and as what.
+    store_points: VecDeque<(usize, SegmentKind)>,
+    /// The tokens handed to the client so far.
+    answered: Vec<i32>,
 }
 
 impl<'a> BatchedScheduler<'a> {
@@ -254,16 +262,37 @@ impl<'a> BatchedScheduler<'a> {
             Some(constraint) => sampler.constrained(constraint),
             None => sampler,
         };
-        let cache = match self.model.make_batch_cache(1) {
+        let fresh = match self.model.make_batch_cache(1) {
             Ok(cache) => cache,
             Err(e) => return fail(&job, e.to_string()),
         };
+        let (cache, cached_tokens) = match self.fetch_cached(&job.prompt) {
+            Some(hit) => match seq_cache::merge(&fresh, &[Some(&hit.cache)]) {
+                Ok(cache) => (cache, hit.cached_tokens),
+                Err(e) => {
+                    eprintln!("archgen: serve: prompt cache: {e}; computing the whole prompt");
+                    (fresh, 0)
+                }
+            },
+            None => (fresh, 0),
+        };
+        let store_points = match self.prompt_cache {
+            Some(_) => store_points(
+                &job.segments.after(&job.prompt, cached_tokens),
+                cached_tokens,
+            ),
+            None => Vec::new(),
+        };
+        let mut stream = Stream::new(job, self.tokenizer);
+        stream.cached_tokens = cached_tokens;
         self.solo.push(Solo {
-            stream: Stream::new(job, self.tokenizer),
+            stream,
             cache,
             sampler,
-            fed: 0,
+            fed: cached_tokens,
             input: last,
+            store_points: store_points.into(),
+            answered: Vec::new(),
         });
         self.metrics
             .active_sequences
@@ -279,13 +308,19 @@ impl<'a> BatchedScheduler<'a> {
         while at < self.solo.len() {
             let seq = &mut self.solo[at];
             let ran = std::panic::catch_unwind(AssertUnwindSafe(|| solo_step(model, seq, config)));
+            // A sequence that failed leaves no cache to store.
+            let mut computed = true;
             let outcome = match ran {
-                Ok(Ok(None)) => Outcome::Running,
+                Ok(Ok(None)) => {
+                    self.store_solo_segment(at);
+                    Outcome::Running
+                }
                 Ok(Ok(Some((token, logprob, grammar)))) => {
                     self.metrics.decode_batch_size.observe(1.0);
                     let logprob = logprob.map(|l| describe(self.tokenizer, token, l));
                     let now = Instant::now();
                     let seq = &mut self.solo[at];
+                    seq.answered.push(token);
                     match deliver(&mut seq.stream, token, logprob, now, self.eos, self.metrics) {
                         // The output grammar is complete: nothing more may
                         // follow.
@@ -301,18 +336,61 @@ impl<'a> BatchedScheduler<'a> {
                 }
                 Ok(Err(message)) => {
                     fail(&self.solo[at].stream.job, message);
+                    computed = false;
                     Outcome::Finished
                 }
                 Err(panic) => {
                     fail(&self.solo[at].stream.job, panic_message(&*panic));
+                    computed = false;
                     Outcome::Finished
                 }
             };
             match outcome {
                 Outcome::Running => at += 1,
                 Outcome::Finished => {
-                    self.solo.remove(at);
+                    let seq = self.solo.remove(at);
+                    if computed {
+                        self.store_solo(seq);
+                    }
                 }
+            }
+        }
+    }
+
+    /// A [`Solo`] sequence's cache where its last prefill chunk ended a
+    /// segment, stored under the tokens fed so far.
+    fn store_solo_segment(&mut self, at: usize) {
+        let seq = &mut self.solo[at];
+        let Some(&(end, kind)) = seq.store_points.front() else {
+            return;
+        };
+        if seq.fed != end {
+            return;
+        }
+        seq.store_points.pop_front();
+        let tokens = seq.stream.job.prompt[..end].to_vec();
+        match seq_cache::extract(&seq.cache, 0) {
+            Ok(cache) => self.insert_cached(tokens, cache, kind),
+            Err(e) => eprintln!(
+                "archgen: serve: prompt cache: cannot copy a segment's cache ({e}); not stored"
+            ),
+        }
+    }
+
+    /// A finished [`Solo`] sequence's cache, stored under what it holds: the
+    /// prompt and every answered token but the last, which was sampled and
+    /// never fed.
+    fn store_solo(&mut self, seq: Solo<'_>) {
+        if self.prompt_cache.is_none() {
+            return;
+        }
+        let fed_answer = seq.answered.len().saturating_sub(1);
+        let mut tokens = seq.stream.job.prompt.clone();
+        tokens.extend_from_slice(&seq.answered[..fed_answer]);
+        match seq_cache::extract(&seq.cache, 0) {
+            Ok(cache) => self.insert_cached(tokens, cache, SegmentKind::Assistant),
+            Err(e) => {
+                eprintln!("archgen: serve: prompt cache: cannot copy a cache ({e}); not stored")
             }
         }
     }
@@ -576,7 +654,11 @@ fn solo_step(
 ) -> Result<Option<SoloToken>, String> {
     let head = seq.stream.job.prompt.len() - 1;
     if seq.fed < head {
-        let end = (seq.fed + config.prefill_step_size).min(head);
+        // A chunk ends where a segment's cache is stored.
+        let point = seq.store_points.front().map_or(head, |&(p, _)| p);
+        let end = (seq.fed + config.prefill_step_size)
+            .min(head)
+            .min(point.max(seq.fed + 1));
         let chunk = &seq.stream.job.prompt[seq.fed..end];
         let x = Array::from_slice(chunk, &[1, chunk.len() as i32]);
         mlx(mlx(model.forward_batch(&x, &mut seq.cache))?.eval())?;
