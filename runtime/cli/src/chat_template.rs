@@ -55,6 +55,9 @@ pub struct ChatTemplate {
     origin: String,
     /// The template's text (what it teaches, e.g. its tool-call markup).
     source: String,
+    /// The variables the template reads and does not set itself, found once
+    /// when it is compiled.
+    reads: std::collections::HashSet<String>,
 }
 
 const TEMPLATE_NAME: &str = "chat_template";
@@ -81,11 +84,16 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|e| format!("{origin}: the chat template does not compile: {e:#}"))?;
+        let reads = env
+            .get_template(TEMPLATE_NAME)
+            .expect("added above")
+            .undeclared_variables(false);
         Ok(ChatTemplate {
             env,
             special_tokens,
             origin,
             source,
+            reads,
         })
     }
 
@@ -97,11 +105,7 @@ impl ChatTemplate {
     /// Whether the template reads the variable `name` (one it does not set
     /// itself), so that giving it can change the prompt.
     pub fn reads_variable(&self, name: &str) -> bool {
-        self.env
-            .get_template(TEMPLATE_NAME)
-            .expect("added in new()")
-            .undeclared_variables(false)
-            .contains(name)
+        self.reads.contains(name)
     }
 
     /// The checkpoint's chat template: `DIR/chat_template.jinja` when present

@@ -66,6 +66,17 @@ pub struct WholeAnswer {
     pub calls: Vec<ToolCall>,
 }
 
+impl WholeAnswer {
+    /// `piece` appended to its part.
+    fn add(&mut self, piece: Piece) {
+        match piece {
+            Piece::Content(t) => self.content.push_str(&t),
+            Piece::Reasoning(t) => self.reasoning.push_str(&t),
+            Piece::Calls(c) => self.calls.extend(c),
+        }
+    }
+}
+
 /// Splits an answer arriving in pieces of text.
 pub struct AnswerSplitter {
     reasoning: Option<ReasoningStream>,
@@ -115,11 +126,7 @@ impl AnswerSplitter {
         let mut splitter = AnswerSplitter::new(format);
         let mut answer = WholeAnswer::default();
         for piece in splitter.push(text).into_iter().chain(splitter.finish()) {
-            match piece {
-                Piece::Content(t) => answer.content.push_str(&t),
-                Piece::Reasoning(t) => answer.reasoning.push_str(&t),
-                Piece::Calls(c) => answer.calls.extend(c),
-            }
+            answer.add(piece);
         }
         answer
     }
@@ -384,11 +391,7 @@ mod tests {
                 pieces.extend(s.finish());
                 let mut got = WholeAnswer::default();
                 for p in pieces {
-                    match p {
-                        Piece::Content(t) => got.content.push_str(&t),
-                        Piece::Reasoning(t) => got.reasoning.push_str(&t),
-                        Piece::Calls(c) => got.calls.extend(c),
-                    }
+                    got.add(p);
                 }
                 assert_eq!(got, whole, "split at {at} and {}", at + at2);
             }

@@ -371,9 +371,7 @@ impl<'a> BatchedScheduler<'a> {
         let tokens = seq.stream.job.prompt[..end].to_vec();
         match seq_cache::extract(&seq.cache, 0) {
             Ok(cache) => self.insert_cached(tokens, cache, kind),
-            Err(e) => eprintln!(
-                "archgen: serve: prompt cache: cannot copy a segment's cache ({e}); not stored"
-            ),
+            Err(e) => not_stored(e),
         }
     }
 
@@ -389,9 +387,7 @@ impl<'a> BatchedScheduler<'a> {
         tokens.extend_from_slice(&seq.answered[..fed_answer]);
         match seq_cache::extract(&seq.cache, 0) {
             Ok(cache) => self.insert_cached(tokens, cache, SegmentKind::Assistant),
-            Err(e) => {
-                eprintln!("archgen: serve: prompt cache: cannot copy a cache ({e}); not stored")
-            }
+            Err(e) => not_stored(e),
         }
     }
 
@@ -453,9 +449,7 @@ impl<'a> BatchedScheduler<'a> {
             match self.session.prompt_member_cache(seq) {
                 Ok(Some(cache)) => self.insert_cached(tokens, cache, kind),
                 Ok(None) => {}
-                Err(e) => eprintln!(
-                    "archgen: serve: prompt cache: cannot copy a segment's cache ({e}); not stored"
-                ),
+                Err(e) => not_stored(e),
             }
         }
     }
@@ -637,6 +631,12 @@ fn new_session<'a>(
     let mut session = BatchSession::new(model, config);
     session.keep_finished_caches(keep_caches);
     session
+}
+
+/// A cache copy that failed is said on stderr and not stored: the request
+/// goes on.
+fn not_stored(e: impl std::fmt::Display) {
+    eprintln!("archgen: serve: prompt cache: cannot copy a cache ({e}); not stored");
 }
 
 /// A [`Solo`] decode step's token, its log-probabilities when asked for,
